@@ -16,10 +16,28 @@ def _add_presets(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_presets(args: argparse.Namespace) -> int:
-    from attnkit import presets
+    from attnkit import count_parameters, presets
 
-    print(presets.table())
+    header = ("preset", "family", "params", "layers", "width", "heads/kv", "norm", "ffn", "positions", "score")
+    rows = [header]
+    for name in presets.names():
+        c = presets.get(name)
+        layers = f"{c.n_layers}+{c.decoder_layers}" if c.family == "encoder-decoder" else str(c.n_layers)
+        rows.append((
+            name, c.family, _human(count_parameters(c)), layers, str(c.d_model), f"{c.n_heads}/{c.kv_heads}",
+            f"{c.norm_position} {c.norm}", c.activation, c.position, c.score,
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     return 0
+
+
+def _human(count: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= size:
+            return f"{count / size:.2f}{unit}"
+    return str(count)
 
 
 SUBCOMMANDS: list[SubcommandAdder] = [_add_presets]

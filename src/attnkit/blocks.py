@@ -1,0 +1,113 @@
+"""Transformer blocks: attention and feed-forward sublayers, each wrapped in a residual connection and a norm.
+
+Where the norm sits is a choice (Xiong et al. 2020):
+
+    post-norm (Vaswani 2017, BERT)          pre-norm (GPT-2, Llama)
+    x -> sublayer -> + -> norm ->           x -> norm -> sublayer -> + ->
+    '----------------'                      '-------------------------'
+
+`EncoderBlock` has bidirectional self-attention; `DecoderBlock` has causal self-attention and, inside an
+encoder-decoder, cross-attention to the encoder's output between the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+from torch import Tensor, nn
+
+from attnkit.layers.attention import Attention
+from attnkit.layers.kv_cache import LayerCache
+
+
+class TransformerBlock(nn.Module):
+    """A block built from its parts. x (B, T, C) -> (B, T, C), plus attention weights when asked."""
+
+    causal: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        self_attn: Attention,
+        attn_norm: nn.Module,
+        mlp: nn.Module,
+        mlp_norm: nn.Module,
+        cross_attn: Attention | None = None,
+        cross_attn_norm: nn.Module | None = None,
+        norm_position: str = "pre",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if norm_position not in ("pre", "post"):
+            raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
+        if (cross_attn is None) != (cross_attn_norm is None):
+            raise ValueError("cross_attn and cross_attn_norm come together")
+        self.self_attn = self_attn
+        self.attn_norm = attn_norm
+        self.cross_attn = cross_attn
+        self.cross_attn_norm = cross_attn_norm
+        self.mlp = mlp
+        self.mlp_norm = mlp_norm
+        self.pre_norm = norm_position == "pre"
+        self.dropout = nn.Dropout(dropout)
+
+    def _residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(norm(x)))
+        return norm(x + self.dropout(sublayer(x)))
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        key_is_real: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+        cache: LayerCache | None = None,
+        context: Tensor | None = None,
+        context_is_real: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Returns the new x (B, T, C) and {"self": (B, H, T, S), "cross": (B, H, T, S_src)} when asked."""
+        weights: dict[str, Tensor] = {}
+
+        def self_attention(h: Tensor) -> Tensor:
+            out, w = self.self_attn(
+                h, key_is_real=key_is_real, causal=self.causal, rope=rope, cache=cache, need_weights=need_weights
+            )
+            if w is not None:
+                weights["self"] = w
+            return out
+
+        def cross_attention(h: Tensor) -> Tensor:
+            out, w = self.cross_attn(
+                h, context=context, key_is_real=context_is_real, cache=cache, need_weights=need_weights
+            )
+            if w is not None:
+                weights["cross"] = w
+            return out
+
+        x = self._residual(x, self.attn_norm, self_attention)
+        if self.cross_attn is not None:
+            if context is None:
+                raise ValueError("this block has cross-attention: pass the encoder output as context")
+            x = self._residual(x, self.cross_attn_norm, cross_attention)
+        x = self._residual(x, self.mlp_norm, self.mlp)
+        return x, weights
+
+
+class EncoderBlock(TransformerBlock):
+    """Bidirectional self-attention + FFN (the Transformer encoder layer; BERT)."""
+
+    causal = False
+
+    def __init__(self, **parts) -> None:
+        if parts.get("cross_attn") is not None:
+            raise ValueError("an encoder block has no cross-attention")
+        super().__init__(**parts)
+
+
+class DecoderBlock(TransformerBlock):
+    """Causal self-attention, optional cross-attention, FFN (the Transformer decoder layer; GPT; Llama)."""
+
+    causal = True

@@ -1,0 +1,140 @@
+"""Model checkpoints: `config.json` + `model.safetensors`, written atomically, loaded strictly.
+
+Nothing here unpickles: tensors travel as safetensors, everything else as JSON. Tied weights (an output layer
+sharing the embedding table) are stored once; the model rebuilt from its config ties them again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from attnkit.config import ModelConfig
+from attnkit.errors import CheckpointError
+from attnkit.models.build import build_model
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def atomic_write(path: str | Path, data: bytes | str) -> None:
+    """Write `data` to a temporary file beside `path`, then rename it over `path`: readers see old or new."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode() if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_tensors(tensors: dict[str, Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """Atomically write tensors as safetensors (contiguous CPU copies)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_tensors(path: str | Path) -> dict[str, Tensor]:
+    """Read a safetensors file; a missing, truncated or corrupted file raises CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist; a checkpoint directory holds {WEIGHTS_FILE} and {CONFIG_FILE}")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupted?): {err}") from None
+
+
+def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The model's state with each shared tensor (tied weights) kept once, under its first name."""
+    seen: set[tuple[int, int]] = set()
+    state: dict[str, Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset()) if not tensor.is_meta else (id(tensor), 0)
+        if key in seen and tensor.numel() > 0:
+            continue
+        seen.add(key)
+        state[name] = tensor
+    return state
+
+
+def check_state_matches(expected: dict[str, Tensor], found: dict[str, Tensor], source: str) -> None:
+    """Raise one CheckpointError listing every missing key, unexpected key and shape mismatch."""
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    mismatched = [
+        f"{name}: checkpoint {tuple(found[name].shape)} vs model {tuple(expected[name].shape)}"
+        for name in sorted(set(expected) & set(found))
+        if tuple(found[name].shape) != tuple(expected[name].shape)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {', '.join(unexpected)}")
+    if mismatched:
+        problems.append(f"shape mismatches: {'; '.join(mismatched)}")
+    if problems:
+        raise CheckpointError(
+            f"{source} does not match the model its config describes:\n  " + "\n  ".join(problems)
+            + "\nThe weights and config.json must come from the same model."
+        )
+
+
+def save_model(model: nn.Module, config: ModelConfig, directory: str | Path, *, extra: dict[str, Any] | None = None) -> None:
+    """Write `config.json` and `model.safetensors` into `directory`, each atomically."""
+    directory = Path(directory)
+    save_tensors(unique_state_dict(model), directory / WEIGHTS_FILE, metadata={"format": "pt"})
+    payload = config.to_dict() if extra is None else {**config.to_dict(), **extra}
+    atomic_write(directory / CONFIG_FILE, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def load_config(directory: str | Path) -> ModelConfig:
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{directory} has no {CONFIG_FILE}; is it a run directory (runs/NAME)?")
+    return ModelConfig.from_json(path)
+
+
+def load_model(
+    directory: str | Path, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+) -> tuple[nn.Module, ModelConfig]:
+    """Rebuild the model from `config.json` and load `model.safetensors` strictly. Returns (model, config)."""
+    directory = Path(directory)
+    config = load_config(directory)
+    tensors = load_tensors(directory / WEIGHTS_FILE)
+    model = build_model(config)
+    load_weights(model, tensors, source=str(directory / WEIGHTS_FILE))
+    model.to(device=device, dtype=dtype)
+    model.eval()
+    return model, config
+
+
+def load_weights(model: nn.Module, tensors: dict[str, Tensor], *, source: str) -> None:
+    """Copy `tensors` into `model` after checking names and shapes match exactly."""
+    expected = unique_state_dict(model)
+    check_state_matches(expected, tensors, source)
+    with torch.no_grad():
+        for name, target in expected.items():
+            target.copy_(tensors[name].to(target.dtype))

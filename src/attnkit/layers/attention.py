@@ -1,0 +1,207 @@
+"""Attention: scores between queries and keys, a softmax over keys, a weighted sum of values.
+
+Score functions (lecture: "Attention Score Functions") share one signature `score(q, k) -> (B, H, T, S)`:
+
+    dot         q . k                        (Luong et al. 2015)
+    scaled_dot  q . k / sqrt(D)              (Vaswani et al. 2017)
+    bilinear    q^T W k                      (Luong et al. 2015, "general")
+    additive    w^T tanh(W1 q + W2 k)        (Bahdanau et al. 2015)
+
+Heads: H query heads share Hkv key/value heads, each serving H / Hkv query heads:
+
+    multi-head (Hkv = H)      grouped-query (1 < Hkv < H)     multi-query (Hkv = 1)
+    q q q q                   q q q q                         q q q q
+    | | | |                   \\ / \\ /                          \\ \\ / /
+    k k k k                    k   k                            k
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.layers.kv_cache import LayerCache
+from attnkit.layers.masks import causal_mask, combine, padding_mask
+from attnkit.layers.positions import RelativePositions, apply_rotary
+
+
+class DotScore(nn.Module):
+    """`scale * q . k`; scale 1 is Luong's dot score, 1/sqrt(D) Vaswani's scaled dot product."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return torch.matmul(q, k.transpose(-2, -1)) * self.scale  # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
+
+
+class BilinearScore(nn.Module):
+    """`q^T W k` with one learned W (D, D) shared by the heads."""
+
+    def __init__(self, head_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Linear(head_dim, head_dim, bias=False)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return torch.matmul(q, self.weight(k).transpose(-2, -1))  # (B, H, T, S)
+
+
+class AdditiveScore(nn.Module):
+    """`w^T tanh(W1 q + W2 k)`: a one-hidden-layer MLP of each query-key pair (hidden width A)."""
+
+    def __init__(self, head_dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.query_proj = nn.Linear(head_dim, hidden_dim, bias=False)
+        self.key_proj = nn.Linear(head_dim, hidden_dim, bias=True)
+        self.out = nn.Linear(hidden_dim, 1, bias=False)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        hidden = self.query_proj(q).unsqueeze(3) + self.key_proj(k).unsqueeze(2)  # (B, H, T, 1, A) + (B, H, 1, S, A)
+        return self.out(torch.tanh(hidden)).squeeze(-1)  # (B, H, T, S)
+
+
+def make_score(kind: str, head_dim: int, *, additive_dim: int | None = None) -> nn.Module:
+    if kind == "scaled_dot":
+        return DotScore(1.0 / math.sqrt(head_dim))
+    if kind == "dot":
+        return DotScore(1.0)
+    if kind == "bilinear":
+        return BilinearScore(head_dim)
+    if kind == "additive":
+        return AdditiveScore(head_dim, additive_dim or head_dim)
+    raise ValueError(f"unknown score {kind!r}; use scaled_dot, dot, bilinear or additive")
+
+
+def attention_weights(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """Softmax over keys (in float32) after masking; masked keys get weight 0. (B, H, T, S)."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head (grouped-query, multi-query) attention, for self- and cross-attention.
+
+    Projections `q_proj k_proj v_proj o_proj` follow the ecosystem's names. The `scaled_dot` score runs through
+    `F.scaled_dot_product_attention` unless weights are requested or relative positions are used; the explicit
+    path is the readable reference and tests hold the two equal.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        score: str = "scaled_dot",
+        bias: bool = True,
+        dropout: float = 0.0,
+        additive_dim: int | None = None,
+        relative: RelativePositions | None = None,
+    ) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads or n_heads
+        self.head_dim = head_dim or d_model // n_heads
+        if n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
+        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+        self.score_kind = score
+        self.score = make_score(score, self.head_dim, additive_dim=additive_dim)
+        self.dropout = dropout
+        self.relative = relative
+
+    def _split_heads(self, x: Tensor, n_heads: int) -> Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, n_heads, self.head_dim).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
+
+    def _project_kv(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        keys = self._split_heads(self.k_proj(source), self.n_kv_heads)  # (B, Hkv, S, D)
+        values = self._split_heads(self.v_proj(source), self.n_kv_heads)  # (B, Hkv, S, D)
+        return keys, values
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        key_is_real: Tensor | None = None,
+        causal: bool = False,
+        rope: tuple[Tensor, Tensor] | None = None,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from x (B, T, C) to itself, or to `context` (B, S, C) for cross-attention.
+
+        key_is_real: (B, S) bool, False at padded keys (with a cache: covering every cached position).
+        causal: queries see only keys at or before their own position.
+        rope: (cos, sin) for the query positions; rotates q and k (self-attention only).
+        cache: the layer's KV cache; self-attention appends to it, cross-attention computes the context's
+            keys and values once and reuses them.
+        Returns the output (B, T, C) and, when `need_weights`, the weights (B, H, T, S).
+        """
+        batch, length, _ = x.shape
+        q = self._split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
+        if context is None:
+            k, v = self._project_kv(x)  # (B, Hkv, T, D)
+            if rope is not None:
+                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, Hkv, S, D)
+        elif cache is not None and cache.cross is not None:
+            k, v = cache.cross
+        else:
+            k, v = self._project_kv(context)  # (B, Hkv, S, D)
+            if cache is not None:
+                cache.cross = (k, v)
+
+        if self.n_kv_heads != self.n_heads:  # grouped-query: each kv head serves n_heads / n_kv_heads queries
+            repeats = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(repeats, dim=1)  # (B, Hkv, S, D) -> (B, H, S, D)
+            v = v.repeat_interleave(repeats, dim=1)
+
+        mask = _build_mask(key_is_real, causal, length, k.shape[2], x.device)
+        dropout = self.dropout if self.training else 0.0
+        if self.score_kind == "scaled_dot" and self.relative is None and not need_weights:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, H, T, D)
+            weights = None
+        else:
+            out, weights = self._explicit(q, k, v, mask, dropout)
+        out = out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim)  # (B, H, T, D) -> (B, T, C)
+        return self.o_proj(out), (weights if need_weights else None)
+
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float) -> tuple[Tensor, Tensor]:
+        """The reference path: scores, mask, softmax, dropout, weighted sum (plus Shaw's relative terms)."""
+        scores = self.score(q, k)  # (B, H, T, S)
+        if self.relative is not None:
+            rel_k, rel_v = self.relative(q.shape[2], k.shape[2])  # (T, S, D) each
+            scores = scores + torch.einsum("bhtd,tsd->bhts", q, rel_k) * self.score.scale
+        weights = attention_weights(scores, mask)  # (B, H, T, S)
+        dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
+        out = torch.matmul(dropped, v)  # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
+        if self.relative is not None:
+            out = out + torch.einsum("bhts,tsd->bhtd", dropped, rel_v)
+        return out, weights
+
+
+def _build_mask(key_is_real: Tensor | None, causal: bool, query_len: int, key_len: int, device) -> Tensor | None:
+    """Combine causal and padding masks into (B, 1, T, S) or (T, S); True = may attend.
+
+    With both, every query may also attend to its own position, so a padded query row (left padding in batched
+    generation) is never empty; real rows are unchanged since they see their own position anyway.
+    """
+    causal_part = causal_mask(query_len, key_len, device=device) if causal else None
+    padding_part = padding_mask(key_is_real) if key_is_real is not None else None
+    mask = combine(causal_part, padding_part)
+    if causal_part is not None and padding_part is not None:
+        own = torch.eye(query_len, key_len, dtype=torch.bool, device=device).roll(key_len - query_len, dims=1)
+        mask = mask | own
+    return mask

@@ -1,0 +1,70 @@
+"""The input end of the model: token embedding, optional sqrt(C) scaling, absolute positions, dropout.
+
+`check_token_ids` is what the models call at their edge; the embedding itself refuses positions beyond
+`max_seq_len` when positions are learned (a learned table has nothing beyond its last row).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.errors import InputError
+
+
+def check_token_ids(ids: Tensor, vocab_size: int, *, name: str = "input_ids") -> None:
+    """Raise InputError unless ids is a (B, T) integer tensor with values in [0, vocab_size)."""
+    if not isinstance(ids, Tensor):
+        raise InputError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise InputError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}; use ids.long()")
+    if ids.dim() != 2:
+        raise InputError(f"{name} must have shape (batch, length), got {tuple(ids.shape)}; add a batch dimension")
+    if ids.shape[1] == 0:
+        raise InputError(f"{name} is empty (length 0); give at least one token")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise InputError(
+            f"{name} holds token id {bad}, outside the vocabulary [0, {vocab_size}); check that the tokenizer "
+            f"matches the model (vocab_size={vocab_size})"
+        )
+
+
+class Embeddings(nn.Module):
+    """ids (B, T) and position_ids (B, T) -> (B, T, C). `token` is the table an output layer may tie to."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        *,
+        positions: nn.Module | None = None,
+        max_positions: int | None = None,
+        scale: bool = False,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.token = nn.Embedding(vocab_size, d_model)
+        self.positions = positions
+        self.max_positions = max_positions  # set for learned positions: the table's length
+        self.scale = math.sqrt(d_model) if scale else 1.0
+        self.dropout = nn.Dropout(dropout)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.token.num_embeddings
+
+    def forward(self, ids: Tensor, position_ids: Tensor) -> Tensor:
+        x = self.token(ids) * self.scale  # (B, T, C)
+        if self.positions is not None:
+            if self.max_positions is not None and int(position_ids.max()) >= self.max_positions:
+                raise InputError(
+                    f"position {int(position_ids.max())} is beyond max_seq_len={self.max_positions} of the learned "
+                    f"position table; shorten the input to {self.max_positions} tokens, or use a model with "
+                    f"sinusoidal, relative or rotary positions"
+                )
+            x = x + self.positions(position_ids).to(x.dtype)
+        return self.dropout(x)

@@ -1,0 +1,55 @@
+"""The position-wise feed-forward network: the same two-layer MLP applied to every token.
+
+```
+relu/gelu:  x -> up (C -> d_ff) -> act -> down (d_ff -> C)            (Vaswani et al. 2017, eq. 2)
+swiglu:     x -> gate (C -> d_ff) -> silu --*--> down (d_ff -> C)    (Shazeer 2020; Llama)
+            x -> up   (C -> d_ff) ----------'
+```
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
+}
+
+
+class FeedForward(nn.Module):
+    """`down(act(up(x)))` with ReLU or GELU. (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "gelu", bias: bool = True, dropout: float = 0.0):
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; use one of {sorted(_ACTIVATIONS)}")
+        self.act = _ACTIVATIONS[activation]
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.dropout(self.act(self.up_proj(x))))
+
+
+class SwiGLU(nn.Module):
+    """`down(silu(gate(x)) * up(x))`, the gated FFN of Llama. (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, d_model: int, d_ff: int, *, bias: bool = False, dropout: float = 0.0):
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.dropout(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+
+
+def make_feedforward(activation: str, d_model: int, d_ff: int, *, bias: bool, dropout: float) -> nn.Module:
+    if activation == "swiglu":
+        return SwiGLU(d_model, d_ff, bias=bias, dropout=dropout)
+    return FeedForward(d_model, d_ff, activation=activation, bias=bias, dropout=dropout)

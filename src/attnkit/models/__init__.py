@@ -1,0 +1,17 @@
+"""The three families (encoder, decoder, encoder-decoder) and the builder that makes them from a config."""
+
+from attnkit.models.build import build_model, count_parameters
+from attnkit.models.decoder import DecoderLM
+from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM
+from attnkit.models.output import ModelOutput
+from attnkit.models.seq2seq import EncoderDecoder
+
+__all__ = [
+    "DecoderLM",
+    "EncoderClassifier",
+    "EncoderDecoder",
+    "EncoderMaskedLM",
+    "ModelOutput",
+    "build_model",
+    "count_parameters",
+]

@@ -1,0 +1,75 @@
+"""Decoder-only language model (GPT-2, Llama): a causal stack and an output projection to the vocabulary.
+
+    ids (B, T) -> TransformerStack of DecoderBlocks (causal) -> lm_head (C -> V) -> logits (B, T, V)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.layers.kv_cache import KVCache
+from attnkit.models.output import ModelOutput, cross_entropy
+from attnkit.models.stack import TransformerStack
+
+
+class DecoderLM(nn.Module):
+    """Predicts each next token from the ones before it."""
+
+    family = "decoder"
+
+    def __init__(self, *, stack: TransformerStack, lm_head: nn.Linear, label_smoothing: float = 0.0) -> None:
+        super().__init__()
+        self.stack = stack
+        self.lm_head = lm_head
+        self.label_smoothing = label_smoothing
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        targets: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> ModelOutput:
+        """input_ids (B, T) -> logits (B, T, V).
+
+        targets: (B, T) next-token ids aligned with input_ids (targets[:, t] follows input_ids[:, t]);
+            -100 where no loss is wanted.
+        attention_mask: (B, S) 1 at real tokens, 0 at padding (S includes cached positions).
+        cache: a KVCache from `allocate_cache`; the new keys and values are appended to it.
+        """
+        hidden, attentions = self.stack(
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            need_weights=need_weights,
+        )
+        logits = self.lm_head(hidden)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+        return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None, cache=cache)
+
+    def allocate_cache(
+        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
+    ) -> KVCache:
+        """A preallocated cache for `batch_size` sequences of up to `max_len` positions."""
+        return allocate_cache_for(self.stack, batch_size, max_len, dtype=dtype, device=device)
+
+
+def allocate_cache_for(stack: TransformerStack, batch_size: int, max_len: int, *, dtype=None, device=None) -> KVCache:
+    attention = stack.blocks[0].self_attn
+    reference = attention.q_proj.weight
+    return KVCache.allocate(
+        n_layers=len(stack.blocks),
+        batch_size=batch_size,
+        n_kv_heads=attention.n_kv_heads,
+        head_dim=attention.head_dim,
+        max_len=max_len,
+        dtype=dtype or reference.dtype,
+        device=device or reference.device,
+    )

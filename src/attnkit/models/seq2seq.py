@@ -1,0 +1,109 @@
+"""Encoder-decoder (Vaswani et al. 2017): the encoder reads the source, the decoder writes the target while
+cross-attending to the encoder's output.
+
+    src (B, S) -> encoder stack -> memory (B, S, C) ---------------.
+    tgt (B, T) -> decoder stack (causal self-attn, cross-attn to memory) -> lm_head -> logits (B, T, V)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.errors import InputError
+from attnkit.layers.kv_cache import KVCache
+from attnkit.models.decoder import allocate_cache_for
+from attnkit.models.output import ModelOutput, cross_entropy
+from attnkit.models.stack import TransformerStack
+
+
+class EncoderDecoder(nn.Module):
+    """Sequence-to-sequence Transformer with separate `encode()` and `decode()`."""
+
+    family = "encoder-decoder"
+
+    def __init__(
+        self,
+        *,
+        encoder: TransformerStack,
+        decoder: TransformerStack,
+        lm_head: nn.Linear,
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.lm_head = lm_head
+        self.label_smoothing = label_smoothing
+
+    def encode(self, src_ids: Tensor, *, src_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
+        """src_ids (B, S) -> memory (B, S, C)."""
+        memory, _ = self.encoder(src_ids, attention_mask=src_mask, need_weights=need_weights)
+        return memory
+
+    def decode(
+        self,
+        tgt_ids: Tensor,
+        memory: Tensor,
+        *,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        targets: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> ModelOutput:
+        """tgt_ids (B, T), memory (B, S, C) -> logits (B, T, V_tgt).
+
+        targets: (B, T) next-token ids aligned with tgt_ids, -100 at padding.
+        """
+        if tgt_ids.dim() == 2 and tgt_ids.shape[0] != memory.shape[0]:
+            raise InputError(
+                f"the target batch has {tgt_ids.shape[0]} sequences but the source batch {memory.shape[0]}; "
+                f"pass one target per source"
+            )
+        hidden, attentions = self.decoder(
+            tgt_ids,
+            attention_mask=tgt_mask,
+            cache=cache,
+            context=memory,
+            context_mask=src_mask.bool() if src_mask is not None else None,
+            need_weights=need_weights,
+        )
+        logits = self.lm_head(hidden)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+        return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None, cache=cache)
+
+    def forward(
+        self,
+        src_ids: Tensor,
+        tgt_ids: Tensor,
+        *,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        targets: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> ModelOutput:
+        """Teacher-forced pass: src (B, S), tgt (B, T) -> logits (B, T, V)."""
+        if tgt_ids.dim() == 2 and src_ids.dim() == 2 and tgt_ids.shape[0] != src_ids.shape[0]:
+            raise InputError(
+                f"src_ids has batch size {src_ids.shape[0]} but tgt_ids has {tgt_ids.shape[0]}; "
+                f"source and target batches must pair up one to one"
+            )
+        encoder_attentions = None
+        if need_weights:
+            memory, encoder_attentions = self.encoder(src_ids, attention_mask=src_mask, need_weights=True)
+        else:
+            memory = self.encode(src_ids, src_mask=src_mask)
+        out = self.decode(
+            tgt_ids, memory, src_mask=src_mask, tgt_mask=tgt_mask, targets=targets, need_weights=need_weights
+        )
+        out.encoder_attentions = encoder_attentions
+        return out
+
+    def allocate_cache(
+        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
+    ) -> KVCache:
+        """A decoder cache; cross-attention keys/values are filled on the first decode call."""
+        return allocate_cache_for(self.decoder, batch_size, max_len, dtype=dtype, device=device)

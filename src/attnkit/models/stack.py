@@ -1,0 +1,90 @@
+"""One stack of blocks behind an embedding: the shared body of the encoder and the decoder.
+
+    ids -> Embeddings (token, x sqrt(C)?, + absolute positions) -> block 1 .. block N -> final norm? -> (B, T, C)
+
+Rotary positions are computed once here and handed to every block's self-attention; relative positions live
+inside each block's attention.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.errors import InputError
+from attnkit.layers.embedding import Embeddings, check_token_ids
+from attnkit.layers.kv_cache import KVCache
+from attnkit.layers.positions import RotaryEmbedding
+
+
+class TransformerStack(nn.Module):
+    """Embeddings + blocks + optional final norm. Encoder and decoder stacks differ only in their blocks."""
+
+    def __init__(
+        self,
+        *,
+        embeddings: Embeddings,
+        blocks: list[nn.Module],
+        final_norm: nn.Module | None,
+        rotary: RotaryEmbedding | None = None,
+    ) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+        self.blocks = nn.ModuleList(blocks)
+        self.final_norm = final_norm
+        self.rotary = rotary
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        cache: KVCache | None = None,
+        context: Tensor | None = None,
+        context_mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[dict[str, Tensor]]]:
+        """input_ids (B, T) -> hidden states (B, T, C) and per-layer attention weights (when asked).
+
+        attention_mask: (B, S) bool/int, 1 at real tokens; with a cache, S covers the cached positions too.
+        position_ids: (B, T); by default the positions after those already cached.
+        """
+        check_token_ids(input_ids, self.embeddings.vocab_size)
+        start = cache.length if cache is not None else 0
+        length = input_ids.shape[1]
+        if position_ids is None:
+            position_ids = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)  # (1, T)
+        key_is_real = _check_mask(attention_mask, input_ids, start + length, "attention_mask")
+        x = self.embeddings(input_ids, position_ids)  # (B, T, C)
+        rope = self.rotary(position_ids) if self.rotary is not None else None
+        attentions: list[dict[str, Tensor]] = []
+        for index, block in enumerate(self.blocks):
+            x, weights = block(
+                x,
+                key_is_real=key_is_real,
+                rope=rope,
+                cache=cache.layers[index] if cache is not None else None,
+                context=context,
+                context_is_real=context_mask,
+                need_weights=need_weights,
+            )
+            attentions.append(weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, attentions
+
+
+def _check_mask(mask: Tensor | None, ids: Tensor, expected_len: int, name: str) -> Tensor | None:
+    """Validate a (B, S) padding mask and return it as bool; None stays None."""
+    if mask is None:
+        return None
+    if mask.dim() != 2 or mask.shape[0] != ids.shape[0] or mask.shape[1] != expected_len:
+        raise InputError(
+            f"{name} has shape {tuple(mask.shape)} but ({ids.shape[0]}, {expected_len}) is needed: one entry per "
+            f"token (including cached ones), 1 for real tokens and 0 for padding"
+        )
+    mask = mask.bool()
+    if not bool(mask.any(dim=1).all()):
+        raise InputError(f"{name} marks every token of some sequence as padding; each needs a real token")
+    return mask
