@@ -1,0 +1,177 @@
+"""Attention: score functions, the lecture's worked example, masks, heads, the fast path, PyTorch parity."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnkit.layers.attention import AdditiveScore, Attention, BilinearScore, DotScore, attention_weights, make_score
+
+
+def _qk(seed=0, batch=2, heads=3, tq=4, tk=5, dim=8):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, heads, tq, dim, generator=g), torch.randn(batch, heads, tk, dim, generator=g)
+
+
+def test_dot_and_scaled_dot_against_float64():
+    q, k = _qk()
+    q64, k64 = q.double(), k.double()
+    expected = torch.einsum("bhtd,bhsd->bhts", q64, k64)
+    torch.testing.assert_close(make_score("dot", 8)(q, k).double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(make_score("scaled_dot", 8)(q, k).double(), expected / math.sqrt(8), atol=1e-5, rtol=1e-5)
+
+
+def test_bilinear_against_float64():
+    q, k = _qk(1)
+    score = BilinearScore(8)
+    w = score.weight.weight.detach().double()  # k -> W k
+    expected = torch.einsum("bhtd,de,bhse->bhts", q.double(), w, k.double())
+    torch.testing.assert_close(score(q, k).double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_additive_against_float64():
+    q, k = _qk(2)
+    score = AdditiveScore(8, 6)
+    w1 = score.query_proj.weight.detach().double()
+    w2, b2 = score.key_proj.weight.detach().double(), score.key_proj.bias.detach().double()
+    v = score.out.weight.detach().double()[0]
+    expected = torch.empty(2, 3, 4, 5, dtype=torch.float64)
+    for b in range(2):
+        for h in range(3):
+            for i in range(4):
+                for j in range(5):
+                    hidden = torch.tanh(w1 @ q[b, h, i].double() + w2 @ k[b, h, j].double() + b2)
+                    expected[b, h, i, j] = v @ hidden
+    torch.testing.assert_close(score(q, k).double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_lecture_worked_example():
+    """Keys A A B A (A=[1,0], B=[0,1]) and query B: scores [0,0,1,0]; x10 query makes weights nearly one-hot."""
+    a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    keys = torch.stack([a, a, b, a])[None, None]  # (1, 1, 4, 2)
+    query = b[None, None, None]  # (1, 1, 1, 2)
+    scores = DotScore()(query, keys)
+    assert scores.flatten().tolist() == [0.0, 0.0, 1.0, 0.0]
+    weights = attention_weights(scores, None).flatten()
+    e = math.e
+    torch.testing.assert_close(weights, torch.tensor([1, 1, e, 1]) / (3 + e))
+    output = weights @ keys[0, 0]  # the weighted sum of the values (= keys here)
+    torch.testing.assert_close(output, torch.tensor([3 / (3 + e), e / (3 + e)]))
+    sharp = attention_weights(DotScore()(10 * query, keys), None).flatten()
+    torch.testing.assert_close(sharp[2], torch.tensor(math.exp(10) / (math.exp(10) + 3)))
+    assert sharp[2] > 0.9998 and sharp.argmax() == 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    kind=st.sampled_from(["dot", "scaled_dot", "bilinear", "additive"]),
+    tq=st.integers(1, 6),
+    tk=st.integers(1, 6),
+)
+def test_rows_sum_to_one_and_outputs_lie_in_the_hull_of_values(seed, kind, tq, tk):
+    torch.manual_seed(seed)
+    q, k = _qk(seed, batch=1, heads=2, tq=tq, tk=tk, dim=4)
+    values = torch.randn(1, 2, tk, 4)
+    weights = attention_weights(make_score(kind, 4)(q, k), None)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, tq))
+    assert (weights >= 0).all()
+    out = weights @ values  # (1, 2, tq, 4): convex combinations of the value rows
+    low, high = values.min(dim=2, keepdim=True).values, values.max(dim=2, keepdim=True).values
+    assert (out >= low - 1e-5).all() and (out <= high + 1e-5).all()
+
+
+def _attention(score="scaled_dot", n_kv_heads=None, d_model=32, n_heads=4, **kw):
+    torch.manual_seed(0)
+    return Attention(d_model, n_heads, n_kv_heads=n_kv_heads, score=score, **kw).eval()
+
+
+def test_causal_attention_leaks_nothing_from_the_future():
+    attention = _attention()
+    x = torch.randn(2, 7, 32)
+    changed = x.clone()
+    changed[:, 4:] = torch.randn(2, 3, 32)
+    out, weights = attention(x, causal=True, need_weights=True)
+    out2, _ = attention(changed, causal=True)
+    torch.testing.assert_close(out[:, :4], out2[:, :4])
+    assert torch.all(weights.triu(diagonal=1) == 0)
+
+
+def test_padded_keys_get_zero_weight_and_change_nothing():
+    attention = _attention()
+    x = torch.randn(2, 6, 32)
+    real = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    out, weights = attention(x, key_is_real=real, need_weights=True)
+    assert torch.all(weights[0, :, :, 4:] == 0)
+    garbage = x.clone()
+    garbage[0, 4:] = 100 * torch.randn(2, 32)
+    out2, _ = attention(garbage, key_is_real=real)
+    torch.testing.assert_close(out[0, :4], out2[0, :4])
+
+
+def test_gqa_with_all_kv_heads_equals_mha_and_mqa_runs():
+    mha = _attention(n_kv_heads=None)
+    gqa = _attention(n_kv_heads=4)
+    gqa.load_state_dict(mha.state_dict())
+    x = torch.randn(2, 5, 32)
+    torch.testing.assert_close(gqa(x, causal=True)[0], mha(x, causal=True)[0])
+    mqa = _attention(n_kv_heads=1)
+    assert mqa.k_proj.out_features == 8
+    out, weights = mqa(x, causal=True, need_weights=True)
+    assert out.shape == (2, 5, 32) and weights.shape == (2, 4, 5, 5)
+
+
+def test_gqa_shares_each_kv_head_with_its_group():
+    """With 2 kv heads and 4 query heads, query heads 0,1 use kv head 0 and heads 2,3 kv head 1."""
+    attention = _attention(n_kv_heads=2)
+    with torch.no_grad():
+        attention.q_proj.weight[8:16] = attention.q_proj.weight[0:8]  # query head 1 := query head 0
+        attention.q_proj.bias[8:16] = attention.q_proj.bias[0:8]
+    _, weights = attention(torch.randn(1, 5, 32), need_weights=True)
+    torch.testing.assert_close(weights[:, 0], weights[:, 1])
+    assert not torch.allclose(weights[:, 0], weights[:, 2])
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2, 1])
+def test_sdpa_fast_path_equals_explicit_path(n_kv_heads):
+    attention = _attention(n_kv_heads=n_kv_heads)
+    x = torch.randn(3, 6, 32)
+    real = torch.ones(3, 6, dtype=torch.bool)
+    real[1, :2] = False  # left padding
+    for kwargs in ({}, {"causal": True}, {"key_is_real": real}, {"key_is_real": real, "causal": True}):
+        fast, none = attention(x, **kwargs)
+        slow, weights = attention(x, need_weights=True, **kwargs)
+        assert none is None and weights is not None
+        torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_attends_to_the_context():
+    attention = _attention()
+    x, context = torch.randn(2, 3, 32), torch.randn(2, 7, 32)
+    out, weights = attention(x, context=context, need_weights=True)
+    assert out.shape == (2, 3, 32) and weights.shape == (2, 4, 3, 7)
+
+
+def test_matches_torch_multihead_attention():
+    attention = _attention(n_heads=4)
+    reference = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    with torch.no_grad():
+        reference.in_proj_weight.copy_(
+            torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
+        )
+        reference.in_proj_bias.copy_(torch.cat([attention.q_proj.bias, attention.k_proj.bias, attention.v_proj.bias]))
+        reference.out_proj.weight.copy_(attention.o_proj.weight)
+        reference.out_proj.bias.copy_(attention.o_proj.bias)
+    x, context = torch.randn(2, 5, 32), torch.randn(2, 6, 32)
+    padding = torch.zeros(2, 6, dtype=torch.bool)
+    padding[0, 4:] = True  # torch: True = ignore
+    expected, expected_weights = reference(x, context, context, key_padding_mask=padding, average_attn_weights=False)
+    ours, weights = attention(x, context=context, key_is_real=~padding, need_weights=True)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-5, rtol=1e-5)
+    future = torch.triu(torch.ones(5, 5, dtype=torch.bool), diagonal=1)  # torch: True = may not attend
+    expected, _ = reference(x, x, x, attn_mask=future)
+    ours, _ = attention(x, causal=True)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,198 @@
+"""The three families: causality, padding, permutation equivariance, KV cache, PyTorch parity, edge errors."""
+
+import pytest
+import torch
+
+from attnkit import InputError, ModelConfig, build_model
+
+POSITIONS = ["sinusoidal", "learned", "relative", "rope", "none"]
+
+
+def _config(family="decoder", position="rope", **kw):
+    base = dict(family=family, vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32,
+                position=position)
+    return ModelConfig(**{**base, **kw})
+
+
+def _model(**kw):
+    torch.manual_seed(0)
+    return build_model(_config(**kw)).eval()
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_decoder_is_causal(position):
+    model = _model(position=position, n_kv_heads=2)
+    ids = torch.randint(0, 50, (2, 10))
+    changed = ids.clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % 50
+    logits, logits_changed = model(ids).logits, model(changed).logits
+    torch.testing.assert_close(logits[:, :6], logits_changed[:, :6])
+    assert not torch.allclose(logits[:, 6:], logits_changed[:, 6:])
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_encoder_decoder_target_side_is_causal(position):
+    model = _model(family="encoder-decoder", position=position, norm_position="post")
+    src, tgt = torch.randint(0, 50, (2, 7)), torch.randint(0, 50, (2, 9))
+    changed = tgt.clone()
+    changed[:, 5:] = (changed[:, 5:] + 1) % 50
+    torch.testing.assert_close(model(src, tgt).logits[:, :5], model(src, changed).logits[:, :5])
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder", "encoder-decoder"])
+def test_padding_changes_no_real_output(family):
+    model = _model(family=family, position="learned")
+    ids = torch.randint(0, 50, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, 5:] = 0  # right padding
+    other = ids.clone()
+    other[0, 5:] = (other[0, 5:] + 7) % 50
+    if family == "encoder-decoder":
+        tgt = torch.randint(0, 50, (2, 4))
+        first = model(ids, tgt, src_mask=mask).logits
+        second = model(other, tgt, src_mask=mask).logits
+        torch.testing.assert_close(first, second)
+        return
+    if family == "encoder":
+        model = build_model(_config(family="encoder", position="learned", pooling="mean")).eval()
+        torch.testing.assert_close(model(ids, attention_mask=mask).logits, model(other, attention_mask=mask).logits)
+        return
+    first = model(ids, attention_mask=mask).logits
+    second = model(other, attention_mask=mask).logits
+    torch.testing.assert_close(first[0, :5], second[0, :5])
+
+
+def test_encoder_without_positions_is_permutation_equivariant_and_with_positions_is_not():
+    ids = torch.randint(0, 50, (1, 9))
+    perm = torch.randperm(9)
+    plain = _model(family="encoder", position="none", encoder_head="mlm")
+    torch.testing.assert_close(plain(ids[:, perm]).logits, plain(ids).logits[:, perm], atol=1e-5, rtol=1e-5)
+    for position in ["sinusoidal", "learned", "rope"]:
+        positioned = _model(family="encoder", position=position, encoder_head="mlm")
+        assert not torch.allclose(positioned(ids[:, perm]).logits, positioned(ids).logits[:, perm], atol=1e-4)
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("n_kv_heads", [4, 1])
+def test_decoder_kv_cache_equals_full_forward(position, n_kv_heads):
+    model = _model(position=position, n_kv_heads=n_kv_heads, dropout=0.0)
+    ids = torch.randint(0, 50, (2, 12))
+    full = model(ids).logits
+    cache = model.allocate_cache(2, 16)
+    pieces = [model(ids[:, :5], cache=cache).logits]  # prefill 5 tokens, then one at a time, then a chunk of 3
+    for t in range(5, 9):
+        pieces.append(model(ids[:, t : t + 1], cache=cache).logits)
+    pieces.append(model(ids[:, 9:], cache=cache).logits)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.length == 12
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_encoder_decoder_kv_cache_equals_full_forward(position):
+    model = _model(family="encoder-decoder", position=position, n_decoder_layers=3)
+    src, tgt = torch.randint(0, 50, (2, 7)), torch.randint(0, 50, (2, 6))
+    src_mask = torch.ones(2, 7, dtype=torch.bool)
+    src_mask[1, 5:] = False
+    full = model(src, tgt, src_mask=src_mask).logits
+    memory = model.encode(src, src_mask=src_mask)
+    cache = model.allocate_cache(2, 8)
+    steps = [model.decode(tgt[:, t : t + 1], memory, src_mask=src_mask, cache=cache).logits for t in range(6)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert all(layer.cross is not None for layer in cache.layers)
+
+
+def test_post_norm_relu_encoder_layer_matches_torch():
+    torch.manual_seed(0)
+    model = build_model(_config(family="encoder", position="none", norm_position="post", activation="relu",
+                                n_layers=1, encoder_head="mlm")).eval()
+    block = model.stack.blocks[0]
+    reference = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True).eval()
+    attn = block.self_attn
+    with torch.no_grad():
+        reference.self_attn.in_proj_weight.copy_(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+        reference.self_attn.in_proj_bias.copy_(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
+        reference.self_attn.out_proj.weight.copy_(attn.o_proj.weight)
+        reference.self_attn.out_proj.bias.copy_(attn.o_proj.bias)
+        reference.linear1.weight.copy_(block.mlp.up_proj.weight)
+        reference.linear1.bias.copy_(block.mlp.up_proj.bias)
+        reference.linear2.weight.copy_(block.mlp.down_proj.weight)
+        reference.linear2.bias.copy_(block.mlp.down_proj.bias)
+        for ours, theirs in [(block.attn_norm, reference.norm1), (block.mlp_norm, reference.norm2)]:
+            ours.weight.normal_()
+            ours.bias.normal_()
+            theirs.weight.copy_(ours.weight)
+            theirs.bias.copy_(ours.bias)
+    x = torch.randn(2, 6, 32)
+    padding = torch.zeros(2, 6, dtype=torch.bool)
+    padding[1, 4:] = True
+    ours, _ = block(x, key_is_real=~padding)
+    reference.train(False)
+    theirs = reference(x, src_key_padding_mask=padding)
+    torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours[1, :4], theirs[1, :4], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_weights_are_returned_per_layer():
+    model = _model(family="encoder-decoder", position="sinusoidal")
+    out = model(torch.randint(0, 50, (2, 5)), torch.randint(0, 50, (2, 4)), need_weights=True)
+    assert len(out.attentions) == 2 and out.attentions[0]["self"].shape == (2, 4, 4, 4)
+    assert out.attentions[0]["cross"].shape == (2, 4, 4, 5)
+    assert out.encoder_attentions[0]["self"].shape == (2, 4, 5, 5)
+    torch.testing.assert_close(out.attentions[1]["cross"].sum(-1), torch.ones(2, 4, 4))
+
+
+def test_loss_ignores_padding_and_supports_label_smoothing():
+    model = _model(label_smoothing=0.0)
+    ids = torch.randint(0, 50, (2, 6))
+    targets = ids.roll(-1, dims=1)
+    targets[:, -1] = -100
+    loss = model(ids, targets=targets).loss
+    logits = model(ids).logits
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 50), targets[:, :-1].reshape(-1))
+    torch.testing.assert_close(loss, expected)
+    smoothed = _model(label_smoothing=0.1)(ids, targets=targets).loss
+    log_probs = logits[:, :-1].reshape(-1, 50).log_softmax(-1)
+    nll = -log_probs.gather(1, targets[:, :-1].reshape(-1, 1)).mean()
+    torch.testing.assert_close(smoothed, 0.9 * nll + 0.1 * -log_probs.mean())  # (1-e) NLL + e * uniform CE
+
+
+def test_tied_embeddings_share_one_table():
+    model = _model(tie_embeddings=True)
+    assert model.lm_head.weight is model.stack.embeddings.token.weight
+    untied = _model(tie_embeddings=False)
+    assert untied.lm_head.weight is not untied.stack.embeddings.token.weight
+    seq2seq = _model(family="encoder-decoder", tie_embeddings=True)
+    assert seq2seq.decoder.embeddings.token.weight is seq2seq.encoder.embeddings.token.weight
+
+
+@pytest.mark.parametrize("score", ["dot", "bilinear", "additive"])
+def test_every_score_runs_in_every_family(score):
+    for family in ["encoder", "decoder", "encoder-decoder"]:
+        model = _model(family=family, score=score, position="sinusoidal")
+        ids = torch.randint(0, 50, (2, 5))
+        out = model(ids, ids) if family == "encoder-decoder" else model(ids)
+        assert torch.isfinite(out.logits).all()
+
+
+def test_bad_input_at_the_edge_gets_clear_errors():
+    model = _model(position="learned")
+    with pytest.raises(InputError, match="integer token ids"):
+        model(torch.rand(1, 4))
+    with pytest.raises(InputError, match="token id 50, outside the vocabulary"):
+        model(torch.tensor([[1, 2, 50]]))
+    with pytest.raises(InputError, match="token id -1"):
+        model(torch.tensor([[1, -1]]))
+    with pytest.raises(InputError, match="max_seq_len=32"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+    with pytest.raises(InputError, match="batch dimension"):
+        model(torch.zeros(5, dtype=torch.long))
+    with pytest.raises(InputError, match="attention_mask has shape"):
+        model(torch.zeros(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 5))
+    rope = _model(position="rope")
+    assert rope(torch.zeros(1, 40, dtype=torch.long)).logits.shape == (1, 40, 50)  # no table to run past
+    seq2seq = _model(family="encoder-decoder")
+    with pytest.raises(InputError, match="batch size 2 but tgt_ids has 3"):
+        seq2seq(torch.zeros(2, 4, dtype=torch.long), torch.zeros(3, 4, dtype=torch.long))
+    cache = model.allocate_cache(1, 4)
+    with pytest.raises(InputError, match="KV cache holds 4"):
+        model(torch.zeros(1, 5, dtype=torch.long), cache=cache)

@@ -1,0 +1,93 @@
+"""Positions: RoPE's relative-position property, Shaw's relative attention, sinusoidal values."""
+
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnkit.layers.attention import Attention
+from attnkit.layers.positions import (
+    RelativePositions,
+    RotaryEmbedding,
+    SinusoidalPositions,
+    apply_rotary,
+)
+
+
+def _rotate(x, position, rope):
+    cos, sin = rope(torch.tensor([position]))
+    return apply_rotary(x.view(1, 1, 1, -1), cos, sin).flatten()
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(0, 500), n=st.integers(0, 500), shift=st.integers(0, 500), seed=st.integers(0, 1000))
+def test_rope_scores_depend_only_on_relative_position(m, n, shift, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(16, generator=g, dtype=torch.float64), torch.randn(16, generator=g, dtype=torch.float64)
+    rope = RotaryEmbedding(16).double()
+    score = _rotate(q.float(), m, rope) @ _rotate(k.float(), n, rope)
+    shifted = _rotate(q.float(), m + shift, rope) @ _rotate(k.float(), n + shift, rope)
+    torch.testing.assert_close(score, shifted, atol=1e-3, rtol=1e-4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(position=st.integers(0, 4096), seed=st.integers(0, 1000))
+def test_rope_preserves_norms(position, seed):
+    x = torch.randn(32, generator=torch.Generator().manual_seed(seed))
+    rotated = _rotate(x, position, RotaryEmbedding(32, theta=500000.0))
+    torch.testing.assert_close(rotated.norm(), x.norm())
+
+
+def test_rope_at_position_zero_is_identity_and_differs_elsewhere():
+    x = torch.randn(8)
+    rope = RotaryEmbedding(8)
+    torch.testing.assert_close(_rotate(x, 0, rope), x)
+    assert not torch.allclose(_rotate(x, 3, rope), x)
+
+
+def test_sinusoidal_matches_the_paper_formula():
+    d_model = 16
+    pe = SinusoidalPositions(d_model)(torch.arange(50)[None])[0]
+    for pos in (0, 1, 7, 49):
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            assert math.isclose(pe[pos, 2 * i].item(), math.sin(angle), abs_tol=1e-5)
+            assert math.isclose(pe[pos, 2 * i + 1].item(), math.cos(angle), abs_tol=1e-5)
+
+
+def test_relative_attention_with_zero_embeddings_equals_plain_attention():
+    torch.manual_seed(0)
+    plain = Attention(32, 4)
+    relative = Attention(32, 4, relative=RelativePositions(3, 8))
+    relative.load_state_dict(plain.state_dict(), strict=False)  # relative tables start at zero
+    x = torch.randn(2, 6, 32)
+    torch.testing.assert_close(relative(x, causal=True)[0], plain(x, causal=True)[0], atol=1e-6, rtol=1e-5)
+    with torch.no_grad():
+        relative.relative.key.normal_()
+    assert not torch.allclose(relative(x, causal=True)[0], plain(x, causal=True)[0])
+
+
+def test_relative_distances_beyond_the_clip_share_one_embedding():
+    table = RelativePositions(2, 4)
+    with torch.no_grad():
+        table.key.copy_(torch.arange(5.0)[:, None].expand(5, 4))
+    rel_k, _ = table(query_len=8, key_len=8)  # (T, S, D)
+    distance = torch.arange(8)[None, :] - torch.arange(8)[:, None]
+    assert torch.all(rel_k[..., 0][distance >= 2] == 4) and torch.all(rel_k[..., 0][distance <= -2] == 0)
+    assert torch.all(rel_k[..., 0][distance == 1] == 3) and torch.all(rel_k[..., 0][distance == 0] == 2)
+
+
+def test_relative_attention_is_shift_invariant_without_absolute_positions():
+    """Shaw attention sees only distances: the same window at another offset of the cache gives the same output."""
+    torch.manual_seed(1)
+    attention = Attention(16, 2, relative=RelativePositions(4, 8))
+    with torch.no_grad():
+        attention.relative.key.normal_()
+        attention.relative.value.normal_()
+    x = torch.randn(1, 5, 16)
+    out, _ = attention(x)
+    padded = torch.cat([torch.randn(1, 3, 16), x], dim=1)
+    real = torch.tensor([[False] * 3 + [True] * 5])
+    out_padded, _ = attention(padded, key_is_real=real)
+    torch.testing.assert_close(out_padded[:, 3:], out, atol=1e-5, rtol=1e-5)

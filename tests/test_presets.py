@@ -1,0 +1,60 @@
+"""Presets: the lecture's table builds, runs, and has the published parameter counts."""
+
+import pytest
+import torch
+
+from attnkit import build_model, count_parameters, presets
+from attnkit.cli import main
+
+TINY = [name for name in presets.names() if name.endswith("-tiny")]
+LARGE = [name for name in presets.names() if not name.endswith("-tiny")]
+
+
+def test_published_parameter_counts():
+    assert count_parameters(presets.get("gpt2-124m")) == 124_439_808  # tied embeddings, as GPT2LMHeadModel
+    assert count_parameters(presets.get("llama2-7b")) == 6_738_415_616
+
+
+def test_every_family_has_a_tiny_preset():
+    assert {presets.get(name).family for name in TINY} == {"encoder", "decoder", "encoder-decoder"}
+
+
+def _forward_loss(model, family, vocab, device=None):
+    ids = torch.randint(0, vocab, (2, 12), device=device)
+    if family == "decoder":
+        return model(ids, targets=ids).loss
+    if family == "encoder":
+        return model(ids, labels=torch.zeros(2, dtype=torch.long, device=device)).loss
+    return model(ids, ids[:, :9], targets=ids[:, 1:10]).loss
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_presets_train_a_step(name):
+    torch.manual_seed(0)
+    config = presets.get(name)
+    model = build_model(config)
+    loss = _forward_loss(model, config.family, config.vocab_size)
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("name", LARGE)
+def test_large_presets_run_forward_and_backward_on_meta(name):
+    family = presets.get(name).family
+    config = presets.get(name, n_layers=2, n_decoder_layers=2 if family == "encoder-decoder" else None)
+    with torch.device("meta"):
+        model = build_model(config)
+        loss = _forward_loss(model, family, config.vocab_size, device="meta")
+    assert loss.shape == ()
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_presets_command_prints_the_table(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    for name in presets.names():
+        assert name in out
+    assert "124.44M" in out and "6.74B" in out
