@@ -40,7 +40,43 @@ def _human(count: int) -> str:
     return str(count)
 
 
-SUBCOMMANDS: list[SubcommandAdder] = [_add_presets]
+def _add_tokenizer(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tokenizer", help="train a tokenizer, or show how one splits a text")
+    tsub = p.add_subparsers(dest="tokenizer_command", required=True)
+    t = tsub.add_parser("train", help="train a char or byte-level BPE tokenizer on text files")
+    t.add_argument("--data", nargs="+", help="files, folders or globs (default: the Python standard library)")
+    t.add_argument("--kind", default="bpe", help="char | bpe (default bpe)")
+    t.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size, special tokens included")
+    t.add_argument("--max-bytes", type=int, help="read at most about this many bytes of the corpus")
+    t.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict")
+    t.add_argument("--out", required=True, help="directory to save the tokenizer in")
+    t.set_defaults(func=_run_tokenizer_train)
+    e = tsub.add_parser("encode", help="print the ids and pieces of a text")
+    e.add_argument("--tokenizer", required=True, help="a saved tokenizer directory, or one holding tokenizer.json")
+    e.add_argument("--text", required=True)
+    e.set_defaults(func=_run_tokenizer_encode)
+
+
+def _run_tokenizer_train(args: argparse.Namespace) -> int:
+    from attnkit.data.corpus import resolve_files
+    from attnkit.tokenize import check_kind, train_tokenizer
+
+    kind = check_kind(args.kind)
+    files = resolve_files(args.data, max_bytes=args.max_bytes)
+    tok = train_tokenizer(kind, files, vocab_size=args.vocab_size, encoding_errors=args.encoding_errors)
+    tok.save(args.out)
+    print(f"{tok.kind} tokenizer, {tok.vocab_size} tokens, from {len(files)} files -> {args.out}")
+    return 0
+
+
+def _run_tokenizer_encode(args: argparse.Namespace) -> int:
+    from attnkit.tokenize import explain, load_tokenizer
+
+    print(explain(load_tokenizer(args.tokenizer), args.text))
+    return 0
+
+
+SUBCOMMANDS: list[SubcommandAdder] = [_add_presets, _add_tokenizer]
 
 
 def build_parser() -> argparse.ArgumentParser:

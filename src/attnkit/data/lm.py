@@ -1,0 +1,253 @@
+"""Language-model data: a corpus tokenized once into a numpy memmap; batches are random windows of it.
+
+    files --tokenize once--> lm-<key>.bin  (uint16 when the vocabulary fits, else uint32)
+                             lm-<key>.json (tokenizer fingerprint, each file's size and mtime, token count)
+
+    token stream:  [ train: first (1 - val_fraction) of the tokens | val: the rest ]
+    a batch:       B windows of T + 1 tokens, each inside one split; x = window[:-1], y = window[1:]
+
+The cache is reused while the tokenizer and every file's size and mtime are unchanged, and rebuilt when any of
+them changes. Files are joined with EOS between them (a single file is its tokens alone, so one-file corpora
+such as Tiny Shakespeare give the classic stream and split).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from attnkit.data.corpus import EncodingErrors, file_manifest, read_text, split_text
+from attnkit.errors import InputError
+from attnkit.tokenize import CharTokenizer, Tokenizer
+
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT = 1
+_PIECE_CHARS = 1 << 20  # texts are encoded in pieces of about 1M characters, cut after a newline
+_FLUSH_CHARS = 1 << 23  # and handed to the tokenizer about 8M characters at a time (it works in parallel)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocab_size <= 65,536), else uint32."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def split_point(n_tokens: int, val_fraction: float) -> int:
+    """How many of `n_tokens` go to training: the first `int(n * (1 - val_fraction))` (nanoGPT's split)."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise InputError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    return int(n_tokens * (1.0 - val_fraction))
+
+
+@dataclass
+class LMData:
+    """A token stream split into train and validation; see the module docstring.
+
+    `tokens` is the whole stream, (N,) uint16/uint32, usually a read-only `np.memmap`.
+    """
+
+    tokens: np.ndarray
+    n_train: int
+    path: Path | None = None
+    meta: dict = field(default_factory=dict)
+    reused: bool = False
+
+    @property
+    def train(self) -> np.ndarray:
+        return self.tokens[: self.n_train]
+
+    @property
+    def val(self) -> np.ndarray:
+        return self.tokens[self.n_train :]
+
+    def split(self, name: str) -> np.ndarray:
+        if name not in ("train", "val"):
+            raise InputError(f"unknown split {name!r}; choose 'train' or 'val'")
+        return self.train if name == "train" else self.val
+
+    @classmethod
+    def from_ids(cls, ids: Sequence[int] | np.ndarray, *, val_fraction: float = 0.1) -> LMData:
+        """An in-memory stream (e.g. a synthetic task's), split like a prepared one."""
+        ids = np.asarray(ids)
+        if ids.size == 0:
+            raise InputError("the token stream is empty")
+        return cls(ids, split_point(ids.size, val_fraction))
+
+    @classmethod
+    def prepare(
+        cls,
+        files: Sequence[str | os.PathLike],
+        tokenizer: Tokenizer,
+        cache_dir: str | os.PathLike,
+        *,
+        val_fraction: float = 0.1,
+        encoding_errors: EncodingErrors = "strict",
+        progress: bool = True,
+    ) -> LMData:
+        """Tokenize `files` into `cache_dir` (or reuse the cache there) and split the stream.
+
+        Raises `InputError` for an unreadable, binary or non-UTF-8 file (see `corpus.read_text`) and for a
+        corpus with no text at all.
+        """
+        files = [Path(f) for f in files]
+        if not files:
+            raise InputError("no data files given")
+        cache_dir = Path(cache_dir)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        identity = {
+            "format": CACHE_FORMAT,
+            "tokenizer": tokenizer.fingerprint(),
+            "files": [str(f.resolve()) for f in files],
+            "encoding_errors": encoding_errors,
+        }
+        key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+        bin_path, meta_path = cache_dir / f"lm-{key}.bin", cache_dir / f"lm-{key}.json"
+        expected = {**identity, "files": file_manifest(files), "vocab_size": tokenizer.vocab_size,
+                    "dtype": token_dtype(tokenizer.vocab_size).name}
+        meta = _fresh_meta(meta_path, bin_path, expected)
+        reused = meta is not None
+        if meta is None:
+            start = time.perf_counter()
+            n_tokens = _build(files, tokenizer, bin_path, encoding_errors, progress)
+            meta = {**expected, "n_tokens": n_tokens}
+            _write_json(meta_path, meta)
+            n_bytes = sum(f["size"] for f in expected["files"])
+            log.info("tokenized %d files (%.1f MB) into %d tokens in %.1f s -> %s", len(files), n_bytes / 1e6,
+                     n_tokens, time.perf_counter() - start, bin_path)
+        else:
+            log.info("reusing token cache %s (%d tokens)", bin_path, meta["n_tokens"])
+        tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["n_tokens"],))
+        return cls(tokens, split_point(meta["n_tokens"], val_fraction), bin_path, meta, reused)
+
+    def sample_batch(
+        self, split: str, batch_size: int, seq_len: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`batch_size` random windows of `seq_len + 1` tokens from one split, drawn with `generator` (so
+        saving and restoring its state resumes the exact sequence of batches).
+
+        Returns x, y: int64 (B, T), y[:, t] = x[:, t + 1] (the next token). Raises `InputError` when the
+        split is shorter than one window.
+        """
+        data = self.split(split)
+        n_starts = self._n_starts(split, seq_len)
+        starts = torch.randint(n_starts, (batch_size,), generator=generator).numpy()
+        return _windows(data, starts, seq_len)
+
+    def iter_eval_batches(
+        self, split: str = "val", *, batch_size: int, seq_len: int, max_batches: int | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Deterministic evaluation: consecutive windows with stride `seq_len`, so every token is predicted
+        once. With `max_batches`, that many batches of windows spread evenly over the whole split.
+        """
+        data = self.split(split)
+        starts = np.arange(0, self._n_starts(split, seq_len), seq_len)
+        if max_batches is not None and len(starts) > max_batches * batch_size:
+            pick = np.linspace(0, len(starts) - 1, max_batches * batch_size).round().astype(np.int64)
+            starts = starts[pick]
+        for i in range(0, len(starts), batch_size):
+            yield _windows(data, starts[i : i + batch_size], seq_len)
+
+    def _n_starts(self, split: str, seq_len: int) -> int:
+        n = len(self.split(split))
+        if n < seq_len + 1:
+            raise InputError(
+                f"the {split} split has {n} tokens, fewer than one window of seq_len + 1 = {seq_len + 1}; "
+                "use more data, a shorter sequence length or a larger validation fraction"
+            )
+        return n - seq_len
+
+
+def _windows(data: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    window = torch.from_numpy(np.asarray(data[starts[:, None] + np.arange(seq_len + 1)], dtype=np.int64))  # (B, T+1)
+    return window[:, :-1].contiguous(), window[:, 1:].contiguous()  # (B, T), (B, T)
+
+
+def _fresh_meta(meta_path: Path, bin_path: Path, expected: dict) -> dict | None:
+    """The cache's metadata if it matches `expected` and its .bin is whole, else None."""
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if any(meta.get(k) != v for k, v in expected.items()) or not bin_path.is_file():
+        log.info("token cache %s is stale: rebuilding", bin_path)
+        return None
+    if bin_path.stat().st_size != meta["n_tokens"] * np.dtype(meta["dtype"]).itemsize:
+        return None
+    return meta
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _build(files: list[Path], tokenizer: Tokenizer, bin_path: Path, errors: EncodingErrors, progress: bool) -> int:
+    """Tokenize `files` into `bin_path` (written to a temporary file, then renamed); return the token count."""
+    dtype = token_dtype(tokenizer.vocab_size)
+    tmp = bin_path.with_name(f"{bin_path.name}.{os.getpid()}.tmp")
+    total = sum(f.stat().st_size for f in files)
+    n_tokens = 0
+    try:
+        with open(tmp, "wb") as out, tqdm(
+            total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not progress, leave=False
+        ) as bar:
+            for ids in _encode_files(files, tokenizer, errors, bar):
+                ids.astype(dtype, copy=False).tofile(out)
+                n_tokens += ids.size
+        if n_tokens == 0:
+            raise InputError(f"no text in the {len(files)} data file(s) (first: {files[0]}): every one is empty")
+        os.replace(tmp, bin_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return n_tokens
+
+
+def _encode_files(files: list[Path], tokenizer: Tokenizer, errors: EncodingErrors, bar: tqdm) -> Iterator[np.ndarray]:
+    """Token arrays for the files in order, with EOS between files when there are several."""
+    sep = tokenizer.eos_id if len(files) > 1 else None
+    pending: list[str | None] = []  # text pieces; None marks a boundary between files
+    pending_chars = pending_bytes = 0
+    started = False
+    for path in files:
+        text = read_text(path, errors=errors)
+        pending_bytes += path.stat().st_size
+        if not text:
+            log.debug("skipping empty file %s", path)
+            continue
+        if started:
+            pending.append(None)
+        started = True
+        pending.extend(split_text(text, _PIECE_CHARS))
+        pending_chars += len(text)
+        if pending_chars >= _FLUSH_CHARS:
+            yield from _encode_pending(pending, tokenizer, sep)
+            bar.update(pending_bytes)
+            pending, pending_chars, pending_bytes = [], 0, 0
+    yield from _encode_pending(pending, tokenizer, sep)
+    bar.update(pending_bytes)
+
+
+def _encode_pending(pending: list[str | None], tokenizer: Tokenizer, sep: int | None) -> Iterator[np.ndarray]:
+    texts = [p for p in pending if p is not None]
+    if isinstance(tokenizer, CharTokenizer):
+        encoded = [tokenizer.encode_array(t) for t in texts]  # vectorised, no Python lists
+    else:
+        encoded = [np.array(ids, dtype=np.int64) for ids in tokenizer.encode_batch(texts)]
+    encoded.reverse()
+    for piece in pending:
+        if piece is None:
+            if sep is not None:
+                yield np.array([sep], dtype=np.int64)
+        else:
+            yield encoded.pop()

@@ -1,0 +1,458 @@
+"""Tokenizers: text <-> token ids, behind one small protocol.
+
+Three kinds, one interface:
+
+    char   one id per character of a corpus's alphabet (the classic Tiny Shakespeare setup), plus specials
+    bpe    byte-level BPE (GPT-2 style) trained here with Hugging Face `tokenizers`: lossless on any UTF-8
+    hf     any Hugging Face `tokenizer.json` already on disk (GPT-2, Llama, BERT, ...), used as it is
+
+`encode` never adds special tokens and never reads them out of the text: a string such as "<eos>" in the
+input is ordinary text. Special ids are placed by the data code (BOS/EOS, CLS/SEP, padding), so
+`decode(encode(s)) == s` holds for any string a kind can represent.
+
+A tokenizer is saved as a directory holding `attnkit_tokenizer.json` (the kind and the special tokens) and,
+for `bpe`/`hf`, the `tokenizer.json` itself; `load_tokenizer(dir)` reads any of them back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from attnkit.errors import ConfigError, InputError
+
+log = logging.getLogger(__name__)
+
+KINDS = ("char", "bpe", "hf")
+SPECIAL_ROLES = ("pad", "bos", "eos", "unk", "mask", "cls", "sep")
+REQUIRED_ROLES = ("pad", "bos", "eos", "unk")
+META_FILE = "attnkit_tokenizer.json"
+HF_FILE = "tokenizer.json"
+UnknownPolicy = Literal["unk", "error", "skip"]
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What every tokenizer offers. Special ids are `None` where a kind has no such token."""
+
+    kind: str
+    specials: dict[str, str]  # role -> token string, e.g. {"eos": "<eos>"}
+
+    @property
+    def vocab_size(self) -> int: ...
+    def token_id(self, role: str) -> int | None: ...
+    def encode(self, text: str) -> list[int]: ...
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+    def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str: ...
+    def pieces(self, ids: Iterable[int]) -> list[str]: ...
+    def fingerprint(self) -> str: ...
+    def save(self, directory: str | os.PathLike) -> None: ...
+
+
+class _SpecialIds:
+    """The `pad_id ... sep_id` properties, shared by every kind through `token_id(role)`."""
+
+    def token_id(self, role: str) -> int | None:
+        raise NotImplementedError
+
+    pad_id = property(lambda self: self.token_id("pad"))
+    bos_id = property(lambda self: self.token_id("bos"))
+    eos_id = property(lambda self: self.token_id("eos"))
+    unk_id = property(lambda self: self.token_id("unk"))
+    mask_id = property(lambda self: self.token_id("mask"))
+    cls_id = property(lambda self: self.token_id("cls"))
+    sep_id = property(lambda self: self.token_id("sep"))
+
+    def special_ids(self) -> set[int]:
+        return {i for i in (self.token_id(r) for r in SPECIAL_ROLES) if i is not None}
+
+
+def require_id(tokenizer: Tokenizer, role: str) -> int:
+    """The id of special token `role`, or `InputError` naming the tokenizer kind and the missing role."""
+    token_id = tokenizer.token_id(role)
+    if token_id is None:
+        raise InputError(
+            f"this {tokenizer.kind} tokenizer has no {role} token, which this data needs; "
+            f"its special tokens are {tokenizer.specials}"
+        )
+    return token_id
+
+
+def _sha256_json(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _normalize_specials(special_tokens: Mapping[str, str] | Sequence[str] | None) -> dict[str, str]:
+    """Roles -> token strings. A sequence names roles and gets `<role>` tokens; the default is every role."""
+    if special_tokens is None:
+        special_tokens = SPECIAL_ROLES
+    if not isinstance(special_tokens, Mapping):
+        special_tokens = {role: f"<{role}>" for role in special_tokens}
+    unknown = sorted(set(special_tokens) - set(SPECIAL_ROLES))
+    if unknown:
+        raise ConfigError(f"unknown special token roles {unknown}; choose from {list(SPECIAL_ROLES)}")
+    missing = [r for r in REQUIRED_ROLES if r not in special_tokens]
+    if missing:
+        raise ConfigError(f"special tokens must include {list(REQUIRED_ROLES)}; missing {missing}")
+    return {role: special_tokens[role] for role in SPECIAL_ROLES if role in special_tokens}
+
+
+def _write_meta(directory: Path, meta: dict) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{META_FILE}.tmp"
+    tmp.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, directory / META_FILE)
+
+
+class CharTokenizer(_SpecialIds):
+    """One id per character. Ids 0..n-1 are the alphabet in code-point order (as in nanoGPT's char setup),
+    so a Tiny Shakespeare model's character ids match the classic ones; the specials follow.
+
+    `unknown` says what `encode` does with a character outside the alphabet: map it to `<unk>`, raise
+    `InputError`, or skip it.
+    """
+
+    kind = "char"
+
+    def __init__(
+        self,
+        alphabet: Iterable[str],
+        *,
+        special_tokens: Mapping[str, str] | Sequence[str] | None = None,
+        unknown: UnknownPolicy = "unk",
+    ) -> None:
+        chars = sorted(set(alphabet))
+        if not chars:
+            raise InputError("a char tokenizer needs a non-empty alphabet (was the corpus empty?)")
+        if any(len(c) != 1 for c in chars):
+            raise ConfigError("a char tokenizer's alphabet must be single characters")
+        if unknown not in ("unk", "error", "skip"):
+            raise ConfigError(f"unknown-character policy {unknown!r}; choose 'unk', 'error' or 'skip'")
+        self.alphabet = "".join(chars)
+        self.specials = _normalize_specials(special_tokens)
+        self.unknown: UnknownPolicy = unknown
+        self._codepoints = np.array([ord(c) for c in chars], dtype=np.uint32)  # sorted: id = rank
+        self._special_id = {role: len(chars) + i for i, role in enumerate(self.specials)}
+        self._id_to_special = {self._special_id[role]: tok for role, tok in self.specials.items()}
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str], **kwargs) -> CharTokenizer:
+        """Build the alphabet from every character that occurs in `texts`."""
+        alphabet: set[str] = set()
+        for text in texts:
+            alphabet.update(text)
+        return cls(alphabet, **kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.alphabet) + len(self.specials)
+
+    def token_id(self, role: str) -> int | None:
+        return self._special_id.get(role)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """`encode` as a numpy array (int64, (N,)), vectorised: the fast path for large corpora."""
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        ids = np.searchsorted(self._codepoints, codes)
+        known = self._codepoints[np.minimum(ids, len(self._codepoints) - 1)] == codes
+        if known.all():
+            return ids.astype(np.int64)
+        if self.unknown == "error":
+            pos = int(np.argmin(known))
+            raise InputError(
+                f"character {text[pos]!r} at position {pos} is not in the char tokenizer's alphabet "
+                "(build the tokenizer on this text, or use unknown='unk' or 'skip')"
+            )
+        if self.unknown == "skip":
+            return ids[known].astype(np.int64)
+        return np.where(known, ids, self._special_id["unk"]).astype(np.int64)
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_array(text).tolist()
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
+        out = []
+        for i in ids:
+            i = int(i)
+            if 0 <= i < len(self.alphabet):
+                out.append(self.alphabet[i])
+            elif i in self._id_to_special:
+                if not skip_special:
+                    out.append(self._id_to_special[i])
+            else:
+                raise InputError(f"token id {i} is outside the char vocabulary of size {self.vocab_size}")
+        return "".join(out)
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self.decode([i], skip_special=False) for i in ids]
+
+    def _state(self) -> dict:
+        return {"kind": self.kind, "alphabet": self.alphabet, "specials": self.specials, "unknown": self.unknown}
+
+    def fingerprint(self) -> str:
+        return _sha256_json(self._state())
+
+    def save(self, directory: str | os.PathLike) -> None:
+        _write_meta(Path(directory), self._state())
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> CharTokenizer:
+        meta = _read_meta(Path(directory))
+        return cls(meta["alphabet"], special_tokens=meta["specials"], unknown=meta["unknown"])
+
+
+# Token strings that commonly fill each role in Hugging Face tokenizers that carry no tokenizer_config.json.
+_HF_ROLE_GUESSES = {
+    "pad": ("<pad>", "[PAD]", "<|pad|>", "<|finetune_right_pad_id|>"),
+    "bos": ("<bos>", "<s>", "<|begin_of_text|>", "<|endoftext|>"),
+    "eos": ("<eos>", "</s>", "<|end_of_text|>", "<|endoftext|>"),
+    "unk": ("<unk>", "[UNK]", "<|endoftext|>"),
+    "mask": ("<mask>", "[MASK]"),
+    "cls": ("<cls>", "[CLS]"),
+    "sep": ("<sep>", "[SEP]"),
+}
+
+
+def _hf_config_specials(directory: Path) -> dict[str, str]:
+    """Special tokens named in `tokenizer_config.json` / `special_tokens_map.json`, when present."""
+    found: dict[str, str] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = directory / name
+        if not path.is_file():
+            continue
+        config = json.loads(path.read_text(encoding="utf-8"))
+        for role in SPECIAL_ROLES:
+            value = config.get(f"{role}_token")
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str) and role not in found:
+                found[role] = value
+    return found
+
+
+class HFTokenizer(_SpecialIds):
+    """A Hugging Face `tokenizers.Tokenizer`: kind `bpe` (trained here) or `hf` (brought from disk).
+
+    `encode` adds no special tokens (no post-processor template) and reads none from the text.
+    """
+
+    def __init__(self, tokenizer, *, kind: str, specials: Mapping[str, str]) -> None:
+        self._tok = tokenizer
+        self._tok.encode_special_tokens = True  # "<eos>" in a text is text, not the EOS token
+        self.kind = kind
+        self.specials = dict(specials)
+        self._ids = {role: tokenizer.token_to_id(tok) for role, tok in self.specials.items()}
+        missing = {role: tok for role, tok in self.specials.items() if self._ids[role] is None}
+        if missing:
+            raise InputError(f"special tokens {missing} are not in the tokenizer's vocabulary")
+
+    @classmethod
+    def from_dir(cls, directory: str | os.PathLike) -> HFTokenizer:
+        """Wrap the `tokenizer.json` in `directory` (kind `hf`). Special tokens come from
+        `tokenizer_config.json` / `special_tokens_map.json` when present, else from the usual names;
+        a tokenizer without BOS/EOS borrows CLS/SEP (BERT), and one without padding pads with EOS (GPT-2).
+        Raises `InputError` naming the file when `tokenizer.json` is missing.
+        """
+        from tokenizers import Tokenizer as _HF
+
+        directory = Path(directory)
+        path = directory / HF_FILE
+        if not path.is_file():
+            raise InputError(
+                f"no Hugging Face tokenizer in {directory}: it needs the file {HF_FILE} (attnkit reads "
+                "tokenizers from disk and never downloads one)"
+            )
+        tok = _HF.from_file(str(path))
+        specials = _hf_config_specials(directory)
+        vocab = tok.get_vocab(with_added_tokens=True)
+        for role, guesses in _HF_ROLE_GUESSES.items():
+            if role not in specials:
+                hit = next((g for g in guesses if g in vocab), None)
+                if hit is not None:
+                    specials[role] = hit
+        for role, fallback in (("bos", "cls"), ("eos", "sep"), ("pad", "eos")):
+            if role not in specials and fallback in specials:
+                specials[role] = specials[fallback]
+        specials = {role: specials[role] for role in SPECIAL_ROLES if role in specials and specials[role] in vocab}
+        return cls(tok, kind="hf", specials=specials)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, role: str) -> int | None:
+        return self._ids.get(role)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encode many texts at once (in parallel, in Rust)."""
+        return [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        """The vocabulary entry of each id (byte-level BPE shows a space as 'Ġ', a newline as 'Ċ')."""
+        return [self._tok.id_to_token(int(i)) for i in ids]
+
+    def fingerprint(self) -> str:
+        return _sha256_json({"kind": self.kind, "tokenizer": json.loads(self._tok.to_str()), "specials": self.specials})
+
+    def save(self, directory: str | os.PathLike) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f".{HF_FILE}.tmp"
+        self._tok.save(str(tmp))
+        os.replace(tmp, directory / HF_FILE)
+        _write_meta(directory, {"kind": self.kind, "specials": self.specials})
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> HFTokenizer:
+        from tokenizers import Tokenizer as _HF
+
+        directory = Path(directory)
+        meta = _read_meta(directory)
+        if not (directory / HF_FILE).is_file():
+            raise InputError(f"tokenizer directory {directory} lacks {HF_FILE}, which its {META_FILE} needs")
+        return cls(_HF.from_file(str(directory / HF_FILE)), kind=meta["kind"], specials=meta["specials"])
+
+
+def _read_meta(directory: Path) -> dict:
+    path = directory / META_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"no attnkit tokenizer in {directory}: {META_FILE} is missing") from None
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path} is not valid JSON: {err}") from None
+
+
+def check_kind(kind: str) -> str:
+    """Return `kind` if it names a tokenizer kind, else raise `ConfigError` listing the choices."""
+    if kind not in KINDS:
+        raise ConfigError(f"unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}")
+    return kind
+
+
+def load_tokenizer(directory: str | os.PathLike) -> CharTokenizer | HFTokenizer:
+    """Load a tokenizer directory saved by any kind, or a bare Hugging Face directory (`tokenizer.json`).
+
+    Raises `InputError` when the directory holds neither `attnkit_tokenizer.json` nor `tokenizer.json`.
+    """
+    directory = Path(directory)
+    if not (directory / META_FILE).is_file():
+        if (directory / HF_FILE).is_file():
+            return HFTokenizer.from_dir(directory)
+        raise InputError(
+            f"no tokenizer in {directory}: expected {META_FILE} (saved by attnkit) or {HF_FILE} (Hugging Face)"
+        )
+    kind = check_kind(_read_meta(directory).get("kind", "?"))
+    return CharTokenizer.load(directory) if kind == "char" else HFTokenizer.load(directory)
+
+
+def _iter_texts(source: Iterable[str | os.PathLike], encoding_errors: str) -> Iterator[str]:
+    """Strings are text; paths (`os.PathLike`) are read as UTF-8 files with clear errors."""
+    from attnkit.data.corpus import read_text
+
+    for item in source:
+        yield read_text(Path(item), errors=encoding_errors) if isinstance(item, os.PathLike) else item
+
+
+def train_bpe(
+    texts: Iterable[str],
+    *,
+    vocab_size: int,
+    special_tokens: Mapping[str, str] | Sequence[str] | None = None,
+    min_frequency: int = 2,
+    show_progress: bool = False,
+) -> HFTokenizer:
+    """Train a byte-level BPE (GPT-2's scheme: the 256 bytes are the base alphabet, so nothing is unknown)."""
+    from tokenizers import Tokenizer as _HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    specials = _normalize_specials(special_tokens)
+    n_base = 256 + len(specials)
+    if vocab_size < n_base:
+        raise ConfigError(f"vocab_size {vocab_size} is too small for byte-level BPE: it needs at least {n_base}")
+    tok = _HF(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(specials.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=show_progress,
+    )
+    from attnkit.data.corpus import split_text
+
+    pieces = (piece for text in texts for piece in split_text(text, 1 << 20))  # flat memory on large files
+    tok.train_from_iterator(pieces, trainer)
+    log.info("trained byte-level BPE: %d tokens", tok.get_vocab_size())
+    return HFTokenizer(tok, kind="bpe", specials=specials)
+
+
+def train_tokenizer(
+    kind: str,
+    source: Iterable[str | os.PathLike],
+    *,
+    vocab_size: int | None = None,
+    special_tokens: Mapping[str, str] | Sequence[str] | None = None,
+    unknown: UnknownPolicy = "unk",
+    encoding_errors: str = "strict",
+) -> CharTokenizer | HFTokenizer:
+    """Build a `char` or `bpe` tokenizer from texts (`str` items) and files (`Path` items).
+
+    `vocab_size` is required for `bpe` and ignored by `char` (its vocabulary is the alphabet).
+    Raises `ConfigError` for an unknown kind or for `hf` (load one with `load_tokenizer` instead).
+    """
+    check_kind(kind)
+    texts = _iter_texts(source, encoding_errors)
+    if kind == "char":
+        return CharTokenizer.from_texts(texts, special_tokens=special_tokens, unknown=unknown)
+    if kind == "hf":
+        raise ConfigError("kind 'hf' is not trained: point load_tokenizer at a directory holding tokenizer.json")
+    if vocab_size is None:
+        raise ConfigError("a bpe tokenizer needs vocab_size")
+    return train_bpe(texts, vocab_size=vocab_size, special_tokens=special_tokens)
+
+
+
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level stand-ins back to bytes: printable bytes stand for themselves, the others are
+    shifted past 255 (so byte 0x20, a space, shows as 'Ġ' and 0x0a, a newline, as 'Ċ').
+    """
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    shifted = (b for b in range(256) if b not in printable)
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(shifted)}
+
+
+def explain(tokenizer: Tokenizer, text: str) -> str:
+    """A table of how `text` is tokenized: each id, its vocabulary piece and the text it stands for (the
+    bytes, for a byte-level piece that holds only part of a character).
+    """
+    ids = tokenizer.encode(text)
+    per_token = f", {len(text) / len(ids):.2f} characters per token" if ids else ""
+    lines = [f"{len(text)} characters -> {len(ids)} tokens{per_token}", "ids: " + " ".join(map(str, ids))]
+    if ids:
+        pieces, table = tokenizer.pieces(ids), _byte_level_table()
+        width = max(5, *(len(p) for p in pieces))
+        lines.append(f"{'id':>8}  {'piece':<{width}}  text")
+        for i, piece in zip(ids, pieces, strict=True):
+            shown = tokenizer.decode([i], skip_special=False)
+            if "\ufffd" in shown and all(c in table for c in piece):
+                shown = bytes(table[c] for c in piece)
+            lines.append(f"{i:>8}  {piece:<{width}}  {shown!r}")
+    return "\n".join(lines)
