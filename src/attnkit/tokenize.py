@@ -429,7 +429,6 @@ def train_tokenizer(
     return train_bpe(texts, vocab_size=vocab_size, special_tokens=special_tokens)
 
 
-
 def _byte_level_table() -> dict[str, int]:
     """GPT-2's byte-level stand-ins back to bytes: printable bytes stand for themselves, the others are
     shifted past 255 (so byte 0x20, a space, shows as 'Ġ' and 0x0a, a newline, as 'Ċ').

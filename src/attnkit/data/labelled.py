@@ -104,8 +104,11 @@ def read_labelled(
             raise InputError(f"{path} is empty")
         t_col = _pick_column(rows[0], text_column, TEXT_COLUMNS, "text", path)
         l_col = _pick_column(rows[0], label_column, LABEL_COLUMNS, "label", path)
-        numbered = [(n, r[t_col] if t_col < len(r) else "", r[l_col] if l_col < len(r) else "")
-                    for n, r in enumerate(rows[1:], start=2) if any(cell.strip() for cell in r)]
+        numbered = [
+            (n, r[t_col] if t_col < len(r) else "", r[l_col] if l_col < len(r) else "")
+            for n, r in enumerate(rows[1:], start=2)
+            if any(cell.strip() for cell in r)
+        ]
     else:
         numbered = []
         for n, line in enumerate(text.split("\n"), start=1):

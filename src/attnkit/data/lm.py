@@ -112,8 +112,12 @@ class LMData:
         }
         key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         bin_path, meta_path = cache_dir / f"lm-{key}.bin", cache_dir / f"lm-{key}.json"
-        expected = {**identity, "files": file_manifest(files), "vocab_size": tokenizer.vocab_size,
-                    "dtype": token_dtype(tokenizer.vocab_size).name}
+        expected = {
+            **identity,
+            "files": file_manifest(files),
+            "vocab_size": tokenizer.vocab_size,
+            "dtype": token_dtype(tokenizer.vocab_size).name,
+        }
         meta = _fresh_meta(meta_path, bin_path, expected)
         reused = meta is not None
         if meta is None:
@@ -122,8 +126,14 @@ class LMData:
             meta = {**expected, "n_tokens": n_tokens}
             _write_json(meta_path, meta)
             n_bytes = sum(f["size"] for f in expected["files"])
-            log.info("tokenized %d files (%.1f MB) into %d tokens in %.1f s -> %s", len(files), n_bytes / 1e6,
-                     n_tokens, time.perf_counter() - start, bin_path)
+            log.info(
+                "tokenized %d files (%.1f MB) into %d tokens in %.1f s -> %s",
+                len(files),
+                n_bytes / 1e6,
+                n_tokens,
+                time.perf_counter() - start,
+                bin_path,
+            )
         else:
             log.info("reusing token cache %s (%d tokens)", bin_path, meta["n_tokens"])
         tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["n_tokens"],))
@@ -199,9 +209,10 @@ def _build(files: list[Path], tokenizer: Tokenizer, bin_path: Path, errors: Enco
     total = sum(f.stat().st_size for f in files)
     n_tokens = 0
     try:
-        with open(tmp, "wb") as out, tqdm(
-            total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not progress, leave=False
-        ) as bar:
+        with (
+            open(tmp, "wb") as out,
+            tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not progress, leave=False) as bar,
+        ):
             for ids in _encode_files(files, tokenizer, errors, bar):
                 ids.astype(dtype, copy=False).tofile(out)
                 n_tokens += ids.size

@@ -1,0 +1,171 @@
+"""Language-model data: the memmap cache, the split, random windows and evaluation batches."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnkit.data.corpus import stdlib_files
+from attnkit.data.lm import LMData, token_dtype
+from attnkit.errors import InputError
+from attnkit.tokenize import CharTokenizer, train_bpe
+
+SHARED = Path(__file__).parents[1] / "../shared/data"
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> list[Path]:
+    files = []
+    for name, text in [("a.txt", "hello world\n" * 50), ("b.txt", "goodbye moon\n" * 50)]:
+        files.append(tmp_path / name)
+        files[-1].write_text(text, encoding="utf-8")
+    return files
+
+
+def test_tinyshakespeare_char_stream_has_the_classic_split(tmp_path: Path) -> None:
+    path = SHARED / "tinyshakespeare" / "input.txt"
+    if not path.exists():
+        pytest.skip(f"shared data {path} is absent (see ../shared/data/README.md)")
+    tok = CharTokenizer.from_texts([path.read_text(encoding="utf-8")])
+    data = LMData.prepare([path], tok, tmp_path, progress=False)
+    assert len(tok.alphabet) == 65
+    assert (len(data.train), len(data.val)) == (1_003_854, 111_540)
+    assert isinstance(data.tokens, np.memmap) and data.tokens.dtype == np.uint16
+    assert tok.decode(data.train[:14]) == "First Citizen:"
+
+
+def test_cache_is_reused_when_nothing_changed_and_rebuilt_when_a_file_did(tmp_path: Path, corpus) -> None:
+    tok = CharTokenizer.from_texts(["helowrdgbyemn \n!"])
+    cache = tmp_path / "cache"
+    first = LMData.prepare(corpus, tok, cache, progress=False)
+    assert not first.reused
+    built = first.path.stat().st_mtime_ns
+    second = LMData.prepare(corpus, tok, cache, progress=False)
+    assert second.reused and second.path == first.path and first.path.stat().st_mtime_ns == built
+    np.testing.assert_array_equal(second.tokens, first.tokens)
+    assert second.meta["n_tokens"] == len(first.tokens)
+    assert [f["size"] for f in second.meta["files"]] == [p.stat().st_size for p in corpus]
+    assert second.meta["tokenizer"] == tok.fingerprint()
+
+    corpus[1].write_text("goodbye moon!\n" * 50, encoding="utf-8")
+    third = LMData.prepare(corpus, tok, cache, progress=False)
+    assert not third.reused and third.path == first.path
+    assert len(third.tokens) == len(first.tokens) + 50
+
+    st = corpus[0].stat()  # same size, newer mtime: rebuilt too
+    os.utime(corpus[0], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert not LMData.prepare(corpus, tok, cache, progress=False).reused
+
+    other = CharTokenizer.from_texts(["helowrdgbyemn \n!?"])
+    changed_tok = LMData.prepare(corpus, other, cache, progress=False)
+    assert not changed_tok.reused and changed_tok.path != first.path
+
+
+def test_truncated_cache_is_rebuilt(tmp_path: Path, corpus) -> None:
+    tok = CharTokenizer.from_texts(["helowrdgbyemn \n"])
+    first = LMData.prepare(corpus, tok, tmp_path, progress=False)
+    with open(first.path, "r+b") as f:
+        f.truncate(10)
+    again = LMData.prepare(corpus, tok, tmp_path, progress=False)
+    assert not again.reused and len(again.tokens) == len(first.tokens)
+
+
+def test_files_are_joined_with_eos_and_empty_files_skipped(tmp_path: Path) -> None:
+    texts = ["ab", "", "ba"]
+    files = [tmp_path / f"{i}.txt" for i in range(3)]
+    for f, t in zip(files, texts, strict=True):
+        f.write_text(t)
+    tok = CharTokenizer("ab")
+    data = LMData.prepare(files, tok, tmp_path / "cache", val_fraction=0.0, progress=False)
+    assert data.tokens.tolist() == [0, 1, tok.eos_id, 1, 0]
+    assert len(data.val) == 0
+
+
+def test_bpe_stream_over_the_stdlib_uses_uint16(tmp_path: Path) -> None:
+    files = stdlib_files(max_bytes=150_000)
+    tok = train_bpe([f.read_text(encoding="utf-8") for f in files[:3]], vocab_size=512)
+    data = LMData.prepare(files, tok, tmp_path, progress=False)
+    assert data.tokens.dtype == np.uint16
+    n_files = sum(1 for f in files if f.stat().st_size)
+    assert int((np.asarray(data.tokens) == tok.eos_id).sum()) == n_files - 1
+    first = files[0].read_text(encoding="utf-8")
+    assert tok.decode(data.tokens[: len(tok.encode(first))]) == first
+
+
+def test_token_dtype() -> None:
+    assert token_dtype(65_536) == np.uint16
+    assert token_dtype(65_537) == np.uint32
+
+
+def test_windows_never_cross_the_split_and_targets_are_shifted() -> None:
+    data = LMData.from_ids(np.arange(1000, dtype=np.uint16), val_fraction=0.1)
+    assert (len(data.train), len(data.val)) == (900, 100)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        x, y = data.sample_batch("train", 16, 32, gen)
+        assert x.shape == y.shape == (16, 32) and x.dtype == y.dtype == torch.int64
+        assert int(y.max()) < 900  # the last train target is token 899
+        torch.testing.assert_close(y, x + 1)
+        x, y = data.sample_batch("val", 16, 32, gen)
+        assert int(x.min()) >= 900
+        torch.testing.assert_close(y, x + 1)
+    x, _ = data.sample_batch("val", 2000, 99, gen)  # the only window: the whole split
+    assert int(x.min()) == 900 and int(x.max()) == 998
+
+
+def test_sampling_is_driven_by_the_generator() -> None:
+    data = LMData.from_ids(np.arange(10_000) % 300)
+    gen = torch.Generator().manual_seed(1234)
+    state = gen.get_state()
+    first = [data.sample_batch("train", 4, 8, gen) for _ in range(3)]
+    gen.set_state(state)
+    again = [data.sample_batch("train", 4, 8, gen) for _ in range(3)]
+    for (x1, y1), (x2, y2) in zip(first, again, strict=True):
+        torch.testing.assert_close(x1, x2)
+        torch.testing.assert_close(y1, y2)
+    assert not torch.equal(first[0][0], first[1][0])
+
+
+def test_eval_batches_predict_every_val_token_once() -> None:
+    data = LMData.from_ids(np.arange(2000), val_fraction=0.25)
+    batches = list(data.iter_eval_batches("val", batch_size=3, seq_len=10))
+    targets = torch.cat([y.flatten() for _, y in batches])
+    assert targets.tolist() == list(range(1501, 1501 + len(targets)))
+    assert len(targets) == (len(data.val) - 1) // 10 * 10
+    capped = list(data.iter_eval_batches("val", batch_size=3, seq_len=10, max_batches=2))
+    assert len(capped) == 2
+    assert int(capped[0][0][0, 0]) == 1500 and int(capped[-1][0][-1, -1]) > 1900  # spread over the split
+    assert [b[0].tolist() for b in capped] == [
+        b[0].tolist() for b in data.iter_eval_batches("val", batch_size=3, seq_len=10, max_batches=2)
+    ]
+
+
+def test_too_short_split_and_bad_arguments_are_clear_errors() -> None:
+    data = LMData.from_ids(np.arange(100), val_fraction=0.05)
+    with pytest.raises(InputError, match="the val split has 5 tokens, fewer than one window"):
+        data.sample_batch("val", 2, 8, torch.Generator())
+    with pytest.raises(InputError, match="unknown split"):
+        data.sample_batch("test", 2, 8, torch.Generator())
+    with pytest.raises(InputError, match="val_fraction"):
+        LMData.from_ids(np.arange(10), val_fraction=1.0)
+    with pytest.raises(InputError, match="empty"):
+        LMData.from_ids([])
+
+
+def test_empty_and_binary_corpora_are_clear_errors(tmp_path: Path) -> None:
+    tok = CharTokenizer("ab")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(InputError, match=r"no text in the 1 data file\(s\)"):
+        LMData.prepare([empty], tok, tmp_path / "cache", progress=False)
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(InputError, match="blob.bin looks like a binary file"):
+        LMData.prepare([empty, binary], tok, tmp_path / "cache", progress=False)
+    assert not list((tmp_path / "cache").glob("*.bin"))  # nothing half-written is left behind
+    with pytest.raises(InputError, match="no data files"):
+        LMData.prepare([], tok, tmp_path / "cache")

@@ -1,0 +1,224 @@
+"""Tokenizers: lossless round trips, the Tiny Shakespeare compression claim, save/load, Hugging Face
+directories, the CLI, and clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer as HFTok
+from tokenizers import models, pre_tokenizers
+
+from attnkit.cli import main
+from attnkit.errors import ConfigError, InputError
+from attnkit.tokenize import (
+    CharTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    explain,
+    load_tokenizer,
+    require_id,
+    train_bpe,
+    train_tokenizer,
+)
+
+SHARED = Path(__file__).parents[1] / "../shared/data"
+TRAINING_TEXT = [
+    "The quick brown fox jumps over the lazy dog.\r\n" * 20,
+    "def f(x):\n    return x * 2  # doubled\n\n" * 20,
+    "한국어 텍스트와 emoji 😀🎉 and accents: café, naïve, Ærø.\n" * 10,
+]
+
+
+def shared(*parts: str) -> Path:
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"shared data {path} is absent (see ../shared/data/README.md)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def bpe() -> HFTokenizer:
+    return train_bpe(TRAINING_TEXT, vocab_size=400)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet=st.characters(blacklist_characters="\x00")))
+@example(text="")
+@example(text="😀🎉👩‍👩‍👧")
+@example(text="한국어 텍스트")
+@example(text="line one\r\nline two\r\n")
+@example(text="\x01\x02\x1b[31m\x7f\t\x0b\x0c\u2028")
+@example(text="<eos><pad> are ordinary text here")
+def test_bpe_round_trip_is_lossless(bpe: HFTokenizer, text: str) -> None:
+    assert bpe.decode(bpe.encode(text)) == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet="ab c\n!\r"))
+def test_char_round_trip_on_its_alphabet(text: str) -> None:
+    tok = CharTokenizer.from_texts(["ab c\n!\r"])
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_special_token_strings_in_text_are_text(bpe: HFTokenizer) -> None:
+    ids = bpe.encode("<eos> <pad>")
+    assert not set(ids) & {bpe.eos_id, bpe.pad_id}
+    assert bpe.decode([bpe.bos_id, *ids, bpe.eos_id]) == "<eos> <pad>"
+    assert bpe.decode([bpe.bos_id], skip_special=False) == "<bos>"
+
+
+def test_char_ids_follow_code_point_order_then_specials() -> None:
+    tok = CharTokenizer.from_texts(["hello"])
+    assert tok.alphabet == "ehlo"
+    assert tok.encode("hole") == [1, 3, 2, 0]
+    assert tok.vocab_size == 4 + 7
+    assert [tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id] == [4, 5, 6, 7]
+    assert tok.decode([tok.bos_id, 1, tok.pad_id]) == "h"
+
+
+def test_char_unknown_policies() -> None:
+    assert CharTokenizer("ab").encode("axb") == [0, CharTokenizer("ab").unk_id, 1]
+    assert CharTokenizer("ab", unknown="skip").encode("axb") == [0, 1]
+    with pytest.raises(InputError, match=r"'x' at position 1"):
+        CharTokenizer("ab", unknown="error").encode("axb")
+    with pytest.raises(ConfigError):
+        CharTokenizer("ab", unknown="ignore")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="outside the char vocabulary"):
+        CharTokenizer("ab").decode([99])
+
+
+def test_tinyshakespeare_bpe_1024_halves_the_validation_split() -> None:
+    text = shared("tinyshakespeare", "input.txt").read_text(encoding="utf-8")
+    n_train = int(len(text) * 0.9)
+    tok = train_tokenizer("bpe", [text[:n_train]], vocab_size=1024)
+    assert tok.vocab_size == 1024
+    val = text[n_train:]
+    ids = tok.encode(val)
+    assert len(ids) <= len(val) / 2, f"{len(ids)} tokens for {len(val)} characters"
+    assert tok.decode(ids) == val
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_save_load_keeps_ids_and_fingerprint(tmp_path: Path, kind: str) -> None:
+    tok = train_tokenizer(kind, TRAINING_TEXT, vocab_size=300)
+    tok.save(tmp_path / "tok")
+    back = load_tokenizer(tmp_path / "tok")
+    assert isinstance(back, Tokenizer)
+    assert back.kind == kind
+    assert back.fingerprint() == tok.fingerprint()
+    assert back.vocab_size == tok.vocab_size
+    assert [back.token_id(r) for r in ("pad", "bos", "eos", "unk", "mask", "cls", "sep")] == [
+        tok.token_id(r) for r in ("pad", "bos", "eos", "unk", "mask", "cls", "sep")
+    ]
+    text = TRAINING_TEXT[0][:60]
+    assert back.encode(text) == tok.encode(text)
+    assert back.encode_batch([text, "x"]) == [tok.encode(text), tok.encode("x")]
+
+
+def test_fingerprint_tells_tokenizers_apart() -> None:
+    a = train_tokenizer("bpe", TRAINING_TEXT, vocab_size=300)
+    assert a.fingerprint() == train_tokenizer("bpe", TRAINING_TEXT, vocab_size=300).fingerprint()
+    assert a.fingerprint() != train_tokenizer("bpe", TRAINING_TEXT, vocab_size=310).fingerprint()
+    assert CharTokenizer("ab").fingerprint() != CharTokenizer("abc").fingerprint()
+
+
+def test_train_from_files(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    path.write_text("zebra\n", encoding="utf-8")
+    tok = train_tokenizer("char", [path, "q"])
+    assert tok.alphabet == "\nabeqrz"
+
+
+def _wordpiece_dir(tmp_path: Path, *, with_config: bool) -> Path:
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "##s", "sat"])}
+    tok = HFTok(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    directory = tmp_path / "bert"
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    if with_config:
+        (directory / "tokenizer_config.json").write_text(
+            json.dumps({"cls_token": "[CLS]", "sep_token": {"content": "[SEP]"}, "pad_token": "[PAD]"})
+        )
+    return directory
+
+
+@pytest.mark.parametrize("with_config", [False, True])
+def test_hf_directory_is_used_as_it_is(tmp_path: Path, with_config: bool) -> None:
+    tok = load_tokenizer(_wordpiece_dir(tmp_path, with_config=with_config))
+    assert tok.kind == "hf"
+    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
+    assert (tok.bos_id, tok.eos_id) == (2, 3)  # BERT has no BOS/EOS: they borrow CLS/SEP
+    assert tok.encode("the cats sat") == [5, 6, 7, 8]  # no [CLS]/[SEP] added by encode
+    tok.save(tmp_path / "saved")
+    back = load_tokenizer(tmp_path / "saved")
+    assert back.kind == "hf" and back.fingerprint() == tok.fingerprint()
+
+
+def test_hf_gpt2_style_tokenizer_pads_with_endoftext(tmp_path: Path) -> None:
+    eot = {role: "<|endoftext|>" for role in ("pad", "bos", "eos", "unk")}
+    trained = train_bpe(TRAINING_TEXT, vocab_size=300, special_tokens=eot)
+    trained.save(tmp_path)
+    (tmp_path / "attnkit_tokenizer.json").unlink()  # a bare tokenizer.json, as GPT-2 ships it
+    tok = load_tokenizer(tmp_path)
+    assert tok.kind == "hf"
+    assert tok.bos_id == tok.eos_id == tok.pad_id == trained.eos_id
+    assert tok.cls_id is None
+    with pytest.raises(InputError, match="no cls token"):
+        require_id(tok, "cls")
+
+
+def test_hf_missing_file_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="tokenizer.json"):
+        HFTokenizer.from_dir(tmp_path)
+    with pytest.raises(InputError, match=r"attnkit_tokenizer.json .* or tokenizer.json"):
+        load_tokenizer(tmp_path)
+
+
+def test_unknown_kind_and_bad_sizes_are_clear_errors() -> None:
+    with pytest.raises(ConfigError, match="unknown tokenizer kind 'wordpiece'; choose one of char, bpe, hf"):
+        train_tokenizer("wordpiece", ["abc"], vocab_size=300)
+    with pytest.raises(ConfigError, match="not trained"):
+        train_tokenizer("hf", ["abc"])
+    with pytest.raises(ConfigError, match="at least"):
+        train_bpe(["abc"], vocab_size=100)
+    with pytest.raises(ConfigError, match="unknown special token roles"):
+        train_bpe(["abc"], vocab_size=300, special_tokens=["pad", "bos", "eos", "unk", "begin"])
+
+
+def test_explain_shows_ids_pieces_and_partial_bytes() -> None:
+    tok = train_bpe(["ab ab ab"], vocab_size=270)
+    lines = explain(tok, "ab😀").splitlines()
+    assert lines[0] == "3 characters -> 5 tokens, 0.60 characters per token"
+    assert lines[1] == "ids: " + " ".join(map(str, tok.encode("ab😀")))
+    assert lines[3].split() == [str(tok.encode("ab")[0]), "ab", "'ab'"]
+    assert [line.split()[-1] for line in lines[4:]] == ["b'\\xf0'", "b'\\x9f'", "b'\\x98'", "b'\\x80'"]
+
+
+def test_cli_train_and_encode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "corpus.txt"
+    data.write_text("".join(TRAINING_TEXT), encoding="utf-8")
+    out = tmp_path / "tok"
+    assert (
+        main(["tokenizer", "train", "--data", str(data), "--kind", "bpe", "--vocab-size", "300", "--out", str(out)])
+        == 0
+    )
+    assert (out / "tokenizer.json").is_file() and (out / "attnkit_tokenizer.json").is_file()
+    capsys.readouterr()
+    assert main(["tokenizer", "encode", "--tokenizer", str(out), "--text", "The quick fox"]) == 0
+    printed = capsys.readouterr().out
+    tok = load_tokenizer(out)
+    assert "ids: " + " ".join(map(str, tok.encode("The quick fox"))) in printed
+    assert "Ġquick" in printed or "Ġ" in printed
+
+
+def test_cli_reports_bad_kind_and_missing_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tokenizer", "train", "--kind", "nope", "--out", str(tmp_path / "t")]) == 2
+    assert "unknown tokenizer kind 'nope'" in capsys.readouterr().err
+    assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path), "--text", "x"]) == 2
+    assert "tokenizer.json" in capsys.readouterr().err
