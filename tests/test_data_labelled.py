@@ -1,0 +1,111 @@
+"""Labelled text: the three file layouts, the label vocabulary, CLS-first batches, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnkit.data.labelled import LabelledData, LabelVocab, read_labelled
+from attnkit.data.synthetic import make_task, synthetic_tokenizer
+from attnkit.errors import ConfigError, InputError
+from attnkit.tokenize import CharTokenizer
+
+SHARED = Path(__file__).parents[1] / "../shared/data"
+
+
+def test_label_first_lines(tmp_path: Path) -> None:
+    path = tmp_path / "train.txt"
+    path.write_text("1 a fine film .\r\n0 dull\n\n1 two  spaces kept\n", encoding="utf-8")
+    assert read_labelled(path) == [("a fine film .", "1"), ("dull", "0"), ("two  spaces kept", "1")]
+
+
+def test_csv_and_tsv_with_headers(tmp_path: Path) -> None:
+    csv_path = tmp_path / "reviews.csv"
+    csv_path.write_text('id,Text,Label\n1,"good, really good",pos\n2,bad,neg\n', encoding="utf-8")
+    assert read_labelled(csv_path) == [("good, really good", "pos"), ("bad", "neg")]
+    tsv_path = tmp_path / "glue.tsv"
+    tsv_path.write_text('sentence\tlabel\nit \'s "fine"\t1\nno\t0\n', encoding="utf-8")
+    assert read_labelled(tsv_path) == [('it \'s "fine"', "1"), ("no", "0")]
+    odd = tmp_path / "odd.csv"
+    odd.write_text("body,stars\nnice,5\n")
+    assert read_labelled(odd, text_column="body", label_column="stars") == [("nice", "5")]
+    with pytest.raises(InputError, match=r"has no a text column .*--text-column"):
+        read_labelled(odd)
+
+
+def test_empty_text_or_label_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "sst.txt"
+    path.write_text("1 fine\n0\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"sst.txt, line 2: the text is empty \(label '0'\)"):
+        read_labelled(path)
+    csv_path = tmp_path / "x.csv"
+    csv_path.write_text("text,label\nok,1\n  ,0\n")
+    with pytest.raises(InputError, match=r"x.csv, line 3: the text is empty"):
+        read_labelled(csv_path)
+    csv_path.write_text("text,label\nok,\n")
+    with pytest.raises(InputError, match=r"line 2: the label is empty"):
+        read_labelled(csv_path)
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("")
+    with pytest.raises(InputError, match="empty"):
+        read_labelled(empty)
+
+
+def test_label_vocab_sorting_saving_and_unknown_labels(tmp_path: Path) -> None:
+    vocab = LabelVocab.from_labels(["10", "2", "1", "2"])
+    assert vocab.labels == ("1", "2", "10")
+    assert LabelVocab.from_labels(["pos", "neg"]).labels == ("neg", "pos")
+    vocab.save(tmp_path / "labels.json")
+    assert LabelVocab.load(tmp_path / "labels.json") == vocab
+    assert vocab.encode("10") == 2 and vocab.decode(2) == "10"
+    with pytest.raises(InputError, match="label '3' is not among"):
+        vocab.encode("3")
+    with pytest.raises(InputError, match="cannot read a label vocabulary"):
+        LabelVocab.load(tmp_path / "missing.json")
+
+
+def test_batches_begin_with_cls_and_mask_the_padding() -> None:
+    tok = synthetic_tokenizer()
+    task = make_task("ab", 200, seed=3)
+    data = LabelledData.from_examples(task.labelled(), tok, batch_size=8)
+    assert data.label_vocab.labels == ("A", "B")
+    for index, indices in enumerate(data.batch_order(0)):
+        batch = data.batch(0, index)
+        assert batch.ids.shape[0] == batch.labels.shape[0] == len(indices)
+        assert (batch.ids[:, 0] == tok.cls_id).all()
+        lengths = batch.mask.sum(1)
+        for row, i in enumerate(indices):
+            source = task.examples[i].source
+            assert lengths[row] == len(source) + 2
+            assert tok.decode(batch.ids[row, 1 : lengths[row] - 1].tolist()) == source
+            assert batch.ids[row, lengths[row] - 1] == tok.sep_id
+            assert (batch.ids[row, lengths[row] :] == tok.pad_id).all()
+            assert data.label_vocab.decode(int(batch.labels[row])) == task.examples[i].target
+    assert batch.labels.dtype == torch.int64 and batch.mask.dtype == torch.bool
+
+
+def test_without_cls_inputs_begin_with_bos() -> None:
+    tok = CharTokenizer("abc", special_tokens=["pad", "bos", "eos", "unk"])
+    data = LabelledData.from_examples([("abcabc", "x"), ("a", "y")], tok, batch_size=2, max_len=4)
+    batch = data.batch(0, 0)
+    rows = sorted(batch.ids.tolist())
+    assert rows == sorted([[tok.bos_id, 0, 1, tok.eos_id], [tok.bos_id, 0, tok.eos_id, tok.pad_id]])
+    with pytest.raises(InputError, match="label 'z' is not among"):
+        LabelledData.from_examples([("a", "z")], tok, label_vocab=data.label_vocab)
+
+
+def test_only_single_symbol_tasks_are_classification() -> None:
+    with pytest.raises(ConfigError, match="no classification"):
+        make_task("copy", 5, seed=0).labelled()
+
+
+def test_sst2_dev() -> None:
+    path = SHARED / "sst2" / "stsa.binary.dev"
+    if not path.exists():
+        pytest.skip(f"shared data {path} is absent (see ../shared/data/README.md)")
+    examples = read_labelled(path)
+    assert len(examples) == 872
+    assert {label for _, label in examples} == {"0", "1"}
+    assert all(text and text == text.strip() for text, _ in examples)
