@@ -163,17 +163,27 @@ class Attention(nn.Module):
             if cache is not None:
                 cache.cross = (k, v)
 
-        if self.n_kv_heads != self.n_heads:  # grouped-query: each kv head serves n_heads / n_kv_heads queries
-            repeats = self.n_heads // self.n_kv_heads
-            k = k.repeat_interleave(repeats, dim=1)  # (B, Hkv, S, D) -> (B, H, S, D)
-            v = v.repeat_interleave(repeats, dim=1)
-
-        mask = _build_mask(key_is_real, causal, length, k.shape[2], x.device)
+        key_len = k.shape[2]
+        grouped = self.n_kv_heads != self.n_heads
         dropout = self.dropout if self.training else 0.0
         if self.score_kind == "scaled_dot" and self.relative is None and not need_weights:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, H, T, D)
+            # Fast path. Without padding, causal masking needs no mask tensor: SDPA's is_causal covers a full
+            # square pass, and a single new query (decoding) may see every cached key.
+            mask, is_causal = None, False
+            if key_is_real is None and causal and length in (1, key_len):
+                is_causal = length > 1
+            else:
+                mask = _build_mask(key_is_real, causal, length, key_len, x.device)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, enable_gqa=grouped
+            )  # (B, H, T, D)
             weights = None
         else:
+            if grouped:  # each kv head serves n_heads / n_kv_heads query heads
+                repeats = self.n_heads // self.n_kv_heads
+                k = k.repeat_interleave(repeats, dim=1)  # (B, Hkv, S, D) -> (B, H, S, D)
+                v = v.repeat_interleave(repeats, dim=1)
+            mask = _build_mask(key_is_real, causal, length, key_len, x.device)
             out, weights = self._explicit(q, k, v, mask, dropout)
         out = out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim)  # (B, H, T, D) -> (B, T, C)
         return self.o_proj(out), (weights if need_weights else None)
