@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.layers.chunked_loss import chunked_linear_cross_entropy
 from attnkit.layers.kv_cache import KVCache
 from attnkit.models.output import ModelOutput, cross_entropy
 from attnkit.models.stack import TransformerStack
@@ -33,6 +34,7 @@ class DecoderLM(nn.Module):
         targets: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        return_logits: bool = True,
     ) -> ModelOutput:
         """input_ids (B, T) -> logits (B, T, V).
 
@@ -40,6 +42,8 @@ class DecoderLM(nn.Module):
             -100 where no loss is wanted.
         attention_mask: (B, S) 1 at real tokens, 0 at padding (S includes cached positions).
         cache: a KVCache from `allocate_cache`; the new keys and values are appended to it.
+        return_logits: with targets, False computes the loss chunk by chunk without keeping the (B, T, V) logits
+            (`layers/chunked_loss.py`; faster and far smaller for large vocabularies) and returns logits=None.
         """
         hidden, attentions = self.stack(
             input_ids,
@@ -48,10 +52,7 @@ class DecoderLM(nn.Module):
             cache=cache,
             need_weights=need_weights,
         )
-        logits = self.lm_head(hidden)  # (B, T, V)
-        loss = None
-        if targets is not None:
-            loss = cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+        logits, loss = lm_logits_and_loss(self.lm_head, hidden, targets, self.label_smoothing, return_logits)
         return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None, cache=cache)
 
     def allocate_cache(
@@ -59,6 +60,17 @@ class DecoderLM(nn.Module):
     ) -> KVCache:
         """A preallocated cache for `batch_size` sequences of up to `max_len` positions."""
         return allocate_cache_for(self.stack, batch_size, max_len, dtype=dtype, device=device)
+
+
+def lm_logits_and_loss(
+    lm_head: nn.Linear, hidden: Tensor, targets: Tensor | None, label_smoothing: float, return_logits: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    """Project hidden (B, T, C) to logits (B, T, V) and, given targets, the loss; fused when logits are not wanted."""
+    if targets is not None and not return_logits and lm_head.bias is None:
+        return None, chunked_linear_cross_entropy(hidden, lm_head.weight, targets, label_smoothing=label_smoothing)
+    logits = lm_head(hidden)  # (B, T, V)
+    loss = cross_entropy(logits, targets, label_smoothing=label_smoothing) if targets is not None else None
+    return logits, loss
 
 
 def allocate_cache_for(stack: TransformerStack, batch_size: int, max_len: int, *, dtype=None, device=None) -> KVCache:

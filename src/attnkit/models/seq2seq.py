@@ -12,8 +12,8 @@ from torch import Tensor, nn
 
 from attnkit.errors import InputError
 from attnkit.layers.kv_cache import KVCache
-from attnkit.models.decoder import allocate_cache_for
-from attnkit.models.output import ModelOutput, cross_entropy
+from attnkit.models.decoder import allocate_cache_for, lm_logits_and_loss
+from attnkit.models.output import ModelOutput
 from attnkit.models.stack import TransformerStack
 
 
@@ -51,10 +51,12 @@ class EncoderDecoder(nn.Module):
         targets: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        return_logits: bool = True,
     ) -> ModelOutput:
         """tgt_ids (B, T), memory (B, S, C) -> logits (B, T, V_tgt).
 
         targets: (B, T) next-token ids aligned with tgt_ids, -100 at padding.
+        return_logits: with targets, False computes the loss chunk by chunk and returns logits=None.
         """
         if tgt_ids.dim() == 2 and tgt_ids.shape[0] != memory.shape[0]:
             raise InputError(
@@ -69,10 +71,7 @@ class EncoderDecoder(nn.Module):
             context_mask=src_mask.bool() if src_mask is not None else None,
             need_weights=need_weights,
         )
-        logits = self.lm_head(hidden)  # (B, T, V)
-        loss = None
-        if targets is not None:
-            loss = cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+        logits, loss = lm_logits_and_loss(self.lm_head, hidden, targets, self.label_smoothing, return_logits)
         return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None, cache=cache)
 
     def forward(
@@ -84,8 +83,9 @@ class EncoderDecoder(nn.Module):
         tgt_mask: Tensor | None = None,
         targets: Tensor | None = None,
         need_weights: bool = False,
+        return_logits: bool = True,
     ) -> ModelOutput:
-        """Teacher-forced pass: src (B, S), tgt (B, T) -> logits (B, T, V)."""
+        """Teacher-forced pass: src (B, S), tgt (B, T) -> logits (B, T, V) (see `decode` for the arguments)."""
         if tgt_ids.dim() == 2 and src_ids.dim() == 2 and tgt_ids.shape[0] != src_ids.shape[0]:
             raise InputError(
                 f"src_ids has batch size {src_ids.shape[0]} but tgt_ids has {tgt_ids.shape[0]}; "
@@ -97,7 +97,13 @@ class EncoderDecoder(nn.Module):
         else:
             memory = self.encode(src_ids, src_mask=src_mask)
         out = self.decode(
-            tgt_ids, memory, src_mask=src_mask, tgt_mask=tgt_mask, targets=targets, need_weights=need_weights
+            tgt_ids,
+            memory,
+            src_mask=src_mask,
+            tgt_mask=tgt_mask,
+            targets=targets,
+            need_weights=need_weights,
+            return_logits=return_logits,
         )
         out.encoder_attentions = encoder_attentions
         return out
