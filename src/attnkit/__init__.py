@@ -3,6 +3,7 @@
 from attnkit import presets
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError, InputError
+from attnkit.generate import load
 from attnkit.models import build_model, count_parameters
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
     "ModelConfig",
     "build_model",
     "count_parameters",
+    "load",
     "presets",
 ]

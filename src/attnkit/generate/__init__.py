@@ -1,0 +1,30 @@
+"""Using a trained model: generation (decoder), translation (encoder-decoder), classification (encoder).
+
+`load(run_dir)` returns a `Pipeline` with `.generate`, `.translate` and `.classify`; the token-level functions
+below it work on any model of the right family.
+"""
+
+from attnkit.generate.beam import beam_search
+from attnkit.generate.decoder import decode_n_tokens, decode_one_token, generate_tokens, left_pad, prefill
+from attnkit.generate.pipeline import Classification, Pipeline, load, sample_after_training
+from attnkit.generate.sampling import GREEDY, SamplingConfig, make_generator, select_next
+from attnkit.generate.seq2seq import encode_sources, greedy_translate
+
+__all__ = [
+    "GREEDY",
+    "Classification",
+    "Pipeline",
+    "SamplingConfig",
+    "beam_search",
+    "decode_n_tokens",
+    "decode_one_token",
+    "encode_sources",
+    "generate_tokens",
+    "greedy_translate",
+    "left_pad",
+    "load",
+    "make_generator",
+    "prefill",
+    "sample_after_training",
+    "select_next",
+]

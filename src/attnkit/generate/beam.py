@@ -1,0 +1,134 @@
+"""Beam search for an encoder-decoder: keep the `beam_size` most likely partial translations of each source.
+
+    step t: every live beam b proposes every token v:  score(b, v) = score(b) + log p(v | beam b)
+            of the K * V candidates keep the best 2K;  those ending in EOS (among the first K) are finished
+            hypotheses, the best K others are the live beams of step t + 1
+
+Every beam is one row of the decoder's batch (B * K rows); when beams are chosen, the KV cache's rows follow
+them (`KVCache.reorder`). The encoder runs once and its keys and values for cross-attention are computed on
+the first step and reordered with the rest.
+
+A finished hypothesis of n tokens (EOS included) scores  sum log p / n ** length_penalty  (Wu et al. 2016
+use a similar normalisation): 0 compares raw log-probabilities and favours short outputs, 1 compares per-token
+averages. A source is done when it has K finished hypotheses and either `early_stopping` is set or its best live
+beam, normalised at the current length, no longer beats the worst of them (the rule of Hugging Face's
+`BeamSearchScorer`); otherwise the search ends at `max_length`, where the live beams count as finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.errors import InputError
+from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources
+
+
+@dataclass
+class Hypotheses:
+    """The best `size` finished hypotheses of one source, as (score, tokens) pairs."""
+
+    size: int
+    length_penalty: float
+    items: list[tuple[float, list[int]]] = field(default_factory=list)
+
+    def add(self, sum_logprobs: float, tokens: list[int], *, ended: bool) -> None:
+        """tokens: the target without BOS and EOS; `ended`: whether it ended with EOS (which its length counts)."""
+        self.items.append((sum_logprobs / self.normaliser(len(tokens) + int(ended)), tokens))
+        self.items.sort(key=lambda item: item[0], reverse=True)
+        del self.items[self.size:]
+
+    def normaliser(self, length: int) -> float:
+        return float(length) ** self.length_penalty
+
+    def is_done(self, best_live_sum: float, length: int, early_stopping: bool) -> bool:
+        if len(self.items) < self.size:
+            return False
+        return early_stopping or best_live_sum / self.normaliser(length) <= self.items[-1][0]
+
+    def best(self) -> list[int]:
+        return self.items[0][1]
+
+
+@torch.inference_mode()
+def beam_search(
+    model: nn.Module,
+    sources: Sequence[Sequence[int]],
+    *,
+    bos_id: int,
+    eos_id: int,
+    beam_size: int,
+    max_length: int,
+    length_penalty: float = 1.0,
+    early_stopping: bool = True,
+    pad_id: int = 0,
+) -> list[list[int]]:
+    """The best hypothesis of each source (target tokens without BOS and EOS); see the module docstring."""
+    check_max_length(max_length)
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise InputError(f"beam_size={beam_size!r} must be a positive integer (1 is greedy)")
+    batch, k = len(sources), beam_size
+    source = encode_sources(model, sources, pad_id=pad_id).repeat(k)
+    device = source.memory.device
+    cache = model.allocate_cache(batch * k, max_length)
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # one live beam to start with; the others join once it has proposed tokens
+    beams = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, t)
+    finished = [Hypotheses(k, length_penalty) for _ in range(batch)]
+    done = [False] * batch
+    for length in range(1, max_length + 1):
+        logprobs = decode_step(model, beams[:, -1], source, cache).float().log_softmax(dim=-1)  # (B*K, V)
+        vocab = logprobs.shape[-1]
+        candidates = (scores.view(-1, 1) + logprobs).view(batch, k * vocab)  # (B, K*V)
+        top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=-1)  # (B, 2K), best first
+        top_beam, top_token = top_index // vocab, top_index % vocab
+        next_beam, next_token, next_score = _choose_live(
+            beams, top_scores, top_beam, top_token, finished, done, k=k, eos_id=eos_id
+        )
+        for b in range(batch):
+            if not done[b]:
+                done[b] = finished[b].is_done(float(next_score[b, 0]), length, early_stopping)
+        if all(done):
+            break
+        rows = (torch.arange(batch, device=device)[:, None] * k + next_beam).view(-1)  # (B*K,)
+        cache.reorder(rows)
+        beams = torch.cat((beams[rows], next_token.view(-1, 1)), dim=1)  # (B*K, t + 1)
+        scores = next_score
+    else:  # max_length reached: the live beams are finished too
+        for b in range(batch):
+            if not done[b]:
+                for j in range(k):
+                    if scores[b, j] > float("-inf"):
+                        finished[b].add(float(scores[b, j]), beams[b * k + j, 1:].tolist(), ended=False)
+    return [hyps.best() for hyps in finished]
+
+
+def _choose_live(
+    beams: Tensor,
+    top_scores: Tensor,
+    top_beam: Tensor,
+    top_token: Tensor,
+    finished: list[Hypotheses],
+    done: list[bool],
+    *,
+    k: int,
+    eos_id: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """File the EOS candidates among each source's first K as finished; keep the best K others as live beams.
+
+    top_*: (B, 2K) candidates, best first. Returns the live beams' parent beam, token and score, each (B, K).
+    """
+    is_eos = top_token == eos_id  # (B, 2K)
+    rows = zip(top_scores.tolist(), top_beam.tolist(), is_eos.tolist(), strict=True)
+    for b, (scores, parents, eos) in enumerate(rows):
+        if done[b]:
+            continue
+        for rank in range(k):
+            if eos[rank] and scores[rank] > float("-inf"):
+                finished[b].add(scores[rank], beams[b * k + parents[rank], 1:].tolist(), ended=True)
+    # stable sort puts the non-EOS candidates first, in their order
+    order = is_eos.to(torch.int8).argsort(dim=-1, stable=True)[:, :k]  # (B, K)
+    return top_beam.gather(1, order), top_token.gather(1, order), top_scores.gather(1, order)

@@ -1,0 +1,203 @@
+"""Text generation with a decoder-only model, always through the KV cache (as in gpt-fast):
+
+    prefill(prompt)        one forward over the whole (left-padded) prompt fills the cache   -> logits (B, V)
+    decode_one_token(t)    one forward over the newest token, attending to the cache        -> logits (B, V)
+    decode_n_tokens(n)     choose a token, feed it, repeat, until n tokens or every row has stopped
+
+Prompts of different lengths share one batch by left padding, so every row's newest token sits in the last
+column:
+
+    row 0   <pad> <pad>  The   cat        attention_mask 0 0 1 1     position_ids 0 0 0 1
+    row 1    A    long   prompt here                     1 1 1 1                  0 1 2 3
+
+`position_ids = cumsum(mask) - 1` gives each row's real tokens the positions 0, 1, 2, ... they would have alone,
+which absolute positions (sinusoidal, learned) need; rotary and relative positions depend only on differences
+between positions, which left padding keeps, since each row's real tokens are contiguous.
+
+Context: a prompt must fit in the model's context (`context_len`, its `max_seq_len`). When prompt and new
+tokens together outgrow it, the window slides: the cache is rebuilt from the last `context_len // 2` tokens,
+whose positions restart at 0 (nanoGPT crops its input to the block size the same way, one token at a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.errors import InputError
+from attnkit.generate.sampling import GREEDY, SamplingConfig, select_next
+from attnkit.layers.kv_cache import KVCache
+
+# on_token(row, token) is called for each new token of each unfinished row; returning True ends that row.
+TokenHook = Callable[[int, int], bool]
+
+
+@dataclass
+class Window:
+    """The tokens the model sees now: ids (B, L), prompts left-padded, and mask (B, L), True at real tokens."""
+
+    ids: Tensor
+    mask: Tensor
+    padded: bool  # whether any row has padding: without it the model needs no attention mask
+
+    @classmethod
+    def of(cls, ids: Tensor, mask: Tensor) -> Window:
+        return cls(ids, mask, padded=not bool(mask.all()))
+
+    def append(self, tokens: Tensor) -> Window:
+        """Add one token per row, (B,), at the right."""
+        new_mask = torch.ones_like(self.mask[:, :1])
+        ids = torch.cat((self.ids, tokens[:, None]), dim=1)  # (B, L + 1)
+        return Window(ids, torch.cat((self.mask, new_mask), dim=1), self.padded)
+
+    def last(self, n: int) -> Window:
+        return Window.of(self.ids[:, -n:], self.mask[:, -n:])
+
+
+def left_pad(prompts: Sequence[Sequence[int]], *, pad_id: int, device: torch.device | str | None = None) -> Window:
+    """Token id lists -> one left-padded Window (B, T), T the longest prompt."""
+    length = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), length), dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        if len(prompt):
+            ids[row, length - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.long)
+            mask[row, length - len(prompt):] = True
+    return Window.of(ids.to(device), mask.to(device))
+
+
+def positions_from_mask(mask: Tensor) -> Tensor:
+    """(B, L) bool -> (B, L) positions: 0, 1, 2, ... over each row's real tokens, 0 at left padding."""
+    return (mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def prefill(model: nn.Module, window: Window, cache: KVCache) -> Tensor:
+    """Run the whole window through the model once, filling the empty `cache`. Returns the last logits (B, V)."""
+    out = model(
+        window.ids,
+        attention_mask=window.mask if window.padded else None,
+        position_ids=positions_from_mask(window.mask),
+        cache=cache,
+    )
+    return out.logits[:, -1]
+
+
+def decode_one_token(model: nn.Module, window: Window, cache: KVCache) -> Tensor:
+    """Feed the window's newest token (its last column); the cache holds the rest. Returns logits (B, V)."""
+    position = window.mask.sum(dim=-1, keepdim=True) - 1  # (B, 1): the row's real tokens before it
+    out = model(
+        window.ids[:, -1:],
+        attention_mask=window.mask if window.padded else None,
+        position_ids=position,
+        cache=cache,
+    )
+    return out.logits[:, -1]
+
+
+def decode_n_tokens(
+    model: nn.Module,
+    window: Window,
+    cache: KVCache,
+    logits: Tensor,
+    n: int,
+    *,
+    context_len: int,
+    sampling: SamplingConfig = GREEDY,
+    generator: torch.Generator | None = None,
+    stop_ids: Collection[int] = (),
+    on_token: TokenHook | None = None,
+) -> list[list[int]]:
+    """Choose up to n tokens per row, starting from the prefill's `logits` (B, V).
+
+    A row stops at a token in `stop_ids` (which is not returned) or when `on_token` returns True.
+    Returns each row's new tokens.
+    """
+    batch = window.ids.shape[0]
+    seen = _seen_tokens(window, logits.shape[-1]) if sampling.repetition_penalty != 1.0 else None
+    stop = set(stop_ids)
+    finished = [False] * batch
+    new_tokens: list[list[int]] = [[] for _ in range(batch)]
+    for step in range(n):
+        tokens = select_next(logits, sampling, seen=seen, generator=generator)  # (B,)
+        for row, token in enumerate(tokens.tolist()):
+            if finished[row]:
+                continue
+            if token in stop:
+                finished[row] = True
+                continue
+            new_tokens[row].append(token)
+            if on_token is not None and on_token(row, token):
+                finished[row] = True
+        if step == n - 1 or all(finished):
+            break
+        if seen is not None:
+            seen[torch.arange(batch), tokens] = True
+        window = window.append(tokens)
+        if cache.length == cache.max_len:  # the context is full: slide the window (see the module docstring)
+            window = window.last(max(1, context_len // 2))
+            still_to_feed = n - step - 2  # the tokens of later steps, but not the last one
+            cache = model.allocate_cache(batch, min(context_len, window.ids.shape[1] + still_to_feed))
+            logits = prefill(model, window, cache)
+        else:
+            logits = decode_one_token(model, window, cache)
+    return new_tokens
+
+
+def _seen_tokens(window: Window, vocab_size: int) -> Tensor:
+    """(B, V) bool: which tokens occur among each row's real tokens (for the repetition penalty)."""
+    ids = torch.where(window.mask, window.ids, vocab_size)  # padding goes to an extra column, dropped below
+    seen = torch.zeros((ids.shape[0], vocab_size + 1), dtype=torch.bool, device=ids.device)
+    return seen.scatter_(1, ids, True)[:, :vocab_size]
+
+
+@torch.inference_mode()
+def generate_tokens(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    context_len: int,
+    sampling: SamplingConfig = GREEDY,
+    generator: torch.Generator | None = None,
+    pad_id: int = 0,
+    stop_ids: Collection[int] = (),
+    on_token: TokenHook | None = None,
+) -> list[list[int]]:
+    """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens; returns the new tokens.
+
+    model: a decoder-only model in eval mode (`DecoderLM`); context_len: its `max_seq_len`.
+    Raises InputError for an empty prompt, a prompt longer than `context_len`, or a negative `max_new_tokens`.
+    """
+    if not prompts:
+        raise InputError("no prompts given; pass at least one list of token ids")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise InputError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
+    for index, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise InputError(f"prompt {index} is empty; give at least one token (e.g. the tokenizer's BOS)")
+        if len(prompt) > context_len:
+            raise InputError(
+                f"prompt {index} has {len(prompt)} tokens but the model's context holds {context_len} "
+                f"(max_seq_len); shorten the prompt to its last {context_len} tokens"
+            )
+    if max_new_tokens == 0:
+        return [[] for _ in prompts]
+    device = next(model.parameters()).device
+    window = left_pad(prompts, pad_id=pad_id, device=device)
+    cache = model.allocate_cache(len(prompts), min(context_len, window.ids.shape[1] + max_new_tokens - 1))
+    logits = prefill(model, window, cache)
+    return decode_n_tokens(
+        model,
+        window,
+        cache,
+        logits,
+        max_new_tokens,
+        context_len=context_len,
+        sampling=sampling,
+        generator=generator,
+        stop_ids=stop_ids,
+        on_token=on_token,
+    )

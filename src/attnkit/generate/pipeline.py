@@ -1,0 +1,345 @@
+"""`attnkit.load(run_dir)`: a trained (or converted) model with its tokenizer, ready for text in, text out.
+
+    decoder           .generate(prompts)    continue each prompt
+    encoder-decoder   .translate(texts)     greedy or beam search
+    encoder           .classify(texts)      a label and probabilities per text
+
+A run directory holds `config.json` + `model.safetensors`, `tokenizer/` and, for classifiers, `labels.json`
+(`{"labels": [...]}` or a plain list: the label names, index = class id).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from attnkit.checkpoint import load_model
+from attnkit.config import ModelConfig
+from attnkit.errors import CheckpointError, InputError
+from attnkit.generate.beam import beam_search
+from attnkit.generate.decoder import generate_tokens
+from attnkit.generate.sampling import SamplingConfig, make_generator
+from attnkit.generate.seq2seq import greedy_translate, right_pad
+
+log = logging.getLogger(__name__)
+
+LABELS_FILE = "labels.json"
+TOKENIZER_DIR = "tokenizer"
+DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16,
+}
+_METHOD_FOR_FAMILY = {"decoder": "generate", "encoder-decoder": "translate", "encoder": "classify"}
+
+
+@dataclass(frozen=True)
+class Classification:
+    """One text's prediction: the most likely label, its probability, and every label's probability."""
+
+    label: str
+    probability: float
+    probabilities: dict[str, float]
+
+
+class Pipeline:
+    """A model, its config and its tokenizer; the methods that fit the model's family."""
+
+    def __init__(
+        self, model: nn.Module, config: ModelConfig, tokenizer=None, *, labels: Sequence[str] | None = None
+    ) -> None:
+        self.model = model.eval()
+        self.config = config
+        self.tokenizer = tokenizer
+        self.labels = list(labels) if labels is not None else [str(i) for i in range(config.n_classes)]
+
+    @property
+    def family(self) -> str:
+        return self.config.family
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        max_new_tokens: int = 100,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        repetition_penalty: float = 1.0,
+        num_samples: int = 1,
+        seed: int | None = None,
+        stop: str | Sequence[str] = (),
+        stop_tokens: Sequence[int] = (),
+        stop_at_eos: bool = True,
+        add_bos: bool = False,
+        on_text: Callable[[int, str], None] | None = None,
+    ) -> list[str]:
+        """Continue each prompt; returns the new text only, `num_samples` per prompt, prompt by prompt.
+
+        temperature 0 is greedy. A prompt is used as the tokenizer encodes it (the language-model data places no
+        BOS); `add_bos` puts BOS first, and an empty prompt starts from BOS alone. Generation ends at
+        `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a token of `stop_tokens`, or at a stop string,
+        which is cut off with everything after it. `on_text(i, piece)` receives sequence i's text as it settles.
+        Raises ConfigError for bad sampling settings, InputError for an empty prompt with no BOS to start from.
+        """
+        self._require("generate")
+        sampling = SamplingConfig(
+            temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty
+        )
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise InputError(f"num_samples={num_samples!r} must be a positive integer")
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        stops = [stop] if isinstance(stop, str) else list(stop)
+        if any(not s for s in stops):
+            raise InputError("a stop string is empty; give non-empty stop strings")
+        prompt_ids = [self._prompt_ids(p, index=i, add_bos=add_bos) for i, p in enumerate(prompts)]
+        rows = [ids for ids in prompt_ids for _ in range(num_samples)]
+        stop_ids = set(stop_tokens)
+        if stop_at_eos and self.tokenizer.eos_id is not None:
+            stop_ids.add(self.tokenizer.eos_id)
+        texts = _TextTracker(self.tokenizer, len(rows), stops, on_text)
+        generate_tokens(
+            self.model,
+            rows,
+            max_new_tokens=max_new_tokens,
+            context_len=self.config.max_seq_len,
+            sampling=sampling,
+            generator=make_generator(seed, self.device),
+            pad_id=self._pad_id,
+            stop_ids=stop_ids,
+            on_token=texts.push,
+        )
+        return texts.finish()
+
+    def translate(
+        self,
+        texts: str | Sequence[str],
+        *,
+        beam_size: int = 1,
+        length_penalty: float = 1.0,
+        early_stopping: bool = True,
+        max_length: int | None = None,
+        batch_size: int = 32,
+        progress: bool = False,
+    ) -> list[str]:
+        """Translate each text: greedy for `beam_size=1`, else beam search. The target starts with BOS, ends at EOS.
+
+        max_length: target tokens at most (EOS counted); by default twice the longest source plus 10, within
+        the model's max_seq_len. Texts are batched by length, `batch_size` at a time; a blank text gives "".
+        Sources are `tokens EOS`, as the pair data lays them out.
+        """
+        self._require("translate")
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
+        if bos is None or eos is None:
+            raise InputError("translation needs a tokenizer with BOS and EOS tokens (the target starts and ends there)")
+        sources = [self._source_ids(t, index=i) for i, t in enumerate(texts)]
+        if max_length is not None and max_length > self.config.max_seq_len:
+            raise InputError(f"max_length={max_length} is beyond the model's max_seq_len={self.config.max_seq_len}")
+        outputs: list[list[int]] = [[] for _ in texts]
+        order = sorted((i for i, t in enumerate(texts) if t.strip()), key=lambda i: len(sources[i]))
+        batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        for batch in tqdm(batches, desc="translate", unit="batch", disable=not progress):
+            batch_sources = [sources[i] for i in batch]
+            length = max_length or min(self.config.max_seq_len, 2 * max(map(len, batch_sources)) + 10)
+            if beam_size == 1:
+                results = greedy_translate(
+                    self.model, batch_sources, bos_id=bos, eos_id=eos, max_length=length, pad_id=self._pad_id
+                )
+            else:
+                results = beam_search(
+                    self.model, batch_sources, bos_id=bos, eos_id=eos, beam_size=beam_size, max_length=length,
+                    length_penalty=length_penalty, early_stopping=early_stopping, pad_id=self._pad_id,
+                )
+            for index, result in zip(batch, results, strict=True):
+                outputs[index] = result
+        return [self.tokenizer.decode(ids) for ids in outputs]
+
+    @torch.inference_mode()
+    def classify(self, texts: str | Sequence[str], *, batch_size: int = 32) -> list[Classification]:
+        """The label and the probabilities of every label, for each text (batched, `batch_size` at a time)."""
+        self._require("classify")
+        if self.config.encoder_head != "classify":
+            raise InputError(
+                "this encoder has a masked-LM head (encoder_head='mlm'); classify needs a model trained with "
+                "encoder_head='classify'"
+            )
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        results: list[Classification] = []
+        for start in range(0, len(texts), batch_size):
+            chunk = [self._classifier_ids(t, index=start + i) for i, t in enumerate(texts[start:start + batch_size])]
+            ids, mask = right_pad(chunk, pad_id=self._pad_id, device=self.device)
+            probs = self.model(ids, attention_mask=mask).logits.float().softmax(dim=-1)  # (B, n_classes)
+            for row in probs.tolist():
+                best = max(range(len(row)), key=row.__getitem__)
+                results.append(Classification(self.labels[best], row[best], dict(zip(self.labels, row, strict=True))))
+        return results
+
+    # Text -> token ids, as the training data lays them out ----------------------------------------------------
+    def _prompt_ids(self, prompt: str, *, index: int, add_bos: bool) -> list[int]:
+        if not isinstance(prompt, str):
+            raise InputError(f"prompt {index} is a {type(prompt).__name__}; prompts are strings")
+        ids = self.tokenizer.encode(prompt)
+        bos = self.tokenizer.bos_id
+        if (add_bos or not ids) and bos is not None:
+            ids = [bos, *ids]
+        if not ids:
+            raise InputError(
+                f"prompt {index} is empty and the tokenizer has no BOS token to start from; give a non-empty prompt"
+            )
+        return ids
+
+    def _source_ids(self, text: str, *, index: int) -> list[int]:
+        """`tokens EOS`, as the pair data lays out sources."""
+        ids = [*self.tokenizer.encode(text), self.tokenizer.eos_id]
+        if len(ids) > self.config.max_seq_len:
+            raise InputError(
+                f"text {index} has {len(ids)} tokens (EOS included) but the model reads at most "
+                f"{self.config.max_seq_len} (max_seq_len); split it into shorter pieces"
+            )
+        return ids
+
+    def _classifier_ids(self, text: str, *, index: int) -> list[int]:
+        """`CLS tokens SEP` when the tokenizer has CLS, else `BOS tokens EOS`, as the labelled data lays them out."""
+        tok = self.tokenizer
+        first, last = (tok.cls_id, tok.sep_id) if tok.cls_id is not None else (tok.bos_id, tok.eos_id)
+        ids = tok.encode(text)
+        keep = self.config.max_seq_len - 2
+        if len(ids) > keep:
+            log.warning("text %d has %d tokens; classifying its first %d", index, len(ids), keep)
+        return [i for i in (first, *ids[:keep], last) if i is not None]
+
+    @property
+    def _pad_id(self) -> int:
+        pad = self.tokenizer.pad_id
+        return pad if pad is not None else 0
+
+    def _require(self, method: str) -> None:
+        if _METHOD_FOR_FAMILY[self.family] != method:
+            raise InputError(
+                f"{method} does not fit this model: it is a {self.family} model; use "
+                f".{_METHOD_FOR_FAMILY[self.family]}() instead"
+            )
+        if self.tokenizer is None:
+            raise InputError(
+                f"this model has no tokenizer, so {method} cannot turn text into tokens; save one into the run "
+                f"directory's {TOKENIZER_DIR}/ (or pass tokenizer= to Pipeline)"
+            )
+
+
+class _TextTracker:
+    """Decodes each sequence's new tokens as they come: ends a sequence at a stop string, and passes on the text
+    that has settled (held back: a possible start of a stop string, an incomplete UTF-8 character)."""
+
+    def __init__(self, tokenizer, n_rows: int, stops: list[str], on_text: Callable[[int, str], None] | None) -> None:
+        self.tokenizer = tokenizer
+        self.stops = stops
+        self.on_text = on_text
+        self.tokens: list[list[int]] = [[] for _ in range(n_rows)]
+        self.sent = [0] * n_rows
+        self.hold = max((len(s) for s in stops), default=1) - 1
+
+    def text(self, row: int) -> tuple[str, bool]:
+        """The row's text so far, cut before the first stop string, and whether one was found."""
+        text = self.tokenizer.decode(self.tokens[row])
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        return (text[:cut], True) if cut >= 0 else (text, False)
+
+    def push(self, row: int, token: int) -> bool:
+        """Record a new token of `row`; True when the row has reached a stop string."""
+        self.tokens[row].append(token)
+        if not self.stops and self.on_text is None:
+            return False
+        text, stopped = self.text(row)
+        if stopped:
+            return True
+        settled = len(text) - self.hold
+        while settled > self.sent[row] and text[settled - 1] == "\ufffd":  # a character still incomplete
+            settled -= 1
+        self._send(row, text[:settled])
+        return False
+
+    def _send(self, row: int, text: str) -> None:
+        if self.on_text is not None and len(text) > self.sent[row]:
+            self.on_text(row, text[self.sent[row]:])
+            self.sent[row] = len(text)
+
+    def finish(self) -> list[str]:
+        """Every row's final text; the text not yet passed on goes out now."""
+        texts = [self.text(row)[0] for row in range(len(self.tokens))]
+        for row, text in enumerate(texts):
+            self._send(row, text)
+        return texts
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise InputError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load(
+    run_dir: str | Path, *, device: torch.device | str | None = None, dtype: str | torch.dtype | None = None
+) -> Pipeline:
+    """Load a run directory (see the module docstring) onto `device` (default: CUDA when present, else CPU)
+    in `dtype` (default: as stored; "fp32", "bf16", "fp16" or a torch dtype).
+
+    Raises CheckpointError for a missing or mismatched checkpoint, or a labels.json that does not fit.
+    """
+    run_dir = Path(run_dir)
+    model, config = load_model(run_dir, device=device or default_device(), dtype=parse_dtype(dtype))
+    tokenizer = None
+    if (run_dir / TOKENIZER_DIR).is_dir():
+        from attnkit.tokenize import load_tokenizer
+
+        tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
+    else:
+        log.warning("%s has no %s/ directory: the model can be used, but not with text", run_dir, TOKENIZER_DIR)
+    return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config))
+
+
+def _read_labels(run_dir: Path, config: ModelConfig) -> list[str] | None:
+    path = run_dir / LABELS_FILE
+    if config.family != "encoder" or not path.is_file():
+        return None
+    try:
+        labels = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} is not valid JSON: {err}") from None
+    if isinstance(labels, dict):  # the trainer writes {"labels": [...]}
+        labels = labels.get("labels")
+    if not isinstance(labels, list) or len(labels) != config.n_classes:
+        raise CheckpointError(
+            f"{path} must hold {config.n_classes} label names (n_classes in config.json), as a list or as "
+            f'{{"labels": [...]}}; got {labels!r}'
+        )
+    return [str(label) for label in labels]
+
+
+def sample_after_training(
+    run_dir: str | Path, *, prompt: str = "", max_new_tokens: int = 200, temperature: float = 0.8, seed: int = 0
+) -> str:
+    """A short sample from a freshly trained language model: the prompt and its continuation."""
+    pipeline = load(run_dir)
+    return prompt + pipeline.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)[0]

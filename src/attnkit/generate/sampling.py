@@ -1,0 +1,118 @@
+"""Choosing the next token from the model's logits: greedy or sampled, reshaped by logits processors.
+
+    logits (B, V) -> repetition penalty -> / temperature -> top-k -> top-p -> softmax -> sample (or argmax)
+
+- temperature (Ackley et al. 1985; as in GPT-2 sampling): divide the logits; < 1 sharpens, > 1 flattens,
+  0 means greedy (always the most likely token);
+- top-k (Fan et al. 2018): keep the k most likely tokens;
+- top-p, "nucleus" (Holtzman et al. 2020): keep the smallest set of most likely tokens whose probability
+  reaches p;
+- repetition penalty (Keskar et al. 2019, CTRL): divide positive logits, multiply negative ones, of every
+  token already in the sequence.
+
+Randomness comes only from the `torch.Generator` passed in, so the same seed gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attnkit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is chosen. `temperature=0` is greedy decoding; `top_k`/`top_p` of None keep all.
+
+    Raises:
+        ConfigError: temperature < 0, top_k < 1, top_p outside (0, 1], repetition_penalty <= 0.
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature={self.temperature} must be >= 0 (0 is greedy, 1 samples as the model says)")
+        bad_k = isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
+        if self.top_k is not None and bad_k:
+            raise ConfigError(f"top_k={self.top_k!r} must be a positive integer (or None to keep every token)")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p={self.top_p} must lie in (0, 1] (1 keeps every token; 0.9 is usual)")
+        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ConfigError(f"repetition_penalty={self.repetition_penalty} must be > 0 (1 disables it; 1.2 is usual)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """logits (B, V), seen (B, V) bool: tokens already in each sequence get less likely (CTRL's rule)."""
+    if penalty == 1.0:
+        return logits
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Set every logit below the k-th largest of its row to -inf. (B, V) -> (B, V)."""
+    if k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[:, -1:]  # (B, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Keep the smallest set of most likely tokens whose probabilities sum to at least p. (B, V) -> (B, V)."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+    probs = sorted_logits.softmax(dim=-1)  # (B, V)
+    drop_sorted = probs.cumsum(dim=-1) - probs >= p  # the more likely tokens before this one already reach p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def process_logits(logits: Tensor, config: SamplingConfig, seen: Tensor | None = None) -> Tensor:
+    """Apply the repetition penalty, temperature, top-k and top-p, in that order. (B, V) float32 -> (B, V)."""
+    logits = logits.float()
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
+    if config.greedy:
+        return logits
+    logits = logits / config.temperature
+    if config.top_k is not None:
+        logits = top_k_filter(logits, config.top_k)
+    if config.top_p is not None:
+        logits = top_p_filter(logits, config.top_p)
+    return logits
+
+
+def select_next(
+    logits: Tensor, config: SamplingConfig, *, seen: Tensor | None = None, generator: torch.Generator | None = None
+) -> Tensor:
+    """The next token of each row: logits (B, V) -> ids (B,). Greedy takes the argmax; otherwise sample."""
+    logits = process_logits(logits, config, seen)
+    if config.greedy:
+        return logits.argmax(dim=-1)
+    probs = logits.softmax(dim=-1)  # (B, V)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """A generator seeded with `seed` on `device` (None: use torch's global generator)."""
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator

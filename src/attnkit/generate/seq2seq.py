@@ -1,0 +1,91 @@
+"""Greedy decoding for an encoder-decoder (translation): encode the source once, then write the target a token
+at a time through the decoder's KV cache.
+
+    src (B, S) -> encode -> memory (B, S, C)              computed once
+    <bos> -> decode -> y1 -> decode -> y2 ... <eos>       one token per step; the cross-attention keys and
+                                                          values of the memory are computed on the first step
+                                                          and kept in the cache
+Sources are right-padded (the encoder attends both ways, so only the mask matters); every target starts with
+BOS at position 0, so targets need no padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.errors import InputError
+from attnkit.layers.kv_cache import KVCache
+
+
+@dataclass
+class Source:
+    """Encoded sources: memory (B, S, C) and src_mask (B, S), True at real tokens."""
+
+    memory: Tensor
+    mask: Tensor
+
+    def repeat(self, k: int) -> Source:
+        """Each source k times in a row (for k beams): (B, ...) -> (B * k, ...)."""
+        return Source(self.memory.repeat_interleave(k, dim=0), self.mask.repeat_interleave(k, dim=0))
+
+
+def right_pad(sequences: Sequence[Sequence[int]], *, pad_id: int, device=None) -> tuple[Tensor, Tensor]:
+    """Token id lists -> ids (B, S) and mask (B, S), each sequence at the left, padding after it."""
+    if any(len(s) == 0 for s in sequences):
+        raise InputError("a source sequence is empty; give at least one token per source")
+    length = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), length), dtype=torch.bool)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+        mask[row, : len(seq)] = True
+    return ids.to(device), mask.to(device)
+
+
+def encode_sources(model: nn.Module, sources: Sequence[Sequence[int]], *, pad_id: int) -> Source:
+    """Run the encoder once over the right-padded sources."""
+    device = next(model.parameters()).device
+    ids, mask = right_pad(sources, pad_id=pad_id, device=device)
+    return Source(model.encode(ids, src_mask=mask), mask)
+
+
+def decode_step(model: nn.Module, tokens: Tensor, source: Source, cache: KVCache) -> Tensor:
+    """Feed the newest target token of each row, tokens (B,); the cache holds the rest. Returns logits (B, V)."""
+    out = model.decode(tokens[:, None], source.memory, src_mask=source.mask, cache=cache)
+    return out.logits[:, -1]
+
+
+def check_max_length(max_length: int) -> None:
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise InputError(f"max_length={max_length!r} must be a positive integer (target tokens, EOS included)")
+
+
+@torch.inference_mode()
+def greedy_translate(
+    model: nn.Module, sources: Sequence[Sequence[int]], *, bos_id: int, eos_id: int, max_length: int, pad_id: int = 0
+) -> list[list[int]]:
+    """The most likely token at every step, until EOS or `max_length` target tokens (EOS counted).
+
+    Returns each source's target tokens, without BOS and EOS.
+    """
+    check_max_length(max_length)
+    source = encode_sources(model, sources, pad_id=pad_id)
+    batch = len(sources)
+    cache = model.allocate_cache(batch, max_length)
+    tokens = torch.full((batch,), bos_id, dtype=torch.long, device=source.memory.device)
+    finished = [False] * batch
+    targets: list[list[int]] = [[] for _ in range(batch)]
+    for _ in range(max_length):
+        tokens = decode_step(model, tokens, source, cache).argmax(dim=-1)  # (B,)
+        for row, token in enumerate(tokens.tolist()):
+            if not finished[row]:
+                finished[row] = token == eos_id
+                if not finished[row]:
+                    targets[row].append(token)
+        if all(finished):
+            break
+    return targets

@@ -1,0 +1,61 @@
+"""Tiny random models for the generation tests, and reference decoders that recompute everything each step.
+
+Weights are drawn with std 0.3 (not the 0.02 of training's initialisation) and the models run in float64, so the
+next token depends on every token before it and no two logits are close enough for rounding to swap them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit
+
+POSITIONS = ("sinusoidal", "learned", "relative", "rope", "none")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Models this small only lose time to a second thread, and badly so when other processes share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(family: str = "decoder", *, position: str = "learned", seed: int = 0, **overrides):
+    """(model, config): 2 layers, width 32, vocabulary 13, context 24, float64, eval mode."""
+    settings = dict(
+        family=family, vocab_size=13, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=24, position=position,
+        relative_max_distance=6,
+    )
+    config = attnkit.ModelConfig(**{**settings, **overrides})
+    torch.manual_seed(seed)
+    model = attnkit.build_model(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.3)
+    return model.double().eval(), config
+
+
+@torch.no_grad()
+def greedy_without_cache(model, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding that runs the whole sequence through the model for every new token."""
+    ids = list(prompt)
+    for _ in range(n):
+        logits = model(torch.tensor([ids])).logits[0, -1]
+        ids.append(int(logits.argmax()))
+    return ids[len(prompt):]
+
+
+@torch.no_grad()
+def greedy_translate_without_cache(model, source: list[int], *, bos: int, eos: int, max_length: int) -> list[int]:
+    """Greedy translation that runs encoder and decoder over the whole target for every new token."""
+    target = [bos]
+    for _ in range(max_length):
+        token = int(model(torch.tensor([source]), torch.tensor([target])).logits[0, -1].argmax())
+        if token == eos:
+            break
+        target.append(token)
+    return target[1:]

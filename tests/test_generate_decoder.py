@@ -1,0 +1,129 @@
+"""Decoder generation: the KV cache changes nothing, batching changes nothing, the window slides, rows stop."""
+
+import pytest
+import torch
+from generate_models import POSITIONS, greedy_without_cache, one_thread, tiny_model  # noqa: F401
+
+from attnkit.errors import InputError
+from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, left_pad, make_generator
+from attnkit.generate.decoder import positions_from_mask
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [3, 3, 0, 12, 5]]
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_cached_greedy_equals_recomputing_everything(position):
+    model, config = tiny_model(position=position)
+    for prompt in PROMPTS:
+        cached = generate_tokens(model, [prompt], max_new_tokens=12, context_len=config.max_seq_len)[0]
+        assert cached == greedy_without_cache(model, prompt, 12)
+
+
+def test_cached_greedy_equals_recomputing_with_grouped_query_swiglu_rms():
+    model, config = tiny_model(position="rope", n_kv_heads=2, activation="swiglu", norm="rms", bias=False)
+    cached = generate_tokens(model, [PROMPTS[1]], max_new_tokens=12, context_len=config.max_seq_len)[0]
+    assert cached == greedy_without_cache(model, PROMPTS[1], 12)
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_batch_of_different_lengths_equals_each_prompt_alone(position):
+    model, config = tiny_model(position=position, seed=1)
+    batched = generate_tokens(model, PROMPTS, max_new_tokens=10, context_len=config.max_seq_len)
+    alone = [generate_tokens(model, [p], max_new_tokens=10, context_len=config.max_seq_len)[0] for p in PROMPTS]
+    assert batched == alone
+
+
+def test_left_padding_and_positions():
+    window = left_pad([[7, 8, 9], [5]], pad_id=0)
+    assert window.ids.tolist() == [[7, 8, 9], [0, 0, 5]]
+    assert window.mask.tolist() == [[True, True, True], [False, False, True]]
+    assert window.padded
+    assert positions_from_mask(window.mask).tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_generation_beyond_the_context_slides_the_window(position):
+    """Context 24, prompt 20: the cache fills after 4 new tokens; the rest continue from the last 12 tokens."""
+    model, config = tiny_model(position=position, seed=2)
+    prompt = [(3 * i + 1) % 13 for i in range(20)]
+    out = generate_tokens(model, [prompt], max_new_tokens=10, context_len=config.max_seq_len)[0]
+    assert len(out) == 10
+    first = greedy_without_cache(model, prompt, 5)
+    assert out[:5] == first
+    window = (prompt + first)[-12:]
+    assert out[5:] == greedy_without_cache(model, window, 5)
+
+
+def test_stop_tokens_end_each_row_and_are_not_returned():
+    model, config = tiny_model(seed=3)
+    free = generate_tokens(model, PROMPTS, max_new_tokens=10, context_len=config.max_seq_len)
+    stop = free[1][4]
+    stopped = generate_tokens(model, PROMPTS, max_new_tokens=10, context_len=config.max_seq_len, stop_ids={stop})
+    for row, tokens in zip(free, stopped, strict=True):
+        expected = row[: row.index(stop)] if stop in row else row
+        assert tokens == expected
+
+
+def test_on_token_sees_every_token_and_can_stop_a_row():
+    model, config = tiny_model(seed=3)
+    seen: list[tuple[int, int]] = []
+
+    def hook(row, token):
+        seen.append((row, token))
+        return row == 0 and len([s for s in seen if s[0] == 0]) == 3
+
+    out = generate_tokens(model, PROMPTS[:2], max_new_tokens=6, context_len=config.max_seq_len, on_token=hook)
+    assert len(out[0]) == 3 and len(out[1]) == 6
+    assert [t for r, t in seen if r == 1] == out[1]
+
+
+def test_top_k_one_equals_greedy():
+    model, config = tiny_model(position="rope", seed=4)
+    greedy = generate_tokens(model, PROMPTS, max_new_tokens=8, context_len=config.max_seq_len, sampling=GREEDY)
+    top1 = generate_tokens(
+        model, PROMPTS, max_new_tokens=8, context_len=config.max_seq_len,
+        sampling=SamplingConfig(temperature=1.5, top_k=1), generator=make_generator(0, "cpu"),
+    )
+    assert top1 == greedy
+
+
+def test_same_seed_same_samples_and_another_seed_differs():
+    model, config = tiny_model(seed=5)
+
+    def sample(seed):
+        return generate_tokens(
+            model, PROMPTS, max_new_tokens=15, context_len=config.max_seq_len,
+            sampling=SamplingConfig(temperature=1.0, top_p=0.95), generator=make_generator(seed, "cpu"),
+        )
+
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8)
+
+
+@torch.no_grad()
+def test_repetition_penalty_matches_a_direct_computation():
+    model, config = tiny_model(seed=6)
+    penalty = 3.0
+    ids = list(PROMPTS[1])
+    for _ in range(8):  # reference: recompute everything, penalise by hand
+        logits = model(torch.tensor([ids])).logits[0, -1].float()
+        for token in set(ids):
+            logits[token] = logits[token] / penalty if logits[token] > 0 else logits[token] * penalty
+        ids.append(int(logits.argmax()))
+    out = generate_tokens(
+        model, [PROMPTS[1]], max_new_tokens=8, context_len=config.max_seq_len,
+        sampling=SamplingConfig(temperature=0.0, repetition_penalty=penalty),
+    )
+    assert out[0] == ids[len(PROMPTS[1]):]
+    assert out[0] != greedy_without_cache(model, PROMPTS[1], 8)  # the penalty mattered
+
+
+def test_bad_prompts_and_lengths_are_clear_errors():
+    model, config = tiny_model()
+    with pytest.raises(InputError, match="prompt 1 is empty"):
+        generate_tokens(model, [[1], []], max_new_tokens=3, context_len=config.max_seq_len)
+    with pytest.raises(InputError, match="prompt 0 has 30 tokens .* holds 24"):
+        generate_tokens(model, [[1] * 30], max_new_tokens=3, context_len=config.max_seq_len)
+    with pytest.raises(InputError, match="max_new_tokens"):
+        generate_tokens(model, [[1]], max_new_tokens=-1, context_len=config.max_seq_len)
+    assert generate_tokens(model, [[1], [2, 3]], max_new_tokens=0, context_len=config.max_seq_len) == [[], []]

@@ -1,0 +1,205 @@
+"""`attnkit.load` and the `generate`, `translate`, `classify` commands, on tiny runs saved in tmp_path."""
+
+import io
+import json
+
+import pytest
+import torch
+from generate_models import one_thread, tiny_model  # noqa: F401
+
+import attnkit
+from attnkit import cli
+from attnkit.checkpoint import save_model
+from attnkit.errors import CheckpointError, ConfigError, InputError
+from attnkit.generate import Pipeline, generate_tokens, greedy_translate
+from attnkit.tokenize import CharTokenizer
+
+ALPHABET = "abcdefgh \n"
+
+
+def _save_run(path, family, **overrides):
+    tokenizer = CharTokenizer(ALPHABET)
+    model, config = tiny_model(family, vocab_size=tokenizer.vocab_size, **overrides)
+    save_model(model, config, path)
+    tokenizer.save(path / "tokenizer")
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    lm = _save_run(root / "lm", "decoder", position="rope", seed=1)
+    mt = _save_run(root / "mt", "encoder-decoder", position="sinusoidal", seed=2)
+    clf = _save_run(root / "clf", "encoder", n_classes=3, seed=3)
+    (clf / "labels.json").write_text(json.dumps({"labels": ["neg", "neutral", "pos"]}))
+    return {"lm": lm, "mt": mt, "clf": clf}
+
+
+@pytest.fixture(scope="module")
+def lm(runs):
+    return attnkit.load(runs["lm"], device="cpu")
+
+
+def test_load_gives_the_model_tokenizer_and_config(runs, lm):
+    assert isinstance(lm, Pipeline) and lm.family == "decoder"
+    assert lm.device.type == "cpu" and lm.dtype == torch.float32
+    assert lm.tokenizer.vocab_size == lm.config.vocab_size
+    assert attnkit.load(runs["lm"], device="cpu", dtype="bf16").dtype == torch.bfloat16
+    with pytest.raises(InputError, match="unknown dtype 'fp8'"):
+        attnkit.load(runs["lm"], dtype="fp8")
+
+
+def test_greedy_text_is_the_decoded_greedy_tokens(lm):
+    prompt = "abc d"
+    text = lm.generate(prompt, max_new_tokens=12, temperature=0, stop_at_eos=False)[0]
+    ids = generate_tokens(lm.model, [lm.tokenizer.encode(prompt)], max_new_tokens=12, context_len=24)[0]
+    assert text == lm.tokenizer.decode(ids)
+
+
+def test_samples_per_prompt_and_seeds(lm):
+    prompts = ["ab", "hhh g"]
+    first = lm.generate(prompts, max_new_tokens=10, num_samples=3, seed=5, stop_at_eos=False)
+    assert len(first) == 6
+    assert first == lm.generate(prompts, max_new_tokens=10, num_samples=3, seed=5, stop_at_eos=False)
+    assert len(set(first[:3])) > 1  # three samples of one prompt are not all alike
+    assert first != lm.generate(prompts, max_new_tokens=10, num_samples=3, seed=6, stop_at_eos=False)
+
+
+def test_stop_strings_end_the_text_and_streaming_never_shows_them(lm):
+    free = lm.generate("abc", max_new_tokens=20, temperature=0, stop_at_eos=False)[0]
+    assert len(free) >= 10
+    stop = free[4:6]
+    pieces = []
+    text = lm.generate(
+        "abc", max_new_tokens=20, temperature=0, stop=[stop, "zz"], stop_at_eos=False,
+        on_text=lambda row, piece: pieces.append(piece),
+    )[0]
+    assert text == free[: free.find(stop)]
+    assert "".join(pieces) == text
+
+
+def test_streamed_pieces_add_up_to_each_text(lm):
+    pieces = {0: [], 1: []}
+    texts = lm.generate(
+        ["a", "bb"], max_new_tokens=8, seed=0, on_text=lambda row, piece: pieces[row].append(piece)
+    )
+    assert ["".join(pieces[0]), "".join(pieces[1])] == texts
+
+
+class _NoBosTokenizer:
+    """A tokenizer with no BOS token: one id per letter of ALPHABET, then EOS and padding."""
+
+    bos_id, eos_id, pad_id, cls_id, sep_id = None, len(ALPHABET), len(ALPHABET) + 1, None, None
+
+    def encode(self, text):
+        return [ALPHABET.index(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(ALPHABET[i] for i in ids if i < len(ALPHABET))
+
+
+def test_empty_prompt_starts_from_bos_and_fails_clearly_without_one(lm):
+    text = lm.generate("", max_new_tokens=5, temperature=0, stop_at_eos=False)[0]
+    ids = generate_tokens(lm.model, [[lm.tokenizer.bos_id]], max_new_tokens=5, context_len=24)[0]
+    assert text == lm.tokenizer.decode(ids)
+    no_bos = Pipeline(lm.model, lm.config, _NoBosTokenizer())
+    assert isinstance(no_bos.generate("ab", max_new_tokens=3, seed=0)[0], str)
+    with pytest.raises(InputError, match="prompt 1 is empty and the tokenizer has no BOS"):
+        no_bos.generate(["ab", ""], max_new_tokens=3)
+
+
+@pytest.mark.parametrize(
+    "settings, error, message",
+    [
+        (dict(top_p=0.0), ConfigError, "top_p"),
+        (dict(top_p=1.01), ConfigError, "top_p"),
+        (dict(temperature=-1.0), ConfigError, "temperature"),
+        (dict(num_samples=0), InputError, "num_samples"),
+        (dict(stop=[""]), InputError, "stop string is empty"),
+        (dict(max_new_tokens=-3), InputError, "max_new_tokens"),
+    ],
+)
+def test_bad_generation_arguments_are_clear_errors(lm, settings, error, message):
+    with pytest.raises(error, match=message):
+        lm.generate("ab", **settings)
+
+
+def test_a_method_that_does_not_fit_names_the_family(runs, lm):
+    with pytest.raises(InputError, match="translate does not fit this model: it is a decoder model"):
+        lm.translate("abc")
+    with pytest.raises(InputError, match="generate does not fit this model: it is a encoder model"):
+        attnkit.load(runs["clf"]).generate("abc")
+    with pytest.raises(InputError, match="classify does not fit this model: it is a encoder-decoder model"):
+        attnkit.load(runs["mt"]).classify("abc")
+
+
+def test_translate_greedy_and_beam(runs):
+    mt = attnkit.load(runs["mt"])
+    texts = ["abc", "hgfedcba", "", "a b"]
+    greedy = mt.translate(texts, max_length=10, batch_size=2)
+    tok = mt.tokenizer
+    sources = [[*tok.encode(t), tok.eos_id] for t in texts if t]
+    ids = greedy_translate(mt.model, sources, bos_id=tok.bos_id, eos_id=tok.eos_id, max_length=10, pad_id=tok.pad_id)
+    assert greedy == [tok.decode(ids[0]), tok.decode(ids[1]), "", tok.decode(ids[2])]
+    beam = mt.translate(texts, beam_size=3, max_length=10, progress=True)
+    assert len(beam) == 4 and beam[2] == ""
+    assert beam == [mt.translate(t, beam_size=3, max_length=10)[0] for t in texts]
+    with pytest.raises(InputError, match="max_length=99 is beyond"):
+        mt.translate("abc", max_length=99)
+
+
+def test_classify_gives_labels_and_probabilities_batched(runs):
+    clf = attnkit.load(runs["clf"])
+    texts = ["abc", "hh gg", "a", "defgh abc"]
+    results = clf.classify(texts, batch_size=3)
+    for result in results:
+        assert set(result.probabilities) == {"neg", "neutral", "pos"}
+        assert sum(result.probabilities.values()) == pytest.approx(1.0)
+        assert result.probability == max(result.probabilities.values())
+        assert result.probabilities[result.label] == result.probability
+    alone = [clf.classify(t)[0] for t in texts]
+    for a, b in zip(results, alone, strict=True):
+        assert a.label == b.label and a.probability == pytest.approx(b.probability, abs=1e-5)
+
+
+def test_labels_that_do_not_fit_the_config_are_a_checkpoint_error(tmp_path):
+    run = _save_run(tmp_path / "clf", "encoder", n_classes=2)
+    (run / "labels.json").write_text(json.dumps(["a", "b", "c"]))
+    with pytest.raises(CheckpointError, match="must hold 2 label names"):
+        attnkit.load(run)
+
+
+def test_cli_generate_streams_the_prompt_and_continuation(runs, lm, capsys):
+    assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "ab", "--max-new-tokens", "9",
+                     "--temperature", "0", "--device", "cpu"]) == 0
+    expected = "ab" + lm.generate("ab", max_new_tokens=9, temperature=0)[0] + "\n"
+    assert capsys.readouterr().out == expected
+
+
+def test_cli_generate_reads_stdin_and_prints_several_samples(runs, lm, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("cab"))
+    assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "-", "--max-new-tokens", "6",
+                     "--num-samples", "2", "--seed", "3"]) == 0
+    samples = lm.generate("cab", max_new_tokens=6, num_samples=2, seed=3)
+    assert capsys.readouterr().out == "".join(f"--- sample {i + 1} ---\ncab{s}\n" for i, s in enumerate(samples))
+
+
+def test_cli_bad_arguments_print_a_clear_error(runs, capsys):
+    assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "ab", "--top-p", "0"]) == 2
+    assert "top_p=0.0 must lie in (0, 1]" in capsys.readouterr().err
+    assert cli.main(["classify", "--run", str(runs["lm"]), "--text", "ab"]) == 2
+    assert "it is a decoder model" in capsys.readouterr().err
+
+
+def test_cli_translate_file_to_file_and_classify(runs, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("abc\n\nhg fe\n")
+    out = tmp_path / "out.txt"
+    assert cli.main(["translate", "--run", str(runs["mt"]), "--input", str(source), "--output", str(out),
+                     "--beam-size", "2", "--max-length", "8"]) == 0
+    mt = attnkit.load(runs["mt"])
+    assert out.read_text() == "".join(f"{t}\n" for t in mt.translate(["abc", "", "hg fe"], beam_size=2, max_length=8))
+    assert cli.main(["classify", "--run", str(runs["clf"]), "--text", "abc", "--text", "hh"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    results = attnkit.load(runs["clf"]).classify(["abc", "hh"])
+    assert lines == [f"{r.label}\t{r.probability:.4f}" for r in results]

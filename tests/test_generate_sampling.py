@@ -1,0 +1,89 @@
+"""Logits processors against direct computations; bad sampling settings are clear errors."""
+
+import pytest
+import torch
+
+from attnkit.errors import ConfigError
+from attnkit.generate import SamplingConfig, make_generator, select_next
+from attnkit.generate.sampling import process_logits, top_k_filter, top_p_filter
+
+
+def _logits(seed=0, batch=3, vocab=11):
+    return torch.randn(batch, vocab, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2
+
+
+@pytest.mark.parametrize("k", [1, 3, 11, 50])
+def test_top_k_keeps_exactly_the_k_largest(k):
+    logits = _logits()
+    kept = top_k_filter(logits, k).isfinite()
+    for row in range(logits.shape[0]):
+        expected = set(logits[row].argsort(descending=True)[:k].tolist())
+        assert set(kept[row].nonzero().flatten().tolist()) == expected
+
+
+@pytest.mark.parametrize("p", [0.05, 0.3, 0.5, 0.9, 0.999, 1.0])
+def test_top_p_keeps_the_smallest_set_reaching_p(p):
+    logits = _logits(seed=1)
+    kept = top_p_filter(logits, p).isfinite()
+    for row in range(logits.shape[0]):
+        probs = logits[row].softmax(-1).tolist()
+        order = sorted(range(len(probs)), key=lambda i: -probs[i])
+        expected, mass = set(), 0.0
+        for index in order:  # add tokens, most likely first, until their mass reaches p
+            expected.add(index)
+            mass += probs[index]
+            if mass >= p:
+                break
+        assert set(kept[row].nonzero().flatten().tolist()) == expected
+
+
+def test_temperature_scales_the_logits_and_zero_is_greedy():
+    logits = _logits(seed=2)
+    torch.testing.assert_close(process_logits(logits, SamplingConfig(temperature=0.5)), (logits * 2).float())
+    assert select_next(logits, SamplingConfig(temperature=0.0)).tolist() == logits.argmax(-1).tolist()
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0]])
+    seen = torch.tensor([[True, True, False, False]])
+    out = process_logits(logits, SamplingConfig(temperature=0.0, repetition_penalty=2.0), seen)
+    assert out.tolist() == [[1.0, -4.0, 1.0, -1.0]]
+
+
+def test_samples_follow_the_filtered_distribution():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    generator = make_generator(0, "cpu")
+    draws = torch.stack([
+        select_next(logits, SamplingConfig(top_k=2), generator=generator) for _ in range(4000)
+    ]).flatten()
+    assert set(draws.tolist()) == {0, 1}  # top-2 only
+    share = (draws == 0).double().mean().item()
+    assert abs(share - 0.5 / 0.8) < 0.03  # renormalised over the two kept tokens
+
+
+def test_same_seed_same_draws():
+    logits = _logits(seed=3, batch=5)
+
+    def draws(seed):
+        generator = make_generator(seed, "cpu")
+        return [select_next(logits, SamplingConfig(), generator=generator).tolist() for _ in range(20)]
+
+    assert draws(11) == draws(11)
+    assert draws(11) != draws(12)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(top_p=0.0), "top_p=0.0 must lie in \\(0, 1\\]"),
+        (dict(top_p=1.5), "top_p=1.5 must lie in \\(0, 1\\]"),
+        (dict(temperature=-0.1), "temperature=-0.1 must be >= 0"),
+        (dict(temperature=float("nan")), "temperature=nan"),
+        (dict(top_k=0), "top_k=0 must be a positive integer"),
+        (dict(top_k=2.5), "top_k=2.5 must be a positive integer"),
+        (dict(repetition_penalty=0.0), "repetition_penalty=0.0 must be > 0"),
+    ],
+)
+def test_bad_settings_are_clear_errors(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        SamplingConfig(**settings)

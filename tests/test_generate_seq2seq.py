@@ -1,0 +1,108 @@
+"""Encoder-decoder decoding: the cache changes nothing, beam search of width 1 is greedy, and a beam as wide as
+the vocabulary finds what exhaustive search finds."""
+
+import itertools
+
+import pytest
+import torch
+from generate_models import POSITIONS, greedy_translate_without_cache, one_thread, tiny_model  # noqa: F401
+
+from attnkit.errors import InputError
+from attnkit.generate import beam_search, greedy_translate
+
+BOS, EOS = 11, 12
+SOURCES = [[1, 2, 3, EOS], [4, 5, 6, 7, 8, 9, EOS], [10, EOS]]
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_cached_greedy_equals_recomputing_everything(position):
+    model, _ = tiny_model("encoder-decoder", position=position)
+    batched = greedy_translate(model, SOURCES, bos_id=BOS, eos_id=EOS, max_length=12)
+    for source, result in zip(SOURCES, batched, strict=True):
+        assert result == greedy_translate_without_cache(model, source, bos=BOS, eos=EOS, max_length=12)
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "rope"])
+def test_beam_size_one_equals_greedy(position):
+    model, _ = tiny_model("encoder-decoder", position=position, seed=1)
+    greedy = greedy_translate(model, SOURCES, bos_id=BOS, eos_id=EOS, max_length=12)
+    for early_stopping in (True, False):
+        beam = beam_search(
+            model, SOURCES, bos_id=BOS, eos_id=EOS, beam_size=1, max_length=12, early_stopping=early_stopping
+        )
+        assert beam == greedy
+
+
+def test_greedy_stops_at_eos_without_returning_it():
+    model, _ = tiny_model("encoder-decoder", position="learned", seed=2)
+    free = greedy_translate(model, SOURCES, bos_id=BOS, eos_id=-1, max_length=10)  # -1: no token ends it
+    eos = free[1][3]
+    stopped = greedy_translate(model, SOURCES, bos_id=BOS, eos_id=eos, max_length=10)
+    assert stopped == [row[: row.index(eos)] if eos in row else row for row in free]
+
+
+def _exhaustive_best(model, source, *, bos, eos, max_length, length_penalty):
+    """Score every target of up to max_length tokens: those ending in EOS and those cut at max_length."""
+    vocab = model.lm_head.out_features
+    others = [v for v in range(vocab) if v != eos]
+    best, best_score = None, float("-inf")
+    for length in range(1, max_length + 1):
+        endings = [eos] + (others if length == max_length else [])
+        for body, end in itertools.product(itertools.product(others, repeat=length - 1), endings):
+            target = [bos, *body, end]
+            with torch.no_grad():
+                logits = model(torch.tensor([source]), torch.tensor([target[:-1]])).logits[0]
+            logprob = float(logits.log_softmax(-1).gather(1, torch.tensor(target[1:])[:, None]).sum())
+            score = logprob / length**length_penalty
+            if score > best_score:
+                best, best_score = target[1:-1] if end == eos else target[1:], score
+    return best
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0, 2.0])
+def test_beam_as_wide_as_the_vocabulary_finds_the_exhaustive_best(length_penalty):
+    """Vocabulary 5, targets of at most 2 tokens: a beam of 5 keeps every first token, so it must find the best."""
+    model, _ = tiny_model("encoder-decoder", position="sinusoidal", vocab_size=5, seed=11)
+    sources, bos, eos = [[1, 2, 0], [3, 1], [2], [0, 0, 1, 2]], 3, 4
+    found = beam_search(
+        model, sources, bos_id=bos, eos_id=eos, beam_size=5, max_length=2, length_penalty=length_penalty
+    )
+    expected = [
+        _exhaustive_best(model, s, bos=bos, eos=eos, max_length=2, length_penalty=length_penalty) for s in sources
+    ]
+    assert found == expected
+    greedy = greedy_translate(model, sources, bos_id=bos, eos_id=eos, max_length=2)
+    assert greedy != expected  # this model is one where greedy decoding misses the best target
+
+
+def test_wider_beams_score_at_least_as_well_as_greedy():
+    model, _ = tiny_model("encoder-decoder", position="learned", seed=4)
+
+    def score(source, target):
+        full = [BOS, *target, EOS]
+        with torch.no_grad():
+            logits = model(torch.tensor([source]), torch.tensor([full[:-1]])).logits[0]
+        return float(logits.log_softmax(-1).gather(1, torch.tensor(full[1:])[:, None]).sum()) / (len(full) - 1)
+
+    greedy = greedy_translate(model, SOURCES, bos_id=BOS, eos_id=EOS, max_length=20)
+    beams = beam_search(model, SOURCES, bos_id=BOS, eos_id=EOS, beam_size=4, max_length=20, early_stopping=False)
+    for source, g, b in zip(SOURCES, greedy, beams, strict=True):
+        if len(g) < 20:  # greedy ended with EOS, so both are complete hypotheses
+            assert score(source, b) >= score(source, g) - 1e-9
+
+
+def test_beam_batch_equals_each_source_alone():
+    model, _ = tiny_model("encoder-decoder", position="relative", seed=5)
+    batched = beam_search(model, SOURCES, bos_id=BOS, eos_id=EOS, beam_size=3, max_length=10)
+    alone = [beam_search(model, [s], bos_id=BOS, eos_id=EOS, beam_size=3, max_length=10)[0] for s in SOURCES]
+    assert batched == alone
+
+
+def test_bad_beam_arguments_are_clear_errors():
+    model, _ = tiny_model("encoder-decoder")
+    with pytest.raises(InputError, match="beam_size=0"):
+        beam_search(model, SOURCES, bos_id=BOS, eos_id=EOS, beam_size=0, max_length=5)
+    with pytest.raises(InputError, match="max_length=0"):
+        greedy_translate(model, SOURCES, bos_id=BOS, eos_id=EOS, max_length=0)
+    with pytest.raises(InputError, match="source sequence is empty"):
+        greedy_translate(model, [[1], []], bos_id=BOS, eos_id=EOS, max_length=5)
