@@ -20,8 +20,9 @@ Score = Literal["scaled_dot", "dot", "bilinear", "additive"]
 Position = Literal["sinusoidal", "learned", "relative", "rope", "none"]
 Norm = Literal["layer", "rms"]
 NormPosition = Literal["pre", "post"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
-EncoderHead = Literal["classify", "mlm"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"]
+EncoderHead = Literal["classify", "mlm", "none"]
+SinusoidalLayout = Literal["interleaved", "halves"]
 Pooling = Literal["cls", "mean"]
 
 _CHOICES: dict[str, Any] = {
@@ -33,6 +34,7 @@ _CHOICES: dict[str, Any] = {
     "activation": Activation,
     "encoder_head": EncoderHead,
     "pooling": Pooling,
+    "sinusoidal_layout": SinusoidalLayout,
 }
 
 
@@ -40,9 +42,12 @@ _CHOICES: dict[str, Any] = {
 class ModelConfig:
     """A Transformer variant. Sizes follow one vocabulary: `d_model n_heads n_kv_heads head_dim d_ff n_layers`.
 
-    `d_ff` is the feed-forward hidden width: for `relu`/`gelu` the FFN is `down(act(up(x)))` with `up: C -> d_ff`;
-    for `swiglu` it is `down(silu(gate(x)) * up(x))`, with gate and up both `C -> d_ff` (Llama uses
-    d_ff ~ 8/3 C so the three matrices cost what two of width 4C would).
+    `d_ff` is the feed-forward hidden width: for `relu`/`gelu`/`gelu_tanh`/`silu` the FFN is `down(act(up(x)))`
+    with `up: C -> d_ff`; for `swiglu` it is `down(silu(gate(x)) * up(x))`, with gate and up both `C -> d_ff`
+    (Llama uses d_ff ~ 8/3 C so the three matrices cost what two of width 4C would).
+
+    `encoder_head`: `classify` (one label per sequence), `mlm` (a token per position), or `none`, the bare
+    encoder, whose output is its hidden states and pooled vector (sentence embeddings; Hugging Face's BertModel).
 
     Raises:
         ConfigError: on any invalid field or combination, naming the field and the fix.
@@ -78,6 +83,12 @@ class ModelConfig:
     n_classes: int = 2
     pooling: Pooling = "cls"
     label_smoothing: float = 0.0
+    # Options that published checkpoints need (all off by default):
+    sinusoidal_layout: SinusoidalLayout = "interleaved"  # sin/cos interleaved (Vaswani) or in halves (Marian)
+    type_vocab_size: int = 0  # token-type (segment) embeddings added to the input (BERT: 2); 0: none
+    embedding_norm: bool = False  # a norm after the embedding sum, before the first block (BERT, BART)
+    pooler: bool = False  # encoder: dense + tanh on the pooled vector before the head (BERT's pooler)
+    lm_head_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
 
     def __post_init__(self) -> None:
         for name, literal in _CHOICES.items():
@@ -91,6 +102,8 @@ class ModelConfig:
             if getattr(self, name) is not None:
                 _require_positive_int(name, getattr(self, name))
         _require_positive_int("relative_max_distance", self.relative_max_distance)
+        if self.type_vocab_size != 0:
+            _require_positive_int("type_vocab_size", self.type_vocab_size)  # 0 disables token-type embeddings
         for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -122,6 +135,8 @@ class ModelConfig:
                 f"position='relative' adds q.a_ij to dot-product scores (Shaw et al. 2018) and needs score "
                 f"'scaled_dot' or 'dot', got score={self.score!r}"
             )
+        if self.pooler and self.family != "encoder":
+            raise ConfigError("pooler=True applies to family='encoder' only (BERT's pooler); set pooler=False")
         if self.family != "encoder-decoder":
             for name in ("tgt_vocab_size", "n_decoder_layers"):
                 if getattr(self, name) is not None:

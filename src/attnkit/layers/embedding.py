@@ -36,7 +36,12 @@ def check_token_ids(ids: Tensor, vocab_size: int, *, name: str = "input_ids") ->
 
 
 class Embeddings(nn.Module):
-    """ids (B, T) and position_ids (B, T) -> (B, T, C). `token` is the table an output layer may tie to."""
+    """ids (B, T) and position_ids (B, T) -> (B, T, C). `token` is the table an output layer may tie to.
+
+        token(ids) * scale (+ token_types(token_type_ids)) (+ positions) -> norm? -> dropout
+
+    Token types (BERT's segments A/B) and the norm after the sum (BERT, BART) are optional parts.
+    """
 
     def __init__(
         self,
@@ -47,20 +52,39 @@ class Embeddings(nn.Module):
         max_positions: int | None = None,
         scale: bool = False,
         dropout: float = 0.0,
+        type_vocab_size: int = 0,
+        norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.token = nn.Embedding(vocab_size, d_model)
+        self.token_types = nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
         self.positions = positions
         self.max_positions = max_positions  # set for learned positions: the table's length
         self.scale = math.sqrt(d_model) if scale else 1.0
+        self.norm = norm
         self.dropout = nn.Dropout(dropout)
 
     @property
     def vocab_size(self) -> int:
         return self.token.num_embeddings
 
-    def forward(self, ids: Tensor, position_ids: Tensor) -> Tensor:
+    def forward(self, ids: Tensor, position_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """token_type_ids: (B, T) segment ids; all 0 when omitted (models with token-type embeddings only)."""
         x = self.token(ids) * self.scale  # (B, T, C)
+        if self.token_types is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(ids)
+            check_token_ids(token_type_ids, self.token_types.num_embeddings, name="token_type_ids")
+            if token_type_ids.shape != ids.shape:
+                raise InputError(
+                    f"token_type_ids has shape {tuple(token_type_ids.shape)} but input_ids {tuple(ids.shape)}; "
+                    f"give one segment id per token"
+                )
+            x = x + self.token_types(token_type_ids)
+        elif token_type_ids is not None:
+            raise InputError(
+                "token_type_ids were given but this model has no token-type embeddings (type_vocab_size=0); drop them"
+            )
         if self.positions is not None:
             too_long = self.max_positions is not None and not position_ids.is_meta
             if too_long and int(position_ids.max()) >= self.max_positions:
@@ -70,4 +94,6 @@ class Embeddings(nn.Module):
                     f"sinusoidal, relative or rotary positions"
                 )
             x = x + self.positions(position_ids).to(x.dtype)
+        if self.norm is not None:
+            x = self.norm(x)
         return self.dropout(x)

@@ -1,7 +1,7 @@
 """The position-wise feed-forward network: the same two-layer MLP applied to every token.
 
 ```
-relu/gelu:  x -> up (C -> d_ff) -> act -> down (d_ff -> C)            (Vaswani et al. 2017, eq. 2)
+relu/gelu/silu:  x -> up (C -> d_ff) -> act -> down (d_ff -> C)       (Vaswani et al. 2017, eq. 2)
 swiglu:     x -> gate (C -> d_ff) -> silu --*--> down (d_ff -> C)    (Shazeer 2020; Llama)
             x -> up   (C -> d_ff) ----------'
 ```
@@ -16,11 +16,12 @@ _ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
+    "silu": F.silu,  # x * sigmoid(x), "swish" (Ramachandran et al. 2017; Marian)
 }
 
 
 class FeedForward(nn.Module):
-    """`down(act(up(x)))` with ReLU or GELU. (B, T, C) -> (B, T, C)."""
+    """`down(act(up(x)))` with ReLU, GELU or SiLU. (B, T, C) -> (B, T, C)."""
 
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "gelu", bias: bool = True, dropout: float = 0.0):
         super().__init__()

@@ -17,20 +17,29 @@ from torch import Tensor, nn
 class SinusoidalPositions(nn.Module):
     """PE(pos, 2i) = sin(pos / 10000^(2i/C)), PE(pos, 2i+1) = cos(...). No parameters; any length.
 
+    The same C/2 frequencies can be laid out two ways:
+
+        interleaved (Vaswani et al. 2017)    sin f0, cos f0, sin f1, cos f1, ...
+        halves (Marian)                      sin f0, sin f1, ..., cos f0, cos f1, ...
+
     position_ids (B, T) -> (B, T, C).
     """
 
-    def __init__(self, d_model: int, *, base: float = 10000.0) -> None:
+    def __init__(self, d_model: int, *, base: float = 10000.0, layout: str = "interleaved") -> None:
         super().__init__()
         if d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
+        if layout not in ("interleaved", "halves"):
+            raise ValueError(f"unknown sinusoidal layout {layout!r}; use 'interleaved' or 'halves'")
         inv_freq = torch.exp(-math.log(base) * torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (C/2,)
+        self.layout = layout
 
     def forward(self, position_ids: Tensor) -> Tensor:
         angles = position_ids.float().unsqueeze(-1) * self.inv_freq  # (B, T, C/2)
-        # interleave: even dimensions take sin, odd ones cos
-        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (B, T, C)
+        if self.layout == "halves":
+            return torch.cat((angles.sin(), angles.cos()), dim=-1)  # (B, T, C)
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (B, T, C/2, 2) -> (B, T, C)
 
 
 class LearnedPositions(nn.Module):

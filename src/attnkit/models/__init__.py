@@ -2,7 +2,7 @@
 
 from attnkit.models.build import build_model, count_parameters
 from attnkit.models.decoder import DecoderLM
-from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM
+from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM, EncoderModel
 from attnkit.models.output import ModelOutput
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -11,6 +11,7 @@ __all__ = [
     "EncoderClassifier",
     "EncoderDecoder",
     "EncoderMaskedLM",
+    "EncoderModel",
     "ModelOutput",
     "build_model",
     "count_parameters",

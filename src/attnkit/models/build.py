@@ -15,7 +15,7 @@ from attnkit.layers.feedforward import make_feedforward
 from attnkit.layers.norms import make_norm
 from attnkit.layers.positions import LearnedPositions, RelativePositions, RotaryEmbedding, SinusoidalPositions
 from attnkit.models.decoder import DecoderLM
-from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM
+from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM, EncoderModel, Pooler
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.models.stack import TransformerStack
 
@@ -28,9 +28,12 @@ def build_model(config: ModelConfig) -> nn.Module:
         model: nn.Module = DecoderLM(stack=stack, lm_head=lm_head, label_smoothing=config.label_smoothing)
     elif config.family == "encoder":
         stack = _stack(config, config.vocab_size, config.n_layers, decoder=False)
+        pooler = Pooler(config.d_model) if config.pooler else None
         if config.encoder_head == "classify":
             classifier = nn.Linear(config.d_model, config.n_classes)
-            model = EncoderClassifier(stack=stack, classifier=classifier, pooling=config.pooling)
+            model = EncoderClassifier(stack=stack, classifier=classifier, pooling=config.pooling, pooler=pooler)
+        elif config.encoder_head == "none":
+            model = EncoderModel(stack=stack, pooling=config.pooling, pooler=pooler)
         else:
             model = EncoderMaskedLM(stack=stack, lm_head=_lm_head(config, stack, config.vocab_size))
     else:
@@ -86,7 +89,7 @@ def _block(config: ModelConfig, *, decoder: bool, cross: bool) -> nn.Module:
 def _stack(config: ModelConfig, vocab_size: int, n_layers: int, *, decoder: bool, cross: bool = False):
     absolute: nn.Module | None = None
     if config.position == "sinusoidal":
-        absolute = SinusoidalPositions(config.d_model)
+        absolute = SinusoidalPositions(config.d_model, layout=config.sinusoidal_layout)
     elif config.position == "learned":
         absolute = LearnedPositions(config.max_seq_len, config.d_model)
     embeddings = Embeddings(
@@ -96,6 +99,8 @@ def _stack(config: ModelConfig, vocab_size: int, n_layers: int, *, decoder: bool
         max_positions=config.max_seq_len if config.position == "learned" else None,
         scale=config.scale_embeddings,
         dropout=config.dropout,
+        type_vocab_size=config.type_vocab_size,
+        norm=_norm(config) if config.embedding_norm else None,
     )
     rotary = RotaryEmbedding(config.head_size, theta=config.rope_theta) if config.position == "rope" else None
     return TransformerStack(
@@ -107,7 +112,7 @@ def _stack(config: ModelConfig, vocab_size: int, n_layers: int, *, decoder: bool
 
 
 def _lm_head(config: ModelConfig, stack: TransformerStack, vocab_size: int) -> nn.Linear:
-    head = nn.Linear(config.d_model, vocab_size, bias=False)
+    head = nn.Linear(config.d_model, vocab_size, bias=config.lm_head_bias)
     if config.tie_embeddings:
         head.weight = stack.embeddings.token.weight
     return head

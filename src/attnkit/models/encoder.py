@@ -1,11 +1,13 @@
-"""Encoder-only models (BERT): a bidirectional stack with a classification or masked-LM head.
+"""Encoder-only models (BERT): a bidirectional stack with a classification or masked-LM head, or none.
 
-    ids (B, T) -> TransformerStack of EncoderBlocks -> pool (cls | mean) -> classifier (C -> n_classes)
-                                                    -> lm_head (C -> V)            (masked LM)
+    ids (B, T) -> TransformerStack of EncoderBlocks -> pool (cls | mean) -> pooler? -> classifier (C -> n_classes)
+                                                    -> lm_head (C -> V)                         (masked LM)
+                                                    -> hidden states, pool -> pooler?            (bare encoder)
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from attnkit.models.output import ModelOutput, cross_entropy
@@ -22,41 +24,95 @@ def pool(hidden: Tensor, mask: Tensor | None, how: str) -> Tensor:
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
 
 
-class EncoderClassifier(nn.Module):
-    """Sequence classification: one label per input sequence."""
+class Pooler(nn.Module):
+    """BERT's pooler: `tanh(dense(h))` on the pooled vector, trained with next-sentence prediction. (B, C) -> (B, C)."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        return torch.tanh(self.dense(pooled))
+
+
+class _Encoder(nn.Module):
+    """The stack and the pooling every encoder model shares."""
 
     family = "encoder"
 
-    def __init__(self, *, stack: TransformerStack, classifier: nn.Module, pooling: str = "cls") -> None:
+    def __init__(self, *, stack: TransformerStack, pooling: str = "cls", pooler: nn.Module | None = None) -> None:
         super().__init__()
         self.stack = stack
-        self.classifier = classifier
         self.pooling = pooling
+        self.pooler = pooler
+
+    def _encode(self, input_ids: Tensor, attention_mask, token_type_ids, need_weights: bool):
+        return self.stack(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, need_weights=need_weights
+        )
+
+    def _pool(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """(B, T, C) -> (B, C): pooled over the real tokens, through the pooler when there is one."""
+        mask = attention_mask.bool() if attention_mask is not None else None
+        pooled = pool(hidden, mask, self.pooling)
+        return self.pooler(pooled) if self.pooler is not None else pooled
+
+
+class EncoderModel(_Encoder):
+    """The bare encoder (Hugging Face's BertModel): contextual states of every token and one pooled vector.
+
+    Sentence embeddings read `hidden_states`, pooled as the embedding model was trained (e.g. mean pooling).
+    """
 
     def forward(
         self,
         input_ids: Tensor,
         *,
         attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> ModelOutput:
+        """input_ids (B, T) -> logits: the pooled vector (B, C); hidden_states: (B, T, C)."""
+        hidden, attentions = self._encode(input_ids, attention_mask, token_type_ids, need_weights)
+        return ModelOutput(
+            logits=self._pool(hidden, attention_mask),
+            attentions=attentions if need_weights else None,
+            hidden_states=hidden,
+        )
+
+
+class EncoderClassifier(_Encoder):
+    """Sequence classification: one label per input sequence."""
+
+    def __init__(
+        self, *, stack: TransformerStack, classifier: nn.Module, pooling: str = "cls", pooler: nn.Module | None = None
+    ) -> None:
+        super().__init__(stack=stack, pooling=pooling, pooler=pooler)
+        self.classifier = classifier
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
         need_weights: bool = False,
     ) -> ModelOutput:
         """input_ids (B, T) -> logits (B, n_classes); loss when labels (B,) are given."""
-        hidden, attentions = self.stack(input_ids, attention_mask=attention_mask, need_weights=need_weights)
-        mask = attention_mask.bool() if attention_mask is not None else None
-        logits = self.classifier(pool(hidden, mask, self.pooling))  # (B, n_classes)
+        hidden, attentions = self._encode(input_ids, attention_mask, token_type_ids, need_weights)
+        logits = self.classifier(self._pool(hidden, attention_mask))  # (B, n_classes)
         loss = cross_entropy(logits, labels) if labels is not None else None
-        return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None)
+        return ModelOutput(
+            logits=logits, loss=loss, attentions=attentions if need_weights else None, hidden_states=hidden
+        )
 
 
-class EncoderMaskedLM(nn.Module):
+class EncoderMaskedLM(_Encoder):
     """Masked language modelling: predict the tokens hidden behind [MASK] from both sides."""
 
-    family = "encoder"
-
     def __init__(self, *, stack: TransformerStack, lm_head: nn.Linear) -> None:
-        super().__init__()
-        self.stack = stack
+        super().__init__(stack=stack)
         self.lm_head = lm_head
 
     def forward(
@@ -64,11 +120,14 @@ class EncoderMaskedLM(nn.Module):
         input_ids: Tensor,
         *,
         attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
         need_weights: bool = False,
     ) -> ModelOutput:
         """input_ids (B, T) -> logits (B, T, V); labels (B, T) hold original ids at masked places, else -100."""
-        hidden, attentions = self.stack(input_ids, attention_mask=attention_mask, need_weights=need_weights)
+        hidden, attentions = self._encode(input_ids, attention_mask, token_type_ids, need_weights)
         logits = self.lm_head(hidden)  # (B, T, V)
         loss = cross_entropy(logits, labels) if labels is not None else None
-        return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None)
+        return ModelOutput(
+            logits=logits, loss=loss, attentions=attentions if need_weights else None, hidden_states=hidden
+        )

@@ -14,12 +14,14 @@ IGNORE_INDEX = -100  # targets equal to this (padding, unmasked MLM positions) a
 
 @dataclass
 class ModelOutput:
-    """logits: (B, T, V) for language models, (B, n_classes) for classifiers.
+    """logits: (B, T, V) for language models, (B, n_classes) for classifiers, the pooled vector (B, C) for the
+        bare encoder.
 
     loss: mean cross-entropy over non-ignored targets, when targets were given.
     attentions: one dict per layer, {"self": (B, H, T, S)} and for encoder-decoders {"cross": (B, H, T, S_src)},
         when `need_weights=True`; `encoder_attentions` holds the encoder's layers of an encoder-decoder.
     cache: the KV cache after this call, when one was passed in.
+    hidden_states: the last layer's states (B, T, C), from encoder models.
     """
 
     logits: Tensor
@@ -27,6 +29,7 @@ class ModelOutput:
     attentions: list[dict[str, Tensor]] | None = None
     cache: KVCache | None = None
     encoder_attentions: list[dict[str, Tensor]] | None = None
+    hidden_states: Tensor | None = None
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, *, label_smoothing: float = 0.0) -> Tensor:

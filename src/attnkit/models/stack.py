@@ -40,6 +40,7 @@ class TransformerStack(nn.Module):
         *,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
         cache: KVCache | None = None,
         context: Tensor | None = None,
         context_mask: Tensor | None = None,
@@ -49,6 +50,7 @@ class TransformerStack(nn.Module):
 
         attention_mask: (B, S) bool/int, 1 at real tokens; with a cache, S covers the cached positions too.
         position_ids: (B, T); by default the positions after those already cached.
+        token_type_ids: (B, T) segment ids, for stacks with token-type embeddings (BERT).
         """
         check_token_ids(input_ids, self.embeddings.vocab_size)
         start = cache.length if cache is not None else 0
@@ -56,7 +58,7 @@ class TransformerStack(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)  # (1, T)
         key_is_real = _check_mask(attention_mask, input_ids, start + length, "attention_mask")
-        x = self.embeddings(input_ids, position_ids)  # (B, T, C)
+        x = self.embeddings(input_ids, position_ids, token_type_ids)  # (B, T, C)
         rope = self.rotary(position_ids) if self.rotary is not None else None
         attentions: list[dict[str, Tensor]] = []
         for index, block in enumerate(self.blocks):
