@@ -1,0 +1,320 @@
+"""Speed and memory, attnkit side by side with Hugging Face `transformers`, on the same machine in the same run.
+
+    python -m benchmarks speed [--quick] [--only CASE ...] [--repeats 5]
+
+Each measurement runs in a fresh subprocess (so peak resident memory is that case's alone), alternating attnkit
+and the reference, each with warm-up steps and the median of several timed ones. The machine's own peaks are
+measured first: matrix-multiply FLOP/s in fp32 and bf16, and memory read bandwidth. Results go to
+`benchmarks/results/speed-<machine>.json` and a markdown table beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One workload: a model shape, what is timed, and how many tokens one repetition processes."""
+
+    name: str
+    kind: str  # "train" (forward, backward, AdamW), "forward", "generate"
+    family: str  # "decoder", "encoder", "encoder-decoder"
+    n_layers: int
+    d_model: int
+    n_heads: int
+    vocab_size: int
+    seq_len: int
+    batch_size: int
+    new_tokens: int = 0  # generate: tokens produced after a prompt of seq_len
+
+
+CASES = [
+    Case("train-nanogpt-cpu", "train", "decoder", 4, 128, 4, 65, 64, 12),
+    Case("train-nanogpt-shakespeare", "train", "decoder", 6, 384, 6, 65, 256, 4),
+    Case("train-gpt2-124m", "train", "decoder", 12, 768, 12, 50257, 512, 2),
+    Case("forward-bert-base", "forward", "encoder", 12, 768, 12, 30522, 128, 8),
+    Case("train-seq2seq-6+6-512", "train", "encoder-decoder", 6, 512, 8, 8000, 64, 8),
+    Case("generate-small-b1", "generate", "decoder", 6, 384, 6, 65, 16, 1, new_tokens=128),
+    Case("generate-small-b8", "generate", "decoder", 6, 384, 6, 65, 16, 8, new_tokens=128),
+    Case("generate-gpt2-124m-b1", "generate", "decoder", 12, 768, 12, 50257, 16, 1, new_tokens=128),
+    Case("generate-gpt2-124m-b8", "generate", "decoder", 12, 768, 12, 50257, 16, 8, new_tokens=128),
+]
+IMPLEMENTATIONS = ["attnkit", "transformers"]
+
+
+# --- the machine's own limits ------------------------------------------------------------------------------------
+def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of a square matrix multiply in `dtype`."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def read_bandwidth(n_bytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Best bytes/s of reading a large buffer once (a sum over 1 GiB of float32)."""
+    x = torch.ones(n_bytes // 4, dtype=torch.float32)
+    x.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return n_bytes / best
+
+
+# --- model construction, one per implementation --------------------------------------------------------------
+def _attnkit_config(case: Case):
+    from attnkit import ModelConfig
+
+    common = dict(
+        vocab_size=case.vocab_size, d_model=case.d_model, n_layers=case.n_layers, n_heads=case.n_heads,
+        d_ff=4 * case.d_model, dropout=0.0, bias=True, tie_embeddings=True,
+    )
+    if case.family == "decoder":  # GPT-2's block
+        return ModelConfig(family="decoder", position="learned", activation="gelu_tanh", norm_position="pre",
+                           max_seq_len=max(case.seq_len + case.new_tokens, 64), **common)
+    if case.family == "encoder":  # BERT's block
+        return ModelConfig(family="encoder", position="learned", activation="gelu", norm_position="post",
+                           norm_eps=1e-12, max_seq_len=512, encoder_head="mlm", **common)
+    return ModelConfig(family="encoder-decoder", position="sinusoidal", activation="relu", norm_position="post",
+                       scale_embeddings=True, max_seq_len=512, **common)  # Vaswani's
+
+
+def _transformers_model(case: Case):
+    import transformers as tf
+
+    if case.family == "decoder":
+        config = tf.GPT2Config(n_layer=case.n_layers, n_embd=case.d_model, n_head=case.n_heads,
+                               vocab_size=case.vocab_size, n_positions=max(case.seq_len + case.new_tokens, 64),
+                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        return tf.GPT2LMHeadModel(config)
+    if case.family == "encoder":
+        config = tf.BertConfig(num_hidden_layers=case.n_layers, hidden_size=case.d_model,
+                               num_attention_heads=case.n_heads, intermediate_size=4 * case.d_model,
+                               vocab_size=case.vocab_size, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        return tf.BertModel(config, add_pooling_layer=False)
+    config = tf.MarianConfig(vocab_size=case.vocab_size, d_model=case.d_model, encoder_layers=case.n_layers,
+                             decoder_layers=case.n_layers, encoder_attention_heads=case.n_heads,
+                             decoder_attention_heads=case.n_heads, encoder_ffn_dim=4 * case.d_model,
+                             decoder_ffn_dim=4 * case.d_model, dropout=0.0, attention_dropout=0.0,
+                             activation_dropout=0.0, activation_function="relu", max_position_embeddings=512,
+                             pad_token_id=0, decoder_start_token_id=0, eos_token_id=1, scale_embedding=True)
+    return tf.MarianMTModel(config)
+
+
+def _step_function(case: Case, impl: str, dtype: str):
+    """A closure running one repetition of the case, and the model it uses."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator)
+    targets = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
+    if impl == "attnkit":
+        from attnkit import build_model
+
+        model = build_model(_attnkit_config(case))
+    else:
+        model = _transformers_model(case)
+
+    if case.kind == "generate":
+        model.eval()
+        if dtype == "bf16":
+            model.to(torch.bfloat16)
+        return model, _generate_function(model, impl, ids, case.new_tokens)
+    if case.kind == "forward":
+        model.eval()
+
+        def forward() -> None:
+            with torch.no_grad(), autocast:
+                model(ids)
+
+        return model, forward
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    def train_step() -> None:
+        with autocast:
+            if impl == "attnkit" and case.family == "decoder":
+                loss = model(ids, targets=targets, return_logits=False).loss
+            elif impl == "attnkit":
+                loss = model(ids, ids, targets=targets, return_logits=False).loss
+            elif case.family == "decoder":
+                loss = model(input_ids=ids, labels=targets).loss
+            else:
+                loss = model(input_ids=ids, decoder_input_ids=ids, labels=targets).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, train_step
+
+
+def _generate_function(model, impl: str, prompt, new_tokens: int):
+    if impl == "transformers":
+        def run() -> None:
+            with torch.no_grad():
+                model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                               min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        return run
+    from attnkit.generate.decoder import generate_tokens
+
+    prompts = prompt.tolist()
+    context_len = model.stack.embeddings.max_positions
+
+    def run() -> None:
+        generate_tokens(model, prompts, max_new_tokens=new_tokens, context_len=context_len)
+    return run
+
+
+def _flops_per_token(case: Case, model: torch.nn.Module) -> float:
+    """Model FLOPs per token (Kaplan et al. / PaLM): 2 N per token forward (+ attention), x3 for training."""
+    n_params = sum(p.numel() for p in model.parameters())
+    embedding = case.vocab_size * case.d_model
+    dense = n_params - embedding + (embedding if case.family != "encoder" else 0)  # the tied lm_head counts
+    attention = 2 * 2 * case.n_layers * case.seq_len * case.d_model * (2 if case.family == "encoder-decoder" else 1)
+    forward = 2 * dense + attention
+    return 3 * forward if case.kind == "train" else forward
+
+
+def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int) -> dict:
+    """Time one case in this process; the parent runs this in a fresh subprocess."""
+    torch.manual_seed(0)
+    case = next(c for c in CASES if c.name == case_name)
+    model, step = _step_function(case, impl, dtype)
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    tokens = case.batch_size * (case.new_tokens if case.kind == "generate" else case.seq_len)
+    result = {
+        "case": case.name, "impl": impl, "dtype": dtype, "median_s": median, "times_s": times,
+        "tokens_per_s": tokens / median, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "flops_per_token": _flops_per_token(case, model),
+    }
+    if case.kind == "generate":
+        result["ms_per_token"] = 1000 * median / case.new_tokens
+        bytes_per_weight = 2 if dtype == "bf16" else 4
+        result["weight_bytes"] = sum(p.numel() for p in model.parameters()) * bytes_per_weight
+    return result
+
+
+def _subprocess(case: str, impl: str, dtype: str, repeats: int, warmup: int, threads: int) -> dict:
+    command = [sys.executable, "-m", "benchmarks.speed", "--child", case, impl, dtype, str(repeats), str(warmup)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1])
+    if done.returncode != 0:
+        return {"case": case, "impl": impl, "dtype": dtype, "error": done.stderr.strip().splitlines()[-1:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks speed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", help="case names (default: all)")
+    parser.add_argument("--dtypes", nargs="*", default=["fp32", "bf16"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--machine", default=platform.node() or "cpu")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.child:
+        case, impl, dtype, repeats, warmup = args.child
+        print(json.dumps(run_one(case, impl, dtype, int(repeats), int(warmup))))
+        return 0
+
+    peaks = {"fp32_flops": matmul_peak(torch.float32), "bf16_flops": matmul_peak(torch.bfloat16),
+             "read_bytes_per_s": read_bandwidth()}
+    print(f"machine peaks: fp32 {peaks['fp32_flops'] / 1e12:.2f} TFLOP/s, bf16 {peaks['bf16_flops'] / 1e12:.2f} "
+          f"TFLOP/s, read {peaks['read_bytes_per_s'] / 1e9:.1f} GB/s", flush=True)
+    rows = []
+    for case in [c for c in CASES if not args.only or c.name in args.only]:
+        for dtype in args.dtypes:
+            pair = {}
+            for impl in IMPLEMENTATIONS:  # alternate: attnkit, then the reference, for each case and dtype
+                result = _subprocess(case.name, impl, dtype, args.repeats, args.warmup, args.threads)
+                _add_utilisation(result, case, peaks)
+                pair[impl] = result
+                rows.append(result)
+            _print_pair(case, dtype, pair)
+    report = {"machine": args.machine, "threads": args.threads, "torch": torch.__version__, "peaks": peaks,
+              "command": "python -m benchmarks speed " + " ".join(argv or sys.argv[1:]), "results": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"speed-{args.machine}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"speed-{args.machine}.md").write_text(markdown_table(report))
+    print(f"wrote {RESULTS / f'speed-{args.machine}.json'} and .md")
+    return 0
+
+
+def _add_utilisation(result: dict, case: Case, peaks: dict) -> None:
+    if "error" in result:
+        return
+    peak = peaks["bf16_flops"] if result["dtype"] == "bf16" else peaks["fp32_flops"]
+    result["mfu"] = result["tokens_per_s"] * result["flops_per_token"] / peak
+    if case.kind == "generate" and case.batch_size == 1:
+        result["bandwidth_fraction"] = result["weight_bytes"] * result["tokens_per_s"] / peaks["read_bytes_per_s"]
+
+
+def _print_pair(case: Case, dtype: str, pair: dict) -> None:
+    ours, ref = pair["attnkit"], pair["transformers"]
+    if "error" in ours or "error" in ref:
+        print(f"{case.name} {dtype}: error {ours.get('error') or ref.get('error')}", flush=True)
+        return
+    print(f"{case.name:28s} {dtype}: attnkit {ours['tokens_per_s']:9.1f} tok/s  transformers "
+          f"{ref['tokens_per_s']:9.1f} tok/s  ratio {ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x  "
+          f"peak RSS {ours['peak_rss_mb']:.0f} vs {ref['peak_rss_mb']:.0f} MB", flush=True)
+
+
+def markdown_table(report: dict) -> str:
+    peaks = report["peaks"]
+    lines = [
+        f"Machine `{report['machine']}`, {report['threads']} threads, torch {report['torch']}; measured peaks: "
+        f"fp32 {peaks['fp32_flops'] / 1e12:.2f} TFLOP/s, bf16 {peaks['bf16_flops'] / 1e12:.2f} TFLOP/s, "
+        f"read {peaks['read_bytes_per_s'] / 1e9:.1f} GB/s. Command: `{report['command']}`",
+        "",
+        "| case | dtype | attnkit tok/s | transformers tok/s | ratio | attnkit MFU | ref MFU | attnkit / ref peak RSS MB"
+        " | attnkit ms/token | bandwidth used |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by_key = {(r["case"], r["dtype"], r["impl"]): r for r in report["results"]}
+    for case in CASES:
+        for dtype in ("fp32", "bf16"):
+            ours, ref = by_key.get((case.name, dtype, "attnkit")), by_key.get((case.name, dtype, "transformers"))
+            if not ours or not ref or "error" in ours or "error" in ref:
+                continue
+            ms = f"{ours['ms_per_token']:.1f}" if "ms_per_token" in ours else ""
+            bandwidth = f"{ours['bandwidth_fraction']:.0%}" if "bandwidth_fraction" in ours else ""
+            lines.append(
+                f"| {case.name} | {dtype} | {ours['tokens_per_s']:.1f} | {ref['tokens_per_s']:.1f} | "
+                f"{ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x | {ours['mfu']:.1%} | {ref['mfu']:.1%} | "
+                f"{ours['peak_rss_mb']:.0f} / {ref['peak_rss_mb']:.0f} | {ms} | {bandwidth} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
