@@ -38,10 +38,11 @@ def stdlib_files(max_bytes: int | None = None) -> list[Path]:
     (some distributions ship the standard library as bytecode only).
     """
     root = stdlib_dir()
-    files = sorted(
-        (p for p in root.rglob("*.py") if not STDLIB_EXCLUDE.intersection(p.relative_to(root).parts)),
-        key=lambda p: p.relative_to(root).as_posix(),
-    )
+    found = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in STDLIB_EXCLUDE]  # prune: never walk into the test suites
+        found.extend(Path(folder, n) for n in names if n.endswith(".py"))
+    files = sorted(found, key=lambda p: p.relative_to(root).as_posix())
     files = [p for p in files if p.is_file() and p.stat().st_size > 0]
     if not files:
         raise InputError(f"found no Python source files in the standard library at {root}; pass --data PATHS")
