@@ -464,12 +464,13 @@ def explain(tokenizer: Tokenizer, text: str) -> str:
     per_token = f", {len(text) / len(ids):.2f} characters per token" if ids else ""
     lines = [f"{len(text)} characters -> {len(ids)} tokens{per_token}", "ids: " + " ".join(map(str, ids))]
     if ids:
-        pieces, table = tokenizer.pieces(ids), _byte_level_table()
+        table = _byte_level_table()
+        pieces = [p if p.isprintable() and not p.isspace() else repr(p) for p in tokenizer.pieces(ids)]
         width = max(5, *(len(p) for p in pieces))
         lines.append(f"{'id':>8}  {'piece':<{width}}  text")
         for i, piece in zip(ids, pieces, strict=True):
             shown = tokenizer.decode([i], skip_special=False)
-            if "\ufffd" in shown and all(c in table for c in piece):
+            if "\ufffd" in shown and all(c in table for c in piece):  # part of a character: show its bytes
                 shown = bytes(table[c] for c in piece)
             lines.append(f"{i:>8}  {piece:<{width}}  {shown!r}")
     return "\n".join(lines)
