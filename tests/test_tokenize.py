@@ -138,6 +138,7 @@ def _wordpiece_dir(tmp_path: Path, *, with_config: bool) -> Path:
     tok = HFTok(models.WordPiece(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok.enable_truncation(max_length=3)  # as BERT's tokenizer.json carries max_length 512
     directory = tmp_path / "bert"
     directory.mkdir()
     tok.save(str(directory / "tokenizer.json"))
@@ -154,7 +155,7 @@ def test_hf_directory_is_used_as_it_is(tmp_path: Path, with_config: bool) -> Non
     assert tok.kind == "hf"
     assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
     assert (tok.bos_id, tok.eos_id) == (2, 3)  # BERT has no BOS/EOS: they borrow CLS/SEP
-    assert tok.encode("the cats sat") == [5, 6, 7, 8]  # no [CLS]/[SEP] added by encode
+    assert tok.encode("the cats sat") == [5, 6, 7, 8]  # no [CLS]/[SEP] added, no truncation
     tok.save(tmp_path / "saved")
     back = load_tokenizer(tmp_path / "saved")
     assert back.kind == "hf" and back.fingerprint() == tok.fingerprint()
@@ -173,7 +174,11 @@ def test_hf_gpt2_style_tokenizer_pads_with_endoftext(tmp_path: Path) -> None:
         require_id(tok, "cls")
 
 
-def test_hf_missing_file_names_the_file(tmp_path: Path) -> None:
+def test_hf_missing_or_broken_file_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(InputError, match="cannot read the Hugging Face tokenizer"):
+        load_tokenizer(tmp_path / "broken")
     with pytest.raises(InputError, match="tokenizer.json"):
         HFTokenizer.from_dir(tmp_path)
     with pytest.raises(InputError, match=r"attnkit_tokenizer.json .* or tokenizer.json"):

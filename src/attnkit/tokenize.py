@@ -88,9 +88,6 @@ class _SpecialIds:
     cls_id = property(lambda self: self.token_id("cls"))
     sep_id = property(lambda self: self.token_id("sep"))
 
-    def special_ids(self) -> set[int]:
-        return {i for i in (self.token_id(r) for r in SPECIAL_ROLES) if i is not None}
-
 
 def require_id(tokenizer: Tokenizer, role: str) -> int:
     """The id of special token `role`, or `InputError` naming the tokenizer kind and the missing role."""
@@ -248,7 +245,10 @@ def _hf_config_specials(directory: Path) -> dict[str, str]:
         path = directory / name
         if not path.is_file():
             continue
-        config = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path} is not valid JSON: {err}") from None
         for role in SPECIAL_ROLES:
             value = config.get(f"{role}_token")
             if isinstance(value, dict):
@@ -267,6 +267,8 @@ class HFTokenizer(_SpecialIds):
     def __init__(self, tokenizer, *, kind: str, specials: Mapping[str, str]) -> None:
         self._tok = tokenizer
         self._tok.encode_special_tokens = True  # "<eos>" in a text is text, not the EOS token
+        self._tok.no_truncation()  # a tokenizer.json may carry BERT's 512-token truncation; the data code decides
+        self._tok.no_padding()
         self.kind = kind
         self.specials = dict(specials)
         self._ids = {role: tokenizer.token_to_id(tok) for role, tok in self.specials.items()}
@@ -281,7 +283,6 @@ class HFTokenizer(_SpecialIds):
         a tokenizer without BOS/EOS borrows CLS/SEP (BERT), and one without padding pads with EOS (GPT-2).
         Raises `InputError` naming the file when `tokenizer.json` is missing.
         """
-        from tokenizers import Tokenizer as _HF
 
         directory = Path(directory)
         path = directory / HF_FILE
@@ -290,7 +291,7 @@ class HFTokenizer(_SpecialIds):
                 f"no Hugging Face tokenizer in {directory}: it needs the file {HF_FILE} (attnkit reads "
                 "tokenizers from disk and never downloads one)"
             )
-        tok = _HF.from_file(str(path))
+        tok = _read_hf(path)
         specials = _hf_config_specials(directory)
         vocab = tok.get_vocab(with_added_tokens=True)
         for role, guesses in _HF_ROLE_GUESSES.items():
@@ -338,13 +339,21 @@ class HFTokenizer(_SpecialIds):
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> HFTokenizer:
-        from tokenizers import Tokenizer as _HF
 
         directory = Path(directory)
         meta = _read_meta(directory)
         if not (directory / HF_FILE).is_file():
             raise InputError(f"tokenizer directory {directory} lacks {HF_FILE}, which its {META_FILE} needs")
-        return cls(_HF.from_file(str(directory / HF_FILE)), kind=meta["kind"], specials=meta["specials"])
+        return cls(_read_hf(directory / HF_FILE), kind=meta["kind"], specials=meta["specials"])
+
+
+def _read_hf(path: Path):
+    from tokenizers import Tokenizer as _HF
+
+    try:
+        return _HF.from_file(str(path))
+    except Exception as err:  # tokenizers raises plain Exception on a malformed file
+        raise InputError(f"cannot read the Hugging Face tokenizer {path}: {err}") from None
 
 
 def _read_meta(directory: Path) -> dict:
