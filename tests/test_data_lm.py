@@ -169,3 +169,5 @@ def test_empty_and_binary_corpora_are_clear_errors(tmp_path: Path) -> None:
     assert not list((tmp_path / "cache").glob("*.bin"))  # nothing half-written is left behind
     with pytest.raises(InputError, match="no data files"):
         LMData.prepare([], tok, tmp_path / "cache")
+    with pytest.raises(InputError, match="cannot read .*missing.txt"):
+        LMData.prepare([tmp_path / "missing.txt"], tok, tmp_path / "cache")

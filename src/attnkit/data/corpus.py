@@ -171,6 +171,9 @@ def file_manifest(files: Iterable[Path]) -> list[dict]:
     """Path, size and modification time of each file: what a cache built from them depends on."""
     out = []
     for path in files:
-        st = path.stat()
+        try:
+            st = path.stat()
+        except OSError as err:
+            raise InputError(f"cannot read {path}: {err.strerror}") from None
         out.append({"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
     return out
