@@ -88,6 +88,18 @@ def check_state_matches(expected: dict[str, Tensor], found: dict[str, Tensor], s
         for name in sorted(set(expected) & set(found))
         if tuple(found[name].shape) != tuple(expected[name].shape)
     ]
+    raise_mismatch(source, missing=missing, unexpected=unexpected, mismatched=mismatched)
+
+
+def raise_mismatch(
+    source: str,
+    *,
+    missing: list[str],
+    unexpected: list[str],
+    mismatched: list[str],
+    conflicts: list[str] | None = None,
+) -> None:
+    """Raise one CheckpointError naming every problem found, if there is any."""
     problems = []
     if missing:
         problems.append(f"missing tensors: {', '.join(missing)}")
@@ -95,6 +107,8 @@ def check_state_matches(expected: dict[str, Tensor], found: dict[str, Tensor], s
         problems.append(f"unexpected tensors: {', '.join(unexpected)}")
     if mismatched:
         problems.append(f"shape mismatches: {'; '.join(mismatched)}")
+    if conflicts:
+        problems.append(f"tied tensors that differ: {'; '.join(conflicts)}")
     if problems:
         raise CheckpointError(
             f"{source} does not match the model its config describes:\n  " + "\n  ".join(problems)

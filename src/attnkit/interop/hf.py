@@ -1,0 +1,234 @@
+"""Hugging Face model directories in and out: GPT-2, Llama, BERT and Marian, with the reference's numbers.
+
+    load(dir)                        config.json + safetensors (+ tokenizer.json) -> model, ModelConfig, tokenizer
+    save(model, dir, config=...)     -> a directory `transformers` loads with from_pretrained
+    convert_from_hf(dir, run_dir)    -> runs/NAME (config.json, model.safetensors, tokenizer/, labels.json)
+    convert_to_hf(run_dir, dir)      the way back
+
+Nothing here imports `transformers`: config.json is JSON and the weights are safetensors (or, only when the caller
+allows it, a weights-only pickle). The layouts are the tables of `attnkit.interop.keymaps`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnkit.checkpoint import CONFIG_FILE, atomic_write, load_model, save_model, save_tensors, unique_state_dict
+from attnkit.config import ModelConfig
+from attnkit.errors import CheckpointError, InputError
+from attnkit.interop.hf_config import architecture_of, config_from_hf, config_to_hf, family_of, match_family
+from attnkit.interop.hf_weights import (
+    SAFETENSORS,
+    add_prefix,
+    hf_tensor_names,
+    load_hf_tensors,
+    read_weights,
+    strip_prefix,
+    to_hf_tensors,
+)
+from attnkit.interop.keymaps import FamilyMap
+from attnkit.models.build import build_model
+from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_DIR = "tokenizer"  # inside a run directory
+LABELS_FILE = "labels.json"
+HF_SOURCE_FILE = "hf_source.json"  # a converted run's origin: model type, class, and config.json's token ids
+_NULLABLE_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+_ROLE_IDS = {"bos_token_id": "bos", "eos_token_id": "eos", "pad_token_id": "pad", "decoder_start_token_id": "bos"}
+
+
+@dataclass
+class HFModel:
+    """What `load` returns. `special_ids` are config.json's token ids (bos_token_id, decoder_start_token_id, ...)."""
+
+    model: nn.Module
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    labels: list[str] | None
+    model_type: str
+    architecture: str
+    special_ids: dict[str, int]
+
+
+def load(
+    directory: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    allow_pickle: bool = False,
+) -> HFModel:
+    """Read a Hugging Face model directory into an attnkit model (eval mode), its config and its tokenizer.
+
+    allow_pickle: read `pytorch_model.bin` (a pickle) when there are no safetensors, with
+        `torch.load(weights_only=True)`; refused otherwise.
+    Raises CheckpointError (no config.json, unreadable or mismatched weights) or ConfigError (an unsupported
+    model_type, class or option).
+    """
+    directory = Path(directory)
+    hf = read_hf_config(directory)
+    source = str(directory / CONFIG_FILE)
+    family = family_of(hf, source)
+    architecture = architecture_of(hf, family, source)
+    tensors = add_prefix(read_weights(directory, allow_pickle=allow_pickle), family)
+    config = config_from_hf(hf, family, architecture, tensor_names=set(tensors), source=source)
+    model = build_model(config)
+    load_hf_tensors(model, tensors, family, source=str(directory))
+    model.to(device=device, dtype=dtype).eval()
+    log.info("loaded %s (%s) from %s", architecture, family.model_type, directory)
+    return HFModel(
+        model=model,
+        config=config,
+        tokenizer=_read_tokenizer(directory),
+        labels=_labels(hf) if config.family == "encoder" and config.encoder_head == "classify" else None,
+        model_type=family.model_type,
+        architecture=architecture,
+        special_ids={name: hf[name] for name in family.special_ids if isinstance(hf.get(name), int)},
+    )
+
+
+def save(
+    model: nn.Module,
+    directory: str | Path,
+    *,
+    config: ModelConfig,
+    tokenizer: Tokenizer | None = None,
+    labels: Sequence[str] | None = None,
+    special_ids: dict[str, int] | None = None,
+) -> str:
+    """Write `model` as a Hugging Face model directory (config.json, model.safetensors, tokenizer files).
+
+    The layout is the first of GPT-2, Llama, BERT, Marian that holds `config` exactly. special_ids: config.json's
+    token ids; those not given come from the tokenizer. Returns the Hugging Face class written.
+    Raises ConfigError naming the fields no supported layout can express.
+    """
+    directory = Path(directory)
+    names = unique_state_dict(model)
+    family, architecture = match_family(config, lambda f: hf_tensor_names(names, f, config), labels=labels)
+    hf = config_to_hf(config, family, architecture, labels=labels)
+    hf.update(_special_ids(family, tokenizer, special_ids or {}))
+    hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    tensors = to_hf_tensors(model, family, config)
+    if architecture in family.bare_architectures:
+        tensors = strip_prefix(tensors, family)
+    if config.family == "encoder" and config.encoder_head == "none" and not config.pooler:
+        log.warning("%s has no pooler; transformers will add a randomly initialised one when it loads it", architecture)
+    save_tensors(tensors, directory / SAFETENSORS, metadata={"format": "pt"})
+    atomic_write(directory / CONFIG_FILE, json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    if tokenizer is not None:
+        _write_tokenizer(tokenizer, directory, max_length=config.max_seq_len)
+    log.info("wrote %s (%s) to %s", architecture, family.model_type, directory)
+    return architecture
+
+
+def convert_from_hf(
+    hf_dir: str | Path, run_dir: str | Path, *, allow_pickle: bool = False, dtype: torch.dtype = torch.float32
+) -> HFModel:
+    """Turn a Hugging Face model directory into a run directory that generate / translate / classify use."""
+    run_dir = Path(run_dir)
+    _refuse_existing(run_dir, "--out")
+    loaded = load(hf_dir, dtype=dtype, allow_pickle=allow_pickle)
+    save_model(loaded.model, loaded.config, run_dir)
+    if loaded.tokenizer is not None:
+        loaded.tokenizer.save(run_dir / TOKENIZER_DIR)
+    if loaded.labels is not None:
+        atomic_write(run_dir / LABELS_FILE, json.dumps({"labels": loaded.labels}, indent=2) + "\n")
+    origin = {"model_type": loaded.model_type, "architecture": loaded.architecture,
+              "special_ids": loaded.special_ids, "source": str(hf_dir)}
+    atomic_write(run_dir / HF_SOURCE_FILE, json.dumps(origin, indent=2) + "\n")
+    return loaded
+
+
+def convert_to_hf(run_dir: str | Path, hf_dir: str | Path) -> str:
+    """Write a run directory (trained or converted) as a Hugging Face model directory. Returns the class written."""
+    run_dir, hf_dir = Path(run_dir), Path(hf_dir)
+    _refuse_existing(hf_dir, "--to-hf")
+    model, config = load_model(run_dir)
+    tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR) if (run_dir / TOKENIZER_DIR).is_dir() else None
+    labels = _read_json(run_dir / LABELS_FILE) if (run_dir / LABELS_FILE).is_file() else None
+    if isinstance(labels, dict):
+        labels = labels.get("labels")
+    origin = _read_json(run_dir / HF_SOURCE_FILE) if (run_dir / HF_SOURCE_FILE).is_file() else {}
+    return save(model, hf_dir, config=config, tokenizer=tokenizer, labels=labels,
+                special_ids=origin.get("special_ids"))
+
+
+def read_hf_config(directory: Path) -> dict[str, Any]:
+    """config.json of a Hugging Face model directory. Raises CheckpointError when absent or not a JSON object."""
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory} is not a directory; point at a Hugging Face model directory")
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(
+            f"{directory} has no {CONFIG_FILE}; a Hugging Face model directory holds {CONFIG_FILE} and "
+            f"{SAFETENSORS} (as written by save_pretrained)"
+        )
+    hf = _read_json(path)
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{path} must hold a JSON object of field: value")
+    return hf
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} is not valid JSON: {err}") from None
+
+
+def _refuse_existing(directory: Path, flag: str) -> None:
+    if (directory / CONFIG_FILE).exists():
+        raise InputError(f"{directory} already holds a model ({CONFIG_FILE}); choose another {flag} or remove it")
+
+
+def _labels(hf: dict[str, Any]) -> list[str] | None:
+    id2label = hf.get("id2label")
+    if not id2label:
+        return None
+    return [str(id2label[key]) for key in sorted(id2label, key=int)]
+
+
+def _read_tokenizer(directory: Path) -> Tokenizer | None:
+    if (directory / HF_FILE).is_file():
+        return load_tokenizer(directory)
+    log.warning(
+        "%s has no %s (Marian, for one, ships SentencePiece files, which attnkit does not read): the model comes "
+        "without a tokenizer", directory, HF_FILE,
+    )
+    return None
+
+
+def _special_ids(family: FamilyMap, tokenizer: Tokenizer | None, given: dict[str, int]) -> dict[str, int | None]:
+    """config.json's token ids: those given, else the tokenizer's (a target starts with BOS in attnkit), else the
+    family's stand-in, else null where transformers allows it (its own defaults, such as GPT-2's 50256, may lie
+    outside a smaller vocabulary) and absent where it does not."""
+    ids: dict[str, int | None] = {name: given.get(name) for name in family.special_ids}
+    if tokenizer is not None:
+        for name in family.special_ids:
+            role = _ROLE_IDS.get(name)
+            if ids[name] is None and role is not None:
+                ids[name] = tokenizer.token_id(role)
+    for name, stand_in in family.special_id_fallbacks:
+        if ids[name] is None:
+            ids[name] = ids[stand_in]
+    return {name: value for name, value in ids.items() if value is not None or name in _NULLABLE_IDS}
+
+
+def _write_tokenizer(tokenizer: Tokenizer, directory: Path, *, max_length: int) -> None:
+    """tokenizer.json plus the tokenizer_config.json that tells transformers its special tokens."""
+    if tokenizer.kind not in ("bpe", "hf"):
+        log.warning("a %r tokenizer has no Hugging Face form; %s gets no tokenizer", tokenizer.kind, directory)
+        return
+    tokenizer.save(directory)
+    settings = {f"{role}_token": token for role, token in tokenizer.specials.items()}
+    settings.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_length)
+    atomic_write(directory / "tokenizer_config.json", json.dumps(settings, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,90 @@
+"""Tiny random Hugging Face models for the interop tests, built locally with `transformers` (nothing downloaded).
+
+Every parameter (biases, norm weights and Marian's final_logits_bias included) is redrawn at std 0.2, so a tensor
+loaded into the wrong place, or left at its initial value, changes the logits. Models are written with
+`save_pretrained` (safetensors) and the reference is always the model `transformers` reads back from disk.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+transformers = pytest.importorskip("transformers", reason="the interop tests compare against transformers (dev extra)")
+
+VOCAB = 99
+PAD = 0
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Models this small only lose time to a second thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _configs():
+    t = transformers
+    return {
+        "gpt2": (t.GPT2LMHeadModel, t.GPT2Config(
+            n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2,
+            pad_token_id=PAD)),
+        "llama": (t.LlamaForCausalLM, t.LlamaConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+            vocab_size=VOCAB, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500.0,
+            tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=PAD)),
+        "llama-tied": (t.LlamaForCausalLM, t.LlamaConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=1, intermediate_size=48,
+            vocab_size=VOCAB, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+            pad_token_id=PAD)),
+        "bert": (t.BertModel, t.BertConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
+            max_position_embeddings=64, type_vocab_size=2, pad_token_id=PAD)),
+        "bert-classifier": (t.BertForSequenceClassification, t.BertConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
+            max_position_embeddings=64, id2label={0: "negative", 1: "neutral", 2: "positive"},
+            label2id={"negative": 0, "neutral": 1, "positive": 2}, pad_token_id=PAD)),
+        "marian": (t.MarianMTModel, t.MarianConfig(
+            encoder_layers=2, decoder_layers=2, d_model=32, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB, max_position_embeddings=64,
+            activation_function="swish", scale_embedding=True, pad_token_id=PAD, eos_token_id=2,
+            decoder_start_token_id=PAD, forced_eos_token_id=2)),
+    }
+
+
+FAMILIES = ("gpt2", "llama", "llama-tied", "bert", "bert-classifier", "marian")
+
+
+def hf_model(name: str, directory: Path, *, seed: int = 0):
+    """Build, randomise and save the tiny model `name`; return the reference `transformers` reads back (eval)."""
+    cls, config = _configs()[name]
+    torch.manual_seed(seed)
+    model = cls(config)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if "embed_positions" not in param_name:  # Marian's sinusoid is recomputed, never saved
+                param.normal_(0.0, 0.2)
+        for buffer_name, buffer in model.named_buffers():
+            if buffer_name.endswith("final_logits_bias"):
+                buffer.normal_(0.0, 0.2)
+    model.save_pretrained(directory)
+    return cls.from_pretrained(directory).eval()
+
+
+def batch(seed: int, *, size: int = 3, length: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids (B, T) and their mask: the first row full, the others shorter (padding = PAD)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (size, length), generator=generator)
+    mask = torch.ones_like(ids)
+    for row in range(1, size):
+        real = max(2, length - 2 * row - seed % 3)
+        mask[row, real:] = 0
+    return ids.masked_fill(mask == 0, PAD), mask

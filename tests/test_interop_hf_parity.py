@@ -1,0 +1,111 @@
+"""Hugging Face checkpoints in attnkit give the reference's numbers: logits (fp32 and bf16), greedy generation."""
+
+import copy
+
+import pytest
+import torch
+from interop_models import FAMILIES, PAD, VOCAB, batch, hf_model, one_thread  # noqa: F401
+
+from attnkit.generate import generate_tokens
+from attnkit.interop import hf
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """name -> (directory, reference model) for every tiny family, built once for the module."""
+    built = {}
+    for name in FAMILIES:
+        directory = tmp_path_factory.mktemp(name)
+        built[name] = (directory, hf_model(name, directory))
+    return built
+
+
+def _compare(name, reference, model, seed):
+    """(reference, attnkit) outputs at the real (unpadded) positions of one padded batch."""
+    ids, mask = batch(seed)
+    with torch.no_grad():
+        if name == "marian":
+            tgt, tgt_mask = batch(seed + 100, length=7)
+            ref = reference(input_ids=ids, attention_mask=mask, decoder_input_ids=tgt, decoder_attention_mask=tgt_mask)
+            ours = model(ids, tgt, src_mask=mask, tgt_mask=tgt_mask)
+            real = tgt_mask.bool()
+            return [(ref.logits[real], ours.logits[real])]
+        if name.startswith("bert"):
+            types = (torch.arange(ids.shape[1]) >= ids.shape[1] // 2).long().expand_as(ids)  # segments A then B
+            ref = reference(input_ids=ids, attention_mask=mask, token_type_ids=types)
+            ours = model(ids, attention_mask=mask, token_type_ids=types)
+            if name == "bert":  # bare encoder: every real token's state, and the pooler's output
+                return [(ref.last_hidden_state[mask.bool()], ours.hidden_states[mask.bool()]),
+                        (ref.pooler_output, ours.logits)]
+            return [(ref.logits, ours.logits)]
+        ref = reference(input_ids=ids, attention_mask=mask)
+        ours = model(ids, attention_mask=mask)
+        return [(ref.logits[mask.bool()], ours.logits[mask.bool()])]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_logits_equal_transformers(checkpoints, name, dtype):
+    directory, reference = checkpoints[name]
+    loaded = hf.load(directory, dtype=dtype)
+    reference = copy.deepcopy(reference).to(dtype)  # the shared fp32 reference stays untouched
+    for seed in range(3):
+        for expected, got in _compare(name, reference, loaded.model, seed):
+            assert got.dtype == dtype
+            tolerance = TOLERANCE[dtype]
+            torch.testing.assert_close(got.float(), expected.float(), atol=tolerance, rtol=tolerance)
+
+
+def test_padding_changes_no_real_output(checkpoints):
+    """The padded batch's real positions equal each sequence run alone (so the comparisons above cover padding)."""
+    directory, _ = checkpoints["llama"]
+    model = hf.load(directory).model
+    ids, mask = batch(0)
+    with torch.no_grad():
+        padded = model(ids, attention_mask=mask).logits
+        for row in range(ids.shape[0]):
+            length = int(mask[row].sum())
+            alone = model(ids[row : row + 1, :length]).logits[0]
+            torch.testing.assert_close(padded[row, :length], alone, atol=1e-5, rtol=1e-5)
+
+
+GENERATION_CASES = [
+    ("gpt2", [[5, 17, 33, 8, 61, 4], [42, 7, 90, 3, 3, 18], [9, 9, 80, 3, 11, 12]]),
+    ("llama", [[5, 17, 33, 8, 61, 4], [42, 7, 90, 3, 3, 18], [9, 9, 80, 3, 11, 12]]),
+    # Left padding: transformers' GPT-2 gives padded rows shifted positions in generate, Llama's rotary positions
+    # are relative, so padded and unpadded rows agree there.
+    ("llama", [[5, 17, 33, 8, 61], [42, 7], [9, 9, 80, 3, 11, 12, 13]]),
+    ("llama-tied", [[5, 17, 33, 8, 61], [42, 7], [9, 9, 80, 3, 11, 12, 13]]),
+]
+
+
+@pytest.mark.parametrize(("name", "prompts"), GENERATION_CASES)
+def test_greedy_generation_equals_transformers_generate(checkpoints, name, prompts):
+    directory, reference = checkpoints[name]
+    loaded = hf.load(directory)
+    ours = generate_tokens(loaded.model, prompts, max_new_tokens=12, context_len=loaded.config.max_seq_len, pad_id=PAD)
+
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
+    mask = (torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    reference.generation_config.eos_token_id = None  # run the full 12 tokens, as attnkit does without stop ids
+    with torch.no_grad():
+        out = reference.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD
+        )
+    assert out[:, width:].tolist() == ours
+    assert len({tuple(row) for row in ours}) > 1  # the prompts lead to different continuations
+
+
+def test_loaded_config_reads_the_checkpoint_options(checkpoints):
+    configs = {name: hf.load(checkpoints[name][0]).config for name in ("llama", "llama-tied", "marian", "bert")}
+    llama = configs["llama"]
+    assert (llama.kv_heads, llama.rope_theta, llama.norm_eps, llama.tie_embeddings) == (2, 500.0, 1e-5, False)
+    assert configs["llama-tied"].kv_heads == 1 and configs["llama-tied"].tie_embeddings
+    marian = configs["marian"]
+    assert (marian.sinusoidal_layout, marian.activation, marian.scale_embeddings) == ("halves", "silu", True)
+    bert = configs["bert"]
+    assert (bert.type_vocab_size, bert.embedding_norm, bert.pooler, bert.norm_position) == (2, True, True, "post")
+    assert VOCAB == llama.vocab_size == marian.vocab_size
