@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from attnkit.errors import ConfigError
-from attnkit.tokenize import CharTokenizer
+from attnkit.tokenize import CharTokenizer, Tokenizer, require_id
 
 ALPHABET = "AB" + string.digits + string.ascii_lowercase + "+="
 SEPARATOR = "="
@@ -90,11 +90,12 @@ class SyntheticTask:
             raise ConfigError(f"task {self.name!r} has multi-symbol targets, so it is no classification; use 'ab'")
         return [(e.source, e.target) for e in self.examples]
 
-    def lm_ids(self, tokenizer: CharTokenizer | None = None) -> np.ndarray:
-        """One token stream of `source=target<eos>` lines, for `LMData.from_ids`."""
+    def lm_ids(self, tokenizer: Tokenizer | None = None) -> np.ndarray:
+        """One token stream of `source=target<eos>` lines, (N,) int64, for `LMData.from_ids`."""
         tokenizer = tokenizer or synthetic_tokenizer()
-        eos = np.array([tokenizer.eos_id])
-        return np.concatenate([np.concatenate([tokenizer.encode_array(e.text), eos]) for e in self.examples])
+        eos = require_id(tokenizer, "eos")
+        lines = tokenizer.encode_batch([e.text for e in self.examples])
+        return np.fromiter((i for ids in lines for i in (*ids, eos)), dtype=np.int64)
 
     def score(self, predictions: Sequence[str]) -> float:
         """Exact-match accuracy of `predictions` (one per example, in order)."""
