@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
 from attnkit.data.lm import LMData
 from attnkit.data.pairs import PairData
 from attnkit.data.synthetic import TASKS, make_task, synthetic_tokenizer
 from attnkit.errors import ConfigError
+from attnkit.tokenize import train_bpe
 
 
 @pytest.mark.parametrize("name", TASKS)
@@ -68,6 +70,14 @@ def test_lm_stream_is_lines_ending_in_eos() -> None:
     assert tok.decode(ids, skip_special=False).split("<eos>")[:-1] == [e.text for e in task.examples]
     data = LMData.from_ids(ids)
     assert len(data.train) + len(data.val) == len(ids)
+
+
+def test_lm_stream_through_another_tokenizer() -> None:
+    task = make_task("add", 30, seed=0)
+    tok = train_bpe([e.text for e in task.examples], vocab_size=300)
+    ids = task.lm_ids(tok)
+    assert ids.dtype == np.int64
+    assert tok.decode(ids, skip_special=False).split("<eos>")[:-1] == [e.text for e in task.examples]
 
 
 def test_pairs_for_the_encoder_decoder() -> None:
