@@ -196,8 +196,167 @@ Every field of the model config and of the data and training settings can be set
 """
 
 
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train", help="train a model (lm, translate or classify), with checkpoints and resume",
+        description="Train a decoder LM, an encoder-decoder translator or an encoder classifier. Progress is "
+        "shown; metrics.jsonl, a loss plot and checkpoints go to --out. Ctrl-C finishes the step, saves and exits.",
+        epilog=_TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = p.add_argument_group("what to train")
+    what.add_argument("--task", choices=["lm", "translate", "classify"],
+                      help="lm: next-token prediction (decoder); translate: encoder-decoder; classify: encoder "
+                      "(default lm, or the resumed run's)")
+    what.add_argument("--preset", help="start from a model preset (see `attnkit presets`), e.g. gpt2-tiny")
+    what.add_argument("--config", dest="config_file", metavar="FILE.json", help="start from a model config file")
+    what.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override any model, data or training setting, e.g. --set n_layers=6 (repeatable)")
+    data = p.add_argument_group("data")
+    data.add_argument("--data", nargs="+", metavar="PATH",
+                      help="lm: text files, folders or globs (default: the Python standard library's source); "
+                      "translate: a folder with train.SRC/train.TGT, a TSV file or two line-aligned files; "
+                      "classify: a '<label> <text>' file or a CSV/TSV with a header; any task: synthetic:NAME")
+    data.add_argument("--val-data", nargs="+", metavar="PATH",
+                      help="validation data (translate, classify); default: val.* in the --data folder, else a "
+                      "held-out --set val_fraction of the training data")
+    data.add_argument("--src-lang", help="translate from a folder: source file suffix, e.g. de")
+    data.add_argument("--tgt-lang", help="translate from a folder: target file suffix, e.g. en")
+    data.add_argument("--tokenizer", help="char | bpe (trained on the training text) | a saved tokenizer directory "
+                      "(default bpe)")
+    data.add_argument("--vocab-size", type=int, help="BPE vocabulary size (default 4096)")
+    data.add_argument("--seq-len", type=int, help="lm: context length; translate/classify: longest sequence kept "
+                      "(default: the model's max_seq_len)")
+    data.add_argument("--max-bytes", type=int, help="lm: read at most about this many bytes of text "
+                      "(default: all of --data; 3 MB of the standard library)")
+    run = p.add_argument_group("run directory")
+    run.add_argument("--out", default="runs/default", help="run directory (default runs/default)")
+    run.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH",
+                     help="continue the run in --out, or the run or checkpoint at PATH (e.g. runs/x/best)")
+    run.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    run.add_argument("--device", help="cpu, cuda or cuda:N (default: CUDA when available)")
+    run.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                     help="log progress lines instead of drawing a progress bar")
+    run.add_argument("--sample-tokens", type=int, default=200,
+                     help="lm: tokens of sample text printed after training (0: none)")
+    opt = p.add_argument_group("training (defaults from TrainConfig; on resume, the run's own)")
+    opt.add_argument("--max-steps", type=int, help="optimizer steps; also the cosine schedule's length (default 1000)")
+    opt.add_argument("--max-time", type=_duration, metavar="DURATION",
+                     help="stop after this much training time, e.g. 300, 90s, 5m, 1h; the cosine schedule then "
+                     "ends when either budget does")
+    opt.add_argument("--batch-size", type=int, help="sequences per micro-batch (default 16)")
+    opt.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 1)")
+    opt.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
+    opt.add_argument("--warmup", type=int, help="linear warmup steps (default 100)")
+    opt.add_argument("--schedule", choices=["cosine", "noam", "constant"],
+                     help="cosine: warmup then cosine decay to lr/10; noam: Vaswani et al.'s warmup then "
+                     "1/sqrt(step); constant: warmup then flat (default cosine)")
+    opt.add_argument("--weight-decay", type=float, help="AdamW decay of weight matrices; never of norms, biases or "
+                     "embeddings (default 0.1)")
+    opt.add_argument("--clip", type=float, help="max gradient norm, 0 disables (default 1.0)")
+    opt.add_argument("--dtype", choices=["fp32", "bf16"], help="bf16: autocast on CPU or CUDA (default fp32)")
+    opt.add_argument("--eval-every", type=int, help="steps between evaluations and checkpoints (default 200)")
+    opt.add_argument("--keep", type=int, help="checkpoints kept besides best/ (default 3)")
+    opt.add_argument("--seed", type=int, help="seed of initialisation, data order and dropout (default 1337)")
+    p.set_defaults(func=_run_train)
+
+
+_TRAIN_DATA_FLAGS = ("data", "val_data", "src_lang", "tgt_lang", "tokenizer", "vocab_size", "seq_len", "max_bytes")
+_TRAIN_FLAGS = ("max_steps", "max_time", "batch_size", "grad_accum", "lr", "warmup", "schedule", "weight_decay",
+                "clip", "dtype", "eval_every", "keep", "seed")
+
+
+def _duration(text: str) -> float:
+    """'300', '90s', '5m', '1.5h' -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    scale = units.get(text[-1:].lower(), 1)
+    try:
+        seconds = float(text[:-1] if text[-1:].lower() in units else text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is no duration; write e.g. 300, 90s, 5m or 1h") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the duration must be positive")
+    return seconds
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from attnkit.generate import greedy_translate
+    from attnkit.train import TrainRequest, prepare
+
+    request = TrainRequest(
+        out=args.out, task=args.task, preset=args.preset, config_file=args.config_file, overrides=args.overrides,
+        data={k: getattr(args, k) for k in _TRAIN_DATA_FLAGS if getattr(args, k) is not None},
+        settings={k: getattr(args, k) for k in _TRAIN_FLAGS if getattr(args, k) is not None},
+        resume=args.resume, overwrite=args.overwrite, device=args.device, progress=args.progress,
+    )
+    trainer = prepare(request, translate=greedy_translate)
+    result = trainer.fit()
+    if result.signal is not None:
+        return 128 + result.signal
+    summary = "  ".join(f"{k} {v:.4g}" for k, v in result.evaluation.items())
+    speed = f"{result.tokens_per_second:,.0f} tokens/s"
+    print(f"trained {result.step} steps in {result.elapsed:.0f} s ({speed}); validation: {summary}")
+    if trainer.task.name == "lm" and args.sample_tokens > 0:
+        from attnkit.generate import sample_after_training
+
+        prompt = trainer.tokenizer.decode(trainer.task.prompt_ids())
+        print("sample (prompt from the validation text, then the model's continuation):")
+        print(sample_after_training(args.out, prompt=prompt, max_new_tokens=args.sample_tokens))
+    print(f"saved to {args.out} (best checkpoint: {args.out}/best); resume with: attnkit train --out {args.out} "
+          "--resume --max-steps N")
+    return 0
+
+
+_CONVERT_EPILOG = """\
+examples:
+  attnkit convert --from-hf path/to/gpt2 --out runs/gpt2       # then: attnkit generate --run runs/gpt2 --prompt ...
+  attnkit convert --run runs/shakespeare --to-hf exported/      # transformers: AutoModel.from_pretrained("exported")
+
+Reads GPT-2, Llama, BERT (BertModel, BertForSequenceClassification) and Marian directories written by
+save_pretrained; nothing is downloaded.
+"""
+
+
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "convert", help="convert Hugging Face model directories to attnkit runs and back",
+        epilog=_CONVERT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-hf", metavar="DIR", help="a Hugging Face model directory (config.json + safetensors)")
+    source.add_argument("--run", metavar="RUN", help="an attnkit run directory to write out for Hugging Face")
+    p.add_argument("--out", metavar="RUN", help="with --from-hf: the run directory to create (runs/NAME)")
+    p.add_argument("--to-hf", metavar="DIR", help="with --run: the Hugging Face model directory to create")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="read pytorch_model.bin, a pickle (only from a source you trust), with "
+                        "torch.load(weights_only=True)")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="with --from-hf: the run's weight type (default fp32)")
+    p.set_defaults(func=_run_convert)
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnkit.errors import InputError
+    from attnkit.interop import hf
+
+    if args.from_hf:
+        if not args.out or args.to_hf:
+            raise InputError("--from-hf DIR writes a run: give --out runs/NAME (and no --to-hf)")
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+        loaded = hf.convert_from_hf(args.from_hf, args.out, allow_pickle=args.allow_pickle, dtype=dtype)
+        note = "" if loaded.tokenizer is not None else " (no tokenizer.json there, so the run has no tokenizer)"
+        print(f"converted {loaded.architecture} from {args.from_hf} to {args.out}{note}")
+    else:
+        if not args.to_hf or args.out:
+            raise InputError("--run RUN writes a Hugging Face directory: give --to-hf DIR (and no --out)")
+        architecture = hf.convert_to_hf(args.run, args.to_hf)
+        print(f"wrote {args.run} as a {architecture} to {args.to_hf}")
+    return 0
+
+
 SUBCOMMANDS: list[SubcommandAdder] = [
-    _add_presets, _add_tokenizer, _add_generate, _add_translate, _add_classify,
+    _add_presets, _add_tokenizer, _add_generate, _add_translate, _add_classify, _add_train, _add_convert,
 ]
 
 

@@ -1,0 +1,36 @@
+"""Training: one `Trainer` for the three families, the run directory that never loses work, and the job behind
+`attnkit train`.
+
+    optim.py     AdamW parameter groups; cosine, noam and constant schedules
+    tasks.py     lm / translate / classify: batches, loss, evaluation
+    trainer.py   the loop: accumulation, clipping, bf16 autocast, evaluation, signals, non-finite stop
+    state.py     checkpoints (atomic, last N and best), RNG and optimizer state, resume
+    metrics.py   metrics.jsonl
+    plots.py     the loss-curve PNG
+    job.py       from data paths and settings to a Trainer, new or resumed
+"""
+
+from attnkit.train.job import DataConfig, TrainRequest, pick_device, prepare
+from attnkit.train.state import Checkpoint, find_checkpoint, load_checkpoint, read_task, save_checkpoint
+from attnkit.train.tasks import ClassifyTask, LMTask, Task, TranslateTask
+from attnkit.train.trainer import TrainConfig, Trainer, TrainingDiverged, TrainResult
+
+__all__ = [
+    "Checkpoint",
+    "ClassifyTask",
+    "DataConfig",
+    "LMTask",
+    "Task",
+    "TrainConfig",
+    "TrainRequest",
+    "TrainResult",
+    "Trainer",
+    "TrainingDiverged",
+    "TranslateTask",
+    "find_checkpoint",
+    "load_checkpoint",
+    "pick_device",
+    "prepare",
+    "read_task",
+    "save_checkpoint",
+]

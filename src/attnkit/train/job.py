@@ -1,0 +1,433 @@
+"""The training job behind `attnkit train`: from data paths and settings to a `Trainer`, new or resumed.
+
+    new run:  model config (task default | preset | config file, then --set)  ->  tokenizer (trained on the
+              training text, or loaded)  ->  data  ->  model (vocabulary and classes from tokenizer and data)
+    resume:   the checkpoint's model, tokenizer, data settings and training settings; a flag given again may
+              change a training setting, but a model config or tokenizer that differs is refused
+
+Data by task (`data` and `val_data` are lists of paths; `synthetic:NAME` names a generated task):
+
+    lm          text files, folders, globs; none: the Python standard library's source. Validation: the last
+                `val_fraction` of the token stream
+    translate   a folder holding train.SRC/train.TGT (and val.SRC/val.TGT), one `source<TAB>target` file, or
+                two line-aligned files (source first)
+    classify    a `<label> <text>` file (SST-2), or a CSV/TSV file with text and label columns
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnkit.config import ModelConfig
+from attnkit.data import LabelledData, LabelVocab, LMData, PairData, make_task, synthetic_tokenizer
+from attnkit.data.corpus import find_files, resolve_files
+from attnkit.data.labelled import read_labelled
+from attnkit.data.pairs import read_parallel, read_tsv_pairs
+from attnkit.errors import CheckpointError, ConfigError, InputError
+from attnkit.models import build_model, count_parameters
+from attnkit.presets import get as get_preset
+from attnkit.tokenize import Tokenizer, load_tokenizer, train_tokenizer
+from attnkit.train.state import (
+    BEST_DIR,
+    CHECKPOINTS_DIR,
+    config_differences,
+    find_checkpoint,
+    load_checkpoint,
+    seed_all,
+)
+from attnkit.train.tasks import TASKS, ClassifyTask, LMTask, Task, TranslateTask, Translator, check_family
+from attnkit.train.trainer import TrainConfig, Trainer, check_fields
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STDLIB_BYTES = 3_000_000  # the default corpus: enough Python for a few minutes of CPU training
+SYNTHETIC = "synthetic:"
+SYNTHETIC_SIZES = (20_000, 500)  # train, validation examples of a synthetic task
+RUN_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "train_state.json", "task.json",
+             "labels.json", "metrics.jsonl", "tokenizer", "checkpoints", "best", "plots")
+
+# Small models that train in minutes on a laptop CPU, one per task (used when no --preset or --config is given).
+DEFAULT_MODELS: dict[str, dict[str, Any]] = {
+    "lm": dict(family="decoder", d_model=192, n_layers=4, n_heads=6, d_ff=768, position="rope", norm="layer",
+               activation="gelu", max_seq_len=128, dropout=0.0, tie_embeddings=True),
+    "translate": dict(family="encoder-decoder", d_model=256, n_layers=3, n_heads=8, d_ff=1024, position="sinusoidal",
+                      norm="layer", norm_position="pre", activation="relu", max_seq_len=128, dropout=0.1,
+                      scale_embeddings=True, tie_embeddings=True, label_smoothing=0.1),
+    "classify": dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned",
+                     norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
+                     encoder_head="classify", pooling="mean"),
+}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What to train on. Every field is a `--set` key (and most have their own flag)."""
+
+    task: str = "lm"
+    data: tuple[str, ...] = ()  # see the module docstring; empty for lm: the Python standard library
+    val_data: tuple[str, ...] = ()  # translate / classify; empty: hold out `val_fraction` of the training data
+    tokenizer: str = "bpe"  # char | bpe (trained on the training text) | a saved tokenizer directory
+    vocab_size: int = 4096  # bpe only
+    seq_len: int | None = None  # lm: context length; others: longest sequence kept; None: the model's max_seq_len
+    max_bytes: int | None = None  # lm: read about this many bytes of the corpus at most
+    src_lang: str | None = None  # translate from a folder: the suffixes of the source and target files
+    tgt_lang: str | None = None
+    val_fraction: float = 0.1
+    eval_batches: int = 50  # lm: validation batches per evaluation
+    bleu_samples: int = 200  # translate: validation sentences translated for BLEU at each evaluation
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ConfigError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"val_fraction={self.val_fraction} must lie in (0, 1)")
+        if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 2):
+            raise ConfigError(f"seq_len={self.seq_len!r} must be an integer >= 2")
+        if self.task == "lm" and self.val_data:
+            raise ConfigError("--task lm validates on the last --val-fraction of its token stream; drop --val-data")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DataConfig:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in check_fields(cls, data, "data").items()})
+
+
+@dataclass
+class TrainRequest:
+    """What the user asked for. None (or empty) means "not given": the default, or on resume the saved value."""
+
+    out: str
+    task: str | None = None
+    preset: str | None = None
+    config_file: str | None = None
+    overrides: list[str] = field(default_factory=list)  # key=value for ModelConfig, TrainConfig or DataConfig
+    data: dict[str, Any] = field(default_factory=dict)  # DataConfig fields given as flags
+    settings: dict[str, Any] = field(default_factory=dict)  # TrainConfig fields given as flags
+    resume: str | bool = False  # True: the run in `out`; a path: that run or checkpoint
+    overwrite: bool = False
+    device: str | None = None
+    progress: bool | None = None
+
+
+def pick_device(name: str | None) -> torch.device:
+    """`name`, or CUDA when available, else the CPU."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ConfigError(f"--device {name!r} is not a device torch knows ({err}); use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for, but torch sees no CUDA device; use --device cpu")
+    return device
+
+
+def prepare(request: TrainRequest, *, translate: Translator | None = None) -> Trainer:
+    """A Trainer ready to `fit()`: a new run in `request.out`, or the run or checkpoint named by `resume`.
+
+    `translate` is the greedy decoder translation BLEU needs (the caller passes `attnkit.generate`'s).
+    Raises ConfigError / InputError / CheckpointError naming what is wrong and how to fix it.
+    """
+    model_changes, data_changes, train_changes = _split_overrides(request.overrides)
+    data_changes = {**request.data, **data_changes}
+    train_changes = {**request.settings, **train_changes}
+    if request.task is not None:
+        data_changes["task"] = request.task
+    out, device = Path(request.out), pick_device(request.device)
+    if request.resume:
+        source = out if request.resume is True else Path(request.resume)
+        return _resume(request, source, model_changes, data_changes, train_changes, device, translate)
+    _claim_run_dir(out, overwrite=request.overwrite)
+    data_config = DataConfig.from_dict(_absolute_paths(data_changes))
+    settings = TrainConfig.from_dict(train_changes)
+    seed_all(settings.seed)
+    tokenizer = _new_tokenizer(data_config, settings.seed)
+    config = _model_config(request, data_config.task, model_changes)
+    task, labels = _make_task(data_config, settings, tokenizer, config, out, translate)
+    config = _fit_config(config, tokenizer, labels, data_config)
+    log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
+    seed_all(settings.seed)  # the weights do not depend on how much randomness data preparation used
+    model = build_model(config)
+    return Trainer(
+        model=model, config=config, task=task, settings=settings, run_dir=out, tokenizer=tokenizer, labels=labels,
+        device=device, run_info={"data_config": data_config.to_dict()}, progress=request.progress,
+    )
+
+
+def _resume(request, source: Path, model_changes, data_changes, train_changes, device, translate) -> Trainer:
+    checkpoint = load_checkpoint(find_checkpoint(source), device=device)
+    state = checkpoint.train_state
+    saved_data = DataConfig.from_dict(state["data_config"])
+    problems = []
+    if "task" in data_changes and data_changes["task"] != saved_data.task:
+        problems.append(f"task: {saved_data.task!r} -> {data_changes['task']!r}")
+    if request.preset or request.config_file or model_changes:
+        wanted = _fit_config(
+            _model_config(request, saved_data.task, model_changes), checkpoint.tokenizer, checkpoint.labels, saved_data
+        )
+        problems += config_differences(checkpoint.config.to_dict(), wanted.to_dict())
+    problems += _tokenizer_differences(checkpoint.tokenizer, data_changes, saved_data)
+    if problems:
+        raise CheckpointError(
+            f"cannot resume {checkpoint.path}: what was asked for differs from the checkpoint:\n  "
+            + "\n  ".join(problems)
+            + "\nResume without these options (the checkpoint's own are used), or start a new run with --out"
+        )
+    data_config = DataConfig.from_dict({**saved_data.to_dict(), **_absolute_paths(data_changes)})
+    settings = TrainConfig.from_dict({**state["settings"], **train_changes})
+    for change in config_differences(saved_data.to_dict(), data_config.to_dict()) + config_differences(
+        state["settings"], settings.to_dict()
+    ):
+        log.warning("resuming with a changed setting: %s", change)
+    out = Path(request.out)
+    if out.resolve() != _run_of(checkpoint.path).resolve():
+        _claim_run_dir(out, overwrite=request.overwrite)
+        log.info("continuing %s in %s", checkpoint.path, out)
+    task, labels = _make_task(data_config, settings, checkpoint.tokenizer, checkpoint.config, out, translate)
+    if labels != checkpoint.labels:
+        raise CheckpointError(f"the data's labels {labels} differ from the checkpoint's {checkpoint.labels}")
+    trainer = Trainer(
+        model=checkpoint.model, config=checkpoint.config, task=task, settings=settings, run_dir=out,
+        tokenizer=checkpoint.tokenizer, labels=labels, device=device,
+        run_info={"data_config": data_config.to_dict()}, progress=request.progress,
+    )
+    trainer.restore(checkpoint)
+    return trainer
+
+
+def _tokenizer_differences(saved: Tokenizer, data_changes: dict[str, Any], saved_data: DataConfig) -> list[str]:
+    wanted = data_changes.get("tokenizer")
+    problems = []
+    if wanted is not None and wanted != saved_data.tokenizer:
+        if wanted in ("char", "bpe"):
+            if wanted != saved.kind:
+                problems.append(f"tokenizer: {saved.kind!r} -> {wanted!r}")
+        elif load_tokenizer(wanted).fingerprint() != saved.fingerprint():
+            problems.append(f"tokenizer: the one in {wanted} is not the checkpoint's (their fingerprints differ)")
+    if "vocab_size" in data_changes and data_changes["vocab_size"] != saved.vocab_size:
+        problems.append(f"vocab_size: {saved.vocab_size} -> {data_changes['vocab_size']}")
+    return problems
+
+
+# Configs -----------------------------------------------------------------------------------------------------
+def _split_overrides(assignments: list[str]) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """Sort `key=value` strings into ModelConfig assignments and DataConfig / TrainConfig changes."""
+    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
+    data_keys = {f.name for f in dataclasses.fields(DataConfig)}
+    train_keys = {f.name for f in dataclasses.fields(TrainConfig)}
+    model, data, train = [], {}, {}
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set expects key=value, got {assignment!r}")
+        if key in model_keys:
+            model.append(f"{key}={raw}")
+        elif key in data_keys or key in train_keys:
+            (data if key in data_keys else train)[key] = _parse_value(raw)
+        else:
+            raise ConfigError(
+                f"--set {key}: no such setting. Model fields: {', '.join(sorted(model_keys))}. Data settings: "
+                f"{', '.join(sorted(data_keys))}. Training settings: {', '.join(sorted(train_keys))}"
+            )
+    return model, data, train
+
+
+def _parse_value(raw: str) -> Any:
+    import json
+
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _model_config(request: TrainRequest, task: str, assignments: list[str]) -> ModelConfig:
+    if request.preset and request.config_file:
+        raise ConfigError("give --preset or --config, not both")
+    if request.preset:
+        config = get_preset(request.preset)
+    elif request.config_file:
+        config = ModelConfig.from_json(request.config_file)
+    else:
+        config = ModelConfig(**DEFAULT_MODELS[task])
+    config = config.with_overrides(assignments)
+    check_family(task, config.family)
+    if task == "classify" and config.encoder_head != "classify":
+        raise ConfigError("--task classify needs encoder_head='classify'; add --set encoder_head=classify")
+    return config
+
+
+def _fit_config(config: ModelConfig, tokenizer: Tokenizer, labels: list[str] | None, data: DataConfig) -> ModelConfig:
+    """The config with the tokenizer's vocabulary and the data's classes."""
+    changes: dict[str, Any] = {"vocab_size": tokenizer.vocab_size}
+    if config.family == "encoder-decoder":
+        changes["tgt_vocab_size"] = None  # one tokenizer for both sides: one shared vocabulary
+    if labels is not None:
+        changes["n_classes"] = len(labels)
+    if data.seq_len is not None and data.seq_len > config.max_seq_len:
+        raise ConfigError(
+            f"seq_len={data.seq_len} exceeds the model's max_seq_len={config.max_seq_len}; "
+            f"lower --seq-len or add --set max_seq_len={data.seq_len}"
+        )
+    return config.replace(**changes)
+
+
+# Tokenizer and data ------------------------------------------------------------------------------------------
+def _synthetic_name(data: DataConfig) -> str | None:
+    if len(data.data) == 1 and data.data[0].startswith(SYNTHETIC):
+        return data.data[0][len(SYNTHETIC) :]
+    return None
+
+
+def _new_tokenizer(data: DataConfig, seed: int) -> Tokenizer:
+    if _synthetic_name(data) is not None:
+        return synthetic_tokenizer()
+    if data.tokenizer not in ("char", "bpe"):
+        return load_tokenizer(data.tokenizer)
+    if data.task == "lm":
+        source: list[Any] = _lm_files(data)
+    elif data.task == "translate":
+        source = [text for pair in _pairs(data, seed)[0] for text in pair]  # one vocabulary for both sides
+    else:
+        source = [text for text, _ in _labelled(data, seed)[0]]
+    log.info("training a %s tokenizer on the training text", data.tokenizer)
+    return train_tokenizer(data.tokenizer, source, vocab_size=data.vocab_size)
+
+
+def _lm_files(data: DataConfig) -> list[Path]:
+    max_bytes = data.max_bytes if data.max_bytes is not None or data.data else DEFAULT_STDLIB_BYTES
+    return resolve_files(list(data.data), max_bytes=max_bytes)
+
+
+def _split(examples: list, fraction: float, seed: int) -> tuple[list, list]:
+    """Hold out `fraction` of `examples` (a seeded random choice) for validation."""
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = max(1, int(len(examples) * fraction))
+    val = sorted(order[:n_val])
+    train = sorted(order[n_val:])
+    return [examples[i] for i in train], [examples[i] for i in val]
+
+
+def _read_pairs(paths: tuple[str, ...], data: DataConfig, split: str) -> list[tuple[str, str]] | None:
+    if len(paths) == 1 and Path(paths[0]).is_dir():
+        folder = Path(paths[0])
+        if not (data.src_lang and data.tgt_lang):
+            langs = sorted({p.suffix[1:] for p in folder.glob("train.*")})
+            raise ConfigError(f"{folder} is a folder: name the languages with --src-lang and --tgt-lang "
+                              f"(its train.* files have suffixes {langs})")
+        names = {"train": ("train",), "val": ("val", "valid", "dev")}[split]
+        for name in names:
+            src, tgt = folder / f"{name}.{data.src_lang}", folder / f"{name}.{data.tgt_lang}"
+            if src.is_file() and tgt.is_file():
+                return read_parallel(src, tgt)
+        if split == "train":
+            raise InputError(f"{folder} holds no train.{data.src_lang} and train.{data.tgt_lang}")
+        return None
+    files = find_files(paths)
+    if len(files) == 1:
+        return read_tsv_pairs(files[0])
+    if len(files) == 2:
+        return read_parallel(files[0], files[1])
+    raise InputError(f"translation data is a folder, one TSV file or two line-aligned files; got {len(files)} files")
+
+
+def _pairs(data: DataConfig, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    name = _synthetic_name(data)
+    if name is not None:
+        n_train, n_val = SYNTHETIC_SIZES
+        return make_task(name, n_train, seed).pairs(), make_task(name, n_val, seed + 1).pairs()
+    if not data.data:
+        raise InputError("--task translate needs --data (a folder with train.SRC/train.TGT, a TSV file, two files "
+                         "or synthetic:reverse)")
+    train = _read_pairs(data.data, data, "train")
+    val = _read_pairs(data.val_data, data, "val") if data.val_data else None
+    if val is None and not data.val_data and len(data.data) == 1 and Path(data.data[0]).is_dir():
+        val = _read_pairs(data.data, data, "val")
+    return (train, val) if val is not None else _split(train, data.val_fraction, seed)
+
+
+def _labelled(data: DataConfig, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    name = _synthetic_name(data)
+    if name is not None:
+        n_train, n_val = SYNTHETIC_SIZES
+        return make_task(name, n_train, seed).labelled(), make_task(name, n_val, seed + 1).labelled()
+    if len(data.data) != 1:
+        raise InputError("--task classify needs --data FILE (a '<label> <text>' file, or CSV/TSV with a header)")
+    train = read_labelled(data.data[0])
+    if data.val_data:
+        return train, [example for path in data.val_data for example in read_labelled(path)]
+    return _split(train, data.val_fraction, seed)
+
+
+def _make_task(
+    data: DataConfig, settings: TrainConfig, tokenizer: Tokenizer, config: ModelConfig, out: Path,
+    translate: Translator | None,
+) -> tuple[Task, list[str] | None]:
+    seq_len = data.seq_len or config.max_seq_len
+    batch = dict(batch_size=settings.batch_size, seed=settings.seed)
+    if data.task == "lm":
+        name = _synthetic_name(data)
+        if name is not None:
+            lm = LMData.from_ids(make_task(name, SYNTHETIC_SIZES[0], settings.seed).lm_ids(tokenizer),
+                                 val_fraction=data.val_fraction)
+        else:
+            lm = LMData.prepare(_lm_files(data), tokenizer, out / "cache", val_fraction=data.val_fraction)
+        return LMTask(lm, batch_size=settings.batch_size, seq_len=seq_len, seed=settings.seed,
+                      eval_batches=data.eval_batches), None
+    if data.task == "translate":
+        train, val = _pairs(data, settings.seed)
+        return TranslateTask(
+            PairData.from_pairs(train, tokenizer, max_len=seq_len, **batch),
+            PairData.from_pairs(val, tokenizer, max_len=seq_len, **batch),
+            tokenizer=tokenizer, references=[t for _, t in val], translate=translate,
+            bleu_samples=data.bleu_samples, max_len=seq_len,
+        ), None
+    train, val = _labelled(data, settings.seed)
+    vocab = LabelVocab.from_labels(label for _, label in train)
+    return ClassifyTask(
+        LabelledData.from_examples(train, tokenizer, label_vocab=vocab, max_len=seq_len, **batch),
+        LabelledData.from_examples(val, tokenizer, label_vocab=vocab, max_len=seq_len, **batch),
+    ), list(vocab.labels)
+
+
+def _absolute_paths(data_changes: dict[str, Any]) -> dict[str, Any]:
+    """Data paths made absolute, so a run resumed from another directory still finds its data."""
+    out = dict(data_changes)
+    for key in ("data", "val_data"):
+        if key in out:
+            out[key] = tuple(p if str(p).startswith(SYNTHETIC) else str(Path(p).resolve()) for p in out[key])
+    if out.get("tokenizer") not in (None, "char", "bpe"):
+        out["tokenizer"] = str(Path(out["tokenizer"]).resolve())
+    return out
+
+
+def _run_of(checkpoint: Path) -> Path:
+    """The run directory a checkpoint directory belongs to."""
+    if checkpoint.parent.name == CHECKPOINTS_DIR:
+        return checkpoint.parent.parent
+    return checkpoint.parent if checkpoint.name == BEST_DIR else checkpoint
+
+
+def _claim_run_dir(out: Path, *, overwrite: bool) -> None:
+    """Refuse to start in a directory holding another run, unless `overwrite` (which clears the run's files and
+    keeps `cache/`)."""
+    existing = [name for name in RUN_FILES if (out / name).exists()]
+    if existing and not overwrite:
+        raise ConfigError(
+            f"{out} already holds a run ({', '.join(existing[:4])}, ...): pass --resume to continue it, "
+            f"--overwrite to replace it, or choose another --out"
+        )
+    for name in existing:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,53 @@
+"""`metrics.jsonl`: one JSON object per line, `{"kind": "train", "step": ...}` per logged step and
+`{"kind": "eval", "step": ...}` per evaluation. Appended as training goes; a resumed run first drops the lines
+after its checkpoint's step, so the file reads as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from attnkit.checkpoint import atomic_write
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsLog:
+    """Appends records to `path` (flushed at once, so a crash loses nothing logged)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps({k: _finite_or_str(v) for k, v in record.items()}) + "\n")
+
+    def records(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """Every record (of `kind`, when given), in order; a torn last line (a crash mid-write) is skipped."""
+        if not self.path.is_file():
+            return []
+        out = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if kind is None or record.get("kind") == kind:
+                out.append(record)
+        return out
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only the records of steps <= `step` (atomically)."""
+        kept = [r for r in self.records() if r.get("step", 0) <= step]
+        atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def _finite_or_str(value: Any) -> Any:
+    """JSON has no NaN or infinity: write those as the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

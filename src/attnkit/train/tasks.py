@@ -1,0 +1,229 @@
+"""What each task trains on and how it is scored. The trainer is the same for all three; the model family
+computes the loss, the task feeds it batches and evaluates.
+
+    task        family            batch                         loss (inside the model)        evaluation
+    lm          decoder           random windows of a stream    next-token cross-entropy       val loss, perplexity
+    translate   encoder-decoder   padded, bucketed pairs        target-token cross-entropy     val loss, sacreBLEU
+    classify    encoder           padded, bucketed texts        cross-entropy over classes     val loss, accuracy
+
+Every task remembers where it is in its data (`data_state`), so a resumed run draws the very same batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.data import LabelledBatch, LabelledData, LMData, PairBatch, PairData
+from attnkit.errors import ConfigError
+from attnkit.tokenize import Tokenizer
+from attnkit.train.state import decode_tensor, encode_tensor
+
+FAMILY = {"lm": "decoder", "translate": "encoder-decoder", "classify": "encoder"}
+TASKS = tuple(FAMILY)
+# (model, source token lists, *, bos_id, eos_id, pad_id, max_length) -> target token lists without BOS/EOS
+Translator = Callable[..., list[list[int]]]
+
+
+def check_family(task: str, family: str) -> None:
+    """Raise ConfigError unless a model of `family` can be trained for `task`."""
+    if task not in FAMILY:
+        raise ConfigError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    if FAMILY[task] != family:
+        hint = {"lm": "gpt2-tiny or llama-tiny", "translate": "vaswani-tiny", "classify": "bert-tiny"}[task]
+        raise ConfigError(
+            f"--task {task} trains a {FAMILY[task]} model, but the config's family is {family!r}; "
+            f"use a {FAMILY[task]} preset (e.g. --preset {hint}) or --set family={FAMILY[task]}"
+        )
+
+
+class Task(Protocol):
+    """The trainer's view of a task."""
+
+    name: str
+    metric: str  # the evaluation result that picks the best checkpoint
+    higher_is_better: bool
+
+    def next_batch(self) -> Any: ...
+    def loss(self, model: nn.Module, batch: Any) -> Tensor: ...  # mean over the batch's `weight` targets
+    def weight(self, batch: Any) -> int: ...  # how many targets the loss averages over
+    def n_tokens(self, batch: Any) -> int: ...  # input tokens processed (for tokens/s)
+    def evaluate(self, model: nn.Module) -> dict[str, float]: ...
+    def data_state(self) -> dict[str, Any]: ...
+    def load_data_state(self, state: dict[str, Any]) -> None: ...
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+class LMTask:
+    """Language modelling: windows of `seq_len + 1` tokens drawn at random positions (nanoGPT's sampler)."""
+
+    name = "lm"
+    metric = "val_loss"
+    higher_is_better = False
+
+    def __init__(self, data: LMData, *, batch_size: int, seq_len: int, seed: int, eval_batches: int = 50) -> None:
+        self.data, self.batch_size, self.seq_len, self.eval_batches = data, batch_size, seq_len, eval_batches
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def next_batch(self) -> tuple[Tensor, Tensor]:
+        return self.data.sample_batch("train", self.batch_size, self.seq_len, self.generator)  # (B, T), (B, T)
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = (t.to(_device(model)) for t in batch)
+        return model(x, targets=y).loss
+
+    def weight(self, batch: tuple[Tensor, Tensor]) -> int:
+        return batch[1].numel()
+
+    def n_tokens(self, batch: tuple[Tensor, Tensor]) -> int:
+        return batch[0].numel()
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Mean next-token loss over (up to `eval_batches` batches of) the validation split; perplexity = e^loss."""
+        batches = self.data.iter_eval_batches(
+            "val", batch_size=self.batch_size, seq_len=self.seq_len, max_batches=self.eval_batches
+        )
+        loss = _mean_loss(self, model, batches)
+        return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
+
+    def prompt_ids(self, n_tokens: int = 24) -> list[int]:
+        """The first tokens of the validation split: a prompt for a sample of generated text."""
+        return [int(i) for i in self.data.val[:n_tokens]]
+
+    def data_state(self) -> dict[str, Any]:
+        return {"generator": encode_tensor(self.generator.get_state())}
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(decode_tensor(state["generator"]))
+
+
+class _EpochTask:
+    """Walks the batches of a bucketed data set epoch after epoch; the position is (epoch, index)."""
+
+    def __init__(self, train: PairData | LabelledData) -> None:
+        self.train = train
+        self.epoch, self.index = 0, 0
+
+    def next_batch(self) -> Any:
+        if self.index >= self.train.num_batches:
+            self.epoch, self.index = self.epoch + 1, 0
+        batch = self.train.batch(self.epoch, self.index)
+        self.index += 1
+        return batch
+
+    def data_state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+
+class TranslateTask(_EpochTask):
+    """Sequence to sequence with teacher forcing; scored by sacreBLEU on greedy translations when a decoding
+    function is given (the trainer never imports `attnkit.generate`; the caller passes its `greedy_translate`).
+
+    `references` are the raw target sentences of the validation pairs, in order; BLEU compares the first
+    `bleu_samples` of them, detokenized and cased, with sacreBLEU's default 13a tokenization.
+    """
+
+    name = "translate"
+    metric = "val_loss"  # "bleu" when a translator is given
+    higher_is_better = False
+
+    def __init__(
+        self,
+        train: PairData,
+        val: PairData,
+        *,
+        tokenizer: Tokenizer,
+        references: list[str],
+        translate: Translator | None = None,
+        bleu_samples: int = 200,
+        max_len: int = 128,
+    ) -> None:
+        super().__init__(train)
+        self.val, self.tokenizer, self.max_len = val, tokenizer, max_len
+        self.references = references[:bleu_samples]
+        self.translate = translate
+        if translate is not None:
+            self.metric, self.higher_is_better = "bleu", True
+
+    def loss(self, model: nn.Module, batch: PairBatch) -> Tensor:
+        b = batch.to(_device(model))
+        return model(b.src_ids, b.tgt_in, src_mask=b.src_mask, tgt_mask=b.tgt_mask, targets=b.tgt_out).loss
+
+    def weight(self, batch: PairBatch) -> int:
+        return batch.n_tgt_tokens
+
+    def n_tokens(self, batch: PairBatch) -> int:
+        return int(batch.src_mask.sum()) + batch.n_tgt_tokens
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        loss = _mean_loss(self, model, self.val.eval_batches())
+        results = {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
+        if self.translate is not None:
+            import sacrebleu
+
+            results["bleu"] = sacrebleu.corpus_bleu(self.hypotheses(model), [self.references]).score
+        return results
+
+    def hypotheses(self, model: nn.Module) -> list[str]:
+        """Greedy translations of the first `bleu_samples` validation sources, detokenized."""
+        out: list[str] = []
+        n, step = len(self.references), self.val.batch_size
+        for start in range(0, n, step):
+            ids = self.translate(
+                model, self.val.src[start : min(start + step, n)], bos_id=self.tokenizer.bos_id,
+                eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id, max_length=self.max_len,
+            )
+            out.extend(self.tokenizer.decode(row) for row in ids)
+        return out
+
+
+class ClassifyTask(_EpochTask):
+    """Sequence classification; scored by accuracy on the validation set."""
+
+    name = "classify"
+    metric = "accuracy"
+    higher_is_better = True
+
+    def __init__(self, train: LabelledData, val: LabelledData) -> None:
+        super().__init__(train)
+        self.val = val
+
+    def loss(self, model: nn.Module, batch: LabelledBatch) -> Tensor:
+        b = batch.to(_device(model))
+        return model(b.ids, attention_mask=b.mask, labels=b.labels).loss
+
+    def weight(self, batch: LabelledBatch) -> int:
+        return len(batch.labels)
+
+    def n_tokens(self, batch: LabelledBatch) -> int:
+        return int(batch.mask.sum())
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        total_loss, correct, count = 0.0, 0, 0
+        for batch in self.val.eval_batches():
+            b = batch.to(_device(model))
+            out = model(b.ids, attention_mask=b.mask, labels=b.labels)
+            total_loss += out.loss.item() * len(b.labels)
+            correct += int((out.logits.argmax(-1) == b.labels).sum())
+            count += len(b.labels)
+        return {"val_loss": total_loss / count, "accuracy": correct / count}
+
+
+def _mean_loss(task: Task, model: nn.Module, batches) -> float:
+    """Loss over `batches`, each weighted by its number of targets."""
+    total, count = 0.0, 0
+    for batch in batches:
+        n = task.weight(batch)
+        total += task.loss(model, batch).item() * n
+        count += n
+    return total / count

@@ -1,0 +1,423 @@
+"""One training loop for every family: the task supplies batches and the model computes the loss.
+
+    for each optimizer step:
+        grad_accum micro-batches -> forward (bf16 autocast optional) -> loss x (its targets / all targets)
+        -> backward                 gradients of the mean loss over every target of the step
+        loss or gradient norm not finite?  stop: the last checkpoint stays as it is
+        clip the gradient norm -> set the scheduled learning rate -> AdamW step
+        every eval_every steps: evaluate, plot, checkpoint (keep the last N and the best)
+        SIGINT / SIGTERM: finish the step, checkpoint, return
+
+A run stopped and resumed continues bit for bit (on CPU in fp32): weights, optimizer moments, the global RNG
+states (dropout) and the task's position in its data are all in the checkpoint, and evaluation runs under a
+forked RNG so it never shifts the training randomness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import signal
+import sys
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from attnkit.config import ModelConfig
+from attnkit.errors import AttnkitError, ConfigError
+from attnkit.tokenize import Tokenizer
+from attnkit.train.metrics import METRICS_FILE, MetricsLog
+from attnkit.train.optim import SCHEDULES, Schedule, lr_factor, make_optimizer
+from attnkit.train.plots import plot_losses
+from attnkit.train.state import (
+    CHECKPOINTS_DIR,
+    Checkpoint,
+    capture_rng,
+    checkpoint_name,
+    load_optimizer_tensors,
+    remove_checkpoints_after,
+    restore_rng,
+    save_checkpoint,
+)
+from attnkit.train.tasks import Task
+
+log = logging.getLogger(__name__)
+
+DType = Literal["fp32", "bf16"]
+PLOT_FILE = "plots/loss.png"
+
+
+class TrainingDiverged(AttnkitError):
+    """The loss or the gradient norm stopped being a finite number."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train (the model's shape is `ModelConfig`'s business). Every field is a `--set` key.
+
+    Raises:
+        ConfigError: on a value out of range, naming the field and a sensible value.
+    """
+
+    max_steps: int = 1000  # optimizer steps; also the horizon of the cosine schedule
+    max_time: float | None = None  # seconds of training (all sessions of a resumed run together); None: no limit
+    batch_size: int = 16  # sequences per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 1e-3  # peak learning rate
+    schedule: Schedule = "cosine"
+    warmup: int = 100  # steps of linear warmup
+    min_lr_ratio: float = 0.1  # cosine ends at lr * min_lr_ratio
+    weight_decay: float = 0.1  # on weight matrices only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    clip: float = 1.0  # max gradient norm; 0 disables clipping
+    dtype: DType = "fp32"  # bf16: autocast matrix products to bfloat16 (weights and optimizer stay fp32)
+    eval_every: int = 200  # steps between evaluations (each also writes a checkpoint)
+    log_every: int = 10  # steps between progress lines when no progress bar is shown
+    keep: int = 3  # checkpoints kept besides best/
+    seed: int = 1337
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "batch_size", "grad_accum", "eval_every", "log_every", "keep"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if self.max_time is not None and not self.max_time > 0:
+            raise ConfigError(f"max_time={self.max_time} must be a positive number of seconds (or unset)")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr={self.lr!r} must be a positive number (1e-3 suits small models)")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule={self.schedule!r} is not known; choose one of {', '.join(SCHEDULES)}")
+        if self.dtype not in get_args(DType):
+            raise ConfigError(f"dtype={self.dtype!r} is not supported; choose fp32 or bf16")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ConfigError(f"warmup={self.warmup!r} must be a whole number of steps >= 0")
+        if self.schedule == "noam" and self.warmup == 0:
+            raise ConfigError("schedule='noam' needs warmup >= 1 (Vaswani et al. used 4000 steps)")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"min_lr_ratio={self.min_lr_ratio} must lie in [0, 1] (0.1 is usual)")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must lie in [0, 1) (AdamW: 0.9 and 0.95-0.999)")
+        if self.weight_decay < 0 or self.clip < 0:
+            raise ConfigError(f"weight_decay={self.weight_decay} and clip={self.clip} must be >= 0 (0 disables)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        return cls(**check_fields(cls, data, "training"))
+
+
+def check_fields(cls: type, data: dict[str, Any], what: str) -> dict[str, Any]:
+    """`data` itself, once every key is known to be a field of dataclass `cls` (else a ConfigError naming them)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown {what} setting(s) {unknown}; known settings are {sorted(known)}")
+    return data
+
+
+@dataclass
+class TrainResult:
+    """How a call to `Trainer.fit` ended. `reason`: "max_steps", "max_time", "stop_at" or "signal"."""
+
+    step: int
+    reason: str
+    checkpoint: Path
+    evaluation: dict[str, float]  # the latest evaluation's results (empty when none ran)
+    elapsed: float  # seconds of training, all sessions together
+    tokens_per_second: float  # in this session
+    signal: int | None = None
+
+
+class Trainer:
+    """Trains `model` on `task`, checkpointing into `run_dir` (layout in `attnkit.train.state`).
+
+    `run_info` is saved in every train_state.json beside the trainer's own state (the job's data settings, so
+    a resumed run can rebuild its data); `labels` (classification) is saved as labels.json.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        config: ModelConfig,
+        task: Task,
+        settings: TrainConfig,
+        run_dir: str | Path,
+        tokenizer: Tokenizer,
+        labels: list[str] | None = None,
+        device: torch.device | str = "cpu",
+        run_info: dict[str, Any] | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.config, self.task, self.settings = config, task, settings
+        self.run_dir = Path(run_dir)
+        self.tokenizer, self.labels, self.run_info = tokenizer, labels, run_info or {}
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.optimizer = make_optimizer(
+            model, lr=settings.lr, weight_decay=settings.weight_decay, betas=(settings.beta1, settings.beta2)
+        )
+        self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
+        self.step = 0
+        self.elapsed = 0.0
+        self.tokens_seen = 0
+        self.best: float | None = None
+        self.evaluation: dict[str, float] = {}
+        self.evaluated_step = self.saved_step = -1
+
+    # Resuming ------------------------------------------------------------------------------------------------
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Continue from `checkpoint` (loaded with `state.load_checkpoint`, its model being `self.model`)."""
+        state = checkpoint.train_state
+        load_optimizer_tensors(self.optimizer, checkpoint.optimizer, source=str(checkpoint.path))
+        self.step, self.elapsed = int(state["step"]), float(state["elapsed"])
+        self.tokens_seen, self.best = int(state["tokens_seen"]), state["best"]
+        self.evaluation = state["evaluation"]
+        self.evaluated_step, self.saved_step = int(state["evaluated_step"]), self.step
+        restore_rng(state["rng"])
+        self.task.load_data_state(state["data"])
+        self.metrics.truncate_after(self.step)
+        for path in remove_checkpoints_after(self.run_dir, self.step):
+            log.warning("removed %s: the run continues from step %d, before it", path, self.step)
+        log.info("resumed from %s at step %d", checkpoint.path, self.step)
+
+    # The loop -------------------------------------------------------------------------------------------------
+    def fit(self, *, stop_at: int | None = None) -> TrainResult:
+        """Train until `max_steps`, `max_time`, step `stop_at` (then checkpoint, as for a signal) or a signal.
+
+        Raises:
+            TrainingDiverged: when the loss or gradient norm is NaN or infinite; nothing is saved for that step.
+        """
+        s = self.settings
+        session_start, elapsed_before, tokens_before = time.perf_counter(), self.elapsed, self.tokens_seen
+        self.model.train()
+        with _StopOnSignal() as stop, logging_redirect_tqdm(), _progress_bar(self, enabled=self.progress) as bar:
+            meter = _Meter(self.step, self.tokens_seen)
+            reason = None
+            while reason is None:
+                reason = self._why_stop(stop_at, stop.signum)
+                if reason is not None:
+                    break
+                record = self._train_step()
+                self.elapsed = elapsed_before + time.perf_counter() - session_start
+                meter.update(self.step, self.tokens_seen)
+                self._report(record, meter, bar)
+                if self.step % s.eval_every == 0 and self.step < s.max_steps:
+                    self._evaluate_and_save()
+                    meter.restart(self.step, self.tokens_seen)  # evaluation time is not training speed
+            if reason in ("max_steps", "max_time") and self.evaluated_step != self.step:
+                self._evaluate_and_save()
+            elif self.saved_step != self.step:
+                self._save(best=False)
+        session = time.perf_counter() - session_start
+        checkpoint = self.run_dir / CHECKPOINTS_DIR / checkpoint_name(self.step)
+        if reason == "signal":
+            log.warning(
+                "stopped by %s after step %d; saved %s. Resume with: attnkit train --out %s --resume",
+                signal.Signals(stop.signum).name, self.step, checkpoint, self.run_dir,
+            )
+        return TrainResult(
+            step=self.step,
+            reason=reason,
+            checkpoint=checkpoint,
+            evaluation=self.evaluation,
+            elapsed=self.elapsed,
+            tokens_per_second=(self.tokens_seen - tokens_before) / max(session, 1e-9),
+            signal=stop.signum,
+        )
+
+    def _why_stop(self, stop_at: int | None, signum: int | None) -> str | None:
+        if signum is not None:
+            return "signal"
+        if self.step >= self.settings.max_steps:
+            return "max_steps"
+        if stop_at is not None and self.step >= stop_at:
+            return "stop_at"
+        if self.settings.max_time is not None and self.elapsed >= self.settings.max_time:
+            return "max_time"
+        return None
+
+    def _train_step(self) -> dict[str, Any]:
+        """One optimizer step over `grad_accum` micro-batches. Returns the metrics record of the step."""
+        s = self.settings
+        batches = [self.task.next_batch() for _ in range(s.grad_accum)]
+        weights = [self.task.weight(b) for b in batches]
+        total = sum(weights)
+        step = self.step + 1
+        lr = s.lr * lr_factor(
+            s.schedule, step, warmup=s.warmup, progress=self._progress_fraction(step), min_lr_ratio=s.min_lr_ratio
+        )
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_value = 0.0
+        for batch, weight in zip(batches, weights, strict=True):
+            with self._autocast():
+                loss = self.task.loss(self.model, batch)
+            value = loss.item()
+            if not math.isfinite(value):
+                self._diverged("loss", value, step, lr)
+            (loss * (weight / total)).backward()
+            loss_value += value * weight / total
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.clip if s.clip > 0 else math.inf))
+        if not math.isfinite(grad_norm):
+            self._diverged("gradient norm", grad_norm, step, lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step = step
+        self.tokens_seen += sum(self.task.n_tokens(b) for b in batches)
+        record = {"kind": "train", "step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
+                  "tokens": self.tokens_seen}
+        self.metrics.append(record)
+        return record
+
+    def _progress_fraction(self, step: int) -> float:
+        """How much of the budget after warmup is used: by steps, or by time when that runs out first."""
+        s = self.settings
+        fraction = (step - s.warmup) / max(s.max_steps - s.warmup, 1)
+        if s.max_time is not None:
+            fraction = max(fraction, self.elapsed / s.max_time)
+        return fraction
+
+    def _autocast(self):
+        if self.settings.dtype == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _diverged(self, what: str, value: float, step: int, lr: float) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.saved_step >= 0:
+            kept = f"the last good checkpoint (step {self.saved_step}) is in {self.run_dir}"
+            again = f"then resume with `attnkit train --out {self.run_dir} --resume` or start afresh"
+        else:
+            kept, again = "no checkpoint had been written yet", "then start again"
+        raise TrainingDiverged(
+            f"the {what} became {value} at step {step} (learning rate {lr:.3g}); training stopped and {kept}. "
+            f"Lower --lr, lengthen --warmup, keep --clip on or train in --dtype fp32, {again}"
+        )
+
+    # Evaluation and checkpoints ------------------------------------------------------------------------------
+    def _evaluate_and_save(self) -> None:
+        self.model.eval()
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), self._autocast():
+            self.evaluation = {k: float(v) for k, v in self.task.evaluate(self.model).items()}
+        self.model.train()
+        self.evaluated_step = self.step
+        self.metrics.append({"kind": "eval", "step": self.step, **self.evaluation})
+        log.info("step %d: %s", self.step, "  ".join(f"{k} {_fmt(v)}" for k, v in self.evaluation.items()))
+        score = self.evaluation[self.task.metric]
+        better = self.best is None or (score > self.best if self.task.higher_is_better else score < self.best)
+        if better:
+            self.best = score
+        self._save(best=better)
+        plot_losses(self.metrics.records(), self.run_dir / PLOT_FILE, title=f"{self.task.name}: {self.run_dir.name}")
+
+    def _save(self, *, best: bool) -> None:
+        state = {
+            "step": self.step,
+            "elapsed": self.elapsed,
+            "tokens_seen": self.tokens_seen,
+            "best": self.best,
+            "metric": self.task.metric,
+            "evaluation": self.evaluation,
+            "evaluated_step": self.evaluated_step,
+            "rng": capture_rng(),
+            "data": self.task.data_state(),
+            "settings": self.settings.to_dict(),
+            **self.run_info,
+        }
+        save_checkpoint(
+            self.run_dir, model=self.model, config=self.config, optimizer=self.optimizer, tokenizer=self.tokenizer,
+            task={"task": self.task.name}, train_state=state, labels=self.labels, keep=self.settings.keep, best=best,
+        )
+        self.saved_step = self.step
+
+    # Progress ------------------------------------------------------------------------------------------------
+    def _report(self, record: dict[str, Any], meter: _Meter, bar: tqdm) -> None:
+        eta = meter.eta(self.step, self.settings.max_steps, self.elapsed, self.settings.max_time)
+        fields = {"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}",
+                  "tok/s": f"{meter.tokens_per_second:,.0f}", "eta": _clock(eta)}
+        if bar.disable:
+            if self.step % self.settings.log_every == 0:
+                log.info("step %d/%d  %s", self.step, self.settings.max_steps,
+                         "  ".join(f"{k} {v}" for k, v in fields.items()))
+        else:
+            bar.update(self.step - bar.n)
+            bar.set_postfix(fields, refresh=False)
+
+
+class _Meter:
+    """Tokens per second and steps per second since the last restart (after each evaluation)."""
+
+    def __init__(self, step: int, tokens: int) -> None:
+        self.restart(step, tokens)
+
+    def restart(self, step: int, tokens: int) -> None:
+        self.start, self.step0, self.tokens0 = time.perf_counter(), step, tokens
+        self.tokens_per_second = self.steps_per_second = 0.0
+
+    def update(self, step: int, tokens: int) -> None:
+        seconds = max(time.perf_counter() - self.start, 1e-9)
+        self.tokens_per_second = (tokens - self.tokens0) / seconds
+        self.steps_per_second = (step - self.step0) / seconds
+
+    def eta(self, step: int, max_steps: int, elapsed: float, max_time: float | None) -> float:
+        """Seconds left: the remaining steps at the current speed, or the remaining time if sooner."""
+        left = (max_steps - step) / self.steps_per_second if self.steps_per_second > 0 else math.inf
+        return min(left, max_time - elapsed) if max_time is not None else left
+
+
+def _progress_bar(trainer: Trainer, *, enabled: bool) -> tqdm:
+    return tqdm(
+        total=trainer.settings.max_steps, initial=trainer.step, disable=not enabled, unit="step", dynamic_ncols=True,
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]", desc=trainer.task.name,
+    )
+
+
+class _StopOnSignal:
+    """While active, SIGINT and SIGTERM set `signum` (the loop stops after its step and saves); a second
+    signal raises KeyboardInterrupt at once. Handlers can only be installed from the main thread."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4f}" if abs(value) < 1000 else f"{value:.4g}"
+
+
+def _clock(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = max(int(seconds), 0)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

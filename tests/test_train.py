@@ -1,0 +1,218 @@
+"""The training loop on tiny models and synthetic data: bit-for-bit resume, the non-finite stop, gradient
+accumulation, evaluation per task, refusal of mismatched resumes."""
+
+import math
+
+import pytest
+import torch
+
+from attnkit.checkpoint import load_model
+from attnkit.errors import CheckpointError, ConfigError
+from attnkit.generate import greedy_translate
+from attnkit.tokenize import CharTokenizer
+from attnkit.train import TrainingDiverged, TrainRequest, prepare
+from attnkit.train.metrics import MetricsLog
+from attnkit.train.state import checkpoints, find_checkpoint
+
+TINY = ["d_model=32", "n_layers=2", "n_heads=2", "d_ff=64", "max_seq_len=24", "dropout=0.1"]
+DATA = {"lm": "synthetic:copy", "translate": "synthetic:reverse", "classify": "synthetic:ab"}
+
+
+@pytest.fixture(autouse=True)
+def small_and_single_threaded(monkeypatch):
+    """Small synthetic sets; one thread, since tiny ops on two threads crawl when other processes share the cores."""
+    monkeypatch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (2000, 48))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def request(out, task="lm", *, overrides=(), resume=False, **settings):
+    defaults = dict(max_steps=8, batch_size=4, grad_accum=2, lr=3e-3, warmup=2, eval_every=4, seed=7)
+    return TrainRequest(
+        out=str(out), task=task, overrides=[*TINY, *overrides], data={"data": (DATA[task],), "eval_batches": 2,
+                                                                        "bleu_samples": 8},
+        settings={**defaults, **settings}, resume=resume, progress=False,
+    )
+
+
+def weights(run_dir):
+    model, _ = load_model(run_dir)
+    return model.state_dict()
+
+
+def train_losses(run_dir):
+    return [(r["step"], r["loss"]) for r in MetricsLog(run_dir / "metrics.jsonl").records("train")]
+
+
+@pytest.mark.parametrize("task", ["lm", "translate", "classify"])
+def test_resume_continues_bit_for_bit(tmp_path, task):
+    """2N steps in one go == N steps, stop, resume, N steps: identical weights and identical logged losses
+    (dropout on, two micro-batches per step, warmup + cosine)."""
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    prepare(request(whole, task)).fit()
+    first = prepare(request(split, task)).fit(stop_at=5)  # not at an evaluation: the plain save path
+    assert first.step == 5 and first.reason == "stop_at"
+    resumed = prepare(request(split, task, resume=True))
+    assert resumed.step == 5
+    resumed.fit()
+    assert train_losses(split) == train_losses(whole)
+    a, b = weights(whole), weights(split)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_resume_without_restored_state_would_differ(tmp_path):
+    """The bit-for-bit test can fail: a fresh run over the same later steps (no restored RNG, data position
+    or optimizer state) ends with other weights."""
+    prepare(request(tmp_path / "whole")).fit()
+    trainer = prepare(request(tmp_path / "other", max_steps=4))
+    trainer.fit()
+    a, b = weights(tmp_path / "whole"), weights(tmp_path / "other")
+    assert any(not torch.equal(a[name], b[name]) for name in a)
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    trainer = prepare(request(tmp_path, max_steps=20, eval_every=3))
+    real_loss = trainer.task.loss
+
+    def loss_turning_nan(model, batch):
+        loss = real_loss(model, batch)
+        return loss * float("nan") if trainer.step + 1 >= 5 else loss
+
+    trainer.task.loss = loss_turning_nan
+    with pytest.raises(TrainingDiverged, match=r"loss became nan at step 5") as err:
+        trainer.fit()
+    assert "step 3" in str(err.value) and "--resume" in str(err.value)
+    assert [p.name for p in checkpoints(tmp_path)] == ["step_000003"]
+    saved = weights(tmp_path)
+    for name, tensor in weights(tmp_path / "checkpoints" / "step_000003").items():
+        assert torch.equal(saved[name], tensor)
+        assert torch.isfinite(tensor).all()
+    assert max(step for step, _ in train_losses(tmp_path)) == 4  # the bad step was never logged
+
+
+def test_huge_learning_rate_is_caught_as_non_finite(tmp_path):
+    trainer = prepare(request(tmp_path, max_steps=50, lr=1e30, warmup=0, clip=0.0, eval_every=100))
+    with pytest.raises(TrainingDiverged, match=r"at step \d+.*no checkpoint had been written yet"):
+        trainer.fit()
+
+
+def test_gradient_accumulation_weights_micro_batches_by_their_targets(tmp_path):
+    """With padded translation batches the step's gradient is that of the mean over every target token of all
+    micro-batches, not the mean of the micro-batches' means."""
+    trainer = prepare(request(tmp_path, "translate", overrides=["dropout=0.0"], grad_accum=2, clip=0.0))
+    sizes = [trainer.task.train.batch(0, i).n_tgt_tokens for i in range(20)]
+    start = next(i for i in range(19) if sizes[i] != sizes[i + 1])  # two micro-batches of different sizes
+    batches = [trainer.task.train.batch(0, start + i) for i in range(2)]
+    counts = [b.n_tgt_tokens for b in batches]
+    trainer.task.load_data_state({"epoch": 0, "index": start})
+    captured = {}
+    trainer.optimizer.step = lambda: captured.update({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+    trainer.fit(stop_at=1)
+    model = trainer.model
+    model.zero_grad()
+    total = sum(counts)
+    summed = sum(trainer.task.loss(model, b) * n for b, n in zip(batches, counts, strict=True)) / total
+    summed.backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(captured[name], param.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_bf16_autocast_trains(tmp_path):
+    trainer = prepare(request(tmp_path, max_steps=12, dtype="bf16", lr=1e-2, eval_every=6))
+    result = trainer.fit()
+    losses = [loss for _, loss in train_losses(tmp_path)]
+    assert all(math.isfinite(x) for x in losses)
+    assert sum(losses[-3:]) < sum(losses[:3])
+    assert math.isfinite(result.evaluation["val_loss"])
+
+
+def test_translation_bleu_compares_detokenized_greedy_output_with_references(tmp_path):
+    words = "the a cat dog sees likes small big red old".split()
+    lines = [" ".join(words[(i * k) % len(words)] for k in range(1, 7)) for i in range(60)]
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{line}\t{line.upper()}\n" for line in lines))
+    req = request(tmp_path / "run", "translate", overrides=["max_seq_len=64"])
+    req.data.update(data=(str(tsv),), tokenizer="char")
+    trainer = prepare(req, translate=greedy_translate)
+    task, tokenizer = trainer.task, trainer.tokenizer
+    assert task.metric == "bleu" and len(task.references) == 6  # 10% of 60 held out
+    answer = {tuple(int(t) for t in task.val.src[i]): tokenizer.encode(ref) for i, ref in enumerate(task.references)}
+    task.translate = lambda model, sources, **kw: [answer[tuple(int(t) for t in s)] for s in sources]
+    assert task.evaluate(trainer.model)["bleu"] == pytest.approx(100.0)
+    task.translate = lambda model, sources, **kw: [tokenizer.encode(ref.lower()) for ref in task.references]
+    assert task.evaluate(trainer.model)["bleu"] < 1.0  # cased: lowercase words match nothing
+    task.translate = greedy_translate
+    assert 0.0 <= task.evaluate(trainer.model)["bleu"] <= 100.0
+
+
+def test_classification_accuracy_counts_correct_predictions(tmp_path):
+    trainer = prepare(request(tmp_path, "classify"))
+    task = trainer.task
+    trainer.model.eval()
+    result = task.evaluate(trainer.model)
+    correct = count = 0
+    for batch in task.val.eval_batches():
+        logits = trainer.model(batch.ids, attention_mask=batch.mask).logits
+        correct += int((logits.argmax(-1) == batch.labels).sum())
+        count += len(batch.labels)
+    assert result["accuracy"] == correct / count
+    assert count == len(task.val)
+
+
+def test_resume_refuses_a_different_model_config(tmp_path):
+    prepare(request(tmp_path, max_steps=2, eval_every=2)).fit()
+    with pytest.raises(CheckpointError, match=r"d_model: 32 -> 48") as err:
+        prepare(request(tmp_path, overrides=["d_model=48"], resume=True))
+    assert "Resume without these options" in str(err.value)
+
+
+def test_resume_refuses_a_different_tokenizer(tmp_path):
+    prepare(request(tmp_path, max_steps=2, eval_every=2)).fit()
+    other = tmp_path / "other-tokenizer"
+    CharTokenizer("xyz").save(other)
+    req = request(tmp_path, resume=True)
+    req.data["tokenizer"] = str(other)
+    with pytest.raises(CheckpointError, match="tokenizer: the one in .* is not the checkpoint's"):
+        prepare(req)
+
+
+def test_resume_refuses_a_different_task(tmp_path):
+    prepare(request(tmp_path, max_steps=2, eval_every=2)).fit()
+    with pytest.raises(CheckpointError, match="task: 'lm' -> 'classify'"):
+        prepare(request(tmp_path, "classify", resume=True))
+
+
+def test_a_new_run_does_not_overwrite_an_existing_one(tmp_path):
+    prepare(request(tmp_path, max_steps=2, eval_every=2)).fit()
+    with pytest.raises(ConfigError, match="already holds a run.*--resume.*--overwrite"):
+        prepare(request(tmp_path))
+    again = request(tmp_path, max_steps=1)
+    again.overwrite = True
+    prepare(again).fit()
+    assert find_checkpoint(tmp_path).name == "step_000001"
+    assert [s for s, _ in train_losses(tmp_path)] == [1]
+
+
+def test_resume_from_an_earlier_checkpoint_forks_the_run(tmp_path):
+    prepare(request(tmp_path, max_steps=8, eval_every=2, keep=5)).fit()
+    trainer = prepare(request(tmp_path, resume=str(tmp_path / "checkpoints" / "step_000004")))
+    assert trainer.step == 4
+    assert [p.name for p in checkpoints(tmp_path)] == ["step_000002", "step_000004"]
+    assert max(s for s, _ in train_losses(tmp_path)) == 4
+
+
+def test_task_and_family_must_match(tmp_path):
+    with pytest.raises(ConfigError, match="--task translate trains a encoder-decoder model.*vaswani-tiny"):
+        prepare(TrainRequest(out=str(tmp_path), task="translate", preset="gpt2-tiny",
+                             data={"data": ("synthetic:reverse",)}))
+
+
+def test_set_accepts_model_data_and_training_keys_and_names_unknown_ones(tmp_path):
+    trainer = prepare(request(tmp_path, overrides=["lr=0.002", "seq_len=12", "n_layers=1"]))
+    assert trainer.settings.lr == 0.002 and trainer.task.seq_len == 12 and trainer.config.n_layers == 1
+    with pytest.raises(ConfigError, match="--set colour: no such setting.*d_model.*seq_len.*warmup"):
+        prepare(request(tmp_path / "x", overrides=["colour=blue"]))
