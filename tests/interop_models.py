@@ -7,6 +7,7 @@ loaded into the wrong place, or left at its initial value, changes the logits. M
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -88,3 +89,20 @@ def batch(seed: int, *, size: int = 3, length: int = 9) -> tuple[torch.Tensor, t
         real = max(2, length - 2 * row - seed % 3)
         mask[row, real:] = 0
     return ids.masked_fill(mask == 0, PAD), mask
+
+
+def word_tokenizer(directory: Path) -> None:
+    """Write a word-level `tokenizer.json` matching the tiny models' vocabulary (<pad>=0, <s>=1, </s>=2, <unk>=3,
+    then w4 .. w98) and the tokenizer_config.json that names its special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocab = {token: i for i, token in enumerate(specials + [f"w{i}" for i in range(len(specials), VOCAB)])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "bos_token": "<s>",
+                "eos_token": "</s>", "unk_token": "<unk>"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings))

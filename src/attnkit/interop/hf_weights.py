@@ -134,7 +134,7 @@ def load_hf_tensors(model: nn.Module, tensors: dict[str, Tensor], family: Family
     every = model.state_dict()  # tied copies under all their names
     canonical = {name: _owner(tensor, expected) for name, tensor in every.items()}
     found: dict[str, tuple[str, Tensor]] = {}  # attnkit name -> (Hugging Face name, tensor)
-    unexpected, mismatched, conflicts = [], [], []
+    unexpected, mismatched, conflicts, misfits = [], [], [], set()
     ignored = [_pattern(template) for template in family.ignored]
     for theirs, tensor in tensors.items():
         if any(p.match(theirs) for p in ignored):
@@ -149,16 +149,18 @@ def load_hf_tensors(model: nn.Module, tensors: dict[str, Tensor], family: Family
             if value is None or value.shape != expected[target].shape:
                 shape = tuple(value.shape) if value is not None else tuple(tensor.shape)
                 mismatched.append(f"{theirs} -> {ours}: checkpoint {shape} vs model {tuple(expected[target].shape)}")
+                misfits.add(target)
             elif target in found and not torch.equal(found[target][1], value):
+                pair = " and ".join(sorted((theirs, found[target][0])))
                 conflicts.append(
-                    f"{theirs} differs from {found[target][0]} (config.json makes them one tensor; for a model "
-                    f"trained untied, set tie_word_embeddings to false)"
+                    f"{pair} differ (config.json makes them one tensor; for a model trained untied, set "
+                    f"tie_word_embeddings to false)"
                 )
             else:
                 found.setdefault(target, (theirs, value))
     missing = []
     for name, tensor in expected.items():
-        if name in found:
+        if name in found or name in misfits:
             continue
         located = _hf_name_any(name, family)
         if located in family.zero_if_missing:

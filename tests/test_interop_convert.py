@@ -1,0 +1,130 @@
+"""`attnkit convert`: Hugging Face directory -> run that generate / translate / classify use, and run -> Hugging Face
+directory that transformers loads (model and tokenizer)."""
+
+import json
+
+import pytest
+import torch
+from interop_models import PAD, batch, hf_model, one_thread, transformers, word_tokenizer  # noqa: F401
+
+from attnkit import build_model, presets
+from attnkit.checkpoint import save_model
+from attnkit.cli import main
+from attnkit.tokenize import load_tokenizer
+
+BOS, EOS = 1, 2
+
+
+def _convert(source, run, capsys):
+    assert main(["convert", "--from-hf", str(source), "--out", str(run)]) == 0
+    assert f"to {run}" in capsys.readouterr().out
+
+
+def _words(ids):
+    """The text of word ids (4 and above: w4 .. w98) in the tiny tokenizer."""
+    return " ".join(f"w{i}" for i in ids)
+
+
+def test_converted_decoder_generates_what_transformers_generates(tmp_path, capsys):
+    reference = hf_model("llama", tmp_path / "hf")
+    word_tokenizer(tmp_path / "hf")
+    _convert(tmp_path / "hf", tmp_path / "run", capsys)
+    assert {p.name for p in (tmp_path / "run").iterdir()} >= {"config.json", "model.safetensors", "tokenizer"}
+
+    prompt = [5, 17, 33, 8]
+    args = ["generate", "--run", str(tmp_path / "run"), "--prompt", _words(prompt), "--max-new-tokens", "6",
+            "--temperature", "0", "--no-stream"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out.strip()
+
+    with torch.no_grad():
+        out = reference.generate(input_ids=torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
+                                 eos_token_id=EOS, pad_token_id=PAD)
+    new = out[0, len(prompt):].tolist()
+    new = new[: new.index(EOS)] if EOS in new else new
+    assert new and printed == _words(prompt) + load_tokenizer(tmp_path / "run" / "tokenizer").decode(new)
+
+
+def test_converted_classifier_classifies_as_transformers_does(tmp_path, capsys):
+    reference = hf_model("bert-classifier", tmp_path / "hf")
+    word_tokenizer(tmp_path / "hf")
+    _convert(tmp_path / "hf", tmp_path / "run", capsys)
+    assert json.loads((tmp_path / "run" / "labels.json").read_text()) == {"labels": ["negative", "neutral", "positive"]}
+
+    texts = [[5, 6, 7], [40, 41, 42, 43, 44]]
+    argv = ["classify", "--run", str(tmp_path / "run")]
+    for text in texts:
+        argv += ["--text", _words(text)]
+    assert main(argv) == 0
+    printed = [line.split("\t") for line in capsys.readouterr().out.strip().splitlines()]
+
+    for text, (label, probability) in zip(texts, printed, strict=True):
+        with torch.no_grad():  # the pipeline lays a text out as BOS text EOS when the tokenizer has no CLS
+            probs = reference(input_ids=torch.tensor([[BOS, *text, EOS]])).logits.softmax(-1)[0]
+        assert label == reference.config.id2label[int(probs.argmax())]
+        assert float(probability) == pytest.approx(float(probs.max()), abs=1e-4)
+
+
+def test_converted_marian_translates_as_transformers_does(tmp_path, capsys):
+    reference = hf_model("marian", tmp_path / "hf")
+    word_tokenizer(tmp_path / "hf")
+    _convert(tmp_path / "hf", tmp_path / "run", capsys)
+    source = [5, 6, 7, 30]
+    assert main(["translate", "--run", str(tmp_path / "run"), "--text", _words(source), "--max-length", "8"]) == 0
+    printed = capsys.readouterr().out.strip()
+
+    # attnkit starts the target with BOS and ends the source with EOS
+    reference.generation_config.forced_eos_token_id = None
+    with torch.no_grad():
+        out = reference.generate(input_ids=torch.tensor([[*source, EOS]]), decoder_start_token_id=BOS,
+                                 eos_token_id=EOS, pad_token_id=PAD, max_new_tokens=8, num_beams=1, do_sample=False)
+    new = out[0, 1:].tolist()
+    new = new[: new.index(EOS)] if EOS in new else new
+    assert new and printed == load_tokenizer(tmp_path / "run" / "tokenizer").decode(new)
+
+
+def test_marian_without_tokenizer_json_converts_and_says_so(tmp_path, capsys):
+    hf_model("marian", tmp_path / "hf")
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
+    assert "no tokenizer" in capsys.readouterr().out
+    assert not (tmp_path / "run" / "tokenizer").exists()
+    source = json.loads((tmp_path / "run" / "hf_source.json").read_text())
+    assert source["special_ids"]["decoder_start_token_id"] == PAD
+
+
+def test_a_trained_run_is_written_for_transformers(tmp_path, capsys):
+    config = presets.get("llama2-tiny", vocab_size=99, max_seq_len=32)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    run = tmp_path / "run"
+    save_model(model, config, run)
+    word_tokenizer(tmp_path / "words")
+    load_tokenizer(tmp_path / "words").save(run / "tokenizer")
+
+    assert main(["convert", "--run", str(run), "--to-hf", str(tmp_path / "hf")]) == 0
+    assert "as a LlamaForCausalLM" in capsys.readouterr().out
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ids, mask = batch(1)
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask).logits
+        got = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], atol=1e-5, rtol=1e-5)
+
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert hf_tokenizer("w5 w17 w33", add_special_tokens=False)["input_ids"] == [5, 17, 33]
+    assert (hf_tokenizer.bos_token_id, hf_tokenizer.eos_token_id, hf_tokenizer.pad_token_id) == (BOS, EOS, PAD)
+    hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (hf_config["bos_token_id"], hf_config["eos_token_id"], hf_config["pad_token_id"]) == (BOS, EOS, PAD)
+
+
+def test_convert_refuses_bad_arguments(tmp_path, capsys):
+    hf_model("gpt2", tmp_path / "hf")
+    assert main(["convert", "--from-hf", str(tmp_path / "hf")]) == 2
+    assert "give --out runs/NAME" in capsys.readouterr().err
+    _convert(tmp_path / "hf", tmp_path / "run", capsys)
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 2
+    assert "already holds a model" in capsys.readouterr().err
+    assert main(["convert", "--run", str(tmp_path / "run")]) == 2
+    assert "give --to-hf DIR" in capsys.readouterr().err
+    assert main(["convert", "--from-hf", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run2")]) == 2
+    assert "is not a directory" in capsys.readouterr().err

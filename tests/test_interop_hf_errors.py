@@ -1,0 +1,172 @@
+"""Bad Hugging Face directories are refused with one clear error; sharded and (explicitly allowed) pickled weights
+load."""
+
+import json
+import pickle
+
+import pytest
+import torch
+from interop_models import batch, hf_model, one_thread, transformers  # noqa: F401
+from safetensors.torch import load_file, save_file
+
+from attnkit import CheckpointError, ConfigError
+from attnkit.interop import hf
+
+
+@pytest.fixture
+def gpt2_dir(tmp_path):
+    directory = tmp_path / "gpt2"
+    hf_model("gpt2", directory)
+    return directory
+
+
+def _edit_config(directory, **changes):
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config))
+
+
+def _edit_weights(directory, edit):
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _logits(model, seed=0):
+    ids, mask = batch(seed)
+    with torch.no_grad():
+        return model(ids, attention_mask=mask).logits
+
+
+def test_a_directory_without_config_is_refused(tmp_path, gpt2_dir):
+    (gpt2_dir / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="has no config.json"):
+        hf.load(gpt2_dir)
+    with pytest.raises(CheckpointError, match="is not a directory"):
+        hf.load(tmp_path / "nowhere")
+
+
+def test_an_unknown_model_type_is_refused(gpt2_dir):
+    _edit_config(gpt2_dir, model_type="t5")
+    with pytest.raises(ConfigError, match="model_type 't5'; attnkit reads .*bert, gpt2, llama, marian"):
+        hf.load(gpt2_dir)
+    _edit_config(gpt2_dir, model_type=None)
+    with pytest.raises(ConfigError, match="has no model_type"):
+        hf.load(gpt2_dir)
+
+
+def test_an_unsupported_class_or_option_is_refused(gpt2_dir):
+    _edit_config(gpt2_dir, architectures=["GPT2ForTokenClassification"])
+    with pytest.raises(ConfigError, match="GPT2ForTokenClassification; attnkit reads the gpt2 classes GPT2LMHeadModel"):
+        hf.load(gpt2_dir)
+    _edit_config(gpt2_dir, architectures=["GPT2LMHeadModel"], scale_attn_by_inverse_layer_idx=True)
+    with pytest.raises(ConfigError, match="scale_attn_by_inverse_layer_idx=True is not supported"):
+        hf.load(gpt2_dir)
+    _edit_config(gpt2_dir, scale_attn_by_inverse_layer_idx=False, activation_function="quick_gelu")
+    with pytest.raises(ConfigError, match="activation_function='quick_gelu' is not an activation attnkit has"):
+        hf.load(gpt2_dir)
+    _edit_config(gpt2_dir, activation_function="gelu_new", n_embd=None)
+    with pytest.raises(ConfigError, match="lacks 'n_embd'"):
+        hf.load(gpt2_dir)
+
+
+def test_llama_rope_scaling_is_refused(tmp_path):
+    hf_model("llama", tmp_path)
+    _edit_config(tmp_path, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0})
+    with pytest.raises(ConfigError, match="RoPE scaling 'llama3' is not supported"):
+        hf.load(tmp_path)
+
+
+def test_truncated_or_invalid_files_are_refused(gpt2_dir):
+    path = gpt2_dir / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:5000])
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        hf.load(gpt2_dir)
+    path.unlink()
+    with pytest.raises(CheckpointError, match="holds no weights"):
+        hf.load(gpt2_dir)
+    (gpt2_dir / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json is not valid JSON"):
+        hf.load(gpt2_dir)
+
+
+def test_a_config_that_disagrees_with_the_weights_lists_every_problem(gpt2_dir):
+    _edit_config(gpt2_dir, n_layer=3, n_inner=96)
+    with pytest.raises(CheckpointError) as info:
+        hf.load(gpt2_dir)
+    message = str(info.value)
+    assert "missing tensors: transformer.h.2.attn.c_attn.bias, transformer.h.2.attn.c_attn.weight" in message
+    assert "missing tensors: transformer.h.0" not in message  # present with the wrong shape: not missing
+    assert "transformer.h.0.mlp.c_fc.weight -> stack.blocks.0.mlp.up_proj.weight: checkpoint (128, 32) vs model " \
+           "(96, 32)" in message
+    assert "The weights and config.json must come from the same model" in message
+
+
+def test_missing_and_unexpected_tensors_are_named_together(gpt2_dir):
+    def edit(tensors):
+        tensors.pop("transformer.ln_f.bias")
+        tensors["transformer.h.0.attn.rotary.weight"] = torch.zeros(3)
+        tensors["transformer.wpe.weight"] = tensors["transformer.wpe.weight"][:10]
+
+    _edit_weights(gpt2_dir, edit)
+    with pytest.raises(CheckpointError) as info:
+        hf.load(gpt2_dir)
+    message = str(info.value)
+    assert "missing tensors: transformer.ln_f.bias" in message
+    assert "unexpected tensors: transformer.h.0.attn.rotary.weight" in message
+    assert "transformer.wpe.weight -> stack.embeddings.positions.weight: checkpoint (10, 32) vs model (64, 32)" \
+        in message
+
+
+def test_tied_weights_that_differ_are_refused(gpt2_dir):
+    _edit_weights(gpt2_dir, lambda t: t.update({"lm_head.weight": t["transformer.wte.weight"] + 1}))
+    with pytest.raises(CheckpointError, match="lm_head.weight and transformer.wte.weight differ .*tie_word_embeddings"):
+        hf.load(gpt2_dir)
+    _edit_weights(gpt2_dir, lambda t: t.update({"lm_head.weight": t["transformer.wte.weight"].clone()}))
+    assert hf.load(gpt2_dir).config.tie_embeddings  # an equal copy of a tied tensor is fine
+
+
+def test_a_sharded_checkpoint_loads(tmp_path):
+    reference = hf_model("llama", tmp_path / "single")
+    reference.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    loaded = hf.load(tmp_path / "sharded")
+    torch.testing.assert_close(_logits(loaded.model), _logits(hf.load(tmp_path / "single").model), atol=0, rtol=0)
+
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    next(tmp_path.glob("sharded/model-00001-*.safetensors")).unlink()
+    with pytest.raises(CheckpointError, match="names shard model-00001-of-.*which is missing"):
+        hf.load(tmp_path / "sharded")
+    assert len(set(index["weight_map"].values())) > 1
+
+
+def _as_pickle(directory):
+    torch.save(load_file(directory / "model.safetensors"), directory / "pytorch_model.bin")
+    (directory / "model.safetensors").unlink()
+
+
+def test_a_pickle_needs_an_explicit_flag(gpt2_dir):
+    expected = _logits(hf.load(gpt2_dir).model)
+    _as_pickle(gpt2_dir)
+    with pytest.raises(CheckpointError, match="pytorch_model.bin is a Python pickle.*--allow-pickle"):
+        hf.load(gpt2_dir)
+    torch.testing.assert_close(_logits(hf.load(gpt2_dir, allow_pickle=True).model), expected, atol=0, rtol=0)
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("code ran while unpickling",))
+
+
+def test_a_pickle_is_read_weights_only(gpt2_dir, capsys):
+    _as_pickle(gpt2_dir)
+    (gpt2_dir / "pytorch_model.bin").write_bytes(pickle.dumps({"transformer.wte.weight": _RunsCode()}, protocol=2))
+    with pytest.raises(CheckpointError, match="could not be read as a weights-only PyTorch checkpoint"):
+        hf.load(gpt2_dir, allow_pickle=True)
+    assert "code ran" not in capsys.readouterr().out
