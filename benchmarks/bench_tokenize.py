@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokenizers": tokenizers.__version__,
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),  # other work on the machine skews the numbers
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n", encoding="utf-8")
