@@ -1,8 +1,8 @@
 """Tiny random Hugging Face models for the interop tests, built locally with `transformers` (nothing downloaded).
 
-Every parameter (biases, norm weights and Marian's final_logits_bias included) is redrawn at std 0.2, so a tensor
-loaded into the wrong place, or left at its initial value, changes the logits. Models are written with
-`save_pretrained` (safetensors) and the reference is always the model `transformers` reads back from disk.
+Every parameter (biases, norm weights and Marian's final_logits_bias included) is redrawn at std 0.2 (norm gains
+around 1), so a tensor loaded into the wrong place, or left at its initial value, changes the logits. Models are
+written with `save_pretrained` (safetensors) and the reference is always the model `transformers` reads back.
 """
 
 from __future__ import annotations
@@ -16,20 +16,12 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from generate_models import one_thread  # noqa: E402, F401  (autouse: tiny models run fastest on one thread)
 
 transformers = pytest.importorskip("transformers", reason="the interop tests compare against transformers (dev extra)")
 
 VOCAB = 99
 PAD = 0
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Models this small only lose time to a second thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _configs():
@@ -58,10 +50,15 @@ def _configs():
             encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB, max_position_embeddings=64,
             activation_function="swish", scale_embedding=True, pad_token_id=PAD, eos_token_id=2,
             decoder_start_token_id=PAD, forced_eos_token_id=2)),
+        "marian-two-vocabularies": (t.MarianMTModel, t.MarianConfig(
+            encoder_layers=1, decoder_layers=2, d_model=32, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB, decoder_vocab_size=77,
+            share_encoder_decoder_embeddings=False, max_position_embeddings=64, activation_function="relu",
+            pad_token_id=PAD, eos_token_id=2, decoder_start_token_id=PAD, forced_eos_token_id=2)),
     }
 
 
-FAMILIES = ("gpt2", "llama", "llama-tied", "bert", "bert-classifier", "marian")
+FAMILIES = ("gpt2", "llama", "llama-tied", "bert", "bert-classifier", "marian", "marian-two-vocabularies")
 
 
 def hf_model(name: str, directory: Path, *, seed: int = 0):
@@ -73,6 +70,8 @@ def hf_model(name: str, directory: Path, *, seed: int = 0):
         for param_name, param in model.named_parameters():
             if "embed_positions" not in param_name:  # Marian's sinusoid is recomputed, never saved
                 param.normal_(0.0, 0.2)
+            if param.dim() == 1 and param_name.endswith("weight"):  # norm gains around 1 keep the logits O(1)
+                param.add_(1.0)
         for buffer_name, buffer in model.named_buffers():
             if buffer_name.endswith("final_logits_bias"):
                 buffer.normal_(0.0, 0.2)
