@@ -170,3 +170,16 @@ def test_a_pickle_is_read_weights_only(gpt2_dir, capsys):
     with pytest.raises(CheckpointError, match="could not be read as a weights-only PyTorch checkpoint"):
         hf.load(gpt2_dir, allow_pickle=True)
     assert "code ran" not in capsys.readouterr().out
+
+
+def test_marian_without_final_logits_bias_gets_zeros_as_in_transformers(tmp_path):
+    hf_model("marian", tmp_path)
+    _edit_weights(tmp_path, lambda t: t.pop("final_logits_bias"))
+    model = hf.load(tmp_path).model
+    assert not model.lm_head.bias.any()
+    reference = transformers.MarianMTModel.from_pretrained(tmp_path).eval()
+    ids, mask = batch(0)
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits
+        got = model(ids, ids, src_mask=mask).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -100,10 +100,11 @@ def _is_weight(name: str) -> bool:
     return name.endswith(".weight")
 
 
-def hf_name(name: str, family: FamilyMap, config: ModelConfig) -> tuple[str, Rule] | None:
-    """The Hugging Face name an attnkit tensor is written under, and the rule that says so."""
+def hf_name(name: str, family: FamilyMap, config: ModelConfig | None) -> tuple[str, Rule] | None:
+    """The Hugging Face name an attnkit tensor is written under, and the rule that says so. Without a config,
+    the first name any rule gives (for messages)."""
     for rule in family.tensors:
-        if rule.when is not None and getattr(config, rule.when[0]) != rule.when[1]:
+        if config is not None and rule.when is not None and getattr(config, rule.when[0]) != rule.when[1]:
             continue
         theirs = _translate(name, rule.ours, rule.theirs)
         if theirs is not None:
@@ -162,11 +163,11 @@ def load_hf_tensors(model: nn.Module, tensors: dict[str, Tensor], family: Family
     for name, tensor in expected.items():
         if name in found or name in misfits:
             continue
-        located = _hf_name_any(name, family)
-        if located in family.zero_if_missing:
-            found[name] = (located, torch.zeros_like(tensor))
+        located = hf_name(name, family, None)
+        if located is not None and located[0] in family.zero_if_missing:
+            found[name] = (located[0], torch.zeros_like(tensor))
         else:
-            missing.append(located or name)
+            missing.append(located[0] if located is not None else name)
     raise_mismatch(
         source,
         missing=sorted(set(missing)),
@@ -189,14 +190,6 @@ def _owner(tensor: Tensor, expected: dict[str, Tensor]) -> str:
         ):
             return name
     raise KeyError(tensor)
-
-
-def _hf_name_any(name: str, family: FamilyMap) -> str | None:
-    for rule in family.tensors:
-        theirs = _translate(name, rule.ours, rule.theirs)
-        if theirs is not None:
-            return theirs
-    return None
 
 
 def _to_ours(tensor: Tensor, rule: Rule, ours: str) -> Tensor | None:
