@@ -345,8 +345,7 @@ def _run_convert(args: argparse.Namespace) -> int:
             raise InputError("--from-hf DIR writes a run: give --out runs/NAME (and no --to-hf)")
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
         loaded = hf.convert_from_hf(args.from_hf, args.out, allow_pickle=args.allow_pickle, dtype=dtype)
-        note = "" if loaded.tokenizer is not None else " (no tokenizer.json there, so the run has no tokenizer)"
-        print(f"converted {loaded.architecture} from {args.from_hf} to {args.out}{note}")
+        print(f"converted {loaded.architecture} from {args.from_hf} to {args.out}")
     else:
         if not args.to_hf or args.out:
             raise InputError("--run RUN writes a Hugging Face directory: give --to-hf DIR (and no --out)")

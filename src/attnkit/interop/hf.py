@@ -84,7 +84,7 @@ def load(
     model = build_model(config)
     load_hf_tensors(model, tensors, family, source=str(directory))
     model.to(device=device, dtype=dtype).eval()
-    log.info("loaded %s (%s) from %s", architecture, family.model_type, directory)
+    log.debug("loaded %s (%s) from %s", architecture, family.model_type, directory)
     return HFModel(
         model=model,
         config=config,
@@ -126,7 +126,7 @@ def save(
     atomic_write(directory / CONFIG_FILE, json.dumps(hf, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
         _write_tokenizer(tokenizer, directory, max_length=config.max_seq_len)
-    log.info("wrote %s (%s) to %s", architecture, family.model_type, directory)
+    log.debug("wrote %s (%s) to %s", architecture, family.model_type, directory)
     return architecture
 
 
@@ -201,8 +201,8 @@ def _read_tokenizer(directory: Path) -> Tokenizer | None:
     if (directory / HF_FILE).is_file():
         return load_tokenizer(directory)
     log.warning(
-        "%s has no %s (Marian, for one, ships SentencePiece files, which attnkit does not read): the model comes "
-        "without a tokenizer", directory, HF_FILE,
+        "%s has no %s, so the model comes without a tokenizer (Marian, for one, ships SentencePiece files, which "
+        "attnkit does not read)", directory, HF_FILE,
     )
     return None
 
