@@ -45,6 +45,9 @@ def _configs():
             num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
             max_position_embeddings=64, id2label={0: "negative", 1: "neutral", 2: "positive"},
             label2id={"negative": 0, "neutral": 1, "positive": 2}, pad_token_id=PAD)),
+        "bert-mlm": (t.BertForMaskedLM, t.BertConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
+            max_position_embeddings=64, pad_token_id=PAD)),
         "marian": (t.MarianMTModel, t.MarianConfig(
             encoder_layers=2, decoder_layers=2, d_model=32, encoder_attention_heads=4, decoder_attention_heads=4,
             encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB, max_position_embeddings=64,
@@ -58,7 +61,7 @@ def _configs():
     }
 
 
-FAMILIES = ("gpt2", "llama", "llama-tied", "bert", "bert-classifier", "marian", "marian-two-vocabularies")
+FAMILIES = ("gpt2", "llama", "llama-tied", "bert", "bert-classifier", "bert-mlm", "marian", "marian-two-vocabularies")
 
 
 def hf_model(name: str, directory: Path, *, seed: int = 0):

@@ -183,3 +183,23 @@ def test_marian_without_final_logits_bias_gets_zeros_as_in_transformers(tmp_path
         expected = reference(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits
         got = model(ids, ids, src_mask=mask).logits
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_pretraining_checkpoint_loads_as_masked_lm_without_its_nsp_head(tmp_path):
+    """bert-base-uncased style: BertForPreTraining weights (pooler, next-sentence head) under BertForMaskedLM."""
+    hf_model("bert-mlm", tmp_path / "mlm")
+    pretraining = transformers.BertForPreTraining.from_pretrained(tmp_path / "mlm")
+    with torch.no_grad():
+        pretraining.cls.seq_relationship.weight.normal_()
+        pretraining.bert.pooler.dense.weight.normal_()
+    pretraining.save_pretrained(tmp_path / "pretraining")
+    _edit_config(tmp_path / "pretraining", architectures=["BertForMaskedLM"])
+    reference = transformers.BertForMaskedLM.from_pretrained(tmp_path / "pretraining").eval()
+    ids, mask = batch(0)
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask).logits
+        got = hf.load(tmp_path / "pretraining").model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], atol=1e-5, rtol=1e-5)
+    _edit_config(tmp_path / "pretraining", architectures=["BertModel"])
+    with pytest.raises(CheckpointError, match="unexpected tensors: cls.predictions.bias"):
+        hf.load(tmp_path / "pretraining")

@@ -41,6 +41,8 @@ def _compare(name, reference, model, seed):
             if name == "bert":  # bare encoder: every real token's state, and the pooler's output
                 return [(ref.last_hidden_state[mask.bool()], ours.hidden_states[mask.bool()]),
                         (ref.pooler_output, ours.logits)]
+            if name == "bert-mlm":
+                return [(ref.logits[mask.bool()], ours.logits[mask.bool()])]
             return [(ref.logits, ours.logits)]
         ref = reference(input_ids=ids, attention_mask=mask)
         ours = model(ids, attention_mask=mask)

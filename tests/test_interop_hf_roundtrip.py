@@ -19,6 +19,9 @@ ATTNKIT_MODELS = {
         "bert-tiny", type_vocab_size=2, embedding_norm=True, pooler=True, n_classes=3
     ),
     "BertModel": presets.get("bert-tiny", type_vocab_size=2, embedding_norm=True, pooler=True, encoder_head="none"),
+    "BertForMaskedLM": presets.get(
+        "bert-tiny", type_vocab_size=2, embedding_norm=True, encoder_head="mlm", mlm_transform=True, lm_head_bias=True
+    ),
     "MarianMTModel": presets.get(
         "vaswani-tiny", sinusoidal_layout="halves", lm_head_bias=True, norm_eps=1e-5, activation="silu"
     ),

@@ -115,3 +115,18 @@ def test_new_activation_and_layout_are_validated():
     assert ModelConfig(activation="silu").activation == "silu"
     x = torch.randn(4)
     torch.testing.assert_close(F.silu(x), x * torch.sigmoid(x))
+
+
+def test_mlm_transform_is_dense_activation_norm_before_the_output_layer():
+    model = _encoder(encoder_head="mlm", mlm_transform=True, activation="gelu_tanh", lm_head_bias=True)
+    ids = torch.randint(0, 40, (2, 6))
+    out = model(ids)
+    transform = model.transform
+    hidden = F.layer_norm(F.gelu(transform.dense(out.hidden_states), approximate="tanh"), (16,),
+                          transform.norm.weight, transform.norm.bias, transform.norm.eps)
+    torch.testing.assert_close(out.logits, model.lm_head(hidden))
+    assert model.lm_head.weight is model.stack.embeddings.token.weight and model.lm_head.bias is not None
+    with pytest.raises(ConfigError, match="mlm_transform=True applies to family='encoder' with encoder_head='mlm'"):
+        ModelConfig(family="encoder", mlm_transform=True)
+    with pytest.raises(ConfigError, match="not the gated swiglu"):
+        ModelConfig(family="encoder", encoder_head="mlm", mlm_transform=True, activation="swiglu")

@@ -89,6 +89,7 @@ class ModelConfig:
     embedding_norm: bool = False  # a norm after the embedding sum, before the first block (BERT, BART)
     pooler: bool = False  # encoder: dense + tanh on the pooled vector before the head (BERT's pooler)
     lm_head_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
+    mlm_transform: bool = False  # masked LM: dense + activation + norm before the output projection (BERT)
 
     def __post_init__(self) -> None:
         for name, literal in _CHOICES.items():
@@ -137,6 +138,11 @@ class ModelConfig:
             )
         if self.pooler and self.family != "encoder":
             raise ConfigError("pooler=True applies to family='encoder' only (BERT's pooler); set pooler=False")
+        if self.mlm_transform and (self.family != "encoder" or self.encoder_head != "mlm"):
+            raise ConfigError("mlm_transform=True applies to family='encoder' with encoder_head='mlm' only")
+        if self.mlm_transform and self.activation == "swiglu":
+            raise ConfigError("mlm_transform applies `activation` to one vector and needs an elementwise one "
+                              "(gelu, gelu_tanh, relu, silu), not the gated swiglu")
         if self.family != "encoder-decoder":
             for name in ("tgt_vocab_size", "n_decoder_layers"):
                 if getattr(self, name) is not None:

@@ -82,7 +82,7 @@ def load(
     tensors = add_prefix(read_weights(directory, allow_pickle=allow_pickle), family)
     config = config_from_hf(hf, family, architecture, tensor_names=set(tensors), source=source)
     model = build_model(config)
-    load_hf_tensors(model, tensors, family, source=str(directory))
+    load_hf_tensors(model, tensors, family, architecture=architecture, source=str(directory))
     model.to(device=device, dtype=dtype).eval()
     log.debug("loaded %s (%s) from %s", architecture, family.model_type, directory)
     return HFModel(

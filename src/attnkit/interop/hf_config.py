@@ -181,6 +181,8 @@ def _llama_to_hf(config: ModelConfig, labels) -> dict[str, Any]:
 def _bert_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
     if fields["encoder_head"] == "none":  # BertModel(add_pooling_layer=False) leaves no trace but its tensors
         return {"pooler": "bert.pooler.dense.weight" in names}
+    if fields["encoder_head"] == "mlm":
+        return {"pooler": False}
     labels = hf.get("id2label")
     return {"pooler": True, "n_classes": len(labels) if labels else int(hf.get("num_labels", 2))}
 

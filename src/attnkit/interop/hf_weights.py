@@ -125,7 +125,9 @@ def add_prefix(tensors: dict[str, Tensor], family: FamilyMap) -> dict[str, Tenso
 
 
 # Hugging Face -> attnkit ------------------------------------------------------------------------------------
-def load_hf_tensors(model: nn.Module, tensors: dict[str, Tensor], family: FamilyMap, *, source: str) -> None:
+def load_hf_tensors(
+    model: nn.Module, tensors: dict[str, Tensor], family: FamilyMap, *, architecture: str, source: str
+) -> None:
     """Copy Hugging Face tensors into `model` after checking that every tensor has its place, and the shapes fit.
 
     Raises one CheckpointError listing missing tensors, unexpected tensors, shape mismatches, and tied tensors
@@ -136,7 +138,8 @@ def load_hf_tensors(model: nn.Module, tensors: dict[str, Tensor], family: Family
     canonical = {name: _owner(tensor, expected) for name, tensor in every.items()}
     found: dict[str, tuple[str, Tensor]] = {}  # attnkit name -> (Hugging Face name, tensor)
     unexpected, mismatched, conflicts, misfits = [], [], [], set()
-    ignored = [_pattern(template) for template in family.ignored]
+    dropped = dict(family.ignored_by_architecture).get(architecture, ())
+    ignored = [_pattern(template) for template in (*family.ignored, *dropped)]
     for theirs, tensor in tensors.items():
         if any(p.match(theirs) for p in ignored):
             continue

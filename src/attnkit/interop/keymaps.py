@@ -45,6 +45,7 @@ class FamilyMap:
     ours_fixed: dict[str, Any]
     tensors: tuple[Rule, ...]
     ignored: tuple[str, ...] = ()  # buffers recomputed at load time (causal masks, rotary tables, position ids)
+    ignored_by_architecture: tuple[tuple[str, tuple[str, ...]], ...] = ()  # tensors a class drops when it loads
     zero_if_missing: tuple[str, ...] = ()  # Hugging Face tensors that default to zeros when a checkpoint omits them
     special_ids: tuple[str, ...] = ("bos_token_id", "eos_token_id", "pad_token_id")  # token ids config.json carries
     special_id_fallbacks: tuple[tuple[str, str], ...] = ()  # (id, the id that stands in for it when unknown)
@@ -161,6 +162,7 @@ BERT = FamilyMap(
     architectures={
         "BertModel": {"encoder_head": "none"},
         "BertForSequenceClassification": {"encoder_head": "classify"},
+        "BertForMaskedLM": {"encoder_head": "mlm", "mlm_transform": True, "lm_head_bias": True},
     },
     base_prefix="bert.",
     bare_architectures=("BertModel",),
@@ -176,6 +178,7 @@ BERT = FamilyMap(
         "attention_probs_dropout_prob": "attention_dropout",
         "type_vocab_size": "type_vocab_size",
         "hidden_act": "activation",
+        "tie_word_embeddings": "tie_embeddings",
     },
     hf_defaults={
         "vocab_size": 30522,
@@ -185,6 +188,7 @@ BERT = FamilyMap(
         "attention_probs_dropout_prob": 0.1,
         "type_vocab_size": 2,
         "hidden_act": "gelu",
+        "tie_word_embeddings": True,
     },
     hf_fixed={"position_embedding_type": "absolute", "is_decoder": False, "add_cross_attention": False},
     ours_fixed={
@@ -206,8 +210,16 @@ BERT = FamilyMap(
         Rule("stack.blocks.{i}.mlp_norm", "bert.encoder.layer.{i}.output.LayerNorm"),
         Rule("pooler", "bert.pooler"),
         Rule("classifier", "classifier"),
+        Rule("transform.dense", "cls.predictions.transform.dense"),
+        Rule("transform.norm", "cls.predictions.transform.LayerNorm"),
+        Rule("lm_head.bias", "cls.predictions.bias"),
+        Rule("lm_head.bias", "cls.predictions.decoder.bias"),
+        Rule("lm_head.weight", "cls.predictions.decoder.weight"),
     ),
     ignored=("bert.embeddings.position_ids",),
+    # BertForPreTraining checkpoints (bert-base-uncased) also hold the pooler and the next-sentence head, which
+    # BertForMaskedLM leaves out as well.
+    ignored_by_architecture=(("BertForMaskedLM", ("bert.pooler", "cls.seq_relationship")),),
     special_ids=("pad_token_id",),
 )
 

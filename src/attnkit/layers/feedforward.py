@@ -9,6 +9,8 @@ swiglu:     x -> gate (C -> d_ff) -> silu --*--> down (d_ff -> C)    (Shazeer 20
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -20,14 +22,19 @@ _ACTIVATIONS = {
 }
 
 
+def activation_function(name: str) -> Callable[[Tensor], Tensor]:
+    """The elementwise activation `name`: relu, gelu, gelu_tanh or silu. Raises ValueError for any other."""
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; use one of {sorted(_ACTIVATIONS)}")
+    return _ACTIVATIONS[name]
+
+
 class FeedForward(nn.Module):
     """`down(act(up(x)))` with ReLU, GELU or SiLU. (B, T, C) -> (B, T, C)."""
 
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "gelu", bias: bool = True, dropout: float = 0.0):
         super().__init__()
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; use one of {sorted(_ACTIVATIONS)}")
-        self.act = _ACTIVATIONS[activation]
+        self.act = activation_function(activation)
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)

@@ -15,7 +15,7 @@ from attnkit.layers.feedforward import make_feedforward
 from attnkit.layers.norms import make_norm
 from attnkit.layers.positions import LearnedPositions, RelativePositions, RotaryEmbedding, SinusoidalPositions
 from attnkit.models.decoder import DecoderLM
-from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM, EncoderModel, Pooler
+from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM, EncoderModel, Pooler, PredictionTransform
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.models.stack import TransformerStack
 
@@ -35,7 +35,12 @@ def build_model(config: ModelConfig) -> nn.Module:
         elif config.encoder_head == "none":
             model = EncoderModel(stack=stack, pooling=config.pooling, pooler=pooler)
         else:
-            model = EncoderMaskedLM(stack=stack, lm_head=_lm_head(config, stack, config.vocab_size))
+            transform = (
+                PredictionTransform(config.d_model, activation=config.activation, norm=_norm(config))
+                if config.mlm_transform else None
+            )
+            lm_head = _lm_head(config, stack, config.vocab_size)
+            model = EncoderMaskedLM(stack=stack, lm_head=lm_head, transform=transform)
     else:
         encoder = _stack(config, config.vocab_size, config.n_layers, decoder=False)
         decoder = _stack(config, config.target_vocab_size, config.decoder_layers, decoder=True, cross=True)

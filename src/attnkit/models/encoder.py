@@ -1,7 +1,7 @@
 """Encoder-only models (BERT): a bidirectional stack with a classification or masked-LM head, or none.
 
     ids (B, T) -> TransformerStack of EncoderBlocks -> pool (cls | mean) -> pooler? -> classifier (C -> n_classes)
-                                                    -> lm_head (C -> V)                         (masked LM)
+                                                    -> transform? -> lm_head (C -> V)           (masked LM)
                                                     -> hidden states, pool -> pooler?            (bare encoder)
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.layers.feedforward import activation_function
 from attnkit.models.output import ModelOutput, cross_entropy
 from attnkit.models.stack import TransformerStack
 
@@ -33,6 +34,19 @@ class Pooler(nn.Module):
 
     def forward(self, pooled: Tensor) -> Tensor:
         return torch.tanh(self.dense(pooled))
+
+
+class PredictionTransform(nn.Module):
+    """BERT's masked-LM head transform: `norm(act(dense(h)))` before the output projection. (…, C) -> (…, C)."""
+
+    def __init__(self, d_model: int, *, activation: str, norm: nn.Module) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.act = activation_function(activation)
+        self.norm = norm
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.norm(self.act(self.dense(hidden)))
 
 
 class _Encoder(nn.Module):
@@ -111,8 +125,9 @@ class EncoderClassifier(_Encoder):
 class EncoderMaskedLM(_Encoder):
     """Masked language modelling: predict the tokens hidden behind [MASK] from both sides."""
 
-    def __init__(self, *, stack: TransformerStack, lm_head: nn.Linear) -> None:
+    def __init__(self, *, stack: TransformerStack, lm_head: nn.Linear, transform: nn.Module | None = None) -> None:
         super().__init__(stack=stack)
+        self.transform = transform
         self.lm_head = lm_head
 
     def forward(
@@ -126,7 +141,7 @@ class EncoderMaskedLM(_Encoder):
     ) -> ModelOutput:
         """input_ids (B, T) -> logits (B, T, V); labels (B, T) hold original ids at masked places, else -100."""
         hidden, attentions = self._encode(input_ids, attention_mask, token_type_ids, need_weights)
-        logits = self.lm_head(hidden)  # (B, T, V)
+        logits = self.lm_head(self.transform(hidden) if self.transform is not None else hidden)  # (B, T, V)
         loss = cross_entropy(logits, labels) if labels is not None else None
         return ModelOutput(
             logits=logits, loss=loss, attentions=attentions if need_weights else None, hidden_states=hidden
