@@ -311,8 +311,8 @@ examples:
   attnkit convert --from-hf path/to/gpt2 --out runs/gpt2       # then: attnkit generate --run runs/gpt2 --prompt ...
   attnkit convert --run runs/shakespeare --to-hf exported/      # transformers: AutoModel.from_pretrained("exported")
 
-Reads GPT-2, Llama, BERT (BertModel, BertForSequenceClassification) and Marian directories written by
-save_pretrained; nothing is downloaded.
+Reads GPT-2, Llama, BERT (BertModel, BertForSequenceClassification, BertForMaskedLM) and Marian directories
+written by save_pretrained; nothing is downloaded.
 """
 
 
