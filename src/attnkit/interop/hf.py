@@ -112,8 +112,8 @@ def save(
     Raises ConfigError naming the fields no supported layout can express.
     """
     directory = Path(directory)
-    names = unique_state_dict(model)
-    family, architecture = match_family(config, lambda f: hf_tensor_names(names, f, config), labels=labels)
+    state = unique_state_dict(model)
+    family, architecture = match_family(config, lambda f: hf_tensor_names(state, f, config), labels=labels)
     hf = config_to_hf(config, family, architecture, labels=labels)
     hf.update(_special_ids(family, tokenizer, special_ids or {}))
     hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
