@@ -125,11 +125,11 @@ def test_bad_generation_arguments_are_clear_errors(lm, settings, error, message)
 
 
 def test_a_method_that_does_not_fit_names_the_family(runs, lm):
-    with pytest.raises(InputError, match="translate does not fit this model: it is a decoder model"):
+    with pytest.raises(InputError, match="translate does not fit this model: its family is 'decoder'; use generate"):
         lm.translate("abc")
-    with pytest.raises(InputError, match="generate does not fit this model: it is a encoder model"):
+    with pytest.raises(InputError, match="generate does not fit .* family is 'encoder'; use classify"):
         attnkit.load(runs["clf"]).generate("abc")
-    with pytest.raises(InputError, match="classify does not fit this model: it is a encoder-decoder model"):
+    with pytest.raises(InputError, match="classify does not fit .* family is 'encoder-decoder'; use translate"):
         attnkit.load(runs["mt"]).classify("abc")
 
 
@@ -188,7 +188,7 @@ def test_cli_bad_arguments_print_a_clear_error(runs, capsys):
     assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "ab", "--top-p", "0"]) == 2
     assert "top_p=0.0 must lie in (0, 1]" in capsys.readouterr().err
     assert cli.main(["classify", "--run", str(runs["lm"]), "--text", "ab"]) == 2
-    assert "it is a decoder model" in capsys.readouterr().err
+    assert "its family is 'decoder'" in capsys.readouterr().err
 
 
 def test_cli_translate_file_to_file_and_classify(runs, tmp_path, capsys):

@@ -83,7 +83,7 @@ class Pipeline:
         repetition_penalty: float = 1.0,
         num_samples: int = 1,
         seed: int | None = None,
-        stop: str | Sequence[str] = (),
+        stop: str | Sequence[str] | None = None,
         stop_tokens: Sequence[int] = (),
         stop_at_eos: bool = True,
         add_bos: bool = False,
@@ -104,7 +104,7 @@ class Pipeline:
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise InputError(f"num_samples={num_samples!r} must be a positive integer")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        stops = [stop] if isinstance(stop, str) else list(stop)
+        stops = [stop] if isinstance(stop, str) else list(stop or ())
         if any(not s for s in stops):
             raise InputError("a stop string is empty; give non-empty stop strings")
         prompt_ids = [self._prompt_ids(p, index=i, add_bos=add_bos) for i, p in enumerate(prompts)]
@@ -232,8 +232,8 @@ class Pipeline:
     def _require(self, method: str) -> None:
         if _METHOD_FOR_FAMILY[self.family] != method:
             raise InputError(
-                f"{method} does not fit this model: it is a {self.family} model; use "
-                f".{_METHOD_FOR_FAMILY[self.family]}() instead"
+                f"{method} does not fit this model: its family is {self.family!r}; use "
+                f"{_METHOD_FOR_FAMILY[self.family]} instead"
             )
         if self.tokenizer is None:
             raise InputError(
