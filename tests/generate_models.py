@@ -6,21 +6,11 @@ next token depends on every token before it and no two logits are close enough f
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import attnkit
 
 POSITIONS = ("sinusoidal", "learned", "relative", "rope", "none")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Models this small only lose time to a second thread, and badly so when other processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_model(family: str = "decoder", *, position: str = "learned", seed: int = 0, **overrides):

@@ -16,7 +16,6 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from generate_models import one_thread  # noqa: E402, F401  (autouse: tiny models run fastest on one thread)
 
 transformers = pytest.importorskip("transformers", reason="the interop tests compare against transformers (dev extra)")
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from generate_models import POSITIONS, greedy_without_cache, one_thread, tiny_model  # noqa: F401
+from generate_models import POSITIONS, greedy_without_cache, tiny_model  # noqa: F401
 
 from attnkit.errors import InputError
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, left_pad, make_generator

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from generate_models import one_thread, tiny_model  # noqa: F401
+from generate_models import tiny_model  # noqa: F401
 
 import attnkit
 from attnkit import cli

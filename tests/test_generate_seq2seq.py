@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 import torch
-from generate_models import POSITIONS, greedy_translate_without_cache, one_thread, tiny_model  # noqa: F401
+from generate_models import POSITIONS, greedy_translate_without_cache, tiny_model  # noqa: F401
 
 from attnkit.errors import InputError
 from attnkit.generate import beam_search, greedy_translate

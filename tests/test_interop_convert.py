@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from interop_models import PAD, batch, hf_model, one_thread, transformers, word_tokenizer  # noqa: F401
+from interop_models import PAD, batch, hf_model, transformers, word_tokenizer  # noqa: F401
 
 from attnkit import build_model, presets
 from attnkit.checkpoint import save_model

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 import torch
-from interop_models import batch, hf_model, one_thread, transformers  # noqa: F401
+from interop_models import batch, hf_model, transformers  # noqa: F401
 from safetensors.torch import load_file, save_file
 
 from attnkit import CheckpointError, ConfigError

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from interop_models import FAMILIES, PAD, VOCAB, batch, hf_model, one_thread  # noqa: F401
+from interop_models import FAMILIES, PAD, VOCAB, batch, hf_model
 
 from attnkit.generate import generate_tokens
 from attnkit.interop import hf

@@ -3,7 +3,7 @@ attnkit writes load in `transformers` with the same logits; a model no layout ho
 
 import pytest
 import torch
-from interop_models import FAMILIES, batch, hf_model, one_thread, transformers  # noqa: F401
+from interop_models import FAMILIES, batch, hf_model, transformers  # noqa: F401
 from safetensors.torch import load_file
 
 from attnkit import ConfigError, build_model, presets

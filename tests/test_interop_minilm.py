@@ -4,7 +4,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from interop_models import one_thread, transformers  # noqa: F401
+from interop_models import transformers  # noqa: F401
 
 from attnkit.interop import hf
 from attnkit.models.encoder import pool

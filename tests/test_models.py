@@ -109,7 +109,8 @@ def test_post_norm_relu_encoder_layer_matches_torch():
     reference = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True).eval()
     attn = block.self_attn
     with torch.no_grad():
-        reference.self_attn.in_proj_weight.copy_(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+        qkv_weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        reference.self_attn.in_proj_weight.copy_(qkv_weight)
         reference.self_attn.in_proj_bias.copy_(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
         reference.self_attn.out_proj.weight.copy_(attn.o_proj.weight)
         reference.self_attn.out_proj.bias.copy_(attn.o_proj.bias)
