@@ -21,7 +21,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed pyproject.toml
 	touch $@
 
 run: $(VENV)/.installed
-	$(BIN)/attnkit train --out runs/default
+	$(BIN)/attnkit train --out runs/default --overwrite --max-time 4m
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest

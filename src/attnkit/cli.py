@@ -223,11 +223,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--tgt-lang", help="translate from a folder: target file suffix, e.g. en")
     data.add_argument("--tokenizer", help="char | bpe (trained on the training text) | a saved tokenizer directory "
                       "(default bpe)")
-    data.add_argument("--vocab-size", type=int, help="BPE vocabulary size (default 4096)")
+    data.add_argument("--vocab-size", type=int, help="BPE vocabulary size (default 2048)")
     data.add_argument("--seq-len", type=int, help="lm: context length; translate/classify: longest sequence kept "
                       "(default: the model's max_seq_len)")
     data.add_argument("--max-bytes", type=int, help="lm: read at most about this many bytes of text "
                       "(default: all of --data; 3 MB of the standard library)")
+    data.add_argument("--encoding-errors", choices=["strict", "replace"],
+                      help="strict: a file that is not UTF-8 is an error (default); replace: bad bytes become U+FFFD")
     run = p.add_argument_group("run directory")
     run.add_argument("--out", default="runs/default", help="run directory (default runs/default)")
     run.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH",
@@ -260,7 +262,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_train)
 
 
-_TRAIN_DATA_FLAGS = ("data", "val_data", "src_lang", "tgt_lang", "tokenizer", "vocab_size", "seq_len", "max_bytes")
+_TRAIN_DATA_FLAGS = ("data", "val_data", "src_lang", "tgt_lang", "tokenizer", "vocab_size", "seq_len", "max_bytes",
+                     "encoding_errors")
 _TRAIN_FLAGS = ("max_steps", "max_time", "batch_size", "grad_accum", "lr", "warmup", "schedule", "weight_decay",
                 "clip", "dtype", "eval_every", "keep", "seed")
 

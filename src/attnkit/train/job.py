@@ -55,7 +55,7 @@ RUN_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "train
 
 # Small models that train in minutes on a laptop CPU, one per task (used when no --preset or --config is given).
 DEFAULT_MODELS: dict[str, dict[str, Any]] = {
-    "lm": dict(family="decoder", d_model=192, n_layers=4, n_heads=6, d_ff=768, position="rope", norm="layer",
+    "lm": dict(family="decoder", d_model=128, n_layers=4, n_heads=4, d_ff=512, position="rope", norm="layer",
                activation="gelu", max_seq_len=128, dropout=0.0, tie_embeddings=True),
     "translate": dict(family="encoder-decoder", d_model=256, n_layers=3, n_heads=8, d_ff=1024, position="sinusoidal",
                       norm="layer", norm_position="pre", activation="relu", max_seq_len=128, dropout=0.1,
@@ -74,7 +74,7 @@ class DataConfig:
     data: tuple[str, ...] = ()  # see the module docstring; empty for lm: the Python standard library
     val_data: tuple[str, ...] = ()  # translate / classify; empty: hold out `val_fraction` of the training data
     tokenizer: str = "bpe"  # char | bpe (trained on the training text) | a saved tokenizer directory
-    vocab_size: int = 4096  # bpe only
+    vocab_size: int = 2048  # bpe only
     seq_len: int | None = None  # lm: context length; others: longest sequence kept; None: the model's max_seq_len
     max_bytes: int | None = None  # lm: read about this many bytes of the corpus at most
     src_lang: str | None = None  # translate from a folder: the suffixes of the source and target files
@@ -82,6 +82,7 @@ class DataConfig:
     val_fraction: float = 0.1
     eval_batches: int = 50  # lm: validation batches per evaluation
     bleu_samples: int = 200  # translate: validation sentences translated for BLEU at each evaluation
+    encoding_errors: str = "strict"  # strict: invalid UTF-8 is an error; replace: it becomes U+FFFD
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -90,6 +91,8 @@ class DataConfig:
             raise ConfigError(f"val_fraction={self.val_fraction} must lie in (0, 1)")
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 2):
             raise ConfigError(f"seq_len={self.seq_len!r} must be an integer >= 2")
+        if self.encoding_errors not in ("strict", "replace"):
+            raise ConfigError(f"encoding_errors={self.encoding_errors!r}: choose strict or replace")
         if self.task == "lm" and self.val_data:
             raise ConfigError("--task lm validates on the last --val-fraction of its token stream; drop --val-data")
 
@@ -301,7 +304,7 @@ def _new_tokenizer(data: DataConfig, seed: int) -> Tokenizer:
     else:
         source = [text for text, _ in _labelled(data, seed)[0]]
     log.info("training a %s tokenizer on the training text", data.tokenizer)
-    return train_tokenizer(data.tokenizer, source, vocab_size=data.vocab_size)
+    return train_tokenizer(data.tokenizer, source, vocab_size=data.vocab_size, encoding_errors=data.encoding_errors)
 
 
 def _lm_files(data: DataConfig) -> list[Path]:
@@ -329,15 +332,15 @@ def _read_pairs(paths: tuple[str, ...], data: DataConfig, split: str) -> list[tu
         for name in names:
             src, tgt = folder / f"{name}.{data.src_lang}", folder / f"{name}.{data.tgt_lang}"
             if src.is_file() and tgt.is_file():
-                return read_parallel(src, tgt)
+                return read_parallel(src, tgt, encoding_errors=data.encoding_errors)
         if split == "train":
             raise InputError(f"{folder} holds no train.{data.src_lang} and train.{data.tgt_lang}")
         return None
     files = find_files(paths)
     if len(files) == 1:
-        return read_tsv_pairs(files[0])
+        return read_tsv_pairs(files[0], encoding_errors=data.encoding_errors)
     if len(files) == 2:
-        return read_parallel(files[0], files[1])
+        return read_parallel(files[0], files[1], encoding_errors=data.encoding_errors)
     raise InputError(f"translation data is a folder, one TSV file or two line-aligned files; got {len(files)} files")
 
 
@@ -363,9 +366,10 @@ def _labelled(data: DataConfig, seed: int) -> tuple[list[tuple[str, str]], list[
         return make_task(name, n_train, seed).labelled(), make_task(name, n_val, seed + 1).labelled()
     if len(data.data) != 1:
         raise InputError("--task classify needs --data FILE (a '<label> <text>' file, or CSV/TSV with a header)")
-    train = read_labelled(data.data[0])
+    train = read_labelled(data.data[0], encoding_errors=data.encoding_errors)
     if data.val_data:
-        return train, [example for path in data.val_data for example in read_labelled(path)]
+        val = [e for path in data.val_data for e in read_labelled(path, encoding_errors=data.encoding_errors)]
+        return train, val
     return _split(train, data.val_fraction, seed)
 
 
@@ -381,7 +385,8 @@ def _make_task(
             lm = LMData.from_ids(make_task(name, SYNTHETIC_SIZES[0], settings.seed).lm_ids(tokenizer),
                                  val_fraction=data.val_fraction)
         else:
-            lm = LMData.prepare(_lm_files(data), tokenizer, out / "cache", val_fraction=data.val_fraction)
+            lm = LMData.prepare(_lm_files(data), tokenizer, out / "cache", val_fraction=data.val_fraction,
+                                encoding_errors=data.encoding_errors)
         return LMTask(lm, batch_size=settings.batch_size, seq_len=seq_len, seed=settings.seed,
                       eval_batches=data.eval_batches), None
     if data.task == "translate":

@@ -223,6 +223,7 @@ class Trainer:
                 self._evaluate_and_save()
             elif self.saved_step != self.step:
                 self._save(best=False)
+                self._plot()
         session = time.perf_counter() - session_start
         checkpoint = self.run_dir / CHECKPOINTS_DIR / checkpoint_name(self.step)
         if reason == "signal":
@@ -324,6 +325,9 @@ class Trainer:
         if better:
             self.best = score
         self._save(best=better)
+        self._plot()
+
+    def _plot(self) -> None:
         plot_losses(self.metrics.records(), self.run_dir / PLOT_FILE, title=f"{self.task.name}: {self.run_dir.name}")
 
     def _save(self, *, best: bool) -> None:

@@ -1,0 +1,187 @@
+"""Training benchmarks against published numbers, each through the same `attnkit.train` job the CLI runs.
+
+    python -m benchmarks train shakespeare [--dtype fp32 bf16] [--threads N]
+    python -m benchmarks train multi30k [--max-time 60m] [--threads N]
+    python -m benchmarks train sst2 [--max-steps 2000] [--threads N]
+
+shakespeare  Tiny Shakespeare, characters, nanoGPT's CPU setting: 4 layers, 4 heads, width 128, context 64,
+             batch 12, 2,000 iterations, lr 1e-3 (warmup 100, cosine to 1e-4, beta2 0.99), dropout 0, learned
+             positions, GELU, pre-norm LayerNorm, no biases. nanoGPT reports validation loss ~1.88. Validation
+             loss here is over every validation token (non-overlapping windows of 64).
+multi30k     German to English, one shared byte-level BPE, a 3+3-layer width-256 encoder-decoder, trained for a
+             time budget; sacreBLEU (detokenized, cased, 13a) of greedy translations of test_2016_flickr with the
+             checkpoint that scored best on validation BLEU. Published: 36.5 (Transformer, lowercased, longer
+             training), 28.3 (GRU with attention).
+sst2         SST-2 sentences, BPE 4096, a 2-layer width-128 encoder (dropout 0.1, mean pooling) from scratch;
+             dev accuracy at the end and the best over the evaluations (chosen on dev itself, so it flatters).
+             A CNN from scratch: ~83% on test.
+
+Results go to benchmarks/results/train-NAME.json and .md; run directories to runs/bench-NAME-*/.
+Timings depend on the machine and on what else runs on it: the load average is recorded with every result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnkit.generate import greedy_translate, load
+from attnkit.train import TrainRequest, prepare
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / ".." / "shared" / "data"
+RESULTS = ROOT / "benchmarks" / "results"
+RUNS = ROOT / "runs"
+
+SHAKESPEARE_MODEL = ["family=decoder", "d_model=128", "n_layers=4", "n_heads=4", "d_ff=512", "max_seq_len=64",
+                     "position=learned", "activation=gelu", "norm=layer", "norm_position=pre", "dropout=0.0",
+                     "bias=false", "tie_embeddings=true"]
+SHAKESPEARE_TRAIN = dict(max_steps=2000, batch_size=12, lr=1e-3, warmup=100, min_lr_ratio=0.1, beta2=0.99,
+                         weight_decay=0.1, clip=1.0, eval_every=250, seed=1337)
+
+
+def machine() -> dict[str, Any]:
+    return {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(), "processor": _cpu_name(), "load_average_1m": os.getloadavg()[0]}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        sys.exit(f"{path} is missing: the benchmark reads the shared data sets (see ../shared/data/README.md)")
+    return path
+
+
+def train(name: str, *, task: str, model: list[str], data: dict[str, Any], settings: dict[str, Any],
+          translate=None) -> tuple[Any, Any, dict[str, Any]]:
+    """Run one training job in a fresh runs/bench-NAME; returns (trainer, result, a summary row)."""
+    out = RUNS / f"bench-{name}"
+    request = TrainRequest(out=str(out), task=task, overrides=model, data=data, settings=settings, overwrite=True,
+                           progress=False)
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    trainer = prepare(request, translate=translate)
+    setup = time.perf_counter() - start
+    result = trainer.fit()
+    row = {"run": name, "run_dir": str(out.relative_to(ROOT)), "steps": result.step,
+           "train_seconds": round(result.elapsed, 1), "setup_seconds": round(setup, 1),
+           "tokens_per_second": round(result.tokens_per_second), "tokens_seen": trainer.tokens_seen,
+           "final": {k: round(v, 4) for k, v in result.evaluation.items()},
+           "best": {trainer.task.metric: round(trainer.best, 4)}, "parameters": sum(
+               p.numel() for p in trainer.model.parameters()),
+           "load_average_1m": [load_before, os.getloadavg()[0]]}
+    return trainer, result, row
+
+
+def shakespeare(args: argparse.Namespace) -> list[dict[str, Any]]:
+    text = need(DATA / "tinyshakespeare" / "input.txt")
+    rows = []
+    for dtype in args.dtype:
+        _, _, row = train(
+            f"shakespeare-{dtype}", task="lm", model=SHAKESPEARE_MODEL,
+            data={"data": (str(text),), "tokenizer": "char", "seq_len": 64, "eval_batches": 10**6},
+            settings={**SHAKESPEARE_TRAIN, "dtype": dtype},
+        )
+        row["dtype"] = dtype
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def multi30k(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import sacrebleu
+
+    folder = need(DATA / "multi30k")
+    trainer, result, row = train(
+        "multi30k", task="translate", model=[],
+        data={"data": (str(folder),), "src_lang": "de", "tgt_lang": "en", "tokenizer": "bpe", "vocab_size": 8000,
+              "bleu_samples": 300},
+        settings=dict(max_steps=args.max_steps or 100_000, max_time=args.max_time, batch_size=64, lr=1e-3, warmup=200,
+                      schedule="cosine", weight_decay=0.01, beta2=0.98, clip=1.0, eval_every=args.eval_every,
+                      seed=1),
+        translate=greedy_translate,
+    )
+    sources = (folder / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
+    references = (folder / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()
+    best = load(RUNS / "bench-multi30k" / "best", device="cpu")
+    tokenizer = best.tokenizer
+    hypotheses = []
+    for start in range(0, len(sources), 100):
+        batch = [tokenizer.encode(s) + [tokenizer.eos_id] for s in sources[start : start + 100]]
+        ids = greedy_translate(best.model, batch, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+                               pad_id=tokenizer.pad_id, max_length=128)
+        hypotheses.extend(tokenizer.decode(row) for row in ids)
+    bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+    row.update(test_bleu=round(bleu.score, 2), bleu_signature=str(bleu.format(signature=True)),
+               time_budget_seconds=args.max_time, examples=list(zip(sources[:3], hypotheses[:3], strict=True)))
+    print(json.dumps(row), flush=True)
+    return [row]
+
+
+def sst2(args: argparse.Namespace) -> list[dict[str, Any]]:
+    folder = need(DATA / "sst2")
+    _, _, row = train(
+        "sst2", task="classify", model=[],
+        data={"data": (str(folder / "stsa.binary.train"),), "val_data": (str(folder / "stsa.binary.dev"),),
+              "tokenizer": "bpe", "vocab_size": 4096},
+        settings=dict(max_steps=args.max_steps or 2000, batch_size=32, lr=5e-4, warmup=100, weight_decay=0.1,
+                      clip=1.0, eval_every=100, seed=1),
+    )
+    print(json.dumps(row), flush=True)
+    return [row]
+
+
+BENCHMARKS = {"shakespeare": shakespeare, "multi30k": multi30k, "sst2": sst2}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", choices=sorted(BENCHMARKS))
+    parser.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--max-time", type=float, default=3600.0, help="multi30k: seconds of training")
+    parser.add_argument("--max-steps", type=int, help="multi30k, sst2: optimizer steps at most (100000, 2000)")
+    parser.add_argument("--eval-every", type=int, default=1000, help="multi30k: steps between evaluations")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = BENCHMARKS[args.name](args)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"train-{args.name}.json"
+    earlier = json.loads(path.read_text())["rows"] if path.is_file() else []
+    names = {row["run"] for row in rows}
+    for row in rows:
+        row["machine"] = machine()
+    report = {"benchmark": args.name, "rows": [r for r in earlier if r["run"] not in names] + rows}
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    for row in rows:
+        plot = ROOT / row["run_dir"] / "plots" / "loss.png"
+        if plot.is_file():
+            shutil.copy(plot, RESULTS / f"train-{row['run']}-loss.png")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
