@@ -77,7 +77,7 @@ class LMTask:
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
         x, y = (t.to(_device(model)) for t in batch)
-        return model(x, targets=y).loss
+        return model(x, targets=y, return_logits=False).loss  # chunked loss: no (B, T, V) logits kept
 
     def weight(self, batch: tuple[Tensor, Tensor]) -> int:
         return batch[1].numel()
@@ -157,7 +157,9 @@ class TranslateTask(_EpochTask):
 
     def loss(self, model: nn.Module, batch: PairBatch) -> Tensor:
         b = batch.to(_device(model))
-        return model(b.src_ids, b.tgt_in, src_mask=b.src_mask, tgt_mask=b.tgt_mask, targets=b.tgt_out).loss
+        return model(
+            b.src_ids, b.tgt_in, src_mask=b.src_mask, tgt_mask=b.tgt_mask, targets=b.tgt_out, return_logits=False
+        ).loss
 
     def weight(self, batch: PairBatch) -> int:
         return batch.n_tgt_tokens
