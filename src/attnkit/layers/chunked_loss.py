@@ -1,9 +1,11 @@
 """Output projection and cross-entropy fused, in chunks of tokens: the (N, V) logits are never all in memory.
 
 With a large vocabulary (GPT-2: V = 50,257) the logits of a training batch dwarf everything else: 1,024 tokens
-make 51 M floats, written, soft-maxed, read back and differentiated. Here each chunk of tokens computes its
-logits, its loss, and at once its gradients (softmax - one-hot), which backward only scales. The plain path
-(`lm_head` then `F.cross_entropy`) stays the reference; tests hold the two equal in value and gradient.
+make 51 M floats, written, soft-maxed, read back and differentiated, in fp32. Here each chunk of tokens computes
+its logits, log-softmax and loss in fp32, and at once the gradient of the logits (softmax - one-hot), kept in the
+compute dtype (bf16 under autocast); two matrix products then give the input and weight gradients, which
+backward only scales. The plain path (`lm_head` then `F.cross_entropy`) stays the reference; tests hold the two
+equal in value and gradient.
 """
 
 from __future__ import annotations
@@ -17,50 +19,44 @@ IGNORE_INDEX = -100
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int, smoothing: float):
-        # hidden (N, C), weight (V, C), targets (N,)
-        n_tokens, vocab = hidden.shape[0], weight.shape[0]
+        # hidden (N, C), weight (V, C), targets (N,). Products run in the autocast dtype when autocast is on.
+        device_type = hidden.device.type
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+        h, w = hidden.to(dtype), weight.to(dtype)
+        n_tokens, vocab = h.shape[0], w.shape[0]
         valid = targets != IGNORE_INDEX
-        n_valid = valid.sum().clamp(min=1)
+        row_scale = valid / valid.sum().clamp(min=1)  # (N,): the mean over valid targets, 0 for ignored ones
         needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = None
-        if ctx.needs_input_grad[1]:
-            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_logits = torch.empty((n_tokens, vocab), dtype=dtype, device=h.device) if needs_grad else None
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
         for start in range(0, n_tokens, chunk_size):
             rows = slice(start, start + chunk_size)
-            chunk_targets, chunk_valid = targets[rows], valid[rows]
-            logits = (hidden[rows] @ weight.t()).float()  # (n, V)
-            log_z = torch.logsumexp(logits, dim=-1)  # (n,)
-            safe_targets = chunk_targets.clamp(min=0)
-            target_logit = logits.gather(1, safe_targets[:, None]).squeeze(1)
-            loss = (1 - smoothing) * (log_z - target_logit)
+            chunk_targets = targets[rows].clamp(min=0)[:, None]  # (n, 1)
+            log_probs = torch.log_softmax((h[rows] @ w.t()).float(), dim=-1)  # (n, C) @ (C, V) -> (n, V)
+            loss = -(1 - smoothing) * log_probs.gather(1, chunk_targets).squeeze(1)
             if smoothing:
-                loss = loss + smoothing * (log_z - logits.mean(dim=-1))
-            total = total + (loss * chunk_valid).sum()
+                loss = loss - smoothing * log_probs.mean(dim=-1)
+            total = total + (loss * row_scale[rows]).sum()
             if needs_grad:
-                # d loss_i / d logits_i = softmax - (1 - e) one_hot - e / V, for valid rows; / n_valid (mean)
-                grad_logits = torch.softmax(logits, dim=-1)
-                grad_logits.scatter_add_(
-                    1, safe_targets[:, None], torch.full_like(target_logit[:, None], -(1 - smoothing))
-                )
+                # d loss_i / d logits_i = softmax - (1 - e) one_hot - e / V, scaled by the row's share of the mean
+                probs = log_probs.exp_()
+                probs.scatter_add_(1, chunk_targets, torch.full_like(chunk_targets, smoothing - 1, dtype=probs.dtype))
                 if smoothing:
-                    grad_logits -= smoothing / vocab
-                grad_logits *= (chunk_valid / n_valid)[:, None]
-                grad_logits = grad_logits.to(hidden.dtype)
-                if grad_hidden is not None:
-                    grad_hidden[rows] = grad_logits @ weight  # (n, V) @ (V, C) -> (n, C)
-                if grad_weight is not None:
-                    grad_weight += (grad_logits.t() @ hidden[rows]).float()  # (V, n) @ (n, C) -> (V, C)
-        ctx.weight_dtype = weight.dtype
+                    probs -= smoothing / vocab
+                grad_logits[rows] = probs.mul_(row_scale[rows, None])
+        grad_hidden = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_hidden = (grad_logits @ w).to(hidden.dtype)  # (N, V) @ (V, C) -> (N, C)
+        if ctx.needs_input_grad[1]:
+            grad_weight = (grad_logits.t() @ h).to(weight.dtype)  # (V, N) @ (N, C) -> (V, C)
         ctx.save_for_backward(grad_hidden, grad_weight)
-        return total / n_valid
+        return total
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         grad_hidden, grad_weight = ctx.saved_tensors
         scaled_hidden = grad_hidden * grad_output if grad_hidden is not None else None
-        scaled_weight = (grad_weight * grad_output).to(ctx.weight_dtype) if grad_weight is not None else None
+        scaled_weight = grad_weight * grad_output if grad_weight is not None else None
         return scaled_hidden, scaled_weight, None, None, None
 
 
@@ -69,7 +65,7 @@ def chunked_linear_cross_entropy(
     weight: Tensor,
     targets: Tensor,
     *,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
     label_smoothing: float = 0.0,
 ) -> Tensor:
     """Mean cross-entropy of `hidden @ weight.T` against `targets`, ignoring -100, without keeping the logits.
