@@ -25,6 +25,7 @@ from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import beam_search
 from attnkit.generate.decoder import generate_tokens
+from attnkit.generate.quantize import quantize_int8
 from attnkit.generate.sampling import SamplingConfig, make_generator
 from attnkit.generate.seq2seq import greedy_translate, right_pad
 
@@ -300,15 +301,24 @@ def default_device() -> str:
 
 
 def load(
-    run_dir: str | Path, *, device: torch.device | str | None = None, dtype: str | torch.dtype | None = None
+    run_dir: str | Path,
+    *,
+    device: torch.device | str | None = None,
+    dtype: str | torch.dtype | None = None,
+    quantize: str | None = None,
 ) -> Pipeline:
     """Load a run directory (see the module docstring) onto `device` (default: CUDA when present, else CPU)
-    in `dtype` (default: as stored; "fp32", "bf16", "fp16" or a torch dtype).
+    in `dtype` (default: as stored; "fp32", "bf16", "fp16" or a torch dtype). `quantize="int8"` stores the
+    linear layers' weights in int8 (`attnkit.generate.quantize`), for faster decoding.
 
     Raises CheckpointError for a missing or mismatched checkpoint, or a labels.json that does not fit.
     """
+    if quantize not in (None, "int8"):
+        raise InputError(f"quantize={quantize!r} is not supported; use 'int8' or None")
     run_dir = Path(run_dir)
     model, config = load_model(run_dir, device=device or default_device(), dtype=parse_dtype(dtype))
+    if quantize == "int8":
+        quantize_int8(model)
     tokenizer = None
     if (run_dir / TOKENIZER_DIR).is_dir():
         from attnkit.tokenize import load_tokenizer

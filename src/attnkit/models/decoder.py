@@ -75,7 +75,7 @@ def lm_logits_and_loss(
 
 def allocate_cache_for(stack: TransformerStack, batch_size: int, max_len: int, *, dtype=None, device=None) -> KVCache:
     attention = stack.blocks[0].self_attn
-    reference = attention.q_proj.weight
+    reference = stack.embeddings.token.weight  # the activations' dtype and device
     return KVCache.allocate(
         n_layers=len(stack.blocks),
         batch_size=batch_size,

@@ -1,0 +1,76 @@
+"""What int8 weight-only decoding costs in quality: validation loss and perplexity of a trained language model
+in fp32, bf16 and int8 (weights int8, products bf16), with decoding speed for each.
+
+    python -m benchmarks int8 [--run runs/bench-shakespeare-fp32] [--data ../shared/data/tinyshakespeare/input.txt]
+
+The default run is the Tiny Shakespeare model that `python -m benchmarks train shakespeare` trains; any language
+model run and any text file work. Results: benchmarks/results/int8.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from attnkit.data import LMData
+from attnkit.generate import load
+from attnkit.generate.decoder import generate_tokens
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def validation_loss(model: torch.nn.Module, data: LMData, seq_len: int, max_batches: int) -> float:
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in data.iter_eval_batches("val", batch_size=16, seq_len=seq_len, max_batches=max_batches):
+            loss = model(x, targets=y).loss
+            total, count = total + float(loss) * y.numel(), count + y.numel()
+    return total / count
+
+
+def decode_speed(model: torch.nn.Module, context_len: int, new_tokens: int = 128, repeats: int = 3) -> float:
+    prompt = [[1] * 16]
+    generate_tokens(model, prompt, max_new_tokens=8, context_len=context_len)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        generate_tokens(model, prompt, max_new_tokens=new_tokens, context_len=context_len)
+        times.append(time.perf_counter() - start)
+    return new_tokens / statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks int8", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, default=ROOT / "runs" / "bench-shakespeare-fp32")
+    parser.add_argument("--data", type=Path, default=ROOT / ".." / "shared" / "data" / "tinyshakespeare" / "input.txt")
+    parser.add_argument("--max-batches", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if not (args.run / "config.json").is_file():
+        print(f"{args.run} is not a run directory; train one first: python -m benchmarks train shakespeare")
+        return 2
+    results = []
+    with tempfile.TemporaryDirectory() as cache:
+        data = None
+        for mode, dtype, quantize in (("fp32", "fp32", None), ("bf16", "bf16", None), ("int8", "bf16", "int8")):
+            pipeline = load(args.run, device="cpu", dtype=dtype, quantize=quantize)
+            data = data or LMData.prepare([args.data], pipeline.tokenizer, Path(cache), progress=False)
+            seq_len = pipeline.config.max_seq_len
+            loss = validation_loss(pipeline.model, data, seq_len, args.max_batches)
+            speed = decode_speed(pipeline.model, seq_len)
+            results.append({"mode": mode, "val_loss": loss, "val_ppl": math.exp(loss), "decode_tokens_per_s": speed})
+            print(f"{mode}: val loss {loss:.4f} (ppl {math.exp(loss):.3f}), batch-1 decoding {speed:.0f} tok/s")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    report = {"run": str(args.run), "data": str(args.data), "threads": args.threads, "results": results}
+    (RESULTS / "int8.json").write_text(json.dumps(report, indent=2) + "\n")
+    return 0
