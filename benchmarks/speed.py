@@ -54,7 +54,7 @@ CASES = [
     Case("generate-gpt2-124m-b1", "generate", "decoder", 12, 768, 12, 50257, 16, 1, new_tokens=128),
     Case("generate-gpt2-124m-b8", "generate", "decoder", 12, 768, 12, 50257, 16, 8, new_tokens=128),
 ]
-IMPLEMENTATIONS = ["attnkit", "transformers"]
+IMPLEMENTATIONS = ["attnkit", "transformers"]  # and "attnkit-int8" (int8 weights) for bf16 generation
 
 
 # --- the machine's own limits ------------------------------------------------------------------------------------
@@ -95,7 +95,7 @@ def _attnkit_config(case: Case):
                            max_seq_len=max(case.seq_len + case.new_tokens, 64), **common)
     if case.family == "encoder":  # BERT's block
         return ModelConfig(family="encoder", position="learned", activation="gelu", norm_position="post",
-                           norm_eps=1e-12, max_seq_len=512, encoder_head="mlm", **common)
+                           norm_eps=1e-12, max_seq_len=512, encoder_head="none", **common)
     return ModelConfig(family="encoder-decoder", position="sinusoidal", activation="relu", norm_position="post",
                        scale_embeddings=True, max_seq_len=512, **common)  # Vaswani's
 
@@ -128,7 +128,7 @@ def _step_function(case: Case, impl: str, dtype: str):
     ids = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator)
     targets = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
-    if impl == "attnkit":
+    if impl.startswith("attnkit"):
         from attnkit import build_model
 
         model = build_model(_attnkit_config(case))
@@ -139,6 +139,10 @@ def _step_function(case: Case, impl: str, dtype: str):
         model.eval()
         if dtype == "bf16":
             model.to(torch.bfloat16)
+        if impl == "attnkit-int8":
+            from attnkit.generate.quantize import quantize_int8
+
+            quantize_int8(model)
         return model, _generate_function(model, impl, ids, case.new_tokens)
     if case.kind == "forward":
         model.eval()
@@ -185,13 +189,17 @@ def _generate_function(model, impl: str, prompt, new_tokens: int):
     return run
 
 
-def _flops_per_token(case: Case, model: torch.nn.Module) -> float:
-    """Model FLOPs per token (Kaplan et al. / PaLM): 2 N per token forward (+ attention), x3 for training."""
-    n_params = sum(p.numel() for p in model.parameters())
-    embedding = case.vocab_size * case.d_model
-    dense = n_params - embedding + (embedding if case.family != "encoder" else 0)  # the tied lm_head counts
-    attention = 2 * 2 * case.n_layers * case.seq_len * case.d_model * (2 if case.family == "encoder-decoder" else 1)
-    forward = 2 * dense + attention
+def _flops_per_token(case: Case) -> float:
+    """Model FLOPs per token (Kaplan et al. 2020): 2 per weight per token forward, plus attention's 4 L T C,
+    x3 for training. The same count serves both implementations (the workload, not the code, is counted)."""
+    c, layers, t = case.d_model, case.n_layers, case.seq_len + case.new_tokens // 2
+    if case.family == "decoder":
+        weights, attention = 12 * layers * c * c + case.vocab_size * c, 4 * layers * t * c
+    elif case.family == "encoder":
+        weights, attention = 12 * layers * c * c, 4 * layers * t * c
+    else:  # encoder (12 C^2 a layer), decoder with cross-attention (16 C^2 a layer), output projection
+        weights, attention = 28 * layers * c * c + case.vocab_size * c, 3 * 4 * layers * t * c
+    forward = 2 * weights + attention
     return 3 * forward if case.kind == "train" else forward
 
 
@@ -212,12 +220,11 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int) ->
     result = {
         "case": case.name, "impl": impl, "dtype": dtype, "median_s": median, "times_s": times,
         "tokens_per_s": tokens / median, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "flops_per_token": _flops_per_token(case, model),
+        "flops_per_token": _flops_per_token(case),
     }
     if case.kind == "generate":
         result["ms_per_token"] = 1000 * median / case.new_tokens
-        bytes_per_weight = 2 if dtype == "bf16" else 4
-        result["weight_bytes"] = sum(p.numel() for p in model.parameters()) * bytes_per_weight
+        result["weight_bytes"] = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     return result
 
 
@@ -255,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     for case in [c for c in CASES if not args.only or c.name in args.only]:
         for dtype in args.dtypes:
             pair = {}
-            for impl in IMPLEMENTATIONS:  # alternate: attnkit, then the reference, for each case and dtype
+            impls = IMPLEMENTATIONS + (["attnkit-int8"] if case.kind == "generate" and dtype == "bf16" else [])
+            for impl in impls:  # alternate: attnkit, then the reference, for each case and dtype
                 result = _subprocess(case.name, impl, dtype, args.repeats, args.warmup, args.threads)
                 _add_utilisation(result, case, peaks)
                 pair[impl] = result
@@ -280,13 +288,15 @@ def _add_utilisation(result: dict, case: Case, peaks: dict) -> None:
 
 
 def _print_pair(case: Case, dtype: str, pair: dict) -> None:
-    ours, ref = pair["attnkit"], pair["transformers"]
-    if "error" in ours or "error" in ref:
-        print(f"{case.name} {dtype}: error {ours.get('error') or ref.get('error')}", flush=True)
-        return
-    print(f"{case.name:28s} {dtype}: attnkit {ours['tokens_per_s']:9.1f} tok/s  transformers "
-          f"{ref['tokens_per_s']:9.1f} tok/s  ratio {ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x  "
-          f"peak RSS {ours['peak_rss_mb']:.0f} vs {ref['peak_rss_mb']:.0f} MB", flush=True)
+    ref = pair["transformers"]
+    for impl in (name for name in pair if name != "transformers"):
+        ours = pair[impl]
+        if "error" in ours or "error" in ref:
+            print(f"{case.name} {dtype}: error {ours.get('error') or ref.get('error')}", flush=True)
+            continue
+        print(f"{case.name:28s} {dtype}: {impl} {ours['tokens_per_s']:9.1f} tok/s  transformers "
+              f"{ref['tokens_per_s']:9.1f} tok/s  ratio {ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x  "
+              f"peak RSS {ours['peak_rss_mb']:.0f} vs {ref['peak_rss_mb']:.0f} MB", flush=True)
 
 
 def markdown_table(report: dict) -> str:
@@ -302,14 +312,15 @@ def markdown_table(report: dict) -> str:
     ]
     by_key = {(r["case"], r["dtype"], r["impl"]): r for r in report["results"]}
     for case in CASES:
-        for dtype in ("fp32", "bf16"):
-            ours, ref = by_key.get((case.name, dtype, "attnkit")), by_key.get((case.name, dtype, "transformers"))
+        for dtype, impl in (("fp32", "attnkit"), ("bf16", "attnkit"), ("bf16", "attnkit-int8")):
+            ours, ref = by_key.get((case.name, dtype, impl)), by_key.get((case.name, dtype, "transformers"))
             if not ours or not ref or "error" in ours or "error" in ref:
                 continue
             ms = f"{ours['ms_per_token']:.1f}" if "ms_per_token" in ours else ""
             bandwidth = f"{ours['bandwidth_fraction']:.0%}" if "bandwidth_fraction" in ours else ""
+            label = dtype if impl == "attnkit" else "int8 weights, bf16"
             lines.append(
-                f"| {case.name} | {dtype} | {ours['tokens_per_s']:.1f} | {ref['tokens_per_s']:.1f} | "
+                f"| {case.name} | {label} | {ours['tokens_per_s']:.1f} | {ref['tokens_per_s']:.1f} | "
                 f"{ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x | {ours['mfu']:.1%} | {ref['mfu']:.1%} | "
                 f"{ours['peak_rss_mb']:.0f} / {ref['peak_rss_mb']:.0f} | {ms} | {bandwidth} |"
             )
