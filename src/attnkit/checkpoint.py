@@ -116,7 +116,9 @@ def raise_mismatch(
         )
 
 
-def save_model(model: nn.Module, config: ModelConfig, directory: str | Path, *, extra: dict[str, Any] | None = None) -> None:
+def save_model(
+    model: nn.Module, config: ModelConfig, directory: str | Path, *, extra: dict[str, Any] | None = None
+) -> None:
     """Write `config.json` and `model.safetensors` into `directory`, each atomically."""
     directory = Path(directory)
     save_tensors(unique_state_dict(model), directory / WEIGHTS_FILE, metadata={"format": "pt"})

@@ -29,7 +29,7 @@ def _run_presets(args: argparse.Namespace) -> int:
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     return 0
 
 

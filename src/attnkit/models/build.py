@@ -47,7 +47,9 @@ def build_model(config: ModelConfig) -> nn.Module:
         if config.tie_embeddings and config.tgt_vocab_size is None:  # one shared vocabulary: one table
             decoder.embeddings.token.weight = encoder.embeddings.token.weight
         lm_head = _lm_head(config, decoder, config.target_vocab_size)
-        model = EncoderDecoder(encoder=encoder, decoder=decoder, lm_head=lm_head, label_smoothing=config.label_smoothing)
+        model = EncoderDecoder(
+            encoder=encoder, decoder=decoder, lm_head=lm_head, label_smoothing=config.label_smoothing
+        )
     _init_weights(model, config)
     return model
 
