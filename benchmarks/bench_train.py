@@ -1,6 +1,7 @@
 """Training benchmarks against published numbers, each through the same `attnkit.train` job the CLI runs.
 
     python -m benchmarks train shakespeare [--dtype fp32 bf16] [--threads N]
+    python -m benchmarks train nanogpt [--seeds 1337 1]
     python -m benchmarks train multi30k [--max-time 60m] [--threads N]
     python -m benchmarks train sst2 [--max-steps 2000] [--threads N]
 
@@ -8,6 +9,8 @@ shakespeare  Tiny Shakespeare, characters, nanoGPT's CPU setting: 4 layers, 4 he
              batch 12, 2,000 iterations, lr 1e-3 (warmup 100, cosine to 1e-4, beta2 0.99), dropout 0, learned
              positions, GELU, pre-norm LayerNorm, no biases. nanoGPT reports validation loss ~1.88. Validation
              loss here is over every validation token (non-overlapping windows of 64).
+nanogpt      the same setting through nanoGPT's own model and train.py loop, written out in this file: its
+             validation loss over every token, and ten of its 20-batch estimates (how it reports 1.88).
 multi30k     German to English, one shared byte-level BPE, a 3+3-layer width-256 encoder-decoder, trained for a
              time budget; sacreBLEU (detokenized, cased, 13a) of greedy translations of test_2016_flickr with the
              checkpoint that scored best on validation BLEU. Published: 36.5 (Transformer, lowercased, longer
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import shutil
@@ -107,8 +111,117 @@ def shakespeare(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+class NanoGPTBlock(torch.nn.Module):
+    """nanoGPT's Block (bias=False): pre-norm causal self-attention and a GELU MLP."""
+
+    def __init__(self, C: int, H: int) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.H = H
+        self.ln_1, self.ln_2 = nn.LayerNorm(C, bias=False), nn.LayerNorm(C, bias=False)
+        self.c_attn, self.attn_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
+        self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in self.c_attn(self.ln_1(x)).split(C, 2))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        x = x + self.attn_proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp_proj(torch.nn.functional.gelu(self.c_fc(self.ln_2(x))))
+
+
+class NanoGPT(torch.nn.Module):
+    """nanoGPT's GPT: token + learned positions, blocks, final LayerNorm, output tied to the token embedding."""
+
+    def __init__(self, V: int, T: int, C: int, H: int, L: int) -> None:
+        super().__init__()
+        self.wte, self.wpe = torch.nn.Embedding(V, C), torch.nn.Embedding(T, C)
+        self.blocks = torch.nn.Sequential(*[NanoGPTBlock(C, H) for _ in range(L)])
+        self.ln_f = torch.nn.LayerNorm(C, bias=False)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:  # N(0, 0.02); residual projections N(0, 0.02 / sqrt(2 L))
+                torch.nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L) if name.endswith("_proj.weight") else 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.wte(x) + self.wpe(torch.arange(x.shape[1]))  # (B, T, C)
+        return self.ln_f(self.blocks(h)) @ self.wte.weight.T  # (B, T, V)
+
+
+def nanogpt_parity(V: int, T: int) -> dict[str, Any]:
+    """The largest logit difference between attnkit's model of the setting and nanoGPT's, same weights."""
+    from attnkit import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    reference = NanoGPT(V, T, 128, 4, 4)
+    ours = build_model(ModelConfig(vocab_size=V).with_overrides(SHAKESPEARE_MODEL))
+    mapped = {"stack.embeddings.token.weight": reference.wte.weight, "stack.embeddings.positions.weight":
+              reference.wpe.weight, "stack.final_norm.weight": reference.ln_f.weight}
+    for i, block in enumerate(reference.blocks):
+        prefix = f"stack.blocks.{i}."
+        for name, weight in zip(("q", "k", "v"), block.c_attn.weight.split(128), strict=True):
+            mapped[f"{prefix}self_attn.{name}_proj.weight"] = weight
+        mapped.update({f"{prefix}self_attn.o_proj.weight": block.attn_proj.weight,
+                       f"{prefix}attn_norm.weight": block.ln_1.weight, f"{prefix}mlp_norm.weight": block.ln_2.weight,
+                       f"{prefix}mlp.up_proj.weight": block.c_fc.weight,
+                       f"{prefix}mlp.down_proj.weight": block.mlp_proj.weight})
+    ours.load_state_dict(mapped, strict=False)  # lm_head is tied to the token embedding
+    x = torch.randint(0, V, (4, T))
+    with torch.no_grad():
+        difference = (ours(x).logits - reference(x)).abs().max().item()
+    print(f"attnkit vs nanoGPT logits, same weights: max difference {difference:.3g}", flush=True)
+    return {"run": "nanogpt-parity", "max_logit_difference": difference}
+
+
+def nanogpt_reference(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """nanoGPT's model and train.py loop (shakespeare_char, CPU setting), written out above and re-run here:
+    its validation loss over every token, and ten of its 20-batch estimates (the way it reports 1.88)."""
+    F = torch.nn.functional
+    text = need(DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+    stoi = {c: i for i, c in enumerate(sorted(set(text)))}
+    data = torch.tensor([stoi[c] for c in text])
+    train_data, val_data = data[: int(len(data) * 0.9)], data[int(len(data) * 0.9) :]
+    V, T, B = len(stoi), 64, 12
+
+    def batch(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ix = torch.randint(len(d) - T, (B,))
+        return torch.stack([d[i : i + T] for i in ix]), torch.stack([d[i + 1 : i + 1 + T] for i in ix])
+
+    def loss(model: NanoGPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
+
+    rows = [nanogpt_parity(V, T)]
+    for seed in args.seeds:
+        torch.manual_seed(seed)
+        model = NanoGPT(V, T, 128, 4, 4)
+        params = list(model.parameters())
+        optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                                       {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                      lr=1e-3, betas=(0.9, 0.99))
+        start = time.perf_counter()
+        for it in range(2000):  # nanoGPT's get_lr: warmup 100, cosine to 1e-4 at 2000
+            cosine = 0.5 * (1 + math.cos(math.pi * (it - 100) / 1900))
+            lr = 1e-3 * (it + 1) / 101 if it < 100 else 1e-4 + cosine * 9e-4
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss(model, *batch(train_data)).backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - start
+        with torch.no_grad():
+            windows = torch.stack([val_data[i : i + T + 1] for i in range(0, len(val_data) - T, T)])
+            full = loss(model, windows[:, :-1], windows[:, 1:]).item()
+            estimates = [sum(loss(model, *batch(val_data)).item() for _ in range(20)) / 20 for _ in range(10)]
+        row = {"run": f"nanogpt-reference-seed{seed}", "seed": seed, "val_loss_every_token": round(full, 4),
+               "val_loss_20_batch_estimates": [round(e, 3) for e in estimates], "train_seconds": round(seconds, 1),
+               "tokens_per_second": round(2000 * B * T / seconds), "load_average_1m": os.getloadavg()[0]}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def multi30k(args: argparse.Namespace) -> list[dict[str, Any]]:
-    import sacrebleu
+    from sacrebleu.metrics import BLEU
 
     folder = need(DATA / "multi30k")
     trainer, result, row = train(
@@ -130,8 +243,9 @@ def multi30k(args: argparse.Namespace) -> list[dict[str, Any]]:
         ids = greedy_translate(best.model, batch, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                                pad_id=tokenizer.pad_id, max_length=128)
         hypotheses.extend(tokenizer.decode(row) for row in ids)
-    bleu = sacrebleu.corpus_bleu(hypotheses, [references])
-    row.update(test_bleu=round(bleu.score, 2), bleu_signature=str(bleu.format(signature=True)),
+    metric = BLEU()  # sacreBLEU's defaults: 13a tokenization of detokenized text, cased
+    bleu = metric.corpus_score(hypotheses, [references])
+    row.update(test_bleu=round(bleu.score, 2), bleu=str(bleu), bleu_signature=str(metric.get_signature()),
                time_budget_seconds=args.max_time, examples=list(zip(sources[:3], hypotheses[:3], strict=True)))
     print(json.dumps(row), flush=True)
     return [row]
@@ -150,7 +264,7 @@ def sst2(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [row]
 
 
-BENCHMARKS = {"shakespeare": shakespeare, "multi30k": multi30k, "sst2": sst2}
+BENCHMARKS = {"shakespeare": shakespeare, "nanogpt": nanogpt_reference, "multi30k": multi30k, "sst2": sst2}
 
 
 def main(argv: list[str]) -> int:
@@ -161,6 +275,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-time", type=float, default=3600.0, help="multi30k: seconds of training")
     parser.add_argument("--max-steps", type=int, help="multi30k, sst2: optimizer steps at most (100000, 2000)")
     parser.add_argument("--eval-every", type=int, default=1000, help="multi30k: steps between evaluations")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[1337], help="nanogpt: seeds to train (none: parity)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -176,7 +291,7 @@ def main(argv: list[str]) -> int:
     report = {"benchmark": args.name, "rows": [r for r in earlier if r["run"] not in names] + rows}
     path.write_text(json.dumps(report, indent=1) + "\n")
     for row in rows:
-        plot = ROOT / row["run_dir"] / "plots" / "loss.png"
+        plot = ROOT / row.get("run_dir", "-") / "plots" / "loss.png"
         if plot.is_file():
             shutil.copy(plot, RESULTS / f"train-{row['run']}-loss.png")
     print(f"wrote {path}")

@@ -153,9 +153,10 @@ def prepare(request: TrainRequest, *, translate: Translator | None = None) -> Tr
     data_config = DataConfig.from_dict(_absolute_paths(data_changes))
     settings = TrainConfig.from_dict(train_changes)
     seed_all(settings.seed)
-    tokenizer = _new_tokenizer(data_config, settings.seed)
+    lm_files = _lm_files(data_config) if data_config.task == "lm" and _synthetic_name(data_config) is None else None
+    tokenizer = _new_tokenizer(data_config, settings.seed, lm_files)
     config = _model_config(request, data_config.task, model_changes)
-    task, labels = _make_task(data_config, settings, tokenizer, config, out, translate)
+    task, labels = _make_task(data_config, settings, tokenizer, config, out, translate, lm_files)
     config = _fit_config(config, tokenizer, labels, data_config)
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
     seed_all(settings.seed)  # the weights do not depend on how much randomness data preparation used
@@ -292,13 +293,13 @@ def _synthetic_name(data: DataConfig) -> str | None:
     return None
 
 
-def _new_tokenizer(data: DataConfig, seed: int) -> Tokenizer:
+def _new_tokenizer(data: DataConfig, seed: int, lm_files: list[Path] | None) -> Tokenizer:
     if _synthetic_name(data) is not None:
         return synthetic_tokenizer()
     if data.tokenizer not in ("char", "bpe"):
         return load_tokenizer(data.tokenizer)
     if data.task == "lm":
-        source: list[Any] = _lm_files(data)
+        source: list[Any] = lm_files
     elif data.task == "translate":
         source = [text for pair in _pairs(data, seed)[0] for text in pair]  # one vocabulary for both sides
     else:
@@ -375,7 +376,7 @@ def _labelled(data: DataConfig, seed: int) -> tuple[list[tuple[str, str]], list[
 
 def _make_task(
     data: DataConfig, settings: TrainConfig, tokenizer: Tokenizer, config: ModelConfig, out: Path,
-    translate: Translator | None,
+    translate: Translator | None, lm_files: list[Path] | None = None,
 ) -> tuple[Task, list[str] | None]:
     seq_len = data.seq_len or config.max_seq_len
     batch = dict(batch_size=settings.batch_size, seed=settings.seed)
@@ -385,7 +386,7 @@ def _make_task(
             lm = LMData.from_ids(make_task(name, SYNTHETIC_SIZES[0], settings.seed).lm_ids(tokenizer),
                                  val_fraction=data.val_fraction)
         else:
-            lm = LMData.prepare(_lm_files(data), tokenizer, out / "cache", val_fraction=data.val_fraction,
+            lm = LMData.prepare(lm_files or _lm_files(data), tokenizer, out / "cache", val_fraction=data.val_fraction,
                                 encoding_errors=data.encoding_errors)
         return LMTask(lm, batch_size=settings.batch_size, seq_len=seq_len, seed=settings.seed,
                       eval_batches=data.eval_batches), None
