@@ -65,6 +65,13 @@ class _Encoder(nn.Module):
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, need_weights=need_weights
         )
 
+    @staticmethod
+    def _output(logits: Tensor, labels: Tensor | None, attentions, hidden: Tensor, need_weights: bool) -> ModelOutput:
+        loss = cross_entropy(logits, labels) if labels is not None else None
+        return ModelOutput(
+            logits=logits, loss=loss, attentions=attentions if need_weights else None, hidden_states=hidden
+        )
+
     def _pool(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
         """(B, T, C) -> (B, C): pooled over the real tokens, through the pooler when there is one."""
         mask = attention_mask.bool() if attention_mask is not None else None
@@ -116,10 +123,7 @@ class EncoderClassifier(_Encoder):
         """input_ids (B, T) -> logits (B, n_classes); loss when labels (B,) are given."""
         hidden, attentions = self._encode(input_ids, attention_mask, token_type_ids, need_weights)
         logits = self.classifier(self._pool(hidden, attention_mask))  # (B, n_classes)
-        loss = cross_entropy(logits, labels) if labels is not None else None
-        return ModelOutput(
-            logits=logits, loss=loss, attentions=attentions if need_weights else None, hidden_states=hidden
-        )
+        return self._output(logits, labels, attentions, hidden, need_weights)
 
 
 class EncoderMaskedLM(_Encoder):
@@ -142,7 +146,4 @@ class EncoderMaskedLM(_Encoder):
         """input_ids (B, T) -> logits (B, T, V); labels (B, T) hold original ids at masked places, else -100."""
         hidden, attentions = self._encode(input_ids, attention_mask, token_type_ids, need_weights)
         logits = self.lm_head(self.transform(hidden) if self.transform is not None else hidden)  # (B, T, V)
-        loss = cross_entropy(logits, labels) if labels is not None else None
-        return ModelOutput(
-            logits=logits, loss=loss, attentions=attentions if need_weights else None, hidden_states=hidden
-        )
+        return self._output(logits, labels, attentions, hidden, need_weights)
