@@ -26,7 +26,7 @@ def test_equals_the_plain_path(smoothing, chunk_size):
     torch.testing.assert_close(weight.grad, 2 * grads[1], atol=1e-6, rtol=1e-6)
 
 
-def test_without_grad_computes_only_the_loss():
+def test_without_grad_gives_the_plain_loss():
     hidden, weight = torch.randn(5, 8), torch.randn(11, 8)
     targets = torch.randint(0, 11, (5,))
     with torch.no_grad():

@@ -14,7 +14,7 @@ LAYERS = {
     "models": 4, "checkpoint": 4,
     "train": 5, "generate": 5, "interop": 5, "viz": 5,
     "experiments": 6,
-    "cli": 7, "__init__": 7, "__main__": 7, "api": 7,
+    "cli": 7, "__init__": 7, "__main__": 7,
 }
 SIDE_BY_SIDE = {"tokenize", "data"}  # beside the model stack: never import it
 MODEL_STACK = {"config", "presets", "layers", "blocks", "models", "checkpoint"}

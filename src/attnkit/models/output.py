@@ -7,9 +7,8 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnkit.layers.chunked_loss import IGNORE_INDEX
 from attnkit.layers.kv_cache import KVCache
-
-IGNORE_INDEX = -100  # targets equal to this (padding, unmasked MLM positions) add nothing to the loss
 
 
 @dataclass
