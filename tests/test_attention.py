@@ -4,10 +4,21 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnkit.layers.attention import AdditiveScore, Attention, BilinearScore, DotScore, attention_weights, make_score
+from attnkit.layers.attention import (
+    AdditiveScore,
+    Attention,
+    BilinearScore,
+    DotScore,
+    attention_weights,
+    grouped_attention,
+    make_score,
+    math_kernel_is_faster,
+)
+from attnkit.layers.masks import causal_mask, padding_mask
 
 
 def _qk(seed=0, batch=2, heads=3, tq=4, tk=5, dim=8):
@@ -176,3 +187,42 @@ def test_matches_torch_multihead_attention():
     expected, _ = reference(x, x, x, attn_mask=future)
     ours, _ = attention(x, causal=True)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2, 1])
+@pytest.mark.parametrize("query_len", [1, 6])
+def test_grouped_math_kernel_equals_fused_kernel(n_kv_heads, query_len):
+    """The plain-matmul kernel (chosen for bf16 on CPU) against SDPA, with every mask kind and for gradients."""
+    batch, n_heads, key_len, dim = 3, 4, 6, 8
+    kv = n_kv_heads or n_heads
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, n_heads, query_len, dim, generator=g, requires_grad=True)
+    k = torch.randn(batch, kv, key_len, dim, generator=g, requires_grad=True)
+    v = torch.randn(batch, kv, key_len, dim, generator=g, requires_grad=True)
+    real = torch.ones(batch, key_len, dtype=torch.bool)
+    real[1, 1:3] = False  # key 0 stays visible so that no causal row is empty
+    causal = causal_mask(query_len, key_len)
+    masks = [None, causal, padding_mask(real), causal & padding_mask(real)]
+    for mask in masks:
+        ours = grouped_attention(q, k, v, mask)
+        reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv != n_heads)
+        torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+        grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
+        reference_grads = torch.autograd.grad(reference.square().sum(), (q, k, v))
+        for grad, reference_grad in zip(grads, reference_grads, strict=True):
+            torch.testing.assert_close(grad, reference_grad, atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_on_cpu_takes_the_math_kernel_and_agrees_with_fp32():
+    attention = _attention(n_kv_heads=2)
+    x = torch.randn(2, 6, 32)
+    real = torch.ones(2, 6, dtype=torch.bool)
+    real[0, :3] = False
+    q = torch.zeros(2, 4, 6, 8, dtype=torch.bfloat16)
+    assert math_kernel_is_faster(q, 6) and not math_kernel_is_faster(q.float(), 6)
+    assert not math_kernel_is_faster(torch.zeros(1, 4, 2, 8, dtype=torch.bfloat16), 512)
+    for kwargs in ({"causal": True}, {"key_is_real": real, "causal": True}):
+        full, _ = attention(x, **kwargs)
+        half, _ = attention.to(torch.bfloat16)(x.bfloat16(), **kwargs)
+        attention.float()
+        torch.testing.assert_close(half.float(), full, atol=3e-2, rtol=3e-2)

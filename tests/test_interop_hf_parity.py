@@ -10,7 +10,10 @@ from attnkit.generate import generate_tokens
 from attnkit.interop import hf
 
 FP32_TOLERANCE = 1e-5
-BF16_TOLERANCE = 2e-2  # of the logits' scale: one bf16 step at |x| = 4 is already 0.03
+# Of the logits' scale: a few bf16 steps (one step at |x| = 4 is 0.03), since the two compute in different orders
+# (on CPU, attnkit's bf16 attention runs as float32 matrix products, transformers' through SDPA's bf16 kernel). The
+# real bar is the second check below: no further from the fp32 numbers than transformers' own bf16 run.
+BF16_TOLERANCE = 4e-2
 
 
 @pytest.fixture(scope="module")
