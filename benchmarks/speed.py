@@ -1,9 +1,10 @@
 """Speed and memory, attnkit side by side with Hugging Face `transformers`, on the same machine in the same run.
 
-    python -m benchmarks speed [--quick] [--only CASE ...] [--repeats 5]
+    python -m benchmarks speed [--only CASE ...] [--dtypes fp32 bf16] [--repeats 5] [--rounds 3] [--threads 1]
 
 Each measurement runs in a fresh subprocess (so peak resident memory is that case's alone), alternating attnkit
-and the reference, each with warm-up steps and the median of several timed ones. The machine's own peaks are
+and the reference, each with warm-up steps and the median of several timed ones; with --rounds the alternation
+repeats and each side reports its median round, which steadies ratios on a shared machine. The machine's own peaks are
 measured first: matrix-multiply FLOP/s in fp32 and bf16, and memory read bandwidth. Results go to
 `benchmarks/results/speed-<machine>.json` and a markdown table beside it.
 """
@@ -151,6 +152,11 @@ def _step_function(case: Case, impl: str, dtype: str):
             from attnkit.generate.quantize import quantize_int8
 
             quantize_int8(model)
+        elif impl == "attnkit":  # as `attnkit.load` prepares a model for decoding
+            from attnkit.generate.decode_layout import transpose_linear_weights, wants_transposed_weights
+
+            if wants_transposed_weights(model):
+                transpose_linear_weights(model)
         return model, _generate_function(model, impl, ids, case.new_tokens)
     if case.kind == "forward":
         model.eval()
@@ -252,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", nargs="*", default=["fp32", "bf16"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="alternate attnkit and the reference this many times per case; report the median round")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--machine", default=platform.node() or "cpu")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
@@ -269,12 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in [c for c in CASES if not args.only or c.name in args.only]:
         for dtype in args.dtypes:
-            pair = {}
             impls = IMPLEMENTATIONS + (["attnkit-int8"] if case.kind == "generate" and dtype == "bf16" else [])
-            for impl in impls:  # alternate: attnkit, then the reference, for each case and dtype
-                result = _subprocess(case.name, impl, dtype, args.repeats, args.warmup, args.threads)
+            runs: dict[str, list[dict]] = {impl: [] for impl in impls}
+            for _ in range(args.rounds):  # alternate: attnkit, then the reference, round after round
+                for impl in impls:
+                    runs[impl].append(_subprocess(case.name, impl, dtype, args.repeats, args.warmup, args.threads))
+            pair = {impl: _median_round(results) for impl, results in runs.items()}
+            for result in pair.values():
                 _add_utilisation(result, case, peaks)
-                pair[impl] = result
                 rows.append(result)
             _print_pair(case, dtype, pair)
     report = {"machine": args.machine, "threads": args.threads, "torch": torch.__version__, "peaks": peaks,
@@ -284,6 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / f"speed-{args.machine}.md").write_text(markdown_table(report))
     print(f"wrote {RESULTS / f'speed-{args.machine}.json'} and .md")
     return 0
+
+
+def _median_round(results: list[dict]) -> dict:
+    """The round with the median tokens/s (the lower middle one for an even count), listing every round's."""
+    good = [r for r in results if "error" not in r]
+    if not good:
+        return results[0]
+    ranked = sorted(good, key=lambda r: r["tokens_per_s"])
+    return {**ranked[(len(ranked) - 1) // 2], "rounds_tokens_per_s": [r["tokens_per_s"] for r in good]}
 
 
 def _add_utilisation(result: dict, case: Case, peaks: dict) -> None:

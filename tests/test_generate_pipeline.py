@@ -12,6 +12,7 @@ from attnkit import cli
 from attnkit.checkpoint import save_model
 from attnkit.errors import CheckpointError, ConfigError, InputError
 from attnkit.generate import Pipeline, generate_tokens, greedy_translate
+from attnkit.generate.decode_layout import TransposedLinear
 from attnkit.tokenize import CharTokenizer
 
 ALPHABET = "abcdefgh \n"
@@ -203,3 +204,14 @@ def test_cli_translate_file_to_file_and_classify(runs, tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     results = attnkit.load(runs["clf"]).classify(["abc", "hh"])
     assert lines == [f"{r.label}\t{r.probability:.4f}" for r in results]
+
+
+def test_load_transposes_only_fp32_models_that_decode(runs):
+    def transposed(pipeline):
+        return any(isinstance(m, TransposedLinear) for m in pipeline.model.modules())
+
+    assert transposed(attnkit.load(runs["lm"], device="cpu"))
+    assert transposed(attnkit.load(runs["mt"], device="cpu"))
+    assert not transposed(attnkit.load(runs["lm"], device="cpu", dtype="bf16"))
+    assert not transposed(attnkit.load(runs["lm"], device="cpu", quantize="int8"))
+    assert not transposed(attnkit.load(runs["clf"], device="cpu"))

@@ -130,6 +130,21 @@ def test_bf16_autocast_trains(tmp_path):
     assert math.isfinite(result.evaluation["val_loss"])
 
 
+def test_compiled_blocks_train_like_eager_ones(tmp_path):
+    """`compile=True` (torch.compile per block) is a speed option only: same losses and weights, same names."""
+    trainer = prepare(request(tmp_path / "c", max_steps=4, eval_every=4, compile=True, overrides=["dropout=0.0"]))
+    assert any(hasattr(m, "_compiled_call_impl") and m._compiled_call_impl for m in trainer.model.modules())
+    trainer.fit()
+    eager = prepare(request(tmp_path / "e", max_steps=4, eval_every=4, overrides=["dropout=0.0"]))
+    eager.fit()
+    for (step, loss), (_, expected) in zip(train_losses(tmp_path / "c"), train_losses(tmp_path / "e"), strict=True):
+        assert loss == pytest.approx(expected, rel=1e-4), step
+    compiled_weights, eager_weights = weights(tmp_path / "c"), weights(tmp_path / "e")
+    assert compiled_weights.keys() == eager_weights.keys()
+    for name, tensor in eager_weights.items():
+        torch.testing.assert_close(compiled_weights[name], tensor, rtol=1e-4, atol=1e-5)
+
+
 def test_translation_bleu_compares_detokenized_greedy_output_with_references(tmp_path):
     words = "the a cat dog sees likes small big red old".split()
     lines = [" ".join(words[(i * k) % len(words)] for k in range(1, 7)) for i in range(60)]

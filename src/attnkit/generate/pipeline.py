@@ -24,6 +24,7 @@ from attnkit.checkpoint import load_model
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import beam_search
+from attnkit.generate.decode_layout import transpose_linear_weights, wants_transposed_weights
 from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.quantize import quantize_int8
 from attnkit.generate.sampling import SamplingConfig, make_generator
@@ -309,7 +310,8 @@ def load(
 ) -> Pipeline:
     """Load a run directory (see the module docstring) onto `device` (default: CUDA when present, else CPU)
     in `dtype` (default: as stored; "fp32", "bf16", "fp16" or a torch dtype). `quantize="int8"` stores the
-    linear layers' weights in int8 (`attnkit.generate.quantize`), for faster decoding.
+    linear layers' weights in int8 (`attnkit.generate.quantize`), for faster decoding. Models that decode (not
+    encoder classifiers) in fp32 on a CPU get their weights transposed (`attnkit.generate.decode_layout`).
 
     Raises CheckpointError for a missing or mismatched checkpoint, or a labels.json that does not fit.
     """
@@ -319,6 +321,8 @@ def load(
     model, config = load_model(run_dir, device=device or default_device(), dtype=parse_dtype(dtype))
     if quantize == "int8":
         quantize_int8(model)
+    elif config.family != "encoder" and wants_transposed_weights(model):
+        transpose_linear_weights(model)
     tokenizer = None
     if (run_dir / TOKENIZER_DIR).is_dir():
         from attnkit.tokenize import load_tokenizer

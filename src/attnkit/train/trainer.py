@@ -32,6 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from attnkit.blocks import TransformerBlock
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.tokenize import Tokenizer
@@ -81,6 +82,7 @@ class TrainConfig:
     beta2: float = 0.95
     clip: float = 1.0  # max gradient norm; 0 disables clipping
     dtype: DType = "fp32"  # bf16: autocast matrix products to bfloat16 (weights and optimizer stay fp32)
+    compile: bool = False  # torch.compile each transformer block (pays off on GPUs; a few percent on CPUs)
     eval_every: int = 200  # steps between evaluations (each also writes a checkpoint)
     log_every: int = 10  # steps between progress lines when no progress bar is shown
     keep: int = 3  # checkpoints kept besides best/
@@ -97,6 +99,8 @@ class TrainConfig:
             raise ConfigError(f"lr={self.lr!r} must be a positive number (1e-3 suits small models)")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"schedule={self.schedule!r} is not known; choose one of {', '.join(SCHEDULES)}")
+        if not isinstance(self.compile, bool):
+            raise ConfigError(f"compile={self.compile!r} must be true or false")
         if self.dtype not in get_args(DType):
             raise ConfigError(f"dtype={self.dtype!r} is not supported; choose fp32 or bf16")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
@@ -141,6 +145,17 @@ class TrainResult:
     signal: int | None = None
 
 
+def compile_blocks(model: nn.Module) -> None:
+    """torch.compile every transformer block of `model` in place (names and checkpoints unchanged).
+
+    Blocks rather than the whole model: the edge checks on token ids stay eager, the blocks of a stack share one
+    compiled graph, and compile time stays that of one block.
+    """
+    for module in model.modules():
+        if isinstance(module, TransformerBlock):
+            module.compile()
+
+
 class Trainer:
     """Trains `model` on `task`, checkpointing into `run_dir` (layout in `attnkit.train.state`).
 
@@ -164,6 +179,8 @@ class Trainer:
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
+        if settings.compile:
+            compile_blocks(self.model)
         self.config, self.task, self.settings = config, task, settings
         self.run_dir = Path(run_dir)
         self.tokenizer, self.labels, self.run_info = tokenizer, labels, run_info or {}

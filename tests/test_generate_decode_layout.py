@@ -1,0 +1,38 @@
+"""Transposed weights for fp32 CPU decoding give the same numbers as nn.Linear (`attnkit.load` applying them is
+tested with the pipeline)."""
+
+import pytest
+import torch
+
+from attnkit import ModelConfig, build_model
+from attnkit.generate.decode_layout import TransposedLinear, transpose_linear_weights
+from attnkit.generate.decoder import generate_tokens
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_transposed_layer_equals_the_linear_layer(bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(24, 40, bias=bias)
+    layer = TransposedLinear(linear)
+    assert layer.weight_t.shape == (24, 40) and layer.weight_t.is_contiguous()
+    for x in (torch.randn(1, 1, 24), torch.randn(3, 5, 24), torch.randn(7, 24)):
+        torch.testing.assert_close(layer(x), linear(x), atol=1e-6, rtol=1e-5)
+
+
+def test_transposed_decoder_gives_the_same_logits_and_tokens():
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, position="learned",
+                         max_seq_len=40, tie_embeddings=True)
+    model = build_model(config).eval()
+    ids = torch.randint(0, 60, (2, 9))
+    with torch.no_grad():
+        expected = model(ids).logits
+    expected_tokens = generate_tokens(model, [[1, 2, 3], [4]], max_new_tokens=12, context_len=40)
+    table = model.stack.embeddings.token.weight.clone()
+    transpose_linear_weights(model)
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert torch.equal(model.stack.embeddings.token.weight, table)  # the tied table keeps its own layout
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, expected, atol=1e-5, rtol=1e-5)
+    assert generate_tokens(model, [[1, 2, 3], [4]], max_new_tokens=12, context_len=40) == expected_tokens
+
