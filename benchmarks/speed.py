@@ -238,8 +238,20 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int) ->
     }
     if case.kind == "generate":
         result["ms_per_token"] = 1000 * median / case.new_tokens
-        result["weight_bytes"] = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        result["weight_bytes"] = bytes_read_per_token(model)
     return result
+
+
+def bytes_read_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights one decoding step reads: every parameter and buffer, once, except tables that only an
+    embedding looks rows up in (a tied output layer reads its table whole, so that one counts)."""
+    from attnkit.layers.positions import LearnedPositions
+
+    read: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        if not isinstance(module, (torch.nn.Embedding, LearnedPositions)):
+            read.update((id(t), t) for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)))
+    return sum(t.numel() * t.element_size() for t in read.values())
 
 
 def _subprocess(case: str, impl: str, dtype: str, repeats: int, warmup: int, threads: int) -> dict:
@@ -262,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="alternate attnkit and the reference this many times per case; report the median round")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--machine", default=platform.node() or "cpu")
+    parser.add_argument("--update", action="store_true",
+                        help="merge into the machine's results file, replacing only the cases and dtypes run now")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -287,10 +301,17 @@ def main(argv: list[str] | None = None) -> int:
                 _add_utilisation(result, case, peaks)
                 rows.append(result)
             _print_pair(case, dtype, pair)
+    command = "python -m benchmarks speed " + " ".join(argv or sys.argv[1:])
     report = {"machine": args.machine, "threads": args.threads, "torch": torch.__version__, "peaks": peaks,
-              "command": "python -m benchmarks speed " + " ".join(argv or sys.argv[1:]), "results": rows}
+              "command": command, "results": rows}
+    path = RESULTS / f"speed-{args.machine}.json"
+    if args.update and path.is_file():  # keep the earlier rows of other cases and dtypes
+        earlier = json.loads(path.read_text())
+        redone = {(r["case"], r["dtype"]) for r in rows}
+        rows[:0] = [r for r in earlier["results"] if (r["case"], r["dtype"]) not in redone]
+        report["command"] = f"{earlier['command']}`, then `{command}"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"speed-{args.machine}.json").write_text(json.dumps(report, indent=2) + "\n")
+    path.write_text(json.dumps(report, indent=2) + "\n")
     (RESULTS / f"speed-{args.machine}.md").write_text(markdown_table(report))
     print(f"wrote {RESULTS / f'speed-{args.machine}.json'} and .md")
     return 0

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.generate.swap import swap_linear_layers
+
 
 class TransposedLinear(nn.Module):
     """A linear layer holding W^T (K, N) contiguously. x (..., K) -> (..., N); inference only."""
@@ -34,12 +36,7 @@ def transpose_linear_weights(model: nn.Module) -> nn.Module:
 
     A tied output layer gets its own transposed copy (V x C more numbers held); the embedding keeps its table.
     """
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, child_name, TransposedLinear(child))
-    model.eval()
-    return model
+    return swap_linear_layers(model, TransposedLinear)
 
 
 def wants_transposed_weights(model: nn.Module) -> bool:

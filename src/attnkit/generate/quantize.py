@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.generate.swap import swap_linear_layers
+
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
     """weight (N, K) -> int8 weight (N, K) and fp32 scales (N,), symmetric per output row."""
@@ -55,9 +57,4 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 
     A tied output layer gets its own int8 copy; the embedding table it was tied to stays as it was.
     """
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, child_name, Int8Linear(child).to(child.weight.device))
-    model.eval()
-    return model
+    return swap_linear_layers(model, lambda linear: Int8Linear(linear).to(linear.weight.device))

@@ -1,0 +1,95 @@
+"""How close one-token matrix products come to the machine's memory bandwidth: the ceiling of batch-1 decoding.
+
+    python -m benchmarks bandwidth [--threads 1] [--repeats 7]
+
+For the weight matrices of two decoders (the speed suite's small 6x384 model and `gpt2-124m`), cycled through in
+order as one decoding step reads them (so they come from memory, not cache), it times: a plain sum over the same
+weights (the read bandwidth any kernel could reach), `F.linear` on (N, K) weights (nn.Linear's layout), `addmm` on
+(K, N) weights (`generate/decode_layout.py`), bf16 `F.linear`, and PyTorch's int8-weight kernel
+(`generate/quantize.py`). Results: benchmarks/results/bandwidth.json and a markdown table beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = {"small 6x384": (6, 384, 65), "gpt2-124m": (12, 768, 50257)}  # layers, width, vocabulary
+
+
+def weight_shapes(n_layers: int, width: int, vocab: int) -> list[tuple[int, int]]:
+    """(N, K) of every matrix one decoding step multiplies by: q, k, v, o, MLP up and down, then the output layer."""
+    block = [(width, width)] * 4 + [(4 * width, width), (width, 4 * width)]
+    return block * n_layers + [(vocab, width)]
+
+
+def _median_s(run, repeats: int) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def kernels(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, object]]:
+    """name -> (bytes of weights read, a function doing one pass over all of them)."""
+    generator = torch.Generator().manual_seed(0)
+    fp32 = [torch.randn(n, k, generator=generator) for n, k in shapes]
+    transposed = [w.t().contiguous() for w in fp32]
+    bf16 = [w.bfloat16() for w in fp32]
+    int8 = [torch.randint(-127, 128, (n, k), generator=generator, dtype=torch.int8) for n, k in shapes]
+    scales = [torch.rand(n, generator=generator).bfloat16() for n, _ in shapes]
+    rows = {k: torch.randn(1, k, generator=generator) for _, k in shapes}
+    rows_bf16 = {k: x.bfloat16() for k, x in rows.items()}
+
+    def nbytes(tensors: list[torch.Tensor]) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    return {
+        "sum (read only), fp32": (nbytes(fp32), lambda: [w.sum() for w in fp32]),
+        "F.linear (N, K), fp32": (nbytes(fp32), lambda: [F.linear(rows[w.shape[1]], w) for w in fp32]),
+        "addmm (K, N), fp32": (nbytes(transposed), lambda: [rows[w.shape[0]] @ w for w in transposed]),
+        "sum (read only), bf16": (nbytes(bf16), lambda: [w.sum() for w in bf16]),
+        "F.linear (N, K), bf16": (nbytes(bf16), lambda: [F.linear(rows_bf16[w.shape[1]], w) for w in bf16]),
+        "int8 weights, bf16": (nbytes(int8), lambda: [torch._weight_int8pack_mm(rows_bf16[w.shape[1]], w, s)
+                                                      for w, s in zip(int8, scales, strict=True)]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks bandwidth", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--machine", default=platform.node() or "cpu")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = []
+    for model, dims in MODELS.items():
+        for name, (n_bytes, run) in kernels(weight_shapes(*dims)).items():
+            seconds = _median_s(run, args.repeats)
+            rows.append({"model": model, "kernel": name, "weight_bytes": n_bytes, "ms": 1000 * seconds,
+                         "gb_per_s": n_bytes / seconds / 1e9})
+            print(f"{model:12s} {name:24s} {1000 * seconds:8.2f} ms  {n_bytes / seconds / 1e9:6.1f} GB/s", flush=True)
+    report = {"machine": args.machine, "threads": args.threads, "torch": torch.__version__,
+              "command": "python -m benchmarks bandwidth " + " ".join(argv or []), "results": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "bandwidth.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [f"Machine `{args.machine}`, {args.threads} thread(s), torch {torch.__version__}. "
+             f"Command: `{report['command']}`", "",
+             "| weights of | kernel | MB read | ms per pass | GB/s |", "|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['kernel']} | {r['weight_bytes'] / 1e6:.1f} | {r['ms']:.2f} | {r['gb_per_s']:.1f} |"
+              for r in rows]
+    (RESULTS / "bandwidth.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {RESULTS / 'bandwidth.json'} and .md")
+    return 0
