@@ -55,7 +55,8 @@ CASES = [
     Case("generate-gpt2-124m-b1", "generate", "decoder", 12, 768, 12, 50257, 16, 1, new_tokens=128),
     Case("generate-gpt2-124m-b8", "generate", "decoder", 12, 768, 12, 50257, 16, 8, new_tokens=128),
 ]
-IMPLEMENTATIONS = ["attnkit", "transformers"]  # and "attnkit-int8" (int8 weights) for bf16 generation
+IMPLEMENTATIONS = ["attnkit", "transformers"]
+INT8 = ["attnkit-int8", "attnkit-int8-compiled"]  # int8 weights (eager, compiled blocks), for bf16 generation
 
 
 # --- the machine's own limits ------------------------------------------------------------------------------------
@@ -148,16 +149,24 @@ def _step_function(case: Case, impl: str, dtype: str):
         model.eval()
         if dtype == "bf16":
             model.to(torch.bfloat16)
-        if impl == "attnkit-int8":
+        if impl.startswith("attnkit-int8"):
             from attnkit.generate.quantize import quantize_int8
 
             quantize_int8(model)
+            if impl == "attnkit-int8-compiled":  # as `attnkit.load(..., compile=True)`; compiled during warm-up
+                from attnkit.blocks import compile_blocks
+
+                compile_blocks(model, dynamic=True)
         elif impl == "attnkit":  # as `attnkit.load` prepares a model for decoding
             from attnkit.generate.decode_layout import transpose_linear_weights, wants_transposed_weights
 
             if wants_transposed_weights(model):
                 transpose_linear_weights(model)
         return model, _generate_function(model, impl, ids, case.new_tokens)
+    if impl == "attnkit-compiled":  # as `attnkit train --compile` does; compiled during warm-up
+        from attnkit.blocks import compile_blocks
+
+        compile_blocks(model)
     if case.kind == "forward":
         model.eval()
 
@@ -171,9 +180,9 @@ def _step_function(case: Case, impl: str, dtype: str):
 
     def train_step() -> None:
         with autocast:
-            if impl == "attnkit" and case.family == "decoder":
+            if impl.startswith("attnkit") and case.family == "decoder":
                 loss = model(ids, targets=targets, return_logits=False).loss
-            elif impl == "attnkit":
+            elif impl.startswith("attnkit"):
                 loss = model(ids, ids, targets=targets, return_logits=False).loss
             elif case.family == "decoder":
                 loss = model(input_ids=ids, labels=targets).loss
@@ -222,6 +231,8 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int) ->
     torch.manual_seed(0)
     case = next(c for c in CASES if c.name == case_name)
     model, step = _step_function(case, impl, dtype)
+    if impl.endswith("compiled"):  # compilation and its first recompilations for new lengths are not the speed
+        warmup = max(warmup, 3)
     for _ in range(warmup):
         step()
     times = []
@@ -274,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="alternate attnkit and the reference this many times per case; report the median round")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--machine", default=platform.node() or "cpu")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also time attnkit with each block through torch.compile (training and forward cases)")
     parser.add_argument("--update", action="store_true",
                         help="merge into the machine's results file, replacing only the cases and dtypes run now")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
@@ -291,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in [c for c in CASES if not args.only or c.name in args.only]:
         for dtype in args.dtypes:
-            impls = IMPLEMENTATIONS + (["attnkit-int8"] if case.kind == "generate" and dtype == "bf16" else [])
+            impls = IMPLEMENTATIONS + (INT8 if case.kind == "generate" and dtype == "bf16" else [])
+            impls += ["attnkit-compiled"] if args.compiled and case.kind != "generate" else []
             runs: dict[str, list[dict]] = {impl: [] for impl in impls}
             for _ in range(args.rounds):  # alternate: attnkit, then the reference, round after round
                 for impl in impls:
@@ -360,13 +374,14 @@ def markdown_table(report: dict) -> str:
     ]
     by_key = {(r["case"], r["dtype"], r["impl"]): r for r in report["results"]}
     for case in CASES:
-        for dtype, impl in (("fp32", "attnkit"), ("bf16", "attnkit"), ("bf16", "attnkit-int8")):
+        for dtype, impl in ((d, i) for d in ("fp32", "bf16") for i in ("attnkit", "attnkit-compiled", *INT8)):
             ours, ref = by_key.get((case.name, dtype, impl)), by_key.get((case.name, dtype, "transformers"))
             if not ours or not ref or "error" in ours or "error" in ref:
                 continue
             ms = f"{ours['ms_per_token']:.1f}" if "ms_per_token" in ours else ""
             bandwidth = f"{ours['bandwidth_fraction']:.0%}" if "bandwidth_fraction" in ours else ""
-            label = dtype if impl == "attnkit" else "int8 weights, bf16"
+            label = {"attnkit": dtype, "attnkit-compiled": f"{dtype}, compiled", "attnkit-int8": "int8 weights, bf16",
+                     "attnkit-int8-compiled": "int8, bf16, compiled"}[impl]
             lines.append(
                 f"| {case.name} | {label} | {ours['tokens_per_s']:.1f} | {ref['tokens_per_s']:.1f} | "
                 f"{ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x | {ours['mfu']:.1%} | {ref['mfu']:.1%} | "

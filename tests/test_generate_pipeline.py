@@ -215,3 +215,14 @@ def test_load_transposes_only_fp32_models_that_decode(runs):
     assert not transposed(attnkit.load(runs["lm"], device="cpu", dtype="bf16"))
     assert not transposed(attnkit.load(runs["lm"], device="cpu", quantize="int8"))
     assert not transposed(attnkit.load(runs["clf"], device="cpu"))
+
+
+def test_compiled_blocks_generate_and_translate_the_same_text(runs):
+    """`compile=True` is a speed option only; batches of several lengths exercise the dynamic shapes."""
+    for name, call in (("lm", lambda p: p.generate(["abc d", "h"], max_new_tokens=10, temperature=0,
+                                                     stop_at_eos=False)),
+                       ("mt", lambda p: p.translate(["abc", "hg fe"], max_length=8))):
+        eager = attnkit.load(runs[name], device="cpu", quantize="int8")
+        compiled = attnkit.load(runs[name], device="cpu", quantize="int8", compile=True)
+        assert any(getattr(m, "_compiled_call_impl", None) for m in compiled.model.modules())
+        assert call(compiled) == call(eager)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from attnkit.blocks import compile_blocks
 from attnkit.checkpoint import load_model
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, InputError
@@ -307,11 +308,14 @@ def load(
     device: torch.device | str | None = None,
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
+    compile: bool = False,
 ) -> Pipeline:
     """Load a run directory (see the module docstring) onto `device` (default: CUDA when present, else CPU)
     in `dtype` (default: as stored; "fp32", "bf16", "fp16" or a torch dtype). `quantize="int8"` stores the
     linear layers' weights in int8 (`attnkit.generate.quantize`), for faster decoding. Models that decode (not
     encoder classifiers) in fp32 on a CPU get their weights transposed (`attnkit.generate.decode_layout`).
+    `compile=True` runs each transformer block through torch.compile (the first call waits for compilation; pays
+    off where per-operation overhead dominates, e.g. small int8 models at batch 1).
 
     Raises CheckpointError for a missing or mismatched checkpoint, or a labels.json that does not fit.
     """
@@ -323,6 +327,8 @@ def load(
         quantize_int8(model)
     elif config.family != "encoder" and wants_transposed_weights(model):
         transpose_linear_weights(model)
+    if compile:
+        compile_blocks(model, dynamic=True)
     tokenizer = None
     if (run_dir / TOKENIZER_DIR).is_dir():
         from attnkit.tokenize import load_tokenizer

@@ -32,7 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from attnkit.blocks import TransformerBlock
+from attnkit.blocks import compile_blocks
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.tokenize import Tokenizer
@@ -143,17 +143,6 @@ class TrainResult:
     elapsed: float  # seconds of training, all sessions together
     tokens_per_second: float  # in this session
     signal: int | None = None
-
-
-def compile_blocks(model: nn.Module) -> None:
-    """torch.compile every transformer block of `model` in place (names and checkpoints unchanged).
-
-    Blocks rather than the whole model: the edge checks on token ids stay eager, the blocks of a stack share one
-    compiled graph, and compile time stays that of one block.
-    """
-    for module in model.modules():
-        if isinstance(module, TransformerBlock):
-            module.compile()
 
 
 class Trainer:
