@@ -10,34 +10,17 @@ written to benchmarks/results/attention-kernels.json and a markdown table beside
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import statistics
-import time
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
 from attnkit.layers.attention import grouped_attention
 from attnkit.layers.masks import causal_mask
+from benchmarks.common import median_seconds, parse_args, write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
 # (batch, heads, head_dim, length): nanoGPT's CPU shape, the 6+6 encoder-decoder, nanoGPT's Shakespeare shape at
 # 128 and 256 keys, and gpt2-124m's 512.
 TRAIN_SHAPES = [(12, 4, 32, 64), (8, 8, 64, 64), (4, 6, 64, 128), (4, 6, 64, 256), (2, 12, 64, 512)]
 DECODE_SHAPES = [(1, 6, 64, 144), (8, 12, 64, 144), (1, 12, 64, 512), (8, 12, 64, 512), (1, 12, 64, 2048)]
-
-
-def _median_ms(run, repeats: int) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 def _training_pass(kernel: str, shape: tuple[int, int, int, int], dtype: torch.dtype):
@@ -73,34 +56,22 @@ def _decoding_query(kernel: str, shape: tuple[int, int, int, int], dtype: torch.
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks attention", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--machine", default=platform.node() or "cpu")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = parse_args("attention", __doc__, argv, repeats=20)
     rows = []
     workloads = [("train", s, _training_pass) for s in TRAIN_SHAPES] + [("decode", s, _decoding_query)
                                                                          for s in DECODE_SHAPES]
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         for workload, shape, make in workloads:
-            times = {kernel: _median_ms(make(kernel, shape, dtype), args.repeats) for kernel in ("sdpa", "math")}
+            times = {kernel: 1000 * median_seconds(make(kernel, shape, dtype), args.repeats)
+                     for kernel in ("sdpa", "math")}
             row = {"workload": workload, "shape_BHDT": shape, "dtype": dtype_name, "sdpa_ms": times["sdpa"],
                    "math_ms": times["math"], "math_speedup": times["sdpa"] / times["math"]}
             rows.append(row)
             print(f"{workload:6s} {dtype_name} B,H,D,T={shape}: sdpa {times['sdpa']:8.3f} ms  "
                   f"math {times['math']:8.3f} ms  math speedup {row['math_speedup']:.2f}x", flush=True)
-    report = {"machine": args.machine, "threads": args.threads, "torch": torch.__version__,
-              "command": "python -m benchmarks attention " + " ".join(argv or []), "results": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "attention-kernels.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [f"Machine `{args.machine}`, {args.threads} thread(s), torch {torch.__version__}. "
-             f"Command: `{report['command']}`", "",
-             "| workload | dtype | B, H, D, T (decode: S keys) | SDPA ms | grouped_attention ms | speedup |",
+    table = ["| workload | dtype | B, H, D, T (decode: S keys) | SDPA ms | grouped_attention ms | speedup |",
              "|---|---|---|---|---|---|"]
-    lines += [f"| {r['workload']} | {r['dtype']} | {', '.join(map(str, r['shape_BHDT']))} | {r['sdpa_ms']:.3f} | "
+    table += [f"| {r['workload']} | {r['dtype']} | {', '.join(map(str, r['shape_BHDT']))} | {r['sdpa_ms']:.3f} | "
               f"{r['math_ms']:.3f} | {r['math_speedup']:.2f}x |" for r in rows]
-    (RESULTS / "attention-kernels.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {RESULTS / 'attention-kernels.json'} and .md")
+    write_results("attention-kernels", "attention", args, argv, rows, table)
     return 0

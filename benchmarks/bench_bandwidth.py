@@ -11,17 +11,11 @@ weights (the read bandwidth any kernel could reach), `F.linear` on (N, K) weight
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import statistics
-import time
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.common import median_seconds, parse_args, write_results
+
 MODELS = {"small 6x384": (6, 384, 65), "gpt2-124m": (12, 768, 50257)}  # layers, width, vocabulary
 
 
@@ -29,16 +23,6 @@ def weight_shapes(n_layers: int, width: int, vocab: int) -> list[tuple[int, int]
     """(N, K) of every matrix one decoding step multiplies by: q, k, v, o, MLP up and down, then the output layer."""
     block = [(width, width)] * 4 + [(4 * width, width), (width, 4 * width)]
     return block * n_layers + [(vocab, width)]
-
-
-def _median_s(run, repeats: int) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def kernels(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, object]]:
@@ -67,29 +51,16 @@ def kernels(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, object]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks bandwidth", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--machine", default=platform.node() or "cpu")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = parse_args("bandwidth", __doc__, argv, repeats=7)
     rows = []
     for model, dims in MODELS.items():
         for name, (n_bytes, run) in kernels(weight_shapes(*dims)).items():
-            seconds = _median_s(run, args.repeats)
+            seconds = median_seconds(run, args.repeats)
             rows.append({"model": model, "kernel": name, "weight_bytes": n_bytes, "ms": 1000 * seconds,
                          "gb_per_s": n_bytes / seconds / 1e9})
             print(f"{model:12s} {name:24s} {1000 * seconds:8.2f} ms  {n_bytes / seconds / 1e9:6.1f} GB/s", flush=True)
-    report = {"machine": args.machine, "threads": args.threads, "torch": torch.__version__,
-              "command": "python -m benchmarks bandwidth " + " ".join(argv or []), "results": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bandwidth.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [f"Machine `{args.machine}`, {args.threads} thread(s), torch {torch.__version__}. "
-             f"Command: `{report['command']}`", "",
-             "| weights of | kernel | MB read | ms per pass | GB/s |", "|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['kernel']} | {r['weight_bytes'] / 1e6:.1f} | {r['ms']:.2f} | {r['gb_per_s']:.1f} |"
+    table = ["| weights of | kernel | MB read | ms per pass | GB/s |", "|---|---|---|---|---|"]
+    table += [f"| {r['model']} | {r['kernel']} | {r['weight_bytes'] / 1e6:.1f} | {r['ms']:.2f} | {r['gb_per_s']:.1f} |"
               for r in rows]
-    (RESULTS / "bandwidth.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {RESULTS / 'bandwidth.json'} and .md")
+    write_results("bandwidth", "bandwidth", args, argv, rows, table)
     return 0

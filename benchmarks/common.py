@@ -1,0 +1,51 @@
+"""What the kernel micro-benchmarks share: their command line, the timer, and writing results beside the others."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(name: str, doc: str | None, argv: list[str] | None, *, repeats: int) -> argparse.Namespace:
+    """`--threads` (default 1, applied here), `--repeats`, `--machine`."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--machine", default=platform.node() or "cpu")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    return args
+
+
+def median_seconds(run: Callable[[], object], repeats: int) -> float:
+    """Median wall time of `repeats` calls, after one untimed call."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def write_results(stem: str, name: str, args: argparse.Namespace, argv: list[str] | None, rows: list[dict],
+                  table: list[str]) -> None:
+    """results/<stem>.json (rows with the machine and the command) and results/<stem>.md (`table` under a header)."""
+    command = f"python -m benchmarks {name} " + " ".join(argv or [])
+    report = {"machine": args.machine, "threads": args.threads, "torch": torch.__version__, "command": command,
+              "results": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    header = f"Machine `{args.machine}`, {args.threads} thread(s), torch {torch.__version__}. Command: `{command}`"
+    (RESULTS / f"{stem}.md").write_text("\n".join([header, "", *table]) + "\n")
+    print(f"wrote {RESULTS / stem}.json and .md")
