@@ -149,6 +149,10 @@ def _step_function(case: Case, impl: str, dtype: str):
         model.eval()
         if dtype == "bf16":
             model.to(torch.bfloat16)
+        if impl.startswith("attnkit"):  # prepared as `attnkit.load` prepares a model for decoding
+            from attnkit.generate.decode_layout import fuse_qkv_projections
+
+            fuse_qkv_projections(model)
         if impl.startswith("attnkit-int8"):
             from attnkit.generate.quantize import quantize_int8
 
@@ -157,7 +161,7 @@ def _step_function(case: Case, impl: str, dtype: str):
                 from attnkit.blocks import compile_blocks
 
                 compile_blocks(model, dynamic=True)
-        elif impl == "attnkit":  # as `attnkit.load` prepares a model for decoding
+        elif impl == "attnkit":
             from attnkit.generate.decode_layout import transpose_linear_weights, wants_transposed_weights
 
             if wants_transposed_weights(model):

@@ -226,3 +226,18 @@ def test_bf16_on_cpu_takes_the_math_kernel_and_agrees_with_fp32():
         half, _ = attention.to(torch.bfloat16)(x.bfloat16(), **kwargs)
         attention.float()
         torch.testing.assert_close(half.float(), full, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2, 1])
+def test_fused_qkv_projection_gives_the_same_outputs(n_kv_heads):
+    attention = _attention(n_kv_heads=n_kv_heads)
+    x = torch.randn(2, 6, 32)
+    real = torch.ones(2, 6, dtype=torch.bool)
+    real[0, :2] = False
+    calls = ({"causal": True}, {"key_is_real": real, "causal": True}, {"need_weights": True})
+    expected = [attention(x, **kwargs)[0] for kwargs in calls]
+    attention.fuse_qkv()
+    assert {"q_proj", "k_proj", "v_proj"}.isdisjoint(dict(attention.named_children()))
+    assert attention.qkv_proj.out_features == (4 + 2 * (n_kv_heads or 4)) * 8
+    for kwargs, want in zip(calls, expected, strict=True):
+        torch.testing.assert_close(attention(x, **kwargs)[0], want, atol=1e-6, rtol=1e-5)

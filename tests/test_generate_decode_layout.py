@@ -1,12 +1,14 @@
-"""Transposed weights for fp32 CPU decoding give the same numbers as nn.Linear (`attnkit.load` applying them is
-tested with the pipeline)."""
+"""Decoding layouts give the same numbers: fused q/k/v projections, and transposed weights for fp32 CPU decoding
+(`attnkit.load` applying them is tested with the pipeline)."""
 
 import pytest
 import torch
 
 from attnkit import ModelConfig, build_model
-from attnkit.generate.decode_layout import TransposedLinear, transpose_linear_weights
+from attnkit.generate.decode_layout import TransposedLinear, fuse_qkv_projections, transpose_linear_weights
 from attnkit.generate.decoder import generate_tokens
+from attnkit.generate.seq2seq import greedy_translate
+from attnkit.layers.attention import Attention
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -36,3 +38,25 @@ def test_transposed_decoder_gives_the_same_logits_and_tokens():
         torch.testing.assert_close(model(ids).logits, expected, atol=1e-5, rtol=1e-5)
     assert generate_tokens(model, [[1, 2, 3], [4]], max_new_tokens=12, context_len=40) == expected_tokens
 
+
+def _greedy(model, family, sources):
+    if family == "decoder":
+        return generate_tokens(model, sources, max_new_tokens=10, context_len=40)
+    return greedy_translate(model, sources, bos_id=1, eos_id=2, pad_id=0, max_length=10)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder-decoder"])
+def test_fused_qkv_models_decode_and_translate_the_same_tokens(family):
+    torch.manual_seed(0)
+    config = ModelConfig(family=family, vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                         position="rope" if family == "decoder" else "sinusoidal", max_seq_len=40)
+    model = build_model(config).eval()
+    sources = [[5, 6, 7, 8], [9, 10]]
+    expected = _greedy(model, family, sources)
+    fuse_qkv_projections(model)
+    attentions = [m for m in model.modules() if isinstance(m, Attention)]
+    fused = [m for m in attentions if m.qkv_proj is not None]
+    assert len(fused) == (2 if family == "decoder" else 4)  # every block's self-attention
+    assert all(hasattr(m, "q_proj") for m in attentions if m.qkv_proj is None)  # cross-attention keeps its own
+    assert len(attentions) == len(fused) + (0 if family == "decoder" else 2)
+    assert _greedy(model, family, sources) == expected

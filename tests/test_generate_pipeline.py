@@ -217,6 +217,15 @@ def test_load_transposes_only_fp32_models_that_decode(runs):
     assert not transposed(attnkit.load(runs["clf"], device="cpu"))
 
 
+def test_load_fuses_qkv_projections_of_models_that_decode(runs):
+    def fused(pipeline):
+        return any(getattr(m, "qkv_proj", None) is not None for m in pipeline.model.modules())
+
+    assert fused(attnkit.load(runs["lm"], device="cpu", dtype="bf16"))
+    assert fused(attnkit.load(runs["mt"], device="cpu", quantize="int8"))
+    assert not fused(attnkit.load(runs["clf"], device="cpu"))
+
+
 def test_compiled_blocks_generate_and_translate_the_same_text(runs):
     """`compile=True` is a speed option only; batches of several lengths exercise the dynamic shapes."""
     for name, call in (("lm", lambda p: p.generate(["abc d", "h"], max_new_tokens=10, temperature=0,

@@ -25,7 +25,11 @@ from attnkit.checkpoint import load_model
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import beam_search
-from attnkit.generate.decode_layout import transpose_linear_weights, wants_transposed_weights
+from attnkit.generate.decode_layout import (
+    fuse_qkv_projections,
+    transpose_linear_weights,
+    wants_transposed_weights,
+)
 from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.quantize import quantize_int8
 from attnkit.generate.sampling import SamplingConfig, make_generator
@@ -313,7 +317,8 @@ def load(
     """Load a run directory (see the module docstring) onto `device` (default: CUDA when present, else CPU)
     in `dtype` (default: as stored; "fp32", "bf16", "fp16" or a torch dtype). `quantize="int8"` stores the
     linear layers' weights in int8 (`attnkit.generate.quantize`), for faster decoding. Models that decode (not
-    encoder classifiers) in fp32 on a CPU get their weights transposed (`attnkit.generate.decode_layout`).
+    encoder classifiers) get fused q/k/v projections and, in fp32 on a CPU, transposed weights
+    (`attnkit.generate.decode_layout`).
     `compile=True` runs each transformer block through torch.compile (the first call waits for compilation; pays
     off where per-operation overhead dominates, e.g. small int8 models at batch 1).
 
@@ -323,6 +328,8 @@ def load(
         raise InputError(f"quantize={quantize!r} is not supported; use 'int8' or None")
     run_dir = Path(run_dir)
     model, config = load_model(run_dir, device=device or default_device(), dtype=parse_dtype(dtype))
+    if config.family != "encoder":
+        fuse_qkv_projections(model)
     if quantize == "int8":
         quantize_int8(model)
     elif config.family != "encoder" and wants_transposed_weights(model):

@@ -114,6 +114,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+        self.qkv_proj: nn.Module | None = None  # set by `fuse_qkv` (inference)
         self.score_kind = score
         self.score = make_score(score, self.head_dim, additive_dim=additive_dim)
         self.dropout = dropout
@@ -127,6 +128,31 @@ class Attention(nn.Module):
         keys = self._split_heads(self.k_proj(source), self.n_kv_heads)  # (B, Hkv, S, D)
         values = self._split_heads(self.v_proj(source), self.n_kv_heads)  # (B, Hkv, S, D)
         return keys, values
+
+    def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's queries (B, H, T, D), keys and values (B, Hkv, T, D), through one product once fused."""
+        if self.qkv_proj is None:
+            return (self._split_heads(self.q_proj(x), self.n_heads), *self._project_kv(x))
+        kv_width = self.n_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([self.n_heads * self.head_dim, kv_width, kv_width], dim=-1)
+        return (self._split_heads(q, self.n_heads), self._split_heads(k, self.n_kv_heads),
+                self._split_heads(v, self.n_kv_heads))
+
+    @torch.no_grad()
+    def fuse_qkv(self) -> None:
+        """For inference in self-attention: one projection to [q; k; v] replaces q_proj, k_proj and v_proj.
+
+        Decoding then runs one matrix product per layer where it ran three (fewer, larger kernel calls), with the
+        same numbers. The separate layers are removed, so a fused model's state dict is not a checkpoint's.
+        """
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        fused = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None,
+                          device=parts[0].weight.device, dtype=parts[0].weight.dtype)
+        fused.weight.copy_(torch.cat([p.weight for p in parts]))  # (H*D + 2*Hkv*D, C)
+        if fused.bias is not None:
+            fused.bias.copy_(torch.cat([p.bias for p in parts]))
+        self.qkv_proj = fused
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(
         self,
@@ -149,19 +175,20 @@ class Attention(nn.Module):
         Returns the output (B, T, C) and, when `need_weights`, the weights (B, H, T, S).
         """
         batch, length, _ = x.shape
-        q = self._split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
         if context is None:
-            k, v = self._project_kv(x)  # (B, Hkv, T, D)
+            q, k, v = self._project_qkv(x)  # (B, H, T, D), (B, Hkv, T, D) twice
             if rope is not None:
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, Hkv, S, D)
-        elif cache is not None and cache.cross is not None:
-            k, v = cache.cross
         else:
-            k, v = self._project_kv(context)  # (B, Hkv, S, D)
-            if cache is not None:
-                cache.cross = (k, v)
+            q = self._split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
+            if cache is not None and cache.cross is not None:
+                k, v = cache.cross
+            else:
+                k, v = self._project_kv(context)  # (B, Hkv, S, D)
+                if cache is not None:
+                    cache.cross = (k, v)
 
         key_len = k.shape[2]
         grouped = self.n_kv_heads != self.n_heads
