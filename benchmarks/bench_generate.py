@@ -32,7 +32,7 @@ import torch
 
 from attnkit import ModelConfig, build_model
 from attnkit.generate import generate_tokens
-from attnkit.generate.decode_layout import fuse_qkv_projections, transpose_linear_weights, wants_transposed_weights
+from attnkit.generate.pipeline import prepare_for_inference
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT_LEN = 16
@@ -48,8 +48,7 @@ def attnkit_model(shape: dict, dtype: torch.dtype, device: str):
         family="decoder", d_ff=4 * shape["d_model"], position="learned", activation="gelu_tanh", norm="layer",
         norm_position="pre", max_seq_len=1024, dropout=0.0, bias=True, tie_embeddings=True, **shape,
     )
-    model = fuse_qkv_projections(build_model(config).to(device=device, dtype=dtype))  # as attnkit.load prepares it
-    return transpose_linear_weights(model) if wants_transposed_weights(model) else model
+    return prepare_for_inference(build_model(config).to(device=device, dtype=dtype), "decoder")  # as attnkit.load
 
 
 def transformers_model(shape: dict, dtype: torch.dtype, device: str):

@@ -27,15 +27,21 @@ def parse_args(name: str, doc: str | None, argv: list[str] | None, *, repeats: i
     return args
 
 
-def median_seconds(run: Callable[[], object], repeats: int) -> float:
-    """Median wall time of `repeats` calls, after one untimed call."""
-    run()
+def timed_runs(run: Callable[[], object], repeats: int, *, warmup: int = 1) -> list[float]:
+    """Wall times of `repeats` calls of `run`, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        run()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(run: Callable[[], object], repeats: int) -> float:
+    """Median wall time of `repeats` calls, after one untimed call."""
+    return statistics.median(timed_runs(run, repeats))
 
 
 def write_results(stem: str, name: str, args: argparse.Namespace, argv: list[str] | None, rows: list[dict],

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import timed_runs
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -149,23 +151,11 @@ def _step_function(case: Case, impl: str, dtype: str):
         model.eval()
         if dtype == "bf16":
             model.to(torch.bfloat16)
-        if impl.startswith("attnkit"):  # prepared as `attnkit.load` prepares a model for decoding
-            from attnkit.generate.decode_layout import fuse_qkv_projections
+        if impl.startswith("attnkit"):  # as `attnkit.load` prepares it; a compiled model compiles during warm-up
+            from attnkit.generate.pipeline import prepare_for_inference
 
-            fuse_qkv_projections(model)
-        if impl.startswith("attnkit-int8"):
-            from attnkit.generate.quantize import quantize_int8
-
-            quantize_int8(model)
-            if impl == "attnkit-int8-compiled":  # as `attnkit.load(..., compile=True)`; compiled during warm-up
-                from attnkit.blocks import compile_blocks
-
-                compile_blocks(model, dynamic=True)
-        elif impl == "attnkit":
-            from attnkit.generate.decode_layout import transpose_linear_weights, wants_transposed_weights
-
-            if wants_transposed_weights(model):
-                transpose_linear_weights(model)
+            prepare_for_inference(model, case.family, quantize="int8" if impl.startswith("attnkit-int8") else None,
+                                  compile=impl.endswith("compiled"))
         return model, _generate_function(model, impl, ids, case.new_tokens)
     if impl == "attnkit-compiled":  # as `attnkit train --compile` does; compiled during warm-up
         from attnkit.blocks import compile_blocks
@@ -237,13 +227,7 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int) ->
     model, step = _step_function(case, impl, dtype)
     if impl.endswith("compiled"):  # compilation and its first recompilations for new lengths are not the speed
         warmup = max(warmup, 3)
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    times = timed_runs(step, repeats, warmup=warmup)
     median = statistics.median(times)
     tokens = case.batch_size * (case.new_tokens if case.kind == "generate" else case.seq_len)
     result = {

@@ -328,14 +328,7 @@ def load(
         raise InputError(f"quantize={quantize!r} is not supported; use 'int8' or None")
     run_dir = Path(run_dir)
     model, config = load_model(run_dir, device=device or default_device(), dtype=parse_dtype(dtype))
-    if config.family != "encoder":
-        fuse_qkv_projections(model)
-    if quantize == "int8":
-        quantize_int8(model)
-    elif config.family != "encoder" and wants_transposed_weights(model):
-        transpose_linear_weights(model)
-    if compile:
-        compile_blocks(model, dynamic=True)
+    prepare_for_inference(model, config.family, quantize=quantize, compile=compile)
     tokenizer = None
     if (run_dir / TOKENIZER_DIR).is_dir():
         from attnkit.tokenize import load_tokenizer
@@ -344,6 +337,24 @@ def load(
     else:
         log.warning("%s has no %s/ directory: the model can be used, but not with text", run_dir, TOKENIZER_DIR)
     return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config))
+
+
+def prepare_for_inference(
+    model: nn.Module, family: str, *, quantize: str | None = None, compile: bool = False
+) -> nn.Module:
+    """What `load` does to a model after reading it (in place; returns it, in eval mode): models that decode get
+    fused q/k/v projections, then int8 weights on request or else, in fp32 on a CPU, transposed weights; with
+    `compile`, each block goes through torch.compile for any length."""
+    decodes = family != "encoder"
+    if decodes:
+        fuse_qkv_projections(model)
+    if quantize == "int8":
+        quantize_int8(model)
+    elif decodes and wants_transposed_weights(model):
+        transpose_linear_weights(model)
+    if compile:
+        compile_blocks(model, dynamic=True)
+    return model.eval()
 
 
 def _read_labels(run_dir: Path, config: ModelConfig) -> list[str] | None:
