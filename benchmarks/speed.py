@@ -58,7 +58,7 @@ CASES = [
     Case("generate-gpt2-124m-b8", "generate", "decoder", 12, 768, 12, 50257, 16, 8, new_tokens=128),
 ]
 IMPLEMENTATIONS = ["attnkit", "transformers"]
-INT8 = ["attnkit-int8", "attnkit-int8-compiled"]  # int8 weights (eager, compiled blocks), for bf16 generation
+INT8 = ["attnkit-int8", "attnkit-int8-compiled"]  # int8 weights (eager, compiled decoding step), bf16 generation
 
 
 # --- the machine's own limits ------------------------------------------------------------------------------------
@@ -196,13 +196,14 @@ def _generate_function(model, impl: str, prompt, new_tokens: int):
                 model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                                min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         return run
-    from attnkit.generate.decoder import generate_tokens
+    from attnkit.generate import StaticDecoding, generate_tokens
 
     prompts = prompt.tolist()
     context_len = model.stack.embeddings.max_positions
+    decoding = StaticDecoding(model) if impl.endswith("compiled") else None  # as `attnkit.load(compile=True)`
 
     def run() -> None:
-        generate_tokens(model, prompts, max_new_tokens=new_tokens, context_len=context_len)
+        generate_tokens(model, prompts, max_new_tokens=new_tokens, context_len=context_len, decoding=decoding)
     return run
 
 
@@ -274,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--machine", default=platform.node() or "cpu")
     parser.add_argument("--compiled", action="store_true",
-                        help="also time attnkit with each block through torch.compile (training and forward cases)")
+                        help="also time attnkit through torch.compile: each block (training, forward), the "
+                        "decoding step for fixed shapes (generation)")
     parser.add_argument("--update", action="store_true",
                         help="merge into the machine's results file, replacing only the cases and dtypes run now")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
@@ -293,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in [c for c in CASES if not args.only or c.name in args.only]:
         for dtype in args.dtypes:
             impls = IMPLEMENTATIONS + (INT8 if case.kind == "generate" and dtype == "bf16" else [])
-            impls += ["attnkit-compiled"] if args.compiled and case.kind != "generate" else []
+            impls += ["attnkit-compiled"] if args.compiled else []
             runs: dict[str, list[dict]] = {impl: [] for impl in impls}
             for _ in range(args.rounds):  # alternate: attnkit, then the reference, round after round
                 for impl in impls:

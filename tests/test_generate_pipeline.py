@@ -11,7 +11,7 @@ import attnkit
 from attnkit import cli
 from attnkit.checkpoint import save_model
 from attnkit.errors import CheckpointError, ConfigError, InputError
-from attnkit.generate import Pipeline, generate_tokens, greedy_translate
+from attnkit.generate import Pipeline, StaticDecoding, generate_tokens, greedy_translate
 from attnkit.generate.decode_layout import TransposedLinear
 from attnkit.tokenize import CharTokenizer
 
@@ -226,12 +226,15 @@ def test_load_fuses_qkv_projections_of_models_that_decode(runs):
     assert not fused(attnkit.load(runs["clf"], device="cpu"))
 
 
-def test_compiled_blocks_generate_and_translate_the_same_text(runs):
-    """`compile=True` is a speed option only; batches of several lengths exercise the dynamic shapes."""
+def test_compiled_models_generate_and_translate_the_same_text(runs):
+    """`compile=True` is a speed option only: a decoder's step is compiled for fixed shapes, an encoder-decoder's
+    blocks for any length (batches of several lengths exercise the dynamic shapes)."""
     for name, call in (("lm", lambda p: p.generate(["abc d", "h"], max_new_tokens=10, temperature=0,
                                                      stop_at_eos=False)),
                        ("mt", lambda p: p.translate(["abc", "hg fe"], max_length=8))):
         eager = attnkit.load(runs[name], device="cpu", quantize="int8")
         compiled = attnkit.load(runs[name], device="cpu", quantize="int8", compile=True)
-        assert any(getattr(m, "_compiled_call_impl", None) for m in compiled.model.modules())
+        blocks_compiled = any(getattr(m, "_compiled_call_impl", None) for m in compiled.model.modules())
+        assert blocks_compiled == (name == "mt")
+        assert isinstance(compiled.decoding, StaticDecoding) == (name == "lm")
         assert call(compiled) == call(eager)

@@ -83,8 +83,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int8", action="store_true",
                    help="int8 weight-only linear layers (bf16 products): faster decoding, a little quality lost")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile each block: waits for compilation first, then decodes faster where overhead "
-                   "dominates (small models, --int8, batch 1)")
+                   help="torch.compile the decoding step (decoders, fixed shapes) or each block: waits for "
+                   "compilation first, then decodes faster where overhead dominates (small models, bf16, --int8)")
 
 
 def _load_run(args: argparse.Namespace):

@@ -5,16 +5,26 @@ below it work on any model of the right family.
 """
 
 from attnkit.generate.beam import beam_search
-from attnkit.generate.decoder import decode_n_tokens, decode_one_token, generate_tokens, left_pad, prefill
+from attnkit.generate.decoder import (
+    EagerDecoding,
+    decode_n_tokens,
+    decode_one_token,
+    generate_tokens,
+    left_pad,
+    prefill,
+)
 from attnkit.generate.pipeline import Classification, Pipeline, load, sample_after_training
 from attnkit.generate.sampling import GREEDY, SamplingConfig, make_generator, select_next
 from attnkit.generate.seq2seq import encode_sources, greedy_translate
+from attnkit.generate.static_decode import StaticDecoding
 
 __all__ = [
     "GREEDY",
     "Classification",
+    "EagerDecoding",
     "Pipeline",
     "SamplingConfig",
+    "StaticDecoding",
     "beam_search",
     "decode_n_tokens",
     "decode_one_token",

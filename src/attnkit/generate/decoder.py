@@ -14,6 +14,9 @@ column:
 which absolute positions (sinusoidal, learned) need; rotary and relative positions depend only on differences
 between positions, which left padding keeps, since each row's real tokens are contiguous.
 
+Decoding strategies: `EagerDecoding` (the default) runs these through the model's forward over a cache that grows
+a position a step; `generate/static_decode.StaticDecoding` compiles the step for fixed shapes.
+
 Context: a prompt must fit in the model's context (`context_len`, its `max_seq_len`). When prompt and new
 tokens together outgrow it, the window slides: the cache is rebuilt from the last `context_len // 2` tokens,
 whose positions restart at 0 (nanoGPT crops its input to the block size the same way, one token at a time).
@@ -97,6 +100,23 @@ def decode_one_token(model: nn.Module, window: Window, cache: KVCache) -> Tensor
     return out.logits[:, -1]
 
 
+class EagerDecoding:
+    """Prefill and decoding steps of `model` through its forward, over a cache that grows a position a step."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def allocate(self, batch_size: int, needed: int, context_len: int) -> KVCache:
+        """A cache for `needed` positions (at most the context's)."""
+        return self.model.allocate_cache(batch_size, min(needed, context_len))
+
+    def prefill(self, window: Window, cache: KVCache) -> Tensor:
+        return prefill(self.model, window, cache)
+
+    def step(self, window: Window, cache: KVCache) -> Tensor:
+        return decode_one_token(self.model, window, cache)
+
+
 def decode_n_tokens(
     model: nn.Module,
     window: Window,
@@ -109,6 +129,7 @@ def decode_n_tokens(
     generator: torch.Generator | None = None,
     stop_ids: Collection[int] = (),
     on_token: TokenHook | None = None,
+    decoding: EagerDecoding | None = None,
 ) -> list[list[int]]:
     """Choose up to n tokens per row, starting from the prefill's `logits` (B, V).
 
@@ -116,6 +137,7 @@ def decode_n_tokens(
     Returns each row's new tokens.
     """
     batch = window.ids.shape[0]
+    decoding = _decoding_for(model, decoding)
     seen = _seen_tokens(window, logits.shape[-1]) if sampling.repetition_penalty != 1.0 else None
     stop = set(stop_ids)
     finished = [False] * batch
@@ -139,11 +161,19 @@ def decode_n_tokens(
         if cache.length == cache.max_len:  # the context is full: slide the window (see the module docstring)
             window = window.last(max(1, context_len // 2))
             still_to_feed = n - step - 2  # the tokens of later steps, but not the last one
-            cache = model.allocate_cache(batch, min(context_len, window.ids.shape[1] + still_to_feed))
-            logits = prefill(model, window, cache)
+            cache = decoding.allocate(batch, window.ids.shape[1] + still_to_feed, context_len)
+            logits = decoding.prefill(window, cache)
         else:
-            logits = decode_one_token(model, window, cache)
+            logits = decoding.step(window, cache)
     return new_tokens
+
+
+def _decoding_for(model: nn.Module, decoding: EagerDecoding | None) -> EagerDecoding:
+    if decoding is None:
+        return EagerDecoding(model)
+    if decoding.model is not model:
+        raise InputError("the decoding strategy was built for another model; build one for this model")
+    return decoding
 
 
 def _seen_tokens(window: Window, vocab_size: int) -> Tensor:
@@ -165,10 +195,12 @@ def generate_tokens(
     pad_id: int = 0,
     stop_ids: Collection[int] = (),
     on_token: TokenHook | None = None,
+    decoding: EagerDecoding | None = None,
 ) -> list[list[int]]:
     """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens; returns the new tokens.
 
-    model: a decoder-only model in eval mode (`DecoderLM`); context_len: its `max_seq_len`.
+    model: a decoder-only model in eval mode (`DecoderLM`); context_len: its `max_seq_len`; decoding: how prefill
+    and steps run (see the module docstring).
     Raises InputError for an empty prompt, a prompt longer than `context_len`, or a negative `max_new_tokens`.
     """
     if not prompts:
@@ -187,8 +219,9 @@ def generate_tokens(
         return [[] for _ in prompts]
     device = next(model.parameters()).device
     window = left_pad(prompts, pad_id=pad_id, device=device)
-    cache = model.allocate_cache(len(prompts), min(context_len, window.ids.shape[1] + max_new_tokens - 1))
-    logits = prefill(model, window, cache)
+    decoding = _decoding_for(model, decoding)
+    cache = decoding.allocate(len(prompts), window.ids.shape[1] + max_new_tokens - 1, context_len)
+    logits = decoding.prefill(window, cache)
     return decode_n_tokens(
         model,
         window,
@@ -200,4 +233,5 @@ def generate_tokens(
         generator=generator,
         stop_ids=stop_ids,
         on_token=on_token,
+        decoding=decoding,
     )

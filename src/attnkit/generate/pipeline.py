@@ -30,10 +30,11 @@ from attnkit.generate.decode_layout import (
     transpose_linear_weights,
     wants_transposed_weights,
 )
-from attnkit.generate.decoder import generate_tokens
+from attnkit.generate.decoder import EagerDecoding, generate_tokens
 from attnkit.generate.quantize import quantize_int8
 from attnkit.generate.sampling import SamplingConfig, make_generator
 from attnkit.generate.seq2seq import greedy_translate, right_pad
+from attnkit.generate.static_decode import StaticDecoding
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +61,20 @@ class Pipeline:
     """A model, its config and its tokenizer; the methods that fit the model's family."""
 
     def __init__(
-        self, model: nn.Module, config: ModelConfig, tokenizer=None, *, labels: Sequence[str] | None = None
+        self,
+        model: nn.Module,
+        config: ModelConfig,
+        tokenizer=None,
+        *,
+        labels: Sequence[str] | None = None,
+        decoding: EagerDecoding | None = None,
     ) -> None:
+        """decoding: how `generate` runs prefill and steps (`generate/decoder.py`); eager by default."""
         self.model = model.eval()
         self.config = config
         self.tokenizer = tokenizer
         self.labels = list(labels) if labels is not None else [str(i) for i in range(config.n_classes)]
+        self.decoding = decoding or EagerDecoding(self.model)
 
     @property
     def family(self) -> str:
@@ -130,6 +139,7 @@ class Pipeline:
             pad_id=self._pad_id,
             stop_ids=stop_ids,
             on_token=texts.push,
+            decoding=self.decoding,
         )
         return texts.finish()
 
@@ -319,8 +329,9 @@ def load(
     linear layers' weights in int8 (`attnkit.generate.quantize`), for faster decoding. Models that decode (not
     encoder classifiers) get fused q/k/v projections and, in fp32 on a CPU, transposed weights
     (`attnkit.generate.decode_layout`).
-    `compile=True` runs each transformer block through torch.compile (the first call waits for compilation; pays
-    off where per-operation overhead dominates, e.g. small int8 models at batch 1).
+    `compile=True` compiles a decoder's decoding step for fixed shapes (`attnkit.generate.static_decode`), and
+    each block of other models for any length; the first call waits for compilation, and the gain is largest
+    where per-operation overhead dominates (small models at batch 1, bf16 and int8 weights).
 
     Raises CheckpointError for a missing or mismatched checkpoint, or a labels.json that does not fit.
     """
@@ -329,6 +340,7 @@ def load(
     run_dir = Path(run_dir)
     model, config = load_model(run_dir, device=device or default_device(), dtype=parse_dtype(dtype))
     prepare_for_inference(model, config.family, quantize=quantize, compile=compile)
+    decoding = StaticDecoding(model) if compile and StaticDecoding.supports(model) else None
     tokenizer = None
     if (run_dir / TOKENIZER_DIR).is_dir():
         from attnkit.tokenize import load_tokenizer
@@ -336,7 +348,7 @@ def load(
         tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
     else:
         log.warning("%s has no %s/ directory: the model can be used, but not with text", run_dir, TOKENIZER_DIR)
-    return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config))
+    return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config), decoding=decoding)
 
 
 def prepare_for_inference(
@@ -344,7 +356,8 @@ def prepare_for_inference(
 ) -> nn.Module:
     """What `load` does to a model after reading it (in place; returns it, in eval mode): models that decode get
     fused q/k/v projections, then int8 weights on request or else, in fp32 on a CPU, transposed weights; with
-    `compile`, each block goes through torch.compile for any length."""
+    `compile`, each block goes through torch.compile for any length, except in a decoder that `StaticDecoding`
+    supports (its compiled path is the whole decoding step, which `load` sets up)."""
     decodes = family != "encoder"
     if decodes:
         fuse_qkv_projections(model)
@@ -352,7 +365,7 @@ def prepare_for_inference(
         quantize_int8(model)
     elif decodes and wants_transposed_weights(model):
         transpose_linear_weights(model)
-    if compile:
+    if compile and not StaticDecoding.supports(model):
         compile_blocks(model, dynamic=True)
     return model.eval()
 

@@ -274,13 +274,14 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, drop
 def _build_mask(key_is_real: Tensor | None, causal: bool, query_len: int, key_len: int, device) -> Tensor | None:
     """Combine causal and padding masks into (B, 1, T, S) or (T, S); True = may attend.
 
-    With both, every query may also attend to its own position, so a padded query row (left padding in batched
-    generation) is never empty; real rows are unchanged since they see their own position anyway.
+    With both, each of several queries may also attend to its own position, so a padded query row (left padding in
+    batched generation) is never empty; real rows are unchanged since they see their own position anyway. A single
+    query is a decoding step's real token, and its position need not be the last key's (`StaticKVCache`).
     """
     causal_part = causal_mask(query_len, key_len, device=device) if causal else None
     padding_part = padding_mask(key_is_real) if key_is_real is not None else None
     mask = combine(causal_part, padding_part)
-    if causal_part is not None and padding_part is not None:
+    if causal_part is not None and padding_part is not None and query_len > 1:
         own = torch.eye(query_len, key_len, dtype=torch.bool, device=device).roll(key_len - query_len, dims=1)
         mask = mask | own
     return mask

@@ -1,7 +1,7 @@
 """The input end of the model: token embedding, optional sqrt(C) scaling, absolute positions, dropout.
 
-`check_token_ids` is what the models call at their edge; the embedding itself refuses positions beyond
-`max_seq_len` when positions are learned (a learned table has nothing beyond its last row).
+`check_token_ids` is what the models call at their edge, with `Embeddings.check_positions`, which refuses
+positions beyond `max_seq_len` when positions are learned (a learned table has nothing beyond its last row).
 """
 
 from __future__ import annotations
@@ -68,6 +68,18 @@ class Embeddings(nn.Module):
     def vocab_size(self) -> int:
         return self.token.num_embeddings
 
+    def check_positions(self, position_ids: Tensor) -> None:
+        """Raise InputError for a position beyond a learned table (other positions have no end)."""
+        if self.positions is None or self.max_positions is None or position_ids.is_meta:
+            return
+        last = int(position_ids.max())
+        if last >= self.max_positions:
+            raise InputError(
+                f"position {last} is beyond max_seq_len={self.max_positions} of the learned position table; "
+                f"shorten the input to {self.max_positions} tokens, or use a model with sinusoidal, relative or "
+                f"rotary positions"
+            )
+
     def forward(self, ids: Tensor, position_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """token_type_ids: (B, T) segment ids; all 0 when omitted (models with token-type embeddings only)."""
         x = self.token(ids) * self.scale  # (B, T, C)
@@ -86,13 +98,6 @@ class Embeddings(nn.Module):
                 "token_type_ids were given but this model has no token-type embeddings (type_vocab_size=0); drop them"
             )
         if self.positions is not None:
-            too_long = self.max_positions is not None and not position_ids.is_meta
-            if too_long and int(position_ids.max()) >= self.max_positions:
-                raise InputError(
-                    f"position {int(position_ids.max())} is beyond max_seq_len={self.max_positions} of the learned "
-                    f"position table; shorten the input to {self.max_positions} tokens, or use a model with "
-                    f"sinusoidal, relative or rotary positions"
-                )
             x = x + self.positions(position_ids).to(x.dtype)
         if self.norm is not None:
             x = self.norm(x)

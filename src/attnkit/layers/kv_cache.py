@@ -2,6 +2,10 @@
 
 Buffers are preallocated (B, Hkv, max_len, D) and written by position, as in gpt-fast, so decoding never
 reallocates. Cross-attention keys and values of the encoder's output are computed once and kept beside them.
+
+`StaticKVCache` keeps the shapes of a decoding step fixed for a compiled step (gpt-fast's static cache): the new
+position is written where a tensor says, not a Python int, and attention reads the whole buffer with the keys not
+yet written masked out, so every step runs the same graph.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class LayerCache:
 class KVCache:
     """The caches of all layers of one decoder stack, passed into and out of the model."""
 
+    layer_type = LayerCache
+
     def __init__(self, layers: list[LayerCache]) -> None:
         self.layers = layers
 
@@ -67,7 +73,7 @@ class KVCache:
     ) -> KVCache:
         return cls(
             [
-                LayerCache(batch_size, n_kv_heads, max_len, head_dim, dtype=dtype, device=device)
+                cls.layer_type(batch_size, n_kv_heads, max_len, head_dim, dtype=dtype, device=device)
                 for _ in range(n_layers)
             ]
         )
@@ -84,3 +90,55 @@ class KVCache:
     def reorder(self, index: Tensor) -> None:
         for layer in self.layers:
             layer.reorder(index)
+
+
+class StaticLayerCache(LayerCache):
+    """A layer cache whose single-position appends have fixed shapes (see the module docstring).
+
+    Several positions at once (the prefill) append as in LayerCache. A single position is written at `slot`, a
+    one-element tensor that the StaticKVCache shares among its layers and sets in `advance`, and the whole buffer
+    is returned.
+    """
+
+    slot: Tensor  # (1,) long, set by StaticKVCache
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """keys/values (B, Hkv, 1, D) -> the whole buffers (B, Hkv, max_len, D); several positions as LayerCache."""
+        if keys.shape[2] != 1:
+            return super().append(keys, values)
+        self.keys.index_copy_(2, self.slot, keys)
+        self.values.index_copy_(2, self.slot, values)
+        return self.keys, self.values
+
+
+class StaticKVCache(KVCache):
+    """The layers' static caches, their shared `slot`, and `filled` (B, max_len) bool: which positions hold a real
+    token's keys."""
+
+    layer_type = StaticLayerCache
+
+    def __init__(self, layers: list[StaticLayerCache]) -> None:
+        super().__init__(layers)
+        batch, _, max_len, _ = layers[0].keys.shape
+        device = layers[0].keys.device
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)  # the position the next single-position step writes
+        self.filled = torch.zeros((batch, max_len), dtype=torch.bool, device=device)
+        for layer in layers:
+            layer.slot = self.slot
+
+    def mark_prefilled(self, is_real: Tensor) -> None:
+        """Record the prefill's padding: is_real (B, L) for the L positions the prefill wrote."""
+        self.filled[:, : is_real.shape[1]] = is_real
+
+    def advance(self) -> None:
+        """Make the next position the one a single-position step writes, and count it as filled (a real token)."""
+        position = self.length
+        if position == self.max_len:
+            raise InputError(
+                f"the KV cache holds {self.max_len} positions and all are used; allocate a larger cache (max_len) "
+                f"or generate fewer tokens"
+            )
+        self.slot.fill_(position)
+        self.filled[:, position] = True
+        for layer in self.layers:
+            layer.length = position + 1

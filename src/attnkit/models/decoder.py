@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.layers.chunked_loss import chunked_linear_cross_entropy
-from attnkit.layers.kv_cache import KVCache
+from attnkit.layers.kv_cache import KVCache, StaticKVCache
 from attnkit.models.output import ModelOutput, cross_entropy
 from attnkit.models.stack import TransformerStack
 
@@ -56,10 +56,11 @@ class DecoderLM(nn.Module):
         return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None, cache=cache)
 
     def allocate_cache(
-        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
+        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None, static: bool = False
     ) -> KVCache:
-        """A preallocated cache for `batch_size` sequences of up to `max_len` positions."""
-        return allocate_cache_for(self.stack, batch_size, max_len, dtype=dtype, device=device)
+        """A preallocated cache for `batch_size` sequences of up to `max_len` positions; `static` for a compiled
+        decoding step (`StaticKVCache`)."""
+        return allocate_cache_for(self.stack, batch_size, max_len, dtype=dtype, device=device, static=static)
 
 
 def lm_logits_and_loss(
@@ -73,10 +74,12 @@ def lm_logits_and_loss(
     return logits, loss
 
 
-def allocate_cache_for(stack: TransformerStack, batch_size: int, max_len: int, *, dtype=None, device=None) -> KVCache:
+def allocate_cache_for(
+    stack: TransformerStack, batch_size: int, max_len: int, *, dtype=None, device=None, static: bool = False
+) -> KVCache:
     attention = stack.blocks[0].self_attn
     reference = stack.embeddings.token.weight  # the activations' dtype and device
-    return KVCache.allocate(
+    return (StaticKVCache if static else KVCache).allocate(
         n_layers=len(stack.blocks),
         batch_size=batch_size,
         n_kv_heads=attention.n_kv_heads,

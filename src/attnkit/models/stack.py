@@ -57,7 +57,33 @@ class TransformerStack(nn.Module):
         length = input_ids.shape[1]
         if position_ids is None:
             position_ids = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)  # (1, T)
+        self.embeddings.check_positions(position_ids)
         key_is_real = _check_mask(attention_mask, input_ids, start + length, "attention_mask")
+        return self.run(
+            input_ids,
+            position_ids,
+            key_is_real=key_is_real,
+            token_type_ids=token_type_ids,
+            cache=cache,
+            context=context,
+            context_mask=context_mask,
+            need_weights=need_weights,
+        )
+
+    def run(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        *,
+        key_is_real: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        cache: KVCache | None = None,
+        context: Tensor | None = None,
+        context_mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[dict[str, Tensor]]]:
+        """`forward` after its checks of the inputs, which read tensor values (a compiled decoding step calls this,
+        its inputs known good). key_is_real: (B, S) bool, True at real keys."""
         x = self.embeddings(input_ids, position_ids, token_type_ids)  # (B, T, C)
         rope = self.rotary(position_ids) if self.rotary is not None else None
         attentions: list[dict[str, Tensor]] = []

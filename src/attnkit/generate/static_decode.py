@@ -1,0 +1,77 @@
+"""A decoding step with fixed shapes, compiled once into one graph (gpt-fast's design).
+
+An eager decoding step of a small model at batch 1 spends more time launching its few hundred small operations
+(Python, dispatch, allocation) than computing them. Compiling the step as one graph removes that overhead, but
+only pays when the graph stays the same from token to token, and an eager step's shapes grow with the cache. So
+the step runs over a `StaticKVCache`:
+
+    prefill (eager)   the prompt's keys/values fill the first L positions; `filled` marks the real ones
+    each step         advance()       slot <- the next position, filled[:, slot] <- True
+                      compiled step   write k/v at slot; attend over all max_len positions, unfilled ones masked;
+                                      the token's position = its row's filled count - 1
+
+Weights are frozen into the graph (inductor's `freezing`), which lets it prepare them for its matrix kernels
+(packed layouts for bf16 on CPU); so the compiled step is for inference, and a model whose weights change needs
+a new `StaticDecoding`. Cache lengths are rounded up to a power of two, so that prompts and lengths of different
+sizes share a few compiled graphs (one per batch size and length bucket).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.errors import InputError
+from attnkit.generate.decoder import EagerDecoding, Window, prefill
+from attnkit.layers.attention import Attention
+from attnkit.layers.kv_cache import StaticKVCache
+
+SMALLEST_CACHE = 64  # positions; lengths are rounded up to a power of two from here
+
+
+def static_step(model: nn.Module, token: Tensor, cache: StaticKVCache) -> Tensor:
+    """One decoding step of a DecoderLM over a static cache already advanced: token (B, 1) -> logits (B, V)."""
+    position = cache.filled.sum(dim=-1, keepdim=True) - 1  # (B, 1): the row's real tokens before this one
+    hidden, _ = model.stack.run(token, position, key_is_real=cache.filled, cache=cache)  # (B, 1, C)
+    return model.lm_head(hidden[:, -1])  # (B, V)
+
+
+class StaticDecoding(EagerDecoding):
+    """Decoding `model` with fixed shapes: eager prefill, then `static_step`, through torch.compile unless
+    `compile=False` (the same step eagerly: the readable reference that tests hold the compiled one to)."""
+
+    def __init__(self, model: nn.Module, *, compile: bool = True) -> None:
+        if not self.supports(model):
+            raise InputError(
+                "static decoding needs a decoder whose attention does not locate queries by the number of keys; "
+                "relative (Shaw) positions do, so decode this model with EagerDecoding (load(..., compile=False))"
+            )
+        super().__init__(model)
+
+        def step(token: Tensor, cache: StaticKVCache) -> Tensor:
+            return static_step(model, token, cache)
+
+        self._step = torch.compile(step, fullgraph=True, dynamic=False) if compile else step
+
+    @staticmethod
+    def supports(model: nn.Module) -> bool:
+        """A decoder-only model without relative positions (Shaw's place a query at the last key)."""
+        attentions = [m for m in model.modules() if isinstance(m, Attention)]
+        return getattr(model, "family", None) == "decoder" and all(a.relative is None for a in attentions)
+
+    def allocate(self, batch_size: int, needed: int, context_len: int) -> StaticKVCache:
+        bucket = max(SMALLEST_CACHE, 1 << (needed - 1).bit_length())
+        return self.model.allocate_cache(batch_size, min(bucket, context_len), static=True)
+
+    def prefill(self, window: Window, cache: StaticKVCache) -> Tensor:
+        logits = prefill(self.model, window, cache)
+        cache.mark_prefilled(window.mask)
+        return logits
+
+    def step(self, window: Window, cache: StaticKVCache) -> Tensor:
+        cache.advance()
+        token = window.ids[:, -1:].clone(memory_format=torch.contiguous_format)  # (B, 1), strides fixed as well
+        # Freezing is read while the step is traced (at its first call), and only for weights the graph does not
+        # take as arguments: hence the model in the step's closure.
+        with torch._inductor.config.patch(freezing=True):
+            return self._step(token, cache)

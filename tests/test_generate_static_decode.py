@@ -1,0 +1,88 @@
+"""Static decoding (fixed shapes, compiled step): the same tokens and logits as eager decoding, no recompilation
+within a length bucket, clear refusals."""
+
+import pytest
+import torch
+from generate_models import tiny_model
+
+from attnkit.errors import InputError
+from attnkit.generate import EagerDecoding, StaticDecoding, generate_tokens, left_pad
+from attnkit.layers.kv_cache import StaticKVCache
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [3, 3, 0, 12, 5]]
+
+
+@torch.no_grad()
+def forced_logits(decoding, prompts, forced: list[int]) -> list[torch.Tensor]:
+    """Logits (B, V) after the prefill and after feeding each of `forced` to every row."""
+    window = left_pad(prompts, pad_id=0)
+    cache = decoding.allocate(len(prompts), window.ids.shape[1] + len(forced), context_len=24)
+    logits = [decoding.prefill(window, cache)]
+    for token in forced:
+        window = window.append(torch.full((len(prompts),), token))
+        logits.append(decoding.step(window, cache))
+    return logits
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "learned", "rope", "none"])
+def test_static_step_gives_the_logits_of_eager_decoding(position):
+    model, _ = tiny_model(position=position)
+    forced = [5, 0, 12, 7, 7, 1]
+    eager = forced_logits(EagerDecoding(model), PROMPTS, forced)
+    static = forced_logits(StaticDecoding(model, compile=False), PROMPTS, forced)
+    for step, (a, b) in enumerate(zip(eager, static, strict=True)):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10, msg=f"step {step}")
+
+
+@pytest.mark.parametrize("overrides", [{}, {"n_kv_heads": 2, "activation": "swiglu", "norm": "rms", "bias": False}])
+def test_static_greedy_equals_eager_through_a_sliding_window(overrides):
+    """30 new tokens after prompts of up to 7 outgrow the context of 24: the window slides into a new cache."""
+    model, config = tiny_model(position="rope", seed=1, **overrides)
+    eager = generate_tokens(model, PROMPTS, max_new_tokens=30, context_len=config.max_seq_len)
+    static = generate_tokens(model, PROMPTS, max_new_tokens=30, context_len=config.max_seq_len,
+                             decoding=StaticDecoding(model, compile=False))
+    assert static == eager
+
+
+def test_static_cache_writes_at_its_slot_and_refuses_to_overflow():
+    cache = StaticKVCache.allocate(n_layers=1, batch_size=2, n_kv_heads=1, head_dim=2, max_len=3)
+    layer = cache.layers[0]
+    layer.append(torch.ones(2, 1, 2, 2), torch.ones(2, 1, 2, 2))  # a prefill of 2 positions
+    cache.mark_prefilled(torch.tensor([[False, True], [True, True]]))
+    cache.advance()
+    keys, _ = layer.append(torch.full((2, 1, 1, 2), 7.0), torch.zeros(2, 1, 1, 2))
+    assert keys.shape == (2, 1, 3, 2) and keys[:, 0, :, 0].tolist() == [[1, 1, 7], [1, 1, 7]]
+    assert cache.filled.tolist() == [[False, True, True], [True, True, True]]
+    with pytest.raises(InputError, match="holds 3 positions"):
+        cache.advance()
+
+
+def test_cache_lengths_are_rounded_up_to_a_power_of_two_within_the_context():
+    model, _ = tiny_model()
+    decoding = StaticDecoding(model, compile=False)
+    assert decoding.allocate(1, 70, context_len=1024).max_len == 128
+    assert decoding.allocate(1, 5, context_len=1024).max_len == 64
+    assert decoding.allocate(1, 70, context_len=100).max_len == 100
+
+
+def test_static_decoding_refuses_relative_positions_and_other_models():
+    relative, _ = tiny_model(position="relative")
+    with pytest.raises(InputError, match="relative"):
+        StaticDecoding(relative, compile=False)
+    model, config = tiny_model()
+    other, _ = tiny_model(seed=5)
+    with pytest.raises(InputError, match="another model"):
+        generate_tokens(model, [[1]], max_new_tokens=2, context_len=config.max_seq_len,
+                        decoding=StaticDecoding(other, compile=False))
+
+
+def test_compiled_step_equals_eager_and_compiles_once_per_bucket():
+    model, config = tiny_model(position="rope", seed=2, n_kv_heads=2)
+    model.float()
+    decoding = StaticDecoding(model)
+    for prompt in ([1, 2, 3], [4, 5, 6, 7, 8]):
+        eager = generate_tokens(model, [prompt], max_new_tokens=8, context_len=config.max_seq_len)
+        with torch._dynamo.config.patch(error_on_recompile=prompt != [1, 2, 3]):
+            compiled = generate_tokens(model, [prompt], max_new_tokens=8, context_len=config.max_seq_len,
+                                       decoding=decoding)
+        assert compiled == eager
