@@ -7,6 +7,7 @@ from generate_models import tiny_model
 
 from attnkit.errors import InputError
 from attnkit.generate import EagerDecoding, StaticDecoding, generate_tokens, left_pad
+from attnkit.generate.decode_layout import transpose_linear_weights
 from attnkit.layers.kv_cache import StaticKVCache
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [3, 3, 0, 12, 5]]
@@ -86,3 +87,10 @@ def test_compiled_step_equals_eager_and_compiles_once_per_bucket():
             compiled = generate_tokens(model, [prompt], max_new_tokens=8, context_len=config.max_seq_len,
                                        decoding=decoding)
         assert compiled == eager
+
+
+def test_weights_are_frozen_except_those_transposed_for_fp32_decoding():
+    model, _ = tiny_model()
+    assert StaticDecoding(model.bfloat16(), compile=False).freezes_weights
+    transposed = transpose_linear_weights(tiny_model()[0].float())
+    assert not StaticDecoding(transposed, compile=False).freezes_weights
