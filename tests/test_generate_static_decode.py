@@ -77,14 +77,16 @@ def test_static_decoding_refuses_relative_positions_and_other_models():
                         decoding=StaticDecoding(other, compile=False))
 
 
-def test_compiled_step_equals_eager_and_compiles_once_per_bucket():
+def test_compiled_step_equals_eager_and_compiles_once_per_batch_size_and_bucket():
+    """A second prompt length in the same bucket reuses the graph; new batch sizes compile beyond torch's limit."""
     model, config = tiny_model(position="rope", seed=2, n_kv_heads=2)
     model.float()
     decoding = StaticDecoding(model)
-    for prompt in ([1, 2, 3], [4, 5, 6, 7, 8]):
-        eager = generate_tokens(model, [prompt], max_new_tokens=8, context_len=config.max_seq_len)
-        with torch._dynamo.config.patch(error_on_recompile=prompt != [1, 2, 3]):
-            compiled = generate_tokens(model, [prompt], max_new_tokens=8, context_len=config.max_seq_len,
+    for prompts, settings in (([[1, 2, 3]], {}), ([[4, 5, 6, 7, 8]], {"error_on_recompile": True}),
+                              (PROMPTS[:2], {"recompile_limit": 1}), (PROMPTS[:3], {"recompile_limit": 1})):
+        eager = generate_tokens(model, prompts, max_new_tokens=8, context_len=config.max_seq_len)
+        with torch._dynamo.config.patch(**settings):
+            compiled = generate_tokens(model, prompts, max_new_tokens=8, context_len=config.max_seq_len,
                                        decoding=decoding)
         assert compiled == eager
 

@@ -30,6 +30,7 @@ from attnkit.layers.attention import Attention
 from attnkit.layers.kv_cache import StaticKVCache
 
 SMALLEST_CACHE = 64  # positions; lengths are rounded up to a power of two from here
+MAX_GRAPHS = 64  # compiled graphs kept per step function (torch's default of 8 is soon reached with batch sizes)
 
 
 def static_step(model: nn.Module, token: Tensor, cache: StaticKVCache) -> Tensor:
@@ -75,7 +76,10 @@ class StaticDecoding(EagerDecoding):
     def step(self, window: Window, cache: StaticKVCache) -> Tensor:
         cache.advance()
         token = window.ids[:, -1:].clone(memory_format=torch.contiguous_format)  # (B, 1), strides fixed as well
-        # Freezing is read while the step is traced (at its first call), and only for weights the graph does not
-        # take as arguments: hence the model in the step's closure.
-        with torch._inductor.config.patch(freezing=self.freezes_weights):
+        # Both settings are read while a step is traced (at its first call for a new batch size or cache length);
+        # freezing applies to weights the graph does not take as arguments: hence the model in the step's closure.
+        with (
+            torch._inductor.config.patch(freezing=self.freezes_weights),
+            torch._dynamo.config.patch(recompile_limit=MAX_GRAPHS),
+        ):
             return self._step(token, cache)
