@@ -59,6 +59,15 @@ CASES = [
 ]
 IMPLEMENTATIONS = ["attnkit", "transformers"]
 INT8 = ["attnkit-int8", "attnkit-int8-compiled"]  # int8 weights (eager, compiled decoding step), bf16 generation
+AUTOTUNED = {"attnkit-autotuned", "attnkit-int8-autotuned"}  # the decoding step compiled with "max-autotune"
+LABELS = {"attnkit": "{dtype}", "attnkit-compiled": "{dtype}, compiled", "attnkit-autotuned": "{dtype}, max-autotune",
+          "attnkit-int8": "int8 weights, bf16", "attnkit-int8-compiled": "int8, bf16, compiled",
+          "attnkit-int8-autotuned": "int8, bf16, max-autotune"}
+
+
+def compile_setting(impl: str) -> bool | str:
+    """The `compile` argument of `attnkit.load` that an implementation's name stands for."""
+    return "max-autotune" if impl in AUTOTUNED else impl.endswith("compiled")
 
 
 # --- the machine's own limits ------------------------------------------------------------------------------------
@@ -155,7 +164,7 @@ def _step_function(case: Case, impl: str, dtype: str):
             from attnkit.generate.pipeline import prepare_for_inference
 
             prepare_for_inference(model, case.family, quantize="int8" if impl.startswith("attnkit-int8") else None,
-                                  compile=impl.endswith("compiled"))
+                                  compile=compile_setting(impl))
         return model, _generate_function(model, impl, ids, case.new_tokens)
     if impl == "attnkit-compiled":  # as `attnkit train --compile` does; compiled during warm-up
         from attnkit.blocks import compile_blocks
@@ -200,7 +209,8 @@ def _generate_function(model, impl: str, prompt, new_tokens: int):
 
     prompts = prompt.tolist()
     context_len = model.stack.embeddings.max_positions
-    decoding = StaticDecoding(model) if impl.endswith("compiled") else None  # as `attnkit.load(compile=True)`
+    compile = compile_setting(impl)
+    decoding = StaticDecoding(model, compile=compile) if compile else None  # as `attnkit.load(compile=...)`
 
     def run() -> None:
         generate_tokens(model, prompts, max_new_tokens=new_tokens, context_len=context_len, decoding=decoding)
@@ -226,7 +236,7 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int) ->
     torch.manual_seed(0)
     case = next(c for c in CASES if c.name == case_name)
     model, step = _step_function(case, impl, dtype)
-    if impl.endswith("compiled"):  # compilation and its first recompilations for new lengths are not the speed
+    if compile_setting(impl):  # compilation and its first recompilations for new lengths are not the speed
         warmup = max(warmup, 3)
     times = timed_runs(step, repeats, warmup=warmup)
     median = statistics.median(times)
@@ -276,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--machine", default=platform.node() or "cpu")
     parser.add_argument("--compiled", action="store_true",
                         help="also time attnkit through torch.compile: each block (training, forward), the "
-                        "decoding step for fixed shapes (generation)")
+                        "decoding step for fixed shapes, in the default mode and max-autotune (generation)")
     parser.add_argument("--update", action="store_true",
                         help="merge into the machine's results file, replacing only the cases and dtypes run now")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
@@ -296,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         for dtype in args.dtypes:
             impls = IMPLEMENTATIONS + (INT8 if case.kind == "generate" and dtype == "bf16" else [])
             impls += ["attnkit-compiled"] if args.compiled else []
+            if args.compiled and case.kind == "generate":
+                impls += sorted(AUTOTUNED) if dtype == "bf16" else ["attnkit-autotuned"]
             runs: dict[str, list[dict]] = {impl: [] for impl in impls}
             for _ in range(args.rounds):  # alternate: attnkit, then the reference, round after round
                 for impl in impls:
@@ -364,14 +376,13 @@ def markdown_table(report: dict) -> str:
     ]
     by_key = {(r["case"], r["dtype"], r["impl"]): r for r in report["results"]}
     for case in CASES:
-        for dtype, impl in ((d, i) for d in ("fp32", "bf16") for i in ("attnkit", "attnkit-compiled", *INT8)):
+        for dtype, impl in ((d, i) for d in ("fp32", "bf16") for i in LABELS):
             ours, ref = by_key.get((case.name, dtype, impl)), by_key.get((case.name, dtype, "transformers"))
             if not ours or not ref or "error" in ours or "error" in ref:
                 continue
             ms = f"{ours['ms_per_token']:.1f}" if "ms_per_token" in ours else ""
             bandwidth = f"{ours['bandwidth_fraction']:.0%}" if "bandwidth_fraction" in ours else ""
-            label = {"attnkit": dtype, "attnkit-compiled": f"{dtype}, compiled", "attnkit-int8": "int8 weights, bf16",
-                     "attnkit-int8-compiled": "int8, bf16, compiled"}[impl]
+            label = LABELS[impl].format(dtype=dtype)
             lines.append(
                 f"| {case.name} | {label} | {ours['tokens_per_s']:.1f} | {ref['tokens_per_s']:.1f} | "
                 f"{ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x | {ours['mfu']:.1%} | {ref['mfu']:.1%} | "

@@ -217,6 +217,14 @@ def test_load_transposes_only_fp32_models_that_decode(runs):
     assert not transposed(attnkit.load(runs["clf"], device="cpu"))
 
 
+def test_max_autotune_decoding_keeps_weights_to_be_packed_and_bad_modes_fail_before_loading(runs, tmp_path):
+    tuned = attnkit.load(runs["lm"], device="cpu", compile="max-autotune")
+    assert not any(isinstance(m, TransposedLinear) for m in tuned.model.modules())
+    assert isinstance(tuned.decoding, StaticDecoding) and tuned.decoding.freezes_weights
+    with pytest.raises(InputError, match="not a compile mode"):
+        attnkit.load(tmp_path / "missing", compile="fastest")
+
+
 def test_load_fuses_qkv_projections_of_models_that_decode(runs):
     def fused(pipeline):
         return any(getattr(m, "qkv_proj", None) is not None for m in pipeline.model.modules())

@@ -5,6 +5,7 @@ import pytest
 import torch
 from generate_models import tiny_model
 
+from attnkit.blocks import torch_compile_mode
 from attnkit.errors import InputError
 from attnkit.generate import EagerDecoding, StaticDecoding, generate_tokens, left_pad
 from attnkit.generate.decode_layout import transpose_linear_weights
@@ -96,3 +97,21 @@ def test_weights_are_frozen_except_those_transposed_for_fp32_decoding():
     assert StaticDecoding(model.bfloat16(), compile=False).freezes_weights
     transposed = transpose_linear_weights(tiny_model()[0].float())
     assert not StaticDecoding(transposed, compile=False).freezes_weights
+
+
+def test_compile_modes_are_checked_by_name():
+    assert torch_compile_mode(True) == "default" and torch_compile_mode(False) is None
+    assert torch_compile_mode("max-autotune") == "max-autotune-no-cudagraphs"
+    with pytest.raises(InputError, match="not a compile mode"):
+        StaticDecoding(tiny_model()[0], compile="fastest")
+
+
+@pytest.mark.slow
+def test_max_autotune_step_equals_eager():
+    """Kernel timing while compiling takes about a minute even for this model, hence slow."""
+    model, config = tiny_model(position="rope", seed=2, n_kv_heads=2)
+    model.float()
+    eager = generate_tokens(model, PROMPTS[:2], max_new_tokens=8, context_len=config.max_seq_len)
+    tuned = generate_tokens(model, PROMPTS[:2], max_new_tokens=8, context_len=config.max_seq_len,
+                            decoding=StaticDecoding(model, compile="max-autotune"))
+    assert tuned == eager

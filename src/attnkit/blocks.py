@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
+from attnkit.errors import InputError
 from attnkit.layers.attention import Attention
 from attnkit.layers.kv_cache import LayerCache
 
@@ -113,7 +114,22 @@ class DecoderBlock(TransformerBlock):
     causal = True
 
 
-def compile_blocks(model: nn.Module, *, dynamic: bool | None = None) -> nn.Module:
+# What users pass as `compile` -> torch.compile's mode. "max-autotune" times several kernels for each matrix product
+# while compiling (minutes, cached on disk); CUDA graphs are left out, since the decoding cache is written in place.
+COMPILE_MODES = {"default": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+
+
+def torch_compile_mode(compile: bool | str) -> str | None:
+    """`compile` as users give it (False, True, "default", "max-autotune") -> torch.compile's mode; None: eager."""
+    if compile is False or compile is None:
+        return None
+    name = "default" if compile is True else compile
+    if name not in COMPILE_MODES:
+        raise InputError(f"compile={compile!r} is not a compile mode; use True, False, {', '.join(COMPILE_MODES)}")
+    return COMPILE_MODES[name]
+
+
+def compile_blocks(model: nn.Module, *, dynamic: bool | None = None, mode: str = "default") -> nn.Module:
     """torch.compile every transformer block of `model` in place (parameter names and checkpoints unchanged).
 
     Blocks rather than the whole model: the edge checks on token ids stay eager, the blocks of a stack share one
@@ -122,5 +138,5 @@ def compile_blocks(model: nn.Module, *, dynamic: bool | None = None) -> nn.Modul
     """
     for module in model.modules():
         if isinstance(module, TransformerBlock):
-            module.compile(dynamic=dynamic)
+            module.compile(dynamic=dynamic, mode=mode)
     return model

@@ -82,16 +82,17 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", help="fp32 | bf16 | fp16 (default: as stored)")
     p.add_argument("--int8", action="store_true",
                    help="int8 weight-only linear layers (bf16 products): faster decoding, a little quality lost")
-    p.add_argument("--compile", action="store_true",
+    p.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"],
                    help="torch.compile the decoding step (decoders, fixed shapes) or each block: waits for "
-                   "compilation first, then decodes faster where overhead dominates (small models, bf16, --int8)")
+                   "compilation first, then decodes faster where overhead dominates (small models, bf16, --int8); "
+                   "max-autotune: a minute or more of kernel timing the first time, fastest for larger models")
 
 
 def _load_run(args: argparse.Namespace):
     from attnkit.generate import load
 
     return load(args.run, device=args.device, dtype=args.dtype, quantize="int8" if args.int8 else None,
-                compile=args.compile)
+                compile=args.compile or False)
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from attnkit.blocks import compile_blocks
+from attnkit.blocks import compile_blocks, torch_compile_mode
 from attnkit.checkpoint import load_model
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, InputError
@@ -322,7 +322,7 @@ def load(
     device: torch.device | str | None = None,
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
-    compile: bool = False,
+    compile: bool | str = False,
 ) -> Pipeline:
     """Load a run directory (see the module docstring) onto `device` (default: CUDA when present, else CPU)
     in `dtype` (default: as stored; "fp32", "bf16", "fp16" or a torch dtype). `quantize="int8"` stores the
@@ -331,16 +331,19 @@ def load(
     (`attnkit.generate.decode_layout`).
     `compile=True` compiles a decoder's decoding step for fixed shapes (`attnkit.generate.static_decode`), and
     each block of other models for any length; the first call waits for compilation, and the gain is largest
-    where per-operation overhead dominates (small models at batch 1, bf16 and int8 weights).
+    where per-operation overhead dominates (small models at batch 1, bf16 and int8 weights). `compile="max-autotune"`
+    also times several kernels for each matrix product while compiling (a minute or more the first time, cached
+    on disk): the fastest decoding of larger models; in fp32 its packed weights are a second copy of the model's.
 
     Raises CheckpointError for a missing or mismatched checkpoint, or a labels.json that does not fit.
     """
     if quantize not in (None, "int8"):
         raise InputError(f"quantize={quantize!r} is not supported; use 'int8' or None")
+    torch_compile_mode(compile)  # an unknown mode fails before the model is read
     run_dir = Path(run_dir)
     model, config = load_model(run_dir, device=device or default_device(), dtype=parse_dtype(dtype))
     prepare_for_inference(model, config.family, quantize=quantize, compile=compile)
-    decoding = StaticDecoding(model) if compile and StaticDecoding.supports(model) else None
+    decoding = StaticDecoding(model, compile=compile) if compile and StaticDecoding.supports(model) else None
     tokenizer = None
     if (run_dir / TOKENIZER_DIR).is_dir():
         from attnkit.tokenize import load_tokenizer
@@ -352,21 +355,24 @@ def load(
 
 
 def prepare_for_inference(
-    model: nn.Module, family: str, *, quantize: str | None = None, compile: bool = False
+    model: nn.Module, family: str, *, quantize: str | None = None, compile: bool | str = False
 ) -> nn.Module:
     """What `load` does to a model after reading it (in place; returns it, in eval mode): models that decode get
-    fused q/k/v projections, then int8 weights on request or else, in fp32 on a CPU, transposed weights; with
+    fused q/k/v projections, then int8 weights on request or else, in fp32 on a CPU, transposed weights (except
+    for a static decoding step compiled with "max-autotune", whose packed, frozen weights are faster); with
     `compile`, each block goes through torch.compile for any length, except in a decoder that `StaticDecoding`
     supports (its compiled path is the whole decoding step, which `load` sets up)."""
+    mode = torch_compile_mode(compile)
     decodes = family != "encoder"
+    static = mode is not None and StaticDecoding.supports(model)
     if decodes:
         fuse_qkv_projections(model)
     if quantize == "int8":
         quantize_int8(model)
-    elif decodes and wants_transposed_weights(model):
+    elif decodes and wants_transposed_weights(model) and not (static and compile == "max-autotune"):
         transpose_linear_weights(model)
-    if compile and not StaticDecoding.supports(model):
-        compile_blocks(model, dynamic=True)
+    if mode is not None and not static:
+        compile_blocks(model, dynamic=True, mode=mode)
     return model.eval()
 
 

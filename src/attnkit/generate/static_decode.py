@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.blocks import torch_compile_mode
 from attnkit.errors import InputError
 from attnkit.generate.decode_layout import TransposedLinear
 from attnkit.generate.decoder import EagerDecoding, Window, prefill
@@ -41,10 +42,11 @@ def static_step(model: nn.Module, token: Tensor, cache: StaticKVCache) -> Tensor
 
 
 class StaticDecoding(EagerDecoding):
-    """Decoding `model` with fixed shapes: eager prefill, then `static_step`, through torch.compile unless
-    `compile=False` (the same step eagerly: the readable reference that tests hold the compiled one to)."""
+    """Decoding `model` with fixed shapes: eager prefill, then `static_step`, through torch.compile in the mode
+    `compile` names (True or "default"; "max-autotune": see `blocks.COMPILE_MODES`), or eagerly for `compile=False`
+    (the readable reference that tests hold the compiled step to)."""
 
-    def __init__(self, model: nn.Module, *, compile: bool = True) -> None:
+    def __init__(self, model: nn.Module, *, compile: bool | str = True) -> None:
         if not self.supports(model):
             raise InputError(
                 "static decoding needs a decoder whose attention does not locate queries by the number of keys; "
@@ -55,7 +57,8 @@ class StaticDecoding(EagerDecoding):
         def step(token: Tensor, cache: StaticKVCache) -> Tensor:
             return static_step(model, token, cache)
 
-        self._step = torch.compile(step, fullgraph=True, dynamic=False) if compile else step
+        mode = torch_compile_mode(compile)
+        self._step = step if mode is None else torch.compile(step, fullgraph=True, dynamic=False, mode=mode)
         self.freezes_weights = not any(isinstance(m, TransposedLinear) for m in model.modules())
 
     @staticmethod
