@@ -205,12 +205,12 @@ def _generate_function(model, impl: str, prompt, new_tokens: int):
                 model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                                min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         return run
-    from attnkit.generate import StaticDecoding, generate_tokens
+    from attnkit.generate import generate_tokens
+    from attnkit.generate.pipeline import decoding_for
 
     prompts = prompt.tolist()
     context_len = model.stack.embeddings.max_positions
-    compile = compile_setting(impl)
-    decoding = StaticDecoding(model, compile=compile) if compile else None  # as `attnkit.load(compile=...)`
+    decoding = decoding_for(model, compile_setting(impl))  # as `attnkit.load(compile=...)`
 
     def run() -> None:
         generate_tokens(model, prompts, max_new_tokens=new_tokens, context_len=context_len, decoding=decoding)

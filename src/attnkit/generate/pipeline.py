@@ -343,7 +343,7 @@ def load(
     run_dir = Path(run_dir)
     model, config = load_model(run_dir, device=device or default_device(), dtype=parse_dtype(dtype))
     prepare_for_inference(model, config.family, quantize=quantize, compile=compile)
-    decoding = StaticDecoding(model, compile=compile) if compile and StaticDecoding.supports(model) else None
+    decoding = decoding_for(model, compile)
     tokenizer = None
     if (run_dir / TOKENIZER_DIR).is_dir():
         from attnkit.tokenize import load_tokenizer
@@ -374,6 +374,14 @@ def prepare_for_inference(
     if mode is not None and not static:
         compile_blocks(model, dynamic=True, mode=mode)
     return model.eval()
+
+
+def decoding_for(model: nn.Module, compile: bool | str = False) -> EagerDecoding:
+    """How `generate` decodes a prepared model: the compiled static step when `compile` asks for compilation and the
+    model allows it (`StaticDecoding.supports`), else eagerly."""
+    if torch_compile_mode(compile) is not None and StaticDecoding.supports(model):
+        return StaticDecoding(model, compile=compile)
+    return EagerDecoding(model)
 
 
 def _read_labels(run_dir: Path, config: ModelConfig) -> list[str] | None:

@@ -33,11 +33,7 @@ class LayerCache:
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Write keys/values (B, Hkv, T, D) at the next T positions; return all so far, (B, Hkv, S, D)."""
         start, end = self.length, self.length + keys.shape[2]
-        if end > self.max_len:
-            raise InputError(
-                f"the KV cache holds {self.max_len} positions but {end} are needed; allocate a larger cache "
-                f"(max_len) or generate fewer tokens"
-            )
+        _check_room(self.max_len, end)
         self.keys[:, :, start:end] = keys
         self.values[:, :, start:end] = values
         self.length = end
@@ -133,12 +129,16 @@ class StaticKVCache(KVCache):
     def advance(self) -> None:
         """Make the next position the one a single-position step writes, and count it as filled (a real token)."""
         position = self.length
-        if position == self.max_len:
-            raise InputError(
-                f"the KV cache holds {self.max_len} positions and all are used; allocate a larger cache (max_len) "
-                f"or generate fewer tokens"
-            )
+        _check_room(self.max_len, position + 1)
         self.slot.fill_(position)
         self.filled[:, position] = True
         for layer in self.layers:
             layer.length = position + 1
+
+
+def _check_room(max_len: int, needed: int) -> None:
+    if needed > max_len:
+        raise InputError(
+            f"the KV cache holds {max_len} positions but {needed} are needed; allocate a larger cache (max_len) or "
+            f"generate fewer tokens"
+        )
