@@ -59,10 +59,11 @@ CASES = [
 ]
 IMPLEMENTATIONS = ["attnkit", "transformers"]
 INT8 = ["attnkit-int8", "attnkit-int8-compiled"]  # int8 weights (eager, compiled decoding step), bf16 generation
+MASTER = "attnkit-master"  # bf16 training through a bf16 copy of the model with fp32 master weights
 AUTOTUNED = {"attnkit-autotuned", "attnkit-int8-autotuned"}  # the decoding step compiled with "max-autotune"
 LABELS = {"attnkit": "{dtype}", "attnkit-compiled": "{dtype}, compiled", "attnkit-autotuned": "{dtype}, max-autotune",
           "attnkit-int8": "int8 weights, bf16", "attnkit-int8-compiled": "int8, bf16, compiled",
-          "attnkit-int8-autotuned": "int8, bf16, max-autotune"}
+          "attnkit-int8-autotuned": "int8, bf16, max-autotune", MASTER: "bf16, fp32 master weights"}
 
 
 def compile_setting(impl: str) -> bool | str:
@@ -148,7 +149,6 @@ def _step_function(case: Case, impl: str, dtype: str):
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator)
     targets = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
     if impl.startswith("attnkit"):
         from attnkit import build_model
 
@@ -166,34 +166,41 @@ def _step_function(case: Case, impl: str, dtype: str):
             prepare_for_inference(model, case.family, quantize="int8" if impl.startswith("attnkit-int8") else None,
                                   compile=compile_setting(impl))
         return model, _generate_function(model, impl, ids, case.new_tokens)
+    from attnkit.train.precision import make_precision
+
+    # as `attnkit train --dtype` runs either model: fp32, bf16 autocast, or a bf16 copy with fp32 master weights
+    precision = make_precision("bf16-master" if impl == MASTER else dtype, model)
+    compute = precision.compute_model
     if impl == "attnkit-compiled":  # as `attnkit train --compile` does; compiled during warm-up
         from attnkit.blocks import compile_blocks
 
-        compile_blocks(model)
+        compile_blocks(compute)
     if case.kind == "forward":
-        model.eval()
+        compute.eval()
 
         def forward() -> None:
-            with torch.no_grad(), autocast:
-                model(ids)
+            with torch.no_grad(), precision.context():
+                compute(ids)
 
         return model, forward
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     def train_step() -> None:
-        with autocast:
+        with precision.context():
             if impl.startswith("attnkit") and case.family == "decoder":
-                loss = model(ids, targets=targets, return_logits=False).loss
+                loss = compute(ids, targets=targets, return_logits=False).loss
             elif impl.startswith("attnkit"):
-                loss = model(ids, ids, targets=targets, return_logits=False).loss
+                loss = compute(ids, ids, targets=targets, return_logits=False).loss
             elif case.family == "decoder":
-                loss = model(input_ids=ids, labels=targets).loss
+                loss = compute(input_ids=ids, labels=targets).loss
             else:
-                loss = model(input_ids=ids, decoder_input_ids=ids, labels=targets).loss
+                loss = compute(input_ids=ids, decoder_input_ids=ids, labels=targets).loss
         loss.backward()
+        precision.gradients_to_model()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        precision.weights_to_compute()
 
     return model, train_step
 
@@ -305,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in [c for c in CASES if not args.only or c.name in args.only]:
         for dtype in args.dtypes:
             impls = IMPLEMENTATIONS + (INT8 if case.kind == "generate" and dtype == "bf16" else [])
+            impls += [MASTER] if case.kind == "train" and dtype == "bf16" else []
             impls += ["attnkit-compiled"] if args.compiled else []
             if args.compiled and case.kind == "generate":
                 impls += sorted(AUTOTUNED) if dtype == "bf16" else ["attnkit-autotuned"]

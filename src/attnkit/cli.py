@@ -262,7 +262,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     opt.add_argument("--weight-decay", type=float, help="AdamW decay of weight matrices; never of norms, biases or "
                      "embeddings (default 0.1)")
     opt.add_argument("--clip", type=float, help="max gradient norm, 0 disables (default 1.0)")
-    opt.add_argument("--dtype", choices=["fp32", "bf16"], help="bf16: autocast on CPU or CUDA (default fp32)")
+    opt.add_argument("--dtype", choices=["fp32", "bf16", "bf16-master"],
+                     help="bf16: autocast on CPU or CUDA; bf16-master: a bf16 copy of the model computes, fp32 master "
+                     "weights and AdamW state are updated and saved (default fp32)")
     opt.add_argument("--compile", action="store_true", default=None,
                      help="torch.compile each transformer block: faster on GPUs, a few percent on CPUs, and the "
                      "first steps wait for compilation")

@@ -3,7 +3,8 @@
 
     optim.py     AdamW parameter groups; cosine, noam and constant schedules
     tasks.py     lm / translate / classify: batches, loss, evaluation
-    trainer.py   the loop: accumulation, clipping, bf16 autocast, evaluation, signals, non-finite stop
+    trainer.py   the loop: accumulation, clipping, evaluation, signals, non-finite stop
+    precision.py fp32, bf16 autocast, or a bf16 model with fp32 master weights
     state.py     checkpoints (atomic, last N and best), RNG and optimizer state, resume
     metrics.py   metrics.jsonl
     plots.py     the loss-curve PNG

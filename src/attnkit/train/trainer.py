@@ -1,8 +1,8 @@
 """One training loop for every family: the task supplies batches and the model computes the loss.
 
     for each optimizer step:
-        grad_accum micro-batches -> forward (bf16 autocast optional) -> loss x (its targets / all targets)
-        -> backward                 gradients of the mean loss over every target of the step
+        grad_accum micro-batches -> forward (fp32, bf16 autocast or a bf16 copy: precision.py)
+        -> loss x (its targets / all targets) -> backward: gradients of the mean loss over every target of the step
         loss or gradient norm not finite?  stop: the last checkpoint stays as it is
         clip the gradient norm -> set the scheduled learning rate -> AdamW step
         every eval_every steps: evaluate, plot, checkpoint (keep the last N and the best)
@@ -22,10 +22,9 @@ import signal
 import sys
 import threading
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,6 +38,7 @@ from attnkit.tokenize import Tokenizer
 from attnkit.train.metrics import METRICS_FILE, MetricsLog
 from attnkit.train.optim import SCHEDULES, Schedule, lr_factor, make_optimizer
 from attnkit.train.plots import plot_losses
+from attnkit.train.precision import TRAIN_DTYPES, TrainDType, make_precision
 from attnkit.train.state import (
     CHECKPOINTS_DIR,
     Checkpoint,
@@ -53,7 +53,6 @@ from attnkit.train.tasks import Task
 
 log = logging.getLogger(__name__)
 
-DType = Literal["fp32", "bf16"]
 PLOT_FILE = "plots/loss.png"
 
 
@@ -81,7 +80,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     clip: float = 1.0  # max gradient norm; 0 disables clipping
-    dtype: DType = "fp32"  # bf16: autocast matrix products to bfloat16 (weights and optimizer stay fp32)
+    dtype: TrainDType = "fp32"  # bf16: autocast; bf16-master: a bf16 model with fp32 master weights (precision.py)
     compile: bool = False  # torch.compile each transformer block (pays off on GPUs; a few percent on CPUs)
     eval_every: int = 200  # steps between evaluations (each also writes a checkpoint)
     log_every: int = 10  # steps between progress lines when no progress bar is shown
@@ -101,8 +100,8 @@ class TrainConfig:
             raise ConfigError(f"schedule={self.schedule!r} is not known; choose one of {', '.join(SCHEDULES)}")
         if not isinstance(self.compile, bool):
             raise ConfigError(f"compile={self.compile!r} must be true or false")
-        if self.dtype not in get_args(DType):
-            raise ConfigError(f"dtype={self.dtype!r} is not supported; choose fp32 or bf16")
+        if self.dtype not in TRAIN_DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r} is not supported; choose one of {', '.join(TRAIN_DTYPES)}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"warmup={self.warmup!r} must be a whole number of steps >= 0")
         if self.schedule == "noam" and self.warmup == 0:
@@ -167,9 +166,10 @@ class Trainer:
         progress: bool | None = None,
     ) -> None:
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        self.model = model.to(self.device)  # fp32: what the optimizer updates and checkpoints save
+        self.precision = make_precision(settings.dtype, self.model)
         if settings.compile:
-            compile_blocks(self.model)
+            compile_blocks(self.precision.compute_model)
         self.config, self.task, self.settings = config, task, settings
         self.run_dir = Path(run_dir)
         self.tokenizer, self.labels, self.run_info = tokenizer, labels, run_info or {}
@@ -194,6 +194,7 @@ class Trainer:
         self.tokens_seen, self.best = int(state["tokens_seen"]), state["best"]
         self.evaluation = state["evaluation"]
         self.evaluated_step, self.saved_step = int(state["evaluated_step"]), self.step
+        self.precision.weights_to_compute()
         restore_rng(state["rng"])
         self.task.load_data_state(state["data"])
         self.metrics.truncate_after(self.step)
@@ -210,7 +211,7 @@ class Trainer:
         """
         s = self.settings
         session_start, elapsed_before, tokens_before = time.perf_counter(), self.elapsed, self.tokens_seen
-        self.model.train()
+        self.precision.compute_model.train()
         with _StopOnSignal() as stop, logging_redirect_tqdm(), _progress_bar(self, enabled=self.progress) as bar:
             meter = _Meter(self.step, self.tokens_seen)
             reason = None
@@ -272,18 +273,20 @@ class Trainer:
             group["lr"] = lr
         loss_value = 0.0
         for batch, weight in zip(batches, weights, strict=True):
-            with self._autocast():
-                loss = self.task.loss(self.model, batch)
+            with self.precision.context():
+                loss = self.task.loss(self.precision.compute_model, batch)
             value = loss.item()
             if not math.isfinite(value):
                 self._diverged("loss", value, step, lr)
             (loss * (weight / total)).backward()
+            self.precision.gradients_to_model()
             loss_value += value * weight / total
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.clip if s.clip > 0 else math.inf))
         if not math.isfinite(grad_norm):
             self._diverged("gradient norm", grad_norm, step, lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.precision.weights_to_compute()
         self.step = step
         self.tokens_seen += sum(self.task.n_tokens(b) for b in batches)
         record = {"kind": "train", "step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
@@ -299,11 +302,6 @@ class Trainer:
             fraction = max(fraction, self.elapsed / s.max_time)
         return fraction
 
-    def _autocast(self):
-        if self.settings.dtype == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return nullcontext()
-
     def _diverged(self, what: str, value: float, step: int, lr: float) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         if self.saved_step >= 0:
@@ -318,11 +316,12 @@ class Trainer:
 
     # Evaluation and checkpoints ------------------------------------------------------------------------------
     def _evaluate_and_save(self) -> None:
-        self.model.eval()
+        model = self.precision.compute_model
+        model.eval()
         devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), self._autocast():
-            self.evaluation = {k: float(v) for k, v in self.task.evaluate(self.model).items()}
-        self.model.train()
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), self.precision.context():
+            self.evaluation = {k: float(v) for k, v in self.task.evaluate(model).items()}
+        model.train()
         self.evaluated_step = self.step
         self.metrics.append({"kind": "eval", "step": self.step, **self.evaluation})
         log.info("step %d: %s", self.step, "  ".join(f"{k} {_fmt(v)}" for k, v in self.evaluation.items()))
