@@ -92,6 +92,21 @@ def test_compiled_step_equals_eager_and_compiles_once_per_batch_size_and_bucket(
         assert compiled == eager
 
 
+def test_known_shapes_skip_guards_yet_each_call_runs_its_own_graph():
+    """Two models with the same shapes share the step's compiled code; interleaved with two batch sizes, each call
+    that skips all but the distinguishing guards still runs its model's graph for its shape."""
+    models = [tiny_model(position="learned", seed=seed)[0].float() for seed in (3, 4)]
+    context = models[0].stack.embeddings.max_positions
+    decodings = [StaticDecoding(model) for model in models]
+    for index, prompts in ((0, PROMPTS[:1]), (1, PROMPTS[:1]), (0, PROMPTS[:2]), (0, PROMPTS[:1]), (1, PROMPTS[:1]),
+                           (0, PROMPTS[:2]), (1, PROMPTS[:2])):
+        eager = generate_tokens(models[index], prompts, max_new_tokens=6, context_len=context)
+        compiled = generate_tokens(models[index], prompts, max_new_tokens=6, context_len=context,
+                                   decoding=decodings[index])
+        assert compiled == eager, (index, len(prompts))
+    assert decodings[0]._shapes_run == {(1, context), (2, context)}
+
+
 def test_weights_are_frozen_except_those_transposed_for_fp32_decoding():
     model, _ = tiny_model()
     assert StaticDecoding(model.bfloat16(), compile=False).freezes_weights
