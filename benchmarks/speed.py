@@ -1,12 +1,17 @@
 """Speed and memory, attnkit side by side with Hugging Face `transformers`, on the same machine in the same run.
 
     python -m benchmarks speed [--only CASE ...] [--dtypes fp32 bf16] [--repeats 5] [--rounds 3] [--threads 1]
+                               [--device cpu | cuda] [--compiled] [--machine NAME] [--update]
 
 Each measurement runs in a fresh subprocess (so peak resident memory is that case's alone), alternating attnkit
 and the reference, each with warm-up steps and the median of several timed ones; with --rounds the alternation
 repeats and each side reports its median round, which steadies ratios on a shared machine. The machine's own peaks are
 measured first: matrix-multiply FLOP/s in fp32 and bf16, and memory read bandwidth. Results go to
 `benchmarks/results/speed-<machine>.json` and a markdown table beside it.
+
+`--device cuda` runs everything on the GPU: the peaks are the GPU's (matrix multiply, reading its memory), each
+timed repetition ends with a synchronisation, and peak GPU memory (allocated by PyTorch) is reported beside the
+process's resident memory.
 """
 
 from __future__ import annotations
@@ -72,28 +77,44 @@ def compile_setting(impl: str) -> bool | str:
 
 
 # --- the machine's own limits ------------------------------------------------------------------------------------
-def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
-    """Best FLOP/s of a square matrix multiply in `dtype`."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b
+def _device_name(device: str) -> str:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+              if line.startswith("model name")] if cpuinfo.is_file() else []
+    return models[0] if models else platform.processor() or platform.machine()
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (a no-op on the CPU), so that wall time covers it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _best_time(run, device: str, repeats: int) -> float:
+    run()
+    synchronize(device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        a @ b
+        run()
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    return best
 
 
-def read_bandwidth(n_bytes: int = 1 << 30, repeats: int = 5) -> float:
+def matmul_peak(dtype: torch.dtype, device: str = "cpu", repeats: int = 5) -> float:
+    """Best FLOP/s of a square matrix multiply in `dtype` (2048 on the CPU, 8192 on a GPU, to fill it)."""
+    size = 2048 if device == "cpu" else 8192
+    a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
+    return 2 * size**3 / _best_time(lambda: a @ b, device, repeats)
+
+
+def read_bandwidth(device: str = "cpu", n_bytes: int = 1 << 30, repeats: int = 5) -> float:
     """Best bytes/s of reading a large buffer once (a sum over 1 GiB of float32)."""
-    x = torch.ones(n_bytes // 4, dtype=torch.float32)
-    x.sum()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - start)
-    return n_bytes / best
+    x = torch.ones(n_bytes // 4, dtype=torch.float32, device=device)
+    return n_bytes / _best_time(x.sum, device, repeats)
 
 
 # --- model construction, one per implementation --------------------------------------------------------------
@@ -144,17 +165,17 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _step_function(case: Case, impl: str, dtype: str):
+def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
     """A closure running one repetition of the case, and the model it uses."""
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator)
-    targets = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator)
+    ids = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(device)
+    targets = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(device)
     if impl.startswith("attnkit"):
         from attnkit import build_model
 
-        model = build_model(_attnkit_config(case))
+        model = build_model(_attnkit_config(case)).to(device)
     else:
-        model = _transformers_model(case)
+        model = _transformers_model(case).to(device)
 
     if case.kind == "generate":
         model.eval()
@@ -238,14 +259,19 @@ def _flops_per_token(case: Case) -> float:
     return 3 * forward if case.kind == "train" else forward
 
 
-def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int) -> dict:
+def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, device: str = "cpu") -> dict:
     """Time one case in this process; the parent runs this in a fresh subprocess."""
     torch.manual_seed(0)
     case = next(c for c in CASES if c.name == case_name)
-    model, step = _step_function(case, impl, dtype)
+    model, step = _step_function(case, impl, dtype, device)
     if compile_setting(impl):  # compilation and its first recompilations for new lengths are not the speed
         warmup = max(warmup, 3)
-    times = timed_runs(step, repeats, warmup=warmup)
+
+    def repetition() -> None:
+        step()
+        synchronize(device)
+
+    times = timed_runs(repetition, repeats, warmup=warmup)
     median = statistics.median(times)
     tokens = case.batch_size * (case.new_tokens if case.kind == "generate" else case.seq_len)
     result = {
@@ -253,6 +279,8 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int) ->
         "tokens_per_s": tokens / median, "peak_rss_mb": peak_rss_mb(),
         "flops_per_token": _flops_per_token(case),
     }
+    if torch.device(device).type == "cuda":
+        result["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     if case.kind == "generate":
         result["ms_per_token"] = 1000 * median / case.new_tokens
         result["weight_bytes"] = bytes_read_per_token(model)
@@ -271,8 +299,9 @@ def bytes_read_per_token(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in read.values())
 
 
-def _subprocess(case: str, impl: str, dtype: str, repeats: int, warmup: int, threads: int) -> dict:
-    command = [sys.executable, "-m", "benchmarks.speed", "--child", case, impl, dtype, str(repeats), str(warmup)]
+def _subprocess(case: str, impl: str, dtype: str, repeats: int, warmup: int, threads: int, device: str) -> dict:
+    command = [sys.executable, "-m", "benchmarks.speed", "--child", case, impl, dtype, str(repeats), str(warmup),
+               device]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1])
     if done.returncode != 0:
@@ -291,21 +320,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="alternate attnkit and the reference this many times per case; report the median round")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--machine", default=platform.node() or "cpu")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (cuda:N) to run every case on a GPU")
     parser.add_argument("--compiled", action="store_true",
                         help="also time attnkit through torch.compile: each block (training, forward), the "
                         "decoding step for fixed shapes, in the default mode and max-autotune (generation)")
     parser.add_argument("--update", action="store_true",
                         help="merge into the machine's results file, replacing only the cases and dtypes run now")
-    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.child:
-        case, impl, dtype, repeats, warmup = args.child
-        print(json.dumps(run_one(case, impl, dtype, int(repeats), int(warmup))))
+        case, impl, dtype, repeats, warmup, device = args.child
+        print(json.dumps(run_one(case, impl, dtype, int(repeats), int(warmup), device)))
         return 0
 
-    peaks = {"fp32_flops": matmul_peak(torch.float32), "bf16_flops": matmul_peak(torch.bfloat16),
-             "read_bytes_per_s": read_bandwidth()}
+    device = args.device
+    peaks = {"fp32_flops": matmul_peak(torch.float32, device), "bf16_flops": matmul_peak(torch.bfloat16, device),
+             "read_bytes_per_s": read_bandwidth(device)}
     print(f"machine peaks: fp32 {peaks['fp32_flops'] / 1e12:.2f} TFLOP/s, bf16 {peaks['bf16_flops'] / 1e12:.2f} "
           f"TFLOP/s, read {peaks['read_bytes_per_s'] / 1e9:.1f} GB/s", flush=True)
     rows = []
@@ -319,15 +350,17 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[dict]] = {impl: [] for impl in impls}
             for _ in range(args.rounds):  # alternate: attnkit, then the reference, round after round
                 for impl in impls:
-                    runs[impl].append(_subprocess(case.name, impl, dtype, args.repeats, args.warmup, args.threads))
+                    runs[impl].append(
+                        _subprocess(case.name, impl, dtype, args.repeats, args.warmup, args.threads, device)
+                    )
             pair = {impl: _median_round(results) for impl, results in runs.items()}
             for result in pair.values():
                 _add_utilisation(result, case, peaks)
                 rows.append(result)
             _print_pair(case, dtype, pair)
     command = "python -m benchmarks speed " + " ".join(argv or sys.argv[1:])
-    report = {"machine": args.machine, "threads": args.threads, "torch": torch.__version__, "peaks": peaks,
-              "command": command, "results": rows}
+    report = {"machine": args.machine, "device": _device_name(device), "threads": args.threads,
+              "torch": torch.__version__, "peaks": peaks, "command": command, "results": rows}
     path = RESULTS / f"speed-{args.machine}.json"
     if args.update and path.is_file():  # keep the earlier rows of other cases and dtypes
         earlier = json.loads(path.read_text())
@@ -373,14 +406,16 @@ def _print_pair(case: Case, dtype: str, pair: dict) -> None:
 
 def markdown_table(report: dict) -> str:
     peaks = report["peaks"]
+    gpu = any("peak_gpu_mb" in r for r in report["results"])
     lines = [
-        f"Machine `{report['machine']}`, {report['threads']} threads, torch {report['torch']}; measured peaks: "
-        f"fp32 {peaks['fp32_flops'] / 1e12:.2f} TFLOP/s, bf16 {peaks['bf16_flops'] / 1e12:.2f} TFLOP/s, "
-        f"read {peaks['read_bytes_per_s'] / 1e9:.1f} GB/s. Command: `{report['command']}`",
+        f"Machine `{report['machine']}` ({report['device']}), {report['threads']} threads, torch {report['torch']}; "
+        f"measured peaks: fp32 {peaks['fp32_flops'] / 1e12:.2f} TFLOP/s, bf16 {peaks['bf16_flops'] / 1e12:.2f} "
+        f"TFLOP/s, read {peaks['read_bytes_per_s'] / 1e9:.1f} GB/s. Command: `{report['command']}`",
         "",
         "| case | dtype | attnkit tok/s | transformers tok/s | ratio | attnkit MFU | ref MFU "
-        "| attnkit / ref peak RSS MB | attnkit ms/token | bandwidth used |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| attnkit / ref peak RSS MB | attnkit ms/token | bandwidth used |"
+        + (" attnkit / ref peak GPU MB |" if gpu else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else ""),
     ]
     by_key = {(r["case"], r["dtype"], r["impl"]): r for r in report["results"]}
     for case in CASES:
@@ -391,10 +426,11 @@ def markdown_table(report: dict) -> str:
             ms = f"{ours['ms_per_token']:.1f}" if "ms_per_token" in ours else ""
             bandwidth = f"{ours['bandwidth_fraction']:.0%}" if "bandwidth_fraction" in ours else ""
             label = LABELS[impl].format(dtype=dtype)
+            gpu_memory = f" {ours['peak_gpu_mb']:.0f} / {ref['peak_gpu_mb']:.0f} |" if gpu else ""
             lines.append(
                 f"| {case.name} | {label} | {ours['tokens_per_s']:.1f} | {ref['tokens_per_s']:.1f} | "
                 f"{ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x | {ours['mfu']:.1%} | {ref['mfu']:.1%} | "
-                f"{ours['peak_rss_mb']:.0f} / {ref['peak_rss_mb']:.0f} | {ms} | {bandwidth} |"
+                f"{ours['peak_rss_mb']:.0f} / {ref['peak_rss_mb']:.0f} | {ms} | {bandwidth} |{gpu_memory}"
             )
     return "\n".join(lines) + "\n"
 
