@@ -65,10 +65,10 @@ class MasterWeights(FullPrecision):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self._compute = copy.deepcopy(model)
-        for param in self._compute.parameters():
-            if param.is_floating_point():
-                param.data = param.data.to(torch.bfloat16)
+        # deepcopy takes each parameter from the memo, already bf16: no transient fp32 copy, and tied weights stay
+        # one tensor, since the memo is keyed by the original's identity
+        bf16 = {id(p): nn.Parameter(p.detach().to(torch.bfloat16), p.requires_grad) for p in model.parameters()}
+        self._compute = copy.deepcopy(model, memo=bf16)
         self._pairs = list(zip(model.parameters(), self._compute.parameters(), strict=True))
 
     @property
