@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def _best_time(run, device: str, repeats: int) -> float:
+def _best_time(run: Callable[[], object], device: str, repeats: int) -> float:
     run()
     synchronize(device)
     best = float("inf")
@@ -264,6 +265,9 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
     torch.manual_seed(0)
     case = next(c for c in CASES if c.name == case_name)
     model, step = _step_function(case, impl, dtype, device)
+    on_gpu = torch.device(device).type == "cuda"
+    if on_gpu:  # from here: the model as it runs, not the fp32 copy a bf16 one was converted from
+        torch.cuda.reset_peak_memory_stats(device)
     if compile_setting(impl):  # compilation and its first recompilations for new lengths are not the speed
         warmup = max(warmup, 3)
 
@@ -279,7 +283,7 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
         "tokens_per_s": tokens / median, "peak_rss_mb": peak_rss_mb(),
         "flops_per_token": _flops_per_token(case),
     }
-    if torch.device(device).type == "cuda":
+    if on_gpu:
         result["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     if case.kind == "generate":
         result["ms_per_token"] = 1000 * median / case.new_tokens
@@ -319,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="alternate attnkit and the reference this many times per case; report the median round")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--machine", default=platform.node() or "cpu")
+    parser.add_argument("--machine", help="names the results file (default: the host name, + '-cuda' on a GPU)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (cuda:N) to run every case on a GPU")
     parser.add_argument("--compiled", action="store_true",
                         help="also time attnkit through torch.compile: each block (training, forward), the "
@@ -335,8 +339,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     device = args.device
+    on_gpu = torch.device(device).type == "cuda"
+    machine = args.machine or (platform.node() or "cpu") + ("-cuda" if on_gpu else "")
+    path = RESULTS / f"speed-{machine}.json"
+    earlier = json.loads(path.read_text()) if args.update and path.is_file() else None
+    if earlier is not None and earlier.get("device", _device_name("cpu")) != _device_name(device):
+        parser.error(f"{path} holds results measured on {earlier.get('device', 'the CPU')}, not on "
+                     f"{_device_name(device)}; give this run its own --machine name")
     peaks = {"fp32_flops": matmul_peak(torch.float32, device), "bf16_flops": matmul_peak(torch.bfloat16, device),
              "read_bytes_per_s": read_bandwidth(device)}
+    if on_gpu:
+        torch.cuda.empty_cache()  # the subprocesses measure their own memory; leave them the GPU's
     print(f"machine peaks: fp32 {peaks['fp32_flops'] / 1e12:.2f} TFLOP/s, bf16 {peaks['bf16_flops'] / 1e12:.2f} "
           f"TFLOP/s, read {peaks['read_bytes_per_s'] / 1e9:.1f} GB/s", flush=True)
     rows = []
@@ -359,18 +372,16 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(result)
             _print_pair(case, dtype, pair)
     command = "python -m benchmarks speed " + " ".join(argv or sys.argv[1:])
-    report = {"machine": args.machine, "device": _device_name(device), "threads": args.threads,
+    report = {"machine": machine, "device": _device_name(device), "threads": args.threads,
               "torch": torch.__version__, "peaks": peaks, "command": command, "results": rows}
-    path = RESULTS / f"speed-{args.machine}.json"
-    if args.update and path.is_file():  # keep the earlier rows of other cases and dtypes
-        earlier = json.loads(path.read_text())
+    if earlier is not None:  # keep the earlier rows of other cases and dtypes
         redone = {(r["case"], r["dtype"]) for r in rows}
         rows[:0] = [r for r in earlier["results"] if (r["case"], r["dtype"]) not in redone]
         report["command"] = f"{earlier['command']}`, then `{command}"
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / f"speed-{args.machine}.md").write_text(markdown_table(report))
-    print(f"wrote {RESULTS / f'speed-{args.machine}.json'} and .md")
+    path.with_suffix(".md").write_text(markdown_table(report))
+    print(f"wrote {path} and .md")
     return 0
 
 
@@ -426,13 +437,17 @@ def markdown_table(report: dict) -> str:
             ms = f"{ours['ms_per_token']:.1f}" if "ms_per_token" in ours else ""
             bandwidth = f"{ours['bandwidth_fraction']:.0%}" if "bandwidth_fraction" in ours else ""
             label = LABELS[impl].format(dtype=dtype)
-            gpu_memory = f" {ours['peak_gpu_mb']:.0f} / {ref['peak_gpu_mb']:.0f} |" if gpu else ""
+            gpu_memory = f" {_mb(ours, 'peak_gpu_mb')} / {_mb(ref, 'peak_gpu_mb')} |" if gpu else ""
             lines.append(
                 f"| {case.name} | {label} | {ours['tokens_per_s']:.1f} | {ref['tokens_per_s']:.1f} | "
                 f"{ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x | {ours['mfu']:.1%} | {ref['mfu']:.1%} | "
                 f"{ours['peak_rss_mb']:.0f} / {ref['peak_rss_mb']:.0f} | {ms} | {bandwidth} |{gpu_memory}"
             )
     return "\n".join(lines) + "\n"
+
+
+def _mb(result: dict, key: str) -> str:
+    return f"{result[key]:.0f}" if key in result else "-"
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from generate_models import POSITIONS, greedy_without_cache, tiny_model  # noqa:
 
 from attnkit.errors import InputError
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, left_pad, make_generator
-from attnkit.generate.decoder import positions_from_mask
+from attnkit.generate.decoder import positions_from_mask, prefill
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [3, 3, 0, 12, 5]]
 
@@ -31,6 +31,17 @@ def test_batch_of_different_lengths_equals_each_prompt_alone(position):
     batched = generate_tokens(model, PROMPTS, max_new_tokens=10, context_len=config.max_seq_len)
     alone = [generate_tokens(model, [p], max_new_tokens=10, context_len=config.max_seq_len)[0] for p in PROMPTS]
     assert batched == alone
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_prefill_gives_the_forward_pass_last_logits_of_each_left_padded_row(position):
+    """The prefill computes the last position's logits only; they are the full forward pass's, padding and all."""
+    model, config = tiny_model(position=position, seed=3)
+    window = left_pad(PROMPTS, pad_id=0)
+    full = model(window.ids, attention_mask=window.mask, position_ids=positions_from_mask(window.mask)).logits
+    cache = model.allocate_cache(len(PROMPTS), config.max_seq_len)
+    torch.testing.assert_close(prefill(model, window, cache), full[:, -1], rtol=1e-12, atol=1e-12)
+    assert cache.length == window.ids.shape[1]
 
 
 def test_left_padding_and_positions():

@@ -104,7 +104,21 @@ def test_known_shapes_skip_guards_yet_each_call_runs_its_own_graph():
         compiled = generate_tokens(models[index], prompts, max_new_tokens=6, context_len=context,
                                    decoding=decodings[index])
         assert compiled == eager, (index, len(prompts))
-    assert decodings[0]._shapes_run == {(1, context), (2, context)}
+
+
+def test_a_known_shape_under_new_global_modes_runs_every_guard():
+    """Autocast (or grad mode, or train mode) is not part of the shape: a call under it, after plain calls of the same
+    shape, must check every guard and compile for it rather than run, or refuse to recompile, unguarded."""
+    model, config = tiny_model(position="learned", seed=5)
+    model.float()
+    decoding = StaticDecoding(model)
+    for _ in range(2):
+        generate_tokens(model, PROMPTS[:1], max_new_tokens=4, context_len=config.max_seq_len, decoding=decoding)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = generate_tokens(model, PROMPTS[:1], max_new_tokens=4, context_len=config.max_seq_len)
+        compiled = generate_tokens(model, PROMPTS[:1], max_new_tokens=4, context_len=config.max_seq_len,
+                                   decoding=decoding)
+    assert len(compiled[0]) == 4 and compiled[0][0] == eager[0][0]
 
 
 def test_weights_are_frozen_except_those_transposed_for_fp32_decoding():

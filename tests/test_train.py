@@ -74,8 +74,9 @@ def test_resume_without_restored_state_would_differ(tmp_path):
     assert any(not torch.equal(a[name], b[name]) for name in a)
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
-    trainer = prepare(request(tmp_path, max_steps=20, eval_every=3))
+@pytest.mark.parametrize("dtype", ["fp32", "bf16-master"])
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, dtype):
+    trainer = prepare(request(tmp_path, max_steps=20, eval_every=3, dtype=dtype))
     real_loss = trainer.task.loss
 
     def loss_turning_nan(model, batch):
@@ -150,6 +151,13 @@ def test_bf16_master_weights_train_save_fp32_and_resume_bit_for_bit(tmp_path):
     prepare(request(fp32)).fit()
     for (step, loss), (_, expected) in zip(train_losses(whole), train_losses(fp32), strict=True):
         assert loss == pytest.approx(expected, rel=2e-3), step  # measured within 2.3e-4
+
+
+@pytest.mark.parametrize("task", ["translate", "classify"])
+def test_bf16_master_weights_train_every_task(tmp_path, task):
+    result = prepare(request(tmp_path, task, max_steps=4, eval_every=4, dtype="bf16-master")).fit()
+    assert all(math.isfinite(v) for v in result.evaluation.values())
+    assert {t.dtype for t in weights(tmp_path).values() if t.is_floating_point()} == {torch.float32}
 
 
 def test_compiled_blocks_train_like_eager_ones(tmp_path):

@@ -98,6 +98,9 @@ def test_make_precision_names_each_strategy(gpt2_tiny):
     assert type(make_precision("bf16-master", gpt2_tiny)) is MasterWeights
 
 
-def test_an_unknown_training_dtype_is_refused_with_the_choices():
-    with pytest.raises(ConfigError, match="dtype='fp16' is not supported; choose one of fp32, bf16, bf16-master"):
+def test_an_unknown_training_dtype_is_refused_with_the_choices(gpt2_tiny):
+    message = "dtype='fp16' is not supported; choose one of fp32, bf16, bf16-master"
+    with pytest.raises(ConfigError, match=message):
         TrainConfig(dtype="fp16")
+    with pytest.raises(ConfigError, match=message):
+        make_precision("fp16", gpt2_tiny)

@@ -78,7 +78,7 @@ def positions_from_mask(mask: Tensor) -> Tensor:
 
 
 def prefill(model: nn.Module, window: Window, cache: KVCache) -> Tensor:
-    """Run the whole window through the model once, filling the empty `cache`. Returns the last logits (B, V).
+    """Run the whole window through a DecoderLM once, filling the empty `cache`. Returns the last logits (B, V).
 
     Only the last position's logits are computed: the others would cost a (B, T, V) tensor (206 MB for a prompt of
     1,024 tokens and GPT-2's vocabulary in fp32) and almost a third of `gpt2-124m`'s prefill arithmetic.

@@ -18,13 +18,16 @@ frozen: inductor would pack a second copy of them, which on a 2-core AVX-512 mac
 two, so prompts and lengths of different sizes share a few compiled graphs (one per batch size and length bucket).
 
 Before running a graph, torch.compile checks its guards: about a thousand facts about the model and the inputs
-(0.3-0.5 ms a step here, 4% of `gpt2-124m`'s batch-1 step in bf16, 15% of a small model's). Once a step has run
-for a batch size and cache length, nothing but those two can differ at a later call: the model is frozen into the
-graph and the step's inputs are built the same way each time. So known shapes run with only the guards that tell
-the compiled graphs apart (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`); a new shape runs every guard.
+(0.3-0.5 ms a step here, 4% of `gpt2-124m`'s batch-1 step in bf16, 15% of a small model's). The weights are frozen
+into the graph and the step's inputs are built the same way each time, so a call can differ from an earlier one only
+in its batch size and cache length, in the global modes torch traces under (grad, inference, autocast) and in the
+model's train/eval mode. A call that matches an earlier one in all of these runs with only the guards that tell the
+compiled graphs apart (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`); any other runs every guard.
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor, nn
@@ -67,7 +70,7 @@ class StaticDecoding(EagerDecoding):
         self._step = step if mode is None else torch.compile(step, fullgraph=True, dynamic=False, mode=mode)
         self.freezes_weights = not any(isinstance(m, TransposedLinear) for m in model.modules())
         self._compiled = mode is not None
-        self._shapes_run: set[tuple[int, int]] = set()  # (batch size, cache length) the step has run for
+        self._calls_seen: set[tuple] = set()  # `_call_key`s of the calls the step has run
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -87,14 +90,22 @@ class StaticDecoding(EagerDecoding):
     def step(self, window: Window, cache: StaticKVCache) -> Tensor:
         cache.advance()
         token = window.ids[:, -1:].clone(memory_format=torch.contiguous_format)  # (B, 1), strides fixed as well
-        shape = (token.shape[0], cache.max_len)
+        key = self._call_key(token, cache)
+        seen = self._compiled and key in self._calls_seen
         # Both settings are read while a step is traced (at its first call for a new batch size or cache length);
         # freezing applies to weights the graph does not take as arguments: hence the model in the step's closure.
         with (
             torch._inductor.config.patch(freezing=self.freezes_weights),
             torch._dynamo.config.patch(recompile_limit=MAX_GRAPHS),
-            torch.compiler.set_stance(skip_guard_eval_unsafe=self._compiled and shape in self._shapes_run),
+            torch.compiler.set_stance(skip_guard_eval_unsafe=True) if seen else nullcontext(),
         ):
             logits = self._step(token, cache)
-        self._shapes_run.add(shape)
+        self._calls_seen.add(key)
         return logits
+
+    def _call_key(self, token: Tensor, cache: StaticKVCache) -> tuple:
+        """What may differ between two calls of the step (see the module docstring)."""
+        device = token.device.type
+        autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        return (token.shape[0], cache.max_len, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast,
+                self.model.training)

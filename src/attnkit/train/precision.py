@@ -1,12 +1,13 @@
 """Training precision: which dtype the forward and backward passes compute in, and where the weights live.
 
     fp32         the model trains as it is
-    bf16         autocast: matrix products in bfloat16; weights, activations between products, gradients and
-                 AdamW's moments stay fp32 (each product casts its weight afresh)
+    bf16         autocast: matrix products (and what follows them up to the next fp32 op) in bfloat16; weights,
+                 the residual stream, gradients and AdamW's moments stay fp32 (each product casts its weight afresh)
     bf16-master  mixed-precision training with master weights (Micikevicius et al. 2018): a bfloat16 copy of
                  the model runs forward and backward, so activations and gradients are bf16 too; its gradients
                  are added into the fp32 model's, AdamW updates the fp32 weights (the masters), and the bf16 copy
-                 is refreshed from them. The fp32 model is the one checkpointed, so runs save and resume as fp32.
+                 is refreshed from them. The fp32 model is the one checkpointed, so runs save and resume as fp32;
+                 evaluation scores the bf16 copy, the model as it trains.
 
 Master weights matter because an update smaller than half a bf16 step (1/256 of the weight) would be lost if
 the bf16 weights were updated in place; the fp32 masters accumulate it. Norms, softmax, RoPE and the loss still
@@ -21,6 +22,8 @@ from typing import Literal, get_args
 
 import torch
 from torch import nn
+
+from attnkit.errors import ConfigError
 
 TrainDType = Literal["fp32", "bf16", "bf16-master"]
 TRAIN_DTYPES: tuple[str, ...] = get_args(TrainDType)
@@ -94,6 +97,17 @@ class MasterWeights(FullPrecision):
 
 
 def make_precision(dtype: str, model: nn.Module) -> FullPrecision:
-    """The precision strategy named by `dtype` (one of `TRAIN_DTYPES`) for an fp32 `model`."""
+    """The precision strategy named by `dtype` (one of `TRAIN_DTYPES`) for an fp32 `model`.
+
+    Raises:
+        ConfigError: for any other name.
+    """
+    check_dtype(dtype)
     strategies = {"fp32": FullPrecision, "bf16": Autocast, "bf16-master": MasterWeights}
     return strategies[dtype](model)
+
+
+def check_dtype(dtype: str) -> None:
+    """Raises ConfigError unless `dtype` names a training precision."""
+    if dtype not in TRAIN_DTYPES:
+        raise ConfigError(f"dtype={dtype!r} is not supported; choose one of {', '.join(TRAIN_DTYPES)}")

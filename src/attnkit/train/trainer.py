@@ -38,7 +38,7 @@ from attnkit.tokenize import Tokenizer
 from attnkit.train.metrics import METRICS_FILE, MetricsLog
 from attnkit.train.optim import SCHEDULES, Schedule, lr_factor, make_optimizer
 from attnkit.train.plots import plot_losses
-from attnkit.train.precision import TRAIN_DTYPES, TrainDType, make_precision
+from attnkit.train.precision import TrainDType, check_dtype, make_precision
 from attnkit.train.state import (
     CHECKPOINTS_DIR,
     Checkpoint,
@@ -100,8 +100,7 @@ class TrainConfig:
             raise ConfigError(f"schedule={self.schedule!r} is not known; choose one of {', '.join(SCHEDULES)}")
         if not isinstance(self.compile, bool):
             raise ConfigError(f"compile={self.compile!r} must be true or false")
-        if self.dtype not in TRAIN_DTYPES:
-            raise ConfigError(f"dtype={self.dtype!r} is not supported; choose one of {', '.join(TRAIN_DTYPES)}")
+        check_dtype(self.dtype)
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"warmup={self.warmup!r} must be a whole number of steps >= 0")
         if self.schedule == "noam" and self.warmup == 0:
