@@ -18,7 +18,7 @@ frozen: inductor would pack a second copy of them, which on a 2-core AVX-512 mac
 two, so prompts and lengths of different sizes share a few compiled graphs (one per batch size and length bucket).
 
 Before running a graph, torch.compile checks its guards: about a thousand facts about the model and the inputs
-(0.3-0.5 ms a step here, 4% of `gpt2-124m`'s batch-1 step in bf16, 12% of a small model's). The weights are frozen
+(0.2-0.5 ms a step here, 4% of `gpt2-124m`'s batch-1 step in bf16, 12% of a small model's). The weights are frozen
 into the graph and the step's inputs are built the same way each time, so a call can differ from an earlier one only
 in its batch size and cache length, in the global modes torch traces under (grad, inference, autocast) and in the
 model's train/eval mode. A call that matches an earlier one in all of these runs with only the guards that tell the
