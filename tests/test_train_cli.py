@@ -12,6 +12,7 @@ import time
 import pytest
 
 from attnkit import cli
+from attnkit.train.precision import TRAIN_DTYPES
 
 TINY = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "d_ff=64",
         "--set", "max_seq_len=24", "--batch-size", "4", "--no-progress"]
@@ -33,6 +34,8 @@ def test_help_explains_every_option(capsys):
             assert option in text
     for word in ("cosine", "noam", "constant", "bf16", "--resume", "synthetic:"):
         assert word in text
+    dtype = next(action for action in parser._actions if "--dtype" in action.option_strings)
+    assert tuple(dtype.choices) == TRAIN_DTYPES  # the CLI offers every training precision, and only those
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("300", 300.0), ("90s", 90.0), ("5m", 300.0), ("1.5h", 5400.0)])
