@@ -121,6 +121,18 @@ def test_a_known_shape_under_new_global_modes_runs_every_guard():
     assert len(compiled[0]) == 4 and compiled[0][0] == eager[0][0]
 
 
+def test_known_calls_compile_again_after_torch_drops_its_graphs():
+    model, config = tiny_model(position="rope", seed=6)
+    model.float()
+    decoding = StaticDecoding(model)
+    eager = generate_tokens(model, PROMPTS[:2], max_new_tokens=5, context_len=config.max_seq_len)
+    for _ in range(2):
+        compiled = generate_tokens(model, PROMPTS[:2], max_new_tokens=5, context_len=config.max_seq_len,
+                                   decoding=decoding)
+        assert compiled == eager
+        torch._dynamo.reset()
+
+
 def test_weights_are_frozen_except_those_transposed_for_fp32_decoding():
     model, _ = tiny_model()
     assert StaticDecoding(model.bfloat16(), compile=False).freezes_weights

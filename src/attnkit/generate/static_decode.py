@@ -27,8 +27,6 @@ compiled graphs apart (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`)
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 from torch import Tensor, nn
 
@@ -91,13 +89,17 @@ class StaticDecoding(EagerDecoding):
         cache.advance()
         token = window.ids[:, -1:].clone(memory_format=torch.contiguous_format)  # (B, 1), strides fixed as well
         key = self._call_key(token, cache)
-        seen = self._compiled and key in self._calls_seen
+        if self._compiled and key in self._calls_seen:  # nothing to trace: check only what tells graphs apart
+            try:
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                    return self._step(token, cache)
+            except RuntimeError:  # the graphs are gone (torch._dynamo.reset()): run every guard and compile again;
+                self._calls_seen.clear()  # a step only writes its own slot, so running it twice changes nothing
         # Both settings are read while a step is traced (at its first call for a new batch size or cache length);
         # freezing applies to weights the graph does not take as arguments: hence the model in the step's closure.
         with (
             torch._inductor.config.patch(freezing=self.freezes_weights),
             torch._dynamo.config.patch(recompile_limit=MAX_GRAPHS),
-            torch.compiler.set_stance(skip_guard_eval_unsafe=True) if seen else nullcontext(),
         ):
             logits = self._step(token, cache)
         self._calls_seen.add(key)
