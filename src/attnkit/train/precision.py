@@ -9,8 +9,8 @@
                  is refreshed from them. The fp32 model is the one checkpointed, so runs save and resume as fp32;
                  evaluation scores the bf16 copy, the model as it trains.
 
-Master weights matter because an update smaller than half a bf16 step (1/256 of the weight) would be lost if
-the bf16 weights were updated in place; the fp32 masters accumulate it. Norms, softmax, RoPE and the loss still
+Master weights matter because an update smaller than half a bf16 step (1/512 to 1/256 of the weight) is lost if
+the bf16 weights are updated in place; the fp32 masters accumulate it. Norms, softmax, RoPE and the loss still
 compute in fp32 inside their modules, whatever the dtype of their inputs.
 """
 
