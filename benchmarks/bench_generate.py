@@ -33,6 +33,7 @@ import torch
 from attnkit import ModelConfig, build_model
 from attnkit.generate import generate_tokens
 from attnkit.generate.pipeline import prepare_for_inference
+from benchmarks.common import synchronize
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT_LEN = 16
@@ -81,11 +82,6 @@ def runner(impl: str, model, prompt: torch.Tensor) -> Callable[[int], int]:
     return run
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def measure(shape_name: str, dtype_name: str, batch: int, new_tokens: int, repeats: int, device: str) -> dict:
     shape, dtype = SHAPES[shape_name], DTYPES[dtype_name]
     prompt = torch.randint(0, shape["vocab_size"], (batch, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
@@ -101,10 +97,10 @@ def measure(shape_name: str, dtype_name: str, batch: int, new_tokens: int, repea
     for rep in range(repeats):
         order = list(runs) if rep % 2 == 0 else list(reversed(runs))
         for impl in order:
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             made = runs[impl](new_tokens)
-            _sync(device)
+            synchronize(device)
             times[impl].append(time.perf_counter() - start)
             if made != new_tokens:
                 raise RuntimeError(f"{impl} made {made} tokens instead of {new_tokens}")

@@ -27,6 +27,22 @@ def parse_args(name: str, doc: str | None, argv: list[str] | None, *, repeats: i
     return args
 
 
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (a no-op on the CPU), so that wall time covers it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def synced(run: Callable[[], object], device: str) -> Callable[[], None]:
+    """`run`, then `synchronize(device)`: what a timed repetition on a GPU has to be."""
+
+    def run_and_wait() -> None:
+        run()
+        synchronize(device)
+
+    return run_and_wait
+
+
 def timed_runs(run: Callable[[], object], repeats: int, *, warmup: int = 1) -> list[float]:
     """Wall times of `repeats` calls of `run`, after `warmup` untimed ones."""
     for _ in range(warmup):

@@ -24,14 +24,12 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import timed_runs
+from benchmarks.common import synced, timed_runs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -87,35 +85,17 @@ def _device_name(device: str) -> str:
     return models[0] if models else platform.processor() or platform.machine()
 
 
-def synchronize(device: str) -> None:
-    """Wait for the device's queued work (a no-op on the CPU), so that wall time covers it."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _best_time(run: Callable[[], object], device: str, repeats: int) -> float:
-    run()
-    synchronize(device)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def matmul_peak(dtype: torch.dtype, device: str = "cpu", repeats: int = 5) -> float:
     """Best FLOP/s of a square matrix multiply in `dtype` (2048 on the CPU, 8192 on a GPU, to fill it)."""
     size = 2048 if device == "cpu" else 8192
     a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
-    return 2 * size**3 / _best_time(lambda: a @ b, device, repeats)
+    return 2 * size**3 / min(timed_runs(synced(lambda: a @ b, device), repeats))
 
 
 def read_bandwidth(device: str = "cpu", n_bytes: int = 1 << 30, repeats: int = 5) -> float:
     """Best bytes/s of reading a large buffer once (a sum over 1 GiB of float32)."""
     x = torch.ones(n_bytes // 4, dtype=torch.float32, device=device)
-    return n_bytes / _best_time(x.sum, device, repeats)
+    return n_bytes / min(timed_runs(synced(x.sum, device), repeats))
 
 
 # --- model construction, one per implementation --------------------------------------------------------------
@@ -270,12 +250,7 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
         torch.cuda.reset_peak_memory_stats(device)
     if compile_setting(impl):  # compilation and its first recompilations for new lengths are not the speed
         warmup = max(warmup, 3)
-
-    def repetition() -> None:
-        step()
-        synchronize(device)
-
-    times = timed_runs(repetition, repeats, warmup=warmup)
+    times = timed_runs(synced(step, device), repeats, warmup=warmup)
     median = statistics.median(times)
     tokens = case.batch_size * (case.new_tokens if case.kind == "generate" else case.seq_len)
     result = {

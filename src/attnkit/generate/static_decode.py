@@ -88,8 +88,10 @@ class StaticDecoding(EagerDecoding):
     def step(self, window: Window, cache: StaticKVCache) -> Tensor:
         cache.advance()
         token = window.ids[:, -1:].clone(memory_format=torch.contiguous_format)  # (B, 1), strides fixed as well
+        if not self._compiled:  # the eager reference
+            return self._step(token, cache)
         key = self._call_key(token, cache)
-        if self._compiled and key in self._calls_seen:  # nothing to trace: check only what tells graphs apart
+        if key in self._calls_seen:  # nothing to trace: check only what tells the compiled graphs apart
             try:
                 with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
                     return self._step(token, cache)
