@@ -40,23 +40,25 @@ class DotScore(nn.Module):
 
 
 class BilinearScore(nn.Module):
-    """`q^T W k` with one learned W (D, D) shared by the heads."""
+    """`q^T W k` with one learned W (D, Dk) shared by the heads; Dk = D unless keys are wider (key_dim), as the
+    encoder states of a bidirectional recurrent encoder are (Luong et al. 2015, "general")."""
 
-    def __init__(self, head_dim: int) -> None:
+    def __init__(self, head_dim: int, *, key_dim: int | None = None) -> None:
         super().__init__()
-        self.weight = nn.Linear(head_dim, head_dim, bias=False)
+        self.weight = nn.Linear(key_dim or head_dim, head_dim, bias=False)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         return torch.matmul(q, self.weight(k).transpose(-2, -1))  # (B, H, T, S)
 
 
 class AdditiveScore(nn.Module):
-    """`w^T tanh(W1 q + W2 k)`: a one-hidden-layer MLP of each query-key pair (hidden width A)."""
+    """`w^T tanh(W1 q + W2 k)`: a one-hidden-layer MLP of each query-key pair (hidden width A). Keys may be wider
+    than queries (key_dim), as Bahdanau's bidirectional encoder states (2n) are than the decoder's (n)."""
 
-    def __init__(self, head_dim: int, hidden_dim: int) -> None:
+    def __init__(self, head_dim: int, hidden_dim: int, *, key_dim: int | None = None) -> None:
         super().__init__()
         self.query_proj = nn.Linear(head_dim, hidden_dim, bias=False)
-        self.key_proj = nn.Linear(head_dim, hidden_dim, bias=True)
+        self.key_proj = nn.Linear(key_dim or head_dim, hidden_dim, bias=True)
         self.out = nn.Linear(hidden_dim, 1, bias=False)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
