@@ -1,7 +1,9 @@
 """Model checkpoints: `config.json` + `model.safetensors`, written atomically, loaded strictly.
 
 Nothing here unpickles: tensors travel as safetensors, everything else as JSON. Tied weights (an output layer
-sharing the embedding table) are stored once; the model rebuilt from its config ties them again.
+sharing the embedding table) are stored once; the model rebuilt from its config ties them again. A model with LoRA
+adapters (`attnkit.layers.lora`) keeps its base weights in `model.safetensors` and the adapters beside them in
+`adapters.safetensors`; reading the directory folds them into the weights unless asked not to.
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError
+from attnkit.layers.lora import adapter_alphas, adapter_tensors, merge_adapter_tensors
 from attnkit.models.build import build_model
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+ADAPTERS_FILE = "adapters.safetensors"  # LoRA adapters beside the base weights; metadata "alphas": {module: alpha}
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> None:
@@ -121,7 +125,12 @@ def save_model(
 ) -> None:
     """Write `config.json` and `model.safetensors` into `directory`, each atomically."""
     directory = Path(directory)
-    save_tensors(unique_state_dict(model), directory / WEIGHTS_FILE, metadata={"format": "pt"})
+    adapters = adapter_tensors(model)
+    base = {name: t for name, t in unique_state_dict(model).items() if name not in adapters}
+    save_tensors(base, directory / WEIGHTS_FILE, metadata={"format": "pt"})
+    if adapters:
+        alphas = json.dumps(adapter_alphas(model), sort_keys=True)
+        save_tensors(adapters, directory / ADAPTERS_FILE, metadata={"format": "pt", "alphas": alphas})
     payload = config.to_dict() if extra is None else {**config.to_dict(), **extra}
     atomic_write(directory / CONFIG_FILE, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
@@ -134,12 +143,22 @@ def load_config(directory: str | Path) -> ModelConfig:
 
 
 def load_model(
-    directory: str | Path, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    directory: str | Path,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    merge_adapters: bool = True,
 ) -> tuple[nn.Module, ModelConfig]:
-    """Rebuild the model from `config.json` and load `model.safetensors` strictly. Returns (model, config)."""
+    """Rebuild the model from `config.json` and load `model.safetensors` strictly. Returns (model, config).
+
+    LoRA adapters saved beside the weights are folded into them, unless `merge_adapters=False` (the base alone:
+    a resumed LoRA run wraps it again and loads the adapters with `load_adapters`).
+    """
     directory = Path(directory)
     config = load_config(directory)
     tensors = load_tensors(directory / WEIGHTS_FILE)
+    if merge_adapters and (directory / ADAPTERS_FILE).is_file():
+        tensors = _merge_adapters(tensors, directory / ADAPTERS_FILE)
     model = build_model(config)
     load_weights(model, tensors, source=str(directory / WEIGHTS_FILE))
     model.to(device=device, dtype=dtype)
@@ -154,3 +173,23 @@ def load_weights(model: nn.Module, tensors: dict[str, Tensor], *, source: str) -
     with torch.no_grad():
         for name, target in expected.items():
             target.copy_(tensors[name].to(target.dtype))
+
+
+def load_adapter_file(path: str | Path) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """The adapters of `adapters.safetensors` and each adapted module's alpha."""
+    tensors = load_tensors(path)
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    try:
+        alphas = {str(k): float(v) for k, v in json.loads(metadata["alphas"]).items()}
+    except (KeyError, ValueError, AttributeError):
+        raise CheckpointError(f"{path} has no readable 'alphas' metadata; it was not written by attnkit") from None
+    return tensors, alphas
+
+
+def _merge_adapters(tensors: dict[str, Tensor], path: Path) -> dict[str, Tensor]:
+    adapters, alphas = load_adapter_file(path)
+    try:
+        return merge_adapter_tensors(tensors, adapters, alphas)
+    except KeyError as err:
+        raise CheckpointError(f"{path} adapts {err.args[0]!r}, which the base weights lack") from None

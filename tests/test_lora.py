@@ -1,0 +1,134 @@
+"""LoRA: the merged model equals base + adapters, only adapters train, adapters are saved beside the base and
+folded in when a run is read (inference, `convert --to-hf`), and a target that names nothing is refused."""
+
+import copy
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnkit import build_model, presets
+from attnkit.checkpoint import ADAPTERS_FILE, WEIGHTS_FILE, load_model, save_model
+from attnkit.errors import ConfigError
+from attnkit.layers.lora import LoRALinear
+from attnkit.train.lora import apply_lora, load_adapters, merge_lora
+
+RANK, ALPHA = 4, 8.0
+
+
+def tiny_model(seed=0):
+    config = presets.get("llama2-tiny", vocab_size=99, max_seq_len=32)
+    torch.manual_seed(seed)
+    return build_model(config).eval(), config
+
+
+def adapted(seed=0, targets=("q_proj", "v_proj", "down_proj")):
+    """A tiny Llama with adapters whose B is random too (B = 0 would make every comparison trivial)."""
+    model, config = tiny_model(seed)
+    base = copy.deepcopy(model)
+    names = apply_lora(model, targets=targets, rank=RANK, alpha=ALPHA)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, LoRALinear):
+                module.lora_b.normal_(0.0, 0.05)
+    return model, base, config, names
+
+
+def ids(seed=1):
+    return torch.randint(0, 99, (2, 12), generator=torch.Generator().manual_seed(seed))
+
+
+def test_adapters_start_at_zero_so_the_model_starts_as_the_base():
+    model, config = tiny_model()
+    before = model(ids()).logits
+    apply_lora(model, targets=("q_proj", "v_proj"), rank=RANK, alpha=ALPHA)
+    torch.testing.assert_close(model(ids()).logits, before, rtol=0, atol=0)
+
+
+def test_merged_model_equals_base_plus_adapters():
+    model, base, _, names = adapted()
+    assert len(names) == 3 * 2  # two layers, three targets each
+    with torch.no_grad():
+        expected = model(ids()).logits
+        merged = merge_lora(copy.deepcopy(model))
+        assert not any(isinstance(m, LoRALinear) for m in merged.modules())
+        torch.testing.assert_close(merged(ids()).logits, expected, atol=1e-5, rtol=1e-5)
+
+    # each merged weight is W + alpha / r * B A, computed here in float64
+    merged_state, base_state = merged.state_dict(), base.state_dict()
+    for name in names:
+        wrapper = model.get_submodule(name)
+        delta = (wrapper.lora_b.double() @ wrapper.lora_a.double()) * (ALPHA / RANK)
+        expected_weight = base_state[f"{name}.weight"].double() + delta
+        torch.testing.assert_close(merged_state[f"{name}.weight"].double(), expected_weight)
+    untouched = [k for k in base_state if not any(k.startswith(n + ".") for n in names)]
+    assert untouched and all(torch.equal(merged_state[k], base_state[k]) for k in untouched)
+
+
+def test_only_adapters_train():
+    model, base, _, _ = adapted()
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(name.endswith((".lora_a", ".lora_b")) for name in trainable)
+
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    logits = model(ids()).logits
+    torch.nn.functional.cross_entropy(logits.reshape(-1, 99), ids(2).reshape(-1)).backward()
+    optimizer.step()
+    after = model.state_dict()
+    changed = {k for k in after if not torch.equal(after[k], before[k])}
+    assert changed == {k for k in after if k.endswith((".lora_a", ".lora_b"))}
+
+
+def test_adapters_are_saved_beside_the_base_and_folded_in_when_read(tmp_path):
+    model, base, config, _ = adapted()
+    save_model(model, config, tmp_path)
+    saved_base = load_file(str(tmp_path / WEIGHTS_FILE))
+    for name, tensor in base.state_dict().items():
+        if name in saved_base:
+            assert torch.equal(saved_base[name], tensor), name  # the base weights, untouched
+    adapters = load_file(str(tmp_path / ADAPTERS_FILE))
+    assert adapters and all(k.endswith((".lora_a", ".lora_b")) for k in adapters)
+    assert not set(adapters) & set(saved_base)
+
+    with torch.no_grad():
+        expected = model(ids()).logits
+        merged, _ = load_model(tmp_path)
+        torch.testing.assert_close(merged(ids()).logits, expected, atol=1e-5, rtol=1e-5)
+        plain, _ = load_model(tmp_path, merge_adapters=False)
+        torch.testing.assert_close(plain(ids()).logits, base(ids()).logits, rtol=0, atol=0)
+
+        # the base read alone, wrapped again and given the saved adapters, is the adapted model again
+        apply_lora(plain, targets=("q_proj", "v_proj", "down_proj"), rank=RANK, alpha=ALPHA)
+        load_adapters(plain, adapters, source=str(tmp_path / ADAPTERS_FILE))
+        torch.testing.assert_close(plain(ids()).logits, expected, rtol=0, atol=0)
+
+
+def test_convert_to_hf_writes_the_merged_weights(tmp_path):
+    from interop_models import transformers
+
+    from attnkit.interop import hf
+
+    model, _, config, _ = adapted()
+    save_model(model, config, tmp_path / "run")
+    hf.convert_to_hf(tmp_path / "run", tmp_path / "hf")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reference(input_ids=ids()).logits, model(ids()).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_target_that_names_no_module_is_refused_with_the_names_there_are():
+    model, _ = tiny_model()
+    with pytest.raises(ConfigError, match="'query' matches no linear module") as err:
+        apply_lora(model, targets=("q_proj", "query"), rank=RANK, alpha=ALPHA)
+    assert "q_proj" in str(err.value) and "down_proj" in str(err.value)
+    with pytest.raises(ConfigError, match="lora_rank"):
+        apply_lora(model, targets=("q_proj",), rank=0, alpha=ALPHA)
+
+
+def test_a_glob_over_full_names_selects_one_layer():
+    model, _ = tiny_model()
+    names = apply_lora(model, targets=("stack.blocks.1.*",), rank=RANK, alpha=ALPHA)
+    assert names and all(name.startswith("stack.blocks.1.") for name in names)
+    assert not any(isinstance(m, LoRALinear) for m in model.get_submodule("stack.blocks.0").modules())
