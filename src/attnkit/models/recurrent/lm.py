@@ -1,0 +1,93 @@
+"""A recurrent language model (char-rnn; Zaremba et al. 2014; AWD-LSTM's shape without its regularisers):
+
+    ids (B, T) -> embedding (E) -> dropout -> RNN/GRU/LSTM x n_layers (H) -> dropout -> [H -> E] -> lm_head -> (B, T, V)
+
+The whole sequence is known, so one call of torch's recurrent layer reads it (cuDNN on GPUs); generation feeds
+one token at a time through the same layer, carrying a `RecurrentState`. With tied embeddings (Press & Wolf
+2017; Inan et al. 2017) the output layer is the embedding table, and a linear map brings H to E when they differ.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from attnkit.layers.embedding import check_token_ids
+from attnkit.models.decoder import lm_logits_and_loss
+from attnkit.models.output import ModelOutput
+from attnkit.models.recurrent.rnn import Cell, RecurrentState, check_mask, make_rnn, run_rnn
+
+
+def init_embedding(embedding: nn.Embedding) -> None:
+    """U(-0.1, 0.1), as Zaremba et al. (2014) and AWD-LSTM start their tables: small enough for a tied output."""
+    nn.init.uniform_(embedding.weight, -0.1, 0.1)
+
+
+def output_projection(hidden: int, embedding_dim: int, tie_embeddings: bool) -> nn.Module:
+    """H -> E before a tied output layer when the widths differ; nothing otherwise."""
+    if tie_embeddings and hidden != embedding_dim:
+        return nn.Linear(hidden, embedding_dim, bias=False)
+    return nn.Identity()
+
+
+class RecurrentLM(nn.Module):
+    """Predicts each next token from the recurrent state after the tokens before it."""
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        embedding_dim: int,
+        hidden: int,
+        n_layers: int,
+        cell: Cell = "lstm",
+        dropout: float = 0.0,
+        tie_embeddings: bool = True,
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embedding_dim)
+        self.rnn = make_rnn(cell, embedding_dim, hidden, n_layers=n_layers, dropout=dropout)
+        self.dropout = nn.Dropout(dropout)
+        self.proj = output_projection(hidden, embedding_dim, tie_embeddings)
+        self.lm_head = nn.Linear(embedding_dim if tie_embeddings else hidden, vocab_size, bias=False)
+        if tie_embeddings:
+            self.lm_head.weight = self.embedding.weight
+        self.label_smoothing = label_smoothing
+        init_embedding(self.embedding)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embedding.num_embeddings
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        targets: Tensor | None = None,
+        cache: RecurrentState | None = None,
+        return_logits: bool = True,
+    ) -> ModelOutput:
+        """input_ids (B, T) -> logits (B, T, V).
+
+        attention_mask: (B, T) 1 at real tokens, 0 at padding, on the left or the right of each row (the
+            state skips padding; logits there are those of a zero state and carry no meaning).
+        targets: (B, T) next-token ids (targets[:, t] follows input_ids[:, t]); -100 where no loss is wanted.
+        cache: the `RecurrentState` to continue from; updated in place to the state after the last real token.
+        return_logits: with targets, False computes the loss chunk by chunk without the (B, T, V) logits.
+        Raises InputError for ids outside the vocabulary or a malformed mask.
+        """
+        check_token_ids(input_ids, self.vocab_size)
+        is_real = check_mask(attention_mask, input_ids, "attention_mask")
+        state = cache if cache is not None else RecurrentState()
+        x = self.dropout(self.embedding(input_ids))  # (B, T, E)
+        out, new_state = run_rnn(self.rnn, x, state.get(), is_real)  # (B, T, H)
+        state.set(new_state, input_ids.shape[1])
+        hidden = self.proj(self.dropout(out))  # (B, T, E or H)
+        logits, loss = lm_logits_and_loss(self.lm_head, hidden, targets, self.label_smoothing, return_logits)
+        return ModelOutput(logits=logits, loss=loss, cache=cache)
+
+    def allocate_cache(self, batch_size: int, max_len: int | None = None) -> RecurrentState:
+        """An empty state for `batch_size` rows: the recurrence starts from zeros, and its size never depends on
+        `max_len`."""
+        return RecurrentState(max_len=max_len)

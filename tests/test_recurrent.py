@@ -1,0 +1,280 @@
+"""Recurrent LMs and encoder-decoders: held against independent re-computations (torch's cells stepped by hand,
+the scores' formulas written out in float64), decoding step by step against teacher forcing, and padding."""
+
+import pytest
+import torch
+from torch import nn
+
+from attnkit.errors import InputError
+from attnkit.models.recurrent import (
+    RecurrentLM,
+    RecurrentState,
+    SourceAttention,
+    make_rnn,
+    recurrent_seq2seq,
+    run_rnn,
+)
+
+CELLS = ("rnn", "gru", "lstm")
+ATTENTIONS = ("none", "bahdanau", "luong-dot", "luong-general")
+VOCAB = 23
+
+
+def _seq2seq(cell="gru", attention="bahdanau", *, bidirectional=True, n_layers=2, tie=True, seed=0):
+    torch.manual_seed(seed)
+    hidden = 12
+    model = recurrent_seq2seq(
+        src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, embedding_dim=8, hidden=hidden,
+        encoder_hidden=hidden // 2 if bidirectional and attention == "luong-dot" else hidden, n_layers=n_layers,
+        cell=cell, attention=attention, bidirectional=bidirectional, tie_embeddings=tie, share_vocabulary=tie,
+    )
+    return model.eval()
+
+
+def _padded_sources(seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, VOCAB, (3, 7), generator=generator)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, 4:] = False
+    mask[2, 6:] = False
+    tgt = torch.randint(0, VOCAB, (3, 5), generator=generator)
+    return src, mask, tgt
+
+
+# The recurrence over padded batches ----------------------------------------------------------------------------
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_run_rnn_padding_equals_each_row_alone(cell, bidirectional, side):
+    torch.manual_seed(0)
+    rnn = make_rnn(cell, 5, 7, n_layers=2, bidirectional=bidirectional)
+    lengths = [6, 3, 1]
+    x = torch.randn(3, 6, 5)
+    mask = torch.zeros(3, 6, dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        if side == "left":
+            mask[row, 6 - n:] = True
+        else:
+            mask[row, :n] = True
+    out, state = run_rnn(rnn, x, None, mask)
+    hidden = state[0] if cell == "lstm" else state
+    for row in range(len(lengths)):
+        alone_out, alone_state = rnn(x[row : row + 1][:, mask[row]])
+        alone_hidden = alone_state[0] if cell == "lstm" else alone_state
+        torch.testing.assert_close(out[row, mask[row]], alone_out[0])
+        torch.testing.assert_close(hidden[:, row], alone_hidden[:, 0])
+        assert torch.count_nonzero(out[row, ~mask[row]]) == 0
+
+
+def test_state_reorder_follows_rows():
+    state = RecurrentState()
+    state.set((torch.arange(6.0).view(1, 3, 2), -torch.arange(6.0).view(1, 3, 2)), 4)
+    state.reorder(torch.tensor([2, 2, 0]))
+    assert state.hidden[0, :, 0].tolist() == [4.0, 4.0, 0.0] and state.cell[0, :, 0].tolist() == [-4.0, -4.0, 0.0]
+    assert state.length == 4
+
+
+# Attention: the Transformer's scores, formulas written out independently ----------------------------------------
+@pytest.mark.parametrize("kind", ["bahdanau", "luong-dot", "luong-general"])
+def test_source_attention_against_formula(kind):
+    torch.manual_seed(0)
+    query_dim, memory_dim = 6, 6 if kind == "luong-dot" else 10
+    attention = SourceAttention(kind, query_dim=query_dim, memory_dim=memory_dim, additive_dim=5).double()
+    query, memory = torch.randn(2, 3, query_dim).double(), torch.randn(2, 4, memory_dim).double()
+    mask = torch.tensor([[True] * 4, [True, True, False, False]])
+    context, weights = attention(query, memory, mask)
+    for b in range(2):
+        for t in range(3):
+            q, real = query[b, t], memory[b, mask[b]]
+            if kind == "luong-dot":
+                scores = real @ q
+            elif kind == "luong-general":
+                scores = real @ attention.score.weight.weight.T @ q  # q^T W hbar, W (query_dim, memory_dim)
+            else:
+                s = attention.score
+                hidden = torch.tanh(s.query_proj.weight @ q + real @ s.key_proj.weight.T + s.key_proj.bias)
+                scores = hidden @ s.out.weight[0]
+            expected = torch.softmax(scores, dim=0)
+            torch.testing.assert_close(weights[b, 0, t, mask[b]], expected)
+            torch.testing.assert_close(context[b, t], expected @ real)
+    assert weights.shape == (2, 1, 3, 4)
+    assert torch.all(weights[1, 0, :, 2:] == 0)  # exactly zero on padding
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 1, 3, dtype=torch.float64))
+
+
+def test_luong_dot_refuses_unequal_widths():
+    with pytest.raises(ValueError, match="luong-general or bahdanau"):
+        SourceAttention("luong-dot", query_dim=6, memory_dim=12)
+
+
+def _gru_cell_from(rnn: nn.GRU, layer: int) -> nn.GRUCell:
+    cell = nn.GRUCell(rnn.input_size if layer == 0 else rnn.hidden_size, rnn.hidden_size).double()
+    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        getattr(cell, name).data.copy_(getattr(rnn, f"{name}_l{layer}").double())
+    return cell
+
+
+def test_bahdanau_decoder_against_hand_stepped_reference():
+    """Bahdanau et al. (2015) written out: c_t from s_{t-1}, s_t = GRU([y; c_t], s_{t-1}), output from [c_t; s_t]."""
+    model = _seq2seq("gru", "bahdanau", n_layers=1)
+    src, mask, tgt = _padded_sources()
+    logits = model(src, tgt, src_mask=mask).logits.double()
+    dec, bridge = model.decoder, model.bridge
+    memory = model.encode(src, src_mask=mask).double()
+    cell = _gru_cell_from(dec.rnn, 0)
+    score = dec.attention.score
+    for b in range(3):
+        real = memory[b, mask[b]]  # (S_b, M)
+        half = real.shape[1] // 2
+        summary = torch.cat((real[-1, :half], real[0, half:]))  # [->h_S; <-h_1]
+        s = torch.tanh(bridge.hidden_proj.weight.double() @ summary + bridge.hidden_proj.bias.double())
+        for t in range(tgt.shape[1]):
+            e = torch.tanh(score.query_proj.weight.double() @ s + real @ score.key_proj.weight.double().T
+                           + score.key_proj.bias.double()) @ score.out.weight[0].double()
+            c = torch.softmax(e, dim=0) @ real
+            y = dec.embedding.weight[tgt[b, t]].double()
+            s = cell(torch.cat((y, c))[None], s[None])[0]
+            features = torch.tanh(dec.readout.weight.double() @ torch.cat((c, s)))
+            torch.testing.assert_close(logits[b, t], model.lm_head.weight.double() @ features, atol=1e-5, rtol=1e-4)
+
+
+def test_luong_decoder_against_hand_stepped_reference():
+    """Luong et al. (2015), global attention, general score: h~_t = tanh(W_c [c_t; h_t])."""
+    model = _seq2seq("gru", "luong-general", bidirectional=False, n_layers=1, tie=False)
+    src, mask, tgt = _padded_sources()
+    logits = model(src, tgt, src_mask=mask).logits.double()
+    dec = model.decoder
+    memory = model.encode(src, src_mask=mask).double()
+    cell = _gru_cell_from(dec.rnn, 0)
+    for b in range(3):
+        real = memory[b, mask[b]]
+        h = torch.tanh(model.bridge.hidden_proj.weight.double() @ real[-1] + model.bridge.hidden_proj.bias.double())
+        for t in range(tgt.shape[1]):
+            h = cell(dec.embedding.weight[tgt[b, t]].double()[None], h[None])[0]
+            a = torch.softmax(real @ dec.attention.score.weight.weight.double().T @ h, dim=0)
+            features = torch.tanh(dec.readout.weight.double() @ torch.cat((a @ real, h)))
+            torch.testing.assert_close(logits[b, t], model.lm_head.weight.double() @ features, atol=1e-5, rtol=1e-4)
+
+
+# Decoding: step by step equals teacher forcing; a cached state equals recomputation ------------------------------
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_step_by_step_decode_equals_teacher_forcing(cell, attention):
+    model = _seq2seq(cell, attention)
+    src, mask, tgt = _padded_sources()
+    full = model(src, tgt, src_mask=mask, need_weights=True)
+    memory = model.encode(src, src_mask=mask)
+    state = model.allocate_cache(3, tgt.shape[1])
+    for t in range(tgt.shape[1]):
+        step = model.decode(tgt[:, t : t + 1], memory, src_mask=mask, cache=state, need_weights=True)
+        torch.testing.assert_close(step.logits[:, 0], full.logits[:, t], atol=1e-5, rtol=1e-5)
+        if attention != "none":
+            torch.testing.assert_close(step.attentions[0]["cross"][:, :, 0], full.attentions[0]["cross"][:, :, t])
+    assert state.length == tgt.shape[1]
+    if attention == "none":
+        assert full.attentions is None
+    else:
+        weights = full.attentions[0]["cross"]  # (B, 1, T, S): one row per decoding step
+        assert weights.shape == (3, 1, tgt.shape[1], src.shape[1])
+        torch.testing.assert_close(weights.sum(-1), torch.ones(3, 1, tgt.shape[1]))
+        assert torch.all(weights.masked_select(~mask[:, None, None, :]) == 0)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_padding_changes_no_real_output(attention):
+    model = _seq2seq("lstm", attention)
+    src, mask, tgt = _padded_sources()
+    padded = model(src, tgt, src_mask=mask).logits
+    tgt_mask = torch.ones_like(tgt, dtype=torch.bool)
+    more_src = torch.cat((src, torch.randint(0, VOCAB, (3, 4))), dim=1)  # 4 more columns of padding
+    more_mask = torch.cat((mask, torch.zeros(3, 4, dtype=torch.bool)), dim=1)
+    more_tgt = torch.cat((tgt, torch.randint(0, VOCAB, (3, 2))), dim=1)
+    more_tgt_mask = torch.cat((tgt_mask, torch.zeros(3, 2, dtype=torch.bool)), dim=1)
+    longer = model(more_src, more_tgt, src_mask=more_mask, tgt_mask=more_tgt_mask).logits
+    torch.testing.assert_close(longer[:, : tgt.shape[1]], padded)
+    for row in range(3):  # and each row alone, unpadded
+        alone = model(src[row : row + 1, mask[row]], tgt[row : row + 1]).logits
+        torch.testing.assert_close(alone[0], padded[row], atol=1e-5, rtol=1e-5)
+
+
+def _greedy(model, src, mask, steps, *, cached):
+    memory = model.encode(src, src_mask=mask)
+    tokens = torch.zeros(src.shape[0], 1, dtype=torch.long)
+    state = model.allocate_cache(src.shape[0], steps)
+    chosen = []
+    for _ in range(steps):
+        if cached:
+            logits = model.decode(tokens[:, -1:], memory, src_mask=mask, cache=state).logits[:, -1]
+        else:
+            logits = model.decode(tokens, memory, src_mask=mask).logits[:, -1]
+        chosen.append(logits)
+        tokens = torch.cat((tokens, logits.argmax(-1, keepdim=True)), dim=1)
+    return tokens, torch.stack(chosen, dim=1)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_greedy_with_cached_state_equals_recomputation(attention):
+    model = _seq2seq("gru", attention, seed=3)
+    src, mask, _ = _padded_sources()
+    cached_tokens, cached_logits = _greedy(model, src, mask, 6, cached=True)
+    tokens, logits = _greedy(model, src, mask, 6, cached=False)
+    assert torch.equal(cached_tokens, tokens)
+    torch.testing.assert_close(cached_logits, logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_lm_cached_state_and_left_padding(cell):
+    torch.manual_seed(0)
+    model = RecurrentLM(vocab_size=VOCAB, embedding_dim=8, hidden=16, n_layers=2, cell=cell).eval()
+    ids = torch.randint(0, VOCAB, (2, 9))
+    full = model(ids).logits
+    state = model.allocate_cache(2)
+    prefix = model(ids[:, :4], cache=state).logits
+    steps = [model(ids[:, t : t + 1], cache=state).logits[:, 0] for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat((prefix, torch.stack(steps, dim=1)), dim=1), full, atol=1e-5, rtol=1e-5)
+    # a shorter row left-padded beside a full one: its logits are those it has alone
+    padded = torch.cat((torch.zeros(1, 3, dtype=torch.long), ids[1:, :6]), dim=1)
+    mask = torch.tensor([[True] * 9, [False] * 3 + [True] * 6])
+    both = model(torch.cat((ids[:1], padded)), attention_mask=mask).logits
+    torch.testing.assert_close(both[1, 3:], model(ids[1:, :6]).logits[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(both[0], full[0], atol=1e-5, rtol=1e-5)
+
+
+def test_lm_loss_matches_logits_and_ties_embeddings():
+    torch.manual_seed(0)
+    model = RecurrentLM(vocab_size=VOCAB, embedding_dim=8, hidden=16, n_layers=1, cell="lstm")
+    assert model.lm_head.weight is model.embedding.weight
+    ids, targets = torch.randint(0, VOCAB, (2, 6)), torch.randint(0, VOCAB, (2, 6))
+    chunked = model(ids, targets=targets, return_logits=False)
+    out = model(ids, targets=targets)
+    assert chunked.logits is None
+    torch.testing.assert_close(chunked.loss, nn.functional.cross_entropy(out.logits.view(-1, VOCAB), targets.view(-1)))
+
+
+def test_tied_seq2seq_shares_one_table():
+    model = _seq2seq(tie=True)
+    assert model.lm_head.weight is model.decoder.embedding.weight is model.encoder.embedding.weight
+    untied = _seq2seq(tie=False)
+    assert untied.lm_head.weight is not untied.decoder.embedding.weight
+
+
+# Bad input ------------------------------------------------------------------------------------------------------
+def test_bad_inputs_are_clear_errors():
+    model = _seq2seq()
+    src, mask, tgt = _padded_sources()
+    with pytest.raises(InputError, match="src_ids holds token id"):
+        model(src + VOCAB, tgt, src_mask=mask)
+    with pytest.raises(InputError, match="tgt_ids"):
+        model(src, tgt.float(), src_mask=mask)
+    holey = mask.clone()
+    holey[0, 3] = False
+    with pytest.raises(InputError, match="padding between real tokens"):
+        model(src, tgt, src_mask=holey)
+    with pytest.raises(InputError, match="pads on the left"):
+        model(src, tgt, src_mask=mask, tgt_mask=torch.tensor([[False] + [True] * 4] * 3))
+    with pytest.raises(InputError, match="batch"):
+        model(src, tgt[:2], src_mask=mask)
+    with pytest.raises(InputError, match="every token of some sequence"):
+        model(src, tgt, src_mask=torch.zeros_like(mask))
+    with pytest.raises(InputError, match="shape"):
+        model(src, tgt, src_mask=mask[:, :3])
