@@ -465,6 +465,21 @@ def _byte_level_table() -> dict[str, int]:
     return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(shifted)}
 
 
+def token_texts(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str | bytes]:
+    """The text each token stands for (a byte-level 'Ġcat' is ' cat'), or its bytes where a byte-level piece holds
+    only part of a character (an emoji split over two tokens).
+    """
+    table = _byte_level_table()
+    texts: list[str | bytes] = []
+    for i, piece in zip(ids, tokenizer.pieces(ids), strict=True):
+        shown = tokenizer.decode([i], skip_special=False)
+        if "\ufffd" in shown and all(c in table for c in piece):  # part of a character: its bytes
+            texts.append(bytes(table[c] for c in piece))
+        else:
+            texts.append(shown)
+    return texts
+
+
 def explain(tokenizer: Tokenizer, text: str) -> str:
     """A table of how `text` is tokenized: each id, its vocabulary piece and the text it stands for (the
     bytes, for a byte-level piece that holds only part of a character).
@@ -473,13 +488,9 @@ def explain(tokenizer: Tokenizer, text: str) -> str:
     per_token = f", {len(text) / len(ids):.2f} characters per token" if ids else ""
     lines = [f"{len(text)} characters -> {len(ids)} tokens{per_token}", "ids: " + " ".join(map(str, ids))]
     if ids:
-        table = _byte_level_table()
         pieces = [p if p.isprintable() and not p.isspace() else repr(p) for p in tokenizer.pieces(ids)]
         width = max(5, *(len(p) for p in pieces))
         lines.append(f"{'id':>8}  {'piece':<{width}}  text")
-        for i, piece in zip(ids, pieces, strict=True):
-            shown = tokenizer.decode([i], skip_special=False)
-            if "\ufffd" in shown and all(c in table for c in piece):  # part of a character: show its bytes
-                shown = bytes(table[c] for c in piece)
+        for i, piece, shown in zip(ids, pieces, token_texts(tokenizer, ids), strict=True):
             lines.append(f"{i:>8}  {piece:<{width}}  {shown!r}")
     return "\n".join(lines)
