@@ -1,0 +1,346 @@
+"""`attnkit eval`: a trained or converted run scored on the user's own held-out files.
+
+    language model   perplexity with a sliding window, per token, per character and as bits per byte (so models
+                     with different tokenizers compare)
+    translation      sacreBLEU and chrF of the run's translations of a TSV file or two line-aligned files, with
+                     the metrics' signatures
+    classification   accuracy, macro-F1 and a confusion matrix (table and PNG) on labelled files
+
+Sliding-window perplexity (the fixed-length-model method of Hugging Face's perplexity guide). A model reads at
+most `window` tokens, so a long text is scored window by window; each window moves `stride` tokens on and scores
+only the targets no earlier window scored, using the tokens before them as context:
+
+    tokens   t0 t1 t2 t3 t4 t5 t6 t7 t8 t9            window 4, stride 2
+    window 1 [t0 t1 t2 t3] -> scores t1 t2 t3 t4
+    window 2       [t2 t3 t4 t5] -> scores t5 t6     (t4 already scored: context only)
+    window 3             [t4 t5 t6 t7] -> scores t7 t8
+    window 4                   [t6 t7 t8] -> scores t9
+
+Every token but the first is scored once; a smaller stride gives each more context (stride 1: always a full
+window) at more cost; stride = window gives the non-overlapping figure. A language model's own validation loss
+during training is that non-overlapping figure.
+
+This module never imports `attnkit.generate` (train/ and generate/ are siblings): translation takes the function
+that translates texts as an argument, as `TranslateTask` does; the CLI passes the loaded pipeline's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from attnkit.checkpoint import atomic_write, load_config, load_model
+from attnkit.data.batching import IGNORE_INDEX
+from attnkit.data.corpus import EncodingErrors, read_text
+from attnkit.data.labelled import LabelledData, LabelVocab, read_labelled
+from attnkit.data.pairs import read_parallel, read_tsv_pairs
+from attnkit.errors import ConfigError, InputError
+from attnkit.tokenize import Tokenizer, load_tokenizer
+from attnkit.train.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
+
+log = logging.getLogger(__name__)
+
+TextTranslator = Callable[[list[str]], list[str]]  # source texts -> translations, in order
+LOGITS_BUDGET = 1 << 26  # floats of (B, T, V) logits per forward pass in perplexity (256 MB in fp32)
+REPORT_FILE = "eval.json"
+CONFUSION_FILE = "confusion.png"
+
+
+# Sliding-window perplexity -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    """Inputs `ids[begin:end]`, targets `ids[begin + 1:end + 1]`, of which the last `n_new` are scored."""
+
+    begin: int
+    end: int
+    n_new: int
+
+
+def sliding_windows(n_tokens: int, *, window: int, stride: int) -> list[Window]:
+    """The windows that score tokens 1 .. n_tokens - 1 once each (see the module docstring).
+
+    Raises ConfigError unless 1 <= stride <= window, InputError for fewer than 2 tokens.
+    """
+    if window < 1 or not 1 <= stride <= window:
+        raise ConfigError(f"stride={stride} must lie in [1, window={window}]; stride = window scores windows "
+                          "that do not overlap")
+    if n_tokens < 2:
+        raise InputError(f"a text of {n_tokens} token(s) has nothing to predict; perplexity needs at least 2")
+    windows, begin, scored = [], 0, 0  # scored: targets 1 .. scored are done
+    while scored < n_tokens - 1:
+        end = min(begin + window, n_tokens - 1)
+        windows.append(Window(begin, end, end - scored))
+        scored, begin = end, begin + stride
+    return windows
+
+
+@torch.inference_mode()
+def sliding_window_nll(
+    model: nn.Module,
+    ids: Sequence[int] | Tensor,
+    *,
+    window: int,
+    stride: int,
+    batch_size: int = 1,
+    progress: bool = False,
+) -> float:
+    """The summed negative log-likelihood (nats) of tokens 1 .. N-1 of `ids`, scored window by window,
+    `batch_size` windows of one length per forward pass."""
+    ids = torch.as_tensor(ids, dtype=torch.int64)
+    device = next(model.parameters()).device
+    windows = sliding_windows(len(ids), window=window, stride=stride)
+    total = 0.0
+    with tqdm(total=len(windows), desc="perplexity", unit="window", disable=not progress, leave=False) as bar:
+        for group in _same_length_groups(windows, batch_size):
+            x = torch.stack([ids[w.begin : w.end] for w in group]).to(device)  # (B, T)
+            y = torch.stack([ids[w.begin + 1 : w.end + 1] for w in group])  # (B, T)
+            for row, w in enumerate(group):
+                y[row, : y.shape[1] - w.n_new] = IGNORE_INDEX  # context only: scored by an earlier window
+            logits = model(x).logits.float()  # (B, T, V)
+            total += F.cross_entropy(
+                logits.flatten(0, 1), y.flatten().to(device), ignore_index=IGNORE_INDEX, reduction="sum"
+            ).item()
+            bar.update(len(group))
+    return total
+
+
+def _same_length_groups(windows: list[Window], size: int) -> list[list[Window]]:
+    groups: list[list[Window]] = []
+    for w in windows:
+        if groups and len(groups[-1]) < size and groups[-1][0].end - groups[-1][0].begin == w.end - w.begin:
+            groups[-1].append(w)
+        else:
+            groups.append([w])
+    return groups
+
+
+def perplexity_row(name: str, nll: float, tokens: int, chars: int, n_bytes: int) -> dict[str, Any]:
+    """One report row: the summed NLL over `tokens` scored tokens that spell `chars` characters / `n_bytes` bytes."""
+    return {
+        "file": name, "tokens": tokens, "chars": chars, "bytes": n_bytes,
+        "loss": nll / tokens, "ppl": math.exp(min(nll / tokens, 700.0)),
+        "char_ppl": math.exp(min(nll / max(chars, 1), 700.0)), "bits_per_byte": nll / max(n_bytes, 1) / math.log(2),
+        "nll": nll,
+    }
+
+
+def _scored_text_size(text: str, ids: list[int], tokenizer: Tokenizer) -> tuple[int, int]:
+    """Characters and UTF-8 bytes of the text the scored tokens (all but the first) spell."""
+    first = tokenizer.decode(ids[:1], skip_special=False)
+    return max(len(text) - len(first), 1), max(len(text.encode()) - len(first.encode()), 1)
+
+
+# The report ---------------------------------------------------------------------------------------------------
+@dataclass
+class EvalReport:
+    """What `evaluate_run` found: one row per file (and an "all" row over several), plus the settings and
+    extras of its kind (window and stride; the metrics' signatures; the confusion matrix)."""
+
+    kind: str  # "perplexity" | "translation" | "classification"
+    run: str
+    rows: list[dict[str, Any]]
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "run": self.run, "rows": self.rows, **self.details}
+
+    def table(self) -> str:
+        """The rows as an aligned text table (and, for classification, the confusion matrix under it)."""
+        columns = {
+            "perplexity": ("file", "tokens", "loss", "ppl", "chars", "char_ppl", "bits_per_byte"),
+            "translation": ("file", "sentences", "bleu", "chrf"),
+            "classification": ("file", "examples", "accuracy", "macro_f1"),
+        }[self.kind]
+        cells = [list(columns)] + [[_cell(row[c]) for c in columns] for row in self.rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+        lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+                 for r in cells]
+        if self.kind == "classification":
+            lines += ["", confusion_table(self.details["confusion"], self.details["labels"])]
+        if self.kind == "translation":
+            lines += ["", f"BLEU: {self.details['bleu_signature']}", f"chrF: {self.details['chrf_signature']}"]
+        return "\n".join(line.rstrip() for line in lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.4g}"
+    return str(value)
+
+
+# Evaluating a run -----------------------------------------------------------------------------------------------
+_KIND_FOR_FAMILY = {"decoder": "perplexity", "encoder-decoder": "translation", "encoder": "classification"}
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    data: Sequence[str | Path],
+    *,
+    device: torch.device | str = "cpu",
+    window: int | None = None,
+    stride: int | None = None,
+    batch_size: int = 32,
+    translate: TextTranslator | None = None,
+    out_dir: str | Path | None = None,
+    encoding_errors: EncodingErrors = "strict",
+    progress: bool = False,
+) -> EvalReport:
+    """Score the run in `run_dir` on the files `data`, by what the model does (module docstring).
+
+    window / stride: perplexity only; default the model's max_seq_len and half of it.
+    translate: the function that translates texts (needed for an encoder-decoder run).
+    out_dir: where eval.json (and confusion.png) go; default `run_dir/eval`.
+    Raises InputError / ConfigError / CheckpointError naming what is wrong and how to fix it.
+    """
+    run_dir = Path(run_dir)
+    if not data:
+        raise InputError("eval needs --data FILE...: text files (language model), a TSV file or two line-aligned "
+                         "files (translation), or labelled files (classifier)")
+    config = load_config(run_dir)
+    kind = _KIND_FOR_FAMILY.get(config.family)
+    if kind is None or (config.family == "encoder" and config.encoder_head != "classify"):
+        raise InputError(
+            f"eval scores language models, translators and classifiers; {run_dir} holds a {config.family} "
+            f"with head {config.encoder_head!r}. Fine-tune it first, e.g. attnkit train --task classify "
+            f"--init-from {run_dir} ..."
+        )
+    tokenizer = _run_tokenizer(run_dir)
+    out_dir = Path(out_dir) if out_dir is not None else run_dir / "eval"
+    if kind == "translation":
+        if translate is None:
+            raise ConfigError("evaluating a translation run needs translate= (the CLI passes the loaded pipeline's)")
+        report = _translation_report(run_dir, data, translate, encoding_errors)
+    else:
+        model, _ = load_model(run_dir, device=device)
+        if kind == "perplexity":
+            window = window or config.max_seq_len
+            report = _perplexity_report(run_dir, data, model, tokenizer, window=window,
+                                        stride=stride or max(window // 2, 1), encoding_errors=encoding_errors,
+                                        progress=progress)
+        else:
+            report = _classification_report(run_dir, data, model, tokenizer, batch_size=batch_size,
+                                             max_len=config.max_seq_len, encoding_errors=encoding_errors,
+                                             progress=progress, png=out_dir / CONFUSION_FILE)
+    atomic_write(out_dir / REPORT_FILE, json.dumps(report.to_dict(), indent=1) + "\n")
+    report.details["json"] = str(out_dir / REPORT_FILE)
+    return report
+
+
+def _run_tokenizer(run_dir: Path) -> Tokenizer:
+    if not (run_dir / "tokenizer").is_dir():
+        raise InputError(f"{run_dir} has no tokenizer/ directory, so its model cannot read text files; save the "
+                         "tokenizer it was trained with there")
+    return load_tokenizer(run_dir / "tokenizer")
+
+
+def _perplexity_report(run_dir, data, model, tokenizer, *, window, stride, encoding_errors, progress) -> EvalReport:
+    rows = []
+    for path in data:
+        text = read_text(path, errors=encoding_errors)
+        ids = tokenizer.encode(text)
+        nll = sliding_window_nll(model, ids, window=window, stride=stride, progress=progress,
+                                 batch_size=max(1, LOGITS_BUDGET // (window * tokenizer.vocab_size)))
+        chars, n_bytes = _scored_text_size(text, ids, tokenizer)
+        rows.append(perplexity_row(str(path), nll, len(ids) - 1, chars, n_bytes))
+    if len(rows) > 1:
+        rows.append(perplexity_row("all", *(sum(r[k] for r in rows) for k in ("nll", "tokens", "chars", "bytes"))))
+    return EvalReport("perplexity", str(run_dir), rows, {"window": window, "stride": stride})
+
+
+def translation_scores(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
+    """sacreBLEU's corpus BLEU and chrF (defaults: 13a tokenization, detokenized and cased text) with their
+    signatures, which say exactly how the numbers were computed."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    if len(hypotheses) != len(references):
+        raise InputError(f"{len(hypotheses)} translations for {len(references)} references")
+    bleu, chrf = BLEU(), CHRF()
+    return {
+        "bleu": bleu.corpus_score(hypotheses, [references]).score,
+        "chrf": chrf.corpus_score(hypotheses, [references]).score,
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+def _translation_report(run_dir, data, translate: TextTranslator, encoding_errors) -> EvalReport:
+    if len(data) == 1:
+        pairs = read_tsv_pairs(data[0], encoding_errors=encoding_errors)
+    elif len(data) == 2:
+        pairs = read_parallel(data[0], data[1], encoding_errors=encoding_errors)
+    else:
+        raise InputError(f"translation eval reads one TSV file (source<TAB>target) or two line-aligned files "
+                         f"(source first); got {len(data)} files")
+    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+    scores = translation_scores(translate(sources), references)
+    row = {"file": " + ".join(map(str, data)), "sentences": len(pairs), "bleu": scores["bleu"],
+           "chrf": scores["chrf"]}
+    details = {k: scores[k] for k in ("bleu_signature", "chrf_signature")}
+    return EvalReport("translation", str(run_dir), [row], details)
+
+
+def _classification_report(run_dir, data, model, tokenizer, *, batch_size, max_len, encoding_errors, progress,
+                           png: Path) -> EvalReport:
+    labels = _run_labels(run_dir, model)
+    vocab = LabelVocab(tuple(labels))
+    rows, total = [], [[0] * len(labels) for _ in labels]
+    for path in data:
+        examples = _labelled_examples(path, vocab, encoding_errors)
+        data_set = LabelledData.from_examples(examples, tokenizer, label_vocab=vocab, max_len=max_len,
+                                              batch_size=batch_size)
+        truth, guesses = _predict(model, data_set, progress=progress)
+        matrix = confusion_matrix(truth, guesses, len(labels))
+        rows.append({"file": str(path), **classification_scores(matrix)})
+        total = [[a + b for a, b in zip(r, s, strict=True)] for r, s in zip(total, matrix, strict=True)]
+    if len(rows) > 1:
+        rows.append({"file": "all", **classification_scores(total)})
+    plot_confusion(total, labels, png, title=f"{Path(run_dir).name}: {rows[-1]['examples']} examples")
+    return EvalReport("classification", str(run_dir), rows,
+                      {"labels": labels, "confusion": total, "confusion_png": str(png)})
+
+
+@torch.inference_mode()
+def _predict(model: nn.Module, data: LabelledData, *, progress: bool) -> tuple[list[int], list[int]]:
+    device = next(model.parameters()).device
+    truth, guesses = [], []
+    n_batches = -(-len(data) // data.batch_size)
+    for batch in tqdm(data.eval_batches(), total=n_batches, desc="classify", unit="batch", disable=not progress,
+                      leave=False):
+        b = batch.to(device)
+        guesses += model(b.ids, attention_mask=b.mask).logits.argmax(-1).tolist()
+        truth += b.labels.tolist()
+    return truth, guesses
+
+
+def _run_labels(run_dir: Path, model: nn.Module) -> list[str]:
+    path = run_dir / "labels.json"
+    n_classes = model.classifier.out_features
+    if not path.is_file():
+        return [str(i) for i in range(n_classes)]
+    labels = json.loads(path.read_text(encoding="utf-8"))
+    labels = labels.get("labels") if isinstance(labels, dict) else labels
+    return [str(label) for label in labels]
+
+
+def _labelled_examples(path, vocab: LabelVocab, encoding_errors) -> list[tuple[str, str]]:
+    """The file's (text, label) examples; a file whose labels the run does not know reads as unlabelled."""
+    hint = (f"eval of a classifier needs labelled examples: '<label> <text>' lines or a CSV/TSV file with text "
+            f"and label columns, the labels being the run's ({', '.join(vocab.labels)})")
+    try:
+        examples = read_labelled(path, encoding_errors=encoding_errors)
+    except InputError as err:
+        raise InputError(f"{err}. {hint}") from None
+    unknown = sorted({label for _, label in examples} - set(vocab.labels))
+    if unknown:
+        raise InputError(f"{path}: labels {unknown[:5]} are not among the run's; is the file unlabelled text? {hint}")
+    return examples

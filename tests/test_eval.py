@@ -1,0 +1,174 @@
+"""`attnkit eval`: sliding-window perplexity against independent computations, BLEU and chrF against sacreBLEU
+called directly, classification scores against scikit-learn, and clear errors for what cannot be scored."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnkit import build_model
+from attnkit.checkpoint import save_model
+from attnkit.config import ModelConfig
+from attnkit.errors import ConfigError, InputError
+from attnkit.tokenize import CharTokenizer
+from attnkit.train.evaluate import evaluate_run, sliding_window_nll, sliding_windows, translation_scores
+
+TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. Ünïcödé ✓\n"
+WINDOW = 16
+
+
+def make_run(directory, family="decoder", **changes):
+    tokenizer = CharTokenizer.from_texts([TEXT + "0123456789 abcdefghijklmnopqrstuvwxyz"])
+    config = ModelConfig(family=family, vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=2, d_ff=64,
+                         max_seq_len=WINDOW, position="rope" if family == "decoder" else "learned", **changes)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    save_model(model, config, directory)
+    tokenizer.save(directory / "tokenizer")
+    return model, tokenizer
+
+
+def write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def nll_of(model, context, target):
+    with torch.no_grad():
+        logits = model(torch.tensor([context])).logits[0, -1]
+    return -F.log_softmax(logits.double(), dim=-1)[target].item()
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 80), window=st.integers(1, 20), data=st.data())
+def test_windows_score_every_token_but_the_first_exactly_once(n, window, data):
+    stride = data.draw(st.integers(1, window))
+    windows = sliding_windows(n, window=window, stride=stride)
+    scored = [t for w in windows for t in range(w.end - w.n_new + 1, w.end + 1)]
+    assert scored == list(range(1, n))
+    assert all(0 <= w.begin < w.end <= n - 1 and w.end - w.begin <= window and w.n_new >= 1 for w in windows)
+
+
+def test_perplexity_of_a_short_text_is_exp_of_the_mean_token_loss(tmp_path):
+    model, tokenizer = make_run(tmp_path / "run")
+    text = TEXT[:WINDOW]  # one window holds it all
+    report = evaluate_run(tmp_path / "run", [write(tmp_path / "short.txt", text)])
+    ids = torch.tensor(tokenizer.encode(text))
+    with torch.no_grad():
+        loss = F.cross_entropy(model(ids[None, :-1]).logits[0].double(), ids[1:]).item()
+    row = report.rows[0]
+    assert row["tokens"] == len(ids) - 1
+    assert row["loss"] == pytest.approx(loss, rel=1e-5)
+    assert row["ppl"] == pytest.approx(math.exp(loss), rel=1e-5)
+
+
+def test_stride_equal_to_the_window_gives_the_non_overlapping_figure(tmp_path):
+    model, tokenizer = make_run(tmp_path / "run")
+    ids = tokenizer.encode(TEXT)
+    assert len(ids) > 4 * WINDOW
+    expected = sum(nll_of(model, ids[start:t], ids[t]) for start in range(0, len(ids) - 1, WINDOW)
+                   for t in range(start + 1, min(start + WINDOW, len(ids) - 1) + 1))
+    got = sliding_window_nll(model, ids, window=WINDOW, stride=WINDOW, batch_size=3)
+    assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_stride_one_predicts_every_token_from_a_full_window(tmp_path):
+    model, tokenizer = make_run(tmp_path / "run")
+    ids = tokenizer.encode(TEXT)[:40]
+    expected = sum(nll_of(model, ids[max(0, t - WINDOW):t], ids[t]) for t in range(1, len(ids)))
+    got = sliding_window_nll(model, ids, window=WINDOW, stride=1, batch_size=5)
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert abs(got - sliding_window_nll(model, ids, window=WINDOW, stride=WINDOW)) > 1e-3  # context matters
+
+
+def test_character_and_byte_figures(tmp_path):
+    _, tokenizer = make_run(tmp_path / "run")
+    report = evaluate_run(tmp_path / "run", [write(tmp_path / "a.txt", TEXT), write(tmp_path / "b.txt", TEXT[:30])],
+                          stride=4)
+    first, second, total = report.rows
+    scored = TEXT[1:]  # a character tokenizer: the first character is context only
+    assert (first["chars"], first["bytes"]) == (len(scored), len(scored.encode()))
+    assert first["char_ppl"] == pytest.approx(first["ppl"])  # one token per character
+    assert first["bits_per_byte"] == pytest.approx(first["nll"] / len(scored.encode()) / math.log(2))
+    assert total["file"] == "all" and total["tokens"] == first["tokens"] + second["tokens"]
+    assert total["loss"] == pytest.approx((first["nll"] + second["nll"]) / total["tokens"])
+    saved = json.loads((tmp_path / "run" / "eval" / "eval.json").read_text())
+    assert saved["stride"] == 4 and saved["rows"][0]["loss"] == pytest.approx(first["loss"])
+    assert "bits_per_byte" in report.table()
+
+
+def test_bleu_and_chrf_equal_sacrebleu_called_directly(tmp_path):
+    import sacrebleu
+
+    make_run(tmp_path / "run", family="encoder-decoder")
+    pairs = [("ein Haus", "a house ."), ("der Hund", "the dog runs ."), ("die Katze", "the cat sleeps on the mat .")]
+    tsv = write(tmp_path / "pairs.tsv", "".join(f"{s}\t{t}\n" for s, t in pairs))
+    guesses = {"ein Haus": "a house .", "der Hund": "the dog ran .", "die Katze": "a cat sleeps on a mat ."}
+    report = evaluate_run(tmp_path / "run", [tsv], translate=lambda texts: [guesses[t] for t in texts])
+    hypotheses, references = [guesses[s] for s, _ in pairs], [t for _, t in pairs]
+    row = report.rows[0]
+    assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    assert row["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)
+    assert 0 < row["bleu"] < 100
+    assert "tok:13a" in report.details["bleu_signature"] and "nrefs:1" in report.details["bleu_signature"]
+    assert translation_scores(references, references)["bleu"] == pytest.approx(100.0)
+    with pytest.raises(ConfigError, match="translate="):
+        evaluate_run(tmp_path / "run", [tsv])
+
+
+def test_classification_scores_match_scikit_learn(tmp_path):
+    metrics = pytest.importorskip("sklearn.metrics")
+    from attnkit.generate import load
+
+    make_run(tmp_path / "run", family="encoder", encoder_head="classify", n_classes=3)
+    (tmp_path / "run" / "labels.json").write_text(json.dumps({"labels": ["neg", "neu", "pos"]}))
+    generator = torch.Generator().manual_seed(0)
+    words = ["good", "bad", "fine", "to be", "or not", "question", "mind", "suffer"]
+    examples = [(" ".join(words[i] for i in torch.randint(0, 8, (3,), generator=generator).tolist()),
+                 ["neg", "neu", "pos"][int(torch.randint(0, 3, (1,), generator=generator))]) for _ in range(40)]
+    data = write(tmp_path / "dev.txt", "".join(f"{label} {text}\n" for text, label in examples))
+    report = evaluate_run(tmp_path / "run", [data], batch_size=7)
+
+    predicted = [c.label for c in load(tmp_path / "run", device="cpu").classify([t for t, _ in examples])]
+    truth = [label for _, label in examples]
+    row = report.rows[0]
+    assert row["examples"] == 40
+    assert row["accuracy"] == pytest.approx(metrics.accuracy_score(truth, predicted))
+    assert row["macro_f1"] == pytest.approx(metrics.f1_score(truth, predicted, average="macro"))
+    expected = metrics.confusion_matrix(truth, predicted, labels=["neg", "neu", "pos"]).tolist()
+    assert report.details["confusion"] == expected
+    png = tmp_path / "run" / "eval" / "confusion.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "true \\ predicted" in report.table()
+
+
+def test_a_classifier_on_unlabelled_text_is_refused(tmp_path):
+    make_run(tmp_path / "run", family="encoder", encoder_head="classify")
+    text = write(tmp_path / "plain.txt", "a fine film\nnot good at all\n")
+    with pytest.raises(InputError, match="unlabelled"):
+        evaluate_run(tmp_path / "run", [text])
+    with pytest.raises(InputError, match="labelled examples"):
+        evaluate_run(tmp_path / "run", [write(tmp_path / "one.txt", "word\n")])
+
+
+def test_what_cannot_be_scored_is_refused(tmp_path):
+    make_run(tmp_path / "mlm", family="encoder", encoder_head="mlm")
+    text = write(tmp_path / "t.txt", TEXT)
+    with pytest.raises(InputError, match="--init-from"):
+        evaluate_run(tmp_path / "mlm", [text])
+    make_run(tmp_path / "lm")
+    with pytest.raises(ConfigError, match="stride"):
+        evaluate_run(tmp_path / "lm", [text], stride=WINDOW + 1)
+    with pytest.raises(InputError, match="nothing to predict"):
+        evaluate_run(tmp_path / "lm", [write(tmp_path / "one.txt", "T")])
+    (tmp_path / "bare").mkdir()
+    make_run(tmp_path / "bare")
+    import shutil
+
+    shutil.rmtree(tmp_path / "bare" / "tokenizer")
+    with pytest.raises(InputError, match="no tokenizer"):
+        evaluate_run(tmp_path / "bare", [text])
