@@ -1,8 +1,9 @@
-"""What each task trains on and how it is scored. The trainer is the same for all three; the model family
+"""What each task trains on and how it is scored. The trainer is the same for all; the model family
 computes the loss, the task feeds it batches and evaluates.
 
     task        family            batch                         loss (inside the model)        evaluation
     lm          decoder           random windows of a stream    next-token cross-entropy       val loss, perplexity
+    mlm         encoder           random windows, 15% masked    cross-entropy at masked tokens val loss, accuracy
     translate   encoder-decoder   padded, bucketed pairs        target-token cross-entropy     val loss, sacreBLEU
     classify    encoder           padded, bucketed texts        cross-entropy over classes     val loss, accuracy
 
@@ -18,12 +19,13 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from attnkit.data import LabelledBatch, LabelledData, LMData, PairBatch, PairData
+from attnkit.data import IGNORE_INDEX, LabelledBatch, LabelledData, LMData, PairBatch, PairData
+from attnkit.data.masking import mask_tokens
 from attnkit.errors import ConfigError
-from attnkit.tokenize import Tokenizer
+from attnkit.tokenize import SPECIAL_ROLES, Tokenizer
 from attnkit.train.state import decode_tensor, encode_tensor
 
-FAMILY = {"lm": "decoder", "translate": "encoder-decoder", "classify": "encoder"}
+FAMILY = {"lm": "decoder", "mlm": "encoder", "translate": "encoder-decoder", "classify": "encoder"}
 TASKS = tuple(FAMILY)
 # (model, source token lists, *, bos_id, eos_id, pad_id, max_length) -> target token lists without BOS/EOS
 Translator = Callable[..., list[list[int]]]
@@ -34,7 +36,8 @@ def check_family(task: str, family: str) -> None:
     if task not in FAMILY:
         raise ConfigError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if FAMILY[task] != family:
-        hint = {"lm": "gpt2-tiny or llama-tiny", "translate": "vaswani-tiny", "classify": "bert-tiny"}[task]
+        hint = {"lm": "gpt2-tiny or llama-tiny", "mlm": "bert-tiny", "translate": "vaswani-tiny",
+                "classify": "bert-tiny"}[task]
         raise ConfigError(
             f"--task {task} trains a {FAMILY[task]} model, but the config's family is {family!r}; "
             f"use a {FAMILY[task]} preset (e.g. --preset {hint}) or --set family={FAMILY[task]}"
@@ -102,6 +105,67 @@ class LMTask:
 
     def load_data_state(self, state: dict[str, Any]) -> None:
         self.generator.set_state(decode_tensor(state["generator"]))
+
+
+class MLMTask(LMTask):
+    """Masked language modelling (BERT): windows of the token stream framed as `CLS tokens SEP` (or `BOS tokens
+    EOS`), masked afresh each batch (`attnkit.data.masking`) from the task's generator, which also draws the
+    windows, so a resumed run masks the same tokens (the generator's state is the data state, as for `lm`).
+    Evaluation masks the validation windows with a generator seeded alike every time, so its figures compare
+    across evaluations.
+    """
+
+    name = "mlm"
+    metric = "val_loss"
+    higher_is_better = False
+
+    def __init__(
+        self, data: LMData, *, tokenizer: Tokenizer, batch_size: int, seq_len: int, seed: int, eval_batches: int = 50
+    ) -> None:
+        if seq_len < 3:
+            raise ConfigError(f"--task mlm needs seq_len >= 3 (CLS, a token, SEP); got {seq_len}")
+        if tokenizer.mask_id is None:
+            raise ConfigError("--task mlm needs a tokenizer with a mask token; train one with --tokenizer bpe or char")
+        has_cls = tokenizer.cls_id is not None and tokenizer.sep_id is not None
+        self.first, self.last = (tokenizer.cls_id, tokenizer.sep_id) if has_cls else (
+            tokenizer.bos_id, tokenizer.eos_id)
+        if self.first is None or self.last is None:
+            raise ConfigError("--task mlm needs a tokenizer with CLS and SEP (or BOS and EOS) tokens")
+        super().__init__(data, batch_size=batch_size, seq_len=seq_len, seed=seed, eval_batches=eval_batches)
+        self.seed = seed
+        self.masking = dict(mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size,
+                            special_ids={i for role in SPECIAL_ROLES if (i := tokenizer.token_id(role)) is not None})
+
+    def _frame_and_mask(self, windows: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        b = windows.shape[0]
+        ids = torch.cat([torch.full((b, 1), self.first), windows, torch.full((b, 1), self.last)], dim=1)  # (B, T)
+        return mask_tokens(ids, generator=generator, **self.masking)
+
+    def next_batch(self) -> tuple[Tensor, Tensor]:
+        windows, _ = self.data.sample_batch("train", self.batch_size, self.seq_len - 2, self.generator)
+        return self._frame_and_mask(windows, self.generator)  # inputs (B, T), labels (B, T)
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+        inputs, labels = (t.to(_device(model)) for t in batch)
+        return model(inputs, labels=labels).loss
+
+    def weight(self, batch: tuple[Tensor, Tensor]) -> int:
+        return int((batch[1] != IGNORE_INDEX).sum())
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Loss and accuracy at the masked tokens of (up to `eval_batches` batches of) the validation split."""
+        generator = torch.Generator().manual_seed(self.seed)
+        total, correct, count = 0.0, 0, 0
+        for windows, _ in self.data.iter_eval_batches(
+            "val", batch_size=self.batch_size, seq_len=self.seq_len - 2, max_batches=self.eval_batches
+        ):
+            inputs, labels = (t.to(_device(model)) for t in self._frame_and_mask(windows, generator))
+            out = model(inputs, labels=labels)
+            masked = labels != IGNORE_INDEX
+            total += out.loss.item() * int(masked.sum())
+            correct += int((out.logits.argmax(-1)[masked] == labels[masked]).sum())
+            count += int(masked.sum())
+        return {"val_loss": total / count, "val_ppl": math.exp(min(total / count, 50.0)), "accuracy": correct / count}
 
 
 class _EpochTask:

@@ -35,6 +35,8 @@ from attnkit.blocks import compile_blocks
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.tokenize import Tokenizer
+from attnkit.train.finetune import Freeze, check_freeze
+from attnkit.train.lora import DEFAULT_TARGETS
 from attnkit.train.metrics import METRICS_FILE, MetricsLog
 from attnkit.train.optim import SCHEDULES, Schedule, lr_factor, make_optimizer
 from attnkit.train.plots import plot_losses
@@ -86,6 +88,13 @@ class TrainConfig:
     log_every: int = 10  # steps between progress lines when no progress bar is shown
     keep: int = 3  # checkpoints kept besides best/
     seed: int = 1337
+    # Fine-tuning (train/finetune.py, train/lora.py): a new run starting from trained weights
+    init_from: str | None = None  # an attnkit run directory or a Hugging Face model directory; None: random weights
+    freeze: Freeze = "none"  # body: train the task head only; embeddings: freeze the embedding tables
+    lora_rank: int = 0  # > 0: train rank-r LoRA adapters (and a fresh head) only (Hu et al. 2021); 0: off
+    lora_alpha: float = 16.0  # the adapters' update is scaled by lora_alpha / lora_rank
+    lora_targets: tuple[str, ...] = DEFAULT_TARGETS  # linear modules to adapt: last name parts or globs
+    lora_dropout: float = 0.0  # dropout on the adapters' input
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accum", "eval_every", "log_every", "keep"):
@@ -112,13 +121,26 @@ class TrainConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must lie in [0, 1) (AdamW: 0.9 and 0.95-0.999)")
         if self.weight_decay < 0 or self.clip < 0:
             raise ConfigError(f"weight_decay={self.weight_decay} and clip={self.clip} must be >= 0 (0 disables)")
+        check_freeze(self.freeze)
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise ConfigError(f"lora_rank={self.lora_rank!r} must be a whole number >= 0 (0: no LoRA; 8 is usual)")
+        if not (isinstance(self.lora_alpha, (int, float)) and self.lora_alpha > 0):
+            raise ConfigError(f"lora_alpha={self.lora_alpha!r} must be positive (16 is usual; the scale is alpha/rank)")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ConfigError(f"lora_dropout={self.lora_dropout} must lie in [0, 1)")
+        if (self.lora_rank or self.freeze != "none") and not self.init_from:
+            raise ConfigError("lora_rank and freeze adapt trained weights: give --init-from RUN_DIR|HF_DIR too")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        return cls(**check_fields(cls, data, "training"))
+        data = check_fields(cls, data, "training")
+        if isinstance(data.get("lora_targets"), (list, str)):  # JSON has lists; --set lora_targets=q_proj,v_proj
+            targets = data["lora_targets"]
+            data = {**data, "lora_targets": tuple(targets.split(",") if isinstance(targets, str) else targets)}
+        return cls(**data)
 
 
 def check_fields(cls: type, data: dict[str, Any], what: str) -> dict[str, Any]:

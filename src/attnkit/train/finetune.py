@@ -1,0 +1,226 @@
+"""Fine-tuning: a new run that starts from trained weights (`attnkit train --init-from RUN_DIR|HF_DIR`).
+
+    read_source(dir)      an attnkit run (its latest weights, adapters folded in) or a Hugging Face directory
+                          (read by `attnkit.interop.hf.load`, passed in: train/ never imports interop/), with its
+                          tokenizer, labels and the task it was trained for
+    target_config(...)    the source's config with the head the new task needs (classify: n_classes from the data)
+    load_body(model, src) the body's weights copied strictly (every tensor present, every shape equal); a head that
+                          does not fit (another head, a new label set, other sizes) keeps its fresh initialisation
+    prepare_training(...) which parameters train: all, all but the body or the embeddings (`freeze`), or LoRA
+                          adapters (and any fresh head) only
+
+The body is everything but the task head: the stack(s) of blocks with their embeddings. The head modules are
+the ones a model family puts on top (`HEAD_MODULES`). BERT's pooler counts as head: it is kept when the source
+has one of the same shape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from torch import Tensor, nn
+
+from attnkit.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, raise_mismatch
+from attnkit.config import ModelConfig
+from attnkit.errors import CheckpointError, ConfigError
+from attnkit.layers.embedding import Embeddings
+from attnkit.tokenize import Tokenizer, load_tokenizer
+from attnkit.train.lora import apply_lora
+
+log = logging.getLogger(__name__)
+
+HEAD_MODULES = ("classifier", "lm_head", "transform", "pooler")  # top-level modules outside the body
+Freeze = Literal["none", "body", "embeddings"]
+FREEZE_CHOICES: tuple[str, ...] = get_args(Freeze)
+HFLoader = Callable[[Path], Any]  # attnkit.interop.hf.load: directory -> HFModel (model, config, tokenizer, labels)
+
+
+@dataclass
+class Source:
+    """Trained weights a new run starts from."""
+
+    path: Path
+    kind: str  # "attnkit run" | "Hugging Face directory"
+    config: ModelConfig
+    tokenizer: Tokenizer
+    state: dict[str, Tensor]  # the source model's state_dict
+    labels: list[str] | None = None  # a classifier's label names, index = class id
+    task: str | None = None  # the task the source run trained for, when it says
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": str(self.path), "kind": self.kind, "task": self.task}
+
+
+@dataclass
+class InitReport:
+    """What `load_body` did: how many tensors came from the source, which head modules start fresh and why,
+    and which of the source's head modules the new model has no place for."""
+
+    loaded: int
+    fresh: dict[str, str] = field(default_factory=dict)  # module -> reason
+    dropped: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"loaded_tensors": self.loaded, "fresh": self.fresh, "dropped": self.dropped}
+
+
+def read_source(path: str | Path, *, load_hf: HFLoader | None = None) -> Source:
+    """The weights, config, tokenizer, labels and task in `path`: an attnkit run directory (or one of its
+    checkpoints) or a Hugging Face model directory.
+
+    Raises CheckpointError for a directory with no config, no weights or no tokenizer; ConfigError when a Hugging
+    Face directory is given but no `load_hf` to read it.
+    """
+    path = Path(path).resolve()
+    if not (path / CONFIG_FILE).is_file():
+        raise CheckpointError(f"--init-from {path}: no {CONFIG_FILE} there; point it at an attnkit run directory "
+                              "(runs/NAME) or a Hugging Face model directory")
+    raw = _read_json(path / CONFIG_FILE)
+    if "model_type" in raw and "family" not in raw:
+        return _read_hf(path, load_hf)
+    if not (path / WEIGHTS_FILE).is_file():
+        raise CheckpointError(f"--init-from {path}: the directory holds no weights ({WEIGHTS_FILE}); has the run "
+                              "written a checkpoint yet?")
+    model, config = load_model(path)
+    if not (path / "tokenizer").is_dir():
+        raise CheckpointError(f"--init-from {path}: no tokenizer/ directory; a new run needs the tokenizer the "
+                              "weights were trained with")
+    labels = _read_json(path / "labels.json") if (path / "labels.json").is_file() else None
+    task = _read_json(path / "task.json").get("task") if (path / "task.json").is_file() else None
+    return Source(path, "attnkit run", config, load_tokenizer(path / "tokenizer"), model.state_dict(),
+                  labels=labels.get("labels") if isinstance(labels, dict) else labels, task=task)
+
+
+def _read_hf(path: Path, load_hf: HFLoader | None) -> Source:
+    if load_hf is None:
+        raise ConfigError(f"--init-from {path} is a Hugging Face directory; reading one needs "
+                          "attnkit.interop.hf.load (pass load_hf=, as the command line does)")
+    loaded = load_hf(path)
+    if loaded.tokenizer is None:
+        raise CheckpointError(f"--init-from {path}: the directory has no tokenizer.json; a new run needs the "
+                              "tokenizer the weights were trained with")
+    task = {"classify": "classify", "mlm": "mlm"}.get(loaded.config.encoder_head) if (
+        loaded.config.family == "encoder") else None
+    return Source(path, "Hugging Face directory", loaded.config, loaded.tokenizer, loaded.model.state_dict(),
+                  labels=loaded.labels, task=task)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path} is not readable JSON: {err}") from None
+
+
+def target_config(source: Source, *, family: str, head: dict[str, Any], assignments: list[str]) -> ModelConfig:
+    """The source's config with the new task's head fields (`head`, e.g. encoder_head and n_classes) and the
+    user's `key=value` assignments. Raises ConfigError when the source is not of `family`."""
+    if source.config.family != family:
+        raise ConfigError(
+            f"--init-from {source.path} holds a {source.config.family} model, but this task trains a {family} "
+            f"model; start from a {family} run or directory, or pick the task that fits it"
+        )
+    config = source.config.replace(**head).with_overrides(assignments)
+    if config.vocab_size < source.tokenizer.vocab_size:
+        raise ConfigError(f"the tokenizer of {source.path} has {source.tokenizer.vocab_size} tokens but the model "
+                          f"only {config.vocab_size}; keep the source's vocab_size")
+    return config
+
+
+def load_body(model: nn.Module, source: Source, *, labels: list[str] | None = None) -> InitReport:
+    """Copy the source's weights into `model` (built from `target_config`): the body strictly, each head module
+    when the source has it with the same shapes (a classifier only for the same label list), else left fresh.
+
+    Raises CheckpointError listing every body tensor that is missing from the source, left over in it, or of
+    another shape.
+    """
+    target = model.state_dict()
+    body = {k for k in target if _module(k) not in HEAD_MODULES}
+    source_body = {k for k in source.state if _module(k) not in HEAD_MODULES}
+    mismatched = [f"{k}: source {tuple(source.state[k].shape)} vs model {tuple(target[k].shape)}"
+                  for k in sorted(body & source_body) if source.state[k].shape != target[k].shape]
+    raise_mismatch(f"--init-from {source.path}", missing=sorted(body - source_body),
+                   unexpected=sorted(source_body - body), mismatched=mismatched)
+    report = InitReport(loaded=0)
+    for head in sorted({_module(k) for k in target} & set(HEAD_MODULES)):
+        reason = _head_misfit(head, target, source, labels)
+        if reason:
+            report.fresh[head] = reason
+    for name, tensor in target.items():
+        if name in body or _module(name) not in report.fresh:
+            tensor.data.copy_(source.state[name])  # .data: shared (tied) tensors are written twice, equally
+            report.loaded += 1
+    report.dropped = sorted({_module(k) for k in source.state} - {_module(k) for k in target})
+    log.info("initialised from %s (%s): %d tensors loaded", source.path, source.kind, report.loaded)
+    for head, reason in report.fresh.items():
+        log.info("  %s starts fresh: %s", head, reason)
+    if report.dropped:
+        log.info("  not used from the source: %s", ", ".join(report.dropped))
+    return report
+
+
+def _module(key: str) -> str:
+    return key.split(".", 1)[0]
+
+
+def _head_misfit(head: str, target: dict[str, Tensor], source: Source, labels: list[str] | None) -> str | None:
+    """Why head module `head` cannot take the source's weights, or None when it can."""
+    keys = [k for k in target if _module(k) == head]
+    if not any(k in source.state for k in keys):
+        return f"the source has no {head}"
+    if any(k not in source.state or source.state[k].shape != target[k].shape for k in keys):
+        return f"the source's {head} has other tensors or shapes"
+    if head == "classifier" and list(source.labels or []) != list(labels or []):
+        return f"a new label set {labels} (the source's: {source.labels})"
+    return None
+
+
+def check_freeze(freeze: str) -> None:
+    """Raises ConfigError unless `freeze` is one of FREEZE_CHOICES."""
+    if freeze not in FREEZE_CHOICES:
+        raise ConfigError(f"freeze={freeze!r} is not a choice; use one of {', '.join(FREEZE_CHOICES)}")
+
+
+def prepare_training(
+    model: nn.Module,
+    *,
+    freeze: str = "none",
+    lora_rank: int = 0,
+    lora_alpha: float = 16.0,
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj"),
+    lora_dropout: float = 0.0,
+    fresh: tuple[str, ...] = (),
+) -> None:
+    """Decide which parameters of `model` train, in place (before the optimizer is built).
+
+    freeze: "body" trains the head modules only; "embeddings" freezes every embedding table (token, position,
+        token type; an output layer tied to the token table too). lora_rank > 0 wraps `lora_targets` in LoRA
+        adapters and freezes everything else except the `fresh` head modules, which must learn from scratch.
+    Raises ConfigError for an unknown freeze choice, LoRA with freeze, or LoRA targets naming no module.
+    """
+    check_freeze(freeze)
+    if lora_rank and freeze != "none":
+        raise ConfigError("LoRA already freezes every weight but the adapters (and a fresh head); drop --freeze")
+    if lora_rank:
+        apply_lora(model, targets=lora_targets, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout)
+        for head in fresh:
+            model.get_submodule(head).requires_grad_(True)
+    elif freeze == "body":
+        for name, param in model.named_parameters():
+            param.requires_grad_(_module(name) in HEAD_MODULES)
+    elif freeze == "embeddings":
+        for module in model.modules():
+            if isinstance(module, Embeddings):
+                module.requires_grad_(False)
+    if freeze != "none":
+        frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+        log.info("freeze %s: %s of %s parameters frozen", freeze, f"{frozen:,}",
+                 f"{sum(p.numel() for p in model.parameters()):,}")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"freeze={freeze!r} leaves nothing to train: this model has no head modules "
+                          f"({', '.join(HEAD_MODULES)})")
