@@ -1,0 +1,133 @@
+"""Attention maps as PNG heatmaps: one layer and head, a layer x head grid, a translation's alignment.
+
+Rows are queries (the token attending), columns keys (the tokens attended to), so a row sums to 1. The alignment
+is Bahdanau et al.'s figure 3 (2015): the cross-attention of a translation, mean over one layer's heads, with the
+source along the top and the target down the side, white where the weight is high.
+
+A bare `Figure` renders with the Agg backend and touches no pyplot state, so no display is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from attnkit.errors import InputError
+from attnkit.viz.maps import AttentionMaps
+
+DPI = 100
+CELL_INCHES = (0.2, 0.5)  # one token's row or column, long texts to short: 8-point labels stay legible
+FONT_POINTS = 8
+GRID_INCHES = 24.0  # the widest a layer x head grid is drawn
+AXIS_NAMES = {"cross": ("target token (query)", "source token (key)")}
+DEFAULT_AXIS_NAMES = ("query: the token attending", "key: the token attended to")
+
+
+def plot_head(maps: AttentionMaps, layer: int, head: int | None, path: str | Path) -> Path:
+    """One layer's head (or the mean over its heads, head=None) as a labelled heatmap with a colour bar."""
+    weights = maps.head_weights(layer, head)
+    which = f"head {head}" if head is not None else "mean over heads"
+    ylabel, xlabel = AXIS_NAMES.get(maps.kind, DEFAULT_AXIS_NAMES)
+    fig, ax = _labelled_figure(maps.query_tokens, maps.key_tokens)
+    image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=float(weights.max()), aspect="equal")
+    _label_axes(ax, maps.query_tokens, maps.key_tokens)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{maps.title}, layer {layer}, {which}")
+    fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="attention weight")
+    return _save(fig, path)
+
+
+def plot_alignment(maps: AttentionMaps, path: str | Path, *, layer: int | None = None) -> Path:
+    """A translation's alignment: cross-attention of `layer` (default the last), mean over its heads.
+
+    Raises `InputError` for maps that are not cross-attention.
+    """
+    if maps.kind != "cross":
+        raise InputError(f"an alignment is drawn from cross-attention, not {maps.title}; pass the cross maps")
+    layer = maps.layers[-1] if layer is None else layer
+    weights = maps.head_weights(layer, None)  # (T_target, S_source)
+    fig, ax = _labelled_figure(maps.query_tokens, maps.key_tokens)
+    ax.imshow(weights, cmap="gray", vmin=0.0, vmax=float(weights.max()), aspect="equal")
+    _label_axes(ax, maps.query_tokens, maps.key_tokens)
+    ax.xaxis.tick_top()
+    ax.xaxis.set_label_position("top")
+    ax.set_xlabel("source")
+    ax.set_ylabel("target")
+    ax.set_title(f"alignment: cross-attention, layer {layer}, mean over heads", pad=12)
+    return _save(fig, path)
+
+
+def plot_grid(maps: AttentionMaps, path: str | Path) -> Path:
+    """Every layer (rows) and head (columns) at a glance, each scaled to its own largest weight (Vaswani et al.
+    2017, figures 3-5). Tokens label the outer axes where they fit."""
+    n_layers, n_heads, n_queries, n_keys = maps.weights.shape
+    cell = min(max(1.4, 0.05 * max(n_queries, n_keys)), GRID_INCHES / n_heads)
+    fig = Figure(figsize=(cell * n_heads + 1.2, cell * n_layers + 1.0), dpi=DPI)
+    axes = fig.subplots(n_layers, n_heads, squeeze=False)
+    font = min(FONT_POINTS, 72 * cell / max(n_queries, n_keys))
+    for row, layer in enumerate(maps.layers):
+        for column, head in enumerate(maps.heads):
+            ax: Axes = axes[row, column]
+            ax.imshow(maps.weights[row, column], cmap="viridis", vmin=0.0, aspect="auto")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if row == 0:
+                ax.set_title(f"head {head}", fontsize=9)
+            if column == 0:
+                ax.set_ylabel(f"layer {layer}", fontsize=9)
+            if font >= 4 and column == 0:
+                ax.set_yticks(range(n_queries), maps.query_tokens, fontsize=font)
+            if font >= 4 and row == n_layers - 1:
+                ax.set_xticks(range(n_keys), maps.key_tokens, fontsize=font, rotation=90)
+    fig.suptitle(f"{maps.title}: layers x heads (rows: queries, columns: keys)")
+    return _save(fig, path)
+
+
+def write_pngs(
+    all_maps: Sequence[AttentionMaps], directory: str | Path, *, per_head: bool = True
+) -> list[Path]:
+    """Every picture of `all_maps` into `directory`: per kind a grid, one map per layer and head (`per_head`) and
+    per layer the mean over heads; for cross-attention also the alignment. Returns the paths written."""
+    directory = Path(directory)
+    written = []
+    for maps in all_maps:
+        written.append(plot_grid(maps, directory / f"{maps.kind}_grid.png"))
+        for layer in maps.layers:
+            written.append(plot_head(maps, layer, None, directory / f"{maps.kind}_layer{layer}_mean.png"))
+            for head in maps.heads if per_head else ():
+                written.append(plot_head(maps, layer, head, directory / f"{maps.kind}_layer{layer}_head{head}.png"))
+        if maps.kind == "cross":
+            written.append(plot_alignment(maps, directory / "alignment.png"))
+    return written
+
+
+def _labelled_figure(query_tokens: Sequence[str], key_tokens: Sequence[str]) -> tuple[Figure, Axes]:
+    """A figure sized so each token gets a cell of CELL_INCHES and the longest label fits beside the axis."""
+    cell = min(max(8.0 / max(len(query_tokens), len(key_tokens)), CELL_INCHES[0]), CELL_INCHES[1])
+    label_inches = 0.6 * FONT_POINTS / 72 * max(len(t) for t in (*query_tokens, *key_tokens)) + 0.6
+    width = cell * len(key_tokens) + label_inches + 1.6  # + the colour bar
+    height = cell * len(query_tokens) + label_inches + 0.8  # + the title
+    fig = Figure(figsize=(max(width, 4.0), max(height, 3.0)), dpi=DPI)
+    return fig, fig.add_subplot()
+
+
+def _label_axes(ax: Axes, query_tokens: Sequence[str], key_tokens: Sequence[str]) -> None:
+    ax.set_yticks(range(len(query_tokens)), query_tokens, fontsize=FONT_POINTS)
+    ax.set_xticks(range(len(key_tokens)), key_tokens, fontsize=FONT_POINTS, rotation=90)
+    ax.tick_params(length=2)
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    """Write atomically: a reader sees the old picture or the new one, never half of one."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp)
+    os.replace(tmp, path)
+    return path

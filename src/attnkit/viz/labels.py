@@ -1,0 +1,35 @@
+"""Token labels for the axes: the tokenizer's pieces, made readable.
+
+A byte-level BPE piece 'Ġcat' is shown as ' cat' and 'Ċ' as '↵'; SentencePiece's word mark '▁' is a space; a piece
+holding part of a character shows its bytes ('\\xf0\\x9f'). A token that is only white space is drawn with visible
+marks (␣ ↵ ⇥), so no label on an axis is blank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from attnkit.tokenize import Tokenizer, token_texts
+
+_VISIBLE = {"\n": "↵", "\t": "⇥", "\r": "⏎"}
+_SPACE_MARK = "␣"
+_SENTENCEPIECE_SPACE = "▁"
+
+
+def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
+    """One readable label per token id, in order."""
+    labels = []
+    for piece, text in zip(tokenizer.pieces(ids), token_texts(tokenizer, ids), strict=True):
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="backslashreplace")
+        elif piece.startswith(_SENTENCEPIECE_SPACE) and not text.startswith(" "):
+            text = " " + text  # SentencePiece decoders strip the space a word-initial piece stands for
+        labels.append(readable(text or piece))
+    return labels
+
+
+def readable(text: str) -> str:
+    """`text` with line breaks and tabs as visible marks, and spaces too where the text is nothing else."""
+    if text.strip() == "":
+        return "".join(_VISIBLE.get(c, _SPACE_MARK) for c in text)
+    return "".join(_VISIBLE.get(c, c) for c in text)
