@@ -1,0 +1,137 @@
+"""Short language-model runs the experiments share: a character-level corpus and a plain training loop.
+
+The corpus is the Python standard library's own source (every installation has it: real text, no download),
+read up to a byte budget and split 90/10. The loop is the trainer's recipe without its run directory: AdamW
+over `train.optim.param_groups`, warmup then cosine, gradient clipping; it records what the experiments plot
+(loss per step, gradient norm per layer) and stops early when the loss turns non-finite.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from attnkit.config import ModelConfig
+from attnkit.data import LMData, read_text, stdlib_files
+from attnkit.models import build_model
+from attnkit.tokenize import train_tokenizer
+from attnkit.train.optim import lr_factor, make_optimizer
+
+
+@dataclass
+class Corpus:
+    data: LMData
+    vocab_size: int
+
+
+def char_corpus(max_bytes: int) -> Corpus:
+    """The first `max_bytes` of the standard library's source, as character ids."""
+    text, size = [], 0
+    for path in stdlib_files(max_bytes):
+        piece = read_text(path, errors="replace")
+        text.append(piece)
+        size += len(piece)
+        if size >= max_bytes:
+            break
+    joined = "\n".join(text)[:max_bytes]
+    tokenizer = train_tokenizer("char", [joined])
+    return Corpus(LMData.from_ids(tokenizer.encode(joined), val_fraction=0.1), tokenizer.vocab_size)
+
+
+@dataclass
+class RunLog:
+    """What one training run left: the loss at each step, the validation loss, the time, and whether it diverged."""
+
+    losses: list[float] = field(default_factory=list)
+    val_loss: float = math.nan
+    seconds: float = 0.0
+    diverged: bool = False
+    layer_grad_norms: list[float] = field(default_factory=list)  # per block, averaged over the first steps
+    step_seconds: list[float] = field(default_factory=list)
+    model: nn.Module | None = None
+
+    @property
+    def median_step_ms(self) -> float:
+        """The median time of a training step in ms (insensitive to the slow first steps)."""
+        return 1000 * statistics.median(self.step_seconds) if self.step_seconds else math.nan
+
+
+def block_grad_norms(model: nn.Module) -> list[float]:
+    """The gradient norm of each transformer block's parameters, first block first."""
+    blocks = [m for name, m in model.named_modules() if name.count(".") == 2 and ".blocks." in f".{name}"]
+    return [math.sqrt(sum(float(p.grad.pow(2).sum()) for p in b.parameters() if p.grad is not None)) for b in blocks]
+
+
+def train_lm(
+    config: ModelConfig,
+    corpus: Corpus,
+    *,
+    steps: int,
+    batch_size: int = 16,
+    seq_len: int = 64,
+    lr: float = 1e-3,
+    warmup: int = 20,
+    seed: int = 0,
+    clip: float = 1.0,
+    grad_norm_steps: int = 0,
+    eval_batches: int = 20,
+) -> RunLog:
+    """Train a decoder built from `config` for `steps` optimizer steps; evaluate on the validation split.
+
+    grad_norm_steps: average each block's gradient norm over this many first steps (before clipping).
+    """
+    torch.manual_seed(seed)
+    model = build_model(config.replace(vocab_size=corpus.vocab_size))
+    optimizer = make_optimizer(model, lr=lr, weight_decay=0.1)
+    generator = torch.Generator().manual_seed(seed)
+    log = RunLog(model=model)
+    norms: list[list[float]] = []
+    start = time.perf_counter()
+    model.train()
+    for step in range(1, steps + 1):
+        step_start = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = lr * lr_factor("cosine", step, warmup=warmup, progress=step / steps)
+        x, y = corpus.data.sample_batch("train", batch_size, seq_len, generator)  # (B, T), (B, T)
+        loss = model(x, targets=y, return_logits=False).loss
+        if not torch.isfinite(loss):
+            log.diverged = True
+            break
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if step <= grad_norm_steps:
+            norms.append(block_grad_norms(model))
+        if clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        log.losses.append(loss.item())
+        log.step_seconds.append(time.perf_counter() - step_start)
+    log.seconds = time.perf_counter() - start
+    if norms:
+        log.layer_grad_norms = [sum(column) / len(column) for column in zip(*norms, strict=True)]
+    log.val_loss = math.nan if log.diverged else validation_loss(model, corpus, seq_len, batch_size, eval_batches)
+    return log
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, corpus: Corpus, seq_len: int, batch_size: int, max_batches: int) -> float:
+    """Mean next-token loss over windows spread evenly over the validation split."""
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in corpus.data.iter_eval_batches("val", batch_size=batch_size, seq_len=seq_len, max_batches=max_batches):
+        total += model(x, targets=y, return_logits=False).loss.item() * y.numel()
+        count += y.numel()
+    model.train()
+    return total / count
+
+
+def training_flops(config: ModelConfig, n_params: int, tokens: int, seq_len: int) -> float:
+    """Training FLOPs: 6 per parameter per token (forward 2, backward 4; Kaplan et al. 2020) plus attention's
+    scores and weighted sum, 6 * 2 * n_layers * T * d_attn per token (half of it under the causal mask)."""
+    attention = 6 * 2 * config.n_layers * seq_len * config.n_heads * config.head_size / 2
+    return tokens * (6 * n_params + attention)

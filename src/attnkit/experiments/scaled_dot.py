@@ -1,0 +1,95 @@
+"""Why the dot product is scaled by 1/sqrt(D) (Vaswani et al. 2017, 3.2.1; lecture: "Attention Score Functions").
+
+If the components of q and k are independent with mean 0 and variance 1, q . k has variance D: as the head
+dimension grows, unscaled scores spread out, the softmax saturates (one key takes nearly all the weight) and its
+gradients vanish. Dividing by sqrt(D) keeps the scores' variance at 1 whatever D is.
+
+Two measurements: at initialisation, the softmax's largest weight and entropy over 64 keys for unit-variance q and
+k as D grows; after training, the validation loss of one-layer character models with each score at several D.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from attnkit.config import ModelConfig
+from attnkit.experiments.base import Result, experiment
+from attnkit.experiments.lm_runs import char_corpus, train_lm
+from attnkit.experiments.plots import new_figure, save
+from attnkit.layers.attention import DotScore
+
+N_KEYS = 64
+
+
+def saturation(head_dim: int, scale: float, generator: torch.Generator) -> tuple[float, float]:
+    """Mean largest weight and mean entropy (in nats) of softmax(scale * q . k) over N_KEYS keys."""
+    q = torch.randn(256, 1, 1, head_dim, generator=generator)  # (B, H, T, D)
+    k = torch.randn(256, 1, N_KEYS, head_dim, generator=generator)  # (B, H, S, D)
+    weights = torch.softmax(DotScore(scale)(q, k), dim=-1)  # (B, H, 1, S)
+    entropy = -(weights * weights.clamp_min(1e-30).log()).sum(-1)
+    return float(weights.max(-1).values.mean()), float(entropy.mean())
+
+
+@experiment(
+    "scaled-dot",
+    claim="without the 1/sqrt(D) scale, dot-product attention saturates as the head dimension D grows (softmax "
+    "close to one-hot, small gradients) and trains worse; scaled dot product stays well-conditioned",
+    lecture="Attention Score Functions: scaled dot product (Vaswani et al. 2017, 3.2.1)",
+)
+def run(budget: str, out: Path) -> Result:
+    init_dims = [16, 32, 64, 128, 256, 512] if budget != "tiny" else [16, 64]
+    train_dims = {"tiny": [8, 16], "small": [16, 64, 128], "full": [16, 64, 256]}[budget]
+    steps = {"tiny": 3, "small": 150, "full": 600}[budget]
+    generator = torch.Generator().manual_seed(0)
+    init_rows = []
+    for dim in init_dims:
+        dot_max, dot_entropy = saturation(dim, 1.0, generator)
+        scaled_max, scaled_entropy = saturation(dim, dim**-0.5, generator)
+        init_rows.append({"D": dim, "dot max weight": dot_max, "scaled max weight": scaled_max,
+                          "dot entropy": dot_entropy, "scaled entropy": scaled_entropy})
+
+    corpus = char_corpus({"tiny": 20_000, "small": 300_000, "full": 1_000_000}[budget])
+    train_rows = []
+    for dim in train_dims:
+        losses = {}
+        for score in ("dot", "scaled_dot"):
+            config = ModelConfig(family="decoder", d_model=2 * dim, n_heads=2, n_layers=1, d_ff=4 * dim, score=score,
+                                 position="rope", max_seq_len=64)
+            losses[score] = train_lm(config, corpus, steps=steps, seq_len=64, lr=3e-3).val_loss
+        train_rows.append({"D": dim, "dot val loss": losses["dot"], "scaled val loss": losses["scaled_dot"]})
+
+    rows = [{**row, **next((t for t in train_rows if t["D"] == row["D"]), {})} for row in init_rows]
+    rows += [t for t in train_rows if t["D"] not in init_dims]
+
+    fig, axes = new_figure(10, 3.6, ncols=2)
+    dims = [r["D"] for r in init_rows]
+    axes[0].plot(dims, [r["dot entropy"] for r in init_rows], marker="o", label="dot")
+    axes[0].plot(dims, [r["scaled entropy"] for r in init_rows], marker="o", label="scaled dot")
+    axes[0].axhline(math.log(N_KEYS), linestyle=":", color="grey", label=f"uniform (log {N_KEYS})")
+    axes[0].set(xscale="log", xlabel="head dimension D", ylabel="softmax entropy (nats)",
+                title=f"at initialisation, {N_KEYS} keys")
+    axes[1].plot([r["D"] for r in train_rows], [r["dot val loss"] for r in train_rows], marker="o", label="dot")
+    axes[1].plot([r["D"] for r in train_rows], [r["scaled val loss"] for r in train_rows], marker="o",
+                 label="scaled dot")
+    axes[1].set(xscale="log", xlabel="head dimension D", ylabel="validation loss (nats/char)",
+                title=f"after {steps} steps")
+    for ax, ticks in ((axes[0], dims), (axes[1], [r["D"] for r in train_rows])):
+        ax.set_xticks(ticks, [str(d) for d in ticks])
+        ax.minorticks_off()
+        ax.legend()
+    save(fig, out / "saturation.png")
+
+    top_init, top_train = init_rows[-1], train_rows[-1]
+    saturates = top_init["dot max weight"] > 0.5 and top_init["scaled max weight"] < 0.2
+    trains_worse = top_train["dot val loss"] > top_train["scaled val loss"]
+    verdict = "held" if saturates and trains_worse else ("mixed" if saturates or trains_worse else
+                                                         "did not hold at this scale")
+    reason = (f"at D={top_init['D']} the unscaled softmax puts {top_init['dot max weight']:.0%} of its weight on one "
+              f"key on average (scaled: {top_init['scaled max weight']:.0%}); after {steps} steps at "
+              f"D={top_train['D']} the validation loss is {top_train['dot val loss']:.3f} unscaled vs "
+              f"{top_train['scaled val loss']:.3f} scaled")
+    key = f"max weight {top_init['dot max weight']:.2f} vs {top_init['scaled max weight']:.2f} at D={top_init['D']}"
+    return Result(verdict, reason, key, rows, ["saturation.png"])
