@@ -7,9 +7,12 @@ ending in a verdict (held, did not hold at this scale, or mixed, and why); `run_
 
 from attnkit.experiments import (  # noqa: F401  (each module registers itself)
     ab_task,
+    bottleneck,
     gqa_memory,
     kernel_regression,
     norm_placement,
+    position_extrapolation,
+    rnn_transformer_cost,
     scaled_dot,
     score_functions,
     transformer_plus_plus,

@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 
@@ -28,6 +29,16 @@ def heatmap_axes(ax, weights: Tensor, *, title: str, xlabel: str, ylabel: str,
         ax.set_xticks(range(len(xticklabels)), xticklabels, fontsize=7)
     if yticklabels is not None:
         ax.set_yticks(range(len(yticklabels)), yticklabels, fontsize=7)
+
+
+def log_log_axes(ax, xticks: list[int]) -> None:
+    """Both axes logarithmic, with plain numbers: `xticks` on x (e.g. the sequence lengths), %g on y."""
+    ax.set(xscale="log", yscale="log")
+    ax.set_xticks(xticks, [str(x) for x in xticks])
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
 
 
 def save(fig, path: Path) -> None:

@@ -1,7 +1,8 @@
 """The original Transformer against the Llama-2-style "Transformer++" (lecture: "the recipe that changed";
 Gu and Dao 2023 quote about 10x compute efficiency at scale).
 
-    Vaswani-style   post-norm, LayerNorm, ReLU FFN (4C), sinusoidal positions, multi-head attention, biases
+    Vaswani-style   post-norm, LayerNorm, ReLU FFN (4C), sinusoidal positions added to embeddings scaled by
+                    sqrt(C), multi-head attention, biases
     Transformer++   pre-norm, RMSNorm, SwiGLU FFN (8/3 C), rotary positions, grouped-query attention, no biases
 
 Both decoders train at several sizes on the same character stream for the same number of tokens. Loss is plotted
@@ -15,6 +16,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from matplotlib.ticker import NullFormatter
+
 from attnkit.config import ModelConfig
 from attnkit.experiments.base import Result, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm, training_flops
@@ -27,23 +30,28 @@ SEQ_LEN, BATCH = 64, 16
 def vaswani(width: int, layers: int) -> dict:
     return dict(family="decoder", d_model=width, n_layers=layers, n_heads=width // 32, d_ff=4 * width,
                 norm_position="post", norm="layer", activation="relu", position="sinusoidal", bias=True,
-                max_seq_len=SEQ_LEN, tie_embeddings=True)
+                max_seq_len=SEQ_LEN, tie_embeddings=True, scale_embeddings=True)
 
 
-PLUS_PLUS = dict(norm_position="pre", norm="rms", activation="swiglu", position="rope", bias=False)
+PLUS_PLUS = dict(norm_position="pre", norm="rms", activation="swiglu", position="rope", bias=False,
+                 scale_embeddings=False)
 INGREDIENTS = {  # each changes the Vaswani-style model in one respect
     "pre-norm": dict(norm_position="pre"),
     "RMSNorm": dict(norm="rms"),
-    "SwiGLU": dict(activation="swiglu"),
+    "SwiGLU": dict(activation="swiglu"),  # at 8/3 C (filled in per size)
     "RoPE": dict(position="rope"),
-    "GQA (kv = H/2)": dict(),  # filled in per size
+    "GQA (kv = H/2)": dict(),  # kv heads filled in per size
     "no biases": dict(bias=False),
 }
 
 
+def swiglu_width(width: int) -> int:
+    """SwiGLU's hidden width at 8/3 C, a multiple of 8: the parameters of a 4C ReLU FFN."""
+    return 8 * ((8 * width // 3 + 7) // 8)
+
+
 def plus_plus(width: int, layers: int) -> dict:
-    d_ff = 8 * ((8 * width // 3 + 7) // 8)  # SwiGLU at 8/3 C, a multiple of 8: the parameters of a 4C ReLU FFN
-    return {**vaswani(width, layers), **PLUS_PLUS, "d_ff": d_ff, "n_kv_heads": max(width // 64, 1)}
+    return {**vaswani(width, layers), **PLUS_PLUS, "d_ff": swiglu_width(width), "n_kv_heads": max(width // 64, 1)}
 
 
 def flops_to_reach(points: list[tuple[float, float]], target: float) -> float | None:
@@ -82,8 +90,9 @@ def run(budget: str, out: Path) -> Result:
             rows.append(row)
             points[name].append((row["training FLOPs"], row["val loss"]))
     width, layers = sizes[len(sizes) // 2]
+    per_size = {"SwiGLU": {"d_ff": swiglu_width(width)}, "GQA (kv = H/2)": {"n_kv_heads": max(width // 64, 1)}}
     for ingredient, change in INGREDIENTS.items():
-        change = change or {"n_kv_heads": max(width // 64, 1)}
+        change = {**change, **per_size.get(ingredient, {})}
         rows.append(train(f"Vaswani + {ingredient}", {**vaswani(width, layers), **change}))
 
     fig, ax = new_figure(6, 4)
@@ -91,6 +100,7 @@ def run(budget: str, out: Path) -> Result:
         ax.plot(*zip(*family_points, strict=True), marker="o", label=name)
     ax.set(xscale="log", xlabel="training FLOPs", ylabel="validation loss (nats/char)",
            title=f"{tokens:,} training tokens per model")
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.legend()
     save(fig, out / "loss_vs_flops.png")
 

@@ -1,0 +1,99 @@
+"""Which position schemes carry a model past the length it was trained on (lecture: "position information";
+Press et al. 2022, "Train short, test long").
+
+Decoders that differ only in their position scheme train on the same character stream at one context length,
+then are scored on validation windows from half that length to eight times it. A learned table has no row past
+its last position, so that model refuses longer inputs (the error is the result); sinusoidal, Shaw's relative,
+rotary and ALiBi positions accept any length, and the loss says how well they use it. Without positions a
+causal decoder still runs at any length (the mask itself leaks position).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import get_args
+
+import torch
+
+from attnkit import presets
+from attnkit.config import Position
+from attnkit.errors import InputError
+from attnkit.experiments.base import Result, experiment
+from attnkit.experiments.lm_runs import char_corpus, train_lm
+from attnkit.experiments.plots import new_figure, save
+
+SCHEMES = [s for s in ("sinusoidal", "learned", "relative", "rope", "alibi", "none") if s in get_args(Position)]
+SETTINGS = {  # training context, evaluation lengths, steps, width, corpus bytes
+    "tiny": dict(context=16, lengths=[8, 16, 32, 64], steps=4, width=32, corpus=20_000),
+    "small": dict(context=128, lengths=[64, 128, 256, 512, 1024], steps=300, width=128, corpus=300_000),
+    "full": dict(context=128, lengths=[64, 128, 256, 512, 1024], steps=1500, width=192, corpus=1_000_000),
+}
+EVAL_TOKENS = 16_384  # validation tokens scored at each length
+
+
+@torch.no_grad()
+def loss_at_length(model: torch.nn.Module, data, length: int) -> float:
+    """Mean next-token loss over every position of validation windows `length` tokens long."""
+    model.eval()
+    total, count = 0.0, 0
+    batch = max(1, EVAL_TOKENS // (4 * length))
+    for x, y in data.iter_eval_batches("val", batch_size=batch, seq_len=length, max_batches=4):
+        total += model(x, targets=y, return_logits=False).loss.item() * y.numel()
+        count += y.numel()
+    return total / count
+
+
+@experiment(
+    "position-extrapolation",
+    claim="learned positions cannot go past the training length; sinusoidal, relative, rotary and ALiBi positions "
+    "run at any length, and ALiBi (the bias built for it) extrapolates best",
+    lecture="Position information (Shaw et al. 2018; Su et al. 2021; Press et al. 2022)",
+)
+def run(budget: str, out: Path) -> Result:
+    s = SETTINGS[budget]
+    corpus = char_corpus(s["corpus"])
+    rows = []
+    for scheme in SCHEMES:
+        config = presets.get("gpt2-tiny", vocab_size=corpus.vocab_size, d_model=s["width"], n_layers=2,
+                             n_heads=max(s["width"] // 32, 1), d_ff=4 * s["width"], position=scheme,
+                             max_seq_len=s["context"], dropout=0.0)
+        log = train_lm(config, corpus, steps=s["steps"], seq_len=s["context"], batch_size=16, lr=2e-3)
+        row: dict = {"position": scheme}
+        for length in s["lengths"]:
+            try:
+                row[f"loss at {length}"] = loss_at_length(log.model, corpus.data, length)
+            except InputError as error:  # the learned table ends at the training length: that is the finding
+                row[f"loss at {length}"] = None
+                row.setdefault("refused", str(error).split(";")[0])
+        rows.append(row)
+    for row in rows:
+        row.setdefault("refused", "")
+
+    fig, ax = new_figure(7, 4.5)
+    for row in rows:
+        lengths = [n for n in s["lengths"] if row[f"loss at {n}"] is not None]
+        ax.plot(lengths, [row[f"loss at {n}"] for n in lengths], marker="o", label=row["position"])
+    ax.axvline(s["context"], color="grey", linestyle="--", linewidth=1)
+    ax.text(s["context"], ax.get_ylim()[1], " training length", va="top", fontsize=8, color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(s["lengths"], [str(n) for n in s["lengths"]])
+    ax.minorticks_off()
+    ax.set(xlabel="evaluation length (tokens)", ylabel="validation loss (nats/char)",
+           title=f"trained at {s['context']} tokens, {s['steps']} steps")
+    ax.legend(fontsize=8)
+    save(fig, out / "loss_by_length.png")
+
+    longest = s["lengths"][-1]
+    at_context = {r["position"]: r[f"loss at {s['context']}"] for r in rows}
+    at_longest = {r["position"]: r[f"loss at {longest}"] for r in rows if r[f"loss at {longest}"] is not None}
+    growth = {p: at_longest[p] - at_context[p] for p in at_longest}
+    best = min(growth, key=growth.get)
+    learned_refused = "learned" not in at_longest
+    key = f"loss change from {s['context']} to {longest} tokens: " + ", ".join(
+        f"{p} {g:+.2f}" for p, g in sorted(growth.items(), key=lambda item: item[1]))
+    reason = (f"learned positions {'refused' if learned_refused else 'accepted'} inputs past {s['context']} tokens; "
+              f"of the rest, {best} degraded least ({growth[best]:+.3f} nats from {s['context']} to {longest})")
+    held = learned_refused and best == "alibi" and math.isfinite(growth[best])
+    verdict = "held" if held else ("mixed" if learned_refused else "did not hold at this scale")
+    return Result(verdict, reason, key, rows, ["loss_by_length.png"])

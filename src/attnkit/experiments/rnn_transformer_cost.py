@@ -1,0 +1,155 @@
+"""Recurrence against self-attention: the cost of a training step as the sequence grows (lecture: "RNNs and
+parallelizability"; Vaswani et al. 2017, table 1).
+
+    layer            work per layer   sequential steps   memory kept for backward
+    recurrent        O(T d^2)         O(T)               O(T d)
+    self-attention   O(T^2 d)         O(1)               O(T^2) per head when the weights are materialised
+
+An LSTM language model and a Transformer decoder with the same number of parameters take one training step
+(forward, backward, AdamW) on batches of T tokens, T from short to long. Reported per length: time per step and
+per token, and the bytes autograd keeps for the backward pass (measured with `saved_tensors_hooks`), beside the
+attention matrices' size had they been materialised (the fused kernel keeps only a row statistic instead).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from attnkit import presets
+from attnkit.experiments.base import Result, experiment
+from attnkit.experiments.plots import log_log_axes, new_figure, save
+from attnkit.models import build_model
+from attnkit.models.recurrent import RecurrentLM
+
+VOCAB = 256  # bytes
+SETTINGS = {  # Transformer width and layers, batch, lengths, timed repeats
+    "tiny": dict(width=32, layers=1, batch=2, lengths=[8, 16, 32], repeats=1),
+    "small": dict(width=128, layers=2, batch=4, lengths=[16, 64, 256, 1024], repeats=3),
+    "full": dict(width=256, layers=4, batch=4, lengths=[16, 32, 64, 128, 256, 512, 1024, 2048], repeats=5),
+}
+
+
+def parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def transformer(width: int, layers: int, max_len: int) -> nn.Module:
+    config = presets.get("gpt2-tiny", vocab_size=VOCAB, d_model=width, n_layers=layers, n_heads=max(width // 64, 1),
+                         d_ff=4 * width, position="rope", max_seq_len=max_len, dropout=0.0)
+    return build_model(config)
+
+
+def matched_lstm(target: int, *, embedding_dim: int, n_layers: int = 2) -> RecurrentLM:
+    """The LSTM language model (tied embeddings) whose parameter count is closest to `target`."""
+
+    def lstm(hidden: int) -> RecurrentLM:
+        return RecurrentLM(vocab_size=VOCAB, embedding_dim=embedding_dim, hidden=hidden, n_layers=n_layers,
+                           cell="lstm", tie_embeddings=True)
+
+    high = 1
+    while parameters(lstm(high)) < target:  # double up to a width with enough parameters, then bisect
+        high *= 2
+    low = high // 2 + 1
+    while low < high:  # the smallest hidden width with at least `target` parameters
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if parameters(lstm(mid)) < target else (low, mid)
+    return min((lstm(max(low - 1, 1)), lstm(low)), key=lambda m: abs(parameters(m) - target))
+
+
+def step_cost(model: nn.Module, batch: int, length: int, repeats: int) -> tuple[float, int]:
+    """Median seconds of a training step, and the bytes autograd saves for its backward pass."""
+    ids = torch.randint(0, VOCAB, (batch, length + 1), generator=torch.Generator().manual_seed(length))
+    x, y = ids[:, :-1], ids[:, 1:]  # (B, T), (B, T)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}  # storage address -> bytes: a tensor saved twice is kept once; weights not counted
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in weights:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(x, targets=y, return_logits=False).loss
+    loss.backward()
+    optimizer.step()  # untimed: AdamW allocates its state on the first step
+    optimizer.zero_grad(set_to_none=True)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model(x, targets=y, return_logits=False).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), sum(saved.values())
+
+
+@experiment(
+    "rnn-vs-transformer-cost",
+    claim="recurrence costs O(T) sequential steps while self-attention computes every position at once at "
+    "O(T^2 d): the LSTM's time per token stays flat as T grows, the Transformer's grows with T, and so does the "
+    "attention matrix's memory (quadratically)",
+    lecture="RNNs and parallelizability (Vaswani et al. 2017, table 1)",
+)
+def run(budget: str, out: Path) -> Result:
+    s = SETTINGS[budget]
+    torch.manual_seed(0)
+    models = {"Transformer": transformer(s["width"], s["layers"], max(s["lengths"]))}
+    models["LSTM"] = matched_lstm(parameters(models["Transformer"]), embedding_dim=s["width"])
+    heads = max(s["width"] // 64, 1)
+    rows = []
+    for name, model in models.items():
+        model.train()
+        for length in s["lengths"]:
+            seconds, saved = step_cost(model, s["batch"], length, s["repeats"])
+            attention_matrix = 4 * s["batch"] * heads * length * length * s["layers"] if name == "Transformer" else 0
+            rows.append({"model": name, "parameters": parameters(model), "T": length,
+                         "ms per step": 1e3 * seconds, "us per token": 1e6 * seconds / (s["batch"] * length),
+                         "sequential steps": length if name == "LSTM" else s["layers"],
+                         "saved for backward (MB)": saved / 2**20,
+                         "attention matrices if materialised (MB)": attention_matrix / 2**20})
+
+    fig, axes = new_figure(15, 4, ncols=3)
+    for name, marker in (("LSTM", "o"), ("Transformer", "s")):
+        points = [r for r in rows if r["model"] == name]
+        lengths = [r["T"] for r in points]
+        label = f"{name} ({points[0]['parameters'] / 1e6:.2f}M parameters)"
+        axes[0].plot(lengths, [r["ms per step"] for r in points], marker=marker, label=label)
+        axes[1].plot(lengths, [r["us per token"] for r in points], marker=marker, label=label)
+        axes[2].plot(lengths, [r["saved for backward (MB)"] for r in points], marker=marker, label=label)
+    transformer_rows = [r for r in rows if r["model"] == "Transformer"]
+    axes[2].plot([r["T"] for r in transformer_rows],
+                 [r["attention matrices if materialised (MB)"] for r in transformer_rows], linestyle="--",
+                 color="grey", label="attention matrices, if materialised")
+    for ax, title, unit in zip(axes, ("time per training step", "time per token", "memory kept for backward"),
+                               ("ms", "us", "MB"), strict=True):
+        ax.set(xlabel="sequence length T", ylabel=unit, title=title)
+        log_log_axes(ax, s["lengths"])
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    axes[2].legend(fontsize=8)
+    save(fig, out / "cost_by_length.png")
+
+    def per_token(name: str, index: int) -> float:
+        return [r for r in rows if r["model"] == name][index]["us per token"]
+
+    lstm_growth = per_token("LSTM", -1) / per_token("LSTM", 1)
+    transformer_growth = per_token("Transformer", -1) / per_token("Transformer", 1)
+    short, long = s["lengths"][1], s["lengths"][-1]
+    key = (f"time per token from T={short} to {long}: LSTM x{lstm_growth:.2f}, Transformer x{transformer_growth:.2f}; "
+           f"LSTM {long} sequential steps vs {s['layers']} layers")
+    reason = (f"per token, the LSTM's step time changes x{lstm_growth:.2f} from T={short} to T={long} and the "
+              f"Transformer's x{transformer_growth:.2f}; at T={long} the LSTM takes "
+              f"{per_token('LSTM', -1) / per_token('Transformer', -1):.2f}x the Transformer's time per token")
+    grows = transformer_growth > 1.1 * lstm_growth
+    verdict = "held" if grows and lstm_growth < 1.5 else ("mixed" if grows or lstm_growth < 1.5 else
+                                                          "did not hold at this scale")
+    if not grows:
+        reason += (" (at these widths the Transformer's O(T^2 d) attention is still small beside its O(T d^2) "
+                   "projections)")
+    return Result(verdict, reason, key, rows, ["cost_by_length.png"])

@@ -1,0 +1,68 @@
+"""The lectures' claims as experiments: each runs at the tiny budget and leaves well-formed results.
+
+The verdicts themselves are not asserted (they depend on the budget and the machine); what is checked is that
+every experiment writes its files, its numbers are finite, and its plots are pictures rather than blank canvases.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from attnkit.errors import ConfigError
+from attnkit.experiments import BUDGETS, REGISTRY, Result, get, run_experiment
+from attnkit.experiments.base import VERDICTS
+from attnkit.experiments.transformer_plus_plus import flops_to_reach
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_experiment_writes_results_table_and_plots(name, tmp_path):
+    result = run_experiment(name, budget="tiny", out=tmp_path)
+
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["name"] == name and saved["budget"] == "tiny"
+    assert saved["verdict"] in VERDICTS and saved["reason"] and saved["key_number"]
+    assert saved["claim"] == REGISTRY[name].claim and saved["lecture"] == REGISTRY[name].lecture
+    assert result.rows, "an experiment reports at least one row"
+    numbers = [v for row in result.rows for v in row.values() if isinstance(v, float)]
+    assert numbers and all(math.isfinite(v) for v in numbers)  # a number that cannot exist is None, not NaN
+
+    table = (tmp_path / "table.md").read_text()
+    assert f"**{result.verdict}**" in table
+    assert table.count("\n|") >= len(result.rows) + 1  # header rule and one line per row
+
+    assert result.plots
+    for plot in result.plots:
+        pixels = matplotlib.image.imread(tmp_path / plot)[..., :3]  # (H, W, RGB) in [0, 1]
+        assert pixels.shape[0] >= 200 and pixels.shape[1] >= 200
+        assert float(np.std(pixels)) > 0.02, f"{plot} is blank"
+        assert float((pixels.mean(axis=-1) < 0.9).mean()) > 0.005, f"{plot} has almost nothing drawn on it"
+
+
+def test_unknown_experiment_lists_the_known_ones():
+    with pytest.raises(ConfigError) as error:
+        get("norm-placment")
+    for name in REGISTRY:
+        assert name in str(error.value)
+
+
+def test_unknown_budget_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="budget"):
+        run_experiment("kernel-regression", budget="huge", out=tmp_path)
+    assert "tiny" in BUDGETS and not (tmp_path / "results.json").exists()
+
+
+def test_result_refuses_an_unknown_verdict():
+    with pytest.raises(ValueError, match="verdict"):
+        Result("probably", "because", "1", [{"a": 1.0}])
+
+
+def test_flops_to_reach_interpolates_in_log_flops():
+    points = [(1e6, 3.0), (1e8, 2.0)]
+    assert flops_to_reach(points, 2.5) == pytest.approx(1e7)  # half-way in loss is half-way in log-FLOPs
+    assert flops_to_reach(points, 3.5) == 1e6  # the smallest model already reaches it
+    assert flops_to_reach(points, 1.0) is None  # none reaches it
