@@ -1,4 +1,4 @@
-"""Corpora: finding files, the standard-library default, and clear errors on bad text."""
+"""Corpora: finding files and the standard-library default."""
 
 from __future__ import annotations
 
@@ -9,10 +9,7 @@ import pytest
 from attnkit.data.corpus import (
     STDLIB_EXCLUDE,
     find_files,
-    read_lines,
-    read_text,
     resolve_files,
-    split_text,
     stdlib_dir,
     stdlib_files,
 )
@@ -69,44 +66,3 @@ def test_stdlib_corpus_cap_and_default(tmp_path: Path) -> None:
     assert resolve_files(None, max_bytes=100_000) == capped
     (tmp_path / "x.txt").write_text("x")
     assert resolve_files([tmp_path]) == [tmp_path / "x.txt"]
-
-
-def test_binary_file_is_a_clear_error(tmp_path: Path) -> None:
-    path = tmp_path / "image.png"
-    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
-    with pytest.raises(InputError, match=r"image.png looks like a binary file \(NUL byte at offset 8\)"):
-        read_text(path)
-
-
-def test_undecodable_bytes_name_file_and_offset_or_are_replaced(tmp_path: Path) -> None:
-    path = tmp_path / "latin1.txt"
-    path.write_bytes("café au lait".encode("latin-1"))
-    with pytest.raises(InputError, match=r"latin1.txt is not valid UTF-8: byte 0xe9 at offset 3"):
-        read_text(path)
-    assert read_text(path, errors="replace") == "caf\ufffd au lait"
-
-
-def test_bom_is_dropped_and_unreadable_is_clear(tmp_path: Path) -> None:
-    path = tmp_path / "bom.txt"
-    path.write_bytes("\ufeffhello".encode())
-    assert read_text(path) == "hello"
-    with pytest.raises(InputError, match="cannot read"):
-        read_text(tmp_path)  # a directory
-
-
-def test_read_lines_splits_only_on_newlines(tmp_path: Path) -> None:
-    path = tmp_path / "lines.txt"
-    path.write_bytes("one\r\ntwo\u2028still two\x0cstill\nthree\n".encode())
-    assert read_lines(path) == ["one", "two\u2028still two\x0cstill", "three"]
-    empty = tmp_path / "empty.txt"
-    empty.write_text("")
-    with pytest.raises(InputError, match="empty.txt is empty"):
-        read_lines(empty)
-
-
-def test_split_text_keeps_lines_whole() -> None:
-    text = "".join(f"line {i}\n" for i in range(1000)) + "tail"
-    pieces = split_text(text, 100)
-    assert "".join(pieces) == text
-    assert all(p.endswith("\n") for p in pieces[:-1]) and len(pieces) > 10
-    assert split_text("", 10) == []

@@ -8,7 +8,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attnkit"
 # Lower number = lower layer. A module may import from its own layer or any layer below.
 LAYERS = {
     "errors": 0,
-    "tokenize": 1, "data": 1, "config": 1, "presets": 1,
+    "textfiles": 1, "tokenize": 1, "data": 1, "config": 1, "presets": 1,
     "layers": 2,
     "blocks": 3,
     "models": 4, "checkpoint": 4,
@@ -16,7 +16,7 @@ LAYERS = {
     "experiments": 6,
     "cli": 7, "__init__": 7, "__main__": 7,
 }
-SIDE_BY_SIDE = {"tokenize", "data"}  # beside the model stack: never import it
+SIDE_BY_SIDE = {"textfiles", "tokenize", "data"}  # beside the model stack: never import it
 MODEL_STACK = {"config", "presets", "layers", "blocks", "models", "checkpoint"}
 SIBLINGS = {"train", "generate", "interop", "viz"}  # never import each other
 

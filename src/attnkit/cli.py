@@ -145,7 +145,7 @@ def _add_inputs(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _read_inputs(args: argparse.Namespace) -> list[str]:
-    from attnkit.data.corpus import read_lines
+    from attnkit.textfiles import read_lines
 
     return args.text if args.text else read_lines(args.input)
 

@@ -20,13 +20,14 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
 from attnkit.errors import ConfigError, InputError
+from attnkit.textfiles import EncodingErrors, iter_texts, split_text
 
 log = logging.getLogger(__name__)
 
@@ -389,14 +390,6 @@ def load_tokenizer(directory: str | os.PathLike) -> CharTokenizer | HFTokenizer:
     return CharTokenizer.load(directory) if kind == "char" else HFTokenizer.load(directory)
 
 
-def _iter_texts(source: Iterable[str | os.PathLike], encoding_errors: str) -> Iterator[str]:
-    """Strings are text; paths (`os.PathLike`) are read as UTF-8 files with clear errors."""
-    from attnkit.data.corpus import read_text
-
-    for item in source:
-        yield read_text(Path(item), errors=encoding_errors) if isinstance(item, os.PathLike) else item
-
-
 def train_bpe(
     texts: Iterable[str],
     *,
@@ -423,8 +416,6 @@ def train_bpe(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
     )
-    from attnkit.data.corpus import split_text
-
     pieces = (piece for text in texts for piece in split_text(text, 1 << 20))  # flat memory on large files
     tok.train_from_iterator(pieces, trainer)
     log.info("trained byte-level BPE: %d tokens", tok.get_vocab_size())
@@ -438,7 +429,7 @@ def train_tokenizer(
     vocab_size: int | None = None,
     special_tokens: Mapping[str, str] | Sequence[str] | None = None,
     unknown: UnknownPolicy = "unk",
-    encoding_errors: str = "strict",
+    encoding_errors: EncodingErrors = "strict",
 ) -> CharTokenizer | HFTokenizer:
     """Build a `char` or `bpe` tokenizer from texts (`str` items) and files (`Path` items).
 
@@ -446,7 +437,7 @@ def train_tokenizer(
     Raises `ConfigError` for an unknown kind or for `hf` (load one with `load_tokenizer` instead).
     """
     check_kind(kind)
-    texts = _iter_texts(source, encoding_errors)
+    texts = iter_texts(source, errors=encoding_errors)
     if kind == "char":
         return CharTokenizer.from_texts(texts, special_tokens=special_tokens, unknown=unknown)
     if kind == "hf":

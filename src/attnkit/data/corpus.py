@@ -1,4 +1,4 @@
-"""Text corpora: find files (paths, folders, globs), read them as UTF-8 with clear errors.
+"""Text corpora: find files (paths, folders, globs); `attnkit.textfiles` reads them as UTF-8 with clear errors.
 
 With no data given, the corpus is the Python standard library's own source code, found through `sysconfig`:
 every Python installation carries it, so the default run has real text and downloads nothing.
@@ -10,15 +10,13 @@ import glob
 import logging
 import os
 import sysconfig
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
 
 from attnkit.errors import InputError
 
 log = logging.getLogger(__name__)
 
-EncodingErrors = Literal["strict", "replace"]
 # Parts of the standard library that are not its own source: test suites (and their data), IDLE, and
 # installed third-party packages.
 STDLIB_EXCLUDE = frozenset({"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "__pycache__"})
@@ -104,67 +102,6 @@ def resolve_files(
         log.info("no data given: using %d standard-library source files from %s", len(files), stdlib_dir())
         return files
     return _cap(find_files(paths, suffixes=suffixes), max_bytes)
-
-
-def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict") -> str:
-    """Decode UTF-8 (a leading byte-order mark is dropped).
-
-    Raises `InputError` naming `name` and the byte offset for a NUL byte (a binary file) or, with
-    `errors="strict"`, for bytes that are not UTF-8; `errors="replace"` turns those into U+FFFD.
-    """
-    nul = data.find(b"\x00")
-    if nul >= 0:
-        raise InputError(f"{name} looks like a binary file (NUL byte at offset {nul}); attnkit reads UTF-8 text")
-    try:
-        return data.decode("utf-8-sig", errors=errors)
-    except UnicodeDecodeError as err:
-        raise InputError(
-            f"{name} is not valid UTF-8: byte 0x{data[err.start]:02x} at offset {err.start} "
-            "(convert the file to UTF-8, or pass --encoding-errors replace to substitute U+FFFD)"
-        ) from None
-
-
-def read_text(path: str | os.PathLike, *, errors: EncodingErrors = "strict") -> str:
-    """Read one UTF-8 text file; see `decode_bytes` for what is raised."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise InputError(f"cannot read {path}: {err.strerror}") from None
-    return decode_bytes(data, name=str(path), errors=errors)
-
-
-def read_lines(path: str | os.PathLike, *, errors: EncodingErrors = "strict") -> list[str]:
-    """The lines of a text file, without line endings (LF or CRLF). Only those two end a line, so
-    line-aligned files stay aligned whatever other separators (U+2028, form feed) their text holds.
-    Raises `InputError` for an empty file.
-    """
-    text = read_text(path, errors=errors)
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()
-    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-    if not text:
-        raise InputError(f"{path} is empty")
-    return lines
-
-
-def split_text(text: str, size: int) -> list[str]:
-    """`text` in pieces of at least `size` characters (the last may be shorter), each cut just after a
-    newline, so that tokenizing the pieces separately keeps the lines whole.
-    """
-    pieces, start = [], 0
-    while start < len(text):
-        end = text.find("\n", start + size) + 1 or len(text)
-        pieces.append(text[start:end])
-        start = end
-    return pieces
-
-
-def iter_texts(files: Iterable[Path], *, errors: EncodingErrors = "strict") -> Iterator[str]:
-    """The text of each file in turn."""
-    for path in files:
-        yield read_text(path, errors=errors)
 
 
 def file_manifest(files: Iterable[Path]) -> list[dict]:

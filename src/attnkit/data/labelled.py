@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from attnkit.data.batching import BucketedData, pad
-from attnkit.data.corpus import EncodingErrors, read_text
 from attnkit.errors import InputError
+from attnkit.textfiles import EncodingErrors, read_text
 from attnkit.tokenize import Tokenizer, require_id
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content")

@@ -26,8 +26,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from attnkit.data.corpus import EncodingErrors, file_manifest, read_text, split_text
+from attnkit.data.corpus import file_manifest
 from attnkit.errors import InputError
+from attnkit.textfiles import EncodingErrors, iter_texts, split_text
 from attnkit.tokenize import CharTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class LMData:
     ) -> LMData:
         """Tokenize `files` into `cache_dir` (or reuse the cache there) and split the stream.
 
-        Raises `InputError` for an unreadable, binary or non-UTF-8 file (see `corpus.read_text`) and for a
+        Raises `InputError` for an unreadable, binary or non-UTF-8 file (see `textfiles.read_text`) and for a
         corpus with no text at all.
         """
         files = [Path(f) for f in files]
@@ -230,8 +231,7 @@ def _encode_files(files: list[Path], tokenizer: Tokenizer, errors: EncodingError
     pending: list[str | None] = []  # text pieces; None marks a boundary between files
     pending_chars = pending_bytes = 0
     started = False
-    for path in files:
-        text = read_text(path, errors=errors)
+    for path, text in zip(files, iter_texts(files, errors=errors), strict=True):
         pending_bytes += path.stat().st_size
         if not text:
             log.debug("skipping empty file %s", path)

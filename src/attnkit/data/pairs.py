@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from attnkit.data.batching import IGNORE_INDEX, BucketedData, pad
-from attnkit.data.corpus import EncodingErrors, read_lines
 from attnkit.errors import InputError
+from attnkit.textfiles import EncodingErrors, read_lines
 from attnkit.tokenize import Tokenizer, require_id
 
 log = logging.getLogger(__name__)

@@ -41,10 +41,10 @@ from tqdm.auto import tqdm
 
 from attnkit.checkpoint import atomic_write, load_config, load_model
 from attnkit.data.batching import IGNORE_INDEX
-from attnkit.data.corpus import EncodingErrors, read_text
 from attnkit.data.labelled import LabelledData, LabelVocab, read_labelled
 from attnkit.data.pairs import read_parallel, read_tsv_pairs
 from attnkit.errors import ConfigError, InputError
+from attnkit.textfiles import EncodingErrors, read_text
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
 

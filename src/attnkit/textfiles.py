@@ -1,0 +1,77 @@
+"""Text files: read UTF-8 with clear errors, and cut long texts into line-aligned pieces.
+
+The bottom of the text side: `tokenize.py` trains on files read here and `data/` builds its corpora from them,
+so both import this module and neither imports the other for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Literal
+
+from attnkit.errors import InputError
+
+EncodingErrors = Literal["strict", "replace"]
+
+
+def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict") -> str:
+    """Decode UTF-8 (a leading byte-order mark is dropped).
+
+    Raises `InputError` naming `name` and the byte offset for a NUL byte (a binary file) or, with
+    `errors="strict"`, for bytes that are not UTF-8; `errors="replace"` turns those into U+FFFD.
+    """
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise InputError(f"{name} looks like a binary file (NUL byte at offset {nul}); attnkit reads UTF-8 text")
+    try:
+        return data.decode("utf-8-sig", errors=errors)
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"{name} is not valid UTF-8: byte 0x{data[err.start]:02x} at offset {err.start} "
+            "(convert the file to UTF-8, or pass --encoding-errors replace to substitute U+FFFD)"
+        ) from None
+
+
+def read_text(path: str | os.PathLike, *, errors: EncodingErrors = "strict") -> str:
+    """Read one UTF-8 text file; see `decode_bytes` for what is raised."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise InputError(f"cannot read {path}: {err.strerror}") from None
+    return decode_bytes(data, name=str(path), errors=errors)
+
+
+def iter_texts(source: Iterable[str | os.PathLike], *, errors: EncodingErrors = "strict") -> Iterator[str]:
+    """The text of each item in turn: a `str` is text itself, a path (`os.PathLike`) is read with `read_text`."""
+    for item in source:
+        yield read_text(item, errors=errors) if isinstance(item, os.PathLike) else item
+
+
+def read_lines(path: str | os.PathLike, *, errors: EncodingErrors = "strict") -> list[str]:
+    """The lines of a text file, without line endings (LF or CRLF). Only those two end a line, so
+    line-aligned files stay aligned whatever other separators (U+2028, form feed) their text holds.
+    Raises `InputError` for an empty file.
+    """
+    text = read_text(path, errors=errors)
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    if not text:
+        raise InputError(f"{path} is empty")
+    return lines
+
+
+def split_text(text: str, size: int) -> list[str]:
+    """`text` in pieces of at least `size` characters (the last may be shorter), each cut just after a
+    newline, so that tokenizing the pieces separately keeps the lines whole.
+    """
+    pieces, start = [], 0
+    while start < len(text):
+        end = text.find("\n", start + size) + 1 or len(text)
+        pieces.append(text[start:end])
+        start = end
+    return pieces

@@ -1,0 +1,61 @@
+"""Text files: clear errors on bad text, lines, line-aligned pieces, and texts from strings and paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnkit.errors import InputError
+from attnkit.textfiles import iter_texts, read_lines, read_text, split_text
+
+
+def test_binary_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "image.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    with pytest.raises(InputError, match=r"image.png looks like a binary file \(NUL byte at offset 8\)"):
+        read_text(path)
+
+
+def test_undecodable_bytes_name_file_and_offset_or_are_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("café au lait".encode("latin-1"))
+    with pytest.raises(InputError, match=r"latin1.txt is not valid UTF-8: byte 0xe9 at offset 3"):
+        read_text(path)
+    assert read_text(path, errors="replace") == "caf\ufffd au lait"
+
+
+def test_bom_is_dropped_and_unreadable_is_clear(tmp_path: Path) -> None:
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufeffhello".encode())
+    assert read_text(path) == "hello"
+    with pytest.raises(InputError, match="cannot read"):
+        read_text(tmp_path)  # a directory
+
+
+def test_read_lines_splits_only_on_newlines(tmp_path: Path) -> None:
+    path = tmp_path / "lines.txt"
+    path.write_bytes("one\r\ntwo\u2028still two\x0cstill\nthree\n".encode())
+    assert read_lines(path) == ["one", "two\u2028still two\x0cstill", "three"]
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(InputError, match="empty.txt is empty"):
+        read_lines(empty)
+
+
+def test_split_text_keeps_lines_whole() -> None:
+    text = "".join(f"line {i}\n" for i in range(1000)) + "tail"
+    pieces = split_text(text, 100)
+    assert "".join(pieces) == text
+    assert all(p.endswith("\n") for p in pieces[:-1]) and len(pieces) > 10
+    assert split_text("", 10) == []
+
+
+def test_iter_texts_reads_paths_and_passes_strings(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    path.write_bytes("\ufeffread from a file\n".encode())
+    assert list(iter_texts(["given", path, str(path)])) == ["given", "read from a file\n", str(path)]
+    path.write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(InputError, match="a.txt is not valid UTF-8"):
+        list(iter_texts([path]))
+    assert list(iter_texts([path], errors="replace")) == ["caf\ufffd"]
