@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from attnkit.experiments.base import device_name
 from attnkit.generate import greedy_translate, load
 from attnkit.train import TrainRequest, prepare
 
@@ -56,17 +57,7 @@ SHAKESPEARE_TRAIN = dict(max_steps=2000, batch_size=12, lr=1e-3, warmup=100, min
 
 def machine() -> dict[str, Any]:
     return {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-            "threads": torch.get_num_threads(), "processor": _cpu_name(), "load_average_1m": os.getloadavg()[0]}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+            "threads": torch.get_num_threads(), "processor": device_name(), "load_average_1m": os.getloadavg()[0]}
 
 
 def need(path: Path) -> Path:

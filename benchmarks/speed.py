@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit.experiments.base import device_name
 from benchmarks.common import synced, timed_runs
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -76,15 +77,6 @@ def compile_setting(impl: str) -> bool | str:
 
 
 # --- the machine's own limits ------------------------------------------------------------------------------------
-def _device_name(device: str) -> str:
-    if torch.device(device).type == "cuda":
-        return torch.cuda.get_device_name(device)
-    cpuinfo = Path("/proc/cpuinfo")
-    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-              if line.startswith("model name")] if cpuinfo.is_file() else []
-    return models[0] if models else platform.processor() or platform.machine()
-
-
 def matmul_peak(dtype: torch.dtype, device: str = "cpu", repeats: int = 5) -> float:
     """Best FLOP/s of a square matrix multiply in `dtype` (2048 on the CPU, 8192 on a GPU, to fill it)."""
     size = 2048 if device == "cpu" else 8192
@@ -318,9 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     machine = args.machine or (platform.node() or "cpu") + ("-cuda" if on_gpu else "")
     path = RESULTS / f"speed-{machine}.json"
     earlier = json.loads(path.read_text()) if args.update and path.is_file() else None
-    if earlier is not None and earlier.get("device", _device_name("cpu")) != _device_name(device):
+    if earlier is not None and earlier.get("device", device_name("cpu")) != device_name(device):
         parser.error(f"{path} holds results measured on {earlier.get('device', 'the CPU')}, not on "
-                     f"{_device_name(device)}; give this run its own --machine name")
+                     f"{device_name(device)}; give this run its own --machine name")
     peaks = {"fp32_flops": matmul_peak(torch.float32, device), "bf16_flops": matmul_peak(torch.bfloat16, device),
              "read_bytes_per_s": read_bandwidth(device)}
     if on_gpu:
@@ -347,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(result)
             _print_pair(case, dtype, pair)
     command = "python -m benchmarks speed " + " ".join(argv or sys.argv[1:])
-    report = {"machine": machine, "device": _device_name(device), "threads": args.threads,
+    report = {"machine": machine, "device": device_name(device), "threads": args.threads,
               "torch": torch.__version__, "peaks": peaks, "command": command, "results": rows}
     if earlier is not None:  # keep the earlier rows of other cases and dtypes
         redone = {(r["case"], r["dtype"]) for r in rows}

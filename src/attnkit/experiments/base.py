@@ -97,11 +97,21 @@ def get(name: str) -> Experiment:
     return REGISTRY[name]
 
 
+def device_name(device: str = "cpu") -> str:
+    """The GPU's name, or the CPU's model name from /proc/cpuinfo (the platform's processor string elsewhere)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+              if line.startswith("model name")] if cpuinfo.is_file() else []
+    return models[0] if models else platform.processor() or platform.machine()
+
+
 def machine() -> str:
-    """The CPU (or GPU) and thread count the numbers were measured on."""
+    """The device and thread count the numbers were measured on."""
     if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+        return device_name("cuda")
+    return f"{device_name()}, {torch.get_num_threads()} thread(s)"
 
 
 def run_experiment(name: str, *, budget: str = "small", out: str | Path | None = None) -> Result:

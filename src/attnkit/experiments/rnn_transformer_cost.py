@@ -152,4 +152,7 @@ def run(budget: str, out: Path) -> Result:
     if not grows:
         reason += (" (at these widths the Transformer's O(T^2 d) attention is still small beside its O(T d^2) "
                    "projections)")
+    if per_token("LSTM", -1) < per_token("Transformer", -1):
+        reason += (f"; with {torch.get_num_threads()} CPU thread(s) there is little parallel hardware for the "
+                   "Transformer's O(1) sequential depth to use, which is where a GPU changes the picture")
     return Result(verdict, reason, key, rows, ["cost_by_length.png"])
