@@ -27,6 +27,8 @@ from attnkit.models.build import build_model
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 ADAPTERS_FILE = "adapters.safetensors"  # LoRA adapters beside the base weights; metadata "alphas": {module: alpha}
+TOKENIZER_DIR = "tokenizer"  # a run's tokenizer, as `attnkit.tokenize` saves it
+LABELS_FILE = "labels.json"  # a classifier's class names: {"labels": [...]}
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> None:

@@ -21,7 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnkit.blocks import compile_blocks, torch_compile_mode
-from attnkit.checkpoint import load_model
+from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_model
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import beam_search
@@ -38,8 +38,6 @@ from attnkit.generate.static_decode import StaticDecoding
 
 log = logging.getLogger(__name__)
 
-LABELS_FILE = "labels.json"
-TOKENIZER_DIR = "tokenizer"
 DTYPES = {
     "fp32": torch.float32, "float32": torch.float32,
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,

@@ -21,7 +21,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnkit.checkpoint import CONFIG_FILE, atomic_write, load_model, save_model, save_tensors, unique_state_dict
+from attnkit.checkpoint import (
+    CONFIG_FILE,
+    LABELS_FILE,
+    TOKENIZER_DIR,
+    atomic_write,
+    load_model,
+    save_model,
+    save_tensors,
+    unique_state_dict,
+)
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, InputError
 from attnkit.interop.hf_config import architecture_of, config_from_hf, config_to_hf, family_of, match_family
@@ -40,8 +49,6 @@ from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_DIR = "tokenizer"  # inside a run directory
-LABELS_FILE = "labels.json"
 HF_SOURCE_FILE = "hf_source.json"  # a converted run's origin: model type, class, and config.json's token ids
 _NULLABLE_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 _ROLE_IDS = {"bos_token_id": "bos", "eos_token_id": "eos", "pad_token_id": "pad", "decoder_start_token_id": "bos"}

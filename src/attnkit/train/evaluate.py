@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from attnkit.checkpoint import atomic_write, load_config, load_model
+from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, atomic_write, load_config, load_model
 from attnkit.data.batching import IGNORE_INDEX
 from attnkit.data.labelled import LabelledData, LabelVocab, read_labelled
 from attnkit.data.pairs import read_parallel, read_tsv_pairs
@@ -237,10 +237,10 @@ def evaluate_run(
 
 
 def _run_tokenizer(run_dir: Path) -> Tokenizer:
-    if not (run_dir / "tokenizer").is_dir():
+    if not (run_dir / TOKENIZER_DIR).is_dir():
         raise InputError(f"{run_dir} has no tokenizer/ directory, so its model cannot read text files; save the "
                          "tokenizer it was trained with there")
-    return load_tokenizer(run_dir / "tokenizer")
+    return load_tokenizer(run_dir / TOKENIZER_DIR)
 
 
 def _perplexity_report(run_dir, data, model, tokenizer, *, window, stride, encoding_errors, progress) -> EvalReport:
@@ -323,7 +323,7 @@ def _predict(model: nn.Module, data: LabelledData, *, progress: bool) -> tuple[l
 
 
 def _run_labels(run_dir: Path, model: nn.Module) -> list[str]:
-    path = run_dir / "labels.json"
+    path = run_dir / LABELS_FILE
     n_classes = model.classifier.out_features
     if not path.is_file():
         return [str(i) for i in range(n_classes)]

@@ -25,7 +25,7 @@ from typing import Any, Literal, get_args
 
 from torch import Tensor, nn
 
-from attnkit.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, raise_mismatch
+from attnkit.checkpoint import CONFIG_FILE, LABELS_FILE, TOKENIZER_DIR, WEIGHTS_FILE, load_model, raise_mismatch
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, ConfigError
 from attnkit.layers.embedding import Embeddings
@@ -87,12 +87,12 @@ def read_source(path: str | Path, *, load_hf: HFLoader | None = None) -> Source:
         raise CheckpointError(f"--init-from {path}: the directory holds no weights ({WEIGHTS_FILE}); has the run "
                               "written a checkpoint yet?")
     model, config = load_model(path)
-    if not (path / "tokenizer").is_dir():
+    if not (path / TOKENIZER_DIR).is_dir():
         raise CheckpointError(f"--init-from {path}: no tokenizer/ directory; a new run needs the tokenizer the "
                               "weights were trained with")
-    labels = _read_json(path / "labels.json") if (path / "labels.json").is_file() else None
+    labels = _read_json(path / LABELS_FILE) if (path / LABELS_FILE).is_file() else None
     task = _read_json(path / "task.json").get("task") if (path / "task.json").is_file() else None
-    return Source(path, "attnkit run", config, load_tokenizer(path / "tokenizer"), model.state_dict(),
+    return Source(path, "attnkit run", config, load_tokenizer(path / TOKENIZER_DIR), model.state_dict(),
                   labels=labels.get("labels") if isinstance(labels, dict) else labels, task=task)
 
 

@@ -33,7 +33,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from attnkit.checkpoint import atomic_write, load_model, load_tensors, save_model, save_tensors
+from attnkit.checkpoint import (
+    LABELS_FILE,
+    TOKENIZER_DIR,
+    atomic_write,
+    load_model,
+    load_tensors,
+    save_model,
+    save_tensors,
+)
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError
 from attnkit.tokenize import Tokenizer, load_tokenizer
@@ -43,8 +51,6 @@ log = logging.getLogger(__name__)
 TRAIN_STATE_FILE = "train_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
 TASK_FILE = "task.json"
-LABELS_FILE = "labels.json"
-TOKENIZER_DIR = "tokenizer"
 CHECKPOINTS_DIR = "checkpoints"
 BEST_DIR = "best"
 STATE_FORMAT = 1
