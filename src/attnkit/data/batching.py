@@ -19,7 +19,7 @@ import torch
 
 from attnkit.errors import InputError
 
-IGNORE_INDEX = -100  # target value the loss skips (torch.nn.functional.cross_entropy's default ignore_index)
+IGNORE_INDEX = -100  # targets equal to this (padding, unmasked MLM positions) add nothing to the loss (torch's default)
 
 BatchT = TypeVar("BatchT")
 

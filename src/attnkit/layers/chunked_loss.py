@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-IGNORE_INDEX = -100  # targets equal to this (padding, unmasked MLM positions) add nothing to the loss
+from attnkit.data.batching import IGNORE_INDEX
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):

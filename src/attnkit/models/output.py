@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.layers.chunked_loss import IGNORE_INDEX
+from attnkit.data.batching import IGNORE_INDEX
 from attnkit.layers.kv_cache import KVCache
 
 
