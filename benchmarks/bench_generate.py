@@ -32,7 +32,7 @@ import torch
 
 from attnkit import ModelConfig, build_model
 from attnkit.generate import generate_tokens
-from attnkit.generate.pipeline import prepare_for_inference
+from attnkit.generate.pipeline import parse_dtype, prepare_for_inference
 from benchmarks.common import synchronize
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -41,7 +41,7 @@ SHAPES = {
     "gpt2-124m": dict(n_layers=12, d_model=768, n_heads=12, vocab_size=50257),
     "small": dict(n_layers=6, d_model=384, n_heads=6, vocab_size=65),
 }
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = ("fp32", "bf16")  # the weight types measured (names as attnkit.load takes them)
 
 
 def attnkit_model(shape: dict, dtype: torch.dtype, device: str):
@@ -83,7 +83,7 @@ def runner(impl: str, model, prompt: torch.Tensor) -> Callable[[int], int]:
 
 
 def measure(shape_name: str, dtype_name: str, batch: int, new_tokens: int, repeats: int, device: str) -> dict:
-    shape, dtype = SHAPES[shape_name], DTYPES[dtype_name]
+    shape, dtype = SHAPES[shape_name], parse_dtype(dtype_name)
     prompt = torch.randint(0, shape["vocab_size"], (batch, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
     prompt = prompt.to(device)
     torch.manual_seed(0)

@@ -350,16 +350,15 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_convert(args: argparse.Namespace) -> int:
-    import torch
-
     from attnkit.errors import InputError
+    from attnkit.generate.pipeline import parse_dtype
     from attnkit.interop import hf
 
     if args.from_hf:
         if not args.out or args.to_hf:
             raise InputError("--from-hf DIR writes a run: give --out runs/NAME (and no --to-hf)")
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-        loaded = hf.convert_from_hf(args.from_hf, args.out, allow_pickle=args.allow_pickle, dtype=dtype)
+        loaded = hf.convert_from_hf(args.from_hf, args.out, allow_pickle=args.allow_pickle,
+                                    dtype=parse_dtype(args.dtype))
         print(f"converted {loaded.architecture} from {args.from_hf} to {args.out}")
     else:
         if not args.to_hf or args.out:
