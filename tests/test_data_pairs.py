@@ -126,6 +126,11 @@ def test_pad_helper() -> None:
     ids, mask = pad([[5, 6, 7], [8]], value=0)
     assert ids.tolist() == [[5, 6, 7], [8, 0, 0]]
     assert mask.tolist() == [[True, True, True], [True, False, False]]
+    ids, mask = pad([[5, 6, 7], [], [8]], value=-1, left=True)
+    assert ids.tolist() == [[5, 6, 7], [-1, -1, -1], [-1, -1, 8]]
+    assert mask.tolist() == [[True, True, True], [False, False, False], [False, False, True]]
+    with pytest.raises(InputError, match="no sequences"):
+        pad([], value=0)
 
 
 def test_multi30k_val_reads_line_aligned() -> None:

@@ -24,14 +24,23 @@ IGNORE_INDEX = -100  # targets equal to this (padding, unmasked MLM positions) a
 BatchT = TypeVar("BatchT")
 
 
-def pad(seqs: Sequence[Sequence[int]], value: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad sequences into a (B, T) int64 tensor; also return the (B, T) bool mask, True = real token."""
-    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
-    out = torch.full((len(seqs), int(lengths.max())), value, dtype=torch.int64)  # (B, T)
-    for row, seq in zip(out, seqs, strict=True):
-        row[: len(seq)] = torch.as_tensor(np.asarray(seq, dtype=np.int64))
-    mask = torch.arange(out.shape[1])[None, :] < lengths[:, None]  # (B, T)
-    return out, mask
+def pad(
+    seqs: Sequence[Sequence[int]], value: int, *, left: bool = False, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id sequences -> ids (B, T) int64 filled with `value` past each sequence, T the longest, and the
+    mask (B, T) bool, True at real tokens. Sequences start at column 0 (batches, encoder sources); `left=True`
+    puts the padding first, so every row ends at the last column (prompts that a decoder continues).
+    Raises `InputError` for no sequences.
+    """
+    if len(seqs) == 0:
+        raise InputError("no sequences to pad")
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)  # (B,)
+    width = int(lengths.max())
+    columns = torch.arange(width)[None, :]  # (1, T)
+    mask = columns >= width - lengths[:, None] if left else columns < lengths[:, None]  # (B, T)
+    ids = torch.full((len(seqs), width), value, dtype=torch.int64)  # (B, T)
+    ids[mask] = torch.from_numpy(np.concatenate([np.asarray(s, dtype=np.int64).reshape(-1) for s in seqs]))
+    return ids.to(device), mask.to(device)
 
 
 class BucketedData(Generic[BatchT]):

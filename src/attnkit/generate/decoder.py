@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnkit.data.batching import pad
 from attnkit.errors import InputError
 from attnkit.generate.sampling import GREEDY, SamplingConfig, select_next
 from attnkit.layers.kv_cache import KVCache
@@ -62,14 +63,7 @@ class Window:
 
 def left_pad(prompts: Sequence[Sequence[int]], *, pad_id: int, device: torch.device | str | None = None) -> Window:
     """Token id lists -> one left-padded Window (B, T), T the longest prompt."""
-    length = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), length), dtype=torch.bool)
-    for row, prompt in enumerate(prompts):
-        if len(prompt):
-            ids[row, length - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.long)
-            mask[row, length - len(prompt):] = True
-    return Window.of(ids.to(device), mask.to(device))
+    return Window.of(*pad(prompts, pad_id, left=True, device=device))
 
 
 def positions_from_mask(mask: Tensor) -> Tensor:

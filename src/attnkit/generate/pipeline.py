@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from attnkit.blocks import compile_blocks, torch_compile_mode
 from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_model
 from attnkit.config import ModelConfig
+from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import beam_search
 from attnkit.generate.decode_layout import (
@@ -33,7 +34,7 @@ from attnkit.generate.decode_layout import (
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
 from attnkit.generate.quantize import quantize_int8
 from attnkit.generate.sampling import SamplingConfig, make_generator
-from attnkit.generate.seq2seq import greedy_translate, right_pad
+from attnkit.generate.seq2seq import greedy_translate
 from attnkit.generate.static_decode import StaticDecoding
 
 log = logging.getLogger(__name__)
@@ -198,7 +199,7 @@ class Pipeline:
         results: list[Classification] = []
         for start in range(0, len(texts), batch_size):
             chunk = [self._classifier_ids(t, index=start + i) for i, t in enumerate(texts[start:start + batch_size])]
-            ids, mask = right_pad(chunk, pad_id=self._pad_id, device=self.device)
+            ids, mask = pad(chunk, self._pad_id, device=self.device)  # (B, T)
             probs = self.model(ids, attention_mask=mask).logits.float().softmax(dim=-1)  # (B, n_classes)
             for row in probs.tolist():
                 best = max(range(len(row)), key=row.__getitem__)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnkit.data.batching import pad
 from attnkit.errors import InputError
 from attnkit.layers.kv_cache import KVCache
 
@@ -33,23 +34,11 @@ class Source:
         return Source(self.memory.repeat_interleave(k, dim=0), self.mask.repeat_interleave(k, dim=0))
 
 
-def right_pad(sequences: Sequence[Sequence[int]], *, pad_id: int, device=None) -> tuple[Tensor, Tensor]:
-    """Token id lists -> ids (B, S) and mask (B, S), each sequence at the left, padding after it."""
-    if any(len(s) == 0 for s in sequences):
-        raise InputError("a source sequence is empty; give at least one token per source")
-    length = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), length), dtype=torch.bool)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
-        mask[row, : len(seq)] = True
-    return ids.to(device), mask.to(device)
-
-
 def encode_sources(model: nn.Module, sources: Sequence[Sequence[int]], *, pad_id: int) -> Source:
-    """Run the encoder once over the right-padded sources."""
-    device = next(model.parameters()).device
-    ids, mask = right_pad(sources, pad_id=pad_id, device=device)
+    """Run the encoder once over the right-padded sources. Raises `InputError` for an empty source."""
+    if any(len(s) == 0 for s in sources):
+        raise InputError("a source sequence is empty; give at least one token per source")
+    ids, mask = pad(sources, pad_id, device=next(model.parameters()).device)  # (B, S)
     return Source(model.encode(ids, src_mask=mask), mask)
 
 
