@@ -368,8 +368,38 @@ def _run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_viz(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("viz", help="draw a run's attention over a text (PNGs and an HTML page) and its instruments")
+    p.add_argument("--run", required=True, help="run directory: config.json, model.safetensors, tokenizer/")
+    p.add_argument("--text", "--source", dest="text", help="the text (a translation run's source); none: only "
+                   "the training instruments plot (plots/instruments.png)")
+    p.add_argument("--target", help="translation runs: the target whose alignment with the source to draw")
+    p.add_argument("--translate", action="store_true", help="translation runs: the model's own greedy translation")
+    p.add_argument("--layers", type=int, nargs="+", help="layers to draw (default all)")
+    p.add_argument("--heads", type=int, nargs="+", help="heads to draw (default all)")
+    p.add_argument("--out", help="directory for the pictures and attention.html (default RUN/viz)")
+    p.add_argument("--per-head", action=argparse.BooleanOptionalAction, default=True,
+                   help="one PNG per layer and head besides the grid and each layer's mean (default on)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.set_defaults(func=_run_viz)
+
+
+def _run_viz(args: argparse.Namespace) -> int:
+    from attnkit.viz import VizSettings, run_viz
+
+    result = run_viz(VizSettings(
+        run=args.run, text=args.text, target=args.target, translate=args.translate,
+        layers=tuple(args.layers) if args.layers else None, heads=tuple(args.heads) if args.heads else None,
+        out=args.out, per_head=args.per_head, device=args.device,
+    ))
+    for path in [*result.pngs, result.page, result.instruments]:
+        if path is not None:
+            print(path)
+    return 0
+
+
 SUBCOMMANDS: list[SubcommandAdder] = [
-    _add_presets, _add_tokenizer, _add_generate, _add_translate, _add_classify, _add_train, _add_convert,
+    _add_presets, _add_tokenizer, _add_generate, _add_translate, _add_classify, _add_train, _add_convert, _add_viz,
 ]
 
 

@@ -39,7 +39,7 @@ def plot_head(maps: AttentionMaps, layer: int, head: int | None, path: str | Pat
     ax.set_ylabel(ylabel)
     ax.set_title(f"{maps.title}, layer {layer}, {which}")
     fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="attention weight")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_alignment(maps: AttentionMaps, path: str | Path, *, layer: int | None = None) -> Path:
@@ -59,7 +59,7 @@ def plot_alignment(maps: AttentionMaps, path: str | Path, *, layer: int | None =
     ax.set_xlabel("source")
     ax.set_ylabel("target")
     ax.set_title(f"alignment: cross-attention, layer {layer}, mean over heads", pad=12)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_grid(maps: AttentionMaps, path: str | Path) -> Path:
@@ -85,7 +85,7 @@ def plot_grid(maps: AttentionMaps, path: str | Path) -> Path:
             if font >= 4 and row == n_layers - 1:
                 ax.set_xticks(range(n_keys), maps.key_tokens, fontsize=font, rotation=90)
     fig.suptitle(f"{maps.title}: layers x heads (rows: queries, columns: keys)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def write_pngs(
@@ -122,7 +122,7 @@ def _label_axes(ax: Axes, query_tokens: Sequence[str], key_tokens: Sequence[str]
     ax.tick_params(length=2)
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
     """Write atomically: a reader sees the old picture or the new one, never half of one."""
     fig.tight_layout()
     path = Path(path)

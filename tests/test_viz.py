@@ -1,0 +1,187 @@
+"""Attention maps from a run: the weights are the model's own, labels the tokenizer's pieces, the PNGs and the page
+are written, and bad input gets clear errors."""
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from matplotlib.image import imread
+from torch.testing import assert_close
+
+from attnkit.checkpoint import save_model
+from attnkit.cli import main
+from attnkit.config import ModelConfig
+from attnkit.errors import InputError
+from attnkit.models import build_model
+from attnkit.models.recurrent import recurrent_seq2seq
+from attnkit.tokenize import CharTokenizer, train_tokenizer
+from attnkit.viz import AttentionMaps, attention_maps, plot_grid, plot_head, token_labels, write_pngs
+from attnkit.viz.heatmap import DPI
+from attnkit.viz.run import VizSettings, run_viz
+
+TEXT = "the cat sat on the mat because it was warm"
+CORPUS = "the cat sat on the mat. the dog sat on the log. it was warm, because the sun was out.\n" * 20
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text(CORPUS)
+    return train_tokenizer("bpe", [path], vocab_size=300)
+
+
+def _model(tokenizer, family, **kw):
+    torch.manual_seed(0)
+    config = ModelConfig(family=family, vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64,
+                         n_layers=2, max_seq_len=96, **kw)
+    return build_model(config).eval(), config
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tokenizer):
+    """A saved run directory per family."""
+    out = {}
+    for family in ("decoder", "encoder", "encoder-decoder"):
+        model, config = _model(tokenizer, family)
+        directory = tmp_path_factory.mktemp(family)
+        save_model(model, config, directory)
+        tokenizer.save(directory / "tokenizer")
+        out[family] = directory
+    return out
+
+
+def test_decoder_maps_are_the_reference_weights_with_the_tokenizers_pieces(tokenizer):
+    model, _ = _model(tokenizer, "decoder")
+    (maps,) = attention_maps(model, tokenizer, TEXT, layers=[1], heads=[0, 2])
+    ids = tokenizer.encode(TEXT)
+    reference = model(torch.tensor([ids]), need_weights=True).attentions[1]["self"][0]  # (H, T, T)
+    assert maps.kind == "causal" and maps.layers == (1,) and maps.heads == (0, 2)
+    assert_close(torch.from_numpy(maps.weights[0]), reference[[0, 2]].detach())
+    pieces = [p.replace("Ġ", " ") for p in tokenizer.pieces(ids)]
+    assert list(maps.query_tokens) == [p.replace(" ", "␣") if not p.strip() else p for p in pieces]
+    assert "".join(maps.key_tokens) == TEXT
+
+
+def test_encoder_frames_the_text_as_its_training_data(tokenizer):
+    model, _ = _model(tokenizer, "encoder")
+    (maps,) = attention_maps(model, tokenizer, TEXT)
+    assert maps.kind == "self"
+    first, last = tokenizer.pieces([tokenizer.cls_id, tokenizer.sep_id])
+    assert maps.query_tokens[0] == first and maps.query_tokens[-1] == last
+    assert maps.weights.shape == (2, 4, len(tokenizer.encode(TEXT)) + 2, len(tokenizer.encode(TEXT)) + 2)
+
+
+def test_translation_maps_have_three_kinds_and_rows_of_written_tokens(tokenizer):
+    model, _ = _model(tokenizer, "encoder-decoder")
+    maps = {m.kind: m for m in attention_maps(model, tokenizer, TEXT, target="the dog sat")}
+    assert set(maps) == {"self", "causal", "cross"}
+    source = [*tokenizer.encode(TEXT), tokenizer.eos_id]
+    written = tokenizer.encode("the dog sat")
+    out = model(torch.tensor([source]), torch.tensor([[tokenizer.bos_id, *written]]), need_weights=True)
+    assert_close(torch.from_numpy(maps["cross"].weights[1]), out.attentions[1]["cross"][0].detach())
+    assert_close(torch.from_numpy(maps["self"].weights[0]), out.encoder_attentions[0]["self"][0].detach())
+    assert maps["cross"].query_tokens[-1] == "<eos>" and maps["causal"].query_tokens[0] == "<bos>"
+    assert maps["cross"].key_tokens == maps["self"].key_tokens
+
+
+def test_translate_draws_the_models_own_greedy_translation(tokenizer):
+    model, _ = _model(tokenizer, "encoder-decoder")
+    maps = {m.kind: m for m in attention_maps(model, tokenizer, TEXT, translate=True, max_length=6)}
+    source = torch.tensor([[*tokenizer.encode(TEXT), tokenizer.eos_id]])
+    written = [tokenizer.bos_id]
+    while len(written) <= 6:  # the greedy choices, replayed with whole forward passes
+        token = int(model(source, torch.tensor([written])).logits[0, -1].argmax())
+        if token == tokenizer.eos_id:
+            break
+        written.append(token)
+    assert maps["causal"].query_tokens == tuple(token_labels(tokenizer, written))
+
+
+def test_recurrent_translation_alignment_per_decoding_step():
+    tokenizer = CharTokenizer("abcdefgh ")
+    torch.manual_seed(0)
+    model = recurrent_seq2seq(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
+                              embedding_dim=16, hidden=16, encoder_hidden=8, n_layers=1, cell="gru",
+                              attention="bahdanau", bidirectional=True).eval()
+    (maps,) = attention_maps(model, tokenizer, "abc de", target="fgh")
+    source = [*tokenizer.encode("abc de"), tokenizer.eos_id]
+    out = model(torch.tensor([source]), torch.tensor([[tokenizer.bos_id, *tokenizer.encode("fgh")]]), need_weights=True)
+    assert maps.kind == "cross" and maps.weights.shape == (1, 1, 4, 7)
+    assert_close(torch.from_numpy(maps.weights[0]), out.attentions[0]["cross"][0].detach())
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"text": "   "}, "the text is empty"),
+    ({"layers": [2]}, "layer 2 is out of range: this model's layers are 0..1"),
+    ({"heads": [-1]}, "head -1 is out of range: this model's heads are 0..3"),
+    ({"heads": [4]}, "head 4 is out of range"),
+    ({"translate": True}, "need a translation model"),
+    ({"target": "x"}, "need a translation model"),
+])
+def test_bad_input_is_named(tokenizer, kwargs, message):
+    model, _ = _model(tokenizer, "decoder")
+    with pytest.raises(InputError, match=re.escape(message)):
+        attention_maps(model, tokenizer, **{"text": TEXT, **kwargs})
+
+
+def test_a_translation_model_needs_a_target(tokenizer):
+    model, _ = _model(tokenizer, "encoder-decoder")
+    with pytest.raises(InputError, match="--target TEXT or --translate"):
+        attention_maps(model, tokenizer, TEXT)
+
+
+def _not_blank(path: Path) -> np.ndarray:
+    image = imread(path)[..., :3]
+    assert image.std() > 0.05, f"{path} is blank"
+    return image
+
+
+def test_pngs_have_their_size_and_are_not_blank(tokenizer, tmp_path):
+    model, _ = _model(tokenizer, "encoder-decoder")
+    text = " ".join(["the cat sat on the mat"] * 10)  # about 60 tokens: each keeps a readable cell
+    maps = {m.kind: m for m in attention_maps(model, tokenizer, text, target="the dog sat on the log")}
+    n_source = len(maps["self"].key_tokens)
+    assert n_source >= 60
+    head = plot_head(maps["self"], 0, 1, tmp_path / "head.png")
+    height, width, _ = _not_blank(head).shape
+    assert width >= 0.2 * DPI * n_source and height >= 0.2 * DPI * n_source  # >= 0.2 inch per token
+    grid = _not_blank(plot_grid(maps["cross"], tmp_path / "grid.png"))
+    assert grid.shape[1] > grid.shape[0]  # 4 heads across, 2 layers down
+    paths = write_pngs(list(maps.values()), tmp_path / "all", per_head=False)
+    names = sorted(p.name for p in paths)
+    assert "alignment.png" in names and "cross_grid.png" in names and "self_layer1_mean.png" in names
+    for path in paths:
+        _not_blank(path)
+
+
+def test_run_viz_writes_pictures_and_a_page_of_the_models_weights(runs, tokenizer, tmp_path):
+    result = run_viz(VizSettings(run=str(runs["decoder"]), text=TEXT, heads=(1,), out=str(tmp_path)))
+    assert result.page == tmp_path / "attention.html" and len(result.pngs) == 1 + 2 * 2
+    html = result.page.read_text()
+    data = json.loads(re.search(r'id="attnkit-data">(.*?)</script>', html, re.S).group(1))
+    (view,) = data["views"]
+    length = len(view["query_tokens"])
+    embedded = np.frombuffer(base64.b64decode(view["weights"]), dtype="<f4").reshape(2, 1, length, length)
+    np.testing.assert_array_equal(embedded, result.maps[0].weights)
+    assert "http" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing fetched
+
+
+def test_cli_viz(runs, tmp_path, capsys):
+    out = tmp_path / "viz"
+    assert main(["viz", "--run", str(runs["encoder-decoder"]), "--source", TEXT, "--target", "the dog",
+                 "--layers", "1", "--no-per-head", "--out", str(out)]) == 0
+    assert (out / "alignment.png").is_file() and (out / "attention.html").is_file()
+    assert "alignment.png" in capsys.readouterr().out
+    assert main(["viz", "--run", str(runs["decoder"]), "--text", TEXT, "--translate"]) == 2
+    assert "need a translation model" in capsys.readouterr().err
+    assert main(["viz", "--run", str(runs["decoder"]), "--text", TEXT, "--layers", "5"]) == 2
+    assert "layer 5 is out of range" in capsys.readouterr().err
+
+
+def test_maps_refuse_shapes_that_disagree():
+    with pytest.raises(InputError, match="shape"):
+        AttentionMaps("causal", np.zeros((1, 1, 2, 3)), ("a", "b"), ("a", "b"), (0,), (0,))
