@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_data import shared
 
 from attnkit.data.labelled import LabelledData, LabelVocab, read_labelled
 from attnkit.data.synthetic import make_task, synthetic_tokenizer
 from attnkit.errors import ConfigError, InputError
 from attnkit.tokenize import CharTokenizer
-
-SHARED = Path(__file__).parents[1] / "../shared/data"
 
 
 def test_label_first_lines(tmp_path: Path) -> None:
@@ -102,9 +101,7 @@ def test_only_single_symbol_tasks_are_classification() -> None:
 
 
 def test_sst2_dev() -> None:
-    path = SHARED / "sst2" / "stsa.binary.dev"
-    if not path.exists():
-        pytest.skip(f"shared data {path} is absent (see ../shared/data/README.md)")
+    path = shared("sst2", "stsa.binary.dev")
     examples = read_labelled(path)
     assert len(examples) == 872
     assert {label for _, label in examples} == {"0", "1"}

@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_data import shared
 
 from attnkit.data.corpus import stdlib_files
 from attnkit.data.lm import LMData, token_dtype
 from attnkit.errors import InputError
 from attnkit.tokenize import CharTokenizer, train_bpe
-
-SHARED = Path(__file__).parents[1] / "../shared/data"
 
 
 @pytest.fixture
@@ -27,9 +26,7 @@ def corpus(tmp_path: Path) -> list[Path]:
 
 
 def test_tinyshakespeare_char_stream_has_the_classic_split(tmp_path: Path) -> None:
-    path = SHARED / "tinyshakespeare" / "input.txt"
-    if not path.exists():
-        pytest.skip(f"shared data {path} is absent (see ../shared/data/README.md)")
+    path = shared("tinyshakespeare", "input.txt")
     tok = CharTokenizer.from_texts([path.read_text(encoding="utf-8")])
     data = LMData.prepare([path], tok, tmp_path, progress=False)
     assert len(tok.alphabet) == 65

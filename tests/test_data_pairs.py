@@ -7,14 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_data import shared
 
 from attnkit.data.batching import IGNORE_INDEX, pad
 from attnkit.data.pairs import PairBatch, PairData, read_parallel, read_tsv_pairs
 from attnkit.data.synthetic import make_task, synthetic_tokenizer
 from attnkit.errors import InputError
 from attnkit.tokenize import CharTokenizer
-
-SHARED = Path(__file__).parents[1] / "../shared/data"
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +133,7 @@ def test_pad_helper() -> None:
 
 
 def test_multi30k_val_reads_line_aligned() -> None:
-    de, en = SHARED / "multi30k" / "val.de", SHARED / "multi30k" / "val.en"
-    if not de.exists():
-        pytest.skip(f"shared data {de} is absent (see ../shared/data/README.md)")
+    de, en = shared("multi30k", "val.de"), shared("multi30k", "val.en")
     pairs = read_parallel(de, en)
     assert len(pairs) == 1014
     tok = CharTokenizer.from_texts(s + t for s, t in pairs)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from shared_data import shared
 from tokenizers import Tokenizer as HFTok
 from tokenizers import models, pre_tokenizers
 
@@ -25,19 +26,11 @@ from attnkit.tokenize import (
     train_tokenizer,
 )
 
-SHARED = Path(__file__).parents[1] / "../shared/data"
 TRAINING_TEXT = [
     "The quick brown fox jumps over the lazy dog.\r\n" * 20,
     "def f(x):\n    return x * 2  # doubled\n\n" * 20,
     "한국어 텍스트와 emoji 😀🎉 and accents: café, naïve, Ærø.\n" * 10,
 ]
-
-
-def shared(*parts: str) -> Path:
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"shared data {path} is absent (see ../shared/data/README.md)")
-    return path
 
 
 @pytest.fixture(scope="module")
