@@ -1,0 +1,84 @@
+"""The attention page in a real headless Chromium: it draws a heatmap, a click on another head changes the picture,
+hovering a token shows what it attends to, the views switch, and the weights it draws are the model's."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from matplotlib.image import imread
+
+from attnkit.config import ModelConfig
+from attnkit.models import build_model
+from attnkit.tokenize import CharTokenizer
+from attnkit.viz import attention_maps, write_page
+
+TEXT = "the cat sat on the mat"
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    tokenizer = CharTokenizer("abcdefghijklmnopqrstuvwxyz ")
+    torch.manual_seed(0)
+    config = ModelConfig(family="encoder-decoder", vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64,
+                         n_layers=2, max_seq_len=64)
+    model = build_model(config).eval()
+    maps = attention_maps(model, tokenizer, TEXT, target="a dog sat")
+    return write_page(maps, tmp_path_factory.mktemp("page") / "attention.html"), maps
+
+
+@pytest.fixture(scope="module")
+def browser(page):
+    from viz_browser import Browser, chromium_or_reason
+
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        pytest.skip(f"no headless browser: {reason}")
+    chromium = Browser(executable)
+    chromium.open(page[0])
+    yield chromium
+    chromium.close()
+
+
+def _heatmap(browser) -> np.ndarray:
+    """The heatmap canvas as the screen shows it, (h, w, 3) in [0, 1]."""
+    box = browser.evaluate("(() => { const r = document.getElementById('heatmap').getBoundingClientRect();"
+                           " return [r.left, r.top, r.width, r.height]; })()")
+    left, top, width, height = (int(round(v)) for v in box)
+    shot = imread(io.BytesIO(browser.screenshot()), format="png")[..., :3]
+    return shot[top:top + height, left:left + width]
+
+
+def test_heatmap_is_drawn_and_a_click_on_another_head_changes_it(browser):
+    before = _heatmap(browser)
+    assert before.shape[0] > 100 and before.std() > 0.1  # cells of several colours, not a blank canvas
+    browser.click('#heads button[data-head="2"]')
+    assert browser.evaluate("window.attnkit.state.head") == 2
+    after = _heatmap(browser)
+    assert after.shape == before.shape and np.abs(after - before).mean() > 0.005
+
+
+def test_the_page_draws_the_models_weights(browser, page):
+    _, maps = page
+    for view, expected in enumerate(maps):
+        for layer_index, layer in enumerate(expected.layers):
+            for head in (None, 1):
+                call = f"window.attnkit.weights({view}, {layer_index}, {json.dumps(head)})"
+                drawn = browser.evaluate(f"Array.from({call})")
+                np.testing.assert_allclose(np.array(drawn).reshape(expected.weights.shape[2:]),
+                                           expected.head_weights(layer, head), rtol=1e-6, atol=1e-7)
+
+
+def test_hovering_a_token_shows_what_it_attends_to_and_views_switch(browser, page):
+    _, maps = page
+    cross = [m.kind for m in maps].index("cross")
+    browser.evaluate(f"(() => {{ const s = document.getElementById('view'); s.value = '{cross}';"
+                     " s.dispatchEvent(new Event('change')); })()")
+    assert browser.evaluate("window.attnkit.state.view") == cross
+    box = browser.evaluate("(() => { const r = document.querySelector('#lines text[data-side=\"query\"]')"
+                           ".getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; })()")
+    browser.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": box[0], "y": box[1]})
+    summary = browser.evaluate("document.getElementById('summary').textContent")
+    assert summary.startswith(json.dumps(maps[cross].query_tokens[0]) + " attends to:")
+    assert browser.evaluate("document.querySelectorAll('#lines line').length") > 0
