@@ -33,9 +33,8 @@ import torch
 from attnkit import ModelConfig, build_model
 from attnkit.generate import generate_tokens
 from attnkit.generate.pipeline import parse_dtype, prepare_for_inference
-from benchmarks.common import synchronize
+from benchmarks.common import RESULTS, synchronize
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT_LEN = 16
 SHAPES = {
     "gpt2-124m": dict(n_layers=12, d_model=768, n_heads=12, vocab_size=50257),

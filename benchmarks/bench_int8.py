@@ -22,9 +22,7 @@ import torch
 from attnkit.data import LMData
 from attnkit.generate import load
 from attnkit.generate.decoder import generate_tokens
-
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+from benchmarks.common import DATA, RESULTS, ROOT
 
 
 def validation_loss(model: torch.nn.Module, data: LMData, seq_len: int, max_batches: int) -> float:
@@ -51,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks int8", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, default=ROOT / "runs" / "bench-shakespeare-fp32")
-    parser.add_argument("--data", type=Path, default=ROOT / ".." / "shared" / "data" / "tinyshakespeare" / "input.txt")
+    parser.add_argument("--data", type=Path, default=DATA / "tinyshakespeare" / "input.txt")
     parser.add_argument("--max-batches", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)

@@ -29,9 +29,9 @@ import tokenizers
 from attnkit.data.corpus import stdlib_files
 from attnkit.data.lm import LMData
 from attnkit.tokenize import CharTokenizer, HFTokenizer, train_bpe
+from benchmarks.common import DATA, RESULTS
 
-ROOT = Path(__file__).resolve().parents[1]
-SHAKESPEARE = ROOT / "../shared/data/tinyshakespeare/input.txt"
+SHAKESPEARE = DATA / "tinyshakespeare" / "input.txt"
 
 
 def best_time(setup: Callable[[], object], run: Callable[[object], object], repeats: int) -> float:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-bytes", type=int, default=None, help="cap the standard-library corpus")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tokenize.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "tokenize.json")
     args = parser.parse_args(argv)
 
     corpora = []

@@ -42,10 +42,8 @@ import torch
 from attnkit.experiments.base import device_name
 from attnkit.generate import greedy_translate, load
 from attnkit.train import TrainRequest, prepare
+from benchmarks.common import DATA, RESULTS, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / ".." / "shared" / "data"
-RESULTS = ROOT / "benchmarks" / "results"
 RUNS = ROOT / "runs"
 
 SHAKESPEARE_MODEL = ["family=decoder", "d_model=128", "n_layers=4", "n_heads=4", "d_ff=512", "max_seq_len=64",

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+DATA = ROOT / ".." / "shared" / "data"  # the real data sets, beside the repository and never copied into it
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def parse_args(name: str, doc: str | None, argv: list[str] | None, *, repeats: int) -> argparse.Namespace:

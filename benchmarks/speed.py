@@ -30,9 +30,7 @@ from pathlib import Path
 import torch
 
 from attnkit.experiments.base import device_name
-from benchmarks.common import synced, timed_runs
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.common import RESULTS, synced, timed_runs
 
 
 @dataclass(frozen=True)
