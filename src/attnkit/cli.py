@@ -307,6 +307,8 @@ def _run_train(args: argparse.Namespace) -> int:
     result = trainer.fit()
     if result.signal is not None:
         return 128 + result.signal
+    if not trainer.parallel.writes:  # under torchrun, rank 0 alone prints
+        return 0
     summary = "  ".join(f"{k} {v:.4g}" for k, v in result.evaluation.items())
     speed = f"{result.tokens_per_second:,.0f} tokens/s"
     print(f"trained {result.step} steps in {result.elapsed:.0f} s ({speed}); validation: {summary}")

@@ -34,6 +34,7 @@ from attnkit.errors import CheckpointError, ConfigError, InputError
 from attnkit.models import build_model, count_parameters
 from attnkit.presets import get as get_preset
 from attnkit.tokenize import Tokenizer, load_tokenizer, train_tokenizer
+from attnkit.train.distributed import SingleProcess, World, start
 from attnkit.train.state import (
     BEST_DIR,
     CHECKPOINTS_DIR,
@@ -145,26 +146,43 @@ def prepare(request: TrainRequest, *, translate: Translator | None = None) -> Tr
     train_changes = {**request.settings, **train_changes}
     if request.task is not None:
         data_changes["task"] = request.task
-    out, device = Path(request.out), pick_device(request.device)
+    world = World.from_env()  # several processes under torchrun: this one is rank world.rank
+    out, device = Path(request.out), world.device(pick_device(request.device))
     if request.resume:
         source = out if request.resume is True else Path(request.resume)
         return _resume(request, source, model_changes, data_changes, train_changes, device, translate)
-    _claim_run_dir(out, overwrite=request.overwrite)
+    if world.rank == 0:
+        _claim_run_dir(out, overwrite=request.overwrite)
     data_config = DataConfig.from_dict(_absolute_paths(data_changes))
     settings = TrainConfig.from_dict(train_changes)
+    parallel = _start(world, settings, device)  # the other ranks wait here until rank 0 has claimed `out`
     seed_all(settings.seed)
     lm_files = _lm_files(data_config) if data_config.task == "lm" and _synthetic_name(data_config) is None else None
     tokenizer = _new_tokenizer(data_config, settings.seed, lm_files)
+    parallel.check_same(tokenizer.fingerprint(), "tokenizer")
     config = _model_config(request, data_config.task, model_changes)
-    task, labels = _make_task(data_config, settings, tokenizer, config, out, translate, lm_files)
+    task, labels = _make_task(data_config, _global_batch(settings, parallel), tokenizer, config, out, translate,
+                              lm_files)
     config = _fit_config(config, tokenizer, labels, data_config)
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
     seed_all(settings.seed)  # the weights do not depend on how much randomness data preparation used
     model = build_model(config)
     return Trainer(
         model=model, config=config, task=task, settings=settings, run_dir=out, tokenizer=tokenizer, labels=labels,
-        device=device, run_info={"data_config": data_config.to_dict()}, progress=request.progress,
+        device=device, run_info={"data_config": data_config.to_dict()}, progress=request.progress, parallel=parallel,
     )
+
+
+def _start(world: World, settings: TrainConfig, device: torch.device) -> SingleProcess:
+    parallel = start(world, shard=settings.shard, timeout=settings.dist_timeout, device=device)
+    if parallel.size > 1:
+        log.info(parallel.describe(settings.batch_size, settings.grad_accum, settings.lr))
+    return parallel
+
+
+def _global_batch(settings: TrainConfig, parallel: SingleProcess) -> TrainConfig:
+    """The settings a task draws global batches with: `batch_size` per rank, times the ranks (distributed.py)."""
+    return dataclasses.replace(settings, batch_size=settings.batch_size * parallel.size)
 
 
 def _resume(request, source: Path, model_changes, data_changes, train_changes, device, translate) -> Trainer:
@@ -192,17 +210,20 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         state["settings"], settings.to_dict()
     ):
         log.warning("resuming with a changed setting: %s", change)
-    out = Path(request.out)
+    out, world = Path(request.out), World.from_env()
     if out.resolve() != _run_of(checkpoint.path).resolve():
-        _claim_run_dir(out, overwrite=request.overwrite)
+        if world.rank == 0:
+            _claim_run_dir(out, overwrite=request.overwrite)
         log.info("continuing %s in %s", checkpoint.path, out)
-    task, labels = _make_task(data_config, settings, checkpoint.tokenizer, checkpoint.config, out, translate)
+    parallel = _start(world, settings, device)
+    task, labels = _make_task(data_config, _global_batch(settings, parallel), checkpoint.tokenizer, checkpoint.config,
+                              out, translate)
     if labels != checkpoint.labels:
         raise CheckpointError(f"the data's labels {labels} differ from the checkpoint's {checkpoint.labels}")
     trainer = Trainer(
         model=checkpoint.model, config=checkpoint.config, task=task, settings=settings, run_dir=out,
         tokenizer=checkpoint.tokenizer, labels=labels, device=device,
-        run_info={"data_config": data_config.to_dict()}, progress=request.progress,
+        run_info={"data_config": data_config.to_dict()}, progress=request.progress, parallel=parallel,
     )
     trainer.restore(checkpoint)
     return trainer

@@ -35,20 +35,19 @@ from attnkit.blocks import compile_blocks
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.tokenize import Tokenizer
+from attnkit.train.distributed import SingleProcess, lost_contact
 from attnkit.train.finetune import Freeze, check_freeze
 from attnkit.train.lora import DEFAULT_TARGETS
 from attnkit.train.metrics import METRICS_FILE, MetricsLog
 from attnkit.train.optim import SCHEDULES, Schedule, lr_factor, make_optimizer
 from attnkit.train.plots import plot_losses
-from attnkit.train.precision import TrainDType, check_dtype, make_precision
+from attnkit.train.precision import TrainDType, check_dtype
 from attnkit.train.state import (
     CHECKPOINTS_DIR,
     Checkpoint,
     capture_rng,
     checkpoint_name,
-    load_optimizer_tensors,
     remove_checkpoints_after,
-    restore_rng,
     save_checkpoint,
 )
 from attnkit.train.tasks import Task
@@ -95,6 +94,9 @@ class TrainConfig:
     lora_alpha: float = 16.0  # the adapters' update is scaled by lora_alpha / lora_rank
     lora_targets: tuple[str, ...] = DEFAULT_TARGETS  # linear modules to adapt: last name parts or globs
     lora_dropout: float = 0.0  # dropout on the adapters' input
+    # Several processes (torchrun; train/distributed.py): batch_size is per rank, the global batch N times larger
+    shard: bool = False  # FSDP2: shard weights, gradients and AdamW state over the ranks; off: DDP (whole replicas)
+    dist_timeout: float = 600.0  # seconds a rank waits for the others in a collective before the job fails
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accum", "eval_every", "log_every", "keep"):
@@ -128,6 +130,10 @@ class TrainConfig:
             raise ConfigError(f"lora_alpha={self.lora_alpha!r} must be positive (16 is usual; the scale is alpha/rank)")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ConfigError(f"lora_dropout={self.lora_dropout} must lie in [0, 1)")
+        if not isinstance(self.shard, bool):
+            raise ConfigError(f"shard={self.shard!r} must be true or false")
+        if not (isinstance(self.dist_timeout, (int, float)) and self.dist_timeout > 0):
+            raise ConfigError(f"dist_timeout={self.dist_timeout!r} must be a positive number of seconds (600 is usual)")
         if (self.lora_rank or self.freeze != "none") and not self.init_from:
             raise ConfigError("lora_rank and freeze adapt trained weights: give --init-from RUN_DIR|HF_DIR too")
 
@@ -169,7 +175,8 @@ class Trainer:
     """Trains `model` on `task`, checkpointing into `run_dir` (layout in `attnkit.train.state`).
 
     `run_info` is saved in every train_state.json beside the trainer's own state (the job's data settings, so
-    a resumed run can rebuild its data); `labels` (classification) is saved as labels.json.
+    a resumed run can rebuild its data); `labels` (classification) is saved as labels.json. `parallel` is this
+    rank's part in several processes (`distributed.start`; its task draws global batches); None: one process.
     """
 
     def __init__(
@@ -185,16 +192,20 @@ class Trainer:
         device: torch.device | str = "cpu",
         run_info: dict[str, Any] | None = None,
         progress: bool | None = None,
+        parallel: SingleProcess | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)  # fp32: what the optimizer updates and checkpoints save
-        self.precision = make_precision(settings.dtype, self.model)
+        self.parallel = parallel or SingleProcess(device=self.device)
+        self.precision = self.parallel.precision(settings.dtype, self.model)
+        # DDP: a wrapper that reduces gradients; FSDP2: the model itself, sharded (so before the optimizer is made)
+        self.train_model = self.parallel.wrap(self.precision.compute_model, dtype=settings.dtype, seed=settings.seed)
         if settings.compile:
             compile_blocks(self.precision.compute_model)
         self.config, self.task, self.settings = config, task, settings
         self.run_dir = Path(run_dir)
         self.tokenizer, self.labels, self.run_info = tokenizer, labels, run_info or {}
-        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.progress = (sys.stderr.isatty() if progress is None else progress) and self.parallel.writes
         self.optimizer = make_optimizer(
             model, lr=settings.lr, weight_decay=settings.weight_decay, betas=(settings.beta1, settings.beta2)
         )
@@ -210,17 +221,23 @@ class Trainer:
     def restore(self, checkpoint: Checkpoint) -> None:
         """Continue from `checkpoint` (loaded with `state.load_checkpoint`, its model being `self.model`)."""
         state = checkpoint.train_state
-        load_optimizer_tensors(self.optimizer, checkpoint.optimizer, source=str(checkpoint.path))
+        self.parallel.load_optimizer(self.optimizer, checkpoint.optimizer, source=str(checkpoint.path))
         self.step, self.elapsed = int(state["step"]), float(state["elapsed"])
         self.tokens_seen, self.best = int(state["tokens_seen"]), state["best"]
         self.evaluation = state["evaluation"]
         self.evaluated_step, self.saved_step = int(state["evaluated_step"]), self.step
         self.precision.weights_to_compute()
-        restore_rng(state["rng"])
+        self.parallel.restore_rng(state, seed=self.settings.seed)
         self.task.load_data_state(state["data"])
-        self.metrics.truncate_after(self.step)
-        for path in remove_checkpoints_after(self.run_dir, self.step):
-            log.warning("removed %s: the run continues from step %d, before it", path, self.step)
+        if self.parallel.writes:
+            for path in remove_checkpoints_after(self.run_dir, self.step):  # first: a kill leaves a resumable run
+                log.warning("removed %s: the run continues from step %d, before it", path, self.step)
+            self.metrics.truncate_after(self.step)
+        saved_ranks = state.get("ranks", 1)
+        if saved_ranks != self.parallel.size:
+            log.warning("the run was saved by %d process(es) and continues in %d: the global batch is now %d "
+                        "sequences per step", saved_ranks, self.parallel.size,
+                        self.settings.batch_size * self.settings.grad_accum * self.parallel.size)
         log.info("resumed from %s at step %d", checkpoint.path, self.step)
 
     # The loop -------------------------------------------------------------------------------------------------
@@ -232,29 +249,33 @@ class Trainer:
         """
         s = self.settings
         session_start, elapsed_before, tokens_before = time.perf_counter(), self.elapsed, self.tokens_seen
-        self.precision.compute_model.train()
+        self.train_model.train()
         with _StopOnSignal() as stop, logging_redirect_tqdm(), _progress_bar(self, enabled=self.progress) as bar:
             meter = _Meter(self.step, self.tokens_seen)
             reason = None
-            while reason is None:
-                reason = self._why_stop(stop_at, stop.signum)
-                if reason is not None:
-                    break
-                record = self._train_step()
-                self.elapsed = elapsed_before + time.perf_counter() - session_start
-                meter.update(self.step, self.tokens_seen)
-                self._report(record, meter, bar)
-                if self.step % s.eval_every == 0 and self.step < s.max_steps:
+            try:
+                while reason is None:
+                    reason = self._why_stop(stop_at, stop)
+                    if reason is not None:
+                        break
+                    record = self._train_step()
+                    self.elapsed = elapsed_before + time.perf_counter() - session_start
+                    meter.update(self.step, self.tokens_seen)
+                    self._report(record, meter, bar)
+                    if self.step % s.eval_every == 0 and self.step < s.max_steps:
+                        self._evaluate_and_save()
+                        meter.restart(self.step, self.tokens_seen)  # evaluation time is not training speed
+                if reason in ("max_steps", "max_time") and self.evaluated_step != self.step:
                     self._evaluate_and_save()
-                    meter.restart(self.step, self.tokens_seen)  # evaluation time is not training speed
-            if reason in ("max_steps", "max_time") and self.evaluated_step != self.step:
-                self._evaluate_and_save()
-            elif self.saved_step != self.step:
-                self._save(best=False)
-                self._plot()
+                elif self.saved_step != self.step:
+                    self._save(best=False)
+                    self._plot()
+            except torch.distributed.DistError as err:
+                raise lost_contact(err, rank=self.parallel.rank, saved_step=self.saved_step, run_dir=self.run_dir,
+                                   timeout=s.dist_timeout) from None
         session = time.perf_counter() - session_start
         checkpoint = self.run_dir / CHECKPOINTS_DIR / checkpoint_name(self.step)
-        if reason == "signal":
+        if reason == "signal" and self.parallel.writes:
             log.warning(
                 "stopped by %s after step %d; saved %s. Resume with: attnkit train --out %s --resume",
                 signal.Signals(stop.signum).name, self.step, checkpoint, self.run_dir,
@@ -269,23 +290,28 @@ class Trainer:
             signal=stop.signum,
         )
 
-    def _why_stop(self, stop_at: int | None, signum: int | None) -> str | None:
-        if signum is not None:
+    def _why_stop(self, stop_at: int | None, stop: _StopOnSignal) -> str | None:
+        out_of_time = self.settings.max_time is not None and self.elapsed >= self.settings.max_time
+        # every rank stops after the same step: a signal to any rank, or any rank's clock, stops them all
+        signum, out_of_time = self.parallel.max(stop.signum or 0, float(out_of_time))
+        if signum:
+            stop.signum = int(signum)
             return "signal"
         if self.step >= self.settings.max_steps:
             return "max_steps"
         if stop_at is not None and self.step >= stop_at:
             return "stop_at"
-        if self.settings.max_time is not None and self.elapsed >= self.settings.max_time:
+        if out_of_time:
             return "max_time"
         return None
 
     def _train_step(self) -> dict[str, Any]:
         """One optimizer step over `grad_accum` micro-batches. Returns the metrics record of the step."""
         s = self.settings
-        batches = [self.task.next_batch() for _ in range(s.grad_accum)]
-        weights = [self.task.weight(b) for b in batches]
-        total = sum(weights)
+        # several ranks: this rank's rows of each global batch; `counts` 0 marks a stand-in row (distributed.py)
+        batches, counts = zip(*(self.parallel.share(self.task.next_batch()) for _ in range(s.grad_accum)), strict=True)
+        weights = [self.task.weight(b) * c for b, c in zip(batches, counts, strict=True)]
+        (total,) = self.parallel.sum(sum(weights))  # every rank's targets
         step = self.step + 1
         lr = s.lr * lr_factor(
             s.schedule, step, warmup=s.warmup, progress=self._progress_fraction(step), min_lr_ratio=s.min_lr_ratio
@@ -293,26 +319,31 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss_value = 0.0
-        for batch, weight in zip(batches, weights, strict=True):
-            with self.precision.context():
-                loss = self.task.loss(self.precision.compute_model, batch)
-            value = loss.item()
-            if not math.isfinite(value):
-                self._diverged("loss", value, step, lr)
-            (loss * (weight / total)).backward()
+        for index, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
+            # gradients are reduced over the ranks in the last micro-batch's backward only
+            with self.parallel.sync(self.train_model, last=index == len(batches) - 1):
+                with self.precision.context():
+                    loss = self.task.loss(self.train_model, batch)
+                # x ranks: DDP and FSDP average the ranks' gradients, and this makes the average their sum
+                (loss * (weight / total * self.parallel.size)).backward()
             self.precision.gradients_to_model()
-            loss_value += value * weight / total
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.clip if s.clip > 0 else math.inf))
+            loss_value += loss.item() * weight / total
+        loss_value, tokens = self.parallel.sum(loss_value, sum(self.task.n_tokens(b) * c for b, c in zip(
+            batches, counts, strict=True)))
+        if not math.isfinite(loss_value):  # after the reduction, so that every rank stops at once
+            self._diverged("loss", loss_value, step, lr)
+        grad_norm = self.parallel.clip_grad_norm(self.model, s.clip if s.clip > 0 else math.inf)
         if not math.isfinite(grad_norm):
             self._diverged("gradient norm", grad_norm, step, lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.weights_to_compute()
         self.step = step
-        self.tokens_seen += sum(self.task.n_tokens(b) for b in batches)
+        self.tokens_seen += int(tokens)
         record = {"kind": "train", "step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
                   "tokens": self.tokens_seen}
-        self.metrics.append(record)
+        if self.parallel.writes:
+            self.metrics.append(record)
         return record
 
     def _progress_fraction(self, step: int) -> float:
@@ -344,7 +375,8 @@ class Trainer:
             self.evaluation = {k: float(v) for k, v in self.task.evaluate(model).items()}
         model.train()
         self.evaluated_step = self.step
-        self.metrics.append({"kind": "eval", "step": self.step, **self.evaluation})
+        if self.parallel.writes:
+            self.metrics.append({"kind": "eval", "step": self.step, **self.evaluation})
         log.info("step %d: %s", self.step, "  ".join(f"{k} {_fmt(v)}" for k, v in self.evaluation.items()))
         score = self.evaluation[self.task.metric]
         better = self.best is None or (score > self.best if self.task.higher_is_better else score < self.best)
@@ -354,6 +386,8 @@ class Trainer:
         self._plot()
 
     def _plot(self) -> None:
+        if not self.parallel.writes:
+            return
         plot_losses(self.metrics.records(), self.run_dir / PLOT_FILE, title=f"{self.task.name}: {self.run_dir.name}")
 
     def _save(self, *, best: bool) -> None:
@@ -366,14 +400,20 @@ class Trainer:
             "evaluation": self.evaluation,
             "evaluated_step": self.evaluated_step,
             "rng": capture_rng(),
+            "ranks": self.parallel.size,
+            "rank_rng": self.parallel.rng_states()[1:],  # ranks 1.. (dropout); the data position is shared
             "data": self.task.data_state(),
             "settings": self.settings.to_dict(),
             **self.run_info,
         }
-        save_checkpoint(
-            self.run_dir, model=self.model, config=self.config, optimizer=self.optimizer, tokenizer=self.tokenizer,
-            task={"task": self.task.name}, train_state=state, labels=self.labels, keep=self.settings.keep, best=best,
-        )
+        whole = self.parallel.full_copy(self.model, self.optimizer)  # FSDP2: gathered on rank 0; None elsewhere
+        if whole is not None:
+            save_checkpoint(
+                self.run_dir, model=whole[0], config=self.config, optimizer=whole[1], tokenizer=self.tokenizer,
+                task={"task": self.task.name}, train_state=state, labels=self.labels, keep=self.settings.keep,
+                best=best,
+            )
+        self.parallel.barrier()  # no rank goes on (or exits) before rank 0 has written
         self.saved_step = self.step
 
     # Progress ------------------------------------------------------------------------------------------------

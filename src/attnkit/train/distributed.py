@@ -1,0 +1,360 @@
+"""Data-parallel training over several processes with PyTorch's own engine: `torchrun` starts one process per
+GPU (or CPU share), each a rank r of N, and DistributedDataParallel or FSDP2 keeps them in step.
+
+    torchrun --nproc-per-node N -m attnkit train ...            DDP: every rank holds the whole model; backward
+                                                                all-reduces (averages) the gradients
+    torchrun --nproc-per-node N -m attnkit train --shard ...    FSDP2 (`fully_shard`, ZeRO-3): each rank holds 1/N
+                                                                of every weight, gradient and AdamW moment; a block's
+                                                                weights are all-gathered for its forward and backward,
+                                                                its gradients reduce-scattered
+
+Backend: nccl on CUDA (rank r uses GPU `LOCAL_RANK`), gloo on the CPU. `SingleProcess` is the same interface for
+one process, so the trainer has one code path.
+
+Batches. A step's global batch is the batch one process would draw with `batch_size x N` sequences, from the same
+seed (the task is built with that batch size); rank r keeps its rows [r*B, (r+1)*B). Every rank draws the same
+global batch and trains on its own rows, so the ranks' rows are distinct and fixed by the seed and the rank, the
+data position is the same on every rank (resuming needs no per-rank data state), and N ranks x B follow the loss
+curve of 1 process x N*B, up to the order of float sums. Drawing is cheap next to a step (token ids, not
+activations). Each rank's loss is weighted by its targets over all ranks' targets, times N (DDP and FSDP average
+over ranks), so the gradient is that of the mean loss over the global batch, as in one process. With
+`grad_accum`, micro-batches before the last skip the gradient all-reduce (`no_sync`,
+`set_requires_gradient_sync(False)`); gradients accumulate locally and the last backward reduces their sum.
+
+Checkpoints. Rank 0 writes today's single-process files (`model.safetensors`, `optimizer.safetensors`): under FSDP2
+the shards are gathered with `get_model_state_dict` / `get_optimizer_state_dict` (full_state_dict, cpu_offload)
+into a CPU copy of the model kept on rank 0; under DDP rank 0's replica is the model. Every rank's RNG state
+(dropout) is saved beside rank 0's. So a run resumes under N ranks bit for bit, under another count of ranks (the
+global batch changes; a warning says so) and in a single process (`attnkit generate`, `--resume`).
+
+Stopping and failures. Ranks agree every step on a signal (on any rank) and on the time budget, so all stop
+after the same step and save once, together. A collective waits `dist_timeout` seconds at most; a rank that dies
+makes torchrun stop the others and name it, and the last checkpoint stays as it was (writes are atomic).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.nn.parallel import DistributedDataParallel
+
+from attnkit.blocks import TransformerBlock
+from attnkit.checkpoint import load_weights, unique_state_dict
+from attnkit.errors import AttnkitError, ConfigError
+from attnkit.train.optim import make_optimizer
+from attnkit.train.precision import Autocast, FullPrecision, make_precision
+from attnkit.train.state import capture_rng, load_optimizer_tensors, restore_rng, seed_all
+
+log = logging.getLogger(__name__)
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
+
+
+class RankLost(AttnkitError):
+    """A collective failed: another rank died, or did not answer within `dist_timeout`."""
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the ranks, as torchrun (or a scheduler) sets it in RANK, LOCAL_RANK, WORLD_SIZE."""
+
+    rank: int = 0
+    local_rank: int = 0
+    size: int = 1
+
+    @classmethod
+    def from_env(cls) -> World:
+        """The launcher's variables (torchrun's interface, not a switch of ours); one process when absent."""
+        env = os.environ
+        return cls(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1)))
+
+    def device(self, device: torch.device) -> torch.device:
+        """Rank r's device: its own GPU (cuda:LOCAL_RANK) when `device` is CUDA without an index."""
+        if device.type == "cuda" and device.index is None and self.size > 1:
+            return torch.device("cuda", self.local_rank)
+        return device
+
+
+class SingleProcess:
+    """One process: the interface `Replicated` and `Sharded` implement, doing nothing distributed."""
+
+    kind = "single process"
+
+    def __init__(self, world: World = World(), device: torch.device | str = "cpu") -> None:
+        self.rank, self.size, self.device = world.rank, world.size, torch.device(device)
+
+    @property
+    def writes(self) -> bool:
+        """Whether this rank logs, prints and writes files (rank 0)."""
+        return self.rank == 0
+
+    def precision(self, dtype: str, model: nn.Module) -> FullPrecision:
+        return make_precision(dtype, model)
+
+    def wrap(self, model: nn.Module, *, dtype: str, seed: int) -> nn.Module:
+        """The module to train through (`model`'s parameters stay the ones the optimizer updates)."""
+        return model
+
+    def share(self, batch: Any) -> tuple[Any, int]:
+        """This rank's rows of a global batch, and 1 if they count (0: a stand-in row, see `Replicated.share`)."""
+        return batch, 1
+
+    def sync(self, model: nn.Module, *, last: bool) -> AbstractContextManager:
+        """Entered around each micro-batch's forward and backward; gradients are reduced on the `last` only."""
+        return nullcontext()
+
+    def sum(self, *values: float) -> list[float]:
+        """Each value summed over the ranks."""
+        return list(values)
+
+    def max(self, *values: float) -> list[float]:
+        """Each value's maximum over the ranks."""
+        return list(values)
+
+    def barrier(self) -> None:
+        """Wait until every rank is here."""
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+        """Clip the gradients of all ranks together; returns the norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+
+    def full_copy(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[nn.Module, torch.optim.Optimizer] | None:
+        """A whole model and optimizer to save on rank 0 (None on the other ranks)."""
+        return (model, optimizer) if self.writes else None
+
+    def load_optimizer(self, optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor], *, source: str) -> None:
+        """Put a saved optimizer state (`state.optimizer_tensors`, whole tensors) into `optimizer`."""
+        load_optimizer_tensors(optimizer, tensors, source=source)
+
+    def rng_states(self) -> list[dict[str, Any]]:
+        """Every rank's RNG states (`state.capture_rng`), rank 0's first."""
+        return [capture_rng()]
+
+    def restore_rng(self, state: dict[str, Any], *, seed: int) -> None:
+        """Restore this rank's RNG from a train_state (`rng`: rank 0's, `rank_rng`: the others'); a rank the saved
+        run did not have starts its own stream from `seed + rank`."""
+        saved = [state["rng"], *state.get("rank_rng", [])]
+        if self.rank < len(saved):
+            restore_rng(saved[self.rank])
+        else:
+            seed_all(seed + self.rank)
+
+    def check_same(self, value: str, what: str) -> None:
+        """Raise ConfigError unless every rank has the same `value` (a fingerprint of `what`)."""
+
+    def describe(self, batch_size: int, grad_accum: int, lr: float) -> str:
+        return ""
+
+
+class Replicated(SingleProcess):
+    """DistributedDataParallel: every rank holds the whole model and all-reduces gradients in backward."""
+
+    kind = "DDP"
+
+    def __init__(self, world: World, device: torch.device | str) -> None:
+        super().__init__(world, device)
+        self.backend = _backend(self.device)
+
+    def precision(self, dtype: str, model: nn.Module) -> FullPrecision:
+        if dtype == "bf16-master":
+            raise ConfigError(
+                "--dtype bf16-master keeps fp32 master weights beside a bf16 copy, whose gradients DDP would reduce in "
+                "bf16 and only for the last micro-batch; with several ranks use --shard (FSDP2 computes in bf16 from "
+                "fp32 master shards and reduces gradients in fp32) or --dtype bf16 (autocast)"
+            )
+        return make_precision(dtype, model)
+
+    def wrap(self, model: nn.Module, *, dtype: str, seed: int) -> nn.Module:
+        # DDP broadcasts rank 0's weights and buffers at construction; buffers (position tables) are constants, so
+        # not before every forward
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
+        if self.rank > 0:
+            seed_all(seed + self.rank)  # each rank its own dropout masks; rank 0 keeps a single process's stream
+        return wrapped
+
+    def share(self, batch: Any) -> tuple[Any, int]:
+        """Rows [r*n/N, (r+1)*n/N) of a batch of n rows: [r*B, (r+1)*B) of a full global batch of N*B rows.
+
+        A global batch smaller than N (the end of an epoch) leaves some ranks without rows: such a rank takes the
+        batch's last row and counts it 0 times, since every rank must run backward for the all-reduce.
+        """
+        n = _rows(batch)
+        start, stop = self.rank * n // self.size, (self.rank + 1) * n // self.size
+        if start == stop:
+            return _take(batch, slice(n - 1, n)), 0
+        return _take(batch, slice(start, stop)), 1
+
+    def sync(self, model: nn.Module, *, last: bool) -> AbstractContextManager:
+        return nullcontext() if last else model.no_sync()
+
+    def sum(self, *values: float) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.SUM)
+
+    def max(self, *values: float) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.MAX)
+
+    def _reduce(self, values: Sequence[float], op: dist.ReduceOp) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=op)
+        return tensor.tolist()
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def rng_states(self) -> list[dict[str, Any]]:
+        states: list[Any] = [None] * self.size
+        dist.all_gather_object(states, capture_rng())
+        return states
+
+    def check_same(self, value: str, what: str) -> None:
+        values: list[Any] = [None] * self.size
+        dist.all_gather_object(values, value)
+        if len(set(values)) > 1:
+            raise ConfigError(
+                f"the ranks built different {what}s (fingerprints {values}); give every rank the same files, or a "
+                f"saved {what} (e.g. --tokenizer DIR)"
+            )
+
+    def describe(self, batch_size: int, grad_accum: int, lr: float) -> str:
+        total = batch_size * grad_accum * self.size
+        return (
+            f"{self.kind} over {self.size} ranks ({self.backend}): global batch {total} sequences per step "
+            f"({batch_size} per micro-batch x {grad_accum} micro-batches x {self.size} ranks); learning rate {lr:g} "
+            f"as given (not scaled with the number of ranks)"
+        )
+
+
+class Sharded(Replicated):
+    """FSDP2: `fully_shard` on every transformer block, then on the whole model (embeddings, final norm, head)."""
+
+    kind = "FSDP2"
+
+    def __init__(self, world: World, device: torch.device | str) -> None:
+        super().__init__(world, device)
+        self._copy: nn.Module | None = None  # rank 0: what the shards are gathered into to be saved (see `wrap`)
+
+    def precision(self, dtype: str, model: nn.Module) -> FullPrecision:
+        # bf16-master is FSDP's own mixed precision (see `wrap`): no second copy of the model
+        return Autocast(model) if dtype == "bf16" else FullPrecision(model)
+
+    def wrap(self, model: nn.Module, *, dtype: str, seed: int) -> nn.Module:
+        """Shard `model` in place. bf16-master: all-gathered weights are cast to bf16 for forward and backward,
+        gradients reduced in fp32 into the fp32 shards AdamW updates (master weights, Micikevicius et al. 2018)."""
+        self._copy = _cpu_copy(model) if self.writes else None
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if (
+            dtype == "bf16-master") else MixedPrecisionPolicy()
+        for module in model.modules():
+            if isinstance(module, TransformerBlock):
+                fully_shard(module, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        for method in ("encode", "decode"):  # translation evaluation decodes through these, not forward
+            if callable(getattr(model, method, None)):
+                register_fsdp_forward_method(model, method)
+        if self.rank > 0:
+            seed_all(seed + self.rank)
+        return model
+
+    def sync(self, model: nn.Module, *, last: bool) -> AbstractContextManager:
+        model.set_requires_gradient_sync(last)
+        return nullcontext()
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # the shards' norms combined
+
+    def full_copy(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[nn.Module, torch.optim.Optimizer] | None:
+        weights = get_model_state_dict(model, options=_FULL)  # every rank takes part; rank 0 receives
+        moments = get_optimizer_state_dict(model, optimizer, options=_FULL)
+        if self._copy is None:
+            return None
+        kept = unique_state_dict(self._copy)  # tied weights once, under their first name
+        load_weights(self._copy, {name: weights[name] for name in kept}, source="the gathered shards")
+        tensors = {f"{name}/{key}": value for name, state in moments["state"].items() for key, value in state.items()}
+        saved_optimizer = make_optimizer(self._copy, lr=1.0, weight_decay=0.0)  # only its state is saved
+        load_optimizer_tensors(saved_optimizer, tensors, source="the gathered optimizer shards")
+        return self._copy, saved_optimizer
+
+    def load_optimizer(self, optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor], *, source: str) -> None:
+        """Whole tensors (read by every rank) cut into this rank's shards, locally (`src_data_rank=None`)."""
+        load_optimizer_tensors(optimizer, tensors, source=source)
+        for param, state in optimizer.state.items():
+            if isinstance(param, DTensor):
+                for key, value in state.items():
+                    if key != "step":
+                        state[key] = distribute_tensor(
+                            value.to(self.device), param.device_mesh, param.placements, src_data_rank=None
+                        )
+
+
+def start(world: World, *, shard: bool, timeout: float, device: torch.device) -> SingleProcess:
+    """Join the other ranks (torchrun's MASTER_ADDR / MASTER_PORT rendezvous) when there are several, else one process.
+
+    nccl on CUDA, gloo on the CPU; every collective fails after `timeout` seconds. Ranks other than 0 log warnings
+    and errors only.
+    """
+    if world.size == 1:
+        return SingleProcess(world, device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            _backend(device), timeout=timedelta(seconds=timeout),
+            device_id=device if device.type == "cuda" else None,
+        )
+    if world.rank > 0:
+        logging.getLogger("attnkit").setLevel(logging.WARNING)
+    return (Sharded if shard else Replicated)(world, device)
+
+
+def lost_contact(err: Exception, *, rank: int, saved_step: int, run_dir: Any, timeout: float) -> RankLost:
+    """The error a rank raises when a collective fails, naming what is known and what to do."""
+    kept = f"the last checkpoint (step {saved_step}) in {run_dir} is intact" if saved_step >= 0 else (
+        "no checkpoint had been written yet")
+    return RankLost(
+        f"rank {rank}: a collective with the other ranks failed ({type(err).__name__}: {str(err).splitlines()[0]}); "
+        f"another rank died or did not answer within {timeout:g} s (torchrun's summary names the rank that failed). "
+        f"{kept}; resume with the same torchrun command and --resume"
+    )
+
+
+def _backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+# Batches as rows -----------------------------------------------------------------------------------------------
+def _rows(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, tuple) else getattr(batch, dataclasses.fields(batch)[0].name)
+    return int(first.shape[0])
+
+
+def _take(batch: Any, rows: slice) -> Any:
+    """Rows of a batch: a tuple of tensors (lm, mlm) or a dataclass of tensors (PairBatch, LabelledBatch)."""
+    if isinstance(batch, tuple):
+        return tuple(t[rows] for t in batch)  # (B, ...) -> (rows, ...)
+    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name)[rows] for f in dataclasses.fields(batch)})
+
+
+def _cpu_copy(model: nn.Module) -> nn.Module:
+    """A CPU copy of `model`'s structure (tied weights stay tied) with uninitialised weights: no copy of the weights
+    on the accelerator (the memo trick of `precision.MasterWeights`)."""
+    memo = {id(p): nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad) for p in model.parameters()}
+    return copy.deepcopy(model, memo).cpu()

@@ -1,0 +1,187 @@
+"""Training on two CPU processes (gloo) with DDP and FSDP2, through the command line users run: the loss curve of
+2 ranks x B equals 1 process x 2B, a run saved by 2 ranks resumes bit for bit (and in one process), a SIGTERM
+saves once on every rank, and a dead rank ends the job with its name and the last checkpoint intact."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnkit import cli
+from attnkit.data import PairBatch
+from attnkit.errors import ConfigError
+from attnkit.train.distributed import Replicated, World
+from attnkit.train.state import load_checkpoint
+
+TINY = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "d_ff=64",
+        "--set", "max_seq_len=24", "--no-progress", "--sample-tokens", "0", "--schedule", "constant",
+        "--warmup", "2", "--lr", "3e-3", "--seed", "7"]
+TASKS = {"lm": ["--task", "lm", "--data", "synthetic:copy"],
+         "translate": ["--task", "translate", "--data", "synthetic:copy", "--set", "dropout=0.0",
+                       "--set", "bleu_samples=4"]}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun(out: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "attnkit.cli", "train", "--out", str(out), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=timeout)
+
+
+def train_records(out: Path) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One process with batch 8, per task: the reference curves."""
+    runs = {}
+    for task, args in TASKS.items():
+        out = tmp_path_factory.mktemp(f"single-{task}")
+        assert cli.main(["train", "--out", str(out), *args, *TINY, "--batch-size", "8", "--max-steps", "5",
+                         "--eval-every", "5"]) == 0
+        runs[task] = train_records(out)
+    return runs
+
+
+SLOW = pytest.mark.slow  # the whole file takes about a minute without these (two processes start per run)
+
+
+@pytest.mark.parametrize(("task", "shard"), [
+    ("lm", False), ("lm", True), pytest.param("translate", False, marks=SLOW), ("translate", True)],
+    ids=["lm-ddp", "lm-fsdp2", "translate-ddp", "translate-fsdp2"])
+def test_two_ranks_of_b_follow_one_process_of_2b(tmp_path, single, task, shard):
+    out = tmp_path / "run"
+    done = torchrun(out, *TASKS[task], *TINY, "--batch-size", "4", "--max-steps", "5", "--eval-every", "5",
+                    "--set", f"shard={str(shard).lower()}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{'FSDP2' if shard else 'DDP'} over 2 ranks (gloo): global batch 8 sequences" in done.stderr
+    assert done.stdout.count("trained 5 steps") == 1  # rank 0 prints, rank 1 does not
+    ranks, one = train_records(out), single[task]
+    assert [r["step"] for r in ranks] == [1, 2, 3, 4, 5]  # rank 0 alone writes metrics
+    assert [r["tokens"] for r in ranks] == [r["tokens"] for r in one]  # tokens of the global batch
+    for key in ("loss", "grad_norm"):
+        torch.testing.assert_close([r[key] for r in ranks], [r[key] for r in one], rtol=1e-5, atol=1e-6)
+    # the gathered checkpoint loads in one process (FSDP2's shards gathered, tied weights once)
+    checkpoint = load_checkpoint(out / "checkpoints" / "step_000005")
+    assert checkpoint.step == 5 and checkpoint.train_state["ranks"] == 2
+
+
+@pytest.mark.parametrize("shard", [pytest.param(False, marks=SLOW), True], ids=["ddp", "fsdp2"])
+def test_saved_by_two_ranks_resumes_bit_for_bit_and_in_one_process(tmp_path, shard):
+    # dropout on: the ranks' own RNG streams must be saved and restored too
+    args = [*TASKS["lm"], *TINY, "--batch-size", "4", "--eval-every", "2", "--set", "dropout=0.1",
+            "--set", f"shard={str(shard).lower()}"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert torchrun(whole, *args, "--max-steps", "4").returncode == 0
+    # steps 3 and 4 again, from the checkpoint of step 2, in another run directory
+    resumed = torchrun(parts, *args, "--max-steps", "4", "--resume", str(whole / "checkpoints" / "step_000002"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["loss"] for r in train_records(parts)] == [r["loss"] for r in train_records(whole)][2:]
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        a, b = load_file(whole / name), load_file(parts / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    # one process continues the run (its global batch halves: a warning says so)
+    assert cli.main(["train", "--out", str(parts), "--resume", "--max-steps", "5", "--no-progress",
+                     "--sample-tokens", "0"]) == 0
+    assert json.loads((parts / "train_state.json").read_text())["step"] == 5
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_saves_once_and_every_rank_exits_cleanly(tmp_path):
+    """Both ranks started as a scheduler would (RANK, WORLD_SIZE, MASTER_ADDR/PORT), both sent SIGTERM."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "attnkit.cli", "train", "--out", str(out), *TASKS["lm"], *TINY,
+               "--batch-size", "4", "--max-steps", "100000", "--eval-every", "3"]
+    port = str(free_port())
+    ranks = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={
+            **ENV, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port})
+        for r in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoints").is_dir() and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in ranks), ranks[0].communicate()
+            time.sleep(0.2)
+        for p in ranks:
+            p.send_signal(signal.SIGTERM)
+        results = [p.communicate(timeout=120) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    for p, (_, err) in zip(ranks, results, strict=True):
+        assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
+        assert "Traceback" not in err
+    step = json.loads((out / "train_state.json").read_text())["step"]
+    assert f"stopped by SIGTERM after step {step};" in results[0][1]
+    assert "stopped by" not in results[1][1]  # rank 1 saves with rank 0 and says nothing
+    assert max(r["step"] for r in train_records(out)) == step
+    assert load_checkpoint(out / "checkpoints" / f"step_{step:06d}").step == step
+
+
+def test_a_dead_rank_ends_the_job_naming_it_and_the_checkpoint_survives(tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "attnkit.cli", "train", "--out", str(out), *TASKS["lm"], *TINY, "--batch-size", "4",
+               "--max-steps", "100000", "--eval-every", "3", "--set", "dist_timeout=30"]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoints").is_dir() and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)
+        assert job.poll() is None, job.communicate()
+        os.kill(rank_pid(job.pid, 1), signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = job.communicate(timeout=90)
+        waited = time.monotonic() - killed
+    finally:
+        job.kill()
+    assert job.returncode != 0 and waited < 90
+    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s*\n\s*exitcode\s*:\s*-9", err), err[-3000:]
+    checkpoint = load_checkpoint(sorted((out / "checkpoints").iterdir())[-1])
+    assert checkpoint.step % 3 == 0 and checkpoint.step > 0
+
+
+def rank_pid(launcher: int, rank: int) -> int:
+    """The process torchrun started for `rank` (its RANK variable)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            parent = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
+            if parent == launcher and f"RANK={rank}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                return int(proc.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    raise AssertionError(f"no rank {rank} among torchrun's children")
+
+
+def test_each_rank_takes_its_rows_of_the_global_batch():
+    batch = (torch.arange(8)[:, None], torch.arange(8)[:, None] + 100)  # (B, 1) inputs and targets
+    for rank in range(2):
+        rows, count = Replicated(World(rank, rank, 2), "cpu").share(batch)
+        assert count == 1 and rows[0].flatten().tolist() == list(range(rank * 4, rank * 4 + 4))
+    # the end of an epoch: fewer rows than ranks; the rank left without takes a stand-in counted 0 times
+    pairs = PairBatch(*(torch.ones(1, 3, dtype=torch.long) for _ in range(5)))
+    (stand_in, first), (_, second) = (Replicated(World(r, r, 2), "cpu").share(pairs) for r in range(2))
+    assert (first, second) == (0, 1) and stand_in.src_ids.shape == (1, 3)
+
+
+def test_ddp_refuses_master_weights():
+    with pytest.raises(ConfigError, match="--shard"):
+        Replicated(World(0, 0, 2), "cpu").precision("bf16-master", torch.nn.Linear(2, 2))
