@@ -72,3 +72,79 @@ def test_plot_is_drawn_from_metrics(tmp_path):
     image = imread(plot_run_instruments(tmp_path))
     assert image.shape[0] > 600 and image[..., :3].std() > 0.05
     assert plot_run_instruments(tmp_path / "nowhere") is None
+
+
+@pytest.fixture
+def tiny_request(monkeypatch):
+    from attnkit.train import TrainRequest
+
+    monkeypatch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (400, 16))
+
+    def make(out, **settings):
+        return TrainRequest(
+            out=str(out), task="translate", overrides=["d_model=32", "n_layers=2", "n_heads=2", "d_ff=64",
+                                                       "max_seq_len=24"],
+            data={"data": ("synthetic:reverse",), "eval_batches": 1, "bleu_samples": 4},
+            settings={"max_steps": 4, "batch_size": 4, "warmup": 1, "eval_every": 2, **settings}, progress=False,
+        )
+
+    return make
+
+
+def test_training_logs_instruments_at_each_evaluation(tmp_path, tiny_request):
+    from attnkit.train import prepare
+
+    prepare(tiny_request(tmp_path / "run")).fit()
+    records = read_instruments(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [2, 4]
+    sites = [f"{stack}.{kind}.{layer}" for stack, kinds in (("encoder", ["self"]), ("decoder", ["causal", "cross"]))
+             for layer in range(2) for kind in kinds]
+    blocks = [f"{stack}.{layer}" for stack in ("encoder", "decoder") for layer in range(2)]
+    for record in records:
+        assert {f"attention_entropy/{s}" for s in sites} | {f"residual_norm/{b}" for b in blocks} | \
+            {f"grad_norm/{b}" for b in blocks} == set(record) - {"kind", "step"}
+        assert all(0 <= record[f"attention_entropy/{s}"] <= math.log(24) for s in sites)
+        assert all(record[f"grad_norm/{b}"] > 0 for b in blocks)
+    assert plot_run_instruments(tmp_path / "run") == tmp_path / "run" / "plots" / "instruments.png"
+
+
+def test_instruments_can_be_switched_off(tmp_path, tiny_request):
+    from attnkit.train import prepare
+
+    prepare(tiny_request(tmp_path / "run", instruments=False, max_steps=2)).fit()
+    assert read_instruments(tmp_path / "run" / "metrics.jsonl") == []
+
+
+def test_tensorboard_logger_writes_the_same_numbers(tmp_path, tiny_request):
+    pytest.importorskip("tensorboard", reason="the optional extra attnkit[tensorboard] is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from attnkit.train import prepare
+
+    prepare(tiny_request(tmp_path / "run", logger="tensorboard")).fit()
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    logged = sorted((e.step, e.value) for e in events.Scalars("eval/val_loss"))
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    expected = sorted((r["step"], r["val_loss"]) for r in records if r["kind"] == "eval")
+    assert [s for s, _ in logged] == [s for s, _ in expected] == [2, 4]
+    assert [v for _, v in logged] == pytest.approx([v for _, v in expected], rel=1e-6)  # float32 in the events
+    assert "grad_norm/decoder.1" in events.Tags()["scalars"]
+
+
+def test_tensorboard_missing_is_a_clear_error(tmp_path, tiny_request, monkeypatch):
+    import builtins
+
+    from attnkit.errors import ConfigError
+    from attnkit.train import prepare
+
+    real_import = builtins.__import__
+
+    def without_tensorboard(name, *args, **kwargs):
+        if name == "torch.utils.tensorboard":
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_tensorboard)
+    with pytest.raises(ConfigError, match=r"pip install 'attnkit\[tensorboard\]'"):
+        prepare(tiny_request(tmp_path / "run", logger="tensorboard"))

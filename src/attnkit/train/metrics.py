@@ -8,23 +8,32 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from attnkit.checkpoint import atomic_write
 
 METRICS_FILE = "metrics.jsonl"
 
 
-class MetricsLog:
-    """Appends records to `path` (flushed at once, so a crash loses nothing logged)."""
+class RecordSink(Protocol):
+    """Somewhere else every record goes too (TensorBoard: `train/tensorboard.py`)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def write(self, record: dict[str, Any]) -> None: ...
+
+
+class MetricsLog:
+    """Appends records to `path` (flushed at once, so a crash loses nothing logged), and passes each to `mirror`."""
+
+    def __init__(self, path: str | Path, *, mirror: RecordSink | None = None) -> None:
         self.path = Path(path)
+        self.mirror = mirror
 
     def append(self, record: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps({k: _finite_or_str(v) for k, v in record.items()}) + "\n")
+        if self.mirror is not None:
+            self.mirror.write(record)
 
     def records(self, kind: str | None = None) -> list[dict[str, Any]]:
         """Every record (of `kind`, when given), in order; a torn last line (a crash mid-write) is skipped."""

@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from attnkit.errors import AttnkitError, ConfigError
 from attnkit.tokenize import Tokenizer
 from attnkit.train.distributed import SingleProcess, lost_contact
 from attnkit.train.finetune import Freeze, check_freeze
+from attnkit.train.instruments import INSTRUMENTS_KIND, gradient_norms, measure_activations
 from attnkit.train.lora import DEFAULT_TARGETS
 from attnkit.train.metrics import METRICS_FILE, MetricsLog
 from attnkit.train.optim import SCHEDULES, Schedule, lr_factor, make_optimizer
@@ -51,6 +53,7 @@ from attnkit.train.state import (
     save_checkpoint,
 )
 from attnkit.train.tasks import Task
+from attnkit.train.tensorboard import LOGGERS, Logger, TensorBoardLog
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,9 @@ class TrainConfig:
     # Several processes (torchrun; train/distributed.py): batch_size is per rank, the global batch N times larger
     shard: bool = False  # FSDP2: shard weights, gradients and AdamW state over the ranks; off: DDP (whole replicas)
     dist_timeout: float = 600.0  # seconds a rank waits for the others in a collective before the job fails
+    # Looking inside (train/instruments.py): per-layer attention entropy, residual and gradient norms per evaluation
+    instruments: bool = True  # log them to metrics.jsonl at each evaluation (attnkit viz --run draws them)
+    logger: Logger = "jsonl"  # tensorboard: also write every metric to RUN/tensorboard/ (optional extra)
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accum", "eval_every", "log_every", "keep"):
@@ -136,6 +142,10 @@ class TrainConfig:
             raise ConfigError(f"dist_timeout={self.dist_timeout!r} must be a positive number of seconds (600 is usual)")
         if (self.lora_rank or self.freeze != "none") and not self.init_from:
             raise ConfigError("lora_rank and freeze adapt trained weights: give --init-from RUN_DIR|HF_DIR too")
+        if not isinstance(self.instruments, bool):
+            raise ConfigError(f"instruments={self.instruments!r} must be true or false")
+        if self.logger not in LOGGERS:
+            raise ConfigError(f"logger={self.logger!r} is not known; choose one of {', '.join(LOGGERS)}")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
@@ -209,13 +219,15 @@ class Trainer:
         self.optimizer = make_optimizer(
             model, lr=settings.lr, weight_decay=settings.weight_decay, betas=(settings.beta1, settings.beta2)
         )
-        self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
+        mirror = TensorBoardLog(self.run_dir) if settings.logger == "tensorboard" and self.parallel.writes else None
+        self.metrics = MetricsLog(self.run_dir / METRICS_FILE, mirror=mirror)
         self.step = 0
         self.elapsed = 0.0
         self.tokens_seen = 0
         self.best: float | None = None
         self.evaluation: dict[str, float] = {}
         self.evaluated_step = self.saved_step = -1
+        self.layer_grad_norms: dict[str, float] = {}  # taken at the step before each evaluation
 
     # Resuming ------------------------------------------------------------------------------------------------
     def restore(self, checkpoint: Checkpoint) -> None:
@@ -332,6 +344,8 @@ class Trainer:
             batches, counts, strict=True)))
         if not math.isfinite(loss_value):  # after the reduction, so that every rank stops at once
             self._diverged("loss", loss_value, step, lr)
+        if s.instruments and (step % s.eval_every == 0 or step >= s.max_steps):
+            self.layer_grad_norms = gradient_norms(self.model)  # before clipping, as the total norm below
         grad_norm = self.parallel.clip_grad_norm(self.model, s.clip if s.clip > 0 else math.inf)
         if not math.isfinite(grad_norm):
             self._diverged("gradient norm", grad_norm, step, lr)
@@ -371,12 +385,17 @@ class Trainer:
         model = self.precision.compute_model
         model.eval()
         devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), self.precision.context():
+        instruments = measure_activations(model) if self.settings.instruments else nullcontext()
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), self.precision.context(), instruments as inside:
             self.evaluation = {k: float(v) for k, v in self.task.evaluate(model).items()}
         model.train()
         self.evaluated_step = self.step
         if self.parallel.writes:
             self.metrics.append({"kind": "eval", "step": self.step, **self.evaluation})
+            if inside is not None:
+                self.metrics.append({"kind": INSTRUMENTS_KIND, "step": self.step, **inside.summary(),
+                                     **self.layer_grad_norms})
+        self.layer_grad_norms = {}
         log.info("step %d: %s", self.step, "  ".join(f"{k} {_fmt(v)}" for k, v in self.evaluation.items()))
         score = self.evaluation[self.task.metric]
         better = self.best is None or (score > self.best if self.task.higher_is_better else score < self.best)
