@@ -148,3 +148,22 @@ def test_tensorboard_missing_is_a_clear_error(tmp_path, tiny_request, monkeypatc
     monkeypatch.setattr(builtins, "__import__", without_tensorboard)
     with pytest.raises(ConfigError, match=r"pip install 'attnkit\[tensorboard\]'"):
         prepare(tiny_request(tmp_path / "run", logger="tensorboard"))
+
+
+def test_cli_train_draws_the_instruments_and_viz_redraws_them(tmp_path, monkeypatch, capsys):
+    from attnkit.cli import main
+
+    monkeypatch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (400, 16))
+    out = tmp_path / "run"
+    args = ["train", "--data", "synthetic:copy", "--out", str(out), "--max-steps", "2", "--eval-every", "1",
+            "--batch-size", "4", "--warmup", "1", "--no-progress", "--sample-tokens", "0", "--tokenizer", "char",
+            "--set", "d_model=32", "--set", "n_layers=2", "--set", "n_heads=2", "--set", "d_ff=64",
+            "--set", "max_seq_len=24"]
+    assert main(args) == 0
+    assert f"{out}/plots/instruments.png" in capsys.readouterr().out
+    assert [r["step"] for r in read_instruments(out / "metrics.jsonl")] == [1, 2]
+    (out / "plots" / "instruments.png").unlink()
+    assert main(["viz", "--run", str(out)]) == 0  # no text: the instruments plot alone
+    assert (out / "plots" / "instruments.png").is_file()
+    assert main([*args[:4], str(tmp_path / "quiet"), *args[5:], "--no-instruments"]) == 0
+    assert read_instruments(tmp_path / "quiet" / "metrics.jsonl") == []

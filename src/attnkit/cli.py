@@ -271,13 +271,18 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     opt.add_argument("--eval-every", type=int, help="steps between evaluations and checkpoints (default 200)")
     opt.add_argument("--keep", type=int, help="checkpoints kept besides best/ (default 3)")
     opt.add_argument("--seed", type=int, help="seed of initialisation, data order and dropout (default 1337)")
+    opt.add_argument("--logger", choices=["jsonl", "tensorboard"],
+                     help="tensorboard: metrics also to RUN/tensorboard/ (pip install 'attnkit[tensorboard]')")
+    opt.add_argument("--no-instruments", dest="instruments", action="store_false", default=None,
+                     help="log no attention entropy, residual or gradient norms per layer at evaluations")
     p.set_defaults(func=_run_train)
 
 
 _TRAIN_DATA_FLAGS = ("data", "val_data", "src_lang", "tgt_lang", "tokenizer", "vocab_size", "seq_len", "max_bytes",
                      "encoding_errors")
 _TRAIN_FLAGS = ("max_steps", "max_time", "batch_size", "grad_accum", "lr", "warmup", "schedule", "weight_decay",
-                "clip", "dtype", "compile", "eval_every", "keep", "seed")
+                "clip", "dtype", "compile", "eval_every", "keep", "seed", "logger",
+                "instruments")
 
 
 def _duration(text: str) -> float:
@@ -312,6 +317,10 @@ def _run_train(args: argparse.Namespace) -> int:
     summary = "  ".join(f"{k} {v:.4g}" for k, v in result.evaluation.items())
     speed = f"{result.tokens_per_second:,.0f} tokens/s"
     print(f"trained {result.step} steps in {result.elapsed:.0f} s ({speed}); validation: {summary}")
+    from attnkit.viz import plot_run_instruments
+
+    if plot_run_instruments(args.out) is not None:
+        print(f"training instruments per layer: {args.out}/plots/instruments.png")
     if trainer.task.name == "lm" and args.sample_tokens > 0:
         from attnkit.generate import sample_after_training
 
