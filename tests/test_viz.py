@@ -151,9 +151,9 @@ def test_pngs_have_their_size_and_are_not_blank(tokenizer, tmp_path):
     assert width >= 0.2 * DPI * n_source and height >= 0.2 * DPI * n_source  # >= 0.2 inch per token
     grid = _not_blank(plot_grid(maps["cross"], tmp_path / "grid.png"))
     assert grid.shape[1] > grid.shape[0]  # 4 heads across, 2 layers down
-    paths = write_pngs(list(maps.values()), tmp_path / "all", per_head=False)
-    names = sorted(p.name for p in paths)
-    assert "alignment.png" in names and "cross_grid.png" in names and "self_layer1_mean.png" in names
+    paths = write_pngs([maps["cross"]], tmp_path / "all", per_head=False)
+    assert sorted(p.name for p in paths) == [
+        "alignment.png", "cross_grid.png", "cross_layer0_mean.png", "cross_layer1_mean.png"]
     for path in paths:
         _not_blank(path)
 
@@ -185,3 +185,10 @@ def test_cli_viz(runs, tmp_path, capsys):
 def test_maps_refuse_shapes_that_disagree():
     with pytest.raises(InputError, match="shape"):
         AttentionMaps("causal", np.zeros((1, 1, 2, 3)), ("a", "b"), ("a", "b"), (0,), (0,))
+
+
+def test_run_viz_needs_something_to_draw(runs):
+    with pytest.raises(InputError, match="nothing to draw: give --text TEXT"):
+        run_viz(VizSettings(run=str(runs["decoder"])))
+    with pytest.raises(InputError, match="give the source too"):
+        run_viz(VizSettings(run=str(runs["encoder-decoder"]), target="the dog"))
