@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attnkit"
 # models/recurrent/lm.py), so a new module in a listed package needs no edit here. "__init__" is attnkit itself.
 LAYERS = {
     "errors": 0,
-    "textfiles": 1,
+    "textfiles": 1, "options": 1,  # reading text files; dataclass fields -> command-line options (any layer uses)
     "tokenize": 2, "data": 2,
     "config": 3, "presets": 3,
     "layers": 4,
@@ -23,7 +23,7 @@ LAYERS = {
     "checkpoint": 7,
     "train": 8, "generate": 8, "interop": 8, "viz": 8,
     "experiments": 9,
-    "cli": 10, "__init__": 10,
+    "cli": 10, "__main__": 10, "__init__": 10,
 }
 SIBLINGS = {"train", "generate", "interop", "viz"}  # never import each other: shared code moves down a layer
 
