@@ -36,6 +36,7 @@ from attnkit.generate.quantize import quantize_int8
 from attnkit.generate.sampling import SamplingConfig, make_generator
 from attnkit.generate.seq2seq import greedy_translate
 from attnkit.generate.static_decode import StaticDecoding
+from attnkit.tokenize import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -345,8 +346,6 @@ def load(
     decoding = decoding_for(model, compile)
     tokenizer = None
     if (run_dir / TOKENIZER_DIR).is_dir():
-        from attnkit.tokenize import load_tokenizer
-
         tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
     else:
         log.warning("%s has no %s/ directory: the model can be used, but not with text", run_dir, TOKENIZER_DIR)
