@@ -158,6 +158,10 @@ class SingleProcess:
     def check_same(self, value: str, what: str) -> None:
         """Raise ConfigError unless every rank has the same `value` (a fingerprint of `what`)."""
 
+    def lost(self, err: RuntimeError, *, saved_step: int, run_dir: Any) -> RankLost | None:
+        """The error to raise for `err` if it is a failed collective (None: `err` is something else)."""
+        return None
+
     def describe(self, batch_size: int, grad_accum: int, lr: float) -> str:
         return ""
 
@@ -167,9 +171,9 @@ class Replicated(SingleProcess):
 
     kind = "DDP"
 
-    def __init__(self, world: World, device: torch.device | str) -> None:
+    def __init__(self, world: World, device: torch.device | str, *, timeout: float = 600.0) -> None:
         super().__init__(world, device)
-        self.backend = _backend(self.device)
+        self.backend, self.timeout = _backend(self.device), timeout
 
     def precision(self, dtype: str, model: nn.Module) -> FullPrecision:
         if dtype == "bf16-master":
@@ -232,6 +236,18 @@ class Replicated(SingleProcess):
                 f"saved {what} (e.g. --tokenizer DIR)"
             )
 
+    def lost(self, err: RuntimeError, *, saved_step: int, run_dir: Any) -> RankLost | None:
+        # nccl raises DistError; gloo, when a peer's connection closes, a RuntimeError from its transport
+        if not (isinstance(err, dist.DistError) or "gloo" in str(err)):
+            return None
+        kept = f"The last checkpoint (step {saved_step}) in {run_dir} is intact" if saved_step >= 0 else (
+            "No checkpoint had been written yet")
+        return RankLost(
+            f"rank {self.rank}: a collective with the other ranks failed ({str(err).splitlines()[0]}); another rank "
+            f"died or did not answer within {self.timeout:g} s (torchrun's summary names the rank that failed). "
+            f"{kept}; resume with the same torchrun command and --resume"
+        )
+
     def describe(self, batch_size: int, grad_accum: int, lr: float) -> str:
         total = batch_size * grad_accum * self.size
         return (
@@ -246,8 +262,8 @@ class Sharded(Replicated):
 
     kind = "FSDP2"
 
-    def __init__(self, world: World, device: torch.device | str) -> None:
-        super().__init__(world, device)
+    def __init__(self, world: World, device: torch.device | str, *, timeout: float = 600.0) -> None:
+        super().__init__(world, device, timeout=timeout)
         self._copy: nn.Module | None = None  # rank 0: what the shards are gathered into to be saved (see `wrap`)
 
     def precision(self, dtype: str, model: nn.Module) -> FullPrecision:
@@ -322,18 +338,7 @@ def start(world: World, *, shard: bool, timeout: float, device: torch.device) ->
         )
     if world.rank > 0:
         logging.getLogger("attnkit").setLevel(logging.WARNING)
-    return (Sharded if shard else Replicated)(world, device)
-
-
-def lost_contact(err: Exception, *, rank: int, saved_step: int, run_dir: Any, timeout: float) -> RankLost:
-    """The error a rank raises when a collective fails, naming what is known and what to do."""
-    kept = f"the last checkpoint (step {saved_step}) in {run_dir} is intact" if saved_step >= 0 else (
-        "no checkpoint had been written yet")
-    return RankLost(
-        f"rank {rank}: a collective with the other ranks failed ({type(err).__name__}: {str(err).splitlines()[0]}); "
-        f"another rank died or did not answer within {timeout:g} s (torchrun's summary names the rank that failed). "
-        f"{kept}; resume with the same torchrun command and --resume"
-    )
+    return (Sharded if shard else Replicated)(world, device, timeout=timeout)
 
 
 def _backend(device: torch.device) -> str:

@@ -36,7 +36,7 @@ from attnkit.blocks import compile_blocks
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.tokenize import Tokenizer
-from attnkit.train.distributed import SingleProcess, lost_contact
+from attnkit.train.distributed import SingleProcess
 from attnkit.train.finetune import Freeze, check_freeze
 from attnkit.train.instruments import INSTRUMENTS_KIND, gradient_norms, measure_activations
 from attnkit.train.lora import DEFAULT_TARGETS
@@ -282,9 +282,11 @@ class Trainer:
                 elif self.saved_step != self.step:
                     self._save(best=False)
                     self._plot()
-            except torch.distributed.DistError as err:
-                raise lost_contact(err, rank=self.parallel.rank, saved_step=self.saved_step, run_dir=self.run_dir,
-                                   timeout=s.dist_timeout) from None
+            except RuntimeError as err:  # a failed collective: another rank died or hangs
+                lost = self.parallel.lost(err, saved_step=self.saved_step, run_dir=self.run_dir)
+                if lost is None:
+                    raise
+                raise lost from None
         session = time.perf_counter() - session_start
         checkpoint = self.run_dir / CHECKPOINTS_DIR / checkpoint_name(self.step)
         if reason == "signal" and self.parallel.writes:
