@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from attnkit import cli
+from attnkit import cli, options
 from attnkit.train.precision import TRAIN_DTYPES
 
 TINY = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "d_ff=64",
@@ -40,12 +40,12 @@ def test_help_explains_every_option(capsys):
 
 @pytest.mark.parametrize(("text", "seconds"), [("300", 300.0), ("90s", 90.0), ("5m", 300.0), ("1.5h", 5400.0)])
 def test_durations(text, seconds):
-    assert cli._duration(text) == seconds
+    assert options.duration(text) == seconds
 
 
 def test_bad_duration_is_refused():
     with pytest.raises(argparse.ArgumentTypeError, match="no duration"):
-        cli._duration("five minutes")
+        options.duration("five minutes")
 
 
 def test_a_mistake_is_reported_without_a_traceback(tmp_path, capsys):

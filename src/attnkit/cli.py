@@ -1,4 +1,15 @@
-"""The `attnkit` command line: parse, build a config, call the library. Each subcommand is one small function."""
+"""The `attnkit` command line: parse, build the settings, call the library.
+
+Every option is generated from a typed settings dataclass (`attnkit.options`): its flag, type, choices, default
+and help come from the field itself, so nothing here restates a config. Every command also takes `--config
+FILE.json|yaml`, a file of its settings, with the command line on top.
+
+Adding a command:
+    1. a settings dataclass in your own module: typed fields with defaults (none: required), a comment after
+       each field (its help), `Literal[...]` for choices; e.g. `EvalSettings` in train/evaluate.py;
+    2. a run function here, `_run_NAME(settings) -> int` (exit code), that calls the library and prints;
+    3. one `Command(...)` line in COMMANDS below. tests/test_cli.py then checks its help and defaults.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +17,63 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
 
-SubcommandAdder = Callable[[argparse._SubParsersAction], None]
+from attnkit import options
+from attnkit.blocks import COMPILE_MODES
+from attnkit.config import model_field_names
+from attnkit.experiments.base import Budget
+from attnkit.generate.pipeline import WeightDType
+from attnkit.textfiles import EncodingErrors
+from attnkit.train.evaluate import EvalSettings
+from attnkit.train.job import DataConfig
+from attnkit.train.trainer import TrainConfig
+from attnkit.viz.run import VizSettings
 
 
-def _add_presets(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("presets", help="print the table of model presets (the lecture's comparison table)")
-    p.set_defaults(func=_run_presets)
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: a settings dataclass (every field one option) and the function that runs it.
+
+    `run(settings)` returns the exit code. With `sections`, (group title, dataclass) pairs whose options the
+    command takes as well, `run(settings, *given)` gets one dict per section holding only the options given
+    (on the command line or in --config): `train` passes them on as "not given: the default, or the resumed
+    run's". `adapt_file` turns a --config file's keys into the command's before they are used.
+    """
+
+    name: str  # "train", or "tokenizer train" for a command inside a group
+    help: str
+    settings: type
+    run: Callable[..., int]
+    sections: tuple[tuple[str, type], ...] = ()
+    description: str | None = None
+    epilog: str | None = None
+    adapt_file: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
 
 
-def _run_presets(args: argparse.Namespace) -> int:
+GROUPS = {"tokenizer": "train a tokenizer, or show how one splits a text"}
+
+
+# presets --------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PresetsSettings:
+    name: str | None = field(default=None, metadata={"positional": True})  # a preset to print whole (JSON)
+    """print this preset's whole config as JSON; none: the table of all presets"""
+
+
+def _run_presets(settings: PresetsSettings) -> int:
     from attnkit import count_parameters, presets
 
-    header = ("preset", "family", "params", "layers", "width", "heads/kv", "norm", "ffn", "positions", "score")
+    if settings.name is not None:
+        print(presets.get(settings.name).to_json())
+        return 0
+    header = ("preset", "family", "params", *presets.COLUMNS)
     rows = [header]
     for name in presets.names():
         c = presets.get(name)
-        layers = f"{c.n_layers}+{c.decoder_layers}" if c.family == "encoder-decoder" else str(c.n_layers)
-        rows.append((
-            name, c.family, _human(count_parameters(c)), layers, str(c.d_model), f"{c.n_heads}/{c.kv_heads}",
-            f"{c.norm_position} {c.norm}", c.activation, c.position, c.score,
-        ))
+        rows.append((name, c.family, _human(count_parameters(c)), *presets.summary(c).values()))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
@@ -40,82 +87,82 @@ def _human(count: int) -> str:
     return str(count)
 
 
-def _add_tokenizer(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tokenizer", help="train a tokenizer, or show how one splits a text")
-    tsub = p.add_subparsers(dest="tokenizer_command", required=True)
-    t = tsub.add_parser("train", help="train a char or byte-level BPE tokenizer on text files")
-    t.add_argument("--data", nargs="+", help="files, folders or globs (default: the Python standard library)")
-    t.add_argument("--kind", default="bpe", help="char | bpe (default bpe)")
-    t.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size, special tokens included")
-    t.add_argument("--max-bytes", type=int, help="read at most about this many bytes of the corpus")
-    t.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict")
-    t.add_argument("--out", required=True, help="directory to save the tokenizer in")
-    t.set_defaults(func=_run_tokenizer_train)
-    e = tsub.add_parser("encode", help="print the ids and pieces of a text")
-    e.add_argument("--tokenizer", required=True, help="a saved tokenizer directory, or one holding tokenizer.json")
-    e.add_argument("--text", required=True)
-    e.set_defaults(func=_run_tokenizer_encode)
+# tokenizer ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TokenizerTrainSettings:
+    out: str  # directory to save the tokenizer in
+    data: tuple[str, ...] = ()  # files, folders or globs; none: the Python standard library's source
+    kind: str = "bpe"  # char: one token per character; bpe: byte-level BPE
+    vocab_size: int = 4096  # BPE vocabulary size, special tokens included
+    max_bytes: int | None = None  # read at most about this many bytes of the corpus
+    encoding_errors: EncodingErrors = "strict"  # strict: a file that is not UTF-8 is an error; replace: U+FFFD
 
 
-def _run_tokenizer_train(args: argparse.Namespace) -> int:
+def _run_tokenizer_train(settings: TokenizerTrainSettings) -> int:
     from attnkit.data.corpus import resolve_files
     from attnkit.tokenize import check_kind, train_tokenizer
 
-    kind = check_kind(args.kind)
-    files = resolve_files(args.data, max_bytes=args.max_bytes)
-    tok = train_tokenizer(kind, files, vocab_size=args.vocab_size, encoding_errors=args.encoding_errors)
-    tok.save(args.out)
-    print(f"{tok.kind} tokenizer, {tok.vocab_size} tokens, from {len(files)} files -> {args.out}")
+    kind = check_kind(settings.kind)
+    files = resolve_files(list(settings.data) or None, max_bytes=settings.max_bytes)
+    tok = train_tokenizer(kind, files, vocab_size=settings.vocab_size, encoding_errors=settings.encoding_errors)
+    tok.save(settings.out)
+    print(f"{tok.kind} tokenizer, {tok.vocab_size} tokens, from {len(files)} files -> {settings.out}")
     return 0
 
 
-def _run_tokenizer_encode(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class TokenizerEncodeSettings:
+    tokenizer: str  # a saved tokenizer directory, or one holding tokenizer.json
+    text: str  # the text to split
+
+
+def _run_tokenizer_encode(settings: TokenizerEncodeSettings) -> int:
     from attnkit.tokenize import explain, load_tokenizer
 
-    print(explain(load_tokenizer(args.tokenizer), args.text))
+    print(explain(load_tokenizer(settings.tokenizer), settings.text))
     return 0
 
 
-def _add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", required=True, help="run directory: config.json, model.safetensors, tokenizer/")
-    p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when present, else cpu)")
-    p.add_argument("--dtype", help="fp32 | bf16 | fp16 (default: as stored)")
-    p.add_argument("--int8", action="store_true",
-                   help="int8 weight-only linear layers (bf16 products): faster decoding, a little quality lost")
-    p.add_argument("--compile", nargs="?", const="default", choices=["default", "max-autotune"],
-                   help="torch.compile the decoding step (decoders, fixed shapes) or each block: waits for "
-                   "compilation first, then decodes faster where overhead dominates (small models, bf16, --int8); "
-                   "max-autotune: a minute or more of kernel timing the first time, fastest for larger models")
+# generate, translate, classify ----------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class LoadSettings:
+    """How a trained run is loaded for decoding (`attnkit.load`)."""
+
+    run: str  # run directory: config.json, model.safetensors, tokenizer/
+    device: str | None = None  # cpu, cuda, cuda:1, ...; none: cuda when present, else cpu
+    dtype: WeightDType | None = None  # the weights' type; none: as stored
+    int8: bool = False  # int8 weight-only linear layers (bf16 products): faster decoding, a little quality lost
+    compile: str | None = field(default=None, metadata={"const": "default", "choices": tuple(COMPILE_MODES)})
+    """torch.compile the decoding step (decoders, fixed shapes) or each block: waits for compilation first, then
+    decodes faster where overhead dominates (small models, bf16, --int8); bare --compile: default; max-autotune: a
+    minute or more of kernel timing the first time, fastest for larger models"""
 
 
-def _load_run(args: argparse.Namespace):
+def _load_run(settings: LoadSettings):
     from attnkit.generate import load
 
-    return load(args.run, device=args.device, dtype=args.dtype, quantize="int8" if args.int8 else None,
-                compile=args.compile or False)
+    return load(settings.run, device=settings.device, dtype=settings.dtype,
+                quantize="int8" if settings.int8 else None, compile=settings.compile or False)
 
 
-def _add_generate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="continue a prompt with a trained decoder, streaming the text as it comes")
-    _add_run_args(p)
-    p.add_argument("--prompt", required=True, help='the prompt; "-" reads it from stdin; "" starts from BOS')
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1)")
-    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, help="sample among the most likely tokens that reach probability p")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (default 1: off)")
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--seed", type=int, help="same seed, same text")
-    p.add_argument("--stop", action="append", default=[], help="end the text at this string (repeatable)")
-    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
-                   help="print tokens as they come (default; one sample only)")
-    p.set_defaults(func=_run_generate)
+@dataclass(frozen=True, kw_only=True)
+class GenerateSettings(LoadSettings):
+    prompt: str  # the prompt; "-" reads it from stdin; "" starts from BOS
+    max_new_tokens: int = 200  # tokens to generate after the prompt
+    temperature: float = 1.0  # 0 is greedy
+    top_k: int | None = None  # sample among the k most likely tokens
+    top_p: float | None = None  # sample among the most likely tokens that reach probability p
+    repetition_penalty: float = 1.0  # > 1 discourages repeats; 1: off
+    num_samples: int = 1  # independent continuations of the prompt
+    seed: int | None = None  # same seed, same text
+    stop: tuple[str, ...] = ()  # end the text at any of these strings (repeatable)
+    stream: bool = True  # print tokens as they come (one sample only)
 
 
-def _run_generate(args: argparse.Namespace) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    pipeline = _load_run(args)
-    stream = args.stream and args.num_samples == 1
+def _run_generate(settings: GenerateSettings) -> int:
+    prompt = _read_stdin() if settings.prompt == "-" else settings.prompt
+    pipeline = _load_run(settings)
+    stream = settings.stream and settings.num_samples == 1
 
     def write(_: int, piece: str) -> None:
         sys.stdout.write(piece)
@@ -124,73 +171,84 @@ def _run_generate(args: argparse.Namespace) -> int:
     if stream:
         write(0, prompt)
     texts = pipeline.generate(
-        prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, repetition_penalty=args.repetition_penalty, num_samples=args.num_samples,
-        seed=args.seed, stop=args.stop, on_text=write if stream else None,
+        prompt, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
+        top_p=settings.top_p, repetition_penalty=settings.repetition_penalty, num_samples=settings.num_samples,
+        seed=settings.seed, stop=list(settings.stop), on_text=write if stream else None,
     )
     if stream:
         print()
         return 0
     for index, text in enumerate(texts):
-        if args.num_samples > 1:
+        if settings.num_samples > 1:
             print(f"--- sample {index + 1} ---")
         print(prompt + text)
     return 0
 
 
-def _add_inputs(p: argparse.ArgumentParser, what: str) -> None:
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", action="append", help=f"a text to {what} (repeatable)")
-    source.add_argument("--input", help=f"a UTF-8 file: one text to {what} per line")
+def _read_stdin() -> str:
+    """Standard input as UTF-8 text (an InputError naming the first bad byte otherwise)."""
+    from attnkit.errors import InputError
+
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise InputError(f"standard input is not UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start}): convert "
+                         "it (iconv -t UTF-8), or give the prompt as --prompt TEXT") from None
 
 
-def _read_inputs(args: argparse.Namespace) -> list[str]:
+@dataclass(frozen=True, kw_only=True)
+class InputSettings(LoadSettings):
+    text: tuple[str, ...] = ()  # texts, one per value (repeatable); or --input
+    input: str | None = None  # a UTF-8 file: one text per line; or --text
+    encoding_errors: EncodingErrors = "strict"  # --input: strict: not UTF-8 is an error; replace: bad bytes: U+FFFD
+    batch_size: int = 32  # texts per forward pass
+
+
+def _read_inputs(settings: InputSettings) -> list[str]:
+    from attnkit.errors import InputError
     from attnkit.textfiles import read_lines
 
-    return args.text if args.text else read_lines(args.input)
+    if bool(settings.text) == (settings.input is not None):
+        raise InputError("give the texts as --text TEXT... or as --input FILE (one per line), one of the two")
+    return list(settings.text) if settings.text else read_lines(settings.input, errors=settings.encoding_errors)
 
 
-def _add_translate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("translate", help="translate with a trained encoder-decoder (greedy or beam search)")
-    _add_run_args(p)
-    _add_inputs(p, "translate")
-    p.add_argument("--output", help="write one translation per line here (default: print them)")
-    p.add_argument("--beam-size", type=int, default=1, help="1 is greedy (default)")
-    p.add_argument("--length-penalty", type=float, default=1.0, help="beam score = log p / length ** this")
-    p.add_argument("--max-length", type=int, help="target tokens at most (default: 2 x source + 10)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.set_defaults(func=_run_translate)
+@dataclass(frozen=True, kw_only=True)
+class TranslateSettings(InputSettings):
+    output: str | None = None  # write one translation per line here; none: print them
+    beam_size: int = 1  # 1 is greedy
+    length_penalty: float = 1.0  # beam score = log p / length ** this
+    max_length: int | None = None  # target tokens at most; none: 2 x source + 10
 
 
-def _run_translate(args: argparse.Namespace) -> int:
-    texts = _read_inputs(args)
-    translations = _load_run(args).translate(
-        texts, beam_size=args.beam_size, length_penalty=args.length_penalty, max_length=args.max_length,
-        batch_size=args.batch_size, progress=args.input is not None,
+def _run_translate(settings: TranslateSettings) -> int:
+    texts = _read_inputs(settings)
+    translations = _load_run(settings).translate(
+        texts, beam_size=settings.beam_size, length_penalty=settings.length_penalty,
+        max_length=settings.max_length, batch_size=settings.batch_size, progress=settings.input is not None,
     )
-    if args.output:
+    if settings.output:
         from attnkit.checkpoint import atomic_write
 
-        atomic_write(args.output, "".join(f"{line}\n" for line in translations))
+        atomic_write(settings.output, "".join(f"{line}\n" for line in translations))
     else:
         print("\n".join(translations))
     return 0
 
 
-def _add_classify(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("classify", help="label texts with a trained encoder classifier")
-    _add_run_args(p)
-    _add_inputs(p, "classify")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.set_defaults(func=_run_classify)
+@dataclass(frozen=True, kw_only=True)
+class ClassifySettings(InputSettings):
+    pass
 
 
-def _run_classify(args: argparse.Namespace) -> int:
-    for result in _load_run(args).classify(_read_inputs(args), batch_size=args.batch_size):
+def _run_classify(settings: ClassifySettings) -> int:
+    for result in _load_run(settings).classify(_read_inputs(settings), batch_size=settings.batch_size):
         print(f"{result.label}\t{result.probability:.4f}")
     return 0
 
 
+# train ----------------------------------------------------------------------------------------------------------
 _TRAIN_EPILOG = """\
 examples:
   attnkit train --out runs/default                      # small decoder on the Python standard library
@@ -198,117 +256,59 @@ examples:
   attnkit train --task translate --data multi30k --src-lang de --tgt-lang en --max-time 1h --out runs/de-en
   attnkit train --task classify --data sst2/stsa.binary.train --val-data sst2/stsa.binary.dev --out runs/sst2
   attnkit train --out runs/default --resume              # continue where it stopped (Ctrl-C saves first)
+  attnkit train --config run.yaml --max-steps 500        # options from a file, the command line on top
 
 Every field of the model config and of the data and training settings can be set with --set KEY=VALUE.
+--config FILE takes a JSON or YAML object of these options and fields (a file of model fields alone, such as a
+run's config.json, is the model to start from).
 """
 
 
-def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "train", help="train a model (lm, translate or classify), with checkpoints and resume",
-        description="Train a decoder LM, an encoder-decoder translator or an encoder classifier. Progress is "
-        "shown; metrics.jsonl, a loss plot and checkpoints go to --out. Ctrl-C finishes the step, saves and exits.",
-        epilog=_TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    what = p.add_argument_group("what to train")
-    what.add_argument("--task", choices=["lm", "translate", "classify"],
-                      help="lm: next-token prediction (decoder); translate: encoder-decoder; classify: encoder "
-                      "(default lm, or the resumed run's)")
-    what.add_argument("--preset", help="start from a model preset (see `attnkit presets`), e.g. gpt2-tiny")
-    what.add_argument("--config", dest="config_file", metavar="FILE.json", help="start from a model config file")
-    what.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                      help="override any model, data or training setting, e.g. --set n_layers=6 (repeatable)")
-    data = p.add_argument_group("data")
-    data.add_argument("--data", nargs="+", metavar="PATH",
-                      help="lm: text files, folders or globs (default: the Python standard library's source); "
-                      "translate: a folder with train.SRC/train.TGT, a TSV file or two line-aligned files; "
-                      "classify: a '<label> <text>' file or a CSV/TSV with a header; any task: synthetic:NAME")
-    data.add_argument("--val-data", nargs="+", metavar="PATH",
-                      help="validation data (translate, classify); default: val.* in the --data folder, else a "
-                      "held-out --set val_fraction of the training data")
-    data.add_argument("--src-lang", help="translate from a folder: source file suffix, e.g. de")
-    data.add_argument("--tgt-lang", help="translate from a folder: target file suffix, e.g. en")
-    data.add_argument("--tokenizer", help="char | bpe (trained on the training text) | a saved tokenizer directory "
-                      "(default bpe)")
-    data.add_argument("--vocab-size", type=int, help="BPE vocabulary size (default 2048)")
-    data.add_argument("--seq-len", type=int, help="lm: context length; translate/classify: longest sequence kept "
-                      "(default: the model's max_seq_len)")
-    data.add_argument("--max-bytes", type=int, help="lm: read at most about this many bytes of text "
-                      "(default: all of --data; 3 MB of the standard library)")
-    data.add_argument("--encoding-errors", choices=["strict", "replace"],
-                      help="strict: a file that is not UTF-8 is an error (default); replace: bad bytes become U+FFFD")
-    run = p.add_argument_group("run directory")
-    run.add_argument("--out", default="runs/default", help="run directory (default runs/default)")
-    run.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH",
-                     help="continue the run in --out, or the run or checkpoint at PATH (e.g. runs/x/best)")
-    run.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
-    run.add_argument("--device", help="cpu, cuda or cuda:N (default: CUDA when available)")
-    run.add_argument("--no-progress", dest="progress", action="store_false", default=None,
-                     help="log progress lines instead of drawing a progress bar")
-    run.add_argument("--sample-tokens", type=int, default=200,
-                     help="lm: tokens of sample text printed after training (0: none)")
-    opt = p.add_argument_group("training (defaults from TrainConfig; on resume, the run's own)")
-    opt.add_argument("--max-steps", type=int, help="optimizer steps; also the cosine schedule's length (default 1000)")
-    opt.add_argument("--max-time", type=_duration, metavar="DURATION",
-                     help="stop after this much training time, e.g. 300, 90s, 5m, 1h; the cosine schedule then "
-                     "ends when either budget does")
-    opt.add_argument("--batch-size", type=int, help="sequences per micro-batch (default 16)")
-    opt.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 1)")
-    opt.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
-    opt.add_argument("--warmup", type=int, help="linear warmup steps (default 100)")
-    opt.add_argument("--schedule", choices=["cosine", "noam", "constant"],
-                     help="cosine: warmup then cosine decay to lr/10; noam: Vaswani et al.'s warmup then "
-                     "1/sqrt(step); constant: warmup then flat (default cosine)")
-    opt.add_argument("--weight-decay", type=float, help="AdamW decay of weight matrices; never of norms, biases or "
-                     "embeddings (default 0.1)")
-    opt.add_argument("--clip", type=float, help="max gradient norm, 0 disables (default 1.0)")
-    opt.add_argument("--dtype", choices=["fp32", "bf16", "bf16-master"],
-                     help="bf16: autocast on CPU or CUDA; bf16-master: a bf16 copy of the model computes, fp32 master "
-                     "weights and AdamW state are updated and saved (default fp32)")
-    opt.add_argument("--compile", action="store_true", default=None,
-                     help="torch.compile each transformer block: faster on GPUs, a few percent on CPUs, and the "
-                     "first steps wait for compilation")
-    opt.add_argument("--eval-every", type=int, help="steps between evaluations and checkpoints (default 200)")
-    opt.add_argument("--keep", type=int, help="checkpoints kept besides best/ (default 3)")
-    opt.add_argument("--seed", type=int, help="seed of initialisation, data order and dropout (default 1337)")
-    opt.add_argument("--logger", choices=["jsonl", "tensorboard"],
-                     help="tensorboard: metrics also to RUN/tensorboard/ (pip install 'attnkit[tensorboard]')")
-    opt.add_argument("--no-instruments", dest="instruments", action="store_false", default=None,
-                     help="log no attention entropy, residual or gradient norms per layer at evaluations")
-    p.set_defaults(func=_run_train)
+@dataclass(frozen=True)
+class TrainRun:
+    """`attnkit train`'s own options: the run directory and the model to start from."""
+
+    out: str = "runs/default"  # run directory: config.json, model.safetensors, tokenizer/, checkpoints, metrics
+    resume: str | bool = field(default=False, metadata={"const": True, "metavar": "PATH"})
+    """continue the run in --out, or the run or checkpoint at PATH (e.g. runs/x/best)"""
+    overwrite: bool = False
+    """replace a run already in --out (kept aside until the new run saves its first checkpoint)"""
+    force: bool = False  # start even when the model looks too large for the memory free
+    device: str | None = None  # cpu, cuda or cuda:N; none: CUDA when available
+    progress: bool | None = None  # draw a progress bar; --no-progress: log progress lines; none: on a terminal
+    sample_tokens: int = 200  # lm: tokens of sample text printed after training (0: none)
+    preset: str | None = None  # start from a model preset (see `attnkit presets`), e.g. gpt2-tiny
+    model_config: str | None = field(default=None, metadata={"metavar": "FILE.json"})
+    """start from a model config file (a run's config.json)"""
+    set: tuple[str, ...] = field(default=(), metadata={"metavar": "KEY=VALUE"})
+    """override any model, data or training setting, e.g. --set n_layers=6 (repeatable)"""
 
 
-_TRAIN_DATA_FLAGS = ("data", "val_data", "src_lang", "tgt_lang", "tokenizer", "vocab_size", "seq_len", "max_bytes",
-                     "encoding_errors")
-_TRAIN_FLAGS = ("max_steps", "max_time", "batch_size", "grad_accum", "lr", "warmup", "schedule", "weight_decay",
-                "clip", "dtype", "compile", "eval_every", "keep", "seed", "logger",
-                "instruments")
+def _train_file(values: dict[str, Any], path: str) -> dict[str, Any]:
+    """A --config file for `train`: a file of model fields alone is the model config to start from; in a file of
+    options, model fields become --set assignments before the command line's."""
+    import json
+
+    model_fields = model_field_names()
+    if values and set(values) <= model_fields:
+        return {"model_config": path}
+    model = [f"{k}={json.dumps(v)}" for k, v in values.items() if k in model_fields]
+    rest = {k: v for k, v in values.items() if k not in model_fields}
+    return {**rest, "set": (*model, *rest.get("set", ()))} if model else rest
 
 
-def _duration(text: str) -> float:
-    """'300', '90s', '5m', '1.5h' -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600}
-    scale = units.get(text[-1:].lower(), 1)
-    try:
-        seconds = float(text[:-1] if text[-1:].lower() in units else text) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is no duration; write e.g. 300, 90s, 5m or 1h") from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the duration must be positive")
-    return seconds
-
-
-def _run_train(args: argparse.Namespace) -> int:
+def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) -> int:
     from attnkit.generate import greedy_translate
+    from attnkit.interop import hf
     from attnkit.train import TrainRequest, prepare
 
+    data = dict(data)
     request = TrainRequest(
-        out=args.out, task=args.task, preset=args.preset, config_file=args.config_file, overrides=args.overrides,
-        data={k: getattr(args, k) for k in _TRAIN_DATA_FLAGS if getattr(args, k) is not None},
-        settings={k: getattr(args, k) for k in _TRAIN_FLAGS if getattr(args, k) is not None},
-        resume=args.resume, overwrite=args.overwrite, device=args.device, progress=args.progress,
+        out=run.out, task=data.pop("task", None), preset=run.preset, config_file=run.model_config,
+        overrides=list(run.set), data=data, settings=training, resume=run.resume, overwrite=run.overwrite,
+        device=run.device, progress=run.progress, force=run.force,
     )
-    trainer = prepare(request, translate=greedy_translate)
+    trainer = prepare(request, translate=greedy_translate, load_hf=hf.load)
     result = trainer.fit()
     if result.signal is not None:
         return 128 + result.signal
@@ -319,19 +319,42 @@ def _run_train(args: argparse.Namespace) -> int:
     print(f"trained {result.step} steps in {result.elapsed:.0f} s ({speed}); validation: {summary}")
     from attnkit.viz import plot_run_instruments
 
-    if plot_run_instruments(args.out) is not None:
-        print(f"training instruments per layer: {args.out}/plots/instruments.png")
-    if trainer.task.name == "lm" and args.sample_tokens > 0:
+    if plot_run_instruments(run.out) is not None:
+        print(f"training instruments per layer: {run.out}/plots/instruments.png")
+    if trainer.task.name == "lm" and run.sample_tokens > 0:
         from attnkit.generate import sample_after_training
 
         prompt = trainer.tokenizer.decode(trainer.task.prompt_ids())
         print("sample (prompt from the validation text, then the model's continuation):")
-        print(sample_after_training(args.out, prompt=prompt, max_new_tokens=args.sample_tokens))
-    print(f"saved to {args.out} (best checkpoint: {args.out}/best); resume with: attnkit train --out {args.out} "
+        print(sample_after_training(run.out, prompt=prompt, max_new_tokens=run.sample_tokens))
+    print(f"saved to {run.out} (best checkpoint: {run.out}/best); resume with: attnkit train --out {run.out} "
           "--resume --max-steps N")
     return 0
 
 
+# eval -----------------------------------------------------------------------------------------------------------
+def _run_eval(settings: EvalSettings) -> int:
+    from attnkit.checkpoint import load_config
+    from attnkit.models import family_of
+    from attnkit.train.evaluate import run_eval
+
+    translate = None
+    if "translate" in family_of(load_config(settings.run)).methods:
+        from attnkit.generate import load
+
+        pipeline = load(settings.run, device=settings.device)
+
+        def translate(texts: list[str]) -> list[str]:
+            return pipeline.translate(texts, beam_size=settings.beam_size, batch_size=settings.batch_size,
+                                      progress=settings.progress is not False)
+
+    report = run_eval(settings, translate=translate)
+    print(report.table())
+    print(f"saved {report.details['json']}")
+    return 0
+
+
+# convert --------------------------------------------------------------------------------------------------------
 _CONVERT_EPILOG = """\
 examples:
   attnkit convert --from-hf path/to/gpt2 --out runs/gpt2       # then: attnkit generate --run runs/gpt2 --prompt ...
@@ -342,94 +365,194 @@ written by save_pretrained; nothing is downloaded.
 """
 
 
-def _add_convert(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "convert", help="convert Hugging Face model directories to attnkit runs and back",
-        epilog=_CONVERT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--from-hf", metavar="DIR", help="a Hugging Face model directory (config.json + safetensors)")
-    source.add_argument("--run", metavar="RUN", help="an attnkit run directory to write out for Hugging Face")
-    p.add_argument("--out", metavar="RUN", help="with --from-hf: the run directory to create (runs/NAME)")
-    p.add_argument("--to-hf", metavar="DIR", help="with --run: the Hugging Face model directory to create")
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="read pytorch_model.bin, a pickle (only from a source you trust), with "
-                        "torch.load(weights_only=True)")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
-                   help="with --from-hf: the run's weight type (default fp32)")
-    p.set_defaults(func=_run_convert)
+@dataclass(frozen=True)
+class ConvertSettings:
+    from_hf: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """a Hugging Face model directory (config.json + safetensors) to write as a run; with --out"""
+    run: str | None = None  # an attnkit run directory to write out for Hugging Face; with --to-hf
+    out: str | None = field(default=None, metadata={"metavar": "RUN"})  # with --from-hf: the run to create
+    to_hf: str | None = field(default=None, metadata={"metavar": "DIR"})  # with --run: the directory to create
+    allow_pickle: bool = False
+    """read pytorch_model.bin, a pickle (only from a source you trust), with torch.load(weights_only=True)"""
+    dtype: WeightDType = "fp32"  # with --from-hf: the run's weight type
 
 
-def _run_convert(args: argparse.Namespace) -> int:
+def _run_convert(settings: ConvertSettings) -> int:
     from attnkit.errors import InputError
     from attnkit.generate.pipeline import parse_dtype
     from attnkit.interop import hf
 
-    if args.from_hf:
-        if not args.out or args.to_hf:
+    if (settings.from_hf is None) == (settings.run is None):
+        raise InputError("give --from-hf DIR (with --out runs/NAME) or --run RUN (with --to-hf DIR), one of the two")
+    if settings.from_hf:
+        if not settings.out or settings.to_hf:
             raise InputError("--from-hf DIR writes a run: give --out runs/NAME (and no --to-hf)")
-        loaded = hf.convert_from_hf(args.from_hf, args.out, allow_pickle=args.allow_pickle,
-                                    dtype=parse_dtype(args.dtype))
-        print(f"converted {loaded.architecture} from {args.from_hf} to {args.out}")
+        loaded = hf.convert_from_hf(settings.from_hf, settings.out, allow_pickle=settings.allow_pickle,
+                                    dtype=parse_dtype(settings.dtype))
+        print(f"converted {loaded.architecture} from {settings.from_hf} to {settings.out}")
     else:
-        if not args.to_hf or args.out:
+        if not settings.to_hf or settings.out:
             raise InputError("--run RUN writes a Hugging Face directory: give --to-hf DIR (and no --out)")
-        architecture = hf.convert_to_hf(args.run, args.to_hf)
-        print(f"wrote {args.run} as a {architecture} to {args.to_hf}")
+        architecture = hf.convert_to_hf(settings.run, settings.to_hf)
+        print(f"wrote {settings.run} as a {architecture} to {settings.to_hf}")
     return 0
 
 
-def _add_viz(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("viz", help="draw a run's attention over a text (PNGs and an HTML page) and its instruments")
-    p.add_argument("--run", required=True, help="run directory: config.json, model.safetensors, tokenizer/")
-    p.add_argument("--text", "--source", dest="text", help="the text (a translation run's source); none: only "
-                   "the training instruments plot (plots/instruments.png)")
-    p.add_argument("--target", help="translation runs: the target whose alignment with the source to draw")
-    p.add_argument("--translate", action="store_true", help="translation runs: the model's own greedy translation")
-    p.add_argument("--layers", type=int, nargs="+", help="layers to draw (default all)")
-    p.add_argument("--heads", type=int, nargs="+", help="heads to draw (default all)")
-    p.add_argument("--out", help="directory for the pictures and attention.html (default RUN/viz)")
-    p.add_argument("--per-head", action=argparse.BooleanOptionalAction, default=True,
-                   help="one PNG per layer and head besides the grid and each layer's mean (default on)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
-    p.set_defaults(func=_run_viz)
+# viz ------------------------------------------------------------------------------------------------------------
+def _run_viz(settings: VizSettings) -> int:
+    from attnkit.viz import run_viz
 
-
-def _run_viz(args: argparse.Namespace) -> int:
-    from attnkit.viz import VizSettings, run_viz
-
-    result = run_viz(VizSettings(
-        run=args.run, text=args.text, target=args.target, translate=args.translate,
-        layers=tuple(args.layers) if args.layers else None, heads=tuple(args.heads) if args.heads else None,
-        out=args.out, per_head=args.per_head, device=args.device,
-    ))
+    result = run_viz(settings)
     for path in [*result.pngs, result.page, result.instruments]:
         if path is not None:
             print(path)
     return 0
 
 
-SUBCOMMANDS: list[SubcommandAdder] = [
-    _add_presets, _add_tokenizer, _add_generate, _add_translate, _add_classify, _add_train, _add_convert, _add_viz,
+# experiment -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExperimentSettings:
+    name: str | None = field(default=None, metadata={"positional": True})  # the experiment to run (see --list)
+    list: bool = False  # print the experiments, each with its claim and lecture
+    budget: Budget = "small"  # tiny: seconds (what the tests run); small: minutes on 2 CPU cores; full: larger runs
+    out: str | None = None  # directory for results.json, table.md and the plots; none: runs/experiments/NAME
+
+
+def _run_experiment(settings: ExperimentSettings) -> int:
+    from attnkit.errors import InputError
+    from attnkit.experiments import REGISTRY, run_experiment
+
+    if settings.list:
+        for name in sorted(REGISTRY):
+            print(f"{name}: {REGISTRY[name].claim} ({REGISTRY[name].lecture})")
+        return 0
+    if settings.name is None:
+        raise InputError("name the experiment to run (attnkit experiment --list shows them)")
+    result = run_experiment(settings.name, budget=settings.budget, out=settings.out)
+    print(result.table_markdown())
+    print(f"{result.verdict}: {result.reason}")
+    return 0
+
+
+COMMANDS: list[Command] = [
+    Command("presets", "print the table of model presets (the lecture's comparison table), or one preset's config",
+            PresetsSettings, _run_presets),
+    Command("tokenizer train", "train a char or byte-level BPE tokenizer on text files", TokenizerTrainSettings,
+            _run_tokenizer_train),
+    Command("tokenizer encode", "print the ids and pieces of a text", TokenizerEncodeSettings, _run_tokenizer_encode),
+    Command("generate", "continue a prompt with a trained decoder, streaming the text as it comes", GenerateSettings,
+            _run_generate),
+    Command("translate", "translate with a trained encoder-decoder (greedy or beam search)", TranslateSettings,
+            _run_translate),
+    Command("classify", "label texts with a trained encoder classifier", ClassifySettings, _run_classify),
+    Command(
+        "train", "train a model (lm, mlm, translate or classify), with checkpoints and resume", TrainRun, _run_train,
+        sections=(("data", DataConfig), ("training (on resume, the run's own unless given)", TrainConfig)),
+        description="Train a decoder LM, an encoder-decoder translator or an encoder classifier. Progress is "
+        "shown; metrics.jsonl, a loss plot and checkpoints go to --out. Ctrl-C finishes the step, saves and exits.",
+        epilog=_TRAIN_EPILOG, adapt_file=_train_file,
+    ),
+    Command(
+        "eval", "score a run on held-out files: perplexity, BLEU/chrF or accuracy/macro-F1", EvalSettings, _run_eval,
+        description="Language models: sliding-window perplexity per token, per character and bits per byte. "
+        "Translators: sacreBLEU and chrF with their signatures. Classifiers: accuracy, macro-F1 and a confusion "
+        "matrix (table and PNG). Prints a table and writes eval.json.",
+    ),
+    Command("convert", "convert Hugging Face model directories to attnkit runs and back", ConvertSettings,
+            _run_convert, epilog=_CONVERT_EPILOG),
+    Command("viz", "draw a run's attention over a text (PNGs and an HTML page) and its instruments", VizSettings,
+            _run_viz),
+    Command("experiment", "run one of the lectures' claims as an experiment, ending in a verdict",
+            ExperimentSettings, _run_experiment),
 ]
 
 
+def version() -> str:
+    try:
+        return metadata.version("attnkit")
+    except metadata.PackageNotFoundError:  # run from a checkout (PYTHONPATH=src) without installing
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnkit", description=__doc__)
+    parser = argparse.ArgumentParser(prog="attnkit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"attnkit {version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in SUBCOMMANDS:
-        add(sub)
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for command in COMMANDS:
+        group, _, name = command.name.rpartition(" ")
+        if group and group not in groups:
+            groups[group] = sub.add_parser(group, help=GROUPS[group]).add_subparsers(
+                dest=f"{group}_command", required=True)
+        p = (groups[group] if group else sub).add_parser(
+            name, help=command.help, description=command.description or command.help, epilog=command.epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        add_command_options(p, command)
+        p.set_defaults(command_spec=command)
     return parser
 
 
+def add_command_options(p: argparse.ArgumentParser, command: Command) -> None:
+    """The command's options: its settings' fields, each section's fields in a group, and --config."""
+    options.add_fields(p, command.settings)
+    for title, cls in command.sections:
+        options.add_fields(p.add_argument_group(title), cls)
+    p.add_argument("--config", dest="config_file", metavar="FILE", help="a JSON or YAML file of this command's "
+                   "options (keys as the options' names, e.g. max_steps); options given on the command line win")
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """A parsed command line: the command, its settings and (train) the options given from each section."""
+
+    command: Command
+    settings: Any
+    sections: tuple[dict[str, Any], ...] = ()
+
+    def run(self) -> int:
+        return self.command.run(self.settings, *self.sections)
+
+
+def invocation(args: argparse.Namespace) -> Invocation:
+    """Layer the settings: the dataclass defaults, then the --config file, then the command line."""
+    command: Command = args.command_spec
+    classes = [command.settings, *(cls for _, cls in command.sections)]
+    file_values: dict[str, Any] = {}
+    if args.config_file:
+        file_values = options.read_settings_file(args.config_file)
+        if command.adapt_file is not None:
+            file_values = command.adapt_file(file_values, args.config_file)
+        known = {name for cls in classes for name in options.fields_of(cls)}
+        options.unknown_keys(file_values, known, f"setting(s) in --config {args.config_file}")
+    layers = []
+    for cls in classes:
+        from_file = {k: options.coerce(cls, k, v) for k, v in file_values.items() if k in options.fields_of(cls)}
+        from_args = options.given(args, cls)
+        if "set" in from_file and "set" in from_args:
+            from_args["set"] = (*from_file["set"], *from_args["set"])  # the file's, then the command line's
+        layers.append({**from_file, **from_args})
+    return Invocation(command, options.build(command.settings, layers[0]), tuple(layers[1:]))
+
+
+def parse(argv: list[str]) -> Invocation:
+    """What `attnkit ARGV...` would run, without running it (argparse exits on a usage error)."""
+    return invocation(build_parser().parse_args(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # a usage error, printed by argparse: its exit status (--help, --version: 0, raised)
+        if stop.code:
+            return int(stop.code)
+        raise
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     from attnkit.errors import AttnkitError
 
     try:
-        return args.func(args)
+        return invocation(args).run()
     except AttnkitError as err:
         print(f"attnkit: error: {err}", file=sys.stderr)
         return 2

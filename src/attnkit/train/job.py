@@ -33,6 +33,7 @@ from attnkit.data.pairs import read_parallel, read_tsv_pairs
 from attnkit.errors import CheckpointError, ConfigError, InputError
 from attnkit.models import build_model, count_parameters
 from attnkit.presets import get as get_preset
+from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, load_tokenizer, train_tokenizer
 from attnkit.train.distributed import SingleProcess, World, start
 from attnkit.train.state import (
@@ -71,19 +72,24 @@ DEFAULT_MODELS: dict[str, dict[str, Any]] = {
 class DataConfig:
     """What to train on. Every field is a `--set` key (and most have their own flag)."""
 
-    task: str = "lm"
-    data: tuple[str, ...] = ()  # see the module docstring; empty for lm: the Python standard library
+    task: str = field(default="lm", metadata={"choices": TASKS})
+    """lm: next-token prediction (decoder); mlm: masked-LM pre-training (encoder); translate: encoder-decoder;
+    classify: encoder. On resume: the run's own"""
+    data: tuple[str, ...] = field(default=(), metadata={"metavar": "PATH"})
+    """lm, mlm: text files, folders or globs (none: the Python standard library's source); translate: a folder with
+    train.SRC/train.TGT, a TSV file or two line-aligned files; classify: a '<label> <text>' file or a CSV/TSV with a
+    header; any task: synthetic:NAME"""
     val_data: tuple[str, ...] = ()  # translate / classify; empty: hold out `val_fraction` of the training data
     tokenizer: str = "bpe"  # char | bpe (trained on the training text) | a saved tokenizer directory
     vocab_size: int = 2048  # bpe only
     seq_len: int | None = None  # lm: context length; others: longest sequence kept; None: the model's max_seq_len
     max_bytes: int | None = None  # lm: read about this many bytes of the corpus at most
-    src_lang: str | None = None  # translate from a folder: the suffixes of the source and target files
-    tgt_lang: str | None = None
-    val_fraction: float = 0.1
+    src_lang: str | None = None  # translate from a folder: the source file suffix, e.g. de
+    tgt_lang: str | None = None  # translate from a folder: the target file suffix, e.g. en
+    val_fraction: float = 0.1  # the share of the training data held out for validation when none is given
     eval_batches: int = 50  # lm: validation batches per evaluation
     bleu_samples: int = 200  # translate: validation sentences translated for BLEU at each evaluation
-    encoding_errors: str = "strict"  # strict: invalid UTF-8 is an error; replace: it becomes U+FFFD
+    encoding_errors: EncodingErrors = "strict"  # strict: invalid UTF-8 is an error; replace: it becomes U+FFFD
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

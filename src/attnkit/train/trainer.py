@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from attnkit.blocks import compile_blocks
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError, ConfigError
+from attnkit.options import duration
 from attnkit.tokenize import Tokenizer
 from attnkit.train.distributed import SingleProcess
 from attnkit.train.finetune import Freeze, check_freeze
@@ -73,29 +74,34 @@ class TrainConfig:
     """
 
     max_steps: int = 1000  # optimizer steps; also the horizon of the cosine schedule
-    max_time: float | None = None  # seconds of training (all sessions of a resumed run together); None: no limit
+    max_time: float | None = field(default=None, metadata={"parse": duration, "metavar": "DURATION"})
+    """stop after this much training time (all sessions of a resumed run together), e.g. 300, 90s, 5m, 1h; the cosine
+    schedule then ends when either budget does. None: no limit"""
     batch_size: int = 16  # sequences per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
     lr: float = 1e-3  # peak learning rate
     schedule: Schedule = "cosine"
+    """cosine: warmup, then cosine decay to lr * min_lr_ratio; noam: Vaswani et al.'s warmup, then 1/sqrt(step);
+    constant: warmup, then flat"""
     warmup: int = 100  # steps of linear warmup
     min_lr_ratio: float = 0.1  # cosine ends at lr * min_lr_ratio
     weight_decay: float = 0.1  # on weight matrices only
-    beta1: float = 0.9
-    beta2: float = 0.95
+    beta1: float = 0.9  # AdamW's decay rate of the gradient's running mean
+    beta2: float = 0.95  # AdamW's decay rate of the squared gradient's running mean
     clip: float = 1.0  # max gradient norm; 0 disables clipping
     dtype: TrainDType = "fp32"  # bf16: autocast; bf16-master: a bf16 model with fp32 master weights (precision.py)
     compile: bool = False  # torch.compile each transformer block (pays off on GPUs; a few percent on CPUs)
     eval_every: int = 200  # steps between evaluations (each also writes a checkpoint)
     log_every: int = 10  # steps between progress lines when no progress bar is shown
     keep: int = 3  # checkpoints kept besides best/
-    seed: int = 1337
+    seed: int = 1337  # seed of initialisation, data order and dropout
     # Fine-tuning (train/finetune.py, train/lora.py): a new run starting from trained weights
     init_from: str | None = None  # an attnkit run directory or a Hugging Face model directory; None: random weights
     freeze: Freeze = "none"  # body: train the task head only; embeddings: freeze the embedding tables
     lora_rank: int = 0  # > 0: train rank-r LoRA adapters (and a fresh head) only (Hu et al. 2021); 0: off
     lora_alpha: float = 16.0  # the adapters' update is scaled by lora_alpha / lora_rank
-    lora_targets: tuple[str, ...] = DEFAULT_TARGETS  # linear modules to adapt: last name parts or globs
+    lora_targets: tuple[str, ...] = field(default=DEFAULT_TARGETS, metadata={"sep": ",", "metavar": "NAME"})
+    """linear modules to adapt: last name parts or globs, e.g. q_proj,v_proj"""
     lora_dropout: float = 0.0  # dropout on the adapters' input
     # Several processes (torchrun; train/distributed.py): batch_size is per rank, the global batch N times larger
     shard: bool = False  # FSDP2: shard weights, gradients and AdamW state over the ranks; off: DDP (whole replicas)

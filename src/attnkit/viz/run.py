@@ -33,7 +33,8 @@ class VizSettings:
     """What `attnkit viz` draws. Every field is a flag of the command."""
 
     run: str  # run directory: config.json, model.safetensors, tokenizer/
-    text: str | None = None  # the text to look at (a translation run's source); none: the instruments plot alone
+    text: str | None = field(default=None, metadata={"flags": ("--text", "--source")})
+    """the text to look at (a translation run's source); none: the instruments plot alone"""
     target: str | None = None  # translation runs: the target whose alignment with the source to draw
     translate: bool = False  # translation runs: draw the alignment of the model's own greedy translation
     layers: tuple[int, ...] | None = None  # layers to draw (default all)

@@ -1,0 +1,245 @@
+"""The command line generated from the settings: every option explained with the settings' own default, every
+command line of the README still parsed, --config files under the command line, --version, `python -m attnkit`,
+`attnkit presets NAME`, and one set of --dtype choices for weights."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+import pytest
+
+from attnkit import cli, options, presets
+from attnkit.errors import InputError
+from attnkit.generate.pipeline import DTYPES, WeightDType
+from attnkit.train.job import DataConfig
+from attnkit.train.trainer import TrainConfig
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """'train' -> its parser, 'tokenizer train' -> its parser, for every command."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                inner = _subparsers(sub)
+                found.update({f"{name} {k}": v for k, v in inner.items()} if inner else {name: sub})
+    return found
+
+
+def _fields(command: cli.Command) -> dict[str, tuple[type, dataclasses.Field]]:
+    classes = [command.settings, *(cls for _, cls in command.sections)]
+    return {f.name: (cls, f) for cls in classes for f in dataclasses.fields(cls)}
+
+
+def test_every_command_is_in_the_parser_and_every_option_is_explained_with_the_settings_default():
+    parsers = _subparsers(cli.build_parser())
+    assert sorted(parsers) == sorted(c.name for c in cli.COMMANDS)
+    for command in cli.COMMANDS:
+        fields = _fields(command)
+        seen = set()
+        for action in parsers[command.name]._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            where = f"{command.name} {action.option_strings or action.dest}"
+            assert action.help and len(action.help) > 10, f"{where} has no help"
+            shown = re.findall(r"\(default: ([^)]*)\)", action.help)
+            if action.dest not in fields:
+                assert not shown, f"{where} shows a default but is no settings field"
+                continue
+            seen.add(action.dest)
+            default = options.field_default(fields[action.dest][1])
+            if default is None or default is dataclasses.MISSING:
+                assert not shown, f"{where} shows a default the settings do not have"
+            else:
+                assert shown == [options.show_default(default)], f"{where}: {shown} is not the settings' {default!r}"
+            assert action.default is None, f"{where}: a given option must be told from a default"
+        assert seen == set(fields), f"{command.name}: fields without an option: {set(fields) - seen}"
+
+
+def test_the_train_help_shows_the_training_config_defaults():
+    parser = _subparsers(cli.build_parser())["train"]
+    text = parser.format_help()
+    for f in dataclasses.fields(TrainConfig):
+        assert f"--{f.name.replace('_', '-')}" in text
+    steps = next(a for a in parser._actions if "--max-steps" in a.option_strings)
+    assert f"(default: {TrainConfig().max_steps})" in steps.help
+
+
+def test_every_option_that_takes_weights_dtype_offers_the_same_choices():
+    takers = [(name, action) for name, parser in _subparsers(cli.build_parser()).items() if name != "train"
+              for action in parser._actions if "--dtype" in action.option_strings]
+    assert len(takers) >= 4  # generate, translate, classify, convert
+    for name, action in takers:
+        assert tuple(action.choices) == get_args(WeightDType), name
+    assert set(get_args(WeightDType)) <= set(DTYPES)
+
+
+def _readme_command_lines() -> list[str]:
+    """Every `attnkit ...` command in the README's code blocks (continuation lines joined, pipes' left side and
+    comments dropped)."""
+    commands = []
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", README.read_text(encoding="utf-8"), flags=re.S | re.M)
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            command = line.split("|")[-1].strip()
+            if command.startswith("attnkit "):
+                commands.append(command)
+    return commands
+
+
+README_COMMANDS = _readme_command_lines()
+
+
+def test_the_readme_has_command_lines_to_check():
+    assert len(README_COMMANDS) >= 15
+    assert any(line.startswith("attnkit train") for line in README_COMMANDS)
+
+
+@pytest.mark.parametrize("line", README_COMMANDS)
+def test_every_command_line_in_the_readme_parses(line, capsys):
+    argv = shlex.split(line, comments=True)[1:]
+    if "--help" in argv or "--version" in argv:
+        with pytest.raises(SystemExit) as stop:
+            cli.parse(argv)
+        assert stop.value.code == 0
+        return
+    invocation = cli.parse(argv)
+    assert invocation.command.name.split()[0] == argv[0]
+    assert capsys.readouterr().err == ""
+
+
+def test_readme_train_flags_reach_the_request_unchanged():
+    invocation = cli.parse(["train", "--data", "input.txt", "--tokenizer", "char", "--seq-len", "64", "--max-steps",
+                            "2000", "--max-time", "5m", "--out", "runs/shakespeare", "--set", "n_layers=6",
+                            "--set", "dropout=0.1", "--resume", "--no-progress", "--lora-targets", "q_proj,v_proj"])
+    run, data, training = invocation.settings, *invocation.sections
+    assert (run.out, run.resume, run.progress, run.set) == ("runs/shakespeare", True, False,
+                                                            ("n_layers=6", "dropout=0.1"))
+    assert data == {"data": ("input.txt",), "tokenizer": "char", "seq_len": 64}
+    assert training == {"max_steps": 2000, "max_time": 300.0, "lora_targets": ("q_proj", "v_proj")}
+    DataConfig.from_dict(data), TrainConfig.from_dict(training)  # what the job builds from them
+
+
+def test_options_not_given_stay_out_so_a_resumed_run_keeps_its_own():
+    run, data, training = (lambda i: (i.settings, *i.sections))(cli.parse(["train", "--resume", "runs/x/best"]))
+    assert run.resume == "runs/x/best" and data == {} and training == {}
+
+
+def test_a_config_file_is_read_and_the_command_line_wins(tmp_path):
+    path = tmp_path / "generate.json"
+    path.write_text(json.dumps({"run": "runs/a", "prompt": "def ", "max-new-tokens": 7, "stop": ["\n\n"],
+                                "temperature": 0.5}))
+    settings = cli.parse(["generate", "--config", str(path), "--temperature", "0"]).settings
+    assert (settings.run, settings.prompt, settings.max_new_tokens, settings.stop) == ("runs/a", "def ", 7, ("\n\n",))
+    assert settings.temperature == 0.0
+    assert settings.top_k is None  # neither given: the settings' default
+
+
+def test_a_yaml_run_file_for_train_splits_into_options_model_fields_and_settings(tmp_path):
+    pytest.importorskip("yaml")
+    path = tmp_path / "run.yaml"
+    path.write_text("out: runs/y\ntask: translate\nn_layers: 3\nposition: rope\nmax_time: 90s\nlr: 0.002\n"
+                    "set: [dropout=0.1]\n")
+    invocation = cli.parse(["train", "--config", str(path), "--lr", "0.003", "--set", "d_model=64"])
+    run, data, training = invocation.settings, *invocation.sections
+    assert run.out == "runs/y" and run.model_config is None
+    assert run.set == ("n_layers=3", 'position="rope"', "dropout=0.1", "d_model=64")  # file first, command line last
+    assert data == {"task": "translate"} and training == {"max_time": 90.0, "lr": 0.003}
+
+
+def test_a_file_of_model_fields_alone_is_the_model_to_start_from(tmp_path):
+    path = tmp_path / "config.json"
+    presets.get("gpt2-tiny").to_json(path)
+    run = cli.parse(["train", "--config", str(path), "--out", str(tmp_path / "run")]).settings
+    assert run.model_config == str(path) and run.set == ()
+
+
+def test_a_config_file_with_an_unknown_key_is_refused(tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"run": "runs/a", "prompt": "x", "colour": "red"}))
+    assert cli.main(["generate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "colour" in err and "Traceback" not in err
+
+
+def test_a_missing_required_option_is_named(capsys):
+    assert cli.main(["generate", "--prompt", "x"]) == 2
+    assert "missing --run" in capsys.readouterr().err
+
+
+def test_a_usage_error_returns_2_and_shows_the_usage(capsys):
+    assert cli.main(["generate", "--run", "r", "--prompt", "x", "--dtype", "fp64"]) == 2
+    assert "invalid choice: 'fp64'" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"attnkit {cli.version()}"
+
+
+def test_python_dash_m_attnkit_runs_the_command_line():
+    done = subprocess.run([sys.executable, "-m", "attnkit", "--version"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("attnkit "), done.stderr
+
+
+def test_presets_name_prints_the_whole_config(capsys):
+    name = presets.names()[0]
+    assert cli.main(["presets", name]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(presets.get(name).to_json())
+    assert cli.main(["presets", "no-such-preset"]) == 2
+
+
+# The generator itself, on a dataclass of every kind of field --------------------------------------------------
+@dataclass(frozen=True)
+class Example:
+    path: str  # a required path
+    kind: Literal["a", "b"] = "a"  # one of two kinds
+    flag: bool = False  # a switch
+    sizes: tuple[int, ...] = ()  # several numbers
+    names: tuple[str, ...] = field(default=("x",), metadata={"sep": ","})  # names, with commas too
+    level: int | None = None  # a number or nothing
+    mode: str | bool = field(default=False, metadata={"const": True})  # bare: True; or a word
+    """given bare: True; or a word; this help comes from the attribute docstring"""
+
+
+def _example(argv: list[str]) -> Example:
+    parser = argparse.ArgumentParser()
+    options.add_fields(parser, Example)
+    return options.build(Example, options.given(parser.parse_args(argv), Example))
+
+
+def test_fields_become_options_of_their_type():
+    got = _example(["--path", "p", "--kind", "b", "--flag", "--sizes", "1", "2", "--names", "a,b", "c",
+                    "--names", "d", "--level", "3", "--mode"])
+    assert got == Example(path="p", kind="b", flag=True, sizes=(1, 2), names=("a", "b", "c", "d"), level=3,
+                          mode=True)
+    assert _example(["--path", "p", "--no-flag", "--mode", "word"]) == Example(path="p", mode="word")
+    with pytest.raises(SystemExit):
+        _example(["--path", "p", "--kind", "c"])
+
+
+def test_help_comes_from_the_comment_or_the_attribute_docstring():
+    helps = options.field_help(Example)
+    assert helps["kind"] == "one of two kinds"
+    assert helps["mode"].startswith("given bare: True; or a word; this help comes from")
+    assert options.help_text(Example, "names") == "names, with commas too (default: x)"
+    assert options.help_text(Example, "path") == "a required path (required)"
+
+
+def test_a_required_field_not_given_is_an_input_error():
+    with pytest.raises(InputError, match="missing --path"):
+        _example([])
