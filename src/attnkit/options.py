@@ -263,6 +263,22 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
+def assignments(texts: Iterable[str]) -> dict[str, Any]:
+    """`--set` strings `key=value` -> {key: value}; a value is read as JSON when it parses (`false`, `6`, `[1, 2]`),
+    else kept as text (`rope`). Raises ConfigError for a string without `=` or key."""
+    changes: dict[str, Any] = {}
+    for text in texts:
+        key, sep, raw = text.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set expects key=value, got {text!r}")
+        try:
+            changes[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            changes[key] = raw
+    return changes
+
+
 def duration(text: str) -> float:
     """'300', '90s', '5m', '1.5h' -> seconds."""
     units = {"s": 1, "m": 60, "h": 3600}
