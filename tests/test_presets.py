@@ -5,6 +5,7 @@ import torch
 
 from attnkit import build_model, count_parameters, presets
 from attnkit.cli import main
+from attnkit.models import families, family_of
 
 TINY = [name for name in presets.names() if name.endswith("-tiny")]
 LARGE = [name for name in presets.names() if not name.endswith("-tiny")]
@@ -16,14 +17,15 @@ def test_published_parameter_counts():
 
 
 def test_every_family_has_a_tiny_preset():
-    assert {presets.get(name).family for name in TINY} == {"encoder", "decoder", "encoder-decoder"}
+    assert {presets.get(name).family for name in TINY} == {family.name for family in families()}
 
 
 def _forward_loss(model, family, vocab, device=None):
     ids = torch.randint(0, vocab, (2, 12), device=device)
-    if family == "decoder":
+    methods = family_of(family).methods
+    if "generate" in methods:
         return model(ids, targets=ids).loss
-    if family == "encoder":
+    if "classify" in methods:
         return model(ids, labels=torch.zeros(2, dtype=torch.long, device=device)).loss
     return model(ids, ids[:, :9], targets=ids[:, 1:10]).loss
 
@@ -42,8 +44,9 @@ def test_tiny_presets_train_a_step(name):
 
 @pytest.mark.parametrize("name", LARGE)
 def test_large_presets_run_forward_and_backward_on_meta(name):
-    family = presets.get(name).family
-    config = presets.get(name, n_layers=2, n_decoder_layers=2 if family == "encoder-decoder" else None)
+    full = presets.get(name)
+    family = full.family
+    config = full.replace(n_layers=2, **({"n_decoder_layers": 2} if hasattr(full, "n_decoder_layers") else {}))
     with torch.device("meta"):
         model = build_model(config)
         loss = _forward_loss(model, family, config.vocab_size, device="meta")

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError
 from attnkit.layers.lora import adapter_alphas, adapter_tensors, merge_adapter_tensors
-from attnkit.models.build import build_model
+from attnkit.models import build_model
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

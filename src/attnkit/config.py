@@ -1,21 +1,46 @@
-"""`ModelConfig`: one validated, frozen description of a Transformer variant.
+"""Model configs, one frozen, validated dataclass per model family, and the type checks every config shares.
 
-Every choice the lectures teach is a field here: the attention score, the position scheme, the norm and where it
-sits, the feed-forward activation, the family. An invalid combination raises `ConfigError` when the config is
-constructed, naming the field and the fix. Only `models/build.py` turns a config into modules.
+Every choice the lectures teach is a field: the attention score, the position scheme, the norm and where it sits,
+the feed-forward activation; for the recurrent baseline the cell, its width and the attention kind. An invalid
+value or combination raises `ConfigError` when the config is constructed, naming the field and the fix. Only the
+family builders (`attnkit.models`) turn a config into modules.
+
+    ModelConfig                    what every family has: family, vocab_size, n_layers, max_seq_len, dropout, ...
+      TransformerConfig            the Transformer's fields (d_model, n_heads, score, position, norm, ...)
+        DecoderConfig              family "decoder"          (GPT, Llama)
+        EncoderConfig              family "encoder"          (BERT): + encoder_head, n_classes, pooling, ...
+        EncoderDecoderConfig       family "encoder-decoder"  (Vaswani, Marian): + tgt_vocab_size, n_decoder_layers
+      RecurrentLMConfig            family "recurrent-lm"     (char-rnn): cell, hidden_size, embedding_dim
+        RecurrentSeq2SeqConfig     family "recurrent-seq2seq": + bidirectional encoder, attention kind, ...
+
+`ModelConfig(family=..., **fields)` (and `ModelConfig.from_dict` / `from_json`) builds the class that declares that
+family; a field the family does not have is a ConfigError naming the families that do. A `config.json` written
+when one flat config served every Transformer family still loads: the other families' fields it carries at their
+defaults are dropped.
+
+Conventions for every config and settings dataclass in attnkit (the command line is generated from them):
+- the annotation is the type: `check_types(self)` at the start of `__post_init__` holds each value to it, so a
+  string for a boolean or a number is a ConfigError naming the field, the value and the type expected;
+- choices are `Literal[...]` annotations;
+- the comment after a field (`name: type = default  # help text`), or a string literal on the lines below it, is
+  its help; `field_help(cls)` (`attnkit.options`) reads them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+import types
+import typing
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 from attnkit.errors import ConfigError
+from attnkit.options import assignments, field_help
 
-Family = Literal["encoder", "decoder", "encoder-decoder"]
 Score = Literal["scaled_dot", "dot", "bilinear", "additive"]
 Position = Literal["sinusoidal", "learned", "relative", "rope", "none"]
 Norm = Literal["layer", "rms"]
@@ -24,152 +49,177 @@ Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"]
 EncoderHead = Literal["classify", "mlm", "none"]
 SinusoidalLayout = Literal["interleaved", "halves"]
 Pooling = Literal["cls", "mean"]
+Cell = Literal["rnn", "gru", "lstm"]
+RecurrentAttention = Literal["none", "bahdanau", "luong-dot", "luong-general"]
 
-_CHOICES: dict[str, Any] = {
-    "family": Family,
-    "score": Score,
-    "position": Position,
-    "norm": Norm,
-    "norm_position": NormPosition,
-    "activation": Activation,
-    "encoder_head": EncoderHead,
-    "pooling": Pooling,
-    "sinusoidal_layout": SinusoidalLayout,
-}
+DEFAULT_FAMILY = "decoder"
+
+
+# Type checks shared by every config ---------------------------------------------------------------------------
+def check_types(obj: Any) -> None:
+    """Hold every field of the dataclass instance `obj` to its annotation (call it first in `__post_init__`).
+
+    bool takes only true/false (never "no", "false" or 1); int takes whole numbers (not bools); float takes any
+    real number and stores it as a float; `tuple[X, ...]` takes a list too (JSON has no tuples) and stores a
+    tuple; `Literal[...]` takes only its choices. Raises ConfigError naming the field, the value and the type.
+    """
+    hints = _type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        if f.name not in hints:  # an annotation that cannot be resolved here is not checked
+            continue
+        value = getattr(obj, f.name)
+        ok, conformed = _conform(value, hints[f.name])
+        if not ok and get_origin(hints[f.name]) is Literal:
+            choices = ", ".join(str(a) for a in get_args(hints[f.name]))
+            raise ConfigError(f"{f.name}={value!r} is not a known choice; use one of {choices}")
+        if not ok:
+            raise ConfigError(
+                f"{f.name}={value!r} ({type(value).__name__}) is not {_describe(hints[f.name])}; "
+                f"{_fix_hint(f.name, hints[f.name])}"
+            )
+        if conformed is not value:
+            object.__setattr__(obj, f.name, conformed)  # a float field given an int, a tuple field given a list
+
+
+def require_positive(obj: Any, *names: str) -> None:
+    """Each named field is > 0 (None passes: "not set"). Zero never means "the default"."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"{name}={value!r} must be positive; 0 has no meaning here (leave it unset instead)")
+
+
+def require_fraction(obj: Any, *names: str) -> None:
+    """Each named field lies in [0, 1) (dropout rates, label smoothing)."""
+    for name in names:
+        value = getattr(obj, name)
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{name}={value} must lie in [0, 1); 0 disables it")
+
+
+@cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls, include_extras=False)
+    except (NameError, TypeError):  # names imported only for type checkers: resolve field by field
+        hints = {}
+        for klass in cls.__mro__:
+            namespace = vars(sys.modules.get(klass.__module__, None) or object)
+            for name, annotation in getattr(klass, "__annotations__", {}).items():
+                try:
+                    hints.setdefault(name, eval(annotation, namespace) if isinstance(annotation, str) else annotation)
+                except Exception:  # noqa: BLE001 - an annotation this module cannot see is left unchecked
+                    continue
+        return hints
+
+
+def _conform(value: Any, hint: Any) -> tuple[bool, Any]:
+    """(whether `value` fits `hint`, the value as stored)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is Any or hint is ClassVar:
+        return True, value
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in args), value
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            ok, conformed = _conform(value, arg)
+            if ok:
+                return True, conformed
+        return False, value
+    if hint is type(None):
+        return value is None, value
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok and not isinstance(value, float) else value
+    if hint is str:
+        return isinstance(value, str), value
+    if hint is Path:
+        return isinstance(value, (str, Path)), value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        items = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
+        if len(items) != len(value):
+            return False, value
+        checked = [_conform(v, a) for v, a in zip(value, items, strict=True)]
+        if not all(ok for ok, _ in checked):
+            return False, value
+        conformed = tuple(v for _, v in checked)
+        return True, value if conformed == value and isinstance(value, tuple) else conformed
+    if origin is list:
+        return isinstance(value, list) and all(_conform(v, args[0])[0] for v in value) if args else True, value
+    if origin is dict:
+        return isinstance(value, dict), value
+    if isinstance(hint, type):
+        return isinstance(value, hint), value
+    return True, value  # Callable and other annotations are not data
+
+
+def _describe(hint: Any) -> str:
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is tuple:
+        return "a list of " + _describe(args[0]).removeprefix("a ").removeprefix("an ") + "s" if args else "a list"
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null",
+             Path: "a path"}
+    return names.get(hint, f"a {getattr(hint, '__name__', hint)}")
+
+
+def _fix_hint(name: str, hint: Any) -> str:
+    if hint is bool or bool in get_args(hint):
+        return f"write {name}=true or {name}=false (in JSON: true or false without quotes)"
+    if hint in (int, float) or {int, float} & set(get_args(hint)):
+        return "write the number without quotes"
+    return f"give {_describe(hint)}"
+
+
+# The family configs -------------------------------------------------------------------------------------------
+class _FamilyDispatch(type):
+    """`ModelConfig(family=..., **fields)` builds the class that declares `family`; every config class refuses a
+    field it does not have with a ConfigError (not a TypeError) naming the families that have it."""
+
+    def __call__(cls, *args: Any, **fields: Any) -> Any:
+        if args:
+            raise ConfigError(f"{cls.__name__} takes keyword arguments only (field=value)")
+        target = config_class(fields.get("family", DEFAULT_FAMILY)) if cls is ModelConfig else cls
+        return type.__call__(target, **_applicable(target, fields))
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """A Transformer variant. Sizes follow one vocabulary: `d_model n_heads n_kv_heads head_dim d_ff n_layers`.
-
-    `d_ff` is the feed-forward hidden width: for `relu`/`gelu`/`gelu_tanh`/`silu` the FFN is `down(act(up(x)))`
-    with `up: C -> d_ff`; for `swiglu` it is `down(silu(gate(x)) * up(x))`, with gate and up both `C -> d_ff`
-    (Llama uses d_ff ~ 8/3 C so the three matrices cost what two of width 4C would).
-
-    `encoder_head`: `classify` (one label per sequence), `mlm` (a token per position), or `none`, the bare
-    encoder, whose output is its hidden states and pooled vector (sentence embeddings; Hugging Face's BertModel).
+class ModelConfig(metaclass=_FamilyDispatch):
+    """What every family's config holds. `ModelConfig(family=..., **fields)` builds that family's config class.
 
     Raises:
-        ConfigError: on any invalid field or combination, naming the field and the fix.
+        ConfigError: on any invalid field, value or combination, naming the field and the fix.
     """
 
-    family: Family = "decoder"
-    vocab_size: int = 256
-    tgt_vocab_size: int | None = None  # encoder-decoder only; None: the target shares the source vocabulary
-    d_model: int = 128
-    n_layers: int = 2
-    n_decoder_layers: int | None = None  # encoder-decoder only; None: same as n_layers
-    n_heads: int = 4
-    n_kv_heads: int | None = None  # None: n_heads (multi-head); 1: multi-query; in between: grouped-query
-    head_dim: int | None = None  # None: d_model // n_heads
-    d_ff: int = 512
-    score: Score = "scaled_dot"
-    position: Position = "learned"
-    norm: Norm = "layer"
-    norm_position: NormPosition = "pre"
-    activation: Activation = "gelu"
-    max_seq_len: int = 256
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
-    bias: bool = True
-    tie_embeddings: bool = True
-    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017, 3.4)
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    relative_max_distance: int = 16  # Shaw et al. 2018: relative distances are clipped to [-k, k]
-    additive_dim: int | None = None  # hidden width of the additive (Bahdanau) score MLP; None: head_dim
-    final_norm: bool | None = None  # norm after the last block; None: True for pre-norm, False for post-norm
-    encoder_head: EncoderHead = "classify"
-    n_classes: int = 2
-    pooling: Pooling = "cls"
-    label_smoothing: float = 0.0
-    # Options that published checkpoints need (all off by default):
-    sinusoidal_layout: SinusoidalLayout = "interleaved"  # sin/cos interleaved (Vaswani) or in halves (Marian)
-    type_vocab_size: int = 0  # token-type (segment) embeddings added to the input (BERT: 2); 0: none
-    embedding_norm: bool = False  # a norm after the embedding sum, before the first block (BERT, BART)
-    pooler: bool = False  # encoder: dense + tanh on the pooled vector before the head (BERT's pooler)
-    lm_head_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
-    mlm_transform: bool = False  # masked LM: dense + activation + norm before the output projection (BERT)
+    FAMILY: ClassVar[str | None] = None  # set by the classes that declare a family
+    _CLASSES: ClassVar[dict[str, type[ModelConfig]]] = {}
+
+    family: str = DEFAULT_FAMILY  # model family: decoder | encoder | encoder-decoder | recurrent-lm | recurrent-seq2seq
+    vocab_size: int = 256  # token vocabulary (the source side's, for sequence-to-sequence families)
+    n_layers: int = 2  # layers (of the encoder, for sequence-to-sequence families)
+    max_seq_len: int = 256  # longest sequence the model reads (learned positions need it; recurrences read any)
+    dropout: float = 0.0  # dropout rate on activations while training; 0 disables it
+    tie_embeddings: bool = True  # the output layer shares the (target) embedding table (Press & Wolf 2017)
+    label_smoothing: float = 0.0  # training loss: weight spread evenly over the vocabulary (Szegedy et al. 2016)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "FAMILY" in cls.__dict__:
+            ModelConfig._CLASSES[cls.FAMILY] = cls
 
     def __post_init__(self) -> None:
-        for name, literal in _CHOICES.items():
-            value = getattr(self, name)
-            allowed = get_args(literal)
-            if value not in allowed:
-                raise ConfigError(f"{name}={value!r} is not a known choice; use one of {', '.join(allowed)}")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len", "n_classes"):
-            _require_positive_int(name, getattr(self, name))
-        for name in ("tgt_vocab_size", "n_decoder_layers", "n_kv_heads", "head_dim", "additive_dim"):
-            if getattr(self, name) is not None:
-                _require_positive_int(name, getattr(self, name))
-        _require_positive_int("relative_max_distance", self.relative_max_distance)
-        if self.type_vocab_size != 0:
-            _require_positive_int("type_vocab_size", self.type_vocab_size)  # 0 disables token-type embeddings
-        for name in ("dropout", "attention_dropout"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ConfigError(f"{name}={value} must lie in [0, 1); 0 disables it")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"label_smoothing={self.label_smoothing} must lie in [0, 1)")
-        if self.norm_eps <= 0:
-            raise ConfigError(f"norm_eps={self.norm_eps} must be positive (1e-5 or 1e-6 are usual)")
-        if self.rope_theta <= 0:
-            raise ConfigError(f"rope_theta={self.rope_theta} must be positive (10000 in the RoFormer paper)")
-        if self.head_dim is None and self.d_model % self.n_heads:
-            raise ConfigError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; choose n_heads dividing "
-                f"d_model (e.g. {_divisors_hint(self.d_model)}) or set head_dim explicitly"
-            )
-        if self.n_heads % self.kv_heads:
-            raise ConfigError(
-                f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.kv_heads}; grouped-query attention "
-                f"shares each key/value head among n_heads / n_kv_heads query heads: choose n_kv_heads dividing "
-                f"{self.n_heads}"
-            )
-        if self.position == "rope" and self.head_size % 2:
-            raise ConfigError(
-                f"position='rope' needs an even head dimension, got head_dim={self.head_size}; RoPE rotates pairs "
-                f"of dimensions: change d_model/n_heads or head_dim"
-            )
-        if self.position == "relative" and self.score not in ("scaled_dot", "dot"):
-            raise ConfigError(
-                f"position='relative' adds q.a_ij to dot-product scores (Shaw et al. 2018) and needs score "
-                f"'scaled_dot' or 'dot', got score={self.score!r}"
-            )
-        if self.pooler and self.family != "encoder":
-            raise ConfigError("pooler=True applies to family='encoder' only (BERT's pooler); set pooler=False")
-        if self.mlm_transform and (self.family != "encoder" or self.encoder_head != "mlm"):
-            raise ConfigError("mlm_transform=True applies to family='encoder' with encoder_head='mlm' only")
-        if self.mlm_transform and self.activation == "swiglu":
-            raise ConfigError("mlm_transform applies `activation` to one vector and needs an elementwise one "
-                              "(gelu, gelu_tanh, relu, silu), not the gated swiglu")
-        if self.family != "encoder-decoder":
-            for name in ("tgt_vocab_size", "n_decoder_layers"):
-                if getattr(self, name) is not None:
-                    raise ConfigError(f"{name} applies to family='encoder-decoder' only; remove it or change family")
-
-    # Derived sizes -------------------------------------------------------------------------------------------
-    @property
-    def kv_heads(self) -> int:
-        """Number of key/value heads: `n_kv_heads`, or `n_heads` when unset."""
-        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
-
-    @property
-    def head_size(self) -> int:
-        """Per-head dimension D: `head_dim`, or `d_model // n_heads` when unset."""
-        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
-
-    @property
-    def decoder_layers(self) -> int:
-        return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
-
-    @property
-    def target_vocab_size(self) -> int:
-        return self.tgt_vocab_size if self.tgt_vocab_size is not None else self.vocab_size
-
-    @property
-    def use_final_norm(self) -> bool:
-        return self.final_norm if self.final_norm is not None else self.norm_position == "pre"
+        check_types(self)
+        require_positive(self, "vocab_size", "n_layers", "max_seq_len")
+        require_fraction(self, "dropout", "label_smoothing")
 
     # Serialisation -------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -184,11 +234,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown config field(s) {unknown}; known fields are {sorted(known)}")
-        return cls(**data)
+        """The config `data` describes: the class of its `family` (decoder when absent), or `cls` when that is a
+        family's class. Raises ConfigError for unknown fields or fields the family does not have."""
+        if not isinstance(data, dict):
+            raise ConfigError("a model config must be an object of field: value")
+        return ModelConfig(**data) if cls is ModelConfig else cls(**data)
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> ModelConfig:
@@ -208,27 +258,293 @@ class ModelConfig:
         return cls.from_dict(data)
 
     def replace(self, **changes: Any) -> ModelConfig:
-        """A copy with `changes` applied, validated again."""
-        return self.from_dict({**self.to_dict(), **changes})
+        """A copy with `changes` applied, validated again. A change of `family` keeps the fields the two families
+        share and drops the old family's own."""
+        data = self.to_dict()
+        if changes.get("family", self.family) != self.family:
+            keep = _field_names(config_class(changes["family"]))
+            data = {name: value for name, value in data.items() if name in keep}
+        return ModelConfig(**{**data, **changes})
 
-    def with_overrides(self, assignments: list[str]) -> ModelConfig:
-        """Apply `key=value` strings (the CLI's `--set`); values are parsed as JSON when they parse."""
-        changes: dict[str, Any] = {}
-        for assignment in assignments:
-            key, sep, raw = assignment.partition("=")
-            if not sep or not key:
-                raise ConfigError(f"--set expects key=value, got {assignment!r}")
-            try:
-                changes[key.strip()] = json.loads(raw)
-            except json.JSONDecodeError:
-                changes[key.strip()] = raw
-        return self.replace(**changes)
+    def with_overrides(self, texts: list[str]) -> ModelConfig:
+        """Apply `key=value` strings (the CLI's `--set`, read by `attnkit.options.assignments`): values are parsed
+        as JSON when they parse, so `tie_embeddings=false` is the boolean and `tie_embeddings=no` the string "no"
+        (refused by the type check)."""
+        return self.replace(**assignments(texts))
+
+    def with_vocabulary(self, vocab_size: int) -> ModelConfig:
+        """This config for a tokenizer of `vocab_size` tokens (on both sides, for sequence-to-sequence models)."""
+        return self.replace(vocab_size=vocab_size)
+
+    def inert_fields(self) -> set[str]:
+        """Fields that change nothing this config computes (kept for the record: e.g. rope_theta without RoPE)."""
+        return set()
 
 
-def _require_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name}={value!r} must be a positive integer")
+def config_class(family: str) -> type[ModelConfig]:
+    """The config class that declares `family`. Raises ConfigError naming the known families."""
+    if not isinstance(family, str) or family not in ModelConfig._CLASSES:
+        raise ConfigError(f"family={family!r} is not a known choice; use one of {', '.join(family_names())}")
+    return ModelConfig._CLASSES[family]
+
+
+def family_names() -> list[str]:
+    """Every family a config class declares, in the order they are defined."""
+    return list(ModelConfig._CLASSES)
+
+
+def model_field_names() -> set[str]:
+    """Every field some family's config has (what `--set` may name for the model)."""
+    return set().union(*(_field_names(c) for c in ModelConfig._CLASSES.values()))
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _applicable(cls: type[ModelConfig], fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` without what a flat config.json of the Transformer families carried for its sibling families at
+    their defaults; raises ConfigError for any other field `cls` lacks."""
+    own = _field_names(cls)
+    out = {}
+    for name, value in fields.items():
+        if name in own:
+            out[name] = value
+            continue
+        holders = [c for c in ModelConfig._CLASSES.values() if name in _field_names(c)]
+        legacy = issubclass(cls, TransformerConfig) and any(
+            issubclass(c, TransformerConfig) and _default(c, name) == value for c in holders
+        )
+        if legacy:
+            continue
+        if not holders:
+            raise ConfigError(f"unknown config field {name!r}; the fields of family={cls.FAMILY!r} are {sorted(own)}")
+        families = " or ".join(repr(c.FAMILY) for c in holders)
+        raise ConfigError(
+            f"{name}={value!r} applies to family={families} only, not to family={cls.FAMILY!r}; remove it or "
+            f"change the family"
+        )
+    return out
+
+
+def _default(cls: type, name: str) -> Any:
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class TransformerConfig(ModelConfig):
+    """A Transformer variant. Sizes follow one vocabulary: `d_model n_heads n_kv_heads head_dim d_ff n_layers`.
+
+    `d_ff` is the feed-forward hidden width: for `relu`/`gelu`/`gelu_tanh`/`silu` the FFN is `down(act(up(x)))`
+    with `up: C -> d_ff`; for `swiglu` it is `down(silu(gate(x)) * up(x))`, with gate and up both `C -> d_ff`
+    (Llama uses d_ff ~ 8/3 C so the three matrices cost what two of width 4C would).
+    """
+
+    d_model: int = 128  # model width C
+    n_heads: int = 4  # attention heads H
+    n_kv_heads: int | None = None  # None: n_heads (multi-head); 1: multi-query; in between: grouped-query
+    head_dim: int | None = None  # None: d_model // n_heads
+    d_ff: int = 512  # feed-forward hidden width
+    score: Score = "scaled_dot"  # attention score: scaled_dot, dot, bilinear (Luong general) or additive (Bahdanau)
+    position: Position = "learned"  # position scheme: sinusoidal, learned, relative (Shaw), rope or none
+    norm: Norm = "layer"  # LayerNorm or RMSNorm
+    norm_position: NormPosition = "pre"  # pre-norm (GPT-2, Llama) or post-norm (Vaswani, BERT)
+    activation: Activation = "gelu"  # feed-forward activation (swiglu: the gated form, Shazeer 2020)
+    attention_dropout: float = 0.0  # dropout on the attention weights while training
+    bias: bool = True  # biases in the linear layers and norms
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani et al. 2017, 3.4)
+    norm_eps: float = 1e-5  # epsilon of the norms
+    rope_theta: float = 10000.0  # RoPE base frequency (Su et al. 2021)
+    relative_max_distance: int = 16  # Shaw et al. 2018: relative distances are clipped to [-k, k]
+    additive_dim: int | None = None  # hidden width of the additive (Bahdanau) score MLP; None: head_dim
+    final_norm: bool | None = None  # norm after the last block; None: True for pre-norm, False for post-norm
+    # Options that published checkpoints need (all off by default):
+    sinusoidal_layout: SinusoidalLayout = "interleaved"  # sin/cos interleaved (Vaswani) or in halves (Marian)
+    type_vocab_size: int = 0  # token-type (segment) embeddings added to the input (BERT: 2); 0: none
+    embedding_norm: bool = False  # a norm after the embedding sum, before the first block (BERT, BART)
+    lm_head_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self, "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "relative_max_distance",
+                         "additive_dim", "norm_eps", "rope_theta")
+        require_fraction(self, "attention_dropout")
+        if self.type_vocab_size < 0:
+            raise ConfigError(f"type_vocab_size={self.type_vocab_size} must be >= 0 (0: no token-type embeddings)")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ConfigError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; choose n_heads dividing "
+                f"d_model (e.g. {_divisors_hint(self.d_model)}) or set head_dim explicitly"
+            )
+        if self.n_heads % self.kv_heads:
+            raise ConfigError(
+                f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.kv_heads}; grouped-query attention "
+                f"shares each key/value head among n_heads / n_kv_heads query heads: choose n_kv_heads dividing "
+                f"{self.n_heads}"
+            )
+        if self.position == "rope" and self.head_size % 2:
+            raise ConfigError(
+                f"position='rope' needs an even head dimension, got head_dim={self.head_size}; RoPE rotates pairs "
+                f"of dimensions: change d_model/n_heads or head_dim"
+            )
+
+    @property
+    def kv_heads(self) -> int:
+        """Number of key/value heads: `n_kv_heads`, or `n_heads` when unset."""
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def head_size(self) -> int:
+        """Per-head dimension D: `head_dim`, or `d_model // n_heads` when unset."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def use_final_norm(self) -> bool:
+        return self.final_norm if self.final_norm is not None else self.norm_position == "pre"
+
+    @property
+    def residual_layers(self) -> int:
+        """Blocks whose outputs add to a residual stream (GPT-2 scales their output projections by this)."""
+        return self.n_layers
+
+    def inert_fields(self) -> set[str]:
+        unused = {name for name, position in (("rope_theta", "rope"), ("sinusoidal_layout", "sinusoidal"),
+                                              ("relative_max_distance", "relative")) if self.position != position}
+        return unused | ({"additive_dim"} if self.score != "additive" else set())
+
+
+@dataclass(frozen=True)
+class DecoderConfig(TransformerConfig):
+    """A decoder-only language model (GPT-2, Llama): causal self-attention, next-token prediction."""
+
+    FAMILY: ClassVar[str] = "decoder"
+    family: Literal["decoder"] = "decoder"
+
+
+@dataclass(frozen=True)
+class EncoderConfig(TransformerConfig):
+    """A bidirectional encoder (BERT). `encoder_head`: `classify` (one label per sequence), `mlm` (a token per
+    position), or `none`, the bare encoder, whose output is its hidden states and pooled vector (sentence
+    embeddings; Hugging Face's BertModel)."""
+
+    FAMILY: ClassVar[str] = "encoder"
+    family: Literal["encoder"] = "encoder"
+    encoder_head: EncoderHead = "classify"  # classify: a label per text; mlm: a token per position; none: bare
+    n_classes: int = 2  # classify: number of labels
+    pooling: Pooling = "cls"  # one vector per text: the first token's (BERT) or the mean over real tokens
+    pooler: bool = False  # dense + tanh on the pooled vector before the head (BERT's pooler)
+    mlm_transform: bool = False  # masked LM: dense + activation + norm before the output projection (BERT)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self, "n_classes")
+        if self.mlm_transform and self.encoder_head != "mlm":
+            raise ConfigError("mlm_transform=True applies to family='encoder' with encoder_head='mlm' only; set "
+                              "mlm_transform=false")
+        if self.mlm_transform and self.activation == "swiglu":
+            raise ConfigError("mlm_transform applies `activation` to one vector and needs an elementwise one "
+                              "(gelu, gelu_tanh, relu, silu), not the gated swiglu")
+
+    def inert_fields(self) -> set[str]:
+        unused = super().inert_fields()
+        if self.encoder_head != "classify":
+            unused |= {"n_classes"} | ({"pooling", "pooler"} if self.encoder_head == "mlm" else set())
+        return unused | ({"tie_embeddings"} if self.encoder_head != "mlm" else set())
+
+
+@dataclass(frozen=True)
+class EncoderDecoderConfig(TransformerConfig):
+    """An encoder-decoder (Vaswani et al. 2017; Marian): the decoder cross-attends to the encoder's states."""
+
+    FAMILY: ClassVar[str] = "encoder-decoder"
+    family: Literal["encoder-decoder"] = "encoder-decoder"
+    tgt_vocab_size: int | None = None  # None: the target shares the source vocabulary (and, tied, its table)
+    n_decoder_layers: int | None = None  # None: same as n_layers
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self, "tgt_vocab_size", "n_decoder_layers")
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.tgt_vocab_size if self.tgt_vocab_size is not None else self.vocab_size
+
+    @property
+    def residual_layers(self) -> int:
+        return self.n_layers + self.decoder_layers
+
+    def with_vocabulary(self, vocab_size: int) -> ModelConfig:
+        return self.replace(vocab_size=vocab_size, tgt_vocab_size=None)  # one tokenizer: one shared vocabulary
+
+
+@dataclass(frozen=True)
+class RecurrentLMConfig(ModelConfig):
+    """A recurrent language model (char-rnn; Zaremba et al. 2014): embedding -> RNN/GRU/LSTM x n_layers -> output.
+    `models/recurrent/lm.py` says what runs where."""
+
+    FAMILY: ClassVar[str] = "recurrent-lm"
+    family: Literal["recurrent-lm"] = "recurrent-lm"
+    cell: Cell = "lstm"  # rnn (Elman, tanh), gru (Cho et al. 2014) or lstm (Hochreiter & Schmidhuber 1997)
+    hidden_size: int = 256  # width of the recurrent state H (of the decoder, for sequence-to-sequence)
+    embedding_dim: int | None = None  # token embedding width E; None: hidden_size
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self, "hidden_size", "embedding_dim")
+
+    @property
+    def embedding_size(self) -> int:
+        return self.embedding_dim if self.embedding_dim is not None else self.hidden_size
+
+
+@dataclass(frozen=True)
+class RecurrentSeq2SeqConfig(RecurrentLMConfig):
+    """A recurrent encoder-decoder: without attention (the bottleneck), with Bahdanau's additive attention, or
+    Luong's dot or general attention. `models/recurrent/seq2seq.py` draws it."""
+
+    FAMILY: ClassVar[str] = "recurrent-seq2seq"
+    family: Literal["recurrent-seq2seq"] = "recurrent-seq2seq"
+    tgt_vocab_size: int | None = None  # None: the target shares the source vocabulary (and, tied, its table)
+    encoder_hidden_size: int | None = None  # width of each encoder direction; None: hidden_size
+    bidirectional: bool = False  # the encoder reads the source both ways; its states are twice as wide
+    attention: RecurrentAttention = "none"  # none: the final state is all the decoder sees; else the score
+    additive_dim: int | None = None  # bahdanau: hidden width of the score MLP; None: hidden_size
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self, "tgt_vocab_size", "encoder_hidden_size", "additive_dim")
+        memory = self.encoder_size * (2 if self.bidirectional else 1)
+        if self.attention == "luong-dot" and memory != self.hidden_size:
+            raise ConfigError(
+                f"attention='luong-dot' needs encoder states as wide as the decoder's ({memory} vs hidden_size="
+                f"{self.hidden_size}); use luong-general or bahdanau, or set encoder_hidden_size"
+            )
+        if self.additive_dim is not None and self.attention != "bahdanau":
+            raise ConfigError("additive_dim applies to attention='bahdanau' only; remove it")
+
+    @property
+    def encoder_size(self) -> int:
+        return self.encoder_hidden_size if self.encoder_hidden_size is not None else self.hidden_size
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.tgt_vocab_size if self.tgt_vocab_size is not None else self.vocab_size
+
+    def with_vocabulary(self, vocab_size: int) -> ModelConfig:
+        return self.replace(vocab_size=vocab_size, tgt_vocab_size=None)
 
 
 def _divisors_hint(n: int) -> str:
     return ", ".join(str(d) for d in range(1, min(n, 64) + 1) if n % d == 0 and d > 1)
+
+
+__all__ = [
+    "DecoderConfig", "EncoderConfig", "EncoderDecoderConfig", "ModelConfig", "RecurrentLMConfig",
+    "RecurrentSeq2SeqConfig", "TransformerConfig", "check_types", "config_class", "family_names", "field_help",
+    "model_field_names", "require_fraction", "require_positive",
+]

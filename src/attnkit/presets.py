@@ -7,13 +7,21 @@ and CPU-sized `-tiny` versions of each family. Nothing here builds a model.
     bert         encoder          post, Layer  GELU     learned     multi-head
     llama        decoder          pre, RMS     SwiGLU   rotary      multi-head
     llama2-70b   decoder          pre, RMS     SwiGLU   rotary      grouped-query (8 kv heads)
+
+and the recurrent models the Transformer replaced (issue: the RNN baseline):
+
+    preset             family             cell   layers x width   embedding   attention
+    lstm-lm            recurrent-lm       LSTM   2 x 512          512         -           (char-rnn's classic)
+    gru-seq2seq        recurrent-seq2seq  GRU    1 x 512          256         none        (the bottleneck)
+    gru-attn-seq2seq   recurrent-seq2seq  GRU    1 x 512          256         Bahdanau    (bidirectional encoder:
+                                                                                           the Multi30k shape)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from attnkit.config import ModelConfig
+from attnkit.config import ModelConfig, RecurrentLMConfig, RecurrentSeq2SeqConfig, TransformerConfig
 from attnkit.errors import ConfigError
 
 _VASWANI = dict(
@@ -36,7 +44,14 @@ _LLAMA = dict(
     position="rope", norm="rms", norm_position="pre", activation="swiglu", max_seq_len=2048,
     dropout=0.0, bias=False, tie_embeddings=False, norm_eps=1e-6, rope_theta=10000.0,
 )
+_LSTM_LM = dict(family="recurrent-lm", vocab_size=256, cell="lstm", n_layers=2, hidden_size=512, max_seq_len=256,
+                dropout=0.2, tie_embeddings=True)
+_GRU_SEQ2SEQ = dict(family="recurrent-seq2seq", vocab_size=8000, cell="gru", n_layers=1, hidden_size=512,
+                    embedding_dim=256, max_seq_len=128, dropout=0.3, tie_embeddings=False, attention="none")
+_GRU_ATTN_SEQ2SEQ = {**_GRU_SEQ2SEQ, "bidirectional": True, "attention": "bahdanau"}
 _TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128, dropout=0.0)
+
+_RECURRENT_TINY = dict(vocab_size=512, hidden_size=64, embedding_dim=32, n_layers=1, max_seq_len=128, dropout=0.0)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "vaswani-base": _VASWANI,
@@ -53,6 +68,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bert-tiny": {**_BERT, **_TINY},
     "llama-tiny": {**_LLAMA, **_TINY, "d_ff": 172},
     "llama2-tiny": {**_LLAMA, **_TINY, "d_ff": 172, "n_kv_heads": 2, "norm_eps": 1e-5},
+    "lstm-lm": _LSTM_LM,
+    "gru-seq2seq": _GRU_SEQ2SEQ,
+    "gru-attn-seq2seq": _GRU_ATTN_SEQ2SEQ,
+    "rnn-lm-tiny": {**_LSTM_LM, **_RECURRENT_TINY, "cell": "rnn", "embedding_dim": None},
+    "lstm-lm-tiny": {**_LSTM_LM, **_RECURRENT_TINY, "embedding_dim": None},
+    "gru-seq2seq-tiny": {**_GRU_SEQ2SEQ, **_RECURRENT_TINY},
+    "gru-attn-seq2seq-tiny": {**_GRU_ATTN_SEQ2SEQ, **_RECURRENT_TINY},
 }
 
 
@@ -62,7 +84,31 @@ def names() -> list[str]:
 
 
 def get(name: str, **overrides: Any) -> ModelConfig:
-    """The preset's config, with `overrides` applied (and validated)."""
+    """The preset's config, with `overrides` applied (and validated): a field the preset's family lacks is a
+    ConfigError."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return ModelConfig(**{**PRESETS[name], **overrides})
+    return ModelConfig(**PRESETS[name]).replace(**overrides)
+
+
+COLUMNS = ("layers", "width", "heads/kv", "norm", "ffn/cell", "positions", "score/attention")
+
+
+def summary(config: ModelConfig) -> dict[str, str]:
+    """One row of `attnkit presets` for `config`: the COLUMNS, as text ("-" where a family has no such part)."""
+    row = dict.fromkeys(COLUMNS, "-")
+    if isinstance(config, TransformerConfig):
+        decoder_layers = getattr(config, "decoder_layers", None)
+        row.update(
+            layers=f"{config.n_layers}+{decoder_layers}" if decoder_layers else str(config.n_layers),
+            width=str(config.d_model), norm=f"{config.norm_position} {config.norm}",
+            positions=config.position, **{"heads/kv": f"{config.n_heads}/{config.kv_heads}",
+                                          "ffn/cell": config.activation, "score/attention": config.score},
+        )
+    elif isinstance(config, RecurrentSeq2SeqConfig):
+        encoder = f"{config.encoder_size}x2" if config.bidirectional else str(config.encoder_size)
+        row.update(layers=f"{config.n_layers}+{config.n_layers}", width=f"{encoder}/{config.hidden_size}",
+                   **{"ffn/cell": config.cell, "score/attention": config.attention})
+    elif isinstance(config, RecurrentLMConfig):
+        row.update(layers=str(config.n_layers), width=str(config.hidden_size), **{"ffn/cell": config.cell})
+    return row

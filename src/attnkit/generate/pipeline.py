@@ -1,8 +1,10 @@
 """`attnkit.load(run_dir)`: a trained (or converted) model with its tokenizer, ready for text in, text out.
 
-    decoder           .generate(prompts)    continue each prompt
-    encoder-decoder   .translate(texts)     greedy or beam search
-    encoder           .classify(texts)      a label and probabilities per text
+    decoder, recurrent-lm                  .generate(prompts)    continue each prompt
+    encoder-decoder, recurrent-seq2seq     .translate(texts)     greedy or beam search
+    encoder                                .classify(texts)      a label and probabilities per text
+
+(each family's registration in `attnkit.models.families` lists the methods it serves).
 
 A run directory holds `config.json` + `model.safetensors`, `tokenizer/` and, for classifiers, `labels.json`
 (`{"labels": [...]}` or a plain list: the label names, index = class id).
@@ -37,6 +39,7 @@ from attnkit.generate.quantize import quantize_int8
 from attnkit.generate.sampling import SamplingConfig, make_generator
 from attnkit.generate.seq2seq import greedy_translate
 from attnkit.generate.static_decode import StaticDecoding
+from attnkit.models import family_of
 from attnkit.tokenize import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -47,7 +50,6 @@ DTYPES = {  # the weight types' names, and torch's long names for them
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
     "fp16": torch.float16, "float16": torch.float16,
 }
-_METHOD_FOR_FAMILY = {"decoder": "generate", "encoder-decoder": "translate", "encoder": "classify"}
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ class Pipeline:
         self.model = model.eval()
         self.config = config
         self.tokenizer = tokenizer
-        self.labels = list(labels) if labels is not None else [str(i) for i in range(config.n_classes)]
+        self.labels = list(labels) if labels is not None else _default_labels(config)
         self.decoding = decoding or EagerDecoding(self.model)
 
     @property
@@ -249,10 +251,11 @@ class Pipeline:
         return pad if pad is not None else 0
 
     def _require(self, method: str) -> None:
-        if _METHOD_FOR_FAMILY[self.family] != method:
+        serves = family_of(self.config).methods
+        if method not in serves:
             raise InputError(
                 f"{method} does not fit this model: its family is {self.family!r}; use "
-                f"{_METHOD_FOR_FAMILY[self.family]} instead"
+                f"{' or '.join(m for m in serves if m != 'attention')} instead"
             )
         if self.tokenizer is None:
             raise InputError(
@@ -363,7 +366,7 @@ def prepare_for_inference(
     `compile`, each block goes through torch.compile for any length, except in a decoder that `StaticDecoding`
     supports (its compiled path is the whole decoding step, which `load` sets up)."""
     mode = torch_compile_mode(compile)
-    decodes = family != "encoder"
+    decodes = family_of(family).state is not None
     static = mode is not None and StaticDecoding.supports(model)
     if decodes:
         fuse_qkv_projections(model)
@@ -384,9 +387,14 @@ def decoding_for(model: nn.Module, compile: bool | str = False) -> EagerDecoding
     return EagerDecoding(model)
 
 
+def _default_labels(config: ModelConfig) -> list[str]:
+    """A classifier's class ids as names ("0", "1", ...); no labels for other models."""
+    return [str(i) for i in range(config.n_classes)] if "classify" in family_of(config).methods else []
+
+
 def _read_labels(run_dir: Path, config: ModelConfig) -> list[str] | None:
     path = run_dir / LABELS_FILE
-    if config.family != "encoder" or not path.is_file():
+    if "classify" not in family_of(config).methods or not path.is_file():
         return None
     try:
         labels = json.loads(path.read_text(encoding="utf-8"))

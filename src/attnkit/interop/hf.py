@@ -44,7 +44,7 @@ from attnkit.interop.hf_weights import (
     to_hf_tensors,
 )
 from attnkit.interop.keymaps import FamilyMap
-from attnkit.models.build import build_model
+from attnkit.models import build_model
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def load(
         model=model,
         config=config,
         tokenizer=_read_tokenizer(directory),
-        labels=_labels(hf) if config.family == "encoder" and config.encoder_head == "classify" else None,
+        labels=_labels(hf) if getattr(config, "encoder_head", None) == "classify" else None,
         model_type=family.model_type,
         architecture=architecture,
         special_ids={name: hf[name] for name in family.special_ids if isinstance(hf.get(name), int)},
@@ -127,7 +127,7 @@ def save(
     tensors = to_hf_tensors(model, family, config)
     if architecture in family.bare_architectures:
         tensors = strip_prefix(tensors, family)
-    if config.family == "encoder" and config.encoder_head == "none" and not config.pooler:
+    if getattr(config, "encoder_head", None) == "none" and not config.pooler:
         log.warning("%s has no pooler; transformers will add a randomly initialised one when it loads it", architecture)
     save_tensors(tensors, directory / SAFETENSORS, metadata={"format": "pt"})
     atomic_write(directory / CONFIG_FILE, json.dumps(hf, indent=2, sort_keys=True) + "\n")

@@ -93,6 +93,8 @@ def match_family(
     wanted = _structure(config)
     nearest: tuple[int, str] | None = None
     for family in FAMILIES.values():
+        if family.ours_fixed["family"] != config.family:  # a layout of another family cannot hold this model
+            continue
         for architecture in family.architectures:
             names = hf_names(family)
             if names is None:  # a tensor the layout has no place for: not a candidate at all
@@ -118,22 +120,10 @@ def match_family(
 
 
 def _structure(config: ModelConfig) -> dict[str, Any]:
-    """The fields that decide the function a config computes (training-only and unused fields left out)."""
-    out = {f.name: getattr(config, _RESOLVED.get(f.name, f.name)) for f in dataclasses.fields(config)}
-    unused = list(_TRAINING_ONLY)
-    if config.family != "encoder":
-        unused += ["encoder_head", "n_classes", "pooling", "pooler"]
-    elif config.encoder_head != "classify":
-        unused += ["n_classes"] + (["pooling", "pooler"] if config.encoder_head == "mlm" else [])
-    if config.family == "encoder" and config.encoder_head != "mlm":
-        unused.append("tie_embeddings")
-    if config.family != "encoder-decoder":
-        unused += ["tgt_vocab_size", "n_decoder_layers"]
-    unused += [name for name, position in (("rope_theta", "rope"), ("sinusoidal_layout", "sinusoidal"),
-                                           ("relative_max_distance", "relative")) if config.position != position]
-    if config.score != "additive":
-        unused.append("additive_dim")
-    return {name: value for name, value in out.items() if name not in unused}
+    """The fields that decide the function a config computes (training-only and inert fields left out)."""
+    unused = set(_TRAINING_ONLY) | config.inert_fields()
+    return {f.name: getattr(config, _RESOLVED.get(f.name, f.name)) for f in dataclasses.fields(config)
+            if f.name not in unused}
 
 
 def _activation_from_hf(value: Any, field: str, source: str) -> str:

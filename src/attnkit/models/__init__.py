@@ -1,8 +1,9 @@
-"""The three families (encoder, decoder, encoder-decoder) and the builder that makes them from a config."""
+"""The model families (encoder, decoder, encoder-decoder, recurrent LM, recurrent seq2seq), each registered once in
+`families.py`, and `build_model`, which makes any of them from its config."""
 
-from attnkit.models.build import build_model, count_parameters
 from attnkit.models.decoder import DecoderLM
 from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM, EncoderModel
+from attnkit.models.families import Family, build_model, count_parameters, families, families_for_task, family_of
 from attnkit.models.output import ModelOutput
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -12,7 +13,11 @@ __all__ = [
     "EncoderDecoder",
     "EncoderMaskedLM",
     "EncoderModel",
+    "Family",
     "ModelOutput",
     "build_model",
     "count_parameters",
+    "families",
+    "families_for_task",
+    "family_of",
 ]

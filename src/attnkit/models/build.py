@@ -1,14 +1,15 @@
-"""`build_model(config)`: the one place a `ModelConfig` becomes modules."""
+"""The Transformer families' builders: a `DecoderConfig`, `EncoderConfig` or `EncoderDecoderConfig` becomes modules
+(registered in `models/families.py`, whose `build_model` calls them)."""
 
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
-import torch
 from torch import nn
 
 from attnkit.blocks import DecoderBlock, EncoderBlock
-from attnkit.config import ModelConfig
+from attnkit.config import DecoderConfig, EncoderConfig, EncoderDecoderConfig, TransformerConfig
 from attnkit.layers.attention import Attention
 from attnkit.layers.embedding import Embeddings
 from attnkit.layers.feedforward import make_feedforward
@@ -19,49 +20,47 @@ from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM, EncoderMo
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.models.stack import TransformerStack
 
+M = TypeVar("M", bound=nn.Module)
 
-def build_model(config: ModelConfig) -> nn.Module:
-    """Build the model a config describes, with initialised weights (on the current default device)."""
-    if config.family == "decoder":
-        stack = _stack(config, config.vocab_size, config.n_layers, decoder=True)
-        lm_head = _lm_head(config, stack, config.vocab_size)
-        model: nn.Module = DecoderLM(stack=stack, lm_head=lm_head, label_smoothing=config.label_smoothing)
-    elif config.family == "encoder":
-        stack = _stack(config, config.vocab_size, config.n_layers, decoder=False)
-        pooler = Pooler(config.d_model) if config.pooler else None
-        if config.encoder_head == "classify":
-            classifier = nn.Linear(config.d_model, config.n_classes)
-            model = EncoderClassifier(stack=stack, classifier=classifier, pooling=config.pooling, pooler=pooler)
-        elif config.encoder_head == "none":
-            model = EncoderModel(stack=stack, pooling=config.pooling, pooler=pooler)
-        else:
-            transform = (
-                PredictionTransform(config.d_model, activation=config.activation, norm=_norm(config))
-                if config.mlm_transform else None
-            )
-            lm_head = _lm_head(config, stack, config.vocab_size)
-            model = EncoderMaskedLM(stack=stack, lm_head=lm_head, transform=transform)
+
+def build_decoder(config: DecoderConfig) -> DecoderLM:
+    """A decoder-only language model (GPT-2, Llama) with initialised weights."""
+    stack = _stack(config, config.vocab_size, config.n_layers, decoder=True)
+    lm_head = _lm_head(config, stack, config.vocab_size)
+    return _init_weights(DecoderLM(stack=stack, lm_head=lm_head, label_smoothing=config.label_smoothing), config)
+
+
+def build_encoder(config: EncoderConfig) -> nn.Module:
+    """An encoder (BERT) with its head: a classifier, a masked-LM head, or none; initialised weights."""
+    stack = _stack(config, config.vocab_size, config.n_layers, decoder=False)
+    pooler = Pooler(config.d_model) if config.pooler else None
+    if config.encoder_head == "classify":
+        classifier = nn.Linear(config.d_model, config.n_classes)
+        model: nn.Module = EncoderClassifier(stack=stack, classifier=classifier, pooling=config.pooling, pooler=pooler)
+    elif config.encoder_head == "none":
+        model = EncoderModel(stack=stack, pooling=config.pooling, pooler=pooler)
     else:
-        encoder = _stack(config, config.vocab_size, config.n_layers, decoder=False)
-        decoder = _stack(config, config.target_vocab_size, config.decoder_layers, decoder=True, cross=True)
-        if config.tie_embeddings and config.tgt_vocab_size is None:  # one shared vocabulary: one table
-            decoder.embeddings.token.weight = encoder.embeddings.token.weight
-        lm_head = _lm_head(config, decoder, config.target_vocab_size)
-        model = EncoderDecoder(
-            encoder=encoder, decoder=decoder, lm_head=lm_head, label_smoothing=config.label_smoothing
+        transform = (
+            PredictionTransform(config.d_model, activation=config.activation, norm=_norm(config))
+            if config.mlm_transform else None
         )
-    _init_weights(model, config)
-    return model
+        lm_head = _lm_head(config, stack, config.vocab_size)
+        model = EncoderMaskedLM(stack=stack, lm_head=lm_head, transform=transform)
+    return _init_weights(model, config)
 
 
-def count_parameters(config: ModelConfig) -> int:
-    """Number of distinct parameters (tied ones once), counted on the meta device without allocating."""
-    with torch.device("meta"):
-        model = build_model(config)
-    return sum(p.numel() for p in model.parameters())
+def build_encoder_decoder(config: EncoderDecoderConfig) -> EncoderDecoder:
+    """An encoder-decoder (Vaswani et al. 2017) with initialised weights."""
+    encoder = _stack(config, config.vocab_size, config.n_layers, decoder=False)
+    decoder = _stack(config, config.target_vocab_size, config.decoder_layers, decoder=True, cross=True)
+    if config.tie_embeddings and config.tgt_vocab_size is None:  # one shared vocabulary: one table
+        decoder.embeddings.token.weight = encoder.embeddings.token.weight
+    lm_head = _lm_head(config, decoder, config.target_vocab_size)
+    model = EncoderDecoder(encoder=encoder, decoder=decoder, lm_head=lm_head, label_smoothing=config.label_smoothing)
+    return _init_weights(model, config)
 
 
-def _attention(config: ModelConfig, *, relative: bool) -> Attention:
+def _attention(config: TransformerConfig, *, relative: bool) -> Attention:
     return Attention(
         config.d_model,
         config.n_heads,
@@ -75,11 +74,11 @@ def _attention(config: ModelConfig, *, relative: bool) -> Attention:
     )
 
 
-def _norm(config: ModelConfig) -> nn.Module:
+def _norm(config: TransformerConfig) -> nn.Module:
     return make_norm(config.norm, config.d_model, eps=config.norm_eps, bias=config.bias)
 
 
-def _block(config: ModelConfig, *, decoder: bool, cross: bool) -> nn.Module:
+def _block(config: TransformerConfig, *, decoder: bool, cross: bool) -> nn.Module:
     parts = dict(
         self_attn=_attention(config, relative=config.position == "relative"),
         attn_norm=_norm(config),
@@ -93,7 +92,7 @@ def _block(config: ModelConfig, *, decoder: bool, cross: bool) -> nn.Module:
     return DecoderBlock(**parts) if decoder else EncoderBlock(**parts)
 
 
-def _stack(config: ModelConfig, vocab_size: int, n_layers: int, *, decoder: bool, cross: bool = False):
+def _stack(config: TransformerConfig, vocab_size: int, n_layers: int, *, decoder: bool, cross: bool = False):
     absolute: nn.Module | None = None
     if config.position == "sinusoidal":
         absolute = SinusoidalPositions(config.d_model, layout=config.sinusoidal_layout)
@@ -118,18 +117,18 @@ def _stack(config: ModelConfig, vocab_size: int, n_layers: int, *, decoder: bool
     )
 
 
-def _lm_head(config: ModelConfig, stack: TransformerStack, vocab_size: int) -> nn.Linear:
+def _lm_head(config: TransformerConfig, stack: TransformerStack, vocab_size: int) -> nn.Linear:
     head = nn.Linear(config.d_model, vocab_size, bias=config.lm_head_bias)
     if config.tie_embeddings:
         head.weight = stack.embeddings.token.weight
     return head
 
 
-def _init_weights(model: nn.Module, config: ModelConfig) -> None:
+def _init_weights(model: M, config: TransformerConfig) -> M:
     """GPT-2's scheme: N(0, 0.02) weights, zero biases, residual output projections scaled by 1/sqrt(2 N)."""
     if next(model.parameters()).is_meta:
-        return
-    n_residual = 2 * (config.n_layers + (config.decoder_layers if config.family == "encoder-decoder" else 0))
+        return model
+    n_residual = 2 * config.residual_layers
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             std = 0.02 / math.sqrt(n_residual) if name.endswith(("o_proj", "down_proj")) else 0.02
@@ -141,3 +140,4 @@ def _init_weights(model: nn.Module, config: ModelConfig) -> None:
         elif isinstance(module, (LearnedPositions, RelativePositions)):
             for parameter in module.parameters():
                 nn.init.normal_(parameter, mean=0.0, std=0.02)
+    return model

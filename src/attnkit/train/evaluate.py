@@ -44,6 +44,7 @@ from attnkit.data.batching import IGNORE_INDEX
 from attnkit.data.labelled import LabelledData, LabelVocab, read_labelled
 from attnkit.data.pairs import read_parallel, read_tsv_pairs
 from attnkit.errors import ConfigError, InputError
+from attnkit.models import family_of
 from attnkit.textfiles import EncodingErrors, read_text
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
@@ -179,7 +180,7 @@ def _cell(value: Any) -> str:
 
 
 # Evaluating a run -----------------------------------------------------------------------------------------------
-_KIND_FOR_FAMILY = {"decoder": "perplexity", "encoder-decoder": "translation", "encoder": "classification"}
+_KIND_FOR_TASK = {"lm": "perplexity", "translate": "translation", "classify": "classification"}
 
 
 def evaluate_run(
@@ -207,11 +208,12 @@ def evaluate_run(
         raise InputError("eval needs --data FILE...: text files (language model), a TSV file or two line-aligned "
                          "files (translation), or labelled files (classifier)")
     config = load_config(run_dir)
-    kind = _KIND_FOR_FAMILY.get(config.family)
-    if kind is None or (config.family == "encoder" and config.encoder_head != "classify"):
+    kind = next((_KIND_FOR_TASK[task] for task in family_of(config).tasks if task in _KIND_FOR_TASK), None)
+    head = getattr(config, "encoder_head", "classify")  # an encoder scores as a classifier with a classifier head
+    if kind is None or head != "classify":
         raise InputError(
             f"eval scores language models, translators and classifiers; {run_dir} holds a {config.family} "
-            f"with head {config.encoder_head!r}. Fine-tune it first, e.g. attnkit train --task classify "
+            f"with head {head!r}. Fine-tune it first, e.g. attnkit train --task classify "
             f"--init-from {run_dir} ..."
         )
     tokenizer = _run_tokenizer(run_dir)

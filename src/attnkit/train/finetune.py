@@ -29,6 +29,7 @@ from attnkit.checkpoint import CONFIG_FILE, LABELS_FILE, TOKENIZER_DIR, WEIGHTS_
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, ConfigError
 from attnkit.layers.embedding import Embeddings
+from attnkit.models import family_of
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.lora import apply_lora
 
@@ -104,8 +105,8 @@ def _read_hf(path: Path, load_hf: HFLoader | None) -> Source:
     if loaded.tokenizer is None:
         raise CheckpointError(f"--init-from {path}: the directory has no tokenizer.json; a new run needs the "
                               "tokenizer the weights were trained with")
-    task = {"classify": "classify", "mlm": "mlm"}.get(loaded.config.encoder_head) if (
-        loaded.config.family == "encoder") else None
+    head = getattr(loaded.config, "encoder_head", None)  # an encoder's head names the task it was trained for
+    task = head if head in family_of(loaded.config).tasks else None
     return Source(path, "Hugging Face directory", loaded.config, loaded.tokenizer, loaded.model.state_dict(),
                   labels=loaded.labels, task=task)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from attnkit.config import ModelConfig
+from attnkit.config import ModelConfig, model_field_names
 from attnkit.data import LabelledData, LabelVocab, LMData, PairData, make_task, synthetic_tokenizer
 from attnkit.data.corpus import find_files, resolve_files
 from attnkit.data.labelled import read_labelled
@@ -252,7 +252,7 @@ def _tokenizer_differences(saved: Tokenizer, data_changes: dict[str, Any], saved
 # Configs -----------------------------------------------------------------------------------------------------
 def _split_overrides(assignments: list[str]) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
     """Sort `key=value` strings into ModelConfig assignments and DataConfig / TrainConfig changes."""
-    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
+    model_keys = model_field_names()
     data_keys = {f.name for f in dataclasses.fields(DataConfig)}
     train_keys = {f.name for f in dataclasses.fields(TrainConfig)}
     model, data, train = [], {}, {}
@@ -300,9 +300,8 @@ def _model_config(request: TrainRequest, task: str, assignments: list[str]) -> M
 
 def _fit_config(config: ModelConfig, tokenizer: Tokenizer, labels: list[str] | None, data: DataConfig) -> ModelConfig:
     """The config with the tokenizer's vocabulary and the data's classes."""
-    changes: dict[str, Any] = {"vocab_size": tokenizer.vocab_size}
-    if config.family == "encoder-decoder":
-        changes["tgt_vocab_size"] = None  # one tokenizer for both sides: one shared vocabulary
+    config = config.with_vocabulary(tokenizer.vocab_size)  # one tokenizer for both sides: one shared vocabulary
+    changes: dict[str, Any] = {}
     if labels is not None:
         changes["n_classes"] = len(labels)
     if data.seq_len is not None and data.seq_len > config.max_seq_len:

@@ -1,11 +1,13 @@
-"""What each task trains on and how it is scored. The trainer is the same for all; the model family
-computes the loss, the task feeds it batches and evaluates.
+"""What each task trains on and how it is scored. The trainer is the same for all; the model computes the loss,
+the task feeds it batches and evaluates. Which families train for a task, their registrations say
+(`attnkit.models.families`): lm the decoder and the recurrent LM, mlm and classify the encoder, translate the
+encoder-decoder and the recurrent seq2seq.
 
-    task        family            batch                         loss (inside the model)        evaluation
-    lm          decoder           random windows of a stream    next-token cross-entropy       val loss, perplexity
-    mlm         encoder           random windows, 15% masked    cross-entropy at masked tokens val loss, accuracy
-    translate   encoder-decoder   padded, bucketed pairs        target-token cross-entropy     val loss, sacreBLEU
-    classify    encoder           padded, bucketed texts        cross-entropy over classes     val loss, accuracy
+    task        batch                         loss (inside the model)          evaluation
+    lm          random windows of a stream    next-token cross-entropy         val loss, perplexity
+    mlm         random windows, 15% masked    cross-entropy at masked tokens   val loss, accuracy
+    translate   padded, bucketed pairs        target-token cross-entropy       val loss, sacreBLEU
+    classify    padded, bucketed texts        cross-entropy over classes       val loss, accuracy
 
 Every task remembers where it is in its data (`data_state`), so a resumed run draws the very same batches.
 """
@@ -22,25 +24,25 @@ from torch import Tensor, nn
 from attnkit.data import IGNORE_INDEX, LabelledBatch, LabelledData, LMData, PairBatch, PairData
 from attnkit.data.masking import mask_tokens
 from attnkit.errors import ConfigError
+from attnkit.models import families_for_task, family_of
 from attnkit.tokenize import SPECIAL_ROLES, Tokenizer
 from attnkit.train.state import decode_tensor, encode_tensor
 
-FAMILY = {"lm": "decoder", "mlm": "encoder", "translate": "encoder-decoder", "classify": "encoder"}
-TASKS = tuple(FAMILY)
+TASKS = ("lm", "mlm", "translate", "classify")
 # (model, source token lists, *, bos_id, eos_id, pad_id, max_length) -> target token lists without BOS/EOS
 Translator = Callable[..., list[list[int]]]
 
 
 def check_family(task: str, family: str) -> None:
-    """Raise ConfigError unless a model of `family` can be trained for `task`."""
-    if task not in FAMILY:
+    """Raise ConfigError unless a model of `family` can be trained for `task` (the families' registrations say)."""
+    if task not in TASKS:
         raise ConfigError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
-    if FAMILY[task] != family:
-        hint = {"lm": "gpt2-tiny or llama-tiny", "mlm": "bert-tiny", "translate": "vaswani-tiny",
-                "classify": "bert-tiny"}[task]
+    if task not in family_of(family).tasks:
+        fits = families_for_task(task)
         raise ConfigError(
-            f"--task {task} trains a {FAMILY[task]} model, but the config's family is {family!r}; "
-            f"use a {FAMILY[task]} preset (e.g. --preset {hint}) or --set family={FAMILY[task]}"
+            f"--task {task} trains a {' or a '.join(f.name + ' model' for f in fits)}, but the config's family is "
+            f"{family!r}; use such a preset (e.g. --preset {' or '.join(f.example for f in fits)}) or "
+            f"--set family={fits[0].name}"
         )
 
 
