@@ -38,7 +38,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def _fields(command: cli.Command) -> dict[str, tuple[type, dataclasses.Field]]:
-    classes = [command.settings, *(cls for _, cls in command.sections)]
+    classes = command.classes()
     return {f.name: (cls, f) for cls in classes for f in dataclasses.fields(cls)}
 
 
@@ -193,6 +193,13 @@ def test_version(capsys):
         cli.main(["--version"])
     assert stop.value.code == 0
     assert capsys.readouterr().out.strip() == f"attnkit {cli.version()}"
+
+
+def test_only_the_chosen_command_gets_its_options():
+    parsers = _subparsers(cli.build_parser(["generate", "--run", "r", "--prompt", "x"]))
+    assert any("--prompt" in a.option_strings for a in parsers["generate"]._actions)
+    assert not any("--max-steps" in a.option_strings for a in parsers["train"]._actions)
+    assert cli._chosen(["-v", "tokenizer", "train", "--out", "t"]) == "tokenizer train"
 
 
 def test_python_dash_m_attnkit_runs_the_command_line():

@@ -18,19 +18,21 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
-from typing import Any
+from importlib import import_module, metadata
+from typing import TYPE_CHECKING, Any
 
 from attnkit import options
 from attnkit.blocks import COMPILE_MODES
 from attnkit.config import model_field_names
-from attnkit.experiments.base import Budget
 from attnkit.generate.pipeline import WeightDType
 from attnkit.textfiles import EncodingErrors
-from attnkit.train.evaluate import EvalSettings
-from attnkit.train.job import DataConfig
-from attnkit.train.trainer import TrainConfig
-from attnkit.viz.run import VizSettings
+
+if TYPE_CHECKING:
+    from attnkit.experiments.base import ExperimentSettings
+    from attnkit.train.evaluate import EvalSettings
+    from attnkit.viz.run import VizSettings
+
+Settings = type | str  # a dataclass, or "module:Name" for one imported only when its command runs
 
 
 @dataclass(frozen=True)
@@ -40,17 +42,30 @@ class Command:
     `run(settings)` returns the exit code. With `sections`, (group title, dataclass) pairs whose options the
     command takes as well, `run(settings, *given)` gets one dict per section holding only the options given
     (on the command line or in --config): `train` passes them on as "not given: the default, or the resumed
-    run's". `adapt_file` turns a --config file's keys into the command's before they are used.
+    run's". `adapt_file` turns a --config file's keys into the command's before they are used. A dataclass
+    named as "module:Name" is imported only when its command is parsed, so `attnkit generate` does not wait
+    for the training and experiment modules to import.
     """
 
     name: str  # "train", or "tokenizer train" for a command inside a group
     help: str
-    settings: type
+    settings: Settings
     run: Callable[..., int]
-    sections: tuple[tuple[str, type], ...] = ()
+    sections: tuple[tuple[str, Settings], ...] = ()
     description: str | None = None
     epilog: str | None = None
     adapt_file: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
+
+    def classes(self) -> list[type]:
+        """The settings dataclass, then each section's."""
+        return [_resolve(self.settings), *(_resolve(cls) for _, cls in self.sections)]
+
+
+def _resolve(settings: Settings) -> type:
+    if isinstance(settings, str):
+        module, _, name = settings.partition(":")
+        return getattr(import_module(module), name)
+    return settings
 
 
 GROUPS = {"tokenizer": "train a tokenizer, or show how one splits a text"}
@@ -410,14 +425,6 @@ def _run_viz(settings: VizSettings) -> int:
 
 
 # experiment -----------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ExperimentSettings:
-    name: str | None = field(default=None, metadata={"positional": True})  # the experiment to run (see --list)
-    list: bool = False  # print the experiments, each with its claim and lecture
-    budget: Budget = "small"  # tiny: seconds (what the tests run); small: minutes on 2 CPU cores; full: larger runs
-    out: str | None = None  # directory for results.json, table.md and the plots; none: runs/experiments/NAME
-
-
 def _run_experiment(settings: ExperimentSettings) -> int:
     from attnkit.errors import InputError
     from attnkit.experiments import REGISTRY, run_experiment
@@ -447,23 +454,25 @@ COMMANDS: list[Command] = [
     Command("classify", "label texts with a trained encoder classifier", ClassifySettings, _run_classify),
     Command(
         "train", "train a model (lm, mlm, translate or classify), with checkpoints and resume", TrainRun, _run_train,
-        sections=(("data", DataConfig), ("training (on resume, the run's own unless given)", TrainConfig)),
+        sections=(("data", "attnkit.train.job:DataConfig"),
+                  ("training (on resume, the run's own unless given)", "attnkit.train.trainer:TrainConfig")),
         description="Train a decoder LM, an encoder-decoder translator or an encoder classifier. Progress is "
         "shown; metrics.jsonl, a loss plot and checkpoints go to --out. Ctrl-C finishes the step, saves and exits.",
         epilog=_TRAIN_EPILOG, adapt_file=_train_file,
     ),
     Command(
-        "eval", "score a run on held-out files: perplexity, BLEU/chrF or accuracy/macro-F1", EvalSettings, _run_eval,
+        "eval", "score a run on held-out files: perplexity, BLEU/chrF or accuracy/macro-F1",
+        "attnkit.train.evaluate:EvalSettings", _run_eval,
         description="Language models: sliding-window perplexity per token, per character and bits per byte. "
         "Translators: sacreBLEU and chrF with their signatures. Classifiers: accuracy, macro-F1 and a confusion "
         "matrix (table and PNG). Prints a table and writes eval.json.",
     ),
     Command("convert", "convert Hugging Face model directories to attnkit runs and back", ConvertSettings,
             _run_convert, epilog=_CONVERT_EPILOG),
-    Command("viz", "draw a run's attention over a text (PNGs and an HTML page) and its instruments", VizSettings,
-            _run_viz),
+    Command("viz", "draw a run's attention over a text (PNGs and an HTML page) and its instruments",
+            "attnkit.viz.run:VizSettings", _run_viz),
     Command("experiment", "run one of the lectures' claims as an experiment, ending in a verdict",
-            ExperimentSettings, _run_experiment),
+            "attnkit.experiments.base:ExperimentSettings", _run_experiment),
 ]
 
 
@@ -474,7 +483,10 @@ def version() -> str:
         return "unknown (not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; given the `argv` it will parse, only the chosen command gets its options
+    (each command's help and --help still work)."""
+    chosen = _chosen(argv) if argv is not None else None
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"attnkit {version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -489,15 +501,25 @@ def build_parser() -> argparse.ArgumentParser:
             name, help=command.help, description=command.description or command.help, epilog=command.epilog,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        add_command_options(p, command)
+        if argv is None or command.name == chosen:
+            add_command_options(p, command)
         p.set_defaults(command_spec=command)
     return parser
 
 
+def _chosen(argv: list[str]) -> str | None:
+    """The command `argv` names ("train", "tokenizer train"), or None."""
+    words = [w for w in argv if not w.startswith("-")]
+    if words[:1] and words[0] in GROUPS:
+        return " ".join(words[:2])
+    return words[0] if words else None
+
+
 def add_command_options(p: argparse.ArgumentParser, command: Command) -> None:
     """The command's options: its settings' fields, each section's fields in a group, and --config."""
-    options.add_fields(p, command.settings)
-    for title, cls in command.sections:
+    settings, *sections = command.classes()
+    options.add_fields(p, settings)
+    for (title, _), cls in zip(command.sections, sections, strict=True):
         options.add_fields(p.add_argument_group(title), cls)
     p.add_argument("--config", dest="config_file", metavar="FILE", help="a JSON or YAML file of this command's "
                    "options (keys as the options' names, e.g. max_steps); options given on the command line win")
@@ -518,7 +540,7 @@ class Invocation:
 def invocation(args: argparse.Namespace) -> Invocation:
     """Layer the settings: the dataclass defaults, then the --config file, then the command line."""
     command: Command = args.command_spec
-    classes = [command.settings, *(cls for _, cls in command.sections)]
+    classes = command.classes()
     file_values: dict[str, Any] = {}
     if args.config_file:
         file_values = options.read_settings_file(args.config_file)
@@ -533,17 +555,18 @@ def invocation(args: argparse.Namespace) -> Invocation:
         if "set" in from_file and "set" in from_args:
             from_args["set"] = (*from_file["set"], *from_args["set"])  # the file's, then the command line's
         layers.append({**from_file, **from_args})
-    return Invocation(command, options.build(command.settings, layers[0]), tuple(layers[1:]))
+    return Invocation(command, options.build(classes[0], layers[0]), tuple(layers[1:]))
 
 
 def parse(argv: list[str]) -> Invocation:
     """What `attnkit ARGV...` would run, without running it (argparse exits on a usage error)."""
-    return invocation(build_parser().parse_args(argv))
+    return invocation(build_parser(argv).parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
     except SystemExit as stop:  # a usage error, printed by argparse: its exit status (--help, --version: 0, raised)
         if stop.code:
             return int(stop.code)

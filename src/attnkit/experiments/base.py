@@ -25,6 +25,16 @@ Verdict = Literal["held", "did not hold at this scale", "mixed"]
 VERDICTS: tuple[str, ...] = get_args(Verdict)
 
 
+@dataclass(frozen=True)
+class ExperimentSettings:
+    """What `attnkit experiment` runs; each field is one of its options."""
+
+    name: str | None = field(default=None, metadata={"positional": True})  # the experiment to run (see --list)
+    list: bool = False  # print the experiments, each with its claim and lecture
+    budget: Budget = "small"  # tiny: seconds (what the tests run); small: minutes on 2 CPU cores; full: larger runs
+    out: str | None = None  # directory for results.json, table.md and the plots; none: runs/experiments/NAME
+
+
 @dataclass
 class Result:
     """What an experiment found: a table (rows of column -> value), plots, and a verdict with its reason."""
