@@ -4,7 +4,7 @@
     python -m benchmarks attention [--threads 1] [--repeats 20]
 
 Two workloads per shape and dtype: a causal training pass (forward and backward, T queries over T keys) and one
-decoding query over S cached keys. The numbers decide `math_kernel_is_faster` in `layers/attention.py`; they are
+decoding query over S cached keys. The numbers decide `math_kernel_is_faster` in `layers/kernels.py`; they are
 written to benchmarks/results/attention-kernels.json and a markdown table beside it.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnkit.layers.attention import grouped_attention
-from attnkit.layers.masks import causal_mask
+from attnkit.layers.kernels import grouped_attention
+from attnkit.layers.masks import as_bias, causal_mask
 from benchmarks.common import median_seconds, parse_args, write_results
 
 # (batch, heads, head_dim, length): nanoGPT's CPU shape, the 6+6 encoder-decoder, nanoGPT's Shakespeare shape at
@@ -29,7 +29,7 @@ def _training_pass(kernel: str, shape: tuple[int, int, int, int], dtype: torch.d
     q, k, v = (torch.randn(batch, heads, length, dim, generator=generator, dtype=dtype).requires_grad_()
                for _ in range(3))
     grad = torch.randn(batch, heads, length, dim, generator=generator, dtype=dtype)
-    mask = causal_mask(length, length)
+    mask = as_bias(causal_mask(length, length))
 
     def run() -> None:
         if kernel == "sdpa":

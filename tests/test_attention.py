@@ -14,11 +14,10 @@ from attnkit.layers.attention import (
     BilinearScore,
     DotScore,
     attention_weights,
-    grouped_attention,
     make_score,
-    math_kernel_is_faster,
 )
-from attnkit.layers.masks import causal_mask, padding_mask
+from attnkit.layers.kernels import grouped_attention, math_kernel_is_faster
+from attnkit.layers.masks import as_bias, causal_mask, padding_mask
 
 
 def _qk(seed=0, batch=2, heads=3, tq=4, tk=5, dim=8):
@@ -204,7 +203,7 @@ def test_grouped_math_kernel_equals_fused_kernel(n_kv_heads, query_len):
     causal = causal_mask(query_len, key_len)
     masks = [None, causal, padding_mask(real), causal & padding_mask(real)]
     for mask in masks:
-        ours = grouped_attention(q, k, v, mask)
+        ours = grouped_attention(q, k, v, None if mask is None else as_bias(mask))
         reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv != n_heads)
         torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
         grads = torch.autograd.grad(ours.square().sum(), (q, k, v))

@@ -23,7 +23,6 @@ from attnkit import ConfigError, ModelConfig, presets
         ({"attention_dropout": 1.5}, ["attention_dropout"]),
         ({"vocab_size": 0}, ["vocab_size=0"]),
         ({"n_layers": 2.5}, ["n_layers=2.5"]),
-        ({"position": "relative", "score": "additive"}, ["relative", "scaled_dot"]),
         ({"tgt_vocab_size": 10}, ["tgt_vocab_size", "encoder-decoder"]),
     ],
 )

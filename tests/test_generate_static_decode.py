@@ -26,7 +26,7 @@ def forced_logits(decoding, prompts, forced: list[int]) -> list[torch.Tensor]:
     return logits
 
 
-@pytest.mark.parametrize("position", ["sinusoidal", "learned", "rope", "none"])
+@pytest.mark.parametrize("position", ["sinusoidal", "learned", "rope", "relative", "none"])
 def test_static_step_gives_the_logits_of_eager_decoding(position):
     model, _ = tiny_model(position=position)
     forced = [5, 0, 12, 7, 7, 1]
@@ -67,10 +67,10 @@ def test_cache_lengths_are_rounded_up_to_a_power_of_two_within_the_context():
     assert decoding.allocate(1, 70, context_len=100).max_len == 100
 
 
-def test_static_decoding_refuses_relative_positions_and_other_models():
-    relative, _ = tiny_model(position="relative")
-    with pytest.raises(InputError, match="relative"):
-        StaticDecoding(relative, compile=False)
+def test_static_decoding_refuses_other_models():
+    encoder, _ = tiny_model(family="encoder")
+    with pytest.raises(InputError, match="decoder-only"):
+        StaticDecoding(encoder, compile=False)
     model, config = tiny_model()
     other, _ = tiny_model(seed=5)
     with pytest.raises(InputError, match="another model"):

@@ -63,19 +63,19 @@ class TransformerBlock(nn.Module):
         x: Tensor,
         *,
         key_is_real: Tensor | None = None,
-        rope: tuple[Tensor, Tensor] | None = None,
+        position_ids: Tensor | None = None,
         cache: LayerCache | None = None,
         context: Tensor | None = None,
         context_is_real: Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """Returns the new x (B, T, C) and {"self": (B, H, T, S), "cross": (B, H, T, S_src)} when asked."""
+        """position_ids: (B or 1, T) positions of x's tokens, for the self-attention's position scheme.
+        Returns the new x (B, T, C) and {"self": (B, H, T, S), "cross": (B, H, T, S_src)} when asked."""
         weights: dict[str, Tensor] = {}
 
         def self_attention(h: Tensor) -> Tensor:
-            out, w = self.self_attn(
-                h, key_is_real=key_is_real, causal=self.causal, rope=rope, cache=cache, need_weights=need_weights
-            )
+            out, w = self.self_attn(h, key_is_real=key_is_real, causal=self.causal, position_ids=position_ids,
+                                    cache=cache, need_weights=need_weights)
             if w is not None:
                 weights["self"] = w
             return out

@@ -34,7 +34,6 @@ from attnkit.blocks import torch_compile_mode
 from attnkit.errors import InputError
 from attnkit.generate.decode_layout import TransposedLinear
 from attnkit.generate.decoder import EagerDecoding, Window, prefill
-from attnkit.layers.attention import Attention
 from attnkit.layers.kv_cache import StaticKVCache
 
 SMALLEST_CACHE = 64  # positions; lengths are rounded up to a power of two from here
@@ -56,8 +55,8 @@ class StaticDecoding(EagerDecoding):
     def __init__(self, model: nn.Module, *, compile: bool | str = True) -> None:
         if not self.supports(model):
             raise InputError(
-                "static decoding needs a decoder whose attention does not locate queries by the number of keys; "
-                "relative (Shaw) positions do, so decode this model with EagerDecoding (load(..., compile=False))"
+                f"static decoding steps a decoder-only language model; this is a {type(model).__name__}: decode it "
+                f"with EagerDecoding"
             )
         super().__init__(model)
 
@@ -72,9 +71,8 @@ class StaticDecoding(EagerDecoding):
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
-        """A decoder-only model without relative positions (Shaw's place a query at the last key)."""
-        attentions = [m for m in model.modules() if isinstance(m, Attention)]
-        return getattr(model, "family", None) == "decoder" and all(a.relative is None for a in attentions)
+        """A decoder-only model: every position scheme locates a step's query by the cache slot it writes."""
+        return getattr(model, "family", None) == "decoder"
 
     def allocate(self, batch_size: int, needed: int, context_len: int) -> StaticKVCache:
         bucket = max(SMALLEST_CACHE, 1 << (needed - 1).bit_length())
@@ -95,10 +93,17 @@ class StaticDecoding(EagerDecoding):
             try:
                 with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
                     return self._step(token, cache)
-            except RuntimeError:  # the graphs are gone (torch._dynamo.reset()): run every guard and compile again;
-                self._calls_seen.clear()  # a step only writes its own slot, so running it twice changes nothing
+            except RuntimeError as err:
+                # Under this stance torch refuses to compile and raises a plain RuntimeError naming the stance; that
+                # means the graphs are gone (torch._dynamo.reset()): run every guard and compile again. A step only
+                # writes its own slot, so running it twice changes nothing. Any other error is the step's own.
+                if "skip_guard_eval_unsafe" not in str(err):
+                    raise
+                self._calls_seen.clear()
         # Both settings are read while a step is traced (at its first call for a new batch size or cache length);
         # freezing applies to weights the graph does not take as arguments: hence the model in the step's closure.
+        # They are private because torch has no public switch for either: `torch.compile(options=...)` cannot be
+        # combined with `mode=`, and dynamo's recompile limit is configured only through `torch._dynamo.config`.
         with (
             torch._inductor.config.patch(freezing=self.freezes_weights),
             torch._dynamo.config.patch(recompile_limit=MAX_GRAPHS),

@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.layers.kernels import attend
 from attnkit.layers.kv_cache import LayerCache
-from attnkit.layers.masks import causal_mask, combine, padding_mask
-from attnkit.layers.positions import RelativePositions, apply_rotary
+from attnkit.layers.masks import as_bias, causal_mask, combine, padding_mask
+from attnkit.layers.positions import PositionScheme
 
 
 class DotScore(nn.Module):
@@ -38,6 +39,10 @@ class DotScore(nn.Module):
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         return torch.matmul(q, k.transpose(-2, -1)) * self.scale  # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
 
+    def per_query(self, q: Tensor, keys: Tensor) -> Tensor:
+        """Each query t against its own keys: q (B, H, T, D), keys (T, S, D) -> (B, H, T, S)."""
+        return torch.einsum("bhtd,tsd->bhts", q, keys) * self.scale
+
 
 class BilinearScore(nn.Module):
     """`q^T W k` with one learned W (D, Dk) shared by the heads; Dk = D unless keys are wider (key_dim), as the
@@ -49,6 +54,10 @@ class BilinearScore(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         return torch.matmul(q, self.weight(k).transpose(-2, -1))  # (B, H, T, S)
+
+    def per_query(self, q: Tensor, keys: Tensor) -> Tensor:
+        """Each query t against its own keys: q (B, H, T, D), keys (T, S, Dk) -> (B, H, T, S)."""
+        return torch.einsum("bhtd,tsd->bhts", q, self.weight(keys))
 
 
 class AdditiveScore(nn.Module):
@@ -65,6 +74,11 @@ class AdditiveScore(nn.Module):
         hidden = self.query_proj(q).unsqueeze(3) + self.key_proj(k).unsqueeze(2)  # (B, H, T, 1, A) + (B, H, 1, S, A)
         return self.out(torch.tanh(hidden)).squeeze(-1)  # (B, H, T, S)
 
+    def per_query(self, q: Tensor, keys: Tensor) -> Tensor:
+        """Each query t against its own keys: q (B, H, T, D), keys (T, S, Dk) -> (B, H, T, S)."""
+        hidden = self.query_proj(q).unsqueeze(3) + self.key_proj(keys)  # (B, H, T, 1, A) + (T, S, A)
+        return self.out(torch.tanh(hidden)).squeeze(-1)  # (B, H, T, S)
+
 
 def make_score(kind: str, head_dim: int, *, additive_dim: int | None = None) -> nn.Module:
     if kind == "scaled_dot":
@@ -78,19 +92,29 @@ def make_score(kind: str, head_dim: int, *, additive_dim: int | None = None) -> 
     raise ValueError(f"unknown score {kind!r}; use scaled_dot, dot, bilinear or additive")
 
 
-def attention_weights(scores: Tensor, mask: Tensor | None) -> Tensor:
-    """Softmax over keys (in float32) after masking; masked keys get weight 0. (B, H, T, S)."""
-    if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+def attention_weights(scores: Tensor, bias: Tensor | None) -> Tensor:
+    """Softmax over keys (in float32 at least) of the scores plus the additive bias (masked keys: -inf, weight 0).
+    (B, H, T, S)"""
+    total = scores.to(_softmax_dtype(scores.dtype))
+    if bias is not None:
+        total = total + bias
+    return torch.softmax(total, dim=-1).to(scores.dtype)
+
+
+def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """bf16/fp16 scores are summed with biases and normalised in float32; float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 class Attention(nn.Module):
     """Multi-head (grouped-query, multi-query) attention, for self- and cross-attention.
 
-    Projections `q_proj k_proj v_proj o_proj` follow the ecosystem's names. The `scaled_dot` score runs through
-    `F.scaled_dot_product_attention` unless weights are requested or relative positions are used; the explicit
-    path is the readable reference and tests hold the two equal.
+    Projections `q_proj k_proj v_proj o_proj` follow the ecosystem's names. `relative` is the position scheme
+    that acts inside self-attention (RoPE, Shaw, ALiBi: schemes whose scores depend on i - j); it may rotate q and
+    k, add a bias to the scores and a term to the values (`layers/positions.py`). Masks and position biases
+    become one additive float bias in one place (`_bias`), so every score function composes with every scheme.
+    Dot scores run through the measured kernels of `layers/kernels.py` unless weights are requested or the scheme
+    reads them; the explicit path is the readable reference and tests hold the two equal.
     """
 
     def __init__(
@@ -104,7 +128,7 @@ class Attention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         additive_dim: int | None = None,
-        relative: RelativePositions | None = None,
+        relative: PositionScheme | None = None,
     ) -> None:
         super().__init__()
         self.n_heads = n_heads
@@ -121,7 +145,6 @@ class Attention(nn.Module):
         self.score = make_score(score, self.head_dim, additive_dim=additive_dim)
         self.dropout = dropout
         self.relative = relative
-
     def _split_heads(self, x: Tensor, n_heads: int) -> Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, n_heads, self.head_dim).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
@@ -163,7 +186,7 @@ class Attention(nn.Module):
         context: Tensor | None = None,
         key_is_real: Tensor | None = None,
         causal: bool = False,
-        rope: tuple[Tensor, Tensor] | None = None,
+        position_ids: Tensor | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
@@ -171,16 +194,21 @@ class Attention(nn.Module):
 
         key_is_real: (B, S) bool, False at padded keys (with a cache: covering every cached position).
         causal: queries see only keys at or before their own position.
-        rope: (cos, sin) for the query positions; rotates q and k (self-attention only).
+        position_ids: (B or 1, T) positions of the queries, for a rotating scheme; by default those after the
+            cached ones.
         cache: the layer's KV cache; self-attention appends to it, cross-attention computes the context's
             keys and values once and reuses them.
         Returns the output (B, T, C) and, when `need_weights`, the weights (B, H, T, S).
         """
         batch, length, _ = x.shape
+        relative = self.relative if context is None else None  # positions act in self-attention only
         if context is None:
             q, k, v = self._project_qkv(x)  # (B, H, T, D), (B, Hkv, T, D) twice
-            if rope is not None:
-                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            if relative is not None and relative.rotates:
+                if position_ids is None:
+                    start = cache.length if cache is not None else 0
+                    position_ids = torch.arange(start, start + length, device=x.device).unsqueeze(0)  # (1, T)
+                q, k = relative.rotate(q, k, position_ids)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, Hkv, S, D)
         else:
@@ -193,84 +221,57 @@ class Attention(nn.Module):
                     cache.cross = (k, v)
 
         key_len = k.shape[2]
-        grouped = self.n_kv_heads != self.n_heads
+        biased = relative is not None and relative.biases
+        # the queries' indices among the keys: with a cache, the positions they were just written to
+        query_index = None
+        if biased:
+            query_index = cache.written(length) if cache is not None else torch.arange(length, device=x.device)
         dropout = self.dropout if self.training else 0.0
-        if self.score_kind == "scaled_dot" and self.relative is None and not need_weights:
-            # Fast paths. Without padding, causal masking needs no mask tensor: SDPA's is_causal covers a full
-            # square pass, and a single new query (decoding) may see every cached key.
-            mask, is_causal = None, False
-            if key_is_real is None and causal and length in (1, key_len):
-                is_causal = length > 1
-            else:
-                mask = _build_mask(key_is_real, causal, length, key_len, x.device)
-            if math_kernel_is_faster(q, key_len):
-                if is_causal:
-                    mask = causal_mask(length, key_len, device=x.device)
-                out = grouped_attention(q, k, v, mask, dropout)  # (B, H, T, D)
-            else:
-                out = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, enable_gqa=grouped
-                )  # (B, H, T, D)
+        fused = isinstance(self.score, DotScore) and not need_weights and not (biased and relative.needs_weights)
+        if fused:
+            # Without padding or a position bias, causal masking needs no bias tensor: SDPA's is_causal covers a
+            # full square pass, and a single new query (decoding) may see every cached key.
+            is_causal = key_is_real is None and causal and not biased and length in (1, key_len)
+            bias = None if is_causal else self._bias(q, key_is_real, causal, query_index, key_len)
+            out = attend(q, k, v, bias, is_causal=is_causal and length > 1, scale=self.score.scale,
+                         dropout=dropout)  # (B, H, T, D)
             weights = None
         else:
-            if grouped:  # each kv head serves n_heads / n_kv_heads query heads
+            if self.n_kv_heads != self.n_heads:  # each kv head serves n_heads / n_kv_heads query heads
                 repeats = self.n_heads // self.n_kv_heads
                 k = k.repeat_interleave(repeats, dim=1)  # (B, Hkv, S, D) -> (B, H, S, D)
                 v = v.repeat_interleave(repeats, dim=1)
-            mask = _build_mask(key_is_real, causal, length, key_len, x.device)
-            out, weights = self._explicit(q, k, v, mask, dropout)
+            bias = self._bias(q, key_is_real, causal, query_index, key_len)
+            out, weights = self._reference(q, k, v, bias, dropout, query_index)
         out = out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim)  # (B, H, T, D) -> (B, T, C)
         return self.o_proj(out), (weights if need_weights else None)
 
-    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float) -> tuple[Tensor, Tensor]:
-        """The reference path: scores, mask, softmax, dropout, weighted sum (plus Shaw's relative terms)."""
+    def _bias(
+        self, q: Tensor, key_is_real: Tensor | None, causal: bool, query_index: Tensor | None, key_len: int
+    ) -> Tensor | None:
+        """The one place masks and position biases meet: one additive float bias (float32 at least) broadcastable
+        to (B, H, T, S), 0 where a key is visible, -inf where it is masked, plus the position scheme's score bias;
+        None: neither."""
+        dtype = _softmax_dtype(q.dtype)
+        mask = _build_mask(key_is_real, causal, q.shape[2], key_len, q.device)
+        bias = as_bias(mask, dtype) if mask is not None else None
+        if query_index is not None:
+            position = self.relative.score_bias(q, query_index, key_len, self.score)
+            if position is not None:
+                bias = position.to(dtype) if bias is None else bias + position.to(dtype)
+        return bias
+
+    def _reference(
+        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float, query_index: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """The lecture's path: scores, + bias (masks, positions), softmax, dropout, weighted sum (+ value term)."""
         scores = self.score(q, k)  # (B, H, T, S)
-        if self.relative is not None:
-            rel_k, rel_v = self.relative(q.shape[2], k.shape[2])  # (T, S, D) each
-            scores = scores + torch.einsum("bhtd,tsd->bhts", q, rel_k) * self.score.scale
-        weights = attention_weights(scores, mask)  # (B, H, T, S)
+        weights = attention_weights(scores, bias)  # (B, H, T, S)
         dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
         out = torch.matmul(dropped, v)  # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
-        if self.relative is not None:
-            out = out + torch.einsum("bhts,tsd->bhtd", dropped, rel_v)
+        if query_index is not None and self.relative.needs_weights:
+            out = out + self.relative.value_term(dropped, query_index, k.shape[2])
         return out, weights
-
-
-def math_kernel_is_faster(q: Tensor, key_len: int) -> bool:
-    """Whether `grouped_attention` beats PyTorch's fused SDPA kernel for these queries.
-
-    On CPU in bf16/fp16 the fused kernel has a large fixed cost per call. Measured on a 2-core AVX-512 machine
-    (`python -m benchmarks attention`, one thread), a causal training pass (forward and backward) over up to 128
-    keys is 1.5-2.8x faster here and a single decoding query over up to 512 cached keys 2-2.8x; from 256 keys
-    on, training passes are faster through the fused kernel. On GPUs and in fp32 the fused kernel is as fast or
-    faster and keeps no (T, S) weights, so it stays the default there.
-    """
-    reduced = q.dtype in (torch.bfloat16, torch.float16)
-    return q.device.type == "cpu" and reduced and key_len <= (512 if q.shape[2] == 1 else 128)
-
-
-def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float = 0.0) -> Tensor:
-    """Scaled dot-product attention as plain matrix products, with grouped queries folded into rows.
-
-    q (B, H, T, D) with H = G * Hkv; k, v (B, Hkv, S, D); mask broadcastable to (B, 1, T, S), True = may attend.
-    The G query heads sharing a key/value head become G * T rows against that head, so keys and values are never
-    copied per query head (the reference path's `repeat_interleave`). It computes in float32, as fused kernels
-    do inside, so bf16 inputs lose no precision to rounded scores or weights. -> (B, H, T, D) in q's dtype
-    """
-    batch, n_heads, length, head_dim = q.shape
-    n_kv_heads, key_len = k.shape[1], k.shape[2]
-    group = n_heads // n_kv_heads
-    rows = q.float().reshape(batch, n_kv_heads, group * length, head_dim)  # (B, Hkv, G*T, D)
-    scores = torch.matmul(rows, k.float().transpose(-2, -1)) * head_dim**-0.5  # (B, Hkv, G*T, S)
-    if mask is not None:
-        mask = mask.expand(batch, 1, length, key_len)
-        mask = mask.repeat(1, 1, group, 1) if group > 1 else mask  # (B, 1, G*T, S), rows in q's order
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1)
-    if dropout > 0:
-        weights = F.dropout(weights, p=dropout)
-    out = torch.matmul(weights, v.float())  # (B, Hkv, G*T, S) @ (B, Hkv, S, D) -> (B, Hkv, G*T, D)
-    return out.view(batch, n_heads, length, head_dim).to(q.dtype)
 
 
 def _build_mask(key_is_real: Tensor | None, causal: bool, query_len: int, key_len: int, device) -> Tensor | None:

@@ -1,7 +1,7 @@
 """The input end of the model: token embedding, optional sqrt(C) scaling, absolute positions, dropout.
 
 `check_token_ids` is what the models call at their edge, with `Embeddings.check_positions`, which refuses
-positions beyond `max_seq_len` when positions are learned (a learned table has nothing beyond its last row).
+positions beyond what the position scheme represents (a learned table has nothing beyond its last row).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
+from attnkit.layers.positions import PositionScheme
 
 
 def check_token_ids(ids: Tensor, vocab_size: int, *, name: str = "input_ids") -> None:
@@ -48,8 +49,7 @@ class Embeddings(nn.Module):
         vocab_size: int,
         d_model: int,
         *,
-        positions: nn.Module | None = None,
-        max_positions: int | None = None,
+        positions: PositionScheme | None = None,
         scale: bool = False,
         dropout: float = 0.0,
         type_vocab_size: int = 0,
@@ -58,8 +58,7 @@ class Embeddings(nn.Module):
         super().__init__()
         self.token = nn.Embedding(vocab_size, d_model)
         self.token_types = nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
-        self.positions = positions
-        self.max_positions = max_positions  # set for learned positions: the table's length
+        self.positions = positions  # an absolute scheme: its `embed` is added to the token embeddings
         self.scale = math.sqrt(d_model) if scale else 1.0
         self.norm = norm
         self.dropout = nn.Dropout(dropout)
@@ -68,9 +67,14 @@ class Embeddings(nn.Module):
     def vocab_size(self) -> int:
         return self.token.num_embeddings
 
+    @property
+    def max_positions(self) -> int | None:
+        """The positions the scheme represents (a learned table's length); None: any."""
+        return self.positions.max_len if self.positions is not None else None
+
     def check_positions(self, position_ids: Tensor) -> None:
         """Raise InputError for a position beyond a learned table (other positions have no end)."""
-        if self.positions is None or self.max_positions is None or position_ids.is_meta:
+        if self.max_positions is None or position_ids.is_meta:
             return
         last = int(position_ids.max())
         if last >= self.max_positions:
@@ -98,7 +102,7 @@ class Embeddings(nn.Module):
                 "token_type_ids were given but this model has no token-type embeddings (type_vocab_size=0); drop them"
             )
         if self.positions is not None:
-            x = x + self.positions(position_ids).to(x.dtype)
+            x = x + self.positions.embed(position_ids).to(x.dtype)
         if self.norm is not None:
             x = self.norm(x)
         return self.dropout(x)

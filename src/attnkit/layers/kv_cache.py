@@ -39,6 +39,10 @@ class LayerCache:
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
+    def written(self, count: int) -> Tensor:
+        """The positions (count,) of the keys the last `append` wrote, among those it returned."""
+        return torch.arange(self.length - count, self.length, device=self.keys.device)
+
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (B',), e.g. the surviving hypotheses of beam search."""
         self.keys = self.keys.index_select(0, index)
@@ -105,6 +109,10 @@ class StaticLayerCache(LayerCache):
         self.keys.index_copy_(2, self.slot, keys)
         self.values.index_copy_(2, self.slot, values)
         return self.keys, self.values
+
+    def written(self, count: int) -> Tensor:
+        """(1,): the slot a single-position append wrote; several positions as LayerCache."""
+        return self.slot if count == 1 else super().written(count)
 
 
 class StaticKVCache(KVCache):

@@ -1,5 +1,8 @@
 """Boolean attention masks: `True` means "may attend". Shapes broadcast to scores `(B, H, T, S)`.
 
+Attention adds them to its scores as a float bias (`as_bias`: 0 where allowed, -inf where not), the same way as
+position biases (ALiBi, Shaw), so masks and biases combine by addition.
+
 Causal masking (lecture: "masked self-attention" in the decoder) stops position t from seeing t' > t; padding
 masks stop any query from attending to padded keys.
 """
@@ -33,3 +36,8 @@ def combine(*masks: Tensor | None) -> Tensor | None:
         if mask is not None:
             result = mask if result is None else result & mask
     return result
+
+
+def as_bias(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """A boolean mask as an additive score bias of the same shape: 0 where it may attend, -inf where not."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))

@@ -1,29 +1,80 @@
-"""Position information: the Transformer's attention is order-blind without it.
+"""Position information: the Transformer's attention is order-blind without it (lecture: "Positional Encoding").
 
-- absolute, added to the token embedding: `SinusoidalPositions` (Vaswani et al. 2017, 3.5), `LearnedPositions`
-  (GPT-2, BERT);
-- relative, inside the attention score: `RelativePositions` (Shaw et al. 2018);
-- rotary, rotating queries and keys: `RotaryEmbedding` (Su et al. 2021, RoFormer; Llama).
+Every scheme is one module behind one interface, `PositionScheme`, whose hooks the model calls at fixed points;
+a scheme overrides the hooks where it acts and inherits "do nothing" for the others:
+
+    hook                                            where it is called          schemes
+    embed(position_ids)           -> (B, T, C)      added to token embeddings   sinusoidal, learned
+    rotate(q, k, position_ids)    -> q, k           after the q/k projections   rope
+    score_bias(q, query_index, S, score) -> bias    added to the scores         relative (Shaw)
+    value_term(weights, query_index, S)  -> term    added to the output         relative (Shaw)
+
+Absolute schemes act at the embeddings (`Embeddings.positions`); relative ones (their scores depend on i - j)
+act inside each self-attention (`Attention.relative`). `query_index` (T,) gives each query's index among the S
+keys (with a KV cache, the cache positions the queries were written to), so relative terms stay right with a
+cache. A scheme initialises its own parameters (`init_weights`) and says whether they take weight decay
+(`weight_decay`); `make_positions` builds one by name.
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 
-class SinusoidalPositions(nn.Module):
+class PositionScheme(nn.Module):
+    """The position slot: every hook leaves its input unchanged (no positions: a bag of tokens)."""
+
+    embeds: ClassVar[bool] = False  # whether `embed` adds anything: the builder hands it to the embeddings
+    rotates: ClassVar[bool] = False  # whether `rotate` acts
+    biases: ClassVar[bool] = False  # whether `score_bias` (and `value_term`) act: they read `query_index`
+    needs_weights: ClassVar[bool] = False  # whether `value_term` reads the weights (rules out fused kernels)
+    weight_decay: ClassVar[bool] = False  # whether its parameters take weight decay (position tables: no)
+    max_len: int | None = None  # positions it can represent (a learned table's rows); None: any
+
+    def embed(self, position_ids: Tensor) -> Tensor | None:
+        """position_ids (B, T) -> (B, T, C) to add to the token embeddings, or None."""
+        return None
+
+    def rotate(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """q (B, H, T, D), k (B, Hkv, T, D) at position_ids (B or 1, T) -> q, k."""
+        return q, k
+
+    def score_bias(self, q: Tensor, query_index: Tensor, key_len: int, score: nn.Module) -> Tensor | None:
+        """An additive bias broadcastable to the scores (B, H, T, S), or None. `score` is the attention's score
+        function, for terms scored like the keys (Shaw)."""
+        return None
+
+    def value_term(self, weights: Tensor, query_index: Tensor, key_len: int) -> Tensor | None:
+        """A term (B, H, T, D) added to the weighted sum of values, from the weights (B, H, T, S); or None."""
+        return None
+
+    def init_weights(self) -> None:
+        """Initialise the scheme's parameters (none here)."""
+
+    @property
+    def attends(self) -> bool:
+        """Whether it acts inside attention: the builder gives each self-attention one."""
+        return self.rotates or self.biases
+
+
+class NoPositions(PositionScheme):
+    """No positions at all: attention is permutation-equivariant (lecture: self-attention is order-blind)."""
+
+
+class SinusoidalPositions(PositionScheme):
     """PE(pos, 2i) = sin(pos / 10000^(2i/C)), PE(pos, 2i+1) = cos(...). No parameters; any length.
 
     The same C/2 frequencies can be laid out two ways:
 
         interleaved (Vaswani et al. 2017)    sin f0, cos f0, sin f1, cos f1, ...
         halves (Marian)                      sin f0, sin f1, ..., cos f0, cos f1, ...
-
-    position_ids (B, T) -> (B, T, C).
     """
+
+    embeds = True
 
     def __init__(self, d_model: int, *, base: float = 10000.0, layout: str = "interleaved") -> None:
         super().__init__()
@@ -35,31 +86,40 @@ class SinusoidalPositions(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (C/2,)
         self.layout = layout
 
-    def forward(self, position_ids: Tensor) -> Tensor:
+    def embed(self, position_ids: Tensor) -> Tensor:
         angles = position_ids.float().unsqueeze(-1) * self.inv_freq  # (B, T, C/2)
         if self.layout == "halves":
             return torch.cat((angles.sin(), angles.cos()), dim=-1)  # (B, T, C)
         return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (B, T, C/2, 2) -> (B, T, C)
 
+    forward = embed
 
-class LearnedPositions(nn.Module):
-    """A learned vector per position, up to `max_seq_len`. position_ids (B, T) -> (B, T, C)."""
+
+class LearnedPositions(PositionScheme):
+    """A learned vector per position, up to `max_seq_len` (GPT-2, BERT); nothing beyond its last row."""
+
+    embeds = True
 
     def __init__(self, max_seq_len: int, d_model: int) -> None:
         super().__init__()
-        self.max_seq_len = max_seq_len
+        self.max_len = max_seq_len
         self.weight = nn.Parameter(torch.zeros(max_seq_len, d_model))
 
-    def forward(self, position_ids: Tensor) -> Tensor:
-        return self.weight[position_ids]
+    def embed(self, position_ids: Tensor) -> Tensor:
+        return self.weight[position_ids]  # (B, T, C)
+
+    def init_weights(self) -> None:
+        nn.init.normal_(self.weight, mean=0.0, std=0.02)
 
 
-class RotaryEmbedding(nn.Module):
-    """RoPE: rotate each pair of query/key dimensions by an angle proportional to the position.
+class RotaryEmbedding(PositionScheme):
+    """RoPE (Su et al. 2021): rotate each pair of query/key dimensions by an angle proportional to the position.
 
     Rotating q at position m and k at position n makes q_m . k_n depend only on m - n, and leaves norms unchanged.
     Pairs are (i, i + D/2), the layout of Hugging Face's Llama checkpoints ("rotate half").
     """
+
+    rotates = True
 
     def __init__(self, head_dim: int, *, theta: float = 10000.0) -> None:
         super().__init__()
@@ -76,6 +136,10 @@ class RotaryEmbedding(nn.Module):
             angles = angles.unsqueeze(0)
         return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)
 
+    def rotate(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = self(position_ids)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
 
 def _rotate_half(x: Tensor) -> Tensor:
     first, second = x.chunk(2, dim=-1)
@@ -88,12 +152,19 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x32 * cos + _rotate_half(x32) * sin).to(x.dtype)
 
 
-class RelativePositions(nn.Module):
+class RelativePositions(PositionScheme):
     """Shaw et al. 2018: learned embeddings a^K_ij, a^V_ij of the clipped distance j - i, shared across heads.
 
-    e_ij = q_i . (k_j + a^K_ij) * scale,  z_i = sum_j alpha_ij (v_j + a^V_ij); distances beyond +-k share one
-    embedding each side.
+        e_ij = score(q_i, k_j) + score(q_i, a^K_ij)        z_i = sum_j alpha_ij (v_j + a^V_ij)
+
+    For the dot scores this is Shaw's e_ij = q_i . (k_j + a^K_ij) * scale, and for the bilinear score
+    q_i^T W (k_j + a^K_ij), since both are linear in the key. The additive score is not, so there the distance is
+    scored as a key of its own: w^T tanh(W1 q_i + W2 k_j) + w^T tanh(W1 q_i + W2 a^K_ij). Distances beyond +-k
+    share one embedding each side.
     """
+
+    biases = True
+    needs_weights = True
 
     def __init__(self, max_distance: int, head_dim: int) -> None:
         super().__init__()
@@ -101,14 +172,51 @@ class RelativePositions(nn.Module):
         self.key = nn.Parameter(torch.zeros(2 * max_distance + 1, head_dim))
         self.value = nn.Parameter(torch.zeros(2 * max_distance + 1, head_dim))
 
+    def _index(self, query_index: Tensor, key_len: int) -> Tensor:
+        key_pos = torch.arange(key_len, device=query_index.device)
+        distance = (key_pos[None, :] - query_index[:, None]).clamp(-self.max_distance, self.max_distance)  # (T, S)
+        return distance + self.max_distance
+
     def forward(self, query_len: int, key_len: int) -> tuple[Tensor, Tensor]:
         """Embeddings for queries at positions `key_len - query_len ..` against keys `0 .. key_len - 1`.
 
         Returns a^K and a^V, each (T, S, D).
         """
-        device = self.key.device
-        query_pos = torch.arange(key_len - query_len, key_len, device=device)
-        key_pos = torch.arange(key_len, device=device)
-        distance = (key_pos[None, :] - query_pos[:, None]).clamp(-self.max_distance, self.max_distance)  # (T, S)
-        index = distance + self.max_distance
+        index = self._index(torch.arange(key_len - query_len, key_len, device=self.key.device), key_len)
         return self.key[index], self.value[index]
+
+    def score_bias(self, q: Tensor, query_index: Tensor, key_len: int, score: nn.Module) -> Tensor:
+        return score.per_query(q, self.key[self._index(query_index, key_len)])  # (B, H, T, S)
+
+    def value_term(self, weights: Tensor, query_index: Tensor, key_len: int) -> Tensor:
+        rel_v = self.value[self._index(query_index, key_len)].to(weights.dtype)  # (T, S, D)
+        return torch.einsum("bhts,tsd->bhtd", weights, rel_v)
+
+    def init_weights(self) -> None:
+        for parameter in (self.key, self.value):
+            nn.init.normal_(parameter, mean=0.0, std=0.02)
+
+
+def make_positions(
+    kind: str,
+    *,
+    d_model: int,
+    n_heads: int,
+    head_dim: int,
+    max_seq_len: int,
+    rope_theta: float = 10000.0,
+    relative_max_distance: int = 16,
+    sinusoidal_layout: str = "interleaved",
+) -> PositionScheme:
+    """The scheme `kind` names, for these sizes. Raises ValueError for an unknown kind."""
+    if kind == "none":
+        return NoPositions()
+    if kind == "sinusoidal":
+        return SinusoidalPositions(d_model, layout=sinusoidal_layout)
+    if kind == "learned":
+        return LearnedPositions(max_seq_len, d_model)
+    if kind == "rope":
+        return RotaryEmbedding(head_dim, theta=rope_theta)
+    if kind == "relative":
+        return RelativePositions(relative_max_distance, head_dim)
+    raise ValueError(f"unknown position scheme {kind!r}; use none, sinusoidal, learned, rope or relative")

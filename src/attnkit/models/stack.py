@@ -2,8 +2,8 @@
 
     ids -> Embeddings (token, x sqrt(C)?, + absolute positions) -> block 1 .. block N -> final norm? -> (B, T, C)
 
-Rotary positions are computed once here and handed to every block's self-attention; relative positions live
-inside each block's attention.
+The position scheme (`layers/positions.py`) acts where it belongs: absolute schemes inside `Embeddings`, relative
+ones (RoPE, Shaw, ALiBi) inside each block's self-attention, which the stack hands the tokens' positions.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from torch import Tensor, nn
 from attnkit.errors import InputError
 from attnkit.layers.embedding import Embeddings, check_token_ids
 from attnkit.layers.kv_cache import KVCache
-from attnkit.layers.positions import RotaryEmbedding
 
 
 class TransformerStack(nn.Module):
@@ -26,13 +25,11 @@ class TransformerStack(nn.Module):
         embeddings: Embeddings,
         blocks: list[nn.Module],
         final_norm: nn.Module | None,
-        rotary: RotaryEmbedding | None = None,
     ) -> None:
         super().__init__()
         self.embeddings = embeddings
         self.blocks = nn.ModuleList(blocks)
         self.final_norm = final_norm
-        self.rotary = rotary
 
     def forward(
         self,
@@ -85,13 +82,12 @@ class TransformerStack(nn.Module):
         """`forward` after its checks of the inputs, which read tensor values (a compiled decoding step calls this,
         its inputs known good). key_is_real: (B, S) bool, True at real keys."""
         x = self.embeddings(input_ids, position_ids, token_type_ids)  # (B, T, C)
-        rope = self.rotary(position_ids) if self.rotary is not None else None
         attentions: list[dict[str, Tensor]] = []
         for index, block in enumerate(self.blocks):
             x, weights = block(
                 x,
                 key_is_real=key_is_real,
-                rope=rope,
+                position_ids=position_ids,
                 cache=cache.layers[index] if cache is not None else None,
                 context=context,
                 context_is_real=context_mask,

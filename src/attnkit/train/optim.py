@@ -1,7 +1,8 @@
 """The optimizer and the learning-rate schedules.
 
 AdamW (Loshchilov & Hutter 2019) decays only the weight matrices of linear maps: norms' gains, biases and
-embedding tables (token, learned positions, relative positions) are left alone, as in GPT-2 and BERT practice.
+embedding tables are left alone, as in GPT-2 and BERT practice; a position scheme says itself whether its
+parameters decay (`PositionScheme.weight_decay`; position tables do not).
 
 Schedules give the learning rate at an optimizer step, as a multiple of the peak rate `lr`:
 
@@ -20,11 +21,10 @@ import torch
 from torch import nn
 
 from attnkit.errors import ConfigError
-from attnkit.layers.positions import LearnedPositions, RelativePositions
+from attnkit.layers.positions import PositionScheme
 
 Schedule = Literal["cosine", "noam", "constant"]
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
-_NO_DECAY_MODULES = (nn.Embedding, LearnedPositions, RelativePositions)
 
 
 def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict]:
@@ -33,7 +33,7 @@ def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict]:
     Each group carries `names` (the parameters' names, in order) so optimizer state can be saved by name.
     Tied parameters appear once, under their first name.
     """
-    no_decay_ids = {id(p) for m in model.modules() if isinstance(m, _NO_DECAY_MODULES) for p in m.parameters()}
+    no_decay_ids = {id(p) for m in model.modules() if _no_decay(m) for p in m.parameters()}
     decay: dict[str, nn.Parameter] = {}
     plain: dict[str, nn.Parameter] = {}
     for name, param in model.named_parameters():  # named_parameters yields a shared parameter only once
@@ -44,6 +44,11 @@ def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict]:
         {"params": list(decay.values()), "names": list(decay), "weight_decay": weight_decay},
         {"params": list(plain.values()), "names": list(plain), "weight_decay": 0.0},
     ]
+
+
+def _no_decay(module: nn.Module) -> bool:
+    """Token tables, and position schemes that say their parameters take no decay."""
+    return isinstance(module, nn.Embedding) or (isinstance(module, PositionScheme) and not module.weight_decay)
 
 
 def make_optimizer(
