@@ -14,7 +14,7 @@ from attnkit.layers.attention import Attention
 from attnkit.layers.embedding import Embeddings
 from attnkit.layers.feedforward import make_feedforward
 from attnkit.layers.norms import make_norm
-from attnkit.layers.positions import LearnedPositions, RelativePositions, RotaryEmbedding, SinusoidalPositions
+from attnkit.layers.positions import PositionScheme, make_positions
 from attnkit.models.decoder import DecoderLM
 from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM, EncoderModel, Pooler, PredictionTransform
 from attnkit.models.seq2seq import EncoderDecoder
@@ -60,7 +60,20 @@ def build_encoder_decoder(config: EncoderDecoderConfig) -> EncoderDecoder:
     return _init_weights(model, config)
 
 
-def _attention(config: TransformerConfig, *, relative: bool) -> Attention:
+def _positions(config: TransformerConfig) -> PositionScheme:
+    return make_positions(
+        config.position,
+        d_model=config.d_model,
+        n_heads=config.n_heads,
+        head_dim=config.head_size,
+        max_seq_len=config.max_seq_len,
+        rope_theta=config.rope_theta,
+        relative_max_distance=config.relative_max_distance,
+        sinusoidal_layout=config.sinusoidal_layout,
+    )
+
+
+def _attention(config: TransformerConfig, *, relative: PositionScheme | None) -> Attention:
     return Attention(
         config.d_model,
         config.n_heads,
@@ -70,7 +83,7 @@ def _attention(config: TransformerConfig, *, relative: bool) -> Attention:
         bias=config.bias,
         dropout=config.attention_dropout,
         additive_dim=config.additive_dim,
-        relative=RelativePositions(config.relative_max_distance, config.head_size) if relative else None,
+        relative=relative,
     )
 
 
@@ -78,9 +91,9 @@ def _norm(config: TransformerConfig) -> nn.Module:
     return make_norm(config.norm, config.d_model, eps=config.norm_eps, bias=config.bias)
 
 
-def _block(config: TransformerConfig, *, decoder: bool, cross: bool) -> nn.Module:
+def _block(config: TransformerConfig, *, decoder: bool, cross: bool, attends: bool) -> nn.Module:
     parts = dict(
-        self_attn=_attention(config, relative=config.position == "relative"),
+        self_attn=_attention(config, relative=_positions(config) if attends else None),  # each layer its own
         attn_norm=_norm(config),
         mlp=make_feedforward(config.activation, config.d_model, config.d_ff, bias=config.bias, dropout=config.dropout),
         mlp_norm=_norm(config),
@@ -88,32 +101,25 @@ def _block(config: TransformerConfig, *, decoder: bool, cross: bool) -> nn.Modul
         dropout=config.dropout,
     )
     if cross:
-        parts.update(cross_attn=_attention(config, relative=False), cross_attn_norm=_norm(config))
+        parts.update(cross_attn=_attention(config, relative=None), cross_attn_norm=_norm(config))
     return DecoderBlock(**parts) if decoder else EncoderBlock(**parts)
 
 
 def _stack(config: TransformerConfig, vocab_size: int, n_layers: int, *, decoder: bool, cross: bool = False):
-    absolute: nn.Module | None = None
-    if config.position == "sinusoidal":
-        absolute = SinusoidalPositions(config.d_model, layout=config.sinusoidal_layout)
-    elif config.position == "learned":
-        absolute = LearnedPositions(config.max_seq_len, config.d_model)
+    positions = _positions(config)  # absolute schemes act in the embeddings, relative ones in each self-attention
     embeddings = Embeddings(
         vocab_size,
         config.d_model,
-        positions=absolute,
-        max_positions=config.max_seq_len if config.position == "learned" else None,
+        positions=positions if positions.embeds else None,
         scale=config.scale_embeddings,
         dropout=config.dropout,
         type_vocab_size=config.type_vocab_size,
         norm=_norm(config) if config.embedding_norm else None,
     )
-    rotary = RotaryEmbedding(config.head_size, theta=config.rope_theta) if config.position == "rope" else None
     return TransformerStack(
         embeddings=embeddings,
-        blocks=[_block(config, decoder=decoder, cross=cross) for _ in range(n_layers)],
+        blocks=[_block(config, decoder=decoder, cross=cross, attends=positions.attends) for _ in range(n_layers)],
         final_norm=_norm(config) if config.use_final_norm else None,
-        rotary=rotary,
     )
 
 
@@ -137,7 +143,6 @@ def _init_weights(model: M, config: TransformerConfig) -> M:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        elif isinstance(module, (LearnedPositions, RelativePositions)):
-            for parameter in module.parameters():
-                nn.init.normal_(parameter, mean=0.0, std=0.02)
+        elif isinstance(module, PositionScheme):  # each scheme initialises its own parameters
+            module.init_weights()
     return model
