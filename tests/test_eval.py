@@ -172,3 +172,45 @@ def test_what_cannot_be_scored_is_refused(tmp_path):
     shutil.rmtree(tmp_path / "bare" / "tokenizer")
     with pytest.raises(InputError, match="no tokenizer"):
         evaluate_run(tmp_path / "bare", [text])
+
+
+def test_the_eval_command_prints_a_table_and_writes_json(tmp_path, capsys):
+    from attnkit.cli import main
+
+    make_run(tmp_path / "run")
+    text = write(tmp_path / "t.txt", TEXT)
+    assert main(["eval", "--run", str(tmp_path / "run"), "--data", str(text), "--stride", "8", "--no-progress",
+                 "--out", str(tmp_path / "report")]) == 0
+    printed = capsys.readouterr().out
+    saved = json.loads((tmp_path / "report" / "eval.json").read_text())
+    direct = evaluate_run(tmp_path / "run", [text], stride=8)
+    assert saved["rows"][0]["loss"] == pytest.approx(direct.rows[0]["loss"], rel=1e-9)
+    assert saved["window"] == WINDOW and saved["stride"] == 8
+    assert "ppl" in printed and f"{direct.rows[0]['ppl']:.4f}" in printed
+    assert main(["eval", "--run", str(tmp_path / "run"), "--data", str(text), "--window", "0"]) == 2
+    assert "window=0" in capsys.readouterr().err
+
+
+def test_perplexity_of_a_converted_gpt2_run_equals_transformers(tmp_path):
+    from interop_models import hf_model, word_tokenizer
+
+    from attnkit.interop import hf
+
+    reference = hf_model("gpt2", tmp_path / "gpt2")
+    word_tokenizer(tmp_path / "gpt2")
+    hf.convert_from_hf(tmp_path / "gpt2", tmp_path / "run")
+    generator = torch.Generator().manual_seed(3)
+    words = [f"w{i}" for i in torch.randint(4, 99, (150,), generator=generator).tolist()]
+    text = write(tmp_path / "words.txt", " ".join(words))
+    report = evaluate_run(tmp_path / "run", [text], window=64, stride=64)
+
+    ids = torch.tensor([int(w[1:]) for w in words])  # the word-level vocabulary: wN has id N
+    total = 0.0
+    with torch.no_grad():  # windows of 64 inputs that do not overlap, each predicting the token after each input
+        for start in range(0, len(ids) - 1, 64):
+            x = ids[start : min(start + 64, len(ids) - 1)]
+            logits = reference(input_ids=x[None]).logits[0].double()
+            total += F.cross_entropy(logits, ids[start + 1 : start + 1 + len(x)], reduction="sum").item()
+    row = report.rows[0]
+    assert row["tokens"] == len(ids) - 1
+    assert row["loss"] == pytest.approx(total / (len(ids) - 1), rel=1e-5)

@@ -22,6 +22,8 @@ during training is that non-overlapping figure.
 
 This module never imports `attnkit.generate` (train/ and generate/ are siblings): translation takes the function
 that translates texts as an argument, as `TranslateTask` does; the CLI passes the loaded pipeline's.
+
+`attnkit eval` is `run_eval(EvalSettings(...))`: the settings' fields are the command's flags.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +51,7 @@ from attnkit.models import family_of
 from attnkit.textfiles import EncodingErrors, read_text
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
+from attnkit.train.job import pick_device
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +184,51 @@ def _cell(value: Any) -> str:
 
 
 # Evaluating a run -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EvalSettings:
+    """What `attnkit eval` scores and how; each field is one of its flags.
+
+    Raises:
+        ConfigError: on a value out of range, naming the field and a sensible value.
+    """
+
+    run: str  # run directory: config.json, model.safetensors, tokenizer/ (a converted Hugging Face run too)
+    data: tuple[str, ...]  # text files (LM), a TSV or two line-aligned files (translator), labelled files (classifier)
+    window: int | None = None  # perplexity: tokens the model reads at once; None: its max_seq_len
+    stride: int | None = None  # perplexity: tokens each window moves on; None: half the window; = window: no overlap
+    batch_size: int = 32  # classification and translation: examples per forward pass
+    beam_size: int = 1  # translation: 1 is greedy
+    out: str | None = None  # directory for eval.json (and confusion.png); None: RUN/eval
+    device: str | None = None  # cpu, cuda or cuda:N; None: CUDA when available, else the CPU
+    encoding_errors: EncodingErrors = "strict"  # strict: a file that is not UTF-8 is an error; replace: U+FFFD
+    progress: bool | None = None  # progress bars on long files; None: when stderr is a terminal
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            raise InputError("eval needs --data FILE...: text files (language model), a TSV file or two line-aligned "
+                             "files (translation), or labelled files (classifier)")
+        for name in ("window", "stride"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name}={value!r} must be a positive number of tokens (or unset)")
+        for name in ("batch_size", "beam_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if self.encoding_errors not in ("strict", "replace"):
+            raise ConfigError(f"encoding_errors={self.encoding_errors!r}: choose strict or replace")
+
+
+def run_eval(settings: EvalSettings, *, translate: TextTranslator | None = None) -> EvalReport:
+    """`attnkit eval`: `evaluate_run` with `settings` (see it for `translate` and what is raised)."""
+    return evaluate_run(
+        settings.run, list(settings.data), device=pick_device(settings.device), window=settings.window,
+        stride=settings.stride, batch_size=settings.batch_size, translate=translate, out_dir=settings.out,
+        encoding_errors=settings.encoding_errors,
+        progress=sys.stderr.isatty() if settings.progress is None else settings.progress,
+    )
+
+
 _KIND_FOR_TASK = {"lm": "perplexity", "translate": "translation", "classify": "classification"}
 
 

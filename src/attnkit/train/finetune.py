@@ -8,6 +8,8 @@
                           does not fit (another head, a new label set, other sizes) keeps its fresh initialisation
     prepare_training(...) which parameters train: all, all but the body or the embeddings (`freeze`), or LoRA
                           adapters (and any fresh head) only
+    resume_lora(dir, ...) a LoRA run's checkpoint read back as it trained: the base wrapped again, its adapters
+                          loaded (reading a run otherwise folds them in)
 
 The body is everything but the task head: the stack(s) of blocks with their embeddings. The head modules are
 the ones a model family puts on top (`HEAD_MODULES`). BERT's pooler counts as head: it is kept when the source
@@ -25,13 +27,22 @@ from typing import Any, Literal, get_args
 
 from torch import Tensor, nn
 
-from attnkit.checkpoint import CONFIG_FILE, LABELS_FILE, TOKENIZER_DIR, WEIGHTS_FILE, load_model, raise_mismatch
+from attnkit.checkpoint import (
+    ADAPTERS_FILE,
+    CONFIG_FILE,
+    LABELS_FILE,
+    TOKENIZER_DIR,
+    WEIGHTS_FILE,
+    load_adapter_file,
+    load_model,
+    raise_mismatch,
+)
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, ConfigError
 from attnkit.layers.embedding import Embeddings
 from attnkit.models import family_of
 from attnkit.tokenize import Tokenizer, load_tokenizer
-from attnkit.train.lora import apply_lora
+from attnkit.train.lora import apply_lora, load_adapters
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +50,11 @@ HEAD_MODULES = ("classifier", "lm_head", "transform", "pooler")  # top-level mod
 Freeze = Literal["none", "body", "embeddings"]
 FREEZE_CHOICES: tuple[str, ...] = get_args(Freeze)
 HFLoader = Callable[[Path], Any]  # attnkit.interop.hf.load: directory -> HFModel (model, config, tokenizer, labels)
+# The config fields each encoder task's head needs (the other tasks keep the source's head as it is)
+HEAD_FIELDS: dict[str, dict[str, Any]] = {
+    "classify": {"encoder_head": "classify", "mlm_transform": False},
+    "mlm": {"encoder_head": "mlm"},
+}
 
 
 @dataclass
@@ -118,15 +134,22 @@ def _read_json(path: Path) -> Any:
         raise CheckpointError(f"{path} is not readable JSON: {err}") from None
 
 
-def target_config(source: Source, *, family: str, head: dict[str, Any], assignments: list[str]) -> ModelConfig:
-    """The source's config with the new task's head fields (`head`, e.g. encoder_head and n_classes) and the
-    user's `key=value` assignments. Raises ConfigError when the source is not of `family`."""
-    if source.config.family != family:
+def target_config(
+    source: Source, *, task: str, check_family: Callable[[str, str], None], assignments: list[str]
+) -> ModelConfig:
+    """The source's config with the head `task` needs (`HEAD_FIELDS`) and the user's `key=value` assignments.
+
+    `check_family(task, family)` is the task table's check (attnkit.train.tasks). Raises ConfigError when the
+    source's family cannot train for `task`, or the assignments shrink the vocabulary below the tokenizer's.
+    """
+    try:
+        check_family(task, source.config.family)
+    except ConfigError as err:
         raise ConfigError(
-            f"--init-from {source.path} holds a {source.config.family} model, but this task trains a {family} "
-            f"model; start from a {family} run or directory, or pick the task that fits it"
-        )
-    config = source.config.replace(**head).with_overrides(assignments)
+            f"--init-from {source.path} holds a {source.config.family} model, which --task {task} cannot train "
+            f"({err}); start from a run or directory of the family the task trains, or pick the task that fits it"
+        ) from None
+    config = source.config.replace(**HEAD_FIELDS.get(task, {})).with_overrides(assignments)
     if config.vocab_size < source.tokenizer.vocab_size:
         raise ConfigError(f"the tokenizer of {source.path} has {source.tokenizer.vocab_size} tokens but the model "
                           f"only {config.vocab_size}; keep the source's vocab_size")
@@ -211,6 +234,8 @@ def prepare_training(
         apply_lora(model, targets=lora_targets, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout)
         for head in fresh:
             model.get_submodule(head).requires_grad_(True)
+            log.info("  %s (fresh) trains whole: %s parameters", head,
+                     f"{sum(p.numel() for p in model.get_submodule(head).parameters()):,}")
     elif freeze == "body":
         for name, param in model.named_parameters():
             param.requires_grad_(_module(name) in HEAD_MODULES)
@@ -225,3 +250,32 @@ def prepare_training(
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"freeze={freeze!r} leaves nothing to train: this model has no head modules "
                           f"({', '.join(HEAD_MODULES)})")
+
+
+def resume_lora(
+    directory: Path,
+    *,
+    device: Any,
+    rank: int,
+    alpha: float,
+    targets: tuple[str, ...],
+    dropout: float,
+    fresh: tuple[str, ...],
+) -> nn.Module:
+    """The model of a LoRA run's checkpoint in `directory` as it was training: the base weights, wrapped again by
+    `prepare_training` and given the saved adapters (names and shapes checked exactly), in train mode.
+
+    Raises CheckpointError when the adapters are missing or do not fit the settings.
+    """
+    if not (directory / ADAPTERS_FILE).is_file():
+        raise CheckpointError(f"{directory} was trained with LoRA (lora_rank={rank}) but holds no {ADAPTERS_FILE}")
+    model, _ = load_model(directory, device=device, merge_adapters=False)
+    model.train()
+    prepare_training(model, lora_rank=rank, lora_alpha=alpha, lora_targets=targets, lora_dropout=dropout,
+                     fresh=fresh)
+    tensors, alphas = load_adapter_file(directory / ADAPTERS_FILE)
+    if any(a != alpha for a in alphas.values()):
+        raise CheckpointError(f"{directory / ADAPTERS_FILE} was saved with lora_alpha {sorted(set(alphas.values()))}, "
+                              f"not {alpha}; resume with the run's own LoRA settings")
+    load_adapters(model, tensors, source=str(directory / ADAPTERS_FILE))
+    return model

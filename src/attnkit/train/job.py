@@ -4,10 +4,13 @@
               training text, or loaded)  ->  data  ->  model (vocabulary and classes from tokenizer and data)
     resume:   the checkpoint's model, tokenizer, data settings and training settings; a flag given again may
               change a training setting, but a model config or tokenizer that differs is refused
+    init:     (--init-from RUN_DIR|HF_DIR, train/finetune.py) the source's config with the task's head, its
+              tokenizer, its body's weights (a head that does not fit starts fresh); then --freeze or LoRA decide
+              what trains. train_state.json records the source and the fresh heads under "init_from"
 
 Data by task (`data` and `val_data` are lists of paths; `synthetic:NAME` names a generated task):
 
-    lm          text files, folders, globs; none: the Python standard library's source. Validation: the last
+    lm, mlm     text files, folders, globs; none: the Python standard library's source. Validation: the last
                 `val_fraction` of the token stream
     translate   a folder holding train.SRC/train.TGT (and val.SRC/val.TGT), one `source<TAB>target` file, or
                 two line-aligned files (source first)
@@ -36,6 +39,16 @@ from attnkit.presets import get as get_preset
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, load_tokenizer, train_tokenizer
 from attnkit.train.distributed import SingleProcess, World, start
+from attnkit.train.finetune import (
+    HEAD_FIELDS,
+    HFLoader,
+    Source,
+    load_body,
+    prepare_training,
+    read_source,
+    resume_lora,
+    target_config,
+)
 from attnkit.train.state import (
     BEST_DIR,
     CHECKPOINTS_DIR,
@@ -44,7 +57,7 @@ from attnkit.train.state import (
     load_checkpoint,
     seed_all,
 )
-from attnkit.train.tasks import TASKS, ClassifyTask, LMTask, Task, TranslateTask, Translator, check_family
+from attnkit.train.tasks import TASKS, ClassifyTask, LMTask, MLMTask, Task, TranslateTask, Translator, check_family
 from attnkit.train.trainer import TrainConfig, Trainer, check_fields
 
 log = logging.getLogger(__name__)
@@ -52,6 +65,8 @@ log = logging.getLogger(__name__)
 DEFAULT_STDLIB_BYTES = 3_000_000  # the default corpus: enough Python for a few minutes of CPU training
 SYNTHETIC = "synthetic:"
 SYNTHETIC_SIZES = (20_000, 500)  # train, validation examples of a synthetic task
+STREAM_TASKS = ("lm", "mlm")  # tasks that read a token stream (text files), validated on its last val_fraction
+FINETUNE_SETTINGS = ("init_from", "freeze", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
 RUN_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "train_state.json", "task.json",
              "labels.json", "metrics.jsonl", "tokenizer", "checkpoints", "best", "plots")
 
@@ -65,6 +80,9 @@ DEFAULT_MODELS: dict[str, dict[str, Any]] = {
     "classify": dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned",
                      norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
                      encoder_head="classify", pooling="mean"),
+    "mlm": dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned", norm="layer",
+                norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1, encoder_head="mlm",
+                pooling="mean", tie_embeddings=True),
 }
 
 
@@ -100,8 +118,9 @@ class DataConfig:
             raise ConfigError(f"seq_len={self.seq_len!r} must be an integer >= 2")
         if self.encoding_errors not in ("strict", "replace"):
             raise ConfigError(f"encoding_errors={self.encoding_errors!r}: choose strict or replace")
-        if self.task == "lm" and self.val_data:
-            raise ConfigError("--task lm validates on the last --val-fraction of its token stream; drop --val-data")
+        if self.task in STREAM_TASKS and self.val_data:
+            raise ConfigError(f"--task {self.task} validates on the last --val-fraction of its token stream; drop "
+                              "--val-data")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
@@ -141,15 +160,21 @@ def pick_device(name: str | None) -> torch.device:
     return device
 
 
-def prepare(request: TrainRequest, *, translate: Translator | None = None) -> Trainer:
-    """A Trainer ready to `fit()`: a new run in `request.out`, or the run or checkpoint named by `resume`.
+def prepare(
+    request: TrainRequest, *, translate: Translator | None = None, load_hf: HFLoader | None = None
+) -> Trainer:
+    """A Trainer ready to `fit()`: a new run in `request.out` (from random weights, or from the run or Hugging Face
+    directory `init_from` names), or the run or checkpoint named by `resume`.
 
-    `translate` is the greedy decoder translation BLEU needs (the caller passes `attnkit.generate`'s).
+    `translate` is the greedy decoder translation BLEU needs (the caller passes `attnkit.generate`'s); `load_hf`
+    reads a Hugging Face directory for `init_from` (the caller passes `attnkit.interop.hf.load`).
     Raises ConfigError / InputError / CheckpointError naming what is wrong and how to fix it.
     """
     model_changes, data_changes, train_changes = _split_overrides(request.overrides)
     data_changes = {**request.data, **data_changes}
     train_changes = {**request.settings, **train_changes}
+    if train_changes.get("init_from"):
+        train_changes["init_from"] = str(Path(train_changes["init_from"]).resolve())
     if request.task is not None:
         data_changes["task"] = request.task
     world = World.from_env()  # several processes under torchrun: this one is rank world.rank
@@ -163,20 +188,45 @@ def prepare(request: TrainRequest, *, translate: Translator | None = None) -> Tr
     settings = TrainConfig.from_dict(train_changes)
     parallel = _start(world, settings, device)  # the other ranks wait here until rank 0 has claimed `out`
     seed_all(settings.seed)
-    lm_files = _lm_files(data_config) if data_config.task == "lm" and _synthetic_name(data_config) is None else None
-    tokenizer = _new_tokenizer(data_config, settings.seed, lm_files)
+    stream = data_config.task in STREAM_TASKS and _synthetic_name(data_config) is None
+    lm_files = _lm_files(data_config) if stream else None
+    source = _init_source(request, settings, data_changes, load_hf) if settings.init_from else None
+    if source is not None:
+        tokenizer = source.tokenizer
+        config = target_config(source, task=data_config.task, check_family=check_family, assignments=model_changes)
+    else:
+        tokenizer = _new_tokenizer(data_config, settings.seed, lm_files)
+        config = _model_config(request, data_config.task, model_changes)
     parallel.check_same(tokenizer.fingerprint(), "tokenizer")
-    config = _model_config(request, data_config.task, model_changes)
     task, labels = _make_task(data_config, _global_batch(settings, parallel), tokenizer, config, out, translate,
                               lm_files)
-    config = _fit_config(config, tokenizer, labels, data_config)
+    config = _fit_config(config, tokenizer, labels, data_config, keep_vocab=source is not None)
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
     seed_all(settings.seed)  # the weights do not depend on how much randomness data preparation used
     model = build_model(config)
+    run_info: dict[str, Any] = {"data_config": data_config.to_dict()}
+    if source is not None:
+        report = load_body(model, source, labels=labels)
+        prepare_training(model, freeze=settings.freeze, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha,
+                         lora_targets=settings.lora_targets, lora_dropout=settings.lora_dropout,
+                         fresh=tuple(report.fresh))
+        run_info["init_from"] = {**source.describe(), **report.to_dict()}
     return Trainer(
         model=model, config=config, task=task, settings=settings, run_dir=out, tokenizer=tokenizer, labels=labels,
-        device=device, run_info={"data_config": data_config.to_dict()}, progress=request.progress, parallel=parallel,
+        device=device, run_info=run_info, progress=request.progress, parallel=parallel,
     )
+
+
+def _init_source(request: TrainRequest, settings: TrainConfig, data_changes: dict[str, Any],
+                 load_hf: HFLoader | None) -> Source:
+    """The weights `--init-from` names; refuses the options that would choose another model or tokenizer."""
+    clashes = [flag for flag, given in (("--preset", request.preset), ("--config", request.config_file),
+                                        ("--tokenizer", "tokenizer" in data_changes),
+                                        ("--vocab-size", "vocab_size" in data_changes)) if given]
+    if clashes:
+        raise ConfigError(f"--init-from {settings.init_from} brings its own model config and tokenizer; drop "
+                          f"{', '.join(clashes)} (change single model fields such as dropout with --set)")
+    return read_source(settings.init_from, load_hf=load_hf)
 
 
 def _start(world: World, settings: TrainConfig, device: torch.device) -> SingleProcess:
@@ -200,7 +250,8 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         problems.append(f"task: {saved_data.task!r} -> {data_changes['task']!r}")
     if request.preset or request.config_file or model_changes:
         wanted = _fit_config(
-            _model_config(request, saved_data.task, model_changes), checkpoint.tokenizer, checkpoint.labels, saved_data
+            _model_config(request, saved_data.task, model_changes), checkpoint.tokenizer, checkpoint.labels, saved_data,
+            keep_vocab="init_from" in state,
         )
         problems += config_differences(checkpoint.config.to_dict(), wanted.to_dict())
     problems += _tokenizer_differences(checkpoint.tokenizer, data_changes, saved_data)
@@ -211,7 +262,14 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
             + "\nResume without these options (the checkpoint's own are used), or start a new run with --out"
         )
     data_config = DataConfig.from_dict({**saved_data.to_dict(), **_absolute_paths(data_changes)})
+    saved_settings = TrainConfig.from_dict(state["settings"]).to_dict()
     settings = TrainConfig.from_dict({**state["settings"], **train_changes})
+    changed = config_differences({k: saved_settings[k] for k in FINETUNE_SETTINGS},
+                                 {k: settings.to_dict()[k] for k in FINETUNE_SETTINGS})
+    if changed:
+        raise CheckpointError(f"cannot resume {checkpoint.path} with other fine-tuning settings ("
+                              f"{'; '.join(changed)}): they decide which weights exist and train; resume without "
+                              "them, or start a new run with --init-from")
     for change in config_differences(saved_data.to_dict(), data_config.to_dict()) + config_differences(
         state["settings"], settings.to_dict()
     ):
@@ -226,10 +284,19 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
                               out, translate)
     if labels != checkpoint.labels:
         raise CheckpointError(f"the data's labels {labels} differ from the checkpoint's {checkpoint.labels}")
+    model, run_info = checkpoint.model, {"data_config": data_config.to_dict()}
+    if "init_from" in state:
+        run_info["init_from"] = state["init_from"]
+        fresh = tuple(state["init_from"].get("fresh", {}))
+        if settings.lora_rank:
+            model = resume_lora(checkpoint.path, device=device, rank=settings.lora_rank, alpha=settings.lora_alpha,
+                                targets=settings.lora_targets, dropout=settings.lora_dropout, fresh=fresh)
+        else:
+            prepare_training(model, freeze=settings.freeze, fresh=fresh)
     trainer = Trainer(
-        model=checkpoint.model, config=checkpoint.config, task=task, settings=settings, run_dir=out,
-        tokenizer=checkpoint.tokenizer, labels=labels, device=device,
-        run_info={"data_config": data_config.to_dict()}, progress=request.progress, parallel=parallel,
+        model=model, config=checkpoint.config, task=task, settings=settings, run_dir=out,
+        tokenizer=checkpoint.tokenizer, labels=labels, device=device, run_info=run_info, progress=request.progress,
+        parallel=parallel,
     )
     trainer.restore(checkpoint)
     return trainer
@@ -293,14 +360,19 @@ def _model_config(request: TrainRequest, task: str, assignments: list[str]) -> M
         config = ModelConfig(**DEFAULT_MODELS[task])
     config = config.with_overrides(assignments)
     check_family(task, config.family)
-    if task == "classify" and config.encoder_head != "classify":
-        raise ConfigError("--task classify needs encoder_head='classify'; add --set encoder_head=classify")
+    head = HEAD_FIELDS.get(task, {}).get("encoder_head")
+    if head is not None and config.encoder_head != head:
+        raise ConfigError(f"--task {task} needs encoder_head='{head}'; add --set encoder_head={head}")
     return config
 
 
-def _fit_config(config: ModelConfig, tokenizer: Tokenizer, labels: list[str] | None, data: DataConfig) -> ModelConfig:
-    """The config with the tokenizer's vocabulary and the data's classes."""
-    config = config.with_vocabulary(tokenizer.vocab_size)  # one tokenizer for both sides: one shared vocabulary
+def _fit_config(
+    config: ModelConfig, tokenizer: Tokenizer, labels: list[str] | None, data: DataConfig, *, keep_vocab: bool = False
+) -> ModelConfig:
+    """The config with the tokenizer's vocabulary (unless `keep_vocab`: trained weights fix the vocabulary, which
+    may hold more rows than the tokenizer has tokens) and the data's classes."""
+    if not keep_vocab:  # one tokenizer for both sides of a translation: one shared vocabulary
+        config = config.with_vocabulary(tokenizer.vocab_size)
     changes: dict[str, Any] = {}
     if labels is not None:
         changes["n_classes"] = len(labels)
@@ -324,7 +396,7 @@ def _new_tokenizer(data: DataConfig, seed: int, lm_files: list[Path] | None) -> 
         return synthetic_tokenizer()
     if data.tokenizer not in ("char", "bpe"):
         return load_tokenizer(data.tokenizer)
-    if data.task == "lm":
+    if data.task in STREAM_TASKS:
         source: list[Any] = lm_files
     elif data.task == "translate":
         source = [text for pair in _pairs(data, seed)[0] for text in pair]  # one vocabulary for both sides
@@ -406,7 +478,7 @@ def _make_task(
 ) -> tuple[Task, list[str] | None]:
     seq_len = data.seq_len or config.max_seq_len
     batch = dict(batch_size=settings.batch_size, seed=settings.seed)
-    if data.task == "lm":
+    if data.task in STREAM_TASKS:
         name = _synthetic_name(data)
         if name is not None:
             lm = LMData.from_ids(make_task(name, SYNTHETIC_SIZES[0], settings.seed).lm_ids(tokenizer),
@@ -414,8 +486,11 @@ def _make_task(
         else:
             lm = LMData.prepare(lm_files or _lm_files(data), tokenizer, out / "cache", val_fraction=data.val_fraction,
                                 encoding_errors=data.encoding_errors)
-        return LMTask(lm, batch_size=settings.batch_size, seq_len=seq_len, seed=settings.seed,
-                      eval_batches=data.eval_batches), None
+        stream = dict(batch_size=settings.batch_size, seq_len=seq_len, seed=settings.seed,
+                      eval_batches=data.eval_batches)
+        if data.task == "mlm":
+            return MLMTask(lm, tokenizer=tokenizer, **stream), None
+        return LMTask(lm, **stream), None
     if data.task == "translate":
         train, val = _pairs(data, settings.seed)
         return TranslateTask(

