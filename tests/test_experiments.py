@@ -66,3 +66,17 @@ def test_flops_to_reach_interpolates_in_log_flops():
     assert flops_to_reach(points, 2.5) == pytest.approx(1e7)  # half-way in loss is half-way in log-FLOPs
     assert flops_to_reach(points, 3.5) == 1e6  # the smallest model already reaches it
     assert flops_to_reach(points, 1.0) is None  # none reaches it
+
+
+def test_command_line_runs_an_experiment_and_lists_them(tmp_path, capsys):
+    from attnkit import cli
+
+    assert cli.main(["experiment", "kernel-regression", "--budget", "tiny", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["verdict"] in printed and saved["reason"] in printed
+    assert cli.main(["experiment", "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert sorted(line.split(":")[0] for line in listed) == sorted(REGISTRY)
+    assert cli.main(["experiment", "no-such-claim"]) == 2
+    assert "known experiments: " in capsys.readouterr().err
