@@ -20,6 +20,7 @@ from attnkit.config import ModelConfig
 from attnkit.data import LMData, read_text, stdlib_files
 from attnkit.models import build_model
 from attnkit.tokenize import train_tokenizer
+from attnkit.train.instruments import gradient_norms
 from attnkit.train.optim import lr_factor, make_optimizer
 
 
@@ -61,12 +62,6 @@ class RunLog:
         return 1000 * statistics.median(self.step_seconds) if self.step_seconds else math.nan
 
 
-def block_grad_norms(model: nn.Module) -> list[float]:
-    """The gradient norm of each transformer block's parameters, first block first."""
-    blocks = [m for name, m in model.named_modules() if name.count(".") == 2 and ".blocks." in f".{name}"]
-    return [math.sqrt(sum(float(p.grad.pow(2).sum()) for p in b.parameters() if p.grad is not None)) for b in blocks]
-
-
 def train_lm(
     config: ModelConfig,
     corpus: Corpus,
@@ -105,7 +100,7 @@ def train_lm(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if step <= grad_norm_steps:
-            norms.append(block_grad_norms(model))
+            norms.append(list(gradient_norms(model).values()))  # one per block, first block first
         if clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
