@@ -192,3 +192,21 @@ def test_run_viz_needs_something_to_draw(runs):
         run_viz(VizSettings(run=str(runs["decoder"])))
     with pytest.raises(InputError, match="give the source too"):
         run_viz(VizSettings(run=str(runs["encoder-decoder"]), target="the dog"))
+
+
+@pytest.mark.parametrize("attention", ["bahdanau", "luong-dot", "none"])
+def test_recurrent_seq2seq_run_draws_its_alignment(tmp_path, attention):
+    tokenizer = CharTokenizer("abcdefgh")
+    config = ModelConfig(family="recurrent-seq2seq", vocab_size=tokenizer.vocab_size, cell="gru", hidden_size=16,
+                         attention=attention)
+    save_model(build_model(config), config, tmp_path)
+    tokenizer.save(tmp_path / "tokenizer")
+    settings = VizSettings(run=str(tmp_path), text="abcd", target="dcba", per_head=False)
+    if attention == "none":
+        with pytest.raises(InputError, match="has no attention to draw"):
+            run_viz(settings)
+        return
+    result = run_viz(settings)
+    (maps,) = result.maps
+    assert maps.kind == "cross" and maps.weights.shape == (1, 1, 5, 5)
+    assert tmp_path / "viz" / "alignment.png" in result.pngs
