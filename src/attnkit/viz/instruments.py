@@ -61,7 +61,8 @@ def plot_instruments(records: list[dict[str, Any]], path: str | Path, *, title: 
             if points:
                 steps, values = zip(*points, strict=True)
                 shade = shades(0.85 * index / max(len(names) - 1, 1))
-                ax.plot(steps, values, "o-", markersize=3, linewidth=1.2, color=shade,
+                style = "o--" if name.startswith(prefix + "/encoder") else "o-"  # encoders dashed
+                ax.plot(steps, values, style, markersize=3, linewidth=1.2, color=shade,
                         label=name.removeprefix(prefix + "/"))
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
