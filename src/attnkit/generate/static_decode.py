@@ -35,6 +35,7 @@ from attnkit.errors import InputError
 from attnkit.generate.decode_layout import TransposedLinear
 from attnkit.generate.decoder import EagerDecoding, Window, prefill
 from attnkit.layers.kv_cache import StaticKVCache
+from attnkit.models.decoder import DecoderLM
 
 SMALLEST_CACHE = 64  # positions; lengths are rounded up to a power of two from here
 MAX_GRAPHS = 64  # compiled graphs kept per step function (torch's default of 8 is soon reached with batch sizes)
@@ -72,7 +73,7 @@ class StaticDecoding(EagerDecoding):
     @staticmethod
     def supports(model: nn.Module) -> bool:
         """A decoder-only model: every position scheme locates a step's query by the cache slot it writes."""
-        return getattr(model, "family", None) == "decoder"
+        return isinstance(model, DecoderLM)
 
     def allocate(self, batch_size: int, needed: int, context_len: int) -> StaticKVCache:
         bucket = max(SMALLEST_CACHE, 1 << (needed - 1).bit_length())

@@ -17,8 +17,6 @@ from attnkit.models.stack import TransformerStack
 class DecoderLM(nn.Module):
     """Predicts each next token from the ones before it."""
 
-    family = "decoder"
-
     def __init__(self, *, stack: TransformerStack, lm_head: nn.Linear, label_smoothing: float = 0.0) -> None:
         super().__init__()
         self.stack = stack

@@ -52,8 +52,6 @@ class PredictionTransform(nn.Module):
 class _Encoder(nn.Module):
     """The stack and the pooling every encoder model shares."""
 
-    family = "encoder"
-
     def __init__(self, *, stack: TransformerStack, pooling: str = "cls", pooler: nn.Module | None = None) -> None:
         super().__init__()
         self.stack = stack

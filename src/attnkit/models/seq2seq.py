@@ -20,8 +20,6 @@ from attnkit.models.stack import TransformerStack
 class EncoderDecoder(nn.Module):
     """Sequence-to-sequence Transformer with separate `encode()` and `decode()`."""
 
-    family = "encoder-decoder"
-
     def __init__(
         self,
         *,

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from attnkit.config import ModelConfig, model_field_names
+from attnkit.config import ModelConfig, check_types, model_field_names
 from attnkit.data import LabelledData, LabelVocab, LMData, PairData, make_task, synthetic_tokenizer
 from attnkit.data.corpus import find_files, resolve_files
 from attnkit.data.labelled import read_labelled
@@ -110,6 +110,7 @@ class DataConfig:
     encoding_errors: EncodingErrors = "strict"  # strict: invalid UTF-8 is an error; replace: it becomes U+FFFD
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.task not in TASKS:
             raise ConfigError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
         if not 0.0 < self.val_fraction < 1.0:

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from attnkit.blocks import compile_blocks
-from attnkit.config import ModelConfig
+from attnkit.config import ModelConfig, check_types
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.options import duration
 from attnkit.tokenize import Tokenizer
@@ -111,6 +111,7 @@ class TrainConfig:
     logger: Logger = "jsonl"  # tensorboard: also write every metric to RUN/tensorboard/ (optional extra)
 
     def __post_init__(self) -> None:
+        check_types(self)  # a string for a number or a boolean is an error naming the field, never truthy
         for name in ("max_steps", "batch_size", "grad_accum", "eval_every", "log_every", "keep"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -64,28 +64,48 @@ class RecurrentLM(nn.Module):
         input_ids: Tensor,
         *,
         attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
         targets: Tensor | None = None,
         cache: RecurrentState | None = None,
         return_logits: bool = True,
     ) -> ModelOutput:
         """input_ids (B, T) -> logits (B, T, V).
 
-        attention_mask: (B, T) 1 at real tokens, 0 at padding, on the left or the right of each row (the
-            state skips padding; logits there are those of a zero state and carry no meaning).
+        attention_mask, position_ids, cache: as `stack` takes them.
         targets: (B, T) next-token ids (targets[:, t] follows input_ids[:, t]); -100 where no loss is wanted.
-        cache: the `RecurrentState` to continue from; updated in place to the state after the last real token.
         return_logits: with targets, False computes the loss chunk by chunk without the (B, T, V) logits.
         Raises InputError for ids outside the vocabulary or a malformed mask.
         """
+        hidden, _ = self.stack(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache)
+        logits, loss = lm_logits_and_loss(self.lm_head, hidden, targets, self.label_smoothing, return_logits)
+        return ModelOutput(logits=logits, loss=loss, cache=cache)
+
+    def stack(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        cache: RecurrentState | None = None,
+    ) -> tuple[Tensor, RecurrentState]:
+        """The body without the output layer, called as a decoder's `TransformerStack` is (so generation's prefill
+        and steps serve both): input_ids (B, T) -> hidden states (B, T, E or H) and the state after them.
+
+        attention_mask: (B, T) 1 at real tokens, 0 at padding, on the left or the right of each row (the state
+            skips padding; outputs there are those of a zero state and carry no meaning). A wider mask, (B, S + T)
+            over the tokens already read and these (a KV cache's convention), is cut to its last T columns.
+        position_ids: accepted for the decoder's call signature and unused: a recurrence knows the order.
+        cache: the `RecurrentState` to continue from; updated in place to the state after the last real token.
+        """
         check_token_ids(input_ids, self.vocab_size)
+        if attention_mask is not None and attention_mask.shape[1] > input_ids.shape[1]:
+            attention_mask = attention_mask[:, -input_ids.shape[1]:]  # (B, S + T) -> (B, T)
         is_real = check_mask(attention_mask, input_ids, "attention_mask")
         state = cache if cache is not None else RecurrentState()
         x = self.dropout(self.embedding(input_ids))  # (B, T, E)
         out, new_state = run_rnn(self.rnn, x, state.get(), is_real)  # (B, T, H)
         state.set(new_state, input_ids.shape[1])
-        hidden = self.proj(self.dropout(out))  # (B, T, E or H)
-        logits, loss = lm_logits_and_loss(self.lm_head, hidden, targets, self.label_smoothing, return_logits)
-        return ModelOutput(logits=logits, loss=loss, cache=cache)
+        return self.proj(self.dropout(out)), state  # (B, T, E or H)
 
     def allocate_cache(self, batch_size: int, max_len: int | None = None) -> RecurrentState:
         """An empty state for `batch_size` rows: the recurrence starts from zeros, and its size never depends on
