@@ -8,7 +8,9 @@ Adding a command:
     1. a settings dataclass in your own module: typed fields with defaults (none: required), a comment after
        each field (its help), `Literal[...]` for choices; e.g. `EvalSettings` in train/evaluate.py;
     2. a run function here, `_run_NAME(settings) -> int` (exit code), that calls the library and prints;
-    3. one `Command(...)` line in COMMANDS below. tests/test_cli.py then checks its help and defaults.
+    3. one `Command(...)` line in COMMANDS below, naming the dataclass as "attnkit.module:NameSettings" when
+       its module is slow to import (it is then imported only when the command is used).
+tests/test_cli.py then checks that every option has help and shows its settings' default.
 """
 
 from __future__ import annotations
@@ -204,6 +206,8 @@ def _read_stdin() -> str:
     """Standard input as UTF-8 text (an InputError naming the first bad byte otherwise)."""
     from attnkit.errors import InputError
 
+    if not hasattr(sys.stdin, "buffer"):  # already text (a StringIO standing in for it)
+        return sys.stdin.read()
     data = sys.stdin.buffer.read()
     try:
         return data.decode("utf-8-sig")
