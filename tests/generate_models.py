@@ -10,7 +10,7 @@ import torch
 
 import attnkit
 
-POSITIONS = ("sinusoidal", "learned", "relative", "rope", "none")
+POSITIONS = ("sinusoidal", "learned", "relative", "rope", "alibi", "none")
 
 
 def tiny_model(family: str = "decoder", *, position: str = "learned", seed: int = 0, **overrides):

@@ -14,7 +14,7 @@ from attnkit import ConfigError, ModelConfig, presets
         ({"n_heads": 6, "n_kv_heads": 4, "d_model": 96}, ["n_heads=6", "n_kv_heads=4"]),
         ({"position": "rope", "d_model": 36, "n_heads": 4}, ["rope", "head_dim=9"]),
         ({"score": "cosine"}, ["score='cosine'", "scaled_dot"]),
-        ({"position": "alibi"}, ["position='alibi'", "rope"]),
+        ({"position": "xpos"}, ["position='xpos'", "alibi"]),
         ({"norm": "batch"}, ["norm='batch'", "rms"]),
         ({"activation": "tanh"}, ["activation='tanh'", "swiglu"]),
         ({"family": "rnn"}, ["family='rnn'", "encoder-decoder"]),

@@ -26,7 +26,7 @@ def forced_logits(decoding, prompts, forced: list[int]) -> list[torch.Tensor]:
     return logits
 
 
-@pytest.mark.parametrize("position", ["sinusoidal", "learned", "rope", "relative", "none"])
+@pytest.mark.parametrize("position", ["sinusoidal", "learned", "rope", "relative", "alibi", "none"])
 def test_static_step_gives_the_logits_of_eager_decoding(position):
     model, _ = tiny_model(position=position)
     forced = [5, 0, 12, 7, 7, 1]

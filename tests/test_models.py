@@ -5,7 +5,7 @@ import torch
 
 from attnkit import InputError, ModelConfig, build_model
 
-POSITIONS = ["sinusoidal", "learned", "relative", "rope", "none"]
+POSITIONS = ["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 
 
 def _config(family="decoder", position="rope", **kw):

@@ -42,7 +42,7 @@ from attnkit.errors import ConfigError
 from attnkit.options import assignments, field_help
 
 Score = Literal["scaled_dot", "dot", "bilinear", "additive"]
-Position = Literal["sinusoidal", "learned", "relative", "rope", "none"]
+Position = Literal["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 Norm = Literal["layer", "rms"]
 NormPosition = Literal["pre", "post"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"]
@@ -347,7 +347,7 @@ class TransformerConfig(ModelConfig):
     head_dim: int | None = None  # None: d_model // n_heads
     d_ff: int = 512  # feed-forward hidden width
     score: Score = "scaled_dot"  # attention score: scaled_dot, dot, bilinear (Luong general) or additive (Bahdanau)
-    position: Position = "learned"  # position scheme: sinusoidal, learned, relative (Shaw), rope or none
+    position: Position = "learned"  # position scheme: sinusoidal, learned, relative (Shaw), rope, alibi or none
     norm: Norm = "layer"  # LayerNorm or RMSNorm
     norm_position: NormPosition = "pre"  # pre-norm (GPT-2, Llama) or post-norm (Vaswani, BERT)
     activation: Activation = "gelu"  # feed-forward activation (swiglu: the gated form, Shazeer 2020)

@@ -6,7 +6,7 @@ a scheme overrides the hooks where it acts and inherits "do nothing" for the oth
     hook                                            where it is called          schemes
     embed(position_ids)           -> (B, T, C)      added to token embeddings   sinusoidal, learned
     rotate(q, k, position_ids)    -> q, k           after the q/k projections   rope
-    score_bias(q, query_index, S, score) -> bias    added to the scores         relative (Shaw)
+    score_bias(q, query_index, S, score) -> bias    added to the scores         relative (Shaw), alibi
     value_term(weights, query_index, S)  -> term    added to the output         relative (Shaw)
 
 Absolute schemes act at the embeddings (`Embeddings.positions`); relative ones (their scores depend on i - j)
@@ -197,6 +197,40 @@ class RelativePositions(PositionScheme):
             nn.init.normal_(parameter, mean=0.0, std=0.02)
 
 
+class ALiBi(PositionScheme):
+    """ALiBi (Press et al. 2022, "Train Short, Test Long"): no position embeddings; head h adds -m_h * |i - j| to
+    its scores, a penalty linear in the distance with a slope per head (`alibi_slopes`).
+
+    Nothing depends on where the sequence starts or how long it is, so a model trained on short sequences runs on
+    longer ones and, as the paper shows, extrapolates to them. Causal models see j <= i only, where this is the
+    paper's -m_h (i - j) (BLOOM adds m_h * j, equal after the softmax); encoders see both sides, at the same cost.
+    """
+
+    biases = True
+
+    def __init__(self, n_heads: int) -> None:
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)  # (H,)
+
+    def score_bias(self, q: Tensor, query_index: Tensor, key_len: int, score: nn.Module) -> Tensor:
+        key_pos = torch.arange(key_len, device=query_index.device)
+        distance = (query_index[:, None] - key_pos[None, :]).abs()  # (T, S)
+        return -self.slopes.float()[:, None, None] * distance  # (H, 1, 1) * (T, S) -> (H, T, S)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """The paper's head slopes: for n heads, n a power of 2, the geometric sequence 2^(-8/n), 2^(-16/n), .., 2^-8;
+    otherwise those of the largest power of 2 below n, then every other slope of twice that many (Press et al.
+    2022, section 3, and their code). (H,) float32"""
+
+    def geometric(count: int) -> list[float]:
+        return [2.0 ** (-8.0 * (i + 1) / count) for i in range(count)]
+
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = geometric(closest) + geometric(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
 def make_positions(
     kind: str,
     *,
@@ -219,4 +253,6 @@ def make_positions(
         return RotaryEmbedding(head_dim, theta=rope_theta)
     if kind == "relative":
         return RelativePositions(relative_max_distance, head_dim)
-    raise ValueError(f"unknown position scheme {kind!r}; use none, sinusoidal, learned, rope or relative")
+    if kind == "alibi":
+        return ALiBi(n_heads)
+    raise ValueError(f"unknown position scheme {kind!r}; use none, sinusoidal, learned, rope, relative or alibi")
