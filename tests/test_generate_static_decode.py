@@ -133,6 +133,25 @@ def test_known_calls_compile_again_after_torch_drops_its_graphs():
         torch._dynamo.reset()
 
 
+def test_an_error_of_the_step_itself_is_not_taken_for_dropped_graphs():
+    model, config = tiny_model(seed=7)
+    model.float()
+    decoding = StaticDecoding(model, compile=False)
+    decoding._compiled = True  # the compiled path's bookkeeping around the eager step: no compile time in the test
+    generate_tokens(model, PROMPTS[:1], max_new_tokens=3, context_len=config.max_seq_len, decoding=decoding)
+    step, calls = decoding._step, []
+
+    def failing_once(token, cache):  # were the error taken for dropped graphs, the retry would hide it
+        calls.append(token)
+        if len(calls) == 1:
+            raise RuntimeError("a shape error inside the step")
+        return step(token, cache)
+
+    decoding._step = failing_once
+    with pytest.raises(RuntimeError, match="a shape error inside the step"):
+        generate_tokens(model, PROMPTS[:1], max_new_tokens=3, context_len=config.max_seq_len, decoding=decoding)
+
+
 def test_weights_are_frozen_except_those_transposed_for_fp32_decoding():
     model, _ = tiny_model()
     assert StaticDecoding(model.bfloat16(), compile=False).freezes_weights

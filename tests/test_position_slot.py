@@ -154,3 +154,18 @@ def test_a_scheme_that_asks_for_weight_decay_gets_it():
     decay, plain = param_groups(model, weight_decay=0.1)
     assert "stack.embeddings.positions.weight" in decay["names"]
     assert "stack.embeddings.positions.weight" not in plain["names"]
+
+
+@pytest.mark.parametrize("position", ["alibi", "relative", "rope"])
+def test_bf16_on_cpu_takes_the_math_kernel_with_position_biases_and_agrees_with_float64(position):
+    """The float32 math kernel folds grouped query heads into rows; a bias per head (ALiBi) must fold the same way."""
+    model = _model("scaled_dot", position)
+    attention = next(m for m in model.modules() if isinstance(m, Attention))
+    x = torch.randn(2, 9, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    real = torch.ones(2, 9, dtype=torch.bool)
+    real[0, :3] = False
+    for kwargs in ({"causal": True}, {"causal": True, "key_is_real": real}):
+        exact, _ = attention(x, **kwargs)
+        half, _ = attention.to(torch.bfloat16)(x.bfloat16(), **kwargs)
+        attention.double()
+        torch.testing.assert_close(half.double(), exact, atol=0.1, rtol=0.05)
