@@ -1,11 +1,17 @@
 """Decoding layouts give the same numbers: fused q/k/v projections, and transposed weights for fp32 CPU decoding
-(`attnkit.load` applying them is tested with the pipeline)."""
+and packed weights for bf16 (`attnkit.load` applying them is tested with the pipeline)."""
 
 import pytest
 import torch
 
 from attnkit import ModelConfig, build_model
-from attnkit.generate.decode_layout import TransposedLinear, fuse_qkv_projections, transpose_linear_weights
+from attnkit.generate.decode_layout import (
+    PackedLinear,
+    TransposedLinear,
+    fuse_qkv_projections,
+    pack_linear_weights,
+    transpose_linear_weights,
+)
 from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.seq2seq import greedy_translate
 from attnkit.layers.attention import Attention
@@ -19,6 +25,34 @@ def test_transposed_layer_equals_the_linear_layer(bias):
     assert layer.weight_t.shape == (24, 40) and layer.weight_t.is_contiguous()
     for x in (torch.randn(1, 1, 24), torch.randn(3, 5, 24), torch.randn(7, 24)):
         torch.testing.assert_close(layer(x), linear(x), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_layer_equals_the_bf16_linear_layer_bit_for_bit(bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 72, bias=bias).to(torch.bfloat16)
+    layer = PackedLinear(linear)
+    assert layer.weight_packed.is_mkldnn  # the weight lives in oneDNN's layout, packed once
+    x = torch.randn(3, 5, 48, dtype=torch.bfloat16)
+    for rows in (x[:1, :1], x, x[:, -1], x.reshape(15, 48)):  # one row, several, a strided view
+        assert torch.equal(layer(rows), linear(rows))
+
+
+def test_packed_bf16_decoder_gives_the_same_logits_and_tokens():
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, position="learned",
+                         max_seq_len=40, tie_embeddings=True)
+    model = build_model(config).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 60, (2, 9))
+    with torch.no_grad():
+        expected = model(ids).logits
+    prompts = [[1, 2, 3], [4]]
+    expected_tokens = generate_tokens(model, prompts, max_new_tokens=12, context_len=40)
+    pack_linear_weights(model)
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, expected)
+    assert generate_tokens(model, prompts, max_new_tokens=12, context_len=40) == expected_tokens
 
 
 def test_transposed_decoder_gives_the_same_logits_and_tokens():

@@ -12,7 +12,7 @@ from attnkit import cli
 from attnkit.checkpoint import save_model
 from attnkit.errors import CheckpointError, ConfigError, InputError
 from attnkit.generate import Pipeline, StaticDecoding, generate_tokens, greedy_translate
-from attnkit.generate.decode_layout import TransposedLinear
+from attnkit.generate.decode_layout import PackedLinear, TransposedLinear
 from attnkit.tokenize import CharTokenizer
 
 ALPHABET = "abcdefgh \n"
@@ -215,6 +215,18 @@ def test_load_transposes_only_fp32_models_that_decode(runs):
     assert not transposed(attnkit.load(runs["lm"], device="cpu", dtype="bf16"))
     assert not transposed(attnkit.load(runs["lm"], device="cpu", quantize="int8"))
     assert not transposed(attnkit.load(runs["clf"], device="cpu"))
+
+
+def test_load_packs_only_bf16_models_that_decode_eagerly(runs):
+    def packed(pipeline):
+        return any(isinstance(m, PackedLinear) for m in pipeline.model.modules())
+
+    assert packed(attnkit.load(runs["lm"], device="cpu", dtype="bf16"))
+    assert packed(attnkit.load(runs["mt"], device="cpu", dtype="bf16"))
+    assert not packed(attnkit.load(runs["lm"], device="cpu"))
+    assert not packed(attnkit.load(runs["lm"], device="cpu", dtype="bf16", quantize="int8"))
+    assert not packed(attnkit.load(runs["lm"], device="cpu", dtype="bf16", compile=True))
+    assert not packed(attnkit.load(runs["clf"], device="cpu", dtype="bf16"))
 
 
 def test_max_autotune_decoding_keeps_weights_to_be_packed_and_bad_modes_fail_before_loading(runs, tmp_path):

@@ -24,14 +24,16 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnkit.blocks import compile_blocks, torch_compile_mode
-from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_model
+from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_run_model
 from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import beam_search
 from attnkit.generate.decode_layout import (
     fuse_qkv_projections,
+    pack_linear_weights,
     transpose_linear_weights,
+    wants_packed_weights,
     wants_transposed_weights,
 )
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
@@ -165,6 +167,7 @@ class Pipeline:
         Sources are `tokens EOS`, as the pair data lays them out.
         """
         self._require("translate")
+        _check_batch_size(batch_size)
         texts = [texts] if isinstance(texts, str) else list(texts)
         bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
         if bos is None or eos is None:
@@ -200,6 +203,7 @@ class Pipeline:
                 "this encoder has a masked-LM head (encoder_head='mlm'); classify needs a model trained with "
                 "encoder_head='classify'"
             )
+        _check_batch_size(batch_size)
         texts = [texts] if isinstance(texts, str) else list(texts)
         results: list[Classification] = []
         for start in range(0, len(texts), batch_size):
@@ -309,6 +313,11 @@ class _TextTracker:
         return texts
 
 
+def _check_batch_size(batch_size: int) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size={batch_size!r} must be a positive integer (--batch-size 32 is usual)")
+
+
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
@@ -345,8 +354,8 @@ def load(
     if quantize not in (None, "int8"):
         raise InputError(f"quantize={quantize!r} is not supported; use 'int8' or None")
     torch_compile_mode(compile)  # an unknown mode fails before the model is read
-    run_dir = Path(run_dir)
-    model, config = load_model(run_dir, device=device or default_device(), dtype=parse_dtype(dtype))
+    # a run whose top level is damaged or incomplete (a save cut short) is read from its newest intact checkpoint
+    model, config, run_dir = load_run_model(run_dir, device=device or default_device(), dtype=parse_dtype(dtype))
     prepare_for_inference(model, config.family, quantize=quantize, compile=compile)
     decoding = decoding_for(model, compile)
     tokenizer = None
@@ -362,7 +371,8 @@ def prepare_for_inference(
 ) -> nn.Module:
     """What `load` does to a model after reading it (in place; returns it, in eval mode): models that decode get
     fused q/k/v projections, then int8 weights on request or else, in fp32 on a CPU, transposed weights (except
-    for a static decoding step compiled with "max-autotune", whose packed, frozen weights are faster); with
+    for a static decoding step compiled with "max-autotune", whose packed, frozen weights are faster), and in bf16
+    on a CPU, packed weights when nothing is compiled (a compiled step packs frozen weights itself); with
     `compile`, each block goes through torch.compile for any length, except in a decoder that `StaticDecoding`
     supports (its compiled path is the whole decoding step, which `load` sets up)."""
     mode = torch_compile_mode(compile)
@@ -374,6 +384,8 @@ def prepare_for_inference(
         quantize_int8(model)
     elif decodes and wants_transposed_weights(model) and not (static and compile == "max-autotune"):
         transpose_linear_weights(model)
+    elif decodes and wants_packed_weights(model) and mode is None:
+        pack_linear_weights(model)
     if mode is not None and not static:
         compile_blocks(model, dynamic=True, mode=mode)
     return model.eval()
