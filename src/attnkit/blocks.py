@@ -63,18 +63,18 @@ class TransformerBlock(nn.Module):
         x: Tensor,
         *,
         key_is_real: Tensor | None = None,
-        position_ids: Tensor | None = None,
+        positions: Tensor | tuple[Tensor, ...] | None = None,
         cache: LayerCache | None = None,
         context: Tensor | None = None,
         context_is_real: Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """position_ids: (B or 1, T) positions of x's tokens, for the self-attention's position scheme.
+        """positions: x's token positions as the self-attention's position scheme prepared them.
         Returns the new x (B, T, C) and {"self": (B, H, T, S), "cross": (B, H, T, S_src)} when asked."""
         weights: dict[str, Tensor] = {}
 
         def self_attention(h: Tensor) -> Tensor:
-            out, w = self.self_attn(h, key_is_real=key_is_real, causal=self.causal, position_ids=position_ids,
+            out, w = self.self_attn(h, key_is_real=key_is_real, causal=self.causal, positions=positions,
                                     cache=cache, need_weights=need_weights)
             if w is not None:
                 weights["self"] = w

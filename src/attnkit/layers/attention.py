@@ -186,7 +186,7 @@ class Attention(nn.Module):
         context: Tensor | None = None,
         key_is_real: Tensor | None = None,
         causal: bool = False,
-        position_ids: Tensor | None = None,
+        positions: Tensor | tuple[Tensor, ...] | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
@@ -194,8 +194,8 @@ class Attention(nn.Module):
 
         key_is_real: (B, S) bool, False at padded keys (with a cache: covering every cached position).
         causal: queries see only keys at or before their own position.
-        position_ids: (B or 1, T) positions of the queries, for a rotating scheme; by default those after the
-            cached ones.
+        positions: the queries' positions (B or 1, T) as the position scheme prepares them for `rotate`
+            (`PositionScheme.prepare`, once per forward pass for all layers); by default those after the cached ones.
         cache: the layer's KV cache; self-attention appends to it, cross-attention computes the context's
             keys and values once and reuses them.
         Returns the output (B, T, C) and, when `need_weights`, the weights (B, H, T, S).
@@ -205,10 +205,10 @@ class Attention(nn.Module):
         if context is None:
             q, k, v = self._project_qkv(x)  # (B, H, T, D), (B, Hkv, T, D) twice
             if relative is not None and relative.rotates:
-                if position_ids is None:
+                if positions is None:
                     start = cache.length if cache is not None else 0
-                    position_ids = torch.arange(start, start + length, device=x.device).unsqueeze(0)  # (1, T)
-                q, k = relative.rotate(q, k, position_ids)
+                    positions = relative.prepare(torch.arange(start, start + length, device=x.device)[None])  # (1, T)
+                q, k = relative.rotate(q, k, positions)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, Hkv, S, D)
         else:

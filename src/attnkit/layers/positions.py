@@ -5,7 +5,9 @@ a scheme overrides the hooks where it acts and inherits "do nothing" for the oth
 
     hook                                            where it is called          schemes
     embed(position_ids)           -> (B, T, C)      added to token embeddings   sinusoidal, learned
-    rotate(q, k, position_ids)    -> q, k           after the q/k projections   rope
+    prepare(position_ids)         -> what rotate    once per forward pass       rope
+                                     needs          (for every layer)
+    rotate(q, k, prepared)        -> q, k           after the q/k projections   rope
     score_bias(q, query_index, S, score) -> bias    added to the scores         relative (Shaw), alibi
     value_term(weights, query_index, S)  -> term    added to the output         relative (Shaw)
 
@@ -39,8 +41,12 @@ class PositionScheme(nn.Module):
         """position_ids (B, T) -> (B, T, C) to add to the token embeddings, or None."""
         return None
 
-    def rotate(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """q (B, H, T, D), k (B, Hkv, T, D) at position_ids (B or 1, T) -> q, k."""
+    def prepare(self, position_ids: Tensor) -> Tensor | tuple[Tensor, ...]:
+        """What `rotate` needs from the positions (B or 1, T), computed once per forward pass for every layer."""
+        return position_ids
+
+    def rotate(self, q: Tensor, k: Tensor, prepared: Tensor | tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+        """q (B, H, T, D), k (B, Hkv, T, D) at the positions `prepare` prepared -> q, k."""
         return q, k
 
     def score_bias(self, q: Tensor, query_index: Tensor, key_len: int, score: nn.Module) -> Tensor | None:
@@ -136,8 +142,10 @@ class RotaryEmbedding(PositionScheme):
             angles = angles.unsqueeze(0)
         return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)
 
-    def rotate(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        cos, sin = self(position_ids)
+    prepare = forward
+
+    def rotate(self, q: Tensor, k: Tensor, prepared: Tensor | tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+        cos, sin = prepared
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 

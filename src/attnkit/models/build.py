@@ -91,9 +91,9 @@ def _norm(config: TransformerConfig) -> nn.Module:
     return make_norm(config.norm, config.d_model, eps=config.norm_eps, bias=config.bias)
 
 
-def _block(config: TransformerConfig, *, decoder: bool, cross: bool, attends: bool) -> nn.Module:
+def _block(config: TransformerConfig, *, decoder: bool, cross: bool, relative: PositionScheme | None) -> nn.Module:
     parts = dict(
-        self_attn=_attention(config, relative=_positions(config) if attends else None),  # each layer its own
+        self_attn=_attention(config, relative=relative),
         attn_norm=_norm(config),
         mlp=make_feedforward(config.activation, config.d_model, config.d_ff, bias=config.bias, dropout=config.dropout),
         mlp_norm=_norm(config),
@@ -107,6 +107,13 @@ def _block(config: TransformerConfig, *, decoder: bool, cross: bool, attends: bo
 
 def _stack(config: TransformerConfig, vocab_size: int, n_layers: int, *, decoder: bool, cross: bool = False):
     positions = _positions(config)  # absolute schemes act in the embeddings, relative ones in each self-attention
+    # a scheme without parameters (RoPE, ALiBi) is one instance for every layer, prepared once per forward pass by
+    # the stack; one with parameters (Shaw's tables) is a new instance for each layer
+    shared = positions.attends and not list(positions.parameters())
+
+    def relative() -> PositionScheme | None:
+        return (positions if shared else _positions(config)) if positions.attends else None
+
     embeddings = Embeddings(
         vocab_size,
         config.d_model,
@@ -118,8 +125,9 @@ def _stack(config: TransformerConfig, vocab_size: int, n_layers: int, *, decoder
     )
     return TransformerStack(
         embeddings=embeddings,
-        blocks=[_block(config, decoder=decoder, cross=cross, attends=positions.attends) for _ in range(n_layers)],
+        blocks=[_block(config, decoder=decoder, cross=cross, relative=relative()) for _ in range(n_layers)],
         final_norm=_norm(config) if config.use_final_norm else None,
+        positions=positions if shared else None,
     )
 
 

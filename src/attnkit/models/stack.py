@@ -3,7 +3,8 @@
     ids -> Embeddings (token, x sqrt(C)?, + absolute positions) -> block 1 .. block N -> final norm? -> (B, T, C)
 
 The position scheme (`layers/positions.py`) acts where it belongs: absolute schemes inside `Embeddings`, relative
-ones (RoPE, Shaw, ALiBi) inside each block's self-attention, which the stack hands the tokens' positions.
+ones (RoPE, Shaw, ALiBi) inside each block's self-attention, which the stack hands the tokens' positions, prepared
+once for every layer by a scheme they share (RoPE's cos and sin).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 from attnkit.errors import InputError
 from attnkit.layers.embedding import Embeddings, check_token_ids
 from attnkit.layers.kv_cache import KVCache
+from attnkit.layers.positions import PositionScheme
 
 
 class TransformerStack(nn.Module):
@@ -25,11 +27,13 @@ class TransformerStack(nn.Module):
         embeddings: Embeddings,
         blocks: list[nn.Module],
         final_norm: nn.Module | None,
+        positions: PositionScheme | None = None,
     ) -> None:
         super().__init__()
         self.embeddings = embeddings
         self.blocks = nn.ModuleList(blocks)
         self.final_norm = final_norm
+        self.positions = positions  # the scheme the blocks' self-attentions share, if they share one
 
     def forward(
         self,
@@ -82,12 +86,13 @@ class TransformerStack(nn.Module):
         """`forward` after its checks of the inputs, which read tensor values (a compiled decoding step calls this,
         its inputs known good). key_is_real: (B, S) bool, True at real keys."""
         x = self.embeddings(input_ids, position_ids, token_type_ids)  # (B, T, C)
+        positions = self.positions.prepare(position_ids) if self.positions is not None else position_ids
         attentions: list[dict[str, Tensor]] = []
         for index, block in enumerate(self.blocks):
             x, weights = block(
                 x,
                 key_is_real=key_is_real,
-                position_ids=position_ids,
+                positions=positions,
                 cache=cache.layers[index] if cache is not None else None,
                 context=context,
                 context_is_real=context_mask,
