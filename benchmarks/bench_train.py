@@ -101,15 +101,15 @@ def shakespeare(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 class NanoGPTBlock(torch.nn.Module):
-    """nanoGPT's Block (bias=False): pre-norm causal self-attention and a GELU MLP."""
+    """nanoGPT's Block: pre-norm causal self-attention and a GELU MLP (`bias`: its GPTConfig.bias)."""
 
-    def __init__(self, C: int, H: int) -> None:
+    def __init__(self, C: int, H: int, bias: bool = False) -> None:
         super().__init__()
         nn = torch.nn
         self.H = H
-        self.ln_1, self.ln_2 = nn.LayerNorm(C, bias=False), nn.LayerNorm(C, bias=False)
-        self.c_attn, self.attn_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
-        self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
+        self.ln_1, self.ln_2 = nn.LayerNorm(C, bias=bias), nn.LayerNorm(C, bias=bias)
+        self.c_attn, self.attn_proj = nn.Linear(C, 3 * C, bias=bias), nn.Linear(C, C, bias=bias)
+        self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C, bias=bias), nn.Linear(4 * C, C, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -122,17 +122,17 @@ class NanoGPTBlock(torch.nn.Module):
 class NanoGPT(torch.nn.Module):
     """nanoGPT's GPT: token + learned positions, blocks, final LayerNorm, output tied to the token embedding."""
 
-    def __init__(self, V: int, T: int, C: int, H: int, L: int) -> None:
+    def __init__(self, V: int, T: int, C: int, H: int, L: int, bias: bool = False) -> None:
         super().__init__()
         self.wte, self.wpe = torch.nn.Embedding(V, C), torch.nn.Embedding(T, C)
-        self.blocks = torch.nn.Sequential(*[NanoGPTBlock(C, H) for _ in range(L)])
-        self.ln_f = torch.nn.LayerNorm(C, bias=False)
+        self.blocks = torch.nn.Sequential(*[NanoGPTBlock(C, H, bias) for _ in range(L)])
+        self.ln_f = torch.nn.LayerNorm(C, bias=bias)
         for name, p in self.named_parameters():
             if p.dim() == 2:  # N(0, 0.02); residual projections N(0, 0.02 / sqrt(2 L))
                 torch.nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L) if name.endswith("_proj.weight") else 0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.wte(x) + self.wpe(torch.arange(x.shape[1]))  # (B, T, C)
+        h = self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device))  # (B, T, C)
         return self.ln_f(self.blocks(h)) @ self.wte.weight.T  # (B, T, V)
 
 

@@ -1,13 +1,18 @@
 """Speed and memory, attnkit side by side with Hugging Face `transformers`, on the same machine in the same run.
 
     python -m benchmarks speed [--only CASE ...] [--dtypes fp32 bf16] [--repeats 5] [--rounds 3] [--threads 1]
-                               [--device cpu | cuda] [--compiled] [--machine NAME] [--update]
+                               [--device cpu | cuda] [--compiled] [--peers] [--machine NAME] [--update]
 
 Each measurement runs in a fresh subprocess (so peak resident memory is that case's alone), alternating attnkit
 and the reference, each with warm-up steps and the median of several timed ones; with --rounds the alternation
 repeats and each side reports its median round, which steadies ratios on a shared machine. The machine's own peaks are
 measured first: matrix-multiply FLOP/s in fp32 and bf16, and memory read bandwidth. Results go to
 `benchmarks/results/speed-<machine>.json` and a markdown table beside it.
+
+`--peers` adds the tools people pick for speed (`benchmarks/peers.py`): nanoGPT's model and training loop for the
+decoder training cases, `transformers` with its static cache and torch.compile, and llama.cpp (f32, bf16, q8_0) for
+generation; a peer that is not installed is skipped with the reason. Generation rows also give the time to the first
+token (a one-token generation, warm) and the first call's time (cold: compilation included).
 
 `--device cuda` runs everything on the GPU: the peaks are the GPU's (matrix multiply, reading its memory), each
 timed repetition ends with a synchronisation, and peak GPU memory (allocated by PyTorch) is reported beside the
@@ -30,6 +35,7 @@ from pathlib import Path
 import torch
 
 from attnkit.experiments.base import device_name
+from benchmarks import peers
 from benchmarks.common import RESULTS, synced, timed_runs
 
 
@@ -67,11 +73,29 @@ AUTOTUNED = {"attnkit-autotuned", "attnkit-int8-autotuned"}  # the decoding step
 LABELS = {"attnkit": "{dtype}", "attnkit-compiled": "{dtype}, compiled", "attnkit-autotuned": "{dtype}, max-autotune",
           "attnkit-int8": "int8 weights, bf16", "attnkit-int8-compiled": "int8, bf16, compiled",
           "attnkit-int8-autotuned": "int8, bf16, max-autotune", MASTER: "bf16, fp32 master weights"}
+# --peers: each peer beside the attnkit rows it is compared with (same case, dtype and run)
+PEERS = {"nanogpt": ["attnkit"], "nanogpt-compiled": ["attnkit-compiled"],
+         "transformers-static": ["attnkit-compiled", "attnkit-autotuned", "attnkit"],
+         "llama.cpp": ["attnkit", "attnkit-compiled", "attnkit-autotuned"],
+         "llama.cpp-q8_0": ["attnkit-int8", "attnkit-int8-compiled", "attnkit-int8-autotuned"]}
+PEER_LABELS = {"nanogpt": "nanoGPT", "nanogpt-compiled": "nanoGPT, torch.compile",
+               "transformers-static": "transformers, static cache, torch.compile", "llama.cpp": "llama.cpp {gguf}",
+               "llama.cpp-q8_0": "llama.cpp q8_0"}
+
+
+def peer_impls(case: Case, dtype: str, compiled: bool) -> list[str]:
+    """The peers that run a case in a dtype (compiled peers only with --compiled, beside attnkit's compiled rows)."""
+    if case.kind == "train" and case.family == "decoder":
+        return ["nanogpt"] + (["nanogpt-compiled"] if compiled else [])
+    if case.kind == "generate":
+        return (["transformers-static"] if compiled else []) + [
+            impl for impl, types in peers.LLAMA_CPP_TYPES.items() if dtype in types]
+    return []
 
 
 def compile_setting(impl: str) -> bool | str:
     """The `compile` argument of `attnkit.load` that an implementation's name stands for."""
-    return "max-autotune" if impl in AUTOTUNED else impl.endswith("compiled")
+    return "max-autotune" if impl in AUTOTUNED else impl.endswith("compiled") or impl == "transformers-static"
 
 
 # --- the machine's own limits ------------------------------------------------------------------------------------
@@ -141,7 +165,9 @@ def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(device)
     targets = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(device)
-    if impl.startswith("attnkit"):
+    if impl.startswith("nanogpt"):
+        return peers.nanogpt_train_step(case, dtype, compiled=impl.endswith("compiled"), device=device)
+    if impl.startswith("attnkit") or impl.startswith("llama.cpp"):
         from attnkit import build_model
 
         model = build_model(_attnkit_config(case)).to(device)
@@ -150,6 +176,8 @@ def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
 
     if case.kind == "generate":
         model.eval()
+        if impl.startswith("llama.cpp"):  # the same (fp32) weights, written at the peer's precision
+            return model, peers.llama_cpp_generate(model, impl, dtype, ids, case.new_tokens, torch.get_num_threads())
         if dtype == "bf16":
             model.to(torch.bfloat16)
         if impl.startswith("attnkit"):  # as `attnkit.load` prepares it; a compiled model compiles during warm-up
@@ -198,11 +226,14 @@ def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
 
 
 def _generate_function(model, impl: str, prompt, new_tokens: int):
+    """run(tokens=new_tokens): greedy generation of `tokens` after the prompt batch."""
+    if impl == "transformers-static":
+        return peers.transformers_static_generate(model, prompt, new_tokens)
     if impl == "transformers":
-        def run() -> None:
+        def run(tokens: int = new_tokens) -> None:
             with torch.no_grad():
-                model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-                               min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+                model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=tokens,
+                               min_new_tokens=tokens, do_sample=False, pad_token_id=0)
         return run
     from attnkit.generate import generate_tokens
     from attnkit.generate.pipeline import decoding_for
@@ -211,8 +242,8 @@ def _generate_function(model, impl: str, prompt, new_tokens: int):
     context_len = model.stack.embeddings.max_positions
     decoding = decoding_for(model, compile_setting(impl))  # as `attnkit.load(compile=...)`
 
-    def run() -> None:
-        generate_tokens(model, prompts, max_new_tokens=new_tokens, context_len=context_len, decoding=decoding)
+    def run(tokens: int = new_tokens) -> None:
+        generate_tokens(model, prompts, max_new_tokens=tokens, context_len=context_len, decoding=decoding)
     return run
 
 
@@ -235,24 +266,31 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
     torch.manual_seed(0)
     case = next(c for c in CASES if c.name == case_name)
     model, step = _step_function(case, impl, dtype, device)
+    check = None
+    if impl.startswith("llama.cpp"):
+        step, check = step
     on_gpu = torch.device(device).type == "cuda"
     if on_gpu:  # from here: the model as it runs, not the fp32 copy a bf16 one was converted from
         torch.cuda.reset_peak_memory_stats(device)
     if compile_setting(impl):  # compilation and its first recompilations for new lengths are not the speed
         warmup = max(warmup, 3)
-    times = timed_runs(synced(step, device), repeats, warmup=warmup)
+    (first_call,) = timed_runs(synced(step, device), 1, warmup=0)  # cold: what a user's first call costs
+    times = timed_runs(synced(step, device), repeats, warmup=warmup - 1)
     median = statistics.median(times)
     tokens = case.batch_size * (case.new_tokens if case.kind == "generate" else case.seq_len)
     result = {
         "case": case.name, "impl": impl, "dtype": dtype, "median_s": median, "times_s": times,
         "tokens_per_s": tokens / median, "peak_rss_mb": peak_rss_mb(),
-        "flops_per_token": _flops_per_token(case),
+        "flops_per_token": _flops_per_token(case), "first_call_s": first_call,
     }
+    if check is not None:
+        result["max_logit_difference"] = check
     if on_gpu:
         result["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     if case.kind == "generate":
         result["ms_per_token"] = 1000 * median / case.new_tokens
-        result["weight_bytes"] = bytes_read_per_token(model)
+        result["weight_bytes"] = bytes_read_per_token(model) if check is None else _gguf_bytes(model, impl, dtype)
+        result["first_token_s"] = statistics.median(timed_runs(synced(lambda: step(1), device), repeats, warmup=0))
     return result
 
 
@@ -266,6 +304,14 @@ def bytes_read_per_token(model: torch.nn.Module) -> int:
         if not isinstance(module, (torch.nn.Embedding, LearnedPositions)):
             read.update((id(t), t) for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)))
     return sum(t.numel() * t.element_size() for t in read.values())
+
+
+def _gguf_bytes(model: torch.nn.Module, impl: str, dtype: str) -> int:
+    """Bytes a llama.cpp decoding step reads: the same tensors, 2-D weights at the GGUF type's bytes per weight."""
+    per_weight = {"F32": 4, "BF16": 2, "Q8_0": 34 / 32}[peers.LLAMA_CPP_TYPES[impl][dtype]]
+    fp32 = bytes_read_per_token(model)
+    matrices = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return int(fp32 - 4 * matrices + per_weight * matrices)
 
 
 def _subprocess(case: str, impl: str, dtype: str, repeats: int, warmup: int, threads: int, device: str) -> dict:
@@ -293,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compiled", action="store_true",
                         help="also time attnkit through torch.compile: each block (training, forward), the "
                         "decoding step for fixed shapes, in the default mode and max-autotune (generation)")
+    parser.add_argument("--peers", action="store_true",
+                        help="also time nanoGPT (training), transformers with a static cache and torch.compile (with "
+                        "--compiled) and llama.cpp (generation); each is skipped with the reason when not installed")
     parser.add_argument("--update", action="store_true",
                         help="merge into the machine's results file, replacing only the cases and dtypes run now")
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
@@ -325,6 +374,14 @@ def main(argv: list[str] | None = None) -> int:
             impls += ["attnkit-compiled"] if args.compiled else []
             if args.compiled and case.kind == "generate":
                 impls += sorted(AUTOTUNED) if dtype == "bf16" else ["attnkit-autotuned"]
+            skipped = {}
+            for impl in peer_impls(case, dtype, args.compiled) if args.peers else []:
+                reason = peers.unavailable(impl)
+                if reason is None:
+                    impls.append(impl)
+                else:
+                    skipped[impl] = {"case": case.name, "impl": impl, "dtype": dtype, "skipped": reason}
+                    print(f"{case.name} {dtype}: {impl} skipped: {reason}", flush=True)
             runs: dict[str, list[dict]] = {impl: [] for impl in impls}
             for _ in range(args.rounds):  # alternate: attnkit, then the reference, round after round
                 for impl in impls:
@@ -335,10 +392,12 @@ def main(argv: list[str] | None = None) -> int:
             for result in pair.values():
                 _add_utilisation(result, case, peaks)
                 rows.append(result)
+            rows.extend(skipped.values())
             _print_pair(case, dtype, pair)
     command = "python -m benchmarks speed " + " ".join(argv or sys.argv[1:])
     report = {"machine": machine, "device": device_name(device), "threads": args.threads,
-              "torch": torch.__version__, "peaks": peaks, "command": command, "results": rows}
+              "torch": torch.__version__, "peaks": peaks, "command": command, "results": rows,
+              "load_average": os.getloadavg()}
     if earlier is not None:  # keep the earlier rows of other cases and dtypes
         redone = {(r["case"], r["dtype"]) for r in rows}
         rows[:0] = [r for r in earlier["results"] if (r["case"], r["dtype"]) not in redone]
@@ -360,7 +419,7 @@ def _median_round(results: list[dict]) -> dict:
 
 
 def _add_utilisation(result: dict, case: Case, peaks: dict) -> None:
-    if "error" in result:
+    if "error" in result or "skipped" in result:
         return
     peak = peaks["bf16_flops"] if result["dtype"] == "bf16" else peaks["fp32_flops"]
     result["mfu"] = result["tokens_per_s"] * result["flops_per_token"] / peak
@@ -369,13 +428,14 @@ def _add_utilisation(result: dict, case: Case, peaks: dict) -> None:
 
 
 def _print_pair(case: Case, dtype: str, pair: dict) -> None:
-    ref = pair["transformers"]
     for impl in (name for name in pair if name != "transformers"):
-        ours = pair[impl]
+        ours, ref = pair[impl], pair[next((p for p in PEERS.get(impl, []) if p in pair), "transformers")]
+        if impl in PEERS:  # a peer, against the first of its attnkit rows run now
+            ours, ref = ref, ours
         if "error" in ours or "error" in ref:
             print(f"{case.name} {dtype}: error {ours.get('error') or ref.get('error')}", flush=True)
             continue
-        print(f"{case.name:28s} {dtype}: {impl} {ours['tokens_per_s']:9.1f} tok/s  transformers "
+        print(f"{case.name:28s} {dtype}: {ours['impl']} {ours['tokens_per_s']:9.1f} tok/s  {ref['impl']} "
               f"{ref['tokens_per_s']:9.1f} tok/s  ratio {ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x  "
               f"peak RSS {ours['peak_rss_mb']:.0f} vs {ref['peak_rss_mb']:.0f} MB", flush=True)
 
@@ -408,7 +468,39 @@ def markdown_table(report: dict) -> str:
                 f"{ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x | {ours['mfu']:.1%} | {ref['mfu']:.1%} | "
                 f"{ours['peak_rss_mb']:.0f} / {ref['peak_rss_mb']:.0f} | {ms} | {bandwidth} |{gpu_memory}"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + peers_table(report)) + "\n"
+
+
+def peers_table(report: dict) -> list[str]:
+    """Each peer's rows beside the attnkit rows of the same case, dtype and run (`PEERS`), and the skipped peers."""
+    results = report["results"]
+    by_key = {(r["case"], r["dtype"], r["impl"]): r for r in results}
+    lines = ["", "Peers (`--peers`): attnkit / peer tokens/s in the same run; first token: a one-token generation, "
+             "warm; first call: the first whole repetition, cold (compilation included)."
+             + (f" Load average at the end of the run: {report['load_average'][0]:.1f}." if "load_average" in report
+                else ""), "",
+             "| case | dtype | peer | peer tok/s | attnkit | attnkit tok/s | ratio | attnkit / peer peak RSS MB "
+             "| first token ms, attnkit / peer | first call s, attnkit / peer | bandwidth used, attnkit / peer |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for peer in (r for r in results if r["impl"] in PEERS and "tokens_per_s" in r):
+        label = PEER_LABELS[peer["impl"]].format(gguf=peers.LLAMA_CPP_TYPES.get(peer["impl"], {}).get(peer["dtype"]))
+        for impl in PEERS[peer["impl"]]:
+            ours = by_key.get((peer["case"], peer["dtype"], impl))
+            if not ours or "tokens_per_s" not in ours:
+                continue
+            first = (f"{1000 * ours['first_token_s']:.0f} / {1000 * peer['first_token_s']:.0f}"
+                     if "first_token_s" in peer and "first_token_s" in ours else "")
+            bandwidth = (f"{ours['bandwidth_fraction']:.0%} / {peer['bandwidth_fraction']:.0%}"
+                         if "bandwidth_fraction" in peer and "bandwidth_fraction" in ours else "")
+            lines.append(
+                f"| {peer['case']} | {peer['dtype']} | {label} | {peer['tokens_per_s']:.1f} | "
+                f"{LABELS[impl].format(dtype=peer['dtype'])} | {ours['tokens_per_s']:.1f} | "
+                f"{ours['tokens_per_s'] / peer['tokens_per_s']:.2f}x | {ours['peak_rss_mb']:.0f} / "
+                f"{peer['peak_rss_mb']:.0f} | {first} | {ours.get('first_call_s', 0):.1f} / {peer['first_call_s']:.1f} "
+                f"| {bandwidth} |"
+            )
+    lines += [f"- {r['case']} {r['dtype']}: {r['impl']} skipped: {r['skipped']}" for r in results if "skipped" in r]
+    return lines if len(lines) > 5 else []
 
 
 def _mb(result: dict, key: str) -> str:

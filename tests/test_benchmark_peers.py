@@ -1,0 +1,55 @@
+"""The speed suite's peers run the same model: llama.cpp reads the weights attnkit wrote to GGUF and gives its logits;
+nanoGPT's training step updates its model; a missing peer is named with the way to install it."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from benchmarks import peers
+from benchmarks.speed import Case, _attnkit_config
+
+TINY = Case("generate-tiny", "generate", "decoder", 2, 64, 2, 300, 6, 2, new_tokens=5)
+
+
+def _tiny_decoder():
+    from attnkit import build_model
+
+    torch.manual_seed(0)
+    return build_model(_attnkit_config(TINY)).eval()
+
+
+@pytest.mark.parametrize(("impl", "dtype", "tolerance"), [("llama.cpp", "fp32", 1e-3), ("llama.cpp", "bf16", 1.5e-2),
+                                                         ("llama.cpp-q8_0", "bf16", 3e-2)])
+def test_llama_cpp_reads_the_same_weights(impl, dtype, tolerance):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'attnkit[bench]')")
+    pytest.importorskip("gguf", reason="gguf is not installed (pip install 'attnkit[bench]')")
+    model = _tiny_decoder()
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(2, TINY.vocab_size, (TINY.batch_size, TINY.seq_len), generator=generator)
+    run, difference = peers.llama_cpp_generate(model, impl, dtype, prompt, TINY.new_tokens, threads=1)
+    with torch.no_grad():
+        scale = model(prompt[:1]).logits[0, -1].abs().max().item()
+    # f32 differs only by llama.cpp's f16 key/value cache; bf16 and q8_0 by rounding the weights as well
+    assert difference <= tolerance * scale
+    run()  # decodes the batch to the end
+
+
+def test_gguf_vocabulary_has_distinct_tokens_and_the_newline_byte_first():
+    tokens = peers._vocabulary(300)
+    assert len(set(tokens)) == 300 and tokens[0] == "\u010a"  # byte 10 in GPT-2's byte-level alphabet
+
+
+def test_nanogpt_step_updates_every_parameter():
+    case = Case("train-tiny", "train", "decoder", 2, 32, 2, 50, 8, 2)
+    model, step = peers.nanogpt_train_step(case, "bf16", compiled=False, device="cpu")
+    before = [p.detach().clone() for p in model.parameters()]
+    step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_a_missing_peer_is_named_with_how_to_install_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "llama_cpp" else real(name))
+    assert "pip install 'attnkit[bench]'" in peers.unavailable("llama.cpp-q8_0")
+    assert peers.unavailable("nanogpt") is None
