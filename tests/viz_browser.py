@@ -42,15 +42,13 @@ class Browser:
         self._profile = tempfile.TemporaryDirectory(prefix="attnkit-chromium-")
         to_browser_read, self._to_browser = os.pipe()
         self._from_browser, from_browser_write = os.pipe()
-
-        def child_fds() -> None:  # the protocol's fixed descriptors: Chromium reads 3 and writes 4
-            read_end, write_end = os.dup(to_browser_read), os.dup(from_browser_write)
-            os.dup2(read_end, 3)
-            os.dup2(write_end, 4)
-
+        # bash puts our pipe ends, whatever their numbers, on the protocol's fixed descriptors (Chromium reads 3,
+        # writes 4); pass_fds=(3, 4) needs them open here, and dash takes single-digit descriptors only
+        redirect = f'exec "$@" 3<&{to_browser_read} 4>&{from_browser_write}'
         self.process = subprocess.Popen(
-            [str(executable), *FLAGS, f"--user-data-dir={self._profile.name}", f"--window-size={width},{height}"],
-            pass_fds=(3, 4), preexec_fn=child_fds, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ["/bin/bash", "-c", redirect, "bash", str(executable), *FLAGS, f"--user-data-dir={self._profile.name}",
+             f"--window-size={width},{height}"],
+            pass_fds=(to_browser_read, from_browser_write), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         os.close(to_browser_read)
         os.close(from_browser_write)
