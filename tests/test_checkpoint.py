@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnkit import CheckpointError, build_model, presets
-from attnkit.checkpoint import WEIGHTS_FILE, load_model, load_tensors, save_model, save_tensors
+from attnkit.checkpoint import CHECKSUMS_FILE, WEIGHTS_FILE, load_model, load_tensors, save_model, save_tensors
 
 
 @pytest.mark.parametrize("name", ["gpt2-tiny", "llama2-tiny", "bert-tiny", "vaswani-tiny"])
@@ -32,6 +32,9 @@ def test_truncated_file_is_refused(tmp_path):
     save_model(build_model(config), config, tmp_path)
     path = tmp_path / WEIGHTS_FILE
     path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match=f"{path} is damaged: its SHA-256 differs"):
+        load_model(tmp_path)
+    (tmp_path / CHECKSUMS_FILE).unlink()  # a directory written by hand or before checksums: safetensors' own check
     with pytest.raises(CheckpointError, match="truncated or corrupted"):
         load_model(tmp_path)
 
@@ -44,7 +47,7 @@ def test_mismatched_checkpoint_lists_tensor_names(tmp_path):
     tensors["stack.final_norm.weight"] = torch.zeros(7)
     save_tensors(tensors, tmp_path / WEIGHTS_FILE)
     with pytest.raises(CheckpointError) as info:
-        load_model(tmp_path)
+        load_model(tmp_path, verify=False)  # past the checksums, which this rewrite would fail
     message = str(info.value)
     assert "missing tensors: stack.blocks.1.mlp.up_proj.bias" in message
     assert "unexpected tensors: stack.blocks.0.extra.weight" in message
@@ -57,8 +60,10 @@ def test_config_disagreeing_with_weights_is_refused(tmp_path):
     data = json.loads((tmp_path / "config.json").read_text())
     data["d_ff"] = 128
     (tmp_path / "config.json").write_text(json.dumps(data))
-    with pytest.raises(CheckpointError, match="up_proj.weight: checkpoint \\(256, 64\\) vs model \\(128, 64\\)"):
+    with pytest.raises(CheckpointError, match="config.json is damaged"):
         load_model(tmp_path)
+    with pytest.raises(CheckpointError, match="up_proj.weight: checkpoint \\(256, 64\\) vs model \\(128, 64\\)"):
+        load_model(tmp_path, verify=False)
 
 
 def test_missing_files_are_named(tmp_path):
@@ -76,10 +81,10 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr("attnkit.checkpoint.save_file", broken_save)
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointError, match=f"cannot finish writing {tmp_path / WEIGHTS_FILE}: disk full"):
         save_model(model, config, tmp_path)
     assert (tmp_path / WEIGHTS_FILE).read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", WEIGHTS_FILE]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKSUMS_FILE, "config.json", WEIGHTS_FILE]
 
 
 def load_tensors_after_save(directory, config):

@@ -106,3 +106,33 @@ def test_sst2_dev() -> None:
     assert len(examples) == 872
     assert {label for _, label in examples} == {"0", "1"}
     assert all(text and text == text.strip() for text, _ in examples)
+
+
+def _sst_like(path: Path, bad: str) -> Path:
+    """40 good `<label> <text>` lines, with `bad` as line 7."""
+    lines = [f"{i % 2} a sentence number {i}" for i in range(40)]
+    lines[6] = bad
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_line_without_its_label_is_an_error_naming_the_line(tmp_path: Path) -> None:
+    path = _sst_like(tmp_path / "sst.txt", "this film forgot its label")
+    with pytest.raises(InputError, match=r"sst.txt, line 7: the label 'this' is on this line only.*bad_labels=skip"):
+        read_labelled(path)
+    assert len(read_labelled(path, bad_labels="skip")) == 39
+    assert ("film forgot its label", "this") in read_labelled(path, bad_labels="keep")
+
+
+def test_a_label_holding_a_space_is_an_error_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "x.csv"
+    path.write_text("text,label\nfine,pos\nawful,neg\nodd,pos itive\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"x.csv, line 4: the label 'pos itive' holds whitespace"):
+        read_labelled(path)
+    assert read_labelled(path, bad_labels="skip") == [("fine", "pos"), ("awful", "neg")]
+
+
+def test_tab_separated_label_lines_split_at_the_tab(tmp_path: Path) -> None:
+    path = tmp_path / "tabs.txt"
+    path.write_text("1\tgood film\n0\tbad film\n", encoding="utf-8")
+    assert read_labelled(path) == [("good film", "1"), ("bad film", "0")]

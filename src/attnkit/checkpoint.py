@@ -1,16 +1,22 @@
 """Model checkpoints: `config.json` + `model.safetensors`, written atomically, loaded strictly.
 
 Nothing here unpickles: tensors travel as safetensors, everything else as JSON. Tied weights (an output layer
-sharing the embedding table) are stored once; the model rebuilt from its config ties them again. A model with LoRA
-adapters (`attnkit.layers.lora`) keeps its base weights in `model.safetensors` and the adapters beside them in
-`adapters.safetensors`; reading the directory folds them into the weights unless asked not to.
+sharing the embedding table) are stored once; the model rebuilt from its config ties them again. `checksums.json`
+records the SHA-256 of every file beside it; reading a file checks it, so flipped bytes are refused by name rather
+than loaded. A training run's directory that cannot be read at its top level (a save interrupted before the top
+level took the new checkpoint, or a damaged file) is read from its newest intact `checkpoints/step_*` instead.
+A model with LoRA adapters (`attnkit.layers.lora`) keeps its base weights in `model.safetensors` and the adapters
+beside them in `adapters.safetensors`; reading the directory folds them into the weights unless asked not to.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
-from attnkit.errors import CheckpointError
+from attnkit.errors import CheckpointError, os_error_message
 from attnkit.layers.lora import adapter_alphas, adapter_tensors, merge_adapter_tensors
 from attnkit.models import build_model
 
@@ -29,36 +35,109 @@ WEIGHTS_FILE = "model.safetensors"
 ADAPTERS_FILE = "adapters.safetensors"  # LoRA adapters beside the base weights; metadata "alphas": {module: alpha}
 TOKENIZER_DIR = "tokenizer"  # a run's tokenizer, as `attnkit.tokenize` saves it
 LABELS_FILE = "labels.json"  # a classifier's class names: {"labels": [...]}
+CHECKSUMS_FILE = "checksums.json"  # {"sha256": {relative path: hex digest}} of the files beside it
+CHECKPOINTS_DIR = "checkpoints"  # a training run's checkpoints: checkpoints/step_XXXXXX (see attnkit.train.state)
+
+log = logging.getLogger(__name__)
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> None:
     """Write `data` to a temporary file beside `path`, then rename it over `path`: readers see old or new."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data.encode() if isinstance(data, str) else data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data.encode() if isinstance(data, str) else data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def save_tensors(tensors: dict[str, Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
     """Atomically write tensors as safetensors (contiguous CPU copies)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+class writing:
+    """Context manager: an OSError while writing `path` becomes a CheckpointError naming the path and the fix
+    (a full disk, a read-only or forbidden directory, a file where a directory should be); `note` is added."""
+
+    def __init__(self, path: str | Path, *, doing: str = "writing", note: str = "") -> None:
+        self.path, self.doing, self.note = Path(path), doing, note
+
+    def __enter__(self) -> writing:
+        return self
+
+    def __exit__(self, kind: type | None, err: BaseException | None, traceback: object) -> None:
+        if isinstance(err, OSError):
+            message = os_error_message(err, self.path, self.doing)
+        elif isinstance(err, CheckpointError) and getattr(err, "os_error", False) and self.note:
+            message = str(err)  # from a `writing` inside this one: the file named there, the note added here
+        else:
+            return
+        failure = CheckpointError(message + self.note)
+        failure.os_error = True
+        raise failure from None
+
+
+# Integrity ---------------------------------------------------------------------------------------------------
+def digest(path: str | Path) -> str:
+    """The SHA-256 of a file, as hex (about 0.6 s for 500 MB)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def write_checksums(directory: str | Path, digests: dict[str, str]) -> None:
+    """Record `digests` ({path relative to `directory`: sha256}) in `directory/checksums.json`."""
+    atomic_write(Path(directory) / CHECKSUMS_FILE, json.dumps({"sha256": digests}, indent=1, sort_keys=True) + "\n")
+
+
+def read_checksums(directory: str | Path) -> dict[str, str]:
+    """The digests recorded in `directory/checksums.json`; {} for a directory written before checksums."""
+    path = Path(directory) / CHECKSUMS_FILE
+    if not path.is_file():
+        return {}
     try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        digests = json.loads(path.read_text(encoding="utf-8"))["sha256"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise CheckpointError(f"{path} is damaged: it is not the JSON attnkit writes") from None
+    if not isinstance(digests, dict):
+        raise CheckpointError(f"{path} is damaged (no table of digests); the checkpoint cannot be trusted")
+    return digests
+
+
+def verify_files(directory: str | Path, names: Iterable[str] | None = None) -> None:
+    """Check the files `names` (default: every file listed) against `checksums.json`; files it does not list pass.
+
+    Raises CheckpointError naming the first file that is missing or whose bytes changed.
+    """
+    directory = Path(directory)
+    digests = read_checksums(directory)
+    for name in digests if names is None else names:
+        if name not in digests:
+            continue
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing, though {directory / CHECKSUMS_FILE} lists it")
+        if digest(path) != digests[name]:
+            raise CheckpointError(
+                f"{path} is damaged: its SHA-256 differs from the one recorded in {CHECKSUMS_FILE} when it was saved"
+            )
 
 
 def load_tensors(path: str | Path) -> dict[str, Tensor]:
@@ -125,7 +204,8 @@ def raise_mismatch(
 def save_model(
     model: nn.Module, config: ModelConfig, directory: str | Path, *, extra: dict[str, Any] | None = None
 ) -> None:
-    """Write `config.json` and `model.safetensors` into `directory`, each atomically."""
+    """Write `config.json`, `model.safetensors` (and `adapters.safetensors`) into `directory`, each atomically,
+    then `checksums.json` with their digests."""
     directory = Path(directory)
     adapters = adapter_tensors(model)
     base = {name: t for name, t in unique_state_dict(model).items() if name not in adapters}
@@ -135,13 +215,20 @@ def save_model(
         save_tensors(adapters, directory / ADAPTERS_FILE, metadata={"format": "pt", "alphas": alphas})
     payload = config.to_dict() if extra is None else {**config.to_dict(), **extra}
     atomic_write(directory / CONFIG_FILE, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    written = [WEIGHTS_FILE, CONFIG_FILE] + ([ADAPTERS_FILE] if adapters else [])
+    write_checksums(directory, {name: digest(directory / name) for name in written})
 
 
 def load_config(directory: str | Path) -> ModelConfig:
-    path = Path(directory) / CONFIG_FILE
-    if not path.is_file():
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"{directory} is a file; give a run directory (runs/NAME, holding {CONFIG_FILE})")
+    if not (directory / CONFIG_FILE).is_file():
         raise CheckpointError(f"{directory} has no {CONFIG_FILE}; is it a run directory (runs/NAME)?")
-    return ModelConfig.from_json(path)
+    try:
+        return ModelConfig.from_json(directory / CONFIG_FILE)
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{directory / CONFIG_FILE} is not UTF-8 text; the file is damaged") from None
 
 
 def load_model(
@@ -150,22 +237,84 @@ def load_model(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     merge_adapters: bool = True,
+    verify: bool = True,
 ) -> tuple[nn.Module, ModelConfig]:
     """Rebuild the model from `config.json` and load `model.safetensors` strictly. Returns (model, config).
 
     LoRA adapters saved beside the weights are folded into them, unless `merge_adapters=False` (the base alone:
-    a resumed LoRA run wraps it again and loads the adapters with `load_adapters`).
+    a resumed LoRA run wraps it again and loads the adapters with `load_adapters`). With `verify`, the files are
+    checked against `checksums.json` first. A run directory whose top level cannot be read falls back to its
+    newest intact checkpoint (see `load_run_model`, which also says which directory was read).
+    """
+    model, config, _ = load_run_model(
+        directory, device=device, dtype=dtype, merge_adapters=merge_adapters, verify=verify
+    )
+    return model, config
+
+
+def load_run_model(
+    directory: str | Path,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    merge_adapters: bool = True,
+    verify: bool = True,
+) -> tuple[nn.Module, ModelConfig, Path]:
+    """`load_model`, returning also the directory read: `directory` itself or, for a training run whose top level
+    is missing or damaged (a save interrupted before it was updated), its newest checkpoint that loads.
+
+    Raises the top level's CheckpointError when no checkpoint loads either.
     """
     directory = Path(directory)
+    try:
+        if checkpoint_dirs(directory):
+            _check_complete(directory)
+        return (*_load_model(directory, device, dtype, merge_adapters, verify), directory)
+    except CheckpointError as err:
+        for checkpoint in reversed(checkpoint_dirs(directory)):
+            try:
+                loaded = _load_model(checkpoint, device, dtype, merge_adapters, verify)
+            except CheckpointError as other:
+                log.warning("skipped %s: %s", checkpoint, other)
+                continue
+            log.warning("%s; read its newest intact checkpoint, %s, instead", err, checkpoint)
+            return (*loaded, checkpoint)
+        raise
+
+
+def _check_complete(run_dir: Path) -> None:
+    """A run's top level is a copy of a checkpoint with `checksums.json` copied last: without it, or without a file it
+    lists, the copy was cut short (or the run predates checksums) and the top level is not to be trusted."""
+    digests = read_checksums(run_dir)
+    missing = [name for name in digests if not (run_dir / name).is_file()]
+    if not digests or missing:
+        what = f"lacks {', '.join(missing[:3])}" if missing else f"has no {CHECKSUMS_FILE}"
+        raise CheckpointError(f"the top level of {run_dir} {what}: a save was cut short (or predates checksums)")
+
+
+def _load_model(directory: Path, device, dtype, merge_adapters: bool, verify: bool) -> tuple[nn.Module, ModelConfig]:
+    adapters = merge_adapters and (directory / ADAPTERS_FILE).is_file()
+    if verify:
+        verify_files(directory, [CONFIG_FILE, WEIGHTS_FILE] + ([ADAPTERS_FILE] if adapters else []))
     config = load_config(directory)
     tensors = load_tensors(directory / WEIGHTS_FILE)
-    if merge_adapters and (directory / ADAPTERS_FILE).is_file():
+    if adapters:
         tensors = _merge_adapters(tensors, directory / ADAPTERS_FILE)
     model = build_model(config)
     load_weights(model, tensors, source=str(directory / WEIGHTS_FILE))
     model.to(device=device, dtype=dtype)
     model.eval()
     return model, config
+
+
+def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
+    """A training run's complete checkpoints (`checkpoints/step_XXXXXX`), oldest first; [] for any other directory.
+    Hidden directories (saves in progress, checkpoints being removed) are not checkpoints."""
+    folder = Path(run_dir) / CHECKPOINTS_DIR
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
 
 
 def load_weights(model: nn.Module, tensors: dict[str, Tensor], *, source: str) -> None:

@@ -1,5 +1,7 @@
 """The errors attnkit raises on bad input: each names the problem and the fix."""
 
+import errno
+
 
 class AttnkitError(Exception):
     """Base class: every error attnkit raises on purpose derives from it."""
@@ -15,3 +17,24 @@ class InputError(AttnkitError, ValueError):
 
 class CheckpointError(AttnkitError, ValueError):
     """A checkpoint that is missing, corrupted or does not match the model it is loaded into."""
+
+
+_OS_ERROR_FIXES = {  # errno name -> (what happened, the fix)
+    "ENOSPC": ("the disk is full", "free some space, or write to another disk"),
+    "EDQUOT": ("the disk quota is used up", "free some space, or write to another disk"),
+    "EROFS": ("the file system is read-only", "choose a writable location"),
+    "EACCES": ("permission denied", "choose a location you may write to, or change its permissions"),
+    "EPERM": ("operation not permitted", "choose a location you may write to, or change its permissions"),
+    "EISDIR": ("it is a directory, where a file was expected", "give the path of a file"),
+    "ENOTDIR": ("part of the path is a file, where a directory was expected", "give a path under a directory"),
+    "ENAMETOOLONG": ("the name is too long", "choose a shorter path"),
+    "EEXIST": ("it already exists", "remove it or choose another path"),
+}
+
+
+def os_error_message(err: OSError, path: object, doing: str) -> str:
+    """One line for an OSError met while `doing` ("writing", "reading") `path`: what happened and the fix."""
+    name = errno.errorcode.get(err.errno or 0, "")
+    what, fix = _OS_ERROR_FIXES.get(name, (err.strerror or str(err), "check the path and try again"))
+    where = f" ({err.filename})" if err.filename not in (None, str(path)) else ""
+    return f"cannot finish {doing} {path}: {what}{where}; {fix}"

@@ -34,9 +34,21 @@ def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict") -
         ) from None
 
 
-def read_text(path: str | os.PathLike, *, errors: EncodingErrors = "strict") -> str:
-    """Read one UTF-8 text file; see `decode_bytes` for what is raised."""
+def special_file(path: str | os.PathLike) -> str | None:
+    """What `path` is when it exists but is neither a regular file nor a directory ("a FIFO", "a character device",
+    ...), else None. Reading such a file can block forever (a FIFO) or never end (/dev/zero)."""
     path = Path(path)
+    kinds = (("a FIFO", path.is_fifo), ("a character device", path.is_char_device),
+             ("a block device", path.is_block_device), ("a socket", path.is_socket))
+    return next((name for name, test in kinds if test()), None)
+
+
+def read_text(path: str | os.PathLike, *, errors: EncodingErrors = "strict") -> str:
+    """Read one UTF-8 text file; see `decode_bytes` for what is raised. A FIFO, device or socket is refused."""
+    path = Path(path)
+    kind = special_file(path)
+    if kind is not None:
+        raise InputError(f"{path} is {kind}, not a regular file; save the text to a file and give that path")
     try:
         data = path.read_bytes()
     except OSError as err:

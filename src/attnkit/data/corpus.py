@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from attnkit.errors import InputError
+from attnkit.textfiles import special_file
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,9 @@ def find_files(paths: Sequence[str | os.PathLike], *, suffixes: Sequence[str] | 
             matches = [p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path))]
         elif _GLOB_CHARS.intersection(text):
             matches = [Path(p) for p in glob.glob(os.path.expanduser(text), recursive=True) if Path(p).is_file()]
+        elif special_file(path) is not None:
+            raise InputError(f"data path {text} is {special_file(path)}, not a regular file; save the text to a file "
+                             f"and give that path")
         else:
             raise InputError(f"data path {text} does not exist")
         matches = sorted(p for p in matches if suffixes is None or p.suffix in suffixes)

@@ -11,9 +11,12 @@ import csv
 import dataclasses
 import io
 import json
+import logging
 import os
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -23,8 +26,13 @@ from attnkit.errors import InputError
 from attnkit.textfiles import EncodingErrors, read_text
 from attnkit.tokenize import Tokenizer, require_id
 
+log = logging.getLogger(__name__)
+
 TEXT_COLUMNS = ("text", "sentence", "review", "content")
 LABEL_COLUMNS = ("label", "labels", "class", "sentiment")
+BadLabels = Literal["error", "skip", "keep"]
+BAD_LABELS: tuple[str, ...] = ("error", "skip", "keep")
+ONE_OFF_EVIDENCE = 10  # a label on one line only is suspect once another label is on this many lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +96,23 @@ def read_labelled(
     text_column: str | None = None,
     label_column: str | None = None,
     encoding_errors: EncodingErrors = "strict",
+    bad_labels: BadLabels = "error",
 ) -> list[tuple[str, str]]:
     """(text, label) examples from a file.
 
     `.csv` and `.tsv` files need a header row naming a text and a label column (found by the usual names,
-    or given); any other file is read as `<label> <sentence>` lines (SST-2's layout). Raises `InputError`
-    naming the file and line for an empty text or a missing label, and for an empty file.
+    or given); any other file is read as `<label> <sentence>` lines (SST-2's layout: the first word, up to a space
+    or tab, is the label). Raises `InputError` naming the file and line for an empty text or label, and for an
+    empty file.
+
+    Lines whose label looks wrong are what a missing label or a stray space leaves behind, so they are not turned
+    silently into classes: a label holding whitespace, and a label found on that line only while another label
+    fills `ONE_OFF_EVIDENCE` lines or more (a line without its label gives its first word as the label).
+    `bad_labels="error"` (the default) raises naming the first such line and counting the others, "skip" leaves
+    them out with a warning that counts them, "keep" reads them as they are.
     """
+    if bad_labels not in BAD_LABELS:
+        raise InputError(f"bad_labels={bad_labels!r}: choose one of {', '.join(BAD_LABELS)}")
     text = read_text(path, errors=encoding_errors)
     suffix = Path(path).suffix.lower()
     if suffix in (".csv", ".tsv"):
@@ -112,19 +130,50 @@ def read_labelled(
     else:
         numbered = []
         for n, line in enumerate(text.split("\n"), start=1):
-            label, _, sentence = line.strip().partition(" ")
+            label, *rest = line.strip().split(maxsplit=1) or [""]
             if label:
-                numbered.append((n, sentence, label))
+                numbered.append((n, rest[0] if rest else "", label))
     examples = []
     for n, sentence, label in numbered:
         if not label.strip():
             raise InputError(f"{path}, line {n}: the label is empty")
         if not sentence.strip():
             raise InputError(f"{path}, line {n}: the text is empty (label {label.strip()!r})")
-        examples.append((sentence.strip(), label.strip()))
+        examples.append((n, sentence.strip(), label.strip()))
     if not examples:
         raise InputError(f"{path} holds no labelled examples")
-    return examples
+    suspects = _suspect_labels(examples) if bad_labels != "keep" else {}
+    if suspects and bad_labels == "error":
+        n, why = next(iter(suspects.items()))
+        more = list(suspects)[1:]
+        others = f"; {len(more)} more line(s) like it: {_lines(more)}" if more else ""
+        raise InputError(
+            f"{path}, line {n}: {why}{others}. Fix the file, or set bad_labels=skip to leave such lines out, or "
+            f"bad_labels=keep to read them as they are (attnkit train: --set bad_labels=skip)"
+        )
+    if suspects:
+        log.warning("%s: left out %d line(s) whose label looks wrong (bad_labels=skip): %s", path, len(suspects),
+                    _lines(list(suspects)))
+    return [(sentence, label) for n, sentence, label in examples if n not in suspects]
+
+
+def _suspect_labels(examples: list[tuple[int, str, str]]) -> dict[int, str]:
+    """{line: why} for the lines whose label holds whitespace or is a one-off among common labels."""
+    counts = Counter(label for _, _, label in examples)
+    common = counts.most_common(1)[0][1] >= ONE_OFF_EVIDENCE
+    suspects = {}
+    for n, _, label in examples:
+        if any(c.isspace() for c in label):
+            suspects[n] = f"the label {label!r} holds whitespace (a label is one word)"
+        elif common and counts[label] == 1:
+            suspects[n] = (f"the label {label!r} is on this line only, while others fill {ONE_OFF_EVIDENCE}+ lines: "
+                           f"is the line missing its label?")
+    return suspects
+
+
+def _lines(numbers: list[int]) -> str:
+    shown = ", ".join(map(str, numbers[:5]))
+    return shown + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
 
 
 class LabelledData(BucketedData[LabelledBatch]):

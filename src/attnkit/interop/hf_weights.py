@@ -59,8 +59,16 @@ def _read_shards(directory: Path, index_name: str, read) -> dict[str, Tensor]:
         weight_map = json.loads((directory / index_name).read_text())["weight_map"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise CheckpointError(f"{directory / index_name} is not a shard index with a 'weight_map': {err}") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{directory / index_name}: 'weight_map' must map tensor names to shard file names")
     tensors: dict[str, Tensor] = {}
     for shard in sorted(set(weight_map.values())):
+        # A plain file name beside the index; a symlink there is followed (the Hugging Face cache links to blobs)
+        if Path(shard).name != shard or shard in (".", "..") or "\\" in shard:
+            raise CheckpointError(
+                f"{directory / index_name} names shard {shard!r}, which is not a file of {directory}: shards must "
+                f"sit beside their index (a plain file name), so the index cannot make attnkit read other files"
+            )
         if not (directory / shard).is_file():
             raise CheckpointError(f"{directory / index_name} names shard {shard}, which is missing from {directory}")
         tensors.update(read(directory / shard))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import torch
 from attnkit.config import ModelConfig, check_types, model_field_names
 from attnkit.data import LabelledData, LabelVocab, LMData, PairData, make_task, synthetic_tokenizer
 from attnkit.data.corpus import find_files, resolve_files
-from attnkit.data.labelled import read_labelled
+from attnkit.data.labelled import BAD_LABELS, read_labelled
 from attnkit.data.pairs import read_parallel, read_tsv_pairs
 from attnkit.errors import CheckpointError, ConfigError, InputError
 from attnkit.models import build_model, count_parameters
@@ -49,12 +48,13 @@ from attnkit.train.finetune import (
     resume_lora,
     target_config,
 )
+from attnkit.train.memory import check_fits
+from attnkit.train.rundir import claim, existing_run, move_aside, release
 from attnkit.train.state import (
     BEST_DIR,
     CHECKPOINTS_DIR,
     config_differences,
-    find_checkpoint,
-    load_checkpoint,
+    resume_checkpoint,
     seed_all,
 )
 from attnkit.train.tasks import TASKS, ClassifyTask, LMTask, MLMTask, Task, TranslateTask, Translator, check_family
@@ -67,8 +67,6 @@ SYNTHETIC = "synthetic:"
 SYNTHETIC_SIZES = (20_000, 500)  # train, validation examples of a synthetic task
 STREAM_TASKS = ("lm", "mlm")  # tasks that read a token stream (text files), validated on its last val_fraction
 FINETUNE_SETTINGS = ("init_from", "freeze", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
-RUN_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "train_state.json", "task.json",
-             "labels.json", "metrics.jsonl", "tokenizer", "checkpoints", "best", "plots")
 
 # Small models that train in minutes on a laptop CPU, one per task (used when no --preset or --config is given).
 DEFAULT_MODELS: dict[str, dict[str, Any]] = {
@@ -108,11 +106,19 @@ class DataConfig:
     eval_batches: int = 50  # lm: validation batches per evaluation
     bleu_samples: int = 200  # translate: validation sentences translated for BLEU at each evaluation
     encoding_errors: EncodingErrors = "strict"  # strict: invalid UTF-8 is an error; replace: it becomes U+FFFD
+    bad_labels: str = field(default="error", metadata={"choices": BAD_LABELS})
+    """classify: lines whose label looks wrong (missing, holding a space): error | skip | keep"""
 
     def __post_init__(self) -> None:
         check_types(self)
         if self.task not in TASKS:
             raise ConfigError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.bad_labels not in BAD_LABELS:
+            raise ConfigError(f"bad_labels={self.bad_labels!r}: choose one of {', '.join(BAD_LABELS)}")
+        for name in ("vocab_size", "eval_batches", "bleu_samples", "max_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name}={value!r} must be a positive integer")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"val_fraction={self.val_fraction} must lie in (0, 1)")
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 2):
@@ -146,6 +152,7 @@ class TrainRequest:
     overwrite: bool = False
     device: str | None = None
     progress: bool | None = None
+    force: bool = False  # start even when the model looks too large for the memory free (train/memory.py)
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -170,7 +177,22 @@ def prepare(
     `translate` is the greedy decoder translation BLEU needs (the caller passes `attnkit.generate`'s); `load_hf`
     reads a Hugging Face directory for `init_from` (the caller passes `attnkit.interop.hf.load`).
     Raises ConfigError / InputError / CheckpointError naming what is wrong and how to fix it.
+
+    This process owns `request.out` from here until the Trainer's `fit` ends (`rundir.claim`; rank 0 only); with
+    `overwrite`, the old run is moved aside only once everything is checked, and deleted at the first checkpoint.
     """
+    writes = World.from_env().rank == 0
+    if writes:
+        claim(request.out)
+    try:
+        return _prepare(request, translate=translate, load_hf=load_hf)
+    except BaseException:
+        if writes:
+            release(request.out)  # puts back a run moved aside, and removes an `out` made for nothing
+        raise
+
+
+def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HFLoader | None) -> Trainer:
     model_changes, data_changes, train_changes = _split_overrides(request.overrides)
     data_changes = {**request.data, **data_changes}
     train_changes = {**request.settings, **train_changes}
@@ -203,6 +225,7 @@ def prepare(
                               lm_files)
     config = _fit_config(config, tokenizer, labels, data_config, keep_vocab=source is not None)
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
+    check_fits(count_parameters(config), settings.dtype, device, force=request.force)
     seed_all(settings.seed)  # the weights do not depend on how much randomness data preparation used
     model = build_model(config)
     run_info: dict[str, Any] = {"data_config": data_config.to_dict()}
@@ -212,6 +235,8 @@ def prepare(
                          lora_targets=settings.lora_targets, lora_dropout=settings.lora_dropout,
                          fresh=tuple(report.fresh))
         run_info["init_from"] = {**source.describe(), **report.to_dict()}
+    if world.rank == 0 and request.overwrite:
+        move_aside(out)  # everything is checked: the new run is about to write
     return Trainer(
         model=model, config=config, task=task, settings=settings, run_dir=out, tokenizer=tokenizer, labels=labels,
         device=device, run_info=run_info, progress=request.progress, parallel=parallel,
@@ -243,7 +268,7 @@ def _global_batch(settings: TrainConfig, parallel: SingleProcess) -> TrainConfig
 
 
 def _resume(request, source: Path, model_changes, data_changes, train_changes, device, translate) -> Trainer:
-    checkpoint = load_checkpoint(find_checkpoint(source), device=device)
+    checkpoint = resume_checkpoint(source, device=device)
     state = checkpoint.train_state
     saved_data = DataConfig.from_dict(state["data_config"])
     problems = []
@@ -294,6 +319,8 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
                                 targets=settings.lora_targets, dropout=settings.lora_dropout, fresh=fresh)
         else:
             prepare_training(model, freeze=settings.freeze, fresh=fresh)
+    if world.rank == 0 and request.overwrite and out.resolve() != _run_of(checkpoint.path).resolve():
+        move_aside(out)
     trainer = Trainer(
         model=model, config=checkpoint.config, task=task, settings=settings, run_dir=out,
         tokenizer=checkpoint.tokenizer, labels=labels, device=device, run_info=run_info, progress=request.progress,
@@ -466,9 +493,10 @@ def _labelled(data: DataConfig, seed: int) -> tuple[list[tuple[str, str]], list[
         return make_task(name, n_train, seed).labelled(), make_task(name, n_val, seed + 1).labelled()
     if len(data.data) != 1:
         raise InputError("--task classify needs --data FILE (a '<label> <text>' file, or CSV/TSV with a header)")
-    train = read_labelled(data.data[0], encoding_errors=data.encoding_errors)
+    read = dict(encoding_errors=data.encoding_errors, bad_labels=data.bad_labels)
+    train = read_labelled(data.data[0], **read)
     if data.val_data:
-        val = [e for path in data.val_data for e in read_labelled(path, encoding_errors=data.encoding_errors)]
+        val = [e for path in data.val_data for e in read_labelled(path, **read)]
         return train, val
     return _split(train, data.val_fraction, seed)
 
@@ -502,6 +530,9 @@ def _make_task(
         ), None
     train, val = _labelled(data, settings.seed)
     vocab = LabelVocab.from_labels(label for _, label in train)
+    if len(vocab) < 2:
+        raise InputError(f"the training data ({', '.join(data.data)}) holds one class only, {vocab.labels[0]!r}: a "
+                         f"classifier needs examples of two classes or more")
     return ClassifyTask(
         LabelledData.from_examples(train, tokenizer, label_vocab=vocab, max_len=seq_len, **batch),
         LabelledData.from_examples(val, tokenizer, label_vocab=vocab, max_len=seq_len, **batch),
@@ -527,15 +558,11 @@ def _run_of(checkpoint: Path) -> Path:
 
 
 def _claim_run_dir(out: Path, *, overwrite: bool) -> None:
-    """Refuse to start in a directory holding another run, unless `overwrite` (which clears the run's files and
-    keeps `cache/`)."""
-    existing = [name for name in RUN_FILES if (out / name).exists()]
+    """Refuse to start in a directory holding another run, unless `overwrite` (the run is then moved aside, not
+    deleted, when the new one is about to write: `rundir.move_aside`)."""
+    existing = existing_run(out)
     if existing and not overwrite:
         raise ConfigError(
             f"{out} already holds a run ({', '.join(existing[:4])}, ...): pass --resume to continue it, "
             f"--overwrite to replace it, or choose another --out"
         )
-    for name in existing:
-        path = out / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    out.mkdir(parents=True, exist_ok=True)

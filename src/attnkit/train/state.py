@@ -9,17 +9,23 @@
         best/                                    the checkpoint with the best validation score
 
 A checkpoint is written whole into a hidden temporary directory and renamed into `checkpoints/` (a rename is
-atomic), so a checkpoint directory is either complete or absent. The top level and `best/` then take hard links
-to its files, each swapped in by rename, `train_state.json` last; nothing is ever modified in place, so a link
-never sees a later write. Tensors are safetensors, everything else JSON: loading runs no code.
+atomic), so a checkpoint directory is either complete or absent. Its `checksums.json` holds the SHA-256 of every
+other file; loading checks them, and a resumed run skips (and names) damaged checkpoints for the newest intact one.
+The top level and `best/` then take copies of its files (reflinks where the file system shares blocks
+copy-on-write), each swapped in by rename, `checksums.json` last: they share no storage with the checkpoint, so
+one file damaged in place never reaches two copies. A save (or a run) first cleans what an interrupted one left:
+hidden `.*.tmp` files and directories are removed, and a `.best.old` whose `best/` is missing is put back.
+Tensors are safetensors, everything else JSON: loading runs no code.
 
-Public API: `save_checkpoint`, `find_checkpoint`, `load_checkpoint`, `read_task`, `optimizer_tensors`,
-`load_optimizer_tensors`, `seed_all`, `capture_rng`, `restore_rng`, `config_differences`.
+Public API: `save_checkpoint`, `find_checkpoint`, `load_checkpoint`, `resume_checkpoint`, `read_task`,
+`optimizer_tensors`, `load_optimizer_tensors`, `seed_all`, `capture_rng`, `restore_rng`, `config_differences`,
+`clean_leftovers`, `remove_checkpoints_after`.
 """
 
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import logging
 import os
@@ -34,25 +40,37 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.checkpoint import (
+    ADAPTERS_FILE,
+    CHECKPOINTS_DIR,
+    CHECKSUMS_FILE,
+    CONFIG_FILE,
     LABELS_FILE,
     TOKENIZER_DIR,
+    WEIGHTS_FILE,
     atomic_write,
-    load_model,
+    digest,
+    load_run_model,
     load_tensors,
+    read_checksums,
     save_model,
     save_tensors,
+    verify_files,
+    write_checksums,
+    writing,
 )
+from attnkit.checkpoint import checkpoint_dirs as checkpoints
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError
 from attnkit.tokenize import Tokenizer, load_tokenizer
+from attnkit.train.rundir import drop_replaced
 
 log = logging.getLogger(__name__)
 
 TRAIN_STATE_FILE = "train_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
 TASK_FILE = "task.json"
-CHECKPOINTS_DIR = "checkpoints"
 BEST_DIR = "best"
+LEFTOVER_SUFFIXES = (".tmp", ".del")  # hidden files and directories of interrupted saves and removals
 STATE_FORMAT = 1
 
 
@@ -97,31 +115,38 @@ def save_checkpoint(
     if keep < 1:
         raise CheckpointError(f"keep={keep}: at least the latest checkpoint must be kept")
     run_dir = Path(run_dir)
+    clean_leftovers(run_dir)
     final = run_dir / CHECKPOINTS_DIR / checkpoint_name(int(train_state["step"]))
     tmp = final.with_name(f".{final.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_model(model, config, tmp)
-    save_tensors(optimizer_tensors(optimizer), tmp / OPTIMIZER_FILE, metadata={"step": str(train_state["step"])})
-    tokenizer.save(tmp / TOKENIZER_DIR)
-    atomic_write(tmp / TASK_FILE, _json(task))
-    if labels is not None:
-        atomic_write(tmp / LABELS_FILE, _json({"labels": labels}))
-    atomic_write(tmp / TRAIN_STATE_FILE, _json({"format": STATE_FORMAT, **train_state}))
-    _replace_dir(tmp, final)
-    _mirror(final, run_dir)
-    if best:
-        _mirror_dir(final, run_dir / BEST_DIR)
+    kept = "; the checkpoints already saved are intact"
+    try:
+        with writing(run_dir, doing=f"saving checkpoint {final.name} in", note=kept):
+            save_model(model, config, tmp)
+            step = str(train_state["step"])
+            save_tensors(optimizer_tensors(optimizer), tmp / OPTIMIZER_FILE, metadata={"step": step})
+            tokenizer.save(tmp / TOKENIZER_DIR)
+            atomic_write(tmp / TASK_FILE, _json(task))
+            if labels is not None:
+                atomic_write(tmp / LABELS_FILE, _json({"labels": labels}))
+            atomic_write(tmp / TRAIN_STATE_FILE, _json({"format": STATE_FORMAT, **train_state}))
+            digests = read_checksums(tmp)  # the model's files, hashed as save_model wrote them
+            for path in sorted(tmp.rglob("*")):
+                name = path.relative_to(tmp).as_posix()
+                if path.is_file() and name != CHECKSUMS_FILE and name not in digests:
+                    digests[name] = digest(path)
+            write_checksums(tmp, digests)
+            _replace_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    with writing(run_dir, doing=f"copying checkpoint {final.name} to the top of", note=kept):
+        _mirror(final, run_dir)
+        if best:
+            _mirror_dir(final, run_dir / BEST_DIR)
     _prune(run_dir / CHECKPOINTS_DIR, keep)
+    drop_replaced(run_dir)  # a run that --overwrite moved aside: this run now has a checkpoint of its own
     return final
-
-
-def checkpoints(run_dir: str | Path) -> list[Path]:
-    """The run's complete checkpoints, oldest first."""
-    folder = Path(run_dir) / CHECKPOINTS_DIR
-    if not folder.is_dir():
-        return []
-    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[5:]))
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -146,9 +171,13 @@ def read_task(directory: str | Path) -> dict[str, Any]:
 
 
 def load_checkpoint(path: str | Path, *, device: torch.device | str | None = None) -> Checkpoint:
-    """Load a checkpoint directory (see `find_checkpoint`) with its model on `device`, in float32."""
-    path = Path(path)
-    model, config = load_model(path, device=device)
+    """Load a checkpoint directory (see `find_checkpoint`) with its model on `device`, in float32, after checking
+    every file against its `checksums.json`. A run directory whose top level is damaged or incomplete is read from
+    its newest intact checkpoint (`checkpoint.load_run_model`). Raises CheckpointError naming a damaged file.
+    """
+    model, config, path = load_run_model(path, device=device)
+    model_files = (CONFIG_FILE, WEIGHTS_FILE, ADAPTERS_FILE)  # checked by load_run_model
+    verify_files(path, [name for name in read_checksums(path) if name not in model_files])
     model.train()
     labels_path = path / LABELS_FILE
     state = _read_json(path / TRAIN_STATE_FILE)
@@ -163,6 +192,28 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
         labels=_read_json(labels_path)["labels"] if labels_path.is_file() else None,
         train_state=state,
         optimizer=load_tensors(path / OPTIMIZER_FILE),
+    )
+
+
+def resume_checkpoint(path: str | Path, *, device: torch.device | str | None = None) -> Checkpoint:
+    """The checkpoint a resumed run continues from. For a run directory: its newest checkpoint that loads intact,
+    each newer one skipped with a warning naming what is wrong; for a checkpoint directory (`runs/NAME/best`,
+    `.../checkpoints/step_000200`): that one, refused when damaged. Raises CheckpointError when none is intact.
+    """
+    path = Path(path)
+    found = checkpoints(path)
+    if not found:
+        return load_checkpoint(find_checkpoint(path), device=device)
+    problems = []
+    for candidate in reversed(found):
+        try:
+            return load_checkpoint(candidate, device=device)
+        except CheckpointError as err:
+            log.warning("skipping %s, which cannot be resumed: %s", candidate, err)
+            problems.append(str(err))
+    raise CheckpointError(
+        f"no checkpoint of {path} is intact:\n  " + "\n  ".join(problems)
+        + "\nStart a new run (--overwrite replaces this one, or choose another --out)"
     )
 
 
@@ -266,30 +317,48 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not valid JSON ({err}); the file is damaged") from None
 
 
-def _link(src: Path, dst: Path) -> None:
-    """Make `dst` the same file as `src` (a hard link, or a copy where links are impossible), atomically."""
+FICLONE = 0x40049409  # Linux ioctl: the copy shares blocks copy-on-write (Btrfs, XFS), so a write never reaches both
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """Make `dst` a copy of `src` that shares no storage with it (a reflink where possible), swapped in by rename."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copy2(src, tmp)
-    os.replace(tmp, dst)
+        with open(src, "rb") as source, open(tmp, "wb") as target:
+            try:
+                fcntl.ioctl(target.fileno(), FICLONE, source.fileno())
+                cloned = True
+            except OSError:  # ext4, tmpfs, another file system or OS: copy the bytes
+                cloned = False
+        if not cloned:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _mirror(checkpoint: Path, target: Path) -> None:
-    """Point `target`'s copies of the checkpoint's files at the checkpoint; train_state.json last."""
+    """Make `target`'s copies of the checkpoint's files; `checksums.json` last, so a reader never trusts a mix.
+    Files the previous copy had and this checkpoint lacks (labels.json, adapters) are removed."""
+    try:
+        previous = set(read_checksums(target))
+    except CheckpointError:
+        previous = set()
     files = sorted(p.relative_to(checkpoint) for p in checkpoint.rglob("*") if p.is_file())
-    files.sort(key=lambda p: p.name == TRAIN_STATE_FILE)
-    for relative in files:
-        _link(checkpoint / relative, target / relative)
+    files.sort(key=lambda p: p.name == CHECKSUMS_FILE)
+    for stale in previous - {p.as_posix() for p in files}:
+        (target / stale).unlink(missing_ok=True)
     if not (checkpoint / LABELS_FILE).exists():
         (target / LABELS_FILE).unlink(missing_ok=True)
+    for relative in files:
+        _copy(checkpoint / relative, target / relative)
 
 
 def _mirror_dir(checkpoint: Path, target: Path) -> None:
-    """Make directory `target` a copy (by links) of `checkpoint`, swapped in by rename."""
+    """Make directory `target` a copy of `checkpoint`, swapped in by rename."""
     tmp = target.with_name(f".{target.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     _mirror(checkpoint, tmp)
@@ -297,7 +366,8 @@ def _mirror_dir(checkpoint: Path, target: Path) -> None:
 
 
 def _replace_dir(new: Path, target: Path) -> None:
-    """Rename `new` to `target`; an existing `target` is moved aside first and deleted after."""
+    """Rename `new` to `target`; an existing `target` is moved aside first (to `.NAME.old`, which
+    `clean_leftovers` puts back if a kill comes before `new` is in place) and deleted after."""
     old = target.with_name(f".{target.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if target.exists():
@@ -306,15 +376,63 @@ def _replace_dir(new: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def clean_leftovers(run_dir: str | Path) -> None:
+    """Undo or finish what an interrupted save or removal left in a run directory: a `.NAME.old` directory whose
+    `NAME` is missing is renamed back; hidden `.tmp` and `.del` files and directories are deleted."""
+    run_dir = Path(run_dir)
+    folders = [run_dir, run_dir / CHECKPOINTS_DIR, run_dir / TOKENIZER_DIR, run_dir / BEST_DIR,
+               run_dir / BEST_DIR / TOKENIZER_DIR, run_dir / "plots"]
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for path in list(folder.iterdir()):
+            if not path.name.startswith("."):
+                continue
+            if path.name.endswith(".old"):
+                original = path.with_name(path.name[1:-4])
+                if not original.exists():
+                    os.replace(path, original)
+                    log.warning("put back %s, which an interrupted save had moved aside", original)
+                    continue
+            elif not path.name.endswith(LEFTOVER_SUFFIXES):
+                continue
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+            log.debug("removed %s, left by an interrupted save", path)
+
+
 def _prune(folder: Path, keep: int) -> None:
     for stale in checkpoints(folder.parent)[:-keep]:
-        shutil.rmtree(stale, ignore_errors=True)
+        _remove_dir(stale)
         log.debug("removed old checkpoint %s", stale)
 
 
+def _remove_dir(path: Path) -> None:
+    """Delete a directory so that no kill leaves it half-deleted under its name: rename it hidden, then delete."""
+    hidden = path.with_name(f".{path.name}.del")
+    os.replace(path, hidden)
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
 def remove_checkpoints_after(run_dir: str | Path, step: int) -> list[Path]:
-    """Delete the run's checkpoints newer than `step` (a run resumed from an earlier checkpoint forks there)."""
-    removed = [p for p in checkpoints(run_dir) if int(p.name[5:]) > step]
-    for path in removed:
-        shutil.rmtree(path)
-    return removed
+    """Delete the run's checkpoints newer than `step` (a run resumed from an earlier checkpoint forks there), and
+    `best/` when it is one of them; the top level then holds the newest checkpoint left. A kill at any moment
+    leaves whole checkpoints only: each is renamed hidden (newest first) before it is deleted. Returns the removed.
+    """
+    run_dir = Path(run_dir)
+    later = [p for p in checkpoints(run_dir) if int(p.name[5:]) > step]
+    doomed = []
+    for path in reversed(later):
+        doomed.append(path.with_name(f".{path.name}.del"))
+        os.replace(path, doomed[-1])
+    best = run_dir / BEST_DIR
+    if later and (best / TRAIN_STATE_FILE).is_file() and _read_json(best / TRAIN_STATE_FILE).get("step", 0) > step:
+        doomed.append(run_dir / f".{BEST_DIR}.del")
+        os.replace(best, doomed[-1])
+        log.warning("removed %s: its checkpoint came after step %d", best, step)
+    left = checkpoints(run_dir)
+    if later and left:
+        with writing(run_dir):
+            _mirror(left[-1], run_dir)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return later

@@ -45,6 +45,7 @@ from attnkit.train.metrics import METRICS_FILE, MetricsLog
 from attnkit.train.optim import SCHEDULES, Schedule, lr_factor, make_optimizer
 from attnkit.train.plots import plot_losses
 from attnkit.train.precision import TrainDType, check_dtype
+from attnkit.train.rundir import owning
 from attnkit.train.state import (
     CHECKPOINTS_DIR,
     Checkpoint,
@@ -269,7 +270,8 @@ class Trainer:
         s = self.settings
         session_start, elapsed_before, tokens_before = time.perf_counter(), self.elapsed, self.tokens_seen
         self.train_model.train()
-        with _StopOnSignal() as stop, logging_redirect_tqdm(), _progress_bar(self, enabled=self.progress) as bar:
+        owner = owning(self.run_dir) if self.parallel.writes else nullcontext()  # one process per run directory
+        with owner, _StopOnSignal() as stop, logging_redirect_tqdm(), _progress_bar(self, enabled=self.progress) as bar:
             meter = _Meter(self.step, self.tokens_seen)
             reason = None
             try:

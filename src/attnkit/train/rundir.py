@@ -1,0 +1,156 @@
+"""Who owns a run directory, and replacing a run without losing it.
+
+One process owns a run directory at a time. `claim(out)` takes an exclusive `flock` on `out/.lock` and writes the
+owner (pid, host, start time) into it for the message a second process gets; the kernel drops the lock when its
+process ends, however it ends, so a killed run never leaves a stale lock behind (the file stays, unlocked). A
+process may claim a directory it already owns (one process preparing several trainers in turn); `release` (at the
+end of `Trainer.fit`) gives it up.
+
+`--overwrite` deletes nothing before the new run has written a checkpoint of its own:
+
+    out/config.json, checkpoints/, ...   --move_aside-->  out/.replaced-<time>-<pid>/config.json, checkpoints/, ...
+    the new run saves its first checkpoint  -->  drop_replaced: the old run is deleted
+    the new run fails or is killed first    -->  release (or the next claim): the new run's files are removed and
+                                                 the old run is moved back
+
+The old run stays inside `out`: nothing is written outside the directory the user named, and a rename within one
+file system is atomic and instant whatever the run's size. `cache/` (tokenized data) is shared, never moved.
+Locks rely on flock(2): local file systems and NFS (Linux emulates flock with byte-range locks there).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from attnkit.checkpoint import checkpoint_dirs
+from attnkit.errors import ConfigError, os_error_message
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+REPLACED_PREFIX = ".replaced-"
+RUN_FILES = ("config.json", "model.safetensors", "adapters.safetensors", "optimizer.safetensors", "train_state.json",
+             "checksums.json", "task.json", "labels.json", "metrics.jsonl", "tokenizer", "checkpoints", "best", "plots")
+
+_held: dict[Path, tuple[int, bool]] = {}  # this process's claims: run directory -> (lock file descriptor, created)
+
+
+def claim(out: str | Path) -> None:
+    """Make this process the owner of run directory `out` (created when missing) until `release`.
+
+    Raises ConfigError when another process owns it (naming that process), or when `out` cannot be a writable
+    directory (naming why). A run that an interrupted `--overwrite` had moved aside is put back or dropped.
+    """
+    out = Path(out)
+    key = out.resolve()
+    if key in _held:
+        return
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; a run is a directory: choose another --out")
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise ConfigError(os_error_message(err, out, "creating run directory") + " (or choose another --out)") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        owner = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "a process that has not yet said who"
+        os.close(fd)
+        raise ConfigError(
+            f"{out} is in use by another attnkit process ({owner}); wait for it to finish or stop it, "
+            f"or choose another --out"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(),
+              0)
+    _held[key] = (fd, created)
+    _settle_replaced(out)
+
+
+def release(out: str | Path) -> None:
+    """Give up `out` (nothing when this process does not own it). A run moved aside by `--overwrite` comes back
+    when the new run has no checkpoint; a directory `claim` created and nothing else used is removed."""
+    out = Path(out)
+    held = _held.pop(out.resolve(), None)
+    if held is None:
+        return
+    fd, created = held
+    try:
+        _settle_replaced(out)
+        if created and {p.name for p in out.iterdir()} <= {LOCK_FILE}:
+            (out / LOCK_FILE).unlink()
+            out.rmdir()
+    finally:
+        os.close(fd)
+
+
+class owning:
+    """Context manager: `claim(out)` on entry, `release(out)` on exit."""
+
+    def __init__(self, out: str | Path) -> None:
+        self.out = Path(out)
+
+    def __enter__(self) -> owning:
+        claim(self.out)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        release(self.out)
+
+
+def existing_run(out: str | Path) -> list[str]:
+    """The names of a run's files that `out` holds (empty: no run there)."""
+    return [name for name in RUN_FILES if (Path(out) / name).exists()]
+
+
+def move_aside(out: str | Path) -> Path | None:
+    """Move the run in `out` into `out/.replaced-<time>-<pid>/` (see the module docstring). Returns that folder,
+    or None when `out` holds no run."""
+    out = Path(out)
+    names = existing_run(out)
+    if not names:
+        return None
+    aside = out / f"{REPLACED_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    aside.mkdir()
+    for name in names:
+        os.replace(out / name, aside / name)
+    log.warning("--overwrite: the previous run in %s is kept in %s until the new run saves its first checkpoint",
+                out, aside.name)
+    return aside
+
+
+def drop_replaced(out: str | Path) -> None:
+    """Delete runs that `--overwrite` moved aside (the new run in `out` has saved a checkpoint)."""
+    for aside in Path(out).glob(f"{REPLACED_PREFIX}*"):
+        shutil.rmtree(aside, ignore_errors=True)
+        log.info("deleted the run that --overwrite replaced (%s): the new run has a checkpoint", aside.name)
+
+
+def _settle_replaced(out: Path) -> None:
+    """When a claim begins or ends: a run moved aside is dropped if the run that replaced it has a checkpoint, else
+    put back (the new run's files are removed)."""
+    asides = sorted(out.glob(f"{REPLACED_PREFIX}*"))
+    if not asides:
+        return
+    if checkpoint_dirs(out):
+        drop_replaced(out)
+        return
+    for name in existing_run(out):
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for aside in asides[-1:]:  # the newest: an older one could only be left by a run killed while putting back
+        for path in aside.iterdir():
+            os.replace(path, out / path.name)
+        aside.rmdir()
+        log.warning("put back the previous run in %s: the run that was to replace it ended before its first "
+                    "checkpoint", out)
+    for aside in asides[:-1]:
+        shutil.rmtree(aside, ignore_errors=True)
