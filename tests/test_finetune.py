@@ -288,3 +288,25 @@ def test_a_hugging_face_directory_needs_its_reader(texts, tmp_path):
     with pytest.raises(ConfigError, match="Hugging Face directory"):
         prepare(finetune(tmp_path / "run", texts, tmp_path / "bert"))
 
+
+def test_pretrain_finetune_and_eval_from_the_command_line(texts, tmp_path, capsys):
+    from attnkit.cli import main
+
+    common = ["--max-steps", "2", "--eval-every", "2", "--batch-size", "4", "--no-progress", "--set", "eval_batches=1"]
+    tiny = [arg for pair in zip(["--set"] * len(TINY), TINY, strict=True) for arg in pair]
+    assert main(["train", "--task", "mlm", "--data", str(texts / "corpus.txt"), "--tokenizer", "char",
+                 "--out", str(tmp_path / "mlm"), *tiny, *common]) == 0
+    assert main(["train", "--task", "classify", "--data", str(texts / "train.txt"), "--val-data",
+                 str(texts / "dev.txt"), "--init-from", str(tmp_path / "mlm"), "--lora-rank", "2", "--lora-targets",
+                 "q_proj", "o_proj", "--out", str(tmp_path / "cls"), *common]) == 0
+    state = train_state(tmp_path / "cls")
+    assert state["settings"]["lora_targets"] == ["q_proj", "o_proj"] and "classifier" in state["init_from"]["fresh"]
+    assert state["init_from"]["path"] == str((tmp_path / "mlm").resolve())
+    assert (tmp_path / "cls" / ADAPTERS_FILE).is_file()
+    capsys.readouterr()
+    assert main(["eval", "--run", str(tmp_path / "cls"), "--data", str(texts / "dev.txt"), "--no-progress"]) == 0
+    assert "macro_f1" in capsys.readouterr().out
+    assert main(["train", "--task", "classify", "--data", str(texts / "train.txt"), "--init-from",
+                 str(tmp_path / "mlm"), "--lora-rank", "2", "--lora-targets", "query", "--out",
+                 str(tmp_path / "bad"), *common]) == 2
+    assert "'query' matches no linear module" in capsys.readouterr().err
