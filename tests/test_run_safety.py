@@ -399,3 +399,20 @@ def test_non_utf8_standard_input_and_zero_batch_sizes_are_one_line(tmp_path):
     prepare(request(tmp_path / "cls", task="classify", data="synthetic:ab")).fit()
     with pytest.raises(InputError, match="batch_size=0 must be a positive integer"):
         attnkit.load(tmp_path / "cls", device="cpu").classify(["ab"], batch_size=0)
+
+
+def test_a_symbolic_link_loop_as_data_is_one_line(tmp_path, capsys):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    err = cli_error(capsys, "train", "--data", str(tmp_path / "a"), "--out", str(tmp_path / "run"), *TRAIN)
+    assert "is a symbolic link that loops back on itself" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_falls_back_to_the_top_level_copy_when_every_checkpoint_is_damaged(tmp_path):
+    trained_run(tmp_path)
+    flip_byte(tmp_path / "checkpoints" / "step_000002" / "optimizer.safetensors")
+    assert state.resume_checkpoint(tmp_path).path == tmp_path
+    flip_byte(tmp_path / "optimizer.safetensors")
+    with pytest.raises(CheckpointError, match="no checkpoint of .* is intact"):
+        state.resume_checkpoint(tmp_path)

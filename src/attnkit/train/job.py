@@ -544,10 +544,17 @@ def _absolute_paths(data_changes: dict[str, Any]) -> dict[str, Any]:
     out = dict(data_changes)
     for key in ("data", "val_data"):
         if key in out:
-            out[key] = tuple(p if str(p).startswith(SYNTHETIC) else str(Path(p).resolve()) for p in out[key])
+            out[key] = tuple(p if str(p).startswith(SYNTHETIC) else _resolve(p) for p in out[key])
     if out.get("tokenizer") not in (None, "char", "bpe"):
-        out["tokenizer"] = str(Path(out["tokenizer"]).resolve())
+        out["tokenizer"] = _resolve(out["tokenizer"])
     return out
+
+
+def _resolve(path: str) -> str:
+    try:
+        return str(Path(path).resolve())
+    except RuntimeError:  # pathlib's word for a symbolic link that leads back to itself
+        raise InputError(f"{path} is a symbolic link that loops back on itself; give the path of a file") from None
 
 
 def _run_of(checkpoint: Path) -> Path:

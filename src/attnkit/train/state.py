@@ -196,16 +196,18 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
 
 
 def resume_checkpoint(path: str | Path, *, device: torch.device | str | None = None) -> Checkpoint:
-    """The checkpoint a resumed run continues from. For a run directory: its newest checkpoint that loads intact,
-    each newer one skipped with a warning naming what is wrong; for a checkpoint directory (`runs/NAME/best`,
-    `.../checkpoints/step_000200`): that one, refused when damaged. Raises CheckpointError when none is intact.
+    """The checkpoint a resumed run continues from. For a run directory: its newest checkpoint that loads intact
+    (the top level's copy last), each one skipped with a warning naming what is wrong; for a checkpoint directory
+    (`runs/NAME/best`, `.../checkpoints/step_000200`): that one, refused when damaged. Raises CheckpointError when
+    none is intact.
     """
     path = Path(path)
     found = checkpoints(path)
     if not found:
         return load_checkpoint(find_checkpoint(path), device=device)
     problems = []
-    for candidate in reversed(found):
+    top = [path] if (path / TRAIN_STATE_FILE).is_file() else []  # the top level: a copy of the newest, checked too
+    for candidate in [*reversed(found), *top]:
         try:
             return load_checkpoint(candidate, device=device)
         except CheckpointError as err:
