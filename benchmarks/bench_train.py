@@ -65,11 +65,12 @@ def need(path: Path) -> Path:
 
 
 def train(name: str, *, task: str, model: list[str], data: dict[str, Any], settings: dict[str, Any],
-          translate=None, load_hf=None) -> tuple[Any, Any, dict[str, Any]]:
-    """Run one training job in a fresh runs/bench-NAME; returns (trainer, result, a summary row)."""
+          translate=None, load_hf=None, preset: str | None = None) -> tuple[Any, Any, dict[str, Any]]:
+    """Run one training job in a fresh runs/bench-NAME (from `preset`, else the task's default model, with the
+    `model` overrides on top); returns (trainer, result, a summary row)."""
     out = RUNS / f"bench-{name}"
-    request = TrainRequest(out=str(out), task=task, overrides=model, data=data, settings=settings, overwrite=True,
-                           progress=False)
+    request = TrainRequest(out=str(out), task=task, preset=preset, overrides=model, data=data, settings=settings,
+                           overwrite=True, progress=False)
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     trainer = prepare(request, translate=translate, load_hf=load_hf)

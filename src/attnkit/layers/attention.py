@@ -37,7 +37,15 @@ class DotScore(nn.Module):
         self.scale = scale
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        return torch.matmul(q, k.transpose(-2, -1)) * self.scale  # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
+        return self.from_keys(q, self.project_keys(k))
+
+    def project_keys(self, k: Tensor) -> Tensor:
+        """The keys' side of the score, which depends on the keys alone (nothing to project here)."""
+        return k
+
+    def from_keys(self, q: Tensor, keys: Tensor) -> Tensor:
+        """Scores from `project_keys(k)`: q (B, H, T, D), keys (B, H, S, D) -> (B, H, T, S)."""
+        return torch.matmul(q, keys.transpose(-2, -1)) * self.scale  # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
 
     def per_query(self, q: Tensor, keys: Tensor) -> Tensor:
         """Each query t against its own keys: q (B, H, T, D), keys (T, S, D) -> (B, H, T, S)."""
@@ -53,7 +61,16 @@ class BilinearScore(nn.Module):
         self.weight = nn.Linear(key_dim or head_dim, head_dim, bias=False)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        return torch.matmul(q, self.weight(k).transpose(-2, -1))  # (B, H, T, S)
+        return self.from_keys(q, self.project_keys(k))
+
+    def project_keys(self, k: Tensor) -> Tensor:
+        """W k: (B, H, S, Dk) -> (B, H, S, D), computed once when many queries meet the same keys (a recurrent
+        decoder's steps)."""
+        return self.weight(k)
+
+    def from_keys(self, q: Tensor, keys: Tensor) -> Tensor:
+        """Scores from `project_keys(k)`: q (B, H, T, D), keys (B, H, S, D) -> (B, H, T, S)."""
+        return torch.matmul(q, keys.transpose(-2, -1))  # (B, H, T, S)
 
     def per_query(self, q: Tensor, keys: Tensor) -> Tensor:
         """Each query t against its own keys: q (B, H, T, D), keys (T, S, Dk) -> (B, H, T, S)."""
@@ -71,7 +88,16 @@ class AdditiveScore(nn.Module):
         self.out = nn.Linear(hidden_dim, 1, bias=False)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        hidden = self.query_proj(q).unsqueeze(3) + self.key_proj(k).unsqueeze(2)  # (B, H, T, 1, A) + (B, H, 1, S, A)
+        return self.from_keys(q, self.project_keys(k))
+
+    def project_keys(self, k: Tensor) -> Tensor:
+        """W2 k: (B, H, S, Dk) -> (B, H, S, A), computed once when many queries meet the same keys (Bahdanau's
+        decoder asks at every step)."""
+        return self.key_proj(k)
+
+    def from_keys(self, q: Tensor, keys: Tensor) -> Tensor:
+        """Scores from `project_keys(k)`: q (B, H, T, D), keys (B, H, S, A) -> (B, H, T, S)."""
+        hidden = self.query_proj(q).unsqueeze(3) + keys.unsqueeze(2)  # (B, H, T, 1, A) + (B, H, 1, S, A)
         return self.out(torch.tanh(hidden)).squeeze(-1)  # (B, H, T, S)
 
     def per_query(self, q: Tensor, keys: Tensor) -> Tensor:

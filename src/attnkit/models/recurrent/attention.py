@@ -41,9 +41,18 @@ class SourceAttention(nn.Module):
         else:
             raise ValueError(f"unknown attention {kind!r}; use bahdanau, luong-dot or luong-general")
 
-    def forward(self, query: Tensor, memory: Tensor, src_mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        """query (B, T, H), memory (B, S, M), src_mask (B, S) bool (True at real tokens) or None."""
-        scores = self.score(query.unsqueeze(1), memory.unsqueeze(1))  # one head: (B, 1, T, S)
+    def keys(self, memory: Tensor) -> Tensor:
+        """The scores' side that depends on the source alone, (B, S, M) -> (B, 1, S, K): U hbar (additive), W hbar
+        (general), hbar (dot). Computed once per source, not at every decoding step."""
+        return self.score.project_keys(memory.unsqueeze(1))  # one head
+
+    def forward(
+        self, query: Tensor, memory: Tensor, src_mask: Tensor | None, keys: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """query (B, T, H), memory (B, S, M), src_mask (B, S) bool (True at real tokens) or None; keys: `keys(memory)`
+        when already computed."""
+        keys = self.keys(memory) if keys is None else keys
+        scores = self.score.from_keys(query.unsqueeze(1), keys)  # (B, 1, T, S)
         if src_mask is not None:
             scores = scores.masked_fill(~src_mask[:, None, None, :], float("-inf"))  # every row keeps a real key
         weights = torch.softmax(scores.float(), dim=-1).to(memory.dtype)  # (B, 1, T, S)

@@ -40,7 +40,9 @@ def make_rnn(
 
 
 class RecurrentState:
-    """Hidden states (L * dirs, B, H), LSTM cells likewise, and how many steps have been taken.
+    """Hidden states (L * dirs, B, H), LSTM cells likewise, and how many steps have been taken; for a decoder with
+    attention also `keys` (B, 1, S, K), the attention's projection of the encoder states, computed on the first
+    step and kept, as a KV cache keeps its cross-attention keys.
 
     Empty (hidden None) until the first step: the recurrence then starts from zeros, or a decoder from its
     encoder's summary. Updated in place by the model, like a KV cache; `reorder` follows beam search.
@@ -50,6 +52,7 @@ class RecurrentState:
     def __init__(self, *, max_len: int | None = None) -> None:
         self.hidden: Tensor | None = None
         self.cell: Tensor | None = None
+        self.keys: Tensor | None = None
         self.length = 0
         self.max_len = max_len
 
@@ -79,6 +82,8 @@ class RecurrentState:
             self.hidden = self.hidden.index_select(1, index)
         if self.cell is not None:
             self.cell = self.cell.index_select(1, index)
+        if self.keys is not None:
+            self.keys = self.keys.index_select(0, index)
 
 
 def check_mask(mask: Tensor | None, ids: Tensor, name: str) -> Tensor | None:

@@ -136,7 +136,9 @@ class LuongDecoder(_Decoder):
     def forward(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None, state: RecurrentState):
         out, new_state = self.rnn(self.embed(tgt_ids), state.get())  # (B, T, H)
         state.set(new_state, tgt_ids.shape[1])
-        context, weights = self.attention(out, memory, src_mask)  # (B, T, M), (B, 1, T, S)
+        if state.keys is None:
+            state.keys = self.attention.keys(memory)  # (B, 1, S, K): once per source
+        context, weights = self.attention(out, memory, src_mask, state.keys)  # (B, T, M), (B, 1, T, S)
         features = torch.tanh(self.readout(torch.cat((context, out), dim=-1)))  # (B, T, M + H) -> (B, T, F)
         return self.dropout(features), weights
 
@@ -153,9 +155,12 @@ class BahdanauDecoder(_Decoder):
 
     def forward(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None, state: RecurrentState):
         x = self.embed(tgt_ids)  # (B, T, E)
+        if state.keys is None:
+            state.keys = self.attention.keys(memory)  # (B, 1, S, K): U hbar once per source, not at every step
         outputs, weights = [], []
         for t in range(tgt_ids.shape[1]):
-            context, step_weights = self.attention(state.top[:, None], memory, src_mask)  # (B, 1, M), (B, 1, 1, S)
+            # (B, 1, H) -> context (B, 1, M), weights (B, 1, 1, S)
+            context, step_weights = self.attention(state.top[:, None], memory, src_mask, state.keys)
             out, new_state = self.rnn(torch.cat((x[:, t : t + 1], context), dim=-1), state.get())  # (B, 1, H)
             state.set(new_state, 1)
             outputs.append(torch.cat((context, out), dim=-1))  # (B, 1, M + H)
