@@ -10,6 +10,7 @@ from attnkit.data import PairData
 from attnkit.data.synthetic import make_task, synthetic_tokenizer
 from attnkit.errors import InputError
 from attnkit.generate import beam
+from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.seq2seq import greedy_translate
 from attnkit.models import build_model
 from attnkit.models.recurrent import (
@@ -319,6 +320,22 @@ def test_beam_hypotheses_score_what_recomputation_scores(monkeypatch, cell, atte
             assert sum_logprobs == pytest.approx(expected.item(), abs=1e-4)
             checked += 1
     assert checked >= 6  # at least K hypotheses per source
+
+
+def test_lm_generation_carries_its_state_past_the_context():
+    """Greedy generation through the recurrent state (prompts of two lengths, left-padded) equals the argmax of a
+    pass from scratch over everything so far, past `context_len`: a recurrence never slides a window."""
+    torch.manual_seed(0)
+    model = RecurrentLM(vocab_size=VOCAB, embedding_dim=8, hidden=32, n_layers=2, cell="lstm").eval()
+    for p in model.parameters():  # larger weights than at initialisation: greedy text that does not repeat at once
+        nn.init.normal_(p, 0.0, 0.5)
+    prompts = [[3, 4, 5, 6, 7], [8, 9]]
+    generated = generate_tokens(model, prompts, max_new_tokens=30, context_len=8)
+    for prompt, tokens in zip(prompts, generated, strict=True):
+        ids = list(prompt)
+        for _ in range(30):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert tokens == ids[len(prompt):]
 
 
 @pytest.mark.slow  # about 25 s on one CPU thread

@@ -108,6 +108,7 @@ class RecurrentLM(nn.Module):
         return self.proj(self.dropout(out)), state  # (B, T, E or H)
 
     def allocate_cache(self, batch_size: int, max_len: int | None = None) -> RecurrentState:
-        """An empty state for `batch_size` rows: the recurrence starts from zeros, and its size never depends on
-        `max_len`."""
-        return RecurrentState(max_len=max_len)
+        """An empty state for `batch_size` rows (called as a KV cache is allocated): the recurrence starts from
+        zeros, and the state's size never depends on `max_len`, the steps to come. Generation therefore continues
+        past `max_seq_len` (the training length) from the whole history, where a Transformer slides its window."""
+        return RecurrentState()

@@ -46,15 +46,15 @@ class RecurrentState:
 
     Empty (hidden None) until the first step: the recurrence then starts from zeros, or a decoder from its
     encoder's summary. Updated in place by the model, like a KV cache; `reorder` follows beam search.
-    `max_len` is the steps a caller allocated it for (generation's bookkeeping); the state itself has no limit.
     """
 
-    def __init__(self, *, max_len: int | None = None) -> None:
+    max_len = None  # never full: the state has one size however long the text, so generation never slides a window
+
+    def __init__(self) -> None:
         self.hidden: Tensor | None = None
         self.cell: Tensor | None = None
         self.keys: Tensor | None = None
         self.length = 0
-        self.max_len = max_len
 
     @property
     def started(self) -> bool:

@@ -239,7 +239,7 @@ class RecurrentSeq2Seq(nn.Module):
 
     def allocate_cache(self, batch_size: int, max_len: int | None = None) -> RecurrentState:
         """An empty decoding state for `batch_size` rows; the first `decode` call fills it from the bridge."""
-        return RecurrentState(max_len=max_len)
+        return RecurrentState()
 
 
 def recurrent_seq2seq(
