@@ -5,7 +5,8 @@
 For the weight matrices of two decoders (the speed suite's small 6x384 model and `gpt2-124m`), cycled through in
 order as one decoding step reads them (so they come from memory, not cache), it times: a plain sum over the same
 weights (the read bandwidth any kernel could reach), `F.linear` on (N, K) weights (nn.Linear's layout), `addmm` on
-(K, N) weights (`generate/decode_layout.py`), bf16 `F.linear`, and PyTorch's int8-weight kernel
+(K, N) weights (`generate/decode_layout.py`), bf16 `F.linear`, bf16 weights packed once for oneDNN (the same
+module), and PyTorch's int8-weight kernel
 (`generate/quantize.py`). Results: benchmarks/results/bandwidth.json and a markdown table beside it.
 """
 
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from attnkit.generate.decode_layout import PackedLinear
 from benchmarks.common import median_seconds, parse_args, write_results
 
 MODELS = {"small 6x384": (6, 384, 65), "gpt2-124m": (12, 768, 50257)}  # layers, width, vocabulary
@@ -23,6 +26,12 @@ def weight_shapes(n_layers: int, width: int, vocab: int) -> list[tuple[int, int]
     """(N, K) of every matrix one decoding step multiplies by: q, k, v, o, MLP up and down, then the output layer."""
     block = [(width, width)] * 4 + [(4 * width, width), (width, 4 * width)]
     return block * n_layers + [(vocab, width)]
+
+
+def _linear(weight: torch.Tensor) -> nn.Linear:
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    return linear
 
 
 def kernels(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, object]]:
@@ -35,6 +44,7 @@ def kernels(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, object]]:
     scales = [torch.rand(n, generator=generator).bfloat16() for n, _ in shapes]
     rows = {k: torch.randn(1, k, generator=generator) for _, k in shapes}
     rows_bf16 = {k: x.bfloat16() for k, x in rows.items()}
+    packed = [PackedLinear(_linear(w)) for w in bf16]  # the same weights, packed once for oneDNN
 
     def nbytes(tensors: list[torch.Tensor]) -> int:
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -45,6 +55,8 @@ def kernels(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, object]]:
         "addmm (K, N), fp32": (nbytes(transposed), lambda: [rows[w.shape[0]] @ w for w in transposed]),
         "sum (read only), bf16": (nbytes(bf16), lambda: [w.sum() for w in bf16]),
         "F.linear (N, K), bf16": (nbytes(bf16), lambda: [F.linear(rows_bf16[w.shape[1]], w) for w in bf16]),
+        "packed once (decode_layout.PackedLinear), bf16": (nbytes(bf16), lambda: [p(rows_bf16[p.in_features])
+                                                                          for p in packed]),
         "int8 weights, bf16": (nbytes(int8), lambda: [torch._weight_int8pack_mm(rows_bf16[w.shape[1]], w, s)
                                                       for w, s in zip(int8, scales, strict=True)]),
     }
