@@ -18,7 +18,8 @@ checkpoint with the best validation BLEU (200 sentences) translates the test set
                    BLEU): here sacreBLEU with lowercase=True, whose 13a tokenizer splits punctuation as spaCy does on
                    these captions. Published: GRU 20.6, GRU + Bahdanau 28.3, Transformer 36.5.
 
-Results go to benchmarks/results/multi30k-recurrent.json and .md, run directories to runs/bench-m30k-NAME/.
+Results go to benchmarks/results/multi30k-recurrent-Nmin.json and .md (N: the budget in minutes), run directories
+to runs/bench-m30k-NAME/.
 The load average before and after each run is recorded: the budget buys fewer steps on a busy machine.
 """
 
@@ -69,7 +70,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     hypotheses = pipeline.translate(sources, batch_size=100)
     scores = translation_scores(hypotheses, references)
     published, signature = lowercased_bleu(hypotheses, references)
-    row.update(model=name, preset=MODELS[name] or "(translate default)", time_budget_seconds=args.max_time,
+    row.update(model=name, preset=MODELS[name] or "translate default", time_budget_seconds=args.max_time,
                epochs=round(result.step * 64 / PAIRS_PER_EPOCH, 2), test_sacrebleu=round(scores["bleu"], 2),
                sacrebleu_signature=scores["bleu_signature"], test_chrf=round(scores["chrf"], 2),
                test_bleu_lowercased=round(published, 2), lowercased_signature=signature,
@@ -103,7 +104,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(args.threads)
-    path = RESULTS / "multi30k-recurrent.json"
+    stem = f"multi30k-recurrent-{args.max_time / 60:g}min"
+    path = RESULTS / f"{stem}.json"
     earlier = json.loads(path.read_text())["rows"] if path.is_file() else []
     rows = []
     for name in args.models:
@@ -115,7 +117,7 @@ def main(argv: list[str]) -> int:
         r["model"]))
     header = (f"Multi30k de-en, test_2016_flickr, greedy; {args.max_time:.0f} s of training per model, "
               f"{args.threads} torch thread(s), {os.cpu_count()} CPUs shared with other jobs.")
-    (RESULTS / "multi30k-recurrent.md").write_text("\n".join([header, "", *table(every)]) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join([header, "", *table(every)]) + "\n")
     print("\n".join(table(every)))
     return 0
 
