@@ -99,7 +99,7 @@ def test_make_precision_names_each_strategy(gpt2_tiny):
 
 
 def test_an_unknown_training_dtype_is_refused_with_the_choices(gpt2_tiny):
-    message = "dtype='fp16' is not supported; choose one of fp32, bf16, bf16-master"
+    message = "dtype='fp16' is not a known choice; use one of fp32, bf16, bf16-master"
     with pytest.raises(ConfigError, match=message):
         TrainConfig(dtype="fp16")
     with pytest.raises(ConfigError, match=message):

@@ -34,6 +34,7 @@ from attnkit.data.labelled import BAD_LABELS, read_labelled
 from attnkit.data.pairs import read_parallel, read_tsv_pairs
 from attnkit.errors import CheckpointError, ConfigError, InputError
 from attnkit.models import build_model, count_parameters
+from attnkit.options import assignments
 from attnkit.presets import get as get_preset
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, load_tokenizer, train_tokenizer
@@ -345,36 +346,24 @@ def _tokenizer_differences(saved: Tokenizer, data_changes: dict[str, Any], saved
 
 
 # Configs -----------------------------------------------------------------------------------------------------
-def _split_overrides(assignments: list[str]) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+def _split_overrides(texts: list[str]) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
     """Sort `key=value` strings into ModelConfig assignments and DataConfig / TrainConfig changes."""
     model_keys = model_field_names()
     data_keys = {f.name for f in dataclasses.fields(DataConfig)}
     train_keys = {f.name for f in dataclasses.fields(TrainConfig)}
     model, data, train = [], {}, {}
-    for assignment in assignments:
-        key, sep, raw = assignment.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"--set expects key=value, got {assignment!r}")
+    for text in texts:
+        ((key, value),) = assignments([text]).items()
         if key in model_keys:
-            model.append(f"{key}={raw}")
+            model.append(text)
         elif key in data_keys or key in train_keys:
-            (data if key in data_keys else train)[key] = _parse_value(raw)
+            (data if key in data_keys else train)[key] = value
         else:
             raise ConfigError(
                 f"--set {key}: no such setting. Model fields: {', '.join(sorted(model_keys))}. Data settings: "
                 f"{', '.join(sorted(data_keys))}. Training settings: {', '.join(sorted(train_keys))}"
             )
     return model, data, train
-
-
-def _parse_value(raw: str) -> Any:
-    import json
-
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
 
 
 def _model_config(request: TrainRequest, task: str, assignments: list[str]) -> ModelConfig:

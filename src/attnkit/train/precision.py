@@ -110,4 +110,4 @@ def make_precision(dtype: str, model: nn.Module) -> FullPrecision:
 def check_dtype(dtype: str) -> None:
     """Raises ConfigError unless `dtype` names a training precision."""
     if dtype not in TRAIN_DTYPES:
-        raise ConfigError(f"dtype={dtype!r} is not supported; choose one of {', '.join(TRAIN_DTYPES)}")
+        raise ConfigError(f"dtype={dtype!r} is not a known choice; use one of {', '.join(TRAIN_DTYPES)}")
