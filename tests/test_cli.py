@@ -178,6 +178,19 @@ def test_a_config_file_with_an_unknown_key_is_refused(tmp_path, capsys):
     assert "colour" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("kind, expected", [("directory", "is a directory; give a JSON or YAML file"),
+                                             ("latin-1", "is not UTF-8 text"), ("missing", "no such file")])
+def test_a_config_path_that_is_no_settings_file_names_the_cause(tmp_path, capsys, kind, expected):
+    path = tmp_path / "settings.json"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "latin-1":
+        path.write_bytes('{"prompt": "Grüße"}'.encode("latin-1"))
+    assert cli.main(["generate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
 def test_a_missing_required_option_is_named(capsys):
     assert cli.main(["generate", "--prompt", "x"]) == 2
     assert "missing --run" in capsys.readouterr().err

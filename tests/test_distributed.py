@@ -33,7 +33,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 def torchrun(out: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "attnkit.cli", "train", "--out", str(out), *args]
+               "-m", "attnkit", "train", "--out", str(out), *args]
     return subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=timeout)
 
 
@@ -106,7 +106,7 @@ def free_port() -> int:
 def test_sigterm_saves_once_and_every_rank_exits_cleanly(tmp_path):
     """Both ranks started as a scheduler would (RANK, WORLD_SIZE, MASTER_ADDR/PORT), both sent SIGTERM."""
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "attnkit.cli", "train", "--out", str(out), *TASKS["lm"], *TINY,
+    command = [sys.executable, "-m", "attnkit", "train", "--out", str(out), *TASKS["lm"], *TINY,
                "--batch-size", "4", "--max-steps", "100000", "--eval-every", "3"]
     port = str(free_port())
     ranks = [
@@ -139,7 +139,7 @@ def test_sigterm_saves_once_and_every_rank_exits_cleanly(tmp_path):
 def test_a_dead_rank_ends_the_job_naming_it_and_the_checkpoint_survives(tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "attnkit.cli", "train", "--out", str(out), *TASKS["lm"], *TINY, "--batch-size", "4",
+               "-m", "attnkit", "train", "--out", str(out), *TASKS["lm"], *TINY, "--batch-size", "4",
                "--max-steps", "100000", "--eval-every", "3", "--set", "dist_timeout=30"]
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:

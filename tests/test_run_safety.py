@@ -391,7 +391,7 @@ def test_special_files_are_refused_not_read(tmp_path, capsys):
 def test_non_utf8_standard_input_and_zero_batch_sizes_are_one_line(tmp_path):
     trained_run(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "attnkit.cli", "generate", "--run", str(tmp_path), "--prompt", "-"],
+    done = subprocess.run([sys.executable, "-m", "attnkit", "generate", "--run", str(tmp_path), "--prompt", "-"],
                           input=b"\xff\xfe caf\xe9", capture_output=True, env=env, timeout=120)
     err = done.stderr.decode()
     assert done.returncode == 2 and "Traceback" not in err

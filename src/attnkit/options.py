@@ -240,9 +240,15 @@ def coerce(cls: type, name: str, value: Any) -> Any:
 def read_settings_file(path: str | Path) -> dict[str, Any]:
     """A JSON (.json) or YAML (.yaml, .yml) file holding one object of setting: value."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"--config {path} is a directory; give a JSON or YAML file of settings")
     if not path.is_file():
         raise InputError(f"--config {path}: no such file")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"--config {path} is not UTF-8 text ({err.reason} at byte {err.start}); give a JSON or "
+                         "YAML file") from None
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml
