@@ -57,7 +57,10 @@ def run(budget: str, out: Path) -> Result:
     for scheme in SCHEMES:
         config = presets.get("gpt2-tiny", vocab_size=corpus.vocab_size, d_model=s["width"], n_layers=2,
                              n_heads=max(s["width"] // 32, 1), d_ff=4 * s["width"], position=scheme,
-                             max_seq_len=s["context"], dropout=0.0)
+                             max_seq_len=s["context"], dropout=0.0,
+                             # a fixed table of unit amplitude would drown token embeddings of std 0.02: Vaswani
+                             # et al. (3.4) scale the embeddings by sqrt(d_model) under sinusoidal positions
+                             scale_embeddings=scheme == "sinusoidal")
         log = train_lm(config, corpus, steps=s["steps"], seq_len=s["context"], batch_size=16, lr=2e-3)
         row: dict = {"position": scheme}
         for length in s["lengths"]:
