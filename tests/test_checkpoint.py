@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from attnkit import CheckpointError, build_model, presets
-from attnkit.checkpoint import CHECKSUMS_FILE, WEIGHTS_FILE, load_model, load_tensors, save_model, save_tensors
+from attnkit.checkpoint import (
+    CHECKSUMS_FILE,
+    WEIGHTS_FILE,
+    load_model,
+    load_tensors,
+    read_labels,
+    save_model,
+    save_tensors,
+)
 
 
 @pytest.mark.parametrize("name", ["gpt2-tiny", "llama2-tiny", "bert-tiny", "vaswani-tiny"])
@@ -90,3 +98,22 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 def load_tensors_after_save(directory, config):
     save_model(build_model(config), config, directory)
     return load_tensors(directory / WEIGHTS_FILE)
+
+
+@pytest.mark.parametrize("content, expected", [('{"labels": ["neg", "pos"]}', ["neg", "pos"]), ('[0, 1]', ["0", "1"])])
+def test_labels_read_in_either_written_form(tmp_path, content, expected):
+    (tmp_path / "labels.json").write_text(content)
+    assert read_labels(tmp_path) == expected
+
+
+@pytest.mark.parametrize("content, expected", [('{"labels": "neg"}', "must hold the class names"),
+                                               ('["neg", ', "not readable JSON")])
+def test_damaged_labels_are_a_checkpoint_error_naming_the_file(tmp_path, content, expected):
+    (tmp_path / "labels.json").write_text(content)
+    with pytest.raises(CheckpointError, match=expected) as caught:
+        read_labels(tmp_path)
+    assert "labels.json" in str(caught.value)
+
+
+def test_a_run_without_labels_has_none(tmp_path):
+    assert read_labels(tmp_path) is None

@@ -166,7 +166,7 @@ def test_classify_gives_labels_and_probabilities_batched(runs):
 def test_labels_that_do_not_fit_the_config_are_a_checkpoint_error(tmp_path):
     run = _save_run(tmp_path / "clf", "encoder", n_classes=2)
     (run / "labels.json").write_text(json.dumps(["a", "b", "c"]))
-    with pytest.raises(CheckpointError, match="must hold 2 label names"):
+    with pytest.raises(CheckpointError, match="holds 3 label names; n_classes in config.json is 2"):
         attnkit.load(run)
 
 

@@ -96,6 +96,30 @@ class writing:
 
 
 # Integrity ---------------------------------------------------------------------------------------------------
+def read_json(path: str | Path) -> Any:
+    """A run file's JSON; CheckpointError naming the file when it is missing, unreadable or not JSON."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing; is {path.parent} a run or checkpoint written by attnkit?") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path} is not readable JSON ({err}); the file is damaged") from None
+
+
+def read_labels(directory: str | Path) -> list[str] | None:
+    """A classifier run's class names from labels.json (`{"labels": [...]}` or a plain list); None without one."""
+    path = Path(directory) / LABELS_FILE
+    if not path.is_file():
+        return None
+    labels = read_json(path)
+    if isinstance(labels, dict):  # the trainer writes {"labels": [...]}
+        labels = labels.get("labels")
+    if not isinstance(labels, list):
+        raise CheckpointError(f'{path} must hold the class names as a list or as {{"labels": [...]}}; got {labels!r}')
+    return [str(label) for label in labels]
+
+
 def digest(path: str | Path) -> str:
     """The SHA-256 of a file, as hex (about 0.6 s for 500 MB)."""
     with open(path, "rb") as handle:

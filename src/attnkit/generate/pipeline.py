@@ -12,7 +12,6 @@ A run directory holds `config.json` + `model.safetensors`, `tokenizer/` and, for
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnkit.blocks import compile_blocks, torch_compile_mode
-from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_run_model
+from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_run_model, read_labels
 from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
@@ -405,21 +404,13 @@ def _default_labels(config: ModelConfig) -> list[str]:
 
 
 def _read_labels(run_dir: Path, config: ModelConfig) -> list[str] | None:
-    path = run_dir / LABELS_FILE
-    if "classify" not in family_of(config).methods or not path.is_file():
+    if "classify" not in family_of(config).methods:
         return None
-    try:
-        labels = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path} is not valid JSON: {err}") from None
-    if isinstance(labels, dict):  # the trainer writes {"labels": [...]}
-        labels = labels.get("labels")
-    if not isinstance(labels, list) or len(labels) != config.n_classes:
-        raise CheckpointError(
-            f"{path} must hold {config.n_classes} label names (n_classes in config.json), as a list or as "
-            f'{{"labels": [...]}}; got {labels!r}'
-        )
-    return [str(label) for label in labels]
+    labels = read_labels(run_dir)
+    if labels is not None and len(labels) != config.n_classes:
+        raise CheckpointError(f"{run_dir / LABELS_FILE} holds {len(labels)} label names; n_classes in config.json "
+                              f"is {config.n_classes}")
+    return labels
 
 
 def sample_after_training(

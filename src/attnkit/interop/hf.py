@@ -27,6 +27,8 @@ from attnkit.checkpoint import (
     TOKENIZER_DIR,
     atomic_write,
     load_model,
+    read_json,
+    read_labels,
     save_model,
     save_tensors,
     unique_state_dict,
@@ -161,10 +163,8 @@ def convert_to_hf(run_dir: str | Path, hf_dir: str | Path) -> str:
     _refuse_existing(hf_dir, "--to-hf")
     model, config = load_model(run_dir)
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR) if (run_dir / TOKENIZER_DIR).is_dir() else None
-    labels = _read_json(run_dir / LABELS_FILE) if (run_dir / LABELS_FILE).is_file() else None
-    if isinstance(labels, dict):
-        labels = labels.get("labels")
-    origin = _read_json(run_dir / HF_SOURCE_FILE) if (run_dir / HF_SOURCE_FILE).is_file() else {}
+    labels = read_labels(run_dir)
+    origin = read_json(run_dir / HF_SOURCE_FILE) if (run_dir / HF_SOURCE_FILE).is_file() else {}
     return save(model, hf_dir, config=config, tokenizer=tokenizer, labels=labels,
                 special_ids=origin.get("special_ids"))
 
@@ -179,17 +179,10 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
             f"{directory} has no {CONFIG_FILE}; a Hugging Face model directory holds {CONFIG_FILE} and "
             f"{SAFETENSORS} (as written by save_pretrained)"
         )
-    hf = _read_json(path)
+    hf = read_json(path)
     if not isinstance(hf, dict):
         raise CheckpointError(f"{path} must hold a JSON object of field: value")
     return hf
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path} is not valid JSON: {err}") from None
 
 
 def _refuse_existing(directory: Path, flag: str) -> None:

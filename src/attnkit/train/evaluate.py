@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, atomic_write, load_config, load_model
+from attnkit.checkpoint import TOKENIZER_DIR, atomic_write, load_config, load_model, read_labels
 from attnkit.data.batching import IGNORE_INDEX
 from attnkit.data.labelled import LabelledData, LabelVocab, read_labelled
 from attnkit.data.pairs import read_parallel, read_tsv_pairs
@@ -374,13 +374,8 @@ def _predict(model: nn.Module, data: LabelledData, *, progress: bool) -> tuple[l
 
 
 def _run_labels(run_dir: Path, model: nn.Module) -> list[str]:
-    path = run_dir / LABELS_FILE
-    n_classes = model.classifier.out_features
-    if not path.is_file():
-        return [str(i) for i in range(n_classes)]
-    labels = json.loads(path.read_text(encoding="utf-8"))
-    labels = labels.get("labels") if isinstance(labels, dict) else labels
-    return [str(label) for label in labels]
+    labels = read_labels(run_dir)
+    return labels if labels is not None else [str(i) for i in range(model.classifier.out_features)]
 
 
 def _labelled_examples(path, vocab: LabelVocab, encoding_errors) -> list[tuple[str, str]]:

@@ -18,7 +18,6 @@ has one of the same shape.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,12 +29,13 @@ from torch import Tensor, nn
 from attnkit.checkpoint import (
     ADAPTERS_FILE,
     CONFIG_FILE,
-    LABELS_FILE,
     TOKENIZER_DIR,
     WEIGHTS_FILE,
     load_adapter_file,
     load_model,
     raise_mismatch,
+    read_json,
+    read_labels,
 )
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, ConfigError
@@ -97,7 +97,7 @@ def read_source(path: str | Path, *, load_hf: HFLoader | None = None) -> Source:
     if not (path / CONFIG_FILE).is_file():
         raise CheckpointError(f"--init-from {path}: no {CONFIG_FILE} there; point it at an attnkit run directory "
                               "(runs/NAME) or a Hugging Face model directory")
-    raw = _read_json(path / CONFIG_FILE)
+    raw = read_json(path / CONFIG_FILE)
     if "model_type" in raw and "family" not in raw:
         return _read_hf(path, load_hf)
     if not (path / WEIGHTS_FILE).is_file():
@@ -107,10 +107,9 @@ def read_source(path: str | Path, *, load_hf: HFLoader | None = None) -> Source:
     if not (path / TOKENIZER_DIR).is_dir():
         raise CheckpointError(f"--init-from {path}: no tokenizer/ directory; a new run needs the tokenizer the "
                               "weights were trained with")
-    labels = _read_json(path / LABELS_FILE) if (path / LABELS_FILE).is_file() else None
-    task = _read_json(path / "task.json").get("task") if (path / "task.json").is_file() else None
+    task = read_json(path / "task.json").get("task") if (path / "task.json").is_file() else None
     return Source(path, "attnkit run", config, load_tokenizer(path / TOKENIZER_DIR), model.state_dict(),
-                  labels=labels.get("labels") if isinstance(labels, dict) else labels, task=task)
+                  labels=read_labels(path), task=task)
 
 
 def _read_hf(path: Path, load_hf: HFLoader | None) -> Source:
@@ -125,13 +124,6 @@ def _read_hf(path: Path, load_hf: HFLoader | None) -> Source:
     task = head if head in family_of(loaded.config).tasks else None
     return Source(path, "Hugging Face directory", loaded.config, loaded.tokenizer, loaded.model.state_dict(),
                   labels=loaded.labels, task=task)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path} is not readable JSON: {err}") from None
 
 
 def target_config(

@@ -52,6 +52,8 @@ from attnkit.checkpoint import (
     load_run_model,
     load_tensors,
     read_checksums,
+    read_json,
+    read_labels,
     save_model,
     save_tensors,
     verify_files,
@@ -167,7 +169,7 @@ def find_checkpoint(path: str | Path) -> Path:
 
 def read_task(directory: str | Path) -> dict[str, Any]:
     """The task a run or checkpoint was trained for: `{"task": "lm" | "translate" | "classify", ...}`."""
-    return _read_json(Path(directory) / TASK_FILE)
+    return read_json(Path(directory) / TASK_FILE)
 
 
 def load_checkpoint(path: str | Path, *, device: torch.device | str | None = None) -> Checkpoint:
@@ -179,8 +181,7 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
     model_files = (CONFIG_FILE, WEIGHTS_FILE, ADAPTERS_FILE)  # checked by load_run_model
     verify_files(path, [name for name in read_checksums(path) if name not in model_files])
     model.train()
-    labels_path = path / LABELS_FILE
-    state = _read_json(path / TRAIN_STATE_FILE)
+    state = read_json(path / TRAIN_STATE_FILE)
     if state.get("format") != STATE_FORMAT:
         raise CheckpointError(f"{path / TRAIN_STATE_FILE} has format {state.get('format')!r}; expected {STATE_FORMAT}")
     return Checkpoint(
@@ -189,7 +190,7 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
         config=config,
         tokenizer=load_tokenizer(path / TOKENIZER_DIR),
         task=read_task(path),
-        labels=_read_json(labels_path)["labels"] if labels_path.is_file() else None,
+        labels=read_labels(path),
         train_state=state,
         optimizer=load_tensors(path / OPTIMIZER_FILE),
     )
@@ -310,15 +311,6 @@ def _json(obj: Any) -> str:
     return json.dumps(obj, indent=1, sort_keys=True) + "\n"
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing; is {path.parent} a checkpoint written by `attnkit train`?") from None
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path} is not valid JSON ({err}); the file is damaged") from None
-
-
 FICLONE = 0x40049409  # Linux ioctl: the copy shares blocks copy-on-write (Btrfs, XFS), so a write never reaches both
 
 
@@ -427,7 +419,7 @@ def remove_checkpoints_after(run_dir: str | Path, step: int) -> list[Path]:
         doomed.append(path.with_name(f".{path.name}.del"))
         os.replace(path, doomed[-1])
     best = run_dir / BEST_DIR
-    if later and (best / TRAIN_STATE_FILE).is_file() and _read_json(best / TRAIN_STATE_FILE).get("step", 0) > step:
+    if later and (best / TRAIN_STATE_FILE).is_file() and read_json(best / TRAIN_STATE_FILE).get("step", 0) > step:
         doomed.append(run_dir / f".{BEST_DIR}.del")
         os.replace(best, doomed[-1])
         log.warning("removed %s: its checkpoint came after step %d", best, step)
