@@ -36,6 +36,8 @@ ADAPTERS_FILE = "adapters.safetensors"  # LoRA adapters beside the base weights;
 TOKENIZER_DIR = "tokenizer"  # a run's tokenizer, as `attnkit.tokenize` saves it
 LABELS_FILE = "labels.json"  # a classifier's class names: {"labels": [...]}
 CHECKSUMS_FILE = "checksums.json"  # {"sha256": {relative path: hex digest}} of the files beside it
+METRICS_FILE = "metrics.jsonl"  # a training run's log, a JSON record a line
+INSTRUMENTS_KIND = "instruments"  # the "kind" of metrics.jsonl records holding the training instruments
 CHECKPOINTS_DIR = "checkpoints"  # a training run's checkpoints: checkpoints/step_XXXXXX (see attnkit.train.state)
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,6 @@ from torch import Tensor, nn
 
 from attnkit.models.attention_capture import AttentionSite, recompute_attention, transformer_blocks
 
-INSTRUMENTS_KIND = "instruments"
-
 
 class Activations:
     """Means of the activation instruments over their first `max_calls` values; `summary()` gives the record's

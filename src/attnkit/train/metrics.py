@@ -12,8 +12,6 @@ from typing import Any, Protocol
 
 from attnkit.checkpoint import atomic_write
 
-METRICS_FILE = "metrics.jsonl"
-
 
 class RecordSink(Protocol):
     """Somewhere else every record goes too (TensorBoard: `train/tensorboard.py`)."""

@@ -33,15 +33,16 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from attnkit.blocks import compile_blocks
+from attnkit.checkpoint import INSTRUMENTS_KIND, METRICS_FILE
 from attnkit.config import ModelConfig, check_types
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.options import duration
 from attnkit.tokenize import Tokenizer
 from attnkit.train.distributed import SingleProcess
 from attnkit.train.finetune import Freeze, check_freeze
-from attnkit.train.instruments import INSTRUMENTS_KIND, gradient_norms, measure_activations
+from attnkit.train.instruments import gradient_norms, measure_activations
 from attnkit.train.lora import DEFAULT_TARGETS
-from attnkit.train.metrics import METRICS_FILE, MetricsLog
+from attnkit.train.metrics import MetricsLog
 from attnkit.train.optim import SCHEDULES, Schedule, lr_factor, make_optimizer
 from attnkit.train.plots import plot_losses
 from attnkit.train.precision import TrainDType, check_dtype

@@ -18,15 +18,14 @@ from typing import Any
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from attnkit.checkpoint import INSTRUMENTS_KIND, METRICS_FILE
 from attnkit.viz.heatmap import save_figure
 
-INSTRUMENTS_KIND = "instruments"
 PANELS = (
     ("attention_entropy", "attention entropy (nats)"),
     ("residual_norm", "residual-stream norm"),
     ("grad_norm", "gradient norm"),
 )
-METRICS_NAME = "metrics.jsonl"
 PLOT_NAME = "plots/instruments.png"
 
 
@@ -75,7 +74,7 @@ def plot_instruments(records: list[dict[str, Any]], path: str | Path, *, title: 
 def plot_run_instruments(run_dir: str | Path) -> Path | None:
     """RUN/plots/instruments.png from RUN/metrics.jsonl; None (nothing drawn) when it holds no instruments."""
     run_dir = Path(run_dir)
-    records = read_instruments(run_dir / METRICS_NAME)
+    records = read_instruments(run_dir / METRICS_FILE)
     if not records:
         return None
     return plot_instruments(records, run_dir / PLOT_NAME, title=f"training instruments: {run_dir.name}")

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnkit.errors import InputError
+from attnkit.models.attention_capture import KINDS
 
-KINDS = ("self", "causal", "cross")
 TITLES = {"self": "self-attention", "causal": "causal self-attention", "cross": "cross-attention"}
 
 
