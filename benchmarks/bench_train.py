@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from attnkit.experiments.base import device_name
-from attnkit.generate import greedy_translate, load
+from attnkit.generate import greedy_translate, load, translate_ids
 from attnkit.train import TrainRequest, prepare
 from benchmarks.common import DATA, RESULTS, ROOT
 
@@ -221,7 +221,7 @@ def multi30k(args: argparse.Namespace) -> list[dict[str, Any]]:
         settings=dict(max_steps=args.max_steps or 100_000, max_time=args.max_time, batch_size=64, lr=1e-3, warmup=200,
                       schedule="cosine", weight_decay=0.01, beta2=0.98, clip=1.0, eval_every=args.eval_every,
                       seed=1),
-        translate=greedy_translate,
+        translate=translate_ids,
     )
     sources = (folder / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
     references = (folder / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()

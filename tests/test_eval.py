@@ -116,6 +116,12 @@ def test_bleu_and_chrf_equal_sacrebleu_called_directly(tmp_path):
     assert 0 < row["bleu"] < 100
     assert "tok:13a" in report.details["bleu_signature"] and "nrefs:1" in report.details["bleu_signature"]
     assert translation_scores(references, references)["bleu"] == pytest.approx(100.0)
+    # the published Multi30k protocol lowercases: a lowercased reference scores 100 there, less than that cased
+    lowered = translation_scores([r.upper() for r in references], references)
+    assert lowered["bleu_lowercased"] == pytest.approx(100.0) and lowered["bleu"] < 50
+    assert "case:lc" in lowered["bleu_lowercased_signature"] and "case:mixed" in lowered["bleu_signature"]
+    lowercase = sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
+    assert row["bleu_lowercased"] == pytest.approx(lowercase)
     with pytest.raises(ConfigError, match="translate="):
         evaluate_run(tmp_path / "run", [tsv])
 

@@ -56,7 +56,8 @@ class Command:
     sections: tuple[tuple[str, Settings], ...] = ()
     description: str | None = None
     epilog: str | None = None
-    adapt_file: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
+    adapt_file: Callable[[dict[str, Any], str], dict[str, Any]] | None = None  # for a recipe's section too
+    recipe: str | None = None  # the recipe section it can start from ("train", "evaluate"): --recipe, --data-root
 
     def classes(self) -> list[type]:
         """The settings dataclass, then each section's."""
@@ -102,6 +103,27 @@ def _human(count: int) -> str:
         if count >= size:
             return f"{count / size:.2f}{unit}"
     return str(count)
+
+
+# recipes --------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RecipesSettings:
+    name: str | None = field(default=None, metadata={"positional": True})
+    """print this recipe's whole file (JSON); none: every recipe with its description and result"""
+
+
+def _run_recipes(settings: RecipesSettings) -> int:
+    from attnkit import recipes
+
+    if settings.name is not None:
+        print(recipes.load(settings.name).path.read_text(encoding="utf-8"), end="")
+        return 0
+    found = [recipes.load(name) for name in recipes.names()]
+    width = max(len(r.name) for r in found)
+    for recipe in found:
+        print(f"{recipe.name.ljust(width)}  {recipe.description}")
+        print(f"{'':{width}}  result: {recipe.summary()}")
+    return 0
 
 
 # tokenizer ------------------------------------------------------------------------------------------------------
@@ -276,6 +298,7 @@ examples:
   attnkit train --task classify --data sst2/stsa.binary.train --val-data sst2/stsa.binary.dev --out runs/sst2
   attnkit train --out runs/default --resume              # continue where it stopped (Ctrl-C saves first)
   attnkit train --config run.yaml --max-steps 500        # options from a file, the command line on top
+  attnkit train --recipe shakespeare-char --data-root ../shared/data   # a shipped recipe (attnkit recipes)
 
 Every field of the model config and of the data and training settings can be set with --set KEY=VALUE.
 --config FILE takes a JSON or YAML object of these options and fields (a file of model fields alone, such as a
@@ -317,7 +340,7 @@ def _train_file(values: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) -> int:
-    from attnkit.generate import greedy_translate
+    from attnkit.generate import translate_ids
     from attnkit.interop import hf
     from attnkit.train import TrainRequest, prepare
 
@@ -327,7 +350,7 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) ->
         overrides=list(run.set), data=data, settings=training, resume=run.resume, overwrite=run.overwrite,
         device=run.device, progress=run.progress, force=run.force,
     )
-    trainer = prepare(request, translate=greedy_translate, load_hf=hf.load)
+    trainer = prepare(request, translate=translate_ids, load_hf=hf.load)
     result = trainer.fit()
     if result.signal is not None:
         return 128 + result.signal
@@ -446,6 +469,8 @@ def _run_experiment(settings: ExperimentSettings) -> int:
 
 
 COMMANDS: list[Command] = [
+    Command("recipes", "list the shipped training recipes with the results they reached, or print one",
+            RecipesSettings, _run_recipes),
     Command("presets", "print the table of model presets (the lecture's comparison table), or one preset's config",
             PresetsSettings, _run_presets),
     Command("tokenizer train", "train a char or byte-level BPE tokenizer on text files", TokenizerTrainSettings,
@@ -462,14 +487,14 @@ COMMANDS: list[Command] = [
                   ("training (on resume, the run's own unless given)", "attnkit.train.trainer:TrainConfig")),
         description="Train a decoder LM, an encoder-decoder translator or an encoder classifier. Progress is "
         "shown; metrics.jsonl, a loss plot and checkpoints go to --out. Ctrl-C finishes the step, saves and exits.",
-        epilog=_TRAIN_EPILOG, adapt_file=_train_file,
+        epilog=_TRAIN_EPILOG, adapt_file=_train_file, recipe="train",
     ),
     Command(
         "eval", "score a run on held-out files: perplexity, BLEU/chrF or accuracy/macro-F1",
         "attnkit.train.evaluate:EvalSettings", _run_eval,
         description="Language models: sliding-window perplexity per token, per character and bits per byte. "
         "Translators: sacreBLEU and chrF with their signatures. Classifiers: accuracy, macro-F1 and a confusion "
-        "matrix (table and PNG). Prints a table and writes eval.json.",
+        "matrix (table and PNG). Prints a table and writes eval.json.", recipe="evaluate",
     ),
     Command("convert", "convert Hugging Face model directories to attnkit runs and back", ConvertSettings,
             _run_convert, epilog=_CONVERT_EPILOG),
@@ -525,6 +550,10 @@ def add_command_options(p: argparse.ArgumentParser, command: Command) -> None:
     options.add_fields(p, settings)
     for (title, _), cls in zip(command.sections, sections, strict=True):
         options.add_fields(p.add_argument_group(title), cls)
+    if command.recipe is not None:
+        from attnkit.recipes import RecipeOptions
+
+        options.add_fields(p.add_argument_group("recipe (attnkit recipes lists them)"), RecipeOptions)
     p.add_argument("--config", dest="config_file", metavar="FILE", help="a JSON or YAML file of this command's "
                    "options (keys as the options' names, e.g. max_steps); options given on the command line win")
 
@@ -542,24 +571,41 @@ class Invocation:
 
 
 def invocation(args: argparse.Namespace) -> Invocation:
-    """Layer the settings: the dataclass defaults, then the --config file, then the command line."""
+    """Layer the settings: the dataclass defaults, then the --recipe's section, then the --config file, then the
+    command line; `set` assignments add up in that order."""
     command: Command = args.command_spec
     classes = command.classes()
-    file_values: dict[str, Any] = {}
+    known = {name for cls in classes for name in options.fields_of(cls)}
+    files: list[dict[str, Any]] = []  # settings files, lowest first
     if args.config_file:
-        file_values = options.read_settings_file(args.config_file)
-        if command.adapt_file is not None:
-            file_values = command.adapt_file(file_values, args.config_file)
-        known = {name for cls in classes for name in options.fields_of(cls)}
-        options.unknown_keys(file_values, known, f"setting(s) in --config {args.config_file}")
+        values = options.read_settings_file(args.config_file)
+        files.append(_settings_file(command, values, args.config_file, known, f"--config {args.config_file}"))
+    if getattr(args, "recipe", None):
+        from attnkit import recipes
+
+        recipe = recipes.load(args.recipe)
+        given = {k for k in known if getattr(args, k, None) is not None}.union(*files)
+        values = recipe.settings(command.recipe, args.data_root, given=given)
+        files.insert(0, _settings_file(command, values, str(recipe.path), known, f"recipe {recipe.name}"))
     layers = []
     for cls in classes:
-        from_file = {k: options.coerce(cls, k, v) for k, v in file_values.items() if k in options.fields_of(cls)}
-        from_args = options.given(args, cls)
-        if "set" in from_file and "set" in from_args:
-            from_args["set"] = (*from_file["set"], *from_args["set"])  # the file's, then the command line's
-        layers.append({**from_file, **from_args})
+        layer: dict[str, Any] = {}
+        fields = options.fields_of(cls)
+        for values in [*({k: options.coerce(cls, k, v) for k, v in f.items() if k in fields} for f in files),
+                       options.given(args, cls)]:
+            if "set" in layer and "set" in values:  # the recipe's, the file's, then the command line's
+                values = {**values, "set": (*layer["set"], *values["set"])}
+            layer.update(values)
+        layers.append(layer)
     return Invocation(command, options.build(classes[0], layers[0]), tuple(layers[1:]))
+
+
+def _settings_file(command: Command, values: dict[str, Any], path: str, known: set[str], what: str) -> dict[str, Any]:
+    """A settings file's values (a --config file's, a recipe section's) made the command's, unknown keys refused."""
+    if command.adapt_file is not None:
+        values = command.adapt_file(values, path)
+    options.unknown_keys(values, known, f"setting(s) in {what}")
+    return values
 
 
 def parse(argv: list[str]) -> Invocation:

@@ -189,12 +189,14 @@ class LabelledData(BucketedData[LabelledBatch]):
         batch_size: int = 32,
         seed: int = 0,
         bucket_batches: int = 50,
+        batch_tokens: int | None = None,
     ) -> None:
         if len(ids) != len(labels):
             raise InputError(f"{len(ids)} texts but {len(labels)} labels")
         self.ids, self.labels = list(ids), np.asarray(labels, dtype=np.int64)
         self.pad_id, self.label_vocab = pad_id, label_vocab
-        super().__init__([len(x) for x in self.ids], batch_size=batch_size, seed=seed, bucket_batches=bucket_batches)
+        super().__init__([len(x) for x in self.ids], batch_size=batch_size, seed=seed, bucket_batches=bucket_batches,
+                         batch_tokens=batch_tokens)
 
     @classmethod
     def from_examples(

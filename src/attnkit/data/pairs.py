@@ -97,14 +97,18 @@ class PairData(BucketedData[PairBatch]):
         batch_size: int = 32,
         seed: int = 0,
         bucket_batches: int = 50,
+        batch_tokens: int | None = None,
     ) -> None:
-        """`src` ends with EOS; `tgt` is BOS, tokens, EOS (see `from_pairs`)."""
+        """`src` ends with EOS; `tgt` is BOS, tokens, EOS (see `from_pairs`). `batch_tokens` counts a pair's
+        source and target tokens (src_ids and tgt_in, padding aside)."""
         if len(src) != len(tgt):
             raise InputError(f"{len(src)} sources but {len(tgt)} targets")
         self.src, self.tgt = list(src), list(tgt)
         self.src_pad_id, self.tgt_pad_id = src_pad_id, tgt_pad_id
         lengths = [max(len(s), len(t) - 1) for s, t in zip(self.src, self.tgt, strict=True)]
-        super().__init__(lengths, batch_size=batch_size, seed=seed, bucket_batches=bucket_batches)
+        tokens = [len(s) + len(t) - 1 for s, t in zip(self.src, self.tgt, strict=True)]
+        super().__init__(lengths, batch_size=batch_size, seed=seed, bucket_batches=bucket_batches,
+                         batch_tokens=batch_tokens, tokens=tokens)
 
     @classmethod
     def from_pairs(

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
-from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources
+from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources, greedy_translate
 
 
 @dataclass
@@ -54,6 +54,25 @@ class Hypotheses:
 
 
 @torch.inference_mode()
+def translate_ids(
+    model: nn.Module,
+    sources: Sequence[Sequence[int]],
+    *,
+    bos_id: int,
+    eos_id: int,
+    max_length: int,
+    beam_size: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: bool = True,
+    pad_id: int = 0,
+) -> list[list[int]]:
+    """Each source's target tokens (without BOS and EOS): greedy for `beam_size=1`, else `beam_search`."""
+    if beam_size == 1:
+        return greedy_translate(model, sources, bos_id=bos_id, eos_id=eos_id, max_length=max_length, pad_id=pad_id)
+    return beam_search(model, sources, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, max_length=max_length,
+                       length_penalty=length_penalty, early_stopping=early_stopping, pad_id=pad_id)
+
+
 def beam_search(
     model: nn.Module,
     sources: Sequence[Sequence[int]],

@@ -27,7 +27,7 @@ from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_run_model, read_
 from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
-from attnkit.generate.beam import beam_search
+from attnkit.generate.beam import translate_ids
 from attnkit.generate.decode_layout import (
     fuse_qkv_projections,
     pack_linear_weights,
@@ -38,7 +38,6 @@ from attnkit.generate.decode_layout import (
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
 from attnkit.generate.quantize import quantize_int8
 from attnkit.generate.sampling import SamplingConfig, make_generator
-from attnkit.generate.seq2seq import greedy_translate
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.models import family_of
 from attnkit.tokenize import load_tokenizer
@@ -180,15 +179,10 @@ class Pipeline:
         for batch in tqdm(batches, desc="translate", unit="batch", disable=not progress):
             batch_sources = [sources[i] for i in batch]
             length = max_length or min(self.config.max_seq_len, 2 * max(map(len, batch_sources)) + 10)
-            if beam_size == 1:
-                results = greedy_translate(
-                    self.model, batch_sources, bos_id=bos, eos_id=eos, max_length=length, pad_id=self._pad_id
-                )
-            else:
-                results = beam_search(
-                    self.model, batch_sources, bos_id=bos, eos_id=eos, beam_size=beam_size, max_length=length,
-                    length_penalty=length_penalty, early_stopping=early_stopping, pad_id=self._pad_id,
-                )
+            results = translate_ids(
+                self.model, batch_sources, bos_id=bos, eos_id=eos, beam_size=beam_size, max_length=length,
+                length_penalty=length_penalty, early_stopping=early_stopping, pad_id=self._pad_id,
+            )
             for index, result in zip(batch, results, strict=True):
                 outputs[index] = result
         return [self.tokenizer.decode(ids) for ids in outputs]

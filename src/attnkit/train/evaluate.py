@@ -2,8 +2,8 @@
 
     language model   perplexity with a sliding window, per token, per character and as bits per byte (so models
                      with different tokenizers compare)
-    translation      sacreBLEU and chrF of the run's translations of a TSV file or two line-aligned files, with
-                     the metrics' signatures
+    translation      sacreBLEU (cased, detokenized), BLEU on the published lowercased protocol and chrF of the
+                     run's translations of a TSV file or two line-aligned files, with the metrics' signatures
     classification   accuracy, macro-F1 and a confusion matrix (table and PNG) on labelled files
 
 Sliding-window perplexity (the fixed-length-model method of Hugging Face's perplexity guide). A model reads at
@@ -308,20 +308,32 @@ def _perplexity_report(run_dir, data, model, tokenizer, *, window, stride, encod
     return EvalReport("perplexity", str(run_dir), rows, {"window": window, "stride": stride})
 
 
-def translation_scores(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-    """sacreBLEU's corpus BLEU and chrF (defaults: 13a tokenization, detokenized and cased text) with their
-    signatures, which say exactly how the numbers were computed."""
-    from sacrebleu.metrics import BLEU, CHRF
+def bleu_scores(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
+    """Corpus BLEU on two protocols, with sacreBLEU's signatures (which say exactly how each was computed):
+
+        bleu             sacreBLEU's defaults: cased, detokenized text, 13a tokenization (the standard to report)
+        bleu_lowercased  the published Multi30k protocol (lowercased, tokenized text: spaCy tokens scored with
+                         torchtext's BLEU, e.g. the small Transformer's 36.5): sacreBLEU with lowercase=True, whose
+                         13a tokenizer splits punctuation as spaCy does on these captions
+    """
+    from sacrebleu.metrics import BLEU
 
     if len(hypotheses) != len(references):
         raise InputError(f"{len(hypotheses)} translations for {len(references)} references")
-    bleu, chrf = BLEU(), CHRF()
-    return {
-        "bleu": bleu.corpus_score(hypotheses, [references]).score,
-        "chrf": chrf.corpus_score(hypotheses, [references]).score,
-        "bleu_signature": str(bleu.get_signature()),
-        "chrf_signature": str(chrf.get_signature()),
-    }
+    scores: dict[str, Any] = {}
+    for name, metric in (("bleu", BLEU()), ("bleu_lowercased", BLEU(lowercase=True))):
+        scores[name] = metric.corpus_score(hypotheses, [references]).score
+        scores[f"{name}_signature"] = str(metric.get_signature())
+    return scores
+
+
+def translation_scores(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
+    """`bleu_scores` and sacreBLEU's chrF (defaults), each with its signature."""
+    from sacrebleu.metrics import CHRF
+
+    chrf = CHRF()
+    return {**bleu_scores(hypotheses, references), "chrf": chrf.corpus_score(hypotheses, [references]).score,
+            "chrf_signature": str(chrf.get_signature())}
 
 
 def _translation_report(run_dir, data, translate: TextTranslator, encoding_errors) -> EvalReport:
@@ -335,8 +347,8 @@ def _translation_report(run_dir, data, translate: TextTranslator, encoding_error
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     scores = translation_scores(translate(sources), references)
     row = {"file": " + ".join(map(str, data)), "sentences": len(pairs), "bleu": scores["bleu"],
-           "chrf": scores["chrf"]}
-    details = {k: scores[k] for k in ("bleu_signature", "chrf_signature")}
+           "bleu_lowercased": scores["bleu_lowercased"], "chrf": scores["chrf"]}
+    details = {k: scores[k] for k in ("bleu_signature", "bleu_lowercased_signature", "chrf_signature")}
     return EvalReport("translation", str(run_dir), [row], details)
 
 

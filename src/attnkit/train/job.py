@@ -105,7 +105,11 @@ class DataConfig:
     tgt_lang: str | None = None  # translate from a folder: the target file suffix, e.g. en
     val_fraction: float = 0.1  # the share of the training data held out for validation when none is given
     eval_batches: int = 50  # lm: validation batches per evaluation
-    bleu_samples: int = 200  # translate: validation sentences translated for BLEU at each evaluation
+    bleu_samples: int = 200  # translate: validation sentences translated for BLEU at each evaluation (more: all)
+    bleu_beam_size: int = 1  # translate: beam size of the validation translations (1: greedy)
+    batch_tokens: int | None = None
+    """translate, classify: training batches of about this many tokens (source + target), bucketed by length;
+    None: batches of batch_size sentences"""
     encoding_errors: EncodingErrors = "strict"  # strict: invalid UTF-8 is an error; replace: it becomes U+FFFD
     bad_labels: str = field(default="error", metadata={"choices": BAD_LABELS})
     """classify: lines whose label looks wrong (missing, holding a space): error | skip | keep"""
@@ -116,7 +120,7 @@ class DataConfig:
             raise ConfigError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
         if self.bad_labels not in BAD_LABELS:
             raise ConfigError(f"bad_labels={self.bad_labels!r}: choose one of {', '.join(BAD_LABELS)}")
-        for name in ("vocab_size", "eval_batches", "bleu_samples", "max_bytes"):
+        for name in ("vocab_size", "eval_batches", "bleu_samples", "bleu_beam_size", "max_bytes", "batch_tokens"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
@@ -126,6 +130,9 @@ class DataConfig:
             raise ConfigError(f"seq_len={self.seq_len!r} must be an integer >= 2")
         if self.encoding_errors not in ("strict", "replace"):
             raise ConfigError(f"encoding_errors={self.encoding_errors!r}: choose strict or replace")
+        if self.task in STREAM_TASKS and self.batch_tokens is not None:
+            raise ConfigError(f"--task {self.task} draws windows of seq_len tokens, batch_size at a time; drop "
+                              "batch_tokens (it batches translate and classify examples by token count)")
         if self.task in STREAM_TASKS and self.val_data:
             raise ConfigError(f"--task {self.task} validates on the last --val-fraction of its token stream; drop "
                               "--val-data")
@@ -512,10 +519,10 @@ def _make_task(
     if data.task == "translate":
         train, val = _pairs(data, settings.seed)
         return TranslateTask(
-            PairData.from_pairs(train, tokenizer, max_len=seq_len, **batch),
+            PairData.from_pairs(train, tokenizer, max_len=seq_len, batch_tokens=data.batch_tokens, **batch),
             PairData.from_pairs(val, tokenizer, max_len=seq_len, **batch),
             tokenizer=tokenizer, references=[t for _, t in val], translate=translate,
-            bleu_samples=data.bleu_samples, max_len=seq_len,
+            bleu_samples=data.bleu_samples, beam_size=data.bleu_beam_size, max_len=seq_len,
         ), None
     train, val = _labelled(data, settings.seed)
     vocab = LabelVocab.from_labels(label for _, label in train)
@@ -523,7 +530,8 @@ def _make_task(
         raise InputError(f"the training data ({', '.join(data.data)}) holds one class only, {vocab.labels[0]!r}: a "
                          f"classifier needs examples of two classes or more")
     return ClassifyTask(
-        LabelledData.from_examples(train, tokenizer, label_vocab=vocab, max_len=seq_len, **batch),
+        LabelledData.from_examples(train, tokenizer, label_vocab=vocab, max_len=seq_len,
+                                   batch_tokens=data.batch_tokens, **batch),
         LabelledData.from_examples(val, tokenizer, label_vocab=vocab, max_len=seq_len, **batch),
     ), list(vocab.labels)
 

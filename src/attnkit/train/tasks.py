@@ -29,7 +29,7 @@ from attnkit.tokenize import SPECIAL_ROLES, Tokenizer
 from attnkit.train.state import decode_tensor, encode_tensor
 
 TASKS = ("lm", "mlm", "translate", "classify")
-# (model, source token lists, *, bos_id, eos_id, pad_id, max_length) -> target token lists without BOS/EOS
+# (model, source token lists, *, bos_id, eos_id, pad_id, max_length, beam_size) -> target token lists without BOS/EOS
 Translator = Callable[..., list[list[int]]]
 
 
@@ -178,7 +178,7 @@ class _EpochTask:
         self.epoch, self.index = 0, 0
 
     def next_batch(self) -> Any:
-        if self.index >= self.train.num_batches:
+        if self.index >= len(self.train.batch_order(self.epoch)):
             self.epoch, self.index = self.epoch + 1, 0
         batch = self.train.batch(self.epoch, self.index)
         self.index += 1
@@ -192,11 +192,14 @@ class _EpochTask:
 
 
 class TranslateTask(_EpochTask):
-    """Sequence to sequence with teacher forcing; scored by sacreBLEU on greedy translations when a decoding
-    function is given (the trainer never imports `attnkit.generate`; the caller passes its `greedy_translate`).
+    """Sequence to sequence with teacher forcing; scored by sacreBLEU on translations (greedy, or beam search of
+    `beam_size`) when a decoding function is given (the trainer never imports `attnkit.generate`; the caller
+    passes its `translate_ids`).
 
     `references` are the raw target sentences of the validation pairs, in order; BLEU compares the first
-    `bleu_samples` of them, detokenized and cased, with sacreBLEU's default 13a tokenization.
+    `bleu_samples` of them (all of them when there are fewer), detokenized and cased, with sacreBLEU's default
+    13a tokenization: the figure that picks the best checkpoint. The lowercased protocol of the published
+    Multi30k results is logged beside it as `bleu_lowercased`.
     """
 
     name = "translate"
@@ -212,10 +215,11 @@ class TranslateTask(_EpochTask):
         references: list[str],
         translate: Translator | None = None,
         bleu_samples: int = 200,
+        beam_size: int = 1,
         max_len: int = 128,
     ) -> None:
         super().__init__(train)
-        self.val, self.tokenizer, self.max_len = val, tokenizer, max_len
+        self.val, self.tokenizer, self.max_len, self.beam_size = val, tokenizer, max_len, beam_size
         self.references = references[:bleu_samples]
         self.translate = translate
         if translate is not None:
@@ -237,19 +241,21 @@ class TranslateTask(_EpochTask):
         loss = _mean_loss(self, model, self.val.eval_batches())
         results = {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
         if self.translate is not None:
-            import sacrebleu
+            from attnkit.train.evaluate import bleu_scores
 
-            results["bleu"] = sacrebleu.corpus_bleu(self.hypotheses(model), [self.references]).score
+            scores = bleu_scores(self.hypotheses(model), self.references)
+            results.update(bleu=scores["bleu"], bleu_lowercased=scores["bleu_lowercased"])
         return results
 
     def hypotheses(self, model: nn.Module) -> list[str]:
-        """Greedy translations of the first `bleu_samples` validation sources, detokenized."""
+        """Translations of the first `bleu_samples` validation sources (beam `beam_size`), detokenized."""
         out: list[str] = []
         n, step = len(self.references), self.val.batch_size
         for start in range(0, n, step):
             ids = self.translate(
                 model, self.val.src[start : min(start + step, n)], bos_id=self.tokenizer.bos_id,
                 eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id, max_length=self.max_len,
+                beam_size=self.beam_size,
             )
             out.extend(self.tokenizer.decode(row) for row in ids)
         return out
