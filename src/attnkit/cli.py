@@ -31,6 +31,7 @@ from attnkit.textfiles import EncodingErrors
 
 if TYPE_CHECKING:
     from attnkit.experiments.base import ExperimentSettings
+    from attnkit.train.average import AverageSettings
     from attnkit.train.evaluate import EvalSettings
     from attnkit.viz.run import VizSettings
 
@@ -396,6 +397,18 @@ def _run_eval(settings: EvalSettings) -> int:
     return 0
 
 
+# average --------------------------------------------------------------------------------------------------------
+def _run_average(settings: AverageSettings) -> int:
+    from attnkit.checkpoint import read_json
+    from attnkit.train.average import AVERAGE_FILE, average_run
+
+    out = average_run(settings.run, last=settings.last, out=settings.out)
+    steps = read_json(out / AVERAGE_FILE)["steps"]
+    print(f"averaged the weights of steps {', '.join(map(str, steps))} into {out}; use it as a run, e.g. "
+          f"attnkit eval --run {out} --data ...")
+    return 0
+
+
 # convert --------------------------------------------------------------------------------------------------------
 _CONVERT_EPILOG = """\
 examples:
@@ -496,6 +509,10 @@ COMMANDS: list[Command] = [
         "Translators: sacreBLEU and chrF with their signatures. Classifiers: accuracy, macro-F1 and a confusion "
         "matrix (table and PNG). Prints a table and writes eval.json.", recipe="evaluate",
     ),
+    Command("average", "average the weights of a run's last N checkpoints into a model of its own",
+            "attnkit.train.average:AverageSettings", _run_average,
+            description="The mean of each weight over the newest --last checkpoints (Vaswani et al. 2017, 6.1), "
+            "written as a run that loads, translates and evaluates like any other (not resumable)."),
     Command("convert", "convert Hugging Face model directories to attnkit runs and back", ConvertSettings,
             _run_convert, epilog=_CONVERT_EPILOG),
     Command("viz", "draw a run's attention over a text (PNGs and an HTML page) and its instruments",
