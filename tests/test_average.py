@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_train import request
+from test_train import request, small_and_single_threaded  # noqa: F401 (a fixture: one thread)
 
 from attnkit import cli
 from attnkit.checkpoint import CHECKSUMS_FILE, CONFIG_FILE, WEIGHTS_FILE, digest, load_model, read_checksums
@@ -123,3 +123,24 @@ def test_the_command_line(run, tmp_path, capsys):
     assert "steps 4, 6" in capsys.readouterr().out
     assert cli.main(["average", str(run), "--last", "0"]) == 2
     assert "last=0" in capsys.readouterr().err
+
+
+def test_average_last_must_be_a_kept_checkpoint_count():
+    from attnkit.errors import ConfigError
+    from attnkit.train.trainer import TrainConfig
+
+    with pytest.raises(ConfigError, match="average_last=4 must lie in 0..keep"):
+        TrainConfig(keep=3, average_last=4)
+
+
+@pytest.mark.slow
+def test_training_averages_its_last_checkpoints_at_the_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (200, 16))
+    out = tmp_path / "run"
+    tiny = ["d_model=32", "n_layers=1", "n_heads=2", "d_ff=64", "max_seq_len=24"]
+    code = cli.main(["train", "--task", "translate", "--data", "synthetic:reverse", "--tokenizer", "char",
+                     "--max-steps", "6", "--eval-every", "2", "--batch-size", "8", "--average-last", "2",
+                     "--bleu-samples", "4", "--no-progress", "--out", str(out), "--set", *tiny])
+    assert code == 0
+    assert f"averaged the last 2 checkpoints: {out / 'average-last-2'}" in capsys.readouterr().out
+    assert json.loads((out / "average-last-2" / AVERAGE_FILE).read_text())["steps"] == [4, 6]

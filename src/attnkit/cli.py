@@ -31,6 +31,7 @@ from attnkit.textfiles import EncodingErrors
 
 if TYPE_CHECKING:
     from attnkit.experiments.base import ExperimentSettings
+    from attnkit.train import TrainRequest
     from attnkit.train.average import AverageSettings
     from attnkit.train.evaluate import EvalSettings
     from attnkit.viz.run import VizSettings
@@ -340,18 +341,24 @@ def _train_file(values: dict[str, Any], path: str) -> dict[str, Any]:
     return {**rest, "set": (*model, *rest.get("set", ()))} if model else rest
 
 
-def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) -> int:
-    from attnkit.generate import translate_ids
-    from attnkit.interop import hf
-    from attnkit.train import TrainRequest, prepare
+def train_request(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) -> TrainRequest:
+    """The job `attnkit train` asks for: its own options, and the data and training options given."""
+    from attnkit.train import TrainRequest
 
     data = dict(data)
-    request = TrainRequest(
+    return TrainRequest(
         out=run.out, task=data.pop("task", None), preset=run.preset, config_file=run.model_config,
         overrides=list(run.set), data=data, settings=training, resume=run.resume, overwrite=run.overwrite,
         device=run.device, progress=run.progress, force=run.force,
     )
-    trainer = prepare(request, translate=translate_ids, load_hf=hf.load)
+
+
+def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) -> int:
+    from attnkit.generate import translate_ids
+    from attnkit.interop import hf
+    from attnkit.train import prepare
+
+    trainer = prepare(train_request(run, data, training), translate=translate_ids, load_hf=hf.load)
     result = trainer.fit()
     if result.signal is not None:
         return 128 + result.signal
@@ -360,6 +367,12 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) ->
     summary = "  ".join(f"{k} {v:.4g}" for k, v in result.evaluation.items())
     speed = f"{result.tokens_per_second:,.0f} tokens/s"
     print(f"trained {result.step} steps in {result.elapsed:.0f} s ({speed}); validation: {summary}")
+    if trainer.settings.average_last:
+        from attnkit.checkpoint import checkpoint_dirs
+        from attnkit.train.average import average_run
+
+        last = min(trainer.settings.average_last, len(checkpoint_dirs(run.out)))
+        print(f"averaged the last {last} checkpoints: {average_run(run.out, last=last)}")
     from attnkit.viz import plot_run_instruments
 
     if plot_run_instruments(run.out) is not None:

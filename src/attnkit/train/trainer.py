@@ -96,6 +96,7 @@ class TrainConfig:
     eval_every: int = 200  # steps between evaluations (each also writes a checkpoint)
     log_every: int = 10  # steps between progress lines when no progress bar is shown
     keep: int = 3  # checkpoints kept besides best/
+    average_last: int = 0  # > 0: at the end, the mean of the last N checkpoints goes to RUN/average-last-N
     seed: int = 1337  # seed of initialisation, data order and dropout
     # Fine-tuning (train/finetune.py, train/lora.py): a new run starting from trained weights
     init_from: str | None = None  # an attnkit run directory or a Hugging Face model directory; None: random weights
@@ -118,6 +119,10 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if isinstance(self.average_last, bool) or not isinstance(self.average_last, int) or not (
+                0 <= self.average_last <= self.keep):
+            raise ConfigError(f"average_last={self.average_last!r} must lie in 0..keep ({self.keep}): only the kept "
+                              "checkpoints can be averaged; raise keep")
         if self.max_time is not None and not self.max_time > 0:
             raise ConfigError(f"max_time={self.max_time} must be a positive number of seconds (or unset)")
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
