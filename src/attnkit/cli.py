@@ -519,7 +519,8 @@ COMMANDS: list[Command] = [
         "eval", "score a run on held-out files: perplexity, BLEU/chrF or accuracy/macro-F1",
         "attnkit.train.evaluate:EvalSettings", _run_eval,
         description="Language models: sliding-window perplexity per token, per character and bits per byte. "
-        "Translators: sacreBLEU and chrF with their signatures. Classifiers: accuracy, macro-F1 and a confusion "
+        "Translators: sacreBLEU (cased), BLEU lowercased (the published Multi30k protocol) and chrF with their "
+        "signatures. Classifiers: accuracy, macro-F1 and a confusion "
         "matrix (table and PNG). Prints a table and writes eval.json.", recipe="evaluate",
     ),
     Command("average", "average the weights of a run's last N checkpoints into a model of its own",

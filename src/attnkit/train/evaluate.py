@@ -163,7 +163,7 @@ class EvalReport:
         """The rows as an aligned text table (and, for classification, the confusion matrix under it)."""
         columns = {
             "perplexity": ("file", "tokens", "loss", "ppl", "chars", "char_ppl", "bits_per_byte"),
-            "translation": ("file", "sentences", "bleu", "chrf"),
+            "translation": ("file", "sentences", "bleu", "bleu_lowercased", "chrf"),
             "classification": ("file", "examples", "accuracy", "macro_f1"),
         }[self.kind]
         cells = [list(columns)] + [[_cell(row[c]) for c in columns] for row in self.rows]
@@ -173,7 +173,9 @@ class EvalReport:
         if self.kind == "classification":
             lines += ["", confusion_table(self.details["confusion"], self.details["labels"])]
         if self.kind == "translation":
-            lines += ["", f"BLEU: {self.details['bleu_signature']}", f"chrF: {self.details['chrf_signature']}"]
+            lines += ["", f"BLEU: {self.details['bleu_signature']}",
+                      f"BLEU lowercased (the published Multi30k protocol): {self.details['bleu_lowercased_signature']}",
+                      f"chrF: {self.details['chrf_signature']}"]
         return "\n".join(line.rstrip() for line in lines)
 
 
