@@ -200,7 +200,19 @@ def prepare(
         raise
 
 
-def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HFLoader | None) -> Trainer:
+def check_request(request: TrainRequest) -> tuple[ModelConfig | None, DataConfig, TrainConfig]:
+    """The model config, data settings and training settings a new run of `request` would start from, checked
+    without reading data or writing anything (the model config's vocabulary is the tokenizer's business; None
+    when `init_from` names weights that bring their own config). Raises ConfigError as `prepare` would."""
+    model_changes, data_changes, train_changes = _changes(request)
+    data_config, settings = DataConfig.from_dict(data_changes), TrainConfig.from_dict(train_changes)
+    if settings.init_from:
+        return None, data_config, settings
+    return _model_config(request, data_config.task, model_changes), data_config, settings
+
+
+def _changes(request: TrainRequest) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """The request's model assignments, data changes and training changes (flags, then --set on top)."""
     model_changes, data_changes, train_changes = _split_overrides(request.overrides)
     data_changes = {**request.data, **data_changes}
     train_changes = {**request.settings, **train_changes}
@@ -208,6 +220,11 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
         train_changes["init_from"] = str(Path(train_changes["init_from"]).resolve())
     if request.task is not None:
         data_changes["task"] = request.task
+    return model_changes, data_changes, train_changes
+
+
+def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HFLoader | None) -> Trainer:
+    model_changes, data_changes, train_changes = _changes(request)
     world = World.from_env()  # several processes under torchrun: this one is rank world.rank
     out, device = Path(request.out), world.device(pick_device(request.device))
     if request.resume:
