@@ -144,3 +144,14 @@ def test_training_averages_its_last_checkpoints_at_the_end(tmp_path, capsys, mon
     assert code == 0
     assert f"averaged the last 2 checkpoints: {out / 'average-last-2'}" in capsys.readouterr().out
     assert json.loads((out / "average-last-2" / AVERAGE_FILE).read_text())["steps"] == [4, 6]
+
+
+def test_eval_scores_the_average_of_the_last_checkpoints(run, tmp_path, capsys):
+    from attnkit.data.synthetic import make_task
+
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in make_task("reverse", 6, seed=5).pairs()))
+    assert cli.main(["eval", "--run", str(run), "--data", str(tsv), "--average-last", "2", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "bleu_lowercased" in printed and str(run / "average-last-2" / "eval" / "eval.json") in printed
+    assert json.loads((run / "average-last-2" / AVERAGE_FILE).read_text())["steps"] == [4, 6]

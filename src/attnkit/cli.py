@@ -19,7 +19,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import import_module, metadata
 from typing import TYPE_CHECKING, Any
 
@@ -394,6 +394,11 @@ def _run_eval(settings: EvalSettings) -> int:
     from attnkit.models import family_of
     from attnkit.train.evaluate import run_eval
 
+    if settings.average_last:
+        from attnkit.train.average import average_run
+
+        averaged = average_run(settings.run, last=settings.average_last)
+        settings = replace(settings, run=str(averaged))
     translate = None
     if "translate" in family_of(load_config(settings.run)).methods:
         from attnkit.generate import load

@@ -200,6 +200,7 @@ class EvalSettings:
     stride: int | None = None  # perplexity: tokens each window moves on; None: half the window; = window: no overlap
     batch_size: int = 32  # classification and translation: examples per forward pass
     beam_size: int = 1  # translation: 1 is greedy
+    average_last: int = 0  # > 0: score the mean of the run's last N checkpoints (written to RUN/average-last-N)
     out: str | None = None  # directory for eval.json (and confusion.png); None: RUN/eval
     device: str | None = None  # cpu, cuda or cuda:N; None: CUDA when available, else the CPU
     encoding_errors: EncodingErrors = "strict"  # strict: a file that is not UTF-8 is an error; replace: U+FFFD
@@ -217,6 +218,8 @@ class EvalSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if isinstance(self.average_last, bool) or not isinstance(self.average_last, int) or self.average_last < 0:
+            raise ConfigError(f"average_last={self.average_last!r} must be a number of checkpoints (0: none)")
         if self.encoding_errors not in ("strict", "replace"):
             raise ConfigError(f"encoding_errors={self.encoding_errors!r}: choose strict or replace")
 
