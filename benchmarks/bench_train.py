@@ -2,15 +2,19 @@
 
     python -m benchmarks train shakespeare [--dtype fp32 bf16] [--threads N]
     python -m benchmarks train nanogpt [--seeds 1337 1]
+    python -m benchmarks train recipes [--threads 1]
     python -m benchmarks train multi30k [--max-time 60m] [--threads N]
     python -m benchmarks train sst2 [--max-steps 2000] [--threads N]
 
-shakespeare  Tiny Shakespeare, characters, nanoGPT's CPU setting: 4 layers, 4 heads, width 128, context 64,
-             batch 12, 2,000 iterations, lr 1e-3 (warmup 100, cosine to 1e-4, beta2 0.99), dropout 0, learned
-             positions, GELU, pre-norm LayerNorm, no biases. nanoGPT reports validation loss ~1.88. Validation
-             loss here is over every validation token (non-overlapping windows of 64).
+shakespeare  Tiny Shakespeare, characters, nanoGPT's CPU setting (the recipe shakespeare-char): 4 layers, 4 heads,
+             width 128, context 64, batch 12, 2,000 iterations, lr 1e-3 (warmup 100, cosine to 1e-4, beta2 0.99),
+             dropout 0, learned positions, GELU, pre-norm LayerNorm, no biases. nanoGPT reports validation loss
+             ~1.88. Validation loss here is over every validation token (non-overlapping windows of 64).
 nanogpt      the same setting through nanoGPT's own model and train.py loop, written out in this file: its
              validation loss over every token, and ten of its 20-batch estimates (how it reports 1.88).
+recipes      the recipes shakespeare-char and shakespeare-char-plus (the Llama-2-style block) and nanoGPT's loop,
+             one after another in one process at the recipes' step count; writes each recipe's `result` into its
+             file (src/attnkit/recipes/NAME.json) and train-recipes.json / .md.
 multi30k     German to English, one shared byte-level BPE, a 3+3-layer width-256 encoder-decoder, trained for a
              time budget; sacreBLEU (detokenized, cased, 13a) of greedy translations of test_2016_flickr with the
              checkpoint that scored best on validation BLEU. Published: 36.5 (Transformer, lowercased, longer
@@ -34,23 +38,22 @@ import platform
 import shutil
 import sys
 import time
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from attnkit import cli
 from attnkit.experiments.base import device_name
 from attnkit.generate import greedy_translate, load, translate_ids
+from attnkit.recipes import RECIPE_DIR
 from attnkit.train import TrainRequest, prepare
 from benchmarks.common import DATA, RESULTS, ROOT
 
 RUNS = ROOT / "runs"
 
-SHAKESPEARE_MODEL = ["family=decoder", "d_model=128", "n_layers=4", "n_heads=4", "d_ff=512", "max_seq_len=64",
-                     "position=learned", "activation=gelu", "norm=layer", "norm_position=pre", "dropout=0.0",
-                     "bias=false", "tie_embeddings=true"]
-SHAKESPEARE_TRAIN = dict(max_steps=2000, batch_size=12, lr=1e-3, warmup=100, min_lr_ratio=0.1, beta2=0.99,
-                         weight_decay=0.1, clip=1.0, eval_every=250, seed=1337)
+SHAKESPEARE_RECIPES = ("shakespeare-char", "shakespeare-char-plus")
 
 
 def machine() -> dict[str, Any]:
@@ -86,15 +89,20 @@ def train(name: str, *, task: str, model: list[str], data: dict[str, Any], setti
     return trainer, result, row
 
 
+def recipe_job(name: str) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """The model assignments, data settings and training settings of the recipe `name`, as `attnkit train
+    --recipe NAME --data-root ../shared/data` builds them."""
+    invocation = cli.parse(["train", "--recipe", name, "--data-root", str(need(DATA))])
+    run, data, training = invocation.settings, *invocation.sections
+    return list(run.set), dict(data), dict(training)
+
+
 def shakespeare(args: argparse.Namespace) -> list[dict[str, Any]]:
-    text = need(DATA / "tinyshakespeare" / "input.txt")
+    model, data, settings = recipe_job("shakespeare-char")
     rows = []
     for dtype in args.dtype:
-        _, _, row = train(
-            f"shakespeare-{dtype}", task="lm", model=SHAKESPEARE_MODEL,
-            data={"data": (str(text),), "tokenizer": "char", "seq_len": 64, "eval_batches": 10**6},
-            settings={**SHAKESPEARE_TRAIN, "dtype": dtype},
-        )
+        _, _, row = train(f"shakespeare-{dtype}", task=data["task"], model=model, data=data,
+                          settings={**settings, "dtype": dtype})
         row["dtype"] = dtype
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -143,7 +151,7 @@ def nanogpt_parity(V: int, T: int) -> dict[str, Any]:
 
     torch.manual_seed(0)
     reference = NanoGPT(V, T, 128, 4, 4)
-    ours = build_model(ModelConfig(vocab_size=V).with_overrides(SHAKESPEARE_MODEL))
+    ours = build_model(ModelConfig(vocab_size=V).with_overrides(recipe_job("shakespeare-char")[0]))
     mapped = {"stack.embeddings.token.weight": reference.wte.weight, "stack.embeddings.positions.weight":
               reference.wpe.weight, "stack.final_norm.weight": reference.ln_f.weight}
     for i, block in enumerate(reference.blocks):
@@ -165,6 +173,12 @@ def nanogpt_parity(V: int, T: int) -> dict[str, Any]:
 def nanogpt_reference(args: argparse.Namespace) -> list[dict[str, Any]]:
     """nanoGPT's model and train.py loop (shakespeare_char, CPU setting), written out above and re-run here:
     its validation loss over every token, and ten of its 20-batch estimates (the way it reports 1.88)."""
+    text = need(DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+    return [nanogpt_parity(len(set(text)), 64), *(nanogpt_train(seed, 2000) for seed in args.seeds)]
+
+
+def nanogpt_train(seed: int, steps: int) -> dict[str, Any]:
+    """nanoGPT's train.py loop for `steps` iterations (lr_decay_iters = max_iters = steps), one row of results."""
     F = torch.nn.functional
     text = need(DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
     stoi = {c: i for i, c in enumerate(sorted(set(text)))}
@@ -179,35 +193,87 @@ def nanogpt_reference(args: argparse.Namespace) -> list[dict[str, Any]]:
     def loss(model: NanoGPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
 
-    rows = [nanogpt_parity(V, T)]
-    for seed in args.seeds:
-        torch.manual_seed(seed)
-        model = NanoGPT(V, T, 128, 4, 4)
-        params = list(model.parameters())
-        optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                                       {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                                      lr=1e-3, betas=(0.9, 0.99))
-        start = time.perf_counter()
-        for it in range(2000):  # nanoGPT's get_lr: warmup 100, cosine to 1e-4 at 2000
-            cosine = 0.5 * (1 + math.cos(math.pi * (it - 100) / 1900))
-            lr = 1e-3 * (it + 1) / 101 if it < 100 else 1e-4 + cosine * 9e-4
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss(model, *batch(train_data)).backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        seconds = time.perf_counter() - start
-        with torch.no_grad():
-            windows = torch.stack([val_data[i : i + T + 1] for i in range(0, len(val_data) - T, T)])
-            full = loss(model, windows[:, :-1], windows[:, 1:]).item()
-            estimates = [sum(loss(model, *batch(val_data)).item() for _ in range(20)) / 20 for _ in range(10)]
-        row = {"run": f"nanogpt-reference-seed{seed}", "seed": seed, "val_loss_every_token": round(full, 4),
-               "val_loss_20_batch_estimates": [round(e, 3) for e in estimates], "train_seconds": round(seconds, 1),
-               "tokens_per_second": round(2000 * B * T / seconds), "load_average_1m": os.getloadavg()[0]}
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    torch.manual_seed(seed)
+    model = NanoGPT(V, T, 128, 4, 4)
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=1e-3, betas=(0.9, 0.99))
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    for it in range(steps):  # nanoGPT's get_lr: warmup 100, cosine to 1e-4 at `steps`
+        cosine = 0.5 * (1 + math.cos(math.pi * (it - 100) / (steps - 100)))
+        lr = 1e-3 * (it + 1) / 101 if it < 100 else 1e-4 + cosine * 9e-4
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss(model, *batch(train_data)).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    seconds = time.perf_counter() - start
+    with torch.no_grad():
+        windows = torch.stack([val_data[i : i + T + 1] for i in range(0, len(val_data) - T, T)])
+        full = loss(model, windows[:, :-1], windows[:, 1:]).item()
+        estimates = [sum(loss(model, *batch(val_data)).item() for _ in range(20)) / 20 for _ in range(10)]
+    row = {"run": f"nanogpt-reference-seed{seed}", "seed": seed, "steps": steps, "val_loss_every_token": round(full, 4),
+           "val_loss_20_batch_estimates": [round(e, 3) for e in estimates], "train_seconds": round(seconds, 1),
+           "tokens_per_second": round(steps * B * T / seconds), "parameters": sum(p.numel() for p in params),
+           "load_average_1m": [load_before, os.getloadavg()[0]]}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def shakespeare_recipes(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """shakespeare-char, shakespeare-char-plus and nanoGPT's loop, one after another at the recipes' step count;
+    each recipe's `result` is written into its file, the table into train-recipes.md."""
+    rows = []
+    for name in SHAKESPEARE_RECIPES:
+        model, data, settings = recipe_job(name)
+        _, _, row = train(name, task=data["task"], model=model, data=data, settings=settings)
+        rows.append({**row, "recipe": name, "val_loss_every_token": row["final"]["val_loss"]})
+        print(json.dumps(rows[-1]), flush=True)
+    rows.append(nanogpt_train(settings["seed"], settings["max_steps"]))
+    for row in rows[:-1]:
+        record_result(row, reference=rows[-1], threads=torch.get_num_threads())
+    header = ["| run | block | parameters | steps | validation loss (every token) | train seconds | tokens/s | load "
+              "before, after |", "|---|---|---|---|---|---|---|---|"]
+    blocks = {"shakespeare-char": "GPT-2", "shakespeare-char-plus": "Llama 2"}
+    table = [f"| {row['run']} | {blocks.get(row['run'], 'GPT-2 (nanoGPT model.py)')} | {row['parameters']:,} | "
+             f"{row['steps']} | {row['val_loss_every_token']:.4f} | {row['train_seconds']:.1f} | "
+             f"{row['tokens_per_second']:,} | {', '.join(f'{x:.2f}' for x in row['load_average_1m'])} |"
+             for row in rows]
+    about = machine()
+    intro = (f"`python -m benchmarks train recipes --threads {about['threads']}`, {date.today().isoformat()}: "
+             f"{about['processor']}, {about['threads']} torch thread(s), torch {about['torch']}. Train seconds "
+             "include attnkit's evaluations over every validation token every eval_every steps and its checkpoints; "
+             "nanoGPT's loop is timed without evaluation.")
+    (RESULTS / "train-recipes.md").write_text("\n".join([intro, "", *header, *table]) + "\n")
     return rows
+
+
+def record_result(row: dict[str, Any], *, reference: dict[str, Any], threads: int) -> None:
+    """Write the measured figures into the recipe's file as its `result`."""
+    path = RECIPE_DIR / f"{row['recipe']}.json"
+    recipe = json.loads(path.read_text(encoding="utf-8"))
+    about = machine()
+    recipe["result"] = {
+        "summary": f"validation loss {row['val_loss_every_token']:.3f} per character (every validation token) after "
+                   f"{row['steps']:,} steps, {row['train_seconds']:.0f} s on {threads} thread{'s' * (threads > 1)} "
+                   f"of a {about['cpus']}-core {about['processor']}; nanoGPT's own loop in the same run: "
+                   f"{reference['val_loss_every_token']:.3f}, {reference['train_seconds']:.0f} s",
+        "metrics": {"val_loss_every_token": row["val_loss_every_token"],
+                    "val_perplexity": row["final"]["val_ppl"]},
+        "steps": row["steps"], "train_seconds": row["train_seconds"], "tokens_per_second": row["tokens_per_second"],
+        "parameters": row["parameters"], "machine": f"{about['cpus']}-core {about['processor']}",
+        "threads": threads, "torch": about["torch"], "load_average": [round(x, 2) for x in row["load_average_1m"]],
+        "date": date.today().isoformat(),
+        "command": f"OMP_NUM_THREADS={threads} attnkit train --recipe {row['recipe']} --data-root ../shared/data",
+        "measured_by": "python -m benchmarks train recipes --threads 1 (benchmarks/results/train-recipes.md)",
+        "reference": {"run": "nanoGPT's model.py and train.py loop, same steps, same run",
+                      "val_loss_every_token": reference["val_loss_every_token"],
+                      "train_seconds": reference["train_seconds"]},
+    }
+    path.write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
 
 
 def multi30k(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -254,7 +320,8 @@ def sst2(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [row]
 
 
-BENCHMARKS = {"shakespeare": shakespeare, "nanogpt": nanogpt_reference, "multi30k": multi30k, "sst2": sst2}
+BENCHMARKS = {"shakespeare": shakespeare, "nanogpt": nanogpt_reference, "recipes": shakespeare_recipes,
+              "multi30k": multi30k, "sst2": sst2}
 
 
 def main(argv: list[str]) -> int:

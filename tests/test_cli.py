@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import pytest
+from shared_data import shared
 
 from attnkit import cli, options, presets
 from attnkit.errors import InputError
@@ -119,6 +120,8 @@ def test_every_command_line_in_the_readme_parses(argv, capsys):
         return
     args = cli.build_parser().parse_args(argv)  # argparse exits on anything it does not take
     assert args.command_spec.name.split()[0] == argv[0]
+    if getattr(args, "data_root", None):  # a recipe reads its data there when the settings are built
+        shared()
     if args.config_file is None:  # (the README's --config files are examples, not files here)
         cli.invocation(args)  # the settings build from what was given
     assert capsys.readouterr().err == ""
