@@ -18,7 +18,11 @@ from attnkit.models.recurrent.rnn import Cell, RecurrentState, check_mask, make_
 
 
 def init_embedding(embedding: nn.Embedding) -> None:
-    """U(-0.1, 0.1), as Zaremba et al. (2014) and AWD-LSTM start their tables: small enough for a tied output."""
+    """A table that is also the output layer starts U(-0.1, 0.1), as Zaremba et al. (2014) and AWD-LSTM start
+    theirs: small enough for the logits. A table that only feeds the recurrence keeps torch's N(0, 1): the layer's
+    weights, U(+-1/sqrt(H)), expect inputs of unit scale. At U(-0.1, 0.1) an untied gru-attn-seq2seq started with
+    encoder states of rms 0.03 and flat attention, and learned Multi30k slower per step than the model without
+    attention (benchmarks/results/multi30k-recurrent-probes.md)."""
     nn.init.uniform_(embedding.weight, -0.1, 0.1)
 
 
@@ -52,8 +56,8 @@ class RecurrentLM(nn.Module):
         self.lm_head = nn.Linear(embedding_dim if tie_embeddings else hidden, vocab_size, bias=False)
         if tie_embeddings:
             self.lm_head.weight = self.embedding.weight
+            init_embedding(self.embedding)
         self.label_smoothing = label_smoothing
-        init_embedding(self.embedding)
 
     @property
     def vocab_size(self) -> int:

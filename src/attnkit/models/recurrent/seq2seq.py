@@ -15,11 +15,13 @@ Three decoders, one per row of the lectures' story:
                       The recurrence never reads c_t, so teacher forcing is still one call of torch's layer and
                       the attention of every step is computed at once.
     BahdanauDecoder   additive attention before the recurrence (Bahdanau et al. 2015): c_t = attend(s_{t-1});
-                      s_t = RNN([y_{t-1}; c_t], s_{t-1}); h~_t = tanh(W [c_t; s_t]). The context feeds the next
-                      state, so even teacher forcing is a loop of single steps through torch's layer.
+                      s_t = RNN([y_{t-1}; c_t], s_{t-1}); h~_t = tanh(W [c_t; s_t; y_{t-1}]) (their deep output
+                      reads the previous word too). The context feeds the next state, so even teacher forcing is
+                      a loop of single steps through torch's layer; the output layer runs once after the loop.
 
-The context is concatenated with the decoder state before the output layer, as the lectures draw it. The
-decoding state is a `RecurrentState`: empty until the first `decode` call, which fills it from the bridge.
+The context is concatenated with the decoder state before the output layer, as the lectures draw it. Embedding
+tables start as `lm.init_embedding` says (N(0, 1) unless tied to the output layer). The decoding state is a
+`RecurrentState`: empty until the first `decode` call, which fills it from the bridge.
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ class RecurrentEncoder(nn.Module):
             cell, embedding_dim, hidden, n_layers=n_layers, dropout=dropout, bidirectional=bidirectional
         )
         self.dropout = nn.Dropout(dropout)
-        init_embedding(self.embedding)
 
     @property
     def output_dim(self) -> int:
@@ -104,7 +105,6 @@ class _Decoder(nn.Module):
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.rnn = make_rnn(cell, input_size, hidden, n_layers=n_layers, dropout=dropout)
         self.dropout = nn.Dropout(dropout)
-        init_embedding(self.embedding)
 
     def embed(self, tgt_ids: Tensor) -> Tensor:
         return self.dropout(self.embedding(tgt_ids))  # (B, T, E)
@@ -145,13 +145,14 @@ class LuongDecoder(_Decoder):
 
 class BahdanauDecoder(_Decoder):
     """Attention from the previous state, whose context enters the next: a loop of single steps through torch's
-    layer, for teacher forcing as for generation; h~_t = tanh(W [c_t; s_t])."""
+    layer, for teacher forcing as for generation; h~_t = tanh(W [c_t; s_t; E y_{t-1}]), Bahdanau et al.'s deep
+    output (their appendix A.2.2), which reads the previous word beside the state and the context."""
 
     def __init__(self, *, embedding_dim: int, hidden: int, memory_dim: int, out_dim: int,
                  additive_dim: int | None = None, **sizes) -> None:
         super().__init__(embedding_dim=embedding_dim, input_size=embedding_dim + memory_dim, hidden=hidden, **sizes)
         self.attention = SourceAttention("bahdanau", query_dim=hidden, memory_dim=memory_dim, additive_dim=additive_dim)
-        self.readout = nn.Linear(memory_dim + hidden, out_dim, bias=False)
+        self.readout = nn.Linear(memory_dim + hidden + embedding_dim, out_dim, bias=False)
 
     def forward(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None, state: RecurrentState):
         x = self.embed(tgt_ids)  # (B, T, E)
@@ -165,7 +166,8 @@ class BahdanauDecoder(_Decoder):
             state.set(new_state, 1)
             outputs.append(torch.cat((context, out), dim=-1))  # (B, 1, M + H)
             weights.append(step_weights)
-        features = torch.tanh(self.readout(torch.cat(outputs, dim=1)))  # (B, T, M + H) -> (B, T, F)
+        readin = torch.cat((torch.cat(outputs, dim=1), x), dim=-1)  # (B, T, M + H + E): [c_t; s_t; E y_{t-1}]
+        features = torch.tanh(self.readout(readin))  # (B, T, F)
         return self.dropout(features), torch.cat(weights, dim=2)  # (B, 1, T, S)
 
 
@@ -281,6 +283,7 @@ def recurrent_seq2seq(
     if tie_embeddings:
         if share_vocabulary:
             decoder.embedding.weight = encoder.embedding.weight
+        init_embedding(decoder.embedding)  # the output layer's table (and the encoder's, when shared)
         lm_head.weight = decoder.embedding.weight
     return RecurrentSeq2Seq(encoder=encoder, bridge=bridge, decoder=decoder, lm_head=lm_head,
                             label_smoothing=label_smoothing)
