@@ -85,3 +85,23 @@ def test_generate_command_continues_a_recurrent_lm(tmp_path, capsys, small_synth
         for _ in range(len(pipeline.tokenizer.encode(new))):
             ids.append(int(pipeline.model(torch.tensor([ids])).logits[0, -1].argmax()))
     assert pipeline.tokenizer.decode(ids[4:]) == new and len(ids) > pipeline.config.max_seq_len
+
+
+
+def test_gru_attention_recipe_is_the_preset_with_a_bpe_of_8000(tmp_path):
+    """The recipe trains gru-attn-seq2seq as the preset has it; its vocab_size (a model field and a data option
+    alike) sizes the BPE, as --vocab-size does, where it once left the tokenizer at its default of 2,048."""
+    from attnkit import presets
+    from attnkit.train.job import check_request
+
+    def request(*argv):
+        invocation = cli.parse(["train", *argv])
+        return cli.train_request(invocation.settings, *invocation.sections)
+
+    for folder in ("multi30k", "multi30k/test_2016_flickr.de", "multi30k/test_2016_flickr.en"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    config, data, _ = check_request(request("--recipe", "multi30k-gru-attention", "--data-root", str(tmp_path)))
+    assert data.vocab_size == 8000
+    assert config == presets.get("gru-attn-seq2seq")
+    _, data, _ = check_request(request("--out", "x", "--set", "vocab_size=1000"))
+    assert data.vocab_size == 1000

@@ -380,9 +380,9 @@ def _split_overrides(texts: list[str]) -> tuple[list[str], dict[str, Any], dict[
         ((key, value),) = assignments([text]).items()
         if key in model_keys:
             model.append(text)
-        elif key in data_keys or key in train_keys:
+        if key in data_keys or key in train_keys:  # vocab_size is both: the BPE's size, which the model then takes
             (data if key in data_keys else train)[key] = value
-        else:
+        elif key not in model_keys:
             raise ConfigError(
                 f"--set {key}: no such setting. Model fields: {', '.join(sorted(model_keys))}. Data settings: "
                 f"{', '.join(sorted(data_keys))}. Training settings: {', '.join(sorted(train_keys))}"
