@@ -27,6 +27,9 @@ at its last checkpoint:
                          (64 sentences hold 1,990 tokens on average, so each step sees as much)
     untied               separate input and output embedding tables (tie_embeddings false)
 
+--equal-steps RUN... --at STEP...: runs of the recipe's own schedule with one change each (e.g. the recipe and
+`--set tie_embeddings=false`, stopped early) scored greedily at the same checkpoints.
+
 Results: benchmarks/results/multi30k-transformer.json and .md; the load average before and after each row.
 """
 
@@ -148,12 +151,27 @@ def ablations(args: argparse.Namespace) -> list[dict[str, Any]]:
         extra += ["--set", *ABLATIONS[name]] if ABLATIONS[name] else []
         trained = train(out, extra)
         row = {"ablation": name, "changes": ABLATIONS[name], **run_summary(out),
-               "train_load_average_1m": trained["load_average_1m"]}
-        for split in SPLITS:
-            scored = score(out, split, 1)
-            row[split] = {k: scored[k] for k in ("bleu", "bleu_lowercased", "chrf", "load_average_1m")}
+               "train_load_average_1m": trained["load_average_1m"], **greedy_scores(out)}
         print(json.dumps(row), flush=True)
         rows.append(row)
+    return rows
+
+
+def greedy_scores(model_dir: Path) -> dict[str, dict[str, Any]]:
+    """{split: BLEU on both protocols, chrF, load average} of greedy translations of the validation and test sets."""
+    keys = ("bleu", "bleu_lowercased", "chrf", "load_average_1m")
+    return {split: {k: v for k, v in score(model_dir, split, 1).items() if k in keys} for split in SPLITS}
+
+
+def equal_steps(runs: list[Path], steps: list[int]) -> list[dict[str, Any]]:
+    """The checkpoints of several runs of one schedule (the recipe, one change each) at the same steps, greedy."""
+    rows = []
+    for run in runs:
+        for step in steps:
+            checkpoint = run / "checkpoints" / f"step_{step:06d}"
+            row = {"run": run.name, "step": step, **greedy_scores(checkpoint)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
     return rows
 
 
@@ -188,6 +206,14 @@ def markdown(report: dict[str, Any]) -> list[str]:
                          f"{r['train_load_average_1m'][0]:.1f}, {r['train_load_average_1m'][1]:.1f} | "
                          f"{val['bleu']:.2f} / {val['bleu_lowercased']:.2f} | "
                          f"{test['bleu']:.2f} / {test['bleu_lowercased']:.2f} |")
+    if report.get("equal_steps"):
+        lines += ["", "Runs of the recipe's schedule (5,500 steps) compared at the same steps, greedy:", "",
+                  "| run | step | validation sacreBLEU / lowercased | test sacreBLEU / lowercased |",
+                  "|---|---|---|---|"]
+        for r in report["equal_steps"]:
+            val, test = r["validation"], r["test_2016_flickr"]
+            lines.append(f"| {r['run']} | {r['step']} | {val['bleu']:.2f} / {val['bleu_lowercased']:.2f} | "
+                         f"{test['bleu']:.2f} / {test['bleu_lowercased']:.2f} |")
     return lines
 
 
@@ -201,6 +227,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--beam", type=int, default=5, help="beam size beside greedy decoding")
     parser.add_argument("--ablations", nargs="*", default=[], choices=list(ABLATIONS))
     parser.add_argument("--steps", type=int, default=700, help="optimizer steps per ablation")
+    parser.add_argument("--equal-steps", type=Path, nargs="*", default=[],
+                        help="runs of the recipe's schedule to compare at the steps --at (e.g. tied and untied)")
+    parser.add_argument("--at", type=int, nargs="*", default=[1000, 2000], help="steps for --equal-steps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -212,6 +241,8 @@ def main(argv: list[str]) -> int:
     if not args.skip_run:
         found["run"] = evaluate_run(args.run, args)
     new_ablations = ablations(args) if args.ablations else []
+    if args.equal_steps:
+        found["equal_steps"] = equal_steps(args.equal_steps, args.at)
     path = RESULTS / "multi30k-transformer.json"  # read only now: another invocation may have written meanwhile
     report = json.loads(path.read_text()) if path.is_file() else {"benchmark": "multi30k-transformer"}
     report.update(found, machine=machine())
