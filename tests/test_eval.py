@@ -15,7 +15,8 @@ from attnkit.checkpoint import save_model
 from attnkit.config import ModelConfig
 from attnkit.errors import ConfigError, InputError
 from attnkit.tokenize import CharTokenizer
-from attnkit.train.evaluate import evaluate_run, sliding_window_nll, sliding_windows, translation_scores
+from attnkit.train.bleu import translation_scores
+from attnkit.train.evaluate import evaluate_run, sliding_window_nll, sliding_windows
 
 TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. Ünïcödé ✓\n"
 WINDOW = 16

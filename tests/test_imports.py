@@ -16,7 +16,7 @@ LAYERS = {
     "errors": 0,
     "textfiles": 1, "options": 1,  # reading text files; dataclass fields -> command-line options (any layer uses)
     "tokenize": 2, "data": 2,
-    "config": 3, "presets": 3,
+    "config": 3, "presets": 3, "recipes": 3,  # recipes: shipped training setups as data
     "layers": 4,
     "blocks": 5,
     "models": 6,

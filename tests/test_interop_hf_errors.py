@@ -92,7 +92,7 @@ def test_truncated_or_invalid_files_are_refused(gpt2_dir):
     with pytest.raises(CheckpointError, match="holds no weights"):
         hf.load(gpt2_dir)
     (gpt2_dir / "config.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match="config.json is not valid JSON"):
+    with pytest.raises(CheckpointError, match="config.json is not readable JSON"):
         hf.load(gpt2_dir)
 
 

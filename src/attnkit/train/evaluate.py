@@ -50,6 +50,7 @@ from attnkit.errors import ConfigError, InputError
 from attnkit.models import family_of
 from attnkit.textfiles import EncodingErrors, read_text
 from attnkit.tokenize import Tokenizer, load_tokenizer
+from attnkit.train.bleu import translation_scores
 from attnkit.train.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
 from attnkit.train.job import pick_device
 
@@ -311,34 +312,6 @@ def _perplexity_report(run_dir, data, model, tokenizer, *, window, stride, encod
     if len(rows) > 1:
         rows.append(perplexity_row("all", *(sum(r[k] for r in rows) for k in ("nll", "tokens", "chars", "bytes"))))
     return EvalReport("perplexity", str(run_dir), rows, {"window": window, "stride": stride})
-
-
-def bleu_scores(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-    """Corpus BLEU on two protocols, with sacreBLEU's signatures (which say exactly how each was computed):
-
-        bleu             sacreBLEU's defaults: cased, detokenized text, 13a tokenization (the standard to report)
-        bleu_lowercased  the published Multi30k protocol (lowercased, tokenized text: spaCy tokens scored with
-                         torchtext's BLEU, e.g. the small Transformer's 36.5): sacreBLEU with lowercase=True, whose
-                         13a tokenizer splits punctuation as spaCy does on these captions
-    """
-    from sacrebleu.metrics import BLEU
-
-    if len(hypotheses) != len(references):
-        raise InputError(f"{len(hypotheses)} translations for {len(references)} references")
-    scores: dict[str, Any] = {}
-    for name, metric in (("bleu", BLEU()), ("bleu_lowercased", BLEU(lowercase=True))):
-        scores[name] = metric.corpus_score(hypotheses, [references]).score
-        scores[f"{name}_signature"] = str(metric.get_signature())
-    return scores
-
-
-def translation_scores(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-    """`bleu_scores` and sacreBLEU's chrF (defaults), each with its signature."""
-    from sacrebleu.metrics import CHRF
-
-    chrf = CHRF()
-    return {**bleu_scores(hypotheses, references), "chrf": chrf.corpus_score(hypotheses, [references]).score,
-            "chrf_signature": str(chrf.get_signature())}
 
 
 def _translation_report(run_dir, data, translate: TextTranslator, encoding_errors) -> EvalReport:

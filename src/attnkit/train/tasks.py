@@ -26,6 +26,7 @@ from attnkit.data.masking import mask_tokens
 from attnkit.errors import ConfigError
 from attnkit.models import families_for_task, family_of
 from attnkit.tokenize import SPECIAL_ROLES, Tokenizer
+from attnkit.train.bleu import bleu_scores
 from attnkit.train.state import decode_tensor, encode_tensor
 
 TASKS = ("lm", "mlm", "translate", "classify")
@@ -241,8 +242,6 @@ class TranslateTask(_EpochTask):
         loss = _mean_loss(self, model, self.val.eval_batches())
         results = {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
         if self.translate is not None:
-            from attnkit.train.evaluate import bleu_scores
-
             scores = bleu_scores(self.hypotheses(model), self.references)
             results.update(bleu=scores["bleu"], bleu_lowercased=scores["bleu_lowercased"])
         return results
