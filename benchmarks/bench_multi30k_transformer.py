@@ -47,12 +47,11 @@ from typing import Any
 import torch
 
 from attnkit import cli, recipes
-from attnkit.checkpoint import TOKENIZER_DIR, read_json
+from attnkit.checkpoint import TOKENIZER_DIR, TRAIN_STATE_FILE, read_json
 from attnkit.generate import load
 from attnkit.tokenize import load_tokenizer
 from attnkit.train.average import AVERAGE_FILE, average_run
 from attnkit.train.bleu import translation_scores
-from attnkit.train.state import TRAIN_STATE_FILE
 from benchmarks.bench_train import machine, need
 from benchmarks.common import DATA, RESULTS, ROOT
 

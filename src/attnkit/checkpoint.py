@@ -39,6 +39,10 @@ CHECKSUMS_FILE = "checksums.json"  # {"sha256": {relative path: hex digest}} of 
 METRICS_FILE = "metrics.jsonl"  # a training run's log, a JSON record a line
 INSTRUMENTS_KIND = "instruments"  # the "kind" of metrics.jsonl records holding the training instruments
 CHECKPOINTS_DIR = "checkpoints"  # a training run's checkpoints: checkpoints/step_XXXXXX (see attnkit.train.state)
+TRAIN_STATE_FILE = "train_state.json"  # where training stands: step, RNG states, data position (attnkit.train.state)
+OPTIMIZER_FILE = "optimizer.safetensors"  # the optimizer's tensors
+TASK_FILE = "task.json"  # the task a run trained for and its data settings
+BEST_DIR = "best"  # a copy of the checkpoint with the best validation score
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from attnkit.checkpoint import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
     LABELS_FILE,
+    TASK_FILE,
     TOKENIZER_DIR,
     WEIGHTS_FILE,
     atomic_write,
@@ -41,7 +42,6 @@ from attnkit.checkpoint import (
     write_checksums,
 )
 from attnkit.errors import CheckpointError, ConfigError, InputError
-from attnkit.train.state import TASK_FILE
 
 AVERAGE_FILE = "averaged.json"  # {"checkpoints": [paths], "steps": [ints]}
 COPIED = (CONFIG_FILE, TASK_FILE, LABELS_FILE)  # files taken from the newest checkpoint as they are

@@ -28,15 +28,29 @@ import socket
 import time
 from pathlib import Path
 
-from attnkit.checkpoint import checkpoint_dirs
+from attnkit.checkpoint import (
+    ADAPTERS_FILE,
+    BEST_DIR,
+    CHECKPOINTS_DIR,
+    CHECKSUMS_FILE,
+    CONFIG_FILE,
+    LABELS_FILE,
+    METRICS_FILE,
+    OPTIMIZER_FILE,
+    TASK_FILE,
+    TOKENIZER_DIR,
+    TRAIN_STATE_FILE,
+    WEIGHTS_FILE,
+    checkpoint_dirs,
+)
 from attnkit.errors import ConfigError, os_error_message
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
 REPLACED_PREFIX = ".replaced-"
-RUN_FILES = ("config.json", "model.safetensors", "adapters.safetensors", "optimizer.safetensors", "train_state.json",
-             "checksums.json", "task.json", "labels.json", "metrics.jsonl", "tokenizer", "checkpoints", "best", "plots")
+RUN_FILES = (CONFIG_FILE, WEIGHTS_FILE, ADAPTERS_FILE, OPTIMIZER_FILE, TRAIN_STATE_FILE, CHECKSUMS_FILE, TASK_FILE,
+             LABELS_FILE, METRICS_FILE, TOKENIZER_DIR, CHECKPOINTS_DIR, BEST_DIR, "plots")
 
 _held: dict[Path, tuple[int, bool]] = {}  # this process's claims: run directory -> (lock file descriptor, created)
 

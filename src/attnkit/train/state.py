@@ -41,11 +41,15 @@ from torch import Tensor, nn
 
 from attnkit.checkpoint import (
     ADAPTERS_FILE,
+    BEST_DIR,
     CHECKPOINTS_DIR,
     CHECKSUMS_FILE,
     CONFIG_FILE,
     LABELS_FILE,
+    OPTIMIZER_FILE,
+    TASK_FILE,
     TOKENIZER_DIR,
+    TRAIN_STATE_FILE,
     WEIGHTS_FILE,
     atomic_write,
     digest,
@@ -68,10 +72,6 @@ from attnkit.train.rundir import drop_replaced
 
 log = logging.getLogger(__name__)
 
-TRAIN_STATE_FILE = "train_state.json"
-OPTIMIZER_FILE = "optimizer.safetensors"
-TASK_FILE = "task.json"
-BEST_DIR = "best"
 LEFTOVER_SUFFIXES = (".tmp", ".del")  # hidden files and directories of interrupted saves and removals
 STATE_FORMAT = 1
 
