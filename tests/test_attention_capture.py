@@ -18,8 +18,6 @@ def _configs():
     for family, score, position in itertools.product(
         ("decoder", "encoder", "encoder-decoder"), get_args(Score), get_args(Position)
     ):
-        if position == "relative" and score not in ("scaled_dot", "dot"):
-            continue  # Shaw's relative keys are defined for dot-product scores only (the config refuses the rest)
         head = {"encoder_head": "none"} if family == "encoder" else {}
         config = ModelConfig(family=family, score=score, position=position, vocab_size=50, d_model=32, n_heads=4,
                              n_kv_heads=2 if score == "scaled_dot" else None, d_ff=64, max_seq_len=32, **head)
