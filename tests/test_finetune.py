@@ -1,8 +1,10 @@
 """Fine-tuning (`attnkit train --init-from`): masked-LM pre-training, a classifier started from it (or from a
-Hugging Face BERT directory) with the source's body and a fresh head, --freeze and LoRA, bit-for-bit resume of a
-fine-tuning run, and clear errors for what cannot be started from."""
+Hugging Face BERT directory) with the source's body and a fresh head, a classifier started from a classifier (a
+fresh head for a new label set), --freeze and LoRA, bit-for-bit resume of a fine-tuning run, and clear errors for
+what cannot be started from."""
 
 import json
+import logging
 import random
 
 import pytest
@@ -120,6 +122,63 @@ def test_a_classifier_from_an_mlm_run_has_its_body_exactly_and_a_fresh_head(mlm_
     trainer.fit()
     state = train_state(tmp_path / "cls")
     assert state["init_from"] == info and state["settings"]["init_from"] == str(mlm_run.resolve())
+
+
+@pytest.fixture(scope="module")
+def classifier_run(mlm_run, texts, tmp_path_factory):
+    """A classifier of labels 0 and 1 fine-tuned from the MLM run: a source whose head is a trained classifier."""
+    out = tmp_path_factory.mktemp("classifier")
+    prepare(finetune(out, texts, mlm_run, max_steps=3)).fit()
+    return out
+
+
+def relabelled(texts, folder, names):
+    """train.txt and dev.txt of `texts` with their labels replaced by `names` in turn (what is learned does not
+    matter here, only the label set)."""
+    folder.mkdir()
+    for name in ("train.txt", "dev.txt"):
+        lines = (texts / name).read_text(encoding="utf-8").splitlines()
+        (folder / name).write_text("\n".join(f"{names[i % len(names)]} {line.split(' ', 1)[1]}"
+                                             for i, line in enumerate(lines)) + "\n", encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize("names, reason", [
+    (["neg", "pos"], "a new label set ['neg', 'pos'] (the source's: ['0', '1'])"),
+    (["neg", "mixed", "pos"], "the source's classifier has other tensors or shapes"),
+], ids=["renamed", "three-classes"])
+def test_a_classifier_from_a_classifier_with_a_new_label_set_has_its_body_exactly_and_a_fresh_head(
+    classifier_run, texts, tmp_path, caplog, names, reason
+):
+    """New class names (the same count: the old head's shapes fit) or a new count: everything but the classifier
+    is the source's, the classifier is a new model's, and the log and run_info say it starts fresh and why."""
+    with caplog.at_level(logging.INFO, logger="attnkit.train.finetune"):
+        trainer = prepare(finetune(tmp_path / "cls", relabelled(texts, tmp_path / "data", names), classifier_run))
+    source, _ = load_model(classifier_run)
+    ours, theirs = trainer.model.state_dict(), source.state_dict()
+    kept = {k for k in ours if not k.startswith("classifier.")}
+    assert kept == {k for k in theirs if not k.startswith("classifier.")}
+    for name in kept:
+        assert torch.equal(ours[name], theirs[name]), name
+    info = trainer.run_info["init_from"]
+    assert info["task"] == "classify" and info["fresh"] == {"classifier": reason} and info["dropped"] == []
+    assert info["loaded_tensors"] == len(kept)
+    assert f"classifier starts fresh: {reason}" in caplog.text
+
+    assert trainer.config.n_classes == len(names) and trainer.model.classifier.weight.shape[0] == len(names)
+    torch.manual_seed(7)
+    new = build_model(trainer.config)
+    for name in ("classifier.weight", "classifier.bias"):
+        assert torch.equal(ours[name], new.state_dict()[name]), name
+        assert ours[name].shape != theirs[name].shape or not torch.equal(ours[name], theirs[name]), name
+
+
+def test_a_classifier_from_a_classifier_with_the_same_labels_keeps_its_head(classifier_run, texts, tmp_path):
+    """The counterpart: the same label list takes the source's trained classifier too, so nothing starts fresh."""
+    trainer = prepare(finetune(tmp_path, texts, classifier_run))
+    ours, theirs = trainer.model.state_dict(), load_model(classifier_run)[0].state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert trainer.run_info["init_from"]["fresh"] == {} and trainer.labels == ["0", "1"]
 
 
 def test_freeze_body_trains_only_the_head(mlm_run, texts, tmp_path):

@@ -15,7 +15,7 @@ from attnkit.train.metrics import MetricsLog
 from attnkit.train.state import checkpoints, find_checkpoint
 
 TINY = ["d_model=32", "n_layers=2", "n_heads=2", "d_ff=64", "max_seq_len=24", "dropout=0.1"]
-DATA = {"lm": "synthetic:copy", "translate": "synthetic:reverse", "classify": "synthetic:ab"}
+DATA = {"lm": "synthetic:copy", "mlm": "synthetic:copy", "translate": "synthetic:reverse", "classify": "synthetic:ab"}
 
 
 @pytest.fixture(autouse=True)
@@ -46,10 +46,10 @@ def train_losses(run_dir):
     return [(r["step"], r["loss"]) for r in MetricsLog(run_dir / "metrics.jsonl").records("train")]
 
 
-@pytest.mark.parametrize("task", ["lm", "translate", "classify"])
+@pytest.mark.parametrize("task", ["lm", "mlm", "translate", "classify"])
 def test_resume_continues_bit_for_bit(tmp_path, task):
     """2N steps in one go == N steps, stop, resume, N steps: identical weights and identical logged losses
-    (dropout on, two micro-batches per step, warmup + cosine)."""
+    (dropout on, two micro-batches per step, warmup + cosine; mlm: the same tokens masked after the resume)."""
     whole, split = tmp_path / "whole", tmp_path / "split"
     prepare(request(whole, task)).fit()
     first = prepare(request(split, task)).fit(stop_at=5)  # not at an evaluation: the plain save path
