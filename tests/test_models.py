@@ -157,6 +157,19 @@ def test_loss_ignores_padding_and_supports_label_smoothing():
     torch.testing.assert_close(smoothed, 0.9 * nll + 0.1 * -log_probs.mean())  # (1-e) NLL + e * uniform CE
 
 
+@pytest.mark.parametrize("head, n_out", [("classify", 3), ("mlm", 50)])
+def test_encoder_heads_smooth_their_labels(head, n_out):
+    ids = torch.randint(0, 50, (2, 6))
+    labels = torch.tensor([0, 2]) if head == "classify" else torch.where(torch.rand(2, 6) < 0.5, ids, -100)
+    labels[..., 0] = 1  # at least one target
+    plain = _model(family="encoder", encoder_head=head, n_classes=3)
+    smoothed = _model(family="encoder", encoder_head=head, n_classes=3, label_smoothing=0.2)
+    log_probs = plain(ids).logits.reshape(-1, n_out).log_softmax(-1)[labels.reshape(-1) != -100]  # (N, n_out)
+    nll = -log_probs.gather(1, labels.reshape(-1)[labels.reshape(-1) != -100, None]).mean()
+    torch.testing.assert_close(plain(ids, labels=labels).loss, nll)
+    torch.testing.assert_close(smoothed(ids, labels=labels).loss, 0.8 * nll + 0.2 * -log_probs.mean())
+
+
 def test_tied_embeddings_share_one_table():
     model = _model(tie_embeddings=True)
     assert model.lm_head.weight is model.stack.embeddings.token.weight

@@ -18,11 +18,17 @@ LINES = ["First Citizen: Before we proceed any further, hear me speak.", "All: S
          "First Citizen: You are all resolved rather to die than to famish?", "All: Resolved. resolved."]
 
 
+def _paths(section: dict, key: str) -> list[str]:
+    """The paths a recipe section names under `key`: a list (data, val_data) or one path (init_from)."""
+    value = section.get(key, ())
+    return [value] if isinstance(value, str) else list(value)
+
+
 def _data_root(tmp_path: Path, recipe: recipes.Recipe) -> Path:
     """A data root holding every path the recipe names (a name with a suffix a small text file, else a folder)."""
     root = tmp_path / "data"
     for section in (recipe.train, recipe.evaluate or {}):
-        for item in (i for key in recipes.PATH_KEYS for i in section.get(key, ())):
+        for item in (i for key in recipes.PATH_KEYS for i in _paths(section, key)):
             if item.startswith(recipes.SYNTHETIC):
                 continue
             path = root / item
@@ -59,9 +65,11 @@ def test_every_recipe_builds_valid_settings_with_a_fixed_step_count(name, tmp_pa
     assert config is not None or settings.init_from
     assert isinstance(config, (ModelConfig, type(None)))
     assert "max_time" not in recipe.train and settings.max_steps == recipe.train["max_steps"]
-    for key in recipes.PATH_KEYS:
-        for item, path in zip(recipe.train.get(key, ()), getattr(data_config, key), strict=True):
+    for key in ("data", "val_data"):
+        for item, path in zip(_paths(recipe.train, key), getattr(data_config, key), strict=True):
             assert item.startswith(recipes.SYNTHETIC) or Path(path) == root / item
+    if "init_from" in recipe.train:
+        assert Path(settings.init_from) == (root / recipe.train["init_from"]).resolve()
     if recipe.evaluate is not None:
         settings = cli.parse(["eval", "--recipe", name, "--data-root", str(root)]).settings
         assert settings.run == f"runs/{name}"
@@ -85,6 +93,16 @@ def test_data_given_on_the_command_line_needs_no_data_root(monkeypatch):
     monkeypatch.delenv(recipes.DATA_ROOT_ENV, raising=False)
     _, data, _ = _train(["--recipe", "shakespeare-char", "--data", "mine.txt"])
     assert data["data"] == ("mine.txt",) and data["tokenizer"] == "char"
+
+
+def test_the_weights_a_recipe_starts_from_are_under_the_data_root_unless_given(tmp_path):
+    root = _data_root(tmp_path, recipes.load("sst2-minilm"))
+    _, _, training = _train(["--recipe", "sst2-minilm", "--data-root", str(root)])
+    assert training["init_from"] == str(root / "all-MiniLM-L6-v2")
+    _, _, training = _train(["--recipe", "sst2-minilm", "--data-root", str(root), "--init-from", "mine"])
+    assert training["init_from"] == "mine"
+    (root / "all-MiniLM-L6-v2").rmdir()
+    assert cli.main(["train", "--recipe", "sst2-minilm", "--data-root", str(root)]) == 2
 
 
 def test_the_data_root_comes_from_the_environment_when_not_given(tmp_path, monkeypatch):

@@ -36,7 +36,8 @@ def build_encoder(config: EncoderConfig) -> nn.Module:
     pooler = Pooler(config.d_model) if config.pooler else None
     if config.encoder_head == "classify":
         classifier = nn.Linear(config.d_model, config.n_classes)
-        model: nn.Module = EncoderClassifier(stack=stack, classifier=classifier, pooling=config.pooling, pooler=pooler)
+        model: nn.Module = EncoderClassifier(stack=stack, classifier=classifier, pooling=config.pooling, pooler=pooler,
+                                             label_smoothing=config.label_smoothing)
     elif config.encoder_head == "none":
         model = EncoderModel(stack=stack, pooling=config.pooling, pooler=pooler)
     else:
@@ -45,7 +46,8 @@ def build_encoder(config: EncoderConfig) -> nn.Module:
             if config.mlm_transform else None
         )
         lm_head = _lm_head(config, stack, config.vocab_size)
-        model = EncoderMaskedLM(stack=stack, lm_head=lm_head, transform=transform)
+        model = EncoderMaskedLM(stack=stack, lm_head=lm_head, transform=transform,
+                                label_smoothing=config.label_smoothing)
     return _init_weights(model, config)
 
 

@@ -50,22 +50,25 @@ class PredictionTransform(nn.Module):
 
 
 class _Encoder(nn.Module):
-    """The stack and the pooling every encoder model shares."""
+    """The stack and the pooling every encoder model shares; `label_smoothing` spreads that share of each target's
+    weight evenly over the classes (or the vocabulary) in the loss (Szegedy et al. 2016)."""
 
-    def __init__(self, *, stack: TransformerStack, pooling: str = "cls", pooler: nn.Module | None = None) -> None:
+    def __init__(self, *, stack: TransformerStack, pooling: str = "cls", pooler: nn.Module | None = None,
+                 label_smoothing: float = 0.0) -> None:
         super().__init__()
         self.stack = stack
         self.pooling = pooling
         self.pooler = pooler
+        self.label_smoothing = label_smoothing
 
     def _encode(self, input_ids: Tensor, attention_mask, token_type_ids, need_weights: bool):
         return self.stack(
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, need_weights=need_weights
         )
 
-    @staticmethod
-    def _output(logits: Tensor, labels: Tensor | None, attentions, hidden: Tensor, need_weights: bool) -> ModelOutput:
-        loss = cross_entropy(logits, labels) if labels is not None else None
+    def _output(self, logits: Tensor, labels: Tensor | None, attentions, hidden: Tensor, need_weights: bool
+                ) -> ModelOutput:
+        loss = cross_entropy(logits, labels, label_smoothing=self.label_smoothing) if labels is not None else None
         return ModelOutput(
             logits=logits, loss=loss, attentions=attentions if need_weights else None, hidden_states=hidden
         )
@@ -104,9 +107,10 @@ class EncoderClassifier(_Encoder):
     """Sequence classification: one label per input sequence."""
 
     def __init__(
-        self, *, stack: TransformerStack, classifier: nn.Module, pooling: str = "cls", pooler: nn.Module | None = None
+        self, *, stack: TransformerStack, classifier: nn.Module, pooling: str = "cls", pooler: nn.Module | None = None,
+        label_smoothing: float = 0.0,
     ) -> None:
-        super().__init__(stack=stack, pooling=pooling, pooler=pooler)
+        super().__init__(stack=stack, pooling=pooling, pooler=pooler, label_smoothing=label_smoothing)
         self.classifier = classifier
 
     def forward(
@@ -127,8 +131,9 @@ class EncoderClassifier(_Encoder):
 class EncoderMaskedLM(_Encoder):
     """Masked language modelling: predict the tokens hidden behind [MASK] from both sides."""
 
-    def __init__(self, *, stack: TransformerStack, lm_head: nn.Linear, transform: nn.Module | None = None) -> None:
-        super().__init__(stack=stack)
+    def __init__(self, *, stack: TransformerStack, lm_head: nn.Linear, transform: nn.Module | None = None,
+                 label_smoothing: float = 0.0) -> None:
+        super().__init__(stack=stack, label_smoothing=label_smoothing)
         self.transform = transform
         self.lm_head = lm_head
 

@@ -10,8 +10,9 @@ one, `attnkit train --recipe NAME` trains it, `attnkit eval --recipe NAME` compu
     result       optional: what it reached here: `summary` (one line, shown by `attnkit recipes`), `metrics`,
                  `steps`, `train_seconds`, `machine`, `threads`, `load_average`, `date`, `command`
 
-Data paths (`data`, `val_data` in `train` and `evaluate`) are relative to the data root: `--data-root DIR`, else
-the environment variable ATTNKIT_DATA. The run directory is runs/NAME unless `--out` (train) or `--run` (eval)
+Data paths (`data`, `val_data` in `train` and `evaluate`) and the weights to start from (`init_from`, e.g. a
+Hugging Face checkpoint directory) are relative to the data root: `--data-root DIR`, else the environment variable
+ATTNKIT_DATA. The run directory is runs/NAME unless `--out` (train) or `--run` (eval)
 says otherwise. Everything given on the command line or in a --config file wins over the recipe.
 """
 
@@ -28,7 +29,8 @@ from attnkit.errors import ConfigError, InputError
 
 RECIPE_DIR = Path(__file__).resolve().parent
 DATA_ROOT_ENV = "ATTNKIT_DATA"
-PATH_KEYS = ("data", "val_data")  # options holding data paths, read relative to the data root
+PATH_KEYS = ("data", "val_data", "init_from")  # options holding paths (data; weights to start from), read
+# relative to the data root: lists of paths (data, val_data) or one path (init_from)
 RUN_KEYS = {"train": "out", "evaluate": "run"}  # each section's run directory option: runs/NAME by default
 KEYS = ("description", "data", "train", "evaluate", "result")
 SYNTHETIC = "synthetic:"
@@ -73,7 +75,7 @@ class Recipe:
         if paths:
             root = _data_root(self.name, data_root)
             for key, items in paths.items():
-                out[key] = [self._under(root, item) for item in items]
+                out[key] = self._under(root, items) if isinstance(items, str) else [self._under(root, i) for i in items]
         return out
 
     def sections(self) -> list[str]:
