@@ -1,4 +1,9 @@
-"""Shared test settings: one torch thread, so tiny models are not slowed by thread hand-offs on small machines."""
+"""Shared test settings: one torch thread, so tiny models are not slowed by thread hand-offs on small machines; a
+small disk that fills up for real."""
+
+import os
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -10,3 +15,17 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A directory on a 64 KiB tmpfs, where writing more gives the kernel's own "No space left on device". Skipped
+    where a tmpfs cannot be mounted (not root, no `mount`, a container that forbids it)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)

@@ -95,6 +95,16 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKSUMS_FILE, "config.json", WEIGHTS_FILE]
 
 
+def test_a_really_full_disk_is_one_line_though_safetensors_reports_no_oserror(small_disk):
+    """safetensors reports a failed write as its own SafetensorError ("... (os error 28)"), not an OSError."""
+    path = small_disk / WEIGHTS_FILE
+    with pytest.raises(CheckpointError) as err:
+        save_tensors({"w": torch.zeros(100_000)}, path)  # 400 KB for a 64 KiB disk
+    one_line = f"cannot finish writing {path}: the disk is full; free some space, or write to another disk"
+    assert str(err.value) == one_line
+    assert not list(small_disk.iterdir())  # the temporary file is gone: the space is free again
+
+
 def load_tensors_after_save(directory, config):
     save_model(build_model(config), config, directory)
     return load_tensors(directory / WEIGHTS_FILE)

@@ -168,3 +168,23 @@ def test_empty_and_binary_corpora_are_clear_errors(tmp_path: Path) -> None:
         LMData.prepare([], tok, tmp_path / "cache")
     with pytest.raises(InputError, match="cannot read .*missing.txt"):
         LMData.prepare([tmp_path / "missing.txt"], tok, tmp_path / "cache")
+
+
+def test_a_full_disk_while_caching_is_one_line_and_leaves_nothing(tmp_path: Path, small_disk: Path) -> None:
+    text = tmp_path / "big.txt"
+    text.write_text("hello world\n" * 20_000)  # 240,000 tokens: 480 KB of uint16 for a 64 KiB disk
+    cache = small_disk / "cache"
+    with pytest.raises(InputError) as err:
+        LMData.prepare([text], CharTokenizer("helo wrd\n"), cache, progress=False)
+    one_line = f"cannot finish writing the token cache in {cache}: the disk is full; free some space, or write to " \
+               "another disk"
+    assert str(err.value) == one_line
+    assert not list(cache.iterdir())  # the partial cache is gone: the space is free again
+
+
+def test_a_cache_directory_that_cannot_be_made_is_one_line(tmp_path: Path, corpus) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(InputError, match=f"cannot finish writing the token cache in {a_file / 'cache'}: part of the "
+                                         "path is a file"):
+        LMData.prepare(corpus, CharTokenizer("helowrdgbyemn \n!"), a_file / "cache", progress=False)

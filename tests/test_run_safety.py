@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from test_train_state import save, trained_pieces
 
 import attnkit
@@ -107,7 +108,12 @@ def test_a_run_killed_before_its_first_checkpoint_gives_back_the_run_it_replaced
     """)
     _, err = child.communicate(timeout=120)
     assert child.returncode == -signal.SIGKILL, err
-    assert list(tmp_path.glob(".replaced-*")) and not (tmp_path / "train_state.json").exists()
+    (aside,) = tmp_path.glob(".replaced-*")
+    assert not (tmp_path / "train_state.json").exists()
+    with pytest.raises(CheckpointError) as err:  # loading says where the run is and how to get it back
+        attnkit.load(tmp_path, device="cpu")
+    assert f"the run it replaces waits in {aside}" in str(err.value) and "--resume" in str(err.value)
+    assert attnkit.load(aside, device="cpu").config.d_model == 32
     trainer = prepare(request(tmp_path, resume=True))  # the next run in the directory puts it back first
     assert trainer.step == old["step"]
     assert not list(tmp_path.glob(".replaced-*"))
@@ -160,6 +166,24 @@ def test_a_damaged_checkpoint_is_refused_by_name_and_resume_takes_the_newest_int
         resumed = prepare(request(tmp_path, resume=True))
     assert resumed.step == 2
     assert f"skipping {newest}" in caplog.text
+
+
+def test_resuming_past_a_damaged_checkpoint_keeps_a_later_best_that_is_intact(tmp_path):
+    """The resumed run goes on along the history `best/` belongs to; only a fork asked for by path drops it."""
+    run, fork = tmp_path / "run", tmp_path / "fork"
+    prepare(request(run, steps=4)).fit()
+    best = state.load_checkpoint(run / "best")
+    assert best.step == 4
+    flip_byte(run / "checkpoints" / "step_000004" / WEIGHTS_FILE)
+    shutil.copytree(run, fork)
+    resumed = prepare(request(run, resume=True))
+    assert resumed.step == 2 and resumed.best == best.train_state["best"]  # only a better score replaces it
+    assert [p.name for p in state.checkpoints(run)] == ["step_000002"]
+    assert state.load_checkpoint(run / "best").step == 4
+    forked = prepare(request(fork, resume=str(fork / "checkpoints" / "step_000002")))
+    assert forked.step == 2 and not (fork / "best").exists()
+
+
 
 
 def test_the_top_level_and_best_share_no_storage_with_the_checkpoint(tmp_path):
@@ -330,7 +354,7 @@ def test_resuming_on_other_data_files_is_reported_as_a_changed_setting(tmp_path,
 def test_a_model_too_large_for_memory_is_refused_before_allocating(tmp_path, monkeypatch):
     monkeypatch.setattr("attnkit.train.memory.free_bytes", lambda device: 2**30)
     with pytest.raises(ConfigError, match=r"6,476,656,640 parameters: .*96.5 GiB .*1.0 GiB free.*--force"):
-        prepare(TrainRequest(out=str(tmp_path), preset="llama2-7b", data={"data": ("synthetic:copy",)}))
+        prepare(TrainRequest(out=str(tmp_path), preset="llama2-7b", data={"data": ("synthetic:copy",), "seq_len": 64}))
     check_fits(6_476_656_640, "fp32", torch.device("cpu"), force=True)
 
 
@@ -348,11 +372,13 @@ TRAIN = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--
          "max_seq_len=24", "--batch-size", "4", "--max-steps", "2", "--eval-every", "2", "--no-progress"]
 
 
-def test_a_full_disk_during_a_save_is_one_line_and_keeps_what_was_saved(tmp_path, capsys, monkeypatch):
-    import errno
-
+@pytest.mark.parametrize("failure", [
+    OSError(28, "No space left on device"),
+    SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),  # what it raises
+])
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_what_was_saved(tmp_path, capsys, monkeypatch, failure):
     def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise failure
 
     monkeypatch.setattr("attnkit.checkpoint.save_file", full)
     err = cli_error(capsys, "train", "--data", "synthetic:copy", "--out", str(tmp_path / "run"), *TRAIN)

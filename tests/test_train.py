@@ -219,6 +219,19 @@ def test_resume_refuses_a_different_model_config(tmp_path):
     assert "Resume without these options" in str(err.value)
 
 
+def test_resume_compares_a_set_with_the_checkpoints_own_config(tmp_path):
+    prepare(request(tmp_path, max_steps=2, eval_every=2)).fit()
+    again = request(tmp_path, resume=True)
+    again.overrides = ["dropout=0.1"]  # the checkpoint's own value, not the default model's
+    assert prepare(again).step == 2
+    again.overrides = ["dropout=0.2"]
+    with pytest.raises(CheckpointError) as err:
+        prepare(again)
+    assert str(err.value).split("\n")[1:-1] == ["  dropout: 0.1 -> 0.2"]  # that field alone, not d_model, ...
+
+
+
+
 def test_resume_refuses_a_different_tokenizer(tmp_path):
     prepare(request(tmp_path, max_steps=2, eval_every=2)).fit()
     other = tmp_path / "other-tokenizer"

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -43,6 +44,7 @@ TRAIN_STATE_FILE = "train_state.json"  # where training stands: step, RNG states
 OPTIMIZER_FILE = "optimizer.safetensors"  # the optimizer's tensors
 TASK_FILE = "task.json"  # the task a run trained for and its data settings
 BEST_DIR = "best"  # a copy of the checkpoint with the best validation score
+REPLACED_PREFIX = ".replaced-"  # a run `--overwrite` moved aside until the new one's first checkpoint (train.rundir)
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +74,23 @@ def save_tensors(tensors: dict[str, Tensor], path: str | Path, metadata: dict[st
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.close(fd)
         try:
-            save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
+            _save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def _save_file(tensors: dict[str, Tensor], path: str, metadata: dict[str, str] | None) -> None:
+    """safetensors' `save_file`, its failed writes raised as the OSError they are: safetensors reports them as its
+    own SafetensorError ("... No space left on device (os error 28)"), which `writing` would not recognise."""
+    try:
+        save_file(tensors, path, metadata=metadata)
+    except SafetensorError as err:
+        code = re.search(r"\(os error (\d+)\)", str(err))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1]))) from err
 
 
 class writing:
@@ -250,10 +264,22 @@ def save_model(
 
 
 def load_config(directory: str | Path) -> ModelConfig:
+    """The model config of a run or checkpoint directory; CheckpointError saying what the directory lacks (for a run
+    an `--overwrite` moved aside and has not yet replaced, where it waits and how to get it back)."""
     directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
+    if not directory.exists():
+        raise CheckpointError(f"{directory} does not exist; give a run directory (runs/NAME, holding {CONFIG_FILE})")
+    if not directory.is_dir():
         raise CheckpointError(f"{directory} is a file; give a run directory (runs/NAME, holding {CONFIG_FILE})")
     if not (directory / CONFIG_FILE).is_file():
+        replaced = sorted(directory.glob(f"{REPLACED_PREFIX}*"))
+        if replaced and not checkpoint_dirs(directory):  # as `train.rundir` decides: the newest is put back
+            raise CheckpointError(
+                f"{directory} has no {CONFIG_FILE}: an `attnkit train --overwrite` there has not saved its first "
+                f"checkpoint (it was killed, or is still running), and the run it replaces waits in {replaced[-1]}; "
+                f"load that directory, or put the run back with `attnkit train --out {directory} --resume` (which "
+                f"continues it) or by moving the files in {replaced[-1].name} back into {directory}"
+            )
         raise CheckpointError(f"{directory} has no {CONFIG_FILE}; is it a run directory (runs/NAME)?")
     try:
         return ModelConfig.from_json(directory / CONFIG_FILE)

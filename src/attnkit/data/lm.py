@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attnkit.data.corpus import file_manifest
-from attnkit.errors import InputError
+from attnkit.errors import InputError, os_error_message
 from attnkit.textfiles import EncodingErrors, iter_texts, split_text
 from attnkit.tokenize import CharTokenizer, Tokenizer
 
@@ -97,14 +98,15 @@ class LMData:
     ) -> LMData:
         """Tokenize `files` into `cache_dir` (or reuse the cache there) and split the stream.
 
-        Raises `InputError` for an unreadable, binary or non-UTF-8 file (see `textfiles.read_text`) and for a
-        corpus with no text at all.
+        Raises `InputError` for an unreadable, binary or non-UTF-8 file (see `textfiles.read_text`), for a
+        corpus with no text at all, and when the cache cannot be written (a full disk: one line naming the fix).
         """
         files = [Path(f) for f in files]
         if not files:
             raise InputError("no data files given")
         cache_dir = Path(cache_dir)
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        with _writing_cache(cache_dir):
+            cache_dir.mkdir(parents=True, exist_ok=True)
         identity = {
             "format": CACHE_FORMAT,
             "tokenizer": tokenizer.fingerprint(),
@@ -123,9 +125,10 @@ class LMData:
         reused = meta is not None
         if meta is None:
             start = time.perf_counter()
-            n_tokens = _build(files, tokenizer, bin_path, encoding_errors, progress)
-            meta = {**expected, "n_tokens": n_tokens}
-            _write_json(meta_path, meta)
+            with _writing_cache(cache_dir):
+                n_tokens = _build(files, tokenizer, bin_path, encoding_errors, progress)
+                meta = {**expected, "n_tokens": n_tokens}
+                _write_json(meta_path, meta)
             n_bytes = sum(f["size"] for f in expected["files"])
             log.info(
                 "tokenized %d files (%.1f MB) into %d tokens in %.1f s -> %s",
@@ -173,7 +176,8 @@ class LMData:
         if n < seq_len + 1:
             raise InputError(
                 f"the {split} split has {n} tokens, fewer than one window of seq_len + 1 = {seq_len + 1}; "
-                "use more data, a shorter sequence length or a larger validation fraction"
+                f"use more data, a shorter sequence length or a {'smaller' if split == 'train' else 'larger'} "
+                "validation fraction"
             )
         return n - seq_len
 
@@ -197,10 +201,23 @@ def _fresh_meta(meta_path: Path, bin_path: Path, expected: dict) -> dict | None:
     return meta
 
 
+@contextmanager
+def _writing_cache(cache_dir: Path) -> Iterator[None]:
+    """An OSError while writing the cache (a full disk, a read-only directory) becomes an InputError of one line
+    naming the problem and the fix. (Reading the data files raises InputError of its own, `textfiles.read_text`.)"""
+    try:
+        yield
+    except OSError as err:
+        raise InputError(os_error_message(err, cache_dir, "writing the token cache in")) from None
+
+
 def _write_json(path: Path, obj: dict) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _build(files: list[Path], tokenizer: Tokenizer, bin_path: Path, errors: EncodingErrors, progress: bool) -> int:
@@ -215,7 +232,7 @@ def _build(files: list[Path], tokenizer: Tokenizer, bin_path: Path, errors: Enco
             tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not progress, leave=False) as bar,
         ):
             for ids in _encode_files(files, tokenizer, errors, bar):
-                ids.astype(dtype, copy=False).tofile(out)
+                out.write(memoryview(np.ascontiguousarray(ids, dtype=dtype)))  # not tofile: its OSError lacks errno
                 n_tokens += ids.size
         if n_tokens == 0:
             raise InputError(f"no text in the {len(files)} data file(s) (first: {files[0]}): every one is empty")

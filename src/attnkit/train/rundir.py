@@ -11,7 +11,8 @@ end of `Trainer.fit`) gives it up.
     out/config.json, checkpoints/, ...   --move_aside-->  out/.replaced-<time>-<pid>/config.json, checkpoints/, ...
     the new run saves its first checkpoint  -->  drop_replaced: the old run is deleted
     the new run fails or is killed first    -->  release (or the next claim): the new run's files are removed and
-                                                 the old run is moved back
+                                                 the old run is moved back; until then, loading `out` is refused
+                                                 naming the folder the old run waits in (`checkpoint.load_config`)
 
 The old run stays inside `out`: nothing is written outside the directory the user named, and a rename within one
 file system is atomic and instant whatever the run's size. `cache/` (tokenized data) is shared, never moved.
@@ -37,6 +38,7 @@ from attnkit.checkpoint import (
     LABELS_FILE,
     METRICS_FILE,
     OPTIMIZER_FILE,
+    REPLACED_PREFIX,
     TASK_FILE,
     TOKENIZER_DIR,
     TRAIN_STATE_FILE,
@@ -48,7 +50,6 @@ from attnkit.errors import ConfigError, os_error_message
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-REPLACED_PREFIX = ".replaced-"
 RUN_FILES = (CONFIG_FILE, WEIGHTS_FILE, ADAPTERS_FILE, OPTIMIZER_FILE, TRAIN_STATE_FILE, CHECKSUMS_FILE, TASK_FILE,
              LABELS_FILE, METRICS_FILE, TOKENIZER_DIR, CHECKPOINTS_DIR, BEST_DIR, "plots")
 

@@ -19,7 +19,7 @@ Tensors are safetensors, everything else JSON: loading runs no code.
 
 Public API: `save_checkpoint`, `find_checkpoint`, `load_checkpoint`, `resume_checkpoint`, `read_task`,
 `optimizer_tensors`, `load_optimizer_tensors`, `seed_all`, `capture_rng`, `restore_rng`, `config_differences`,
-`clean_leftovers`, `remove_checkpoints_after`.
+`clean_leftovers`, `later_best`, `remove_checkpoints_after`.
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ class Checkpoint:
     labels: list[str] | None  # classify only: index = class id
     train_state: dict[str, Any]
     optimizer: dict[str, Tensor]  # see `optimizer_tensors`
+    fell_back: bool = False  # `resume_checkpoint` skipped newer, damaged checkpoints of the run to reach this one
 
     @property
     def step(self) -> int:
@@ -210,7 +211,9 @@ def resume_checkpoint(path: str | Path, *, device: torch.device | str | None = N
     top = [path] if (path / TRAIN_STATE_FILE).is_file() else []  # the top level: a copy of the newest, checked too
     for candidate in [*reversed(found), *top]:
         try:
-            return load_checkpoint(candidate, device=device)
+            checkpoint = load_checkpoint(candidate, device=device)
+            checkpoint.fell_back = bool(problems)
+            return checkpoint
         except CheckpointError as err:
             log.warning("skipping %s, which cannot be resumed: %s", candidate, err)
             problems.append(str(err))
@@ -407,10 +410,26 @@ def _remove_dir(path: Path) -> None:
     shutil.rmtree(hidden, ignore_errors=True)
 
 
-def remove_checkpoints_after(run_dir: str | Path, step: int) -> list[Path]:
+def later_best(run_dir: str | Path, step: int) -> dict[str, Any] | None:
+    """The train state of the run's `best/` when it was saved after `step` and every file it lists is intact; else
+    None. A run resumed at `step` only because its newer checkpoints are damaged goes on along the history that
+    `best/` belongs to: it keeps `best/` and its score (`remove_checkpoints_after(..., keep_best=True)`)."""
+    best = Path(run_dir) / BEST_DIR
+    try:
+        if not read_checksums(best):  # none: not a checkpoint, or one that predates checksums and cannot be checked
+            return None
+        verify_files(best)
+        state = read_json(best / TRAIN_STATE_FILE)
+    except CheckpointError:
+        return None
+    return state if state.get("step", 0) > step else None
+
+
+def remove_checkpoints_after(run_dir: str | Path, step: int, *, keep_best: bool = False) -> list[Path]:
     """Delete the run's checkpoints newer than `step` (a run resumed from an earlier checkpoint forks there), and
-    `best/` when it is one of them; the top level then holds the newest checkpoint left. A kill at any moment
-    leaves whole checkpoints only: each is renamed hidden (newest first) before it is deleted. Returns the removed.
+    `best/` when it is one of them, unless `keep_best` (see `later_best`); the top level then holds the newest
+    checkpoint left. A kill at any moment leaves whole checkpoints only: each is renamed hidden (newest first)
+    before it is deleted. Returns the removed.
     """
     run_dir = Path(run_dir)
     later = [p for p in checkpoints(run_dir) if int(p.name[5:]) > step]
@@ -419,7 +438,8 @@ def remove_checkpoints_after(run_dir: str | Path, step: int) -> list[Path]:
         doomed.append(path.with_name(f".{path.name}.del"))
         os.replace(path, doomed[-1])
     best = run_dir / BEST_DIR
-    if later and (best / TRAIN_STATE_FILE).is_file() and read_json(best / TRAIN_STATE_FILE).get("step", 0) > step:
+    if (later and not keep_best and (best / TRAIN_STATE_FILE).is_file()
+            and read_json(best / TRAIN_STATE_FILE).get("step", 0) > step):
         doomed.append(run_dir / f".{BEST_DIR}.del")
         os.replace(best, doomed[-1])
         log.warning("removed %s: its checkpoint came after step %d", best, step)

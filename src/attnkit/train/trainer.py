@@ -52,6 +52,7 @@ from attnkit.train.state import (
     Checkpoint,
     capture_rng,
     checkpoint_name,
+    later_best,
     remove_checkpoints_after,
     save_checkpoint,
 )
@@ -255,8 +256,13 @@ class Trainer:
         self.precision.weights_to_compute()
         self.parallel.restore_rng(state, seed=self.settings.seed)
         self.task.load_data_state(state["data"])
+        kept = later_best(self.run_dir, self.step) if checkpoint.fell_back else None
+        if kept is not None:  # resumed past damaged checkpoints, not forked: best/ stays, replaced by a better score
+            self.best = kept["best"]
+            log.info("kept best/ (step %d): the run goes on along the history it belongs to", kept["step"])
         if self.parallel.writes:
-            for path in remove_checkpoints_after(self.run_dir, self.step):  # first: a kill leaves a resumable run
+            removed = remove_checkpoints_after(self.run_dir, self.step, keep_best=kept is not None)
+            for path in removed:  # first: a kill leaves a resumable run
                 log.warning("removed %s: the run continues from step %d, before it", path, self.step)
             self.metrics.truncate_after(self.step)
         saved_ranks = state.get("ranks", 1)
