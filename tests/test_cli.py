@@ -1,12 +1,14 @@
 """The command line generated from the settings: every option explained with the settings' own default, every
 command line of the README still parsed, --config files under the command line, --version, `python -m attnkit`,
-`attnkit presets NAME`, and one set of --dtype choices for weights."""
+`attnkit presets NAME`, one set of --dtype choices for weights, and errors of one line whose every --flag is one of
+their command's options."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -182,11 +184,14 @@ def test_a_config_file_with_an_unknown_key_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind, expected", [("directory", "is a directory; give a JSON or YAML file"),
+                                             ("fifo", "is a FIFO, not a regular file; give a JSON or YAML file"),
                                              ("latin-1", "is not UTF-8 text"), ("missing", "no such file")])
 def test_a_config_path_that_is_no_settings_file_names_the_cause(tmp_path, capsys, kind, expected):
     path = tmp_path / "settings.json"
     if kind == "directory":
         path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
     elif kind == "latin-1":
         path.write_bytes('{"prompt": "Grüße"}'.encode("latin-1"))
     assert cli.main(["generate", "--config", str(path)]) == 2
@@ -271,3 +276,87 @@ def test_help_comes_from_the_comment_or_the_attribute_docstring():
 def test_a_required_field_not_given_is_an_input_error():
     with pytest.raises(InputError, match="missing --path"):
         _example([])
+
+
+# Every fix an error names exists on its command ----------------------------------------------------------------
+def _tiny_runs(root: Path) -> dict[str, Path]:
+    """A decoder and a two-class encoder classifier run, random and tiny, with a char tokenizer."""
+    from attnkit import build_model
+    from attnkit.checkpoint import save_model
+    from attnkit.config import ModelConfig
+    from attnkit.tokenize import CharTokenizer
+
+    tokenizer = CharTokenizer("abcdefghijklmnopqrstuvwxyz .\n")
+    runs = {}
+    for name, changes in (("lm", dict(family="decoder")), ("clf", dict(family="encoder", n_classes=2))):
+        config = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1, n_heads=2, d_ff=32,
+                             max_seq_len=24, **changes)
+        save_model(build_model(config).eval(), config, root / name)
+        tokenizer.save(root / name / "tokenizer")
+        runs[name] = root / name
+    return runs
+
+
+def _labelled_lines(n: int, bad: dict[int, str]) -> str:
+    lines = [f"{i % 2} a sentence number {i}" for i in range(n)]
+    for line, text in bad.items():
+        lines[line - 1] = text
+    return "\n".join(lines) + "\n"
+
+
+def test_every_flag_an_error_suggests_exists_on_its_command(tmp_path, capsys):
+    """Bad invocations of each kind the CLI meets: each ends in one error line, saying what it should, and every
+    --flag it names as a fix is one of that command's options."""
+    runs = _tiny_runs(tmp_path)
+    files = {
+        "nohead.tsv": "1\tgood film\n0\tbad film\n",
+        "unlabelled.txt": _labelled_lines(40, {7: "the film forgot its label", 21: "the other one too"}),
+        "labelled.txt": _labelled_lines(40, {}),
+        "oneline.txt": "one line of text\n",
+        "short.txt": "a line of text\n" * 10,
+        "plain.txt": "a fine film\nnot good at all\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    (tmp_path / "dir").mkdir()
+    os.mkfifo(tmp_path / "fifo.json")
+    out, t = str(tmp_path / "out"), str(tmp_path)
+    lm, clf = str(runs["lm"]), str(runs["clf"])
+    tiny = ["--set", "d_model=16", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "d_ff=32", "--set",
+            "max_seq_len=24", "--no-progress", "--out", out]
+    cases = [  # (argv, what the error says)
+        (["train", "--task", "classify", "--data", f"{t}/nohead.tsv", *tiny], "has no text column"),
+        (["train", "--task", "classify", "--data", f"{t}/unlabelled.txt", *tiny], "unlabelled.txt, line 7"),
+        (["train", "--task", "classify", "--data", f"{t}/labelled.txt", "--val-data", f"{t}/unlabelled.txt", *tiny],
+         "unlabelled.txt, line 7: the label 'the' is not among the known labels"),
+        (["train", "--data", f"{t}/oneline.txt", "--tokenizer", "char", *tiny], "training split has"),
+        (["train", "--data", f"{t}/short.txt", "--tokenizer", "char", *tiny], "validation split has"),
+        (["train", "--sample-tokens", "-5", *tiny], "sample_tokens=-5"),
+        (["train", "--resume", "--overwrite", *tiny], "--overwrite would replace"),
+        (["train", "--model-config", f"{t}/dir", "--data", "synthetic:copy", *tiny], "is a directory"),
+        (["train", "--task", "translate", *tiny], "needs --data"),
+        (["train", "--task", "mlm", "--data", "synthetic:copy", "--val-data", f"{t}/plain.txt", *tiny], "--val-data"),
+        (["generate", "--run", lm, "--prompt", "ab", "--top-k", "0"], "top_k=0"),
+        (["generate", "--run", lm, "--prompt", "ab", "--stop", ""], "stop string is empty"),
+        (["generate", "--run", f"{t}/nosuch", "--prompt", "ab"], "does not exist"),
+        (["generate", "--config", f"{t}/fifo.json"], "is a FIFO, not a regular file"),
+        (["eval", "--run", clf, "--data", f"{t}/unlabelled.txt"], "unlabelled.txt, line 7"),
+        (["eval", "--run", clf, "--data", f"{t}/plain.txt"], "not among the known labels"),
+        (["eval", "--run", clf, "--data", f"{t}/nohead.tsv"], "has no text column"),
+        (["eval", "--run", lm, "--data", f"{t}/plain.txt", "--window", "0"], "window=0"),
+        (["classify", "--run", clf], "--text TEXT"),
+        (["classify", "--run", lm, "--text", "ab"], "its family is 'decoder'"),
+        (["classify", "--run", clf, "--text", "ab", "--batch-size", "0"], "batch_size=0"),
+        (["convert", "--run", lm, "--from-hf", t], "one of the two"),
+        (["experiment"], "--list"),
+    ]
+    parsers = _subparsers(cli.build_parser())
+    for argv, expected in cases:
+        assert cli.main(argv) == 2, argv
+        printed = capsys.readouterr()
+        errors = [line for line in printed.err.splitlines() if line.startswith("attnkit: error: ")]
+        assert len(errors) == 1 and expected in errors[0] and printed.out == "", (argv, printed)
+        flags = {s for action in parsers[cli._chosen(argv)]._actions for s in action.option_strings}
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", errors[0]):
+            assert flag in flags, f"attnkit {' '.join(argv)}: the error names {flag}, which the command lacks: " \
+                                  f"{errors[0]}"

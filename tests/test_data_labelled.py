@@ -30,7 +30,7 @@ def test_csv_and_tsv_with_headers(tmp_path: Path) -> None:
     odd = tmp_path / "odd.csv"
     odd.write_text("body,stars\nnice,5\n")
     assert read_labelled(odd, text_column="body", label_column="stars") == [("nice", "5")]
-    with pytest.raises(InputError, match=r"has no a text column .*--text-column"):
+    with pytest.raises(InputError, match=r"\(the first line\) \['body', 'stars'\] has no text column .*add a header"):
         read_labelled(odd)
 
 
@@ -118,7 +118,7 @@ def _sst_like(path: Path, bad: str) -> Path:
 
 def test_a_line_without_its_label_is_an_error_naming_the_line(tmp_path: Path) -> None:
     path = _sst_like(tmp_path / "sst.txt", "this film forgot its label")
-    with pytest.raises(InputError, match=r"sst.txt, line 7: the label 'this' is on this line only.*bad_labels=skip"):
+    with pytest.raises(InputError, match=r"sst.txt, line 7: the label 'this' is a lower-case word.*--bad-labels skip"):
         read_labelled(path)
     assert len(read_labelled(path, bad_labels="skip")) == 39
     assert ("film forgot its label", "this") in read_labelled(path, bad_labels="keep")
@@ -136,3 +136,52 @@ def test_tab_separated_label_lines_split_at_the_tab(tmp_path: Path) -> None:
     path = tmp_path / "tabs.txt"
     path.write_text("1\tgood film\n0\tbad film\n", encoding="utf-8")
     assert read_labelled(path) == [("good film", "1"), ("bad film", "0")]
+
+
+def _lines(labels: list[str], bad: dict[int, str]) -> str:
+    """`<label> <text>` lines with these labels, and the lines (1-based) of `bad` replaced by its texts."""
+    lines = [f"{label} a sentence number {i}" for i, label in enumerate(labels)]
+    for n, text in bad.items():
+        lines[n - 1] = text
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(("labels", "why"), [
+    (["0", "1"] * 20, "is a lower-case word, where 95% of the lines have numbers"),  # SST-2: a word among numbers
+    (["pos", "neg"] * 20, "is on 2 lines only, where 'neg' is on 20"),  # words alike: too rare for a class
+    (["World", "Sports", "Business"] * 100, "is a lower-case word, where 99% of the lines have capitalised"),
+])
+def test_lines_missing_their_label_are_caught_when_they_share_a_first_word(tmp_path: Path, labels, why) -> None:
+    path = tmp_path / "train.txt"
+    path.write_text(_lines(labels, {7: "the film forgot its label", 21: "the other one too"}), encoding="utf-8")
+    with pytest.raises(InputError, match=rf"train.txt, line 7: the label 'the' {why}.*1 more line\(s\) like it: 21"):
+        read_labelled(path)
+    assert len(read_labelled(path, bad_labels="skip")) == len(labels) - 2
+    assert ("other one too", "the") in read_labelled(path, bad_labels="keep")
+
+
+@pytest.mark.parametrize("labels", [
+    ["0"] * 400 + ["1"] * 12,  # 3% of the lines
+    ["neg"] * 100 + ["pos"] * 5,  # few lines, yet enough to be a class
+    ["a"] * 10 + ["b"] * 10 + ["c"] * 4,  # few lines, and no other class ten times as large
+    ["-1"] * 300 + ["1"] * 10,  # numbers alike, signed or not
+])
+def test_imbalanced_data_sets_are_read_whole(tmp_path: Path, labels) -> None:
+    path = tmp_path / "train.txt"
+    path.write_text(_lines(labels, {}), encoding="utf-8")
+    assert [label for _, label in read_labelled(path)] == labels
+
+
+def test_a_label_outside_the_known_ones_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "val.txt"
+    path.write_text(_lines(["0", "1", "2", "1"], {3: "this film forgot its label"}), encoding="utf-8")
+    with pytest.raises(InputError, match=r"val.txt, line 3: the label 'this' is not among the known labels "
+                                         r"\['0', '1', '2'\].*--bad-labels skip"):
+        read_labelled(path, known=("0", "1", "2"))
+    with pytest.raises(InputError, match="val.txt, line 3"):  # a label with no class cannot be kept
+        read_labelled(path, known=("0", "1", "2"), bad_labels="keep")
+    assert [label for _, label in read_labelled(path, known=("0", "1", "2"), bad_labels="skip")] == ["0", "1", "1"]
+    with pytest.raises(InputError, match="every line's label looks wrong, so none is left to read"):
+        read_labelled(path, known=("pos", "neg"), bad_labels="skip")
+    path.write_text("2 a class on one line, known\n" + _lines(["0", "1"] * 20, {}), encoding="utf-8")
+    assert len(read_labelled(path, known=("0", "1", "2"))) == 41  # known labels are never too rare

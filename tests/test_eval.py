@@ -221,3 +221,22 @@ def test_perplexity_of_a_converted_gpt2_run_equals_transformers(tmp_path):
     row = report.rows[0]
     assert row["tokens"] == len(ids) - 1
     assert row["loss"] == pytest.approx(total / (len(ids) - 1), rel=1e-5)
+
+
+def test_a_line_missing_its_label_is_named_and_can_be_skipped_while_a_rare_class_of_the_run_is_scored(
+        tmp_path, capsys):
+    from attnkit.cli import main
+
+    make_run(tmp_path / "run", family="encoder", encoder_head="classify", n_classes=3)
+    (tmp_path / "run" / "labels.json").write_text(json.dumps({"labels": ["neg", "neu", "pos"]}))
+    lines = [f"{['neg', 'pos'][i % 2]} to be or not {i}" for i in range(30)] + ["neu the question"]
+    lines[4] = "this line forgot its label"
+    data = write(tmp_path / "dev.txt", "\n".join(lines) + "\n")
+    argv = ["eval", "--run", str(tmp_path / "run"), "--data", str(data), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "dev.txt, line 5: the label 'this' is not among the known labels ['neg', 'neu', 'pos']" in err
+    assert "--bad-labels skip" in err and "bad_labels=" not in err and len(err.splitlines()) == 1
+    assert main([*argv, "--bad-labels", "skip"]) == 0
+    report = json.loads((tmp_path / "run" / "eval" / "eval.json").read_text())
+    assert report["rows"][0]["examples"] == 30  # the neu line, one of 31, is a class of the run's: scored

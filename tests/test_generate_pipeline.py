@@ -175,6 +175,8 @@ def test_cli_generate_streams_the_prompt_and_continuation(runs, lm, capsys):
                      "--temperature", "0", "--device", "cpu"]) == 0
     expected = "ab" + lm.generate("ab", max_new_tokens=9, temperature=0)[0] + "\n"
     assert capsys.readouterr().out == expected
+    assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "ab", "--max-new-tokens", "0"]) == 0
+    assert capsys.readouterr().out == "ab\n"  # nothing generated: the prompt alone
 
 
 def test_cli_generate_reads_stdin_and_prints_several_samples(runs, lm, capsys, monkeypatch):
@@ -188,6 +190,12 @@ def test_cli_generate_reads_stdin_and_prints_several_samples(runs, lm, capsys, m
 def test_cli_bad_arguments_print_a_clear_error(runs, capsys):
     assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "ab", "--top-p", "0"]) == 2
     assert "top_p=0.0 must lie in (0, 1]" in capsys.readouterr().err
+    assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "ab", "--top-k", "0"]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == ""  # the prompt is not streamed ahead of an error
+    assert "top_k=0 must be a positive integer (leave it out to keep every token)" in printed.err
+    assert cli.main(["generate", "--run", str(runs["lm"].parent / "nosuch"), "--prompt", "ab"]) == 2
+    assert f"{runs['lm'].parent / 'nosuch'} does not exist; give a run directory" in capsys.readouterr().err
     assert cli.main(["classify", "--run", str(runs["lm"]), "--text", "ab"]) == 2
     assert "its family is 'decoder'" in capsys.readouterr().err
 

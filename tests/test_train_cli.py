@@ -84,3 +84,42 @@ def test_a_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, sig):
     assert code == 0
     assert json.loads((out / "train_state.json").read_text())["step"] == step + 2
     assert (out / "plots" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--sample-tokens", "-5"], "sample_tokens=-5 must be a number of tokens (0: no sample)"),
+    (["--resume", "--overwrite"], "which --overwrite would replace: give one of the two"),
+    (["--resume", "{out}/best", "--overwrite"], "which --overwrite would replace: give one of the two"),
+])
+def test_contradictory_or_negative_options_are_refused_before_anything_runs(tmp_path, capsys, argv, message):
+    out = tmp_path / "run"
+    assert cli.main(["train", "--out", str(out), *(a.format(out=out) for a in argv)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_resume_elsewhere_may_overwrite_the_new_out():
+    run = cli.parse(["train", "--resume", "runs/a/best", "--out", "runs/b", "--overwrite"]).settings
+    assert (run.resume, run.overwrite) == ("runs/a/best", True)
+
+
+def test_a_model_config_that_is_a_directory_says_so(tmp_path, capsys):
+    (tmp_path / "conf").mkdir()
+    argv = ["train", "--model-config", str(tmp_path / "conf"), "--out", str(tmp_path / "run"), "--data",
+            "synthetic:copy"]
+    assert cli.main(argv) == 2
+    assert f"config file {tmp_path / 'conf'} is a directory, not a regular file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("one line of text\n", "the training split has 15 tokens, fewer than one window needs (25): give more text "
+                           "(--data) or a shorter --seq-len"),
+    ("a line of text\n" * 10, "the validation split has 15 tokens, fewer than one window needs (25): give more "
+                              "text (--data), a shorter --seq-len or a larger --val-fraction"),
+])
+def test_language_model_data_too_short_for_a_window_names_the_fix_that_helps(tmp_path, capsys, text, message):
+    data = tmp_path / "text.txt"
+    data.write_text(text, encoding="utf-8")
+    argv = ["train", "--data", str(data), "--tokenizer", "char", "--out", str(tmp_path / "run"), *TINY]
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err

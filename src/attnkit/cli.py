@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import import_module, metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnkit import options
@@ -204,20 +206,20 @@ def _run_generate(settings: GenerateSettings) -> int:
     prompt = _read_stdin() if settings.prompt == "-" else settings.prompt
     pipeline = _load_run(settings)
     stream = settings.stream and settings.num_samples == 1
+    unsent = [prompt]  # streamed with the first piece, so that a setting refused before it prints its error alone
 
     def write(_: int, piece: str) -> None:
-        sys.stdout.write(piece)
+        sys.stdout.write("".join(unsent) + piece)
         sys.stdout.flush()
+        unsent.clear()
 
-    if stream:
-        write(0, prompt)
     texts = pipeline.generate(
         prompt, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
         top_p=settings.top_p, repetition_penalty=settings.repetition_penalty, num_samples=settings.num_samples,
         seed=settings.seed, stop=list(settings.stop), on_text=write if stream else None,
     )
     if stream:
-        print()
+        print("".join(unsent))
         return 0
     for index, text in enumerate(texts):
         if settings.num_samples > 1:
@@ -326,6 +328,21 @@ class TrainRun:
     """start from a model config file (a run's config.json)"""
     set: tuple[str, ...] = field(default=(), metadata={"metavar": "KEY=VALUE"})
     """override any model, data or training setting, e.g. --set n_layers=6 (repeatable)"""
+
+    def __post_init__(self) -> None:
+        from attnkit.errors import ConfigError
+
+        if isinstance(self.sample_tokens, bool) or not isinstance(self.sample_tokens, int) or self.sample_tokens < 0:
+            raise ConfigError(f"sample_tokens={self.sample_tokens!r} must be a number of tokens (0: no sample)")
+        if self.overwrite and (self.resume is True or self.resume and _inside(self.resume, self.out)):
+            raise ConfigError(f"--resume continues the run in {self.out}, which --overwrite would replace: give one "
+                              "of the two")
+
+
+def _inside(path: str, directory: str) -> bool:
+    """Whether `path` is `directory` or lies under it (as written: symbolic links are not followed)."""
+    inner, outer = Path(os.path.abspath(path)), Path(os.path.abspath(directory))
+    return inner == outer or outer in inner.parents
 
 
 def _train_file(values: dict[str, Any], path: str) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from typing import Any, ClassVar, Literal, get_args, get_origin
 
 from attnkit.errors import ConfigError
 from attnkit.options import assignments, field_help
+from attnkit.textfiles import special_file
 
 Score = Literal["scaled_dot", "dot", "bilinear", "additive"]
 Position = Literal["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
@@ -246,6 +247,10 @@ class ModelConfig(metaclass=_FamilyDispatch):
         text = str(text_or_path)
         if not text.lstrip().startswith("{"):
             path = Path(text_or_path)
+            kind = "a directory" if path.is_dir() else special_file(path)
+            if kind is not None:
+                raise ConfigError(f"config file {path} is {kind}, not a regular file; give a model config file (a "
+                                  "run's config.json)")
             if not path.is_file():
                 raise ConfigError(f"config file {path} does not exist")
             text = path.read_text()

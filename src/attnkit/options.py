@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 from attnkit.errors import ConfigError, InputError
+from attnkit.textfiles import special_file
 
 
 def field_help(cls: type) -> dict[str, str]:
@@ -242,6 +243,9 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         raise InputError(f"--config {path} is a directory; give a JSON or YAML file of settings")
+    kind = special_file(path)
+    if kind is not None:
+        raise InputError(f"--config {path} is {kind}, not a regular file; give a JSON or YAML file of settings")
     if not path.is_file():
         raise InputError(f"--config {path}: no such file")
     try:

@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -32,7 +33,15 @@ TEXT_COLUMNS = ("text", "sentence", "review", "content")
 LABEL_COLUMNS = ("label", "labels", "class", "sentiment")
 BadLabels = Literal["error", "skip", "keep"]
 BAD_LABELS: tuple[str, ...] = ("error", "skip", "keep")
-ONE_OFF_EVIDENCE = 10  # a label on one line only is suspect once another label is on this many lines
+ALIKE_SHARE = 0.9  # a label written unlike the labels of this share of the lines is suspect
+RARE_LINES = 5  # a label on fewer lines than this is suspect ...
+RARE_RATIO = 10  # ... when another label is on this many times as many lines
+NUMBER = re.compile(r"[-+]?\d+(\.\d+)?")
+FORMS = {  # how a label is written -> (one, many), for messages
+    "number": ("a number", "numbers"), "upper": ("an upper-case word", "upper-case words"),
+    "lower": ("a lower-case word", "lower-case words"), "capitalised": ("a capitalised word", "capitalised words"),
+    "mixed": ("a word", "words"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,13 +90,19 @@ class LabelVocab:
             raise InputError(f"cannot read a label vocabulary from {path}: {err}") from None
 
 
-def _pick_column(header: list[str], wanted: str | None, defaults: tuple[str, ...], what: str, path) -> int:
+def _pick_column(header: list[str], wanted: str | None, defaults: tuple[str, ...], what: str, path,
+                 delimiter: str) -> int:
     names = [h.strip().lower() for h in header]
     for name in [wanted] if wanted else defaults:
         if name.lower() in names:
             return names.index(name.lower())
-    choice = f"column {wanted!r}" if wanted else f"a {what} column (one of {list(defaults)})"
-    raise InputError(f"{path}: header {header} has no {choice}; name it with --{what}-column")
+    if wanted:
+        raise InputError(f"{path}: the header {header} has no column {wanted!r}; name one of its columns")
+    raise InputError(
+        f"{path}: the header (the first line) {header} has no {what} column (one of {list(defaults)}); add a header "
+        f"line naming the columns, e.g. {delimiter.join(('text', 'label'))!r}, or rename the {what} column to one of "
+        "these"
+    )
 
 
 def read_labelled(
@@ -97,6 +112,7 @@ def read_labelled(
     label_column: str | None = None,
     encoding_errors: EncodingErrors = "strict",
     bad_labels: BadLabels = "error",
+    known: Sequence[str] | None = None,
 ) -> list[tuple[str, str]]:
     """(text, label) examples from a file.
 
@@ -106,10 +122,11 @@ def read_labelled(
     empty file.
 
     Lines whose label looks wrong are what a missing label or a stray space leaves behind, so they are not turned
-    silently into classes: a label holding whitespace, and a label found on that line only while another label
-    fills `ONE_OFF_EVIDENCE` lines or more (a line without its label gives its first word as the label).
-    `bad_labels="error"` (the default) raises naming the first such line and counting the others, "skip" leaves
-    them out with a warning that counts them, "keep" reads them as they are.
+    silently into classes (`_suspect_labels` says which look wrong). With `known`, the labels a line may have (the
+    training data's, for validation data; the run's, for evaluation), a label outside them looks wrong, and any label
+    among them is right, however rare. `bad_labels="error"` (the default) raises naming the first such line and
+    counting the others, "skip" leaves them out with a warning that counts them, "keep" reads them as they are
+    (not with `known`: a label outside it has no class, so its lines are an error unless skipped).
     """
     if bad_labels not in BAD_LABELS:
         raise InputError(f"bad_labels={bad_labels!r}: choose one of {', '.join(BAD_LABELS)}")
@@ -120,8 +137,8 @@ def read_labelled(
         rows = [r for r in csv.reader(io.StringIO(text, newline=""), **dialect)]
         if not rows:
             raise InputError(f"{path} is empty")
-        t_col = _pick_column(rows[0], text_column, TEXT_COLUMNS, "text", path)
-        l_col = _pick_column(rows[0], label_column, LABEL_COLUMNS, "label", path)
+        t_col = _pick_column(rows[0], text_column, TEXT_COLUMNS, "text", path, dialect["delimiter"])
+        l_col = _pick_column(rows[0], label_column, LABEL_COLUMNS, "label", path, dialect["delimiter"])
         numbered = [
             (n, r[t_col] if t_col < len(r) else "", r[l_col] if l_col < len(r) else "")
             for n, r in enumerate(rows[1:], start=2)
@@ -142,33 +159,77 @@ def read_labelled(
         examples.append((n, sentence.strip(), label.strip()))
     if not examples:
         raise InputError(f"{path} holds no labelled examples")
-    suspects = _suspect_labels(examples) if bad_labels != "keep" else {}
-    if suspects and bad_labels == "error":
+    if known is not None:
+        suspects = {n: f"the label {label!r} is not among the known labels {list(known)}: is the line missing its "
+                       "label?" for n, _, label in examples if label not in known}
+        fixes = "leave such lines out (--bad-labels skip)"
+    else:
+        suspects = _suspect_labels(examples) if bad_labels != "keep" else {}
+        fixes = "leave such lines out (--bad-labels skip) or read them as they are (--bad-labels keep)"
+    if suspects and bad_labels != "skip":
         n, why = next(iter(suspects.items()))
         more = list(suspects)[1:]
         others = f"; {len(more)} more line(s) like it: {_lines(more)}" if more else ""
-        raise InputError(
-            f"{path}, line {n}: {why}{others}. Fix the file, or set bad_labels=skip to leave such lines out, or "
-            f"bad_labels=keep to read them as they are (attnkit train: --set bad_labels=skip)"
-        )
+        raise InputError(f"{path}, line {n}: {why}{others}. Fix the file, or {fixes}")
+    kept = [(sentence, label) for n, sentence, label in examples if n not in suspects]
+    if not kept:
+        n, why = next(iter(suspects.items()))
+        raise InputError(f"{path}: every line's label looks wrong, so none is left to read (line {n}: {why})")
     if suspects:
         log.warning("%s: left out %d line(s) whose label looks wrong (bad_labels=skip): %s", path, len(suspects),
                     _lines(list(suspects)))
-    return [(sentence, label) for n, sentence, label in examples if n not in suspects]
+    return kept
 
 
 def _suspect_labels(examples: list[tuple[int, str, str]]) -> dict[int, str]:
-    """{line: why} for the lines whose label holds whitespace or is a one-off among common labels."""
+    """{line: why} for the lines whose label looks like the first word of a line that lacks its label.
+
+    The labels of a data set are a few classes, each on many lines and all written alike (SST's 0 and 1, TREC's
+    DESC and ENTY, AG News' World and Sports). A line without its label gives its first word as the label: a word of
+    text, written as text is, and, the first words of sentences being many, each on few lines. So a label is suspect
+    when it
+      - holds whitespace (a label is one word);
+      - is written unlike the labels of `ALIKE_SHARE` of the lines or more (`_form`: a lower-case word among
+        numbers or capitalised words), however many lines it is on;
+      - is on fewer than `RARE_LINES` lines while another label is on `RARE_RATIO` times as many: too few lines to
+        learn a class from or to score it, so far likelier a sentence's first word.
+    An imbalanced data set passes as long as its classes are written alike and each is on `RARE_LINES` lines or
+    more, or on a tenth as many lines as the largest or more; a rarer class is read with bad_labels="keep". What
+    this cannot tell from a class: `RARE_LINES` or more lines lacking their label that begin with one word written
+    like the labels (`the` among `pos` and `neg`).
+    """
     counts = Counter(label for _, _, label in examples)
-    common = counts.most_common(1)[0][1] >= ONE_OFF_EVIDENCE
+    top, most = counts.most_common(1)[0]
+    forms: Counter[str] = Counter()
+    for label, count in counts.items():
+        forms[_form(label)] += count
+    usual, usual_lines = forms.most_common(1)[0]
+    share = usual_lines / len(examples)
+    alike = [label for label, _ in counts.most_common() if _form(label) == usual][:3]
     suspects = {}
     for n, _, label in examples:
         if any(c.isspace() for c in label):
             suspects[n] = f"the label {label!r} holds whitespace (a label is one word)"
-        elif common and counts[label] == 1:
-            suspects[n] = (f"the label {label!r} is on this line only, while others fill {ONE_OFF_EVIDENCE}+ lines: "
-                           f"is the line missing its label?")
+        elif share >= ALIKE_SHARE and _form(label) != usual:
+            suspects[n] = (f"the label {label!r} is {FORMS[_form(label)][0]}, where {share:.0%} of the lines have "
+                           f"{FORMS[usual][1]} ({', '.join(map(repr, alike))}): is the line missing its label?")
+        elif counts[label] < RARE_LINES and counts[label] * RARE_RATIO <= most:
+            lines = f"{counts[label]} line{'s' if counts[label] > 1 else ''}"
+            suspects[n] = (f"the label {label!r} is on {lines} only, where {top!r} is on {most}: is the line missing "
+                           "its label?")
     return suspects
+
+
+def _form(label: str) -> str:
+    """How a label is written, one of `FORMS`: a number (0, -1, 4.5), upper case (DESC), lower case (pos),
+    capitalised (World, Sci/Tech) or another mix (iPhone)."""
+    if NUMBER.fullmatch(label):
+        return "number"
+    if label.isupper():
+        return "upper"
+    if label.islower():
+        return "lower"
+    return "capitalised" if label.istitle() else "mixed"
 
 
 def _lines(numbers: list[int]) -> str:

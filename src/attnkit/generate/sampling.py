@@ -42,7 +42,7 @@ class SamplingConfig:
             raise ConfigError(f"temperature={self.temperature} must be >= 0 (0 is greedy, 1 samples as the model says)")
         bad_k = isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
         if self.top_k is not None and bad_k:
-            raise ConfigError(f"top_k={self.top_k!r} must be a positive integer (or None to keep every token)")
+            raise ConfigError(f"top_k={self.top_k!r} must be a positive integer (leave it out to keep every token)")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p={self.top_p} must lie in (0, 1] (1 keeps every token; 0.9 is usual)")
         if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:

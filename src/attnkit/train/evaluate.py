@@ -35,7 +35,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -206,6 +206,8 @@ class EvalSettings:
     device: str | None = None  # cpu, cuda or cuda:N; None: CUDA when available, else the CPU
     encoding_errors: EncodingErrors = "strict"  # strict: a file that is not UTF-8 is an error; replace: U+FFFD
     progress: bool | None = None  # progress bars on long files; None: when stderr is a terminal
+    bad_labels: Literal["error", "skip"] = "error"
+    """classification: lines whose label is not among the run's (missing, mistyped): error | skip (left out, counted)"""
 
     def __post_init__(self) -> None:
         if not self.data:
@@ -223,6 +225,8 @@ class EvalSettings:
             raise ConfigError(f"average_last={self.average_last!r} must be a number of checkpoints (0: none)")
         if self.encoding_errors not in ("strict", "replace"):
             raise ConfigError(f"encoding_errors={self.encoding_errors!r}: choose strict or replace")
+        if self.bad_labels not in ("error", "skip"):
+            raise ConfigError(f"bad_labels={self.bad_labels!r}: choose error or skip")
 
 
 def run_eval(settings: EvalSettings, *, translate: TextTranslator | None = None) -> EvalReport:
@@ -230,7 +234,7 @@ def run_eval(settings: EvalSettings, *, translate: TextTranslator | None = None)
     return evaluate_run(
         settings.run, list(settings.data), device=pick_device(settings.device), window=settings.window,
         stride=settings.stride, batch_size=settings.batch_size, translate=translate, out_dir=settings.out,
-        encoding_errors=settings.encoding_errors,
+        encoding_errors=settings.encoding_errors, bad_labels=settings.bad_labels,
         progress=sys.stderr.isatty() if settings.progress is None else settings.progress,
     )
 
@@ -249,6 +253,7 @@ def evaluate_run(
     translate: TextTranslator | None = None,
     out_dir: str | Path | None = None,
     encoding_errors: EncodingErrors = "strict",
+    bad_labels: Literal["error", "skip"] = "error",
     progress: bool = False,
 ) -> EvalReport:
     """Score the run in `run_dir` on the files `data`, by what the model does (module docstring).
@@ -256,6 +261,7 @@ def evaluate_run(
     window / stride: perplexity only; default the model's max_seq_len and half of it.
     translate: the function that translates texts (needed for an encoder-decoder run).
     out_dir: where eval.json (and confusion.png) go; default `run_dir/eval`.
+    bad_labels: classification: a line whose label is not among the run's is an error, or "skip"ped.
     Raises InputError / ConfigError / CheckpointError naming what is wrong and how to fix it.
     """
     run_dir = Path(run_dir)
@@ -287,7 +293,7 @@ def evaluate_run(
         else:
             report = _classification_report(run_dir, data, model, tokenizer, batch_size=batch_size,
                                              max_len=config.max_seq_len, encoding_errors=encoding_errors,
-                                             progress=progress, png=out_dir / CONFUSION_FILE)
+                                             bad_labels=bad_labels, progress=progress, png=out_dir / CONFUSION_FILE)
     atomic_write(out_dir / REPORT_FILE, json.dumps(report.to_dict(), indent=1) + "\n")
     report.details["json"] = str(out_dir / REPORT_FILE)
     return report
@@ -330,13 +336,13 @@ def _translation_report(run_dir, data, translate: TextTranslator, encoding_error
     return EvalReport("translation", str(run_dir), [row], details)
 
 
-def _classification_report(run_dir, data, model, tokenizer, *, batch_size, max_len, encoding_errors, progress,
-                           png: Path) -> EvalReport:
+def _classification_report(run_dir, data, model, tokenizer, *, batch_size, max_len, encoding_errors, bad_labels,
+                           progress, png: Path) -> EvalReport:
     labels = _run_labels(run_dir, model)
     vocab = LabelVocab(tuple(labels))
     rows, total = [], [[0] * len(labels) for _ in labels]
     for path in data:
-        examples = _labelled_examples(path, vocab, encoding_errors)
+        examples = _labelled_examples(path, vocab, encoding_errors, bad_labels)
         data_set = LabelledData.from_examples(examples, tokenizer, label_vocab=vocab, max_len=max_len,
                                               batch_size=batch_size)
         truth, guesses = _predict(model, data_set, progress=progress)
@@ -368,15 +374,12 @@ def _run_labels(run_dir: Path, model: nn.Module) -> list[str]:
     return labels if labels is not None else [str(i) for i in range(model.classifier.out_features)]
 
 
-def _labelled_examples(path, vocab: LabelVocab, encoding_errors) -> list[tuple[str, str]]:
-    """The file's (text, label) examples; a file whose labels the run does not know reads as unlabelled."""
-    hint = (f"eval of a classifier needs labelled examples: '<label> <text>' lines or a CSV/TSV file with text "
-            f"and label columns, the labels being the run's ({', '.join(vocab.labels)})")
+def _labelled_examples(path, vocab: LabelVocab, encoding_errors, bad_labels) -> list[tuple[str, str]]:
+    """The file's (text, label) examples; a label the run does not know is a bad label (`read_labelled`'s `known`),
+    as is every label of unlabelled text."""
     try:
-        examples = read_labelled(path, encoding_errors=encoding_errors)
+        return read_labelled(path, encoding_errors=encoding_errors, bad_labels=bad_labels, known=vocab.labels)
     except InputError as err:
-        raise InputError(f"{err}. {hint}") from None
-    unknown = sorted({label for _, label in examples} - set(vocab.labels))
-    if unknown:
-        raise InputError(f"{path}: labels {unknown[:5]} are not among the run's; is the file unlabelled text? {hint}")
-    return examples
+        raise InputError(f"{err}. eval of a classifier needs labelled examples, not unlabelled text: '<label> <text>' "
+                         f"lines or a CSV/TSV file with text and label columns, the labels being the run's "
+                         f"({', '.join(vocab.labels)})") from None

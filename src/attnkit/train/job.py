@@ -3,7 +3,8 @@
     new run:  model config (task default | preset | config file, then --set)  ->  tokenizer (trained on the
               training text, or loaded)  ->  data  ->  model (vocabulary and classes from tokenizer and data)
     resume:   the checkpoint's model, tokenizer, data settings and training settings; a flag given again may
-              change a training setting, but a model config or tokenizer that differs is refused
+              change a training setting, but a model config or tokenizer that differs is refused (--set alone is
+              applied to the checkpoint's config, so only the fields it changes differ)
     init:     (--init-from RUN_DIR|HF_DIR, train/finetune.py) the source's config with the task's head, its
               tokenizer, its body's weights (a head that does not fit starts fresh); then --freeze or LoRA decide
               what trains. train_state.json records the source and the fresh heads under "init_from"
@@ -69,7 +70,7 @@ SYNTHETIC_SIZES = (20_000, 500)  # train, validation examples of a synthetic tas
 STREAM_TASKS = ("lm", "mlm")  # tasks that read a token stream (text files), validated on its last val_fraction
 FINETUNE_SETTINGS = ("init_from", "freeze", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
 
-# Small models that train in minutes on a laptop CPU, one per task (used when no --preset or --config is given).
+# Small models that train in minutes on a laptop CPU, one per task (used when no --preset or --model-config is given).
 DEFAULT_MODELS: dict[str, dict[str, Any]] = {
     "lm": dict(family="decoder", d_model=128, n_layers=4, n_heads=4, d_ff=512, position="rope", norm="layer",
                activation="gelu", max_seq_len=128, dropout=0.0, tie_embeddings=True),
@@ -271,7 +272,8 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
 def _init_source(request: TrainRequest, settings: TrainConfig, data_changes: dict[str, Any],
                  load_hf: HFLoader | None) -> Source:
     """The weights `--init-from` names; refuses the options that would choose another model or tokenizer."""
-    clashes = [flag for flag, given in (("--preset", request.preset), ("--config", request.config_file),
+    model_file = "--model-config (or a --config file of model fields)"
+    clashes = [flag for flag, given in (("--preset", request.preset), (model_file, request.config_file),
                                         ("--tokenizer", "tokenizer" in data_changes),
                                         ("--vocab-size", "vocab_size" in data_changes)) if given]
     if clashes:
@@ -300,9 +302,9 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
     if "task" in data_changes and data_changes["task"] != saved_data.task:
         problems.append(f"task: {saved_data.task!r} -> {data_changes['task']!r}")
     if request.preset or request.config_file or model_changes:
-        wanted = _fit_config(
-            _model_config(request, saved_data.task, model_changes), checkpoint.tokenizer, checkpoint.labels, saved_data,
-            keep_vocab="init_from" in state,
+        wanted = _fit_config(  # --set alone changes fields of the checkpoint's config, not of the task's default
+            _model_config(request, saved_data.task, model_changes, base=checkpoint.config), checkpoint.tokenizer,
+            checkpoint.labels, saved_data, keep_vocab="init_from" in state,
         )
         problems += config_differences(checkpoint.config.to_dict(), wanted.to_dict())
     problems += _tokenizer_differences(checkpoint.tokenizer, data_changes, saved_data)
@@ -390,15 +392,20 @@ def _split_overrides(texts: list[str]) -> tuple[list[str], dict[str, Any], dict[
     return model, data, train
 
 
-def _model_config(request: TrainRequest, task: str, assignments: list[str]) -> ModelConfig:
+def _model_config(
+    request: TrainRequest, task: str, assignments: list[str], *, base: ModelConfig | None = None
+) -> ModelConfig:
+    """The request's --preset or --model-config, else `base` (a resumed run's config), else the task's default model;
+    then its --set `assignments`."""
     if request.preset and request.config_file:
-        raise ConfigError("give --preset or --config, not both")
+        raise ConfigError("give --preset or a model config (--model-config, or a --config file of model fields), "
+                          "not both")
     if request.preset:
         config = get_preset(request.preset)
     elif request.config_file:
         config = ModelConfig.from_json(request.config_file)
     else:
-        config = ModelConfig(**DEFAULT_MODELS[task])
+        config = base if base is not None else ModelConfig(**DEFAULT_MODELS[task])
     config = config.with_overrides(assignments)
     check_family(task, config.family)
     head = HEAD_FIELDS.get(task, {}).get("encoder_head")
@@ -509,7 +516,8 @@ def _labelled(data: DataConfig, seed: int) -> tuple[list[tuple[str, str]], list[
     read = dict(encoding_errors=data.encoding_errors, bad_labels=data.bad_labels)
     train = read_labelled(data.data[0], **read)
     if data.val_data:
-        val = [e for path in data.val_data for e in read_labelled(path, **read)]
+        known = LabelVocab.from_labels(label for _, label in train).labels
+        val = [e for path in data.val_data for e in read_labelled(path, **read, known=known)]
         return train, val
     return _split(train, data.val_fraction, seed)
 

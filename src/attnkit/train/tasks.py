@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from attnkit.data import IGNORE_INDEX, LabelledBatch, LabelledData, LMData, PairBatch, PairData
 from attnkit.data.masking import mask_tokens
-from attnkit.errors import ConfigError
+from attnkit.errors import ConfigError, InputError
 from attnkit.models import families_for_task, family_of
 from attnkit.tokenize import SPECIAL_ROLES, Tokenizer
 from attnkit.train.bleu import bleu_scores
@@ -77,6 +77,24 @@ class LMTask:
     def __init__(self, data: LMData, *, batch_size: int, seq_len: int, seed: int, eval_batches: int = 50) -> None:
         self.data, self.batch_size, self.seq_len, self.eval_batches = data, batch_size, seq_len, eval_batches
         self.generator = torch.Generator().manual_seed(seed)
+        self._check_splits()
+
+    @property
+    def window(self) -> int:
+        """Tokens of a window drawn from the stream (its targets are the window one token on)."""
+        return self.seq_len
+
+    def _check_splits(self) -> None:
+        """Refuse, before training starts, a split too short for one window and its next token, naming the fixes
+        that help: more text, a shorter window, and moving the split point when the stream holds two windows."""
+        need, n_train, n_val = self.window + 1, len(self.data.train), len(self.data.val)
+        for split, n, fraction in (("training", n_train, "smaller"), ("validation", n_val, "larger")):
+            if n < need:
+                fixes = ["more text (--data)", "a shorter --seq-len"]
+                if n_train + n_val >= 2 * need:
+                    fixes.append(f"a {fraction} --val-fraction")
+                raise InputError(f"the {split} split has {n} tokens, fewer than one window needs ({need}): give "
+                                 f"{', '.join(fixes[:-1])} or {fixes[-1]}")
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
         return self.data.sample_batch("train", self.batch_size, self.seq_len, self.generator)  # (B, T), (B, T)
@@ -139,13 +157,18 @@ class MLMTask(LMTask):
         self.masking = dict(mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size,
                             special_ids={i for role in SPECIAL_ROLES if (i := tokenizer.token_id(role)) is not None})
 
+    @property
+    def window(self) -> int:
+        """Tokens of a window drawn from the stream: `seq_len` less the CLS and SEP framing it."""
+        return self.seq_len - 2
+
     def _frame_and_mask(self, windows: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         b = windows.shape[0]
         ids = torch.cat([torch.full((b, 1), self.first), windows, torch.full((b, 1), self.last)], dim=1)  # (B, T)
         return mask_tokens(ids, generator=generator, **self.masking)
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
-        windows, _ = self.data.sample_batch("train", self.batch_size, self.seq_len - 2, self.generator)
+        windows, _ = self.data.sample_batch("train", self.batch_size, self.window, self.generator)
         return self._frame_and_mask(windows, self.generator)  # inputs (B, T), labels (B, T)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
@@ -160,7 +183,7 @@ class MLMTask(LMTask):
         generator = torch.Generator().manual_seed(self.seed)
         total, correct, count = 0.0, 0, 0
         for windows, _ in self.data.iter_eval_batches(
-            "val", batch_size=self.batch_size, seq_len=self.seq_len - 2, max_batches=self.eval_batches
+            "val", batch_size=self.batch_size, seq_len=self.window, max_batches=self.eval_batches
         ):
             inputs, labels = (t.to(_device(model)) for t in self._frame_and_mask(windows, generator))
             out = model(inputs, labels=labels)
