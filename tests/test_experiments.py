@@ -80,3 +80,13 @@ def test_command_line_runs_an_experiment_and_lists_them(tmp_path, capsys):
     assert sorted(line.split(":")[0] for line in listed) == sorted(REGISTRY)
     assert cli.main(["experiment", "no-such-claim"]) == 2
     assert "known experiments: " in capsys.readouterr().err
+
+
+def test_decoding_speeds_interleave_the_models_and_keep_each_ones_best_round(monkeypatch):
+    from attnkit.experiments import gqa_memory
+
+    calls, timings = [], iter([5.0, 1.0, 2.0, 9.0, 4.0, 3.0])  # rounds of (model a, model b)
+    monkeypatch.setattr(gqa_memory, "decode_tokens_per_second",
+                        lambda model, **decoding: calls.append(model) or next(timings))
+    assert gqa_memory.decode_speeds(["a", "b"], rounds=3, batch=1) == [5.0, 9.0]
+    assert calls == ["a", "b"] * 3
