@@ -5,7 +5,8 @@ dimension grows, unscaled scores spread out, the softmax saturates (one key take
 gradients vanish. Dividing by sqrt(D) keeps the scores' variance at 1 whatever D is.
 
 Two measurements: at initialisation, the softmax's largest weight and entropy over 64 keys for unit-variance q and
-k as D grows; after training, the validation loss of one-layer character models with each score at several D.
+k as D grows; after training, the validation loss of one-layer character models with each score at several D, and
+how saturated their trained attention is (largest weight and entropy of its rows on validation windows).
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ def saturation(head_dim: int, scale: float, generator: torch.Generator) -> tuple
     return float(weights.max(-1).values.mean()), float(entropy.mean())
 
 
+@torch.no_grad()
+def trained_saturation(model: torch.nn.Module, corpus) -> tuple[float, float]:
+    """Mean largest weight and mean entropy (nats) of a trained one-layer model's attention rows on validation
+    windows; causal row i spreads over i + 1 keys, the same for every score, so the two scores compare."""
+    model.eval()
+    x, _ = corpus.data.sample_batch("val", 16, 64, torch.Generator().manual_seed(1))  # (B, T)
+    weights = model(x, need_weights=True).attentions[0]["self"]  # (B, H, T, T)
+    entropy = -(weights * weights.clamp_min(1e-30).log()).sum(-1)  # (B, H, T)
+    return float(weights.max(-1).values.mean()), float(entropy.mean())
+
+
 @experiment(
     "scaled-dot",
     claim="without the 1/sqrt(D) scale, dot-product attention saturates as the head dimension D grows (softmax "
@@ -54,17 +66,19 @@ def run(budget: str, out: Path) -> Result:
     corpus = char_corpus({"tiny": 20_000, "small": 300_000, "full": 1_000_000}[budget])
     train_rows = []
     for dim in train_dims:
-        losses = {}
-        for score in ("dot", "scaled_dot"):
+        row = {"D": dim}
+        for score, name in (("dot", "dot"), ("scaled_dot", "scaled")):
             config = ModelConfig(family="decoder", d_model=2 * dim, n_heads=2, n_layers=1, d_ff=4 * dim, score=score,
                                  position="rope", max_seq_len=64)
-            losses[score] = train_lm(config, corpus, steps=steps, seq_len=64, lr=3e-3).val_loss
-        train_rows.append({"D": dim, "dot val loss": losses["dot"], "scaled val loss": losses["scaled_dot"]})
+            log = train_lm(config, corpus, steps=steps, seq_len=64, lr=3e-3)
+            row[f"{name} val loss"] = log.val_loss
+            row[f"{name} max weight, trained"], row[f"{name} entropy, trained"] = trained_saturation(log.model, corpus)
+        train_rows.append(row)
 
     rows = [{**row, **next((t for t in train_rows if t["D"] == row["D"]), {})} for row in init_rows]
     rows += [t for t in train_rows if t["D"] not in init_dims]
 
-    fig, axes = new_figure(10, 3.6, ncols=2)
+    fig, axes = new_figure(15, 3.6, ncols=3)
     dims = [r["D"] for r in init_rows]
     axes[0].plot(dims, [r["dot entropy"] for r in init_rows], marker="o", label="dot")
     axes[0].plot(dims, [r["scaled entropy"] for r in init_rows], marker="o", label="scaled dot")
@@ -76,7 +90,14 @@ def run(budget: str, out: Path) -> Result:
                  label="scaled dot")
     axes[1].set(xscale="log", xlabel="head dimension D", ylabel="validation loss (nats/char)",
                 title=f"after {steps} steps")
-    for ax, ticks in ((axes[0], dims), (axes[1], [r["D"] for r in train_rows])):
+    axes[2].plot([r["D"] for r in train_rows], [r["dot max weight, trained"] for r in train_rows], marker="o",
+                 label="dot")
+    axes[2].plot([r["D"] for r in train_rows], [r["scaled max weight, trained"] for r in train_rows], marker="o",
+                 label="scaled dot")
+    axes[2].set(xscale="log", xlabel="head dimension D", ylabel="mean largest attention weight",
+                title=f"trained attention, after {steps} steps")
+    trained_dims = [r["D"] for r in train_rows]
+    for ax, ticks in ((axes[0], dims), (axes[1], trained_dims), (axes[2], trained_dims)):
         ax.set_xticks(ticks, [str(d) for d in ticks])
         ax.minorticks_off()
         ax.legend()
@@ -90,6 +111,8 @@ def run(budget: str, out: Path) -> Result:
     reason = (f"at D={top_init['D']} the unscaled softmax puts {top_init['dot max weight']:.0%} of its weight on one "
               f"key on average (scaled: {top_init['scaled max weight']:.0%}); after {steps} steps at "
               f"D={top_train['D']} the validation loss is {top_train['dot val loss']:.3f} unscaled vs "
-              f"{top_train['scaled val loss']:.3f} scaled")
+              f"{top_train['scaled val loss']:.3f} scaled, and its trained attention puts "
+              f"{top_train['dot max weight, trained']:.0%} of a row's weight on one key unscaled vs "
+              f"{top_train['scaled max weight, trained']:.0%} scaled")
     key = f"max weight {top_init['dot max weight']:.2f} vs {top_init['scaled max weight']:.2f} at D={top_init['D']}"
     return Result(verdict, reason, key, rows, ["saturation.png"])
