@@ -123,3 +123,13 @@ def test_language_model_data_too_short_for_a_window_names_the_fix_that_helps(tmp
     argv = ["train", "--data", str(data), "--tokenizer", "char", "--out", str(tmp_path / "run"), *TINY]
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, shown", [("--no-progress", False), ("--progress", True)])
+def test_no_progress_hides_the_tokenizing_bar_too(tmp_path, capsys, flag, shown):
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    argv = [a for a in TINY if a != "--no-progress"]
+    assert cli.main(["train", "--data", str(text), "--tokenizer", "char", "--out", str(tmp_path / "run"),
+                     "--max-steps", "1", "--eval-every", "1", *argv, flag]) == 0
+    assert ("tokenizing" in capsys.readouterr().err) == shown

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,7 +249,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
         config = _model_config(request, data_config.task, model_changes)
     parallel.check_same(tokenizer.fingerprint(), "tokenizer")
     task, labels = _make_task(data_config, _global_batch(settings, parallel), tokenizer, config, out, translate,
-                              lm_files)
+                              lm_files, progress=_shows_progress(request, parallel))
     config = _fit_config(config, tokenizer, labels, data_config, keep_vocab=source is not None)
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
     check_fits(count_parameters(config), settings.dtype, device, force=request.force)
@@ -334,7 +335,7 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         log.info("continuing %s in %s", checkpoint.path, out)
     parallel = _start(world, settings, device)
     task, labels = _make_task(data_config, _global_batch(settings, parallel), checkpoint.tokenizer, checkpoint.config,
-                              out, translate)
+                              out, translate, progress=_shows_progress(request, parallel))
     if labels != checkpoint.labels:
         raise CheckpointError(f"the data's labels {labels} differ from the checkpoint's {checkpoint.labels}")
     model, run_info = checkpoint.model, {"data_config": data_config.to_dict()}
@@ -522,9 +523,15 @@ def _labelled(data: DataConfig, seed: int) -> tuple[list[tuple[str, str]], list[
     return _split(train, data.val_fraction, seed)
 
 
+def _shows_progress(request: TrainRequest, parallel) -> bool:
+    """Whether data preparation shows progress bars: as the trainer decides (`--no-progress`, else when standard
+    error is a terminal), on the rank that writes."""
+    return (sys.stderr.isatty() if request.progress is None else request.progress) and parallel.writes
+
+
 def _make_task(
     data: DataConfig, settings: TrainConfig, tokenizer: Tokenizer, config: ModelConfig, out: Path,
-    translate: Translator | None, lm_files: list[Path] | None = None,
+    translate: Translator | None, lm_files: list[Path] | None = None, progress: bool = True,
 ) -> tuple[Task, list[str] | None]:
     seq_len = data.seq_len or config.max_seq_len
     batch = dict(batch_size=settings.batch_size, seed=settings.seed)
@@ -535,7 +542,7 @@ def _make_task(
                                  val_fraction=data.val_fraction)
         else:
             lm = LMData.prepare(lm_files or _lm_files(data), tokenizer, out / "cache", val_fraction=data.val_fraction,
-                                encoding_errors=data.encoding_errors)
+                                encoding_errors=data.encoding_errors, progress=progress)
         stream = dict(batch_size=settings.batch_size, seq_len=seq_len, seed=settings.seed,
                       eval_batches=data.eval_batches)
         if data.task == "mlm":
