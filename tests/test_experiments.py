@@ -90,3 +90,12 @@ def test_decoding_speeds_interleave_the_models_and_keep_each_ones_best_round(mon
                         lambda model, **decoding: calls.append(model) or next(timings))
     assert gqa_memory.decode_speeds(["a", "b"], rounds=3, batch=1) == [5.0, 9.0]
     assert calls == ["a", "b"] * 3
+
+
+def test_running_mean_averages_each_value_with_those_before_it():
+    from attnkit.experiments.plots import running_mean
+
+    values = [4.0, 2.0, 6.0, 0.0, 8.0]
+    assert running_mean(values, window=1) == values
+    assert running_mean(values, window=2) == [4.0, 3.0, 4.0, 3.0, 4.0]
+    assert running_mean(values, window=3) == pytest.approx([4.0, 3.0, 4.0, 8 / 3, 14 / 3])

@@ -18,7 +18,7 @@ from pathlib import Path
 from attnkit.config import ModelConfig
 from attnkit.experiments.base import Result, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
-from attnkit.experiments.plots import new_figure, save
+from attnkit.experiments.plots import new_figure, running_mean, save
 
 
 @experiment(
@@ -49,7 +49,7 @@ def run(budget: str, out: Path) -> Result:
     fig, axes = new_figure(11, 3.8, ncols=2)
     for (depth, placement, label), log in logs.items():
         if depth == deepest:
-            axes[0].plot(_smooth(log.losses), label=f"{placement}-norm, {label}")
+            axes[0].plot(running_mean(log.losses), label=f"{placement}-norm, {label}")
     axes[0].set(xlabel="step", ylabel="training loss (smoothed)", title=f"{deepest} layers, lr 3e-3, no clipping")
     axes[0].legend(fontsize=8)
     for placement in ("pre", "post"):
@@ -75,11 +75,3 @@ def run(budget: str, out: Path) -> Result:
     key = (f"post-norm {loss(deepest, 'post', 'no warmup'):.2f} without warmup vs {loss(deepest, 'post', 'warmup'):.2f}"
            f" with, at {deepest} layers")
     return Result(verdict, reason, key, rows, ["norm_placement.png"])
-
-
-def _smooth(values: list[float], window: int = 10) -> list[float]:
-    out, total = [], 0.0
-    for index, value in enumerate(values):
-        total += value - (values[index - window] if index >= window else 0.0)
-        out.append(total / min(index + 1, window))
-    return out

@@ -45,3 +45,12 @@ def save(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def running_mean(values: list[float], window: int = 10) -> list[float]:
+    """Each value averaged with the `window - 1` before it (fewer at the start): noisy loss curves made readable."""
+    out, total = [], 0.0
+    for index, value in enumerate(values):
+        total += value - (values[index - window] if index >= window else 0.0)
+        out.append(total / min(index + 1, window))
+    return out

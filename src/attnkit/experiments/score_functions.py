@@ -16,7 +16,7 @@ from pathlib import Path
 from attnkit.config import ModelConfig
 from attnkit.experiments.base import Result, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
-from attnkit.experiments.plots import new_figure, save
+from attnkit.experiments.plots import new_figure, running_mean, save
 from attnkit.models import count_parameters
 
 SCORES = ("dot", "scaled_dot", "bilinear", "additive")
@@ -42,8 +42,8 @@ def run(budget: str, out: Path) -> Result:
 
     fig, axes = new_figure(11, 3.6, ncols=2)
     for score, losses in curves.items():
-        axes[0].plot(losses, label=score, alpha=0.8)
-    axes[0].set(xlabel="step", ylabel="training loss", title="same block, four scores")
+        axes[0].plot(running_mean(losses, window=25), label=score)
+    axes[0].set(xlabel="step", ylabel="training loss (mean of 25 steps)", title="same block, four scores")
     axes[0].legend()
     axes[1].bar([r["score"] for r in rows], [r["ms per step"] for r in rows])
     axes[1].set(ylabel="ms per training step", title="cost of a step")
