@@ -233,8 +233,8 @@ def _recipe_probe(name: str, probe: str, seed: int | None) -> dict[str, Any]:
     _, _, row = train(run, task=data["task"], model=model, data=data, settings=settings, load_hf=hf.load)
     evaluations = [line for line in _metrics(RUNS / f"bench-{run}") if line["kind"] == "eval"]
     epochs = row["steps"] * settings["batch_size"] / SST2_TRAIN
-    row.update(recipe=name, probe=probe, seed=settings["seed"] if seed is None else seed, changes=list(changes), epochs=round(epochs, 2),
-               dev_accuracy=row["final"]["accuracy"],
+    row.update(recipe=name, probe=probe, seed=settings["seed"] if seed is None else seed, changes=list(changes),
+               epochs=round(epochs, 2), dev_accuracy=row["final"]["accuracy"],
                evaluations=[[line["step"], round(line["accuracy"], 4), round(line["val_loss"], 4)]
                             for line in evaluations],
                command=f"OMP_NUM_THREADS={torch.get_num_threads()} attnkit train --recipe {name} --data-root "
