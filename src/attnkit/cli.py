@@ -341,8 +341,7 @@ class TrainRun:
 
 def _inside(path: str, directory: str) -> bool:
     """Whether `path` is `directory` or lies under it (as written: symbolic links are not followed)."""
-    inner, outer = Path(os.path.abspath(path)), Path(os.path.abspath(directory))
-    return inner == outer or outer in inner.parents
+    return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(directory))
 
 
 def _train_file(values: dict[str, Any], path: str) -> dict[str, Any]:

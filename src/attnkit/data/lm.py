@@ -171,14 +171,21 @@ class LMData:
         for i in range(0, len(starts), batch_size):
             yield _windows(data, starts[i : i + batch_size], seq_len)
 
-    def _n_starts(self, split: str, seq_len: int) -> int:
-        n = len(self.split(split))
-        if n < seq_len + 1:
-            raise InputError(
-                f"the {split} split has {n} tokens, fewer than one window of seq_len + 1 = {seq_len + 1}; "
-                f"use more data, a shorter sequence length or a {'smaller' if split == 'train' else 'larger'} "
-                "validation fraction"
-            )
+    def check_windows(self, seq_len: int) -> None:
+        """Refuse, before training starts, a split too short for one window of `seq_len` tokens and its next token."""
+        for split, name in (("train", "training"), ("val", "validation")):
+            self._n_starts(split, seq_len, name=name)
+
+    def _n_starts(self, split: str, seq_len: int, *, name: str | None = None) -> int:
+        """Where a window of `seq_len` + 1 tokens may start in `split`; InputError naming the fixes that help (more
+        text, a shorter window, and moving the split point when the stream holds two windows)."""
+        n, need = len(self.split(split)), seq_len + 1
+        if n < need:
+            fixes = ["more text (--data)", "a shorter --seq-len"]
+            if len(self.train) + len(self.val) >= 2 * need:
+                fixes.append(f"a {'smaller' if split == 'train' else 'larger'} --val-fraction")
+            raise InputError(f"the {name or split} split has {n} tokens, fewer than one window needs ({need}): give "
+                             f"{', '.join(fixes[:-1])} or {fixes[-1]}")
         return n - seq_len
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +52,7 @@ from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.bleu import translation_scores
 from attnkit.train.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
 from attnkit.train.job import pick_device
+from attnkit.train.trainer import shows_progress
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def run_eval(settings: EvalSettings, *, translate: TextTranslator | None = None)
         settings.run, list(settings.data), device=pick_device(settings.device), window=settings.window,
         stride=settings.stride, batch_size=settings.batch_size, translate=translate, out_dir=settings.out,
         encoding_errors=settings.encoding_errors, bad_labels=settings.bad_labels,
-        progress=sys.stderr.isatty() if settings.progress is None else settings.progress,
+        progress=shows_progress(settings.progress),
     )
 
 

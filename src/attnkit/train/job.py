@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +60,7 @@ from attnkit.train.state import (
     seed_all,
 )
 from attnkit.train.tasks import TASKS, ClassifyTask, LMTask, MLMTask, Task, TranslateTask, Translator, check_family
-from attnkit.train.trainer import TrainConfig, Trainer, check_fields
+from attnkit.train.trainer import TrainConfig, Trainer, check_fields, shows_progress
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +248,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
         config = _model_config(request, data_config.task, model_changes)
     parallel.check_same(tokenizer.fingerprint(), "tokenizer")
     task, labels = _make_task(data_config, _global_batch(settings, parallel), tokenizer, config, out, translate,
-                              lm_files, progress=_shows_progress(request, parallel))
+                              lm_files, progress=shows_progress(request.progress) and parallel.writes)
     config = _fit_config(config, tokenizer, labels, data_config, keep_vocab=source is not None)
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
     check_fits(count_parameters(config), settings.dtype, device, force=request.force)
@@ -335,7 +334,7 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         log.info("continuing %s in %s", checkpoint.path, out)
     parallel = _start(world, settings, device)
     task, labels = _make_task(data_config, _global_batch(settings, parallel), checkpoint.tokenizer, checkpoint.config,
-                              out, translate, progress=_shows_progress(request, parallel))
+                              out, translate, progress=shows_progress(request.progress) and parallel.writes)
     if labels != checkpoint.labels:
         raise CheckpointError(f"the data's labels {labels} differ from the checkpoint's {checkpoint.labels}")
     model, run_info = checkpoint.model, {"data_config": data_config.to_dict()}
@@ -521,12 +520,6 @@ def _labelled(data: DataConfig, seed: int) -> tuple[list[tuple[str, str]], list[
         val = [e for path in data.val_data for e in read_labelled(path, **read, known=known)]
         return train, val
     return _split(train, data.val_fraction, seed)
-
-
-def _shows_progress(request: TrainRequest, parallel) -> bool:
-    """Whether data preparation shows progress bars: as the trainer decides (`--no-progress`, else when standard
-    error is a terminal), on the rank that writes."""
-    return (sys.stderr.isatty() if request.progress is None else request.progress) and parallel.writes
 
 
 def _make_task(

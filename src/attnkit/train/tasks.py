@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from attnkit.data import IGNORE_INDEX, LabelledBatch, LabelledData, LMData, PairBatch, PairData
 from attnkit.data.masking import mask_tokens
-from attnkit.errors import ConfigError, InputError
+from attnkit.errors import ConfigError
 from attnkit.models import families_for_task, family_of
 from attnkit.tokenize import SPECIAL_ROLES, Tokenizer
 from attnkit.train.bleu import bleu_scores
@@ -77,24 +77,12 @@ class LMTask:
     def __init__(self, data: LMData, *, batch_size: int, seq_len: int, seed: int, eval_batches: int = 50) -> None:
         self.data, self.batch_size, self.seq_len, self.eval_batches = data, batch_size, seq_len, eval_batches
         self.generator = torch.Generator().manual_seed(seed)
-        self._check_splits()
+        data.check_windows(self.window)  # before training starts, not at the first batch or evaluation
 
     @property
     def window(self) -> int:
         """Tokens of a window drawn from the stream (its targets are the window one token on)."""
         return self.seq_len
-
-    def _check_splits(self) -> None:
-        """Refuse, before training starts, a split too short for one window and its next token, naming the fixes
-        that help: more text, a shorter window, and moving the split point when the stream holds two windows."""
-        need, n_train, n_val = self.window + 1, len(self.data.train), len(self.data.val)
-        for split, n, fraction in (("training", n_train, "smaller"), ("validation", n_val, "larger")):
-            if n < need:
-                fixes = ["more text (--data)", "a shorter --seq-len"]
-                if n_train + n_val >= 2 * need:
-                    fixes.append(f"a {fraction} --val-fraction")
-                raise InputError(f"the {split} split has {n} tokens, fewer than one window needs ({need}): give "
-                                 f"{', '.join(fixes[:-1])} or {fixes[-1]}")
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
         return self.data.sample_batch("train", self.batch_size, self.seq_len, self.generator)  # (B, T), (B, T)

@@ -230,7 +230,7 @@ class Trainer:
         self.config, self.task, self.settings = config, task, settings
         self.run_dir = Path(run_dir)
         self.tokenizer, self.labels, self.run_info = tokenizer, labels, run_info or {}
-        self.progress = (sys.stderr.isatty() if progress is None else progress) and self.parallel.writes
+        self.progress = shows_progress(progress) and self.parallel.writes
         self.optimizer = make_optimizer(
             model, lr=settings.lr, weight_decay=settings.weight_decay, betas=(settings.beta1, settings.beta2)
         )
@@ -491,6 +491,11 @@ class _Meter:
         """Seconds left: the remaining steps at the current speed, or the remaining time if sooner."""
         left = (max_steps - step) / self.steps_per_second if self.steps_per_second > 0 else math.inf
         return min(left, max_time - elapsed) if max_time is not None else left
+
+
+def shows_progress(progress: bool | None) -> bool:
+    """A progress setting read: True or False as given; None (the default) when standard error is a terminal."""
+    return sys.stderr.isatty() if progress is None else progress
 
 
 def _progress_bar(trainer: Trainer, *, enabled: bool) -> tqdm:
