@@ -102,8 +102,10 @@ def average_run(run: str | Path, *, last: int = 5, out: str | Path | None = None
     if not found:
         raise InputError(f"{run} holds no {CHECKPOINTS_DIR}/step_*: give a run directory written by attnkit train")
     if last > len(found):
-        raise InputError(f"--last {last}: {run} holds only {len(found)} checkpoints ({found[0].name} to "
-                         f"{found[-1].name}); average at most {len(found)}, or train with a larger --keep")
+        held = f"{len(found)} checkpoint{'s' * (len(found) > 1)}"
+        raise InputError(f"--last {last}: {run} holds only {held} ({found[0].name} to {found[-1].name}); average at "
+                         f"most {len(found)}, or train with checkpoints saved more often (--eval-every) and more of "
+                         "them kept (--keep)")
     chosen = found[-last:]
     out = Path(out) if out is not None else run / f"average-last-{last}"
     if out.exists() and not (out / AVERAGE_FILE).is_file() and any(out.iterdir()):
