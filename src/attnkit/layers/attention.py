@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.layers.autocast import cast_for_autocast
 from attnkit.layers.kernels import attend
 from attnkit.layers.kv_cache import LayerCache
 from attnkit.layers.masks import as_bias, causal_mask, combine, padding_mask
@@ -176,6 +177,7 @@ class Attention(nn.Module):
         return x.view(batch, length, n_heads, self.head_dim).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
 
     def _project_kv(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        source = cast_for_autocast(source)  # read by two products: one cast under autocast, not two
         keys = self._split_heads(self.k_proj(source), self.n_kv_heads)  # (B, Hkv, S, D)
         values = self._split_heads(self.v_proj(source), self.n_kv_heads)  # (B, Hkv, S, D)
         return keys, values
@@ -183,6 +185,7 @@ class Attention(nn.Module):
     def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention's queries (B, H, T, D), keys and values (B, Hkv, T, D), through one product once fused."""
         if self.qkv_proj is None:
+            x = cast_for_autocast(x)  # read by three products: one cast under autocast, not three
             return (self._split_heads(self.q_proj(x), self.n_heads), *self._project_kv(x))
         kv_width = self.n_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(x).split([self.n_heads * self.head_dim, kv_width, kv_width], dim=-1)

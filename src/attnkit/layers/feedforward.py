@@ -14,6 +14,8 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.layers.autocast import cast_for_autocast
+
 _ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,
@@ -54,6 +56,7 @@ class SwiGLU(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
+        x = cast_for_autocast(x)  # read by two products: one cast under autocast, not two
         return self.down_proj(self.dropout(F.silu(self.gate_proj(x)) * self.up_proj(x)))
 
 

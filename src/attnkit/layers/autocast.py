@@ -1,0 +1,23 @@
+"""One cast of an input that several products read under autocast.
+
+Under `torch.autocast` every `nn.Linear` casts its input to the lower precision itself, and autograd keeps that
+cast copy for the backward pass. Where one input feeds several products (self-attention's q, k and v projections,
+cross-attention's k and v, SwiGLU's gate and up), each product makes and keeps its own copy: with q, k and v,
+two (B, T, C) copies per layer more than a fused [q; k; v] product keeps (nanoGPT's and GPT-2's `c_attn`). Casting
+once first gives every product the same tensor; the numbers are unchanged, since autocast's own cast rounds the
+same way and a tensor already in the target dtype is passed through.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def cast_for_autocast(x: Tensor) -> Tensor:
+    """x in autocast's lower precision when autocast is on for x's device and x is a floating-point tensor of
+    another dtype; otherwise x itself. (..., C) -> (..., C)"""
+    device = x.device.type
+    if not x.is_floating_point() or not torch.is_autocast_enabled(device):
+        return x
+    return x.to(torch.get_autocast_dtype(device))
