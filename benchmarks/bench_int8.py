@@ -1,10 +1,12 @@
-"""What int8 weight-only decoding costs in quality: validation loss and perplexity of a trained language model
-in fp32, bf16 and int8 (weights int8, products bf16), with decoding speed for each.
+"""What int8 decoding costs in quality: validation loss and perplexity of a trained language model in fp32, bf16,
+int8 (weights int8, products bf16) and int8-dynamic (weights and activations int8), with batch-1 decoding speed
+for each; and, where llama-cpp-python is installed and the model has GPT-2's block, the same weights in llama.cpp
+at f32 and q8_0 on the same validation tokens, as the reference for what 8-bit quantization may cost.
 
     python -m benchmarks int8 [--run runs/bench-shakespeare-fp32] [--data ../shared/data/tinyshakespeare/input.txt]
 
 The default run is the Tiny Shakespeare model that `python -m benchmarks train shakespeare` trains; any language
-model run and any text file work. Results: benchmarks/results/int8.json.
+model run and any text file work. Results: benchmarks/results/int8.json (or --name).
 """
 
 from __future__ import annotations
@@ -17,12 +19,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from attnkit.checkpoint import load_run_model
 from attnkit.data import LMData
 from attnkit.generate import load
 from attnkit.generate.decoder import generate_tokens
+from benchmarks import peers
 from benchmarks.common import DATA, RESULTS, ROOT
+
+MODES = (("fp32", "fp32", None), ("bf16", "bf16", None), ("int8", "bf16", "int8"),
+         ("int8-dynamic", "fp32", "int8-dynamic"))  # name, weights' dtype, quantize
 
 
 def validation_loss(model: torch.nn.Module, data: LMData, seq_len: int, max_batches: int) -> float:
@@ -31,6 +39,26 @@ def validation_loss(model: torch.nn.Module, data: LMData, seq_len: int, max_batc
         for x, y in data.iter_eval_batches("val", batch_size=16, seq_len=seq_len, max_batches=max_batches):
             loss = model(x, targets=y).loss
             total, count = total + float(loss) * y.numel(), count + y.numel()
+    return total / count
+
+
+def llama_cpp_validation_loss(run: Path, gguf_type: str, data: LMData, seq_len: int, max_batches: int,
+                              threads: int) -> float:
+    """`validation_loss` over the same windows, with the run's weights written as GGUF at `gguf_type` and every
+    window's logits computed by llama.cpp."""
+    model, _, _ = load_run_model(run, device="cpu")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model.gguf"
+        peers.write_gguf(model.eval(), path, gguf_type)
+        runner = peers.LlamaCpp(path, batch_size=1, prompt_len=seq_len, new_tokens=0, threads=threads)
+    total, count = 0.0, 0
+    for x, y in data.iter_eval_batches("val", batch_size=16, seq_len=seq_len, max_batches=max_batches):
+        for window, targets in zip(x.tolist(), y.numpy(), strict=True):
+            logits = runner.sequence_logits(window).astype(np.float64)  # (T, V)
+            peak = logits.max(axis=-1, keepdims=True)
+            log_z = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=-1))
+            total += float((log_z - logits[np.arange(len(targets)), targets]).sum())
+            count += len(targets)
     return total / count
 
 
@@ -52,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DATA / "tinyshakespeare" / "input.txt")
     parser.add_argument("--max-batches", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--name", default="int8", help="results file name under benchmarks/results/")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if not (args.run / "config.json").is_file():
@@ -60,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory() as cache:
         data = None
-        for mode, dtype, quantize in (("fp32", "fp32", None), ("bf16", "bf16", None), ("int8", "bf16", "int8")):
+        for mode, dtype, quantize in MODES:
             pipeline = load(args.run, device="cpu", dtype=dtype, quantize=quantize)
             data = data or LMData.prepare([args.data], pipeline.tokenizer, Path(cache), progress=False)
             seq_len = pipeline.config.max_seq_len
@@ -68,7 +97,14 @@ def main(argv: list[str] | None = None) -> int:
             speed = decode_speed(pipeline.model, seq_len)
             results.append({"mode": mode, "val_loss": loss, "val_ppl": math.exp(loss), "decode_tokens_per_s": speed})
             print(f"{mode}: val loss {loss:.4f} (ppl {math.exp(loss):.3f}), batch-1 decoding {speed:.0f} tok/s")
+        reason = peers.unavailable("llama.cpp")
+        for gguf_type in ("F32", "Q8_0") if reason is None else ():
+            loss = llama_cpp_validation_loss(args.run, gguf_type, data, seq_len, args.max_batches, args.threads)
+            results.append({"mode": f"llama.cpp {gguf_type.lower()}", "val_loss": loss, "val_ppl": math.exp(loss)})
+            print(f"llama.cpp {gguf_type.lower()}: val loss {loss:.4f} (ppl {math.exp(loss):.3f})")
+        if reason is not None:
+            print(f"llama.cpp skipped: {reason}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = {"run": str(args.run), "data": str(args.data), "threads": args.threads, "results": results}
-    (RESULTS / "int8.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0

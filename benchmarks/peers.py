@@ -174,21 +174,22 @@ class LlamaCpp:
         self.vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
         self.batch = lc.llama_batch_init(batch_size * prompt_len, 0, batch_size)
 
-    def _decode(self, rows: list[list[int]], start: int) -> np.ndarray:
-        """Feed each row's tokens at positions start, start + 1, ...; the last logits of each row (B, V)."""
+    def _decode(self, rows: list[list[int]], start: int, *, every_position: bool = False) -> np.ndarray:
+        """Feed each row's tokens at positions start, start + 1, ...; the last logits of each row (B, V), or with
+        `every_position` the logits at every token fed (N, V)."""
         lc, batch = self.lc, self.batch
         n = 0
         for seq, tokens in enumerate(rows):
             for offset, token in enumerate(tokens):
                 batch.token[n], batch.pos[n], batch.n_seq_id[n] = token, start + offset, 1
-                batch.seq_id[n][0], batch.logits[n] = seq, offset == len(tokens) - 1
+                batch.seq_id[n][0], batch.logits[n] = seq, every_position or offset == len(tokens) - 1
                 n += 1
         batch.n_tokens = n
         if lc.llama_decode(self.context, batch) != 0:
             raise RuntimeError("llama_decode failed")
-        last = np.cumsum([len(tokens) for tokens in rows]) - 1
+        wanted = range(n) if every_position else np.cumsum([len(tokens) for tokens in rows]) - 1
         return np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(self.context, int(i)), (self.vocab,))
-                         for i in last])
+                         for i in wanted])
 
     def generate(self, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
         """Greedy continuation of equal-length prompts by `new_tokens` tokens each."""
@@ -207,6 +208,11 @@ class LlamaCpp:
         """The logits after one prompt (V,), for checking the conversion against the model it came from."""
         self.lc.llama_memory_clear(self.lc.llama_get_memory(self.context), True)
         return self._decode([prompt], 0)[0]
+
+    def sequence_logits(self, tokens: list[int]) -> np.ndarray:
+        """The logits at every position of one sequence (T, V), from an empty cache: for measuring quality."""
+        self.lc.llama_memory_clear(self.lc.llama_get_memory(self.context), True)
+        return self._decode([tokens], 0, every_position=True)
 
 
 _QUIET = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(lambda level, text, data: None)

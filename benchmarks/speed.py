@@ -68,16 +68,18 @@ CASES = [
 ]
 IMPLEMENTATIONS = ["attnkit", "transformers"]
 INT8 = ["attnkit-int8", "attnkit-int8-compiled"]  # int8 weights (eager, compiled decoding step), bf16 generation
+INT8_DYNAMIC = "attnkit-int8-dynamic"  # int8 weights and activations (eager, CPU), fp32 elsewhere
 MASTER = "attnkit-master"  # bf16 training through a bf16 copy of the model with fp32 master weights
 AUTOTUNED = {"attnkit-autotuned", "attnkit-int8-autotuned"}  # the decoding step compiled with "max-autotune"
 LABELS = {"attnkit": "{dtype}", "attnkit-compiled": "{dtype}, compiled", "attnkit-autotuned": "{dtype}, max-autotune",
           "attnkit-int8": "int8 weights, bf16", "attnkit-int8-compiled": "int8, bf16, compiled",
-          "attnkit-int8-autotuned": "int8, bf16, max-autotune", MASTER: "bf16, fp32 master weights"}
+          "attnkit-int8-autotuned": "int8, bf16, max-autotune", MASTER: "bf16, fp32 master weights",
+          INT8_DYNAMIC: "int8 weights and activations, fp32"}
 # --peers: each peer beside the attnkit rows it is compared with (same case, dtype and run)
 PEERS = {"nanogpt": ["attnkit"], "nanogpt-compiled": ["attnkit-compiled"],
          "transformers-static": ["attnkit-compiled", "attnkit-autotuned", "attnkit"],
          "llama.cpp": ["attnkit", "attnkit-compiled", "attnkit-autotuned"],
-         "llama.cpp-q8_0": ["attnkit-int8", "attnkit-int8-compiled", "attnkit-int8-autotuned"]}
+         "llama.cpp-q8_0": [INT8_DYNAMIC, "attnkit-int8", "attnkit-int8-compiled", "attnkit-int8-autotuned"]}
 PEER_LABELS = {"nanogpt": "nanoGPT", "nanogpt-compiled": "nanoGPT, torch.compile",
                "transformers-static": "transformers, static cache, torch.compile", "llama.cpp": "llama.cpp {gguf}",
                "llama.cpp-q8_0": "llama.cpp q8_0"}
@@ -178,13 +180,13 @@ def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
         model.eval()
         if impl.startswith("llama.cpp"):  # the same (fp32) weights, written at the peer's precision
             return model, peers.llama_cpp_generate(model, impl, dtype, ids, case.new_tokens, torch.get_num_threads())
-        if dtype == "bf16":
+        if dtype == "bf16" and impl != INT8_DYNAMIC:
             model.to(torch.bfloat16)
         if impl.startswith("attnkit"):  # as `attnkit.load` prepares it; a compiled model compiles during warm-up
             from attnkit.generate.pipeline import prepare_for_inference
 
-            prepare_for_inference(model, case.family, quantize="int8" if impl.startswith("attnkit-int8") else None,
-                                  compile=compile_setting(impl))
+            quantize = "int8-dynamic" if impl == INT8_DYNAMIC else "int8" if impl.startswith("attnkit-int8") else None
+            prepare_for_inference(model, case.family, quantize=quantize, compile=compile_setting(impl))
         return model, _generate_function(model, impl, ids, case.new_tokens)
     from attnkit.train.precision import make_precision
 
@@ -370,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in [c for c in CASES if not args.only or c.name in args.only]:
         for dtype in args.dtypes:
             impls = IMPLEMENTATIONS + (INT8 if case.kind == "generate" and dtype == "bf16" else [])
+            impls += [INT8_DYNAMIC] if case.kind == "generate" and dtype == "bf16" and not on_gpu else []
             impls += [MASTER] if case.kind == "train" and dtype == "bf16" else []
             impls += ["attnkit-compiled"] if args.compiled else []
             if args.compiled and case.kind == "generate":

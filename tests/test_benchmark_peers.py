@@ -53,3 +53,18 @@ def test_a_missing_peer_is_named_with_how_to_install_it(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "llama_cpp" else real(name))
     assert "pip install 'attnkit[bench]'" in peers.unavailable("llama.cpp-q8_0")
     assert peers.unavailable("nanogpt") is None
+
+
+def test_llama_cpp_logits_at_every_position_are_attnkits(tmp_path):
+    """What `python -m benchmarks int8` scores llama.cpp's quality with: the logits of a whole window."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'attnkit[bench]')")
+    pytest.importorskip("gguf", reason="gguf is not installed (pip install 'attnkit[bench]')")
+    model = _tiny_decoder()
+    window = torch.randint(2, TINY.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
+    peers.write_gguf(model, tmp_path / "model.gguf", "F32")
+    runner = peers.LlamaCpp(tmp_path / "model.gguf", batch_size=1, prompt_len=12, new_tokens=0, threads=1)
+    with torch.no_grad():
+        expected = model(window).logits[0]  # (T, V)
+    got = torch.from_numpy(runner.sequence_logits(window[0].tolist()))
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max() <= 1e-3 * expected.abs().max()  # llama.cpp's f16 key/value cache

@@ -13,6 +13,7 @@ from attnkit.checkpoint import save_model
 from attnkit.errors import CheckpointError, ConfigError, InputError
 from attnkit.generate import Pipeline, StaticDecoding, generate_tokens, greedy_translate
 from attnkit.generate.decode_layout import PackedLinear, TransposedLinear
+from attnkit.generate.quantize import dynamic_quantization_available
 from attnkit.tokenize import CharTokenizer
 
 ALPHABET = "abcdefgh \n"
@@ -266,3 +267,31 @@ def test_compiled_models_generate_and_translate_the_same_text(runs):
         assert blocks_compiled == (name == "mt")
         assert isinstance(compiled.decoding, StaticDecoding) == (name == "lm")
         assert call(compiled) == call(eager)
+
+
+@pytest.mark.skipif(dynamic_quantization_available() is not None, reason=str(dynamic_quantization_available()))
+def test_int8_dynamic_loads_generates_and_translates_close_to_fp32(runs, capsys):
+    from attnkit.generate.quantize import Int8DynamicLinear
+
+    for name, call in (("lm", lambda p: p.model(torch.tensor([[1, 2, 3, 4]])).logits),
+                       ("mt", lambda p: p.model(torch.tensor([[1, 2, 3]]), torch.tensor([[1, 2]])).logits)):
+        exact, dynamic = attnkit.load(runs[name], device="cpu"), attnkit.load(runs[name], device="cpu",
+                                                                              quantize="int8-dynamic")
+        assert any(isinstance(m, Int8DynamicLinear) for m in dynamic.model.modules())
+        with torch.no_grad():
+            expected, got = call(exact), call(dynamic)
+        assert (got - expected).abs().max() < 0.1 * expected.abs().max()  # 7-bit activations; quality: benchmarks
+    assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "abc", "--max-new-tokens", "5",
+                     "--temperature", "0", "--int8-dynamic"]) == 0
+    assert capsys.readouterr().out.startswith("abc")
+
+
+def test_int8_dynamic_is_refused_where_it_cannot_run(runs, capsys):
+    with pytest.raises(InputError, match="runs eagerly"):
+        attnkit.load(runs["lm"], device="cpu", quantize="int8-dynamic", compile=True)
+    with pytest.raises(InputError, match="CPU only"):
+        attnkit.load(runs["lm"], device="meta", quantize="int8-dynamic")
+    with pytest.raises(InputError, match="use one of int8, int8-dynamic"):
+        attnkit.load(runs["lm"], device="cpu", quantize="int4")
+    assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "a", "--int8", "--int8-dynamic"]) == 2
+    assert "give one" in capsys.readouterr().err

@@ -175,6 +175,9 @@ class LoadSettings:
     device: str | None = None  # cpu, cuda, cuda:1, ...; none: cuda when present, else cpu
     dtype: WeightDType | None = None  # the weights' type; none: as stored
     int8: bool = False  # int8 weight-only linear layers (bf16 products): faster decoding, a little quality lost
+    int8_dynamic: bool = False
+    """int8 weights, and each product's input quantized to int8 as it runs (as llama.cpp's q8_0; CPU, not with
+    --compile): the fastest eager decoding of larger models, a little more quality lost"""
     compile: str | None = field(default=None, metadata={"const": "default", "choices": tuple(COMPILE_MODES)})
     """torch.compile the decoding step (decoders, fixed shapes) or each block: waits for compilation first, then
     decodes faster where overhead dominates (small models, bf16, --int8); bare --compile: default; max-autotune: a
@@ -182,10 +185,14 @@ class LoadSettings:
 
 
 def _load_run(settings: LoadSettings):
+    from attnkit.errors import InputError
     from attnkit.generate import load
 
-    return load(settings.run, device=settings.device, dtype=settings.dtype,
-                quantize="int8" if settings.int8 else None, compile=settings.compile or False)
+    if settings.int8 and settings.int8_dynamic:
+        raise InputError("--int8 and --int8-dynamic are two forms of int8 weights; give one")
+    quantize = "int8" if settings.int8 else "int8-dynamic" if settings.int8_dynamic else None
+    return load(settings.run, device=settings.device, dtype=settings.dtype, quantize=quantize,
+                compile=settings.compile or False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,7 +36,7 @@ from attnkit.generate.decode_layout import (
     wants_transposed_weights,
 )
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
-from attnkit.generate.quantize import quantize_int8
+from attnkit.generate.quantize import QUANTIZE_FORMS, dynamic_quantization_available, quantize_int8
 from attnkit.generate.sampling import SamplingConfig, make_generator
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.models import family_of
@@ -333,7 +333,9 @@ def load(
 ) -> Pipeline:
     """Load a run directory (see the module docstring) onto `device` (default: CUDA when present, else CPU)
     in `dtype` (default: as stored; "fp32", "bf16", "fp16" or a torch dtype). `quantize="int8"` stores the
-    linear layers' weights in int8 (`attnkit.generate.quantize`), for faster decoding. Models that decode (not
+    linear layers' weights in int8 (`attnkit.generate.quantize`), for faster decoding; `quantize="int8-dynamic"`
+    also quantizes each product's input to int8 as it runs (CPU, eager only), the fastest eager decoding of
+    larger models. Models that decode (not
     encoder classifiers) get fused q/k/v projections and, in fp32 on a CPU, transposed weights
     (`attnkit.generate.decode_layout`).
     `compile=True` compiles a decoder's decoding step for fixed shapes (`attnkit.generate.static_decode`), and
@@ -344,11 +346,14 @@ def load(
 
     Raises CheckpointError for a missing or mismatched checkpoint, or a labels.json that does not fit.
     """
-    if quantize not in (None, "int8"):
-        raise InputError(f"quantize={quantize!r} is not supported; use 'int8' or None")
+    if quantize is not None and quantize not in QUANTIZE_FORMS:
+        raise InputError(f"quantize={quantize!r} is not supported; use one of {', '.join(QUANTIZE_FORMS)}, or None")
     torch_compile_mode(compile)  # an unknown mode fails before the model is read
+    device = torch.device(device or default_device())
+    if quantize == "int8-dynamic":
+        _check_dynamic_quantization(device, compile)
     # a run whose top level is damaged or incomplete (a save cut short) is read from its newest intact checkpoint
-    model, config, run_dir = load_run_model(run_dir, device=device or default_device(), dtype=parse_dtype(dtype))
+    model, config, run_dir = load_run_model(run_dir, device=device, dtype=parse_dtype(dtype))
     prepare_for_inference(model, config.family, quantize=quantize, compile=compile)
     decoding = decoding_for(model, compile)
     tokenizer = None
@@ -357,6 +362,18 @@ def load(
     else:
         log.warning("%s has no %s/ directory: the model can be used, but not with text", run_dir, TOKENIZER_DIR)
     return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config), decoding=decoding)
+
+
+def _check_dynamic_quantization(device: torch.device, compile: bool | str) -> None:
+    """Refuse quantize="int8-dynamic" where its kernel cannot run: off the CPU, compiled, or without FBGEMM."""
+    if device.type != "cpu":
+        raise InputError(f"quantize='int8-dynamic' runs on the CPU only, not {device}; use quantize='int8' there")
+    if compile:
+        raise InputError("quantize='int8-dynamic' runs eagerly (its kernel is not compiled); drop compile, or use "
+                         "quantize='int8' with compile")
+    reason = dynamic_quantization_available()
+    if reason is not None:
+        raise InputError(reason)
 
 
 def prepare_for_inference(
@@ -369,12 +386,14 @@ def prepare_for_inference(
     `compile`, each block goes through torch.compile for any length, except in a decoder that `StaticDecoding`
     supports (its compiled path is the whole decoding step, which `load` sets up)."""
     mode = torch_compile_mode(compile)
+    if quantize == "int8-dynamic":
+        _check_dynamic_quantization(next(model.parameters()).device, compile)
     decodes = family_of(family).state is not None
     static = mode is not None and StaticDecoding.supports(model)
     if decodes:
         fuse_qkv_projections(model)
-    if quantize == "int8":
-        quantize_int8(model)
+    if quantize is not None:
+        quantize_int8(model, quantize)
     elif decodes and wants_transposed_weights(model) and not (static and compile == "max-autotune"):
         transpose_linear_weights(model)
     elif decodes and wants_packed_weights(model) and mode is None:

@@ -1,13 +1,22 @@
-"""int8 weight-only quantization for decoding: each linear layer's weight stored as int8 with one scale per row.
+"""int8 quantization for decoding: each linear layer's weight stored as int8 with one scale per row.
 
 Decoding one token at a time reads every weight once per token, so its speed is bounded by memory bandwidth, not
-arithmetic. Storing weights in 8 bits instead of 16 halves the bytes read; activations stay bf16. Each output row
-r keeps scale_r = max|W_r| / 127 and W_r ~ scale_r * round(W_r / scale_r) (symmetric, per-channel, as in
-LLM.int8's weight-only baselines and gpt-fast's int8 mode). The quality cost is measured, not assumed:
-`python -m benchmarks int8` reports perplexity before and after.
+arithmetic. Storing weights in 8 bits instead of 16 halves the bytes read. Each output row r keeps
+scale_r = max|W_r| / 127 and W_r ~ scale_r * round(W_r / scale_r) (symmetric, per-channel, as in LLM.int8's
+weight-only baselines and gpt-fast's int8 mode). Two forms:
+
+    "int8"          weights only (`Int8Linear`): activations stay bf16, products dequantize the weights
+    "int8-dynamic"  weights and activations (`Int8DynamicLinear`, "W8A8"): each product's input is quantized to
+                    8 bits at run time from its own range, and the product runs in integers, as llama.cpp's q8_0
+                    quantizes the activations it multiplies by q8_0 weights
+
+The quality cost is measured, not assumed: `python -m benchmarks int8` reports perplexity for each.
 """
 
 from __future__ import annotations
+
+import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -52,9 +61,94 @@ class Int8Linear(nn.Module):
         return F.linear(x.float(), dequantized, bias).to(x.dtype)
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
-    """Replace every nn.Linear in `model` (in place) by an Int8Linear; returns the model, for inference only.
+def _cpu_has_avx512_vnni() -> bool:
+    """Whether this CPU multiplies 8-bit integers into 32-bit sums directly (AVX-512 VNNI; Linux's flags)."""
+    try:
+        return "avx512_vnni" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+# Activations on 0..255, or 0..127 where the CPU lacks AVX-512 VNNI: there FBGEMM multiplies 8-bit pairs into
+# saturating 16-bit sums, which full-range activations could overflow (PyTorch's x86 default, `reduce_range`).
+# On a VNNI CPU the full range measured 0.0003 nats of validation loss better than 7 bits.
+REDUCE_RANGE = not _cpu_has_avx512_vnni()
+ACTIVATION_LEVELS = 127 if REDUCE_RANGE else 255
+
+
+def dynamic_quantization_available() -> str | None:
+    """None when `Int8DynamicLinear` can run here, else why not."""
+    engine = torch.backends.quantized.engine
+    if engine not in ("x86", "fbgemm"):
+        return (f"int8-dynamic needs PyTorch's FBGEMM quantized engine (x86 CPUs); this one uses {engine!r}: "
+                "use quantize='int8' (--int8) instead")
+    return None
+
+
+class Int8DynamicLinear(nn.Module):
+    """A linear layer with int8 weights (per-row scales, as `Int8Linear`) whose input is quantized to 8 bits when
+    it runs, so the product is an integer one. x (…, K) -> (…, N), in x's dtype; CPU, inference only.
+
+    The input gets a scale and zero point from its range [min(x, 0), max(x, 0)] over 0..255 (0..127 without
+    AVX-512 VNNI: REDUCE_RANGE). The kernel is FBGEMM's dynamic quantized linear
+    (`torch.ops.quantized.linear_dynamic`, which `torch.ao.nn.quantized.dynamic.Linear` runs); it reads the int8
+    weight at twice the rate of the weight-only kernel here. It takes one range per call: for one row (batch-1
+    decoding) that is the row's own; a call with several rows scales each row to a peak of 1 first and back after
+    (a linear map commutes with scaling a row), so a row of small numbers keeps its precision beside a row of
+    large ones. `reference` computes the same numbers step by step. PyTorch has deprecated building quantized
+    tensors (which packing the weight needs) in favour of torchao; its warning is silenced for that one call.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight, scales = quantize_rows(linear.weight)
+        self.register_buffer("weight", weight)  # (N, K) int8, for `reference` and the state dict
+        self.register_buffer("scales", scales)  # (N,) fp32
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions", category=UserWarning)
+            quantized = torch.quantize_per_channel(weight.float() * scales[:, None], scales.double(),
+                                                   torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(quantized, self.bias)  # FBGEMM's layout, with the bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features).float()  # (M, K)
+        if rows.shape[0] == 1:  # the call's range is the row's
+            out = torch.ops.quantized.linear_dynamic(rows, self.packed, REDUCE_RANGE)  # (1, N)
+        else:  # one range per row: rows scaled to a peak of 1, outputs scaled back around the bias
+            peaks = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)  # (M, 1)
+            out = torch.ops.quantized.linear_dynamic(rows / peaks, self.packed, REDUCE_RANGE)  # (M, N)
+            out = out * peaks if self.bias is None else torch.addcmul(self.bias, out - self.bias, peaks)
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def reference(self, x: Tensor) -> Tensor:
+        """The same numbers step by step: rows scaled to a peak of 1, one 8-bit grid over the call's range, the
+        product of dequantized numbers in fp32, rows scaled back. (One row needs no scaling: its grid scales
+        with it.)"""
+        rows = x.reshape(-1, self.in_features).float()  # (M, K)
+        peaks = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)  # (M, 1)
+        scaled = rows / peaks
+        low, high = scaled.min().clamp(max=0), scaled.max().clamp(min=0)
+        step = (high - low) / ACTIVATION_LEVELS
+        zero = torch.round(-low / step).clamp(0, ACTIVATION_LEVELS)
+        # the grid spans the range in ACTIVATION_LEVELS steps, but values round into uint8's 0..255 (the top of
+        # the range may round to one step above it)
+        dequantized = (torch.round(scaled / step + zero).clamp(0, 255) - zero) * step  # (M, K)
+        weight = self.weight.float() * self.scales[:, None]  # (N, K)
+        out = F.linear(dequantized, weight) * peaks
+        out = out if self.bias is None else out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+QUANTIZE_FORMS = {"int8": Int8Linear, "int8-dynamic": Int8DynamicLinear}
+
+
+def quantize_int8(model: nn.Module, form: str = "int8") -> nn.Module:
+    """Replace every nn.Linear in `model` (in place) by an Int8Linear, or an Int8DynamicLinear for
+    form="int8-dynamic"; returns the model, for inference only.
 
     A tied output layer gets its own int8 copy; the embedding table it was tied to stays as it was.
     """
-    return swap_linear_layers(model, lambda linear: Int8Linear(linear).to(linear.weight.device))
+    make = QUANTIZE_FORMS[form]
+    return swap_linear_layers(model, lambda linear: make(linear).to(linear.weight.device))
