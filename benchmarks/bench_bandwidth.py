@@ -6,8 +6,9 @@ For the weight matrices of two decoders (the speed suite's small 6x384 model and
 order as one decoding step reads them (so they come from memory, not cache), it times: a plain sum over the same
 weights (the read bandwidth any kernel could reach), `F.linear` on (N, K) weights (nn.Linear's layout), `addmm` on
 (K, N) weights (`generate/decode_layout.py`), bf16 `F.linear`, bf16 weights packed once for oneDNN (the same
-module), and PyTorch's int8-weight kernel
-(`generate/quantize.py`). Results: benchmarks/results/bandwidth.json and a markdown table beside it.
+module), PyTorch's int8-weight kernel (`generate/quantize.py`), and, where FBGEMM runs, int8 weights with the
+row quantized to int8 as it runs (the same module's `Int8DynamicLinear`). Results:
+benchmarks/results/bandwidth.json and a markdown table beside it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnkit.generate.decode_layout import PackedLinear
+from attnkit.generate.quantize import Int8DynamicLinear, dynamic_quantization_available
 from benchmarks.common import median_seconds, parse_args, write_results
 
 MODELS = {"small 6x384": (6, 384, 65), "gpt2-124m": (12, 768, 50257)}  # layers, width, vocabulary
@@ -49,7 +51,7 @@ def kernels(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, object]]:
     def nbytes(tensors: list[torch.Tensor]) -> int:
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    return {
+    table = {
         "sum (read only), fp32": (nbytes(fp32), lambda: [w.sum() for w in fp32]),
         "F.linear (N, K), fp32": (nbytes(fp32), lambda: [F.linear(rows[w.shape[1]], w) for w in fp32]),
         "addmm (K, N), fp32": (nbytes(transposed), lambda: [rows[w.shape[0]] @ w for w in transposed]),
@@ -60,6 +62,11 @@ def kernels(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, object]]:
         "int8 weights, bf16": (nbytes(int8), lambda: [torch._weight_int8pack_mm(rows_bf16[w.shape[1]], w, s)
                                                       for w, s in zip(int8, scales, strict=True)]),
     }
+    if dynamic_quantization_available() is None:  # the same int8 weights, activations quantized as they run
+        dynamic = [Int8DynamicLinear(_linear(w)) for w in fp32]
+        table["int8 weights and activations (quantize.Int8DynamicLinear)"] = (
+            nbytes(int8), lambda: [layer(rows[layer.in_features]) for layer in dynamic])
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -298,14 +298,17 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
 
 def bytes_read_per_token(model: torch.nn.Module) -> int:
     """Bytes of weights one decoding step reads: every parameter and buffer, once, except tables that only an
-    embedding looks rows up in (a tied output layer reads its table whole, so that one counts)."""
+    embedding looks rows up in (a tied output layer reads its table whole, so that one counts), and the int8
+    weights and fp32 scales FBGEMM keeps packed outside any buffer (`Int8DynamicLinear`)."""
+    from attnkit.generate.quantize import Int8DynamicLinear
     from attnkit.layers.positions import LearnedPositions
 
     read: dict[int, torch.Tensor] = {}
     for module in model.modules():
         if not isinstance(module, (torch.nn.Embedding, LearnedPositions)):
             read.update((id(t), t) for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)))
-    return sum(t.numel() * t.element_size() for t in read.values())
+    packed = sum(m.out_features * (m.in_features + 4) for m in model.modules() if isinstance(m, Int8DynamicLinear))
+    return sum(t.numel() * t.element_size() for t in read.values()) + packed
 
 
 def _gguf_bytes(model: torch.nn.Module, impl: str, dtype: str) -> int:

@@ -108,3 +108,14 @@ def test_dynamic_products_do_not_saturate_at_the_extremes():
     x = torch.rand(1, 768) + 1.0  # all positive, so the codes run up to the grid's top
     expected = layer.reference(x)
     torch.testing.assert_close(layer(x), expected, atol=1e-5 * float(expected.abs().max()), rtol=0)
+
+
+@needs_fbgemm
+def test_dynamic_layer_keeps_one_copy_of_the_weight_as_quantized():
+    linear = torch.nn.Linear(64, 48)
+    layer = Int8DynamicLinear(linear)
+    weight, scales = layer.weight_and_scales()
+    expected_weight, expected_scales = quantize_rows(linear.weight)
+    assert torch.equal(weight, expected_weight)
+    torch.testing.assert_close(scales, expected_scales)
+    assert [name for name, _ in layer.named_buffers()] == ["bias"]  # the packed weight is the only weight

@@ -25,11 +25,15 @@ from torch import Tensor, nn
 from attnkit.generate.swap import swap_linear_layers
 
 
+def row_scales(weight: Tensor) -> Tensor:
+    """weight (N, K) -> fp32 scales (N,): max |W_r| / 127 for each output row r."""
+    return (weight.detach().float().abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+
+
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
     """weight (N, K) -> int8 weight (N, K) and fp32 scales (N,), symmetric per output row."""
-    w = weight.detach().float()
-    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (N,)
-    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    scales = row_scales(weight)  # (N,)
+    q = torch.round(weight.detach().float() / scales[:, None]).clamp(-127, 127).to(torch.int8)
     return q, scales
 
 
@@ -101,16 +105,21 @@ class Int8DynamicLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        weight, scales = quantize_rows(linear.weight)
-        self.register_buffer("weight", weight)  # (N, K) int8, for `reference` and the state dict
-        self.register_buffer("scales", scales)  # (N,) fp32
+        weight = linear.weight.detach().float()  # (N, K)
+        scales = row_scales(weight)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # round(W / scale) per row, as `quantize_rows`, with no fp32 copy of W
             warnings.filterwarnings("ignore", message=".*quantized tensor creation functions", category=UserWarning)
-            quantized = torch.quantize_per_channel(weight.float() * scales[:, None], scales.double(),
-                                                   torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
-        self.packed = torch.ops.quantized.linear_prepack(quantized, self.bias)  # FBGEMM's layout, with the bias
+            quantized = torch.quantize_per_channel(weight, scales.double(), torch.zeros_like(scales, dtype=torch.long),
+                                                   0, torch.qint8)
+        # the only copy of the weight: FBGEMM's layout, with the bias (`weight_and_scales` reads it back)
+        self.packed = torch.ops.quantized.linear_prepack(quantized, self.bias)
+
+    def weight_and_scales(self) -> tuple[Tensor, Tensor]:
+        """The int8 weight (N, K) and its fp32 scales (N,), unpacked."""
+        quantized, _ = torch.ops.quantized.linear_unpack(self.packed)
+        return quantized.int_repr(), quantized.q_per_channel_scales().float()
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features).float()  # (M, K)
@@ -135,8 +144,8 @@ class Int8DynamicLinear(nn.Module):
         # the grid spans the range in ACTIVATION_LEVELS steps, but values round into uint8's 0..255 (the top of
         # the range may round to one step above it)
         dequantized = (torch.round(scaled / step + zero).clamp(0, 255) - zero) * step  # (M, K)
-        weight = self.weight.float() * self.scales[:, None]  # (N, K)
-        out = F.linear(dequantized, weight) * peaks
+        weight, scales = self.weight_and_scales()
+        out = F.linear(dequantized, weight.float() * scales[:, None]) * peaks  # (M, K) @ (K, N) -> (M, N)
         out = out if self.bias is None else out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
