@@ -18,6 +18,8 @@ def cast_for_autocast(x: Tensor) -> Tensor:
     """x in autocast's lower precision when autocast is on for x's device and x is a floating-point tensor of
     another dtype; otherwise x itself. (..., C) -> (..., C)"""
     device = x.device.type
-    if not x.is_floating_point() or not torch.is_autocast_enabled(device):
+    if not x.is_floating_point() or not torch.amp.is_autocast_available(device):  # e.g. meta tensors
+        return x
+    if not torch.is_autocast_enabled(device):
         return x
     return x.to(torch.get_autocast_dtype(device))
