@@ -240,3 +240,35 @@ def test_a_line_missing_its_label_is_named_and_can_be_skipped_while_a_rare_class
     assert main([*argv, "--bad-labels", "skip"]) == 0
     report = json.loads((tmp_path / "run" / "eval" / "eval.json").read_text())
     assert report["rows"][0]["examples"] == 30  # the neu line, one of 31, is a class of the run's: scored
+
+
+@pytest.mark.parametrize("flag", ["--int8", "--int8-dynamic"])
+def test_eval_scores_the_quantized_model_as_generate_runs_it(tmp_path, flag):
+    """The quantized model's loss is its own (not the stored model's), close to it, and the report says which."""
+    from attnkit.cli import main
+    from attnkit.generate.pipeline import prepare_for_inference
+    from attnkit.generate.quantize import dynamic_quantization_available
+
+    if flag == "--int8-dynamic" and dynamic_quantization_available() is not None:
+        pytest.skip(dynamic_quantization_available())
+    make_run(tmp_path / "run")
+    text = write(tmp_path / "t.txt", TEXT)
+    assert main(["eval", "--run", str(tmp_path / "run"), "--data", str(text), "--no-progress", flag,
+                 "--out", str(tmp_path / "report")]) == 0
+    saved = json.loads((tmp_path / "report" / "eval.json").read_text())
+    form = flag.removeprefix("--")
+    assert saved["quantize"] == form
+    exact = evaluate_run(tmp_path / "run", [text]).rows[0]["loss"]
+    quantized = evaluate_run(tmp_path / "run", [text], details={"quantize": form},
+                             prepare=lambda m: prepare_for_inference(m, "decoder", quantize=form)).rows[0]["loss"]
+    assert saved["rows"][0]["loss"] == pytest.approx(quantized, rel=1e-9)
+    assert saved["rows"][0]["loss"] != exact and saved["rows"][0]["loss"] == pytest.approx(exact, rel=0.02)
+
+
+def test_eval_refuses_both_int8_forms(tmp_path, capsys):
+    from attnkit.cli import main
+
+    make_run(tmp_path / "run")
+    assert main(["eval", "--run", str(tmp_path / "run"), "--data", str(write(tmp_path / "t.txt", TEXT)),
+                 "--int8", "--int8-dynamic"]) == 2
+    assert "give one" in capsys.readouterr().err

@@ -422,17 +422,24 @@ def _run_eval(settings: EvalSettings) -> int:
 
         averaged = average_run(settings.run, last=settings.average_last)
         settings = replace(settings, run=str(averaged))
-    translate = None
-    if "translate" in family_of(load_config(settings.run)).methods:
+    translate, prepare = None, None
+    config = load_config(settings.run)
+    if "translate" in family_of(config).methods:
         from attnkit.generate import load
 
-        pipeline = load(settings.run, device=settings.device)
+        pipeline = load(settings.run, device=settings.device, quantize=settings.quantize)
 
         def translate(texts: list[str]) -> list[str]:
             return pipeline.translate(texts, beam_size=settings.beam_size, batch_size=settings.batch_size,
                                       progress=settings.progress is not False)
 
-    report = run_eval(settings, translate=translate)
+    elif settings.quantize is not None:  # as `attnkit.load(quantize=...)` prepares a model
+        from attnkit.generate.pipeline import prepare_for_inference
+
+        def prepare(model):
+            return prepare_for_inference(model, config.family, quantize=settings.quantize)
+
+    report = run_eval(settings, translate=translate, prepare=prepare)
     print(report.table())
     print(f"saved {report.details['json']}")
     return 0

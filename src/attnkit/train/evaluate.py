@@ -208,8 +208,12 @@ class EvalSettings:
     progress: bool | None = None  # progress bars on long files; None: when stderr is a terminal
     bad_labels: Literal["error", "skip"] = "error"
     """classification: lines whose label is not among the run's (missing, mistyped): error | skip (left out, counted)"""
+    int8: bool = False  # score the model with int8 weights, as generate --int8 runs it
+    int8_dynamic: bool = False  # score it with int8 weights and activations, as generate --int8-dynamic runs it (CPU)
 
     def __post_init__(self) -> None:
+        if self.int8 and self.int8_dynamic:
+            raise InputError("--int8 and --int8-dynamic are two forms of int8 weights; give one")
         if not self.data:
             raise InputError("eval needs --data FILE...: text files (language model), a TSV file or two line-aligned "
                              "files (translation), or labelled files (classifier)")
@@ -229,13 +233,25 @@ class EvalSettings:
             raise ConfigError(f"bad_labels={self.bad_labels!r}: choose error or skip")
 
 
-def run_eval(settings: EvalSettings, *, translate: TextTranslator | None = None) -> EvalReport:
-    """`attnkit eval`: `evaluate_run` with `settings` (see it for `translate` and what is raised)."""
+    @property
+    def quantize(self) -> str | None:
+        """The `quantize` argument of `attnkit.load` these flags stand for."""
+        return "int8" if self.int8 else "int8-dynamic" if self.int8_dynamic else None
+
+
+def run_eval(
+    settings: EvalSettings,
+    *,
+    translate: TextTranslator | None = None,
+    prepare: Callable[[nn.Module], nn.Module] | None = None,
+) -> EvalReport:
+    """`attnkit eval`: `evaluate_run` with `settings` (see it for `translate`, `prepare` and what is raised)."""
     return evaluate_run(
         settings.run, list(settings.data), device=pick_device(settings.device), window=settings.window,
         stride=settings.stride, batch_size=settings.batch_size, translate=translate, out_dir=settings.out,
         encoding_errors=settings.encoding_errors, bad_labels=settings.bad_labels,
-        progress=shows_progress(settings.progress),
+        progress=shows_progress(settings.progress), prepare=prepare,
+        details={"quantize": settings.quantize} if settings.quantize else None,
     )
 
 
@@ -255,11 +271,15 @@ def evaluate_run(
     encoding_errors: EncodingErrors = "strict",
     bad_labels: Literal["error", "skip"] = "error",
     progress: bool = False,
+    prepare: Callable[[nn.Module], nn.Module] | None = None,
+    details: dict[str, Any] | None = None,
 ) -> EvalReport:
     """Score the run in `run_dir` on the files `data`, by what the model does (module docstring).
 
     window / stride: perplexity only; default the model's max_seq_len and half of it.
     translate: the function that translates texts (needed for an encoder-decoder run).
+    prepare: applied to the loaded model before scoring (the CLI passes int8 quantization); details: added to
+        the report (e.g. {"quantize": "int8"}) and to eval.json.
     out_dir: where eval.json (and confusion.png) go; default `run_dir/eval`.
     bad_labels: classification: a line whose label is not among the run's is an error, or "skip"ped.
     Raises InputError / ConfigError / CheckpointError naming what is wrong and how to fix it.
@@ -285,6 +305,7 @@ def evaluate_run(
         report = _translation_report(run_dir, data, translate, encoding_errors)
     else:
         model, _ = load_model(run_dir, device=device)
+        model = prepare(model) if prepare is not None else model
         if kind == "perplexity":
             window = window or config.max_seq_len
             report = _perplexity_report(run_dir, data, model, tokenizer, window=window,
@@ -294,6 +315,7 @@ def evaluate_run(
             report = _classification_report(run_dir, data, model, tokenizer, batch_size=batch_size,
                                              max_len=config.max_seq_len, encoding_errors=encoding_errors,
                                              bad_labels=bad_labels, progress=progress, png=out_dir / CONFUSION_FILE)
+    report.details.update(details or {})
     atomic_write(out_dir / REPORT_FILE, json.dumps(report.to_dict(), indent=1) + "\n")
     report.details["json"] = str(out_dir / REPORT_FILE)
     return report
