@@ -85,6 +85,13 @@ def test_generate_command_continues_a_recurrent_lm(tmp_path, capsys, small_synth
         for _ in range(len(pipeline.tokenizer.encode(new))):
             ids.append(int(pipeline.model(torch.tensor([ids])).logits[0, -1].argmax()))
     assert pipeline.tokenizer.decode(ids[4:]) == new and len(ids) > pipeline.config.max_seq_len
+    for quantize in ("int8", "int8-dynamic"):  # the readout and attention layers quantized, torch's cells kept
+        quantized = attnkit.load(run, device="cpu", quantize=quantize)
+        with torch.no_grad():
+            logits = quantized.model(torch.tensor([ids[:12]])).logits
+            expected = pipeline.model(torch.tensor([ids[:12]])).logits
+        assert (logits - expected).abs().max() < 0.1 * expected.abs().max()
+        assert len(quantized.generate("abc=", max_new_tokens=10, temperature=0)[0]) > 0
 
 
 
