@@ -14,6 +14,7 @@ from attnkit.generate.decode_layout import (
 )
 from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.seq2seq import greedy_translate
+from attnkit.generate.swap import remove_dropout_layers
 from attnkit.layers.attention import Attention
 
 
@@ -94,3 +95,16 @@ def test_fused_qkv_models_decode_and_translate_the_same_tokens(family):
     assert all(hasattr(m, "q_proj") for m in attentions if m.qkv_proj is None)  # cross-attention keeps its own
     assert len(attentions) == len(fused) + (0 if family == "decoder" else 2)
     assert _greedy(model, family, sources) == expected
+
+
+def test_removing_dropout_layers_changes_no_number():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.3,
+                                    max_seq_len=16)).eval()
+    ids = torch.randint(0, 40, (2, 10))
+    with torch.no_grad():
+        expected = model(ids).logits
+        assert any(isinstance(m, torch.nn.Dropout) for m in model.modules())
+        remove_dropout_layers(model)
+        assert not any(isinstance(m, torch.nn.Dropout) for m in model.modules())
+        assert torch.equal(model(ids).logits, expected)

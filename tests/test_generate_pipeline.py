@@ -246,6 +246,11 @@ def test_max_autotune_decoding_keeps_weights_to_be_packed_and_bad_modes_fail_bef
         attnkit.load(tmp_path / "missing", compile="fastest")
 
 
+def test_loaded_models_hold_no_dropout_layers(runs):
+    for name in ("lm", "mt", "clf"):
+        assert not any(isinstance(m, torch.nn.Dropout) for m in attnkit.load(runs[name], device="cpu").model.modules())
+
+
 def test_load_fuses_qkv_projections_of_models_that_decode(runs):
     def fused(pipeline):
         return any(getattr(m, "qkv_proj", None) is not None for m in pipeline.model.modules())

@@ -39,6 +39,7 @@ from attnkit.generate.decoder import EagerDecoding, generate_tokens
 from attnkit.generate.quantize import QUANTIZE_FORMS, dynamic_quantization_available, quantize_int8
 from attnkit.generate.sampling import SamplingConfig, make_generator
 from attnkit.generate.static_decode import StaticDecoding
+from attnkit.generate.swap import remove_dropout_layers
 from attnkit.models import family_of
 from attnkit.tokenize import load_tokenizer
 
@@ -379,7 +380,8 @@ def _check_dynamic_quantization(device: torch.device, compile: bool | str) -> No
 def prepare_for_inference(
     model: nn.Module, family: str, *, quantize: str | None = None, compile: bool | str = False
 ) -> nn.Module:
-    """What `load` does to a model after reading it (in place; returns it, in eval mode): models that decode get
+    """What `load` does to a model after reading it (in place; returns it, in eval mode): dropout layers go (they
+    pass their input through in eval mode anyway); models that decode get
     fused q/k/v projections, then int8 weights on request or else, in fp32 on a CPU, transposed weights (except
     for a static decoding step compiled with "max-autotune", whose packed, frozen weights are faster), and in bf16
     on a CPU, packed weights when nothing is compiled (a compiled step packs frozen weights itself); with
@@ -390,6 +392,7 @@ def prepare_for_inference(
         _check_dynamic_quantization(next(model.parameters()).device, compile)
     decodes = family_of(family).state is not None
     static = mode is not None and StaticDecoding.supports(model)
+    remove_dropout_layers(model)
     if decodes:
         fuse_qkv_projections(model)
     if quantize is not None:
