@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
+import torch.nn.functional as F
 
 from attnkit.checkpoint import load_run_model
 from attnkit.data import LMData
@@ -53,12 +53,10 @@ def llama_cpp_validation_loss(run: Path, gguf_type: str, data: LMData, seq_len: 
         runner = peers.LlamaCpp(path, batch_size=1, prompt_len=seq_len, new_tokens=0, threads=threads)
     total, count = 0.0, 0
     for x, y in data.iter_eval_batches("val", batch_size=16, seq_len=seq_len, max_batches=max_batches):
-        for window, targets in zip(x.tolist(), y.numpy(), strict=True):
-            logits = runner.sequence_logits(window).astype(np.float64)  # (T, V)
-            peak = logits.max(axis=-1, keepdims=True)
-            log_z = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=-1))
-            total += float((log_z - logits[np.arange(len(targets)), targets]).sum())
-            count += len(targets)
+        for window, targets in zip(x.tolist(), y, strict=True):
+            logits = torch.from_numpy(runner.sequence_logits(window)).double()  # (T, V)
+            total += float(F.cross_entropy(logits, targets, reduction="sum"))
+            count += targets.numel()
     return total / count
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from attnkit.experiments.base import device_name
+from attnkit.generate.quantize import dynamic_quantization_available
 from benchmarks import peers
 from benchmarks.common import RESULTS, synced, timed_runs
 
@@ -375,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     for case in [c for c in CASES if not args.only or c.name in args.only]:
         for dtype in args.dtypes:
             impls = IMPLEMENTATIONS + (INT8 if case.kind == "generate" and dtype == "bf16" else [])
-            impls += [INT8_DYNAMIC] if case.kind == "generate" and dtype == "bf16" and not on_gpu else []
+            dynamic = not on_gpu and dynamic_quantization_available() is None  # FBGEMM: x86 CPUs
+            impls += [INT8_DYNAMIC] if case.kind == "generate" and dtype == "bf16" and dynamic else []
             impls += [MASTER] if case.kind == "train" and dtype == "bf16" else []
             impls += ["attnkit-compiled"] if args.compiled else []
             if args.compiled and case.kind == "generate":

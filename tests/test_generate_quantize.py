@@ -99,7 +99,7 @@ def test_dynamic_quantized_decoder_stays_close_and_decodes():
 @needs_fbgemm
 def test_dynamic_products_do_not_saturate_at_the_extremes():
     """Every weight at +-127 and every activation at the top of its grid: the largest integer products there
-    are. With 8-bit activations on a CPU without VNNI these pairs would overflow 16 bits (REDUCE_RANGE)."""
+    are. With 8-bit activations on a CPU without VNNI these pairs would overflow 16 bits (`reduce_range`)."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(768, 256)
     with torch.no_grad():

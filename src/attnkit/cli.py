@@ -176,22 +176,29 @@ class LoadSettings:
     dtype: WeightDType | None = None  # the weights' type; none: as stored
     int8: bool = False  # int8 weight-only linear layers (bf16 products): faster decoding, a little quality lost
     int8_dynamic: bool = False
-    """int8 weights, and each product's input quantized to int8 as it runs (as llama.cpp's q8_0; CPU, not with
-    --compile): the fastest eager decoding of larger models, a little more quality lost"""
+    """int8 weights, and each product's input quantized to int8 as it runs (as llama.cpp's q8_0, at its quality;
+    CPU, not with --compile): the fastest eager decoding of larger models"""
     compile: str | None = field(default=None, metadata={"const": "default", "choices": tuple(COMPILE_MODES)})
     """torch.compile the decoding step (decoders, fixed shapes) or each block: waits for compilation first, then
     decodes faster where overhead dominates (small models, bf16, --int8); bare --compile: default; max-autotune: a
     minute or more of kernel timing the first time, fastest for larger models"""
 
+    def __post_init__(self) -> None:
+        from attnkit.errors import InputError
+
+        if self.int8 and self.int8_dynamic:
+            raise InputError("--int8 and --int8-dynamic are two forms of int8 weights; give one")
+
+    @property
+    def quantize(self) -> str | None:
+        """The `quantize` argument of `attnkit.load` the int8 flags stand for."""
+        return "int8" if self.int8 else "int8-dynamic" if self.int8_dynamic else None
+
 
 def _load_run(settings: LoadSettings):
-    from attnkit.errors import InputError
     from attnkit.generate import load
 
-    if settings.int8 and settings.int8_dynamic:
-        raise InputError("--int8 and --int8-dynamic are two forms of int8 weights; give one")
-    quantize = "int8" if settings.int8 else "int8-dynamic" if settings.int8_dynamic else None
-    return load(settings.run, device=settings.device, dtype=settings.dtype, quantize=quantize,
+    return load(settings.run, device=settings.device, dtype=settings.dtype, quantize=settings.quantize,
                 compile=settings.compile or False)
 
 

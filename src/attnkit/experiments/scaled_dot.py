@@ -21,6 +21,7 @@ from attnkit.experiments.base import Result, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
 from attnkit.experiments.plots import new_figure, save
 from attnkit.layers.attention import DotScore
+from attnkit.train.instruments import attention_entropy
 
 N_KEYS = 64
 
@@ -29,9 +30,7 @@ def saturation(head_dim: int, scale: float, generator: torch.Generator) -> tuple
     """Mean largest weight and mean entropy (in nats) of softmax(scale * q . k) over N_KEYS keys."""
     q = torch.randn(256, 1, 1, head_dim, generator=generator)  # (B, H, T, D)
     k = torch.randn(256, 1, N_KEYS, head_dim, generator=generator)  # (B, H, S, D)
-    weights = torch.softmax(DotScore(scale)(q, k), dim=-1)  # (B, H, 1, S)
-    entropy = -(weights * weights.clamp_min(1e-30).log()).sum(-1)
-    return float(weights.max(-1).values.mean()), float(entropy.mean())
+    return _peak_and_entropy(torch.softmax(DotScore(scale)(q, k), dim=-1))  # weights (B, H, 1, S)
 
 
 @torch.no_grad()
@@ -40,9 +39,12 @@ def trained_saturation(model: torch.nn.Module, corpus) -> tuple[float, float]:
     windows; causal row i spreads over i + 1 keys, the same for every score, so the two scores compare."""
     model.eval()
     x, _ = corpus.data.sample_batch("val", 16, 64, torch.Generator().manual_seed(1))  # (B, T)
-    weights = model(x, need_weights=True).attentions[0]["self"]  # (B, H, T, T)
-    entropy = -(weights * weights.clamp_min(1e-30).log()).sum(-1)  # (B, H, T)
-    return float(weights.max(-1).values.mean()), float(entropy.mean())
+    return _peak_and_entropy(model(x, need_weights=True).attentions[0]["self"])  # weights (B, H, T, T)
+
+
+def _peak_and_entropy(weights: torch.Tensor) -> tuple[float, float]:
+    """Mean largest weight and mean entropy (nats) of attention rows (B, H, T, S)."""
+    return float(weights.max(-1).values.mean()), float(attention_entropy(weights))
 
 
 @experiment(

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.blocks import TransformerBlock
-from attnkit.generate.swap import swap_linear_layers
+from attnkit.generate.swap import swap_layers
 
 
 class TransposedLinear(nn.Module):
@@ -65,7 +65,7 @@ def pack_linear_weights(model: nn.Module) -> nn.Module:
 
     A tied output layer gets its own packed copy (V x C more numbers held); the embedding keeps its table.
     """
-    return swap_linear_layers(model, PackedLinear)
+    return swap_layers(model, nn.Linear, PackedLinear)
 
 
 def wants_packed_weights(model: nn.Module) -> bool:
@@ -80,7 +80,7 @@ def transpose_linear_weights(model: nn.Module) -> nn.Module:
 
     A tied output layer gets its own transposed copy (V x C more numbers held); the embedding keeps its table.
     """
-    return swap_linear_layers(model, TransposedLinear)
+    return swap_layers(model, nn.Linear, TransposedLinear)
 
 
 def wants_transposed_weights(model: nn.Module) -> bool:

@@ -15,6 +15,7 @@ The quality cost is measured, not assumed: `python -m benchmarks int8` reports p
 
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.generate.swap import swap_linear_layers
+from attnkit.generate.swap import swap_layers
 
 
 def row_scales(weight: Tensor) -> Tensor:
@@ -65,19 +66,16 @@ class Int8Linear(nn.Module):
         return F.linear(x.float(), dequantized, bias).to(x.dtype)
 
 
-def _cpu_has_avx512_vnni() -> bool:
-    """Whether this CPU multiplies 8-bit integers into 32-bit sums directly (AVX-512 VNNI; Linux's flags)."""
+@functools.cache
+def reduce_range() -> bool:
+    """Whether activations take 0..127 rather than 0..255: where the CPU lacks AVX-512 VNNI (or Linux's flags cannot
+    say), FBGEMM multiplies 8-bit pairs into saturating 16-bit sums, which full-range activations could overflow
+    (PyTorch's x86 default, `reduce_range`). On a VNNI CPU the full range measured 0.0003 nats of validation loss
+    better than 7 bits. Read once, when the first layer is quantized."""
     try:
-        return "avx512_vnni" in Path("/proc/cpuinfo").read_text().split()
+        return "avx512_vnni" not in Path("/proc/cpuinfo").read_text().split()
     except OSError:
-        return False
-
-
-# Activations on 0..255, or 0..127 where the CPU lacks AVX-512 VNNI: there FBGEMM multiplies 8-bit pairs into
-# saturating 16-bit sums, which full-range activations could overflow (PyTorch's x86 default, `reduce_range`).
-# On a VNNI CPU the full range measured 0.0003 nats of validation loss better than 7 bits.
-REDUCE_RANGE = not _cpu_has_avx512_vnni()
-ACTIVATION_LEVELS = 127 if REDUCE_RANGE else 255
+        return True
 
 
 def dynamic_quantization_available() -> str | None:
@@ -94,7 +92,7 @@ class Int8DynamicLinear(nn.Module):
     it runs, so the product is an integer one. x (…, K) -> (…, N), in x's dtype; CPU, inference only.
 
     The input gets a scale and zero point from its range [min(x, 0), max(x, 0)] over 0..255 (0..127 without
-    AVX-512 VNNI: REDUCE_RANGE). The kernel is FBGEMM's dynamic quantized linear
+    AVX-512 VNNI: `reduce_range`). The kernel is FBGEMM's dynamic quantized linear
     (`torch.ops.quantized.linear_dynamic`, which `torch.ao.nn.quantized.dynamic.Linear` runs); over `gpt2-124m`'s
     weights it took 8.4 ms against the weight-only kernel's 15.7 (`python -m benchmarks bandwidth`, one thread of
     an AVX-512 VNNI CPU). It takes one range per call: for one row (batch-1
@@ -110,6 +108,8 @@ class Int8DynamicLinear(nn.Module):
         scales = row_scales(weight)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.reduce_range = reduce_range()
+        self.activation_levels = 127 if self.reduce_range else 255
         with warnings.catch_warnings():  # round(W / scale) per row, as `quantize_rows`, with no fp32 copy of W
             warnings.filterwarnings("ignore", message=".*quantized tensor creation functions", category=UserWarning)
             quantized = torch.quantize_per_channel(weight, scales.double(), torch.zeros_like(scales, dtype=torch.long),
@@ -125,10 +125,10 @@ class Int8DynamicLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features).float()  # (M, K)
         if rows.shape[0] == 1:  # the call's range is the row's
-            out = torch.ops.quantized.linear_dynamic(rows, self.packed, REDUCE_RANGE)  # (1, N)
+            out = torch.ops.quantized.linear_dynamic(rows, self.packed, self.reduce_range)  # (1, N)
         else:  # one range per row: rows scaled to a peak of 1, outputs scaled back around the bias
             peaks = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)  # (M, 1)
-            out = torch.ops.quantized.linear_dynamic(rows / peaks, self.packed, REDUCE_RANGE)  # (M, N)
+            out = torch.ops.quantized.linear_dynamic(rows / peaks, self.packed, self.reduce_range)  # (M, N)
             out = out * peaks if self.bias is None else torch.addcmul(self.bias, out - self.bias, peaks)
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
@@ -140,9 +140,9 @@ class Int8DynamicLinear(nn.Module):
         peaks = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)  # (M, 1)
         scaled = rows / peaks
         low, high = scaled.min().clamp(max=0), scaled.max().clamp(min=0)
-        step = (high - low) / ACTIVATION_LEVELS
-        zero = torch.round(-low / step).clamp(0, ACTIVATION_LEVELS)
-        # the grid spans the range in ACTIVATION_LEVELS steps, but values round into uint8's 0..255 (the top of
+        step = (high - low) / self.activation_levels
+        zero = torch.round(-low / step).clamp(0, self.activation_levels)
+        # the grid spans the range in `activation_levels` steps, but values round into uint8's 0..255 (the top of
         # the range may round to one step above it)
         dequantized = (torch.round(scaled / step + zero).clamp(0, 255) - zero) * step  # (M, K)
         weight, scales = self.weight_and_scales()
@@ -161,4 +161,4 @@ def quantize_int8(model: nn.Module, form: str = "int8") -> nn.Module:
     A tied output layer gets its own int8 copy; the embedding table it was tied to stays as it was.
     """
     make = QUANTIZE_FORMS[form]
-    return swap_linear_layers(model, lambda linear: make(linear).to(linear.weight.device))
+    return swap_layers(model, nn.Linear, lambda linear: make(linear).to(linear.weight.device))

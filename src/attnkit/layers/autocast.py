@@ -4,8 +4,10 @@ Under `torch.autocast` every `nn.Linear` casts its input to the lower precision 
 cast copy for the backward pass. Where one input feeds several products (self-attention's q, k and v projections,
 cross-attention's k and v, SwiGLU's gate and up), each product makes and keeps its own copy: with q, k and v,
 two (B, T, C) copies per layer more than a fused [q; k; v] product keeps (nanoGPT's and GPT-2's `c_attn`). Casting
-once first gives every product the same tensor; the numbers are unchanged, since autocast's own cast rounds the
-same way and a tensor already in the target dtype is passed through.
+once first gives every product the same tensor. The forward numbers are unchanged: autocast's own cast rounds the
+same way and passes a tensor already in the target dtype through. The gradient reaching the shared copy is summed
+in bf16 before its cast back (autograd sums a tensor's gradients in its dtype), so gradients are not the same bit
+for bit; measured against fp32 they are as close as before (tests/test_autocast_inputs.py).
 """
 
 from __future__ import annotations
