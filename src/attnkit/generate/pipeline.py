@@ -368,10 +368,11 @@ def load(
 def _check_dynamic_quantization(device: torch.device, compile: bool | str) -> None:
     """Refuse quantize="int8-dynamic" where its kernel cannot run: off the CPU, compiled, or without FBGEMM."""
     if device.type != "cpu":
-        raise InputError(f"quantize='int8-dynamic' runs on the CPU only, not {device}; use quantize='int8' there")
+        raise InputError(f"quantize='int8-dynamic' (--int8-dynamic) runs on the CPU only, not {device}: load onto "
+                         "the CPU (--device cpu), or use quantize='int8' (--int8) there")
     if compile:
-        raise InputError("quantize='int8-dynamic' runs eagerly (its kernel is not compiled); drop compile, or use "
-                         "quantize='int8' with compile")
+        raise InputError("quantize='int8-dynamic' (--int8-dynamic) runs eagerly (its kernel is not compiled): drop "
+                         "compile (--compile), or use quantize='int8' (--int8) with it")
     reason = dynamic_quantization_available()
     if reason is not None:
         raise InputError(reason)
