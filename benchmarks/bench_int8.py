@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.run / "config.json").is_file():
         print(f"{args.run} is not a run directory; train one first: python -m benchmarks train shakespeare")
         return 2
+    if not args.data.is_file():
+        print(f"--data {args.data} is not a text file; give the text to score (default: Tiny Shakespeare, "
+              f"{DATA / 'tinyshakespeare' / 'input.txt'})")
+        return 2
     results = []
     with tempfile.TemporaryDirectory() as cache:
         data = None
