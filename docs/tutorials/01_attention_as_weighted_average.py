@@ -1,0 +1,233 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 1. Attention as a weighted average: from kernel regression to dot-product attention
+#
+# **Follows:** UvA, Advanced Topics in Computational Semantics (ATCS), "Attention & Transformers" (Ivo Verhoeven):
+# the slides that write attention as $\mathrm{Attention}(Q, K, V) = \mathrm{softmax}(f(Q, K))\,V$, call $f$ "some
+# kernel function (read: similarity function)", show that the result is a convex combination of the rows of $V$
+# (the "I am Sam" example), and give Nadaraya-Watson kernel regression as a non-Transformer example of it. The same
+# idea is COGS 150's "weighted average over all hidden states" and USC CSCI 499's "fuzzy lookup in a key-value
+# store".
+#
+# **You will:** write kernel regression in five lines, see that it *is* dot-product attention, check that
+# attnkit's `Attention` module computes exactly the same numbers, then train the one parameter it has.
+
+# %%
+# ruff: noqa: E402 (each import sits in the cell that first needs it)
+import os
+import warnings
+
+import matplotlib.pyplot as plt
+import torch
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notice in notebooks without ipywidgets
+BUDGET = os.environ.get("ATTNKIT_TUTORIAL_BUDGET", "full")  # "tiny": seconds (the test suite); "full": the real run
+assert BUDGET in ("tiny", "full"), f"ATTNKIT_TUTORIAL_BUDGET={BUDGET!r}: use tiny or full"
+
+# %% [markdown]
+# ## The data: noisy samples of a curve
+#
+# The slide's setting: a set of training pairs $\mathcal{D} = [(x_1, y_1), \dots, (x_n, y_n)]$, and a new $x$ at
+# which to predict $y$.
+
+# %%
+def true_function(x):
+    return 2 * torch.sin(x) + x**0.8
+
+
+torch.manual_seed(0)
+n_train = 50
+x_train = torch.sort(torch.rand(n_train) * 5).values  # (K,) the keys
+y_train = true_function(x_train) + 0.5 * torch.randn(n_train)  # (K,) the values
+x_test = torch.arange(0, 5, 0.1)  # (Q,) the queries
+
+# %% [markdown]
+# ## Nadaraya-Watson kernel regression, from scratch
+#
+# "We compute the negative Euclidean distance of our new sample with all training samples ($f$). We normalize the
+# outputs to lie between (0, 1). We compute our predicted value as the mean of the seen values, weighted by the
+# computed similarities." With a Gaussian kernel of bandwidth $w$:
+#
+# $$\hat y(x) = \sum_i \alpha_i(x)\, y_i, \qquad
+#   \alpha(x) = \mathrm{softmax}_i\!\left(-\tfrac{1}{2}\,(w\,(x - x_i))^2\right)$$
+
+# %%
+def nadaraya_watson(queries, keys, values, bandwidth=1.0):
+    scores = -((queries[:, None] - keys[None, :]) * bandwidth) ** 2 / 2  # (Q, K) similarity of each pair
+    weights = torch.softmax(scores, dim=-1)  # (Q, K) each row sums to 1
+    return weights @ values, weights  # (Q,) weighted average of the values
+
+
+prediction, weights = nadaraya_watson(x_test, x_train, y_train)
+query = torch.tensor([4.21])  # the slide's new sample
+one_prediction, one_weights = nadaraya_watson(query, x_train, y_train)
+print(f"prediction at x = 4.21: {one_prediction.item():.3f} (true curve: {true_function(query).item():.3f})")
+print("the five largest weights go to x_i =", [round(v, 2) for v in x_train[one_weights[0].topk(5).indices].tolist()])
+
+# %%
+fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+left.plot(x_test, true_function(x_test), color="black", label="true curve")
+left.axhline(y_train.mean(), linestyle=":", label="plain average (every weight 1/n)")
+left.plot(x_test, prediction, label="Nadaraya-Watson, w = 1")
+left.scatter(x_train, y_train, s=12, alpha=0.5, label="training pairs (keys, values)")
+left.set(xlabel="x", ylabel="y", title="kernel regression: a weighted average of the values")
+left.legend(fontsize=8)
+right.bar(x_train, one_weights[0], width=0.06)
+right.axvline(4.21, color="red", linestyle="--", label="query x = 4.21")
+right.set(xlabel="training x_i (keys)", ylabel="weight alpha_i", title="the weights of one query sum to 1")
+right.legend()
+plt.show()
+
+# %% [markdown]
+# ## It is dot-product attention
+#
+# Expand the square: $-\tfrac12 (x - x_i)^2 = x\,x_i - \tfrac12 x_i^2 - \tfrac12 x^2$. The last term is the same
+# for every key, and a softmax does not change when the same number is added to every score in a row. So the
+# kernel's weights are a softmax of a **dot product** $x \cdot x_i$ plus a per-key term $-\tfrac12 x_i^2$. Both
+# fit in one dot product of 2-vectors: query $q = [x, 1]$, key $k_i = [x_i, -\tfrac12 x_i^2]$.
+
+# %%
+Q = torch.stack([x_test, torch.ones_like(x_test)], dim=-1)  # (Q, 2)
+K = torch.stack([x_train, -x_train**2 / 2], dim=-1)  # (K, 2)
+dot_weights = torch.softmax(Q @ K.T, dim=-1)  # (Q, K)
+torch.testing.assert_close(dot_weights, weights)
+print("softmax(Q K^T) equals the Gaussian kernel's weights")
+
+# %% [markdown]
+# ## Dot-product attention for whole matrices, and why the output is a convex combination
+#
+# $\mathrm{Attention}(Q, K, V) = \mathrm{softmax}(QK^\top)\,V$. Every row of $A = \mathrm{softmax}(QK^\top)$ lies in
+# (0, 1) and sums to 1, so every output row is a convex combination of the rows of $V$: it lies inside their convex
+# hull. The slide's example multiplies a given $A$ with the vectors of "I", "am", "Sam":
+
+# %%
+def dot_product_attention(queries, keys, values):
+    weights = torch.softmax(queries @ keys.transpose(-2, -1), dim=-1)  # (Tq, Tk)
+    return weights @ values, weights  # (Tq, Dv)
+
+
+A = torch.tensor([[0.6, 0.1, 0.3], [0.3, 0.5, 0.2], [0.2, 0.1, 0.7]])
+V = torch.tensor([[2.0, 1.0], [-0.5, 2.0], [-1.0, -0.5]])  # rows: I, am, Sam
+mixed = A @ V
+print("A V =\n", mixed)
+
+fig, ax = plt.subplots(figsize=(5, 4))
+hull = torch.cat([V, V[:1]])
+ax.plot(hull[:, 0], hull[:, 1], color="grey", linestyle="--", label="convex hull of V's rows")
+for word, row in zip(["I", "am", "Sam"], V, strict=True):
+    ax.scatter(*row, color="black")
+    ax.annotate(word, row, textcoords="offset points", xytext=(5, 5))
+ax.scatter(mixed[:, 0], mixed[:, 1], color="red", label="rows of A V")
+ax.margins(0.15)
+ax.set(title="attention outputs stay inside the values' hull", xlabel="dimension 1", ylabel="dimension 2")
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# ## attnkit computes the same numbers
+#
+# attnkit's score functions share one signature, `score(q, k) -> (B, H, Tq, Tk)`; `attention_weights` is the
+# softmax over keys (plus an optional additive bias, where masks go). `DotScore(1.0)` is the plain dot product.
+
+# %%
+from attnkit.layers.attention import Attention, DotScore, attention_weights
+
+scratch_out, scratch_weights = dot_product_attention(Q, K, y_train[:, None])
+scores = DotScore(1.0)(Q[None, None], K[None, None])  # (B=1, H=1, Q, K)
+torch.testing.assert_close(attention_weights(scores, None)[0, 0], scratch_weights)
+
+# %% [markdown]
+# The whole `Attention` module adds learned projections $W^Q, W^K, W^V$ and an output projection $W^O$. Set all
+# four to the identity and feed it the regression as tokens: each training pair is a context token
+# $[x_i, -\tfrac12 x_i^2, y_i]$ and each test point a query token $[x, 1, 0]$ (the 0 keeps $y_i$ out of the score).
+# Cross-attention from the queries to the context then returns $\sum_i \alpha_i\,[x_i, -\tfrac12 x_i^2, y_i]$, whose
+# last channel is the kernel regression. A bandwidth $w$ multiplies every score by $w^2$: put it in the query.
+
+# %%
+def regression_tokens(x_query, x_keys, y_values, bandwidth):
+    w2 = torch.as_tensor(bandwidth) ** 2
+    queries = torch.stack([w2 * x_query, w2.expand_as(x_query), torch.zeros_like(x_query)], dim=-1)  # (Q, 3)
+    context = torch.stack([x_keys, -x_keys**2 / 2, y_values], dim=-1)  # (K, 3)
+    return queries, context
+
+
+attention = Attention(3, 1, score="dot", bias=False)  # d_model 3, one head
+with torch.no_grad():
+    for projection in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj):
+        projection.weight.copy_(torch.eye(3))
+attention.requires_grad_(False)
+
+queries, context = regression_tokens(x_test, x_train, y_train, 1.0)
+out, attnkit_weights = attention(queries[None], context=context[None], need_weights=True)  # (1, Q, 3), (1, 1, Q, K)
+torch.testing.assert_close(attnkit_weights[0, 0], weights)
+torch.testing.assert_close(out[0, :, 2], prediction)
+fast_out, _ = attention(queries[None], context=context[None])  # without weights: the fused kernel path
+torch.testing.assert_close(fast_out, out)
+print("attnkit's Attention is Nadaraya-Watson regression: same weights, same predictions (both kernel paths)")
+
+# %% [markdown]
+# ## Going further: learn the bandwidth
+#
+# With $w = 1$ the method has no parameters. Make $w$ learnable and it becomes the simplest trainable attention
+# (d2l.ai, section 11.2). Fit it by leave-one-out: each training point is a query to all the *other* points. In
+# attnkit that is a padding mask: `key_is_real` (B, S) hides each row's own key.
+
+# %%
+steps = {"tiny": 20, "full": 300}[BUDGET]
+log_w = torch.zeros((), requires_grad=True)  # w = exp(log_w) stays positive
+optimizer = torch.optim.Adam([log_w], lr=0.05)
+others = ~torch.eye(n_train, dtype=torch.bool)  # (K, K): row i may not see key i
+losses = []
+for _ in range(steps):
+    queries, context = regression_tokens(x_train, x_train, y_train, log_w.exp())
+    queries = queries[:, None]  # (B=K, T=1, 3): one query per row
+    context = context.expand(n_train, n_train, 3)  # (B=K, S=K, 3): every row sees the same training set ...
+    out, _ = attention(queries, context=context, key_is_real=others)  # ... except its own point
+    loss = ((out[:, 0, 2] - y_train) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    losses.append(loss.item())
+bandwidth = log_w.exp().item()
+print(f"learned bandwidth w = {bandwidth:.2f} after {steps} steps "
+      f"(leave-one-out MSE {losses[0]:.3f} -> {losses[-1]:.3f})")
+
+# %%
+with torch.no_grad():
+    queries, context = regression_tokens(x_test, x_train, y_train, bandwidth)
+    learned, learned_weights = attention(queries[None], context=context[None], need_weights=True)
+learned, learned_weights = learned[0, :, 2], learned_weights[0, 0]
+y_true = true_function(x_test)
+for name, guess in (("plain average", y_train.mean().expand_as(x_test)), ("attention, w = 1", prediction),
+                    (f"attention, learned w = {bandwidth:.2f}", learned)):
+    print(f"{name:32s} test MSE {((guess - y_true) ** 2).mean():.3f}")
+print(f"mean largest weight per query: {weights.max(-1).values.mean():.2f} (w = 1), "
+      f"{learned_weights.max(-1).values.mean():.2f} (learned)")
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+axes[0].plot(losses)
+axes[0].set(xlabel="step", ylabel="leave-one-out MSE", title="training the bandwidth")
+for ax, w, title in ((axes[1], weights, "w = 1"), (axes[2], learned_weights, f"learned w = {bandwidth:.2f}")):
+    image = ax.imshow(w, aspect="auto", cmap="viridis")
+    ax.set(xlabel="training point (key), sorted by x", ylabel="test point (query), by x",
+           title=f"attention weights, {title}")
+    fig.colorbar(image, ax=ax)
+plt.show()
+
+# %% [markdown]
+# A larger $w$ makes the kernel narrower: each query puts its weight on fewer, closer keys (the bright diagonal
+# is thinner). That is the whole of attention: a similarity, a softmax, a weighted average. The Transformer
+# learns the similarity through $W^Q$ and $W^K$ instead of fixing it, which tutorial 2 looks at.
+#
+# **In attnkit:** `attnkit.layers.attention` (scores, `attention_weights`, `Attention`);
+# `attnkit experiment kernel-regression` runs this comparison as a measured claim.
