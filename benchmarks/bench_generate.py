@@ -32,7 +32,8 @@ import torch
 
 from attnkit import ModelConfig, build_model
 from attnkit.generate import generate_tokens
-from attnkit.generate.pipeline import parse_dtype, prepare_for_inference
+from attnkit.generate.pipeline import parse_dtype
+from attnkit.generate.plan import prepare_for_inference
 from benchmarks.common import RESULTS, synchronize
 
 PROMPT_LEN = 16

@@ -184,7 +184,7 @@ def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
         if dtype == "bf16" and impl != INT8_DYNAMIC:
             model.to(torch.bfloat16)
         if impl.startswith("attnkit"):  # as `attnkit.load` prepares it; a compiled model compiles during warm-up
-            from attnkit.generate.pipeline import prepare_for_inference
+            from attnkit.generate.plan import prepare_for_inference
 
             quantize = "int8-dynamic" if impl == INT8_DYNAMIC else "int8" if impl.startswith("attnkit-int8") else None
             prepare_for_inference(model, case.family, quantize=quantize, compile=compile_setting(impl))

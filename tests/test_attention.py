@@ -16,7 +16,8 @@ from attnkit.layers.attention import (
     attention_weights,
     make_score,
 )
-from attnkit.layers.kernels import grouped_attention, math_kernel_is_faster
+from attnkit.layers.kernels import MathKernel, grouped_attention, use_math_kernel
+from attnkit.machine import AttentionKernelLimits
 from attnkit.layers.masks import as_bias, causal_mask, padding_mask
 
 
@@ -212,19 +213,28 @@ def test_grouped_math_kernel_equals_fused_kernel(n_kv_heads, query_len):
             torch.testing.assert_close(grad, reference_grad, atol=1e-4, rtol=1e-4)
 
 
-def test_bf16_on_cpu_takes_the_math_kernel_and_agrees_with_fp32():
+def test_math_kernel_covers_only_its_dtype_device_and_key_lengths():
+    kernel = MathKernel("cpu", torch.bfloat16, AttentionKernelLimits(decode_keys=512, pass_keys=128))
+    q = torch.zeros(2, 4, 6, 8, dtype=torch.bfloat16)
+    assert kernel.covers(q, 6) and kernel.covers(q, 128) and not kernel.covers(q, 129)
+    assert not kernel.covers(q.float(), 6)
+    one_query = torch.zeros(1, 4, 1, 8, dtype=torch.bfloat16)
+    assert kernel.covers(one_query, 512) and not kernel.covers(one_query, 513)
+    assert not MathKernel("cuda", torch.bfloat16, kernel.limits).covers(q, 6)
+
+
+def test_bf16_attention_agrees_with_fp32_through_either_kernel():
     attention = _attention(n_kv_heads=2)
     x = torch.randn(2, 6, 32)
     real = torch.ones(2, 6, dtype=torch.bool)
     real[0, :3] = False
-    q = torch.zeros(2, 4, 6, 8, dtype=torch.bfloat16)
-    assert math_kernel_is_faster(q, 6) and not math_kernel_is_faster(q.float(), 6)
-    assert not math_kernel_is_faster(torch.zeros(1, 4, 2, 8, dtype=torch.bfloat16), 512)
-    for kwargs in ({"causal": True}, {"key_is_real": real, "causal": True}):
-        full, _ = attention(x, **kwargs)
-        half, _ = attention.to(torch.bfloat16)(x.bfloat16(), **kwargs)
-        attention.float()
-        torch.testing.assert_close(half.float(), full, atol=3e-2, rtol=3e-2)
+    math = MathKernel("cpu", torch.bfloat16, AttentionKernelLimits(decode_keys=512, pass_keys=128))
+    for kernel in (None, math):
+        for kwargs in ({"causal": True}, {"key_is_real": real, "causal": True}):
+            full, _ = use_math_kernel(attention.float(), None)(x, **kwargs)
+            half, _ = use_math_kernel(attention.to(torch.bfloat16), kernel)(x.bfloat16(), **kwargs)
+            torch.testing.assert_close(half.float(), full, atol=3e-2, rtol=3e-2)
+    assert attention.math_kernel is math
 
 
 @pytest.mark.parametrize("n_kv_heads", [None, 2, 1])

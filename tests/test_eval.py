@@ -246,7 +246,7 @@ def test_a_line_missing_its_label_is_named_and_can_be_skipped_while_a_rare_class
 def test_eval_scores_the_quantized_model_as_generate_runs_it(tmp_path, flag):
     """The quantized model's loss is its own (not the stored model's), close to it, and the report says which."""
     from attnkit.cli import main
-    from attnkit.generate.pipeline import prepare_for_inference
+    from attnkit.generate.plan import prepare_for_inference
     from attnkit.generate.quantize import dynamic_quantization_available
 
     if flag == "--int8-dynamic" and dynamic_quantization_available() is not None:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from attnkit import ModelConfig, build_model
+from attnkit.errors import InputError
 from attnkit.generate.decode_layout import (
     PackedLinear,
     TransposedLinear,
@@ -16,6 +17,12 @@ from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.seq2seq import greedy_translate
 from attnkit.generate.swap import remove_dropout_layers
 from attnkit.layers.attention import Attention
+from attnkit.machine import CpuCapabilities
+
+CPU = CpuCapabilities.detect()
+needs_onednn_bf16 = pytest.mark.skipif(
+    not CPU.onednn_bf16, reason=f"oneDNN packs bf16 weights only with AVX-512 BW/VL/DQ or AVX-NE-CONVERT; this CPU "
+    f"reports {CPU.isa} (the plan's fallback is tested in test_generate_plan.py)")
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -28,6 +35,7 @@ def test_transposed_layer_equals_the_linear_layer(bias):
         torch.testing.assert_close(layer(x), linear(x), atol=1e-6, rtol=1e-5)
 
 
+@needs_onednn_bf16
 @pytest.mark.parametrize("bias", [True, False])
 def test_packed_layer_equals_the_bf16_linear_layer_bit_for_bit(bias):
     torch.manual_seed(0)
@@ -39,6 +47,7 @@ def test_packed_layer_equals_the_bf16_linear_layer_bit_for_bit(bias):
         assert torch.equal(layer(rows), linear(rows))
 
 
+@needs_onednn_bf16
 def test_packed_bf16_decoder_gives_the_same_logits_and_tokens():
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, position="learned",
@@ -54,6 +63,12 @@ def test_packed_bf16_decoder_gives_the_same_logits_and_tokens():
     with torch.no_grad():
         assert torch.equal(model(ids).logits, expected)
     assert generate_tokens(model, prompts, max_new_tokens=12, context_len=40) == expected_tokens
+
+
+@pytest.mark.skipif(CPU.onednn_bf16, reason="this CPU packs bf16 weights; the refusal is for CPUs that cannot")
+def test_packing_is_refused_with_the_reason_where_onednn_cannot_pack():
+    with pytest.raises(InputError, match="AVX-512"):
+        PackedLinear(torch.nn.Linear(8, 8).to(torch.bfloat16))
 
 
 def test_transposed_decoder_gives_the_same_logits_and_tokens():

@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attnkit"
 LAYERS = {
     "errors": 0,
     "textfiles": 1, "options": 1,  # reading text files; dataclass fields -> command-line options (any layer uses)
+    "machine": 1,  # the CPU's capabilities and the measured kernel profile (any layer reads them)
     "tokenize": 2, "data": 2,
     "config": 3, "presets": 3, "recipes": 3,  # recipes: shipped training setups as data
     "layers": 4,

@@ -441,7 +441,7 @@ def _run_eval(settings: EvalSettings) -> int:
                                       progress=settings.progress is not False)
 
     elif settings.quantize is not None:  # as `attnkit.load(quantize=...)` prepares a model
-        from attnkit.generate.pipeline import prepare_for_inference
+        from attnkit.generate.plan import prepare_for_inference
 
         def prepare(model):
             return prepare_for_inference(model, config.family, quantize=settings.quantize)

@@ -1,5 +1,7 @@
 """Weights laid out for decoding: self-attention's q/k/v projections fused into one, and, on CPU, each linear layer's
-weight stored transposed, (K, N) row-major (fp32), or packed once into oneDNN's blocked layout (bf16).
+weight stored transposed, (K, N) row-major (fp32), or packed once into oneDNN's blocked layout (bf16). Which of
+these a loaded model gets is the inference plan's choice (`generate/plan.py`), from what the CPU reports and what
+`attnkit tune` measured; the numbers are nn.Linear's in every layout.
 
 Fused q/k/v: decoding a token runs every layer's projections on a single row, where the cost of a kernel call
 rivals its arithmetic; one [q; k; v] product per layer instead of three saves two calls per layer (as GPT-2's
@@ -8,15 +10,14 @@ rivals its arithmetic; one [q; k; v] product per layer instead of three saves tw
 Transposed weights: decoding one token multiplies one row x (1, K) by every weight matrix, so its speed is the speed
 of reading the weights. `nn.Linear` keeps W as (N, K) and computes x @ W^T, which BLAS runs as N dot products down
 W's rows; with W^T stored contiguously the same product adds K scaled rows of W^T into one accumulator row, a
-pattern that reads memory faster on CPUs: on a 2-core AVX-512 machine, one decoding step's products over
-`gpt2-124m`'s weights took 28.5 ms instead of 38.0 (`python -m benchmarks bandwidth`). The numbers are those of
-`nn.Linear` up to the order of summation. GPT-2's Conv1D layers store weights this way.
+pattern that streams memory in order (`python -m benchmarks bandwidth` compares the two on a machine). The numbers
+are those of `nn.Linear` up to the order of summation. GPT-2's Conv1D layers store weights this way.
 
 Packed bf16 weights: `nn.Linear` in bf16 on CPU runs oneDNN, which lays the weight out in its own blocked format for
-its kernels at every call; for a single row that reordering costs more than the product (eager decoding read
-`gpt2-124m`'s bf16 weights at 14.0 GB/s against 29.3 GB/s for a plain sum). Packing each weight once, as inductor
-does when it freezes weights, leaves one read of the packed weight per product: the same numbers, bit for bit, at
-28.1 GB/s (`python -m benchmarks bandwidth`).
+its kernels at every call; for a single row that reordering can cost more than the product. Packing each weight
+once, as inductor does when it freezes weights, leaves one read of the packed weight per product, with the same
+numbers bit for bit. oneDNN packs bf16 weights only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT
+(`machine.CpuCapabilities.onednn_bf16`); elsewhere the plan keeps nn.Linear.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.blocks import TransformerBlock
+from attnkit.errors import InputError
 from attnkit.generate.swap import swap_layers
+from attnkit.machine import CpuCapabilities
 
 
 class TransposedLinear(nn.Module):
@@ -49,6 +52,10 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
+        cpu = CpuCapabilities.detect()
+        if not cpu.onednn_bf16:
+            raise InputError(f"oneDNN packs bf16 weights only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; "
+                             f"this one reports {cpu.isa}: keep nn.Linear (the inference plan does)")
         # oneDNN's public Python surface is torch.ops.mkldnn (as inductor's weight freezing calls it); the batch-size
         # hint 1 picks the layout for one decoding row per sequence, and any number of rows computes with it
         packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
@@ -68,25 +75,12 @@ def pack_linear_weights(model: nn.Module) -> nn.Module:
     return swap_layers(model, nn.Linear, PackedLinear)
 
 
-def wants_packed_weights(model: nn.Module) -> bool:
-    """Whether `pack_linear_weights` applies to `model`: bf16 weights on a CPU with oneDNN."""
-    weight = next(model.parameters())
-    cpu_bf16 = weight.device.type == "cpu" and weight.dtype == torch.bfloat16
-    return cpu_bf16 and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
-
-
 def transpose_linear_weights(model: nn.Module) -> nn.Module:
     """Replace every nn.Linear of `model` (in place) by a TransposedLinear; returns the model, for inference only.
 
     A tied output layer gets its own transposed copy (V x C more numbers held); the embedding keeps its table.
     """
     return swap_layers(model, nn.Linear, TransposedLinear)
-
-
-def wants_transposed_weights(model: nn.Module) -> bool:
-    """Whether `transpose_linear_weights` speeds `model` up: fp32 weights on a CPU."""
-    weight = next(model.parameters())
-    return weight.device.type == "cpu" and weight.dtype == torch.float32
 
 
 def fuse_qkv_projections(model: nn.Module) -> nn.Module:

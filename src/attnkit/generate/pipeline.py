@@ -28,18 +28,11 @@ from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import translate_ids
-from attnkit.generate.decode_layout import (
-    fuse_qkv_projections,
-    pack_linear_weights,
-    transpose_linear_weights,
-    wants_packed_weights,
-    wants_transposed_weights,
-)
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
-from attnkit.generate.quantize import QUANTIZE_FORMS, dynamic_quantization_available, quantize_int8
+from attnkit.generate.plan import InferencePlan, check_dynamic_quantization, plan_inference
+from attnkit.generate.quantize import QUANTIZE_FORMS
 from attnkit.generate.sampling import SamplingConfig, make_generator
 from attnkit.generate.static_decode import StaticDecoding
-from attnkit.generate.swap import remove_dropout_layers
 from attnkit.models import family_of
 from attnkit.tokenize import load_tokenizer
 
@@ -73,13 +66,16 @@ class Pipeline:
         *,
         labels: Sequence[str] | None = None,
         decoding: EagerDecoding | None = None,
+        plan: InferencePlan | None = None,
     ) -> None:
-        """decoding: how `generate` runs prefill and steps (`generate/decoder.py`); eager by default."""
+        """decoding: how `generate` runs prefill and steps (`generate/decoder.py`); eager by default. plan: how
+        `load` prepared the model (`generate/plan.py`; `plan.explain()` says why)."""
         self.model = model.eval()
         self.config = config
         self.tokenizer = tokenizer
         self.labels = list(labels) if labels is not None else _default_labels(config)
         self.decoding = decoding or EagerDecoding(self.model)
+        self.plan = plan
 
     @property
     def family(self) -> str:
@@ -352,59 +348,18 @@ def load(
     torch_compile_mode(compile)  # an unknown mode fails before the model is read
     device = torch.device(device or default_device())
     if quantize == "int8-dynamic":
-        _check_dynamic_quantization(device, compile)
+        check_dynamic_quantization(device, compile)
     # a run whose top level is damaged or incomplete (a save cut short) is read from its newest intact checkpoint
     model, config, run_dir = load_run_model(run_dir, device=device, dtype=parse_dtype(dtype))
-    prepare_for_inference(model, config.family, quantize=quantize, compile=compile)
+    plan = plan_inference(model, config.family, quantize=quantize, compile=compile)
+    plan.apply(model)
     decoding = decoding_for(model, compile)
     tokenizer = None
     if (run_dir / TOKENIZER_DIR).is_dir():
         tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
     else:
         log.warning("%s has no %s/ directory: the model can be used, but not with text", run_dir, TOKENIZER_DIR)
-    return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config), decoding=decoding)
-
-
-def _check_dynamic_quantization(device: torch.device, compile: bool | str) -> None:
-    """Refuse quantize="int8-dynamic" where its kernel cannot run: off the CPU, compiled, or without FBGEMM."""
-    if device.type != "cpu":
-        raise InputError(f"quantize='int8-dynamic' (--int8-dynamic) runs on the CPU only, not {device}: load onto "
-                         "the CPU (--device cpu), or use quantize='int8' (--int8) there")
-    if compile:
-        raise InputError("quantize='int8-dynamic' (--int8-dynamic) runs eagerly (its kernel is not compiled): drop "
-                         "compile (--compile), or use quantize='int8' (--int8) with it")
-    reason = dynamic_quantization_available()
-    if reason is not None:
-        raise InputError(reason)
-
-
-def prepare_for_inference(
-    model: nn.Module, family: str, *, quantize: str | None = None, compile: bool | str = False
-) -> nn.Module:
-    """What `load` does to a model after reading it (in place; returns it, in eval mode): dropout layers go (they
-    pass their input through in eval mode anyway); models that decode get
-    fused q/k/v projections, then int8 weights on request or else, in fp32 on a CPU, transposed weights (except
-    for a static decoding step compiled with "max-autotune", whose packed, frozen weights are faster), and in bf16
-    on a CPU, packed weights when nothing is compiled (a compiled step packs frozen weights itself); with
-    `compile`, each block goes through torch.compile for any length, except in a decoder that `StaticDecoding`
-    supports (its compiled path is the whole decoding step, which `load` sets up)."""
-    mode = torch_compile_mode(compile)
-    if quantize == "int8-dynamic":
-        _check_dynamic_quantization(next(model.parameters()).device, compile)
-    decodes = family_of(family).state is not None
-    static = mode is not None and StaticDecoding.supports(model)
-    remove_dropout_layers(model)
-    if decodes:
-        fuse_qkv_projections(model)
-    if quantize is not None:
-        quantize_int8(model, quantize)
-    elif decodes and wants_transposed_weights(model) and not (static and compile == "max-autotune"):
-        transpose_linear_weights(model)
-    elif decodes and wants_packed_weights(model) and mode is None:
-        pack_linear_weights(model)
-    if mode is not None and not static:
-        compile_blocks(model, dynamic=True, mode=mode)
-    return model.eval()
+    return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config), decoding=decoding, plan=plan)
 
 
 def decoding_for(model: nn.Module, compile: bool | str = False) -> EagerDecoding:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.layers.autocast import cast_for_autocast
-from attnkit.layers.kernels import attend
+from attnkit.layers.kernels import MathKernel, attend
 from attnkit.layers.kv_cache import LayerCache
 from attnkit.layers.masks import as_bias, causal_mask, combine, padding_mask
 from attnkit.layers.positions import PositionScheme
@@ -140,8 +140,9 @@ class Attention(nn.Module):
     that acts inside self-attention (RoPE, Shaw, ALiBi: schemes whose scores depend on i - j); it may rotate q and
     k, add a bias to the scores and a term to the values (`layers/positions.py`). Masks and position biases
     become one additive float bias in one place (`_bias`), so every score function composes with every scheme.
-    Dot scores run through the measured kernels of `layers/kernels.py` unless weights are requested or the scheme
-    reads them; the explicit path is the readable reference and tests hold the two equal.
+    Dot scores run through the fused kernels of `layers/kernels.py` (SDPA, or plain products where the machine's
+    plan hands the layer a `math_kernel`) unless weights are requested or the scheme reads them; the explicit path
+    is the readable reference and tests hold the two equal.
     """
 
     def __init__(
@@ -172,6 +173,7 @@ class Attention(nn.Module):
         self.score = make_score(score, self.head_dim, additive_dim=additive_dim)
         self.dropout = dropout
         self.relative = relative
+        self.math_kernel: MathKernel | None = None  # where plain products replace SDPA (`kernels.use_math_kernel`)
     def _split_heads(self, x: Tensor, n_heads: int) -> Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, n_heads, self.head_dim).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
@@ -263,7 +265,7 @@ class Attention(nn.Module):
             is_causal = key_is_real is None and causal and not biased and length in (1, key_len)
             bias = None if is_causal else self._bias(q, key_is_real, causal, query_index, key_len)
             out = attend(q, k, v, bias, is_causal=is_causal and length > 1, scale=self.score.scale,
-                         dropout=dropout)  # (B, H, T, D)
+                         dropout=dropout, math_kernel=self.math_kernel)  # (B, H, T, D)
             weights = None
         else:
             if self.n_kv_heads != self.n_heads:  # each kv head serves n_heads / n_kv_heads query heads

@@ -1,33 +1,70 @@
-"""The fast path of attention: which kernel computes softmax(q k^T * scale + bias) v, chosen by measurement.
+"""The fast path of attention: which kernel computes softmax(q k^T * scale + bias) v.
 
 `layers/attention.py` holds the lecture's math and its reference path; it calls `attend` here when no weights are
-asked for. The choices below were measured (`python -m benchmarks attention`); tests hold every one of them equal
-to the reference path.
+asked for. Two kernels compute the same thing (tests hold both equal to the reference path):
 
-    attend ----> math_kernel_is_faster(q, S)?  yes: grouped_attention (float32 matrix products, GQA folded into rows)
-                                               no:  F.scaled_dot_product_attention (fused; enable_gqa)
+    attend ----> MathKernel covers (q, S)?  yes: grouped_attention (float32 matrix products, GQA folded into rows)
+                                            no:  F.scaled_dot_product_attention (fused; enable_gqa)
+
+Which is faster depends on the machine, so no choice is made here: by default every call goes to SDPA, and the
+inference plan (`generate/plan.py`) or the trainer hands each attention layer a `MathKernel` taken from the
+machine's measured profile (`attnkit.machine`, `attnkit tune`) through `use_math_kernel`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnkit.layers.masks import as_bias, causal_mask
+from attnkit.machine import AttentionKernelLimits, Profile, dtype_name
+
+
+@dataclass(frozen=True)
+class MathKernel:
+    """Where `attend` runs `grouped_attention` instead of SDPA: queries of `dtype` on `device_type`, over up to
+    `limits.decode_keys` keys for a single query and `limits.pass_keys` keys for several."""
+
+    device_type: str
+    dtype: torch.dtype
+    limits: AttentionKernelLimits
+
+    @classmethod
+    def from_profile(cls, device_type: str, dtype: torch.dtype, profile: Profile) -> MathKernel | None:
+        """The choice `profile` records for attention of `dtype` on the CPU; None (SDPA) elsewhere or where the
+        profile lists none."""
+        limits = profile.attention.get(dtype_name(dtype)) if device_type == "cpu" else None
+        if limits is None or (limits.decode_keys <= 0 and limits.pass_keys <= 0):
+            return None
+        return cls(device_type, dtype, limits)
+
+    def covers(self, q: Tensor, key_len: int) -> bool:
+        limit = self.limits.decode_keys if q.shape[2] == 1 else self.limits.pass_keys
+        return q.device.type == self.device_type and q.dtype == self.dtype and key_len <= limit
 
 
 def attend(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, *, is_causal: bool, scale: float, dropout: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    *,
+    is_causal: bool,
+    scale: float,
+    dropout: float,
+    math_kernel: MathKernel | None = None,
 ) -> Tensor:
     """softmax(q k^T * scale + bias) v without forming the weights where the kernel can avoid it.
 
     q (B, H, T, D); k, v (B, Hkv, S, D) with H a multiple of Hkv; bias: an additive float bias broadcastable to
     (B, H, T, S) (masked keys -inf), or None; is_causal: a causal mask with no bias tensor (a full
-    square pass, no padding). -> (B, H, T, D)
+    square pass, no padding); math_kernel: where plain matrix products are used instead of SDPA. -> (B, H, T, D)
     """
     key_len = k.shape[2]
-    if math_kernel_is_faster(q, key_len):
+    if math_kernel is not None and math_kernel.covers(q, key_len):
         if is_causal:  # the math kernel has no causal flag
             bias = as_bias(causal_mask(q.shape[2], key_len, device=q.device))
         return grouped_attention(q, k, v, bias, dropout, scale=scale)
@@ -38,17 +75,12 @@ def attend(
     )  # (B, H, T, D)
 
 
-def math_kernel_is_faster(q: Tensor, key_len: int) -> bool:
-    """Whether `grouped_attention` beats PyTorch's fused SDPA kernel for these queries.
-
-    On CPU in bf16/fp16 the fused kernel has a large fixed cost per call. Measured on a 2-core AVX-512 machine
-    (`python -m benchmarks attention`, one thread), a causal training pass (forward and backward) over up to 128
-    keys is 1.5-2.8x faster here and a single decoding query over up to 512 cached keys 2-2.8x; from 256 keys
-    on, training passes are faster through the fused kernel. On GPUs and in fp32 the fused kernel is as fast or
-    faster and keeps no (T, S) weights, so it stays the default there.
-    """
-    reduced = q.dtype in (torch.bfloat16, torch.float16)
-    return q.device.type == "cpu" and reduced and key_len <= (512 if q.shape[2] == 1 else 128)
+def use_math_kernel(model: nn.Module, math_kernel: MathKernel | None) -> nn.Module:
+    """Hand every attention layer of `model` the kernel choice (None: SDPA always); returns the model."""
+    for module in model.modules():
+        if hasattr(module, "math_kernel"):
+            module.math_kernel = math_kernel
+    return model
 
 
 def grouped_attention(

@@ -33,6 +33,8 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from attnkit.blocks import compile_blocks
+from attnkit.layers.kernels import MathKernel, use_math_kernel
+from attnkit.machine import load_profile
 from attnkit.checkpoint import INSTRUMENTS_KIND, METRICS_FILE
 from attnkit.config import ModelConfig, check_types
 from attnkit.errors import AttnkitError, ConfigError
@@ -225,6 +227,8 @@ class Trainer:
         self.precision = self.parallel.precision(settings.dtype, self.model)
         # DDP: a wrapper that reduces gradients; FSDP2: the model itself, sharded (so before the optimizer is made)
         self.train_model = self.parallel.wrap(self.precision.compute_model, dtype=settings.dtype, seed=settings.seed)
+        # short reduced-precision attention on the CPU: the kernel this machine's profile measured faster
+        use_math_kernel(self.precision.compute_model, training_math_kernel(self.device, settings.dtype))
         if settings.compile:
             compile_blocks(self.precision.compute_model)
         self.config, self.task, self.settings = config, task, settings
@@ -491,6 +495,12 @@ class _Meter:
         """Seconds left: the remaining steps at the current speed, or the remaining time if sooner."""
         left = (max_steps - step) / self.steps_per_second if self.steps_per_second > 0 else math.inf
         return min(left, max_time - elapsed) if max_time is not None else left
+
+
+def training_math_kernel(device: torch.device, dtype: str) -> MathKernel | None:
+    """The attention kernel choice for training in `dtype` ("fp32", "bf16", "bf16-master") on `device`."""
+    compute = torch.float32 if dtype == "fp32" else torch.bfloat16
+    return MathKernel.from_profile(device.type, compute, load_profile()[0])
 
 
 def shows_progress(progress: bool | None) -> bool:

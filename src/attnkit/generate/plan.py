@@ -1,0 +1,223 @@
+"""The inference plan: how a loaded model runs, chosen from the model, the device, the dtype, the CPU's reported
+capabilities, the machine's measured profile and the user's options, with the reason for each choice.
+
+    plan_inference(model, family, quantize=..., compile=...)  ->  InferencePlan   (decides; changes nothing)
+    plan.explain()                                            ->  the choices and why (`attnkit generate --explain`)
+    plan.apply(model)                                         ->  the model, prepared as the plan says
+
+The choices, in the order they are applied:
+
+    dropout         removed (eval mode passes inputs through; each layer still costs a call)
+    q/k/v           fused into one projection in models that decode (one product per layer where there were three)
+    linear layers   int8 on request (`quantize.py`); else, for eager CPU decoding, the layout the machine's profile
+                    measured fastest (`decode_layout.py`): transposed fp32, or packed bf16 where oneDNN can pack
+                    (AVX-512 BW/VL/DQ or AVX-NE-CONVERT), else nn.Linear's own
+    attention       SDPA, or plain float32 products for short reduced-precision attention on the CPU where the
+                    profile measured them faster (`layers/kernels.py`)
+    compilation     none; a decoder's whole decoding step with fixed shapes (`static_decode.py`); or each block
+
+A path is taken only where the CPU reports what it needs; where it does not, the plan falls back and says so.
+Tests build plans for CPUs with and without each capability by passing `cpu=`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnkit.blocks import compile_blocks, torch_compile_mode
+from attnkit.errors import InputError
+from attnkit.generate.decode_layout import fuse_qkv_projections, pack_linear_weights, transpose_linear_weights
+from attnkit.generate.quantize import QUANTIZE_FORMS, dynamic_quantization_available, quantize_int8, reduce_range
+from attnkit.generate.static_decode import StaticDecoding
+from attnkit.generate.swap import remove_dropout_layers
+from attnkit.layers.kernels import MathKernel, use_math_kernel
+from attnkit.machine import CpuCapabilities, Profile, dtype_name, load_profile
+from attnkit.models import family_of
+
+LINEAR_LAYOUTS = ("plain", "transposed", "packed")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One decision of the plan: what it is about, what was chosen, and why."""
+
+    what: str
+    choice: str
+    why: str
+
+
+@dataclass(frozen=True)
+class InferencePlan:
+    """What `apply` does to a model (see the module docstring), and the reasons, as `explain` prints them."""
+
+    device: str
+    dtype: torch.dtype
+    cpu: CpuCapabilities | None  # None off the CPU
+    fuse_qkv: bool
+    linear: str  # "plain", "transposed", "packed", "int8" or "int8-dynamic"
+    math_kernel: MathKernel | None
+    compile: bool | str
+    static_decoding: bool
+    choices: tuple[Choice, ...]
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        """Prepare `model` (in place) as planned; returns it, in eval mode."""
+        remove_dropout_layers(model)
+        if self.fuse_qkv:
+            fuse_qkv_projections(model)
+        if self.linear in QUANTIZE_FORMS:
+            quantize_int8(model, self.linear)
+        elif self.linear == "transposed":
+            transpose_linear_weights(model)
+        elif self.linear == "packed":
+            pack_linear_weights(model)
+        use_math_kernel(model, self.math_kernel)
+        mode = torch_compile_mode(self.compile)
+        if mode is not None and not self.static_decoding:
+            compile_blocks(model, dynamic=True, mode=mode)
+        return model.eval()
+
+    def explain(self) -> str:
+        """The plan as text: the machine it was made for, then one line per choice with its reason."""
+        where = self.cpu.summary() if self.cpu is not None else self.device
+        lines = [f"inference plan for {dtype_name(self.dtype)} on {where}"]
+        width = max(len(c.what) for c in self.choices)
+        lines += [f"  {c.what:<{width}}  {c.choice}: {c.why}" for c in self.choices]
+        return "\n".join(lines)
+
+
+def plan_inference(
+    model: nn.Module,
+    family: str,
+    *,
+    quantize: str | None = None,
+    compile: bool | str = False,
+    cpu: CpuCapabilities | None = None,
+    profile: Profile | None = None,
+) -> InferencePlan:
+    """Decide how `model` (as loaded: its device and dtype) will run; see the module docstring.
+
+    cpu: the CPU to plan for (default: this one, as PyTorch reports it); profile: measured kernel choices (default:
+    `machine.load_profile()`, this machine's `attnkit tune` profile or the documented defaults).
+    """
+    if quantize is not None and quantize not in QUANTIZE_FORMS:
+        raise InputError(f"quantize={quantize!r} is not supported; use one of {', '.join(QUANTIZE_FORMS)}, or None")
+    mode = torch_compile_mode(compile)  # an unknown mode fails before anything is decided
+    weight = next(model.parameters())
+    device, dtype = weight.device, weight.dtype
+    on_cpu = device.type == "cpu"
+    if quantize == "int8-dynamic":
+        check_dynamic_quantization(device, compile)
+    if on_cpu:
+        cpu = cpu or CpuCapabilities.detect()
+    else:
+        cpu = None
+    if profile is None:
+        profile, profile_note = load_profile(cpu=cpu)
+    else:
+        profile_note = f"profile from {profile.source}"
+    decodes = family_of(family).state is not None
+    static = mode is not None and StaticDecoding.supports(model)
+
+    choices = [Choice("dropout", "removed", "eval mode passes inputs through; each layer would still cost a call")]
+    if decodes:
+        choices.append(Choice("q/k/v", "fused", "decoding runs one projection per layer instead of three"))
+    else:
+        choices.append(Choice("q/k/v", "separate", "this model does not decode token by token"))
+    linear, why = _linear_layout(decodes, on_cpu, dtype, quantize, compile, static, cpu, profile, profile_note)
+    choices.append(Choice("linear layers", linear, why))
+    math_kernel, why = _attention_kernel(device, dtype, profile, profile_note)
+    choices.append(Choice("attention", "SDPA" if math_kernel is None else _describe(math_kernel), why))
+    choices.append(_compilation(mode, static, linear))
+    if on_cpu and dtype == torch.bfloat16 and cpu is not None and not cpu.native_bf16:
+        choices.append(Choice("bf16", "converted to fp32 inside each product", _bf16_cost(cpu, profile)))
+    return InferencePlan(
+        device=str(device), dtype=dtype, cpu=cpu, fuse_qkv=decodes, linear=linear, math_kernel=math_kernel,
+        compile=compile, static_decoding=static, choices=tuple(choices),
+    )
+
+
+def prepare_for_inference(
+    model: nn.Module, family: str, *, quantize: str | None = None, compile: bool | str = False
+) -> nn.Module:
+    """What `load` does to a model after reading it: this machine's plan, applied (in place; returns the model)."""
+    return plan_inference(model, family, quantize=quantize, compile=compile).apply(model)
+
+
+def check_dynamic_quantization(device: torch.device, compile: bool | str) -> None:
+    """Refuse quantize="int8-dynamic" where its kernel cannot run: off the CPU, compiled, or without FBGEMM."""
+    if device.type != "cpu":
+        raise InputError(f"quantize='int8-dynamic' (--int8-dynamic) runs on the CPU only, not {device}: load onto "
+                         "the CPU (--device cpu), or use quantize='int8' (--int8) there")
+    if compile:
+        raise InputError("quantize='int8-dynamic' (--int8-dynamic) runs eagerly (its kernel is not compiled): drop "
+                         "compile (--compile), or use quantize='int8' (--int8) with it")
+    reason = dynamic_quantization_available()
+    if reason is not None:
+        raise InputError(reason)
+
+
+def _linear_layout(
+    decodes: bool, on_cpu: bool, dtype: torch.dtype, quantize: str | None, compile: bool | str, static: bool,
+    cpu: CpuCapabilities | None, profile: Profile, profile_note: str,
+) -> tuple[str, str]:
+    """The linear layers' form and why."""
+    if quantize == "int8":
+        return "int8", "int8 weights with a scale per output row, as asked (weight-only: products in the weights' dtype)"
+    if quantize == "int8-dynamic":
+        activations = "7-bit activations: no AVX-512 VNNI" if reduce_range() else "8-bit activations (AVX-512 VNNI)"
+        return "int8-dynamic", f"int8 weights and int8 inputs per row through FBGEMM, as asked; {activations}"
+    if not decodes:
+        return "plain", "nothing decodes one row at a time here: nn.Linear's own layout"
+    if not on_cpu:
+        return "plain", "off the CPU the device's matrix kernels take nn.Linear's layout"
+    name = dtype_name(dtype)
+    wanted = profile.decode_linear.get(name, "plain")
+    if wanted == "transposed" and static and compile == "max-autotune":
+        return "plain", "max-autotune packs frozen weights for its own kernels, faster than a transposed copy"
+    if wanted == "packed":
+        if compile:
+            return "plain", "the compiled step packs frozen weights itself"
+        if cpu is not None and not cpu.onednn_bf16:
+            return "plain", (f"oneDNN packs {name} weights only with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; this CPU "
+                             f"reports {cpu.isa}, so nn.Linear runs oneDNN's reference path")
+    if wanted in ("transposed", "packed"):
+        return wanted, f"fastest for one decoding row in {name} ({profile_note})"
+    return "plain", f"nn.Linear's layout for {name} ({profile_note})"
+
+
+def _attention_kernel(
+    device: torch.device, dtype: torch.dtype, profile: Profile, profile_note: str
+) -> tuple[MathKernel | None, str]:
+    """The math kernel for this device and dtype, or None (SDPA), and why."""
+    kernel = MathKernel.from_profile(device.type, dtype, profile)
+    if kernel is None:
+        return None, "fused, keeps no (T, S) weights" + (f" ({profile_note})" if device.type == "cpu" else "")
+    return kernel, f"plain float32 products measured faster for short {dtype_name(dtype)} attention ({profile_note})"
+
+
+def _describe(kernel: MathKernel) -> str:
+    return (f"float32 products up to {kernel.limits.decode_keys} keys (decoding) and {kernel.limits.pass_keys} "
+            "(passes), SDPA beyond")
+
+
+def _compilation(mode: str | None, static: bool, linear: str) -> Choice:
+    if mode is None:
+        return Choice("compilation", "eager", "not asked for (--compile)")
+    if static:
+        frozen = "weights not frozen (a transposed copy exists)" if linear == "transposed" else "weights frozen"
+        return Choice("compilation", f"decoding step, {mode}", f"one graph per batch size and cache length; {frozen}")
+    return Choice("compilation", f"each block, {mode}", "any length (no fixed-shape decoding step for this model)")
+
+
+def _bf16_cost(cpu: CpuCapabilities, profile: Profile) -> str:
+    """What bf16 costs on a CPU without native bf16, from the profile where it measured it."""
+    no = f"this CPU reports no AVX512-BF16 or AMX ({cpu.isa})"
+    speed = profile.dtype_speed.get("bf16")
+    if speed is None:
+        return f"{no}: fp32 is usually faster here (`attnkit tune` measures it)"
+    faster = "fp32 is faster here (--dtype fp32)" if speed > 1 else "still faster than fp32 for these weights"
+    return f"{no}: decoding products measured at {speed:.2f}x fp32's time; {faster}"

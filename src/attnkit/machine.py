@@ -1,0 +1,190 @@
+"""What this machine can do: the CPU's reported capabilities, and the profile of measured kernel choices.
+
+Fast paths differ between CPUs. oneDNN's packed bf16 matrix kernels need AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT;
+native bf16 arithmetic needs AVX512-BF16 or AMX; FBGEMM's int8 products add pairs without saturating only with
+VNNI. And which of two correct kernels is faster (SDPA or plain matrix products for short bf16 attention; a
+transposed or packed weight for decoding) depends on the machine. So nothing here assumes an instruction set:
+
+    CpuCapabilities.detect()   what PyTorch reports (`torch.cpu.get_capabilities()`, `get_cpu_capability()`)
+    Profile                    the choices measured on this machine by `attnkit tune` (`tune.py`), read from
+                               $ATTNKIT_PROFILE or ~/.cache/attnkit/profile.json when it was measured on this CPU
+                               and PyTorch; otherwise `DEFAULT_PROFILE`, whose figures are documented below
+
+The inference plan (`generate/plan.py`) and the trainer read both; the layers only take the choices they are given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnkit.errors import InputError
+
+PROFILE_ENV = "ATTNKIT_PROFILE"  # where a profile is read from, when set
+PROFILE_VERSION = 1
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The short name profiles and plans use: "fp32", "bf16", "fp16"."""
+    return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+@dataclass(frozen=True)
+class CpuCapabilities:
+    """The instruction sets the CPU reports, as PyTorch reads them (cpuinfo).
+
+    isa: ATen's vector level (`torch.backends.cpu.get_cpu_capability()`: "DEFAULT", "AVX2", "AVX512", ...), the
+    kernels PyTorch itself dispatches to; flags: the capabilities `torch.cpu.get_capabilities()` reports true.
+    """
+
+    isa: str
+    flags: frozenset[str] = field(default_factory=frozenset)
+    name: str = ""
+
+    @classmethod
+    def detect(cls) -> CpuCapabilities:
+        """This machine's CPU."""
+        report = _reported_capabilities()
+        flags = frozenset(k for k, v in report.items() if v is True)
+        return cls(isa=torch.backends.cpu.get_cpu_capability(), flags=flags, name=str(report.get("cpu_name", "")))
+
+    @property
+    def onednn_bf16(self) -> bool:
+        """Whether oneDNN runs bf16 matrix products with its own packed kernels (it refuses to pack otherwise):
+        AVX-512 BW+VL+DQ (which ATen's "AVX512" level implies) or AVX-NE-CONVERT."""
+        avx512 = self.isa.startswith("AVX512") or {"avx512_bw", "avx512_vl", "avx512_dq"} <= self.flags
+        return avx512 or "avx_ne_convert" in self.flags
+
+    @property
+    def native_bf16(self) -> bool:
+        """Whether the CPU computes in bf16 (AVX512-BF16 or AMX); without it bf16 products convert to fp32 inside."""
+        return bool({"avx512_bf16", "amx_bf16"} & self.flags)
+
+    @property
+    def vnni(self) -> bool:
+        """Whether int8 products accumulate without saturating (AVX-512 VNNI or AVX-VNNI)."""
+        return bool({"avx512_vnni", "avx_vnni"} & self.flags)
+
+    def summary(self) -> str:
+        """One line: the vector level and the capabilities the plan asks about."""
+        asked = ("avx2", "avx512_f", "avx512_bw", "avx512_vl", "avx512_dq", "avx512_bf16", "avx512_vnni", "avx_vnni",
+                 "avx_ne_convert", "amx_bf16")
+        have = [f for f in asked if f in self.flags]
+        return f"{self.name or 'CPU'}: {self.isa}" + (f" ({', '.join(have)})" if have else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"isa": self.isa, "flags": sorted(self.flags), "name": self.name}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CpuCapabilities:
+        return cls(isa=str(data["isa"]), flags=frozenset(data.get("flags", ())), name=str(data.get("name", "")))
+
+
+def _reported_capabilities() -> dict[str, Any]:
+    """`torch.cpu.get_capabilities()` (PyTorch 2.9 on); before it, the flags of Linux's /proc/cpuinfo, renamed."""
+    report = getattr(torch.cpu, "get_capabilities", None)
+    if report is not None:
+        return dict(report())
+    cpuinfo = Path("/proc/cpuinfo")
+    words = set(cpuinfo.read_text().split()) if cpuinfo.is_file() else set()
+    renamed = {"avx512f": "avx512_f", "avx512bw": "avx512_bw", "avx512vl": "avx512_vl", "avx512dq": "avx512_dq",
+               "avx512_bf16": "avx512_bf16", "avx512_vnni": "avx512_vnni", "avx_vnni": "avx_vnni",
+               "avx_ne_convert": "avx_ne_convert", "amx_bf16": "amx_bf16", "avx2": "avx2"}
+    return {ours: True for theirs, ours in renamed.items() if theirs in words}
+
+
+@dataclass(frozen=True)
+class AttentionKernelLimits:
+    """Key lengths up to which plain matrix products (`layers.kernels.grouped_attention`) beat SDPA for one dtype
+    on the CPU: `decode_keys` for a single query (a decoding step), `pass_keys` for a causal pass over T = S keys
+    (training, prefill). 0: SDPA always."""
+
+    decode_keys: int = 0
+    pass_keys: int = 0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Kernel choices measured on one machine (`attnkit tune`), or the documented defaults.
+
+    attention: dtype name ("bf16", "fp16") -> limits for the math kernel; a dtype not listed uses SDPA.
+    decode_linear: dtype name -> the layout of linear layers for eager decoding ("plain", "transposed", "packed").
+    dtype_speed: dtype name -> decoding matrix-product time relative to fp32 (> 1: slower), as measured.
+    source: where the profile came from (a path, or "defaults").
+    """
+
+    attention: dict[str, AttentionKernelLimits]
+    decode_linear: dict[str, str]
+    dtype_speed: dict[str, float] = field(default_factory=dict)
+    cpu: CpuCapabilities | None = None
+    torch_version: str = ""
+    source: str = "defaults"
+
+    def to_json(self) -> str:
+        data = {
+            "version": PROFILE_VERSION,
+            "cpu": self.cpu.to_dict() if self.cpu else None,
+            "torch": self.torch_version,
+            "attention": {k: dataclasses.asdict(v) for k, v in self.attention.items()},
+            "decode_linear": self.decode_linear,
+            "dtype_speed": self.dtype_speed,
+        }
+        return json.dumps(data, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> Profile:
+        """A profile written by `to_json`; InputError naming the file for anything else."""
+        try:
+            data = json.loads(text)
+            if data.get("version") != PROFILE_VERSION:
+                raise ValueError(f"version {data.get('version')!r}, expected {PROFILE_VERSION}")
+            return cls(
+                attention={k: AttentionKernelLimits(**v) for k, v in data["attention"].items()},
+                decode_linear={str(k): str(v) for k, v in data["decode_linear"].items()},
+                dtype_speed={str(k): float(v) for k, v in data.get("dtype_speed", {}).items()},
+                cpu=CpuCapabilities.from_dict(data["cpu"]) if data.get("cpu") else None,
+                torch_version=str(data.get("torch", "")),
+                source=source,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise InputError(f"{source} is not an attnkit tuning profile ({err}): write it again with `attnkit tune`")
+
+
+# Without a profile: SDPA and grouped_attention were timed on a 2-core AVX-512 EPYC (`python -m benchmarks
+# attention`): for bf16, plain products won up to 512 cached keys for a decoding query and up to 128 keys for a
+# causal training pass. On other CPUs `attnkit tune` measures the same comparison. Linear layers: a transposed fp32
+# weight and a packed bf16 weight (where oneDNN packs) read memory fastest for one decoding row on that machine.
+DEFAULT_PROFILE = Profile(
+    attention={"bf16": AttentionKernelLimits(decode_keys=512, pass_keys=128),
+               "fp16": AttentionKernelLimits(decode_keys=512, pass_keys=128)},
+    decode_linear={"fp32": "transposed", "bf16": "packed"},
+)
+
+
+def default_profile_path() -> Path:
+    """$ATTNKIT_PROFILE, else ~/.cache/attnkit/profile.json (under $XDG_CACHE_HOME where set)."""
+    if os.environ.get(PROFILE_ENV):
+        return Path(os.environ[PROFILE_ENV])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "attnkit" / "profile.json"
+
+
+def load_profile(path: str | Path | None = None, cpu: CpuCapabilities | None = None) -> tuple[Profile, str]:
+    """The profile to plan with and why: the one at `path` (default: `default_profile_path()`) when it was measured
+    on this CPU and PyTorch, else `DEFAULT_PROFILE`."""
+    path = Path(path) if path is not None else default_profile_path()
+    if not path.is_file():
+        return DEFAULT_PROFILE, f"no profile at {path}: documented defaults (`attnkit tune` measures this machine)"
+    profile = Profile.from_json(path.read_text(encoding="utf-8"), source=str(path))
+    cpu = cpu or CpuCapabilities.detect()
+    if profile.cpu != cpu or profile.torch_version != torch.__version__:
+        return DEFAULT_PROFILE, (f"{path} was measured on another CPU or PyTorch ({profile.torch_version}): "
+                                 "documented defaults (run `attnkit tune` again)")
+    return profile, f"measured on this machine ({path})"

@@ -1,0 +1,132 @@
+"""The inference plan: each choice follows the CPU's capabilities and the profile it is given, so these tests run the
+same on any machine (the CPUs are described, not detected); and a planned model gives the numbers of the model as
+built."""
+
+import json
+
+import pytest
+import torch
+
+from attnkit import ModelConfig, build_model
+from attnkit.errors import InputError
+from attnkit.generate.decode_layout import PackedLinear, TransposedLinear
+from attnkit.generate.plan import plan_inference
+from attnkit.layers.attention import Attention
+from attnkit.machine import DEFAULT_PROFILE, AttentionKernelLimits, CpuCapabilities, Profile, load_profile
+
+AVX2 = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2"}), name="AVX2-only CPU")
+AVX512 = CpuCapabilities(isa="AVX512", flags=frozenset({"avx2", "avx512_f", "avx512_bw", "avx512_vl", "avx512_dq"}))
+AVX512_BF16 = CpuCapabilities(isa="AVX512", flags=AVX512.flags | {"avx512_bf16", "avx512_vnni"})
+NE_CONVERT = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2", "avx_ne_convert", "avx_vnni"}))
+
+
+def _decoder(dtype=torch.float32):
+    config = ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, position="rope",
+                         max_seq_len=64)
+    torch.manual_seed(0)
+    return build_model(config).to(dtype).eval()
+
+
+def _encoder():
+    config = ModelConfig(family="encoder", vocab_size=50, d_model=32, n_layers=1, n_heads=4, d_ff=64, n_classes=3,
+                         max_seq_len=64)
+    return build_model(config).eval()
+
+
+def test_capabilities_say_what_each_path_needs():
+    assert not AVX2.onednn_bf16 and not AVX2.native_bf16 and not AVX2.vnni
+    assert AVX512.onednn_bf16 and not AVX512.native_bf16
+    assert AVX512_BF16.onednn_bf16 and AVX512_BF16.native_bf16 and AVX512_BF16.vnni
+    assert NE_CONVERT.onednn_bf16 and NE_CONVERT.vnni and not NE_CONVERT.native_bf16
+    detected = CpuCapabilities.detect()
+    assert detected.isa == torch.backends.cpu.get_cpu_capability()
+    assert CpuCapabilities.from_dict(json.loads(json.dumps(detected.to_dict()))) == detected
+
+
+@pytest.mark.parametrize(("cpu", "packs"), [(AVX2, False), (AVX512, True), (AVX512_BF16, True), (NE_CONVERT, True)])
+def test_bf16_decoding_packs_weights_only_where_onednn_can(cpu, packs):
+    plan = plan_inference(_decoder(torch.bfloat16), "decoder", cpu=cpu, profile=DEFAULT_PROFILE)
+    assert plan.linear == ("packed" if packs else "plain")
+    explained = plan.explain()
+    assert cpu.isa in explained.splitlines()[0]
+    if not packs:
+        assert "AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT" in explained
+    assert ("converted to fp32 inside each product" in explained) == (not cpu.native_bf16)
+
+
+def test_bf16_plan_runs_on_this_cpu_and_gives_the_models_numbers():
+    model = _decoder(torch.bfloat16)
+    ids = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        expected = model(ids).logits
+    plan = plan_inference(model, "decoder", profile=DEFAULT_PROFILE)  # this machine's CPU, whatever it has
+    plan.apply(model)
+    assert any(isinstance(m, PackedLinear) for m in model.modules()) == CpuCapabilities.detect().onednn_bf16
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_fp32_layout_and_attention_kernel_follow_the_profile():
+    measured = Profile(attention={"bf16": AttentionKernelLimits(decode_keys=256, pass_keys=0)},
+                       decode_linear={"fp32": "plain", "bf16": "plain"}, cpu=AVX2, source="test")
+    assert plan_inference(_decoder(), "decoder", cpu=AVX2, profile=measured).linear == "plain"
+    assert plan_inference(_decoder(), "decoder", cpu=AVX2, profile=DEFAULT_PROFILE).linear == "transposed"
+    bf16 = plan_inference(_decoder(torch.bfloat16), "decoder", cpu=AVX2, profile=measured)
+    assert bf16.math_kernel is not None and bf16.math_kernel.limits.decode_keys == 256
+    assert plan_inference(_decoder(), "decoder", cpu=AVX2, profile=measured).math_kernel is None  # fp32: SDPA
+    no_math = Profile(attention={}, decode_linear={}, source="test")
+    assert plan_inference(_decoder(torch.bfloat16), "decoder", cpu=AVX2, profile=no_math).math_kernel is None
+
+
+def test_applied_plan_sets_every_attention_layers_kernel_and_layout():
+    model = _decoder()
+    plan = plan_inference(model, "decoder", cpu=AVX2, profile=DEFAULT_PROFILE)
+    plan.apply(model)
+    assert any(isinstance(m, TransposedLinear) for m in model.modules())
+    assert all(m.math_kernel is plan.math_kernel for m in model.modules() if isinstance(m, Attention))
+    assert all(m.qkv_proj is not None for m in model.modules() if isinstance(m, Attention))
+
+
+def test_models_that_do_not_decode_keep_their_layers():
+    plan = plan_inference(_encoder(), "encoder", cpu=AVX512, profile=DEFAULT_PROFILE)
+    assert plan.linear == "plain" and not plan.fuse_qkv
+    assert "does not decode" in plan.explain()
+
+
+def test_compiled_and_quantized_plans_say_so():
+    compiled = plan_inference(_decoder(torch.bfloat16), "decoder", compile=True, cpu=AVX512, profile=DEFAULT_PROFILE)
+    assert compiled.linear == "plain" and compiled.static_decoding and "decoding step" in compiled.explain()
+    autotuned = plan_inference(_decoder(), "decoder", compile="max-autotune", cpu=AVX512, profile=DEFAULT_PROFILE)
+    assert autotuned.linear == "plain"
+    quantized = plan_inference(_decoder(), "decoder", quantize="int8", cpu=AVX2, profile=DEFAULT_PROFILE)
+    assert quantized.linear == "int8"
+    with pytest.raises(InputError, match="not supported"):
+        plan_inference(_decoder(), "decoder", quantize="int3")
+    with pytest.raises(InputError, match="runs eagerly"):
+        plan_inference(_decoder(), "decoder", quantize="int8-dynamic", compile=True)
+
+
+def test_bf16_cost_is_stated_from_the_profile_where_it_was_measured():
+    measured = Profile(attention={}, decode_linear={}, dtype_speed={"bf16": 2.4}, source="test")
+    text = plan_inference(_decoder(torch.bfloat16), "decoder", cpu=AVX2, profile=measured).explain()
+    assert "2.40x fp32's time" in text and "--dtype fp32" in text
+    native = plan_inference(_decoder(torch.bfloat16), "decoder", cpu=AVX512_BF16, profile=measured).explain()
+    assert "converted to fp32" not in native
+
+
+def test_profiles_round_trip_and_apply_only_to_the_cpu_they_were_measured_on(tmp_path):
+    cpu = CpuCapabilities.detect()
+    profile = Profile(attention={"bf16": AttentionKernelLimits(64, 32)}, decode_linear={"fp32": "plain"},
+                      dtype_speed={"bf16": 1.5}, cpu=cpu, torch_version=torch.__version__)
+    path = tmp_path / "profile.json"
+    path.write_text(profile.to_json())
+    loaded, why = load_profile(path, cpu=cpu)
+    assert loaded.attention == profile.attention and loaded.decode_linear == profile.decode_linear
+    assert "measured on this machine" in why
+    other, why = load_profile(path, cpu=AVX512_BF16 if cpu != AVX512_BF16 else AVX2)
+    assert other is DEFAULT_PROFILE and "another CPU" in why
+    missing, why = load_profile(tmp_path / "none.json")
+    assert missing is DEFAULT_PROFILE and "attnkit tune" in why
+    path.write_text("{not json")
+    with pytest.raises(InputError, match="attnkit tune"):
+        load_profile(path)
