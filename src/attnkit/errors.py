@@ -1,6 +1,8 @@
 """The errors attnkit raises on bad input: each names the problem and the fix."""
 
+import difflib
 import errno
+from collections.abc import Iterable
 
 
 class AttnkitError(Exception):
@@ -38,3 +40,16 @@ def os_error_message(err: OSError, path: object, doing: str) -> str:
     what, fix = _OS_ERROR_FIXES.get(name, (err.strerror or str(err), "check the path and try again"))
     where = f" ({err.filename})" if err.filename not in (None, str(path)) else ""
     return f"cannot finish {doing} {path}: {what}{where}; {fix}"
+
+
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The known name closest to a mistyped `name` (difflib's ratio, at least 0.6), or None when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def unknown_name(what: str, name: str, known: Iterable[str], *, otherwise: str) -> str:
+    """One line for a `name` not among `known`: "{what} 'name'; did you mean 'nearest'?", or, when no known name
+    is close, `otherwise` (where the names are listed) in its place."""
+    guess = nearest(name, known)
+    return f"{what} {name!r}; " + (f"did you mean {guess!r}?" if guess is not None else otherwise)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnkit.config import ModelConfig, RecurrentLMConfig, RecurrentSeq2SeqConfig, TransformerConfig
-from attnkit.errors import ConfigError
+from attnkit.errors import ConfigError, unknown_name
 
 _VASWANI = dict(
     family="encoder-decoder", vocab_size=37000, d_model=512, n_layers=6, n_heads=8, d_ff=2048,
@@ -87,7 +87,8 @@ def get(name: str, **overrides: Any) -> ModelConfig:
     """The preset's config, with `overrides` applied (and validated): a field the preset's family lacks is a
     ConfigError."""
     if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise ConfigError(unknown_name("unknown preset", name, PRESETS,
+                                       otherwise=f"choose one of {', '.join(PRESETS)}"))
     return ModelConfig(**PRESETS[name]).replace(**overrides)
 
 

@@ -32,6 +32,7 @@ from attnkit.textfiles import EncodingErrors, iter_texts, split_text
 log = logging.getLogger(__name__)
 
 KINDS = ("char", "bpe", "hf")
+BPE_VOCAB_SIZE = 2048  # a trained BPE's vocabulary size unless told (attnkit train, attnkit tokenizer train)
 SPECIAL_ROLES = ("pad", "bos", "eos", "unk", "mask", "cls", "sep")
 REQUIRED_ROLES = ("pad", "bos", "eos", "unk")
 META_FILE = "attnkit_tokenizer.json"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnkit.errors import ConfigError, InputError
+from attnkit.errors import ConfigError, InputError, unknown_name
 
 RECIPE_DIR = Path(__file__).resolve().parent
 DATA_ROOT_ENV = "ATTNKIT_DATA"
@@ -102,7 +102,7 @@ def load(name: str) -> Recipe:
     that is not a recipe."""
     path = RECIPE_DIR / f"{name}.json"
     if "/" in name or not path.is_file():
-        raise InputError(f"no recipe {name!r}; the recipes are: {', '.join(names())}")
+        raise InputError(unknown_name("no recipe", name, names(), otherwise=f"the recipes are: {', '.join(names())}"))
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
