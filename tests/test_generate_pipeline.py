@@ -13,8 +13,8 @@ from attnkit.checkpoint import save_model
 from attnkit.errors import CheckpointError, ConfigError, InputError
 from attnkit.generate import Pipeline, StaticDecoding, generate_tokens, greedy_translate
 from attnkit.generate.decode_layout import PackedLinear, TransposedLinear
-from attnkit.machine import CpuCapabilities
 from attnkit.generate.quantize import dynamic_quantization_available
+from attnkit.machine import CpuCapabilities
 from attnkit.tokenize import CharTokenizer
 
 ALPHABET = "abcdefgh \n"

@@ -6,13 +6,17 @@ import json
 
 import pytest
 import torch
+from generate_models import tiny_model
 
-from attnkit import ModelConfig, build_model
+from attnkit import ModelConfig, build_model, cli
+from attnkit.checkpoint import save_model
 from attnkit.errors import InputError
 from attnkit.generate.decode_layout import PackedLinear, TransposedLinear
 from attnkit.generate.plan import plan_inference
+from attnkit.generate.tune import _longest_win
 from attnkit.layers.attention import Attention
 from attnkit.machine import DEFAULT_PROFILE, AttentionKernelLimits, CpuCapabilities, Profile, load_profile
+from attnkit.tokenize import CharTokenizer
 
 AVX2 = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2"}), name="AVX2-only CPU")
 AVX512 = CpuCapabilities(isa="AVX512", flags=frozenset({"avx2", "avx512_f", "avx512_bw", "avx512_vl", "avx512_dq"}))
@@ -130,3 +134,37 @@ def test_profiles_round_trip_and_apply_only_to_the_cpu_they_were_measured_on(tmp
     path.write_text("{not json")
     with pytest.raises(InputError, match="attnkit tune"):
         load_profile(path)
+
+
+def test_tune_writes_a_profile_the_plan_then_reads(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "profile.json"
+    assert cli.main(["tune", "--quick", "--out", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "attention decode" in printed and f"wrote {path}" in printed
+    profile, why = load_profile(path)
+    assert "measured on this machine" in why and set(profile.decode_linear) == {"fp32", "bf16"}
+    packs = CpuCapabilities.detect().onednn_bf16
+    assert profile.decode_linear["bf16"] in (("plain", "packed") if packs else ("plain",))
+    monkeypatch.setenv("ATTNKIT_PROFILE", str(path))
+    plan = plan_inference(_decoder(torch.bfloat16), "decoder")
+    assert str(path) in plan.explain()
+    assert plan.math_kernel is None or plan.math_kernel.limits == profile.attention["bf16"]
+
+
+def test_longest_win_stops_at_the_first_loss():
+    assert _longest_win((64, 128, 256), [True, True, False]) == 128
+    assert _longest_win((64, 128, 256), [False, True, True]) == 0
+    assert _longest_win((64, 128), [True, True]) == 128
+
+
+def test_generate_explain_prints_the_plan_with_the_cpus_capabilities(tmp_path, capsys):
+    tokenizer = CharTokenizer("abcdefgh ")
+    model, config = tiny_model("decoder", vocab_size=tokenizer.vocab_size, position="rope", seed=1)
+    save_model(model, config, tmp_path / "run")
+    tokenizer.save(tmp_path / "run" / "tokenizer")
+    code = cli.main(["generate", "--run", str(tmp_path / "run"), "--prompt", "ab", "--max-new-tokens", "3",
+                     "--dtype", "bf16", "--device", "cpu", "--explain", "--seed", "0"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "inference plan for bf16" in err and torch.backends.cpu.get_cpu_capability() in err
+    assert "linear layers" in err and "attention" in err

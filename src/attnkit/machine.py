@@ -154,7 +154,9 @@ class Profile:
                 source=source,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise InputError(f"{source} is not an attnkit tuning profile ({err}): write it again with `attnkit tune`")
+            raise InputError(
+                f"{source} is not an attnkit tuning profile ({err}): write it again with `attnkit tune`"
+            ) from None
 
 
 # Without a profile: SDPA and grouped_attention were timed on a 2-core AVX-512 EPYC (`python -m benchmarks

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from attnkit.blocks import compile_blocks, torch_compile_mode
+from attnkit.blocks import torch_compile_mode
 from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_run_model, read_labels
 from attnkit.config import ModelConfig
 from attnkit.data.batching import pad

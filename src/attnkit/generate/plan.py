@@ -166,7 +166,7 @@ def _linear_layout(
 ) -> tuple[str, str]:
     """The linear layers' form and why."""
     if quantize == "int8":
-        return "int8", "int8 weights with a scale per output row, as asked (weight-only: products in the weights' dtype)"
+        return "int8", "int8 weights with a scale per row, as asked (weight-only: products in the weights' dtype)"
     if quantize == "int8-dynamic":
         activations = "7-bit activations: no AVX-512 VNNI" if reduce_range() else "8-bit activations (AVX-512 VNNI)"
         return "int8-dynamic", f"int8 weights and int8 inputs per row through FBGEMM, as asked; {activations}"
