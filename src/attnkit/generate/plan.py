@@ -180,7 +180,9 @@ def _linear_layout(
         return "plain", "max-autotune packs frozen weights for its own kernels, faster than a transposed copy"
     if wanted == "packed":
         if compile:
-            return "plain", "the compiled step packs frozen weights itself"
+            packs = cpu is None or cpu.onednn_bf16
+            return "plain", ("the compiled step packs frozen weights itself" if packs else
+                             "compiled as they are (inductor packs bf16 weights only where oneDNN can)")
         if cpu is not None and not cpu.onednn_bf16:
             return "plain", (f"oneDNN packs {name} weights only with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; this CPU "
                              f"reports {cpu.isa}, so nn.Linear runs oneDNN's reference path")
@@ -195,8 +197,8 @@ def _attention_kernel(
     """The math kernel for this device and dtype, or None (SDPA), and why."""
     kernel = MathKernel.from_profile(device.type, dtype, profile)
     if kernel is None:
-        return None, "fused, keeps no (T, S) weights" + (f" ({profile_note})" if device.type == "cpu" else "")
-    return kernel, f"plain float32 products measured faster for short {dtype_name(dtype)} attention ({profile_note})"
+        return None, "fused, keeps no (T, S) weights" + (f"; {profile_note}" if device.type == "cpu" else "")
+    return kernel, f"faster than SDPA there for {dtype_name(dtype)}; {profile_note}"
 
 
 def _describe(kernel: MathKernel) -> str:

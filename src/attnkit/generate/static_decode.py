@@ -13,12 +13,13 @@ the step runs over a `StaticKVCache`:
 Weights are frozen into the graph (inductor's `freezing`), which lets it prepare them for its matrix kernels
 (packed layouts for bf16 and int8 on CPU); so the compiled step is for inference, and a model whose weights change
 needs a new `StaticDecoding`. Weights already transposed for fp32 decoding on CPU (`decode_layout.py`) are not
-frozen: inductor would pack a second copy of them, which on a 2-core AVX-512 machine decoded `gpt2-124m` slower
-(30.1 tokens/s frozen, 33.5 not) and held 1742 MB instead of 1091. Cache lengths are rounded up to a power of
-two, so prompts and lengths of different sizes share a few compiled graphs (one per batch size and length bucket).
+frozen: inductor would pack a second copy of them (the memory of the weights held twice). The inference plan
+(`plan.py`) says which layout a model has and so whether its weights are frozen. Cache lengths are rounded up to a
+power of two, so prompts and lengths of different sizes share a few compiled graphs (one per batch size and length
+bucket).
 
-Before running a graph, torch.compile checks its guards: about a thousand facts about the model and the inputs
-(0.2-0.5 ms a step here, 4% of `gpt2-124m`'s batch-1 step in bf16, 12% of a small model's). The weights are frozen
+Before running a graph, torch.compile checks its guards: about a thousand facts about the model and the inputs,
+a cost that shows in small models' steps. The weights are frozen
 into the graph and the step's inputs are built the same way each time, so a call can differ from an earlier one only
 in its batch size and cache length, in the global modes torch traces under (grad, inference, autocast) and in the
 model's train/eval mode. A call that matches an earlier one in all of these runs with only the guards that tell the
