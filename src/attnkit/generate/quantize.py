@@ -91,8 +91,8 @@ class Int8DynamicLinear(nn.Module):
     AVX-512 VNNI: `reduce_range`). The kernel is FBGEMM's dynamic quantized linear
     (`torch.ops.quantized.linear_dynamic`, which `torch.ao.nn.quantized.dynamic.Linear` runs; `python -m benchmarks
     bandwidth` compares it with the weight-only kernel on a machine). It takes one range per call: for one row
-    (batch-1 decoding) that is the row's own; a call with several rows scales each row to a peak of 1 first and back after
-    (a linear map commutes with scaling a row), so a row of small numbers keeps its precision beside a row of
+    (batch-1 decoding) that is the row's own; a call with several rows scales each row to a peak of 1 first and back
+    after (a linear map commutes with scaling a row), so a row of small numbers keeps its precision beside a row of
     large ones. `reference` computes the same numbers step by step. PyTorch has deprecated building quantized
     tensors (which packing the weight needs) in favour of torchao; its warning is silenced for that one call.
     """
