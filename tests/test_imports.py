@@ -18,6 +18,7 @@ LAYERS = {
     "machine": 1,  # the CPU's capabilities and the measured kernel profile (any layer reads them)
     "tokenize": 2, "data": 2,
     "config": 3, "presets": 3, "recipes": 3,  # recipes: shipped training setups as data
+    "lectures": 3,  # the course index: the lectures' topics and what covers each, as data
     "layers": 4,
     "blocks": 5,
     "models": 6,

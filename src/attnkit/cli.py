@@ -536,6 +536,13 @@ def _run_experiment(settings: ExperimentSettings) -> int:
     return 0
 
 
+# lectures -------------------------------------------------------------------------------------------------------
+def _run_lectures(settings) -> int:
+    from attnkit.lectures import run
+
+    return run(settings)
+
+
 COMMANDS: list[Command] = [
     Command("recipes", "list the shipped training recipes with the results they reached, or print one",
             RecipesSettings, _run_recipes),
@@ -575,6 +582,8 @@ COMMANDS: list[Command] = [
             "attnkit.viz.run:VizSettings", _run_viz),
     Command("experiment", "run one of the lectures' claims as an experiment, ending in a verdict",
             "attnkit.experiments.base:ExperimentSettings", _run_experiment),
+    Command("lectures", "walk each course's lectures, topic by topic, to the tutorial, code, experiment and "
+            "picture that cover it (gaps named)", "attnkit.lectures:LecturesSettings", _run_lectures),
 ]
 
 

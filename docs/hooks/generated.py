@@ -1,0 +1,215 @@
+"""MkDocs hooks: the site's generated parts, written at build time from the code that owns them.
+
+- `<!-- generated: cli -->` in a page becomes the command-line reference, walked from `attnkit.cli.build_parser()`
+  (every command, every option, its help as `--help` prints it), so no option is described twice.
+- `<!-- generated: experiments -->` becomes the experiments gallery: each registered experiment's claim and
+  lecture (`attnkit.experiments.REGISTRY`) with what its run wrote into docs/experiments/NAME/ (results.json and
+  the plots): the verdict, its reason, the checks behind it, the command that redraws it.
+- `<!-- generated: lectures -->` becomes the course index, from `attnkit.lectures`.
+- The tutorials (docs/tutorials/NN_*.py) join the nav under "Tutorials" in their numbered order.
+- benchmarks/results/*.png are published under figures/benchmarks/ (they stay where the benchmarks write them).
+- Pages load nothing from another host: the scripts a rendered notebook points at a CDN (MathJax, Mermaid) are
+  dropped, so a page opens offline (tests/test_docs.py checks every built page).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))  # the checkout's attnkit, installed or not
+
+MARKER = re.compile(r"^<!-- generated: (\w+) -->$", re.M)
+TUTORIAL = re.compile(r"^\d\d_.+\.py$")
+REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc=\"https?://[^\"]*\"[^>]*>\s*</script>", re.I)
+FIGURES = "figures/benchmarks"
+
+# The gallery's order: the order a course meets the claims (new experiments follow, by name).
+EXPERIMENT_ORDER = (
+    "kernel-regression", "ab-task", "scaled-dot", "score-functions", "bottleneck", "rnn-vs-transformer-cost",
+    "position-extrapolation", "norm-placement", "gqa-memory", "transformer-plus-plus",
+)
+
+
+# --- the command-line reference -----------------------------------------------------------------------------------
+def _cell(text: str) -> str:
+    """Text for a markdown table cell: no pipes, no HTML, no emphasis."""
+    text = html.escape(" ".join(text.split()), quote=False)
+    return text.replace("|", "\\|").replace("*", "\\*").replace("_", "\\_")
+
+
+def _expanded_help(action: argparse.Action, prog: str) -> str:
+    """The help as argparse prints it (`%(default)s` and the like filled in)."""
+    if not action.help:
+        return ""
+    values = {k: v for k, v in vars(action).items() if v is not argparse.SUPPRESS}
+    values["prog"] = prog
+    if values.get("choices") is not None:
+        values["choices"] = ", ".join(map(str, values["choices"]))
+    try:
+        return action.help % values
+    except (KeyError, TypeError, ValueError):
+        return action.help
+
+
+def _invocation(action: argparse.Action) -> str:
+    """How the option is written: `--beam-size BEAM_SIZE`, `--progress, --no-progress`, `name`."""
+    if not action.option_strings:
+        return action.metavar or action.dest
+    if action.nargs == 0:
+        return ", ".join(action.option_strings)
+    metavar = action.metavar or (
+        "{" + ",".join(map(str, action.choices)) + "}" if action.choices else action.dest.upper())
+    if isinstance(metavar, tuple):
+        metavar = " ".join(metavar)
+    value = {"+": f"{metavar} [{metavar} ...]", "*": f"[{metavar} ...]", "?": f"[{metavar}]"}.get(
+        action.nargs, metavar)
+    return ", ".join(f"{flag} {value}" for flag in action.option_strings)
+
+
+def commands(parser: argparse.ArgumentParser, prefix: str = "attnkit"):
+    """(full name, parser, help) for every command, groups' commands included, in the parser's order."""
+    for action in parser._actions:  # argparse keeps its subcommands only here
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                full = f"{prefix} {name}"
+                if any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
+                    yield from commands(sub, full)
+                else:
+                    yield full, sub, helps.get(name, "")
+
+
+def cli_reference() -> str:
+    from attnkit.cli import build_parser
+
+    parser = build_parser()
+    lines = ["| command | what it does |", "|---|---|"]
+    found = list(commands(parser))
+    for name, _, summary in found:
+        anchor = name.replace(" ", "-")
+        lines.append(f"| [`{name}`](#{anchor}) | {_cell(summary)} |")
+    for name, sub, summary in found:
+        lines += ["", f"## {name}", "", _cell(sub.description or summary), "", "```", sub.format_usage().strip(), "```"]
+        for group in sub._action_groups:
+            actions = [a for a in group._group_actions if a.help is not argparse.SUPPRESS]
+            if not actions:
+                continue
+            title = group.title if group.title not in ("options", "optional arguments") else "options"
+            lines += ["", f"**{_cell(title)}**", "", "| option | meaning |", "|---|---|"]
+            for action in actions:
+                lines.append(f"| `{_invocation(action)}` | {_cell(_expanded_help(action, sub.prog))} |")
+        if sub.epilog:
+            lines += ["", "```", sub.epilog.strip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+# --- the experiments gallery --------------------------------------------------------------------------------------
+def _results(docs_dir: Path, name: str) -> dict | None:
+    path = docs_dir / "experiments" / name / "results.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def _table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    columns = list(rows[0])
+    out = ["| " + " | ".join(_cell(str(c)) for c in columns) + " |", "|" + "---|" * len(columns)]
+    out += ["| " + " | ".join(_cell(_value(row.get(c))) for c in columns) + " |" for row in rows]
+    return out
+
+
+def experiment_names() -> list[str]:
+    from attnkit.experiments import REGISTRY
+
+    return [n for n in EXPERIMENT_ORDER if n in REGISTRY] + sorted(set(REGISTRY) - set(EXPERIMENT_ORDER))
+
+
+def experiments_gallery(docs_dir: Path) -> str:
+    from attnkit.experiments import REGISTRY
+
+    names = experiment_names()
+    summary = ["| claim | lecture | verdict | key number | budget |", "|---|---|---|---|---|"]
+    sections: list[str] = []
+    for name in names:
+        spec, result = REGISTRY[name], _results(docs_dir, name)
+        verdict = result["verdict"] if result else "not run into docs/experiments yet"
+        key = result.get("key_number", "") if result else ""
+        budget = result.get("budget", "") if result else ""
+        summary.append(f"| [`{name}`](#{name}) | {_cell(spec.lecture)} | **{_cell(verdict)}** | {_cell(key)} | "
+                       f"{_cell(budget)} |")
+        sections += ["", f"## {name}", "", f"**Claim** ({_cell(spec.lecture)}): {_cell(spec.claim)}", ""]
+        command = f"attnkit experiment {name} --budget {budget or 'full'} --out docs/experiments/{name}"
+        if result is None:
+            sections += ["No run of it has been written into `docs/experiments/` yet; this command writes one:", "",
+                         "```", command, "```"]
+            continue
+        sections += [f"**Verdict: {_cell(result['verdict'])}.** {_cell(result.get('reason', ''))}", "",
+                     f"Key number: {_cell(key)}. Budget `{budget}`, {result.get('seconds', 0):,.0f} s on "
+                     f"{_cell(result.get('machine', ''))}.", ""]
+        for label in ("what_would_decide", "what_would"):
+            if result.get(label):
+                sections += [f"**What would decide it:** {_cell(str(result[label]))}", ""]
+        checks = result.get("checks") or []
+        if checks and isinstance(checks[0], dict):
+            sections += ["The checks the verdict is drawn from (a check decides when its difference is larger "
+                         "than its noise):", "", *_table(checks), ""]
+        sections += ["Redraw it (writes results.json, table.md and the plots below):", "", "```", command, "```", ""]
+        for plot in result.get("plots", []):
+            if (docs_dir / "experiments" / name / plot).is_file():
+                sections += [f"![{name}: {plot}](experiments/{name}/{plot})", ""]
+        if result.get("rows"):
+            sections += ["??? note \"The numbers\"", ""] + ["    " + line for line in _table(result["rows"])]
+    return "\n".join(summary + sections) + "\n"
+
+
+# --- MkDocs events ------------------------------------------------------------------------------------------------
+def on_config(config):
+    """The tutorials join the nav in their numbered order, under the "Tutorials" section."""
+    tutorials = sorted(p.name for p in (Path(config.docs_dir) / "tutorials").glob("*.py") if TUTORIAL.match(p.name))
+    for item in config.nav or []:
+        if isinstance(item, dict) and "Tutorials" in item:
+            listed = {entry if isinstance(entry, str) else next(iter(entry.values())) for entry in item["Tutorials"]}
+            item["Tutorials"] += [f"tutorials/{name}" for name in tutorials if f"tutorials/{name}" not in listed]
+    return config
+
+
+def on_files(files, config):
+    from mkdocs.structure.files import File
+
+    for png in sorted((ROOT / "benchmarks" / "results").glob("*.png")):
+        files.append(File.generated(config, f"{FIGURES}/{png.name}", abs_src_path=str(png)))
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    docs_dir = Path(config.docs_dir)
+
+    def expand(match: re.Match) -> str:
+        kind = match.group(1)
+        if kind == "cli":
+            return cli_reference()
+        if kind == "experiments":
+            return experiments_gallery(docs_dir)
+        if kind == "lectures":
+            from attnkit.lectures import course_index_markdown
+
+            return course_index_markdown(link_prefix="")
+        raise ValueError(f"{page.file.src_uri}: unknown generated part {kind!r} (cli, experiments, lectures)")
+
+    return MARKER.sub(expand, markdown)
+
+
+def on_post_page(output, page, config):
+    return REMOTE_SCRIPT.sub("", output)

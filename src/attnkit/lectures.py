@@ -1,0 +1,335 @@
+"""The course index: each of the five lectures, in its own order, slide topic by slide topic, to what covers it.
+
+For every topic: the tutorial (docs/tutorials/NAME.py) that builds it, the modules that implement it, the
+experiment that tests its claim, the picture that shows it, a page of the documentation, and, where attnkit has
+nothing for a topic, the gap stated as a gap. `attnkit lectures` prints it; the site's course index page is
+rendered from the same data (`course_index_markdown`), and tests/test_docs.py checks that everything named exists.
+Plain data: this module imports nothing of attnkit but its errors, when a course name is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Topic:
+    """One slide topic and what covers it; every reference is checked by the docs test."""
+
+    slide: str  # the topic in the lecture's own words
+    tutorial: str | None = None  # a tutorial's file stem under docs/tutorials/
+    modules: tuple[str, ...] = ()  # dotted modules under attnkit ("layers.attention"), or "module:Name"
+    experiment: str | None = None  # an `attnkit experiment` name
+    picture: str | None = None  # a PNG under docs/
+    page: str | None = None  # a documentation page under docs/ ("user-guide/training.md")
+    gap: str | None = None  # what attnkit does not cover of this topic
+
+
+@dataclass(frozen=True)
+class Lecture:
+    key: str  # the lecture's file prefix in the shared lectures folder ("000")
+    course: str  # the course, as it names itself
+    title: str
+    short: str  # what `attnkit lectures NAME` accepts besides the key
+    topics: tuple[Topic, ...]
+
+
+T01 = "01_attention_as_weighted_average"
+T02 = "02_score_functions"
+T03 = "03_self_attention_masks_heads"
+T04 = "04_positions"
+T05 = "05_rnn_encoder_decoder"
+T06 = "06_small_gpt"
+T07 = "07_gpt2_to_llama2"
+T08 = "08_mlm_pretrain_finetune"
+
+COST = "rnn-vs-transformer-cost"
+COST_PNG = "experiments/rnn-vs-transformer-cost/cost_by_length.png"
+BOTTLENECK_PNG = "experiments/bottleneck/accuracy_by_length.png"
+ALIGN_PNG = "recurrent/alignment-reverse.png"
+HEADS_PNG = "viz/grid.png"
+AB_PNG = "experiments/ab-task/attention.png"
+
+LECTURES: tuple[Lecture, ...] = (
+    Lecture("000", "USC CSCI 499 (LMs in NLP, Spring 2024)", "Lecture 11: Transformers: Building Blocks", "usc", (
+        Topic("Recap: generation with RNN language models", T05, ("models.recurrent.lm",),
+              page="user-guide/recurrent.md"),
+        Topic("RNNs and parallelizability: O(sequence length) unparallelizable operations", None,
+              ("models.recurrent.rnn",), COST, COST_PNG),
+        Topic("(Neural) machine translation; sequence-to-sequence encoder-decoder networks (encoder, encoding c, "
+              "decoder)", T05, ("models.recurrent.seq2seq",), page="user-guide/recurrent.md"),
+        Topic("The encoding must capture all of the source: the information bottleneck", T05,
+              ("models.recurrent.seq2seq:PlainDecoder",), "bottleneck", BOTTLENECK_PNG),
+        Topic("The attention mechanism (Bahdanau et al. 2015): one context vector per decoder step, a query scored "
+              "against every key", T05, ("models.recurrent.attention", "models.recurrent.seq2seq:BahdanauDecoder")),
+        Topic("Seq2seq with attention: dot-product scores, softmax, weighted sum, concatenated with the decoder "
+              "state", T05, ("models.recurrent.seq2seq:LuongDecoder",)),
+        Topic("Why attention? performance, the bottleneck solved, a shortcut for vanishing gradients, "
+              "interpretability: alignment for free", T05, ("viz",), "bottleneck", ALIGN_PNG,
+              "user-guide/looking-inside.md",
+              gap="the shortcut for vanishing gradients is stated, not measured (no experiment compares gradient "
+                  "norms at the source with and without attention)"),
+        Topic("Attention variants: scores, softmax, weighted sum of values (the three steps)", T02,
+              ("layers.attention",)),
+        Topic("Basic dot-product attention and multiplicative (bilinear) attention", T02,
+              ("layers.attention:DotScore", "layers.attention:BilinearScore"), "score-functions",
+              "experiments/score-functions/scores.png"),
+        Topic("More on attention: a selective summary of the values; a fixed-size representation of an arbitrary "
+              "set; attention as a fuzzy lookup in a key-value store", T01, ("layers.attention",)),
+        Topic("Self-attention: keys, queries and values from the same sequence", T03, ("layers.attention:Attention",)),
+        Topic("Self-attention as matrix multiplications: softmax(XQ (XK)^T) XV", T03, ("layers.attention",)),
+        Topic("Why self-attention: information from arbitrarily large contexts without recurrence", T03,
+              ("layers.attention",), COST, COST_PNG),
+        Topic("Transformers are self-attention networks: stacks of blocks of linear layers, feed-forward networks "
+              "and self-attention", T06, ("blocks", "models.stack")),
+        Topic("Self-attention only re-averages values: a feed-forward network post-processes each output", T06,
+              ("layers.feedforward",)),
+        Topic("Outline only (slides not in the notes): multi-head attention, positional embeddings, putting the "
+              "block together", T03, ("layers.attention", "layers.positions", "blocks"),
+              picture=HEADS_PNG, page="concepts.md"),
+    )),
+    Lecture("001", "UvA Advanced Topics in Computational Semantics", "Attention & Transformers (Ivo Verhoeven)",
+            "uva", (
+        Topic("The Transformer everywhere: seq2seq, classification (encoder-only), generation (decoder-only)", None,
+              ("models.seq2seq", "models.encoder", "models.decoder"), page="user-guide/configs.md",
+              gap="vision, speech, multi-modal and graph Transformers: attnkit is text only"),
+        Topic("The Transformer's four parts: tokenization, embedding (token + position), attention blocks, output "
+              "(linear, softmax)", T06, ("tokenize", "layers.embedding", "blocks", "models.decoder")),
+        Topic("Encoders and decoders: text comes in, text goes out", None, ("models.seq2seq",),
+              page="user-guide/generation.md"),
+        Topic("Attention is a matrix product AV: A's entries in (0, 1), its rows summing to 1", T01,
+              ("layers.attention:attention_weights",)),
+        Topic("The result is a convex combination of V: it lies in the convex hull of the values", T01,
+              ("layers.attention",), page="testing.md"),
+        Topic("Permutation equivariance: attention does not care about word order", T04, ("layers.positions",),
+              page="testing.md"),
+        Topic("Is attention a linear map? Not quite: any length, fewer parameters, weights that depend on the "
+              "content", T01, ("layers.attention",)),
+        Topic("Attention(Q, K, V) = softmax(f(Q, K)) V with a kernel (similarity) function f", T02,
+              ("layers.attention:make_score",)),
+        Topic("Non-Transformer examples: a soft lookup (the library, its titles and the query)", T01,
+              ("layers.attention",)),
+        Topic("Nadaraya-Watson kernel regression", T01, ("experiments.kernel_regression",), "kernel-regression",
+              "experiments/kernel-regression/fit.png"),
+        Topic("Multi-head attention in Transformers", T03, ("layers.attention:Attention",), picture=HEADS_PNG),
+        Topic("Add & Norm: residual connections", T06, ("blocks",)),
+        Topic("Add & Norm: LayerNorm, X_l = LayerNorm(X_{l-1} + SubLayer(X_{l-1}))", T07,
+              ("layers.norms", "blocks"), "norm-placement", "experiments/norm-placement/norm_placement.png"),
+        Topic("Feed forward", T06, ("layers.feedforward",)),
+        Topic("Embedding: position encoding", T04, ("layers.positions", "layers.embedding"),
+              "position-extrapolation", "experiments/position-extrapolation/loss_by_length.png"),
+        Topic("Tokenization", None, ("tokenize",), page="user-guide/tokenizers-data.md",
+              gap="no tutorial builds a subword tokenizer from scratch; `attnkit tokenizer train` and `attnkit "
+                  "tokenizer encode` show byte-level BPE at work"),
+        Topic("Training Transformers", T06, ("train.trainer",), page="user-guide/training.md"),
+    )),
+    Lecture("002", "UT Austin CS 371N", "Lecture 10: LM 2: Self-attention, Transformers", "ut", (
+        Topic("Recap: language models, n-gram models, neural LMs (DANs, feed-forward, RNNs)", None,
+              ("models.recurrent.lm",), page="user-guide/recurrent.md",
+              gap="n-gram, deep-averaging and feed-forward language models are not implemented (recurrent and "
+                  "Transformer LMs are)"),
+        Topic("Why RNNs are good (long sequences) and bad (they forget over long strings)", T05,
+              ("models.recurrent.lm",), "bottleneck", BOTTLENECK_PNG,
+              gap="forgetting is measured for the encoder-decoder (the bottleneck), not for a recurrent LM alone"),
+        Topic("An API for neural nets: h = encode(w_1..w_n), context-sensitive encodings; layers stack; the "
+              "Transformer obeys the same API", T06, ("models.stack", "blocks")),
+        Topic("The running example: sequences of A and B; the next is B if any B, else A", T03, ("data.synthetic",),
+              "ab-task", AB_PNG),
+        Topic("Attention as random access: keys = embeddings, query [0, 1]; scores [0 0 1 0], softmax "
+              "[1/6 1/6 1/2 1/6], output [1/2 1/2]", T03, ("layers.attention",), page="testing.md"),
+        Topic("Compare to a DAN: the plain average [3/4 1/4]; attention is biased towards B", T03, (),
+              "ab-task", "experiments/ab-task/accuracy.png"),
+        Topic("A larger query [0, 10]: scores [0 0 10 0], weights nearly one-hot", T02, ("layers.attention",),
+              "scaled-dot", "experiments/scaled-dot/saturation.png"),
+        Topic("Decouple keys and query from the embeddings: W^K and W^Q", T03, ("layers.attention:Attention",)),
+        Topic("Self-attention: every word a query against the keys; S = QK^T, K = EW^K, Q = EW^Q", T03,
+              ("layers.attention",)),
+        Topic("Version 2: K = 10E, S = 10EE^T; in reality W^Q is learned", T03, ("layers.attention",)),
+        Topic("This is quadratic", None, ("layers.attention",), COST, COST_PNG),
+    )),
+    Lecture("003", "UC San Diego COGS 150", "The Transformer architecture (Sean Trott, Winter 2024)", "cogs", (
+        Topic("A taxonomy of language models: statistical learning", None, (),
+              gap="context only: no n-gram or count-based models to compare with"),
+        Topic("RNNs' limitations: vanishing and exploding gradients; training hard to parallelize", T05,
+              ("models.recurrent.rnn",), COST, COST_PNG),
+        Topic("Attention lets a model focus: predictions that depend on words far back (the program log, the "
+              "battery log)", T03, ("layers.attention",), "ab-task", AB_PNG),
+        Topic("Relationships between elements (the animal ... it was tired)", None, ("viz",),
+              picture="viz/head.png", page="user-guide/looking-inside.md",
+              gap="no shipped model shows 'it' attending to 'animal'; `attnkit viz` draws any run's weights, a "
+                  "converted GPT-2 included"),
+        Topic("Attention's origins: machine translation and the bottleneck", T05, ("models.recurrent.seq2seq",),
+              "bottleneck", BOTTLENECK_PNG),
+        Topic("Dot-product attention: relevance as embedding similarity, softmax, weighted average, a context "
+              "vector", T01, ("layers.attention:DotScore",)),
+        Topic("The dot product is a coarse measure: can we do better?", T02, ("layers.attention",),
+              "score-functions", "experiments/score-functions/scores.png"),
+        Topic("Introducing Transformers: a fixed context window, no recurrence, self-attention, several heads, "
+              "positional embeddings", T06, ("models.decoder",)),
+        Topic("Self-attention: query, key (a folder's label), value (its contents)", T03,
+              ("layers.attention:Attention",)),
+        Topic("Scores q_i . k_j, softmax, a weighted sum over j <= i", T03, ("layers.attention",)),
+        Topic("Auto-regressive models mask the future: -inf above the diagonal", T03, ("layers.masks",)),
+        Topic("Self-attention is quadratic", None, (), COST, COST_PNG),
+        Topic("Where Q, K, V come from: learned W^Q, W^K, W^V", T03, ("layers.attention:Attention",)),
+        Topic("The Transformer block: self-attention, feed-forward, residual connections, normalization", T06,
+              ("blocks",)),
+        Topic("The residual connection: \"dog\" + SelfAttention(\"dog\")", T06, ("blocks",)),
+        Topic("Layer normalization (like a z-score); GPT-2's two-layer feed-forward network", T06,
+              ("layers.norms", "layers.feedforward")),
+        Topic("Multi-head attention: each head may track another relationship", T03,
+              ("layers.attention:Attention",), picture=HEADS_PNG, page="user-guide/looking-inside.md"),
+        Topic("Positional embeddings: learned, added to the word embeddings", T04,
+              ("layers.positions:LearnedPositions", "layers.embedding"), "position-extrapolation",
+              "experiments/position-extrapolation/loss_by_length.png"),
+        Topic("Transformers are easier to train than RNNs", None, ("models.recurrent",),
+              page="recipes.md"),
+        Topic("GPT: generative pre-trained Transformers; pre-training, then adapting", T08,
+              ("train.finetune", "data.masking"), page="user-guide/pretraining-finetuning.md"),
+    )),
+    Lecture("004", "CMU CS11-711 Advanced NLP (Spring 2025)", "Attention and Transformers (Sean Welleck)", "cmu", (
+        Topic("Recap: a sequence model; language modeling p(. | x_<t) = softmax(W h_t)", T06, ("models.decoder",)),
+        Topic("Three types of sequence models: recurrence, convolution, attention", T05, ("models.recurrent",),
+              gap="no convolutional sequence model"),
+        Topic("Attention's basic idea (Bahdanau et al. 2015)", T05, ("models.recurrent.attention",)),
+        Topic("Cross attention: each element attends to another sequence", None, ("layers.attention:Attention",),
+              picture="viz/alignment.png", page="user-guide/looking-inside.md"),
+        Topic("Self attention (Cheng et al. 2016, Vaswani et al. 2017)", T03, ("layers.attention:Attention",)),
+        Topic("Calculating attention: query and key vectors, softmax, a weighted sum of the values", T01,
+              ("layers.attention",)),
+        Topic("A graphical example: Bahdanau et al.'s alignment", T05, ("viz",), picture=ALIGN_PNG),
+        Topic("Score functions (1): nonlinear (Bahdanau), bilinear (Luong)", T02,
+              ("layers.attention:AdditiveScore", "layers.attention:BilinearScore"), "score-functions",
+              "experiments/score-functions/scores.png"),
+        Topic("Score functions (2): dot product; scaled dot product, since the dot product grows with the "
+              "dimension", T02, ("layers.attention:DotScore",), "scaled-dot",
+              "experiments/scaled-dot/saturation.png"),
+        Topic("Attention is all you need: a sequence-to-sequence model of attention alone", None,
+              ("models.seq2seq", "presets"), page="recipes.md"),
+        Topic("Two types of Transformers; stacks of Transformer layers", T06, ("models.stack", "models.decoder")),
+        Topic("Inputs and embeddings: subwords", None, ("tokenize",), page="user-guide/tokenizers-data.md",
+              gap="no tutorial builds a subword tokenizer from scratch"),
+        Topic("Positional encoding; sinusoidal encoding (PE_{pos+k} linear in PE_pos)", T04,
+              ("layers.positions:SinusoidalPositions",)),
+        Topic("Scaled dot-product self-attention, the matrix version", T03, ("layers.attention", "layers.kernels")),
+        Topic("Multi-head attention: intuition (I run a small business), concept, code (minGPT's forward)", T03,
+              ("layers.attention:Attention",)),
+        Topic("What happens with several heads: Vaswani et al.'s figure 3, BertViz", None, ("viz",),
+              picture=HEADS_PNG, page="user-guide/looking-inside.md"),
+        Topic("Masking for language-model training", T03, ("layers.masks",)),
+        Topic("Gradients and training instability in deep Transformers", None, ("train.instruments",),
+              "norm-placement", "viz/instruments.png", "user-guide/looking-inside.md"),
+        Topic("Layer normalization (Ba et al. 2016)", T06, ("layers.norms",)),
+        Topic("Residual connections: Residual(x, f) = f(x) + x", T06, ("blocks",)),
+        Topic("Feed-forward layers; the Block and TransformerLM code", T06, ("layers.feedforward", "blocks")),
+        Topic("Learned positional encodings: impossible to extrapolate", T04, ("layers.positions:LearnedPositions",),
+              "position-extrapolation", "experiments/position-extrapolation/loss_by_length.png"),
+        Topic("Absolute against relative encodings (Shaw et al. 2018)", T04,
+              ("layers.positions:RelativePositions",)),
+        Topic("Rotary positional encodings (RoPE, Su et al. 2021)", T04, ("layers.positions:RotaryEmbedding",)),
+        Topic("Pre-layer-norm (Xiong et al. 2020)", T07, ("blocks",), "norm-placement",
+              "experiments/norm-placement/norm_placement.png"),
+        Topic("RMSNorm (Zhang and Sennrich 2019)", T07, ("layers.norms",)),
+        Topic("Grouped-query attention: shared key/value heads, less memory, faster inference", T07,
+              ("layers.attention:Attention", "layers.kv_cache"), "gqa-memory", "experiments/gqa-memory/gqa.png"),
+        Topic("The original Transformer against Llama and Llama 2 (norm position, norm, non-linearity, positions, "
+              "attention)", T07, ("presets", "interop.hf"), page="user-guide/configs.md"),
+        Topic("How important is it? Transformer++ is about 10x more efficient", None, (), "transformer-plus-plus",
+              "experiments/transformer-plus-plus/loss_vs_flops.png"),
+        Topic("Transformer training: every position at once, easy to parallelize", T06, ("train.trainer",), COST,
+              COST_PNG),
+        Topic("RNNs against Transformers: O(T d^2) against O(T^2 d), a T x T matrix in memory", None, (), COST,
+              COST_PNG),
+    )),
+)
+
+_COLUMNS = ("tutorial", "code", "experiment", "picture")
+
+
+@dataclass(frozen=True)
+class LecturesSettings:
+    """What `attnkit lectures` prints; each field is one of its options."""
+
+    course: str | None = field(default=None, metadata={"positional": True})  # usc uva ut cogs cmu, or 000-004
+    gaps: bool = False  # only the topics attnkit does not cover, each with what is missing
+
+
+def find(course: str) -> Lecture:
+    """The lecture named by its key ("004") or short name ("cmu")."""
+    for lecture in LECTURES:
+        if course.lower() in (lecture.key, lecture.short):
+            return lecture
+    names = ", ".join(f"{lec.short} ({lec.key})" for lec in LECTURES)
+    raise KeyError(f"no lecture {course!r}; the lectures are {names}")
+
+
+def _module_path(ref: str) -> str:
+    """`layers.attention:Attention` -> `src/attnkit/layers/attention.py::Attention` (a package: its folder/)."""
+    module, _, name = ref.partition(":")
+    path = module.replace(".", "/")
+    path += ".py" if (Path(__file__).parent / f"{path}.py").is_file() else "/"
+    return f"src/attnkit/{path}{'::' + name if name else ''}"
+
+
+def course_index_text(lectures: tuple[Lecture, ...] = LECTURES, gaps_only: bool = False) -> str:
+    """The index as plain text, as `attnkit lectures` prints it."""
+    out = []
+    for lecture in lectures:
+        out.append(f"{lecture.key} {lecture.course}: {lecture.title}  [attnkit lectures {lecture.short}]")
+        for number, topic in enumerate(lecture.topics, 1):
+            if gaps_only and not topic.gap:
+                continue
+            out.append(f"  {number:2d}. {topic.slide}")
+            covered = (
+                ("tutorial", topic.tutorial and f"docs/tutorials/{topic.tutorial}.py"),
+                ("code", ", ".join(_module_path(m) for m in topic.modules)),
+                ("experiment", topic.experiment and f"attnkit experiment {topic.experiment}"),
+                ("picture", topic.picture and f"docs/{topic.picture}"),
+                ("read", topic.page and f"docs/{topic.page}"),
+                ("GAP", topic.gap),
+            )
+            out += [f"      {label + ':':12}{value}" for label, value in covered if value]
+        out.append("")
+    return "\n".join(out)
+
+
+def course_index_markdown(link_prefix: str = "") -> str:
+    """The index as the site's page shows it: one table per lecture; links relative to `link_prefix`."""
+    out = []
+    for lecture in LECTURES:
+        out += [f"## {lecture.course}: {lecture.title}", "",
+                f"Lecture file `{lecture.key}`; `attnkit lectures {lecture.short}` prints this table.", "",
+                "| # | slide topic | tutorial | code | experiment | picture |", "|---|---|---|---|---|---|"]
+        for number, topic in enumerate(lecture.topics, 1):
+            slide = topic.slide.replace("|", "\\|").replace("*", "\\*").replace("_", "\\_")
+            if topic.page:
+                slide += f" ([read]({link_prefix}{topic.page}))"
+            if topic.gap:
+                slide += f"<br>**Gap:** {topic.gap}"
+            tutorial = (f"[{topic.tutorial[:2]}]({link_prefix}tutorials/{topic.tutorial}.py)" if topic.tutorial
+                        else "")
+            code = "<br>".join(f"`{m}`" for m in topic.modules)
+            experiment = (f"[{topic.experiment}]({link_prefix}experiments.md#{topic.experiment})"
+                          if topic.experiment else "")
+            picture = f"[picture]({link_prefix}{topic.picture})" if topic.picture else ""
+            out.append(f"| {number} | {slide} | {tutorial} | {code} | {experiment} | {picture} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def gaps() -> list[tuple[Lecture, Topic]]:
+    """Every topic the index states as a gap."""
+    return [(lecture, topic) for lecture in LECTURES for topic in lecture.topics if topic.gap]
+
+
+def run(settings: LecturesSettings) -> int:
+    """`attnkit lectures [COURSE] [--gaps]`."""
+    from attnkit.errors import InputError
+
+    try:
+        chosen = (find(settings.course),) if settings.course else LECTURES
+    except KeyError as err:
+        raise InputError(str(err.args[0])) from None
+    print(course_index_text(chosen, gaps_only=settings.gaps), end="")
+    return 0

@@ -1,0 +1,220 @@
+"""The documentation site builds (mkdocs --strict: no broken link or anchor, no missing reference), its references
+cover the public API and every command-line option, its pages load nothing from another host, and the course
+index names only things that exist.
+
+The site is built once, with the tutorials rendered but not executed (ATTNKIT_DOCS_EXECUTE=false): their own test
+(tests/test_tutorials.py) executes each of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from attnkit import cli, lectures
+from attnkit.experiments import REGISTRY
+
+pytest.importorskip("mkdocs", reason="the docs test needs mkdocs (dev extra)")
+pytest.importorskip("material", reason="the docs test needs mkdocs-material (dev extra)")
+pytest.importorskip("mkdocstrings_handlers.python", reason="the docs test needs mkdocstrings[python] (dev extra)")
+pytest.importorskip("mkdocs_jupyter", reason="the docs test needs mkdocs-jupyter (dev extra)")
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+sys.path.insert(0, str(DOCS / "hooks"))
+import generated  # noqa: E402  (docs/hooks/generated.py: the hooks that write the generated pages)
+
+REMOTE_LOAD = re.compile(
+    r"<(script|img|iframe|source)\b[^>]*\bsrc=[\"']?(https?:)?//"  # a script, image or frame from another host
+    r"|<link\b[^>]*\bhref=[\"']?(https?:)?//[^>]*>"  # a stylesheet, font or preload from another host
+    r"|@import\s+(url\()?[\"']?(https?:)?//"
+    r"|url\([\"']?(https?:)?//",
+    re.I,
+)
+# The API the reference must cover: module -> why (the issue's list).
+REQUIRED_MODULES = {
+    "attnkit.generate.pipeline": "attnkit.load",
+    "attnkit.config": "configs",
+    "attnkit.presets": "presets",
+    "attnkit.blocks": "blocks",
+    "attnkit.models.families": "models",
+    "attnkit.tasks": "tasks",
+    "attnkit.tokenize": "tokenizers",
+    "attnkit.train.trainer": "the trainer",
+}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "ATTNKIT_DOCS_EXECUTE": "false", "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    problems = [line for line in done.stderr.splitlines() if line.startswith(("WARNING", "ERROR"))]
+    assert done.returncode == 0, "mkdocs build --strict failed:\n" + "\n".join(problems or [done.stderr[-3000:]])
+    return out
+
+
+def _inventory(site: Path) -> set[str]:
+    """The identifiers mkdocstrings documented (its objects.inv)."""
+    header, _, body = (site / "objects.inv").read_bytes().partition(b"compressed using zlib.\n")
+    return {line.split(" ", 1)[0] for line in zlib.decompress(body).decode().splitlines()}
+
+
+def _reference_modules() -> list[str]:
+    return [m for page in sorted((DOCS / "reference" / "api").glob("*.md"))
+            for m in re.findall(r"^::: (\S+)$", page.read_text(), re.M)]
+
+
+def _public_names(module_name: str) -> list[str]:
+    """A module's public API: its __all__, else the functions and classes it defines without a leading _."""
+    module = importlib.import_module(module_name)
+    if hasattr(module, "__all__"):
+        return list(module.__all__)
+    return [name for name, obj in vars(module).items()
+            if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj))
+            and getattr(obj, "__module__", None) == module_name]
+
+
+def test_the_site_builds_strict_and_the_reference_covers_the_required_api(site):
+    documented = set(_reference_modules())
+    missing = [f"{module} ({why})" for module, why in REQUIRED_MODULES.items() if module not in documented]
+    assert not missing, f"no page of docs/reference/api/ documents {missing}"
+    assert (site / "index.html").is_file() and (site / "reference" / "cli" / "index.html").is_file()
+
+
+def test_every_public_name_is_in_the_api_reference(site):
+    inventory = _inventory(site)
+    absent = [f"{module}.{name}" for module in _reference_modules() for name in _public_names(module)
+              if f"{module}.{name}" not in inventory]
+    assert not absent, f"public names the API reference does not show (docstring-less or filtered?): {absent}"
+
+
+def test_the_top_level_names_are_documented_where_they_are_defined(site):
+    import attnkit
+
+    inventory = _inventory(site)
+    absent = []
+    for name in attnkit.__all__:
+        obj = getattr(attnkit, name)
+        where = obj.__name__ if inspect.ismodule(obj) else f"{obj.__module__}.{obj.__qualname__}"
+        if where not in inventory:
+            absent.append(f"attnkit.{name} ({where})")
+    assert not absent, f"attnkit's own names missing from the API reference: {absent}"
+
+
+def test_every_command_and_option_is_in_the_cli_reference(site):
+    page = (site / "reference" / "cli" / "index.html").read_text()
+    missing = []
+    for name, sub, _ in generated.commands(cli.build_parser()):
+        if f'id="{name.replace(" ", "-")}"' not in page:
+            missing.append(name)
+        for action in sub._actions:
+            missing += [f"{name} {flag}" for flag in action.option_strings if f"<code>{flag}" not in page
+                        and f" {flag}" not in page]
+    assert len(list(generated.commands(cli.build_parser()))) >= 10
+    assert not missing, f"absent from the command-line reference: {missing}"
+
+
+def test_the_cli_reference_walks_nested_commands():
+    names = [name for name, _, _ in generated.commands(cli.build_parser())]
+    assert "attnkit tokenizer train" in names and "attnkit train" in names and "attnkit lectures" in names
+    assert "attnkit tokenizer" not in names  # a group is not a command of its own
+
+
+def test_built_pages_load_nothing_from_another_host(site):
+    offending = {}
+    for path in site.rglob("*"):
+        if path.suffix in (".html", ".css") and path.is_file():
+            found = REMOTE_LOAD.search(path.read_text(errors="replace"))
+            if found:
+                offending[str(path.relative_to(site))] = found.group(0)[:120]
+    assert not offending, f"pages that would fetch from another host: {offending}"
+
+
+def test_the_gallery_shows_each_experiment_with_its_recorded_verdict(site):
+    page = (site / "experiments" / "index.html").read_text()
+    for name in REGISTRY:
+        assert f'id="{name}"' in page, f"the gallery has no section for {name}"
+        results = DOCS / "experiments" / name / "results.json"
+        if results.is_file():
+            verdict = json.loads(results.read_text())["verdict"]
+            assert verdict in page, f"{name}'s verdict {verdict!r} is not on the gallery page"
+
+
+def test_every_picture_in_docs_is_shown_or_drawn_by_a_documented_command():
+    pictures = (DOCS / "pictures.md").read_text()
+    undocumented = [str(p.relative_to(DOCS)) for p in DOCS.rglob("*.png")
+                    if "experiments" not in p.parts and str(p.relative_to(DOCS)) not in pictures]
+    assert not undocumented, f"pictures with no command in docs/pictures.md: {undocumented}"
+    stray = [p.name for p in (DOCS / "experiments").iterdir() if p.is_dir() and p.name not in REGISTRY]
+    assert not stray, f"docs/experiments/ holds runs of no registered experiment: {stray}"
+
+
+def _check_reference(topic: lectures.Topic) -> list[str]:
+    problems = []
+    if topic.tutorial and not (DOCS / "tutorials" / f"{topic.tutorial}.py").is_file():
+        problems.append(f"tutorial {topic.tutorial}")
+    for ref in topic.modules:
+        module, _, name = ref.partition(":")
+        try:
+            loaded = importlib.import_module(f"attnkit.{module}")
+        except ImportError:
+            problems.append(f"module attnkit.{module}")
+            continue
+        if name and not hasattr(loaded, name):
+            problems.append(f"attnkit.{module} has no {name}")
+    if topic.experiment and topic.experiment not in REGISTRY:
+        problems.append(f"experiment {topic.experiment}")
+    for path in (topic.picture, topic.page):
+        if path and not (DOCS / path).is_file():
+            problems.append(f"docs/{path}")
+    if not (topic.tutorial or topic.modules or topic.experiment or topic.picture or topic.gap):
+        problems.append("nothing covers it and no gap is stated")
+    return problems
+
+
+def test_everything_the_course_index_names_exists():
+    problems = [f"{lecture.key} {topic.slide[:50]!r}: {problem}" for lecture in lectures.LECTURES
+                for topic in lecture.topics for problem in _check_reference(topic)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_course_index_covers_the_five_lectures_in_their_files():
+    assert [lecture.key for lecture in lectures.LECTURES] == ["000", "001", "002", "003", "004"]
+    assert all(len(lecture.topics) >= 10 for lecture in lectures.LECTURES)
+    shared = ROOT.parent / "shared" / "lectures"
+    if not shared.is_dir():
+        pytest.skip("../shared/lectures is absent: the lecture files cannot be matched")
+    files = sorted(p.name[:3] for p in shared.glob("*.txt"))
+    assert files == [lecture.key for lecture in lectures.LECTURES]
+
+
+def test_attnkit_lectures_prints_a_course_its_gaps_and_refuses_an_unknown_one(capsys):
+    assert cli.main(["lectures", "cmu"]) == 0
+    out = capsys.readouterr().out
+    assert "CMU" in out and "USC" not in out and "attnkit experiment gqa-memory" in out
+    assert cli.main(["lectures", "--gaps"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("GAP:") == len(lectures.gaps()) > 0
+    assert cli.main(["lectures", "mit"]) == 2
+    assert "usc (000)" in capsys.readouterr().err
+
+
+def test_the_readme_is_short_starts_with_the_setup_commands_and_its_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 360
+    first_block = text.split("```")[1]
+    assert "make run" in first_block and "make test" in first_block
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    broken = [link for link in links if not link.startswith(("http://", "https://")) and not (ROOT / link).exists()]
+    assert not broken, f"README links to files that do not exist: {broken}"
