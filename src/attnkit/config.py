@@ -364,6 +364,8 @@ class TransformerConfig(ModelConfig):
     relative_max_distance: int = 16  # Shaw et al. 2018: relative distances are clipped to [-k, k]
     additive_dim: int | None = None  # hidden width of the additive (Bahdanau) score MLP; None: head_dim
     final_norm: bool | None = None  # norm after the last block; None: True for pre-norm, False for post-norm
+    attention_window: int | None = None  # sliding-window attention: a query sees its last W keys (Mistral); None: all
+    global_every: int = 0  # with attention_window: every Nth layer attends to all keys (Gemma 2: 2); 0: none
     # Options that published checkpoints need (all off by default):
     sinusoidal_layout: SinusoidalLayout = "interleaved"  # sin/cos interleaved (Vaswani) or in halves (Marian)
     type_vocab_size: int = 0  # token-type (segment) embeddings added to the input (BERT: 2); 0: none
@@ -373,7 +375,12 @@ class TransformerConfig(ModelConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive(self, "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "relative_max_distance",
-                         "additive_dim", "norm_eps", "rope_theta")
+                         "additive_dim", "norm_eps", "rope_theta", "attention_window")
+        if self.global_every < 0 or (self.global_every and self.attention_window is None):
+            raise ConfigError(
+                f"global_every={self.global_every} makes every Nth layer attend globally between sliding-window "
+                f"layers: it needs attention_window set and N >= 1 (0: every layer windowed)"
+            )
         require_fraction(self, "attention_dropout")
         if self.type_vocab_size < 0:
             raise ConfigError(f"type_vocab_size={self.type_vocab_size} must be >= 0 (0: no token-type embeddings)")
@@ -403,6 +410,13 @@ class TransformerConfig(ModelConfig):
     def head_size(self) -> int:
         """Per-head dimension D: `head_dim`, or `d_model // n_heads` when unset."""
         return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    def window_of(self, layer: int) -> int | None:
+        """The attention window of block `layer` (0-based): `attention_window`, except every `global_every`-th
+        block (1-based), which sees all keys; None: all keys."""
+        if self.global_every and (layer + 1) % self.global_every == 0:
+            return None
+        return self.attention_window
 
     @property
     def use_final_norm(self) -> bool:
