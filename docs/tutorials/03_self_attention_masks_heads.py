@@ -118,7 +118,8 @@ print("permuting the input permutes the output: self-attention alone is a bag of
 
 # %%
 T = 5
-x = torch.randn(2, T, 2)
+layer = Attention(4, 1, score="dot", bias=False)  # random projections this time, so the weights spread out
+x = torch.randn(2, T, 4)
 scores = (layer.q_proj(x) @ layer.k_proj(x).transpose(-2, -1))  # (B, T, T), the dot score
 future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)  # True above the diagonal
 causal_weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
