@@ -218,3 +218,9 @@ def test_the_readme_is_short_starts_with_the_setup_commands_and_its_links_resolv
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
     broken = [link for link in links if not link.startswith(("http://", "https://")) and not (ROOT / link).exists()]
     assert not broken, f"README links to files that do not exist: {broken}"
+
+
+def test_the_readme_command_table_names_every_command():
+    table = (ROOT / "README.md").read_text().split("## The commands", 1)[1].split("\n## ", 1)[0]
+    missing = [name for name, _, _ in generated.commands(cli.build_parser()) if f"`{name}`" not in table]
+    assert not missing, f"commands missing from the README's command table: {missing}"

@@ -136,11 +136,19 @@ def experiment_names() -> list[str]:
     return [n for n in EXPERIMENT_ORDER if n in REGISTRY] + sorted(set(REGISTRY) - set(EXPERIMENT_ORDER))
 
 
+def _courses_of(name: str) -> str:
+    """The courses whose slides the course index sends to experiment `name`."""
+    from attnkit.lectures import LECTURES
+
+    found = [lecture.course.split(" (")[0] for lecture in LECTURES if any(t.experiment == name for t in lecture.topics)]
+    return ", ".join(found)
+
+
 def experiments_gallery(docs_dir: Path) -> str:
     from attnkit.experiments import REGISTRY
 
     names = experiment_names()
-    summary = ["| claim | lecture | verdict | key number | budget |", "|---|---|---|---|---|"]
+    summary = ["| experiment | lecture | verdict | key number | budget |", "|---|---|---|---|---|"]
     sections: list[str] = []
     for name in names:
         spec, result = REGISTRY[name], _results(docs_dir, name)
@@ -150,6 +158,8 @@ def experiments_gallery(docs_dir: Path) -> str:
         summary.append(f"| [`{name}`](#{name}) | {_cell(spec.lecture)} | **{_cell(verdict)}** | {_cell(key)} | "
                        f"{_cell(budget)} |")
         sections += ["", f"## {name}", "", f"**Claim** ({_cell(spec.lecture)}): {_cell(spec.claim)}", ""]
+        if _courses_of(name):
+            sections += [f"Taught in: {_courses_of(name)} ([course index](course-index.md)).", ""]
         command = f"attnkit experiment {name} --budget {budget or 'full'} --out docs/experiments/{name}"
         if result is None:
             sections += ["No run of it has been written into `docs/experiments/` yet; this command writes one:", "",
@@ -211,5 +221,42 @@ def on_page_markdown(markdown, page, config, files):
     return MARKER.sub(expand, markdown)
 
 
+# --- math in the tutorials, without a script from a CDN -------------------------------------------------------------
+VERBATIM = re.compile(r"(<(pre|code|script|style|textarea)\b.*?</\2>)", re.S | re.I)
+DISPLAY_MATH = re.compile(r"\$\$(.+?)\$\$", re.S)
+INLINE_MATH = re.compile(r"(?<![\\$\w])\$(?!\s)([^$<>]+?)(?<![\s\\])\$(?![\w$])")
+
+
+def _mathml(latex: str, display: str) -> str | None:
+    from latex2mathml.converter import convert
+
+    try:
+        return convert(html.unescape(latex).strip(), display=display)
+    except Exception:  # noqa: BLE001  (latex2mathml raises many kinds; such math stays as TeX text)
+        return None
+
+
+def tex_to_mathml(page_html: str) -> str:
+    """$...$ and $$...$$ outside code, turned into MathML, which browsers draw without any script."""
+
+    def convert(match: re.Match, display: str) -> str:
+        return _mathml(match.group(1), display) or match.group(0)
+
+    parts = VERBATIM.split(page_html)
+    out = []
+    for i, part in enumerate(parts):
+        kind = i % 3  # split with two groups: text, the verbatim element, its tag name
+        if kind == 0:
+            part = DISPLAY_MATH.sub(lambda m: convert(m, "block"), part)
+            part = INLINE_MATH.sub(lambda m: convert(m, "inline"), part)
+            out.append(part)
+        elif kind == 1:
+            out.append(part)
+    return "".join(out)
+
+
 def on_post_page(output, page, config):
-    return REMOTE_SCRIPT.sub("", output)
+    output = REMOTE_SCRIPT.sub("", output)
+    if page.file.src_uri.endswith(".py"):  # a tutorial: its markdown cells hold TeX for MathJax
+        output = tex_to_mathml(output)
+    return output
