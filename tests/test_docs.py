@@ -162,8 +162,13 @@ def test_every_picture_in_docs_is_shown_or_drawn_by_a_documented_command():
 
 def _check_reference(topic: lectures.Topic) -> list[str]:
     problems = []
-    if topic.tutorial and not (DOCS / "tutorials" / f"{topic.tutorial}.py").is_file():
+    tutorial = DOCS / "tutorials" / f"{topic.tutorial}.py"
+    if topic.tutorial and not tutorial.is_file():
         problems.append(f"tutorial {topic.tutorial}")
+    elif topic.section and f"\n# ## {topic.section}\n" not in tutorial.read_text():
+        problems.append(f"tutorial {topic.tutorial} has no section {topic.section!r}")
+    if topic.section and not topic.tutorial:
+        problems.append("a section without its tutorial")
     for ref in topic.modules:
         module, _, name = ref.partition(":")
         try:
@@ -224,3 +229,14 @@ def test_the_readme_command_table_names_every_command():
     table = (ROOT / "README.md").read_text().split("## The commands", 1)[1].split("\n## ", 1)[0]
     missing = [name for name, _, _ in generated.commands(cli.build_parser()) if f"`{name}`" not in table]
     assert not missing, f"commands missing from the README's command table: {missing}"
+
+
+def test_the_course_index_links_land_on_the_tutorials_sections(site):
+    missing = []
+    for lecture in lectures.LECTURES:
+        for topic in lecture.topics:
+            if topic.section:
+                page = site / "tutorials" / topic.tutorial / "index.html"
+                if f'id="{topic.tutorial_anchor[1:]}"' not in page.read_text():
+                    missing.append(f"{topic.tutorial}{topic.tutorial_anchor}")
+    assert not missing, f"course-index links to tutorial sections the rendered pages lack: {sorted(set(missing))}"
