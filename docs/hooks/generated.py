@@ -6,7 +6,10 @@
   lecture (`attnkit.experiments.REGISTRY`) with what its run wrote into docs/experiments/NAME/ (results.json and
   the plots): the verdict, its reason, the checks behind it, the command that redraws it.
 - `<!-- generated: lectures -->` becomes the course index, from `attnkit.lectures`.
-- The tutorials (docs/tutorials/NN_*.py) join the nav under "Tutorials" in their numbered order.
+- `<!-- generated: hf_architectures -->` becomes the table of Hugging Face architectures attnkit converts, from
+  the registry `attnkit.interop.keymaps.FAMILIES`.
+- Pages others add join the nav by themselves: the tutorials (docs/tutorials/NN_*.py) under "Tutorials" in their
+  numbered order, any guide (docs/guides/*.md) the nav does not name under "How-to guides".
 - benchmarks/results/*.png are published under figures/benchmarks/ (they stay where the benchmarks write them).
 - Pages load nothing from another host: the scripts a rendered notebook points at a CDN (MathJax, Mermaid) are
   dropped, so a page opens offline (tests/test_docs.py checks every built page).
@@ -184,14 +187,55 @@ def experiments_gallery(docs_dir: Path) -> str:
     return "\n".join(summary + sections) + "\n"
 
 
+def _lectures(docs_dir: Path) -> str:
+    from attnkit.lectures import course_index_markdown
+
+    return course_index_markdown(link_prefix="")
+
+
+def _hf_architectures(docs_dir: Path) -> str:
+    from attnkit.interop.keymaps import supported_table
+
+    return supported_table()
+
+
+# `<!-- generated: NAME -->` -> the function that writes that part (given the docs folder).
+GENERATORS = {
+    "cli": lambda docs_dir: cli_reference(),
+    "experiments": experiments_gallery,
+    "lectures": _lectures,
+    "hf_architectures": _hf_architectures,
+}
+
+
 # --- MkDocs events ------------------------------------------------------------------------------------------------
+def _listed(nav) -> set[str]:
+    """Every page path the nav names, at any depth."""
+    found: set[str] = set()
+    for entry in nav or []:
+        value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+        found |= _listed(value) if isinstance(value, list) else {value}
+    return found
+
+
+def _section(nav, title: str) -> list | None:
+    for entry in nav or []:
+        if isinstance(entry, dict) and isinstance(entry.get(title), list):
+            return entry[title]
+    return None
+
+
 def on_config(config):
-    """The tutorials join the nav in their numbered order, under the "Tutorials" section."""
-    tutorials = sorted(p.name for p in (Path(config.docs_dir) / "tutorials").glob("*.py") if TUTORIAL.match(p.name))
-    for item in config.nav or []:
-        if isinstance(item, dict) and "Tutorials" in item:
-            listed = {entry if isinstance(entry, str) else next(iter(entry.values())) for entry in item["Tutorials"]}
-            item["Tutorials"] += [f"tutorials/{name}" for name in tutorials if f"tutorials/{name}" not in listed]
+    """Pages that others add join the nav by themselves: the tutorials (docs/tutorials/NN_*.py) under "Tutorials"
+    in their numbered order, any guide (docs/guides/*.md) the nav does not name under "How-to guides"."""
+    docs = Path(config.docs_dir)
+    listed = _listed(config.nav)
+    tutorials = sorted(p.name for p in (docs / "tutorials").glob("*.py") if TUTORIAL.match(p.name))
+    guides = sorted(p.name for p in (docs / "guides").glob("*.md"))
+    for title, folder, names in (("Tutorials", "tutorials", tutorials), ("How-to guides", "guides", guides)):
+        section = _section(config.nav, title)
+        if section is not None:
+            section += [f"{folder}/{name}" for name in names if f"{folder}/{name}" not in listed]
     return config
 
 
@@ -208,15 +252,9 @@ def on_page_markdown(markdown, page, config, files):
 
     def expand(match: re.Match) -> str:
         kind = match.group(1)
-        if kind == "cli":
-            return cli_reference()
-        if kind == "experiments":
-            return experiments_gallery(docs_dir)
-        if kind == "lectures":
-            from attnkit.lectures import course_index_markdown
-
-            return course_index_markdown(link_prefix="")
-        raise ValueError(f"{page.file.src_uri}: unknown generated part {kind!r} (cli, experiments, lectures)")
+        if kind not in GENERATORS:
+            raise ValueError(f"{page.file.src_uri}: unknown generated part {kind!r} ({', '.join(GENERATORS)})")
+        return GENERATORS[kind](docs_dir)
 
     return MARKER.sub(expand, markdown)
 
