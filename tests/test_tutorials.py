@@ -1,0 +1,49 @@
+"""The tutorials (docs/tutorials/*.py, jupytext scripts) run top to bottom at the tiny budget, so none can rot.
+
+Each is turned into a notebook with jupytext and executed by nbclient in a fresh kernel, as Jupyter and the site
+run it; a failing cell (an assertion that attnkit's module differs from the from-scratch code included) fails the
+test with the cell's error.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+jupytext = pytest.importorskip("jupytext", reason="the tutorial tests need jupytext (dev extra)")
+nbclient = pytest.importorskip("nbclient", reason="the tutorial tests need nbclient (dev extra)")
+pytest.importorskip("ipykernel", reason="the tutorial tests need ipykernel (dev extra)")
+
+TUTORIALS = Path(__file__).resolve().parents[1] / "docs" / "tutorials"
+NOTEBOOKS = sorted(TUTORIALS.glob("[0-9][0-9]_*.py"))
+COURSES = ("UvA", "CMU 11-711", "USC CSCI 499", "UT CS 371N", "COGS 150")
+
+
+def test_the_eight_tutorials_are_there():
+    assert len(NOTEBOOKS) == 8, [p.name for p in NOTEBOOKS]
+    assert [int(p.name[:2]) for p in NOTEBOOKS] == list(range(1, 9))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_tutorial_checks_itself_against_attnkit_and_cites_its_lecture(path):
+    text = path.read_text()
+    assert re.search(r"torch\.testing\.assert_(close|equal)\(", text), "no assertion that attnkit computes the same"
+    assert any(course in text for course in COURSES), f"{path.name} names none of the courses {COURSES}"
+    assert "ATTNKIT_TUTORIAL_BUDGET" in text, f"{path.name} has no budget switch"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_tutorial_runs_at_the_tiny_budget(path, monkeypatch):
+    monkeypatch.setenv("ATTNKIT_TUTORIAL_BUDGET", "tiny")  # the kernel inherits the environment
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models: thread hand-offs cost more than they give
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing may download
+    notebook = jupytext.read(path)
+    client = nbclient.NotebookClient(
+        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(TUTORIALS)}}
+    )
+    client.execute()  # raises CellExecutionError naming the cell and its traceback
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {}) for o in outputs), \
+        f"{path.name} drew no picture"
