@@ -23,6 +23,15 @@ VOCAB = 99
 PAD = 0
 
 
+def mistral_config(*, sliding_window: int | None):
+    """A tiny MistralConfig: grouped-query heads (4 query, 2 key/value), each query sees its last `sliding_window`
+    keys (None: all)."""
+    return transformers.MistralConfig(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+        vocab_size=VOCAB, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=500.0,
+        sliding_window=sliding_window, bos_token_id=1, eos_token_id=2, pad_token_id=PAD)
+
+
 def _configs():
     t = transformers
     return {
@@ -37,6 +46,9 @@ def _configs():
             num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=1, intermediate_size=48,
             vocab_size=VOCAB, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
             pad_token_id=PAD)),
+        # Mistral: Llama without biases plus a sliding window, here wider than every sequence of the shared tests
+        # (tests/test_interop_mistral.py builds narrower windows with mistral_config)
+        "mistral": (t.MistralForCausalLM, mistral_config(sliding_window=32)),
         "bert": (t.BertModel, t.BertConfig(
             num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
             max_position_embeddings=64, type_vocab_size=2, pad_token_id=PAD)),
@@ -60,12 +72,14 @@ def _configs():
     }
 
 
-FAMILIES = ("gpt2", "llama", "llama-tied", "bert", "bert-classifier", "bert-mlm", "marian", "marian-two-vocabularies")
+FAMILIES = ("gpt2", "llama", "llama-tied", "mistral", "bert", "bert-classifier", "bert-mlm", "marian", "marian-two-vocabularies")
 
 
-def hf_model(name: str, directory: Path, *, seed: int = 0):
-    """Build, randomise and save the tiny model `name`; return the reference `transformers` reads back (eval)."""
-    cls, config = _configs()[name]
+def hf_model(name: str, directory: Path, *, seed: int = 0, config=None):
+    """Build, randomise and save the tiny model `name` (with `config` in place of its own when given); return the
+    reference `transformers` reads back (eval)."""
+    cls, own = _configs()[name]
+    config = config if config is not None else own
     torch.manual_seed(seed)
     model = cls(config)
     with torch.no_grad():

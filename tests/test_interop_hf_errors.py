@@ -54,7 +54,7 @@ def test_a_directory_without_config_is_refused(tmp_path, gpt2_dir):
 
 def test_an_unknown_model_type_is_refused(gpt2_dir):
     _edit_config(gpt2_dir, model_type="t5")
-    with pytest.raises(ConfigError, match="model_type 't5'; attnkit reads .*bert, gpt2, llama, marian"):
+    with pytest.raises(ConfigError, match="model_type 't5'; attnkit reads .*gpt2: GPT2LMHeadModel, GPT2Model; llama: "):
         hf.load(gpt2_dir)
     _edit_config(gpt2_dir, model_type=None)
     with pytest.raises(ConfigError, match="has no model_type"):

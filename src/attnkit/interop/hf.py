@@ -1,4 +1,5 @@
-"""Hugging Face model directories in and out: GPT-2, Llama, BERT and Marian, with the reference's numbers.
+"""Hugging Face model directories in and out, with the reference's numbers, for the architectures of the
+registry `attnkit.interop.keymaps.FAMILIES` (`attnkit convert --help` lists them).
 
     load(dir)                        config.json + safetensors (+ tokenizer.json) -> model, ModelConfig, tokenizer
     save(model, dir, config=...)     -> a directory `transformers` loads with from_pretrained
@@ -6,7 +7,7 @@
     convert_to_hf(run_dir, dir)      the way back
 
 Nothing here imports `transformers`: config.json is JSON and the weights are safetensors (or, only when the caller
-allows it, a weights-only pickle). The layouts are the tables of `attnkit.interop.keymaps`.
+allows it, a weights-only pickle). The layouts are the registry entries of `attnkit.interop.keymaps`.
 """
 
 from __future__ import annotations
@@ -113,16 +114,19 @@ def save(
     tokenizer: Tokenizer | None = None,
     labels: Sequence[str] | None = None,
     special_ids: dict[str, int] | None = None,
+    architecture: str | None = None,
 ) -> str:
     """Write `model` as a Hugging Face model directory (config.json, model.safetensors, tokenizer files).
 
-    The layout is the first of GPT-2, Llama, BERT, Marian that holds `config` exactly. special_ids: config.json's
-    token ids; those not given come from the tokenizer. Returns the Hugging Face class written.
-    Raises ConfigError naming the fields no supported layout can express.
+    The layout is `architecture` when it holds `config` exactly (a converted model's own class), else the first of
+    the registry's that does. special_ids: config.json's token ids; those not given come from the tokenizer.
+    Returns the Hugging Face class written. Raises ConfigError naming the fields no supported layout can express.
     """
     directory = Path(directory)
     state = unique_state_dict(model)
-    family, architecture = match_family(config, lambda f: hf_tensor_names(state, f, config), labels=labels)
+    family, architecture = match_family(
+        config, lambda f: hf_tensor_names(state, f, config), labels=labels, prefer=architecture
+    )
     hf = config_to_hf(config, family, architecture, labels=labels)
     hf.update(_special_ids(family, tokenizer, special_ids or {}))
     hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -166,7 +170,7 @@ def convert_to_hf(run_dir: str | Path, hf_dir: str | Path) -> str:
     labels = read_labels(run_dir)
     origin = read_json(run_dir / HF_SOURCE_FILE) if (run_dir / HF_SOURCE_FILE).is_file() else {}
     return save(model, hf_dir, config=config, tokenizer=tokenizer, labels=labels,
-                special_ids=origin.get("special_ids"))
+                special_ids=origin.get("special_ids"), architecture=origin.get("architecture"))
 
 
 def read_hf_config(directory: Path) -> dict[str, Any]:

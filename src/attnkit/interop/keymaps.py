@@ -1,4 +1,9 @@
-"""Hugging Face checkpoint layouts as plain data: one table per model family.
+"""The Hugging Face architectures attnkit converts: one registry entry (`FamilyMap`) per model family.
+
+Each entry is the one place that says everything about its family: the classes it reads and writes and the head
+each implies, its config.json fields both ways, its weight names, and the few values that need arithmetic. Every
+user-facing list of supported architectures (error messages, `attnkit convert --help`, the docs) is generated from
+`FAMILIES` by `supported_text`, `supported_lines` and `supported_table`, so a new architecture is one entry here.
 
 A `Rule` pairs an attnkit name with a Hugging Face name. Names are module or tensor paths; `{i}` stands for a layer
 index, and a rule naming a module covers every tensor under it (`.weight`, `.bias`). Where the two layouts differ:
@@ -15,14 +20,19 @@ copy) must hold the same values. Writing uses the first rule that matches each a
 
 `config_fields` copy config values both ways (Hugging Face field -> ModelConfig field); `hf_defaults` are the values
 `transformers` assumes when a config.json omits a field; `hf_fixed` must hold in config.json (and is written);
-`ours_fixed` is what the family always is in attnkit terms. The few values that need arithmetic (GPT-2's `n_inner`,
-Llama's RoPE parameters, Marian's two vocabularies, BERT's labels) live in `attnkit.interop.hf_config`.
+`ours_fixed` is what the family always is in attnkit terms. `from_hf` and `to_hf` add the values that need more than
+a rename (GPT-2's `n_inner`, RoPE parameters, Marian's two vocabularies, BERT's labels); `attnkit.interop.hf_config`
+drives them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+from attnkit.config import ModelConfig
+from attnkit.errors import ConfigError
 
 
 class Rule(NamedTuple):
@@ -33,10 +43,25 @@ class Rule(NamedTuple):
     when: tuple[str, Any] | None = None
 
 
+# from_hf(config.json, the ModelConfig fields read so far, architecture, Hugging Face tensor names, source for
+# messages) -> more ModelConfig fields; to_hf(config, labels) -> more config.json fields.
+FromHF = Callable[[dict[str, Any], dict[str, Any], str, set[str], str], dict[str, Any]]
+ToHF = Callable[[ModelConfig, Sequence[str] | None], dict[str, Any]]
+
+
+def _nothing_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
+    return {}
+
+
+def _nothing_to_hf(config, labels) -> dict[str, Any]:
+    return {}
+
+
 @dataclass(frozen=True)
 class FamilyMap:
     model_type: str
-    architectures: dict[str, dict[str, Any]]  # Hugging Face class -> the ModelConfig fields it implies
+    name: str  # as people write it, for messages and docs ("GPT-2")
+    architectures: dict[str, dict[str, Any]]  # Hugging Face class -> the ModelConfig fields it implies (its head)
     base_prefix: str  # the prefix that a bare base model's own checkpoint omits ("transformer.", "bert.")
     bare_architectures: tuple[str, ...]  # classes saved without `base_prefix`
     config_fields: dict[str, str]
@@ -44,6 +69,9 @@ class FamilyMap:
     hf_fixed: dict[str, Any]
     ours_fixed: dict[str, Any]
     tensors: tuple[Rule, ...]
+    summary: str  # what a checkpoint of the family sets, for the docs' table
+    from_hf: FromHF = _nothing_from_hf
+    to_hf: ToHF = _nothing_to_hf
     ignored: tuple[str, ...] = ()  # buffers recomputed at load time (causal masks, rotary tables, position ids)
     ignored_by_architecture: tuple[tuple[str, tuple[str, ...]], ...] = ()  # tensors a class drops when it loads
     zero_if_missing: tuple[str, ...] = ()  # Hugging Face tensors that default to zeros when a checkpoint omits them
@@ -63,8 +91,18 @@ ACTIVATIONS_FROM_HF = {
 ACTIVATIONS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
 
+# GPT-2 ----------------------------------------------------------------------------------------------------------
+def _gpt2_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
+    return {"d_ff": hf.get("n_inner") or 4 * fields["d_model"]}  # n_inner None: GPT-2's 4 C
+
+
+def _gpt2_to_hf(config, labels) -> dict[str, Any]:
+    return {"n_inner": config.d_ff}
+
+
 GPT2 = FamilyMap(
     model_type="gpt2",
+    name="GPT-2",
     architectures={"GPT2LMHeadModel": {}, "GPT2Model": {}},
     base_prefix="transformer.",
     bare_architectures=("GPT2Model",),
@@ -108,28 +146,78 @@ GPT2 = FamilyMap(
         Rule("stack.final_norm", "transformer.ln_f"),
         Rule("lm_head", "lm_head"),
     ),
+    summary="learned positions, pre-norm, `gelu_tanh`; Conv1D weights transposed, fused `c_attn` split into q/k/v",
+    from_hf=_gpt2_from_hf,
+    to_hf=_gpt2_to_hf,
     ignored=("transformer.h.{i}.attn.bias", "transformer.h.{i}.attn.masked_bias"),
 )
 
+
+# Llama and Mistral ----------------------------------------------------------------------------------------------
+def _rope_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ConfigError(
+            f"{source}: RoPE scaling {rope_type!r} is not supported; attnkit implements plain RoPE "
+            f"(rope_type 'default', Su et al. 2021)"
+        )
+    return {"rope_theta": float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))}
+
+
+def _rope_to_hf(config, labels) -> dict[str, Any]:
+    return {"rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+            "rope_theta": config.rope_theta}
+
+
+def _llama_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
+    if hf.get("mlp_bias", False) != fields["bias"]:
+        raise ConfigError(
+            f"{source}: attention_bias={fields['bias']} but mlp_bias={hf.get('mlp_bias')}; attnkit's `bias` switches "
+            f"the biases of attention and feed-forward together"
+        )
+    return _rope_from_hf(hf, fields, architecture, names, source)
+
+
+def _llama_to_hf(config, labels) -> dict[str, Any]:
+    return {**_rope_to_hf(config, labels), "mlp_bias": config.bias}
+
+
+_LLAMA_FIELDS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "d_model",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "num_key_value_heads": "n_kv_heads",
+    "head_dim": "head_dim",
+    "intermediate_size": "d_ff",
+    "max_position_embeddings": "max_seq_len",
+    "rms_norm_eps": "norm_eps",
+    "attention_dropout": "attention_dropout",
+    "tie_word_embeddings": "tie_embeddings",
+}
+_LLAMA_FIXED = {
+    "family": "decoder", "position": "rope", "norm": "rms", "norm_position": "pre", "activation": "swiglu",
+    "score": "scaled_dot", "dropout": 0.0, "final_norm": True,
+}
+_LLAMA_TENSORS = (
+    Rule("stack.embeddings.token", "model.embed_tokens"),
+    Rule("stack.blocks.{i}.attn_norm", "model.layers.{i}.input_layernorm"),
+    Rule("stack.blocks.{i}.self_attn", "model.layers.{i}.self_attn"),  # q_proj k_proj v_proj o_proj
+    Rule("stack.blocks.{i}.mlp_norm", "model.layers.{i}.post_attention_layernorm"),
+    Rule("stack.blocks.{i}.mlp", "model.layers.{i}.mlp"),  # gate_proj up_proj down_proj
+    Rule("stack.final_norm", "model.norm"),
+    Rule("lm_head", "lm_head"),
+)
+_LLAMA_IGNORED = ("model.layers.{i}.self_attn.rotary_emb.inv_freq", "model.rotary_emb.inv_freq")
+
 LLAMA = FamilyMap(
     model_type="llama",
+    name="Llama",
     architectures={"LlamaForCausalLM": {}, "LlamaModel": {}},
     base_prefix="model.",
     bare_architectures=("LlamaModel",),
-    config_fields={
-        "vocab_size": "vocab_size",
-        "hidden_size": "d_model",
-        "num_hidden_layers": "n_layers",
-        "num_attention_heads": "n_heads",
-        "num_key_value_heads": "n_kv_heads",
-        "head_dim": "head_dim",
-        "intermediate_size": "d_ff",
-        "max_position_embeddings": "max_seq_len",
-        "rms_norm_eps": "norm_eps",
-        "attention_dropout": "attention_dropout",
-        "attention_bias": "bias",
-        "tie_word_embeddings": "tie_embeddings",
-    },
+    config_fields={**_LLAMA_FIELDS, "attention_bias": "bias"},
     hf_defaults={
         "vocab_size": 32000,
         "num_key_value_heads": None,
@@ -141,24 +229,65 @@ LLAMA = FamilyMap(
         "tie_word_embeddings": False,
     },
     hf_fixed={"hidden_act": "silu"},
-    ours_fixed={
-        "family": "decoder", "position": "rope", "norm": "rms", "norm_position": "pre", "activation": "swiglu",
-        "score": "scaled_dot", "dropout": 0.0, "final_norm": True,
-    },
-    tensors=(
-        Rule("stack.embeddings.token", "model.embed_tokens"),
-        Rule("stack.blocks.{i}.attn_norm", "model.layers.{i}.input_layernorm"),
-        Rule("stack.blocks.{i}.self_attn", "model.layers.{i}.self_attn"),  # q_proj k_proj v_proj o_proj
-        Rule("stack.blocks.{i}.mlp_norm", "model.layers.{i}.post_attention_layernorm"),
-        Rule("stack.blocks.{i}.mlp", "model.layers.{i}.mlp"),  # gate_proj up_proj down_proj
-        Rule("stack.final_norm", "model.norm"),
-        Rule("lm_head", "lm_head"),
-    ),
-    ignored=("model.layers.{i}.self_attn.rotary_emb.inv_freq", "model.rotary_emb.inv_freq"),
+    ours_fixed=_LLAMA_FIXED,
+    tensors=_LLAMA_TENSORS,
+    summary="RoPE (`rope_theta`, rotate-half layout), RMSNorm eps, SwiGLU, grouped-query heads, tied or untied "
+            "output",
+    from_hf=_llama_from_hf,
+    to_hf=_llama_to_hf,
+    ignored=_LLAMA_IGNORED,
 )
+
+# Mistral is Llama without biases plus sliding-window attention: `sliding_window` is attnkit's
+# `attention_window` (a query sees its last W keys, itself included), on every layer.
+MISTRAL = FamilyMap(
+    model_type="mistral",
+    name="Mistral",
+    architectures={"MistralForCausalLM": {}, "MistralModel": {}},
+    base_prefix="model.",
+    bare_architectures=("MistralModel",),
+    config_fields={**_LLAMA_FIELDS, "sliding_window": "attention_window"},
+    hf_defaults={
+        "vocab_size": 32000,
+        "num_key_value_heads": 8,
+        "head_dim": None,
+        "max_position_embeddings": 4096 * 32,
+        "rms_norm_eps": 1e-6,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "sliding_window": 4096,
+    },
+    hf_fixed={"hidden_act": "silu"},
+    ours_fixed={**_LLAMA_FIXED, "bias": False, "global_every": 0},
+    tensors=_LLAMA_TENSORS,
+    summary="as Llama, without biases, plus `sliding_window` as `attention_window` (each query sees its last W "
+            "keys; null: all)",
+    from_hf=_rope_from_hf,
+    to_hf=_rope_to_hf,
+    ignored=_LLAMA_IGNORED,
+)
+
+
+# BERT -----------------------------------------------------------------------------------------------------------
+def _bert_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
+    if fields["encoder_head"] == "none":  # BertModel(add_pooling_layer=False) leaves no trace but its tensors
+        return {"pooler": "bert.pooler.dense.weight" in names}
+    if fields["encoder_head"] == "mlm":
+        return {"pooler": False}
+    labels = hf.get("id2label")
+    return {"pooler": True, "n_classes": len(labels) if labels else int(hf.get("num_labels", 2))}
+
+
+def _bert_to_hf(config, labels) -> dict[str, Any]:
+    if config.encoder_head != "classify":
+        return {}
+    names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(config.n_classes)]
+    return {"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}}
+
 
 BERT = FamilyMap(
     model_type="bert",
+    name="BERT",
     architectures={
         "BertModel": {"encoder_head": "none"},
         "BertForSequenceClassification": {"encoder_head": "classify"},
@@ -216,6 +345,12 @@ BERT = FamilyMap(
         Rule("lm_head.bias", "cls.predictions.decoder.bias"),
         Rule("lm_head.weight", "cls.predictions.decoder.weight"),
     ),
+    summary="post-norm, exact GELU, `type_vocab_size`, `embedding_norm`, `pooler`; a classifier's labels "
+            "(`labels.json`) from `id2label`; the masked LM's `mlm_transform` (dense, GELU, LayerNorm) and output "
+            "bias. Pre-training checkpoints (bert-base-uncased) load as the masked LM, without their pooler and "
+            "next-sentence head",
+    from_hf=_bert_from_hf,
+    to_hf=_bert_to_hf,
     ignored=("bert.embeddings.position_ids",),
     # BertForPreTraining checkpoints (bert-base-uncased) also hold the pooler and the next-sentence head, which
     # BertForMaskedLM leaves out as well.
@@ -224,6 +359,7 @@ BERT = FamilyMap(
 )
 
 
+# Marian ---------------------------------------------------------------------------------------------------------
 _MARIAN_PROJECTIONS = (("q_proj", "q_proj"), ("k_proj", "k_proj"), ("v_proj", "v_proj"), ("o_proj", "out_proj"))
 
 
@@ -246,8 +382,38 @@ def _marian_layer(stack: str) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
+def _marian_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
+    for decoder_field, encoder_field in (("decoder_attention_heads", "encoder_attention_heads"),
+                                         ("decoder_ffn_dim", "encoder_ffn_dim")):
+        if hf.get(decoder_field, hf.get(encoder_field)) != hf.get(encoder_field):
+            raise ConfigError(
+                f"{source}: {decoder_field}={hf.get(decoder_field)} differs from {encoder_field}="
+                f"{hf.get(encoder_field)}; attnkit's encoder and decoder share n_heads and d_ff"
+            )
+    target_vocab = hf.get("decoder_vocab_size") or fields["vocab_size"]
+    if hf.get("share_encoder_decoder_embeddings", True):
+        if target_vocab != fields["vocab_size"]:
+            raise ConfigError(
+                f"{source}: share_encoder_decoder_embeddings is set but decoder_vocab_size={target_vocab} differs "
+                f"from vocab_size={fields['vocab_size']}"
+            )
+        return {"tgt_vocab_size": None}
+    return {"tgt_vocab_size": target_vocab}
+
+
+def _marian_to_hf(config, labels) -> dict[str, Any]:
+    return {
+        "decoder_attention_heads": config.n_heads,
+        "decoder_ffn_dim": config.d_ff,
+        "decoder_vocab_size": config.target_vocab_size,
+        "share_encoder_decoder_embeddings": config.tgt_vocab_size is None,
+        "is_encoder_decoder": True,
+    }
+
+
 MARIAN = FamilyMap(
     model_type="marian",
+    name="Marian",
     architectures={"MarianMTModel": {}},
     base_prefix="model.",
     bare_architectures=(),
@@ -289,10 +455,51 @@ MARIAN = FamilyMap(
         Rule("lm_head.bias", "final_logits_bias", "row"),
         Rule("lm_head.weight", "lm_head.weight"),
     ),
+    summary="sinusoids in halves (`sinusoidal_layout=\"halves\"`), `silu`, `scale_embeddings`, `lm_head_bias` "
+            "(final_logits_bias), shared or separate vocabularies",
+    from_hf=_marian_from_hf,
+    to_hf=_marian_to_hf,
     ignored=("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"),
     zero_if_missing=("final_logits_bias",),
     special_ids=("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "forced_eos_token_id"),
     special_id_fallbacks=(("decoder_start_token_id", "pad_token_id"), ("forced_eos_token_id", "eos_token_id")),
 )
 
-FAMILIES: dict[str, FamilyMap] = {family.model_type: family for family in (GPT2, LLAMA, BERT, MARIAN)}
+
+# The registry, in the order a model is tried when it is written (the first family that holds it exactly) --------
+FAMILIES: dict[str, FamilyMap] = {family.model_type: family for family in (GPT2, LLAMA, MISTRAL, BERT, MARIAN)}
+
+
+def architecture_names() -> list[str]:
+    """Every Hugging Face class attnkit reads and writes, in the registry's order."""
+    return [architecture for family in FAMILIES.values() for architecture in family.architectures]
+
+
+def _head(fields: dict[str, Any]) -> str:
+    return f" (head {fields['encoder_head']})" if "encoder_head" in fields else ""
+
+
+def supported_text() -> str:
+    """The registry in one line, for messages: `gpt2: GPT2LMHeadModel, GPT2Model; llama: ...` (model_type: classes)."""
+    return "; ".join(f"{family.model_type}: {', '.join(family.architectures)}" for family in FAMILIES.values())
+
+
+def supported_lines(indent: str = "  ") -> str:
+    """The registry one family a line, for `--help` texts: `  GPT-2     gpt2: GPT2LMHeadModel, GPT2Model`."""
+    width = max(len(family.name) for family in FAMILIES.values())
+    return "\n".join(
+        f"{indent}{family.name:<{width}}  {family.model_type}: "
+        + ", ".join(f"{architecture}{_head(fields)}" for architecture, fields in family.architectures.items())
+        for family in FAMILIES.values()
+    )
+
+
+def supported_table() -> str:
+    """The registry as a markdown table, for the docs: family, classes with their heads, what a checkpoint sets."""
+    lines = ["| family (`model_type`) | Hugging Face classes | attnkit model | what the checkpoint sets |",
+             "| --- | --- | --- | --- |"]
+    for family in FAMILIES.values():
+        classes = ", ".join(f"`{architecture}`{_head(fields)}" for architecture, fields in family.architectures.items())
+        lines.append(f"| {family.name} (`{family.model_type}`) | {classes} | {family.ours_fixed['family']} | "
+                     f"{family.summary} |")
+    return "\n".join(lines) + "\n"
