@@ -29,6 +29,7 @@ from attnkit import options
 from attnkit.blocks import COMPILE_MODES
 from attnkit.config import model_field_names
 from attnkit.generate.pipeline import WeightDType
+from attnkit.interop.keymaps import supported_lines
 from attnkit.textfiles import EncodingErrors
 
 if TYPE_CHECKING:
@@ -465,13 +466,14 @@ def _run_average(settings: AverageSettings) -> int:
 
 
 # convert --------------------------------------------------------------------------------------------------------
-_CONVERT_EPILOG = """\
+_CONVERT_EPILOG = f"""\
 examples:
   attnkit convert --from-hf path/to/gpt2 --out runs/gpt2       # then: attnkit generate --run runs/gpt2 --prompt ...
   attnkit convert --run runs/shakespeare --to-hf exported/      # transformers: AutoModel.from_pretrained("exported")
 
-Reads GPT-2, Llama, BERT (BertModel, BertForSequenceClassification, BertForMaskedLM) and Marian directories
-written by save_pretrained; nothing is downloaded.
+Reads and writes these Hugging Face architectures (model_type: classes), as directories written by
+save_pretrained; nothing is downloaded:
+{supported_lines()}
 """
 
 
