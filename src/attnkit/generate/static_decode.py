@@ -73,8 +73,10 @@ class StaticDecoding(EagerDecoding):
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
-        """A decoder-only model: every position scheme locates a step's query by the cache slot it writes."""
-        return isinstance(model, DecoderLM)
+        """A decoder-only model (every position scheme locates a step's query by the cache slot it writes) without
+        sliding-window layers (their rolling cache has no fixed-shape form)."""
+        windowed = any(getattr(m, "window", None) is not None for m in model.modules())
+        return isinstance(model, DecoderLM) and not windowed
 
     def allocate(self, batch_size: int, needed: int, context_len: int) -> StaticKVCache:
         bucket = max(SMALLEST_CACHE, 1 << (needed - 1).bit_length())

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from attnkit.layers.autocast import cast_for_autocast
 from attnkit.layers.kernels import MathKernel, attend
 from attnkit.layers.kv_cache import LayerCache
-from attnkit.layers.masks import as_bias, causal_mask, combine, padding_mask
+from attnkit.layers.masks import AttentionMask, as_bias
 from attnkit.layers.positions import PositionScheme
 
 
@@ -157,8 +157,12 @@ class Attention(nn.Module):
         dropout: float = 0.0,
         additive_dim: int | None = None,
         relative: PositionScheme | None = None,
+        window: int | None = None,
     ) -> None:
         super().__init__()
+        if window is not None and relative is not None and relative.biases:
+            raise ValueError(f"a sliding window keeps keys out of order in its cache, and {type(relative).__name__}'s "
+                             "score bias reads keys by index: use rope (or an absolute scheme) with a window")
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads or n_heads
         self.head_dim = head_dim or d_model // n_heads
@@ -173,7 +177,9 @@ class Attention(nn.Module):
         self.score = make_score(score, self.head_dim, additive_dim=additive_dim)
         self.dropout = dropout
         self.relative = relative
+        self.window = window  # sliding-window attention: a query sees keys fewer than `window` positions back
         self.math_kernel: MathKernel | None = None  # where plain products replace SDPA (`kernels.use_math_kernel`)
+
     def _split_heads(self, x: Tensor, n_heads: int) -> Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, n_heads, self.head_dim).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
@@ -233,59 +239,89 @@ class Attention(nn.Module):
         """
         batch, length, _ = x.shape
         relative = self.relative if context is None else None  # positions act in self-attention only
+        # 1-3. project to queries, keys and values, split into heads, place by position, extend by the cache
         if context is None:
-            q, k, v = self._project_qkv(x)  # (B, H, T, D), (B, Hkv, T, D) twice
-            if relative is not None and relative.rotates:
-                if positions is None:
-                    start = cache.length if cache is not None else 0
-                    positions = relative.prepare(torch.arange(start, start + length, device=x.device)[None])  # (1, T)
-                q, k = relative.rotate(q, k, positions)
-            if cache is not None:
-                k, v = cache.append(k, v)  # (B, Hkv, S, D)
+            q, k, v = self._self_queries_keys_values(x, positions, cache)  # (B, H, T, D), (B, Hkv, S, D) twice
         else:
-            q = self._split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
-            if cache is not None and cache.cross is not None:
-                k, v = cache.cross
-            else:
-                k, v = self._project_kv(context)  # (B, Hkv, S, D)
-                if cache is not None:
-                    cache.cross = (k, v)
-
-        key_len = k.shape[2]
+            q, k, v = self._cross_queries_keys_values(x, context, cache)
+        mask = self._mask(length, k.shape[2], key_is_real, causal, cache, cross=context is not None)
         biased = relative is not None and relative.biases
-        # the queries' indices among the keys: with a cache, the positions they were just written to
-        query_index = None
-        if biased:
-            query_index = cache.written(length) if cache is not None else torch.arange(length, device=x.device)
+        query_index = self._query_index(length, cache) if biased else None  # the queries' indices among the keys
         dropout = self.dropout if self.training else 0.0
-        fused = isinstance(self.score, DotScore) and not need_weights and not (biased and relative.needs_weights)
-        if fused:
-            # Without padding or a position bias, causal masking needs no bias tensor: SDPA's is_causal covers a
-            # full square pass, and a single new query (decoding) may see every cached key.
-            is_causal = key_is_real is None and causal and not biased and length in (1, key_len)
-            bias = None if is_causal else self._bias(q, key_is_real, causal, query_index, key_len)
-            out = attend(q, k, v, bias, is_causal=is_causal and length > 1, scale=self.score.scale,
-                         dropout=dropout, math_kernel=self.math_kernel)  # (B, H, T, D)
-            weights = None
+        # 4-7. scores, + mask and position bias, softmax, weighted sum of values: fused where nothing reads the weights
+        if isinstance(self.score, DotScore) and not need_weights and not (biased and relative.needs_weights):
+            out, weights = self._fused(q, k, v, mask, query_index, dropout), None
         else:
-            if self.n_kv_heads != self.n_heads:  # each kv head serves n_heads / n_kv_heads query heads
-                repeats = self.n_heads // self.n_kv_heads
-                k = k.repeat_interleave(repeats, dim=1)  # (B, Hkv, S, D) -> (B, H, S, D)
-                v = v.repeat_interleave(repeats, dim=1)
-            bias = self._bias(q, key_is_real, causal, query_index, key_len)
-            out, weights = self._reference(q, k, v, bias, dropout, query_index)
+            out, weights = self._reference(q, k, v, self._bias(q, mask, query_index, k.shape[2]), dropout, query_index)
+        # 8. merge the heads and project back to the model width
         out = out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim)  # (B, H, T, D) -> (B, T, C)
         return self.o_proj(out), (weights if need_weights else None)
 
-    def _bias(
-        self, q: Tensor, key_is_real: Tensor | None, causal: bool, query_index: Tensor | None, key_len: int
-    ) -> Tensor | None:
+    def _self_queries_keys_values(
+        self, x: Tensor, positions: Tensor | tuple[Tensor, ...] | None, cache: LayerCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention: q (B, H, T, D) from x, k and v (B, Hkv, S, D) from x and the cached positions; a rotating
+        position scheme (RoPE) turns q and k by their positions before k is cached."""
+        q, k, v = self._project_qkv(x)  # (B, H, T, D), (B, Hkv, T, D) twice
+        if self.relative is not None and self.relative.rotates:
+            if positions is None:
+                start = cache.length if cache is not None else 0
+                positions = self.relative.prepare(torch.arange(start, start + x.shape[1], device=x.device)[None])
+            q, k = self.relative.rotate(q, k, positions)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, Hkv, S, D)
+        return q, k, v
+
+    def _cross_queries_keys_values(
+        self, x: Tensor, context: Tensor, cache: LayerCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Cross-attention: q from x, k and v from the context (B, S, C), computed once when there is a cache."""
+        q = self._split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
+        if cache is not None and cache.cross is not None:
+            return q, *cache.cross
+        k, v = self._project_kv(context)  # (B, Hkv, S, D)
+        if cache is not None:
+            cache.cross = (k, v)
+        return q, k, v
+
+    def _mask(
+        self, length: int, key_len: int, key_is_real: Tensor | None, causal: bool, cache: LayerCache | None,
+        *, cross: bool,
+    ) -> AttentionMask:
+        """The mask of this call: the queries' and keys' absolute positions (from the cache, which knows where it
+        wrote them), causal or not, this layer's window (self-attention only), padding."""
+        if cache is not None and not cross:
+            return AttentionMask(cache.written_positions(length), cache.key_positions(), causal=causal,
+                                 window=self.window, key_is_real=key_is_real)
+        device = self.o_proj.weight.device
+        key_positions = torch.arange(key_len, device=device)
+        query_positions = torch.arange(length, device=device) if cross else key_positions[key_len - length:]
+        return AttentionMask(query_positions, key_positions, causal=causal, window=None if cross else self.window,
+                             key_is_real=key_is_real)
+
+    def _query_index(self, length: int, cache: LayerCache | None) -> Tensor:
+        """Where the queries sit among the keys: with a cache, the positions they were just written to."""
+        return cache.written(length) if cache is not None else torch.arange(length, device=self.o_proj.weight.device)
+
+    def _fused(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, query_index: Tensor | None, dropout: float
+    ) -> Tensor:
+        """Steps 4-7 in one kernel call (`kernels.attend`). A plain causal mask needs no bias tensor: SDPA's
+        is_causal covers a full square pass, and a single new query may see every cached key."""
+        length, key_len = q.shape[2], k.shape[2]
+        plain_causal = (mask.causal and mask.key_is_real is None and query_index is None and not mask.windowed
+                        and length in (1, key_len))
+        bias = None if plain_causal else self._bias(q, mask, query_index, key_len)
+        return attend(q, k, v, bias, is_causal=plain_causal and length > 1, scale=self.score.scale, dropout=dropout,
+                      math_kernel=self.math_kernel)  # (B, H, T, D)
+
+    def _bias(self, q: Tensor, mask: AttentionMask, query_index: Tensor | None, key_len: int) -> Tensor | None:
         """The one place masks and position biases meet: one additive float bias (float32 at least) broadcastable
         to (B, H, T, S), 0 where a key is visible, -inf where it is masked, plus the position scheme's score bias;
         None: neither."""
         dtype = _softmax_dtype(q.dtype)
-        mask = _build_mask(key_is_real, causal, q.shape[2], key_len, q.device)
-        bias = as_bias(mask, dtype) if mask is not None else None
+        allowed = mask.allowed()
+        bias = as_bias(allowed, dtype) if allowed is not None else None
         if query_index is not None:
             position = self.relative.score_bias(q, query_index, key_len, self.score)
             if position is not None:
@@ -296,6 +332,9 @@ class Attention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float, query_index: Tensor | None
     ) -> tuple[Tensor, Tensor]:
         """The lecture's path: scores, + bias (masks, positions), softmax, dropout, weighted sum (+ value term)."""
+        if self.n_kv_heads != self.n_heads:  # each kv head serves n_heads / n_kv_heads query heads
+            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, Hkv, S, D) -> (B, H, S, D)
+            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         scores = self.score(q, k)  # (B, H, T, S)
         weights = attention_weights(scores, bias)  # (B, H, T, S)
         dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
@@ -303,19 +342,3 @@ class Attention(nn.Module):
         if query_index is not None and self.relative.needs_weights:
             out = out + self.relative.value_term(dropped, query_index, k.shape[2])
         return out, weights
-
-
-def _build_mask(key_is_real: Tensor | None, causal: bool, query_len: int, key_len: int, device) -> Tensor | None:
-    """Combine causal and padding masks into (B, 1, T, S) or (T, S); True = may attend.
-
-    With both, each of several queries may also attend to its own position, so a padded query row (left padding in
-    batched generation) is never empty; real rows are unchanged since they see their own position anyway. A single
-    query is a decoding step's real token, and its position need not be the last key's (`StaticKVCache`).
-    """
-    causal_part = causal_mask(query_len, key_len, device=device) if causal else None
-    padding_part = padding_mask(key_is_real) if key_is_real is not None else None
-    mask = combine(causal_part, padding_part)
-    if causal_part is not None and padding_part is not None and query_len > 1:
-        own = torch.eye(query_len, key_len, dtype=torch.bool, device=device).roll(key_len - query_len, dims=1)
-        mask = mask | own
-    return mask

@@ -3,12 +3,19 @@
 Buffers are preallocated (B, Hkv, max_len, D) and written by position, as in gpt-fast, so decoding never
 reallocates. Cross-attention keys and values of the encoder's output are computed once and kept beside them.
 
+`RollingLayerCache` serves sliding-window attention (Mistral): it keeps only the last `window` positions, each in
+slot `position % window` of a ring buffer, so memory stays flat however long generation runs. Each cache says
+where it wrote the newest keys and which absolute position each returned key holds, which the mask reads
+(`masks.AttentionMask`).
+
 `StaticKVCache` keeps the shapes of a decoding step fixed for a compiled step (gpt-fast's static cache): the new
 position is written where a tensor says, not a Python int, and attention reads the whole buffer with the keys not
 yet written masked out, so every step runs the same graph.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -40,8 +47,16 @@ class LayerCache:
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def written(self, count: int) -> Tensor:
-        """The positions (count,) of the keys the last `append` wrote, among those it returned."""
+        """The indices (count,) of the keys the last `append` wrote, among those it returned."""
         return torch.arange(self.length - count, self.length, device=self.keys.device)
+
+    def written_positions(self, count: int) -> Tensor:
+        """The absolute positions (count,) of the keys the last `append` wrote: here, their indices."""
+        return self.written(count)
+
+    def key_positions(self) -> Tensor:
+        """The absolute position of each key the last `append` returned, (S,)."""
+        return torch.arange(self.length, device=self.keys.device)
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (B',), e.g. the surviving hypotheses of beam search."""
@@ -49,6 +64,57 @@ class LayerCache:
         self.values = self.values.index_select(0, index)
         if self.cross is not None:
             self.cross = (self.cross[0].index_select(0, index), self.cross[1].index_select(0, index))
+
+
+class RollingLayerCache(LayerCache):
+    """A sliding-window layer's cache: the last `window` positions in a ring buffer (B, Hkv, window, D), position p in
+    slot p % window (see the module docstring). `max_len` is how many positions it may be asked to reach."""
+
+    def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int, *, window: int, dtype,
+                 device) -> None:
+        super().__init__(batch_size, n_kv_heads, window, head_dim, dtype=dtype, device=device)
+        self.window, self.capacity = window, max_len
+        self._returned = torch.zeros(0, dtype=torch.long, device=device)  # positions of the keys `append` returned
+
+    @property
+    def max_len(self) -> int:
+        return self.capacity
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Write keys/values (B, Hkv, T, D) of the next T positions. One position: returns the ring's keys (at most
+        `window`, in slot order). Several: returns the kept keys then the new ones, in position order, so each new
+        query finds its whole window; then the ring keeps the newest `window`."""
+        start, count = self.length, keys.shape[2]
+        end = start + count
+        _check_room(self.capacity, end)
+        device = self.keys.device
+        kept = torch.arange(max(0, start - self.window), start, device=device)  # positions the ring holds
+        if count > 1:
+            all_keys = torch.cat((self.keys[:, :, kept % self.window], keys), dim=2)  # (B, Hkv, kept + T, D)
+            all_values = torch.cat((self.values[:, :, kept % self.window], values), dim=2)
+            self._returned = torch.cat((kept, torch.arange(start, end, device=device)))
+        newest = torch.arange(max(start, end - self.window), end, device=device)  # the new positions the ring keeps
+        self.keys[:, :, newest % self.window] = keys[:, :, newest - start]
+        self.values[:, :, newest % self.window] = values[:, :, newest - start]
+        self.length = end
+        if count > 1:
+            return all_keys, all_values
+        filled = min(end, self.window)
+        slots = torch.arange(filled, device=device)
+        self._returned = slots + ((end - 1 - slots) // self.window) * self.window  # the position in each slot
+        return self.keys[:, :, :filled], self.values[:, :, :filled]
+
+    def written(self, count: int) -> Tensor:
+        """The indices among the returned keys of the `count` newest."""
+        newest = self.written_positions(count)
+        return (newest % self.window) if count == 1 else torch.arange(len(self._returned) - count,
+                                                                       len(self._returned), device=newest.device)
+
+    def written_positions(self, count: int) -> Tensor:
+        return torch.arange(self.length - count, self.length, device=self.keys.device)
+
+    def key_positions(self) -> Tensor:
+        return self._returned
 
 
 class KVCache:
@@ -70,13 +136,21 @@ class KVCache:
         max_len: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        windows: Sequence[int | None] | None = None,
     ) -> KVCache:
-        return cls(
-            [
-                cls.layer_type(batch_size, n_kv_heads, max_len, head_dim, dtype=dtype, device=device)
-                for _ in range(n_layers)
-            ]
-        )
+        """windows: each layer's attention window (None: all keys); a layer whose window is shorter than `max_len`
+        gets a `RollingLayerCache` of the window's size."""
+        windows = windows or [None] * n_layers
+        layers = []
+        for window in windows:
+            if window is not None and window < max_len:
+                if cls.layer_type is not LayerCache:
+                    raise InputError(f"{cls.__name__} has no rolling form for sliding-window layers: decode eagerly")
+                layers.append(RollingLayerCache(batch_size, n_kv_heads, max_len, head_dim, window=window, dtype=dtype,
+                                                device=device))
+            else:
+                layers.append(cls.layer_type(batch_size, n_kv_heads, max_len, head_dim, dtype=dtype, device=device))
+        return cls(layers)
 
     @property
     def length(self) -> int:
@@ -85,6 +159,7 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
+        """How many positions the cache may reach."""
         return self.layers[0].max_len
 
     def reorder(self, index: Tensor) -> None:
@@ -101,10 +176,12 @@ class StaticLayerCache(LayerCache):
     """
 
     slot: Tensor  # (1,) long, set by StaticKVCache
+    _whole = False  # whether the last append returned the whole buffer
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """keys/values (B, Hkv, 1, D) -> the whole buffers (B, Hkv, max_len, D); several positions as LayerCache."""
-        if keys.shape[2] != 1:
+        self._whole = keys.shape[2] == 1
+        if not self._whole:
             return super().append(keys, values)
         self.keys.index_copy_(2, self.slot, keys)
         self.values.index_copy_(2, self.slot, values)
@@ -113,6 +190,10 @@ class StaticLayerCache(LayerCache):
     def written(self, count: int) -> Tensor:
         """(1,): the slot a single-position append wrote; several positions as LayerCache."""
         return self.slot if count == 1 else super().written(count)
+
+    def key_positions(self) -> Tensor:
+        """After a single-position append, every slot (the whole buffer was returned); else as LayerCache."""
+        return torch.arange(self.max_len, device=self.keys.device) if self._whole else super().key_positions()
 
 
 class StaticKVCache(KVCache):

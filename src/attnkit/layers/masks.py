@@ -4,13 +4,57 @@ Attention adds them to its scores as a float bias (`as_bias`: 0 where allowed, -
 position biases (ALiBi, Shaw), so masks and biases combine by addition.
 
 Causal masking (lecture: "masked self-attention" in the decoder) stops position t from seeing t' > t; padding
-masks stop any query from attending to padded keys.
+masks stop any query from attending to padded keys; a sliding window (Longformer, Mistral) stops a query from
+seeing keys W or more positions away. `AttentionMask` holds these parts with the queries' and keys' absolute
+positions (keys in a rolling cache are not in order) and gives attention one boolean mask.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    """Which keys each query may see: causal (none after the query), a window (none `window` or more positions
+    away), padding (no padded key). Positions are absolute: query_positions (T,), key_positions (S,);
+    key_is_real (B, P) is indexed by position (P covers every position so far)."""
+
+    query_positions: Tensor
+    key_positions: Tensor
+    causal: bool = False
+    window: int | None = None
+    key_is_real: Tensor | None = None
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the window hides any key: some query is `window` or more positions from some key."""
+        if self.window is None:
+            return False
+        before = self.query_positions.max() - self.key_positions.min()  # the farthest key behind a query
+        after = 0 if self.causal else self.key_positions.max() - self.query_positions.min()
+        return bool(before >= self.window or after >= self.window)
+
+    def allowed(self) -> Tensor | None:
+        """(B, 1, T, S) or (T, S) bool, True where the query may attend; None: every key.
+
+        With causal (or windowed) structure and padding, each of several queries may also see its own position, so
+        a padded query row (left padding in batched generation) is never empty; real rows see it anyway.
+        """
+        query = self.query_positions[:, None]  # (T, 1)
+        key = self.key_positions[None, :]  # (1, S)
+        structure = key <= query if self.causal else None  # (T, S)
+        if self.windowed:
+            near = (query - key < self.window) if self.causal else ((query - key).abs() < self.window)
+            structure = near if structure is None else structure & near
+        padding = None if self.key_is_real is None else padding_mask(self.key_is_real[:, self.key_positions])
+        mask = combine(structure, padding)
+        if structure is not None and padding is not None and len(self.query_positions) > 1:
+            mask = mask | (key == query)
+        return mask
 
 
 def causal_mask(query_len: int, key_len: int, *, device: torch.device | None = None) -> Tensor:

@@ -75,7 +75,7 @@ def _positions(config: TransformerConfig) -> PositionScheme:
     )
 
 
-def _attention(config: TransformerConfig, *, relative: PositionScheme | None) -> Attention:
+def _attention(config: TransformerConfig, *, relative: PositionScheme | None, window: int | None = None) -> Attention:
     return Attention(
         config.d_model,
         config.n_heads,
@@ -86,6 +86,7 @@ def _attention(config: TransformerConfig, *, relative: PositionScheme | None) ->
         dropout=config.attention_dropout,
         additive_dim=config.additive_dim,
         relative=relative,
+        window=window,
     )
 
 
@@ -93,9 +94,11 @@ def _norm(config: TransformerConfig) -> nn.Module:
     return make_norm(config.norm, config.d_model, eps=config.norm_eps, bias=config.bias)
 
 
-def _block(config: TransformerConfig, *, decoder: bool, cross: bool, relative: PositionScheme | None) -> nn.Module:
+def _block(
+    config: TransformerConfig, *, decoder: bool, cross: bool, relative: PositionScheme | None, window: int | None
+) -> nn.Module:
     parts = dict(
-        self_attn=_attention(config, relative=relative),
+        self_attn=_attention(config, relative=relative, window=window),
         attn_norm=_norm(config),
         mlp=make_feedforward(config.activation, config.d_model, config.d_ff, bias=config.bias, dropout=config.dropout),
         mlp_norm=_norm(config),
@@ -127,7 +130,8 @@ def _stack(config: TransformerConfig, vocab_size: int, n_layers: int, *, decoder
     )
     return TransformerStack(
         embeddings=embeddings,
-        blocks=[_block(config, decoder=decoder, cross=cross, relative=relative()) for _ in range(n_layers)],
+        blocks=[_block(config, decoder=decoder, cross=cross, relative=relative(), window=config.window_of(index))
+                for index in range(n_layers)],
         final_norm=_norm(config) if config.use_final_norm else None,
         positions=positions if shared else None,
     )

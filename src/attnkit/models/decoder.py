@@ -85,4 +85,5 @@ def allocate_cache_for(
         max_len=max_len,
         dtype=dtype or reference.dtype,
         device=device or reference.device,
+        windows=[block.self_attn.window for block in stack.blocks],
     )

@@ -1,0 +1,94 @@
+"""Sliding-window attention (Longformer, Mistral): no key outside a query's window gets weight, the windowed model
+decoded through its rolling cache equals the model run on the whole sequence, and the cache stays the window's size
+however long generation runs."""
+
+import pytest
+import torch
+from generate_models import greedy_without_cache, tiny_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnkit import ModelConfig
+from attnkit.errors import ConfigError
+from attnkit.generate import generate_tokens
+from attnkit.generate.static_decode import StaticDecoding
+from attnkit.layers.attention import Attention
+from attnkit.layers.kv_cache import RollingLayerCache
+
+
+@settings(max_examples=25, deadline=None)
+@given(length=st.integers(1, 12), window=st.integers(1, 14), causal=st.booleans(), padded=st.integers(0, 3))
+def test_no_key_outside_the_window_gets_weight(length, window, causal, padded):
+    torch.manual_seed(length * 31 + window)
+    attention = Attention(16, 4, n_kv_heads=2, window=window).double().eval()
+    x = torch.randn(2, length, 16, dtype=torch.float64)
+    real = torch.ones(2, length, dtype=torch.bool)
+    real[1, : min(padded, length - 1)] = False  # left padding in the second row
+    _, weights = attention(x, key_is_real=real, causal=causal, need_weights=True)  # (B, H, T, S)
+    query = torch.arange(length)[:, None]
+    key = torch.arange(length)[None, :]
+    outside = (query - key >= window) | (key > query) if causal else (query - key).abs() >= window
+    if outside.any():
+        assert weights[:, :, outside].abs().max().item() == 0
+    torch.testing.assert_close(weights[0].sum(dim=-1), torch.ones(4, length, dtype=torch.float64))
+    if not real[1].all():  # real queries give padded keys no weight
+        assert weights[1][:, real[1]][:, :, ~real[1]].abs().max().item() == 0
+
+
+def test_fused_windowed_attention_equals_the_reference_path():
+    torch.manual_seed(0)
+    attention = Attention(32, 4, n_kv_heads=2, window=3).eval()
+    x = torch.randn(2, 9, 32)
+    real = torch.ones(2, 9, dtype=torch.bool)
+    real[1, :2] = False
+    for kwargs in ({"causal": True}, {"causal": False}, {"causal": True, "key_is_real": real}):
+        fast, _ = attention(x, **kwargs)
+        slow, _ = attention(x, need_weights=True, **kwargs)
+        torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [3, 5, 40])  # smaller than the prompt, between, larger than everything
+def test_cached_decoding_equals_the_whole_sequence_for_windows_small_and_large(window):
+    model, config = tiny_model(position="rope", attention_window=window, max_seq_len=64)
+    prompt = [1, 5, 2, 7, 3, 9, 4]
+    tokens = generate_tokens(model, [prompt], max_new_tokens=20, context_len=64)[0]
+    assert tokens == greedy_without_cache(model, prompt, 20)
+
+
+def test_generating_four_windows_keeps_the_cache_at_the_windows_size():
+    window = 4
+    model, _ = tiny_model(position="rope", attention_window=window, max_seq_len=64)
+    ids = torch.tensor([[1, 5, 2, 7, 3, 9]])
+    cache = model.allocate_cache(1, 64)
+    assert all(isinstance(layer, RollingLayerCache) for layer in cache.layers)
+    with torch.no_grad():
+        logits = model(ids, cache=cache).logits[0, -1]
+        sequence = ids[0].tolist()
+        for _ in range(4 * window):
+            token = int(logits.argmax())
+            sequence.append(token)
+            logits = model(torch.tensor([[token]]), cache=cache).logits[0, -1]
+            whole = model(torch.tensor([sequence])).logits[0, -1]
+            torch.testing.assert_close(logits, whole, atol=1e-10, rtol=1e-10)
+            assert all(layer.keys.shape[2] == window for layer in cache.layers)
+    assert cache.length == len(sequence) > 4 * window
+
+
+def test_global_every_alternates_windowed_and_global_layers():
+    model, config = tiny_model(position="rope", attention_window=3, global_every=2, n_layers=4, max_seq_len=64)
+    windows = [block.self_attn.window for block in model.stack.blocks]
+    assert windows == [3, None, 3, None] == [config.window_of(i) for i in range(4)]
+    cache = model.allocate_cache(1, 64)
+    assert [isinstance(layer, RollingLayerCache) for layer in cache.layers] == [True, False, True, False]
+    prompt = [1, 5, 2, 7, 3, 9, 4, 8]
+    assert generate_tokens(model, [prompt], max_new_tokens=12, context_len=64)[0] == greedy_without_cache(
+        model, prompt, 12)
+
+
+def test_windowed_models_decode_eagerly_and_bad_windows_fail_at_construction():
+    model, _ = tiny_model(position="rope", attention_window=4)
+    assert not StaticDecoding.supports(model)
+    with pytest.raises(ConfigError, match="attention_window"):
+        ModelConfig(position="alibi", attention_window=4)
+    with pytest.raises(ConfigError, match="needs attention_window"):
+        ModelConfig(global_every=2)
