@@ -178,10 +178,11 @@ model_fields = ["d_model=128", "n_layers=4", "n_heads=4", "d_ff=512", "max_seq_l
                 "norm=layer", "activation=gelu", "dropout=0.0"]
 settings = {"tiny": dict(max_steps=5, eval_every=5, batch_size=4, warmup=2),
             "full": dict(max_steps=2000, max_time=180.0, eval_every=250, batch_size=12, warmup=100)}[BUDGET]
-eval_batches = {"tiny": 2, "full": 20}[BUDGET]
+data = {"data": (str(corpus),), "tokenizer": "char", "eval_batches": 20}
+if BUDGET == "tiny":
+    data.update(eval_batches=2, max_bytes=100_000)  # the first 100 kB only: seconds, not minutes
 run_dir = workdir / "shakespeare"
-request = TrainRequest(out=str(run_dir), task="lm", overrides=model_fields, device="cpu", progress=False,
-                       data={"data": (str(corpus),), "tokenizer": "char", "eval_batches": eval_batches},
+request = TrainRequest(out=str(run_dir), task="lm", overrides=model_fields, device="cpu", progress=False, data=data,
                        settings=dict(lr=1e-3, **settings))
 result = prepare(request).fit()
 print(f"stopped after {result.step} steps ({result.reason}), {result.elapsed:.0f} s: "
@@ -241,7 +242,7 @@ print("temperature, top-k and top-p: the same logits as attnkit's sampler")
 settings = {"temperature 0.5": dict(temperature=0.5), "temperature 1": dict(temperature=1.0),
             "temperature 1.5": dict(temperature=1.5), "top-k 5": dict(top_k=5), "top-p 0.9": dict(top_p=0.9)}
 top = logits[0].softmax(-1).topk(12).indices  # the 12 characters the model finds most likely
-labels = [repr(pipeline.tokenizer.decode([i]))[1:-1] or "?" for i in top.tolist()]
+labels = [pipeline.tokenizer.decode([i]).replace(" ", "\u2423").replace("\n", "\\n") for i in top.tolist()]
 fig, ax = plt.subplots(figsize=(11, 4))
 for n, (name, setting) in enumerate(settings.items()):
     probs = reshape_logits(logits, **setting)[0].softmax(-1)[top]

@@ -189,6 +189,7 @@ import transformers
 from attnkit.interop.hf import convert_from_hf
 from attnkit.interop.hf import load as load_hf
 
+transformers.utils.logging.disable_progress_bar()
 workdir = Path(tempfile.mkdtemp(prefix="attnkit-tutorial-"))
 hf_config = transformers.LlamaConfig(
     vocab_size=101, hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=4,
@@ -260,23 +261,24 @@ print(f"{length} tokens: {total['without cache']:.2f} s without the cache, {tota
 
 # %%
 shape = presets.get("llama2-70b")
-kv_bytes = {f"{kv} kv heads" + (" (Llama 2 70B)" if kv == 8 else ""): 2 * shape.n_layers * kv * shape.head_size * 2
-            for kv in (64, 8, 1)}
+kv_bytes = {f"{kv} kv head{'s' if kv > 1 else ''}" + (" (Llama 2 70B)" if kv == 8 else ""):
+            2 * shape.n_layers * kv * shape.head_size * 2 for kv in (64, 8, 1)}
 for name, size in kv_bytes.items():
     print(f"{name:24s} {size / 2**20:6.2f} MiB per token, {size * 4096 / 2**30:6.1f} GiB for 4,096 tokens")
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4), layout="constrained")
 for name, times in per_token.items():
-    left.plot(range(2, length + 1), [1000 * s for s in times], label=name)
-left.set(xlabel="tokens so far", ylabel="ms for the next token", title="decoding one token")
+    left.plot(range(2, length + 1), torch.tensor(times).cumsum(0), label=name)
+left.set(xlabel="tokens generated", ylabel="seconds, all steps so far", title="decoding token by token")
 left.legend()
 right.bar(list(kv_bytes), [4096 * b / 2**30 for b in kv_bytes.values()], color=["C0", "C1", "C2"])
 right.set(ylabel="GiB", title="KV cache at 4,096 tokens, Llama 2 70B shape, 16-bit")
 plt.show()
 
 # %% [markdown]
-# Without the cache each step costs more as the text grows; with it the cost stays nearly flat (attention still
-# reads all the cached keys, a small part of the work at these lengths). Grouped-query attention cuts the
+# Without the cache each step costs more as the text grows, so the total bends upwards; with it each step costs
+# about the same (attention still reads all the cached keys, a small part of the work at these lengths), and the
+# total is a straight line. Grouped-query attention cuts the
 # cache by the group size: 8 key/value heads for 64 query heads keep one eighth of what multi-head attention
 # would. Whether the other changes make a better model per unit of compute is the lecture's last slide
 # ("Stronger architecture is ~10x more efficient"); attnkit measures it at small scale with
