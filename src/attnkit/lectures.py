@@ -222,7 +222,8 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Transformers are easier to train than RNNs", None, ("models.recurrent",),
               page="recipes.md"),
         Topic("GPT: generative pre-trained Transformers; pre-training, then adapting", T08,
-              ("train.finetune", "data.masking"), page="user-guide/pretraining-finetuning.md"),
+              ("train.finetune", "data.masking"), page="user-guide/pretraining-finetuning.md",
+              section="Pre-training: predict the masked tokens"),
     )),
     Lecture("004", "CMU CS11-711 Advanced NLP (Spring 2025)", "Attention and Transformers (Sean Welleck)", "cmu", (
         Topic("Recap: a sequence model; language modeling p(. | x_<t) = softmax(W h_t)", T06, ("models.decoder",),
