@@ -171,13 +171,14 @@ def experiments_gallery(docs_dir: Path) -> str:
         sections += [f"**Verdict: {_cell(result['verdict'])}.** {_cell(result.get('reason', ''))}", "",
                      f"Key number: {_cell(key)}. Budget `{budget}`, {result.get('seconds', 0):,.0f} s on "
                      f"{_cell(result.get('machine', ''))}.", ""]
-        for label in ("what_would_decide", "what_would"):
-            if result.get(label):
-                sections += [f"**What would decide it:** {_cell(str(result[label]))}", ""]
-        checks = result.get("checks") or []
-        if checks and isinstance(checks[0], dict):
+        if result.get("decision"):
+            sections += [f"**How the checks decide it** (and, where they do not, what would): "
+                         f"{_cell(result['decision'])}", ""]
+        checks = [c for c in result.get("checks") or [] if isinstance(c, dict)]
+        if checks:
+            shown = [{k: c.get(k) for k in ("what", "difference", "noise", "basis") if k in c} for c in checks]
             sections += ["The checks the verdict is drawn from (a check decides when its difference is larger "
-                         "than its noise):", "", *_table(checks), ""]
+                         "than its noise):", "", *_table(shown), ""]
         sections += ["Redraw it (writes results.json, table.md and the plots below):", "", "```", command, "```", ""]
         for plot in result.get("plots", []):
             if (docs_dir / "experiments" / name / plot).is_file():
