@@ -1,7 +1,7 @@
 """The command line generated from the settings: every option explained with the settings' own default, every
-command line of the README still parsed, --config files under the command line, --version, `python -m attnkit`,
-`attnkit presets NAME`, one set of --dtype choices for weights, and errors of one line whose every --flag is one of
-their command's options."""
+command line of the README and the documentation pages still parsed, --config files under the command line,
+--version, `python -m attnkit`, `attnkit presets NAME`, one set of --dtype choices for weights, and errors of one
+line whose every --flag is one of their command's options."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import pytest
+from cli_runs import tiny_runs
 from shared_data import shared
 
 from attnkit import cli, options, presets
@@ -26,7 +27,8 @@ from attnkit.generate.pipeline import DTYPES, WeightDType
 from attnkit.train.job import DataConfig
 from attnkit.train.trainer import TrainConfig
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # the README and the site's pages
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -91,30 +93,33 @@ def test_every_option_that_takes_weights_dtype_offers_the_same_choices():
 SHELL = {">", ">>", "<", "2>", "&&", ";", "||"}  # where a shell line's `attnkit` words end
 
 
-def _readme_command_lines() -> list[list[str]]:
-    """The arguments of every `attnkit ...` and `python -m attnkit ...` command in the README's code blocks
-    (continuation lines joined; what a pipe feeds in, redirections and comments dropped)."""
+def _documented_command_lines() -> list[list[str]]:
+    """The arguments of every `attnkit ...` and `python -m attnkit ...` command in the code blocks of the README
+    and the documentation pages (continuation lines joined; what a pipe feeds in, redirections and comments
+    dropped)."""
     commands = []
-    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", README.read_text(encoding="utf-8"), flags=re.S | re.M)
+    fenced = re.compile(r"^ *```[^\n]*\n(.*?)^ *```", flags=re.S | re.M)
+    blocks = [block for path in DOCUMENTS for block in fenced.findall(path.read_text(encoding="utf-8"))]
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line.split("|")[-1].strip().removeprefix("python -m "), comments=True)
+            text = line.split("|")[-1].strip().removeprefix("python -m ")
+            words = shlex.split(text, comments=True) if text.startswith("attnkit ") else []  # not printed output
             if words[:1] == ["attnkit"]:
                 cut = next((i for i, w in enumerate(words) if w in SHELL), len(words))
                 commands.append(words[1:cut])
     return commands
 
 
-README_COMMANDS = _readme_command_lines()
+DOCUMENTED_COMMANDS = _documented_command_lines()
 
 
-def test_the_readme_has_command_lines_to_check():
-    assert len(README_COMMANDS) >= 15
-    assert sum(argv[0] == "train" for argv in README_COMMANDS) >= 5
+def test_the_documentation_has_command_lines_to_check():
+    assert len(DOCUMENTED_COMMANDS) >= 15
+    assert sum(argv[0] == "train" for argv in DOCUMENTED_COMMANDS) >= 5
 
 
-@pytest.mark.parametrize("argv", README_COMMANDS, ids=" ".join)
-def test_every_command_line_in_the_readme_parses(argv, capsys):
+@pytest.mark.parametrize("argv", DOCUMENTED_COMMANDS, ids=" ".join)
+def test_every_documented_command_line_parses(argv, capsys):
     if "--help" in argv or "--version" in argv:
         with pytest.raises(SystemExit) as stop:
             cli.parse(argv)
@@ -124,7 +129,7 @@ def test_every_command_line_in_the_readme_parses(argv, capsys):
     assert args.command_spec.name.split()[0] == argv[0]
     if getattr(args, "data_root", None):  # a recipe reads its data there when the settings are built
         shared()
-    if args.config_file is None:  # (the README's --config files are examples, not files here)
+    if args.config_file is None:  # (the documents' --config files are examples, not files here)
         cli.invocation(args)  # the settings build from what was given
     assert capsys.readouterr().err == ""
 
@@ -201,7 +206,7 @@ def test_a_config_path_that_is_no_settings_file_names_the_cause(tmp_path, capsys
 
 def test_a_missing_required_option_is_named(capsys):
     assert cli.main(["generate", "--prompt", "x"]) == 2
-    assert "missing --run" in capsys.readouterr().err
+    assert "missing RUN (or --run)" in capsys.readouterr().err
 
 
 def test_a_usage_error_returns_2_and_shows_the_usage(capsys):
@@ -279,24 +284,6 @@ def test_a_required_field_not_given_is_an_input_error():
 
 
 # Every fix an error names exists on its command ----------------------------------------------------------------
-def _tiny_runs(root: Path) -> dict[str, Path]:
-    """A decoder and a two-class encoder classifier run, random and tiny, with a char tokenizer."""
-    from attnkit import build_model
-    from attnkit.checkpoint import save_model
-    from attnkit.config import ModelConfig
-    from attnkit.tokenize import CharTokenizer
-
-    tokenizer = CharTokenizer("abcdefghijklmnopqrstuvwxyz .\n")
-    runs = {}
-    for name, changes in (("lm", dict(family="decoder")), ("clf", dict(family="encoder", n_classes=2))):
-        config = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1, n_heads=2, d_ff=32,
-                             max_seq_len=24, **changes)
-        save_model(build_model(config).eval(), config, root / name)
-        tokenizer.save(root / name / "tokenizer")
-        runs[name] = root / name
-    return runs
-
-
 def _labelled_lines(n: int, bad: dict[int, str]) -> str:
     lines = [f"{i % 2} a sentence number {i}" for i in range(n)]
     for line, text in bad.items():
@@ -307,7 +294,7 @@ def _labelled_lines(n: int, bad: dict[int, str]) -> str:
 def test_every_flag_an_error_suggests_exists_on_its_command(tmp_path, capsys):
     """Bad invocations of each kind the CLI meets: each ends in one error line, saying what it should, and every
     --flag it names as a fix is one of that command's options."""
-    runs = _tiny_runs(tmp_path)
+    runs = tiny_runs(tmp_path)
     files = {
         "nohead.tsv": "1\tgood film\n0\tbad film\n",
         "unlabelled.txt": _labelled_lines(40, {7: "the film forgot its label", 21: "the other one too"}),

@@ -43,9 +43,11 @@ def test_experiment_writes_results_table_and_plots(name, tmp_path):
         assert float((pixels.mean(axis=-1) < 0.9).mean()) > 0.005, f"{plot} has almost nothing drawn on it"
 
 
-def test_unknown_experiment_lists_the_known_ones():
-    with pytest.raises(ConfigError) as error:
+def test_unknown_experiment_names_the_nearest_or_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="did you mean 'norm-placement'"):
         get("norm-placment")
+    with pytest.raises(ConfigError) as error:
+        get("no-such-claim")
     for name in REGISTRY:
         assert name in str(error.value)
 

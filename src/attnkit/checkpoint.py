@@ -263,12 +263,19 @@ def save_model(
     write_checksums(directory, {name: digest(directory / name) for name in written})
 
 
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # gpt2, meta-llama/Llama-2-7b-hf: a name on the hub
+
+
 def load_config(directory: str | Path) -> ModelConfig:
     """The model config of a run or checkpoint directory; CheckpointError saying what the directory lacks (for a run
     an `--overwrite` moved aside and has not yet replaced, where it waits and how to get it back)."""
     directory = Path(directory)
     if not directory.exists():
-        raise CheckpointError(f"{directory} does not exist; give a run directory (runs/NAME, holding {CONFIG_FILE})")
+        parent = directory.parent.name and directory.parent.exists()  # runs/x names a run; gpt2, org/model the hub
+        hub = _HUB_NAME.fullmatch(str(directory)) is not None and not parent
+        raise CheckpointError(f"{directory} does not exist; give a run directory (runs/NAME, holding {CONFIG_FILE})"
+                              + (f"; if {directory} names a Hugging Face model, nothing is downloaded here: fetch its "
+                                 "directory, then attnkit convert --from-hf DIR --out runs/NAME" if hub else ""))
     if not directory.is_dir():
         raise CheckpointError(f"{directory} is a file; give a run directory (runs/NAME, holding {CONFIG_FILE})")
     if not (directory / CONFIG_FILE).is_file():

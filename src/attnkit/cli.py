@@ -11,6 +11,11 @@ Adding a command:
     3. one `Command(...)` line in COMMANDS below, naming the dataclass as "attnkit.module:NameSettings" when
        its module is slow to import (it is then imported only when the command is used).
 tests/test_cli.py then checks that every option has help and shows its settings' default.
+
+Conventions (docs/guides/cli.md): a command that reads a run takes it as a positional RUN (`--run RUN` works too);
+a command's settings class is the one place that says which options it shows (classify's has no decoding
+options); a usage error prints the command's own usage and suggests the nearest name for an unknown flag or
+choice; a command checks what is cheap (names, task against family) before anything slow starts.
 """
 
 from __future__ import annotations
@@ -23,14 +28,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import import_module, metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from attnkit import options
 from attnkit.blocks import COMPILE_MODES
 from attnkit.config import model_field_names
+from attnkit.errors import AttnkitError, nearest
 from attnkit.generate.pipeline import WeightDType
 from attnkit.interop.keymaps import supported_lines
 from attnkit.textfiles import EncodingErrors
+from attnkit.tokenize import BPE_VOCAB_SIZE
 
 if TYPE_CHECKING:
     from attnkit.experiments.base import ExperimentSettings
@@ -40,6 +47,7 @@ if TYPE_CHECKING:
     from attnkit.viz.run import VizSettings
 
 Settings = type | str  # a dataclass, or "module:Name" for one imported only when its command runs
+RUN = ("run",)  # settings fields every command takes as a positional argument, their --flag accepted too
 
 
 @dataclass(frozen=True)
@@ -136,19 +144,19 @@ def _run_recipes(settings: RecipesSettings) -> int:
 class TokenizerTrainSettings:
     out: str  # directory to save the tokenizer in
     data: tuple[str, ...] = ()  # files, folders or globs; none: the Python standard library's source
-    kind: str = "bpe"  # char: one token per character; bpe: byte-level BPE
-    vocab_size: int = 4096  # BPE vocabulary size, special tokens included
+    kind: Literal["char", "bpe"] = "bpe"  # char: one token per character; bpe: byte-level BPE
+    vocab_size: int = BPE_VOCAB_SIZE  # BPE vocabulary size, special tokens included (as train's --vocab-size)
     max_bytes: int | None = None  # read at most about this many bytes of the corpus
     encoding_errors: EncodingErrors = "strict"  # strict: a file that is not UTF-8 is an error; replace: U+FFFD
 
 
 def _run_tokenizer_train(settings: TokenizerTrainSettings) -> int:
     from attnkit.data.corpus import resolve_files
-    from attnkit.tokenize import check_kind, train_tokenizer
+    from attnkit.tokenize import train_tokenizer
 
-    kind = check_kind(settings.kind)
     files = resolve_files(list(settings.data) or None, max_bytes=settings.max_bytes)
-    tok = train_tokenizer(kind, files, vocab_size=settings.vocab_size, encoding_errors=settings.encoding_errors)
+    tok = train_tokenizer(settings.kind, files, vocab_size=settings.vocab_size,
+                          encoding_errors=settings.encoding_errors)
     tok.save(settings.out)
     print(f"{tok.kind} tokenizer, {tok.vocab_size} tokens, from {len(files)} files -> {settings.out}")
     return 0
@@ -170,11 +178,27 @@ def _run_tokenizer_encode(settings: TokenizerEncodeSettings) -> int:
 # generate, translate, classify ----------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class LoadSettings:
-    """How a trained run is loaded for decoding (`attnkit.load`)."""
+    """How a trained run is loaded (`attnkit.load`): what every command that runs a model takes."""
 
     run: str  # run directory: config.json, model.safetensors, tokenizer/
     device: str | None = None  # cpu, cuda, cuda:1, ...; none: cuda when present, else cpu
     dtype: WeightDType | None = None  # the weights' type; none: as stored
+    def load(self):
+        """The run as a Pipeline, loaded as these settings say."""
+        from attnkit.generate import load
+
+        return load(self.run, **self.load_options())
+
+    def load_options(self) -> dict[str, Any]:
+        """The keyword arguments of `attnkit.load` these settings stand for."""
+        return {"device": self.device, "dtype": self.dtype}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeSettings(LoadSettings):
+    """Loading a model that decodes (generate, translate): also int8 weights and compilation, which make decoding
+    faster."""
+
     int8: bool = False  # int8 weight-only linear layers (bf16 products): faster decoding, a little quality lost
     int8_dynamic: bool = False
     """int8 weights, and each product's input quantized to int8 as it runs (as llama.cpp's q8_0, at its quality;
@@ -195,16 +219,12 @@ class LoadSettings:
         """The `quantize` argument of `attnkit.load` the int8 flags stand for."""
         return "int8" if self.int8 else "int8-dynamic" if self.int8_dynamic else None
 
-
-def _load_run(settings: LoadSettings):
-    from attnkit.generate import load
-
-    return load(settings.run, device=settings.device, dtype=settings.dtype, quantize=settings.quantize,
-                compile=settings.compile or False)
+    def load_options(self) -> dict[str, Any]:
+        return {**super().load_options(), "quantize": self.quantize, "compile": self.compile or False}
 
 
 @dataclass(frozen=True, kw_only=True)
-class GenerateSettings(LoadSettings):
+class GenerateSettings(DecodeSettings):
     prompt: str  # the prompt; "-" reads it from stdin; "" starts from BOS
     max_new_tokens: int = 200  # tokens to generate after the prompt
     temperature: float = 1.0  # 0 is greedy
@@ -219,7 +239,7 @@ class GenerateSettings(LoadSettings):
 
 def _run_generate(settings: GenerateSettings) -> int:
     prompt = _read_stdin() if settings.prompt == "-" else settings.prompt
-    pipeline = _load_run(settings)
+    pipeline = settings.load()
     stream = settings.stream and settings.num_samples == 1
     unsent = [prompt]  # streamed with the first piece, so that a setting refused before it prints its error alone
 
@@ -275,7 +295,7 @@ def _read_inputs(settings: InputSettings) -> list[str]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TranslateSettings(InputSettings):
+class TranslateSettings(InputSettings, DecodeSettings):
     output: str | None = None  # write one translation per line here; none: print them
     beam_size: int = 1  # 1 is greedy
     length_penalty: float = 1.0  # beam score = log p / length ** this
@@ -284,7 +304,7 @@ class TranslateSettings(InputSettings):
 
 def _run_translate(settings: TranslateSettings) -> int:
     texts = _read_inputs(settings)
-    translations = _load_run(settings).translate(
+    translations = settings.load().translate(
         texts, beam_size=settings.beam_size, length_penalty=settings.length_penalty,
         max_length=settings.max_length, batch_size=settings.batch_size, progress=settings.input is not None,
     )
@@ -299,11 +319,11 @@ def _run_translate(settings: TranslateSettings) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class ClassifySettings(InputSettings):
-    pass
+    """A classifier decodes nothing: the texts and the load options, no int8 weights or compilation."""
 
 
 def _run_classify(settings: ClassifySettings) -> int:
-    for result in _load_run(settings).classify(_read_inputs(settings), batch_size=settings.batch_size):
+    for result in settings.load().classify(_read_inputs(settings), batch_size=settings.batch_size):
         print(f"{result.label}\t{result.probability:.4f}")
     return 0
 
@@ -388,8 +408,12 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) ->
     from attnkit.generate import translate_ids
     from attnkit.interop import hf
     from attnkit.train import prepare
+    from attnkit.train.job import check_request
 
-    trainer = prepare(train_request(run, data, training), translate=translate_ids, load_hf=hf.load)
+    request = train_request(run, data, training)
+    if not request.resume:  # names, task against family, --set keys: refused before a tokenizer is trained
+        check_request(request)
+    trainer = prepare(request, translate=translate_ids, load_hf=hf.load)
     result = trainer.fit()
     if result.signal is not None:
         return 128 + result.signal
@@ -461,15 +485,15 @@ def _run_average(settings: AverageSettings) -> int:
     out = average_run(settings.run, last=settings.last, out=settings.out)
     steps = read_json(out / AVERAGE_FILE)["steps"]
     print(f"averaged the weights of steps {', '.join(map(str, steps))} into {out}; use it as a run, e.g. "
-          f"attnkit eval --run {out} --data ...")
+          f"attnkit eval {out} --data ...")
     return 0
 
 
 # convert --------------------------------------------------------------------------------------------------------
 _CONVERT_EPILOG = f"""\
 examples:
-  attnkit convert --from-hf path/to/gpt2 --out runs/gpt2       # then: attnkit generate --run runs/gpt2 --prompt ...
-  attnkit convert --run runs/shakespeare --to-hf exported/      # transformers: AutoModel.from_pretrained("exported")
+  attnkit convert --from-hf path/to/gpt2 --out runs/gpt2       # then: attnkit generate runs/gpt2 --prompt ...
+  attnkit convert runs/shakespeare --to-hf exported/            # transformers: AutoModel.from_pretrained("exported")
 
 Reads and writes these Hugging Face architectures (model_type: classes), as directories written by
 save_pretrained; nothing is downloaded:
@@ -482,8 +506,8 @@ class ConvertSettings:
     from_hf: str | None = field(default=None, metadata={"metavar": "DIR"})
     """a Hugging Face model directory (config.json + safetensors) to write as a run; with --out"""
     run: str | None = None  # an attnkit run directory to write out for Hugging Face; with --to-hf
-    out: str | None = field(default=None, metadata={"metavar": "RUN"})  # with --from-hf: the run to create
-    to_hf: str | None = field(default=None, metadata={"metavar": "DIR"})  # with --run: the directory to create
+    out: str | None = field(default=None, metadata={"metavar": "NEW_RUN"})  # with --from-hf: the run to create
+    to_hf: str | None = field(default=None, metadata={"metavar": "DIR"})  # with RUN: the directory to create
     allow_pickle: bool = False
     """read pytorch_model.bin, a pickle (only from a source you trust), with torch.load(weights_only=True)"""
     dtype: WeightDType = "fp32"  # with --from-hf: the run's weight type
@@ -495,7 +519,8 @@ def _run_convert(settings: ConvertSettings) -> int:
     from attnkit.interop import hf
 
     if (settings.from_hf is None) == (settings.run is None):
-        raise InputError("give --from-hf DIR (with --out runs/NAME) or --run RUN (with --to-hf DIR), one of the two")
+        raise InputError("give --from-hf DIR --out runs/NAME (Hugging Face to a run) or RUN --to-hf DIR (a run to "
+                         "Hugging Face), one of the two")
     if settings.from_hf:
         if not settings.out or settings.to_hf:
             raise InputError("--from-hf DIR writes a run: give --out runs/NAME (and no --to-hf)")
@@ -504,7 +529,8 @@ def _run_convert(settings: ConvertSettings) -> int:
         print(f"converted {loaded.architecture} from {settings.from_hf} to {settings.out}")
     else:
         if not settings.to_hf or settings.out:
-            raise InputError("--run RUN writes a Hugging Face directory: give --to-hf DIR (and no --out)")
+            raise InputError(f"{settings.run} is a run to write for Hugging Face: give --to-hf DIR (--out names the "
+                             "run that --from-hf creates)")
         architecture = hf.convert_to_hf(settings.run, settings.to_hf)
         print(f"wrote {settings.run} as a {architecture} to {settings.to_hf}")
     return 0
@@ -596,11 +622,57 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with each usage error told by the command it concerns (its own usage line) and a
+    mistyped flag or choice answered with the nearest name."""
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:  # left over by the command's parser: its usage, not the top level's
+            getattr(parsed, "command_parser", self).error(_unrecognized(parsed, extras))
+        return parsed
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            guess = nearest(str(value), [str(choice) for choice in action.choices])
+            if guess is not None:
+                raise argparse.ArgumentError(action, f"invalid choice: {value!r}; did you mean {guess!r}?")
+        super()._check_value(action, value)
+
+
+def _unrecognized(args: argparse.Namespace, extras: list[str]) -> str:
+    """The error for arguments the command does not take: each flag with the nearest of the command's own, or the
+    commands it belongs to."""
+    command: Command | None = getattr(args, "command_spec", None)
+    if command is None:
+        return f"unrecognized arguments: {' '.join(extras)}"
+    own = _flags(command)
+    notes = []
+    for word in extras:
+        name = word.partition("=")[0]
+        if not name.startswith("--"):
+            notes.append(word)
+        elif (guess := nearest(name, own)) is not None:
+            notes.append(f"{word} (did you mean {guess}?)")
+        elif others := [c.name for c in COMMANDS if c is not command and name in _flags(c)]:
+            notes.append(f"{word} (an option of {', '.join(others)}, not of {command.name})")
+        else:
+            notes.append(f"{word} (attnkit {command.name} --help lists the options)")
+    return f"unrecognized arguments: {'; '.join(notes)}"
+
+
+def _flags(command: Command) -> list[str]:
+    """The option strings `command` takes."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_command_options(parser, command)
+    return [flag for action in parser._actions for flag in action.option_strings]
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every command; given the `argv` it will parse, only the chosen command gets its options
     (each command's help and --help still work)."""
     chosen = _chosen(argv) if argv is not None else None
-    parser = argparse.ArgumentParser(prog="attnkit", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="attnkit", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"attnkit {version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -616,7 +688,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         )
         if argv is None or command.name == chosen:
             add_command_options(p, command)
-        p.set_defaults(command_spec=command)
+            p.usage = f"%(prog)s {options.usage(command.classes(), either=RUN)}"
+        p.set_defaults(command_spec=command, command_parser=p)
     return parser
 
 
@@ -631,7 +704,7 @@ def _chosen(argv: list[str]) -> str | None:
 def add_command_options(p: argparse.ArgumentParser, command: Command) -> None:
     """The command's options: its settings' fields, each section's fields in a group, and --config."""
     settings, *sections = command.classes()
-    options.add_fields(p, settings)
+    options.add_fields(p, settings, either=RUN)
     for (title, _), cls in zip(command.sections, sections, strict=True):
         options.add_fields(p.add_argument_group(title), cls)
     if command.recipe is not None:
@@ -681,7 +754,11 @@ def invocation(args: argparse.Namespace) -> Invocation:
                 values = {**values, "set": (*layer["set"], *values["set"])}
             layer.update(values)
         layers.append(layer)
-    return Invocation(command, options.build(classes[0], layers[0]), tuple(layers[1:]))
+    try:
+        settings = options.build(classes[0], layers[0], either=RUN)
+    except options.MissingOption as err:
+        args.command_parser.error(str(err))  # a usage error: the command's usage, then what is missing
+    return Invocation(command, settings, tuple(layers[1:]))
 
 
 def _settings_file(command: Command, values: dict[str, Any], path: str, known: set[str], what: str) -> dict[str, Any]:
@@ -701,15 +778,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = build_parser(argv).parse_args(argv)
-    except SystemExit as stop:  # a usage error, printed by argparse: its exit status (--help, --version: 0, raised)
-        if stop.code:
-            return int(stop.code)
-        raise
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
-    from attnkit.errors import AttnkitError
-
-    try:
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
         return invocation(args).run()
+    except SystemExit as stop:  # a usage error, printed by argparse: its exit status (--help, --version: 0, raised)
+        if isinstance(stop.code, int) and stop.code:
+            return stop.code
+        raise
     except AttnkitError as err:
         print(f"attnkit: error: {err}", file=sys.stderr)
         return 2

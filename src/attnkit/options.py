@@ -22,6 +22,10 @@ it: `--lora-targets q_proj,v_proj`), `const` (the option may be given bare: `--r
 Every generated option defaults to None ("not given"), so a caller can layer values: the dataclass defaults,
 then a `--config` file, then what the command line gave (`given`). The help shows the dataclass default.
 
+A field named in `either` (the command line's `run`) is taken both ways: as a positional argument (`attnkit
+generate runs/x`) and as its flag (`--run runs/x`), once. `usage` writes a command's usage line from the same
+fields: positional arguments, then the required options without brackets, then `[options]`.
+
 Why a small generator and not jsonargparse (which litgpt uses): the settings classes already document their
 fields in trailing comments, which this module reads; the command line must keep its exact spellings
 (`--resume [PATH]`, `--max-time 5m`, `--set KEY=VALUE`, `--no-progress`), its argparse error behaviour and
@@ -43,7 +47,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from attnkit.errors import ConfigError, InputError
+from attnkit.errors import ConfigError, InputError, nearest
 from attnkit.textfiles import special_file
 
 
@@ -110,38 +114,89 @@ def show_default(value: Any) -> str:
     return str(value)
 
 
-def help_text(cls: type, name: str) -> str:
-    """The field's comment, followed by its default when it has one other than None."""
+def help_text(cls: type, name: str, also: str = "") -> str:
+    """The field's comment, followed by its default when it has one other than None (and by `also`, another
+    spelling of the option)."""
     text = field_help(cls).get(name, "")
     default = field_default(fields_of(cls)[name])
-    if default is dataclasses.MISSING:
-        return f"{text} (required)"
-    if default is None:
+    notes = [note for note in ("required" if default is dataclasses.MISSING else "", also) if note]
+    if notes:
+        text = f"{text} ({'; '.join(notes)})"
+    if default is None or default is dataclasses.MISSING:
         return text
     return f"{text} (default: {show_default(default)})"
 
 
+def flag(name: str) -> str:
+    """A field's option string: `max_steps` -> `--max-steps`."""
+    return f"--{name.replace('_', '-')}"
+
+
 def add_fields(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, *, either: Iterable[str] = ()
 ) -> None:
     """Add one option per field of dataclass `cls` to `parser`; see the module docstring for how a field's type
-    becomes the option. Every option's argparse default is None."""
+    becomes the option, and for the fields in `either`. Every option's argparse default is None."""
     hints = typing.get_type_hints(cls)
     for name, f in fields_of(cls).items():
         meta = f.metadata
         kwargs = _argparse_kwargs(hints[name], meta)
         kwargs["help"] = help_text(cls, name).replace("%", "%%")
         default = field_default(f)
+        if name in either:
+            _add_either(parser, cls, name, kwargs)
+            continue
         if meta.get("positional"):
             flags: tuple[str, ...] = (name,)
             if default is not dataclasses.MISSING:
                 kwargs.setdefault("nargs", "?")
         else:
-            flags = tuple(meta.get("flags", (f"--{name.replace('_', '-')}",)))
+            flags = tuple(meta.get("flags", (flag(name),)))
             kwargs["dest"] = name
         if "metavar" in meta:
             kwargs["metavar"] = meta["metavar"]
         parser.add_argument(*flags, default=None, **kwargs)
+
+
+def _add_either(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, name: str,
+                kwargs: dict[str, Any]) -> None:
+    """Field `name` as a positional argument (shown in the usage and help) and as its flag (accepted, not shown
+    again), both filling one value."""
+    if "nargs" in kwargs or "action" in kwargs:
+        raise TypeError(f"{cls.__name__}.{name}: only a field of one value is taken positionally or by flag")
+    metavar = fields_of(cls)[name].metadata.get("metavar", name.upper())
+    kwargs["help"] = help_text(cls, name, also=f"or {flag(name)} {metavar}").replace("%", "%%")
+    parser.add_argument(name, nargs="?", default=None, action=_Once, metavar=metavar, **kwargs)
+    kwargs["help"] = argparse.SUPPRESS
+    parser.add_argument(flag(name), dest=name, default=None, action=_Once, metavar=metavar, **kwargs)
+
+
+class _Once(argparse.Action):
+    """A value that a positional argument or its flag gives, once (a positional not given changes nothing)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is None:
+            return
+        before = getattr(namespace, self.dest, None)
+        if before is not None and before != values:
+            parser.error(f"{self.metavar} is given twice ({before} and {values}); give it once")
+        setattr(namespace, self.dest, values)
+
+
+def usage(classes: Iterable[type], *, either: Iterable[str] = ()) -> str:
+    """The usage line's words after the command: positional arguments, the required options (no brackets: they
+    must be given, on the command line or in --config), then `[options]`."""
+    positional, required = [], []
+    for cls in classes:
+        for name, f in fields_of(cls).items():
+            meta, needed = f.metadata, field_default(f) is dataclasses.MISSING
+            metavar = meta.get("metavar", name.upper())
+            if name in either or meta.get("positional"):
+                positional.append(metavar if needed else f"[{metavar}]")
+            elif needed:
+                many = get_origin(_without_none(typing.get_type_hints(cls)[name])) is tuple
+                required.append(f"{meta.get('flags', (flag(name),))[0]} {metavar}{f' [{metavar} ...]' if many else ''}")
+    return " ".join([*positional, *required, "[options]"])
 
 
 def _argparse_kwargs(hint: Any, meta: typing.Mapping[str, Any]) -> dict[str, Any]:
@@ -212,15 +267,22 @@ def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return out
 
 
-def build(cls: type, *layers: dict[str, Any]) -> Any:
-    """`cls(**values)` from `layers` (later ones win), with a clear InputError for a required field missing."""
+class MissingOption(InputError):
+    """A required option given neither on the command line nor in a settings file: a usage error."""
+
+
+def build(cls: type, *layers: dict[str, Any], either: Iterable[str] = ()) -> Any:
+    """`cls(**values)` from `layers` (later ones win); a required field missing is a MissingOption naming it as
+    the command line spells it (a field of `either` as its positional argument)."""
     values: dict[str, Any] = {}
     for layer in layers:
         values.update(layer)
-    missing = [n for n, f in fields_of(cls).items() if field_default(f) is dataclasses.MISSING and n not in values]
+    fields = fields_of(cls)
+    missing = [n for n, f in fields.items() if field_default(f) is dataclasses.MISSING and n not in values]
     if missing:
-        flags = ", ".join(f"--{n.replace('_', '-')}" for n in missing)
-        raise InputError(f"missing {flags}: give it on the command line or in the --config file")
+        names = ", ".join(f"{fields[n].metadata.get('metavar', n.upper())} (or {flag(n)})" if n in either
+                          else n.upper() if fields[n].metadata.get("positional") else flag(n) for n in missing)
+        raise MissingOption(f"missing {names}: give it on the command line or in the --config file")
     return cls(**values)
 
 
@@ -303,7 +365,11 @@ def duration(text: str) -> float:
 
 
 def unknown_keys(keys: Iterable[str], known: Iterable[str], what: str) -> None:
-    """Raise a ConfigError naming the keys that are not among `known`."""
-    unknown = sorted(set(keys) - set(known))
+    """Raise a ConfigError naming the keys that are not among `known`, each with the nearest known one."""
+    known = set(known)
+    unknown = sorted(set(keys) - known)
     if unknown:
-        raise ConfigError(f"unknown {what} {unknown}; known: {', '.join(sorted(known))}")
+        guesses = [f"{key!r} (did you mean {guess!r}?)" if (guess := nearest(key, known)) else repr(key)
+                   for key in unknown]
+        raise ConfigError(f"unknown {what} {', '.join(guesses)}; the keys are the command's options' names "
+                          "(see its --help)")

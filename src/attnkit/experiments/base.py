@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from attnkit.errors import ConfigError
+from attnkit.errors import ConfigError, unknown_name
 
 Budget = Literal["tiny", "small", "full"]  # tiny: seconds (tests); small: minutes on 2 CPU cores; full: the README's
 BUDGETS: tuple[str, ...] = get_args(Budget)
@@ -103,7 +103,8 @@ def experiment(name: str, *, claim: str, lecture: str) -> Callable[[Callable[[st
 
 def get(name: str) -> Experiment:
     if name not in REGISTRY:
-        raise ConfigError(f"unknown experiment {name!r}; known experiments: {', '.join(sorted(REGISTRY))}")
+        raise ConfigError(unknown_name("unknown experiment", name, REGISTRY,
+                                       otherwise=f"known experiments: {', '.join(sorted(REGISTRY))}"))
     return REGISTRY[name]
 
 

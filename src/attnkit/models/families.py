@@ -92,10 +92,20 @@ def build_model(config: ModelConfig) -> nn.Module:
     return family_of(config).build(config)
 
 
-def count_parameters(config: ModelConfig) -> int:
-    """Number of distinct parameters (tied ones once), counted on the meta device without allocating."""
-    with torch.device("meta"):
-        model = build_model(config)
+def count_parameters(model: nn.Module | ModelConfig | str) -> int:
+    """Number of distinct parameters (tied ones once) of a model, of a loaded run (`attnkit.load`), or of the
+    model a config or a preset's name describes (built on the meta device, without allocating)."""
+    if isinstance(model, str):
+        from attnkit.presets import get as preset
+
+        model = preset(model)
+    if isinstance(model, ModelConfig):
+        with torch.device("meta"):
+            model = build_model(model)
+    model = getattr(model, "model", model)  # a loaded run holds its model
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"count_parameters takes a model, a ModelConfig, a preset's name or a loaded run, not "
+                          f"{type(model).__name__}")
     return sum(p.numel() for p in model.parameters())
 
 

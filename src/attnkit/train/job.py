@@ -33,12 +33,12 @@ from attnkit.data import LabelledData, LabelVocab, LMData, PairData, make_task, 
 from attnkit.data.corpus import find_files, resolve_files
 from attnkit.data.labelled import BAD_LABELS, read_labelled
 from attnkit.data.pairs import read_parallel, read_tsv_pairs
-from attnkit.errors import CheckpointError, ConfigError, InputError
+from attnkit.errors import CheckpointError, ConfigError, InputError, nearest
 from attnkit.models import build_model, count_parameters
 from attnkit.options import assignments
 from attnkit.presets import get as get_preset
 from attnkit.textfiles import EncodingErrors
-from attnkit.tokenize import Tokenizer, load_tokenizer, train_tokenizer
+from attnkit.tokenize import BPE_VOCAB_SIZE, Tokenizer, load_tokenizer, train_tokenizer
 from attnkit.train.distributed import SingleProcess, World, start
 from attnkit.train.finetune import (
     HEAD_FIELDS,
@@ -99,7 +99,7 @@ class DataConfig:
     header; any task: synthetic:NAME"""
     val_data: tuple[str, ...] = ()  # translate / classify; empty: hold out `val_fraction` of the training data
     tokenizer: str = "bpe"  # char | bpe (trained on the training text) | a saved tokenizer directory
-    vocab_size: int = 2048  # bpe only
+    vocab_size: int = BPE_VOCAB_SIZE  # bpe only
     seq_len: int | None = None  # lm: context length; others: longest sequence kept; None: the model's max_seq_len
     max_bytes: int | None = None  # lm: read about this many bytes of the corpus at most
     src_lang: str | None = None  # translate from a folder: the source file suffix, e.g. de
@@ -385,10 +385,11 @@ def _split_overrides(texts: list[str]) -> tuple[list[str], dict[str, Any], dict[
         if key in data_keys or key in train_keys:  # vocab_size is both: the BPE's size, which the model then takes
             (data if key in data_keys else train)[key] = value
         elif key not in model_keys:
-            raise ConfigError(
+            guess = nearest(key, model_keys | data_keys | train_keys)
+            raise ConfigError(f"--set {key}: no such setting; did you mean {guess}?" if guess else (
                 f"--set {key}: no such setting. Model fields: {', '.join(sorted(model_keys))}. Data settings: "
                 f"{', '.join(sorted(data_keys))}. Training settings: {', '.join(sorted(train_keys))}"
-            )
+            ))
     return model, data, train
 
 

@@ -1,0 +1,204 @@
+"""Issue 28's frictions of the command line and public helpers, tried again as a new user writes them: each one
+now works, or ends in one line that names the fix."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+from cli_runs import tiny_runs
+
+import attnkit
+from attnkit import cli, options
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    return tiny_runs(tmp_path_factory.mktemp("runs"))
+
+
+def _one_error(capsys, argv: list[str]) -> str:
+    """Run `attnkit ARGV`, which must fail with exit status 2 and one error line; return that line."""
+    assert cli.main(argv) == 2, argv
+    printed = capsys.readouterr()
+    errors = [line for line in printed.err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "Traceback" not in printed.err and printed.out == "", (argv, printed)
+    return errors[0]
+
+
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser with its options, by name ("generate", "tokenizer train")."""
+    found = {}
+    for command in cli.COMMANDS:
+        parser = argparse.ArgumentParser(prog=f"attnkit {command.name}")
+        cli.add_command_options(parser, command)
+        found[command.name] = parser
+    return found
+
+
+RUN_COMMANDS = [c for c in cli.COMMANDS if "run" in options.fields_of(c.classes()[0])]
+
+
+def _required(command: cli.Command) -> list[str]:
+    """Placeholder values for the command's required options other than the run (`--prompt x`, `--data x`)."""
+    words = []
+    for name, f in options.fields_of(command.classes()[0]).items():
+        if name != "run" and options.field_default(f) is dataclasses.MISSING:
+            words += [options.flag(name), "x"]
+    return words
+
+
+def test_the_commands_that_read_a_run_are_the_expected_ones():
+    names = {c.name for c in RUN_COMMANDS}
+    assert {"generate", "translate", "classify", "eval", "viz", "average", "convert"} <= names
+
+
+@pytest.mark.parametrize("command", RUN_COMMANDS, ids=lambda c: c.name)
+def test_every_command_takes_the_run_as_a_positional_argument_or_as_run(command):
+    positional = cli.parse([command.name, "runs/quick", *_required(command)]).settings
+    flagged = cli.parse([command.name, *_required(command), "--run", "runs/quick"]).settings
+    assert positional.run == flagged.run == "runs/quick"
+    assert positional == flagged
+
+
+def test_the_run_given_twice_differently_is_a_usage_error(capsys):
+    line = _one_error(capsys, ["generate", "runs/a", "--run", "runs/b", "--prompt", "x"])
+    assert line.startswith("attnkit generate: error: RUN is given twice")
+
+
+def test_generate_takes_the_run_positionally_and_continues_the_prompt(runs, capsys):
+    assert cli.main(["generate", str(runs["lm"]), "--prompt", "ab", "--max-new-tokens", "3", "--seed", "0"]) == 0
+    assert capsys.readouterr().out.startswith("ab")
+
+
+def test_convert_takes_its_source_run_positionally_and_keeps_run(runs, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    assert cli.main(["convert", str(runs["lm"]), "--to-hf", str(tmp_path / "new")]) == 0
+    assert cli.main(["convert", "--run", str(runs["lm"]), "--to-hf", str(tmp_path / "old")]) == 0
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "new" / name).read_bytes() == (tmp_path / "old" / name).read_bytes()
+    capsys.readouterr()
+    line = _one_error(capsys, ["convert", str(runs["lm"]), "--out", str(tmp_path / "x")])
+    assert "--to-hf DIR" in line
+
+
+@pytest.mark.parametrize("command", cli.COMMANDS, ids=lambda c: c.name)
+def test_usage_lines_show_required_arguments_without_brackets(command):
+    parsers = {name: p for name, p in _subparsers(cli.build_parser([*command.name.split()])).items()}
+    usage = parsers[command.name].format_usage()
+    for cls in command.classes():
+        for name, f in options.fields_of(cls).items():
+            if options.field_default(f) is not dataclasses.MISSING:
+                continue
+            shown = name.upper() if name in cli.RUN or f.metadata.get("positional") else options.flag(name)
+            assert re.search(rf"(?<!\[){re.escape(shown)}\b", usage), f"{command.name}: {shown} not in {usage}"
+            assert f"[{shown}" not in usage, f"{command.name}: {shown} shown as optional in {usage}"
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                inner = _subparsers(sub)
+                found.update({f"{name} {k}": v for k, v in inner.items()} if inner else {name: sub})
+    return found
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["generate", "runs/a", "runs/b", "--prompt", "x"], "usage: attnkit generate RUN --prompt PROMPT"),
+    (["average", "runs/a", "--lats", "3"], "usage: attnkit average RUN"),
+    (["tokenizer", "train", "--out", "t", "--kind", "wordpiece"], "usage: attnkit tokenizer train --out OUT"),
+    (["eval", "runs/a"], "usage: attnkit eval RUN --data DATA"),
+])
+def test_a_parse_error_prints_the_commands_own_usage(argv, usage, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and "{recipes,presets" not in err, err
+
+
+@pytest.mark.parametrize("argv, suggestion", [
+    (["generate", "runs/a", "--promt", "x"], "--promt (did you mean --prompt?)"),
+    (["train", "--max-stpes", "3"], "did you mean --max-steps?"),
+    (["train", "--set", "n_layer=2"], "--set n_layer: no such setting; did you mean n_layers?"),
+    (["train", "--preset", "gpt2-tinny"], "did you mean 'gpt2-tiny'?"),
+    (["train", "--recipe", "shakespeare-chr"], "did you mean 'shakespeare-char'?"),
+    (["train", "--task", "clasify"], "did you mean"),
+    (["presets", "bert-tinny"], "did you mean 'bert-tiny'?"),
+    (["experiment", "scaled-dott"], "did you mean 'scaled-dot'?"),
+    (["genrate", "runs/a"], "did you mean 'generate'?"),
+    (["generate", "runs/a", "--prompt", "x", "--dtype", "bf61"], "did you mean 'bf16'?"),
+])
+def test_an_unknown_name_is_answered_with_the_nearest_one(argv, suggestion, tmp_path, capsys):
+    if argv[0] == "train":
+        argv = [*argv, "--out", str(tmp_path / "run")]
+    line = _one_error(capsys, argv)
+    assert suggestion in line, line
+    assert "d_model" not in line, "a list of every name, not the nearest"
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_key_in_a_config_file_is_answered_with_the_nearest_one(tmp_path, capsys):
+    path = tmp_path / "generate.json"
+    path.write_text('{"run": "runs/a", "promt": "x"}')
+    assert "'promt' (did you mean 'prompt'?)" in _one_error(capsys, ["generate", "--config", str(path)])
+
+
+def test_classify_shows_only_the_options_that_apply_to_a_model_that_decodes_nothing(capsys):
+    parsers = _parsers()
+    flags = {name: {s for a in p._actions for s in a.option_strings} for name, p in parsers.items()}
+    decoding = {"--compile", "--int8", "--int8-dynamic"}
+    assert decoding <= flags["generate"] and decoding <= flags["translate"]
+    assert not decoding & flags["classify"]
+    assert {"--device", "--dtype", "--text", "--input", "--batch-size"} <= flags["classify"]
+    line = _one_error(capsys, ["classify", "runs/a", "--text", "x", "--compile"])
+    assert "--compile (an option of generate, translate" in line and "not of classify" in line
+
+
+def test_tokenizer_train_shows_its_kinds_and_defaults_to_trains_vocabulary_size():
+    from attnkit.train.job import DataConfig
+
+    text = _parsers()["tokenizer train"].format_help()
+    assert "--kind {char,bpe}" in text
+    assert f"(default: {DataConfig().vocab_size})" in " ".join(text.split())
+    assert cli.TokenizerTrainSettings(out="t").vocab_size == DataConfig().vocab_size
+
+
+@pytest.mark.parametrize("name", ["gpt2", "meta-llama/Llama-2-7b-hf"])
+def test_loading_a_hub_name_says_nothing_is_downloaded_and_names_convert(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(attnkit.CheckpointError, match="attnkit convert --from-hf DIR --out runs/NAME"):
+        attnkit.load(name)
+
+
+def test_a_missing_run_under_an_existing_folder_is_not_taken_for_a_hub_name(tmp_path):
+    with pytest.raises(attnkit.CheckpointError, match="does not exist") as error:
+        attnkit.load(tmp_path / "quick")
+    assert "convert" not in str(error.value)
+
+
+def test_count_parameters_takes_a_model_a_config_a_preset_or_a_loaded_run(runs):
+    config = attnkit.presets.get("gpt2-tiny")
+    expected = sum(p.numel() for p in {id(p): p for p in attnkit.build_model(config).parameters()}.values())
+    assert attnkit.count_parameters(config) == expected
+    assert attnkit.count_parameters(attnkit.build_model(config)) == expected
+    assert attnkit.count_parameters("gpt2-tiny") == expected
+    loaded = attnkit.load(runs["clf"], device="cpu")
+    assert attnkit.count_parameters(loaded) == attnkit.count_parameters(loaded.config)
+    with pytest.raises(attnkit.ConfigError, match="takes a model, a ModelConfig"):
+        attnkit.count_parameters(3)
+
+
+def test_a_task_the_preset_cannot_train_is_refused_before_a_tokenizer_is_trained(tmp_path, monkeypatch, capsys):
+    import attnkit.tokenize
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a BPE was trained before the task was checked against the model")
+
+    monkeypatch.setattr(attnkit.tokenize, "train_bpe", no_training)
+    line = _one_error(capsys, ["train", "--preset", "bert-tiny", "--out", str(tmp_path / "run")])
+    assert "--task lm" in line and "encoder" in line
+    assert not (tmp_path / "run").exists()
