@@ -72,7 +72,8 @@ def _configs():
     }
 
 
-FAMILIES = ("gpt2", "llama", "llama-tied", "mistral", "bert", "bert-classifier", "bert-mlm", "marian", "marian-two-vocabularies")
+FAMILIES = ("gpt2", "llama", "llama-tied", "mistral", "bert", "bert-classifier", "bert-mlm", "marian",
+            "marian-two-vocabularies")
 
 
 def hf_model(name: str, directory: Path, *, seed: int = 0, config=None):
