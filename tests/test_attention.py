@@ -17,8 +17,8 @@ from attnkit.layers.attention import (
     make_score,
 )
 from attnkit.layers.kernels import MathKernel, grouped_attention, use_math_kernel
-from attnkit.machine import AttentionKernelLimits
 from attnkit.layers.masks import as_bias, causal_mask, padding_mask
+from attnkit.machine import AttentionKernelLimits
 
 
 def _qk(seed=0, batch=2, heads=3, tq=4, tk=5, dim=8):

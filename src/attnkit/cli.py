@@ -183,11 +183,16 @@ class LoadSettings:
     run: str  # run directory: config.json, model.safetensors, tokenizer/
     device: str | None = None  # cpu, cuda, cuda:1, ...; none: cuda when present, else cpu
     dtype: WeightDType | None = None  # the weights' type; none: as stored
+    explain: bool = False  # print the inference plan (layouts, kernels, quantization, compilation) and why, on stderr
+
     def load(self):
         """The run as a Pipeline, loaded as these settings say."""
         from attnkit.generate import load
 
-        return load(self.run, **self.load_options())
+        pipeline = load(self.run, **self.load_options())
+        if self.explain and pipeline.plan is not None:
+            print(pipeline.plan.explain(), file=sys.stderr)
+        return pipeline
 
     def load_options(self) -> dict[str, Any]:
         """The keyword arguments of `attnkit.load` these settings stand for."""
@@ -571,6 +576,12 @@ def _run_lectures(settings) -> int:
     return run(settings)
 
 
+def _run_tune(settings) -> int:
+    from attnkit.generate.tune import run_tune
+
+    return run_tune(settings)
+
+
 COMMANDS: list[Command] = [
     Command("recipes", "list the shipped training recipes with the results they reached, or print one",
             RecipesSettings, _run_recipes),
@@ -610,6 +621,8 @@ COMMANDS: list[Command] = [
             "attnkit.viz.run:VizSettings", _run_viz),
     Command("experiment", "run one of the lectures' claims as an experiment, ending in a verdict",
             "attnkit.experiments.base:ExperimentSettings", _run_experiment),
+    Command("tune", "measure this machine's attention kernels and weight layouts into the profile the inference "
+            "plan reads", "attnkit.generate.tune:TuneSettings", _run_tune),
     Command("lectures", "walk each course's lectures, topic by topic, to the tutorial, code, experiment and "
             "picture that cover it (gaps named)", "attnkit.lectures:LecturesSettings", _run_lectures),
 ]
