@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from attnkit.generate import load, translate_ids
-from attnkit.train.bleu import translation_scores
+from attnkit.tasks.bleu import translation_scores
 from benchmarks.bench_train import RUNS, machine, need, train
 from benchmarks.common import DATA, RESULTS
 

@@ -49,9 +49,9 @@ import torch
 from attnkit import cli, recipes
 from attnkit.checkpoint import TOKENIZER_DIR, TRAIN_STATE_FILE, read_json
 from attnkit.generate import load
+from attnkit.tasks.bleu import translation_scores
 from attnkit.tokenize import load_tokenizer
 from attnkit.train.average import AVERAGE_FILE, average_run
-from attnkit.train.bleu import translation_scores
 from benchmarks.bench_train import machine, need
 from benchmarks.common import DATA, RESULTS, ROOT
 

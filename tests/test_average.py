@@ -26,7 +26,7 @@ def run(tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("avg") / "run"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (400, 16))
+        patch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (400, 16))
         prepare(request(out, "translate", max_steps=6, eval_every=2, keep=3)).fit()
     torch.set_num_threads(threads)
     return out
@@ -135,7 +135,7 @@ def test_average_last_must_be_a_kept_checkpoint_count():
 
 @pytest.mark.slow
 def test_training_averages_its_last_checkpoints_at_the_end(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (200, 16))
+    monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (200, 16))
     out = tmp_path / "run"
     tiny = ["d_model=32", "n_layers=1", "n_heads=2", "d_ff=64", "max_seq_len=24"]
     code = cli.main(["train", "--task", "translate", "--data", "synthetic:reverse", "--tokenizer", "char",

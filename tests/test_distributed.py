@@ -207,7 +207,7 @@ def one_rank_group():
 def test_gradients_are_reduced_in_each_steps_last_micro_batch_only(tmp_path, monkeypatch, one_rank_group, shard):
     """Two steps of 3 micro-batches through the trainer: DDP's all-reduces (seen by a comm hook, per bucket) and
     FSDP2's reduce-scatters (seen by the all-reduce hook of each sharded module) all happen in micro-batches 3 and 6."""
-    monkeypatch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (200, 16))
+    monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (200, 16))
     parallel = (Sharded if shard else Replicated)(World(0, 0, 1), "cpu")
     monkeypatch.setattr("attnkit.train.job._start", lambda world, settings, device: parallel)
     trainer = prepare(TrainRequest(

@@ -14,9 +14,10 @@ from attnkit import build_model
 from attnkit.checkpoint import save_model
 from attnkit.config import ModelConfig
 from attnkit.errors import ConfigError, InputError
+from attnkit.tasks.bleu import translation_scores
+from attnkit.tasks.lm import sliding_window_nll, sliding_windows
 from attnkit.tokenize import CharTokenizer
-from attnkit.train.bleu import translation_scores
-from attnkit.train.evaluate import evaluate_run, sliding_window_nll, sliding_windows
+from attnkit.train.evaluate import evaluate_run
 
 TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. Ünïcödé ✓\n"
 WINDOW = 16
@@ -163,10 +164,10 @@ def test_a_classifier_on_unlabelled_text_is_refused(tmp_path):
 
 
 def test_what_cannot_be_scored_is_refused(tmp_path):
-    make_run(tmp_path / "mlm", family="encoder", encoder_head="mlm")
+    make_run(tmp_path / "bare-encoder", family="encoder", encoder_head="none")  # no task head: nothing to score
     text = write(tmp_path / "t.txt", TEXT)
     with pytest.raises(InputError, match="--init-from"):
-        evaluate_run(tmp_path / "mlm", [text])
+        evaluate_run(tmp_path / "bare-encoder", [text])
     make_run(tmp_path / "lm")
     with pytest.raises(ConfigError, match="stride"):
         evaluate_run(tmp_path / "lm", [text], stride=WINDOW + 1)

@@ -17,11 +17,11 @@ from attnkit.config import ModelConfig
 from attnkit.data import IGNORE_INDEX
 from attnkit.errors import CheckpointError, ConfigError
 from attnkit.layers.lora import LoRALinear
+from attnkit.tasks.lm import MLMTask
 from attnkit.tokenize import CharTokenizer
 from attnkit.train import TrainRequest, prepare
 from attnkit.train.finetune import HEAD_MODULES
 from attnkit.train.metrics import MetricsLog
-from attnkit.train.tasks import MLMTask
 
 TINY = ["d_model=32", "n_layers=2", "n_heads=2", "d_ff=64", "max_seq_len=24", "dropout=0.1"]
 WORDS = {"1": ["good", "great", "fun", "warm"], "0": ["bad", "dull", "awful", "cold"]}

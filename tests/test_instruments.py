@@ -78,7 +78,7 @@ def test_plot_is_drawn_from_metrics(tmp_path):
 def tiny_request(monkeypatch):
     from attnkit.train import TrainRequest
 
-    monkeypatch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (400, 16))
+    monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (400, 16))
 
     def make(out, **settings):
         return TrainRequest(
@@ -153,7 +153,7 @@ def test_tensorboard_missing_is_a_clear_error(tmp_path, tiny_request, monkeypatc
 def test_cli_train_draws_the_instruments_and_viz_redraws_them(tmp_path, monkeypatch, capsys):
     from attnkit.cli import main
 
-    monkeypatch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (400, 16))
+    monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (400, 16))
     out = tmp_path / "run"
     args = ["train", "--data", "synthetic:copy", "--out", str(out), "--max-steps", "2", "--eval-every", "1",
             "--batch-size", "4", "--warmup", "1", "--no-progress", "--sample-tokens", "0", "--tokenizer", "char",

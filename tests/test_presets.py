@@ -5,7 +5,8 @@ import torch
 
 from attnkit import build_model, count_parameters, presets
 from attnkit.cli import main
-from attnkit.models import families, family_of
+from attnkit.models import families
+from attnkit.tasks import task_of_config
 
 TINY = [name for name in presets.names() if name.endswith("-tiny")]
 LARGE = [name for name in presets.names() if not name.endswith("-tiny")]
@@ -20,12 +21,12 @@ def test_every_family_has_a_tiny_preset():
     assert {presets.get(name).family for name in TINY} == {family.name for family in families()}
 
 
-def _forward_loss(model, family, vocab, device=None):
+def _forward_loss(model, model_config, vocab, device=None):
     ids = torch.randint(0, vocab, (2, 12), device=device)
-    methods = family_of(family).methods
-    if "generate" in methods:
+    method = task_of_config(model_config).method
+    if method == "generate":
         return model(ids, targets=ids).loss
-    if "classify" in methods:
+    if method == "classify":
         return model(ids, labels=torch.zeros(2, dtype=torch.long, device=device)).loss
     return model(ids, ids[:, :9], targets=ids[:, 1:10]).loss
 
@@ -35,7 +36,7 @@ def test_tiny_presets_train_a_step(name):
     torch.manual_seed(0)
     config = presets.get(name)
     model = build_model(config)
-    loss = _forward_loss(model, config.family, config.vocab_size)
+    loss = _forward_loss(model, config, config.vocab_size)
     loss.backward()
     assert torch.isfinite(loss)
     grads = [p.grad for p in model.parameters() if p.requires_grad]
@@ -45,11 +46,10 @@ def test_tiny_presets_train_a_step(name):
 @pytest.mark.parametrize("name", LARGE)
 def test_large_presets_run_forward_and_backward_on_meta(name):
     full = presets.get(name)
-    family = full.family
     config = full.replace(n_layers=2, **({"n_decoder_layers": 2} if hasattr(full, "n_decoder_layers") else {}))
     with torch.device("meta"):
         model = build_model(config)
-        loss = _forward_loss(model, family, config.vocab_size, device="meta")
+        loss = _forward_loss(model, config, config.vocab_size, device="meta")
     assert loss.shape == ()
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())

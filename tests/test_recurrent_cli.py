@@ -24,7 +24,7 @@ COMMON = ["--data", "synthetic:reverse", "--batch-size", "8", "--eval-every", "3
 
 @pytest.fixture
 def small_synthetic(monkeypatch):
-    monkeypatch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (300, 16))
+    monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (300, 16))
 
 
 def _train(out, *args):

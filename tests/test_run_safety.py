@@ -32,7 +32,7 @@ KILLED = 77  # the exit status of a process killed at a fault point
 
 @pytest.fixture(autouse=True)
 def small_synthetic_sets(monkeypatch):
-    monkeypatch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (400, 16))
+    monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (400, 16))
 
 
 def request(out, *, overrides=(), data="synthetic:copy", task="lm", steps=2, **flags) -> TrainRequest:
@@ -100,9 +100,10 @@ def test_a_run_killed_before_its_first_checkpoint_gives_back_the_run_it_replaced
     old = trained_run(tmp_path)
     child = run_python(f"""
         import os, signal
+        import attnkit.tasks.common
         import attnkit.train.job as job
         from test_run_safety import request
-        job.SYNTHETIC_SIZES = (400, 16)
+        attnkit.tasks.common.SYNTHETIC_SIZES = (400, 16)
         job.prepare(request({str(tmp_path)!r}, overwrite=True))
         os.kill(os.getpid(), signal.SIGKILL)
     """)

@@ -85,7 +85,7 @@ def test_stream_tasks_refuse_batch_tokens() -> None:
 def test_a_translation_run_on_token_batches_resumes_bit_for_bit(tmp_path, monkeypatch) -> None:
     """Epochs of token batches vary in length; the data position (epoch, index) still resumes the very batches,
     across the end of an epoch (100 pairs: about 14 batches an epoch, 24 drawn)."""
-    monkeypatch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (100, 48))
+    monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (100, 48))
     whole, split = tmp_path / "whole", tmp_path / "split"
 
     def run(out, **kw):

@@ -21,7 +21,7 @@ DATA = {"lm": "synthetic:copy", "mlm": "synthetic:copy", "translate": "synthetic
 @pytest.fixture(autouse=True)
 def small_and_single_threaded(monkeypatch):
     """Small synthetic sets; one thread, since tiny ops on two threads crawl when other processes share the cores."""
-    monkeypatch.setattr("attnkit.train.job.SYNTHETIC_SIZES", (2000, 48))
+    monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (2000, 48))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -333,6 +333,37 @@ def _run_classify(settings: ClassifySettings) -> int:
     return 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class TagSettings(InputSettings):
+    """A tagger labels each word of a text (words split at whitespace)."""
+
+    format: Literal["pairs", "conll"] = "pairs"
+    """pairs: each text on one line as word/LABEL; conll: a word and its label per line, a blank line after each text"""
+
+
+def _run_tag(settings: TagSettings) -> int:
+    for words in settings.load().tag(_read_inputs(settings), batch_size=settings.batch_size):
+        if settings.format == "conll":
+            print("".join(f"{w.word}\t{w.label}\n" for w in words))
+        else:
+            print(" ".join(f"{w.word}/{w.label}" for w in words))
+    return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class FillMaskSettings(InputSettings):
+    """Texts with [MASK] where a token is to be filled in."""
+
+    top_k: int = 5  # candidates shown for each mask
+
+
+def _run_fill_mask(settings: FillMaskSettings) -> int:
+    for fills in settings.load().fill_mask(_read_inputs(settings), top_k=settings.top_k):
+        for fill in fills:
+            print("\t".join(f"{token!r} {p:.4f}" for token, p in fill.candidates))
+    return 0
+
+
 # train ----------------------------------------------------------------------------------------------------------
 _TRAIN_EPILOG = """\
 examples:
@@ -437,7 +468,9 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) ->
 
     if plot_run_instruments(run.out) is not None:
         print(f"training instruments per layer: {run.out}/plots/instruments.png")
-    if trainer.task.name == "lm" and run.sample_tokens > 0:
+    from attnkit.tasks import task_spec
+
+    if task_spec(trainer.task.name).method == "generate" and run.sample_tokens > 0:
         from attnkit.generate import sample_after_training
 
         prompt = trainer.tokenizer.decode(trainer.task.prompt_ids())
@@ -451,7 +484,7 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) ->
 # eval -----------------------------------------------------------------------------------------------------------
 def _run_eval(settings: EvalSettings) -> int:
     from attnkit.checkpoint import load_config
-    from attnkit.models import family_of
+    from attnkit.tasks import task_of_run
     from attnkit.train.evaluate import run_eval
 
     if settings.average_last:
@@ -461,7 +494,8 @@ def _run_eval(settings: EvalSettings) -> int:
         settings = replace(settings, run=str(averaged))
     translate, prepare = None, None
     config = load_config(settings.run)
-    if "translate" in family_of(config).methods:
+    task = task_of_run(settings.run, config)
+    if task is not None and task.decodes:  # scored on the texts the pipeline translates
         from attnkit.generate import load
 
         pipeline = load(settings.run, device=settings.device, quantize=settings.quantize)
@@ -595,8 +629,13 @@ COMMANDS: list[Command] = [
     Command("translate", "translate with a trained encoder-decoder (greedy or beam search)", TranslateSettings,
             _run_translate),
     Command("classify", "label texts with a trained encoder classifier", ClassifySettings, _run_classify),
+    Command("tag", "label each word of texts with a trained encoder tagger (named entities, parts of speech)",
+            TagSettings, _run_tag),
+    Command("fill-mask", "the likeliest tokens at each [MASK] of texts, with a masked-LM encoder", FillMaskSettings,
+            _run_fill_mask),
     Command(
-        "train", "train a model (lm, mlm, translate or classify), with checkpoints and resume", TrainRun, _run_train,
+        "train", "train a model for a task (lm, mlm, translate, classify, tag), with checkpoints and resume", TrainRun,
+        _run_train,
         sections=(("data", "attnkit.train.job:DataConfig"),
                   ("training (on resume, the run's own unless given)", "attnkit.train.trainer:TrainConfig")),
         description="Train a decoder LM, an encoder-decoder translator or an encoder classifier. Progress is "

@@ -47,7 +47,7 @@ Position = Literal["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 Norm = Literal["layer", "rms"]
 NormPosition = Literal["pre", "post"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"]
-EncoderHead = Literal["classify", "mlm", "none"]
+EncoderHead = Literal["classify", "mlm", "tag", "none"]
 SinusoidalLayout = Literal["interleaved", "halves"]
 Pooling = Literal["cls", "mean"]
 Cell = Literal["rnn", "gru", "lstm"]
@@ -449,13 +449,14 @@ class DecoderConfig(TransformerConfig):
 @dataclass(frozen=True)
 class EncoderConfig(TransformerConfig):
     """A bidirectional encoder (BERT). `encoder_head`: `classify` (one label per sequence), `mlm` (a token per
-    position), or `none`, the bare encoder, whose output is its hidden states and pooled vector (sentence
-    embeddings; Hugging Face's BertModel)."""
+    position), `tag` (one of `n_classes` labels per position: token classification), or `none`, the bare encoder,
+    whose output is its hidden states and pooled vector (sentence embeddings; Hugging Face's BertModel)."""
 
     FAMILY: ClassVar[str] = "encoder"
     family: Literal["encoder"] = "encoder"
-    encoder_head: EncoderHead = "classify"  # classify: a label per text; mlm: a token per position; none: bare
-    n_classes: int = 2  # classify: number of labels
+    encoder_head: EncoderHead = "classify"
+    """classify: a label per text; mlm: a token per position; tag: a label per position; none: bare"""
+    n_classes: int = 2  # classify, tag: number of labels
     pooling: Pooling = "cls"  # one vector per text: the first token's (BERT) or the mean over real tokens
     pooler: bool = False  # dense + tanh on the pooled vector before the head (BERT's pooler)
     mlm_transform: bool = False  # masked LM: dense + activation + norm before the output projection (BERT)
@@ -472,8 +473,10 @@ class EncoderConfig(TransformerConfig):
 
     def inert_fields(self) -> set[str]:
         unused = super().inert_fields()
-        if self.encoder_head != "classify":
-            unused |= {"n_classes"} | ({"pooling", "pooler"} if self.encoder_head == "mlm" else set())
+        if self.encoder_head in ("mlm", "tag"):  # heads on every position: nothing pooled
+            unused |= {"pooling", "pooler"}
+        if self.encoder_head in ("mlm", "none"):
+            unused |= {"n_classes"}
         return unused | ({"tie_embeddings"} if self.encoder_head != "mlm" else set())
 
 

@@ -1,10 +1,14 @@
 """`attnkit.load(run_dir)`: a trained (or converted) model with its tokenizer, ready for text in, text out.
 
-    decoder, recurrent-lm                  .generate(prompts)    continue each prompt
-    encoder-decoder, recurrent-seq2seq     .translate(texts)     greedy or beam search
-    encoder                                .classify(texts)      a label and probabilities per text
+    lm (decoder, recurrent-lm)                   .generate(prompts)   continue each prompt
+    translate (encoder-decoder, recurrent ...)   .translate(texts)    greedy or beam search
+    classify (encoder, classifier head)          .classify(texts)     a label and probabilities per text
+    tag (encoder, tagger head)                   .tag(texts)          a label per word (attnkit.tasks.tag)
+    mlm (encoder, masked-LM head)                .fill_mask(texts)    the likeliest tokens at each mask
 
-(each family's registration in `attnkit.models.families` lists the methods it serves).
+A pipeline has only the method of its run's task (`attnkit.tasks`: task.json's task, else the one its model's head
+is built for); the others are absent (`hasattr` is False, a call says which method fits). A task's registration
+may bring the method's implementation (`TaskSpec.pipeline`), which the pipeline then serves as its own.
 
 A run directory holds `config.json` + `model.safetensors`, `tokenizer/` and, for classifiers, `labels.json`
 (`{"labels": [...]}` or a plain list: the label names, index = class id).
@@ -12,6 +16,7 @@ A run directory holds `config.json` + `model.safetensors`, `tokenizer/` and, for
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,7 +38,7 @@ from attnkit.generate.plan import InferencePlan, check_dynamic_quantization, pla
 from attnkit.generate.quantize import QUANTIZE_FORMS
 from attnkit.generate.sampling import SamplingConfig, make_generator
 from attnkit.generate.static_decode import StaticDecoding
-from attnkit.models import family_of
+from attnkit.tasks import TaskSpec, task_of_config, task_of_run, tasks
 from attnkit.tokenize import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -55,8 +60,15 @@ class Classification:
     probabilities: dict[str, float]
 
 
+class MethodNotServed(InputError, AttributeError):
+    """A pipeline method the run's task does not serve (an AttributeError too, so `hasattr` says False)."""
+
+
+_TASK_METHODS = ("generate", "translate", "classify")  # the task methods the pipeline defines itself
+
+
 class Pipeline:
-    """A model, its config and its tokenizer; the methods that fit the model's family."""
+    """A model, its config and its tokenizer; the method of the run's task (module docstring)."""
 
     def __init__(
         self,
@@ -67,13 +79,16 @@ class Pipeline:
         labels: Sequence[str] | None = None,
         decoding: EagerDecoding | None = None,
         plan: InferencePlan | None = None,
+        task: TaskSpec | None = None,
     ) -> None:
         """decoding: how `generate` runs prefill and steps (`generate/decoder.py`); eager by default. plan: how
-        `load` prepared the model (`generate/plan.py`; `plan.explain()` says why)."""
+        `load` prepared the model (`generate/plan.py`; `plan.explain()` says why). task: the run's task, which
+        decides the pipeline's method; default: the one the config's head is built for."""
         self.model = model.eval()
         self.config = config
         self.tokenizer = tokenizer
-        self.labels = list(labels) if labels is not None else _default_labels(config)
+        self.task = task if task is not None else task_of_config(config)
+        self.labels = list(labels) if labels is not None else _default_labels(config, self.task)
         self.decoding = decoding or EagerDecoding(self.model)
         self.plan = plan
 
@@ -188,11 +203,6 @@ class Pipeline:
     def classify(self, texts: str | Sequence[str], *, batch_size: int = 32) -> list[Classification]:
         """The label and the probabilities of every label, for each text (batched, `batch_size` at a time)."""
         self._require("classify")
-        if self.config.encoder_head != "classify":
-            raise InputError(
-                "this encoder has a masked-LM head (encoder_head='mlm'); classify needs a model trained with "
-                "encoder_head='classify'"
-            )
         _check_batch_size(batch_size)
         texts = [texts] if isinstance(texts, str) else list(texts)
         results: list[Classification] = []
@@ -244,13 +254,38 @@ class Pipeline:
         pad = self.tokenizer.pad_id
         return pad if pad is not None else 0
 
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The methods this pipeline serves: its task's (none for a model without a task head)."""
+        return (self.task.method,) if self.task is not None and self.task.method else ()
+
+    def __getattribute__(self, name: str):
+        if name in _TASK_METHODS and name not in object.__getattribute__(self, "methods"):
+            raise object.__getattribute__(self, "_not_served")(name)
+        return object.__getattribute__(self, name)
+
+    def __getattr__(self, name: str):
+        """A method its task's registration implements (`TaskSpec.pipeline`), bound to this pipeline."""
+        task = self.__dict__.get("task")
+        if task is not None and task.method == name and task.pipeline is not None:
+            self._require(name)
+            return functools.partial(task.pipeline, self)
+        if name in {spec.method for spec in tasks() if spec.method}:
+            raise self._not_served(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __dir__(self) -> list[str]:
+        hidden = {spec.method for spec in tasks() if spec.method} - set(self.methods)
+        return sorted((set(super().__dir__()) | set(self.methods)) - hidden)
+
+    def _not_served(self, method: str) -> MethodNotServed:
+        if self.task is None:
+            return MethodNotServed(f"{method} does not fit this model: its family is {self.family!r} and it has "
+                                   "no task head; fine-tune it first (attnkit train --init-from RUN --task TASK)")
+        return MethodNotServed(f"{method} does not fit this model: its family is {self.family!r}; use "
+                               f"{' or '.join(self.methods)} instead (a {self.task.name} run serves that alone)")
+
     def _require(self, method: str) -> None:
-        serves = family_of(self.config).methods
-        if method not in serves:
-            raise InputError(
-                f"{method} does not fit this model: its family is {self.family!r}; use "
-                f"{' or '.join(m for m in serves if m != 'attention')} instead"
-            )
         if self.tokenizer is None:
             raise InputError(
                 f"this model has no tokenizer, so {method} cannot turn text into tokens; save one into the run "
@@ -359,7 +394,9 @@ def load(
         tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
     else:
         log.warning("%s has no %s/ directory: the model can be used, but not with text", run_dir, TOKENIZER_DIR)
-    return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config), decoding=decoding, plan=plan)
+    task = task_of_run(run_dir, config)
+    return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config, task), decoding=decoding,
+                    plan=plan, task=task)
 
 
 def decoding_for(model: nn.Module, compile: bool | str = False) -> EagerDecoding:
@@ -370,13 +407,13 @@ def decoding_for(model: nn.Module, compile: bool | str = False) -> EagerDecoding
     return EagerDecoding(model)
 
 
-def _default_labels(config: ModelConfig) -> list[str]:
-    """A classifier's class ids as names ("0", "1", ...); no labels for other models."""
-    return [str(i) for i in range(config.n_classes)] if "classify" in family_of(config).methods else []
+def _default_labels(config: ModelConfig, task: TaskSpec | None) -> list[str]:
+    """The class ids of a task that learns labels as names ("0", "1", ...); no labels for other models."""
+    return [str(i) for i in range(config.n_classes)] if task is not None and task.labelled else []
 
 
-def _read_labels(run_dir: Path, config: ModelConfig) -> list[str] | None:
-    if "classify" not in family_of(config).methods:
+def _read_labels(run_dir: Path, config: ModelConfig, task: TaskSpec | None) -> list[str] | None:
+    if task is None or not task.labelled:
         return None
     labels = read_labels(run_dir)
     if labels is not None and len(labels) != config.n_classes:

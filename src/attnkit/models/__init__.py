@@ -3,7 +3,7 @@
 
 from attnkit.models.decoder import DecoderLM
 from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM, EncoderModel
-from attnkit.models.families import Family, build_model, count_parameters, families, families_for_task, family_of
+from attnkit.models.families import Family, build_model, count_parameters, families, family_of
 from attnkit.models.output import ModelOutput
 from attnkit.models.seq2seq import EncoderDecoder
 
@@ -18,6 +18,5 @@ __all__ = [
     "build_model",
     "count_parameters",
     "families",
-    "families_for_task",
     "family_of",
 ]

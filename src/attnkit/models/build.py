@@ -16,7 +16,14 @@ from attnkit.layers.feedforward import make_feedforward
 from attnkit.layers.norms import make_norm
 from attnkit.layers.positions import PositionScheme, make_positions
 from attnkit.models.decoder import DecoderLM
-from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM, EncoderModel, Pooler, PredictionTransform
+from attnkit.models.encoder import (
+    EncoderClassifier,
+    EncoderMaskedLM,
+    EncoderModel,
+    EncoderTagger,
+    Pooler,
+    PredictionTransform,
+)
 from attnkit.models.seq2seq import EncoderDecoder
 from attnkit.models.stack import TransformerStack
 
@@ -31,24 +38,40 @@ def build_decoder(config: DecoderConfig) -> DecoderLM:
 
 
 def build_encoder(config: EncoderConfig) -> nn.Module:
-    """An encoder (BERT) with its head: a classifier, a masked-LM head, or none; initialised weights."""
+    """An encoder (BERT) with the head `encoder_head` names: a classifier, a tagger, a masked-LM head, or none;
+    initialised weights."""
     stack = _stack(config, config.vocab_size, config.n_layers, decoder=False)
-    pooler = Pooler(config.d_model) if config.pooler else None
-    if config.encoder_head == "classify":
-        classifier = nn.Linear(config.d_model, config.n_classes)
-        model: nn.Module = EncoderClassifier(stack=stack, classifier=classifier, pooling=config.pooling, pooler=pooler,
-                                             label_smoothing=config.label_smoothing)
-    elif config.encoder_head == "none":
-        model = EncoderModel(stack=stack, pooling=config.pooling, pooler=pooler)
-    else:
-        transform = (
-            PredictionTransform(config.d_model, activation=config.activation, norm=_norm(config))
-            if config.mlm_transform else None
-        )
-        lm_head = _lm_head(config, stack, config.vocab_size)
-        model = EncoderMaskedLM(stack=stack, lm_head=lm_head, transform=transform,
-                                label_smoothing=config.label_smoothing)
-    return _init_weights(model, config)
+    return _init_weights(_ENCODER_HEADS[config.encoder_head](config, stack), config)
+
+
+def _classifier(config: EncoderConfig, stack: TransformerStack) -> EncoderClassifier:
+    return EncoderClassifier(stack=stack, classifier=nn.Linear(config.d_model, config.n_classes),
+                             pooling=config.pooling, pooler=_pooler(config), label_smoothing=config.label_smoothing)
+
+
+def _tagger(config: EncoderConfig, stack: TransformerStack) -> EncoderTagger:
+    return EncoderTagger(stack=stack, classifier=nn.Linear(config.d_model, config.n_classes), dropout=config.dropout,
+                         label_smoothing=config.label_smoothing)
+
+
+def _masked_lm(config: EncoderConfig, stack: TransformerStack) -> EncoderMaskedLM:
+    transform = (
+        PredictionTransform(config.d_model, activation=config.activation, norm=_norm(config))
+        if config.mlm_transform else None
+    )
+    return EncoderMaskedLM(stack=stack, lm_head=_lm_head(config, stack, config.vocab_size), transform=transform,
+                           label_smoothing=config.label_smoothing)
+
+
+def _bare(config: EncoderConfig, stack: TransformerStack) -> EncoderModel:
+    return EncoderModel(stack=stack, pooling=config.pooling, pooler=_pooler(config))
+
+
+def _pooler(config: EncoderConfig) -> Pooler | None:
+    return Pooler(config.d_model) if config.pooler else None
+
+
+_ENCODER_HEADS = {"classify": _classifier, "tag": _tagger, "mlm": _masked_lm, "none": _bare}  # encoder_head -> head
 
 
 def build_encoder_decoder(config: EncoderDecoderConfig) -> EncoderDecoder:

@@ -1,6 +1,7 @@
-"""Encoder-only models (BERT): a bidirectional stack with a classification or masked-LM head, or none.
+"""Encoder-only models (BERT): a bidirectional stack with a classification, tagging or masked-LM head, or none.
 
     ids (B, T) -> TransformerStack of EncoderBlocks -> pool (cls | mean) -> pooler? -> classifier (C -> n_classes)
+                                                    -> classifier at every position (C -> n_classes)  (tagger)
                                                     -> transform? -> lm_head (C -> V)           (masked LM)
                                                     -> hidden states, pool -> pooler?            (bare encoder)
 """
@@ -149,4 +150,29 @@ class EncoderMaskedLM(_Encoder):
         """input_ids (B, T) -> logits (B, T, V); labels (B, T) hold original ids at masked places, else -100."""
         hidden, attentions = self._encode(input_ids, attention_mask, token_type_ids, need_weights)
         logits = self.lm_head(self.transform(hidden) if self.transform is not None else hidden)  # (B, T, V)
+        return self._output(logits, labels, attentions, hidden, need_weights)
+
+
+class EncoderTagger(_Encoder):
+    """Token classification (Hugging Face's BertForTokenClassification): one label per input position, read from
+    that position's contextual state; labels of -100 (continuation pieces, padding, CLS/SEP) carry no loss."""
+
+    def __init__(self, *, stack: TransformerStack, classifier: nn.Module, dropout: float = 0.0,
+                 label_smoothing: float = 0.0) -> None:
+        super().__init__(stack=stack, label_smoothing=label_smoothing)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = classifier
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> ModelOutput:
+        """input_ids (B, T) -> logits (B, T, n_classes); loss when labels (B, T) are given (-100: no loss)."""
+        hidden, attentions = self._encode(input_ids, attention_mask, token_type_ids, need_weights)
+        logits = self.classifier(self.dropout(hidden))  # (B, T, n_classes)
         return self._output(logits, labels, attentions, hidden, need_weights)

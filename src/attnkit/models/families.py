@@ -1,15 +1,16 @@
-"""The model families, each registered once: config class, builder, tasks, pipeline methods, decoding state.
+"""The model families, each registered once: config class, builder, decoding state.
 
-    family              config                   tasks          pipeline methods        decoding state
-    decoder             DecoderConfig            lm             generate, attention     KVCache
-    encoder             EncoderConfig            classify, mlm  classify, attention     -
-    encoder-decoder     EncoderDecoderConfig     translate      translate, attention    KVCache
-    recurrent-lm        RecurrentLMConfig        lm             generate                RecurrentState
-    recurrent-seq2seq   RecurrentSeq2SeqConfig   translate      translate, attention    RecurrentState
+    family              config                   decoding state
+    decoder             DecoderConfig            KVCache
+    encoder             EncoderConfig            -
+    encoder-decoder     EncoderDecoderConfig     KVCache
+    recurrent-lm        RecurrentLMConfig        RecurrentState
+    recurrent-seq2seq   RecurrentSeq2SeqConfig   RecurrentState
 
 Everything that depends on the family asks here (`family_of(config)`) instead of keeping its own table of family
-names: the trainer which tasks a model trains for, the pipeline which methods it serves, `build_model` how to
-build it. A new family is a config class (`attnkit.config`), a builder, and one `register` call below.
+names: `build_model` how to build it, the pipeline whether it decodes. Which tasks a family trains for, and so
+which pipeline methods its runs serve, the tasks' registrations say (`attnkit.tasks`, a layer above). A new family
+is a config class (`attnkit.config`), a builder, and one `register` call below.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ from attnkit.layers.kv_cache import KVCache
 from attnkit.models.build import build_decoder, build_encoder, build_encoder_decoder
 from attnkit.models.recurrent.build import build_recurrent_lm, build_recurrent_seq2seq
 from attnkit.models.recurrent.rnn import RecurrentState
-
-METHODS = ("generate", "translate", "classify", "attention")  # what `attnkit.load(...)` can do with a model
+from attnkit.presets import get as preset
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,6 @@ class Family:
 
     config: type[ModelConfig]  # its config class, which declares the family's name (`config.FAMILY`)
     build: Callable[[ModelConfig], nn.Module]  # config -> model with initialised weights
-    tasks: tuple[str, ...]  # the training tasks (`attnkit.train.tasks`) its models learn
-    methods: tuple[str, ...]  # the pipeline methods its models serve (of METHODS)
     state: type | None  # what it carries from one decoding step to the next; None: it does not decode
     example: str  # a preset of the family, for messages that suggest one
 
@@ -58,12 +56,9 @@ _FAMILIES: dict[str, Family] = {}
 
 
 def register(family: Family) -> Family:
-    """Add a family. Raises ConfigError when its name is taken or it names a method the pipeline lacks."""
+    """Add a family. Raises ConfigError when its name is taken."""
     if family.name in _FAMILIES:
         raise ConfigError(f"family {family.name!r} is registered already")
-    unknown = sorted(set(family.methods) - set(METHODS))
-    if unknown:
-        raise ConfigError(f"family {family.name!r} names unknown pipeline methods {unknown}; use {METHODS}")
     config_class(family.name)  # the config class must declare it
     _FAMILIES[family.name] = family
     return family
@@ -82,40 +77,38 @@ def families() -> list[Family]:
     return list(_FAMILIES.values())
 
 
-def families_for_task(task: str) -> list[Family]:
-    """The families whose models train for `task`."""
-    return [f for f in _FAMILIES.values() if task in f.tasks]
+def as_config(config: ModelConfig | dict | str) -> ModelConfig:
+    """A model config from what a caller has at hand: a config, a dict of its fields, or a preset's name."""
+    if isinstance(config, str):
+        return preset(config)
+    if isinstance(config, dict):
+        return ModelConfig(**config)
+    if not isinstance(config, ModelConfig):
+        raise ConfigError(f"expected a model config (ModelConfig), a dict of its fields or a preset's name, not "
+                          f"{type(config).__name__}")
+    return config
 
 
-def build_model(config: ModelConfig) -> nn.Module:
-    """Build the model a config describes, with initialised weights (on the current default device)."""
+def build_model(config: ModelConfig | dict | str) -> nn.Module:
+    """Build the model a config (or a dict of its fields, or a preset's name) describes, with initialised weights
+    (on the current default device)."""
+    config = as_config(config)
     return family_of(config).build(config)
 
 
-def count_parameters(model: nn.Module | ModelConfig | str) -> int:
+def count_parameters(model: nn.Module | ModelConfig | dict | str) -> int:
     """Number of distinct parameters (tied ones once) of a model, of a loaded run (`attnkit.load`), or of the
-    model a config or a preset's name describes (built on the meta device, without allocating)."""
-    if isinstance(model, str):
-        from attnkit.presets import get as preset
-
-        model = preset(model)
-    if isinstance(model, ModelConfig):
-        with torch.device("meta"):
-            model = build_model(model)
+    model a config (a dict of its fields, a preset's name) describes (built on the meta device, without
+    allocating)."""
     model = getattr(model, "model", model)  # a loaded run holds its model
     if not isinstance(model, nn.Module):
-        raise ConfigError(f"count_parameters takes a model, a ModelConfig, a preset's name or a loaded run, not "
-                          f"{type(model).__name__}")
+        with torch.device("meta"):
+            model = build_model(model)
     return sum(p.numel() for p in model.parameters())
 
 
-register(Family(DecoderConfig, build_decoder, tasks=("lm",), methods=("generate", "attention"), state=KVCache,
-                example="gpt2-tiny"))
-register(Family(EncoderConfig, build_encoder, tasks=("classify", "mlm"), methods=("classify", "attention"),
-                state=None, example="bert-tiny"))
-register(Family(EncoderDecoderConfig, build_encoder_decoder, tasks=("translate",),
-                methods=("translate", "attention"), state=KVCache, example="vaswani-tiny"))
-register(Family(RecurrentLMConfig, build_recurrent_lm, tasks=("lm",), methods=("generate",), state=RecurrentState,
-                example="rnn-lm-tiny"))
-register(Family(RecurrentSeq2SeqConfig, build_recurrent_seq2seq, tasks=("translate",),
-                methods=("translate", "attention"), state=RecurrentState, example="gru-attn-seq2seq-tiny"))
+register(Family(DecoderConfig, build_decoder, state=KVCache, example="gpt2-tiny"))
+register(Family(EncoderConfig, build_encoder, state=None, example="bert-tiny"))
+register(Family(EncoderDecoderConfig, build_encoder_decoder, state=KVCache, example="vaswani-tiny"))
+register(Family(RecurrentLMConfig, build_recurrent_lm, state=RecurrentState, example="rnn-lm-tiny"))
+register(Family(RecurrentSeq2SeqConfig, build_recurrent_seq2seq, state=RecurrentState, example="gru-attn-seq2seq-tiny"))

@@ -1,8 +1,7 @@
 """Training: one `Trainer` for the three families, the run directory that never loses work, and the job behind
-`attnkit train`.
+`attnkit train`. What each task reads, batches and scores, its registration in `attnkit.tasks` says.
 
     optim.py     AdamW parameter groups; cosine, noam and constant schedules
-    tasks.py     lm / translate / classify: batches, loss, evaluation
     trainer.py   the loop: accumulation, clipping, evaluation, signals, non-finite stop
     precision.py fp32, bf16 autocast, or a bf16 model with fp32 master weights
     state.py     checkpoints (atomic, last N and best), RNG and optimizer state, resume
@@ -13,21 +12,16 @@
 
 from attnkit.train.job import DataConfig, TrainRequest, pick_device, prepare
 from attnkit.train.state import Checkpoint, find_checkpoint, load_checkpoint, read_task, save_checkpoint
-from attnkit.train.tasks import ClassifyTask, LMTask, Task, TranslateTask
 from attnkit.train.trainer import TrainConfig, Trainer, TrainingDiverged, TrainResult
 
 __all__ = [
     "Checkpoint",
-    "ClassifyTask",
     "DataConfig",
-    "LMTask",
-    "Task",
     "TrainConfig",
     "TrainRequest",
     "TrainResult",
     "Trainer",
     "TrainingDiverged",
-    "TranslateTask",
     "find_checkpoint",
     "load_checkpoint",
     "pick_device",

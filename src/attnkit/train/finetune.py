@@ -40,7 +40,7 @@ from attnkit.checkpoint import (
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, ConfigError
 from attnkit.layers.embedding import Embeddings
-from attnkit.models import family_of
+from attnkit.tasks import TaskSpec, task_of_config
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.lora import apply_lora, load_adapters
 
@@ -50,11 +50,6 @@ HEAD_MODULES = ("classifier", "lm_head", "transform", "pooler")  # top-level mod
 Freeze = Literal["none", "body", "embeddings"]
 FREEZE_CHOICES: tuple[str, ...] = get_args(Freeze)
 HFLoader = Callable[[Path], Any]  # attnkit.interop.hf.load: directory -> HFModel (model, config, tokenizer, labels)
-# The config fields each encoder task's head needs (the other tasks keep the source's head as it is)
-HEAD_FIELDS: dict[str, dict[str, Any]] = {
-    "classify": {"encoder_head": "classify", "mlm_transform": False},
-    "mlm": {"encoder_head": "mlm"},
-}
 
 
 @dataclass
@@ -120,28 +115,25 @@ def _read_hf(path: Path, load_hf: HFLoader | None) -> Source:
     if loaded.tokenizer is None:
         raise CheckpointError(f"--init-from {path}: the directory has no tokenizer.json; a new run needs the "
                               "tokenizer the weights were trained with")
-    head = getattr(loaded.config, "encoder_head", None)  # an encoder's head names the task it was trained for
-    task = head if head in family_of(loaded.config).tasks else None
+    trained_for = task_of_config(loaded.config)  # a model's head names the task it was trained for
+    task = trained_for.name if trained_for is not None else None
     return Source(path, "Hugging Face directory", loaded.config, loaded.tokenizer, loaded.model.state_dict(),
                   labels=loaded.labels, task=task)
 
 
-def target_config(
-    source: Source, *, task: str, check_family: Callable[[str, str], None], assignments: list[str]
-) -> ModelConfig:
-    """The source's config with the head `task` needs (`HEAD_FIELDS`) and the user's `key=value` assignments.
-
-    `check_family(task, family)` is the task table's check (attnkit.train.tasks). Raises ConfigError when the
-    source's family cannot train for `task`, or the assignments shrink the vocabulary below the tokenizer's.
+def target_config(source: Source, *, spec: TaskSpec, assignments: list[str]) -> ModelConfig:
+    """The source's config with the head the task `spec` needs and the user's `key=value` assignments
+    (`TaskSpec.with_head`). Raises ConfigError when the source's family cannot train for the task, an assignment
+    contradicts its head, or the assignments shrink the vocabulary below the tokenizer's.
     """
     try:
-        check_family(task, source.config.family)
+        spec.check_family(source.config.family)
     except ConfigError as err:
         raise ConfigError(
-            f"--init-from {source.path} holds a {source.config.family} model, which --task {task} cannot train "
+            f"--init-from {source.path} holds a {source.config.family} model, which --task {spec.name} cannot train "
             f"({err}); start from a run or directory of the family the task trains, or pick the task that fits it"
         ) from None
-    config = source.config.replace(**HEAD_FIELDS.get(task, {})).with_overrides(assignments)
+    config = spec.with_head(source.config, assignments)
     if config.vocab_size < source.tokenizer.vocab_size:
         raise ConfigError(f"the tokenizer of {source.path} has {source.tokenizer.vocab_size} tokens but the model "
                           f"only {config.vocab_size}; keep the source's vocab_size")

@@ -9,13 +9,9 @@
               tokenizer, its body's weights (a head that does not fit starts fresh); then --freeze or LoRA decide
               what trains. train_state.json records the source and the fresh heads under "init_from"
 
-Data by task (`data` and `val_data` are lists of paths; `synthetic:NAME` names a generated task):
-
-    lm, mlm     text files, folders, globs; none: the Python standard library's source. Validation: the last
-                `val_fraction` of the token stream
-    translate   a folder holding train.SRC/train.TGT (and val.SRC/val.TGT), one `source<TAB>target` file, or
-                two line-aligned files (source first)
-    classify    a `<label> <text>` file (SST-2), or a CSV/TSV file with text and label columns
+What each task reads, how it batches and scores, its default model and the head it needs, its registration in
+`attnkit.tasks` says; this job asks it (`task_spec`). The task and its head are checked against the model before
+anything expensive (a tokenizer trained, data tokenized).
 """
 
 from __future__ import annotations
@@ -29,19 +25,20 @@ from typing import Any
 import torch
 
 from attnkit.config import ModelConfig, check_types, model_field_names
-from attnkit.data import LabelledData, LabelVocab, LMData, PairData, make_task, synthetic_tokenizer
-from attnkit.data.corpus import find_files, resolve_files
-from attnkit.data.labelled import BAD_LABELS, read_labelled
-from attnkit.data.pairs import read_parallel, read_tsv_pairs
+from attnkit.data import synthetic_tokenizer
+from attnkit.data.labelled import BAD_LABELS
 from attnkit.errors import CheckpointError, ConfigError, InputError, nearest
 from attnkit.models import build_model, count_parameters
 from attnkit.options import assignments
 from attnkit.presets import get as get_preset
+from attnkit.tasks import TaskContext, TaskSpec, TrainingTask, task_spec
+from attnkit.tasks.common import SYNTHETIC, synthetic_name
+from attnkit.tasks.lm import stream_files
+from attnkit.tasks.translate import Translator
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import BPE_VOCAB_SIZE, Tokenizer, load_tokenizer, train_tokenizer
 from attnkit.train.distributed import SingleProcess, World, start
 from attnkit.train.finetune import (
-    HEAD_FIELDS,
     HFLoader,
     Source,
     load_body,
@@ -59,40 +56,21 @@ from attnkit.train.state import (
     resume_checkpoint,
     seed_all,
 )
-from attnkit.train.tasks import TASKS, ClassifyTask, LMTask, MLMTask, Task, TranslateTask, Translator, check_family
 from attnkit.train.trainer import TrainConfig, Trainer, check_fields, shows_progress
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STDLIB_BYTES = 3_000_000  # the default corpus: enough Python for a few minutes of CPU training
-SYNTHETIC = "synthetic:"
-SYNTHETIC_SIZES = (20_000, 500)  # train, validation examples of a synthetic task
-STREAM_TASKS = ("lm", "mlm")  # tasks that read a token stream (text files), validated on its last val_fraction
 FINETUNE_SETTINGS = ("init_from", "freeze", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
-
-# Small models that train in minutes on a laptop CPU, one per task (used when no --preset or --model-config is given).
-DEFAULT_MODELS: dict[str, dict[str, Any]] = {
-    "lm": dict(family="decoder", d_model=128, n_layers=4, n_heads=4, d_ff=512, position="rope", norm="layer",
-               activation="gelu", max_seq_len=128, dropout=0.0, tie_embeddings=True),
-    "translate": dict(family="encoder-decoder", d_model=256, n_layers=3, n_heads=8, d_ff=1024, position="sinusoidal",
-                      norm="layer", norm_position="pre", activation="relu", max_seq_len=128, dropout=0.1,
-                      scale_embeddings=True, tie_embeddings=True, label_smoothing=0.1),
-    "classify": dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned",
-                     norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
-                     encoder_head="classify", pooling="mean"),
-    "mlm": dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned", norm="layer",
-                norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1, encoder_head="mlm",
-                pooling="mean", tie_embeddings=True),
-}
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """What to train on. Every field is a `--set` key (and most have their own flag)."""
 
-    task: str = field(default="lm", metadata={"choices": TASKS})
-    """lm: next-token prediction (decoder); mlm: masked-LM pre-training (encoder); translate: encoder-decoder;
-    classify: encoder. On resume: the run's own"""
+    task: str = "lm"
+    """a registered task (attnkit.tasks): lm: next-token prediction (decoder); mlm: masked-LM pre-training
+    (encoder); translate: encoder-decoder; classify: a label per text (encoder); tag: a label per token (encoder).
+    On resume: the run's own"""
     data: tuple[str, ...] = field(default=(), metadata={"metavar": "PATH"})
     """lm, mlm: text files, folders or globs (none: the Python standard library's source); translate: a folder with
     train.SRC/train.TGT, a TSV file or two line-aligned files; classify: a '<label> <text>' file or a CSV/TSV with a
@@ -109,16 +87,16 @@ class DataConfig:
     bleu_samples: int = 200  # translate: validation sentences translated for BLEU at each evaluation (more: all)
     bleu_beam_size: int = 1  # translate: beam size of the validation translations (1: greedy)
     batch_tokens: int | None = None
-    """translate, classify: training batches of about this many tokens (source + target), bucketed by length;
+    """translate, classify, tag: training batches of about this many tokens (source + target), bucketed by length;
     None: batches of batch_size sentences"""
     encoding_errors: EncodingErrors = "strict"  # strict: invalid UTF-8 is an error; replace: it becomes U+FFFD
     bad_labels: str = field(default="error", metadata={"choices": BAD_LABELS})
     """classify: lines whose label looks wrong (missing, holding a space): error | skip | keep"""
+    tag_column: str = "upos"  # tag, .conllu files: the column of tags (upos, xpos, deprel, or a MISC key such as NER)
 
     def __post_init__(self) -> None:
         check_types(self)
-        if self.task not in TASKS:
-            raise ConfigError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        spec = self.spec
         if self.bad_labels not in BAD_LABELS:
             raise ConfigError(f"bad_labels={self.bad_labels!r}: choose one of {', '.join(BAD_LABELS)}")
         for name in ("vocab_size", "eval_batches", "bleu_samples", "bleu_beam_size", "max_bytes", "batch_tokens"):
@@ -131,12 +109,17 @@ class DataConfig:
             raise ConfigError(f"seq_len={self.seq_len!r} must be an integer >= 2")
         if self.encoding_errors not in ("strict", "replace"):
             raise ConfigError(f"encoding_errors={self.encoding_errors!r}: choose strict or replace")
-        if self.task in STREAM_TASKS and self.batch_tokens is not None:
+        if spec.stream and self.batch_tokens is not None:
             raise ConfigError(f"--task {self.task} draws windows of seq_len tokens, batch_size at a time; drop "
                               "batch_tokens (it batches translate and classify examples by token count)")
-        if self.task in STREAM_TASKS and self.val_data:
+        if spec.stream and self.val_data:
             raise ConfigError(f"--task {self.task} validates on the last --val-fraction of its token stream; drop "
                               "--val-data")
+
+    @property
+    def spec(self) -> TaskSpec:
+        """The task's registration."""
+        return task_spec(self.task)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
@@ -209,7 +192,7 @@ def check_request(request: TrainRequest) -> tuple[ModelConfig | None, DataConfig
     data_config, settings = DataConfig.from_dict(data_changes), TrainConfig.from_dict(train_changes)
     if settings.init_from:
         return None, data_config, settings
-    return _model_config(request, data_config.task, model_changes), data_config, settings
+    return _model_config(request, data_config.spec, model_changes), data_config, settings
 
 
 def _changes(request: TrainRequest) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
@@ -237,15 +220,15 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     settings = TrainConfig.from_dict(train_changes)
     parallel = _start(world, settings, device)  # the other ranks wait here until rank 0 has claimed `out`
     seed_all(settings.seed)
-    stream = data_config.task in STREAM_TASKS and _synthetic_name(data_config) is None
-    lm_files = _lm_files(data_config) if stream else None
+    spec = data_config.spec
     source = _init_source(request, settings, data_changes, load_hf) if settings.init_from else None
     if source is not None:
-        tokenizer = source.tokenizer
-        config = target_config(source, task=data_config.task, check_family=check_family, assignments=model_changes)
-    else:
-        tokenizer = _new_tokenizer(data_config, settings.seed, lm_files)
-        config = _model_config(request, data_config.task, model_changes)
+        config = target_config(source, spec=spec, assignments=model_changes)
+    else:  # the model and its head checked against the task before a tokenizer is trained
+        config = _model_config(request, spec, model_changes)
+    stream = spec.stream and synthetic_name(data_config) is None
+    lm_files = stream_files(data_config) if stream else None
+    tokenizer = source.tokenizer if source is not None else _new_tokenizer(data_config, settings.seed, lm_files)
     parallel.check_same(tokenizer.fingerprint(), "tokenizer")
     task, labels = _make_task(data_config, _global_batch(settings, parallel), tokenizer, config, out, translate,
                               lm_files, progress=shows_progress(request.progress) and parallel.writes)
@@ -303,7 +286,7 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         problems.append(f"task: {saved_data.task!r} -> {data_changes['task']!r}")
     if request.preset or request.config_file or model_changes:
         wanted = _fit_config(  # --set alone changes fields of the checkpoint's config, not of the task's default
-            _model_config(request, saved_data.task, model_changes, base=checkpoint.config), checkpoint.tokenizer,
+            _model_config(request, saved_data.spec, model_changes, base=checkpoint.config), checkpoint.tokenizer,
             checkpoint.labels, saved_data, keep_vocab="init_from" in state,
         )
         problems += config_differences(checkpoint.config.to_dict(), wanted.to_dict())
@@ -394,10 +377,10 @@ def _split_overrides(texts: list[str]) -> tuple[list[str], dict[str, Any], dict[
 
 
 def _model_config(
-    request: TrainRequest, task: str, assignments: list[str], *, base: ModelConfig | None = None
+    request: TrainRequest, spec: TaskSpec, sets: list[str], *, base: ModelConfig | None = None
 ) -> ModelConfig:
     """The request's --preset or --model-config, else `base` (a resumed run's config), else the task's default model;
-    then its --set `assignments`."""
+    then its `--set key=value` assignments `sets` and the head the task needs (`TaskSpec.with_head`)."""
     if request.preset and request.config_file:
         raise ConfigError("give --preset or a model config (--model-config, or a --config file of model fields), "
                           "not both")
@@ -406,13 +389,8 @@ def _model_config(
     elif request.config_file:
         config = ModelConfig.from_json(request.config_file)
     else:
-        config = base if base is not None else ModelConfig(**DEFAULT_MODELS[task])
-    config = config.with_overrides(assignments)
-    check_family(task, config.family)
-    head = HEAD_FIELDS.get(task, {}).get("encoder_head")
-    if head is not None and config.encoder_head != head:
-        raise ConfigError(f"--task {task} needs encoder_head='{head}'; add --set encoder_head={head}")
-    return config
+        config = base if base is not None else ModelConfig(**spec.default_model)
+    return spec.with_head(config, sets)
 
 
 def _fit_config(
@@ -434,132 +412,27 @@ def _fit_config(
 
 
 # Tokenizer and data ------------------------------------------------------------------------------------------
-def _synthetic_name(data: DataConfig) -> str | None:
-    if len(data.data) == 1 and data.data[0].startswith(SYNTHETIC):
-        return data.data[0][len(SYNTHETIC) :]
-    return None
-
-
 def _new_tokenizer(data: DataConfig, seed: int, lm_files: list[Path] | None) -> Tokenizer:
-    if _synthetic_name(data) is not None:
+    if synthetic_name(data) is not None:
         return synthetic_tokenizer()
     if data.tokenizer not in ("char", "bpe"):
         return load_tokenizer(data.tokenizer)
-    if data.task in STREAM_TASKS:
-        source: list[Any] = lm_files
-    elif data.task == "translate":
-        source = [text for pair in _pairs(data, seed)[0] for text in pair]  # one vocabulary for both sides
-    else:
-        source = [text for text, _ in _labelled(data, seed)[0]]
+    spec = data.spec
+    source: list[Any] = lm_files if spec.stream else spec.training_text(data, seed)
     log.info("training a %s tokenizer on the training text", data.tokenizer)
     return train_tokenizer(data.tokenizer, source, vocab_size=data.vocab_size, encoding_errors=data.encoding_errors)
-
-
-def _lm_files(data: DataConfig) -> list[Path]:
-    max_bytes = data.max_bytes if data.max_bytes is not None or data.data else DEFAULT_STDLIB_BYTES
-    return resolve_files(list(data.data), max_bytes=max_bytes)
-
-
-def _split(examples: list, fraction: float, seed: int) -> tuple[list, list]:
-    """Hold out `fraction` of `examples` (a seeded random choice) for validation."""
-    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
-    n_val = max(1, int(len(examples) * fraction))
-    val = sorted(order[:n_val])
-    train = sorted(order[n_val:])
-    return [examples[i] for i in train], [examples[i] for i in val]
-
-
-def _read_pairs(paths: tuple[str, ...], data: DataConfig, split: str) -> list[tuple[str, str]] | None:
-    if len(paths) == 1 and Path(paths[0]).is_dir():
-        folder = Path(paths[0])
-        if not (data.src_lang and data.tgt_lang):
-            langs = sorted({p.suffix[1:] for p in folder.glob("train.*")})
-            raise ConfigError(f"{folder} is a folder: name the languages with --src-lang and --tgt-lang "
-                              f"(its train.* files have suffixes {langs})")
-        names = {"train": ("train",), "val": ("val", "valid", "dev")}[split]
-        for name in names:
-            src, tgt = folder / f"{name}.{data.src_lang}", folder / f"{name}.{data.tgt_lang}"
-            if src.is_file() and tgt.is_file():
-                return read_parallel(src, tgt, encoding_errors=data.encoding_errors)
-        if split == "train":
-            raise InputError(f"{folder} holds no train.{data.src_lang} and train.{data.tgt_lang}")
-        return None
-    files = find_files(paths)
-    if len(files) == 1:
-        return read_tsv_pairs(files[0], encoding_errors=data.encoding_errors)
-    if len(files) == 2:
-        return read_parallel(files[0], files[1], encoding_errors=data.encoding_errors)
-    raise InputError(f"translation data is a folder, one TSV file or two line-aligned files; got {len(files)} files")
-
-
-def _pairs(data: DataConfig, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    name = _synthetic_name(data)
-    if name is not None:
-        n_train, n_val = SYNTHETIC_SIZES
-        return make_task(name, n_train, seed).pairs(), make_task(name, n_val, seed + 1).pairs()
-    if not data.data:
-        raise InputError("--task translate needs --data (a folder with train.SRC/train.TGT, a TSV file, two files "
-                         "or synthetic:reverse)")
-    train = _read_pairs(data.data, data, "train")
-    val = _read_pairs(data.val_data, data, "val") if data.val_data else None
-    if val is None and not data.val_data and len(data.data) == 1 and Path(data.data[0]).is_dir():
-        val = _read_pairs(data.data, data, "val")
-    return (train, val) if val is not None else _split(train, data.val_fraction, seed)
-
-
-def _labelled(data: DataConfig, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    name = _synthetic_name(data)
-    if name is not None:
-        n_train, n_val = SYNTHETIC_SIZES
-        return make_task(name, n_train, seed).labelled(), make_task(name, n_val, seed + 1).labelled()
-    if len(data.data) != 1:
-        raise InputError("--task classify needs --data FILE (a '<label> <text>' file, or CSV/TSV with a header)")
-    read = dict(encoding_errors=data.encoding_errors, bad_labels=data.bad_labels)
-    train = read_labelled(data.data[0], **read)
-    if data.val_data:
-        known = LabelVocab.from_labels(label for _, label in train).labels
-        val = [e for path in data.val_data for e in read_labelled(path, **read, known=known)]
-        return train, val
-    return _split(train, data.val_fraction, seed)
 
 
 def _make_task(
     data: DataConfig, settings: TrainConfig, tokenizer: Tokenizer, config: ModelConfig, out: Path,
     translate: Translator | None, lm_files: list[Path] | None = None, progress: bool = True,
-) -> tuple[Task, list[str] | None]:
-    seq_len = data.seq_len or config.max_seq_len
-    batch = dict(batch_size=settings.batch_size, seed=settings.seed)
-    if data.task in STREAM_TASKS:
-        name = _synthetic_name(data)
-        if name is not None:
-            lm = LMData.from_ids(make_task(name, SYNTHETIC_SIZES[0], settings.seed).lm_ids(tokenizer),
-                                 val_fraction=data.val_fraction)
-        else:
-            lm = LMData.prepare(lm_files or _lm_files(data), tokenizer, out / "cache", val_fraction=data.val_fraction,
-                                encoding_errors=data.encoding_errors, progress=progress)
-        stream = dict(batch_size=settings.batch_size, seq_len=seq_len, seed=settings.seed,
-                      eval_batches=data.eval_batches)
-        if data.task == "mlm":
-            return MLMTask(lm, tokenizer=tokenizer, **stream), None
-        return LMTask(lm, **stream), None
-    if data.task == "translate":
-        train, val = _pairs(data, settings.seed)
-        return TranslateTask(
-            PairData.from_pairs(train, tokenizer, max_len=seq_len, batch_tokens=data.batch_tokens, **batch),
-            PairData.from_pairs(val, tokenizer, max_len=seq_len, **batch),
-            tokenizer=tokenizer, references=[t for _, t in val], translate=translate,
-            bleu_samples=data.bleu_samples, beam_size=data.bleu_beam_size, max_len=seq_len,
-        ), None
-    train, val = _labelled(data, settings.seed)
-    vocab = LabelVocab.from_labels(label for _, label in train)
-    if len(vocab) < 2:
-        raise InputError(f"the training data ({', '.join(data.data)}) holds one class only, {vocab.labels[0]!r}: a "
-                         f"classifier needs examples of two classes or more")
-    return ClassifyTask(
-        LabelledData.from_examples(train, tokenizer, label_vocab=vocab, max_len=seq_len,
-                                   batch_tokens=data.batch_tokens, **batch),
-        LabelledData.from_examples(val, tokenizer, label_vocab=vocab, max_len=seq_len, **batch),
-    ), list(vocab.labels)
+) -> tuple[TrainingTask, list[str] | None]:
+    """The trainer's task and its label list, as the task's registration makes them from the data."""
+    return data.spec.make(TaskContext(
+        data=data, tokenizer=tokenizer, config=config, batch_size=settings.batch_size, seed=settings.seed,
+        seq_len=data.seq_len or config.max_seq_len, cache=out / "cache", files=lm_files, translate=translate,
+        progress=progress,
+    ))
 
 
 def _absolute_paths(data_changes: dict[str, Any]) -> dict[str, Any]:

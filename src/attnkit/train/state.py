@@ -24,7 +24,6 @@ Public API: `save_checkpoint`, `find_checkpoint`, `load_checkpoint`, `resume_che
 
 from __future__ import annotations
 
-import base64
 import fcntl
 import json
 import logging
@@ -67,6 +66,7 @@ from attnkit.checkpoint import (
 from attnkit.checkpoint import checkpoint_dirs as checkpoints
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError
+from attnkit.tasks.common import decode_tensor, encode_tensor
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.rundir import drop_replaced
 
@@ -84,7 +84,7 @@ class Checkpoint:
     model: nn.Module
     config: ModelConfig
     tokenizer: Tokenizer
-    task: dict[str, Any]  # task.json: {"task": "lm" | "translate" | "classify", ...}
+    task: dict[str, Any]  # task.json: {"task": NAME, ...} (a task registered in attnkit.tasks)
     labels: list[str] | None  # classify only: index = class id
     train_state: dict[str, Any]
     optimizer: dict[str, Tensor]  # see `optimizer_tensors`
@@ -169,7 +169,7 @@ def find_checkpoint(path: str | Path) -> Path:
 
 
 def read_task(directory: str | Path) -> dict[str, Any]:
-    """The task a run or checkpoint was trained for: `{"task": "lm" | "translate" | "classify", ...}`."""
+    """The task a run or checkpoint was trained for: `{"task": NAME, ...} (a task registered in attnkit.tasks)`."""
     return read_json(Path(directory) / TASK_FILE)
 
 
@@ -288,15 +288,6 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(decode_tensor(state["torch"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([decode_tensor(s) for s in state["cuda"]])
-
-
-def encode_tensor(tensor: Tensor) -> str:
-    """A uint8 tensor (an RNG state) as base64 text."""
-    return base64.b64encode(tensor.cpu().numpy().tobytes()).decode("ascii")
-
-
-def decode_tensor(text: str) -> Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 
 
 # Comparing what a resumed run asks for with what the checkpoint holds ----------------------------------------

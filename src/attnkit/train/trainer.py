@@ -33,12 +33,13 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from attnkit.blocks import compile_blocks
-from attnkit.layers.kernels import MathKernel, use_math_kernel
-from attnkit.machine import load_profile
 from attnkit.checkpoint import INSTRUMENTS_KIND, METRICS_FILE
 from attnkit.config import ModelConfig, check_types
 from attnkit.errors import AttnkitError, ConfigError
+from attnkit.layers.kernels import MathKernel, use_math_kernel
+from attnkit.machine import load_profile
 from attnkit.options import duration
+from attnkit.tasks import TrainingTask as Task
 from attnkit.tokenize import Tokenizer
 from attnkit.train.distributed import SingleProcess
 from attnkit.train.finetune import Freeze, check_freeze
@@ -58,7 +59,6 @@ from attnkit.train.state import (
     remove_checkpoints_after,
     save_checkpoint,
 )
-from attnkit.train.tasks import Task
 from attnkit.train.tensorboard import LOGGERS, Logger, TensorBoardLog
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,43 @@
+"""Tasks as registrations: what training for a task means, said once per task (`registry.py`), for the built-in
+tasks and for one a user registers from outside the package.
+
+    task       families                          head                  pipeline method   module
+    lm         decoder, recurrent-lm             -                     generate          lm.py
+    mlm        encoder                           encoder_head=mlm      fill_mask         lm.py
+    translate  encoder-decoder, recurrent-seq2seq -                    translate         translate.py
+    classify   encoder                           encoder_head=classify classify          classify.py
+    tag        encoder                           encoder_head=tag      tag               tag.py
+"""
+
+from attnkit.tasks import classify, lm, tag, translate  # noqa: F401 (each registers its tasks)
+from attnkit.tasks.registry import (
+    EvalContext,
+    TaskContext,
+    TaskSpec,
+    TrainingTask,
+    register,
+    task_names,
+    task_of_config,
+    task_of_run,
+    task_spec,
+    tasks,
+    tasks_of_family,
+    unregister,
+)
+from attnkit.tasks.report import EvalReport
+
+__all__ = [
+    "EvalContext",
+    "EvalReport",
+    "TaskContext",
+    "TaskSpec",
+    "TrainingTask",
+    "register",
+    "task_names",
+    "task_of_config",
+    "task_of_run",
+    "task_spec",
+    "tasks",
+    "tasks_of_family",
+    "unregister",
+]

@@ -1,0 +1,148 @@
+"""Sequence classification (`classify`: an encoder with a classifier head): one label per text.
+
+Data: a `<label> <text>` file (SST-2), or a CSV/TSV file with text and label columns; `synthetic:ab`.
+One loop, `predict_labels`, scores the validation set during training and labelled files in `attnkit eval`:
+loss and accuracy, and for `attnkit eval` macro-F1 and a confusion matrix (table and PNG).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from attnkit.data import LabelledBatch, LabelledData, LabelVocab, make_task, read_labelled
+from attnkit.errors import InputError
+from attnkit.tasks import common
+from attnkit.tasks.common import EpochTask, device_of, split, synthetic_name
+from attnkit.tasks.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
+from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
+from attnkit.tasks.report import EvalReport
+
+CONFUSION_FILE = "confusion.png"
+
+
+@torch.inference_mode()
+def predict_labels(model: nn.Module, data: LabelledData, *, progress: bool = False
+                   ) -> tuple[float, list[int], list[int]]:
+    """Every example of `data` once: the summed loss, the true label ids and the predicted ones."""
+    device = device_of(model)
+    total, truth, guesses = 0.0, [], []
+    n_batches = -(-len(data) // data.batch_size)
+    for batch in tqdm(data.eval_batches(), total=n_batches, desc="classify", unit="batch", disable=not progress,
+                      leave=False):
+        b = batch.to(device)
+        out = model(b.ids, attention_mask=b.mask, labels=b.labels)
+        total += out.loss.item() * len(b.labels)
+        guesses += out.logits.argmax(-1).tolist()
+        truth += b.labels.tolist()
+    return total, truth, guesses
+
+
+class ClassifyTask(EpochTask):
+    """Sequence classification; scored by accuracy on the validation set."""
+
+    name = "classify"
+    metric = "accuracy"
+    higher_is_better = True
+
+    def __init__(self, train: LabelledData, val: LabelledData) -> None:
+        super().__init__(train)
+        self.val = val
+
+    def loss(self, model: nn.Module, batch: LabelledBatch) -> Tensor:
+        b = batch.to(device_of(model))
+        return model(b.ids, attention_mask=b.mask, labels=b.labels).loss
+
+    def weight(self, batch: LabelledBatch) -> int:
+        return len(batch.labels)
+
+    def n_tokens(self, batch: LabelledBatch) -> int:
+        return int(batch.mask.sum())
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        total, truth, guesses = predict_labels(model, self.val)
+        return {"val_loss": total / len(truth), "accuracy": sum(map(int.__eq__, truth, guesses)) / len(truth)}
+
+
+def labelled(data: Any, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The training and validation (text, label) examples the data settings name."""
+    name = synthetic_name(data)
+    if name is not None:
+        n_train, n_val = common.SYNTHETIC_SIZES
+        return make_task(name, n_train, seed).labelled(), make_task(name, n_val, seed + 1).labelled()
+    if len(data.data) != 1:
+        raise InputError("--task classify needs --data FILE (a '<label> <text>' file, or CSV/TSV with a header)")
+    read = dict(encoding_errors=data.encoding_errors, bad_labels=data.bad_labels)
+    train = read_labelled(data.data[0], **read)
+    if data.val_data:
+        known = LabelVocab.from_labels(label for _, label in train).labels
+        return train, [e for path in data.val_data for e in read_labelled(path, **read, known=known)]
+    return split(train, data.val_fraction, seed)
+
+
+def _make(context: TaskContext) -> tuple[ClassifyTask, list[str]]:
+    data = context.data
+    train, val = labelled(data, context.seed)
+    vocab = LabelVocab.from_labels(label for _, label in train)
+    if len(vocab) < 2:
+        raise InputError(f"the training data ({', '.join(data.data)}) holds one class only, {vocab.labels[0]!r}: a "
+                         f"classifier needs examples of two classes or more")
+    batch = dict(batch_size=context.batch_size, seed=context.seed)
+    return ClassifyTask(
+        LabelledData.from_examples(train, context.tokenizer, label_vocab=vocab, max_len=context.seq_len,
+                                   batch_tokens=data.batch_tokens, **batch),
+        LabelledData.from_examples(val, context.tokenizer, label_vocab=vocab, max_len=context.seq_len, **batch),
+    ), list(vocab.labels)
+
+
+def _training_text(data: Any, seed: int) -> list[str]:
+    return [text for text, _ in labelled(data, seed)[0]]
+
+
+def _report(ctx: EvalContext) -> EvalReport:
+    labels = ctx.labels if ctx.labels is not None else [str(i) for i in range(ctx.config.n_classes)]
+    vocab = LabelVocab(tuple(labels))
+    rows, total = [], [[0] * len(labels) for _ in labels]
+    for path in ctx.files:
+        examples = _labelled_examples(path, vocab, ctx.settings.encoding_errors, ctx.settings.bad_labels)
+        data = LabelledData.from_examples(examples, ctx.tokenizer, label_vocab=vocab, max_len=ctx.config.max_seq_len,
+                                          batch_size=ctx.settings.batch_size)
+        loss, truth, guesses = predict_labels(ctx.model, data, progress=ctx.progress)
+        matrix = confusion_matrix(truth, guesses, len(labels))
+        rows.append({"file": str(path), **classification_scores(matrix), "val_loss": loss / len(truth)})
+        total = [[a + b for a, b in zip(r, s, strict=True)] for r, s in zip(total, matrix, strict=True)]
+    if len(rows) > 1:
+        rows.append({"file": "all", **classification_scores(total)})
+    png = ctx.out / CONFUSION_FILE
+    plot_confusion(total, labels, png, title=f"{Path(ctx.run).name}: {rows[-1]['examples']} examples")
+    return EvalReport("classification", str(ctx.run), rows,
+                      {"labels": labels, "confusion": total, "confusion_png": str(png)},
+                      columns=("file", "examples", "accuracy", "macro_f1"), notes=[confusion_table(total, labels)])
+
+
+def _labelled_examples(path, vocab: LabelVocab, encoding_errors, bad_labels) -> list[tuple[str, str]]:
+    """The file's (text, label) examples; a label the run does not know is a bad label (`read_labelled`'s `known`),
+    as is every label of unlabelled text."""
+    try:
+        return read_labelled(path, encoding_errors=encoding_errors, bad_labels=bad_labels, known=vocab.labels)
+    except InputError as err:
+        raise InputError(f"{err}. eval of a classifier needs labelled examples, not unlabelled text: '<label> <text>' "
+                         f"lines or a CSV/TSV file with text and label columns, the labels being the run's "
+                         f"({', '.join(vocab.labels)})") from None
+
+
+CLASSIFY = register(TaskSpec(
+    name="classify", help="a label per text (encoder)", families=("encoder",),
+    head={"encoder_head": "classify", "mlm_transform": False}, make=_make, evaluate_files=_report,
+    method="classify", labelled=True, training_text=_training_text,
+    options=("val_data", "val_fraction", "batch_tokens", "encoding_errors", "bad_labels"),
+    default_model=dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned",
+                       norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
+                       encoder_head="classify", pooling="mean"),
+    hf_architectures=("BertForSequenceClassification",),
+    eval_help="labelled files ('<label> <text>' lines or CSV/TSV): accuracy, macro-F1, confusion matrix",
+))

@@ -1,0 +1,412 @@
+"""Language modelling (`lm`: next token, decoders) and masked language modelling (`mlm`: BERT's pre-training).
+
+    task  batch                        loss (inside the model)          evaluation (training and attnkit eval)
+    lm    random windows of a stream   next-token cross-entropy         loss and perplexity, window by window
+    mlm   random windows, 15% masked   cross-entropy at masked tokens   loss and accuracy at masked tokens
+
+Both read a token stream: text files, folders or globs (none: the Python standard library's source), validated on
+its last `val_fraction`. One evaluation loop serves training and `attnkit eval`: `sliding_window_nll` for `lm`
+(training scores its validation split with windows that do not overlap, stride = window; `attnkit eval --stride`
+may give each token more context), `masked_lm_scores` for `mlm` (masks drawn from a generator seeded alike each
+time, so the figures compare across evaluations and with `attnkit eval`).
+
+Sliding-window perplexity (the fixed-length-model method of Hugging Face's perplexity guide). A model reads at
+most `window` tokens, so a long text is scored window by window; each window moves `stride` tokens on and scores
+only the targets no earlier window scored, using the tokens before them as context:
+
+    tokens   t0 t1 t2 t3 t4 t5 t6 t7 t8 t9            window 4, stride 2
+    window 1 [t0 t1 t2 t3] -> scores t1 t2 t3 t4
+    window 2       [t2 t3 t4 t5] -> scores t5 t6     (t4 already scored: context only)
+    window 3             [t4 t5 t6 t7] -> scores t7 t8
+    window 4                   [t6 t7 t8] -> scores t9
+
+Every token but the first is scored once; a smaller stride gives each more context (stride 1: always a full
+window) at more cost; stride = window gives the non-overlapping figure.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from attnkit.data import IGNORE_INDEX, LMData, make_task
+from attnkit.data.corpus import resolve_files
+from attnkit.data.masking import mask_tokens
+from attnkit.errors import ConfigError, InputError
+from attnkit.tasks import common
+from attnkit.tasks.common import decode_tensor, device_of, encode_tensor, synthetic_name
+from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
+from attnkit.tasks.report import EvalReport
+from attnkit.textfiles import read_text
+from attnkit.tokenize import SPECIAL_ROLES, Tokenizer
+
+DEFAULT_STDLIB_BYTES = 3_000_000  # the default corpus: enough Python for a few minutes of CPU training
+LOGITS_BUDGET = 1 << 26  # floats of (B, T, V) logits per forward pass in perplexity (256 MB in fp32)
+STREAM_OPTIONS = ("max_bytes", "val_fraction", "eval_batches", "encoding_errors")
+
+
+# Sliding-window perplexity: the one loop of training's and attnkit eval's lm scores -----------------------------
+@dataclass(frozen=True)
+class Window:
+    """Inputs `ids[begin:end]`, targets `ids[begin + 1:end + 1]`, of which the last `n_new` are scored."""
+
+    begin: int
+    end: int
+    n_new: int
+
+
+def sliding_windows(n_tokens: int, *, window: int, stride: int) -> list[Window]:
+    """The windows that score tokens 1 .. n_tokens - 1 once each (see the module docstring).
+
+    Raises ConfigError unless 1 <= stride <= window, InputError for fewer than 2 tokens.
+    """
+    if window < 1 or not 1 <= stride <= window:
+        raise ConfigError(f"stride={stride} must lie in [1, window={window}]; stride = window scores windows "
+                          "that do not overlap")
+    if n_tokens < 2:
+        raise InputError(f"a text of {n_tokens} token(s) has nothing to predict; perplexity needs at least 2")
+    windows, begin, scored = [], 0, 0  # scored: targets 1 .. scored are done
+    while scored < n_tokens - 1:
+        end = min(begin + window, n_tokens - 1)
+        windows.append(Window(begin, end, end - scored))
+        scored, begin = end, begin + stride
+    return windows
+
+
+@torch.inference_mode()
+def sliding_window_nll(
+    model: nn.Module,
+    ids: Sequence[int] | Tensor | np.ndarray,
+    *,
+    window: int,
+    stride: int,
+    batch_size: int = 1,
+    progress: bool = False,
+) -> float:
+    """The summed negative log-likelihood (nats) of tokens 1 .. N-1 of `ids`, scored window by window,
+    `batch_size` windows of one length per forward pass."""
+    ids = torch.as_tensor(np.asarray(ids, dtype=np.int64) if isinstance(ids, np.ndarray) else ids, dtype=torch.int64)
+    device = device_of(model)
+    windows = sliding_windows(len(ids), window=window, stride=stride)
+    total = 0.0
+    with tqdm(total=len(windows), desc="perplexity", unit="window", disable=not progress, leave=False) as bar:
+        for group in _same_length_groups(windows, batch_size):
+            x = torch.stack([ids[w.begin : w.end] for w in group]).to(device)  # (B, T)
+            y = torch.stack([ids[w.begin + 1 : w.end + 1] for w in group])  # (B, T)
+            for row, w in enumerate(group):
+                y[row, : y.shape[1] - w.n_new] = IGNORE_INDEX  # context only: scored by an earlier window
+            logits = model(x).logits.float()  # (B, T, V)
+            total += F.cross_entropy(
+                logits.flatten(0, 1), y.flatten().to(device), ignore_index=IGNORE_INDEX, reduction="sum"
+            ).item()
+            bar.update(len(group))
+    return total
+
+
+def _same_length_groups(windows: list[Window], size: int) -> list[list[Window]]:
+    groups: list[list[Window]] = []
+    for w in windows:
+        if groups and len(groups[-1]) < size and groups[-1][0].end - groups[-1][0].begin == w.end - w.begin:
+            groups[-1].append(w)
+        else:
+            groups.append([w])
+    return groups
+
+
+def perplexity_row(name: str, nll: float, tokens: int, chars: int, n_bytes: int) -> dict[str, Any]:
+    """One report row: the summed NLL over `tokens` scored tokens that spell `chars` characters / `n_bytes` bytes."""
+    return {
+        "file": name, "tokens": tokens, "chars": chars, "bytes": n_bytes,
+        "loss": nll / tokens, "ppl": math.exp(min(nll / tokens, 700.0)),
+        "char_ppl": math.exp(min(nll / max(chars, 1), 700.0)), "bits_per_byte": nll / max(n_bytes, 1) / math.log(2),
+        "nll": nll,
+    }
+
+
+def _scored_text_size(text: str, ids: list[int], tokenizer: Tokenizer) -> tuple[int, int]:
+    """Characters and UTF-8 bytes of the text the scored tokens (all but the first) spell."""
+    first = tokenizer.decode(ids[:1], skip_special=False)
+    return max(len(text) - len(first), 1), max(len(text.encode()) - len(first.encode()), 1)
+
+
+# The training tasks ---------------------------------------------------------------------------------------------
+class LMTask:
+    """Language modelling: windows of `seq_len + 1` tokens drawn at random positions (nanoGPT's sampler)."""
+
+    name = "lm"
+    metric = "val_loss"
+    higher_is_better = False
+
+    def __init__(self, data: LMData, *, batch_size: int, seq_len: int, seed: int, eval_batches: int = 50) -> None:
+        self.data, self.batch_size, self.seq_len, self.eval_batches = data, batch_size, seq_len, eval_batches
+        self.generator = torch.Generator().manual_seed(seed)
+        data.check_windows(self.window)  # before training starts, not at the first batch or evaluation
+
+    @property
+    def window(self) -> int:
+        """Tokens of a window drawn from the stream (its targets are the window one token on)."""
+        return self.seq_len
+
+    def next_batch(self) -> tuple[Tensor, Tensor]:
+        return self.data.sample_batch("train", self.batch_size, self.seq_len, self.generator)  # (B, T), (B, T)
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = (t.to(device_of(model)) for t in batch)
+        return model(x, targets=y, return_logits=False).loss  # chunked loss: no (B, T, V) logits kept
+
+    def weight(self, batch: tuple[Tensor, Tensor]) -> int:
+        return batch[1].numel()
+
+    def n_tokens(self, batch: tuple[Tensor, Tensor]) -> int:
+        return batch[0].numel()
+
+    def val_ids(self) -> np.ndarray:
+        """The validation tokens an evaluation scores: the split's first `eval_batches` batches of windows."""
+        return np.asarray(self.data.val[: self.eval_batches * self.batch_size * self.seq_len + 1], dtype=np.int64)
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Mean next-token loss over `val_ids()` in windows that do not overlap; perplexity = e^loss."""
+        ids = self.val_ids()
+        loss = sliding_window_nll(model, ids, window=self.seq_len, stride=self.seq_len,
+                                  batch_size=self.batch_size) / (len(ids) - 1)
+        return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
+
+    def prompt_ids(self, n_tokens: int = 24) -> list[int]:
+        """The first tokens of the validation split: a prompt for a sample of generated text."""
+        return [int(i) for i in self.data.val[:n_tokens]]
+
+    def data_state(self) -> dict[str, Any]:
+        return {"generator": encode_tensor(self.generator.get_state())}
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(decode_tensor(state["generator"]))
+
+
+class MaskedWindows:
+    """Windows of a token stream framed as `CLS tokens SEP` (or `BOS tokens EOS`) and masked as BERT masks them
+    (`attnkit.data.masking`)."""
+
+    def __init__(self, tokenizer: Tokenizer, seq_len: int) -> None:
+        if seq_len < 3:
+            raise ConfigError(f"--task mlm needs seq_len >= 3 (CLS, a token, SEP); got {seq_len}")
+        if tokenizer.mask_id is None:
+            raise ConfigError("--task mlm needs a tokenizer with a mask token; train one with --tokenizer bpe or char")
+        has_cls = tokenizer.cls_id is not None and tokenizer.sep_id is not None
+        self.first, self.last = (tokenizer.cls_id, tokenizer.sep_id) if has_cls else (
+            tokenizer.bos_id, tokenizer.eos_id)
+        if self.first is None or self.last is None:
+            raise ConfigError("--task mlm needs a tokenizer with CLS and SEP (or BOS and EOS) tokens")
+        self.window = seq_len - 2  # the stream's tokens in a window: seq_len less the framing
+        self.masking = dict(mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size,
+                            special_ids={i for role in SPECIAL_ROLES if (i := tokenizer.token_id(role)) is not None})
+
+    def __call__(self, windows: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """(B, window) stream tokens -> inputs (B, T), labels (B, T) (the original id where masked, else -100)."""
+        b = windows.shape[0]
+        ids = torch.cat([torch.full((b, 1), self.first), windows, torch.full((b, 1), self.last)], dim=1)  # (B, T)
+        return mask_tokens(ids, generator=generator, **self.masking)
+
+
+@torch.inference_mode()
+def masked_lm_scores(model: nn.Module, batches: Iterator[tuple[Tensor, Tensor]]) -> dict[str, float]:
+    """Loss, perplexity and accuracy at the masked tokens of `batches` of (inputs, labels)."""
+    total, correct, count = 0.0, 0, 0
+    device = device_of(model)
+    for inputs, labels in batches:
+        inputs, labels = inputs.to(device), labels.to(device)
+        out = model(inputs, labels=labels)
+        masked = labels != IGNORE_INDEX
+        total += out.loss.item() * int(masked.sum())
+        correct += int((out.logits.argmax(-1)[masked] == labels[masked]).sum())
+        count += int(masked.sum())
+    if count == 0:
+        raise InputError("no token was masked: the text is too short to score a masked language model")
+    return {"val_loss": total / count, "val_ppl": math.exp(min(total / count, 50.0)), "accuracy": correct / count}
+
+
+def masked_batches(data: LMData, masking: MaskedWindows, *, batch_size: int, seed: int,
+                   max_batches: int | None) -> Iterator[tuple[Tensor, Tensor]]:
+    """The validation split's windows in order, masked from a generator seeded with `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+    for windows, _ in data.iter_eval_batches("val", batch_size=batch_size, seq_len=masking.window,
+                                             max_batches=max_batches):
+        yield masking(windows, generator)
+
+
+class MLMTask(LMTask):
+    """Masked language modelling (BERT): windows masked afresh each batch from the task's generator, which also
+    draws the windows, so a resumed run masks the same tokens (the generator's state is the data state)."""
+
+    name = "mlm"
+
+    def __init__(
+        self, data: LMData, *, tokenizer: Tokenizer, batch_size: int, seq_len: int, seed: int, eval_batches: int = 50
+    ) -> None:
+        self.masking = MaskedWindows(tokenizer, seq_len)
+        super().__init__(data, batch_size=batch_size, seq_len=seq_len, seed=seed, eval_batches=eval_batches)
+        self.seed = seed
+
+    @property
+    def window(self) -> int:
+        return self.masking.window
+
+    def next_batch(self) -> tuple[Tensor, Tensor]:
+        windows, _ = self.data.sample_batch("train", self.batch_size, self.window, self.generator)
+        return self.masking(windows, self.generator)  # inputs (B, T), labels (B, T)
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+        inputs, labels = (t.to(device_of(model)) for t in batch)
+        return model(inputs, labels=labels).loss
+
+    def weight(self, batch: tuple[Tensor, Tensor]) -> int:
+        return int((batch[1] != IGNORE_INDEX).sum())
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Loss and accuracy at the masked tokens of (up to `eval_batches` batches of) the validation split."""
+        return masked_lm_scores(model, masked_batches(self.data, self.masking, batch_size=self.batch_size,
+                                                      seed=self.seed, max_batches=self.eval_batches))
+
+
+# Reading the stream ---------------------------------------------------------------------------------------------
+def stream_files(data: Any) -> list[Path]:
+    """The text files of a stream task's data settings (none given: the standard library's source)."""
+    max_bytes = data.max_bytes if data.max_bytes is not None or data.data else DEFAULT_STDLIB_BYTES
+    return resolve_files(list(data.data), max_bytes=max_bytes)
+
+
+def _stream(context: TaskContext) -> LMData:
+    data = context.data
+    name = synthetic_name(data)
+    if name is not None:
+        return LMData.from_ids(make_task(name, common.SYNTHETIC_SIZES[0], context.seed).lm_ids(context.tokenizer),
+                               val_fraction=data.val_fraction)
+    return LMData.prepare(context.files or stream_files(data), context.tokenizer, context.cache,
+                          val_fraction=data.val_fraction, encoding_errors=data.encoding_errors,
+                          progress=context.progress)
+
+
+def _stream_args(context: TaskContext) -> dict[str, Any]:
+    return dict(batch_size=context.batch_size, seq_len=context.seq_len, seed=context.seed,
+                eval_batches=context.data.eval_batches)
+
+
+def _make_lm(context: TaskContext) -> tuple[LMTask, None]:
+    return LMTask(_stream(context), **_stream_args(context)), None
+
+
+def _make_mlm(context: TaskContext) -> tuple[MLMTask, None]:
+    return MLMTask(_stream(context), tokenizer=context.tokenizer, **_stream_args(context)), None
+
+
+# attnkit eval ---------------------------------------------------------------------------------------------------
+def _perplexity_report(ctx: EvalContext) -> EvalReport:
+    window = ctx.settings.window or ctx.config.max_seq_len
+    stride = ctx.settings.stride or max(window // 2, 1)
+    rows = []
+    for path in ctx.files:
+        text = read_text(path, errors=ctx.settings.encoding_errors)
+        ids = ctx.tokenizer.encode(text)
+        nll = sliding_window_nll(ctx.model, ids, window=window, stride=stride, progress=ctx.progress,
+                                 batch_size=max(1, LOGITS_BUDGET // (window * ctx.tokenizer.vocab_size)))
+        chars, n_bytes = _scored_text_size(text, ids, ctx.tokenizer)
+        rows.append(perplexity_row(str(path), nll, len(ids) - 1, chars, n_bytes))
+    if len(rows) > 1:
+        rows.append(perplexity_row("all", *(sum(r[k] for r in rows) for k in ("nll", "tokens", "chars", "bytes"))))
+    return EvalReport("perplexity", str(ctx.run), rows, {"window": window, "stride": stride},
+                      columns=("file", "tokens", "loss", "ppl", "chars", "char_ppl", "bits_per_byte"))
+
+
+def _masked_lm_report(ctx: EvalContext) -> EvalReport:
+    """Each file's tokens as one stream, in windows of `--window` tokens (default max_seq_len), masked from a
+    generator seeded with `--seed` as training's evaluation masks its validation split."""
+    seq_len = ctx.settings.window or ctx.config.max_seq_len
+    masking = MaskedWindows(ctx.tokenizer, seq_len)
+    rows = []
+    for path in ctx.files:
+        ids = ctx.tokenizer.encode(read_text(path, errors=ctx.settings.encoding_errors))
+        stream = LMData(np.asarray(ids, dtype=np.int64), n_train=0)  # all of it is the split scored
+        scores = masked_lm_scores(ctx.model, masked_batches(stream, masking, batch_size=ctx.settings.batch_size,
+                                                            seed=ctx.settings.seed, max_batches=None))
+        rows.append({"file": str(path), "tokens": len(ids), **scores})
+    return EvalReport("masked-lm", str(ctx.run), rows, {"seq_len": seq_len, "seed": ctx.settings.seed},
+                      columns=("file", "tokens", "val_loss", "val_ppl", "accuracy"))
+
+
+# fill_mask: the masked-LM run's pipeline method -----------------------------------------------------------------
+@dataclass(frozen=True)
+class MaskFill:
+    """The `top_k` likeliest tokens at one mask, likeliest first: (token text, probability)."""
+
+    position: int  # the mask's index among the text's masks
+    candidates: list[tuple[str, float]]
+
+
+MASK_WORDS = ("[MASK]", "<mask>")  # how a text may write a mask, besides the tokenizer's own mask token
+
+
+@torch.inference_mode()
+def fill_mask(pipeline: Any, texts: str | Sequence[str], *, top_k: int = 5) -> list[list[MaskFill]]:
+    """For each text, the `top_k` likeliest tokens at each of its masks (written `[MASK]`, `<mask>` or as the
+    tokenizer writes its mask token). Raises InputError for a text without a mask or a bad `top_k`."""
+    tok = pipeline.tokenizer
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise InputError(f"top_k={top_k!r} must be a positive integer")
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    own = tok.pieces([tok.mask_id])[0] if tok.mask_id is not None else None
+    words = tuple(dict.fromkeys(w for w in (own, *MASK_WORDS) if w))
+    masking = MaskedWindows(tok, pipeline.config.max_seq_len)
+    results = []
+    for index, text in enumerate(texts):
+        parts = _split_at_masks(text, words)
+        if len(parts) < 2:
+            raise InputError(f"text {index} holds no mask; write {MASK_WORDS[0]} where a token is to be filled in")
+        ids = [masking.first]
+        for i, part in enumerate(parts):
+            ids += ([tok.mask_id] if i else []) + (tok.encode(part) if part else [])
+        ids.append(masking.last)
+        if len(ids) > pipeline.config.max_seq_len:
+            raise InputError(f"text {index} has {len(ids)} tokens; the model reads at most "
+                             f"{pipeline.config.max_seq_len}")
+        logits = pipeline.model(torch.tensor([ids], device=pipeline.device)).logits[0].float()  # (T, V)
+        where = [t for t, i in enumerate(ids) if i == tok.mask_id]
+        probs = logits[where].softmax(-1)  # (masks, V)
+        best = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+        results.append([
+            MaskFill(n, [(tok.decode([i], skip_special=False), p) for i, p in
+                         zip(best.indices[n].tolist(), best.values[n].tolist(), strict=True)])
+            for n in range(len(where))
+        ])
+    return results
+
+
+def _split_at_masks(text: str, words: tuple[str, ...]) -> list[str]:
+    """The text between masks: n masks give n + 1 pieces (empty where a mask touches an end or another mask)."""
+    return re.split("|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)), text)
+
+
+LM = register(TaskSpec(
+    name="lm", help="next-token prediction (decoder, recurrent LM)", families=("decoder", "recurrent-lm"),
+    make=_make_lm, evaluate_files=_perplexity_report, method="generate", stream=True, options=STREAM_OPTIONS,
+    default_model=dict(family="decoder", d_model=128, n_layers=4, n_heads=4, d_ff=512, position="rope",
+                       norm="layer", activation="gelu", max_seq_len=128, dropout=0.0, tie_embeddings=True),
+    hf_architectures=("GPT2LMHeadModel", "LlamaForCausalLM"), eval_help="text files: perplexity",
+))
+MLM = register(TaskSpec(
+    name="mlm", help="masked-LM pre-training (encoder)", families=("encoder",), head={"encoder_head": "mlm"},
+    make=_make_mlm, evaluate_files=_masked_lm_report, method="fill_mask", pipeline=fill_mask, stream=True,
+    options=STREAM_OPTIONS,
+    default_model=dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned",
+                       norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
+                       encoder_head="mlm", pooling="mean", tie_embeddings=True),
+    hf_architectures=("BertForMaskedLM",), eval_help="text files: masked-token loss and accuracy",
+))

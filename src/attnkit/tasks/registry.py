@@ -1,0 +1,214 @@
+"""The task registry: what it means to train for a task, said once per task (as `models.families` does per family).
+
+A `TaskSpec` names, for one task: the families whose models learn it and the head fields their config needs (the
+task implies its head), how its examples are read and batched (`make`: the trainer's view, with loss and
+evaluation), the one evaluation loop `attnkit eval` shares with training (`evaluate_files`), the model's pipeline
+method, the data options it reads and the Hugging Face classes it maps to. Training, evaluation, conversion, the
+pipeline and the command line ask here (`task_spec`, `task_of_config`) instead of testing task names.
+
+A task of one's own is a `TaskSpec` and one `register` call (docs/guides/tasks.md); a package may also name its
+module under the `attnkit.tasks` entry-point group, which the registry imports the first time it is asked.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch import Tensor, nn
+
+from attnkit.checkpoint import TASK_FILE, read_json
+from attnkit.config import ModelConfig
+from attnkit.errors import ConfigError
+from attnkit.models import family_of
+from attnkit.options import assignments
+from attnkit.tokenize import Tokenizer
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINTS = "attnkit.tasks"  # entry-point group: modules that register tasks when imported
+METHODS = ("generate", "translate", "classify", "tag", "fill_mask")  # the pipeline methods the built-in tasks serve
+
+
+class TrainingTask(Protocol):
+    """The trainer's view of a task: batches, their loss, and evaluation on the validation data."""
+
+    name: str
+    metric: str  # the evaluation result that picks the best checkpoint
+    higher_is_better: bool
+
+    def next_batch(self) -> Any: ...
+    def loss(self, model: nn.Module, batch: Any) -> Tensor: ...  # mean over the batch's `weight` targets
+    def weight(self, batch: Any) -> int: ...  # how many targets the loss averages over
+    def n_tokens(self, batch: Any) -> int: ...  # input tokens processed (for tokens/s)
+    def evaluate(self, model: nn.Module) -> dict[str, float]: ...
+    def data_state(self) -> dict[str, Any]: ...
+    def load_data_state(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a task's `make` reads its data with. `data` is the run's `attnkit.train.DataConfig` (a task reads the
+    fields it uses, `TaskSpec.options`)."""
+
+    data: Any
+    tokenizer: Tokenizer
+    config: ModelConfig
+    batch_size: int  # the global batch (every rank's)
+    seed: int
+    seq_len: int
+    cache: Path  # a directory the task may cache prepared data in
+    files: list[Path] | None = None  # stream tasks: the text files already found
+    translate: Callable[..., list[list[int]]] | None = None  # token-level decoding (translation's BLEU)
+    progress: bool = False
+
+
+@dataclass(frozen=True)
+class EvalContext:
+    """What `attnkit eval` hands a task's `evaluate_files`: the loaded run and the user's settings."""
+
+    run: Path
+    model: nn.Module | None  # None when the task decodes through `translate_texts` instead
+    config: ModelConfig
+    tokenizer: Tokenizer
+    labels: list[str] | None
+    files: list[str]
+    settings: Any  # attnkit.train.evaluate.EvalSettings: window, stride, batch_size, encoding_errors, ...
+    out: Path  # where pictures go (eval.json is written by the caller)
+    translate_texts: Callable[[list[str]], list[str]] | None = None
+    progress: bool = False
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task, registered once (module docstring)."""
+
+    name: str
+    help: str  # one line for --task's help and messages
+    families: tuple[str, ...]  # the model families that train for it (`attnkit.models.families`)
+    make: Callable[[TaskContext], tuple[TrainingTask, list[str] | None]]  # -> the trainer's task, its labels
+    evaluate_files: Callable[[EvalContext], Any]  # attnkit eval: -> an EvalReport (`attnkit.tasks.report`)
+    default_model: Mapping[str, Any]  # the small model a run starts from without --preset or --model-config
+    head: Mapping[str, Any] = field(default_factory=dict)  # config fields the task's model must have
+    method: str | None = None  # the pipeline method a run of this task serves (`attnkit.load(run).METHOD`)
+    pipeline: Callable[..., Any] | None = None  # that method, for one the pipeline does not define itself
+    stream: bool = False  # reads a token stream (text files; no --val-data, no --batch-tokens)
+    labelled: bool = False  # learns a label set (labels.json; n_classes from the data)
+    decodes: bool = False  # evaluation decodes text (attnkit eval passes `translate_texts`)
+    training_text: Callable[[Any, int], list[str]] | None = None  # (data, seed) -> text a new tokenizer learns
+    options: tuple[str, ...] = ()  # the DataConfig fields it reads beyond data, tokenizer and seq_len
+    hf_architectures: tuple[str, ...] = ()  # the Hugging Face classes its models convert to and from
+    eval_help: str = ""  # what `attnkit eval --data` takes for this task
+
+    def check_family(self, family: str) -> None:
+        """Raise ConfigError unless models of `family` train for this task."""
+        if family not in self.families:
+            fits = [family_of(f) for f in self.families]
+            raise ConfigError(
+                f"--task {self.name} trains a {' or a '.join(f.name + ' model' for f in fits)}, but the config's "
+                f"family is {family!r}; use such a preset (e.g. --preset {' or '.join(f.example for f in fits)}) "
+                f"or --set family={fits[0].name}"
+            )
+
+    def fits(self, config: ModelConfig) -> bool:
+        """Whether a model of `config` is built for this task: its family trains for it and its head is the task's."""
+        return config.family in self.families and all(getattr(config, k, None) == v for k, v in self.head.items())
+
+    def with_head(self, config: ModelConfig, sets: Sequence[str] = ()) -> ModelConfig:
+        """`config` with the user's `--set key=value` assignments `sets` and the task's head. The family is checked
+        first, and an assignment that contradicts the head is a ConfigError naming both."""
+        explicit = assignments(sets)
+        for key, value in self.head.items():
+            if key in explicit and explicit[key] != value:
+                raise ConfigError(f"--task {self.name} needs {key}={value!r}, but --set {key}={explicit[key]!r} asks "
+                                  f"for another; drop that --set (the task sets its head itself)")
+        self.check_family(explicit.get("family", config.family))
+        return config.replace(**{**explicit, **self.head})
+
+
+_TASKS: dict[str, TaskSpec] = {}
+_plugins_loaded = False
+
+
+def register(spec: TaskSpec) -> TaskSpec:
+    """Add a task. Raises ConfigError when its name is taken or it names an unknown family."""
+    if spec.name in _TASKS:
+        raise ConfigError(f"task {spec.name!r} is registered already")
+    for family in spec.families:
+        family_of(family)  # raises for an unknown family
+    if spec.method is not None and spec.method not in METHODS and spec.pipeline is None:
+        raise ConfigError(f"task {spec.name!r} names pipeline method {spec.method!r}, which the pipeline lacks; "
+                          f"give its implementation as pipeline= (the built-in methods: {', '.join(METHODS)})")
+    _TASKS[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a task (a test's own, once it is done)."""
+    _TASKS.pop(name, None)
+
+
+def _load_plugins() -> None:
+    """Import the modules named in the `attnkit.tasks` entry-point group, once."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for entry in metadata.entry_points(group=ENTRY_POINTS):
+        try:
+            entry.load()
+        except Exception as err:  # a broken plug-in must not take the built-in tasks down with it
+            log.warning("the task module %s (entry point %r) failed to import: %s", entry.value, entry.name, err)
+
+
+def tasks() -> list[TaskSpec]:
+    """Every registered task, built-in ones first."""
+    _load_plugins()
+    return list(_TASKS.values())
+
+
+def task_names() -> tuple[str, ...]:
+    return tuple(spec.name for spec in tasks())
+
+
+def task_spec(name: str) -> TaskSpec:
+    """The registered task `name`. Raises ConfigError naming the known tasks and the nearest one."""
+    _load_plugins()
+    if name not in _TASKS:
+        near = difflib.get_close_matches(str(name), list(_TASKS), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ConfigError(f"unknown task {name!r}{hint}; choose one of {', '.join(_TASKS)}")
+    return _TASKS[name]
+
+
+def task_of_config(config: ModelConfig) -> TaskSpec | None:
+    """The task a model of `config` is built for (by family and head), or None (a bare encoder)."""
+    return next((spec for spec in tasks() if spec.fits(config)), None)
+
+
+def tasks_of_family(family: str) -> list[TaskSpec]:
+    """The tasks models of `family` train for."""
+    return [spec for spec in tasks() if family in spec.families]
+
+
+def task_of_run(directory: str | Path, config: ModelConfig) -> TaskSpec | None:
+    """The task a run was trained for: its task.json's (when that task is registered and fits the model), else the
+    task its config is built for (`task_of_config`: converted and older runs)."""
+    path = Path(directory) / TASK_FILE
+    if path.is_file():
+        name = read_json(path).get("task")
+        spec = _TASKS.get(name) if name is not None else None
+        if spec is None and name is not None:
+            _load_plugins()
+            spec = _TASKS.get(name)
+        if spec is not None and spec.fits(config):
+            return spec
+        if name is not None and spec is None:
+            log.warning("%s was trained for task %r, which is not registered here; reading it as its model's task",
+                        directory, name)
+    return task_of_config(config)

@@ -1,0 +1,317 @@
+"""Token classification (`tag`: an encoder with a tagger head): a label per word, such as named entities (BIO or
+BIOES tags) or parts of speech.
+
+Words become subword pieces; a word's label sits on its first piece, and the loss skips continuation pieces,
+the separators between words, CLS/SEP and padding (label -100, as Devlin et al. 2019 tag CoNLL-2003):
+
+    words    John        lives   in   Paris
+    pieces   CLS Jo ##hn _ lives _ in _ Par ##is SEP      (_: what the tokenizer makes of a space, if anything)
+    labels   -   B   -   - O     - O  - B   -    -
+
+One loop, `tag_predictions`, scores the validation data during training and tagged files in `attnkit eval`:
+entity precision, recall and F1 by seqeval (the CoNLL evaluation; entity tags only) and word accuracy.
+Files: CoNLL or CoNLL-U (`attnkit.tasks.conll`); the tags of the training data are checked for BIO/BIOES
+consistency before training.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from attnkit.data import IGNORE_INDEX, BucketedData, LabelVocab, pad
+from attnkit.errors import InputError
+from attnkit.tasks.common import EpochTask, device_of, split, synthetic_name
+from attnkit.tasks.conll import Sentence, check_scheme, read_tagged, tag_scheme
+from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
+from attnkit.tasks.report import EvalReport
+from attnkit.tokenize import Tokenizer, require_id
+
+log = logging.getLogger(__name__)
+
+
+# Words -> pieces, labels on first pieces --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Aligned:
+    """One sentence as model input: ids (T,), labels (T,) (-100 where no loss), and each word's first-piece
+    position (None for a word cut off by `max_len`)."""
+
+    ids: list[int]
+    labels: list[int]
+    firsts: list[int | None]
+
+
+def align(tokenizer: Tokenizer, words: Sequence[str], tag_ids: Sequence[int] | None, max_len: int) -> Aligned:
+    """`CLS pieces(w1) sep pieces(w2) ... SEP` (BOS/EOS without CLS), each word encoded on its own; `sep` is what
+    the tokenizer makes of a space (nothing for WordPiece). Words that do not fit in `max_len` are cut off."""
+    has_cls = tokenizer.cls_id is not None and tokenizer.sep_id is not None
+    first = require_id(tokenizer, "cls" if has_cls else "bos")
+    last = require_id(tokenizer, "sep" if has_cls else "eos")
+    between = tokenizer.encode(" ")
+    unknown = [tokenizer.unk_id] if tokenizer.unk_id is not None else []
+    ids, labels, firsts = [first], [IGNORE_INDEX], []
+    for i, pieces in enumerate(tokenizer.encode_batch(list(words))):
+        pieces = pieces or unknown  # a word the tokenizer has no piece for stands as UNK
+        gap = between if i else []
+        if not pieces or len(ids) + len(gap) + len(pieces) + 1 > max_len:
+            firsts.append(None)
+            continue
+        ids += gap
+        labels += [IGNORE_INDEX] * len(gap)
+        firsts.append(len(ids))
+        labels += [tag_ids[i] if tag_ids is not None else IGNORE_INDEX] + [IGNORE_INDEX] * (len(pieces) - 1)
+        ids += pieces
+    return Aligned([*ids, last], [*labels, IGNORE_INDEX], firsts)
+
+
+@dataclass(frozen=True)
+class TaggedBatch:
+    ids: Tensor  # (B, T) int64
+    mask: Tensor  # (B, T) bool, True = real token
+    labels: Tensor  # (B, T) int64: a word's tag id at its first piece, -100 elsewhere
+
+    def to(self, device: torch.device | str) -> TaggedBatch:
+        return TaggedBatch(self.ids.to(device), self.mask.to(device), self.labels.to(device))
+
+
+class TaggedData(BucketedData[TaggedBatch]):
+    """Tagged sentences as padded, bucketed batches (`BucketedData`), with their words' tags kept for scoring."""
+
+    def __init__(self, sentences: Sequence[Sentence], aligned: Sequence[Aligned], *, pad_id: int,
+                 label_vocab: LabelVocab, **kwargs) -> None:
+        self.sentences, self.aligned = list(sentences), list(aligned)
+        self.pad_id, self.label_vocab = pad_id, label_vocab
+        super().__init__([len(a.ids) for a in self.aligned], **kwargs)
+
+    @classmethod
+    def from_sentences(cls, sentences: Sequence[Sentence], tokenizer: Tokenizer, *, label_vocab: LabelVocab,
+                       max_len: int, **kwargs) -> TaggedData:
+        """Align each sentence (`align`); remaining keyword arguments go to `BucketedData` (batch_size, seed, ...)."""
+        aligned = [align(tokenizer, words, [label_vocab.encode(t) for t in tags], max_len) for words, tags in sentences]
+        cut = sum(f is None for a in aligned for f in a.firsts)
+        if cut:
+            log.warning("%d words lie beyond max_seq_len=%d pieces and are left out of training (scored as "
+                        "mistakes); raise --seq-len / max_seq_len to keep them", cut, max_len)
+        return cls(sentences, aligned, pad_id=require_id(tokenizer, "pad"), label_vocab=label_vocab, **kwargs)
+
+    def collate(self, indices: Sequence[int]) -> TaggedBatch:
+        ids, mask = pad([self.aligned[i].ids for i in indices], self.pad_id)  # (B, T)
+        labels, _ = pad([self.aligned[i].labels for i in indices], IGNORE_INDEX)  # (B, T)
+        return TaggedBatch(ids, mask, labels)
+
+
+# The one evaluation loop --------------------------------------------------------------------------------------------
+@torch.inference_mode()
+def tag_predictions(model: nn.Module, data: TaggedData, *, progress: bool = False
+                    ) -> tuple[float, int, list[list[str]]]:
+    """Every sentence of `data` once: the summed loss over labelled pieces, their number, and the predicted tags of
+    each sentence's words, in order (a word cut off by max_len gets `O`, or the first label without one)."""
+    device = device_of(model)
+    fallback = cut_off_label(data.label_vocab.labels)
+    predicted: list[list[str]] = [[] for _ in data.sentences]
+    total, count = 0.0, 0
+    order = np.argsort(data.lengths, kind="stable")
+    chunks = [order[i:i + data.batch_size] for i in range(0, len(order), data.batch_size)]
+    for chunk in tqdm(chunks, desc="tag", unit="batch", disable=not progress, leave=False):
+        b = data.collate(chunk).to(device)
+        out = model(b.ids, attention_mask=b.mask, labels=b.labels)
+        n = int((b.labels != IGNORE_INDEX).sum())
+        total, count = total + out.loss.item() * n, count + n
+        guesses = out.logits.argmax(-1).tolist()  # (B, T)
+        for row, index in enumerate(chunk):
+            predicted[index] = [data.label_vocab.decode(guesses[row][f]) if f is not None else fallback
+                                for f in data.aligned[index].firsts]
+    return total, count, predicted
+
+
+def tag_scores(gold: list[list[str]], predicted: list[list[str]], scheme: str | None) -> dict[str, float]:
+    """Word accuracy, and for entity tags seqeval's entity precision, recall and F1 (CoNLL's, micro-averaged)."""
+    pairs = [(g, p) for gs, ps in zip(gold, predicted, strict=True) for g, p in zip(gs, ps, strict=True)]
+    scores = {"accuracy": sum(g == p for g, p in pairs) / max(len(pairs), 1)}
+    if scheme is not None:
+        from seqeval.metrics import f1_score, precision_score, recall_score
+
+        scores.update(precision=precision_score(gold, predicted, zero_division=0),
+                      recall=recall_score(gold, predicted, zero_division=0),
+                      f1=f1_score(gold, predicted, zero_division=0))
+    return scores
+
+
+def score_tagged(model: nn.Module, data: TaggedData, scheme: str | None, *, progress: bool = False
+                 ) -> dict[str, float]:
+    """`tag_predictions` and `tag_scores` over `data`, with the loss: what training and attnkit eval report."""
+    total, count, predicted = tag_predictions(model, data, progress=progress)
+    gold = [tags for _, tags in data.sentences]
+    return {"val_loss": total / max(count, 1), **tag_scores(gold, predicted, scheme)}
+
+
+# The training task --------------------------------------------------------------------------------------------------
+class TagTask(EpochTask):
+    """Token classification; the best checkpoint is the one of highest entity F1 (word accuracy for plain tags)."""
+
+    name = "tag"
+    higher_is_better = True
+
+    def __init__(self, train: TaggedData, val: TaggedData, *, scheme: str | None) -> None:
+        super().__init__(train)
+        self.val, self.scheme = val, scheme
+        self.metric = "f1" if scheme is not None else "accuracy"
+
+    def loss(self, model: nn.Module, batch: TaggedBatch) -> Tensor:
+        b = batch.to(device_of(model))
+        return model(b.ids, attention_mask=b.mask, labels=b.labels).loss
+
+    def weight(self, batch: TaggedBatch) -> int:
+        return int((batch.labels != IGNORE_INDEX).sum())
+
+    def n_tokens(self, batch: TaggedBatch) -> int:
+        return int(batch.mask.sum())
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        return score_tagged(model, self.val, self.scheme)
+
+
+def tagged(data: Any, seed: int) -> tuple[list[Sentence], list[Sentence]]:
+    """The training and validation sentences the data settings name (files: `read_tagged`)."""
+    if synthetic_name(data) is not None or not data.data:
+        raise InputError("--task tag needs --data FILE... of tagged sentences: CoNLL (a token and its tag per line, "
+                         "a blank line between sentences) or .conllu (--tag-column names the column)")
+    read = dict(column=data.tag_column, encoding_errors=data.encoding_errors)
+    train = [s for path in data.data for s in read_tagged(path, **read)]
+    if data.val_data:
+        return train, [s for path in data.val_data for s in read_tagged(path, **read)]
+    return split(train, data.val_fraction, seed)
+
+
+def checked_scheme(sentences: Sequence[Sentence], where: str) -> str | None:
+    """The tags' scheme (BIO, BIOES, or None for plain labels), after checking the sentences keep to it."""
+    scheme = tag_scheme({t for _, tags in sentences for t in tags})
+    if scheme is not None:
+        check_scheme(sentences, scheme, where)
+    return scheme
+
+
+def _make(context: TaskContext) -> tuple[TagTask, list[str]]:
+    data = context.data
+    train, val = tagged(data, context.seed)
+    scheme = checked_scheme(train, ", ".join(data.data))
+    vocab = LabelVocab.from_labels(t for _, tags in train for t in tags)
+    unknown = sorted({t for _, tags in val for t in tags} - set(vocab.labels))
+    if unknown:
+        raise InputError(f"the validation data has tags the training data lacks: {', '.join(unknown)}; add "
+                         "sentences with them to the training data")
+    if len(vocab) < 2:
+        raise InputError(f"the training data holds one tag only, {vocab.labels[0]!r}: a tagger needs two or more")
+    batch = dict(batch_size=context.batch_size, seed=context.seed)
+    make = dict(label_vocab=vocab, max_len=context.seq_len)
+    return TagTask(
+        TaggedData.from_sentences(train, context.tokenizer, **make, batch_tokens=data.batch_tokens, **batch),
+        TaggedData.from_sentences(val, context.tokenizer, **make, **batch), scheme=scheme,
+    ), list(vocab.labels)
+
+
+def _training_text(data: Any, seed: int) -> list[str]:
+    return [" ".join(words) for words, _ in tagged(data, seed)[0]]
+
+
+# attnkit eval -------------------------------------------------------------------------------------------------------
+def _report(ctx: EvalContext) -> EvalReport:
+    labels = ctx.labels if ctx.labels is not None else [str(i) for i in range(ctx.config.n_classes)]
+    vocab = LabelVocab(tuple(labels))
+    rows, gold_all, predicted_all = [], [], []
+    scheme = tag_scheme(set(labels))
+    for path in ctx.files:
+        sentences = read_tagged(path, column=ctx.settings.tag_column, encoding_errors=ctx.settings.encoding_errors)
+        unknown = sorted({t for _, tags in sentences for t in tags} - set(labels))
+        if unknown:
+            raise InputError(f"{path} has tags the run does not know: {', '.join(unknown)} (the run's: "
+                             f"{', '.join(labels)})")
+        data = TaggedData.from_sentences(sentences, ctx.tokenizer, label_vocab=vocab,
+                                         max_len=ctx.config.max_seq_len, batch_size=ctx.settings.batch_size)
+        total, count, predicted = tag_predictions(ctx.model, data, progress=ctx.progress)
+        gold = [tags for _, tags in sentences]
+        rows.append({"file": str(path), "sentences": len(sentences), "words": sum(map(len, gold)),
+                     "val_loss": total / max(count, 1), **tag_scores(gold, predicted, scheme)})
+        gold_all += gold
+        predicted_all += predicted
+    if len(rows) > 1:
+        rows.append({"file": "all", "sentences": len(gold_all), "words": sum(map(len, gold_all)),
+                     **tag_scores(gold_all, predicted_all, scheme)})
+    details: dict[str, Any] = {"labels": labels, "scheme": scheme}
+    notes = []
+    if scheme is not None:
+        from seqeval.metrics import classification_report
+
+        details["entities"] = classification_report(gold_all, predicted_all, output_dict=True, zero_division=0)
+        notes.append(classification_report(gold_all, predicted_all, digits=4, zero_division=0).rstrip())
+    columns = ("file", "sentences", "words", "precision", "recall", "f1", "accuracy") if scheme else (
+        "file", "sentences", "words", "accuracy")
+    return EvalReport("tagging", str(ctx.run), rows, _plain(details), columns=columns, notes=notes)
+
+
+def _plain(value: Any) -> Any:
+    """seqeval's report with numpy numbers made plain, for eval.json."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value.item() if isinstance(value, np.generic) else value
+
+
+# The pipeline method ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TaggedWord:
+    """One word of a tagged text: its label and the label's probability."""
+
+    word: str
+    label: str
+    probability: float
+
+
+@torch.inference_mode()
+def tag(pipeline: Any, texts: str | Sequence[str] | Sequence[Sequence[str]], *, batch_size: int = 32
+        ) -> list[list[TaggedWord]]:
+    """Label every word of each text (a string, split at whitespace, or a list of words), `batch_size` texts per
+    forward pass. Words beyond the model's max_seq_len pieces are labelled as `tag_predictions` labels them."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size={batch_size!r} must be a positive integer")
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    sentences = [text.split() if isinstance(text, str) else [str(w) for w in text] for text in texts]
+    results: list[list[TaggedWord]] = []
+    fallback = cut_off_label(pipeline.labels)
+    for start in range(0, len(sentences), batch_size):
+        chunk = sentences[start:start + batch_size]
+        aligned = [align(pipeline.tokenizer, words, None, pipeline.config.max_seq_len) for words in chunk]
+        pad_id = pipeline.tokenizer.pad_id if pipeline.tokenizer.pad_id is not None else 0
+        ids, mask = pad([a.ids for a in aligned], pad_id, device=pipeline.device)  # (B, T)
+        best, where = pipeline.model(ids, attention_mask=mask).logits.float().softmax(-1).max(-1)  # (B, T) each
+        for row, (words, a) in enumerate(zip(chunk, aligned, strict=True)):
+            results.append([
+                TaggedWord(word, pipeline.labels[int(where[row, f])], float(best[row, f])) if f is not None
+                else TaggedWord(word, fallback, 0.0)
+                for word, f in zip(words, a.firsts, strict=True)
+            ])
+    return results
+
+
+def cut_off_label(labels: Sequence[str]) -> str:
+    """The label a word cut off by max_seq_len gets: `O` (outside any entity), or the first label without one."""
+    return "O" if "O" in labels else labels[0]
+
+
+TAG = register(TaskSpec(
+    name="tag", help="a label per word: named entities (BIO/BIOES), parts of speech (encoder)", families=("encoder",),
+    head={"encoder_head": "tag", "mlm_transform": False}, make=_make, evaluate_files=_report, method="tag",
+    pipeline=tag, labelled=True, training_text=_training_text,
+    options=("val_data", "val_fraction", "batch_tokens", "encoding_errors", "tag_column"),
+    default_model=dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned",
+                       norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
+                       encoder_head="tag"),
+    hf_architectures=("BertForTokenClassification",),
+    eval_help="CoNLL or .conllu files: entity precision, recall, F1 (seqeval) and word accuracy",
+))

@@ -1,0 +1,190 @@
+"""Translation (`translate`: encoder-decoder and recurrent seq2seq): sequence to sequence with teacher forcing,
+scored by sacreBLEU.
+
+Data: a folder holding train.SRC/train.TGT (and val.SRC/val.TGT), one `source<TAB>target` file, or two
+line-aligned files (source first); `synthetic:NAME` for a generated task. Neither training nor `attnkit eval`
+imports `attnkit.generate`: decoding comes in as a function (the CLI passes the generator's).
+One scoring serves both: `translation_scores` of the hypotheses against the references.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from attnkit.data import PairBatch, PairData, make_task
+from attnkit.data.corpus import find_files
+from attnkit.data.pairs import read_parallel, read_tsv_pairs
+from attnkit.errors import ConfigError, InputError
+from attnkit.tasks import common
+from attnkit.tasks.bleu import translation_scores
+from attnkit.tasks.common import EpochTask, device_of, mean_loss, split, synthetic_name
+from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
+from attnkit.tasks.report import EvalReport
+from attnkit.tokenize import Tokenizer
+
+# (model, source token lists, *, bos_id, eos_id, pad_id, max_length, beam_size) -> target token lists without BOS/EOS
+Translator = Callable[..., list[list[int]]]
+
+
+class TranslateTask(EpochTask):
+    """Sequence to sequence with teacher forcing; scored by sacreBLEU on translations (greedy, or beam search of
+    `beam_size`) when a decoding function is given.
+
+    `references` are the raw target sentences of the validation pairs, in order; BLEU compares the first
+    `bleu_samples` of them (all of them when there are fewer), detokenized and cased, with sacreBLEU's default
+    13a tokenization: the figure that picks the best checkpoint. The lowercased protocol of the published
+    Multi30k results is logged beside it as `bleu_lowercased`.
+    """
+
+    name = "translate"
+    metric = "val_loss"  # "bleu" when a translator is given
+    higher_is_better = False
+
+    def __init__(
+        self,
+        train: PairData,
+        val: PairData,
+        *,
+        tokenizer: Tokenizer,
+        references: list[str],
+        translate: Translator | None = None,
+        bleu_samples: int = 200,
+        beam_size: int = 1,
+        max_len: int = 128,
+    ) -> None:
+        super().__init__(train)
+        self.val, self.tokenizer, self.max_len, self.beam_size = val, tokenizer, max_len, beam_size
+        self.references = references[:bleu_samples]
+        self.translate = translate
+        if translate is not None:
+            self.metric, self.higher_is_better = "bleu", True
+
+    def loss(self, model: nn.Module, batch: PairBatch) -> Tensor:
+        b = batch.to(device_of(model))
+        return model(
+            b.src_ids, b.tgt_in, src_mask=b.src_mask, tgt_mask=b.tgt_mask, targets=b.tgt_out, return_logits=False
+        ).loss
+
+    def weight(self, batch: PairBatch) -> int:
+        return batch.n_tgt_tokens
+
+    def n_tokens(self, batch: PairBatch) -> int:
+        return int(batch.src_mask.sum()) + batch.n_tgt_tokens
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        loss = mean_loss(self, model, self.val.eval_batches())
+        results = {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
+        if self.translate is not None:
+            scores = translation_scores(self.hypotheses(model), self.references)
+            results.update(bleu=scores["bleu"], bleu_lowercased=scores["bleu_lowercased"])
+        return results
+
+    def hypotheses(self, model: nn.Module) -> list[str]:
+        """Translations of the first `bleu_samples` validation sources (beam `beam_size`), detokenized."""
+        out: list[str] = []
+        n, step = len(self.references), self.val.batch_size
+        for start in range(0, n, step):
+            ids = self.translate(
+                model, self.val.src[start : min(start + step, n)], bos_id=self.tokenizer.bos_id,
+                eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id, max_length=self.max_len,
+                beam_size=self.beam_size,
+            )
+            out.extend(self.tokenizer.decode(row) for row in ids)
+        return out
+
+
+# Reading pairs -------------------------------------------------------------------------------------------------
+def _read_pairs(paths: tuple[str, ...], data: Any, which: str) -> list[tuple[str, str]] | None:
+    if len(paths) == 1 and Path(paths[0]).is_dir():
+        folder = Path(paths[0])
+        if not (data.src_lang and data.tgt_lang):
+            langs = sorted({p.suffix[1:] for p in folder.glob("train.*")})
+            raise ConfigError(f"{folder} is a folder: name the languages with --src-lang and --tgt-lang "
+                              f"(its train.* files have suffixes {langs})")
+        names = {"train": ("train",), "val": ("val", "valid", "dev")}[which]
+        for name in names:
+            src, tgt = folder / f"{name}.{data.src_lang}", folder / f"{name}.{data.tgt_lang}"
+            if src.is_file() and tgt.is_file():
+                return read_parallel(src, tgt, encoding_errors=data.encoding_errors)
+        if which == "train":
+            raise InputError(f"{folder} holds no train.{data.src_lang} and train.{data.tgt_lang}")
+        return None
+    return read_pair_files(find_files(paths), encoding_errors=data.encoding_errors)
+
+
+def read_pair_files(files: list, *, encoding_errors: str) -> list[tuple[str, str]]:
+    """One TSV file (source<TAB>target) or two line-aligned files (source first)."""
+    if len(files) == 1:
+        return read_tsv_pairs(files[0], encoding_errors=encoding_errors)
+    if len(files) == 2:
+        return read_parallel(files[0], files[1], encoding_errors=encoding_errors)
+    raise InputError(f"translation data is a folder, one TSV file (source<TAB>target) or two line-aligned files "
+                     f"(source first); got {len(files)} files")
+
+
+def pairs(data: Any, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The training and validation pairs the data settings name."""
+    name = synthetic_name(data)
+    if name is not None:
+        n_train, n_val = common.SYNTHETIC_SIZES
+        return make_task(name, n_train, seed).pairs(), make_task(name, n_val, seed + 1).pairs()
+    if not data.data:
+        raise InputError("--task translate needs --data (a folder with train.SRC/train.TGT, a TSV file, two files "
+                         "or synthetic:reverse)")
+    train = _read_pairs(data.data, data, "train")
+    val = _read_pairs(data.val_data, data, "val") if data.val_data else None
+    if val is None and not data.val_data and len(data.data) == 1 and Path(data.data[0]).is_dir():
+        val = _read_pairs(data.data, data, "val")
+    return (train, val) if val is not None else split(train, data.val_fraction, seed)
+
+
+def _training_text(data: Any, seed: int) -> list[str]:
+    return [text for pair in pairs(data, seed)[0] for text in pair]  # one vocabulary for both sides
+
+
+def _make(context: TaskContext) -> tuple[TranslateTask, None]:
+    data = context.data
+    train, val = pairs(data, context.seed)
+    batch = dict(batch_size=context.batch_size, seed=context.seed)
+    return TranslateTask(
+        PairData.from_pairs(train, context.tokenizer, max_len=context.seq_len, batch_tokens=data.batch_tokens,
+                            **batch),
+        PairData.from_pairs(val, context.tokenizer, max_len=context.seq_len, **batch),
+        tokenizer=context.tokenizer, references=[t for _, t in val], translate=context.translate,
+        bleu_samples=data.bleu_samples, beam_size=data.bleu_beam_size, max_len=context.seq_len,
+    ), None
+
+
+def _report(ctx: EvalContext) -> EvalReport:
+    if ctx.translate_texts is None:
+        raise ConfigError("evaluating a translation run needs translate_texts (the CLI passes the loaded pipeline's)")
+    pairs_ = read_pair_files(ctx.files, encoding_errors=ctx.settings.encoding_errors)
+    sources, references = [s for s, _ in pairs_], [t for _, t in pairs_]
+    scores = translation_scores(ctx.translate_texts(sources), references)
+    row = {"file": " + ".join(map(str, ctx.files)), "sentences": len(pairs_), "bleu": scores["bleu"],
+           "bleu_lowercased": scores["bleu_lowercased"], "chrf": scores["chrf"]}
+    details = {k: scores[k] for k in ("bleu_signature", "bleu_lowercased_signature", "chrf_signature")}
+    notes = [f"BLEU: {details['bleu_signature']}",
+             f"BLEU lowercased (the published Multi30k protocol): {details['bleu_lowercased_signature']}",
+             f"chrF: {details['chrf_signature']}"]
+    return EvalReport("translation", str(ctx.run), [row], details,
+                      columns=("file", "sentences", "bleu", "bleu_lowercased", "chrf"), notes=notes)
+
+
+TRANSLATE = register(TaskSpec(
+    name="translate", help="sequence to sequence (encoder-decoder, recurrent seq2seq)",
+    families=("encoder-decoder", "recurrent-seq2seq"), make=_make, evaluate_files=_report, method="translate",
+    decodes=True, training_text=_training_text,
+    options=("val_data", "src_lang", "tgt_lang", "val_fraction", "bleu_samples", "bleu_beam_size", "batch_tokens",
+             "encoding_errors"),
+    default_model=dict(family="encoder-decoder", d_model=256, n_layers=3, n_heads=8, d_ff=1024,
+                       position="sinusoidal", norm="layer", norm_position="pre", activation="relu", max_seq_len=128,
+                       dropout=0.1, scale_embeddings=True, tie_embeddings=True, label_smoothing=0.1),
+    hf_architectures=("MarianMTModel",),
+    eval_help="a TSV file (source<TAB>target) or two line-aligned files: BLEU and chrF",
+))
