@@ -56,6 +56,10 @@ def _configs():
             num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
             max_position_embeddings=64, id2label={0: "negative", 1: "neutral", 2: "positive"},
             label2id={"negative": 0, "neutral": 1, "positive": 2}, pad_token_id=PAD)),
+        "bert-tagger": (t.BertForTokenClassification, t.BertConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
+            max_position_embeddings=64, id2label=dict(enumerate(["B-LOC", "B-PER", "I-LOC", "I-PER", "O"])),
+            label2id={tag: i for i, tag in enumerate(["B-LOC", "B-PER", "I-LOC", "I-PER", "O"])}, pad_token_id=PAD)),
         "bert-mlm": (t.BertForMaskedLM, t.BertConfig(
             num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
             max_position_embeddings=64, pad_token_id=PAD)),
@@ -72,8 +76,8 @@ def _configs():
     }
 
 
-FAMILIES = ("gpt2", "llama", "llama-tied", "mistral", "bert", "bert-classifier", "bert-mlm", "marian",
-            "marian-two-vocabularies")
+FAMILIES = ("gpt2", "llama", "llama-tied", "mistral", "bert", "bert-classifier", "bert-tagger", "bert-mlm",
+            "marian", "marian-two-vocabularies")
 
 
 def hf_model(name: str, directory: Path, *, seed: int = 0, config=None):

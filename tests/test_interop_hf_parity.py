@@ -44,7 +44,7 @@ def _compare(name, reference, model, seed):
             if name == "bert":  # bare encoder: every real token's state, and the pooler's output
                 return [(ref.last_hidden_state[mask.bool()], ours.hidden_states[mask.bool()]),
                         (ref.pooler_output, ours.logits)]
-            if name == "bert-mlm":
+            if name in ("bert-mlm", "bert-tagger"):  # a prediction at each real position
                 return [(ref.logits[mask.bool()], ours.logits[mask.bool()])]
             return [(ref.logits, ours.logits)]
         ref = reference(input_ids=ids, attention_mask=mask)

@@ -48,6 +48,7 @@ from attnkit.interop.hf_weights import (
 )
 from attnkit.interop.keymaps import FamilyMap
 from attnkit.models import build_model
+from attnkit.tasks import task_of_config
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def load(
         model=model,
         config=config,
         tokenizer=_read_tokenizer(directory),
-        labels=_labels(hf) if getattr(config, "encoder_head", None) == "classify" else None,
+        labels=_labels(hf) if (task := task_of_config(config)) is not None and task.labelled else None,
         model_type=family.model_type,
         architecture=architecture,
         special_ids={name: hf[name] for name in family.special_ids if isinstance(hf.get(name), int)},

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from attnkit.config import ModelConfig
 from attnkit.errors import ConfigError
+from attnkit.tasks import task_of_config
 
 
 class Rule(NamedTuple):
@@ -270,16 +271,15 @@ MISTRAL = FamilyMap(
 
 # BERT -----------------------------------------------------------------------------------------------------------
 def _bert_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
-    if fields["encoder_head"] == "none":  # BertModel(add_pooling_layer=False) leaves no trace but its tensors
+    if "pooler" not in fields:  # BertModel(add_pooling_layer=False) leaves no trace but its tensors
         return {"pooler": "bert.pooler.dense.weight" in names}
-    if fields["encoder_head"] == "mlm":
-        return {"pooler": False}
     labels = hf.get("id2label")
-    return {"pooler": True, "n_classes": len(labels) if labels else int(hf.get("num_labels", 2))}
+    return {"n_classes": len(labels) if labels else int(hf.get("num_labels", 2))}
 
 
 def _bert_to_hf(config, labels) -> dict[str, Any]:
-    if config.encoder_head != "classify":
+    task = task_of_config(config)
+    if task is None or not task.labelled:  # label names for the heads of tasks that learn labels
         return {}
     names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(config.n_classes)]
     return {"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}}
@@ -290,8 +290,9 @@ BERT = FamilyMap(
     name="BERT",
     architectures={
         "BertModel": {"encoder_head": "none"},
-        "BertForSequenceClassification": {"encoder_head": "classify"},
-        "BertForMaskedLM": {"encoder_head": "mlm", "mlm_transform": True, "lm_head_bias": True},
+        "BertForSequenceClassification": {"encoder_head": "classify", "pooler": True},
+        "BertForTokenClassification": {"encoder_head": "tag", "pooler": False},
+        "BertForMaskedLM": {"encoder_head": "mlm", "mlm_transform": True, "lm_head_bias": True, "pooler": False},
     },
     base_prefix="bert.",
     bare_architectures=("BertModel",),
@@ -354,7 +355,8 @@ BERT = FamilyMap(
     ignored=("bert.embeddings.position_ids",),
     # BertForPreTraining checkpoints (bert-base-uncased) also hold the pooler and the next-sentence head, which
     # BertForMaskedLM leaves out as well.
-    ignored_by_architecture=(("BertForMaskedLM", ("bert.pooler", "cls.seq_relationship")),),
+    ignored_by_architecture=(("BertForMaskedLM", ("bert.pooler", "cls.seq_relationship")),
+                             ("BertForTokenClassification", ("bert.pooler", "cls."))),
     special_ids=("pad_token_id",),
 )
 
