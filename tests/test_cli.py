@@ -95,11 +95,12 @@ SHELL = {">", ">>", "<", "2>", "&&", ";", "||"}  # where a shell line's `attnkit
 
 def _documented_command_lines() -> list[list[str]]:
     """The arguments of every `attnkit ...` and `python -m attnkit ...` command in the code blocks of the README
-    and the documentation pages (continuation lines joined; what a pipe feeds in, redirections and comments
-    dropped)."""
+    and the documentation pages, but for ```console transcripts (continuation lines joined; what a pipe feeds in,
+    redirections and comments dropped)."""
     commands = []
-    fenced = re.compile(r"^ *```[^\n]*\n(.*?)^ *```", flags=re.S | re.M)
-    blocks = [block for path in DOCUMENTS for block in fenced.findall(path.read_text(encoding="utf-8"))]
+    fenced = re.compile(r"^ *```([^\n]*)\n(.*?)^ *```", flags=re.S | re.M)
+    blocks = [block for path in DOCUMENTS for info, block in fenced.findall(path.read_text(encoding="utf-8"))
+              if info.strip() != "console"]  # a console block is a transcript: mistakes and what they print
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
             text = line.split("|")[-1].strip().removeprefix("python -m ")

@@ -180,7 +180,7 @@ def test_a_missing_run_under_an_existing_folder_is_not_taken_for_a_hub_name(tmp_
     assert "convert" not in str(error.value)
 
 
-def test_count_parameters_takes_a_model_a_config_a_preset_or_a_loaded_run(runs):
+def test_count_parameters_and_build_model_take_a_model_a_config_its_fields_a_preset_or_a_loaded_run(runs):
     config = attnkit.presets.get("gpt2-tiny")
     expected = sum(p.numel() for p in {id(p): p for p in attnkit.build_model(config).parameters()}.values())
     assert attnkit.count_parameters(config) == expected
@@ -188,7 +188,9 @@ def test_count_parameters_takes_a_model_a_config_a_preset_or_a_loaded_run(runs):
     assert attnkit.count_parameters("gpt2-tiny") == expected
     loaded = attnkit.load(runs["clf"], device="cpu")
     assert attnkit.count_parameters(loaded) == attnkit.count_parameters(loaded.config)
-    with pytest.raises(attnkit.ConfigError, match="takes a model, a ModelConfig"):
+    assert attnkit.count_parameters(config.to_dict()) == expected
+    assert attnkit.count_parameters(attnkit.build_model("gpt2-tiny")) == expected
+    with pytest.raises(attnkit.ConfigError, match="expected a model config"):
         attnkit.count_parameters(3)
 
 
