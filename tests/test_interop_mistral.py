@@ -12,14 +12,16 @@ import json
 
 import pytest
 import torch
-from interop_models import PAD, VOCAB, batch, hf_model, mistral_config, transformers
+from interop_models import PAD, VOCAB, batch, hf_model, mistral_config, transformers, word_tokenizer
 
-from attnkit import build_model, presets
+from attnkit import ConfigError, build_model, presets
 from attnkit.cli import main
 from attnkit.generate import generate_tokens
 from attnkit.interop import hf
+from attnkit.tokenize import load_tokenizer
 
 WINDOW = 4
+EOS = 2  # </s> of interop_models' word tokenizer
 PROMPTS = [[5, 17, 33, 8, 61, 4, 70], [42, 7, 90, 3, 3, 18], [9, 9, 80, 3, 11, 12, 13, 14, 15]]  # all > WINDOW
 
 
@@ -27,7 +29,9 @@ PROMPTS = [[5, 17, 33, 8, 61, 4, 70], [42, 7, 90, 3, 3, 18], [9, 9, 80, 3, 11, 1
 def narrow(tmp_path_factory):
     """(directory, reference) of a tiny random Mistral whose window (4) is narrower than every prompt."""
     directory = tmp_path_factory.mktemp("mistral-narrow")
-    return directory, hf_model("mistral", directory, config=mistral_config(sliding_window=WINDOW))
+    reference = hf_model("mistral", directory, config=mistral_config(sliding_window=WINDOW))
+    word_tokenizer(directory)
+    return directory, reference
 
 
 def _logits(model, ids, mask):
@@ -85,9 +89,24 @@ def test_greedy_generation_four_windows_long_equals_transformers(narrow):
 
 
 def test_convert_both_ways_on_the_command_line(narrow, tmp_path, capsys):
+    """--from-hf, then attnkit generate as a user runs it (the inference plan's kernels) four windows past a
+    prompt longer than the window, then --to-hf, which transformers reads as the same Mistral."""
     directory, reference = narrow
     assert main(["convert", "--from-hf", str(directory), "--out", str(tmp_path / "run")]) == 0
     assert json.loads((tmp_path / "run" / "config.json").read_text())["attention_window"] == WINDOW
+    prompt, new_tokens = PROMPTS[0], 4 * WINDOW
+    words = " ".join(f"w{i}" for i in prompt)
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "run"), "--prompt", words, "--max-new-tokens", str(new_tokens),
+                 "--temperature", "0", "--no-stream"]) == 0
+    with torch.no_grad():
+        out = reference.generate(input_ids=torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
+                                 eos_token_id=EOS, pad_token_id=PAD)
+    new = out[0, len(prompt):].tolist()
+    new = new[: new.index(EOS)] if EOS in new else new  # attnkit generate stops at the tokenizer's </s>
+    assert len(new) > 2 * WINDOW
+    expected = load_tokenizer(tmp_path / "run" / "tokenizer").decode(new)
+    assert capsys.readouterr().out.strip() == words + expected
     assert main(["convert", str(tmp_path / "run"), "--to-hf", str(tmp_path / "back")]) == 0
     assert "as a MistralForCausalLM" in capsys.readouterr().out
 
@@ -119,8 +138,8 @@ def test_an_attnkit_model_with_a_window_is_written_as_mistral(tmp_path):
     assert dataclasses.replace(back.config, head_dim=None, final_norm=None) == config  # those two resolved
     for name, tensor in model.state_dict().items():
         assert torch.equal(back.model.state_dict()[name], tensor), name
-    with pytest.raises(Exception, match="global_every=2"):  # alternating local and global layers: no Mistral
-        windowed_and_global = dataclasses.replace(config, global_every=2)
+    windowed_and_global = dataclasses.replace(config, global_every=2)  # alternating local and global layers
+    with pytest.raises(ConfigError, match="no Hugging Face layout.*global_every=2"):
         hf.save(build_model(windowed_and_global), tmp_path / "gemma-like", config=windowed_and_global)
 
 
