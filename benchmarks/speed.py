@@ -5,8 +5,13 @@
 
 Each measurement runs in a fresh subprocess (so peak resident memory is that case's alone), alternating attnkit
 and the reference, each with warm-up steps and the median of several timed ones; with --rounds the alternation
-repeats and each side reports its median round, which steadies ratios on a shared machine. The machine's own peaks are
-measured first: matrix-multiply FLOP/s in fp32 and bf16, and memory read bandwidth. Results go to
+repeats, each side reports its median round, and a ratio is the median of the rounds' own ratios (each round's
+attnkit against the same round's reference), which steadies ratios on a shared machine. The machine's matrix-multiply
+peaks are measured first, for the dtypes asked for; a row's utilisation divides by the peak of the arithmetic its
+products run in (bf16 on a CPU without bf16 kernels converts to fp32 inside, so that row takes the larger of the two
+peaks; int8 products have no measured peak and no utilisation). Memory read bandwidth is measured in each generation
+row's own subprocess, right after its timing, so "bandwidth used" compares with what the machine gave that row. The
+CPU's capabilities (`attnkit.machine.CpuCapabilities`) are recorded with the results. Results go to
 `benchmarks/results/speed-<machine>.json` and a markdown table beside it.
 
 `--peers` adds the tools people pick for speed (`benchmarks/peers.py`): nanoGPT's model and training loop for the
@@ -36,6 +41,7 @@ import torch
 
 from attnkit.experiments.base import device_name
 from attnkit.generate.quantize import dynamic_quantization_available
+from attnkit.machine import CpuCapabilities
 from benchmarks import peers
 from benchmarks.common import RESULTS, synced, timed_runs
 
@@ -69,6 +75,7 @@ CASES = [
 ]
 IMPLEMENTATIONS = ["attnkit", "transformers"]
 INT8 = ["attnkit-int8", "attnkit-int8-compiled"]  # int8 weights (eager, compiled decoding step), bf16 generation
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 INT8_DYNAMIC = "attnkit-int8-dynamic"  # int8 weights and activations (eager, CPU), fp32 elsewhere
 MASTER = "attnkit-master"  # bf16 training through a bf16 copy of the model with fp32 master weights
 AUTOTUNED = {"attnkit-autotuned", "attnkit-int8-autotuned"}  # the decoding step compiled with "max-autotune"
@@ -291,6 +298,7 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
     if on_gpu:
         result["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     if case.kind == "generate":
+        result["read_bytes_per_s"] = read_bandwidth(device, n_bytes=1 << 28, repeats=3)  # beside this row's timing
         result["ms_per_token"] = 1000 * median / case.new_tokens
         result["weight_bytes"] = bytes_read_per_token(model) if check is None else _gguf_bytes(model, impl, dtype)
         result["first_token_s"] = statistics.median(timed_runs(synced(lambda: step(1), device), repeats, warmup=0))
@@ -366,12 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     if earlier is not None and earlier.get("device", device_name("cpu")) != device_name(device):
         parser.error(f"{path} holds results measured on {earlier.get('device', 'the CPU')}, not on "
                      f"{device_name(device)}; give this run its own --machine name")
-    peaks = {"fp32_flops": matmul_peak(torch.float32, device), "bf16_flops": matmul_peak(torch.bfloat16, device),
-             "read_bytes_per_s": read_bandwidth(device)}
+    cpu = None if on_gpu else CpuCapabilities.detect()
+    peaks = {f"{d}_flops": matmul_peak(DTYPES[d], device) for d in ("fp32", "bf16") if d in args.dtypes or d == "fp32"}
     if on_gpu:
         torch.cuda.empty_cache()  # the subprocesses measure their own memory; leave them the GPU's
-    print(f"machine peaks: fp32 {peaks['fp32_flops'] / 1e12:.2f} TFLOP/s, bf16 {peaks['bf16_flops'] / 1e12:.2f} "
-          f"TFLOP/s, read {peaks['read_bytes_per_s'] / 1e9:.1f} GB/s", flush=True)
+    print(f"machine: {cpu.summary() if cpu else device_name(device)}; peaks: {_peaks_text(peaks)}", flush=True)
     rows = []
     for case in [c for c in CASES if not args.only or c.name in args.only]:
         for dtype in args.dtypes:
@@ -398,14 +405,14 @@ def main(argv: list[str] | None = None) -> int:
                     )
             pair = {impl: _median_round(results) for impl, results in runs.items()}
             for result in pair.values():
-                _add_utilisation(result, case, peaks)
+                _add_utilisation(result, case, peaks, cpu)
                 rows.append(result)
             rows.extend(skipped.values())
             _print_pair(case, dtype, pair)
     command = "python -m benchmarks speed " + " ".join(argv or sys.argv[1:])
     report = {"machine": machine, "device": device_name(device), "threads": args.threads,
               "torch": torch.__version__, "peaks": peaks, "command": command, "results": rows,
-              "load_average": os.getloadavg()}
+              "load_average": os.getloadavg(), "cpu": cpu.to_dict() if cpu else None}
     if earlier is not None:  # keep the earlier rows of other cases and dtypes
         redone = {(r["case"], r["dtype"]) for r in rows}
         rows[:0] = [r for r in earlier["results"] if (r["case"], r["dtype"]) not in redone]
@@ -426,13 +433,48 @@ def _median_round(results: list[dict]) -> dict:
     return {**ranked[(len(ranked) - 1) // 2], "rounds_tokens_per_s": [r["tokens_per_s"] for r in good]}
 
 
-def _add_utilisation(result: dict, case: Case, peaks: dict) -> None:
+def row_peak(result: dict, peaks: dict, cpu: CpuCapabilities | None) -> float | None:
+    """The FLOP/s peak of the arithmetic a row's products run in: fp32; bf16 (the larger of the bf16 and fp32 peaks on
+    a CPU without oneDNN's bf16 kernels, which convert to fp32 inside); None for int8 products, whose peak is not
+    measured."""
+    if result["impl"] in (INT8_DYNAMIC, "llama.cpp-q8_0"):
+        return None
+    if result["dtype"] != "bf16":
+        return peaks["fp32_flops"]
+    if "bf16_flops" not in peaks:
+        return None
+    converts = cpu is not None and not cpu.onednn_bf16
+    return max(peaks["bf16_flops"], peaks["fp32_flops"]) if converts else peaks["bf16_flops"]
+
+
+def _add_utilisation(result: dict, case: Case, peaks: dict, cpu: CpuCapabilities | None) -> None:
     if "error" in result or "skipped" in result:
         return
-    peak = peaks["bf16_flops"] if result["dtype"] == "bf16" else peaks["fp32_flops"]
-    result["mfu"] = result["tokens_per_s"] * result["flops_per_token"] / peak
-    if case.kind == "generate" and case.batch_size == 1:
-        result["bandwidth_fraction"] = result["weight_bytes"] * result["tokens_per_s"] / peaks["read_bytes_per_s"]
+    peak = row_peak(result, peaks, cpu)
+    if peak is not None:
+        result["mfu"] = result["tokens_per_s"] * result["flops_per_token"] / peak
+    if case.kind == "generate" and case.batch_size == 1 and "read_bytes_per_s" in result:
+        result["bandwidth_fraction"] = result["weight_bytes"] * result["tokens_per_s"] / result["read_bytes_per_s"]
+
+
+def round_ratio(ours: dict, ref: dict) -> float:
+    """attnkit's tokens/s over the reference's: the median of the rounds' own ratios where both ran the same rounds,
+    else the ratio of their median rounds."""
+    mine, theirs = ours.get("rounds_tokens_per_s"), ref.get("rounds_tokens_per_s")
+    if mine and theirs and len(mine) == len(theirs):
+        return statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
+    return ours["tokens_per_s"] / ref["tokens_per_s"]
+
+
+def _peaks_text(peaks: dict) -> str:
+    flops = ", ".join(f"{k.removesuffix('_flops')} {v / 1e12:.2f} TFLOP/s" for k, v in peaks.items()
+                      if k.endswith("_flops"))
+    read = f", read {peaks['read_bytes_per_s'] / 1e9:.1f} GB/s" if "read_bytes_per_s" in peaks else ""
+    return flops + read
+
+
+def _mfu(result: dict) -> str:
+    return f"{result['mfu']:.1%}" if "mfu" in result else "-"
 
 
 def _print_pair(case: Case, dtype: str, pair: dict) -> None:
@@ -444,17 +486,16 @@ def _print_pair(case: Case, dtype: str, pair: dict) -> None:
             print(f"{case.name} {dtype}: error {ours.get('error') or ref.get('error')}", flush=True)
             continue
         print(f"{case.name:28s} {dtype}: {ours['impl']} {ours['tokens_per_s']:9.1f} tok/s  {ref['impl']} "
-              f"{ref['tokens_per_s']:9.1f} tok/s  ratio {ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x  "
+              f"{ref['tokens_per_s']:9.1f} tok/s  ratio {round_ratio(ours, ref):.2f}x  "
               f"peak RSS {ours['peak_rss_mb']:.0f} vs {ref['peak_rss_mb']:.0f} MB", flush=True)
 
 
 def markdown_table(report: dict) -> str:
-    peaks = report["peaks"]
     gpu = any("peak_gpu_mb" in r for r in report["results"])
+    cpu = CpuCapabilities.from_dict(report["cpu"]) if report.get("cpu") else None
     lines = [
-        f"Machine `{report['machine']}` ({report['device']}), {report['threads']} threads, torch {report['torch']}; "
-        f"measured peaks: fp32 {peaks['fp32_flops'] / 1e12:.2f} TFLOP/s, bf16 {peaks['bf16_flops'] / 1e12:.2f} "
-        f"TFLOP/s, read {peaks['read_bytes_per_s'] / 1e9:.1f} GB/s. Command: `{report['command']}`",
+        f"Machine `{report['machine']}` ({cpu.summary() if cpu else report['device']}), {report['threads']} threads, "
+        f"torch {report['torch']}; measured peaks: {_peaks_text(report['peaks'])}. Command: `{report['command']}`",
         "",
         "| case | dtype | attnkit tok/s | transformers tok/s | ratio | attnkit MFU | ref MFU "
         "| attnkit / ref peak RSS MB | attnkit ms/token | bandwidth used |"
@@ -473,7 +514,7 @@ def markdown_table(report: dict) -> str:
             gpu_memory = f" {_mb(ours, 'peak_gpu_mb')} / {_mb(ref, 'peak_gpu_mb')} |" if gpu else ""
             lines.append(
                 f"| {case.name} | {label} | {ours['tokens_per_s']:.1f} | {ref['tokens_per_s']:.1f} | "
-                f"{ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x | {ours['mfu']:.1%} | {ref['mfu']:.1%} | "
+                f"{round_ratio(ours, ref):.2f}x | {_mfu(ours)} | {_mfu(ref)} | "
                 f"{ours['peak_rss_mb']:.0f} / {ref['peak_rss_mb']:.0f} | {ms} | {bandwidth} |{gpu_memory}"
             )
     return "\n".join(lines + peers_table(report)) + "\n"
@@ -503,7 +544,7 @@ def peers_table(report: dict) -> list[str]:
             lines.append(
                 f"| {peer['case']} | {peer['dtype']} | {label} | {peer['tokens_per_s']:.1f} | "
                 f"{LABELS[impl].format(dtype=peer['dtype'])} | {ours['tokens_per_s']:.1f} | "
-                f"{ours['tokens_per_s'] / peer['tokens_per_s']:.2f}x | {ours['peak_rss_mb']:.0f} / "
+                f"{round_ratio(ours, peer):.2f}x | {ours['peak_rss_mb']:.0f} / "
                 f"{peer['peak_rss_mb']:.0f} | {first} | {ours.get('first_call_s', 0):.1f} / {peer['first_call_s']:.1f} "
                 f"| {bandwidth} |"
             )
