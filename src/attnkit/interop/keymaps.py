@@ -50,14 +50,6 @@ FromHF = Callable[[dict[str, Any], dict[str, Any], str, set[str], str], dict[str
 ToHF = Callable[[ModelConfig, Sequence[str] | None], dict[str, Any]]
 
 
-def _nothing_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
-    return {}
-
-
-def _nothing_to_hf(config, labels) -> dict[str, Any]:
-    return {}
-
-
 @dataclass(frozen=True)
 class FamilyMap:
     model_type: str
@@ -71,8 +63,8 @@ class FamilyMap:
     ours_fixed: dict[str, Any]
     tensors: tuple[Rule, ...]
     summary: str  # what a checkpoint of the family sets, for the docs' table
-    from_hf: FromHF = _nothing_from_hf
-    to_hf: ToHF = _nothing_to_hf
+    from_hf: FromHF
+    to_hf: ToHF
     ignored: tuple[str, ...] = ()  # buffers recomputed at load time (causal masks, rotary tables, position ids)
     ignored_by_architecture: tuple[tuple[str, tuple[str, ...]], ...] = ()  # tensors a class drops when it loads
     zero_if_missing: tuple[str, ...] = ()  # Hugging Face tensors that default to zeros when a checkpoint omits them
