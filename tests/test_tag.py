@@ -1,0 +1,154 @@
+"""Token classification: CoNLL and CoNLL-U reading, BIO/BIOES checks, labels on first pieces only, seqeval's scores,
+and a tagger trained from the command line on a synthetic entity set (tests/tagging_data.py) to entity F1 >= 0.95."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tagging_data import tagging_sentences
+
+import attnkit
+from attnkit import build_model, cli
+from attnkit.config import ModelConfig
+from attnkit.data import IGNORE_INDEX, LabelVocab
+from attnkit.errors import ConfigError, InputError
+from attnkit.tasks.conll import check_scheme, read_tagged, tag_scheme, write_conll
+from attnkit.tasks.tag import TaggedData, align, tag_predictions, tag_scores
+from attnkit.tokenize import CharTokenizer, train_tokenizer
+
+CONLLU = """# sent_id = 1
+1\tAnna\tAnna\tPROPN\tNNP\t_\t2\tnsubj\t_\tNER=B-PER
+2\tlives\tlive\tVERB\tVBZ\t_\t0\troot\t_\tNER=O
+3-4\tin'the\t_\t_\t_\t_\t_\t_\t_\t_
+3\tin\tin\tADP\tIN\t_\t5\tcase\t_\tNER=O
+4\tthe\tthe\tDET\tDT\t_\t5\tdet\t_\tNER=O
+5\tcity\tcity\tNOUN\tNN\t_\t2\tobl\t_\tNER=O
+5.1\tghost\tghost\tX\tX\t_\t_\t_\t_\tNER=O
+
+"""
+
+
+def test_conll_and_conllu_files_read_into_words_and_tags(tmp_path):
+    conll = tmp_path / "a.conll"
+    conll.write_text("-DOCSTART- -X- O O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\nPeter NNP B-NP B-PER\n",
+                     encoding="utf-8")
+    assert read_tagged(conll) == [(["EU", "rejects"], ["B-ORG", "O"]), (["Peter"], ["B-PER"])]
+    conllu = tmp_path / "a.conllu"
+    conllu.write_text(CONLLU, encoding="utf-8")
+    words = ["Anna", "lives", "in", "the", "city"]  # no multiword range, no empty node
+    assert read_tagged(conllu) == [(words, ["PROPN", "VERB", "ADP", "DET", "NOUN"])]
+    assert read_tagged(conllu, column="NER") == [(words, ["B-PER", "O", "O", "O", "O"])]
+    with pytest.raises(InputError, match="--tag-column"):
+        read_tagged(conllu, column="deps")
+    bad = tmp_path / "bad.conll"
+    bad.write_text("word\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"bad.conll:1: 'word' has no tag"):
+        read_tagged(bad)
+
+
+def test_write_conll_reads_back(tmp_path):
+    sentences = tagging_sentences(5, seed=3)
+    write_conll(tmp_path / "s.conll", sentences)
+    assert read_tagged(tmp_path / "s.conll") == sentences
+
+
+def test_tag_schemes_are_told_apart_and_checked():
+    assert tag_scheme({"O", "B-PER", "I-PER"}) == "BIO"
+    assert tag_scheme({"O", "S-PER", "B-LOC", "E-LOC"}) == "BIOES"
+    assert tag_scheme({"NOUN", "VERB"}) is None
+    check_scheme([(["a", "b"], ["B-PER", "I-PER"])], "BIO", "f")
+    with pytest.raises(InputError, match="I-PER follows O"):
+        check_scheme([(["a", "b"], ["O", "I-PER"])], "BIO", "f")
+    with pytest.raises(InputError, match="I-LOC follows B-PER"):
+        check_scheme([(["a", "b"], ["B-PER", "I-LOC"])], "BIO", "f")
+    check_scheme([(["a", "b", "c"], ["B-LOC", "E-LOC", "S-PER"])], "BIOES", "f")
+    with pytest.raises(InputError, match="leaves unclosed"):
+        check_scheme([(["a", "b"], ["B-LOC", "O"])], "BIOES", "f")
+
+
+def test_labels_sit_on_first_pieces_and_nothing_else_carries_loss():
+    tokenizer = train_tokenizer("bpe", ["Johnathan lives in Paris"] * 20, vocab_size=300)
+    words, tags = ["Johnathan", "lives", "in", "Paris"], [1, 0, 0, 2]
+    aligned = align(tokenizer, words, tags, max_len=64)
+    pieces = tokenizer.encode_batch(words)
+    assert aligned.ids[0] in (tokenizer.cls_id, tokenizer.bos_id)
+    for word, first, tag in zip(pieces, aligned.firsts, tags, strict=True):
+        assert aligned.ids[first:first + len(word)] == word
+        assert aligned.labels[first] == tag
+        assert all(label == IGNORE_INDEX for label in aligned.labels[first + 1:first + len(word)])
+    assert sum(label != IGNORE_INDEX for label in aligned.labels) == len(words)
+    short = align(tokenizer, words, tags, max_len=1 + len(pieces[0]) + 1)  # room for the first word only
+    assert short.firsts[0] is not None and short.firsts[1:] == [None, None, None]
+
+
+def test_the_loss_skips_continuation_pieces_and_padding():
+    """The model's loss equals cross-entropy over first pieces alone, whatever the other positions predict."""
+    tokenizer = CharTokenizer.from_texts(["abcdefgh "])
+    vocab = LabelVocab(("B-X", "O"))
+    data = TaggedData.from_sentences([(["abc", "de"], ["B-X", "O"]), (["h"], ["O"])], tokenizer, label_vocab=vocab,
+                                     max_len=16, batch_size=2)
+    config = ModelConfig(family="encoder", encoder_head="tag", n_classes=2, vocab_size=tokenizer.vocab_size,
+                         d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16, dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    batch = data.collate([0, 1])
+    out = model(batch.ids, attention_mask=batch.mask, labels=batch.labels)
+    firsts = [(row, f) for row, a in enumerate(data.aligned) for f in a.firsts]
+    logits = torch.stack([out.logits[r, f] for r, f in firsts])
+    gold = torch.tensor([vocab.encode(t) for _, tags in data.sentences for t in tags])
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(logits, gold))
+    _, count, predicted = tag_predictions(model, data)
+    assert count == 3 and [len(p) for p in predicted] == [2, 1]
+
+
+def test_scores_are_seqeval_entity_scores_and_word_accuracy():
+    gold = [["B-PER", "I-PER", "O", "B-LOC"]]
+    predicted = [["B-PER", "I-PER", "O", "O"]]
+    scores = tag_scores(gold, predicted, "BIO")
+    assert scores["precision"] == 1.0 and scores["recall"] == 0.5 and scores["f1"] == pytest.approx(2 / 3)
+    assert scores["accuracy"] == 0.75
+    assert tag_scores([["NOUN", "VERB"]], [["NOUN", "NOUN"]], None) == {"accuracy": 0.5}
+
+
+def test_a_tagger_trains_from_the_command_line_to_entity_f1_095(tmp_path, capsys):
+    """The synthetic entity set of tests/tagging_data.py (closed lists of people, places and companies in six
+    templates): trained from CoNLL files, scored by attnkit eval as by training, used by attnkit tag and load."""
+    write_conll(tmp_path / "train.conll", tagging_sentences(600, seed=0))
+    write_conll(tmp_path / "dev.conll", tagging_sentences(100, seed=1))
+    run = tmp_path / "run"
+    torch.set_num_threads(2)
+    assert cli.main(["train", "--task", "tag", "--data", str(tmp_path / "train.conll"), "--val-data",
+                     str(tmp_path / "dev.conll"), "--out", str(run), "--set", "d_model=64", "--set", "d_ff=128",
+                     "--vocab-size", "300", "--max-steps", "200", "--batch-size", "32", "--eval-every", "200",
+                     "--lr", "3e-3", "--no-progress"]) == 0
+    capsys.readouterr()
+    config = json.loads((run / "config.json").read_text())
+    assert config["encoder_head"] == "tag" and config["n_classes"] == 7  # the task implied its head
+    trained = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "f1" in r][-1]
+    assert trained["f1"] >= 0.95, trained
+    assert cli.main(["eval", str(run), "--data", str(tmp_path / "dev.conll")]) == 0
+    report = json.loads((run / "eval" / "eval.json").read_text())
+    assert report["rows"][0]["f1"] == pytest.approx(trained["f1"], abs=1e-9)
+    assert report["rows"][0]["accuracy"] == pytest.approx(trained["accuracy"], abs=1e-9)
+    capsys.readouterr()
+    assert cli.main(["tag", str(run), "--text", "Anna lives in New York .", "--format", "conll"]) == 0
+    assert capsys.readouterr().out.splitlines()[:5] == ["Anna\tB-PER", "lives\tO", "in\tO", "New\tB-LOC",
+                                                        "York\tI-LOC"]
+    pipeline = attnkit.load(run)
+    words = pipeline.tag(["Hooli hired Greta Lind last year ."])[0]
+    assert [w.label for w in words] == ["B-ORG", "O", "B-PER", "I-PER", "O", "O", "O"]
+    assert not hasattr(pipeline, "classify") and not hasattr(pipeline, "generate")
+
+
+def test_inconsistent_training_tags_are_refused_before_training(tmp_path):
+    from attnkit.train import TrainRequest, prepare
+
+    (tmp_path / "bad.conll").write_text("Anna\tI-PER\nlives\tO\n\nBen\tB-PER\n\n", encoding="utf-8")
+    with pytest.raises(InputError, match="I-PER follows O"):
+        prepare(TrainRequest(out=str(tmp_path / "run"), task="tag", data={"data": (str(tmp_path / "bad.conll"),),
+                                                                          "tokenizer": "char"}))
+    with pytest.raises(ConfigError, match="encoder_head"):
+        prepare(TrainRequest(out=str(tmp_path / "run2"), task="tag", overrides=["encoder_head=classify"],
+                             data={"data": (str(tmp_path / "bad.conll"),), "tokenizer": "char"}))

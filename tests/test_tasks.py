@@ -1,0 +1,231 @@
+"""The task registry: every task said once (families, head, pipeline method), the task implying its head,
+the one evaluation loop giving training's numbers in `attnkit eval`, and no task name compared outside the
+registry."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tagging_data import tagging_sentences
+
+import attnkit
+from attnkit import build_model, presets
+from attnkit.checkpoint import load_model, save_model
+from attnkit.config import ModelConfig
+from attnkit.errors import ConfigError, InputError
+from attnkit.generate import translate_ids
+from attnkit.interop.keymaps import FAMILIES as HF_FAMILIES
+from attnkit.tasks import task_names, task_of_config, task_spec, tasks
+from attnkit.tasks.conll import write_conll
+from attnkit.tokenize import CharTokenizer
+from attnkit.train import TrainRequest, prepare
+from attnkit.train.evaluate import evaluate_run
+from attnkit.train.job import check_request
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "attnkit"
+TINY = ["d_model=32", "n_layers=1", "n_heads=2", "d_ff=64", "max_seq_len=32"]
+
+
+@pytest.fixture(autouse=True)
+def single_threaded():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_every_task_is_registered_once_with_what_it_needs():
+    assert set(task_names()) >= {"lm", "mlm", "translate", "classify", "tag"}
+    for spec in tasks():
+        config = ModelConfig(**spec.default_model)
+        assert task_of_config(config) is spec  # its default model is built for it, and for it alone
+        assert config.family in spec.families
+    with pytest.raises(ConfigError, match="did you mean classify"):
+        task_spec("clasify")
+
+
+def test_hugging_face_classes_of_the_tasks_are_the_ones_interop_reads():
+    """Each task's Hugging Face classes exist in the architecture registry, and map to a config the task fits."""
+    architectures = {arch: (family, fields) for family in HF_FAMILIES.values()
+                     for arch, fields in family.architectures.items()}
+    for spec in tasks():
+        for arch in spec.hf_architectures:
+            assert arch in architectures, (spec.name, arch)
+            fields = architectures[arch][1]
+            assert all(fields.get(k, v) == v for k, v in spec.head.items()), (spec.name, arch)
+
+
+def test_the_task_implies_its_head_and_a_contradicting_set_is_refused(tmp_path):
+    config, _, _ = check_request(TrainRequest(out=str(tmp_path), task="mlm", preset="bert-tiny"))
+    assert config.encoder_head == "mlm"  # bert-tiny is a classifier; --task mlm asked for the masked-LM head
+    config, _, _ = check_request(TrainRequest(out=str(tmp_path), task="tag"))
+    assert config.encoder_head == "tag"
+    with pytest.raises(ConfigError, match="--task mlm needs encoder_head='mlm'.*drop that --set"):
+        check_request(TrainRequest(out=str(tmp_path), task="mlm", overrides=["encoder_head=classify"]))
+    with pytest.raises(ConfigError, match="--task lm trains a decoder"):
+        check_request(TrainRequest(out=str(tmp_path), task="lm", preset="bert-tiny"))
+
+
+def test_a_mismatch_of_task_and_family_is_refused_before_a_tokenizer_is_trained(tmp_path, monkeypatch):
+    def no_tokenizer(*args, **kwargs):
+        raise AssertionError("a tokenizer was trained before the task was checked")
+
+    monkeypatch.setattr("attnkit.train.job.train_tokenizer", no_tokenizer)
+    text = tmp_path / "t.txt"
+    text.write_text("some text " * 100, encoding="utf-8")
+    with pytest.raises(ConfigError, match="--task lm trains a decoder"):
+        prepare(TrainRequest(out=str(tmp_path / "run"), task="lm", preset="bert-tiny", data={"data": (str(text),)}))
+
+
+def test_the_pipeline_has_only_the_method_of_its_run(tmp_path):
+    tokenizer = CharTokenizer.from_texts(["abc [MASK]"])
+    for head, method in (("classify", "classify"), ("mlm", "fill_mask"), ("tag", "tag")):
+        config = ModelConfig(family="encoder", encoder_head=head, vocab_size=tokenizer.vocab_size, d_model=16,
+                             n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+        save_model(build_model(config), config, tmp_path / head)
+        tokenizer.save(tmp_path / head / "tokenizer")
+        pipeline = attnkit.load(tmp_path / head)
+        others = {"generate", "translate", "classify", "tag", "fill_mask"} - {method}
+        assert hasattr(pipeline, method) and method in dir(pipeline)
+        assert not any(hasattr(pipeline, m) for m in others) and not set(dir(pipeline)) & others
+        with pytest.raises(InputError, match=f"use {method} instead"):
+            getattr(pipeline, sorted(others)[0])
+
+
+def test_fill_mask_gives_the_top_k_tokens_at_each_mask(tmp_path):
+    tokenizer = CharTokenizer.from_texts(["abcdef"])
+    config = ModelConfig(family="encoder", encoder_head="mlm", vocab_size=tokenizer.vocab_size, d_model=16,
+                         n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    save_model(model, config, tmp_path / "mlm")
+    tokenizer.save(tmp_path / "mlm" / "tokenizer")
+    fills = attnkit.load(tmp_path / "mlm").fill_mask(["ab[MASK]d<mask>"], top_k=3)[0]
+    assert [f.position for f in fills] == [0, 1] and all(len(f.candidates) == 3 for f in fills)
+    mask, cls, sep = tokenizer.mask_id, tokenizer.cls_id or tokenizer.bos_id, tokenizer.sep_id or tokenizer.eos_id
+    ids = [cls, *tokenizer.encode("ab"), mask, *tokenizer.encode("d"), mask, sep]
+    with torch.no_grad():
+        probs = model(torch.tensor([ids])).logits[0].softmax(-1)
+    for fill, where in zip(fills, (3, 5), strict=True):
+        best = probs[where].topk(3)
+        assert [p for _, p in fill.candidates] == pytest.approx(best.values.tolist())
+        assert [t for t, _ in fill.candidates] == [tokenizer.decode([i], skip_special=False) for i in best.indices]
+    with pytest.raises(InputError, match="holds no mask"):
+        attnkit.load(tmp_path / "mlm").fill_mask("abc")
+
+
+# Training-time and offline evaluation: one loop, the same numbers -----------------------------------------------
+def _last_eval(run: Path) -> dict:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"][-1]
+
+
+def _train(run: Path, task: str, data: dict, **settings) -> object:
+    trainer = prepare(TrainRequest(
+        out=str(run), task=task, overrides=TINY, data={"tokenizer": "char", "eval_batches": 1000, **data},
+        settings=dict(max_steps=4, batch_size=8, eval_every=4, lr=3e-3, seed=3, **settings), progress=False))
+    trainer.fit()
+    return trainer
+
+
+STORY = "".join(f"the {w} saw {v} by the river at dawn; {w} said nothing to {v}.\n"
+                for w in ("fox", "owl", "cat", "elk") for v in ("rain", "snow", "mist", "fire") * 3)
+
+
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+def test_stream_tasks_score_offline_as_in_training(tmp_path, task):
+    (tmp_path / "train.txt").write_text(STORY, encoding="utf-8")
+    trainer = _train(tmp_path / "run", task, {"data": (str(tmp_path / "train.txt"),)})
+    val_text = trainer.tokenizer.decode(trainer.task.data.val.tolist())  # the validation split, as a file
+    (tmp_path / "val.txt").write_text(val_text, encoding="utf-8")
+    assert trainer.tokenizer.encode(val_text) == trainer.task.data.val.tolist()
+    seq_len = 32
+    report = evaluate_run(tmp_path / "run", [tmp_path / "val.txt"], window=seq_len, stride=seq_len, batch_size=8)
+    trained, offline = _last_eval(tmp_path / "run"), report.rows[0]
+    key = "loss" if task == "lm" else "val_loss"
+    assert offline[key] == pytest.approx(trained["val_loss"], rel=1e-5)
+    if task == "mlm":
+        assert offline["accuracy"] == pytest.approx(trained["accuracy"], abs=1e-12)
+
+
+def test_classify_and_tag_score_offline_as_in_training(tmp_path):
+    rows = [("pos" if i % 3 else "neg", f"{'good' if i % 3 else 'bad'} film number {i}") for i in range(90)]
+    for name, part in (("train", rows[:70]), ("val", rows[70:])):
+        (tmp_path / f"{name}.txt").write_text("".join(f"{label} {text}\n" for label, text in part), encoding="utf-8")
+    _train(tmp_path / "clf", "classify", {"data": (str(tmp_path / "train.txt"),),
+                                          "val_data": (str(tmp_path / "val.txt"),)})
+    offline = evaluate_run(tmp_path / "clf", [tmp_path / "val.txt"]).rows[0]
+    trained = _last_eval(tmp_path / "clf")
+    assert offline["accuracy"] == trained["accuracy"]
+    assert offline["val_loss"] == pytest.approx(trained["val_loss"], rel=1e-5)
+
+    write_conll(tmp_path / "train.conll", tagging_sentences(60, seed=0))
+    write_conll(tmp_path / "val.conll", tagging_sentences(20, seed=1))
+    _train(tmp_path / "tag", "tag", {"data": (str(tmp_path / "train.conll"),),
+                                     "val_data": (str(tmp_path / "val.conll"),)})
+    offline = evaluate_run(tmp_path / "tag", [tmp_path / "val.conll"]).rows[0]
+    trained = _last_eval(tmp_path / "tag")
+    for key in ("f1", "precision", "recall", "accuracy"):
+        assert offline[key] == trained[key], key
+    assert offline["val_loss"] == pytest.approx(trained["val_loss"], rel=1e-5)
+
+
+def test_translate_scores_offline_as_in_training(tmp_path):
+    """BLEU through the one scoring of both, with the decoding training uses (greedy, max_len = seq_len)."""
+    pairs = [(f"{a} {b}", f"{b} {a}") for a in ("red", "blue", "green", "grey") for b in ("cat", "dog", "cow")] * 4
+    (tmp_path / "train.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    (tmp_path / "val.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs[:12]), encoding="utf-8")
+    trainer = prepare(TrainRequest(
+        out=str(tmp_path / "run"), task="translate", overrides=TINY,
+        data={"data": (str(tmp_path / "train.tsv"),), "val_data": (str(tmp_path / "val.tsv"),), "tokenizer": "char"},
+        settings=dict(max_steps=4, batch_size=8, eval_every=4, lr=3e-3, seed=3), progress=False),
+        translate=translate_ids)
+    trainer.fit()
+    model, tok = load_model(tmp_path / "run")[0].eval(), trainer.tokenizer
+
+    def translate(texts):
+        ids = translate_ids(model, [[*tok.encode(t), tok.eos_id] for t in texts], bos_id=tok.bos_id,
+                            eos_id=tok.eos_id, pad_id=tok.pad_id, max_length=32, beam_size=1)
+        return [tok.decode(row) for row in ids]
+
+    offline = evaluate_run(tmp_path / "run", [tmp_path / "val.tsv"], translate=translate).rows[0]
+    trained = _last_eval(tmp_path / "run")
+    assert offline["bleu"] == pytest.approx(trained["bleu"], abs=1e-9)
+    assert offline["bleu_lowercased"] == pytest.approx(trained["bleu_lowercased"], abs=1e-9)
+
+
+# No task name compared outside the registry ---------------------------------------------------------------------
+def _task_name_comparisons(path: Path, names: set[str], root: Path = SRC) -> list[str]:
+    """Comparisons (==, !=, in, not in) of a string that names a task, except against a model head field
+    (`encoder_head`, a config field the family's config owns)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        strings = {s.value for side in sides for s in ast.walk(side)
+                   if isinstance(s, ast.Constant) and isinstance(s.value, str)}
+        heads = any(isinstance(s, ast.Attribute) and s.attr == "encoder_head" for side in sides for s in ast.walk(side))
+        if strings & names and not heads:
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_task_name_is_compared_outside_the_registry():
+    names = {spec.name for spec in tasks()}
+    found = [hit for path in sorted(SRC.rglob("*.py")) if "tasks" not in path.relative_to(SRC).parts
+             for hit in _task_name_comparisons(path, names)]
+    assert not found, "task names compared outside attnkit/tasks (ask the registry instead):\n" + "\n".join(found)
+
+
+def test_the_check_finds_a_comparison(tmp_path):
+    (tmp_path / "x.py").write_text('if data.task == "mlm":\n    pass\nif config.encoder_head != "mlm":\n    pass\n')
+    assert _task_name_comparisons(tmp_path / "x.py", {"mlm"}, tmp_path) == ["x.py:1: data.task == 'mlm'"]
+
+
+def test_presets_say_which_task_they_are_for():
+    assert task_of_config(presets.get("bert-tiny")).name == "classify"
+    assert task_of_config(presets.get("gpt2-tiny")).name == "lm"
