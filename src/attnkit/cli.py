@@ -328,7 +328,8 @@ class ClassifySettings(InputSettings):
 
 
 def _run_classify(settings: ClassifySettings) -> int:
-    for result in settings.load().classify(_read_inputs(settings), batch_size=settings.batch_size):
+    texts = _read_inputs(settings)  # the texts' file checked before the model loads
+    for result in settings.load().classify(texts, batch_size=settings.batch_size):
         print(f"{result.label}\t{result.probability:.4f}")
     return 0
 
@@ -342,7 +343,8 @@ class TagSettings(InputSettings):
 
 
 def _run_tag(settings: TagSettings) -> int:
-    for words in settings.load().tag(_read_inputs(settings), batch_size=settings.batch_size):
+    texts = _read_inputs(settings)
+    for words in settings.load().tag(texts, batch_size=settings.batch_size):
         if settings.format == "conll":
             print("".join(f"{w.word}\t{w.label}\n" for w in words))
         else:
@@ -358,7 +360,8 @@ class FillMaskSettings(InputSettings):
 
 
 def _run_fill_mask(settings: FillMaskSettings) -> int:
-    for fills in settings.load().fill_mask(_read_inputs(settings), top_k=settings.top_k):
+    texts = _read_inputs(settings)
+    for fills in settings.load().fill_mask(texts, top_k=settings.top_k):
         for fill in fills:
             print("\t".join(f"{token!r} {p:.4f}" for token, p in fill.candidates))
     return 0
