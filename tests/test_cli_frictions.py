@@ -204,3 +204,18 @@ def test_a_task_the_preset_cannot_train_is_refused_before_a_tokenizer_is_trained
     line = _one_error(capsys, ["train", "--preset", "bert-tiny", "--out", str(tmp_path / "run")])
     assert "--task lm" in line and "encoder" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_train_task_mlm_needs_no_set_encoder_head():
+    from attnkit.train.job import check_request
+
+    invocation = cli.parse(["train", "--task", "mlm", "--data", "corpus.txt"])
+    config, data, _ = check_request(cli.train_request(invocation.settings, *invocation.sections))
+    assert (data.task, config.family, config.encoder_head) == ("mlm", "encoder", "mlm")
+
+
+def test_a_decoders_pipeline_offers_generate_alone_and_classify_on_it_names_the_command_that_fits(runs, capsys):
+    pipeline = attnkit.load(runs["lm"], device="cpu")
+    assert hasattr(pipeline, "generate") and not hasattr(pipeline, "classify") and not hasattr(pipeline, "translate")
+    line = _one_error(capsys, ["classify", str(runs["lm"]), "--text", "ab"])
+    assert "use generate instead" in line
