@@ -92,8 +92,8 @@ def test_docs_pages_use_the_generated_table_and_hold_no_hand_written_list():
         assert not HAND_LIST.search(text), page
     for path in ("README.md", "src/attnkit/cli.py"):
         assert not HAND_LIST.search((ROOT / path).read_text()), path
-    for module in ROOT.joinpath("src", "attnkit", "interop").glob("*.py"):
-        assert not HAND_LIST.search(module.read_text()), module
+    for module in ("hf.py", "hf_config.py", "hf_weights.py", "keymaps.py"):  # the Hugging Face way in and out
+        assert not HAND_LIST.search((ROOT / "src" / "attnkit" / "interop" / module).read_text()), module
 
 
 def test_writing_prefers_the_class_a_model_came_from():
