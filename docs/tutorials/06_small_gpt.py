@@ -263,10 +263,12 @@ for name, setting in (("greedy (temperature 0)", dict(temperature=0.0)), ("tempe
     print(f"--- {name}\n{prompt}{sample}\n")
 
 # %% [markdown]
-# Greedy decoding soon repeats itself; sampling at temperature 1 with no filter sometimes picks a character from
-# the unlikely tail and derails; top-k and top-p cut that tail off. After three minutes on a CPU the model spells
-# words, names speakers and keeps the play's layout; nanoGPT's CPU setting reaches a validation loss of about 1.88
-# after 2,000 steps. At the tiny budget the model has trained for five steps and writes noise.
+# Greedy decoding tends to fall into a loop; sampling with no filter now and then picks a character from the
+# unlikely tail and derails; top-k and top-p cut that tail off, and a lower temperature makes the text safer and
+# duller. How far three minutes of training go depends on the machine: the printed step count and validation loss
+# say. For scale, nanoGPT's CPU setting (this model's shape) reaches a validation loss of about 1.88 after 2,000
+# steps; around 2 the samples spell short words, name speakers and keep the play's layout. At the tiny budget the
+# model has trained for five steps and writes noise.
 #
 # **In attnkit:** `attnkit.models.DecoderLM` (built by `build_model` from a `DecoderConfig`), `attnkit.blocks`,
 # `attnkit.train` (the trainer), `attnkit.generate.sampling` and `attnkit.load(...).generate(...)`; from the
