@@ -21,6 +21,7 @@ choice; a command checks what is cheap (names, task against family) before anyth
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -696,31 +697,33 @@ class Parser(argparse.ArgumentParser):
 
 
 def _unrecognized(args: argparse.Namespace, extras: list[str]) -> str:
-    """The error for arguments the command does not take: each flag with the nearest of the command's own, or the
-    commands it belongs to."""
+    """The error for arguments the command does not take: each flag with the commands it belongs to, or else the
+    nearest of the command's own."""
     command: Command | None = getattr(args, "command_spec", None)
     if command is None:
         return f"unrecognized arguments: {' '.join(extras)}"
-    own = _flags(command)
+    own = {flag.lstrip("-"): flag for flag in _flags(command)}  # compared without dashes, which all share
     notes = []
     for word in extras:
         name = word.partition("=")[0]
         if not name.startswith("--"):
             notes.append(word)
-        elif (guess := nearest(name, own)) is not None:
-            notes.append(f"{word} (did you mean {guess}?)")
         elif others := [c.name for c in COMMANDS if c is not command and name in _flags(c)]:
-            notes.append(f"{word} (an option of {', '.join(others)}, not of {command.name})")
+            which = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            notes.append(f"{word} (an option of {which}, not of {command.name})")
+        elif (guess := nearest(name.lstrip("-"), own)) is not None:
+            notes.append(f"{word} (did you mean {own[guess]}?)")
         else:
             notes.append(f"{word} (attnkit {command.name} --help lists the options)")
     return f"unrecognized arguments: {'; '.join(notes)}"
 
 
-def _flags(command: Command) -> list[str]:
+@functools.cache
+def _flags(command: Command) -> tuple[str, ...]:
     """The option strings `command` takes."""
     parser = argparse.ArgumentParser(add_help=False)
     add_command_options(parser, command)
-    return [flag for action in parser._actions for flag in action.option_strings]
+    return tuple(flag for action in parser._actions for flag in action.option_strings)
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
