@@ -428,11 +428,13 @@ def _make_task(
     translate: Translator | None, lm_files: list[Path] | None = None, progress: bool = True,
 ) -> tuple[TrainingTask, list[str] | None]:
     """The trainer's task and its label list, as the task's registration makes them from the data."""
-    return data.spec.make(TaskContext(
+    task, labels = data.spec.make(TaskContext(
         data=data, tokenizer=tokenizer, config=config, batch_size=settings.batch_size, seed=settings.seed,
         seq_len=data.seq_len or config.max_seq_len, cache=out / "cache", files=lm_files, translate=translate,
         progress=progress,
     ))
+    task.name = data.spec.name  # task.json names the registration (one task class may serve several)
+    return task, labels
 
 
 def _absolute_paths(data_changes: dict[str, Any]) -> dict[str, Any]:
