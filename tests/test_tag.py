@@ -112,6 +112,7 @@ def test_scores_are_seqeval_entity_scores_and_word_accuracy():
     assert tag_scores([["NOUN", "VERB"]], [["NOUN", "NOUN"]], None) == {"accuracy": 0.5}
 
 
+@pytest.mark.slow  # 200 steps of a small encoder: a minute or two on an idle laptop CPU
 def test_a_tagger_trains_from_the_command_line_to_entity_f1_095(tmp_path, capsys):
     """The synthetic entity set of tests/tagging_data.py (closed lists of people, places and companies in six
     templates): trained from CoNLL files, scored by attnkit eval as by training, used by attnkit tag and load."""
