@@ -244,9 +244,9 @@ class Attention(nn.Module):
             q, k, v = self._self_queries_keys_values(x, positions, cache)  # (B, H, T, D), (B, Hkv, S, D) twice
         else:
             q, k, v = self._cross_queries_keys_values(x, context, cache)
-        mask = self._mask(length, k.shape[2], key_is_real, causal, cache, cross=context is not None)
+        mask = self._mask(length, k.shape[2], key_is_real, causal, cache, cross=context is not None, device=q.device)
         biased = relative is not None and relative.biases
-        query_index = self._query_index(length, cache) if biased else None  # the queries' indices among the keys
+        query_index = self._query_index(length, cache, q.device) if biased else None  # the queries' indices among keys
         dropout = self.dropout if self.training else 0.0
         # 4-7. scores, + mask and position bias, softmax, weighted sum of values: fused where nothing reads the weights
         if isinstance(self.score, DotScore) and not need_weights and not (biased and relative.needs_weights):
@@ -286,22 +286,21 @@ class Attention(nn.Module):
 
     def _mask(
         self, length: int, key_len: int, key_is_real: Tensor | None, causal: bool, cache: LayerCache | None,
-        *, cross: bool,
+        *, cross: bool, device: torch.device,
     ) -> AttentionMask:
         """The mask of this call: the queries' and keys' absolute positions (from the cache, which knows where it
         wrote them), causal or not, this layer's window (self-attention only), padding."""
         if cache is not None and not cross:
             return AttentionMask(cache.written_positions(length), cache.key_positions(), causal=causal,
                                  window=self.window, key_is_real=key_is_real)
-        device = self.o_proj.weight.device
         key_positions = torch.arange(key_len, device=device)
         query_positions = torch.arange(length, device=device) if cross else key_positions[key_len - length:]
         return AttentionMask(query_positions, key_positions, causal=causal, window=None if cross else self.window,
                              key_is_real=key_is_real)
 
-    def _query_index(self, length: int, cache: LayerCache | None) -> Tensor:
+    def _query_index(self, length: int, cache: LayerCache | None, device: torch.device) -> Tensor:
         """Where the queries sit among the keys: with a cache, the positions they were just written to."""
-        return cache.written(length) if cache is not None else torch.arange(length, device=self.o_proj.weight.device)
+        return cache.written(length) if cache is not None else torch.arange(length, device=device)
 
     def _fused(
         self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, query_index: Tensor | None, dropout: float
