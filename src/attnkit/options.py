@@ -148,6 +148,7 @@ def add_fields(
             continue
         if meta.get("positional"):
             flags: tuple[str, ...] = (name,)
+            kwargs["metavar"] = name.upper()  # as the usage line writes it
             if default is not dataclasses.MISSING:
                 kwargs.setdefault("nargs", "?")
         else:
