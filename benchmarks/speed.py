@@ -109,11 +109,17 @@ def compile_setting(impl: str) -> bool | str:
 
 
 # --- the machine's own limits ------------------------------------------------------------------------------------
-def matmul_peak(dtype: torch.dtype, device: str = "cpu", repeats: int = 5) -> float:
-    """Best FLOP/s of a square matrix multiply in `dtype` (2048 on the CPU, 8192 on a GPU, to fill it)."""
-    size = 2048 if device == "cpu" else 8192
-    a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
-    return 2 * size**3 / min(timed_runs(synced(lambda: a @ b, device), repeats))
+def matmul_peak(dtype: torch.dtype, device: str = "cpu", repeats: int = 5, enough_s: float = 0.5) -> float:
+    """Best FLOP/s of a square matrix multiply in `dtype`: sizes double from 256 up to 2048 on the CPU (8192 on a GPU,
+    to fill it), stopping early once one multiply takes `enough_s` (a CPU without bf16 kernels multiplies bf16 so
+    slowly that 2048 would take minutes, and the rate has settled long before)."""
+    size, largest = 256, 2048 if device == "cpu" else 8192
+    while True:
+        a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
+        best = min(timed_runs(synced(lambda a=a, b=b: a @ b, device), repeats if size == largest else 2))
+        if size == largest or best >= enough_s:
+            return 2 * size**3 / best
+        size *= 2
 
 
 def read_bandwidth(device: str = "cpu", n_bytes: int = 1 << 30, repeats: int = 5) -> float:
