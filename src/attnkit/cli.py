@@ -620,6 +620,13 @@ def _run_tune(settings) -> int:
     return run_tune(settings)
 
 
+# serve ----------------------------------------------------------------------------------------------------------
+def _run_serve(settings) -> int:
+    from attnkit.serve import serve
+
+    return serve(settings)
+
+
 COMMANDS: list[Command] = [
     Command("recipes", "list the shipped training recipes with the results they reached, or print one",
             RecipesSettings, _run_recipes),
@@ -668,6 +675,8 @@ COMMANDS: list[Command] = [
             "plan reads", "attnkit.generate.tune:TuneSettings", _run_tune),
     Command("lectures", "walk each course's lectures, topic by topic, to the tutorial, code, experiment and "
             "picture that cover it (gaps named)", "attnkit.lectures:LecturesSettings", _run_lectures),
+    Command("serve", "serve a run over HTTP: the OpenAI API (completions, chat, embeddings), its task's endpoint "
+            "and the explorer page", "attnkit.serve.settings:ServeSettings", _run_serve),
 ]
 
 

@@ -1,0 +1,518 @@
+"""The HTTP app of `attnkit serve`: one run behind the OpenAI API's shapes, and the explorer page.
+
+    POST /v1/completions        text completion (stream: server-sent events ending with [DONE])
+    POST /v1/chat/completions   chat, the messages rendered by the run's chat template (`serve/chat.py`)
+    POST /v1/embeddings         encoder runs: the mean of the last layer's states, normalised
+    POST /v1/{method}           the run's task method, as the task registry says (translate, classify, tag, ...)
+    GET  /v1/models             the one model served
+    GET  /health, /metrics      liveness, Prometheus text (`serve/metrics.py`)
+    GET  /                      the explorer (`serve/static/`), its numbers under /api/ (`serve/explorer.py`)
+
+Generation runs on the batching scheduler's thread (`serve/batching.py`); the event loop only parses, queues and
+streams. Every request body is read with a size limit and parsed here, so each malformed or hostile body gets an
+OpenAI-style 4xx (`serve/errors.py`) and no traceback ever leaves the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from attnkit.checkpoint import TOKENIZER_DIR
+from attnkit.errors import AttnkitError
+from attnkit.generate.pipeline import Pipeline, _TextTracker
+from attnkit.generate.sampling import SamplingConfig
+from attnkit.serve.batching import GenerationJob, QueueFull, Scheduler
+from attnkit.serve.chat import chat_template
+from attnkit.serve.errors import APIError
+from attnkit.serve.explorer import Explorer
+from attnkit.serve.metrics import Metrics
+from attnkit.serve.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    ExploreRequest,
+    Sampling,
+    StepRequest,
+    TaskRequest,
+)
+from attnkit.serve.settings import ServeSettings
+
+log = logging.getLogger("attnkit.serve")
+
+STATIC = Path(__file__).parent / "static"
+RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_long", "too_short",
+                "string_too_short", "string_too_long", "literal_error"}  # a value of the right type out of range
+DEFAULT_COMPLETION_TOKENS = 16  # max_tokens of a completion that names none (as OpenAI)
+RETRY_AFTER_SECONDS = 1
+OPEN_PATHS = ("/", "/health")  # served without the API key, with the explorer's files under /static/
+
+
+def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings) -> FastAPI:
+    """The app serving `pipeline` (loaded from `run_dir`) as `settings` say; the scheduler starts with the app."""
+    run_dir = Path(run_dir)
+    model_id = run_dir.resolve().name
+    scheduler = None
+    if "generate" in pipeline.methods:
+        scheduler = Scheduler(pipeline.model, context_len=pipeline.config.max_seq_len, pad_id=pipeline._pad_id,
+                              max_rows=settings.max_batch, max_waiting=settings.max_queue)
+    experiments = Path(settings.experiments) if settings.experiments else Path.cwd() / "docs" / "experiments"
+    explorer = Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments)
+    template = chat_template(run_dir / TOKENIZER_DIR)
+    metrics = Metrics()
+    model_lock = scheduler.lock if scheduler is not None else _NoBatchLock()
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        if scheduler is not None:
+            scheduler.start()
+        yield
+        if scheduler is not None:
+            scheduler.stop()
+
+    app = FastAPI(title="attnkit", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    # Every request: the key, the log line, the counters, and no traceback out --------------------------------
+    @app.middleware("http")
+    async def log_and_guard(request: Request, call_next):
+        start = time.perf_counter()
+        path = request.url.path
+        if settings.api_key and not _open(path) and not _authorised(request, settings.api_key):
+            response = APIError(401, "a valid API key is needed: send it as 'Authorization: Bearer KEY'").response()
+        else:
+            try:
+                response = await call_next(request)
+            except Exception:  # a failure answers 500 without its traceback; the log keeps it
+                log.exception("%s %s failed", request.method, path)
+                response = APIError(500, "the server failed to answer this request; its log says why").response()
+        seconds = time.perf_counter() - start
+        route = request.scope.get("route")
+        metrics.record(getattr(route, "path", "unmatched"), response.status_code, seconds)
+        log.info("%s %s %d %.3fs", request.method, path, response.status_code, seconds)
+        return response
+
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, error: APIError):
+        return error.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, error: StarletteHTTPException):
+        message = "no such endpoint" if error.status_code == 404 else str(error.detail)
+        return APIError(error.status_code, message).response()
+
+    async def body_of(request: Request, schema: type[BaseModel]):
+        return _validate(schema, await _read_json(request, settings.max_body))
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_id:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {model_id!r}",
+                           param="model", code="model_not_found")
+
+    # OpenAI API --------------------------------------------------------------------------------------------------
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
+                                            "owned_by": "attnkit", "family": pipeline.family,
+                                            "task": pipeline.task.name if pipeline.task else None,
+                                            "endpoints": endpoints()}]}
+
+    def endpoints() -> list[str]:
+        served = [f"/v1/{method}" for method in pipeline.methods if method != "generate"]
+        if "generate" in pipeline.methods:
+            served = ["/v1/completions", "/v1/chat/completions"]
+        if pipeline.family == "encoder":
+            served.append("/v1/embeddings")
+        return served
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await body_of(request, CompletionRequest)
+        check_model(body.model)
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        return await generate(request, body, prompts, "text_completion", stops=(),
+                              max_tokens=body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await body_of(request, ChatRequest)
+        check_model(body.model)
+        try:
+            prompt = template.render([m.model_dump() for m in body.messages])
+        except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
+            raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
+        limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        return await generate(request, body, [prompt], "chat.completion", stops=template.stops, max_tokens=limit)
+
+    async def generate(request: Request, body: Sampling, prompts: list[str], kind: str, *, stops: tuple[str, ...],
+                       max_tokens: int | None):
+        if scheduler is None:
+            raise APIError(404, f"this run ({pipeline.family}) does not generate text; its endpoints are "
+                           f"{', '.join(endpoints()) or 'none'}", code="endpoint_not_served")
+        jobs = [_Generation(pipeline, p, body, index, stops=stops, max_tokens=max_tokens, settings=settings,
+                            chat=kind == "chat.completion") for index, p in enumerate(prompts)]
+        for job in jobs:
+            try:
+                scheduler.submit(job.job)
+            except QueueFull:
+                for submitted in jobs:
+                    submitted.job.cancel()
+                raise APIError(429, "the server is busy (its queue is full); try again shortly",
+                               headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+            except AttnkitError as error:
+                raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else "n") from None
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        answer = _Answer(kind, model_id, jobs, include_usage=usage)
+        if body.stream:
+            return StreamingResponse(answer.stream(request), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            return JSONResponse(await answer.whole(request, settings.timeout))
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the client has gone (nginx's code for this)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        body = await body_of(request, EmbeddingRequest)
+        check_model(body.model)
+        if pipeline.family != "encoder":
+            raise APIError(404, f"embeddings come from encoder runs; this run is a {pipeline.family}",
+                           code="endpoint_not_served")
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        vectors, used = await run_in_threadpool(_locked, model_lock, lambda: embed(pipeline, texts))
+        return {"object": "list", "model": model_id,
+                "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+                "usage": {"prompt_tokens": used, "total_tokens": used}}
+
+    @app.post("/v1/{method}")
+    async def task_method(method: str, request: Request):
+        if method not in pipeline.methods or method == "generate":
+            raise APIError(404, f"no endpoint /v1/{method}; this run serves {', '.join(endpoints()) or 'none'}")
+        body = await body_of(request, TaskRequest)
+        check_model(body.model)
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        results = await run_in_threadpool(_locked, model_lock, lambda: getattr(pipeline, method)(texts))
+        return {"object": "list", "model": model_id, "task": method,
+                "data": [{"index": i, "result": _plain(r)} for i, r in enumerate(results)]}
+
+    # Operations --------------------------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_id}
+
+    @app.get("/metrics")
+    async def prometheus():
+        tokens = scheduler.tokens if scheduler else 0
+        text = metrics.text(tokens=tokens, queue_length=scheduler.queue_length if scheduler else 0,
+                            batch_size=scheduler.running_rows if scheduler else 0)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    # The explorer ------------------------------------------------------------------------------------------------
+    @app.get("/")
+    async def page():
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/api/info")
+    async def info():
+        return {"model": model_id, **explorer.info()}
+
+    @app.post("/api/analyze")
+    async def analyze(request: Request):
+        body = await body_of(request, ExploreRequest)
+        return await run_in_threadpool(_locked, model_lock, lambda: explorer.analyze(body.text, body.target))
+
+    @app.post("/api/step")
+    async def step(request: Request):
+        body = await body_of(request, StepRequest)
+        return await run_in_threadpool(_locked, model_lock, lambda: explorer.step(
+            body.text, target=body.target, kind=body.kind, layer=body.layer, head=body.head, query=body.query))
+
+    @app.get("/api/training")
+    async def training(since: int = 0):
+        return await run_in_threadpool(explorer.training_metrics, max(since, 0))
+
+    @app.get("/api/experiments")
+    async def experiments_list():
+        return await run_in_threadpool(explorer.experiments)
+
+    @app.get("/api/experiments/{name}/{plot}")
+    async def experiment_plot(name: str, plot: str):
+        try:
+            return FileResponse(await run_in_threadpool(explorer.experiment_plot, name, plot))
+        except AttnkitError as error:
+            raise APIError(404, str(error)) from None
+
+    app.state.scheduler = scheduler  # for tests and embedding applications: the batching scheduler (None: no LM)
+    return app
+
+
+class _NoBatchLock:
+    """A lock for runs without a scheduler (encoders, translators): one model call at a time."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        self._lock.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+def _locked(lock, call: Callable):
+    """Run `call` holding the model's lock; the library's InputError becomes a 400."""
+    with lock, torch.inference_mode():
+        try:
+            return call()
+        except AttnkitError as error:
+            raise APIError(400, str(error)) from None
+
+
+def embed(pipeline: Pipeline, texts: list[str]) -> tuple[list[list[float]], int]:
+    """Each text's embedding: the mean of the encoder's last states over its tokens, of length 1; and the tokens."""
+    from attnkit.data.batching import pad
+
+    rows = [pipeline._classifier_ids(text, index=i) for i, text in enumerate(texts)]
+    ids, mask = pad(rows, pipeline._pad_id, device=pipeline.device)  # (B, T)
+    hidden = pipeline.model(ids, attention_mask=mask).hidden_states.float()  # (B, T, C)
+    weights = mask.unsqueeze(-1).float()
+    mean = (hidden * weights).sum(dim=1) / weights.sum(dim=1)  # (B, C)
+    return torch.nn.functional.normalize(mean, dim=-1).tolist(), sum(len(r) for r in rows)
+
+
+def _plain(result):
+    """A task method's result as JSON: dataclasses as dicts, the rest as it is."""
+    if dataclasses.is_dataclass(result):
+        return dataclasses.asdict(result)
+    return result
+
+
+def _open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith("/static/")
+
+
+def _authorised(request: Request, key: str) -> bool:
+    import hmac
+
+    given = request.headers.get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+
+
+async def _read_json(request: Request, limit: int):
+    """The body as JSON: 413 beyond `limit` bytes (counted as it arrives), 400 for bytes that are not UTF-8 JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body has {declared} bytes; this server takes at most {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"the request body is larger than {limit} bytes, the most this server takes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise APIError(400, f"the request body is not valid UTF-8 (byte {error.start}); send JSON in UTF-8") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise APIError(400, "the request body nests too deeply to read; send a flat JSON object") from None
+    except json.JSONDecodeError as error:
+        raise APIError(400, f"the request body is not JSON: {error.msg} at character {error.pos}") from None
+
+
+def _validate(schema: type[BaseModel], data):
+    if not isinstance(data, dict):
+        raise APIError(422, f"the request body must be a JSON object, not {type(data).__name__}")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first["loc"] else None  # the top-level field, as OpenAI's param names it
+        where = ".".join(str(part) for part in first["loc"])
+        status = 400 if first["type"] in RANGE_ERRORS else 422
+        raise APIError(status, f"{where}: {first['msg']}", param=field) from None
+    except RecursionError:
+        raise APIError(400, "the request body nests too deeply to read; send a flat JSON object") from None
+
+
+class _Generation:
+    """One prompt of a request: its job on the scheduler and the events it sends back to the event loop."""
+
+    def __init__(self, pipeline: Pipeline, prompt: str, body: Sampling, index: int, *, stops: tuple[str, ...],
+                 max_tokens: int | None, settings: ServeSettings, chat: bool) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.index = index
+        try:
+            ids = pipeline._prompt_ids(prompt, index=index, add_bos=False)
+        except AttnkitError as error:
+            raise APIError(400, str(error), param="prompt") from None
+        context = pipeline.config.max_seq_len
+        if len(ids) >= context:
+            raise APIError(400, f"the prompt has {len(ids)} tokens; this model's context holds {context}, so the "
+                           "prompt must be shorter to leave room for new tokens",
+                           param="messages" if chat else "prompt")
+        room = min(settings.max_tokens, context - len(ids))
+        if max_tokens is None:
+            max_tokens = room
+        if max_tokens > room:
+            raise APIError(400, f"max_tokens={max_tokens} is more than this request may generate: at most {room} "
+                           f"(the server's limit is {settings.max_tokens}; the prompt has {len(ids)} tokens of the "
+                           f"context's {context})", param="max_tokens")
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
+        if "" in stop:
+            raise APIError(400, "a stop string is empty; give non-empty stop strings", param="stop")
+        try:
+            sampling = SamplingConfig(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
+        except AttnkitError as error:
+            raise APIError(400, str(error), param="temperature") from None
+        self.prompt_tokens = len(ids)
+        self.completion_tokens = 0
+        self.tracker = _TextTracker(pipeline.tokenizer, body.n, [*stop, *stops], self._text if body.stream else None)
+        eos = pipeline.tokenizer.eos_id
+        self.job = GenerationJob(
+            prompt=ids, max_new_tokens=max_tokens, sampling=sampling, on_token=self._token, on_finish=self._finish,
+            n=body.n, seed=body.seed, stop_ids=frozenset({eos} if eos is not None else ()),
+            deadline=time.monotonic() + settings.timeout)
+
+    # on the scheduler's thread
+    def _token(self, choice: int, token: int) -> bool:
+        self.completion_tokens += 1
+        return self.tracker.push(choice, token)
+
+    def _text(self, choice: int, piece: str) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, ("text", choice, piece))
+
+    def _finish(self, reasons: list[str]) -> None:
+        texts = self.tracker.finish()
+        timed_out = time.monotonic() > self.job.deadline
+        self.loop.call_soon_threadsafe(self.events.put_nowait, ("finish", texts, reasons, timed_out))
+
+
+class ClientGone(Exception):
+    """The client closed its connection before the answer was complete."""
+
+
+async def _next_event(generation: _Generation, request: Request, poll: float = 0.25):
+    """The generation's next event. ClientGone once the client has gone away, a "finish" event with every choice
+    cancelled once the deadline has passed (both checked every `poll` seconds, whatever the scheduler does)."""
+    while True:
+        try:
+            return await asyncio.wait_for(generation.events.get(), timeout=poll)
+        except TimeoutError:
+            if await request.is_disconnected():
+                raise ClientGone from None
+            if time.monotonic() > generation.job.deadline:
+                generation.job.cancel()
+                return ("finish", [""] * generation.job.n, ["cancelled"] * generation.job.n, True)
+
+
+class _Answer:
+    """The response to a request of one or more prompts: whole (JSON) or streamed (server-sent events)."""
+
+    def __init__(self, kind: str, model_id: str, generations: list[_Generation], *, include_usage: bool) -> None:
+        self.kind, self.model_id, self.generations = kind, model_id, generations
+        self.include_usage = include_usage
+        self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _choice_index(self, generation: _Generation, choice: int) -> int:
+        return generation.index * generation.job.n + choice
+
+    def usage(self) -> dict:
+        prompt = sum(g.prompt_tokens * g.job.n for g in self.generations)
+        completion = sum(g.completion_tokens for g in self.generations)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def cancel(self) -> None:
+        for generation in self.generations:
+            generation.job.cancel()
+
+    async def whole(self, request: Request, timeout: float) -> dict:
+        """Wait for every prompt's end (cancelled when the client goes away); the OpenAI response body."""
+        choices = []
+        try:
+            for generation in self.generations:
+                while True:
+                    event = await _next_event(generation, request)
+                    if event[0] == "finish":
+                        break
+                _, texts, reasons, timed_out = event
+                if timed_out and "cancelled" in reasons:
+                    raise APIError(504, f"the request took longer than the server's timeout ({timeout:g} s)")
+                choices += [self._choice(generation, c, text, reason) for c, (text, reason) in
+                            enumerate(zip(texts, reasons, strict=True))]
+        finally:
+            self.cancel()  # anything still running (a client gone, an error) ends at the next step
+        return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model_id,
+                "choices": choices, "usage": self.usage()}
+
+    def _choice(self, generation: _Generation, choice: int, text: str, reason: str) -> dict:
+        index = self._choice_index(generation, choice)
+        if self.kind == "chat.completion":
+            return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+                    "logprobs": None}
+        return {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
+
+    def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
+        kind = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
+        payload = {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
+                   "choices": choices}
+        if usage is not None:
+            payload["usage"] = usage
+        return f"data: {json.dumps(payload)}\n\n"
+
+    def _delta(self, index: int, text: str | None, reason: str | None, *, first: bool = False) -> dict:
+        if self.kind == "chat.completion":
+            delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
+            return {"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}
+        return {"index": index, "text": text or "", "finish_reason": reason, "logprobs": None}
+
+    async def stream(self, request: Request) -> AsyncIterator[str]:
+        """Server-sent events: a chunk per settled piece of text, a last chunk per choice with its finish reason,
+        the usage when asked for, then [DONE]. A client that goes away cancels the generation."""
+        try:
+            if self.kind == "chat.completion":
+                yield self._chunk([self._delta(self._choice_index(g, c), None, None, first=True)
+                                   for g in self.generations for c in range(g.job.n)])
+            for generation in self.generations:
+                while True:
+                    event = await _next_event(generation, request)
+                    if event[0] == "text":
+                        _, choice, piece = event
+                        yield self._chunk([self._delta(self._choice_index(generation, choice), piece, None)])
+                        continue
+                    _, _texts, reasons, timed_out = event
+                    if timed_out and "cancelled" in reasons:
+                        error = APIError(504, "the request took longer than the server's timeout")
+                        yield f"data: {json.dumps(error.body())}\n\n"
+                    yield self._chunk([self._delta(self._choice_index(generation, c), None, reason)
+                                       for c, reason in enumerate(reasons)])
+                    break
+            if self.include_usage:
+                yield self._chunk([], self.usage())
+            yield "data: [DONE]\n\n"
+        except ClientGone:
+            return
+        finally:
+            self.cancel()

@@ -1,0 +1,66 @@
+"""Chat messages -> one prompt, through a chat template.
+
+A run converted from Hugging Face keeps its tokenizer's `tokenizer_config.json`; when that file holds a
+`chat_template` (Jinja), it renders the messages, as `transformers`' `apply_chat_template` does (in a sandboxed
+Jinja environment, with `add_generation_prompt=True`). Any other run uses the default, plain text that a model
+trained on plain text can continue:
+
+    System: You are terse.
+    User: Hello!
+    Assistant: Hi.
+    User: Who are you?
+    Assistant:
+
+The generated reply then ends at the next line that starts a turn ("\\nUser:"), a stop string the server adds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """Renders messages ({"role", "content"}) into a prompt; `stops` end the reply."""
+
+    source: str | None = None  # the run's Jinja template; None: the default above
+    bos_token: str = ""
+    eos_token: str = ""
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return ("\nUser:", "\nSystem:") if self.source is None else ()
+
+    def render(self, messages: Sequence[dict[str, str]]) -> str:
+        if self.source is None:
+            turns = [f"{DEFAULT_ROLES[m['role']]}: {m['content']}" for m in messages]
+            return "\n".join([*turns, "Assistant:"])
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        return environment.from_string(self.source).render(
+            messages=list(messages), add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token)
+
+
+def chat_template(tokenizer_dir: Path) -> ChatTemplate:
+    """The run's own template (its tokenizer_config.json's `chat_template`), else the default."""
+    path = Path(tokenizer_dir) / "tokenizer_config.json"
+    if not path.is_file():
+        return ChatTemplate()
+    settings = json.loads(path.read_text(encoding="utf-8"))
+    source = settings.get("chat_template")
+    if isinstance(source, list):  # several named templates: the default one
+        source = next((t.get("template") for t in source if t.get("name") == "default"), None)
+    if not isinstance(source, str):
+        return ChatTemplate()
+    return ChatTemplate(source, _token(settings.get("bos_token")), _token(settings.get("eos_token")))
+
+
+def _token(value) -> str:
+    """A special token as tokenizer_config.json writes it: a string, or {"content": ...}."""
+    return value.get("content", "") if isinstance(value, dict) else (value or "")

@@ -1,0 +1,228 @@
+"""The explorer's numbers: what the page at `/` draws, computed on the run's model as it is stored.
+
+    analyze(text)      tokens and ids; every layer's and head's attention (`attnkit.viz.attention_maps`);
+                       a language model's next-token logits; a classifier's class probabilities;
+                       a translation run's cross-attention (over its own greedy translation unless a target is given)
+    step(text, ...)    one head's computation for one query token, step by step with the real numbers (lecture:
+                       q and k, the scores q.k, the scale 1/sqrt(d), the mask, the softmax, the weighted sum of v)
+    training_metrics   the watched run's metrics.jsonl from a line on (the page polls it while the run trains)
+    experiments        the experiments' results.json and plots (docs/experiments)
+
+The explorer reads its own copy of the model, as the checkpoint stores it (no fused projections, no int8), so its
+projections are the lecture's q_proj, k_proj and v_proj.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from attnkit.checkpoint import load_run_model
+from attnkit.errors import InputError
+from attnkit.layers.attention import Attention, DotScore
+from attnkit.models.attention_capture import attention_sites
+from attnkit.viz.extract import attention_maps, is_translator
+from attnkit.viz.labels import token_labels
+
+MAX_TEXT = 2000  # characters the explorer analyses at most (its pictures are for short texts)
+ALL_LOGITS = 4096  # vocabularies up to this size send every logit; larger ones their top ALL_LOGITS
+METRICS_LINES = 5000  # metrics.jsonl lines per answer at most
+
+
+class Explorer:
+    """The model as stored, its tokenizer, and the directories the page's other tabs read."""
+
+    def __init__(self, pipeline, run_dir: Path, *, watch: Path, experiments: Path | None) -> None:
+        self.pipeline = pipeline
+        self.tokenizer = pipeline.tokenizer
+        self.model, self.config, _ = load_run_model(run_dir, device=pipeline.device, dtype=pipeline.dtype)
+        self.model.eval()
+        self.watch = watch
+        self.experiments_dir = experiments
+        self.sites = attention_sites(self.model)
+
+    def info(self) -> dict:
+        kinds = sorted({site.kind for site in self.sites})
+        return {"family": self.config.family, "task": self.pipeline.task.name if self.pipeline.task else None,
+                "methods": list(self.pipeline.methods), "translator": is_translator(self.model),
+                "labels": self.pipeline.labels, "kinds": kinds, "vocab_size": self.config.vocab_size,
+                "max_seq_len": self.config.max_seq_len}
+
+    @torch.no_grad()
+    def analyze(self, text: str, target: str | None = None) -> dict:
+        """Tokens, attention, and what the model predicts from `text` (see the module docstring)."""
+        _check_text(text)
+        result: dict = {"ids": self.tokenizer.encode(text)}
+        result["tokens"] = token_labels(self.tokenizer, result["ids"])
+        result["attention"] = [self._maps_json(m) for m in self._maps(text, target)] if self.sites else []
+        if self.pipeline.methods == ("generate",):
+            result["next"] = self._next_tokens(result["ids"])
+        if self.pipeline.methods == ("classify",):
+            (prediction,) = self.pipeline.classify(text)
+            result["classes"] = prediction.probabilities
+        return result
+
+    def _maps(self, text: str, target: str | None, layers=None):
+        translator = is_translator(self.model)
+        return attention_maps(self.model, self.tokenizer, text, target=target if translator else None,
+                              translate=translator and not target, layers=layers)
+
+    @staticmethod
+    def _maps_json(maps) -> dict:
+        return {"kind": maps.kind, "title": maps.title, "query_tokens": list(maps.query_tokens),
+                "key_tokens": list(maps.key_tokens), "layers": list(maps.layers), "heads": list(maps.heads),
+                "weights": maps.weights.round(6).tolist()}  # (L, H, T, S)
+
+    def _next_tokens(self, ids: list[int]) -> dict:
+        """The next token's logits after `ids` (every token's, or the top ALL_LOGITS of a larger vocabulary)."""
+        bos = self.tokenizer.bos_id
+        ids = ids[-self.config.max_seq_len:] or ([bos] if bos is not None else [])
+        if not ids:
+            raise InputError("the text is empty and the tokenizer has no BOS to start from; type a text")
+        device = next(self.model.parameters()).device
+        logits = self.model(torch.tensor([ids], device=device)).logits[0, -1].float()  # (V,)
+        top = torch.topk(logits, min(ALL_LOGITS, logits.shape[0]))
+        chosen = top.indices.tolist()
+        return {"ids": chosen, "logits": [round(v, 5) for v in top.values.tolist()],
+                "tokens": token_labels(self.tokenizer, chosen),
+                "texts": [self.tokenizer.decode([i]) for i in chosen], "complete": len(chosen) == logits.shape[0]}
+
+    @torch.no_grad()
+    def step(self, text: str, *, target: str | None = None, kind: str | None = None, layer: int = 0, head: int = 0,
+             query: int = 0) -> dict:
+        """One head's attention for one query token, each step with its numbers (see the module docstring)."""
+        _check_text(text)
+        sites = [s for s in self.sites if s.layer == layer and (kind is None or s.kind == kind)]
+        if not sites:
+            raise InputError(f"no {kind or ''} attention at layer {layer}; choose a layer and kind the model has")
+        site = sites[0]
+        module = site.module
+        if not isinstance(module, Attention):
+            raise InputError("the step-by-step view shows Transformer attention; this model's attention is "
+                             "recurrent (its weights are on the heatmap)")
+        if not 0 <= head < module.n_heads:
+            raise InputError(f"head {head} is out of range: this model's heads are 0..{module.n_heads - 1}")
+        seen: dict = {}
+
+        def keep_inputs(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if not seen and kwargs.get("cache") is None:
+                seen.update(kwargs, x=args[0])
+
+        handle = module.register_forward_pre_hook(keep_inputs, with_kwargs=True)
+        try:
+            maps = {m.kind: m for m in self._maps(text, target, layers=[layer])}
+        finally:
+            handle.remove()
+        drawn = maps[site.kind]
+        if not 0 <= query < len(drawn.query_tokens):
+            raise InputError(f"query {query} is out of range: the text has {len(drawn.query_tokens)} query tokens")
+        steps = head_steps(module, seen, head, query, causal=site.kind == "causal")
+        expected = drawn.head_weights(layer, head)[query]  # the model's own weights for this row
+        steps["model_weights"] = [round(float(w), 6) for w in expected]
+        steps["matches_model"] = bool(max(abs(a - b) for a, b in zip(steps["weights"], expected, strict=True)) < 1e-4)
+        steps.update(kind=site.kind, layer=layer, head=head, query=query, query_token=drawn.query_tokens[query],
+                     key_tokens=list(drawn.key_tokens))
+        return steps
+
+    def training_metrics(self, since: int = 0) -> dict:
+        """The watched run's metrics.jsonl records from line `since` on (at most METRICS_LINES)."""
+        path = self.watch / "metrics.jsonl"
+        if not path.is_file():
+            return {"run": str(self.watch), "records": [], "next": 0, "found": False}
+        records, line_number = [], 0
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for line_number, line in enumerate(lines, start=1):
+                if line_number <= since or not line.endswith("\n"):  # a line still being written waits
+                    continue
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+                if len(records) == METRICS_LINES:
+                    break
+        return {"run": str(self.watch), "records": records, "next": since + len(records) if records else since,
+                "found": True}
+
+    def experiments(self) -> list[dict]:
+        """Each experiment's results.json (verdict, claim, table rows, plot names), by name."""
+        found = []
+        if self.experiments_dir is None or not self.experiments_dir.is_dir():
+            return found
+        for path in sorted(self.experiments_dir.glob("*/results.json")):
+            try:
+                results = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                continue
+            plots = [p for p in results.get("plots", []) if (path.parent / p).is_file()]
+            found.append({key: results.get(key) for key in ("name", "claim", "lecture", "verdict", "reason",
+                                                              "key_number", "rows")} | {
+                "name": path.parent.name, "plots": plots})
+        return found
+
+    def experiment_plot(self, name: str, plot: str) -> Path:
+        """The path of one listed plot; InputError for anything not listed (no path is read from the request)."""
+        for experiment in self.experiments():
+            if experiment["name"] == name and plot in experiment["plots"]:
+                return self.experiments_dir / name / plot
+        raise InputError(f"no plot {plot!r} in experiment {name!r}")
+
+
+def head_steps(module: Attention, inputs: dict, head: int, query: int, *, causal: bool) -> dict:
+    """q, k, v of one head recomputed from the attention's inputs, and each step for one query row (batch row 0)."""
+    x = inputs["x"]  # (1, T, C)
+    context = inputs.get("context")
+    source = x if context is None else context  # (1, S, C)
+    q = _heads(module.q_proj(x), module.n_heads, module.head_dim)  # (1, H, T, D)
+    k = _heads(module.k_proj(source), module.n_kv_heads, module.head_dim)  # (1, Hkv, S, D)
+    v = _heads(module.v_proj(source), module.n_kv_heads, module.head_dim)
+    relative = module.relative if context is None else None
+    if relative is not None and relative.rotates:
+        positions = inputs.get("positions")
+        if positions is None:
+            positions = relative.prepare(torch.arange(x.shape[1], device=x.device)[None])
+        q, k = relative.rotate(q, k, positions)
+    kv_head = head // (module.n_heads // module.n_kv_heads)  # the key/value head this query head shares
+    q_row = q[:, head:head + 1, query:query + 1]  # (1, 1, 1, D)
+    keys, values = k[:, kv_head:kv_head + 1], v[:, kv_head:kv_head + 1]  # (1, 1, S, D)
+    scores = module.score(q_row, keys)[0, 0, 0].float()  # (S,): scale included for dot scores
+    dots = (keys[0, 0] @ q_row[0, 0, 0]).float()  # (S,) the plain dot products q.k
+    visible = torch.ones_like(scores, dtype=torch.bool)
+    if causal:
+        visible = torch.arange(scores.shape[0], device=scores.device) <= query
+    key_is_real = inputs.get("key_is_real")
+    if key_is_real is not None:
+        visible &= key_is_real[0].bool()
+    weights = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)  # (S,)
+    out = weights.to(values.dtype) @ values[0, 0]  # (D,)
+    scale = module.score.scale if isinstance(module.score, DotScore) else None
+    return {"score": module.score_kind, "head_dim": module.head_dim, "scale": scale,
+            "scale_text": _scale_text(scale, module.head_dim), "q": _round(q_row[0, 0, 0]),
+            "k": [_round(row) for row in keys[0, 0]], "v": [_round(row) for row in values[0, 0]],
+            "dots": _round(dots), "scores": _round(scores), "mask": visible.tolist(),
+            "weights": _round(weights), "output": _round(out)}
+
+
+def _heads(x: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
+    batch, length, _ = x.shape
+    return x.view(batch, length, n_heads, head_dim).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
+
+
+def _scale_text(scale: float | None, head_dim: int) -> str:
+    if scale is None:
+        return "none (the score function is learned)"
+    if math.isclose(scale, 1 / math.sqrt(head_dim)):
+        return f"1/sqrt({head_dim}) = {scale:.6f}"
+    return f"{scale:.6f}"
+
+
+def _round(values: torch.Tensor) -> list[float]:
+    return [round(float(v), 6) for v in values.float().tolist()]
+
+
+def _check_text(text: str) -> None:
+    if len(text) > MAX_TEXT:
+        raise InputError(f"the text has {len(text)} characters; the explorer reads at most {MAX_TEXT}")

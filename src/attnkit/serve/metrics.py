@@ -1,0 +1,68 @@
+"""The server's counters, written as Prometheus text (GET /metrics).
+
+    attnkit_requests_total{path,status}    requests answered
+    attnkit_generated_tokens_total         tokens generated
+    attnkit_tokens_per_second              tokens generated per second over the last 10 s
+    attnkit_queue_length                   requests waiting to join the batch
+    attnkit_batch_size                     sequences in the running batch
+    attnkit_request_seconds_sum / _count   time spent answering requests
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+
+WINDOW_SECONDS = 10.0
+
+
+class Metrics:
+    """Counts requests and their time; reads tokens, queue and batch from the scheduler when written."""
+
+    def __init__(self) -> None:
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.seconds = 0.0
+        self.count = 0
+        self._token_marks: deque[tuple[float, int]] = deque()  # (time, tokens so far)
+        self._lock = threading.Lock()
+
+    def record(self, path: str, status: int, seconds: float) -> None:
+        with self._lock:
+            self.requests[(path, status)] += 1
+            self.seconds += seconds
+            self.count += 1
+
+    def tokens_per_second(self, tokens: int) -> float:
+        """The rate over the last WINDOW_SECONDS, from the total `tokens` now and the totals seen before."""
+        now = time.monotonic()
+        with self._lock:
+            marks = self._token_marks
+            marks.append((now, tokens))
+            while len(marks) > 1 and now - marks[0][0] > WINDOW_SECONDS:
+                marks.popleft()
+            then, before = marks[0]
+        return (tokens - before) / (now - then) if now > then else 0.0
+
+    def text(self, *, tokens: int, queue_length: int, batch_size: int) -> str:
+        lines = ["# HELP attnkit_requests_total Requests answered, by path and status.",
+                 "# TYPE attnkit_requests_total counter"]
+        with self._lock:
+            for (path, status), n in sorted(self.requests.items()):
+                lines.append(f'attnkit_requests_total{{path="{_escape(path)}",status="{status}"}} {n}')
+            seconds, count = self.seconds, self.count
+        rate = self.tokens_per_second(tokens)
+        for name, kind, value, help_text in (
+            ("generated_tokens_total", "counter", tokens, "Tokens generated."),
+            ("tokens_per_second", "gauge", round(rate, 3), "Tokens generated per second over the last 10 s."),
+            ("queue_length", "gauge", queue_length, "Requests waiting to join the batch."),
+            ("batch_size", "gauge", batch_size, "Sequences in the running batch."),
+            ("request_seconds_sum", "counter", round(seconds, 6), "Time spent answering requests."),
+            ("request_seconds_count", "counter", count, "Requests timed."),
+        ):
+            lines += [f"# HELP attnkit_{name} {help_text}", f"# TYPE attnkit_{name} {kind}", f"attnkit_{name} {value}"]
+        return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

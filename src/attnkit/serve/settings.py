@@ -1,0 +1,28 @@
+"""What `attnkit serve` takes: every field is a flag of the command (`attnkit.options`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+API_KEY_ENV = "ATTNKIT_API_KEY"  # the API key, when --api-key is not given
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """How `attnkit serve` serves one run over HTTP."""
+
+    run: str  # run directory: config.json, model.safetensors, tokenizer/
+    host: str = "127.0.0.1"  # address to bind; any other than 127.0.0.1/localhost needs an API key
+    port: int = 8000  # port to listen on
+    api_key: str | None = None  # clients send it as "Authorization: Bearer KEY"; default: $ATTNKIT_API_KEY
+    device: str | None = None  # cpu, cuda, cuda:1, ...; none: cuda when present, else cpu
+    dtype: Literal["fp32", "bf16", "fp16"] | None = None  # the weights' type; none: as stored
+    max_batch: int = 32  # sequences decoded together in one forward pass at most
+    max_queue: int = 64  # requests waiting to join the batch at most; beyond, 429 with Retry-After
+    max_tokens: int = 512  # new tokens one request may ask for at most (and the context's room)
+    timeout: float = 120.0  # seconds a request may take before it is ended
+    max_body: int = 1_000_000  # request body size in bytes at most; beyond, 413
+    watch: str | None = None  # the training run whose metrics.jsonl the explorer follows; default: RUN
+    experiments: str | None = None  # the experiments' results directory the explorer shows; default: docs/experiments

@@ -1,0 +1,397 @@
+// The attnkit explorer: one page, no build step, nothing fetched beyond this server.
+// Its numbers come from /api/ (serve/explorer.py); `window.attnkit` exposes the state and the computations the
+// tests read (weights, reshape).
+(() => {
+  "use strict";
+  const $ = (id) => document.getElementById(id);
+  const key = new URLSearchParams(location.hash.slice(1)).get("key");  // the API key, when the server needs one
+  const headers = key ? { Authorization: `Bearer ${key}` } : {};
+  const state = { info: null, data: null, kind: 0, layer: 0, head: 0, query: 0, steps: null, seed: 0,
+                  rendered: 0, training: { next: 0, records: [] } };
+
+  async function api(path, body) {
+    const options = body === undefined ? { headers } :
+      { method: "POST", headers: { ...headers, "Content-Type": "application/json" }, body: JSON.stringify(body) };
+    const response = await fetch(path, options);
+    const json = await response.json();
+    if (!response.ok) throw new Error(json.error ? json.error.message : response.statusText);
+    return json;
+  }
+
+  // Tabs ------------------------------------------------------------------------------------------------------------
+  document.querySelectorAll("#tabs button").forEach((button) => button.addEventListener("click", () => {
+    document.querySelectorAll("#tabs button").forEach((b) => b.classList.toggle("active", b === button));
+    document.querySelectorAll(".tab").forEach((t) => t.classList.toggle("active", t.id === `tab-${button.dataset.tab}`));
+    if (button.dataset.tab === "experiments") loadExperiments();
+    if (button.dataset.tab === "training") drawCharts();
+  }));
+
+  // Explore: analysis ---------------------------------------------------------------------------------------------
+  async function analyze() {
+    $("message").textContent = "";
+    const body = { text: $("text").value };
+    if (state.info.translator && $("target").value.trim()) body.target = $("target").value;
+    try {
+      state.data = await api("/api/analyze", body);
+    } catch (error) {
+      $("message").textContent = error.message;
+      return;
+    }
+    const maps = state.data.attention;
+    state.kind = Math.min(state.kind, Math.max(maps.length - 1, 0));
+    fillSelect($("kind"), maps.map((m, i) => [i, m.title]), state.kind);
+    drawTokens();
+    selectMaps();
+    drawNext();
+    drawClasses();
+    state.rendered += 1;
+  }
+
+  function fillSelect(select, options, value) {
+    select.innerHTML = "";
+    for (const [v, label] of options) {
+      const option = document.createElement("option");
+      option.value = v;
+      option.textContent = label;
+      select.appendChild(option);
+    }
+    select.value = value;
+  }
+
+  function drawTokens() {
+    const box = $("tokens");
+    box.innerHTML = "";
+    state.data.tokens.forEach((token, i) => {
+      const chip = document.createElement("span");
+      chip.className = "token";
+      chip.innerHTML = `<span></span><small>${state.data.ids[i]}</small>`;
+      chip.firstChild.textContent = token;
+      box.appendChild(chip);
+    });
+  }
+
+  function currentMaps() { return state.data && state.data.attention[state.kind]; }
+
+  function selectMaps() {
+    const maps = currentMaps();
+    $("attention-panel").classList.toggle("hidden", !maps);
+    $("steps-panel").classList.toggle("hidden", !maps);
+    if (!maps) return;
+    state.layer = Math.min(state.layer, maps.layers.length - 1);
+    fillSelect($("layer"), maps.layers.map((l, i) => [i, `${l}`]), state.layer);
+    const heads = $("heads");
+    heads.innerHTML = "";
+    for (const head of [...maps.heads.map((_, i) => i), "mean"]) {
+      const button = document.createElement("button");
+      button.dataset.head = head;
+      button.textContent = head === "mean" ? "mean" : maps.heads[head];
+      button.addEventListener("click", () => { state.head = head === "mean" ? null : head; drawAttention(); });
+      heads.appendChild(button);
+    }
+    if (state.head !== null && state.head >= maps.heads.length) state.head = 0;
+    state.query = Math.min(state.query, maps.query_tokens.length - 1);
+    fillSelect($("query"), maps.query_tokens.map((t, i) => [i, `${i}: ${t}`]), state.query);
+    drawAttention();
+  }
+
+  // (T, S) weights of a view's layer and head (null: the mean over the heads)
+  function weights(kind, layer, head) {
+    const w = state.data.attention[kind].weights[layer];
+    if (head !== null) return w[head];
+    return w[0].map((row, t) => row.map((_, s) => w.reduce((sum, h) => sum + h[t][s], 0) / w.length));
+  }
+
+  function drawAttention() {
+    const maps = currentMaps();
+    document.querySelectorAll("#heads button").forEach((b) =>
+      b.classList.toggle("active", String(state.head === null ? "mean" : state.head) === b.dataset.head));
+    const w = weights(state.kind, state.layer, state.head);
+    drawHeatmap(w, maps);
+    drawLines(w, maps, null);
+    loadSteps();
+  }
+
+  function colour(value) {  // white -> deep blue
+    const v = Math.max(0, Math.min(1, value));
+    return `rgb(${Math.round(255 - 226 * v)},${Math.round(255 - 177 * v)},${Math.round(255 - 39 * v)})`;
+  }
+
+  function drawHeatmap(w, maps) {
+    const canvas = $("heatmap");
+    const context = canvas.getContext("2d");
+    const rows = w.length, columns = w[0].length, margin = 70;
+    const cell = Math.max(4, Math.min(40, Math.floor((canvas.width - margin) / Math.max(rows, columns))));
+    context.fillStyle = "#fff";
+    context.fillRect(0, 0, canvas.width, canvas.height);
+    const max = Math.max(...w.flat(), 1e-9);
+    for (let t = 0; t < rows; t++) {
+      for (let s = 0; s < columns; s++) {
+        context.fillStyle = colour(w[t][s] / max);
+        context.fillRect(margin + s * cell, margin + t * cell, cell - 1, cell - 1);
+      }
+    }
+    context.fillStyle = "#1d2330";
+    context.font = `${Math.min(12, cell)}px monospace`;
+    context.textAlign = "right";
+    context.textBaseline = "middle";
+    maps.query_tokens.forEach((token, t) => context.fillText(token, margin - 4, margin + t * cell + cell / 2));
+    context.save();
+    maps.key_tokens.forEach((token, s) => {
+      context.setTransform(1, 0, 0, 1, margin + s * cell + cell / 2, margin - 4);
+      context.rotate(-Math.PI / 3);
+      context.textAlign = "left";
+      context.fillText(token, 0, 0);
+    });
+    context.restore();
+  }
+
+  // bertviz-style: queries on the left, keys on the right, a line per pair as opaque as its weight
+  function drawLines(w, maps, focus) {
+    const svg = $("lines");
+    const n = Math.max(w.length, w[0].length);
+    const step = Math.min(24, (svg.height.baseVal.value - 20) / n);
+    const left = 90, right = svg.width.baseVal.value - 90;
+    let html = "";
+    w.forEach((row, t) => row.forEach((value, s) => {
+      if (value < 0.01 || (focus !== null && focus !== t)) return;
+      html += `<line x1="${left + 4}" y1="${14 + t * step}" x2="${right - 4}" y2="${14 + s * step}" ` +
+        `stroke="#1d4ed8" stroke-opacity="${value.toFixed(3)}" stroke-width="${1 + 3 * value}"/>`;
+    }));
+    const esc = (text) => text.replace(/&/g, "&amp;").replace(/</g, "&lt;");
+    maps.query_tokens.forEach((token, t) => {
+      html += `<text data-side="query" data-index="${t}" x="${left}" y="${18 + t * step}" text-anchor="end">${esc(token)}</text>`;
+    });
+    maps.key_tokens.forEach((token, s) => {
+      html += `<text data-side="key" x="${right}" y="${18 + s * step}">${esc(token)}</text>`;
+    });
+    svg.innerHTML = html;
+    svg.querySelectorAll('text[data-side="query"]').forEach((label) => {
+      label.addEventListener("mouseenter", () => drawLines(w, maps, Number(label.dataset.index)));
+      label.addEventListener("mouseleave", () => drawLines(w, maps, null));
+      label.addEventListener("click", () => { state.query = Number(label.dataset.index); $("query").value = state.query; loadSteps(); });
+    });
+  }
+
+  // Explore: one head's computation ----------------------------------------------------------------------------
+  async function loadSteps() {
+    const maps = currentMaps();
+    const head = state.head === null ? 0 : state.head;
+    const body = { text: $("text").value, kind: maps.kind, layer: maps.layers[state.layer], head: maps.heads[head],
+                   query: state.query };
+    if (state.info.translator && $("target").value.trim()) body.target = $("target").value;
+    $("steps-where").textContent = `${maps.title}, layer ${body.layer}, head ${body.head}` +
+      (state.head === null ? " (the mean has no single computation: head 0 shown)" : "");
+    try {
+      state.steps = await api("/api/step", body);
+    } catch (error) {
+      state.steps = null;
+      $("steps").textContent = error.message;
+      return;
+    }
+    drawSteps(state.steps);
+  }
+
+  const fmt = (x) => (x === null || x === undefined) ? "" : Number(x).toFixed(4);
+  const vector = (v) => `[${v.map(fmt).join(", ")}]`;
+
+  function drawSteps(s) {
+    const dot = s.scale !== null;
+    let html = `<p class="formula">1. query <b>${escapeHtml(s.query_token)}</b>: q = x W<sub>Q</sub> (head ${s.head}, ` +
+      `d = ${s.head_dim})</p><p class="vector" id="step-q">q = ${vector(s.q)}</p>`;
+    html += `<p class="formula">2. scores: ${dot ? "q · k, times the scale " + escapeHtml(s.scale_text) :
+      "the " + s.score + " score of q and k"}; 3. the mask; 4. softmax over the visible keys; ` +
+      `5. the output is the weighted sum of the values</p>`;
+    html += `<table class="steps" id="step-table"><tr><th>key</th><th>k</th><th>q · k</th><th>score</th>` +
+      `<th>mask</th><th>weight</th><th>v</th></tr>`;
+    s.key_tokens.forEach((token, j) => {
+      html += `<tr class="${s.mask[j] ? "" : "masked"}"><td>${j}: ${escapeHtml(token)}</td>` +
+        `<td class="vector">${vector(s.k[j].slice(0, 4))}${s.k[j].length > 4 ? "…" : ""}</td>` +
+        `<td>${fmt(s.dots[j])}</td><td>${fmt(s.scores[j])}</td><td>${s.mask[j] ? "visible" : "−∞"}</td>` +
+        `<td>${fmt(s.weights[j])}</td><td class="vector">${vector(s.v[j].slice(0, 4))}${s.v[j].length > 4 ? "…" : ""}</td></tr>`;
+    });
+    html += `</table><p class="vector" id="step-output">output = Σ weight · v = ${vector(s.output)}</p>`;
+    html += `<p class="note">${s.matches_model ? "These weights equal the model's own (the heatmap's row)." :
+      "The model's own weights differ (a position bias this view leaves out): " + vector(s.model_weights)}</p>`;
+    $("steps").innerHTML = html;
+  }
+
+  function escapeHtml(text) {
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+
+  // Explore: the next token --------------------------------------------------------------------------------------
+  function softmax(logits) {
+    const max = Math.max(...logits.filter(Number.isFinite));
+    const e = logits.map((x) => Number.isFinite(x) ? Math.exp(x - max) : 0);
+    const sum = e.reduce((a, b) => a + b, 0);
+    return e.map((x) => x / sum);
+  }
+
+  // temperature, then top-k, then top-p, as generate/sampling.py (logits sorted, most likely first)
+  function reshape(logits, temperature, topK, topP) {
+    if (temperature === 0) return logits.map((_, i) => (i === 0 ? 1 : 0));
+    let scaled = logits.map((x) => x / temperature);
+    if (topK > 0 && topK < scaled.length) {
+      const kth = scaled[topK - 1];
+      scaled = scaled.map((x) => (x < kth ? -Infinity : x));
+    }
+    if (topP < 1) {
+      const p = softmax(scaled);
+      let before = 0;
+      scaled = scaled.map((x, i) => { const drop = before >= topP; before += p[i]; return drop ? -Infinity : x; });
+    }
+    return softmax(scaled);
+  }
+
+  function settings() {
+    const topK = Number($("topk").value);
+    return { temperature: Number($("temperature").value), topK, topP: Number($("topp").value) };
+  }
+
+  function drawNext() {
+    const next = state.data && state.data.next;
+    $("next-panel").classList.toggle("hidden", !next);
+    if (!next) return;
+    const { temperature, topK, topP } = settings();
+    $("temperature-value").textContent = temperature;
+    $("topk-value").textContent = topK === 0 ? "all" : topK;
+    $("topp-value").textContent = topP;
+    const original = softmax(next.logits);
+    const reshaped = reshape(next.logits, temperature, topK, topP);
+    state.reshaped = reshaped;
+    let html = "<tr><th>token</th><th>id</th><th colspan=2>model</th><th colspan=2>reshaped</th></tr>";
+    for (let i = 0; i < Math.min(15, next.ids.length); i++) {
+      html += `<tr><td>${escapeHtml(next.tokens[i])}</td><td>${next.ids[i]}</td>` +
+        `<td><span class="bar" style="width:${(200 * original[i]).toFixed(1)}px"></span></td><td>${original[i].toFixed(4)}</td>` +
+        `<td><span class="bar reshaped" style="width:${(200 * reshaped[i]).toFixed(1)}px"></span></td>` +
+        `<td class="reshaped-p">${reshaped[i].toFixed(4)}</td></tr>`;
+    }
+    $("next").innerHTML = html;
+  }
+
+  function random() {  // mulberry32, seeded from the seed box: the same seed draws the same tokens
+    let t = (state.seed += 0x6d2b79f5);
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  }
+
+  async function generateOne() {
+    const next = state.data.next;
+    const p = state.reshaped;
+    let pick = 0;
+    if (settings().temperature > 0) {
+      let u = random(), total = 0;
+      for (pick = 0; pick < p.length - 1; pick++) { total += p[pick]; if (u < total) break; }
+    }
+    $("text").value += next.texts[pick];
+    await analyze();
+  }
+
+  function drawClasses() {
+    const classes = state.data && state.data.classes;
+    $("classes-panel").classList.toggle("hidden", !classes);
+    if (!classes) return;
+    $("classes").innerHTML = Object.entries(classes).sort((a, b) => b[1] - a[1]).map(([label, p]) =>
+      `<tr><td>${escapeHtml(label)}</td><td><span class="bar" style="width:${(300 * p).toFixed(1)}px"></span></td>` +
+      `<td>${p.toFixed(4)}</td></tr>`).join("");
+  }
+
+  // Training: metrics.jsonl, followed live --------------------------------------------------------------------------
+  async function pollTraining() {
+    try {
+      const answer = await api(`/api/training?since=${state.training.next}`);
+      $("training-run").textContent = answer.run;
+      $("training-status").textContent = answer.found ? `${state.training.records.length + answer.records.length} records` :
+        "no metrics.jsonl yet: waiting for the run to write one";
+      if (answer.records.length) {
+        state.training.records.push(...answer.records);
+        state.training.next = answer.next;
+        if ($("tab-training").classList.contains("active")) drawCharts();
+      }
+    } catch (error) {
+      $("training-status").textContent = error.message;
+    }
+    setTimeout(pollTraining, 2000);
+  }
+
+  function series() {  // every numeric field of the records, by kind (train, eval, ...): [name, [[step, value]]]
+    const found = new Map();
+    state.training.records.forEach((record, index) => {
+      const step = Number.isFinite(record.step) ? record.step : index;
+      for (const [name, value] of Object.entries(record)) {
+        if (name === "step" || typeof value !== "number" || !Number.isFinite(value)) continue;
+        const label = record.kind && record.kind !== "train" ? `${record.kind} ${name}` : name;
+        if (!found.has(label)) found.set(label, []);
+        found.get(label).push([step, value]);
+      }
+    });
+    const first = ["loss", "eval loss", "lr", "tokens_per_s", "tokens/s"];
+    return [...found.entries()].sort((a, b) => (first.indexOf(a[0]) + 1 || 99) - (first.indexOf(b[0]) + 1 || 99));
+  }
+
+  function drawCharts() {
+    const box = $("charts");
+    box.innerHTML = "";
+    for (const [name, points] of series()) {
+      const chart = document.createElement("div");
+      chart.className = "chart";
+      chart.innerHTML = `<h3></h3><canvas width="420" height="200"></canvas>`;
+      chart.querySelector("h3").textContent = `${name} (last ${fmt(points[points.length - 1][1])})`;
+      box.appendChild(chart);
+      plot(chart.querySelector("canvas"), points);
+    }
+  }
+
+  function plot(canvas, points) {
+    const c = canvas.getContext("2d"), w = canvas.width, h = canvas.height, pad = 40;
+    const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
+    const [x0, x1] = [Math.min(...xs), Math.max(...xs)], [y0, y1] = [Math.min(...ys), Math.max(...ys)];
+    const X = (x) => pad + (w - pad - 10) * (x1 > x0 ? (x - x0) / (x1 - x0) : 0.5);
+    const Y = (y) => h - pad + (pad + 10 - h) * (y1 > y0 ? (y - y0) / (y1 - y0) : 0.5);
+    c.fillStyle = "#fff"; c.fillRect(0, 0, w, h);
+    c.strokeStyle = "#c8cfdc"; c.strokeRect(pad, 10, w - pad - 10, h - pad - 10);
+    c.fillStyle = "#6b7385"; c.font = "10px monospace";
+    c.fillText(Number(y1.toPrecision(3)), 2, 16); c.fillText(Number(y0.toPrecision(3)), 2, h - pad);
+    c.fillText(`step ${x0}`, pad, h - pad + 14); c.fillText(`${x1}`, w - 40, h - pad + 14);
+    c.strokeStyle = "#1d4ed8"; c.lineWidth = 1.5; c.beginPath();
+    points.forEach(([x, y], i) => (i ? c.lineTo(X(x), Y(y)) : c.moveTo(X(x), Y(y))));
+    c.stroke();
+  }
+
+  // Experiments ---------------------------------------------------------------------------------------------------
+  async function loadExperiments() {
+    const box = $("experiments");
+    let list;
+    try { list = await api("/api/experiments"); } catch (error) { box.textContent = error.message; return; }
+    if (!list.length) { box.textContent = "No experiments' results found (serve with --experiments DIR)."; return; }
+    box.innerHTML = list.map((e) => {
+      const rows = e.rows || [];
+      const columns = rows.length ? Object.keys(rows[0]) : [];
+      const table = rows.length ? `<table><tr>${columns.map((c) => `<th>${escapeHtml(c)}</th>`).join("")}</tr>` +
+        rows.map((r) => `<tr>${columns.map((c) => `<td>${escapeHtml(typeof r[c] === "number" ? Number(r[c].toPrecision(4)) : r[c])}</td>`).join("")}</tr>`).join("") +
+        "</table>" : "";
+      const plots = e.plots.map((p) => `<img alt="${escapeHtml(p)}" src="/api/experiments/${encodeURIComponent(e.name)}/${encodeURIComponent(p)}">`).join("");
+      return `<div class="experiment"><h3>${escapeHtml(e.name)} <span class="verdict ${escapeHtml(e.verdict)}">${escapeHtml(e.verdict)}</span></h3>` +
+        `<p>${escapeHtml(e.claim || "")}</p><p><b>${escapeHtml(e.key_number || "")}</b> ${escapeHtml(e.reason || "")}</p>${table}${plots}</div>`;
+    }).join("");
+  }
+
+  // Wiring ---------------------------------------------------------------------------------------------------------
+  $("analyze").addEventListener("click", analyze);
+  $("kind").addEventListener("change", () => { state.kind = Number($("kind").value); selectMaps(); });
+  $("layer").addEventListener("change", () => { state.layer = Number($("layer").value); drawAttention(); });
+  $("query").addEventListener("change", () => { state.query = Number($("query").value); loadSteps(); });
+  for (const id of ["temperature", "topk", "topp"]) $(id).addEventListener("input", drawNext);
+  $("seed").addEventListener("change", () => { state.seed = Number($("seed").value); });
+  $("step-generate").addEventListener("click", generateOne);
+
+  async function start() {
+    state.info = await api("/api/info");
+    $("model-name").textContent = `${state.info.model} (${state.info.family}${state.info.task ? ", " + state.info.task : ""})`;
+    $("target-box").classList.toggle("hidden", !state.info.translator);
+    await analyze();
+    pollTraining();
+  }
+  window.attnkit = { state, weights, reshape, softmax, analyze, ready: start() };
+})();

@@ -1,0 +1,60 @@
+"""Tiny runs to serve, and a server on 127.0.0.1 on a free port, started and stopped around a test module."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+TEXT_CHARS = "abcdefghijklmnopqrstuvwxyz .,:!?\n"
+
+
+def tiny_run(root: Path, family: str = "decoder", **changes) -> Path:
+    """A random tiny run of `family` with a char tokenizer (and BOS/EOS), under root/family."""
+    import torch
+
+    from attnkit import build_model
+    from attnkit.checkpoint import save_model
+    from attnkit.config import ModelConfig
+    from attnkit.tokenize import CharTokenizer
+
+    tokenizer = CharTokenizer(TEXT_CHARS)
+    torch.manual_seed(0)
+    config = ModelConfig(family=family, vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                         max_seq_len=96, **changes)
+    directory = root / family
+    save_model(build_model(config).eval(), config, directory)
+    tokenizer.save(directory / "tokenizer")
+    return directory
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def running_server(run: Path, **settings):
+    """Serve `run` on 127.0.0.1 on a free port in a thread; yields (base URL, app); stops the server after."""
+    import uvicorn
+
+    from attnkit.serve import ServeSettings, build_app
+
+    port = free_port()
+    app = build_app(ServeSettings(run=str(run), port=port, **settings))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the server did not start within 60 s")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -1,0 +1,291 @@
+"""attnkit serve over real HTTP on 127.0.0.1: the official openai client, continuous batching that gives each request
+the tokens it gets alone, a client that goes away, a full queue, and hostile bodies that each get a 4xx JSON error
+while the server stays up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
+openai = pytest.importorskip("openai", reason="the openai client is in the dev extras")
+httpx = pytest.importorskip("httpx")
+
+from serve_helpers import running_server, tiny_run  # noqa: E402
+
+import attnkit  # noqa: E402
+from attnkit.errors import InputError  # noqa: E402
+from attnkit.serve import ServeSettings, build_app  # noqa: E402
+
+TIMEOUT = 60  # seconds any one request may take in these tests
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve-runs")
+    return {"lm": tiny_run(root, "decoder"), "clf": tiny_run(root, "encoder", n_classes=3)}
+
+
+@pytest.fixture(scope="module")
+def server(runs):
+    with running_server(runs["lm"], max_queue=64, max_batch=32) as (url, app):
+        yield url, app
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def pipeline(runs):
+    return attnkit.load(runs["lm"], device="cpu")
+
+
+def test_openai_client_completion_equals_the_library(client, pipeline):
+    answer = client.completions.create(model="decoder", prompt="the cat", max_tokens=12, temperature=0.8, seed=3)
+    expected = pipeline.generate("the cat", max_new_tokens=12, temperature=0.8, seed=3)[0]
+    assert answer.choices[0].text == expected
+    assert answer.usage.prompt_tokens == len(pipeline.tokenizer.encode("the cat"))
+    assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == 12
+    assert [m.id for m in client.models.list().data] == ["decoder"]
+
+
+def test_openai_client_chat_renders_the_default_template(client, pipeline):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    answer = client.chat.completions.create(model="decoder", messages=messages, max_tokens=8, temperature=0)
+    prompt = "System: be brief\nUser: hello\nAssistant:"
+    expected = pipeline.generate(prompt, max_new_tokens=8, temperature=0, stop=["\nUser:", "\nSystem:"])[0]
+    assert answer.choices[0].message.content == expected
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.usage.prompt_tokens == len(pipeline.tokenizer.encode(prompt))
+
+
+def test_openai_client_streams_pieces_that_add_up(client, pipeline):
+    stream = client.completions.create(model="decoder", prompt="a dog", max_tokens=15, seed=5, n=2, stream=True,
+                                       stream_options={"include_usage": True})
+    texts, reasons, usage = {0: "", 1: ""}, {}, None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            if choice.finish_reason:
+                reasons[choice.index] = choice.finish_reason
+    expected = pipeline.generate("a dog", max_new_tokens=15, seed=5, num_samples=2)
+    assert [texts[0], texts[1]] == expected
+    assert set(reasons) == {0, 1} and usage.prompt_tokens == 2 * 5
+    assert usage.completion_tokens == 30 if set(reasons.values()) == {"length"} else usage.completion_tokens < 30
+    chat = client.chat.completions.create(model="decoder", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=6, temperature=0, stream=True)
+    pieces = [c.choices[0].delta.content or "" for c in chat if c.choices]
+    assert len(pieces) >= 2 and "".join(pieces) == pipeline.generate(
+        "User: hi\nAssistant:", max_new_tokens=6, temperature=0, stop=["\nUser:", "\nSystem:"])[0]
+
+
+def test_openai_client_errors(client):
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="decoder", prompt="x", max_tokens=-3)
+    assert bad.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="decoder", prompt="x", temperature=5)
+    assert bad.value.body["param"] == "temperature"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model="gpt-9", prompt="x")
+    assert missing.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.UnprocessableEntityError) as wrong:
+        client.completions.create(model="decoder", prompt="x", extra_body={"n": "two"})
+    assert wrong.value.body["param"] == "n"
+
+
+async def _stream(url: str, body: dict) -> str:
+    async with httpx.AsyncClient(timeout=TIMEOUT) as http, http.stream("POST", f"{url}/v1/completions",
+                                                                        json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        text, done = "", False
+        async for line in response.aiter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                text += "".join(c["text"] for c in json.loads(line[6:])["choices"])
+        assert done, "the stream ended without [DONE]"
+        return text
+
+
+def test_32_concurrent_streams_each_equal_the_request_alone(server):
+    url, app = server
+    bodies = [{"prompt": ["the ", "a cat", "on a mat, ", "x"][i % 4] * (1 + i % 3), "max_tokens": 8 + (i * 5) % 17,
+               "seed": i, "temperature": 0.0 if i % 5 == 0 else 1.0, "top_k": 10 if i % 3 == 0 else None}
+              for i in range(32)]
+    alone = [asyncio.run(_stream(url, body)) for body in bodies]
+    sizes = []
+    watching = threading.Event()
+
+    def watch_batch() -> None:
+        while not watching.is_set():
+            sizes.append(app.state.scheduler.running_rows)
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch_batch)
+    watcher.start()
+
+    async def together() -> list[str]:
+        return await asyncio.gather(*(_stream(url, body) for body in bodies))
+
+    try:
+        concurrent = asyncio.run(together())
+    finally:
+        watching.set()
+        watcher.join()
+    assert concurrent == alone
+    assert max(sizes) > 1, "the concurrent requests were never decoded in one batch"
+
+
+def test_a_client_that_goes_away_frees_its_slot(server):
+    url, app = server
+    scheduler = app.state.scheduler
+    with httpx.Client(timeout=TIMEOUT) as http:
+        with http.stream("POST", f"{url}/v1/completions",
+                         json={"prompt": "the", "max_tokens": 90, "stream": True, "seed": 0}) as response:
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            scheduler.lock.acquire()  # hold generation still while the client leaves
+            job = scheduler.batch.rows[0][0] if scheduler.batch is not None else None
+        # the connection is closed here
+    try:
+        assert job is not None, "the request ended before the client left"
+        deadline = time.monotonic() + 20
+        while not job.cancelled.is_set() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert job.cancelled.is_set(), "the server did not notice the client leaving"
+    finally:
+        scheduler.lock.release()
+    deadline = time.monotonic() + 20
+    while scheduler.running_rows and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scheduler.running_rows == 0 and job.reasons == ["cancelled"] and job.produced < 90
+
+
+def test_a_full_queue_answers_429_with_retry_after(server):
+    url, app = server
+    scheduler = app.state.scheduler
+
+    async def many() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            requests = [http.post(f"{url}/v1/completions", json={"prompt": "ab", "max_tokens": 2}) for _ in range(80)]
+            return await asyncio.gather(*requests)
+
+    async def held() -> list[httpx.Response]:
+        task = asyncio.ensure_future(many())
+        deadline = time.monotonic() + 20
+        while scheduler.queue_length < 64 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        scheduler.lock.release()
+        return await task
+
+    scheduler.lock.acquire()
+    responses = asyncio.run(held())
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(200) >= 64 and statuses.count(429) >= 1 and set(statuses) == {200, 429}
+    busy = next(r for r in responses if r.status_code == 429)
+    assert busy.headers["retry-after"] == "1" and busy.json()["error"]["type"] == "rate_limit_error"
+
+
+HOSTILE = {
+    "huge max_tokens": (b'{"prompt": "a", "max_tokens": 1000000000000}', 400, "max_tokens"),
+    "negative n": (b'{"prompt": "a", "n": -1}', 400, "n"),
+    "negative top_k": (b'{"prompt": "a", "top_k": -5}', 400, "top_k"),
+    "top_p zero": (b'{"prompt": "a", "top_p": 0}', 400, "top_p"),
+    "string for an integer": (b'{"prompt": "a", "max_tokens": "12"}', 422, "max_tokens"),
+    "number for the prompt": (b'{"prompt": 42}', 422, "prompt"),
+    "object for the stop": (b'{"prompt": "a", "stop": {"x": 1}}', 422, "stop"),
+    "missing prompt": (b'{"max_tokens": 3}', 422, "prompt"),
+    "a list, not an object": (b'[1, 2, 3]', 422, None),
+    "not JSON": (b'{"prompt": ', 400, None),
+    "invalid UTF-8": (b'{"prompt": "\xff\xfe\xfa"}', 400, None),
+    "deeply nested JSON": (b'{"prompt": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", 400, None),
+    "10 MB prompt": (b'{"prompt": "' + b"a" * 10_000_000 + b'"}', 413, None),
+    "prompt beyond the context": (b'{"prompt": "' + b"a" * 5_000 + b'"}', 400, "prompt"),
+    "n beyond the batch": (b'{"prompt": "a", "n": 100}', 400, "n"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_hostile_body_gets_a_4xx_json_error(server, name):
+    body, status, param = HOSTILE[name]
+    response = httpx.post(f"{server[0]}/v1/completions", content=body, timeout=TIMEOUT,
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["message"] and "Traceback" not in response.text and error["param"] == param
+    assert httpx.get(f"{server[0]}/health", timeout=TIMEOUT).json()["status"] == "ok"
+
+
+def test_a_body_sent_in_chunks_stops_at_the_limit_and_memory_stays_flat(server):
+    psutil = pytest.importorskip("psutil")
+    process = psutil.Process()
+    before = process.memory_info().rss
+
+    def chunks():
+        for _ in range(200):  # 200 MB offered, no Content-Length
+            yield b"a" * 1_000_000
+
+    response = httpx.post(f"{server[0]}/v1/completions", content=chunks(), timeout=TIMEOUT)
+    assert response.status_code == 413
+    assert process.memory_info().rss - before < 150_000_000
+    assert httpx.get(f"{server[0]}/health", timeout=TIMEOUT).status_code == 200
+
+
+def test_health_metrics_and_unknown_paths(server):
+    url = server[0]
+    httpx.post(f"{url}/v1/completions", json={"prompt": "ab", "max_tokens": 3}, timeout=TIMEOUT)
+    metrics = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
+    for name in ("attnkit_requests_total{", "attnkit_generated_tokens_total", "attnkit_tokens_per_second",
+                 "attnkit_queue_length", "attnkit_batch_size"):
+        assert name in metrics
+    served = [line for line in metrics.splitlines() if line.startswith('attnkit_requests_total{path="/v1/completions"')]
+    assert served and all(float(line.rsplit(" ", 1)[1]) >= 1 for line in served)
+    missing = httpx.get(f"{url}/v2/nothing", timeout=TIMEOUT)
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    wrong = httpx.post(f"{url}/v1/classify", json={"input": "x"}, timeout=TIMEOUT)
+    assert wrong.status_code == 404 and "/v1/completions" in wrong.json()["error"]["message"]
+
+
+def test_a_classifier_serves_its_task_and_embeddings_not_completions(runs):
+    classifier = attnkit.load(runs["clf"], device="cpu")
+    with running_server(runs["clf"]) as (url, _app):
+        models = httpx.get(f"{url}/v1/models", timeout=TIMEOUT).json()["data"][0]
+        assert models["task"] == "classify" and "/v1/classify" in models["endpoints"]
+        answer = httpx.post(f"{url}/v1/classify", json={"input": ["a cat", "dogs"]}, timeout=TIMEOUT).json()
+        expected = classifier.classify(["a cat", "dogs"])
+        assert [d["result"]["label"] for d in answer["data"]] == [c.label for c in expected]
+        probabilities = answer["data"][0]["result"]["probabilities"]
+        assert probabilities == pytest.approx(expected[0].probabilities, abs=1e-6)
+        embedded = httpx.post(f"{url}/v1/embeddings", json={"input": ["a cat", "a cat", "zzz"]}, timeout=TIMEOUT)
+        vectors = [d["embedding"] for d in embedded.json()["data"]]
+        assert len(vectors[0]) == 32 and vectors[0] == pytest.approx(vectors[1]) and vectors[0] != pytest.approx(
+            vectors[2])
+        assert sum(v * v for v in vectors[0]) == pytest.approx(1.0, abs=1e-5)
+        refused = httpx.post(f"{url}/v1/completions", json={"prompt": "a"}, timeout=TIMEOUT)
+        assert refused.status_code == 404 and "/v1/classify" in refused.json()["error"]["message"]
+
+
+def test_another_host_needs_an_api_key_and_the_key_is_checked(runs, monkeypatch):
+    monkeypatch.delenv("ATTNKIT_API_KEY", raising=False)
+    with pytest.raises(InputError, match="--api-key"):
+        build_app(ServeSettings(run=str(runs["lm"]), host="0.0.0.0"))
+    with running_server(runs["lm"], api_key="sesame", timeout=0.5) as (url, app):
+        assert httpx.get(f"{url}/v1/models", timeout=TIMEOUT).status_code == 401
+        keyed = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", timeout=TIMEOUT, max_retries=0)
+        assert keyed.models.list().data[0].id == "decoder"
+        assert httpx.get(f"{url}/health", timeout=TIMEOUT).status_code == 200  # liveness needs no key
+        app.state.scheduler.lock.acquire()  # nothing is generated for longer than the 0.5 s timeout
+        try:
+            with pytest.raises(openai.APIStatusError) as late:
+                keyed.completions.create(model="decoder", prompt="a", max_tokens=5)
+        finally:
+            app.state.scheduler.lock.release()
+        assert late.value.status_code == 504
