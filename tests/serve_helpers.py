@@ -11,8 +11,10 @@ from pathlib import Path
 TEXT_CHARS = "abcdefghijklmnopqrstuvwxyz .,:!?\n"
 
 
-def tiny_run(root: Path, family: str = "decoder", **changes) -> Path:
-    """A random tiny run of `family` with a char tokenizer (and BOS/EOS), under root/family."""
+def tiny_run(root: Path, family: str = "decoder", *, sharpen: float = 1.0, **changes) -> Path:
+    """A random tiny run of `family` with a char tokenizer (and BOS/EOS), under root/family. `sharpen` multiplies
+    the query and key projections, so that the heads' attention is peaked and differs from head to head (a random
+    model's is nearly uniform)."""
     import torch
 
     from attnkit import build_model
@@ -25,7 +27,12 @@ def tiny_run(root: Path, family: str = "decoder", **changes) -> Path:
     config = ModelConfig(family=family, vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64,
                          max_seq_len=96, **changes)
     directory = root / family
-    save_model(build_model(config).eval(), config, directory)
+    model = build_model(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                parameter.mul_(sharpen)
+    save_model(model, config, directory)
     tokenizer.save(directory / "tokenizer")
     return directory
 

@@ -1,0 +1,189 @@
+"""The explorer page of attnkit serve in a real headless Chromium: the heatmap, one head's computation and the next
+token's probabilities render from the model's numbers and change when the controls move; the training tab follows
+a metrics.jsonl as it grows; the experiments tab shows results and plots. Translation and classifier runs get their
+own views (cross-attention, class probabilities)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
+httpx = pytest.importorskip("httpx")
+
+from matplotlib.image import imread  # noqa: E402
+from serve_helpers import running_server, tiny_run  # noqa: E402
+
+from attnkit.generate.sampling import SamplingConfig, process_logits  # noqa: E402
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "docs" / "experiments"
+TIMEOUT = 60
+
+
+def _wait(browser, expression: str, seconds: float = 30.0):
+    """Poll `expression` in the page until it is truthy; its value."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = browser.evaluate(expression)
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"the page never reached: {expression}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("explorer")
+    watched = root / "training"
+    watched.mkdir()
+    run = tiny_run(root, "decoder", sharpen=8.0)
+    with running_server(run, watch=str(watched), experiments=str(EXPERIMENTS)) as (url, _app):
+        yield url, watched
+
+
+@pytest.fixture(scope="module")
+def browser(served):
+    from viz_browser import Browser, chromium_or_reason
+
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        pytest.skip(f"no headless browser: {reason}")
+    chromium = Browser(executable, width=1400, height=1800)
+    chromium.call("Page.navigate", {"url": served[0] + "/"})
+    _wait(chromium, "!!(window.attnkit && window.attnkit.state.steps && document.querySelector('#step-table'))")
+    yield chromium
+    chromium.close()
+
+
+def _canvas(browser, element: str) -> np.ndarray:
+    box = browser.evaluate(f"(() => {{ const r = document.getElementById('{element}').getBoundingClientRect();"
+                           " return [r.left, r.top, r.width, r.height]; })()")
+    left, top, width, height = (int(round(v)) for v in box)
+    shot = imread(io.BytesIO(browser.screenshot()), format="png")[..., :3]
+    return shot[top:top + height, left:left + width]
+
+
+def test_the_heatmap_is_drawn_and_another_head_changes_it(browser):
+    before = _canvas(browser, "heatmap")
+    assert before.shape[0] > 100 and before.std() > 0.05
+    browser.click('#heads button[data-head="2"]')
+    assert browser.evaluate("window.attnkit.state.head") == 2
+    after = _canvas(browser, "heatmap")
+    assert np.abs(after - before).mean() > 0.002
+    browser.click('#heads button[data-head="mean"]')
+    mean = np.array(browser.evaluate("window.attnkit.weights(0, 0, null)"))
+    heads = np.array(browser.evaluate("window.attnkit.state.data.attention[0].weights[0]"))
+    np.testing.assert_allclose(mean, heads.mean(axis=0), atol=1e-6)
+    lines = browser.evaluate("document.querySelectorAll('#lines line').length")
+    assert lines >= len(browser.evaluate("window.attnkit.state.data.tokens"))
+
+
+def test_the_step_by_step_numbers_are_the_models_and_follow_the_query(browser, served):
+    browser.click('#heads button[data-head="1"]')
+    browser.evaluate("(() => { const s = document.getElementById('query'); s.value = '5';"
+                     " s.dispatchEvent(new Event('change')); })()")
+    steps = _wait(browser, "(() => { const s = window.attnkit.state.steps;"
+                           " return s && s.query === 5 && s.head === 1 && s; })()")
+    rows = browser.evaluate("document.querySelectorAll('#step-table tr').length")
+    assert rows == 1 + len(steps["key_tokens"])  # a header and a row per key
+    assert browser.evaluate("document.querySelectorAll('#step-table tr.masked').length") == len(
+        steps["key_tokens"]) - 6  # causal: keys after query 5 are masked
+    scores = np.array(steps["dots"]) * steps["scale"]
+    np.testing.assert_allclose(scores, steps["scores"], atol=1e-5)
+    visible = np.array(steps["mask"])
+    expected = np.exp(scores - scores[visible].max()) * visible
+    np.testing.assert_allclose(steps["weights"], expected / expected.sum(), atol=1e-5)
+    np.testing.assert_allclose(steps["weights"], steps["model_weights"], atol=1e-5)
+    np.testing.assert_allclose(steps["output"], np.array(steps["weights"]) @ np.array(steps["v"]), atol=1e-5)
+    assert steps["matches_model"] and "1/sqrt(8)" in browser.evaluate("document.getElementById('steps').textContent")
+    shown = browser.evaluate("document.getElementById('step-q').textContent")
+    browser.evaluate("(() => { const s = document.getElementById('query'); s.value = '2';"
+                     " s.dispatchEvent(new Event('change')); })()")
+    _wait(browser, "window.attnkit.state.steps.query === 2")
+    assert browser.evaluate("document.getElementById('step-q').textContent") != shown
+
+
+def _set(browser, control: str, value) -> None:
+    browser.evaluate(f"(() => {{ const e = document.getElementById('{control}'); e.value = '{value}';"
+                     " e.dispatchEvent(new Event('input')); })()")
+
+
+def test_the_next_token_probabilities_reshape_as_sampling_does(browser):
+    _set(browser, "temperature", 1)
+    _set(browser, "topk", 0)
+    _set(browser, "topp", 1)
+    shown = browser.evaluate("Array.from(document.querySelectorAll('#next .reshaped-p')).map(e => e.textContent)")
+    assert len(shown) == 15
+    logits = torch.tensor([browser.evaluate("window.attnkit.state.data.next.logits")])
+    for temperature, top_k, top_p in ((0.5, 0, 1.0), (1.5, 5, 1.0), (1.0, 0, 0.6), (0.7, 8, 0.9)):
+        _set(browser, "temperature", temperature)
+        _set(browser, "topk", top_k)
+        _set(browser, "topp", top_p)
+        drawn = np.array(browser.evaluate("window.attnkit.state.reshaped"))
+        config = SamplingConfig(temperature=temperature, top_k=top_k or None, top_p=top_p if top_p < 1 else None)
+        expected = process_logits(logits, config).softmax(dim=-1)[0].numpy()
+        np.testing.assert_allclose(drawn, expected, atol=1e-6)
+    reshaped = browser.evaluate("Array.from(document.querySelectorAll('#next .reshaped-p')).map(e => e.textContent)")
+    assert reshaped != shown and sum(float(p) > 0 for p in reshaped) <= 8  # top-k 8 left at most 8 tokens
+
+
+def test_generating_steps_one_token_at_a_time(browser):
+    _set(browser, "temperature", 0)
+    before = browser.evaluate("window.attnkit.state.data.tokens.length")
+    best = browser.evaluate("window.attnkit.state.data.next.texts[0]")
+    text = browser.evaluate("document.getElementById('text').value")
+    browser.click("#step-generate")
+    _wait(browser, f"window.attnkit.state.data.tokens.length === {before + 1}")
+    assert browser.evaluate("document.getElementById('text').value") == text + best
+
+
+def test_the_training_tab_follows_metrics_as_they_are_written(browser, served):
+    metrics = served[1] / "metrics.jsonl"
+    with metrics.open("w") as out:
+        for step in range(1, 21):
+            out.write(json.dumps({"kind": "train", "step": step, "loss": 4.0 / step, "lr": 1e-3, "tokens": 256}) + "\n")
+    browser.click('#tabs button[data-tab="training"]')
+    _wait(browser, "window.attnkit.state.training.records.length === 20")
+    _wait(browser, "document.querySelectorAll('#charts canvas').length >= 3")
+    with metrics.open("a") as out:
+        out.write(json.dumps({"kind": "train", "step": 21, "loss": 0.1, "lr": 1e-3, "tokens": 256}) + "\n")
+    _wait(browser, "window.attnkit.state.training.records.length === 21", seconds=15)
+    title = browser.evaluate("document.querySelector('#charts h3').textContent")
+    assert title.startswith("loss") and "0.1000" in title
+
+
+@pytest.mark.skipif(not EXPERIMENTS.is_dir(), reason="docs/experiments is not in this checkout")
+def test_the_experiments_tab_shows_results_and_plots(browser):
+    browser.click('#tabs button[data-tab="experiments"]')
+    names = _wait(browser, "(() => { const h = document.querySelectorAll('.experiment h3');"
+                           " return h.length && Array.from(h).map(e => e.textContent); })()")
+    assert len(names) == len(list(EXPERIMENTS.glob("*/results.json")))
+    _wait(browser, "Array.from(document.querySelectorAll('.experiment img'))"
+                   ".some(i => i.complete && i.naturalWidth > 0)")
+    browser.click('#tabs button[data-tab="explore"]')
+
+
+def test_translation_and_classifier_runs_get_their_views(tmp_path):
+    translator = tiny_run(tmp_path, "encoder-decoder")
+    with running_server(translator) as (url, _app):
+        info = httpx.get(f"{url}/api/info", timeout=TIMEOUT).json()
+        assert info["translator"] and "cross" in info["kinds"]
+        maps = httpx.post(f"{url}/api/analyze", json={"text": "a cat", "target": "un chat"}, timeout=TIMEOUT).json()
+        cross = next(m for m in maps["attention"] if m["kind"] == "cross")
+        assert cross["key_tokens"][:5] == ["a", "␣", "c", "a", "t"] and len(cross["query_tokens"]) == len("un chat") + 1
+        steps = httpx.post(f"{url}/api/step", json={"text": "a cat", "target": "un chat", "kind": "cross", "layer": 1,
+                                                    "head": 3, "query": 2}, timeout=TIMEOUT).json()
+        assert steps["matches_model"] and all(steps["mask"])
+        bad = httpx.post(f"{url}/api/step", json={"text": "a cat", "head": 9}, timeout=TIMEOUT)
+        assert bad.status_code == 400 and "head 9" in bad.json()["error"]["message"]
+    classifier = tiny_run(tmp_path, "encoder", n_classes=3)
+    with running_server(classifier) as (url, _app):
+        answer = httpx.post(f"{url}/api/analyze", json={"text": "a cat"}, timeout=TIMEOUT).json()
+        assert sorted(answer["classes"]) == ["0", "1", "2"] and sum(answer["classes"].values()) == pytest.approx(1)
+        assert answer["attention"][0]["kind"] == "self" and "next" not in answer
