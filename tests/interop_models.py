@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers", reason="the interop tests com
 
 VOCAB = 99
 PAD = 0
+TAGS = ["B-LOC", "B-PER", "I-LOC", "I-PER", "O"]  # the token classifiers' labels
 
 
 def mistral_config(*, sliding_window: int | None):
@@ -42,6 +43,14 @@ def _configs():
             num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
             vocab_size=VOCAB, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500.0,
             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=PAD)),
+        "gpt2-tagger": (t.GPT2ForTokenClassification, t.GPT2Config(
+            n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2,
+            pad_token_id=PAD, id2label=dict(enumerate(TAGS)), label2id={tag: i for i, tag in enumerate(TAGS)})),
+        "llama-tagger": (t.LlamaForTokenClassification, t.LlamaConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+            vocab_size=VOCAB, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500.0, bos_token_id=1,
+            eos_token_id=2, pad_token_id=PAD, id2label=dict(enumerate(TAGS)),
+            label2id={tag: i for i, tag in enumerate(TAGS)})),
         "llama-tied": (t.LlamaForCausalLM, t.LlamaConfig(
             num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=1, intermediate_size=48,
             vocab_size=VOCAB, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
@@ -58,8 +67,8 @@ def _configs():
             label2id={"negative": 0, "neutral": 1, "positive": 2}, pad_token_id=PAD)),
         "bert-tagger": (t.BertForTokenClassification, t.BertConfig(
             num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
-            max_position_embeddings=64, id2label=dict(enumerate(["B-LOC", "B-PER", "I-LOC", "I-PER", "O"])),
-            label2id={tag: i for i, tag in enumerate(["B-LOC", "B-PER", "I-LOC", "I-PER", "O"])}, pad_token_id=PAD)),
+            max_position_embeddings=64, id2label=dict(enumerate(TAGS)), label2id={tag: i for i, tag in enumerate(TAGS)},
+            pad_token_id=PAD)),
         "bert-mlm": (t.BertForMaskedLM, t.BertConfig(
             num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
             max_position_embeddings=64, pad_token_id=PAD)),
@@ -76,8 +85,8 @@ def _configs():
     }
 
 
-FAMILIES = ("gpt2", "llama", "llama-tied", "mistral", "bert", "bert-classifier", "bert-tagger", "bert-mlm",
-            "marian", "marian-two-vocabularies")
+FAMILIES = ("gpt2", "gpt2-tagger", "llama", "llama-tagger", "llama-tied", "mistral", "bert", "bert-classifier",
+            "bert-tagger", "bert-mlm", "marian", "marian-two-vocabularies")
 
 
 def hf_model(name: str, directory: Path, *, seed: int = 0, config=None):

@@ -72,7 +72,7 @@ def test_no_table_outside_the_registry_keys_on_family_names():
         ({"family": "recurrent-seq2seq", "n_heads": 4}, ["n_heads=4"]),
         ({"family": "decoder", "cell": "gru"}, ["cell='gru'", "recurrent-lm"]),
         ({"family": "encoder", "attention": "bahdanau"}, ["attention='bahdanau'", "recurrent-seq2seq"]),
-        ({"family": "decoder", "n_classes": 5}, ["n_classes=5", "'encoder'"]),
+        ({"family": "decoder", "pooling": "mean"}, ["pooling='mean'", "'encoder'"]),
         ({"family": "recurrent-lm", "cell": "transformer"}, ["cell='transformer'", "lstm"]),
         ({"family": "recurrent-lm", "hidden_size": 0}, ["hidden_size=0"]),
         ({"family": "recurrent-seq2seq", "attention": "luong-dot", "bidirectional": True}, ["luong-dot"]),

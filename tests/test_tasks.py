@@ -200,7 +200,8 @@ def test_translate_scores_offline_as_in_training(tmp_path):
 # No task name compared outside the registry ---------------------------------------------------------------------
 def _task_name_comparisons(path: Path, names: set[str], root: Path = SRC) -> list[str]:
     """Comparisons (==, !=, in, not in) of a string that names a task, except against a model head field
-    (`encoder_head`, a config field the family's config owns)."""
+    (`encoder_head`, `decoder_head`: config fields the family's config owns) or a pipeline method's name
+    (`spec.method`, `pipeline.methods`: "translate", "classify" and "tag" name methods too)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if not isinstance(node, ast.Compare):
@@ -208,8 +209,9 @@ def _task_name_comparisons(path: Path, names: set[str], root: Path = SRC) -> lis
         sides = [node.left, *node.comparators]
         strings = {s.value for side in sides for s in ast.walk(side)
                    if isinstance(s, ast.Constant) and isinstance(s.value, str)}
-        heads = any(isinstance(s, ast.Attribute) and s.attr == "encoder_head" for side in sides for s in ast.walk(side))
-        if strings & names and not heads:
+        other = any(isinstance(s, ast.Attribute) and (s.attr.endswith("_head") or s.attr in ("method", "methods"))
+                    for side in sides for s in ast.walk(side))
+        if strings & names and not other:
             found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
     return found
 

@@ -440,10 +440,22 @@ class TransformerConfig(ModelConfig):
 
 @dataclass(frozen=True)
 class DecoderConfig(TransformerConfig):
-    """A decoder-only language model (GPT-2, Llama): causal self-attention, next-token prediction."""
+    """A decoder-only model (GPT-2, Llama): causal self-attention. `decoder_head`: `lm` (next-token prediction) or
+    `tag` (one of `n_classes` labels per position, from the tokens up to it: Hugging Face's
+    GPT2ForTokenClassification and LlamaForTokenClassification)."""
 
     FAMILY: ClassVar[str] = "decoder"
     family: Literal["decoder"] = "decoder"
+    decoder_head: Literal["lm", "tag"] = "lm"  # lm: the next token; tag: a label per position
+    n_classes: int = 2  # tag: number of labels
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self, "n_classes")
+
+    def inert_fields(self) -> set[str]:
+        unused = super().inert_fields()
+        return unused | ({"n_classes"} if self.decoder_head == "lm" else {"tie_embeddings", "lm_head_bias"})
 
 
 @dataclass(frozen=True)

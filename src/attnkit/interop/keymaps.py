@@ -85,18 +85,33 @@ ACTIVATIONS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "s
 
 
 # GPT-2 ----------------------------------------------------------------------------------------------------------
+def _labels_from_hf(hf) -> dict[str, Any]:
+    """n_classes from config.json's label names (a head without classes leaves the field inert)."""
+    labels = hf.get("id2label")
+    return {"n_classes": len(labels) if labels else int(hf.get("num_labels", 2))}
+
+
+def _labels_to_hf(config, labels) -> dict[str, Any]:
+    """id2label and label2id for the head of a task that learns labels (classify, tag); nothing for others."""
+    task = task_of_config(config)
+    if task is None or not task.labelled:
+        return {}
+    names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(config.n_classes)]
+    return {"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}}
+
+
 def _gpt2_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
-    return {"d_ff": hf.get("n_inner") or 4 * fields["d_model"]}  # n_inner None: GPT-2's 4 C
+    return {"d_ff": hf.get("n_inner") or 4 * fields["d_model"], **_labels_from_hf(hf)}  # n_inner None: GPT-2's 4 C
 
 
 def _gpt2_to_hf(config, labels) -> dict[str, Any]:
-    return {"n_inner": config.d_ff}
+    return {"n_inner": config.d_ff, **_labels_to_hf(config, labels)}
 
 
 GPT2 = FamilyMap(
     model_type="gpt2",
     name="GPT-2",
-    architectures={"GPT2LMHeadModel": {}, "GPT2Model": {}},
+    architectures={"GPT2LMHeadModel": {}, "GPT2ForTokenClassification": {"decoder_head": "tag"}, "GPT2Model": {}},
     base_prefix="transformer.",
     bare_architectures=("GPT2Model",),
     config_fields={
@@ -138,6 +153,7 @@ GPT2 = FamilyMap(
         Rule("stack.blocks.{i}.mlp.down_proj", "transformer.h.{i}.mlp.c_proj", "conv1d"),
         Rule("stack.final_norm", "transformer.ln_f"),
         Rule("lm_head", "lm_head"),
+        Rule("classifier", "classifier"),
     ),
     summary="learned positions, pre-norm, `gelu_tanh`; Conv1D weights transposed, fused `c_attn` split into q/k/v",
     from_hf=_gpt2_from_hf,
@@ -169,11 +185,11 @@ def _llama_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
             f"{source}: attention_bias={fields['bias']} but mlp_bias={hf.get('mlp_bias')}; attnkit's `bias` switches "
             f"the biases of attention and feed-forward together"
         )
-    return _rope_from_hf(hf, fields, architecture, names, source)
+    return {**_rope_from_hf(hf, fields, architecture, names, source), **_labels_from_hf(hf)}
 
 
 def _llama_to_hf(config, labels) -> dict[str, Any]:
-    return {**_rope_to_hf(config, labels), "mlp_bias": config.bias}
+    return {**_rope_to_hf(config, labels), "mlp_bias": config.bias, **_labels_to_hf(config, labels)}
 
 
 _LLAMA_FIELDS = {
@@ -201,13 +217,14 @@ _LLAMA_TENSORS = (
     Rule("stack.blocks.{i}.mlp", "model.layers.{i}.mlp"),  # gate_proj up_proj down_proj
     Rule("stack.final_norm", "model.norm"),
     Rule("lm_head", "lm_head"),
+    Rule("classifier", "score"),  # LlamaForTokenClassification's
 )
 _LLAMA_IGNORED = ("model.layers.{i}.self_attn.rotary_emb.inv_freq", "model.rotary_emb.inv_freq")
 
 LLAMA = FamilyMap(
     model_type="llama",
     name="Llama",
-    architectures={"LlamaForCausalLM": {}, "LlamaModel": {}},
+    architectures={"LlamaForCausalLM": {}, "LlamaForTokenClassification": {"decoder_head": "tag"}, "LlamaModel": {}},
     base_prefix="model.",
     bare_architectures=("LlamaModel",),
     config_fields={**_LLAMA_FIELDS, "attention_bias": "bias"},
@@ -265,16 +282,11 @@ MISTRAL = FamilyMap(
 def _bert_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
     if "pooler" not in fields:  # BertModel(add_pooling_layer=False) leaves no trace but its tensors
         return {"pooler": "bert.pooler.dense.weight" in names}
-    labels = hf.get("id2label")
-    return {"n_classes": len(labels) if labels else int(hf.get("num_labels", 2))}
+    return _labels_from_hf(hf)
 
 
 def _bert_to_hf(config, labels) -> dict[str, Any]:
-    task = task_of_config(config)
-    if task is None or not task.labelled:  # label names for the heads of tasks that learn labels
-        return {}
-    names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(config.n_classes)]
-    return {"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}}
+    return _labels_to_hf(config, labels)
 
 
 BERT = FamilyMap(

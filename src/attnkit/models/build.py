@@ -15,7 +15,7 @@ from attnkit.layers.embedding import Embeddings
 from attnkit.layers.feedforward import make_feedforward
 from attnkit.layers.norms import make_norm
 from attnkit.layers.positions import PositionScheme, make_positions
-from attnkit.models.decoder import DecoderLM
+from attnkit.models.decoder import DecoderLM, DecoderTagger
 from attnkit.models.encoder import (
     EncoderClassifier,
     EncoderMaskedLM,
@@ -30,11 +30,23 @@ from attnkit.models.stack import TransformerStack
 M = TypeVar("M", bound=nn.Module)
 
 
-def build_decoder(config: DecoderConfig) -> DecoderLM:
-    """A decoder-only language model (GPT-2, Llama) with initialised weights."""
+def build_decoder(config: DecoderConfig) -> DecoderLM | DecoderTagger:
+    """A decoder-only language model (GPT-2, Llama), or a token classifier (`decoder_head`), initialised."""
     stack = _stack(config, config.vocab_size, config.n_layers, decoder=True)
-    lm_head = _lm_head(config, stack, config.vocab_size)
-    return _init_weights(DecoderLM(stack=stack, lm_head=lm_head, label_smoothing=config.label_smoothing), config)
+    return _init_weights(_DECODER_HEADS[config.decoder_head](config, stack), config)
+
+
+def _decoder_lm(config: DecoderConfig, stack: TransformerStack) -> DecoderLM:
+    return DecoderLM(stack=stack, lm_head=_lm_head(config, stack, config.vocab_size),
+                     label_smoothing=config.label_smoothing)
+
+
+def _decoder_tagger(config: DecoderConfig, stack: TransformerStack) -> DecoderTagger:
+    return DecoderTagger(stack=stack, classifier=nn.Linear(config.d_model, config.n_classes), dropout=config.dropout,
+                         label_smoothing=config.label_smoothing)
+
+
+_DECODER_HEADS = {"lm": _decoder_lm, "tag": _decoder_tagger}  # decoder_head -> head
 
 
 def build_encoder(config: EncoderConfig) -> nn.Module:

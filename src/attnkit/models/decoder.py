@@ -1,6 +1,7 @@
-"""Decoder-only language model (GPT-2, Llama): a causal stack and an output projection to the vocabulary.
+"""Decoder-only models (GPT-2, Llama): a causal stack and an output projection to the vocabulary, or a tagger.
 
     ids (B, T) -> TransformerStack of DecoderBlocks (causal) -> lm_head (C -> V) -> logits (B, T, V)
+                                                             -> classifier (C -> n_classes)      (tagger)
 """
 
 from __future__ import annotations
@@ -59,6 +60,29 @@ class DecoderLM(nn.Module):
         """A preallocated cache for `batch_size` sequences of up to `max_len` positions; `static` for a compiled
         decoding step (`StaticKVCache`)."""
         return allocate_cache_for(self.stack, batch_size, max_len, dtype=dtype, device=device, static=static)
+
+
+class DecoderTagger(nn.Module):
+    """Token classification on a causal stack (GPT2ForTokenClassification, LlamaForTokenClassification): a label per
+    position from the tokens up to it; labels of -100 carry no loss."""
+
+    def __init__(self, *, stack: TransformerStack, classifier: nn.Linear, dropout: float = 0.0,
+                 label_smoothing: float = 0.0) -> None:
+        super().__init__()
+        self.stack = stack
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = classifier
+        self.label_smoothing = label_smoothing
+
+    def forward(
+        self, input_ids: Tensor, *, attention_mask: Tensor | None = None, labels: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> ModelOutput:
+        """input_ids (B, T) -> logits (B, T, n_classes); loss when labels (B, T) are given."""
+        hidden, attentions = self.stack(input_ids, attention_mask=attention_mask, need_weights=need_weights)
+        logits = self.classifier(self.dropout(hidden))  # (B, T, n_classes)
+        loss = cross_entropy(logits, labels, label_smoothing=self.label_smoothing) if labels is not None else None
+        return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None)
 
 
 def lm_logits_and_loss(

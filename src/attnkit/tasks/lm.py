@@ -396,7 +396,8 @@ def _split_at_masks(text: str, words: tuple[str, ...]) -> list[str]:
 
 LM = register(TaskSpec(
     name="lm", help="next-token prediction (decoder, recurrent LM)", families=("decoder", "recurrent-lm"),
-    make=_make_lm, evaluate_files=_perplexity_report, method="generate", stream=True, options=STREAM_OPTIONS,
+    head={"decoder_head": "lm"}, make=_make_lm, evaluate_files=_perplexity_report, method="generate", stream=True,
+    options=STREAM_OPTIONS,
     default_model=dict(family="decoder", d_model=128, n_layers=4, n_heads=4, d_ff=512, position="rope",
                        norm="layer", activation="gelu", max_seq_len=128, dropout=0.0, tie_embeddings=True),
     hf_architectures=("GPT2LMHeadModel", "LlamaForCausalLM"), eval_help="text files: perplexity",

@@ -12,6 +12,7 @@ module under the `attnkit.tasks` entry-point group, which the registry imports t
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +24,7 @@ from typing import Any, Protocol
 from torch import Tensor, nn
 
 from attnkit.checkpoint import TASK_FILE, read_json
-from attnkit.config import ModelConfig
+from attnkit.config import ModelConfig, config_class
 from attnkit.errors import ConfigError
 from attnkit.models import family_of
 from attnkit.options import assignments
@@ -94,7 +95,7 @@ class TaskSpec:
     make: Callable[[TaskContext], tuple[TrainingTask, list[str] | None]]  # -> the trainer's task, its labels
     evaluate_files: Callable[[EvalContext], Any]  # attnkit eval: -> an EvalReport (`attnkit.tasks.report`)
     default_model: Mapping[str, Any]  # the small model a run starts from without --preset or --model-config
-    head: Mapping[str, Any] = field(default_factory=dict)  # config fields the task's model must have
+    head: Mapping[str, Any] = field(default_factory=dict)  # config fields the task's model must have (where they exist)
     method: str | None = None  # the pipeline method a run of this task serves (`attnkit.load(run).METHOD`)
     pipeline: Callable[..., Any] | None = None  # that method, for one the pipeline does not define itself
     stream: bool = False  # reads a token stream (text files; no --val-data, no --batch-tokens)
@@ -116,8 +117,9 @@ class TaskSpec:
             )
 
     def fits(self, config: ModelConfig) -> bool:
-        """Whether a model of `config` is built for this task: its family trains for it and its head is the task's."""
-        return config.family in self.families and all(getattr(config, k, None) == v for k, v in self.head.items())
+        """Whether a model of `config` is built for this task: its family trains for it and its head is the task's
+        (head fields its family's config lacks do not apply to it)."""
+        return config.family in self.families and all(getattr(config, k, v) == v for k, v in self.head.items())
 
     def with_head(self, config: ModelConfig, sets: Sequence[str] = ()) -> ModelConfig:
         """`config` with the user's `--set key=value` assignments `sets` and the task's head. The family is checked
@@ -127,8 +129,10 @@ class TaskSpec:
             if key in explicit and explicit[key] != value:
                 raise ConfigError(f"--task {self.name} needs {key}={value!r}, but --set {key}={explicit[key]!r} asks "
                                   f"for another; drop that --set (the task sets its head itself)")
-        self.check_family(explicit.get("family", config.family))
-        return config.replace(**{**explicit, **self.head})
+        family = explicit.get("family", config.family)
+        self.check_family(family)
+        fields = {f.name for f in dataclasses.fields(config_class(family))}
+        return config.replace(**{**explicit, **{k: v for k, v in self.head.items() if k in fields}})
 
 
 _TASKS: dict[str, TaskSpec] = {}

@@ -305,13 +305,14 @@ def cut_off_label(labels: Sequence[str]) -> str:
 
 
 TAG = register(TaskSpec(
-    name="tag", help="a label per word: named entities (BIO/BIOES), parts of speech (encoder)", families=("encoder",),
-    head={"encoder_head": "tag", "mlm_transform": False}, make=_make, evaluate_files=_report, method="tag",
+    name="tag", help="a label per word: named entities (BIO/BIOES), parts of speech (encoder, decoder)",
+    families=("encoder", "decoder"), head={"encoder_head": "tag", "decoder_head": "tag", "mlm_transform": False},
+    make=_make, evaluate_files=_report, method="tag",
     pipeline=tag, labelled=True, training_text=_training_text,
     options=("val_data", "val_fraction", "batch_tokens", "encoding_errors", "tag_column"),
     default_model=dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned",
                        norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
                        encoder_head="tag"),
-    hf_architectures=("BertForTokenClassification",),
+    hf_architectures=("BertForTokenClassification", "GPT2ForTokenClassification", "LlamaForTokenClassification"),
     eval_help="CoNLL or .conllu files: entity precision, recall, F1 (seqeval) and word accuracy",
 ))
