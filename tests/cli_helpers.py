@@ -1,8 +1,21 @@
-"""Tiny random run directories for the command-line tests: a decoder and a two-class encoder classifier."""
+"""Helpers of the command-line tests: tiny random run directories (a decoder and a two-class encoder classifier),
+and each command's parser."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+
+
+def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """'train' -> its parser, 'tokenizer train' -> its parser, for every command."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                inner = subparsers(sub)
+                found.update({f"{name} {k}": v for k, v in inner.items()} if inner else {name: sub})
+    return found
 
 
 def tiny_runs(root: Path) -> dict[str, Path]:

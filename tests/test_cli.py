@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import pytest
-from cli_runs import tiny_runs
+from cli_helpers import subparsers, tiny_runs
 from shared_data import shared
 
 from attnkit import cli, options, presets
@@ -31,24 +31,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # the README and the site's pages
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """'train' -> its parser, 'tokenizer train' -> its parser, for every command."""
-    found = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                inner = _subparsers(sub)
-                found.update({f"{name} {k}": v for k, v in inner.items()} if inner else {name: sub})
-    return found
-
-
 def _fields(command: cli.Command) -> dict[str, tuple[type, dataclasses.Field]]:
     classes = command.classes()
     return {f.name: (cls, f) for cls in classes for f in dataclasses.fields(cls)}
 
 
 def test_every_command_is_in_the_parser_and_every_option_is_explained_with_the_settings_default():
-    parsers = _subparsers(cli.build_parser())
+    parsers = subparsers(cli.build_parser())
     assert sorted(parsers) == sorted(c.name for c in cli.COMMANDS)
     for command in cli.COMMANDS:
         fields = _fields(command)
@@ -73,7 +62,7 @@ def test_every_command_is_in_the_parser_and_every_option_is_explained_with_the_s
 
 
 def test_the_train_help_shows_the_training_config_defaults():
-    parser = _subparsers(cli.build_parser())["train"]
+    parser = subparsers(cli.build_parser())["train"]
     text = parser.format_help()
     for f in dataclasses.fields(TrainConfig):
         assert f"--{f.name.replace('_', '-')}" in text
@@ -82,7 +71,7 @@ def test_the_train_help_shows_the_training_config_defaults():
 
 
 def test_every_option_that_takes_weights_dtype_offers_the_same_choices():
-    takers = [(name, action) for name, parser in _subparsers(cli.build_parser()).items() if name != "train"
+    takers = [(name, action) for name, parser in subparsers(cli.build_parser()).items() if name != "train"
               for action in parser._actions if "--dtype" in action.option_strings]
     assert len(takers) >= 4  # generate, translate, classify, convert
     for name, action in takers:
@@ -223,7 +212,7 @@ def test_version(capsys):
 
 
 def test_only_the_chosen_command_gets_its_options():
-    parsers = _subparsers(cli.build_parser(["generate", "--run", "r", "--prompt", "x"]))
+    parsers = subparsers(cli.build_parser(["generate", "--run", "r", "--prompt", "x"]))
     assert any("--prompt" in a.option_strings for a in parsers["generate"]._actions)
     assert not any("--max-steps" in a.option_strings for a in parsers["train"]._actions)
     assert cli._chosen(["-v", "tokenizer", "train", "--out", "t"]) == "tokenizer train"
@@ -342,7 +331,7 @@ def test_every_flag_an_error_suggests_exists_on_its_command(tmp_path, capsys):
         (["convert", "--run", lm, "--from-hf", t], "one of the two"),
         (["experiment"], "--list"),
     ]
-    parsers = _subparsers(cli.build_parser())
+    parsers = subparsers(cli.build_parser())
     for argv, expected in cases:
         assert cli.main(argv) == 2, argv
         printed = capsys.readouterr()

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from cli_runs import tiny_runs
+from cli_helpers import subparsers, tiny_runs
 
 import attnkit
 from attnkit import cli, options
@@ -87,7 +87,7 @@ def test_convert_takes_its_source_run_positionally_and_keeps_run(runs, tmp_path,
 
 @pytest.mark.parametrize("command", cli.COMMANDS, ids=lambda c: c.name)
 def test_usage_lines_show_required_arguments_without_brackets(command):
-    parsers = {name: p for name, p in _subparsers(cli.build_parser([*command.name.split()])).items()}
+    parsers = subparsers(cli.build_parser([*command.name.split()]))
     usage = parsers[command.name].format_usage()
     for cls in command.classes():
         for name, f in options.fields_of(cls).items():
@@ -96,16 +96,6 @@ def test_usage_lines_show_required_arguments_without_brackets(command):
             shown = name.upper() if name in cli.RUN or f.metadata.get("positional") else options.flag(name)
             assert re.search(rf"(?<!\[){re.escape(shown)}\b", usage), f"{command.name}: {shown} not in {usage}"
             assert f"[{shown}" not in usage, f"{command.name}: {shown} shown as optional in {usage}"
-
-
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    found = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                inner = _subparsers(sub)
-                found.update({f"{name} {k}": v for k, v in inner.items()} if inner else {name: sub})
-    return found
 
 
 @pytest.mark.parametrize("argv, usage", [
