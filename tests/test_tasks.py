@@ -13,7 +13,7 @@ import torch
 from tagging_data import tagging_sentences
 
 import attnkit
-from attnkit import build_model, presets
+from attnkit import build_model, cli, presets
 from attnkit.checkpoint import load_model, save_model
 from attnkit.config import ModelConfig
 from attnkit.errors import ConfigError, InputError
@@ -116,6 +116,17 @@ def test_fill_mask_gives_the_top_k_tokens_at_each_mask(tmp_path):
         assert [t for t, _ in fill.candidates] == [tokenizer.decode([i], skip_special=False) for i in best.indices]
     with pytest.raises(InputError, match="holds no mask"):
         attnkit.load(tmp_path / "mlm").fill_mask("abc")
+
+
+def test_fill_mask_on_the_command_line(tmp_path, capsys):
+    tokenizer = CharTokenizer.from_texts(["abcdef"])
+    config = ModelConfig(family="encoder", encoder_head="mlm", vocab_size=tokenizer.vocab_size, d_model=16,
+                         n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+    save_model(build_model(config), config, tmp_path / "mlm")
+    tokenizer.save(tmp_path / "mlm" / "tokenizer")
+    assert cli.main(["fill-mask", str(tmp_path / "mlm"), "--text", "a[MASK]c[MASK]", "--top-k", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(len(line.split("\t")) == 2 for line in lines)  # a line per mask, 2 candidates
 
 
 # Training-time and offline evaluation: one loop, the same numbers -----------------------------------------------
