@@ -245,3 +245,37 @@ def test_the_course_index_links_land_on_the_tutorials_sections(site):
                 if f'id="{topic.tutorial_anchor[1:]}"' not in page.read_text():
                     missing.append(f"{topic.tutorial}{topic.tutorial_anchor}")
     assert not missing, f"course-index links to tutorial sections the rendered pages lack: {sorted(set(missing))}"
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md"] + [p for p in DOCS.rglob("*.md") if p.name != "table.md"]
+
+
+def test_the_code_the_pages_name_exists():
+    """Paths (`layers/attention.py`, `tests/test_train.py`) and dotted names (`attnkit.train.state`) in the pages'
+    code spans still name something, so a page cannot keep pointing at code that moved."""
+    src = ROOT / "src" / "attnkit"
+    stale = []
+    for page in _pages():
+        text, where = page.read_text(), page.relative_to(ROOT)
+        for path in re.findall(r"`(?:attnkit/)?((?:layers|train|generate|models|interop|viz|data|tasks|experiments)"
+                               r"/[\w/]*(?:\.py|/))`", text):
+            if not (src / path).exists():
+                stale.append(f"{where}: {path}")
+        for path in re.findall(r"`((?:tests|benchmarks)/[\w/.-]+\.(?:py|json|md))`", text):
+            if not (ROOT / path).exists():
+                stale.append(f"{where}: {path}")
+        for dotted in re.findall(r"`(attnkit(?:\.\w+)+)`", text):
+            parts = dotted.split(".")
+            for i in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:i]))
+                    break
+                except ImportError:
+                    continue
+            try:
+                for attribute in parts[i:]:
+                    obj = getattr(obj, attribute)
+            except AttributeError:
+                stale.append(f"{where}: {dotted}")
+    assert not stale, f"pages name code that does not exist: {stale}"
