@@ -103,6 +103,8 @@ def test_usage_lines_show_required_arguments_without_brackets(command):
     (["average", "runs/a", "--lats", "3"], "usage: attnkit average RUN"),
     (["tokenizer", "train", "--out", "t", "--kind", "wordpiece"], "usage: attnkit tokenizer train --out OUT"),
     (["eval", "runs/a"], "usage: attnkit eval RUN --data DATA"),
+    (["generate"], "usage: attnkit generate RUN --prompt PROMPT [options]\nattnkit generate: error: missing RUN (or "
+                   "--run), --prompt: give them on the command line or in the --config file"),
 ])
 def test_a_parse_error_prints_the_commands_own_usage(argv, usage, capsys):
     assert cli.main(argv) == 2

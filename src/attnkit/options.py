@@ -283,7 +283,8 @@ def build(cls: type, *layers: dict[str, Any], either: Iterable[str] = ()) -> Any
     if missing:
         names = ", ".join(f"{fields[n].metadata.get('metavar', n.upper())} (or {flag(n)})" if n in either
                           else n.upper() if fields[n].metadata.get("positional") else flag(n) for n in missing)
-        raise MissingOption(f"missing {names}: give it on the command line or in the --config file")
+        raise MissingOption(f"missing {names}: give {'them' if len(missing) > 1 else 'it'} on the command line or in "
+                            "the --config file")
     return cls(**values)
 
 
