@@ -5,6 +5,7 @@ registry."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 
@@ -23,8 +24,8 @@ from attnkit.tasks import task_names, task_of_config, task_spec, tasks
 from attnkit.tasks.conll import write_conll
 from attnkit.tokenize import CharTokenizer
 from attnkit.train import TrainRequest, prepare
-from attnkit.train.evaluate import evaluate_run
-from attnkit.train.job import check_request
+from attnkit.train.evaluate import EvalSettings, evaluate_run
+from attnkit.train.job import DataConfig, check_request
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "attnkit"
 TINY = ["d_model=32", "n_layers=1", "n_heads=2", "d_ff=64", "max_seq_len=32"]
@@ -46,6 +47,13 @@ def test_every_task_is_registered_once_with_what_it_needs():
         assert config.family in spec.families
     with pytest.raises(ConfigError, match="did you mean classify"):
         task_spec("clasify")
+    data_fields = {f.name for f in dataclasses.fields(DataConfig)}
+    assert all(set(spec.options) <= data_fields for spec in tasks())  # the options a task reads exist
+
+
+def test_eval_without_files_names_what_each_task_reads():
+    with pytest.raises(InputError, match=r"tag: CoNLL or \.conllu files.*translate: a TSV file"):
+        EvalSettings(run="runs/x", data=())
 
 
 def test_hugging_face_classes_of_the_tasks_are_the_ones_interop_reads():

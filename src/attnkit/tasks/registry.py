@@ -186,7 +186,8 @@ def task_spec(name: str) -> TaskSpec:
     if name not in _TASKS:
         near = difflib.get_close_matches(str(name), list(_TASKS), n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
-        raise ConfigError(f"unknown task {name!r}{hint}; choose one of {', '.join(_TASKS)}")
+        known = "; ".join(f"{spec.name} ({spec.help})" for spec in _TASKS.values())
+        raise ConfigError(f"unknown task {name!r}{hint}; the tasks are {known}")
     return _TASKS[name]
 
 

@@ -37,7 +37,7 @@ from attnkit.checkpoint import (
     read_labels,
 )
 from attnkit.errors import ConfigError, InputError
-from attnkit.tasks import EvalContext, EvalReport, task_names, task_of_run
+from attnkit.tasks import EvalContext, EvalReport, task_names, task_of_run, tasks
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.job import pick_device
@@ -81,8 +81,7 @@ class EvalSettings:
         if self.int8 and self.int8_dynamic:
             raise InputError("--int8 and --int8-dynamic are two forms of int8 weights; give one")
         if not self.data:
-            raise InputError("eval needs --data FILE...: text files (language model), a TSV file or two line-aligned "
-                             "files (translation), or labelled files (classifier)")
+            raise _no_data()
         for name in ("window", "stride"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -144,8 +143,7 @@ def evaluate_run(
     run_dir = Path(run_dir)
     settings = settings or EvalSettings(run=str(run_dir), data=tuple(map(str, data)), **options)
     if not data:
-        raise InputError("eval needs --data FILE...: text files (language model), a TSV file or two line-aligned "
-                         "files (translation), or labelled files (classifier, tagger)")
+        raise _no_data()
     config = load_config(run_dir)
     spec = task_of_run(run_dir, config)
     if spec is None:
@@ -170,6 +168,12 @@ def evaluate_run(
     atomic_write(out_dir / REPORT_FILE, json.dumps(report.to_dict(), indent=1) + "\n")
     report.details["json"] = str(out_dir / REPORT_FILE)
     return report
+
+
+def _no_data() -> InputError:
+    """The files each task's evaluation reads, as its registration says."""
+    wants = "; ".join(f"{spec.name}: {spec.eval_help}" for spec in tasks() if spec.eval_help)
+    return InputError(f"eval needs --data FILE... ({wants})")
 
 
 def _with_run_defaults(settings: EvalSettings, run_dir: Path) -> EvalSettings:
