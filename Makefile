@@ -33,9 +33,10 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python -m benchmarks
 
 # The documentation site into site/, strict: a broken link, a missing reference or a failing tutorial stops it.
-# The tutorials execute as it builds (minutes); ATTNKIT_DOCS_EXECUTE=false renders them without outputs.
+# The tutorials execute as it builds (minutes; their renderings are cached in .cache/mkdocs-jupyter per budget and
+# per state of src/attnkit); ATTNKIT_DOCS_EXECUTE=false renders them without outputs.
 docs: $(VENV)/.installed-dev
 	$(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) build site *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site .cache/mkdocs-jupyter *.egg-info src/*.egg-info

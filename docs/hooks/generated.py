@@ -18,8 +18,10 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import html
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -237,7 +239,20 @@ def on_config(config):
         section = _section(config.nav, title)
         if section is not None:
             section += [f"{folder}/{name}" for name in names if f"{folder}/{name}" not in listed]
+    jupyter = config.plugins.get("mkdocs-jupyter")
+    if jupyter is not None and jupyter.config.get("cache"):  # one cache per budget and per state of attnkit's code
+        jupyter.config["cache_dir"] = str(Path(jupyter.config["cache_dir"]) / tutorial_cache_key())
     return config
+
+
+def tutorial_cache_key() -> str:
+    """What a tutorial's outputs depend on besides its own text (which mkdocs-jupyter's cache key holds): the
+    budget it runs at and attnkit's source. A cached rendering is reused only while both are unchanged."""
+    digest = hashlib.sha256(os.environ.get("ATTNKIT_TUTORIAL_BUDGET", "full").encode())
+    for path in sorted((ROOT / "src" / "attnkit").rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".json", ".html"):
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def on_files(files, config):
