@@ -105,7 +105,7 @@ print("attnkit's recurrent seq2seq = the from-scratch encoder-decoder, with and 
 from attnkit.data import make_task, pad
 from attnkit.generate.seq2seq import greedy_translate
 
-steps = {"tiny": 10, "full": 1500}[BUDGET]
+steps = {"tiny": 10, "full": 800}[BUDGET]
 MIN_LEN, MAX_LEN = 3, 16
 train = make_task("reverse", 50_000, seed=0, min_len=MIN_LEN, max_len=MAX_LEN).pairs()
 

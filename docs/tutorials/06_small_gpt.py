@@ -169,7 +169,7 @@ print("attention, feed-forward, block and whole model: the same numbers as attnk
 # directory (config, weights, tokenizer, `metrics.jsonl`) that `attnkit.load` reads back. The equivalent command:
 #
 #     attnkit train --data ../shared/data/tinyshakespeare/input.txt --tokenizer char --out runs/shakespeare \
-#         --set d_model=128 n_layers=4 n_heads=4 d_ff=512 max_seq_len=64 position=learned --max-time 3m
+#         --set d_model=128 n_layers=4 n_heads=4 d_ff=512 max_seq_len=64 position=learned --max-steps 2000
 
 # %%
 from attnkit.train.job import TrainRequest, prepare
@@ -177,7 +177,7 @@ from attnkit.train.job import TrainRequest, prepare
 model_fields = ["d_model=128", "n_layers=4", "n_heads=4", "d_ff=512", "max_seq_len=64", "position=learned",
                 "norm=layer", "activation=gelu", "dropout=0.0"]
 settings = {"tiny": dict(max_steps=5, eval_every=5, batch_size=4, warmup=2),
-            "full": dict(max_steps=2000, max_time=180.0, eval_every=250, batch_size=12, warmup=100)}[BUDGET]
+            "full": dict(max_steps=2000, max_time=600.0, eval_every=250, batch_size=12, warmup=100)}[BUDGET]
 data = {"data": (str(corpus),), "tokenizer": "char", "eval_batches": 20}
 if BUDGET == "tiny":
     data.update(eval_batches=2, max_bytes=100_000)  # the first 100 kB only: seconds, not minutes
@@ -265,10 +265,11 @@ for name, setting in (("greedy (temperature 0)", dict(temperature=0.0)), ("tempe
 # %% [markdown]
 # Greedy decoding tends to fall into a loop; sampling with no filter now and then picks a character from the
 # unlikely tail and derails; top-k and top-p cut that tail off, and a lower temperature makes the text safer and
-# duller. How far three minutes of training go depends on the machine: the printed step count and validation loss
-# say. For scale, nanoGPT's CPU setting (this model's shape) reaches a validation loss of about 1.88 after 2,000
-# steps; around 2 the samples spell short words, name speakers and keep the play's layout. At the tiny budget the
-# model has trained for five steps and writes noise.
+# duller. The full budget trains for 2,000 steps (nanoGPT's CPU setting), cut short after ten minutes on a slow or
+# busy machine: the printed step count and validation loss say where it stopped. For scale, nanoGPT's CPU setting
+# (this model's shape) reaches a validation loss of about 1.88 after 2,000 steps; around 2 the samples spell short
+# words, name speakers and keep the play's layout. At the tiny budget the model has trained for five steps and
+# writes noise.
 #
 # **In attnkit:** `attnkit.models.DecoderLM` (built by `build_model` from a `DecoderConfig`), `attnkit.blocks`,
 # `attnkit.train` (the trainer), `attnkit.generate.sampling` and `attnkit.load(...).generate(...)`; from the
