@@ -162,7 +162,7 @@ def test_stream_tasks_score_offline_as_in_training(tmp_path, task):
     (tmp_path / "val.txt").write_text(val_text, encoding="utf-8")
     assert trainer.tokenizer.encode(val_text) == trainer.task.data.val.tolist()
     seq_len = 32
-    report = evaluate_run(tmp_path / "run", [tmp_path / "val.txt"], window=seq_len, stride=seq_len, batch_size=8)
+    report = evaluate_run(tmp_path / "run", [tmp_path / "val.txt"], window=seq_len, stride=seq_len, batch_size=5)
     trained, offline = _last_eval(tmp_path / "run"), report.rows[0]
     key = "loss" if task == "lm" else "val_loss"
     assert offline[key] == pytest.approx(trained["val_loss"], rel=1e-5)

@@ -7,8 +7,9 @@
 Both read a token stream: text files, folders or globs (none: the Python standard library's source), validated on
 its last `val_fraction`. One evaluation loop serves training and `attnkit eval`: `sliding_window_nll` for `lm`
 (training scores its validation split with windows that do not overlap, stride = window; `attnkit eval --stride`
-may give each token more context), `masked_lm_scores` for `mlm` (masks drawn from a generator seeded alike each
-time, so the figures compare across evaluations and with `attnkit eval`).
+may give each token more context), `masked_lm_scores` for `mlm` (each window masked from a generator seeded by the
+run's seed and the window's index, so the figures compare across evaluations, and with `attnkit eval` whatever its
+batch size).
 
 Sliding-window perplexity (the fixed-length-model method of Hugging Face's perplexity guide). A model reads at
 most `window` tokens, so a long text is scored window by window; each window moves `stride` tokens on and scores
@@ -236,11 +237,15 @@ def masked_lm_scores(model: nn.Module, batches: Iterator[tuple[Tensor, Tensor]])
 
 def masked_batches(data: LMData, masking: MaskedWindows, *, batch_size: int, seed: int,
                    max_batches: int | None) -> Iterator[tuple[Tensor, Tensor]]:
-    """The validation split's windows in order, masked from a generator seeded with `seed`."""
-    generator = torch.Generator().manual_seed(seed)
+    """The validation split's windows in order, each masked from a generator of its own seeded with `seed` and its
+    index, so the masks do not depend on how the windows are batched."""
+    index = 0
     for windows, _ in data.iter_eval_batches("val", batch_size=batch_size, seq_len=masking.window,
                                              max_batches=max_batches):
-        yield masking(windows, generator)
+        rows = [masking(window[None], torch.Generator().manual_seed(seed * 1_000_003 + index + i))
+                for i, window in enumerate(windows)]
+        index += len(rows)
+        yield torch.cat([inputs for inputs, _ in rows]), torch.cat([labels for _, labels in rows])  # (B, T) each
 
 
 class MLMTask(LMTask):
