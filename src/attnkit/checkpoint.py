@@ -45,6 +45,8 @@ OPTIMIZER_FILE = "optimizer.safetensors"  # the optimizer's tensors
 TASK_FILE = "task.json"  # the task a run trained for and its data settings
 BEST_DIR = "best"  # a copy of the checkpoint with the best validation score
 REPLACED_PREFIX = ".replaced-"  # a run `--overwrite` moved aside until the new one's first checkpoint (train.rundir)
+RUN_MARKER = ".attnkit-run"  # written into every run directory attnkit trains or converts into: only such a
+# directory (or one of the older layout, `is_attnkit_run`) may be replaced by --overwrite
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,21 @@ class writing:
         raise failure from None
 
 
+def mark_run(directory: str | Path) -> None:
+    """Label `directory` as a run attnkit writes (`RUN_MARKER`)."""
+    path = Path(directory) / RUN_MARKER
+    if not path.is_file():
+        atomic_write(path, json.dumps({"written_by": "attnkit"}) + "\n")
+
+
+def is_attnkit_run(directory: str | Path) -> bool:
+    """Whether attnkit wrote the run in `directory`: its marker, or (runs written before the marker) the layout a
+    training run has: config.json, model.safetensors and train_state.json."""
+    directory = Path(directory)
+    return (directory / RUN_MARKER).is_file() or all(
+        (directory / name).is_file() for name in (CONFIG_FILE, WEIGHTS_FILE, TRAIN_STATE_FILE))
+
+
 # Integrity ---------------------------------------------------------------------------------------------------
 def read_json(path: str | Path) -> Any:
     """A run file's JSON; CheckpointError naming the file when it is missing, unreadable or not JSON."""
@@ -123,7 +140,7 @@ def read_json(path: str | Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing; is {path.parent} a run or checkpoint written by attnkit?") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise CheckpointError(f"{path} is not readable JSON ({err}); the file is damaged") from None
 
 
@@ -182,6 +199,41 @@ def verify_files(directory: str | Path, names: Iterable[str] | None = None) -> N
             raise CheckpointError(
                 f"{path} is damaged: its SHA-256 differs from the one recorded in {CHECKSUMS_FILE} when it was saved"
             )
+
+
+def record_checksums(directory: str | Path) -> None:
+    """Add to `directory/checksums.json` the digest of every file beside it (folders included) it does not list yet:
+    files written after `save_model` (a tokenizer, labels) are covered too."""
+    directory = Path(directory)
+    digests = read_checksums(directory)
+    for path in sorted(directory.rglob("*")):
+        name = path.relative_to(directory).as_posix()
+        if path.is_file() and name != CHECKSUMS_FILE and name not in digests and not path.name.startswith("."):
+            digests[name] = digest(path)
+    write_checksums(directory, digests)
+
+
+def verify_run_files(directory: str | Path, names: Iterable[str], *, require: bool = False) -> None:
+    """Check the files `names` and the tokenizer's against `checksums.json` (`verify_files`). Files that it cannot
+    vouch for (no checksums.json, or a tokenizer file it does not list) are unverified: a warning, or with `require`
+    a CheckpointError; never called intact."""
+    directory = Path(directory)
+    digests = read_checksums(directory)
+    tokenizer = directory / TOKENIZER_DIR
+    unlisted = sorted(
+        path.relative_to(directory).as_posix() for path in (tokenizer.rglob("*") if tokenizer.is_dir() else ())
+        if path.is_file() and path.relative_to(directory).as_posix() not in digests
+    )
+    problem = (f"has no {CHECKSUMS_FILE}" if not digests
+               else f"lists no checksum for {', '.join(unlisted[:3])}" if unlisted else None)
+    if problem is not None:
+        message = f"{directory} {problem}: its files are unverified (written before checksums, or the file removed)"
+        if require:
+            raise CheckpointError(f"{message}; load it without verification, or save it again so that its "
+                                  f"checksums are recorded")
+        log.warning("%s", message)
+    listed_tokenizer = [name for name in digests if name.startswith(f"{TOKENIZER_DIR}/")]
+    verify_files(directory, [*names, *listed_tokenizer])
 
 
 def load_tensors(path: str | Path) -> dict[str, Tensor]:
@@ -301,16 +353,19 @@ def load_model(
     dtype: torch.dtype | None = None,
     merge_adapters: bool = True,
     verify: bool = True,
+    require_checksums: bool = False,
 ) -> tuple[nn.Module, ModelConfig]:
     """Rebuild the model from `config.json` and load `model.safetensors` strictly. Returns (model, config).
 
     LoRA adapters saved beside the weights are folded into them, unless `merge_adapters=False` (the base alone:
     a resumed LoRA run wraps it again and loads the adapters with `load_adapters`). With `verify`, the files are
-    checked against `checksums.json` first. A run directory whose top level cannot be read falls back to its
-    newest intact checkpoint (see `load_run_model`, which also says which directory was read).
+    checked against `checksums.json` first (the tokenizer's files too); files without checksums are unverified, a
+    warning, or with `require_checksums` a CheckpointError. A run directory whose top level cannot be read falls
+    back to its newest checkpoint that loads (see `load_run_model`, which also says which directory was read).
     """
     model, config, _ = load_run_model(
-        directory, device=device, dtype=dtype, merge_adapters=merge_adapters, verify=verify
+        directory, device=device, dtype=dtype, merge_adapters=merge_adapters, verify=verify,
+        require_checksums=require_checksums,
     )
     return model, config
 
@@ -322,6 +377,7 @@ def load_run_model(
     dtype: torch.dtype | None = None,
     merge_adapters: bool = True,
     verify: bool = True,
+    require_checksums: bool = False,
 ) -> tuple[nn.Module, ModelConfig, Path]:
     """`load_model`, returning also the directory read: `directory` itself or, for a training run whose top level
     is missing or damaged (a save interrupted before it was updated), its newest checkpoint that loads.
@@ -329,18 +385,20 @@ def load_run_model(
     Raises the top level's CheckpointError when no checkpoint loads either.
     """
     directory = Path(directory)
+    checks = dict(verify=verify, require=require_checksums)
     try:
         if checkpoint_dirs(directory):
             _check_complete(directory)
-        return (*_load_model(directory, device, dtype, merge_adapters, verify), directory)
+        return (*_load_model(directory, device, dtype, merge_adapters, **checks), directory)
     except CheckpointError as err:
         for checkpoint in reversed(checkpoint_dirs(directory)):
             try:
-                loaded = _load_model(checkpoint, device, dtype, merge_adapters, verify)
+                loaded = _load_model(checkpoint, device, dtype, merge_adapters, **checks)
             except CheckpointError as other:
                 log.warning("skipped %s: %s", checkpoint, other)
                 continue
-            log.warning("%s; read its newest intact checkpoint, %s, instead", err, checkpoint)
+            state = "intact" if verify and read_checksums(checkpoint) else "unverified"
+            log.warning("%s; read its newest checkpoint that loads (%s), %s, instead", err, state, checkpoint)
             return (*loaded, checkpoint)
         raise
 
@@ -355,15 +413,18 @@ def _check_complete(run_dir: Path) -> None:
         raise CheckpointError(f"the top level of {run_dir} {what}: a save was cut short (or predates checksums)")
 
 
-def _load_model(directory: Path, device, dtype, merge_adapters: bool, verify: bool) -> tuple[nn.Module, ModelConfig]:
+def _load_model(
+    directory: Path, device, dtype, merge_adapters: bool, *, verify: bool, require: bool
+) -> tuple[nn.Module, ModelConfig]:
     adapters = merge_adapters and (directory / ADAPTERS_FILE).is_file()
     if verify:
-        verify_files(directory, [CONFIG_FILE, WEIGHTS_FILE] + ([ADAPTERS_FILE] if adapters else []))
+        verify_run_files(directory, [CONFIG_FILE, WEIGHTS_FILE, LABELS_FILE, TASK_FILE]
+                         + ([ADAPTERS_FILE] if adapters else []), require=require)
     config = load_config(directory)
+    model = build_model(config)  # its size checked against the memory free before the weights are read
     tensors = load_tensors(directory / WEIGHTS_FILE)
     if adapters:
         tensors = _merge_adapters(tensors, directory / ADAPTERS_FILE)
-    model = build_model(config)
     load_weights(model, tensors, source=str(directory / WEIGHTS_FILE))
     model.to(device=device, dtype=dtype)
     model.eval()

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from attnkit import options
 from attnkit.blocks import COMPILE_MODES
 from attnkit.config import model_field_names
-from attnkit.errors import AttnkitError, nearest
+from attnkit.errors import AttnkitError, nearest, os_error_message
 from attnkit.generate.pipeline import WeightDType
 from attnkit.interop.keymaps import supported_lines
 from attnkit.textfiles import EncodingErrors
@@ -119,6 +119,25 @@ def _human(count: int) -> str:
     return str(count)
 
 
+def _refuse_other_experiment(name: str, out: str | None) -> None:
+    """`experiment --out` into a folder holding another experiment's results would mix the two: refused."""
+    import json
+
+    from attnkit.errors import InputError
+
+    results = Path(out) / "results.json" if out is not None else None
+    if results is None or not results.is_file():
+        return
+    try:
+        other = json.loads(results.read_text(encoding="utf-8")).get("name")
+    except (OSError, ValueError, AttributeError):
+        other = None
+    if other != name:
+        held = f"experiment {other!r}" if isinstance(other, str) else "results attnkit did not write"
+        raise InputError(f"--out {out} holds the {held} ({results}); choose another --out, so that their results "
+                         "and plots do not mix")
+
+
 # recipes --------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RecipesSettings:
@@ -155,12 +174,25 @@ def _run_tokenizer_train(settings: TokenizerTrainSettings) -> int:
     from attnkit.data.corpus import resolve_files
     from attnkit.tokenize import train_tokenizer
 
+    _refuse_run_tokenizer(Path(settings.out))
     files = resolve_files(list(settings.data) or None, max_bytes=settings.max_bytes)
     tok = train_tokenizer(settings.kind, files, vocab_size=settings.vocab_size,
                           encoding_errors=settings.encoding_errors)
     tok.save(settings.out)
     print(f"{tok.kind} tokenizer, {tok.vocab_size} tokens, from {len(files)} files -> {settings.out}")
     return 0
+
+
+def _refuse_run_tokenizer(out: Path) -> None:
+    """A run's tokenizer (RUN/tokenizer, or a run directory itself) is part of the run: its model's ids mean its
+    tokens, so `tokenizer train` never writes there."""
+    from attnkit.checkpoint import CONFIG_FILE, TOKENIZER_DIR
+    from attnkit.errors import InputError
+
+    for run in (out, out.parent) if out.name == TOKENIZER_DIR else (out,):
+        if (run / CONFIG_FILE).is_file():
+            raise InputError(f"--out {out} is inside the run {run}, whose model reads its own tokenizer: a new one "
+                             "would change what its token ids mean; choose another --out")
 
 
 @dataclass(frozen=True)
@@ -185,6 +217,7 @@ class LoadSettings:
     device: str | None = None  # cpu, cuda, cuda:1, ...; none: cuda when present, else cpu
     dtype: WeightDType | None = None  # the weights' type; none: as stored
     explain: bool = False  # print the inference plan (layouts, kernels, quantization, compilation) and why, on stderr
+    verify: bool = False  # refuse a run whose files have no checksums (unverified) instead of warning
 
     def load(self):
         """The run as a Pipeline, loaded as these settings say."""
@@ -197,7 +230,7 @@ class LoadSettings:
 
     def load_options(self) -> dict[str, Any]:
         """The keyword arguments of `attnkit.load` these settings stand for."""
-        return {"device": self.device, "dtype": self.dtype}
+        return {"device": self.device, "dtype": self.dtype, "verify": self.verify}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,10 +274,11 @@ class GenerateSettings(DecodeSettings):
     seed: int | None = None  # same seed, same text
     stop: tuple[str, ...] = ()  # end the text at any of these strings (repeatable)
     stream: bool = True  # print tokens as they come (one sample only)
+    max_prompt_bytes: int = 1_000_000  # --prompt -: read at most this many bytes of standard input
 
 
 def _run_generate(settings: GenerateSettings) -> int:
-    prompt = _read_stdin() if settings.prompt == "-" else settings.prompt
+    prompt = _read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
     pipeline = settings.load()
     stream = settings.stream and settings.num_samples == 1
     unsent = [prompt]  # streamed with the first piece, so that a setting refused before it prints its error alone
@@ -269,13 +303,26 @@ def _run_generate(settings: GenerateSettings) -> int:
     return 0
 
 
-def _read_stdin() -> str:
-    """Standard input as UTF-8 text (an InputError naming the first bad byte otherwise)."""
+def _read_stdin(limit: int) -> str:
+    """Standard input as UTF-8 text, at most `limit` bytes (an InputError naming the first bad byte, a closed
+    standard input, or more than `limit` bytes, otherwise: never read without bound)."""
     from attnkit.errors import InputError
 
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InputError(f"--max-prompt-bytes {limit!r} must be a positive number of bytes")
+    if sys.stdin is None or sys.stdin.closed:
+        raise InputError("standard input is closed, so --prompt - has nothing to read: give the prompt as --prompt "
+                         "TEXT, or pipe it in (... | attnkit generate RUN --prompt -)")
     if not hasattr(sys.stdin, "buffer"):  # already text (a StringIO standing in for it)
-        return sys.stdin.read()
-    data = sys.stdin.buffer.read()
+        return sys.stdin.read(limit)
+    try:
+        data = sys.stdin.buffer.read(limit + 1)
+    except OSError as err:
+        raise InputError(f"standard input cannot be read ({err.strerror or err}): give the prompt as --prompt "
+                         "TEXT") from None
+    if len(data) > limit:
+        raise InputError(f"standard input holds more than {limit:,} bytes (--max-prompt-bytes): a prompt is read "
+                         f"whole, so give a shorter one, or raise --max-prompt-bytes")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -601,6 +648,7 @@ def _run_experiment(settings: ExperimentSettings) -> int:
         return 0
     if settings.name is None:
         raise InputError("name the experiment to run (attnkit experiment --list shows them)")
+    _refuse_other_experiment(settings.name, settings.out)
     result = run_experiment(settings.name, budget=settings.budget, out=settings.out)
     print(result.table_markdown())
     print(f"{result.verdict}: {result.reason}")
@@ -825,7 +873,24 @@ def invocation(args: argparse.Namespace) -> Invocation:
         settings = options.build(classes[0], layers[0], either=RUN)
     except options.MissingOption as err:
         args.command_parser.error(str(err))  # a usage error: the command's usage, then what is missing
+    if getattr(args, "recipe", None) and command.recipe == "evaluate":
+        _check_recipe_task(args.recipe, settings.run)
     return Invocation(command, settings, tuple(layers[1:]))
+
+
+def _check_recipe_task(name: str, run: str) -> None:
+    """`eval --recipe` scores runs of the recipe's own task: a run of another task is refused before any data is
+    read (scored anyway, its numbers would mean nothing; refused later, the data would be blamed)."""
+    from attnkit import recipes
+    from attnkit.checkpoint import load_config
+    from attnkit.errors import InputError
+    from attnkit.tasks import task_of_run
+
+    wanted = (recipes.load(name).train or {}).get("task")
+    task = task_of_run(run, load_config(run)) if wanted is not None else None
+    if task is not None and task.name != wanted:
+        raise InputError(f"recipe {name} evaluates {wanted} runs, but {run} is a {task.name} run; evaluate it "
+                         f"without --recipe (attnkit eval {run} --data FILE), or with a recipe of its task")
 
 
 def _settings_file(command: Command, values: dict[str, Any], path: str, known: set[str], what: str) -> dict[str, Any]:
@@ -853,6 +918,12 @@ def main(argv: list[str] | None = None) -> int:
         raise
     except AttnkitError as err:
         print(f"attnkit: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader went away (attnkit presets | head -1): what it wanted was written
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 0
+    except OSError as err:  # the OS refused a path no check foresaw (read-only, too long a name, a file in the way)
+        print(f"attnkit: error: {os_error_message(err, err.filename or 'a file', 'using')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnkit: interrupted", file=sys.stderr)

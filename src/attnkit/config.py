@@ -256,7 +256,7 @@ class ModelConfig(metaclass=_FamilyDispatch):
             text = path.read_text()
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, RecursionError) as err:  # RecursionError: nested deeper than Python's stack
             raise ConfigError(f"config is not valid JSON: {err}") from None
         if not isinstance(data, dict):
             raise ConfigError("config JSON must be an object of field: value")

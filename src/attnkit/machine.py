@@ -11,6 +11,7 @@ transposed or packed weight for decoding) depends on the machine. So nothing her
                                and PyTorch; otherwise `DEFAULT_PROFILE`, whose figures are documented below
 
 The inference plan (`generate/plan.py`) and the trainer read both; the layers only take the choices they are given.
+`free_bytes` says how much memory is free, which `build_model` checks a model's weights against before allocating.
 """
 
 from __future__ import annotations
@@ -168,6 +169,27 @@ DEFAULT_PROFILE = Profile(
                "fp16": AttentionKernelLimits(decode_keys=512, pass_keys=128)},
     decode_linear={"fp32": "transposed", "bf16": "packed"},
 )
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """The memory free on `device`: CUDA's free memory, or the system's available memory (Linux' MemAvailable,
+    else free pages); None when it cannot be told."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def gib(n_bytes: int) -> str:
+    """A size in GiB, for messages."""
+    return f"{n_bytes / 2**30:.1f} GiB"
 
 
 def default_profile_path() -> Path:

@@ -325,12 +325,12 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
                              "file as JSON") from None
         try:
             data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
+        except (yaml.YAMLError, RecursionError) as err:  # RecursionError: nested deeper than Python's stack
             raise InputError(f"--config {path} is not valid YAML: {err}") from None
     else:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, RecursionError) as err:  # RecursionError: nested deeper than Python's stack
             raise InputError(f"--config {path} is not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise InputError(f"--config {path} must hold one object of setting: value")
@@ -350,6 +350,8 @@ def assignments(texts: Iterable[str]) -> dict[str, Any]:
             changes[key] = json.loads(raw)
         except json.JSONDecodeError:
             changes[key] = raw
+        except RecursionError:
+            raise ConfigError(f"--set {key}=...: the value is nested too deeply to read; give a plain value") from None
     return changes
 
 

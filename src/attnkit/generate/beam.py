@@ -17,6 +17,7 @@ beam, normalised at the current length, no longer beats the worst of them (the r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -53,6 +54,21 @@ class Hypotheses:
         return self.items[0][1]
 
 
+MAX_LENGTH_PENALTY = 100.0  # |length_penalty| past this makes length ** penalty overflow a float at long targets
+
+
+def check_search(beam_size: int, length_penalty: float) -> None:
+    """InputError for a beam size that is no positive integer, or a length penalty that is not a finite number
+    within +-MAX_LENGTH_PENALTY (nan, inf or 1e308 would make every score nan, 0 or an overflow)."""
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise InputError(f"beam_size={beam_size!r} must be a positive integer (1 is greedy)")
+    if (isinstance(length_penalty, bool) or not isinstance(length_penalty, int | float)
+            or not math.isfinite(length_penalty) or abs(length_penalty) > MAX_LENGTH_PENALTY):
+        raise InputError(f"length_penalty={length_penalty!r} must be a finite number between "
+                         f"-{MAX_LENGTH_PENALTY:g} and {MAX_LENGTH_PENALTY:g} (1: scores per token; 0: summed log "
+                         "probabilities)")
+
+
 @torch.inference_mode()
 def translate_ids(
     model: nn.Module,
@@ -87,8 +103,7 @@ def beam_search(
 ) -> list[list[int]]:
     """The best hypothesis of each source (target tokens without BOS and EOS); see the module docstring."""
     check_max_length(max_length)
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-        raise InputError(f"beam_size={beam_size!r} must be a positive integer (1 is greedy)")
+    check_search(beam_size, length_penalty)
     batch, k = len(sources), beam_size
     source = encode_sources(model, sources, pad_id=pad_id).repeat(k)
     device = source.memory.device

@@ -32,12 +32,14 @@ from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_run_model, read_
 from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
-from attnkit.generate.beam import translate_ids
+from attnkit.generate.beam import check_search, translate_ids
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
 from attnkit.generate.plan import InferencePlan, check_dynamic_quantization, plan_inference
 from attnkit.generate.quantize import QUANTIZE_FORMS
 from attnkit.generate.sampling import SamplingConfig, make_generator
+from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
+from attnkit.machine import free_bytes, gib
 from attnkit.tasks import TaskSpec, task_of_config, task_of_run, tasks
 from attnkit.tokenize import load_tokenizer
 
@@ -182,9 +184,13 @@ class Pipeline:
         bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
         if bos is None or eos is None:
             raise InputError("translation needs a tokenizer with BOS and EOS tokens (the target starts and ends there)")
+        check_search(beam_size, length_penalty)
+        if max_length is not None:  # 0 is no request for the default
+            check_max_length(max_length)
+            if max_length > self.config.max_seq_len:
+                raise InputError(f"max_length={max_length} is beyond the model's max_seq_len={self.config.max_seq_len}")
         sources = [self._source_ids(t, index=i) for i, t in enumerate(texts)]
-        if max_length is not None and max_length > self.config.max_seq_len:
-            raise InputError(f"max_length={max_length} is beyond the model's max_seq_len={self.config.max_seq_len}")
+        self._check_search_fits(beam_size * min(batch_size, len(texts)), max_length or self.config.max_seq_len)
         outputs: list[list[int]] = [[] for _ in texts]
         order = sorted((i for i, t in enumerate(texts) if t.strip()), key=lambda i: len(sources[i]))
         batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
@@ -198,6 +204,23 @@ class Pipeline:
             for index, result in zip(batch, results, strict=True):
                 outputs[index] = result
         return [self.tokenizer.decode(ids) for ids in outputs]
+
+    def _check_search_fits(self, rows: int, max_length: int) -> None:
+        """InputError when `rows` hypotheses (texts in a batch x beam size) of up to `max_length` tokens cannot fit
+        in the memory free: at least their key/value caches (4 bytes a number) and a row of scores over the target
+        vocabulary each (the log-probabilities, their sum with the beam's score, the top-k's copy)."""
+        config = self.config
+        width = getattr(config, "d_model", None) or getattr(config, "hidden_size", 0)
+        layers = getattr(config, "decoder_layers", config.n_layers)
+        vocab = getattr(config, "target_vocab_size", config.vocab_size)
+        need = rows * 4 * (2 * layers * max_length * width + 3 * vocab)
+        free = free_bytes(self.device)
+        if free is not None and need > free:
+            raise InputError(
+                f"{rows:,} hypotheses (--beam-size x the texts of a batch, --batch-size) need at least {gib(need)} for "
+                f"their caches and scores but {self.device.type} has {gib(free)} free: choose a smaller --beam-size "
+                f"(4 to 10 is usual) or --batch-size"
+            )
 
     @torch.inference_mode()
     def classify(self, texts: str | Sequence[str], *, batch_size: int = 32) -> list[Classification]:
@@ -362,6 +385,7 @@ def load(
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
     compile: bool | str = False,
+    verify: bool = False,
 ) -> Pipeline:
     """Load a run directory (see the module docstring) onto `device` (default: CUDA when present, else CPU)
     in `dtype` (default: as stored; "fp32", "bf16", "fp16" or a torch dtype). `quantize="int8"` stores the
@@ -375,6 +399,8 @@ def load(
     where per-operation overhead dominates (small models at batch 1, bf16 and int8 weights). `compile="max-autotune"`
     also times several kernels for each matrix product while compiling (a minute or more the first time, cached
     on disk): the fastest decoding of larger models; in fp32 its packed weights are a second copy of the model's.
+    Its files (the tokenizer's too) are checked against their checksums; a run without them is unverified, a
+    warning, or with `verify` a CheckpointError.
 
     Raises CheckpointError for a missing or mismatched checkpoint, or a labels.json that does not fit.
     """
@@ -385,7 +411,7 @@ def load(
     if quantize == "int8-dynamic":
         check_dynamic_quantization(device, compile)
     # a run whose top level is damaged or incomplete (a save cut short) is read from its newest intact checkpoint
-    model, config, run_dir = load_run_model(run_dir, device=device, dtype=parse_dtype(dtype))
+    model, config, run_dir = load_run_model(run_dir, device=device, dtype=parse_dtype(dtype), require_checksums=verify)
     plan = plan_inference(model, config.family, quantize=quantize, compile=compile)
     plan.apply(model)
     decoding = decoding_for(model, compile)

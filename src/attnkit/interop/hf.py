@@ -28,8 +28,10 @@ from attnkit.checkpoint import (
     TOKENIZER_DIR,
     atomic_write,
     load_model,
+    mark_run,
     read_json,
     read_labels,
+    record_checksums,
     save_model,
     save_tensors,
     unique_state_dict,
@@ -99,7 +101,7 @@ def load(
     return HFModel(
         model=model,
         config=config,
-        tokenizer=_read_tokenizer(directory),
+        tokenizer=_read_tokenizer(directory, config),
         labels=_labels(hf) if (task := task_of_config(config)) is not None and task.labelled else None,
         model_type=family.model_type,
         architecture=architecture,
@@ -159,6 +161,8 @@ def convert_from_hf(
     origin = {"model_type": loaded.model_type, "architecture": loaded.architecture,
               "special_ids": loaded.special_ids, "source": str(hf_dir)}
     atomic_write(run_dir / HF_SOURCE_FILE, json.dumps(origin, indent=2) + "\n")
+    record_checksums(run_dir)  # the tokenizer, labels and origin verified as the weights are
+    mark_run(run_dir)
     return loaded
 
 
@@ -191,8 +195,12 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
 
 
 def _refuse_existing(directory: Path, flag: str) -> None:
-    if (directory / CONFIG_FILE).exists():
-        raise InputError(f"{directory} already holds a model ({CONFIG_FILE}); choose another {flag} or remove it")
+    """Refuse to write a model where one is (its config, weights or tokenizer): nothing of another model is
+    overwritten, and no tokenizer of another model is left beside the one written."""
+    found = [name for name in (CONFIG_FILE, SAFETENSORS, HF_FILE, TOKENIZER_DIR) if (directory / name).exists()]
+    if found:
+        raise InputError(f"{directory} already holds a model's files ({', '.join(found)}); choose another {flag} or "
+                         "remove them")
 
 
 def _labels(hf: dict[str, Any]) -> list[str] | None:
@@ -202,9 +210,18 @@ def _labels(hf: dict[str, Any]) -> list[str] | None:
     return [str(id2label[key]) for key in sorted(id2label, key=int)]
 
 
-def _read_tokenizer(directory: Path) -> Tokenizer | None:
+def _read_tokenizer(directory: Path, config: ModelConfig) -> Tokenizer | None:
+    """The directory's tokenizer.json; CheckpointError when it has ids past the model's vocabulary (another
+    model's tokenizer: its ids would index past the embedding table)."""
     if (directory / HF_FILE).is_file():
-        return load_tokenizer(directory)
+        tokenizer = load_tokenizer(directory)
+        if tokenizer.vocab_size > config.vocab_size:
+            raise CheckpointError(
+                f"{directory / HF_FILE} has {tokenizer.vocab_size:,} ids but the model's vocabulary holds "
+                f"{config.vocab_size:,} (config.json's vocab_size): it is another model's tokenizer; put the model's "
+                f"own {HF_FILE} beside its weights"
+            )
+        return tokenizer
     log.warning(
         "%s has no %s, so the model comes without a tokenizer (Marian, for one, ships SentencePiece files, which "
         "attnkit does not read)", directory, HF_FILE,

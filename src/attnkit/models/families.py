@@ -32,6 +32,7 @@ from attnkit.config import (
 )
 from attnkit.errors import ConfigError
 from attnkit.layers.kv_cache import KVCache
+from attnkit.machine import free_bytes, gib
 from attnkit.models.build import build_decoder, build_encoder, build_encoder_decoder
 from attnkit.models.recurrent.build import build_recurrent_lm, build_recurrent_seq2seq
 from attnkit.models.recurrent.rnn import RecurrentState
@@ -89,11 +90,53 @@ def as_config(config: ModelConfig | dict | str) -> ModelConfig:
     return config
 
 
-def build_model(config: ModelConfig | dict | str) -> nn.Module:
+def build_model(config: ModelConfig | dict | str, *, force: bool = False) -> nn.Module:
     """Build the model a config (or a dict of its fields, or a preset's name) describes, with initialised weights
-    (on the current default device)."""
+    (on the current default device).
+
+    Every path from a config to a model comes here (a fresh run, --init-from, --resume, `attnkit.load`, a Hugging
+    Face conversion), so here the weights' size is estimated first and a model whose weights alone exceed the
+    memory free is refused with both figures (ConfigError) instead of being allocated; `force` builds it anyway.
+    """
     config = as_config(config)
-    return family_of(config).build(config)
+    family = family_of(config)
+    device = torch.get_default_device()
+    if not force and device.type != "meta":
+        check_weights_fit(config, device)
+    return family.build(config)
+
+
+def check_weights_fit(config: ModelConfig, device: torch.device) -> None:
+    """Raise ConfigError when the weights of the model `config` describes (at the default dtype) cannot fit in the
+    memory free on `device` (`machine.free_bytes`)."""
+    free = free_bytes(device)
+    if free is None:
+        return
+    n_parameters = estimate_parameters(config)
+    need = n_parameters * torch.empty((), dtype=torch.get_default_dtype(), device="meta").element_size()
+    if need > free:
+        raise ConfigError(
+            f"the model its config describes ({config.family}, d_model={getattr(config, 'd_model', '?')}, "
+            f"n_layers={config.n_layers}, vocab_size={config.vocab_size}) has {n_parameters:,} parameters: its weights "
+            f"alone need {gib(need)} but {device.type} has {gib(free)} free. Check the config's sizes (a damaged or "
+            f"foreign config.json?), or use a smaller model or a machine with more memory"
+        )
+
+
+_DEEP = 64  # layers past which the count is extrapolated from one and two layers (building a million meta layers
+# would itself exhaust memory)
+
+
+def estimate_parameters(config: ModelConfig) -> int:
+    """The model's parameter count, without allocating: built on the meta device; a stack deeper than `_DEEP`
+    layers is counted from one and two layers (every layer alike: params(L) = p1 + (L - 1) (p2 - p1))."""
+    if config.n_layers <= _DEEP:
+        return count_parameters(config)
+    try:
+        one, two = (count_parameters(config.replace(n_layers=n)) for n in (1, 2))
+    except ConfigError:  # a field tied to the depth: count it whole
+        return count_parameters(config)
+    return one + (config.n_layers - 1) * (two - one)
 
 
 def count_parameters(model: nn.Module | ModelConfig | dict | str) -> int:

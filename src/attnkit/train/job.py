@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from attnkit.checkpoint import RUN_MARKER, is_attnkit_run, mark_run
 from attnkit.config import ModelConfig, check_types, model_field_names
 from attnkit.data import synthetic_tokenizer
 from attnkit.data.labelled import BAD_LABELS
@@ -236,7 +237,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
     check_fits(count_parameters(config), settings.dtype, device, force=request.force)
     seed_all(settings.seed)  # the weights do not depend on how much randomness data preparation used
-    model = build_model(config)
+    model = build_model(config, force=request.force)
     run_info: dict[str, Any] = {"data_config": data_config.to_dict()}
     if source is not None:
         report = load_body(model, source, labels=labels)
@@ -471,3 +472,9 @@ def _claim_run_dir(out: Path, *, overwrite: bool) -> None:
             f"{out} already holds a run ({', '.join(existing[:4])}, ...): pass --resume to continue it, "
             f"--overwrite to replace it, or choose another --out"
         )
+    if existing and not is_attnkit_run(out):
+        raise ConfigError(
+            f"{out} holds {', '.join(existing[:4])} but is no run attnkit wrote (no {RUN_MARKER}, nor config.json, "
+            f"model.safetensors and train_state.json): --overwrite replaces only attnkit's runs; choose another --out"
+        )
+    mark_run(out)

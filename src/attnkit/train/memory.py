@@ -8,12 +8,10 @@ memory) part-way through its first step, so it is refused at once with both numb
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import torch
 
 from attnkit.errors import ConfigError
+from attnkit.machine import free_bytes, gib
 
 BYTES_PER_PARAMETER = {"fp32": 16, "bf16": 16, "bf16-master": 18}  # weights + gradients + AdamW moments (+ copy)
 
@@ -23,33 +21,13 @@ def training_bytes(n_parameters: int, dtype: str) -> int:
     return n_parameters * BYTES_PER_PARAMETER.get(dtype, 16)
 
 
-def free_bytes(device: torch.device) -> int | None:
-    """The memory free on `device`: CUDA's free memory, or the system's available memory (Linux' MemAvailable,
-    else free pages); None when it cannot be told."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    meminfo = Path("/proc/meminfo")
-    if meminfo.is_file():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def check_fits(n_parameters: int, dtype: str, device: torch.device, *, force: bool = False) -> None:
     """Raise ConfigError when training `n_parameters` in `dtype` cannot fit in the memory free on `device`."""
     need, free = training_bytes(n_parameters, dtype), free_bytes(device)
     if force or free is None or need <= free:
         return
     raise ConfigError(
-        f"the model has {n_parameters:,} parameters: training it needs at least {_gib(need)} (weights, gradients and "
-        f"AdamW state, before activations) but {device.type} has {_gib(free)} free. Choose a smaller model "
+        f"the model has {n_parameters:,} parameters: training it needs at least {gib(need)} (weights, gradients and "
+        f"AdamW state, before activations) but {device.type} has {gib(free)} free. Choose a smaller model "
         f"(--preset, --set n_layers=..., d_model=...), or pass --force to start anyway"
     )
-
-
-def _gib(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:.1f} GiB"

@@ -39,6 +39,7 @@ from attnkit.checkpoint import (
     METRICS_FILE,
     OPTIMIZER_FILE,
     REPLACED_PREFIX,
+    RUN_MARKER,
     TASK_FILE,
     TOKENIZER_DIR,
     TRAIN_STATE_FILE,
@@ -52,6 +53,8 @@ log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 RUN_FILES = (CONFIG_FILE, WEIGHTS_FILE, ADAPTERS_FILE, OPTIMIZER_FILE, TRAIN_STATE_FILE, CHECKSUMS_FILE, TASK_FILE,
              LABELS_FILE, METRICS_FILE, TOKENIZER_DIR, CHECKPOINTS_DIR, BEST_DIR, "plots")
+DERIVED = ("average-last-*", "averaged.json", "eval", "viz", "tensorboard", "hf_source.json")  # what attnkit
+# writes into a run after training (average, eval, viz, convert): replaced with the run, never left stale
 
 _held: dict[Path, tuple[int, bool]] = {}  # this process's claims: run directory -> (lock file descriptor, created)
 
@@ -100,7 +103,8 @@ def release(out: str | Path) -> None:
     fd, created = held
     try:
         _settle_replaced(out)
-        if created and {p.name for p in out.iterdir()} <= {LOCK_FILE}:
+        if created and {p.name for p in out.iterdir()} <= {LOCK_FILE, RUN_MARKER}:
+            (out / RUN_MARKER).unlink(missing_ok=True)
             (out / LOCK_FILE).unlink()
             out.rmdir()
     finally:
@@ -126,11 +130,17 @@ def existing_run(out: str | Path) -> list[str]:
     return [name for name in RUN_FILES if (Path(out) / name).exists()]
 
 
+def run_and_derived(out: Path) -> list[str]:
+    """A run's files in `out` and what attnkit derived from it there (`DERIVED`): all that replacing it removes."""
+    derived = sorted({path.name for pattern in DERIVED for path in out.glob(pattern)})
+    return existing_run(out) + [name for name in derived if name not in RUN_FILES]
+
+
 def move_aside(out: str | Path) -> Path | None:
-    """Move the run in `out` into `out/.replaced-<time>-<pid>/` (see the module docstring). Returns that folder,
-    or None when `out` holds no run."""
+    """Move the run in `out` and what was derived from it into `out/.replaced-<time>-<pid>/` (see the module
+    docstring). Returns that folder, or None when `out` holds no run."""
     out = Path(out)
-    names = existing_run(out)
+    names = run_and_derived(out)
     if not names:
         return None
     aside = out / f"{REPLACED_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -158,7 +168,7 @@ def _settle_replaced(out: Path) -> None:
     if checkpoint_dirs(out):
         drop_replaced(out)
         return
-    for name in existing_run(out):
+    for name in run_and_derived(out):
         path = out / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     for aside in asides[-1:]:  # the newest: an older one could only be left by a run killed while putting back
