@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import attnkit
 from attnkit import build_model, cli
@@ -273,3 +274,64 @@ def test_an_os_refusal_no_check_foresaw_is_one_line(tmp_path, capsys):
     data.write_text("some text to learn from\n" * 20)
     err = cli_error(capsys, "tokenizer", "train", "--out", a_file / "tok", "--data", data, "--kind", "char")
     assert "part of the path is a file" in err and "give a path under a directory" in err
+
+
+# Silent nonsense in fine-tuning ------------------------------------------------------------------------------------
+def tiny_decoder(**changes):
+    config = ModelConfig(family="decoder", vocab_size=20, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=8,
+                         **changes)
+    return build_model(config)
+
+
+def test_lora_on_a_tied_head_and_freezing_the_body_under_a_tied_head_are_refused():
+    from attnkit.train.finetune import prepare_training
+
+    with pytest.raises(ConfigError, match="lm_head shares its weight with stack.embeddings.token .*never train"):
+        prepare_training(tiny_decoder(), lora_rank=2, lora_targets=("lm_head",))
+    with pytest.raises(ConfigError, match="freeze='body' would freeze the head too: lm_head shares its weight"):
+        prepare_training(tiny_decoder(), freeze="body")
+
+
+def test_lora_on_an_untied_head_trains_its_adapter():
+    from attnkit.train.finetune import prepare_training
+
+    model = tiny_decoder(tie_embeddings=False)
+    prepare_training(model, lora_rank=2, lora_targets=("lm_head",))
+    ids = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(0))
+    model(ids, targets=ids).loss.backward()  # the fused loss path, without logits
+    assert model.lm_head.lora_b.grad is not None and model.lm_head.lora_b.grad.abs().sum() > 0
+
+
+def test_eval_with_a_recipe_of_another_task_is_refused(runs, tmp_path, capsys):
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "stsa.binary.dev").write_text("1 a fine film\n0 a dull film\n")
+    err = cli_error(capsys, "eval", runs["lm"], "--recipe", "sst2-encoder", "--data-root", tmp_path)
+    assert "recipe sst2-encoder evaluates classify runs, but" in err and "is a lm run" in err
+
+
+# Tracebacks from files written by hand or by other tools -----------------------------------------------------------
+def test_damaged_lines_in_metrics_are_skipped_and_a_resume_truncates_past_them(tmp_path):
+    from attnkit.train.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in (1, 2, 3):
+        log.append({"kind": "train", "step": step, "loss": 1.0})
+    with open(log.path, "ab") as handle:
+        handle.write(b'5\n[1, 2]\n{"kind": "train", "step": "x"}\n\xff\xfe not utf-8\n' + b"[" * 100_000 + b"\n")
+    assert [r["step"] for r in log.records("train")] == [1, 2, 3, "x"]
+    log.truncate_after(2)
+    assert [r["step"] for r in log.records()] == [1, 2]
+
+
+@pytest.mark.parametrize("name", ["$x^$", r"run $\frac{1}{$", "a $b$ c"])
+def test_names_with_dollar_signs_are_drawn_as_written(tmp_path, name):
+    from attnkit.tasks.confusion import plot_confusion
+    from attnkit.train.plots import plot_losses
+    from attnkit.viz.instruments import plot_instruments
+
+    records = [{"kind": "train", "step": 1, "loss": 2.0}, {"kind": "eval", "step": 1, "val_loss": 2.5}]
+    plot_losses(records, tmp_path / "loss.png", title=f"lm: {name}")
+    plot_confusion([[3, 1], [0, 4]], [name, "b"], tmp_path / "confusion.png", title=name)
+    plot_instruments([{"kind": "instruments", "step": 1, "grad_norm/0": 1.0}], tmp_path / "instruments.png",
+                     title=name)
+    assert all((tmp_path / f).stat().st_size > 0 for f in ("loss.png", "confusion.png", "instruments.png"))

@@ -88,8 +88,9 @@ class DecoderTagger(nn.Module):
 def lm_logits_and_loss(
     lm_head: nn.Linear, hidden: Tensor, targets: Tensor | None, label_smoothing: float, return_logits: bool
 ) -> tuple[Tensor | None, Tensor | None]:
-    """Project hidden (B, T, C) to logits (B, T, V) and, given targets, the loss; fused when logits are not wanted."""
-    if targets is not None and not return_logits and lm_head.bias is None:
+    """Project hidden (B, T, C) to logits (B, T, V) and, given targets, the loss; fused when logits are not wanted
+    and the head is a plain linear layer (a LoRA-wrapped head adds its adapter's update, which the weight lacks)."""
+    if targets is not None and not return_logits and isinstance(lm_head, nn.Linear) and lm_head.bias is None:
         return None, chunked_linear_cross_entropy(hidden, lm_head.weight, targets, label_smoothing=label_smoothing)
     logits = lm_head(hidden)  # (B, T, V)
     loss = cross_entropy(logits, targets, label_smoothing=label_smoothing) if targets is not None else None

@@ -66,8 +66,9 @@ def plot_confusion(matrix: list[list[int]], labels: Sequence[str], path: str | P
     ax = fig.add_subplot()
     image = ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
     fig.colorbar(image, ax=ax, label="share of the true class")
-    ax.set_xticks(range(n), labels=list(labels), rotation=45 if n > 4 else 0, ha="right" if n > 4 else "center")
-    ax.set_yticks(range(n), labels=list(labels))
+    ax.set_xticks(range(n), labels=list(labels), rotation=45 if n > 4 else 0, ha="right" if n > 4 else "center",
+                  parse_math=False)  # labels and names from the data drawn as written, never as mathtext
+    ax.set_yticks(range(n), labels=list(labels), parse_math=False)
     ax.set_xlabel("predicted label")
     ax.set_ylabel("true label")
     if n <= 30:
@@ -75,7 +76,7 @@ def plot_confusion(matrix: list[list[int]], labels: Sequence[str], path: str | P
             for j in range(n):
                 ax.text(j, i, str(matrix[i][j]), ha="center", va="center",
                         color="white" if shares[i][j] > 0.5 else "black")
-    ax.set_title(title)
+    ax.set_title(title, parse_math=False)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")

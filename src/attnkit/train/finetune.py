@@ -42,7 +42,7 @@ from attnkit.errors import CheckpointError, ConfigError
 from attnkit.layers.embedding import Embeddings
 from attnkit.tasks import TaskSpec, task_of_config
 from attnkit.tokenize import Tokenizer, load_tokenizer
-from attnkit.train.lora import apply_lora, load_adapters
+from attnkit.train.lora import apply_lora, load_adapters, tied_modules
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +221,13 @@ def prepare_training(
             log.info("  %s (fresh) trains whole: %s parameters", head,
                      f"{sum(p.numel() for p in model.get_submodule(head).parameters()):,}")
     elif freeze == "body":
+        tied = {m: body for m, body in tied_modules(model).items() if _module(m) in HEAD_MODULES}
+        if tied:
+            head, body = next(iter(tied.items()))
+            raise ConfigError(
+                f"freeze='body' would freeze the head too: {head} shares its weight with {body} (tied embeddings), "
+                "so nothing of it would train; use --freeze embeddings or none, or LoRA (--lora-rank) on the body"
+            )
         for name, param in model.named_parameters():
             param.requires_grad_(_module(name) in HEAD_MODULES)
     elif freeze == "embeddings":

@@ -53,6 +53,19 @@ def lora_targets(model: nn.Module, patterns: Sequence[str]) -> list[str]:
     return [n for n in names if n in chosen]
 
 
+def tied_modules(model: nn.Module) -> dict[str, str]:
+    """{module name: the module it shares its weight with} for every module whose weight is another's (an output
+    layer tied to the token embedding)."""
+    owners: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(name.rpartition(".")[0])
+    tied: dict[str, str] = {}
+    for modules in owners.values():
+        for module in modules[1:]:
+            tied[module] = modules[0]
+    return tied
+
+
 def apply_lora(
     model: nn.Module, *, targets: Sequence[str] = DEFAULT_TARGETS, rank: int, alpha: float, dropout: float = 0.0
 ) -> list[str]:
@@ -62,6 +75,14 @@ def apply_lora(
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ConfigError(f"lora_rank={rank!r} must be a positive integer (the paper uses 1 to 64; 8 is usual)")
     names = lora_targets(model, targets)
+    tied = tied_modules(model)
+    for name in names:
+        if name in tied:
+            raise ConfigError(
+                f"lora_targets: {name} shares its weight with {tied[name]} (tied embeddings): its output reads that "
+                f"weight directly, so an adapter there would never train; leave {name.rsplit('.', 1)[-1]} out of "
+                f"--lora-targets (q_proj,v_proj adapt attention), or train a model without tied embeddings"
+            )
     for param in model.parameters():
         param.requires_grad_(False)
     for name in names:

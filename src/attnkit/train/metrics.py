@@ -34,23 +34,30 @@ class MetricsLog:
             self.mirror.write(record)
 
     def records(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """Every record (of `kind`, when given), in order; a torn last line (a crash mid-write) is skipped."""
+        """Every record (of `kind`, when given), in order; a line that holds no record (a torn last line after a
+        crash mid-write, a line damaged or edited by hand: not JSON, not an object, not UTF-8) is skipped."""
         if not self.path.is_file():
             return []
         out = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 continue
-            if kind is None or record.get("kind") == kind:
+            if isinstance(record, dict) and (kind is None or record.get("kind") == kind):
                 out.append(record)
         return out
 
     def truncate_after(self, step: int) -> None:
-        """Keep only the records of steps <= `step` (atomically)."""
-        kept = [r for r in self.records() if r.get("step", 0) <= step]
+        """Keep only the records of steps <= `step` (atomically); a record whose step is no number goes too."""
+        kept = [r for r in self.records() if _step(r) is not None and _step(r) <= step]
         atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def _step(record: dict[str, Any]) -> float | None:
+    """A record's step (0 when it has none), or None when it is not a number."""
+    step = record.get("step", 0)
+    return step if isinstance(step, int | float) and not isinstance(step, bool) else None
 
 
 def _finite_or_str(value: Any) -> Any:

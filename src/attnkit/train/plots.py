@@ -27,7 +27,7 @@ def plot_losses(records: list[dict[str, Any]], path: str | Path, *, title: str =
         ax.plot(steps, losses, "o-", color="tab:orange", linewidth=1.5, markersize=4, label="validation")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy loss (nats)")
-    ax.set_title(title)
+    ax.set_title(title, parse_math=False)  # a run named $x$ is drawn as written, not as mathtext
     ax.grid(alpha=0.3)
     if train or val:
         ax.legend()

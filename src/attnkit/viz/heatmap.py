@@ -37,7 +37,7 @@ def plot_head(maps: AttentionMaps, layer: int, head: int | None, path: str | Pat
     _label_axes(ax, maps.query_tokens, maps.key_tokens)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(f"{maps.title}, layer {layer}, {which}")
+    ax.set_title(f"{maps.title}, layer {layer}, {which}", parse_math=False)  # texts and tokens as written
     fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="attention weight")
     return save_figure(fig, path)
 
@@ -81,10 +81,10 @@ def plot_grid(maps: AttentionMaps, path: str | Path) -> Path:
             if column == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=9)
             if font >= 4 and column == 0:
-                ax.set_yticks(range(n_queries), maps.query_tokens, fontsize=font)
+                ax.set_yticks(range(n_queries), maps.query_tokens, fontsize=font, parse_math=False)
             if font >= 4 and row == n_layers - 1:
-                ax.set_xticks(range(n_keys), maps.key_tokens, fontsize=font, rotation=90)
-    fig.suptitle(f"{maps.title}: layers x heads (rows: queries, columns: keys)")
+                ax.set_xticks(range(n_keys), maps.key_tokens, fontsize=font, rotation=90, parse_math=False)
+    fig.suptitle(f"{maps.title}: layers x heads (rows: queries, columns: keys)", parse_math=False)
     return save_figure(fig, path)
 
 
@@ -117,8 +117,8 @@ def _labelled_figure(query_tokens: Sequence[str], key_tokens: Sequence[str]) -> 
 
 
 def _label_axes(ax: Axes, query_tokens: Sequence[str], key_tokens: Sequence[str]) -> None:
-    ax.set_yticks(range(len(query_tokens)), query_tokens, fontsize=FONT_POINTS)
-    ax.set_xticks(range(len(key_tokens)), key_tokens, fontsize=FONT_POINTS, rotation=90)
+    ax.set_yticks(range(len(query_tokens)), query_tokens, fontsize=FONT_POINTS, parse_math=False)
+    ax.set_xticks(range(len(key_tokens)), key_tokens, fontsize=FONT_POINTS, rotation=90, parse_math=False)
     ax.tick_params(length=2)
 
 

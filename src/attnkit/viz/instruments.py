@@ -67,7 +67,7 @@ def plot_instruments(records: list[dict[str, Any]], path: str | Path, *, title: 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=max(1, len(names) // 8), loc="best")
     axes[-1].set_xlabel("step")
-    fig.suptitle(title or "training instruments, per layer")
+    fig.suptitle(title or "training instruments, per layer", parse_math=False)  # a run named $x$ as written
     return save_figure(fig, path)
 
 
