@@ -237,25 +237,42 @@ class Attention(nn.Module):
             keys and values once and reuses them.
         Returns the output (B, T, C) and, when `need_weights`, the weights (B, H, T, S).
         """
-        batch, length, _ = x.shape
+        length = x.shape[1]
         relative = self.relative if context is None else None  # positions act in self-attention only
         # 1-3. project to queries, keys and values, split into heads, place by position, extend by the cache
         if context is None:
             q, k, v = self._self_queries_keys_values(x, positions, cache)  # (B, H, T, D), (B, Hkv, S, D) twice
         else:
             q, k, v = self._cross_queries_keys_values(x, context, cache)
-        mask = self._mask(length, k.shape[2], key_is_real, causal, cache, cross=context is not None, device=q.device)
+        key_len = k.shape[2]
         biased = relative is not None and relative.biases
         query_index = self._query_index(length, cache, q.device) if biased else None  # the queries' indices among keys
         dropout = self.dropout if self.training else 0.0
-        # 4-7. scores, + mask and position bias, softmax, weighted sum of values: fused where nothing reads the weights
-        if isinstance(self.score, DotScore) and not need_weights and not (biased and relative.needs_weights):
-            out, weights = self._fused(q, k, v, mask, query_index, dropout), None
+        # 4-7. scores, + mask and position bias, softmax, weighted sum of values: one fused kernel where nothing reads
+        # the weights. A plain causal mask needs no tensor there: SDPA's is_causal covers a full square pass, and a
+        # single new query may see every cached key (a window hides none when it spans all of them).
+        fused = isinstance(self.score, DotScore) and not need_weights and not (biased and relative.needs_weights)
+        plain_causal = (fused and causal and context is None and key_is_real is None and not biased
+                        and length in (1, key_len) and (self.window is None or self.window >= key_len))
+        if plain_causal:
+            out = attend(q, k, v, None, is_causal=length > 1, scale=self.score.scale, dropout=dropout,
+                         math_kernel=self.math_kernel)  # (B, H, T, D)
+            return self._merge_heads(out), None
+        mask = None  # nothing to mask: every query sees every key
+        if causal or key_is_real is not None or (self.window is not None and context is None):
+            mask = self._mask(length, key_len, key_is_real, causal, cache, cross=context is not None, device=q.device)
+        bias = self._bias(q, mask, query_index, key_len)
+        if fused:
+            out, weights = attend(q, k, v, bias, is_causal=False, scale=self.score.scale, dropout=dropout,
+                                  math_kernel=self.math_kernel), None
         else:
-            out, weights = self._reference(q, k, v, self._bias(q, mask, query_index, k.shape[2]), dropout, query_index)
-        # 8. merge the heads and project back to the model width
-        out = out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim)  # (B, H, T, D) -> (B, T, C)
-        return self.o_proj(out), (weights if need_weights else None)
+            out, weights = self._reference(q, k, v, bias, dropout, query_index)
+        return self._merge_heads(out), (weights if need_weights else None)
+
+    def _merge_heads(self, out: Tensor) -> Tensor:
+        """8. Merge the heads and project back to the model width: (B, H, T, D) -> (B, T, C)."""
+        batch, _, length, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim))
 
     def _self_queries_keys_values(
         self, x: Tensor, positions: Tensor | tuple[Tensor, ...] | None, cache: LayerCache | None
@@ -302,24 +319,12 @@ class Attention(nn.Module):
         """Where the queries sit among the keys: with a cache, the positions they were just written to."""
         return cache.written(length) if cache is not None else torch.arange(length, device=device)
 
-    def _fused(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, query_index: Tensor | None, dropout: float
-    ) -> Tensor:
-        """Steps 4-7 in one kernel call (`kernels.attend`). A plain causal mask needs no bias tensor: SDPA's
-        is_causal covers a full square pass, and a single new query may see every cached key."""
-        length, key_len = q.shape[2], k.shape[2]
-        plain_causal = (mask.causal and mask.key_is_real is None and query_index is None and not mask.windowed
-                        and length in (1, key_len))
-        bias = None if plain_causal else self._bias(q, mask, query_index, key_len)
-        return attend(q, k, v, bias, is_causal=plain_causal and length > 1, scale=self.score.scale, dropout=dropout,
-                      math_kernel=self.math_kernel)  # (B, H, T, D)
-
-    def _bias(self, q: Tensor, mask: AttentionMask, query_index: Tensor | None, key_len: int) -> Tensor | None:
+    def _bias(self, q: Tensor, mask: AttentionMask | None, query_index: Tensor | None, key_len: int) -> Tensor | None:
         """The one place masks and position biases meet: one additive float bias (float32 at least) broadcastable
         to (B, H, T, S), 0 where a key is visible, -inf where it is masked, plus the position scheme's score bias;
         None: neither."""
         dtype = _softmax_dtype(q.dtype)
-        allowed = mask.allowed()
+        allowed = mask.allowed() if mask is not None else None
         bias = as_bias(allowed, dtype) if allowed is not None else None
         if query_index is not None:
             position = self.relative.score_bias(q, query_index, key_len, self.score)
