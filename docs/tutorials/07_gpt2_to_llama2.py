@@ -128,8 +128,8 @@ x = torch.randn(2, 7, C)
 for n_kv_heads in (8, 2, 1):  # multi-head, grouped-query, multi-query
     gqa = Attention(C, 8, n_kv_heads=n_kv_heads, bias=False)
     torch.testing.assert_close(gqa(x, causal=True)[0], grouped_query_attention(x, gqa, 8, n_kv_heads))
-    print(f"{n_kv_heads} key/value heads for 8 query heads: attnkit = the from-scratch layer; k_proj is "
-          f"{tuple(gqa.k_proj.weight.shape)}")
+    print(f"{n_kv_heads} key/value head{'s' if n_kv_heads > 1 else ''} for 8 query heads: attnkit = the from-scratch "
+          f"layer; k_proj is {tuple(gqa.k_proj.weight.shape)}")
 
 # %% [markdown]
 # ## The KV cache
