@@ -3,7 +3,7 @@
     runs/NAME/
         config.json  model.safetensors           the latest checkpoint (what `attnkit.load(run_dir)` reads) ...
         optimizer.safetensors  train_state.json  ... with its optimizer moments, step, RNG states, data position
-        tokenizer/  task.json  labels.json       the tokenizer, the task, the label list (classify only)
+        tokenizer/  task.json  labels.json       the tokenizer, the task, the label list (classify, tag)
         metrics.jsonl  plots/loss.png            one JSON line per step and per evaluation; the loss curves
         checkpoints/step_000200/ ...             the last `keep` checkpoints, each complete (the files above)
         best/                                    the checkpoint with the best validation score
