@@ -119,7 +119,6 @@ def test_a_tagger_trains_from_the_command_line_to_entity_f1_095(tmp_path, capsys
     write_conll(tmp_path / "train.conll", tagging_sentences(600, seed=0))
     write_conll(tmp_path / "dev.conll", tagging_sentences(100, seed=1))
     run = tmp_path / "run"
-    torch.set_num_threads(2)
     assert cli.main(["train", "--task", "tag", "--data", str(tmp_path / "train.conll"), "--val-data",
                      str(tmp_path / "dev.conll"), "--out", str(run), "--set", "d_model=64", "--set", "d_ff=128",
                      "--vocab-size", "300", "--max-steps", "200", "--batch-size", "32", "--eval-every", "200",

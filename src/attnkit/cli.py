@@ -36,6 +36,7 @@ from attnkit.blocks import COMPILE_MODES
 from attnkit.config import model_field_names
 from attnkit.errors import AttnkitError, nearest, os_error_message
 from attnkit.generate.pipeline import WeightDType
+from attnkit.interop.gguf import GGUFType
 from attnkit.interop.keymaps import supported_lines
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import BPE_VOCAB_SIZE
@@ -584,6 +585,8 @@ _CONVERT_EPILOG = f"""\
 examples:
   attnkit convert --from-hf path/to/gpt2 --out runs/gpt2       # then: attnkit generate runs/gpt2 --prompt ...
   attnkit convert runs/shakespeare --to-hf exported/            # transformers: AutoModel.from_pretrained("exported")
+  attnkit convert runs/default --to-gguf model.gguf --type q8_0  # llama.cpp: llama-cli -m model.gguf
+  attnkit convert runs/default --to-onnx model.onnx              # onnxruntime.InferenceSession("model.onnx")
 
 Reads and writes these Hugging Face architectures (model_type: classes), as directories written by
 save_pretrained; nothing is downloaded:
@@ -601,6 +604,12 @@ class ConvertSettings:
     allow_pickle: bool = False
     """read pytorch_model.bin, a pickle (only from a source you trust), with torch.load(weights_only=True)"""
     dtype: WeightDType = "fp32"  # with --from-hf: the run's weight type
+    to_gguf: str | None = field(default=None, metadata={"metavar": "OUT.gguf"})
+    """with RUN: a GGUF file for llama.cpp (decoders: GPT-2, Llama, Mistral layouts)"""
+    type: GGUFType = "f16"  # with --to-gguf: the weights' GGUF type (norms and biases stay f32)
+    chat_template: str | None = field(default=None, metadata={"metavar": "FILE"})  # with --to-gguf: a Jinja template
+    to_onnx: str | None = field(default=None, metadata={"metavar": "OUT.onnx"})
+    """with RUN: an ONNX graph for onnxruntime (decoders with past keys/values, encoders)"""
 
 
 def _run_convert(settings: ConvertSettings) -> int:
@@ -618,11 +627,26 @@ def _run_convert(settings: ConvertSettings) -> int:
                                     dtype=parse_dtype(settings.dtype))
         print(f"converted {loaded.architecture} from {settings.from_hf} to {settings.out}")
     else:
-        if not settings.to_hf or settings.out:
-            raise InputError(f"{settings.run} is a run to write for Hugging Face: give --to-hf DIR (--out names the "
-                             "run that --from-hf creates)")
-        architecture = hf.convert_to_hf(settings.run, settings.to_hf)
-        print(f"wrote {settings.run} as a {architecture} to {settings.to_hf}")
+        targets = [flag for flag, value in (("--to-hf", settings.to_hf), ("--to-gguf", settings.to_gguf),
+                                            ("--to-onnx", settings.to_onnx)) if value]
+        if len(targets) != 1 or settings.out:
+            raise InputError(f"{settings.run} is a run to write out: give one of --to-hf DIR, --to-gguf OUT.gguf or "
+                             "--to-onnx OUT.onnx (--out names the run that --from-hf creates)")
+        if settings.to_gguf:
+            from attnkit.interop.gguf import convert_to_gguf
+
+            written = convert_to_gguf(settings.run, settings.to_gguf, type=settings.type,
+                                      chat_template=settings.chat_template)
+            print(f"wrote {settings.run} as llama.cpp's {written.architecture} ({settings.type}) to {settings.to_gguf}")
+        elif settings.to_onnx:
+            from attnkit.interop.onnx import convert_to_onnx
+
+            exported = convert_to_onnx(settings.run, settings.to_onnx)
+            print(f"wrote {settings.run} as ONNX ({exported.kind}: inputs {', '.join(exported.inputs[:3])}, ...) "
+                  f"to {settings.to_onnx}")
+        else:
+            architecture = hf.convert_to_hf(settings.run, settings.to_hf)
+            print(f"wrote {settings.run} as a {architecture} to {settings.to_hf}")
     return 0
 
 

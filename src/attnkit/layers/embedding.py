@@ -25,8 +25,8 @@ def check_token_ids(ids: Tensor, vocab_size: int, *, name: str = "input_ids") ->
         raise InputError(f"{name} must have shape (batch, length), got {tuple(ids.shape)}; add a batch dimension")
     if ids.shape[1] == 0:
         raise InputError(f"{name} is empty (length 0); give at least one token")
-    if ids.is_meta:  # shape-only tensors (parameter counting, dry runs) have no values to check
-        return
+    if ids.is_meta or torch.compiler.is_exporting():  # shape-only tensors (parameter counting, dry runs) and
+        return  # graphs being exported (ONNX) have no values to check
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
@@ -74,7 +74,7 @@ class Embeddings(nn.Module):
 
     def check_positions(self, position_ids: Tensor) -> None:
         """Raise InputError for a position beyond a learned table (other positions have no end)."""
-        if self.max_positions is None or position_ids.is_meta:
+        if self.max_positions is None or position_ids.is_meta or torch.compiler.is_exporting():
             return
         last = int(position_ids.max())
         if last >= self.max_positions:

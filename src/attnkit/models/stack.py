@@ -114,6 +114,6 @@ def _check_mask(mask: Tensor | None, ids: Tensor, expected_len: int, name: str) 
             f"token (including cached ones), 1 for real tokens and 0 for padding"
         )
     mask = mask.bool()
-    if not mask.is_meta and not bool(mask.any(dim=1).all()):
+    if not mask.is_meta and not torch.compiler.is_exporting() and not bool(mask.any(dim=1).all()):
         raise InputError(f"{name} marks every token of some sequence as padding; each needs a real token")
     return mask

@@ -403,8 +403,11 @@ LM = register(TaskSpec(
     name="lm", help="next-token prediction (decoder, recurrent LM)", families=("decoder", "recurrent-lm"),
     head={"decoder_head": "lm"}, make=_make_lm, evaluate_files=_perplexity_report, method="generate", stream=True,
     options=STREAM_OPTIONS,
-    default_model=dict(family="decoder", d_model=128, n_layers=4, n_heads=4, d_ff=512, position="rope",
-                       norm="layer", activation="gelu", max_seq_len=128, dropout=0.0, tie_embeddings=True),
+    # Llama's layout (a `LlamaForCausalLM` for transformers, `llama` for llama.cpp): SwiGLU's d_ff ~ 8/3 C, rounded
+    # up to a multiple of 32 (q8_0/q4_0 blocks), costs what a 4C GELU feed-forward did
+    default_model=dict(family="decoder", d_model=128, n_layers=4, n_heads=4, d_ff=352, position="rope",
+                       norm="rms", activation="swiglu", bias=False, max_seq_len=128, dropout=0.0,
+                       tie_embeddings=True),
     hf_architectures=("GPT2LMHeadModel", "LlamaForCausalLM"), eval_help="text files: perplexity",
 ))
 MLM = register(TaskSpec(

@@ -1,0 +1,308 @@
+"""A run as one GGUF file for llama.cpp (and the tools built on it: Ollama, LM Studio), through the `gguf` package.
+
+    convert_to_gguf(run_dir, out, type="q8_0")    -> out.gguf: weights, hyperparameters, tokenizer, chat template
+
+The way is llama.cpp's own converter's (`convert_hf_to_gguf.py`): the model is first laid out as the Hugging Face
+architecture that holds it exactly (`attnkit.interop.hf_config.match_family`: GPT-2, Llama, Mistral), then each
+Hugging Face tensor gets its GGUF name from the `gguf` package's name map and is stored at the requested type by
+its quantizers. What llama.cpp's graphs need beyond a rename:
+
+    GPT-2     Conv1D weights back to (out, in); a tied output layer written as its own `output.weight`
+    Llama     q and k rows permuted from rotate-half RoPE pairs (i, i + D/2) to llama.cpp's adjacent pairs
+              (2i, 2i + 1); a tied output layer left out (llama.cpp then reads `token_embd` for it)
+    Mistral   as Llama; llama.cpp attends to every key, so the context length written is the sliding window
+
+Types: 1-D tensors (norms, biases) and learned positions stay f32, as llama.cpp's converter keeps them; 2-D weights
+take the requested type, or f16 where a row's length is not a multiple of the type's block (32 values for q8_0 and
+q4_0). The `gguf` package quantizes f16, bf16, q8_0, q5_1, q5_0, q4_1 and q4_0 but not the K-quants (q4_K ...):
+llama.cpp's `llama-quantize` makes those from an f32 or f16 file.
+
+Tokenizer: a byte-level BPE (attnkit's `bpe` kind, GPT-2's `tokenizer.json`) is written as llama.cpp's `gpt2`
+tokenizer with the GPT-2 pre-tokenizer, its merges, and special tokens marked as control tokens. A `char`
+tokenizer has no GGUF form. The chat template comes from `--chat-template FILE` or the `chat_template` of a
+`tokenizer_config.json` in the run's tokenizer directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attnkit.checkpoint import TOKENIZER_DIR, load_model, unique_state_dict
+from attnkit.config import ModelConfig
+from attnkit.errors import ConfigError, InputError
+from attnkit.interop.hf_config import match_family
+from attnkit.interop.hf_weights import hf_name, hf_tensor_names, to_hf_tensors
+from attnkit.interop.keymaps import FamilyMap
+from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+GGUFType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"]
+# --type -> (the tensors' GGML type, the file type recorded in general.file_type), by the gguf package's names
+GGUF_TYPES: dict[str, tuple[str, str]] = {
+    "f32": ("F32", "ALL_F32"),
+    "f16": ("F16", "MOSTLY_F16"),
+    "bf16": ("BF16", "MOSTLY_BF16"),
+    "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
+    "q5_1": ("Q5_1", "MOSTLY_Q5_1"),
+    "q5_0": ("Q5_0", "MOSTLY_Q5_0"),
+    "q4_1": ("Q4_1", "MOSTLY_Q4_1"),
+    "q4_0": ("Q4_0", "MOSTLY_Q4_0"),
+}
+# Hugging Face model_type -> llama.cpp architecture (Mistral's graph is Llama's)
+ARCHITECTURES = {"gpt2": "GPT2", "llama": "LLAMA", "mistral": "LLAMA"}
+_KEEP_F32 = ("position_embd",)  # learned positions stay f32, as llama.cpp's converter keeps them
+CHAT_TEMPLATE_FILE = "tokenizer_config.json"
+
+
+@dataclass(frozen=True)
+class GGUFExport:
+    """What `convert_to_gguf` wrote: the llama.cpp architecture, the type asked for, each tensor's type."""
+
+    path: Path
+    architecture: str  # llama.cpp's name: "gpt2", "llama"
+    type: str
+    tensor_types: dict[str, str]  # GGUF tensor name -> GGML type name
+    context_length: int
+
+
+def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f16",
+                    chat_template: str | Path | None = None) -> GGUFExport:
+    """Write the decoder of `run_dir` as a GGUF file llama.cpp runs. Raises ConfigError for a model no llama.cpp
+    architecture holds, a tokenizer with no GGUF form or an unknown type; InputError for an existing `out`."""
+    gguf = _gguf()
+    run_dir, out = Path(run_dir), Path(out)
+    if type not in GGUF_TYPES:
+        raise ConfigError(f"--type {type!r} is not a GGUF type attnkit writes; choose one of {', '.join(GGUF_TYPES)}")
+    if out.exists():
+        raise InputError(f"{out} already exists; choose another file name or remove it")
+    if out.suffix != ".gguf":
+        raise InputError(f"{out} should end in .gguf, the name llama.cpp and its tools look for")
+    tokenizer_dir = run_dir / TOKENIZER_DIR
+    if not tokenizer_dir.is_dir():
+        raise ConfigError(f"{run_dir} has no {TOKENIZER_DIR}/ directory; a GGUF file carries its tokenizer, so "
+                          "export a run trained or converted with one")
+    model, config = load_model(run_dir)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    family = _family(model, config)
+    arch = gguf.MODEL_ARCH[ARCHITECTURES[family.model_type]]
+    arch_name = gguf.MODEL_ARCH_NAMES[arch]
+    context_length = config.max_seq_len
+    if config.attention_window is not None and config.attention_window < context_length:
+        log.warning("llama.cpp attends to every key: the file's context length is the sliding window (%d), "
+                    "within which both compute the same", config.attention_window)
+        context_length = config.attention_window
+    vocab = gguf_vocabulary(tokenizer, tokenizer_dir, config.vocab_size)
+    template = _chat_template(chat_template, tokenizer_dir)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    writer = gguf.GGUFWriter(str(partial), arch_name)
+    try:
+        writer.add_name(run_dir.resolve().name)
+        writer.add_file_type(gguf.LlamaFileType[GGUF_TYPES[type][1]])
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        _add_hyperparameters(writer, config, family, context_length)
+        _add_vocabulary(writer, vocab, template)
+        tensor_types = {}
+        for name, array in gguf_tensors(model, config, family).items():
+            stored, qtype = _stored(gguf, name, array, type)
+            writer.add_tensor(name, stored, raw_dtype=qtype)
+            tensor_types[name] = qtype.name
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+    partial.replace(out)
+    log.debug("wrote %s as llama.cpp's %s at %s to %s", run_dir, arch_name, type, out)
+    return GGUFExport(path=out, architecture=arch_name, type=type, tensor_types=tensor_types,
+                      context_length=context_length)
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError:
+        raise ConfigError("GGUF export needs the gguf package: pip install 'attnkit[export]'") from None
+    return gguf
+
+
+def _family(model: torch.nn.Module, config: ModelConfig) -> FamilyMap:
+    """The Hugging Face family that holds the model exactly, when llama.cpp runs it."""
+    if config.family != "decoder":
+        raise ConfigError(f"GGUF export writes decoders (llama.cpp generates text); this run is family="
+                          f"{config.family!r}: use --to-onnx or --to-hf for it")
+    state = unique_state_dict(model)
+    try:
+        family, _ = match_family(config, lambda f: hf_tensor_names(state, f, config))
+    except ConfigError as err:
+        raise ConfigError(f"llama.cpp runs a GPT-2, Llama or Mistral layout and {err}") from None
+    if family.model_type not in ARCHITECTURES:
+        raise ConfigError(f"this model is a {family.name}, which attnkit does not write as GGUF; it writes "
+                          f"{', '.join(ARCHITECTURES)}")
+    return family
+
+
+def _add_hyperparameters(writer, config: ModelConfig, family: FamilyMap, context_length: int) -> None:
+    writer.add_context_length(context_length)
+    writer.add_embedding_length(config.d_model)
+    writer.add_feed_forward_length(config.d_ff)
+    writer.add_block_count(config.n_layers)
+    writer.add_head_count(config.n_heads)
+    if family.model_type == "gpt2":
+        writer.add_layer_norm_eps(config.norm_eps)
+        return
+    writer.add_head_count_kv(config.kv_heads)
+    writer.add_layer_norm_rms_eps(config.norm_eps)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_rope_dimension_count(config.head_size)
+    writer.add_key_length(config.head_size)
+    writer.add_value_length(config.head_size)
+    writer.add_vocab_size(config.vocab_size)
+
+
+# Tensors -----------------------------------------------------------------------------------------------------------
+def gguf_tensors(model: torch.nn.Module, config: ModelConfig, family: FamilyMap) -> dict[str, np.ndarray]:
+    """The model's tensors by GGUF name, fp32, in the layouts llama.cpp's graphs read (see the module docstring)."""
+    gguf = _gguf()
+    arch = gguf.MODEL_ARCH[ARCHITECTURES[family.model_type]]
+    names = gguf.get_tensor_name_map(arch, config.n_layers)
+    transposed = {hf_name(ours, family, config)[0] for ours in unique_state_dict(model)
+                  if hf_name(ours, family, config)[1].layout == "conv1d"}
+    out: dict[str, np.ndarray] = {}
+    for theirs, tensor in to_hf_tensors(model, family, config).items():
+        name = names.get_name(theirs, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ConfigError(f"the gguf package has no {family.name} tensor name for {theirs}")
+        if theirs in transposed and tensor.dim() == 2:
+            tensor = tensor.t()  # Conv1D (in, out) -> (out, in)
+        if family.model_type != "gpt2" and tensor.dim() == 2 and name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = config.n_heads if name.endswith("attn_q.weight") else config.kv_heads
+            tensor = rope_pairs_adjacent(tensor, heads)
+        out[name] = tensor.detach().float().cpu().contiguous().numpy()
+    if family.model_type == "gpt2" and "output.weight" not in out:  # tied: llama.cpp's gpt2 reads its own copy
+        out["output.weight"] = out["token_embd.weight"]
+    return out
+
+
+def rope_pairs_adjacent(weight: Tensor, heads: int) -> Tensor:
+    """Rows of a q or k projection (H * D, C) reordered, within each head, from the rotate-half pairing of RoPE
+    (dimension i turns with i + D/2) to the adjacent pairing llama.cpp's Llama graph uses (2i with 2i + 1):
+    row order per head [0, D/2, 1, D/2 + 1, ...]. The scores are unchanged, since q and k move alike."""
+    rows, columns = weight.shape
+    half = rows // heads // 2
+    return weight.reshape(heads, 2, half, columns).transpose(1, 2).reshape(rows, columns)
+
+
+def _stored(gguf, name: str, array: np.ndarray, type: str):
+    """(the array as stored, its GGML type) for one tensor at the requested `type` (see the module docstring)."""
+    qtype = gguf.GGMLQuantizationType[GGUF_TYPES[type][0]]
+    if array.ndim < 2 or name.startswith(_KEEP_F32):
+        qtype = gguf.GGMLQuantizationType.F32
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if array.shape[-1] % block:
+        log.warning("%s: rows of %d values are no whole number of %s blocks (%d); stored as f16",
+                    name, array.shape[-1], qtype.name, block)
+        qtype = gguf.GGMLQuantizationType.F16
+    return gguf.quants.quantize(array, qtype), qtype
+
+
+# Tokenizer ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GGUFVocabulary:
+    """A tokenizer as GGUF stores it: `tokens` by id, their `types` (gguf.TokenType), BPE `merges`, special ids."""
+
+    model: str  # llama.cpp's tokenizer model: "gpt2" (byte-level BPE)
+    pre: str  # its pre-tokenizer: "gpt-2"
+    tokens: list[str]
+    types: list[int]
+    merges: list[str]
+    special_ids: dict[str, int]  # "bos", "eos", "unk", "pad" -> id
+
+
+def gguf_vocabulary(tokenizer: Tokenizer, directory: Path, vocab_size: int) -> GGUFVocabulary:
+    """The run's tokenizer as GGUF stores it, padded to the model's `vocab_size` with unused tokens. Raises
+    ConfigError for a tokenizer llama.cpp cannot reproduce."""
+    gguf = _gguf()
+    if tokenizer.kind == "char" or not (directory / HF_FILE).is_file():
+        raise ConfigError(
+            f"a {tokenizer.kind!r} tokenizer has no GGUF form: llama.cpp tokenizes with byte-level BPE, "
+            f"SentencePiece or WordPiece; train the run with --tokenizer bpe"
+        )
+    spec = json.loads((directory / HF_FILE).read_text(encoding="utf-8"))
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    if model.get("type") != "BPE" or not _is_gpt2_byte_level(pre):
+        raise ConfigError(
+            f"{directory / HF_FILE} is a {model.get('type')} tokenizer with pre-tokenizer {pre.get('type')}; GGUF "
+            f"export writes byte-level BPE with GPT-2's pre-tokenizer (attnkit's bpe kind, GPT-2's tokenizer)"
+        )
+    by_id: dict[int, str] = {index: token for token, index in model["vocab"].items()}
+    special: set[int] = set()
+    added: set[int] = set()
+    for entry in spec.get("added_tokens") or []:
+        by_id[entry["id"]] = entry["content"]
+        (special if entry.get("special") else added).add(entry["id"])
+    if max(by_id) >= vocab_size:
+        raise ConfigError(f"the tokenizer has ids up to {max(by_id)} but the model's vocabulary is {vocab_size}")
+    tokens, types = [], []
+    for index in range(vocab_size):
+        if index not in by_id:
+            tokens.append(f"[PAD{index}]")
+            types.append(gguf.TokenType.UNUSED)
+            continue
+        tokens.append(by_id[index])
+        types.append(gguf.TokenType.CONTROL if index in special else
+                     gguf.TokenType.USER_DEFINED if index in added else gguf.TokenType.NORMAL)
+    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in model.get("merges") or []]
+    special_ids = {role: tokenizer.token_id(role) for role in ("bos", "eos", "unk", "pad")}
+    return GGUFVocabulary(model="gpt2", pre="gpt-2", tokens=tokens, types=[int(t) for t in types], merges=merges,
+                          special_ids={role: i for role, i in special_ids.items() if i is not None})
+
+
+def _is_gpt2_byte_level(pre: Mapping[str, Any]) -> bool:
+    """GPT-2's pre-tokenizer: ByteLevel splitting with its regex, without a prefix space."""
+    if pre.get("type") == "Sequence":
+        parts = pre.get("pretokenizers") or []
+        return len(parts) == 1 and _is_gpt2_byte_level(parts[0])
+    return pre.get("type") == "ByteLevel" and pre.get("use_regex", True) and not pre.get("add_prefix_space", False)
+
+
+def _add_vocabulary(writer, vocab: GGUFVocabulary, chat_template: str | None) -> None:
+    writer.add_tokenizer_model(vocab.model)
+    writer.add_tokenizer_pre(vocab.pre)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.types)
+    writer.add_token_merges(vocab.merges)
+    adders = {"bos": writer.add_bos_token_id, "eos": writer.add_eos_token_id, "unk": writer.add_unk_token_id,
+              "pad": writer.add_pad_token_id}
+    for role, index in vocab.special_ids.items():
+        adders[role](index)
+    writer.add_add_bos_token(False)  # attnkit generates from the prompt's own tokens (add_bos off)
+    writer.add_add_eos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+
+def _chat_template(given: str | Path | None, tokenizer_dir: Path) -> str | None:
+    """The Jinja chat template: the file given, else the tokenizer's tokenizer_config.json's, else none."""
+    if given is not None:
+        path = Path(given)
+        if not path.is_file():
+            raise InputError(f"--chat-template {path} is not a file; give a Jinja template file")
+        return path.read_text(encoding="utf-8")
+    config = tokenizer_dir / CHAT_TEMPLATE_FILE
+    if config.is_file():
+        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        if isinstance(template, str):
+            return template
+    return None
