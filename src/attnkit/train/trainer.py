@@ -37,7 +37,7 @@ from attnkit.checkpoint import INSTRUMENTS_KIND, METRICS_FILE
 from attnkit.config import ModelConfig, check_types
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.layers.kernels import MathKernel, use_math_kernel
-from attnkit.machine import load_profile
+from attnkit.machine import CpuCapabilities, load_profile
 from attnkit.options import duration
 from attnkit.tasks import TrainingTask as Task
 from attnkit.tokenize import Tokenizer
@@ -229,6 +229,10 @@ class Trainer:
         self.train_model = self.parallel.wrap(self.precision.compute_model, dtype=settings.dtype, seed=settings.seed)
         # short reduced-precision attention on the CPU: the kernel this machine's profile measured faster
         use_math_kernel(self.precision.compute_model, training_math_kernel(self.device, settings.dtype))
+        if settings.dtype != "fp32" and self.device.type == "cpu" and self.parallel.writes:
+            warning = bf16_cost_warning(CpuCapabilities.detect())
+            if warning:
+                log.warning(warning)
         if settings.compile:
             compile_blocks(self.precision.compute_model)
         self.config, self.task, self.settings = config, task, settings
@@ -495,6 +499,16 @@ class _Meter:
         """Seconds left: the remaining steps at the current speed, or the remaining time if sooner."""
         left = (max_steps - step) / self.steps_per_second if self.steps_per_second > 0 else math.inf
         return min(left, max_time - elapsed) if max_time is not None else left
+
+
+def bf16_cost_warning(cpu: CpuCapabilities) -> str | None:
+    """What bf16 training costs on a CPU without oneDNN's bf16 kernels (None where it has them): its matrix products
+    take a slow path there, far slower than fp32's."""
+    if cpu.onednn_bf16:
+        return None
+    return (f"--dtype bf16 on this CPU ({cpu.isa}, no AVX-512 BW/VL/DQ or AVX-NE-CONVERT): oneDNN has no bf16 kernels "
+            "here, so bf16 matrix products take a slow path (python -m benchmarks speed measures the peaks); "
+            "--dtype fp32 trains faster on this machine")
 
 
 def training_math_kernel(device: torch.device, dtype: str) -> MathKernel | None:
