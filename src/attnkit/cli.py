@@ -673,9 +673,10 @@ def _run_experiment(settings: ExperimentSettings) -> int:
     if settings.name is None:
         raise InputError("name the experiment to run (attnkit experiment --list shows them)")
     _refuse_other_experiment(settings.name, settings.out)
-    result = run_experiment(settings.name, budget=settings.budget, out=settings.out)
+    result = run_experiment(settings.name, budget=settings.budget, out=settings.out, progress=settings.progress)
     print(result.table_markdown())
-    print(f"{result.verdict}: {result.reason}")
+    print(result.checks_markdown())
+    print(result.summary())
     return 0
 
 

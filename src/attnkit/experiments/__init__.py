@@ -1,8 +1,9 @@
 """The lectures' claims as experiments: `attnkit experiment NAME [--budget small|full] [--out DIR]`.
 
-Each module states one claim and the lecture that makes it, runs through the public API, and returns a `Result`
-ending in a verdict (held, did not hold at this scale, or mixed, and why); `run_experiment` writes its
-`results.json`, `table.md` and PNG plots.
+Each module states one claim and the lecture that makes it, runs through the public API over several seeds, and
+returns a `Result` with the checks its claim predicts; one rule (`base.verdict_of`) makes the verdict: held, did not
+hold at this scale, mixed, or inconclusive at this budget where a difference is inside the noise across seeds.
+`run_experiment` writes its `results.json`, `table.md` and PNG plots.
 """
 
 from attnkit.experiments import (  # noqa: F401  (each module registers itself)

@@ -1,27 +1,51 @@
-"""What every experiment shares: its claim, a budget, and a result that ends in a verdict.
+"""What every experiment shares: its claim, a budget, the rule that turns evidence into a verdict, and progress.
 
-An experiment is one function `run(budget, out) -> Result` registered under a name with the claim it tests and the
-lecture that makes it. `run_experiment` times it, writes `results.json` and `table.md` into `out`, and returns the
-result; plots are PNGs the experiment writes into `out` and names in `Result.plots`.
+An experiment is one function `run(budget, out, progress) -> Result` registered under a name with the claim it
+tests and the lecture that makes it. `run_experiment` times it, writes `results.json` and `table.md` into `out`,
+and returns the result; plots are PNGs the experiment writes into `out` and names in `Result.plots`.
+
+The verdict is never chosen by an experiment. Each experiment states what its claim predicts as `Check`s: a
+difference the claim predicts positive, measured over several seeds (or timing rounds), with the noise those
+seeds show. `verdict_of` turns the checks into the verdict, by one rule for every experiment:
+
+    a check is FOR the claim      when its mean difference exceeds its noise,
+               AGAINST the claim  when it is below minus its noise,
+               INSIDE NOISE       otherwise;
+    held                          every check for;
+    did not hold at this scale    every decided check against (none for);
+    mixed                         checks decided both ways;
+    inconclusive at this budget   no check against, and some inside noise: the budget cannot tell.
+
+The noise is the half-width of the 95% confidence interval of the mean difference (Student's t over the seeds:
+t * sd / sqrt(n)); with one seed it is unknown, and nothing is decided.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import platform
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from attnkit.errors import ConfigError, unknown_name
+from attnkit.train.trainer import shows_progress
+
+log = logging.getLogger(__name__)
 
 Budget = Literal["tiny", "small", "full"]  # tiny: seconds (tests); small: minutes on 2 CPU cores; full: the README's
 BUDGETS: tuple[str, ...] = get_args(Budget)
-Verdict = Literal["held", "did not hold at this scale", "mixed"]
+SEEDS = {"tiny": 2, "small": 3, "full": 3}  # seeds (or timing rounds) an experiment repeats, for its noise
+Verdict = Literal["held", "did not hold at this scale", "mixed", "inconclusive at this budget"]
 VERDICTS: tuple[str, ...] = get_args(Verdict)
 
 
@@ -33,17 +57,110 @@ class ExperimentSettings:
     list: bool = False  # print the experiments, each with its claim and lecture
     budget: Budget = "small"  # tiny: seconds (what the tests run); small: minutes on 2 CPU cores; full: larger runs
     out: str | None = None  # directory for results.json, table.md and the plots; none: runs/experiments/NAME
+    progress: bool | None = None  # a bar per training run; --no-progress: log lines; none: on a terminal
+
+
+_T_95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)  # Student's t, two-sided 95%, df 1..10
+
+
+def t_95(df: int) -> float:
+    """Student's t quantile of a two-sided 95% interval with `df` degrees of freedom (past 10, 1.96 + 2.4 / df,
+    within 0.02 of it)."""
+    if df < 1:
+        return math.inf
+    return _T_95[df - 1] if df <= len(_T_95) else 1.96 + 2.4 / df
+
+
+@dataclass(frozen=True)
+class Check:
+    """One thing the claim predicts, as a difference it predicts positive, and the noise the difference must clear.
+
+    Build it with `Check.over` from one difference per seed (or timing round), or with `Check.fact` for what is
+    not a measurement (an input refused, a cache size).
+    """
+
+    what: str  # the prediction, e.g. "unscaled dot's validation loss minus scaled dot's, D=256 (nats)"
+    difference: float  # the mean difference; the claim predicts it positive
+    noise: float  # half-width of its 95% interval: a difference within +-noise is not told from zero
+    basis: str  # where the noise comes from, e.g. "3 seeds"
+    spread: float | None = None  # standard deviation of one seed's difference, where measured
+    n: int = 0  # seeds or rounds averaged
+    unit: str = "seeds"
+
+    @classmethod
+    def over(cls, what: str, samples: Sequence[float], *, unit: str = "seeds", spread: float | None = None,
+             df: int | None = None) -> Check:
+        """The mean of `samples` (one difference per seed or round) and its noise from their spread. `spread` and
+        `df`: a spread measured on other runs at the same budget (pooled), where these runs are too few."""
+        n = len(samples)
+        mean = statistics.fmean(samples)
+        if spread is None:
+            spread = statistics.stdev(samples) if n >= 2 else None
+            df = n - 1
+        noise = math.inf if spread is None else t_95(df or 0) * spread / math.sqrt(n)
+        basis = f"{n} {unit}" if df == n - 1 else f"{n} {unit}, spread pooled from other runs ({df} df)"
+        return cls(what, mean, noise, basis, spread, n, unit)
+
+    @classmethod
+    def fact(cls, what: str, holds: bool) -> Check:
+        """A prediction that is not a measurement: it holds or it does not, without noise."""
+        return cls(what, 1.0 if holds else -1.0, 0.0, "not a measurement")
+
+    @property
+    def outcome(self) -> str:
+        if self.difference > self.noise:
+            return "for"
+        if self.difference < -self.noise:
+            return "against"
+        return "inside noise"
+
+    def to_decide(self) -> str:
+        """What would tell this difference from zero: the seeds it would take at this budget, or a larger budget."""
+        if self.spread and self.difference and self.n:
+            for n in range(self.n + 1, 201):
+                if t_95(n - 1) * self.spread / math.sqrt(n) < abs(self.difference):
+                    return f"about {n} {self.unit} (now {self.n}) at this budget, or a larger budget"
+        if self.spread:
+            return (f"a larger budget (the difference is too small beside the {self.unit}' spread for more "
+                    f"{self.unit} at this budget to tell)")
+        return f"a larger budget (more {self.unit}, sizes or steps)"
+
+    def describe(self) -> str:
+        if self.basis == "not a measurement":
+            return f"{self.what}: {'yes' if self.difference > 0 else 'no'}"
+        return f"{self.what}: {self.difference:+.4g} +- {self.noise:.2g} ({self.basis}), {self.outcome}"
+
+
+def verdict_of(checks: Sequence[Check]) -> tuple[Verdict, str]:
+    """The verdict the checks support, and a sentence saying why (the rule is in this module's docstring)."""
+    if not checks:
+        raise ValueError("an experiment states at least one check of its claim")
+    outcomes = [check.outcome for check in checks]
+    undecided = [check for check in checks if check.outcome == "inside noise"]
+    if "against" not in outcomes and undecided:
+        return "inconclusive at this budget", "; ".join(
+            f"{check.what} is {check.difference:+.4g}, inside its noise +-{check.noise:.2g} ({check.basis}): "
+            f"{check.to_decide()} would decide it" for check in undecided)
+    if "against" not in outcomes:
+        return "held", "every check is beyond its noise"
+    against = "; ".join(check.what for check in checks if check.outcome == "against")
+    if "for" in outcomes:
+        return "mixed", f"beyond the noise, against the claim: {against}"
+    return "did not hold at this scale", f"beyond the noise, against the claim: {against}"
 
 
 @dataclass
 class Result:
-    """What an experiment found: a table (rows of column -> value), plots, and a verdict with its reason."""
+    """What an experiment found: a table (rows of column -> value), plots, the checks of its claim and the verdict
+    they support (`verdict_of`), with the experiment's reason and the rule's."""
 
-    verdict: Verdict
-    reason: str  # why the verdict, in one or two sentences with the numbers behind it
+    checks: list[Check]
+    reason: str  # what was measured, in one or two sentences with the numbers behind it
     key_number: str  # the one figure a reader should remember, e.g. "BLEU 31.2 vs 12.4 at 20+ tokens"
     rows: list[dict[str, Any]]
     plots: list[str] = field(default_factory=list)  # PNG file names inside the output directory
+    verdict: Verdict = field(init=False)
+    decision: str = field(init=False)  # why the checks give this verdict, and what would decide an undecided one
     # Filled in by run_experiment:
     name: str = ""
     claim: str = ""
@@ -53,25 +170,61 @@ class Result:
     machine: str = ""
 
     def __post_init__(self) -> None:
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict {self.verdict!r} is not one of {VERDICTS}")
+        self.verdict, self.decision = verdict_of(self.checks)
+
+    def summary(self) -> str:
+        """The verdict with the experiment's reason and the rule's, as printed and written."""
+        return f"{self.verdict}: {self.reason}. {self.decision[0].upper()}{self.decision[1:]}."
 
     def table_markdown(self) -> str:
         """The rows as a markdown table (columns in the order of the first row)."""
-        if not self.rows:
-            return "(no rows)\n"
-        columns = list(self.rows[0])
-        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in self.rows]
-        return "\n".join(lines) + "\n"
+        return _markdown(self.rows)
+
+    def checks_markdown(self) -> str:
+        """The checks as a markdown table: the difference the claim predicts positive, its noise, the outcome."""
+        return _markdown([{"the claim predicts": c.what, "difference": c.difference, "noise (95%)": c.noise,
+                           "over": c.basis, "outcome": c.outcome} for c in self.checks])
 
     def write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(asdict(self), indent=2, default=float) + "\n")
         header = (f"# {self.name}\n\nClaim ({self.lecture}): {self.claim}\n\n"
-                  f"Verdict: **{self.verdict}**. {self.reason}\n\n")
+                  f"Verdict: **{self.verdict}**. {self.reason}. {self.decision[0].upper()}{self.decision[1:]}.\n\n"
+                  "Checks (a difference the claim predicts positive; decided only beyond its noise, the 95% "
+                  "interval over seeds or rounds):\n\n" + self.checks_markdown() + "\n")
         footer = f"\nBudget `{self.budget}`, {self.seconds:.0f} s on {self.machine}.\n"
         (out / "table.md").write_text(header + self.table_markdown() + footer)
+
+
+def _markdown(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no rows)\n"
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+class Progress:
+    """How an experiment shows its work, as training does (`train.trainer.shows_progress`): a log line per phase,
+    and for each loop of steps a tqdm bar when bars are shown, else a log line every fifth of its steps."""
+
+    def __init__(self, *, bars: bool = False) -> None:
+        self.bars = bars
+
+    def phase(self, message: str) -> None:
+        log.info("%s", message)
+
+    def steps(self, total: int, desc: str) -> Iterator[int]:
+        """1, 2, ..., total, shown as `desc`'s progress."""
+        if self.bars:
+            yield from tqdm(range(1, total + 1), desc=desc, unit="step", dynamic_ncols=True, leave=False)
+            return
+        every = max(total // 5, 1)
+        for step in range(1, total + 1):
+            yield step
+            if step % every == 0 or step == total:
+                log.info("%s: step %d/%d", desc, step, total)
 
 
 def _cell(value: Any) -> str:
@@ -85,16 +238,19 @@ class Experiment:
     name: str
     claim: str
     lecture: str
-    run: Callable[[str, Path], Result]
+    run: Callable[[str, Path, Progress], Result]
 
 
 REGISTRY: dict[str, Experiment] = {}
 
 
-def experiment(name: str, *, claim: str, lecture: str) -> Callable[[Callable[[str, Path], Result]], Callable]:
-    """Register `run(budget, out) -> Result` as the experiment `name`."""
+RunFunction = Callable[[str, Path, Progress], Result]
 
-    def register(run: Callable[[str, Path], Result]) -> Callable[[str, Path], Result]:
+
+def experiment(name: str, *, claim: str, lecture: str) -> Callable[[RunFunction], RunFunction]:
+    """Register `run(budget, out, progress) -> Result` as the experiment `name`."""
+
+    def register(run: RunFunction) -> RunFunction:
         REGISTRY[name] = Experiment(name, claim, lecture, run)
         return run
 
@@ -125,15 +281,21 @@ def machine() -> str:
     return f"{device_name()}, {torch.get_num_threads()} thread(s)"
 
 
-def run_experiment(name: str, *, budget: str = "small", out: str | Path | None = None) -> Result:
-    """Run experiment `name` at `budget`, write its files into `out` (default runs/experiments/NAME)."""
+def run_experiment(name: str, *, budget: str = "small", out: str | Path | None = None,
+                   progress: bool | None = False) -> Result:
+    """Run experiment `name` at `budget`, write its files into `out` (default runs/experiments/NAME).
+
+    progress: True draws a bar per training run, False logs progress lines, None: bars on a terminal."""
     spec = get(name)
     if budget not in BUDGETS:
         raise ConfigError(f"budget={budget!r} is not one of {', '.join(BUDGETS)}")
     out_dir = Path(out) if out is not None else Path("runs") / "experiments" / name
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    result = spec.run(budget, out_dir)
+    bars = shows_progress(progress)
+    log.info("%s at budget %s: %s", name, budget, spec.claim)
+    with logging_redirect_tqdm():
+        result = spec.run(budget, out_dir, Progress(bars=bars))
     result.name, result.claim, result.lecture, result.budget = spec.name, spec.claim, spec.lecture, budget
     result.seconds, result.machine = time.perf_counter() - start, machine()
     result.write(out_dir)

@@ -11,6 +11,7 @@ falls off with length and the attention models do not (or far less).
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from torch import nn
 from attnkit import presets
 from attnkit.data import PairData
 from attnkit.data.synthetic import make_task, synthetic_tokenizer
-from attnkit.experiments.base import Result, experiment
+from attnkit.experiments.base import SEEDS, Check, Progress, Result, experiment
 from attnkit.experiments.plots import new_figure, save
 from attnkit.generate.seq2seq import greedy_translate
 from attnkit.models import build_model
@@ -51,12 +52,14 @@ def models(width: int, vocab_size: int, max_len: int) -> dict[str, nn.Module]:
     }
 
 
-def train(model: nn.Module, data: PairData, steps: int, *, lr: float, warmup: int) -> float:
-    """Teacher-forced training with AdamW, warmup then cosine; returns the last step's loss."""
+def train(model: nn.Module, data: PairData, steps: int, *, lr: float, warmup: int, progress: Progress | None = None,
+          desc: str = "training") -> float:
+    """Teacher-forced training with AdamW, warmup then cosine; returns the last step's loss. progress: shows the
+    steps as `desc` (default: a log line every fifth of them)."""
     optimizer = make_optimizer(model, lr=lr, weight_decay=0.01)
     model.train()
     epoch, batches, loss = 0, iter(()), torch.tensor(float("nan"))
-    for step in range(1, steps + 1):
+    for step in (progress or Progress()).steps(steps, desc):
         batch = next(batches, None)
         if batch is None:
             batches = data.iter_epoch(epoch)
@@ -85,55 +88,63 @@ def symbol_accuracy(prediction: str, target: str) -> float:
     "length; attention (Bahdanau's, or the Transformer's) removes the bottleneck",
     lecture="What the Transformer replaced: the RNN encoder-decoder and attention added to it",
 )
-def run(budget: str, out: Path) -> Result:
+def run(budget: str, out: Path, progress: Progress) -> Result:
     s = SETTINGS[budget]
+    seeds = SEEDS[budget]
     tokenizer = synthetic_tokenizer()
-    torch.manual_seed(0)
     low, high = s["lengths"]
     train_task = make_task("copy", s["n_train"], seed=1, min_len=low, max_len=high)
-    data = PairData.from_pairs(train_task.pairs(), tokenizer, batch_size=s["batch"], seed=0)
     tests = {bucket: make_task("copy", N_TEST_PER_BUCKET[budget], seed=2 + i, min_len=bucket[0], max_len=bucket[1])
              for i, bucket in enumerate(s["buckets"])}
     ids = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, max_length=high + 4)
-
-    rows = []
-    for name, model in models(s["width"], tokenizer.vocab_size, high).items():
-        lr, warmup = (1e-3, s["steps"] // 10) if name == "Transformer" else (3e-3, s["steps"] // 20)
-        final_loss = train(model, data, s["steps"], lr=lr, warmup=warmup)
-        row = {"model": name, "parameters": sum(p.numel() for p in model.parameters()), "final loss": final_loss}
-        for (first, last), task in tests.items():
-            sources = tokenizer.encode_batch([e.source for e in task.examples])
-            sources = [[*source, tokenizer.eos_id] for source in sources]
-            predictions = [tokenizer.decode(t) for t in greedy_translate(model, sources, **ids)]
-            row[f"exact {first}-{last}"] = task.score(predictions)
-            row[f"per symbol {first}-{last}"] = sum(
-                symbol_accuracy(p, e.target) for p, e in zip(predictions, task.examples, strict=True)) / len(task)
-        rows.append(row)
-
     labels = [f"{first}-{last}" for first, last in s["buckets"]]
+
+    scores: dict[str, list[dict[str, float]]] = {}  # model -> per seed: metric -> value
+    parameters = {}
+    for seed in range(seeds):
+        data = PairData.from_pairs(train_task.pairs(), tokenizer, batch_size=s["batch"], seed=seed)
+        torch.manual_seed(seed)
+        for name, model in models(s["width"], tokenizer.vocab_size, high).items():
+            lr, warmup = (1e-3, s["steps"] // 10) if name == "Transformer" else (3e-3, s["steps"] // 20)
+            desc = f"{name}, seed {seed}"
+            progress.phase(f"training {desc} ({s['steps']} steps), then translating {len(labels)} length buckets")
+            score = {"final loss": train(model, data, s["steps"], lr=lr, warmup=warmup, progress=progress, desc=desc)}
+            parameters[name] = sum(p.numel() for p in model.parameters())
+            for (first, last), task in tests.items():
+                sources = tokenizer.encode_batch([e.source for e in task.examples])
+                sources = [[*source, tokenizer.eos_id] for source in sources]
+                predictions = [tokenizer.decode(t) for t in greedy_translate(model, sources, **ids)]
+                score[f"exact {first}-{last}"] = task.score(predictions)
+                score[f"per symbol {first}-{last}"] = sum(
+                    symbol_accuracy(p, e.target) for p, e in zip(predictions, task.examples, strict=True)) / len(task)
+            scores.setdefault(name, []).append(score)
+    rows = [{"model": name, "parameters": parameters[name],
+             **{metric: statistics.fmean(score[metric] for score in per_seed) for metric in per_seed[0]}}
+            for name, per_seed in scores.items()]
+
     fig, axes = new_figure(10, 4, ncols=2)
     for ax, metric in zip(axes, ("exact", "per symbol"), strict=True):
         for row in rows:
             ax.plot(labels, [row[f"{metric} {b}"] for b in labels], marker="o", label=row["model"])
-        ax.set(xlabel="source length (symbols)", ylabel=f"{metric} accuracy", ylim=(-0.02, 1.02),
-               title=f"copy task, {metric} match")
+        ax.set(xlabel="source length (symbols)", ylabel=f"{metric} accuracy (mean of {seeds} seeds)",
+               ylim=(-0.02, 1.02), title=f"copy task, {metric} match")
     axes[0].legend()
     save(fig, out / "accuracy_by_length.png")
 
     first, last = labels[0], labels[-1]
-    drop = {row["model"]: row[f"per symbol {first}"] - row[f"per symbol {last}"] for row in rows}
-    plain, attention = drop["GRU, no attention"], drop["GRU + Bahdanau attention"]
+
+    def drop(name: str) -> list[float]:  # per seed: per-symbol accuracy lost from the shortest bucket to the longest
+        return [score[f"per symbol {first}"] - score[f"per symbol {last}"] for score in scores[name]]
+
+    plain = "GRU, no attention"
+    checks = [Check.over(f"per-symbol accuracy lost from {first} to {last} symbols: without attention minus {name}",
+                         [p - a for p, a in zip(drop(plain), drop(name), strict=True)])
+              for name in ("GRU + Bahdanau attention", "Transformer")]
+    mean_drop = {name: statistics.fmean(drop(name)) for name in scores}
     plain_row, attention_row = rows[0], rows[1]
     key = (f"per-symbol accuracy at {last} symbols: {plain_row[f'per symbol {last}']:.0%} without attention, "
            f"{attention_row[f'per symbol {last}']:.0%} with")
-    reason = (f"from {first} to {last} symbols the GRU without attention loses {plain:.0%} of per-symbol accuracy, "
-              f"with Bahdanau attention {attention:.0%}, the Transformer {drop['Transformer']:.0%}")
-    if plain >= attention + 0.2:
-        verdict = "held"
-    elif plain > attention:
-        verdict = "mixed"
-        reason += "; the gap is small at this budget"
-    else:
-        verdict = "did not hold at this scale"
-        reason += "; at this budget attention did not help with length"
-    return Result(verdict, reason, key, rows, ["accuracy_by_length.png"])
+    reason = (f"from {first} to {last} symbols the GRU without attention loses {mean_drop[plain]:.0%} of per-symbol "
+              f"accuracy, with Bahdanau attention {mean_drop['GRU + Bahdanau attention']:.0%}, the Transformer "
+              f"{mean_drop['Transformer']:.0%} (mean of {seeds} seeds)")
+    return Result(checks, reason, key, rows, ["accuracy_by_length.png"])

@@ -3,12 +3,14 @@ lecture: Llama 2's grouped-query attention).
 
 With H query heads sharing Hkv key/value heads, the cache holds 2 * layers * Hkv * D numbers per token instead of
 2 * layers * H * D: MHA (Hkv = H), GQA (1 < Hkv < H), MQA (Hkv = 1, Shazeer 2019). Decoding reads the whole cache
-at every step, so a smaller cache is read faster once it is long. Each variant is trained on the same tokens, then
-times greedy decoding with a KV cache (batch 8, a 256-token cache) and reports its validation loss.
+at every step, so a smaller cache is read faster once it is long. Each variant is trained on the same tokens over
+several seeds (its validation loss), then the variants take turns timing greedy decoding with a KV cache (batch 8,
+a 256-token cache), round after round.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import torch
 from torch import nn
 
 from attnkit.config import ModelConfig
-from attnkit.experiments.base import Result, experiment
+from attnkit.experiments.base import SEEDS, Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
 from attnkit.experiments.plots import new_figure, save
 
@@ -37,15 +39,16 @@ def decode_tokens_per_second(model: nn.Module, *, batch: int, prompt: int, new_t
     return batch * new_tokens / (time.perf_counter() - start)
 
 
-def decode_speeds(models: list[nn.Module], *, rounds: int, **decoding: int) -> list[float]:
-    """Each model's decoding speed (`decode_tokens_per_second`), the best of `rounds` rounds that take the models in
+def decode_speeds(models: list[nn.Module], *, rounds: int, **decoding: int) -> list[list[float]]:
+    """Each model's decoding speed (`decode_tokens_per_second`) in each of `rounds` rounds that take the models in
     turn: load from other work on a shared machine slows whichever model runs at that moment, so the models are
-    interleaved and each keeps its least disturbed run (the first round also warms the kernels up)."""
-    best = [0.0] * len(models)
-    for _ in range(rounds):
-        for i, model in enumerate(models):
-            best[i] = max(best[i], decode_tokens_per_second(model, **decoding))
-    return best
+    interleaved and compared round by round. A first round, not returned, warms the kernels up."""
+    speeds = []
+    for round_index in range(rounds + 1):
+        speed = [decode_tokens_per_second(model, **decoding) for model in models]
+        if round_index:
+            speeds.append(speed)
+    return speeds
 
 
 @experiment(
@@ -54,42 +57,58 @@ def decode_speeds(models: list[nn.Module], *, rounds: int, **decoding: int) -> l
     "cost in quality",
     lecture="Llama 2: grouped-query attention (Ainslie et al. 2023; Shazeer 2019)",
 )
-def run(budget: str, out: Path) -> Result:
+def run(budget: str, out: Path, progress: Progress) -> Result:
     steps = {"tiny": 3, "small": 200, "full": 800}[budget]
     new_tokens = {"tiny": 4, "small": 64, "full": 128}[budget]
-    rounds = {"tiny": 1, "small": 5, "full": 7}[budget]
+    rounds = {"tiny": 2, "small": 5, "full": 7}[budget]
+    seeds = SEEDS[budget]
     corpus = char_corpus({"tiny": 20_000, "small": 300_000, "full": 1_000_000}[budget])
-    rows, models = [], []
+    rows, models, losses = [], [], []  # losses: per variant, per seed
     for kv_heads in (8, 4, 2, 1):
         config = ModelConfig(family="decoder", d_model=256, n_heads=N_HEADS, n_kv_heads=kv_heads, n_layers=2,
                              d_ff=512, position="rope", max_seq_len=512, vocab_size=corpus.vocab_size)
-        log = train_lm(config, corpus, steps=steps, seq_len=64, lr=2e-3)
-        models.append(log.model)
-        kv_bytes = 2 * config.n_layers * kv_heads * config.head_size * 4  # keys and values, fp32, per token
         kind = {N_HEADS: "MHA", 1: "MQA"}.get(kv_heads, "GQA")
+        per_seed = []
+        for seed in range(seeds):
+            desc = f"{kind} {N_HEADS}/{kv_heads}, seed {seed}"
+            progress.phase(f"training {desc}")
+            log = train_lm(config, corpus, steps=steps, seq_len=64, lr=2e-3, seed=seed, progress=progress, desc=desc)
+            per_seed.append(log.val_loss)
+            if seed == 0:
+                models.append(log.model)
+        losses.append(per_seed)
+        kv_bytes = 2 * config.n_layers * kv_heads * config.head_size * 4  # keys and values, fp32, per token
         rows.append({"attention": f"{kind} {N_HEADS}/{kv_heads}", "KV bytes per token": kv_bytes,
-                     "val loss": log.val_loss})
+                     "val loss": statistics.fmean(per_seed)})
+    progress.phase(f"timing decoding: {rounds} rounds of the four models in turn")
     speeds = decode_speeds(models, rounds=rounds, batch=8, prompt=256 - new_tokens, new_tokens=new_tokens)
-    for row, speed in zip(rows, speeds, strict=True):
-        row["decode tokens/s"] = speed
+    for index, row in enumerate(rows):
+        row["decode tokens/s"] = statistics.median(speed[index] for speed in speeds)
 
     fig, axes = new_figure(11, 3.6, ncols=2)
     names = [r["attention"] for r in rows]
     axes[0].bar(names, [r["KV bytes per token"] for r in rows])
     axes[0].set(ylabel="KV-cache bytes per token", title="cache size")
     axes[1].plot(names, [r["decode tokens/s"] for r in rows], marker="o", label="decode tokens/s")
-    axes[1].set(ylabel="tokens/s (batch 8, 256-token cache)", title="decoding speed and quality")
+    axes[1].set(ylabel="tokens/s (batch 8, 256-token cache)", title=f"decoding speed (median of {rounds} rounds) "
+                f"and quality ({seeds} seeds)")
     twin = axes[1].twinx()
     twin.plot(names, [r["val loss"] for r in rows], marker="s", color="tab:red", label="val loss")
     twin.set_ylabel("validation loss", color="tab:red")
     save(fig, out / "gqa.png")
 
     mha, mqa = rows[0], rows[-1]
-    faster = mqa["decode tokens/s"] > mha["decode tokens/s"]
-    small_cost = mqa["val loss"] - mha["val loss"] < 0.1
-    verdict = "held" if faster and small_cost else ("mixed" if faster or small_cost else "did not hold at this scale")
+    checks = [
+        Check.fact(f"MQA's KV cache is {N_HEADS}x smaller than MHA's",
+                   mha["KV bytes per token"] == N_HEADS * mqa["KV bytes per token"]),
+        Check.over("MQA's decoding speed over MHA's, minus 1", [speed[-1] / speed[0] - 1 for speed in speeds],
+                   unit="rounds"),
+        Check.over("little cost in quality: 0.1 nats minus MQA's validation loss above MHA's",
+                   [0.1 - (q - m) for q, m in zip(losses[-1], losses[0], strict=True)]),
+    ]
     reason = (f"MQA's cache is {mha['KV bytes per token'] // mqa['KV bytes per token']}x smaller; decoding "
-              f"{mqa['decode tokens/s']:.0f} vs {mha['decode tokens/s']:.0f} tokens/s; validation loss "
-              f"{mqa['val loss']:.3f} vs {mha['val loss']:.3f} after {steps} steps")
+              f"{mqa['decode tokens/s']:.0f} vs {mha['decode tokens/s']:.0f} tokens/s (median of {rounds} rounds); "
+              f"validation loss {mqa['val loss']:.3f} vs {mha['val loss']:.3f} after {steps} steps (mean of {seeds} "
+              "seeds)")
     key = f"MQA {mqa['decode tokens/s'] / mha['decode tokens/s']:.2f}x MHA's decoding speed, 8x smaller cache"
-    return Result(verdict, reason, key, rows, ["gqa.png"])
+    return Result(checks, reason, key, rows, ["gqa.png"])

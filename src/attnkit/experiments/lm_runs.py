@@ -3,7 +3,7 @@
 The corpus is the Python standard library's own source (every installation has it: real text, no download),
 read up to a byte budget and split 90/10. The loop is the trainer's recipe without its run directory: AdamW
 over `train.optim.param_groups`, warmup then cosine, gradient clipping; it records what the experiments plot
-(loss per step, gradient norm per layer) and stops early when the loss turns non-finite.
+(loss per step, step times) and stops early when the loss turns non-finite.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -18,9 +19,9 @@ from torch import nn
 
 from attnkit.config import ModelConfig
 from attnkit.data import LMData, read_text, stdlib_files
+from attnkit.experiments.base import Progress
 from attnkit.models import build_model
 from attnkit.tokenize import train_tokenizer
-from attnkit.train.instruments import gradient_norms
 from attnkit.train.optim import lr_factor, make_optimizer
 
 
@@ -52,7 +53,6 @@ class RunLog:
     val_loss: float = math.nan
     seconds: float = 0.0
     diverged: bool = False
-    layer_grad_norms: list[float] = field(default_factory=list)  # per block, averaged over the first steps
     step_seconds: list[float] = field(default_factory=list)
     model: nn.Module | None = None
 
@@ -73,22 +73,26 @@ def train_lm(
     warmup: int = 20,
     seed: int = 0,
     clip: float = 1.0,
-    grad_norm_steps: int = 0,
+    init: Callable[[nn.Module], None] | None = None,
     eval_batches: int = 20,
+    progress: Progress | None = None,
+    desc: str = "training",
 ) -> RunLog:
     """Train a decoder built from `config` for `steps` optimizer steps; evaluate on the validation split.
 
-    grad_norm_steps: average each block's gradient norm over this many first steps (before clipping).
+    init: re-initialises the built model in place (an experiment's own scheme; default: the builder's GPT-2 one).
+    progress: shows the steps as `desc` (default: a log line every fifth of them).
     """
     torch.manual_seed(seed)
     model = build_model(config.replace(vocab_size=corpus.vocab_size))
+    if init is not None:
+        init(model)
     optimizer = make_optimizer(model, lr=lr, weight_decay=0.1)
     generator = torch.Generator().manual_seed(seed)
     log = RunLog(model=model)
-    norms: list[list[float]] = []
     start = time.perf_counter()
     model.train()
-    for step in range(1, steps + 1):
+    for step in (progress or Progress()).steps(steps, desc):
         step_start = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr * lr_factor("cosine", step, warmup=warmup, progress=step / steps)
@@ -99,16 +103,12 @@ def train_lm(
             break
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if step <= grad_norm_steps:
-            norms.append(list(gradient_norms(model).values()))  # one per block, first block first
         if clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         log.losses.append(loss.item())
         log.step_seconds.append(time.perf_counter() - step_start)
     log.seconds = time.perf_counter() - start
-    if norms:
-        log.layer_grad_norms = [sum(column) / len(column) for column in zip(*norms, strict=True)]
     log.val_loss = math.nan if log.diverged else validation_loss(model, corpus, seq_len, batch_size, eval_batches)
     return log
 
