@@ -335,3 +335,56 @@ def test_names_with_dollar_signs_are_drawn_as_written(tmp_path, name):
     plot_instruments([{"kind": "instruments", "step": 1, "grad_norm/0": 1.0}], tmp_path / "instruments.png",
                      title=name)
     assert all((tmp_path / f).stat().st_size > 0 for f in ("loss.png", "confusion.png", "instruments.png"))
+
+
+# Pages and recipes -------------------------------------------------------------------------------------------------
+HOSTILE_NAMES = ["{{DATA}}", "{{TITLE}}", "</script><script>alert(1)</script>", "{{DATA}}{{TITLE}}"]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_NAMES)
+def test_no_title_or_token_reaches_the_attention_pages_structure(hostile):
+    import numpy as np
+
+    from attnkit.viz.maps import AttentionMaps
+    from attnkit.viz.page import render_page
+
+    maps = AttentionMaps(kind="self", weights=np.full((1, 1, 2, 2), 0.5, dtype=np.float32),
+                         query_tokens=(hostile, "b"), key_tokens=(hostile, "b"), layers=(0,), heads=(0,))
+    page = render_page([maps], title=hostile)
+    assert page.count('"views"') == 1  # the data block once, in its own place
+    assert "<script>alert(1)</script>" not in page
+    head = page[page.index("<title>"):page.index("</title>")]
+    assert '"views"' not in head and "weights" not in head
+
+
+def test_data_given_for_a_recipe_replaces_its_validation_data_too():
+    from attnkit import recipes
+
+    recipe = recipes.load("sst2-encoder")
+    assert "val_data" in recipe.train
+    settings = recipe.settings("train", None, given={"data"})  # no data root needed: nothing of the recipe's read
+    assert "data" not in settings and "val_data" not in settings
+
+
+# Wrong causes ------------------------------------------------------------------------------------------------------
+def test_the_real_cause_is_named_for_links_and_directories_in_the_way(runs, tmp_path, capsys):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    assert "is a symbolic link that loops back on itself" in cli_error(capsys, "generate", tmp_path / "a",
+                                                                       "--prompt", "x")
+    assert "which does not exist" in cli_error(capsys, "generate", tmp_path / "dangling", "--prompt", "x")
+    err = cli_error(capsys, "train", "--init-from", tmp_path / "a", "--data", "synthetic:copy", "--out",
+                    tmp_path / "r", "--no-progress")
+    assert "--init-from" in err and "loops back on itself" in err and "--preset" not in err
+    assert "does not exist" in cli_error(capsys, "train", "--init-from", tmp_path / "none", "--data",
+                                         "synthetic:copy", "--out", tmp_path / "r", "--no-progress")
+    run = copy_run(runs["lm"], tmp_path)
+    (run / "model.safetensors").unlink()
+    (run / "model.safetensors").mkdir()
+    with pytest.raises(CheckpointError, match="model.safetensors is a directory, where a safetensors file should"):
+        load_model(run, verify=False)
+    (run / CONFIG_FILE).unlink()
+    (run / CONFIG_FILE).mkdir()
+    with pytest.raises(CheckpointError, match="config.json is a directory, where the run's config"):
+        load_model(run, verify=False)

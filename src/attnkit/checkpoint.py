@@ -11,6 +11,7 @@ beside them in `adapters.safetensors`; reading the directory folds them into the
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -115,6 +116,19 @@ class writing:
         failure = CheckpointError(message + self.note)
         failure.os_error = True
         raise failure from None
+
+
+def absent(path: Path) -> str:
+    """Why a path that `exists()` denies cannot be read, in words: a symbolic link that loops back on itself, one
+    pointing nowhere, or no such path."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a symbolic link that loops back on itself"
+    if path.is_symlink():
+        return f"is a symbolic link to {os.readlink(path)}, which does not exist"
+    return "does not exist"
 
 
 def mark_run(directory: str | Path) -> None:
@@ -239,8 +253,11 @@ def verify_run_files(directory: str | Path, names: Iterable[str], *, require: bo
 def load_tensors(path: str | Path) -> dict[str, Tensor]:
     """Read a safetensors file; a missing, truncated or corrupted file raises CheckpointError."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory, where a safetensors file should be; a checkpoint directory "
+                              f"holds {WEIGHTS_FILE} and {CONFIG_FILE} as files")
     if not path.is_file():
-        raise CheckpointError(f"{path} does not exist; a checkpoint directory holds {WEIGHTS_FILE} and {CONFIG_FILE}")
+        raise CheckpointError(f"{path} {absent(path)}; a checkpoint directory holds {WEIGHTS_FILE} and {CONFIG_FILE}")
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:
@@ -325,11 +342,15 @@ def load_config(directory: str | Path) -> ModelConfig:
     if not directory.exists():
         parent = directory.parent.name and directory.parent.exists()  # runs/x names a run; gpt2, org/model the hub
         hub = _HUB_NAME.fullmatch(str(directory)) is not None and not parent
-        raise CheckpointError(f"{directory} does not exist; give a run directory (runs/NAME, holding {CONFIG_FILE})"
+        raise CheckpointError(f"{directory} {absent(directory)}; give a run directory (runs/NAME, holding "
+                              f"{CONFIG_FILE})"
                               + (f"; if {directory} names a Hugging Face model, nothing is downloaded here: fetch its "
                                  "directory, then attnkit convert --from-hf DIR --out runs/NAME" if hub else ""))
     if not directory.is_dir():
         raise CheckpointError(f"{directory} is a file; give a run directory (runs/NAME, holding {CONFIG_FILE})")
+    if (directory / CONFIG_FILE).is_dir():
+        raise CheckpointError(f"{directory / CONFIG_FILE} is a directory, where the run's config (a JSON file) should "
+                              "be; put the run's config.json there")
     if not (directory / CONFIG_FILE).is_file():
         replaced = sorted(directory.glob(f"{REPLACED_PREFIX}*"))
         if replaced and not checkpoint_dirs(directory):  # as `train.rundir` decides: the newest is put back

@@ -65,11 +65,14 @@ class Recipe:
     def settings(self, section: str, data_root: str | Path | None, *, given: Collection[str] = ()) -> dict[str, Any]:
         """The options of `section` ("train" or "evaluate"), data paths under the data root, the run directory
         runs/NAME unless the section names one. Options in `given` (the command line's, the --config file's) are
-        left out, so data the command line replaces need not exist. Raises InputError when data is missing."""
+        left out, so data the command line replaces need not exist; data given replaces the recipe's validation
+        data too (give --val-data for the new data's own). Raises InputError when data is missing."""
         values = self.train if section == "train" else self.evaluate
         if values is None:
             raise InputError(f"recipe {self.name} has no {section} section; it holds {', '.join(self.sections())}")
         out = {RUN_KEYS[section]: f"runs/{self.name}", **values}
+        if "data" in given:  # other data: the recipe's validation file belongs to its own data, not to these
+            given = {*given, "val_data"}
         out = {k: v for k, v in out.items() if k not in given}
         paths = {k: out[k] for k in PATH_KEYS if k in out}
         if paths:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from attnkit.checkpoint import RUN_MARKER, is_attnkit_run, mark_run
+from attnkit.checkpoint import RUN_MARKER, absent, is_attnkit_run, mark_run
 from attnkit.config import ModelConfig, check_types, model_field_names
 from attnkit.data import synthetic_tokenizer
 from attnkit.data.labelled import BAD_LABELS
@@ -202,7 +202,11 @@ def _changes(request: TrainRequest) -> tuple[list[str], dict[str, Any], dict[str
     data_changes = {**request.data, **data_changes}
     train_changes = {**request.settings, **train_changes}
     if train_changes.get("init_from"):
-        train_changes["init_from"] = str(Path(train_changes["init_from"]).resolve())
+        init_from = Path(train_changes["init_from"])
+        if not init_from.exists():  # named with its cause before anything else looks at it
+            raise CheckpointError(f"--init-from {init_from} {absent(init_from)}; point it at an attnkit run "
+                                  "directory (runs/NAME) or a Hugging Face model directory")
+        train_changes["init_from"] = str(init_from.resolve())
     if request.task is not None:
         data_changes["task"] = request.task
     return model_changes, data_changes, train_changes

@@ -15,6 +15,7 @@ import base64
 import html
 import json
 import os
+import re
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -42,7 +43,13 @@ def render_page(all_maps: Sequence[AttentionMaps], *, title: str = "attention") 
     # "<" as \u003c keeps any token text (such as "</script>") from ending the data block early.
     payload = json.dumps({"title": title, "views": views}, ensure_ascii=False).replace("<", "\\u003c")
     template = resources.files("attnkit.viz").joinpath("page.html").read_text(encoding="utf-8")
-    return template.replace("{{TITLE}}", html.escape(title)).replace("{{DATA}}", payload)
+    # one pass over the template: what is put in is never searched again, so no title or token (a run named
+    # "{{DATA}}") can reach the page's structure
+    values = {"TITLE": html.escape(title), "DATA": payload}
+    return _PLACEHOLDER.sub(lambda match: values[match.group(1)], template)
+
+
+_PLACEHOLDER = re.compile(r"\{\{(TITLE|DATA)\}\}")
 
 
 def write_page(all_maps: Sequence[AttentionMaps], path: str | Path, *, title: str = "attention") -> Path:
