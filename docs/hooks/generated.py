@@ -9,7 +9,9 @@
 - `<!-- generated: hf_architectures -->` becomes the table of Hugging Face architectures attnkit converts, from
   the registry `attnkit.interop.keymaps.FAMILIES`.
 - Pages others add join the nav by themselves: the tutorials (docs/tutorials/NN_*.py) under "Tutorials" in their
-  numbered order, any guide (docs/guides/*.md) the nav does not name under "How-to guides".
+  numbered order, any guide (docs/guides/*.md) the nav does not name under "How-to guides", a page about the
+  experiments as a whole (docs/experiments/*.md) under "Results"; a page about one experiment
+  (docs/experiments/NAME/*.md) is linked from its gallery entry.
 - benchmarks/results/*.png are published under figures/benchmarks/ (they stay where the benchmarks write them).
 - Pages load nothing from another host: the scripts a rendered notebook points at a CDN (MathJax, Mermaid) are
   dropped, so a page opens offline (tests/test_docs.py checks every built page).
@@ -181,6 +183,10 @@ def experiments_gallery(docs_dir: Path) -> str:
             shown = [{k: c.get(k) for k in ("what", "difference", "noise", "basis") if k in c} for c in checks]
             sections += ["The checks the verdict is drawn from (a check decides when its difference is larger "
                          "than its noise):", "", *_table(shown), ""]
+        for extra in sorted((docs_dir / "experiments" / name).glob("*.md")):
+            if extra.name != "table.md":  # a page of its own about this experiment, e.g. what was checked
+                title = extra.read_text().split("\n", 1)[0].lstrip("# ").strip()
+                sections += [f"More: [{_cell(title)}](experiments/{name}/{extra.name}).", ""]
         sections += ["Redraw it (writes results.json, table.md and the plots below):", "", "```", command, "```", ""]
         for plot in result.get("plots", []):
             if (docs_dir / "experiments" / name / plot).is_file():
@@ -235,7 +241,9 @@ def on_config(config):
     listed = _listed(config.nav)
     tutorials = sorted(p.name for p in (docs / "tutorials").glob("*.py") if TUTORIAL.match(p.name))
     guides = sorted(p.name for p in (docs / "guides").glob("*.md"))
-    for title, folder, names in (("Tutorials", "tutorials", tutorials), ("How-to guides", "guides", guides)):
+    experiments = sorted(p.name for p in (docs / "experiments").glob("*.md"))
+    for title, folder, names in (("Tutorials", "tutorials", tutorials), ("How-to guides", "guides", guides),
+                                 ("Results", "experiments", experiments)):
         section = _section(config.nav, title)
         if section is not None:
             section += [f"{folder}/{name}" for name in names if f"{folder}/{name}" not in listed]
