@@ -388,3 +388,15 @@ def test_the_real_cause_is_named_for_links_and_directories_in_the_way(runs, tmp_
     (run / CONFIG_FILE).mkdir()
     with pytest.raises(CheckpointError, match="config.json is a directory, where the run's config"):
         load_model(run, verify=False)
+
+
+def test_averaging_more_weights_than_memory_holds_is_refused(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    assert cli.main(["train", *TRAIN, "--out", str(run)]) == 0
+    monkeypatch.setattr("attnkit.train.average.free_bytes", lambda device: 1000)
+    err = cli_error(capsys, "average", run, "--last", "1")
+    assert "holds their weights and the mean in memory at once" in err and "average fewer (--last)" in err
+    assert not (run / "average-last-1").exists()
+    monkeypatch.setattr("attnkit.train.average.free_bytes", lambda device: None)  # not known: not checked
+    err = cli_error(capsys, "average", run, "--last", "1", "--out", run / "config.json" / "avg")
+    assert "part of the path is a file" in err

@@ -912,7 +912,9 @@ def _check_recipe_task(name: str, run: str) -> None:
     from attnkit.tasks import task_of_run
 
     wanted = (recipes.load(name).train or {}).get("task")
-    task = task_of_run(run, load_config(run)) if wanted is not None else None
+    if wanted is None or not Path(run, "config.json").is_file():  # a run that is not there: eval says so itself
+        return
+    task = task_of_run(run, load_config(run))
     if task is not None and task.name != wanted:
         raise InputError(f"recipe {name} evaluates {wanted} runs, but {run} is a {task.name} run; evaluate it "
                          f"without --recipe (attnkit eval {run} --data FILE), or with a recipe of its task")

@@ -42,6 +42,7 @@ from attnkit.checkpoint import (
     write_checksums,
 )
 from attnkit.errors import CheckpointError, ConfigError, InputError
+from attnkit.machine import free_bytes, gib
 
 AVERAGE_FILE = "averaged.json"  # {"checkpoints": [paths], "steps": [ints]}
 COPIED = (CONFIG_FILE, TASK_FILE, LABELS_FILE)  # files taken from the newest checkpoint as they are
@@ -110,6 +111,7 @@ def average_run(run: str | Path, *, last: int = 5, out: str | Path | None = None
     out = Path(out) if out is not None else run / f"average-last-{last}"
     if out.exists() and not (out / AVERAGE_FILE).is_file() and any(out.iterdir()):
         raise InputError(f"{out} exists and is not an earlier average; choose another --out")
+    _check_fits(chosen)
     states, configs = [], []
     for checkpoint in chosen:
         if (checkpoint / ADAPTERS_FILE).exists():
@@ -123,6 +125,15 @@ def average_run(run: str | Path, *, last: int = 5, out: str | Path | None = None
     mean = average_tensors(states, [str(c) for c in chosen])
     _write(out, chosen, mean)
     return out
+
+
+def _check_fits(chosen: list[Path]) -> None:
+    """InputError when the checkpoints' weights and their mean cannot all be in the memory free at once."""
+    sizes = [(c / WEIGHTS_FILE).stat().st_size if (c / WEIGHTS_FILE).is_file() else 0 for c in chosen]
+    need, free = sum(sizes) + max(sizes), free_bytes(torch.device("cpu"))
+    if free is not None and need > free:
+        raise InputError(f"averaging {len(chosen)} checkpoints holds their weights and the mean in memory at once, "
+                         f"{gib(need)}, but {gib(free)} is free: average fewer (--last)")
 
 
 def _check_configs(configs: list[dict[str, Any]], names: list[str]) -> None:
