@@ -26,6 +26,7 @@ LAYERS = {
     "tasks": 8,  # the task registry: what each task reads, its head, loss, metrics, evaluation, pipeline method
     "train": 9, "generate": 9, "interop": 9, "viz": 9,
     "experiments": 10,
+    "serve": 10,  # attnkit serve: the HTTP app over generate's pipeline, the tasks and viz's attention extraction
     "cli": 11, "__main__": 11, "__init__": 11,
 }
 SIBLINGS = {"train", "generate", "interop", "viz"}  # never import each other: shared code moves down a layer

@@ -7,7 +7,8 @@
   const key = new URLSearchParams(location.hash.slice(1)).get("key");  // the API key, when the server needs one
   const headers = key ? { Authorization: `Bearer ${key}` } : {};
   const state = { info: null, data: null, kind: 0, layer: 0, head: 0, query: 0, steps: null, seed: 0,
-                  rendered: 0, training: { next: 0, records: [] } };
+                  rendered: 0, stepsAsked: 0, analyzeAsked: 0,
+                  training: { next: 0, records: [] } };
 
   async function api(path, body) {
     const options = body === undefined ? { headers } :
@@ -31,12 +32,16 @@
     $("message").textContent = "";
     const body = { text: $("text").value };
     if (state.info.translator && $("target").value.trim()) body.target = $("target").value;
+    const asked = ++state.analyzeAsked;
+    let data;
     try {
-      state.data = await api("/api/analyze", body);
+      data = await api("/api/analyze", body);
     } catch (error) {
-      $("message").textContent = error.message;
+      if (asked === state.analyzeAsked) $("message").textContent = error.message;
       return;
     }
+    if (asked !== state.analyzeAsked) return;
+    state.data = data;
     const maps = state.data.attention;
     state.kind = Math.min(state.kind, Math.max(maps.length - 1, 0));
     fillSelect($("kind"), maps.map((m, i) => [i, m.title]), state.kind);
@@ -181,14 +186,19 @@
     if (state.info.translator && $("target").value.trim()) body.target = $("target").value;
     $("steps-where").textContent = `${maps.title}, layer ${body.layer}, head ${body.head}` +
       (state.head === null ? " (the mean has no single computation: head 0 shown)" : "");
+    const asked = ++state.stepsAsked;  // a later request's answer wins, whatever order the answers come in
+    let steps;
     try {
-      state.steps = await api("/api/step", body);
+      steps = await api("/api/step", body);
     } catch (error) {
+      if (asked !== state.stepsAsked) return;
       state.steps = null;
       $("steps").textContent = error.message;
       return;
     }
-    drawSteps(state.steps);
+    if (asked !== state.stepsAsked) return;
+    state.steps = steps;
+    drawSteps(steps);
   }
 
   const fmt = (x) => (x === null || x === undefined) ? "" : Number(x).toFixed(4);
