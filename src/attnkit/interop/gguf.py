@@ -121,8 +121,11 @@ def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
-    finally:
         writer.close()
+    except BaseException:
+        writer.close()
+        partial.unlink(missing_ok=True)  # no half-written file is left behind
+        raise
     partial.replace(out)
     log.debug("wrote %s as llama.cpp's %s at %s to %s", run_dir, arch_name, type, out)
     return GGUFExport(path=out, architecture=arch_name, type=type, tensor_types=tensor_types,

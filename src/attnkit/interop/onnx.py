@@ -112,7 +112,11 @@ def convert_to_onnx(run_dir: str | Path, out: str | Path, *, opset: int = OPSET)
         program = torch.onnx.export(graph, example, dynamo=True, dynamic_shapes=dynamic, input_names=inputs,
                                     output_names=outputs, opset_version=opset, external_data=False,
                                     verbose=False)
-    program.save(str(partial), external_data=False)
+    try:
+        program.save(str(partial), external_data=False)
+    except BaseException:
+        partial.unlink(missing_ok=True)  # no half-written file is left behind
+        raise
     partial.replace(out)
     log.info("wrote %s as ONNX (%s) to %s", run_dir, kind, out)
     return ONNXExport(path=out, kind=kind, inputs=inputs, outputs=outputs)

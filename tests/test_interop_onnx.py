@@ -1,0 +1,103 @@
+"""`attnkit convert RUN --to-onnx`: the graph run by onnxruntime gives attnkit's numbers, at batch sizes and lengths
+other than the ones it was exported with: decoders through their past keys/values step by step, encoders with
+padding (classification, token tagging, embeddings)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from export_runs import ENCODERS, LAYOUTS, random_run
+
+from attnkit.checkpoint import load_model
+from attnkit.cli import main
+from attnkit.errors import ConfigError
+from attnkit.interop.onnx import convert_to_onnx
+
+ort = pytest.importorskip("onnxruntime", reason="the ONNX tests run the graph in onnxruntime (pip install "
+                                                 "'attnkit[export]')")
+pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript (attnkit[export])")
+
+TOLERANCE = 1e-4  # relative to the largest logit
+
+
+def _close(theirs: np.ndarray, ours: torch.Tensor) -> None:
+    ours = ours.detach().numpy()
+    assert theirs.shape == ours.shape
+    assert np.abs(theirs - ours).max() <= TOLERANCE * np.abs(ours).max()
+
+
+def test_decoder_steps_through_its_past_keys_and_values(tmp_path, capsys):
+    run = random_run(tmp_path, {**LAYOUTS["llama-gqa-untied"], "n_kv_heads": 2})
+    out = tmp_path / "model.onnx"
+    assert main(["convert", str(run), "--to-onnx", str(out)]) == 0
+    assert f"to {out}" in capsys.readouterr().out
+    model, config = load_model(run)
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    dims = {i.name: i.shape for i in session.get_inputs()}
+    assert dims["input_ids"] == ["batch", "sequence"]
+    assert dims["past_key_values.1.value"] == ["batch", 2, "past_sequence", 16]
+    assert [o.name for o in session.get_outputs()][:3] == ["logits", "present.0.key", "present.0.value"]
+
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, config.vocab_size, (2, 6), generator=generator)  # batch and length unlike the export's
+    empty = np.zeros((2, 2, 0, 16), dtype=np.float32)
+    feed = {"input_ids": prompt.numpy(), "attention_mask": np.ones((2, 6), dtype=np.int64)}
+    feed |= {f"past_key_values.{i}.{kv}": empty for i in range(2) for kv in ("key", "value")}
+    logits, *present = session.run(None, feed)
+    with torch.no_grad():
+        _close(logits, model(prompt).logits)
+
+    ids = prompt  # greedy decoding: one token a step, the presents fed back as the past
+    for _ in range(8):
+        token = logits[:, -1].argmax(-1)[:, None]  # (B, 1)
+        ids = torch.cat((ids, torch.from_numpy(token)), dim=1)
+        feed = {"input_ids": token, "attention_mask": np.ones(tuple(ids.shape), dtype=np.int64)}
+        feed |= {f"past_key_values.{i // 2}.{('key', 'value')[i % 2]}": value for i, value in enumerate(present)}
+        logits, *present = session.run(None, feed)
+        assert present[0].shape[2] == ids.shape[1]
+    with torch.no_grad():
+        _close(logits[:, -1], model(ids).logits[:, -1])  # the last step's logits are the whole sequence's
+        expected = ids[:, :6]
+        for _ in range(8):
+            expected = torch.cat((expected, model(expected).logits[:, -1:].argmax(-1)), dim=1)
+    assert torch.equal(ids, expected)
+
+
+@pytest.mark.parametrize("head", [
+    "classify", pytest.param("tag", marks=pytest.mark.slow), pytest.param("embeddings", marks=pytest.mark.slow)])
+def test_encoder_gives_attnkits_outputs_with_padding(tmp_path, head):
+    fields = {"d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_seq_len": 32, **ENCODERS[head]}
+    run = random_run(tmp_path, fields)
+    export = convert_to_onnx(run, tmp_path / "model.onnx")
+    model, config = load_model(run)
+    session = ort.InferenceSession(str(export.path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == export.inputs
+    generator = torch.Generator().manual_seed(2)
+    for batch, length in ((2, 9), (4, 3)):
+        ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator)
+        mask = torch.ones(batch, length, dtype=torch.long)
+        mask[0, length // 2:] = 0  # a padded row
+        feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+        kwargs = {}
+        if "token_type_ids" in export.inputs:
+            types = (torch.arange(length) >= length // 3).long().expand(batch, length)
+            feed["token_type_ids"] = types.numpy()
+            kwargs["token_type_ids"] = types
+        outputs = session.run(None, feed)
+        with torch.no_grad():
+            ours = model(ids, attention_mask=mask, **kwargs)
+        if head == "embeddings":
+            _close(outputs[0][mask.bool().numpy()], ours.hidden_states[mask.bool()])  # padded positions: any
+            _close(outputs[1], ours.logits)  # the pooled vector (mean over real tokens)
+        elif head == "tag":
+            _close(outputs[0][mask.bool().numpy()], ours.logits[mask.bool()])
+        else:
+            _close(outputs[0], ours.logits)
+
+
+def test_families_without_an_onnx_form_are_refused(tmp_path):
+    run = random_run(tmp_path, dict(family="encoder-decoder", d_model=32, n_heads=2, d_ff=64))
+    with pytest.raises(ConfigError, match="ONNX export writes decoders and encoders"):
+        convert_to_onnx(run, tmp_path / "model.onnx")
+    assert not (tmp_path / "model.onnx").exists()
