@@ -159,7 +159,7 @@ def batches(examples, size, generator):
             yield ids, real, torch.tensor([labels.index(label) for _, label in chunk])
 
 
-pretrain_steps = {"tiny": 5, "full": 1500}[BUDGET]
+pretrain_steps = {"tiny": 5, "full": 1000}[BUDGET]
 batch_size = {"tiny": 8, "full": 32}[BUDGET]
 torch.manual_seed(0)
 mlm = build_model(ModelConfig(**body, encoder_head="mlm")).train()
@@ -199,8 +199,8 @@ for sentence in ("this movie is <mask> .", "the acting was <mask> and the story 
 # they go.
 
 # %%
-finetune_steps = {"tiny": 4, "full": 600}[BUDGET]
-eval_every = {"tiny": 2, "full": 50}[BUDGET]
+finetune_steps = {"tiny": 4, "full": 400}[BUDGET]
+eval_every = {"tiny": 2, "full": 40}[BUDGET]
 scored = dev_examples[: {"tiny": 64, "full": len(dev_examples)}[BUDGET]]
 dev_ids, dev_real = encode([text for text, _ in scored])
 dev_labels = torch.tensor([labels.index(label) for _, label in scored])
