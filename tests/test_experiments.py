@@ -158,9 +158,11 @@ def test_experiment_at_the_tiny_budget(name, tmp_path):
     IMPLIED[name](result.rows)
 
 
-def test_unknown_experiment_lists_the_known_ones():
-    with pytest.raises(ConfigError) as error:
+def test_unknown_experiment_names_the_nearest_or_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="did you mean 'norm-placement'"):
         get("norm-placment")
+    with pytest.raises(ConfigError) as error:
+        get("no-such-claim")
     for name in REGISTRY:
         assert name in str(error.value)
 

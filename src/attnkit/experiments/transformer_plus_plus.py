@@ -136,7 +136,8 @@ def run(budget: str, out: Path, progress: Progress) -> Result:
     band = [compute_multiplier(points, target, shift=shift) for shift in (run_noise, -run_noise)]
     noise = math.inf if None in band or multiplier is None else max(abs(m - multiplier) for m in band)
     checks.append(Check(f"compute multiplier at the best Vaswani-style loss, minus {SEVERAL}", (multiplier or 0.0)
-                        - SEVERAL, noise, f"Transformer++'s losses moved by +-{run_noise:.3g}, one run's noise"))
+                        - SEVERAL, noise, f"Transformer++'s losses moved by +-{run_noise:.3g}, one run's noise "
+                        "pooled over the seeds"))
 
     fig, ax = new_figure(6, 4)
     for name, family_points in points.items():
