@@ -17,7 +17,7 @@ import attnkit
 from attnkit import build_model, cli
 from attnkit.checkpoint import CHECKSUMS_FILE, CONFIG_FILE, TOKENIZER_DIR, load_model, save_model
 from attnkit.config import ModelConfig
-from attnkit.errors import CheckpointError, ConfigError
+from attnkit.errors import CheckpointError, ConfigError, InputError
 from attnkit.tokenize import CharTokenizer
 
 FAMILIES = importlib.import_module("attnkit.models.families")  # the module (attnkit.models.families is a function)
@@ -400,3 +400,45 @@ def test_averaging_more_weights_than_memory_holds_is_refused(tmp_path, monkeypat
     monkeypatch.setattr("attnkit.train.average.free_bytes", lambda device: None)  # not known: not checked
     err = cli_error(capsys, "average", run, "--last", "1", "--out", run / "config.json" / "avg")
     assert "part of the path is a file" in err
+
+
+def test_a_panic_in_the_rust_tokenizer_is_one_clear_error():
+    from tokenizers import Tokenizer, models
+
+    from attnkit.tokenize import HFTokenizer
+
+    class PanicException(BaseException):  # pyo3's, raised when Rust code panics (not importable by name)
+        pass
+
+    class Panicking:
+        def __init__(self):
+            self.inner = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def encode(self, *args, **kwargs):
+            raise PanicException("regex stack overflow\nbacktrace ...")
+
+        encode_batch_fast = encode
+
+    tokenizer = HFTokenizer(Panicking(), kind="hf", specials={"unk": "<unk>"})
+    with pytest.raises(InputError, match=r"the tokenizer failed on this text \(regex stack overflow\).*shorten"):
+        tokenizer.encode("(" * 100_000)
+    with pytest.raises(InputError, match="shorten or split the text"):
+        tokenizer.encode_batch(["a", "b"])
+
+
+def test_weights_that_cannot_be_mapped_under_a_memory_limit_are_named_as_such(tmp_path):
+    from safetensors.torch import save_file
+
+    big = tmp_path / "big.safetensors"
+    save_file({"w": torch.zeros(64 * 2**20 // 4)}, str(big))  # 64 MiB
+    script = ("import os, resource\n"
+              "from attnkit.checkpoint import load_tensors\n"
+              "from attnkit.errors import CheckpointError\n"
+              "used = int(open('/proc/self/statm').read().split()[0]) * os.sysconf('SC_PAGE_SIZE')\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (used + 32 * 2**20, resource.RLIM_INFINITY))\n"
+              f"try:\n    load_tensors({str(big)!r})\nexcept CheckpointError as err:\n    print(err)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "cannot be mapped into memory" in done.stdout and "ulimit -v" in done.stdout, done.stdout + done.stderr

@@ -260,7 +260,11 @@ def load_tensors(path: str | Path) -> dict[str, Tensor]:
         raise CheckpointError(f"{path} {absent(path)}; a checkpoint directory holds {WEIGHTS_FILE} and {CONFIG_FILE}")
     try:
         return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as err:
+    except (SafetensorError, OSError, ValueError, MemoryError) as err:
+        if isinstance(err, MemoryError) or getattr(err, "errno", None) == errno.ENOMEM:  # the mmap refused
+            raise CheckpointError(f"{path} cannot be mapped into memory ({err}): the process's memory limit "
+                                  "(ulimit -v) or the memory free is too small for it; raise the limit or free "
+                                  "memory") from None
         raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupted?): {err}") from None
 
 

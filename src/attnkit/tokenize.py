@@ -260,6 +260,19 @@ def _hf_config_specials(directory: Path) -> dict[str, str]:
     return found
 
 
+class _rust_panics_named:
+    """Context manager: a panic inside the Rust tokenizer (pyo3's PanicException, a BaseException: a pre-tokenizer's
+    regular expression exhausting its stack on a hostile text) becomes an InputError naming the cause and the fix."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, err: BaseException | None, traceback: object) -> None:
+        if kind is not None and kind.__name__ == "PanicException":
+            raise InputError(f"the tokenizer failed on this text ({str(err).splitlines()[0][:200]}): it holds a run of "
+                             "characters its splitting rules cannot take; shorten or split the text") from None
+
+
 class HFTokenizer(_SpecialIds):
     """A Hugging Face `tokenizers.Tokenizer`: kind `bpe` (trained here) or `hf` (brought from disk).
 
@@ -315,11 +328,13 @@ class HFTokenizer(_SpecialIds):
         return self._ids.get(role)
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        with _rust_panics_named():
+            return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encode many texts at once (in parallel, in Rust)."""
-        return [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+        with _rust_panics_named():
+            return [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)
