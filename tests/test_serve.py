@@ -289,3 +289,19 @@ def test_another_host_needs_an_api_key_and_the_key_is_checked(runs, monkeypatch)
         finally:
             app.state.scheduler.lock.release()
         assert late.value.status_code == 504
+
+
+def test_a_failure_inside_generation_answers_500_without_a_traceback_and_the_server_goes_on(server, monkeypatch):
+    url, app = server
+    decoding = app.state.scheduler.decoding
+
+    def broken_step(window, cache):
+        raise RuntimeError("a kernel failed deep inside")
+
+    monkeypatch.setattr(decoding, "step", broken_step)
+    response = httpx.post(f"{url}/v1/completions", json={"prompt": "ab", "max_tokens": 5}, timeout=TIMEOUT)
+    assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"
+    assert "Traceback" not in response.text and "kernel" not in response.text
+    monkeypatch.undo()
+    again = httpx.post(f"{url}/v1/completions", json={"prompt": "ab", "max_tokens": 5}, timeout=TIMEOUT)
+    assert again.status_code == 200 and again.json()["choices"][0]["finish_reason"] in ("length", "stop")

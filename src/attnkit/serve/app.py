@@ -458,6 +458,8 @@ class _Answer:
                     if event[0] == "finish":
                         break
                 _, texts, reasons, timed_out = event
+                if "error" in reasons:
+                    raise APIError(500, "generation failed; the server's log says why")
                 if timed_out and "cancelled" in reasons:
                     raise APIError(504, f"the request took longer than the server's timeout ({timeout:g} s)")
                 choices += [self._choice(generation, c, text, reason) for c, (text, reason) in
@@ -503,7 +505,10 @@ class _Answer:
                         yield self._chunk([self._delta(self._choice_index(generation, choice), piece, None)])
                         continue
                     _, _texts, reasons, timed_out = event
-                    if timed_out and "cancelled" in reasons:
+                    if "error" in reasons:
+                        error = APIError(500, "generation failed; the server's log says why")
+                        yield f"data: {json.dumps(error.body())}\n\n"
+                    elif timed_out and "cancelled" in reasons:
                         error = APIError(504, "the request took longer than the server's timeout")
                         yield f"data: {json.dumps(error.body())}\n\n"
                     yield self._chunk([self._delta(self._choice_index(generation, c), None, reason)

@@ -29,6 +29,7 @@ from attnkit.viz.extract import attention_maps, is_translator
 from attnkit.viz.labels import token_labels
 
 MAX_TEXT = 2000  # characters the explorer analyses at most (its pictures are for short texts)
+MAX_TOKENS = 256  # tokens the explorer analyses at most: every layer's and head's (T, T) weights go to the page
 ALL_LOGITS = 4096  # vocabularies up to this size send every logit; larger ones their top ALL_LOGITS
 METRICS_LINES = 5000  # metrics.jsonl lines per answer at most
 
@@ -57,6 +58,9 @@ class Explorer:
         """Tokens, attention, and what the model predicts from `text` (see the module docstring)."""
         _check_text(text)
         result: dict = {"ids": self.tokenizer.encode(text)}
+        if len(result["ids"]) > min(MAX_TOKENS, self.config.max_seq_len):
+            raise InputError(f"the text has {len(result['ids'])} tokens; the explorer draws at most "
+                             f"{min(MAX_TOKENS, self.config.max_seq_len)}: shorten it")
         result["tokens"] = token_labels(self.tokenizer, result["ids"])
         result["attention"] = [self._maps_json(m) for m in self._maps(text, target)] if self.sites else []
         if self.pipeline.methods == ("generate",):

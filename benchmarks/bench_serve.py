@@ -1,0 +1,152 @@
+"""Serving load: `attnkit serve` under 1, 8 and 32 concurrent clients, continuous batching against one request at
+a time.
+
+    python -m benchmarks.bench_serve [--requests 4] [--new-tokens 32] [--threads 1] [--quick]
+
+The benchmark model is the `small` shape of bench_generate (6 layers, width 384, 6 heads; nanoGPT's
+Shakespeare-char shape) with random weights and a character vocabulary, saved as a run and served (`attnkit
+serve`, a process of its own) on 127.0.0.1 on a free port twice, side by side: with --max-batch 32 (batched) and
+--max-batch 1 (one request at a time: each waits for the one before); at each client count the two modes run back
+to back. Each of C clients (a small asyncio client over httpx)
+sends `--requests` completions one after the other (a 24-character prompt, up to `--new-tokens` tokens sampled
+with a seed; a request may end early at EOS, and the tokens counted are those generated); the rows report total
+tokens per second (every client's tokens over the wall time) and the p50/p99 latency of a whole request. The
+target: at 8 clients, batched >= 3x one at a time. Results go to benchmarks/results/serve-cpu.json (with the
+machine's load average, since a loaded machine slows both modes) and a markdown table beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import RESULTS
+
+CLIENTS = (1, 8, 32)
+PROMPT = "to be or not to be, that "  # 24 characters
+
+
+def make_run(root: Path) -> Path:
+    from attnkit import ModelConfig, build_model
+    from attnkit.checkpoint import save_model
+    from attnkit.tokenize import CharTokenizer
+
+    tokenizer = CharTokenizer("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,;:!?'\n-")
+    torch.manual_seed(0)
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, n_layers=6, d_model=384, n_heads=6,
+                         d_ff=1536, max_seq_len=256, dropout=0.0)
+    save_model(build_model(config).eval(), config, root / "small")
+    tokenizer.save(root / "small" / "tokenizer")
+    return root / "small"
+
+
+class Server:
+    """`attnkit serve RUN` in its own process on 127.0.0.1 on a free port (the clients' event loop stays out of
+    its way), stopped at the end."""
+
+    def __init__(self, run: Path, max_batch: int, threads: int) -> None:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.command = [sys.executable, "-m", "attnkit", "serve", str(run), "--port", str(self.port), "--device", "cpu",
+                        "--max-batch", str(max_batch), "--max-queue", "256"]
+        self.environment = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+
+    def __enter__(self) -> str:
+        import httpx
+
+        self.process = subprocess.Popen(self.command, env=self.environment, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.process.kill()
+        raise RuntimeError("attnkit serve did not start within 600 s")
+
+    def __exit__(self, *exc) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+async def one_request(http, url: str, seed: int, new_tokens: int) -> tuple[float, int]:
+    """(seconds, tokens) of one completion."""
+    body = {"prompt": PROMPT, "max_tokens": new_tokens, "seed": seed}
+    start = time.perf_counter()
+    response = await http.post(f"{url}/v1/completions", json=body)
+    response.raise_for_status()
+    return time.perf_counter() - start, response.json()["usage"]["completion_tokens"]
+
+
+async def load(url: str, clients: int, requests: int, new_tokens: int) -> dict:
+    import httpx
+
+    async def client(index: int, http) -> list[tuple[float, int]]:
+        return [await one_request(http, url, index * 1000 + r, new_tokens) for r in range(requests)]
+
+    limits = httpx.Limits(max_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        await one_request(http, url, 0, 4)  # warm-up
+        start = time.perf_counter()
+        results = await asyncio.gather(*(client(i, http) for i in range(clients)))
+        wall = time.perf_counter() - start
+    latencies = sorted(s for per_client in results for s, _ in per_client)
+    tokens = sum(t for per_client in results for _, t in per_client)
+    return {"clients": clients, "requests": len(latencies), "tokens": tokens, "seconds": round(wall, 3),
+            "tokens_per_s": round(tokens / wall, 1), "p50_s": round(statistics.median(latencies), 3),
+            "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_serve", description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=4, help="requests per client, one after the other")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens each request generates")
+    parser.add_argument("--threads", type=int, default=1, help="the server's torch threads (OMP_NUM_THREADS)")
+    parser.add_argument("--quick", action="store_true", help="2 requests per client, 16 tokens (a smoke run)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.new_tokens = 2, 16
+    rows = []
+    with tempfile.TemporaryDirectory() as root:
+        run = make_run(Path(root))
+        with Server(run, 32, args.threads) as batched, Server(run, 1, args.threads) as alone:
+            for clients in CLIENTS:  # the two modes back to back, so a machine's changing load touches both alike
+                for mode, url in (("batched", batched), ("one at a time", alone)):
+                    row = {"mode": mode, **asyncio.run(load(url, clients, args.requests, args.new_tokens))}
+                    print(row, flush=True)
+                    rows.append(row)
+    by = {(r["mode"], r["clients"]): r["tokens_per_s"] for r in rows}
+    ratios = {c: round(by[("batched", c)] / by[("one at a time", c)], 2) for c in CLIENTS}
+    lines = ["| mode | clients | requests | tokens/s | p50 latency (s) | p99 latency (s) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['clients']} | {r['requests']} | {r['tokens_per_s']} | {r['p50_s']} | {r['p99_s']} |"
+              for r in rows]
+    lines.append("")
+    lines.append("batched / one at a time, tokens/s: " + ", ".join(f"{c} clients {ratios[c]}x" for c in CLIENTS))
+    table = "\n".join(lines)
+    print(table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "serve-cpu.json").write_text(json.dumps({"args": vars(args), "rows": rows, "ratios": ratios,
+                                                        "load_average": os.getloadavg()}, indent=2) + "\n")
+    (RESULTS / "serve-cpu.md").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
