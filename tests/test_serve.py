@@ -305,3 +305,21 @@ def test_a_failure_inside_generation_answers_500_without_a_traceback_and_the_ser
     monkeypatch.undo()
     again = httpx.post(f"{url}/v1/completions", json={"prompt": "ab", "max_tokens": 5}, timeout=TIMEOUT)
     assert again.status_code == 200 and again.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_a_converted_runs_chat_template_renders_the_messages(tmp_path):
+    from attnkit.serve.chat import chat_template
+
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert chat_template(tmp_path).render(messages) == "System: be brief\nUser: hi\nAssistant:"
+    source = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+              "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": source, "bos_token": "<s>", "eos_token": {"content": "</s>"}}))
+    template = chat_template(tmp_path)
+    assert template.render(messages) == "<s><|system|>be brief</s><|user|>hi</s><|assistant|>"
+    assert template.stops == ()
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{{ ''.__class__.__mro__[1].__subclasses__() }}"}))
+    with pytest.raises(Exception, match="unsafe|not safely|attribute"):
+        chat_template(tmp_path).render(messages)  # the sandbox refuses a template reaching into Python
