@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from attnkit.data import LabelledBatch, LabelledData, LabelVocab, make_task, read_labelled
 from attnkit.errors import InputError
 from attnkit.tasks import common
-from attnkit.tasks.common import EpochTask, device_of, split, synthetic_name
+from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, synthetic_name, take_rows
 from attnkit.tasks.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
 from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
@@ -26,19 +26,23 @@ CONFUSION_FILE = "confusion.png"
 
 
 @torch.inference_mode()
-def predict_labels(model: nn.Module, data: LabelledData, *, progress: bool = False
+def predict_labels(model: nn.Module, data: LabelledData, *, progress: bool = False, shard: Shard = ONE_PROCESS
                    ) -> tuple[float, list[int], list[int]]:
-    """Every example of `data` once: the summed loss, the true label ids and the predicted ones."""
+    """Every example of `data` once (`shard`: this rank's examples of each batch, `rows_of`): the summed loss, the
+    true label ids and the predicted ones."""
     device = device_of(model)
-    total, truth, guesses = 0.0, [], []
+    total, truth, guesses, first = 0.0, [], [], 0  # first: the index of the batch's first example
     n_batches = -(-len(data) // data.batch_size)
     for batch in tqdm(data.eval_batches(), total=n_batches, desc="classify", unit="batch", disable=not progress,
                       leave=False):
-        b = batch.to(device)
+        rows, counts = rows_of(shard, len(batch.labels), first)
+        first += len(batch.labels)
+        b = take_rows(batch, rows).to(device)
         out = model(b.ids, attention_mask=b.mask, labels=b.labels)
-        total += out.loss.item() * len(b.labels)
-        guesses += out.logits.argmax(-1).tolist()
-        truth += b.labels.tolist()
+        if counts:
+            total += out.loss.item() * len(b.labels)
+            guesses += out.logits.argmax(-1).tolist()
+            truth += b.labels.tolist()
     return total, truth, guesses
 
 
@@ -63,9 +67,11 @@ class ClassifyTask(EpochTask):
     def n_tokens(self, batch: LabelledBatch) -> int:
         return int(batch.mask.sum())
 
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        total, truth, guesses = predict_labels(model, self.val)
-        return {"val_loss": total / len(truth), "accuracy": sum(map(int.__eq__, truth, guesses)) / len(truth)}
+    def evaluate(self, model: nn.Module, shard: Shard = ONE_PROCESS) -> dict[str, float]:
+        """Loss and accuracy on the validation set; `shard`: this rank's share (sums and counts added up)."""
+        total, truth, guesses = predict_labels(model, self.val, shard=shard)
+        total, correct, count = shard.sum(total, sum(map(int.__eq__, truth, guesses)), len(truth))
+        return {"val_loss": total / count, "accuracy": correct / count}
 
 
 def labelled(data: Any, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:

@@ -1,16 +1,58 @@
 """What several tasks share: walking a bucketed data set epoch after epoch, a generator's state as text, the
-`synthetic:NAME` data sets, and holding out a validation split."""
+`synthetic:NAME` data sets, holding out a validation split, and an evaluation's share of the ranks."""
 
 from __future__ import annotations
 
 import base64
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
 SYNTHETIC = "synthetic:"  # `--data synthetic:NAME` names a generated task (`attnkit.data.synthetic`)
 SYNTHETIC_SIZES = (20_000, 500)  # train, validation examples of a synthetic task
+
+
+class Shard(Protocol):
+    """The ranks an evaluation is split over: rank `rank` of `size` scores items i with i % size == rank, and the
+    metrics come from statistics summed over the ranks (`attnkit.train.distributed.SingleProcess` and its DDP and
+    FSDP2 subclasses are shards)."""
+
+    rank: int
+    size: int
+
+    def sum(self, *values: float) -> list[float]: ...
+
+
+@dataclass(frozen=True)
+class OneProcess:
+    """The shard of one process: every item, sums as they are."""
+
+    rank: int = 0
+    size: int = 1
+
+    def sum(self, *values: float) -> list[float]:
+        return list(values)
+
+
+ONE_PROCESS = OneProcess()
+
+
+def rows_of(shard: Shard, n_rows: int, first: int) -> tuple[list[int], bool]:
+    """The rows of a batch of `n_rows` items, the first being item `first` of the evaluation, that `shard` scores,
+    and whether they count. A rank with none takes row 0 and counts it not: under FSDP2 every rank runs every forward
+    pass (the weights are all-gathered inside it), so all ranks score as many batches."""
+    rows = [r for r in range(n_rows) if (first + r) % shard.size == shard.rank]
+    return (rows, True) if rows else ([0], False)
+
+
+def take_rows(batch: Any, rows: slice | list[int]) -> Any:
+    """Rows of a batch: a tuple of tensors (lm, mlm) or a dataclass of tensors (PairBatch, LabelledBatch)."""
+    if isinstance(batch, tuple):
+        return tuple(t[rows] for t in batch)  # (B, ...) -> (rows, ...)
+    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name)[rows] for f in dataclasses.fields(batch)})
 
 
 def device_of(model: nn.Module) -> torch.device:

@@ -45,7 +45,7 @@ from attnkit.data.corpus import resolve_files
 from attnkit.data.masking import mask_tokens
 from attnkit.errors import ConfigError, InputError
 from attnkit.tasks import common
-from attnkit.tasks.common import decode_tensor, device_of, encode_tensor, synthetic_name
+from attnkit.tasks.common import ONE_PROCESS, Shard, decode_tensor, device_of, encode_tensor, rows_of, synthetic_name
 from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.textfiles import read_text
@@ -93,25 +93,30 @@ def sliding_window_nll(
     stride: int,
     batch_size: int = 1,
     progress: bool = False,
+    shard: Shard = ONE_PROCESS,
 ) -> float:
     """The summed negative log-likelihood (nats) of tokens 1 .. N-1 of `ids`, scored window by window,
-    `batch_size` windows of one length per forward pass."""
+    `batch_size` windows of one length per forward pass; with several ranks, each scores its windows of every
+    such batch (`rows_of`) and the sums are added up over the ranks."""
     ids = torch.as_tensor(np.asarray(ids, dtype=np.int64) if isinstance(ids, np.ndarray) else ids, dtype=torch.int64)
     device = device_of(model)
     windows = sliding_windows(len(ids), window=window, stride=stride)
-    total = 0.0
+    total, first = 0.0, 0  # first: the index of the group's first window
     with tqdm(total=len(windows), desc="perplexity", unit="window", disable=not progress, leave=False) as bar:
-        for group in _same_length_groups(windows, batch_size):
+        for whole in _same_length_groups(windows, batch_size):
+            rows, counts = rows_of(shard, len(whole), first)
+            group, first = [whole[r] for r in rows], first + len(whole)
             x = torch.stack([ids[w.begin : w.end] for w in group]).to(device)  # (B, T)
             y = torch.stack([ids[w.begin + 1 : w.end + 1] for w in group])  # (B, T)
             for row, w in enumerate(group):
                 y[row, : y.shape[1] - w.n_new] = IGNORE_INDEX  # context only: scored by an earlier window
             logits = model(x).logits.float()  # (B, T, V)
-            total += F.cross_entropy(
-                logits.flatten(0, 1), y.flatten().to(device), ignore_index=IGNORE_INDEX, reduction="sum"
-            ).item()
-            bar.update(len(group))
-    return total
+            if counts:
+                total += F.cross_entropy(
+                    logits.flatten(0, 1), y.flatten().to(device), ignore_index=IGNORE_INDEX, reduction="sum"
+                ).item()
+            bar.update(len(whole))
+    return shard.sum(total)[0]
 
 
 def _same_length_groups(windows: list[Window], size: int) -> list[list[Window]]:
@@ -175,11 +180,12 @@ class LMTask:
         """The validation tokens an evaluation scores: the split's first `eval_batches` batches of windows."""
         return np.asarray(self.data.val[: self.eval_batches * self.batch_size * self.seq_len + 1], dtype=np.int64)
 
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Mean next-token loss over `val_ids()` in windows that do not overlap; perplexity = e^loss."""
+    def evaluate(self, model: nn.Module, shard: Shard = ONE_PROCESS) -> dict[str, float]:
+        """Mean next-token loss over `val_ids()` in windows that do not overlap; perplexity = e^loss. `shard`: this
+        rank's share of the windows (the loss is summed over the ranks)."""
         ids = self.val_ids()
         loss = sliding_window_nll(model, ids, window=self.seq_len, stride=self.seq_len,
-                                  batch_size=self.batch_size) / (len(ids) - 1)
+                                  batch_size=self.batch_size, shard=shard) / (len(ids) - 1)
         return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
 
     def prompt_ids(self, n_tokens: int = 24) -> list[int]:
@@ -219,17 +225,23 @@ class MaskedWindows:
 
 
 @torch.inference_mode()
-def masked_lm_scores(model: nn.Module, batches: Iterator[tuple[Tensor, Tensor]]) -> dict[str, float]:
-    """Loss, perplexity and accuracy at the masked tokens of `batches` of (inputs, labels)."""
-    total, correct, count = 0.0, 0, 0
+def masked_lm_scores(model: nn.Module, batches: Iterator[tuple[Tensor, Tensor]],
+                     shard: Shard = ONE_PROCESS) -> dict[str, float]:
+    """Loss, perplexity and accuracy at the masked tokens of `batches` of (inputs, labels); with several ranks, each
+    scores its windows of every batch (`rows_of`) and the loss sums and counts are added up over the ranks."""
+    total, correct, count, first = 0.0, 0, 0, 0  # first: the index of the batch's first window
     device = device_of(model)
-    for inputs, labels in batches:
-        inputs, labels = inputs.to(device), labels.to(device)
+    for whole in batches:
+        rows, counts = rows_of(shard, len(whole[0]), first)
+        first += len(whole[0])
+        inputs, labels = (t[rows].to(device) for t in whole)  # (B, T) each
         out = model(inputs, labels=labels)
         masked = labels != IGNORE_INDEX
-        total += out.loss.item() * int(masked.sum())
-        correct += int((out.logits.argmax(-1)[masked] == labels[masked]).sum())
-        count += int(masked.sum())
+        if counts and masked.any():
+            total += out.loss.item() * int(masked.sum())
+            correct += int((out.logits.argmax(-1)[masked] == labels[masked]).sum())
+            count += int(masked.sum())
+    total, correct, count = shard.sum(total, correct, count)
     if count == 0:
         raise InputError("no token was masked: the text is too short to score a masked language model")
     return {"val_loss": total / count, "val_ppl": math.exp(min(total / count, 50.0)), "accuracy": correct / count}
@@ -276,10 +288,11 @@ class MLMTask(LMTask):
     def weight(self, batch: tuple[Tensor, Tensor]) -> int:
         return int((batch[1] != IGNORE_INDEX).sum())
 
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Loss and accuracy at the masked tokens of (up to `eval_batches` batches of) the validation split."""
+    def evaluate(self, model: nn.Module, shard: Shard = ONE_PROCESS) -> dict[str, float]:
+        """Loss and accuracy at the masked tokens of (up to `eval_batches` batches of) the validation split;
+        `shard`: this rank's share of the windows."""
         return masked_lm_scores(model, masked_batches(self.data, self.masking, batch_size=self.batch_size,
-                                                      seed=self.seed, max_batches=self.eval_batches))
+                                                      seed=self.seed, max_batches=self.eval_batches), shard)
 
 
 # Reading the stream ---------------------------------------------------------------------------------------------

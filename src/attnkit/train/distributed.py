@@ -55,6 +55,7 @@ from torch.nn.parallel import DistributedDataParallel
 from attnkit.blocks import TransformerBlock
 from attnkit.checkpoint import load_weights, unique_state_dict
 from attnkit.errors import AttnkitError, ConfigError
+from attnkit.tasks.common import take_rows
 from attnkit.train.optim import make_optimizer
 from attnkit.train.precision import Autocast, FullPrecision, make_precision
 from attnkit.train.state import capture_rng, load_optimizer_tensors, restore_rng, seed_all
@@ -202,8 +203,8 @@ class Replicated(SingleProcess):
         n = _rows(batch)
         start, stop = self.rank * n // self.size, (self.rank + 1) * n // self.size
         if start == stop:
-            return _take(batch, slice(n - 1, n)), 0
-        return _take(batch, slice(start, stop)), 1
+            return take_rows(batch, slice(n - 1, n)), 0
+        return take_rows(batch, slice(start, stop)), 1
 
     def sync(self, model: nn.Module, *, last: bool) -> AbstractContextManager:
         return nullcontext() if last else model.no_sync()
@@ -349,13 +350,6 @@ def _backend(device: torch.device) -> str:
 def _rows(batch: Any) -> int:
     first = batch[0] if isinstance(batch, tuple) else getattr(batch, dataclasses.fields(batch)[0].name)
     return int(first.shape[0])
-
-
-def _take(batch: Any, rows: slice) -> Any:
-    """Rows of a batch: a tuple of tensors (lm, mlm) or a dataclass of tensors (PairBatch, LabelledBatch)."""
-    if isinstance(batch, tuple):
-        return tuple(t[rows] for t in batch)  # (B, ...) -> (rows, ...)
-    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name)[rows] for f in dataclasses.fields(batch)})
 
 
 def _cpu_copy(model: nn.Module) -> nn.Module:

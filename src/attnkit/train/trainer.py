@@ -16,6 +16,7 @@ forked RNG so it never shifts the training randomness.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 import signal
@@ -418,7 +419,7 @@ class Trainer:
         devices = [self.device] if self.device.type == "cuda" else []
         instruments = measure_activations(model) if self.settings.instruments else nullcontext()
         with torch.random.fork_rng(devices=devices), torch.no_grad(), self.precision.context(), instruments as inside:
-            self.evaluation = {k: float(v) for k, v in self.task.evaluate(model).items()}
+            self.evaluation = {k: float(v) for k, v in self._evaluate(model).items()}
         model.train()
         self.evaluated_step = self.step
         if self.parallel.writes:
@@ -434,6 +435,13 @@ class Trainer:
             self.best = score
         self._save(best=better)
         self._plot()
+
+    def _evaluate(self, model: nn.Module) -> dict[str, Any]:
+        """The task's evaluation; with several ranks, each scores its share of the validation set when the task
+        takes a `shard` (`attnkit.tasks.common.Shard`), else every rank scores all of it."""
+        if self.parallel.size > 1 and "shard" in inspect.signature(self.task.evaluate).parameters:
+            return self.task.evaluate(model, shard=self.parallel)
+        return self.task.evaluate(model)
 
     def _plot(self) -> None:
         if not self.parallel.writes:
