@@ -1,5 +1,5 @@
 """Evaluation under torchrun: two CPU ranks (gloo), under DDP and FSDP2, each score their share of the validation
-set (lm, mlm, classify) and reduce the metrics from summed statistics; the numbers are one process's on the same
+set (lm, mlm, classify, tag) and reduce the metrics from summed statistics; the numbers are one process's on the same
 weights and data, every rank runs as many forward passes (FSDP2 gathers weights inside each) and none scores all.
 
 This file is also the script the ranks run (`torchrun ... tests/test_distributed_eval.py OUT`)."""
@@ -18,9 +18,10 @@ from attnkit.data import LabelledData, LabelVocab, LMData
 from attnkit.models import build_model
 from attnkit.tasks.classify import ClassifyTask
 from attnkit.tasks.lm import LMTask, MLMTask
+from attnkit.tasks.tag import TaggedData, TagTask
 from attnkit.tokenize import CharTokenizer
 
-TASKS = ("lm", "mlm", "classify")
+TASKS = ("lm", "mlm", "classify", "tag")
 TOKENIZER = CharTokenizer.from_texts(["abcdefgh [MASK]"])
 
 
@@ -37,7 +38,14 @@ def build(name: str) -> tuple[object, torch.nn.Module]:
     if name == "mlm":
         task = MLMTask(stream, tokenizer=TOKENIZER, batch_size=4, seq_len=10, seed=0)
         return task, build_model(ModelConfig(family="encoder", encoder_head="mlm", **size))
-    labels = ["x", "y", "z"]
+    labels = ["B-X", "I-X", "O"]  # tag: entities of type X; classify: three classes
+    if name == "tag":  # 7 sentences of 1 to 4 words, entity scores from seqeval's entities
+        sentences = [(words, [labels[i] for i in rng.integers(0, 3, len(words))]) for words in (
+            ["".join(rng.choice(list("abcdefgh"), 2)) for _ in range(int(rng.integers(1, 5)))] for _ in range(7))]
+        val = TaggedData.from_sentences(sentences, TOKENIZER, label_vocab=LabelVocab(tuple(labels)), max_len=16,
+                                        batch_size=4, seed=0)
+        model = build_model(ModelConfig(family="encoder", encoder_head="tag", n_classes=3, **size))
+        return TagTask(val, val, scheme="BIO"), model
     examples = [("".join(rng.choice(list("abcdefgh"), int(rng.integers(2, 12)))), labels[i % 3]) for i in range(11)]
     val = LabelledData.from_examples(examples, TOKENIZER, label_vocab=LabelVocab(tuple(labels)), max_len=16,
                                      batch_size=4, seed=0)

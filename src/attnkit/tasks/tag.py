@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from attnkit.data import IGNORE_INDEX, BucketedData, LabelVocab, pad
 from attnkit.errors import InputError
-from attnkit.tasks.common import EpochTask, device_of, split, synthetic_name
+from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, synthetic_name
 from attnkit.tasks.conll import Sentence, check_scheme, read_tagged, tag_scheme
 from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
@@ -109,19 +109,25 @@ class TaggedData(BucketedData[TaggedBatch]):
 
 # The one evaluation loop --------------------------------------------------------------------------------------------
 @torch.inference_mode()
-def tag_predictions(model: nn.Module, data: TaggedData, *, progress: bool = False
-                    ) -> tuple[float, int, list[list[str]]]:
+def tag_predictions(model: nn.Module, data: TaggedData, *, progress: bool = False, shard: Shard = ONE_PROCESS
+                    ) -> tuple[float, int, list[list[str] | None]]:
     """Every sentence of `data` once: the summed loss over labelled pieces, their number, and the predicted tags of
-    each sentence's words, in order (a word cut off by max_len gets `O`, or the first label without one)."""
+    each sentence's words, in order (a word cut off by max_len gets `O`, or the first label without one). `shard`:
+    this rank scores its sentences of each batch (`rows_of`); the others' predictions are None."""
     device = device_of(model)
     fallback = cut_off_label(data.label_vocab.labels)
-    predicted: list[list[str]] = [[] for _ in data.sentences]
+    predicted: list[list[str] | None] = [None for _ in data.sentences]
     total, count = 0.0, 0
     order = np.argsort(data.lengths, kind="stable")
-    chunks = [order[i:i + data.batch_size] for i in range(0, len(order), data.batch_size)]
-    for chunk in tqdm(chunks, desc="tag", unit="batch", disable=not progress, leave=False):
+    starts = range(0, len(order), data.batch_size)
+    for first in tqdm(starts, desc="tag", unit="batch", disable=not progress, leave=False):
+        whole = order[first:first + data.batch_size]
+        rows, counts = rows_of(shard, len(whole), first)
+        chunk = whole[rows]
         b = data.collate(chunk).to(device)
         out = model(b.ids, attention_mask=b.mask, labels=b.labels)
+        if not counts:
+            continue
         n = int((b.labels != IGNORE_INDEX).sum())
         total, count = total + out.loss.item() * n, count + n
         guesses = out.logits.argmax(-1).tolist()  # (B, T)
@@ -131,25 +137,46 @@ def tag_predictions(model: nn.Module, data: TaggedData, *, progress: bool = Fals
     return total, count, predicted
 
 
-def tag_scores(gold: list[list[str]], predicted: list[list[str]], scheme: str | None) -> dict[str, float]:
-    """Word accuracy, and for entity tags seqeval's entity precision, recall and F1 (CoNLL's, micro-averaged)."""
+def tag_counts(gold: list[list[str]], predicted: list[list[str]], scheme: str | None) -> list[int]:
+    """What the scores are ratios of, so they add up over sentences (and ranks): words tagged right, words, and for
+    entity tags the entities (seqeval's `get_entities`) predicted right, predicted, and in the gold."""
     pairs = [(g, p) for gs, ps in zip(gold, predicted, strict=True) for g, p in zip(gs, ps, strict=True)]
-    scores = {"accuracy": sum(g == p for g, p in pairs) / max(len(pairs), 1)}
+    counts = [sum(g == p for g, p in pairs), len(pairs)]
     if scheme is not None:
-        from seqeval.metrics import f1_score, precision_score, recall_score
+        from seqeval.metrics.sequence_labeling import get_entities
 
-        scores.update(precision=precision_score(gold, predicted, zero_division=0),
-                      recall=recall_score(gold, predicted, zero_division=0),
-                      f1=f1_score(gold, predicted, zero_division=0))
+        entities = [(set(get_entities(gs)), set(get_entities(ps))) for gs, ps in zip(gold, predicted, strict=True)]
+        counts += [sum(len(g & p) for g, p in entities), sum(len(p) for _, p in entities),
+                   sum(len(g) for g, _ in entities)]
+    return counts
+
+
+def scores_of_counts(counts: Sequence[float]) -> dict[str, float]:
+    """Word accuracy, and for entity tags seqeval's entity precision, recall and F1 (CoNLL's, micro-averaged, 0
+    where undefined), from `tag_counts` (summed)."""
+    words_right, words, *entities = counts
+    scores = {"accuracy": words_right / max(words, 1)}
+    if entities:
+        right, found, real = entities
+        scores.update(precision=right / found if found else 0.0, recall=right / real if real else 0.0,
+                      f1=2 * right / (found + real) if found + real else 0.0)
     return scores
 
 
-def score_tagged(model: nn.Module, data: TaggedData, scheme: str | None, *, progress: bool = False
-                 ) -> dict[str, float]:
-    """`tag_predictions` and `tag_scores` over `data`, with the loss: what training and attnkit eval report."""
-    total, count, predicted = tag_predictions(model, data, progress=progress)
-    gold = [tags for _, tags in data.sentences]
-    return {"val_loss": total / max(count, 1), **tag_scores(gold, predicted, scheme)}
+def tag_scores(gold: list[list[str]], predicted: list[list[str]], scheme: str | None) -> dict[str, float]:
+    """Word accuracy, and for entity tags seqeval's entity precision, recall and F1 (CoNLL's, micro-averaged)."""
+    return scores_of_counts(tag_counts(gold, predicted, scheme))
+
+
+def score_tagged(model: nn.Module, data: TaggedData, scheme: str | None, *, progress: bool = False,
+                 shard: Shard = ONE_PROCESS) -> dict[str, float]:
+    """`tag_predictions` and `tag_scores` over `data`, with the loss: what training and attnkit eval report
+    (`shard`: this rank's share of the sentences; the loss and counts are summed over the ranks)."""
+    total, count, predicted = tag_predictions(model, data, progress=progress, shard=shard)
+    mine = [i for i, tags in enumerate(predicted) if tags is not None]
+    counts = tag_counts([data.sentences[i][1] for i in mine], [predicted[i] for i in mine], scheme)
+    total, count, *counts = shard.sum(total, count, *counts)
+    return {"val_loss": total / max(count, 1), **scores_of_counts(counts)}
 
 
 # The training task --------------------------------------------------------------------------------------------------
@@ -174,8 +201,9 @@ class TagTask(EpochTask):
     def n_tokens(self, batch: TaggedBatch) -> int:
         return int(batch.mask.sum())
 
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        return score_tagged(model, self.val, self.scheme)
+    def evaluate(self, model: nn.Module, shard: Shard = ONE_PROCESS) -> dict[str, float]:
+        """Loss, word accuracy and entity scores on the validation set; `shard`: this rank's share."""
+        return score_tagged(model, self.val, self.scheme, shard=shard)
 
 
 def tagged(data: Any, seed: int) -> tuple[list[Sentence], list[Sentence]]:
