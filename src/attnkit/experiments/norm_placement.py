@@ -184,6 +184,8 @@ def run(budget: str, out: Path, progress: Progress) -> Result:
 
     checks = [
         Check.over(f"post-norm's validation loss minus pre-norm's, no warmup, {deep} layers (nats)", gap(deep)),
+        Check.over(f"warmup helps post-norm: its loss without warmup minus with, {deep} layers (nats)",
+                   warmup_gain("post")),
         Check.over(f"what warmup gains post-norm minus what it gains pre-norm, {deep} layers (nats)",
                    [post - pre for post, pre in zip(warmup_gain("post"), warmup_gain("pre"), strict=True)]),
         Check.over(f"post-norm's gap to pre-norm without warmup at {deep} layers minus at {shallow} (nats)",
@@ -207,7 +209,7 @@ def run(budget: str, out: Path, progress: Progress) -> Result:
                      label=f"{placement}-norm, attnkit's default (GPT-2) init")
     axes[1].set(xlabel="block (1 = nearest the input)", ylabel="FFN weight gradient norm", yscale="log",
                 title=f"gradient per block at initialisation ({seeds} seeds)")
-    axes[1].legend(fontsize=8)
+    axes[1].legend(fontsize=7, loc="center right", bbox_to_anchor=(1.0, 0.57))  # clear of the lines
     for placement in ("pre", "post"):
         for label, style in (("no warmup", "-"), ("warmup", "--")):
             means = [statistics.fmean(per_seed(d, placement, label)) for d in depths]
