@@ -37,6 +37,7 @@ from attnkit.checkpoint import TOKENIZER_DIR
 from attnkit.errors import AttnkitError
 from attnkit.generate.pipeline import Pipeline, _TextTracker
 from attnkit.generate.sampling import SamplingConfig
+from attnkit.models import family_of
 from attnkit.serve.batching import GenerationJob, QueueFull, Scheduler
 from attnkit.serve.chat import chat_template
 from attnkit.serve.errors import APIError
@@ -133,11 +134,14 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
                                             "task": pipeline.task.name if pipeline.task else None,
                                             "endpoints": endpoints()}]}
 
+    # a model that reads a whole text at once and decodes nothing (an encoder): its last states embed the text
+    embeds = family_of(pipeline.config).state is None
+
     def endpoints() -> list[str]:
         served = [f"/v1/{method}" for method in pipeline.methods if method != "generate"]
         if "generate" in pipeline.methods:
             served = ["/v1/completions", "/v1/chat/completions"]
-        if pipeline.family == "encoder":
+        if embeds:
             served.append("/v1/embeddings")
         return served
 
@@ -191,7 +195,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     async def embeddings(request: Request):
         body = await body_of(request, EmbeddingRequest)
         check_model(body.model)
-        if pipeline.family != "encoder":
+        if not embeds:
             raise APIError(404, f"embeddings come from encoder runs; this run is a {pipeline.family}",
                            code="endpoint_not_served")
         texts = [body.input] if isinstance(body.input, str) else body.input
