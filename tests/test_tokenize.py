@@ -217,6 +217,6 @@ def test_cli_train_and_encode(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_cli_reports_bad_kind_and_missing_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tokenizer", "train", "--kind", "nope", "--out", str(tmp_path / "t")]) == 2
-    assert "unknown tokenizer kind 'nope'" in capsys.readouterr().err
+    assert "invalid choice: 'nope' (choose from 'char', 'bpe')" in capsys.readouterr().err
     assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path), "--text", "x"]) == 2
     assert "tokenizer.json" in capsys.readouterr().err
