@@ -319,8 +319,11 @@ def test_init_from_a_directory_without_weights_or_config_is_refused(texts, tmp_p
     (source / WEIGHTS_FILE).unlink()
     with pytest.raises(CheckpointError, match="holds no weights"):
         prepare(finetune(tmp_path / "run", texts, source))
+    (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="no config.json there"):
-        prepare(finetune(tmp_path / "run2", texts, tmp_path / "nothing"))
+        prepare(finetune(tmp_path / "run2", texts, tmp_path / "empty"))
+    with pytest.raises(CheckpointError, match="nothing does not exist"):
+        prepare(finetune(tmp_path / "run3", texts, tmp_path / "nothing"))
 
 
 def test_lora_on_a_module_that_does_not_exist_is_refused(mlm_run, texts, tmp_path):

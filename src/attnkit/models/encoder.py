@@ -81,6 +81,27 @@ class _Encoder(nn.Module):
         return self.pooler(pooled) if self.pooler is not None else pooled
 
 
+class _HeadedEncoder(_Encoder):
+    """An encoder with a task head: the stack's states go through `head`, and labels give the loss."""
+
+    def head(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """The head's logits from the states (B, T, C)."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> ModelOutput:
+        """input_ids (B, T) -> the head's logits; the loss when labels are given (-100: no loss)."""
+        hidden, attentions = self._encode(input_ids, attention_mask, token_type_ids, need_weights)
+        return self._output(self.head(hidden, attention_mask), labels, attentions, hidden, need_weights)
+
+
 class EncoderModel(_Encoder):
     """The bare encoder (Hugging Face's BertModel): contextual states of every token and one pooled vector.
 
@@ -104,7 +125,7 @@ class EncoderModel(_Encoder):
         )
 
 
-class EncoderClassifier(_Encoder):
+class EncoderClassifier(_HeadedEncoder):
     """Sequence classification: one label per input sequence."""
 
     def __init__(
@@ -114,22 +135,12 @@ class EncoderClassifier(_Encoder):
         super().__init__(stack=stack, pooling=pooling, pooler=pooler, label_smoothing=label_smoothing)
         self.classifier = classifier
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        *,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        labels: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> ModelOutput:
-        """input_ids (B, T) -> logits (B, n_classes); loss when labels (B,) are given."""
-        hidden, attentions = self._encode(input_ids, attention_mask, token_type_ids, need_weights)
-        logits = self.classifier(self._pool(hidden, attention_mask))  # (B, n_classes)
-        return self._output(logits, labels, attentions, hidden, need_weights)
+    def head(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """(B, T, C) -> logits (B, n_classes) of the pooled sequence; labels (B,)."""
+        return self.classifier(self._pool(hidden, attention_mask))
 
 
-class EncoderMaskedLM(_Encoder):
+class EncoderMaskedLM(_HeadedEncoder):
     """Masked language modelling: predict the tokens hidden behind [MASK] from both sides."""
 
     def __init__(self, *, stack: TransformerStack, lm_head: nn.Linear, transform: nn.Module | None = None,
@@ -138,22 +149,12 @@ class EncoderMaskedLM(_Encoder):
         self.transform = transform
         self.lm_head = lm_head
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        *,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        labels: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> ModelOutput:
-        """input_ids (B, T) -> logits (B, T, V); labels (B, T) hold original ids at masked places, else -100."""
-        hidden, attentions = self._encode(input_ids, attention_mask, token_type_ids, need_weights)
-        logits = self.lm_head(self.transform(hidden) if self.transform is not None else hidden)  # (B, T, V)
-        return self._output(logits, labels, attentions, hidden, need_weights)
+    def head(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """(B, T, C) -> logits (B, T, V); labels (B, T) hold original ids at masked places, else -100."""
+        return self.lm_head(self.transform(hidden) if self.transform is not None else hidden)
 
 
-class EncoderTagger(_Encoder):
+class EncoderTagger(_HeadedEncoder):
     """Token classification (Hugging Face's BertForTokenClassification): one label per input position, read from
     that position's contextual state; labels of -100 (continuation pieces, padding, CLS/SEP) carry no loss."""
 
@@ -163,16 +164,6 @@ class EncoderTagger(_Encoder):
         self.dropout = nn.Dropout(dropout)
         self.classifier = classifier
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        *,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        labels: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> ModelOutput:
-        """input_ids (B, T) -> logits (B, T, n_classes); loss when labels (B, T) are given (-100: no loss)."""
-        hidden, attentions = self._encode(input_ids, attention_mask, token_type_ids, need_weights)
-        logits = self.classifier(self.dropout(hidden))  # (B, T, n_classes)
-        return self._output(logits, labels, attentions, hidden, need_weights)
+    def head(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """(B, T, C) -> logits (B, T, n_classes), one per position; labels (B, T), -100 where there is no label."""
+        return self.classifier(self.dropout(hidden))
