@@ -171,6 +171,8 @@ def test_what_cannot_be_scored_is_refused(tmp_path):
     make_run(tmp_path / "lm")
     with pytest.raises(ConfigError, match="stride"):
         evaluate_run(tmp_path / "lm", [text], stride=WINDOW + 1)
+    with pytest.raises(ConfigError, match="longer than the model's context"):
+        evaluate_run(tmp_path / "lm", [text], window=100_000)
     with pytest.raises(InputError, match="nothing to predict"):
         evaluate_run(tmp_path / "lm", [write(tmp_path / "one.txt", "T")])
     (tmp_path / "bare").mkdir()

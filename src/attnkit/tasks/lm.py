@@ -329,6 +329,10 @@ def _make_mlm(context: TaskContext) -> tuple[MLMTask, None]:
 # attnkit eval ---------------------------------------------------------------------------------------------------
 def _perplexity_report(ctx: EvalContext) -> EvalReport:
     window = ctx.settings.window or ctx.config.max_seq_len
+    if window > ctx.config.max_seq_len:
+        context = ctx.config.max_seq_len
+        raise ConfigError(f"--window {window} is longer than the model's context (max_seq_len={context}): it never "
+                          f"read that many tokens at once; give --window {context} or less")
     stride = ctx.settings.stride or max(window // 2, 1)
     rows = []
     for path in ctx.files:
