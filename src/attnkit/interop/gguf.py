@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from attnkit.checkpoint import TOKENIZER_DIR, load_model, unique_state_dict
-from attnkit.config import ModelConfig
+from attnkit.config import DecoderConfig, ModelConfig
 from attnkit.errors import ConfigError, InputError
 from attnkit.interop.hf_config import match_family
 from attnkit.interop.hf_weights import hf_name, hf_tensor_names, to_hf_tensors
@@ -142,7 +142,7 @@ def _gguf():
 
 def _family(model: torch.nn.Module, config: ModelConfig) -> FamilyMap:
     """The Hugging Face family that holds the model exactly, when llama.cpp runs it."""
-    if config.family != "decoder":
+    if not isinstance(config, DecoderConfig):
         raise ConfigError(f"GGUF export writes decoders (llama.cpp generates text); this run is family="
                           f"{config.family!r}: use --to-onnx or --to-hf for it")
     state = unique_state_dict(model)

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.checkpoint import load_model
-from attnkit.config import ModelConfig
+from attnkit.config import DecoderConfig, EncoderConfig, ModelConfig
 from attnkit.errors import ConfigError, InputError
 from attnkit.layers.kv_cache import KVCache, LayerCache
 
@@ -128,7 +128,7 @@ def _graph(model: nn.Module, config: ModelConfig):
     # example sizes all differ (and differ from the model's own sizes), so no dynamic axis is taken for a fixed one
     example_batch, example_length = 3, 5
     ids = torch.randint(0, config.vocab_size, (example_batch, example_length))
-    if config.family == "decoder":
+    if isinstance(config, DecoderConfig):
         past_sequence = torch.export.Dim("past_sequence", min=0)
         example_past = 7
         shape = (example_batch, config.kv_heads, example_past, config.head_size)
@@ -141,7 +141,7 @@ def _graph(model: nn.Module, config: ModelConfig):
         return (DecoderGraph(model), (ids, mask, past), dynamic,
                 ["input_ids", "attention_mask", *(f"past_key_values.{n}" for n in names)],
                 ["logits", *(f"present.{n}" for n in names)], "decoder")
-    if config.family == "encoder":
+    if isinstance(config, EncoderConfig):
         head = config.encoder_head
         mask = torch.ones(example_batch, example_length, dtype=torch.long)
         dynamic = {"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: sequence}}
