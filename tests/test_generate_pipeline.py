@@ -262,6 +262,7 @@ def test_load_fuses_qkv_projections_of_models_that_decode(runs):
     assert not fused(attnkit.load(runs["clf"], device="cpu"))
 
 
+@pytest.mark.slow  # compiles a decoder and a translator; test_generate_static_decode covers the step
 def test_compiled_models_generate_and_translate_the_same_text(runs):
     """`compile=True` is a speed option only: a decoder's step is compiled for fixed shapes, an encoder-decoder's
     blocks for any length (batches of several lengths exercise the dynamic shapes)."""

@@ -92,6 +92,7 @@ def test_compiled_step_equals_eager_and_compiles_once_per_batch_size_and_bucket(
         assert compiled == eager
 
 
+@pytest.mark.slow  # compiles several graphs; the default suite keeps the compiled step's equality test
 def test_known_shapes_skip_guards_yet_each_call_runs_its_own_graph():
     """Two models with the same shapes share the step's compiled code; interleaved with two batch sizes, each call
     that skips all but the distinguishing guards still runs its model's graph for its shape."""
@@ -121,6 +122,7 @@ def test_a_known_shape_under_new_global_modes_runs_every_guard():
     assert len(compiled[0]) == 4 and compiled[0][0] == eager[0][0]
 
 
+@pytest.mark.slow  # compiles several graphs; the default suite keeps the compiled step's equality test
 def test_known_calls_compile_again_after_torch_drops_its_graphs():
     model, config = tiny_model(position="rope", seed=6)
     model.float()

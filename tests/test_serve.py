@@ -144,9 +144,16 @@ def test_32_concurrent_streams_each_equal_the_request_alone(server):
     assert max(sizes) > 1, "the concurrent requests were never decoded in one batch"
 
 
-def test_a_client_that_goes_away_frees_its_slot(server):
+def test_a_client_that_goes_away_frees_its_slot(server, monkeypatch):
     url, app = server
     scheduler = app.state.scheduler
+    step = scheduler.decoding.step
+
+    def slow_step(*args):  # a step the client can outlast, however fast the machine
+        time.sleep(0.02)
+        return step(*args)
+
+    monkeypatch.setattr(scheduler.decoding, "step", slow_step)
     with httpx.Client(timeout=TIMEOUT) as http:
         with http.stream("POST", f"{url}/v1/completions",
                          json={"prompt": "the", "max_tokens": 90, "stream": True, "seed": 0}) as response:

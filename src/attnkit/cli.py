@@ -605,7 +605,7 @@ class ConvertSettings:
     """read pytorch_model.bin, a pickle (only from a source you trust), with torch.load(weights_only=True)"""
     dtype: WeightDType = "fp32"  # with --from-hf: the run's weight type
     to_gguf: str | None = field(default=None, metadata={"metavar": "OUT.gguf"})
-    """with RUN: a GGUF file for llama.cpp (decoders: GPT-2, Llama, Mistral layouts)"""
+    """with RUN: a GGUF file for llama.cpp (a decoder in a layout llama.cpp runs: see docs/guides/export.md)"""
     type: GGUFType = "f16"  # with --to-gguf: the weights' GGUF type (norms and biases stay f32)
     chat_template: str | None = field(default=None, metadata={"metavar": "FILE"})  # with --to-gguf: a Jinja template
     to_onnx: str | None = field(default=None, metadata={"metavar": "OUT.onnx"})
