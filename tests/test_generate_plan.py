@@ -168,3 +168,10 @@ def test_generate_explain_prints_the_plan_with_the_cpus_capabilities(tmp_path, c
     err = capsys.readouterr().err
     assert "inference plan for bf16" in err and torch.backends.cpu.get_cpu_capability() in err
     assert "linear layers" in err and "attention" in err
+
+
+def test_tune_refuses_a_place_it_cannot_write_before_measuring(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert cli.main(["tune", "--quick", "--out", str(tmp_path / "file" / "profile.json")]) == 2
+    out, err = capsys.readouterr()
+    assert "measuring" not in out and "file" in err

@@ -131,12 +131,12 @@ def tune(*, quick: bool = False, cpu: CpuCapabilities | None = None) -> tuple[Pr
 def run_tune(settings: TuneSettings) -> int:
     """`attnkit tune`: measure, print the measurements, write the profile."""
     path = Path(settings.out) if settings.out else default_profile_path()
+    path.parent.mkdir(parents=True, exist_ok=True)  # a place that cannot be written fails before the measuring
     cpu = CpuCapabilities.detect()
     print(f"measuring {cpu.summary()}, {torch.get_num_threads()} threads", flush=True)
     profile, rows = tune(quick=settings.quick, cpu=cpu)
     for row in rows:
         print(" ", row)
-    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     partial.write_text(profile.to_json(), encoding="utf-8")
     partial.replace(path)
