@@ -111,10 +111,7 @@ def plan_inference(
     on_cpu = device.type == "cpu"
     if quantize == "int8-dynamic":
         check_dynamic_quantization(device, compile)
-    if on_cpu:
-        cpu = cpu or CpuCapabilities.detect()
-    else:
-        cpu = None
+    cpu = (cpu or CpuCapabilities.detect()) if on_cpu else None
     if profile is None:
         profile, profile_note = load_profile(cpu=cpu)
     else:
