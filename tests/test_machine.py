@@ -2,6 +2,7 @@
 kernels is warned about, with what is faster there."""
 
 import logging
+from pathlib import Path
 
 from attnkit import ModelConfig, build_model
 from attnkit.machine import CpuCapabilities
@@ -33,3 +34,18 @@ def test_the_trainer_says_it_when_training_starts_on_such_a_cpu(tmp_path, caplog
         assert "--dtype fp32" not in caplog.text
     else:
         assert expected in caplog.text
+
+
+def test_without_torchs_capability_report_linuxs_flags_stand_in(monkeypatch):
+    import pytest
+    import torch
+
+    from attnkit.machine import _reported_capabilities
+
+    reported = dict(torch.cpu.get_capabilities())
+    if not Path("/proc/cpuinfo").is_file():
+        pytest.skip("no /proc/cpuinfo on this system (Linux only)")
+    monkeypatch.setattr(torch.cpu, "get_capabilities", None)
+    fallback = _reported_capabilities()
+    for flag in ("avx2", "avx512_f", "avx512_bw", "avx512_bf16"):
+        assert fallback.get(flag, False) == reported.get(flag, False), flag

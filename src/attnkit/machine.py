@@ -95,10 +95,8 @@ def _reported_capabilities() -> dict[str, Any]:
         return dict(report())
     cpuinfo = Path("/proc/cpuinfo")
     words = set(cpuinfo.read_text().split()) if cpuinfo.is_file() else set()
-    renamed = {"avx512f": "avx512_f", "avx512bw": "avx512_bw", "avx512vl": "avx512_vl", "avx512dq": "avx512_dq",
-               "avx512_bf16": "avx512_bf16", "avx512_vnni": "avx512_vnni", "avx_vnni": "avx_vnni",
-               "avx_ne_convert": "avx_ne_convert", "amx_bf16": "amx_bf16", "avx2": "avx2"}
-    return {ours: True for theirs, ours in renamed.items() if theirs in words}
+    renamed = {"avx512f": "avx512_f", "avx512bw": "avx512_bw", "avx512vl": "avx512_vl", "avx512dq": "avx512_dq"}
+    return {renamed.get(word, word): True for word in words}  # the other flags Linux and PyTorch name alike
 
 
 @dataclass(frozen=True)
