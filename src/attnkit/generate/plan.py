@@ -37,6 +37,7 @@ from attnkit.layers.kernels import MathKernel, use_math_kernel
 from attnkit.machine import CpuCapabilities, Profile, dtype_name, load_profile
 from attnkit.models import family_of
 
+
 @dataclass(frozen=True)
 class Choice:
     """One decision of the plan: what it is about, what was chosen, and why."""
