@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from attnkit.generate import load, translate_ids
+from attnkit.generate import load, translate_batched
 from attnkit.tasks.bleu import translation_scores
 from benchmarks.bench_train import RUNS, machine, need, train
 from benchmarks.common import DATA, RESULTS
@@ -53,7 +53,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
               "bleu_samples": 200},
         settings=dict(max_steps=100_000, max_time=args.max_time, batch_size=64, lr=1e-3, warmup=200,
                       schedule="cosine", weight_decay=0.01, beta2=0.98, clip=1.0, eval_every=args.eval_every, seed=1),
-        translate=translate_ids,
+        translate=translate_batched,
     )
     sources = (folder / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
     references = (folder / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()

@@ -46,7 +46,7 @@ import torch
 
 from attnkit import cli
 from attnkit.experiments.base import device_name
-from attnkit.generate import greedy_translate, load, translate_ids
+from attnkit.generate import greedy_translate, load, translate_batched
 from attnkit.recipes import RECIPE_DIR
 from attnkit.train import TrainRequest, prepare
 from benchmarks.common import DATA, RESULTS, ROOT
@@ -287,7 +287,7 @@ def multi30k(args: argparse.Namespace) -> list[dict[str, Any]]:
         settings=dict(max_steps=args.max_steps or 100_000, max_time=args.max_time, batch_size=64, lr=1e-3, warmup=200,
                       schedule="cosine", weight_decay=0.01, beta2=0.98, clip=1.0, eval_every=args.eval_every,
                       seed=1),
-        translate=translate_ids,
+        translate=translate_batched,
     )
     sources = (folder / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
     references = (folder / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()

@@ -15,12 +15,13 @@ from tagging_data import tagging_sentences
 
 import attnkit
 from attnkit import build_model, cli, presets
-from attnkit.checkpoint import load_model, save_model
+from attnkit.checkpoint import save_model
 from attnkit.config import ModelConfig
 from attnkit.errors import ConfigError, InputError
-from attnkit.generate import translate_ids
+from attnkit.generate import translate_batched
 from attnkit.interop.keymaps import FAMILIES as HF_FAMILIES
 from attnkit.tasks import task_names, task_of_config, task_spec, tasks
+from attnkit.tasks.bleu import translation_scores
 from attnkit.tasks.conll import write_conll
 from attnkit.tokenize import CharTokenizer
 from attnkit.train import TrainRequest, prepare
@@ -192,26 +193,27 @@ def test_classify_and_tag_score_offline_as_in_training(tmp_path):
     assert offline["val_loss"] == pytest.approx(trained["val_loss"], rel=1e-5)
 
 
-def test_translate_scores_offline_as_in_training(tmp_path):
-    """BLEU through the one scoring of both, with the decoding training uses (greedy, max_len = seq_len)."""
+def test_translate_scores_offline_as_in_training(tmp_path, capsys):
+    """Training's BLEU decodes through the pipeline's own decoding (`translate_batched`): its translations are
+    `attnkit.load(run).translate`'s, and `attnkit eval` (which translates through the pipeline) reports its BLEU."""
     pairs = [(f"{a} {b}", f"{b} {a}") for a in ("red", "blue", "green", "grey") for b in ("cat", "dog", "cow")] * 4
     (tmp_path / "train.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
     (tmp_path / "val.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs[:12]), encoding="utf-8")
     trainer = prepare(TrainRequest(
         out=str(tmp_path / "run"), task="translate", overrides=TINY,
         data={"data": (str(tmp_path / "train.tsv"),), "val_data": (str(tmp_path / "val.tsv"),), "tokenizer": "char"},
-        settings=dict(max_steps=4, batch_size=8, eval_every=4, lr=3e-3, seed=3), progress=False),
-        translate=translate_ids)
+        settings=dict(max_steps=4, batch_size=5, eval_every=4, lr=3e-3, seed=3), progress=False),
+        translate=translate_batched)
     trainer.fit()
-    model, tok = load_model(tmp_path / "run")[0].eval(), trainer.tokenizer
-
-    def translate(texts):
-        ids = translate_ids(model, [[*tok.encode(t), tok.eos_id] for t in texts], bos_id=tok.bos_id,
-                            eos_id=tok.eos_id, pad_id=tok.pad_id, max_length=32, beam_size=1)
-        return [tok.decode(row) for row in ids]
-
-    offline = evaluate_run(tmp_path / "run", [tmp_path / "val.tsv"], translate=translate).rows[0]
     trained = _last_eval(tmp_path / "run")
+    in_training = trainer.task.hypotheses(trainer.model.eval())  # what the last evaluation scored
+    pipeline = attnkit.load(tmp_path / "run", device="cpu")
+    assert pipeline.translate([s for s, _ in pairs[:12]], batch_size=5) == in_training
+    assert translation_scores(in_training, [t for _, t in pairs[:12]])["bleu"] == pytest.approx(trained["bleu"])
+
+    assert cli.main(["eval", str(tmp_path / "run"), "--data", str(tmp_path / "val.tsv"), "--batch-size", "5",
+                     "--device", "cpu"]) == 0
+    offline = json.loads((tmp_path / "run" / "eval" / "eval.json").read_text())["rows"][0]
     assert offline["bleu"] == pytest.approx(trained["bleu"], abs=1e-9)
     assert offline["bleu_lowercased"] == pytest.approx(trained["bleu_lowercased"], abs=1e-9)
 

@@ -8,7 +8,7 @@ import torch
 
 from attnkit.checkpoint import load_model
 from attnkit.errors import CheckpointError, ConfigError
-from attnkit.generate import translate_ids
+from attnkit.generate import translate_batched
 from attnkit.tokenize import CharTokenizer
 from attnkit.train import TrainingDiverged, TrainRequest, prepare
 from attnkit.train.metrics import MetricsLog
@@ -182,7 +182,7 @@ def test_translation_bleu_compares_detokenized_greedy_output_with_references(tmp
     tsv.write_text("".join(f"{line}\t{line.upper()}\n" for line in lines))
     req = request(tmp_path / "run", "translate", overrides=["max_seq_len=64"])
     req.data.update(data=(str(tsv),), tokenizer="char")
-    trainer = prepare(req, translate=translate_ids)
+    trainer = prepare(req, translate=translate_batched)
     task, tokenizer = trainer.task, trainer.tokenizer
     assert task.metric == "bleu" and len(task.references) == 6  # 10% of 60 held out
     answer = {tuple(int(t) for t in task.val.src[i]): ref for i, ref in enumerate(task.references)}
@@ -194,7 +194,7 @@ def test_translation_bleu_compares_detokenized_greedy_output_with_references(tmp
     assert scores["bleu"] < 1.0  # cased: lowercase words match nothing
     assert scores["bleu_lowercased"] == pytest.approx(100.0)  # the published protocol lowercases both sides
     for beam_size in (1, 3):
-        task.translate, task.beam_size = translate_ids, beam_size
+        task.translate, task.beam_size = translate_batched, beam_size
         assert 0.0 <= task.evaluate(trainer.model)["bleu"] <= 100.0
 
 

@@ -493,7 +493,7 @@ def train_request(run: TrainRun, data: dict[str, Any], training: dict[str, Any])
 
 
 def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) -> int:
-    from attnkit.generate import translate_ids
+    from attnkit.generate import translate_batched
     from attnkit.interop import hf
     from attnkit.train import prepare
     from attnkit.train.job import check_request
@@ -501,7 +501,7 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) ->
     request = train_request(run, data, training)
     if not request.resume:  # names, task against family, --set keys: refused before a tokenizer is trained
         check_request(request)
-    trainer = prepare(request, translate=translate_ids, load_hf=hf.load)
+    trainer = prepare(request, translate=translate_batched, load_hf=hf.load)
     result = trainer.fit()
     if result.signal is not None:
         return 128 + result.signal

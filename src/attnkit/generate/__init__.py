@@ -4,7 +4,7 @@
 below it work on any model of the right family.
 """
 
-from attnkit.generate.beam import beam_search, translate_ids
+from attnkit.generate.beam import beam_search, translate_batched, translate_ids
 from attnkit.generate.decoder import (
     EagerDecoding,
     decode_n_tokens,
@@ -37,5 +37,6 @@ __all__ = [
     "prefill",
     "sample_after_training",
     "select_next",
+    "translate_batched",
     "translate_ids",
 ]

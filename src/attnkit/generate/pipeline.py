@@ -25,14 +25,13 @@ from typing import Literal
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from attnkit.blocks import torch_compile_mode
 from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_run_model, read_labels
 from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
-from attnkit.generate.beam import check_search, translate_ids
+from attnkit.generate.beam import check_search, translate_batched
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
 from attnkit.generate.plan import InferencePlan, check_dynamic_quantization, plan_inference
 from attnkit.generate.quantize import QUANTIZE_FORMS
@@ -189,20 +188,13 @@ class Pipeline:
             check_max_length(max_length)
             if max_length > self.config.max_seq_len:
                 raise InputError(f"max_length={max_length} is beyond the model's max_seq_len={self.config.max_seq_len}")
-        sources = [self._source_ids(t, index=i) for i, t in enumerate(texts)]
+        sources = [self._source_ids(t, index=i) if t.strip() else None for i, t in enumerate(texts)]
         self._check_search_fits(beam_size * min(batch_size, len(texts)), max_length or self.config.max_seq_len)
-        outputs: list[list[int]] = [[] for _ in texts]
-        order = sorted((i for i, t in enumerate(texts) if t.strip()), key=lambda i: len(sources[i]))
-        batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-        for batch in tqdm(batches, desc="translate", unit="batch", disable=not progress):
-            batch_sources = [sources[i] for i in batch]
-            length = max_length or min(self.config.max_seq_len, 2 * max(map(len, batch_sources)) + 10)
-            results = translate_ids(
-                self.model, batch_sources, bos_id=bos, eos_id=eos, beam_size=beam_size, max_length=length,
-                length_penalty=length_penalty, early_stopping=early_stopping, pad_id=self._pad_id,
-            )
-            for index, result in zip(batch, results, strict=True):
-                outputs[index] = result
+        outputs = translate_batched(
+            self.model, sources, bos_id=bos, eos_id=eos, pad_id=self._pad_id, context_len=self.config.max_seq_len,
+            beam_size=beam_size, length_penalty=length_penalty, early_stopping=early_stopping, max_length=max_length,
+            batch_size=batch_size, progress=progress,
+        )
         return [self.tokenizer.decode(ids) for ids in outputs]
 
     def _check_search_fits(self, rows: int, max_length: int) -> None:

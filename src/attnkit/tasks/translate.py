@@ -3,7 +3,8 @@ scored by sacreBLEU.
 
 Data: a folder holding train.SRC/train.TGT (and val.SRC/val.TGT), one `source<TAB>target` file, or two
 line-aligned files (source first); `synthetic:NAME` for a generated task. Neither training nor `attnkit eval`
-imports `attnkit.generate`: decoding comes in as a function (the CLI passes the generator's).
+imports `attnkit.generate`: decoding comes in as a function, and the CLI passes the one `Pipeline.translate` calls
+(`attnkit.generate.translate_batched`), so training's BLEU and `attnkit eval`'s translate alike.
 One scoring serves both: `translation_scores` of the hypotheses against the references.
 """
 
@@ -27,13 +28,15 @@ from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.tokenize import Tokenizer
 
-# (model, source token lists, *, bos_id, eos_id, pad_id, max_length, beam_size) -> target token lists without BOS/EOS
+# (model, source token lists, *, bos_id, eos_id, pad_id, context_len, beam_size, batch_size) -> target token lists
+# without BOS/EOS: `attnkit.generate.translate_batched`, the decoding `Pipeline.translate` runs
 Translator = Callable[..., list[list[int]]]
 
 
 class TranslateTask(EpochTask):
     """Sequence to sequence with teacher forcing; scored by sacreBLEU on translations (greedy, or beam search of
-    `beam_size`) when a decoding function is given.
+    `beam_size`) when a decoding function is given: the pipeline's, with its defaults (its maximum length, a batch
+    of the validation batch size), so `attnkit.load(run).translate` gives the same translations.
 
     `references` are the raw target sentences of the validation pairs, in order; BLEU compares the first
     `bleu_samples` of them (all of them when there are fewer), detokenized and cased, with sacreBLEU's default
@@ -55,10 +58,10 @@ class TranslateTask(EpochTask):
         translate: Translator | None = None,
         bleu_samples: int = 200,
         beam_size: int = 1,
-        max_len: int = 128,
+        context_len: int = 128,
     ) -> None:
         super().__init__(train)
-        self.val, self.tokenizer, self.max_len, self.beam_size = val, tokenizer, max_len, beam_size
+        self.val, self.tokenizer, self.context_len, self.beam_size = val, tokenizer, context_len, beam_size
         self.references = references[:bleu_samples]
         self.translate = translate
         if translate is not None:
@@ -85,17 +88,14 @@ class TranslateTask(EpochTask):
         return results
 
     def hypotheses(self, model: nn.Module) -> list[str]:
-        """Translations of the first `bleu_samples` validation sources (beam `beam_size`), detokenized."""
-        out: list[str] = []
-        n, step = len(self.references), self.val.batch_size
-        for start in range(0, n, step):
-            ids = self.translate(
-                model, self.val.src[start : min(start + step, n)], bos_id=self.tokenizer.bos_id,
-                eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id, max_length=self.max_len,
-                beam_size=self.beam_size,
-            )
-            out.extend(self.tokenizer.decode(row) for row in ids)
-        return out
+        """Translations of the first `bleu_samples` validation sources (beam `beam_size`), detokenized: what
+        `Pipeline.translate(sources, beam_size=beam_size, batch_size=the validation batch size)` returns."""
+        ids = self.translate(
+            model, [list(map(int, src)) for src in self.val.src[:len(self.references)]], bos_id=self.tokenizer.bos_id,
+            eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id, context_len=self.context_len,
+            beam_size=self.beam_size, batch_size=self.val.batch_size,
+        )
+        return [self.tokenizer.decode(row) for row in ids]
 
 
 # Reading pairs -------------------------------------------------------------------------------------------------
@@ -156,7 +156,7 @@ def _make(context: TaskContext) -> tuple[TranslateTask, None]:
                             **batch),
         PairData.from_pairs(val, context.tokenizer, max_len=context.seq_len, **batch),
         tokenizer=context.tokenizer, references=[t for _, t in val], translate=context.translate,
-        bleu_samples=data.bleu_samples, beam_size=data.bleu_beam_size, max_len=context.seq_len,
+        bleu_samples=data.bleu_samples, beam_size=data.bleu_beam_size, context_len=context.config.max_seq_len,
     ), None
 
 
