@@ -212,3 +212,42 @@ def test_a_decoders_pipeline_offers_generate_alone_and_classify_on_it_names_the_
     assert hasattr(pipeline, "generate") and not hasattr(pipeline, "classify") and not hasattr(pipeline, "translate")
     line = _one_error(capsys, ["classify", str(runs["lm"]), "--text", "ab"])
     assert "use generate instead" in line
+
+
+def _shown(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings}
+
+
+def test_eval_of_a_run_shows_only_the_options_of_its_task(runs, capsys):
+    """Given the run, eval reads its task (config.json, task.json) before it builds its options: int8 and
+    decoding options for a language model, not for a classifier, and each option of another task in one line."""
+    clf = _shown(subparsers(cli.build_parser(argv := ["eval", str(runs["clf"]), "--help"]))["eval"])
+    lm = _shown(subparsers(cli.build_parser(["eval", "--run", str(runs["lm"]), "--help"]))["eval"])
+    everything = _shown(_parsers()["eval"])  # no run named: every option, each help saying what it is for
+    assert {"--int8", "--int8-dynamic", "--window", "--stride", "--beam-size", "--tag-column"} & clf == set()
+    assert {"--data", "--batch-size", "--bad-labels", "--device", "--out"} <= clf
+    assert {"--int8", "--int8-dynamic", "--window", "--stride"} <= lm
+    assert {"--bad-labels", "--tag-column", "--beam-size", "--batch-size", "--seed"} & lm == set()
+    assert clf | lm <= everything and {"--int8", "--bad-labels", "--tag-column"} <= everything
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    help_text = capsys.readouterr().out
+    assert f"--int8-dynamic does not apply to {runs['clf']}, whose task is classify: it is for runs of lm, " \
+           "translate" in help_text
+
+
+@pytest.mark.parametrize("words", [["--int8-dynamic"], ["--no-int8"], ["--beam-size", "4"], ["--window=8"]])
+def test_an_option_of_another_tasks_eval_ends_in_one_line_naming_whose_it_is(runs, capsys, words):
+    flag = words[0].partition("=")[0].replace("--no-", "--")
+    line = _one_error(capsys, ["eval", str(runs["clf"]), "--data", "x.txt", *words])
+    assert f"{flag} does not apply to {runs['clf']}, whose task is classify: it is for runs of " in line, line
+    line = _one_error(capsys, ["eval", str(runs["lm"]), "--data", "x.txt", "--bad-labels", "skip"])
+    assert "--bad-labels does not apply" in line and "it is for runs of classify" in line, line
+
+
+def test_an_option_of_another_tasks_eval_in_a_config_file_is_refused_before_anything_loads(runs, tmp_path, capsys,
+                                                                                          monkeypatch):
+    monkeypatch.setattr("attnkit.train.evaluate.evaluate_run", lambda *a, **k: pytest.fail("the run was scored"))
+    (tmp_path / "eval.json").write_text('{"int8": true}')
+    line = _one_error(capsys, ["eval", str(runs["clf"]), "--data", "x.txt", "--config", str(tmp_path / "eval.json")])
+    assert "--int8 does not apply" in line and "drop it" in line, line

@@ -25,7 +25,7 @@ from attnkit.tasks.bleu import translation_scores
 from attnkit.tasks.conll import write_conll
 from attnkit.tokenize import CharTokenizer
 from attnkit.train import TrainRequest, prepare
-from attnkit.train.evaluate import EvalSettings, evaluate_run
+from attnkit.train.evaluate import EVERY_TASK, EvalSettings, evaluate_run
 from attnkit.train.job import DataConfig, check_request
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "attnkit"
@@ -50,6 +50,10 @@ def test_every_task_is_registered_once_with_what_it_needs():
         task_spec("clasify")
     data_fields = {f.name for f in dataclasses.fields(DataConfig)}
     assert all(set(spec.options) <= data_fields for spec in tasks())  # the options a task reads exist
+    eval_fields = {f.name for f in dataclasses.fields(EvalSettings)}
+    assert all(set(spec.eval_options) <= eval_fields for spec in tasks())
+    read_by_some = set(EVERY_TASK).union(*(spec.eval_options for spec in tasks()))
+    assert read_by_some == eval_fields  # no eval option is read by no task
 
 
 def test_eval_without_files_names_what_each_task_reads():

@@ -73,13 +73,24 @@ class Command:
     epilog: str | None = None
     adapt_file: Callable[[dict[str, Any], str], dict[str, Any]] | None = None  # for a recipe's section too
     recipe: str | None = None  # the recipe section it can start from ("train", "evaluate"): --recipe, --data-root
+    inapplicable: str | None = None
+    """"module:function" taking (TaskSpec, run) to the settings fields a run of that task does not read, each with
+    why: the command then shows only the others for the run its command line names (`run_task`)"""
 
     def classes(self) -> list[type]:
         """The settings dataclass, then each section's."""
         return [_resolve(self.settings), *(_resolve(cls) for _, cls in self.sections)]
 
+    def hidden(self, argv: list[str]) -> dict[str, str]:
+        """The settings fields that do not apply to the run `argv` names (`inapplicable`), each with the reason;
+        none when the command reads no task's run, or the command line names no run that loads."""
+        found = run_task(self, argv) if self.inapplicable is not None else None
+        if found is None:
+            return {}
+        return _resolve(self.inapplicable)(found[1], found[0])
 
-def _resolve(settings: Settings) -> type:
+
+def _resolve(settings: Settings) -> Any:
     if isinstance(settings, str):
         module, _, name = settings.partition(":")
         return getattr(import_module(module), name)
@@ -537,16 +548,18 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) ->
 def _run_eval(settings: EvalSettings) -> int:
     from attnkit.checkpoint import load_config
     from attnkit.tasks import task_of_run
-    from attnkit.train.evaluate import run_eval
+    from attnkit.train.evaluate import check_applies, run_eval
 
-    if settings.average_last:
+    config = load_config(settings.run)
+    task = task_of_run(settings.run, config)
+    if task is not None:  # an option of another task's evaluation: refused before any checkpoint is averaged
+        check_applies(settings, task, settings.run)
+    if settings.average_last:  # the mean of the run's checkpoints: a run of the same model and task
         from attnkit.train.average import average_run
 
         averaged = average_run(settings.run, last=settings.average_last)
         settings = replace(settings, run=str(averaged))
     translate, prepare = None, None
-    config = load_config(settings.run)
-    task = task_of_run(settings.run, config)
     if task is not None and task.decodes:  # scored on the texts the pipeline translates
         from attnkit.generate import load
 
@@ -732,7 +745,9 @@ COMMANDS: list[Command] = [
         description="Language models: sliding-window perplexity per token, per character and bits per byte. "
         "Translators: sacreBLEU (cased), BLEU lowercased (the published Multi30k protocol) and chrF with their "
         "signatures. Classifiers: accuracy, macro-F1 and a confusion "
-        "matrix (table and PNG). Prints a table and writes eval.json.", recipe="evaluate",
+        "matrix (table and PNG). Taggers: entity precision, recall and F1 (seqeval) and word accuracy. Prints a table "
+        "and writes eval.json. Given a run (attnkit eval RUN --help), it shows only the options of the run's task.",
+        recipe="evaluate", inapplicable="attnkit.train.evaluate:inapplicable",
     ),
     Command("average", "average the weights of a run's last N checkpoints into a model of its own",
             "attnkit.train.average:AverageSettings", _run_average,
@@ -827,10 +842,38 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         if argv is None or command.name == chosen:
-            add_command_options(p, command)
+            hidden = command.hidden(argv) if argv is not None else {}
+            add_command_options(p, command, hide=hidden)
             p.usage = f"%(prog)s {options.usage(command.classes(), either=RUN)}"
+            if hidden:
+                p.epilog = "\n".join(filter(None, [p.epilog, "not for this run (options of other tasks' runs):",
+                                                    *(f"  {why}" for why in hidden.values())]))
         p.set_defaults(command_spec=command, command_parser=p)
     return parser
+
+
+class _Peek(argparse.ArgumentParser):
+    """A parser that raises instead of printing and exiting: for a look at a command line before the real parse."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise ValueError(message)
+
+
+def run_task(command: Command, argv: list[str]) -> tuple[str, Any] | None:
+    """The run `argv` names for `command` (positional RUN or --run) and its task (`attnkit.tasks.task_of_run`),
+    read cheaply from its config.json and task.json; None when it names none, or none that loads."""
+    from attnkit.checkpoint import load_config
+    from attnkit.tasks import task_of_run
+
+    peek = _Peek(add_help=False)
+    add_command_options(peek, command)
+    words = [w for w in argv[argv.index(command.name.split()[-1]) + 1:] if w not in ("-h", "--help")]
+    try:
+        run = peek.parse_known_args(words)[0].run
+        task = task_of_run(run, load_config(run)) if run is not None else None
+    except (ValueError, AttnkitError, OSError):
+        return None
+    return (run, task) if task is not None else None
 
 
 def _chosen(argv: list[str]) -> str | None:
@@ -841,10 +884,11 @@ def _chosen(argv: list[str]) -> str | None:
     return words[0] if words else None
 
 
-def add_command_options(p: argparse.ArgumentParser, command: Command) -> None:
-    """The command's options: its settings' fields, each section's fields in a group, and --config."""
+def add_command_options(p: argparse.ArgumentParser, command: Command, hide: dict[str, str] | None = None) -> None:
+    """The command's options: its settings' fields, each section's fields in a group, and --config. The fields in
+    `hide` (name -> why: `Command.hidden`) are left out of the help and refused with their reason."""
     settings, *sections = command.classes()
-    options.add_fields(p, settings, either=RUN)
+    options.add_fields(p, settings, either=RUN, refuse=hide)
     for (title, _), cls in zip(command.sections, sections, strict=True):
         options.add_fields(p.add_argument_group(title), cls)
     if command.recipe is not None:

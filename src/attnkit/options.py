@@ -133,14 +133,20 @@ def flag(name: str) -> str:
 
 
 def add_fields(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, *, either: Iterable[str] = ()
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, *, either: Iterable[str] = (),
+    refuse: typing.Mapping[str, str] | None = None,
 ) -> None:
     """Add one option per field of dataclass `cls` to `parser`; see the module docstring for how a field's type
-    becomes the option, and for the fields in `either`. Every option's argparse default is None."""
+    becomes the option, and for the fields in `either`. Every option's argparse default is None. The fields in
+    `refuse` (name -> why) do not apply here: their options are left out of the help, and one given is a usage
+    error that says why."""
     hints = typing.get_type_hints(cls)
     for name, f in fields_of(cls).items():
         meta = f.metadata
         kwargs = _argparse_kwargs(hints[name], meta)
+        if refuse and name in refuse:
+            _add_refused(parser, name, meta, kwargs, refuse[name])
+            continue
         kwargs["help"] = help_text(cls, name).replace("%", "%%")
         default = field_default(f)
         if name in either:
@@ -170,6 +176,27 @@ def _add_either(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: 
     parser.add_argument(name, nargs="?", default=None, action=_Once, metavar=metavar, **kwargs)
     kwargs["help"] = argparse.SUPPRESS
     parser.add_argument(flag(name), dest=name, default=None, action=_Once, metavar=metavar, **kwargs)
+
+
+def _add_refused(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, meta: typing.Mapping[str, Any],
+                 kwargs: dict[str, Any], why: str) -> None:
+    """Field `name`'s option, hidden, taking what it would take (so that its value is not read as another
+    argument), and refused with `why` when given."""
+    switch = kwargs.get("action") is argparse.BooleanOptionalAction
+    flags = (flag(name), f"--no-{flag(name)[2:]}") if switch else tuple(meta.get("flags", (flag(name),)))
+    parser.add_argument(*flags, dest=name, default=None, nargs=0 if switch else kwargs.get("nargs"), action=_Refused,
+                        why=why, help=argparse.SUPPRESS)
+
+
+class _Refused(argparse.Action):
+    """An option for other uses of the command than this one (another task's run): given, a usage error."""
+
+    def __init__(self, option_strings, dest, *, why: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.why = why
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(self.why)
 
 
 class _Once(argparse.Action):

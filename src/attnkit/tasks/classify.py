@@ -151,4 +151,5 @@ CLASSIFY = register(TaskSpec(
                        encoder_head="classify", pooling="mean"),
     hf_architectures=("BertForSequenceClassification",),
     eval_help="labelled files ('<label> <text>' lines or CSV/TSV): accuracy, macro-F1, confusion matrix",
+    eval_options=("batch_size", "bad_labels"),
 ))

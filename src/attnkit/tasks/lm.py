@@ -426,6 +426,7 @@ LM = register(TaskSpec(
                        norm="rms", activation="swiglu", bias=False, max_seq_len=128, dropout=0.0,
                        tie_embeddings=True),
     hf_architectures=("GPT2LMHeadModel", "LlamaForCausalLM"), eval_help="text files: perplexity",
+    eval_options=("window", "stride", "int8", "int8_dynamic"),
 ))
 MLM = register(TaskSpec(
     name="mlm", help="masked-LM pre-training (encoder)", families=("encoder",), head={"encoder_head": "mlm"},
@@ -435,4 +436,5 @@ MLM = register(TaskSpec(
                        norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
                        encoder_head="mlm", pooling="mean", tie_embeddings=True),
     hf_architectures=("BertForMaskedLM",), eval_help="text files: masked-token loss and accuracy",
+    eval_options=("window", "batch_size", "seed"),
 ))

@@ -3,8 +3,8 @@
 A `TaskSpec` names, for one task: the families whose models learn it and the head fields their config needs (the
 task implies its head), how its examples are read and batched (`make`: the trainer's view, with loss and
 evaluation), the one evaluation loop `attnkit eval` shares with training (`evaluate_files`), the model's pipeline
-method, the data options it reads and the Hugging Face classes it maps to. Training, evaluation, conversion, the
-pipeline and the command line ask here (`task_spec`, `task_of_config`) instead of testing task names.
+method, the data and evaluation options it reads and the Hugging Face classes it maps to. Training, evaluation,
+conversion, the pipeline and the command line ask here (`task_spec`, `task_of_config`) instead of testing task names.
 
 A task of one's own is a `TaskSpec` and one `register` call (docs/guides/tasks.md); a package may also name its
 module under the `attnkit.tasks` entry-point group, which the registry imports the first time it is asked.
@@ -103,6 +103,7 @@ class TaskSpec:
     decodes: bool = False  # evaluation decodes text (attnkit eval passes `translate_texts`)
     training_text: Callable[[Any, int], list[str]] | None = None  # (data, seed) -> text a new tokenizer learns
     options: tuple[str, ...] = ()  # the DataConfig fields it reads beyond data, tokenizer and seq_len
+    eval_options: tuple[str, ...] = ()  # the attnkit eval settings it reads beyond every task's (`EvalSettings`)
     hf_architectures: tuple[str, ...] = ()  # the Hugging Face classes its models convert to and from
     eval_help: str = ""  # what `attnkit eval --data` takes for this task
 

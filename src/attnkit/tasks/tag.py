@@ -343,4 +343,5 @@ TAG = register(TaskSpec(
                        encoder_head="tag"),
     hf_architectures=("BertForTokenClassification", "GPT2ForTokenClassification", "LlamaForTokenClassification"),
     eval_help="CoNLL or .conllu files: entity precision, recall, F1 (seqeval) and word accuracy",
+    eval_options=("batch_size", "tag_column"),
 ))

@@ -187,4 +187,5 @@ TRANSLATE = register(TaskSpec(
                        dropout=0.1, scale_embeddings=True, tie_embeddings=True, label_smoothing=0.1),
     hf_architectures=("MarianMTModel",),
     eval_help="a TSV file (source<TAB>target) or two line-aligned files: BLEU and chrF",
+    eval_options=("beam_size", "batch_size", "int8", "int8_dynamic"),
 ))

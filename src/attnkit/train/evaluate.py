@@ -12,11 +12,15 @@ registers (`attnkit.tasks`), the same loop that scores the validation data durin
 This module never imports `attnkit.generate` (train/ and generate/ are siblings): translation takes the function
 that translates texts as an argument; the CLI passes the loaded pipeline's.
 
-`attnkit eval` is `run_eval(EvalSettings(...))`: the settings' fields are the command's flags.
+`attnkit eval` is `run_eval(EvalSettings(...))`: the settings' fields are the command's flags. A run reads the
+fields every task reads (`EVERY_TASK`) and those its task's registration names (`TaskSpec.eval_options`); the
+command shows only those for the run it is given (`inapplicable` names the others), and refuses one of them given in a
+--config file (`check_applies`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -37,7 +41,8 @@ from attnkit.checkpoint import (
     read_labels,
 )
 from attnkit.errors import ConfigError, InputError
-from attnkit.tasks import EvalContext, EvalReport, task_names, task_of_run, tasks
+from attnkit.options import field_default, fields_of, flag
+from attnkit.tasks import EvalContext, EvalReport, TaskSpec, task_names, task_of_run, tasks
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.job import pick_device
@@ -47,6 +52,7 @@ log = logging.getLogger(__name__)
 
 TextTranslator = Callable[[list[str]], list[str]]  # source texts -> translations, in order
 REPORT_FILE = "eval.json"
+EVERY_TASK = ("run", "data", "average_last", "out", "device", "encoding_errors", "progress")  # read for any run
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ class EvalSettings:
     or .conllu files (tagger)"""
     window: int | None = None  # perplexity: tokens the model reads at once; None: its max_seq_len
     stride: int | None = None  # perplexity: tokens each window moves on; None: half the window; = window: no overlap
-    batch_size: int = 32  # classification and translation: examples per forward pass
+    batch_size: int = 32  # classification, tagging, translation: examples per forward pass; masked LM: windows
     beam_size: int = 1  # translation: 1 is greedy
     average_last: int = 0  # > 0: score the mean of the run's last N checkpoints (written to RUN/average-last-N)
     out: str | None = None  # directory for eval.json (and confusion.png); None: RUN/eval
@@ -101,6 +107,30 @@ class EvalSettings:
     def quantize(self) -> str | None:
         """The `quantize` argument of `attnkit.load` these flags stand for."""
         return "int8" if self.int8 else "int8-dynamic" if self.int8_dynamic else None
+
+
+def applicable(spec: TaskSpec) -> set[str]:
+    """The `EvalSettings` fields a run of task `spec` reads: every task's and those its registration names."""
+    return {*EVERY_TASK, *spec.eval_options}
+
+
+def inapplicable(spec: TaskSpec, run: str | Path) -> dict[str, str]:
+    """The `EvalSettings` fields that `run`, a run of `spec`, does not read, each with why: the tasks it is for."""
+    found = {}
+    for f in dataclasses.fields(EvalSettings):
+        if f.name not in applicable(spec):
+            readers = [other.name for other in tasks() if f.name in other.eval_options]
+            found[f.name] = (f"{flag(f.name)} does not apply to {run}, whose task is {spec.name}: it is for runs of "
+                             f"{', '.join(readers) or 'no registered task'}")
+    return found
+
+
+def check_applies(settings: EvalSettings, spec: TaskSpec, run: str | Path) -> None:
+    """InputError for a field given a value other than its default that a run of `spec` does not read (from a
+    --config file: the command line does not offer it). `attnkit eval` checks this before loading anything."""
+    for name, why in inapplicable(spec, run).items():
+        if getattr(settings, name) != field_default(fields_of(EvalSettings)[name]):
+            raise InputError(f"{why}; drop it")
 
 
 def run_eval(
