@@ -23,7 +23,8 @@ from shared_data import shared
 
 from attnkit import cli, options, presets
 from attnkit.errors import InputError
-from attnkit.generate.pipeline import DTYPES, WeightDType
+from attnkit.generate.pipeline import DTYPES
+from attnkit.run_settings import WeightDType
 from attnkit.train.job import DataConfig
 from attnkit.train.trainer import TrainConfig
 

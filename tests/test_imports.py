@@ -23,6 +23,7 @@ LAYERS = {
     "blocks": 5,
     "models": 6,
     "checkpoint": 7,
+    "run_settings": 7,  # what a command that runs a model takes (load options, texts): the tasks' commands build on it
     "tasks": 8,  # the task registry: what each task reads, its head, loss, metrics, evaluation, pipeline method
     "train": 9, "generate": 9, "interop": 9, "viz": 9,
     "experiments": 10,

@@ -10,12 +10,16 @@ Adding a command:
     2. a run function here, `_run_NAME(settings) -> int` (exit code), that calls the library and prints;
     3. one `Command(...)` line in COMMANDS below, naming the dataclass as "attnkit.module:NameSettings" when
        its module is slow to import (it is then imported only when the command is used).
-tests/test_cli.py then checks that every option has help and shows its settings' default.
+A task's own command (generate, translate, classify, tag, fill-mask) is instead part of its registration
+(`attnkit.tasks.TaskCommand`): COMMANDS lists every registered task's. tests/test_cli.py then checks that every
+option has help and shows its settings' default.
 
 Conventions (docs/guides/cli.md): a command that reads a run takes it as a positional RUN (`--run RUN` works too);
 a command's settings class is the one place that says which options it shows (classify's has no decoding
-options); a usage error prints the command's own usage and suggests the nearest name for an unknown flag or
-choice; a command checks what is cheap (names, task against family) before anything slow starts.
+options), and a command whose options depend on the run's task (`Command.inapplicable`: eval) reads that task
+first and shows only its options; a usage error prints the command's own usage and suggests the nearest name for
+an unknown flag or choice; a command checks what is cheap (names, task against family) before anything slow
+starts.
 """
 
 from __future__ import annotations
@@ -32,17 +36,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from attnkit import options
-from attnkit.blocks import COMPILE_MODES
 from attnkit.config import model_field_names
 from attnkit.errors import AttnkitError, nearest, os_error_message
-from attnkit.generate.pipeline import WeightDType
 from attnkit.interop.gguf import GGUFType
 from attnkit.interop.keymaps import supported_lines
+from attnkit.run_settings import WeightDType
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import BPE_VOCAB_SIZE
 
 if TYPE_CHECKING:
     from attnkit.experiments.base import ExperimentSettings
+    from attnkit.generate import Pipeline
+    from attnkit.run_settings import LoadSettings
     from attnkit.train import TrainRequest
     from attnkit.train.average import AverageSettings
     from attnkit.train.evaluate import EvalSettings
@@ -217,213 +222,6 @@ def _run_tokenizer_encode(settings: TokenizerEncodeSettings) -> int:
     from attnkit.tokenize import explain, load_tokenizer
 
     print(explain(load_tokenizer(settings.tokenizer), settings.text))
-    return 0
-
-
-# generate, translate, classify ----------------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class LoadSettings:
-    """How a trained run is loaded (`attnkit.load`): what every command that runs a model takes."""
-
-    run: str  # run directory: config.json, model.safetensors, tokenizer/
-    device: str | None = None  # cpu, cuda, cuda:1, ...; none: cuda when present, else cpu
-    dtype: WeightDType | None = None  # the weights' type; none: as stored
-    explain: bool = False  # print the inference plan (layouts, kernels, quantization, compilation) and why, on stderr
-    verify: bool = False  # refuse a run whose files have no checksums (unverified) instead of warning
-
-    def load(self):
-        """The run as a Pipeline, loaded as these settings say."""
-        from attnkit.generate import load
-
-        pipeline = load(self.run, **self.load_options())
-        if self.explain and pipeline.plan is not None:
-            print(pipeline.plan.explain(), file=sys.stderr)
-        return pipeline
-
-    def load_options(self) -> dict[str, Any]:
-        """The keyword arguments of `attnkit.load` these settings stand for."""
-        return {"device": self.device, "dtype": self.dtype, "verify": self.verify}
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecodeSettings(LoadSettings):
-    """Loading a model that decodes (generate, translate): also int8 weights and compilation, which make decoding
-    faster."""
-
-    int8: bool = False  # int8 weight-only linear layers (bf16 products): faster decoding, a little quality lost
-    int8_dynamic: bool = False
-    """int8 weights, and each product's input quantized to int8 as it runs (as llama.cpp's q8_0, at its quality;
-    CPU, not with --compile): the fastest eager decoding of larger models"""
-    compile: str | None = field(default=None, metadata={"const": "default", "choices": tuple(COMPILE_MODES)})
-    """torch.compile the decoding step (decoders, fixed shapes) or each block: waits for compilation first, then
-    decodes faster where overhead dominates (small models, bf16, --int8); bare --compile: default; max-autotune: a
-    minute or more of kernel timing the first time, fastest for larger models"""
-
-    def __post_init__(self) -> None:
-        from attnkit.errors import InputError
-
-        if self.int8 and self.int8_dynamic:
-            raise InputError("--int8 and --int8-dynamic are two forms of int8 weights; give one")
-
-    @property
-    def quantize(self) -> str | None:
-        """The `quantize` argument of `attnkit.load` the int8 flags stand for."""
-        return "int8" if self.int8 else "int8-dynamic" if self.int8_dynamic else None
-
-    def load_options(self) -> dict[str, Any]:
-        return {**super().load_options(), "quantize": self.quantize, "compile": self.compile or False}
-
-
-@dataclass(frozen=True, kw_only=True)
-class GenerateSettings(DecodeSettings):
-    prompt: str  # the prompt; "-" reads it from stdin; "" starts from BOS
-    max_new_tokens: int = 200  # tokens to generate after the prompt
-    temperature: float = 1.0  # 0 is greedy
-    top_k: int | None = None  # sample among the k most likely tokens
-    top_p: float | None = None  # sample among the most likely tokens that reach probability p
-    repetition_penalty: float = 1.0  # > 1 discourages repeats; 1: off
-    num_samples: int = 1  # independent continuations of the prompt
-    seed: int | None = None  # same seed, same text
-    stop: tuple[str, ...] = ()  # end the text at any of these strings (repeatable)
-    stream: bool = True  # print tokens as they come (one sample only)
-    max_prompt_bytes: int = 1_000_000  # --prompt -: read at most this many bytes of standard input
-
-
-def _run_generate(settings: GenerateSettings) -> int:
-    prompt = _read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
-    pipeline = settings.load()
-    stream = settings.stream and settings.num_samples == 1
-    unsent = [prompt]  # streamed with the first piece, so that a setting refused before it prints its error alone
-
-    def write(_: int, piece: str) -> None:
-        sys.stdout.write("".join(unsent) + piece)
-        sys.stdout.flush()
-        unsent.clear()
-
-    texts = pipeline.generate(
-        prompt, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
-        top_p=settings.top_p, repetition_penalty=settings.repetition_penalty, num_samples=settings.num_samples,
-        seed=settings.seed, stop=list(settings.stop), on_text=write if stream else None,
-    )
-    if stream:
-        print("".join(unsent))
-        return 0
-    for index, text in enumerate(texts):
-        if settings.num_samples > 1:
-            print(f"--- sample {index + 1} ---")
-        print(prompt + text)
-    return 0
-
-
-def _read_stdin(limit: int) -> str:
-    """Standard input as UTF-8 text, at most `limit` bytes (an InputError naming the first bad byte, a closed
-    standard input, or more than `limit` bytes, otherwise: never read without bound)."""
-    from attnkit.errors import InputError
-
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InputError(f"--max-prompt-bytes {limit!r} must be a positive number of bytes")
-    if sys.stdin is None or sys.stdin.closed:
-        raise InputError("standard input is closed, so --prompt - has nothing to read: give the prompt as --prompt "
-                         "TEXT, or pipe it in (... | attnkit generate RUN --prompt -)")
-    if not hasattr(sys.stdin, "buffer"):  # already text (a StringIO standing in for it)
-        return sys.stdin.read(limit)
-    try:
-        data = sys.stdin.buffer.read(limit + 1)
-    except OSError as err:
-        raise InputError(f"standard input cannot be read ({err.strerror or err}): give the prompt as --prompt "
-                         "TEXT") from None
-    if len(data) > limit:
-        raise InputError(f"standard input holds more than {limit:,} bytes (--max-prompt-bytes): a prompt is read "
-                         f"whole, so give a shorter one, or raise --max-prompt-bytes")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise InputError(f"standard input is not UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start}): convert "
-                         "it (iconv -t UTF-8), or give the prompt as --prompt TEXT") from None
-
-
-@dataclass(frozen=True, kw_only=True)
-class InputSettings(LoadSettings):
-    text: tuple[str, ...] = ()  # texts, one per value (repeatable); or --input
-    input: str | None = None  # a UTF-8 file: one text per line; or --text
-    encoding_errors: EncodingErrors = "strict"  # --input: strict: not UTF-8 is an error; replace: bad bytes: U+FFFD
-    batch_size: int = 32  # texts per forward pass
-
-
-def _read_inputs(settings: InputSettings) -> list[str]:
-    from attnkit.errors import InputError
-    from attnkit.textfiles import read_lines
-
-    if bool(settings.text) == (settings.input is not None):
-        raise InputError("give the texts as --text TEXT... or as --input FILE (one per line), one of the two")
-    return list(settings.text) if settings.text else read_lines(settings.input, errors=settings.encoding_errors)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TranslateSettings(InputSettings, DecodeSettings):
-    output: str | None = None  # write one translation per line here; none: print them
-    beam_size: int = 1  # 1 is greedy
-    length_penalty: float = 1.0  # beam score = log p / length ** this
-    max_length: int | None = None  # target tokens at most; none: 2 x source + 10
-
-
-def _run_translate(settings: TranslateSettings) -> int:
-    texts = _read_inputs(settings)
-    translations = settings.load().translate(
-        texts, beam_size=settings.beam_size, length_penalty=settings.length_penalty,
-        max_length=settings.max_length, batch_size=settings.batch_size, progress=settings.input is not None,
-    )
-    if settings.output:
-        from attnkit.checkpoint import atomic_write
-
-        atomic_write(settings.output, "".join(f"{line}\n" for line in translations))
-    else:
-        print("\n".join(translations))
-    return 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClassifySettings(InputSettings):
-    """A classifier decodes nothing: the texts and the load options, no int8 weights or compilation."""
-
-
-def _run_classify(settings: ClassifySettings) -> int:
-    texts = _read_inputs(settings)  # the texts' file checked before the model loads
-    for result in settings.load().classify(texts, batch_size=settings.batch_size):
-        print(f"{result.label}\t{result.probability:.4f}")
-    return 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class TagSettings(InputSettings):
-    """A tagger labels each word of a text (words split at whitespace)."""
-
-    format: Literal["pairs", "conll"] = "pairs"
-    """pairs: each text on one line as word/LABEL; conll: a word and its label per line, a blank line after each text"""
-
-
-def _run_tag(settings: TagSettings) -> int:
-    texts = _read_inputs(settings)
-    for words in settings.load().tag(texts, batch_size=settings.batch_size):
-        if settings.format == "conll":
-            print("".join(f"{w.word}\t{w.label}\n" for w in words))
-        else:
-            print(" ".join(f"{w.word}/{w.label}" for w in words))
-    return 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class FillMaskSettings(InputSettings):
-    """Texts with [MASK] where a token is to be filled in."""
-
-    top_k: int = 5  # candidates shown for each mask
-
-
-def _run_fill_mask(settings: FillMaskSettings) -> int:
-    texts = _read_inputs(settings)
-    for fills in settings.load().fill_mask(texts, top_k=settings.top_k):
-        for fill in fills:
-            print("\t".join(f"{token!r} {p:.4f}" for token, p in fill.candidates))
     return 0
 
 
@@ -713,6 +511,24 @@ def _run_serve(settings) -> int:
     return serve(settings)
 
 
+def load_pipeline(settings: LoadSettings) -> Pipeline:
+    """The run as a Pipeline, loaded as `settings` say (`attnkit.load`); with --explain, its plan on stderr."""
+    from attnkit.generate import load
+
+    pipeline = load(settings.run, **settings.load_options())
+    if settings.explain and pipeline.plan is not None:
+        print(pipeline.plan.explain(), file=sys.stderr)
+    return pipeline
+
+
+def _task_commands() -> list[Any]:
+    """The commands the registered tasks add (`TaskSpec.command`: generate, translate, classify, tag, fill-mask and
+    any of a task registered from outside), in their registration's order."""
+    from attnkit.tasks import tasks
+
+    return [spec.command for spec in tasks() if spec.command is not None]
+
+
 COMMANDS: list[Command] = [
     Command("recipes", "list the shipped training recipes with the results they reached, or print one",
             RecipesSettings, _run_recipes),
@@ -721,15 +537,7 @@ COMMANDS: list[Command] = [
     Command("tokenizer train", "train a char or byte-level BPE tokenizer on text files", TokenizerTrainSettings,
             _run_tokenizer_train),
     Command("tokenizer encode", "print the ids and pieces of a text", TokenizerEncodeSettings, _run_tokenizer_encode),
-    Command("generate", "continue a prompt with a trained decoder, streaming the text as it comes", GenerateSettings,
-            _run_generate),
-    Command("translate", "translate with a trained encoder-decoder (greedy or beam search)", TranslateSettings,
-            _run_translate),
-    Command("classify", "label texts with a trained encoder classifier", ClassifySettings, _run_classify),
-    Command("tag", "label each word of texts with a trained encoder tagger (named entities, parts of speech)",
-            TagSettings, _run_tag),
-    Command("fill-mask", "the likeliest tokens at each [MASK] of texts, with a masked-LM encoder", FillMaskSettings,
-            _run_fill_mask),
+    *(Command(c.name, c.help, c.settings, functools.partial(c.run, load=load_pipeline)) for c in _task_commands()),
     Command(
         "train", "train a model for a task (lm, mlm, translate, classify, tag), with checkpoints and resume", TrainRun,
         _run_train,

@@ -21,7 +21,6 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from torch import nn
@@ -44,7 +43,6 @@ from attnkit.tokenize import load_tokenizer
 
 log = logging.getLogger(__name__)
 
-WeightDType = Literal["fp32", "bf16", "fp16"]  # what `--dtype` offers wherever weights are loaded or converted
 DTYPES = {  # the weight types' names, and torch's long names for them
     "fp32": torch.float32, "float32": torch.float32,
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,

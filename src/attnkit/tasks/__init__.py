@@ -12,6 +12,7 @@ tasks and for one a user registers from outside the package.
 from attnkit.tasks import classify, lm, tag, translate  # noqa: F401 (each registers its tasks)
 from attnkit.tasks.registry import (
     EvalContext,
+    TaskCommand,
     TaskContext,
     TaskSpec,
     TrainingTask,
@@ -29,6 +30,7 @@ from attnkit.tasks.report import EvalReport
 __all__ = [
     "EvalContext",
     "EvalReport",
+    "TaskCommand",
     "TaskContext",
     "TaskSpec",
     "TrainingTask",

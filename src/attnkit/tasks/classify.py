@@ -7,6 +7,8 @@ loss and accuracy, and for `attnkit eval` macro-F1 and a confusion matrix (table
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +18,11 @@ from tqdm.auto import tqdm
 
 from attnkit.data import LabelledBatch, LabelledData, LabelVocab, make_task, read_labelled
 from attnkit.errors import InputError
+from attnkit.run_settings import InputSettings, read_inputs
 from attnkit.tasks import common
 from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, synthetic_name, take_rows
 from attnkit.tasks.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
-from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
+from attnkit.tasks.registry import EvalContext, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 
 CONFUSION_FILE = "confusion.png"
@@ -141,6 +144,20 @@ def _labelled_examples(path, vocab: LabelVocab, encoding_errors, bad_labels) -> 
                          f"({', '.join(vocab.labels)})") from None
 
 
+# The command (attnkit classify) ------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ClassifySettings(InputSettings):
+    """A classifier decodes nothing: the texts and the load options, no int8 weights or compilation."""
+
+
+def run_classify(settings: ClassifySettings, load: Callable[[Any], Any]) -> int:
+    """`attnkit classify`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
+    texts = read_inputs(settings)  # the texts' file checked before the model loads
+    for result in load(settings).classify(texts, batch_size=settings.batch_size):
+        print(f"{result.label}\t{result.probability:.4f}")
+    return 0
+
+
 CLASSIFY = register(TaskSpec(
     name="classify", help="a label per text (encoder)", families=("encoder",),
     head={"encoder_head": "classify", "mlm_transform": False}, make=_make, evaluate_files=_report,
@@ -152,4 +169,5 @@ CLASSIFY = register(TaskSpec(
     hf_architectures=("BertForSequenceClassification",),
     eval_help="labelled files ('<label> <text>' lines or CSV/TSV): accuracy, macro-F1, confusion matrix",
     eval_options=("batch_size", "bad_labels"),
+    command=TaskCommand("classify", "label texts with a trained encoder classifier", ClassifySettings, run_classify),
 ))

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,10 @@ from attnkit.data import IGNORE_INDEX, LMData, make_task
 from attnkit.data.corpus import resolve_files
 from attnkit.data.masking import mask_tokens
 from attnkit.errors import ConfigError, InputError
+from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs, read_stdin
 from attnkit.tasks import common
 from attnkit.tasks.common import ONE_PROCESS, Shard, decode_tensor, device_of, encode_tensor, rows_of, synthetic_name
-from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
+from attnkit.tasks.registry import EvalContext, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.textfiles import read_text
 from attnkit.tokenize import SPECIAL_ROLES, Tokenizer
@@ -416,6 +418,65 @@ def _split_at_masks(text: str, words: tuple[str, ...]) -> list[str]:
     return re.split("|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)), text)
 
 
+# The command (attnkit generate, attnkit fill-mask) -----------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class GenerateSettings(DecodeSettings):
+    prompt: str  # the prompt; "-" reads it from stdin; "" starts from BOS
+    max_new_tokens: int = 200  # tokens to generate after the prompt
+    temperature: float = 1.0  # 0 is greedy
+    top_k: int | None = None  # sample among the k most likely tokens
+    top_p: float | None = None  # sample among the most likely tokens that reach probability p
+    repetition_penalty: float = 1.0  # > 1 discourages repeats; 1: off
+    num_samples: int = 1  # independent continuations of the prompt
+    seed: int | None = None  # same seed, same text
+    stop: tuple[str, ...] = ()  # end the text at any of these strings (repeatable)
+    stream: bool = True  # print tokens as they come (one sample only)
+    max_prompt_bytes: int = 1_000_000  # --prompt -: read at most this many bytes of standard input
+
+
+def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
+    """`attnkit generate`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
+    prompt = read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
+    pipeline = load(settings)
+    stream = settings.stream and settings.num_samples == 1
+    unsent = [prompt]  # streamed with the first piece, so that a setting refused before it prints its error alone
+
+    def write(_: int, piece: str) -> None:
+        sys.stdout.write("".join(unsent) + piece)
+        sys.stdout.flush()
+        unsent.clear()
+
+    texts = pipeline.generate(
+        prompt, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
+        top_p=settings.top_p, repetition_penalty=settings.repetition_penalty, num_samples=settings.num_samples,
+        seed=settings.seed, stop=list(settings.stop), on_text=write if stream else None,
+    )
+    if stream:
+        print("".join(unsent))
+        return 0
+    for index, text in enumerate(texts):
+        if settings.num_samples > 1:
+            print(f"--- sample {index + 1} ---")
+        print(prompt + text)
+    return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class FillMaskSettings(InputSettings):
+    """Texts with [MASK] where a token is to be filled in."""
+
+    top_k: int = 5  # candidates shown for each mask
+
+
+def run_fill_mask(settings: FillMaskSettings, load: Callable[[Any], Any]) -> int:
+    """`attnkit fill-mask`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
+    texts = read_inputs(settings)
+    for fills in load(settings).fill_mask(texts, top_k=settings.top_k):
+        for fill in fills:
+            print("\t".join(f"{token!r} {p:.4f}" for token, p in fill.candidates))
+    return 0
+
+
 LM = register(TaskSpec(
     name="lm", help="next-token prediction (decoder, recurrent LM)", families=("decoder", "recurrent-lm"),
     head={"decoder_head": "lm"}, make=_make_lm, evaluate_files=_perplexity_report, method="generate", stream=True,
@@ -427,6 +488,8 @@ LM = register(TaskSpec(
                        tie_embeddings=True),
     hf_architectures=("GPT2LMHeadModel", "LlamaForCausalLM"), eval_help="text files: perplexity",
     eval_options=("window", "stride", "int8", "int8_dynamic"),
+    command=TaskCommand("generate", "continue a prompt with a trained decoder, streaming the text as it comes",
+                        GenerateSettings, run_generate),
 ))
 MLM = register(TaskSpec(
     name="mlm", help="masked-LM pre-training (encoder)", families=("encoder",), head={"encoder_head": "mlm"},
@@ -437,4 +500,6 @@ MLM = register(TaskSpec(
                        encoder_head="mlm", pooling="mean", tie_embeddings=True),
     hf_architectures=("BertForMaskedLM",), eval_help="text files: masked-token loss and accuracy",
     eval_options=("window", "batch_size", "seed"),
+    command=TaskCommand("fill-mask", "the likeliest tokens at each [MASK] of texts, with a masked-LM encoder",
+                        FillMaskSettings, run_fill_mask),
 ))

@@ -86,6 +86,19 @@ class EvalContext:
 
 
 @dataclass(frozen=True)
+class TaskCommand:
+    """The command a task adds to `attnkit` (`attnkit NAME RUN ...`, its pipeline method on texts): a settings
+    dataclass, each field one of its options (`attnkit.options`; `attnkit.run_settings` holds what loading a run and
+    reading texts take), and `run(settings, load)`, which returns the exit code; `load(settings)` gives the run's
+    pipeline (`attnkit.load` as the settings' load options say)."""
+
+    name: str
+    help: str
+    settings: type
+    run: Callable[[Any, Callable[[Any], Any]], int]
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """One task, registered once (module docstring)."""
 
@@ -106,6 +119,7 @@ class TaskSpec:
     eval_options: tuple[str, ...] = ()  # the attnkit eval settings it reads beyond every task's (`EvalSettings`)
     hf_architectures: tuple[str, ...] = ()  # the Hugging Face classes its models convert to and from
     eval_help: str = ""  # what `attnkit eval --data` takes for this task
+    command: TaskCommand | None = None  # the command it adds to `attnkit` (`attnkit.cli` lists it with its own)
 
     def check_family(self, family: str) -> None:
         """Raise ConfigError unless models of `family` train for this task."""
@@ -144,6 +158,10 @@ def register(spec: TaskSpec) -> TaskSpec:
     """Add a task. Raises ConfigError when its name is taken or it names an unknown family."""
     if spec.name in _TASKS:
         raise ConfigError(f"task {spec.name!r} is registered already")
+    taken = {other.command.name: other.name for other in _TASKS.values() if other.command is not None}
+    if spec.command is not None and spec.command.name in taken:
+        raise ConfigError(f"task {spec.name!r} adds the command {spec.command.name!r}, which task "
+                          f"{taken[spec.command.name]!r} adds already; name it otherwise")
     for family in spec.families:
         family_of(family)  # raises for an unknown family
     if spec.method is not None and spec.method not in METHODS and spec.pipeline is None:

@@ -17,9 +17,9 @@ consistency before training.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -28,9 +28,10 @@ from tqdm.auto import tqdm
 
 from attnkit.data import IGNORE_INDEX, BucketedData, LabelVocab, pad
 from attnkit.errors import InputError
+from attnkit.run_settings import InputSettings, read_inputs
 from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, synthetic_name
 from attnkit.tasks.conll import Sentence, check_scheme, read_tagged, tag_scheme
-from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
+from attnkit.tasks.registry import EvalContext, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.tokenize import Tokenizer, require_id
 
@@ -332,6 +333,26 @@ def cut_off_label(labels: Sequence[str]) -> str:
     return "O" if "O" in labels else labels[0]
 
 
+# The command (attnkit tag) -----------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class TagSettings(InputSettings):
+    """A tagger labels each word of a text (words split at whitespace)."""
+
+    format: Literal["pairs", "conll"] = "pairs"
+    """pairs: each text on one line as word/LABEL; conll: a word and its label per line, a blank line after each text"""
+
+
+def run_tag(settings: TagSettings, load: Callable[[Any], Any]) -> int:
+    """`attnkit tag`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
+    texts = read_inputs(settings)
+    for words in load(settings).tag(texts, batch_size=settings.batch_size):
+        if settings.format == "conll":
+            print("".join(f"{w.word}\t{w.label}\n" for w in words))
+        else:
+            print(" ".join(f"{w.word}/{w.label}" for w in words))
+    return 0
+
+
 TAG = register(TaskSpec(
     name="tag", help="a label per word: named entities (BIO/BIOES), parts of speech (encoder, decoder)",
     families=("encoder", "decoder"), head={"encoder_head": "tag", "decoder_head": "tag", "mlm_transform": False},
@@ -344,4 +365,6 @@ TAG = register(TaskSpec(
     hf_architectures=("BertForTokenClassification", "GPT2ForTokenClassification", "LlamaForTokenClassification"),
     eval_help="CoNLL or .conllu files: entity precision, recall, F1 (seqeval) and word accuracy",
     eval_options=("batch_size", "tag_column"),
+    command=TaskCommand("tag", "label each word of texts with a trained tagger (named entities, parts of speech)",
+                        TagSettings, run_tag),
 ))

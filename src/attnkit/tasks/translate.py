@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,11 @@ from attnkit.data import PairBatch, PairData, make_task
 from attnkit.data.corpus import find_files
 from attnkit.data.pairs import read_parallel, read_tsv_pairs
 from attnkit.errors import ConfigError, InputError
+from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs
 from attnkit.tasks import common
 from attnkit.tasks.bleu import translation_scores
 from attnkit.tasks.common import EpochTask, device_of, mean_loss, split, synthetic_name
-from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
+from attnkit.tasks.registry import EvalContext, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.tokenize import Tokenizer
 
@@ -176,6 +178,31 @@ def _report(ctx: EvalContext) -> EvalReport:
                       columns=("file", "sentences", "bleu", "bleu_lowercased", "chrf"), notes=notes)
 
 
+# The command (attnkit translate) -----------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class TranslateSettings(InputSettings, DecodeSettings):
+    output: str | None = None  # write one translation per line here; none: print them
+    beam_size: int = 1  # 1 is greedy
+    length_penalty: float = 1.0  # beam score = log p / length ** this
+    max_length: int | None = None  # target tokens at most; none: 2 x source + 10
+
+
+def run_translate(settings: TranslateSettings, load: Callable[[Any], Any]) -> int:
+    """`attnkit translate`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
+    texts = read_inputs(settings)
+    translations = load(settings).translate(
+        texts, beam_size=settings.beam_size, length_penalty=settings.length_penalty,
+        max_length=settings.max_length, batch_size=settings.batch_size, progress=settings.input is not None,
+    )
+    if settings.output:
+        from attnkit.checkpoint import atomic_write
+
+        atomic_write(settings.output, "".join(f"{line}\n" for line in translations))
+    else:
+        print("\n".join(translations))
+    return 0
+
+
 TRANSLATE = register(TaskSpec(
     name="translate", help="sequence to sequence (encoder-decoder, recurrent seq2seq)",
     families=("encoder-decoder", "recurrent-seq2seq"), make=_make, evaluate_files=_report, method="translate",
@@ -188,4 +215,6 @@ TRANSLATE = register(TaskSpec(
     hf_architectures=("MarianMTModel",),
     eval_help="a TSV file (source<TAB>target) or two line-aligned files: BLEU and chrF",
     eval_options=("beam_size", "batch_size", "int8", "int8_dynamic"),
+    command=TaskCommand("translate", "translate with a trained encoder-decoder (greedy or beam search)",
+                        TranslateSettings, run_translate),
 ))

@@ -1,0 +1,102 @@
+"""What every command that runs a trained model takes: how the run is loaded (`LoadSettings`; `DecodeSettings`
+adds int8 weights and compilation, for models that decode) and the texts it reads (`InputSettings`, `read_inputs`,
+`read_stdin`). A task's command (`attnkit.tasks.TaskCommand`) builds its settings on these; `attnkit.options` turns
+their fields into its flags.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from attnkit.blocks import COMPILE_MODES
+from attnkit.errors import InputError
+from attnkit.textfiles import EncodingErrors, read_lines
+
+WeightDType = Literal["fp32", "bf16", "fp16"]  # what `--dtype` offers wherever weights are loaded or converted
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadSettings:
+    """How a trained run is loaded (`attnkit.load`): what every command that runs a model takes. The command line
+loads it (`attnkit.cli.load_pipeline`) and hands the pipeline to the task's command."""
+
+    run: str  # run directory: config.json, model.safetensors, tokenizer/
+    device: str | None = None  # cpu, cuda, cuda:1, ...; none: cuda when present, else cpu
+    dtype: WeightDType | None = None  # the weights' type; none: as stored
+    explain: bool = False  # print the inference plan (layouts, kernels, quantization, compilation) and why, on stderr
+    verify: bool = False  # refuse a run whose files have no checksums (unverified) instead of warning
+
+    def load_options(self) -> dict[str, Any]:
+        """The keyword arguments of `attnkit.load` these settings stand for."""
+        return {"device": self.device, "dtype": self.dtype, "verify": self.verify}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeSettings(LoadSettings):
+    """Loading a model that decodes (generate, translate): also int8 weights and compilation, which make decoding
+    faster."""
+
+    int8: bool = False  # int8 weight-only linear layers (bf16 products): faster decoding, a little quality lost
+    int8_dynamic: bool = False
+    """int8 weights, and each product's input quantized to int8 as it runs (as llama.cpp's q8_0, at its quality;
+    CPU, not with --compile): the fastest eager decoding of larger models"""
+    compile: str | None = field(default=None, metadata={"const": "default", "choices": tuple(COMPILE_MODES)})
+    """torch.compile the decoding step (decoders, fixed shapes) or each block: waits for compilation first, then
+    decodes faster where overhead dominates (small models, bf16, --int8); bare --compile: default; max-autotune: a
+    minute or more of kernel timing the first time, fastest for larger models"""
+
+    def __post_init__(self) -> None:
+        if self.int8 and self.int8_dynamic:
+            raise InputError("--int8 and --int8-dynamic are two forms of int8 weights; give one")
+
+    @property
+    def quantize(self) -> str | None:
+        """The `quantize` argument of `attnkit.load` the int8 flags stand for."""
+        return "int8" if self.int8 else "int8-dynamic" if self.int8_dynamic else None
+
+    def load_options(self) -> dict[str, Any]:
+        return {**super().load_options(), "quantize": self.quantize, "compile": self.compile or False}
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputSettings(LoadSettings):
+    """A command that runs a model on texts: given one per --text, or a file's lines."""
+
+    text: tuple[str, ...] = ()  # texts, one per value (repeatable); or --input
+    input: str | None = None  # a UTF-8 file: one text per line; or --text
+    encoding_errors: EncodingErrors = "strict"  # --input: strict: not UTF-8 is an error; replace: bad bytes: U+FFFD
+    batch_size: int = 32  # texts per forward pass
+
+
+def read_inputs(settings: InputSettings) -> list[str]:
+    """The texts of --text, or the lines of --input (checked before the model loads)."""
+    if bool(settings.text) == (settings.input is not None):
+        raise InputError("give the texts as --text TEXT... or as --input FILE (one per line), one of the two")
+    return list(settings.text) if settings.text else read_lines(settings.input, errors=settings.encoding_errors)
+
+
+def read_stdin(limit: int) -> str:
+    """Standard input as UTF-8 text, at most `limit` bytes (an InputError naming the first bad byte, a closed
+    standard input, or more than `limit` bytes, otherwise: never read without bound)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InputError(f"--max-prompt-bytes {limit!r} must be a positive number of bytes")
+    if sys.stdin is None or sys.stdin.closed:
+        raise InputError("standard input is closed, so --prompt - has nothing to read: give the prompt as --prompt "
+                         "TEXT, or pipe it in (... | attnkit generate RUN --prompt -)")
+    if not hasattr(sys.stdin, "buffer"):  # already text (a StringIO standing in for it)
+        return sys.stdin.read(limit)
+    try:
+        data = sys.stdin.buffer.read(limit + 1)
+    except OSError as err:
+        raise InputError(f"standard input cannot be read ({err.strerror or err}): give the prompt as --prompt "
+                         "TEXT") from None
+    if len(data) > limit:
+        raise InputError(f"standard input holds more than {limit:,} bytes (--max-prompt-bytes): a prompt is read "
+                         f"whole, so give a shorter one, or raise --max-prompt-bytes")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise InputError(f"standard input is not UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start}): convert "
+                         "it (iconv -t UTF-8), or give the prompt as --prompt TEXT") from None
