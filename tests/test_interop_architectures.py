@@ -14,6 +14,7 @@ import pytest
 from attnkit import ConfigError, build_model, presets
 from attnkit.cli import main
 from attnkit.interop import hf_config, keymaps
+from attnkit.tasks import HFClass, register, task_spec, unregister
 
 ROOT = Path(__file__).resolve().parents[1]
 # A Hugging Face model class as transformers names them: GPT2LMHeadModel, BertForMaskedLM, MarianMTModel, ...
@@ -75,14 +76,21 @@ def test_every_list_names_exactly_the_registered_architectures(capsys):
             assert family.model_type in text or family.name in text, (where, family.model_type)
 
 
-def test_a_registered_family_appears_in_every_generated_list(monkeypatch):
-    extra = dataclasses.replace(keymaps.GPT2, model_type="fake2", name="Fake-2",
-                                architectures={"Fake2LMHeadModel": {}, "Fake2Model": {}})
+def test_a_registered_family_and_a_tasks_class_appear_in_every_generated_list(monkeypatch):
+    """A family brings its bare class; a task's registration brings the classes with its head (`HFClass`)."""
+    extra = dataclasses.replace(keymaps.GPT2, model_type="fake2", name="Fake-2", own_architectures={"Fake2Model": {}},
+                                default_architecture="Fake2Model")
     monkeypatch.setitem(keymaps.FAMILIES, "fake2", extra)
-    for text in (keymaps.supported_text(), keymaps.supported_lines(), keymaps.supported_table(), _docs_table(),
-                 _unwritable_message()):
-        assert {"Fake2LMHeadModel", "Fake2Model"} <= _classes(text)
-        assert _classes(text) == _registered()
+    task = register(dataclasses.replace(task_spec("tag"), name="fake-tag", command=None,
+                                        hf_architectures=(HFClass("Fake2ForTokenClassification", "fake2"),)))
+    try:
+        assert extra.architectures["Fake2ForTokenClassification"] == task.head_of("decoder")
+        for text in (keymaps.supported_text(), keymaps.supported_lines(), keymaps.supported_table(), _docs_table(),
+                     _unwritable_message()):
+            assert {"Fake2ForTokenClassification", "Fake2Model"} <= _classes(text)
+            assert _classes(text) == _registered()
+    finally:
+        unregister(task.name)
 
 
 def test_docs_pages_use_the_generated_table_and_hold_no_hand_written_list():

@@ -61,15 +61,24 @@ def test_eval_without_files_names_what_each_task_reads():
         EvalSettings(run="runs/x", data=())
 
 
-def test_hugging_face_classes_of_the_tasks_are_the_ones_interop_reads():
-    """Each task's Hugging Face classes exist in the architecture registry, and map to a config the task fits."""
-    architectures = {arch: (family, fields) for family in HF_FAMILIES.values()
-                     for arch, fields in family.architectures.items()}
+def test_hugging_face_classes_are_declared_by_their_tasks_and_listed_by_interop():
+    """Each task's Hugging Face classes are listed under their model_type, implying a config the task fits; the
+    interop families name no class of a task themselves (only their bare models)."""
     for spec in tasks():
-        for arch in spec.hf_architectures:
-            assert arch in architectures, (spec.name, arch)
-            fields = architectures[arch][1]
-            assert all(fields.get(k, v) == v for k, v in spec.head.items()), (spec.name, arch)
+        for hf_class in spec.hf_architectures:
+            family = HF_FAMILIES[hf_class.model_type]
+            assert family.ours_fixed["family"] in spec.families, (spec.name, hf_class.name)
+            fields = {**family.ours_fixed, **family.architectures[hf_class.name]}
+            assert task_of_config(presets_like(fields)) is spec, (spec.name, hf_class.name)
+    declared = {c.name for spec in tasks() for c in spec.hf_architectures}
+    for family in HF_FAMILIES.values():
+        assert not declared & set(family.own_architectures)
+        assert family.default_architecture in family.architectures
+
+
+def presets_like(fields: dict) -> ModelConfig:
+    """A small config with `fields` (the family's fixed fields and a class's head)."""
+    return ModelConfig(**{"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "vocab_size": 40, **fields})
 
 
 def test_the_task_implies_its_head_and_a_contradicting_set_is_refused(tmp_path):

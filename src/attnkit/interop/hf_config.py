@@ -34,8 +34,8 @@ def family_of(hf: dict[str, Any], source: str) -> FamilyMap:
 
 
 def architecture_of(hf: dict[str, Any], family: FamilyMap, source: str) -> str:
-    """The model class named by config.json's `architectures` (the family's first when absent)."""
-    named = hf.get("architectures") or [next(iter(family.architectures))]
+    """The model class named by config.json's `architectures` (the family's default when absent)."""
+    named = hf.get("architectures") or [family.default_architecture]
     architecture = named[0]
     if architecture not in family.architectures:
         raise ConfigError(

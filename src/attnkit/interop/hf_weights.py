@@ -146,7 +146,7 @@ def load_hf_tensors(
     canonical = {name: _owner(tensor, expected) for name, tensor in every.items()}
     found: dict[str, tuple[str, Tensor]] = {}  # attnkit name -> (Hugging Face name, tensor)
     unexpected, mismatched, conflicts, misfits = [], [], [], set()
-    dropped = dict(family.ignored_by_architecture).get(architecture, ())
+    dropped = family.dropped(architecture)
     ignored = [_pattern(template) for template in (*family.ignored, *dropped)]
     for theirs, tensor in tensors.items():
         if any(p.match(theirs) for p in ignored):

@@ -1,9 +1,11 @@
 """The Hugging Face architectures attnkit converts: one registry entry (`FamilyMap`) per model family.
 
-Each entry is the one place that says everything about its family: the classes it reads and writes and the head
-each implies, its config.json fields both ways, its weight names, and the few values that need arithmetic. Every
-user-facing list of supported architectures (error messages, `attnkit convert --help`, the docs) is generated from
-`FAMILIES` by `supported_text`, `supported_lines` and `supported_table`, so a new architecture is one entry here.
+Each entry is the one place that says everything about its family: its config.json fields both ways, its weight
+names, the few values that need arithmetic, and its bare class (no task head). The classes with a task's head
+(GPT2LMHeadModel, BertForTokenClassification, ...) are declared by the task's registration (`TaskSpec.
+hf_architectures`, `attnkit.tasks.HFClass`) and listed here under their model_type, each implying its task's head.
+Every user-facing list of supported architectures (error messages, `attnkit convert --help`, the docs) is
+generated from `FAMILIES` by `supported_text`, `supported_lines` and `supported_table`.
 
 A `Rule` pairs an attnkit name with a Hugging Face name. Names are module or tensor paths; `{i}` stands for a layer
 index, and a rule naming a module covers every tensor under it (`.weight`, `.bias`). Where the two layouts differ:
@@ -33,7 +35,7 @@ from typing import Any, NamedTuple
 
 from attnkit.config import ModelConfig
 from attnkit.errors import ConfigError
-from attnkit.tasks import task_of_config
+from attnkit.tasks import task_of_config, tasks
 
 
 class Rule(NamedTuple):
@@ -54,7 +56,8 @@ ToHF = Callable[[ModelConfig, Sequence[str] | None], dict[str, Any]]
 class FamilyMap:
     model_type: str
     name: str  # as people write it, for messages and docs ("GPT-2")
-    architectures: dict[str, dict[str, Any]]  # Hugging Face class -> the ModelConfig fields it implies (its head)
+    own_architectures: dict[str, dict[str, Any]]  # classes no task declares (bare models) -> the fields they imply
+    default_architecture: str  # the class a config.json that names none describes
     base_prefix: str  # the prefix that a bare base model's own checkpoint omits ("transformer.", "bert.")
     bare_architectures: tuple[str, ...]  # classes saved without `base_prefix`
     config_fields: dict[str, str]
@@ -66,10 +69,22 @@ class FamilyMap:
     from_hf: FromHF
     to_hf: ToHF
     ignored: tuple[str, ...] = ()  # buffers recomputed at load time (causal masks, rotary tables, position ids)
-    ignored_by_architecture: tuple[tuple[str, tuple[str, ...]], ...] = ()  # tensors a class drops when it loads
     zero_if_missing: tuple[str, ...] = ()  # Hugging Face tensors that default to zeros when a checkpoint omits them
     special_ids: tuple[str, ...] = ("bos_token_id", "eos_token_id", "pad_token_id")  # token ids config.json carries
     special_id_fallbacks: tuple[tuple[str, str], ...] = ()  # (id, the id that stands in for it when unknown)
+
+    @property
+    def architectures(self) -> dict[str, dict[str, Any]]:
+        """Hugging Face class -> the ModelConfig fields it implies: the registered tasks' classes of this model_type
+        (their head and their own fields), in the tasks' order, then the family's own."""
+        family = self.ours_fixed["family"]
+        declared = {c.name: {**spec.head_of(family), **c.fields} for spec in tasks() for c in spec.hf_architectures
+                    if c.model_type == self.model_type}
+        return {**declared, **self.own_architectures}
+
+    def dropped(self, architecture: str) -> tuple[str, ...]:
+        """The tensors of a checkpoint that `architecture` leaves out when it loads (its task's declaration)."""
+        return next((c.drops for spec in tasks() for c in spec.hf_architectures if c.name == architecture), ())
 
 
 # Hugging Face `hidden_act` / `activation_function` values -> attnkit `activation`, and back.
@@ -111,7 +126,8 @@ def _gpt2_to_hf(config, labels) -> dict[str, Any]:
 GPT2 = FamilyMap(
     model_type="gpt2",
     name="GPT-2",
-    architectures={"GPT2LMHeadModel": {}, "GPT2ForTokenClassification": {"decoder_head": "tag"}, "GPT2Model": {}},
+    own_architectures={"GPT2Model": {}},
+    default_architecture="GPT2LMHeadModel",
     base_prefix="transformer.",
     bare_architectures=("GPT2Model",),
     config_fields={
@@ -217,14 +233,15 @@ _LLAMA_TENSORS = (
     Rule("stack.blocks.{i}.mlp", "model.layers.{i}.mlp"),  # gate_proj up_proj down_proj
     Rule("stack.final_norm", "model.norm"),
     Rule("lm_head", "lm_head"),
-    Rule("classifier", "score"),  # LlamaForTokenClassification's
+    Rule("classifier", "score"),  # a Llama classifier head's (LlamaFor...Classification)
 )
 _LLAMA_IGNORED = ("model.layers.{i}.self_attn.rotary_emb.inv_freq", "model.rotary_emb.inv_freq")
 
 LLAMA = FamilyMap(
     model_type="llama",
     name="Llama",
-    architectures={"LlamaForCausalLM": {}, "LlamaForTokenClassification": {"decoder_head": "tag"}, "LlamaModel": {}},
+    own_architectures={"LlamaModel": {}},
+    default_architecture="LlamaForCausalLM",
     base_prefix="model.",
     bare_architectures=("LlamaModel",),
     config_fields={**_LLAMA_FIELDS, "attention_bias": "bias"},
@@ -253,7 +270,8 @@ LLAMA = FamilyMap(
 MISTRAL = FamilyMap(
     model_type="mistral",
     name="Mistral",
-    architectures={"MistralForCausalLM": {}, "MistralModel": {}},
+    own_architectures={"MistralModel": {}},
+    default_architecture="MistralForCausalLM",
     base_prefix="model.",
     bare_architectures=("MistralModel",),
     config_fields={**_LLAMA_FIELDS, "sliding_window": "attention_window"},
@@ -292,12 +310,8 @@ def _bert_to_hf(config, labels) -> dict[str, Any]:
 BERT = FamilyMap(
     model_type="bert",
     name="BERT",
-    architectures={
-        "BertModel": {"encoder_head": "none"},
-        "BertForSequenceClassification": {"encoder_head": "classify", "pooler": True},
-        "BertForTokenClassification": {"encoder_head": "tag", "pooler": False},
-        "BertForMaskedLM": {"encoder_head": "mlm", "mlm_transform": True, "lm_head_bias": True, "pooler": False},
-    },
+    own_architectures={"BertModel": {"encoder_head": "none"}},
+    default_architecture="BertModel",
     base_prefix="bert.",
     bare_architectures=("BertModel",),
     config_fields={
@@ -357,10 +371,6 @@ BERT = FamilyMap(
     from_hf=_bert_from_hf,
     to_hf=_bert_to_hf,
     ignored=("bert.embeddings.position_ids",),
-    # BertForPreTraining checkpoints (bert-base-uncased) also hold the pooler and the next-sentence head, which
-    # BertForMaskedLM leaves out as well.
-    ignored_by_architecture=(("BertForMaskedLM", ("bert.pooler", "cls.seq_relationship")),
-                             ("BertForTokenClassification", ("bert.pooler", "cls."))),
     special_ids=("pad_token_id",),
 )
 
@@ -420,7 +430,8 @@ def _marian_to_hf(config, labels) -> dict[str, Any]:
 MARIAN = FamilyMap(
     model_type="marian",
     name="Marian",
-    architectures={"MarianMTModel": {}},
+    own_architectures={},
+    default_architecture="MarianMTModel",
     base_prefix="model.",
     bare_architectures=(),
     config_fields={

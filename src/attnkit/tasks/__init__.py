@@ -12,6 +12,7 @@ tasks and for one a user registers from outside the package.
 from attnkit.tasks import classify, lm, tag, translate  # noqa: F401 (each registers its tasks)
 from attnkit.tasks.registry import (
     EvalContext,
+    HFClass,
     TaskCommand,
     TaskContext,
     TaskSpec,
@@ -30,6 +31,7 @@ from attnkit.tasks.report import EvalReport
 __all__ = [
     "EvalContext",
     "EvalReport",
+    "HFClass",
     "TaskCommand",
     "TaskContext",
     "TaskSpec",

@@ -22,7 +22,7 @@ from attnkit.run_settings import InputSettings, read_inputs
 from attnkit.tasks import common
 from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, synthetic_name, take_rows
 from attnkit.tasks.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
-from attnkit.tasks.registry import EvalContext, TaskCommand, TaskContext, TaskSpec, register
+from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 
 CONFUSION_FILE = "confusion.png"
@@ -166,7 +166,7 @@ CLASSIFY = register(TaskSpec(
     default_model=dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned",
                        norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
                        encoder_head="classify", pooling="mean"),
-    hf_architectures=("BertForSequenceClassification",),
+    hf_architectures=(HFClass("BertForSequenceClassification", "bert", {"pooler": True}),),
     eval_help="labelled files ('<label> <text>' lines or CSV/TSV): accuracy, macro-F1, confusion matrix",
     eval_options=("batch_size", "bad_labels"),
     command=TaskCommand("classify", "label texts with a trained encoder classifier", ClassifySettings, run_classify),

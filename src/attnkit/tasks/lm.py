@@ -48,7 +48,7 @@ from attnkit.errors import ConfigError, InputError
 from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs, read_stdin
 from attnkit.tasks import common
 from attnkit.tasks.common import ONE_PROCESS, Shard, decode_tensor, device_of, encode_tensor, rows_of, synthetic_name
-from attnkit.tasks.registry import EvalContext, TaskCommand, TaskContext, TaskSpec, register
+from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.textfiles import read_text
 from attnkit.tokenize import SPECIAL_ROLES, Tokenizer
@@ -486,7 +486,9 @@ LM = register(TaskSpec(
     default_model=dict(family="decoder", d_model=128, n_layers=4, n_heads=4, d_ff=352, position="rope",
                        norm="rms", activation="swiglu", bias=False, max_seq_len=128, dropout=0.0,
                        tie_embeddings=True),
-    hf_architectures=("GPT2LMHeadModel", "LlamaForCausalLM"), eval_help="text files: perplexity",
+    hf_architectures=(HFClass("GPT2LMHeadModel", "gpt2"), HFClass("LlamaForCausalLM", "llama"),
+                      HFClass("MistralForCausalLM", "mistral")),
+    eval_help="text files: perplexity",
     eval_options=("window", "stride", "int8", "int8_dynamic"),
     command=TaskCommand("generate", "continue a prompt with a trained decoder, streaming the text as it comes",
                         GenerateSettings, run_generate),
@@ -498,7 +500,11 @@ MLM = register(TaskSpec(
     default_model=dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned",
                        norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
                        encoder_head="mlm", pooling="mean", tie_embeddings=True),
-    hf_architectures=("BertForMaskedLM",), eval_help="text files: masked-token loss and accuracy",
+    # BertForPreTraining checkpoints (bert-base-uncased) also hold the pooler and the next-sentence head, which
+    # BertForMaskedLM leaves out
+    hf_architectures=(HFClass("BertForMaskedLM", "bert", {"mlm_transform": True, "lm_head_bias": True, "pooler": False},
+                              drops=("bert.pooler", "cls.seq_relationship")),),
+    eval_help="text files: masked-token loss and accuracy",
     eval_options=("window", "batch_size", "seed"),
     command=TaskCommand("fill-mask", "the likeliest tokens at each [MASK] of texts, with a masked-LM encoder",
                         FillMaskSettings, run_fill_mask),

@@ -86,6 +86,17 @@ class EvalContext:
 
 
 @dataclass(frozen=True)
+class HFClass:
+    """A Hugging Face class a task's models convert to and from (`attnkit convert`): `attnkit.interop.keymaps` lists
+    it under its `model_type`, implying the task's head (the head fields the family's config has) and `fields`."""
+
+    name: str  # e.g. "BertForTokenClassification"
+    model_type: str  # the interop family whose config and weight names it uses ("bert", "gpt2", "llama", ...)
+    fields: Mapping[str, Any] = field(default_factory=dict)  # model config fields it implies beyond the task's head
+    drops: tuple[str, ...] = ()  # tensors (name prefixes) of a checkpoint that the class leaves out when it loads
+
+
+@dataclass(frozen=True)
 class TaskCommand:
     """The command a task adds to `attnkit` (`attnkit NAME RUN ...`, its pipeline method on texts): a settings
     dataclass, each field one of its options (`attnkit.options`; `attnkit.run_settings` holds what loading a run and
@@ -117,7 +128,7 @@ class TaskSpec:
     training_text: Callable[[Any, int], list[str]] | None = None  # (data, seed) -> text a new tokenizer learns
     options: tuple[str, ...] = ()  # the DataConfig fields it reads beyond data, tokenizer and seq_len
     eval_options: tuple[str, ...] = ()  # the attnkit eval settings it reads beyond every task's (`EvalSettings`)
-    hf_architectures: tuple[str, ...] = ()  # the Hugging Face classes its models convert to and from
+    hf_architectures: tuple[HFClass, ...] = ()  # the Hugging Face classes its models convert to and from
     eval_help: str = ""  # what `attnkit eval --data` takes for this task
     command: TaskCommand | None = None  # the command it adds to `attnkit` (`attnkit.cli` lists it with its own)
 
@@ -136,6 +147,11 @@ class TaskSpec:
         (head fields its family's config lacks do not apply to it)."""
         return config.family in self.families and all(getattr(config, k, v) == v for k, v in self.head.items())
 
+    def head_of(self, family: str) -> dict[str, Any]:
+        """The head fields that models of `family` have (a family's config may lack some of the task's)."""
+        fields = {f.name for f in dataclasses.fields(config_class(family))}
+        return {k: v for k, v in self.head.items() if k in fields}
+
     def with_head(self, config: ModelConfig, sets: Sequence[str] = ()) -> ModelConfig:
         """`config` with the user's `--set key=value` assignments `sets` and the task's head. The family is checked
         first, and an assignment that contradicts the head is a ConfigError naming both."""
@@ -146,8 +162,7 @@ class TaskSpec:
                                   f"for another; drop that --set (the task sets its head itself)")
         family = explicit.get("family", config.family)
         self.check_family(family)
-        fields = {f.name for f in dataclasses.fields(config_class(family))}
-        return config.replace(**{**explicit, **{k: v for k, v in self.head.items() if k in fields}})
+        return config.replace(**{**explicit, **self.head_of(family)})
 
 
 _TASKS: dict[str, TaskSpec] = {}

@@ -31,7 +31,7 @@ from attnkit.errors import InputError
 from attnkit.run_settings import InputSettings, read_inputs
 from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, synthetic_name
 from attnkit.tasks.conll import Sentence, check_scheme, read_tagged, tag_scheme
-from attnkit.tasks.registry import EvalContext, TaskCommand, TaskContext, TaskSpec, register
+from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.tokenize import Tokenizer, require_id
 
@@ -362,7 +362,8 @@ TAG = register(TaskSpec(
     default_model=dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned",
                        norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
                        encoder_head="tag"),
-    hf_architectures=("BertForTokenClassification", "GPT2ForTokenClassification", "LlamaForTokenClassification"),
+    hf_architectures=(HFClass("BertForTokenClassification", "bert", {"pooler": False}, drops=("bert.pooler", "cls.")),
+                      HFClass("GPT2ForTokenClassification", "gpt2"), HFClass("LlamaForTokenClassification", "llama")),
     eval_help="CoNLL or .conllu files: entity precision, recall, F1 (seqeval) and word accuracy",
     eval_options=("batch_size", "tag_column"),
     command=TaskCommand("tag", "label each word of texts with a trained tagger (named entities, parts of speech)",

@@ -26,7 +26,7 @@ from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs
 from attnkit.tasks import common
 from attnkit.tasks.bleu import translation_scores
 from attnkit.tasks.common import EpochTask, device_of, mean_loss, split, synthetic_name
-from attnkit.tasks.registry import EvalContext, TaskCommand, TaskContext, TaskSpec, register
+from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.tokenize import Tokenizer
 
@@ -212,7 +212,7 @@ TRANSLATE = register(TaskSpec(
     default_model=dict(family="encoder-decoder", d_model=256, n_layers=3, n_heads=8, d_ff=1024,
                        position="sinusoidal", norm="layer", norm_position="pre", activation="relu", max_seq_len=128,
                        dropout=0.1, scale_embeddings=True, tie_embeddings=True, label_smoothing=0.1),
-    hf_architectures=("MarianMTModel",),
+    hf_architectures=(HFClass("MarianMTModel", "marian"),),
     eval_help="a TSV file (source<TAB>target) or two line-aligned files: BLEU and chrF",
     eval_options=("beam_size", "batch_size", "int8", "int8_dynamic"),
     command=TaskCommand("translate", "translate with a trained encoder-decoder (greedy or beam search)",
