@@ -34,7 +34,7 @@ DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # the 
 
 def _fields(command: cli.Command) -> dict[str, tuple[type, dataclasses.Field]]:
     classes = command.classes()
-    return {f.name: (cls, f) for cls in classes for f in dataclasses.fields(cls)}
+    return {name: (cls, f) for cls in classes for name, f in options.fields_of(cls).items()}
 
 
 def test_every_command_is_in_the_parser_and_every_option_is_explained_with_the_settings_default():
@@ -129,7 +129,8 @@ def test_readme_train_flags_reach_the_request_unchanged():
     invocation = cli.parse(["train", "--data", "input.txt", "--tokenizer", "char", "--seq-len", "64", "--max-steps",
                             "2000", "--max-time", "5m", "--out", "runs/shakespeare", "--set", "n_layers=6",
                             "--set", "dropout=0.1", "--resume", "--no-progress", "--lora-targets", "q_proj,v_proj"])
-    run, data, training = invocation.settings, *invocation.sections
+    run, data, training, *own = invocation.settings, *invocation.sections
+    assert own == [{} for _ in own]  # no task's own option (--tag-column) given
     assert (run.out, run.resume, run.progress, run.set) == ("runs/shakespeare", True, False,
                                                             ("n_layers=6", "dropout=0.1"))
     assert data == {"data": ("input.txt",), "tokenizer": "char", "seq_len": 64}
@@ -138,7 +139,7 @@ def test_readme_train_flags_reach_the_request_unchanged():
 
 
 def test_options_not_given_stay_out_so_a_resumed_run_keeps_its_own():
-    run, data, training = (lambda i: (i.settings, *i.sections))(cli.parse(["train", "--resume", "runs/x/best"]))
+    run, data, training, *_ = (lambda i: (i.settings, *i.sections))(cli.parse(["train", "--resume", "runs/x/best"]))
     assert run.resume == "runs/x/best" and data == {} and training == {}
 
 
@@ -158,7 +159,7 @@ def test_a_yaml_run_file_for_train_splits_into_options_model_fields_and_settings
     path.write_text("out: runs/y\ntask: translate\nn_layers: 3\nposition: rope\nmax_time: 90s\nlr: 0.002\n"
                     "set: [dropout=0.1]\n")
     invocation = cli.parse(["train", "--config", str(path), "--lr", "0.003", "--set", "d_model=64"])
-    run, data, training = invocation.settings, *invocation.sections
+    run, data, training, *_ = invocation.settings, *invocation.sections
     assert run.out == "runs/y" and run.model_config is None
     assert run.set == ("n_layers=3", 'position="rope"', "dropout=0.1", "d_model=64")  # file first, command line last
     assert data == {"task": "translate"} and training == {"max_time": 90.0, "lr": 0.003}

@@ -251,3 +251,18 @@ def test_an_option_of_another_tasks_eval_in_a_config_file_is_refused_before_anyt
     (tmp_path / "eval.json").write_text('{"int8": true}')
     line = _one_error(capsys, ["eval", str(runs["clf"]), "--data", "x.txt", "--config", str(tmp_path / "eval.json")])
     assert "--int8 does not apply" in line and "drop it" in line, line
+
+
+def test_eval_of_a_tagging_run_shows_its_tasks_own_option(tmp_path):
+    from attnkit import build_model
+    from attnkit.checkpoint import save_model
+    from attnkit.config import ModelConfig
+    from attnkit.tokenize import CharTokenizer
+
+    tokenizer = CharTokenizer("abc ")
+    config = ModelConfig(family="encoder", encoder_head="tag", vocab_size=tokenizer.vocab_size, d_model=16,
+                         n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+    save_model(build_model(config), config, tmp_path / "tag")
+    tokenizer.save(tmp_path / "tag" / "tokenizer")
+    shown = _shown(subparsers(cli.build_parser(["eval", str(tmp_path / "tag"), "--help"]))["eval"])
+    assert {"--tag-column", "--batch-size"} <= shown and not {"--int8", "--bad-labels", "--window"} & shown

@@ -42,9 +42,11 @@ def _data_root(tmp_path: Path, recipe: recipes.Recipe) -> Path:
 
 
 def _train(argv: list[str]):
-    """(TrainRun, data options, training options) of `attnkit train ARGV`."""
+    """(TrainRun, data options, training options) of `attnkit train ARGV` (the tasks' own options among the data
+    options)."""
     invocation = cli.parse(["train", *argv])
-    return invocation.settings, *invocation.sections
+    request = cli.train_request(invocation.settings, *invocation.sections)
+    return invocation.settings, {**request.data, **({"task": request.task} if request.task else {})}, request.settings
 
 
 def test_there_are_recipes_and_each_file_is_json_with_the_recipe_keys():

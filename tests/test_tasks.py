@@ -265,3 +265,31 @@ def test_the_check_finds_a_comparison(tmp_path):
 def test_presets_say_which_task_they_are_for():
     assert task_of_config(presets.get("bert-tiny")).name == "classify"
     assert task_of_config(presets.get("gpt2-tiny")).name == "lm"
+
+
+# A task's own options ---------------------------------------------------------------------------------------------
+def _conllu(sentences) -> str:
+    """CoNLL-U with the BIO tags in MISC (NER=...) and a UPOS of X for every word."""
+    return "".join("".join(f"{i}\t{w}\t_\tX\t_\t_\t0\tdep\t_\tNER={t}\n" for i, (w, t) in
+                           enumerate(zip(words, tags, strict=True), 1)) + "\n" for words, tags in sentences)
+
+
+def test_a_tasks_own_option_trains_is_saved_and_is_evaluations_default(tmp_path, capsys):
+    """--tag-column is tag's own (TaskSpec.own_options): train reads it, the run keeps it, eval takes it unless
+    told otherwise; another task refuses it, and a saved run of another task that holds it still loads."""
+    (tmp_path / "train.conllu").write_text(_conllu(tagging_sentences(40, seed=0)), encoding="utf-8")
+    (tmp_path / "val.conllu").write_text(_conllu(tagging_sentences(10, seed=1)), encoding="utf-8")
+    trainer = _train(tmp_path / "tag", "tag", {"data": (str(tmp_path / "train.conllu"),),
+                                               "val_data": (str(tmp_path / "val.conllu"),), "tag_column": "NER"})
+    assert trainer.labels != ["X"] and "B-PER" in trainer.labels  # read from MISC's NER, not UPOS
+    state = json.loads((tmp_path / "tag" / "train_state.json").read_text())
+    assert state["data_config"]["tag_column"] == "NER"
+    assert evaluate_run(tmp_path / "tag", [tmp_path / "val.conllu"]).rows[0]["f1"] == _last_eval(tmp_path / "tag")["f1"]
+    with pytest.raises(InputError, match="tags the run does not know: X"):
+        evaluate_run(tmp_path / "tag", [tmp_path / "val.conllu"], task_options={"tag_column": "upos"})
+
+    with pytest.raises(ConfigError, match="tag_column is an option of --task tag, not of --task lm"):
+        check_request(TrainRequest(out=str(tmp_path / "lm"), task="lm", overrides=["tag_column=NER"]))
+    assert DataConfig.from_dict({"task": "lm", "tag_column": "upos"}, saved=True).options is None
+    assert cli.main(["train", "--task", "classify", "--tag-column", "NER", "--out", str(tmp_path / "c")]) == 2
+    assert "tag_column is an option of --task tag" in capsys.readouterr().err

@@ -289,11 +289,13 @@ def _train_file(values: dict[str, Any], path: str) -> dict[str, Any]:
     return {**rest, "set": (*model, *rest.get("set", ()))} if model else rest
 
 
-def train_request(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) -> TrainRequest:
-    """The job `attnkit train` asks for: its own options, and the data and training options given."""
+def train_request(run: TrainRun, data: dict[str, Any], training: dict[str, Any], *own: dict[str, Any]
+                  ) -> TrainRequest:
+    """The job `attnkit train` asks for: its own options, and the data and training options given (`own`: those of
+    each task's own section, `TaskSpec.own_options`, data settings too)."""
     from attnkit.train import TrainRequest
 
-    data = dict(data)
+    data = {k: v for section in (data, *own) for k, v in section.items()}
     return TrainRequest(
         out=run.out, task=data.pop("task", None), preset=run.preset, config_file=run.model_config,
         overrides=list(run.set), data=data, settings=training, resume=run.resume, overwrite=run.overwrite,
@@ -301,13 +303,13 @@ def train_request(run: TrainRun, data: dict[str, Any], training: dict[str, Any])
     )
 
 
-def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) -> int:
+def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any], *own: dict[str, Any]) -> int:
     from attnkit.generate import translate_batched
     from attnkit.interop import hf
     from attnkit.train import prepare
     from attnkit.train.job import check_request
 
-    request = train_request(run, data, training)
+    request = train_request(run, data, training, *own)
     if not request.resume:  # names, task against family, --set keys: refused before a tokenizer is trained
         check_request(request)
     trainer = prepare(request, translate=translate_batched, load_hf=hf.load)
@@ -343,15 +345,17 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any]) ->
 
 
 # eval -----------------------------------------------------------------------------------------------------------
-def _run_eval(settings: EvalSettings) -> int:
+def _run_eval(settings: EvalSettings, *own: dict[str, Any]) -> int:
+    """`own`: the options given of each task's own section (`TaskSpec.own_options`)."""
     from attnkit.checkpoint import load_config
     from attnkit.tasks import task_of_run
     from attnkit.train.evaluate import check_applies, run_eval
 
+    task_options = {k: v for section in own for k, v in section.items()}
     config = load_config(settings.run)
     task = task_of_run(settings.run, config)
     if task is not None:  # an option of another task's evaluation: refused before any checkpoint is averaged
-        check_applies(settings, task, settings.run)
+        check_applies(settings, task, settings.run, task_options)
     if settings.average_last:  # the mean of the run's checkpoints: a run of the same model and task
         from attnkit.train.average import average_run
 
@@ -373,7 +377,7 @@ def _run_eval(settings: EvalSettings) -> int:
         def prepare(model):
             return prepare_for_inference(model, config.family, quantize=settings.quantize)
 
-    report = run_eval(settings, translate=translate, prepare=prepare)
+    report = run_eval(settings, translate=translate, prepare=prepare, task_options=task_options)
     print(report.table())
     print(f"saved {report.details['json']}")
     return 0
@@ -521,6 +525,13 @@ def load_pipeline(settings: LoadSettings) -> Pipeline:
     return pipeline
 
 
+def _own_sections() -> tuple[tuple[str, type], ...]:
+    """A section of options for each task that has its own (`TaskSpec.own_options`: tag's --tag-column)."""
+    from attnkit.tasks import tasks
+
+    return tuple((f"--task {spec.name}", spec.own_options) for spec in tasks() if spec.own_options is not None)
+
+
 def _task_commands() -> list[Any]:
     """The commands the registered tasks add (`TaskSpec.command`: generate, translate, classify, tag, fill-mask and
     any of a task registered from outside), in their registration's order."""
@@ -542,7 +553,8 @@ COMMANDS: list[Command] = [
         "train", "train a model for a task (lm, mlm, translate, classify, tag), with checkpoints and resume", TrainRun,
         _run_train,
         sections=(("data", "attnkit.train.job:DataConfig"),
-                  ("training (on resume, the run's own unless given)", "attnkit.train.trainer:TrainConfig")),
+                  ("training (on resume, the run's own unless given)", "attnkit.train.trainer:TrainConfig"),
+                  *_own_sections()),
         description="Train a decoder LM, an encoder-decoder translator or an encoder classifier. Progress is "
         "shown; metrics.jsonl, a loss plot and checkpoints go to --out. Ctrl-C finishes the step, saves and exits.",
         epilog=_TRAIN_EPILOG, adapt_file=_train_file, recipe="train",
@@ -555,7 +567,7 @@ COMMANDS: list[Command] = [
         "signatures. Classifiers: accuracy, macro-F1 and a confusion "
         "matrix (table and PNG). Taggers: entity precision, recall and F1 (seqeval) and word accuracy. Prints a table "
         "and writes eval.json. Given a run (attnkit eval RUN --help), it shows only the options of the run's task.",
-        recipe="evaluate", inapplicable="attnkit.train.evaluate:inapplicable",
+        recipe="evaluate", inapplicable="attnkit.train.evaluate:inapplicable", sections=_own_sections(),
     ),
     Command("average", "average the weights of a run's last N checkpoints into a model of its own",
             "attnkit.train.average:AverageSettings", _run_average,
@@ -698,7 +710,10 @@ def add_command_options(p: argparse.ArgumentParser, command: Command, hide: dict
     settings, *sections = command.classes()
     options.add_fields(p, settings, either=RUN, refuse=hide)
     for (title, _), cls in zip(command.sections, sections, strict=True):
-        options.add_fields(p.add_argument_group(title), cls)
+        if set(options.fields_of(cls)) - set(hide or ()):
+            options.add_fields(p.add_argument_group(title), cls, refuse=hide)
+        else:  # a section none of whose options apply: refused, without a heading
+            options.add_fields(p, cls, refuse=hide)
     if command.recipe is not None:
         from attnkit.recipes import RecipeOptions
 

@@ -17,7 +17,8 @@ A few fields need more than their type says; they carry `dataclasses.field(metad
 `flags` (the option strings, e.g. aliases), `positional` (True: an argument without `--`), `metavar`,
 `parse` (a function from the text to the value, e.g. `duration`), `sep` (a tuple's items may also be split on
 it: `--lora-targets q_proj,v_proj`), `const` (the option may be given bare: `--resume` means True),
-`choices` (when a constant, not a Literal, holds them).
+`choices` (when a constant, not a Literal, holds them), `internal` (True: no option and no settings-file key;
+the class fills it itself, as `DataConfig.options` from the task's own options).
 
 Every generated option defaults to None ("not given"), so a caller can layer values: the dataclass defaults,
 then a `--config` file, then what the command line gave (`given`). The help shows the dataclass default.
@@ -94,7 +95,8 @@ def _trailing_comment(line: str) -> str:
 
 
 def fields_of(cls: type) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(cls) if f.init}
+    """The fields that are options (all but those the class fills itself, `internal`)."""
+    return {f.name: f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")}
 
 
 def field_default(f: dataclasses.Field) -> Any:

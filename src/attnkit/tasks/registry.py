@@ -83,6 +83,7 @@ class EvalContext:
     out: Path  # where pictures go (eval.json is written by the caller)
     translate_texts: Callable[[list[str]], list[str]] | None = None
     progress: bool = False
+    options: Any = None  # the task's own options (`TaskSpec.own_options`): given, else the run's, else defaults
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,10 @@ class TaskSpec:
     decodes: bool = False  # evaluation decodes text (attnkit eval passes `translate_texts`)
     training_text: Callable[[Any, int], list[str]] | None = None  # (data, seed) -> text a new tokenizer learns
     options: tuple[str, ...] = ()  # the DataConfig fields it reads beyond data, tokenizer and seq_len
+    own_options: type | None = None
+    """a dataclass of the options this task alone reads (tag's `tag_column`): flags of train and eval, --set and
+    --config keys, saved with the run's data settings; `make` reads them as `context.data.options`, evaluation as
+    `context.options`"""
     eval_options: tuple[str, ...] = ()  # the attnkit eval settings it reads beyond every task's (`EvalSettings`)
     hf_architectures: tuple[HFClass, ...] = ()  # the Hugging Face classes its models convert to and from
     eval_help: str = ""  # what `attnkit eval --data` takes for this task
@@ -223,6 +228,12 @@ def task_spec(name: str) -> TaskSpec:
         known = "; ".join(f"{spec.name} ({spec.help})" for spec in _TASKS.values())
         raise ConfigError(f"unknown task {name!r}{hint}; the tasks are {known}")
     return _TASKS[name]
+
+
+def own_options() -> dict[str, TaskSpec]:
+    """Each option a task alone reads (`TaskSpec.own_options`' fields), with its task."""
+    return {f.name: spec for spec in tasks() if spec.own_options is not None
+            for f in dataclasses.fields(spec.own_options)}
 
 
 def task_of_config(config: ModelConfig) -> TaskSpec | None:

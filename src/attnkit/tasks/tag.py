@@ -180,7 +180,14 @@ def score_tagged(model: nn.Module, data: TaggedData, scheme: str | None, *, prog
     return {"val_loss": total / max(count, 1), **scores_of_counts(counts)}
 
 
-# The training task --------------------------------------------------------------------------------------------------
+# Options, the training task ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TagOptions:
+    """What tagging alone reads (`TaskSpec.own_options`): flags of train and eval, --set and --config keys."""
+
+    tag_column: str = "upos"  # .conllu files: the column of tags (upos, xpos, deprel, or a MISC key such as NER)
+
+
 class TagTask(EpochTask):
     """Token classification; the best checkpoint is the one of highest entity F1 (word accuracy for plain tags)."""
 
@@ -212,7 +219,7 @@ def tagged(data: Any, seed: int) -> tuple[list[Sentence], list[Sentence]]:
     if synthetic_name(data) is not None or not data.data:
         raise InputError("--task tag needs --data FILE... of tagged sentences: CoNLL (a token and its tag per line, "
                          "a blank line between sentences) or .conllu (--tag-column names the column)")
-    read = dict(column=data.tag_column, encoding_errors=data.encoding_errors)
+    read = dict(column=data.options.tag_column, encoding_errors=data.encoding_errors)
     train = [s for path in data.data for s in read_tagged(path, **read)]
     if data.val_data:
         return train, [s for path in data.val_data for s in read_tagged(path, **read)]
@@ -257,7 +264,7 @@ def _report(ctx: EvalContext) -> EvalReport:
     rows, gold_all, predicted_all = [], [], []
     scheme = tag_scheme(set(labels))
     for path in ctx.files:
-        sentences = read_tagged(path, column=ctx.settings.tag_column, encoding_errors=ctx.settings.encoding_errors)
+        sentences = read_tagged(path, column=ctx.options.tag_column, encoding_errors=ctx.settings.encoding_errors)
         unknown = sorted({t for _, tags in sentences for t in tags} - set(labels))
         if unknown:
             raise InputError(f"{path} has tags the run does not know: {', '.join(unknown)} (the run's: "
@@ -358,14 +365,14 @@ TAG = register(TaskSpec(
     families=("encoder", "decoder"), head={"encoder_head": "tag", "decoder_head": "tag", "mlm_transform": False},
     make=_make, evaluate_files=_report, method="tag",
     pipeline=tag, labelled=True, training_text=_training_text,
-    options=("val_data", "val_fraction", "batch_tokens", "encoding_errors", "tag_column"),
+    options=("val_data", "val_fraction", "batch_tokens", "encoding_errors"), own_options=TagOptions,
     default_model=dict(family="encoder", d_model=128, n_layers=2, n_heads=4, d_ff=512, position="learned",
                        norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
                        encoder_head="tag"),
     hf_architectures=(HFClass("BertForTokenClassification", "bert", {"pooler": False}, drops=("bert.pooler", "cls.")),
                       HFClass("GPT2ForTokenClassification", "gpt2"), HFClass("LlamaForTokenClassification", "llama")),
     eval_help="CoNLL or .conllu files: entity precision, recall, F1 (seqeval) and word accuracy",
-    eval_options=("batch_size", "tag_column"),
+    eval_options=("batch_size",),
     command=TaskCommand("tag", "label each word of texts with a trained tagger (named entities, parts of speech)",
                         TagSettings, run_tag),
 ))

@@ -40,9 +40,10 @@ from attnkit.checkpoint import (
     read_json,
     read_labels,
 )
+from attnkit.config import check_types
 from attnkit.errors import ConfigError, InputError
 from attnkit.options import field_default, fields_of, flag
-from attnkit.tasks import EvalContext, EvalReport, TaskSpec, task_names, task_of_run, tasks
+from attnkit.tasks import EvalContext, EvalReport, TaskSpec, own_options, task_names, task_of_run, tasks
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.job import pick_device
@@ -81,7 +82,6 @@ class EvalSettings:
     int8: bool = False  # score the model with int8 weights, as generate --int8 runs it
     int8_dynamic: bool = False  # score it with int8 weights and activations, as generate --int8-dynamic runs it (CPU)
     seed: int | None = None  # masked LM: the masks' seed; none: the run's training seed (its evaluation's masks)
-    tag_column: str | None = None  # tagging, .conllu files: the column of tags; none: the run's (upos)
 
     def __post_init__(self) -> None:
         if self.int8 and self.int8_dynamic:
@@ -115,21 +115,23 @@ def applicable(spec: TaskSpec) -> set[str]:
 
 
 def inapplicable(spec: TaskSpec, run: str | Path) -> dict[str, str]:
-    """The `EvalSettings` fields that `run`, a run of `spec`, does not read, each with why: the tasks it is for."""
-    found = {}
-    for f in dataclasses.fields(EvalSettings):
-        if f.name not in applicable(spec):
-            readers = [other.name for other in tasks() if f.name in other.eval_options]
-            found[f.name] = (f"{flag(f.name)} does not apply to {run}, whose task is {spec.name}: it is for runs of "
-                             f"{', '.join(readers) or 'no registered task'}")
-    return found
+    """The options of `attnkit eval` that `run`, a run of `spec`, does not read, each with why (the tasks it is
+    for): `EvalSettings` fields and the other tasks' own options (`TaskSpec.own_options`)."""
+    readers = {f.name: [other.name for other in tasks() if f.name in other.eval_options]
+               for f in dataclasses.fields(EvalSettings) if f.name not in applicable(spec)}
+    readers.update((name, [owner.name]) for name, owner in own_options().items() if owner is not spec)
+    return {name: f"{flag(name)} does not apply to {run}, whose task is {spec.name}: it is for runs of "
+                  f"{', '.join(tasks_) or 'no registered task'}" for name, tasks_ in readers.items()}
 
 
-def check_applies(settings: EvalSettings, spec: TaskSpec, run: str | Path) -> None:
-    """InputError for a field given a value other than its default that a run of `spec` does not read (from a
-    --config file: the command line does not offer it). `attnkit eval` checks this before loading anything."""
+def check_applies(settings: EvalSettings, spec: TaskSpec, run: str | Path, task_options: dict[str, Any]) -> None:
+    """InputError for an option given that a run of `spec` does not read: a settings field other than its
+    default, or another task's own option (from a --config file: the command line does not offer them).
+    `attnkit eval` checks this before loading anything."""
     for name, why in inapplicable(spec, run).items():
-        if getattr(settings, name) != field_default(fields_of(EvalSettings)[name]):
+        given = name in task_options if name in own_options() else (
+            getattr(settings, name) != field_default(fields_of(EvalSettings)[name]))
+        if given:
             raise InputError(f"{why}; drop it")
 
 
@@ -138,12 +140,14 @@ def run_eval(
     *,
     translate: TextTranslator | None = None,
     prepare: Callable[[nn.Module], nn.Module] | None = None,
+    task_options: dict[str, Any] | None = None,
 ) -> EvalReport:
-    """`attnkit eval`: `evaluate_run` with `settings` (see it for `translate`, `prepare` and what is raised)."""
+    """`attnkit eval`: `evaluate_run` with `settings` (see it for `translate`, `prepare`, `task_options` and what
+    is raised)."""
     return evaluate_run(
         settings.run, list(settings.data), device=pick_device(settings.device), settings=settings,
         translate=translate, out_dir=settings.out, progress=shows_progress(settings.progress), prepare=prepare,
-        details={"quantize": settings.quantize} if settings.quantize else None,
+        details={"quantize": settings.quantize} if settings.quantize else None, task_options=task_options,
     )
 
 
@@ -158,6 +162,7 @@ def evaluate_run(
     progress: bool = False,
     prepare: Callable[[nn.Module], nn.Module] | None = None,
     details: dict[str, Any] | None = None,
+    task_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> EvalReport:
     """Score the run in `run_dir` on the files `data` with its task's evaluation (module docstring).
@@ -168,6 +173,8 @@ def evaluate_run(
     prepare: applied to the loaded model before scoring (the CLI passes int8 quantization); details: added to
         the report (e.g. {"quantize": "int8"}) and to eval.json.
     out_dir: where eval.json (and pictures such as confusion.png) go; default `run_dir/eval`.
+    task_options: the task's own options (`TaskSpec.own_options`, e.g. tag_column={"tag_column": "NER"}); those
+        not given are the run's training values, else their defaults.
     Raises InputError / ConfigError / CheckpointError naming what is wrong and how to fix it.
     """
     run_dir = Path(run_dir)
@@ -189,10 +196,12 @@ def evaluate_run(
     if not spec.decodes:
         model, _ = load_model(run_dir, device=device)
         model = prepare(model) if prepare is not None else model
-    settings = _with_run_defaults(settings, run_dir)
+    state = _train_state(run_dir)
+    settings = _with_run_defaults(settings, state)
     report = spec.evaluate_files(EvalContext(
         run=run_dir, model=model, config=config, tokenizer=tokenizer, labels=read_labels(run_dir),
         files=[str(p) for p in data], settings=settings, out=out_dir, translate_texts=translate, progress=progress,
+        options=_own_options(spec, state, task_options or {}),
     ))
     report.details.update(details or {})
     atomic_write(out_dir / REPORT_FILE, json.dumps(report.to_dict(), indent=1) + "\n")
@@ -206,15 +215,33 @@ def _no_data() -> InputError:
     return InputError(f"eval needs --data FILE... ({wants})")
 
 
-def _with_run_defaults(settings: EvalSettings, run_dir: Path) -> EvalSettings:
-    """Settings left unset take the run's training values (seed, tag_column), else their defaults (0, upos)."""
+def _train_state(run_dir: Path) -> dict[str, Any]:
+    """The run's train_state.json (empty for a converted run)."""
     path = run_dir / TRAIN_STATE_FILE
-    state = read_json(path) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}
+
+
+def _with_run_defaults(settings: EvalSettings, state: dict[str, Any]) -> EvalSettings:
+    """A seed left unset is the run's training seed, else 0."""
     if settings.seed is None:
         settings = replace(settings, seed=int(state.get("settings", {}).get("seed", 0)))
-    if settings.tag_column is None:
-        settings = replace(settings, tag_column=state.get("data_config", {}).get("tag_column", "upos"))
     return settings
+
+
+def _own_options(spec: TaskSpec, state: dict[str, Any], given: dict[str, Any]) -> Any:
+    """The task's own options: those `given`, else the run's training values, else their defaults; None for a task
+    without (`TaskSpec.own_options`)."""
+    if spec.own_options is None:
+        return None
+    names = fields_of(spec.own_options)
+    saved = {k: v for k, v in state.get("data_config", {}).items() if k in names}
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)}: not an option of a {spec.name} run's evaluation; its own are "
+                          f"{', '.join(names)}")
+    options = spec.own_options(**{**saved, **given})
+    check_types(options)
+    return options
 
 
 def _run_tokenizer(run_dir: Path) -> Tokenizer:

@@ -32,7 +32,7 @@ from attnkit.errors import CheckpointError, ConfigError, InputError, nearest
 from attnkit.models import build_model, count_parameters
 from attnkit.options import assignments
 from attnkit.presets import get as get_preset
-from attnkit.tasks import TaskContext, TaskSpec, TrainingTask, task_spec
+from attnkit.tasks import TaskContext, TaskSpec, TrainingTask, own_options, task_spec
 from attnkit.tasks.common import SYNTHETIC, synthetic_name
 from attnkit.tasks.lm import stream_files
 from attnkit.tasks.translate import Translator
@@ -93,11 +93,15 @@ class DataConfig:
     encoding_errors: EncodingErrors = "strict"  # strict: invalid UTF-8 is an error; replace: it becomes U+FFFD
     bad_labels: str = field(default="error", metadata={"choices": BAD_LABELS})
     """classify: lines whose label looks wrong (missing, holding a space): error | skip | keep"""
-    tag_column: str = "upos"  # tag, .conllu files: the column of tags (upos, xpos, deprel, or a MISC key such as NER)
+    options: Any = field(default=None, metadata={"internal": True})
+    """the task's own options (`TaskSpec.own_options`, e.g. tag's tag_column), an instance of its class; None: its
+    defaults. Their keys stand beside this class's in dicts (`from_dict`, `to_dict`) and on the command line"""
 
     def __post_init__(self) -> None:
         check_types(self)
         spec = self.spec
+        if spec.own_options is not None and self.options is None:
+            object.__setattr__(self, "options", spec.own_options())
         if self.bad_labels not in BAD_LABELS:
             raise ConfigError(f"bad_labels={self.bad_labels!r}: choose one of {', '.join(BAD_LABELS)}")
         for name in ("vocab_size", "eval_batches", "bleu_samples", "bleu_beam_size", "max_bytes", "batch_tokens"):
@@ -123,11 +127,37 @@ class DataConfig:
         return task_spec(self.task)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        """The settings, the task's own options among them (flat, as a run's train_state.json holds them)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "options"}
+        if self.options is not None:
+            values.update(dataclasses.asdict(self.options))
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DataConfig:
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in check_fields(cls, data, "data").items()})
+    def from_dict(cls, data: dict[str, Any], *, saved: bool = False) -> DataConfig:
+        """Settings from `data`, whose keys are this class's fields and the task's own options. Another task's own
+        option is a ConfigError naming its task; `saved`: a run's saved settings, which may hold every task's
+        (runs written before tasks owned their options), and keep only the task's own."""
+        owners = own_options()
+        spec = task_spec(data.get("task", cls.task))
+        others = sorted(k for k in data if k in owners and owners[k] is not spec)
+        if others and not saved:
+            raise ConfigError(f"{others[0]} is an option of --task {owners[others[0]].name}, not of --task "
+                              f"{spec.name}; drop it")
+        values = {k: v for k, v in data.items() if k not in owners}
+        if "options" in values:  # a field, but not a key: the options' own keys stand for it
+            raise ConfigError(f"unknown data setting(s) ['options']; known settings are {sorted(data_keys())}")
+        check_fields(cls, values, "data")
+        options = None
+        if spec.own_options is not None:
+            options = spec.own_options(**{k: v for k, v in data.items() if owners.get(k) is spec})
+            check_types(options)
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}, options=options)
+
+
+def data_keys() -> set[str]:
+    """Every data setting's name (a `--set` key): DataConfig's fields and each task's own options."""
+    return {f.name for f in dataclasses.fields(DataConfig) if f.name != "options"} | set(own_options())
 
 
 @dataclass
@@ -285,7 +315,7 @@ def _global_batch(settings: TrainConfig, parallel: SingleProcess) -> TrainConfig
 def _resume(request, source: Path, model_changes, data_changes, train_changes, device, translate) -> Trainer:
     checkpoint = resume_checkpoint(source, device=device)
     state = checkpoint.train_state
-    saved_data = DataConfig.from_dict(state["data_config"])
+    saved_data = DataConfig.from_dict(state["data_config"], saved=True)
     problems = []
     if "task" in data_changes and data_changes["task"] != saved_data.task:
         problems.append(f"task: {saved_data.task!r} -> {data_changes['task']!r}")
@@ -363,20 +393,20 @@ def _tokenizer_differences(saved: Tokenizer, data_changes: dict[str, Any], saved
 def _split_overrides(texts: list[str]) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
     """Sort `key=value` strings into ModelConfig assignments and DataConfig / TrainConfig changes."""
     model_keys = model_field_names()
-    data_keys = {f.name for f in dataclasses.fields(DataConfig)}
+    data_names = data_keys()
     train_keys = {f.name for f in dataclasses.fields(TrainConfig)}
     model, data, train = [], {}, {}
     for text in texts:
         ((key, value),) = assignments([text]).items()
         if key in model_keys:
             model.append(text)
-        if key in data_keys or key in train_keys:  # vocab_size is both: the BPE's size, which the model then takes
-            (data if key in data_keys else train)[key] = value
+        if key in data_names or key in train_keys:  # vocab_size is both: the BPE's size, which the model then takes
+            (data if key in data_names else train)[key] = value
         elif key not in model_keys:
-            guess = nearest(key, model_keys | data_keys | train_keys)
+            guess = nearest(key, model_keys | data_names | train_keys)
             raise ConfigError(f"--set {key}: no such setting; did you mean {guess}?" if guess else (
                 f"--set {key}: no such setting. Model fields: {', '.join(sorted(model_keys))}. Data settings: "
-                f"{', '.join(sorted(data_keys))}. Training settings: {', '.join(sorted(train_keys))}"
+                f"{', '.join(sorted(data_names))}. Training settings: {', '.join(sorted(train_keys))}"
             ))
     return model, data, train
 
