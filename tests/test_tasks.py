@@ -16,11 +16,11 @@ from tagging_data import tagging_sentences
 import attnkit
 from attnkit import build_model, cli, presets
 from attnkit.checkpoint import save_model
-from attnkit.config import ModelConfig
+from attnkit.config import HEADS, ModelConfig, register_head
 from attnkit.errors import ConfigError, InputError
 from attnkit.generate import translate_batched
 from attnkit.interop.keymaps import FAMILIES as HF_FAMILIES
-from attnkit.tasks import task_names, task_of_config, task_spec, tasks
+from attnkit.tasks import own_options, register, task_names, task_of_config, task_spec, tasks, unregister
 from attnkit.tasks.bleu import translation_scores
 from attnkit.tasks.conll import write_conll
 from attnkit.tokenize import CharTokenizer
@@ -233,9 +233,10 @@ def test_translate_scores_offline_as_in_training(tmp_path, capsys):
 
 # No task name compared outside the registry ---------------------------------------------------------------------
 def _task_name_comparisons(path: Path, names: set[str], root: Path = SRC) -> list[str]:
-    """Comparisons (==, !=, in, not in) of a string that names a task, except against a model head field
-    (`encoder_head`, `decoder_head`: config fields the family's config owns) or a pipeline method's name
-    (`spec.method`, `pipeline.methods`: "translate", "classify" and "tag" name methods too)."""
+    """Comparisons (==, !=, in, not in) of a string that names a task, except against a pipeline method's name
+    (`spec.method`, `pipeline.methods`: "translate", "classify" and "tag" name methods too). A head field compared
+    with a head's name counts (`config.encoder_head == "tag"`): a family builds a head by what it outputs
+    (`attnkit.config.head_output`)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if not isinstance(node, ast.Compare):
@@ -243,23 +244,69 @@ def _task_name_comparisons(path: Path, names: set[str], root: Path = SRC) -> lis
         sides = [node.left, *node.comparators]
         strings = {s.value for side in sides for s in ast.walk(side)
                    if isinstance(s, ast.Constant) and isinstance(s.value, str)}
-        other = any(isinstance(s, ast.Attribute) and (s.attr.endswith("_head") or s.attr in ("method", "methods"))
-                    for side in sides for s in ast.walk(side))
-        if strings & names and not other:
+        method = any(isinstance(s, ast.Attribute) and s.attr in ("method", "methods")
+                     for side in sides for s in ast.walk(side))
+        if strings & names and not method:
             found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
     return found
 
 
+def _task_specific(path: Path, root: Path = SRC) -> list[str]:
+    """What only a task's registration may say, said elsewhere: a table keyed by a task's name (dispatch on it,
+    `{"tag": build_tagger}`; but `attnkit.config.HEADS`, the built-in heads by name), a Hugging Face class that
+    carries a task's head (but a family's default class), a field named as a task's own option (`tag_column: str`),
+    or a command named as a task's (`Command("tag", ...)`)."""
+    names = {spec.name for spec in tasks()}
+    hf_classes = {c.name for spec in tasks() for c in spec.hf_architectures}
+    own = set(own_options())
+    commands = {spec.command.name for spec in tasks() if spec.command is not None}
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    defaults = {id(k.value) for k in ast.walk(tree) if isinstance(k, ast.keyword) and k.arg == "default_architecture"}
+    heads = {id(d) for a in ast.walk(tree) if isinstance(a, ast.AnnAssign) and getattr(a.target, "id", "") == "HEADS"
+             for d in ast.walk(a)}  # config.HEADS: the built-in heads' names, which saved config.json files hold
+    found = []
+    for node in ast.walk(tree):
+        where = f"{path.relative_to(root)}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Dict) and id(node) not in heads and any(
+                isinstance(k, ast.Constant) and k.value in names for k in node.keys):
+            found.append(f"{where}: a table keyed by task names")
+        elif isinstance(node, ast.Constant) and node.value in hf_classes and id(node) not in defaults:
+            found.append(f"{where}: {node.value!r}, a class a task declares (TaskSpec.hf_architectures)")
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in own:
+            found.append(f"{where}: a field {node.target.id!r}, a task's own option (TaskSpec.own_options)")
+        elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Command" and node.args
+              and isinstance(node.args[0], ast.Constant) and node.args[0].value in commands):
+            found.append(f"{where}: Command({node.args[0].value!r}), a task's command (TaskSpec.command)")
+    return found
+
+
+def _outside_tasks() -> list[Path]:
+    return [path for path in sorted(SRC.rglob("*.py")) if "tasks" not in path.relative_to(SRC).parts]
+
+
 def test_no_task_name_is_compared_outside_the_registry():
     names = {spec.name for spec in tasks()}
-    found = [hit for path in sorted(SRC.rglob("*.py")) if "tasks" not in path.relative_to(SRC).parts
-             for hit in _task_name_comparisons(path, names)]
+    found = [hit for path in _outside_tasks() for hit in _task_name_comparisons(path, names)]
     assert not found, "task names compared outside attnkit/tasks (ask the registry instead):\n" + "\n".join(found)
 
 
-def test_the_check_finds_a_comparison(tmp_path):
-    (tmp_path / "x.py").write_text('if data.task == "mlm":\n    pass\nif config.encoder_head != "mlm":\n    pass\n')
-    assert _task_name_comparisons(tmp_path / "x.py", {"mlm"}, tmp_path) == ["x.py:1: data.task == 'mlm'"]
+def test_nothing_outside_the_registry_says_what_a_task_alone_says():
+    """Heads built by what they output, Hugging Face classes, own options and commands come from registrations."""
+    found = [hit for path in _outside_tasks() for hit in _task_specific(path)]
+    assert not found, "task-specific code outside attnkit/tasks (put it in the task's registration):\n" + \
+        "\n".join(found)
+
+
+def test_the_checks_find_what_they_look_for(tmp_path):
+    (tmp_path / "x.py").write_text('if data.task == "mlm":\n    pass\nif config.encoder_head != "mlm":\n    pass\n'
+                                   'if spec.method == "tag":\n    pass\n')
+    assert _task_name_comparisons(tmp_path / "x.py", {"mlm", "tag"}, tmp_path) == [
+        "x.py:1: data.task == 'mlm'", "x.py:3: config.encoder_head != 'mlm'"]
+    (tmp_path / "y.py").write_text(
+        'HEADS = {"tag": build_tagger}\nclasses = {"BertForTokenClassification": {}}\n'
+        'FamilyMap(default_architecture="GPT2LMHeadModel")\nclass S:\n    tag_column: str = "upos"\n'
+        'Command("tag", "label words", S, run)\n')
+    assert sorted(hit.split(":")[1] for hit in _task_specific(tmp_path / "y.py", tmp_path)) == ["1", "2", "5", "6"]
 
 
 def test_presets_say_which_task_they_are_for():
@@ -293,3 +340,29 @@ def test_a_tasks_own_option_trains_is_saved_and_is_evaluations_default(tmp_path,
     assert DataConfig.from_dict({"task": "lm", "tag_column": "upos"}, saved=True).options is None
     assert cli.main(["train", "--task", "classify", "--tag-column", "NER", "--out", str(tmp_path / "c")]) == 2
     assert "tag_column is an option of --task tag" in capsys.readouterr().err
+
+
+def test_a_task_like_tag_with_a_head_of_its_own_needs_no_model_code(tmp_path, monkeypatch):
+    """A task that labels positions under a head of its own name (`register_head`, of an output kind the family
+    builds) trains, evaluates and tags through the registry alone: no model, config or interop code of its own."""
+    monkeypatch.setitem(HEADS, "encoder", dict(HEADS["encoder"]))
+    register_head("encoder", "chunk", "position")
+    tag = task_spec("tag")
+    chunk = register(dataclasses.replace(
+        tag, name="chunk", help="chunks (BIO)", families=("encoder",), head={"encoder_head": "chunk"}, command=None,
+        hf_architectures=(), default_model={**tag.default_model, "encoder_head": "chunk"}))
+    try:
+        write_conll(tmp_path / "train.conll", tagging_sentences(40, seed=0))
+        write_conll(tmp_path / "val.conll", tagging_sentences(10, seed=1))
+        trainer = _train(tmp_path / "run", "chunk", {"data": (str(tmp_path / "train.conll"),),
+                                                     "val_data": (str(tmp_path / "val.conll"),)})
+        assert trainer.config.encoder_head == "chunk" and task_of_config(trainer.config) is chunk
+        assert type(trainer.model) is type(build_model(ModelConfig(**tag.default_model)))  # the family's own head
+        offline = evaluate_run(tmp_path / "run", [tmp_path / "val.conll"]).rows[0]
+        assert offline["f1"] == _last_eval(tmp_path / "run")["f1"]
+        assert [w.word for w in attnkit.load(tmp_path / "run").tag(["Anna lives in Paris"])[0]] == \
+            ["Anna", "lives", "in", "Paris"]
+        with pytest.raises(ConfigError, match="did you mean 'chunk'"):
+            ModelConfig(family="encoder", encoder_head="chunks")
+    finally:
+        unregister("chunk")

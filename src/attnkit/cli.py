@@ -526,10 +526,15 @@ def load_pipeline(settings: LoadSettings) -> Pipeline:
 
 
 def _own_sections() -> tuple[tuple[str, type], ...]:
-    """A section of options for each task that has its own (`TaskSpec.own_options`: tag's --tag-column)."""
+    """A section for each class of tasks' own options (`TaskSpec.own_options`: tag's --tag-column), titled with
+    the tasks that read it."""
     from attnkit.tasks import tasks
 
-    return tuple((f"--task {spec.name}", spec.own_options) for spec in tasks() if spec.own_options is not None)
+    readers: dict[type, list[str]] = {}
+    for spec in tasks():
+        if spec.own_options is not None:
+            readers.setdefault(spec.own_options, []).append(spec.name)
+    return tuple((f"--task {' or '.join(names)}", cls) for cls, names in readers.items())
 
 
 def _task_commands() -> list[Any]:

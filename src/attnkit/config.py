@@ -38,7 +38,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args, get_origin
 
-from attnkit.errors import ConfigError
+from attnkit.errors import ConfigError, nearest
 from attnkit.options import assignments, field_help
 from attnkit.textfiles import special_file
 
@@ -47,7 +47,7 @@ Position = Literal["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 Norm = Literal["layer", "rms"]
 NormPosition = Literal["pre", "post"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"]
-EncoderHead = Literal["classify", "mlm", "tag", "none"]
+HeadOutput = Literal["sequence", "position", "token", "none"]
 SinusoidalLayout = Literal["interleaved", "halves"]
 Pooling = Literal["cls", "mean"]
 Cell = Literal["rnn", "gru", "lstm"]
@@ -80,6 +80,41 @@ def check_types(obj: Any) -> None:
             )
         if conformed is not value:
             object.__setattr__(obj, f.name, conformed)  # a float field given an int, a tuple field given a list
+
+
+# Heads: what a model's last layer outputs --------------------------------------------------------------------
+# family -> head (the config's encoder_head / decoder_head) -> what it outputs, which decides how the family builds
+# it: sequence: a label per text (pooled); position: a label per position (token classification); token: a token
+# per position (the vocabulary); none: the bare model's states. A task names the head its models need
+# (`TaskSpec.head`); one of its own may add a head of a kind the family builds (`register_head`).
+HEADS: dict[str, dict[str, HeadOutput]] = {
+    "encoder": {"classify": "sequence", "mlm": "token", "tag": "position", "none": "none"},
+    "decoder": {"lm": "token", "tag": "position"},
+}
+
+
+def register_head(family: str, name: str, output: HeadOutput) -> None:
+    """Let models of `family` take the head `name`, built as the family builds heads that output `output` (the
+    same modules and weight names; a task whose models label positions under a head of its own name needs no
+    model code). Raises ConfigError for an unknown family or output, or a name taken by another output."""
+    if family not in HEADS:
+        raise ConfigError(f"family {family!r} has no heads to add to; those with heads: {', '.join(HEADS)}")
+    outputs = set(HEADS[family].values())
+    if output not in outputs:
+        raise ConfigError(f"the {family} family builds heads that output {', '.join(sorted(outputs))}, not {output!r}")
+    if HEADS[family].get(name, output) != output:
+        raise ConfigError(f"{family} head {name!r} outputs {HEADS[family][name]!r} already")
+    HEADS[family][name] = output
+
+
+def head_output(family: str, name: str) -> HeadOutput:
+    """What head `name` of a `family` model outputs. Raises ConfigError naming the family's heads."""
+    heads = HEADS[family]
+    if name not in heads:
+        guess = nearest(str(name), list(heads))
+        hint = f" (did you mean {guess!r}?)" if guess else ""
+        raise ConfigError(f"{family} head {name!r} is not one attnkit builds{hint}; choose one of {', '.join(heads)}")
+    return heads[name]
 
 
 def require_positive(obj: Any, *names: str) -> None:
@@ -446,16 +481,18 @@ class DecoderConfig(TransformerConfig):
 
     FAMILY: ClassVar[str] = "decoder"
     family: Literal["decoder"] = "decoder"
-    decoder_head: Literal["lm", "tag"] = "lm"  # lm: the next token; tag: a label per position
-    n_classes: int = 2  # tag: number of labels
+    decoder_head: str = "lm"  # lm: the next token; tag: a label per position (`HEADS`: those it builds)
+    n_classes: int = 2  # a head of labels (tag): number of labels
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive(self, "n_classes")
+        head_output(self.FAMILY, self.decoder_head)
 
     def inert_fields(self) -> set[str]:
         unused = super().inert_fields()
-        return unused | ({"n_classes"} if self.decoder_head == "lm" else {"tie_embeddings", "lm_head_bias"})
+        labels = head_output(self.FAMILY, self.decoder_head) == "position"
+        return unused | ({"tie_embeddings", "lm_head_bias"} if labels else {"n_classes"})
 
 
 @dataclass(frozen=True)
@@ -466,9 +503,10 @@ class EncoderConfig(TransformerConfig):
 
     FAMILY: ClassVar[str] = "encoder"
     family: Literal["encoder"] = "encoder"
-    encoder_head: EncoderHead = "classify"
-    """classify: a label per text; mlm: a token per position; tag: a label per position; none: bare"""
-    n_classes: int = 2  # classify, tag: number of labels
+    encoder_head: str = "classify"
+    """classify: a label per text; mlm: a token per position; tag: a label per position; none: bare (`HEADS`: those
+    it builds)"""
+    n_classes: int = 2  # a head of labels (classify, tag): number of labels
     pooling: Pooling = "cls"  # one vector per text: the first token's (BERT) or the mean over real tokens
     pooler: bool = False  # dense + tanh on the pooled vector before the head (BERT's pooler)
     mlm_transform: bool = False  # masked LM: dense + activation + norm before the output projection (BERT)
@@ -476,7 +514,8 @@ class EncoderConfig(TransformerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive(self, "n_classes")
-        if self.mlm_transform and self.encoder_head != "mlm":
+        head_output(self.FAMILY, self.encoder_head)
+        if self.mlm_transform and head_output(self.FAMILY, self.encoder_head) != "token":
             raise ConfigError("mlm_transform=True applies to family='encoder' with encoder_head='mlm' only; set "
                               "mlm_transform=false")
         if self.mlm_transform and self.activation == "swiglu":
@@ -485,11 +524,12 @@ class EncoderConfig(TransformerConfig):
 
     def inert_fields(self) -> set[str]:
         unused = super().inert_fields()
-        if self.encoder_head in ("mlm", "tag"):  # heads on every position: nothing pooled
+        output = head_output(self.FAMILY, self.encoder_head)
+        if output in ("token", "position"):  # heads on every position: nothing pooled
             unused |= {"pooling", "pooler"}
-        if self.encoder_head in ("mlm", "none"):
+        if output in ("token", "none"):
             unused |= {"n_classes"}
-        return unused | ({"tie_embeddings"} if self.encoder_head != "mlm" else set())
+        return unused | ({"tie_embeddings"} if output != "token" else set())
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib
 from attnkit.tasks import TaskSpec, task_of_config, task_of_run, tasks
+from attnkit.tasks.registry import METHODS  # the task methods the pipeline defines itself
 from attnkit.tokenize import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,6 @@ class MethodNotServed(InputError, AttributeError):
     """A pipeline method the run's task does not serve (an AttributeError too, so `hasattr` says False)."""
 
 
-_TASK_METHODS = ("generate", "translate", "classify")  # the task methods the pipeline defines itself
 
 
 class Pipeline:
@@ -273,7 +273,7 @@ class Pipeline:
         return (self.task.method,) if self.task is not None and self.task.method else ()
 
     def __getattribute__(self, name: str):
-        if name in _TASK_METHODS and name not in object.__getattribute__(self, "methods"):
+        if name in METHODS and name not in object.__getattribute__(self, "methods"):
             raise object.__getattribute__(self, "_not_served")(name)
         return object.__getattribute__(self, name)
 

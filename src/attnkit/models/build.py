@@ -9,18 +9,18 @@ from typing import TypeVar
 from torch import nn
 
 from attnkit.blocks import DecoderBlock, EncoderBlock
-from attnkit.config import DecoderConfig, EncoderConfig, EncoderDecoderConfig, TransformerConfig
+from attnkit.config import DecoderConfig, EncoderConfig, EncoderDecoderConfig, TransformerConfig, head_output
 from attnkit.layers.attention import Attention
 from attnkit.layers.embedding import Embeddings
 from attnkit.layers.feedforward import make_feedforward
 from attnkit.layers.norms import make_norm
 from attnkit.layers.positions import PositionScheme, make_positions
-from attnkit.models.decoder import DecoderLM, DecoderTagger
+from attnkit.models.decoder import DecoderLM, DecoderTokenClassifier
 from attnkit.models.encoder import (
     EncoderClassifier,
     EncoderMaskedLM,
     EncoderModel,
-    EncoderTagger,
+    EncoderTokenClassifier,
     Pooler,
     PredictionTransform,
 )
@@ -30,10 +30,11 @@ from attnkit.models.stack import TransformerStack
 M = TypeVar("M", bound=nn.Module)
 
 
-def build_decoder(config: DecoderConfig) -> DecoderLM | DecoderTagger:
-    """A decoder-only language model (GPT-2, Llama), or a token classifier (`decoder_head`), initialised."""
+def build_decoder(config: DecoderConfig) -> DecoderLM | DecoderTokenClassifier:
+    """A decoder-only language model (GPT-2, Llama), or a token classifier (what `decoder_head` outputs,
+    `attnkit.config.HEADS`), initialised."""
     stack = _stack(config, config.vocab_size, config.n_layers, decoder=True)
-    return _init_weights(_DECODER_HEADS[config.decoder_head](config, stack), config)
+    return _init_weights(_DECODER_HEADS[head_output("decoder", config.decoder_head)](config, stack), config)
 
 
 def _decoder_lm(config: DecoderConfig, stack: TransformerStack) -> DecoderLM:
@@ -41,19 +42,19 @@ def _decoder_lm(config: DecoderConfig, stack: TransformerStack) -> DecoderLM:
                      label_smoothing=config.label_smoothing)
 
 
-def _decoder_tagger(config: DecoderConfig, stack: TransformerStack) -> DecoderTagger:
-    return DecoderTagger(stack=stack, classifier=nn.Linear(config.d_model, config.n_classes), dropout=config.dropout,
-                         label_smoothing=config.label_smoothing)
+def _decoder_token_classifier(config: DecoderConfig, stack: TransformerStack) -> DecoderTokenClassifier:
+    return DecoderTokenClassifier(stack=stack, classifier=nn.Linear(config.d_model, config.n_classes),
+                                  dropout=config.dropout, label_smoothing=config.label_smoothing)
 
 
-_DECODER_HEADS = {"lm": _decoder_lm, "tag": _decoder_tagger}  # decoder_head -> head
+_DECODER_HEADS = {"token": _decoder_lm, "position": _decoder_token_classifier}  # what the head outputs -> builder
 
 
 def build_encoder(config: EncoderConfig) -> nn.Module:
-    """An encoder (BERT) with the head `encoder_head` names: a classifier, a tagger, a masked-LM head, or none;
-    initialised weights."""
+    """An encoder (BERT) with the head `encoder_head` names, built by what it outputs (`attnkit.config.HEADS`): a
+    classifier of texts or of positions, a masked-LM head, or none; initialised weights."""
     stack = _stack(config, config.vocab_size, config.n_layers, decoder=False)
-    return _init_weights(_ENCODER_HEADS[config.encoder_head](config, stack), config)
+    return _init_weights(_ENCODER_HEADS[head_output("encoder", config.encoder_head)](config, stack), config)
 
 
 def _classifier(config: EncoderConfig, stack: TransformerStack) -> EncoderClassifier:
@@ -61,9 +62,9 @@ def _classifier(config: EncoderConfig, stack: TransformerStack) -> EncoderClassi
                              pooling=config.pooling, pooler=_pooler(config), label_smoothing=config.label_smoothing)
 
 
-def _tagger(config: EncoderConfig, stack: TransformerStack) -> EncoderTagger:
-    return EncoderTagger(stack=stack, classifier=nn.Linear(config.d_model, config.n_classes), dropout=config.dropout,
-                         label_smoothing=config.label_smoothing)
+def _token_classifier(config: EncoderConfig, stack: TransformerStack) -> EncoderTokenClassifier:
+    return EncoderTokenClassifier(stack=stack, classifier=nn.Linear(config.d_model, config.n_classes),
+                                  dropout=config.dropout, label_smoothing=config.label_smoothing)
 
 
 def _masked_lm(config: EncoderConfig, stack: TransformerStack) -> EncoderMaskedLM:
@@ -83,7 +84,7 @@ def _pooler(config: EncoderConfig) -> Pooler | None:
     return Pooler(config.d_model) if config.pooler else None
 
 
-_ENCODER_HEADS = {"classify": _classifier, "tag": _tagger, "mlm": _masked_lm, "none": _bare}  # encoder_head -> head
+_ENCODER_HEADS = {"sequence": _classifier, "position": _token_classifier, "token": _masked_lm, "none": _bare}
 
 
 def build_encoder_decoder(config: EncoderDecoderConfig) -> EncoderDecoder:

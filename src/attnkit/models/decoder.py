@@ -1,7 +1,8 @@
-"""Decoder-only models (GPT-2, Llama): a causal stack and an output projection to the vocabulary, or a tagger.
+"""Decoder-only models (GPT-2, Llama): a causal stack and an output projection to the vocabulary, or a classifier of
+each position (token classification).
 
     ids (B, T) -> TransformerStack of DecoderBlocks (causal) -> lm_head (C -> V) -> logits (B, T, V)
-                                                             -> classifier (C -> n_classes)      (tagger)
+                                                             -> classifier (C -> n_classes)      (tokens)
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class DecoderLM(nn.Module):
         return allocate_cache_for(self.stack, batch_size, max_len, dtype=dtype, device=device, static=static)
 
 
-class DecoderTagger(nn.Module):
+class DecoderTokenClassifier(nn.Module):
     """Token classification on a causal stack (GPT2ForTokenClassification, LlamaForTokenClassification): a label per
     position from the tokens up to it; labels of -100 carry no loss."""
 

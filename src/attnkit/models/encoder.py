@@ -1,7 +1,8 @@
-"""Encoder-only models (BERT): a bidirectional stack with a classification, tagging or masked-LM head, or none.
+"""Encoder-only models (BERT): a bidirectional stack with a head that classifies texts or positions, a masked-LM
+head, or none.
 
     ids (B, T) -> TransformerStack of EncoderBlocks -> pool (cls | mean) -> pooler? -> classifier (C -> n_classes)
-                                                    -> classifier at every position (C -> n_classes)  (tagger)
+                                                    -> classifier at every position (C -> n_classes)  (tokens)
                                                     -> transform? -> lm_head (C -> V)           (masked LM)
                                                     -> hidden states, pool -> pooler?            (bare encoder)
 """
@@ -154,7 +155,7 @@ class EncoderMaskedLM(_HeadedEncoder):
         return self.lm_head(self.transform(hidden) if self.transform is not None else hidden)
 
 
-class EncoderTagger(_HeadedEncoder):
+class EncoderTokenClassifier(_HeadedEncoder):
     """Token classification (Hugging Face's BertForTokenClassification): one label per input position, read from
     that position's contextual state; labels of -100 (continuation pieces, padding, CLS/SEP) carry no loss."""
 

@@ -33,7 +33,7 @@ from attnkit.tokenize import Tokenizer
 log = logging.getLogger(__name__)
 
 ENTRY_POINTS = "attnkit.tasks"  # entry-point group: modules that register tasks when imported
-METHODS = ("generate", "translate", "classify", "tag", "fill_mask")  # the pipeline methods the built-in tasks serve
+METHODS = ("generate", "translate", "classify")  # the methods `Pipeline` defines itself; others come as pipeline=
 
 
 class TrainingTask(Protocol):
@@ -152,6 +152,10 @@ class TaskSpec:
         (head fields its family's config lacks do not apply to it)."""
         return config.family in self.families and all(getattr(config, k, v) == v for k, v in self.head.items())
 
+    def own_option_names(self) -> tuple[str, ...]:
+        """The names of its own options (`own_options`' fields)."""
+        return tuple(f.name for f in dataclasses.fields(self.own_options)) if self.own_options is not None else ()
+
     def head_of(self, family: str) -> dict[str, Any]:
         """The head fields that models of `family` have (a family's config may lack some of the task's)."""
         fields = {f.name for f in dataclasses.fields(config_class(family))}
@@ -186,7 +190,13 @@ def register(spec: TaskSpec) -> TaskSpec:
         family_of(family)  # raises for an unknown family
     if spec.method is not None and spec.method not in METHODS and spec.pipeline is None:
         raise ConfigError(f"task {spec.name!r} names pipeline method {spec.method!r}, which the pipeline lacks; "
-                          f"give its implementation as pipeline= (the built-in methods: {', '.join(METHODS)})")
+                          f"give its implementation as pipeline= (the pipeline's own methods: {', '.join(METHODS)})")
+    for other in _TASKS.values():
+        shared = set(spec.own_option_names()) & set(other.own_option_names())
+        if shared and other.own_options is not spec.own_options:
+            raise ConfigError(f"task {spec.name!r} names its own option {sorted(shared)[0]!r}, which task "
+                              f"{other.name!r} has in another class; share that class ({other.own_options.__name__}) "
+                              "or name the option otherwise")
     _TASKS[spec.name] = spec
     return spec
 
@@ -230,10 +240,13 @@ def task_spec(name: str) -> TaskSpec:
     return _TASKS[name]
 
 
-def own_options() -> dict[str, TaskSpec]:
-    """Each option a task alone reads (`TaskSpec.own_options`' fields), with its task."""
-    return {f.name: spec for spec in tasks() if spec.own_options is not None
-            for f in dataclasses.fields(spec.own_options)}
+def own_options() -> dict[str, tuple[TaskSpec, ...]]:
+    """Each option that tasks read as their own (`TaskSpec.own_options`' fields), with those tasks."""
+    found: dict[str, tuple[TaskSpec, ...]] = {}
+    for spec in tasks():
+        for name in spec.own_option_names():
+            found[name] = (*found.get(name, ()), spec)
+    return found
 
 
 def task_of_config(config: ModelConfig) -> TaskSpec | None:

@@ -119,7 +119,8 @@ def inapplicable(spec: TaskSpec, run: str | Path) -> dict[str, str]:
     for): `EvalSettings` fields and the other tasks' own options (`TaskSpec.own_options`)."""
     readers = {f.name: [other.name for other in tasks() if f.name in other.eval_options]
                for f in dataclasses.fields(EvalSettings) if f.name not in applicable(spec)}
-    readers.update((name, [owner.name]) for name, owner in own_options().items() if owner is not spec)
+    readers.update((name, [owner.name for owner in owners]) for name, owners in own_options().items()
+                   if name not in spec.own_option_names())
     return {name: f"{flag(name)} does not apply to {run}, whose task is {spec.name}: it is for runs of "
                   f"{', '.join(tasks_) or 'no registered task'}" for name, tasks_ in readers.items()}
 

@@ -140,17 +140,18 @@ class DataConfig:
         (runs written before tasks owned their options), and keep only the task's own."""
         owners = own_options()
         spec = task_spec(data.get("task", cls.task))
-        others = sorted(k for k in data if k in owners and owners[k] is not spec)
+        mine = spec.own_option_names()
+        others = sorted(k for k in data if k in owners and k not in mine)
         if others and not saved:
-            raise ConfigError(f"{others[0]} is an option of --task {owners[others[0]].name}, not of --task "
-                              f"{spec.name}; drop it")
+            raise ConfigError(f"{others[0]} is an option of --task {' or '.join(s.name for s in owners[others[0]])}, "
+                              f"not of --task {spec.name}; drop it")
         values = {k: v for k, v in data.items() if k not in owners}
         if "options" in values:  # a field, but not a key: the options' own keys stand for it
             raise ConfigError(f"unknown data setting(s) ['options']; known settings are {sorted(data_keys())}")
         check_fields(cls, values, "data")
         options = None
         if spec.own_options is not None:
-            options = spec.own_options(**{k: v for k, v in data.items() if owners.get(k) is spec})
+            options = spec.own_options(**{k: v for k, v in data.items() if k in mine})
             check_types(options)
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}, options=options)
 
