@@ -525,6 +525,22 @@ def load_pipeline(settings: LoadSettings) -> Pipeline:
     return pipeline
 
 
+def _task_names() -> tuple[str, ...]:
+    from attnkit.tasks import task_names
+
+    return task_names()
+
+
+def _eval_description() -> str:
+    """`attnkit eval --help`'s description: what each registered task's evaluation reads and reports."""
+    from attnkit.tasks import tasks
+
+    reads = "; ".join(f"{spec.name}: {spec.eval_help}" for spec in tasks() if spec.eval_help)
+    return (f"Score a run on held-out files with its task's evaluation, the loop its training used ({reads}). "
+            "Prints a table and writes eval.json. Given a run (attnkit eval RUN --help), it shows only the options "
+            "of the run's task.")
+
+
 def _own_sections() -> tuple[tuple[str, type], ...]:
     """A section for each class of tasks' own options (`TaskSpec.own_options`: tag's --tag-column), titled with
     the tasks that read it."""
@@ -555,7 +571,7 @@ COMMANDS: list[Command] = [
     Command("tokenizer encode", "print the ids and pieces of a text", TokenizerEncodeSettings, _run_tokenizer_encode),
     *(Command(c.name, c.help, c.settings, functools.partial(c.run, load=load_pipeline)) for c in _task_commands()),
     Command(
-        "train", "train a model for a task (lm, mlm, translate, classify, tag), with checkpoints and resume", TrainRun,
+        "train", f"train a model for a task ({', '.join(_task_names())}), with checkpoints and resume", TrainRun,
         _run_train,
         sections=(("data", "attnkit.train.job:DataConfig"),
                   ("training (on resume, the run's own unless given)", "attnkit.train.trainer:TrainConfig"),
@@ -567,11 +583,7 @@ COMMANDS: list[Command] = [
     Command(
         "eval", "score a run on held-out files: perplexity, BLEU/chrF or accuracy/macro-F1",
         "attnkit.train.evaluate:EvalSettings", _run_eval,
-        description="Language models: sliding-window perplexity per token, per character and bits per byte. "
-        "Translators: sacreBLEU (cased), BLEU lowercased (the published Multi30k protocol) and chrF with their "
-        "signatures. Classifiers: accuracy, macro-F1 and a confusion "
-        "matrix (table and PNG). Taggers: entity precision, recall and F1 (seqeval) and word accuracy. Prints a table "
-        "and writes eval.json. Given a run (attnkit eval RUN --help), it shows only the options of the run's task.",
+        description=_eval_description(),
         recipe="evaluate", inapplicable="attnkit.train.evaluate:inapplicable", sections=_own_sections(),
     ),
     Command("average", "average the weights of a run's last N checkpoints into a model of its own",
