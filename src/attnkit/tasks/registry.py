@@ -3,12 +3,12 @@
 A `TaskSpec` names, for one task: the families whose models learn it and the head fields their config needs (the
 task implies its head), how its examples are read and batched (`make`: the trainer's view, with loss and
 evaluation), the one evaluation loop `attnkit eval` shares with training (`evaluate_files`), the model's pipeline
-method, the data and evaluation options it reads and the Hugging Face classes it maps to. Training, evaluation,
-conversion, the pipeline and the command line ask here (`task_spec`, `task_of_config`) instead of testing task names.
+method, the data and evaluation options it reads and those only it reads (`own_options`), the command it adds to
+`attnkit` (`TaskCommand`) and the Hugging Face classes it maps to (`HFClass`). Training, evaluation, conversion,
+the pipeline and the command line ask here (`task_spec`, `task_of_config`) instead of testing task names.
 
 A task of one's own is a `TaskSpec` and one `register` call (docs/guides/tasks.md); a package may also name its
-module under the `attnkit.tasks` entry-point group, which the registry imports the first time it is asked.
-"""
+module under the `attnkit.tasks` entry-point group, which the registry imports the first time it is asked."""
 
 from __future__ import annotations
 
