@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.layers.kernels import grouped_attention
-from attnkit.layers.masks import as_bias, causal_mask
+from attnkit.layers.masks import AttentionMask
 from benchmarks.common import median_seconds, parse_args, write_results
 
 # (batch, heads, head_dim, length): nanoGPT's CPU shape, the 6+6 encoder-decoder, nanoGPT's Shakespeare shape at
@@ -29,7 +29,7 @@ def _training_pass(kernel: str, shape: tuple[int, int, int, int], dtype: torch.d
     q, k, v = (torch.randn(batch, heads, length, dim, generator=generator, dtype=dtype).requires_grad_()
                for _ in range(3))
     grad = torch.randn(batch, heads, length, dim, generator=generator, dtype=dtype)
-    mask = as_bias(causal_mask(length, length))
+    mask = AttentionMask(length, causal=True).bias(length)  # (T, T): -inf above the diagonal
 
     def run() -> None:
         if kernel == "sdpa":

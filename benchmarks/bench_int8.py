@@ -37,7 +37,7 @@ def validation_loss(model: torch.nn.Module, data: LMData, seq_len: int, max_batc
     total, count = 0.0, 0
     with torch.no_grad():
         for x, y in data.iter_eval_batches("val", batch_size=16, seq_len=seq_len, max_batches=max_batches):
-            loss = model(x, targets=y).loss
+            loss = model(x, labels=y).loss
             total, count = total + float(loss) * y.numel(), count + y.numel()
     return total / count
 

@@ -225,9 +225,9 @@ def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
     def train_step() -> None:
         with precision.context():
             if impl.startswith("attnkit") and case.family == "decoder":
-                loss = compute(ids, targets=targets, return_logits=False).loss
+                loss = compute(ids, labels=targets, return_logits=False).loss
             elif impl.startswith("attnkit"):
-                loss = compute(ids, ids, targets=targets, return_logits=False).loss
+                loss = compute(ids, ids, labels=targets, return_logits=False).loss
             elif case.family == "decoder":
                 loss = compute(input_ids=ids, labels=targets).loss
             else:

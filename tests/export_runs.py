@@ -77,7 +77,7 @@ def trained_run(root: Path, *, steps: int = 300, length: int = 64) -> Path:
     for _ in range(steps):
         starts = torch.randint(0, len(ids) - length - 1, (16,), generator=generator)
         batch = torch.stack([ids[s:s + length + 1] for s in starts.tolist()])  # (B, T + 1)
-        loss = model(batch[:, :-1], targets=batch[:, 1:]).loss
+        loss = model(batch[:, :-1], labels=batch[:, 1:]).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

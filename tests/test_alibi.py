@@ -10,6 +10,7 @@ from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from attnkit import InputError, ModelConfig, build_model
 from attnkit.layers import kernels
 from attnkit.layers.attention import Attention
+from attnkit.layers.masks import AttentionMask
 from attnkit.layers.positions import ALiBi, alibi_slopes
 
 
@@ -19,7 +20,7 @@ def test_bias_matches_bloom_for_every_head_count(n_heads):
     softmax ignores: so each row, less its value at the diagonal, equals BLOOM's, row by row."""
     length = 9
     bloom = build_alibi_tensor(torch.ones(1, length), n_heads, torch.float32).view(n_heads, length)  # (H, S)
-    ours = ALiBi(n_heads).score_bias(torch.zeros(1), torch.arange(length), length, score=None)  # (H, T, S)
+    ours = ALiBi(n_heads).score_bias(torch.zeros(1), AttentionMask(length), length, score=None)  # (H, T, S)
     causal = torch.ones(length, length, dtype=torch.bool).tril()
     for i in range(length):
         expected = bloom - bloom[:, i : i + 1]  # (H, S)
@@ -111,7 +112,7 @@ def test_a_token_far_back_weighs_less_than_the_same_token_nearby():
     """ALiBi's inductive bias: with equal keys, attention falls off with distance, more steeply for larger slopes."""
     attention = Attention(8, 2, relative=ALiBi(2)).double()
     x = torch.ones(1, 30, 8, dtype=torch.float64)
-    _, weights = attention(x, causal=True, need_weights=True)  # (1, H, T, S), every key the same vector
+    _, weights = attention(x, mask=AttentionMask(30, causal=True), need_weights=True)  # (1, H, T, S), keys alike
     last = weights[0, :, -1]  # (H, S): the last query's weights
     assert torch.all(last[:, 1:] > last[:, :-1])  # nearer keys weigh more
     assert last[1, -1] < last[0, -1]  # head 1's slope (1/16) is gentler than head 0's (1/4)
@@ -140,9 +141,9 @@ def test_fused_path_takes_sdpa_with_a_float_bias_and_equals_the_reference(monkey
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(kernels.F, "scaled_dot_product_attention", recording)
-    for kwargs in ({"causal": True}, {"causal": True, "key_is_real": real}, {"causal": False}):
+    for mask in (AttentionMask(7, causal=True), AttentionMask(7, causal=True, attention_mask=real), AttentionMask(7)):
         calls.clear()
-        fast, _ = attention(x, **kwargs)
+        fast, _ = attention(x, mask=mask)
         assert len(calls) == 1 and calls[0].is_floating_point() and calls[0].shape[-3:] == (4, 7, 7)
-        reference, _ = attention(x, need_weights=True, **kwargs)
+        reference, _ = attention(x, mask=mask, need_weights=True)
         torch.testing.assert_close(fast, reference, atol=1e-5, rtol=1e-5)

@@ -17,7 +17,7 @@ from attnkit.layers.attention import (
     make_score,
 )
 from attnkit.layers.kernels import MathKernel, grouped_attention, use_math_kernel
-from attnkit.layers.masks import as_bias, causal_mask, padding_mask
+from attnkit.layers.masks import AttentionMask, as_bias
 from attnkit.machine import AttentionKernelLimits
 
 
@@ -105,8 +105,8 @@ def test_causal_attention_leaks_nothing_from_the_future():
     x = torch.randn(2, 7, 32)
     changed = x.clone()
     changed[:, 4:] = torch.randn(2, 3, 32)
-    out, weights = attention(x, causal=True, need_weights=True)
-    out2, _ = attention(changed, causal=True)
+    out, weights = attention(x, mask=AttentionMask(7, causal=True), need_weights=True)
+    out2, _ = attention(changed, mask=AttentionMask(7, causal=True))
     torch.testing.assert_close(out[:, :4], out2[:, :4])
     assert torch.all(weights.triu(diagonal=1) == 0)
 
@@ -115,11 +115,11 @@ def test_padded_keys_get_zero_weight_and_change_nothing():
     attention = _attention()
     x = torch.randn(2, 6, 32)
     real = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
-    out, weights = attention(x, key_is_real=real, need_weights=True)
+    out, weights = attention(x, mask=AttentionMask(6, attention_mask=real), need_weights=True)
     assert torch.all(weights[0, :, :, 4:] == 0)
     garbage = x.clone()
     garbage[0, 4:] = 100 * torch.randn(2, 32)
-    out2, _ = attention(garbage, key_is_real=real)
+    out2, _ = attention(garbage, mask=AttentionMask(6, attention_mask=real))
     torch.testing.assert_close(out[0, :4], out2[0, :4])
 
 
@@ -128,10 +128,11 @@ def test_gqa_with_all_kv_heads_equals_mha_and_mqa_runs():
     gqa = _attention(n_kv_heads=4)
     gqa.load_state_dict(mha.state_dict())
     x = torch.randn(2, 5, 32)
-    torch.testing.assert_close(gqa(x, causal=True)[0], mha(x, causal=True)[0])
+    causal = AttentionMask(5, causal=True)
+    torch.testing.assert_close(gqa(x, mask=causal)[0], mha(x, mask=causal)[0])
     mqa = _attention(n_kv_heads=1)
     assert mqa.k_proj.out_features == 8
-    out, weights = mqa(x, causal=True, need_weights=True)
+    out, weights = mqa(x, mask=causal, need_weights=True)
     assert out.shape == (2, 5, 32) and weights.shape == (2, 4, 5, 5)
 
 
@@ -152,9 +153,10 @@ def test_sdpa_fast_path_equals_explicit_path(n_kv_heads):
     x = torch.randn(3, 6, 32)
     real = torch.ones(3, 6, dtype=torch.bool)
     real[1, :2] = False  # left padding
-    for kwargs in ({}, {"causal": True}, {"key_is_real": real}, {"key_is_real": real, "causal": True}):
-        fast, none = attention(x, **kwargs)
-        slow, weights = attention(x, need_weights=True, **kwargs)
+    for mask in (None, AttentionMask(6, causal=True), AttentionMask(6, attention_mask=real),
+                 AttentionMask(6, causal=True, attention_mask=real)):
+        fast, none = attention(x, mask=mask)
+        slow, weights = attention(x, mask=mask, need_weights=True)
         assert none is None and weights is not None
         torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
 
@@ -180,12 +182,12 @@ def test_matches_torch_multihead_attention():
     padding = torch.zeros(2, 6, dtype=torch.bool)
     padding[0, 4:] = True  # torch: True = ignore
     expected, expected_weights = reference(x, context, context, key_padding_mask=padding, average_attn_weights=False)
-    ours, weights = attention(x, context=context, key_is_real=~padding, need_weights=True)
+    ours, weights = attention(x, context=context, mask=AttentionMask(5, attention_mask=~padding), need_weights=True)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(weights, expected_weights, atol=1e-5, rtol=1e-5)
     future = torch.triu(torch.ones(5, 5, dtype=torch.bool), diagonal=1)  # torch: True = may not attend
     expected, _ = reference(x, x, x, attn_mask=future)
-    ours, _ = attention(x, causal=True)
+    ours, _ = attention(x, mask=AttentionMask(5, causal=True))
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -201,8 +203,9 @@ def test_grouped_math_kernel_equals_fused_kernel(n_kv_heads, query_len):
     v = torch.randn(batch, kv, key_len, dim, generator=g, requires_grad=True)
     real = torch.ones(batch, key_len, dtype=torch.bool)
     real[1, 1:3] = False  # key 0 stays visible so that no causal row is empty
-    causal = causal_mask(query_len, key_len)
-    masks = [None, causal, padding_mask(real), causal & padding_mask(real)]
+    start = key_len - query_len  # the queries are the newest positions
+    masks = [None] + [AttentionMask(query_len, start=start, **parts).allowed(key_len) for parts in (
+        {"causal": True}, {"attention_mask": real}, {"causal": True, "attention_mask": real})]
     for mask in masks:
         ours = grouped_attention(q, k, v, None if mask is None else as_bias(mask))
         reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv != n_heads)
@@ -230,9 +233,9 @@ def test_bf16_attention_agrees_with_fp32_through_either_kernel():
     real[0, :3] = False
     math = MathKernel("cpu", torch.bfloat16, AttentionKernelLimits(decode_keys=512, pass_keys=128))
     for kernel in (None, math):
-        for kwargs in ({"causal": True}, {"key_is_real": real, "causal": True}):
-            full, _ = use_math_kernel(attention.float(), None)(x, **kwargs)
-            half, _ = use_math_kernel(attention.to(torch.bfloat16), kernel)(x.bfloat16(), **kwargs)
+        for mask in (AttentionMask(6, causal=True), AttentionMask(6, causal=True, attention_mask=real)):
+            full, _ = use_math_kernel(attention.float(), None)(x, mask=mask)
+            half, _ = use_math_kernel(attention.to(torch.bfloat16), kernel)(x.bfloat16(), mask=mask)
             torch.testing.assert_close(half.float(), full, atol=3e-2, rtol=3e-2)
     assert attention.math_kernel is math
 
@@ -243,7 +246,8 @@ def test_fused_qkv_projection_gives_the_same_outputs(n_kv_heads):
     x = torch.randn(2, 6, 32)
     real = torch.ones(2, 6, dtype=torch.bool)
     real[0, :2] = False
-    calls = ({"causal": True}, {"key_is_real": real, "causal": True}, {"need_weights": True})
+    calls = ({"mask": AttentionMask(6, causal=True)}, {"mask": AttentionMask(6, causal=True, attention_mask=real)},
+             {"need_weights": True})
     expected = [attention(x, **kwargs)[0] for kwargs in calls]
     attention.fuse_qkv()
     assert {"q_proj", "k_proj", "v_proj"}.isdisjoint(dict(attention.named_children()))

@@ -8,6 +8,7 @@ from attnkit import build_model, presets
 from attnkit.layers import attention, feedforward
 from attnkit.layers.attention import Attention
 from attnkit.layers.feedforward import SwiGLU
+from attnkit.layers.masks import AttentionMask
 
 B, T, C = 2, 5, 32
 
@@ -41,7 +42,7 @@ def test_an_input_read_by_several_products_is_kept_once(case, monkeypatch):
     x = torch.randn(B, T, C, requires_grad=True) * 1.0  # an activation (autocast caches a leaf's cast itself)
     if case == "self-attention q/k/v":
         layer, products = Attention(C, 4), 3
-        run = lambda: layer(x, causal=True)  # noqa: E731
+        run = lambda: layer(x, mask=AttentionMask(T, causal=True))  # noqa: E731
     elif case == "cross-attention k/v":
         layer, products = Attention(C, 4), 2
         query = torch.randn(B, 3, C)
@@ -67,7 +68,7 @@ def test_casting_once_keeps_the_forward_and_the_gradients_accuracy(preset, monke
         model = build_model(config)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             inputs = (ids,) if config.family == "decoder" else (ids, ids)
-            loss = model(*inputs, targets=ids).loss
+            loss = model(*inputs, labels=ids).loss
         loss.backward()
         return loss.detach(), {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
 

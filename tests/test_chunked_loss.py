@@ -70,9 +70,9 @@ def test_models_give_the_same_loss_and_gradients_without_logits(name):
     def run(return_logits):
         model.zero_grad()
         if config.family == "decoder":
-            out = model(ids, targets=targets, return_logits=return_logits)
+            out = model(ids, labels=targets, return_logits=return_logits)
         else:
-            out = model(ids, ids, targets=targets, return_logits=return_logits)
+            out = model(ids, ids, labels=targets, return_logits=return_logits)
         out.loss.backward()
         return out, [p.grad.clone() for p in model.parameters()]
 

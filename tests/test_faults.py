@@ -298,7 +298,7 @@ def test_lora_on_an_untied_head_trains_its_adapter():
     model = tiny_decoder(tie_embeddings=False)
     prepare_training(model, lora_rank=2, lora_targets=("lm_head",))
     ids = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(0))
-    model(ids, targets=ids).loss.backward()  # the fused loss path, without logits
+    model(ids, labels=ids).loss.backward()  # the fused loss path, without logits
     assert model.lm_head.lora_b.grad is not None and model.lm_head.lora_b.grad.abs().sum() > 0
 
 

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attnkit"
 # A module takes the layer of the longest entry that is its name or a package holding it ("models" covers
 # models/recurrent/lm.py), so a new module in a listed package needs no edit here. "__init__" is attnkit itself.
 LAYERS = {
-    "errors": 0,
+    "errors": 0, "deprecation": 0,  # old names accepted with a warning (any layer uses)
     "textfiles": 1, "options": 1,  # reading text files; dataclass fields -> command-line options (any layer uses)
     "machine": 1,  # the CPU's capabilities and the measured kernel profile (any layer reads them)
     "tokenize": 2, "data": 2,

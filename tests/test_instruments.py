@@ -53,7 +53,7 @@ def test_activations_match_the_reference_weights_and_hidden_states():
 def test_gradient_norms_per_block():
     model = _model()
     ids = torch.randint(0, 40, (2, 10))
-    model(ids, targets=ids).loss.backward()
+    model(ids, labels=ids).loss.backward()
     norms = gradient_norms(model)
     assert set(norms) == {"grad_norm/stack.0", "grad_norm/stack.1"}
     for layer, block in enumerate(model.stack.blocks):

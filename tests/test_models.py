@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from attnkit import InputError, ModelConfig, build_model
+from attnkit.layers.masks import AttentionMask
 
 POSITIONS = ["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
 
@@ -126,7 +127,7 @@ def test_post_norm_relu_encoder_layer_matches_torch():
     x = torch.randn(2, 6, 32)
     padding = torch.zeros(2, 6, dtype=torch.bool)
     padding[1, 4:] = True
-    ours, _ = block(x, key_is_real=~padding)
+    ours, _ = block(x, mask=AttentionMask(6, attention_mask=~padding))
     reference.train(False)
     theirs = reference(x, src_key_padding_mask=padding)
     torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=1e-5)
@@ -147,11 +148,11 @@ def test_loss_ignores_padding_and_supports_label_smoothing():
     ids = torch.randint(0, 50, (2, 6))
     targets = ids.roll(-1, dims=1)
     targets[:, -1] = -100
-    loss = model(ids, targets=targets).loss
+    loss = model(ids, labels=targets).loss
     logits = model(ids).logits
     expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 50), targets[:, :-1].reshape(-1))
     torch.testing.assert_close(loss, expected)
-    smoothed = _model(label_smoothing=0.1)(ids, targets=targets).loss
+    smoothed = _model(label_smoothing=0.1)(ids, labels=targets).loss
     log_probs = logits[:, :-1].reshape(-1, 50).log_softmax(-1)
     nll = -log_probs.gather(1, targets[:, :-1].reshape(-1, 1)).mean()
     torch.testing.assert_close(smoothed, 0.9 * nll + 0.1 * -log_probs.mean())  # (1-e) NLL + e * uniform CE

@@ -9,6 +9,7 @@ import torch
 from attnkit import ModelConfig, build_model
 from attnkit.config import Position, Score
 from attnkit.layers.attention import Attention
+from attnkit.layers.masks import AttentionMask
 from attnkit.layers.positions import LearnedPositions, PositionScheme, RelativePositions
 from attnkit.train.optim import param_groups
 
@@ -39,16 +40,17 @@ def test_every_score_with_every_position_scheme_matches_the_reference_path(score
     assert attentions and all((a.relative is not None) == (position in ("rope", "relative", "alibi"))
                               for a in attentions)
     for attention in attentions:
-        for kwargs in ({"causal": True}, {"causal": True, "key_is_real": real}, {"causal": False}):
-            fast, none = attention(x, **kwargs)
-            reference, weights = attention(x, need_weights=True, **kwargs)
+        for mask in (AttentionMask(9, causal=True), AttentionMask(9, causal=True, attention_mask=real),
+                     AttentionMask(9)):
+            fast, none = attention(x, mask=mask)
+            reference, weights = attention(x, mask=mask, need_weights=True)
             assert none is None
             torch.testing.assert_close(fast, reference, atol=1e-10, rtol=1e-10)
             torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights[..., 0]))
-            if kwargs["causal"]:
+            if mask.causal:
                 future = torch.ones(9, 9, dtype=torch.bool).triu(1)
                 assert torch.all(weights[..., future] == 0)
-            if "key_is_real" in kwargs:
+            if mask.attention_mask is not None:
                 assert torch.all(weights[1:][..., ~real[1]] == 0) and torch.all(weights[0, :, 3:, :3] == 0)
 
 
@@ -164,8 +166,8 @@ def test_bf16_on_cpu_takes_the_math_kernel_with_position_biases_and_agrees_with_
     x = torch.randn(2, 9, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     real = torch.ones(2, 9, dtype=torch.bool)
     real[0, :3] = False
-    for kwargs in ({"causal": True}, {"causal": True, "key_is_real": real}):
-        exact, _ = attention(x, **kwargs)
-        half, _ = attention.to(torch.bfloat16)(x.bfloat16(), **kwargs)
+    for mask in (AttentionMask(9, causal=True), AttentionMask(9, causal=True, attention_mask=real)):
+        exact, _ = attention(x, mask=mask)
+        half, _ = attention.to(torch.bfloat16)(x.bfloat16(), mask=mask)
         attention.double()
         torch.testing.assert_close(half.double(), exact, atol=0.1, rtol=0.05)

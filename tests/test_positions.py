@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnkit.layers.attention import Attention
+from attnkit.layers.masks import AttentionMask
 from attnkit.layers.positions import (
     RelativePositions,
     RotaryEmbedding,
@@ -62,10 +63,11 @@ def test_relative_attention_with_zero_embeddings_equals_plain_attention():
     relative = Attention(32, 4, relative=RelativePositions(3, 8))
     relative.load_state_dict(plain.state_dict(), strict=False)  # relative tables start at zero
     x = torch.randn(2, 6, 32)
-    torch.testing.assert_close(relative(x, causal=True)[0], plain(x, causal=True)[0], atol=1e-6, rtol=1e-5)
+    causal = AttentionMask(6, causal=True)
+    torch.testing.assert_close(relative(x, mask=causal)[0], plain(x, mask=causal)[0], atol=1e-6, rtol=1e-5)
     with torch.no_grad():
         relative.relative.key.normal_()
-    assert not torch.allclose(relative(x, causal=True)[0], plain(x, causal=True)[0])
+    assert not torch.allclose(relative(x, mask=causal)[0], plain(x, mask=causal)[0])
 
 
 def test_relative_distances_beyond_the_clip_share_one_embedding():
@@ -89,5 +91,5 @@ def test_relative_attention_is_shift_invariant_without_absolute_positions():
     out, _ = attention(x)
     padded = torch.cat([torch.randn(1, 3, 16), x], dim=1)
     real = torch.tensor([[False] * 3 + [True] * 5])
-    out_padded, _ = attention(padded, key_is_real=real)
+    out_padded, _ = attention(padded, mask=AttentionMask(8, attention_mask=real))
     torch.testing.assert_close(out_padded[:, 3:], out, atol=1e-5, rtol=1e-5)

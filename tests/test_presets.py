@@ -25,10 +25,10 @@ def _forward_loss(model, model_config, vocab, device=None):
     ids = torch.randint(0, vocab, (2, 12), device=device)
     method = task_of_config(model_config).method
     if method == "generate":
-        return model(ids, targets=ids).loss
+        return model(ids, labels=ids).loss
     if method == "classify":
         return model(ids, labels=torch.zeros(2, dtype=torch.long, device=device)).loss
-    return model(ids, ids[:, :9], targets=ids[:, 1:10]).loss
+    return model(ids, ids[:, :9], labels=ids[:, 1:10]).loss
 
 
 @pytest.mark.parametrize("name", TINY)

@@ -273,8 +273,8 @@ def test_lm_loss_matches_logits_and_ties_embeddings():
     model = RecurrentLM(vocab_size=VOCAB, embedding_dim=8, hidden=16, n_layers=1, cell="lstm")
     assert model.lm_head.weight is model.embedding.weight
     ids, targets = torch.randint(0, VOCAB, (2, 6)), torch.randint(0, VOCAB, (2, 6))
-    chunked = model(ids, targets=targets, return_logits=False)
-    out = model(ids, targets=targets)
+    chunked = model(ids, labels=targets, return_logits=False)
+    out = model(ids, labels=targets)
     assert chunked.logits is None
     torch.testing.assert_close(chunked.loss, nn.functional.cross_entropy(out.logits.view(-1, VOCAB), targets.view(-1)))
 

@@ -14,6 +14,7 @@ from attnkit.generate import generate_tokens
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.layers.attention import Attention
 from attnkit.layers.kv_cache import RollingLayerCache
+from attnkit.layers.masks import AttentionMask
 
 
 @settings(max_examples=25, deadline=None)
@@ -24,7 +25,7 @@ def test_no_key_outside_the_window_gets_weight(length, window, causal, padded):
     x = torch.randn(2, length, 16, dtype=torch.float64)
     real = torch.ones(2, length, dtype=torch.bool)
     real[1, : min(padded, length - 1)] = False  # left padding in the second row
-    _, weights = attention(x, key_is_real=real, causal=causal, need_weights=True)  # (B, H, T, S)
+    _, weights = attention(x, mask=AttentionMask(length, causal=causal, attention_mask=real), need_weights=True)
     query = torch.arange(length)[:, None]
     key = torch.arange(length)[None, :]
     outside = (query - key >= window) | (key > query) if causal else (query - key).abs() >= window
@@ -41,9 +42,9 @@ def test_fused_windowed_attention_equals_the_reference_path():
     x = torch.randn(2, 9, 32)
     real = torch.ones(2, 9, dtype=torch.bool)
     real[1, :2] = False
-    for kwargs in ({"causal": True}, {"causal": False}, {"causal": True, "key_is_real": real}):
-        fast, _ = attention(x, **kwargs)
-        slow, _ = attention(x, need_weights=True, **kwargs)
+    for mask in (AttentionMask(9, causal=True), AttentionMask(9), AttentionMask(9, causal=True, attention_mask=real)):
+        fast, _ = attention(x, mask=mask)
+        slow, _ = attention(x, mask=mask, need_weights=True)
         torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
 
 

@@ -57,7 +57,7 @@ def test_gradients_accumulate_in_fp32_on_the_model_and_leave_the_copy(gpt2_tiny)
     ids = torch.randint(0, 64, (2, 2, 12), generator=torch.Generator().manual_seed(1))
     expected: dict[str, torch.Tensor] = {}
     for micro_batch in ids:
-        compute(micro_batch, targets=micro_batch).loss.backward()
+        compute(micro_batch, labels=micro_batch).loss.backward()
         for name, param in compute.named_parameters():
             expected[name] = expected.get(name, 0) + param.grad.float()
         precision.gradients_to_model()
@@ -75,11 +75,11 @@ def test_bf16_gradients_agree_with_fp32_gradients(name):
     model = build_model(config)
     ids = torch.randint(4, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
     args = (ids, ids) if config.family == "encoder-decoder" else (ids,)
-    model(*args, targets=ids).loss.backward()
+    model(*args, labels=ids).loss.backward()
     reference = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     precision = MasterWeights(model)
-    precision.compute_model(*args, targets=ids).loss.backward()
+    precision.compute_model(*args, labels=ids).loss.backward()
     precision.gradients_to_model()
     got = torch.cat([p.grad.flatten() for _, p in model.named_parameters()])
     want = torch.cat([reference[n].flatten() for n, _ in model.named_parameters()])

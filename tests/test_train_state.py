@@ -22,7 +22,7 @@ def trained_pieces(seed=0):
     torch.manual_seed(seed)
     model = build_model(CONFIG)
     optimizer = optim.make_optimizer(model, lr=1e-2, weight_decay=0.1)
-    model(torch.randint(0, 11, (2, 8)), targets=torch.randint(0, 11, (2, 8))).loss.backward()
+    model(torch.randint(0, 11, (2, 8)), labels=torch.randint(0, 11, (2, 8))).loss.backward()
     optimizer.step()
     return model, optimizer, CharTokenizer("abcdefg")
 

@@ -140,6 +140,7 @@ plt.show()
 
 # %%
 from attnkit.layers.attention import Attention, DotScore, attention_weights
+from attnkit.layers.masks import AttentionMask
 
 scratch_out, scratch_weights = dot_product_attention(Q, K, y_train[:, None])
 scores = DotScore(1.0)(Q[None, None], K[None, None])  # (B=1, H=1, Q, K)
@@ -179,7 +180,7 @@ print("attnkit's Attention is Nadaraya-Watson regression: same weights, same pre
 #
 # With $w = 1$ the method has no parameters. Make $w$ learnable and it becomes the simplest trainable attention
 # (d2l.ai, section 11.2). Fit it by leave-one-out: each training point is a query to all the *other* points. In
-# attnkit that is a padding mask: `key_is_real` (B, S) hides each row's own key.
+# attnkit that is a padding mask: an `AttentionMask` whose `attention_mask` (B, S) hides each row's own key.
 
 # %%
 steps = {"tiny": 20, "full": 300}[BUDGET]
@@ -191,7 +192,7 @@ for _ in range(steps):
     queries, context = regression_tokens(x_train, x_train, y_train, log_w.exp())
     queries = queries[:, None]  # (B=K, T=1, 3): one query per row
     context = context.expand(n_train, n_train, 3)  # (B=K, S=K, 3): every row sees the same training set ...
-    out, _ = attention(queries, context=context, key_is_real=others)  # ... except its own point
+    out, _ = attention(queries, context=context, mask=AttentionMask(1, attention_mask=others))  # ... but its own
     loss = ((out[:, 0, 2] - y_train) ** 2).mean()
     optimizer.zero_grad()
     loss.backward()

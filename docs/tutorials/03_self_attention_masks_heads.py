@@ -115,7 +115,8 @@ print("permuting the input permutes the output: self-attention alone is a bag of
 #
 # A language model predicting token $t+1$ must not see it. The causal mask sets the scores above the diagonal to
 # $-\infty$ before the softmax, so those weights are exactly 0. A padding mask does the same for the columns of
-# padded keys. attnkit turns every mask (and every position bias) into one additive float bias in one place.
+# padded keys. In attnkit both are parts of one `AttentionMask`, which a model builds once per forward pass and
+# hands to every layer; attention turns it (and every position bias) into one additive float bias in one place.
 
 # %%
 T = 5
@@ -124,16 +125,17 @@ x = torch.randn(2, T, 4)
 scores = (layer.q_proj(x) @ layer.k_proj(x).transpose(-2, -1))  # (B, T, T), the dot score
 future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)  # True above the diagonal
 causal_weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
-key_is_real = torch.tensor([[True] * 5, [True, True, True, False, False]])  # row 2: the last two are padding
-both_weights = torch.softmax(scores.masked_fill(future | ~key_is_real[:, None, :], float("-inf")), dim=-1)
+attention_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])  # row 2: the last two are padding
+both_weights = torch.softmax(scores.masked_fill(future | ~attention_mask[:, None, :], float("-inf")), dim=-1)
 
-from attnkit.layers.masks import as_bias, causal_mask
+from attnkit.layers.masks import AttentionMask
 
-torch.testing.assert_close(causal_mask(T, T), ~future)
-torch.testing.assert_close(as_bias(~future), torch.zeros(T, T).masked_fill(future, float("-inf")))
-_, w = layer(x, causal=True, need_weights=True)
+causal = AttentionMask(T, causal=True)  # T queries at positions 0 .. T-1, causal
+torch.testing.assert_close(causal.allowed(T), ~future)
+torch.testing.assert_close(causal.bias(T), torch.zeros(T, T).masked_fill(future, float("-inf")))
+_, w = layer(x, mask=causal, need_weights=True)
 torch.testing.assert_close(w[:, 0], causal_weights)
-_, w = layer(x, causal=True, key_is_real=key_is_real, need_weights=True)
+_, w = layer(x, mask=AttentionMask(T, causal=True, attention_mask=attention_mask), need_weights=True)
 torch.testing.assert_close(w[:, 0, :3], both_weights[:, :3])  # the real queries' rows
 print("causal and padding masks: attnkit's weights equal the from-scratch ones")
 
@@ -171,10 +173,10 @@ C, H = 16, 4
 mha = Attention(C, H)  # scaled dot product, 4 heads of width 4
 x = torch.randn(3, 7, C)
 scratch, scratch_weights = multi_head_attention(x, mha, H, causal=True)
-out, w = mha(x, causal=True, need_weights=True)
+out, w = mha(x, mask=AttentionMask(7, causal=True), need_weights=True)
 torch.testing.assert_close(out, scratch)
 torch.testing.assert_close(w, scratch_weights)
-torch.testing.assert_close(mha(x, causal=True)[0], scratch)  # the fused kernel path (no weights) too
+torch.testing.assert_close(mha(x, mask=AttentionMask(7, causal=True))[0], scratch)  # the fused kernel path too
 
 reference = torch.nn.MultiheadAttention(C, H, batch_first=True)  # PyTorch's own layer, with the same weights
 with torch.no_grad():

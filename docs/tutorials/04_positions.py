@@ -195,6 +195,7 @@ def alibi_bias(length, heads):
     return -slopes[:, None, None] * distance  # (H, T, T)
 
 
+from attnkit.layers.masks import AttentionMask
 from attnkit.layers.positions import ALiBi
 
 layer = Attention(C, H, relative=ALiBi(H))
@@ -203,7 +204,7 @@ with torch.no_grad():
     q, k_ = split_heads(layer.q_proj(x), H), split_heads(layer.k_proj(x), H)
     scores = q @ k_.transpose(-2, -1) / math.sqrt(C // H) + alibi_bias(10, H)
     scores = scores.masked_fill(torch.triu(torch.ones(10, 10, dtype=torch.bool), 1), float("-inf"))
-    _, weights = layer(x, causal=True, need_weights=True)
+    _, weights = layer(x, mask=AttentionMask(10, causal=True), need_weights=True)
 torch.testing.assert_close(weights, torch.softmax(scores, dim=-1))
 print("attnkit's ALiBi attention equals the from-scratch bias")
 
@@ -262,7 +263,7 @@ for scheme in ("learned", "sinusoidal", "relative", "rope", "alibi"):
     generator = torch.Generator().manual_seed(1)  # the same batches for every scheme
     for _ in range(steps):
         x, y = windows(train_ids, TRAIN_LEN, batch_size, generator)
-        loss = model(x, targets=y).loss
+        loss = model(x, labels=y).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -283,7 +284,7 @@ for scheme in ("learned", "sinusoidal", "relative", "rope", "alibi"):
 table = models["learned"].stack.embeddings.positions.weight
 x, y = windows(train_ids, TRAIN_LEN, 8, torch.Generator().manual_seed(3))
 models["learned"].zero_grad()
-models["learned"](x, targets=y).loss.backward()
+models["learned"](x, labels=y).loss.backward()
 assert table.grad[:TRAIN_LEN].abs().sum() > 0
 torch.testing.assert_close(table.grad[TRAIN_LEN:], torch.zeros_like(table.grad[TRAIN_LEN:]))
 print("gradient reaching rows 64-255 of the learned table: exactly 0")

@@ -125,7 +125,7 @@ for name, model in (("no attention", plain), ("dot-product attention", attentive
     curves[name] = []
     for step in range(steps):
         src, src_mask, tgt_in, tgt_out = batch(train[64 * step % len(train) :][:64])
-        loss = model(src, tgt_in, src_mask=src_mask, targets=tgt_out).loss
+        loss = model(src, tgt_in, src_mask=src_mask, labels=tgt_out).loss
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -143,6 +143,7 @@ print(f"{sum(p.numel() for p in scratch.parameters()):,} parameters")
 
 # %%
 from attnkit import ModelConfig, build_model
+from attnkit.layers.masks import AttentionMask
 
 config = ModelConfig(family="decoder", vocab_size=V, d_model=C, n_heads=H, n_layers=N_LAYERS, d_ff=4 * C,
                      max_seq_len=CONTEXT, position="learned", norm="layer", norm_position="pre", activation="gelu",
@@ -155,7 +156,7 @@ ids = torch.tensor([tokenizer.encode("First Citizen:\nBefore we proceed any furt
 with torch.no_grad():
     x = torch.randn(2, 10, C)
     ours, theirs = scratch.blocks[0], model.stack.blocks[0]
-    torch.testing.assert_close(ours.self_attn(x), theirs.self_attn(x, causal=True)[0])
+    torch.testing.assert_close(ours.self_attn(x), theirs.self_attn(x, mask=AttentionMask(10, causal=True))[0])
     torch.testing.assert_close(ours.mlp(x), theirs.mlp(x))
     torch.testing.assert_close(ours(x), theirs(x)[0])
     torch.testing.assert_close(scratch(ids), model(ids).logits)

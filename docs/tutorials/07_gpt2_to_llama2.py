@@ -123,11 +123,13 @@ def grouped_query_attention(x, attention, n_heads, n_kv_heads):
 
 
 from attnkit.layers.attention import Attention
+from attnkit.layers.masks import AttentionMask
 
 x = torch.randn(2, 7, C)
 for n_kv_heads in (8, 2, 1):  # multi-head, grouped-query, multi-query
     gqa = Attention(C, 8, n_kv_heads=n_kv_heads, bias=False)
-    torch.testing.assert_close(gqa(x, causal=True)[0], grouped_query_attention(x, gqa, 8, n_kv_heads))
+    ours = gqa(x, mask=AttentionMask(7, causal=True))[0]
+    torch.testing.assert_close(ours, grouped_query_attention(x, gqa, 8, n_kv_heads))
     print(f"{n_kv_heads} key/value head{'s' if n_kv_heads > 1 else ''} for 8 query heads: attnkit = the from-scratch "
           f"layer; k_proj is {tuple(gqa.k_proj.weight.shape)}")
 
@@ -142,7 +144,7 @@ for n_kv_heads in (8, 2, 1):  # multi-head, grouped-query, multi-query
 # %%
 layer = Attention(C, 8, n_kv_heads=2, bias=False)
 x = torch.randn(1, 10, C)
-full = layer(x, causal=True)[0]  # every position at once, as in training
+full = layer(x, mask=AttentionMask(10, causal=True))[0]  # every position at once, as in training
 
 cached_keys, cached_values, steps = [], [], []
 D = layer.head_dim

@@ -12,14 +12,37 @@ encoder-decoder, cross-attention to the encoder's output between the two.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import ClassVar
 
 from torch import Tensor, nn
 
+from attnkit.deprecation import warn_renamed
 from attnkit.errors import InputError
 from attnkit.layers.attention import Attention
 from attnkit.layers.kv_cache import LayerCache
+from attnkit.layers.masks import AttentionMask
+
+
+def _accepts_old_mask_keywords(forward):
+    """`key_is_real=` and `context_is_real=`, which blocks took before the mask objects, still work with a
+    DeprecationWarning: they become the block's `mask` and `cross_mask`."""
+
+    @functools.wraps(forward)
+    def wrapper(self: TransformerBlock, x: Tensor, *, key_is_real: Tensor | None = None,
+                context_is_real: Tensor | None = None, **kwargs) -> tuple[Tensor, dict[str, Tensor]]:
+        if key_is_real is not None:
+            warn_renamed("a block's key_is_real=", "mask=AttentionMask(T, causal=..., attention_mask=...)")
+            cache = kwargs.get("cache")
+            kwargs["mask"] = AttentionMask(x.shape[1], start=cache.length if cache is not None else 0,
+                                           causal=self.causal, attention_mask=key_is_real, device=x.device)
+        if context_is_real is not None:
+            warn_renamed("a block's context_is_real=", "cross_mask=AttentionMask(T, attention_mask=...)")
+            kwargs["cross_mask"] = AttentionMask(x.shape[1], attention_mask=context_is_real, device=x.device)
+        return forward(self, x, **kwargs)
+
+    return wrapper
 
 
 class TransformerBlock(nn.Module):
@@ -58,32 +81,38 @@ class TransformerBlock(nn.Module):
             return x + self.dropout(sublayer(norm(x)))
         return norm(x + self.dropout(sublayer(x)))
 
+    @_accepts_old_mask_keywords
     def forward(
         self,
         x: Tensor,
         *,
-        key_is_real: Tensor | None = None,
+        mask: AttentionMask | None = None,
         positions: Tensor | tuple[Tensor, ...] | None = None,
         cache: LayerCache | None = None,
         context: Tensor | None = None,
-        context_is_real: Tensor | None = None,
+        cross_mask: AttentionMask | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """positions: x's token positions as the self-attention's position scheme prepared them.
+        """mask: the self-attention's mask, built once per forward pass by the stack (None: this block's own
+        structure, causal or not, over x alone); cross_mask: the cross-attention's (the context's padding).
+        positions: x's token positions as the self-attention's position scheme prepared them.
         Returns the new x (B, T, C) and {"self": (B, H, T, S), "cross": (B, H, T, S_src)} when asked."""
+        if mask is None:
+            mask = AttentionMask(x.shape[1], start=cache.length if cache is not None else 0, causal=self.causal,
+                                 device=x.device)
+        elif mask.causal != self.causal:
+            raise ValueError(f"{type(self).__name__} attends {'causally' if self.causal else 'both ways'}: give it a "
+                             f"mask with causal={self.causal}")
         weights: dict[str, Tensor] = {}
 
         def self_attention(h: Tensor) -> Tensor:
-            out, w = self.self_attn(h, key_is_real=key_is_real, causal=self.causal, positions=positions,
-                                    cache=cache, need_weights=need_weights)
+            out, w = self.self_attn(h, mask=mask, positions=positions, cache=cache, need_weights=need_weights)
             if w is not None:
                 weights["self"] = w
             return out
 
         def cross_attention(h: Tensor) -> Tensor:
-            out, w = self.cross_attn(
-                h, context=context, key_is_real=context_is_real, cache=cache, need_weights=need_weights
-            )
+            out, w = self.cross_attn(h, context=context, mask=cross_mask, cache=cache, need_weights=need_weights)
             if w is not None:
                 weights["cross"] = w
             return out

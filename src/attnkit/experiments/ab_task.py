@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from attnkit.experiments.base import SEEDS, Check, Progress, Result, experiment
 from attnkit.experiments.plots import heatmap_axes, new_figure, save
 from attnkit.layers.attention import Attention
+from attnkit.layers.masks import AttentionMask
 
 PAD, A, B = 0, 1, 2
 DIM = 16
@@ -42,7 +43,8 @@ class PooledClassifier(nn.Module):
             pooled = (tokens * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)  # (N, C)
             return self.classify(pooled), None
         query = self.query.expand(len(ids), 1, DIM)  # (N, 1, C)
-        pooled, weights = self.attention(query, context=tokens, key_is_real=mask, need_weights=True)  # (N, 1, C)
+        padding = AttentionMask(1, attention_mask=mask)  # the one query sees the real tokens only
+        pooled, weights = self.attention(query, context=tokens, mask=padding, need_weights=True)  # (N, 1, C)
         return self.classify(pooled[:, 0]), weights[:, 0, 0]  # (N, 2), (N, T)
 
 

@@ -68,7 +68,7 @@ def train(model: nn.Module, data: PairData, steps: int, *, lr: float, warmup: in
         for group in optimizer.param_groups:
             group["lr"] = lr * lr_factor("cosine", step, warmup=warmup, progress=step / steps)
         loss = model(batch.src_ids, batch.tgt_in, src_mask=batch.src_mask, tgt_mask=batch.tgt_mask,
-                     targets=batch.tgt_out, return_logits=False).loss
+                     labels=batch.tgt_out, return_logits=False).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)

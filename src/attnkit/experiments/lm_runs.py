@@ -97,7 +97,7 @@ def train_lm(
         for group in optimizer.param_groups:
             group["lr"] = lr * lr_factor("cosine", step, warmup=warmup, progress=step / steps)
         x, y = corpus.data.sample_batch("train", batch_size, seq_len, generator)  # (B, T), (B, T)
-        loss = model(x, targets=y, return_logits=False).loss
+        loss = model(x, labels=y, return_logits=False).loss
         if not torch.isfinite(loss):
             log.diverged = True
             break
@@ -119,7 +119,7 @@ def validation_loss(model: nn.Module, corpus: Corpus, seq_len: int, batch_size: 
     model.eval()
     total, count = 0.0, 0
     for x, y in corpus.data.iter_eval_batches("val", batch_size=batch_size, seq_len=seq_len, max_batches=max_batches):
-        total += model(x, targets=y, return_logits=False).loss.item() * y.numel()
+        total += model(x, labels=y, return_logits=False).loss.item() * y.numel()
         count += y.numel()
     model.train()
     return total / count

@@ -78,7 +78,7 @@ def gradients_at_init(model: nn.Module, corpus: Corpus, *, seed: int) -> list[fl
     for _ in range(INIT_BATCHES):
         x, y = corpus.data.sample_batch("train", BATCH, SEQ_LEN, generator)  # (B, T), (B, T)
         model.zero_grad(set_to_none=True)
-        model(x, targets=y, return_logits=False).loss.backward()
+        model(x, labels=y, return_logits=False).loss.backward()
         for index, block in enumerate(blocks):
             weights = [p.grad for name, p in block.mlp.named_parameters() if name.endswith("weight")]
             totals[index] += float(torch.nn.utils.get_total_norm(weights)) / INIT_BATCHES

@@ -39,7 +39,7 @@ def loss_at_length(model: torch.nn.Module, data, length: int) -> float:
     total, count = 0.0, 0
     batch = max(1, EVAL_TOKENS // (4 * length))
     for x, y in data.iter_eval_batches("val", batch_size=batch, seq_len=length, max_batches=4):
-        total += model(x, targets=y, return_logits=False).loss.item() * y.numel()
+        total += model(x, labels=y, return_logits=False).loss.item() * y.numel()
         count += y.numel()
     return total / count
 

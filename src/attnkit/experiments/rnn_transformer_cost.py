@@ -75,14 +75,14 @@ def step_cost(model: nn.Module, batch: int, length: int, repeats: int) -> tuple[
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(x, targets=y, return_logits=False).loss
+        loss = model(x, labels=y, return_logits=False).loss
     loss.backward()
     optimizer.step()  # untimed: AdamW allocates its state on the first step
     optimizer.zero_grad(set_to_none=True)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        model(x, targets=y, return_logits=False).loss.backward()
+        model(x, labels=y, return_logits=False).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)

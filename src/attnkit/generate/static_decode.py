@@ -45,7 +45,8 @@ MAX_GRAPHS = 64  # compiled graphs kept per step function (torch's default of 8 
 def static_step(model: nn.Module, token: Tensor, cache: StaticKVCache) -> Tensor:
     """One decoding step of a DecoderLM over a static cache already advanced: token (B, 1) -> logits (B, V)."""
     position = cache.filled.sum(dim=-1, keepdim=True) - 1  # (B, 1): the row's real tokens before this one
-    hidden, _ = model.stack.run(token, position, key_is_real=cache.filled, cache=cache)  # (B, 1, C)
+    mask = model.stack.self_mask(1, start=cache.slot, attention_mask=cache.filled)  # the query sits at the slot
+    hidden, _ = model.stack.run(token, position, mask=mask, cache=cache)  # (B, 1, C)
     return model.lm_head(hidden[:, -1])  # (B, V)
 
 

@@ -26,7 +26,7 @@ from torch.utils import benchmark
 
 from attnkit.generate.decode_layout import PackedLinear, TransposedLinear
 from attnkit.layers.kernels import grouped_attention
-from attnkit.layers.masks import as_bias, causal_mask
+from attnkit.layers.masks import AttentionMask
 from attnkit.machine import AttentionKernelLimits, CpuCapabilities, Profile, default_profile_path
 
 DECODE_KEYS = (64, 128, 256, 512, 1024)
@@ -73,7 +73,7 @@ def measure_attention(dtype: torch.dtype, min_run_time: float, lengths: tuple[tu
         rows.append(f"attention decode  S={keys:<5} SDPA {sdpa * 1e3:8.3f} ms  products {math * 1e3:8.3f} ms")
     for keys in pass_lengths:
         q, k, v = (torch.randn(2, HEADS, keys, HEAD_DIM, dtype=dtype, requires_grad=True) for _ in range(3))
-        bias = as_bias(causal_mask(keys, keys))
+        bias = AttentionMask(keys, causal=True).bias(keys)  # (T, T): 0 on and below the diagonal, -inf above
 
         def sdpa_pass(q=q, k=k, v=v):
             F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()

@@ -17,16 +17,18 @@ Heads: H query heads share Hkv key/value heads, each serving H / Hkv query heads
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.deprecation import warn_renamed
 from attnkit.layers.autocast import cast_for_autocast
 from attnkit.layers.kernels import MathKernel, attend
 from attnkit.layers.kv_cache import LayerCache
-from attnkit.layers.masks import AttentionMask, as_bias
+from attnkit.layers.masks import AttentionMask
 from attnkit.layers.positions import PositionScheme
 
 
@@ -133,6 +135,26 @@ def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _accepts_old_mask_keywords(forward):
+    """`causal=` and `key_is_real=`, which attention took before the mask object, still work with a
+    DeprecationWarning: they become the `AttentionMask` they describe."""
+
+    @functools.wraps(forward)
+    def wrapper(self: Attention, x: Tensor, *, causal: bool | None = None, key_is_real: Tensor | None = None,
+                **kwargs) -> tuple[Tensor, Tensor | None]:
+        if causal is not None or key_is_real is not None:
+            if kwargs.get("mask") is not None:
+                raise TypeError("Attention() got mask= and causal=/key_is_real=; give mask= only")
+            warn_renamed("Attention() keywords causal= and key_is_real=",
+                         "mask=AttentionMask(T, causal=..., attention_mask=...)")
+            cache = kwargs.get("cache") if kwargs.get("context") is None else None
+            kwargs["mask"] = AttentionMask(x.shape[1], start=cache.length if cache is not None else 0,
+                                           causal=bool(causal), attention_mask=key_is_real, device=x.device)
+        return forward(self, x, **kwargs)
+
+    return wrapper
+
+
 class Attention(nn.Module):
     """Multi-head (grouped-query, multi-query) attention, for self- and cross-attention.
 
@@ -216,57 +238,57 @@ class Attention(nn.Module):
         self.qkv_proj = fused
         del self.q_proj, self.k_proj, self.v_proj
 
+    @_accepts_old_mask_keywords
     def forward(
         self,
         x: Tensor,
         *,
         context: Tensor | None = None,
-        key_is_real: Tensor | None = None,
-        causal: bool = False,
+        mask: AttentionMask | None = None,
         positions: Tensor | tuple[Tensor, ...] | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from x (B, T, C) to itself, or to `context` (B, S, C) for cross-attention.
 
-        key_is_real: (B, S) bool, False at padded keys (with a cache: covering every cached position).
-        causal: queries see only keys at or before their own position.
+        mask: which keys each query may see and where the queries sit (`layers/masks.py`), built once per forward
+            pass by the model and shared by its layers; this layer asks it for the form its kernel wants, for its
+            own window. None: every key, the queries at the positions after the cached ones.
         positions: the queries' positions (B or 1, T) as the position scheme prepares them for `rotate`
-            (`PositionScheme.prepare`, once per forward pass for all layers); by default those after the cached ones.
+            (`PositionScheme.prepare`, once per forward pass for all layers); by default the mask's query positions.
         cache: the layer's KV cache; self-attention appends to it, cross-attention computes the context's
             keys and values once and reuses them.
         Returns the output (B, T, C) and, when `need_weights`, the weights (B, H, T, S).
         """
         length = x.shape[1]
-        relative = self.relative if context is None else None  # positions act in self-attention only
+        cross = context is not None
+        if mask is None:
+            mask = AttentionMask(length, start=cache.length if cache is not None and not cross else 0, device=x.device)
+        relative = None if cross else self.relative  # positions act in self-attention only
+        window = None if cross else self.window
         # 1-3. project to queries, keys and values, split into heads, place by position, extend by the cache
-        if context is None:
-            q, k, v = self._self_queries_keys_values(x, positions, cache)  # (B, H, T, D), (B, Hkv, S, D) twice
-        else:
+        if cross:
             q, k, v = self._cross_queries_keys_values(x, context, cache)
+        else:
+            q, k, v = self._self_queries_keys_values(x, positions, cache, mask)  # (B, H, T, D), (B, Hkv, S, D) twice
         key_len = k.shape[2]
         biased = relative is not None and relative.biases
-        query_index = self._query_index(length, cache, q.device) if biased else None  # the queries' indices among keys
         dropout = self.dropout if self.training else 0.0
         # 4-7. scores, + mask and position bias, softmax, weighted sum of values: one fused kernel where nothing reads
-        # the weights. A plain causal mask needs no tensor there: SDPA's is_causal covers a full square pass, and a
-        # single new query may see every cached key (a window hides none when it spans all of them).
+        # the weights. A mask that is causality alone needs no tensor there (SDPA's is_causal for a full square; a
+        # single new query sees every cached key).
         fused = isinstance(self.score, DotScore) and not need_weights and not (biased and relative.needs_weights)
-        plain_causal = (fused and causal and context is None and key_is_real is None and not biased
-                        and length in (1, key_len) and (self.window is None or self.window >= key_len))
-        if plain_causal:
-            out = attend(q, k, v, None, is_causal=length > 1, scale=self.score.scale, dropout=dropout,
+        if fused and not biased and mask.is_causal_only(key_len, window=window):
+            out = attend(q, k, v, None, causal=mask if length > 1 else None, scale=self.score.scale, dropout=dropout,
                          math_kernel=self.math_kernel)  # (B, H, T, D)
             return self._merge_heads(out), None
-        mask = None  # nothing to mask: every query sees every key
-        if causal or key_is_real is not None or (self.window is not None and context is None):
-            mask = self._mask(length, key_len, key_is_real, causal, cache, cross=context is not None, device=q.device)
-        bias = self._bias(q, mask, query_index, key_len)
+        key_positions = cache.key_positions() if cache is not None and not cross else None
+        bias = self._bias(q, mask, key_len, window, key_positions, relative if biased else None)
         if fused:
-            out, weights = attend(q, k, v, bias, is_causal=False, scale=self.score.scale, dropout=dropout,
+            out, weights = attend(q, k, v, bias, scale=self.score.scale, dropout=dropout,
                                   math_kernel=self.math_kernel), None
         else:
-            out, weights = self._reference(q, k, v, bias, dropout, query_index)
+            out, weights = self._reference(q, k, v, bias, dropout, mask if biased else None)
         return self._merge_heads(out), (weights if need_weights else None)
 
     def _merge_heads(self, out: Tensor) -> Tensor:
@@ -275,15 +297,14 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim))
 
     def _self_queries_keys_values(
-        self, x: Tensor, positions: Tensor | tuple[Tensor, ...] | None, cache: LayerCache | None
+        self, x: Tensor, positions: Tensor | tuple[Tensor, ...] | None, cache: LayerCache | None, mask: AttentionMask
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention: q (B, H, T, D) from x, k and v (B, Hkv, S, D) from x and the cached positions; a rotating
         position scheme (RoPE) turns q and k by their positions before k is cached."""
         q, k, v = self._project_qkv(x)  # (B, H, T, D), (B, Hkv, T, D) twice
         if self.relative is not None and self.relative.rotates:
             if positions is None:
-                start = cache.length if cache is not None else 0
-                positions = self.relative.prepare(torch.arange(start, start + x.shape[1], device=x.device)[None])
+                positions = self.relative.prepare(mask.query_positions[None])  # (1, T)
             q, k = self.relative.rotate(q, k, positions)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, Hkv, S, D)
@@ -301,41 +322,26 @@ class Attention(nn.Module):
             cache.cross = (k, v)
         return q, k, v
 
-    def _mask(
-        self, length: int, key_len: int, key_is_real: Tensor | None, causal: bool, cache: LayerCache | None,
-        *, cross: bool, device: torch.device,
-    ) -> AttentionMask:
-        """The mask of this call: the queries' and keys' absolute positions (from the cache, which knows where it
-        wrote them), causal or not, this layer's window (self-attention only), padding."""
-        if cache is not None and not cross:
-            return AttentionMask(cache.written_positions(length), cache.key_positions(), causal=causal,
-                                 window=self.window, key_is_real=key_is_real)
-        key_positions = torch.arange(key_len, device=device)
-        query_positions = torch.arange(length, device=device) if cross else key_positions[key_len - length:]
-        return AttentionMask(query_positions, key_positions, causal=causal, window=None if cross else self.window,
-                             key_is_real=key_is_real)
-
-    def _query_index(self, length: int, cache: LayerCache | None, device: torch.device) -> Tensor:
-        """Where the queries sit among the keys: with a cache, the positions they were just written to."""
-        return cache.written(length) if cache is not None else torch.arange(length, device=device)
-
-    def _bias(self, q: Tensor, mask: AttentionMask | None, query_index: Tensor | None, key_len: int) -> Tensor | None:
+    def _bias(
+        self, q: Tensor, mask: AttentionMask, key_len: int, window: int | None, key_positions: Tensor | None,
+        relative: PositionScheme | None,
+    ) -> Tensor | None:
         """The one place masks and position biases meet: one additive float bias (float32 at least) broadcastable
-        to (B, H, T, S), 0 where a key is visible, -inf where it is masked, plus the position scheme's score bias;
-        None: neither."""
+        to (B, H, T, S), 0 where a key is visible, -inf where it is masked, plus the position scheme's score bias
+        (`relative`, a scheme that biases); None: neither."""
         dtype = _softmax_dtype(q.dtype)
-        allowed = mask.allowed() if mask is not None else None
-        bias = as_bias(allowed, dtype) if allowed is not None else None
-        if query_index is not None:
-            position = self.relative.score_bias(q, query_index, key_len, self.score)
+        bias = mask.bias(key_len, dtype=dtype, window=window, key_positions=key_positions)
+        if relative is not None:
+            position = relative.score_bias(q, mask, key_len, self.score)
             if position is not None:
                 bias = position.to(dtype) if bias is None else bias + position.to(dtype)
         return bias
 
     def _reference(
-        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float, query_index: Tensor | None
+        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float, mask: AttentionMask | None
     ) -> tuple[Tensor, Tensor]:
-        """The lecture's path: scores, + bias (masks, positions), softmax, dropout, weighted sum (+ value term)."""
+        """The lecture's path: scores, + bias (masks, positions), softmax, dropout, weighted sum (+ the position
+        scheme's value term, given the `mask` that places the queries)."""
         if self.n_kv_heads != self.n_heads:  # each kv head serves n_heads / n_kv_heads query heads
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, Hkv, S, D) -> (B, H, S, D)
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
@@ -343,6 +349,7 @@ class Attention(nn.Module):
         weights = attention_weights(scores, bias)  # (B, H, T, S)
         dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
         out = torch.matmul(dropped, v)  # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
-        if query_index is not None and self.relative.needs_weights:
-            out = out + self.relative.value_term(dropped, query_index, k.shape[2])
+        if mask is not None and self.relative.needs_weights:
+            out = out + self.relative.value_term(dropped, mask, k.shape[2])
         return out, weights
+

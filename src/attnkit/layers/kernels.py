@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.layers.masks import as_bias, causal_mask
+from attnkit.layers.masks import AttentionMask
 from attnkit.machine import AttentionKernelLimits, Profile, dtype_name
 
 
@@ -52,7 +52,7 @@ def attend(
     v: Tensor,
     bias: Tensor | None,
     *,
-    is_causal: bool,
+    causal: AttentionMask | None = None,
     scale: float,
     dropout: float,
     math_kernel: MathKernel | None = None,
@@ -60,18 +60,19 @@ def attend(
     """softmax(q k^T * scale + bias) v without forming the weights where the kernel can avoid it.
 
     q (B, H, T, D); k, v (B, Hkv, S, D) with H a multiple of Hkv; bias: an additive float bias broadcastable to
-    (B, H, T, S) (masked keys -inf), or None; is_causal: a causal mask with no bias tensor (a full
-    square pass, no padding); math_kernel: where plain matrix products are used instead of SDPA. -> (B, H, T, D)
+    (B, H, T, S) (masked keys -inf), or None; causal: instead of a bias, a mask that is causality alone over a
+    square of queries and keys (`AttentionMask.is_causal_only`): SDPA's `is_causal`, no tensor; math_kernel: where
+    plain matrix products are used instead of SDPA. -> (B, H, T, D)
     """
     key_len = k.shape[2]
     if math_kernel is not None and math_kernel.covers(q, key_len):
-        if is_causal:  # the math kernel has no causal flag
-            bias = as_bias(causal_mask(q.shape[2], key_len, device=q.device))
+        if causal is not None:  # the math kernel has no causal flag: it takes the mask's tensor form
+            bias = causal.bias(key_len)
         return grouped_attention(q, k, v, bias, dropout, scale=scale)
     mask = None if bias is None else bias.to(q.dtype)  # SDPA takes a float mask in the queries' dtype
     grouped = k.shape[1] != q.shape[1]
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, scale=scale, enable_gqa=grouped
+        q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal is not None, scale=scale, enable_gqa=grouped
     )  # (B, H, T, D)
 
 

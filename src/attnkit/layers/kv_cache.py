@@ -4,9 +4,9 @@ Buffers are preallocated (B, Hkv, max_len, D) and written by position, as in gpt
 reallocates. Cross-attention keys and values of the encoder's output are computed once and kept beside them.
 
 `RollingLayerCache` serves sliding-window attention (Mistral): it keeps only the last `window` positions, each in
-slot `position % window` of a ring buffer, so memory stays flat however long generation runs. Each cache says
-where it wrote the newest keys and which absolute position each returned key holds, which the mask reads
-(`masks.AttentionMask`).
+slot `position % window` of a ring buffer, so memory stays flat however long generation runs. Its keys are not in
+position order, so it says which absolute position each returned key holds (`key_positions`), which the mask
+reads (`masks.AttentionMask`); the other caches return positions 0 .. S - 1 in order.
 
 `StaticKVCache` keeps the shapes of a decoding step fixed for a compiled step (gpt-fast's static cache): the new
 position is written where a tensor says, not a Python int, and attention reads the whole buffer with the keys not
@@ -46,17 +46,10 @@ class LayerCache:
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
-    def written(self, count: int) -> Tensor:
-        """The indices (count,) of the keys the last `append` wrote, among those it returned."""
-        return torch.arange(self.length - count, self.length, device=self.keys.device)
-
-    def written_positions(self, count: int) -> Tensor:
-        """The absolute positions (count,) of the keys the last `append` wrote: here, their indices."""
-        return self.written(count)
-
-    def key_positions(self) -> Tensor:
-        """The absolute position of each key the last `append` returned, (S,)."""
-        return torch.arange(self.length, device=self.keys.device)
+    def key_positions(self) -> Tensor | None:
+        """The absolute position of each key the last `append` returned, (S,); None: positions 0 .. S - 1, in
+        order (here always)."""
+        return None
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (B',), e.g. the surviving hypotheses of beam search."""
@@ -103,15 +96,6 @@ class RollingLayerCache(LayerCache):
         slots = torch.arange(filled, device=device)
         self._returned = slots + ((end - 1 - slots) // self.window) * self.window  # the position in each slot
         return self.keys[:, :, :filled], self.values[:, :, :filled]
-
-    def written(self, count: int) -> Tensor:
-        """The indices among the returned keys of the `count` newest."""
-        newest = self.written_positions(count)
-        return (newest % self.window) if count == 1 else torch.arange(len(self._returned) - count,
-                                                                       len(self._returned), device=newest.device)
-
-    def written_positions(self, count: int) -> Tensor:
-        return torch.arange(self.length - count, self.length, device=self.keys.device)
 
     def key_positions(self) -> Tensor:
         return self._returned
@@ -176,24 +160,16 @@ class StaticLayerCache(LayerCache):
     """
 
     slot: Tensor  # (1,) long, set by StaticKVCache
-    _whole = False  # whether the last append returned the whole buffer
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """keys/values (B, Hkv, 1, D) -> the whole buffers (B, Hkv, max_len, D); several positions as LayerCache."""
-        self._whole = keys.shape[2] == 1
-        if not self._whole:
+        """keys/values (B, Hkv, 1, D) -> the whole buffers (B, Hkv, max_len, D), positions 0 .. max_len - 1 in order
+        (those not yet written masked by `StaticKVCache.filled`); several positions as LayerCache."""
+        if keys.shape[2] != 1:
             return super().append(keys, values)
         self.keys.index_copy_(2, self.slot, keys)
         self.values.index_copy_(2, self.slot, values)
         return self.keys, self.values
 
-    def written(self, count: int) -> Tensor:
-        """(1,): the slot a single-position append wrote; several positions as LayerCache."""
-        return self.slot if count == 1 else super().written(count)
-
-    def key_positions(self) -> Tensor:
-        """After a single-position append, every slot (the whole buffer was returned); else as LayerCache."""
-        return torch.arange(self.max_len, device=self.keys.device) if self._whole else super().key_positions()
 
 
 class StaticKVCache(KVCache):

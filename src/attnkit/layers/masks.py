@@ -1,79 +1,142 @@
-"""Boolean attention masks: `True` means "may attend". Shapes broadcast to scores `(B, H, T, S)`.
+"""Attention masks: which keys each query may see, as one object per forward pass.
 
-Attention adds them to its scores as a float bias (`as_bias`: 0 where allowed, -inf where not), the same way as
-position biases (ALiBi, Shaw), so masks and biases combine by addition.
+`AttentionMask` holds the mask's parts and the queries' absolute positions (the positions their keys take in the
+KV cache, Hugging Face's `cache_position`: one convention for every cache, kernel and position scheme):
 
-Causal masking (lecture: "masked self-attention" in the decoder) stops position t from seeing t' > t; padding
-masks stop any query from attending to padded keys; a sliding window (Longformer, Mistral) stops a query from
-seeing keys W or more positions away. `AttentionMask` holds these parts with the queries' and keys' absolute
-positions (keys in a rolling cache are not in order) and gives attention one boolean mask.
+    causal          no query sees a key after it (lecture: "masked self-attention" in the decoder)
+    prefix_len      ... except that positions below it see each other both ways: the prompt of a prefix LM is read
+                    bidirectionally (Raffel et al. 2020, section 3.2.3; Dong et al. 2019)
+    window          no query sees a key `window` or more positions away (Longformer, Mistral); asked per layer,
+                    since a model may alternate windowed and global layers (Gemma 2)
+    attention_mask  no query sees a padded key: (B, P) bool, True at real tokens, indexed by position
+
+    keys ->   causal       causal, prefix_len=3    causal, window=2
+    query 0   x . . . .    x x x . .               x . . . .
+          1   x x . . .    x x x . .               x x . . .
+          2   x x x . .    x x x . .               . x x . .
+          3   x x x x .    x x x x .               . . x x .
+
+The model's stack builds the mask once per forward pass and hands the same object to every layer; each kernel asks
+it for the form it wants: `is_causal_only` (SDPA's `is_causal`, or nothing at all for the one newest query: no
+tensor is built), `allowed` (boolean) or `bias` (additive: 0 where allowed, -inf where not, the form the reference
+path adds to its scores like a position bias, so masks and biases combine by addition). A tensor form is built once
+per forward pass for each key length and window, and shared by the layers that ask for the same.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AttentionMask:
-    """Which keys each query may see: causal (none after the query), a window (none `window` or more positions
-    away), padding (no padded key). Positions are absolute: query_positions (T,), key_positions (S,);
-    key_is_real (B, P) is indexed by position (P covers every position so far)."""
+    """Which keys each of `length` queries may see (see the module docstring for the parts).
 
-    query_positions: Tensor
-    key_positions: Tensor
+    start: the first query's absolute position; the queries sit at start .. start + length - 1 (with a KV cache,
+        the positions they are written to; a (1,) tensor for a compiled decoding step's cache slot).
+    attention_mask: (B, P) bool, True at real tokens; P covers every key position (cached ones too).
+    prefix_len: an int, or (B,) per row: positions below it see each other both ways (with `causal`).
+    device: where its tensors are built (None: the attention_mask's or start's device, else the CPU).
+    """
+
+    length: int
+    start: int | Tensor = 0
     causal: bool = False
-    window: int | None = None
-    key_is_real: Tensor | None = None
+    attention_mask: Tensor | None = None
+    prefix_len: int | Tensor | None = None
+    device: torch.device | None = None
+    _forms: dict = field(default_factory=dict, init=False, repr=False)  # tensor forms built so far, by request
 
     @property
-    def windowed(self) -> bool:
-        """Whether the window hides any key: some query is `window` or more positions from some key."""
-        if self.window is None:
-            return False
-        before = self.query_positions.max() - self.key_positions.min()  # the farthest key behind a query
-        after = 0 if self.causal else self.key_positions.max() - self.query_positions.min()
-        return bool(before >= self.window or after >= self.window)
+    def query_positions(self) -> Tensor:
+        """(T,) long: the queries' absolute positions."""
+        positions = self._forms.get("queries")
+        if positions is None:
+            if isinstance(self.start, Tensor):
+                positions = self.start + torch.arange(self.length, device=self.start.device)
+            else:
+                positions = torch.arange(self.start, self.start + self.length, device=self._device)
+            self._keep("queries", positions)
+        return positions
 
-    def allowed(self) -> Tensor | None:
-        """(B, 1, T, S) or (T, S) bool, True where the query may attend; None: every key.
+    @property
+    def _device(self) -> torch.device | None:
+        if self.device is not None:
+            return self.device
+        return self.attention_mask.device if self.attention_mask is not None else None
 
-        With causal (or windowed) structure and padding, each of several queries may also see its own position, so
-        a padded query row (left padding in batched generation) is never empty; real rows see it anyway.
+    def is_causal_only(self, key_len: int, *, window: int | None = None) -> bool:
+        """Whether, over `key_len` keys from a cache (or the queries themselves), this mask is causality alone:
+        the queries are all the keys (a square: SDPA's `is_causal`) or the one newest position (it sees every key),
+        nothing is padded, no prefix reads both ways, and the window spans every key. Then no tensor is needed."""
+        return (self.causal and self.attention_mask is None and self.prefix_len is None
+                and self.length in (1, key_len) and (window is None or window >= key_len))
+
+    def allowed(self, key_len: int, *, window: int | None = None, key_positions: Tensor | None = None
+                ) -> Tensor | None:
+        """(T, S), or (B, 1, T, S) with padding or a per-row prefix: bool, True where the query may attend; None:
+        every key. key_positions: (S,) each key's absolute position (a rolling cache's, not in order); None: the
+        keys are positions 0 .. key_len - 1.
+
+        With structure (causal, window) and padding, each of several queries may also see its own position, so a
+        padded query row (left padding in batched generation) is never empty; real rows see it anyway.
         """
-        query = self.query_positions[:, None]  # (T, 1)
-        key = self.key_positions[None, :]  # (1, S)
-        structure = key <= query if self.causal else None  # (T, S)
-        if self.windowed:
-            near = (query - key < self.window) if self.causal else ((query - key).abs() < self.window)
+        name = ("allowed", key_len, window)
+        if key_positions is None and name in self._forms:  # asked before by a layer with the same keys and window
+            return self._forms[name]
+        keys = key_positions if key_positions is not None else torch.arange(key_len, device=self.query_positions.device)
+        query, key = self.query_positions[:, None], keys[None, :]  # (T, 1), (1, S)
+        structure = self._structure(query, key)
+        if window is not None and not (key_positions is None and window >= key_len):  # the window hides some key
+            near = (query - key).abs() < window  # (T, S); both ways, as a prefix reads
             structure = near if structure is None else structure & near
-        padding = None if self.key_is_real is None else padding_mask(self.key_is_real[:, self.key_positions])
-        mask = combine(structure, padding)
-        if structure is not None and padding is not None and len(self.query_positions) > 1:
+        padding = None
+        if self.attention_mask is not None:
+            real = self.attention_mask if key_positions is None else self.attention_mask[:, key_positions]
+            padding = real[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+        mask = _and(structure, padding)
+        if (self.causal or window is not None) and padding is not None and self.length > 1:
             mask = mask | (key == query)
+        if key_positions is None:
+            self._keep(name, mask)
         return mask
 
+    def bias(self, key_len: int, *, dtype: torch.dtype = torch.float32, window: int | None = None,
+             key_positions: Tensor | None = None) -> Tensor | None:
+        """`allowed` as an additive float bias of `dtype`: 0 where the query may attend, -inf where not; None:
+        every key."""
+        name = ("bias", key_len, window, dtype)
+        if key_positions is None and name in self._forms:
+            return self._forms[name]
+        allowed = self.allowed(key_len, window=window, key_positions=key_positions)
+        bias = as_bias(allowed, dtype) if allowed is not None else None
+        if key_positions is None:
+            self._keep(name, bias)
+        return bias
 
-def causal_mask(query_len: int, key_len: int, *, device: torch.device | None = None) -> Tensor:
-    """(T, S) lower-triangular mask for queries that are the last `query_len` of `key_len` positions.
+    def _keep(self, name: tuple | str, form: Tensor | None) -> None:
+        """Remember a tensor form for the other layers of this forward pass. Not while torch.compile traces: the
+        blocks share one compiled graph, which a mask already holding forms would not match (a second graph)."""
+        if not torch.compiler.is_compiling():
+            self._forms[name] = form
 
-    With a KV cache the queries sit at positions `S - T .. S - 1`, so query i may see keys `0 .. S - T + i`.
-    """
-    offset = key_len - query_len
-    query_pos = torch.arange(query_len, device=device).unsqueeze(1) + offset  # (T, 1)
-    key_pos = torch.arange(key_len, device=device).unsqueeze(0)  # (1, S)
-    return key_pos <= query_pos  # (T, S)
+    def _structure(self, query: Tensor, key: Tensor) -> Tensor | None:
+        """Causality, opened both ways below the prefix: (T, S), (B, 1, T, S) for a per-row prefix; None: none."""
+        if not self.causal:
+            return None
+        structure = key <= query  # (T, S)
+        if self.prefix_len is None:
+            return structure
+        prefix = self.prefix_len
+        if isinstance(prefix, Tensor):
+            prefix = prefix.to(query.device)[:, None, None, None]  # (B,) -> (B, 1, 1, 1)
+        return structure | ((key < prefix) & (query < prefix))
 
 
-def padding_mask(key_is_real: Tensor) -> Tensor:
-    """(B, S) bool, True at real tokens -> (B, 1, 1, S), broadcastable over heads and queries."""
-    return key_is_real[:, None, None, :]
-
-
-def combine(*masks: Tensor | None) -> Tensor | None:
+def _and(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of the masks that are given; None when none is."""
     result: Tensor | None = None
     for mask in masks:

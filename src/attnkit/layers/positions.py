@@ -8,14 +8,15 @@ a scheme overrides the hooks where it acts and inherits "do nothing" for the oth
     prepare(position_ids)         -> what rotate    once per forward pass       rope
                                      needs          (for every layer)
     rotate(q, k, prepared)        -> q, k           after the q/k projections   rope
-    score_bias(q, query_index, S, score) -> bias    added to the scores         relative (Shaw), alibi
-    value_term(weights, query_index, S)  -> term    added to the output         relative (Shaw)
+    score_bias(q, mask, S, score) -> bias           added to the scores         relative (Shaw), alibi
+    value_term(weights, mask, S)  -> term           added to the output         relative (Shaw)
 
 Absolute schemes act at the embeddings (`Embeddings.positions`); relative ones (their scores depend on i - j)
-act inside each self-attention (`Attention.relative`). `query_index` (T,) gives each query's index among the S
-keys (with a KV cache, the cache positions the queries were written to), so relative terms stay right with a
-cache. A scheme initialises its own parameters (`init_weights`) and says whether they take weight decay
-(`weight_decay`); `make_positions` builds one by name.
+act inside each self-attention (`Attention.relative`). Every scheme reads where the queries sit from the forward
+pass's `AttentionMask` (`mask.query_positions`, (T,): their absolute positions, with a KV cache the cache positions
+they were written to), the same object the masks come from, so relative terms stay right with a cache. A scheme
+initialises its own parameters (`init_weights`) and says whether they take weight decay (`weight_decay`);
+`make_positions` builds one by name.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnkit.layers.masks import AttentionMask
+
 
 class PositionScheme(nn.Module):
     """The position slot: every hook leaves its input unchanged (no positions: a bag of tokens)."""
 
     embeds: ClassVar[bool] = False  # whether `embed` adds anything: the builder hands it to the embeddings
     rotates: ClassVar[bool] = False  # whether `rotate` acts
-    biases: ClassVar[bool] = False  # whether `score_bias` (and `value_term`) act: they read `query_index`
+    biases: ClassVar[bool] = False  # whether `score_bias` (and `value_term`) act: they read the queries' positions
     needs_weights: ClassVar[bool] = False  # whether `value_term` reads the weights (rules out fused kernels)
     weight_decay: ClassVar[bool] = False  # whether its parameters take weight decay (position tables: no)
     max_len: int | None = None  # positions it can represent (a learned table's rows); None: any
@@ -49,12 +52,13 @@ class PositionScheme(nn.Module):
         """q (B, H, T, D), k (B, Hkv, T, D) at the positions `prepare` prepared -> q, k."""
         return q, k
 
-    def score_bias(self, q: Tensor, query_index: Tensor, key_len: int, score: nn.Module) -> Tensor | None:
-        """An additive bias broadcastable to the scores (B, H, T, S), or None. `score` is the attention's score
+    def score_bias(self, q: Tensor, mask: AttentionMask, key_len: int, score: nn.Module) -> Tensor | None:
+        """An additive bias broadcastable to the scores (B, H, T, S), or None, for queries at
+        `mask.query_positions` against keys at positions 0 .. key_len - 1. `score` is the attention's score
         function, for terms scored like the keys (Shaw)."""
         return None
 
-    def value_term(self, weights: Tensor, query_index: Tensor, key_len: int) -> Tensor | None:
+    def value_term(self, weights: Tensor, mask: AttentionMask, key_len: int) -> Tensor | None:
         """A term (B, H, T, D) added to the weighted sum of values, from the weights (B, H, T, S); or None."""
         return None
 
@@ -180,9 +184,9 @@ class RelativePositions(PositionScheme):
         self.key = nn.Parameter(torch.zeros(2 * max_distance + 1, head_dim))
         self.value = nn.Parameter(torch.zeros(2 * max_distance + 1, head_dim))
 
-    def _index(self, query_index: Tensor, key_len: int) -> Tensor:
-        key_pos = torch.arange(key_len, device=query_index.device)
-        distance = (key_pos[None, :] - query_index[:, None]).clamp(-self.max_distance, self.max_distance)  # (T, S)
+    def _index(self, query_positions: Tensor, key_len: int) -> Tensor:
+        key_pos = torch.arange(key_len, device=query_positions.device)
+        distance = (key_pos[None, :] - query_positions[:, None]).clamp(-self.max_distance, self.max_distance)  # (T, S)
         return distance + self.max_distance
 
     def forward(self, query_len: int, key_len: int) -> tuple[Tensor, Tensor]:
@@ -193,11 +197,11 @@ class RelativePositions(PositionScheme):
         index = self._index(torch.arange(key_len - query_len, key_len, device=self.key.device), key_len)
         return self.key[index], self.value[index]
 
-    def score_bias(self, q: Tensor, query_index: Tensor, key_len: int, score: nn.Module) -> Tensor:
-        return score.per_query(q, self.key[self._index(query_index, key_len)])  # (B, H, T, S)
+    def score_bias(self, q: Tensor, mask: AttentionMask, key_len: int, score: nn.Module) -> Tensor:
+        return score.per_query(q, self.key[self._index(mask.query_positions, key_len)])  # (B, H, T, S)
 
-    def value_term(self, weights: Tensor, query_index: Tensor, key_len: int) -> Tensor:
-        rel_v = self.value[self._index(query_index, key_len)].to(weights.dtype)  # (T, S, D)
+    def value_term(self, weights: Tensor, mask: AttentionMask, key_len: int) -> Tensor:
+        rel_v = self.value[self._index(mask.query_positions, key_len)].to(weights.dtype)  # (T, S, D)
         return torch.einsum("bhts,tsd->bhtd", weights, rel_v)
 
     def init_weights(self) -> None:
@@ -220,9 +224,10 @@ class ALiBi(PositionScheme):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)  # (H,)
 
-    def score_bias(self, q: Tensor, query_index: Tensor, key_len: int, score: nn.Module) -> Tensor:
-        key_pos = torch.arange(key_len, device=query_index.device)
-        distance = (query_index[:, None] - key_pos[None, :]).abs()  # (T, S)
+    def score_bias(self, q: Tensor, mask: AttentionMask, key_len: int, score: nn.Module) -> Tensor:
+        query_pos = mask.query_positions  # (T,)
+        key_pos = torch.arange(key_len, device=query_pos.device)
+        distance = (query_pos[:, None] - key_pos[None, :]).abs()  # (T, S)
         return -self.slopes.float()[:, None, None] * distance  # (H, 1, 1) * (T, S) -> (H, T, S)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.deprecation import renamed_keywords
 from attnkit.layers.chunked_loss import chunked_linear_cross_entropy
 from attnkit.layers.kv_cache import KVCache, StaticKVCache
 from attnkit.models.output import ModelOutput, cross_entropy
@@ -25,24 +26,29 @@ class DecoderLM(nn.Module):
         self.lm_head = lm_head
         self.label_smoothing = label_smoothing
 
+    @renamed_keywords(targets="labels")
     def forward(
         self,
         input_ids: Tensor,
         *,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-        targets: Tensor | None = None,
+        labels: Tensor | None = None,
         cache: KVCache | None = None,
+        prefix_len: int | Tensor | None = None,
         need_weights: bool = False,
         return_logits: bool = True,
     ) -> ModelOutput:
         """input_ids (B, T) -> logits (B, T, V).
 
-        targets: (B, T) next-token ids aligned with input_ids (targets[:, t] follows input_ids[:, t]);
-            -100 where no loss is wanted.
+        labels: (B, T) the token each position predicts, aligned with the logits: labels[:, t] is the token after
+            input_ids[:, t] (already shifted, unlike Hugging Face's causal LMs, which shift inside); -100 where no
+            loss is wanted.
         attention_mask: (B, S) 1 at real tokens, 0 at padding (S includes cached positions).
         cache: a KVCache from `allocate_cache`; the new keys and values are appended to it.
-        return_logits: with targets, False computes the loss chunk by chunk without keeping the (B, T, V) logits
+        prefix_len: a prefix LM's prompt length (an int, or (B,) per row): the tokens below it see each other both
+            ways, those after it only what came before them (Raffel et al. 2020, 3.2.3). None: causal throughout.
+        return_logits: with labels, False computes the loss chunk by chunk without keeping the (B, T, V) logits
             (`layers/chunked_loss.py`; faster and far smaller for large vocabularies) and returns logits=None.
         """
         hidden, attentions = self.stack(
@@ -50,9 +56,10 @@ class DecoderLM(nn.Module):
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
+            prefix_len=prefix_len,
             need_weights=need_weights,
         )
-        logits, loss = lm_logits_and_loss(self.lm_head, hidden, targets, self.label_smoothing, return_logits)
+        logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits)
         return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None, cache=cache)
 
     def allocate_cache(
@@ -87,14 +94,14 @@ class DecoderTokenClassifier(nn.Module):
 
 
 def lm_logits_and_loss(
-    lm_head: nn.Linear, hidden: Tensor, targets: Tensor | None, label_smoothing: float, return_logits: bool
+    lm_head: nn.Linear, hidden: Tensor, labels: Tensor | None, label_smoothing: float, return_logits: bool
 ) -> tuple[Tensor | None, Tensor | None]:
-    """Project hidden (B, T, C) to logits (B, T, V) and, given targets, the loss; fused when logits are not wanted
+    """Project hidden (B, T, C) to logits (B, T, V) and, given labels, the loss; fused when logits are not wanted
     and the head is a plain linear layer (a LoRA-wrapped head adds its adapter's update, which the weight lacks)."""
-    if targets is not None and not return_logits and isinstance(lm_head, nn.Linear) and lm_head.bias is None:
-        return None, chunked_linear_cross_entropy(hidden, lm_head.weight, targets, label_smoothing=label_smoothing)
+    if labels is not None and not return_logits and isinstance(lm_head, nn.Linear) and lm_head.bias is None:
+        return None, chunked_linear_cross_entropy(hidden, lm_head.weight, labels, label_smoothing=label_smoothing)
     logits = lm_head(hidden)  # (B, T, V)
-    loss = cross_entropy(logits, targets, label_smoothing=label_smoothing) if targets is not None else None
+    loss = cross_entropy(logits, labels, label_smoothing=label_smoothing) if labels is not None else None
     return logits, loss
 
 

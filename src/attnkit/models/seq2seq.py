@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.deprecation import renamed_keywords
 from attnkit.errors import InputError
 from attnkit.layers.kv_cache import KVCache
 from attnkit.models.decoder import allocate_cache_for, lm_logits_and_loss
@@ -39,6 +40,7 @@ class EncoderDecoder(nn.Module):
         memory, _ = self.encoder(src_ids, attention_mask=src_mask, need_weights=need_weights)
         return memory
 
+    @renamed_keywords(targets="labels")
     def decode(
         self,
         tgt_ids: Tensor,
@@ -46,15 +48,17 @@ class EncoderDecoder(nn.Module):
         *,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
-        targets: Tensor | None = None,
+        labels: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
         return_logits: bool = True,
     ) -> ModelOutput:
         """tgt_ids (B, T), memory (B, S, C) -> logits (B, T, V_tgt).
 
-        targets: (B, T) next-token ids aligned with tgt_ids, -100 at padding.
-        return_logits: with targets, False computes the loss chunk by chunk and returns logits=None.
+        src_mask, tgt_mask: (B, S) and (B, T) padding masks of the source and the target, 1 at real tokens.
+        labels: (B, T) the token each position predicts, aligned with tgt_ids (labels[:, t] follows tgt_ids[:, t],
+            as Hugging Face's seq2seq labels), -100 at padding.
+        return_logits: with labels, False computes the loss chunk by chunk and returns logits=None.
         """
         if tgt_ids.dim() == 2 and tgt_ids.shape[0] != memory.shape[0]:
             raise InputError(
@@ -69,9 +73,10 @@ class EncoderDecoder(nn.Module):
             context_mask=src_mask.bool() if src_mask is not None else None,
             need_weights=need_weights,
         )
-        logits, loss = lm_logits_and_loss(self.lm_head, hidden, targets, self.label_smoothing, return_logits)
+        logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits)
         return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None, cache=cache)
 
+    @renamed_keywords(targets="labels")
     def forward(
         self,
         src_ids: Tensor,
@@ -79,7 +84,7 @@ class EncoderDecoder(nn.Module):
         *,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
-        targets: Tensor | None = None,
+        labels: Tensor | None = None,
         need_weights: bool = False,
         return_logits: bool = True,
     ) -> ModelOutput:
@@ -99,7 +104,7 @@ class EncoderDecoder(nn.Module):
             memory,
             src_mask=src_mask,
             tgt_mask=tgt_mask,
-            targets=targets,
+            labels=labels,
             need_weights=need_weights,
             return_logits=return_logits,
         )

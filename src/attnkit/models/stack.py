@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from attnkit.errors import InputError
 from attnkit.layers.embedding import Embeddings, check_token_ids
 from attnkit.layers.kv_cache import KVCache
+from attnkit.layers.masks import AttentionMask
 from attnkit.layers.positions import PositionScheme
 
 
@@ -35,6 +36,11 @@ class TransformerStack(nn.Module):
         self.final_norm = final_norm
         self.positions = positions  # the scheme the blocks' self-attentions share, if they share one
 
+    @property
+    def causal(self) -> bool:
+        """Whether its blocks attend causally (a decoder stack)."""
+        return bool(self.blocks) and self.blocks[0].causal
+
     def forward(
         self,
         input_ids: Tensor,
@@ -45,6 +51,7 @@ class TransformerStack(nn.Module):
         cache: KVCache | None = None,
         context: Tensor | None = None,
         context_mask: Tensor | None = None,
+        prefix_len: int | Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[dict[str, Tensor]]]:
         """input_ids (B, T) -> hidden states (B, T, C) and per-layer attention weights (when asked).
@@ -52,6 +59,11 @@ class TransformerStack(nn.Module):
         attention_mask: (B, S) bool/int, 1 at real tokens; with a cache, S covers the cached positions too.
         position_ids: (B, T); by default the positions after those already cached.
         token_type_ids: (B, T) segment ids, for stacks with token-type embeddings (BERT).
+        context, context_mask: the encoder's output (B, S_src, C) that cross-attention reads, and its padding mask
+            (B, S_src) bool, True at real tokens (checked when the source was encoded).
+        prefix_len: a causal stack's prefix (a prefix LM's prompt): positions below it see each other both ways;
+            an int, or (B,) per row.
+        The masks are built here, once for the forward pass, and shared by every block (`layers/masks.py`).
         """
         check_token_ids(input_ids, self.embeddings.vocab_size)
         start = cache.length if cache is not None else 0
@@ -59,43 +71,56 @@ class TransformerStack(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)  # (1, T)
         self.embeddings.check_positions(position_ids)
-        key_is_real = _check_mask(attention_mask, input_ids, start + length, "attention_mask")
+        attention_mask = _check_mask(attention_mask, input_ids.shape[0], start + length, "attention_mask")
+        mask = self.self_mask(length, start=start, attention_mask=attention_mask,
+                              prefix_len=self._check_prefix(prefix_len, input_ids.shape[0]), device=input_ids.device)
+        cross_mask = None if context is None else AttentionMask(length, attention_mask=context_mask,
+                                                                   device=input_ids.device)
         return self.run(
             input_ids,
             position_ids,
-            key_is_real=key_is_real,
+            mask=mask,
             token_type_ids=token_type_ids,
             cache=cache,
             context=context,
-            context_mask=context_mask,
+            cross_mask=cross_mask,
             need_weights=need_weights,
         )
+
+    def self_mask(
+        self, length: int, *, start: int | Tensor = 0, attention_mask: Tensor | None = None,
+        prefix_len: int | Tensor | None = None, device: torch.device | None = None,
+    ) -> AttentionMask:
+        """The self-attention mask of a forward pass over `length` tokens from position `start`: causal in a decoder
+        stack, with the padding and prefix given; each block's attention asks it for its own window."""
+        return AttentionMask(length, start=start, causal=self.causal, attention_mask=attention_mask,
+                             prefix_len=prefix_len, device=device)
 
     def run(
         self,
         input_ids: Tensor,
         position_ids: Tensor,
         *,
-        key_is_real: Tensor | None = None,
+        mask: AttentionMask,
         token_type_ids: Tensor | None = None,
         cache: KVCache | None = None,
         context: Tensor | None = None,
-        context_mask: Tensor | None = None,
+        cross_mask: AttentionMask | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[dict[str, Tensor]]]:
         """`forward` after its checks of the inputs, which read tensor values (a compiled decoding step calls this,
-        its inputs known good). key_is_real: (B, S) bool, True at real keys."""
+        its inputs known good), with the masks built: the same objects go to every block."""
         x = self.embeddings(input_ids, position_ids, token_type_ids)  # (B, T, C)
         positions = self.positions.prepare(position_ids) if self.positions is not None else position_ids
         attentions: list[dict[str, Tensor]] = []
         for index, block in enumerate(self.blocks):
             x, weights = block(
                 x,
-                key_is_real=key_is_real,
+                mask=mask,
                 positions=positions,
                 cache=cache.layers[index] if cache is not None else None,
                 context=context,
-                context_is_real=context_mask,
+                cross_mask=cross_mask,
                 need_weights=need_weights,
             )
             attentions.append(weights)
@@ -103,14 +128,29 @@ class TransformerStack(nn.Module):
             x = self.final_norm(x)
         return x, attentions
 
+    def _check_prefix(self, prefix_len: int | Tensor | None, batch: int) -> int | Tensor | None:
+        """prefix_len as given, once checked: a causal stack's, an int >= 0 or (B,) integers."""
+        if prefix_len is None:
+            return None
+        if not self.causal:
+            raise InputError("prefix_len applies to a causal (decoder) stack; this one reads both ways: drop it")
+        if isinstance(prefix_len, Tensor):
+            if prefix_len.shape != (batch,) or prefix_len.is_floating_point() or prefix_len.dtype == torch.bool:
+                raise InputError(f"prefix_len has shape {tuple(prefix_len.shape)} and dtype {prefix_len.dtype}; give "
+                                 f"an int or ({batch},) integers, one prefix length per sequence")
+            return prefix_len
+        if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
+            raise InputError(f"prefix_len={prefix_len!r} must be an integer >= 0 (or one per sequence)")
+        return prefix_len
 
-def _check_mask(mask: Tensor | None, ids: Tensor, expected_len: int, name: str) -> Tensor | None:
+
+def _check_mask(mask: Tensor | None, batch: int, expected_len: int, name: str) -> Tensor | None:
     """Validate a (B, S) padding mask and return it as bool; None stays None."""
     if mask is None:
         return None
-    if mask.dim() != 2 or mask.shape[0] != ids.shape[0] or mask.shape[1] != expected_len:
+    if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] != expected_len:
         raise InputError(
-            f"{name} has shape {tuple(mask.shape)} but ({ids.shape[0]}, {expected_len}) is needed: one entry per "
+            f"{name} has shape {tuple(mask.shape)} but ({batch}, {expected_len}) is needed: one entry per "
             f"token (including cached ones), 1 for real tokens and 0 for padding"
         )
     mask = mask.bool()

@@ -124,7 +124,7 @@ class Explorer:
         drawn = maps[site.kind]
         if not 0 <= query < len(drawn.query_tokens):
             raise InputError(f"query {query} is out of range: the text has {len(drawn.query_tokens)} query tokens")
-        steps = head_steps(module, seen, head, query, causal=site.kind == "causal")
+        steps = head_steps(module, seen, head, query)
         expected = drawn.head_weights(layer, head)[query]  # the model's own weights for this row
         steps["model_weights"] = [round(float(w), 6) for w in expected]
         steps["matches_model"] = bool(max(abs(a - b) for a, b in zip(steps["weights"], expected, strict=True)) < 1e-4)
@@ -175,7 +175,7 @@ class Explorer:
         raise InputError(f"no plot {plot!r} in experiment {name!r}")
 
 
-def head_steps(module: Attention, inputs: dict, head: int, query: int, *, causal: bool) -> dict:
+def head_steps(module: Attention, inputs: dict, head: int, query: int) -> dict:
     """q, k, v of one head recomputed from the attention's inputs, and each step for one query row (batch row 0)."""
     x = inputs["x"]  # (1, T, C)
     context = inputs.get("context")
@@ -194,12 +194,10 @@ def head_steps(module: Attention, inputs: dict, head: int, query: int, *, causal
     keys, values = k[:, kv_head:kv_head + 1], v[:, kv_head:kv_head + 1]  # (1, 1, S, D)
     scores = module.score(q_row, keys)[0, 0, 0].float()  # (S,): scale included for dot scores
     dots = (keys[0, 0] @ q_row[0, 0, 0]).float()  # (S,) the plain dot products q.k
-    visible = torch.ones_like(scores, dtype=torch.bool)
-    if causal:
-        visible = torch.arange(scores.shape[0], device=scores.device) <= query
-    key_is_real = inputs.get("key_is_real")
-    if key_is_real is not None:
-        visible &= key_is_real[0].bool()
+    mask = inputs.get("mask")  # the forward pass's AttentionMask: this row of it, for this layer's window
+    allowed = mask.allowed(scores.shape[0], window=None if context is not None else module.window) if mask else None
+    visible = torch.ones_like(scores, dtype=torch.bool) if allowed is None else allowed.reshape(
+        -1, *allowed.shape[-2:])[0, query]  # (T, S) or (1, 1, T, S) -> (S,)
     weights = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)  # (S,)
     out = weights.to(values.dtype) @ values[0, 0]  # (D,)
     scale = module.score.scale if isinstance(module.score, DotScore) else None

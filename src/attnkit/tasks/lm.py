@@ -170,7 +170,7 @@ class LMTask:
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
         x, y = (t.to(device_of(model)) for t in batch)
-        return model(x, targets=y, return_logits=False).loss  # chunked loss: no (B, T, V) logits kept
+        return model(x, labels=y, return_logits=False).loss  # chunked loss: no (B, T, V) logits kept
 
     def weight(self, batch: tuple[Tensor, Tensor]) -> int:
         return batch[1].numel()

@@ -72,7 +72,7 @@ class TranslateTask(EpochTask):
     def loss(self, model: nn.Module, batch: PairBatch) -> Tensor:
         b = batch.to(device_of(model))
         return model(
-            b.src_ids, b.tgt_in, src_mask=b.src_mask, tgt_mask=b.tgt_mask, targets=b.tgt_out, return_logits=False
+            b.src_ids, b.tgt_in, src_mask=b.src_mask, tgt_mask=b.tgt_mask, labels=b.tgt_out, return_logits=False
         ).loss
 
     def weight(self, batch: PairBatch) -> int:

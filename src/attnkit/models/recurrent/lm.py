@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from attnkit.deprecation import renamed_keywords
 from attnkit.layers.embedding import check_token_ids
 from attnkit.models.decoder import lm_logits_and_loss
 from attnkit.models.output import ModelOutput
@@ -63,25 +64,26 @@ class RecurrentLM(nn.Module):
     def vocab_size(self) -> int:
         return self.embedding.num_embeddings
 
+    @renamed_keywords(targets="labels")
     def forward(
         self,
         input_ids: Tensor,
         *,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-        targets: Tensor | None = None,
+        labels: Tensor | None = None,
         cache: RecurrentState | None = None,
         return_logits: bool = True,
     ) -> ModelOutput:
         """input_ids (B, T) -> logits (B, T, V).
 
         attention_mask, position_ids, cache: as `stack` takes them.
-        targets: (B, T) next-token ids (targets[:, t] follows input_ids[:, t]); -100 where no loss is wanted.
-        return_logits: with targets, False computes the loss chunk by chunk without the (B, T, V) logits.
+        labels: (B, T) next-token ids (labels[:, t] follows input_ids[:, t]); -100 where no loss is wanted.
+        return_logits: with labels, False computes the loss chunk by chunk without the (B, T, V) logits.
         Raises InputError for ids outside the vocabulary or a malformed mask.
         """
         hidden, _ = self.stack(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache)
-        logits, loss = lm_logits_and_loss(self.lm_head, hidden, targets, self.label_smoothing, return_logits)
+        logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits)
         return ModelOutput(logits=logits, loss=loss, cache=cache)
 
     def stack(
@@ -104,10 +106,10 @@ class RecurrentLM(nn.Module):
         check_token_ids(input_ids, self.vocab_size)
         if attention_mask is not None and attention_mask.shape[1] > input_ids.shape[1]:
             attention_mask = attention_mask[:, -input_ids.shape[1]:]  # (B, S + T) -> (B, T)
-        is_real = check_mask(attention_mask, input_ids, "attention_mask")
+        attention_mask = check_mask(attention_mask, input_ids, "attention_mask")
         state = cache if cache is not None else RecurrentState()
         x = self.dropout(self.embedding(input_ids))  # (B, T, E)
-        out, new_state = run_rnn(self.rnn, x, state.get(), is_real)  # (B, T, H)
+        out, new_state = run_rnn(self.rnn, x, state.get(), attention_mask)  # (B, T, H)
         state.set(new_state, input_ids.shape[1])
         return self.proj(self.dropout(out)), state  # (B, T, E or H)
 

@@ -114,19 +114,19 @@ def check_mask(mask: Tensor | None, ids: Tensor, name: str) -> Tensor | None:
 
 
 def run_rnn(
-    rnn: nn.RNNBase, x: Tensor, state: TorchState | None, is_real: Tensor | None = None
+    rnn: nn.RNNBase, x: Tensor, state: TorchState | None, attention_mask: Tensor | None = None
 ) -> tuple[Tensor, TorchState]:
     """x (B, T, I) -> outputs (B, T, dirs * H), zero at padding, and the state after each row's last real token.
 
-    is_real: (B, T) bool from `check_mask` (contiguous real tokens, left or right padded); None: no padding.
+    attention_mask: (B, T) bool from `check_mask` (contiguous real tokens, left or right padded); None: no padding.
     Left-padded rows are rotated to the left first, so every row is packed from its first real token; a
     backward direction then starts at each row's own last token, and padding never changes a real output.
     """
-    if is_real is None:
+    if attention_mask is None:
         return rnn(x, state)
     length = x.shape[1]
-    lengths = is_real.sum(dim=1)  # (B,)
-    start = is_real.int().argmax(dim=1)  # (B,) leading padding
+    lengths = attention_mask.sum(dim=1)  # (B,)
+    start = attention_mask.int().argmax(dim=1)  # (B,) leading padding
     positions = torch.arange(length, device=x.device)
     rotate = bool((start > 0).any())
     if rotate:  # row b's token t moves to (t - start_b) mod T

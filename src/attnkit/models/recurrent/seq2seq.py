@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.deprecation import renamed_keywords
 from attnkit.errors import InputError
 from attnkit.layers.embedding import check_token_ids
 from attnkit.models.decoder import lm_logits_and_loss
@@ -57,9 +58,9 @@ class RecurrentEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.rnn.hidden_size * (2 if self.rnn.bidirectional else 1)
 
-    def forward(self, src_ids: Tensor, is_real: Tensor | None) -> Tensor:
-        """is_real: (B, S) bool from `check_mask`, or None without padding."""
-        out, _ = run_rnn(self.rnn, self.dropout(self.embedding(src_ids)), None, is_real)  # (B, S, M)
+    def forward(self, src_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """attention_mask: (B, S) bool from `check_mask`, True at real tokens; None without padding."""
+        out, _ = run_rnn(self.rnn, self.dropout(self.embedding(src_ids)), None, attention_mask)  # (B, S, M)
         return out
 
 
@@ -185,6 +186,7 @@ class RecurrentSeq2Seq(nn.Module):
         check_token_ids(src_ids, self.encoder.embedding.num_embeddings, name="src_ids")
         return self.encoder(src_ids, check_mask(src_mask, src_ids, "src_mask"))
 
+    @renamed_keywords(targets="labels")
     def decode(
         self,
         tgt_ids: Tensor,
@@ -192,7 +194,7 @@ class RecurrentSeq2Seq(nn.Module):
         *,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
-        targets: Tensor | None = None,
+        labels: Tensor | None = None,
         cache: RecurrentState | None = None,
         need_weights: bool = False,
         return_logits: bool = True,
@@ -201,7 +203,7 @@ class RecurrentSeq2Seq(nn.Module):
 
         tgt_mask: (B, T), padding on the right only: the decoder reads left to right, so padding after a
             row's last real token changes none of its outputs.
-        targets: (B, T) next-token ids aligned with tgt_ids, -100 at padding.
+        labels: (B, T) next-token ids aligned with tgt_ids, -100 at padding.
         cache: a `RecurrentState` (from `allocate_cache`); empty, it starts from the bridge; updated in place.
         need_weights: attentions = [{"cross": (B, 1, T, S)}], row t the weights of decoding step t.
         """
@@ -211,18 +213,19 @@ class RecurrentSeq2Seq(nn.Module):
                 f"the target batch has {tgt_ids.shape[0]} sequences but the source batch {memory.shape[0]}; "
                 f"pass one target per source"
             )
-        is_real = check_mask(tgt_mask, tgt_ids, "tgt_mask")
-        if is_real is not None and not bool(is_real[:, 0].all()):
+        tgt_mask = check_mask(tgt_mask, tgt_ids, "tgt_mask")
+        if tgt_mask is not None and not bool(tgt_mask[:, 0].all()):
             raise InputError("tgt_mask pads on the left; targets start with BOS in column 0 and pad on the right")
         src_mask = src_mask.bool() if src_mask is not None else None
         state = cache if cache is not None else RecurrentState()
         if not state.started:
             state.set(self.bridge(memory, src_mask))
         features, weights = self.decoder(tgt_ids, memory, src_mask, state)  # (B, T, F), (B, 1, T, S) or None
-        logits, loss = lm_logits_and_loss(self.lm_head, features, targets, self.label_smoothing, return_logits)
+        logits, loss = lm_logits_and_loss(self.lm_head, features, labels, self.label_smoothing, return_logits)
         attentions = [{"cross": weights}] if need_weights and weights is not None else None
         return ModelOutput(logits=logits, loss=loss, attentions=attentions, cache=cache)
 
+    @renamed_keywords(targets="labels")
     def forward(
         self,
         src_ids: Tensor,
@@ -230,13 +233,13 @@ class RecurrentSeq2Seq(nn.Module):
         *,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
-        targets: Tensor | None = None,
+        labels: Tensor | None = None,
         need_weights: bool = False,
         return_logits: bool = True,
     ) -> ModelOutput:
         """Teacher-forced pass: src (B, S), tgt (B, T) -> logits (B, T, V) (see `decode` for the arguments)."""
         memory = self.encode(src_ids, src_mask=src_mask)
-        return self.decode(tgt_ids, memory, src_mask=src_mask, tgt_mask=tgt_mask, targets=targets,
+        return self.decode(tgt_ids, memory, src_mask=src_mask, tgt_mask=tgt_mask, labels=labels,
                            need_weights=need_weights, return_logits=return_logits)
 
     def allocate_cache(self, batch_size: int, max_len: int | None = None) -> RecurrentState:
