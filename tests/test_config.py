@@ -1,10 +1,11 @@
 """ModelConfig validation: every invalid combination fails at construction, naming the field and the fix."""
 
 import json
+import logging
 
 import pytest
 
-from attnkit import ConfigError, ModelConfig, presets
+from attnkit import ConfigError, ModelConfig, build_model, count_parameters, presets
 
 
 @pytest.mark.parametrize(
@@ -55,8 +56,33 @@ def test_unknown_fields_and_presets_are_refused(tmp_path):
         ModelConfig.from_json(tmp_path / "bad.json")
 
 
-def test_derived_sizes():
+def test_resolved_fills_in_what_none_stands_for_and_keeps_the_config_as_written():
     config = ModelConfig(d_model=64, n_heads=8, n_kv_heads=2)
-    assert (config.head_size, config.kv_heads) == (8, 2)
-    assert ModelConfig(norm_position="post").use_final_norm is False
-    assert ModelConfig(norm_position="pre").use_final_norm is True
+    assert (config.resolved.head_dim, config.resolved.n_kv_heads) == (8, 2) and config.head_dim is None
+    assert ModelConfig(norm_position="post").resolved.final_norm is False
+    assert ModelConfig(norm_position="pre").resolved.final_norm is True
+    assert ModelConfig(family="encoder-decoder", n_layers=3).resolved.n_decoder_layers == 3
+    assert ModelConfig(family="recurrent-seq2seq", hidden_size=32).resolved.embedding_dim == 32
+    assert config.replace(d_model=128).resolved.head_dim == 16  # None still means d_model // n_heads
+    assert config.resolved.to_dict()["head_dim"] == 8 and config.to_dict()["head_dim"] is None
+    assert count_parameters(build_model(config)) == count_parameters(build_model(config.resolved))
+
+
+def test_old_names_of_resolved_values_are_read_from_config_json_with_a_warning(tmp_path, caplog):
+    """A config.json naming kv_heads, head_size, use_final_norm (the attributes beside n_kv_heads, head_dim and
+    final_norm before one name per concept) still loads, and the warning names the key to write."""
+    written = ModelConfig(d_model=64, n_heads=8, n_kv_heads=2, head_dim=16, norm_position="post", final_norm=True)
+    old = written.to_dict()
+    for old_name, new_name in (("kv_heads", "n_kv_heads"), ("head_size", "head_dim"), ("use_final_norm", "final_norm")):
+        old[old_name] = old.pop(new_name)
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    with caplog.at_level(logging.WARNING, logger="attnkit.config"):
+        assert ModelConfig.from_json(tmp_path / "config.json") == written
+    for old_name, new_name in (("kv_heads", "n_kv_heads"), ("head_size", "head_dim"), ("use_final_norm", "final_norm")):
+        assert any(f"'{old_name}' is now called '{new_name}'" in record.message for record in caplog.records)
+    with pytest.raises(ConfigError, match="kv_heads is the old name of n_kv_heads"):
+        ModelConfig(kv_heads=2, n_kv_heads=2, n_heads=4)
+    with pytest.warns(DeprecationWarning, match=r"config.resolved.n_kv_heads"):
+        assert written.kv_heads == 2  # the old attribute, resolved
+    with pytest.raises(AttributeError):
+        ModelConfig(family="decoder").n_decoder_layers  # noqa: B018  (an encoder-decoder's field only)

@@ -123,13 +123,13 @@ def test_loaded_config_reads_the_checkpoint_options(checkpoints):
     names = ("llama", "llama-tied", "marian", "marian-two-vocabularies", "bert")
     configs = {name: hf.load(checkpoints[name][0]).config for name in names}
     llama = configs["llama"]
-    assert (llama.kv_heads, llama.rope_theta, llama.norm_eps, llama.tie_embeddings) == (2, 500.0, 1e-5, False)
-    assert configs["llama-tied"].kv_heads == 1 and configs["llama-tied"].tie_embeddings
+    assert (llama.n_kv_heads, llama.rope_theta, llama.norm_eps, llama.tie_embeddings) == (2, 500.0, 1e-5, False)
+    assert configs["llama-tied"].resolved.n_kv_heads == 1 and configs["llama-tied"].tie_embeddings
     marian = configs["marian"]
     assert (marian.sinusoidal_layout, marian.activation, marian.scale_embeddings) == ("halves", "silu", True)
     assert marian.tgt_vocab_size is None and marian.lm_head_bias
     separate = configs["marian-two-vocabularies"]
-    assert (separate.tgt_vocab_size, separate.n_layers, separate.decoder_layers) == (77, 1, 2)
+    assert (separate.tgt_vocab_size, separate.n_layers, separate.resolved.n_decoder_layers) == (77, 1, 2)
     bert = configs["bert"]
     assert (bert.type_vocab_size, bert.embedding_norm, bert.pooler, bert.norm_position) == (2, True, True, "post")
     assert VOCAB == llama.vocab_size == marian.vocab_size

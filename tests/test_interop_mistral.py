@@ -45,7 +45,7 @@ def test_the_window_is_read_and_matters(narrow):
     config = loaded.config
     assert (loaded.model_type, loaded.architecture) == ("mistral", "MistralForCausalLM")
     assert (config.attention_window, config.global_every, config.window_of(1)) == (WINDOW, 0, WINDOW)
-    assert (config.kv_heads, config.bias, config.rope_theta, config.position) == (2, False, 500.0, "rope")
+    assert (config.resolved.n_kv_heads, config.bias, config.rope_theta, config.position) == (2, False, 500.0, "rope")
     # In transformers the window changes the logits of these batches, so the parity below tests the window.
     ids, mask = batch(0, length=12)
     windowed = _logits(reference, ids, mask)
@@ -133,7 +133,7 @@ def test_an_attnkit_model_with_a_window_is_written_as_mistral(tmp_path):
     model, config = _windowed_attnkit_model()
     assert hf.save(model, tmp_path, config=config) == "MistralForCausalLM"
     written = json.loads((tmp_path / "config.json").read_text())
-    assert written["sliding_window"] == WINDOW and written["num_key_value_heads"] == config.kv_heads
+    assert written["sliding_window"] == WINDOW and written["num_key_value_heads"] == config.resolved.n_kv_heads
     back = hf.load(tmp_path)
     assert dataclasses.replace(back.config, head_dim=None, final_norm=None) == config  # those two resolved
     for name, tensor in model.state_dict().items():

@@ -264,7 +264,7 @@ print(f"{length} tokens: {total['without cache']:.2f} s without the cache, {tota
 # %%
 shape = presets.get("llama2-70b")
 kv_bytes = {f"{kv} kv head{'s' if kv > 1 else ''}" + (" (Llama 2 70B)" if kv == 8 else ""):
-            2 * shape.n_layers * kv * shape.head_size * 2 for kv in (64, 8, 1)}
+            2 * shape.n_layers * kv * shape.resolved.head_dim * 2 for kv in (64, 8, 1)}
 for name, size in kv_bytes.items():
     print(f"{name:24s} {size / 2**20:6.2f} MiB per token, {size * 4096 / 2**30:6.1f} GiB for 4,096 tokens")
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 import types
 import typing
@@ -38,9 +39,19 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args, get_origin
 
+from attnkit.deprecation import warn_renamed
 from attnkit.errors import ConfigError, nearest
 from attnkit.options import assignments, field_help
 from attnkit.textfiles import special_file
+
+log = logging.getLogger(__name__)
+
+# Names that were attributes beside the fields whose "None: same as ..." they resolved (config.kv_heads beside
+# n_kv_heads): one name per concept now, the field's (`config.resolved.n_kv_heads` is the resolved value). A config
+# that still names them (a hand-written config.json, `--set kv_heads=2`) is read with a warning naming the field.
+RENAMED_FIELDS = {"kv_heads": "n_kv_heads", "head_size": "head_dim", "use_final_norm": "final_norm",
+                  "decoder_layers": "n_decoder_layers", "embedding_size": "embedding_dim",
+                  "encoder_size": "encoder_hidden_size"}
 
 Score = Literal["scaled_dot", "dot", "bilinear", "additive"]
 Position = Literal["sinusoidal", "learned", "relative", "rope", "alibi", "none"]
@@ -257,6 +268,26 @@ class ModelConfig(metaclass=_FamilyDispatch):
         require_positive(self, "vocab_size", "n_layers", "max_seq_len")
         require_fraction(self, "dropout", "label_smoothing")
 
+    @property
+    def resolved(self) -> ModelConfig:
+        """This config with every field left at "None: same as ..." filled in (`config.resolved.head_dim` is the
+        head dimension whether or not the config set it); it builds the same model."""
+        derived = {name: value for name, value in self._derived().items() if getattr(self, name) is None}
+        return dataclasses.replace(self, **derived) if derived else self
+
+    def _derived(self) -> dict[str, Any]:
+        """The value each "None: same as ..." field stands for."""
+        return {}
+
+    def __getattr__(self, name: str) -> Any:
+        """The old attribute names of resolved values (`config.kv_heads`): `config.resolved.<field>`, with a
+        DeprecationWarning."""
+        field = RENAMED_FIELDS.get(name)
+        if field is None or field not in _field_names(type(self)):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        warn_renamed(f"config.{name}", f"config.resolved.{field}")
+        return getattr(self.resolved, field)
+
     # Serialisation -------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -343,11 +374,12 @@ def _field_names(cls: type) -> set[str]:
 
 
 def _applicable(cls: type[ModelConfig], fields: dict[str, Any]) -> dict[str, Any]:
-    """`fields` without what a flat config.json of the Transformer families carried for its sibling families at
-    their defaults; raises ConfigError for any other field `cls` lacks."""
+    """`fields` under their current names (`RENAMED_FIELDS`), without what a flat config.json of the Transformer
+    families carried for its sibling families at their defaults; raises ConfigError for any other field `cls`
+    lacks."""
     own = _field_names(cls)
     out = {}
-    for name, value in fields.items():
+    for name, value in _current_names(fields).items():
         if name in own:
             out[name] = value
             continue
@@ -364,6 +396,19 @@ def _applicable(cls: type[ModelConfig], fields: dict[str, Any]) -> dict[str, Any
             f"{name}={value!r} applies to family={families} only, not to family={cls.FAMILY!r}; remove it or "
             f"change the family"
         )
+    return out
+
+
+def _current_names(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` with each old name (`RENAMED_FIELDS`) read as its field, with a warning naming the field."""
+    out = dict(fields)
+    for old, new in RENAMED_FIELDS.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(f"the config has both {old} and {new}; {old} is the old name of {new}: keep {new}")
+            log.warning("config field %r is now called %r; read as %s=%r (write %s in the config)", old, new, new,
+                        out[old], new)
+            out[new] = out.pop(old)
     return out
 
 
@@ -429,27 +474,24 @@ class TransformerConfig(ModelConfig):
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; choose n_heads dividing "
                 f"d_model (e.g. {_divisors_hint(self.d_model)}) or set head_dim explicitly"
             )
-        if self.n_heads % self.kv_heads:
+        resolved = self._derived()
+        n_kv_heads = self.n_kv_heads or resolved["n_kv_heads"]
+        head_dim = self.head_dim or resolved["head_dim"]
+        if self.n_heads % n_kv_heads:
             raise ConfigError(
-                f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.kv_heads}; grouped-query attention "
+                f"n_heads={self.n_heads} is not divisible by n_kv_heads={n_kv_heads}; grouped-query attention "
                 f"shares each key/value head among n_heads / n_kv_heads query heads: choose n_kv_heads dividing "
                 f"{self.n_heads}"
             )
-        if self.position == "rope" and self.head_size % 2:
+        if self.position == "rope" and head_dim % 2:
             raise ConfigError(
-                f"position='rope' needs an even head dimension, got head_dim={self.head_size}; RoPE rotates pairs "
+                f"position='rope' needs an even head dimension, got head_dim={head_dim}; RoPE rotates pairs "
                 f"of dimensions: change d_model/n_heads or head_dim"
             )
 
-    @property
-    def kv_heads(self) -> int:
-        """Number of key/value heads: `n_kv_heads`, or `n_heads` when unset."""
-        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
-
-    @property
-    def head_size(self) -> int:
-        """Per-head dimension D: `head_dim`, or `d_model // n_heads` when unset."""
-        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+    def _derived(self) -> dict[str, Any]:
+        return {"n_kv_heads": self.n_heads, "head_dim": self.d_model // self.n_heads,
+                "final_norm": self.norm_position == "pre"}
 
     def window_of(self, layer: int) -> int | None:
         """The attention window of block `layer` (0-based): `attention_window`, except every `global_every`-th
@@ -457,10 +499,6 @@ class TransformerConfig(ModelConfig):
         if self.global_every and (layer + 1) % self.global_every == 0:
             return None
         return self.attention_window
-
-    @property
-    def use_final_norm(self) -> bool:
-        return self.final_norm if self.final_norm is not None else self.norm_position == "pre"
 
     @property
     def residual_layers(self) -> int:
@@ -545,9 +583,8 @@ class EncoderDecoderConfig(TransformerConfig):
         super().__post_init__()
         require_positive(self, "tgt_vocab_size", "n_decoder_layers")
 
-    @property
-    def decoder_layers(self) -> int:
-        return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
+    def _derived(self) -> dict[str, Any]:
+        return {**super()._derived(), "n_decoder_layers": self.n_layers}
 
     @property
     def target_vocab_size(self) -> int:
@@ -555,7 +592,7 @@ class EncoderDecoderConfig(TransformerConfig):
 
     @property
     def residual_layers(self) -> int:
-        return self.n_layers + self.decoder_layers
+        return self.n_layers + self.resolved.n_decoder_layers
 
     def with_vocabulary(self, vocab_size: int) -> ModelConfig:
         return self.replace(vocab_size=vocab_size, tgt_vocab_size=None)  # one tokenizer: one shared vocabulary
@@ -576,9 +613,8 @@ class RecurrentLMConfig(ModelConfig):
         super().__post_init__()
         require_positive(self, "hidden_size", "embedding_dim")
 
-    @property
-    def embedding_size(self) -> int:
-        return self.embedding_dim if self.embedding_dim is not None else self.hidden_size
+    def _derived(self) -> dict[str, Any]:
+        return {"embedding_dim": self.hidden_size}
 
 
 @dataclass(frozen=True)
@@ -597,7 +633,7 @@ class RecurrentSeq2SeqConfig(RecurrentLMConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive(self, "tgt_vocab_size", "encoder_hidden_size", "additive_dim")
-        memory = self.encoder_size * (2 if self.bidirectional else 1)
+        memory = (self.encoder_hidden_size or self.hidden_size) * (2 if self.bidirectional else 1)
         if self.attention == "luong-dot" and memory != self.hidden_size:
             raise ConfigError(
                 f"attention='luong-dot' needs encoder states as wide as the decoder's ({memory} vs hidden_size="
@@ -606,9 +642,8 @@ class RecurrentSeq2SeqConfig(RecurrentLMConfig):
         if self.additive_dim is not None and self.attention != "bahdanau":
             raise ConfigError("additive_dim applies to attention='bahdanau' only; remove it")
 
-    @property
-    def encoder_size(self) -> int:
-        return self.encoder_hidden_size if self.encoder_hidden_size is not None else self.hidden_size
+    def _derived(self) -> dict[str, Any]:
+        return {**super()._derived(), "encoder_hidden_size": self.hidden_size}
 
     @property
     def target_vocab_size(self) -> int:

@@ -99,15 +99,17 @@ def summary(config: ModelConfig) -> dict[str, str]:
     """One row of `attnkit presets` for `config`: the COLUMNS, as text ("-" where a family has no such part)."""
     row = dict.fromkeys(COLUMNS, "-")
     if isinstance(config, TransformerConfig):
-        decoder_layers = getattr(config, "decoder_layers", None)
+        resolved = config.resolved
+        decoder_layers = getattr(resolved, "n_decoder_layers", None)
         row.update(
             layers=f"{config.n_layers}+{decoder_layers}" if decoder_layers else str(config.n_layers),
             width=str(config.d_model), norm=f"{config.norm_position} {config.norm}",
-            positions=config.position, **{"heads/kv": f"{config.n_heads}/{config.kv_heads}",
+            positions=config.position, **{"heads/kv": f"{config.n_heads}/{resolved.n_kv_heads}",
                                           "ffn/cell": config.activation, "score/attention": config.score},
         )
     elif isinstance(config, RecurrentSeq2SeqConfig):
-        encoder = f"{config.encoder_size}x2" if config.bidirectional else str(config.encoder_size)
+        encoder_width = config.resolved.encoder_hidden_size
+        encoder = f"{encoder_width}x2" if config.bidirectional else str(encoder_width)
         row.update(layers=f"{config.n_layers}+{config.n_layers}", width=f"{encoder}/{config.hidden_size}",
                    **{"ffn/cell": config.cell, "score/attention": config.attention})
     elif isinstance(config, RecurrentLMConfig):

@@ -77,7 +77,7 @@ def run(budget: str, out: Path, progress: Progress) -> Result:
             if seed == 0:
                 models.append(log.model)
         losses.append(per_seed)
-        kv_bytes = 2 * config.n_layers * kv_heads * config.head_size * 4  # keys and values, fp32, per token
+        kv_bytes = 2 * config.n_layers * kv_heads * config.resolved.head_dim * 4  # keys and values, fp32, per token
         rows.append({"attention": f"{kind} {N_HEADS}/{kv_heads}", "KV bytes per token": kv_bytes,
                      "val loss": statistics.fmean(per_seed)})
     progress.phase(f"timing decoding: {rounds} rounds of the four models in turn")

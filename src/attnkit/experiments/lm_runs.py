@@ -128,5 +128,5 @@ def validation_loss(model: nn.Module, corpus: Corpus, seq_len: int, batch_size: 
 def training_flops(config: ModelConfig, n_params: int, tokens: int, seq_len: int) -> float:
     """Training FLOPs: 6 per parameter per token (forward 2, backward 4; Kaplan et al. 2020) plus attention's
     scores and weighted sum, 6 * 2 * n_layers * T * d_attn per token (half of it under the causal mask)."""
-    attention = 6 * 2 * config.n_layers * seq_len * config.n_heads * config.head_size / 2
+    attention = 6 * 2 * config.n_layers * seq_len * config.n_heads * config.resolved.head_dim / 2
     return tokens * (6 * n_params + attention)

@@ -201,7 +201,7 @@ class Pipeline:
         vocabulary each (the log-probabilities, their sum with the beam's score, the top-k's copy)."""
         config = self.config
         width = getattr(config, "d_model", None) or getattr(config, "hidden_size", 0)
-        layers = getattr(config, "decoder_layers", config.n_layers)
+        layers = getattr(config.resolved, "n_decoder_layers", None) or config.n_layers
         vocab = getattr(config, "target_vocab_size", config.vocab_size)
         need = rows * 4 * (2 * layers * max_length * width + 3 * vocab)
         free = free_bytes(self.device)

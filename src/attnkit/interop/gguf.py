@@ -157,6 +157,7 @@ def _family(model: torch.nn.Module, config: ModelConfig) -> FamilyMap:
 
 
 def _add_hyperparameters(writer, config: ModelConfig, family: FamilyMap, context_length: int) -> None:
+    config = config.resolved  # the head dimension and key/value heads as numbers
     writer.add_context_length(context_length)
     writer.add_embedding_length(config.d_model)
     writer.add_feed_forward_length(config.d_ff)
@@ -165,12 +166,12 @@ def _add_hyperparameters(writer, config: ModelConfig, family: FamilyMap, context
     if family.model_type == "gpt2":
         writer.add_layer_norm_eps(config.norm_eps)
         return
-    writer.add_head_count_kv(config.kv_heads)
+    writer.add_head_count_kv(config.n_kv_heads)
     writer.add_layer_norm_rms_eps(config.norm_eps)
     writer.add_rope_freq_base(config.rope_theta)
-    writer.add_rope_dimension_count(config.head_size)
-    writer.add_key_length(config.head_size)
-    writer.add_value_length(config.head_size)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
     writer.add_vocab_size(config.vocab_size)
 
 
@@ -190,7 +191,7 @@ def gguf_tensors(model: torch.nn.Module, config: ModelConfig, family: FamilyMap)
         if theirs in transposed and tensor.dim() == 2:
             tensor = tensor.t()  # Conv1D (in, out) -> (out, in)
         if family.model_type != "gpt2" and tensor.dim() == 2 and name.endswith(("attn_q.weight", "attn_k.weight")):
-            heads = config.n_heads if name.endswith("attn_q.weight") else config.kv_heads
+            heads = config.n_heads if name.endswith("attn_q.weight") else config.resolved.n_kv_heads
             tensor = rope_pairs_adjacent(tensor, heads)
         out[name] = tensor.detach().float().cpu().contiguous().numpy()
     if family.model_type == "gpt2" and "output.weight" not in out:  # tied: llama.cpp's gpt2 reads its own copy

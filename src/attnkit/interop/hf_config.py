@@ -16,9 +16,6 @@ from attnkit.errors import ConfigError
 from attnkit.interop.keymaps import ACTIVATIONS_FROM_HF, ACTIVATIONS_TO_HF, FAMILIES, FamilyMap, supported_text
 
 _MISSING = object()
-# ModelConfig fields whose meaning is a derived value (None: "same as ..."); configs are compared through these.
-_RESOLVED = {"n_kv_heads": "kv_heads", "head_dim": "head_size", "n_decoder_layers": "decoder_layers",
-             "final_norm": "use_final_norm"}
 _TRAINING_ONLY = ("dropout", "attention_dropout", "label_smoothing")
 
 
@@ -75,8 +72,9 @@ def config_to_hf(
 ) -> dict[str, Any]:
     """The config.json fields for `config` written as `architecture` (token ids are added by the caller)."""
     hf: dict[str, Any] = {"model_type": family.model_type, "architectures": [architecture], **family.hf_fixed}
+    resolved = config.resolved  # "None: same as ..." fields as the numbers Hugging Face configs hold
     for theirs, ours in family.config_fields.items():
-        value = getattr(config, _RESOLVED.get(ours, ours))
+        value = getattr(resolved, ours)
         hf[theirs] = ACTIVATIONS_TO_HF.get(value, value) if ours == "activation" else value
     hf.update(family.to_hf(config, labels))
     return hf
@@ -126,10 +124,11 @@ def match_family(
 
 
 def _structure(config: ModelConfig) -> dict[str, Any]:
-    """The fields that decide the function a config computes (training-only and inert fields left out)."""
+    """The fields that decide the function a config computes (training-only and inert fields left out), resolved
+    ("None: same as ..." compares equal to the value it stands for)."""
     unused = set(_TRAINING_ONLY) | config.inert_fields()
-    return {f.name: getattr(config, _RESOLVED.get(f.name, f.name)) for f in dataclasses.fields(config)
-            if f.name not in unused}
+    resolved = config.resolved
+    return {f.name: getattr(resolved, f.name) for f in dataclasses.fields(config) if f.name not in unused}
 
 
 def _activation_from_hf(value: Any, field: str, source: str) -> str:

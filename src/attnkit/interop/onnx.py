@@ -7,9 +7,9 @@ export to):
 
     inputs   input_ids (batch, sequence)                    int64
              attention_mask (batch, total)                  int64, 1 at real tokens; total = past_sequence + sequence
-             past_key_values.{i}.key / .value               (batch, kv_heads, past_sequence, head_dim), each layer i
+             past_key_values.{i}.key / .value               (batch, n_kv_heads, past_sequence, head_dim), each layer i
     outputs  logits (batch, sequence, vocab)
-             present.{i}.key / .value                       (batch, kv_heads, past_sequence + sequence, head_dim)
+             present.{i}.key / .value                       (batch, n_kv_heads, past_sequence + sequence, head_dim)
 
 The prompt goes in with an empty past (past_sequence 0); each later step feeds one token and the presents back as
 the next past. Positions continue after the past ones, as in attnkit's own decoding.
@@ -131,7 +131,7 @@ def _graph(model: nn.Module, config: ModelConfig):
     if isinstance(config, DecoderConfig):
         past_sequence = torch.export.Dim("past_sequence", min=0)
         example_past = 7
-        shape = (example_batch, config.kv_heads, example_past, config.head_size)
+        shape = (example_batch, config.resolved.n_kv_heads, example_past, config.resolved.head_dim)
         past = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(config.n_layers)]
         mask = torch.ones(example_batch, example_past + example_length, dtype=torch.long)
         cached = {0: batch, 2: past_sequence}

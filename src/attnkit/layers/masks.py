@@ -59,7 +59,7 @@ class AttentionMask:
                 positions = self.start + torch.arange(self.length, device=self.start.device)
             else:
                 positions = torch.arange(self.start, self.start + self.length, device=self._device)
-            self._keep("queries", positions)
+            self._keep(None if torch.compiler.is_compiling() else "queries", positions)
         return positions
 
     @property
@@ -84,8 +84,8 @@ class AttentionMask:
         With structure (causal, window) and padding, each of several queries may also see its own position, so a
         padded query row (left padding in batched generation) is never empty; real rows see it anyway.
         """
-        name = ("allowed", key_len, window)
-        if key_positions is None and name in self._forms:  # asked before by a layer with the same keys and window
+        name = self._form_name("allowed", key_len, window, key_positions)
+        if name in self._forms:  # asked before by a layer with the same keys and window
             return self._forms[name]
         keys = key_positions if key_positions is not None else torch.arange(key_len, device=self.query_positions.device)
         query, key = self.query_positions[:, None], keys[None, :]  # (T, 1), (1, S)
@@ -100,27 +100,33 @@ class AttentionMask:
         mask = _and(structure, padding)
         if (self.causal or window is not None) and padding is not None and self.length > 1:
             mask = mask | (key == query)
-        if key_positions is None:
-            self._keep(name, mask)
+        self._keep(name, mask)
         return mask
 
     def bias(self, key_len: int, *, dtype: torch.dtype = torch.float32, window: int | None = None,
              key_positions: Tensor | None = None) -> Tensor | None:
         """`allowed` as an additive float bias of `dtype`: 0 where the query may attend, -inf where not; None:
         every key."""
-        name = ("bias", key_len, window, dtype)
-        if key_positions is None and name in self._forms:
+        name = self._form_name("bias", key_len, window, key_positions, dtype)
+        if name in self._forms:
             return self._forms[name]
         allowed = self.allowed(key_len, window=window, key_positions=key_positions)
         bias = as_bias(allowed, dtype) if allowed is not None else None
-        if key_positions is None:
-            self._keep(name, bias)
+        self._keep(name, bias)
         return bias
 
-    def _keep(self, name: tuple | str, form: Tensor | None) -> None:
-        """Remember a tensor form for the other layers of this forward pass. Not while torch.compile traces: the
-        blocks share one compiled graph, which a mask already holding forms would not match (a second graph)."""
-        if not torch.compiler.is_compiling():
+    def _form_name(self, kind: str, key_len: int, window: int | None, key_positions: Tensor | None,
+                   *rest: object) -> tuple | None:
+        """The name a tensor form is kept under for the other layers of this forward pass; None: not kept. Forms
+        over a rolling cache's keys are not kept (their positions are the layer's own), nor those traced by
+        torch.compile or torch.export: the blocks share one compiled graph, which a mask already holding forms
+        would not match, and a traced length is symbolic."""
+        if key_positions is not None or torch.compiler.is_compiling() or not isinstance(key_len, int):
+            return None
+        return (kind, key_len, window, *rest)
+
+    def _keep(self, name: tuple | str | None, form: Tensor | None) -> None:
+        if name is not None:
             self._forms[name] = form
 
     def _structure(self, query: Tensor, key: Tensor) -> Tensor | None:

@@ -90,7 +90,7 @@ _ENCODER_HEADS = {"sequence": _classifier, "position": _token_classifier, "token
 def build_encoder_decoder(config: EncoderDecoderConfig) -> EncoderDecoder:
     """An encoder-decoder (Vaswani et al. 2017) with initialised weights."""
     encoder = _stack(config, config.vocab_size, config.n_layers, decoder=False)
-    decoder = _stack(config, config.target_vocab_size, config.decoder_layers, decoder=True, cross=True)
+    decoder = _stack(config, config.target_vocab_size, config.resolved.n_decoder_layers, decoder=True, cross=True)
     if config.tie_embeddings and config.tgt_vocab_size is None:  # one shared vocabulary: one table
         decoder.embeddings.token.weight = encoder.embeddings.token.weight
     lm_head = _lm_head(config, decoder, config.target_vocab_size)
@@ -103,7 +103,7 @@ def _positions(config: TransformerConfig) -> PositionScheme:
         config.position,
         d_model=config.d_model,
         n_heads=config.n_heads,
-        head_dim=config.head_size,
+        head_dim=config.resolved.head_dim,
         max_seq_len=config.max_seq_len,
         rope_theta=config.rope_theta,
         relative_max_distance=config.relative_max_distance,
@@ -115,8 +115,8 @@ def _attention(config: TransformerConfig, *, relative: PositionScheme | None, wi
     return Attention(
         config.d_model,
         config.n_heads,
-        n_kv_heads=config.kv_heads,
-        head_dim=config.head_size,
+        n_kv_heads=config.resolved.n_kv_heads,
+        head_dim=config.resolved.head_dim,
         score=config.score,
         bias=config.bias,
         dropout=config.attention_dropout,
@@ -168,7 +168,7 @@ def _stack(config: TransformerConfig, vocab_size: int, n_layers: int, *, decoder
         embeddings=embeddings,
         blocks=[_block(config, decoder=decoder, cross=cross, relative=relative(), window=config.window_of(index))
                 for index in range(n_layers)],
-        final_norm=_norm(config) if config.use_final_norm else None,
+        final_norm=_norm(config) if config.resolved.final_norm else None,
         positions=positions if shared else None,
     )
 

@@ -11,7 +11,7 @@ from attnkit.models.recurrent.seq2seq import RecurrentSeq2Seq, recurrent_seq2seq
 
 def build_recurrent_lm(config: RecurrentLMConfig) -> RecurrentLM:
     return RecurrentLM(
-        vocab_size=config.vocab_size, embedding_dim=config.embedding_size, hidden=config.hidden_size,
+        vocab_size=config.vocab_size, embedding_dim=config.resolved.embedding_dim, hidden=config.hidden_size,
         n_layers=config.n_layers, cell=config.cell, dropout=config.dropout, tie_embeddings=config.tie_embeddings,
         label_smoothing=config.label_smoothing,
     )
@@ -20,7 +20,8 @@ def build_recurrent_lm(config: RecurrentLMConfig) -> RecurrentLM:
 def build_recurrent_seq2seq(config: RecurrentSeq2SeqConfig) -> RecurrentSeq2Seq:
     return recurrent_seq2seq(
         src_vocab_size=config.vocab_size, tgt_vocab_size=config.target_vocab_size,
-        embedding_dim=config.embedding_size, hidden=config.hidden_size, encoder_hidden=config.encoder_size,
+        embedding_dim=config.resolved.embedding_dim, hidden=config.hidden_size,
+        encoder_hidden=config.resolved.encoder_hidden_size,
         n_layers=config.n_layers, cell=config.cell, attention=config.attention, bidirectional=config.bidirectional,
         dropout=config.dropout, tie_embeddings=config.tie_embeddings, share_vocabulary=config.tgt_vocab_size is None,
         additive_dim=config.additive_dim, label_smoothing=config.label_smoothing,
