@@ -275,3 +275,26 @@ def test_eval_refuses_both_int8_forms(tmp_path, capsys):
     assert main(["eval", "--run", str(tmp_path / "run"), "--data", str(write(tmp_path / "t.txt", TEXT)),
                  "--int8", "--int8-dynamic"]) == 2
     assert "give one" in capsys.readouterr().err
+
+
+def test_eval_explain_prints_the_plan_the_model_is_scored_with(tmp_path, capsys):
+    """A decoder scored in whole passes keeps separate q/k/v and nn.Linear's layout, and says why; a translation
+    run is scored through its pipeline, whose plan decodes."""
+    from attnkit.cli import main
+
+    make_run(tmp_path / "lm")
+    text = write(tmp_path / "t.txt", TEXT)
+    assert main(["eval", str(tmp_path / "lm"), "--data", str(text), "--no-progress", "--explain",
+                 "--out", str(tmp_path / "report")]) == 0
+    captured = capsys.readouterr()
+    assert "inference plan for fp32" in captured.err and "ppl" in captured.out and "ppl" not in captured.err
+    assert "q/k/v" in captured.err and "separate: only whole passes run here" in captured.err
+    assert main(["eval", str(tmp_path / "lm"), "--data", str(text), "--no-progress",
+                 "--out", str(tmp_path / "report")]) == 0
+    assert "inference plan" not in capsys.readouterr().err  # only when asked
+    make_run(tmp_path / "mt", family="encoder-decoder")
+    pairs = write(tmp_path / "pairs.tsv", "ein Haus\ta house .\n")
+    assert main(["eval", str(tmp_path / "mt"), "--data", str(pairs), "--no-progress", "--explain",
+                 "--out", str(tmp_path / "mt-report")]) == 0
+    err = capsys.readouterr().err
+    assert "inference plan for fp32" in err and "q/k/v" in err and "fused" in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 
@@ -278,6 +279,17 @@ def test_a_classifier_serves_its_task_and_embeddings_not_completions(runs):
         assert sum(v * v for v in vectors[0]) == pytest.approx(1.0, abs=1e-5)
         refused = httpx.post(f"{url}/v1/completions", json={"prompt": "a"}, timeout=TIMEOUT)
         assert refused.status_code == 404 and "/v1/classify" in refused.json()["error"]["message"]
+
+
+def test_serve_explain_logs_the_inference_plan_it_serves_with(runs, caplog):
+    with caplog.at_level(logging.INFO, logger="attnkit.serve"):
+        build_app(ServeSettings(run=str(runs["lm"]), explain=True))
+    plans = [record.message for record in caplog.records if "inference plan for" in record.message]
+    assert len(plans) == 1 and "q/k/v" in plans[0] and "fused" in plans[0] and "attention" in plans[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="attnkit.serve"):
+        build_app(ServeSettings(run=str(runs["lm"])))
+    assert not any("inference plan" in record.message for record in caplog.records)
 
 
 def test_another_host_needs_an_api_key_and_the_key_is_checked(runs, monkeypatch):

@@ -366,16 +366,21 @@ def _run_eval(settings: EvalSettings, *own: dict[str, Any]) -> int:
         from attnkit.generate import load
 
         pipeline = load(settings.run, device=settings.device, quantize=settings.quantize)
+        if settings.explain and pipeline.plan is not None:
+            print(pipeline.plan.explain(), file=sys.stderr)
 
         def translate(texts: list[str]) -> list[str]:
             return pipeline.translate(texts, beam_size=settings.beam_size, batch_size=settings.batch_size,
                                       progress=settings.progress is not False)
 
-    elif settings.quantize is not None:  # as `attnkit.load(quantize=...)` prepares a model
-        from attnkit.generate.plan import prepare_for_inference
+    else:  # scored in whole passes, the model prepared by its inference plan (int8 as `attnkit.load` quantizes)
+        from attnkit.generate.plan import plan_inference
 
         def prepare(model):
-            return prepare_for_inference(model, config.family, quantize=settings.quantize)
+            plan = plan_inference(model, config.family, quantize=settings.quantize, decoding=False)
+            if settings.explain:
+                print(plan.explain(), file=sys.stderr)
+            return plan.apply(model)
 
     report = run_eval(settings, translate=translate, prepare=prepare, task_options=task_options)
     print(report.table())

@@ -2,7 +2,8 @@
 capabilities, the machine's measured profile and the user's options, with the reason for each choice.
 
     plan_inference(model, family, quantize=..., compile=...)  ->  InferencePlan   (decides; changes nothing)
-    plan.explain()                                            ->  the choices and why (`attnkit generate --explain`)
+    plan.explain()                                            ->  the choices and why (`--explain` of generate,
+                                                                  translate, classify, tag, fill-mask, eval, serve)
     plan.apply(model)                                         ->  the model, prepared as the plan says
 
 The choices, in the order they are applied:
@@ -95,11 +96,13 @@ def plan_inference(
     compile: bool | str = False,
     cpu: CpuCapabilities | None = None,
     profile: Profile | None = None,
+    decoding: bool | None = None,
 ) -> InferencePlan:
     """Decide how `model` (as loaded: its device and dtype) will run; see the module docstring.
 
     cpu: the CPU to plan for (default: this one, as PyTorch reports it); profile: measured kernel choices (default:
-    `machine.load_profile()`, this machine's `attnkit tune` profile or the documented defaults).
+    `machine.load_profile()`, this machine's `attnkit tune` profile or the documented defaults); decoding: whether
+    the model will decode token by token (default: whether its family decodes); `attnkit eval` scores whole passes.
     """
     if quantize is not None and quantize not in QUANTIZE_FORMS:
         raise InputError(f"quantize={quantize!r} is not supported; use one of {', '.join(QUANTIZE_FORMS)}, or None")
@@ -114,14 +117,16 @@ def plan_inference(
         profile, profile_note = load_profile(cpu=cpu)
     else:
         profile_note = f"profile from {profile.source}"
-    decodes = family_of(family).state is not None
-    static = mode is not None and StaticDecoding.supports(model)
+    family_decodes = family_of(family).state is not None
+    decodes = family_decodes if decoding is None else decoding and family_decodes
+    static = mode is not None and decodes and StaticDecoding.supports(model)
 
     choices = [Choice("dropout", "removed", "eval mode passes inputs through; each layer would still cost a call")]
     if decodes:
         choices.append(Choice("q/k/v", "fused", "decoding runs one projection per layer instead of three"))
     else:
-        choices.append(Choice("q/k/v", "separate", "this model does not decode token by token"))
+        choices.append(Choice("q/k/v", "separate", "only whole passes run here (scoring), no token-by-token decoding"
+                              if family_decodes else "this model does not decode token by token"))
     linear, why = _linear_layout(decodes, on_cpu, dtype, quantize, compile, static, cpu, profile, profile_note)
     choices.append(Choice("linear layers", linear, why))
     math_kernel, why = _attention_kernel(device, dtype, profile, profile_note)

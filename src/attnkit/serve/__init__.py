@@ -50,6 +50,8 @@ def build_app(settings: ServeSettings):
 
     settings = _with_key(settings)
     pipeline = load(settings.run, device=settings.device, dtype=settings.dtype)
+    if settings.explain and pipeline.plan is not None:
+        log.info("%s", pipeline.plan.explain())
     return create_app(pipeline, settings.run, settings)
 
 
@@ -60,8 +62,8 @@ def serve(settings: ServeSettings) -> int:
         import uvicorn
     except ImportError:
         raise InputError("attnkit serve needs FastAPI and uvicorn: pip install 'attnkit[serve]'") from None
-    app = build_app(settings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    app = build_app(settings)
     log.info("serving %s at http://%s:%d/ (explorer at /, API under /v1/)", settings.run, settings.host, settings.port)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
     return 0

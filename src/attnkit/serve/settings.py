@@ -26,3 +26,4 @@ class ServeSettings:
     max_body: int = 1_000_000  # request body size in bytes at most; beyond, 413
     watch: str | None = None  # the training run whose metrics.jsonl the explorer follows; default: RUN
     experiments: str | None = None  # the experiments' results directory the explorer shows; default: docs/experiments
+    explain: bool = False  # log the inference plan (layouts, kernels, compilation) the run is served with, and why

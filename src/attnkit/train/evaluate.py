@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 TextTranslator = Callable[[list[str]], list[str]]  # source texts -> translations, in order
 REPORT_FILE = "eval.json"
-EVERY_TASK = ("run", "data", "average_last", "out", "device", "encoding_errors", "progress")  # read for any run
+EVERY_TASK = ("run", "data", "average_last", "out", "device", "encoding_errors", "progress", "explain")  # any run
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,7 @@ class EvalSettings:
     int8: bool = False  # score the model with int8 weights, as generate --int8 runs it
     int8_dynamic: bool = False  # score it with int8 weights and activations, as generate --int8-dynamic runs it (CPU)
     seed: int | None = None  # masked LM: the masks' seed; none: the run's training seed (its evaluation's masks)
+    explain: bool = False  # print the inference plan (layouts, kernels, int8) the model is scored with, on stderr
 
     def __post_init__(self) -> None:
         if self.int8 and self.int8_dynamic:
