@@ -74,7 +74,7 @@ def test_batches_begin_with_cls_and_mask_the_padding() -> None:
         batch = data.batch(0, index)
         assert batch.ids.shape[0] == batch.labels.shape[0] == len(indices)
         assert (batch.ids[:, 0] == tok.cls_id).all()
-        lengths = batch.mask.sum(1)
+        lengths = batch.attention_mask.sum(1)
         for row, i in enumerate(indices):
             source = task.examples[i].source
             assert lengths[row] == len(source) + 2
@@ -82,7 +82,7 @@ def test_batches_begin_with_cls_and_mask_the_padding() -> None:
             assert batch.ids[row, lengths[row] - 1] == tok.sep_id
             assert (batch.ids[row, lengths[row] :] == tok.pad_id).all()
             assert data.label_vocab.decode(int(batch.labels[row])) == task.examples[i].target
-    assert batch.labels.dtype == torch.int64 and batch.mask.dtype == torch.bool
+    assert batch.labels.dtype == torch.int64 and batch.attention_mask.dtype == torch.bool
 
 
 def test_without_cls_inputs_begin_with_bos() -> None:

@@ -38,7 +38,8 @@ def test_prefill_gives_the_forward_pass_last_logits_of_each_left_padded_row(posi
     """The prefill computes the last position's logits only; they are the full forward pass's, padding and all."""
     model, config = tiny_model(position=position, seed=3)
     window = left_pad(PROMPTS, pad_id=0)
-    full = model(window.ids, attention_mask=window.mask, position_ids=positions_from_mask(window.mask)).logits
+    mask = window.attention_mask
+    full = model(window.ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits
     cache = model.allocate_cache(len(PROMPTS), config.max_seq_len)
     torch.testing.assert_close(prefill(model, window, cache), full[:, -1], rtol=1e-12, atol=1e-12)
     assert cache.length == window.ids.shape[1]
@@ -47,9 +48,9 @@ def test_prefill_gives_the_forward_pass_last_logits_of_each_left_padded_row(posi
 def test_left_padding_and_positions():
     window = left_pad([[7, 8, 9], [5]], pad_id=0)
     assert window.ids.tolist() == [[7, 8, 9], [0, 0, 5]]
-    assert window.mask.tolist() == [[True, True, True], [False, False, True]]
+    assert window.attention_mask.tolist() == [[True, True, True], [False, False, True]]
     assert window.padded
-    assert positions_from_mask(window.mask).tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert positions_from_mask(window.attention_mask).tolist() == [[0, 1, 2], [0, 0, 0]]
 
 
 @pytest.mark.parametrize("position", ["learned", "rope"])

@@ -94,7 +94,7 @@ def test_the_loss_skips_continuation_pieces_and_padding():
     torch.manual_seed(0)
     model = build_model(config).eval()
     batch = data.collate([0, 1])
-    out = model(batch.ids, attention_mask=batch.mask, labels=batch.labels)
+    out = model(batch.ids, attention_mask=batch.attention_mask, labels=batch.labels)
     firsts = [(row, f) for row, a in enumerate(data.aligned) for f in a.firsts]
     logits = torch.stack([out.logits[r, f] for r, f in firsts])
     gold = torch.tensor([vocab.encode(t) for _, tags in data.sentences for t in tags])

@@ -70,7 +70,7 @@ def test_labelled_texts_batch_by_tokens_too() -> None:
     data = LabelledData(ids, [i % 2 for i in range(len(ids))], pad_id=0, label_vocab=LabelVocab(("0", "1")),
                         batch_size=4, batch_tokens=64, seed=1)
     for index, indices in enumerate(data.batch_order(0)):
-        assert int(data.batch(0, index).mask.sum()) <= 64 or len(indices) == 1
+        assert int(data.batch(0, index).attention_mask.sum()) <= 64 or len(indices) == 1
     assert sorted(np.concatenate(data.batch_order(0)).tolist()) == list(range(len(ids)))
 
 

@@ -205,7 +205,7 @@ def test_classification_accuracy_counts_correct_predictions(tmp_path):
     result = task.evaluate(trainer.model)
     correct = count = 0
     for batch in task.val.eval_batches():
-        logits = trainer.model(batch.ids, attention_mask=batch.mask).logits
+        logits = trainer.model(batch.ids, attention_mask=batch.attention_mask).logits
         correct += int((logits.argmax(-1) == batch.labels).sum())
         count += len(batch.labels)
     assert result["accuracy"] == correct / count

@@ -47,11 +47,11 @@ FORMS = {  # how a label is written -> (one, many), for messages
 @dataclasses.dataclass(frozen=True)
 class LabelledBatch:
     ids: torch.Tensor  # (B, T) int64, begins with CLS (or BOS)
-    mask: torch.Tensor  # (B, T) bool, True = real token
+    attention_mask: torch.Tensor  # (B, T) bool, True = real token
     labels: torch.Tensor  # (B,) int64 label ids
 
     def to(self, device: torch.device | str) -> LabelledBatch:
-        return LabelledBatch(self.ids.to(device), self.mask.to(device), self.labels.to(device))
+        return LabelledBatch(self.ids.to(device), self.attention_mask.to(device), self.labels.to(device))
 
 
 @dataclasses.dataclass(frozen=True)

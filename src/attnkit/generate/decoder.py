@@ -41,24 +41,25 @@ TokenHook = Callable[[int, int], bool]
 
 @dataclass
 class Window:
-    """The tokens the model sees now: ids (B, L), prompts left-padded, and mask (B, L), True at real tokens."""
+    """The tokens the model sees now: ids (B, L), prompts left-padded, and attention_mask (B, L), True at real
+    tokens."""
 
     ids: Tensor
-    mask: Tensor
+    attention_mask: Tensor
     padded: bool  # whether any row has padding: without it the model needs no attention mask
 
     @classmethod
-    def of(cls, ids: Tensor, mask: Tensor) -> Window:
-        return cls(ids, mask, padded=not bool(mask.all()))
+    def of(cls, ids: Tensor, attention_mask: Tensor) -> Window:
+        return cls(ids, attention_mask, padded=not bool(attention_mask.all()))
 
     def append(self, tokens: Tensor) -> Window:
         """Add one token per row, (B,), at the right."""
-        new_mask = torch.ones_like(self.mask[:, :1])
+        new_mask = torch.ones_like(self.attention_mask[:, :1])
         ids = torch.cat((self.ids, tokens[:, None]), dim=1)  # (B, L + 1)
-        return Window(ids, torch.cat((self.mask, new_mask), dim=1), self.padded)
+        return Window(ids, torch.cat((self.attention_mask, new_mask), dim=1), self.padded)
 
     def last(self, n: int) -> Window:
-        return Window.of(self.ids[:, -n:], self.mask[:, -n:])
+        return Window.of(self.ids[:, -n:], self.attention_mask[:, -n:])
 
 
 def left_pad(prompts: Sequence[Sequence[int]], *, pad_id: int, device: torch.device | str | None = None) -> Window:
@@ -79,8 +80,8 @@ def prefill(model: nn.Module, window: Window, cache: KVCache) -> Tensor:
     """
     hidden, _ = model.stack(
         window.ids,
-        attention_mask=window.mask if window.padded else None,
-        position_ids=positions_from_mask(window.mask),
+        attention_mask=window.attention_mask if window.padded else None,
+        position_ids=positions_from_mask(window.attention_mask),
         cache=cache,
     )  # (B, T, C)
     return model.lm_head(hidden[:, -1])  # (B, V)
@@ -88,10 +89,10 @@ def prefill(model: nn.Module, window: Window, cache: KVCache) -> Tensor:
 
 def decode_one_token(model: nn.Module, window: Window, cache: KVCache) -> Tensor:
     """Feed the window's newest token (its last column); the cache holds the rest. Returns logits (B, V)."""
-    position = window.mask.sum(dim=-1, keepdim=True) - 1  # (B, 1): the row's real tokens before it
+    position = window.attention_mask.sum(dim=-1, keepdim=True) - 1  # (B, 1): the row's real tokens before it
     out = model(
         window.ids[:, -1:],
-        attention_mask=window.mask if window.padded else None,
+        attention_mask=window.attention_mask if window.padded else None,
         position_ids=position,
         cache=cache,
     )
@@ -176,7 +177,7 @@ def _decoding_for(model: nn.Module, decoding: EagerDecoding | None) -> EagerDeco
 
 def _seen_tokens(window: Window, vocab_size: int) -> Tensor:
     """(B, V) bool: which tokens occur among each row's real tokens (for the repetition penalty)."""
-    ids = torch.where(window.mask, window.ids, vocab_size)  # padding goes to an extra column, dropped below
+    ids = torch.where(window.attention_mask, window.ids, vocab_size)  # padding goes to an extra column, dropped below
     seen = torch.zeros((ids.shape[0], vocab_size + 1), dtype=torch.bool, device=ids.device)
     return seen.scatter_(1, ids, True)[:, :vocab_size]
 

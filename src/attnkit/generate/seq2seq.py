@@ -27,11 +27,11 @@ class Source:
     """Encoded sources: memory (B, S, C) and src_mask (B, S), True at real tokens."""
 
     memory: Tensor
-    mask: Tensor
+    src_mask: Tensor
 
     def repeat(self, k: int) -> Source:
         """Each source k times in a row (for k beams): (B, ...) -> (B * k, ...)."""
-        return Source(self.memory.repeat_interleave(k, dim=0), self.mask.repeat_interleave(k, dim=0))
+        return Source(self.memory.repeat_interleave(k, dim=0), self.src_mask.repeat_interleave(k, dim=0))
 
 
 def encode_sources(model: nn.Module, sources: Sequence[Sequence[int]], *, pad_id: int) -> Source:
@@ -44,7 +44,7 @@ def encode_sources(model: nn.Module, sources: Sequence[Sequence[int]], *, pad_id
 
 def decode_step(model: nn.Module, tokens: Tensor, source: Source, cache: KVCache) -> Tensor:
     """Feed the newest target token of each row, tokens (B,); the cache holds the rest. Returns logits (B, V)."""
-    out = model.decode(tokens[:, None], source.memory, src_mask=source.mask, cache=cache)
+    out = model.decode(tokens[:, None], source.memory, src_mask=source.src_mask, cache=cache)
     return out.logits[:, -1]
 
 

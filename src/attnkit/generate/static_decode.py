@@ -85,7 +85,7 @@ class StaticDecoding(EagerDecoding):
 
     def prefill(self, window: Window, cache: StaticKVCache) -> Tensor:
         logits = prefill(self.model, window, cache)
-        cache.mark_prefilled(window.mask)
+        cache.mark_prefilled(window.attention_mask)
         return logits
 
     def step(self, window: Window, cache: StaticKVCache) -> Tensor:

@@ -17,13 +17,14 @@ from attnkit.models.output import ModelOutput, cross_entropy
 from attnkit.models.stack import TransformerStack
 
 
-def pool(hidden: Tensor, mask: Tensor | None, how: str) -> Tensor:
-    """(B, T, C) -> (B, C): the first token's state (`cls`) or the mean over real tokens (`mean`)."""
+def pool(hidden: Tensor, attention_mask: Tensor | None, how: str) -> Tensor:
+    """(B, T, C) -> (B, C): the first token's state (`cls`) or the mean over real tokens (`mean`; attention_mask
+    (B, T), True at real tokens)."""
     if how == "cls":
         return hidden[:, 0]
-    if mask is None:
+    if attention_mask is None:
         return hidden.mean(dim=1)
-    weights = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1)
 
 
@@ -77,8 +78,7 @@ class _Encoder(nn.Module):
 
     def _pool(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
         """(B, T, C) -> (B, C): pooled over the real tokens, through the pooler when there is one."""
-        mask = attention_mask.bool() if attention_mask is not None else None
-        pooled = pool(hidden, mask, self.pooling)
+        pooled = pool(hidden, attention_mask.bool() if attention_mask is not None else None, self.pooling)
         return self.pooler(pooled) if self.pooler is not None else pooled
 
 

@@ -95,13 +95,14 @@ def combine(parts: list[tuple[Batch, Tensor]], allocate: Callable[[int, int], KV
 
     Columns that are padding in every chosen row are dropped; the cache gets room for `headroom` more positions.
     """
-    lengths = [int(batch.window.mask[index].sum(dim=1).max()) for batch, index in parts]  # each part's longest row
+    # each part's longest row
+    lengths = [int(batch.window.attention_mask[index].sum(dim=1).max()) for batch, index in parts]
     width = max(lengths)
     n_rows = sum(len(index) for _, index in parts)
     cache = allocate(n_rows, width + headroom)
     first = parts[0][0].window
     ids = torch.zeros((n_rows, width), dtype=first.ids.dtype, device=first.ids.device)
-    mask = torch.zeros((n_rows, width), dtype=torch.bool, device=first.mask.device)
+    mask = torch.zeros((n_rows, width), dtype=torch.bool, device=first.attention_mask.device)
     start = 0
     for (batch, index), length in zip(parts, lengths, strict=True):
         rows = slice(start, start + len(index))
@@ -110,7 +111,7 @@ def combine(parts: list[tuple[Batch, Tensor]], allocate: Callable[[int, int], KV
             new_layer.keys[rows, :, width - length:width] = old_layer.keys[index, :, old - length:old]
             new_layer.values[rows, :, width - length:width] = old_layer.values[index, :, old - length:old]
         ids[rows, width - length:] = batch.window.ids[index, -length:]
-        mask[rows, width - length:] = batch.window.mask[index, -length:]
+        mask[rows, width - length:] = batch.window.attention_mask[index, -length:]
         start += len(index)
     for layer in cache.layers:
         layer.length = width

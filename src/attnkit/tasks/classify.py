@@ -41,7 +41,7 @@ def predict_labels(model: nn.Module, data: LabelledData, *, progress: bool = Fal
         rows, counts = rows_of(shard, len(batch.labels), first)
         first += len(batch.labels)
         b = take_rows(batch, rows).to(device)
-        out = model(b.ids, attention_mask=b.mask, labels=b.labels)
+        out = model(b.ids, attention_mask=b.attention_mask, labels=b.labels)
         if counts:
             total += out.loss.item() * len(b.labels)
             guesses += out.logits.argmax(-1).tolist()
@@ -62,13 +62,13 @@ class ClassifyTask(EpochTask):
 
     def loss(self, model: nn.Module, batch: LabelledBatch) -> Tensor:
         b = batch.to(device_of(model))
-        return model(b.ids, attention_mask=b.mask, labels=b.labels).loss
+        return model(b.ids, attention_mask=b.attention_mask, labels=b.labels).loss
 
     def weight(self, batch: LabelledBatch) -> int:
         return len(batch.labels)
 
     def n_tokens(self, batch: LabelledBatch) -> int:
-        return int(batch.mask.sum())
+        return int(batch.attention_mask.sum())
 
     def evaluate(self, model: nn.Module, shard: Shard = ONE_PROCESS) -> dict[str, float]:
         """Loss and accuracy on the validation set; `shard`: this rank's share (sums and counts added up)."""

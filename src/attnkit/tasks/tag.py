@@ -75,11 +75,11 @@ def align(tokenizer: Tokenizer, words: Sequence[str], tag_ids: Sequence[int] | N
 @dataclass(frozen=True)
 class TaggedBatch:
     ids: Tensor  # (B, T) int64
-    mask: Tensor  # (B, T) bool, True = real token
+    attention_mask: Tensor  # (B, T) bool, True = real token
     labels: Tensor  # (B, T) int64: a word's tag id at its first piece, -100 elsewhere
 
     def to(self, device: torch.device | str) -> TaggedBatch:
-        return TaggedBatch(self.ids.to(device), self.mask.to(device), self.labels.to(device))
+        return TaggedBatch(self.ids.to(device), self.attention_mask.to(device), self.labels.to(device))
 
 
 class TaggedData(BucketedData[TaggedBatch]):
@@ -126,7 +126,7 @@ def tag_predictions(model: nn.Module, data: TaggedData, *, progress: bool = Fals
         rows, counts = rows_of(shard, len(whole), first)
         chunk = whole[rows]
         b = data.collate(chunk).to(device)
-        out = model(b.ids, attention_mask=b.mask, labels=b.labels)
+        out = model(b.ids, attention_mask=b.attention_mask, labels=b.labels)
         if not counts:
             continue
         n = int((b.labels != IGNORE_INDEX).sum())
@@ -201,13 +201,13 @@ class TagTask(EpochTask):
 
     def loss(self, model: nn.Module, batch: TaggedBatch) -> Tensor:
         b = batch.to(device_of(model))
-        return model(b.ids, attention_mask=b.mask, labels=b.labels).loss
+        return model(b.ids, attention_mask=b.attention_mask, labels=b.labels).loss
 
     def weight(self, batch: TaggedBatch) -> int:
         return int((batch.labels != IGNORE_INDEX).sum())
 
     def n_tokens(self, batch: TaggedBatch) -> int:
-        return int(batch.mask.sum())
+        return int(batch.attention_mask.sum())
 
     def evaluate(self, model: nn.Module, shard: Shard = ONE_PROCESS) -> dict[str, float]:
         """Loss, word accuracy and entity scores on the validation set; `shard`: this rank's share."""
