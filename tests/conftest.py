@@ -1,5 +1,5 @@
 """Shared test settings: one torch thread, so tiny models are not slowed by thread hand-offs on small machines; a
-small disk that fills up for real."""
+small disk that fills up for real; tests marked `gpu` skipped, with the reason, where torch sees no CUDA device."""
 
 import os
 import shutil
@@ -7,6 +7,15 @@ import subprocess
 
 import pytest
 import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    no_cuda = pytest.mark.skip(reason="needs a CUDA device; torch sees none on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(no_cuda)
 
 
 @pytest.fixture(autouse=True, scope="session")

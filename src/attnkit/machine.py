@@ -11,7 +11,8 @@ transposed or packed weight for decoding) depends on the machine. So nothing her
                                and PyTorch; otherwise `DEFAULT_PROFILE`, whose figures are documented below
 
 The inference plan (`generate/plan.py`) and the trainer read both; the layers only take the choices they are given.
-`free_bytes` says how much memory is free, which `build_model` checks a model's weights against before allocating.
+`free_bytes` says how much memory is free, which `build_model` checks a model's weights against before allocating;
+`pick_device` turns a user's `--device` into a device this machine has, or one line naming the fix.
 """
 
 from __future__ import annotations
@@ -25,11 +26,31 @@ from typing import Any
 
 import torch
 
-from attnkit.errors import InputError
+from attnkit.errors import ConfigError, InputError
 
 PROFILE_ENV = "ATTNKIT_PROFILE"  # where a profile is read from, when set
 PROFILE_VERSION = 1
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def pick_device(name: str | torch.device | None) -> torch.device:
+    """`name` ("cpu", "cuda", "cuda:1", a torch.device), or CUDA when available, else the CPU; a device torch does not
+    know, or CUDA on a machine without it, is a ConfigError naming the choices."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as err:
+        raise ConfigError(f"--device {name!r} is not a device torch knows ({err}); use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name} was asked for, but torch sees no CUDA device; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA device(s), numbered from "
+                              "0; use one of them")
+    elif device.type not in ("cpu", "meta"):
+        raise ConfigError(f"--device {name!r}: attnkit runs on cpu and cuda; use one of them")
+    return device
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -37,7 +37,7 @@ from attnkit.generate.quantize import QUANTIZE_FORMS
 from attnkit.generate.sampling import SamplingConfig, make_generator
 from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
-from attnkit.machine import free_bytes, gib
+from attnkit.machine import free_bytes, gib, pick_device
 from attnkit.tasks import TaskSpec, task_of_config, task_of_run, tasks
 from attnkit.tasks.registry import METHODS  # the task methods the pipeline defines itself
 from attnkit.tokenize import load_tokenizer
@@ -364,10 +364,6 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def load(
     run_dir: str | Path,
     *,
@@ -397,7 +393,7 @@ def load(
     if quantize is not None and quantize not in QUANTIZE_FORMS:
         raise InputError(f"quantize={quantize!r} is not supported; use one of {', '.join(QUANTIZE_FORMS)}, or None")
     torch_compile_mode(compile)  # an unknown mode fails before the model is read
-    device = torch.device(device or default_device())
+    device = pick_device(device)
     if quantize == "int8-dynamic":
         check_dynamic_quantization(device, compile)
     # a run whose top level is damaged or incomplete (a save cut short) is read from its newest intact checkpoint

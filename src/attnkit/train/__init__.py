@@ -10,7 +10,8 @@
     job.py       from data paths and settings to a Trainer, new or resumed
 """
 
-from attnkit.train.job import DataConfig, TrainRequest, pick_device, prepare
+from attnkit.machine import pick_device
+from attnkit.train.job import DataConfig, TrainRequest, prepare
 from attnkit.train.state import Checkpoint, find_checkpoint, load_checkpoint, read_task, save_checkpoint
 from attnkit.train.trainer import TrainConfig, Trainer, TrainingDiverged, TrainResult
 

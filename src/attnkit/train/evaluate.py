@@ -42,11 +42,11 @@ from attnkit.checkpoint import (
 )
 from attnkit.config import check_types
 from attnkit.errors import ConfigError, InputError
+from attnkit.machine import pick_device
 from attnkit.options import field_default, fields_of, flag
 from attnkit.tasks import EvalContext, EvalReport, TaskSpec, own_options, task_names, task_of_run, tasks
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, load_tokenizer
-from attnkit.train.job import pick_device
 from attnkit.train.trainer import shows_progress
 
 log = logging.getLogger(__name__)

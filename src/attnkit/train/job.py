@@ -29,6 +29,7 @@ from attnkit.config import ModelConfig, check_types, model_field_names
 from attnkit.data import synthetic_tokenizer
 from attnkit.data.labelled import BAD_LABELS
 from attnkit.errors import CheckpointError, ConfigError, InputError, nearest
+from attnkit.machine import pick_device
 from attnkit.models import build_model, count_parameters
 from attnkit.options import assignments
 from attnkit.presets import get as get_preset
@@ -177,19 +178,6 @@ class TrainRequest:
     device: str | None = None
     progress: bool | None = None
     force: bool = False  # start even when the model looks too large for the memory free (train/memory.py)
-
-
-def pick_device(name: str | None) -> torch.device:
-    """`name`, or CUDA when available, else the CPU."""
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise ConfigError(f"--device {name!r} is not a device torch knows ({err}); use cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was asked for, but torch sees no CUDA device; use --device cpu")
-    return device
 
 
 def prepare(
