@@ -13,6 +13,7 @@ from cli_helpers import subparsers, tiny_runs
 
 import attnkit
 from attnkit import cli, options
+from attnkit.tasks import own_options, task_names, task_spec
 
 
 @pytest.fixture(scope="module")
@@ -266,3 +267,137 @@ def test_eval_of_a_tagging_run_shows_its_tasks_own_option(tmp_path):
     tokenizer.save(tmp_path / "tag" / "tokenizer")
     shown = _shown(subparsers(cli.build_parser(["eval", str(tmp_path / "tag"), "--help"]))["eval"])
     assert {"--tag-column", "--batch-size"} <= shown and not {"--int8", "--bad-labels", "--window"} & shown
+
+
+def test_eval_refuses_another_tasks_option_in_a_config_file_that_names_the_run_too(runs, tmp_path, capsys):
+    (tmp_path / "eval.json").write_text(f'{{"run": "{runs["clf"]}", "data": ["x.txt"], "window": 8}}')
+    line = _one_error(capsys, ["eval", "--config", str(tmp_path / "eval.json")])
+    assert f"--window does not apply to {runs['clf']}, whose task is classify: it is for runs of lm" in line, line
+
+
+# train shows the options of the task it will train ---------------------------------------------------------------
+def _train_help(argv: list[str]) -> tuple[set[str], str]:
+    """The flags `attnkit train ARGV --help` shows, and the help it prints."""
+    parser = subparsers(cli.build_parser(["train", *argv, "--help"]))["train"]
+    return _shown(parser), parser.format_help()
+
+
+def test_train_shows_the_options_of_the_task_it_trains():
+    lm, lm_help = _train_help(["--task", "lm"])
+    tag, _ = _train_help(["--task", "tag"])
+    translate, _ = _train_help(["--task=translate"])
+    assert "--tag-column" not in lm and "--tag-column" in tag
+    assert {"--max-bytes", "--eval-batches", "--sample-tokens"} <= lm
+    assert not {"--src-lang", "--val-data", "--bad-labels", "--bleu-samples", "--batch-tokens"} & lm
+    assert {"--src-lang", "--tgt-lang", "--bleu-samples", "--val-data"} <= translate
+    assert not {"--max-bytes", "--sample-tokens", "--tag-column"} & translate
+    assert {"--out", "--preset", "--set", "--max-steps", "--lr", "--data", "--seq-len", "--recipe"} <= lm & tag
+    assert "  --tag-column does not apply to --task lm: it is for --task tag\n" in lm_help
+    assert _train_help([])[0] == lm  # nothing named: the default task's
+
+
+@pytest.mark.parametrize("task", task_names())
+def test_train_hides_only_task_options_and_names_each_hidden_one_in_a_line(task):
+    from attnkit.train.job import DataConfig, applicable
+
+    shown, text = _train_help(["--task", task])
+    hidden = _shown(_parsers()["train"]) - shown
+    depends = {options.flag(name) for name in [*options.fields_of(DataConfig), *own_options(),
+                                               "sample_tokens"]}
+    assert hidden <= depends  # a model, training or run option never depends on the task
+    assert {options.flag(name) for name in applicable(task_spec(task))} <= shown
+    for flag in hidden:
+        assert re.search(rf"^  {flag} does not apply to --task {task}: it is for --task \w", text, re.M), flag
+
+
+@pytest.mark.parametrize("argv, flag, owners", [
+    (["--task", "lm", "--tag-column", "NER"], "--tag-column", ["tag"]),
+    (["--src-lang", "de"], "--src-lang", ["translate"]),
+    (["--task", "classify", "--sample-tokens", "0"], "--sample-tokens", ["lm"]),
+    (["--task", "translate", "--max-bytes=9"], "--max-bytes", ["lm", "mlm"]),
+    (["--task", "mlm", "--val-data", "v.txt"], "--val-data", ["classify", "tag", "translate"]),
+])
+def test_an_option_of_another_task_given_to_train_ends_in_one_line_naming_its_tasks(argv, flag, owners, tmp_path,
+                                                                                    capsys):
+    line = _one_error(capsys, ["train", *argv, "--out", str(tmp_path / "run")])
+    task = argv[argv.index("--task") + 1] if "--task" in argv else "lm"
+    assert f"{flag} does not apply to --task {task}: it is for --task " in line, line
+    assert all(owner in line.rpartition("--task ")[2] for owner in owners), line
+    assert not (tmp_path / "run").exists()
+
+
+def test_another_tasks_setting_in_set_or_a_config_file_is_refused_before_a_tokenizer_is_trained(tmp_path, monkeypatch,
+                                                                                                capsys):
+    import attnkit.train
+
+    class Prepared(Exception):
+        pass
+
+    def prepared(*args, **kwargs):
+        raise Prepared
+
+    monkeypatch.setattr("attnkit.tokenize.train_bpe", lambda *a, **k: pytest.fail("a tokenizer was trained"))
+    out = ["--out", str(tmp_path / "run")]
+    line = _one_error(capsys, ["train", "--task", "lm", "--set", "src_lang=de", *out])
+    assert line.endswith("--src-lang does not apply to --task lm: it is for --task translate; drop it"), line
+    (tmp_path / "run.json").write_text('{"task": "classify", "max_bytes": 1000}')
+    line = _one_error(capsys, ["train", "--config", str(tmp_path / "run.json"), *out])
+    assert "--max-bytes does not apply to --task classify: it is for --task lm, mlm; drop it from --config" in line
+    (tmp_path / "set.json").write_text('{"task": "tag", "set": ["bleu_samples=4"]}')
+    line = _one_error(capsys, ["train", "--config", str(tmp_path / "set.json"), *out])
+    assert "--bleu-samples does not apply to --task tag: it is for --task translate" in line, line
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setattr(attnkit.train, "prepare", prepared)  # its own task's settings pass the checks
+    with pytest.raises(Prepared):
+        cli.main(["train", "--task", "translate", "--set", "bleu_samples=4", "--set", "src_lang=de", *out])
+
+
+def test_a_recipe_or_a_config_file_naming_a_task_shows_that_tasks_options(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATTNKIT_DATA", raising=False)  # --help reads no data: the recipe's paths are not looked up
+    translate, _ = _train_help(["--recipe", "multi30k-transformer"])
+    assert {"--src-lang", "--bleu-samples"} <= translate and "--max-bytes" not in translate
+    lm, _ = _train_help(["--recipe", "shakespeare-char"])
+    assert "--max-bytes" in lm and "--src-lang" not in lm
+    assert "--tag-column" in _train_help(["--recipe", "shakespeare-char", "--task", "tag"])[0]  # the command line wins
+    (tmp_path / "run.yaml").write_text("task: tag\nmax_steps: 5\n")
+    pytest.importorskip("yaml")
+    assert "--tag-column" in _train_help(["--config", str(tmp_path / "run.yaml")])[0]
+
+
+def test_train_resume_shows_the_options_of_the_resumed_runs_task(runs):
+    shown, text = _train_help(["--resume", str(runs["clf"])])
+    assert "--bad-labels" in shown and not {"--max-bytes", "--sample-tokens"} & shown
+    assert f"--max-bytes does not apply to {runs['clf']}, whose task is classify: it is for runs of lm, mlm" in text
+    assert _train_help(["--out", str(runs["lm"]), "--resume"])[0] == _train_help(["--task", "lm"])[0]
+
+
+@pytest.mark.parametrize("argv", [["--preset", "bert-tiny"], ["--task", "clasify"], ["--resume", "runs/no-such"],
+                                  ["--set", "family=encoder"]])
+def test_train_shows_every_option_when_no_task_can_be_told(argv):
+    """A model the default task does not train (the run would be refused), an unknown task, a run that is not
+    there: no task to show the options of, so all of them."""
+    assert _train_help(argv)[0] == _shown(_parsers()["train"])
+
+
+def test_viz_and_serve_show_only_what_a_run_of_its_task_reads(runs, capsys):
+    viz = _shown(subparsers(cli.build_parser(["viz", str(runs["lm"]), "--help"]))["viz"])
+    assert "--text" in viz and not {"--target", "--translate", "--max-length"} & viz
+    assert {"--target", "--translate", "--max-length"} <= _shown(_parsers()["viz"])
+    serve_clf = _shown(subparsers(cli.build_parser(["serve", str(runs["clf"]), "--help"]))["serve"])
+    serve_lm = _shown(subparsers(cli.build_parser(["serve", str(runs["lm"]), "--help"]))["serve"])
+    decoding = {"--max-batch", "--max-queue", "--max-tokens"}
+    assert decoding <= serve_lm and not decoding & serve_clf and "--port" in serve_clf
+    line = _one_error(capsys, ["viz", str(runs["lm"]), "--text", "ab", "--target", "ba"])
+    assert f"--target does not apply to {runs['lm']}, whose task is lm: it is for runs of translate" in line, line
+    line = _one_error(capsys, ["serve", str(runs["clf"]), "--max-tokens", "5"])
+    assert "--max-tokens does not apply" in line and "it is for runs of lm" in line, line
+
+
+@pytest.mark.parametrize("words, flag, goes_with", [(["--type", "q8_0"], "--type", "--to-gguf"),
+                                                    (["--chat-template", "t.jinja"], "--chat-template", "--to-gguf"),
+                                                    (["--dtype", "bf16"], "--dtype", "--from-hf"),
+                                                    (["--allow-pickle"], "--allow-pickle", "--from-hf")])
+def test_a_convert_option_of_another_direction_is_refused_not_ignored(runs, tmp_path, capsys, words, flag, goes_with):
+    line = _one_error(capsys, ["convert", str(runs["lm"]), "--to-hf", str(tmp_path / "hf"), *words])
+    assert f"{flag} goes with {goes_with}" in line and "drop it" in line, line
+    assert not (tmp_path / "hf").exists()

@@ -29,9 +29,9 @@ from attnkit.train.distributed import Replicated, Sharded, World
 from attnkit.train.state import load_checkpoint
 
 TINY = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "d_ff=64",
-        "--set", "max_seq_len=24", "--no-progress", "--sample-tokens", "0", "--schedule", "constant",
+        "--set", "max_seq_len=24", "--no-progress", "--schedule", "constant",
         "--warmup", "2", "--lr", "3e-3", "--seed", "7"]
-TASKS = {"lm": ["--task", "lm", "--data", "synthetic:copy"],
+TASKS = {"lm": ["--task", "lm", "--data", "synthetic:copy", "--sample-tokens", "0"],
          "translate": ["--task", "translate", "--data", "synthetic:copy", "--set", "dropout=0.0",
                        "--set", "bleu_samples=4"]}
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

@@ -129,13 +129,15 @@ def small_data(monkeypatch):
     torch.set_num_threads(threads)
 
 
-RECURRENT = [("lm", "rnn-lm-tiny", "synthetic:copy"), ("translate", "gru-attn-seq2seq-tiny", "synthetic:reverse")]
+RECURRENT = [("lm", "rnn-lm-tiny", "synthetic:copy", "eval_batches=2"),
+             ("translate", "gru-attn-seq2seq-tiny", "synthetic:reverse", "bleu_samples=4")]
 
 
-@pytest.mark.parametrize(("task", "preset", "data"), RECURRENT)
-def test_recurrent_families_train_resume_and_load_from_the_command_line(tmp_path, small_data, task, preset, data):
+@pytest.mark.parametrize(("task", "preset", "data", "evaluation"), RECURRENT)
+def test_recurrent_families_train_resume_and_load_from_the_command_line(tmp_path, small_data, task, preset, data,
+                                                                        evaluation):
     common = ["--task", task, "--preset", preset, "--data", data, "--batch-size", "4", "--eval-every", "3",
-              "--no-progress", "--set", "eval_batches=2", "--set", "bleu_samples=4", "--set", "dropout=0.1"]
+              "--no-progress", "--set", evaluation, "--set", "dropout=0.1"]
     whole, split = tmp_path / "whole", tmp_path / "split"
     assert cli.main(["train", *common, "--out", str(whole), "--max-steps", "6"]) == 0
     assert cli.main(["train", *common, "--out", str(split), "--max-steps", "3"]) == 0

@@ -354,10 +354,10 @@ def test_a_hugging_face_directory_needs_its_reader(texts, tmp_path):
 def test_pretrain_finetune_and_eval_from_the_command_line(texts, tmp_path, capsys):
     from attnkit.cli import main
 
-    common = ["--max-steps", "2", "--eval-every", "2", "--batch-size", "4", "--no-progress", "--set", "eval_batches=1"]
+    common = ["--max-steps", "2", "--eval-every", "2", "--batch-size", "4", "--no-progress"]
     tiny = [arg for pair in zip(["--set"] * len(TINY), TINY, strict=True) for arg in pair]
     assert main(["train", "--task", "mlm", "--data", str(texts / "corpus.txt"), "--tokenizer", "char",
-                 "--out", str(tmp_path / "mlm"), *tiny, *common]) == 0
+                 "--out", str(tmp_path / "mlm"), "--set", "eval_batches=1", *tiny, *common]) == 0
     assert main(["train", "--task", "classify", "--data", str(texts / "train.txt"), "--val-data",
                  str(texts / "dev.txt"), "--init-from", str(tmp_path / "mlm"), "--lora-rank", "2", "--lora-targets",
                  "q_proj", "o_proj", "--out", str(tmp_path / "cls"), *common]) == 0

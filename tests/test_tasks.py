@@ -335,11 +335,11 @@ def test_a_tasks_own_option_trains_is_saved_and_is_evaluations_default(tmp_path,
     with pytest.raises(InputError, match="tags the run does not know: X"):
         evaluate_run(tmp_path / "tag", [tmp_path / "val.conllu"], task_options={"tag_column": "upos"})
 
-    with pytest.raises(ConfigError, match="tag_column is an option of --task tag, not of --task lm"):
+    with pytest.raises(ConfigError, match="--tag-column does not apply to --task lm: it is for --task tag"):
         check_request(TrainRequest(out=str(tmp_path / "lm"), task="lm", overrides=["tag_column=NER"]))
     assert DataConfig.from_dict({"task": "lm", "tag_column": "upos"}, saved=True).options is None
     assert cli.main(["train", "--task", "classify", "--tag-column", "NER", "--out", str(tmp_path / "c")]) == 2
-    assert "tag_column is an option of --task tag" in capsys.readouterr().err
+    assert "--tag-column does not apply to --task classify: it is for --task tag" in capsys.readouterr().err
 
 
 def test_a_task_like_tag_with_a_head_of_its_own_needs_no_model_code(tmp_path, monkeypatch):

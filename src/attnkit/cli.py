@@ -16,10 +16,11 @@ option has help and shows its settings' default.
 
 Conventions (docs/guides/cli.md): a command that reads a run takes it as a positional RUN (`--run RUN` works too);
 a command's settings class is the one place that says which options it shows (classify's has no decoding
-options), and a command whose options depend on the run's task (`Command.inapplicable`: eval) reads that task
-first and shows only its options; a usage error prints the command's own usage and suggests the nearest name for
-an unknown flag or choice; a command checks what is cheap (names, task against family) before anything slow
-starts.
+options), and a command whose options depend on the task it runs (`Command.task` and `Command.inapplicable`: train
+from --task or what names it, eval from its RUN) reads that task first, shows only its options and refuses the
+others, on the command line and in --config, in one line naming their tasks; a usage error prints the command's
+own usage and suggests the nearest name for an unknown flag or choice; a command checks what is cheap (names, task
+against family) before anything slow starts.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from attnkit import options
 from attnkit.config import model_field_names
-from attnkit.errors import AttnkitError, nearest, os_error_message
+from attnkit.errors import AttnkitError, InputError, nearest, os_error_message
 from attnkit.interop.gguf import GGUFType
 from attnkit.interop.keymaps import supported_lines
 from attnkit.run_settings import WeightDType
@@ -78,18 +79,21 @@ class Command:
     epilog: str | None = None
     adapt_file: Callable[[dict[str, Any], str], dict[str, Any]] | None = None  # for a recipe's section too
     recipe: str | None = None  # the recipe section it can start from ("train", "evaluate"): --recipe, --data-root
-    inapplicable: str | None = None
-    """"module:function" taking (TaskSpec, run) to the settings fields a run of that task does not read, each with
-    why: the command then shows only the others for the run its command line names (`run_task`)"""
+    task: Callable[[Command, list[str]], tuple[Any, Any] | None] | None = None
+    """how its command line names the task it runs, read cheaply: (`argv` -> (the run it is read from or None,
+    its TaskSpec), or None when none is named; `run_task`: eval's RUN, `train_task`); with `inapplicable`"""
+    inapplicable: Callable[..., dict[str, str]] | str | None = None
+    """(TaskSpec, that run) -> the options a run of that task does not read, each with why (a function, or
+    "module:function"): the command then shows only the others, and refuses them given"""
 
     def classes(self) -> list[type]:
         """The settings dataclass, then each section's."""
         return [_resolve(self.settings), *(_resolve(cls) for _, cls in self.sections)]
 
     def hidden(self, argv: list[str]) -> dict[str, str]:
-        """The settings fields that do not apply to the run `argv` names (`inapplicable`), each with the reason;
-        none when the command reads no task's run, or the command line names no run that loads."""
-        found = run_task(self, argv) if self.inapplicable is not None else None
+        """The options that do not apply to the task `argv` names (`task`, `inapplicable`), each with the reason;
+        none when the command's options do not depend on a task, or the command line names no task."""
+        found = self.task(self, argv) if self.task is not None else None
         if found is None:
             return {}
         return _resolve(self.inapplicable)(found[1], found[0])
@@ -139,8 +143,6 @@ def _human(count: int) -> str:
 def _refuse_other_experiment(name: str, out: str | None) -> None:
     """`experiment --out` into a folder holding another experiment's results would mix the two: refused."""
     import json
-
-    from attnkit.errors import InputError
 
     results = Path(out) / "results.json" if out is not None else None
     if results is None or not results.is_file():
@@ -204,7 +206,6 @@ def _refuse_run_tokenizer(out: Path) -> None:
     """A run's tokenizer (RUN/tokenizer, or a run directory itself) is part of the run: its model's ids mean its
     tokens, so `tokenizer train` never writes there."""
     from attnkit.checkpoint import CONFIG_FILE, TOKENIZER_DIR
-    from attnkit.errors import InputError
 
     for run in (out, out.parent) if out.name == TOKENIZER_DIR else (out,):
         if (run / CONFIG_FILE).is_file():
@@ -236,7 +237,8 @@ examples:
   attnkit train --config run.yaml --max-steps 500        # options from a file, the command line on top
   attnkit train --recipe shakespeare-char --data-root ../shared/data   # a shipped recipe (attnkit recipes)
 
-Every field of the model config and of the data and training settings can be set with --set KEY=VALUE.
+Every field of the model config and of the training settings, and the data settings of the task, can be set
+with --set KEY=VALUE.
 --config FILE takes a JSON or YAML object of these options and fields (a file of model fields alone, such as a
 run's config.json, is the model to start from).
 """
@@ -307,9 +309,12 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any], *o
     from attnkit.generate import translate_batched
     from attnkit.interop import hf
     from attnkit.train import prepare
-    from attnkit.train.job import check_request
+    from attnkit.train.job import check_applies, check_request, requested_task
 
     request = train_request(run, data, training, *own)
+    found = requested_task(request)
+    if found is not None:  # a --set key of another task's data settings: refused as its flag is
+        check_applies(found[0], options.assignments(request.overrides), found[1])
     if not request.resume:  # names, task against family, --set keys: refused before a tokenizer is trained
         check_request(request)
     trainer = prepare(request, translate=translate_batched, load_hf=hf.load)
@@ -344,18 +349,74 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any], *o
     return 0
 
 
+# the task a command line runs ----------------------------------------------------------------------------------
+class _Peek(argparse.ArgumentParser):
+    """A parser that raises instead of printing and exiting: for a look at a command line before the real parse."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise ValueError(message)
+
+
+def _peek_layers(command: Command, argv: list[str]) -> list[dict[str, Any]] | None:
+    """The options `argv` gives `command` as `invocation` layers them (the recipe's, the --config file's, the
+    command line's; a recipe's data paths unchecked), one dict per settings class: a look at the command line
+    before its parser is built. None when they do not read."""
+    peek = _Peek(add_help=False)
+    add_command_options(peek, command)
+    words = [w for w in argv[argv.index(command.name.split()[-1]) + 1:] if w not in ("-h", "--help")]
+    try:
+        return _layers(command, peek.parse_known_args(words)[0], paths=False)
+    except (ValueError, AttnkitError, OSError):
+        return None
+
+
+def run_task(command: Command, argv: list[str]) -> tuple[str, Any] | None:
+    """The run `argv` names for `command` (positional RUN, --run, or the --config file's run) and its task
+    (`attnkit.tasks.task_of_run`), read cheaply from its config.json and task.json; None when it names none, or none
+    that loads."""
+    from attnkit.checkpoint import load_config
+    from attnkit.tasks import task_of_run
+
+    run = (_peek_layers(command, argv) or [{}])[0].get("run")
+    try:
+        task = task_of_run(run, load_config(run)) if run is not None else None
+    except (ValueError, AttnkitError, OSError):
+        return None
+    return (run, task) if task is not None else None
+
+
+def train_task(command: Command, argv: list[str]) -> tuple[Path | None, Any] | None:
+    """The run `argv` resumes (None: a new run) and the task it trains for (`attnkit.train.job.requested_task`:
+    --task, else the --config file's or the recipe's, else the resumed run's, else the default); None when it names
+    none that reads, or a model (--preset, --model-config) the default task does not train."""
+    from attnkit.train.job import requested_task
+
+    layers = _peek_layers(command, argv)
+    try:
+        found = requested_task(train_request(options.build(TrainRun, layers[0]), *layers[1:])) if layers else None
+    except (ValueError, AttnkitError, OSError):
+        return None
+    return (found[1], found[0]) if found is not None else None
+
+
+def _train_inapplicable(spec: Any, run: Path | None) -> dict[str, str]:
+    """`attnkit train`'s options that a run of `spec` does not read: other tasks' data settings and own options
+    (`attnkit.train.job.inapplicable`), and --sample-tokens where the task does not generate text."""
+    from attnkit.train.job import inapplicable
+
+    return inapplicable(spec, run, also={"sample_tokens": lambda task: task.method == "generate"})
+
+
 # eval -----------------------------------------------------------------------------------------------------------
 def _run_eval(settings: EvalSettings, *own: dict[str, Any]) -> int:
     """`own`: the options given of each task's own section (`TaskSpec.own_options`)."""
     from attnkit.checkpoint import load_config
     from attnkit.tasks import task_of_run
-    from attnkit.train.evaluate import check_applies, run_eval
+    from attnkit.train.evaluate import run_eval
 
     task_options = {k: v for section in own for k, v in section.items()}
     config = load_config(settings.run)
-    task = task_of_run(settings.run, config)
-    if task is not None:  # an option of another task's evaluation: refused before any checkpoint is averaged
-        check_applies(settings, task, settings.run, task_options)
+    task = task_of_run(settings.run, config)  # another task's options were refused as the command line was parsed
     if settings.average_last:  # the mean of the run's checkpoints: a run of the same model and task
         from attnkit.train.average import average_run
 
@@ -432,14 +493,22 @@ class ConvertSettings:
     """with RUN: an ONNX graph for onnxruntime (decoders with past keys/values, encoders)"""
 
 
+_CONVERT_WITH = {"allow_pickle": "from_hf", "dtype": "from_hf", "type": "to_gguf", "chat_template": "to_gguf"}
+"""ConvertSettings fields -> the one they go with: given without it, they would change nothing"""
+
+
 def _run_convert(settings: ConvertSettings) -> int:
-    from attnkit.errors import InputError
     from attnkit.generate.pipeline import parse_dtype
     from attnkit.interop import hf
 
     if (settings.from_hf is None) == (settings.run is None):
         raise InputError("give --from-hf DIR --out runs/NAME (Hugging Face to a run) or RUN --to-hf DIR (a run to "
                          "Hugging Face), one of the two")
+    fields = options.fields_of(ConvertSettings)
+    for name, mode in _CONVERT_WITH.items():
+        if getattr(settings, name) != options.field_default(fields[name]) and not getattr(settings, mode):
+            raise InputError(f"{options.flag(name)} goes with {options.flag(mode)}, which this conversion does not "
+                             "use; drop it")
     if settings.from_hf:
         if not settings.out or settings.to_hf:
             raise InputError("--from-hf DIR writes a run: give --out runs/NAME (and no --to-hf)")
@@ -483,7 +552,6 @@ def _run_viz(settings: VizSettings) -> int:
 
 # experiment -----------------------------------------------------------------------------------------------------
 def _run_experiment(settings: ExperimentSettings) -> int:
-    from attnkit.errors import InputError
     from attnkit.experiments import REGISTRY, run_experiment
 
     if settings.list:
@@ -581,15 +649,19 @@ COMMANDS: list[Command] = [
         sections=(("data", "attnkit.train.job:DataConfig"),
                   ("training (on resume, the run's own unless given)", "attnkit.train.trainer:TrainConfig"),
                   *_own_sections()),
-        description="Train a decoder LM, an encoder-decoder translator or an encoder classifier. Progress is "
-        "shown; metrics.jsonl, a loss plot and checkpoints go to --out. Ctrl-C finishes the step, saves and exits.",
-        epilog=_TRAIN_EPILOG, adapt_file=_train_file, recipe="train",
+        description="Train a decoder LM, an encoder-decoder translator, an encoder classifier or tagger, or a "
+        "masked LM. Progress is shown; metrics.jsonl, a loss plot and checkpoints go to --out. Ctrl-C finishes the "
+        "step, saves and exits. It shows the options of the task it will train: --task's, else the one a --recipe "
+        "or --config file names, else the --resume'd run's, else the default (lm); the others are listed last.",
+        epilog=_TRAIN_EPILOG, adapt_file=_train_file, recipe="train", task=train_task,
+        inapplicable=_train_inapplicable,
     ),
     Command(
         "eval", "score a run on held-out files: perplexity, BLEU/chrF or accuracy/macro-F1",
         "attnkit.train.evaluate:EvalSettings", _run_eval,
         description=_eval_description(),
-        recipe="evaluate", inapplicable="attnkit.train.evaluate:inapplicable", sections=_own_sections(),
+        recipe="evaluate", task=run_task, inapplicable="attnkit.train.evaluate:inapplicable",
+        sections=_own_sections(),
     ),
     Command("average", "average the weights of a run's last N checkpoints into a model of its own",
             "attnkit.train.average:AverageSettings", _run_average,
@@ -598,7 +670,7 @@ COMMANDS: list[Command] = [
     Command("convert", "convert Hugging Face model directories to attnkit runs and back", ConvertSettings,
             _run_convert, epilog=_CONVERT_EPILOG),
     Command("viz", "draw a run's attention over a text (PNGs and an HTML page) and its instruments",
-            "attnkit.viz.run:VizSettings", _run_viz),
+            "attnkit.viz.run:VizSettings", _run_viz, task=run_task, inapplicable="attnkit.viz.run:inapplicable"),
     Command("experiment", "run one of the lectures' claims as an experiment, ending in a verdict",
             "attnkit.experiments.base:ExperimentSettings", _run_experiment),
     Command("tune", "measure this machine's attention kernels and weight layouts into the profile the inference "
@@ -606,7 +678,8 @@ COMMANDS: list[Command] = [
     Command("lectures", "walk each course's lectures, topic by topic, to the tutorial, code, experiment and "
             "picture that cover it (gaps named)", "attnkit.lectures:LecturesSettings", _run_lectures),
     Command("serve", "serve a run over HTTP: the OpenAI API (completions, chat, embeddings), its task's endpoint "
-            "and the explorer page", "attnkit.serve.settings:ServeSettings", _run_serve),
+            "and the explorer page", "attnkit.serve.settings:ServeSettings", _run_serve, task=run_task,
+            inapplicable="attnkit.serve.settings:inapplicable"),
 ]
 
 
@@ -690,32 +763,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             if hidden:
                 p.epilog = "\n".join(filter(None, [p.epilog, "not for this run (options of other tasks' runs):",
                                                     *(f"  {why}" for why in hidden.values())]))
+            p.set_defaults(hidden=hidden)
         p.set_defaults(command_spec=command, command_parser=p)
     return parser
-
-
-class _Peek(argparse.ArgumentParser):
-    """A parser that raises instead of printing and exiting: for a look at a command line before the real parse."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise ValueError(message)
-
-
-def run_task(command: Command, argv: list[str]) -> tuple[str, Any] | None:
-    """The run `argv` names for `command` (positional RUN or --run) and its task (`attnkit.tasks.task_of_run`),
-    read cheaply from its config.json and task.json; None when it names none, or none that loads."""
-    from attnkit.checkpoint import load_config
-    from attnkit.tasks import task_of_run
-
-    peek = _Peek(add_help=False)
-    add_command_options(peek, command)
-    words = [w for w in argv[argv.index(command.name.split()[-1]) + 1:] if w not in ("-h", "--help")]
-    try:
-        run = peek.parse_known_args(words)[0].run
-        task = task_of_run(run, load_config(run)) if run is not None else None
-    except (ValueError, AttnkitError, OSError):
-        return None
-    return (run, task) if task is not None else None
 
 
 def _chosen(argv: list[str]) -> str | None:
@@ -758,20 +808,40 @@ class Invocation:
 
 def invocation(args: argparse.Namespace) -> Invocation:
     """Layer the settings: the dataclass defaults, then the --recipe's section, then the --config file, then the
-    command line; `set` assignments add up in that order."""
+    command line; `set` assignments add up in that order. An option the parser hid (`Command.hidden`: another
+    task's) is refused in the --config file as on the command line."""
     command: Command = args.command_spec
+    layers = _layers(command, args)
+    try:
+        settings = options.build(command.classes()[0], layers[0], either=RUN)
+    except options.MissingOption as err:
+        args.command_parser.error(str(err))  # a usage error: the command's usage, then what is missing
+    if getattr(args, "recipe", None) and command.recipe == "evaluate":
+        _check_recipe_task(args.recipe, settings.run)
+    return Invocation(command, settings, tuple(layers[1:]))
+
+
+def _layers(command: Command, args: argparse.Namespace, *, paths: bool = True) -> list[dict[str, Any]]:
+    """The options given for each of the command's settings classes, as `invocation` layers them; an option the
+    parser hid (`Command.hidden`: another task's) is refused in the --config file as on the command line.
+    `paths=False`: a recipe's data paths unchecked."""
     classes = command.classes()
     known = {name for cls in classes for name in options.fields_of(cls)}
     files: list[dict[str, Any]] = []  # settings files, lowest first
     if args.config_file:
-        values = options.read_settings_file(args.config_file)
-        files.append(_settings_file(command, values, args.config_file, known, f"--config {args.config_file}"))
+        what = f"--config {args.config_file}"
+        values = _settings_file(command, options.read_settings_file(args.config_file), args.config_file, known, what)
+        hidden = getattr(args, "hidden", {})
+        refused = [name for name in values if name in hidden]
+        if refused:
+            raise InputError(f"{hidden[refused[0]]}; drop it from {what}")
+        files.append(values)
     if getattr(args, "recipe", None):
         from attnkit import recipes
 
         recipe = recipes.load(args.recipe)
         given = {k for k in known if getattr(args, k, None) is not None}.union(*files)
-        values = recipe.settings(command.recipe, args.data_root, given=given)
+        values = recipe.settings(command.recipe, args.data_root, given=given, paths=paths)
         files.insert(0, _settings_file(command, values, str(recipe.path), known, f"recipe {recipe.name}"))
     layers = []
     for cls in classes:
@@ -783,13 +853,7 @@ def invocation(args: argparse.Namespace) -> Invocation:
                 values = {**values, "set": (*layer["set"], *values["set"])}
             layer.update(values)
         layers.append(layer)
-    try:
-        settings = options.build(classes[0], layers[0], either=RUN)
-    except options.MissingOption as err:
-        args.command_parser.error(str(err))  # a usage error: the command's usage, then what is missing
-    if getattr(args, "recipe", None) and command.recipe == "evaluate":
-        _check_recipe_task(args.recipe, settings.run)
-    return Invocation(command, settings, tuple(layers[1:]))
+    return layers
 
 
 def _check_recipe_task(name: str, run: str) -> None:
@@ -797,7 +861,6 @@ def _check_recipe_task(name: str, run: str) -> None:
     read (scored anyway, its numbers would mean nothing; refused later, the data would be blamed)."""
     from attnkit import recipes
     from attnkit.checkpoint import load_config
-    from attnkit.errors import InputError
     from attnkit.tasks import task_of_run
 
     wanted = (recipes.load(name).train or {}).get("task")

@@ -62,11 +62,13 @@ class Recipe:
         """The result's one line, or what is known without one."""
         return self.result["summary"] if self.result else "no result recorded here yet"
 
-    def settings(self, section: str, data_root: str | Path | None, *, given: Collection[str] = ()) -> dict[str, Any]:
+    def settings(self, section: str, data_root: str | Path | None, *, given: Collection[str] = (),
+                 paths: bool = True) -> dict[str, Any]:
         """The options of `section` ("train" or "evaluate"), data paths under the data root, the run directory
         runs/NAME unless the section names one. Options in `given` (the command line's, the --config file's) are
         left out, so data the command line replaces need not exist; data given replaces the recipe's validation
-        data too (give --val-data for the new data's own). Raises InputError when data is missing."""
+        data too (give --val-data for the new data's own). Raises InputError when data is missing. `paths=False`:
+        data paths as the recipe writes them, unchecked (a look at its other options, as `--help` takes)."""
         values = self.train if section == "train" else self.evaluate
         if values is None:
             raise InputError(f"recipe {self.name} has no {section} section; it holds {', '.join(self.sections())}")
@@ -74,10 +76,10 @@ class Recipe:
         if "data" in given:  # other data: the recipe's validation file belongs to its own data, not to these
             given = {*given, "val_data"}
         out = {k: v for k, v in out.items() if k not in given}
-        paths = {k: out[k] for k in PATH_KEYS if k in out}
-        if paths:
+        found = {k: out[k] for k in PATH_KEYS if k in out} if paths else {}
+        if found:
             root = _data_root(self.name, data_root)
-            for key, items in paths.items():
+            for key, items in found.items():
                 out[key] = self._under(root, items) if isinstance(items, str) else [self._under(root, i) for i in items]
         return out
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from attnkit.tasks import TaskSpec
 
 API_KEY_ENV = "ATTNKIT_API_KEY"  # the API key, when --api-key is not given
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+GENERATION_OPTIONS = ("max_batch", "max_queue", "max_tokens")  # what only a run that generates reads (its scheduler)
 
 
 @dataclass(frozen=True)
@@ -27,3 +32,12 @@ class ServeSettings:
     watch: str | None = None  # the training run whose metrics.jsonl the explorer follows; default: RUN
     experiments: str | None = None  # the experiments' results directory the explorer shows; default: docs/experiments
     explain: bool = False  # log the inference plan (layouts, kernels, compilation) the run is served with, and why
+
+
+def inapplicable(spec: TaskSpec, run: str | Path) -> dict[str, str]:
+    """The options of `attnkit serve` that `run`, a run of `spec`, does not read, each with why: those of the batch
+    scheduler that decodes text (`GENERATION_OPTIONS`) unless its task generates. The command hides and refuses them."""
+    from attnkit.tasks import unread_options
+
+    return unread_options(spec, GENERATION_OPTIONS,
+                          lambda task: GENERATION_OPTIONS if task.method == "generate" else (), run)

@@ -25,6 +25,7 @@ from attnkit.tasks.registry import (
     task_spec,
     tasks,
     tasks_of_family,
+    unread_options,
     unregister,
 )
 from attnkit.tasks.report import EvalReport
@@ -45,5 +46,6 @@ __all__ = [
     "task_spec",
     "tasks",
     "tasks_of_family",
+    "unread_options",
     "unregister",
 ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -27,7 +27,7 @@ from attnkit.checkpoint import TASK_FILE, read_json
 from attnkit.config import ModelConfig, config_class
 from attnkit.errors import ConfigError
 from attnkit.models import family_of
-from attnkit.options import assignments
+from attnkit.options import assignments, flag
 from attnkit.tokenize import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -246,6 +246,23 @@ def own_options() -> dict[str, tuple[TaskSpec, ...]]:
     for spec in tasks():
         for name in spec.own_option_names():
             found[name] = (*found.get(name, ()), spec)
+    return found
+
+
+def unread_options(spec: TaskSpec, names: Iterable[str], applicable: Callable[[TaskSpec], Collection[str]],
+                   run: str | Path | None = None) -> dict[str, str]:
+    """Of the options `names`, those that task `spec` does not read (`applicable(task)`: the names a task reads),
+    each with why, naming the tasks that read it: `--NAME does not apply to RUN, whose task is T: it is for runs of
+    a, b` (`run`: a run of `spec`), else `--NAME does not apply to --task T: it is for --task a, b`. A command whose
+    options depend on its task (`attnkit train --task T`, `attnkit eval RUN`) hides these and refuses them given."""
+    subject, readers = (f"--task {spec.name}", "--task") if run is None else (f"{run}, whose task is {spec.name}",
+                                                                             "runs of")
+    found = {}
+    for name in names:
+        if name not in applicable(spec):
+            who = [other.name for other in tasks() if name in applicable(other)]
+            found[name] = f"{flag(name)} does not apply to {subject}: " + (
+                f"it is for {readers} {', '.join(who)}" if who else "no registered task reads it")
     return found
 
 

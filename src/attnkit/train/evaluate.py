@@ -14,13 +14,11 @@ that translates texts as an argument; the CLI passes the loaded pipeline's.
 
 `attnkit eval` is `run_eval(EvalSettings(...))`: the settings' fields are the command's flags. A run reads the
 fields every task reads (`EVERY_TASK`) and those its task's registration names (`TaskSpec.eval_options`); the
-command shows only those for the run it is given (`inapplicable` names the others), and refuses one of them given in a
---config file (`check_applies`).
+command shows only those for the run it is given (`inapplicable` names the others) and refuses them given.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -43,8 +41,8 @@ from attnkit.checkpoint import (
 from attnkit.config import check_types
 from attnkit.errors import ConfigError, InputError
 from attnkit.machine import pick_device
-from attnkit.options import field_default, fields_of, flag
-from attnkit.tasks import EvalContext, EvalReport, TaskSpec, own_options, task_names, task_of_run, tasks
+from attnkit.options import fields_of
+from attnkit.tasks import EvalContext, EvalReport, TaskSpec, own_options, task_names, task_of_run, tasks, unread_options
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.trainer import shows_progress
@@ -111,30 +109,16 @@ class EvalSettings:
 
 
 def applicable(spec: TaskSpec) -> set[str]:
-    """The `EvalSettings` fields a run of task `spec` reads: every task's and those its registration names."""
-    return {*EVERY_TASK, *spec.eval_options}
+    """The options of `attnkit eval` a run of task `spec` reads: every task's `EvalSettings` fields, those its
+    registration names and its own options (`TaskSpec.own_options`)."""
+    return {*EVERY_TASK, *spec.eval_options, *spec.own_option_names()}
 
 
 def inapplicable(spec: TaskSpec, run: str | Path) -> dict[str, str]:
     """The options of `attnkit eval` that `run`, a run of `spec`, does not read, each with why (the tasks it is
-    for): `EvalSettings` fields and the other tasks' own options (`TaskSpec.own_options`)."""
-    readers = {f.name: [other.name for other in tasks() if f.name in other.eval_options]
-               for f in dataclasses.fields(EvalSettings) if f.name not in applicable(spec)}
-    readers.update((name, [owner.name for owner in owners]) for name, owners in own_options().items()
-                   if name not in spec.own_option_names())
-    return {name: f"{flag(name)} does not apply to {run}, whose task is {spec.name}: it is for runs of "
-                  f"{', '.join(tasks_) or 'no registered task'}" for name, tasks_ in readers.items()}
-
-
-def check_applies(settings: EvalSettings, spec: TaskSpec, run: str | Path, task_options: dict[str, Any]) -> None:
-    """InputError for an option given that a run of `spec` does not read: a settings field other than its
-    default, or another task's own option (from a --config file: the command line does not offer them).
-    `attnkit eval` checks this before loading anything."""
-    for name, why in inapplicable(spec, run).items():
-        given = name in task_options if name in own_options() else (
-            getattr(settings, name) != field_default(fields_of(EvalSettings)[name]))
-        if given:
-            raise InputError(f"{why}; drop it")
+    for): `EvalSettings` fields and the other tasks' own options. The command hides them and refuses them given,
+    on its command line or in its --config file."""
+    return unread_options(spec, [*fields_of(EvalSettings), *own_options()], applicable, run)
 
 
 def run_eval(

@@ -18,22 +18,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from attnkit.checkpoint import RUN_MARKER, absent, is_attnkit_run, mark_run
+from attnkit.checkpoint import RUN_MARKER, absent, is_attnkit_run, load_config, mark_run
 from attnkit.config import ModelConfig, check_types, model_field_names
 from attnkit.data import synthetic_tokenizer
 from attnkit.data.labelled import BAD_LABELS
-from attnkit.errors import CheckpointError, ConfigError, InputError, nearest
+from attnkit.errors import AttnkitError, CheckpointError, ConfigError, InputError, nearest
 from attnkit.machine import pick_device
 from attnkit.models import build_model, count_parameters
 from attnkit.options import assignments
 from attnkit.presets import get as get_preset
-from attnkit.tasks import TaskContext, TaskSpec, TrainingTask, own_options, task_spec
+from attnkit.tasks import TaskContext, TaskSpec, TrainingTask, own_options, task_of_run, task_spec, unread_options
 from attnkit.tasks.common import SYNTHETIC, synthetic_name
 from attnkit.tasks.lm import stream_files
 from attnkit.tasks.translate import Translator
@@ -142,10 +143,8 @@ class DataConfig:
         owners = own_options()
         spec = task_spec(data.get("task", cls.task))
         mine = spec.own_option_names()
-        others = sorted(k for k in data if k in owners and k not in mine)
-        if others and not saved:
-            raise ConfigError(f"{others[0]} is an option of --task {' or '.join(s.name for s in owners[others[0]])}, "
-                              f"not of --task {spec.name}; drop it")
+        if not saved:
+            check_applies(spec, [k for k in data if k in owners])
         values = {k: v for k, v in data.items() if k not in owners}
         if "options" in values:  # a field, but not a key: the options' own keys stand for it
             raise ConfigError(f"unknown data setting(s) ['options']; known settings are {sorted(data_keys())}")
@@ -160,6 +159,38 @@ class DataConfig:
 def data_keys() -> set[str]:
     """Every data setting's name (a `--set` key): DataConfig's fields and each task's own options."""
     return {f.name for f in dataclasses.fields(DataConfig) if f.name != "options"} | set(own_options())
+
+
+EVERY_TASK = ("task", "data", "tokenizer", "vocab_size", "seq_len")  # the data settings every task reads
+
+
+def applicable(spec: TaskSpec) -> set[str]:
+    """The data settings a run of task `spec` reads: every task's, those its registration names
+    (`TaskSpec.options`) and its own options (`TaskSpec.own_options`)."""
+    return {*EVERY_TASK, *spec.options, *spec.own_option_names()}
+
+
+def inapplicable(spec: TaskSpec, run: str | Path | None = None, *,
+                 also: Mapping[str, Callable[[TaskSpec], bool]] | None = None) -> dict[str, str]:
+    """The data settings (`data_keys`) a run of `spec` does not read, each with why (the tasks it is for); `run`:
+    the run resumed (None: a new run of --task spec). `also`: more options, each with whether a task reads it
+    (`attnkit train`'s --sample-tokens)."""
+    also = also or {}
+
+    def reads(task: TaskSpec) -> Collection[str]:
+        return {*applicable(task), *(name for name, read in also.items() if read(task))}
+
+    names = [*(f.name for f in dataclasses.fields(DataConfig) if f.name != "options"), *own_options(), *also]
+    return unread_options(spec, names, reads, run)
+
+
+def check_applies(spec: TaskSpec, given: Iterable[str], run: str | Path | None = None) -> None:
+    """ConfigError for a data setting `given` (a flag, a --set or --config key) that a run of `spec` does not read
+    (`inapplicable`: another task's, named in the message)."""
+    unread = inapplicable(spec, run)
+    for name in given:
+        if name in unread:
+            raise ConfigError(f"{unread[name]}; drop it")
 
 
 @dataclass
@@ -178,6 +209,31 @@ class TrainRequest:
     device: str | None = None
     progress: bool | None = None
     force: bool = False  # start even when the model looks too large for the memory free (train/memory.py)
+
+
+def requested_task(request: TrainRequest) -> tuple[TaskSpec, Path | None] | None:
+    """The task `request` trains for, read without loading weights or data, and the run it resumes (None: a new
+    run): the task it names (`task`, else a --set task=), else the resumed run's (its task.json, else its config's),
+    else the default task. None when it cannot tell: the resumed run's task does not read cheaply, or nothing names
+    a task and the model it names (--preset, a model config, --set family=) is not one the default task trains.
+    Raises ConfigError for an unknown task."""
+    sets = assignments(request.overrides)
+    run = None if not request.resume else Path(request.out if request.resume is True else request.resume)
+    named = request.task or sets.get("task")
+    if named is not None:
+        return task_spec(named), run
+    if run is not None:
+        try:
+            spec = task_of_run(run, load_config(run))
+        except (AttnkitError, OSError, ValueError):  # the resume itself says what is wrong
+            return None
+        return (spec, run) if spec is not None else None
+    spec = task_spec(DataConfig.task)
+    try:
+        _model_config(request, spec, _split_overrides(request.overrides)[0])
+    except (AttnkitError, OSError, ValueError):
+        return None
+    return spec, None
 
 
 def prepare(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from attnkit.checkpoint import TOKENIZER_DIR, load_model
 from attnkit.errors import InputError
+from attnkit.tasks import TaskSpec, unread_options
 from attnkit.tokenize import load_tokenizer
 from attnkit.viz.extract import attention_maps
 from attnkit.viz.heatmap import write_pngs
@@ -26,6 +27,7 @@ from attnkit.viz.page import write_page
 log = logging.getLogger(__name__)
 
 PAGE_FILE = "attention.html"
+TRANSLATION_OPTIONS = ("target", "translate", "max_length")  # what only a translation run's pictures read
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,13 @@ class VizSettings:
     per_head: bool = True  # one PNG per layer and head besides each layer's mean and the grid
     device: str = "cpu"  # where the model runs
     max_length: int = 64  # --translate: target tokens at most
+
+
+def inapplicable(spec: TaskSpec, run: str | Path) -> dict[str, str]:
+    """The options of `attnkit viz` that `run`, a run of `spec`, does not read, each with why: those of a
+    translation's alignment (`TRANSLATION_OPTIONS`) unless its task translates. The command hides and refuses them."""
+    return unread_options(spec, TRANSLATION_OPTIONS,
+                          lambda task: TRANSLATION_OPTIONS if task.method == "translate" else (), run)
 
 
 @dataclass
