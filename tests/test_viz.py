@@ -176,8 +176,9 @@ def test_cli_viz(runs, tmp_path, capsys):
                  "--layers", "1", "--no-per-head", "--out", str(out)]) == 0
     assert (out / "alignment.png").is_file() and (out / "attention.html").is_file()
     assert "alignment.png" in capsys.readouterr().out
-    assert main(["viz", "--run", str(runs["decoder"]), "--text", TEXT, "--translate"]) == 2
-    assert "need a translation model" in capsys.readouterr().err
+    assert main(["viz", "--run", str(runs["decoder"]), "--text", TEXT, "--translate"]) == 2  # before it loads
+    err = capsys.readouterr().err
+    assert "--translate does not apply" in err and "it is for runs of translate" in err, err
     assert main(["viz", "--run", str(runs["decoder"]), "--text", TEXT, "--layers", "5"]) == 2
     assert "layer 5 is out of range" in capsys.readouterr().err
 
