@@ -2,10 +2,12 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnkit.errors import ConfigError
 from attnkit.generate import SamplingConfig, make_generator, select_next
-from attnkit.generate.sampling import process_logits, top_k_filter, top_p_filter
+from attnkit.generate.sampling import process_logits, select_next_in_groups, top_k_filter, top_p_filter
 
 
 def _logits(seed=0, batch=3, vocab=11):
@@ -70,6 +72,21 @@ def test_same_seed_same_draws():
 
     assert draws(11) == draws(11)
     assert draws(11) != draws(12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 4), min_size=1, max_size=5), seed=st.integers(0, 10_000),
+       config=st.sampled_from([SamplingConfig(temperature=0.0), SamplingConfig(),
+                               SamplingConfig(temperature=0.6, top_k=3), SamplingConfig(top_p=0.7)]))
+def test_groups_sampled_in_one_call_draw_what_each_draws_alone(sizes, seed, config):
+    """A server samples the requests with the same settings together, each from its own generator: every group
+    must get the tokens select_next gives its rows alone."""
+    logits = _logits(seed=seed, batch=sum(sizes)).float()
+    groups = [(n, make_generator(seed + g, "cpu")) for g, n in enumerate(sizes)]
+    together = select_next_in_groups(logits, config, groups)
+    alone = [select_next(part, config, generator=make_generator(seed + g, "cpu"))
+             for g, part in enumerate(logits.split(sizes))]
+    assert together.tolist() == torch.cat(alone).tolist()
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ Randomness comes only from the `torch.Generator` passed in, so the same seed giv
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -102,11 +103,27 @@ def select_next(
     logits: Tensor, config: SamplingConfig, *, seen: Tensor | None = None, generator: torch.Generator | None = None
 ) -> Tensor:
     """The next token of each row: logits (B, V) -> ids (B,). Greedy takes the argmax; otherwise sample."""
+    return select_next_in_groups(logits, config, [(logits.shape[0], generator)], seen=seen)
+
+
+def select_next_in_groups(
+    logits: Tensor,
+    config: SamplingConfig,
+    groups: Sequence[tuple[int, torch.Generator | None]],
+    *,
+    seen: Tensor | None = None,
+) -> Tensor:
+    """`select_next` for consecutive groups of rows that each draw from their own generator (the requests sharing
+    a server's decoding step): logits (B, V), groups [(rows, generator), ...] covering the B rows -> ids (B,).
+    The logits are processed once for all rows; each group draws what `select_next` draws for its rows alone."""
     logits = process_logits(logits, config, seen)
     if config.greedy:
         return logits.argmax(dim=-1)
     probs = logits.softmax(dim=-1)  # (B, V)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    parts = probs.split([rows for rows, _ in groups])  # (rows, V) each
+    generators = [generator for _, generator in groups]
+    draws = [torch.multinomial(part, 1, generator=generator) for part, generator in zip(parts, generators, strict=True)]
+    return torch.cat(draws).squeeze(-1)  # (B,)
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:

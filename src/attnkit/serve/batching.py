@@ -1,14 +1,23 @@
 """Continuous batching: concurrent generation requests share one forward pass per decoding step over one KV cache
 (iteration-level scheduling, Yu et al. 2022, "Orca"). A request joins the batch between steps and leaves it when
-it ends, so a short request never waits for a long one and a new one waits at most one step.
+it ends, so a short request never waits for a long one.
 
-    step t     row 0   .  .  A  A  A  a1 a2        rows are left-padded, as in generate/decoder.py: each row's
-               row 1   B  B  B  B  B  b1 b2        newest token sits in the last column
-    C arrives: prefilled alone (decoder.prefill), its cache row placed right-aligned beside the others
-    step t+1   row 0   .  .  A  A  A  a1 a2 a3
-               row 1   B  B  B  B  B  b1 b2 b3
-               row 2   .  .  .  C  C  C  C  c1     one forward pass (decoder.decode_one_token) for all three
-    B ends:    its row is dropped, and leading columns that are padding in every row left go with it
+The running rows live in buffers with room to spare (`Batch`: R rows, P positions), written in place:
+
+    step t     row 0   .  .  A  A  A  a1 a2  .  .      rows are left-padded, as in generate/decoder.py: every
+               row 1   B  B  B  B  B  b1 b2  .  .      row's newest token sits in the same column
+    C arrives: prefilled (together with the others that came within a step), its keys written into the next
+               unused row, right-aligned beside the others
+    step t+1   row 0   .  .  A  A  A  a1 a2 a3  .
+               row 1   B  B  B  B  B  b1 b2 b3  .
+               row 2   .  .  .  C  C  C  C  c1  .      one forward pass (decoder.decode_one_token) for the rows in use
+    A ends:    the last row (C) moves into A's place: one row is copied, nothing else moves
+    no column left: the columns that are padding in every row are dropped (the cache grows when that frees too
+               little): the one copy of the whole cache, once in many steps
+
+Admission: a job arriving while the batch is running waits until it has waited one decoding step, so jobs that
+arrive within a step of each other are prefilled in one forward pass; the running rows keep stepping meanwhile,
+and a job arriving at an idle scheduler starts at once.
 
 Each request keeps its own sampling settings and its own seeded generator, and its rows are sampled together,
 so a request's tokens do not depend on which others share its steps: the tokens equal those of
@@ -21,6 +30,7 @@ request at a time through the same loop.
 
 from __future__ import annotations
 
+import copy
 import logging
 import queue
 import threading
@@ -33,12 +43,13 @@ from torch import Tensor
 
 from attnkit.errors import InputError
 from attnkit.generate.decoder import EagerDecoding, Window, left_pad
-from attnkit.generate.sampling import SamplingConfig, make_generator, select_next
+from attnkit.generate.sampling import SamplingConfig, make_generator, select_next_in_groups
 from attnkit.layers.kv_cache import KVCache, LayerCache
 
 log = logging.getLogger(__name__)
 
 FinishReason = str  # "stop" (EOS, a stop token or string), "length" (max_tokens), "cancelled", "error"
+Row = tuple["GenerationJob", int]  # a row's job and which of its choices the row is
 
 
 class QueueFull(Exception):
@@ -64,6 +75,7 @@ class GenerationJob:
     deadline: float | None = None  # time.monotonic() after which the job is cancelled
     cancelled: threading.Event = field(default_factory=threading.Event)
     # set by the scheduler
+    queued: float = 0.0  # time.monotonic() when it was submitted
     generator: torch.Generator | None = None
     produced: int = 0  # decoding steps taken
     reasons: list[FinishReason | None] = field(default_factory=list)
@@ -73,49 +85,109 @@ class GenerationJob:
         self.cancelled.set()
 
 
-class Batch:
-    """The running rows: their window (ids and mask, (B, L)), their cache, and the job and choice of each row."""
-
-    def __init__(self, window: Window, cache, rows: list[tuple[GenerationJob, int]]) -> None:
-        self.window, self.cache, self.rows = window, cache, rows
-
-    @property
-    def jobs(self) -> list[GenerationJob]:
-        return list(dict.fromkeys(job for job, _ in self.rows))
-
-
 def mergeable(cache) -> bool:
     """Whether rows of `cache` can be moved between caches: plain KV caches (no ring buffer, no recurrent state)."""
     return isinstance(cache, KVCache) and all(type(layer) is LayerCache for layer in cache.layers)
 
 
-def combine(parts: list[tuple[Batch, Tensor]], allocate: Callable[[int, int], KVCache], headroom: int) -> tuple[
-        Window, KVCache]:
-    """One window and cache holding the chosen rows (B_i,) of each part, in order, right-aligned.
+class Batch:
+    """The running rows (see the module docstring). `store` is a cache of R rows and P positions, `ids` and `mask`
+    (R, P) the window's buffers; rows [0, len(rows)) are in use, each a job's choice, and columns [0, length)
+    hold their cached keys. `cache` is the rows in use, over the store's buffers, so a step writes into them."""
 
-    Columns that are padding in every chosen row are dropped; the cache gets room for `headroom` more positions.
-    """
-    # each part's longest row
-    lengths = [int(batch.window.attention_mask[index].sum(dim=1).max()) for batch, index in parts]
-    width = max(lengths)
-    n_rows = sum(len(index) for _, index in parts)
-    cache = allocate(n_rows, width + headroom)
-    first = parts[0][0].window
-    ids = torch.zeros((n_rows, width), dtype=first.ids.dtype, device=first.ids.device)
-    mask = torch.zeros((n_rows, width), dtype=torch.bool, device=first.attention_mask.device)
-    start = 0
-    for (batch, index), length in zip(parts, lengths, strict=True):
-        rows = slice(start, start + len(index))
-        old = batch.cache.length
-        for new_layer, old_layer in zip(cache.layers, batch.cache.layers, strict=True):
-            new_layer.keys[rows, :, width - length:width] = old_layer.keys[index, :, old - length:old]
-            new_layer.values[rows, :, width - length:width] = old_layer.values[index, :, old - length:old]
-        ids[rows, width - length:] = batch.window.ids[index, -length:]
-        mask[rows, width - length:] = batch.window.attention_mask[index, -length:]
-        start += len(index)
-    for layer in cache.layers:
-        layer.length = width
-    return Window.of(ids, mask), cache
+    def __init__(self, store, ids: Tensor, mask: Tensor, length: int, rows: list[Row]) -> None:
+        self.store, self.ids, self.mask, self.length, self.rows = store, ids, mask, length, rows
+        self.cache = self._in_use()
+
+    @property
+    def jobs(self) -> list[GenerationJob]:
+        return list(dict.fromkeys(job for job, _ in self.rows))
+
+    @property
+    def room(self) -> tuple[int, int]:
+        """(R, P): the rows and positions the buffers hold."""
+        rows, positions = self.ids.shape
+        return rows, positions
+
+    def window(self) -> Window:
+        """The rows in use up to their newest token, which sits in column `length`: (B, length + 1)."""
+        rows, end = len(self.rows), self.length + 1
+        return Window.of(self.ids[:rows, :end], self.mask[:rows, :end])
+
+    def padding_columns(self) -> int:
+        """How many leading columns are padding in every row in use."""
+        real = self.mask[: len(self.rows), : self.length].to(torch.uint8)  # (B, L)
+        return int(real.argmax(dim=1).min())  # each row's first real column, the earliest of them
+
+    def write(self, tokens: Tensor) -> None:
+        """Each row's next token, (B,), into column `length` (the room is there: `Scheduler._fit`)."""
+        rows = len(self.rows)
+        self.ids[:rows, self.length] = tokens
+        self.mask[:rows, self.length] = True
+
+    def place(self, window: Window, cache: KVCache, rows: list[Row]) -> None:
+        """Add prefilled rows after those in use: window (k, T) with its cache, right-aligned so that their last
+        prompt token sits in column `length - 1` like every row's (T <= length; the rows are there)."""
+        new = slice(len(self.rows), len(self.rows) + len(rows))
+        width = window.ids.shape[1]
+        first = self.length - width  # (T columns) -> columns [first, length)
+        for layer, fresh in zip(self.store.layers, cache.layers, strict=True):
+            layer.keys[new, :, first:self.length] = fresh.keys[:, :, :width]
+            layer.values[new, :, first:self.length] = fresh.values[:, :, :width]
+        self.mask[new, :first] = False  # what a row's earlier user left there is padding now
+        self.ids[new, first:self.length] = window.ids
+        self.mask[new, first:self.length] = window.attention_mask
+        self.rows = self.rows + rows
+        self.cache = self._in_use()
+
+    def drop(self, ended: list[int]) -> Tensor:
+        """Remove the rows `ended` (ascending): the last rows in use move into their places. Returns (B',) the old
+        index of each row left, in its new order."""
+        kept = len(self.rows) - len(ended)
+        holes = [i for i in ended if i < kept]
+        gone = set(ended)
+        movers = [i for i in range(kept, len(self.rows)) if i not in gone]  # as many as the holes
+        order = list(range(kept))
+        for hole, mover in zip(holes, movers, strict=True):
+            order[hole] = mover
+        if holes:
+            into = torch.tensor(holes, device=self.ids.device)
+            source = torch.tensor(movers, device=self.ids.device)
+            for layer in self.store.layers:
+                layer.keys[into, :, : self.length] = layer.keys[source, :, : self.length]
+                layer.values[into, :, : self.length] = layer.values[source, :, : self.length]
+            self.ids[into] = self.ids[source]
+            self.mask[into] = self.mask[source]
+        self.rows = [self.rows[i] for i in order]
+        self.cache = self._in_use()
+        return torch.tensor(order, device=self.ids.device)
+
+    def moved(self, rows: int, positions: int, shift: int, allocate: Callable[[int, int], KVCache]) -> Batch:
+        """The same rows in new buffers of `rows` x `positions`, every column `shift` places to the right (to the
+        left when negative: the columns that fall off were padding in every row)."""
+        used, first = len(self.rows), max(0, -shift)
+        old, new = slice(first, self.length), slice(first + shift, self.length + shift)
+        store = allocate(rows, positions)
+        for new_layer, old_layer in zip(store.layers, self.store.layers, strict=True):
+            new_layer.keys[:used, :, new] = old_layer.keys[:used, :, old]
+            new_layer.values[:used, :, new] = old_layer.values[:used, :, old]
+        ids = torch.zeros((rows, positions), dtype=self.ids.dtype, device=self.ids.device)
+        mask = torch.zeros((rows, positions), dtype=torch.bool, device=self.mask.device)
+        ids[:used, new] = self.ids[:used, old]
+        mask[:used, new] = self.mask[:used, old]
+        return Batch(store, ids, mask, self.length + shift, self.rows)
+
+    def _in_use(self):
+        """The cache of the rows in use: views of the store's first rows (LayerCache's buffers, narrowed)."""
+        if not mergeable(self.store):
+            return self.store  # one job's rows, which join and leave together (Scheduler._take)
+        used = len(self.rows)
+        layers = []
+        for layer in self.store.layers:
+            part = copy.copy(layer)
+            part.keys, part.values, part.length = layer.keys[:used], layer.values[:used], self.length
+            layers.append(part)
+        return KVCache(layers)
 
 
 class Scheduler:
@@ -137,6 +209,7 @@ class Scheduler:
         self.logits: Tensor | None = None  # (B, V): the running rows' next-token logits
         self.steps = 0  # forward passes so far (prefills and decoding steps)
         self.tokens = 0  # tokens generated so far
+        self.step_seconds = 0.0  # how long the last decoding step took
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="attnkit-batching", daemon=True)
@@ -158,6 +231,7 @@ class Scheduler:
         if len(job.prompt) + job.max_new_tokens > self.context_len:
             raise InputError(f"the prompt has {len(job.prompt)} tokens and max_tokens is {job.max_new_tokens}: "
                              f"together more than the model's context of {self.context_len}")
+        job.queued = time.monotonic()
         try:
             self.waiting.put_nowait(job)
         except queue.Full:
@@ -192,31 +266,48 @@ class Scheduler:
         self._admit()
         if self.batch is None:
             return
-        batch, logits = self.batch, self.logits
+        chosen = self._choose(self.batch)
+        ended = [i for i, (job, _) in enumerate(self.batch.rows) if None not in job.reasons]
+        for job in self.batch.jobs:
+            if None not in job.reasons:
+                job.on_finish(list(job.reasons))
+        if len(ended) == len(self.batch.rows):
+            self.batch, self.logits = None, None
+            return
+        if ended:
+            chosen = chosen[self.batch.drop(ended)]
+        self._fit()
+        self.batch.write(chosen)
+        started = time.monotonic()
+        self.logits = self.decoding.step(self.batch.window(), self.batch.cache)
+        self.step_seconds = time.monotonic() - started
+        self.batch.length += 1
+        self.steps += 1
+
+    def _choose(self, batch: Batch) -> Tensor:
+        """Each row's next token, (B,), passed on to its job; a cancelled job's rows get padding and its choices end.
+        The rows of jobs with the same settings are sampled in one call, each job's rows in the order of its
+        choices and from its own generator."""
         chosen = torch.empty(len(batch.rows), dtype=torch.long, device=self.device)
+        rows_of: dict[GenerationJob, list[int]] = {}
+        for row, (job, choice) in enumerate(batch.rows):
+            rows_of.setdefault(job, [0] * job.n)[choice] = row
+        alike: dict[SamplingConfig, list[GenerationJob]] = {}
         now = time.monotonic()
-        for job in batch.jobs:
-            rows = self._rows_of(job)
+        for job, rows in rows_of.items():
             if job.cancelled.is_set() or (job.deadline is not None and now > job.deadline):
                 job.reasons = ["cancelled" if reason is None else reason for reason in job.reasons]
                 chosen[rows] = self.pad_id
-                continue
-            tokens = select_next(logits[rows], job.sampling, generator=job.generator)  # (n,)
+            else:
+                alike.setdefault(job.sampling, []).append(job)
+        for sampling, jobs in alike.items():
+            rows = [row for job in jobs for row in rows_of[job]]
+            tokens = select_next_in_groups(self.logits[rows], sampling, [(job.n, job.generator) for job in jobs])
             chosen[rows] = tokens
-            self._deliver(job, tokens.tolist())
-        keep = [i for i, (job, _) in enumerate(batch.rows) if None in job.reasons]
-        for job in batch.jobs:
-            if None not in job.reasons:
-                job.on_finish(list(job.reasons))
-        if not keep:
-            self.batch, self.logits = None, None
-            return
-        if len(keep) < len(batch.rows):
-            self._shrink(keep, chosen)
-        else:
-            self.batch.window = batch.window.append(chosen)
-        self.logits = self.decoding.step(self.batch.window, self.batch.cache)
-        self.steps += 1
+            drawn = iter(tokens.tolist())
+            for job in jobs:
+                self._deliver(job, [next(drawn) for _ in range(job.n)])
+        return chosen
 
     def _deliver(self, job: GenerationJob, tokens: list[int]) -> None:
         """Pass each choice's token on, as `decode_n_tokens` does: a stop token ends a choice unreturned."""
@@ -230,15 +321,39 @@ class Scheduler:
             elif job.produced >= job.max_new_tokens:
                 job.reasons[choice] = "length"
 
-    def _rows_of(self, job: GenerationJob) -> list[int]:
-        return [i for i, (owner, _) in enumerate(self.batch.rows) if owner is job]
-
     def _admit(self) -> None:
-        """Prefill the waiting jobs that fit, in one forward pass, and merge them into the running batch."""
+        """Prefill the jobs that join now (`_take`) in one forward pass and add their rows to the batch."""
+        joining = self._take()
+        if not joining:
+            return
+        for job in joining:
+            job.generator = make_generator(job.seed, self.device)
+            job.reasons = [None] * job.n
+        rows = [(job, choice) for job in joining for choice in range(job.n)]
+        window = left_pad([job.prompt for job, _ in rows], pad_id=self.pad_id, device=self.device)  # (k, T)
+        count, width = window.ids.shape
+        if self.batch is None:
+            self.batch = self._start(window, rows, headroom=max(job.max_new_tokens for job in joining))
+            self.logits = self.decoding.prefill(window, self.batch.cache)
+            self.batch.length = width
+        else:
+            cache = self._allocate(count, width)
+            logits = self.decoding.prefill(window, cache)  # (k, V)
+            self._fit(rows=count, width=width)
+            self.batch.place(window, cache, rows)
+            self.logits = torch.cat((self.logits, logits))
+        self.steps += 1
+
+    def _take(self) -> list[GenerationJob]:
+        """The waiting jobs that join now, as many as fit: at once when nothing runs; while a batch runs, once the
+        oldest has waited a decoding step or they fill the free rows; never beside a cache that cannot merge (nor
+        a second job with such a model)."""
+        batch = self.batch
+        if batch is not None and (not mergeable(batch.store) or not self._due()):
+            return []
         joining: list[GenerationJob] = []
         rows = self.running_rows
-        can_merge = self.batch is None or mergeable(self.batch.cache)
-        while can_merge and not self.waiting.empty():
+        while not self.waiting.empty():
             job = self.waiting.queue[0]
             if rows + job.n > self.max_rows:
                 break
@@ -248,44 +363,52 @@ class Scheduler:
                 continue
             joining.append(job)
             rows += job.n
-            if self.batch is None and not self._merge_ok():
-                break  # a model whose cache cannot merge takes one job at a time
-        if not joining:
+            if batch is None and not self._merge_ok():
+                break
+        return joining
+
+    def _due(self) -> bool:
+        """Whether the waiting jobs join the running batch now (see `_take`). Only this thread takes from the queue,
+        so a job seen waiting stays there."""
+        if self.waiting.empty():
+            return False
+        waited = time.monotonic() - self.waiting.queue[0].queued
+        return waited >= self.step_seconds or self.waiting.qsize() >= self.max_rows - self.running_rows
+
+    def _start(self, window: Window, rows: list[Row], *, headroom: int) -> Batch:
+        """A batch of these rows, not yet prefilled: buffers for twice the positions they need (one job's exact
+        need for a cache that cannot merge, which never grows)."""
+        count, width = window.ids.shape
+        needed = width + headroom
+        positions = min(2 * needed, 2 * self.context_len) if self._merge_ok() else needed
+        ids = torch.zeros((count, positions), dtype=window.ids.dtype, device=self.device)
+        mask = torch.zeros((count, positions), dtype=torch.bool, device=self.device)
+        ids[:, :width], mask[:, :width] = window.ids, window.attention_mask
+        return Batch(self._allocate(count, positions), ids, mask, 0, rows)
+
+    def _fit(self, *, rows: int = 0, width: int = 0) -> None:
+        """Make room in the batch for `rows` more rows whose prompts are `width` columns wide, and a free column for
+        the next token. When the buffers lack it, the batch moves into new ones, leaving behind the columns that
+        are padding in every row; rows double (up to max_rows), and positions double (up to twice the context)
+        when what is left would fill more than three quarters of them."""
+        batch = self.batch
+        capacity, positions = batch.room
+        used = len(batch.rows) + rows
+        if used <= capacity and width <= batch.length < positions:
             return
-        prompts = [job.prompt for job in joining for _ in range(job.n)]
-        headroom = max(job.max_new_tokens for job in joining)
-        window = left_pad(prompts, pad_id=self.pad_id, device=self.device)
-        cache = self._allocate(len(prompts), window.ids.shape[1] + headroom)
-        logits = self.decoding.prefill(window, cache)  # (n_new, V)
-        self.steps += 1
-        for job in joining:
-            job.generator = make_generator(job.seed, self.device)
-            job.reasons = [None] * job.n
-        new = Batch(window, cache, [(job, choice) for job in joining for choice in range(job.n)])
-        if self.batch is None:
-            self.batch, self.logits = new, logits
-            return
-        everyone = torch.arange(len(self.batch.rows), device=self.device)
-        fresh = torch.arange(len(new.rows), device=self.device)
-        left = max(job.max_new_tokens - job.produced for job in self.batch.jobs)
-        window, cache = combine([(self.batch, everyone), (new, fresh)], self._allocate, max(left, headroom))
-        self.batch = Batch(window, cache, self.batch.rows + new.rows)
-        self.logits = torch.cat((self.logits, logits))
+        length = max(batch.length - batch.padding_columns(), width)  # the columns the rows need now
+        if positions - length <= positions // 4:
+            positions = min(max(2 * positions, length + 1), 2 * self.context_len)
+        if used > capacity:
+            capacity = min(self.max_rows, max(2 * capacity, used))
+        self.batch = batch.moved(capacity, positions, length - batch.length, self._allocate)
 
     def _merge_ok(self) -> bool:
-        """Whether this model's caches merge (checked once, on a cache of one position)."""
+        """Whether this model's caches merge (checked once, on a cache of one row and the whole context: a sliding
+        window shorter than the context makes it a ring buffer)."""
         if not hasattr(self, "_merges"):
-            self._merges = mergeable(self._allocate(1, 1))
+            self._merges = mergeable(self._allocate(1, self.context_len))
         return self._merges
-
-    def _shrink(self, keep: list[int], chosen: Tensor) -> None:
-        """Drop the rows that ended (only a merging cache holds several jobs); the kept ones take their token."""
-        batch = self.batch
-        index = torch.tensor(keep, device=self.device)
-        rows = [batch.rows[i] for i in keep]
-        left = max(job.max_new_tokens - job.produced for job in dict.fromkeys(job for job, _ in rows))
-        window, cache = combine([(batch, index)], self._allocate, left)
-        self.batch = Batch(window.append(chosen[index]), cache, rows)
 
     def _allocate(self, batch_size: int, positions: int):
         """A cache of `positions`; rows padded beside a longer prompt may need more than the context itself."""

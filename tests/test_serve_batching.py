@@ -1,0 +1,207 @@
+"""The batching scheduler driven iteration by iteration (no thread, no HTTP): rows that join and leave at any step
+get the tokens they get alone, a freed row is taken by the next request without moving the others, the cache
+moves only when its columns run out, requests arriving within a step are prefilled together while one arriving
+at an idle scheduler starts at once, and a model whose cache cannot merge serves one request at a time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from generate_models import tiny_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, make_generator
+from attnkit.serve.batching import Batch, GenerationJob, Scheduler
+
+CONTEXT = 48
+SAMPLINGS = (GREEDY, SamplingConfig(), SamplingConfig(temperature=0.7, top_k=4), SamplingConfig(top_p=0.8))
+STOP = frozenset({3})  # a token that ends a choice early, as EOS does
+
+
+class Recorded:
+    """A job and what the scheduler passes back: each choice's tokens, and the reasons it finished with."""
+
+    def __init__(self, prompt: list[int], max_new: int, *, sampling: SamplingConfig = GREEDY, seed: int = 0,
+                 n: int = 1, stop_ids: frozenset[int] = frozenset()) -> None:
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.reasons: list[str] | None = None
+        self.job = GenerationJob(prompt=prompt, max_new_tokens=max_new, sampling=sampling, seed=seed, n=n,
+                                 stop_ids=stop_ids, on_token=self._token, on_finish=self._finish)
+
+    def _token(self, choice: int, token: int) -> bool:
+        self.tokens[choice].append(token)
+        return False
+
+    def _finish(self, reasons: list[str]) -> None:
+        assert self.reasons is None, "on_finish was called twice"
+        self.reasons = reasons
+
+    def alone(self, model) -> list[list[int]]:
+        """The same request through generate_tokens alone (as Pipeline.generate runs it)."""
+        job = self.job
+        return generate_tokens(model, [job.prompt] * job.n, max_new_tokens=job.max_new_tokens, context_len=CONTEXT,
+                               sampling=job.sampling, generator=make_generator(job.seed, "cpu"),
+                               stop_ids=job.stop_ids)
+
+
+def iterate(scheduler: Scheduler, times: int = 1) -> None:
+    with torch.inference_mode():
+        for _ in range(times):
+            scheduler._iteration()
+
+
+def drain(scheduler: Scheduler, limit: int = 500) -> None:
+    for _ in range(limit):
+        if scheduler.batch is None and scheduler.waiting.empty():
+            return
+        iterate(scheduler)
+    raise AssertionError(f"the jobs did not end within {limit} iterations")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(max_seq_len=CONTEXT, position="rope", seed=2)[0]
+
+
+def scheduler_for(model, max_rows: int = 8) -> Scheduler:
+    return Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=max_rows)
+
+
+arrivals = st.lists(
+    st.tuples(
+        st.integers(0, 5),  # iterations run before this request arrives
+        st.lists(st.integers(1, 12), min_size=1, max_size=14),  # its prompt
+        st.integers(1, 24),  # max_new_tokens
+        st.sampled_from(SAMPLINGS),
+        st.integers(1, 3),  # n
+        st.booleans(),  # whether token 3 ends a choice
+        st.integers(0, 10_000),  # seed
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(arrivals=arrivals, max_rows=st.integers(3, 8))
+def test_rows_joining_and_leaving_at_any_step_get_the_tokens_they_get_alone(model, arrivals, max_rows):
+    scheduler = scheduler_for(model, max_rows)
+    recorded = []
+    for wait, prompt, max_new, sampling, n, stops, seed in arrivals:
+        iterate(scheduler, wait)
+        request = Recorded(prompt, max_new, sampling=sampling, seed=seed, n=n, stop_ids=STOP if stops else frozenset())
+        scheduler.submit(request.job)
+        recorded.append(request)
+    drain(scheduler)
+    for request in recorded:
+        assert request.reasons is not None and None not in request.reasons
+        assert request.tokens == request.alone(model)
+
+
+def test_a_freed_row_is_taken_by_the_next_request_and_nothing_else_moves(model):
+    scheduler = scheduler_for(model, max_rows=4)
+    short, long_a, long_b = Recorded([5, 6, 7], 2), Recorded([1, 2, 4, 5], 20), Recorded([7, 8], 20, seed=1,
+                                                                                          sampling=SamplingConfig())
+    for request in (short, long_a, long_b):
+        scheduler.submit(request.job)
+    iterate(scheduler)
+    batch = scheduler.batch
+    assert [job for job, _ in batch.rows] == [short.job, long_a.job, long_b.job]
+    store, room = batch.store, batch.room
+    iterate(scheduler)  # the short request ends: the last row moves into its place
+    assert short.reasons == ["length"]
+    assert [job for job, _ in scheduler.batch.rows] == [long_b.job, long_a.job]
+    late = Recorded([9, 10], 6, sampling=SamplingConfig(temperature=0.9), seed=5)
+    scheduler.submit(late.job)
+    iterate(scheduler, 3)
+    assert [job for job, _ in scheduler.batch.rows] == [long_b.job, long_a.job, late.job]
+    assert scheduler.batch.store is store and scheduler.batch.room == room  # the freed row, in the same buffers
+    drain(scheduler)
+    for request in (short, long_a, long_b, late):
+        assert request.tokens == request.alone(model)
+
+
+def test_the_cache_moves_only_when_it_must_and_leaves_the_padding_behind(model, monkeypatch):
+    moves = []
+    moved = Batch.moved
+
+    def recorded_move(batch, rows, positions, shift, allocate):
+        after = moved(batch, rows, positions, shift, allocate)
+        moves.append((batch.length, batch.room, after.room, shift, after.padding_columns()))
+        return after
+
+    monkeypatch.setattr(Batch, "moved", recorded_move)
+    scheduler = scheduler_for(model, max_rows=4)
+    recorded = [Recorded(list(range(1, 9)), 40)]  # one long reply, its prompt the widest, beside short ones
+    scheduler.submit(recorded[0].job)
+    iterations = 0
+    while iterations < 150 or scheduler.batch is not None:
+        if iterations < 150 and scheduler.running_rows + scheduler.queue_length < 4:  # four rows, whenever one ends
+            recorded.append(Recorded([4, 5, 6, 7, 8, 9][: 1 + len(recorded) % 6], 5, sampling=SamplingConfig(),
+                                     seed=len(recorded)))
+            scheduler.submit(recorded[-1].job)
+        iterate(scheduler)
+        iterations += 1
+        if scheduler.batch is not None:
+            assert scheduler.batch.length <= scheduler.batch.room[1]  # the next step finds or makes a free column
+    full = [move for move in moves if move[0] == move[1][1]]
+    assert full, "the columns never ran out: lengthen the run"
+    for length, (rows, positions), (new_rows, _), shift, _ in moves:  # no column left, more rows, or a wider prompt
+        assert length == positions or new_rows > rows or shift > 0
+    assert all(padding == 0 for *_, shift, padding in moves if shift < 0)  # all-padding columns stayed behind
+    assert len(moves) < iterations // 4
+    for request in recorded:
+        assert request.tokens == request.alone(model)
+
+
+def test_requests_arriving_within_a_step_are_prefilled_together_and_one_at_an_idle_scheduler_at_once(model):
+    scheduler = scheduler_for(model, max_rows=8)
+    prefills = []
+    prefill = scheduler.decoding.prefill
+    scheduler.decoding.prefill = lambda window, cache: prefills.append(window.ids.shape[0]) or prefill(window, cache)
+    scheduler.step_seconds = 1e9  # a step that lasts for ever: only an idle scheduler would start a request now
+    first = Recorded([1, 2, 3], 12)
+    scheduler.submit(first.job)
+    iterate(scheduler)
+    assert prefills == [1] and scheduler.running_rows == 1
+    others = [Recorded([4, 5 + i], 8, sampling=SamplingConfig(), seed=i) for i in range(3)]
+    for request in others:
+        scheduler.submit(request.job)
+    scheduler.step_seconds = 1e9
+    iterate(scheduler)
+    assert prefills == [1] and scheduler.queue_length == 3  # they wait while the batch steps on
+    iterate(scheduler)  # now they have waited a (measured) step: one prefill for the three
+    assert prefills == [1, 3] and scheduler.running_rows == 4
+    drain(scheduler)
+    for request in [first, *others]:
+        assert request.tokens == request.alone(model)
+
+
+def test_requests_that_fill_the_free_rows_join_without_waiting(model):
+    scheduler = scheduler_for(model, max_rows=2)
+    first, second = Recorded([1, 2], 10), Recorded([3, 4, 5], 10, sampling=SamplingConfig(), seed=3)
+    scheduler.submit(first.job)
+    iterate(scheduler)
+    scheduler.step_seconds = 1e9
+    scheduler.submit(second.job)
+    iterate(scheduler)
+    assert scheduler.running_rows == 2
+    drain(scheduler)
+    assert first.tokens == first.alone(model) and second.tokens == second.alone(model)
+
+
+def test_a_model_whose_cache_cannot_merge_serves_one_request_at_a_time():
+    windowed = tiny_model(max_seq_len=CONTEXT, position="rope", attention_window=5, seed=4)[0]
+    scheduler = scheduler_for(windowed, max_rows=8)
+    recorded = [Recorded([1 + i, 2, 3, 4, 5, 6, 7][: 3 + i], 9, sampling=SamplingConfig(), seed=i, n=1 + i % 2)
+                for i in range(3)]
+    for request in recorded:
+        scheduler.submit(request.job)
+    for _ in range(100):
+        if scheduler.batch is not None:
+            assert len(scheduler.batch.jobs) == 1
+        iterate(scheduler)
+    assert scheduler.batch is None
+    for request in recorded:
+        assert request.tokens == request.alone(windowed)
