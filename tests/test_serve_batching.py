@@ -128,7 +128,7 @@ def test_the_cache_moves_only_when_it_must_and_leaves_the_padding_behind(model, 
 
     def recorded_move(batch, rows, positions, shift, allocate):
         after = moved(batch, rows, positions, shift, allocate)
-        moves.append((batch.length, batch.room, after.room, shift, after.padding_columns()))
+        moves.append((batch.length, batch.room, after.room, shift, after.first))
         return after
 
     monkeypatch.setattr(Batch, "moved", recorded_move)

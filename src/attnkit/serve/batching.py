@@ -92,12 +92,13 @@ def mergeable(cache) -> bool:
 
 class Batch:
     """The running rows (see the module docstring). `store` is a cache of R rows and P positions, `ids` and `mask`
-    (R, P) the window's buffers; rows [0, len(rows)) are in use, each a job's choice, and columns [0, length)
-    hold their cached keys. `cache` is the rows in use, over the store's buffers, so a step writes into them."""
+    (R, P) the window's buffers; rows [0, len(rows)) are in use, each a job's choice, and columns [0, length) hold
+    their cached keys, of which those before `first` are padding in every row. `cache` is the rows in use from
+    column `first` on: views of the store's buffers, so a step writes into them and attends to no dead column."""
 
     def __init__(self, store, ids: Tensor, mask: Tensor, length: int, rows: list[Row]) -> None:
         self.store, self.ids, self.mask, self.length, self.rows = store, ids, mask, length, rows
-        self.cache = self._in_use()
+        self._in_use()
 
     @property
     def jobs(self) -> list[GenerationJob]:
@@ -110,14 +111,9 @@ class Batch:
         return rows, positions
 
     def window(self) -> Window:
-        """The rows in use up to their newest token, which sits in column `length`: (B, length + 1)."""
+        """The rows in use from column `first` up to their newest token, in column `length`: (B, length + 1 - first)."""
         rows, end = len(self.rows), self.length + 1
-        return Window.of(self.ids[:rows, :end], self.mask[:rows, :end])
-
-    def padding_columns(self) -> int:
-        """How many leading columns are padding in every row in use."""
-        real = self.mask[: len(self.rows), : self.length].to(torch.uint8)  # (B, L)
-        return int(real.argmax(dim=1).min())  # each row's first real column, the earliest of them
+        return Window.of(self.ids[:rows, self.first:end], self.mask[:rows, self.first:end])
 
     def write(self, tokens: Tensor) -> None:
         """Each row's next token, (B,), into column `length` (the room is there: `Scheduler._fit`)."""
@@ -130,15 +126,15 @@ class Batch:
         prompt token sits in column `length - 1` like every row's (T <= length; the rows are there)."""
         new = slice(len(self.rows), len(self.rows) + len(rows))
         width = window.ids.shape[1]
-        first = self.length - width  # (T columns) -> columns [first, length)
+        start = self.length - width  # (T columns) -> columns [start, length)
         for layer, fresh in zip(self.store.layers, cache.layers, strict=True):
-            layer.keys[new, :, first:self.length] = fresh.keys[:, :, :width]
-            layer.values[new, :, first:self.length] = fresh.values[:, :, :width]
-        self.mask[new, :first] = False  # what a row's earlier user left there is padding now
-        self.ids[new, first:self.length] = window.ids
-        self.mask[new, first:self.length] = window.attention_mask
+            layer.keys[new, :, start:self.length] = fresh.keys[:, :, :width]
+            layer.values[new, :, start:self.length] = fresh.values[:, :, :width]
+        self.mask[new, :start] = False  # what a row's earlier user left there is padding now
+        self.ids[new, start:self.length] = window.ids
+        self.mask[new, start:self.length] = window.attention_mask
         self.rows = self.rows + rows
-        self.cache = self._in_use()
+        self._in_use()
 
     def drop(self, ended: list[int]) -> Tensor:
         """Remove the rows `ended` (ascending): the last rows in use move into their places. Returns (B',) the old
@@ -153,20 +149,21 @@ class Batch:
         if holes:
             into = torch.tensor(holes, device=self.ids.device)
             source = torch.tensor(movers, device=self.ids.device)
+            live = slice(self.first, self.length)
             for layer in self.store.layers:
-                layer.keys[into, :, : self.length] = layer.keys[source, :, : self.length]
-                layer.values[into, :, : self.length] = layer.values[source, :, : self.length]
+                layer.keys[into, :, live] = layer.keys[source, :, live]
+                layer.values[into, :, live] = layer.values[source, :, live]
             self.ids[into] = self.ids[source]
             self.mask[into] = self.mask[source]
         self.rows = [self.rows[i] for i in order]
-        self.cache = self._in_use()
+        self._in_use()
         return torch.tensor(order, device=self.ids.device)
 
     def moved(self, rows: int, positions: int, shift: int, allocate: Callable[[int, int], KVCache]) -> Batch:
         """The same rows in new buffers of `rows` x `positions`, every column `shift` places to the right (to the
-        left when negative: the columns that fall off were padding in every row)."""
-        used, first = len(self.rows), max(0, -shift)
-        old, new = slice(first, self.length), slice(first + shift, self.length + shift)
+        left when negative, by at most `first`: the columns that fall off are padding in every row)."""
+        used, start = len(self.rows), max(0, -shift)
+        old, new = slice(start, self.length), slice(start + shift, self.length + shift)
         store = allocate(rows, positions)
         for new_layer, old_layer in zip(store.layers, self.store.layers, strict=True):
             new_layer.keys[:used, :, new] = old_layer.keys[:used, :, old]
@@ -177,17 +174,21 @@ class Batch:
         mask[:used, new] = self.mask[:used, old]
         return Batch(store, ids, mask, self.length + shift, self.rows)
 
-    def _in_use(self):
-        """The cache of the rows in use: views of the store's first rows (LayerCache's buffers, narrowed)."""
-        if not mergeable(self.store):
-            return self.store  # one job's rows, which join and leave together (Scheduler._take)
+    def _in_use(self) -> None:
+        """Find `first` and make `cache`, after the rows in use changed."""
+        if not mergeable(self.store):  # one job's rows, which join and leave together (Scheduler._take)
+            self.first, self.cache = 0, self.store
+            return
         used = len(self.rows)
+        real = self.mask[:used, : self.length].to(torch.uint8)  # (B, L)
+        self.first = int(real.argmax(dim=1).min()) if self.length else 0  # each row's first real column, the least
         layers = []
         for layer in self.store.layers:
-            part = copy.copy(layer)
-            part.keys, part.values, part.length = layer.keys[:used], layer.values[:used], self.length
+            part = copy.copy(layer)  # a LayerCache over narrowed buffers: (B, Hkv, P - first, D)
+            part.keys, part.values = layer.keys[:used, :, self.first:], layer.values[:used, :, self.first:]
+            part.length = self.length - self.first
             layers.append(part)
-        return KVCache(layers)
+        self.cache = KVCache(layers)
 
 
 class Scheduler:
@@ -396,7 +397,7 @@ class Scheduler:
         used = len(batch.rows) + rows
         if used <= capacity and width <= batch.length < positions:
             return
-        length = max(batch.length - batch.padding_columns(), width)  # the columns the rows need now
+        length = max(batch.length - batch.first, width)  # the columns the rows need now
         if positions - length <= positions // 4:
             positions = min(max(2 * positions, length + 1), 2 * self.context_len)
         if used > capacity:
