@@ -1,18 +1,21 @@
 """Serving load: `attnkit serve` under 1, 8 and 32 concurrent clients, continuous batching against one request at
 a time.
 
-    python -m benchmarks.bench_serve [--requests 4] [--new-tokens 32] [--threads 1] [--quick]
+    python -m benchmarks.bench_serve [--requests 4] [--new-tokens 32] [--threads 1] [--rounds 1] [--quick]
 
 The benchmark model is the `small` shape of bench_generate (6 layers, width 384, 6 heads; nanoGPT's
 Shakespeare-char shape) with random weights and a character vocabulary, saved as a run and served (`attnkit
 serve`, a process of its own) on 127.0.0.1 on a free port twice, side by side: with --max-batch 32 (batched) and
---max-batch 1 (one request at a time: each waits for the one before); at each client count the two modes run back
-to back. Each of C clients (a small asyncio client over httpx)
-sends `--requests` completions one after the other (a 24-character prompt, up to `--new-tokens` tokens sampled
-with a seed; a request may end early at EOS, and the tokens counted are those generated); the rows report total
-tokens per second (every client's tokens over the wall time) and the p50/p99 latency of a whole request. The
-target: at 8 clients, batched >= 3x one at a time. Results go to benchmarks/results/serve-cpu.json (with the
-machine's load average, since a loaded machine slows both modes) and a markdown table beside it.
+--max-batch 1 (one request at a time: each waits for the one before). The measurement is repeated `--rounds`
+times, each round with two fresh servers, started and measured in the other order than the round before: of two
+servers of the same mode, the one started first came out about 5% slower (the median over 12 runs, both ways
+round, on the 2-core machine of the figures), so a fixed order would favour one mode. Each of C clients (a small
+asyncio client over httpx) sends `--requests` completions one after the other (a 24-character prompt, up to
+`--new-tokens` tokens sampled with a seed; a request may end early at EOS, and the tokens counted are those
+generated); the rows report total tokens per second (every client's tokens over the wall time) and the p50/p99
+latency of a whole request, and each ratio is the median of the rounds' own ratios. The target: at 8 clients,
+batched >= 3x one at a time. Results go to benchmarks/results/serve-cpu.json (with the CPU and the machine's load
+average before and after, since a loaded machine slows both modes) and a markdown table beside it.
 """
 
 from __future__ import annotations
@@ -114,36 +117,54 @@ async def load(url: str, clients: int, requests: int, new_tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from attnkit.machine import CpuCapabilities
+
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_serve", description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=4, help="requests per client, one after the other")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens each request generates")
     parser.add_argument("--threads", type=int, default=1, help="the server's torch threads (OMP_NUM_THREADS)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of fresh servers, started and measured in alternating order")
     parser.add_argument("--quick", action="store_true", help="2 requests per client, 16 tokens (a smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.new_tokens = 2, 16
+    cpu = CpuCapabilities.detect().summary()
+    load_before = os.getloadavg()
+    print(f"{cpu}; load average {load_before}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as root:
         run = make_run(Path(root))
-        with Server(run, 32, args.threads) as batched, Server(run, 1, args.threads) as alone:
-            for clients in CLIENTS:  # the two modes back to back, so a machine's changing load touches both alike
-                for mode, url in (("batched", batched), ("one at a time", alone)):
-                    row = {"mode": mode, **asyncio.run(load(url, clients, args.requests, args.new_tokens))}
-                    print(row, flush=True)
-                    rows.append(row)
-    by = {(r["mode"], r["clients"]): r["tokens_per_s"] for r in rows}
-    ratios = {c: round(by[("batched", c)] / by[("one at a time", c)], 2) for c in CLIENTS}
-    lines = ["| mode | clients | requests | tokens/s | p50 latency (s) | p99 latency (s) |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['mode']} | {r['clients']} | {r['requests']} | {r['tokens_per_s']} | {r['p50_s']} | {r['p99_s']} |"
-              for r in rows]
+        for index in range(args.rounds):
+            modes = [("batched", 32), ("one at a time", 1)]
+            modes = modes if index % 2 == 0 else modes[::-1]  # started, and measured, in this order
+            with Server(run, modes[0][1], args.threads) as first, Server(run, modes[1][1], args.threads) as second:
+                for clients in CLIENTS:
+                    for mode, url in ((modes[0][0], first), (modes[1][0], second)):
+                        row = {"mode": mode, "round": index,
+                               **asyncio.run(load(url, clients, args.requests, args.new_tokens))}
+                        print(row, flush=True)
+                        rows.append(row)
+    by = {(r["mode"], r["round"], r["clients"]): r["tokens_per_s"] for r in rows}
+    ratios = {c: round(statistics.median(by[("batched", i, c)] / by[("one at a time", i, c)]
+                                         for i in range(args.rounds)), 2) for c in CLIENTS}
+    rows.sort(key=lambda r: (r["clients"], r["round"]))
+    lines = ["| mode | round | clients | requests | tokens/s | p50 latency (s) | p99 latency (s) |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['round']} | {r['clients']} | {r['requests']} | {r['tokens_per_s']} | {r['p50_s']} | "
+              f"{r['p99_s']} |" for r in rows]
     lines.append("")
-    lines.append("batched / one at a time, tokens/s: " + ", ".join(f"{c} clients {ratios[c]}x" for c in CLIENTS))
+    lines.append("batched / one at a time, tokens/s (median of the rounds): "
+                 + ", ".join(f"{c} clients {ratios[c]}x" for c in CLIENTS))
+    load_after = os.getloadavg()
+    lines.append(f"CPU: {cpu}; server threads: {args.threads}; load average (1, 5, 15 min) before "
+                 f"{', '.join(f'{x:.1f}' for x in load_before)}, after {', '.join(f'{x:.1f}' for x in load_after)}")
     table = "\n".join(lines)
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "serve-cpu.json").write_text(json.dumps({"args": vars(args), "rows": rows, "ratios": ratios,
-                                                        "load_average": os.getloadavg()}, indent=2) + "\n")
+    (RESULTS / "serve-cpu.json").write_text(json.dumps({
+        "args": vars(args), "cpu": cpu, "rows": rows, "ratios": ratios, "load_average_before": load_before,
+        "load_average_after": load_after}, indent=2) + "\n")
     (RESULTS / "serve-cpu.md").write_text(table + "\n")
     return 0
 
