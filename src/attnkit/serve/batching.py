@@ -2,18 +2,23 @@
 (iteration-level scheduling, Yu et al. 2022, "Orca"). A request joins the batch between steps and leaves it when
 it ends, so a short request never waits for a long one.
 
-The running rows live in buffers with room to spare (`Batch`: R rows, P positions), written in place:
+The running rows live in buffers with room to spare (`Batch`: R rows, P positions), written in place, so joining
+and leaving copy no other row's cache:
 
     step t     row 0   .  .  A  A  A  a1 a2  .  .      rows are left-padded, as in generate/decoder.py: every
                row 1   B  B  B  B  B  b1 b2  .  .      row's newest token sits in the same column
-    C arrives: prefilled (together with the others that came within a step), its keys written into the next
-               unused row, right-aligned beside the others
+    C arrives: prefilled (with the others that came within a step), its keys written into the next unused row,
+               right-aligned beside the others
     step t+1   row 0   .  .  A  A  A  a1 a2 a3  .
                row 1   B  B  B  B  B  b1 b2 b3  .
-               row 2   .  .  .  C  C  C  C  c1  .      one forward pass (decoder.decode_one_token) for the rows in use
-    A ends:    the last row (C) moves into A's place: one row is copied, nothing else moves
-    no column left: the columns that are padding in every row are dropped (the cache grows when that frees too
-               little): the one copy of the whole cache, once in many steps
+               row 2   .  .  .  C  C  C  C  c1  .      one forward pass (decoder.decode_one_token) over the rows in
+                                                       use, from the first column one of them uses
+    A ends:    the last row (C) moves into A's place: one row is copied
+    no column left (or too few rows, or a prompt wider than the rows): the batch moves into new buffers, leaving
+               behind the columns that are padding in every row: a copy of the whole cache, once in many steps
+
+The buffers hold at most max_rows rows and twice the context's positions (right-aligned beside a long prompt, a
+short one with many tokens to come may need more than the context).
 
 Admission: a job arriving while the batch is running waits until it has waited one decoding step, so jobs that
 arrive within a step of each other are prefilled in one forward pass; the running rows keep stepping meanwhile,
