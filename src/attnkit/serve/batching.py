@@ -96,13 +96,15 @@ def mergeable(cache) -> bool:
 
 
 class Batch:
-    """The running rows (see the module docstring). `store` is a cache of R rows and P positions, `ids` and `mask`
-    (R, P) the window's buffers; rows [0, len(rows)) are in use, each a job's choice, and columns [0, length) hold
-    their cached keys, of which those before `first` are padding in every row. `cache` is the rows in use from
-    column `first` on: views of the store's buffers, so a step writes into them and attends to no dead column."""
+    """The running rows (see the module docstring). `store` is a cache of R rows and P positions, `ids` and
+    `attention_mask` (R, P) the window's buffers; rows [0, len(rows)) are in use, each a job's choice, and columns
+    [0, length) hold their cached keys, of which those before `first` are padding in every row. `cache` is the rows
+    in use from column `first` on: views of the store's buffers, so a step writes into them and attends to no dead
+    column."""
 
-    def __init__(self, store, ids: Tensor, mask: Tensor, length: int, rows: list[Row]) -> None:
-        self.store, self.ids, self.mask, self.length, self.rows = store, ids, mask, length, rows
+    def __init__(self, store, ids: Tensor, attention_mask: Tensor, length: int, rows: list[Row]) -> None:
+        self.store, self.ids, self.attention_mask = store, ids, attention_mask
+        self.length, self.rows = length, rows
         self._in_use()
 
     @property
@@ -118,13 +120,13 @@ class Batch:
     def window(self) -> Window:
         """The rows in use from column `first` up to their newest token, in column `length`: (B, length + 1 - first)."""
         rows, end = len(self.rows), self.length + 1
-        return Window.of(self.ids[:rows, self.first:end], self.mask[:rows, self.first:end])
+        return Window.of(self.ids[:rows, self.first:end], self.attention_mask[:rows, self.first:end])
 
     def write(self, tokens: Tensor) -> None:
         """Each row's next token, (B,), into column `length` (the room is there: `Scheduler._fit`)."""
         rows = len(self.rows)
         self.ids[:rows, self.length] = tokens
-        self.mask[:rows, self.length] = True
+        self.attention_mask[:rows, self.length] = True
 
     def place(self, window: Window, cache: KVCache, rows: list[Row]) -> None:
         """Add prefilled rows after those in use: window (k, T) with its cache, right-aligned so that their last
@@ -135,9 +137,9 @@ class Batch:
         for layer, fresh in zip(self.store.layers, cache.layers, strict=True):
             layer.keys[new, :, start:self.length] = fresh.keys[:, :, :width]
             layer.values[new, :, start:self.length] = fresh.values[:, :, :width]
-        self.mask[new, :start] = False  # what a row's earlier user left there is padding now
+        self.attention_mask[new, :start] = False  # what a row's earlier user left there is padding now
         self.ids[new, start:self.length] = window.ids
-        self.mask[new, start:self.length] = window.attention_mask
+        self.attention_mask[new, start:self.length] = window.attention_mask
         self.rows = self.rows + rows
         self._in_use()
 
@@ -159,7 +161,7 @@ class Batch:
                 layer.keys[into, :, live] = layer.keys[source, :, live]
                 layer.values[into, :, live] = layer.values[source, :, live]
             self.ids[into] = self.ids[source]
-            self.mask[into] = self.mask[source]
+            self.attention_mask[into] = self.attention_mask[source]
         self.rows = [self.rows[i] for i in order]
         self._in_use()
         return torch.tensor(order, device=self.ids.device)
@@ -174,9 +176,9 @@ class Batch:
             new_layer.keys[:used, :, new] = old_layer.keys[:used, :, old]
             new_layer.values[:used, :, new] = old_layer.values[:used, :, old]
         ids = torch.zeros((rows, positions), dtype=self.ids.dtype, device=self.ids.device)
-        mask = torch.zeros((rows, positions), dtype=torch.bool, device=self.mask.device)
+        mask = torch.zeros((rows, positions), dtype=torch.bool, device=self.attention_mask.device)
         ids[:used, new] = self.ids[:used, old]
-        mask[:used, new] = self.mask[:used, old]
+        mask[:used, new] = self.attention_mask[:used, old]
         return Batch(store, ids, mask, self.length + shift, self.rows)
 
     def _in_use(self) -> None:
@@ -185,7 +187,7 @@ class Batch:
             self.first, self.cache = 0, self.store
             return
         used = len(self.rows)
-        real = self.mask[:used, : self.length].to(torch.uint8)  # (B, L)
+        real = self.attention_mask[:used, : self.length].to(torch.uint8)  # (B, L)
         self.first = int(real.argmax(dim=1).min()) if self.length else 0  # each row's first real column, the least
         layers = []
         for layer in self.store.layers:
