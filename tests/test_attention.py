@@ -254,26 +254,3 @@ def test_fused_qkv_projection_gives_the_same_outputs(n_kv_heads):
     assert attention.qkv_proj.out_features == (4 + 2 * (n_kv_heads or 4)) * 8
     for kwargs, want in zip(calls, expected, strict=True):
         torch.testing.assert_close(attention(x, **kwargs)[0], want, atol=1e-6, rtol=1e-5)
-
-
-@pytest.mark.parametrize("n_kv_heads", [None, 2, 1])
-def test_training_projects_q_k_and_v_in_one_product_with_the_same_outputs_and_gradients(n_kv_heads):
-    attention = _attention(n_kv_heads=n_kv_heads).train()
-    x = torch.randn(2, 6, 32)
-    mask = AttentionMask(6, causal=True)
-    products = []
-    for part in (attention.q_proj, attention.k_proj, attention.v_proj):
-        part.register_forward_hook(lambda module, args, out: products.append(module))
-    fused_out = attention(x, mask=mask)[0]
-    fused_out.square().sum().backward()
-    fused_grads = [p.grad.clone() for p in attention.parameters()]
-    assert products == []  # one stacked product, not the three modules
-    attention.zero_grad()
-    attention.eval()  # separate products
-    separate_out = attention(x, mask=mask)[0]
-    separate_out.square().sum().backward()
-    assert len(products) == 3
-    torch.testing.assert_close(fused_out, separate_out, atol=1e-6, rtol=1e-5)
-    for fused, separate in zip(fused_grads, (p.grad for p in attention.parameters()), strict=True):
-        torch.testing.assert_close(fused, separate, atol=1e-5, rtol=1e-4)
-    assert set(attention.state_dict()) >= {"q_proj.weight", "k_proj.weight", "v_proj.weight"}

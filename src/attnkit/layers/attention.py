@@ -213,24 +213,12 @@ class Attention(nn.Module):
         return keys, values
 
     def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Self-attention's queries (B, H, T, D), keys and values (B, Hkv, T, D).
-
-        In training, where q_proj, k_proj and v_proj are plain linear maps, they run as one product with their weights
-        stacked (as GPT-2's `c_attn` does): one larger product forward and one backward instead of three each, the
-        parameters still the three checkpoints name. Once fused for inference (`fuse_qkv`), through `qkv_proj`.
-        """
-        parts = (self.q_proj, self.k_proj, self.v_proj) if self.qkv_proj is None else ()
-        if self.qkv_proj is not None:
-            qkv = self.qkv_proj(x)  # (B, T, H*D + 2*Hkv*D)
-        elif self.training and all(type(part) is nn.Linear for part in parts):  # not LoRA-wrapped or quantized
-            weight = torch.cat([part.weight for part in parts])  # (H*D + 2*Hkv*D, C)
-            bias = torch.cat([part.bias for part in parts]) if parts[0].bias is not None else None
-            qkv = F.linear(x, weight, bias)  # (B, T, H*D + 2*Hkv*D)
-        else:
+        """Self-attention's queries (B, H, T, D), keys and values (B, Hkv, T, D), through one product once fused."""
+        if self.qkv_proj is None:
             x = cast_for_autocast(x)  # read by three products: one cast under autocast, not three
             return (self._split_heads(self.q_proj(x), self.n_heads), *self._project_kv(x))
         kv_width = self.n_kv_heads * self.head_dim
-        q, k, v = qkv.split([self.n_heads * self.head_dim, kv_width, kv_width], dim=-1)
+        q, k, v = self.qkv_proj(x).split([self.n_heads * self.head_dim, kv_width, kv_width], dim=-1)
         return (self._split_heads(q, self.n_heads), self._split_heads(k, self.n_kv_heads),
                 self._split_heads(v, self.n_kv_heads))
 
