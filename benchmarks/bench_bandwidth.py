@@ -5,23 +5,31 @@
 For the weight matrices of two decoders (the speed suite's small 6x384 model and `gpt2-124m`), cycled through in
 order as one decoding step reads them (so they come from memory, not cache), it times: a plain sum over the same
 weights (the read bandwidth any kernel could reach), `F.linear` on (N, K) weights (nn.Linear's layout), `addmm` on
-(K, N) weights (`generate/decode_layout.py`), bf16 `F.linear`, bf16 weights packed once for oneDNN (the same
-module), PyTorch's int8-weight kernel (`generate/quantize.py`), and, where FBGEMM runs, int8 weights with the
-row quantized to int8 as it runs (the same module's `Int8DynamicLinear`). Results:
-benchmarks/results/bandwidth.json and a markdown table beside it.
+(K, N) weights (`generate/decode_layout.py`), bf16 `F.linear`, and where oneDNN packs bf16 weights, bf16 weights
+packed once for oneDNN and bf16 one-row products through ATen's matrix-vector kernel (the same module's
+`PackedLinear` and `GemvPackedLinear`); PyTorch's int8-weight kernel (`generate/quantize.py`), its int4 kernel
+where it is vectorized (`Int4Linear`), and, where FBGEMM runs, int8 weights with the row quantized to int8 as it
+runs (`Int8DynamicLinear`). The kernels take turns, pass by pass (which goes first alternating), so a machine
+shared with other work slows them alike; each reports its median pass and, as the median over the passes, its rate
+as a share of the bf16 sum's rate in the same pass. Results: benchmarks/results/bandwidth-<machine>.json and .md.
 """
 
 from __future__ import annotations
+
+import os
+import statistics
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnkit.generate.decode_layout import PackedLinear
-from attnkit.generate.quantize import Int8DynamicLinear, dynamic_quantization_available
-from benchmarks.common import median_seconds, parse_args, write_results
+from attnkit.generate.decode_layout import GemvPackedLinear, PackedLinear
+from attnkit.generate.quantize import Int4Linear, Int8DynamicLinear, dynamic_quantization_available
+from attnkit.machine import CpuCapabilities
+from benchmarks.common import parse_args, timed_runs, write_results
 
 MODELS = {"small 6x384": (6, 384, 65), "gpt2-124m": (12, 768, 50257)}  # layers, width, vocabulary
+BF16_SUM = "sum (read only), bf16"  # the rate every kernel is compared with, pass by pass
 
 
 def weight_shapes(n_layers: int, width: int, vocab: int) -> list[tuple[int, int]]:
@@ -46,7 +54,6 @@ def kernels(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, object]]:
     scales = [torch.rand(n, generator=generator).bfloat16() for n, _ in shapes]
     rows = {k: torch.randn(1, k, generator=generator) for _, k in shapes}
     rows_bf16 = {k: x.bfloat16() for k, x in rows.items()}
-    packed = [PackedLinear(_linear(w)) for w in bf16]  # the same weights, packed once for oneDNN
 
     def nbytes(tensors: list[torch.Tensor]) -> int:
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -55,13 +62,24 @@ def kernels(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, object]]:
         "sum (read only), fp32": (nbytes(fp32), lambda: [w.sum() for w in fp32]),
         "F.linear (N, K), fp32": (nbytes(fp32), lambda: [F.linear(rows[w.shape[1]], w) for w in fp32]),
         "addmm (K, N), fp32": (nbytes(transposed), lambda: [rows[w.shape[0]] @ w for w in transposed]),
-        "sum (read only), bf16": (nbytes(bf16), lambda: [w.sum() for w in bf16]),
+        BF16_SUM: (nbytes(bf16), lambda: [w.sum() for w in bf16]),
         "F.linear (N, K), bf16": (nbytes(bf16), lambda: [F.linear(rows_bf16[w.shape[1]], w) for w in bf16]),
-        "packed once (decode_layout.PackedLinear), bf16": (nbytes(bf16), lambda: [p(rows_bf16[p.in_features])
-                                                                          for p in packed]),
         "int8 weights, bf16": (nbytes(int8), lambda: [torch._weight_int8pack_mm(rows_bf16[w.shape[1]], w, s)
                                                       for w, s in zip(int8, scales, strict=True)]),
     }
+    cpu = CpuCapabilities.detect()
+    if cpu.onednn_bf16:  # the same bf16 weights, packed once for oneDNN, and kept as they are for one-row products
+        packed = [PackedLinear(_linear(w)) for w in bf16]
+        gemv = [GemvPackedLinear(_linear(w)) for w in bf16]
+        table["packed once (decode_layout.PackedLinear), bf16"] = (
+            nbytes(bf16), lambda: [p(rows_bf16[p.in_features]) for p in packed])
+        table["ATen matrix-vector (decode_layout.GemvPackedLinear), bf16"] = (
+            nbytes(bf16), lambda: [g(rows_bf16[g.in_features]) for g in gemv])
+    if cpu.int4_kernel:  # 4-bit weights in groups of 32, bf16 products
+        int4 = [Int4Linear(_linear(w)) for w in fp32]
+        table["int4 weights (quantize.Int4Linear), bf16"] = (
+            sum(nbytes([m.weight_packed, m.scales_and_zeros]) for m in int4),
+            lambda: [m(rows_bf16[m.in_features]) for m in int4])
     if dynamic_quantization_available() is None:  # the same int8 weights, activations quantized as they run
         dynamic = [Int8DynamicLinear(_linear(w)) for w in fp32]
         table["int8 weights and activations (quantize.Int8DynamicLinear)"] = (
@@ -73,13 +91,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args("bandwidth", __doc__, argv, repeats=7)
     rows = []
     for model, dims in MODELS.items():
-        for name, (n_bytes, run) in kernels(weight_shapes(*dims)).items():
-            seconds = median_seconds(run, args.repeats)
+        table = kernels(weight_shapes(*dims))
+        for _, run in table.values():  # warm-up
+            run()
+        times: dict[str, list[float]] = {name: [] for name in table}
+        for n in range(args.repeats):
+            for name in (list(table) if n % 2 == 0 else list(reversed(table))):
+                times[name].extend(timed_runs(table[name][1], 1, warmup=0))
+        sum_bytes, sum_times = table[BF16_SUM][0], times[BF16_SUM]
+        for name, (n_bytes, _) in table.items():
+            seconds = statistics.median(times[name])
+            pairs = zip(times[name], sum_times, strict=True)
+            share = statistics.median(n_bytes * s / (sum_bytes * t) for t, s in pairs)
             rows.append({"model": model, "kernel": name, "weight_bytes": n_bytes, "ms": 1000 * seconds,
-                         "gb_per_s": n_bytes / seconds / 1e9})
-            print(f"{model:12s} {name:24s} {1000 * seconds:8.2f} ms  {n_bytes / seconds / 1e9:6.1f} GB/s", flush=True)
-    table = ["| weights of | kernel | MB read | ms per pass | GB/s |", "|---|---|---|---|---|"]
-    table += [f"| {r['model']} | {r['kernel']} | {r['weight_bytes'] / 1e6:.1f} | {r['ms']:.2f} | {r['gb_per_s']:.1f} |"
-              for r in rows]
-    write_results("bandwidth", "bandwidth", args, argv, rows, table)
+                         "gb_per_s": n_bytes / seconds / 1e9, "share_of_bf16_sum": share})
+            print(f"{model:12s} {name:60s} {1000 * seconds:8.2f} ms  {n_bytes / seconds / 1e9:6.1f} GB/s  "
+                  f"{share:4.0%} of the bf16 sum's rate", flush=True)
+    table = [f"CPU: {CpuCapabilities.detect().summary()}; load average at the end {os.getloadavg()[0]:.1f}.", "",
+             "| weights of | kernel | MB read | ms per pass (median) | GB/s | rate / the bf16 sum's (median of passes) "
+             "|",
+             "|---|---|---|---|---|---|"]
+    table += [f"| {r['model']} | {r['kernel']} | {r['weight_bytes'] / 1e6:.1f} | {r['ms']:.2f} | {r['gb_per_s']:.1f} | "
+              f"{r['share_of_bf16_sum']:.0%} |" for r in rows]
+    write_results(f"bandwidth-{args.machine}", "bandwidth", args, argv, rows, table)
     return 0

@@ -7,7 +7,7 @@
 - `transformers` with its static cache and `torch.compile` of the model's forward, the fastest decoding path its
   documentation gives ("static kv-cache and torch.compile").
 - llama.cpp through `llama-cpp-python` (`pip install 'attnkit[bench]'`): the same weights written to GGUF at f32,
-  bf16 or q8_0, decoded through its C API with one sequence per row of the batch, greedy, on the same threads.
+  bf16, q8_0 or q4_0, decoded through its C API with one sequence per row of the batch, greedy, on the same threads.
 
 `unavailable(impl)` names what is missing for a peer, so the suite skips it with that reason.
 """
@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-LLAMA_CPP_TYPES = {"llama.cpp": {"fp32": "F32", "bf16": "BF16"}, "llama.cpp-q8_0": {"bf16": "Q8_0"}}
+LLAMA_CPP_TYPES = {"llama.cpp": {"fp32": "F32", "bf16": "BF16"}, "llama.cpp-q8_0": {"bf16": "Q8_0"},
+                   "llama.cpp-q4_0": {"bf16": "Q4_0"}}
 
 
 def unavailable(impl: str) -> str | None:
@@ -104,7 +105,7 @@ def _vocabulary(size: int) -> list[str]:
 
 def write_gguf(model: nn.Module, path: Path, type_name: str) -> None:
     """Write an attnkit GPT-2-style DecoderLM (learned positions, LayerNorm, biases, tied output) as llama.cpp's
-    `gpt2` architecture, with 2-D weights in `type_name` (F32, BF16, Q8_0) and norms and biases in F32, as
+    `gpt2` architecture, with 2-D weights in `type_name` (F32, BF16, Q8_0, Q4_0) and norms and biases in F32, as
     llama.cpp's `convert_hf_to_gguf.py --outtype` writes them (the output layer as its own tensor)."""
     import gguf
 

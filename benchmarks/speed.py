@@ -15,9 +15,9 @@ CPU's capabilities (`attnkit.machine.CpuCapabilities`) are recorded with the res
 `benchmarks/results/speed-<machine>.json` and a markdown table beside it.
 
 `--peers` adds the tools people pick for speed (`benchmarks/peers.py`): nanoGPT's model and training loop for the
-decoder training cases, `transformers` with its static cache and torch.compile, and llama.cpp (f32, bf16, q8_0) for
-generation; a peer that is not installed is skipped with the reason. Generation rows also give the time to the first
-token (a one-token generation, warm) and the first call's time (cold: compilation included).
+decoder training cases, `transformers` with its static cache and torch.compile, and llama.cpp (f32, bf16, q8_0,
+q4_0) for generation; a peer that is not installed is skipped with the reason. Generation rows also give the time to
+the first token (a one-token generation, warm) and the first call's time (cold: compilation included).
 
 `--device cuda` runs everything on the GPU: the peaks are the GPU's (matrix multiply, reading its memory), each
 timed repetition ends with a synchronisation, and peak GPU memory (allocated by PyTorch) is reported beside the
@@ -77,20 +77,23 @@ IMPLEMENTATIONS = ["attnkit", "transformers"]
 INT8 = ["attnkit-int8", "attnkit-int8-compiled"]  # int8 weights (eager, compiled decoding step), bf16 generation
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 INT8_DYNAMIC = "attnkit-int8-dynamic"  # int8 weights and activations (eager, CPU), fp32 elsewhere
+INT4 = ["attnkit-int4"]  # 4-bit weights, bf16 generation on a CPU with PyTorch's vectorized int4 kernel (+ compiled)
 MASTER = "attnkit-master"  # bf16 training through a bf16 copy of the model with fp32 master weights
 AUTOTUNED = {"attnkit-autotuned", "attnkit-int8-autotuned"}  # the decoding step compiled with "max-autotune"
 LABELS = {"attnkit": "{dtype}", "attnkit-compiled": "{dtype}, compiled", "attnkit-autotuned": "{dtype}, max-autotune",
           "attnkit-int8": "int8 weights, bf16", "attnkit-int8-compiled": "int8, bf16, compiled",
           "attnkit-int8-autotuned": "int8, bf16, max-autotune", MASTER: "bf16, fp32 master weights",
+          "attnkit-int4": "int4 weights, bf16", "attnkit-int4-compiled": "int4, bf16, compiled",
           INT8_DYNAMIC: "int8 weights and activations, fp32"}
 # --peers: each peer beside the attnkit rows it is compared with (same case, dtype and run)
 PEERS = {"nanogpt": ["attnkit"], "nanogpt-compiled": ["attnkit-compiled"],
          "transformers-static": ["attnkit-compiled", "attnkit-autotuned", "attnkit"],
          "llama.cpp": ["attnkit", "attnkit-compiled", "attnkit-autotuned"],
-         "llama.cpp-q8_0": [INT8_DYNAMIC, "attnkit-int8", "attnkit-int8-compiled", "attnkit-int8-autotuned"]}
+         "llama.cpp-q8_0": [INT8_DYNAMIC, "attnkit-int8", "attnkit-int8-compiled", "attnkit-int8-autotuned"],
+         "llama.cpp-q4_0": ["attnkit-int4", "attnkit-int4-compiled"]}
 PEER_LABELS = {"nanogpt": "nanoGPT", "nanogpt-compiled": "nanoGPT, torch.compile",
                "transformers-static": "transformers, static cache, torch.compile", "llama.cpp": "llama.cpp {gguf}",
-               "llama.cpp-q8_0": "llama.cpp q8_0"}
+               "llama.cpp-q8_0": "llama.cpp q8_0", "llama.cpp-q4_0": "llama.cpp q4_0"}
 
 
 def peer_impls(case: Case, dtype: str, compiled: bool) -> list[str]:
@@ -199,7 +202,8 @@ def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
         if impl.startswith("attnkit"):  # as `attnkit.load` prepares it; a compiled model compiles during warm-up
             from attnkit.generate.plan import prepare_for_inference
 
-            quantize = "int8-dynamic" if impl == INT8_DYNAMIC else "int8" if impl.startswith("attnkit-int8") else None
+            quantize = next((form for form in ("int8-dynamic", "int8", "int4") if impl.startswith(f"attnkit-{form}")),
+                            None)
             prepare_for_inference(model, case.family, quantize=quantize, compile=compile_setting(impl))
         return model, _generate_function(model, impl, ids, case.new_tokens)
     from attnkit.train.precision import make_precision
@@ -313,22 +317,26 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
 
 def bytes_read_per_token(model: torch.nn.Module) -> int:
     """Bytes of weights one decoding step reads: every parameter and buffer, once, except tables that only an
-    embedding looks rows up in (a tied output layer reads its table whole, so that one counts), and the int8
-    weights and fp32 scales FBGEMM keeps packed outside any buffer (`Int8DynamicLinear`)."""
+    embedding looks rows up in (a tied output layer reads its table whole, so that one counts), and the packed
+    copies that a one-row step leaves unread (`GemvPackedLinear`), plus the int8 weights and fp32 scales FBGEMM keeps
+    packed outside any buffer (`Int8DynamicLinear`)."""
+    from attnkit.generate.decode_layout import GemvPackedLinear
     from attnkit.generate.quantize import Int8DynamicLinear
     from attnkit.layers.positions import LearnedPositions
 
+    unread = {id(m.packed.weight_packed) for m in model.modules() if isinstance(m, GemvPackedLinear)}
     read: dict[int, torch.Tensor] = {}
     for module in model.modules():
         if not isinstance(module, (torch.nn.Embedding, LearnedPositions)):
-            read.update((id(t), t) for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)))
+            read.update((id(t), t) for t in (*module.parameters(recurse=False), *module.buffers(recurse=False))
+                        if id(t) not in unread)
     packed = sum(m.out_features * (m.in_features + 4) for m in model.modules() if isinstance(m, Int8DynamicLinear))
     return sum(t.numel() * t.element_size() for t in read.values()) + packed
 
 
 def _gguf_bytes(model: torch.nn.Module, impl: str, dtype: str) -> int:
     """Bytes a llama.cpp decoding step reads: the same tensors, 2-D weights at the GGUF type's bytes per weight."""
-    per_weight = {"F32": 4, "BF16": 2, "Q8_0": 34 / 32}[peers.LLAMA_CPP_TYPES[impl][dtype]]
+    per_weight = {"F32": 4, "BF16": 2, "Q8_0": 34 / 32, "Q4_0": 18 / 32}[peers.LLAMA_CPP_TYPES[impl][dtype]]
     fp32 = bytes_read_per_token(model)
     matrices = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     return int(fp32 - 4 * matrices + per_weight * matrices)
@@ -391,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
             impls = IMPLEMENTATIONS + (INT8 if case.kind == "generate" and dtype == "bf16" else [])
             dynamic = not on_gpu and dynamic_quantization_available() is None  # FBGEMM: x86 CPUs
             impls += [INT8_DYNAMIC] if case.kind == "generate" and dtype == "bf16" and dynamic else []
+            if case.kind == "generate" and dtype == "bf16" and cpu is not None and cpu.int4_kernel:
+                impls += INT4 + (["attnkit-int4-compiled"] if args.compiled else [])
             impls += [MASTER] if case.kind == "train" and dtype == "bf16" else []
             impls += ["attnkit-compiled"] if args.compiled else []
             if args.compiled and case.kind == "generate":
@@ -443,8 +453,10 @@ def row_peak(result: dict, peaks: dict, cpu: CpuCapabilities | None) -> float | 
     """The FLOP/s peak of the arithmetic a row's products run in: fp32; bf16 (the larger of the bf16 and fp32 peaks on
     a CPU without oneDNN's bf16 kernels, which convert to fp32 inside); None for int8 products, whose peak is not
     measured."""
-    if result["impl"] in (INT8_DYNAMIC, "llama.cpp-q8_0"):
+    if result["impl"] in (INT8_DYNAMIC, "llama.cpp-q8_0", "llama.cpp-q4_0"):
         return None
+    if result["impl"].startswith("attnkit-int4"):  # PyTorch's CPU int4 kernel multiplies in fp32
+        return peaks["fp32_flops"]
     if result["dtype"] != "bf16":
         return peaks["fp32_flops"]
     if "bf16_flops" not in peaks:

@@ -7,9 +7,11 @@ import torch
 from attnkit import ModelConfig, build_model
 from attnkit.errors import InputError
 from attnkit.generate.decode_layout import (
+    GemvPackedLinear,
     PackedLinear,
     TransposedLinear,
     fuse_qkv_projections,
+    gemv_pack_linear_weights,
     pack_linear_weights,
     transpose_linear_weights,
 )
@@ -48,7 +50,10 @@ def test_packed_layer_equals_the_bf16_linear_layer_bit_for_bit(bias):
 
 
 @needs_onednn_bf16
-def test_packed_bf16_decoder_gives_the_same_logits_and_tokens():
+@pytest.mark.parametrize(("swap", "bit_for_bit"), [(pack_linear_weights, True), (gemv_pack_linear_weights, False)])
+def test_bf16_decoding_layouts_give_the_same_tokens(swap, bit_for_bit):
+    """Packed: the same logits bit for bit. Packed plus ATen's kernel for single rows: the same tokens, batch 1
+    (single rows) and 2 (several)."""
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=60, d_model=32, n_layers=2, n_heads=4, d_ff=64, position="learned",
                          max_seq_len=40, tie_embeddings=True)
@@ -57,12 +62,33 @@ def test_packed_bf16_decoder_gives_the_same_logits_and_tokens():
     with torch.no_grad():
         expected = model(ids).logits
     prompts = [[1, 2, 3], [4]]
-    expected_tokens = generate_tokens(model, prompts, max_new_tokens=12, context_len=40)
-    pack_linear_weights(model)
+    expected_tokens = [generate_tokens(model, batch, max_new_tokens=12, context_len=40)
+                       for batch in (prompts[:1], prompts)]
+    swap(model)
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, expected)
-    assert generate_tokens(model, prompts, max_new_tokens=12, context_len=40) == expected_tokens
+    if bit_for_bit:
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, expected)
+    assert [generate_tokens(model, batch, max_new_tokens=12, context_len=40)
+            for batch in (prompts[:1], prompts)] == expected_tokens
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("bias", [True, False])
+def test_gemv_packed_layer_takes_each_path_and_gives_the_linear_layers_numbers(bias):
+    """One row through ATen's matrix-vector kernel, several through the packed weight; oneDNN is on again after
+    each one-row product, also when it raises."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 40, bias=bias).to(torch.bfloat16)
+    layer = GemvPackedLinear(linear)
+    x = torch.randn(3, 5, 96, dtype=torch.bfloat16)
+    for rows in (x[:1, :1], x[0, 0], x, x[:, -1]):  # one row (3-D and 1-D), several, a strided view
+        torch.testing.assert_close(layer(rows), linear(rows), atol=1e-2, rtol=1e-2)
+    assert torch.equal(layer(x), layer.packed(x))  # several rows: the packed product itself
+    assert torch.backends.mkldnn.enabled
+    with pytest.raises(RuntimeError):
+        layer(torch.randn(1, 95, dtype=torch.bfloat16))  # the wrong width, as one row: the product fails
+    assert torch.backends.mkldnn.enabled
 
 
 @pytest.mark.skipif(CPU.onednn_bf16, reason="this CPU packs bf16 weights; the refusal is for CPUs that cannot")

@@ -299,7 +299,9 @@ def test_int8_dynamic_is_refused_where_it_cannot_run(runs, capsys):
         attnkit.load(runs["lm"], device="cpu", quantize="int8-dynamic", compile=True)
     with pytest.raises(InputError, match="CPU only"):
         attnkit.load(runs["lm"], device="meta", quantize="int8-dynamic")
-    with pytest.raises(InputError, match="use one of int8, int8-dynamic"):
-        attnkit.load(runs["lm"], device="cpu", quantize="int4")
+    with pytest.raises(InputError, match="use one of int8, int8-dynamic, int4"):
+        attnkit.load(runs["lm"], device="cpu", quantize="nf4")
+    with pytest.raises(InputError, match="CPU only"):
+        attnkit.load(runs["lm"], device="meta", quantize="int4")
     assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "a", "--int8", "--int8-dynamic"]) == 2
     assert "give one" in capsys.readouterr().err

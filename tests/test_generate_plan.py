@@ -22,6 +22,7 @@ AVX2 = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2"}), name="AVX2-only CP
 AVX512 = CpuCapabilities(isa="AVX512", flags=frozenset({"avx2", "avx512_f", "avx512_bw", "avx512_vl", "avx512_dq"}))
 AVX512_BF16 = CpuCapabilities(isa="AVX512", flags=AVX512.flags | {"avx512_bf16", "avx512_vnni"})
 NE_CONVERT = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2", "avx_ne_convert", "avx_vnni"}))
+BASELINE = CpuCapabilities(isa="DEFAULT", name="x86-64 without AVX2")  # also what ATen reports on many ARM CPUs
 
 
 def _decoder(dtype=torch.float32):
@@ -56,6 +57,15 @@ def test_bf16_decoding_packs_weights_only_where_onednn_can(cpu, packs):
     if not packs:
         assert "AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT" in explained
     assert ("converted to fp32 inside each product" in explained) == (not cpu.native_bf16)
+
+
+@pytest.mark.parametrize(("cpu", "compile", "layout"), [(AVX2, False, "plain"), (AVX512, False, "gemv+packed"),
+                                                       (NE_CONVERT, False, "gemv+packed"), (AVX512, True, "plain")])
+def test_single_rows_take_atens_kernel_where_the_profile_measured_it_fastest(cpu, compile, layout):
+    gemv = Profile(attention={}, decode_linear={"bf16": "gemv+packed"}, source="test")
+    plan = plan_inference(_decoder(torch.bfloat16), "decoder", compile=compile, cpu=cpu, profile=gemv)
+    assert plan.linear == layout
+    assert ("each weight held twice" in plan.explain()) == (layout == "gemv+packed")
 
 
 def test_bf16_plan_runs_on_this_cpu_and_gives_the_models_numbers():
@@ -110,6 +120,25 @@ def test_compiled_and_quantized_plans_say_so():
         plan_inference(_decoder(), "decoder", quantize="int8-dynamic", compile=True)
 
 
+@pytest.mark.parametrize(("cpu", "form"), [(AVX2, "int4"), (AVX512_BF16, "int4"), (BASELINE, "int8")])
+def test_int4_is_planned_only_where_the_int4_kernel_is_vectorized(cpu, form):
+    plan = plan_inference(_decoder(), "decoder", quantize="int4", cpu=cpu, profile=DEFAULT_PROFILE)
+    assert plan.linear == form
+    explained = plan.explain()
+    assert ("vectorized only for AVX2 and AVX-512" in explained) == (form == "int8")
+
+
+def test_int4_falls_back_to_int8_where_its_groups_do_not_tile_a_layer():
+    config = ModelConfig(vocab_size=50, d_model=40, n_layers=1, n_heads=4, d_ff=64, max_seq_len=64)
+    plan = plan_inference(build_model(config).eval(), "decoder", quantize="int4", cpu=AVX512, profile=DEFAULT_PROFILE)
+    assert plan.linear == "int8" and "takes 40 inputs" in plan.explain()
+
+
+def test_int4_is_refused_off_the_cpu():
+    with pytest.raises(InputError, match="CPU only"):
+        plan_inference(_decoder().to("meta"), "decoder", quantize="int4")
+
+
 def test_bf16_cost_is_stated_from_the_profile_where_it_was_measured():
     measured = Profile(attention={}, decode_linear={}, dtype_speed={"bf16": 2.4}, source="test")
     text = plan_inference(_decoder(torch.bfloat16), "decoder", cpu=AVX2, profile=measured).explain()
@@ -144,7 +173,7 @@ def test_tune_writes_a_profile_the_plan_then_reads(tmp_path, monkeypatch, capsys
     profile, why = load_profile(path)
     assert "measured on this machine" in why and set(profile.decode_linear) == {"fp32", "bf16"}
     packs = CpuCapabilities.detect().onednn_bf16
-    assert profile.decode_linear["bf16"] in (("plain", "packed") if packs else ("plain",))
+    assert profile.decode_linear["bf16"] in (("plain", "packed", "gemv+packed") if packs else ("plain",))
     monkeypatch.setenv("ATTNKIT_PROFILE", str(path))
     plan = plan_inference(_decoder(torch.bfloat16), "decoder")
     assert str(path) in plan.explain()

@@ -1,18 +1,25 @@
-"""int8 decoding, weight-only and dynamic (weights and activations): each kernel equals its step-by-step reference,
-and a quantized model stays close to the unquantized one."""
+"""Quantized decoding, int8 weight-only and dynamic (weights and activations) and int4 weight-only: each kernel
+equals its step-by-step reference, and a quantized model stays close to the unquantized one."""
 
+import hypothesis.strategies as st
 import pytest
 import torch
+from hypothesis import given, settings
 
 from attnkit import ModelConfig, build_model
+from attnkit.errors import InputError
 from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.quantize import (
+    INT4_GROUP,
+    Int4Linear,
     Int8DynamicLinear,
     Int8Linear,
     dynamic_quantization_available,
-    quantize_int8,
+    quantize_groups,
     quantize_rows,
+    quantize_weights,
 )
+from attnkit.machine import CpuCapabilities
 
 
 def test_rows_round_trip_within_half_a_step():
@@ -31,20 +38,29 @@ def test_kernel_equals_the_dequantized_reference():
     assert layer(torch.randn(2, 64)).dtype == torch.float32
 
 
-def test_quantized_decoder_stays_close_and_decodes():
+LLAMA_BLOCK = dict(position="rope", norm="rms", activation="swiglu", bias=False)
+
+
+def _quantized_logits(form, kind, dtype=torch.float32, **block):
+    """A small random decoder's logits before and after `quantize_weights(model, form)`, once every linear layer
+    is a `kind` and the quantized model decodes."""
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=50, d_model=64, n_layers=2, n_heads=4, d_ff=128, position="rope",
-                         norm="rms", activation="swiglu", bias=False, max_seq_len=64)
-    model = build_model(config).eval().to(torch.bfloat16)
+    config = ModelConfig(vocab_size=50, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=64, **block)
+    model = build_model(config).eval().to(dtype)
     ids = torch.randint(0, 50, (2, 12))
     with torch.no_grad():
         expected = model(ids).logits.float()
-        quantize_int8(model)
+        quantize_weights(model, form)
         quantized = model(ids).logits.float()
+    assert any(isinstance(m, kind) for m in model.modules())
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert len(generate_tokens(model, [[1, 2, 3]], max_new_tokens=5, context_len=64)[0]) == 5
+    return expected, quantized
+
+
+def test_quantized_decoder_stays_close_and_decodes():
+    expected, quantized = _quantized_logits("int8", Int8Linear, torch.bfloat16, **LLAMA_BLOCK)
     assert (quantized - expected).abs().max() < 0.05 * expected.abs().max()
-    tokens = generate_tokens(model, [[1, 2, 3]], max_new_tokens=5, context_len=64)
-    assert len(tokens[0]) == 5
 
 
 # int8-dynamic: weights and activations in int8 ------------------------------------------------------------------
@@ -81,19 +97,8 @@ def test_dynamic_quantization_keeps_each_rows_precision():
 
 @needs_fbgemm
 def test_dynamic_quantized_decoder_stays_close_and_decodes():
-    torch.manual_seed(0)
-    config = ModelConfig(vocab_size=50, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=64)
-    model = build_model(config).eval()
-    ids = torch.randint(0, 50, (2, 12))
-    with torch.no_grad():
-        expected = model(ids).logits
-        quantize_int8(model, "int8-dynamic")
-        quantized = model(ids).logits
-    assert any(isinstance(m, Int8DynamicLinear) for m in model.modules())
-    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    expected, quantized = _quantized_logits("int8-dynamic", Int8DynamicLinear)
     assert (quantized - expected).abs().max() < 0.05 * expected.abs().max()
-    tokens = generate_tokens(model, [[1, 2, 3]], max_new_tokens=5, context_len=64)
-    assert len(tokens[0]) == 5
 
 
 @needs_fbgemm
@@ -119,3 +124,50 @@ def test_dynamic_layer_keeps_one_copy_of_the_weight_as_quantized():
     assert torch.equal(weight, expected_weight)
     torch.testing.assert_close(scales, expected_scales)
     assert [name for name, _ in layer.named_buffers()] == ["bias"]  # the packed weight is the only weight
+
+
+# int4: 4-bit weights in groups ---------------------------------------------------------------------------------
+needs_int4_kernel = pytest.mark.skipif(not CpuCapabilities.detect().int4_kernel,
+                                       reason="PyTorch's CPU int4 kernel is vectorized only for AVX2 and AVX-512")
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 5), groups=st.integers(1, 4), scale=st.floats(1e-3, 1e3), seed=st.integers(0, 2**16))
+def test_int4_groups_round_trip_within_half_a_step(rows, groups, scale, seed):
+    weight = torch.randn(rows, groups * INT4_GROUP, generator=torch.Generator().manual_seed(seed)) * scale
+    codes, scales, zeros = quantize_groups(weight)
+    assert codes.min() >= 0 and codes.max() <= 15
+    steps = scales.repeat_interleave(INT4_GROUP, dim=1)  # (N, K): each weight's own group's step
+    restored = (codes.float() - 8) * steps + zeros.repeat_interleave(INT4_GROUP, dim=1)
+    assert torch.all((restored - weight).abs() <= steps / 2 + 1e-5 * scale)
+
+
+@needs_int4_kernel
+def test_int4_kernel_equals_the_dequantized_product():
+    """50 output rows (not a multiple of the kernel's 16: zero rows are added and cut) and a bias."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 50)
+    layer = Int4Linear(linear)
+    codes, scales, zeros = quantize_groups(linear.weight)
+    # the weights as the kernel sees them: scales and zeros rounded to bf16, as it stores them
+    scales, zeros = scales.bfloat16().float(), zeros.bfloat16().float()
+    weight = (codes.float() - 8) * scales.repeat_interleave(INT4_GROUP, 1) + zeros.repeat_interleave(INT4_GROUP, 1)
+    x = torch.randn(3, 5, 96)
+    expected = torch.nn.functional.linear(x.bfloat16().float(), weight, linear.bias.detach().bfloat16().float())
+    out = layer(x)
+    assert out.shape == (3, 5, 50) and out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, atol=2e-2 * float(expected.abs().max()), rtol=0)
+
+
+@needs_int4_kernel
+def test_int4_decoder_logits_stay_close_to_fp32():
+    """Stated tolerance: logits within 15% of fp32's (relative norm of the difference). 4-bit codes over a group's
+    range of about 4 standard deviations leave each weight off by up to 1/30 of that range, about 8% of its size
+    in rms, and the errors of two layers add in part; int8 on the same model stays within 1%."""
+    expected, quantized = _quantized_logits("int4", Int4Linear, **LLAMA_BLOCK)
+    assert (quantized - expected).norm() < 0.15 * expected.norm()
+
+
+def test_int4_refuses_a_layer_its_groups_cannot_tile():
+    with pytest.raises(InputError, match="groups of 32 inputs; this layer has 40"):
+        Int4Linear(torch.nn.Linear(40, 16))

@@ -20,6 +20,8 @@ def test_each_row_divides_by_the_peak_of_its_own_arithmetic():
     assert row_peak(_row("attnkit", "bf16"), PEAKS, AVX512) == PEAKS["bf16_flops"]
     assert row_peak(_row("attnkit", "bf16"), PEAKS, AVX2) == PEAKS["fp32_flops"]  # converted to fp32 inside
     assert row_peak(_row(INT8_DYNAMIC, "bf16"), PEAKS, AVX512) is None  # int8 products: no measured peak
+    assert row_peak(_row("attnkit-int4", "bf16"), PEAKS, AVX512) == PEAKS["fp32_flops"]  # the int4 kernel's fp32 FMAs
+    assert row_peak(_row("llama.cpp-q4_0", "bf16"), PEAKS, AVX512) is None
     assert row_peak(_row("attnkit", "bf16"), {"fp32_flops": 1e11}, AVX512) is None  # bf16 peak not measured
 
 

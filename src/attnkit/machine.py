@@ -90,6 +90,12 @@ class CpuCapabilities:
         return bool({"avx512_bf16", "amx_bf16"} & self.flags)
 
     @property
+    def int4_kernel(self) -> bool:
+        """Whether PyTorch's CPU int4 matrix kernel (`_weight_int4pack_mm_for_cpu`) has a vectorized path here: ATen's
+        AVX2 or AVX-512 level; elsewhere it runs a scalar loop, slower than bf16."""
+        return self.isa.startswith(("AVX2", "AVX512"))
+
+    @property
     def vnni(self) -> bool:
         """Whether int8 products accumulate without saturating (AVX-512 VNNI or AVX-VNNI)."""
         return bool({"avx512_vnni", "avx_vnni"} & self.flags)
@@ -135,7 +141,8 @@ class Profile:
     """Kernel choices measured on one machine (`attnkit tune`), or the documented defaults.
 
     attention: dtype name ("bf16", "fp16") -> limits for the math kernel; a dtype not listed uses SDPA.
-    decode_linear: dtype name -> the layout of linear layers for eager decoding ("plain", "transposed", "packed").
+    decode_linear: dtype name -> the layout of linear layers for eager decoding ("plain", "transposed", "packed",
+        "gemv+packed").
     dtype_speed: dtype name -> decoding matrix-product time relative to fp32 (> 1: slower), as measured.
     source: where the profile came from (a path, or "defaults").
     """

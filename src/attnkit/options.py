@@ -397,6 +397,15 @@ def duration(text: str) -> float:
     return seconds
 
 
+def one_flag(what: str, **flags: bool) -> str | None:
+    """The one boolean flag given among `flags` (its option name without "--": int8_dynamic -> "int8-dynamic"),
+    None for none; InputError naming them when more than one is, as `what` says they are."""
+    given = [name.replace("_", "-") for name, on in flags.items() if on]
+    if len(given) > 1:
+        raise InputError(f"{' and '.join('--' + name for name in given)} are {what}; give one")
+    return given[0] if given else None
+
+
 def unknown_keys(keys: Iterable[str], known: Iterable[str], what: str) -> None:
     """Raise a ConfigError naming the keys that are not among `known`, each with the nearest known one."""
     known = set(known)

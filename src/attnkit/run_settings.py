@@ -1,5 +1,5 @@
 """What every command that runs a trained model takes: how the run is loaded (`LoadSettings`; `DecodeSettings`
-adds int8 weights and compilation, for models that decode) and the texts it reads (`InputSettings`, `read_inputs`,
+adds quantized weights and compilation, for models that decode) and the texts it reads (`InputSettings`, `read_inputs`,
 `read_stdin`). A task's command (`attnkit.tasks.TaskCommand`) builds its settings on these; `attnkit.options` turns
 their fields into its flags.
 """
@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from attnkit.blocks import COMPILE_MODES
 from attnkit.errors import InputError
+from attnkit.options import one_flag
 from attnkit.textfiles import EncodingErrors, read_lines
 
 WeightDType = Literal["fp32", "bf16", "fp16"]  # what `--dtype` offers wherever weights are loaded or converted
@@ -42,19 +43,21 @@ class DecodeSettings(LoadSettings):
     int8_dynamic: bool = False
     """int8 weights, and each product's input quantized to int8 as it runs (as llama.cpp's q8_0, at its quality;
     CPU, not with --compile): the fastest eager decoding of larger models"""
+    int4: bool = False
+    """4-bit weight-only linear layers in groups of 32 (bf16 products; CPU, AVX2 or AVX-512, else int8): a quarter of
+    bf16's bytes, more quality lost (as llama.cpp's q4_0)"""
     compile: str | None = field(default=None, metadata={"const": "default", "choices": tuple(COMPILE_MODES)})
     """torch.compile the decoding step (decoders, fixed shapes) or each block: waits for compilation first, then
     decodes faster where overhead dominates (small models, bf16, --int8); bare --compile: default; max-autotune: a
     minute or more of kernel timing the first time, fastest for larger models"""
 
     def __post_init__(self) -> None:
-        if self.int8 and self.int8_dynamic:
-            raise InputError("--int8 and --int8-dynamic are two forms of int8 weights; give one")
+        _ = self.quantize  # two forms given together are refused when the settings are built
 
     @property
     def quantize(self) -> str | None:
-        """The `quantize` argument of `attnkit.load` the int8 flags stand for."""
-        return "int8" if self.int8 else "int8-dynamic" if self.int8_dynamic else None
+        """The `quantize` argument of `attnkit.load` the quantization flags stand for."""
+        return one_flag("forms of quantized weights", int8=self.int8, int8_dynamic=self.int8_dynamic, int4=self.int4)
 
     def load_options(self) -> dict[str, Any]:
         return {**super().load_options(), "quantize": self.quantize, "compile": self.compile or False}

@@ -1,7 +1,8 @@
 """Weights laid out for decoding: self-attention's q/k/v projections fused into one, and, on CPU, each linear layer's
-weight stored transposed, (K, N) row-major (fp32), or packed once into oneDNN's blocked layout (bf16). Which of
-these a loaded model gets is the inference plan's choice (`generate/plan.py`), from what the CPU reports and what
-`attnkit tune` measured; the numbers are nn.Linear's in every layout.
+weight stored transposed, (K, N) row-major (fp32), packed once into oneDNN's blocked layout (bf16), or both kept as
+nn.Linear has it for single rows and packed for several (bf16). Which of these a loaded model gets is the inference
+plan's choice (`generate/plan.py`), from what the CPU reports and what `attnkit tune` measured; the numbers are
+nn.Linear's in every layout (up to the order of summation).
 
 Fused q/k/v: decoding a token runs every layer's projections on a single row, where the cost of a kernel call
 rivals its arithmetic; one [q; k; v] product per layer instead of three saves two calls per layer (as GPT-2's
@@ -18,11 +19,20 @@ its kernels at every call; for a single row that reordering can cost more than t
 once, as inductor does when it freezes weights, leaves one read of the packed weight per product, with the same
 numbers bit for bit. oneDNN packs bf16 weights only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT
 (`machine.CpuCapabilities.onednn_bf16`); elsewhere the plan keeps nn.Linear.
+
+A single bf16 row, kept apart: batch-1 decoding reads each weight once per token, so bf16 should take about half of
+fp32's time. oneDNN's packed product does not get there for one row: on an AVX-512 EPYC with AVX512-BF16 it took 2.0x
+the time of a plain sum over the same bf16 weights (`gpt2-124m`'s; fp32 on transposed weights took 2.6x), where
+ATen's own matrix-vector kernel, which PyTorch runs for a bf16 product when oneDNN is switched off, took 1.2-1.4x;
+for several rows (prefill, batched steps) that kernel is far slower (10x a sum at 8 rows) and the packed one
+stays best (2.1-2.8x). `GemvPackedLinear` therefore holds both forms, the weight twice: nn.Linear's (N, K) for one
+row, the packed one for several (`python -m benchmarks bandwidth` measures all of these on a machine).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.blocks import TransformerBlock
@@ -65,6 +75,44 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight_packed, self.bias, "none", [], "")
+
+
+class GemvPackedLinear(nn.Module):
+    """A bf16 linear layer for decoding: one row through ATen's matrix-vector kernel on nn.Linear's (N, K) weight,
+    several rows through the same weight packed once for oneDNN (`PackedLinear`). x (..., K) -> (..., N), equal to
+    nn.Linear's up to the order of summation; inference only, on CPUs where oneDNN packs bf16.
+
+    While oneDNN is enabled, ATen sends every bf16 product to it, and PyTorch has no per-call choice of CPU kernel;
+    so oneDNN is switched off around a one-row product (`torch.backends.mkldnn.enabled`, a process-wide flag that
+    is set back at once: a product another thread runs at that instant may take ATen's kernel too, with the same
+    numbers up to rounding).
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.packed = PackedLinear(linear)  # several rows; refuses a CPU where oneDNN cannot pack bf16
+        self.register_buffer("weight", linear.weight.detach())  # (N, K), the tensor as loaded (a tied table's too)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    @property
+    def bias(self) -> Tensor | None:
+        return self.packed.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.numel() != self.in_features:  # several rows
+            return self.packed(x)
+        enabled = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = False
+        try:
+            return F.linear(x, self.weight, self.bias)  # (..., 1, N)
+        finally:
+            torch.backends.mkldnn.enabled = enabled
+
+
+def gemv_pack_linear_weights(model: nn.Module) -> nn.Module:
+    """Replace every nn.Linear of a bf16 `model` (in place) by a GemvPackedLinear; returns the model, for inference
+    only. Each weight is held twice: as loaded, and packed."""
+    return swap_layers(model, nn.Linear, GemvPackedLinear)
 
 
 def pack_linear_weights(model: nn.Module) -> nn.Module:

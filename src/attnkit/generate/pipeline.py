@@ -32,7 +32,7 @@ from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import check_search, translate_batched
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
-from attnkit.generate.plan import InferencePlan, check_dynamic_quantization, plan_inference
+from attnkit.generate.plan import InferencePlan, check_quantization, plan_inference
 from attnkit.generate.quantize import QUANTIZE_FORMS
 from attnkit.generate.sampling import SamplingConfig, make_generator
 from attnkit.generate.seq2seq import check_max_length
@@ -377,7 +377,7 @@ def load(
     in `dtype` (default: as stored; "fp32", "bf16", "fp16" or a torch dtype). `quantize="int8"` stores the
     linear layers' weights in int8 (`attnkit.generate.quantize`), for faster decoding; `quantize="int8-dynamic"`
     also quantizes each product's input to int8 as it runs (CPU, eager only), the fastest eager decoding of
-    larger models. Models that decode (not
+    larger models; `quantize="int4"` stores them in 4 bits, in groups of 32 (CPU). Models that decode (not
     encoder classifiers) get fused q/k/v projections and, in fp32 on a CPU, transposed weights
     (`attnkit.generate.decode_layout`).
     `compile=True` compiles a decoder's decoding step for fixed shapes (`attnkit.generate.static_decode`), and
@@ -394,8 +394,7 @@ def load(
         raise InputError(f"quantize={quantize!r} is not supported; use one of {', '.join(QUANTIZE_FORMS)}, or None")
     torch_compile_mode(compile)  # an unknown mode fails before the model is read
     device = pick_device(device)
-    if quantize == "int8-dynamic":
-        check_dynamic_quantization(device, compile)
+    check_quantization(quantize, device, compile)  # before the model is read: a refusal costs no load
     # a run whose top level is damaged or incomplete (a save cut short) is read from its newest intact checkpoint
     model, config, run_dir = load_run_model(run_dir, device=device, dtype=parse_dtype(dtype), require_checksums=verify)
     plan = plan_inference(model, config.family, quantize=quantize, compile=compile)

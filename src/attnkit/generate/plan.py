@@ -10,9 +10,11 @@ The choices, in the order they are applied:
 
     dropout         removed (eval mode passes inputs through; each layer still costs a call)
     q/k/v           fused into one projection in models that decode (one product per layer where there were three)
-    linear layers   int8 on request (`quantize.py`); else, for eager CPU decoding, the layout the machine's profile
-                    measured fastest (`decode_layout.py`): transposed fp32, or packed bf16 where oneDNN can pack
-                    (AVX-512 BW/VL/DQ or AVX-NE-CONVERT), else nn.Linear's own
+    linear layers   int8 or int4 on request (`quantize.py`; int4 where PyTorch's CPU int4 kernel is vectorized,
+                    else int8, said so); else, for eager CPU decoding, the layout the machine's profile
+                    measured fastest (`decode_layout.py`): transposed fp32, or, where oneDNN can pack bf16 (AVX-512
+                    BW/VL/DQ or AVX-NE-CONVERT), packed bf16 or packed plus nn.Linear's for single rows; else
+                    nn.Linear's own
     attention       SDPA, or plain float32 products for short reduced-precision attention on the CPU where the
                     profile measured them faster (`layers/kernels.py`)
     compilation     none; a decoder's whole decoding step with fixed shapes (`static_decode.py`); or each block
@@ -30,8 +32,19 @@ from torch import nn
 
 from attnkit.blocks import compile_blocks, torch_compile_mode
 from attnkit.errors import InputError
-from attnkit.generate.decode_layout import fuse_qkv_projections, pack_linear_weights, transpose_linear_weights
-from attnkit.generate.quantize import QUANTIZE_FORMS, dynamic_quantization_available, quantize_int8, reduce_range
+from attnkit.generate.decode_layout import (
+    fuse_qkv_projections,
+    gemv_pack_linear_weights,
+    pack_linear_weights,
+    transpose_linear_weights,
+)
+from attnkit.generate.quantize import (
+    INT4_GROUP,
+    QUANTIZE_FORMS,
+    dynamic_quantization_available,
+    quantize_weights,
+    reduce_range,
+)
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.generate.swap import remove_dropout_layers
 from attnkit.layers.kernels import MathKernel, use_math_kernel
@@ -56,7 +69,7 @@ class InferencePlan:
     dtype: torch.dtype
     cpu: CpuCapabilities | None  # None off the CPU
     fuse_qkv: bool
-    linear: str  # "plain", "transposed", "packed", "int8" or "int8-dynamic"
+    linear: str  # "plain", "transposed", "packed", "gemv+packed", "int8", "int8-dynamic" or "int4"
     math_kernel: MathKernel | None
     compile: bool | str
     static_decoding: bool
@@ -68,11 +81,13 @@ class InferencePlan:
         if self.fuse_qkv:
             fuse_qkv_projections(model)
         if self.linear in QUANTIZE_FORMS:
-            quantize_int8(model, self.linear)
+            quantize_weights(model, self.linear)
         elif self.linear == "transposed":
             transpose_linear_weights(model)
         elif self.linear == "packed":
             pack_linear_weights(model)
+        elif self.linear == "gemv+packed":
+            gemv_pack_linear_weights(model)
         use_math_kernel(model, self.math_kernel)
         mode = torch_compile_mode(self.compile)
         if mode is not None and not self.static_decoding:
@@ -110,8 +125,7 @@ def plan_inference(
     weight = next(model.parameters())
     device, dtype = weight.device, weight.dtype
     on_cpu = device.type == "cpu"
-    if quantize == "int8-dynamic":
-        check_dynamic_quantization(device, compile)
+    check_quantization(quantize, device, compile)
     cpu = (cpu or CpuCapabilities.detect()) if on_cpu else None
     if profile is None:
         profile, profile_note = load_profile(cpu=cpu)
@@ -127,7 +141,9 @@ def plan_inference(
     else:
         choices.append(Choice("q/k/v", "separate", "only whole passes run here (scoring), no token-by-token decoding"
                               if family_decodes else "this model does not decode token by token"))
-    linear, why = _linear_layout(decodes, on_cpu, dtype, quantize, compile, static, cpu, profile, profile_note)
+    uneven = next((m.in_features for m in model.modules() if isinstance(m, nn.Linear) and m.in_features % INT4_GROUP),
+                  None) if quantize == "int4" else None  # int4 groups must tile each row
+    linear, why = _linear_layout(decodes, on_cpu, dtype, quantize, compile, static, cpu, profile, profile_note, uneven)
     choices.append(Choice("linear layers", linear, why))
     math_kernel, why = _attention_kernel(device, dtype, profile, profile_note)
     choices.append(Choice("attention", "SDPA" if math_kernel is None else _describe(math_kernel), why))
@@ -147,8 +163,14 @@ def prepare_for_inference(
     return plan_inference(model, family, quantize=quantize, compile=compile).apply(model)
 
 
-def check_dynamic_quantization(device: torch.device, compile: bool | str) -> None:
-    """Refuse quantize="int8-dynamic" where its kernel cannot run: off the CPU, compiled, or without FBGEMM."""
+def check_quantization(quantize: str | None, device: torch.device, compile: bool | str) -> None:
+    """Refuse a quantized form where its kernel cannot run: int4 off the CPU; int8-dynamic off the CPU, compiled, or
+    without FBGEMM."""
+    if quantize == "int4" and device.type != "cpu":
+        raise InputError(f"quantize='int4' (--int4) runs on the CPU only (PyTorch's CPU int4 kernel), not {device}: "
+                         "load onto the CPU (--device cpu), or use quantize='int8' (--int8) there")
+    if quantize != "int8-dynamic":
+        return
     if device.type != "cpu":
         raise InputError(f"quantize='int8-dynamic' (--int8-dynamic) runs on the CPU only, not {device}: load onto "
                          "the CPU (--device cpu), or use quantize='int8' (--int8) there")
@@ -162,11 +184,20 @@ def check_dynamic_quantization(device: torch.device, compile: bool | str) -> Non
 
 def _linear_layout(
     decodes: bool, on_cpu: bool, dtype: torch.dtype, quantize: str | None, compile: bool | str, static: bool,
-    cpu: CpuCapabilities | None, profile: Profile, profile_note: str,
+    cpu: CpuCapabilities | None, profile: Profile, profile_note: str, uneven: int | None,
 ) -> tuple[str, str]:
-    """The linear layers' form and why."""
+    """The linear layers' form and why (`uneven`: a linear layer's input count that int4 groups cannot tile)."""
     if quantize == "int8":
         return "int8", "int8 weights with a scale per row, as asked (weight-only: products in the weights' dtype)"
+    if quantize == "int4":
+        if cpu is not None and not cpu.int4_kernel:
+            return "int8", (f"int4 asked for, but PyTorch's CPU int4 kernel is vectorized only for AVX2 and AVX-512 "
+                            f"and this CPU reports {cpu.isa}: int8 weights instead (weight-only, bf16 products)")
+        if uneven:
+            return "int8", (f"int4 asked for, but a linear layer takes {uneven} inputs, not a multiple of the "
+                            f"{INT4_GROUP} in a group: int8 weights instead (weight-only, bf16 products)")
+        return "int4", (f"4-bit weights in groups of {INT4_GROUP} inputs with a scale and zero each, as asked "
+                        "(weight-only: bf16 products through PyTorch's CPU int4 kernel)")
     if quantize == "int8-dynamic":
         activations = "7-bit activations: no AVX-512 VNNI" if reduce_range() else "8-bit activations (AVX-512 VNNI)"
         return "int8-dynamic", f"int8 weights and int8 inputs per row through FBGEMM, as asked; {activations}"
@@ -178,7 +209,7 @@ def _linear_layout(
     wanted = profile.decode_linear.get(name, "plain")
     if wanted == "transposed" and static and compile == "max-autotune":
         return "plain", "max-autotune packs frozen weights for its own kernels, faster than a transposed copy"
-    if wanted == "packed":
+    if wanted in ("packed", "gemv+packed"):
         if compile:
             packs = cpu is None or cpu.onednn_bf16
             return "plain", ("the compiled step packs frozen weights itself" if packs else
@@ -186,6 +217,9 @@ def _linear_layout(
         if cpu is not None and not cpu.onednn_bf16:
             return "plain", (f"oneDNN packs {name} weights only with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; this CPU "
                              f"reports {cpu.isa}, so nn.Linear runs oneDNN's reference path")
+    if wanted == "gemv+packed":
+        return wanted, (f"fastest for one decoding row in {name}: one row through ATen's matrix-vector kernel, several "
+                        f"through oneDNN's packed weight (each weight held twice; {profile_note})")
     if wanted in ("transposed", "packed"):
         return wanted, f"fastest for one decoding row in {name} ({profile_note})"
     return "plain", f"nn.Linear's layout for {name} ({profile_note})"

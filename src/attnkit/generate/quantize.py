@@ -1,14 +1,16 @@
-"""int8 quantization for decoding: each linear layer's weight stored as int8 with one scale per row.
+"""Quantized weights for decoding: each linear layer's weight stored in 8 or 4 bits with scales.
 
 Decoding one token at a time reads every weight once per token, so its speed is bounded by memory bandwidth, not
-arithmetic. Storing weights in 8 bits instead of 16 halves the bytes read. Each output row r keeps
-scale_r = max|W_r| / 127 and W_r ~ scale_r * round(W_r / scale_r) (symmetric, per-channel, as in LLM.int8's
-weight-only baselines and gpt-fast's int8 mode). Two forms:
+arithmetic. Storing weights in 8 bits instead of 16 halves the bytes read, and 4 bits halves them again. In 8 bits
+each output row r keeps scale_r = max|W_r| / 127 and W_r ~ scale_r * round(W_r / scale_r) (symmetric,
+per-channel, as in LLM.int8's weight-only baselines and gpt-fast's int8 mode). Three forms:
 
     "int8"          weights only (`Int8Linear`): activations stay bf16, products dequantize the weights
     "int8-dynamic"  weights and activations (`Int8DynamicLinear`, "W8A8"): each product's input is quantized to
                     8 bits at run time from its own range, and the product runs in integers, as llama.cpp's q8_0
                     quantizes the activations it multiplies by q8_0 weights
+    "int4"          4-bit weights only (`Int4Linear`), in groups of 32 inputs with a scale and a zero each (as
+                    gpt-fast's and torchao's int4 modes; llama.cpp's q4_0 also has blocks of 32): activations in bf16
 
 The quality cost is measured, not assumed: `python -m benchmarks int8` reports perplexity for each.
 """
@@ -22,8 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.errors import InputError
 from attnkit.generate.swap import swap_layers
 from attnkit.machine import CpuCapabilities
+
+INT4_GROUP = 32  # inputs per scale and zero (PyTorch's CPU kernel takes 32, 64, 128 or 256; q4_0's blocks are 32)
+INT4_ROWS = 16  # the kernel takes output rows in blocks of 16: a layer with N rows gets zero rows up to a multiple
 
 
 def row_scales(weight: Tensor) -> Tensor:
@@ -146,14 +152,64 @@ class Int8DynamicLinear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
-QUANTIZE_FORMS = {"int8": Int8Linear, "int8-dynamic": Int8DynamicLinear}
+def quantize_groups(weight: Tensor, group: int = INT4_GROUP) -> tuple[Tensor, Tensor, Tensor]:
+    """weight (N, K) -> 4-bit codes (N, K) as int32 in 0..15, scales and zeros (N, K / group), fp32: each group of
+    `group` inputs in a row spreads its [min, max] over the 16 codes, and W ~ (code - 8) * scale + zero
+    (asymmetric, as gpt-fast's `group_quantize_tensor`; zero is the value of code 8)."""
+    rows, inputs = weight.shape
+    groups = weight.detach().float().reshape(rows, inputs // group, group)  # (N, K / G, G)
+    low, high = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
+    scales = ((high - low) / 15).clamp(min=1e-6)  # (N, K / G, 1)
+    codes = torch.round((groups - low) / scales).clamp(0, 15).to(torch.int32)
+    return codes.reshape(rows, inputs), scales.squeeze(-1), (low + 8 * scales).squeeze(-1)
 
 
-def quantize_int8(model: nn.Module, form: str = "int8") -> nn.Module:
-    """Replace every nn.Linear in `model` (in place) by an Int8Linear, or an Int8DynamicLinear for
-    form="int8-dynamic"; returns the model, for inference only.
+class Int4Linear(nn.Module):
+    """A linear layer with 4-bit weights in groups of `INT4_GROUP` inputs (`quantize_groups`). x (…, K) -> (…, N),
+    in x's dtype; products in bf16; CPU, inference only.
 
-    A tied output layer gets its own int8 copy; the embedding table it was tied to stays as it was.
+    The kernel is PyTorch's CPU int4 matrix product (`torch.ops.aten._weight_int4pack_mm_for_cpu`, tinygemm's
+    layout, which torchao's `Int4CPULayout` and gpt-fast call too): private, because PyTorch has no public int4
+    matrix product or packed int4 tensor (torchao's quantized tensors wrap these ops). Its packed layout depends on
+    the CPU's vector level, so the packed weight is not saved or moved; its fast paths are for bf16 inputs on AVX2 and
+    AVX-512 (the inference plan uses it only there: `CpuCapabilities.int4_kernel`). A layer whose output count is
+    not a multiple of `INT4_ROWS` gets zero rows up to one, cut from the output.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        rows, inputs = linear.weight.shape
+        if inputs % INT4_GROUP:
+            raise InputError(f"int4 weights come in groups of {INT4_GROUP} inputs; this layer has {inputs}: "
+                             "use --int8 (quantize='int8') for this model")
+        padded = torch.zeros(-(-rows // INT4_ROWS) * INT4_ROWS, inputs, device=linear.weight.device)
+        padded[:rows] = linear.weight.detach()
+        codes, scales, zeros = quantize_groups(padded)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # (N', K / 2) uint8
+        self.register_buffer("weight_packed", packed, persistent=False)
+        # (K / G, N', 2): each group's scale and zero for every output row, in the activations' dtype
+        scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
+        self.in_features, self.out_features = inputs, rows
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_packed, INT4_GROUP, self.scales_and_zeros)
+        out = out[:, : self.out_features]  # (M, N)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+QUANTIZE_FORMS = {"int8": Int8Linear, "int8-dynamic": Int8DynamicLinear, "int4": Int4Linear}
+
+
+def quantize_weights(model: nn.Module, form: str = "int8") -> nn.Module:
+    """Replace every nn.Linear in `model` (in place) by the layer of `QUANTIZE_FORMS[form]` (Int8Linear,
+    Int8DynamicLinear, Int4Linear); returns the model, for inference only.
+
+    A tied output layer gets its own quantized copy; the embedding table it was tied to stays as it was.
     """
     make = QUANTIZE_FORMS[form]
     return swap_layers(model, nn.Linear, lambda linear: make(linear).to(linear.weight.device))

@@ -6,7 +6,8 @@ Three comparisons, each between kernels that compute the same numbers (tests hol
                     query over S cached keys, and a causal pass (forward and backward) over T = S keys. The profile
                     keeps the longest S up to which the plain products win at every measured length.
     linear layers   one decoding row through GPT-2-sized matrices: nn.Linear against a transposed fp32 weight, and
-                    against a packed bf16 weight where oneDNN packs (`decode_layout.py`). The fastest is kept.
+                    against a packed bf16 weight and packed plus ATen's matrix-vector kernel for single rows where
+                    oneDNN packs (`decode_layout.py`). The fastest is kept.
     bf16 cost       the fastest bf16 layout's time over the fastest fp32 layout's, which the plan reports on CPUs
                     without native bf16.
 
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils import benchmark
 
-from attnkit.generate.decode_layout import PackedLinear, TransposedLinear
+from attnkit.generate.decode_layout import GemvPackedLinear, PackedLinear, TransposedLinear
 from attnkit.layers.kernels import grouped_attention
 from attnkit.layers.masks import AttentionMask
 from attnkit.machine import AttentionKernelLimits, CpuCapabilities, Profile, default_profile_path
@@ -98,13 +99,14 @@ def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, min_run_time: float
         layouts["transposed"] = [TransposedLinear(layer) for layer in linears]
     elif dtype == torch.bfloat16 and cpu.onednn_bf16:
         layouts["packed"] = [PackedLinear(layer) for layer in linears]
+        layouts["gemv+packed"] = [GemvPackedLinear(layer) for layer in linears]
     rows_in = {k: torch.randn(1, k, dtype=dtype) for k, _ in shapes}
     times = {}
     with torch.no_grad():
         for name, layers in layouts.items():
             times[name] = _seconds(lambda layers=layers: [m(rows_in[m.in_features]) for m in layers], min_run_time)
     best = min(times, key=times.get)
-    rows = [f"linear {str(dtype).removeprefix('torch.'):8} {name:10} {t * 1e3:8.3f} ms" for name, t in times.items()]
+    rows = [f"linear {str(dtype).removeprefix('torch.'):8} {name:11} {t * 1e3:8.3f} ms" for name, t in times.items()]
     return best, times[best], rows
 
 

@@ -489,7 +489,7 @@ LM = register(TaskSpec(
     hf_architectures=(HFClass("GPT2LMHeadModel", "gpt2"), HFClass("LlamaForCausalLM", "llama"),
                       HFClass("MistralForCausalLM", "mistral")),
     eval_help="text files: perplexity",
-    eval_options=("window", "stride", "int8", "int8_dynamic"),
+    eval_options=("window", "stride", "int8", "int8_dynamic", "int4"),
     command=TaskCommand("generate", "continue a prompt with a trained decoder, streaming the text as it comes",
                         GenerateSettings, run_generate),
 ))

@@ -214,7 +214,7 @@ TRANSLATE = register(TaskSpec(
                        dropout=0.1, scale_embeddings=True, tie_embeddings=True, label_smoothing=0.1),
     hf_architectures=(HFClass("MarianMTModel", "marian"),),
     eval_help="a TSV file (source<TAB>target) or two line-aligned files: BLEU and chrF",
-    eval_options=("beam_size", "batch_size", "int8", "int8_dynamic"),
+    eval_options=("beam_size", "batch_size", "int8", "int8_dynamic", "int4"),
     command=TaskCommand("translate", "translate with a trained encoder-decoder (greedy or beam search)",
                         TranslateSettings, run_translate),
 ))

@@ -41,7 +41,7 @@ from attnkit.checkpoint import (
 from attnkit.config import check_types
 from attnkit.errors import ConfigError, InputError
 from attnkit.machine import pick_device
-from attnkit.options import fields_of
+from attnkit.options import fields_of, one_flag
 from attnkit.tasks import EvalContext, EvalReport, TaskSpec, own_options, task_names, task_of_run, tasks, unread_options
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, load_tokenizer
@@ -79,12 +79,12 @@ class EvalSettings:
     """classification: lines whose label is not among the run's (missing, mistyped): error | skip (left out, counted)"""
     int8: bool = False  # score the model with int8 weights, as generate --int8 runs it
     int8_dynamic: bool = False  # score it with int8 weights and activations, as generate --int8-dynamic runs it (CPU)
+    int4: bool = False  # score it with 4-bit weights, as generate --int4 runs it (CPU)
     seed: int | None = None  # masked LM: the masks' seed; none: the run's training seed (its evaluation's masks)
     explain: bool = False  # print the inference plan (layouts, kernels, int8) the model is scored with, on stderr
 
     def __post_init__(self) -> None:
-        if self.int8 and self.int8_dynamic:
-            raise InputError("--int8 and --int8-dynamic are two forms of int8 weights; give one")
+        _ = self.quantize  # two forms given together are refused when the settings are built
         if not self.data:
             raise _no_data()
         for name in ("window", "stride"):
@@ -105,7 +105,7 @@ class EvalSettings:
     @property
     def quantize(self) -> str | None:
         """The `quantize` argument of `attnkit.load` these flags stand for."""
-        return "int8" if self.int8 else "int8-dynamic" if self.int8_dynamic else None
+        return one_flag("forms of quantized weights", int8=self.int8, int8_dynamic=self.int8_dynamic, int4=self.int4)
 
 
 def applicable(spec: TaskSpec) -> set[str]:
