@@ -11,7 +11,7 @@ from generate_models import tiny_model
 from attnkit import ModelConfig, build_model, cli
 from attnkit.checkpoint import save_model
 from attnkit.errors import InputError
-from attnkit.generate.decode_layout import PackedLinear, TransposedLinear
+from attnkit.generate.decode_layout import GemvPackedLinear, TransposedLinear
 from attnkit.generate.plan import plan_inference
 from attnkit.generate.tune import _longest_win
 from attnkit.layers.attention import Attention
@@ -51,7 +51,7 @@ def test_capabilities_say_what_each_path_needs():
 @pytest.mark.parametrize(("cpu", "packs"), [(AVX2, False), (AVX512, True), (AVX512_BF16, True), (NE_CONVERT, True)])
 def test_bf16_decoding_packs_weights_only_where_onednn_can(cpu, packs):
     plan = plan_inference(_decoder(torch.bfloat16), "decoder", cpu=cpu, profile=DEFAULT_PROFILE)
-    assert plan.linear == ("packed" if packs else "plain")
+    assert plan.linear == ("gemv+packed" if packs else "plain")
     explained = plan.explain()
     assert cpu.isa in explained.splitlines()[0]
     if not packs:
@@ -75,7 +75,7 @@ def test_bf16_plan_runs_on_this_cpu_and_gives_the_models_numbers():
         expected = model(ids).logits
     plan = plan_inference(model, "decoder", profile=DEFAULT_PROFILE)  # this machine's CPU, whatever it has
     plan.apply(model)
-    assert any(isinstance(m, PackedLinear) for m in model.modules()) == CpuCapabilities.detect().onednn_bf16
+    assert any(isinstance(m, GemvPackedLinear) for m in model.modules()) == CpuCapabilities.detect().onednn_bf16
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, expected, atol=2e-2, rtol=2e-2)
 

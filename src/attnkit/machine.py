@@ -188,12 +188,15 @@ class Profile:
 
 # Without a profile: SDPA and grouped_attention were timed on a 2-core AVX-512 EPYC (`python -m benchmarks
 # attention`): for bf16, plain products won up to 512 cached keys for a decoding query and up to 128 keys for a
-# causal training pass. On other CPUs `attnkit tune` measures the same comparison. Linear layers: a transposed fp32
-# weight and a packed bf16 weight (where oneDNN packs) read memory fastest for one decoding row on that machine.
+# causal training pass. On other CPUs `attnkit tune` measures the same comparison. Linear layers, for one decoding
+# row on AVX-512 EPYCs (`python -m benchmarks bandwidth`): a transposed fp32 weight beat nn.Linear's; in bf16 ATen's
+# matrix-vector kernel beat the packed oneDNN weight, which beat nn.Linear's (on one with AVX512-BF16 over
+# `gpt2-124m`'s weights: 61%, 47% and 25% of a bf16 sum's read rate), so single rows take ATen's kernel and several
+# the packed weight (`gemv+packed`, where oneDNN packs).
 DEFAULT_PROFILE = Profile(
     attention={"bf16": AttentionKernelLimits(decode_keys=512, pass_keys=128),
                "fp16": AttentionKernelLimits(decode_keys=512, pass_keys=128)},
-    decode_linear={"fp32": "transposed", "bf16": "packed"},
+    decode_linear={"fp32": "transposed", "bf16": "gemv+packed"},
 )
 
 
