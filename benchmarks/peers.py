@@ -39,6 +39,17 @@ def unavailable(impl: str) -> str | None:
     return None
 
 
+def llama_cpp_system_info() -> str | None:
+    """The instruction sets llama.cpp was built for and found ("AVX2 = 1 | AVX512 = 1 | ..."), None without it."""
+    if unavailable("llama.cpp") is not None:
+        return None
+    import llama_cpp
+
+    report = llama_cpp.llama_print_system_info().decode().replace("CPU :", "")
+    return " | ".join(part.strip() for part in report.split("|")
+                      if part.strip().endswith("= 1"))
+
+
 # --- nanoGPT ---------------------------------------------------------------------------------------------------------
 def nanogpt_train_step(case, dtype: str, *, compiled: bool, device: str):
     """nanoGPT's model of the case's shape and one step of its training loop: (model, step)."""

@@ -11,7 +11,8 @@ peaks are measured first, for the dtypes asked for; a row's utilisation divides 
 products run in (bf16 on a CPU without bf16 kernels converts to fp32 inside, so that row takes the larger of the two
 peaks; int8 products have no measured peak and no utilisation). Memory read bandwidth is measured in each generation
 row's own subprocess, right after its timing, so "bandwidth used" compares with what the machine gave that row. The
-CPU's capabilities (`attnkit.machine.CpuCapabilities`) are recorded with the results. Results go to
+CPU's capabilities (`attnkit.machine.CpuCapabilities`: PyTorch's report, from which oneDNN's bf16 kernels follow) are
+recorded with the results, and with `--peers` the instruction sets llama.cpp reports. Results go to
 `benchmarks/results/speed-<machine>.json` and a markdown table beside it.
 
 `--peers` adds the tools people pick for speed (`benchmarks/peers.py`): nanoGPT's model and training loop for the
@@ -370,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", action="store_true",
                         help="also time nanoGPT (training), transformers with a static cache and torch.compile (with "
                         "--compiled) and llama.cpp (generation); each is skipped with the reason when not installed")
+    parser.add_argument("--impls", nargs="*", help="keep only these implementations (attnkit, attnkit-compiled, "
+                        "transformers, attnkit-int8-dynamic, attnkit-int4, llama.cpp, llama.cpp-q8_0, ...; default: "
+                        "every one the other options add)")
     parser.add_argument("--update", action="store_true",
                         help="merge into the machine's results file, replacing only the cases and dtypes run now")
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
@@ -413,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     skipped[impl] = {"case": case.name, "impl": impl, "dtype": dtype, "skipped": reason}
                     print(f"{case.name} {dtype}: {impl} skipped: {reason}", flush=True)
+            impls = [impl for impl in impls if not args.impls or impl in args.impls]
             runs: dict[str, list[dict]] = {impl: [] for impl in impls}
             for _ in range(args.rounds):  # alternate: attnkit, then the reference, round after round
                 for impl in impls:
@@ -428,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks speed " + " ".join(argv or sys.argv[1:])
     report = {"machine": machine, "device": device_name(device), "threads": args.threads,
               "torch": torch.__version__, "peaks": peaks, "command": command, "results": rows,
-              "load_average": os.getloadavg(), "cpu": cpu.to_dict() if cpu else None}
+              "load_average": os.getloadavg(), "cpu": cpu.to_dict() if cpu else None,
+              "llama_cpp": peers.llama_cpp_system_info() if args.peers else None}
     if earlier is not None:  # keep the earlier rows of other cases and dtypes
         redone = {(r["case"], r["dtype"]) for r in rows}
         rows[:0] = [r for r in earlier["results"] if (r["case"], r["dtype"]) not in redone]
@@ -544,6 +550,7 @@ def peers_table(report: dict) -> list[str]:
     by_key = {(r["case"], r["dtype"], r["impl"]): r for r in results}
     lines = ["", "Peers (`--peers`): attnkit / peer tokens/s in the same run; first token: a one-token generation, "
              "warm; first call: the first whole repetition, cold (compilation included)."
+             + (f" llama.cpp reports: {report['llama_cpp']}." if report.get("llama_cpp") else "")
              + (f" Load average at the end of the run: {report['load_average'][0]:.1f}." if "load_average" in report
                 else ""), "",
              "| case | dtype | peer | peer tok/s | attnkit | attnkit tok/s | ratio | attnkit / peer peak RSS MB "
