@@ -3,17 +3,19 @@
     python -m benchmarks speed [--only CASE ...] [--dtypes fp32 bf16] [--repeats 5] [--rounds 3] [--threads 1]
                                [--device cpu | cuda] [--compiled] [--peers] [--machine NAME] [--update]
 
-Each measurement runs in a fresh subprocess (so peak resident memory is that case's alone), alternating attnkit
-and the reference, each with warm-up steps and the median of several timed ones; with --rounds the alternation
-repeats, each side reports its median round, and a ratio is the median of the rounds' own ratios (each round's
-attnkit against the same round's reference), which steadies ratios on a shared machine. The machine's matrix-multiply
-peaks are measured first, for the dtypes asked for; a row's utilisation divides by the peak of the arithmetic its
-products run in (bf16 on a CPU without bf16 kernels converts to fp32 inside, so that row takes the larger of the two
-peaks; int8 products have no measured peak and no utilisation). Memory read bandwidth is measured in each generation
-row's own subprocess, right after its timing, so "bandwidth used" compares with what the machine gave that row. The
-CPU's capabilities (`attnkit.machine.CpuCapabilities`: PyTorch's report, from which oneDNN's bf16 kernels follow) are
-recorded with the results, and with `--peers` the instruction sets llama.cpp reports. Results go to
-`benchmarks/results/speed-<machine>.json` and a markdown table beside it.
+Each implementation runs in a process of its own (so peak resident memory is that case's alone), with warm-up steps.
+Generation rows are held side by side and take turns, one timed repetition each, the order reversing every turn,
+--repeats x --rounds turns in all; each reports its median repetition, and a ratio is the median of the turns' own
+ratios, so a machine shared with other work slows both sides of a ratio alike. Training and forward rows, whose
+steps hold gigabytes, run one process at a time, alternating round after round (--rounds), each reporting the median
+of its --repeats and its median round, and a ratio is the median of the rounds' own ratios. The machine's
+matrix-multiply peaks are measured first, for the dtypes asked for; a row's utilisation divides by the peak of the
+arithmetic its products run in (bf16 on a CPU without bf16 kernels converts to fp32 inside, so that row takes the
+larger of the two peaks; int8 products have no measured peak and no utilisation). Memory read bandwidth is measured
+in each generation row's own subprocess, right after its timing, so "bandwidth used" compares with what the machine
+gave that row. The CPU's capabilities (`attnkit.machine.CpuCapabilities`: PyTorch's report, from which oneDNN's
+bf16 kernels follow) are recorded with the results, and with `--peers` the instruction sets llama.cpp reports.
+Results go to `benchmarks/results/speed-<machine>.json` and a markdown table beside it.
 
 `--peers` adds the tools people pick for speed (`benchmarks/peers.py`): nanoGPT's model and training loop for the
 decoder training cases, `transformers` with its static cache and torch.compile, and llama.cpp (f32, bf16, q8_0,
@@ -35,6 +37,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -282,8 +285,11 @@ def _flops_per_token(case: Case) -> float:
     return 3 * forward if case.kind == "train" else forward
 
 
-def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, device: str = "cpu") -> dict:
-    """Time one case in this process; the parent runs this in a fresh subprocess."""
+def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, device: str = "cpu",
+            turns: bool = False) -> dict:
+    """Time one case in this process; the parent runs this in a fresh subprocess. With `turns`, after the warm-up
+    this prints "ready" and times one repetition for each line read from stdin (printing its seconds) until "done",
+    so that the parent can have several implementations take turns repetition by repetition."""
     torch.manual_seed(0)
     case = next(c for c in CASES if c.name == case_name)
     model, step = _step_function(case, impl, dtype, device)
@@ -296,7 +302,17 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
     if compile_setting(impl):  # compilation and its first recompilations for new lengths are not the speed
         warmup = max(warmup, 3)
     (first_call,) = timed_runs(synced(step, device), 1, warmup=0)  # cold: what a user's first call costs
-    times = timed_runs(synced(step, device), repeats, warmup=warmup - 1)
+    if turns:
+        timed_runs(synced(step, device), 0, warmup=warmup - 1)
+        print("ready", flush=True)
+        times = []
+        for line in sys.stdin:
+            if line.strip() == "done":
+                break
+            times += timed_runs(synced(step, device), 1, warmup=0)
+            print(times[-1], flush=True)
+    else:
+        times = timed_runs(synced(step, device), repeats, warmup=warmup - 1)
     median = statistics.median(times)
     tokens = case.batch_size * (case.new_tokens if case.kind == "generate" else case.seq_len)
     result = {
@@ -343,14 +359,53 @@ def _gguf_bytes(model: torch.nn.Module, impl: str, dtype: str) -> int:
     return int(fp32 - 4 * matrices + per_weight * matrices)
 
 
+def _child_command(case: str, impl: str, dtype: str, repeats: int, warmup: int, threads: int, device: str,
+                   turns: bool) -> dict:
+    return {"args": [sys.executable, "-m", "benchmarks.speed", "--turns" if turns else "--child", case, impl, dtype,
+                     str(repeats), str(warmup), device],
+            "env": {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
+                    "TOKENIZERS_PARALLELISM": "false"},
+            "cwd": Path(__file__).resolve().parents[1], "text": True}
+
+
 def _subprocess(case: str, impl: str, dtype: str, repeats: int, warmup: int, threads: int, device: str) -> dict:
-    command = [sys.executable, "-m", "benchmarks.speed", "--child", case, impl, dtype, str(repeats), str(warmup),
-               device]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1])
+    done = subprocess.run(**_child_command(case, impl, dtype, repeats, warmup, threads, device, False),
+                          capture_output=True)
     if done.returncode != 0:
         return {"case": case, "impl": impl, "dtype": dtype, "error": done.stderr.strip().splitlines()[-1:]}
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _in_turns(case: str, impls: list[str], dtype: str, turns: int, warmup: int, threads: int, device: str
+              ) -> dict[str, dict]:
+    """Every implementation in a process of its own, all held at once, timed one repetition each in turn (the order
+    reversing every turn), `turns` times: each row's result, with every turn's tokens/s."""
+    errors = {impl: tempfile.TemporaryFile(mode="w+") for impl in impls}  # a pipe left unread could fill and block
+    started = {impl: subprocess.Popen(**_child_command(case, impl, dtype, turns, warmup, threads, device, True),
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors[impl])
+               for impl in impls}
+    workers, results = {}, {}
+    for impl, process in started.items():
+        if process.stdout.readline().strip() == "ready":
+            workers[impl] = process
+        else:
+            process.wait()
+            errors[impl].seek(0)
+            results[impl] = {"case": case, "impl": impl, "dtype": dtype,
+                             "error": errors[impl].read().strip().splitlines()[-1:]}
+    for n in range(turns):
+        for process in (list(workers.values()) if n % 2 == 0 else list(reversed(workers.values()))):
+            process.stdin.write("run\n")
+            process.stdin.flush()
+            process.stdout.readline()
+    for impl, process in workers.items():
+        out, _ = process.communicate("done\n")
+        result = json.loads(out.strip().splitlines()[-1])
+        tokens = result["tokens_per_s"] * result["median_s"]
+        results[impl] = {**result, "rounds_tokens_per_s": [tokens / t for t in result["times_s"]]}
+    for file in errors.values():
+        file.close()
+    return {impl: results[impl] for impl in impls}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,11 +432,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update", action="store_true",
                         help="merge into the machine's results file, replacing only the cases and dtypes run now")
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--turns", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.child:
-        case, impl, dtype, repeats, warmup, device = args.child
-        print(json.dumps(run_one(case, impl, dtype, int(repeats), int(warmup), device)))
+    if args.child or args.turns:
+        case, impl, dtype, repeats, warmup, device = args.child or args.turns
+        print(json.dumps(run_one(case, impl, dtype, int(repeats), int(warmup), device, turns=bool(args.turns))))
         return 0
 
     device = args.device
@@ -418,13 +474,17 @@ def main(argv: list[str] | None = None) -> int:
                     skipped[impl] = {"case": case.name, "impl": impl, "dtype": dtype, "skipped": reason}
                     print(f"{case.name} {dtype}: {impl} skipped: {reason}", flush=True)
             impls = [impl for impl in impls if not args.impls or impl in args.impls]
-            runs: dict[str, list[dict]] = {impl: [] for impl in impls}
-            for _ in range(args.rounds):  # alternate: attnkit, then the reference, round after round
-                for impl in impls:
-                    runs[impl].append(
-                        _subprocess(case.name, impl, dtype, args.repeats, args.warmup, args.threads, device)
-                    )
-            pair = {impl: _median_round(results) for impl, results in runs.items()}
+            if case.kind == "generate":  # small models: held side by side, taking turns repetition by repetition
+                pair = _in_turns(case.name, impls, dtype, args.rounds * args.repeats, args.warmup, args.threads,
+                                 device)
+            else:  # training steps hold gigabytes each: one process at a time, round after round
+                runs: dict[str, list[dict]] = {impl: [] for impl in impls}
+                for _ in range(args.rounds):
+                    for impl in impls:
+                        runs[impl].append(
+                            _subprocess(case.name, impl, dtype, args.repeats, args.warmup, args.threads, device)
+                        )
+                pair = {impl: _median_round(results) for impl, results in runs.items()}
             for result in pair.values():
                 _add_utilisation(result, case, peaks, cpu)
                 rows.append(result)
