@@ -194,7 +194,7 @@ class Int4Linear(nn.Module):
         self.in_features, self.out_features = inputs, rows
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # (M, K), as the kernel requires
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_packed, INT4_GROUP, self.scales_and_zeros)
         out = out[:, : self.out_features]  # (M, N)
         if self.bias is not None:
