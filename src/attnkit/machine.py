@@ -191,7 +191,7 @@ class Profile:
 # causal training pass. On other CPUs `attnkit tune` measures the same comparison. Linear layers, for one decoding
 # row on AVX-512 EPYCs (`python -m benchmarks bandwidth`): a transposed fp32 weight beat nn.Linear's; in bf16 ATen's
 # matrix-vector kernel beat the packed oneDNN weight, which beat nn.Linear's (on one with AVX512-BF16 over
-# `gpt2-124m`'s weights: 61%, 47% and 25% of a bf16 sum's read rate), so single rows take ATen's kernel and several
+# `gpt2-124m`'s weights: 63%, 49% and 32% of a bf16 sum's read rate), so single rows take ATen's kernel and several
 # the packed weight (`gemv+packed`, where oneDNN packs).
 DEFAULT_PROFILE = Profile(
     attention={"bf16": AttentionKernelLimits(decode_keys=512, pass_keys=128),

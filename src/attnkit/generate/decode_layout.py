@@ -21,12 +21,12 @@ numbers bit for bit. oneDNN packs bf16 weights only on CPUs with AVX-512 (BW, VL
 (`machine.CpuCapabilities.onednn_bf16`); elsewhere the plan keeps nn.Linear.
 
 A single bf16 row, kept apart: batch-1 decoding reads each weight once per token, so bf16 should take about half of
-fp32's time. oneDNN's packed product does not get there for one row: on an AVX-512 EPYC with AVX512-BF16 it took 2.0x
-the time of a plain sum over the same bf16 weights (`gpt2-124m`'s; fp32 on transposed weights took 2.6x), where
-ATen's own matrix-vector kernel, which PyTorch runs for a bf16 product when oneDNN is switched off, took 1.2-1.4x;
-for several rows (prefill, batched steps) that kernel is far slower (10x a sum at 8 rows) and the packed one
-stays best (2.1-2.8x). `GemvPackedLinear` therefore holds both forms, the weight twice: nn.Linear's (N, K) for one
-row, the packed one for several (`python -m benchmarks bandwidth` measures all of these on a machine).
+fp32's time. oneDNN's packed product does not get there for one row: it reads one row's weights at a lower rate than
+fp32's kernel reads its own, while ATen's own matrix-vector kernel, which PyTorch runs for a bf16 product when oneDNN
+is switched off, reads them faster than either. For several rows (prefill, batched steps) that kernel is far
+slower and the packed one stays best. `GemvPackedLinear` therefore holds both forms, the weight twice: nn.Linear's
+(N, K) for one row, the packed one for several (`python -m benchmarks bandwidth` and `python -m benchmarks layouts`
+measure these on a machine).
 """
 
 from __future__ import annotations
