@@ -48,7 +48,7 @@ def pick_device(name: str | torch.device | None) -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA device(s), numbered from "
                               "0; use one of them")
-    elif device.type not in ("cpu", "meta"):
+    elif device.type not in ("cpu", "meta"):  # meta: no memory, a device other than the CPU for cheap checks
         raise ConfigError(f"--device {name!r}: attnkit runs on cpu and cuda; use one of them")
     return device
 
