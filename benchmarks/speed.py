@@ -34,6 +34,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -84,17 +85,20 @@ INT8_DYNAMIC = "attnkit-int8-dynamic"  # int8 weights and activations (eager, CP
 INT4 = ["attnkit-int4"]  # 4-bit weights, bf16 generation on a CPU with PyTorch's vectorized int4 kernel (+ compiled)
 MASTER = "attnkit-master"  # bf16 training through a bf16 copy of the model with fp32 master weights
 AUTOTUNED = {"attnkit-autotuned", "attnkit-int8-autotuned"}  # the decoding step compiled with "max-autotune"
+CAPTURED = {"attnkit-aot", "attnkit-int8-aot", "attnkit-int4-aot"}  # the decoding step captured with AOTInductor
 LABELS = {"attnkit": "{dtype}", "attnkit-compiled": "{dtype}, compiled", "attnkit-autotuned": "{dtype}, max-autotune",
           "attnkit-int8": "int8 weights, bf16", "attnkit-int8-compiled": "int8, bf16, compiled",
           "attnkit-int8-autotuned": "int8, bf16, max-autotune", MASTER: "bf16, fp32 master weights",
           "attnkit-int4": "int4 weights, bf16", "attnkit-int4-compiled": "int4, bf16, compiled",
-          INT8_DYNAMIC: "int8 weights and activations, fp32"}
+          INT8_DYNAMIC: "int8 weights and activations, fp32", "attnkit-aot": "{dtype}, captured (aot)",
+          "attnkit-int8-aot": "int8, bf16, captured (aot)", "attnkit-int4-aot": "int4, bf16, captured (aot)"}
 # --peers: each peer beside the attnkit rows it is compared with (same case, dtype and run)
 PEERS = {"nanogpt": ["attnkit"], "nanogpt-compiled": ["attnkit-compiled"],
          "transformers-static": ["attnkit-compiled", "attnkit-autotuned", "attnkit"],
-         "llama.cpp": ["attnkit", "attnkit-compiled", "attnkit-autotuned"],
-         "llama.cpp-q8_0": [INT8_DYNAMIC, "attnkit-int8", "attnkit-int8-compiled", "attnkit-int8-autotuned"],
-         "llama.cpp-q4_0": ["attnkit-int4", "attnkit-int4-compiled"]}
+         "llama.cpp": ["attnkit", "attnkit-compiled", "attnkit-autotuned", "attnkit-aot"],
+         "llama.cpp-q8_0": [INT8_DYNAMIC, "attnkit-int8", "attnkit-int8-compiled", "attnkit-int8-autotuned",
+                            "attnkit-int8-aot"],
+         "llama.cpp-q4_0": ["attnkit-int4", "attnkit-int4-compiled", "attnkit-int4-aot"]}
 PEER_LABELS = {"nanogpt": "nanoGPT", "nanogpt-compiled": "nanoGPT, torch.compile",
                "transformers-static": "transformers, static cache, torch.compile", "llama.cpp": "llama.cpp {gguf}",
                "llama.cpp-q8_0": "llama.cpp q8_0", "llama.cpp-q4_0": "llama.cpp q4_0"}
@@ -112,7 +116,9 @@ def peer_impls(case: Case, dtype: str, compiled: bool) -> list[str]:
 
 def compile_setting(impl: str) -> bool | str:
     """The `compile` argument of `attnkit.load` that an implementation's name stands for."""
-    return "max-autotune" if impl in AUTOTUNED else impl.endswith("compiled") or impl == "transformers-static"
+    if impl in AUTOTUNED or impl in CAPTURED:
+        return "max-autotune" if impl in AUTOTUNED else "aot"
+    return impl.endswith("compiled") or impl == "transformers-static"
 
 
 # --- the machine's own limits ------------------------------------------------------------------------------------
@@ -264,10 +270,20 @@ def _generate_function(model, impl: str, prompt, new_tokens: int):
 
     prompts = prompt.tolist()
     context_len = model.stack.embeddings.max_positions
-    decoding = decoding_for(model, compile_setting(impl))  # as `attnkit.load(compile=...)`
+    if impl in CAPTURED:  # captured into a folder of its own (a cold start), then loaded again (a second start)
+        from attnkit.generate.captured_step import CapturedDecoding
+
+        folder = tempfile.mkdtemp(prefix="attnkit-aot-")
+        capture_s = CapturedDecoding(model, package_dir=folder).capture_s
+        decoding = CapturedDecoding(model, package_dir=folder)
+        shutil.rmtree(folder)  # loaded: the library stays mapped until the process ends
+    else:
+        decoding = decoding_for(model, compile_setting(impl))  # as `attnkit.load(compile=...)`
 
     def run(tokens: int = new_tokens) -> None:
         generate_tokens(model, prompts, max_new_tokens=tokens, context_len=context_len, decoding=decoding)
+    if impl in CAPTURED:
+        run.start_s = {"capture_s": capture_s, "package_load_s": decoding.load_s}
     return run
 
 
@@ -329,6 +345,7 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
         result["ms_per_token"] = 1000 * median / case.new_tokens
         result["weight_bytes"] = bytes_read_per_token(model) if check is None else _gguf_bytes(model, impl, dtype)
         result["first_token_s"] = statistics.median(timed_runs(synced(lambda: step(1), device), repeats, warmup=0))
+        result.update(getattr(step, "start_s", {}))  # a captured step: its capture, and its load at a second start
     return result
 
 
@@ -465,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
             impls += ["attnkit-compiled"] if args.compiled else []
             if args.compiled and case.kind == "generate":
                 impls += sorted(AUTOTUNED) if dtype == "bf16" else ["attnkit-autotuned"]
+                impls += [impl for impl in sorted(CAPTURED) if dtype == "bf16" or impl == "attnkit-aot"
+                          if impl != "attnkit-int4-aot" or (cpu is not None and cpu.int4_kernel)]
             skipped = {}
             for impl in peer_impls(case, dtype, args.compiled) if args.peers else []:
                 reason = peers.unavailable(impl)
@@ -626,12 +645,14 @@ def peers_table(report: dict) -> list[str]:
                      if "first_token_s" in peer and "first_token_s" in ours else "")
             bandwidth = (f"{ours['bandwidth_fraction']:.0%} / {peer['bandwidth_fraction']:.0%}"
                          if "bandwidth_fraction" in peer and "bandwidth_fraction" in ours else "")
+            first_call = f"{ours.get('first_call_s', 0):.1f}"
+            if "capture_s" in ours:  # a captured step's start: capturing it (cold), loading it kept (a second start)
+                first_call += f" (+ capture {ours['capture_s']:.0f}; second start {ours['package_load_s']:.2f})"
             lines.append(
                 f"| {peer['case']} | {peer['dtype']} | {label} | {peer['tokens_per_s']:.1f} | "
                 f"{LABELS[impl].format(dtype=peer['dtype'])} | {ours['tokens_per_s']:.1f} | "
                 f"{round_ratio(ours, peer):.2f}x | {ours['peak_rss_mb']:.0f} / "
-                f"{peer['peak_rss_mb']:.0f} | {first} | {ours.get('first_call_s', 0):.1f} / {peer['first_call_s']:.1f} "
-                f"| {bandwidth} |"
+                f"{peer['peak_rss_mb']:.0f} | {first} | {first_call} / {peer['first_call_s']:.1f} | {bandwidth} |"
             )
     lines += [f"- {r['case']} {r['dtype']}: {r['impl']} skipped: {r['skipped']}" for r in results if "skipped" in r]
     return lines if len(lines) > 5 else []

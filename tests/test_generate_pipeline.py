@@ -2,6 +2,7 @@
 
 import io
 import json
+import shutil
 
 import pytest
 import torch
@@ -305,3 +306,14 @@ def test_int8_dynamic_is_refused_where_it_cannot_run(runs, capsys):
         attnkit.load(runs["lm"], device="meta", quantize="int4")
     assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "a", "--int8", "--int8-dynamic"]) == 2
     assert "give one" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="capturing a step needs a C++ compiler (g++)")
+def test_cli_generate_with_a_captured_step_prints_what_eager_decoding_does(runs, lm, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNKIT_COMPILED", str(tmp_path))
+    assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "ab", "--max-new-tokens", "9",
+                     "--temperature", "0", "--compile", "aot", "--explain"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.endswith("ab" + lm.generate("ab", max_new_tokens=9, temperature=0)[0] + "\n")
+    assert "decoding step captured ahead of time" in printed.out + printed.err
+    assert len(list(tmp_path.glob("step-*.pt2"))) == 1

@@ -145,11 +145,14 @@ class DecoderBlock(TransformerBlock):
 
 # What users pass as `compile` -> torch.compile's mode. "max-autotune" times several kernels for each matrix product
 # while compiling (minutes, cached on disk); CUDA graphs are left out, since the decoding cache is written in place.
-COMPILE_MODES = {"default": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+# "aot" captures a decoder's decoding step ahead of time (`generate/captured_step.py`); a model whose step cannot be
+# captured is compiled as by "default".
+COMPILE_MODES = {"default": "default", "max-autotune": "max-autotune-no-cudagraphs", "aot": "default"}
 
 
 def torch_compile_mode(compile: bool | str) -> str | None:
-    """`compile` as users give it (False, True, "default", "max-autotune") -> torch.compile's mode; None: eager."""
+    """`compile` as users give it (False, True, "default", "max-autotune", "aot") -> torch.compile's mode; None:
+    eager."""
     if compile is False or compile is None:
         return None
     name = "default" if compile is True else compile

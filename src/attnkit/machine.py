@@ -221,12 +221,17 @@ def gib(n_bytes: int) -> str:
     return f"{n_bytes / 2**30:.1f} GiB"
 
 
+def cache_home() -> Path:
+    """Where attnkit keeps what it measures or builds for this machine: ~/.cache/attnkit (under $XDG_CACHE_HOME
+    where set)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit"
+
+
 def default_profile_path() -> Path:
-    """$ATTNKIT_PROFILE, else ~/.cache/attnkit/profile.json (under $XDG_CACHE_HOME where set)."""
+    """$ATTNKIT_PROFILE, else `cache_home()`/profile.json."""
     if os.environ.get(PROFILE_ENV):
         return Path(os.environ[PROFILE_ENV])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "attnkit" / "profile.json"
+    return cache_home() / "profile.json"
 
 
 def load_profile(path: str | Path | None = None, cpu: CpuCapabilities | None = None) -> tuple[Profile, str]:

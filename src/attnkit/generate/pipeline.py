@@ -31,6 +31,7 @@ from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import check_search, translate_batched
+from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
 from attnkit.generate.plan import InferencePlan, check_quantization, plan_inference
 from attnkit.generate.quantize import QUANTIZE_FORMS
@@ -385,6 +386,9 @@ def load(
     where per-operation overhead dominates (small models at batch 1, bf16 and int8 weights). `compile="max-autotune"`
     also times several kernels for each matrix product while compiling (a minute or more the first time, cached
     on disk): the fastest decoding of larger models; in fp32 its packed weights are a second copy of the model's.
+    `compile="aot"` captures the decoding step ahead of time into a C++ library (`attnkit.generate.captured_step`):
+    no Python runs per layer; the first load takes tens of seconds, later loads of the same model read the library
+    kept on disk.
     Its files (the tokenizer's too) are checked against their checksums; a run without them is unverified, a
     warning, or with `verify` a CheckpointError.
 
@@ -411,10 +415,11 @@ def load(
 
 
 def decoding_for(model: nn.Module, compile: bool | str = False) -> EagerDecoding:
-    """How `generate` decodes a prepared model: the compiled static step when `compile` asks for compilation and the
-    model allows it (`StaticDecoding.supports`), else eagerly."""
+    """How `generate` decodes a prepared model: where `compile` asks for compilation and the model allows a fixed-shape
+    step (`StaticDecoding.supports`), that step captured ahead of time (compile="aot") or through torch.compile;
+    else eagerly."""
     if torch_compile_mode(compile) is not None and StaticDecoding.supports(model):
-        return StaticDecoding(model, compile=compile)
+        return CapturedDecoding(model) if compile == "aot" else StaticDecoding(model, compile=compile)
     return EagerDecoding(model)
 
 

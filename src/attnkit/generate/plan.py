@@ -32,6 +32,7 @@ from torch import nn
 
 from attnkit.blocks import compile_blocks, torch_compile_mode
 from attnkit.errors import InputError
+from attnkit.generate.captured_step import default_package_dir
 from attnkit.generate.decode_layout import (
     fuse_qkv_projections,
     gemv_pack_linear_weights,
@@ -147,7 +148,7 @@ def plan_inference(
     choices.append(Choice("linear layers", linear, why))
     math_kernel, why = _attention_kernel(device, dtype, profile, profile_note)
     choices.append(Choice("attention", "SDPA" if math_kernel is None else _describe(math_kernel), why))
-    choices.append(_compilation(mode, static, linear))
+    choices.append(_compilation(compile, mode, static, linear))
     if on_cpu and dtype == torch.bfloat16 and cpu is not None and not cpu.native_bf16:
         choices.append(Choice("bf16", "converted to fp32 inside each product", _bf16_cost(cpu, profile)))
     return InferencePlan(
@@ -207,8 +208,8 @@ def _linear_layout(
         return "plain", "off the CPU the device's matrix kernels take nn.Linear's layout"
     name = dtype_name(dtype)
     wanted = profile.decode_linear.get(name, "plain")
-    if wanted == "transposed" and static and compile == "max-autotune":
-        return "plain", "max-autotune packs frozen weights for its own kernels, faster than a transposed copy"
+    if wanted == "transposed" and static and compile in ("max-autotune", "aot"):
+        return "plain", f"{compile} packs frozen weights for its own kernels, faster than a transposed copy"
     if wanted in ("packed", "gemv+packed"):
         if compile:
             packs = cpu is None or cpu.onednn_bf16
@@ -240,9 +241,16 @@ def _describe(kernel: MathKernel) -> str:
             "(passes), SDPA beyond")
 
 
-def _compilation(mode: str | None, static: bool, linear: str) -> Choice:
+def _compilation(compile: bool | str, mode: str | None, static: bool, linear: str) -> Choice:
     if mode is None:
         return Choice("compilation", "eager", "not asked for (--compile)")
+    if static and compile == "aot":
+        return Choice("compilation", "decoding step captured ahead of time (AOTInductor)",
+                      "one C++ library for every batch size and cache length, weights frozen and packed in it, no "
+                      f"Python per layer; kept in {default_package_dir()} for the next start")
+    if compile == "aot":
+        return Choice("compilation", "each block, default", "aot captures decoder-only steps without sliding "
+                      "windows; this model's blocks are compiled for any length instead")
     if static:
         frozen = "weights not frozen (a transposed copy exists)" if linear == "transposed" else "weights frozen"
         return Choice("compilation", f"decoding step, {mode}", f"one graph per batch size and cache length; {frozen}")

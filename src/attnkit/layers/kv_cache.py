@@ -15,6 +15,7 @@ yet written masked out, so every step runs the same graph.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -186,6 +187,22 @@ class StaticKVCache(KVCache):
         self.filled = torch.zeros((batch, max_len), dtype=torch.bool, device=device)
         for layer in layers:
             layer.slot = self.slot
+
+    def buffers(self) -> list[Tensor]:
+        """Each layer's keys then values, (B, Hkv, max_len, D), in layer order."""
+        return [buffer for layer in self.layers for buffer in (layer.keys, layer.values)]
+
+    def over(self, buffers: Sequence[Tensor], slot: Tensor, filled: Tensor) -> StaticKVCache:
+        """A cache like this one over other tensors (`buffers()`'s order, `slot`, `filled`): how a step captured as
+        a function of its tensors sees its cache (`generate/captured_step.py`)."""
+        layers = []
+        for layer, keys, values in zip(self.layers, buffers[::2], buffers[1::2], strict=True):
+            part = copy.copy(layer)
+            part.keys, part.values, part.slot = keys, values, slot
+            layers.append(part)
+        cache = copy.copy(self)
+        cache.layers, cache.slot, cache.filled = layers, slot, filled
+        return cache
 
     def mark_prefilled(self, is_real: Tensor) -> None:
         """Record the prefill's padding: is_real (B, L) for the L positions the prefill wrote."""

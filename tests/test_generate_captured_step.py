@@ -1,0 +1,117 @@
+"""A decoding step captured ahead of time (AOTInductor): the logits of eager decoding at any batch size and cache
+length from one capture, the package kept on disk and loaded at a second start, a new package for changed weights,
+and one-line refusals."""
+
+import shutil
+
+import pytest
+import torch
+from generate_models import tiny_model
+from test_generate_static_decode import PROMPTS, forced_logits
+
+from attnkit.errors import InputError
+from attnkit.generate import EagerDecoding, generate_tokens
+from attnkit.generate import captured_step as captured
+from attnkit.generate.captured_step import CapturedDecoding, package_digest
+from attnkit.generate.pipeline import decoding_for
+from attnkit.generate.plan import plan_inference
+
+needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="capturing a step needs a C++ compiler (g++)")
+
+
+@pytest.fixture(scope="module")
+def gqa_model():
+    """Grouped-query heads; learned positions and LayerNorm, computed in the model's float64 throughout (rotary
+    angles and RMSNorm run in float32 by design, which a fused kernel rounds differently; test_generate_pipeline's
+    CLI test holds a RoPE model to the same tokens)."""
+    model, config = tiny_model(position="learned", seed=1, n_kv_heads=2)
+    return model, config
+
+
+@pytest.fixture(scope="module")
+def package_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("compiled")
+
+
+@pytest.fixture(scope="module")
+def captured_gqa(gqa_model, package_dir):
+    return CapturedDecoding(gqa_model[0], package_dir=package_dir)
+
+
+@needs_compiler
+def test_captured_step_gives_the_logits_of_eager_decoding(gqa_model, captured_gqa):
+    """Four left-padded prompts: a batch size and cache length other than the traced ones (2 and 37)."""
+    model, _ = gqa_model
+    forced = [5, 0, 12, 7, 7, 1]
+    eager = forced_logits(EagerDecoding(model), PROMPTS, forced)
+    got = forced_logits(captured_gqa, PROMPTS, forced)
+    for step, (a, b) in enumerate(zip(eager, got, strict=True)):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10, msg=f"step {step}")
+
+
+@needs_compiler
+def test_one_capture_serves_every_batch_size_and_length_through_a_sliding_window(gqa_model, captured_gqa):
+    """One row, then four; 30 new tokens outgrow the context of 24, so the window slides into a shorter cache."""
+    model, config = gqa_model
+    for prompts in (PROMPTS[:1], PROMPTS):
+        eager = generate_tokens(model, prompts, max_new_tokens=30, context_len=config.max_seq_len)
+        assert generate_tokens(model, prompts, max_new_tokens=30, context_len=config.max_seq_len,
+                               decoding=captured_gqa) == eager
+    assert captured_gqa.capture_s is not None and captured_gqa.package_path.is_file()
+
+
+@needs_compiler
+def test_a_second_start_loads_the_kept_package(gqa_model, captured_gqa, package_dir, monkeypatch):
+    def no_capture(*args, **kwargs):
+        raise AssertionError("captured again although the package was kept")
+
+    monkeypatch.setattr(captured, "capture_step", no_capture)
+    again = CapturedDecoding(gqa_model[0], package_dir=package_dir)
+    assert again.capture_s is None and again.package_path == captured_gqa.package_path
+    assert generate_tokens(gqa_model[0], PROMPTS, max_new_tokens=5, context_len=24, decoding=again) == \
+        generate_tokens(gqa_model[0], PROMPTS, max_new_tokens=5, context_len=24)
+
+
+def test_the_package_name_follows_weights_and_structure_not_identity():
+    model, _ = tiny_model(position="rope")
+    same, _ = tiny_model(position="rope")
+    assert package_digest(model) == package_digest(same)
+    with torch.no_grad():
+        same.lm_head.weight[0, 0] += 1e-3
+    assert package_digest(model) != package_digest(same)
+    other, _ = tiny_model(position="learned")
+    assert package_digest(model) != package_digest(other)
+    assert package_digest(model) != package_digest(tiny_model(position="rope")[0].float())
+
+
+def test_without_a_compiler_capture_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    model, _ = tiny_model(position="rope")
+    with pytest.raises(InputError, match="no-such-compiler is not on PATH") as refusal:
+        CapturedDecoding(model, package_dir=tmp_path)
+    assert "\n" not in str(refusal.value)
+    assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+def test_a_failed_capture_is_one_line_and_leaves_no_package(tmp_path, monkeypatch):
+    def broken_export(*args, **kwargs):
+        raise RuntimeError("an operator torch.export cannot trace\nand its long explanation")
+
+    monkeypatch.setattr(torch.export, "export", broken_export)
+    model, _ = tiny_model(position="rope")
+    with pytest.raises(InputError, match=r"could not capture DecoderLM's decoding step \(an operator torch.export "
+                                         r"cannot trace\); use compile=True"):
+        CapturedDecoding(model, package_dir=tmp_path)
+    assert not list(tmp_path.glob("*.pt2"))
+
+
+def test_aot_plans_a_captured_step_for_decoders_and_compiled_blocks_elsewhere(tmp_path, monkeypatch):
+    monkeypatch.setenv(captured.PACKAGE_DIR_ENV, str(tmp_path))
+    decoder, _ = tiny_model(position="rope")
+    compilation = {c.what: c for c in plan_inference(decoder, "decoder", compile="aot").choices}["compilation"]
+    assert "captured ahead of time" in compilation.choice and str(tmp_path) in compilation.why
+    encoder, _ = tiny_model(family="encoder")
+    compilation = {c.what: c for c in plan_inference(encoder, "encoder", compile="aot").choices}["compilation"]
+    assert compilation.choice == "each block, default"
+    windowed, _ = tiny_model(position="rope", attention_window=4)
+    assert type(decoding_for(windowed, "aot")) is EagerDecoding  # no fixed-shape step with a rolling cache
