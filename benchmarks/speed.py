@@ -273,9 +273,11 @@ def _generate_function(model, impl: str, prompt, new_tokens: int):
     if impl in CAPTURED:  # captured into a folder of its own (a cold start), then loaded again (a second start)
         from attnkit.generate.captured_step import CapturedDecoding
 
-        folder = tempfile.mkdtemp(prefix="attnkit-aot-")
-        capture_s = CapturedDecoding(model, package_dir=folder).capture_s
+        folder, rows = tempfile.mkdtemp(prefix="attnkit-aot-"), len(prompts)
+        cold = CapturedDecoding(model, package_dir=folder)
+        cold.prepare(rows)
         decoding = CapturedDecoding(model, package_dir=folder)
+        decoding.prepare(rows)
         shutil.rmtree(folder)  # loaded: the library stays mapped until the process ends
     else:
         decoding = decoding_for(model, compile_setting(impl))  # as `attnkit.load(compile=...)`
@@ -283,7 +285,7 @@ def _generate_function(model, impl: str, prompt, new_tokens: int):
     def run(tokens: int = new_tokens) -> None:
         generate_tokens(model, prompts, max_new_tokens=tokens, context_len=context_len, decoding=decoding)
     if impl in CAPTURED:
-        run.start_s = {"capture_s": capture_s, "package_load_s": decoding.load_s}
+        run.start_s = {"capture_s": sum(cold.capture_s.values()), "package_load_s": sum(decoding.load_s.values())}
     return run
 
 
@@ -582,7 +584,10 @@ def _mfu(result: dict) -> str:
 
 def _print_pair(case: Case, dtype: str, pair: dict) -> None:
     for impl in (name for name in pair if name != "transformers"):
-        ours, ref = pair[impl], pair[next((p for p in PEERS.get(impl, []) if p in pair), "transformers")]
+        reference = next((p for p in PEERS.get(impl, []) if p in pair), "transformers")
+        if reference not in pair:  # --impls left out what this row is compared with
+            continue
+        ours, ref = pair[impl], pair[reference]
         if impl in PEERS:  # a peer, against the first of its attnkit rows run now
             ours, ref = ref, ours
         if "error" in ours or "error" in ref:

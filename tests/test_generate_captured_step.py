@@ -1,6 +1,6 @@
-"""A decoding step captured ahead of time (AOTInductor): the logits of eager decoding at any batch size and cache
-length from one capture, the package kept on disk and loaded at a second start, a new package for changed weights,
-and one-line refusals."""
+"""A decoding step captured ahead of time (AOTInductor): the logits of eager decoding for one row (products as
+reductions) and several (matrix products) at any cache length, packages kept on disk and loaded at a second start,
+new packages for changed weights, and one-line refusals."""
 
 import shutil
 
@@ -12,7 +12,7 @@ from test_generate_static_decode import PROMPTS, forced_logits
 from attnkit.errors import InputError
 from attnkit.generate import EagerDecoding, generate_tokens
 from attnkit.generate import captured_step as captured
-from attnkit.generate.captured_step import CapturedDecoding, package_digest
+from attnkit.generate.captured_step import CapturedDecoding, package_digest, row_int8_products, row_products
 from attnkit.generate.pipeline import decoding_for
 from attnkit.generate.plan import plan_inference
 
@@ -39,25 +39,28 @@ def captured_gqa(gqa_model, package_dir):
 
 
 @needs_compiler
-def test_captured_step_gives_the_logits_of_eager_decoding(gqa_model, captured_gqa):
-    """Four left-padded prompts: a batch size and cache length other than the traced ones (2 and 37)."""
+@pytest.mark.parametrize("prompts", [PROMPTS[1:2], PROMPTS], ids=["one-row", "rows"])
+def test_captured_step_gives_the_logits_of_eager_decoding(gqa_model, captured_gqa, prompts):
+    """One prompt (the one-row form), then four left-padded ones (the several-row form, traced with 2); a cache
+    length other than the traced 37."""
     model, _ = gqa_model
     forced = [5, 0, 12, 7, 7, 1]
-    eager = forced_logits(EagerDecoding(model), PROMPTS, forced)
-    got = forced_logits(captured_gqa, PROMPTS, forced)
+    eager = forced_logits(EagerDecoding(model), prompts, forced)
+    got = forced_logits(captured_gqa, prompts, forced)
     for step, (a, b) in enumerate(zip(eager, got, strict=True)):
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10, msg=f"step {step}")
 
 
 @needs_compiler
-def test_one_capture_serves_every_batch_size_and_length_through_a_sliding_window(gqa_model, captured_gqa):
+def test_two_captures_serve_every_batch_size_and_length_through_a_sliding_window(gqa_model, captured_gqa):
     """One row, then four; 30 new tokens outgrow the context of 24, so the window slides into a shorter cache."""
     model, config = gqa_model
     for prompts in (PROMPTS[:1], PROMPTS):
         eager = generate_tokens(model, prompts, max_new_tokens=30, context_len=config.max_seq_len)
         assert generate_tokens(model, prompts, max_new_tokens=30, context_len=config.max_seq_len,
                                decoding=captured_gqa) == eager
-    assert captured_gqa.capture_s is not None and captured_gqa.package_path.is_file()
+    assert set(captured_gqa.capture_s) == {"one-row", "rows"}
+    assert all(path.is_file() for path in captured_gqa.package_paths.values())
 
 
 @needs_compiler
@@ -67,9 +70,22 @@ def test_a_second_start_loads_the_kept_package(gqa_model, captured_gqa, package_
 
     monkeypatch.setattr(captured, "capture_step", no_capture)
     again = CapturedDecoding(gqa_model[0], package_dir=package_dir)
-    assert again.capture_s is None and again.package_path == captured_gqa.package_path
-    assert generate_tokens(gqa_model[0], PROMPTS, max_new_tokens=5, context_len=24, decoding=again) == \
-        generate_tokens(gqa_model[0], PROMPTS, max_new_tokens=5, context_len=24)
+    assert again.package_paths == captured_gqa.package_paths
+    for prompts in (PROMPTS[:1], PROMPTS):
+        assert generate_tokens(gqa_model[0], prompts, max_new_tokens=5, context_len=24, decoding=again) == \
+            generate_tokens(gqa_model[0], prompts, max_new_tokens=5, context_len=24)
+    assert again.capture_s == {} and set(again.load_s) == {"one-row", "rows"}
+
+
+def test_row_products_compute_linear_and_int8_products():
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(1, 1, 48), torch.randn(20, 48), torch.randn(20)
+    torch.testing.assert_close(row_products(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
+    rows = torch.randn(1, 64).to(torch.bfloat16)
+    int8 = torch.randint(-127, 128, (32, 64), dtype=torch.int8)
+    scales = (torch.rand(32) / 100).to(torch.bfloat16)
+    torch.testing.assert_close(row_int8_products(rows, int8, scales).float(),
+                               torch._weight_int8pack_mm(rows, int8, scales).float(), rtol=2e-2, atol=2e-2)
 
 
 def test_the_package_name_follows_weights_and_structure_not_identity():

@@ -147,6 +147,8 @@ def plan_inference(
     linear, why = _linear_layout(decodes, on_cpu, dtype, quantize, compile, static, cpu, profile, profile_note, uneven)
     choices.append(Choice("linear layers", linear, why))
     math_kernel, why = _attention_kernel(device, dtype, profile, profile_note)
+    if math_kernel is not None and static and compile == "aot":  # its choice by key count would fix the cache length
+        math_kernel, why = None, "the captured step serves every cache length, and SDPA does too"
     choices.append(Choice("attention", "SDPA" if math_kernel is None else _describe(math_kernel), why))
     choices.append(_compilation(compile, mode, static, linear))
     if on_cpu and dtype == torch.bfloat16 and cpu is not None and not cpu.native_bf16:
@@ -207,9 +209,12 @@ def _linear_layout(
     if not on_cpu:
         return "plain", "off the CPU the device's matrix kernels take nn.Linear's layout"
     name = dtype_name(dtype)
+    if static and compile == "aot":
+        return "plain", ("the captured one-row step reads nn.Linear's rows as reductions; the several-row step packs "
+                         "its frozen weights")
     wanted = profile.decode_linear.get(name, "plain")
-    if wanted == "transposed" and static and compile in ("max-autotune", "aot"):
-        return "plain", f"{compile} packs frozen weights for its own kernels, faster than a transposed copy"
+    if wanted == "transposed" and static and compile == "max-autotune":
+        return "plain", "max-autotune packs frozen weights for its own kernels, faster than a transposed copy"
     if wanted in ("packed", "gemv+packed"):
         if compile:
             packs = cpu is None or cpu.onednn_bf16
