@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -49,6 +50,7 @@ from attnkit.generate.static_decode import StaticDecoding, static_step
 from attnkit.layers.kv_cache import StaticKVCache
 from attnkit.machine import CpuCapabilities, cache_home
 
+log = logging.getLogger(__name__)
 PACKAGE_DIR_ENV = "ATTNKIT_COMPILED"  # where captured steps are kept, when set
 EXAMPLE_BATCH, EXAMPLE_CACHE_LEN = 2, 37  # the shapes traced; neither 0 nor 1, which torch.export would fix
 
@@ -98,9 +100,12 @@ class CapturedDecoding(StaticDecoding):
         if form not in self._runners:
             path = self.package_paths[form]
             if not path.is_file():
+                log.info("capturing the %s decoding step (a C++ compiler runs: tens of seconds, once; kept in %s)",
+                         form, path.parent)
                 started = time.perf_counter()
                 capture_step(self.model, path, form)
                 self.capture_s[form] = time.perf_counter() - started
+                log.info("captured in %.0f s", self.capture_s[form])
             started = time.perf_counter()
             with _without_torch_deprecations():
                 self._runners[form] = torch._inductor.aoti_load_package(str(path))
@@ -124,8 +129,8 @@ def row_products(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tenso
 
 def row_int8_products(x: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
     """`_weight_int8pack_mm` (int8 weights (N, K), a scale per output) for one row, as `row_products`: the int8
-    bytes are what the loop reads."""
-    return (row_products(x, weight.to(x.dtype)).float() * scales.float()).to(x.dtype)
+    bytes are what the loop reads, each converted straight to float32 (exactly, as through bf16)."""
+    return (row_products(x.float(), weight).float() * scales.float()).to(x.dtype)
 
 
 STEP_FORMS = {  # form -> (example batch, the batch size is symbolic, products as reductions, weights frozen)
