@@ -1,6 +1,6 @@
 """A decoding step captured ahead of time (AOTInductor): the logits of eager decoding for one row (products as
 reductions) and several (matrix products) at any cache length, packages kept on disk and loaded at a second start,
-new packages for changed weights, and one-line refusals."""
+shared by the checkpoints of one architecture, and one-line refusals."""
 
 import shutil
 
@@ -88,15 +88,28 @@ def test_row_products_compute_linear_and_int8_products():
                                torch._weight_int8pack_mm(rows, int8, scales).float(), rtol=2e-2, atol=2e-2)
 
 
-def test_the_package_name_follows_weights_and_structure_not_identity():
+@needs_compiler
+def test_another_checkpoint_of_the_architecture_shares_the_package_with_its_own_weights(gqa_model, captured_gqa,
+                                                                                       package_dir, monkeypatch):
+    """The library reads the weights from the model it is loaded for, not from the capture: a model with other
+    weights loads the same package, captures nothing, and decodes with its own weights."""
+    monkeypatch.setattr(captured, "capture_step", lambda *args: pytest.fail("captured again"))
+    other, config = tiny_model(position="learned", seed=7, n_kv_heads=2)
+    decoding = CapturedDecoding(other, package_dir=package_dir)
+    assert decoding.package_paths == captured_gqa.package_paths
+    for prompts in (PROMPTS[:1], PROMPTS):
+        assert generate_tokens(other, prompts, max_new_tokens=8, context_len=config.max_seq_len,
+                               decoding=decoding) == generate_tokens(other, prompts, max_new_tokens=8,
+                                                                     context_len=config.max_seq_len)
+    assert generate_tokens(other, PROMPTS, max_new_tokens=8, context_len=config.max_seq_len) != \
+        generate_tokens(gqa_model[0], PROMPTS, max_new_tokens=8, context_len=config.max_seq_len)
+
+
+def test_the_package_name_follows_structure_settings_and_dtype_not_weights():
     model, _ = tiny_model(position="rope")
-    same, _ = tiny_model(position="rope")
-    assert package_digest(model) == package_digest(same)
-    with torch.no_grad():
-        same.lm_head.weight[0, 0] += 1e-3
-    assert package_digest(model) != package_digest(same)
-    other, _ = tiny_model(position="learned")
-    assert package_digest(model) != package_digest(other)
+    assert package_digest(model) == package_digest(tiny_model(position="rope", seed=3)[0])
+    assert package_digest(model) != package_digest(tiny_model(position="learned")[0])
+    assert package_digest(model) != package_digest(tiny_model(position="rope", norm_eps=1e-6)[0])
     assert package_digest(model) != package_digest(tiny_model(position="rope")[0].float())
 
 

@@ -17,14 +17,16 @@ Two forms of the step are captured, each the first time it is needed (`STEP_FORM
                plain sum reads memory, oneDNN an unpacked bf16 one slower still. So each product is captured as
                a reduction over the weight's rows (`row_products`), which inductor compiles into one vectorized
                loop reading each weight once (fp32, bf16 and int8 weights alike: the int8 bytes are what it reads)
-    rows       any batch size from 2: matrix products, with weights frozen into the graph so inductor packs
-               them for its matrix kernels
+    rows       any batch size from 2: matrix products
+
+The weights are arguments of the library, not part of it: a loaded package reads the model's own tensors (no
+second copy in memory or on disk), so every checkpoint of one architecture shares its packages.
 
 Capture takes tens of seconds (a C++ compiler runs), so packages are kept on disk and a second start loads them in
 a fraction of a second. Their names hold a digest of everything the library depends on: the model's structure and
-weights, attnkit's source, PyTorch's version and the CPU's capabilities; anything else gets packages of its own.
-They are kept under `default_package_dir()` (`$ATTNKIT_COMPILED`, else `machine.cache_home()`/compiled); deleting
-that folder only costs the next start its capture. A package holds the weights too (a second copy while it runs).
+settings, its tensors' shapes and dtypes, attnkit's source, PyTorch's version and the CPU's capabilities; anything
+else gets packages of its own. They are kept under `default_package_dir()` (`$ATTNKIT_COMPILED`, else
+`machine.cache_home()`/compiled); deleting that folder only costs the next start its capture.
 """
 
 from __future__ import annotations
@@ -77,9 +79,8 @@ class StepGraph(nn.Module):
 class CapturedDecoding(StaticDecoding):
     """Decoding `model` as `StaticDecoding` does (eager prefill, fixed-shape steps over a `StaticKVCache`), each step
     one call into an AOTInductor package (see the module docstring). Built from a model already prepared for
-    inference (`plan.py`); its weights are frozen into the packages, so a model whose weights change needs a new
-    CapturedDecoding. Captures, or loads the kept package of, the one-row step when built; the several-row step at
-    the first step with several rows.
+    inference (`plan.py`), whose tensors the packages read as they run. Captures, or loads the kept package of, the
+    one-row step when built; the several-row step at the first step with several rows.
 
     package_dir: where packages are kept (default `default_package_dir()`).
     """
@@ -107,15 +108,33 @@ class CapturedDecoding(StaticDecoding):
                 self.capture_s[form] = time.perf_counter() - started
                 log.info("captured in %.0f s", self.capture_s[form])
             started = time.perf_counter()
-            with _without_torch_deprecations():
-                self._runners[form] = torch._inductor.aoti_load_package(str(path))
+            self._runners[form] = load_step(path, self.model)
             self.load_s[form] = time.perf_counter() - started
         return self._runners[form]
 
     def step(self, window: Window, cache: StaticKVCache) -> Tensor:
         cache.advance()
         token = window.ids[:, -1:].contiguous()  # (B, 1)
-        return self.prepare(token.shape[0])(token, cache.slot, cache.filled, cache.buffers())  # (B, V)
+        (logits,) = self.prepare(token.shape[0])([token, cache.slot, cache.filled, *cache.buffers()])
+        return logits  # (B, V)
+
+
+def load_step(path: Path, model: nn.Module) -> Callable[[list[Tensor]], list[Tensor]]:
+    """A captured step's package, its weights pointed at `model`'s own tensors (not copied): the step as a function
+    of its flat inputs [token, slot, filled, *buffers] -> [logits]. Raises InputError for a package that asks for a
+    tensor the model does not have (one captured from another model under the same name)."""
+    with _without_torch_deprecations():
+        package = torch._inductor.aoti_load_package(str(path), run_single_threaded=True)  # one thread calls it
+    tensors = dict(StepGraph(model, None).state_dict(keep_vars=True))
+    tensors |= {f"model.{name}": buffer for name, buffer in model.named_buffers()}  # non-persistent ones too
+    wanted = package.get_constant_fqns()
+    missing = [name for name in wanted if name not in tensors]
+    if missing:
+        raise InputError(f"{path} was captured from another model (it needs {', '.join(missing[:3])}); delete it and "
+                         "load again to capture this one")
+    package.load_constants({name: tensors[name].detach() for name in wanted}, check_full_update=True,
+                           user_managed=True)
+    return package.loader.boxed_run  # the call without the pytree (de)serialisation AOTICompiledModel adds each time
 
 
 def row_products(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -133,9 +152,9 @@ def row_int8_products(x: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
     return (row_products(x.float(), weight).float() * scales.float()).to(x.dtype)
 
 
-STEP_FORMS = {  # form -> (example batch, the batch size is symbolic, products as reductions, weights frozen)
-    "one-row": (1, False, True, False),
-    "rows": (EXAMPLE_BATCH, True, False, True),
+STEP_FORMS = {  # form -> (example batch, the batch size is symbolic, products as reductions)
+    "one-row": (1, False, True),
+    "rows": (EXAMPLE_BATCH, True, False),
 }
 
 
@@ -143,15 +162,14 @@ def capture_step(model: nn.Module, path: Path, form: str = "one-row") -> None:
     """Export `model`'s decoding step in a STEP_FORMS form and compile it with AOTInductor into the package `path`
     (written whole or not at all). Raises InputError without a C++ compiler, or where the step cannot be captured.
 
-    one-row: batch size 1; every product a reduction (`row_products`), weights as they are (freezing would fold an
-    int8 weight's conversion into a bf16 copy). rows: any batch size from 2; matrix products on weights frozen into
-    the graph, which lets inductor pack them for its matrix kernels.
+    one-row: batch size 1; every product a reduction (`row_products`). rows: any batch size from 2; matrix products.
+    The weights stay arguments of the library, not part of it (`load_step` points them at the model's tensors).
     """
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:
         raise InputError(f"compile='aot' builds the decoding step with a C++ compiler and {compiler} is not on PATH: "
                          "install one (Debian: apt-get install g++) or set CXX, or decode without it (compile=False)")
-    example_batch, any_batch, as_reductions, freezing = STEP_FORMS[form]
+    example_batch, any_batch, as_reductions = STEP_FORMS[form]
     example = model.allocate_cache(example_batch, EXAMPLE_CACHE_LEN, static=True)
     token = torch.zeros((example_batch, 1), dtype=torch.long, device=example.slot.device)
     batch, length = (torch.export.Dim("batch", min=2) if any_batch else None), torch.export.Dim("cache_len", min=2)
@@ -167,8 +185,7 @@ def capture_step(model: nn.Module, path: Path, form: str = "one-row") -> None:
                                                                       example.buffers()), dynamic_shapes=dynamic)
             program = program.run_decompositions(decompositions)
         with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
-            # freezing is a private setting, as in static_decode.py: aoti_compile_and_package takes no switch for it
-            with torch._inductor.config.patch(**_inductor_settings(freezing, as_reductions)), \
+            with torch._inductor.config.patch(**_inductor_settings(as_reductions)), \
                     _without_torch_deprecations():
                 written = torch._inductor.aoti_compile_and_package(program, package_path=str(Path(scratch) /
                                                                                                  "step.pt2"))
@@ -187,26 +204,36 @@ def _without_torch_deprecations() -> Iterator[None]:
         yield
 
 
-def _inductor_settings(freezing: bool, as_reductions: bool) -> dict:
+def _inductor_settings(as_reductions: bool) -> dict:
     """Inductor's settings for a capture (private ones: aoti_compile_and_package takes no public switch for them).
 
-    freezing: weights become constants of the graph. realize_opcount_threshold=0: every computed input of a product
-    is stored before the product's loop reads it; by default inductor inlines a cheap producer (a LayerNorm, the
-    embeddings) into each consumer, and a reduction over a weight's rows is a consumer per output: the small model's
-    one-row step recomputed its inputs 384 to 1,536 times and took 3.2 ms a token, against 2.0 ms stored."""
-    return {"freezing": freezing} | ({"realize_opcount_threshold": 0} if as_reductions else {})
+    aot_inductor.package_constants_in_so=False: the weights are not copied into the library (`load_step` points it
+    at the model's own). realize_opcount_threshold=0: every computed input of a product is stored before the
+    product's loop reads it; by default inductor inlines a cheap producer (a LayerNorm, the embeddings) into each
+    consumer, and a reduction over a weight's rows is a consumer per output: the small model's one-row step
+    recomputed its inputs 384 to 1,536 times and took 3.2 ms a token, against 2.0 ms stored."""
+    return {"aot_inductor.package_constants_in_so": False} | (
+        {"realize_opcount_threshold": 0} if as_reductions else {})
 
 
 def package_digest(model: nn.Module) -> str:
-    """A digest of what a captured step depends on (see the module docstring): 32 hex digits."""
+    """A digest of what a captured step depends on (see the module docstring): 32 hex digits. The weights' values
+    are not part of it: the library reads them from the model, so every checkpoint of one architecture shares it."""
     digest = hashlib.blake2b(digest_size=16)
     cpu = CpuCapabilities.detect()
-    for part in (torch.__version__, cpu.isa, ",".join(sorted(cpu.flags)), repr(model), _source_digest()):
+    for part in (torch.__version__, cpu.isa, ",".join(sorted(cpu.flags)), _settings(model), _source_digest()):
         digest.update(part.encode())
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        digest.update(f"{name} {tuple(tensor.shape)} {tensor.dtype}".encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        digest.update(f"{name} {tuple(tensor.shape)} {tensor.stride()} {tensor.dtype} {tensor.device}".encode())
     return digest.hexdigest()
+
+
+def _settings(model: nn.Module) -> str:
+    """Every module's type and plain settings (sizes, eps, theta, flags...), which the graph holds as constants."""
+    plain = (int, float, str, bool, type(None), tuple)
+    return "\n".join(f"{name} {type(module).__qualname__} "
+                     f"{sorted((k, v) for k, v in vars(module).items() if isinstance(v, plain))}"
+                     for name, module in model.named_modules())
 
 
 def _source_digest() -> str:

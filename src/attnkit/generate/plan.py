@@ -210,8 +210,8 @@ def _linear_layout(
         return "plain", "off the CPU the device's matrix kernels take nn.Linear's layout"
     name = dtype_name(dtype)
     if static and compile == "aot":
-        return "plain", ("the captured one-row step reads nn.Linear's rows as reductions; the several-row step packs "
-                         "its frozen weights")
+        return "plain", ("the captured one-row step reads nn.Linear's rows as reductions, the several-row step "
+                         "multiplies by them as they are")
     wanted = profile.decode_linear.get(name, "plain")
     if wanted == "transposed" and static and compile == "max-autotune":
         return "plain", "max-autotune packs frozen weights for its own kernels, faster than a transposed copy"
@@ -251,8 +251,8 @@ def _compilation(compile: bool | str, mode: str | None, static: bool, linear: st
         return Choice("compilation", "eager", "not asked for (--compile)")
     if static and compile == "aot":
         return Choice("compilation", "decoding step captured ahead of time (AOTInductor)",
-                      "one C++ library for every batch size and cache length, weights frozen and packed in it, no "
-                      f"Python per layer; kept in {default_package_dir()} for the next start")
+                      "one C++ library for one row and one for several, any cache length, reading the model's weights; "
+                      f"no Python per layer; kept in {default_package_dir()} for the next start")
     if compile == "aot":
         return Choice("compilation", "each block, default", "aot captures decoder-only steps without sliding "
                       "windows; this model's blocks are compiled for any length instead")
