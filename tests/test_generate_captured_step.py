@@ -14,7 +14,7 @@ from attnkit.generate import EagerDecoding, generate_tokens
 from attnkit.generate import captured_step as captured
 from attnkit.generate.captured_step import CapturedDecoding, package_digest, row_int8_products, row_products
 from attnkit.generate.pipeline import decoding_for
-from attnkit.generate.plan import plan_inference
+from attnkit.generate.plan import plan_inference, prepare_for_inference
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="capturing a step needs a C++ compiler (g++)")
 
@@ -105,12 +105,18 @@ def test_another_checkpoint_of_the_architecture_shares_the_package_with_its_own_
         generate_tokens(gqa_model[0], PROMPTS, max_new_tokens=8, context_len=config.max_seq_len)
 
 
-def test_the_package_name_follows_structure_settings_and_dtype_not_weights():
+def test_the_package_name_follows_structure_settings_dtype_and_threads_not_weights():
     model, _ = tiny_model(position="rope")
     assert package_digest(model) == package_digest(tiny_model(position="rope", seed=3)[0])
     assert package_digest(model) != package_digest(tiny_model(position="learned")[0])
     assert package_digest(model) != package_digest(tiny_model(position="rope", norm_eps=1e-6)[0])
     assert package_digest(model) != package_digest(tiny_model(position="rope")[0].float())
+    threads, before = torch.get_num_threads(), package_digest(model)
+    try:  # inductor writes parallel loops only for more than one thread
+        torch.set_num_threads(threads + 1)
+        assert package_digest(model) != before
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_without_a_compiler_capture_is_refused_in_one_line(tmp_path, monkeypatch):
@@ -144,3 +150,16 @@ def test_aot_plans_a_captured_step_for_decoders_and_compiled_blocks_elsewhere(tm
     assert compilation.choice == "each block, default"
     windowed, _ = tiny_model(position="rope", attention_window=4)
     assert type(decoding_for(windowed, "aot")) is EagerDecoding  # no fixed-shape step with a rolling cache
+
+
+@needs_compiler
+def test_int8_weights_decode_through_the_captured_loop(tmp_path):
+    """The one-row form turns int8 products (`_weight_int8pack_mm`) into a reduction over the int8 bytes: the same
+    logits as the eager int8 model, within bf16's rounding."""
+    model, _ = tiny_model(position="learned", seed=2)
+    prepare_for_inference(model.float(), "decoder", quantize="int8", compile="aot")
+    forced = [5, 0, 12, 7]
+    eager = forced_logits(EagerDecoding(model), PROMPTS[1:2], forced)
+    got = forced_logits(CapturedDecoding(model, package_dir=tmp_path), PROMPTS[1:2], forced)
+    for step, (a, b) in enumerate(zip(eager, got, strict=True)):
+        torch.testing.assert_close(b.float(), a.float(), rtol=2e-2, atol=5e-2, msg=f"step {step}")

@@ -24,9 +24,10 @@ second copy in memory or on disk), so every checkpoint of one architecture share
 
 Capture takes tens of seconds (a C++ compiler runs), so packages are kept on disk and a second start loads them in
 a fraction of a second. Their names hold a digest of everything the library depends on: the model's structure and
-settings, its tensors' shapes and dtypes, attnkit's source, PyTorch's version and the CPU's capabilities; anything
-else gets packages of its own. They are kept under `default_package_dir()` (`$ATTNKIT_COMPILED`, else
-`machine.cache_home()`/compiled); deleting that folder only costs the next start its capture.
+settings, its tensors' shapes and dtypes, attnkit's source, PyTorch's version, the CPU's capabilities and the thread
+count inductor wrote its loops for; anything else gets packages of its own. They are kept under
+`default_package_dir()` (`$ATTNKIT_COMPILED`, else `machine.cache_home()`/compiled); deleting that folder only costs
+the next start its capture.
 """
 
 from __future__ import annotations
@@ -221,7 +222,8 @@ def package_digest(model: nn.Module) -> str:
     are not part of it: the library reads them from the model, so every checkpoint of one architecture shares it."""
     digest = hashlib.blake2b(digest_size=16)
     cpu = CpuCapabilities.detect()
-    for part in (torch.__version__, cpu.isa, ",".join(sorted(cpu.flags)), _settings(model), _source_digest()):
+    threads = str(torch.get_num_threads())  # inductor writes its loops for this many threads (one: no parallel loops)
+    for part in (torch.__version__, cpu.isa, ",".join(sorted(cpu.flags)), threads, _settings(model), _source_digest()):
         digest.update(part.encode())
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         digest.update(f"{name} {tuple(tensor.shape)} {tensor.stride()} {tensor.dtype} {tensor.device}".encode())
