@@ -10,7 +10,7 @@ from generate_models import tiny_model
 from test_generate_static_decode import PROMPTS, forced_logits
 
 from attnkit.errors import InputError
-from attnkit.generate import EagerDecoding, generate_tokens
+from attnkit.generate import EagerDecoding, StaticDecoding, generate_tokens
 from attnkit.generate import captured_step as captured
 from attnkit.generate.captured_step import CapturedDecoding, package_digest, row_int8_products, row_products
 from attnkit.generate.pipeline import decoding_for
@@ -163,3 +163,16 @@ def test_int8_weights_decode_through_the_captured_loop(tmp_path):
     got = forced_logits(CapturedDecoding(model, package_dir=tmp_path), PROMPTS[1:2], forced)
     for step, (a, b) in enumerate(zip(eager, got, strict=True)):
         torch.testing.assert_close(b.float(), a.float(), rtol=2e-2, atol=5e-2, msg=f"step {step}")
+
+
+def test_int4_steps_are_compiled_by_torch_compile_instead(tmp_path):
+    model, _ = tiny_model(position="learned", d_model=64, d_ff=128)
+    plan = plan_inference(model.float(), "decoder", quantize="int4", compile="aot")
+    if plan.linear != "int4":
+        pytest.skip(f"the plan chose {plan.linear} weights on this CPU (PyTorch's int4 kernel is not vectorized here)")
+    plan.apply(model)
+    compilation = {c.what: c for c in plan.choices}["compilation"]
+    assert compilation.choice == "decoding step, default (torch.compile)" and "int4" in compilation.why
+    assert type(decoding_for(model, "aot")) is StaticDecoding
+    with pytest.raises(InputError, match="int4 weights cannot be captured"):
+        CapturedDecoding(model, package_dir=tmp_path)

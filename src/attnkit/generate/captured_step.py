@@ -49,6 +49,7 @@ from torch import Tensor, nn
 import attnkit
 from attnkit.errors import InputError
 from attnkit.generate.decoder import Window
+from attnkit.generate.quantize import Int4Linear
 from attnkit.generate.static_decode import StaticDecoding, static_step
 from attnkit.layers.kv_cache import StaticKVCache
 from attnkit.machine import CpuCapabilities, cache_home
@@ -87,6 +88,9 @@ class CapturedDecoding(StaticDecoding):
     """
 
     def __init__(self, model: nn.Module, *, package_dir: str | Path | None = None) -> None:
+        if any(isinstance(m, Int4Linear) for m in model.modules()):
+            raise InputError("a step with int4 weights cannot be captured (inductor derives new weight tensors from "
+                             "them); use compile=True (torch.compile's step) for int4, or int8 weights")
         super().__init__(model, compile=False)  # the eager static step: what is captured, and the tests' reference
         folder = Path(package_dir) if package_dir is not None else default_package_dir()
         digest = package_digest(model)
@@ -95,6 +99,12 @@ class CapturedDecoding(StaticDecoding):
         self.load_s: dict[str, float] = {}  # seconds each form took to load
         self._runners: dict[str, Callable] = {}
         self.prepare(1)
+
+    @staticmethod
+    def supports(model: nn.Module) -> bool:
+        """What StaticDecoding supports, without int4 weights: compiling PyTorch's int4 product, inductor derives new
+        weight tensors from the model's, which a library reading the model's own tensors cannot be given."""
+        return StaticDecoding.supports(model) and not any(isinstance(m, Int4Linear) for m in model.modules())
 
     def prepare(self, batch_size: int) -> Callable:
         """Capture, or load, the step form for `batch_size` rows now rather than at the first such step; returns it."""

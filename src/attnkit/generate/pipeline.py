@@ -418,8 +418,10 @@ def decoding_for(model: nn.Module, compile: bool | str = False) -> EagerDecoding
     """How `generate` decodes a prepared model: where `compile` asks for compilation and the model allows a fixed-shape
     step (`StaticDecoding.supports`), that step captured ahead of time (compile="aot") or through torch.compile;
     else eagerly."""
+    if compile == "aot" and CapturedDecoding.supports(model):
+        return CapturedDecoding(model)
     if torch_compile_mode(compile) is not None and StaticDecoding.supports(model):
-        return CapturedDecoding(model) if compile == "aot" else StaticDecoding(model, compile=compile)
+        return StaticDecoding(model, compile=compile)
     return EagerDecoding(model)
 
 

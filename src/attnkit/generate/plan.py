@@ -249,6 +249,10 @@ def _describe(kernel: MathKernel) -> str:
 def _compilation(compile: bool | str, mode: str | None, static: bool, linear: str) -> Choice:
     if mode is None:
         return Choice("compilation", "eager", "not asked for (--compile)")
+    if static and compile == "aot" and linear == "int4":
+        return Choice("compilation", "decoding step, default (torch.compile)", "int4 steps are not captured ahead of "
+                      "time: compiling PyTorch's int4 product derives new weight tensors, which a library reading the "
+                      "model's own cannot be given")
     if static and compile == "aot":
         return Choice("compilation", "decoding step captured ahead of time (AOTInductor)",
                       "one C++ library for one row and one for several, any cache length, reading the model's weights; "
