@@ -46,7 +46,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-import attnkit
 from attnkit.errors import InputError
 from attnkit.generate.decoder import Window
 from attnkit.generate.quantize import Int4Linear
@@ -251,7 +250,7 @@ def _settings(model: nn.Module) -> str:
 def _source_digest() -> str:
     """A digest of attnkit's Python source: a package captured from other code is not used."""
     digest = hashlib.blake2b(digest_size=16)
-    root = Path(attnkit.__file__).parent
+    root = Path(__file__).resolve().parents[1]  # the attnkit package
     for source in sorted(root.rglob("*.py")):
         digest.update(str(source.relative_to(root)).encode())
         digest.update(source.read_bytes())
