@@ -8,6 +8,9 @@
   documentation gives ("static kv-cache and torch.compile").
 - llama.cpp through `llama-cpp-python` (`pip install 'attnkit[bench]'`): the same weights written to GGUF at f32,
   bf16, q8_0 or q4_0, decoded through its C API with one sequence per row of the batch, greedy, on the same threads.
+- onnxruntime (the `export` extra): the same model written by `attnkit convert --to-onnx`'s exporter (fp32, the
+  KV cache as inputs and outputs), decoded greedily by the loop such graphs are run with (each step's presents fed
+  back as the next past), on the same threads.
 
 `unavailable(impl)` names what is missing for a peer, so the suite skips it with that reason.
 """
@@ -32,6 +35,10 @@ def unavailable(impl: str) -> str | None:
     """Why the peer `impl` cannot run here, or None when it can."""
     if impl.startswith("transformers") and importlib.util.find_spec("transformers") is None:
         return "transformers is not installed (pip install 'attnkit[dev]')"
+    if impl == "onnxruntime":
+        missing = [name for name in ("onnxruntime", "onnxscript") if importlib.util.find_spec(name) is None]
+        if missing:
+            return f"{' and '.join(missing)} not installed (pip install 'attnkit[export]')"
     if impl.startswith("llama.cpp"):
         missing = [name for name in ("llama_cpp", "gguf") if importlib.util.find_spec(name) is None]
         if missing:
@@ -249,5 +256,52 @@ def llama_cpp_generate(model: nn.Module, impl: str, dtype: str, prompt: torch.Te
 
     def run(tokens: int = new_tokens) -> None:
         runner.generate(prompts, tokens)
+
+    return run, check
+
+
+# --- onnxruntime -----------------------------------------------------------------------------------------------------
+def onnxruntime_generate(model: nn.Module, config, prompt: torch.Tensor, new_tokens: int, threads: int):
+    """The attnkit `model` (fp32) exported to ONNX and run by onnxruntime: (run, check), where `run(tokens)` decodes
+    the prompt batch greedily and returns the new tokens (B, tokens), and `check` is the largest difference from
+    attnkit's logits after the prompt."""
+    import onnxruntime
+
+    from attnkit.interop.onnx import export_onnx
+
+    folder = Path(tempfile.mkdtemp(prefix="attnkit-onnx-"))
+    path = folder / "model.onnx"
+    export = export_onnx(model, config, path)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    path.unlink()  # read into the session
+    folder.rmdir()
+    pasts = [name for name in export.inputs if name.startswith("past_key_values.")]
+    ids = prompt.numpy()
+    batch, heads, head_dim = ids.shape[0], config.resolved.n_kv_heads, config.resolved.head_dim
+    empty = np.zeros((batch, heads, 0, head_dim), dtype=np.float32)
+
+    def decode(tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """Greedy decoding of `tokens` tokens: (the logits after the prompt (B, V), the new tokens (B, tokens))."""
+        mask = np.ones(ids.shape, dtype=np.int64)
+        feed = {"input_ids": ids, "attention_mask": mask, **dict.fromkeys(pasts, empty)}
+        chosen, first = [], None
+        for _ in range(tokens):
+            logits, *presents = session.run(None, feed)
+            first = logits[:, -1] if first is None else first
+            chosen.append(logits[:, -1].argmax(axis=-1)[:, None])  # (B, 1)
+            if len(chosen) == tokens:
+                break
+            mask = np.concatenate((mask, np.ones((batch, 1), dtype=np.int64)), axis=1)
+            feed = {"input_ids": chosen[-1], "attention_mask": mask, **dict(zip(pasts, presents, strict=True))}
+        return first, np.concatenate(chosen, axis=1)
+
+    with torch.no_grad():
+        expected = model(prompt).logits[:, -1].float().numpy()
+    check = float(np.abs(decode(1)[0] - expected).max())
+
+    def run(tokens: int = new_tokens) -> np.ndarray:
+        return decode(tokens)[1]
 
     return run, check

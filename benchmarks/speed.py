@@ -98,10 +98,12 @@ PEERS = {"nanogpt": ["attnkit"], "nanogpt-compiled": ["attnkit-compiled"],
          "llama.cpp": ["attnkit", "attnkit-compiled", "attnkit-autotuned", "attnkit-aot"],
          "llama.cpp-q8_0": [INT8_DYNAMIC, "attnkit-int8", "attnkit-int8-compiled", "attnkit-int8-autotuned",
                             "attnkit-int8-aot"],
-         "llama.cpp-q4_0": ["attnkit-int4", "attnkit-int4-compiled"]}
+         "llama.cpp-q4_0": ["attnkit-int4", "attnkit-int4-compiled"],
+         "onnxruntime": ["attnkit", "attnkit-compiled", "attnkit-aot"]}
 PEER_LABELS = {"nanogpt": "nanoGPT", "nanogpt-compiled": "nanoGPT, torch.compile",
                "transformers-static": "transformers, static cache, torch.compile", "llama.cpp": "llama.cpp {gguf}",
-               "llama.cpp-q8_0": "llama.cpp q8_0", "llama.cpp-q4_0": "llama.cpp q4_0"}
+               "llama.cpp-q8_0": "llama.cpp q8_0", "llama.cpp-q4_0": "llama.cpp q4_0",
+               "onnxruntime": "onnxruntime (attnkit's ONNX export)"}
 
 
 def peer_impls(case: Case, dtype: str, compiled: bool) -> list[str]:
@@ -110,7 +112,8 @@ def peer_impls(case: Case, dtype: str, compiled: bool) -> list[str]:
         return ["nanogpt"] + (["nanogpt-compiled"] if compiled else [])
     if case.kind == "generate":
         return (["transformers-static"] if compiled else []) + [
-            impl for impl, types in peers.LLAMA_CPP_TYPES.items() if dtype in types]
+            impl for impl, types in peers.LLAMA_CPP_TYPES.items() if dtype in types] + (
+            ["onnxruntime"] if dtype == "fp32" and case.family == "decoder" else [])  # its CPU kernels are fp32
     return []
 
 
@@ -196,7 +199,7 @@ def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
     targets = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(device)
     if impl.startswith("nanogpt"):
         return peers.nanogpt_train_step(case, dtype, compiled=impl.endswith("compiled"), device=device)
-    if impl.startswith("attnkit") or impl.startswith("llama.cpp"):
+    if impl.startswith(("attnkit", "llama.cpp", "onnxruntime")):
         from attnkit import build_model
 
         model = build_model(_attnkit_config(case)).to(device)
@@ -207,6 +210,9 @@ def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
         model.eval()
         if impl.startswith("llama.cpp"):  # the same (fp32) weights, written at the peer's precision
             return model, peers.llama_cpp_generate(model, impl, dtype, ids, case.new_tokens, torch.get_num_threads())
+        if impl == "onnxruntime":  # the same weights, exported as `attnkit convert --to-onnx` writes them
+            return model, peers.onnxruntime_generate(model, _attnkit_config(case), ids, case.new_tokens,
+                                                     torch.get_num_threads())
         if dtype == "bf16" and impl != INT8_DYNAMIC:
             model.to(torch.bfloat16)
         if impl.startswith("attnkit"):  # as `attnkit.load` prepares it; a compiled model compiles during warm-up
@@ -312,7 +318,7 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
     case = next(c for c in CASES if c.name == case_name)
     model, step = _step_function(case, impl, dtype, device)
     check = None
-    if impl.startswith("llama.cpp"):
+    if impl.startswith("llama.cpp") or impl == "onnxruntime":
         step, check = step
     on_gpu = torch.device(device).type == "cuda"
     if on_gpu:  # from here: the model as it runs, not the fp32 copy a bf16 one was converted from
@@ -345,7 +351,8 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
     if case.kind == "generate":
         result["read_bytes_per_s"] = read_bandwidth(device, n_bytes=1 << 28, repeats=3)  # beside this row's timing
         result["ms_per_token"] = 1000 * median / case.new_tokens
-        result["weight_bytes"] = bytes_read_per_token(model) if check is None else _gguf_bytes(model, impl, dtype)
+        llama = impl.startswith("llama.cpp")
+        result["weight_bytes"] = _gguf_bytes(model, impl, dtype) if llama else bytes_read_per_token(model)
         result["first_token_s"] = statistics.median(timed_runs(synced(lambda: step(1), device), repeats, warmup=0))
         result.update(getattr(step, "start_s", {}))  # a captured step: its capture, and its load at a second start
     return result

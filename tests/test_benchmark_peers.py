@@ -1,5 +1,6 @@
 """The speed suite's peers run the same model: llama.cpp reads the weights attnkit wrote to GGUF and gives its logits;
-nanoGPT's training step updates its model; a missing peer is named with the way to install it."""
+onnxruntime decodes attnkit's greedy tokens from its ONNX export; nanoGPT's training step updates its model; a
+missing peer is named with the way to install it."""
 
 import importlib.util
 
@@ -35,6 +36,20 @@ def test_llama_cpp_reads_the_same_weights(impl, dtype, tolerance):
     # weights in blocks of 32: 10% of the largest logit here, as int4's own test allows 15% of fp32's logits' norm)
     assert difference <= tolerance * scale
     run()  # decodes the batch to the end
+
+
+def test_onnxruntime_decodes_attnkits_greedy_tokens_from_its_onnx_export():
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'attnkit[export]')")
+    pytest.importorskip("onnxscript", reason="onnxscript is not installed (pip install 'attnkit[export]')")
+    from attnkit.generate import generate_tokens
+
+    model = _tiny_decoder()
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(2, TINY.vocab_size, (TINY.batch_size, TINY.seq_len), generator=generator)
+    run, difference = peers.onnxruntime_generate(model, _attnkit_config(TINY), prompt, TINY.new_tokens, threads=1)
+    assert difference <= 1e-4
+    expected = generate_tokens(model, prompt.tolist(), max_new_tokens=TINY.new_tokens, context_len=64)
+    assert run().tolist() == expected
 
 
 def test_gguf_vocabulary_has_distinct_tokens_and_the_newline_byte_first():

@@ -105,6 +105,15 @@ def convert_to_onnx(run_dir: str | Path, out: str | Path, *, opset: int = OPSET)
     if out.suffix != ".onnx":
         raise InputError(f"{out} should end in .onnx")
     model, config = load_model(run_dir)
+    export = export_onnx(model, config, out, opset=opset)
+    log.info("wrote %s as ONNX (%s) to %s", run_dir, export.kind, out)
+    return export
+
+
+def export_onnx(model: nn.Module, config: ModelConfig, out: Path, *, opset: int = OPSET) -> ONNXExport:
+    """Write `model` (of `config`, in fp32) as an ONNX graph at `out`, whole or not at all (see the module
+    docstring); what `convert_to_onnx` does after reading the run, and what the speed suite's onnxruntime peer
+    runs."""
     graph, example, dynamic, inputs, outputs, kind = _graph(model.float().eval(), config)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
@@ -118,7 +127,6 @@ def convert_to_onnx(run_dir: str | Path, out: str | Path, *, opset: int = OPSET)
         partial.unlink(missing_ok=True)  # no half-written file is left behind
         raise
     partial.replace(out)
-    log.info("wrote %s as ONNX (%s) to %s", run_dir, kind, out)
     return ONNXExport(path=out, kind=kind, inputs=inputs, outputs=outputs)
 
 
