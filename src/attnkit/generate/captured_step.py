@@ -87,7 +87,7 @@ class CapturedDecoding(StaticDecoding):
     """
 
     def __init__(self, model: nn.Module, *, package_dir: str | Path | None = None) -> None:
-        if any(isinstance(m, Int4Linear) for m in model.modules()):
+        if _has_int4_weights(model):
             raise InputError("a step with int4 weights cannot be captured (inductor derives new weight tensors from "
                              "them); use compile=True (torch.compile's step) for int4, or int8 weights")
         super().__init__(model, compile=False)  # the eager static step: what is captured, and the tests' reference
@@ -103,7 +103,7 @@ class CapturedDecoding(StaticDecoding):
     def supports(model: nn.Module) -> bool:
         """What StaticDecoding supports, without int4 weights: compiling PyTorch's int4 product, inductor derives new
         weight tensors from the model's, which a library reading the model's own tensors cannot be given."""
-        return StaticDecoding.supports(model) and not any(isinstance(m, Int4Linear) for m in model.modules())
+        return StaticDecoding.supports(model) and not _has_int4_weights(model)
 
     def prepare(self, batch_size: int) -> Callable:
         """Capture, or load, the step form for `batch_size` rows now rather than at the first such step; returns it."""
@@ -135,8 +135,8 @@ def load_step(path: Path, model: nn.Module) -> Callable[[list[Tensor]], list[Ten
     tensor the model does not have (one captured from another model under the same name)."""
     with _without_torch_deprecations():
         package = torch._inductor.aoti_load_package(str(path), run_single_threaded=True)  # one thread calls it
-    tensors = dict(StepGraph(model, None).state_dict(keep_vars=True))
-    tensors |= {f"model.{name}": buffer for name, buffer in model.named_buffers()}  # non-persistent ones too
+    named = (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
+    tensors = {f"model.{name}": tensor for name, tensor in named}  # as StepGraph names them; tied ones under each name
     wanted = package.get_constant_fqns()
     missing = [name for name in wanted if name not in tensors]
     if missing:
@@ -145,6 +145,10 @@ def load_step(path: Path, model: nn.Module) -> Callable[[list[Tensor]], list[Ten
     package.load_constants({name: tensors[name].detach() for name in wanted}, check_full_update=True,
                            user_managed=True)
     return package.loader.boxed_run  # the call without the pytree (de)serialisation AOTICompiledModel adds each time
+
+
+def _has_int4_weights(model: nn.Module) -> bool:
+    return any(isinstance(module, Int4Linear) for module in model.modules())
 
 
 def row_products(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
