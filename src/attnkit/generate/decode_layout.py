@@ -31,9 +31,6 @@ measure these on a machine).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -104,21 +101,12 @@ class GemvPackedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.numel() != self.in_features:  # several rows
             return self.packed(x)
-        with aten_products():
+        enabled = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = False
+        try:
             return F.linear(x, self.weight, self.bias)  # (..., 1, N)
-
-
-@contextlib.contextmanager
-def aten_products() -> Iterator[None]:
-    """Reduced-precision products on the CPU through ATen's own kernels (its matrix-vector kernel for one row, which
-    reads a bf16 weight faster than oneDNN's unpacked one), by switching oneDNN off for the duration (a process-wide
-    flag: see GemvPackedLinear)."""
-    enabled = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = enabled
+        finally:
+            torch.backends.mkldnn.enabled = enabled
 
 
 def gemv_pack_linear_weights(model: nn.Module) -> nn.Module:
