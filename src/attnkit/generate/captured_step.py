@@ -186,7 +186,8 @@ def capture_step(model: nn.Module, path: Path, form: str = "one-row") -> None:
     example_batch, any_batch, as_reductions = STEP_FORMS[form]
     example = model.allocate_cache(example_batch, EXAMPLE_CACHE_LEN, static=True)
     token = torch.zeros((example_batch, 1), dtype=torch.long, device=example.slot.device)
-    batch, length = (torch.export.Dim("batch", min=2) if any_batch else None), torch.export.Dim("cache_len", min=2)
+    batch = torch.export.Dim("batch", min=2) if any_batch else torch.export.Dim.STATIC
+    length = torch.export.Dim("cache_len", min=2)
     dynamic = ({0: batch}, None, {0: batch, 1: length}, [{0: batch, 2: length}] * len(example.buffers()))
     decompositions = torch.export.default_decompositions()
     if as_reductions:
