@@ -401,3 +401,16 @@ def test_a_convert_option_of_another_direction_is_refused_not_ignored(runs, tmp_
     line = _one_error(capsys, ["convert", str(runs["lm"]), "--to-hf", str(tmp_path / "hf"), *words])
     assert f"{flag} goes with {goes_with}" in line and "drop it" in line, line
     assert not (tmp_path / "hf").exists()
+
+
+def test_convert_reads_the_run_given_right_after_the_target_flag(runs, tmp_path, capsys):
+    """`convert --to-hf RUN OUT` (the order `convert --to-gguf RUN OUT.gguf` is written in the export issue) writes
+    what `convert RUN --to-hf OUT` writes, for every target alike; a run is never taken for the output."""
+    pytest.importorskip("transformers")
+    assert cli.main(["convert", "--to-hf", str(runs["lm"]), str(tmp_path / "a")]) == 0
+    assert cli.main(["convert", str(runs["lm"]), "--to-hf", str(tmp_path / "b")]) == 0
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    capsys.readouterr()
+    line = _one_error(capsys, ["convert", str(runs["lm"]), "--to-hf", str(tmp_path / "a")])
+    assert "already holds a model's files" in line

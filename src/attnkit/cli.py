@@ -516,11 +516,11 @@ def _run_convert(settings: ConvertSettings) -> int:
                                     dtype=parse_dtype(settings.dtype))
         print(f"converted {loaded.architecture} from {settings.from_hf} to {settings.out}")
     else:
-        targets = [flag for flag, value in (("--to-hf", settings.to_hf), ("--to-gguf", settings.to_gguf),
-                                            ("--to-onnx", settings.to_onnx)) if value]
+        targets = [name for name in ("to_hf", "to_gguf", "to_onnx") if getattr(settings, name)]
         if len(targets) != 1 or settings.out:
             raise InputError(f"{settings.run} is a run to write out: give one of --to-hf DIR, --to-gguf OUT.gguf or "
                              "--to-onnx OUT.onnx (--out names the run that --from-hf creates)")
+        settings = _run_first(settings, targets[0])
         if settings.to_gguf:
             from attnkit.interop.gguf import convert_to_gguf
 
@@ -537,6 +537,18 @@ def _run_convert(settings: ConvertSettings) -> int:
             architecture = hf.convert_to_hf(settings.run, settings.to_hf)
             print(f"wrote {settings.run} as a {architecture} to {settings.to_hf}")
     return 0
+
+
+def _run_first(settings: ConvertSettings, target: str) -> ConvertSettings:
+    """`convert --to-gguf RUN OUT.gguf` (the run right after the flag, the output last) as `convert RUN --to-gguf
+    OUT.gguf`: an existing run (a directory holding config.json) is never an output, so the two orders cannot be
+    confused."""
+    from attnkit.checkpoint import CONFIG_FILE
+
+    written_to = getattr(settings, target)
+    if (Path(written_to) / CONFIG_FILE).is_file() and not (Path(settings.run) / CONFIG_FILE).is_file():
+        return replace(settings, run=written_to, **{target: settings.run})
+    return settings
 
 
 # viz ------------------------------------------------------------------------------------------------------------
