@@ -168,9 +168,11 @@ def test_int8_weights_decode_through_the_captured_loop(tmp_path):
 
 def test_int4_steps_are_compiled_by_torch_compile_instead(tmp_path):
     model, _ = tiny_model(position="learned", d_model=64, d_ff=128)
-    plan = plan_inference(model.float(), "decoder", quantize="int4", compile="aot")
+    plan = plan_inference(model.to(torch.bfloat16), "decoder", quantize="int4", compile="aot")
     if plan.linear != "int4":
         pytest.skip(f"the plan chose {plan.linear} weights on this CPU (PyTorch's int4 kernel is not vectorized here)")
+    compiled = plan_inference(model, "decoder", quantize="int4", compile=True)
+    assert plan.math_kernel == compiled.math_kernel  # the attention torch.compile's step gets, not the captured one's
     plan.apply(model)
     compilation = {c.what: c for c in plan.choices}["compilation"]
     assert compilation.choice == "decoding step, default (torch.compile)" and "int4" in compilation.why

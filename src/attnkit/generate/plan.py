@@ -17,7 +17,9 @@ The choices, in the order they are applied:
                     nn.Linear's own
     attention       SDPA, or plain float32 products for short reduced-precision attention on the CPU where the
                     profile measured them faster (`layers/kernels.py`)
-    compilation     none; a decoder's whole decoding step with fixed shapes (`static_decode.py`); or each block
+    compilation     none; a decoder's whole decoding step with fixed shapes, through torch.compile
+                    (`static_decode.py`) or captured ahead of time (`captured_step.py`: nn.Linear's layout and SDPA,
+                    which serve every cache length; not for int4 weights); or each block
 
 A path is taken only where the CPU reports what it needs; where it does not, the plan falls back and says so.
 Tests build plans for CPUs with and without each capability by passing `cpu=`.
@@ -146,11 +148,12 @@ def plan_inference(
                   None) if quantize == "int4" else None  # int4 groups must tile each row
     linear, why = _linear_layout(decodes, on_cpu, dtype, quantize, compile, static, cpu, profile, profile_note, uneven)
     choices.append(Choice("linear layers", linear, why))
+    captured = static and compile == "aot" and linear != "int4"  # int4 steps go through torch.compile (below)
     math_kernel, why = _attention_kernel(device, dtype, profile, profile_note)
-    if math_kernel is not None and static and compile == "aot":  # its choice by key count would fix the cache length
+    if math_kernel is not None and captured:  # its choice by key count would fix the cache length
         math_kernel, why = None, "the captured step serves every cache length, and SDPA does too"
     choices.append(Choice("attention", "SDPA" if math_kernel is None else _describe(math_kernel), why))
-    choices.append(_compilation(compile, mode, static, linear))
+    choices.append(_compilation(compile, mode, static, captured, linear))
     if on_cpu and dtype == torch.bfloat16 and cpu is not None and not cpu.native_bf16:
         choices.append(Choice("bf16", "converted to fp32 inside each product", _bf16_cost(cpu, profile)))
     return InferencePlan(
@@ -246,14 +249,14 @@ def _describe(kernel: MathKernel) -> str:
             "(passes), SDPA beyond")
 
 
-def _compilation(compile: bool | str, mode: str | None, static: bool, linear: str) -> Choice:
+def _compilation(compile: bool | str, mode: str | None, static: bool, captured: bool, linear: str) -> Choice:
     if mode is None:
         return Choice("compilation", "eager", "not asked for (--compile)")
-    if static and compile == "aot" and linear == "int4":
+    if static and compile == "aot" and not captured:
         return Choice("compilation", "decoding step, default (torch.compile)", "int4 steps are not captured ahead of "
                       "time: compiling PyTorch's int4 product derives new weight tensors, which a library reading the "
                       "model's own cannot be given")
-    if static and compile == "aot":
+    if captured:
         return Choice("compilation", "decoding step captured ahead of time (AOTInductor)",
                       "one C++ library for one row and one for several, any cache length, reading the model's weights; "
                       f"no Python per layer; kept in {default_package_dir()} for the next start")
