@@ -305,6 +305,7 @@ def test_train_hides_only_task_options_and_names_each_hidden_one_in_a_line(task)
     depends = {options.flag(name) for name in [*options.fields_of(DataConfig), *own_options(),
                                                "sample_tokens"]}
     assert hidden <= depends  # a model, training or run option never depends on the task
+    assert hidden, "every task leaves some other task's options out of --help"
     assert {options.flag(name) for name in applicable(task_spec(task))} <= shown
     for flag in hidden:
         assert re.search(rf"^  {flag} does not apply to --task {task}: it is for --task \w", text, re.M), flag

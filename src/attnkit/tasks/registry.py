@@ -127,7 +127,7 @@ class TaskSpec:
     labelled: bool = False  # learns a label set (labels.json; n_classes from the data)
     decodes: bool = False  # evaluation decodes text (attnkit eval passes `translate_texts`)
     training_text: Callable[[Any, int], list[str]] | None = None  # (data, seed) -> text a new tokenizer learns
-    options: tuple[str, ...] = ()  # the DataConfig fields it reads beyond data, tokenizer and seq_len
+    options: tuple[str, ...] = ()  # the DataConfig fields it reads beyond every task's (`train.job.EVERY_TASK`)
     own_options: type | None = None
     """a dataclass of the options this task alone reads (tag's `tag_column`): flags of train and eval, --set and
     --config keys, saved with the run's data settings; `make` reads them as `context.data.options`, evaluation as
