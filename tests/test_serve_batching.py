@@ -205,3 +205,25 @@ def test_a_model_whose_cache_cannot_merge_serves_one_request_at_a_time():
     assert scheduler.batch is None
     for request in recorded:
         assert request.tokens == request.alone(windowed)
+
+
+@pytest.mark.parametrize(("window", "first_new", "merges"), [(5, 3, False), (CONTEXT, 20, True)])
+def test_a_windowed_model_merges_by_its_window_whatever_the_first_job_allocated(window, first_new, merges):
+    """A short first job's cache fits inside a window of 5 (a plain cache), yet its rows cannot merge with a longer
+    job's ring buffer: later jobs wait. A window as long as the context never makes a ring buffer, so the jobs
+    arriving later join the running one."""
+    windowed = tiny_model(max_seq_len=CONTEXT, position="rope", attention_window=window, seed=4)[0]
+    scheduler = scheduler_for(windowed, max_rows=8)
+    recorded = [Recorded([1, 2], first_new), Recorded([3, 4, 5, 6, 7, 8], 12), Recorded([9, 1, 2], 8)]
+    scheduler.submit(recorded[0].job)
+    iterate(scheduler)
+    for request in recorded[1:]:
+        scheduler.submit(request.job)
+    most_jobs = 0
+    for _ in range(100):
+        iterate(scheduler)
+        most_jobs = max(most_jobs, len(scheduler.batch.jobs) if scheduler.batch is not None else 0)
+    assert scheduler.batch is None
+    assert most_jobs == (3 if merges else 1)
+    for request in recorded:
+        assert request.tokens == request.alone(windowed)

@@ -17,12 +17,13 @@ and leaving copy no other row's cache:
     no column left (or too few rows, or a prompt wider than the rows): the batch moves into new buffers, leaving
                behind the columns that are padding in every row: a copy of the whole cache, once in many steps
 
-The buffers hold at most max_rows rows and twice the context's positions (right-aligned beside a long prompt, a
-short one with many tokens to come may need more than the context).
+The buffers hold at most max_rows rows and twice the context's positions: the rows in use never span more than the
+context, and the spare room lets the buffers move less often (a model with a sliding window: the context, since a
+longer buffer would be a ring buffer, whose rows cannot merge).
 
-Admission: a job arriving while the batch is running waits until it has waited one decoding step, so jobs that
-arrive within a step of each other are prefilled in one forward pass; the running rows keep stepping meanwhile,
-and a job arriving at an idle scheduler starts at once.
+Admission: a job arriving while the batch is running waits until it has waited one decoding step, or joins at
+once when the waiting jobs fill the free rows, so jobs that arrive within a step of each other are prefilled in one
+forward pass; the running rows keep stepping meanwhile, and a job arriving at an idle scheduler starts at once.
 
 Each request keeps its own sampling settings and its own seeded generator, and its rows are sampled together,
 so a request's tokens do not depend on which others share its steps: the tokens equal those of
@@ -357,7 +358,7 @@ class Scheduler:
         oldest has waited a decoding step or they fill the free rows; never beside a cache that cannot merge (nor
         a second job with such a model)."""
         batch = self.batch
-        if batch is not None and (not mergeable(batch.store) or not self._due()):
+        if batch is not None and (not self._merge_ok() or not self._due()):
             return []
         joining: list[GenerationJob] = []
         rows = self.running_rows
@@ -388,7 +389,7 @@ class Scheduler:
         need for a cache that cannot merge, which never grows)."""
         count, width = window.ids.shape
         needed = width + headroom
-        positions = min(2 * needed, 2 * self.context_len) if self._merge_ok() else needed
+        positions = min(2 * needed, self._most_positions()) if self._merge_ok() else needed
         ids = torch.zeros((count, positions), dtype=window.ids.dtype, device=self.device)
         mask = torch.zeros((count, positions), dtype=torch.bool, device=self.device)
         ids[:, :width], mask[:, :width] = window.ids, window.attention_mask
@@ -397,8 +398,8 @@ class Scheduler:
     def _fit(self, *, rows: int = 0, width: int = 0) -> None:
         """Make room in the batch for `rows` more rows whose prompts are `width` columns wide, and a free column for
         the next token. When the buffers lack it, the batch moves into new ones, leaving behind the columns that
-        are padding in every row; rows double (up to max_rows), and positions double (up to twice the context)
-        when what is left would fill more than three quarters of them."""
+        are padding in every row; rows double (up to max_rows), and positions double (up to `_most_positions`)
+        when what is left would fill at least three quarters of them."""
         batch = self.batch
         capacity, positions = batch.room
         used = len(batch.rows) + rows
@@ -406,20 +407,27 @@ class Scheduler:
             return
         length = max(batch.length - batch.first, width)  # the columns the rows need now
         if positions - length <= positions // 4:
-            positions = min(max(2 * positions, length + 1), 2 * self.context_len)
+            positions = min(max(2 * positions, length + 1), self._most_positions())
         if used > capacity:
             capacity = min(self.max_rows, max(2 * capacity, used))
         self.batch = batch.moved(capacity, positions, length - batch.length, self._allocate)
 
     def _merge_ok(self) -> bool:
-        """Whether this model's caches merge (checked once, on a cache of one row and the whole context: a sliding
-        window shorter than the context makes it a ring buffer)."""
+        """Whether this model's caches merge (checked once, on a cache of no rows and the whole context: a sliding
+        window shorter than the context makes it a ring buffer). Decided by the model, not by a batch's buffer,
+        which a short first job may have allocated below the window."""
         if not hasattr(self, "_merges"):
-            self._merges = mergeable(self._allocate(1, self.context_len))
+            self._merges = mergeable(self._allocate(0, self.context_len))
         return self._merges
 
+    def _most_positions(self) -> int:
+        """The most positions a batch's buffers take. The rows in use never span more than the context, so twice
+        the context is spare room that lets the buffers move less often; with a sliding window, the context
+        itself, since a buffer longer than the window becomes a ring buffer, whose rows cannot merge."""
+        windowed = any(getattr(module, "window", None) is not None for module in self.model.modules())
+        return self.context_len if windowed else 2 * self.context_len
+
     def _allocate(self, batch_size: int, positions: int):
-        """A cache of `positions`; rows padded beside a longer prompt may need more than the context itself."""
         return self.model.allocate_cache(batch_size, positions)
 
     def _end_all(self, reason: FinishReason) -> None:
