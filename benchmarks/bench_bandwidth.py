@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnkit.generate.decode_layout import GemvPackedLinear, PackedLinear
+from attnkit.generate.decode_layout import GemvPackedLinear
 from attnkit.generate.quantize import Int4Linear, Int8DynamicLinear, dynamic_quantization_available
 from attnkit.machine import CpuCapabilities
 from benchmarks.common import parse_args, timed_runs, write_results
@@ -69,8 +69,8 @@ def kernels(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, object]]:
     }
     cpu = CpuCapabilities.detect()
     if cpu.onednn_bf16:  # the same bf16 weights, packed once for oneDNN, and kept as they are for one-row products
-        packed = [PackedLinear(_linear(w)) for w in bf16]
         gemv = [GemvPackedLinear(_linear(w)) for w in bf16]
+        packed = [g.packed for g in gemv]  # the same packed weights, once
         table["packed once (decode_layout.PackedLinear), bf16"] = (
             nbytes(bf16), lambda: [p(rows_bf16[p.in_features]) for p in packed])
         table["ATen matrix-vector (decode_layout.GemvPackedLinear), bf16"] = (

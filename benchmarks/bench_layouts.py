@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             ms = 1000 * statistics.median(times) / own.tokens
             row = {"case": case.name, "dtype": key[0], "layout": key[1], "ms_per_token": ms,
                    "speed_vs_fp32": statistics.median(f / t for f, t in zip(fp32, times, strict=True)),
-                   "bytes_per_token": read[key], "gb_per_s": read[key] * case.batch_size / ms / 1e6,
+                   "bytes_per_token": read[key], "gb_per_s": read[key] / ms / 1e6,
                    **profiled(runs[key], own.tokens)}
             rows.append(row)
             print(f"{case.name} {key[0]} {key[1]:12s} {ms:7.1f} ms/token  {row['speed_vs_fp32']:.2f}x fp32  "

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils import benchmark
 
-from attnkit.generate.decode_layout import GemvPackedLinear, PackedLinear, TransposedLinear
+from attnkit.generate.decode_layout import GemvPackedLinear, TransposedLinear
 from attnkit.layers.kernels import grouped_attention
 from attnkit.layers.masks import AttentionMask
 from attnkit.machine import AttentionKernelLimits, CpuCapabilities, Profile, default_profile_path
@@ -98,8 +98,9 @@ def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, min_run_time: float
     if dtype == torch.float32:
         layouts["transposed"] = [TransposedLinear(layer) for layer in linears]
     elif dtype == torch.bfloat16 and cpu.onednn_bf16:
-        layouts["packed"] = [PackedLinear(layer) for layer in linears]
-        layouts["gemv+packed"] = [GemvPackedLinear(layer) for layer in linears]
+        gemv = [GemvPackedLinear(layer) for layer in linears]
+        layouts["packed"] = [layer.packed for layer in gemv]  # the same packed weights, packed once
+        layouts["gemv+packed"] = gemv
     rows_in = {k: torch.randn(1, k, dtype=dtype) for k, _ in shapes}
     times = {}
     with torch.no_grad():
