@@ -186,8 +186,9 @@ def test_the_old_mask_keywords_still_work_with_a_deprecation_warning():
     attention = Attention(16, 2).eval()
     x = torch.randn(2, 5, 16)
     real = torch.tensor([[True] * 5, [False, True, True, True, True]])
-    with pytest.warns(DeprecationWarning, match="mask=AttentionMask"):
+    with pytest.warns(DeprecationWarning, match="mask=AttentionMask") as record:
         old, _ = attention(x, causal=True, key_is_real=real)
+    assert record[0].filename == __file__  # the caller's line, past torch's Module.__call__, where filters show it
     new, _ = attention(x, mask=AttentionMask(5, causal=True, attention_mask=real))
     torch.testing.assert_close(old, new)
     model, _ = tiny_model(n_layers=1)

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 # Names that were attributes beside the fields whose "None: same as ..." they resolved (config.kv_heads beside
 # n_kv_heads): one name per concept now, the field's (`config.resolved.n_kv_heads` is the resolved value). A config
-# that still names them (a hand-written config.json, `--set kv_heads=2`) is read with a warning naming the field.
+# that still names them (a hand-written config.json, through from_dict) is read with a warning naming the field.
 RENAMED_FIELDS = {"kv_heads": "n_kv_heads", "head_size": "head_dim", "use_final_norm": "final_norm",
                   "decoder_layers": "n_decoder_layers", "embedding_size": "embedding_dim",
                   "encoder_size": "encoder_hidden_size"}
