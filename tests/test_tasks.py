@@ -366,3 +366,11 @@ def test_a_task_like_tag_with_a_head_of_its_own_needs_no_model_code(tmp_path, mo
             ModelConfig(family="encoder", encoder_head="chunks")
     finally:
         unregister("chunk")
+
+
+def test_the_library_refuses_another_tasks_set_key_as_the_command_line_does():
+    """`attnkit.train` called directly (not through the CLI) refuses a --set key the task does not read."""
+    from attnkit.train.job import TrainRequest, check_request
+
+    with pytest.raises(ConfigError, match="--src-lang does not apply to --task lm: it is for --task translate"):
+        check_request(TrainRequest(out="runs/unused", task="lm", overrides=["src_lang=de"]))

@@ -309,12 +309,9 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any], *o
     from attnkit.generate import translate_batched
     from attnkit.interop import hf
     from attnkit.train import prepare
-    from attnkit.train.job import check_applies, check_request, requested_task
+    from attnkit.train.job import check_request
 
     request = train_request(run, data, training, *own)
-    found = requested_task(request)
-    if found is not None:  # a --set key of another task's data settings: refused as its flag is
-        check_applies(found[0], options.assignments(request.overrides), found[1])
     if not request.resume:  # names, task against family, --set keys: refused before a tokenizer is trained
         check_request(request)
     trainer = prepare(request, translate=translate_batched, load_hf=hf.load)

@@ -272,7 +272,11 @@ def check_request(request: TrainRequest) -> tuple[ModelConfig | None, DataConfig
 
 
 def _changes(request: TrainRequest) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
-    """The request's model assignments, data changes and training changes (flags, then --set on top)."""
+    """The request's model assignments, data changes and training changes (flags, then --set on top). Raises
+    ConfigError for a --set key of another task's data settings, named as its flag is (`check_applies`)."""
+    found = requested_task(request)
+    if found is not None:
+        check_applies(found[0], assignments(request.overrides), found[1])
     model_changes, data_changes, train_changes = _split_overrides(request.overrides)
     data_changes = {**request.data, **data_changes}
     train_changes = {**request.settings, **train_changes}
