@@ -43,6 +43,7 @@ def test_each_part_of_the_mask_matches_its_definition(length, start, causal, win
     mask = AttentionMask(length, start=start, causal=causal, attention_mask=real, prefix_len=prefix_len)
     allowed = mask.allowed(keys, window=window, key_positions=key_positions).expand(2, 1, length, keys)
     order = key_positions.tolist() if shuffled else list(range(keys))
+    expected = torch.zeros(2, 1, length, keys, dtype=torch.bool)  # the brute-force grid
     for row in range(2):
         for t in range(length):
             for s, key in enumerate(order):
@@ -50,9 +51,10 @@ def test_each_part_of_the_mask_matches_its_definition(length, start, causal, win
                                  prefix=prefix if causal else None, real=real)
                 if length > 1 and key == start + t and (causal or window is not None):
                     want = want or not bool(real[row, key])  # a padded query row still sees itself
-                assert bool(allowed[row, 0, t, s]) == want, (row, t, key)
-    bias = mask.bias(keys, window=window, key_positions=key_positions)
-    assert torch.equal(bias == 0, mask.allowed(keys, window=window, key_positions=key_positions))
+                expected[row, 0, t, s] = want
+    assert torch.equal(allowed, expected)
+    bias = mask.bias(keys, window=window, key_positions=key_positions).expand(2, 1, length, keys)
+    assert torch.equal(bias == 0, expected) and torch.equal(bias.isneginf(), ~expected)
 
 
 def test_a_plain_causal_square_or_single_newest_query_needs_no_tensor():
