@@ -9,7 +9,8 @@ serve`, a process of its own) on 127.0.0.1 on a free port twice, side by side: w
 --max-batch 1 (one request at a time: each waits for the one before). The measurement is repeated `--rounds`
 times, each round with two fresh servers, started and measured in the other order than the round before: of two
 servers of the same mode, the one started first came out about 5% slower (the median over 12 runs, both ways
-round, on the 2-core machine of the figures), so a fixed order would favour one mode. Each of C clients (a small
+round, on the 2-core machine of the figures; runs made while this benchmark was written, not kept in a results
+file), so a fixed order would favour one mode. Each of C clients (a small
 asyncio client over httpx) sends `--requests` completions one after the other (a 24-character prompt, up to
 `--new-tokens` tokens sampled with a seed; a request may end early at EOS, and the tokens counted are those
 generated); the rows report total tokens per second (every client's tokens over the wall time) and the p50/p99
