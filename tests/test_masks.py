@@ -201,3 +201,11 @@ def test_the_old_mask_keywords_still_work_with_a_deprecation_warning():
     torch.testing.assert_close(old, new)
     with pytest.raises(ValueError, match="causal=True"):
         block(x.double().repeat(1, 1, 2), mask=AttentionMask(5))  # a decoder block given a bidirectional mask
+
+
+def test_an_old_block_keyword_beside_its_new_one_is_refused():
+    model, _ = tiny_model(n_layers=1)
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    real = torch.ones(2, 5, dtype=torch.bool)
+    with pytest.raises(TypeError, match="mask= and key_is_real="):
+        model.stack.blocks[0](x, key_is_real=real, mask=AttentionMask(5, causal=True))

@@ -32,14 +32,17 @@ def _accepts_old_mask_keywords(forward):
     @functools.wraps(forward)
     def wrapper(self: TransformerBlock, x: Tensor, *, key_is_real: Tensor | None = None,
                 context_is_real: Tensor | None = None, **kwargs) -> tuple[Tensor, dict[str, Tensor]]:
+        old_keywords = (("key_is_real", "mask", key_is_real), ("context_is_real", "cross_mask", context_is_real))
+        for old, new, given in old_keywords:
+            if given is not None and kwargs.get(new) is not None:
+                raise TypeError(f"a block got {new}= and {old}=; give {new}= only")
         if key_is_real is not None:
             warn_renamed("a block's key_is_real=", "mask=AttentionMask(T, causal=..., attention_mask=...)")
-            cache = kwargs.get("cache")
-            kwargs["mask"] = AttentionMask(x.shape[1], start=cache.length if cache is not None else 0,
-                                           causal=self.causal, attention_mask=key_is_real, device=x.device)
+            kwargs["mask"] = AttentionMask.for_queries(x, kwargs.get("cache"), causal=self.causal,
+                                                       attention_mask=key_is_real)
         if context_is_real is not None:
             warn_renamed("a block's context_is_real=", "cross_mask=AttentionMask(T, attention_mask=...)")
-            kwargs["cross_mask"] = AttentionMask(x.shape[1], attention_mask=context_is_real, device=x.device)
+            kwargs["cross_mask"] = AttentionMask.for_queries(x, attention_mask=context_is_real)
         return forward(self, x, **kwargs)
 
     return wrapper

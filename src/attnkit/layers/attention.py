@@ -148,8 +148,7 @@ def _accepts_old_mask_keywords(forward):
             warn_renamed("Attention() keywords causal= and key_is_real=",
                          "mask=AttentionMask(T, causal=..., attention_mask=...)")
             cache = kwargs.get("cache") if kwargs.get("context") is None else None
-            kwargs["mask"] = AttentionMask(x.shape[1], start=cache.length if cache is not None else 0,
-                                           causal=bool(causal), attention_mask=key_is_real, device=x.device)
+            kwargs["mask"] = AttentionMask.for_queries(x, cache, causal=bool(causal), attention_mask=key_is_real)
         return forward(self, x, **kwargs)
 
     return wrapper

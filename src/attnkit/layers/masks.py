@@ -50,6 +50,14 @@ class AttentionMask:
     device: torch.device | None = None
     _forms: dict = field(default_factory=dict, init=False, repr=False)  # tensor forms built so far, by request
 
+    @classmethod
+    def for_queries(cls, x: Tensor, cache=None, *, causal: bool = False,
+                    attention_mask: Tensor | None = None) -> AttentionMask:
+        """The mask of the queries x (B, T, C) written after `cache`'s positions (a LayerCache, or None): what the
+        keywords before AttentionMask (causal=, key_is_real=) described."""
+        return cls(x.shape[1], start=cache.length if cache is not None else 0, causal=causal,
+                   attention_mask=attention_mask, device=x.device)
+
     @property
     def query_positions(self) -> Tensor:
         """(T,) long: the queries' absolute positions."""
