@@ -181,8 +181,9 @@ def capture_step(model: nn.Module, path: Path, form: str = "one-row") -> None:
     """
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:
-        raise InputError(f"compile='aot' builds the decoding step with a C++ compiler and {compiler} is not on PATH: "
-                         "install one (Debian: apt-get install g++) or set CXX, or decode without it (compile=False)")
+        raise InputError(f"compile='aot' (--compile aot) builds the decoding step with a C++ compiler and {compiler} "
+                         "is not on PATH: install one (Debian: apt-get install g++) or set CXX, or decode without it "
+                         "(compile=False: no --compile)")
     example_batch, any_batch, as_reductions = STEP_FORMS[form]
     example = model.allocate_cache(example_batch, EXAMPLE_CACHE_LEN, static=True)
     token = torch.zeros((example_batch, 1), dtype=torch.long, device=example.slot.device)
@@ -207,8 +208,9 @@ def capture_step(model: nn.Module, path: Path, form: str = "one-row") -> None:
             os.replace(written, path)  # whole or not at all: a capture cut short leaves no package behind
     except Exception as err:  # torch's export and compile errors have no common base; each is turned into one line
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"compile='aot' could not capture {type(model).__name__}'s decoding step ({first_line}); "
-                         "use compile=True (torch.compile) or compile=False") from err
+        raise InputError(f"compile='aot' (--compile aot) could not capture {type(model).__name__}'s decoding step "
+                         f"({first_line}); use compile=True (torch.compile: bare --compile) or compile=False (no "
+                         "--compile)") from err
 
 
 @contextlib.contextmanager
