@@ -139,3 +139,16 @@ def test_bad_prompts_and_lengths_are_clear_errors():
     with pytest.raises(InputError, match="max_new_tokens"):
         generate_tokens(model, [[1]], max_new_tokens=-1, context_len=config.max_seq_len)
     assert generate_tokens(model, [[1], [2, 3]], max_new_tokens=0, context_len=config.max_seq_len) == [[], []]
+
+
+def test_the_old_mask_names_of_windows_and_sources_still_answer_with_a_warning():
+    from attnkit.generate.seq2seq import encode_sources
+
+    window = left_pad([[1, 2], [3]], pad_id=0)
+    with pytest.warns(DeprecationWarning, match="Window.attention_mask") as record:
+        assert window.mask is window.attention_mask
+    assert record[0].filename == __file__
+    model, _ = tiny_model("encoder-decoder")
+    source = encode_sources(model, [[1, 2], [3]], pad_id=0)
+    with pytest.warns(DeprecationWarning, match="Source.src_mask"):
+        assert source.mask is source.src_mask

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.data.batching import pad
+from attnkit.deprecation import warn_renamed
 from attnkit.errors import InputError
 from attnkit.generate.sampling import GREEDY, SamplingConfig, select_next
 from attnkit.layers.kv_cache import KVCache
@@ -47,6 +48,12 @@ class Window:
     ids: Tensor
     attention_mask: Tensor
     padded: bool  # whether any row has padding: without it the model needs no attention mask
+
+    @property
+    def mask(self) -> Tensor:
+        """The old name of `attention_mask`, with a DeprecationWarning."""
+        warn_renamed("Window.mask", "Window.attention_mask")
+        return self.attention_mask
 
     @classmethod
     def of(cls, ids: Tensor, attention_mask: Tensor) -> Window:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.data.batching import pad
+from attnkit.deprecation import warn_renamed
 from attnkit.errors import InputError
 from attnkit.layers.kv_cache import KVCache
 
@@ -28,6 +29,12 @@ class Source:
 
     memory: Tensor
     src_mask: Tensor
+
+    @property
+    def mask(self) -> Tensor:
+        """The old name of `src_mask`, with a DeprecationWarning."""
+        warn_renamed("Source.mask", "Source.src_mask")
+        return self.src_mask
 
     def repeat(self, k: int) -> Source:
         """Each source k times in a row (for k beams): (B, ...) -> (B * k, ...)."""
