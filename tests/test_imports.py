@@ -26,11 +26,12 @@ LAYERS = {
     "run_settings": 7,  # what a command that runs a model takes (load options, texts): the tasks' commands build on it
     "tasks": 8,  # the task registry: what each task reads, its head, loss, metrics, evaluation, pipeline method
     "train": 9, "generate": 9, "interop": 9, "viz": 9,
+    "inspect": 9,  # hook points, edits and the analyses over them (probing, mechanistic interpretability)
     "experiments": 10,
     "serve": 10,  # attnkit serve: the HTTP app over generate's pipeline, the tasks and viz's attention extraction
     "cli": 11, "__main__": 11, "__init__": 11,
 }
-SIBLINGS = {"train", "generate", "interop", "viz"}  # never import each other: shared code moves down a layer
+SIBLINGS = {"train", "generate", "interop", "viz", "inspect"}  # never import each other: shared code moves down a layer
 
 
 def _modules(package: Path) -> dict[str, Path]:

@@ -1,0 +1,26 @@
+"""Looking inside a model (lecture: "what do these heads actually do?"): named hook points over the modules that
+exist, read and changed through one small API, and the analyses built on it.
+
+    hook_points(model)                 every point's name (`blocks.3.attn.pattern`, `decoder.blocks.0.cross_attn.z`)
+    trace(model, *inputs, names=...)   one run's output and activations
+    hooked(model, capture=, edits=)    the same as a context manager, with edits (ablations, patches)
+"""
+
+from attnkit.inspect.edits import ablate, mean_ablate, patch, resample_ablate, zero_ablate
+from attnkit.inspect.points import HookPoint, head_sites, hook_points
+from attnkit.inspect.trace import Edit, Trace, hooked, trace
+
+__all__ = [
+    "Edit",
+    "HookPoint",
+    "Trace",
+    "ablate",
+    "head_sites",
+    "hook_points",
+    "hooked",
+    "mean_ablate",
+    "patch",
+    "resample_ablate",
+    "trace",
+    "zero_ablate",
+]

@@ -1,0 +1,119 @@
+"""Edits for `hooked` and `trace`: ablate part of an activation, or patch it in from another input.
+
+    zero_ablate(head=3)                          head 3's output set to 0 (at a point with heads: attn.z, q, k, v)
+    mean_ablate(reference, position=5)           position 5 replaced by the mean over a reference batch
+    resample_ablate(reference, generator=g)      each row replaced by a random row of the reference batch
+    patch(source, head=3)                        head 3's output taken from another run (the same shapes)
+
+A whole layer is ablated at its sublayer's output (`blocks.L.attn.out`, `blocks.L.mlp.out`), a head at
+`blocks.L.attn.z`, a position by `position=` at any point. Zero ablation is Michel et al.'s (2019) head masking;
+the mean (Wang et al. 2022) and a resampled input (Chan et al. 2022) keep the activation's typical size, so a loss
+change measures what the head carries rather than the shock of a zero.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from attnkit.errors import InputError
+from attnkit.inspect.points import HookPoint
+from attnkit.inspect.trace import Edit
+
+Ablation = Literal["zero", "mean", "resample"]
+
+
+def part(point: HookPoint, ndim: int, *, head: int | None = None, position: int | None = None) -> tuple:
+    """The index of `head` and `position` in an activation of the point (None: every one)."""
+    index: list = [slice(None)] * ndim
+    if head is not None:
+        if point.head_axis is None:
+            raise InputError(f"{point.name} has no heads; ablate a head at an attention point with heads (attn.z)")
+        index[point.head_axis] = head
+    if position is not None:
+        index[point.position_axis] = position
+    return tuple(index)
+
+
+def replaced(activation: Tensor, value: Tensor, point: HookPoint, *, head: int | None = None,
+             position: int | None = None) -> Tensor:
+    """A copy of `activation` whose part (`part`) is `value` there (value broadcast to the activation's shape)."""
+    index = part(point, activation.dim(), head=head, position=position)
+    _check_index(activation, point, index)
+    out = activation.clone()
+    out[index] = value.to(activation.dtype).expand_as(activation)[index]
+    return out
+
+
+def _check_index(activation: Tensor, point: HookPoint, index: tuple) -> None:
+    for axis, what in ((point.head_axis, "head"), (point.position_axis, "position")):
+        if axis is not None and isinstance(index[axis], int) and not 0 <= index[axis] < activation.shape[axis]:
+            raise InputError(f"{what} {index[axis]} is out of range at {point.name}: it has "
+                             f"{activation.shape[axis]} ({what}s 0..{activation.shape[axis] - 1})")
+
+
+def zero_ablate(*, head: int | None = None, position: int | None = None) -> Edit:
+    """Set the part to 0."""
+    def edit(activation: Tensor, point: HookPoint) -> Tensor:
+        return replaced(activation, activation.new_zeros(()), point, head=head, position=position)
+
+    return edit
+
+
+def mean_ablate(reference: Tensor, *, head: int | None = None, position: int | None = None) -> Edit:
+    """Replace the part by the mean of the point's `reference` activations over their batch and positions (the
+    same point read on other inputs, any batch size and length)."""
+    def edit(activation: Tensor, point: HookPoint) -> Tensor:
+        mean = reference.to(activation.device).mean(dim=(0, point.position_axis), keepdim=True)
+        return replaced(activation, mean, point, head=head, position=position)
+
+    return edit
+
+
+def resample_ablate(reference: Tensor, *, head: int | None = None, position: int | None = None,
+                    generator: torch.Generator | None = None) -> Edit:
+    """Replace each row's part by that of a random row of `reference` (the point read on other inputs of the same
+    length)."""
+    def edit(activation: Tensor, point: HookPoint) -> Tensor:
+        _check_length(reference, activation, point, "resample_ablate's reference")
+        rows = torch.randint(reference.shape[0], (activation.shape[0],), generator=generator)
+        return replaced(activation, reference[rows].to(activation.device), point, head=head, position=position)
+
+    return edit
+
+
+def ablate(how: Ablation, reference: Tensor | None = None, *, head: int | None = None, position: int | None = None,
+           generator: torch.Generator | None = None) -> Edit:
+    """The ablation `how` names; mean and resample read `reference`. Raises InputError when it is missing."""
+    if how == "zero":
+        return zero_ablate(head=head, position=position)
+    if reference is None:
+        raise InputError(f"{how} ablation replaces by other inputs' activations: give reference= (the point read "
+                         "on a reference batch)")
+    if how == "mean":
+        return mean_ablate(reference, head=head, position=position)
+    if how == "resample":
+        return resample_ablate(reference, head=head, position=position, generator=generator)
+    raise InputError(f"unknown ablation {how!r}; use zero, mean or resample")
+
+
+def patch(source: Tensor, *, head: int | None = None, position: int | None = None) -> Edit:
+    """Replace the part by the same part of `source`, the point read on another input of the same shape (activation
+    patching, Meng et al. 2022)."""
+    def edit(activation: Tensor, point: HookPoint) -> Tensor:
+        _check_length(source, activation, point, "the patch's source")
+        if source.shape != activation.shape:
+            raise InputError(f"the patch's source at {point.name} has shape {tuple(source.shape)}, the run "
+                             f"{tuple(activation.shape)}: patch between inputs of the same batch size and length")
+        return replaced(activation, source.to(activation.device), point, head=head, position=position)
+
+    return edit
+
+
+def _check_length(other: Tensor, activation: Tensor, point: HookPoint, what: str) -> None:
+    axis = point.position_axis
+    if other.shape[axis] != activation.shape[axis]:
+        raise InputError(f"{what} at {point.name} has {other.shape[axis]} positions, the run {activation.shape[axis]}: "
+                         "give inputs of the same length")

@@ -1,0 +1,148 @@
+"""Hook points and the trace: with nothing attached, or only reading, the model runs as it does without them (to the
+bit, on its fast kernels); the pattern read equals `need_weights`'s; edits do what an independent change of the
+weights does; every family has its points."""
+
+import pytest
+import torch
+
+from attnkit.config import ModelConfig
+from attnkit.errors import InputError
+from attnkit.inspect import hook_points, hooked, mean_ablate, patch, resample_ablate, trace, zero_ablate
+from attnkit.layers.attention import Attention
+from attnkit.models import build_model
+from attnkit.models.recurrent import recurrent_seq2seq
+
+FAMILIES = ("decoder", "encoder", "encoder-decoder")
+
+
+def _model(family: str, **fields):
+    torch.manual_seed(0)
+    head = {"encoder_head": "mlm"} if family == "encoder" else {}
+    config = ModelConfig(family=family, vocab_size=40, d_model=16, n_heads=4, d_ff=32, max_seq_len=16, n_layers=2,
+                         position="learned", **head, **fields)
+    return build_model(config).eval()
+
+
+def _inputs(family: str, seed: int = 1):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 40, (2, 8), generator=generator)
+    return (ids, ids[:, :6].flip(1)) if family == "encoder-decoder" else (ids,)
+
+
+def _recurrent():
+    torch.manual_seed(0)
+    return recurrent_seq2seq(src_vocab_size=30, tgt_vocab_size=30, embedding_dim=8, hidden=8, encoder_hidden=8,
+                             n_layers=1, cell="gru", attention="bahdanau").eval()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reading_the_stream_changes_no_bit_and_keeps_the_fast_kernels(family, monkeypatch):
+    model, inputs = _model(family), _inputs(family)
+    with torch.no_grad():
+        before = model(*inputs).logits
+    names = [n for n in hook_points(model) if not n.endswith(("scores", "pattern"))]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the reference path ran, though no point read the weights")
+
+    monkeypatch.setattr(Attention, "_reference", refuse)
+    read = trace(model, *inputs, names=names)
+    monkeypatch.undo()
+    assert torch.equal(read.output.logits, before)
+    assert set(read.cache) == set(names)
+    with torch.no_grad():
+        assert torch.equal(model(*inputs).logits, before)  # nothing left attached
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_pattern_read_is_the_weights_need_weights_returns(family):
+    model, inputs = _model(family), _inputs(family)
+    with torch.no_grad():
+        expected = model(*inputs, need_weights=True)
+    read = trace(model, *inputs, names=lambda n: n.endswith("pattern"))
+    prefix = "decoder." if family == "encoder-decoder" else ""
+    for layer, weights in enumerate(expected.attentions):
+        torch.testing.assert_close(read[f"{prefix}blocks.{layer}.attn.pattern"], weights["self"])
+        if "cross" in weights:
+            torch.testing.assert_close(read[f"{prefix}blocks.{layer}.cross_attn.pattern"], weights["cross"])
+    assert read.output.attentions is None  # the caller did not ask for weights, and gets none
+    again = trace(model, *inputs, names=["blocks.0.attn.pattern" if not prefix else "decoder.blocks.0.attn.pattern"],
+                  need_weights=True)
+    assert again.output.attentions is not None
+
+
+def test_the_recurrent_decoders_steps_are_joined_into_its_alignment():
+    model = _recurrent()
+    src, tgt = torch.randint(0, 30, (2, 6)), torch.randint(0, 30, (2, 5))
+    with torch.no_grad():
+        expected = model(src, tgt, need_weights=True).attentions[0]["cross"]  # (B, 1, T, S)
+    read = trace(model, src, tgt)
+    torch.testing.assert_close(read["decoder.attn.pattern"], expected)
+    assert read["decoder.attn.out"].shape == (2, 5, 8) and read["encoder.out"].shape == (2, 6, 8)
+
+
+def test_zero_ablating_a_head_equals_zeroing_its_columns_of_o_proj():
+    model, (ids,) = _model("decoder"), _inputs("decoder")
+    ablated = trace(model, ids, names=[], edits={"blocks.1.attn.z": zero_ablate(head=2)}).output.logits
+    attention = model.stack.blocks[1].self_attn
+    with torch.no_grad():
+        attention.o_proj.weight[:, 2 * attention.head_dim:3 * attention.head_dim] = 0
+        expected = model(ids).logits
+    torch.testing.assert_close(ablated, expected)
+    assert not torch.allclose(ablated, trace(_model("decoder"), ids, names=[]).output.logits)
+
+
+def test_patching_the_stream_at_the_first_block_replays_the_other_input():
+    model = _model("decoder")
+    (clean,), (corrupt,) = _inputs("decoder", 1), _inputs("decoder", 2)
+    source = trace(model, clean, names=["blocks.0.resid_pre"])
+    patched = trace(model, corrupt, names=[], edits={"blocks.0.resid_pre": patch(source["blocks.0.resid_pre"])})
+    torch.testing.assert_close(patched.output.logits, source.output.logits)
+    one = trace(model, corrupt, names=["blocks.0.resid_pre"],
+                edits={"blocks.0.resid_pre": patch(source["blocks.0.resid_pre"], position=3)})["blocks.0.resid_pre"]
+    base = trace(model, corrupt, names=["blocks.0.resid_pre"])["blocks.0.resid_pre"]
+    assert torch.equal(one[:, 3], source["blocks.0.resid_pre"][:, 3])
+    assert torch.equal(one[:, :3], base[:, :3]) and torch.equal(one[:, 4:], base[:, 4:])
+
+
+def test_mean_and_resample_ablation_replace_by_the_reference_batch():
+    model, (ids,) = _model("decoder"), _inputs("decoder")
+    reference = trace(model, ids, names=["blocks.0.attn.z"])["blocks.0.attn.z"]  # (B, T, H, D)
+    edited = trace(model, ids, names=["blocks.0.attn.z"],
+                   edits={"blocks.0.attn.z": mean_ablate(reference, head=1)})["blocks.0.attn.z"]
+    torch.testing.assert_close(edited[:, :, 1], reference[:, :, 1].mean(dim=(0, 1)).expand(2, 8, -1))
+    assert torch.equal(edited[:, :, 0], reference[:, :, 0])
+    one_row = reference[:1]
+    resampled = trace(model, ids, names=["blocks.0.attn.z"],
+                      edits={"blocks.0.attn.z": resample_ablate(one_row, head=1)})["blocks.0.attn.z"]
+    assert torch.equal(resampled[:, :, 1], one_row[:, :, 1].expand(2, -1, -1))
+
+
+def test_scores_can_be_edited_on_the_reference_path():
+    model, (ids,) = _model("decoder"), _inputs("decoder")
+
+    def uniform(scores, point):
+        return torch.zeros_like(scores)
+
+    read = trace(model, ids, names=["blocks.0.attn.pattern"], edits={"blocks.0.attn.scores": uniform})
+    pattern = read["blocks.0.attn.pattern"][0, 0]  # causal and uniform: row t is 1 / (t + 1) over keys 0..t
+    expected = torch.tril(torch.ones(8, 8)) / torch.arange(1, 9).unsqueeze(1)
+    torch.testing.assert_close(pattern, expected)
+
+
+def test_bad_names_and_edits_are_refused_with_the_fix():
+    model, (ids,) = _model("decoder"), _inputs("decoder")
+    with pytest.raises(InputError, match="no hook point 'blocks.9.attn.z'"):
+        trace(model, ids, names=["blocks.9.attn.z"])
+    with pytest.raises(InputError, match="read, not rebuilt"):
+        trace(model, ids, edits={"blocks.0.attn.pattern": zero_ablate()})
+    with pytest.raises(InputError, match="has no heads"):
+        trace(model, ids, edits={"blocks.0.resid_post": zero_ablate(head=1)})
+    with pytest.raises(InputError, match="head 7 is out of range"):
+        trace(model, ids, edits={"blocks.0.attn.z": zero_ablate(head=7)})
+    with pytest.raises(InputError, match="same length"):
+        trace(model, ids[:, :4], edits={"blocks.0.attn.z": patch(torch.zeros(2, 8, 4, 4))})
+    with hooked(model, capture=["embed"]) as cache:
+        pass
+    assert cache == {}
