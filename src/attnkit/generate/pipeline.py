@@ -35,7 +35,7 @@ from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
 from attnkit.generate.plan import InferencePlan, check_quantization, plan_inference
 from attnkit.generate.quantize import QUANTIZE_FORMS
-from attnkit.generate.sampling import SamplingConfig, make_generator
+from attnkit.generate.sampling import check_sampling, make_generator
 from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
@@ -54,11 +54,13 @@ DTYPES = {  # the weight types' names, and torch's long names for them
 
 @dataclass(frozen=True)
 class Classification:
-    """One text's prediction: the most likely label, its probability, and every label's probability."""
+    """One text's prediction: the most likely label, its probability, and every label's probability; `truncated`:
+    the text was longer than the model reads, and only its first tokens were classified."""
 
     label: str
     probability: float
     probabilities: dict[str, float]
+    truncated: bool = False
 
 
 class MethodNotServed(InputError, AttributeError):
@@ -127,12 +129,12 @@ class Pipeline:
         BOS); `add_bos` puts BOS first, and an empty prompt starts from BOS alone. Generation ends at
         `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a token of `stop_tokens`, or at a stop string,
         which is cut off with everything after it. `on_text(i, piece)` receives sequence i's text as it settles.
-        Raises ConfigError for bad sampling settings, InputError for an empty prompt with no BOS to start from.
+        Raises SamplingError (a ConfigError) for bad sampling settings or seed (`check_sampling`), InputError for an
+        empty prompt with no BOS to start from.
         """
         self._require("generate")
-        sampling = SamplingConfig(
-            temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty
-        )
+        sampling, seed = check_sampling(temperature=temperature, top_k=top_k, top_p=top_p,
+                                        repetition_penalty=repetition_penalty, seed=seed)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise InputError(f"num_samples={num_samples!r} must be a positive integer")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
@@ -221,12 +223,13 @@ class Pipeline:
         texts = [texts] if isinstance(texts, str) else list(texts)
         results: list[Classification] = []
         for start in range(0, len(texts), batch_size):
-            chunk = [self._classifier_ids(t, index=start + i) for i, t in enumerate(texts[start:start + batch_size])]
-            ids, mask = pad(chunk, self._pad_id, device=self.device)  # (B, T)
+            chunk = [self.classifier_ids(t, index=start + i) for i, t in enumerate(texts[start:start + batch_size])]
+            ids, mask = pad([row for row, _ in chunk], self._pad_id, device=self.device)  # (B, T)
             probs = self.model(ids, attention_mask=mask).logits.float().softmax(dim=-1)  # (B, n_classes)
-            for row in probs.tolist():
+            for row, (_, truncated) in zip(probs.tolist(), chunk, strict=True):
                 best = max(range(len(row)), key=row.__getitem__)
-                results.append(Classification(self.labels[best], row[best], dict(zip(self.labels, row, strict=True))))
+                results.append(Classification(self.labels[best], row[best], dict(zip(self.labels, row, strict=True)),
+                                              truncated))
         return results
 
     # Text -> token ids, as the training data lays them out ----------------------------------------------------
@@ -253,15 +256,16 @@ class Pipeline:
             )
         return ids
 
-    def _classifier_ids(self, text: str, *, index: int) -> list[int]:
-        """`CLS tokens SEP` when the tokenizer has CLS, else `BOS tokens EOS`, as the labelled data lays them out."""
+    def classifier_ids(self, text: str, *, index: int) -> tuple[list[int], bool]:
+        """`CLS tokens SEP` when the tokenizer has CLS, else `BOS tokens EOS`, as the labelled data lays them out;
+        and whether the tokens were cut to the model's max_seq_len (logged, and said in each result)."""
         tok = self.tokenizer
         first, last = (tok.cls_id, tok.sep_id) if tok.cls_id is not None else (tok.bos_id, tok.eos_id)
         ids = tok.encode(text)
         keep = self.config.max_seq_len - 2
         if len(ids) > keep:
-            log.warning("text %d has %d tokens; classifying its first %d", index, len(ids), keep)
-        return [i for i in (first, *ids[:keep], last) if i is not None]
+            log.warning("text %d has %d tokens; reading its first %d", index, len(ids), keep)
+        return [i for i in (first, *ids[:keep], last) if i is not None], len(ids) > keep
 
     @property
     def _pad_id(self) -> int:

@@ -16,6 +16,7 @@ Randomness comes only from the `torch.Generator` passed in, so the same seed giv
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,13 +25,31 @@ from torch import Tensor
 
 from attnkit.errors import ConfigError
 
+MIN_TEMPERATURE = 1e-5  # below it (but above 0, greedy) logits / temperature overflow float32 (vLLM's threshold too)
+MIN_TOP_P = 1e-6  # below it the nucleus is the likeliest token alone, and p underflows float32 at 1e-45
+REPETITION_PENALTY_RANGE = (1e-3, 1e3)  # beyond, the penalised logits overflow or vanish (0 * inf is nan)
+SEED_RANGE = (0, 2**64 - 1)  # what torch.Generator.manual_seed takes as a seed of 64 bits
+
+
+class SamplingError(ConfigError):
+    """A sampling setting out of its range; `field` names it (the server answers 400 naming that field)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
     """How the next token is chosen. `temperature=0` is greedy decoding; `top_k`/`top_p` of None keep all.
 
     Raises:
-        ConfigError: temperature < 0, top_k < 1, top_p outside (0, 1], repetition_penalty <= 0.
+        SamplingError (a ConfigError): temperature not 0 nor in [MIN_TEMPERATURE, inf), top_k < 1, top_p outside
+        [MIN_TOP_P, 1], repetition_penalty outside REPETITION_PENALTY_RANGE, or any of them not a number.
     """
 
     temperature: float = 1.0
@@ -39,19 +58,56 @@ class SamplingConfig:
     repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ConfigError(f"temperature={self.temperature} must be >= 0 (0 is greedy, 1 samples as the model says)")
+        t = self.temperature
+        if not _number(t) or t < 0:
+            raise SamplingError("temperature", f"temperature={t!r} must be >= 0 (0 is greedy, 1 samples as the "
+                                "model says)")
+        if 0 < t < MIN_TEMPERATURE:
+            raise SamplingError("temperature", f"temperature={t!r} is below {MIN_TEMPERATURE:g}, where dividing the "
+                                "logits by it overflows: give 0 for greedy decoding, or at least that")
         bad_k = isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
         if self.top_k is not None and bad_k:
-            raise ConfigError(f"top_k={self.top_k!r} must be a positive integer (leave it out to keep every token)")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p={self.top_p} must lie in (0, 1] (1 keeps every token; 0.9 is usual)")
-        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise ConfigError(f"repetition_penalty={self.repetition_penalty} must be > 0 (1 disables it; 1.2 is usual)")
+            raise SamplingError("top_k", f"top_k={self.top_k!r} must be a positive integer (leave it out to keep "
+                                "every token)")
+        p = self.top_p
+        if p is not None and (not _number(p) or not 0.0 < p <= 1.0):
+            raise SamplingError("top_p", f"top_p={p!r} must lie in (0, 1] (1 keeps every token; 0.9 is usual)")
+        if p is not None and p < MIN_TOP_P:
+            raise SamplingError("top_p", f"top_p={p!r} is below {MIN_TOP_P:g}, where it underflows: give at least "
+                                "that (or temperature 0 for the likeliest token alone)")
+        low, high = REPETITION_PENALTY_RANGE
+        penalty = self.repetition_penalty
+        if not _number(penalty) or penalty <= 0:
+            raise SamplingError("repetition_penalty", f"repetition_penalty={penalty!r} must be > 0 (1 disables it; "
+                                "1.2 is usual)")
+        if not low <= penalty <= high:
+            raise SamplingError("repetition_penalty", f"repetition_penalty={penalty!r} must lie in [{low:g}, "
+                                f"{high:g}], where the penalised logits stay finite (1 disables it; 1.2 is usual)")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def check_seed(seed: object) -> int | None:
+    """`seed` as an int, or None for none. Raises SamplingError for a seed that is no integer or lies outside
+    SEED_RANGE (64 bits, as torch.Generator.manual_seed takes)."""
+    if seed is None:
+        return None
+    low, high = SEED_RANGE
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise SamplingError("seed", f"seed={seed!r} must be an integer from {low} to 2**64 - 1")
+    if not low <= seed <= high:
+        raise SamplingError("seed", f"seed={seed} lies outside {low} to 2**64 - 1 (64 bits): give a smaller seed")
+    return int(seed)
+
+
+def check_sampling(*, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                   repetition_penalty: float = 1.0, seed: object = None) -> tuple[SamplingConfig, int | None]:
+    """The one check of the sampling settings that the Python API, the command line and the server share: the
+    SamplingConfig and the seed (`check_seed`). Raises SamplingError naming the first bad field."""
+    config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty)
+    return config, check_seed(seed)
 
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -80,6 +136,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
     probs = sorted_logits.softmax(dim=-1)  # (B, V)
     drop_sorted = probs.cumsum(dim=-1) - probs >= p  # the more likely tokens before this one already reach p
+    drop_sorted[:, 0] = False  # the likeliest token always stays, however small p is
     drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
 
@@ -127,7 +184,9 @@ def select_next_in_groups(
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
-    """A generator seeded with `seed` on `device` (None: use torch's global generator)."""
+    """A generator seeded with `seed` on `device` (None: use torch's global generator). Raises SamplingError for a
+    seed `check_seed` refuses."""
+    seed = check_seed(seed)
     if seed is None:
         return None
     generator = torch.Generator(device=device)

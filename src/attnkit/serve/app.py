@@ -10,15 +10,20 @@
 
 Generation runs on the batching scheduler's thread (`serve/batching.py`); the event loop only parses, queues and
 streams. Every request body is read with a size limit and parsed here, so each malformed or hostile body gets an
-OpenAI-style 4xx (`serve/errors.py`) and no traceback ever leaves the server.
+OpenAI-style 4xx (`serve/errors.py`) and no traceback ever leaves the server. A request that fails fails alone.
+The other endpoints run the model `TEXTS_PER_TURN` texts at a time, each turn holding the model, within the
+server's timeout: a request past it is answered 504 and holds the model no longer than one turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
+import re
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -29,14 +34,14 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnkit.checkpoint import TOKENIZER_DIR
 from attnkit.errors import AttnkitError
 from attnkit.generate.pipeline import Pipeline, _TextTracker
-from attnkit.generate.sampling import SamplingConfig
+from attnkit.generate.sampling import SamplingError, check_sampling
 from attnkit.models import family_of
 from attnkit.serve.batching import GenerationJob, QueueFull, Scheduler
 from attnkit.serve.chat import chat_template
@@ -44,6 +49,7 @@ from attnkit.serve.errors import APIError
 from attnkit.serve.explorer import Explorer
 from attnkit.serve.metrics import Metrics
 from attnkit.serve.schemas import (
+    Body,
     ChatRequest,
     CompletionRequest,
     EmbeddingRequest,
@@ -59,6 +65,8 @@ log = logging.getLogger("attnkit.serve")
 STATIC = Path(__file__).parent / "static"
 RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_long", "too_short",
                 "string_too_short", "string_too_long", "literal_error"}  # a value of the right type out of range
+UNION_MEMBER = re.compile(r"^(str|int|float|bool|constrained-.*|.*\[.*\])$")  # pydantic's name of a union's member
+TEXTS_PER_TURN = 16  # texts the model reads in one turn of a task endpoint, between checks of the deadline
 DEFAULT_COMPLETION_TOKENS = 16  # max_tokens of a completion that names none (as OpenAI)
 RETRY_AFTER_SECONDS = 1
 OPEN_PATHS = ("/", "/health")  # served without the API key, with the explorer's files under /static/
@@ -76,7 +84,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     explorer = Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments)
     template = chat_template(run_dir / TOKENIZER_DIR)
     metrics = Metrics()
-    model_lock = scheduler.lock if scheduler is not None else _NoBatchLock()
+    model_lock = scheduler.lock if scheduler is not None else threading.Lock()  # one model call at a time
     created = int(time.time())
 
     @asynccontextmanager
@@ -118,7 +126,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
         message = "no such endpoint" if error.status_code == 404 else str(error.detail)
         return APIError(error.status_code, message).response()
 
-    async def body_of(request: Request, schema: type[BaseModel]):
+    async def body_of(request: Request, schema: type[Body]):
         return _validate(schema, await _read_json(request, settings.max_body))
 
     def check_model(name: str | None) -> None:
@@ -169,17 +177,20 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
         if scheduler is None:
             raise APIError(404, f"this run ({pipeline.family}) does not generate text; its endpoints are "
                            f"{', '.join(endpoints()) or 'none'}", code="endpoint_not_served")
+        if len(prompts) > settings.max_queue:  # they could never wait in the queue together: no retry succeeds
+            raise APIError(400, f"this request has {len(prompts)} prompts; this server queues at most "
+                           f"{settings.max_queue} (--max-queue): send at most that many per request", param="prompt")
         jobs = [_Generation(pipeline, p, body, index, stops=stops, max_tokens=max_tokens, settings=settings,
                             chat=kind == "chat.completion") for index, p in enumerate(prompts)]
         for job in jobs:
             try:
                 scheduler.submit(job.job)
             except QueueFull:
-                for submitted in jobs:
-                    submitted.job.cancel()
+                _cancel(jobs)
                 raise APIError(429, "the server is busy (its queue is full); try again shortly",
                                headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
             except AttnkitError as error:
+                _cancel(jobs)
                 raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else "n") from None
         usage = bool(body.stream_options and body.stream_options.include_usage)
         answer = _Answer(kind, model_id, jobs, include_usage=usage)
@@ -199,9 +210,12 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
             raise APIError(404, f"embeddings come from encoder runs; this run is a {pipeline.family}",
                            code="endpoint_not_served")
         texts = [body.input] if isinstance(body.input, str) else body.input
-        vectors, used = await run_in_threadpool(_locked, model_lock, lambda: embed(pipeline, texts))
+        rows = await run_in_threadpool(_in_turns, model_lock, settings.timeout, texts,
+                                       lambda part, start: embed(pipeline, part, start))
+        used = sum(row.tokens for row in rows)
         return {"object": "list", "model": model_id,
-                "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+                "data": [{"object": "embedding", "index": i, "embedding": row.vector, "truncated": row.truncated}
+                         for i, row in enumerate(rows)],
                 "usage": {"prompt_tokens": used, "total_tokens": used}}
 
     @app.post("/v1/{method}")
@@ -211,7 +225,10 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
         body = await body_of(request, TaskRequest)
         check_model(body.model)
         texts = [body.input] if isinstance(body.input, str) else body.input
-        results = await run_in_threadpool(_locked, model_lock, lambda: getattr(pipeline, method)(texts))
+        results = await run_in_threadpool(_in_turns, model_lock, settings.timeout, texts,
+                                          lambda part, _start: getattr(pipeline, method)(part))
+        for index, result in enumerate(results):
+            _refuse_cut_off(index, result, pipeline.config.max_seq_len)
         return {"object": "list", "model": model_id, "task": method,
                 "data": [{"index": i, "result": _plain(r)} for i, r in enumerate(results)]}
 
@@ -239,12 +256,13 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     @app.post("/api/analyze")
     async def analyze(request: Request):
         body = await body_of(request, ExploreRequest)
-        return await run_in_threadpool(_locked, model_lock, lambda: explorer.analyze(body.text, body.target))
+        return await run_in_threadpool(_held, model_lock, time.monotonic() + settings.timeout,
+                                       lambda: explorer.analyze(body.text, body.target))
 
     @app.post("/api/step")
     async def step(request: Request):
         body = await body_of(request, StepRequest)
-        return await run_in_threadpool(_locked, model_lock, lambda: explorer.step(
+        return await run_in_threadpool(_held, model_lock, time.monotonic() + settings.timeout, lambda: explorer.step(
             body.text, target=body.target, kind=body.kind, layer=body.layer, head=body.head, query=body.query))
 
     @app.get("/api/training")
@@ -266,40 +284,74 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     return app
 
 
-class _NoBatchLock:
-    """A lock for runs without a scheduler (encoders, translators): one model call at a time."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self._lock = threading.Lock()
-
-    def __enter__(self):
-        self._lock.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self._lock.release()
+def _cancel(generations: list[_Generation]) -> None:
+    for generation in generations:
+        generation.job.cancel()
 
 
-def _locked(lock, call: Callable):
-    """Run `call` holding the model's lock; the library's InputError becomes a 400."""
-    with lock, torch.inference_mode():
-        try:
+def _held(lock: threading.Lock, deadline: float, call: Callable):
+    """Run `call` holding the model's lock, waiting for it until `deadline` (time.monotonic()) at most: 504 after.
+    The library's own refusals (AttnkitError) become a 400."""
+    if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        raise APIError(504, "the request took longer than the server's timeout waiting for the model")
+    try:
+        with torch.inference_mode():
             return call()
-        except AttnkitError as error:
-            raise APIError(400, str(error)) from None
+    except AttnkitError as error:
+        raise APIError(400, str(error)) from None
+    finally:
+        lock.release()
 
 
-def embed(pipeline: Pipeline, texts: list[str]) -> tuple[list[list[float]], int]:
-    """Each text's embedding: the mean of the encoder's last states over its tokens, of length 1; and the tokens."""
+def _in_turns(lock: threading.Lock, timeout: float, texts: list[str], call: Callable[[list[str], int], list]) -> list:
+    """`call(part, start)` over `texts`, TEXTS_PER_TURN at a time, each turn holding the model (`_held`); 504 once
+    `timeout` seconds have passed, checked before each turn, so that no request holds the model past its timeout by
+    more than one turn. A refusal in a later turn says where its count of texts starts."""
+    deadline = time.monotonic() + timeout
+    results = []
+    for start in range(0, len(texts), TEXTS_PER_TURN):
+        if time.monotonic() > deadline:
+            raise APIError(504, f"the request took longer than the server's timeout ({timeout:g} s); "
+                           f"{start} of its {len(texts)} texts were read: send fewer texts per request")
+        try:
+            results += _held(lock, deadline, functools.partial(call, texts[start:start + TEXTS_PER_TURN], start))
+        except APIError as error:
+            if error.status == 400 and start:
+                error.message += f" (texts counted from input[{start}])"
+            raise
+    return results
+
+
+def _refuse_cut_off(index: int, result, context: int) -> None:
+    """400 for a result that labels words the model never read (a tagger's words past its context): their labels
+    would be made up, not predicted."""
+    if isinstance(result, list) and any(getattr(item, "cut_off", False) for item in result):
+        cut = sum(item.cut_off for item in result)
+        raise APIError(400, f"input[{index}]: {cut} of its {len(result)} words lie past the model's context of "
+                       f"{context} tokens and cannot be labelled; split the text into shorter pieces", param="input")
+
+
+@dataclasses.dataclass(frozen=True)
+class Embedded:
+    """One text's embedding, the tokens read, and whether the text was cut to the model's context to fit."""
+
+    vector: list[float]
+    tokens: int
+    truncated: bool
+
+
+def embed(pipeline: Pipeline, texts: list[str], start: int = 0) -> list[Embedded]:
+    """Each text's embedding: the mean of the encoder's last states over its tokens, of length 1. `start`: the
+    first text's index in the request (for the log)."""
     from attnkit.data.batching import pad
 
-    rows = [pipeline._classifier_ids(text, index=i) for i, text in enumerate(texts)]
-    ids, mask = pad(rows, pipeline._pad_id, device=pipeline.device)  # (B, T)
+    rows = [pipeline.classifier_ids(text, index=start + i) for i, text in enumerate(texts)]
+    ids, mask = pad([row for row, _ in rows], pipeline._pad_id, device=pipeline.device)  # (B, T)
     hidden = pipeline.model(ids, attention_mask=mask).hidden_states.float()  # (B, T, C)
     weights = mask.unsqueeze(-1).float()
     mean = (hidden * weights).sum(dim=1) / weights.sum(dim=1)  # (B, C)
-    return torch.nn.functional.normalize(mean, dim=-1).tolist(), sum(len(r) for r in rows)
+    vectors = torch.nn.functional.normalize(mean, dim=-1).tolist()
+    return [Embedded(vector, len(row), truncated) for vector, (row, truncated) in zip(vectors, rows, strict=True)]
 
 
 def _plain(result):
@@ -344,19 +396,63 @@ async def _read_json(request: Request, limit: int):
         raise APIError(400, f"the request body is not JSON: {error.msg} at character {error.pos}") from None
 
 
-def _validate(schema: type[BaseModel], data):
+def _validate(schema: type[Body], data):
+    """The body as `schema`: 422 for a wrong type or a missing field, 400 for a value out of range, a field the
+    server does not take, or text that UTF-8 cannot encode; each naming the field."""
     if not isinstance(data, dict):
         raise APIError(422, f"the request body must be a JSON object, not {type(data).__name__}")
     try:
+        _check_encodable(data)
         return schema.model_validate(data)
     except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        field = str(first["loc"][0]) if first["loc"] else None  # the top-level field, as OpenAI's param names it
-        where = ".".join(str(part) for part in first["loc"])
+        first = _reported(error, data)
+        loc = [part for part in first["loc"] if not (isinstance(part, str) and UNION_MEMBER.match(part))]
+        field = str(loc[0]) if loc else None  # the top-level field, as OpenAI's param names it
+        where = ".".join(str(part) for part in loc)
+        if first["type"] == "extra_forbidden":
+            if len(loc) > 1:
+                raise APIError(400, f"{where}: this server takes no such field there", param=field) from None
+            known = ", ".join(schema.model_fields)
+            raise APIError(400, schema.not_honoured(field) or f"{where}: this server takes no such field (the fields "
+                           f"it takes: {known})", param=field) from None
         status = 400 if first["type"] in RANGE_ERRORS else 422
         raise APIError(status, f"{where}: {first['msg']}", param=field) from None
     except RecursionError:
         raise APIError(400, "the request body nests too deeply to read; send a flat JSON object") from None
+
+
+def _reported(error: ValidationError, data: dict) -> dict:
+    """The error to report: the first, unless its field is a union and the value has the type of another member
+    (a list of five stop strings is "at most 4 items", not "should be a valid string")."""
+    errors = error.errors(include_url=False)
+    first = errors[0]
+    if len(first["loc"]) < 2 or not (isinstance(first["loc"][1], str) and UNION_MEMBER.match(first["loc"][1])):
+        return first
+    value = data.get(first["loc"][0]) if isinstance(first["loc"][0], str) else None
+    kind = "list" if isinstance(value, list) else "str" if isinstance(value, str) else None
+    same = [e for e in errors if e["loc"][:1] == first["loc"][:1] and len(e["loc"]) > 1
+            and str(e["loc"][1]).split("[")[0] in (kind, f"constrained-{kind}")]
+    return same[0] if same else first
+
+
+def _check_encodable(data) -> None:
+    """400 naming the first string (or key) that UTF-8 cannot encode: a lone surrogate such as "\\ud800", which
+    JSON's escapes can write but no tokenizer reads. Walked without recursion (the body may nest deeply)."""
+    stack: list[tuple[tuple, object]] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [((*path, key), key) for key in value] + [((*path, k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [((*path, i), v) for i, v in enumerate(value)]
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:
+                where = ".".join(str(part) for part in path) or "the body"
+                raise APIError(400, f"{where}: the text holds a lone surrogate ({value[error.start]!a}) at "
+                               f"character {error.start}, which UTF-8 cannot encode; send valid Unicode text",
+                               param=str(path[0]) if path else None) from None
 
 
 class _Generation:
@@ -387,16 +483,17 @@ class _Generation:
         if "" in stop:
             raise APIError(400, "a stop string is empty; give non-empty stop strings", param="stop")
         try:
-            sampling = SamplingConfig(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
-        except AttnkitError as error:
-            raise APIError(400, str(error), param="temperature") from None
+            sampling, seed = check_sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                                            seed=body.seed)
+        except SamplingError as error:
+            raise APIError(400, str(error), param=error.field) from None
         self.prompt_tokens = len(ids)
         self.completion_tokens = 0
         self.tracker = _TextTracker(pipeline.tokenizer, body.n, [*stop, *stops], self._text if body.stream else None)
         eos = pipeline.tokenizer.eos_id
         self.job = GenerationJob(
             prompt=ids, max_new_tokens=max_tokens, sampling=sampling, on_token=self._token, on_finish=self._finish,
-            n=body.n, seed=body.seed, stop_ids=frozenset({eos} if eos is not None else ()),
+            n=body.n, seed=seed, stop_ids=frozenset({eos} if eos is not None else ()),
             deadline=time.monotonic() + settings.timeout)
 
     # on the scheduler's thread
@@ -411,6 +508,13 @@ class _Generation:
         texts = self.tracker.finish()
         timed_out = time.monotonic() > self.job.deadline
         self.loop.call_soon_threadsafe(self.events.put_nowait, ("finish", texts, reasons, timed_out))
+
+
+def _failure(job: GenerationJob) -> APIError:
+    """The error a failed job answers: 400 with the library's refusal (AttnkitError), else 500 (the log says why)."""
+    if isinstance(job.failure, AttnkitError):
+        return APIError(400, f"generation refused this request: {job.failure}")
+    return APIError(500, "generation failed; the server's log says why")
 
 
 class ClientGone(Exception):
@@ -463,7 +567,7 @@ class _Answer:
                         break
                 _, texts, reasons, timed_out = event
                 if "error" in reasons:
-                    raise APIError(500, "generation failed; the server's log says why")
+                    raise _failure(generation.job)
                 if timed_out and "cancelled" in reasons:
                     raise APIError(504, f"the request took longer than the server's timeout ({timeout:g} s)")
                 choices += [self._choice(generation, c, text, reason) for c, (text, reason) in
@@ -510,8 +614,7 @@ class _Answer:
                         continue
                     _, _texts, reasons, timed_out = event
                     if "error" in reasons:
-                        error = APIError(500, "generation failed; the server's log says why")
-                        yield f"data: {json.dumps(error.body())}\n\n"
+                        yield f"data: {json.dumps(_failure(generation.job).body())}\n\n"
                     elif timed_out and "cancelled" in reasons:
                         error = APIError(504, "the request took longer than the server's timeout")
                         yield f"data: {json.dumps(error.body())}\n\n"

@@ -30,6 +30,11 @@ so a request's tokens do not depend on which others share its steps: the tokens 
 `Pipeline.generate` for the same prompt, settings and seed. The `n` choices of one request are `n` rows that
 join and leave together (as `Pipeline.generate(num_samples=n)` keeps them).
 
+A job that fails fails alone: its settings sampling to nothing, a callback that raises, a prefill that fails (the
+jobs prefilled with it are prefilled again one by one) end that job with "error" and the exception in its
+`failure`, while the others go on; a job taken from the queue always gets its `on_finish`. Only a decoding step
+that fails, shared by every running row, ends the running jobs; the waiting ones still run after it.
+
 Models whose cache cannot be merged row by row (a recurrent LM's state, a sliding window's ring buffer) run one
 request at a time through the same loop.
 """
@@ -85,6 +90,7 @@ class GenerationJob:
     generator: torch.Generator | None = None
     produced: int = 0  # decoding steps taken
     reasons: list[FinishReason | None] = field(default_factory=list)
+    failure: BaseException | None = None  # why the job ended with "error"
 
     def cancel(self) -> None:
         """End the job at the next step (a client that went away, a timeout)."""
@@ -266,9 +272,9 @@ class Scheduler:
             try:
                 with self.lock, torch.inference_mode():
                     self._iteration()
-            except Exception:  # a failure ends the running jobs, never the server
-                log.exception("generation failed; ending the running requests")
-                self._end_all("error")
+            except Exception as error:  # a decoding step shared by the running jobs failed: they end, not the server
+                log.exception("a decoding step failed; ending the requests it ran")
+                self._end_running(error)
 
     def _iteration(self) -> None:
         """Admit waiting jobs, choose a token for every row, drop the rows that ended, and step the rest."""
@@ -279,7 +285,7 @@ class Scheduler:
         ended = [i for i, (job, _) in enumerate(self.batch.rows) if None not in job.reasons]
         for job in self.batch.jobs:
             if None not in job.reasons:
-                job.on_finish(list(job.reasons))
+                self._finish(job)
         if len(ended) == len(self.batch.rows):
             self.batch, self.logits = None, None
             return
@@ -310,13 +316,36 @@ class Scheduler:
             else:
                 alike.setdefault(job.sampling, []).append(job)
         for sampling, jobs in alike.items():
-            rows = [row for job in jobs for row in rows_of[job]]
-            tokens = select_next_in_groups(self.logits[rows], sampling, [(job.n, job.generator) for job in jobs])
-            chosen[rows] = tokens
-            drawn = iter(tokens.tolist())
-            for job in jobs:
-                self._deliver(job, [next(drawn) for _ in range(job.n)])
+            self._sample(jobs, sampling, rows_of, chosen)
         return chosen
+
+    def _sample(self, jobs: list[GenerationJob], sampling: SamplingConfig, rows_of: dict[GenerationJob, list[int]],
+                chosen: Tensor) -> None:
+        """Sample the rows of `jobs` (alike settings) in one call into `chosen` and pass the tokens on. When the call
+        fails, the generators go back to where they were and each job is sampled alone, so that only the job whose
+        rows fail ends ("error"); its rows get padding."""
+        rows = [row for job in jobs for row in rows_of[job]]
+        states = [job.generator.get_state() if job.generator is not None else None for job in jobs]
+        try:
+            tokens = select_next_in_groups(self.logits[rows], sampling, [(job.n, job.generator) for job in jobs])
+        except Exception as error:
+            if len(jobs) == 1:
+                chosen[rows] = self.pad_id
+                self._fail(jobs[0], error)
+                return
+            for job, state in zip(jobs, states, strict=True):
+                if state is not None:
+                    job.generator.set_state(state)
+                self._sample([job], sampling, rows_of, chosen)
+            return
+        chosen[rows] = tokens
+        drawn = iter(tokens.tolist())
+        for job in jobs:
+            picked = [next(drawn) for _ in range(job.n)]
+            try:
+                self._deliver(job, picked)
+            except Exception as error:  # its own callback failed
+                self._fail(job, error)
 
     def _deliver(self, job: GenerationJob, tokens: list[int]) -> None:
         """Pass each choice's token on, as `decode_n_tokens` does: a stop token ends a choice unreturned."""
@@ -331,10 +360,26 @@ class Scheduler:
                 job.reasons[choice] = "length"
 
     def _admit(self) -> None:
-        """Prefill the jobs that join now (`_take`) in one forward pass and add their rows to the batch."""
+        """Prefill the jobs that join now (`_take`) in one forward pass and add their rows to the batch. When that
+        fails, each is prefilled alone, and a job that fails alone ends ("error"): none taken from the queue is lost."""
         joining = self._take()
         if not joining:
             return
+        try:
+            self._prefill(joining)
+        except Exception as error:
+            if len(joining) == 1:
+                self._fail(joining[0], error)
+                return
+            log.warning("prefilling %d requests together failed; prefilling each alone", len(joining))
+            for job in joining:
+                try:
+                    self._prefill([job])
+                except Exception as alone:
+                    self._fail(job, alone)
+
+    def _prefill(self, joining: list[GenerationJob]) -> None:
+        """Prefill `joining` in one forward pass and add their rows; the batch is unchanged when the pass fails."""
         for job in joining:
             job.generator = make_generator(job.seed, self.device)
             job.reasons = [None] * job.n
@@ -342,9 +387,10 @@ class Scheduler:
         window = left_pad([job.prompt for job, _ in rows], pad_id=self.pad_id, device=self.device)  # (k, T)
         count, width = window.ids.shape
         if self.batch is None:
-            self.batch = self._start(window, rows, headroom=max(job.max_new_tokens for job in joining))
-            self.logits = self.decoding.prefill(window, self.batch.cache)
-            self.batch.length = width
+            batch = self._start(window, rows, headroom=max(job.max_new_tokens for job in joining))
+            logits = self.decoding.prefill(window, batch.cache)
+            batch.length = width
+            self.batch, self.logits = batch, logits
         else:
             cache = self._allocate(count, width)
             logits = self.decoding.prefill(window, cache)  # (k, V)
@@ -368,7 +414,8 @@ class Scheduler:
                 break
             self.waiting.get_nowait()
             if job.cancelled.is_set():
-                job.on_finish(["cancelled"] * job.n)
+                job.reasons = ["cancelled"] * job.n
+                self._finish(job)
                 continue
             joining.append(job)
             rows += job.n
@@ -430,10 +477,24 @@ class Scheduler:
     def _allocate(self, batch_size: int, positions: int):
         return self.model.allocate_cache(batch_size, positions)
 
-    def _end_all(self, reason: FinishReason) -> None:
+    def _finish(self, job: GenerationJob) -> None:
+        """Call the job's on_finish with its reasons; a callback that raises is logged and harms no other job."""
+        try:
+            job.on_finish(list(job.reasons))
+        except Exception:
+            log.exception("a request's on_finish failed")
+
+    def _fail(self, job: GenerationJob, error: BaseException) -> None:
+        """End `job` alone: its unfinished choices end with "error", and `error` is kept as its failure."""
+        log.error("a request failed: %s", error, exc_info=error)
+        job.failure = error
+        job.reasons = ["error" if reason is None else reason for reason in (job.reasons or [None] * job.n)]
+        self._finish(job)
+
+    def _end_running(self, error: BaseException) -> None:
+        """End the running jobs after a decoding step they shared failed; the waiting jobs stay queued."""
         jobs = self.batch.jobs if self.batch is not None else []
-        while not self.waiting.empty():
-            jobs.append(self.waiting.get_nowait())
         self.batch, self.logits = None, None
         for job in jobs:
-            job.on_finish([reason if r is None else r for r in (job.reasons or [None] * job.n)])
+            if None in job.reasons:
+                self._fail(job, error)

@@ -1,22 +1,62 @@
-"""The request bodies, in the OpenAI API's shapes (the fields attnkit serves; others are ignored).
+"""The request bodies, in the OpenAI API's shapes: the fields attnkit serves, and no other.
 
 Types are strict: "5" is not an integer here, so a wrong type is answered 422 naming the field; a value of the
-right type out of its range is answered 400 naming it.
+right type out of its range is answered 400 naming it. A field the server does not take is answered 400 naming it,
+never ignored: OpenAI's fields that attnkit does not honour (`logit_bias`, `logprobs`, `tools`, `dimensions`, ...)
+pass only at the neutral value clients send by default (`NOT_HONOURED`), which asks for nothing.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_STOPS = 4  # as OpenAI
 
+_OFF = (None, False)
+SAMPLING_NOT_HONOURED: dict[str, tuple] = {  # field -> its neutral values (compared with their types)
+    "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
+    "logprobs": _OFF, "top_logprobs": (None, 0), "user": None, "store": _OFF, "metadata": (None, {}),
+    "service_tier": (None, "auto", "default"),
+}
 
-class Sampling(BaseModel):
+
+class Body(BaseModel):
+    """A request body: strict types, no field beyond those declared. A field of `NOT_HONOURED` (a field name ->
+    its neutral values, or None for metadata any value of which asks for nothing) is dropped at a neutral value
+    and refused otherwise (`not_honoured`)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    NOT_HONOURED: ClassVar[dict[str, tuple | None]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_neutral(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {name: value for name, value in data.items() if not cls.neutral(name, value)}
+
+    @classmethod
+    def neutral(cls, name: str, value: Any) -> bool:
+        """Whether `name` is a field this body does not honour and `value` asks nothing of it."""
+        if name not in cls.NOT_HONOURED:
+            return False
+        values = cls.NOT_HONOURED[name]
+        return values is None or any(type(value) is type(v) and value == v for v in values)
+
+    @classmethod
+    def not_honoured(cls, name: str) -> str | None:
+        """The refusal of a value of `name` that asks for something this server does not do; None for no such field."""
+        values = cls.NOT_HONOURED.get(name, ())
+        if name not in cls.NOT_HONOURED or values is None:
+            return None
+        neutral = " or ".join("null" if v is None else repr(v) for v in values)
+        return f"{name}: this server does not honour it; leave it out (or send {neutral})"
+
+
+class Sampling(Body):
     """The decoding fields completions and chat completions share."""
-
-    model_config = ConfigDict(strict=True, extra="ignore")
 
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -30,49 +70,50 @@ class Sampling(BaseModel):
     stream_options: StreamOptions | None = None
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
+class StreamOptions(Body):
     include_usage: bool = False
 
 
 class CompletionRequest(Sampling):
+    NOT_HONOURED = {**SAMPLING_NOT_HONOURED, "echo": _OFF, "best_of": (None, 1), "suffix": (None, "")}
+
     prompt: str | Annotated[list[str], Field(min_length=1)]
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+class Message(Body):
+    NOT_HONOURED = {"name": None}  # a participant's name: the default template does not show it
 
     role: Literal["system", "user", "assistant", "developer"]
     content: str
 
 
 class ChatRequest(Sampling):
+    NOT_HONOURED = {**SAMPLING_NOT_HONOURED, "tools": (None, []), "functions": (None, []),
+                    "tool_choice": (None, "none"), "function_call": (None, "none"),
+                    "parallel_tool_calls": (None, True, False), "response_format": (None, {"type": "text"}),
+                    "modalities": (None, ["text"])}
+
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+class EmbeddingRequest(Body):
+    NOT_HONOURED = {"dimensions": (None,), "user": None}
 
     model: str | None = None
     input: str | Annotated[list[str], Field(min_length=1)]
     encoding_format: Literal["float"] = "float"
 
 
-class TaskRequest(BaseModel):
+class TaskRequest(Body):
     """A task endpoint's body (/v1/translate, /v1/classify, /v1/tag, /v1/fill_mask): the texts."""
-
-    model_config = ConfigDict(strict=True, extra="ignore")
 
     model: str | None = None
     input: str | Annotated[list[str], Field(min_length=1)]
 
 
-class ExploreRequest(BaseModel):
+class ExploreRequest(Body):
     """The explorer's analysis of one text (a translation run's source, with an optional target)."""
-
-    model_config = ConfigDict(strict=True, extra="ignore")
 
     text: Annotated[str, Field(min_length=1)]
     target: str | None = None

@@ -381,7 +381,8 @@ MASK_WORDS = ("[MASK]", "<mask>")  # how a text may write a mask, besides the to
 @torch.inference_mode()
 def fill_mask(pipeline: Any, texts: str | Sequence[str], *, top_k: int = 5) -> list[list[MaskFill]]:
     """For each text, the `top_k` likeliest tokens at each of its masks (written `[MASK]`, `<mask>` or as the
-    tokenizer writes its mask token). Raises InputError for a text without a mask or a bad `top_k`."""
+    tokenizer writes its mask token), never the mask token itself. Raises InputError for a text without a mask or a
+    bad `top_k`."""
     tok = pipeline.tokenizer
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise InputError(f"top_k={top_k!r} must be a positive integer")
@@ -404,7 +405,8 @@ def fill_mask(pipeline: Any, texts: str | Sequence[str], *, top_k: int = 5) -> l
         logits = pipeline.model(torch.tensor([ids], device=pipeline.device)).logits[0].float()  # (T, V)
         where = [t for t, i in enumerate(ids) if i == tok.mask_id]
         probs = logits[where].softmax(-1)  # (masks, V)
-        best = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+        probs[:, tok.mask_id] = 0.0  # the mask token is no fill of itself (its probability is left out, not spread)
+        best = probs.topk(min(top_k, probs.shape[-1] - 1), dim=-1)
         results.append([
             MaskFill(n, [(tok.decode([i], skip_special=False), p) for i, p in
                          zip(best.indices[n].tolist(), best.values[n].tolist(), strict=True)])

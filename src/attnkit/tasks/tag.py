@@ -302,18 +302,21 @@ def _plain(value: Any) -> Any:
 # The pipeline method ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TaggedWord:
-    """One word of a tagged text: its label and the label's probability."""
+    """One word of a tagged text: its label and the label's probability. `cut_off`: the word lies past the model's
+    max_seq_len and was not read; its label is `cut_off_label`'s, with probability 0."""
 
     word: str
     label: str
     probability: float
+    cut_off: bool = False
 
 
 @torch.inference_mode()
 def tag(pipeline: Any, texts: str | Sequence[str] | Sequence[Sequence[str]], *, batch_size: int = 32
         ) -> list[list[TaggedWord]]:
     """Label every word of each text (a string, split at whitespace, or a list of words), `batch_size` texts per
-    forward pass. Words beyond the model's max_seq_len pieces are labelled as `tag_predictions` labels them."""
+    forward pass. Words beyond the model's max_seq_len pieces are labelled as `tag_predictions` labels them, marked
+    `cut_off` (and logged)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size={batch_size!r} must be a positive integer")
     texts = [texts] if isinstance(texts, str) else list(texts)
@@ -327,9 +330,12 @@ def tag(pipeline: Any, texts: str | Sequence[str] | Sequence[Sequence[str]], *, 
         ids, mask = pad([a.ids for a in aligned], pad_id, device=pipeline.device)  # (B, T)
         best, where = pipeline.model(ids, attention_mask=mask).logits.float().softmax(-1).max(-1)  # (B, T) each
         for row, (words, a) in enumerate(zip(chunk, aligned, strict=True)):
+            if None in a.firsts:
+                log.warning("text %d: %d of its %d words lie past the model's %d tokens and are not read",
+                            start + row, a.firsts.count(None), len(words), pipeline.config.max_seq_len)
             results.append([
                 TaggedWord(word, pipeline.labels[int(where[row, f])], float(best[row, f])) if f is not None
-                else TaggedWord(word, fallback, 0.0)
+                else TaggedWord(word, fallback, 0.0, cut_off=True)
                 for word, f in zip(words, a.firsts, strict=True)
             ])
     return results
