@@ -59,6 +59,12 @@ x_test = torch.arange(0, 5, 0.1)  # (Q,) the queries
 #
 # $$\hat y(x) = \sum_i \alpha_i(x)\, y_i, \qquad
 #   \alpha(x) = \mathrm{softmax}_i\!\left(-\tfrac{1}{2}\,(w\,(x - x_i))^2\right)$$
+#
+# The score is not quite the slide's negative Euclidean distance $-|x - x_i|$ but minus half its **square**, the
+# Gaussian kernel's exponent ($e^{-d^2/2}$, the form d2l.ai's section 11.2 uses). Both shrink as $x_i$ moves away
+# from $x$, so both give a weighted average that favours near neighbours. The square is chosen because it expands
+# into a dot product (next section); the plain distance does not, and a check there shows its weights are
+# another kernel's (Laplace's, $e^{-d}$). The $\tfrac12$ only rescales the bandwidth.
 
 # %%
 def nadaraya_watson(queries, keys, values, bandwidth=1.0):
@@ -101,6 +107,12 @@ K = torch.stack([x_train, -x_train**2 / 2], dim=-1)  # (K, 2)
 dot_weights = torch.softmax(Q @ K.T, dim=-1)  # (Q, K)
 torch.testing.assert_close(dot_weights, weights)
 print("softmax(Q K^T) equals the Gaussian kernel's weights")
+
+distance = (x_test[:, None] - x_train[None, :]).abs()  # (Q, K) the slide's Euclidean distance, in one dimension
+torch.testing.assert_close(weights, torch.softmax(-(distance**2) / 2, dim=-1))  # the score: minus half its square
+laplace = torch.softmax(-distance, dim=-1)  # the negative distance itself: a weighted average too, but another one
+assert not torch.allclose(laplace, dot_weights, atol=1e-3)
+print(f"softmax(-distance) is another kernel: its weights differ by up to {(laplace - weights).abs().max():.2f}")
 
 # %% [markdown]
 # ## Dot-product attention for whole matrices, and why the output is a convex combination

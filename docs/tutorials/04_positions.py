@@ -214,6 +214,13 @@ print("attnkit's ALiBi attention equals the from-scratch bias")
 # Five small character-level language models, the same in everything but the position scheme, train on windows
 # of 64 characters of Tiny Shakespeare. Then each reads windows of 256 characters, and we record its loss at every
 # position. The learned table has 256 rows, but only the first 64 ever receive a gradient.
+#
+# One difference is not the position scheme's choice but its need: the sinusoidal table is fixed, with values of
+# unit amplitude, while attnkit's token embeddings start at a standard deviation of 0.02 (GPT-2's initialisation).
+# Added as they are, the table would drown the tokens, and the model would do worse at *every* position, inside the
+# training window too. Vaswani et al. (section 3.4) multiply the token embeddings by $\sqrt{C}$; the sinusoidal
+# model here does the same (`scale_embeddings=True`), as `attnkit experiment position-extrapolation` does, and a
+# check below holds the tokens' share of its input to a fair size.
 
 # %%
 from attnkit.data import read_text, stdlib_files
@@ -257,8 +264,14 @@ per_position, models = {}, {}
 for scheme in ("learned", "sinusoidal", "relative", "rope", "alibi"):
     torch.manual_seed(0)
     config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=64, n_heads=4, n_layers=2,
-                         d_ff=256, position=scheme, max_seq_len=READ_LEN, relative_max_distance=16)
+                         d_ff=256, position=scheme, max_seq_len=READ_LEN, relative_max_distance=16,
+                         scale_embeddings=scheme == "sinusoidal")  # Vaswani et al.'s sqrt(C), for the fixed table
     model = models[scheme] = build_model(config)
+    if scheme == "sinusoidal":  # the tokens must not drown in the table: at least a tenth of its size
+        embeddings, probe = model.stack.embeddings, torch.arange(TRAIN_LEN)[None]
+        token_part = (embeddings.token(train_ids[None, :TRAIN_LEN]) * embeddings.scale).norm(dim=-1).mean()
+        ratio = (token_part / embeddings.positions.embed(probe).norm(dim=-1).mean()).item()
+        assert ratio > 0.1, f"token embeddings {ratio:.3f} of the position table's size: set scale_embeddings"
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     generator = torch.Generator().manual_seed(1)  # the same batches for every scheme
     for _ in range(steps):
@@ -312,7 +325,9 @@ plt.show()
 # Read the left picture from the dashed line on, knowing what each model meets there that training never showed it:
 #
 # - **learned**: rows 64-255 of its table, still at their random initial values (right picture);
-# - **sinusoidal**: the formula covers every position, but the values past 63 never occurred in training;
+# - **sinusoidal**: the formula covers every position, but the values past 63 never occurred in training. (Built
+#   without `scale_embeddings`, its loss is higher at positions 0-63 too: what hurts it then is the table drowning
+#   the tokens, not the unseen positions, and a comparison with the other schemes would not be fair.)
 # - **RoPE**: scores depend only on the distance $m - n$, but distances above 63 never occurred either;
 # - **Shaw's relative positions**: nothing new, since distances are clipped to $\pm 16$ and every clipped distance
 #   was trained;

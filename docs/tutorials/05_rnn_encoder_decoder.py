@@ -39,7 +39,10 @@ assert BUDGET in ("tiny", "full"), f"ATTNKIT_TUTORIAL_BUDGET={BUDGET!r}: use tin
 # ## The models
 #
 # attnkit builds both from a config: a GRU encoder and decoder, with `attention="none"` (the decoder sees only the
-# encoding $c$) or `attention="luong-dot"` (the lecture's dot-product score).
+# encoding $c$) or `attention="luong-dot"`: Luong et al.'s (2015) global attention with the lecture's dot-product
+# score, the variant USC's "Seq2Seq with Attention" slides draw (the decoder's new state is the query; the context
+# is concatenated with it before the output). Bahdanau et al.'s (2015) original, which the lectures credit with the
+# idea, attends *before* the recurrent step; it comes after this one.
 
 # %%
 from attnkit import ModelConfig, build_model
@@ -60,7 +63,7 @@ plain, attentive = seq2seq("none"), seq2seq("luong-dot")
 print(plain)
 
 # %% [markdown]
-# ## From scratch, with the model's own weights
+# ## Luong's attention, from scratch, with the model's own weights
 #
 # 1. The encoder reads the source: hidden states $h^e_1, \ldots, h^e_S$.
 # 2. The encoding: the last state, through a small bridge, $s_0 = \tanh(W h^e_S)$, starts the decoder.
@@ -68,6 +71,10 @@ print(plain)
 # 4. Without attention, $h^d_t$ alone predicts the next token. With attention, $h^d_t$ is the query:
 #    $\alpha_t = \mathrm{softmax}_j(h^d_t \cdot h^e_j)$, $c_t = \sum_j \alpha_{tj} h^e_j$, and
 #    $\tilde h_t = \tanh(W_c [c_t; h^d_t])$ predicts it.
+#
+# The query $h^d_t$ is the state *after* the step that read $y_{t-1}$, and the context only joins the read-out: the
+# recurrence never sees it. That is Luong et al.'s order, and it lets teacher forcing run the whole target through
+# the GRU in one call, then attend for every step at once.
 
 # %%
 def encoder_decoder(model, src, tgt, *, attend):
@@ -91,7 +98,41 @@ with torch.no_grad():
     output = attentive(src, tgt, need_weights=True)
     torch.testing.assert_close(output.logits, logits)
     torch.testing.assert_close(output.attentions[0]["cross"][:, 0], weights)  # (B, 1, T, S): one head
-print("attnkit's recurrent seq2seq = the from-scratch encoder-decoder, with and without attention")
+print("attnkit's recurrent seq2seq = the from-scratch encoder-decoder, with and without attention (Luong's)")
+
+# %% [markdown]
+# ## Bahdanau's attention: the query before the step
+#
+# Bahdanau et al. (2015) attend from the *previous* state $s_{t-1}$, with the additive score
+# $e_{tj} = v^\top \tanh(W s_{t-1} + U h^e_j)$, and feed the context into the recurrence itself:
+# $s_t = \mathrm{GRU}([y_{t-1}; c_t], s_{t-1})$; their output layer reads $[c_t; s_t; E y_{t-1}]$. Each context
+# needs the state before it, so even teacher forcing is a loop over the target, one step at a time.
+
+# %%
+def bahdanau_decoder(model, src, tgt):
+    memory, _ = model.encoder.rnn(model.encoder.embedding(src))  # (B, S, H)
+    state = torch.tanh(model.bridge.hidden_proj(memory[:, -1]))  # (B, H): s_0
+    score, embedded = model.decoder.attention.score, model.decoder.embedding(tgt)  # v, W, U; (B, T, E)
+    readin, weights = [], []
+    for t in range(tgt.shape[1]):
+        e = score.out(torch.tanh(score.query_proj(state)[:, None] + score.key_proj(memory))).squeeze(-1)  # (B, S)
+        alpha = torch.softmax(e, dim=-1)  # (B, S): from s_{t-1}, before the step
+        context = (alpha[:, :, None] * memory).sum(1)  # (B, H)
+        _, state = model.decoder.rnn(torch.cat([embedded[:, t], context], dim=-1)[:, None], state[None])
+        state = state[0]  # (B, H): s_t, which read the context
+        readin.append(torch.cat([context, state, embedded[:, t]], dim=-1))  # [c_t; s_t; E y_{t-1}]
+        weights.append(alpha)
+    features = torch.tanh(model.decoder.readout(torch.stack(readin, dim=1)))  # (B, T, F)
+    return model.lm_head(features), torch.stack(weights, dim=1)  # (B, T, V), (B, T, S)
+
+
+bahdanau = seq2seq("bahdanau")
+with torch.no_grad():
+    logits, weights = bahdanau_decoder(bahdanau, src, tgt)
+    output = bahdanau(src, tgt, need_weights=True)
+    torch.testing.assert_close(output.logits, logits)
+    torch.testing.assert_close(output.attentions[0]["cross"][:, 0], weights)
+print("attnkit's attention=\"bahdanau\" = Bahdanau et al.'s decoder, from scratch")
 
 # %% [markdown]
 # ## Going further: reverse a sequence
@@ -120,7 +161,7 @@ def batch(pairs):
 
 
 curves = {}
-for name, model in (("no attention", plain), ("dot-product attention", attentive)):
+for name, model in (("no attention", plain), ("Luong dot-product attention", attentive)):
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     curves[name] = []
     for step in range(steps):
@@ -131,7 +172,7 @@ for name, model in (("no attention", plain), ("dot-product attention", attentive
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         curves[name].append(loss.item())
-    print(f"{name:22s} training loss {sum(curves[name][-20:]) / len(curves[name][-20:]):.3f} after {steps} steps")
+    print(f"{name:27s} training loss {sum(curves[name][-20:]) / len(curves[name][-20:]):.3f} after {steps} steps")
 
 # %% [markdown]
 # Score them with attnkit's greedy decoder (`greedy_translate`: encode once, then one token at a time through the
@@ -144,12 +185,12 @@ accuracy = {name: [] for name in curves}
 for length in lengths:
     test = make_task("reverse", n_test, seed=length, min_len=length, max_len=length)
     sources = [tokenizer.encode(s) for s, _ in test.pairs()]
-    for name, model in (("no attention", plain), ("dot-product attention", attentive)):
+    for name, model in (("no attention", plain), ("Luong dot-product attention", attentive)):
         model.eval()
         outputs = greedy_translate(model, sources, bos_id=BOS, eos_id=EOS, pad_id=PAD, max_length=length + 1)
         accuracy[name].append(test.score([tokenizer.decode(o) for o in outputs]))
 for name, values in accuracy.items():
-    print(f"{name:22s} exact match: length 4 {values[1]:.0%}, 10 {values[7]:.0%}, 16 {values[-1]:.0%}")
+    print(f"{name:27s} exact match: length 4 {values[1]:.0%}, 10 {values[7]:.0%}, 16 {values[-1]:.0%}")
 
 # %%
 example = "abcdefghijkl"
@@ -181,6 +222,7 @@ plt.show()
 # nobody told it to learn ("we get alignment for free"). At the tiny budget neither model has learned anything
 # yet; the pictures show untrained weights.
 #
-# **In attnkit:** `attnkit.models.recurrent` (`RecurrentSeq2Seq`, `SourceAttention` with `luong-dot`,
-# `luong-general` and `bahdanau`), presets `gru-seq2seq` and `gru-attn-seq2seq`; `attnkit experiment bottleneck`
-# runs the measured comparison, and `attnkit train --task translate` trains these models on real pairs.
+# **In attnkit:** `attnkit.models.recurrent` (`RecurrentSeq2Seq`, `LuongDecoder` and `BahdanauDecoder`,
+# `SourceAttention` with `luong-dot`, `luong-general` and `bahdanau`), presets `gru-seq2seq` and
+# `gru-attn-seq2seq`; `attnkit experiment bottleneck` runs the measured comparison, and
+# `attnkit train --task translate` trains these models on real pairs.

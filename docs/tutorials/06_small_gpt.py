@@ -167,24 +167,41 @@ print("attention, feed-forward, block and whole model: the same numbers as attnk
 #
 # `attnkit train` is a command; `attnkit.train.job.prepare` is the same thing as a function. It reads the text,
 # holds out the last 10% for validation, trains with AdamW and a cosine schedule, evaluates, and writes a run
-# directory (config, weights, tokenizer, `metrics.jsonl`) that `attnkit.load` reads back. The equivalent command:
+# directory (config, weights, tokenizer, `metrics.jsonl`) that `attnkit.load` reads back.
 #
-#     attnkit train --data ../shared/data/tinyshakespeare/input.txt --tokenizer char --out runs/shakespeare \
-#         --set d_model=128 n_layers=4 n_heads=4 d_ff=512 max_seq_len=64 position=learned --max-steps 2000
+# The command below trains the model built above: every field where attnkit's default differs from it is given
+# (attnkit's decoder defaults to Llama's RMSNorm, SwiGLU and no biases, tutorial 7's model). The notebook reads the
+# command with attnkit's own parser, checks that it builds a model of the same config and parameter count as the
+# from-scratch one, and trains that (at the tiny budget with fewer steps and smaller batches).
 
 # %%
-from attnkit.train.job import TrainRequest, prepare
+import dataclasses
+import shlex
 
-model_fields = ["d_model=128", "n_layers=4", "n_heads=4", "d_ff=512", "max_seq_len=64", "position=learned",
-                "norm=layer", "activation=gelu", "dropout=0.0"]
-settings = {"tiny": dict(max_steps=5, eval_every=5, batch_size=4, warmup=2),
-            "full": dict(max_steps=2000, max_time=600.0, eval_every=250, batch_size=12, warmup=100)}[BUDGET]
-data = {"data": (str(corpus),), "tokenizer": "char", "eval_batches": 20}
-if BUDGET == "tiny":
-    data.update(eval_batches=2, max_bytes=100_000)  # the first 100 kB only: seconds, not minutes
+from attnkit import count_parameters
+from attnkit.cli import parse, train_request
+from attnkit.train.job import check_request, prepare
+
 run_dir = workdir / "shakespeare"
-request = TrainRequest(out=str(run_dir), task="lm", overrides=model_fields, device="cpu", progress=False, data=data,
-                       settings=dict(lr=1e-3, **settings))
+command = ["train", "--data", str(corpus), "--tokenizer", "char", "--out", str(run_dir), "--device", "cpu",
+           "--set", "d_model=128", "n_layers=4", "n_heads=4", "d_ff=512", "max_seq_len=64", "position=learned",
+           "norm=layer", "activation=gelu", "bias=true", "dropout=0.0",
+           "--batch-size", "12", "--lr", "1e-3", "--warmup", "100", "--max-steps", "2000", "--max-time", "600",
+           "--eval-every", "250", "--eval-batches", "20"]
+print("attnkit", shlex.join(command).replace(str(run_dir), "runs/shakespeare"))  # (the notebook writes to a temp dir)
+invocation = parse(command)  # what `attnkit train ...` would run, without running it
+request = train_request(invocation.settings, *invocation.sections)
+command_config, _, training = check_request(request)
+command_config = dataclasses.replace(command_config, vocab_size=V)  # the vocabulary is the tokenizer's
+assert command_config == config, f"the command builds another model: {command_config}"
+assert count_parameters(command_config) == sum(p.numel() for p in scratch.parameters())
+print(f"the command's model: {count_parameters(command_config):,} parameters, the from-scratch GPT's config; "
+      f"batches of {training.batch_size}")
+if BUDGET == "tiny":  # seconds, not minutes: the first 100 kB, five steps of batches of 4
+    request = dataclasses.replace(
+        request, data={**request.data, "eval_batches": 2, "max_bytes": 100_000},
+        settings={**request.settings, "max_steps": 5, "eval_every": 5, "batch_size": 4, "warmup": 2})
+request = dataclasses.replace(request, progress=False)
 result = prepare(request).fit()
 print(f"stopped after {result.step} steps ({result.reason}), {result.elapsed:.0f} s: "
       f"validation loss {result.evaluation['val_loss']:.3f} nats per character")

@@ -60,6 +60,8 @@ BOTTLENECK_PNG = "experiments/bottleneck/accuracy_by_length.png"
 ALIGN_PNG = "recurrent/alignment-reverse.png"
 HEADS_PNG = "viz/grid.png"
 AB_PNG = "experiments/ab-task/attention.png"
+LUONG = "Luong's attention, from scratch, with the model's own weights"  # tutorial 5's sections
+BAHDANAU = "Bahdanau's attention: the query before the step"
 
 LECTURES: tuple[Lecture, ...] = (
     Lecture("000", "USC CSCI 499 (LMs in NLP, Spring 2024)", "Lecture 11: Transformers: Building Blocks", "usc", (
@@ -74,10 +76,10 @@ LECTURES: tuple[Lecture, ...] = (
               section="Going further: reverse a sequence"),
         Topic("The attention mechanism (Bahdanau et al. 2015): one context vector per decoder step, a query scored "
               "against every key", T05, ("models.recurrent.attention", "models.recurrent.seq2seq:BahdanauDecoder"),
-              section="From scratch, with the model's own weights"),
+              section=BAHDANAU),
         Topic("Seq2seq with attention: dot-product scores, softmax, weighted sum, concatenated with the decoder "
-              "state", T05, ("models.recurrent.seq2seq:LuongDecoder",),
-              section="From scratch, with the model's own weights"),
+              "state (Luong et al.'s order: the query is the state after the step)", T05,
+              ("models.recurrent.seq2seq:LuongDecoder",), section=LUONG),
         Topic("Why attention? performance, the bottleneck solved, a shortcut for vanishing gradients, "
               "interpretability: alignment for free", T05, ("viz",), "bottleneck", ALIGN_PNG,
               "user-guide/looking-inside.md",
@@ -231,8 +233,8 @@ LECTURES: tuple[Lecture, ...] = (
               section="The parts, from scratch"),
         Topic("Three types of sequence models: recurrence, convolution, attention", T05, ("models.recurrent",),
               gap="no convolutional sequence model", section="The models"),
-        Topic("Attention's basic idea (Bahdanau et al. 2015)", T05, ("models.recurrent.attention",),
-              section="From scratch, with the model's own weights"),
+        Topic("Attention's basic idea (Bahdanau et al. 2015)", T05,
+              ("models.recurrent.attention", "models.recurrent.seq2seq:BahdanauDecoder"), section=BAHDANAU),
         Topic("Cross attention: each element attends to another sequence", None, ("layers.attention:Attention",),
               picture="viz/alignment.png", page="user-guide/looking-inside.md"),
         Topic("Self attention (Cheng et al. 2016, Vaswani et al. 2017)", T03, ("layers.attention:Attention",),
