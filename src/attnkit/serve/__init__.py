@@ -3,6 +3,7 @@
     settings.py   ServeSettings: the command's flags
     app.py        the FastAPI app: endpoints, body limits, errors, logs, metrics
     batching.py   continuous batching over the KV cache (a request joins and leaves between steps)
+    listen.py     the port and host checked and bound before the run loads
     schemas.py    the request bodies;  errors.py  OpenAI-style error JSON;  chat.py  chat templates
     metrics.py    Prometheus text;  explorer.py  the explorer's numbers;  static/  its page (HTML, JS, CSS)
 
@@ -16,20 +17,23 @@ import logging
 import os
 
 from attnkit.errors import InputError
-from attnkit.serve.settings import API_KEY_ENV, LOCAL_HOSTS, ServeSettings
+from attnkit.serve.listen import bind, check_port, is_local, url
+from attnkit.serve.settings import API_KEY_ENV, ServeSettings
 
 __all__ = ["ServeSettings", "build_app", "serve"]
 
 log = logging.getLogger(__name__)
 
 
-def _with_key(settings: ServeSettings) -> ServeSettings:
-    """The settings with the API key from the environment when none was given; InputError when a host other than
-    this machine's loopback is asked for without a key."""
+def _checked(settings: ServeSettings) -> ServeSettings:
+    """The settings with the API key from the environment when none was given; InputError for a port that is no
+    TCP port, a host that is no address, a host other than this machine's loopback asked for without a key, or a
+    limit below 1."""
     from dataclasses import replace
 
+    check_port(settings.port)
     key = settings.api_key or os.environ.get(API_KEY_ENV) or None
-    if settings.host not in LOCAL_HOSTS and not key:
+    if not is_local(settings.host) and not key:
         raise InputError(f"--host {settings.host} opens the server beyond this machine: give --api-key KEY (or set "
                          f"{API_KEY_ENV}), or keep the default --host 127.0.0.1")
     for name in ("max_batch", "max_queue", "max_tokens", "max_body"):
@@ -48,7 +52,7 @@ def build_app(settings: ServeSettings):
         raise InputError(f"attnkit serve needs FastAPI and uvicorn: pip install 'attnkit[serve]' ({error})") from None
     from attnkit.generate import load
 
-    settings = _with_key(settings)
+    settings = _checked(settings)
     pipeline = load(settings.run, device=settings.device, dtype=settings.dtype)
     if settings.explain and pipeline.plan is not None:
         log.info("%s", pipeline.plan.explain())
@@ -56,14 +60,15 @@ def build_app(settings: ServeSettings):
 
 
 def serve(settings: ServeSettings) -> int:
-    """Serve the run until interrupted (Ctrl-C)."""
-    settings = _with_key(settings)
+    """Serve the run until interrupted (Ctrl-C). The port is bound before the run loads (`serve/listen.py`)."""
+    settings = _checked(settings)
     try:
         import uvicorn
     except ImportError:
         raise InputError("attnkit serve needs FastAPI and uvicorn: pip install 'attnkit[serve]'") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    app = build_app(settings)
-    log.info("serving %s at http://%s:%d/ (explorer at /, API under /v1/)", settings.run, settings.host, settings.port)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    with bind(settings.host, settings.port) as sock:
+        app = build_app(settings)
+        log.info("serving %s at %s (explorer at /, API under /v1/)", settings.run, url(sock))
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0

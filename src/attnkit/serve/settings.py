@@ -10,7 +10,6 @@ if TYPE_CHECKING:
     from attnkit.tasks import TaskSpec
 
 API_KEY_ENV = "ATTNKIT_API_KEY"  # the API key, when --api-key is not given
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 GENERATION_OPTIONS = ("max_batch", "max_queue", "max_tokens")  # what only a run that generates reads (its scheduler)
 
 
@@ -19,8 +18,8 @@ class ServeSettings:
     """How `attnkit serve` serves one run over HTTP."""
 
     run: str  # run directory: config.json, model.safetensors, tokenizer/
-    host: str = "127.0.0.1"  # address to bind; any other than 127.0.0.1/localhost needs an API key
-    port: int = 8000  # port to listen on
+    host: str = "127.0.0.1"  # address to bind; any but a loopback one (127.0.0.1, localhost, ::1) needs an API key
+    port: int = 8000  # port to listen on (0: any free one, said when the server starts)
     api_key: str | None = None  # clients send it as "Authorization: Bearer KEY"; default: $ATTNKIT_API_KEY
     device: str | None = None  # cpu, cuda, cuda:1, ...; none: cuda when present, else cpu
     dtype: Literal["fp32", "bf16", "fp16"] | None = None  # the weights' type; none: as stored
