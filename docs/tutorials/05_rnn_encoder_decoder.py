@@ -135,6 +135,30 @@ with torch.no_grad():
 print("attnkit's attention=\"bahdanau\" = Bahdanau et al.'s decoder, from scratch")
 
 # %% [markdown]
+# ## Padding: sources of different lengths in one batch
+#
+# A batch pads its shorter sources on the right, and `src_mask` says which positions are real. Padding must change
+# nothing: the encoder stops at each row's last real token (attnkit packs the sequences for torch's GRU, so the
+# encoding $c$ is the last *real* state), and the attention gives padded positions a score of $-\infty$, a weight
+# of exactly 0. So each padded row computes what it would alone.
+
+# %%
+lengths = torch.tensor([9, 6, 4])  # real tokens per source
+src_mask = torch.arange(src.shape[1])[None] < lengths[:, None]  # (B, S): True at real tokens
+padded = src.masked_fill(~src_mask, PAD)
+for model in (plain, attentive, bahdanau):
+    with torch.no_grad():
+        output = model(padded, tgt, src_mask=src_mask, need_weights=True)
+        for row, n in enumerate(lengths.tolist()):
+            alone = model(src[row : row + 1, :n], tgt[row : row + 1]).logits  # the same source, unpadded
+            torch.testing.assert_close(output.logits[row : row + 1], alone)
+    if output.attentions:
+        cross = output.attentions[0]["cross"][:, 0]  # (B, T, S)
+        assert (cross.masked_select(~src_mask[:, None, :]) == 0).all(), "a padded source position got weight"
+        torch.testing.assert_close(cross.sum(-1), torch.ones(cross.shape[:2]))  # the real ones share all of it
+print("padded rows = the same sources alone, with and without attention; padding gets weight exactly 0")
+
+# %% [markdown]
 # ## Going further: reverse a sequence
 #
 # The target is the source backwards (`abcd` -> `dcba`). The first target token is the *last* source token, the

@@ -24,6 +24,7 @@
 
 # %%
 # ruff: noqa: E402 (each import sits in the cell that first needs it)
+import dataclasses
 import json
 import math
 import os
@@ -163,6 +164,37 @@ with torch.no_grad():
 print("attention, feed-forward, block and whole model: the same numbers as attnkit's")
 
 # %% [markdown]
+# ## Post-norm: the original block (UvA's "Add & Norm")
+#
+# The block above is **pre-norm** (GPT-2, Llama; CMU's "Pre-Layer Norm" slide, Xiong et al. 2020): each sublayer
+# reads a normalised copy and its output is added to the untouched residual stream, $x + \mathrm{SubLayer}(
+# \mathrm{LN}(x))$. The original Transformer, and UvA's "Add & Norm" slide, put the norm *after* the addition:
+#
+# $$X_l = \mathrm{LayerNorm}(X_{l-1} + \mathrm{SubLayer}(X_{l-1}))$$
+#
+# so the residual stream itself is normalised after every sublayer. attnkit builds it with
+# `norm_position="post"`; the same parts, in the other order:
+
+# %%
+class PostNormBlock(Block):
+    def forward(self, x):
+        x = self.attn_norm(x + self.self_attn(x))  # post-norm residual: norm(x + sublayer(x))
+        return self.mlp_norm(x + self.mlp(x))
+
+
+post_config = dataclasses.replace(config, norm_position="post")
+post_block = build_model(post_config).stack.blocks[0]
+ours = PostNormBlock()
+ours.load_state_dict(post_block.state_dict(), strict=True)
+with torch.no_grad():
+    x = torch.randn(2, 10, C) * 3 + 1  # a stream far from normalised, so a misplaced norm would show
+    out = post_block(x)[0]
+    torch.testing.assert_close(ours(x), out)
+    torch.testing.assert_close(out.mean(-1), torch.zeros(2, 10), rtol=0, atol=1e-4)  # what leaves is normalised
+    torch.testing.assert_close(out.std(-1, correction=0), torch.ones(2, 10), rtol=1e-3, atol=1e-3)
+print("post-norm block: attnkit = LayerNorm(X + SubLayer(X)), twice; every row leaving it has mean 0, std 1")
+
+# %% [markdown]
 # ## Train it with attnkit's trainer
 #
 # `attnkit train` is a command; `attnkit.train.job.prepare` is the same thing as a function. It reads the text,
@@ -175,7 +207,6 @@ print("attention, feed-forward, block and whole model: the same numbers as attnk
 # from-scratch one, and trains that (at the tiny budget with fewer steps and smaller batches).
 
 # %%
-import dataclasses
 import shlex
 
 from attnkit import count_parameters

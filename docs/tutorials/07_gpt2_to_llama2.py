@@ -119,19 +119,26 @@ def grouped_query_attention(x, attention, n_heads, n_kv_heads):
     k, v = (t.repeat_interleave(n_heads // n_kv_heads, dim=1) for t in (k, v))  # repeat_kv: (B, H, T, D)
     causal = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     weights = torch.softmax((q @ k.transpose(-2, -1) / D**0.5).masked_fill(causal, float("-inf")), dim=-1)
-    return attention.o_proj((weights @ v).transpose(1, 2).reshape(B, T, n_heads * D))
+    return attention.o_proj((weights @ v).transpose(1, 2).reshape(B, T, n_heads * D)), weights  # (B, H, T, T)
 
 
 from attnkit.layers.attention import Attention
 from attnkit.layers.masks import AttentionMask
 
+# attnkit's Attention has two paths: a fused kernel (PyTorch's scaled_dot_product_attention) when no weights are
+# asked for, and a readable reference path that returns them (what `attnkit viz` and the explorer draw). Both must
+# group the heads as repeat_kv does.
 x = torch.randn(2, 7, C)
 for n_kv_heads in (8, 2, 1):  # multi-head, grouped-query, multi-query
     gqa = Attention(C, 8, n_kv_heads=n_kv_heads, bias=False)
-    ours = gqa(x, mask=AttentionMask(7, causal=True))[0]
-    torch.testing.assert_close(ours, grouped_query_attention(x, gqa, 8, n_kv_heads))
+    scratch, scratch_weights = grouped_query_attention(x, gqa, 8, n_kv_heads)
+    fused = gqa(x, mask=AttentionMask(7, causal=True))[0]  # the fast kernel path
+    reference, weights = gqa(x, mask=AttentionMask(7, causal=True), need_weights=True)  # the path viz reads
+    torch.testing.assert_close(fused, scratch)
+    torch.testing.assert_close(reference, scratch)
+    torch.testing.assert_close(weights, scratch_weights)  # (B, H, T, T): query head h reads kv head h // group
     print(f"{n_kv_heads} key/value head{'s' if n_kv_heads > 1 else ''} for 8 query heads: attnkit = the from-scratch "
-          f"layer; k_proj is {tuple(gqa.k_proj.weight.shape)}")
+          f"layer on both paths; k_proj is {tuple(gqa.k_proj.weight.shape)}")
 
 # %% [markdown]
 # ## The KV cache

@@ -62,6 +62,7 @@ HEADS_PNG = "viz/grid.png"
 AB_PNG = "experiments/ab-task/attention.png"
 LUONG = "Luong's attention, from scratch, with the model's own weights"  # tutorial 5's sections
 BAHDANAU = "Bahdanau's attention: the query before the step"
+POST_NORM = "Post-norm: the original block (UvA's \"Add & Norm\")"  # tutorial 6: post-norm beside its pre-norm
 
 LECTURES: tuple[Lecture, ...] = (
     Lecture("000", "USC CSCI 499 (LMs in NLP, Spring 2024)", "Lecture 11: Transformers: Building Blocks", "usc", (
@@ -140,7 +141,7 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Add & Norm: residual connections", T06, ("blocks",), section="The parts, from scratch"),
         Topic("Add & Norm: LayerNorm, X_l = LayerNorm(X_{l-1} + SubLayer(X_{l-1}))", T06,
               ("layers.norms", "blocks"), "norm-placement", "experiments/norm-placement/norm_placement.png",
-              section="The parts, from scratch"),
+              section=POST_NORM),
         Topic("Feed forward", T06, ("layers.feedforward",), section="The parts, from scratch"),
         Topic("Embedding: position encoding", T04, ("layers.positions", "layers.embedding"),
               "position-extrapolation", "experiments/position-extrapolation/loss_by_length.png",
@@ -279,7 +280,7 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Rotary positional encodings (RoPE, Su et al. 2021)", T04, ("layers.positions:RotaryEmbedding",),
               section="RoPE (Su et al. 2021)"),
         Topic("Pre-layer-norm (Xiong et al. 2020)", T06, ("blocks",), "norm-placement",
-              "experiments/norm-placement/norm_placement.png", section="The parts, from scratch"),
+              "experiments/norm-placement/norm_placement.png", section=POST_NORM),
         Topic("RMSNorm (Zhang and Sennrich 2019)", T07, ("layers.norms",), section="RMSNorm"),
         Topic("Grouped-query attention: shared key/value heads, less memory, faster inference", T07,
               ("layers.attention:Attention", "layers.kv_cache"), "gqa-memory", "experiments/gqa-memory/gqa.png",
