@@ -193,10 +193,29 @@ print("attnkit's KV cache: prefill + 16 single-token steps = one full forward pa
 # what `transformers` computes. (The same check runs on a real checkpoint: point `attnkit convert` at it.)
 
 # %%
+import contextlib
+import logging
+
 import transformers
 
 from attnkit.interop.hf import convert_from_hf
 from attnkit.interop.hf import load as load_hf
+
+
+@contextlib.contextmanager
+def no_tokenizer_notices():
+    """Inside the block, hide attnkit's notices that a model directory has no tokenizer: the checkpoint built here
+    has random weights and reads ids, not text, so it has none on purpose."""
+    loggers = [logging.getLogger(name) for name in ("attnkit.interop.hf", "attnkit.generate.pipeline")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
 
 transformers.utils.logging.disable_progress_bar()
 workdir = Path(tempfile.mkdtemp(prefix="attnkit-tutorial-"))
@@ -212,7 +231,8 @@ with torch.no_grad():  # random weights of a visible size (norm gains near 1), s
 reference.save_pretrained(workdir / "tiny-llama")
 reference.eval()
 
-loaded = load_hf(workdir / "tiny-llama")
+with no_tokenizer_notices():
+    loaded = load_hf(workdir / "tiny-llama")
 print(f"read a {loaded.architecture} ({loaded.model_type}) as attnkit config:", loaded.config.to_dict())
 ids = torch.randint(101, (2, 16))
 with torch.no_grad():
@@ -228,8 +248,9 @@ print(f"logits: attnkit = transformers (largest difference {(got - expected).abs
 # %%
 from attnkit import load
 
-convert_from_hf(workdir / "tiny-llama", workdir / "tiny-llama-run")
-pipeline = load(workdir / "tiny-llama-run", device="cpu")
+with no_tokenizer_notices():
+    convert_from_hf(workdir / "tiny-llama", workdir / "tiny-llama-run")
+    pipeline = load(workdir / "tiny-llama-run", device="cpu")
 with torch.no_grad():
     torch.testing.assert_close(pipeline.model(ids).logits, expected, rtol=1e-4, atol=1e-4)
 print(sorted(p.name for p in (workdir / "tiny-llama-run").iterdir()))

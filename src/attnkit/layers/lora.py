@@ -1,4 +1,4 @@
-"""LoRA: a frozen linear map plus a trainable low-rank update (Hu et al. 2021, "LoRA: Low-Rank Adaptation").
+r"""LoRA: a frozen linear map plus a trainable low-rank update (Hu et al. 2021, "LoRA: Low-Rank Adaptation").
 
 ```
 x --> W (frozen, C_out x C_in) + b ------------------------------.
