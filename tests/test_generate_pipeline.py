@@ -121,6 +121,9 @@ def test_empty_prompt_starts_from_bos_and_fails_clearly_without_one(lm):
         (dict(num_samples=0), InputError, "num_samples"),
         (dict(stop=[""]), InputError, "stop string is empty"),
         (dict(max_new_tokens=-3), InputError, "max_new_tokens"),
+        (dict(seed="x"), ConfigError, "seed='x' must be an integer"),  # not torch's TypeError
+        (dict(seed=10**29), ConfigError, "seed=10+ lies outside 0 to 2\\*\\*64 - 1"),
+        (dict(temperature=1e-300), ConfigError, "temperature=1e-300 is below"),
     ],
 )
 def test_bad_generation_arguments_are_clear_errors(lm, settings, error, message):
@@ -193,6 +196,8 @@ def test_cli_generate_reads_stdin_and_prints_several_samples(runs, lm, capsys, m
 def test_cli_bad_arguments_print_a_clear_error(runs, capsys):
     assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "ab", "--top-p", "0"]) == 2
     assert "top_p=0.0 must lie in (0, 1]" in capsys.readouterr().err
+    assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "ab", "--seed", str(2**64)]) == 2
+    assert "seed=18446744073709551616 lies outside 0 to 2**64 - 1 (64 bits)" in capsys.readouterr().err
     assert cli.main(["generate", "--run", str(runs["lm"]), "--prompt", "ab", "--top-k", "0"]) == 2
     printed = capsys.readouterr()
     assert printed.out == ""  # the prompt is not streamed ahead of an error

@@ -7,7 +7,14 @@ from hypothesis import strategies as st
 
 from attnkit.errors import ConfigError
 from attnkit.generate import SamplingConfig, make_generator, select_next
-from attnkit.generate.sampling import process_logits, select_next_in_groups, top_k_filter, top_p_filter
+from attnkit.generate.sampling import (
+    SamplingError,
+    check_sampling,
+    process_logits,
+    select_next_in_groups,
+    top_k_filter,
+    top_p_filter,
+)
 
 
 def _logits(seed=0, batch=3, vocab=11):
@@ -99,8 +106,40 @@ def test_groups_sampled_in_one_call_draw_what_each_draws_alone(sizes, seed, conf
         (dict(top_k=0), "top_k=0 must be a positive integer"),
         (dict(top_k=2.5), "top_k=2.5 must be a positive integer"),
         (dict(repetition_penalty=0.0), "repetition_penalty=0.0 must be > 0"),
+        (dict(temperature=1e-300), "temperature=1e-300 is below 1e-05, where dividing the logits by it overflows"),
+        (dict(temperature=5e-324), "temperature=5e-324 is below"),
+        (dict(temperature="hot"), "temperature='hot' must be >= 0"),
+        (dict(top_p=1e-320), "top_p=1e-320 is below 1e-06, where it underflows"),
+        (dict(repetition_penalty=1e-300), "repetition_penalty=1e-300 must lie in \\[0.001, 1000\\]"),
+        (dict(repetition_penalty=1e300), "repetition_penalty=1e\\+300 must lie in"),
+        (dict(seed="x"), "seed='x' must be an integer from 0 to 2\\*\\*64 - 1"),
+        (dict(seed=2.5), "seed=2.5 must be an integer"),
+        (dict(seed=True), "seed=True must be an integer"),
+        (dict(seed=10**29), "seed=100000000000000000000000000000 lies outside 0 to 2\\*\\*64 - 1"),
+        (dict(seed=-1), "seed=-1 lies outside"),
     ],
 )
 def test_bad_settings_are_clear_errors(settings, message):
-    with pytest.raises(ConfigError, match=message):
-        SamplingConfig(**settings)
+    with pytest.raises(SamplingError, match=message) as refused:
+        check_sampling(**settings)
+    assert refused.value.field == next(iter(settings))  # the server answers 400 naming this field
+    assert isinstance(refused.value, ConfigError)
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=1e-5), dict(top_p=1e-6), dict(repetition_penalty=1e-3),
+                                      dict(repetition_penalty=1e3), dict(seed=2**64 - 1), dict(seed=0)])
+def test_the_edges_of_each_range_sample_finite_tokens(settings):
+    config, seed = check_sampling(**settings)
+    logits = _logits(seed=4, vocab=50).float() * 30  # confident rows: the extremes are where overflow would show
+    seen = torch.ones_like(logits, dtype=torch.bool)
+    processed = process_logits(logits, config, seen)
+    assert not processed.isnan().any() and processed.isfinite().any(dim=-1).all()
+    tokens = select_next(logits, config, seen=seen, generator=make_generator(seed, "cpu"))
+    assert ((tokens >= 0) & (tokens < 50)).all()
+
+
+def test_top_p_below_the_first_tokens_probability_keeps_that_token():
+    logits = _logits(seed=2)
+    kept = top_p_filter(logits, 1e-30).isfinite()
+    assert kept.sum(dim=-1).tolist() == [1] * logits.shape[0]
+    assert kept.float().argmax(dim=-1).tolist() == logits.argmax(dim=-1).tolist()

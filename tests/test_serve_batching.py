@@ -227,3 +227,78 @@ def test_a_windowed_model_merges_by_its_window_whatever_the_first_job_allocated(
     assert most_jobs == (3 if merges else 1)
     for request in recorded:
         assert request.tokens == request.alone(windowed)
+
+
+class Poisoned(Recorded):
+    """A job whose own part fails: its token callback raises (`where="token"`), or its sampling does (a stand-in for
+    settings that sample to nothing, which the edge refuses)."""
+
+    def __init__(self, *args, where: str = "token", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.where = where
+
+    def _token(self, choice: int, token: int) -> bool:
+        if self.where == "token":
+            raise RuntimeError("this request's own callback failed")
+        return super()._token(choice, token)
+
+
+def poison_sampling(monkeypatch, seed: int) -> None:
+    """Sampling fails for every call that includes the rows of the job seeded with `seed`."""
+    from attnkit.serve import batching
+
+    sample = batching.select_next_in_groups
+
+    def failing(logits, config, groups, **kwargs):
+        if any(generator is not None and generator.initial_seed() == seed for _, generator in groups):
+            raise RuntimeError("probability tensor contains inf or nan")
+        return sample(logits, config, groups, **kwargs)
+
+    monkeypatch.setattr(batching, "select_next_in_groups", failing)
+
+
+@pytest.mark.parametrize("where", ["token", "sampling", "prefill"])
+def test_a_job_that_fails_fails_alone_and_the_others_get_the_tokens_they_get_alone(model, monkeypatch, where):
+    marker = SamplingConfig(temperature=0.9, top_k=7)
+    scheduler = scheduler_for(model, max_rows=8)
+    good = [Recorded([1 + i, 2, 3], 6 + i, sampling=SamplingConfig(temperature=0.9, top_k=7 if i % 2 else None),
+                     seed=i, n=1 + i % 2) for i in range(4)]
+    bad = Poisoned([4, 5], 6, sampling=marker, seed=9, where=where)
+    if where == "sampling":
+        poison_sampling(monkeypatch, seed=9)  # a good job of the same settings shares its sampling call
+        good[1].job = GenerationJob(**{**vars(good[1].job), "sampling": marker})
+    elif where == "prefill":  # prefilling any batch that holds the bad prompt fails
+        prefill = scheduler.decoding.prefill
+
+        def failing(window, cache):
+            if any(row[-2:] == [4, 5] for row in window.ids.tolist()):
+                raise RuntimeError("a kernel failed on this prompt")
+            return prefill(window, cache)
+
+        monkeypatch.setattr(scheduler.decoding, "prefill", failing)
+    scheduler.submit(good[0].job)
+    iterate(scheduler, 2)  # a running batch that the others join
+    for request in [good[1], bad, *good[2:]]:
+        scheduler.submit(request.job)
+    drain(scheduler)
+    assert bad.reasons == ["error"] and isinstance(bad.job.failure, RuntimeError)
+    for request in good:
+        assert request.reasons is not None and "error" not in request.reasons
+        assert request.job.failure is None
+        assert request.tokens == request.alone(model)
+
+
+def test_a_decoding_step_that_fails_ends_the_running_jobs_and_the_waiting_ones_still_run(model, monkeypatch):
+    scheduler = scheduler_for(model, max_rows=2)
+    running, waiting = Recorded([1, 2], 8, n=2), Recorded([3, 4], 5, sampling=SamplingConfig(), seed=1)
+    scheduler.submit(running.job)
+    scheduler.submit(waiting.job)  # no free row: it waits
+    iterate(scheduler)
+    monkeypatch.setattr(scheduler.decoding, "step", lambda window, cache: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        iterate(scheduler)
+    scheduler._end_running(ZeroDivisionError("step"))  # what the scheduler's loop does with the exception
+    monkeypatch.undo()
+    drain(scheduler)
+    assert running.reasons == ["error", "error"] and isinstance(running.job.failure, ZeroDivisionError)
+    assert waiting.reasons is not None and waiting.tokens == waiting.alone(model)

@@ -370,6 +370,7 @@ class Scheduler:
         except Exception as error:
             if len(joining) == 1:
                 self._fail(joining[0], error)
+                self._finish(joining[0])
                 return
             log.warning("prefilling %d requests together failed; prefilling each alone", len(joining))
             for job in joining:
@@ -377,6 +378,7 @@ class Scheduler:
                     self._prefill([job])
                 except Exception as alone:
                     self._fail(job, alone)
+                    self._finish(job)
 
     def _prefill(self, joining: list[GenerationJob]) -> None:
         """Prefill `joining` in one forward pass and add their rows; the batch is unchanged when the pass fails."""
@@ -485,11 +487,11 @@ class Scheduler:
             log.exception("a request's on_finish failed")
 
     def _fail(self, job: GenerationJob, error: BaseException) -> None:
-        """End `job` alone: its unfinished choices end with "error", and `error` is kept as its failure."""
+        """End `job` alone: its unfinished choices end with "error", and `error` is kept as its failure. Its
+        on_finish comes from the iteration when its rows are in the batch, else from the caller (`_finish`)."""
         log.error("a request failed: %s", error, exc_info=error)
         job.failure = error
         job.reasons = ["error" if reason is None else reason for reason in (job.reasons or [None] * job.n)]
-        self._finish(job)
 
     def _end_running(self, error: BaseException) -> None:
         """End the running jobs after a decoding step they shared failed; the waiting jobs stay queued."""
@@ -498,3 +500,4 @@ class Scheduler:
         for job in jobs:
             if None in job.reasons:
                 self._fail(job, error)
+                self._finish(job)
