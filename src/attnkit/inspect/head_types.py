@@ -1,0 +1,141 @@
+"""What each head attends to, scored from its attention pattern (Olsson et al. 2022, "In-context Learning and
+Induction Heads"; Clark et al. 2019, "What Does BERT Look At?").
+
+    type         query t puts its weight on key j where ...                   scored over queries that have such j
+    previous     j = t - 1                                                    t >= 1
+    first        j = 0                                                        t >= 1
+    separator    token j is one of the given separators (SEP, EOS, ...)       every t
+    duplicate    j < t and token j == token t (an earlier copy of itself)     tokens seen before
+    induction    j <= t and token j - 1 == token t (the token that followed   tokens seen before
+                 an earlier copy: "A B ... A -> B")
+
+A score is the mean over those queries of the weight on those keys (1: all of it). On repeated random tokens
+`[x1..xn x1..xn]` a duplicate-token head looks n back and an induction head n - 1 back. Cross-attention is scored by
+how monotonic its alignment is (`monotonicity`): the share of target steps whose most-attended source position does
+not move backwards (1: a monotone alignment, about 0.5 for chance).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.errors import InputError
+from attnkit.inspect.points import head_sites
+from attnkit.inspect.trace import trace
+
+SELF_TYPES = ("previous", "first", "duplicate", "induction")
+
+
+def repeated_tokens(vocab: Sequence[int] | int, length: int, *, batch: int = 8, generator: torch.Generator | None = None
+                    ) -> Tensor:
+    """Random token sequences of `length` drawn from `vocab` (ids, or range(vocab)), each followed by itself:
+    (B, 2 * length)."""
+    pool = torch.arange(vocab) if isinstance(vocab, int) else torch.as_tensor(list(vocab))
+    if len(pool) < 2 or length < 2:
+        raise InputError(f"repeated tokens need at least 2 distinct tokens and length >= 2; got {len(pool)} tokens "
+                         f"and length {length}")
+    first = pool[torch.randint(len(pool), (batch, length), generator=generator)]  # (B, n)
+    return torch.cat((first, first), dim=1)  # (B, 2n)
+
+
+def key_masks(ids: Tensor, separators: Sequence[int] = ()) -> dict[str, Tensor]:
+    """For each type, which keys count for each query: ids (B, T) -> {type: (B, T, T) bool} (query rows)."""
+    length = ids.shape[1]
+    t = torch.arange(length)
+    query, key = t[:, None], t[None, :]  # (T, 1), (1, T)
+    same = ids[:, :, None] == ids[:, None, :]  # (B, T, T): token t == token j
+    after_same = torch.zeros_like(same)
+    after_same[:, :, 1:] = same[:, :, :-1]  # token t == token j - 1
+    masks = {
+        "previous": (key == query - 1).expand_as(same),
+        "first": ((key == 0) & (query >= 1)).expand_as(same),
+        "duplicate": same & (key < query),
+        "induction": after_same & (key <= query),
+    }
+    if separators:
+        is_separator = torch.isin(ids, torch.as_tensor(list(separators), device=ids.device))  # (B, T)
+        masks["separator"] = is_separator[:, None, :].expand_as(same)
+    return masks
+
+
+def self_scores(pattern: Tensor, ids: Tensor, separators: Sequence[int] = ()) -> dict[str, Tensor]:
+    """Each head's score per type: pattern (B, H, T, T) of self-attention over ids (B, T) -> {type: (H,)}; NaN where
+    no query has such keys."""
+    if pattern.shape[-1] != pattern.shape[-2] or pattern.shape[-1] != ids.shape[1]:
+        raise InputError(f"a self-attention pattern {tuple(pattern.shape)} over ids {tuple(ids.shape)}: give the ids "
+                         "the pattern was computed on")
+    out = {}
+    for name, mask in key_masks(ids.to(pattern.device), separators).items():
+        weight = (pattern.float() * mask[:, None]).sum(-1)  # (B, H, T): weight on the counted keys
+        counted = mask.any(-1)[:, None].expand_as(weight)  # (B, H, T): queries that have such keys
+        out[name] = (weight * counted).sum((0, 2)) / counted.sum((0, 2))  # (H,)
+    return out
+
+
+def monotonicity(pattern: Tensor, query_mask: Tensor | None = None) -> Tensor:
+    """The share of consecutive target steps whose most-attended source position does not decrease: pattern
+    (B, H, T, S), query_mask (B, T) True at real target steps -> (H,)."""
+    if pattern.shape[2] < 2:
+        raise InputError("monotonicity needs at least two target steps")
+    peak = pattern.argmax(-1)  # (B, H, T)
+    forward = (peak[..., 1:] >= peak[..., :-1]).float()  # (B, H, T - 1)
+    if query_mask is None:
+        return forward.mean((0, 2))
+    pairs = (query_mask[:, 1:] & query_mask[:, :-1])[:, None].expand_as(forward).float()
+    return (forward * pairs).sum((0, 2)) / pairs.sum((0, 2))
+
+
+def classify(scores: dict[str, Tensor], threshold: float = 0.4) -> list[str]:
+    """Each head's type: the type it scores highest on when that score reaches `threshold`, else "-". scores
+    {type: (H,)} -> H names."""
+    names = list(scores)
+    table = torch.stack([scores[n].nan_to_num(0.0) for n in names])  # (types, H)
+    best, which = table.max(0)
+    return [names[int(w)] if float(b) >= threshold else "-" for b, w in zip(best, which, strict=True)]
+
+
+@dataclass(frozen=True)
+class HeadTypes:
+    """scores[type][i, h]: head h of `sites[i]` on that type (NaN: not scored there, e.g. a cross-attention site on
+    self-attention types, `monotonic` on self-attention); `types[i][h]`: its type by `classify`."""
+
+    sites: list[str]
+    scores: dict[str, Tensor]  # {type: (n_sites, H)}
+    types: list[list[str]]
+
+    def rows(self) -> list[dict]:
+        """One row per site and head: its scores and its type."""
+        return [{"site": site, "head": h, **{k: round(float(v[i, h]), 3) for k, v in self.scores.items()},
+                 "type": self.types[i][h]}
+                for i, site in enumerate(self.sites) for h in range(len(self.types[i]))]
+
+    def best(self, kind: str) -> tuple[str, int, float]:
+        """The head scoring highest on `kind`: (site, head, score)."""
+        table = self.scores[kind].nan_to_num(-1.0)
+        index = int(table.argmax())
+        return self.sites[index // table.shape[1]], index % table.shape[1], float(table.flatten()[index])
+
+
+def head_types(model: nn.Module, *args: Tensor, separators: Sequence[int] = (), threshold: float = 0.4) -> HeadTypes:
+    """Score every head of `model` run on `args` (its ids; an encoder-decoder's source and target): self-attention
+    heads on `SELF_TYPES` (and `separator` given separators), cross-attention heads on `monotonic`."""
+    sites = head_sites(model)
+    read = trace(model, *args, names=[f"{s}.pattern" for s in sites])
+    names = [*SELF_TYPES, *(["separator"] if separators else []), "monotonic"]
+    width = max(read[f"{s}.pattern"].shape[1] for s in sites)
+    scores = {name: torch.full((len(sites), width), float("nan")) for name in names}
+    types = []
+    for i, site in enumerate(sites):
+        pattern = read[f"{site}.pattern"]  # (B, H, T, S)
+        if site.endswith("cross_attn"):
+            found = {"monotonic": monotonicity(pattern)}
+        else:
+            found = self_scores(pattern, args[1] if site.startswith("decoder.") else args[0], separators)
+        for name, values in found.items():
+            scores[name][i, : len(values)] = values.cpu()
+        types.append(classify(found, threshold))
+    return HeadTypes(sites, scores, types)

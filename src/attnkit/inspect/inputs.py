@@ -1,0 +1,71 @@
+"""What an analysis runs a model on and scores it by: a `Batch` (the model's inputs and the targets its logits are
+scored against), for every family alike.
+
+    lm_batch(ids)               decoder LM     model(ids[:, :-1]); targets ids[:, 1:]
+    seq2seq_batch(src, tgt)     encoder-decoder, recurrent seq2seq: model(src, tgt[:, :-1]); targets tgt[:, 1:]
+    Batch((ids,), labels)       anything else: a masked LM's masked ids and their labels (-100 elsewhere), ...
+
+Without targets an analysis compares the changed model's output distribution with the model's own (`kl`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.data.batching import IGNORE_INDEX
+from attnkit.errors import InputError
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The model is called as `model(*args)`; `labels` (the logits' leading shape, -100: unscored) score it."""
+
+    args: tuple[Tensor, ...]
+    labels: Tensor | None = None
+
+    def logits(self, output) -> Tensor:
+        """The logits of a model's output (a ModelOutput, or a tensor)."""
+        return output.logits if hasattr(output, "logits") else output
+
+
+def lm_batch(ids: Tensor) -> Batch:
+    """Next-token prediction over ids (B, T): inputs (B, T - 1), targets the tokens after them."""
+    if ids.dim() != 2 or ids.shape[1] < 2:
+        raise InputError(f"next-token prediction needs ids of shape (batch, length >= 2), got {tuple(ids.shape)}")
+    return Batch((ids[:, :-1],), ids[:, 1:])
+
+
+def seq2seq_batch(src: Tensor, tgt: Tensor) -> Batch:
+    """Teacher forcing: the decoder reads tgt (B, T) without its last token and predicts it without its first."""
+    if tgt.dim() != 2 or tgt.shape[1] < 2:
+        raise InputError(f"a target needs BOS and at least one token, shape (batch, length >= 2); got "
+                         f"{tuple(tgt.shape)}")
+    return Batch((src, tgt[:, :-1]), tgt[:, 1:])
+
+
+def token_losses(logits: Tensor, labels: Tensor) -> Tensor:
+    """Cross-entropy per target, (…, V) and (…) -> (…) in float32, NaN where the label is -100."""
+    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).clamp(min=0),
+                             reduction="none").view(labels.shape)
+    return losses.masked_fill(labels == IGNORE_INDEX, float("nan"))
+
+
+def divergence(logits: Tensor, reference: Tensor) -> Tensor:
+    """KL(reference || changed) per position, (…, V) twice -> (…): how far a change moved the output distribution."""
+    return F.kl_div(F.log_softmax(logits.float(), -1), F.log_softmax(reference.float(), -1), log_target=True,
+                    reduction="none").sum(-1)
+
+
+def score(batch: Batch, logits: Tensor, clean: Tensor) -> Tensor:
+    """The mean loss on the batch's targets, or without targets the mean KL from the clean logits."""
+    if batch.labels is None:
+        return divergence(logits, clean).mean()
+    return token_losses(logits, batch.labels).nanmean()
+
+
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device

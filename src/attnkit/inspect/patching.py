@@ -1,0 +1,114 @@
+"""Activation patching (Meng et al. 2022, "Locating and Editing Factual Associations in GPT"; Wang et al. 2022,
+"Interpretability in the Wild"): run the model on a corrupted input, put back one activation from the clean run,
+and see how much of the clean answer returns.
+
+    metric     logit(answer) - logit(wrong) at one position (the logit difference)
+    restored   (patched - corrupted) / (clean - corrupted): 0 = the patch brings nothing back, 1 = all of it
+
+`patch_stream` patches the residual stream entering each block at each position (layer x position); `patch_heads`
+each head's output over every position. Clean and corrupted inputs have the same shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.errors import InputError
+from attnkit.inspect.edits import patch
+from attnkit.inspect.inputs import Batch
+from attnkit.inspect.points import head_sites, hook_points
+from attnkit.inspect.trace import Trace, trace
+
+
+@dataclass(frozen=True)
+class Patching:
+    """restored[i, j]: the share of the logit difference a patch at (rows[i], column j) brings back; `clean` and
+    `corrupted`: the logit differences of the two runs."""
+
+    rows: list[str]
+    restored: Tensor  # (rows, columns): positions or heads
+    clean: float
+    corrupted: float
+    columns: str  # "position" or "head"
+
+
+def logit_difference(logits: Tensor, answer: int | Tensor, wrong: int | Tensor, position: int = -1) -> float:
+    """logit(answer) - logit(wrong) at `position`, averaged over the batch: logits (B, T, V); answer and wrong one
+    token id, or one per row (B,)."""
+    at = logits[:, position].float()  # (B, V)
+
+    def logit(token: int | Tensor) -> Tensor:
+        return at.gather(1, torch.as_tensor(token, device=at.device).expand(at.shape[0])[:, None])  # (B, 1)
+
+    return float((logit(answer) - logit(wrong)).mean())
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """The clean run's activations and both runs' logit differences; `restored` scores a patched corrupted run."""
+
+    source: Trace  # the clean run
+    clean: float
+    corrupted: float
+    batch: Batch  # the corrupted input
+    target: tuple  # answer, wrong, position
+
+    def restored(self, model: nn.Module, edits: dict) -> float:
+        run = trace(model, *self.batch.args, names=[], edits=edits)
+        return _share(logit_difference(self.batch.logits(run.output), *self.target), self.clean, self.corrupted)
+
+
+def _runs(model: nn.Module, clean: Batch, corrupted: Batch, names: list[str], target: tuple) -> _Runs:
+    if [a.shape for a in clean.args] != [a.shape for a in corrupted.args]:
+        raise InputError("the clean and corrupted inputs differ in shape; patching swaps activations position by "
+                         "position, so give inputs of the same lengths (corrupt by substituting tokens)")
+    model.eval()
+    source = trace(model, *clean.args, names=names)
+    corrupted_run = trace(model, *corrupted.args, names=[])
+    return _Runs(source, logit_difference(clean.logits(source.output), *target),
+                 logit_difference(corrupted.logits(corrupted_run.output), *target), corrupted, target)
+
+
+def _stream_prefix(model: nn.Module, stack: str | None) -> str:
+    """The stack whose stream is patched: `stack` given, else the only one, else an encoder-decoder's encoder (its
+    input is where a corruption usually is)."""
+    if stack is not None:
+        return stack if not stack or stack.endswith(".") else f"{stack}."
+    return "encoder." if "encoder.blocks.0.resid_pre" in hook_points(model) else ""
+
+
+def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
+                 position: int = -1, stack: str | None = None) -> Patching:
+    """Patch the stream entering each block of `stack` (module docstring) at each position, one at a time."""
+    prefix = _stream_prefix(model, stack)
+    names = [n for n in hook_points(model) if n.startswith(f"{prefix}blocks.") and n.endswith(".resid_pre")]
+    if not names:
+        raise InputError(f"{type(model).__name__} has no residual stream {prefix!r} to patch")
+    runs = _runs(model, clean, corrupted, names, (answer, wrong, position))
+    length = runs.source[names[0]].shape[1]
+    restored = torch.tensor([[runs.restored(model, {name: patch(runs.source[name], position=t)}) for t in range(length)]
+                             for name in names])
+    return Patching([n.removesuffix(".resid_pre") for n in names], restored, runs.clean, runs.corrupted, "position")
+
+
+def patch_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
+                position: int = -1) -> Patching:
+    """Patch each head's output (`SITE.z`, every position) from the clean run into the corrupted one."""
+    sites = head_sites(model)
+    runs = _runs(model, clean, corrupted, [f"{s}.z" for s in sites], (answer, wrong, position))
+    restored = torch.full((len(sites), max(runs.source[f"{s}.z"].shape[2] for s in sites)), float("nan"))
+    for i, site in enumerate(sites):
+        source = runs.source[f"{site}.z"]  # (B, T, H, D)
+        for head in range(source.shape[2]):
+            restored[i, head] = runs.restored(model, {f"{site}.z": patch(source, head=head)})
+    return Patching(sites, restored, runs.clean, runs.corrupted, "head")
+
+
+def _share(patched: float, clean: float, corrupted: float) -> float:
+    if abs(clean - corrupted) < 1e-9:
+        raise InputError("the clean and corrupted runs give the same logit difference, so nothing can be restored; "
+                         "corrupt the input where it changes the answer")
+    return (patched - corrupted) / (clean - corrupted)

@@ -1,0 +1,160 @@
+"""Linear probes per layer (lecture: "probing"): can a linear classifier read a word's label (its part of speech, its
+entity tag) from a layer's states? With Hewitt and Liang's (2019) control task beside it, so that an accuracy is
+read against what the probe could reach by memorising words.
+
+    accuracy           a linear probe trained on the layer's states at each word's first piece, held-out words
+    control accuracy   the same probe trained on control labels: each word type given one random label, drawn from
+                       the real labels' distribution (a task only memorising word identity can solve)
+    selectivity        accuracy - control accuracy: high when the layer encodes the label, not merely the word
+
+Labels come from CoNLL / CoNLL-U files (`attnkit.tasks.conll.read_tagged`); words become pieces as the tagging task
+lays them out (`attnkit.tasks.tag.align`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.errors import InputError
+from attnkit.inspect.trace import trace
+from attnkit.models.stack import TransformerStack
+from attnkit.tasks.conll import Sentence
+from attnkit.tasks.tag import align
+from attnkit.tokenize import Tokenizer
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe's held-out accuracies; `majority`: always answering the commonest training label."""
+
+    layer: str
+    accuracy: float
+    control_accuracy: float
+    majority: float
+
+    @property
+    def selectivity(self) -> float:
+        return self.accuracy - self.control_accuracy
+
+    def row(self) -> dict:
+        return {"layer": self.layer, "accuracy": round(self.accuracy, 4),
+                "control accuracy": round(self.control_accuracy, 4), "selectivity": round(self.selectivity, 4),
+                "majority": round(self.majority, 4)}
+
+
+def control_labels(types: Tensor, labels: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+    """Hewitt and Liang's control task: each distinct type (N,) gets one label drawn from the empirical distribution
+    of `labels` (N,); returns each item's control label (N,)."""
+    distinct, which = types.unique(return_inverse=True)
+    frequencies = torch.bincount(labels).float()
+    drawn = torch.multinomial(frequencies, len(distinct), replacement=True, generator=generator)  # (types,)
+    return drawn[which]
+
+
+def fit_probe(features: Tensor, labels: Tensor, train: Tensor, *, steps: int = 300, lr: float = 0.05,
+              weight_decay: float = 1e-3, seed: int = 0) -> float:
+    """Train a linear softmax probe on the `train` rows of features (N, C) and labels (N,) (standardised by the
+    training rows, full-batch Adam) and return its accuracy on the other rows."""
+    if train.all() or not train.any():
+        raise InputError("a probe needs both training and held-out items; give more sentences")
+    x = features.float()
+    mean, std = x[train].mean(0), x[train].std(0).clamp(min=1e-6)
+    x = (x - mean) / std
+    torch.manual_seed(seed)
+    probe = nn.Linear(x.shape[1], int(labels.max()) + 1)
+    optimizer = torch.optim.Adam(probe.parameters(), lr=lr, weight_decay=weight_decay)
+    with torch.enable_grad():
+        for _ in range(steps):
+            optimizer.zero_grad()
+            F.cross_entropy(probe(x[train]), labels[train]).backward()
+            optimizer.step()
+    with torch.no_grad():
+        return float((probe(x[~train]).argmax(-1) == labels[~train]).float().mean())
+
+
+def probe(features: Tensor, labels: Tensor, types: Tensor, *, layer: str = "", train: Tensor | None = None,
+          seed: int = 0, **fit) -> ProbeResult:
+    """A probe on the real labels and one on their control task, over features (N, C), labels (N,) and each item's
+    type (N,), e.g. its word's id. `train` (N,) bool marks the training items (default: a random 80%)."""
+    generator = torch.Generator().manual_seed(seed)
+    if train is None:
+        train = torch.rand(len(labels), generator=generator) < 0.8
+    control = control_labels(types, labels, generator=generator)
+    majority = float((labels[~train] == torch.bincount(labels[train]).argmax()).float().mean())
+    return ProbeResult(layer, fit_probe(features, labels, train, seed=seed, **fit),
+                       fit_probe(features, control, train, seed=seed, **fit), majority)
+
+
+@dataclass(frozen=True)
+class WordStates:
+    """Each layer's states at every word's first piece: `states[layer]` (N, C); labels, types (word ids) and
+    sentence (each word's sentence index), (N,) each."""
+
+    states: dict[str, Tensor]
+    labels: Tensor
+    types: Tensor
+    sentence: Tensor
+    label_names: list[str]
+
+
+def reading_stack(model: nn.Module) -> TransformerStack:
+    """The stack whose states are probed: an encoder-decoder's encoder, else the model's one stack."""
+    stack = getattr(model, "encoder", None) or getattr(model, "stack", None)
+    if not isinstance(stack, TransformerStack):
+        raise InputError(f"probes read a Transformer stack's states; {type(model).__name__} has none")
+    return stack
+
+
+@torch.no_grad()
+def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sentence], *, max_len: int,
+                batch_size: int = 32) -> WordStates:
+    """Run the model's reading stack over the sentences (pieces laid out as `align` does) and keep the stream after
+    the embeddings and after each block at each word's first piece."""
+    stack = reading_stack(model).eval()
+    n_blocks = len(stack.blocks)
+    names = ["blocks.0.resid_pre", *(f"blocks.{i}.resid_post" for i in range(n_blocks))]
+    label_names = sorted({tag for _, tags in sentences for tag in tags})
+    index = {tag: i for i, tag in enumerate(label_names)}
+    vocabulary: dict[str, int] = {}
+    aligned = [align(tokenizer, words, [index[t] for t in tags], max_len) for words, tags in sentences]
+    device = next(stack.parameters()).device
+    states: dict[str, list[Tensor]] = {n: [] for n in names}
+    labels, types, sentence = [], [], []
+    for start in range(0, len(aligned), batch_size):
+        chunk = aligned[start:start + batch_size]
+        length = max(len(a.ids) for a in chunk)
+        ids = torch.zeros(len(chunk), length, dtype=torch.long)
+        mask = torch.zeros(len(chunk), length, dtype=torch.bool)
+        for row, a in enumerate(chunk):
+            ids[row, :len(a.ids)], mask[row, :len(a.ids)] = torch.tensor(a.ids), True
+        read = trace(stack, ids.to(device), names=names, attention_mask=mask.to(device))
+        for row, a in enumerate(chunk):
+            words = sentences[start + row][0]
+            kept = [(w, p) for w, p in zip(words, a.firsts, strict=True) if p is not None]
+            positions = [p for _, p in kept]
+            for name in names:
+                states[name].append(read[name][row, positions].float().cpu())  # (words, C)
+            labels += [a.labels[p] for p in positions]
+            types += [vocabulary.setdefault(w.lower(), len(vocabulary)) for w, _ in kept]
+            sentence += [start + row] * len(kept)
+    if not labels:
+        raise InputError("no word kept its label; give sentences that fit the model's length")
+    return WordStates({n: torch.cat(v) for n, v in states.items()}, torch.tensor(labels), torch.tensor(types),
+                      torch.tensor(sentence), label_names)
+
+
+def probe_layers(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sentence], *, max_len: int,
+                 seed: int = 0, **fit) -> list[ProbeResult]:
+    """One probe per layer (the embeddings' output, then each block's) on the sentences' word labels; training and
+    held-out words from different sentences (80% / 20%)."""
+    found = word_states(model, tokenizer, sentences, max_len=max_len)
+    generator = torch.Generator().manual_seed(seed)
+    train_sentences = torch.rand(len(sentences), generator=generator) < 0.8
+    train = train_sentences[found.sentence]
+    return [probe(states, found.labels, found.types, layer=name, train=train, seed=seed, **fit)
+            for name, states in found.states.items()]

@@ -1,0 +1,144 @@
+"""The analyses on models whose answer is known: a two-layer attention-only decoder trained on repeated random
+tokens has an induction head, which the detector names, whose ablation costs the repeated half its loss and whose
+patch restores the answer; a probe finds a planted linear feature and not its control task; the logit lens's last
+layer is the model's own logits."""
+
+import pytest
+import torch
+
+from attnkit.config import ModelConfig
+from attnkit.errors import InputError
+from attnkit.inspect.head_types import head_types, monotonicity, self_scores
+from attnkit.inspect.importance import head_importance
+from attnkit.inspect.induction import InductionTask, attention_only_decoder, train_induction
+from attnkit.inspect.inputs import Batch, lm_batch
+from attnkit.inspect.logit_lens import logit_lens
+from attnkit.inspect.patching import patch_heads, patch_stream
+from attnkit.inspect.probes import control_labels, probe
+from attnkit.models import build_model
+from attnkit.models.recurrent import recurrent_seq2seq
+
+INDUCTION = 0.5  # an induction head puts at least half its weight on the token after the earlier copy
+TASK = InductionTask(vocab_size=24, half=8, shortest=4, batch=32)
+
+
+@pytest.fixture(scope="module")
+def induction_model():
+    """Layer 0: four heads; layer 1: one head, which has to become the induction head for the repeated half to be
+    predictable (400 steps, about 3 s on one core; halves of 4 to 8 tokens, so no fixed offset finds the copy)."""
+    torch.manual_seed(0)
+    model = attention_only_decoder(vocab_size=TASK.vocab_size, d_model=32, n_heads=(4, 1), max_seq_len=2 * TASK.half)
+    train_induction(model, TASK, steps=400, lr=1e-2)
+    return model
+
+
+@pytest.fixture(scope="module")
+def held_out():
+    return TASK.ids(torch.Generator().manual_seed(5), batch=32)
+
+
+def test_the_model_learned_to_copy_the_repeated_half(induction_model, held_out):
+    first, repeated = TASK.half_losses(induction_model, held_out)
+    assert repeated < 0.6 < 2.5 < first  # the first half is random (ln 24 = 3.2); the second is copied
+
+
+def test_the_detector_names_the_induction_head_and_no_other(induction_model, held_out):
+    found = head_types(induction_model, held_out)
+    site, head, score = found.best("induction")
+    assert (site, head) == ("blocks.1.attn", 0) and score > INDUCTION
+    others = found.scores["induction"][0]  # layer 0's four heads
+    assert bool((others < INDUCTION).all())
+    assert found.types[1][0] == "induction"
+
+
+def test_ablating_the_induction_head_alone_costs_the_repeated_half(induction_model, held_out):
+    batch = lm_batch(held_out)
+    labels = batch.labels.clone()
+    labels[:, : TASK.half] = -100  # score the repeated half's predictions only
+    importance = head_importance(induction_model, Batch(batch.args, labels))
+    first, repeated = TASK.half_losses(induction_model, held_out)
+    assert importance.baseline == pytest.approx(repeated, abs=0.05)
+    rise = importance.scores[1, 0]
+    assert rise > 0.5 * (first - repeated)  # back up at least halfway to the first half's loss
+    assert bool((importance.scores[0] < 0.25 * rise).all())  # no layer-0 head alone matters as much
+    assert importance.top(1)[0][:2] == ("blocks.1.attn", 0)
+
+
+def test_patching_the_induction_head_restores_the_answer(induction_model, held_out):
+    clean = held_out[:8]
+    corrupted = clean.clone()
+    corrupted[:, : TASK.half] = TASK.ids(torch.Generator().manual_seed(9), batch=8)[:, : TASK.half]  # new first half
+    answer = clean[:, -1]  # x_n, which the last input position (x_(n-1), repeated) predicts by induction
+    batch_clean, batch_corrupted = Batch((clean[:, :-1],)), Batch((corrupted[:, :-1],))
+    wrong = (answer + 1) % TASK.vocab_size
+    heads = patch_heads(induction_model, batch_clean, batch_corrupted, answer=answer, wrong=wrong)
+    assert heads.clean > heads.corrupted
+    assert heads.restored[1, 0] > 0.7
+    assert heads.restored[1, 0] == heads.restored.nan_to_num(-1).max()
+    stream = patch_stream(induction_model, batch_clean, batch_corrupted, answer=answer, wrong=wrong)
+    assert stream.restored.shape == (2, 2 * TASK.half - 1)
+    # the answer x_n sits at position n - 1, after the earlier copy of the last token x_(n-1): patched there, the
+    # stream entering the induction head's layer brings the answer back, and no other position does as much
+    assert int(stream.restored[1].argmax()) == TASK.half - 1 and stream.restored[1, TASK.half - 1] > 0.5
+
+
+def test_a_probe_reads_a_planted_feature_and_not_its_control_task():
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(800, 16, generator=generator)  # (N, C)
+    direction = torch.randn(16, generator=generator)
+    labels = (features @ direction > 0).long()  # a linear feature, planted
+    types = torch.randint(0, 200, (800,), generator=generator)  # word types the features know nothing of
+    result = probe(features, labels, types, steps=150)
+    assert result.accuracy > 0.9
+    assert result.control_accuracy < 0.65  # chance for two near-balanced classes: 0.5
+    assert result.selectivity > 0.3
+
+
+def test_control_labels_give_each_type_one_label_from_the_label_distribution():
+    types = torch.tensor([0, 1, 0, 2, 1, 0] * 50)
+    labels = torch.tensor([0, 1, 1, 2, 1, 0] * 50)
+    control = control_labels(types, labels, generator=torch.Generator().manual_seed(1))
+    for t in range(3):
+        assert control[types == t].unique().numel() == 1
+    assert set(control.tolist()) <= {0, 1, 2}
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder-decoder", "encoder"])
+def test_the_logit_lens_last_layer_is_the_models_own_logits(family):
+    torch.manual_seed(0)
+    head = {"encoder_head": "mlm"} if family == "encoder" else {}
+    model = build_model(ModelConfig(family=family, vocab_size=30, d_model=16, n_heads=2, d_ff=32, max_seq_len=16,
+                                    n_layers=2, **head)).eval()
+    ids = torch.randint(0, 30, (2, 7))
+    args = (ids, ids[:, :5]) if family == "encoder-decoder" else (ids,)
+    lens = logit_lens(model, *args)
+    with torch.no_grad():
+        expected = model(*args).logits
+    assert len(lens.layers) == 3
+    torch.testing.assert_close(lens.logits[-1], expected, rtol=0, atol=0)
+    assert bool((lens.ranks()[-1] == 0).all())
+    assert not torch.allclose(lens.logits[0], expected)
+
+
+def test_the_logit_lens_refuses_a_model_without_an_output_layer_over_a_stack():
+    model = recurrent_seq2seq(src_vocab_size=10, tgt_vocab_size=10, embedding_dim=8, hidden=8, encoder_hidden=8,
+                              n_layers=1, cell="gru", attention="luong-dot")
+    with pytest.raises(InputError, match="logit lens"):
+        logit_lens(model, torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long))
+
+
+def test_head_type_scores_on_hand_made_patterns():
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7]])
+    previous = torch.zeros(1, 1, 6, 6)
+    previous[0, 0, 0, 0] = 1
+    previous[0, 0, torch.arange(1, 6), torch.arange(0, 5)] = 1  # each query on the token before it
+    induction = torch.zeros(1, 1, 6, 6)
+    induction[0, 0, torch.arange(6), torch.arange(6)] = 1
+    induction[0, 0, torch.arange(3, 6), torch.arange(1, 4)] = torch.tensor([1.0, 1.0, 1.0])
+    induction[0, 0, torch.arange(3, 6), torch.arange(3, 6)] = 0  # the repeated half on the successor of its copy
+    scores = self_scores(torch.cat((previous, induction), dim=1), ids)
+    assert scores["previous"].tolist() == [1.0, pytest.approx(0.0)]
+    assert scores["induction"].tolist() == [pytest.approx(0.0), 1.0]
+    diagonal = torch.eye(5).expand(1, 2, 5, 5).clone()  # head 0 monotone; head 1 jumps back and forth
+    diagonal[0, 1] = torch.eye(5)[[0, 3, 1, 4, 2]]
+    assert monotonicity(diagonal).tolist() == [1.0, 0.5]
