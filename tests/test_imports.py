@@ -15,7 +15,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attnkit"
 LAYERS = {
     "errors": 0, "deprecation": 0,  # old names accepted with a warning (any layer uses)
     "textfiles": 1, "options": 1,  # reading text files; dataclass fields -> command-line options (any layer uses)
+    "outputs": 1,  # files and directories written whole or not at all (any layer that writes uses)
     "machine": 1,  # the CPU's capabilities and the measured kernel profile (any layer reads them)
+    "plans": 1,  # a plan's choices with their reasons (the inference and training plans print them)
     "tokenize": 2, "data": 2,
     "config": 3, "presets": 3, "recipes": 3,  # recipes: shipped training setups as data
     "lectures": 3,  # the course index: the lectures' topics and what covers each, as data

@@ -53,15 +53,7 @@ from attnkit.generate.swap import remove_dropout_layers
 from attnkit.layers.kernels import MathKernel, use_math_kernel
 from attnkit.machine import CpuCapabilities, Profile, dtype_name, load_profile
 from attnkit.models import family_of
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One decision of the plan: what it is about, what was chosen, and why."""
-
-    what: str
-    choice: str
-    why: str
+from attnkit.plans import Choice, explain_choices
 
 
 @dataclass(frozen=True)
@@ -100,10 +92,7 @@ class InferencePlan:
     def explain(self) -> str:
         """The plan as text: the machine it was made for, then one line per choice with its reason."""
         where = self.cpu.summary() if self.cpu is not None else self.device
-        lines = [f"inference plan for {dtype_name(self.dtype)} on {where}"]
-        width = max(len(c.what) for c in self.choices)
-        lines += [f"  {c.what:<{width}}  {c.choice}: {c.why}" for c in self.choices]
-        return "\n".join(lines)
+        return explain_choices(f"inference plan for {dtype_name(self.dtype)} on {where}", self.choices)
 
 
 def plan_inference(

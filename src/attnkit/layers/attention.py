@@ -109,6 +109,13 @@ class AdditiveScore(nn.Module):
         return self.out(torch.tanh(hidden)).squeeze(-1)  # (B, H, T, S)
 
 
+def _concatenated(*layers: nn.Linear) -> tuple[Tensor, Tensor | None]:
+    """The weights (sum of outputs, C) and biases of linear layers reading the same input, stacked as one layer's."""
+    weight = torch.cat([layer.weight for layer in layers])
+    biases = [layer.bias for layer in layers]
+    return weight, (torch.cat(biases) if all(b is not None for b in biases) else None)
+
+
 def make_score(kind: str, head_dim: int, *, additive_dim: int | None = None) -> nn.Module:
     if kind == "scaled_dot":
         return DotScore(1.0 / math.sqrt(head_dim))
@@ -213,13 +220,26 @@ class Attention(nn.Module):
 
     def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention's queries (B, H, T, D), keys and values (B, Hkv, T, D), through one product once fused."""
-        if self.qkv_proj is None:
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) D)
+        elif self._trains_projections():
+            qkv = F.linear(x, *_concatenated(self.q_proj, self.k_proj, self.v_proj))  # (B, T, (H + 2 Hkv) D)
+        else:
             x = cast_for_autocast(x)  # read by three products: one cast under autocast, not three
             return (self._split_heads(self.q_proj(x), self.n_heads), *self._project_kv(x))
         kv_width = self.n_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([self.n_heads * self.head_dim, kv_width, kv_width], dim=-1)
+        q, k, v = qkv.split([self.n_heads * self.head_dim, kv_width, kv_width], dim=-1)
         return (self._split_heads(q, self.n_heads), self._split_heads(k, self.n_kv_heads),
                 self._split_heads(v, self.n_kv_heads))
+
+    def _trains_projections(self) -> bool:
+        """Whether this pass trains the q/k/v weights through plain linear layers (train mode, gradients on). It then
+        runs one product over the concatenated weights (one kernel forward, two backward, where there were three and
+        six); the weights stay three parameters, so checkpoints, LoRA and optimizers see q_proj, k_proj and v_proj.
+        Inference (and `attnkit.inspect`, in eval mode) calls the three layers, each weight read once."""
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        return (self.training and torch.is_grad_enabled() and len({p.bias is None for p in parts}) == 1
+                and all(type(p) is nn.Linear and p.weight.requires_grad for p in parts))
 
     @torch.no_grad()
     def fuse_qkv(self) -> None:

@@ -64,7 +64,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         grad_hidden, grad_weight = ctx.saved_tensors
-        if bool(grad_output != 1):  # the usual upstream gradient is 1: no second (V, C) tensor then
+        # the usual upstream gradient is 1: no second (V, C) tensor then; a compiled step scales without looking
+        # (reading the value would split its graph, and the scaling fuses into what follows)
+        if torch.compiler.is_compiling() or bool(grad_output != 1):
             grad_hidden = grad_hidden * grad_output if grad_hidden is not None else None
             grad_weight = grad_weight * grad_output if grad_weight is not None else None
         return grad_hidden, grad_weight, None, None, None

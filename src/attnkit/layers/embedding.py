@@ -15,6 +15,13 @@ from attnkit.errors import InputError
 from attnkit.layers.positions import PositionScheme
 
 
+def has_values(tensor: Tensor) -> bool:
+    """Whether a check may read `tensor`'s values: not for shape-only tensors (parameter counting, dry runs), graphs
+    being exported (ONNX) or compiled (a compiled training step or decoding step: reading a value there would split
+    the graph and, on a GPU, wait for the device; their inputs are checked before, eagerly or by their task)."""
+    return not (tensor.is_meta or torch.compiler.is_exporting() or torch.compiler.is_compiling())
+
+
 def check_token_ids(ids: Tensor, vocab_size: int, *, name: str = "input_ids") -> None:
     """Raise InputError unless ids is a (B, T) integer tensor with values in [0, vocab_size)."""
     if not isinstance(ids, Tensor):
@@ -25,8 +32,8 @@ def check_token_ids(ids: Tensor, vocab_size: int, *, name: str = "input_ids") ->
         raise InputError(f"{name} must have shape (batch, length), got {tuple(ids.shape)}; add a batch dimension")
     if ids.shape[1] == 0:
         raise InputError(f"{name} is empty (length 0); give at least one token")
-    if ids.is_meta or torch.compiler.is_exporting():  # shape-only tensors (parameter counting, dry runs) and
-        return  # graphs being exported (ONNX) have no values to check
+    if not has_values(ids):
+        return
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
@@ -74,7 +81,7 @@ class Embeddings(nn.Module):
 
     def check_positions(self, position_ids: Tensor) -> None:
         """Raise InputError for a position beyond a learned table (other positions have no end)."""
-        if self.max_positions is None or position_ids.is_meta or torch.compiler.is_exporting():
+        if self.max_positions is None or not has_values(position_ids):
             return
         last = int(position_ids.max())
         if last >= self.max_positions:

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.deprecation import renamed_keywords
-from attnkit.layers.chunked_loss import chunked_linear_cross_entropy
 from attnkit.layers.kv_cache import KVCache, StaticKVCache
+from attnkit.layers.output_loss import LossPath, linear_cross_entropy
 from attnkit.models.output import ModelOutput, cross_entropy
 from attnkit.models.stack import TransformerStack
 
@@ -25,6 +25,7 @@ class DecoderLM(nn.Module):
         self.stack = stack
         self.lm_head = lm_head
         self.label_smoothing = label_smoothing
+        self.loss_path = LossPath()  # without logits: how the loss is computed (the training plan's choice)
 
     @renamed_keywords(targets="labels")
     def forward(
@@ -48,8 +49,8 @@ class DecoderLM(nn.Module):
         cache: a KVCache from `allocate_cache`; the new keys and values are appended to it.
         prefix_len: a prefix LM's prompt length (an int, or (B,) per row): the tokens below it see each other both
             ways, those after it only what came before them (Raffel et al. 2020, 3.2.3). None: causal throughout.
-        return_logits: with labels, False computes the loss chunk by chunk without keeping the (B, T, V) logits
-            (`layers/chunked_loss.py`; faster and far smaller for large vocabularies) and returns logits=None.
+        return_logits: with labels, False computes the loss along `loss_path` (`layers/output_loss.py`; by default
+            chunk by chunk, no (B, T, V) logits kept) and returns logits=None.
         """
         hidden, attentions = self.stack(
             input_ids,
@@ -59,7 +60,8 @@ class DecoderLM(nn.Module):
             prefix_len=prefix_len,
             need_weights=need_weights,
         )
-        logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits)
+        logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits,
+                                          self.loss_path)
         return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None, cache=cache)
 
     def allocate_cache(
@@ -94,12 +96,14 @@ class DecoderTokenClassifier(nn.Module):
 
 
 def lm_logits_and_loss(
-    lm_head: nn.Linear, hidden: Tensor, labels: Tensor | None, label_smoothing: float, return_logits: bool
+    lm_head: nn.Linear, hidden: Tensor, labels: Tensor | None, label_smoothing: float, return_logits: bool,
+    path: LossPath,
 ) -> tuple[Tensor | None, Tensor | None]:
-    """Project hidden (B, T, C) to logits (B, T, V) and, given labels, the loss; fused when logits are not wanted
-    and the head is a plain linear layer (a LoRA-wrapped head adds its adapter's update, which the weight lacks)."""
-    if labels is not None and not return_logits and isinstance(lm_head, nn.Linear) and lm_head.bias is None:
-        return None, chunked_linear_cross_entropy(hidden, lm_head.weight, labels, label_smoothing=label_smoothing)
+    """Project hidden (B, T, C) to logits (B, T, V) and, given labels, the loss; along `path` (`layers/output_loss.py`)
+    when logits are not wanted and the head is a plain linear layer (a LoRA-wrapped head adds its adapter's update,
+    which the weight lacks)."""
+    if labels is not None and not return_logits and type(lm_head) is nn.Linear and lm_head.bias is None:
+        return None, linear_cross_entropy(hidden, lm_head.weight, labels, path=path, label_smoothing=label_smoothing)
     logits = lm_head(hidden)  # (B, T, V)
     loss = cross_entropy(logits, labels, label_smoothing=label_smoothing) if labels is not None else None
     return logits, loss

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from attnkit.deprecation import renamed_keywords
 from attnkit.errors import InputError
 from attnkit.layers.kv_cache import KVCache
+from attnkit.layers.output_loss import LossPath
 from attnkit.models.decoder import allocate_cache_for, lm_logits_and_loss
 from attnkit.models.output import ModelOutput
 from attnkit.models.stack import TransformerStack
@@ -34,6 +35,7 @@ class EncoderDecoder(nn.Module):
         self.decoder = decoder
         self.lm_head = lm_head
         self.label_smoothing = label_smoothing
+        self.loss_path = LossPath()  # without logits: how the loss is computed (the training plan's choice)
 
     def encode(self, src_ids: Tensor, *, src_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
         """src_ids (B, S) -> memory (B, S, C)."""
@@ -73,7 +75,8 @@ class EncoderDecoder(nn.Module):
             context_mask=src_mask.bool() if src_mask is not None else None,
             need_weights=need_weights,
         )
-        logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits)
+        logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits,
+                                          self.loss_path)
         return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None, cache=cache)
 
     @renamed_keywords(targets="labels")

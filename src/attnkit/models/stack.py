@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
-from attnkit.layers.embedding import Embeddings, check_token_ids
+from attnkit.layers.embedding import Embeddings, check_token_ids, has_values
 from attnkit.layers.kv_cache import KVCache
 from attnkit.layers.masks import AttentionMask
 from attnkit.layers.positions import PositionScheme
@@ -154,6 +154,6 @@ def _check_mask(mask: Tensor | None, batch: int, expected_len: int, name: str) -
             f"token (including cached ones), 1 for real tokens and 0 for padding"
         )
     mask = mask.bool()
-    if not mask.is_meta and not torch.compiler.is_exporting() and not bool(mask.any(dim=1).all()):
+    if has_values(mask) and not bool(mask.any(dim=1).all()):
         raise InputError(f"{name} marks every token of some sequence as padding; each needs a real token")
     return mask

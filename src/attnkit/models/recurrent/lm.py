@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from attnkit.deprecation import renamed_keywords
 from attnkit.layers.embedding import check_token_ids
+from attnkit.layers.output_loss import LossPath
 from attnkit.models.decoder import lm_logits_and_loss
 from attnkit.models.output import ModelOutput
 from attnkit.models.recurrent.rnn import Cell, RecurrentState, check_mask, make_rnn, run_rnn
@@ -59,6 +60,7 @@ class RecurrentLM(nn.Module):
             self.lm_head.weight = self.embedding.weight
             init_embedding(self.embedding)
         self.label_smoothing = label_smoothing
+        self.loss_path = LossPath()  # without logits: how the loss is computed (the training plan's choice)
 
     @property
     def vocab_size(self) -> int:
@@ -83,7 +85,8 @@ class RecurrentLM(nn.Module):
         Raises InputError for ids outside the vocabulary or a malformed mask.
         """
         hidden, _ = self.stack(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache)
-        logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits)
+        logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits,
+                                          self.loss_path)
         return ModelOutput(logits=logits, loss=loss, cache=cache)
 
     def stack(

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from attnkit.deprecation import renamed_keywords
 from attnkit.errors import InputError
 from attnkit.layers.embedding import check_token_ids
+from attnkit.layers.output_loss import LossPath
 from attnkit.models.decoder import lm_logits_and_loss
 from attnkit.models.output import ModelOutput
 from attnkit.models.recurrent.attention import AttentionKind, SourceAttention
@@ -180,6 +181,7 @@ class RecurrentSeq2Seq(nn.Module):
         super().__init__()
         self.encoder, self.bridge, self.decoder, self.lm_head = encoder, bridge, decoder, lm_head
         self.label_smoothing = label_smoothing
+        self.loss_path = LossPath()  # without logits: how the loss is computed (the training plan's choice)
 
     def encode(self, src_ids: Tensor, *, src_mask: Tensor | None = None) -> Tensor:
         """src_ids (B, S) -> memory (B, S, M), zero at padding. Raises InputError for bad ids or a bad mask."""
@@ -221,7 +223,8 @@ class RecurrentSeq2Seq(nn.Module):
         if not state.started:
             state.set(self.bridge(memory, src_mask))
         features, weights = self.decoder(tgt_ids, memory, src_mask, state)  # (B, T, F), (B, 1, T, S) or None
-        logits, loss = lm_logits_and_loss(self.lm_head, features, labels, self.label_smoothing, return_logits)
+        logits, loss = lm_logits_and_loss(self.lm_head, features, labels, self.label_smoothing, return_logits,
+                                          self.loss_path)
         attentions = [{"cross": weights}] if need_weights and weights is not None else None
         return ModelOutput(logits=logits, loss=loss, attentions=attentions, cache=cache)
 
