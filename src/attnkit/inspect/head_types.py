@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
-from attnkit.inspect.points import head_sites
+from attnkit.inspect.points import attends_across, head_sites
 from attnkit.inspect.trace import trace
 
 SELF_TYPES = ("previous", "first", "duplicate", "induction")
@@ -124,6 +124,8 @@ def head_types(model: nn.Module, *args: Tensor, separators: Sequence[int] = (), 
     """Score every head of `model` run on `args` (its ids; an encoder-decoder's source and target): self-attention
     heads on `SELF_TYPES` (and `separator` given separators), cross-attention heads on `monotonic`."""
     sites = head_sites(model)
+    if not sites:
+        raise InputError(f"{type(model).__name__} has no attention heads to score")
     read = trace(model, *args, names=[f"{s}.pattern" for s in sites])
     names = [*SELF_TYPES, *(["separator"] if separators else []), "monotonic"]
     width = max(read[f"{s}.pattern"].shape[1] for s in sites)
@@ -131,7 +133,7 @@ def head_types(model: nn.Module, *args: Tensor, separators: Sequence[int] = (), 
     types = []
     for i, site in enumerate(sites):
         pattern = read[f"{site}.pattern"]  # (B, H, T, S)
-        if site.endswith("cross_attn"):
+        if attends_across(site):
             found = {"monotonic": monotonicity(pattern)}
         else:
             found = self_scores(pattern, args[1] if site.startswith("decoder.") else args[0], separators)

@@ -10,15 +10,16 @@ from the model's own (`inputs.score`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from attnkit.errors import InputError
 from attnkit.inspect.edits import Ablation, ablate
 from attnkit.inspect.inputs import Batch, score
 from attnkit.inspect.points import head_sites
-from attnkit.inspect.trace import trace
 
 
 @dataclass(frozen=True)
@@ -45,21 +46,33 @@ class HeadImportance:
         return [(self.sites[int(i) // width], int(i) % width, float(flat[i])) for i in order]
 
 
-def head_importance(model: nn.Module, batch: Batch, *, ablation: Ablation = "zero", seed: int = 0) -> HeadImportance:
-    """Ablate each head of each attention sublayer at its output (`SITE.z`) and score the model on `batch`.
+def head_importance(model: nn.Module, batches: Batch | Sequence[Batch], *, ablation: Ablation = "zero",
+                    seed: int = 0) -> HeadImportance:
+    """Ablate each head of each attention sublayer at its output (`SITE.z`) and score the model on `batches` (one,
+    or several of different shapes, e.g. sentence pairs; scores are their mean).
 
-    Mean and resample ablation read their reference from the batch itself (its mean; its rows shuffled).
+    Mean and resample ablation read their reference from each batch itself (its mean; its rows shuffled).
     """
     model.eval()
+    batches = [batches] if isinstance(batches, Batch) else list(batches)
+    if not batches:
+        raise InputError("head importance needs at least one batch of inputs")
     sites = head_sites(model)
-    clean = trace(model, *batch.args, names=[f"{s}.z" for s in sites])
-    clean_logits = batch.logits(clean.output)
-    baseline = float(score(batch, clean_logits, clean_logits))
+    if not sites:
+        raise InputError(f"{type(model).__name__} has no attention heads to ablate")
     generator = torch.Generator().manual_seed(seed)
-    scores = torch.full((len(sites), max(clean[f"{s}.z"].shape[2] for s in sites)), float("nan"))  # NaN: no head
-    for i, site in enumerate(sites):
-        for head in range(clean[f"{site}.z"].shape[2]):
-            edit = ablate(ablation, clean[f"{site}.z"], head=head, generator=generator)
-            changed = trace(model, *batch.args, names=[], edits={f"{site}.z": edit})
-            scores[i, head] = float(score(batch, batch.logits(changed.output), clean_logits)) - baseline
-    return HeadImportance(sites, scores, baseline, "kl" if batch.labels is None else "loss", ablation)
+    totals, baseline = None, 0.0
+    for batch in batches:
+        clean = batch.run(model, names=[f"{s}.z" for s in sites])
+        clean_logits = batch.logits(clean.output)
+        base = float(score(batch, clean_logits, clean_logits))
+        scores = torch.full((len(sites), max(clean[f"{s}.z"].shape[2] for s in sites)), float("nan"))  # NaN: no head
+        for i, site in enumerate(sites):
+            for head in range(clean[f"{site}.z"].shape[2]):
+                edit = ablate(ablation, clean[f"{site}.z"], head=head, generator=generator)
+                changed = batch.run(model, edits={f"{site}.z": edit})
+                scores[i, head] = float(score(batch, batch.logits(changed.output), clean_logits)) - base
+        totals = scores if totals is None else totals + scores
+        baseline += base
+    return HeadImportance(sites, totals / len(batches), baseline / len(batches),
+                          "kl" if batches[0].labels is None else "loss", ablation)

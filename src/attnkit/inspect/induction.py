@@ -88,4 +88,5 @@ def train_induction(model: nn.Module, task: InductionTask, *, steps: int, lr: fl
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
-    return model.eval() and losses
+    model.eval()
+    return losses

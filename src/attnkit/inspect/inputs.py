@@ -10,7 +10,8 @@ Without targets an analysis compares the changed model's output distribution wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -18,14 +19,21 @@ from torch import Tensor, nn
 
 from attnkit.data.batching import IGNORE_INDEX
 from attnkit.errors import InputError
+from attnkit.inspect.trace import Edit, Names, Trace, trace
 
 
 @dataclass(frozen=True)
 class Batch:
-    """The model is called as `model(*args)`; `labels` (the logits' leading shape, -100: unscored) score it."""
+    """The model is called as `model(*args, **kwargs)`; `labels` (the logits' leading shape, -100: unscored) score
+    it."""
 
     args: tuple[Tensor, ...]
     labels: Tensor | None = None
+    kwargs: dict = field(default_factory=dict)
+
+    def run(self, model: nn.Module, names: Names = (), edits: Mapping[str, Edit] | None = None) -> Trace:
+        """`trace` the model on this batch."""
+        return trace(model, *self.args, names=names, edits=edits, **self.kwargs)
 
     def logits(self, output) -> Tensor:
         """The logits of a model's output (a ModelOutput, or a tensor)."""

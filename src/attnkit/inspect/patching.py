@@ -20,7 +20,7 @@ from attnkit.errors import InputError
 from attnkit.inspect.edits import patch
 from attnkit.inspect.inputs import Batch
 from attnkit.inspect.points import head_sites, hook_points
-from attnkit.inspect.trace import Trace, trace
+from attnkit.inspect.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class _Runs:
     target: tuple  # answer, wrong, position
 
     def restored(self, model: nn.Module, edits: dict) -> float:
-        run = trace(model, *self.batch.args, names=[], edits=edits)
+        run = self.batch.run(model, edits=edits)
         return _share(logit_difference(self.batch.logits(run.output), *self.target), self.clean, self.corrupted)
 
 
@@ -66,8 +66,8 @@ def _runs(model: nn.Module, clean: Batch, corrupted: Batch, names: list[str], ta
         raise InputError("the clean and corrupted inputs differ in shape; patching swaps activations position by "
                          "position, so give inputs of the same lengths (corrupt by substituting tokens)")
     model.eval()
-    source = trace(model, *clean.args, names=names)
-    corrupted_run = trace(model, *corrupted.args, names=[])
+    source = clean.run(model, names=names)
+    corrupted_run = corrupted.run(model)
     return _Runs(source, logit_difference(clean.logits(source.output), *target),
                  logit_difference(corrupted.logits(corrupted_run.output), *target), corrupted, target)
 

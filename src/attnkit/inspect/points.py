@@ -21,8 +21,9 @@ nothing until `attnkit.inspect.trace` attaches a hook to it.
 
 A decoder LM and an encoder have one stack and no prefix (`blocks.3.attn.pattern`); an encoder-decoder has
 `encoder.` and `decoder.` ones. The recurrent seq2seq with attention has `encoder.out` (the memory, (B, S, M)),
-`decoder.attn.pattern` ((B, 1, T, S)) and `decoder.attn.out` (the contexts, (B, T, M)); Bahdanau's decoder calls
-its attention once per step, so those points see one step (T = 1) per call.
+`decoder.attn.pattern` ((B, 1, T, S)), `decoder.attn.out` (the contexts, (B, T, M)) and `decoder.attn.z` (the same
+as its one head, (B, T, 1, M)); Bahdanau's decoder calls its attention once per step, so those points see one step
+(T = 1) per call.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def hook_points(model: nn.Module) -> dict[str, HookPoint]:
         elif isinstance(module, SourceAttention):
             prefix = name.rpartition(".")[0] or "decoder"
             points += [HookPoint(f"{prefix}.attn.pattern", module, WEIGHTS, head_axis=1, position_axis=2),
+                       HookPoint(f"{prefix}.attn.z", module, heads=1, head_axis=2),
                        HookPoint(f"{prefix}.attn.out", module)]
     return {p.name: p for p in points}
 
@@ -148,6 +150,11 @@ def _attention_points(prefix: str, attention: Attention) -> list[HookPoint]:
 
 
 def head_sites(model: nn.Module) -> list[str]:
-    """The prefixes of the model's attention sublayers that have heads, in layer order: `blocks.0.attn`,
-    `decoder.blocks.0.cross_attn`, ... (a point is `f"{site}.z"`)."""
+    """The prefixes of the model's attention sublayers, in layer order: `blocks.0.attn`, `decoder.blocks.0.cross_attn`,
+    a recurrent decoder's `decoder.attn`, ... (a point is `f"{site}.z"`)."""
     return [name.removesuffix(".z") for name in hook_points(model) if name.endswith("attn.z")]
+
+
+def attends_across(site: str) -> bool:
+    """Whether a site's queries attend to another sequence (cross-attention, a recurrent decoder's attention)."""
+    return site.endswith("cross_attn") or ".blocks." not in f".{site}"
