@@ -53,6 +53,7 @@ T05 = "05_rnn_encoder_decoder"
 T06 = "06_small_gpt"
 T07 = "07_gpt2_to_llama2"
 T08 = "08_mlm_pretrain_finetune"
+T10 = "10_ffn_lookup_bpe_pretraining"
 
 COST = "rnn-vs-transformer-cost"
 COST_PNG = "experiments/rnn-vs-transformer-cost/cost_by_length.png"
@@ -102,8 +103,9 @@ LECTURES: tuple[Lecture, ...] = (
               ("layers.attention",), COST, COST_PNG, section="Self-attention: every token is a query"),
         Topic("Transformers are self-attention networks: stacks of blocks of linear layers, feed-forward networks "
               "and self-attention", T06, ("blocks", "models.stack"), section="The parts, from scratch"),
-        Topic("Self-attention only re-averages values: a feed-forward network post-processes each output", T06,
-              ("layers.feedforward",), section="The parts, from scratch"),
+        Topic("Self-attention only re-averages values: a feed-forward network post-processes each output", T10,
+              ("layers.attention:Attention", "layers.feedforward"),
+              section="Attention only re-averages; the FFN adds the non-linearity"),
         Topic("Outline only (slides not in the notes): multi-head attention, positional embeddings, putting the "
               "block together", T03, ("layers.attention", "layers.positions", "blocks"),
               picture=HEADS_PNG, page="concepts.md", section="Multi-head attention"),
@@ -132,8 +134,8 @@ LECTURES: tuple[Lecture, ...] = (
                   "not shown"),
         Topic("Attention(Q, K, V) = softmax(f(Q, K)) V with a kernel (similarity) function f", T02,
               ("layers.attention:make_score",), section="Four scores, from scratch"),
-        Topic("Non-Transformer examples: a soft lookup (the library, its titles and the query)", T01,
-              ("layers.attention",), section="Nadaraya-Watson kernel regression, from scratch"),
+        Topic("Non-Transformer examples: a soft lookup (the library, its titles and the query)", T10,
+              ("layers.attention:Attention",), section="A soft lookup in a library"),
         Topic("Nadaraya-Watson kernel regression", T01, ("experiments.kernel_regression",), "kernel-regression",
               "experiments/kernel-regression/fit.png", section="Nadaraya-Watson kernel regression, from scratch"),
         Topic("Multi-head attention in Transformers", T03, ("layers.attention:Attention",), picture=HEADS_PNG,
@@ -146,9 +148,8 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Embedding: position encoding", T04, ("layers.positions", "layers.embedding"),
               "position-extrapolation", "experiments/position-extrapolation/loss_by_length.png",
               section="Sinusoidal positions (Vaswani et al. 2017)"),
-        Topic("Tokenization", None, ("tokenize",), page="user-guide/tokenizers-data.md",
-              gap="no tutorial builds a subword tokenizer from scratch; `attnkit tokenizer train` and `attnkit "
-                  "tokenizer encode` show byte-level BPE at work"),
+        Topic("Tokenization", T10, ("tokenize",), page="user-guide/tokenizers-data.md",
+              section="Byte-pair encoding from scratch"),
         Topic("Training Transformers", T06, ("train.trainer",), page="user-guide/training.md",
               section="Train it with attnkit's trainer"),
     )),
@@ -225,9 +226,9 @@ LECTURES: tuple[Lecture, ...] = (
               section='Learned positions (GPT-2, BERT; COGS 150\'s "begin with random embeddings")'),
         Topic("Transformers are easier to train than RNNs", None, ("models.recurrent",),
               page="recipes.md"),
-        Topic("GPT: generative pre-trained Transformers; pre-training, then adapting", T08,
-              ("train.finetune", "data.masking"), page="user-guide/pretraining-finetuning.md",
-              section="Pre-training: predict the masked tokens"),
+        Topic("GPT: generative pre-trained Transformers; pre-training, then adapting", T10,
+              ("models.decoder", "train.finetune"), page="user-guide/pretraining-finetuning.md",
+              section="Generative pre-training when labels are few"),
     )),
     Lecture("004", "CMU CS11-711 Advanced NLP (Spring 2025)", "Attention and Transformers (Sean Welleck)", "cmu", (
         Topic("Recap: a sequence model; language modeling p(. | x_<t) = softmax(W h_t)", T06, ("models.decoder",),
@@ -254,8 +255,8 @@ LECTURES: tuple[Lecture, ...] = (
               ("models.seq2seq", "presets"), page="recipes.md"),
         Topic("Two types of Transformers; stacks of Transformer layers", T06, ("models.stack", "models.decoder"),
               section="The parts, from scratch"),
-        Topic("Inputs and embeddings: subwords", None, ("tokenize",), page="user-guide/tokenizers-data.md",
-              gap="no tutorial builds a subword tokenizer from scratch"),
+        Topic("Inputs and embeddings: subwords", T10, ("tokenize",), page="user-guide/tokenizers-data.md",
+              section="Byte-pair encoding from scratch"),
         Topic("Positional encoding; sinusoidal encoding (PE_{pos+k} linear in PE_pos)", T04,
               ("layers.positions:SinusoidalPositions",), section="Sinusoidal positions (Vaswani et al. 2017)"),
         Topic("Scaled dot-product self-attention, the matrix version", T03, ("layers.attention", "layers.kernels"),
