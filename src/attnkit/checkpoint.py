@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
-from attnkit.errors import CheckpointError, os_error_message
+from attnkit.errors import CheckpointError
 from attnkit.layers.lora import adapter_alphas, adapter_tensors, merge_adapter_tensors
 from attnkit.models import build_model
+from attnkit.outputs import atomic_write, file_mode, sibling_file, writing
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -52,70 +52,19 @@ RUN_MARKER = ".attnkit-run"  # written into every run directory attnkit trains o
 log = logging.getLogger(__name__)
 
 
-def atomic_write(path: str | Path, data: bytes | str) -> None:
-    """Write `data` to a temporary file beside `path`, then rename it over `path`: readers see old or new."""
-    path = Path(path)
-    with writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data.encode() if isinstance(data, str) else data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-
 def save_tensors(tensors: dict[str, Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
     """Atomically write tensors as safetensors (contiguous CPU copies)."""
     path = Path(path)
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
+        tmp = sibling_file(path)
         try:
-            _save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata)
+            save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+            os.chmod(tmp, file_mode())  # safetensors writes a file of its own, private (0600)
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
-
-
-def _save_file(tensors: dict[str, Tensor], path: str, metadata: dict[str, str] | None) -> None:
-    """safetensors' `save_file`, its failed writes raised as the OSError they are: safetensors reports them as its
-    own SafetensorError ("... No space left on device (os error 28)"), which `writing` would not recognise."""
-    try:
-        save_file(tensors, path, metadata=metadata)
-    except SafetensorError as err:
-        code = re.search(r"\(os error (\d+)\)", str(err))
-        if code is None:
-            raise
-        raise OSError(int(code[1]), os.strerror(int(code[1]))) from err
-
-
-class writing:
-    """Context manager: an OSError while writing `path` becomes a CheckpointError naming the path and the fix
-    (a full disk, a read-only or forbidden directory, a file where a directory should be); `note` is added."""
-
-    def __init__(self, path: str | Path, *, doing: str = "writing", note: str = "") -> None:
-        self.path, self.doing, self.note = Path(path), doing, note
-
-    def __enter__(self) -> writing:
-        return self
-
-    def __exit__(self, kind: type | None, err: BaseException | None, traceback: object) -> None:
-        if isinstance(err, OSError):
-            message = os_error_message(err, self.path, self.doing)
-        elif isinstance(err, CheckpointError) and getattr(err, "os_error", False) and self.note:
-            message = str(err)  # from a `writing` inside this one: the file named there, the note added here
-        else:
-            return
-        failure = CheckpointError(message + self.note)
-        failure.os_error = True
-        raise failure from None
 
 
 def absent(path: Path) -> str:

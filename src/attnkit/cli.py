@@ -187,17 +187,25 @@ class TokenizerTrainSettings:
     vocab_size: int = BPE_VOCAB_SIZE  # BPE vocabulary size, special tokens included (as train's --vocab-size)
     max_bytes: int | None = None  # read at most about this many bytes of the corpus
     encoding_errors: EncodingErrors = "strict"  # strict: a file that is not UTF-8 is an error; replace: U+FFFD
+    overwrite: bool = False  # replace a tokenizer saved there before
 
 
 def _run_tokenizer_train(settings: TokenizerTrainSettings) -> int:
     from attnkit.data.corpus import resolve_files
-    from attnkit.tokenize import train_tokenizer
+    from attnkit.outputs import atomic_output, check_output
+    from attnkit.tokenize import META_FILE, train_tokenizer
 
-    _refuse_run_tokenizer(Path(settings.out))
+    out = Path(settings.out)
+    _refuse_run_tokenizer(out)
+    if settings.overwrite and out.is_dir() and any(out.iterdir()) and not (out / META_FILE).is_file():
+        raise InputError(f"--out {out} holds files and no tokenizer attnkit saved ({META_FILE}); --overwrite "
+                         "replaces only a tokenizer: choose another --out")
+    check_output(out, directory=True, overwrite=settings.overwrite)
     files = resolve_files(list(settings.data) or None, max_bytes=settings.max_bytes)
     tok = train_tokenizer(settings.kind, files, vocab_size=settings.vocab_size,
                           encoding_errors=settings.encoding_errors)
-    tok.save(settings.out)
+    with atomic_output(out, directory=True, overwrite=settings.overwrite) as partial:
+        tok.save(partial)
     print(f"{tok.kind} tokenizer, {tok.vocab_size} tokens, from {len(files)} files -> {settings.out}")
     return 0
 
@@ -257,6 +265,7 @@ class TrainRun:
     device: str | None = None  # cpu, cuda or cuda:N; none: CUDA when available
     progress: bool | None = None  # draw a progress bar; --no-progress: log progress lines; none: on a terminal
     sample_tokens: int = 200  # lm: tokens of sample text printed after training (0: none)
+    explain: bool = False  # print the training plan (loss path, compilation, kernels, host reads) and why, on stderr
     preset: str | None = None  # start from a model preset (see `attnkit presets`), e.g. gpt2-tiny
     model_config: str | None = field(default=None, metadata={"metavar": "FILE.json"})
     """start from a model config file (a run's config.json)"""
@@ -315,6 +324,8 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any], *o
     if not request.resume:  # names, task against family, --set keys: refused before a tokenizer is trained
         check_request(request)
     trainer = prepare(request, translate=translate_batched, load_hf=hf.load)
+    if run.explain and trainer.parallel.writes:
+        print(trainer.plan.explain(), file=sys.stderr)
     result = trainer.fit()
     if result.signal is not None:
         return 128 + result.signal
@@ -488,6 +499,7 @@ class ConvertSettings:
     chat_template: str | None = field(default=None, metadata={"metavar": "FILE"})  # with --to-gguf: a Jinja template
     to_onnx: str | None = field(default=None, metadata={"metavar": "OUT.onnx"})
     """with RUN: an ONNX graph for onnxruntime (decoders with past keys/values, encoders)"""
+    overwrite: bool = False  # replace an output attnkit wrote there before (a run, a model directory, a file)
 
 
 _CONVERT_WITH = {"allow_pickle": "from_hf", "dtype": "from_hf", "type": "to_gguf", "chat_template": "to_gguf"}
@@ -510,7 +522,7 @@ def _run_convert(settings: ConvertSettings) -> int:
         if not settings.out or settings.to_hf:
             raise InputError("--from-hf DIR writes a run: give --out runs/NAME (and no --to-hf)")
         loaded = hf.convert_from_hf(settings.from_hf, settings.out, allow_pickle=settings.allow_pickle,
-                                    dtype=parse_dtype(settings.dtype))
+                                    dtype=parse_dtype(settings.dtype), overwrite=settings.overwrite)
         print(f"converted {loaded.architecture} from {settings.from_hf} to {settings.out}")
     else:
         targets = [name for name in ("to_hf", "to_gguf", "to_onnx") if getattr(settings, name)]
@@ -522,16 +534,16 @@ def _run_convert(settings: ConvertSettings) -> int:
             from attnkit.interop.gguf import convert_to_gguf
 
             written = convert_to_gguf(settings.run, settings.to_gguf, type=settings.type,
-                                      chat_template=settings.chat_template)
+                                      chat_template=settings.chat_template, overwrite=settings.overwrite)
             print(f"wrote {settings.run} as llama.cpp's {written.architecture} ({settings.type}) to {settings.to_gguf}")
         elif settings.to_onnx:
             from attnkit.interop.onnx import convert_to_onnx
 
-            exported = convert_to_onnx(settings.run, settings.to_onnx)
+            exported = convert_to_onnx(settings.run, settings.to_onnx, overwrite=settings.overwrite)
             print(f"wrote {settings.run} as ONNX ({exported.kind}: inputs {', '.join(exported.inputs[:3])}, ...) "
                   f"to {settings.to_onnx}")
         else:
-            architecture = hf.convert_to_hf(settings.run, settings.to_hf)
+            architecture = hf.convert_to_hf(settings.run, settings.to_hf, overwrite=settings.overwrite)
             print(f"wrote {settings.run} as a {architecture} to {settings.to_hf}")
     return 0
 
@@ -556,6 +568,15 @@ def _run_viz(settings: VizSettings) -> int:
     for path in [*result.pngs, result.page, result.instruments]:
         if path is not None:
             print(path)
+    return 0
+
+
+# inspect --------------------------------------------------------------------------------------------------------
+def _run_inspect(settings) -> int:
+    from attnkit.inspect.command import run_inspect
+
+    for path in run_inspect(settings):
+        print(path)
     return 0
 
 
@@ -680,6 +701,8 @@ COMMANDS: list[Command] = [
             _run_convert, epilog=_CONVERT_EPILOG),
     Command("viz", "draw a run's attention over a text (PNGs and an HTML page) and its instruments",
             "attnkit.viz.run:VizSettings", _run_viz, task=run_task, inapplicable="attnkit.viz.run:inapplicable"),
+    Command("inspect", "look inside a run: head importance, head types, the logit lens, activation patching, probes "
+            "(JSON, markdown and a PNG)", "attnkit.inspect.command:InspectSettings", _run_inspect),
     Command("experiment", "run one of the lectures' claims as an experiment, ending in a verdict",
             "attnkit.experiments.base:ExperimentSettings", _run_experiment),
     Command("tune", "measure this machine's attention kernels and weight layouts into the profile the inference "

@@ -2,6 +2,7 @@
 
 import difflib
 import errno
+import os
 from collections.abc import Iterable
 
 
@@ -30,14 +31,18 @@ _OS_ERROR_FIXES = {  # errno name -> (what happened, the fix)
     "EISDIR": ("it is a directory, where a file was expected", "give the path of a file"),
     "ENOTDIR": ("part of the path is a file, where a directory was expected", "give a path under a directory"),
     "ENAMETOOLONG": ("the name is too long", "choose a shorter path"),
-    "EEXIST": ("it already exists", "remove it or choose another path"),
+    "EEXIST": ("it already exists", "choose another path"),
 }
+_FILE_IN_THE_WAY = ("a file is in the way, where a directory is needed", "give a path where a directory can be made "
+                    "(a file of yours is never removed to make room)")
 
 
 def os_error_message(err: OSError, path: object, doing: str) -> str:
     """One line for an OSError met while `doing` ("writing", "reading") `path`: what happened and the fix."""
     name = errno.errorcode.get(err.errno or 0, "")
     what, fix = _OS_ERROR_FIXES.get(name, (err.strerror or str(err), "check the path and try again"))
+    if name == "EEXIST" and err.filename is not None and not os.path.isdir(err.filename):
+        what, fix = _FILE_IN_THE_WAY  # mkdir(exist_ok=True) over a file: the file is not to be removed
     where = f" ({err.filename})" if err.filename not in (None, str(path)) else ""
     return f"cannot finish {doing} {path}: {what}{where}; {fix}"
 

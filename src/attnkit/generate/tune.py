@@ -29,6 +29,7 @@ from attnkit.generate.decode_layout import GemvPackedLinear, TransposedLinear
 from attnkit.layers.kernels import grouped_attention
 from attnkit.layers.masks import AttentionMask
 from attnkit.machine import AttentionKernelLimits, CpuCapabilities, Profile, default_profile_path
+from attnkit.outputs import atomic_output
 
 DECODE_KEYS = (64, 128, 256, 512, 1024)
 PASS_KEYS = (32, 64, 128, 256, 512)
@@ -134,15 +135,15 @@ def tune(*, quick: bool = False, cpu: CpuCapabilities | None = None) -> tuple[Pr
 def run_tune(settings: TuneSettings) -> int:
     """`attnkit tune`: measure, print the measurements, write the profile."""
     path = Path(settings.out) if settings.out else default_profile_path()
-    path.parent.mkdir(parents=True, exist_ok=True)  # a place that cannot be written fails before the measuring
-    cpu = CpuCapabilities.detect()
-    print(f"measuring {cpu.summary()}, {torch.get_num_threads()} threads", flush=True)
-    profile, rows = tune(quick=settings.quick, cpu=cpu)
-    for row in rows:
-        print(" ", row)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(profile.to_json(), encoding="utf-8")
-    partial.replace(path)
+    # a profile is this machine's measurements: a new one replaces the old, whole, or leaves it as it was; a place
+    # that cannot be written fails before the measuring
+    with atomic_output(path, directory=False, overwrite=True, flag="--out") as partial:
+        cpu = CpuCapabilities.detect()
+        print(f"measuring {cpu.summary()}, {torch.get_num_threads()} threads", flush=True)
+        profile, rows = tune(quick=settings.quick, cpu=cpu)
+        for row in rows:
+            print(" ", row)
+        partial.write_text(profile.to_json(), encoding="utf-8")
     print(f"wrote {path}: attention bf16 products up to {profile.attention['bf16'].decode_keys} keys (decoding) "
           f"and {profile.attention['bf16'].pass_keys} (passes); linear layers fp32 {profile.decode_linear['fp32']}, "
           f"bf16 {profile.decode_linear['bf16']}; bf16 decoding products at {profile.dtype_speed['bf16']:.2f}x fp32's "

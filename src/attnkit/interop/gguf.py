@@ -42,6 +42,7 @@ from attnkit.errors import ConfigError, InputError
 from attnkit.interop.hf_config import match_family
 from attnkit.interop.hf_weights import hf_name, hf_tensor_names, to_hf_tensors
 from attnkit.interop.keymaps import FamilyMap
+from attnkit.outputs import atomic_output
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -76,15 +77,16 @@ class GGUFExport:
 
 
 def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f16",
-                    chat_template: str | Path | None = None) -> GGUFExport:
-    """Write the decoder of `run_dir` as a GGUF file llama.cpp runs. Raises ConfigError for a model no llama.cpp
-    architecture holds, a tokenizer with no GGUF form or an unknown type; InputError for an existing `out`."""
+                    chat_template: str | Path | None = None, overwrite: bool = False) -> GGUFExport:
+    """Write the decoder of `run_dir` as a GGUF file llama.cpp runs, whole or not at all (`overwrite` replaces an
+    existing `out`). Raises ConfigError for a model no llama.cpp architecture holds, a tokenizer with no GGUF form or
+    an unknown type; InputError for an existing `out` without `overwrite`."""
     gguf = _gguf()
     run_dir, out = Path(run_dir), Path(out)
     if type not in GGUF_TYPES:
         raise ConfigError(f"--type {type!r} is not a GGUF type attnkit writes; choose one of {', '.join(GGUF_TYPES)}")
-    if out.exists():
-        raise InputError(f"{out} already exists; choose another file name or remove it")
+    if out.exists() and not overwrite:
+        raise InputError(f"{out} already exists; choose another file name, or add --overwrite to replace it")
     if out.suffix != ".gguf":
         raise InputError(f"{out} should end in .gguf, the name llama.cpp and its tools look for")
     tokenizer_dir = run_dir / TOKENIZER_DIR
@@ -104,29 +106,24 @@ def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f
     vocab = gguf_vocabulary(tokenizer, tokenizer_dir, config.vocab_size)
     template = _chat_template(chat_template, tokenizer_dir)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    writer = gguf.GGUFWriter(str(partial), arch_name)
-    try:
-        writer.add_name(run_dir.resolve().name)
-        writer.add_file_type(gguf.LlamaFileType[GGUF_TYPES[type][1]])
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        _add_hyperparameters(writer, config, family, context_length)
-        _add_vocabulary(writer, vocab, template)
-        tensor_types = {}
-        for name, array in gguf_tensors(model, config, family).items():
-            stored, qtype = _stored(gguf, name, array, type)
-            writer.add_tensor(name, stored, raw_dtype=qtype)
-            tensor_types[name] = qtype.name
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-    except BaseException:
-        writer.close()
-        partial.unlink(missing_ok=True)  # no half-written file is left behind
-        raise
-    partial.replace(out)
+    with atomic_output(out, directory=False, overwrite=overwrite, flag="--to-gguf") as partial:
+        writer = gguf.GGUFWriter(str(partial), arch_name)
+        try:
+            writer.add_name(run_dir.resolve().name)
+            writer.add_file_type(gguf.LlamaFileType[GGUF_TYPES[type][1]])
+            writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+            _add_hyperparameters(writer, config, family, context_length)
+            _add_vocabulary(writer, vocab, template)
+            tensor_types = {}
+            for name, array in gguf_tensors(model, config, family).items():
+                stored, qtype = _stored(gguf, name, array, type)
+                writer.add_tensor(name, stored, raw_dtype=qtype)
+                tensor_types[name] = qtype.name
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
     log.debug("wrote %s as llama.cpp's %s at %s to %s", run_dir, arch_name, type, out)
     return GGUFExport(path=out, architecture=arch_name, type=type, tensor_types=tensor_types,
                       context_length=context_length)

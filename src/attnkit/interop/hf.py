@@ -27,6 +27,7 @@ from attnkit.checkpoint import (
     LABELS_FILE,
     TOKENIZER_DIR,
     atomic_write,
+    is_attnkit_run,
     load_model,
     mark_run,
     read_json,
@@ -50,6 +51,7 @@ from attnkit.interop.hf_weights import (
 )
 from attnkit.interop.keymaps import FamilyMap
 from attnkit.models import build_model
+from attnkit.outputs import atomic_output, check_output, clear_leftovers
 from attnkit.tasks import task_of_config
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
@@ -147,35 +149,42 @@ def save(
 
 
 def convert_from_hf(
-    hf_dir: str | Path, run_dir: str | Path, *, allow_pickle: bool = False, dtype: torch.dtype = torch.float32
+    hf_dir: str | Path, run_dir: str | Path, *, allow_pickle: bool = False, dtype: torch.dtype = torch.float32,
+    overwrite: bool = False,
 ) -> HFModel:
-    """Turn a Hugging Face model directory into a run directory that generate / translate / classify use."""
+    """Turn a Hugging Face model directory into a run directory that generate / translate / classify use, written
+    whole or not at all (`attnkit.outputs.atomic_output`); `overwrite` replaces a run attnkit wrote there."""
     run_dir = Path(run_dir)
-    _refuse_existing(run_dir, "--out")
+    _refuse_existing(run_dir, "--out", overwrite=overwrite, replaceable=is_attnkit_run(run_dir))
+    check_output(run_dir, directory=True, overwrite=overwrite)
     loaded = load(hf_dir, dtype=dtype, allow_pickle=allow_pickle)
-    save_model(loaded.model, loaded.config, run_dir)
-    if loaded.tokenizer is not None:
-        loaded.tokenizer.save(run_dir / TOKENIZER_DIR)
-    if loaded.labels is not None:
-        atomic_write(run_dir / LABELS_FILE, json.dumps({"labels": loaded.labels}, indent=2) + "\n")
-    origin = {"model_type": loaded.model_type, "architecture": loaded.architecture,
-              "special_ids": loaded.special_ids, "source": str(hf_dir)}
-    atomic_write(run_dir / HF_SOURCE_FILE, json.dumps(origin, indent=2) + "\n")
-    record_checksums(run_dir)  # the tokenizer, labels and origin verified as the weights are
-    mark_run(run_dir)
+    with atomic_output(run_dir, directory=True, overwrite=overwrite) as partial:
+        save_model(loaded.model, loaded.config, partial)
+        if loaded.tokenizer is not None:
+            loaded.tokenizer.save(partial / TOKENIZER_DIR)
+        if loaded.labels is not None:
+            atomic_write(partial / LABELS_FILE, json.dumps({"labels": loaded.labels}, indent=2) + "\n")
+        origin = {"model_type": loaded.model_type, "architecture": loaded.architecture,
+                  "special_ids": loaded.special_ids, "source": str(hf_dir)}
+        atomic_write(partial / HF_SOURCE_FILE, json.dumps(origin, indent=2) + "\n")
+        record_checksums(partial)  # the tokenizer, labels and origin verified as the weights are
+        mark_run(partial)
     return loaded
 
 
-def convert_to_hf(run_dir: str | Path, hf_dir: str | Path) -> str:
-    """Write a run directory (trained or converted) as a Hugging Face model directory. Returns the class written."""
+def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = False) -> str:
+    """Write a run directory (trained or converted) as a Hugging Face model directory, whole or not at all;
+    `overwrite` replaces a Hugging Face model directory there. Returns the class written."""
     run_dir, hf_dir = Path(run_dir), Path(hf_dir)
-    _refuse_existing(hf_dir, "--to-hf")
+    _refuse_existing(hf_dir, "--to-hf", overwrite=overwrite, replaceable=(hf_dir / CONFIG_FILE).is_file())
+    check_output(hf_dir, directory=True, overwrite=overwrite, flag="--to-hf")
     model, config = load_model(run_dir)
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR) if (run_dir / TOKENIZER_DIR).is_dir() else None
     labels = read_labels(run_dir)
     origin = read_json(run_dir / HF_SOURCE_FILE) if (run_dir / HF_SOURCE_FILE).is_file() else {}
-    return save(model, hf_dir, config=config, tokenizer=tokenizer, labels=labels,
-                special_ids=origin.get("special_ids"), architecture=origin.get("architecture"))
+    with atomic_output(hf_dir, directory=True, overwrite=overwrite, flag="--to-hf") as partial:
+        return save(model, partial, config=config, tokenizer=tokenizer, labels=labels,
+                    special_ids=origin.get("special_ids"), architecture=origin.get("architecture"))
 
 
 def read_hf_config(directory: Path) -> dict[str, Any]:
@@ -194,13 +203,20 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
     return hf
 
 
-def _refuse_existing(directory: Path, flag: str) -> None:
-    """Refuse to write a model where one is (its config, weights or tokenizer): nothing of another model is
-    overwritten, and no tokenizer of another model is left beside the one written."""
+def _refuse_existing(directory: Path, flag: str, *, overwrite: bool, replaceable: bool) -> None:
+    """Refuse to write a model where a directory holds files: another model's (its config, weights or tokenizer),
+    unless `overwrite` and `replaceable` (a model attnkit writes again), or anything else, which is never removed."""
+    if directory.parent.is_dir():
+        clear_leftovers(directory)  # a killed writer's partial output, or the one it had moved aside, put back
+    if not directory.is_dir() or not any(directory.iterdir()) or (overwrite and replaceable):
+        return  # absent, empty, a file (atomic_output names it), or what --overwrite replaces
     found = [name for name in (CONFIG_FILE, SAFETENSORS, HF_FILE, TOKENIZER_DIR) if (directory / name).exists()]
     if found:
+        fix = "add --overwrite to replace it" if replaceable else "remove them"
         raise InputError(f"{directory} already holds a model's files ({', '.join(found)}); choose another {flag} or "
-                         "remove them")
+                         f"{fix}")
+    raise InputError(f"{directory} holds files of its own and no model; choose another {flag} (a new or empty "
+                     "directory): --overwrite replaces only a model attnkit wrote")
 
 
 def _labels(hf: dict[str, Any]) -> list[str] | None:

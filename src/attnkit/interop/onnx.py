@@ -38,6 +38,7 @@ from attnkit.checkpoint import load_model
 from attnkit.config import DecoderConfig, EncoderConfig, ModelConfig
 from attnkit.errors import ConfigError, InputError
 from attnkit.layers.kv_cache import KVCache, LayerCache
+from attnkit.outputs import atomic_output
 
 log = logging.getLogger(__name__)
 
@@ -96,37 +97,34 @@ class EncoderGraph(nn.Module):
         return out.logits
 
 
-def convert_to_onnx(run_dir: str | Path, out: str | Path, *, opset: int = OPSET) -> ONNXExport:
-    """Write the run's model as an ONNX graph with dynamic batch and length axes. Raises ConfigError for a family
-    with no ONNX form here (encoder-decoders, recurrent models), InputError for an existing `out`."""
+def convert_to_onnx(run_dir: str | Path, out: str | Path, *, opset: int = OPSET, overwrite: bool = False
+                    ) -> ONNXExport:
+    """Write the run's model as an ONNX graph with dynamic batch and length axes (`overwrite` replaces an existing
+    `out`). Raises ConfigError for a family with no ONNX form here (encoder-decoders, recurrent models), InputError
+    for an existing `out` without `overwrite`."""
     run_dir, out = Path(run_dir), Path(out)
-    if out.exists():
-        raise InputError(f"{out} already exists; choose another file name or remove it")
+    if out.exists() and not overwrite:
+        raise InputError(f"{out} already exists; choose another file name, or add --overwrite to replace it")
     if out.suffix != ".onnx":
         raise InputError(f"{out} should end in .onnx")
     model, config = load_model(run_dir)
-    export = export_onnx(model, config, out, opset=opset)
+    export = export_onnx(model, config, out, opset=opset, overwrite=overwrite)
     log.info("wrote %s as ONNX (%s) to %s", run_dir, export.kind, out)
     return export
 
 
-def export_onnx(model: nn.Module, config: ModelConfig, out: Path, *, opset: int = OPSET) -> ONNXExport:
+def export_onnx(model: nn.Module, config: ModelConfig, out: Path, *, opset: int = OPSET, overwrite: bool = False
+                ) -> ONNXExport:
     """Write `model` (of `config`, in fp32) as an ONNX graph at `out`, whole or not at all (see the module
     docstring); what `convert_to_onnx` does after reading the run, and what the speed suite's onnxruntime peer
     runs."""
     graph, example, dynamic, inputs, outputs, kind = _graph(model.float().eval(), config)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
     with torch.no_grad():
         program = torch.onnx.export(graph, example, dynamo=True, dynamic_shapes=dynamic, input_names=inputs,
                                     output_names=outputs, opset_version=opset, external_data=False,
                                     verbose=False)
-    try:
+    with atomic_output(out, directory=False, overwrite=overwrite, flag="--to-onnx") as partial:
         program.save(str(partial), external_data=False)
-    except BaseException:
-        partial.unlink(missing_ok=True)  # no half-written file is left behind
-        raise
-    partial.replace(out)
     return ONNXExport(path=out, kind=kind, inputs=inputs, outputs=outputs)
 
 

@@ -1,0 +1,258 @@
+"""Outputs written whole or not at all: the one place attnkit writes a file or a directory that a user keeps.
+
+    atomic_write(path, data)            bytes -> a temporary sibling file -> renamed over `path`
+    sibling_file(path)                  an empty temporary sibling for a writer that takes a path (safetensors)
+    atomic_output(path, directory=...)  a temporary sibling (a directory, or a file path) that the caller fills;
+                                        renamed into place when the block ends, removed when it fails
+    check_output(path, directory=...)   what atomic_output refuses, asked before a command's long work
+    writing(path)                       an OSError met on the way -> one CheckpointError naming the path and the fix
+
+A process killed at any point (SIGKILL, a power cut) leaves `path` as it was (absent, or the previous output) and at
+most a hidden `.NAME.partial-PID` sibling, which the next writer of `path` removes; an output replaced with
+`overwrite` waits as `.NAME.replaced-PID` until the new one is in place, and is put back by the next writer if the
+new one never arrived. Files are synced before the rename, so the rename publishes bytes that are on the disk.
+New files get the mode `open()` would give them (0666 less the user's umask), not `mkstemp`'s private 0600.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from attnkit.errors import CheckpointError, InputError, os_error_message
+
+PARTIAL = "partial"  # .NAME.partial-PID: an output being written
+REPLACED = "replaced"  # .NAME.replaced-PID: the output an `overwrite` replaces, until the new one is in place
+log = logging.getLogger(__name__)
+_OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (safetensors, tokenizers) report errno
+
+
+def file_mode() -> int:
+    """The mode a new file gets from `open()`: 0o666 less the process's umask."""
+    status = Path("/proc/self/status")
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # where /proc does not say (not Linux): read it by setting it, then put it back
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def as_os_error(err: BaseException, path: Path) -> OSError | None:
+    """`err`, met writing `path`, as the OSError it is: itself, or a library's own error whose text carries "(os
+    error N)" (safetensors' SafetensorError, tokenizers' bare Exception on a full disk); None for any other error."""
+    if isinstance(err, OSError):
+        return err if err.errno is not None else _short_write(err, path)
+    code = _OS_ERROR_IN_TEXT.search(str(err)) if isinstance(err, Exception) else None
+    if code is None:
+        return None
+    return OSError(int(code[1]), os.strerror(int(code[1])))
+
+
+def _short_write(err: OSError, place: Path) -> OSError:
+    """An OSError without an errno (numpy's "N requested and M written", which the gguf writer meets on a full disk)
+    as ENOSPC when the file system of `place` has less than a MiB left; as it is otherwise."""
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    try:
+        free = os.statvfs(place)
+        full = free.f_bavail * free.f_frsize < 2**20
+    except OSError:
+        full = False
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) if full else err
+
+
+class writing:
+    """Context manager: an OSError while writing `path` (or a library error carrying one, `as_os_error`) becomes a
+    CheckpointError naming the path, what happened (a full disk, a read-only or forbidden place, a file where a
+    directory is needed) and the fix; `note` is added."""
+
+    def __init__(self, path: str | Path, *, doing: str = "writing", note: str = "") -> None:
+        self.path, self.doing, self.note = Path(path), doing, note
+
+    def __enter__(self) -> writing:
+        return self
+
+    def __exit__(self, kind: type | None, err: BaseException | None, traceback: object) -> None:
+        if isinstance(err, CheckpointError) and getattr(err, "os_error", False):
+            if not self.note:
+                return
+            message = str(err)  # from a `writing` inside this one: the file named there, the note added here
+        elif err is not None and (os_err := as_os_error(err, self.path)) is not None:
+            if os_err.filename is not None and _temporary_sibling(Path(os.fsdecode(os_err.filename)), self.path):
+                os_err.filename = None  # the user knows the output by its name, not by the sibling it is made in
+            message = os_error_message(os_err, self.path, self.doing)
+        else:
+            return
+        failure = CheckpointError(message + self.note)
+        failure.os_error = True
+        raise failure from None
+
+
+def _temporary_sibling(name: Path, path: Path) -> bool:
+    """Whether `name` is (or lies inside) a temporary sibling of `path` (`.NAME.*`)."""
+    try:
+        first = name.absolute().relative_to(path.parent.absolute()).parts[0]
+    except (ValueError, IndexError):
+        return False
+    return first.startswith(f".{path.name}.")
+
+
+def sibling_file(path: Path) -> Path:
+    """An empty temporary file beside `path` (hidden, same file system) with `file_mode()`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, file_mode())
+    finally:
+        os.close(fd)
+    return Path(tmp)
+
+
+def atomic_write(path: str | Path, data: bytes | str) -> None:
+    """Write `data` to a temporary file beside `path`, then rename it over `path`: readers see old or new."""
+    path = Path(path)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = sibling_file(path)
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data.encode() if isinstance(data, str) else data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+@contextmanager
+def atomic_output(path: str | Path, *, directory: bool, overwrite: bool = False,
+                  flag: str = "--out") -> Iterator[Path]:
+    """Yield a temporary sibling of `path` to write into (a new empty directory, or a file path not yet created);
+    when the block ends it is renamed to `path`, and when the block raises it is removed, leaving `path` as it was.
+
+    An existing `path` is replaced only with `overwrite` (the caller decides first whether what is there may go);
+    otherwise, and when `path` is of the other kind (a file where a directory is to be written, or the reverse),
+    an InputError names `flag` and the fix. OS failures (a full disk, a read-only place) are CheckpointErrors
+    naming `path` and saying it was left as it was.
+    """
+    path = Path(path)
+    kind = "directory" if directory else "file"
+    with writing(path, note=f"; {path} is left as it was"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        check_output(path, directory=directory, overwrite=overwrite, flag=flag)
+        partial = _sibling(path, PARTIAL)
+        try:
+            if directory:
+                partial.mkdir()
+            yield partial
+            if not partial.exists():
+                raise InputError(f"nothing was written for {path}: the {kind} to write was not made")
+            _sync(partial)
+            _put_in_place(partial, path)
+        except BaseException as err:
+            named = as_os_error(err, partial)  # before the partial goes: a full disk is still seen full
+            _remove(partial)
+            if named is not None and named is not err:
+                raise named from err
+            raise
+
+
+def clear_leftovers(path: Path) -> None:
+    """Remove what writers of `path` killed before they finished left beside it: their partial outputs, and an
+    output they had moved aside to replace (put back when the new one never arrived). Live writers' are kept."""
+    for sibling in path.parent.glob(f".{glob_escape(path.name)}.*-*"):
+        role, _, pid = sibling.name[len(path.name) + 2:].rpartition("-")
+        if role not in (PARTIAL, REPLACED) or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if role == REPLACED and not (path.exists() or path.is_symlink()):
+            os.rename(sibling, path)  # the replacement never arrived: the previous output comes back
+        else:
+            _remove(sibling)
+
+
+def glob_escape(name: str) -> str:
+    """`name` with glob's special characters matched literally."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _sibling(path: Path, role: str) -> Path:
+    return path.with_name(f".{path.name}.{role}-{os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process is not writing it now: what it left is a leftover of an earlier attempt
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def check_output(path: str | Path, *, directory: bool, overwrite: bool = False, flag: str = "--out") -> None:
+    """What `atomic_output` checks before writing, for a command to ask before its long work: InputError naming
+    `flag` and the fix when `path` is of the other kind, or exists (a non-empty directory) without `overwrite`.
+    What killed writers of `path` left is cleared first (`clear_leftovers`)."""
+    path = Path(path)
+    if path.parent.is_dir():
+        clear_leftovers(path)
+    if not (path.exists() or path.is_symlink()):
+        return
+    if directory and not path.is_dir():
+        raise InputError(f"{flag} {path} is a file, where a directory is to be written; give the path of a new "
+                         "directory")
+    if not directory and path.is_dir():
+        raise InputError(f"{flag} {path} is a directory, where a file is to be written; give a file name")
+    if directory and not any(path.iterdir()):
+        return  # an empty directory: the rename takes its place
+    if not overwrite:
+        raise InputError(f"{flag} {path} already exists; choose another {flag}, or add --overwrite to replace it")
+
+
+def _sync(partial: Path) -> None:
+    """fsync every file of the output, so that the rename publishes bytes already on the disk."""
+    for file in [partial] if partial.is_file() else (p for p in partial.rglob("*") if p.is_file()):
+        with open(file, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def _put_in_place(partial: Path, path: Path) -> None:
+    """Rename `partial` to `path`. A file (or an empty directory) is replaced in one rename; a directory that holds
+    files is moved aside first, so a kill between the two renames leaves it for `clear_leftovers` to put back."""
+    if not path.is_dir() or not any(path.iterdir()):
+        os.replace(partial, path)
+        return
+    aside = _sibling(path, REPLACED)
+    os.rename(path, aside)
+    try:
+        os.rename(partial, path)
+    except BaseException:
+        os.rename(aside, path)
+        raise
+    try:
+        _remove(aside)
+    except OSError as err:  # the new output is whole and in place; the next writer of `path` removes the old one
+        log.warning("%s is written; the output it replaced is left in %s (%s)", path, aside, err)
+
+
+def _remove(path: Path) -> None:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
