@@ -28,6 +28,7 @@ from attnkit.inspect.points import attends_across, head_sites
 from attnkit.inspect.trace import trace
 
 SELF_TYPES = ("previous", "first", "duplicate", "induction")
+MONOTONIC = 0.9  # a cross-attention head whose peak moves backwards at no more than one step in ten
 
 
 def repeated_tokens(vocab: Sequence[int] | int, length: int, *, batch: int = 8, generator: torch.Generator | None = None
@@ -101,15 +102,30 @@ def classify(scores: dict[str, Tensor], threshold: float = 0.4) -> list[str]:
 @dataclass(frozen=True)
 class HeadTypes:
     """scores[type][i, h]: head h of `sites[i]` on that type (NaN: not scored there, e.g. a cross-attention site on
-    self-attention types, `monotonic` on self-attention); `types[i][h]`: its type by `classify`."""
+    self-attention types, `monotonic` on self-attention); `types[i][h]`: its type (`typed`)."""
 
     sites: list[str]
     scores: dict[str, Tensor]  # {type: (n_sites, H)}
     types: list[list[str]]
 
+    @classmethod
+    def typed(cls, sites: list[str], scores: dict[str, Tensor], threshold: float = 0.4) -> HeadTypes:
+        """Name each head's type: a self-attention head's by `classify`; a cross-attention head is `monotonic` when
+        its score reaches MONOTONIC."""
+        types = []
+        for i, site in enumerate(sites):
+            heads = int((~scores["monotonic"][i].isnan()).sum()) if attends_across(site) else None
+            if heads is not None:
+                types.append(["monotonic" if float(v) >= MONOTONIC else "-" for v in scores["monotonic"][i, :heads]])
+            else:
+                own = {k: v[i] for k, v in scores.items() if k != "monotonic"}
+                width = int((~own["previous"].isnan()).sum())
+                types.append(classify({k: v[:width] for k, v in own.items()}, threshold))
+        return cls(sites, scores, types)
+
     def rows(self) -> list[dict]:
         """One row per site and head: its scores and its type."""
-        return [{"site": site, "head": h, **{k: round(float(v[i, h]), 3) for k, v in self.scores.items()},
+        return [{"site": site, "head": h, **{k: _rounded(v[i, h]) for k, v in self.scores.items()},
                  "type": self.types[i][h]}
                 for i, site in enumerate(self.sites) for h in range(len(self.types[i]))]
 
@@ -118,6 +134,10 @@ class HeadTypes:
         table = self.scores[kind].nan_to_num(-1.0)
         index = int(table.argmax())
         return self.sites[index // table.shape[1]], index % table.shape[1], float(table.flatten()[index])
+
+
+def _rounded(value: Tensor) -> float | None:
+    return None if bool(value.isnan()) else round(float(value), 3)
 
 
 def head_types(model: nn.Module, *args: Tensor, separators: Sequence[int] = (), threshold: float = 0.4) -> HeadTypes:
@@ -130,7 +150,6 @@ def head_types(model: nn.Module, *args: Tensor, separators: Sequence[int] = (), 
     names = [*SELF_TYPES, *(["separator"] if separators else []), "monotonic"]
     width = max(read[f"{s}.pattern"].shape[1] for s in sites)
     scores = {name: torch.full((len(sites), width), float("nan")) for name in names}
-    types = []
     for i, site in enumerate(sites):
         pattern = read[f"{site}.pattern"]  # (B, H, T, S)
         if attends_across(site):
@@ -139,5 +158,4 @@ def head_types(model: nn.Module, *args: Tensor, separators: Sequence[int] = (), 
             found = self_scores(pattern, args[1] if site.startswith("decoder.") else args[0], separators)
         for name, values in found.items():
             scores[name][i, : len(values)] = values.cpu()
-        types.append(classify(found, threshold))
-    return HeadTypes(sites, scores, types)
+    return HeadTypes.typed(sites, scores, threshold)

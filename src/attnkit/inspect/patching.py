@@ -5,8 +5,9 @@ and see how much of the clean answer returns.
     metric     logit(answer) - logit(wrong) at one position (the logit difference)
     restored   (patched - corrupted) / (clean - corrupted): 0 = the patch brings nothing back, 1 = all of it
 
-`patch_stream` patches the residual stream entering each block at each position (layer x position); `patch_heads`
-each head's output over every position. Clean and corrupted inputs have the same shapes.
+`patch_stream` patches the residual stream entering each block at each position (layer x position; a recurrent
+encoder's states, one row); `patch_heads` each head's output over every position. Clean and corrupted inputs have
+the same shapes.
 """
 
 from __future__ import annotations
@@ -84,7 +85,10 @@ def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: in
                  position: int = -1, stack: str | None = None) -> Patching:
     """Patch the stream entering each block of `stack` (module docstring) at each position, one at a time."""
     prefix = _stream_prefix(model, stack)
-    names = [n for n in hook_points(model) if n.startswith(f"{prefix}blocks.") and n.endswith(".resid_pre")]
+    points = hook_points(model)
+    names = [n for n in points if n.startswith(f"{prefix}blocks.") and n.endswith(".resid_pre")]
+    if not names and "encoder.out" in points:  # a recurrent encoder: its states, one per source position
+        names = ["encoder.out"]
     if not names:
         raise InputError(f"{type(model).__name__} has no residual stream {prefix!r} to patch")
     runs = _runs(model, clean, corrupted, names, (answer, wrong, position))

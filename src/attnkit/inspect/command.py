@@ -1,0 +1,310 @@
+"""`attnkit inspect RUN ANALYSIS`: one analysis of a trained run, written as a table (JSON, markdown) and a picture.
+
+    heads        head importance: the loss change when each head is ablated, on --text / --input
+    head-types   each head's previous / first / separator / duplicate / induction score on repeated random tokens
+                 (a translation run: on its sentence pairs, and how monotonic each cross-attention head is)
+    logit-lens   each layer's stream read through the output layer, over the first text
+    patch        activation patching from --text (clean) into --corrupt (corrupted, as many tokens)
+    probe        linear probes per layer on a CoNLL / CoNLL-U file's word labels, with the control task
+
+How a text becomes the model's input follows the run's family: a decoder predicts each next token; an encoder
+reads `[CLS] text [SEP]` (a masked LM has every sixth token masked and predicted; other encoders are scored by how
+far an ablation moves their output, KL); a translation run reads `SOURCE<TAB>TARGET` lines, or sources alone, then
+translated greedily. Files go to --out (default RUN/inspect): ANALYSIS.json, ANALYSIS.md, ANALYSIS.png.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor, nn
+
+from attnkit.checkpoint import TOKENIZER_DIR, load_model
+from attnkit.errors import InputError
+from attnkit.inspect.edits import Ablation
+from attnkit.inspect.head_types import HeadTypes, head_types, repeated_tokens
+from attnkit.inspect.importance import head_importance
+from attnkit.inspect.inputs import Batch, divergence, lm_batch, seq2seq_batch
+from attnkit.inspect.logit_lens import logit_lens
+from attnkit.inspect.patching import patch_heads, patch_stream
+from attnkit.inspect.probes import probe_layers
+from attnkit.inspect.report import heatmap, write_report
+from attnkit.tasks.conll import read_tagged
+from attnkit.textfiles import read_lines
+from attnkit.tokenize import Tokenizer, load_tokenizer, require_id
+
+log = logging.getLogger(__name__)
+
+Analysis = Literal["heads", "head-types", "logit-lens", "patch", "probe"]
+MASK_EVERY = 6  # a masked LM's text has every sixth token masked (about BERT's 15%)
+
+
+@dataclass(frozen=True)
+class InspectSettings:
+    """What `attnkit inspect` analyses. Every field is a flag of the command."""
+
+    run: str  # run directory: config.json, model.safetensors, tokenizer/
+    analysis: Analysis = field(metadata={"positional": True})
+    """heads: importance by ablation; head-types: what each head attends to; logit-lens: each layer's prediction;
+    patch: activation patching from --text into --corrupt; probe: linear probes on --conll's labels"""
+    text: tuple[str, ...] = ()  # texts to run on (a translation run: sources, or SOURCE<TAB>TARGET); or --input
+    input: str | None = None  # a UTF-8 file, one text per line (a translation run: SOURCE<TAB>TARGET); or --text
+    corrupt: str | None = None  # patch: the corrupted text, as many tokens as the first --text
+    conll: str | None = None  # probe: a CoNLL or CoNLL-U file of tagged words
+    column: str = "upos"  # probe: the CoNLL-U column holding the labels (upos, xpos, deprel, a MISC key)
+    ablation: Ablation = "zero"  # heads: replace a head's output by zeros, its mean, or another input's
+    out: str | None = None  # directory for ANALYSIS.json, .md and .png (default RUN/inspect)
+    device: str = "cpu"  # where the model runs
+    seed: int = 0  # random tokens (head-types), resampling (heads), probe splits
+
+
+@dataclass
+class Loaded:
+    """The run as an analysis needs it."""
+
+    model: nn.Module
+    tokenizer: Tokenizer
+    family: str
+    max_len: int
+    device: torch.device
+
+    @property
+    def translates(self) -> bool:
+        return callable(getattr(self.model, "encode", None)) and callable(getattr(self.model, "decode", None))
+
+    def tensor(self, ids: list[int]) -> Tensor:
+        return torch.tensor([ids], device=self.device)
+
+
+def run_inspect(settings: InspectSettings) -> list[Path]:
+    """Run the analysis `settings` name and write its files; returns their paths. Raises InputError for inputs the
+    analysis cannot use (naming what it needs), CheckpointError for a run that cannot be read."""
+    run_dir = Path(settings.run)
+    if not (run_dir / TOKENIZER_DIR).is_dir():
+        raise InputError(f"{run_dir} has no {TOKENIZER_DIR}/ directory, so texts cannot become its tokens")
+    _check_inputs(settings)
+    model, config = load_model(run_dir, device=settings.device)
+    loaded = Loaded(model.eval(), load_tokenizer(run_dir / TOKENIZER_DIR), config.family,
+                    getattr(config, "max_seq_len", None) or 512, torch.device(settings.device))
+    out = Path(settings.out) if settings.out else run_dir / "inspect"
+    name = settings.analysis
+    title, rows, summary, figure = ANALYSES[name](loaded, settings)
+    paths = write_report(out, name, title=f"{title}: {run_dir.name}", rows=rows, summary=summary, figure=figure)
+    log.info("wrote %s", ", ".join(map(str, paths)))
+    return paths
+
+
+def _check_inputs(settings: InspectSettings) -> None:
+    """What each analysis needs, checked before the model loads."""
+    if settings.text and settings.input is not None:
+        raise InputError("give the texts as --text TEXT... or as --input FILE, not both")
+    needs_text = settings.analysis in ("heads", "logit-lens", "patch")
+    if needs_text and not settings.text and settings.input is None:
+        raise InputError(f"{settings.analysis} runs the model on texts: give --text TEXT... or --input FILE")
+    if settings.analysis == "patch" and settings.corrupt is None:
+        raise InputError("patch needs a corrupted input beside the clean --text: give --corrupt TEXT (as many tokens, "
+                         "a few substituted)")
+    if settings.analysis == "probe" and settings.conll is None:
+        raise InputError("probe reads word labels from a CoNLL or CoNLL-U file: give --conll FILE")
+
+
+def _texts(settings: InspectSettings) -> list[str]:
+    texts = list(settings.text) if settings.text else read_lines(settings.input) if settings.input else []
+    texts = [t for t in texts if t.strip()]
+    if not texts and (settings.text or settings.input):
+        raise InputError("every text given is empty; give at least one non-empty text")
+    return texts
+
+
+# how a text becomes a batch, per family ---------------------------------------------------------------------------
+def text_batch(loaded: Loaded, text: str) -> Batch:
+    """One text as the run's family reads it and is scored (module docstring)."""
+    tokenizer = loaded.tokenizer
+    if loaded.translates:
+        source, target = _pair(loaded, text)
+        return seq2seq_batch(loaded.tensor(source), loaded.tensor(target))
+    ids = tokenizer.encode(text)
+    if loaded.family == "decoder":
+        return lm_batch(loaded.tensor(ids[: loaded.max_len + 1]))
+    if loaded.family != "encoder":
+        raise InputError(f"attnkit inspect reads Transformer runs and the recurrent seq2seq with attention; this run "
+                         f"is a {loaded.family} (it has no attention to inspect)")
+    first, last = ((tokenizer.cls_id, tokenizer.sep_id) if tokenizer.cls_id is not None
+                   else (tokenizer.bos_id, tokenizer.eos_id))
+    ids = [i for i in (first, *ids[: loaded.max_len - 2], last) if i is not None]
+    if not hasattr(loaded.model, "lm_head"):
+        return Batch((loaded.tensor(ids),))  # no targets: KL from the model's own output
+    masked, labels = list(ids), [-100] * len(ids)
+    for position in range(1, len(ids) - 1, MASK_EVERY):
+        labels[position], masked[position] = ids[position], require_id(tokenizer, "mask")
+    return Batch((loaded.tensor(masked),), loaded.tensor(labels))
+
+
+def _pair(loaded: Loaded, text: str) -> tuple[list[int], list[int]]:
+    """A translation pair as token ids: source + EOS, BOS + target + EOS (the target translated greedily when the
+    line has none)."""
+    tokenizer = loaded.tokenizer
+    source_text, _, target_text = text.partition("\t")
+    eos, bos = require_id(tokenizer, "eos"), require_id(tokenizer, "bos")
+    source = [*tokenizer.encode(source_text)[: loaded.max_len - 1], eos]
+    written = tokenizer.encode(target_text) if target_text else greedy(loaded.model, source, bos, eos, loaded.device)
+    return source, [bos, *written[: loaded.max_len - 2], eos]
+
+
+@torch.no_grad()
+def greedy(model: nn.Module, source: list[int], bos: int, eos: int, device: torch.device, max_length: int = 48
+           ) -> list[int]:
+    """The model's own translation, greedily, one whole forward pass per token (short texts: the analysis needs the
+    tokens, not speed)."""
+    src = torch.tensor([source], device=device)
+    written: list[int] = []
+    for _ in range(max_length):
+        token = int(model(src, torch.tensor([[bos, *written]], device=device)).logits[0, -1].argmax())
+        if token == eos:
+            break
+        written.append(token)
+    if not written:
+        raise InputError("the model translates the source into nothing (EOS first); give SOURCE<TAB>TARGET lines")
+    return written
+
+
+def _labels(tokenizer: Tokenizer, ids) -> list[str]:
+    return [piece.replace("\n", "\\n") for piece in tokenizer.pieces([int(i) for i in ids])]
+
+
+# the analyses -----------------------------------------------------------------------------------------------------
+def _heads(loaded: Loaded, settings: InspectSettings):
+    found = head_importance(loaded.model, [text_batch(loaded, t) for t in _texts(settings)],
+                            ablation=settings.ablation, seed=settings.seed)
+    what = "loss change" if found.metric == "loss" else "KL from the model's output"
+    figure = heatmap(found.scores, title=f"head importance ({settings.ablation} ablation)", rows=found.sites,
+                     columns=[str(h) for h in range(found.scores.shape[1])], xlabel="head", colorbar=what,
+                     centered=True)
+    summary = {"metric": what, "ablation": settings.ablation, "baseline": round(found.baseline, 4),
+               "texts": len(_texts(settings)),
+               "most important": ", ".join(f"{s} head {h} ({v:+.3f})" for s, h, v in found.top(3))}
+    return "Head importance", found.rows(), summary, figure
+
+
+def _head_types(loaded: Loaded, settings: InspectSettings):
+    tokenizer = loaded.tokenizer
+    separators = [i for i in {tokenizer.eos_id, tokenizer.sep_id, tokenizer.cls_id, tokenizer.bos_id} if i is not None]
+    if loaded.translates:
+        texts = _texts(settings)
+        if not texts:
+            raise InputError("a translation run's heads are scored on its sentence pairs: give --text or --input")
+        runs = [head_types(loaded.model, *text_batch(loaded, t).args, separators=separators) for t in texts]
+        found = HeadTypes.typed(runs[0].sites, {k: torch.stack([r.scores[k] for r in runs]).nanmean(0)
+                                                for k in runs[0].scores})
+        where = f"{len(texts)} sentence pairs"
+    else:
+        generator = torch.Generator().manual_seed(settings.seed)
+        vocabulary = sorted(set(range(tokenizer.vocab_size)) - set(separators) -
+                            {tokenizer.pad_id, tokenizer.unk_id, tokenizer.mask_id})
+        half = min(20, loaded.max_len // 2)
+        ids = repeated_tokens(vocabulary, half, batch=16, generator=generator).to(loaded.device)
+        found = head_types(loaded.model, ids, separators=separators)
+        where = f"16 random sequences of {half} tokens, each repeated"
+    shown = [k for k, v in found.scores.items() if not bool(v.isnan().all())]
+    figure = Figure(figsize=(3.2 * len(shown) + 1, 1.2 + 0.35 * len(found.sites)))
+    for index, kind in enumerate(shown):
+        heatmap(found.scores[kind], title=kind, rows=found.sites if index == 0 else [""] * len(found.sites),
+                columns=[str(h) for h in range(found.scores[kind].shape[1])], xlabel="head", colorbar="score",
+                share=True, ax=figure.add_subplot(1, len(shown), index + 1))
+    rows = found.rows()
+    return "Head types", rows, {"inputs": where, "types": ", ".join(shown)}, figure
+
+
+def _logit_lens(loaded: Loaded, settings: InspectSettings):
+    batch = text_batch(loaded, _texts(settings)[0])
+    lens = logit_lens(loaded.model, *batch.args)
+    inputs = batch.args[-1][0]  # the stream's own tokens (a translation's target side)
+    tokens = _labels(loaded.tokenizer, inputs)
+    probabilities, ranks, top = lens.probabilities()[:, 0], lens.ranks()[:, 0], lens.top(1)[:, :, 0]
+    layers = [name.rpartition("blocks.")[2].replace(".resid_pre", " in").replace(".resid_post", " out")
+              for name in lens.layers]
+    figure = heatmap(probabilities, title="logit lens: probability of the final prediction", rows=layers,
+                     columns=tokens, xlabel="position (its token)", colorbar="probability", share=True)
+    ax = figure.axes[0]
+    for layer in range(len(layers)):
+        for position, token in enumerate(_labels(loaded.tokenizer, top[layer])):
+            ax.text(position, layer + 0.3, token, ha="center", va="center", fontsize=5, color="grey")
+    rows = [{"layer": layers[i], "position": t, "token": tokens[t],
+             "top": _labels(loaded.tokenizer, [top[i, t]])[0], "rank of final": int(ranks[i, t]),
+             "p(final)": round(float(probabilities[i, t]), 4)}
+            for i in range(len(layers)) for t in range(len(tokens))]
+    final = _labels(loaded.tokenizer, lens.answer[0])
+    return "Logit lens", rows, {"text": _texts(settings)[0], "final predictions": " ".join(final)}, figure
+
+
+def _patch(loaded: Loaded, settings: InspectSettings):
+    clean, corrupted = text_batch(loaded, _texts(settings)[0]), text_batch(loaded, settings.corrupt)
+    if [a.shape for a in clean.args] != [a.shape for a in corrupted.args]:
+        raise InputError(f"--text and --corrupt become {clean.args[0].shape[1]} and {corrupted.args[0].shape[1]} "
+                         "tokens; patching needs as many: substitute tokens rather than add or drop them")
+    with torch.no_grad():
+        clean_logits = clean.logits(loaded.model(*clean.args))[0]  # (T, V)
+        corrupted_logits = corrupted.logits(loaded.model(*corrupted.args))[0]
+    position = _patched_position(loaded, clean_logits, corrupted_logits)
+    answer = int(clean_logits[position].argmax())
+    wrong = int(corrupted_logits[position].argmax())
+    if wrong == answer:
+        wrong = int(clean_logits[position].topk(2).indices[1])
+    stream = patch_stream(loaded.model, clean, corrupted, answer=answer, wrong=wrong, position=position)
+    heads = patch_heads(loaded.model, clean, corrupted, answer=answer, wrong=wrong, position=position)
+    tokens = _labels(loaded.tokenizer, clean.args[0][0])
+    figure = Figure(figsize=(max(6.0, 0.5 * len(tokens) + 2) + 0.6 * heads.restored.shape[1] + 2,
+                             1.5 + 0.4 * max(len(stream.rows), len(heads.rows))))
+    heatmap(stream.restored, title="stream patched (layer x position)", rows=stream.rows, columns=tokens,
+            xlabel="position", colorbar="share restored", centered=True, ax=figure.add_subplot(1, 2, 1))
+    heatmap(heads.restored, title="head outputs patched", rows=heads.rows,
+            columns=[str(h) for h in range(heads.restored.shape[1])], xlabel="head", colorbar="share restored",
+            centered=True, ax=figure.add_subplot(1, 2, 2))
+    rows = [{"patched": f"{name} position {t} ({tokens[t]})", "restored": round(float(stream.restored[i, t]), 4)}
+            for i, name in enumerate(stream.rows) for t in range(len(tokens))]
+    rows += [{"patched": f"{name} head {h}", "restored": round(float(heads.restored[i, h]), 4)}
+             for i, name in enumerate(heads.rows) for h in range(heads.restored.shape[1])
+             if not math.isnan(float(heads.restored[i, h]))]
+    summary = {"clean": _texts(settings)[0], "corrupted": settings.corrupt, "position": position,
+               "answer": _labels(loaded.tokenizer, [answer])[0], "wrong": _labels(loaded.tokenizer, [wrong])[0],
+               "logit difference clean": round(stream.clean, 6),
+               "logit difference corrupted": round(stream.corrupted, 6)}
+    return "Activation patching", rows, summary, figure
+
+
+def _patched_position(loaded: Loaded, clean: Tensor, corrupted: Tensor) -> int:
+    """Where the answer is read: a decoder's last position; otherwise the one whose output distribution the
+    corruption moves most (KL), clean (T, V) and corrupted (T, V) logits."""
+    if loaded.family == "decoder":
+        return clean.shape[0] - 1
+    moved = divergence(corrupted, clean)  # (T,)
+    if float(moved.max()) <= 0:
+        raise InputError("the corruption changes none of the model's outputs; substitute the tokens that matter")
+    return int(moved.argmax())
+
+
+def _probe(loaded: Loaded, settings: InspectSettings):
+    sentences = read_tagged(settings.conll, column=settings.column)
+    results = probe_layers(loaded.model, loaded.tokenizer, sentences, max_len=loaded.max_len, seed=settings.seed)
+    figure = Figure(figsize=(1.5 + 0.7 * len(results), 3.6))
+    ax = figure.add_subplot()
+    layers = [r.layer.replace(".resid_pre", " in").replace(".resid_post", " out") for r in results]
+    for key, label in (("accuracy", "probe"), ("control_accuracy", "control task"), ("selectivity", "selectivity")):
+        ax.plot(range(len(results)), [getattr(r, key) for r in results], marker="o", label=label)
+    ax.axhline(results[0].majority, color="grey", linestyle=":", label="majority label")
+    ax.set_xticks(range(len(results)), layers, fontsize=7, rotation=30)
+    ax.set(title=f"linear probes: {settings.column} of {Path(settings.conll).name}", ylabel="held-out accuracy",
+           ylim=(0, 1))
+    ax.legend(fontsize=7)
+    summary = {"file": settings.conll, "sentences": len(sentences), "best layer": max(results,
+               key=lambda r: r.selectivity).layer}
+    return "Linear probes", [r.row() for r in results], summary, figure
+
+
+ANALYSES = {"heads": _heads, "head-types": _head_types, "logit-lens": _logit_lens, "patch": _patch, "probe": _probe}

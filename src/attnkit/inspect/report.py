@@ -1,0 +1,98 @@
+"""An analysis's output files: a table as JSON and as markdown, and a picture (PNG), each written whole or not at all
+(a temporary sibling renamed into place).
+
+    OUT/NAME.json    {"title", "summary", "rows"}        NaN cells (a site with fewer heads) become null
+    OUT/NAME.md      the title, the summary, the rows as a markdown table
+    OUT/NAME.png     the analysis's picture (`heatmap`, or one it draws itself on a `Figure`)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+from torch import Tensor
+
+
+def write_report(out: str | Path, name: str, *, title: str, rows: list[dict[str, Any]], summary: dict[str, Any],
+                 figure: Figure) -> list[Path]:
+    """Write NAME.json, NAME.md and NAME.png into `out` (made when absent); returns the three paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    clean_rows = [{k: _plain(v) for k, v in row.items()} for row in rows]
+    clean_summary = {k: _plain(v) for k, v in summary.items()}
+    document = json.dumps({"title": title, "summary": clean_summary, "rows": clean_rows}, indent=2)
+    paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
+    _atomic(paths[0], lambda path: path.write_text(document + "\n", encoding="utf-8"))
+    _atomic(paths[1], lambda path: path.write_text(markdown(title, clean_summary, clean_rows), encoding="utf-8"))
+    figure.tight_layout()
+    _atomic(paths[2], lambda path: figure.savefig(path, dpi=110, format="png"))
+    return paths
+
+
+def markdown(title: str, summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """`# title`, one `- key: value` line per summary entry, then the rows as a table."""
+    lines = [f"# {title}", "", *(f"- {k}: {v}" for k, v in summary.items()), ""]
+    if rows:
+        columns = list(rows[0])
+        lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join("" if row.get(c) is None else str(row.get(c)) for c in columns) + " |"
+                  for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def heatmap(values: Tensor, *, title: str, rows: Sequence[str], columns: Sequence[str], xlabel: str,
+            colorbar: str, centered: bool = False, share: bool = False, ax=None) -> Figure:
+    """A (rows, columns) table of numbers as a heatmap with each cell written in (NaN cells left blank);
+    `centered`: a diverging scale around 0 (changes that go both ways); `share`: a scale from 0 to 1 (a share of
+    the attention, a probability)."""
+    data = values.detach().float().cpu().numpy()
+    if ax is None:
+        figure = Figure(figsize=(1.2 + 0.55 * len(columns) + 1.5, 1.0 + 0.35 * len(rows) + 0.6))
+        ax = figure.add_subplot()
+    finite = data[~(data != data)]
+    bound = float(abs(finite).max()) if finite.size else 1.0
+    limits = ({"vmin": -bound, "vmax": bound, "cmap": "RdBu_r"} if centered else
+              {"vmin": 0.0, "vmax": 1.0, "cmap": "viridis"} if share else {"cmap": "viridis"})
+    image = ax.imshow(data, aspect="auto", **limits)
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, label=colorbar)
+    ax.set_yticks(range(len(rows)), list(rows), fontsize=7)
+    ax.set_xticks(range(len(columns)), list(columns), fontsize=7, rotation=90 if len(columns) > 12 else 0)
+    ax.set(title=title, xlabel=xlabel)
+    if data.size <= 400:  # small enough to read each number
+        low, high = image.get_clim()
+        for r in range(data.shape[0]):
+            for c in range(data.shape[1]):
+                if data[r, c] == data[r, c]:  # not NaN
+                    place = (data[r, c] - low) / ((high - low) or 1.0)  # where on the scale: dark ends get white
+                    dark = abs(place - 0.5) > 0.3 if centered else place < 0.5
+                    ax.text(c, r, f"{data[r, c]:.2f}", ha="center", va="center", fontsize=6,
+                            color="white" if dark else "black")
+    return ax.figure
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, Tensor):
+        return _plain(value.item()) if value.dim() == 0 else [_plain(v) for v in value.tolist()]
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _atomic(path: Path, write) -> None:
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(handle)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

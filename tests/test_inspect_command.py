@@ -1,0 +1,109 @@
+"""`attnkit inspect RUN ANALYSIS` on a run of every Transformer family and the recurrent seq2seq with attention:
+each analysis writes its JSON, markdown and PNG; bad requests are refused before the model loads, naming the fix."""
+
+import json
+
+import pytest
+import torch
+
+from attnkit.checkpoint import save_model
+from attnkit.cli import main
+from attnkit.config import ModelConfig
+from attnkit.errors import InputError
+from attnkit.inspect.command import InspectSettings, run_inspect
+from attnkit.models import build_model
+from attnkit.tokenize import CharTokenizer
+
+CHARS = "abcdefghij ."
+CONLL = "".join(f"{w}\t{'V' if w in ('ab', 'cd') else 'N'}\n" + ("\n" if i % 4 == 3 else "")
+                for i, w in enumerate(["ab", "fg", "cd", "hi", "ij", "ab", "fe", "cd"] * 6))
+
+
+def _run(directory, family, **fields):
+    tokenizer = CharTokenizer(CHARS)
+    torch.manual_seed(0)
+    sizes = {} if family == "recurrent-seq2seq" else dict(d_model=16, n_heads=2, d_ff=32, n_layers=2, max_seq_len=48)
+    config = ModelConfig(family=family, vocab_size=tokenizer.vocab_size, **sizes, **fields)
+    tokenizer.save(directory / "tokenizer")
+    save_model(build_model(config), config, directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return {
+        "decoder": _run(tmp_path_factory.mktemp("decoder"), "decoder"),
+        "mlm": _run(tmp_path_factory.mktemp("mlm"), "encoder", encoder_head="mlm"),
+        "classify": _run(tmp_path_factory.mktemp("classify"), "encoder", n_classes=2),
+        "encoder-decoder": _run(tmp_path_factory.mktemp("seq2seq"), "encoder-decoder"),
+        "recurrent": _run(tmp_path_factory.mktemp("recurrent"), "recurrent-seq2seq", cell="gru", hidden_size=8,
+                          attention="luong-dot"),
+    }
+
+
+def _inspect(run, analysis, tmp_path, **fields):
+    paths = run_inspect(InspectSettings(run=str(run), analysis=analysis, out=str(tmp_path), **fields))
+    assert [p.name for p in paths] == [f"{analysis}.json", f"{analysis}.md", f"{analysis}.png"]
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return json.loads(paths[0].read_text())
+
+
+@pytest.mark.parametrize("kind", ["decoder", "mlm", "classify", "encoder-decoder", "recurrent"])
+def test_heads_on_every_family(runs, kind, tmp_path):
+    text = "abc de\tcba ed" if kind in ("encoder-decoder", "recurrent") else "abc de fgh"
+    report = _inspect(runs[kind], "heads", tmp_path, text=(text,))
+    sites = [row["site"] for row in report["rows"]]
+    assert sites == {"decoder": ["blocks.0.attn", "blocks.1.attn"], "mlm": ["blocks.0.attn", "blocks.1.attn"],
+                     "classify": ["blocks.0.attn", "blocks.1.attn"], "recurrent": ["decoder.attn"],
+                     "encoder-decoder": ["encoder.blocks.0.attn", "encoder.blocks.1.attn", "decoder.blocks.0.attn",
+                                         "decoder.blocks.0.cross_attn", "decoder.blocks.1.attn",
+                                         "decoder.blocks.1.cross_attn"]}[kind]
+    assert report["summary"]["metric"] == ("KL from the model's output" if kind == "classify" else "loss change")
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder-decoder", "recurrent"])
+def test_head_types_logit_lens_and_patching(runs, kind, tmp_path):
+    translation = kind != "decoder"
+    text, corrupt = ("abc de\tcba ed", "jih gf\tcba ed") if translation else ("abc de abc", "abc dj abc")
+    types = _inspect(runs[kind], "head-types", tmp_path, text=(text,) if translation else ())
+    assert {"site", "head", "type"} <= set(types["rows"][0])
+    if kind == "recurrent":
+        assert types["rows"][0]["monotonic"] is not None and types["rows"][0]["induction"] is None
+        with pytest.raises(InputError, match="logit lens"):
+            _inspect(runs[kind], "logit-lens", tmp_path, text=(text,))
+    else:
+        lens = _inspect(runs[kind], "logit-lens", tmp_path, text=(text,))
+        last = [row for row in lens["rows"] if row["layer"] == "1 out"]
+        assert last and all(row["rank of final"] == 0 for row in last)
+    patched = _inspect(runs[kind], "patch", tmp_path, text=(text,), corrupt=corrupt)
+    assert patched["summary"]["logit difference clean"] != patched["summary"]["logit difference corrupted"]
+
+
+def test_probe_reads_a_conll_file(runs, tmp_path):
+    conll = tmp_path / "words.conll"
+    conll.write_text(CONLL)
+    report = _inspect(runs["mlm"], "probe", tmp_path, conll=str(conll))
+    assert [row["layer"] for row in report["rows"]] == ["blocks.0.resid_pre", "blocks.0.resid_post",
+                                                         "blocks.1.resid_post"]
+    assert all(0 <= row["accuracy"] <= 1 and row["control accuracy"] is not None for row in report["rows"])
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    (dict(analysis="heads"), "give --text TEXT"),
+    (dict(analysis="patch", text=("abc",)), "--corrupt"),
+    (dict(analysis="probe"), "--conll FILE"),
+])
+def test_missing_inputs_are_named_before_loading(runs, fields, message):
+    with pytest.raises(InputError, match=message):
+        run_inspect(InspectSettings(run=str(runs["decoder"]), **fields))
+
+
+def test_patch_needs_inputs_of_one_length(runs, tmp_path):
+    with pytest.raises(InputError, match="as many"):
+        _inspect(runs["decoder"], "patch", tmp_path, text=("abc de",), corrupt="abc")
+
+
+def test_cli_inspect_prints_the_files(runs, tmp_path, capsys):
+    assert main(["inspect", str(runs["decoder"]), "logit-lens", "--text", "abc de", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(tmp_path / f"logit-lens.{suffix}") for suffix in ("json", "md", "png")]
