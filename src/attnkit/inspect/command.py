@@ -50,7 +50,7 @@ class InspectSettings:
     """What `attnkit inspect` analyses. Every field is a flag of the command."""
 
     run: str  # run directory: config.json, model.safetensors, tokenizer/
-    analysis: Analysis = field(metadata={"positional": True})
+    analysis: Analysis = field(default="heads", metadata={"positional": True})
     """heads: importance by ablation; head-types: what each head attends to; logit-lens: each layer's prediction;
     patch: activation patching from --text into --corrupt; probe: linear probes on --conll's labels"""
     text: tuple[str, ...] = ()  # texts to run on (a translation run: sources, or SOURCE<TAB>TARGET); or --input
