@@ -7,6 +7,9 @@ positions beyond what the position scheme represents (a learned table has nothin
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor, nn
@@ -14,12 +17,28 @@ from torch import Tensor, nn
 from attnkit.errors import InputError
 from attnkit.layers.positions import PositionScheme
 
+_INPUTS_CHECKED: ContextVar[bool] = ContextVar("inputs_checked", default=False)
+
+
+@contextmanager
+def inputs_checked() -> Iterator[None]:
+    """Within it, models read no input values to check them: for a caller whose inputs are checked already, as the
+    trainer's batches are (drawn by the task from data the run's tokenizer made, its vocabulary held to the model's
+    when the run was set up). A check reads a value from the device: on a GPU each waits for the step before."""
+    token = _INPUTS_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _INPUTS_CHECKED.reset(token)
+
 
 def has_values(tensor: Tensor) -> bool:
     """Whether a check may read `tensor`'s values: not for shape-only tensors (parameter counting, dry runs), graphs
     being exported (ONNX) or compiled (a compiled training step or decoding step: reading a value there would split
-    the graph and, on a GPU, wait for the device; their inputs are checked before, eagerly or by their task)."""
-    return not (tensor.is_meta or torch.compiler.is_exporting() or torch.compiler.is_compiling())
+    the graph and, on a GPU, wait for the device; their inputs are checked before, eagerly or by their task), nor
+    inside `inputs_checked`."""
+    return not (tensor.is_meta or torch.compiler.is_exporting() or torch.compiler.is_compiling()
+                or _INPUTS_CHECKED.get())
 
 
 def check_token_ids(ids: Tensor, vocab_size: int, *, name: str = "input_ids") -> None:
@@ -93,7 +112,9 @@ class Embeddings(nn.Module):
 
     def forward(self, ids: Tensor, position_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """token_type_ids: (B, T) segment ids; all 0 when omitted (models with token-type embeddings only)."""
-        x = self.token(ids) * self.scale  # (B, T, C)
+        x = self.token(ids)  # (B, T, C)
+        if self.scale != 1:
+            x = x * self.scale
         if self.token_types is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(ids)

@@ -68,7 +68,8 @@ def linear_cross_entropy(
                                                 label_smoothing=label_smoothing)
     multiple = 1 if label_smoothing else path.vocab_multiple  # smoothing would spread weight over the padding
     logits = padded_logits(hidden_2d, weight, multiple)  # (N, V) or (N, V padded)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits soft-maxed in fp32
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()  # soft-maxed in fp32
     return F.cross_entropy(logits, targets_1d, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
 
 

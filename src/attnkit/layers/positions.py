@@ -25,6 +25,7 @@ import math
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.layers.masks import AttentionMask
@@ -116,7 +117,7 @@ class LearnedPositions(PositionScheme):
         self.weight = nn.Parameter(torch.zeros(max_seq_len, d_model))
 
     def embed(self, position_ids: Tensor) -> Tensor:
-        return self.weight[position_ids]  # (B, T, C)
+        return F.embedding(position_ids, self.weight)  # (B, T, C)
 
     def init_weights(self) -> None:
         nn.init.normal_(self.weight, mean=0.0, std=0.02)

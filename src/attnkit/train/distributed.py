@@ -129,9 +129,10 @@ class SingleProcess:
     def barrier(self) -> None:
         """Wait until every rank is here."""
 
-    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
-        """Clip the gradients of all ranks together; returns the norm before clipping."""
-        return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
+        """Clip the gradients of all ranks together; returns the norm before clipping (a 0-dim tensor on the device:
+        the trainer reads it when its plan says)."""
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
     def full_copy(
         self, model: nn.Module, optimizer: torch.optim.Optimizer
@@ -292,9 +293,9 @@ class Sharded(Replicated):
         model.set_requires_gradient_sync(last)
         return nullcontext()
 
-    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # the shards' norms combined
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm  # the shards' norms combined
 
     def full_copy(
         self, model: nn.Module, optimizer: torch.optim.Optimizer

@@ -29,16 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from attnkit.blocks import compile_blocks
 from attnkit.checkpoint import INSTRUMENTS_KIND, METRICS_FILE
 from attnkit.config import ModelConfig, check_types
 from attnkit.errors import AttnkitError, ConfigError
-from attnkit.layers.kernels import MathKernel, use_math_kernel
-from attnkit.machine import CpuCapabilities, load_profile
+from attnkit.layers.embedding import inputs_checked
+from attnkit.machine import CpuCapabilities
 from attnkit.options import duration
 from attnkit.tasks import TrainingTask as Task
 from attnkit.tokenize import Tokenizer
@@ -48,6 +47,7 @@ from attnkit.train.instruments import gradient_norms, measure_activations
 from attnkit.train.lora import DEFAULT_TARGETS
 from attnkit.train.metrics import MetricsLog
 from attnkit.train.optim import SCHEDULES, Schedule, lr_factor, make_optimizer
+from attnkit.train.plan import TrainCompile, TrainingPlan, plan_training
 from attnkit.train.plots import plot_losses
 from attnkit.train.precision import TrainDType, check_dtype
 from attnkit.train.rundir import owning
@@ -96,7 +96,9 @@ class TrainConfig:
     beta2: float = 0.95  # AdamW's decay rate of the squared gradient's running mean
     clip: float = 1.0  # max gradient norm; 0 disables clipping
     dtype: TrainDType = "fp32"  # bf16: autocast; bf16-master: a bf16 model with fp32 master weights (precision.py)
-    compile: bool = False  # torch.compile each transformer block (pays off on GPUs; a few percent on CPUs)
+    compile: TrainCompile = field(default="auto", metadata={"const": "model"})
+    """auto: the whole model on a GPU, eager on a CPU (the training plan says why: attnkit train --explain); model:
+    the whole model (bare --compile); blocks: each transformer block; off: eager"""
     eval_every: int = 200  # steps between evaluations (each also writes a checkpoint)
     log_every: int = 10  # steps between progress lines when no progress bar is shown
     keep: int = 3  # checkpoints kept besides best/
@@ -133,8 +135,6 @@ class TrainConfig:
             raise ConfigError(f"lr={self.lr!r} must be a positive number (1e-3 suits small models)")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"schedule={self.schedule!r} is not known; choose one of {', '.join(SCHEDULES)}")
-        if not isinstance(self.compile, bool):
-            raise ConfigError(f"compile={self.compile!r} must be true or false")
         check_dtype(self.dtype)
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"warmup={self.warmup!r} must be a whole number of steps >= 0")
@@ -171,6 +171,8 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         data = check_fields(cls, data, "training")
+        if isinstance(data.get("compile"), bool):  # runs saved when compile was on/off: per block, or eager
+            data = {**data, "compile": "blocks" if data["compile"] else "off"}
         if isinstance(data.get("lora_targets"), (list, str)):  # JSON has lists; --set lora_targets=q_proj,v_proj
             targets = data["lora_targets"]
             data = {**data, "lora_targets": tuple(targets.split(",") if isinstance(targets, str) else targets)}
@@ -205,6 +207,7 @@ class Trainer:
     `run_info` is saved in every train_state.json beside the trainer's own state (the job's data settings, so
     a resumed run can rebuild its data); `labels` (classification) is saved as labels.json. `parallel` is this
     rank's part in several processes (`distributed.start`; its task draws global batches); None: one process.
+    `plan`: how each step runs (`train/plan.py`); None: the plan for this model, device and `settings`.
     """
 
     def __init__(
@@ -221,21 +224,24 @@ class Trainer:
         run_info: dict[str, Any] | None = None,
         progress: bool | None = None,
         parallel: SingleProcess | None = None,
+        plan: TrainingPlan | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)  # fp32: what the optimizer updates and checkpoints save
         self.parallel = parallel or SingleProcess(device=self.device)
         self.precision = self.parallel.precision(settings.dtype, self.model)
+        self.plan = plan or plan_training(
+            self.precision.compute_model, family=config.family, device=self.device, dtype=settings.dtype,
+            compile=settings.compile, log_every=settings.log_every, sharded=settings.shard,
+            batch_tokens=settings.batch_size * getattr(config, "max_seq_len", 0))
+        self.plan.prepare(self.precision.compute_model)
         # DDP: a wrapper that reduces gradients; FSDP2: the model itself, sharded (so before the optimizer is made)
-        self.train_model = self.parallel.wrap(self.precision.compute_model, dtype=settings.dtype, seed=settings.seed)
-        # short reduced-precision attention on the CPU: the kernel this machine's profile measured faster
-        use_math_kernel(self.precision.compute_model, training_math_kernel(self.device, settings.dtype))
+        wrapped = self.parallel.wrap(self.precision.compute_model, dtype=settings.dtype, seed=settings.seed)
+        self.train_model = self.plan.compiled(wrapped, self.precision.compute_model)
         if settings.dtype != "fp32" and self.device.type == "cpu" and self.parallel.writes:
             warning = bf16_cost_warning(CpuCapabilities.detect())
             if warning:
                 log.warning(warning)
-        if settings.compile:
-            compile_blocks(self.precision.compute_model)
         self.config, self.task, self.settings = config, task, settings
         self.run_dir = Path(run_dir)
         self.tokenizer, self.labels, self.run_info = tokenizer, labels, run_info or {}
@@ -252,6 +258,8 @@ class Trainer:
         self.evaluation: dict[str, float] = {}
         self.evaluated_step = self.saved_step = -1
         self.layer_grad_norms: dict[str, float] = {}  # taken at the step before each evaluation
+        self.unread: list[_UnreadStep] = []  # steps whose loss and gradient norm the host has not read yet
+        self.last_record: dict[str, Any] | None = None  # the latest step's metrics record read
 
     # Resuming ------------------------------------------------------------------------------------------------
     def restore(self, checkpoint: Checkpoint) -> None:
@@ -292,7 +300,8 @@ class Trainer:
         session_start, elapsed_before, tokens_before = time.perf_counter(), self.elapsed, self.tokens_seen
         self.train_model.train()
         owner = owning(self.run_dir) if self.parallel.writes else nullcontext()  # one process per run directory
-        with owner, _StopOnSignal() as stop, logging_redirect_tqdm(), _progress_bar(self, enabled=self.progress) as bar:
+        with (owner, _StopOnSignal() as stop, logging_redirect_tqdm(), self.plan.matmul_precision(),
+              _progress_bar(self, enabled=self.progress) as bar):
             meter = _Meter(self.step, self.tokens_seen)
             reason = None
             try:
@@ -300,13 +309,14 @@ class Trainer:
                     reason = self._why_stop(stop_at, stop)
                     if reason is not None:
                         break
-                    record = self._train_step()
+                    self._train_step()
                     self.elapsed = elapsed_before + time.perf_counter() - session_start
                     meter.update(self.step, self.tokens_seen)
-                    self._report(record, meter, bar)
+                    self._report(meter, bar)
                     if self.step % s.eval_every == 0 and self.step < s.max_steps:
                         self._evaluate_and_save()
                         meter.restart(self.step, self.tokens_seen)  # evaluation time is not training speed
+                self._read_steps()
                 if reason in ("max_steps", "max_time") and self.evaluated_step != self.step:
                     self._evaluate_and_save()
                 elif self.saved_step != self.step:
@@ -349,8 +359,9 @@ class Trainer:
             return "max_time"
         return None
 
-    def _train_step(self) -> dict[str, Any]:
-        """One optimizer step over `grad_accum` micro-batches. Returns the metrics record of the step."""
+    def _train_step(self) -> None:
+        """One optimizer step over `grad_accum` micro-batches; its loss and gradient norm are read (and its metrics
+        record written) at the plan's next host read."""
         s = self.settings
         # several ranks: this rank's rows of each global batch; `counts` 0 marks a stand-in row (distributed.py)
         batches, counts = zip(*(self.parallel.share(self.task.next_batch()) for _ in range(s.grad_accum)), strict=True)
@@ -362,35 +373,51 @@ class Trainer:
         )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss_value = 0.0
+        tokens = sum(self.task.n_tokens(b) * c for b, c in zip(batches, counts, strict=True))
+        losses = []  # (micro-batch loss, its share of the step's targets): read at the plan's host reads
         for index, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
+            batch = self.plan.to_device(batch)
             # gradients are reduced over the ranks in the last micro-batch's backward only
             with self.parallel.sync(self.train_model, last=index == len(batches) - 1):
-                with self.precision.context():
+                with self.precision.context(), inputs_checked():
                     loss = self.task.loss(self.train_model, batch)
                 # x ranks: DDP and FSDP average the ranks' gradients, and this makes the average their sum
-                (loss * (weight / total * self.parallel.size)).backward()
+                scale = weight / total * self.parallel.size
+                (loss * scale if scale != 1 else loss).backward()
             self.precision.gradients_to_model()
-            loss_value += loss.item() * weight / total
-        loss_value, tokens = self.parallel.sum(loss_value, sum(self.task.n_tokens(b) * c for b, c in zip(
-            batches, counts, strict=True)))
-        if not math.isfinite(loss_value):  # after the reduction, so that every rank stops at once
-            self._diverged("loss", loss_value, step, lr)
+            losses.append((loss.detach(), weight / total))
         if s.instruments and (step % s.eval_every == 0 or step >= s.max_steps):
             self.layer_grad_norms = gradient_norms(self.model)  # before clipping, as the total norm below
         grad_norm = self.parallel.clip_grad_norm(self.model, s.clip if s.clip > 0 else math.inf)
-        if not math.isfinite(grad_norm):
-            self._diverged("gradient norm", grad_norm, step, lr)
+        self.unread.append(_UnreadStep(step, lr, tokens, losses, grad_norm))
+        if step % self.plan.sync_every == 0:
+            self._read_steps()  # before the update: a non-finite step found here is never applied
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.weights_to_compute()
         self.step = step
-        self.tokens_seen += int(tokens)
-        record = {"kind": "train", "step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
-                  "tokens": self.tokens_seen}
-        if self.parallel.writes:
-            self.metrics.append(record)
-        return record
+
+    def _read_steps(self) -> None:
+        """Read the steps not yet read (one wait for the device), log their records and stop on a non-finite loss
+        or gradient norm. Every rank reads at the same steps, and sums over the ranks before deciding."""
+        if not self.unread:
+            return
+        steps, self.unread = self.unread, []
+        # once the last is ready all are: reading them one by one waits for the device once
+        losses = [sum(float(loss) * share for loss, share in u.losses) for u in steps]
+        grad_norms = [float(u.grad_norm) for u in steps]
+        summed = self.parallel.sum(*losses, *(u.tokens for u in steps))  # every rank's shares and tokens
+        losses, tokens_read = summed[: len(steps)], summed[len(steps) :]
+        for u, loss, grad_norm, tokens in zip(steps, losses, grad_norms, tokens_read, strict=True):
+            if not math.isfinite(loss):  # after the reduction, so that every rank stops at once
+                self._diverged("loss", loss, u.step, u.lr)
+            if not math.isfinite(grad_norm):
+                self._diverged("gradient norm", grad_norm, u.step, u.lr)
+            self.tokens_seen += int(tokens)
+            self.last_record = {"kind": "train", "step": u.step, "loss": loss, "lr": u.lr, "grad_norm": grad_norm,
+                                "tokens": self.tokens_seen}
+            if self.parallel.writes:
+                self.metrics.append(self.last_record)
 
     def _progress_fraction(self, step: int) -> float:
         """How much of the budget after warmup is used: by steps, or by time when that runs out first."""
@@ -414,6 +441,7 @@ class Trainer:
 
     # Evaluation and checkpoints ------------------------------------------------------------------------------
     def _evaluate_and_save(self) -> None:
+        self._read_steps()
         model = self.precision.compute_model
         model.eval()
         devices = [self.device] if self.device.type == "cuda" else []
@@ -449,6 +477,7 @@ class Trainer:
         plot_losses(self.metrics.records(), self.run_dir / PLOT_FILE, title=f"{self.task.name}: {self.run_dir.name}")
 
     def _save(self, *, best: bool) -> None:
+        self._read_steps()  # nothing is saved past a step whose loss was not finite
         state = {
             "step": self.step,
             "elapsed": self.elapsed,
@@ -475,7 +504,11 @@ class Trainer:
         self.saved_step = self.step
 
     # Progress ------------------------------------------------------------------------------------------------
-    def _report(self, record: dict[str, Any], meter: _Meter, bar: tqdm) -> None:
+    def _report(self, meter: _Meter, bar: tqdm) -> None:
+        """The progress bar (or a log line every log_every steps), with the latest step read from the device."""
+        record = self.last_record
+        if record is None:
+            return
         eta = meter.eta(self.step, self.settings.max_steps, self.elapsed, self.settings.max_time)
         fields = {"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}",
                   "tok/s": f"{meter.tokens_per_second:,.0f}", "eta": _clock(eta)}
@@ -486,6 +519,17 @@ class Trainer:
         else:
             bar.update(self.step - bar.n)
             bar.set_postfix(fields, refresh=False)
+
+
+@dataclass
+class _UnreadStep:
+    """A step whose loss (this rank's share) and gradient norm may still be on the device."""
+
+    step: int
+    lr: float
+    tokens: int  # this rank's tokens
+    losses: list[tuple[Tensor, float]]  # each micro-batch's mean loss and its share of this rank's targets
+    grad_norm: Tensor
 
 
 class _Meter:
@@ -517,12 +561,6 @@ def bf16_cost_warning(cpu: CpuCapabilities) -> str | None:
     return (f"--dtype bf16 on this CPU ({cpu.isa}, no AVX-512 BW/VL/DQ or AVX-NE-CONVERT): oneDNN has no bf16 kernels "
             "here, so bf16 matrix products take a slow path (python -m benchmarks speed measures the peaks); "
             "--dtype fp32 trains faster on this machine")
-
-
-def training_math_kernel(device: torch.device, dtype: str) -> MathKernel | None:
-    """The attention kernel choice for training in `dtype` ("fp32", "bf16", "bf16-master") on `device`."""
-    compute = torch.float32 if dtype == "fp32" else torch.bfloat16
-    return MathKernel.from_profile(device.type, compute, load_profile()[0])
 
 
 def shows_progress(progress: bool | None) -> bool:

@@ -1,0 +1,298 @@
+"""The training plan: how a training step runs, chosen from the model, the device, the dtype, what is installed and
+the user's options, with the reason for each choice (`attnkit train --explain`). The trainer asks the plan; no
+device checks are scattered through `train/`.
+
+    plan_training(model, family=..., device=..., dtype=..., compile=...)  ->  TrainingPlan  (decides; changes nothing)
+    plan.explain()                  the choices and why
+    plan.prepare(model)             the model's loss path and attention kernel set, in place (before any wrapping)
+    plan.compiled(module, model)    what to train through: `module` compiled whole, `model`'s blocks compiled, or
+                                    `module` as it is
+    plan.to_device(batch)           a batch on the device: pinned and copied without waiting, on a GPU
+    plan.matmul_precision()         a context: TF32 for fp32 products on a GPU, while training
+
+The choices (nanoGPT's train.py and torchtitan on a GPU; the CPU's own where they differ):
+
+    loss            plain when compiled whole (inductor fuses the output product with its cross-entropy), fused
+                    (Liger Kernel, CUDA, where installed), plain where the logits fit in a quarter of free GPU memory,
+                    else chunked (`layers/chunked_loss.py`: no (B*T, V) logits), its chunk sized from free memory;
+                    chunked on a CPU, where memory is the scarce part
+    vocabulary      the plain path's product padded to a multiple of 64 on a GPU (outputs and checkpoints unchanged)
+    compilation     auto: the whole model on a GPU (fullgraph: the Transformer families trace without graph breaks),
+                    eager on a CPU; model or blocks when asked; never a recurrent family (Dynamo does not trace
+                    nn.RNN, nn.GRU or nn.LSTM); blocks under FSDP2 (each block is a shard unit)
+    optimizer       AdamW, fused (`train/optim.py`)
+    matmul          TF32 for fp32 products on a GPU
+    attention       the SDPA kernel the model's shapes take on a GPU; on a CPU, SDPA or plain float32 products where the
+                    machine's profile measured them faster (`layers/kernels.py`)
+    data            pinned host memory and non-blocking copies on a GPU
+    host reads      the loss and gradient norm read every `log_every` steps on a GPU (and before every evaluation and
+                    checkpoint), where a read would wait for the device; every step on a CPU
+
+Tests build plans for CUDA without one by passing `device="cuda"` and `free_memory=`: a plan changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.blocks import compile_blocks
+from attnkit.layers.kernels import MathKernel, use_math_kernel
+from attnkit.layers.output_loss import LossPath, fused_kernel_missing, use_loss_path
+from attnkit.machine import load_profile
+from attnkit.plans import Choice, explain_choices
+
+TrainCompile = Literal["auto", "off", "model", "blocks"]
+TRAIN_COMPILE: tuple[str, ...] = get_args(TrainCompile)
+GPU_VOCAB_MULTIPLE = 64  # nanoGPT's 50,304 for GPT-2's 50,257: matrix kernels favour widths in multiples of 64
+CPU_LOSS_CHUNK = 256  # tokens per chunk of the chunked loss on a CPU (`chunked_loss.py`'s default)
+RECURRENT_FAMILIES = ("recurrent-lm", "recurrent-seq2seq")
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What the trainer does (see the module docstring), and the reasons, as `explain` prints them."""
+
+    device: torch.device
+    dtype: str
+    loss: LossPath
+    compile: Literal["off", "model", "blocks"]
+    fullgraph: bool
+    math_kernel: MathKernel | None
+    tf32: bool
+    pin_memory: bool
+    sync_every: int  # optimizer steps between host reads of the loss and gradient norm
+    choices: tuple[Choice, ...]
+
+    def explain(self) -> str:
+        return explain_choices(f"training plan for {self.dtype} on {self.device}", self.choices)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Set the loss path and the attention kernel on `model` (the module forward runs on), in place."""
+        use_loss_path(model, self.loss)
+        use_math_kernel(model, self.math_kernel)
+        return model
+
+    def compiled(self, module: nn.Module, model: nn.Module) -> nn.Module:
+        """What to train through: `module` (the model, or its DDP wrapper) compiled whole; or `model`'s blocks
+        compiled in place and `module` returned; or `module` as it is."""
+        if self.compile == "model":
+            return torch.compile(module, fullgraph=self.fullgraph)
+        if self.compile == "blocks":
+            compile_blocks(model)
+        return module
+
+    def to_device(self, batch: Any) -> Any:
+        """`batch` (tensors, or tuples, lists, dicts and dataclasses of them) on the plan's device; from pinned host
+        memory without waiting on a GPU, so the copy overlaps the step before it."""
+        if self.device.type == "cpu":
+            return batch
+        return _map_tensors(batch, lambda t: (t.pin_memory() if self.pin_memory and t.device.type == "cpu" else t).to(
+            self.device, non_blocking=self.pin_memory))
+
+    @contextmanager
+    def matmul_precision(self):
+        """TF32 for fp32 matrix products while training on a GPU (torch's setting restored after)."""
+        before = torch.get_float32_matmul_precision()
+        if self.tf32:
+            torch.set_float32_matmul_precision("high")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(before)
+
+
+def plan_training(
+    model: nn.Module,
+    *,
+    family: str,
+    device: torch.device | str,
+    dtype: str = "fp32",
+    compile: str = "auto",
+    log_every: int = 10,
+    batch_tokens: int = 0,
+    sharded: bool = False,
+    free_memory: int | None = None,
+) -> TrainingPlan:
+    """Decide how `model` of `family` trains on `device` in `dtype` (see the module docstring).
+
+    batch_tokens: tokens of one micro-batch (B * T), which size the logits; sharded: FSDP2; free_memory: bytes free on
+    a GPU (default: what CUDA reports).
+    """
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
+    head = _output_head(model)
+    compile_choice, fullgraph, why_compile = _compilation(compile, family, on_gpu, sharded)
+    choices = [Choice("precision", dtype, _precision_note(dtype))]
+    loss, why_loss = _loss_path(head, on_gpu, compile_choice == "model", batch_tokens, dtype, free_memory, device)
+    choices.append(Choice("loss", _describe_loss(loss, head), why_loss))
+    if head is not None and loss.kind == "plain":
+        vocab = head.weight.shape[0]
+        padded = -vocab % loss.vocab_multiple
+        choices.append(Choice("vocabulary", f"{vocab} padded to {vocab + padded} for the product" if padded else
+                              f"{vocab}, not padded", "GPU matrix kernels favour widths in multiples of 64; outputs "
+                              "and checkpoints keep the real vocabulary" if on_gpu else "off the GPU padding only "
+                              "adds work"))
+    choices.append(Choice("compilation", _describe_compile(compile_choice, fullgraph), why_compile))
+    choices.append(Choice("q/k/v", "one product over the concatenated weights", "one kernel forward and two backward "
+                          "per layer where there were three and six; the weights stay q_proj, k_proj, v_proj")
+                   if _has_attention(model) else Choice("q/k/v", "none", "no attention projections in this model"))
+    choices.append(Choice("optimizer", "AdamW, fused", "one kernel per step for all tensors of a device (moments and "
+                          "weights in one pass over memory); deterministic, so resuming stays bit for bit"))
+    tf32 = on_gpu
+    choices.append(Choice("matmul", "TF32 for fp32 products" if tf32 else "fp32 products in fp32",
+                          "tensor cores for what autocast leaves in fp32 (nanoGPT does the same)" if tf32 else
+                          "TF32 is a GPU format"))
+    math_kernel, why_attention = _attention(model, device, dtype)
+    choices.append(Choice("attention", why_attention[0], why_attention[1]))
+    choices.append(Choice("data", "pinned, copied without waiting" if on_gpu else "as drawn",
+                          "the next batch's copy overlaps the step before it" if on_gpu else
+                          "batches are drawn into the memory the model reads"))
+    sync_every = log_every if on_gpu else 1
+    choices.append(Choice("host reads", f"every {sync_every} steps and before each evaluation and checkpoint"
+                          if on_gpu else "every step", "reading the loss waits for the device to finish the step; "
+                          "a non-finite loss or gradient norm is found at the next read, before anything is saved"
+                          if on_gpu else "a read costs no wait on a CPU, and a non-finite step is never applied"))
+    return TrainingPlan(device=device, dtype=dtype, loss=loss, compile=compile_choice, fullgraph=fullgraph,
+                        math_kernel=math_kernel, tf32=tf32, pin_memory=on_gpu, sync_every=sync_every,
+                        choices=tuple(choices))
+
+
+def _compilation(compile: str, family: str, on_gpu: bool, sharded: bool) -> tuple[str, bool, str]:
+    """What is compiled ("off", "model", "blocks"), whether as one graph, and why."""
+    if compile not in TRAIN_COMPILE:
+        raise ValueError(f"compile={compile!r} is not known; use one of {', '.join(TRAIN_COMPILE)}")
+    if compile != "off" and family in RECURRENT_FAMILIES:
+        return "off", False, ("Dynamo does not trace nn.RNN, nn.GRU or nn.LSTM (each is already one fused kernel "
+                              "call); a recurrent model trains eagerly")
+    if compile == "off":
+        return "off", False, "as asked (--compile off)"
+    if compile == "auto" and not on_gpu:
+        return "off", False, ("on a CPU compiling is chosen only on request (--compile model or blocks): it costs a "
+                              "compilation per shape for a small gain")
+    if sharded and compile in ("auto", "model"):
+        return "blocks", False, "FSDP2 shards each block: each is compiled as its own graph (torchtitan's choice)"
+    if compile == "blocks":
+        return "blocks", False, "as asked (--compile blocks): each block one graph, the embeddings and loss eager"
+    return "model", True, ("one graph for the forward and the loss (fullgraph: the Transformer families trace "
+                           "without graph breaks), one for the backward: inductor fuses the element-wise work "
+                           "between products" + (", as asked" if compile == "model" else " (auto, on a GPU)"))
+
+
+def _describe_compile(choice: str, fullgraph: bool) -> str:
+    return {"off": "eager", "model": "whole model" + (", fullgraph" if fullgraph else ""),
+            "blocks": "each block"}[choice]
+
+
+def _output_head(model: nn.Module) -> nn.Linear | None:
+    """The output projection whose loss the plan chooses (a plain linear layer without bias), or None."""
+    for module in model.modules():
+        if hasattr(module, "loss_path"):
+            head = getattr(module, "lm_head", None)
+            return head if type(head) is nn.Linear and head.bias is None else None
+    return None
+
+
+def _loss_path(
+    head: nn.Linear | None, on_gpu: bool, compiled: bool, batch_tokens: int, dtype: str, free_memory: int | None,
+    device: torch.device,
+) -> tuple[LossPath, str]:
+    if head is None:
+        return LossPath("plain"), "the model's own loss (no bias-free output projection over a vocabulary)"
+    vocab = head.weight.shape[0]
+    if not on_gpu:
+        return LossPath("chunked", chunk_size=CPU_LOSS_CHUNK), (
+            f"no (B*T, {vocab}) logits held or differentiated in memory at once; on a CPU memory is the scarce part")
+    padded = LossPath("plain", vocab_multiple=GPU_VOCAB_MULTIPLE)
+    if compiled:
+        return padded, "inductor fuses the output product with its cross-entropy inside the compiled graph"
+    missing = fused_kernel_missing()
+    if missing is None:
+        return LossPath("fused"), "Liger Kernel's fused linear cross-entropy: no logits kept, one pass"
+    free = free_memory if free_memory is not None else torch.cuda.mem_get_info(device)[0]
+    # the logits in the compute dtype, their fp32 copy for the softmax and its gradient: about 10 bytes a logit
+    logit_bytes = 10 if dtype != "fp32" else 12
+    needed = batch_tokens * (vocab + GPU_VOCAB_MULTIPLE) * logit_bytes
+    if needed <= free // 4:
+        return padded, (f"the logits ({needed / 2**30:.1f} GiB) fit in a quarter of free memory "
+                        f"({free / 2**30:.1f} GiB); eager, and {missing}")
+    chunk = max(CPU_LOSS_CHUNK, min(batch_tokens, free // 16 // max(vocab * logit_bytes, 1)))
+    return LossPath("chunked", chunk_size=int(chunk)), (
+        f"the logits ({needed / 2**30:.1f} GiB) would take over a quarter of free memory ({free / 2**30:.1f} GiB): "
+        f"chunks of {chunk} tokens, sized to a sixteenth of it; {missing}")
+
+
+def _describe_loss(loss: LossPath, head: nn.Linear | None) -> str:
+    if head is None:
+        return "plain"
+    if loss.kind == "chunked":
+        return f"chunked, {loss.chunk_size} tokens a chunk"
+    return {"plain": "plain (logits, then cross-entropy)", "fused": "fused (Liger Kernel)"}[loss.kind]
+
+
+def _precision_note(dtype: str) -> str:
+    return {"fp32": "weights, activations and gradients in fp32",
+            "bf16": "autocast: products in bf16, weights and optimizer state in fp32",
+            "bf16-master": "a bf16 copy runs forward and backward; fp32 master weights take the updates"}[dtype]
+
+
+def _has_attention(model: nn.Module) -> bool:
+    return any(hasattr(m, "q_proj") for m in model.modules())
+
+
+def _attention(model: nn.Module, device: torch.device, dtype: str) -> tuple[MathKernel | None, tuple[str, str]]:
+    """The CPU's measured kernel choice (None: SDPA), and what to print about attention."""
+    if not _has_attention(model):
+        return None, ("none", "a recurrent model: its attention (if any) is the lecture's explicit path")
+    compute = torch.float32 if dtype == "fp32" else torch.bfloat16
+    if device.type == "cuda":
+        return None, ("SDPA, " + sdpa_backend(model, compute, device), "fused, keeps no (T, S) weights")
+    profile, note = load_profile()
+    kernel = MathKernel.from_profile(device.type, compute, profile)
+    if kernel is None:
+        return None, ("SDPA (its fused CPU kernel)", f"fused, keeps no (T, S) weights; {note}")
+    return kernel, (f"float32 products up to {kernel.limits.pass_keys} keys, SDPA beyond",
+                    f"faster than SDPA there for short reduced-precision attention; {note}")
+
+
+def sdpa_backend(model: nn.Module, dtype: torch.dtype, device: torch.device) -> str:
+    """Which CUDA kernel SDPA takes for the model's self-attention in training (flash, cuDNN, memory-efficient or
+    math), asked of PyTorch with the model's head shape; "backend chosen per call" where PyTorch cannot say."""
+    if not torch.cuda.is_available():
+        return "backend chosen per call (no CUDA device here to ask)"
+    attention = next(m for m in model.modules() if hasattr(m, "q_proj"))
+    biased = attention.relative is not None and attention.relative.biases
+    if biased or attention.window is not None:
+        return "with a float mask (flash attention takes none): memory-efficient or math"
+    shape = (1, attention.n_heads, 64, attention.head_dim)
+    q = torch.empty(shape, dtype=dtype, device=device)
+    kv = torch.empty((1, attention.n_kv_heads, 64, attention.head_dim), dtype=dtype, device=device)
+    checks = (("flash", torch.backends.cuda.can_use_flash_attention),
+              ("cuDNN", torch.backends.cuda.can_use_cudnn_attention),
+              ("memory-efficient", torch.backends.cuda.can_use_efficient_attention))
+    try:
+        params = torch.backends.cuda.SDPAParams(q, kv, kv, None, 0.0, True, attention.n_kv_heads != attention.n_heads)
+        return next((f"{name} kernel" for name, usable in checks if usable(params, False)), "math kernel")
+    except (TypeError, RuntimeError, AttributeError):
+        return "backend chosen per call"
+
+
+def _map_tensors(value: Any, fn) -> Any:
+    """`value` with `fn` applied to every tensor in it (tuples, lists, dicts and dataclasses walked)."""
+    if isinstance(value, Tensor):
+        return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_map_tensors(v, fn) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _map_tensors(getattr(value, f.name), fn)
+                                             for f in dataclasses.fields(value) if f.init})
+    return value

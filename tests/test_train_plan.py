@@ -1,0 +1,162 @@
+"""The training plan (`train/plan.py`): its choices per device, said with their reasons; the operations a step
+dispatches against nanoGPT's; host reads of the loss deferred without changing what is trained or logged."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from test_train import request, small_and_single_threaded, train_losses, weights  # noqa: F401 (a fixture)
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from attnkit import ModelConfig, build_model, presets
+from attnkit.data import LMData
+from attnkit.errors import ConfigError
+from attnkit.layers.output_loss import LossPath, use_loss_path
+from attnkit.tasks.lm import LMTask
+from attnkit.tokenize import CharTokenizer
+from attnkit.train import TrainingDiverged, prepare
+from attnkit.train.metrics import MetricsLog
+from attnkit.train.plan import GPU_VOCAB_MULTIPLE, plan_training
+from attnkit.train.state import checkpoints
+from attnkit.train.trainer import TrainConfig, Trainer
+from benchmarks.bench_train import NanoGPT
+
+GIB = 1 << 30
+
+
+def _decoder(**overrides):
+    return build_model(presets.get("gpt2-tiny", vocab_size=100, n_layers=1, **overrides))
+
+
+def test_cpu_plan_chunks_the_loss_runs_eagerly_and_reads_every_step():
+    plan = plan_training(_decoder(), family="decoder", device="cpu")
+    assert (plan.loss.kind, plan.compile, plan.sync_every, plan.tf32, plan.pin_memory) == (
+        "chunked", "off", 1, False, False)
+    text = plan.explain()
+    assert text.startswith("training plan for fp32 on cpu")
+    for what in ("loss", "compilation", "q/k/v", "optimizer", "matmul", "attention", "data", "host reads"):
+        assert f"  {what} " in text, what
+
+
+def test_gpu_plan_compiles_the_whole_model_and_reads_the_host_at_log_intervals():
+    """Planned for CUDA without one (a plan decides and changes nothing): nanoGPT's choices."""
+    plan = plan_training(_decoder(), family="decoder", device="cuda", dtype="bf16", log_every=25, free_memory=80 * GIB)
+    assert (plan.compile, plan.fullgraph) == ("model", True)
+    assert plan.loss == LossPath("plain", vocab_multiple=GPU_VOCAB_MULTIPLE)
+    assert (plan.sync_every, plan.tf32, plan.pin_memory) == (25, True, True)
+    assert "100 padded to 128" in plan.explain()
+
+
+def test_gpu_eager_loss_follows_free_memory():
+    model = _decoder()
+    roomy = plan_training(model, family="decoder", device="cuda", compile="off", batch_tokens=16 * 1024,
+                          free_memory=80 * GIB)
+    if roomy.loss.kind != "fused":  # Liger Kernel installed: its fused loss, whatever the memory
+        assert roomy.loss.kind == "plain"
+        tight = plan_training(model, family="decoder", device="cuda", compile="off", batch_tokens=16 * 1024,
+                              free_memory=1 << 20)
+        assert tight.loss.kind == "chunked" and tight.loss.chunk_size >= 256
+        assert "quarter of free memory" in tight.explain()
+
+
+def test_recurrent_models_and_shards_are_compiled_as_they_can_be():
+    lstm = build_model(presets.get("lstm-lm-tiny"))
+    plan = plan_training(lstm, family="recurrent-lm", device="cuda", compile="model", free_memory=GIB)
+    assert plan.compile == "off" and "nn.LSTM" in plan.explain()
+    sharded = plan_training(_decoder(), family="decoder", device="cuda", sharded=True, free_memory=GIB)
+    assert sharded.compile == "blocks" and "FSDP2" in sharded.explain()
+
+
+def test_compile_setting_takes_its_choices_and_old_runs_booleans():
+    assert TrainConfig().compile == "auto"
+    assert TrainConfig.from_dict({"compile": True}).compile == "blocks"  # how runs saved it before the plan
+    assert TrainConfig.from_dict({"compile": False}).compile == "off"
+    with pytest.raises(ConfigError, match="compile='fast' is not a known choice"):
+        TrainConfig(compile="fast")
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _counted(step) -> collections.Counter:
+    step()  # the optimizer's state is made at its first step
+    with _CountOps() as counter:
+        step()
+    return counter.counts
+
+
+def test_a_training_step_dispatches_at_most_1_1x_nanogpts_operations(tmp_path):
+    """GPT-2's block at a small shape (4 layers, width 128, batch 2 x 64): one step of attnkit's trainer, eager, with
+    the loss path and host reads a GPU's plan takes, against nanoGPT's train.py step (get_batch, forward, loss /
+    grad_accum, backward, clipping, fused AdamW as it configures on a GPU, zero_grad), counted op by op."""
+    vocab, length, batch, width, layers, heads = 96, 64, 2, 128, 4, 4
+    torch.manual_seed(0)
+    config = ModelConfig(family="decoder", vocab_size=vocab, d_model=width, n_layers=layers, n_heads=heads,
+                         d_ff=4 * width, max_seq_len=length, activation="gelu", bias=True)
+    stream = np.random.default_rng(0).integers(0, vocab, 20_000).astype(np.uint16)
+    task = LMTask(LMData.from_ids(stream), batch_size=batch, seq_len=length, seed=0)
+    model = build_model(config)
+    trainer = Trainer(model=model, config=config, task=task, run_dir=tmp_path, tokenizer=CharTokenizer(list("ab")),
+                      settings=TrainConfig(batch_size=batch, instruments=False, compile="off"), progress=False)
+    on_gpu = plan_training(model, family="decoder", device="cuda", compile="off", free_memory=80 * GIB)
+    trainer.plan = dataclasses.replace(trainer.plan, sync_every=on_gpu.sync_every)
+    use_loss_path(model, on_gpu.loss)
+    ours = _counted(trainer._train_step)
+
+    reference = NanoGPT(vocab, length, width, heads, layers, bias=True)
+    params = list(reference.parameters())
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=1e-4, betas=(0.9, 0.95), fused=True)
+
+    def nanogpt_step() -> None:
+        starts = torch.randint(len(stream) - length, (batch,))
+        x = torch.stack([torch.from_numpy(stream[i : i + length].astype(np.int64)) for i in starts])
+        y = torch.stack([torch.from_numpy(stream[i + 1 : i + 1 + length].astype(np.int64)) for i in starts])
+        logits = reference(x)
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), y.view(-1), ignore_index=-1) / 1
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    theirs = _counted(nanogpt_step)
+    ratio = sum(ours.values()) / sum(theirs.values())
+    assert ratio <= 1.1, (sum(ours.values()), sum(theirs.values()), (ours - theirs).most_common(12))
+    products = ("mm", "addmm", "bmm")
+    assert sum(ours[p] for p in products) <= sum(theirs[p] for p in products), (ours, theirs)
+
+
+def test_deferred_host_reads_train_and_log_the_same(tmp_path):
+    """Reading the loss every 3 steps (as a GPU's plan does at its log interval) logs every step with the same
+    losses as reading each step, and trains the same weights."""
+    prepare(request(tmp_path / "each")).fit()
+    deferred = prepare(request(tmp_path / "deferred"))
+    deferred.plan = dataclasses.replace(deferred.plan, sync_every=3)
+    deferred.fit()
+    assert train_losses(tmp_path / "deferred") == train_losses(tmp_path / "each")
+    assert [s for s, _ in train_losses(tmp_path / "deferred")] == list(range(1, 9))
+    a, b = weights(tmp_path / "each"), weights(tmp_path / "deferred")
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_deferred_reads_still_save_nothing_past_a_non_finite_loss(tmp_path):
+    trainer = prepare(request(tmp_path, max_steps=20, eval_every=3))
+    trainer.plan = dataclasses.replace(trainer.plan, sync_every=4)
+    real_loss = trainer.task.loss
+    trainer.task.loss = lambda model, batch: real_loss(model, batch) * (float("nan") if trainer.step + 1 >= 5 else 1)
+    with pytest.raises(TrainingDiverged, match=r"loss became nan at step 5"):
+        trainer.fit()
+    assert [p.name for p in checkpoints(tmp_path)] == ["step_000003"]
+    assert max(r["step"] for r in MetricsLog(tmp_path / "metrics.jsonl").records("train")) == 4
