@@ -33,6 +33,9 @@ def test_tutorial_checks_itself_against_attnkit_and_cites_its_lecture(path):
     assert re.search(r"torch\.testing\.assert_(close|equal)\(", text), "no assertion that attnkit computes the same"
     assert any(course in text for course in COURSES), f"{path.name} names none of the courses {COURSES}"
     assert "ATTNKIT_TUTORIAL_BUDGET" in text, f"{path.name} has no budget switch"
+    exercises = text.partition("\n# ## Exercises\n")[2]
+    assert re.search(r"^assert check", exercises, re.M), f"{path.name} has no exercises held to their solutions"
+    assert re.search(r"^assert not check", exercises, re.M), f"{path.name}'s exercise checks never say wrong"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

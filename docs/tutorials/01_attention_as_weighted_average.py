@@ -244,3 +244,52 @@ plt.show()
 #
 # **In attnkit:** `attnkit.layers.attention` (scores, `attention_weights`, `Attention`);
 # `attnkit experiment kernel-regression` runs this comparison as a measured claim.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
+# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+#
+# 1. Write the weights of the slide's own kernel, the negative Euclidean distance: `laplace_weights(queries, keys,
+#    bandwidth)` returning $\mathrm{softmax}_i(-w\,|x - x_i|)$, shape (Q, K).
+# 2. Write the query and key 2-vectors for a bandwidth $w$: `gaussian_qk(queries, keys, bandwidth)` returning
+#    `(Q, K)` of shapes (Q, 2) and (K, 2) such that `softmax(Q @ K.T)` equals `nadaraya_watson(..., bandwidth)`'s
+#    weights.
+
+# %%
+def check_1(laplace_weights):
+    expected = torch.softmax(-2.0 * (x_test[:, None] - x_train[None, :]).abs(), dim=-1)
+    right = torch.allclose(laplace_weights(x_test, x_train, 2.0), expected, atol=1e-6)
+    print("exercise 1:", "right" if right else "wrong: each row is a softmax over the keys of minus w times |x - x_i|")
+    return right
+
+
+def check_2(gaussian_qk):
+    q, k = gaussian_qk(x_test, x_train, 1.7)
+    right = torch.allclose(torch.softmax(q @ k.T, dim=-1), nadaraya_watson(x_test, x_train, y_train, 1.7)[1], atol=1e-6)
+    print("exercise 2:", "right" if right else "wrong: expand -(w (x - x_i))^2 / 2 and drop the term without x_i")
+    return right
+
+
+laplace_weights = None  # your function here
+gaussian_qk = None  # your function here
+for check, answer in ((check_1, laplace_weights), (check_2, gaussian_qk)):
+    if answer is not None:
+        check(answer)
+
+# %% [markdown]
+# ### Solutions
+
+# %%
+def laplace_solution(queries, keys, bandwidth):
+    return torch.softmax(-bandwidth * (queries[:, None] - keys[None, :]).abs(), dim=-1)  # (Q, K)
+
+
+def gaussian_qk_solution(queries, keys, bandwidth):
+    w2 = bandwidth**2  # -(w (x - x_i))^2 / 2 = w^2 x x_i - w^2 x_i^2 / 2 + (a term of x alone)
+    return torch.stack([w2 * queries, torch.ones_like(queries)], -1), torch.stack([keys, -w2 * keys**2 / 2], -1)
+
+
+assert check_1(laplace_solution) and check_2(gaussian_qk_solution)
+assert not check_2(lambda queries, keys, bandwidth: gaussian_qk_solution(queries, keys, 1.0))  # a wrong answer

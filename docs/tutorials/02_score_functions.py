@@ -204,3 +204,46 @@ plt.show()
 #
 # **In attnkit:** `attnkit.layers.attention` (`DotScore`, `BilinearScore`, `AdditiveScore`, `make_score`); a model
 # picks its score with the config field `score` (`attnkit train --set score=additive`).
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
+# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+#
+# 1. The dot product of two vectors of $D$ independent N(0, 1) entries has variance $D$. Write `scale(D)`, the
+#    number to multiply it by so that its variance is 1 (the scaled dot product's factor).
+# 2. The bilinear score $q^\top W k$ with one $W$ equals the plain dot score. Write `identity_like(D)` returning
+#    that $W$, shape (D, D).
+
+# %%
+def check_1(scale):
+    generator = torch.Generator().manual_seed(0)
+    variances = []
+    for D in (16, 256):
+        q, k = torch.randn(20_000, D, generator=generator), torch.randn(20_000, D, generator=generator)
+        variances.append(((q * k).sum(-1) * scale(D)).var().item())
+    right = all(abs(v - 1) < 0.05 for v in variances)
+    print("exercise 1:", "right" if right else f"wrong: the variances come out {[round(v, 2) for v in variances]}")
+    return right
+
+
+def check_2(identity_like):
+    q, k = torch.randn(1, 1, 4, 8), torch.randn(1, 1, 5, 8)
+    right = torch.allclose(bilinear(q, k, identity_like(8)), dot(q, k), atol=1e-5)
+    print("exercise 2:", "right" if right else "wrong: q^T W k = q^T k for every q and k")
+    return right
+
+
+scale = None  # your function here
+identity_like = None  # your function here
+for check, answer in ((check_1, scale), (check_2, identity_like)):
+    if answer is not None:
+        check(answer)
+
+# %% [markdown]
+# ### Solutions
+
+# %%
+assert check_1(lambda D: D**-0.5) and check_2(torch.eye)
+assert not check_1(lambda D: 1 / D)  # a wrong answer: the variance would be 1/D

@@ -313,3 +313,44 @@ plt.show()
 #
 # **In attnkit:** `attnkit.layers.attention.Attention`, `attnkit.layers.masks`; `attnkit viz` draws a trained
 # model's attention maps; `attnkit experiment ab-task` runs the comparison as a measured claim.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
+# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+#
+# 1. With the query $[0, c]$ and the keys of "AABA", write `weight_of_b(c)`: the B's attention weight, as a formula
+#    in $c$ (at $c = 1$ it is $e/(3 + e)$).
+# 2. One B among $L - 1$ As, with the B's score $\Delta$ above an A's: write `lone_b_weight(L, delta)`, the B's
+#    weight.
+
+# %%
+def check_1(weight_of_b):
+    expected = [attend_once(torch.tensor([0.0, c]), E, E)[1][2].item() for c in (0.5, 1.0, 3.0)]
+    right = all(abs(weight_of_b(c) - e) < 1e-5 for c, e in zip((0.5, 1.0, 3.0), expected, strict=True))
+    print("exercise 1:", "right" if right else "wrong: the B scores c, each A scores 0")
+    return right
+
+
+def check_2(lone_b_weight):
+    cases = [(8, 1.0), (64, 4.6), (200, 2.0)]
+    expected = [torch.softmax(torch.tensor([delta] + [0.0] * (L - 1)), 0)[0].item() for L, delta in cases]
+    right = all(abs(lone_b_weight(L, d) - e) < 1e-5 for (L, d), e in zip(cases, expected, strict=True))
+    print("exercise 2:", "right" if right else "wrong: softmax over one score delta and L - 1 scores 0")
+    return right
+
+
+weight_of_b = None  # your function here
+lone_b_weight = None  # your function here
+for check, answer in ((check_1, weight_of_b), (check_2, lone_b_weight)):
+    if answer is not None:
+        check(answer)
+
+# %% [markdown]
+# ### Solutions
+
+# %%
+assert check_1(lambda c: math.exp(c) / (3 + math.exp(c)))
+assert check_2(lambda L, delta: 1 / (1 + (L - 1) * math.exp(-delta)))
+assert not check_2(lambda L, delta: 1 / (1 + L * math.exp(-delta)))  # a wrong answer: counts the B among the As

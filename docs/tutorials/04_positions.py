@@ -343,3 +343,48 @@ plt.show()
 # **In attnkit:** `attnkit.layers.positions` (one slot, `PositionScheme`, with `SinusoidalPositions`,
 # `LearnedPositions`, `RelativePositions`, `RotaryEmbedding`, `ALiBi`); a model picks one with the config field
 # `position`.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
+# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+#
+# 1. Write `rotation(k, width)`: the (C, C) matrix $M_k$ with $PE(pos + k) = PE(pos)\,M_k$ for the interleaved
+#    sinusoidal table.
+# 2. Write `slopes(H)`: ALiBi's head slopes for $H$ a power of 2.
+
+# %%
+def check_1(rotation):
+    table = sinusoidal(128, C)  # (T, C)
+    right = all(torch.allclose(table[:-k] @ rotation(k, C), table[k:], atol=1e-4) for k in (1, 5, 30))
+    print("exercise 1:", "right" if right else "wrong: each (sin, cos) pair turns by k times its frequency")
+    return right
+
+
+def check_2(slopes):
+    right = all(torch.allclose(torch.as_tensor(slopes(H)).float(), ALiBi(H).slopes.float()) for H in (2, 8, 16))
+    print("exercise 2:", "right" if right else "wrong: a geometric sequence from 2^(-8/H) down to 2^-8")
+    return right
+
+
+rotation = None  # your function here
+slopes = None  # your function here
+for check, answer in ((check_1, rotation), (check_2, slopes)):
+    if answer is not None:
+        check(answer)
+
+# %% [markdown]
+# ### Solutions
+
+# %%
+def rotation_solution(k, width):
+    M = torch.zeros(width, width)
+    for i, f in enumerate(10000.0 ** (-torch.arange(0, width, 2) / width)):
+        c, s = math.cos(k * f), math.sin(k * f)
+        M[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, -s], [s, c]])
+    return M
+
+
+assert check_1(rotation_solution) and check_2(lambda H: 2.0 ** (-8.0 * torch.arange(1, H + 1) / H))
+assert not check_2(lambda H: 2.0 ** (-torch.arange(1, H + 1).float()))  # a wrong answer: 1/2, 1/4, ...

@@ -250,3 +250,43 @@ plt.show()
 # `SourceAttention` with `luong-dot`, `luong-general` and `bahdanau`), presets `gru-seq2seq` and
 # `gru-attn-seq2seq`; `attnkit experiment bottleneck` runs the measured comparison, and
 # `attnkit train --task translate` trains these models on real pairs.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
+# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+#
+# 1. Luong's "general" score is $h^\top W \bar h$. For a model built with `attention="luong-general"`, write
+#    `general_weights(model, states, memory)`: the attention weights (B, T, S) from the decoder states (B, T, H)
+#    and the encoder states (B, S, H), with the model's own $W$ (`model.decoder.attention.score.weight`, a linear
+#    layer applied to the keys).
+
+# %%
+general = seq2seq("luong-general")
+
+
+def check_1(general_weights):
+    states, memory = torch.randn(2, 5, 128), torch.randn(2, 7, 128)
+    with torch.no_grad():
+        _, expected = general.decoder.attention(states, memory, None)  # (B, 1, T, S)
+        right = torch.allclose(general_weights(general, states, memory), expected[:, 0], atol=1e-5)
+    print("exercise 1:", "right" if right else "wrong: score h . (W hbar) for every pair, softmax over the source")
+    return right
+
+
+general_weights = None  # your function here
+if general_weights is not None:
+    check_1(general_weights)
+
+# %% [markdown]
+# ### Solutions
+
+# %%
+def general_solution(model, states, memory):
+    keys = model.decoder.attention.score.weight(memory)  # (B, S, H): W hbar
+    return torch.softmax(states @ keys.transpose(1, 2), dim=-1)  # (B, T, S)
+
+
+assert check_1(general_solution)
+assert not check_1(lambda model, states, memory: torch.softmax(states @ memory.transpose(1, 2), -1))  # W left out

@@ -323,3 +323,50 @@ for name, setting in (("greedy (temperature 0)", dict(temperature=0.0)), ("tempe
 # **In attnkit:** `attnkit.models.DecoderLM` (built by `build_model` from a `DecoderConfig`), `attnkit.blocks`,
 # `attnkit.train` (the trainer), `attnkit.generate.sampling` and `attnkit.load(...).generate(...)`; from the
 # command line, `attnkit train` and `attnkit generate RUN --temperature 0.8 --top-k 10`.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
+# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+#
+# 1. Write `block_parameters(C)`: the parameter count of one block of this GPT (four C x C projections with biases,
+#    an FFN of width 4C with biases, two LayerNorms with gain and bias) as a formula in C.
+# 2. Write `nucleus_size(probs, p)`: how many tokens top-p keeps from a 1-d probability vector.
+
+# %%
+def check_1(block_parameters):
+    widths = (16, 64, 128)
+    counts = [sum(p.numel() for p in build_model(dataclasses.replace(config, d_model=c, d_ff=4 * c, n_heads=4))
+                  .stack.blocks[0].parameters()) for c in widths]
+    right = [block_parameters(c) for c in widths] == counts
+    print("exercise 1:", "right" if right else f"wrong: attnkit's blocks hold {counts} for C = {widths}")
+    return right
+
+
+def check_2(nucleus_size):
+    cases = [(logits[0].softmax(-1), 0.9), (torch.tensor([0.5, 0.3, 0.2]), 0.75), (torch.tensor([0.6, 0.4]), 0.5)]
+    expected = [int(torch.isfinite(reshape_logits(probs.log()[None], top_p=p)).sum()) for probs, p in cases]
+    right = [nucleus_size(probs, p) for probs, p in cases] == expected
+    print("exercise 2:", "right" if right else f"wrong: top-p keeps {expected} tokens in the three cases")
+    return right
+
+
+block_parameters = None  # your function here
+nucleus_size = None  # your function here
+for check, answer in ((check_1, block_parameters), (check_2, nucleus_size)):
+    if answer is not None:
+        check(answer)
+
+# %% [markdown]
+# ### Solutions
+
+# %%
+def nucleus_solution(probs, p):
+    cumulative = probs.sort(descending=True).values.cumsum(0)
+    return int((cumulative - probs.sort(descending=True).values < p).sum())  # those not already past p before them
+
+
+assert check_1(lambda c: 4 * (c * c + c) + (4 * c * c + 4 * c) + (4 * c * c + c) + 2 * 2 * c)
+assert check_2(nucleus_solution)
+assert not check_1(lambda c: 12 * c * c)  # a wrong answer: the biases and norms left out

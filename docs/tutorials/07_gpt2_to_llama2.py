@@ -317,3 +317,44 @@ plt.show()
 # **In attnkit:** `attnkit.layers.norms`, `attnkit.layers.feedforward`, `attnkit.layers.positions.RotaryEmbedding`,
 # `attnkit.layers.attention.Attention(n_kv_heads=...)`, `attnkit.layers.kv_cache`, `attnkit.interop.hf`
 # (`attnkit convert`), the presets (`attnkit presets`).
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
+# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+#
+# 1. Write `kv_head_of(h, n_heads, n_kv_heads)`: which key/value head query head `h` reads under grouped-query
+#    attention.
+# 2. Write `kv_cache_bytes(n_layers, n_kv_heads, head_dim, tokens, bytes_per_number)`.
+
+# %%
+def check_1(kv_head_of):
+    right = True
+    for n_kv in (8, 2, 1):
+        heads = torch.arange(n_kv).repeat_interleave(8 // n_kv)  # repeat_kv's layout: query head -> its kv head
+        right &= [kv_head_of(h, 8, n_kv) for h in range(8)] == heads.tolist()
+    print("exercise 1:", "right" if right else "wrong: consecutive query heads share one key/value head")
+    return right
+
+
+def check_2(kv_cache_bytes):
+    right = all(kv_cache_bytes(shape.n_layers, kv, shape.resolved.head_dim, 4096, 2) == 4096 * size
+                for kv, size in zip((64, 8, 1), kv_bytes.values(), strict=True))
+    print("exercise 2:", "right" if right else "wrong: a key and a value per layer, kv head and token")
+    return right
+
+
+kv_head_of = None  # your function here
+kv_cache_bytes = None  # your function here
+for check, answer in ((check_1, kv_head_of), (check_2, kv_cache_bytes)):
+    if answer is not None:
+        check(answer)
+
+# %% [markdown]
+# ### Solutions
+
+# %%
+assert check_1(lambda h, n_heads, n_kv_heads: h // (n_heads // n_kv_heads))
+assert check_2(lambda layers, kv, dim, tokens, size: 2 * layers * kv * dim * tokens * size)
+assert not check_1(lambda h, n_heads, n_kv_heads: h % n_kv_heads)  # a wrong answer: round robin, not groups

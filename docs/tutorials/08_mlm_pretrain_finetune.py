@@ -258,3 +258,40 @@ plt.show()
 # **In attnkit:** `attnkit.data.masking.mask_tokens`, `attnkit.models.EncoderMaskedLM` and `EncoderClassifier`;
 # from the command line, `attnkit train --task mlm` and then `attnkit train --task classify --init-from RUN`
 # (with `--freeze body` or `--lora-rank 8` to train less of it).
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
+# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+#
+# 1. What share of the ordinary tokens does BERT's recipe replace with `[MASK]`? (a number between 0 and 1)
+# 2. What share of them is predicted although the model sees the token itself, unchanged?
+
+# %%
+draw = torch.randint(len(SPECIALS), tokenizer.vocab_size, (200, 500), generator=torch.Generator().manual_seed(0))
+masked_inputs, masked_targets = mask_tokens(draw, mask_id=MASK, vocab_size=tokenizer.vocab_size,
+                                            special_ids=SPECIALS, generator=torch.Generator().manual_seed(1))
+ordinary = ~torch.isin(draw, torch.tensor(SPECIALS))
+shares = {1: ((masked_inputs == MASK) & ordinary).float().sum() / ordinary.sum(),
+          2: ((masked_targets != -100) & (masked_inputs == draw)).float().sum() / ordinary.sum()}
+
+
+def check(exercise, share):
+    right = share is not None and abs(share - shares[exercise].item()) < 0.003
+    print(f"exercise {exercise}:", "right" if right else "wrong: 15% chosen, then 80% / 10% / 10%")
+    return right
+
+
+share_masked = None  # your number here
+share_unchanged = None  # your number here
+for exercise, answer in ((1, share_masked), (2, share_unchanged)):
+    if answer is not None:
+        check(exercise, answer)
+
+# %% [markdown]
+# ### Solutions
+
+# %%
+assert check(1, 0.15 * 0.8) and check(2, 0.15 * 0.1)
+assert not check(1, 0.15)  # a wrong answer: chosen is not masked

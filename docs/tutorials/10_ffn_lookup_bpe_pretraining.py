@@ -28,6 +28,7 @@
 # ruff: noqa: E402 (each import sits in the cell that first needs it)
 import copy
 import json
+import math
 import os
 import tempfile
 import warnings
@@ -209,6 +210,19 @@ print("attnkit's cross-attention is the library's soft lookup: the same weights,
 # (GPT-2's split into words, each with its leading space, and its byte-to-character map).
 
 # %%
+def merge(word, pair):
+    """The word's symbols with every occurrence of `pair`, left to right, made one symbol."""
+    out, i = [], 0
+    while i < len(word):
+        if word[i : i + 2] == pair:
+            out.append(pair[0] + pair[1])
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return tuple(out)
+
+
 def learn_bpe(word_counts, n_merges, min_count=2):
     """word_counts: {tuple of symbols: count} -> the merges, most frequent pair first (ties: the pair whose symbols
     came first in the vocabulary, as the `tokenizers` library breaks them)."""
@@ -228,17 +242,9 @@ def learn_bpe(word_counts, n_merges, min_count=2):
         merged = best[0] + best[1]
         order[merged] = len(order)
         merges.append(best)
-        new_words = {}
+        new_words = Counter()
         for word, count in words.items():
-            out, i = [], 0
-            while i < len(word):
-                if word[i : i + 2] == best:
-                    out.append(merged)
-                    i += 2
-                else:
-                    out.append(word[i])
-                    i += 1
-            new_words[tuple(out)] = new_words.get(tuple(out), 0) + count
+            new_words[merge(word, best)] += count
         words = new_words
     return merges
 
@@ -375,3 +381,50 @@ plt.show()
 # **In attnkit:** `attnkit.layers.attention.Attention` and `attnkit.layers.feedforward.FeedForward` (the parts of
 # every block, `attnkit.blocks`); `attnkit.tokenize.train_tokenizer` and `attnkit tokenizer train` (byte-level
 # BPE); `attnkit train --task lm` to pre-train, then `attnkit train --task classify --init-from RUN` to adapt.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
+# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+#
+# 1. Encode with the learned merges: write `apply_merges(word, merges)`, taking a word's symbols (a tuple such as
+#    `tuple("Ġcat")`) and applying the merges in their order, each wherever it occurs, to return the pieces.
+# 2. Which sharpness makes the library lookup put a weight of exactly 0.99 on *Speech and Language Processing*?
+
+# %%
+def check_1(apply_merges):
+    words = ["Ġcat", "Ġflat", "Ġthat", "Ġmat", "the"]
+    expected = [tokenizer.pieces(tokenizer.encode(w.replace("Ġ", " "))) for w in words]
+    right = [list(apply_merges(tuple(w), ours)) for w in words] == expected
+    print("exercise 1:", "right" if right else f"wrong: the tokenizer splits them {expected}")
+    return right
+
+
+def check_2(sharpness):
+    weight = soft_lookup(q, K, V, sharpness)[1][0].item()
+    right = abs(weight - 0.99) < 1e-4
+    print("exercise 2:", "right" if right else f"wrong: that sharpness gives {weight:.4f}")
+    return right
+
+
+apply_merges = None  # your function here
+sharpness = None  # your number here
+for check, answer in ((check_1, apply_merges), (check_2, sharpness)):
+    if answer is not None:
+        check(answer)
+
+# %% [markdown]
+# ### Solutions
+
+# %%
+def apply_merges_solution(word, merges):
+    for pair in merges:
+        word = merge(word, pair)
+    return word
+
+
+# SLP scores 2s, two books s, two 0: 0.99 = e^{2s} / (e^{2s} + 2 e^s + 2), a quadratic in u = e^s
+u = (2 * 0.99 + math.sqrt((2 * 0.99) ** 2 + 4 * 0.01 * 2 * 0.99)) / (2 * 0.01)
+assert check_1(apply_merges_solution) and check_2(math.log(u))
+assert not check_2(math.log(99))  # a wrong answer: as if SLP competed with one other book
