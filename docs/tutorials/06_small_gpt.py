@@ -164,7 +164,7 @@ with torch.no_grad():
 print("attention, feed-forward, block and whole model: the same numbers as attnkit's")
 
 # %% [markdown]
-# ## Post-norm: the original block (UvA's "Add & Norm")
+# ## Post-norm: the original block (UvA's Add and Norm)
 #
 # The block above is **pre-norm** (GPT-2, Llama; CMU's "Pre-Layer Norm" slide, Xiong et al. 2020): each sublayer
 # reads a normalised copy and its output is added to the untouched residual stream, $x + \mathrm{SubLayer}(

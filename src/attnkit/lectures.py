@@ -63,7 +63,7 @@ HEADS_PNG = "viz/grid.png"
 AB_PNG = "experiments/ab-task/attention.png"
 LUONG = "Luong's attention, from scratch, with the model's own weights"  # tutorial 5's sections
 BAHDANAU = "Bahdanau's attention: the query before the step"
-POST_NORM = "Post-norm: the original block (UvA's \"Add & Norm\")"  # tutorial 6: post-norm beside its pre-norm
+POST_NORM = "Post-norm: the original block (UvA's Add and Norm)"  # tutorial 6: post-norm beside its pre-norm
 
 LECTURES: tuple[Lecture, ...] = (
     Lecture("000", "USC CSCI 499 (LMs in NLP, Spring 2024)", "Lecture 11: Transformers: Building Blocks", "usc", (
