@@ -28,7 +28,8 @@ TIMEOUT = 60  # seconds any one request may take in these tests
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("serve-runs")
-    return {"lm": tiny_run(root, "decoder"), "clf": tiny_run(root, "encoder", n_classes=3)}
+    return {"lm": tiny_run(root, "decoder"), "clf": tiny_run(root, "encoder", n_classes=3),
+            "tag": tiny_run(root / "tag", "encoder", encoder_head="tag", n_classes=3)}
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +219,19 @@ HOSTILE = {
     "10 MB prompt": (b'{"prompt": "' + b"a" * 10_000_000 + b'"}', 413, None),
     "prompt beyond the context": (b'{"prompt": "' + b"a" * 5_000 + b'"}', 400, "prompt"),
     "n beyond the batch": (b'{"prompt": "a", "n": 100}', 400, "n"),
+    "a lone surrogate in the prompt": (b'{"prompt": "A\\ud800B"}', 400, "prompt"),
+    "a lone surrogate in a list": (b'{"prompt": ["ok", "\\udfff"]}', 400, "prompt"),
+    "five stop strings": (b'{"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}', 400, "stop"),
+    "an empty prompt list": (b'{"prompt": []}', 400, "prompt"),
+    "more prompts than the queue holds": (json.dumps({"prompt": ["a"] * 100}).encode(), 400, "prompt"),
+    "subnormal temperature": (b'{"prompt": "a", "temperature": 1e-300}', 400, "temperature"),
+    "subnormal top_p": (b'{"prompt": "a", "top_p": 1e-320}', 400, "top_p"),
+    "seed beyond 64 bits": (b'{"prompt": "a", "seed": 100000000000000000000000000000}', 400, "seed"),
+    "negative seed": (b'{"prompt": "a", "seed": -1}', 400, "seed"),
+    "logit_bias": (b'{"prompt": "a", "logit_bias": {"5": 10}}', 400, "logit_bias"),
+    "echo": (b'{"prompt": "a", "echo": true}', 400, "echo"),
+    "logprobs": (b'{"prompt": "a", "logprobs": 2}', 400, "logprobs"),
+    "a misspelt field": (b'{"prompt": "a", "max_token": 3}', 400, "max_token"),
 }
 
 
@@ -230,6 +244,69 @@ def test_a_hostile_body_gets_a_4xx_json_error(server, name):
     error = response.json()["error"]
     assert error["message"] and "Traceback" not in response.text and error["param"] == param
     assert httpx.get(f"{server[0]}/health", timeout=TIMEOUT).json()["status"] == "ok"
+
+
+def test_refusals_say_what_is_wrong_and_neutral_values_of_unhonoured_fields_pass(server):
+    url = server[0]
+
+    def refusal(path: str, body: dict) -> str:
+        response = httpx.post(f"{url}{path}", content=json.dumps(body), timeout=TIMEOUT)  # surrogates escaped
+        assert response.status_code == 400, response.text
+        return response.json()["error"]["message"]
+
+    assert "at most 4 items" in refusal("/v1/completions", {"prompt": "a", "stop": list("abcde")})
+    assert "at least 1 item" in refusal("/v1/completions", {"prompt": []})
+    assert "queues at most 64 (--max-queue)" in refusal("/v1/completions", {"prompt": ["a"] * 65})
+    assert "does not honour it; leave it out" in refusal("/v1/completions", {"prompt": "a", "logit_bias": {"1": 2}})
+    assert "fields it takes: " in refusal("/v1/completions", {"prompt": "a", "max_token": 3})
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    for field, value in (("tools", tools), ("response_format", {"type": "json_object"}), ("top_logprobs", 3)):
+        assert field in refusal("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                         field: value})
+    lone = refusal("/v1/chat/completions", {"messages": [{"role": "user", "content": "A\ud800B"}]})
+    assert lone.startswith("messages.0.content: the text holds a lone surrogate ('\\ud800') at character 1")
+    neutral = {"prompt": "ab", "max_tokens": 2, "logprobs": None, "frequency_penalty": 0, "presence_penalty": 0.0,
+               "logit_bias": {}, "echo": False, "best_of": 1, "user": "someone"}
+    assert httpx.post(f"{url}/v1/completions", json=neutral, timeout=TIMEOUT).status_code == 200
+
+
+def test_one_poisoned_request_among_good_ones_fails_alone(server, monkeypatch):
+    """Requests refused at the edge, and one that fails inside the scheduler (its sampling raises), sent together
+    with good ones: each good one gets what it gets alone, each poisoned one its own error."""
+    from attnkit.serve import batching
+
+    url, app = server
+    good = [{"prompt": "the cat"[: 3 + i], "max_tokens": 6 + i, "seed": i, "temperature": 0.8} for i in range(6)]
+    alone = [httpx.post(f"{url}/v1/completions", json=body, timeout=TIMEOUT).json()["choices"][0]["text"]
+             for body in good]
+    sample = batching.select_next_in_groups
+
+    def failing(logits, config, groups, **kwargs):  # the job seeded 77 samples to nothing
+        if any(generator is not None and generator.initial_seed() == 77 for _, generator in groups):
+            raise RuntimeError("probability tensor contains inf or nan")
+        return sample(logits, config, groups, **kwargs)
+
+    monkeypatch.setattr(batching, "select_next_in_groups", failing)
+    poisoned = [{"prompt": "a", "temperature": 1e-300}, {"prompt": "a", "seed": 10**29},
+                {"prompt": "a", "stop": list("abcde")}, {"prompt": "A\ud800"},
+                {"prompt": "the", "max_tokens": 8, "seed": 77, "temperature": 0.8}]
+
+    async def together() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            bodies = good[:3] + poisoned + good[3:]
+            return await asyncio.gather(*(http.post(f"{url}/v1/completions", content=json.dumps(body))
+                                          for body in bodies))
+
+    responses = asyncio.run(together())
+    answered = responses[:3] + responses[-3:]
+    assert [r.status_code for r in answered] == [200] * 6
+    assert [r.json()["choices"][0]["text"] for r in answered] == alone
+    assert [r.status_code for r in responses[3:-3]] == [400, 400, 400, 400, 500]
+    assert responses[-4].json()["error"]["type"] == "server_error" and "Traceback" not in responses[-4].text
+    scheduler, deadline = app.state.scheduler, time.monotonic() + 20
+    while (scheduler.running_rows or scheduler.queue_length) and time.monotonic() < deadline:
+        time.sleep(0.02)  # the rows of a finished request leave the batch just after its answer
+    assert scheduler.running_rows == 0 and scheduler.queue_length == 0
 
 
 def test_a_body_sent_in_chunks_stops_at_the_limit_and_memory_stays_flat(server):
@@ -281,6 +358,48 @@ def test_a_classifier_serves_its_task_and_embeddings_not_completions(runs):
         assert refused.status_code == 404 and "/v1/classify" in refused.json()["error"]["message"]
 
 
+def test_texts_beyond_the_context_are_said_or_refused_and_every_endpoint_keeps_the_timeout(runs, monkeypatch):
+    from attnkit.serve import app as served
+
+    long = "a cat sat " * 20  # 200 characters: more than the context of 96
+    with running_server(runs["clf"], timeout=0.5) as (url, app):
+        classified = httpx.post(f"{url}/v1/classify", json={"input": ["a cat", long]}, timeout=TIMEOUT).json()
+        assert [d["result"]["truncated"] for d in classified["data"]] == [False, True]
+        embedded = httpx.post(f"{url}/v1/embeddings", json={"input": [long, "a cat"]}, timeout=TIMEOUT).json()
+        assert [d["truncated"] for d in embedded["data"]] == [True, False]
+        assert embedded["usage"]["prompt_tokens"] == 96 + 7
+        refused = httpx.post(f"{url}/v1/embeddings", json={"input": "a", "dimensions": 8}, timeout=TIMEOUT)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "dimensions"
+        app.state.model_lock.acquire()  # the model is busy for longer than the timeout
+        try:
+            for path in ("/v1/classify", "/v1/embeddings", "/api/analyze"):
+                body = {"text": "a cat"} if path.startswith("/api") else {"input": "a cat"}
+                late = httpx.post(f"{url}{path}", json=body, timeout=TIMEOUT)
+                assert late.status_code == 504 and late.json()["error"]["type"] == "timeout_error", path
+        finally:
+            app.state.model_lock.release()
+        turns = []
+        monkeypatch.setattr(served, "TEXTS_PER_TURN", 2)
+        original = attnkit.generate.Pipeline.classify
+
+        def slow(self, texts, **kwargs):
+            turns.append(len(texts))
+            time.sleep(0.2)
+            return original(self, texts, **kwargs)
+
+        monkeypatch.setattr(attnkit.generate.Pipeline, "classify", slow)
+        many = httpx.post(f"{url}/v1/classify", json={"input": ["a cat"] * 200}, timeout=TIMEOUT)
+        assert many.status_code == 504 and "texts were read" in many.json()["error"]["message"]
+        assert 1 <= len(turns) <= 4  # 0.5 s of 0.2 s turns: the model is not held for the 100 turns asked
+    with running_server(runs["tag"]) as (url, _app):
+        tagged = httpx.post(f"{url}/v1/tag", json={"input": ["a cat sat", "x " * 60]}, timeout=TIMEOUT)
+        assert tagged.status_code == 400 and tagged.json()["error"]["param"] == "input"
+        assert tagged.json()["error"]["message"].startswith("input[1]: ")
+        assert "lie past the model's context of 96 tokens" in tagged.json()["error"]["message"]
+        short = httpx.post(f"{url}/v1/tag", json={"input": "a cat sat"}, timeout=TIMEOUT).json()
+        assert [w["word"] for w in short["data"][0]["result"]] == ["a", "cat", "sat"]
+
+
 def test_serve_explain_logs_the_inference_plan_it_serves_with(runs, caplog):
     with caplog.at_level(logging.INFO, logger="attnkit.serve"):
         build_app(ServeSettings(run=str(runs["lm"]), explain=True))
@@ -308,6 +427,36 @@ def test_another_host_needs_an_api_key_and_the_key_is_checked(runs, monkeypatch)
         finally:
             app.state.scheduler.lock.release()
         assert late.value.status_code == 504
+
+
+def test_the_port_and_host_are_checked_and_bound_before_the_run_loads(runs, monkeypatch, caplog):
+    import socket
+
+    import uvicorn
+
+    import attnkit.serve as serving
+
+    loaded = []
+    monkeypatch.setattr(serving, "build_app", lambda settings: loaded.append(settings) or "app")
+    run = str(runs["lm"])
+    for settings, message in ((dict(port=99999), "--port 99999 is no TCP port: give one from 1 to 65535, or 0"),
+                              (dict(host="no-such-host.invalid"), "is neither an IP address nor a name"),
+                              (dict(host="10.254.254.254", api_key="k"), "is not an address of this machine")):
+        with pytest.raises(InputError, match=message):
+            serving.serve(ServeSettings(run=run, **settings))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        busy_port = rf"port {port} on 127.0.0.1 is in use .* \(--port 0 takes any free one\)"
+        with pytest.raises(InputError, match=busy_port):
+            serving.serve(ServeSettings(run=run, port=port))
+    assert loaded == []  # each refused before the run loads
+    chosen = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: chosen.append(sockets[0].getsockname()[1]))
+    with caplog.at_level(logging.INFO, logger="attnkit.serve"):
+        assert serving.serve(ServeSettings(run=run, port=0)) == 0
+    assert chosen[0] != 0 and f"at http://127.0.0.1:{chosen[0]}/ " in caplog.text
 
 
 def test_a_failure_inside_generation_answers_500_without_a_traceback_and_the_server_goes_on(server, monkeypatch):

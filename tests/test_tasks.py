@@ -132,10 +132,14 @@ def test_fill_mask_gives_the_top_k_tokens_at_each_mask(tmp_path):
     ids = [cls, *tokenizer.encode("ab"), mask, *tokenizer.encode("d"), mask, sep]
     with torch.no_grad():
         probs = model(torch.tensor([ids])).logits[0].softmax(-1)
+    probs[:, mask] = 0.0  # the mask token is never its own fill
     for fill, where in zip(fills, (3, 5), strict=True):
         best = probs[where].topk(3)
         assert [p for _, p in fill.candidates] == pytest.approx(best.values.tolist())
         assert [t for t, _ in fill.candidates] == [tokenizer.decode([i], skip_special=False) for i in best.indices]
+    every = attnkit.load(tmp_path / "mlm").fill_mask("a[MASK]", top_k=10_000)[0][0].candidates
+    own = tokenizer.decode([mask], skip_special=False)
+    assert len(every) == tokenizer.vocab_size - 1 and own not in [t for t, _ in every]
     with pytest.raises(InputError, match="holds no mask"):
         attnkit.load(tmp_path / "mlm").fill_mask("abc")
 

@@ -281,6 +281,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
             raise APIError(404, str(error)) from None
 
     app.state.scheduler = scheduler  # for tests and embedding applications: the batching scheduler (None: no LM)
+    app.state.model_lock = model_lock  # held while the model runs, by the scheduler and every other endpoint
     return app
 
 
