@@ -16,6 +16,7 @@ LAYERS = {
     "errors": 0, "deprecation": 0,  # old names accepted with a warning (any layer uses)
     "textfiles": 1, "options": 1,  # reading text files; dataclass fields -> command-line options (any layer uses)
     "outputs": 1,  # files and directories written whole or not at all (any layer that writes uses)
+    "readback": 1,  # files written earlier, read back field by field with each refusal naming file and field
     "machine": 1,  # the CPU's capabilities and the measured kernel profile (any layer reads them)
     "plans": 1,  # a plan's choices with their reasons (the inference and training plans print them)
     "tokenize": 2, "data": 2,

@@ -203,3 +203,62 @@ def test_a_pretraining_checkpoint_loads_as_masked_lm_without_its_nsp_head(tmp_pa
     _edit_config(tmp_path / "pretraining", architectures=["BertModel"])
     with pytest.raises(CheckpointError, match="unexpected tensors: cls.predictions.bias"):
         hf.load(tmp_path / "pretraining")
+
+
+# Fields checked one by one (attnkit.readback): each refusal names the file, the field and the fix ----------------
+@pytest.mark.parametrize(("changes", "said"), [
+    (dict(rope_scaling="yarn"), "rope_scaling='yarn' must be a JSON object"),
+    (dict(rope_theta="500000"), "rope_theta='500000' must be a finite number"),
+    (dict(rope_theta=-1.0), "rope_theta=-1.0 must be above 0"),
+    (dict(architectures="LlamaForCausalLM"), "architectures='LlamaForCausalLM' must be a list of strings"),
+    (dict(model_type=["llama"]), "model_type=['llama'] must be a string"),
+    (dict(hidden_act=["silu"]), "hidden_act=['silu'] is not supported"),
+    # yarn in rope_scaling is not dropped for rope_parameters' default
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+          rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling: RoPE scaling 'yarn' is not supported"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 500.0}, rope_theta=10000.0),
+     "gives RoPE two bases"),
+    (dict(eos_token_id=99), "eos_token_id=99 is not a token id of the model's vocabulary (vocab_size=99"),
+    (dict(bos_token_id=-1), "bos_token_id=-1 is not a token id"),
+    (dict(eos_token_id=[2, 500]), "eos_token_id=[2, 500] is not a token id"),
+])
+def test_config_fields_of_the_wrong_type_or_range_are_refused_by_name(tmp_path, changes, said):
+    hf_model("llama", tmp_path)
+    _edit_config(tmp_path, **changes)
+    with pytest.raises(ConfigError) as refusal:
+        hf.load(tmp_path)
+    assert said in str(refusal.value) and str(tmp_path / "config.json") in str(refusal.value)
+
+
+def test_a_list_of_end_tokens_within_the_vocabulary_loads(tmp_path):
+    hf_model("llama", tmp_path)
+    _edit_config(tmp_path, eos_token_id=[2, 3])
+    assert hf.load(tmp_path).special_ids.get("eos_token_id") is None  # not one number: not carried as one
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda t: t["model.norm.weight"].__setitem__(0, float("nan")), "model.norm.weight holds 1 NaN or infinite"),
+    (lambda t: t["model.layers.0.input_layernorm.weight"].fill_(float("inf")), "holds 32 NaN or infinite values"),
+    (lambda t: t.__setitem__("model.norm.weight", t["model.norm.weight"].to(torch.int32)), "is int32, not floating"),
+])
+def test_weights_that_are_not_finite_floats_are_refused_on_load(tmp_path, edit, said):
+    hf_model("llama", tmp_path)
+    _edit_weights(tmp_path, edit)
+    with pytest.raises(CheckpointError, match=said):
+        hf.load(tmp_path)
+    with pytest.raises(CheckpointError, match=said):
+        hf.convert_from_hf(tmp_path, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_whose_weights_turned_nan_is_refused_by_name(tmp_path):
+    from attnkit.checkpoint import load_model, save_model
+
+    hf_model("llama", tmp_path / "hf")
+    loaded = hf.load(tmp_path / "hf")
+    name = next(n for n, _ in loaded.model.named_parameters() if "norm" in n)
+    with torch.no_grad():
+        loaded.model.get_parameter(name)[3] = float("inf")
+    save_model(loaded.model, loaded.config, tmp_path / "run")
+    with pytest.raises(CheckpointError, match=rf"{name} holds 1 NaN or infinite values .* damaged"):
+        load_model(tmp_path / "run")

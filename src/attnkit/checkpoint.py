@@ -415,10 +415,28 @@ def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[5:]))
 
 
+def check_weights(named: Iterable[tuple[str, Tensor]], source: str) -> None:
+    """Refuse weights (name, tensor) that are not floating point or hold NaN or infinity, naming the first: a model
+    built from them would compute garbage without a word (a diverged run saved, a broken conversion)."""
+    for name, tensor in named:
+        if not tensor.is_floating_point():
+            raise CheckpointError(f"{source}: the weight {name} is {str(tensor.dtype).removeprefix('torch.')}, not "
+                                  "floating point; weights are stored as float32, float16 or bfloat16 (convert the "
+                                  "checkpoint again from its source)")
+        bad = tensor.numel() - int(torch.isfinite(tensor).sum())
+        if bad:
+            raise CheckpointError(f"{source}: the weight {name} holds {bad:,} NaN or infinite values of "
+                                  f"{tensor.numel():,}; the weights are damaged (a training run that diverged, or a "
+                                  "broken conversion): use an earlier checkpoint or convert again from the source")
+
+
 def load_weights(model: nn.Module, tensors: dict[str, Tensor], *, source: str) -> None:
-    """Copy `tensors` into `model` after checking names and shapes match exactly."""
+    """Copy `tensors` into `model` after checking names and shapes match exactly and the parameters' values are
+    finite floating-point numbers (`check_weights`)."""
     expected = unique_state_dict(model)
     check_state_matches(expected, tensors, source)
+    parameters = {name for name, _ in model.named_parameters()}
+    check_weights(((name, tensors[name]) for name in expected if name in parameters), source)
     with torch.no_grad():
         for name, target in expected.items():
             target.copy_(tensors[name].to(target.dtype))

@@ -26,10 +26,13 @@ from typing import Any
 
 import torch
 
-from attnkit.errors import ConfigError, InputError
+from attnkit.errors import ConfigError
+from attnkit.readback import FileFields
 
 PROFILE_ENV = "ATTNKIT_PROFILE"  # where a profile is read from, when set
 PROFILE_VERSION = 1
+PROFILE_FIX = "measure this machine again with `attnkit tune` (or delete the file: documented defaults are used)"
+DECODE_LAYOUTS = ("plain", "transposed", "packed", "gemv+packed")  # what a profile's decode_linear may name
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -166,24 +169,31 @@ class Profile:
         return json.dumps(data, indent=2) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, source: str) -> Profile:
-        """A profile written by `to_json`; InputError naming the file for anything else."""
-        try:
-            data = json.loads(text)
-            if data.get("version") != PROFILE_VERSION:
-                raise ValueError(f"version {data.get('version')!r}, expected {PROFILE_VERSION}")
-            return cls(
-                attention={k: AttentionKernelLimits(**v) for k, v in data["attention"].items()},
-                decode_linear={str(k): str(v) for k, v in data["decode_linear"].items()},
-                dtype_speed={str(k): float(v) for k, v in data.get("dtype_speed", {}).items()},
-                cpu=CpuCapabilities.from_dict(data["cpu"]) if data.get("cpu") else None,
-                torch_version=str(data.get("torch", "")),
-                source=source,
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise InputError(
-                f"{source} is not an attnkit tuning profile ({err}): write it again with `attnkit tune`"
-            ) from None
+    def from_fields(cls, fields: FileFields) -> Profile:
+        """A profile written by `to_json`, checked field by field (`attnkit.readback`): InputError naming the file,
+        the field and the fix for a version, type or value `attnkit tune` does not write (a negative limit, "abc"
+        for a number, a layout it does not know)."""
+        version = fields.get("version")
+        if version != PROFILE_VERSION:
+            fields.refuse("version", version, f"{PROFILE_VERSION}, the version this attnkit writes")
+        attention = fields.mapping("attention")
+        limits = {}
+        for name in attention:
+            entry = attention.mapping(name)
+            limits[name] = AttentionKernelLimits(decode_keys=entry.integer("decode_keys", minimum=0),
+                                                 pass_keys=entry.integer("pass_keys", minimum=0))
+        layouts = fields.mapping("decode_linear")
+        speeds = fields.mapping("dtype_speed", default=None)
+        cpu = fields.mapping("cpu", default=None)
+        return cls(
+            attention=limits,
+            decode_linear={name: layouts.string(name, choices=DECODE_LAYOUTS) for name in layouts},
+            dtype_speed={name: float(speeds.number(name, positive=True)) for name in speeds} if speeds else {},
+            cpu=CpuCapabilities(isa=cpu.string("isa"), flags=frozenset(cpu.strings("flags", default=[])),
+                                name=cpu.string("name", default="")) if cpu else None,
+            torch_version=fields.string("torch", default=""),
+            source=fields.source,
+        )
 
 
 # Without a profile: SDPA and grouped_attention were timed on a 2-core AVX-512 EPYC (`python -m benchmarks
@@ -240,7 +250,7 @@ def load_profile(path: str | Path | None = None, cpu: CpuCapabilities | None = N
     path = Path(path) if path is not None else default_profile_path()
     if not path.is_file():
         return DEFAULT_PROFILE, f"no profile at {path}: documented defaults (`attnkit tune` measures this machine)"
-    profile = Profile.from_json(path.read_text(encoding="utf-8"), source=str(path))
+    profile = Profile.from_fields(FileFields.read(path, fix=PROFILE_FIX))
     cpu = cpu or CpuCapabilities.detect()
     if profile.cpu != cpu or profile.torch_version != torch.__version__:
         return DEFAULT_PROFILE, (f"{path} was measured on another CPU or PyTorch ({profile.torch_version}): "

@@ -27,7 +27,8 @@ a fraction of a second. Their names hold a digest of everything the library depe
 settings, its tensors' shapes and dtypes, attnkit's source, PyTorch's version, the CPU's capabilities and the thread
 count inductor wrote its loops for; anything else gets packages of its own. They are kept under
 `default_package_dir()` (`$ATTNKIT_COMPILED`, else `machine.cache_home()`/compiled); deleting that folder only costs
-the next start its capture.
+the next start its capture. Each package's SHA-256 is recorded beside it (`.pt2.sha256`) and checked before it is
+loaded: a damaged one is captured again (`kept_package`).
 """
 
 from __future__ import annotations
@@ -46,12 +47,14 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from attnkit.checkpoint import digest
 from attnkit.errors import InputError
 from attnkit.generate.decoder import Window
 from attnkit.generate.quantize import Int4Linear
 from attnkit.generate.static_decode import StaticDecoding, static_step
 from attnkit.layers.kv_cache import StaticKVCache
 from attnkit.machine import CpuCapabilities, cache_home
+from attnkit.outputs import atomic_write
 
 log = logging.getLogger(__name__)
 PACKAGE_DIR_ENV = "ATTNKIT_COMPILED"  # where captured steps are kept, when set
@@ -110,7 +113,7 @@ class CapturedDecoding(StaticDecoding):
         form = "one-row" if batch_size == 1 else "rows"
         if form not in self._runners:
             path = self.package_paths[form]
-            if not path.is_file():
+            if not kept_package(path):
                 log.info("capturing the %s decoding step (a C++ compiler runs: tens of seconds, once; kept in %s)",
                          form, path.parent)
                 started = time.perf_counter()
@@ -145,6 +148,31 @@ def load_step(path: Path, model: nn.Module) -> Callable[[list[Tensor]], list[Ten
     package.load_constants({name: tensors[name].detach() for name in wanted}, check_full_update=True,
                            user_managed=True)
     return package.loader.boxed_run  # the call without the pytree (de)serialisation AOTICompiledModel adds each time
+
+
+def digest_path(package: Path) -> Path:
+    """Where the SHA-256 of a kept package is recorded when it is captured: `step-....pt2.sha256` beside it."""
+    return package.with_name(package.name + ".sha256")
+
+
+def kept_package(path: Path) -> bool:
+    """Whether a whole package is kept at `path`: its SHA-256 is the one recorded when it was captured. A package
+    that is damaged (truncated, emptied, bytes flipped) or has no digest (a capture cut short) is removed, with a
+    warning, so that it is captured again rather than handed to the loader (a zip or dlopen error)."""
+    if not path.is_file():
+        return False
+    record = digest_path(path)
+    try:
+        recorded = record.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        recorded = None
+    if recorded is not None and recorded == digest(path):
+        return True
+    why = "no digest was recorded for it" if recorded is None else "its SHA-256 differs from the one recorded"
+    log.warning("the kept decoding step %s is damaged (%s): capturing it again", path, why)
+    path.unlink(missing_ok=True)
+    record.unlink(missing_ok=True)
+    return False
 
 
 def _has_int4_weights(model: nn.Module) -> bool:
@@ -206,6 +234,7 @@ def capture_step(model: nn.Module, path: Path, form: str = "one-row") -> None:
                 written = torch._inductor.aoti_compile_and_package(program, package_path=str(Path(scratch) /
                                                                                                  "step.pt2"))
             os.replace(written, path)  # whole or not at all: a capture cut short leaves no package behind
+            atomic_write(digest_path(path), digest(path) + "\n")  # recorded last: a package without it is not kept
     except Exception as err:  # torch's export and compile errors have no common base; each is turned into one line
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(f"compile='aot' (--compile aot) could not capture {type(model).__name__}'s decoding step "

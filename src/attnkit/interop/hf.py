@@ -39,7 +39,14 @@ from attnkit.checkpoint import (
 )
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, InputError
-from attnkit.interop.hf_config import architecture_of, config_from_hf, config_to_hf, family_of, match_family
+from attnkit.interop.hf_config import (
+    architecture_of,
+    config_from_hf,
+    config_to_hf,
+    family_of,
+    match_family,
+    special_ids_from_hf,
+)
 from attnkit.interop.hf_weights import (
     SAFETENSORS,
     add_prefix,
@@ -107,7 +114,7 @@ def load(
         labels=_labels(hf) if (task := task_of_config(config)) is not None and task.labelled else None,
         model_type=family.model_type,
         architecture=architecture,
-        special_ids={name: hf[name] for name in family.special_ids if isinstance(hf.get(name), int)},
+        special_ids=special_ids_from_hf(hf, family, config.vocab_size, source),
     )
 
 

@@ -13,7 +13,15 @@ from typing import Any
 
 from attnkit.config import ModelConfig
 from attnkit.errors import ConfigError
-from attnkit.interop.keymaps import ACTIVATIONS_FROM_HF, ACTIVATIONS_TO_HF, FAMILIES, FamilyMap, supported_text
+from attnkit.interop.keymaps import (
+    ACTIVATIONS_FROM_HF,
+    ACTIVATIONS_TO_HF,
+    FAMILIES,
+    HF_CONFIG_FIX,
+    FamilyMap,
+    supported_text,
+)
+from attnkit.readback import FileFields
 
 _MISSING = object()
 _TRAINING_ONLY = ("dropout", "attention_dropout", "label_smoothing")
@@ -22,6 +30,8 @@ _TRAINING_ONLY = ("dropout", "attention_dropout", "label_smoothing")
 def family_of(hf: dict[str, Any], source: str) -> FamilyMap:
     """The registry entry for config.json's `model_type`. Raises ConfigError naming the supported ones."""
     model_type = hf.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        FileFields(hf, source, fix=HF_CONFIG_FIX, error=ConfigError).refuse("model_type", model_type, "a string")
     if model_type not in FAMILIES:
         what = f"model_type {model_type!r}" if model_type is not None else "no model_type"
         raise ConfigError(
@@ -32,7 +42,8 @@ def family_of(hf: dict[str, Any], source: str) -> FamilyMap:
 
 def architecture_of(hf: dict[str, Any], family: FamilyMap, source: str) -> str:
     """The model class named by config.json's `architectures` (the family's default when absent)."""
-    named = hf.get("architectures") or [family.default_architecture]
+    checked = FileFields(hf, source, fix=HF_CONFIG_FIX, error=ConfigError)
+    named = checked.strings("architectures", default=None) or [family.default_architecture]
     architecture = named[0]
     if architecture not in family.architectures:
         raise ConfigError(
@@ -131,8 +142,25 @@ def _structure(config: ModelConfig) -> dict[str, Any]:
     return {f.name: getattr(resolved, f.name) for f in dataclasses.fields(config) if f.name not in unused}
 
 
+def special_ids_from_hf(hf: dict[str, Any], family: FamilyMap, vocab_size: int, source: str) -> dict[str, int]:
+    """config.json's token ids (bos_token_id, eos_token_id, ...: a number, a list of them, or null), each checked to
+    be an id of the model's vocabulary: one outside it would index past the embedding table. Returns those given
+    as one number."""
+    for name in family.special_ids:
+        value = hf.get(name)
+        for token_id in value if isinstance(value, list) else [value]:
+            if token_id is None:
+                continue
+            if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < vocab_size:
+                raise ConfigError(f"{source}: {name}={value!r} is not a token id of the model's vocabulary "
+                                  f"(vocab_size={vocab_size}: ids 0 to {vocab_size - 1}); set it to the id the "
+                                  f"token has in tokenizer.json, or to null")
+    return {name: hf[name] for name in family.special_ids
+            if isinstance(hf.get(name), int) and not isinstance(hf[name], bool)}
+
+
 def _activation_from_hf(value: Any, field: str, source: str) -> str:
-    if value not in ACTIVATIONS_FROM_HF:
+    if not isinstance(value, str) or value not in ACTIVATIONS_FROM_HF:
         raise ConfigError(
             f"{source}: {field}={value!r} is not an activation attnkit has; supported: "
             f"{', '.join(ACTIVATIONS_FROM_HF)}"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit.checkpoint import load_tensors, raise_mismatch, unique_state_dict
+from attnkit.checkpoint import check_weights, load_tensors, raise_mismatch, unique_state_dict
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError
 from attnkit.interop.keymaps import FamilyMap, Rule
@@ -186,6 +186,8 @@ def load_hf_tensors(
         mismatched=mismatched,
         conflicts=conflicts,
     )
+    parameters = {name for name, _ in model.named_parameters()}
+    check_weights((found[name] for name in expected if name in parameters), source)
     with torch.no_grad():
         for name, target in expected.items():
             target.copy_(found[name][1].to(target.dtype))

@@ -35,7 +35,10 @@ from typing import Any, NamedTuple
 
 from attnkit.config import ModelConfig
 from attnkit.errors import ConfigError
+from attnkit.readback import FileFields
 from attnkit.tasks import task_of_config, tasks
+
+HF_CONFIG_FIX = "write the field as transformers does (save_pretrained), or convert a model whose config.json has it so"
 
 
 class Rule(NamedTuple):
@@ -180,14 +183,26 @@ GPT2 = FamilyMap(
 
 # Llama and Mistral ----------------------------------------------------------------------------------------------
 def _rope_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ConfigError(
-            f"{source}: RoPE scaling {rope_type!r} is not supported; attnkit implements plain RoPE "
-            f"(rope_type 'default', Su et al. 2021)"
-        )
-    return {"rope_theta": float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))}
+    """rope_theta, from `rope_parameters` (transformers 5) or the top level; RoPE scaling in either `rope_parameters`
+    or `rope_scaling` is refused (attnkit implements plain RoPE), never dropped for the other's default."""
+    checked = FileFields(hf, source, fix=HF_CONFIG_FIX, error=ConfigError)
+    thetas = {}
+    for name in ("rope_parameters", "rope_scaling"):
+        rope = checked.mapping(name, default=None)
+        if rope is None:
+            continue
+        rope_type = rope.string("rope_type", default=None) or rope.string("type", default="default")
+        if rope_type != "default":
+            raise ConfigError(f"{source}: {name}: RoPE scaling {rope_type!r} is not supported; attnkit implements "
+                              "plain RoPE (rope_type 'default', Su et al. 2021): convert a model without RoPE scaling")
+        if "rope_theta" in rope:
+            thetas[f"{name}.rope_theta"] = rope.number("rope_theta", positive=True)
+    if "rope_theta" in checked:
+        thetas["rope_theta"] = checked.number("rope_theta", positive=True)
+    if len(set(thetas.values())) > 1:
+        given = ", ".join(f"{name}={value!r}" for name, value in thetas.items())
+        raise ConfigError(f"{source} gives RoPE two bases ({given}); keep one of them")
+    return {"rope_theta": float(next(iter(thetas.values()), 10000.0))}
 
 
 def _rope_to_hf(config, labels) -> dict[str, Any]:
