@@ -94,6 +94,18 @@ def scaled_dot(rows: list[dict]) -> None:
     assert dims[64]["scaled entropy"] > dims[64]["dot entropy"]
 
 
+def heads_specialise(rows: list[dict]) -> None:
+    """A few steps on repeated tokens already lower the loss and pull one head's induction score away from the
+    others' in every seed; text rows carry the previous-token spread, induction rows the induction margin."""
+    induction = [row for row in rows if row["setting"] == "induction task"]
+    for seed in {row["seed"] for row in induction}:
+        start, trained = sorted((row for row in induction if row["seed"] == seed), key=lambda row: row["steps"])
+        assert trained["loss"] < start["loss"] and trained["induction margin"] > start["induction margin"]
+    assert all(row["previous spread"] is None for row in induction)
+    assert all(row["induction margin"] is None and row["previous spread"] >= 0
+               for row in rows if row["setting"] == "real text")
+
+
 def score_functions(rows: list[dict]) -> None:
     """Dot and scaled dot add no parameters; bilinear and additive do."""
     parameters = {row["score"]: row["parameters"] for row in rows}
@@ -110,8 +122,9 @@ def transformer_plus_plus(rows: list[dict]) -> None:
 
 
 IMPLIED = {"ab-task": ab_task, "bottleneck": bottleneck, "gqa-memory": gqa_memory,
-           "kernel-regression": kernel_regression, "norm-placement": norm_placement,
-           "position-extrapolation": position_extrapolation, "rnn-vs-transformer-cost": rnn_vs_transformer_cost,
+           "heads-specialise": heads_specialise, "kernel-regression": kernel_regression,
+           "norm-placement": norm_placement, "position-extrapolation": position_extrapolation,
+           "rnn-vs-transformer-cost": rnn_vs_transformer_cost,
            "scaled-dot": scaled_dot, "score-functions": score_functions,
            "transformer-plus-plus": transformer_plus_plus}
 

@@ -10,6 +10,7 @@ from attnkit.experiments import (  # noqa: F401  (each module registers itself)
     ab_task,
     bottleneck,
     gqa_memory,
+    heads_specialise,
     kernel_regression,
     norm_placement,
     position_extrapolation,
