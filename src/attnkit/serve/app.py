@@ -6,6 +6,7 @@
     POST /v1/{method}           the run's task method, as the task registry says (translate, classify, tag, ...)
     GET  /v1/models             the one model served
     GET  /health, /metrics      liveness, Prometheus text (`serve/metrics.py`)
+    GET  /openapi.json          the request bodies' schemas, per endpoint served (`serve/schemas.py`)
     GET  /                      the explorer (`serve/static/`), its numbers under /api/ (`serve/explorer.py`)
 
 Generation runs on the batching scheduler's thread (`serve/batching.py`); the event loop only parses, queues and
@@ -57,6 +58,7 @@ from attnkit.serve.schemas import (
     Sampling,
     StepRequest,
     TaskRequest,
+    openapi,
 )
 from attnkit.serve.settings import ServeSettings
 
@@ -236,6 +238,15 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": model_id}
+
+    @app.get("/openapi.json")
+    async def openapi_document():
+        bodies = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest,
+                  "/v1/embeddings": EmbeddingRequest}
+        bodies = {path: body for path, body in bodies.items() if path in endpoints()}
+        bodies |= {path: TaskRequest for path in endpoints() if path not in bodies}
+        bodies |= {"/api/analyze": ExploreRequest, "/api/step": StepRequest}
+        return openapi(bodies, title=f"attnkit serve: {model_id}")
 
     @app.get("/metrics")
     async def prometheus():

@@ -129,3 +129,23 @@ class StepRequest(ExploreRequest):
 
 
 Sampling.model_rebuild()
+
+
+def openapi(bodies: dict[str, type[Body]], *, title: str) -> dict:
+    """An OpenAPI 3.1 document of the POST endpoints `bodies` ({path: its body}), their bodies' JSON Schemas in its
+    components: what clients and schema-driven tests (schemathesis) read at GET /openapi.json."""
+    components: dict[str, dict] = {}
+    paths = {}
+    for path, body in bodies.items():
+        schema = body.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(schema.pop("$defs", {}))
+        components[body.__name__] = schema
+        paths[path] = {"post": {
+            "operationId": path.strip("/").replace("/", "_"),
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{body.__name__}"}}}},
+            "responses": {"200": {"description": "the answer"},
+                          "400": {"description": "a value out of range, or a field the server does not take"},
+                          "422": {"description": "a field of the wrong type, or missing"}}}}
+    return {"openapi": "3.1.0", "info": {"title": title, "version": "1"}, "paths": paths,
+            "components": {"schemas": components}}
