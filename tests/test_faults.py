@@ -112,9 +112,16 @@ def test_standard_input_is_read_up_to_a_limit_and_a_closed_one_is_named(runs):
     assert done.returncode == 2 and "standard input is closed" in err and "Traceback" not in err, err
 
 
-def test_a_beam_too_wide_for_memory_is_refused_with_its_flag(runs, capsys):
-    err = cli_error(capsys, "translate", runs["mt"], "--text", "abc", "--beam-size", "100000000", "--device", "cpu")
+def test_a_beam_too_wide_for_memory_is_refused_with_its_flag(runs, capsys, monkeypatch):
+    monkeypatch.setattr("attnkit.generate.pipeline.free_bytes", lambda device: 1000)  # a nearly full machine
+    err = cli_error(capsys, "translate", runs["mt"], "--text", "abc", "--beam-size", "8", "--device", "cpu")
     assert "hypotheses" in err and "GiB free" in err and "choose a smaller --beam-size" in err
+
+
+def test_a_beam_wider_than_the_vocabulary_is_refused_at_once(runs, capsys):
+    vocab = attnkit.load(runs["mt"]).config.target_vocab_size
+    err = cli_error(capsys, "translate", runs["mt"], "--text", "abc", "--beam-size", "100000", "--device", "cpu")
+    assert f"beam_size=100,000 is wider than the target vocabulary ({vocab:,} tokens): give at most {vocab:,}" in err
 
 
 # Silent nonsense -------------------------------------------------------------------------------------------------

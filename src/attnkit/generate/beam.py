@@ -58,11 +58,16 @@ class Hypotheses:
 MAX_LENGTH_PENALTY = 100.0  # |length_penalty| past this makes length ** penalty overflow a float at long targets
 
 
-def check_search(beam_size: int, length_penalty: float) -> None:
-    """InputError for a beam size that is no positive integer, or a length penalty that is not a finite number
-    within +-MAX_LENGTH_PENALTY (nan, inf or 1e308 would make every score nan, 0 or an overflow)."""
+def check_search(beam_size: int, length_penalty: float, *, vocab_size: int | None = None) -> None:
+    """InputError for a beam size that is no positive integer or is wider than the target vocabulary (`vocab_size`,
+    when given: the first step proposes that many tokens, so wider beams start empty and only cost time), or a
+    length penalty that is not a finite number within +-MAX_LENGTH_PENALTY (nan, inf or 1e308 would make every score
+    nan, 0 or an overflow)."""
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise InputError(f"beam_size={beam_size!r} must be a positive integer (1 is greedy)")
+    if vocab_size is not None and beam_size > vocab_size:
+        raise InputError(f"beam_size={beam_size:,} is wider than the target vocabulary ({vocab_size:,} tokens): give "
+                         f"at most {vocab_size:,} (4 to 10 is usual)")
     if (isinstance(length_penalty, bool) or not isinstance(length_penalty, int | float)
             or not math.isfinite(length_penalty) or abs(length_penalty) > MAX_LENGTH_PENALTY):
         raise InputError(f"length_penalty={length_penalty!r} must be a finite number between "
