@@ -165,6 +165,7 @@ def test_classify_gives_labels_and_probabilities_batched(runs):
         assert result.probability == max(result.probabilities.values())
         assert result.probabilities[result.label] == result.probability
     alone = [clf.classify(t)[0] for t in texts]
+    assert not any(r.truncated for r in results) and clf.classify("abc " * 5_000)[0].truncated  # said, not silent
     for a, b in zip(results, alone, strict=True):
         assert a.label == b.label and a.probability == pytest.approx(b.probability, abs=1e-5)
 
