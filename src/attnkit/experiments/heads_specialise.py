@@ -31,7 +31,7 @@ from attnkit.inspect.head_types import head_types, self_scores
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.induction import InductionTask, attention_only_decoder, train_induction
 from attnkit.inspect.inputs import Batch, lm_batch
-from attnkit.inspect.trace import trace
+from attnkit.inspect.tracing import trace
 from attnkit.models import build_model
 
 HEADS, WIDTH, SEQ_LEN = 4, 32, 64

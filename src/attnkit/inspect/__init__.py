@@ -8,7 +8,7 @@ exist, read and changed through one small API, and the analyses built on it.
 
 from attnkit.inspect.edits import ablate, mean_ablate, patch, resample_ablate, zero_ablate
 from attnkit.inspect.points import HookPoint, head_sites, hook_points
-from attnkit.inspect.trace import Edit, Trace, hooked, trace
+from attnkit.inspect.tracing import Edit, Trace, hooked, trace
 
 __all__ = [
     "Edit",

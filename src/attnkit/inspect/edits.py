@@ -20,7 +20,7 @@ from torch import Tensor
 
 from attnkit.errors import InputError
 from attnkit.inspect.points import HookPoint
-from attnkit.inspect.trace import Edit
+from attnkit.inspect.tracing import Edit
 
 Ablation = Literal["zero", "mean", "resample"]
 

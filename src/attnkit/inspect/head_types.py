@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from attnkit.errors import InputError
 from attnkit.inspect.points import attends_across, head_sites
-from attnkit.inspect.trace import trace
+from attnkit.inspect.tracing import trace
 
 SELF_TYPES = ("previous", "first", "duplicate", "induction")
 MONOTONIC = 0.9  # a cross-attention head whose peak moves backwards at no more than one step in ten

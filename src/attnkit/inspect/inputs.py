@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from attnkit.data.batching import IGNORE_INDEX
 from attnkit.errors import InputError
-from attnkit.inspect.trace import Edit, Names, Trace, trace
+from attnkit.inspect.tracing import Edit, Names, Trace, trace
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from attnkit.errors import InputError
 from attnkit.inspect.points import hook_points
-from attnkit.inspect.trace import trace
+from attnkit.inspect.tracing import trace
 from attnkit.models.stack import TransformerStack
 
 

@@ -21,7 +21,7 @@ from attnkit.errors import InputError
 from attnkit.inspect.edits import patch
 from attnkit.inspect.inputs import Batch
 from attnkit.inspect.points import head_sites, hook_points
-from attnkit.inspect.trace import Trace
+from attnkit.inspect.tracing import Trace
 
 
 @dataclass(frozen=True)

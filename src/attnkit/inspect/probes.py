@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
-from attnkit.inspect.trace import trace
+from attnkit.inspect.tracing import trace
 from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import Sentence
 from attnkit.tasks.tag import align
