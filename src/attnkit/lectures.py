@@ -83,7 +83,8 @@ LECTURES: tuple[Lecture, ...] = (
               "state (Luong et al.'s order: the query is the state after the step)", T05,
               ("models.recurrent.seq2seq:LuongDecoder",), section=LUONG),
         Topic("Why attention? performance, the bottleneck solved, a shortcut for vanishing gradients, "
-              "interpretability: alignment for free", T05, ("viz",), "bottleneck", ALIGN_PNG,
+              "interpretability: alignment for free", T05, ("viz", "inspect.head_types:monotonicity"), "bottleneck",
+              ALIGN_PNG,
               "user-guide/looking-inside.md",
               gap="the shortcut for vanishing gradients is stated, not measured (no experiment compares gradient "
                   "norms at the source with and without attention)", section="Going further: reverse a sequence"),
@@ -220,6 +221,10 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Multi-head attention: each head may track another relationship", T03,
               ("layers.attention:Attention",), picture=HEADS_PNG, page="user-guide/looking-inside.md",
               section="Multi-head attention"),
+        Topic("Probing and mechanistic interpretability: what these heads actually do (one head tracks syntax, "
+              "another proper names?)", None, ("inspect", "inspect.importance", "inspect.head_types",
+                                               "inspect.probes", "inspect.patching", "inspect.logit_lens"),
+              "heads-specialise", "experiments/heads-specialise/heads.png", "user-guide/inspect.md"),
         Topic("Positional embeddings: learned, added to the word embeddings", T04,
               ("layers.positions:LearnedPositions", "layers.embedding"), "position-extrapolation",
               "experiments/position-extrapolation/loss_by_length.png",
