@@ -58,14 +58,14 @@ class Server:
     """`attnkit serve RUN` in its own process on 127.0.0.1 on a free port (the clients' event loop stays out of
     its way), stopped at the end."""
 
-    def __init__(self, run: Path, max_batch: int, threads: int) -> None:
+    def __init__(self, run: Path, max_batch: int, threads: int, device: str = "cpu") -> None:
         import socket
 
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        self.command = [sys.executable, "-m", "attnkit", "serve", str(run), "--port", str(self.port), "--device", "cpu",
-                        "--max-batch", str(max_batch), "--max-queue", "256"]
+        self.command = [sys.executable, "-m", "attnkit", "serve", str(run), "--port", str(self.port),
+                        "--device", device, "--max-batch", str(max_batch), "--max-queue", "256"]
         self.environment = {**os.environ, "OMP_NUM_THREADS": str(threads)}
 
     def __enter__(self) -> str:

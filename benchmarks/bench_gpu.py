@@ -1,0 +1,323 @@
+"""`python -m benchmarks gpu`: attnkit on one CUDA GPU against its peers, in one process, in under 8 minutes on an
+H100 or H200. Every figure is a ratio against a peer timed in the same run, or a fraction of a peak: the matrix
+product rate measured in this run, and the GPU's dense bf16 peak from its data sheet (989 TFLOP/s, H100/H200 SXM).
+
+    train   GPT-2 124M's shape (12 layers, width 768, 12 heads, batch 16 x 1,024, bf16 autocast): nanoGPT's model.py
+            and train.py's step (get_batch from pinned memory, compiled whole, fused AdamW, clipping) against
+            attnkit's Trainer step as its plan runs it on this GPU (auto: compiled whole), attnkit eager
+            (--compile off), and the Llama-2-style block (RoPE, RMSNorm, SwiGLU, 4 kv heads) at the same width;
+            implementations take turns round by round; tokens/s, MFU and peak memory
+    decode  gpt2-124m in bf16 at batch 1 and 8, 128 greedy tokens after 16: transformers eager and with its static
+            cache compiled (its documented fastest path), attnkit eager and compiled (its static step, replayed from a
+            CUDA graph); each in the speed suite's own way (`speed.run_one`)
+    serve   `attnkit serve` on the GPU (`bench_serve`'s model, width 384), 1 and 8 concurrent clients
+
+A row that fails records its error and the others go on. Results: benchmarks/results/gpu-<device>.json and .md, with
+the GPU's name, torch and CUDA versions. `--smoke` runs every row at a tiny shape on whatever device there is (the
+CPU, in the test suite), to check this script where no GPU is.
+
+    python -m benchmarks gpu [--smoke] [--only train decode serve] [--rounds 2] [--steps 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.bench_train import NanoGPT
+from benchmarks.common import RESULTS
+
+SPEC_PEAK_BF16 = 989e12  # H100 / H200 SXM, dense bf16 (the figure the issue and nanoGPT's MFU use)
+PARTS = ("train", "decode", "serve")
+
+
+@dataclass(frozen=True)
+class TrainShape:
+    n_layers: int
+    d_model: int
+    n_heads: int
+    vocab_size: int
+    seq_len: int
+    batch_size: int
+
+    def flops_per_token(self, n_params: int) -> float:
+        """nanoGPT's `estimate_mfu`: 6 N per token for the weights, 12 L H Q T for attention's products."""
+        head_dim = self.d_model // self.n_heads
+        return 6 * n_params + 12 * self.n_layers * self.n_heads * head_dim * self.seq_len
+
+
+GPT2 = TrainShape(12, 768, 12, 50257, 1024, 16)
+SMOKE = TrainShape(2, 64, 4, 96, 32, 2)
+
+
+def nanogpt_step(shape: TrainShape, stream: np.ndarray, device: torch.device):
+    """nanoGPT's train.py step on its model.py (vocabulary padded to a multiple of 64, as it does for GPT-2)."""
+    vocab = shape.vocab_size + (-shape.vocab_size % 64)
+    model = NanoGPT(vocab, shape.seq_len, shape.d_model, shape.n_heads, shape.n_layers, bias=True).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=6e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
+    compiled = torch.compile(model)
+    on_gpu = device.type == "cuda"
+
+    def get_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.randint(len(stream) - shape.seq_len, (shape.batch_size,))
+        x = torch.stack([torch.from_numpy(stream[i : i + shape.seq_len].astype(np.int64)) for i in starts])
+        y = torch.stack([torch.from_numpy(stream[i + 1 : i + 1 + shape.seq_len].astype(np.int64)) for i in starts])
+        if on_gpu:
+            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        return x, y
+
+    batch = get_batch()
+
+    def step() -> None:
+        nonlocal batch
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = compiled(batch[0])
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), batch[1].view(-1), ignore_index=-1)
+        batch = get_batch()  # the next batch's copy overlaps this step's backward, as in train.py
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return sum(p.numel() for p in params) - model.wpe.weight.numel(), step
+
+
+def attnkit_step(shape: TrainShape, stream: np.ndarray, device: torch.device, *, block: str, compile: str,
+                 run_dir: Path):
+    """attnkit's Trainer step, planned for this device (`attnkit train --dtype bf16 --compile ...`)."""
+    from attnkit import build_model, presets
+    from attnkit.data import LMData
+    from attnkit.tasks.lm import LMTask
+    from attnkit.tokenize import CharTokenizer
+    from attnkit.train.trainer import TrainConfig, Trainer
+
+    sizes = dict(vocab_size=shape.vocab_size, n_layers=shape.n_layers, d_model=shape.d_model, n_heads=shape.n_heads,
+                 d_ff=4 * shape.d_model, max_seq_len=shape.seq_len, dropout=0.0)
+    if block == "llama2":  # SwiGLU at 2/3 of 4C (Llama's width rule), 4 kv heads
+        sizes.update(d_ff=int(8 * shape.d_model / 3) // 64 * 64 or 64, n_kv_heads=max(1, shape.n_heads // 3))
+    config = presets.get("gpt2-124m" if block == "gpt2" else "llama2-7b", **sizes)
+    task = LMTask(LMData.from_ids(stream), batch_size=shape.batch_size, seq_len=shape.seq_len, seed=0)
+    settings = TrainConfig(batch_size=shape.batch_size, dtype="bf16", compile=compile, instruments=False,
+                           eval_every=10**6, max_steps=10**6, lr=6e-4)
+    trainer = Trainer(model=build_model(config), config=config, task=task, settings=settings, run_dir=run_dir,
+                      tokenizer=CharTokenizer("ab"), device=device, progress=False)
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    if config.position == "learned":
+        n_params -= trainer.model.stack.embeddings.positions.weight.numel()
+    print(trainer.plan.explain(), flush=True)
+    return n_params, trainer._train_step
+
+
+def train_rows(shape: TrainShape, device: torch.device, *, rounds: int, steps: int, warmup: int) -> list[dict]:
+    """The training rows: each implementation built, warmed up (compiled), then timed `steps` steps at a time,
+    taking turns for `rounds` rounds; the median round's ms per step."""
+    stream = np.random.default_rng(0).integers(0, shape.vocab_size, 2_000_000, dtype=np.int64).astype(np.uint16)
+    builders = {
+        "nanogpt-compiled": lambda d: nanogpt_step(shape, stream, device),
+        "attnkit": lambda d: attnkit_step(shape, stream, device, block="gpt2", compile="auto", run_dir=d),
+        "attnkit-eager": lambda d: attnkit_step(shape, stream, device, block="gpt2", compile="off", run_dir=d),
+        "attnkit-llama2": lambda d: attnkit_step(shape, stream, device, block="llama2", compile="auto", run_dir=d),
+    }
+    steps_of, rows = {}, {}
+    for impl, build in builders.items():
+        try:
+            reset_peak(device)
+            n_params, step = build(Path(tempfile.mkdtemp(prefix=f"attnkit-gpu-{impl}-")))
+            start = time.perf_counter()
+            for _ in range(warmup):
+                step()
+            synchronize(device)
+            steps_of[impl] = step
+            rows[impl] = {"part": "train", "impl": impl, "params": n_params, "warmup_s": time.perf_counter() - start,
+                          "flops_per_token": shape.flops_per_token(n_params), "round_ms": []}
+        except Exception as err:  # noqa: BLE001 - a failed row is recorded, the others go on
+            rows[impl] = failed("train", impl, err)
+        rows[impl]["peak_gpu_gb"] = peak_gb(device)
+    for _ in range(rounds):
+        for impl, step in steps_of.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            synchronize(device)
+            rows[impl]["round_ms"].append(1000 * (time.perf_counter() - start) / steps)
+    tokens = shape.batch_size * shape.seq_len
+    for row in rows.values():
+        if row.get("round_ms"):
+            row["ms_per_step"] = statistics.median(row["round_ms"])
+            row["tokens_per_s"] = tokens / row["ms_per_step"] * 1000
+            row["mfu_spec"] = row["tokens_per_s"] * row["flops_per_token"] / SPEC_PEAK_BF16
+    return list(rows.values())
+
+
+def decode_rows(device: torch.device, *, smoke: bool) -> list[dict]:
+    """gpt2-124m decoding rows, each timed by the speed suite's own `run_one` in this process."""
+    from benchmarks import speed
+
+    cases = ["generate-small-b1"] if smoke else ["generate-gpt2-124m-b1", "generate-gpt2-124m-b8"]
+    impls = ["attnkit", "attnkit-compiled"] if smoke else ["transformers", "transformers-static", "attnkit",
+                                                            "attnkit-compiled"]
+    rows = []
+    for case in cases:
+        for impl in impls:
+            try:
+                result = speed.run_one(case, impl, "bf16", repeats=1 if smoke else 5, warmup=1, device=str(device))
+                rows.append({"part": "decode", "impl": impl, "case": case, "tokens_per_s": result["tokens_per_s"],
+                             "ms_per_token": result["ms_per_token"], "first_call_s": result["first_call_s"],
+                             "peak_gpu_gb": result.get("peak_gpu_mb", 0) / 1024})
+            except Exception as err:  # noqa: BLE001
+                rows.append({**failed("decode", impl, err), "case": case})
+    return rows
+
+
+def serve_rows(device: torch.device, *, smoke: bool) -> list[dict]:
+    """`attnkit serve` on the device at 1 and 8 concurrent clients (bench_serve's model and client)."""
+    from benchmarks import bench_serve
+
+    rows = []
+    try:
+        run = bench_serve.make_run(Path(tempfile.mkdtemp(prefix="attnkit-gpu-serve-")))
+        with bench_serve.Server(run, max_batch=32, threads=4, device=str(device)) as url:
+            for clients in (1, 8):
+                result = asyncio.run(bench_serve.load(url, clients, 2 if smoke else 4, 8 if smoke else 64))
+                rows.append({"part": "serve", "impl": "attnkit serve", **result})
+    except Exception as err:  # noqa: BLE001
+        rows.append(failed("serve", "attnkit serve", err))
+    return rows
+
+
+def failed(part: str, impl: str, err: Exception) -> dict:
+    print(f"{part} {impl} failed:\n{traceback.format_exc()}", flush=True)
+    return {"part": part, "impl": impl, "error": f"{type(err).__name__}: {err}"[:500]}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_gb(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def machine(device: torch.device) -> dict:
+    """What ran it: the GPU's name and memory, torch and CUDA versions, and the matrix product peak measured now."""
+    from benchmarks.speed import matmul_peak
+
+    info = {"device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(name=props.name, memory_gb=round(props.total_memory / 2**30, 1),
+                    capability=f"{props.major}.{props.minor}")
+        info["measured_bf16_tflops"] = matmul_peak(torch.bfloat16, str(device)) / 1e12
+    return info
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = [f"# attnkit on {m.get('name', m['device'])}", "",
+             f"torch {m['torch']}, CUDA {m['cuda']}; bf16 matrix product peak measured in this run: "
+             f"{m.get('measured_bf16_tflops', float('nan')):.0f} TFLOP/s (data sheet: {SPEC_PEAK_BF16 / 1e12:.0f}). "
+             f"Command: `{report['command']}`", ""]
+    rows = report["results"]
+    train = [r for r in rows if r["part"] == "train"]
+    if train:
+        base = next((r for r in train if r["impl"] == "nanogpt-compiled" and "tokens_per_s" in r), None)
+        lines += [f"## Training ({report['train_shape']}, bf16 autocast)", "",
+                  "| implementation | tokens/s | ms/step | vs nanoGPT | MFU (989 TFLOP/s) | peak GPU memory |",
+                  "|---|---|---|---|---|---|"]
+        for r in train:
+            if "error" in r:
+                lines.append(f"| {r['impl']} | failed: {r['error']} | | | | |")
+                continue
+            ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
+            lines.append(f"| {r['impl']} | {r['tokens_per_s']:,.0f} | {r['ms_per_step']:.1f} | {ratio} | "
+                         f"{100 * r['mfu_spec']:.1f}% | {_gb(r['peak_gpu_gb'])} |")
+        lines.append("")
+    decode = [r for r in rows if r["part"] == "decode"]
+    if decode:
+        lines += ["## Decoding (gpt2-124m, bf16, 128 greedy tokens after 16)", "",
+                  "| case | implementation | tokens/s | ms/token | vs transformers static+compiled |",
+                  "|---|---|---|---|---|"]
+        for r in decode:
+            peer = next((p for p in decode if p["case"] == r["case"] and p["impl"] == "transformers-static"
+                         and "tokens_per_s" in p), None)
+            if "error" in r:
+                lines.append(f"| {r['case']} | {r['impl']} | failed: {r['error']} | | |")
+                continue
+            ratio = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x" if peer else "-"
+            lines.append(f"| {r['case']} | {r['impl']} | {r['tokens_per_s']:,.1f} | {r['ms_per_token']:.2f} "
+                         f"| {ratio} |")
+        lines.append("")
+    serve = [r for r in rows if r["part"] == "serve"]
+    if serve:
+        lines += ["## Serving (attnkit serve, width 384, 6 layers)", "", "| clients | tokens/s | p50 | p99 |",
+                  "|---|---|---|---|"]
+        lines += [f"| failed: {r['error']} | | | |" if "error" in r else
+                  f"| {r['clients']} | {r['tokens_per_s']:,.1f} | {r['p50_s']} s | {r['p99_s']} s |" for r in serve]
+        one = next((r for r in serve if r.get("clients") == 1), None)
+        eight = next((r for r in serve if r.get("clients") == 8), None)
+        if one and eight:
+            lines += ["", f"8 clients: {eight['tokens_per_s'] / one['tokens_per_s']:.2f}x one at a time."]
+    return "\n".join(lines) + "\n"
+
+
+def _gb(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.1f} GB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks gpu", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on any device: checks the script")
+    parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of timed training steps, implementations in turn")
+    parser.add_argument("--steps", type=int, default=8, help="training steps timed per round")
+    parser.add_argument("--warmup", type=int, default=3, help="training steps before timing (compilation)")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" and not args.smoke:
+        print("python -m benchmarks gpu measures a CUDA GPU, and torch sees none here; --smoke checks the script "
+              "at tiny shapes on this machine", flush=True)
+        return 2
+    started = time.perf_counter()
+    shape = SMOKE if args.smoke else GPT2
+    rows: list[dict] = []
+    if "train" in args.only:
+        rows += train_rows(shape, device, rounds=args.rounds, steps=args.steps,
+                           warmup=args.warmup)
+    if "decode" in args.only:
+        rows += decode_rows(device, smoke=args.smoke)
+    if "serve" in args.only:
+        rows += serve_rows(device, smoke=args.smoke)
+    report = {"machine": machine(device), "command": "python -m benchmarks gpu " + " ".join(argv or []),
+              "train_shape": f"{shape.n_layers} layers, width {shape.d_model}, {shape.n_heads} heads, vocabulary "
+                             f"{shape.vocab_size}, batch {shape.batch_size} x {shape.seq_len}",
+              "seconds": round(time.perf_counter() - started, 1), "results": rows}
+    text = markdown(report)
+    print(text, flush=True)
+    stem = "gpu-smoke" if args.smoke else "gpu-" + report["machine"].get("name", "cuda").lower().replace(" ", "-")
+    out = RESULTS if not args.smoke else Path(tempfile.mkdtemp(prefix="attnkit-gpu-smoke-"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(text)
+    print(f"wrote {out / stem}.json and .md ({report['seconds']:.0f} s)", flush=True)
+    return 0 if all("error" not in r for r in rows) else 1
