@@ -450,3 +450,53 @@ def test_weights_that_cannot_be_mapped_under_a_memory_limit_are_named_as_such(tm
               f"try:\n    load_tensors({str(big)!r})\nexcept CheckpointError as err:\n    print(err)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert "cannot be mapped into memory" in done.stdout and "ulimit -v" in done.stdout, done.stdout + done.stderr
+
+
+# Advice that leads somewhere ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lstm_run(tmp_path_factory) -> Path:
+    from export_runs import tokenizer as bpe
+
+    config = ModelConfig(family="recurrent-lm", vocab_size=bpe().vocab_size, cell="lstm", hidden_size=16,
+                         n_layers=1, max_seq_len=24)
+    run = tmp_path_factory.mktemp("lstm") / "run"
+    save_model(build_model(config).eval(), config, run)
+    bpe().save(run / TOKENIZER_DIR)
+    return run
+
+
+@pytest.mark.parametrize("target", ["--to-gguf", "--to-onnx", "--to-hf"])
+def test_a_recurrent_run_is_told_plainly_it_has_no_export(lstm_run, tmp_path, capsys, target):
+    pytest.importorskip("gguf")
+    out = tmp_path / {"--to-gguf": "m.gguf", "--to-onnx": "m.onnx", "--to-hf": "hf"}[target]
+    err = cli_error(capsys, "convert", lstm_run, target, out)
+    assert "a recurrent-lm model has no export form" in err and "run it with attnkit itself" in err
+    assert "use --to" not in err and not out.exists()
+
+
+def test_export_advice_names_only_targets_that_take_the_family(runs, tmp_path, capsys):
+    pytest.importorskip("onnxscript")
+    err = cli_error(capsys, "convert", runs["mt"], "--to-onnx", tmp_path / "m.onnx")
+    assert "use --to-hf for it" in err and "--to-gguf" not in err
+    err = cli_error(capsys, "convert", runs["clf"], "--to-gguf", tmp_path / "m.gguf")
+    assert "use --to-hf or --to-onnx for it" in err
+
+
+def test_explain_on_a_recurrent_run_claims_no_fused_projections(lstm_run, capsys):
+    assert cli.main(["generate", str(lstm_run), "--prompt", "ab", "--max-new-tokens", "2", "--explain",
+                     "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "q/k/v" in err and "fused" not in err.split("q/k/v")[1].splitlines()[0]
+    assert "no query, key and value projections" in err and "SDPA" not in err
+
+
+def test_the_explorers_step_view_works_for_a_translation_run(runs):
+    from attnkit.serve.explorer import Explorer
+
+    explorer = Explorer(attnkit.load(runs["mt"], device="cpu"), runs["mt"], watch=runs["mt"], experiments=None)
+    for kind in ("self", "causal", "cross"):  # over the model's own translation (an empty Target box)
+        for target in (None, ""):
+            steps = explorer.step("abc", kind=kind, layer=0, head=1, query=1, target=target)
+            assert steps["matches_model"] and steps["kind"] == kind
+    with pytest.raises(InputError, match=r"Query token 99 is out of range: this view has \d+ query tokens"):
+        explorer.step("abc", kind="cross", layer=0, target="ab", query=99)

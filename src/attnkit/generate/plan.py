@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnkit.blocks import compile_blocks, torch_compile_mode
+from attnkit.blocks import TransformerBlock, compile_blocks, torch_compile_mode
 from attnkit.errors import InputError
 from attnkit.generate.captured_step import default_package_dir
 from attnkit.generate.decode_layout import (
@@ -128,7 +128,10 @@ def plan_inference(
     static = mode is not None and decodes and StaticDecoding.supports(model)
 
     choices = [Choice("dropout", "removed", "eval mode passes inputs through; each layer would still cost a call")]
-    if decodes:
+    projects = any(isinstance(module, TransformerBlock) for module in model.modules())
+    if not projects:
+        choices.append(Choice("q/k/v", "none", "a recurrent model has no query, key and value projections to fuse"))
+    elif decodes:
         choices.append(Choice("q/k/v", "fused", "decoding runs one projection per layer instead of three"))
     else:
         choices.append(Choice("q/k/v", "separate", "only whole passes run here (scoring), no token-by-token decoding"
@@ -141,12 +144,16 @@ def plan_inference(
     math_kernel, why = _attention_kernel(device, dtype, profile, profile_note)
     if math_kernel is not None and captured:  # its choice by key count would fix the cache length
         math_kernel, why = None, "the captured step serves every cache length, and SDPA does too"
-    choices.append(Choice("attention", "SDPA" if math_kernel is None else _describe(math_kernel), why))
+    if not projects:
+        math_kernel, why = None, "recurrent cells, with their own attention scores where the model has them"
+        choices.append(Choice("attention", "the model's own", why))
+    else:
+        choices.append(Choice("attention", "SDPA" if math_kernel is None else _describe(math_kernel), why))
     choices.append(_compilation(compile, mode, static, captured, linear))
     if on_cpu and dtype == torch.bfloat16 and cpu is not None and not cpu.native_bf16:
         choices.append(Choice("bf16", "converted to fp32 inside each product", _bf16_cost(cpu, profile)))
     return InferencePlan(
-        device=str(device), dtype=dtype, cpu=cpu, fuse_qkv=decodes, linear=linear, math_kernel=math_kernel,
+        device=str(device), dtype=dtype, cpu=cpu, fuse_qkv=decodes and projects, linear=linear, math_kernel=math_kernel,
         compile=compile, static_decoding=static, choices=tuple(choices),
     )
 

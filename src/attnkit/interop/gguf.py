@@ -42,6 +42,7 @@ from attnkit.errors import ConfigError, InputError
 from attnkit.interop.hf_config import match_family
 from attnkit.interop.hf_weights import hf_name, hf_tensor_names, to_hf_tensors
 from attnkit.interop.keymaps import FamilyMap
+from attnkit.interop.targets import elsewhere
 from attnkit.outputs import atomic_output
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
@@ -141,7 +142,7 @@ def _family(model: torch.nn.Module, config: ModelConfig) -> FamilyMap:
     """The Hugging Face family that holds the model exactly, when llama.cpp runs it."""
     if not isinstance(config, DecoderConfig):
         raise ConfigError(f"GGUF export writes decoders (llama.cpp generates text); this run is family="
-                          f"{config.family!r}: use --to-onnx or --to-hf for it")
+                          f"{config.family!r}: {elsewhere(config, '--to-gguf')}")
     state = unique_state_dict(model)
     try:
         family, _ = match_family(config, lambda f: hf_tensor_names(state, f, config))

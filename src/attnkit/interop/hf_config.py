@@ -21,6 +21,7 @@ from attnkit.interop.keymaps import (
     FamilyMap,
     supported_text,
 )
+from attnkit.interop.targets import elsewhere
 from attnkit.readback import FileFields
 
 _MISSING = object()
@@ -128,6 +129,9 @@ def match_family(
             return family, architecture
         if nearest is None or len(problems) < nearest[0]:
             nearest = (len(problems), f"{architecture}: " + "; ".join(problems))
+    if nearest is None:
+        raise ConfigError(f"this model (family={config.family!r}) has no Hugging Face layout: "
+                          f"{elsewhere(config, '--to-hf')}")
     raise ConfigError(
         f"this model has no Hugging Face layout attnkit writes ({supported_text()}); the nearest is "
         f"{nearest[1] if nearest else '-'}"

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from attnkit.checkpoint import load_model
 from attnkit.config import DecoderConfig, EncoderConfig, ModelConfig
 from attnkit.errors import ConfigError, InputError
+from attnkit.interop.targets import elsewhere
 from attnkit.layers.kv_cache import KVCache, LayerCache
 from attnkit.outputs import atomic_output
 
@@ -160,5 +161,5 @@ def _graph(model: nn.Module, config: ModelConfig):
         outputs = ["last_hidden_state", "pooled"] if head == "none" else ["logits"]
         return (EncoderGraph(model, head), example, dynamic, inputs, outputs,
                 "embeddings" if head == "none" else head)
-    raise ConfigError(f"ONNX export writes decoders and encoders; this run is family={config.family!r} (export "
-                      "it with --to-hf, or run it with attnkit)")
+    raise ConfigError(f"ONNX export writes decoders and encoders; this run is family={config.family!r}: "
+                      f"{elsewhere(config, '--to-onnx')}")

@@ -31,6 +31,7 @@ from attnkit.viz.labels import token_labels
 MAX_TEXT = 2000  # characters the explorer analyses at most (its pictures are for short texts)
 MAX_TOKENS = 256  # tokens the explorer analyses at most: every layer's and head's (T, T) weights go to the page
 ALL_LOGITS = 4096  # vocabularies up to this size send every logit; larger ones their top ALL_LOGITS
+MAX_TRANSLATION = 64  # tokens of the model's own translation drawn at most (within its context, after BOS)
 METRICS_LINES = 5000  # metrics.jsonl lines per answer at most
 
 
@@ -71,9 +72,18 @@ class Explorer:
         return result
 
     def _maps(self, text: str, target: str | None, layers=None):
+        """The attention maps of `text` (a translator's over `target`, or over its own translation when the page's
+        Target box is empty); refusals name the page's fields."""
         translator = is_translator(self.model)
-        return attention_maps(self.model, self.tokenizer, text, target=target if translator else None,
-                              translate=translator and not target, layers=layers)
+        target = target if translator and target and target.strip() else None
+        try:
+            return attention_maps(self.model, self.tokenizer, text, target=target, translate=translator and not target,
+                                  layers=layers, max_length=min(MAX_TRANSLATION, self.config.max_seq_len - 1))
+        except InputError as err:
+            if translator and target is None and "translation is empty" in str(err):
+                raise InputError("the model's own translation of this text is empty (it wrote its end first): type a "
+                                 "translation in the Target box") from None
+            raise
 
     @staticmethod
     def _maps_json(maps) -> dict:
@@ -102,7 +112,7 @@ class Explorer:
         _check_text(text)
         sites = [s for s in self.sites if s.layer == layer and (kind is None or s.kind == kind)]
         if not sites:
-            raise InputError(f"no {kind or ''} attention at layer {layer}; choose a layer and kind the model has")
+            raise InputError(f"no {kind or ''} attention at Layer {layer}; choose a Layer and Kind the model has")
         site = sites[0]
         module = site.module
         if not isinstance(module, Attention):
@@ -113,7 +123,8 @@ class Explorer:
         seen: dict = {}
 
         def keep_inputs(_module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if not seen and kwargs.get("cache") is None:
+            if kwargs.get("cache") is None:  # the last whole pass is the one drawn (a translator's own translation
+                seen.clear()  # is written first, a pass per token, each shorter than the one drawn)
                 seen.update(kwargs, x=args[0])
 
         handle = module.register_forward_pre_hook(keep_inputs, with_kwargs=True)
@@ -123,7 +134,8 @@ class Explorer:
             handle.remove()
         drawn = maps[site.kind]
         if not 0 <= query < len(drawn.query_tokens):
-            raise InputError(f"query {query} is out of range: the text has {len(drawn.query_tokens)} query tokens")
+            raise InputError(f"Query token {query} is out of range: this view has {len(drawn.query_tokens)} query "
+                             f"tokens (0..{len(drawn.query_tokens) - 1}); choose one of them")
         steps = head_steps(module, seen, head, query)
         expected = drawn.head_weights(layer, head)[query]  # the model's own weights for this row
         steps["model_weights"] = [round(float(w), 6) for w in expected]
