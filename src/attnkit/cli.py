@@ -873,6 +873,8 @@ def _layers(command: Command, args: argparse.Namespace, *, paths: bool = True) -
 
         recipe = recipes.load(args.recipe)
         given = {k for k in known if getattr(args, k, None) is not None}.union(*files)
+        if given & {"preset", "model_config"}:  # a model named on the command line wins over the recipe's fields
+            given |= model_field_names()
         values = recipe.settings(command.recipe, args.data_root, given=given, paths=paths)
         files.insert(0, _settings_file(command, values, str(recipe.path), known, f"recipe {recipe.name}"))
     layers = []

@@ -35,6 +35,8 @@ from attnkit.tokenize import CharTokenizer, Tokenizer
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1
+WARN_UNKNOWN, MAX_UNKNOWN = 0.001, 0.05  # shares of <unk> tokens over which a corpus is warned about, refused
+_UNKNOWN_SAMPLE = 10_000_000  # tokens counted at most (evenly strided over a larger corpus)
 _PIECE_CHARS = 1 << 20  # texts are encoded in pieces of about 1M characters, cut after a newline
 _FLUSH_CHARS = 1 << 23  # and handed to the tokenizer about 8M characters at a time (it works in parallel)
 
@@ -124,6 +126,7 @@ class LMData:
         meta = _fresh_meta(meta_path, bin_path, expected)
         reused = meta is not None
         if meta is None:
+            _say_what_changed(meta_path, expected["files"])
             start = time.perf_counter()
             with _writing_cache(cache_dir):
                 n_tokens = _build(files, tokenizer, bin_path, encoding_errors, progress)
@@ -141,6 +144,7 @@ class LMData:
         else:
             log.info("reusing token cache %s (%d tokens)", bin_path, meta["n_tokens"])
         tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["n_tokens"],))
+        _check_known(tokens, tokenizer, files)
         return cls(tokens, split_point(meta["n_tokens"], val_fraction), bin_path, meta, reused)
 
     def sample_batch(
@@ -192,6 +196,41 @@ class LMData:
 def _windows(data: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     window = torch.from_numpy(np.asarray(data[starts[:, None] + np.arange(seq_len + 1)], dtype=np.int64))  # (B, T+1)
     return window[:, :-1].contiguous(), window[:, 1:].contiguous()  # (B, T), (B, T)
+
+
+def _say_what_changed(meta_path: Path, files: list[dict]) -> None:
+    """Warn, naming each file, when a cache of these same files exists but a file's content changed since (its size
+    or modification time differ): a file rewritten between runs is not taken silently."""
+    try:
+        before = {f["path"]: f for f in json.loads(meta_path.read_text(encoding="utf-8"))["files"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no earlier cache of these files (or one not readable): nothing to compare
+    for now in files:
+        old = before.get(now["path"])
+        if old is not None and (old.get("size"), old.get("mtime_ns")) != (now["size"], now["mtime_ns"]):
+            log.warning("the data file %s changed since its tokens were cached (%s bytes then, %s now; modified "
+                        "again): its new text is tokenized now", now["path"], f"{old.get('size'):,}",
+                        f"{now['size']:,}")
+
+
+def _check_known(tokens: np.ndarray, tokenizer: Tokenizer, files: Sequence[Path]) -> None:
+    """Refuse a corpus the tokenizer mostly does not know (more than MAX_UNKNOWN of its tokens <unk>: a run's
+    tokenizer, built from other text, resumed on a file rewritten since), and warn over a smaller share."""
+    unk = tokenizer.unk_id
+    if unk is None or len(tokens) == 0:
+        return
+    sample = tokens[:: max(1, len(tokens) // _UNKNOWN_SAMPLE)]
+    unknown = int(np.count_nonzero(sample == unk)) / len(sample)
+    if unknown <= WARN_UNKNOWN:
+        return
+    names = ", ".join(str(f) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    message = (f"{unknown:.1%} of the tokens of {names} are <unk>: the tokenizer ({tokenizer.kind}, "
+               f"{tokenizer.vocab_size} tokens) does not know much of this text; was the file rewritten since the "
+               "tokenizer was built? Train a new run on it (not --resume or --init-from a run built on other text), "
+               "or use a tokenizer that covers it (--tokenizer bpe)")
+    if unknown > MAX_UNKNOWN:
+        raise InputError(message)
+    log.warning("%s", message)
 
 
 def _fresh_meta(meta_path: Path, bin_path: Path, expected: dict) -> dict | None:

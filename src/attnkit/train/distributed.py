@@ -79,9 +79,23 @@ class World:
 
     @classmethod
     def from_env(cls) -> World:
-        """The launcher's variables (torchrun's interface, not a switch of ours); one process when absent."""
+        """The launcher's variables (torchrun's interface, not a switch of ours); one process when absent. A value
+        that is no whole number, WORLD_SIZE below 1, or a rank outside 0..WORLD_SIZE-1 is one ConfigError naming the
+        variables as they are set."""
         env = os.environ
-        return cls(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1)))
+        given = {name: env.get(name) for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if env.get(name) is not None}
+        shown = ", ".join(f"{name}={value!r}" for name, value in given.items())
+        fix = ("these variables are set by torchrun for each process it starts: launch with torchrun, or unset them "
+               "to train in one process")
+        try:
+            values = {name: int(value) for name, value in given.items()}
+        except ValueError:
+            raise ConfigError(f"the distributed launch variables are not whole numbers ({shown}); {fix}") from None
+        world = cls(values.get("RANK", 0), values.get("LOCAL_RANK", 0), values.get("WORLD_SIZE", 1))
+        if world.size < 1 or not 0 <= world.rank < world.size or world.local_rank < 0:
+            raise ConfigError(f"the distributed launch variables do not describe a process among the ranks ({shown}: "
+                              f"WORLD_SIZE must be at least 1 and 0 <= RANK < WORLD_SIZE); {fix}")
+        return world
 
     def device(self, device: torch.device) -> torch.device:
         """Rank r's device: its own GPU (cuda:LOCAL_RANK) when `device` is CUDA without an index."""
