@@ -53,6 +53,7 @@ T05 = "05_rnn_encoder_decoder"
 T06 = "06_small_gpt"
 T07 = "07_gpt2_to_llama2"
 T08 = "08_mlm_pretrain_finetune"
+T09 = "09_what_do_the_heads_do"
 T10 = "10_ffn_lookup_bpe_pretraining"
 
 COST = "rnn-vs-transformer-cost"
@@ -222,9 +223,10 @@ LECTURES: tuple[Lecture, ...] = (
               ("layers.attention:Attention",), picture=HEADS_PNG, page="user-guide/looking-inside.md",
               section="Multi-head attention"),
         Topic("Probing and mechanistic interpretability: what these heads actually do (one head tracks syntax, "
-              "another proper names?)", None, ("inspect", "inspect.importance", "inspect.head_types",
-                                               "inspect.probes", "inspect.patching", "inspect.logit_lens"),
-              "heads-specialise", "experiments/heads-specialise/heads.png", "user-guide/inspect.md"),
+              "another proper names?)", T09, ("inspect", "inspect.importance", "inspect.head_types",
+                                              "inspect.probes", "inspect.patching", "inspect.logit_lens"),
+              "heads-specialise", "experiments/heads-specialise/heads.png", "user-guide/inspect.md",
+              section="Finding the induction head"),
         Topic("Positional embeddings: learned, added to the word embeddings", T04,
               ("layers.positions:LearnedPositions", "layers.embedding"), "position-extrapolation",
               "experiments/position-extrapolation/loss_by_length.png",

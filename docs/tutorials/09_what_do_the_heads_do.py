@@ -1,0 +1,276 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09. What do the heads do? Hooks, ablation, the logit lens, patching and probes
+#
+# **Follows:** COGS 150, "The Transformer architecture": "When we discuss probing and mechanistic interpretability,
+# we'll talk about research trying to figure out what these heads actually do ... maybe one head tracks syntax";
+# USC CSCI 499, Lecture 11: "attention provides some interpretability".
+#
+# **You will:** train a two-layer attention-only model on a task whose solution is known (copy a repeated sequence:
+# an *induction head*, Olsson et al. 2022); read its attention by hand with PyTorch hooks and check
+# `attnkit.inspect` reads the same; find the induction head by its pattern; remove it and watch the loss come back
+# (Michel et al. 2019); read every layer through the output layer (the logit lens); put one head's output back from a
+# clean run into a corrupted one (activation patching, Meng et al. 2022); and probe the layers for a feature, beside
+# a control task (Hewitt and Liang 2019).
+
+# %%
+# ruff: noqa: E402 (each import sits in the cell that first needs it)
+import copy
+import math
+import os
+import warnings
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notice in notebooks without ipywidgets
+torch.manual_seed(0)
+BUDGET = os.environ.get("ATTNKIT_TUTORIAL_BUDGET", "full")  # "tiny": seconds (the test suite); "full": the real run
+assert BUDGET in ("tiny", "full"), f"ATTNKIT_TUTORIAL_BUDGET={BUDGET!r}: use tiny or full"
+
+# %% [markdown]
+# ## A model whose answer is known
+#
+# Each sequence is $n$ random tokens followed by the same $n$ again. The first half cannot be predicted (the loss
+# stays near $\ln 24$); the second half can, by one trick: find the earlier copy of the current token and predict the
+# token that followed it. Two attention layers suffice: a head in layer 0 writes each token's predecessor into its
+# position, and a head in layer 1 matches the current token against those predecessors. Training halves are 4 to 8
+# tokens long, so no fixed offset finds the copy. Layer 0 has four heads, layer 1 one.
+
+# %%
+from attnkit.inspect.induction import InductionTask, attention_only_decoder, train_induction
+
+task = InductionTask(vocab_size=24, half=8, shortest=4, batch=32)
+model = attention_only_decoder(vocab_size=24, d_model=32, n_heads=(4, 1), max_seq_len=16)
+losses = train_induction(model, task, steps=400 if BUDGET == "full" else 150, lr=1e-2)
+ids = task.ids(torch.Generator().manual_seed(5), batch=32)  # (32, 16): held-out repeated sequences
+first, repeated = task.half_losses(model, ids)
+print(f"loss on the first half {first:.2f} (ln 24 = {math.log(24):.2f}), on the repeated half {repeated:.2f}")
+
+# %% [markdown]
+# ## Reading attention with a hook, from scratch
+#
+# PyTorch calls a module's *forward hooks* with its inputs and outputs. Hook the first block: its input is the
+# residual stream $x$; the pattern is $\mathrm{softmax}(q k^\top / \sqrt{D} + \text{causal mask})$ with $q$ and $k$
+# computed from the normed stream. `attnkit.inspect.trace` names the same activations (`blocks.0.resid_pre`,
+# `blocks.0.attn.pattern`) and reads them with hooks of its own, which exist only during the call.
+
+# %%
+seen = {}
+block = model.stack.blocks[0]
+handle = block.register_forward_pre_hook(lambda module, args: seen.update(x=args[0]))
+with torch.no_grad():
+    model(ids[:, :-1])
+handle.remove()
+
+attention = block.self_attn
+with torch.no_grad():
+    h = block.attn_norm(seen["x"])  # (B, T, C)
+    q = attention.q_proj(h).unflatten(-1, (4, 8)).transpose(1, 2)  # (B, T, C) -> (B, H, T, D)
+    k = attention.k_proj(h).unflatten(-1, (4, 8)).transpose(1, 2)
+    length = q.shape[2]
+    causal = torch.triu(torch.full((length, length), float("-inf")), diagonal=1)  # -inf above the diagonal
+    ours = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8) + causal, dim=-1)  # (B, H, T, T)
+
+from attnkit.inspect import hook_points, trace
+
+read = trace(model, ids[:, :-1], names=["blocks.0.resid_pre", "blocks.0.attn.pattern", "blocks.1.attn.pattern"])
+torch.testing.assert_close(read["blocks.0.resid_pre"], seen["x"])
+torch.testing.assert_close(read["blocks.0.attn.pattern"], ours)
+print(len(hook_points(model)), "hook points, e.g.", list(hook_points(model))[:6])
+
+# %% [markdown]
+# ## Finding the induction head
+#
+# A head's *induction score* is the weight a query $t$ puts on the keys $j \le t$ whose *previous* token equals
+# token $t$ (the token after an earlier copy), averaged over the queries that have such keys. On our sequences that is
+# the key $n - 1$ back in the second half.
+
+# %%
+def induction_score(pattern, ids):
+    """pattern (B, H, T, T), ids (B, T) -> (H,)."""
+    same_as_previous = torch.zeros(ids.shape[0], ids.shape[1], ids.shape[1], dtype=torch.bool)
+    same_as_previous[:, :, 1:] = ids[:, :, None] == ids[:, None, :-1]  # token t == token j - 1
+    keys = same_as_previous & torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()  # and j <= t
+    weight = (pattern * keys[:, None]).sum(-1)  # (B, H, T)
+    counted = keys.any(-1)[:, None].expand_as(weight)
+    return (weight * counted).sum((0, 2)) / counted.sum((0, 2))
+
+
+from attnkit.inspect.head_types import head_types, self_scores
+
+inputs = ids[:, :-1]
+torch.testing.assert_close(induction_score(read["blocks.1.attn.pattern"], inputs),
+                           self_scores(read["blocks.1.attn.pattern"], inputs)["induction"])
+types = head_types(model, inputs)
+for row in types.rows():
+    print(f"{row['site']} head {row['head']}: previous {row['previous']:.2f}  induction {row['induction']:.2f}  "
+          f"-> {row['type']}")
+
+fig, axes = plt.subplots(1, 2, figsize=(8, 3.4))
+for ax, (name, title) in zip(axes, [("blocks.0.attn.pattern", "layer 0, head 0"),
+                                    ("blocks.1.attn.pattern", "layer 1, head 0")], strict=True):
+    ax.imshow(read[name][0, 0], cmap="viridis")
+    ax.set(title=title, xlabel="key", ylabel="query")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# In layer 1, the second half's rows put their weight on a diagonal $n - 1$ to the left of the main one: each
+# query looks at the token after its earlier copy.
+#
+# ## Ablation: does the model need it?
+#
+# Michel et al. (2019) remove one head at a time and measure the loss. Removing head $h$ sets its output (the $D$
+# columns of its output projection's input) to zero; doing it on a copy of the weights, by hand, and with
+# `zero_ablate` at the point `blocks.1.attn.z` gives the same loss.
+
+# %%
+from attnkit.inspect import zero_ablate
+from attnkit.inspect.importance import head_importance
+from attnkit.inspect.inputs import Batch
+
+targets = ids[:, 1:].clone()
+targets[:, : task.half] = -100  # score the repeated half alone
+by_hand = copy.deepcopy(model)
+with torch.no_grad():
+    by_hand.stack.blocks[1].self_attn.o_proj.weight[:, 0:32] = 0  # layer 1 has one head of width 32
+    loss_by_hand = F.cross_entropy(by_hand(inputs).logits.flatten(0, 1), targets.flatten())
+ablated = trace(model, inputs, names=[], edits={"blocks.1.attn.z": zero_ablate(head=0)}).output.logits
+torch.testing.assert_close(F.cross_entropy(ablated.flatten(0, 1), targets.flatten()), loss_by_hand)
+
+importance = head_importance(model, Batch((inputs,), targets))
+for site, head, rise in importance.top(5):
+    print(f"{site} head {head}: the repeated half's loss rises by {rise:+.3f} nats when it is removed")
+
+# %% [markdown]
+# ## The logit lens: where does the answer form?
+#
+# Read the residual stream after each block through the final norm and the output layer, as if the model stopped
+# there (nostalgebraist 2020). The last row is the model's own output.
+
+# %%
+from attnkit.inspect.logit_lens import logit_lens
+
+lens = logit_lens(model, inputs)
+streams = trace(model, inputs, names=["blocks.0.resid_pre", "blocks.0.resid_post", "blocks.1.resid_post"])
+with torch.no_grad():
+    ours = torch.stack([model.lm_head(model.stack.final_norm(streams[n])) for n in streams.cache])
+torch.testing.assert_close(lens.logits, ours)
+torch.testing.assert_close(lens.logits[-1], model(inputs).logits.detach())
+ranks = lens.ranks()[:, :, task.half:].float().mean((1, 2))  # the repeated half's positions
+for name, rank in zip(lens.layers, ranks, strict=True):
+    print(f"{name}: the final answer's mean rank on the repeated half {rank:.1f}")
+
+# %% [markdown]
+# ## Patching: which head carries the answer?
+#
+# Replace the first half of each sequence by other random tokens: the repeated half is no longer a repeat, and the
+# model's answer at the last position is lost. Run the corrupted input again with one head's output taken from the
+# clean run: the share of the logit difference (the answer's logit minus another token's) that comes back is what
+# that head carries (Meng et al. 2022; Wang et al. 2022).
+
+# %%
+from attnkit.inspect.patching import patch_heads
+
+clean = ids[:8]
+corrupted = clean.clone()
+corrupted[:, : task.half] = task.ids(torch.Generator().manual_seed(9), batch=8)[:, : task.half]
+answer, wrong = clean[:, -1], (clean[:, -1] + 1) % 24
+patched = patch_heads(model, Batch((clean[:, :-1],)), Batch((corrupted[:, :-1],)), answer=answer, wrong=wrong)
+print(f"logit difference clean {patched.clean:.2f}, corrupted {patched.corrupted:.2f}")
+for site, row in zip(patched.rows, patched.restored, strict=True):
+    print(site, [f"{v:.2f}" for v in row.tolist() if not math.isnan(v)])
+
+# by hand: the clean run's head output replaces the corrupted one's (a pre-hook on o_proj), then the same share
+clean_z = trace(model, clean[:, :-1], names=["blocks.1.attn.z"])["blocks.1.attn.z"]  # (B, T, H, D)
+o_proj = model.stack.blocks[1].self_attn.o_proj
+handle = o_proj.register_forward_pre_hook(lambda module, args: (clean_z.flatten(-2),))
+with torch.no_grad():
+    logits = model(corrupted[:, :-1]).logits[:, -1]
+handle.remove()
+difference = (logits.gather(1, answer[:, None]) - logits.gather(1, wrong[:, None])).mean()
+share = (difference - patched.corrupted) / (patched.clean - patched.corrupted)
+torch.testing.assert_close(share, patched.restored[1, 0], atol=1e-4, rtol=0)
+
+# %% [markdown]
+# ## Probes, and a control task
+#
+# Does a layer's stream tell whether the current token appeared before? Train a linear classifier on each layer's
+# states. A probe can score well by memorising token identities, so Hewitt and Liang (2019) compare it with a
+# *control task*: each token type gets one random label, drawn from the real labels' distribution. Selectivity is
+# the real accuracy minus the control accuracy.
+
+# %%
+from attnkit.inspect.probes import probe
+
+seen_before = torch.tensor([[int(row[t] in row[:t]) for t in range(inputs.shape[1])] for row in inputs.tolist()])
+for name in streams.cache:
+    result = probe(streams[name].flatten(0, 1), seen_before.flatten(), inputs.flatten(), layer=name, steps=200)
+    print(f"{name}: accuracy {result.accuracy:.2f}, control {result.control_accuracy:.2f}, "
+          f"selectivity {result.selectivity:+.2f} (majority label {result.majority:.2f})")
+
+# %% [markdown]
+# Read the selectivity, not the accuracy. Where the control task is solved as well as the real one (at the
+# embeddings, 24 token types are easily told apart in 32 dimensions), a high accuracy says more about what a linear
+# probe can memorise than about what the layer computes.
+#
+# The same analyses run on any trained run from the command line: `attnkit inspect RUN heads --text ...`,
+# `head-types`, `logit-lens`, `patch --text ... --corrupt ...` and `probe --conll FILE`
+# ([the guide](../user-guide/inspect.md)).
+#
+# ## Exercises
+#
+# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
+# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+#
+# 1. Write `previous_score(pattern)`: for a pattern (B, H, T, T), each head's mean weight on the key just before
+#    the query, over the queries t >= 1.
+# 2. Which head of layer 0 puts the most weight on the previous token? Give its index.
+
+# %%
+layer0 = read["blocks.0.attn.pattern"]
+
+
+def check_1(previous_score):
+    expected = self_scores(layer0, inputs)["previous"]
+    right = torch.allclose(previous_score(layer0), expected, atol=1e-5)
+    print("exercise 1:", "right" if right else f"wrong: the scores are {expected.tolist()}")
+    return right
+
+
+def check_2(head):
+    best = int(self_scores(layer0, inputs)["previous"].argmax())
+    right = head == best
+    print("exercise 2:", "right" if right else "wrong: another head scores higher")
+    return right
+
+
+previous_score = None  # your function here
+head = None  # your number here
+for check, answer_given in ((check_1, previous_score), (check_2, head)):
+    if answer_given is not None:
+        check(answer_given)
+
+# %% [markdown]
+# ### Solutions
+
+# %%
+def previous_score_solution(pattern):
+    length = pattern.shape[-1]
+    return pattern[..., torch.arange(1, length), torch.arange(0, length - 1)].mean((0, 2))  # (H,)
+
+
+assert check_1(previous_score_solution) and check_2(int(previous_score_solution(layer0).argmax()))
+assert not check_1(lambda pattern: pattern.diagonal(dim1=-2, dim2=-1).mean((0, 2)))  # a wrong answer: itself
+assert not check_2(int(previous_score_solution(layer0).argmin()))
