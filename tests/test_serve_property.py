@@ -17,7 +17,7 @@ from schemathesis import GenerationMode  # noqa: E402
 from serve_helpers import running_server, tiny_run  # noqa: E402
 
 TIMEOUT = 60
-EXAMPLES = settings(max_examples=8, deadline=None, database=None, derandomize=True,
+EXAMPLES = settings(max_examples=10, deadline=None, database=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))  # per endpoint and mode
 
 

@@ -131,15 +131,20 @@ class StepRequest(ExploreRequest):
 Sampling.model_rebuild()
 
 
-def openapi(bodies: dict[str, type[Body]], *, title: str) -> dict:
+def openapi(bodies: dict[str, type[Body]], *, title: str, limits: dict[str, int] | None = None) -> dict:
     """An OpenAPI 3.1 document of the POST endpoints `bodies` ({path: its body}), their bodies' JSON Schemas in its
-    components: what clients and schema-driven tests (schemathesis) read at GET /openapi.json."""
+    components, with this server's `limits` ({integer field: its maximum}, e.g. its --max-tokens): what clients and
+    schema-driven tests (schemathesis) read at GET /openapi.json."""
     components: dict[str, dict] = {}
     paths = {}
     for path, body in bodies.items():
         schema = body.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(schema.pop("$defs", {}))
         components[body.__name__] = schema
+        for name, field in schema.get("properties", {}).items():
+            for branch in [field, *field.get("anyOf", [])]:
+                if name in (limits or {}) and branch.get("type") == "integer":
+                    branch["maximum"] = min(branch.get("maximum", limits[name]), limits[name])
         paths[path] = {"post": {
             "operationId": path.strip("/").replace("/", "_"),
             "requestBody": {"required": True, "content": {"application/json": {
