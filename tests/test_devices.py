@@ -3,6 +3,8 @@ CUDA device where there is one. Tests marked `gpu` need CUDA; elsewhere conftest
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from cli_helpers import tiny_runs
@@ -111,3 +113,42 @@ def test_the_server_generates_on_cuda(runs):
         answer = httpx.post(f"{url}/v1/completions", json={"model": runs["lm"].name, "prompt": "abc", "max_tokens": 4,
                                                             "temperature": 0}, timeout=60)
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decoding_gives_eager_decodings_tokens():
+    """The compiled static step replayed from a CUDA graph (`GraphedStep`) chooses eager decoding's tokens, over
+    several caches of one shape (a graph for each) and two batch sizes."""
+    from generate_models import tiny_model
+
+    from attnkit.generate import StaticDecoding, generate_tokens
+
+    model, config = tiny_model(position="rope", seed=2, n_kv_heads=2)
+    model = model.float().cuda()
+    decoding = StaticDecoding(model)
+    for prompts in ([[1, 2, 3]], [[4, 5, 6, 7]], [[1, 2, 3], [9, 8, 7, 6, 5]]):
+        eager = generate_tokens(model, prompts, max_new_tokens=12, context_len=config.max_seq_len)
+        graphed = generate_tokens(model, prompts, max_new_tokens=12, context_len=config.max_seq_len,
+                                  decoding=decoding)
+        assert graphed == eager
+    assert decoding._graphs_fail is None and decoding._graphed is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile", ["model", "blocks"])
+def test_compiled_training_on_cuda_follows_eager_training(compile, tmp_path):
+    """The plan's compiled step (whole model, fullgraph; or per block) trains like the eager one: the same logged
+    losses within bf16-free fp32 tolerance, every step read at the plan's host reads."""
+    from test_train import request, train_losses
+
+    from attnkit.train import prepare
+
+    for name, setting in (("eager", "off"), ("compiled", compile)):
+        trainer = prepare(dataclasses.replace(request(tmp_path / name, overrides=["dropout=0.0"], compile=setting),
+                                              device="cuda"))
+        assert trainer.plan.sync_every == trainer.settings.log_every
+        trainer.fit()
+    eager, compiled = train_losses(tmp_path / "eager"), train_losses(tmp_path / "compiled")
+    assert [s for s, _ in compiled] == [s for s, _ in eager]
+    for (_, a), (_, b) in zip(compiled, eager, strict=True):
+        assert abs(a - b) < 2e-3 * max(1.0, abs(b))

@@ -160,10 +160,15 @@ def test_bf16_master_weights_train_every_task(tmp_path, task):
     assert {t.dtype for t in weights(tmp_path).values() if t.is_floating_point()} == {torch.float32}
 
 
-def test_compiled_blocks_train_like_eager_ones(tmp_path):
-    """`compile=True` (torch.compile per block) is a speed option only: same losses and weights, same names."""
-    trainer = prepare(request(tmp_path / "c", max_steps=4, eval_every=4, compile=True, overrides=["dropout=0.0"]))
-    assert any(hasattr(m, "_compiled_call_impl") and m._compiled_call_impl for m in trainer.model.modules())
+@pytest.mark.parametrize("compile", [pytest.param("blocks", marks=pytest.mark.slow), "model"])
+def test_compiled_training_follows_eager_training(tmp_path, compile):
+    """Compiling (each block, or the whole model as one graph with its loss, as a GPU's plan does) is a speed option
+    only: same losses and weights, same names."""
+    trainer = prepare(request(tmp_path / "c", max_steps=4, eval_every=4, compile=compile, overrides=["dropout=0.0"]))
+    if compile == "blocks":
+        assert any(hasattr(m, "_compiled_call_impl") and m._compiled_call_impl for m in trainer.model.modules())
+    else:
+        assert trainer.plan.fullgraph and trainer.train_model._orig_mod is trainer.model
     trainer.fit()
     eager = prepare(request(tmp_path / "e", max_steps=4, eval_every=4, overrides=["dropout=0.0"]))
     eager.fit()

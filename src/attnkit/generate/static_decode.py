@@ -24,9 +24,18 @@ into the graph and the step's inputs are built the same way each time, so a call
 in its batch size and cache length, in the global modes torch traces under (grad, inference, autocast) and in the
 model's train/eval mode. A call that matches an earlier one in all of these runs with only the guards that tell the
 compiled graphs apart (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`); any other runs every guard.
+
+On a GPU the compiled step still launches each of its kernels from the host, and at batch 1 the launches, not the
+GPU, set the pace. So once a step has run for a cache, its kernels are captured into a CUDA graph (`GraphedStep`)
+and each later step of that cache is one replay: the token is copied into the graph's input, and the cache, which the
+graph reads and writes in place, is the cache's own tensors (their addresses do not change). A step whose capture
+fails runs compiled as before, and says so once.
 """
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -38,6 +47,8 @@ from attnkit.generate.decoder import EagerDecoding, Window, prefill
 from attnkit.layers.kv_cache import StaticKVCache
 from attnkit.models.decoder import DecoderLM
 
+log = logging.getLogger(__name__)
+
 SMALLEST_CACHE = 64  # positions; lengths are rounded up to a power of two from here
 MAX_GRAPHS = 64  # compiled graphs kept per step function (torch's default of 8 is soon reached with batch sizes)
 
@@ -48,6 +59,28 @@ def static_step(model: nn.Module, token: Tensor, cache: StaticKVCache) -> Tensor
     mask = model.stack.self_mask(1, start=cache.slot, attention_mask=cache.filled)  # the query sits at the slot
     hidden, _ = model.stack.run(token, position, mask=mask, cache=cache)  # (B, 1, C)
     return model.lm_head(hidden[:, -1])  # (B, V)
+
+
+class GraphedStep:
+    """A decoding step over one cache replayed from a CUDA graph: `step(token, cache)` captured once, after a warm-up
+    run on a side stream (as CUDA graphs require), with a token buffer of its own as the graph's input."""
+
+    def __init__(self, step: Callable[[Tensor, StaticKVCache], Tensor], token: Tensor, cache: StaticKVCache) -> None:
+        self.cache = cache
+        self.token = token.clone()  # (B, 1): the graph reads this buffer
+        side = torch.cuda.Stream(device=token.device)
+        side.wait_stream(torch.cuda.current_stream(token.device))
+        with torch.cuda.stream(side):
+            step(self.token, cache)  # a step writes only its own slot: running it again changes nothing
+        torch.cuda.current_stream(token.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = step(self.token, cache)  # (B, V): the graph writes its output here at each replay
+
+    def __call__(self, token: Tensor) -> Tensor:
+        self.token.copy_(token)
+        self.graph.replay()
+        return self.logits.clone()  # the next replay overwrites the buffer
 
 
 class StaticDecoding(EagerDecoding):
@@ -71,6 +104,8 @@ class StaticDecoding(EagerDecoding):
         self.freezes_weights = not any(isinstance(m, TransposedLinear) for m in model.modules())
         self._compiled = mode is not None
         self._calls_seen: set[tuple] = set()  # `_call_key`s of the calls the step has run
+        self._graphed: GraphedStep | None = None  # the current cache's step in a CUDA graph (compiled, on a GPU)
+        self._graphs_fail: str | None = None  # why capturing failed here once (then steps run compiled)
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -94,6 +129,8 @@ class StaticDecoding(EagerDecoding):
         if not self._compiled:  # the eager reference
             return self._step(token, cache)
         key = self._call_key(token, cache)
+        if key in self._calls_seen and token.device.type == "cuda" and self._graphs_fail is None:
+            return self._replay(token, cache)
         if key in self._calls_seen:  # nothing to trace: check only what tells the compiled graphs apart
             try:
                 with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
@@ -116,6 +153,20 @@ class StaticDecoding(EagerDecoding):
             logits = self._step(token, cache)
         self._calls_seen.add(key)
         return logits
+
+    def _replay(self, token: Tensor, cache: StaticKVCache) -> Tensor:
+        """The step for `cache` from its CUDA graph, captured at its first call here (one graph, the latest cache's)."""
+        if self._graphed is None or self._graphed.cache is not cache:
+            self._graphed = None  # the previous cache's graph and memory pool go first
+            try:
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                    self._graphed = GraphedStep(self._step, token, cache)
+            except RuntimeError as err:
+                self._graphs_fail = f"{type(err).__name__}: {err}"
+                log.warning("decoding steps run compiled without a CUDA graph: capturing one failed (%s)",
+                            self._graphs_fail)
+                return self._step(token, cache)
+        return self._graphed(token)
 
     def _call_key(self, token: Tensor, cache: StaticKVCache) -> tuple:
         """What may differ between two calls of the step (see the module docstring)."""
