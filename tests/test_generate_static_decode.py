@@ -177,3 +177,18 @@ def test_max_autotune_step_equals_eager():
     tuned = generate_tokens(model, PROMPTS[:2], max_new_tokens=8, context_len=config.max_seq_len,
                             decoding=StaticDecoding(model, compile="max-autotune"))
     assert tuned == eager
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama2-tiny"])
+def test_static_step_traces_without_graph_breaks(name):
+    """The decoding step of the decoder families with default settings is one graph (what a CUDA graph captures)."""
+    from attnkit import build_model, presets
+    from attnkit.generate.static_decode import static_step
+
+    model = build_model(presets.get(name, vocab_size=64, n_layers=1, max_seq_len=64)).eval()
+    cache = model.allocate_cache(2, 64, static=True)
+    cache.advance()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explanation = torch._dynamo.explain(static_step)(model, torch.tensor([[3], [5]]), cache)
+    assert explanation.graph_break_count == 0, [str(b.reason)[:200] for b in explanation.break_reasons]
