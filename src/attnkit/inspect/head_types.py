@@ -101,7 +101,7 @@ def classify(scores: dict[str, Tensor], threshold: float = 0.4) -> list[str]:
 
 @dataclass(frozen=True)
 class HeadTypes:
-    """scores[type][i, h]: head h of `sites[i]` on that type (NaN: not scored there, e.g. a cross-attention site on
+    """`scores[type][i, h]`: head h of `sites[i]` on that type (NaN: not scored there, e.g. a cross-attention site on
     self-attention types, `monotonic` on self-attention); `types[i][h]`: its type (`typed`)."""
 
     sites: list[str]

@@ -24,7 +24,7 @@ from attnkit.inspect.points import head_sites
 
 @dataclass(frozen=True)
 class HeadImportance:
-    """scores[i, h]: the loss change (or KL) when head h of `sites[i]` is ablated (NaN where a site has fewer heads);
+    """`scores[i, h]`: the loss change (or KL) when head h of `sites[i]` is ablated (NaN where a site has fewer heads);
     `baseline`: the loss unchanged (0 for KL)."""
 
     sites: list[str]
@@ -51,7 +51,7 @@ def head_importance(model: nn.Module, batches: Batch | Sequence[Batch], *, ablat
     """Ablate each head of each attention sublayer at its output (`SITE.z`) and score the model on `batches` (one,
     or several of different shapes, e.g. sentence pairs; scores are their mean).
 
-    Mean and resample ablation read their reference from each batch itself (its mean; its rows shuffled).
+    Mean and resample ablation read their reference from each batch itself (its mean; rows of it drawn at random).
     """
     model.eval()
     batches = [batches] if isinstance(batches, Batch) else list(batches)

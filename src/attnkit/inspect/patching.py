@@ -26,7 +26,7 @@ from attnkit.inspect.tracing import Trace
 
 @dataclass(frozen=True)
 class Patching:
-    """restored[i, j]: the share of the logit difference a patch at (rows[i], column j) brings back; `clean` and
+    """`restored[i, j]`: the share of the logit difference a patch at (`rows[i]`, column j) brings back; `clean` and
     `corrupted`: the logit differences of the two runs."""
 
     rows: list[str]
