@@ -125,9 +125,11 @@ class Batch:
         return rows, positions
 
     def window(self) -> Window:
-        """The rows in use from column `first` up to their newest token, in column `length`: (B, length + 1 - first)."""
+        """The rows in use from column `first` up to their newest token, in column `length`: (B, length + 1 - first).
+        Whether it is padded was read when the rows in use last changed (`_in_use`): each step adds a real column to
+        every row, so a step asks the device nothing."""
         rows, end = len(self.rows), self.length + 1
-        return Window.of(self.ids[:rows, self.first:end], self.attention_mask[:rows, self.first:end])
+        return Window(self.ids[:rows, self.first:end], self.attention_mask[:rows, self.first:end], padded=self.padded)
 
     def write(self, tokens: Tensor) -> None:
         """Each row's next token, (B,), into column `length` (the room is there: `Scheduler._fit`)."""
@@ -190,12 +192,13 @@ class Batch:
 
     def _in_use(self) -> None:
         """Find `first` and make `cache`, after the rows in use changed."""
-        if not mergeable(self.store):  # one job's rows, which join and leave together (Scheduler._take)
-            self.first, self.cache = 0, self.store
-            return
         used = len(self.rows)
         real = self.attention_mask[:used, : self.length].to(torch.uint8)  # (B, L)
+        if not mergeable(self.store):  # one job's rows, which join and leave together (Scheduler._take)
+            self.first, self.cache, self.padded = 0, self.store, not bool(real.all())
+            return
         self.first = int(real.argmax(dim=1).min()) if self.length else 0  # each row's first real column, the least
+        self.padded = not bool(real[:, self.first :].all())
         layers = []
         for layer in self.store.layers:
             part = copy.copy(layer)  # a LayerCache over narrowed buffers: (B, Hkv, P - first, D)
@@ -224,7 +227,7 @@ class Scheduler:
         self.logits: Tensor | None = None  # (B, V): the running rows' next-token logits
         self.steps = 0  # forward passes so far (prefills and decoding steps)
         self.tokens = 0  # tokens generated so far
-        self.step_seconds = 0.0  # how long the last decoding step took
+        self.step_seconds = 0.0  # how long the last decoding step took (with the read of its tokens, `_iteration`)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="attnkit-batching", daemon=True)
@@ -281,7 +284,9 @@ class Scheduler:
         self._admit()
         if self.batch is None:
             return
-        chosen = self._choose(self.batch)
+        started = time.monotonic()
+        chosen = self._choose(self.batch)  # reads the tokens: waits for the step before to finish on a GPU
+        choosing = time.monotonic() - started
         ended = [i for i, (job, _) in enumerate(self.batch.rows) if None not in job.reasons]
         for job in self.batch.jobs:
             if None not in job.reasons:
@@ -295,7 +300,9 @@ class Scheduler:
         self.batch.write(chosen)
         started = time.monotonic()
         self.logits = self.decoding.step(self.batch.window(), self.batch.cache)
-        self.step_seconds = time.monotonic() - started
+        # the step's call and the wait for the last step's tokens: on a CPU the call computes the step, on a GPU it
+        # launches the kernels and the next read of tokens waits for them; either way, what a step costs
+        self.step_seconds = time.monotonic() - started + choosing
         self.batch.length += 1
         self.steps += 1
 
@@ -391,7 +398,7 @@ class Scheduler:
         if self.batch is None:
             batch = self._start(window, rows, headroom=max(job.max_new_tokens for job in joining))
             logits = self.decoding.prefill(window, batch.cache)
-            batch.length = width
+            batch.length, batch.padded = width, window.padded  # its columns are the prompts' now
             self.batch, self.logits = batch, logits
         else:
             cache = self._allocate(count, width)
