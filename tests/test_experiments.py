@@ -226,3 +226,22 @@ def test_running_mean_averages_each_value_with_those_before_it():
     assert running_mean(values, window=1) == values
     assert running_mean(values, window=2) == [4.0, 3.0, 4.0, 3.0, 4.0]
     assert running_mean(values, window=3) == pytest.approx([4.0, 3.0, 4.0, 8 / 3, 14 / 3])
+
+
+def test_device_is_refused_where_the_claim_is_not_about_it(tmp_path, monkeypatch):
+    """Only the experiments about hardware run on a GPU; the others refuse --device cuda naming those that do (CUDA
+    is made to look present: the refusal comes before anything runs)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="runs on the CPU only.*rnn-vs-transformer-cost.*transformer-plus-plus"):
+        run_experiment("kernel-regression", budget="tiny", out=tmp_path, device="cuda")
+    assert not (tmp_path / "results.json").exists()
+    assert {name for name, spec in REGISTRY.items() if "cuda" in spec.devices} == {
+        "rnn-vs-transformer-cost", "transformer-plus-plus"}
+
+
+@pytest.mark.gpu
+def test_cost_experiment_on_the_gpu_asks_the_parallel_question(tmp_path):
+    result = run_experiment("rnn-vs-transformer-cost", budget="tiny", out=tmp_path, device="cuda")
+    assert any("on the GPU" in check.what for check in result.checks)
+    assert torch.cuda.get_device_name() in result.machine

@@ -586,12 +586,14 @@ def _run_experiment(settings: ExperimentSettings) -> int:
 
     if settings.list:
         for name in sorted(REGISTRY):
-            print(f"{name}: {REGISTRY[name].claim} ({REGISTRY[name].lecture})")
+            gpu = " [--device cuda too]" if "cuda" in REGISTRY[name].devices else ""
+            print(f"{name}: {REGISTRY[name].claim} ({REGISTRY[name].lecture}){gpu}")
         return 0
     if settings.name is None:
         raise InputError("name the experiment to run (attnkit experiment --list shows them)")
     _refuse_other_experiment(settings.name, settings.out)
-    result = run_experiment(settings.name, budget=settings.budget, out=settings.out, progress=settings.progress)
+    result = run_experiment(settings.name, budget=settings.budget, out=settings.out, progress=settings.progress,
+                            device=settings.device)
     print(result.table_markdown())
     print(result.checks_markdown())
     print(result.summary())

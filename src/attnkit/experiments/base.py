@@ -38,6 +38,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from attnkit.errors import ConfigError, unknown_name
+from attnkit.machine import pick_device
 from attnkit.train.trainer import shows_progress
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class ExperimentSettings:
     list: bool = False  # print the experiments, each with its claim and lecture
     budget: Budget = "small"  # tiny: seconds (what the tests run); small: minutes on 2 CPU cores; full: larger runs
     out: str | None = None  # directory for results.json, table.md and the plots; none: runs/experiments/NAME
+    device: str = "cpu"  # cpu, or cuda for the experiments that run there (--list says which)
     progress: bool | None = None  # a bar per training run; --no-progress: log lines; none: on a terminal
 
 
@@ -238,7 +240,8 @@ class Experiment:
     name: str
     claim: str
     lecture: str
-    run: Callable[[str, Path, Progress], Result]
+    run: Callable[..., Result]  # (budget, out, progress), and device= where `devices` holds more than the CPU
+    devices: tuple[str, ...] = ("cpu",)
 
 
 REGISTRY: dict[str, Experiment] = {}
@@ -247,11 +250,13 @@ REGISTRY: dict[str, Experiment] = {}
 RunFunction = Callable[[str, Path, Progress], Result]
 
 
-def experiment(name: str, *, claim: str, lecture: str) -> Callable[[RunFunction], RunFunction]:
-    """Register `run(budget, out, progress) -> Result` as the experiment `name`."""
+def experiment(name: str, *, claim: str, lecture: str,
+               devices: tuple[str, ...] = ("cpu",)) -> Callable[[RunFunction], RunFunction]:
+    """Register `run(budget, out, progress) -> Result` as the experiment `name`; one that also runs on a GPU lists
+    "cuda" in `devices` and takes `device=` (the device to run on)."""
 
     def register(run: RunFunction) -> RunFunction:
-        REGISTRY[name] = Experiment(name, claim, lecture, run)
+        REGISTRY[name] = Experiment(name, claim, lecture, run, devices)
         return run
 
     return register
@@ -274,29 +279,35 @@ def device_name(device: str = "cpu") -> str:
     return models[0] if models else platform.processor() or platform.machine()
 
 
-def machine() -> str:
-    """The device and thread count the numbers were measured on."""
-    if torch.cuda.is_available():
-        return device_name("cuda")
+def machine(device: str = "cpu") -> str:
+    """The device (and the CPU's thread count) the numbers were measured on."""
+    if torch.device(device).type == "cuda":
+        return device_name(device)
     return f"{device_name()}, {torch.get_num_threads()} thread(s)"
 
 
 def run_experiment(name: str, *, budget: str = "small", out: str | Path | None = None,
-                   progress: bool | None = False) -> Result:
-    """Run experiment `name` at `budget`, write its files into `out` (default runs/experiments/NAME).
+                   progress: bool | None = False, device: str = "cpu") -> Result:
+    """Run experiment `name` at `budget` on `device`, write its files into `out` (default runs/experiments/NAME).
 
     progress: True draws a bar per training run, False logs progress lines, None: bars on a terminal."""
     spec = get(name)
     if budget not in BUDGETS:
         raise ConfigError(f"budget={budget!r} is not one of {', '.join(BUDGETS)}")
+    kind = pick_device(device).type
+    if kind not in spec.devices:
+        elsewhere = sorted(n for n, e in REGISTRY.items() if kind in e.devices)
+        raise ConfigError(f"experiment {name!r} runs on the CPU only (its claim is not about {kind} hardware); "
+                          f"on {kind}: {', '.join(elsewhere) or 'none'}; or drop --device")
+    on_device = {"device": device} if len(spec.devices) > 1 else {}
     out_dir = Path(out) if out is not None else Path("runs") / "experiments" / name
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     bars = shows_progress(progress)
     log.info("%s at budget %s: %s", name, budget, spec.claim)
     with logging_redirect_tqdm():
-        result = spec.run(budget, out_dir, Progress(bars=bars))
+        result = spec.run(budget, out_dir, Progress(bars=bars), **on_device)
     result.name, result.claim, result.lecture, result.budget = spec.name, spec.claim, spec.lecture, budget
-    result.seconds, result.machine = time.perf_counter() - start, machine()
+    result.seconds, result.machine = time.perf_counter() - start, machine(device)
     result.write(out_dir)
     return result

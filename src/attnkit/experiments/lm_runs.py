@@ -77,16 +77,18 @@ def train_lm(
     eval_batches: int = 20,
     progress: Progress | None = None,
     desc: str = "training",
+    device: str = "cpu",
 ) -> RunLog:
     """Train a decoder built from `config` for `steps` optimizer steps; evaluate on the validation split.
 
     init: re-initialises the built model in place (an experiment's own scheme; default: the builder's GPT-2 one).
-    progress: shows the steps as `desc` (default: a log line every fifth of them).
+    progress: shows the steps as `desc` (default: a log line every fifth of them); device: where it trains.
     """
     torch.manual_seed(seed)
     model = build_model(config.replace(vocab_size=corpus.vocab_size))
     if init is not None:
         init(model)
+    model.to(device)
     optimizer = make_optimizer(model, lr=lr, weight_decay=0.1)
     generator = torch.Generator().manual_seed(seed)
     log = RunLog(model=model)
@@ -96,7 +98,7 @@ def train_lm(
         step_start = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr * lr_factor("cosine", step, warmup=warmup, progress=step / steps)
-        x, y = corpus.data.sample_batch("train", batch_size, seq_len, generator)  # (B, T), (B, T)
+        x, y = (t.to(device) for t in corpus.data.sample_batch("train", batch_size, seq_len, generator))  # (B, T)
         loss = model(x, labels=y, return_logits=False).loss
         if not torch.isfinite(loss):
             log.diverged = True
@@ -106,7 +108,7 @@ def train_lm(
         if clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
-        log.losses.append(loss.item())
+        log.losses.append(loss.item())  # waits for the step on a GPU: its time is the step's
         log.step_seconds.append(time.perf_counter() - step_start)
     log.seconds = time.perf_counter() - start
     log.val_loss = math.nan if log.diverged else validation_loss(model, corpus, seq_len, batch_size, eval_batches)
@@ -118,8 +120,9 @@ def validation_loss(model: nn.Module, corpus: Corpus, seq_len: int, batch_size: 
     """Mean next-token loss over windows spread evenly over the validation split."""
     model.eval()
     total, count = 0.0, 0
+    device = next(model.parameters()).device
     for x, y in corpus.data.iter_eval_batches("val", batch_size=batch_size, seq_len=seq_len, max_batches=max_batches):
-        total += model(x, labels=y, return_logits=False).loss.item() * y.numel()
+        total += model(x.to(device), labels=y.to(device), return_logits=False).loss.item() * y.numel()
         count += y.numel()
     model.train()
     return total / count

@@ -83,8 +83,9 @@ def pooled_spread(groups: list[list[float]]) -> tuple[float | None, int]:
     claim="the Llama-2-style Transformer++ (pre-RMSNorm, SwiGLU, RoPE, GQA, no biases) needs several times less "
     "training compute than the original Transformer for the same loss (about 10x at scale)",
     lecture="From the Transformer to Llama 2 (Gu and Dao 2023, figure 4's Transformer++ baseline)",
+    devices=("cpu", "cuda"),
 )
-def run(budget: str, out: Path, progress: Progress) -> Result:
+def run(budget: str, out: Path, progress: Progress, device: str = "cpu") -> Result:
     sizes = {"tiny": [(32, 1)], "small": [(64, 2), (128, 3), (192, 4)], "full": [(64, 2), (128, 3), (192, 4),
                                                                                 (256, 6)]}[budget]
     steps = {"tiny": 30, "small": 200, "full": 1000}[budget]
@@ -98,7 +99,7 @@ def run(budget: str, out: Path, progress: Progress) -> Result:
         desc = f"{name} {config.d_model} x {config.n_layers}, seed {seed}"
         progress.phase(f"training {desc} ({len(rows) + 1} of the runs)")
         log = train_lm(config, corpus, steps=steps, seq_len=SEQ_LEN, batch_size=BATCH, lr=2e-3, seed=seed,
-                       progress=progress, desc=desc)
+                       progress=progress, desc=desc, device=device)
         flops = training_flops(config, count_parameters(config), tokens, SEQ_LEN)
         row = {"model": name, "width x layers": f"{config.d_model} x {config.n_layers}", "seed": seed,
                "parameters": count_parameters(config), "training FLOPs": flops, "val loss": log.val_loss}
