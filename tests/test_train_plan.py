@@ -160,3 +160,28 @@ def test_deferred_reads_still_save_nothing_past_a_non_finite_loss(tmp_path):
         trainer.fit()
     assert [p.name for p in checkpoints(tmp_path)] == ["step_000003"]
     assert max(r["step"] for r in MetricsLog(tmp_path / "metrics.jsonl").records("train")) == 4
+
+
+def test_float8_is_refused_where_it_cannot_run_naming_the_fix():
+    model = _decoder()
+    with pytest.raises(ConfigError, match="float8 tensor cores.*--device cuda"):
+        plan_training(model, family="decoder", device="cpu", dtype="bf16", float8=True)
+    with pytest.raises(ConfigError, match="compute capability 8.9.*8.0"):
+        plan_training(model, family="decoder", device="cuda", dtype="bf16", float8=True, capability=(8, 0),
+                      free_memory=GIB)
+    with pytest.raises(ConfigError, match="--dtype bf16"):
+        plan_training(model, family="decoder", device="cuda", dtype="fp32", float8=True, capability=(9, 0),
+                      free_memory=GIB)
+    assert "off: not asked for (--float8" in plan_training(model, family="decoder", device="cpu").explain()
+
+
+def test_float8_converts_the_blocks_linear_layers_and_not_the_output_layer():
+    pytest.importorskip("torchao", reason="float8 training goes through torchao (pip install 'attnkit[gpu]')")
+    model = _decoder(d_model=32, n_heads=2, d_ff=64)
+    plan = plan_training(model, family="decoder", device="cuda", dtype="bf16", float8=True, capability=(9, 0),
+                         free_memory=GIB)
+    names = {name for name, _ in model.named_parameters()}
+    plan.prepare(model)  # converting swaps modules only: it runs on the CPU
+    converted = {name for name, m in model.named_modules() if type(m).__name__ == "Float8Linear"}
+    assert converted and all(name.startswith("stack.blocks.") for name in converted)
+    assert {name for name, _ in model.named_parameters()} == names  # checkpoints keep their keys

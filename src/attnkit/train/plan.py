@@ -22,6 +22,8 @@ The choices (nanoGPT's train.py and torchtitan on a GPU; the CPU's own where the
                     nn.RNN, nn.GRU or nn.LSTM); blocks under FSDP2 (each block is a shard unit)
     optimizer       AdamW, fused (`train/optim.py`)
     matmul          TF32 for fp32 products on a GPU
+    float8          on request (--float8), where the GPU has float8 tensor cores (Hopper, Ada) and torchao is installed:
+                    the blocks' linear layers multiply in float8 with dynamic scaling (torchao's float8 training)
     attention       the SDPA kernel the model's shapes take on a GPU; on a CPU, SDPA or plain float32 products where the
                     machine's profile measured them faster (`layers/kernels.py`)
     data            pinned host memory and non-blocking copies on a GPU
@@ -34,6 +36,7 @@ Tests build plans for CUDA without one by passing `device="cuda"` and `free_memo
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -42,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.blocks import compile_blocks
+from attnkit.errors import ConfigError
 from attnkit.layers.kernels import MathKernel, use_math_kernel
 from attnkit.layers.output_loss import LossPath, fused_kernel_missing, use_loss_path
 from attnkit.machine import load_profile
@@ -65,6 +69,7 @@ class TrainingPlan:
     fullgraph: bool
     math_kernel: MathKernel | None
     tf32: bool
+    float8: bool
     pin_memory: bool
     sync_every: int  # optimizer steps between host reads of the loss and gradient norm
     choices: tuple[Choice, ...]
@@ -76,6 +81,10 @@ class TrainingPlan:
         """Set the loss path and the attention kernel on `model` (the module forward runs on), in place."""
         use_loss_path(model, self.loss)
         use_math_kernel(model, self.math_kernel)
+        if self.float8:
+            from torchao.float8 import convert_to_float8_training
+
+            convert_to_float8_training(model, module_filter_fn=_float8_layer)
         return model
 
     def compiled(self, module: nn.Module, model: nn.Module) -> nn.Module:
@@ -117,12 +126,15 @@ def plan_training(
     log_every: int = 10,
     batch_tokens: int = 0,
     sharded: bool = False,
+    float8: bool = False,
     free_memory: int | None = None,
+    capability: tuple[int, int] | None = None,
 ) -> TrainingPlan:
     """Decide how `model` of `family` trains on `device` in `dtype` (see the module docstring).
 
-    batch_tokens: tokens of one micro-batch (B * T), which size the logits; sharded: FSDP2; free_memory: bytes free on
-    a GPU (default: what CUDA reports).
+    batch_tokens: tokens of one micro-batch (B * T), which size the logits; sharded: FSDP2; float8: asked for (a
+    ConfigError where it cannot run); free_memory: bytes free on a GPU, capability: its compute capability (default:
+    what CUDA reports).
     """
     device = torch.device(device)
     on_gpu = device.type == "cuda"
@@ -148,6 +160,8 @@ def plan_training(
     choices.append(Choice("matmul", "TF32 for fp32 products" if tf32 else "fp32 products in fp32",
                           "tensor cores for what autocast leaves in fp32 (nanoGPT does the same)" if tf32 else
                           "TF32 is a GPU format"))
+    why_float8 = _float8(float8, device, dtype, capability)
+    choices.append(Choice("float8", "the blocks' linear layers" if float8 else "off", why_float8))
     math_kernel, why_attention = _attention(model, device, dtype)
     choices.append(Choice("attention", why_attention[0], why_attention[1]))
     choices.append(Choice("data", "pinned, copied without waiting" if on_gpu else "as drawn",
@@ -159,7 +173,7 @@ def plan_training(
                           "a non-finite loss or gradient norm is found at the next read, before anything is saved"
                           if on_gpu else "a read costs no wait on a CPU, and a non-finite step is never applied"))
     return TrainingPlan(device=device, dtype=dtype, loss=loss, compile=compile_choice, fullgraph=fullgraph,
-                        math_kernel=math_kernel, tf32=tf32, pin_memory=on_gpu, sync_every=sync_every,
+                        math_kernel=math_kernel, tf32=tf32, float8=float8, pin_memory=on_gpu, sync_every=sync_every,
                         choices=tuple(choices))
 
 
@@ -179,9 +193,36 @@ def _compilation(compile: str, family: str, on_gpu: bool, sharded: bool) -> tupl
         return "blocks", False, "FSDP2 shards each block: each is compiled as its own graph (torchtitan's choice)"
     if compile == "blocks":
         return "blocks", False, "as asked (--compile blocks): each block one graph, the embeddings and loss eager"
-    return "model", True, ("one graph for the forward and the loss (fullgraph: the Transformer families trace "
-                           "without graph breaks), one for the backward: inductor fuses the element-wise work "
-                           "between products" + (", as asked" if compile == "model" else " (auto, on a GPU)"))
+    return "model", True, ("one graph for the forward with its loss and one for the backward (the Transformer "
+                           "families trace without graph breaks): inductor fuses the element-wise work between "
+                           "products" + (", as asked" if compile == "model" else " (auto, on a GPU)"))
+
+
+def _float8(asked: bool, device: torch.device, dtype: str, capability: tuple[int, int] | None) -> str:
+    """Why float8 is off, or how it runs; a ConfigError naming what is missing where it was asked for and cannot."""
+    if not asked:
+        return "not asked for (--float8: Hopper or Ada GPUs, bf16, torchao)"
+    if device.type != "cuda":
+        raise ConfigError(f"--float8 multiplies on a GPU's float8 tensor cores; this run trains on {device}: drop "
+                          "--float8, or train on a Hopper or Ada GPU (--device cuda)")
+    capability = capability or torch.cuda.get_device_capability(device)
+    if capability < (8, 9):
+        raise ConfigError(f"--float8 needs float8 tensor cores (compute capability 8.9: Ada, Hopper); this GPU has "
+                          f"{capability[0]}.{capability[1]}: drop --float8")
+    if dtype != "bf16":
+        raise ConfigError(f"--float8 works beside bf16 autocast (what it leaves unconverted runs in bf16); this run "
+                          f"trains in {dtype}: add --dtype bf16")
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError("--float8 trains through torchao, which is not installed: pip install 'attnkit[gpu]'")
+    return ("torchao's float8 training: inputs, weights and gradients cast to float8 with a scale per tensor for "
+            "each product (the embeddings and the output layer stay bf16)")
+
+
+def _float8_layer(module: nn.Module, name: str) -> bool:
+    """The linear layers float8 training converts: the blocks' (not the output layer), with sizes that float8
+    products tile (multiples of 16)."""
+    return (isinstance(module, nn.Linear) and name.startswith(("stack.", "encoder.", "decoder."))
+            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
 
 def _describe_compile(choice: str, fullgraph: bool) -> str:

@@ -99,6 +99,7 @@ class TrainConfig:
     compile: TrainCompile = field(default="auto", metadata={"const": "model"})
     """auto: the whole model on a GPU, eager on a CPU (the training plan says why: attnkit train --explain); model:
     the whole model (bare --compile); blocks: each transformer block; off: eager"""
+    float8: bool = False  # bf16 on a Hopper or Ada GPU: the blocks' products in float8 (torchao; the training plan)
     eval_every: int = 200  # steps between evaluations (each also writes a checkpoint)
     log_every: int = 10  # steps between progress lines when no progress bar is shown
     keep: int = 3  # checkpoints kept besides best/
@@ -232,7 +233,7 @@ class Trainer:
         self.precision = self.parallel.precision(settings.dtype, self.model)
         self.plan = plan or plan_training(
             self.precision.compute_model, family=config.family, device=self.device, dtype=settings.dtype,
-            compile=settings.compile, log_every=settings.log_every, sharded=settings.shard,
+            compile=settings.compile, log_every=settings.log_every, sharded=settings.shard, float8=settings.float8,
             batch_tokens=settings.batch_size * getattr(config, "max_seq_len", 0))
         self.plan.prepare(self.precision.compute_model)
         # DDP: a wrapper that reduces gradients; FSDP2: the model itself, sharded (so before the optimizer is made)
