@@ -343,8 +343,12 @@ class HFTokenizer(_SpecialIds):
         """The vocabulary entry of each id (byte-level BPE shows a space as 'Ġ', a newline as 'Ċ')."""
         return [self._tok.id_to_token(int(i)) for i in ids]
 
+    def to_str(self) -> str:
+        """The tokenizer.json text, as Hugging Face `tokenizers` writes it (what other libraries read)."""
+        return self._tok.to_str()
+
     def fingerprint(self) -> str:
-        return _sha256_json({"kind": self.kind, "tokenizer": json.loads(self._tok.to_str()), "specials": self.specials})
+        return _sha256_json({"kind": self.kind, "tokenizer": json.loads(self.to_str()), "specials": self.specials})
 
     def save(self, directory: str | os.PathLike) -> None:
         directory = Path(directory)

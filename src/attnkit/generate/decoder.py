@@ -4,6 +4,9 @@
     decode_one_token(t)    one forward over the newest token, attending to the cache        -> logits (B, V)
     decode_n_tokens(n)     choose a token, feed it, repeat, until n tokens or every row has stopped
 
+A `grammar` (`generate/constrained.GrammarMask`) masks each step's logits before the token is chosen, so that a
+constrained row's text follows its grammar (a JSON schema); a row ends when its grammar is complete.
+
 Prompts of different lengths share one batch by left padding, so every row's newest token sits in the last
 column:
 
@@ -33,6 +36,7 @@ from torch import Tensor, nn
 from attnkit.data.batching import pad
 from attnkit.deprecation import warn_renamed
 from attnkit.errors import InputError
+from attnkit.generate.constrained import GrammarMask
 from attnkit.generate.sampling import GREEDY, SamplingConfig, select_next
 from attnkit.layers.kv_cache import KVCache
 
@@ -136,11 +140,12 @@ def decode_n_tokens(
     stop_ids: Collection[int] = (),
     on_token: TokenHook | None = None,
     decoding: EagerDecoding | None = None,
+    grammar: GrammarMask | None = None,
 ) -> list[list[int]]:
     """Choose up to n tokens per row, starting from the prefill's `logits` (B, V).
 
-    A row stops at a token in `stop_ids` (which is not returned) or when `on_token` returns True.
-    Returns each row's new tokens.
+    A row stops at a token in `stop_ids` (which is not returned), when `on_token` returns True, or when its grammar
+    (`grammar`, one matcher per row) is complete. Returns each row's new tokens.
     """
     batch = window.ids.shape[0]
     decoding = _decoding_for(model, decoding)
@@ -149,6 +154,8 @@ def decode_n_tokens(
     finished = [False] * batch
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
     for step in range(n):
+        if grammar is not None:
+            logits = grammar(logits)  # (B, V): what no row's grammar allows next at -inf
         tokens = select_next(logits, sampling, seen=seen, generator=generator)  # (B,)
         for row, token in enumerate(tokens.tolist()):
             if finished[row]:
@@ -157,7 +164,8 @@ def decode_n_tokens(
                 finished[row] = True
                 continue
             new_tokens[row].append(token)
-            if on_token is not None and on_token(row, token):
+            complete = grammar is not None and grammar.advance(row, token)
+            if (on_token is not None and on_token(row, token)) or complete:
                 finished[row] = True
         if step == n - 1 or all(finished):
             break
@@ -202,11 +210,12 @@ def generate_tokens(
     stop_ids: Collection[int] = (),
     on_token: TokenHook | None = None,
     decoding: EagerDecoding | None = None,
+    grammar: GrammarMask | None = None,
 ) -> list[list[int]]:
     """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens; returns the new tokens.
 
     model: a decoder-only model in eval mode (`DecoderLM`); context_len: its `max_seq_len`; decoding: how prefill
-    and steps run (see the module docstring).
+    and steps run (see the module docstring); grammar: a matcher per prompt that each row's text follows.
     Raises InputError for an empty prompt, a prompt longer than `context_len`, or a negative `max_new_tokens`.
     """
     if not prompts:
@@ -240,4 +249,5 @@ def generate_tokens(
         stop_ids=stop_ids,
         on_token=on_token,
         decoding=decoding,
+        grammar=grammar,
     )

@@ -1,0 +1,137 @@
+"""Grammar-constrained decoding (generate/constrained.py): whatever the weights, every text follows its JSON schema and
+ends; a char tokenizer's vocabulary and a byte-level BPE's both work; what cannot be written is refused by name."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("llguidance", reason="structured output needs the structured extra: pip install "
+                    "'attnkit[structured]'")
+jsonschema = pytest.importorskip("jsonschema")
+
+from generate_models import tiny_model  # noqa: E402
+
+from attnkit.errors import ConfigError, InputError  # noqa: E402
+from attnkit.generate import generate_tokens  # noqa: E402
+from attnkit.generate.constrained import Grammar, GrammarMask, Matcher  # noqa: E402
+from attnkit.generate.sampling import SamplingConfig  # noqa: E402
+from attnkit.tokenize import CharTokenizer, train_bpe  # noqa: E402
+
+JSON_CHARS = 'abcdefghijklmnopqrstuvwxyz .,:\n{}[]"0123456789-'
+# every text this schema allows is short (strings of at most 4 characters, bounded numbers, an enum): with enough
+# tokens, generation always ends with the grammar complete
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 4},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "kind": {"enum": ["cat", "dog"]},
+        "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2},
+    },
+    "required": ["name", "age", "kind", "tags"],
+    "additionalProperties": False,
+}
+SMALL = dict(d_model=16, n_heads=2, d_ff=32, n_layers=1)  # the tiniest model: the grammar, not the weights, decides
+BOUND_TOKENS = 72  # more characters than any text BOUNDED allows
+
+
+def sampled(mask: GrammarMask, vocab_size: int, tokenizer, *, steps: int, seed: int) -> list[str]:
+    """Texts drawn from random logits (widths past the tokenizer's: a padded vocabulary) through the mask."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = len(mask)
+    texts, done = [[] for _ in range(rows)], [False] * rows
+    for _ in range(steps):
+        logits = mask(torch.randn(rows, vocab_size, generator=generator) * 3)
+        tokens = torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0].tolist()
+        for row, token in enumerate(tokens):
+            if done[row]:
+                continue
+            assert token < tokenizer.vocab_size
+            if token == tokenizer.eos_id:
+                done[row] = True
+                continue
+            texts[row].append(token)
+            done[row] = mask.advance(row, token)
+        if all(done):
+            return [tokenizer.decode(t) for t in texts]
+    raise AssertionError(f"the grammar did not end within {steps} tokens")
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_random_logits_through_the_mask_give_valid_json(kind):
+    tokenizer = (CharTokenizer(JSON_CHARS) if kind == "char"
+                 else train_bpe(['{"name": "ab", "age": 12, "kind": "cat", "tags": [true]}\n'] * 20, vocab_size=300))
+    mask = GrammarMask.of(Grammar.json_schema(BOUNDED), tokenizer, 6)
+    texts = sampled(mask, tokenizer.vocab_size + 7, tokenizer, steps=BOUND_TOKENS, seed=0)
+    for text in texts:
+        jsonschema.validate(json.loads(text), BOUNDED)
+    assert len(set(texts)) > 1  # the rows drew their own texts
+
+
+def test_a_random_model_writes_valid_json_and_stops():
+    tokenizer = CharTokenizer(JSON_CHARS)
+    model, config = tiny_model(vocab_size=tokenizer.vocab_size + 3, max_seq_len=96, **SMALL)  # a padded vocabulary
+    grammar = GrammarMask.of(Grammar.json_schema(BOUNDED), tokenizer, 3)
+    prompts = [tokenizer.encode(p) for p in ("a", "person:", "{")]
+    new = generate_tokens(model, prompts, max_new_tokens=BOUND_TOKENS, context_len=config.max_seq_len,
+                          sampling=SamplingConfig(temperature=1.0), generator=torch.Generator().manual_seed(1),
+                          stop_ids={tokenizer.eos_id}, grammar=grammar)
+    for tokens, matcher in zip(new, grammar.matchers, strict=True):
+        jsonschema.validate(json.loads(tokenizer.decode(tokens)), BOUNDED)
+        assert matcher.finished and len(tokens) < BOUND_TOKENS
+
+
+def test_greedy_json_object_is_one_object():
+    tokenizer = CharTokenizer(JSON_CHARS)
+    model, config = tiny_model(vocab_size=tokenizer.vocab_size, max_seq_len=64, **SMALL)
+    grammar = GrammarMask.of(Grammar.json_object(), tokenizer, 1)
+    tokens = generate_tokens(model, [tokenizer.encode("a")], max_new_tokens=40, context_len=config.max_seq_len,
+                             stop_ids={tokenizer.eos_id}, grammar=grammar)[0]
+    text = tokenizer.decode(tokens)
+    assert text.startswith("{")
+    if grammar.matchers[0].finished:  # a greedy random model may write a long object: only a complete one parses
+        assert isinstance(json.loads(text), dict)
+
+
+def test_a_grammar_the_tokenizer_cannot_write_is_refused():
+    no_braces = CharTokenizer("abcdefghijklmnopqrstuvwxyz .,:\n")
+    with pytest.raises(InputError, match="cannot start.*char tokenizer"):
+        GrammarMask.of(Grammar.json_object(), no_braces, 1)
+    no_z = CharTokenizer('{}"abc')
+    mask = GrammarMask.of(Grammar.json_schema({"enum": ["zz"]}), no_z, 1)  # it starts: '"' is there
+    with pytest.raises(InputError, match="cannot go on after '\"' with this char tokenizer"):
+        sampled(mask, no_z.vocab_size, no_z, steps=3, seed=0)
+
+
+def test_bad_schemas_and_tokens_are_refused_by_name():
+    tokenizer = CharTokenizer(JSON_CHARS)
+    with pytest.raises(InputError, match="Invalid type: bogus"):
+        Matcher(Grammar.json_schema({"type": "bogus"}), tokenizer)
+    with pytest.raises(InputError, match="not JSON"):
+        Grammar.json_schema("{not json")
+    with pytest.raises(InputError, match="JSON object, not list"):
+        Grammar.json_schema([1, 2])
+    matcher = Matcher(Grammar.json_object(), tokenizer)
+    with pytest.raises(InputError, match="cannot start.*doesn't satisfy the grammar"):
+        matcher.advance(tokenizer.encode("a")[0])
+
+
+def test_free_rows_beside_constrained_ones_are_untouched():
+    tokenizer = CharTokenizer(JSON_CHARS)
+    constrained = GrammarMask.of(Grammar.json_object(), tokenizer, 1)
+    mask = GrammarMask.joined([(2, None), (1, constrained)])
+    logits = torch.randn(3, tokenizer.vocab_size)
+    masked = mask(logits)
+    torch.testing.assert_close(masked[:2], logits[:2])
+    assert masked[2].isfinite().nonzero().flatten().tolist() == tokenizer.encode("{")
+    assert GrammarMask.joined([(2, None)]) is None
+
+
+def test_missing_library_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "llguidance", None)
+    with pytest.raises(ConfigError, match=r"pip install 'attnkit\[structured\]'"):
+        Grammar.json_object()
