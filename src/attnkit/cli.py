@@ -430,11 +430,12 @@ def _run_eval(settings: EvalSettings, *own: dict[str, Any]) -> int:
 
         averaged = average_run(settings.run, last=settings.average_last)
         settings = replace(settings, run=str(averaged))
-    translate, prepare = None, None
+    translate, prepare, model = None, None, None
     if task is not None and task.decodes:  # scored on the texts the pipeline translates
         from attnkit.generate import load
 
         pipeline = load(settings.run, device=settings.device, quantize=settings.quantize)
+        model = pipeline.model
         if settings.explain and pipeline.plan is not None:
             print(pipeline.plan.explain(), file=sys.stderr)
 
@@ -451,7 +452,7 @@ def _run_eval(settings: EvalSettings, *own: dict[str, Any]) -> int:
                 print(plan.explain(), file=sys.stderr)
             return plan.apply(model)
 
-    report = run_eval(settings, translate=translate, prepare=prepare, task_options=task_options)
+    report = run_eval(settings, translate=translate, model=model, prepare=prepare, task_options=task_options)
     print(report.table())
     print(f"saved {report.details['json']}")
     return 0

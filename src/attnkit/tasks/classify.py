@@ -22,6 +22,7 @@ from attnkit.run_settings import InputSettings, read_inputs
 from attnkit.tasks import common
 from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, synthetic_name, take_rows
 from attnkit.tasks.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
+from attnkit.tasks.layouts import check_layout
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 
@@ -117,6 +118,7 @@ def _report(ctx: EvalContext) -> EvalReport:
     vocab = LabelVocab(tuple(labels))
     rows, total = [], [[0] * len(labels) for _ in labels]
     for path in ctx.files:
+        check_layout(path, "labelled", encoding_errors=ctx.settings.encoding_errors)
         examples = _labelled_examples(path, vocab, ctx.settings.encoding_errors, ctx.settings.bad_labels)
         data = LabelledData.from_examples(examples, ctx.tokenizer, label_vocab=vocab, max_len=ctx.config.max_seq_len,
                                           batch_size=ctx.settings.batch_size)

@@ -74,7 +74,7 @@ class EvalContext:
     """What `attnkit eval` hands a task's `evaluate_files`: the loaded run and the user's settings."""
 
     run: Path
-    model: nn.Module | None  # None when the task decodes through `translate_texts` instead
+    model: nn.Module | None  # a task that decodes translates through `translate_texts`; its model checks files
     config: ModelConfig
     tokenizer: Tokenizer
     labels: list[str] | None

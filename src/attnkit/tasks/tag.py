@@ -31,6 +31,7 @@ from attnkit.errors import InputError
 from attnkit.run_settings import InputSettings, read_inputs
 from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, synthetic_name
 from attnkit.tasks.conll import Sentence, check_scheme, read_tagged, tag_scheme
+from attnkit.tasks.layouts import check_layout
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.tokenize import Tokenizer, require_id
@@ -264,11 +265,14 @@ def _report(ctx: EvalContext) -> EvalReport:
     rows, gold_all, predicted_all = [], [], []
     scheme = tag_scheme(set(labels))
     for path in ctx.files:
+        check_layout(path, "tagged", encoding_errors=ctx.settings.encoding_errors)
         sentences = read_tagged(path, column=ctx.options.tag_column, encoding_errors=ctx.settings.encoding_errors)
         unknown = sorted({t for _, tags in sentences for t in tags} - set(labels))
         if unknown:
             raise InputError(f"{path} has tags the run does not know: {', '.join(unknown)} (the run's: "
                              f"{', '.join(labels)})")
+        if scheme is not None:  # tags that training would refuse are refused here too
+            check_scheme(sentences, scheme, str(path))
         data = TaggedData.from_sentences(sentences, ctx.tokenizer, label_vocab=vocab,
                                          max_len=ctx.config.max_seq_len, batch_size=ctx.settings.batch_size)
         total, count, predicted = tag_predictions(ctx.model, data, progress=ctx.progress)

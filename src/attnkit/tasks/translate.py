@@ -11,11 +11,12 @@ One scoring serves both: `translation_scores` of the hypotheses against the refe
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from attnkit.data import PairBatch, PairData, make_task
@@ -33,6 +34,8 @@ from attnkit.tokenize import Tokenizer
 # (model, source token lists, *, bos_id, eos_id, pad_id, context_len, beam_size, batch_size) -> target token lists
 # without BOS/EOS: `attnkit.generate.translate_batched`, the decoding `Pipeline.translate` runs
 Translator = Callable[..., list[list[int]]]
+DIRECTION_PAIRS = 64  # evaluation pairs the direction check scores each way, at most (evenly strided)
+DIRECTION_MARGIN = 1.0  # nats a target token: reversed pairs fitting the model this much better are refused
 
 
 class TranslateTask(EpochTask):
@@ -166,6 +169,9 @@ def _report(ctx: EvalContext) -> EvalReport:
     if ctx.translate_texts is None:
         raise ConfigError("evaluating a translation run needs translate_texts (the CLI passes the loaded pipeline's)")
     pairs_ = read_pair_files(ctx.files, encoding_errors=ctx.settings.encoding_errors)
+    if ctx.model is not None:
+        check_direction(ctx.model, ctx.tokenizer, pairs_, where=" + ".join(map(str, ctx.files)),
+                        max_len=ctx.config.max_seq_len, batch_size=ctx.settings.batch_size)
     sources, references = [s for s, _ in pairs_], [t for _, t in pairs_]
     scores = translation_scores(ctx.translate_texts(sources), references)
     row = {"file": " + ".join(map(str, ctx.files)), "sentences": len(pairs_), "bleu": scores["bleu"],
@@ -176,6 +182,36 @@ def _report(ctx: EvalContext) -> EvalReport:
              f"chrF: {details['chrf_signature']}"]
     return EvalReport("translation", str(ctx.run), [row], details,
                       columns=("file", "sentences", "bleu", "bleu_lowercased", "chrf"), notes=notes)
+
+
+@torch.inference_mode()
+def check_direction(model: nn.Module, tokenizer: Tokenizer, pairs_: Sequence[tuple[str, str]], *, where: str,
+                    max_len: int, batch_size: int = 32) -> None:
+    """Refuse evaluation pairs given in the run's reverse direction (its target language as their sources), which
+    would be scored as a BLEU near 0 without a word: the model's loss a target token (teacher forcing) on up to
+    `DIRECTION_PAIRS` of the pairs as given and with source and target swapped; the swapped pairs fitting it
+    better by more than `DIRECTION_MARGIN` nats a token says the decoder reads the given targets' language as its
+    input. A model that knows neither direction (untrained, or a symmetric task such as copying) passes.
+
+    Raises InputError naming the files, both losses and the fix (the files in the other order).
+    """
+    sample = list(pairs_[::max(1, len(pairs_) // DIRECTION_PAIRS)][:DIRECTION_PAIRS])
+    given, swapped = (_target_loss(model, tokenizer, p, max_len, batch_size)
+                      for p in (sample, [(t, s) for s, t in sample]))
+    if given - swapped > DIRECTION_MARGIN:
+        raise InputError(
+            f"{where}: the pairs look swapped for this run: its model scores their sources given their targets at "
+            f"{swapped:.2f} nats a token, and their targets given their sources at {given:.2f}, so their target side "
+            "is in the run's source language. Give the source-language side first (--data SOURCE_FILE TARGET_FILE, "
+            "or a TSV of source<TAB>target)"
+        )
+
+
+def _target_loss(model: nn.Module, tokenizer: Tokenizer, pairs_: list[tuple[str, str]], max_len: int,
+                 batch_size: int) -> float:
+    """The model's mean loss a target token on `pairs_` (teacher forcing): training's validation loss."""
+    data = PairData.from_pairs(pairs_, tokenizer, max_len=max_len, batch_size=batch_size)
+    return TranslateTask(data, data, tokenizer=tokenizer, references=[]).evaluate(model)["val_loss"]
 
 
 # The command (attnkit translate) -----------------------------------------------------------------------------------

@@ -125,15 +125,17 @@ def run_eval(
     settings: EvalSettings,
     *,
     translate: TextTranslator | None = None,
+    model: nn.Module | None = None,
     prepare: Callable[[nn.Module], nn.Module] | None = None,
     task_options: dict[str, Any] | None = None,
 ) -> EvalReport:
-    """`attnkit eval`: `evaluate_run` with `settings` (see it for `translate`, `prepare`, `task_options` and what
-    is raised)."""
+    """`attnkit eval`: `evaluate_run` with `settings` (see it for `translate`, `model`, `prepare`, `task_options`
+    and what is raised)."""
     return evaluate_run(
         settings.run, list(settings.data), device=pick_device(settings.device), settings=settings,
-        translate=translate, out_dir=settings.out, progress=shows_progress(settings.progress), prepare=prepare,
-        details={"quantize": settings.quantize} if settings.quantize else None, task_options=task_options,
+        translate=translate, model=model, out_dir=settings.out, progress=shows_progress(settings.progress),
+        prepare=prepare, details={"quantize": settings.quantize} if settings.quantize else None,
+        task_options=task_options,
     )
 
 
@@ -144,6 +146,7 @@ def evaluate_run(
     device: torch.device | str = "cpu",
     settings: EvalSettings | None = None,
     translate: TextTranslator | None = None,
+    model: nn.Module | None = None,
     out_dir: str | Path | None = None,
     progress: bool = False,
     prepare: Callable[[nn.Module], nn.Module] | None = None,
@@ -155,7 +158,9 @@ def evaluate_run(
 
     settings: the scoring options (`EvalSettings`: window, stride, batch_size, encoding_errors, bad_labels, seed);
         `options` are taken instead when no settings are given (e.g. window=64, stride=32).
-    translate: the function that translates texts (needed for a translation run).
+    translate: the function that translates texts (needed for a translation run); model: the run's model it
+        translates with, already loaded (the CLI passes its pipeline's), which scores the pairs' direction (loaded
+        here when not given).
     prepare: applied to the loaded model before scoring (the CLI passes int8 quantization); details: added to
         the report (e.g. {"quantize": "int8"}) and to eval.json.
     out_dir: where eval.json (and pictures such as confusion.png) go; default `run_dir/eval`.
@@ -178,8 +183,9 @@ def evaluate_run(
         raise ConfigError(f"evaluating a {spec.name} run needs translate= (the CLI passes the loaded pipeline's)")
     tokenizer = _run_tokenizer(run_dir)
     out_dir = Path(out_dir) if out_dir is not None else run_dir / "eval"
-    model = None
-    if not spec.decodes:
+    if spec.decodes:  # translated through `translate`; the model checks the files (their direction)
+        model = model if model is not None else load_model(run_dir, device=device)[0]
+    else:
         model, _ = load_model(run_dir, device=device)
         model = prepare(model) if prepare is not None else model
     state = _train_state(run_dir)
