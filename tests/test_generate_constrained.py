@@ -135,3 +135,33 @@ def test_missing_library_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "llguidance", None)
     with pytest.raises(ConfigError, match=r"pip install 'attnkit\[structured\]'"):
         Grammar.json_object()
+
+
+@pytest.fixture(scope="module")
+def json_run(tmp_path_factory):
+    """A random tiny decoder run whose char tokenizer can write JSON."""
+    from attnkit import build_model
+    from attnkit.checkpoint import save_model
+    from attnkit.config import ModelConfig
+
+    tokenizer = CharTokenizer(JSON_CHARS)
+    torch.manual_seed(0)
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, max_seq_len=96, **SMALL)
+    directory = tmp_path_factory.mktemp("json-run")
+    save_model(build_model(config).eval(), config, directory)
+    tokenizer.save(directory / "tokenizer")
+    return directory
+
+
+def test_pipeline_generate_with_a_json_schema_streams_valid_json(json_run):
+    import attnkit
+
+    lm = attnkit.load(json_run, device="cpu")
+    pieces: dict[int, str] = {}
+    texts = lm.generate("record:", json_schema=json.dumps(BOUNDED), max_new_tokens=BOUND_TOKENS, num_samples=2, seed=4,
+                        on_text=lambda i, piece: pieces.__setitem__(i, pieces.get(i, "") + piece))
+    for text in texts:
+        jsonschema.validate(json.loads(text), BOUNDED)
+    assert [pieces[0], pieces[1]] == texts
+    with pytest.raises(InputError, match="not both"):
+        lm.generate("x", json_schema={"type": "object"}, grammar=Grammar.json_object())

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +33,7 @@ from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import check_search, translate_batched
 from attnkit.generate.captured_step import CapturedDecoding
+from attnkit.generate.constrained import Grammar, GrammarMask
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
 from attnkit.generate.plan import InferencePlan, check_quantization, plan_inference
 from attnkit.generate.quantize import QUANTIZE_FORMS
@@ -122,6 +124,8 @@ class Pipeline:
         stop_at_eos: bool = True,
         add_bos: bool = False,
         on_text: Callable[[int, str], None] | None = None,
+        json_schema: Mapping[str, Any] | str | None = None,
+        grammar: Grammar | None = None,
     ) -> list[str]:
         """Continue each prompt; returns the new text only, `num_samples` per prompt, prompt by prompt.
 
@@ -129,10 +133,18 @@ class Pipeline:
         BOS); `add_bos` puts BOS first, and an empty prompt starts from BOS alone. Generation ends at
         `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a token of `stop_tokens`, or at a stop string,
         which is cut off with everything after it. `on_text(i, piece)` receives sequence i's text as it settles.
+        `json_schema` (a dict or its JSON text; {"type": "object"} for any JSON object) holds every text to JSON valid
+        under it, and `grammar` to any `Grammar` (`generate/constrained.py`): the tokens that cannot continue it are
+        never chosen, and a text ends where its grammar is complete (cut short only by `max_new_tokens`).
         Raises SamplingError (a ConfigError) for bad sampling settings or seed (`check_sampling`), InputError for an
-        empty prompt with no BOS to start from.
+        empty prompt with no BOS to start from, for a schema that cannot be followed, or for both `json_schema` and
+        `grammar`; ConfigError without the structured extra.
         """
         self._require("generate")
+        if json_schema is not None and grammar is not None:
+            raise InputError("give json_schema or grammar, not both")
+        if json_schema is not None:
+            grammar = Grammar.json_schema(json_schema)
         sampling, seed = check_sampling(temperature=temperature, top_k=top_k, top_p=top_p,
                                         repetition_penalty=repetition_penalty, seed=seed)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
@@ -158,6 +170,7 @@ class Pipeline:
             stop_ids=stop_ids,
             on_token=texts.push,
             decoding=self.decoding,
+            grammar=GrammarMask.of(grammar, self.tokenizer, len(rows)),
         )
         return texts.finish()
 
