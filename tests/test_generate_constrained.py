@@ -165,3 +165,23 @@ def test_pipeline_generate_with_a_json_schema_streams_valid_json(json_run):
     assert [pieces[0], pieces[1]] == texts
     with pytest.raises(InputError, match="not both"):
         lm.generate("x", json_schema={"type": "object"}, grammar=Grammar.json_object())
+
+
+def test_cli_generate_json_schema_and_json(json_run, tmp_path, capsys):
+    from attnkit import cli
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(BOUNDED))
+    common = ["generate", str(json_run), "--prompt", "", "--max-new-tokens", str(BOUND_TOKENS), "--seed", "1"]
+    assert cli.main([*common, "--json-schema", str(schema), "--num-samples", "2"]) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("---")]
+    assert len(printed) == 2
+    for line in printed:
+        jsonschema.validate(json.loads(line), BOUNDED)
+    assert cli.main([*common, "--json", "--max-new-tokens", "3"]) == 0
+    assert capsys.readouterr().out.startswith("{")
+    schema.write_text("[1, 2]")
+    for bad in (["--json-schema", str(schema)], ["--json-schema", str(tmp_path / "absent.json")],
+                ["--json", "--json-schema", str(schema)]):
+        assert cli.main([*common, *bad]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -27,6 +27,7 @@ window) at more cost; stride = window gives the non-overlapping figure.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -434,11 +435,33 @@ class GenerateSettings(DecodeSettings):
     stop: tuple[str, ...] = ()  # end the text at any of these strings (repeatable)
     stream: bool = True  # print tokens as they come (one sample only)
     max_prompt_bytes: int = 1_000_000  # --prompt -: read at most this many bytes of standard input
+    json_schema: str | None = None  # a JSON schema file: the text is JSON valid under it (the structured extra)
+    json: bool = False  # the text is one JSON object, any (JSON mode; the structured extra)
+
+
+def read_schema(settings: GenerateSettings) -> dict | None:
+    """The JSON schema that --json-schema FILE or --json asks for (None: free text), read before the model loads.
+    Raises InputError for both flags, or a file that cannot be read or holds no JSON object."""
+    if settings.json and settings.json_schema is not None:
+        raise InputError("give --json (any JSON object) or --json-schema FILE, not both")
+    if settings.json:
+        return {"type": "object"}
+    if settings.json_schema is None:
+        return None
+    try:
+        schema = json.loads(read_text(settings.json_schema))
+    except json.JSONDecodeError as err:
+        raise InputError(f"{settings.json_schema} is not JSON ({err}): a JSON schema file holds one JSON "
+                         "object") from None
+    if not isinstance(schema, dict):
+        raise InputError(f"{settings.json_schema} holds a JSON {type(schema).__name__}; a JSON schema is an object")
+    return schema
 
 
 def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     """`attnkit generate`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
     prompt = read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
+    schema = read_schema(settings)
     pipeline = load(settings)
     stream = settings.stream and settings.num_samples == 1
     unsent = [prompt]  # streamed with the first piece, so that a setting refused before it prints its error alone
@@ -451,7 +474,7 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     texts = pipeline.generate(
         prompt, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
         top_p=settings.top_p, repetition_penalty=settings.repetition_penalty, num_samples=settings.num_samples,
-        seed=settings.seed, stop=list(settings.stop), on_text=write if stream else None,
+        seed=settings.seed, stop=list(settings.stop), on_text=write if stream else None, json_schema=schema,
     )
     if stream:
         print("".join(unsent))
