@@ -28,7 +28,9 @@ forward pass; the running rows keep stepping meanwhile, and a job arriving at an
 Each request keeps its own sampling settings and its own seeded generator, and its rows are sampled together,
 so a request's tokens do not depend on which others share its steps: the tokens equal those of
 `Pipeline.generate` for the same prompt, settings and seed. The `n` choices of one request are `n` rows that
-join and leave together (as `Pipeline.generate(num_samples=n)` keeps them).
+join and leave together (as `Pipeline.generate(num_samples=n)` keeps them). A request held to a grammar (structured
+output) has a matcher per choice: its rows' logits are masked before they are sampled, beside free rows in the same
+step, and a choice ends ("stop") where its grammar is complete (`generate/constrained.py`).
 
 A job that fails fails alone: its settings sampling to nothing, a callback that raises, a prefill that fails (the
 jobs prefilled with it are prefilled again one by one) end that job with "error" and the exception in its
@@ -53,6 +55,7 @@ import torch
 from torch import Tensor
 
 from attnkit.errors import InputError
+from attnkit.generate.constrained import GrammarMask
 from attnkit.generate.decoder import EagerDecoding, Window, left_pad
 from attnkit.generate.sampling import SamplingConfig, make_generator, select_next_in_groups
 from attnkit.layers.kv_cache import KVCache, LayerCache
@@ -83,6 +86,7 @@ class GenerationJob:
     n: int = 1
     seed: int | None = None
     stop_ids: frozenset[int] = frozenset()
+    grammar: GrammarMask | None = None  # a matcher per choice, each choice's text held to it (structured output)
     deadline: float | None = None  # time.monotonic() after which the job is cancelled
     cancelled: threading.Event = field(default_factory=threading.Event)
     # set by the scheduler
@@ -334,7 +338,11 @@ class Scheduler:
         rows = [row for job in jobs for row in rows_of[job]]
         states = [job.generator.get_state() if job.generator is not None else None for job in jobs]
         try:
-            tokens = select_next_in_groups(self.logits[rows], sampling, [(job.n, job.generator) for job in jobs])
+            logits = self.logits[rows]  # (B, V)
+            grammar = GrammarMask.joined([(job.n, job.grammar) for job in jobs])
+            if grammar is not None:  # each constrained row's forbidden tokens at -inf (generate/constrained.py)
+                logits = grammar(logits)
+            tokens = select_next_in_groups(logits, sampling, [(job.n, job.generator) for job in jobs])
         except Exception as error:
             if len(jobs) == 1:
                 chosen[rows] = self.pad_id
@@ -361,7 +369,8 @@ class Scheduler:
             if job.reasons[choice] is not None:
                 continue
             self.tokens += 1
-            if token in job.stop_ids or job.on_token(choice, token):
+            complete = token not in job.stop_ids and job.grammar is not None and job.grammar.advance(choice, token)
+            if token in job.stop_ids or job.on_token(choice, token) or complete:
                 job.reasons[choice] = "stop"
             elif job.produced >= job.max_new_tokens:
                 job.reasons[choice] = "length"
