@@ -69,6 +69,13 @@ def _canvas(browser, element: str) -> np.ndarray:
     return shot[top:top + height, left:left + width]
 
 
+def test_the_last_token_is_the_first_query(browser):
+    # under the causal mask token 0 sees only itself: its step table would teach nothing
+    last = len(browser.evaluate("window.attnkit.state.data.tokens")) - 1
+    assert browser.evaluate("window.attnkit.state.steps.query") == last
+    assert browser.evaluate("document.getElementById('query').value") == str(last)
+
+
 def test_the_heatmap_is_drawn_and_another_head_changes_it(browser):
     before = _canvas(browser, "heatmap")
     assert before.shape[0] > 100 and before.std() > 0.05

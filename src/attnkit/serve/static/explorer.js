@@ -6,7 +6,7 @@
   const $ = (id) => document.getElementById(id);
   const key = new URLSearchParams(location.hash.slice(1)).get("key");  // the API key, when the server needs one
   const headers = key ? { Authorization: `Bearer ${key}` } : {};
-  const state = { info: null, data: null, kind: 0, layer: 0, head: 0, query: 0, steps: null, seed: 0,
+  const state = { info: null, data: null, kind: 0, layer: 0, head: 0, query: null, steps: null, seed: 0,
                   rendered: 0, stepsAsked: 0, analyzeAsked: 0,
                   training: { next: 0, records: [] } };
 
@@ -42,6 +42,7 @@
     }
     if (asked !== state.analyzeAsked) return;
     state.data = data;
+    state.query = null;  // a new text is queried from its last token: under a causal mask token 0 sees only itself
     const maps = state.data.attention;
     state.kind = Math.min(state.kind, Math.max(maps.length - 1, 0));
     fillSelect($("kind"), maps.map((m, i) => [i, m.title]), state.kind);
@@ -94,7 +95,8 @@
       heads.appendChild(button);
     }
     if (state.head !== null && state.head >= maps.heads.length) state.head = 0;
-    state.query = Math.min(state.query, maps.query_tokens.length - 1);
+    const last = maps.query_tokens.length - 1;
+    state.query = state.query === null ? last : Math.min(state.query, last);
     fillSelect($("query"), maps.query_tokens.map((t, i) => [i, `${i}: ${t}`]), state.query);
     drawAttention();
   }
