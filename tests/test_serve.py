@@ -79,7 +79,7 @@ def test_openai_client_streams_pieces_that_add_up(client, pipeline):
                 reasons[choice.index] = choice.finish_reason
     expected = pipeline.generate("a dog", max_new_tokens=15, seed=5, num_samples=2)
     assert [texts[0], texts[1]] == expected
-    assert set(reasons) == {0, 1} and usage.prompt_tokens == 2 * 5
+    assert set(reasons) == {0, 1} and usage.prompt_tokens == 5  # the prompt once, however many choices (OpenAI)
     assert usage.completion_tokens == 30 if set(reasons.values()) == {"length"} else usage.completion_tokens < 30
     chat = client.chat.completions.create(model="decoder", messages=[{"role": "user", "content": "hi"}],
                                           max_tokens=6, temperature=0, stream=True)
@@ -228,9 +228,13 @@ HOSTILE = {
     "subnormal top_p": (b'{"prompt": "a", "top_p": 1e-320}', 400, "top_p"),
     "seed beyond 64 bits": (b'{"prompt": "a", "seed": 100000000000000000000000000000}', 400, "seed"),
     "negative seed": (b'{"prompt": "a", "seed": -1}', 400, "seed"),
-    "logit_bias": (b'{"prompt": "a", "logit_bias": {"5": 10}}', 400, "logit_bias"),
-    "echo": (b'{"prompt": "a", "echo": true}', 400, "echo"),
-    "logprobs": (b'{"prompt": "a", "logprobs": 2}', 400, "logprobs"),
+    "logit_bias beyond the vocabulary": (b'{"prompt": "a", "logit_bias": {"5000": 10}}', 400, "logit_bias"),
+    "logit_bias not a token id": (b'{"prompt": "a", "logit_bias": {"a": 10}}', 400, "logit_bias"),
+    "logit_bias beyond 100": (b'{"prompt": "a", "logit_bias": {"5": 101}}', 400, "logit_bias"),
+    "logprobs beyond 20": (b'{"prompt": "a", "logprobs": 21}', 400, "logprobs"),
+    "a token id beyond the vocabulary": (b'{"prompt": [1, 2, 5000]}', 400, "prompt"),
+    "a negative token id": (b'{"prompt": [[1, 2], [-1]]}', 400, "prompt"),
+    "best_of": (b'{"prompt": "a", "best_of": 3}', 400, "best_of"),
     "a misspelt field": (b'{"prompt": "a", "max_token": 3}', 400, "max_token"),
 }
 
@@ -257,16 +261,17 @@ def test_refusals_say_what_is_wrong_and_neutral_values_of_unhonoured_fields_pass
     assert "at most 4 items" in refusal("/v1/completions", {"prompt": "a", "stop": list("abcde")})
     assert "at least 1 item" in refusal("/v1/completions", {"prompt": []})
     assert "queues at most 64 (--max-queue)" in refusal("/v1/completions", {"prompt": ["a"] * 65})
-    assert "does not honour it; leave it out" in refusal("/v1/completions", {"prompt": "a", "logit_bias": {"1": 2}})
+    assert "does not honour it; leave it out" in refusal("/v1/completions", {"prompt": "a", "frequency_penalty": 1})
     assert "fields it takes: " in refusal("/v1/completions", {"prompt": "a", "max_token": 3})
     tools = [{"type": "function", "function": {"name": "f"}}]
-    for field, value in (("tools", tools), ("response_format", {"type": "json_object"}), ("top_logprobs", 3)):
+    for field, value in (("tools", tools), ("response_format", {"type": "json_object"}), ("top_logprobs", 3),
+                         ("presence_penalty", 0.5)):
         assert field in refusal("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                          field: value})
     lone = refusal("/v1/chat/completions", {"messages": [{"role": "user", "content": "A\ud800B"}]})
     assert lone.startswith("messages.0.content: the text holds a lone surrogate ('\\ud800') at character 1")
     neutral = {"prompt": "ab", "max_tokens": 2, "logprobs": None, "frequency_penalty": 0, "presence_penalty": 0.0,
-               "logit_bias": {}, "echo": False, "best_of": 1, "user": "someone"}
+               "logit_bias": {}, "echo": False, "best_of": 1, "suffix": "", "user": "someone"}
     assert httpx.post(f"{url}/v1/completions", json=neutral, timeout=TIMEOUT).status_code == 200
 
 

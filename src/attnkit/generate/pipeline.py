@@ -117,6 +117,7 @@ class Pipeline:
         top_k: int | None = None,
         top_p: float | None = None,
         repetition_penalty: float = 1.0,
+        logit_bias: dict[int, float] | None = None,
         num_samples: int = 1,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
@@ -129,10 +130,12 @@ class Pipeline:
     ) -> list[str]:
         """Continue each prompt; returns the new text only, `num_samples` per prompt, prompt by prompt.
 
-        temperature 0 is greedy. A prompt is used as the tokenizer encodes it (the language-model data places no
-        BOS); `add_bos` puts BOS first, and an empty prompt starts from BOS alone. Generation ends at
-        `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a token of `stop_tokens`, or at a stop string,
-        which is cut off with everything after it. `on_text(i, piece)` receives sequence i's text as it settles.
+        temperature 0 is greedy; `logit_bias` ({token id: -100 to 100}) is added to those tokens' logits before
+        sampling (OpenAI's field: -100 bans a token, 100 forces it). A prompt is used as the tokenizer encodes it
+        (the language-model data places no BOS); `add_bos` puts BOS first, and an empty prompt starts from BOS
+        alone. Generation ends at `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a token of
+        `stop_tokens`, or at a stop string, which is cut off with everything after it. `on_text(i, piece)` receives
+        sequence i's text as it settles.
         `json_schema` (a dict or its JSON text; {"type": "object"} for any JSON object) holds every text to JSON valid
         under it, and `grammar` to any `Grammar` (`generate/constrained.py`): the tokens that cannot continue it are
         never chosen, and a text ends where its grammar is complete (cut short only by `max_new_tokens`).
@@ -146,19 +149,20 @@ class Pipeline:
         if json_schema is not None:
             grammar = Grammar.json_schema(json_schema)
         sampling, seed = check_sampling(temperature=temperature, top_k=top_k, top_p=top_p,
-                                        repetition_penalty=repetition_penalty, seed=seed)
+                                        repetition_penalty=repetition_penalty, logit_bias=logit_bias,
+                                        vocab_size=self.config.vocab_size, seed=seed)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise InputError(f"num_samples={num_samples!r} must be a positive integer")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         stops = [stop] if isinstance(stop, str) else list(stop or ())
         if any(not s for s in stops):
             raise InputError("a stop string is empty; give non-empty stop strings")
-        prompt_ids = [self._prompt_ids(p, index=i, add_bos=add_bos) for i, p in enumerate(prompts)]
+        prompt_ids = [self.prompt_ids(p, index=i, add_bos=add_bos) for i, p in enumerate(prompts)]
         rows = [ids for ids in prompt_ids for _ in range(num_samples)]
         stop_ids = set(stop_tokens)
         if stop_at_eos and self.tokenizer.eos_id is not None:
             stop_ids.add(self.tokenizer.eos_id)
-        texts = _TextTracker(self.tokenizer, len(rows), stops, on_text)
+        texts = TextTracker(self.tokenizer, len(rows), stops, on_text)
         generate_tokens(
             self.model,
             rows,
@@ -247,7 +251,9 @@ class Pipeline:
         return results
 
     # Text -> token ids, as the training data lays them out ----------------------------------------------------
-    def _prompt_ids(self, prompt: str, *, index: int, add_bos: bool) -> list[int]:
+    def prompt_ids(self, prompt: str, *, index: int, add_bos: bool = False) -> list[int]:
+        """A prompt's token ids as `generate` feeds them (BOS first with `add_bos`, or for an empty prompt).
+        Raises InputError for a prompt that is no string, or empty with no BOS to start from."""
         if not isinstance(prompt, str):
             raise InputError(f"prompt {index} is a {type(prompt).__name__}; prompts are strings")
         ids = self.tokenizer.encode(prompt)
@@ -325,7 +331,7 @@ class Pipeline:
             )
 
 
-class _TextTracker:
+class TextTracker:
     """Decodes each sequence's new tokens as they come: ends a sequence at a stop string, and passes on the text
     that has settled (held back: a possible start of a stop string, an incomplete UTF-8 character)."""
 

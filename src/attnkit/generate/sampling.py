@@ -1,7 +1,10 @@
 """Choosing the next token from the model's logits: greedy or sampled, reshaped by logits processors.
 
-    logits (B, V) -> repetition penalty -> / temperature -> top-k -> top-p -> softmax -> sample (or argmax)
+    logits (B, V) -> + logit bias -> repetition penalty -> / temperature -> top-k -> top-p -> softmax -> sample
+                                                                                                      (or argmax)
 
+- logit bias (OpenAI's `logit_bias`): a number from -100 to 100 added to chosen tokens' logits; -100 in effect
+  bans a token and +100 forces it;
 - temperature (Ackley et al. 1985; as in GPT-2 sampling): divide the logits; < 1 sharpens, > 1 flattens,
   0 means greedy (always the most likely token);
 - top-k (Fan et al. 2018): keep the k most likely tokens;
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +31,7 @@ from attnkit.errors import ConfigError
 MIN_TEMPERATURE = 1e-5  # below it (but above 0, greedy) logits / temperature overflow float32 (vLLM's threshold too)
 MIN_TOP_P = 1e-6  # below it the nucleus is the likeliest token alone, and p underflows float32 at 1e-45
 REPETITION_PENALTY_RANGE = (1e-3, 1e3)  # beyond, the penalised logits overflow or vanish (0 * inf is nan)
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # as OpenAI's API takes it
 SEED_RANGE = (0, 2**64 - 1)  # what torch.Generator.manual_seed takes as a seed of 64 bits
 
 
@@ -47,15 +51,19 @@ def _number(value: object) -> bool:
 class SamplingConfig:
     """How the next token is chosen. `temperature=0` is greedy decoding; `top_k`/`top_p` of None keep all.
 
+    `logit_bias` holds (token id, bias) pairs, added to those tokens' logits before anything else.
+
     Raises:
         SamplingError (a ConfigError): temperature not 0 nor in [MIN_TEMPERATURE, inf), top_k < 1, top_p outside
-        [MIN_TOP_P, 1], repetition_penalty outside REPETITION_PENALTY_RANGE, or any of them not a number.
+        [MIN_TOP_P, 1], repetition_penalty outside REPETITION_PENALTY_RANGE, a logit bias outside LOGIT_BIAS_RANGE
+        or of a negative token id, or any of them not a number.
     """
 
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
     repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -83,6 +91,13 @@ class SamplingConfig:
         if not low <= penalty <= high:
             raise SamplingError("repetition_penalty", f"repetition_penalty={penalty!r} must lie in [{low:g}, "
                                 f"{high:g}], where the penalised logits stay finite (1 disables it; 1.2 is usual)")
+        low, high = LOGIT_BIAS_RANGE
+        for token, bias in self.logit_bias:
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise SamplingError("logit_bias", f"logit_bias: {token!r} is no token id (an integer >= 0)")
+            if not _number(bias) or not low <= bias <= high:
+                raise SamplingError("logit_bias", f"logit_bias: the bias of token {token} is {bias!r}; it must lie "
+                                    f"in [{low:g}, {high:g}] (-100 bans the token, 100 forces it)")
 
     @property
     def greedy(self) -> bool:
@@ -103,14 +118,31 @@ def check_seed(seed: object) -> int | None:
 
 
 def check_sampling(*, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                   repetition_penalty: float = 1.0, seed: object = None) -> tuple[SamplingConfig, int | None]:
+                   repetition_penalty: float = 1.0, logit_bias: Mapping[int, float] | None = None,
+                   vocab_size: int | None = None, seed: object = None) -> tuple[SamplingConfig, int | None]:
     """The one check of the sampling settings that the Python API, the command line and the server share: the
-    SamplingConfig and the seed (`check_seed`). Raises SamplingError naming the first bad field."""
-    config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty)
+    SamplingConfig and the seed (`check_seed`). `logit_bias` ({token id: bias}) names tokens below `vocab_size`
+    when it is given. Raises SamplingError naming the first bad field."""
+    bias = tuple((logit_bias or {}).items())
+    config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                            logit_bias=bias)
+    beyond = [token for token, _ in bias if vocab_size is not None and token >= vocab_size]
+    if beyond:
+        raise SamplingError("logit_bias", f"logit_bias: token {beyond[0]} is beyond the vocabulary of {vocab_size} "
+                            f"tokens; give ids from 0 to {vocab_size - 1}")
     return config, check_seed(seed)
 
 
 GREEDY = SamplingConfig(temperature=0.0)
+
+
+def apply_logit_bias(logits: Tensor, bias: Sequence[tuple[int, float]]) -> Tensor:
+    """logits (B, V) with each (token, bias) pair's bias added to that token's logit in every row; a new tensor."""
+    if not bias:
+        return logits
+    tokens = torch.tensor([token for token, _ in bias], device=logits.device)  # (K,)
+    amounts = torch.tensor([amount for _, amount in bias], dtype=logits.dtype, device=logits.device)  # (K,)
+    return logits.index_add(-1, tokens, amounts.expand(logits.shape[0], -1))
 
 
 def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
@@ -142,8 +174,9 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
 
 
 def process_logits(logits: Tensor, config: SamplingConfig, seen: Tensor | None = None) -> Tensor:
-    """Apply the repetition penalty, temperature, top-k and top-p, in that order. (B, V) float32 -> (B, V)."""
-    logits = logits.float()
+    """Apply the logit bias, repetition penalty, temperature, top-k and top-p, in that order. (B, V) float32 ->
+    (B, V)."""
+    logits = apply_logit_bias(logits.float(), config.logit_bias)
     if seen is not None:
         logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
     if config.greedy:
@@ -192,3 +225,13 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     return generator
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, top: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """The log-probabilities the model's own (raw, unprocessed) logits give: logits (B, V), tokens (B,) -> each
+    token's log-softmax (B,), and the `top` likeliest tokens' log-probabilities and ids (B, top), likeliest first (as
+    OpenAI's `logprobs` and `top_logprobs`; vLLM's default "raw" log-probabilities)."""
+    logprobs = logits.float().log_softmax(dim=-1)  # (B, V)
+    chosen = logprobs.gather(-1, tokens[:, None])[:, 0]  # (B,)
+    values, ids = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)  # (B, top)
+    return chosen, values, ids

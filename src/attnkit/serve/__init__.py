@@ -5,6 +5,7 @@
     batching.py   continuous batching over the KV cache (a request joins and leaves between steps)
     listen.py     the port and host checked and bound before the run loads
     schemas.py    the request bodies;  errors.py  OpenAI-style error JSON;  chat.py  chat templates
+    logprobs.py   log-probabilities in the API's shapes (logprobs, top_logprobs, echo)
     metrics.py    Prometheus text;  explorer.py  the explorer's numbers;  static/  its page (HTML, JS, CSS)
 
 FastAPI and uvicorn come with the `serve` extra (`pip install attnkit[serve]`); `serve(settings)` needs them,

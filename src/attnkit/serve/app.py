@@ -2,15 +2,17 @@
 
     POST /v1/completions        text completion (stream: server-sent events ending with [DONE])
     POST /v1/chat/completions   chat, the messages rendered by the run's chat template (`serve/chat.py`)
-    POST /v1/embeddings         encoder runs: the mean of the last layer's states, normalised
+    POST /v1/embeddings         encoder runs: the mean of the last layer's states, normalised (floats or base64)
     POST /v1/{method}           the run's task method, as the task registry says (translate, classify, tag, ...)
-    GET  /v1/models             the one model served
+    GET  /v1/models[/{id}]      the one model served
     GET  /health, /metrics      liveness, Prometheus text (`serve/metrics.py`)
     GET  /openapi.json          the request bodies' schemas, per endpoint served (`serve/schemas.py`)
     GET  /                      the explorer (`serve/static/`), its numbers under /api/ (`serve/explorer.py`)
 
 Generation runs on the batching scheduler's thread (`serve/batching.py`); the event loop only parses, queues and
-streams. Every request body is read with a size limit and parsed here, so each malformed or hostile body gets an
+streams. Log-probabilities (`logprobs`, `top_logprobs`, `echo`) are the model's own, before sampling reshapes them
+(`serve/logprobs.py`); usage counts each prompt once, however many choices (`n`) continue it, as OpenAI does.
+Every request body is read with a size limit and parsed here, so each malformed or hostile body gets an
 OpenAI-style 4xx (`serve/errors.py`) and no traceback ever leaves the server. A request that fails fails alone.
 The other endpoints run the model `TEXTS_PER_TURN` texts at a time, each turn holding the model, within the
 server's timeout: a request past it is answered 504 and holds the model no longer than one turn.
@@ -19,11 +21,13 @@ server's timeout: a request past it is answered 504 and holds the model no longe
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import functools
 import json
 import logging
 import re
+import struct
 import threading
 import time
 import uuid
@@ -41,13 +45,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnkit.checkpoint import TOKENIZER_DIR
 from attnkit.errors import AttnkitError
-from attnkit.generate.pipeline import Pipeline, _TextTracker
+from attnkit.generate.pipeline import Pipeline, TextTracker
 from attnkit.generate.sampling import SamplingError, check_sampling
 from attnkit.models import family_of
 from attnkit.serve.batching import GenerationJob, QueueFull, Scheduler
 from attnkit.serve.chat import chat_template
 from attnkit.serve.errors import APIError
 from attnkit.serve.explorer import Explorer
+from attnkit.serve.logprobs import ChoiceScores, Scored, chat_logprobs, completion_logprobs, prompt_scores
 from attnkit.serve.metrics import Metrics
 from attnkit.serve.schemas import (
     Body,
@@ -67,6 +72,7 @@ log = logging.getLogger("attnkit.serve")
 STATIC = Path(__file__).parent / "static"
 RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_long", "too_short",
                 "string_too_short", "string_too_long", "literal_error"}  # a value of the right type out of range
+TOKEN_ID = re.compile(r"[0-9]+")  # a logit_bias key
 UNION_MEMBER = re.compile(r"^(str|int|float|bool|constrained-.*|.*\[.*\])$")  # pydantic's name of a union's member
 TEXTS_PER_TURN = 16  # texts the model reads in one turn of a task endpoint, between checks of the deadline
 DEFAULT_COMPLETION_TOKENS = 16  # max_tokens of a completion that names none (as OpenAI)
@@ -137,12 +143,19 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
                            param="model", code="model_not_found")
 
     # OpenAI API --------------------------------------------------------------------------------------------------
+    def card() -> dict:
+        return {"id": model_id, "object": "model", "created": created, "owned_by": "attnkit",
+                "family": pipeline.family, "task": pipeline.task.name if pipeline.task else None,
+                "endpoints": endpoints()}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
-                                            "owned_by": "attnkit", "family": pipeline.family,
-                                            "task": pipeline.task.name if pipeline.task else None,
-                                            "endpoints": endpoints()}]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{name}")
+    async def model(name: str):
+        check_model(name)
+        return card()
 
     # a model that reads a whole text at once and decodes nothing (an encoder): its last states embed the text
     embeds = family_of(pipeline.config).state is None
@@ -159,23 +172,27 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     async def completions(request: Request):
         body = await body_of(request, CompletionRequest)
         check_model(body.model)
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        return await generate(request, body, prompts, "text_completion", stops=(),
-                              max_tokens=body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS)
+        return await generate(request, body, body.prompts, "text_completion", stops=(),
+                              max_tokens=body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS,
+                              logprobs=body.logprobs, echo=body.echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await body_of(request, ChatRequest)
         check_model(body.model)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true as well", param="top_logprobs")
         try:
-            prompt = template.render([m.model_dump() for m in body.messages])
+            prompt = template.render([m.rendered() for m in body.messages])
         except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
             raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        return await generate(request, body, [prompt], "chat.completion", stops=template.stops, max_tokens=limit)
+        return await generate(request, body, [prompt], "chat.completion", stops=template.stops, max_tokens=limit,
+                              logprobs=(body.top_logprobs or 0) if body.logprobs else None)
 
-    async def generate(request: Request, body: Sampling, prompts: list[str], kind: str, *, stops: tuple[str, ...],
-                       max_tokens: int | None):
+    async def generate(request: Request, body: Sampling, prompts: list[str] | list[list[int]], kind: str, *,
+                       stops: tuple[str, ...], max_tokens: int | None, logprobs: int | None = None,
+                       echo: bool = False):
         if scheduler is None:
             raise APIError(404, f"this run ({pipeline.family}) does not generate text; its endpoints are "
                            f"{', '.join(endpoints()) or 'none'}", code="endpoint_not_served")
@@ -183,7 +200,13 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
             raise APIError(400, f"this request has {len(prompts)} prompts; this server queues at most "
                            f"{settings.max_queue} (--max-queue): send at most that many per request", param="prompt")
         jobs = [_Generation(pipeline, p, body, index, stops=stops, max_tokens=max_tokens, settings=settings,
-                            chat=kind == "chat.completion") for index, p in enumerate(prompts)]
+                            chat=kind == "chat.completion", logprobs=logprobs, echo=echo)
+                for index, p in enumerate(prompts)]
+        if echo and logprobs is not None:  # the prompt's own tokens, scored by one forward pass each
+            deadline = time.monotonic() + settings.timeout
+            for job in jobs:
+                job.prompt_scores = (await run_in_threadpool(_held, model_lock, deadline, lambda job=job: prompt_scores(
+                    pipeline.model, job.prompt_ids, logprobs, pipeline.tokenizer))).entries
         for job in jobs:
             try:
                 scheduler.submit(job.job)
@@ -195,7 +218,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
                 _cancel(jobs)
                 raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else "n") from None
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        answer = _Answer(kind, model_id, jobs, include_usage=usage)
+        answer = _Answer(kind, model_id, jobs, include_usage=usage, tokenizer=pipeline.tokenizer)
         if body.stream:
             return StreamingResponse(answer.stream(request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -215,9 +238,10 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
         rows = await run_in_threadpool(_in_turns, model_lock, settings.timeout, texts,
                                        lambda part, start: embed(pipeline, part, start))
         used = sum(row.tokens for row in rows)
+        encode = _base64 if body.encoding_format == "base64" else list
         return {"object": "list", "model": model_id,
-                "data": [{"object": "embedding", "index": i, "embedding": row.vector, "truncated": row.truncated}
-                         for i, row in enumerate(rows)],
+                "data": [{"object": "embedding", "index": i, "embedding": encode(row.vector),
+                          "truncated": row.truncated} for i, row in enumerate(rows)],
                 "usage": {"prompt_tokens": used, "total_tokens": used}}
 
     @app.post("/v1/{method}")
@@ -368,6 +392,11 @@ def embed(pipeline: Pipeline, texts: list[str], start: int = 0) -> list[Embedded
     return [Embedded(vector, len(row), truncated) for vector, (row, truncated) in zip(vectors, rows, strict=True)]
 
 
+def _base64(vector: list[float]) -> str:
+    """A vector as OpenAI sends `encoding_format="base64"`: its little-endian float32 bytes in base64."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
 def _plain(result):
     """A task method's result as JSON: dataclasses as dicts, the rest as it is."""
     if dataclasses.is_dataclass(result):
@@ -436,17 +465,24 @@ def _validate(schema: type[Body], data):
 
 
 def _reported(error: ValidationError, data: dict) -> dict:
-    """The error to report: the first, unless its field is a union and the value has the type of another member
-    (a list of five stop strings is "at most 4 items", not "should be a valid string")."""
+    """The error to report: the first, unless it lies in a union (a field's, or a nested one's such as a message's
+    content) and the value has the type of another member (a list of five stop strings is "at most 4 items", not
+    "should be a valid string"); of several such members, the one whose error lies deepest, the member the value
+    came closest to (a list of token-id lists with a negative id: that id, not "should be a valid string")."""
     errors = error.errors(include_url=False)
     first = errors[0]
-    if len(first["loc"]) < 2 or not (isinstance(first["loc"][1], str) and UNION_MEMBER.match(first["loc"][1])):
+    loc = first["loc"]
+    at = next((i for i, part in enumerate(loc) if i and isinstance(part, str) and UNION_MEMBER.match(part)), None)
+    if at is None:
         return first
-    value = data.get(first["loc"][0]) if isinstance(first["loc"][0], str) else None
+    value = data
+    for part in loc[:at]:  # the union's value in the body
+        fits = isinstance(value, dict) and part in value or isinstance(value, list) and isinstance(part, int)
+        value = value[part] if fits and (isinstance(value, dict) or part < len(value)) else None
     kind = "list" if isinstance(value, list) else "str" if isinstance(value, str) else None
-    same = [e for e in errors if e["loc"][:1] == first["loc"][:1] and len(e["loc"]) > 1
-            and str(e["loc"][1]).split("[")[0] in (kind, f"constrained-{kind}")]
-    return same[0] if same else first
+    same = [e for e in errors if e["loc"][:at] == loc[:at] and len(e["loc"]) > at
+            and str(e["loc"][at]).split("[")[0] in (kind, f"constrained-{kind}")]
+    return max(same, key=lambda e: len(e["loc"])) if same else first
 
 
 def _check_encodable(data) -> None:
@@ -469,18 +505,45 @@ def _check_encodable(data) -> None:
                                param=str(path[0]) if path else None) from None
 
 
+def _prompt_ids(pipeline: Pipeline, prompt: str | list[int], index: int) -> list[int]:
+    """A prompt's token ids: a text's as `Pipeline.generate` encodes it, or the ids given (400 for one beyond the
+    vocabulary)."""
+    if isinstance(prompt, str):
+        try:
+            return pipeline.prompt_ids(prompt, index=index)
+        except AttnkitError as error:
+            raise APIError(400, str(error), param="prompt") from None
+    vocab = pipeline.config.vocab_size
+    beyond = [token for token in prompt if token >= vocab]
+    if beyond:
+        raise APIError(400, f"prompt {index}: token id {beyond[0]} is beyond the vocabulary of {vocab} tokens; give "
+                       f"ids from 0 to {vocab - 1}", param="prompt")
+    return list(prompt)
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's `logit_bias` ({"token id": bias}) with integer keys; 400 for a key that is no token id."""
+    if not bias:
+        return None
+    bad = [key for key in bias if not TOKEN_ID.fullmatch(key)]
+    if bad:
+        raise APIError(400, f"logit_bias: the key {bad[0]!r} is no token id; give token ids as decimal strings, e.g. "
+                       '{"15": -100}', param="logit_bias")
+    return {int(key): value for key, value in bias.items()}
+
+
 class _Generation:
     """One prompt of a request: its job on the scheduler and the events it sends back to the event loop."""
 
-    def __init__(self, pipeline: Pipeline, prompt: str, body: Sampling, index: int, *, stops: tuple[str, ...],
-                 max_tokens: int | None, settings: ServeSettings, chat: bool) -> None:
+    def __init__(self, pipeline: Pipeline, prompt: str | list[int], body: Sampling, index: int, *,
+                 stops: tuple[str, ...], max_tokens: int | None, settings: ServeSettings, chat: bool,
+                 logprobs: int | None = None, echo: bool = False) -> None:
+        """logprobs: the alternatives reported per token (None: no log-probabilities); echo: the prompt's text comes
+        before each choice's."""
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
         self.index = index
-        try:
-            ids = pipeline._prompt_ids(prompt, index=index, add_bos=False)
-        except AttnkitError as error:
-            raise APIError(400, str(error), param="prompt") from None
+        ids = _prompt_ids(pipeline, prompt, index)
         context = pipeline.config.max_seq_len
         if len(ids) >= context:
             raise APIError(400, f"the prompt has {len(ids)} tokens; this model's context holds {context}, so the "
@@ -498,30 +561,44 @@ class _Generation:
             raise APIError(400, "a stop string is empty; give non-empty stop strings", param="stop")
         try:
             sampling, seed = check_sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                                            seed=body.seed)
+                                            logit_bias=_logit_bias(body.logit_bias),
+                                            vocab_size=pipeline.config.vocab_size, seed=body.seed)
         except SamplingError as error:
             raise APIError(400, str(error), param=error.field) from None
+        self.prompt_ids = ids
         self.prompt_tokens = len(ids)
         self.completion_tokens = 0
-        self.tracker = _TextTracker(pipeline.tokenizer, body.n, [*stop, *stops], self._text if body.stream else None)
+        self.echo = "" if not echo else prompt if isinstance(prompt, str) else pipeline.tokenizer.decode(ids)
+        self.prompt_scores: list[Scored] = []  # the echoed prompt's tokens, scored (echo with logprobs)
+        self.scores = [ChoiceScores(pipeline.tokenizer) for _ in range(body.n)] if logprobs is not None else None
+        self.streamed = [0] * body.n  # characters of each choice's text sent so far
+        self.tracker = TextTracker(pipeline.tokenizer, body.n, [*stop, *stops], self._text if body.stream else None)
         eos = pipeline.tokenizer.eos_id
         self.job = GenerationJob(
             prompt=ids, max_new_tokens=max_tokens, sampling=sampling, on_token=self._token, on_finish=self._finish,
             n=body.n, seed=seed, stop_ids=frozenset({eos} if eos is not None else ()),
-            deadline=time.monotonic() + settings.timeout)
+            deadline=time.monotonic() + settings.timeout, top_logprobs=logprobs,
+            on_logprobs=self._scored if logprobs is not None else None)
 
     # on the scheduler's thread
+    def _scored(self, choice: int, token: int, logprob: float, top: list[tuple[int, float]]) -> None:
+        self.scores[choice].add(token, logprob, top)
+
     def _token(self, choice: int, token: int) -> bool:
         self.completion_tokens += 1
         return self.tracker.push(choice, token)
 
     def _text(self, choice: int, piece: str) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, ("text", choice, piece))
+        self.streamed[choice] += len(piece)
+        scored = self.scores[choice].settled(self.streamed[choice]) if self.scores is not None else None
+        self.loop.call_soon_threadsafe(self.events.put_nowait, ("text", choice, piece, scored))
 
     def _finish(self, reasons: list[str]) -> None:
         texts = self.tracker.finish()
         timed_out = time.monotonic() > self.job.deadline
-        self.loop.call_soon_threadsafe(self.events.put_nowait, ("finish", texts, reasons, timed_out))
+        scored = None if self.scores is None else [
+            scores.settled(len(text), final=True) for scores, text in zip(self.scores, texts, strict=True)]
+        self.loop.call_soon_threadsafe(self.events.put_nowait, ("finish", texts, reasons, timed_out, scored))
 
 
 def _failure(job: GenerationJob) -> APIError:
@@ -546,15 +623,16 @@ async def _next_event(generation: _Generation, request: Request, poll: float = 0
                 raise ClientGone from None
             if time.monotonic() > generation.job.deadline:
                 generation.job.cancel()
-                return ("finish", [""] * generation.job.n, ["cancelled"] * generation.job.n, True)
+                return ("finish", [""] * generation.job.n, ["cancelled"] * generation.job.n, True, None)
 
 
 class _Answer:
     """The response to a request of one or more prompts: whole (JSON) or streamed (server-sent events)."""
 
-    def __init__(self, kind: str, model_id: str, generations: list[_Generation], *, include_usage: bool) -> None:
+    def __init__(self, kind: str, model_id: str, generations: list[_Generation], *, include_usage: bool,
+                 tokenizer) -> None:
         self.kind, self.model_id, self.generations = kind, model_id, generations
-        self.include_usage = include_usage
+        self.include_usage, self.tokenizer = include_usage, tokenizer
         self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -562,7 +640,7 @@ class _Answer:
         return generation.index * generation.job.n + choice
 
     def usage(self) -> dict:
-        prompt = sum(g.prompt_tokens * g.job.n for g in self.generations)
+        prompt = sum(g.prompt_tokens for g in self.generations)  # once per prompt, as OpenAI counts
         completion = sum(g.completion_tokens for g in self.generations)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -579,24 +657,38 @@ class _Answer:
                     event = await _next_event(generation, request)
                     if event[0] == "finish":
                         break
-                _, texts, reasons, timed_out = event
+                _, texts, reasons, timed_out, scored = event
                 if "error" in reasons:
                     raise _failure(generation.job)
                 if timed_out and "cancelled" in reasons:
                     raise APIError(504, f"the request took longer than the server's timeout ({timeout:g} s)")
-                choices += [self._choice(generation, c, text, reason) for c, (text, reason) in
+                choices += [self._choice(generation, c, text, reason, scored and scored[c]) for c, (text, reason) in
                             enumerate(zip(texts, reasons, strict=True))]
         finally:
             self.cancel()  # anything still running (a client gone, an error) ends at the next step
         return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model_id,
                 "choices": choices, "usage": self.usage()}
 
-    def _choice(self, generation: _Generation, choice: int, text: str, reason: str) -> dict:
+    def _choice(self, generation: _Generation, choice: int, text: str, reason: str, scored: list[Scored] | None
+                ) -> dict:
         index = self._choice_index(generation, choice)
         if self.kind == "chat.completion":
             return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                    "logprobs": None}
-        return {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
+                    "logprobs": self._logprobs(generation, scored)}
+        return {"index": index, "text": generation.echo + text, "finish_reason": reason,
+                "logprobs": self._logprobs(generation, scored, echoed=True)}
+
+    def _logprobs(self, generation: _Generation, scored: list[Scored] | None, *, echoed: bool = False) -> dict | None:
+        """A choice's `logprobs` object for the tokens `scored` (None when none were asked for); completions' with the
+        echoed prompt's tokens first when `echoed`."""
+        if generation.scores is None:
+            return None
+        if self.kind == "chat.completion":
+            return chat_logprobs(self.tokenizer, scored)
+        entries = [*generation.prompt_scores, *scored] if echoed else scored
+        offsets = [0] * len(generation.prompt_scores) if echoed else []
+        offsets += [len(generation.echo)] * len(scored)
+        return completion_logprobs(self.tokenizer, entries, offsets)
 
     def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
         kind = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
@@ -606,33 +698,40 @@ class _Answer:
             payload["usage"] = usage
         return f"data: {json.dumps(payload)}\n\n"
 
-    def _delta(self, index: int, text: str | None, reason: str | None, *, first: bool = False) -> dict:
+    def _delta(self, generation: _Generation, choice: int, text: str | None, reason: str | None, *,
+               first: bool = False, scored: list[Scored] | None = None) -> dict:
+        index = self._choice_index(generation, choice)
         if self.kind == "chat.completion":
+            logprobs = None if first else self._logprobs(generation, scored or [])
             delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
-            return {"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}
-        return {"index": index, "text": text or "", "finish_reason": reason, "logprobs": None}
+            return {"index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
+        logprobs = self._logprobs(generation, [] if first else scored or [], echoed=first)
+        return {"index": index, "text": text or "", "finish_reason": reason, "logprobs": logprobs}
 
     async def stream(self, request: Request) -> AsyncIterator[str]:
         """Server-sent events: a chunk per settled piece of text, a last chunk per choice with its finish reason,
         the usage when asked for, then [DONE]. A client that goes away cancels the generation."""
         try:
-            if self.kind == "chat.completion":
-                yield self._chunk([self._delta(self._choice_index(g, c), None, None, first=True)
+            if self.kind == "chat.completion":  # the role first
+                yield self._chunk([self._delta(g, c, None, None, first=True)
+                                   for g in self.generations for c in range(g.job.n)])
+            elif any(g.echo for g in self.generations):  # the prompt first
+                yield self._chunk([self._delta(g, c, g.echo, None, first=True)
                                    for g in self.generations for c in range(g.job.n)])
             for generation in self.generations:
                 while True:
                     event = await _next_event(generation, request)
                     if event[0] == "text":
-                        _, choice, piece = event
-                        yield self._chunk([self._delta(self._choice_index(generation, choice), piece, None)])
+                        _, choice, piece, scored = event
+                        yield self._chunk([self._delta(generation, choice, piece, None, scored=scored)])
                         continue
-                    _, _texts, reasons, timed_out = event
+                    _, _texts, reasons, timed_out, scored = event
                     if "error" in reasons:
                         yield f"data: {json.dumps(_failure(generation.job).body())}\n\n"
                     elif timed_out and "cancelled" in reasons:
                         error = APIError(504, "the request took longer than the server's timeout")
                         yield f"data: {json.dumps(error.body())}\n\n"
-                    yield self._chunk([self._delta(self._choice_index(generation, c), None, reason)
+                    yield self._chunk([self._delta(generation, c, None, reason, scored=scored and scored[c])
                                        for c, reason in enumerate(reasons)])
                     break
             if self.include_usage:

@@ -57,7 +57,7 @@ from torch import Tensor
 from attnkit.errors import InputError
 from attnkit.generate.constrained import GrammarMask
 from attnkit.generate.decoder import EagerDecoding, Window, left_pad
-from attnkit.generate.sampling import SamplingConfig, make_generator, select_next_in_groups
+from attnkit.generate.sampling import SamplingConfig, make_generator, select_next_in_groups, token_logprobs
 from attnkit.layers.kv_cache import KVCache, LayerCache
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,9 @@ class GenerationJob:
     """One request: `n` rows continuing the same prompt. Callbacks run on the scheduler's thread.
 
     on_token(choice, token) -> True ends that choice (a stop string was reached); on_finish(reasons) is called
-    once, with one reason per choice, when every choice has ended or the job was cancelled.
+    once, with one reason per choice, when every choice has ended or the job was cancelled. With `top_logprobs` set,
+    on_logprobs(choice, token, logprob, top) comes just before each on_token: its log-probability under the model's
+    raw logits and the `top_logprobs` likeliest [(token, logprob), ...] (`sampling.token_logprobs`).
     """
 
     prompt: list[int]
@@ -88,6 +90,8 @@ class GenerationJob:
     stop_ids: frozenset[int] = frozenset()
     grammar: GrammarMask | None = None  # a matcher per choice, each choice's text held to it (structured output)
     deadline: float | None = None  # time.monotonic() after which the job is cancelled
+    top_logprobs: int | None = None  # None: no log-probabilities asked for
+    on_logprobs: Callable[[int, int, float, list[tuple[int, float]]], None] | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     # set by the scheduler
     queued: float = 0.0  # time.monotonic() when it was submitted
@@ -358,17 +362,28 @@ class Scheduler:
         for job in jobs:
             picked = [next(drawn) for _ in range(job.n)]
             try:
-                self._deliver(job, picked)
+                self._deliver(job, picked, self._scores(job, rows_of[job], chosen))
             except Exception as error:  # its own callback failed
                 self._fail(job, error)
 
-    def _deliver(self, job: GenerationJob, tokens: list[int]) -> None:
-        """Pass each choice's token on, as `decode_n_tokens` does: a stop token ends a choice unreturned."""
+    def _scores(self, job: GenerationJob, rows: list[int], chosen: Tensor) -> list | None:
+        """For a job that asks for them, each choice's (logprob, top) under the logits its token was drawn from."""
+        if job.top_logprobs is None:
+            return None
+        logprobs, values, ids = token_logprobs(self.logits[rows], chosen[rows], job.top_logprobs)
+        return [(logprob, list(zip(top_ids, top_values, strict=True)))
+                for logprob, top_ids, top_values in zip(logprobs.tolist(), ids.tolist(), values.tolist(), strict=True)]
+
+    def _deliver(self, job: GenerationJob, tokens: list[int], scores: list | None = None) -> None:
+        """Pass each choice's token (and its `scores`) on, as `decode_n_tokens` does: a stop token ends a choice
+        unreturned."""
         job.produced += 1
         for choice, token in enumerate(tokens):
             if job.reasons[choice] is not None:
                 continue
             self.tokens += 1
+            if scores is not None and token not in job.stop_ids:
+                job.on_logprobs(choice, token, *scores[choice])
             complete = token not in job.stop_ids and job.grammar is not None and job.grammar.advance(choice, token)
             if token in job.stop_ids or job.on_token(choice, token) or complete:
                 job.reasons[choice] = "stop"

@@ -2,8 +2,12 @@
 
 Types are strict: "5" is not an integer here, so a wrong type is answered 422 naming the field; a value of the
 right type out of its range is answered 400 naming it. A field the server does not take is answered 400 naming it,
-never ignored: OpenAI's fields that attnkit does not honour (`logit_bias`, `logprobs`, `tools`, `dimensions`, ...)
-pass only at the neutral value clients send by default (`NOT_HONOURED`), which asks for nothing.
+never ignored: OpenAI's fields that attnkit does not honour (`frequency_penalty`, `best_of`, `tools`, `dimensions`,
+...) pass only at the neutral value clients send by default (`NOT_HONOURED`), which asks for nothing.
+
+A prompt is text, or token ids, as OpenAI's completions take it: a string, a list of strings, a list of token ids
+(one prompt), or a list of such lists. A chat message's content is a string or a list of text parts
+(`[{"type": "text", "text": ...}]`), joined with newlines as vLLM joins them.
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_STOPS = 4  # as OpenAI
+MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's chat limit; vLLM's default max_logprobs)
 
 _OFF = (None, False)
 SAMPLING_NOT_HONOURED: dict[str, tuple] = {  # field -> its neutral values (compared with their types)
-    "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
-    "logprobs": _OFF, "top_logprobs": (None, 0), "user": None, "store": _OFF, "metadata": (None, {}),
-    "service_tier": (None, "auto", "default"),
+    "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "user": None, "store": _OFF,
+    "metadata": (None, {}), "service_tier": (None, "auto", "default"),
 }
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class Body(BaseModel):
@@ -68,6 +73,7 @@ class Sampling(Body):
     n: Annotated[int, Field(ge=1, le=128)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None  # {token id: -100 to 100}, added to its logit before sampling
 
 
 class StreamOptions(Body):
@@ -75,16 +81,34 @@ class StreamOptions(Body):
 
 
 class CompletionRequest(Sampling):
-    NOT_HONOURED = {**SAMPLING_NOT_HONOURED, "echo": _OFF, "best_of": (None, 1), "suffix": (None, "")}
+    NOT_HONOURED = {**SAMPLING_NOT_HONOURED, "best_of": (None, 1), "suffix": (None, "")}
 
-    prompt: str | Annotated[list[str], Field(min_length=1)]
+    prompt: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # the likeliest alternatives per token
+    echo: bool = False  # the prompt before the completion, in the text and the logprobs
+
+    @property
+    def prompts(self) -> list[str] | list[list[int]]:
+        """The prompts, each a string or a list of token ids."""
+        one = isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
+        return [self.prompt] if one else self.prompt
+
+
+class TextPart(Body):
+    type: Literal["text"]
+    text: str
 
 
 class Message(Body):
     NOT_HONOURED = {"name": None}  # a participant's name: the default template does not show it
 
     role: Literal["system", "user", "assistant", "developer"]
-    content: str
+    content: str | Annotated[list[TextPart], Field(min_length=1)]
+
+    def rendered(self) -> dict[str, str]:
+        """{"role", "content"} with the content's text parts joined by newlines."""
+        text = self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
+        return {"role": self.role, "content": text}
 
 
 class ChatRequest(Sampling):
@@ -95,6 +119,8 @@ class ChatRequest(Sampling):
 
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False  # each new token's log-probability
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # and its likeliest alternatives
 
 
 class EmbeddingRequest(Body):
@@ -102,7 +128,7 @@ class EmbeddingRequest(Body):
 
     model: str | None = None
     input: str | Annotated[list[str], Field(min_length=1)]
-    encoding_format: Literal["float"] = "float"
+    encoding_format: Literal["float", "base64"] = "float"  # base64: little-endian float32 bytes, as OpenAI's
 
 
 class TaskRequest(Body):
