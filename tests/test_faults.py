@@ -468,7 +468,7 @@ def lstm_run(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("target", ["--to-gguf", "--to-onnx", "--to-hf"])
 def test_a_recurrent_run_is_told_plainly_it_has_no_export(lstm_run, tmp_path, capsys, target):
     pytest.importorskip("gguf")
-    out = tmp_path / {"--to-gguf": "m.gguf", "--to-onnx": "m.onnx", "--to-hf": "hf"}[target]
+    out = tmp_path / {"--to-gguf": "m.gguf", "--to-onnx": "onnx", "--to-hf": "hf"}[target]
     err = cli_error(capsys, "convert", lstm_run, target, out)
     assert "a recurrent-lm model has no export form" in err and "run it with attnkit itself" in err
     assert "use --to" not in err and not out.exists()
@@ -476,7 +476,7 @@ def test_a_recurrent_run_is_told_plainly_it_has_no_export(lstm_run, tmp_path, ca
 
 def test_export_advice_names_only_targets_that_take_the_family(runs, tmp_path, capsys):
     pytest.importorskip("onnxscript")
-    err = cli_error(capsys, "convert", runs["mt"], "--to-onnx", tmp_path / "m.onnx")
+    err = cli_error(capsys, "convert", runs["mt"], "--to-onnx", tmp_path / "onnx")
     assert "use --to-hf for it" in err and "--to-gguf" not in err
     err = cli_error(capsys, "convert", runs["clf"], "--to-gguf", tmp_path / "m.gguf")
     assert "use --to-hf or --to-onnx for it" in err

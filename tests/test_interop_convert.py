@@ -125,6 +125,6 @@ def test_convert_refuses_bad_arguments(tmp_path, capsys):
     assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 2
     assert "already holds a model" in capsys.readouterr().err
     assert main(["convert", "--run", str(tmp_path / "run")]) == 2
-    assert "give one of --to-hf DIR, --to-gguf OUT.gguf or --to-onnx OUT.onnx" in capsys.readouterr().err
+    assert "give one of --to-hf DIR, --to-gguf OUT.gguf or --to-onnx DIR" in capsys.readouterr().err
     assert main(["convert", "--from-hf", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run2")]) == 2
     assert "is not a directory" in capsys.readouterr().err

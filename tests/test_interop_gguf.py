@@ -189,7 +189,7 @@ def test_command_line(tmp_path, capsys):
     assert f"as llama.cpp's llama (q4_0) to {out}" in capsys.readouterr().out
     assert gguf.GGUFReader(out).get_tensor(1).tensor_type == gguf.GGMLQuantizationType.Q4_0
     assert main(["convert", str(run), "--to-gguf", str(tmp_path / "b.gguf"), "--to-hf", str(tmp_path / "hf")]) == 2
-    assert "give one of --to-hf DIR, --to-gguf OUT.gguf or --to-onnx OUT.onnx" in capsys.readouterr().err
+    assert "give one of --to-hf DIR, --to-gguf OUT.gguf or --to-onnx DIR" in capsys.readouterr().err
 
 
 # llama.cpp itself ---------------------------------------------------------------------------------------------------

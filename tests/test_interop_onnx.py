@@ -1,8 +1,13 @@
-"""`attnkit convert RUN --to-onnx`: the graph run by onnxruntime gives attnkit's numbers, at batch sizes and lengths
-other than the ones it was exported with: decoders through their past keys/values step by step, encoders with
-padding (classification, token tagging, embeddings)."""
+"""`attnkit convert RUN --to-onnx DIR`: the graph run by onnxruntime gives attnkit's numbers, at batch sizes and
+lengths other than the ones it was exported with: decoders through their past keys/values step by step, encoders
+with padding (classification, token tagging, embeddings); and the folder alone, read with onnxruntime and
+`tokenizers` only, labels texts as `attnkit classify` does."""
 
 from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +16,8 @@ from export_runs import ENCODERS, LAYOUTS, random_run
 
 from attnkit.checkpoint import load_model
 from attnkit.cli import main
-from attnkit.errors import ConfigError
+from attnkit.errors import ConfigError, InputError
+from attnkit.generate.pipeline import load
 from attnkit.interop.onnx import convert_to_onnx
 
 ort = pytest.importorskip("onnxruntime", reason="the ONNX tests run the graph in onnxruntime (pip install "
@@ -29,11 +35,14 @@ def _close(theirs: np.ndarray, ours: torch.Tensor) -> None:
 
 def test_decoder_steps_through_its_past_keys_and_values(tmp_path, capsys):
     run = random_run(tmp_path, {**LAYOUTS["llama-gqa-untied"], "n_kv_heads": 2})
-    out = tmp_path / "model.onnx"
+    out = tmp_path / "exported"
     assert main(["convert", str(run), "--to-onnx", str(out)]) == 0
-    assert f"to {out}" in capsys.readouterr().out
+    assert f"wrote {out / 'model.onnx'}: decoder" in capsys.readouterr().out
+    runtime = json.loads((out / "runtime.json").read_text())
+    assert runtime["past"] == {"n_layers": 2, "n_kv_heads": 2, "head_dim": 16, "empty_shape": ["batch", 2, 0, 16]}
+    assert runtime["text"]["adds"] == []  # a decoder's prompt is its own tokens
     model, config = load_model(run)
-    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     dims = {i.name: i.shape for i in session.get_inputs()}
     assert dims["input_ids"] == ["batch", "sequence"]
     assert dims["past_key_values.1.value"] == ["batch", 2, "past_sequence", 16]
@@ -64,12 +73,12 @@ def test_decoder_steps_through_its_past_keys_and_values(tmp_path, capsys):
     assert torch.equal(ids, expected)
 
 
-@pytest.mark.parametrize("head", [
-    "classify", pytest.param("tag", marks=pytest.mark.slow), pytest.param("embeddings", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("head", [  # the classifier's graph is also run, from text, by the folder test below
+    pytest.param(head, marks=pytest.mark.slow) for head in ("classify", "tag", "embeddings")])
 def test_encoder_gives_attnkits_outputs_with_padding(tmp_path, head):
     fields = {"d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_seq_len": 32, **ENCODERS[head]}
     run = random_run(tmp_path, fields)
-    export = convert_to_onnx(run, tmp_path / "model.onnx")
+    export = convert_to_onnx(run, tmp_path / "exported").graph
     model, config = load_model(run)
     session = ort.InferenceSession(str(export.path), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == export.inputs
@@ -99,5 +108,51 @@ def test_encoder_gives_attnkits_outputs_with_padding(tmp_path, head):
 def test_families_without_an_onnx_form_are_refused(tmp_path):
     run = random_run(tmp_path, dict(family="encoder-decoder", d_model=32, n_heads=2, d_ff=64))
     with pytest.raises(ConfigError, match="ONNX export writes decoders and encoders"):
+        convert_to_onnx(run, tmp_path / "exported")
+    assert not (tmp_path / "exported").exists()
+    with pytest.raises(InputError, match="writes a folder"):
         convert_to_onnx(run, tmp_path / "model.onnx")
-    assert not (tmp_path / "model.onnx").exists()
+
+
+LABELS = ["negative", "neutral", "positive"]
+TEXTS = ["a gorgeous, witty film", "", "Ünïcödé and emoji 🙂", "def main(): return 1  " * 12]  # the last is cut
+
+
+def _label_from_folder(folder: Path, texts: list[str]) -> tuple[list[str], np.ndarray]:
+    """What a user's program does with the folder: onnxruntime, tokenizers and json, no attnkit."""
+    from tokenizers import Tokenizer
+
+    runtime = json.loads((folder / "runtime.json").read_text())
+    tokenizer = Tokenizer.from_file(str(folder / runtime["tokenizer"]))
+    labels = json.loads((folder / runtime["labels"]).read_text())["labels"]
+    session = ort.InferenceSession(str(folder / runtime["graph"]), providers=["CPUExecutionProvider"])
+    rows = tokenizer.encode_batch(texts)  # framed, cut and padded as tokenizer.json says
+    columns = {"input_ids": [r.ids for r in rows], "attention_mask": [r.attention_mask for r in rows],
+               "token_type_ids": [r.type_ids for r in rows]}
+    (logits,) = session.run(None, {name: np.array(columns[name], dtype=np.int64) for name in runtime["inputs"]})
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    return [labels[i] for i in logits.argmax(-1)], probabilities
+
+
+def test_a_classifier_folder_labels_text_alone_as_attnkit_does(tmp_path, capsys):
+    fields = {"d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_seq_len": 24, **ENCODERS["classify"]}
+    run = random_run(tmp_path, fields)
+    (run / "labels.json").write_text(json.dumps({"labels": LABELS}))
+    out = tmp_path / "exported"
+    assert main(["convert", str(run), "--to-onnx", str(out)]) == 0
+    printed = capsys.readouterr()
+    files = ["model.onnx", "tokenizer.json", "config.json", "labels.json", "runtime.json"]
+    assert printed.out.splitlines() == [line for line in printed.out.splitlines() if line.startswith("wrote ")]
+    assert [line.split(":")[0] for line in printed.out.splitlines()] == [f"wrote {out / name}" for name in files]
+    assert "training mode" not in printed.err and "torchvision" not in printed.err  # the exporter says nothing
+    assert sorted(p.name for p in out.iterdir()) == sorted(files)
+
+    expected = load(run).classify(TEXTS)
+    assert expected[-1].truncated  # the long text is cut to max_seq_len, as tokenizer.json cuts it
+    moved = shutil.move(out, tmp_path / "elsewhere")
+    shutil.rmtree(run)  # the folder alone
+    labels, probabilities = _label_from_folder(Path(moved), TEXTS)
+    assert labels == [result.label for result in expected]
+    np.testing.assert_allclose(probabilities, [[r.probabilities[name] for name in LABELS] for r in expected],
+                               atol=1e-5)

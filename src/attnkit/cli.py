@@ -476,7 +476,7 @@ examples:
   attnkit convert --from-hf path/to/gpt2 --out runs/gpt2       # then: attnkit generate runs/gpt2 --prompt ...
   attnkit convert runs/shakespeare --to-hf exported/            # transformers: AutoModel.from_pretrained("exported")
   attnkit convert runs/default --to-gguf model.gguf --type q8_0  # llama.cpp: llama-cli -m model.gguf
-  attnkit convert runs/default --to-onnx model.onnx              # onnxruntime.InferenceSession("model.onnx")
+  attnkit convert runs/default --to-onnx exported-onnx/         # onnxruntime: model.onnx + tokenizer.json + ...
 
 Reads and writes these Hugging Face architectures (model_type: classes), as directories written by
 save_pretrained; nothing is downloaded:
@@ -498,8 +498,9 @@ class ConvertSettings:
     """with RUN: a GGUF file for llama.cpp (a decoder in a layout llama.cpp runs: see docs/guides/export.md)"""
     type: GGUFType = "f16"  # with --to-gguf: the weights' GGUF type (norms and biases stay f32)
     chat_template: str | None = field(default=None, metadata={"metavar": "FILE"})  # with --to-gguf: a Jinja template
-    to_onnx: str | None = field(default=None, metadata={"metavar": "OUT.onnx"})
-    """with RUN: an ONNX graph for onnxruntime (decoders with past keys/values, encoders)"""
+    to_onnx: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """with RUN: a folder for onnxruntime: the graph (decoders with past keys/values, encoders), tokenizer.json,
+    config, labels and runtime.json"""
     overwrite: bool = False  # replace an output attnkit wrote there before (a run, a model directory, a file)
 
 
@@ -529,7 +530,7 @@ def _run_convert(settings: ConvertSettings) -> int:
         targets = [name for name in ("to_hf", "to_gguf", "to_onnx") if getattr(settings, name)]
         if len(targets) != 1 or settings.out:
             raise InputError(f"{settings.run} is a run to write out: give one of --to-hf DIR, --to-gguf OUT.gguf or "
-                             "--to-onnx OUT.onnx (--out names the run that --from-hf creates)")
+                             "--to-onnx DIR (--out names the run that --from-hf creates)")
         settings = _run_first(settings, targets[0])
         if settings.to_gguf:
             from attnkit.interop.gguf import convert_to_gguf
@@ -540,9 +541,9 @@ def _run_convert(settings: ConvertSettings) -> int:
         elif settings.to_onnx:
             from attnkit.interop.onnx import convert_to_onnx
 
-            exported = convert_to_onnx(settings.run, settings.to_onnx, overwrite=settings.overwrite)
-            print(f"wrote {settings.run} as ONNX ({exported.kind}: inputs {', '.join(exported.inputs[:3])}, ...) "
-                  f"to {settings.to_onnx}")
+            folder = convert_to_onnx(settings.run, settings.to_onnx, overwrite=settings.overwrite)
+            for name, what in folder.files.items():
+                print(f"wrote {folder.path / name}: {what}")
         else:
             architecture = hf.convert_to_hf(settings.run, settings.to_hf, overwrite=settings.overwrite)
             print(f"wrote {settings.run} as a {architecture} to {settings.to_hf}")

@@ -237,6 +237,14 @@ def _lines(numbers: list[int]) -> str:
     return shown + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
 
 
+def frame_ids(tokenizer: Tokenizer) -> tuple[int, int]:
+    """The ids an encoder's text is framed with, `first tokens last`: CLS and SEP when the tokenizer has CLS (BERT's
+    layout; EOS when it has no SEP), else BOS and EOS. Raises InputError naming a missing token."""
+    has_cls = tokenizer.token_id("cls") is not None
+    first = require_id(tokenizer, "cls" if has_cls else "bos")
+    return first, require_id(tokenizer, "sep" if tokenizer.token_id("sep") is not None and has_cls else "eos")
+
+
 class LabelledData(BucketedData[LabelledBatch]):
     """Tokenized, labelled texts served as `LabelledBatch`es; batching and resume as in `BucketedData`."""
 
@@ -276,9 +284,7 @@ class LabelledData(BucketedData[LabelledBatch]):
         """
         if max_len is not None and max_len < 2:
             raise InputError(f"max_len must be at least 2, got {max_len}")
-        has_cls = tokenizer.token_id("cls") is not None
-        first = require_id(tokenizer, "cls" if has_cls else "bos")
-        last = require_id(tokenizer, "sep" if tokenizer.token_id("sep") is not None and has_cls else "eos")
+        first, last = frame_ids(tokenizer)
         label_vocab = label_vocab or LabelVocab.from_labels(label for _, label in examples)
         keep = None if max_len is None else max_len - 2
         ids = [np.array([first, *tokens[:keep], last]) for tokens in tokenizer.encode_batch([t for t, _ in examples])]

@@ -1,6 +1,15 @@
-"""A run as an ONNX graph for onnxruntime, through `torch.onnx.export` (the dynamo exporter, `torch.export`).
+"""A run as a folder onnxruntime runs from text with nothing else, through `torch.onnx.export` (the dynamo exporter,
+`torch.export`).
 
-    convert_to_onnx(run_dir, out)    -> out.onnx, batch and lengths dynamic
+    convert_to_onnx(run_dir, out)    -> out/  model.onnx      the graph, batch and lengths dynamic
+                                              tokenizer.json  the run's tokenizer, framing an encoder's text as attnkit
+                                                              does ([CLS] text [SEP], cut to max_seq_len, padded):
+                                                              `attnkit.interop.runtime_tokenizer`
+                                              config.json     the run's model config
+                                              labels.json     a classifier's or tagger's labels, by class index
+                                              runtime.json    the graph's inputs and outputs, what the tokenizer adds,
+                                                              the labels' file, a decoder's past shapes
+    export_onnx(model, config, path) -> the graph alone
 
 Decoders (next-token models, with the KV cache as explicit inputs and outputs, the layout `transformers` models
 export to):
@@ -14,7 +23,8 @@ export to):
 The prompt goes in with an empty past (past_sequence 0); each later step feeds one token and the presents back as
 the next past. Positions continue after the past ones, as in attnkit's own decoding.
 
-Encoders (input_ids and attention_mask (batch, sequence), plus token_type_ids where the model has token types):
+Encoders (input_ids and attention_mask (batch, sequence), plus token_type_ids where the model has token types; all
+three are what `tokenizers` returns for a batch read with the folder's tokenizer.json):
 
     encoder_head  classify   logits (batch, n_classes)
                   tag        logits (batch, sequence, n_classes)
@@ -22,38 +32,58 @@ Encoders (input_ids and attention_mask (batch, sequence), plus token_type_ids wh
                   none       last_hidden_state (batch, sequence, d_model), pooled (batch, d_model): embeddings
 
 The value checks the models make on their inputs (ids within the vocabulary) read tensor values and are left out
-of the graph; ids outside the vocabulary are the caller's to prevent.
+of the graph; ids outside the vocabulary are the caller's to prevent. The model is exported in eval mode (no
+dropout).
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from attnkit.checkpoint import load_model
+from attnkit.checkpoint import CONFIG_FILE, LABELS_FILE, TOKENIZER_DIR, load_model, read_labels
 from attnkit.config import DecoderConfig, EncoderConfig, ModelConfig
 from attnkit.errors import ConfigError, InputError
+from attnkit.interop.runtime_tokenizer import Framing, runtime_tokenizer
 from attnkit.interop.targets import elsewhere
 from attnkit.layers.kv_cache import KVCache, LayerCache
-from attnkit.outputs import atomic_output
+from attnkit.outputs import atomic_output, atomic_write, check_output
+from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
 OPSET = 18
+GRAPH_FILE = "model.onnx"
+RUNTIME_FILE = "runtime.json"  # how to feed the graph from text: its inputs and outputs, the tokenizer's framing
+_EXPORTER_LOGGERS = ("torch.onnx", "torch.export", "torch._export", "onnxscript", "onnx_ir")
 
 
 @dataclass(frozen=True)
 class ONNXExport:
-    """What `convert_to_onnx` wrote: the graph's kind (decoder, classify, tag, mlm, embeddings) and its names."""
+    """What `export_onnx` wrote: the graph's kind (decoder, classify, tag, mlm, embeddings) and its names."""
 
     path: Path
     kind: str
     inputs: list[str]
     outputs: list[str]
+
+
+@dataclass(frozen=True)
+class ONNXFolder:
+    """What `convert_to_onnx` wrote: the folder, its graph, and each file's name with what it holds (for the command's
+    one line a file)."""
+
+    path: Path
+    graph: ONNXExport
+    files: dict[str, str]
 
 
 class PastLayerCache(LayerCache):
@@ -99,29 +129,88 @@ class EncoderGraph(nn.Module):
 
 
 def convert_to_onnx(run_dir: str | Path, out: str | Path, *, opset: int = OPSET, overwrite: bool = False
-                    ) -> ONNXExport:
-    """Write the run's model as an ONNX graph with dynamic batch and length axes (`overwrite` replaces an existing
-    `out`). Raises ConfigError for a family with no ONNX form here (encoder-decoders, recurrent models), InputError
-    for an existing `out` without `overwrite`."""
+                    ) -> ONNXFolder:
+    """Write the run as a folder a runtime needs nothing else to use (see the module docstring), whole or not at
+    all; `overwrite` replaces a folder there. Raises ConfigError for a family with no ONNX form here (encoder-decoders,
+    recurrent models), InputError for an existing `out` without `overwrite` or an `out` named like a file."""
     run_dir, out = Path(run_dir), Path(out)
-    if out.exists() and not overwrite:
-        raise InputError(f"{out} already exists; choose another file name, or add --overwrite to replace it")
-    if out.suffix != ".onnx":
-        raise InputError(f"{out} should end in .onnx")
+    if out.suffix == ".onnx":
+        raise InputError(f"--to-onnx writes a folder ({GRAPH_FILE}, {HF_FILE}, {CONFIG_FILE}, {RUNTIME_FILE}, ...); "
+                         f"give a directory name such as {out.with_suffix('')}/ instead of {out.name}")
+    check_output(out, directory=True, overwrite=overwrite, flag="--to-onnx")
     model, config = load_model(run_dir)
-    export = export_onnx(model, config, out, opset=opset, overwrite=overwrite)
-    log.info("wrote %s as ONNX (%s) to %s", run_dir, export.kind, out)
-    return export
+    _check_family(config)
+    tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR) if (run_dir / TOKENIZER_DIR).is_dir() else None
+    text = _tokenizer_file(tokenizer, config, run_dir)
+    labels = read_labels(run_dir)
+    with atomic_output(out, directory=True, overwrite=overwrite, flag="--to-onnx") as partial:
+        graph = export_onnx(model, config, partial / GRAPH_FILE, opset=opset)
+        files = {GRAPH_FILE: f"{graph.kind}; inputs {', '.join(graph.inputs[:3])}{', ...' * (len(graph.inputs) > 3)}; "
+                             f"outputs {', '.join(graph.outputs[:3])}{', ...' * (len(graph.outputs) > 3)}"}
+        if text is not None:
+            atomic_write(partial / HF_FILE, text[0].to_str(pretty=True))
+            files[HF_FILE] = _described(text[1])
+        atomic_write(partial / CONFIG_FILE, (run_dir / CONFIG_FILE).read_bytes())
+        files[CONFIG_FILE] = f"the run's {config.family} config"
+        if labels is not None:
+            atomic_write(partial / LABELS_FILE, json.dumps({"labels": labels}, indent=2) + "\n")
+            files[LABELS_FILE] = f"{len(labels)} labels, by class index"
+        runtime = _runtime(graph, config, tokenizer, text[1] if text else None, labels)
+        atomic_write(partial / RUNTIME_FILE, json.dumps(runtime, indent=2, ensure_ascii=False) + "\n")
+        files[RUNTIME_FILE] = "how to feed the graph from text"
+    log.debug("wrote %s as ONNX (%s) to %s", run_dir, graph.kind, out)
+    return ONNXFolder(path=out, graph=replace(graph, path=out / GRAPH_FILE), files=files)
+
+
+def _tokenizer_file(tokenizer: Tokenizer | None, config: ModelConfig, run_dir: Path):
+    """(tokenizers.Tokenizer, Framing) for the folder's tokenizer.json, or None, said, where the run has none that
+    tokenizer.json can hold (no tokenizer/, or attnkit's `char` kind: the graph is still written)."""
+    if tokenizer is None:
+        log.warning("%s has no %s/ directory: the folder gets no %s", run_dir, TOKENIZER_DIR, HF_FILE)
+        return None
+    try:
+        return runtime_tokenizer(tokenizer, config)
+    except ConfigError as err:
+        log.warning("the folder gets no %s: %s", HF_FILE, err)
+        return None
+
+
+def _described(framing: Framing) -> str:
+    if not framing.first:
+        return "the run's tokenizer, as it is"
+    pad = f", padded with id {framing.pad_id}" if framing.pad_id is not None else ""
+    return f"adds {framing.first} and {framing.last}, cut to {framing.max_length} ids{pad}"
+
+
+def _runtime(graph: ONNXExport, config: ModelConfig, tokenizer: Tokenizer | None, framing: Framing | None,
+             labels: list[str] | None) -> dict:
+    """runtime.json: what a runtime does to run the graph from text with nothing but this folder."""
+    runtime: dict = {"graph": GRAPH_FILE, "kind": graph.kind, "inputs": graph.inputs, "outputs": graph.outputs,
+                     "tokenizer": HF_FILE if framing is not None else None,
+                     "text": framing.as_json() if framing is not None else None,
+                     "labels": LABELS_FILE if labels is not None else None,
+                     "max_seq_len": config.max_seq_len}
+    if tokenizer is not None:
+        runtime["special_ids"] = {role: tokenizer.token_id(role) for role in ("bos", "eos", "pad", "cls", "sep")
+                                  if tokenizer.token_id(role) is not None}
+    if isinstance(config, DecoderConfig):
+        resolved = config.resolved
+        runtime["past"] = {"n_layers": config.n_layers, "n_kv_heads": resolved.n_kv_heads,
+                           "head_dim": resolved.head_dim, "empty_shape": ["batch", resolved.n_kv_heads, 0,
+                                                                          resolved.head_dim]}
+    elif "token_type_ids" in graph.inputs:
+        runtime["token_type_ids"] = "the tokenizer's type ids (0 for one text)"
+    return runtime
 
 
 def export_onnx(model: nn.Module, config: ModelConfig, out: Path, *, opset: int = OPSET, overwrite: bool = False
                 ) -> ONNXExport:
     """Write `model` (of `config`, in fp32) as an ONNX graph at `out`, whole or not at all (see the module
-    docstring); what `convert_to_onnx` does after reading the run, and what the speed suite's onnxruntime peer
-    runs."""
+    docstring); the graph of `convert_to_onnx`'s folder, and what the speed suite's onnxruntime peer runs. The
+    exporter's own messages and warnings are kept out of the output (`quiet_exporter`)."""
     graph, example, dynamic, inputs, outputs, kind = _graph(model.float().eval(), config)
-    with torch.no_grad():
-        program = torch.onnx.export(graph, example, dynamo=True, dynamic_shapes=dynamic, input_names=inputs,
+    with torch.no_grad(), quiet_exporter():
+        program = torch.onnx.export(graph.eval(), example, dynamo=True, dynamic_shapes=dynamic, input_names=inputs,
                                     output_names=outputs, opset_version=opset, external_data=False,
                                     verbose=False)
     with atomic_output(out, directory=False, overwrite=overwrite, flag="--to-onnx") as partial:
@@ -129,8 +218,26 @@ def export_onnx(model: nn.Module, config: ModelConfig, out: Path, *, opset: int 
     return ONNXExport(path=out, kind=kind, inputs=inputs, outputs=outputs)
 
 
+@contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """`torch.onnx.export`'s progress messages (onnxscript's optimizer, onnx_ir's passes, torch's registration of
+    operators it cannot find) and warnings silenced for the block; the levels are put back after it. Errors still
+    raise."""
+    levels = {name: logging.getLogger(name).level for name in _EXPORTER_LOGGERS}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in _EXPORTER_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
+
+
 def _graph(model: nn.Module, config: ModelConfig):
     """(module, example inputs, dynamic shapes, input names, output names, kind) for the model's family."""
+    _check_family(config)
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
     # example sizes all differ (and differ from the model's own sizes), so no dynamic axis is taken for a fixed one
     example_batch, example_length = 3, 5
@@ -148,18 +255,21 @@ def _graph(model: nn.Module, config: ModelConfig):
         return (DecoderGraph(model), (ids, mask, past), dynamic,
                 ["input_ids", "attention_mask", *(f"past_key_values.{n}" for n in names)],
                 ["logits", *(f"present.{n}" for n in names)], "decoder")
-    if isinstance(config, EncoderConfig):
-        head = config.encoder_head
-        mask = torch.ones(example_batch, example_length, dtype=torch.long)
-        dynamic = {"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: sequence}}
-        example: tuple = (ids, mask)
-        inputs = ["input_ids", "attention_mask"]
-        if config.type_vocab_size:
-            example += (torch.zeros_like(ids),)
-            dynamic["token_type_ids"] = {0: batch, 1: sequence}
-            inputs.append("token_type_ids")
-        outputs = ["last_hidden_state", "pooled"] if head == "none" else ["logits"]
-        return (EncoderGraph(model, head), example, dynamic, inputs, outputs,
-                "embeddings" if head == "none" else head)
-    raise ConfigError(f"ONNX export writes decoders and encoders; this run is family={config.family!r}: "
-                      f"{elsewhere(config, '--to-onnx')}")
+    head = config.encoder_head  # an encoder: _check_family refused the others
+    mask = torch.ones(example_batch, example_length, dtype=torch.long)
+    dynamic = {"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: sequence}}
+    example: tuple = (ids, mask)
+    inputs = ["input_ids", "attention_mask"]
+    if config.type_vocab_size:
+        example += (torch.zeros_like(ids),)
+        dynamic["token_type_ids"] = {0: batch, 1: sequence}
+        inputs.append("token_type_ids")
+    outputs = ["last_hidden_state", "pooled"] if head == "none" else ["logits"]
+    return (EncoderGraph(model, head), example, dynamic, inputs, outputs,
+            "embeddings" if head == "none" else head)
+
+
+def _check_family(config: ModelConfig) -> None:
+    if not isinstance(config, (DecoderConfig, EncoderConfig)):
+        raise ConfigError(f"ONNX export writes decoders and encoders; this run is family={config.family!r}: "
+                          f"{elsewhere(config, '--to-onnx')}")
