@@ -20,6 +20,7 @@ LAYERS = {
     "machine": 1,  # the CPU's capabilities and the measured kernel profile (any layer reads them)
     "plans": 1,  # a plan's choices with their reasons (the inference and training plans print them)
     "tokenize": 2, "data": 2,
+    "chat_format": 2,  # attnkit's own chat format as a Jinja template (exports carry it; the server chats in it)
     "config": 3, "presets": 3, "recipes": 3,  # recipes: shipped training setups as data
     "lectures": 3,  # the course index: the lectures' topics and what covers each, as data
     "layers": 4,

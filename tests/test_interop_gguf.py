@@ -4,6 +4,7 @@ layout: logits equal attnkit's), and, where llama-cpp-python is installed, run b
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -158,6 +159,10 @@ def test_transformers_reads_the_tokenizer_back(tmp_path):
     text = "def convert(run, out):\n    return {'é': 1, '日本': 2}  # ü\n"
     assert theirs(text, add_special_tokens=False)["input_ids"] == tokenizer().encode(text)
     assert theirs.eos_token_id == tokenizer().eos_id
+    from attnkit.serve.chat import ChatTemplate  # the file's chat template, rendered by transformers, is serve's
+
+    assert theirs.apply_chat_template(CHATS[2], tokenize=False, add_generation_prompt=True) == ChatTemplate().render(
+        CHATS[2])
 
 
 def test_refused_with_the_reason(tmp_path):
@@ -191,6 +196,40 @@ def test_command_line(tmp_path, capsys):
     assert main(["convert", str(run), "--to-gguf", str(tmp_path / "b.gguf"), "--to-hf", str(tmp_path / "hf")]) == 2
     assert "give one of --to-hf DIR, --to-gguf OUT.gguf or --to-onnx DIR" in capsys.readouterr().err
 
+
+
+CHATS = [[], [{"role": "user", "content": "Hello!"}],
+         [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi {{ there }}\n  you"},
+          {"role": "assistant", "content": "Hi."}, {"role": "developer", "content": "Be brief."},
+          {"role": "user", "content": "Who are you?"}]]
+
+
+def test_the_chat_template_is_the_one_attnkit_serve_chats_in_unless_given(tmp_path, capsys):
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from attnkit.serve.chat import ChatTemplate
+
+    run = random_run(tmp_path, LAYOUTS["default"])
+    out = tmp_path / "model.gguf"
+    assert main(["convert", str(run), "--to-gguf", str(out), "--type", "f32"]) == 0
+    assert "chat template: attnkit's own" in capsys.readouterr().out
+    template = _fields(gguf.GGUFReader(out))["tokenizer.chat_template"]
+    for trim in (True, False):  # transformers renders with trim_blocks and lstrip_blocks, llama.cpp without
+        environment = ImmutableSandboxedEnvironment(trim_blocks=trim, lstrip_blocks=trim)
+        for messages in CHATS:
+            rendered = environment.from_string(template).render(messages=messages, add_generation_prompt=True)
+            assert rendered == ChatTemplate().render(messages)
+
+    given = tmp_path / "chatml.jinja"
+    given.write_text("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>{% endfor %}")
+    assert main(["convert", str(run), "--to-gguf", str(out), "--type", "f32", "--chat-template", str(given),
+                 "--overwrite"]) == 0
+    assert f"chat template: {given}" in capsys.readouterr().out
+    assert _fields(gguf.GGUFReader(out))["tokenizer.chat_template"] == given.read_text()
+    (run / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({"chat_template": [
+        {"name": "tool_use", "template": "tools"}, {"name": "default", "template": "the run's own"}]}))
+    convert_to_gguf(run, out, type="f32", overwrite=True)
+    assert _fields(gguf.GGUFReader(out))["tokenizer.chat_template"] == "the run's own"
 
 # llama.cpp itself ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")

@@ -497,7 +497,8 @@ class ConvertSettings:
     to_gguf: str | None = field(default=None, metadata={"metavar": "OUT.gguf"})
     """with RUN: a GGUF file for llama.cpp (a decoder in a layout llama.cpp runs: see docs/guides/export.md)"""
     type: GGUFType = "f16"  # with --to-gguf: the weights' GGUF type (norms and biases stay f32)
-    chat_template: str | None = field(default=None, metadata={"metavar": "FILE"})  # with --to-gguf: a Jinja template
+    chat_template: str | None = field(default=None, metadata={"metavar": "FILE"})
+    """with --to-gguf: a Jinja chat template (default: the run's own, else attnkit's, the one attnkit serve uses)"""
     to_onnx: str | None = field(default=None, metadata={"metavar": "DIR"})
     """with RUN: a folder for onnxruntime: the graph (decoders with past keys/values, encoders), tokenizer.json,
     config, labels and runtime.json"""
@@ -537,7 +538,8 @@ def _run_convert(settings: ConvertSettings) -> int:
 
             written = convert_to_gguf(settings.run, settings.to_gguf, type=settings.type,
                                       chat_template=settings.chat_template, overwrite=settings.overwrite)
-            print(f"wrote {settings.run} as llama.cpp's {written.architecture} ({settings.type}) to {settings.to_gguf}")
+            print(f"wrote {settings.run} as llama.cpp's {written.architecture} ({settings.type}) to {settings.to_gguf}; "
+                  f"chat template: {written.chat_template}")
         elif settings.to_onnx:
             from attnkit.interop.onnx import convert_to_onnx
 

@@ -19,8 +19,9 @@ llama.cpp's `llama-quantize` makes those from an f32 or f16 file.
 
 Tokenizer: a byte-level BPE (attnkit's `bpe` kind, GPT-2's `tokenizer.json`) is written as llama.cpp's `gpt2`
 tokenizer with the GPT-2 pre-tokenizer, its merges, and special tokens marked as control tokens. A `char`
-tokenizer has no GGUF form. The chat template comes from `--chat-template FILE` or the `chat_template` of a
-`tokenizer_config.json` in the run's tokenizer directory.
+tokenizer has no GGUF form. The chat template comes from `--chat-template FILE`, else the `chat_template` of a
+`tokenizer_config.json` in the run's tokenizer directory, else it is attnkit's own (`attnkit.chat_format`), the
+plain-text turns `attnkit serve` chats in.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE
 from attnkit.checkpoint import TOKENIZER_DIR, load_model, unique_state_dict
 from attnkit.config import DecoderConfig, ModelConfig
 from attnkit.errors import ConfigError, InputError
@@ -75,6 +77,7 @@ class GGUFExport:
     type: str
     tensor_types: dict[str, str]  # GGUF tensor name -> GGML type name
     context_length: int
+    chat_template: str  # where the file's chat template came from
 
 
 def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f16",
@@ -105,7 +108,7 @@ def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f
                     "within which both compute the same", config.attention_window)
         context_length = config.attention_window
     vocab = gguf_vocabulary(tokenizer, tokenizer_dir, config.vocab_size)
-    template = _chat_template(chat_template, tokenizer_dir)
+    template, template_source = _chat_template(chat_template, tokenizer_dir)
 
     with atomic_output(out, directory=False, overwrite=overwrite, flag="--to-gguf") as partial:
         writer = gguf.GGUFWriter(str(partial), arch_name)
@@ -127,7 +130,7 @@ def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f
             writer.close()
     log.debug("wrote %s as llama.cpp's %s at %s to %s", run_dir, arch_name, type, out)
     return GGUFExport(path=out, architecture=arch_name, type=type, tensor_types=tensor_types,
-                      context_length=context_length)
+                      context_length=context_length, chat_template=template_source)
 
 
 def _gguf():
@@ -279,7 +282,7 @@ def _is_gpt2_byte_level(pre: Mapping[str, Any]) -> bool:
     return pre.get("type") == "ByteLevel" and pre.get("use_regex", True) and not pre.get("add_prefix_space", False)
 
 
-def _add_vocabulary(writer, vocab: GGUFVocabulary, chat_template: str | None) -> None:
+def _add_vocabulary(writer, vocab: GGUFVocabulary, chat_template: str) -> None:
     writer.add_tokenizer_model(vocab.model)
     writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(vocab.tokens)
@@ -291,20 +294,24 @@ def _add_vocabulary(writer, vocab: GGUFVocabulary, chat_template: str | None) ->
         adders[role](index)
     writer.add_add_bos_token(False)  # attnkit generates from the prompt's own tokens (add_bos off)
     writer.add_add_eos_token(False)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
+    writer.add_chat_template(chat_template)
 
 
-def _chat_template(given: str | Path | None, tokenizer_dir: Path) -> str | None:
-    """The Jinja chat template: the file given, else the tokenizer's tokenizer_config.json's, else none."""
+def _chat_template(given: str | Path | None, tokenizer_dir: Path) -> tuple[str, str]:
+    """(the Jinja chat template, where it came from): the file given, else the run's tokenizer_config.json's (a
+    model converted from Hugging Face; of several named ones, `default`), else attnkit's own plain-text format, the
+    one `attnkit serve` chats in (`attnkit.chat_format`)."""
     if given is not None:
         path = Path(given)
         if not path.is_file():
             raise InputError(f"--chat-template {path} is not a file; give a Jinja template file")
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8"), str(path)
     config = tokenizer_dir / CHAT_TEMPLATE_FILE
     if config.is_file():
         template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        if isinstance(template, list):
+            template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                            None)
         if isinstance(template, str):
-            return template
-    return None
+            return template, str(config)
+    return DEFAULT_CHAT_TEMPLATE, "attnkit's own (System: / User: / Assistant: lines)"
