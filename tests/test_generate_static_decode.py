@@ -192,3 +192,21 @@ def test_static_step_traces_without_graph_breaks(name):
     with torch.no_grad():
         explanation = torch._dynamo.explain(static_step)(model, torch.tensor([[3], [5]]), cache)
     assert explanation.graph_break_count == 0, [str(b.reason)[:200] for b in explanation.break_reasons]
+
+
+def test_a_step_torch_cannot_compile_decodes_eagerly_with_the_same_tokens(caplog):
+    """--compile never ends decoding in an error of torch.compile's: the step falls back to the eager reference."""
+    model, config = tiny_model(position="rope", seed=2)
+    model.float()
+    decoding = StaticDecoding(model)
+
+    def failing(token, cache):
+        raise torch._dynamo.exc.TorchDynamoException("backend failed on this step")
+
+    decoding._step = failing
+    eager = generate_tokens(model, [[1, 2, 3]], max_new_tokens=6, context_len=config.max_seq_len)
+    with caplog.at_level("WARNING"):
+        compiled = generate_tokens(model, [[1, 2, 3]], max_new_tokens=6, context_len=config.max_seq_len,
+                                   decoding=decoding)
+    assert compiled == eager
+    assert "runs eagerly: torch.compile failed" in caplog.text and "backend failed" in caplog.text

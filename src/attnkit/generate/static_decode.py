@@ -29,11 +29,12 @@ On a GPU the compiled step still launches each of its kernels from the host, and
 GPU, set the pace. So once a step has run for a cache, its kernels are captured into a CUDA graph (`GraphedStep`)
 and each later step of that cache is one replay: the token is copied into the graph's input, and the cache, which the
 graph reads and writes in place, is the cache's own tensors (their addresses do not change). A step whose capture
-fails runs compiled as before, and says so once.
+fails runs compiled as before, and a step torch cannot compile runs eagerly; each says so once, and decoding goes on.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -146,13 +147,24 @@ class StaticDecoding(EagerDecoding):
         # freezing applies to weights the graph does not take as arguments: hence the model in the step's closure.
         # They are private because torch has no public switch for either: `torch.compile(options=...)` cannot be
         # combined with `mode=`, and dynamo's recompile limit is configured only through `torch._dynamo.config`.
-        with (
-            torch._inductor.config.patch(freezing=self.freezes_weights),
-            torch._dynamo.config.patch(recompile_limit=MAX_GRAPHS),
-        ):
-            logits = self._step(token, cache)
+        try:
+            with (
+                torch._inductor.config.patch(freezing=self.freezes_weights),
+                torch._dynamo.config.patch(recompile_limit=MAX_GRAPHS),
+            ):
+                logits = self._step(token, cache)
+        except torch._dynamo.exc.TorchDynamoException as err:  # tracing or compiling failed (no public class names it)
+            return self._decode_eagerly(err, token, cache)
         self._calls_seen.add(key)
         return logits
+
+    def _decode_eagerly(self, err: Exception, token: Tensor, cache: StaticKVCache) -> Tensor:
+        """A step torch could not compile: this and every later step run the eager reference, said once; decoding
+        goes on with the same tokens (the step writes only its own slot, so running it again changes nothing)."""
+        log.warning("the decoding step runs eagerly: torch.compile failed on it (%s: %s)", type(err).__name__,
+                    str(err).splitlines()[0] if str(err) else "")
+        self._step, self._compiled = functools.partial(static_step, self.model), False
+        return self._step(token, cache)
 
     def _replay(self, token: Tensor, cache: StaticKVCache) -> Tensor:
         """The step for `cache` from its CUDA graph, captured at its first call here (one graph, the latest cache's)."""
