@@ -302,3 +302,21 @@ def test_a_decoding_step_that_fails_ends_the_running_jobs_and_the_waiting_ones_s
     drain(scheduler)
     assert running.reasons == ["error", "error"] and isinstance(running.job.failure, ZeroDivisionError)
     assert waiting.reasons is not None and waiting.tokens == waiting.alone(model)
+
+
+def test_a_fixed_shape_step_over_the_batchs_static_view_gives_the_tokens_of_the_eager_one(model):
+    """Rows stepped by StaticDecoding (its eager reference step, which torch.compile and the captured step are held
+    to) over `Batch.static_cache`, joining and leaving at several steps, get the tokens they get alone, and the
+    cache moves as it does under eager steps."""
+    from attnkit.generate.static_decode import StaticDecoding
+
+    scheduler = Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=3,
+                          decoding=StaticDecoding(model, compile=False))
+    requests = [Recorded([1, 2, 4, 5], 20), Recorded([7, 8], 6, sampling=SamplingConfig(temperature=0.7), seed=3, n=2),
+                Recorded([5, 6, 7, 8, 9, 10, 11], 30, stop_ids=STOP),
+                Recorded([9], 12, sampling=SamplingConfig(top_k=4))]
+    for wait, request in zip((0, 2, 1, 5), requests, strict=True):
+        iterate(scheduler, wait)
+        scheduler.submit(request.job)
+    drain(scheduler)
+    assert all(request.tokens == request.alone(model) for request in requests)

@@ -54,7 +54,7 @@ def build_app(settings: ServeSettings):
     from attnkit.generate import load
 
     settings = _checked(settings)
-    pipeline = load(settings.run, device=settings.device, dtype=settings.dtype)
+    pipeline = load(settings.run, **settings.load_options())
     if settings.explain and pipeline.plan is not None:
         log.info("%s", pipeline.plan.explain())
     return create_app(pipeline, settings.run, settings)

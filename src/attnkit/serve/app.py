@@ -66,6 +66,7 @@ from attnkit.serve.schemas import (
     openapi,
 )
 from attnkit.serve.settings import ServeSettings
+from attnkit.serve.structured import Structured
 
 log = logging.getLogger("attnkit.serve")
 
@@ -87,7 +88,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     scheduler = None
     if "generate" in pipeline.methods:
         scheduler = Scheduler(pipeline.model, context_len=pipeline.config.max_seq_len, pad_id=pipeline._pad_id,
-                              max_rows=settings.max_batch, max_waiting=settings.max_queue)
+                              max_rows=settings.max_batch, max_waiting=settings.max_queue, decoding=pipeline.decoding)
     experiments = Path(settings.experiments) if settings.experiments else Path.cwd() / "docs" / "experiments"
     explorer = Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments)
     template = chat_template(run_dir / TOKENIZER_DIR)
@@ -182,17 +183,18 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
         check_model(body.model)
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true as well", param="top_logprobs")
+        structured = Structured.of(body)  # response_format and tools: a grammar the reply is held to
         try:
-            prompt = template.render([m.rendered() for m in body.messages])
+            prompt = template.render([m.rendered() for m in body.messages], structured.tools if structured else ())
         except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
             raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await generate(request, body, [prompt], "chat.completion", stops=template.stops, max_tokens=limit,
-                              logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+                              logprobs=(body.top_logprobs or 0) if body.logprobs else None, structured=structured)
 
     async def generate(request: Request, body: Sampling, prompts: list[str] | list[list[int]], kind: str, *,
                        stops: tuple[str, ...], max_tokens: int | None, logprobs: int | None = None,
-                       echo: bool = False):
+                       echo: bool = False, structured: Structured | None = None):
         if scheduler is None:
             raise APIError(404, f"this run ({pipeline.family}) does not generate text; its endpoints are "
                            f"{', '.join(endpoints()) or 'none'}", code="endpoint_not_served")
@@ -200,7 +202,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
             raise APIError(400, f"this request has {len(prompts)} prompts; this server queues at most "
                            f"{settings.max_queue} (--max-queue): send at most that many per request", param="prompt")
         jobs = [_Generation(pipeline, p, body, index, stops=stops, max_tokens=max_tokens, settings=settings,
-                            chat=kind == "chat.completion", logprobs=logprobs, echo=echo)
+                            chat=kind == "chat.completion", logprobs=logprobs, echo=echo, structured=structured)
                 for index, p in enumerate(prompts)]
         if echo and logprobs is not None:  # the prompt's own tokens, scored by one forward pass each
             deadline = time.monotonic() + settings.timeout
@@ -537,9 +539,9 @@ class _Generation:
 
     def __init__(self, pipeline: Pipeline, prompt: str | list[int], body: Sampling, index: int, *,
                  stops: tuple[str, ...], max_tokens: int | None, settings: ServeSettings, chat: bool,
-                 logprobs: int | None = None, echo: bool = False) -> None:
+                 logprobs: int | None = None, echo: bool = False, structured: Structured | None = None) -> None:
         """logprobs: the alternatives reported per token (None: no log-probabilities); echo: the prompt's text comes
-        before each choice's."""
+        before each choice's; structured: the grammar each choice is held to, and how its reply is read."""
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
         self.index = index
@@ -572,13 +574,16 @@ class _Generation:
         self.prompt_scores: list[Scored] = []  # the echoed prompt's tokens, scored (echo with logprobs)
         self.scores = [ChoiceScores(pipeline.tokenizer) for _ in range(body.n)] if logprobs is not None else None
         self.streamed = [0] * body.n  # characters of each choice's text sent so far
-        self.tracker = TextTracker(pipeline.tokenizer, body.n, [*stop, *stops], self._text if body.stream else None)
+        self.structured = structured
+        streamed = body.stream and not (structured and structured.withheld)  # a tool call comes whole at the end
+        self.tracker = TextTracker(pipeline.tokenizer, body.n, [*stop, *stops], self._text if streamed else None)
         eos = pipeline.tokenizer.eos_id
         self.job = GenerationJob(
             prompt=ids, max_new_tokens=max_tokens, sampling=sampling, on_token=self._token, on_finish=self._finish,
             n=body.n, seed=seed, stop_ids=frozenset({eos} if eos is not None else ()),
             deadline=time.monotonic() + settings.timeout, top_logprobs=logprobs,
-            on_logprobs=self._scored if logprobs is not None else None)
+            on_logprobs=self._scored if logprobs is not None else None,
+            grammar=structured.mask(pipeline.tokenizer, body.n) if structured else None)
 
     # on the scheduler's thread
     def _scored(self, choice: int, token: int, logprob: float, top: list[tuple[int, float]]) -> None:
@@ -673,10 +678,33 @@ class _Answer:
                 ) -> dict:
         index = self._choice_index(generation, choice)
         if self.kind == "chat.completion":
-            return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+            message, reason = self._message(generation, text, reason)
+            return {"index": index, "message": message, "finish_reason": reason,
                     "logprobs": self._logprobs(generation, scored)}
         return {"index": index, "text": generation.echo + text, "finish_reason": reason,
                 "logprobs": self._logprobs(generation, scored, echoed=True)}
+
+    @staticmethod
+    def _message(generation: _Generation, text: str, reason: str) -> tuple[dict, str]:
+        """A chat choice's message and finish reason: a tool call read out of its text (`serve/structured.py`)."""
+        if generation.structured is None:
+            return {"role": "assistant", "content": text}, reason
+        return generation.structured.reply(text, reason)
+
+    def _withheld(self, generation: _Generation, texts: list[str], reasons: list[str]) -> tuple[str | None, list[str]]:
+        """For a stream whose replies come whole at their end (tool calls): the chunk with each choice's message (None
+        for others), and the finish reasons it gives."""
+        if generation.structured is None or not generation.structured.withheld:
+            return None, reasons
+        deltas, finished = [], []
+        for choice, (text, reason) in enumerate(zip(texts, reasons, strict=True)):
+            message, reason = self._message(generation, text, reason)
+            calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or [])]
+            delta = {"tool_calls": calls} if calls else {"content": message["content"]}
+            deltas.append({"index": self._choice_index(generation, choice), "delta": delta, "finish_reason": None,
+                           "logprobs": None})
+            finished.append(reason)
+        return self._chunk(deltas), finished
 
     def _logprobs(self, generation: _Generation, scored: list[Scored] | None, *, echoed: bool = False) -> dict | None:
         """A choice's `logprobs` object for the tokens `scored` (None when none were asked for); completions' with the
@@ -725,7 +753,10 @@ class _Answer:
                         _, choice, piece, scored = event
                         yield self._chunk([self._delta(generation, choice, piece, None, scored=scored)])
                         continue
-                    _, _texts, reasons, timed_out, scored = event
+                    _, texts, reasons, timed_out, scored = event
+                    whole, reasons = self._withheld(generation, texts, reasons)
+                    if whole is not None and "error" not in reasons:
+                        yield whole
                     if "error" in reasons:
                         yield f"data: {json.dumps(_failure(generation.job).body())}\n\n"
                     elif timed_out and "cancelled" in reasons:

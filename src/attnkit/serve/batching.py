@@ -39,6 +39,11 @@ that fails, shared by every running row, ends the running jobs; the waiting ones
 
 Models whose cache cannot be merged row by row (a recurrent LM's state, a sliding window's ring buffer) run one
 request at a time through the same loop.
+
+A fixed-shape decoding step (`generate/static_decode.StaticDecoding`: torch.compile's step, or the step captured
+ahead of time, `captured_step.CapturedDecoding`, whose one package serves every batch size from 2 and every cache
+length) steps the rows over a static view of the same buffers (`Batch.static_cache`): every column, padding masked
+by the attention mask, the new token written at column `length`. Prefills stay eager, as they are there.
 """
 
 from __future__ import annotations
@@ -56,9 +61,10 @@ from torch import Tensor
 
 from attnkit.errors import InputError
 from attnkit.generate.constrained import GrammarMask
-from attnkit.generate.decoder import EagerDecoding, Window, left_pad
+from attnkit.generate.decoder import EagerDecoding, Window, left_pad, prefill
 from attnkit.generate.sampling import SamplingConfig, make_generator, select_next_in_groups, token_logprobs
-from attnkit.layers.kv_cache import KVCache, LayerCache
+from attnkit.generate.static_decode import StaticDecoding
+from attnkit.layers.kv_cache import KVCache, LayerCache, StaticKVCache
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +121,15 @@ class Batch:
     `attention_mask` (R, P) the window's buffers; rows [0, len(rows)) are in use, each a job's choice, and columns
     [0, length) hold their cached keys, of which those before `first` are padding in every row. `cache` is the rows
     in use from column `first` on: views of the store's buffers, so a step writes into them and attends to no dead
-    column."""
+    column. With a `template` (a StaticKVCache of the model's layers), `static_cache()` is the rows in use over every
+    column, for a fixed-shape step."""
 
-    def __init__(self, store, ids: Tensor, attention_mask: Tensor, length: int, rows: list[Row]) -> None:
+    def __init__(self, store, ids: Tensor, attention_mask: Tensor, length: int, rows: list[Row], *,
+                 template: StaticKVCache | None = None) -> None:
         self.store, self.ids, self.attention_mask = store, ids, attention_mask
         self.length, self.rows = length, rows
+        self.template = template
+        self.slot = torch.zeros(1, dtype=torch.long, device=ids.device)  # the column a static step writes
         self._in_use()
 
     @property
@@ -138,6 +148,13 @@ class Batch:
         every row, so a step asks the device nothing."""
         rows, end = len(self.rows), self.length + 1
         return Window(self.ids[:rows, self.first:end], self.attention_mask[:rows, self.first:end], padded=self.padded)
+
+    def static_cache(self) -> StaticKVCache:
+        """The rows in use as a StaticKVCache over the store's buffers (B, Hkv, P, D), `filled` their attention mask
+        (B, P), at the batch's length: a fixed-shape step writes column `length` and attends to every real column."""
+        for layer in self.static.layers:
+            layer.length = self.length
+        return self.static
 
     def write(self, tokens: Tensor) -> None:
         """Each row's next token, (B,), into column `length` (the room is there: `Scheduler._fit`)."""
@@ -196,12 +213,15 @@ class Batch:
         mask = torch.zeros((rows, positions), dtype=torch.bool, device=self.attention_mask.device)
         ids[:used, new] = self.ids[:used, old]
         mask[:used, new] = self.attention_mask[:used, old]
-        return Batch(store, ids, mask, self.length + shift, self.rows)
+        return Batch(store, ids, mask, self.length + shift, self.rows, template=self.template)
 
     def _in_use(self) -> None:
         """Find `first` and make `cache`, after the rows in use changed."""
         used = len(self.rows)
         real = self.attention_mask[:used, : self.length].to(torch.uint8)  # (B, L)
+        if self.template is not None:  # contiguous views (rows only): what a captured step's package takes
+            buffers = [buffer[:used] for layer in self.store.layers for buffer in (layer.keys, layer.values)]
+            self.static = self.template.over(buffers, self.slot, self.attention_mask[:used])
         if not mergeable(self.store):  # one job's rows, which join and leave together (Scheduler._take)
             self.first, self.cache, self.padded = 0, self.store, not bool(real.all())
             return
@@ -220,12 +240,16 @@ class Scheduler:
     """Runs generation jobs with continuous batching on one thread (see the module docstring).
 
     max_rows: rows decoded together at most (a request of n choices takes n); max_waiting: jobs waiting to join,
-    beyond which `submit` raises QueueFull.
+    beyond which `submit` raises QueueFull; decoding: how a step runs (the pipeline's: `attnkit.load`'s `compile`
+    gives a StaticDecoding, see the module docstring), eager by default.
     """
 
-    def __init__(self, model, *, context_len: int, pad_id: int, max_rows: int = 32, max_waiting: int = 64) -> None:
+    def __init__(self, model, *, context_len: int, pad_id: int, max_rows: int = 32, max_waiting: int = 64,
+                 decoding: EagerDecoding | None = None) -> None:
         self.model = model
-        self.decoding = EagerDecoding(model)
+        self.decoding = decoding if decoding is not None else EagerDecoding(model)
+        static = isinstance(self.decoding, StaticDecoding)
+        self.template = model.allocate_cache(1, 1, static=True) if static else None  # the static view's layers
         self.context_len = context_len
         self.pad_id = pad_id
         self.max_rows = max_rows
@@ -307,7 +331,8 @@ class Scheduler:
         self._fit()
         self.batch.write(chosen)
         started = time.monotonic()
-        self.logits = self.decoding.step(self.batch.window(), self.batch.cache)
+        cache = self.batch.static_cache() if self.template is not None else self.batch.cache
+        self.logits = self.decoding.step(self.batch.window(), cache)
         # the step's call and the wait for the last step's tokens: on a CPU the call computes the step, on a GPU it
         # launches the kernels and the next read of tokens waits for them; either way, what a step costs
         self.step_seconds = time.monotonic() - started + choosing
@@ -421,16 +446,22 @@ class Scheduler:
         count, width = window.ids.shape
         if self.batch is None:
             batch = self._start(window, rows, headroom=max(job.max_new_tokens for job in joining))
-            logits = self.decoding.prefill(window, batch.cache)
+            logits = self._prefill_logits(window, batch.cache)
             batch.length, batch.padded = width, window.padded  # its columns are the prompts' now
             self.batch, self.logits = batch, logits
         else:
             cache = self._allocate(count, width)
-            logits = self.decoding.prefill(window, cache)  # (k, V)
+            logits = self._prefill_logits(window, cache)  # (k, V)
             self._fit(rows=count, width=width)
             self.batch.place(window, cache, rows)
             self.logits = torch.cat((self.logits, logits))
         self.steps += 1
+
+    def _prefill_logits(self, window: Window, cache: KVCache) -> Tensor:
+        """Prefill `window` into the plain cache `cache`: (k, V). Eager beside a fixed-shape step, as it is there."""
+        if self.template is not None:
+            return prefill(self.model, window, cache)
+        return self.decoding.prefill(window, cache)
 
     def _take(self) -> list[GenerationJob]:
         """The waiting jobs that join now, as many as fit: at once when nothing runs; while a batch runs, once the
@@ -473,7 +504,7 @@ class Scheduler:
         ids = torch.zeros((count, positions), dtype=window.ids.dtype, device=self.device)
         mask = torch.zeros((count, positions), dtype=torch.bool, device=self.device)
         ids[:, :width], mask[:, :width] = window.ids, window.attention_mask
-        return Batch(self._allocate(count, positions), ids, mask, 0, rows)
+        return Batch(self._allocate(count, positions), ids, mask, 0, rows, template=self.template)
 
     def _fit(self, *, rows: int = 0, width: int = 0) -> None:
         """Make room in the batch for `rows` more rows whose prompts are `width` columns wide, and a free column for

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
+
+from attnkit.run_settings import DecodeSettings
 
 if TYPE_CHECKING:
     from attnkit.tasks import TaskSpec
@@ -13,16 +15,14 @@ API_KEY_ENV = "ATTNKIT_API_KEY"  # the API key, when --api-key is not given
 GENERATION_OPTIONS = ("max_batch", "max_queue", "max_tokens")  # what only a run that generates reads (its scheduler)
 
 
-@dataclass(frozen=True)
-class ServeSettings:
-    """How `attnkit serve` serves one run over HTTP."""
+@dataclass(frozen=True, kw_only=True)
+class ServeSettings(DecodeSettings):
+    """How `attnkit serve` serves one run over HTTP, loaded as `attnkit generate` loads it (`DecodeSettings`: the
+    device, --dtype, --int8, --int4, --compile, through the same inference plan, which --explain logs)."""
 
-    run: str  # run directory: config.json, model.safetensors, tokenizer/
     host: str = "127.0.0.1"  # address to bind; any but a loopback one (127.0.0.1, localhost, ::1) needs an API key
     port: int = 8000  # port to listen on (0: any free one, said when the server starts)
     api_key: str | None = None  # clients send it as "Authorization: Bearer KEY"; default: $ATTNKIT_API_KEY
-    device: str | None = None  # cpu, cuda, cuda:1, ...; none: cuda when present, else cpu
-    dtype: Literal["fp32", "bf16", "fp16"] | None = None  # the weights' type; none: as stored
     max_batch: int = 32  # sequences decoded together in one forward pass at most
     max_queue: int = 64  # requests waiting to join the batch at most; beyond, 429 with Retry-After
     max_tokens: int = 512  # new tokens one request may ask for at most (and the context's room)
@@ -30,7 +30,6 @@ class ServeSettings:
     max_body: int = 1_000_000  # request body size in bytes at most; beyond, 413
     watch: str | None = None  # the training run whose metrics.jsonl the explorer follows; default: RUN
     experiments: str | None = None  # the experiments' results directory the explorer shows; default: docs/experiments
-    explain: bool = False  # log the inference plan (layouts, kernels, compilation) the run is served with, and why
 
 
 def inapplicable(spec: TaskSpec, run: str | Path) -> dict[str, str]:
