@@ -185,3 +185,23 @@ def test_float8_converts_the_blocks_linear_layers_and_not_the_output_layer():
     converted = {name for name, m in model.named_modules() if type(m).__name__ == "Float8Linear"}
     assert converted and all(name.startswith("stack.blocks.") for name in converted)
     assert {name for name, _ in model.named_parameters()} == names  # checkpoints keep their keys
+
+
+def test_a_model_torch_cannot_compile_trains_eagerly_with_the_same_losses(tmp_path, caplog):
+    """A compiled model whose compilation fails at the first step (here made to) trains on eagerly, said once."""
+
+    class FailsToCompile(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args, **kwargs):
+            raise torch._dynamo.exc.TorchDynamoException("inductor failed on this graph")
+
+    prepare(request(tmp_path / "eager", max_steps=3, eval_every=3)).fit()
+    trainer = prepare(request(tmp_path / "compiled", max_steps=3, eval_every=3))
+    trainer.train_model = FailsToCompile(trainer.eager_model)
+    with caplog.at_level("WARNING"):
+        trainer.fit()
+    assert "training runs eagerly: torch.compile failed" in caplog.text
+    assert train_losses(tmp_path / "compiled") == train_losses(tmp_path / "eager")

@@ -237,8 +237,9 @@ class Trainer:
             batch_tokens=settings.batch_size * getattr(config, "max_seq_len", 0))
         self.plan.prepare(self.precision.compute_model)
         # DDP: a wrapper that reduces gradients; FSDP2: the model itself, sharded (so before the optimizer is made)
-        wrapped = self.parallel.wrap(self.precision.compute_model, dtype=settings.dtype, seed=settings.seed)
-        self.train_model = self.plan.compiled(wrapped, self.precision.compute_model)
+        self.eager_model = self.parallel.wrap(self.precision.compute_model, dtype=settings.dtype, seed=settings.seed)
+        # compiled whole: a model torch cannot compile trains eagerly, said once (`_train_step`)
+        self.train_model = self.plan.compiled(self.eager_model, self.precision.compute_model)
         if settings.dtype != "fp32" and self.device.type == "cpu" and self.parallel.writes:
             warning = bf16_cost_warning(CpuCapabilities.detect())
             if warning:
@@ -375,7 +376,31 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         tokens = sum(self.task.n_tokens(b) * c for b, c in zip(batches, counts, strict=True))
-        losses = []  # (micro-batch loss, its share of the step's targets): read at the plan's host reads
+        try:
+            losses = self._accumulate(batches, weights, total)
+        except torch._dynamo.exc.TorchDynamoException as err:  # tracing or compiling failed (no public class)
+            if self.train_model is self.eager_model:
+                raise
+            log.warning("training runs eagerly: torch.compile failed on the model (%s: %s)", type(err).__name__,
+                        str(err).splitlines()[0] if str(err) else "")
+            self.train_model = self.eager_model
+            self.optimizer.zero_grad(set_to_none=True)
+            losses = self._accumulate(batches, weights, total)
+        if s.instruments and (step % s.eval_every == 0 or step >= s.max_steps):
+            self.layer_grad_norms = gradient_norms(self.model)  # before clipping, as the total norm below
+        grad_norm = self.parallel.clip_grad_norm(self.model, s.clip if s.clip > 0 else math.inf)
+        self.unread.append(_UnreadStep(step, lr, tokens, losses, grad_norm))
+        if step % self.plan.sync_every == 0:
+            self._read_steps()  # before the update: a non-finite step found here is never applied
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.precision.weights_to_compute()
+        self.step = step
+
+    def _accumulate(self, batches: tuple, weights: list[float], total: float) -> list[tuple[Tensor, float]]:
+        """Forward and backward over the micro-batches, gradients summed; each micro-batch's loss (on the device) and
+        its share of the step's targets."""
+        losses = []
         for index, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
             batch = self.plan.to_device(batch)
             # gradients are reduced over the ranks in the last micro-batch's backward only
@@ -387,16 +412,7 @@ class Trainer:
                 (loss * scale if scale != 1 else loss).backward()
             self.precision.gradients_to_model()
             losses.append((loss.detach(), weight / total))
-        if s.instruments and (step % s.eval_every == 0 or step >= s.max_steps):
-            self.layer_grad_norms = gradient_norms(self.model)  # before clipping, as the total norm below
-        grad_norm = self.parallel.clip_grad_norm(self.model, s.clip if s.clip > 0 else math.inf)
-        self.unread.append(_UnreadStep(step, lr, tokens, losses, grad_norm))
-        if step % self.plan.sync_every == 0:
-            self._read_steps()  # before the update: a non-finite step found here is never applied
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.precision.weights_to_compute()
-        self.step = step
+        return losses
 
     def _read_steps(self) -> None:
         """Read the steps not yet read (one wait for the device), log their records and stop on a non-finite loss
