@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import html
+import importlib
 import json
 import os
 import re
@@ -196,10 +197,33 @@ def experiments_gallery(docs_dir: Path) -> str:
     return "\n".join(summary + sections) + "\n"
 
 
+def reference_modules(docs_dir: Path) -> set[str]:
+    """The modules the API reference documents (its pages' `::: attnkit.x` lines)."""
+    return {m for page in (docs_dir / "reference" / "api").glob("*.md")
+            for m in re.findall(r"^::: (\S+)$", page.read_text(), re.M)}
+
+
+def reference_identifier(ref: str, documented: set[str]) -> str | None:
+    """The API reference's identifier for a course index code name (`layers.attention:Attention` ->
+    `attnkit.layers.attention.Attention`), where the reference shows it: its module is documented and the name is
+    public and defined there. None otherwise."""
+    module, _, name = ref.partition(":")
+    module = f"attnkit.{module}"
+    if module not in documented:
+        return None
+    if not name:
+        return module
+    defined = getattr(importlib.import_module(module), name, None)
+    if name.startswith("_") or getattr(defined, "__module__", None) != module:
+        return None
+    return f"{module}.{name}"
+
+
 def _lectures(docs_dir: Path) -> str:
     from attnkit.lectures import course_index_markdown
 
-    return course_index_markdown(link_prefix="")
+    documented = reference_modules(docs_dir)
+    return course_index_markdown(link_prefix="", code_link=lambda ref: reference_identifier(ref, documented))
 
 
 def _hf_architectures(docs_dir: Path) -> str:

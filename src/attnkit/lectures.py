@@ -9,7 +9,9 @@ Plain data: this module imports nothing of attnkit but its errors, when a course
 
 from __future__ import annotations
 
+import html
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -356,8 +358,15 @@ def course_index_text(lectures: tuple[Lecture, ...] = LECTURES, gaps_only: bool 
     return "\n".join(out)
 
 
-def course_index_markdown(link_prefix: str = "") -> str:
-    """The index as the site's page shows it: one table per lecture; links relative to `link_prefix`."""
+def code_html(ref: str) -> str:
+    """`layers.attention:Attention` as inline code that a narrow column breaks only after a dot or a colon."""
+    return "<code>" + html.escape(ref).replace(".", ".<wbr>").replace(":", ":<wbr>") + "</code>"
+
+
+def course_index_markdown(link_prefix: str = "", code_link: Callable[[str], str | None] = lambda ref: None) -> str:
+    """The index as the site's page shows it: one table per lecture; links relative to `link_prefix`.
+    `code_link(ref)` gives the identifier of a code name's entry in the API reference (`attnkit.layers.attention.
+    Attention`, linked through mkdocs-autorefs), or None for a name the reference does not show."""
     out = []
     for lecture in LECTURES:
         out += [f"## {lecture.course}: {lecture.title}", "",
@@ -373,7 +382,8 @@ def course_index_markdown(link_prefix: str = "") -> str:
                         if topic.tutorial else "")
             if topic.section:
                 tutorial += f": {topic.section.replace('|', '/')}"
-            code = "<br>".join(f"`{m}`" for m in topic.modules)
+            code = "<br>".join(f"[{code_html(m)}][{code_link(m)}]" if code_link(m) else code_html(m)
+                               for m in topic.modules)
             experiment = (f"[{topic.experiment}]({link_prefix}experiments.md#{topic.experiment})"
                           if topic.experiment else "")
             picture = f"[picture]({link_prefix}{topic.picture})" if topic.picture else ""

@@ -20,9 +20,11 @@ from attnkit.errors import InputError
 from attnkit.viz.maps import AttentionMaps
 
 DPI = 100
-CELL_INCHES = (0.2, 0.5)  # one token's row or column, long texts to short: 8-point labels stay legible
-FONT_POINTS = 8
+CELL_INCHES = (0.2, 0.4)  # one token's row or column, long texts to short
+FONT_POINTS = (8, 13)  # token labels: 8 points in the smallest cells, up to 13 where cells are large
+LABEL_SHARE = 0.45  # a label's height as a share of its cell, between those bounds
 GRID_INCHES = 24.0  # the widest a layer x head grid is drawn
+GRID_TOKEN_INCHES = 0.16  # one token's row in a grid's map, where GRID_INCHES leaves room: 10-point labels
 AXIS_NAMES = {"cross": ("target token (query)", "source token (key)")}
 DEFAULT_AXIS_NAMES = ("query: the token attending", "key: the token attended to")
 
@@ -32,13 +34,13 @@ def plot_head(maps: AttentionMaps, layer: int, head: int | None, path: str | Pat
     weights = maps.head_weights(layer, head)
     which = f"head {head}" if head is not None else "mean over heads"
     ylabel, xlabel = AXIS_NAMES.get(maps.kind, DEFAULT_AXIS_NAMES)
-    fig, ax = _labelled_figure(maps.query_tokens, maps.key_tokens)
+    fig, ax, font = _labelled_figure(maps.query_tokens, maps.key_tokens)
     image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=float(weights.max()), aspect="equal")
-    _label_axes(ax, maps.query_tokens, maps.key_tokens)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(f"{maps.title}, layer {layer}, {which}", parse_math=False)  # texts and tokens as written
-    fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="attention weight")
+    _label_axes(ax, maps.query_tokens, maps.key_tokens, font)
+    ax.set_xlabel(xlabel, fontsize=font)
+    ax.set_ylabel(ylabel, fontsize=font)
+    ax.set_title(f"{maps.title}, layer {layer}, {which}", fontsize=font + 1, parse_math=False)  # tokens as written
+    _colour_bar(fig, ax, image, font)
     return save_figure(fig, path)
 
 
@@ -51,14 +53,15 @@ def plot_alignment(maps: AttentionMaps, path: str | Path, *, layer: int | None =
         raise InputError(f"an alignment is drawn from cross-attention, not {maps.title}; pass the cross maps")
     layer = maps.layers[-1] if layer is None else layer
     weights = maps.head_weights(layer, None)  # (T_target, S_source)
-    fig, ax = _labelled_figure(maps.query_tokens, maps.key_tokens)
-    ax.imshow(weights, cmap="gray", vmin=0.0, vmax=float(weights.max()), aspect="equal")
-    _label_axes(ax, maps.query_tokens, maps.key_tokens)
+    fig, ax, font = _labelled_figure(maps.query_tokens, maps.key_tokens)
+    image = ax.imshow(weights, cmap="gray", vmin=0.0, vmax=float(weights.max()), aspect="equal")
+    _label_axes(ax, maps.query_tokens, maps.key_tokens, font)
     ax.xaxis.tick_top()
     ax.xaxis.set_label_position("top")
-    ax.set_xlabel("source")
-    ax.set_ylabel("target")
-    ax.set_title(f"alignment: cross-attention, layer {layer}, mean over heads", pad=12)
+    ax.set_xlabel("source", fontsize=font)
+    ax.set_ylabel("target", fontsize=font)
+    ax.set_title(f"alignment: cross-attention, layer {layer}, mean over heads", fontsize=font + 1, pad=12)
+    _colour_bar(fig, ax, image, font)
     return save_figure(fig, path)
 
 
@@ -66,10 +69,10 @@ def plot_grid(maps: AttentionMaps, path: str | Path) -> Path:
     """Every layer (rows) and head (columns) at a glance, each scaled to its own largest weight (Vaswani et al.
     2017, figures 3-5). Tokens label the outer axes where they fit."""
     n_layers, n_heads, n_queries, n_keys = maps.weights.shape
-    cell = min(max(1.4, 0.05 * max(n_queries, n_keys)), GRID_INCHES / n_heads)
+    cell = min(max(1.4, GRID_TOKEN_INCHES * max(n_queries, n_keys)), GRID_INCHES / n_heads)
     fig = Figure(figsize=(cell * n_heads + 1.2, cell * n_layers + 1.0), dpi=DPI)
     axes = fig.subplots(n_layers, n_heads, squeeze=False)
-    font = min(FONT_POINTS, 72 * cell / max(n_queries, n_keys))
+    font = min(FONT_POINTS[1], 0.9 * 72 * cell / max(n_queries, n_keys))  # a label fits its row
     for row, layer in enumerate(maps.layers):
         for column, head in enumerate(maps.heads):
             ax: Axes = axes[row, column]
@@ -77,9 +80,9 @@ def plot_grid(maps: AttentionMaps, path: str | Path) -> Path:
             ax.set_xticks([])
             ax.set_yticks([])
             if row == 0:
-                ax.set_title(f"head {head}", fontsize=9)
+                ax.set_title(f"head {head}", fontsize=11)
             if column == 0:
-                ax.set_ylabel(f"layer {layer}", fontsize=9)
+                ax.set_ylabel(f"layer {layer}", fontsize=11)
             if font >= 4 and column == 0:
                 ax.set_yticks(range(n_queries), maps.query_tokens, fontsize=font, parse_math=False)
             if font >= 4 and row == n_layers - 1:
@@ -106,20 +109,30 @@ def write_pngs(
     return written
 
 
-def _labelled_figure(query_tokens: Sequence[str], key_tokens: Sequence[str]) -> tuple[Figure, Axes]:
-    """A figure sized so each token gets a cell of CELL_INCHES and the longest label fits beside the axis."""
+def _labelled_figure(query_tokens: Sequence[str], key_tokens: Sequence[str]) -> tuple[Figure, Axes, float]:
+    """A figure sized so each token gets a cell of CELL_INCHES and the longest label fits beside the axis, and the
+    labels' size in points: LABEL_SHARE of a cell within FONT_POINTS, so a short text's picture, shown smaller
+    than drawn, keeps labels that can be read."""
     cell = min(max(8.0 / max(len(query_tokens), len(key_tokens)), CELL_INCHES[0]), CELL_INCHES[1])
-    label_inches = 0.6 * FONT_POINTS / 72 * max(len(t) for t in (*query_tokens, *key_tokens)) + 0.6
-    width = cell * len(key_tokens) + label_inches + 1.6  # + the colour bar
-    height = cell * len(query_tokens) + label_inches + 0.8  # + the title
+    font = min(max(LABEL_SHARE * 72 * cell, FONT_POINTS[0]), FONT_POINTS[1])
+    label_inches = 0.6 * font / 72 * max(len(t) for t in (*query_tokens, *key_tokens)) + 0.3 + 2 * font / 72
+    width = cell * len(key_tokens) + label_inches + 0.6 + 5 * font / 72  # + the colour bar and its label
+    height = cell * len(query_tokens) + label_inches + 0.4 + 3 * font / 72  # + the title
     fig = Figure(figsize=(max(width, 4.0), max(height, 3.0)), dpi=DPI)
-    return fig, fig.add_subplot()
+    return fig, fig.add_subplot(), font
 
 
-def _label_axes(ax: Axes, query_tokens: Sequence[str], key_tokens: Sequence[str]) -> None:
-    ax.set_yticks(range(len(query_tokens)), query_tokens, fontsize=FONT_POINTS, parse_math=False)
-    ax.set_xticks(range(len(key_tokens)), key_tokens, fontsize=FONT_POINTS, rotation=90, parse_math=False)
+def _label_axes(ax: Axes, query_tokens: Sequence[str], key_tokens: Sequence[str], font: float) -> None:
+    ax.set_yticks(range(len(query_tokens)), query_tokens, fontsize=font, parse_math=False)
+    ax.set_xticks(range(len(key_tokens)), key_tokens, fontsize=font, rotation=90, parse_math=False)
     ax.tick_params(length=2)
+
+
+def _colour_bar(fig: Figure, ax: Axes, image, font: float) -> None:
+    """The scale beside a map: which shade is which weight."""
+    bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
+    bar.set_label("attention weight", fontsize=font)
+    bar.ax.tick_params(labelsize=font - 1)
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
