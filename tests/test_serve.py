@@ -263,11 +263,12 @@ def test_refusals_say_what_is_wrong_and_neutral_values_of_unhonoured_fields_pass
     assert "queues at most 64 (--max-queue)" in refusal("/v1/completions", {"prompt": ["a"] * 65})
     assert "does not honour it; leave it out" in refusal("/v1/completions", {"prompt": "a", "frequency_penalty": 1})
     assert "fields it takes: " in refusal("/v1/completions", {"prompt": "a", "max_token": 3})
-    tools = [{"type": "function", "function": {"name": "f"}}]
-    for field, value in (("tools", tools), ("response_format", {"type": "json_object"}), ("top_logprobs", 3),
-                         ("presence_penalty", 0.5)):
+    for field, value in (("functions", [{"name": "f"}]), ("top_logprobs", 3), ("presence_penalty", 0.5)):
         assert field in refusal("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                          field: value})
+    json_mode = refusal("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                 "response_format": {"type": "json_object"}})  # its alphabet has no {
+    assert json_mode.startswith("response_format: the JSON schema cannot start with this char tokenizer")
     lone = refusal("/v1/chat/completions", {"messages": [{"role": "user", "content": "A\ud800B"}]})
     assert lone.startswith("messages.0.content: the text holds a lone surrogate ('\\ud800') at character 1")
     neutral = {"prompt": "ab", "max_tokens": 2, "logprobs": None, "frequency_penalty": 0, "presence_penalty": 0.0,

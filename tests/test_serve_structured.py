@@ -69,3 +69,156 @@ def test_a_request_whose_grammar_gets_stuck_fails_alone():
         drain(scheduler)
     assert stuck.reasons == ["error"] and "cannot go on" in str(stuck.job.failure)
     assert free.reasons == ["length"] and len(free.tokens[0]) == 8
+
+
+# Over HTTP, with the official client ---------------------------------------------------------------------------------
+openai = pytest.importorskip("openai", reason="the openai client is in the dev extras")
+pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
+
+from serve_helpers import running_server  # noqa: E402
+
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["paris", "oslo"]}, "days": {"type": "integer",
+           "minimum": 1, "maximum": 7}}, "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the forecast",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {},
+                                                                               "additionalProperties": False}}}]
+CALL_TOKENS = 100  # more characters than any call of TOOLS, its <tool_call> marker included
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A random tiny decoder whose char tokenizer writes JSON and tool calls, served; the official client on it."""
+    from attnkit import build_model
+    from attnkit.checkpoint import save_model
+    from attnkit.config import ModelConfig
+
+    tokenizer = CharTokenizer(JSON_CHARS + "<>_")
+    torch.manual_seed(0)
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, max_seq_len=1024, **SMALL)
+    directory = tmp_path_factory.mktemp("structured-run")
+    save_model(build_model(config).eval(), config, directory)
+    tokenizer.save(directory / "tokenizer")
+    with running_server(directory, max_batch=16) as (url, app):
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60, max_retries=0), url, directory
+
+
+def ask(client, **fields):
+    fields = {"max_tokens": BOUND_TOKENS, **fields}
+    return client.chat.completions.create(model=None, messages=[{"role": "user", "content": "hello"}], **fields)
+
+
+def schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "record", "schema": schema, "strict": True}}
+
+
+def test_response_format_json_schema_validates_whole_and_streamed(served):
+    client = served[0]
+    answer = ask(client, response_format=schema_format(BOUNDED), n=3, seed=1)
+    for choice in answer.choices:
+        jsonschema.validate(json.loads(choice.message.content), BOUNDED)
+        assert choice.finish_reason == "stop"
+    texts: dict[int, str] = {}
+    for chunk in ask(client, response_format=schema_format(BOUNDED), n=2, seed=2, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+    assert len(texts) == 2
+    for text in texts.values():
+        jsonschema.validate(json.loads(text), BOUNDED)
+
+
+def test_response_format_json_object_is_an_object(served):
+    answer = ask(served[0], response_format={"type": "json_object"}, temperature=0.7, seed=3, max_tokens=200)
+    text = answer.choices[0].message.content
+    assert text.startswith("{")
+    if answer.choices[0].finish_reason == "stop":  # else max_tokens cut a long object short, as OpenAI's would
+        assert isinstance(json.loads(text), dict)
+
+
+def test_a_required_tool_call_comes_in_openais_shape(served):
+    client = served[0]
+    answer = ask(client, tools=TOOLS, tool_choice="required", n=2, seed=4, max_tokens=CALL_TOKENS)
+    for choice in answer.choices:
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        arguments = json.loads(call.function.arguments)
+        if call.function.name == "get_weather":
+            jsonschema.validate(arguments, WEATHER)
+        else:
+            assert call.function.name == "get_time" and arguments == {}
+    weather = {"type": "function", "function": {"name": "get_weather"}}
+    named = ask(client, tools=TOOLS, tool_choice=weather, seed=5, max_tokens=CALL_TOKENS)
+    call = named.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    streamed = list(ask(client, tools=TOOLS, tool_choice=weather, seed=5, max_tokens=CALL_TOKENS, stream=True))
+    calls = [c.delta.tool_calls for chunk in streamed for c in chunk.choices if c.delta.tool_calls]
+    assert len(calls) == 1 and calls[0][0].index == 0
+    assert calls[0][0].function.arguments == call.function.arguments  # the same seed: the same call
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_auto_tool_choice_answers_text_or_a_valid_call_and_takes_the_tools_answer_back(served):
+    client = served[0]
+    kinds = set()
+    for seed in range(4):
+        choice = ask(client, tools=TOOLS, seed=seed, temperature=1.0, max_tokens=CALL_TOKENS).choices[0]
+        if choice.message.tool_calls:
+            kinds.add("call")
+            assert choice.finish_reason == "tool_calls"
+            (call,) = choice.message.tool_calls
+            assert call.function.name in ("get_weather", "get_time")
+            json.loads(call.function.arguments)
+        else:
+            kinds.add("text")
+            assert not choice.message.content.startswith("<")
+    assert kinds
+    turns = [{"role": "user", "content": "weather?"},
+             {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                 "name": "get_weather", "arguments": '{"city": "oslo", "days": 2}'}}]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "rain"}]
+    answer = client.chat.completions.create(model=None, messages=turns, tools=TOOLS, tool_choice="none",
+                                            max_tokens=5, seed=0)
+    assert answer.choices[0].finish_reason in ("stop", "length") and answer.choices[0].message.tool_calls is None
+
+
+def test_constrained_and_free_http_requests_together_each_get_what_they_asked(served):
+    import attnkit
+
+    client, _, run = served
+    lm = attnkit.load(run, device="cpu")
+    free_prompt = "User: hello\nAssistant:"
+    asks = [dict(response_format=schema_format(BOUNDED), seed=s) for s in range(3)]
+    asks += [dict(tools=TOOLS, tool_choice="required", seed=s, max_tokens=CALL_TOKENS) for s in range(3)]
+    asks += [dict(seed=s, temperature=0.9) for s in range(3)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(asks)) as pool:
+        answers = list(pool.map(lambda fields: ask(client, **fields).choices[0], asks))
+    for fields, choice in zip(asks, answers, strict=True):
+        if "response_format" in fields:
+            jsonschema.validate(json.loads(choice.message.content), BOUNDED)
+        elif "tools" in fields:
+            assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+        else:
+            alone = lm.generate(free_prompt, max_new_tokens=BOUND_TOKENS, temperature=0.9, seed=fields["seed"],
+                                stop=["\nUser:", "\nSystem:"])[0]
+            assert choice.message.content == alone
+
+
+@pytest.mark.parametrize(("fields", "param", "words"), [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": TOOLS}, "tool_choice", "'nope'"),
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": TOOLS + TOOLS[:1]}, "tools", "share a name"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "needs its json_schema"),
+    ({"response_format": schema_format({"type": "bogus"})}, "response_format", "cannot be followed"),
+])
+def test_bad_structured_requests_are_refused_naming_the_field(served, fields, param, words):
+    import httpx
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **fields}
+    answer = httpx.post(f"{served[1]}/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and words in error["message"]

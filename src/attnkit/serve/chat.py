@@ -12,6 +12,18 @@ trained on plain text can continue:
     Assistant:
 
 The generated reply then ends at the next line that starts a turn ("\\nUser:"), a stop string the server adds.
+
+Tools offered (`serve/structured.py`) come first in the default format, as a system line naming each function and the
+form of a call; an assistant's earlier calls are shown in that form, and a tool's answer as a "Tool:" turn:
+
+    System: Tools you may call, replying <tool_call>{"name": ..., "arguments": {...}}: [{"name": "get_weather", ...}]
+    User: Weather in Paris?
+    Assistant: <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}
+    Tool: 18 C, sunny
+    Assistant:
+
+A run's own Jinja template gets the tools as `tools` (and the calls as each message's `tool_calls`), as transformers'
+`apply_chat_template` passes them.
 """
 
 from __future__ import annotations
@@ -21,12 +33,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
+DEFAULT_ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
+TOOL_CALL = "<tool_call>"  # what starts a call in a reply (the marker of Hermes' and Qwen's chat formats)
 
 
 @dataclass(frozen=True)
 class ChatTemplate:
-    """Renders messages ({"role", "content"}) into a prompt; `stops` end the reply."""
+    """Renders messages ({"role", "content"}, an assistant's `tool_calls`) and the tools offered into a prompt;
+    `stops` end the reply."""
 
     source: str | None = None  # the run's Jinja template; None: the default above
     bos_token: str = ""
@@ -36,15 +50,27 @@ class ChatTemplate:
     def stops(self) -> tuple[str, ...]:
         return ("\nUser:", "\nSystem:") if self.source is None else ()
 
-    def render(self, messages: Sequence[dict[str, str]]) -> str:
+    def render(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> str:
+        """The prompt; `tools`: the functions offered, as the request gives them ({"type": "function", ...})."""
         if self.source is None:
-            turns = [f"{DEFAULT_ROLES[m['role']]}: {m['content']}" for m in messages]
+            offered = [tool["function"] for tool in tools]
+            turns = [f"System: Tools you may call, replying {TOOL_CALL}{{\"name\": ..., \"arguments\": {{...}}}}: "
+                     f"{json.dumps(offered)}"] if offered else []
+            turns += [f"{DEFAULT_ROLES[m['role']]}: {_shown(m)}" for m in messages]
             return "\n".join([*turns, "Assistant:"])
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         return environment.from_string(self.source).render(
-            messages=list(messages), add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token)
+            messages=list(messages), tools=list(tools) or None, add_generation_prompt=True, bos_token=self.bos_token,
+            eos_token=self.eos_token)
+
+
+def _shown(message: dict) -> str:
+    """A message's text in the default format: its content, then each of its calls as the reply wrote it."""
+    calls = [TOOL_CALL + json.dumps({"name": call["function"]["name"], "arguments": call["function"]["arguments"]})
+             for call in message.get("tool_calls") or ()]
+    return " ".join(part for part in (message["content"], *calls) if part)
 
 
 def chat_template(tokenizer_dir: Path) -> ChatTemplate:

@@ -2,8 +2,9 @@
 
 Types are strict: "5" is not an integer here, so a wrong type is answered 422 naming the field; a value of the
 right type out of its range is answered 400 naming it. A field the server does not take is answered 400 naming it,
-never ignored: OpenAI's fields that attnkit does not honour (`frequency_penalty`, `best_of`, `tools`, `dimensions`,
-...) pass only at the neutral value clients send by default (`NOT_HONOURED`), which asks for nothing.
+never ignored: OpenAI's fields that attnkit does not honour (`frequency_penalty`, `best_of`, `functions`,
+`dimensions`, ...) pass only at the neutral value clients send by default (`NOT_HONOURED`), which asks for nothing.
+Chat's `response_format`, `tools` and `tool_choice` are honoured through structured output (`serve/structured.py`).
 
 A prompt is text, or token ids, as OpenAI's completions take it: a string, a list of strings, a list of token ids
 (one prompt), or a list of such lists. A chat message's content is a string or a list of text parts
@@ -12,6 +13,7 @@ A prompt is text, or token ids, as OpenAI's completions take it: a string, a lis
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -99,28 +101,97 @@ class TextPart(Body):
     text: str
 
 
+class CalledFunction(Body):
+    name: str
+    arguments: str  # JSON text, as the reply gave it
+
+
+class ToolCall(Body):
+    """A call an earlier assistant message made (sent back with the tool's answer)."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class Message(Body):
     NOT_HONOURED = {"name": None}  # a participant's name: the default template does not show it
 
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str | Annotated[list[TextPart], Field(min_length=1)]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | Annotated[list[TextPart], Field(min_length=1)] | None = None  # None: an assistant's calls alone
+    tool_calls: list[ToolCall] | None = None  # an assistant message's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
-    def rendered(self) -> dict[str, str]:
-        """{"role", "content"} with the content's text parts joined by newlines."""
-        text = self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
-        return {"role": self.role, "content": text}
+    def rendered(self) -> dict:
+        """{"role", "content"} with the content's text parts joined by newlines (None as ""); an assistant's
+        `tool_calls` ([{"type", "function": {"name", "arguments"}}], the arguments read from their JSON text where
+        they parse, as chat templates expect) and a tool message's `tool_call_id` where given."""
+        content = self.content or ""
+        text = content if isinstance(content, str) else "\n".join(part.text for part in content)
+        rendered = {"role": self.role, "content": text}
+        if self.tool_calls:
+            rendered["tool_calls"] = [{"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": _json_or_text(call.function.arguments)}}
+                for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            rendered["tool_call_id"] = self.tool_call_id
+        return rendered
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+class JSONSchemaFormat(Body):
+    """response_format's json_schema: the schema the reply follows (`strict` taken either way: it always does)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class FunctionDefinition(Body):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments (none: any JSON object)
+    strict: bool | None = None  # taken either way: the arguments always follow the schema
+
+
+class Tool(Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(Body):
+    name: str
+
+
+class NamedToolChoice(Body):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatRequest(Sampling):
-    NOT_HONOURED = {**SAMPLING_NOT_HONOURED, "tools": (None, []), "functions": (None, []),
-                    "tool_choice": (None, "none"), "function_call": (None, "none"),
-                    "parallel_tool_calls": (None, True, False), "response_format": (None, {"type": "text"}),
+    NOT_HONOURED = {**SAMPLING_NOT_HONOURED, "functions": (None, []), "function_call": (None, "none"),
                     "modalities": (None, ["text"])}
 
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False  # each new token's log-probability
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # and its likeliest alternatives
+    response_format: ResponseFormat | None = None  # JSON, or JSON of a schema (serve/structured.py)
+    tools: list[Tool] | None = None  # functions the reply may call (serve/structured.py)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # taken either way: a reply makes at most one call
 
 
 class EmbeddingRequest(Body):

@@ -1,0 +1,130 @@
+"""Structured output in the chat API: `response_format` and `tools` as grammars the reply is held to
+(`generate/constrained.py`), and the reply read back into OpenAI's message shape.
+
+    response_format {"type": "json_object"}                    the reply is one JSON object
+    response_format {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}
+                                                               the reply is JSON valid under the schema
+    tools [...] with tool_choice "auto" (the default)          free text (or JSON, with a response_format), or a call:
+                                                               <tool_call>{"name": "f", "arguments": {...}}
+    tool_choice "required", or {"type": "function", "function": {"name": "f"}}
+                                                               a call of one of the tools (of f), its arguments valid
+                                                               under the tool's `parameters` schema
+    tool_choice "none"                                         the tools are neither shown nor called
+
+A reply that is a call becomes `message.tool_calls` ([{"id", "type": "function", "function": {"name", "arguments"}}],
+the arguments as JSON text) with `content` null and finish_reason "tool_calls", as OpenAI answers. The chat template
+shows the model the tools (`serve/chat.py`); a run's own Jinja template gets them as `tools`, as transformers passes
+them. One call per choice: `parallel_tool_calls` is taken either way (true lets a model call several; attnkit calls
+at most one).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from attnkit.errors import AttnkitError
+from attnkit.generate.constrained import JSON_STYLE, Grammar, GrammarMask
+from attnkit.serve.chat import TOOL_CALL
+from attnkit.serve.errors import APIError
+from attnkit.serve.schemas import ChatRequest
+
+FREE_TEXT = r"/[^<](.|\n)*/"  # a reply that is no call: anything not starting with "<"
+
+
+@dataclass(frozen=True)
+class Structured:
+    """What a chat request asks of its reply: the grammar (None: free text), the tools shown and callable, and the
+    request field a refusal names."""
+
+    grammar: Grammar | None
+    tools: tuple[dict, ...] = ()  # the tools offered, as the request gives them ({"type": "function", ...})
+    param: str = "response_format"
+
+    @classmethod
+    def of(cls, body: ChatRequest) -> Structured | None:
+        """The request's structured output (None: none asked for). Raises APIError 400 naming the field for a
+        tool_choice that names no tool given, tools of the same name, a json_schema format without its schema, or
+        a grammar llguidance cannot build (or no llguidance: the structured extra)."""
+        try:
+            return cls._of(body)
+        except (AttnkitError, ValueError) as error:
+            field = "tools" if body.tools and body.tool_choice != "none" else "response_format"
+            raise APIError(400, f"{field}: {error}", param=field) from None
+
+    @classmethod
+    def _of(cls, body: ChatRequest) -> Structured | None:
+        form = _format_schema(body)
+        choice = body.tool_choice
+        if choice is not None and choice != "none" and not body.tools:
+            raise APIError(400, "tool_choice needs tools: give the functions in tools, or leave tool_choice out",
+                           param="tool_choice")
+        tools = list(body.tools or []) if choice != "none" else []
+        names = [tool.function.name for tool in tools]
+        if len(set(names)) < len(names):
+            raise APIError(400, f"tools: two tools share a name ({names}); give each its own", param="tools")
+        if not isinstance(choice, str | None):
+            if choice.function.name not in names:
+                raise APIError(400, f"tool_choice names the function {choice.function.name!r}, which tools does not "
+                               f"hold (it holds {names})", param="tool_choice")
+            tools = [tool for tool in tools if tool.function.name == choice.function.name]
+        if not tools:
+            return cls(Grammar.json_schema(form)) if form is not None else None
+        calls = [_call_schema(tool.function.name, tool.function.parameters) for tool in tools]
+        call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        lines = [f'call: "{TOOL_CALL}" %json {json.dumps({**call, "x-guidance": JSON_STYLE})}']
+        if choice is None or choice == "auto":  # the reply may also be no call
+            reply = "TEXT?" if form is None else "reply"
+            lines = [f"start: {reply} | call", *lines, f"TEXT: {FREE_TEXT}" if form is None else
+                     f"reply: %json {json.dumps({**form, 'x-guidance': JSON_STYLE})}"]
+        else:
+            lines = ["start: call", *lines]
+        offered = tuple(tool.model_dump(exclude_none=True) for tool in body.tools or [])
+        return cls(Grammar.lark("\n".join(lines) + "\n"), offered, param="tools")
+
+    def mask(self, tokenizer, rows: int) -> GrammarMask | None:
+        """A GrammarMask of `rows` choices; APIError 400 naming the field when the grammar cannot be followed with
+        this run's tokenizer (a schema llguidance refuses, a character the tokenizer lacks)."""
+        try:
+            return GrammarMask.of(self.grammar, tokenizer, rows)
+        except AttnkitError as error:
+            raise APIError(400, f"{self.param}: {error}", param=self.param) from None
+
+    @property
+    def withheld(self) -> bool:
+        """Whether a streamed reply comes whole at its end: a call is known only once it has been read."""
+        return bool(self.tools)
+
+    def reply(self, text: str, reason: str) -> tuple[dict, str]:
+        """The assistant message for the reply `text`, and its finish reason: a complete call becomes `tool_calls`
+        ("tool_calls"); any other text (a call cut short by max_tokens too) stays content."""
+        if self.tools and text.startswith(TOOL_CALL) and reason == "stop":
+            try:
+                call = json.loads(text[len(TOOL_CALL):])
+            except json.JSONDecodeError:  # a stop string cut the call short
+                return {"role": "assistant", "content": text}, reason
+            function = {"name": call["name"], "arguments": json.dumps(call["arguments"])}
+            calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": function}]
+            return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+        return {"role": "assistant", "content": text}, reason
+
+
+def _format_schema(body: ChatRequest) -> dict | None:
+    """The JSON schema that response_format asks the reply to follow (None: free text)."""
+    form = body.response_format
+    if form is None or form.type == "text":
+        return None
+    if form.type == "json_object":
+        return {"type": "object"}
+    if form.json_schema is None or form.json_schema.schema_ is None:
+        raise APIError(400, 'response_format: {"type": "json_schema"} needs its json_schema: {"name": ..., "schema": '
+                       "{...}}", param="response_format")
+    return form.json_schema.schema_
+
+
+def _call_schema(name: str, parameters: dict | None) -> dict:
+    """The JSON schema of one call of tool `name`: {"name": name, "arguments": valid under its parameters}."""
+    arguments = parameters if parameters is not None else {"type": "object"}
+    return {"type": "object", "properties": {"name": {"const": name}, "arguments": arguments},
+            "required": ["name", "arguments"], "additionalProperties": False}
