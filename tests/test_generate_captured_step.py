@@ -119,6 +119,27 @@ def test_the_package_name_follows_structure_settings_dtype_and_threads_not_weigh
         torch.set_num_threads(threads)
 
 
+def test_the_package_name_follows_the_source_a_step_can_run_not_the_layers_above(tmp_path, monkeypatch):
+    """An edit to the server or to training keeps the kept packages; one to the layers, the models or generate's
+    decoding captures again, and so does one to a module class of the model's own, wherever its file lives."""
+    model, _ = tiny_model(position="rope")
+    sources = {path.relative_to(captured.PACKAGE).as_posix() for path in captured.step_sources(model)
+               if path.is_relative_to(captured.PACKAGE)}
+    assert {"layers/attention.py", "models/decoder.py", "generate/static_decode.py", "config.py"} <= sources
+    assert not {"serve/app.py", "train/trainer.py", "cli.py", "inspect/tracing.py"} & sources
+    own = tmp_path / "own_head.py"
+    own.write_text("from torch import nn\nclass OwnHead(nn.Identity):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from own_head import OwnHead
+
+    before = package_digest(model)
+    model.own = OwnHead()
+    assert own in captured.step_sources(model)
+    with_own = package_digest(model)
+    own.write_text(own.read_text() + "# edited\n")
+    assert package_digest(model) != with_own != before
+
+
 def test_without_a_compiler_capture_is_refused_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler")
     model, _ = tiny_model(position="rope")

@@ -24,17 +24,20 @@ second copy in memory or on disk), so every checkpoint of one architecture share
 
 Capture takes tens of seconds (a C++ compiler runs), so packages are kept on disk and a second start loads them in
 a fraction of a second. Their names hold a digest of everything the library depends on: the model's structure and
-settings, its tensors' shapes and dtypes, attnkit's source, PyTorch's version, the CPU's capabilities and the thread
-count inductor wrote its loops for; anything else gets packages of its own. They are kept under
-`default_package_dir()` (`$ATTNKIT_COMPILED`, else `machine.cache_home()`/compiled); deleting that folder only costs
-the next start its capture. Each package's SHA-256 is recorded beside it (`.pt2.sha256`) and checked before it is
-loaded: a damaged one is captured again (`kept_package`).
+settings, its tensors' shapes and dtypes, the source the step can run (`step_sources`: attnkit's but the layers
+that never run in a step, and the files of the model's own module classes), PyTorch's version, the CPU's
+capabilities and the thread count inductor wrote its loops for; anything else gets packages of its own. They are
+kept under `default_package_dir()` (`$ATTNKIT_COMPILED`, else `machine.cache_home()`/compiled); deleting that folder
+only costs the next start its capture. Each package's SHA-256 is recorded beside it (`.pt2.sha256`) and checked
+before it is loaded: a damaged one is captured again (`kept_package`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import inspect
 import logging
 import os
 import shutil
@@ -268,7 +271,8 @@ def package_digest(model: nn.Module) -> str:
     digest = hashlib.blake2b(digest_size=16)
     cpu = CpuCapabilities.detect()
     threads = str(torch.get_num_threads())  # inductor writes its loops for this many threads (one: no parallel loops)
-    for part in (torch.__version__, cpu.isa, ",".join(sorted(cpu.flags)), threads, _settings(model), _source_digest()):
+    sources = _source_digest(model)
+    for part in (torch.__version__, cpu.isa, ",".join(sorted(cpu.flags)), threads, _settings(model), sources):
         digest.update(part.encode())
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         digest.update(f"{name} {tuple(tensor.shape)} {tensor.stride()} {tensor.dtype} {tensor.device}".encode())
@@ -283,11 +287,39 @@ def _settings(model: nn.Module) -> str:
                      for name, module in model.named_modules())
 
 
-def _source_digest() -> str:
-    """A digest of attnkit's Python source: a package captured from other code is not used."""
+PACKAGE = Path(__file__).resolve().parents[1]  # the attnkit package
+ABOVE_THE_STEP = ("train", "interop", "viz", "inspect", "experiments", "serve", "cli.py", "__main__.py", "__init__.py")
+"""attnkit's parts that no captured step runs: generate's siblings and the layers above it (DESIGN.md), which
+generate never imports (tests/test_imports.py), and the package's own __init__ (names re-exported)."""
+
+
+def step_sources(model: nn.Module) -> list[Path]:
+    """The Python files a captured step of `model` can run: attnkit's, less `ABOVE_THE_STEP` (`attnkit_sources`),
+    and the file of each of the model's module classes that is not PyTorch's (a head or a swapped-in module of one's
+    own, wherever it lives). An edit elsewhere (the server, training, the command line) keeps the kept packages."""
+    files = set(attnkit_sources())
+    for kind in {type(module) for module in model.modules()}:
+        if kind.__module__.split(".")[0] != "torch":
+            with contextlib.suppress(TypeError):  # a class without a file (defined at a prompt): its name only
+                files.add(Path(inspect.getfile(kind)).resolve())
+    return sorted(files)
+
+
+@functools.cache
+def attnkit_sources() -> dict[Path, str]:
+    """attnkit's files a captured step can run, each with the BLAKE2b of its bytes, read once a process: the code a
+    process runs is the code it imported, so an edit made to the tree since (a file saved beside a running server)
+    neither renames the packages it captures nor makes a second start miss them."""
+    files = sorted(path for path in PACKAGE.rglob("*.py") if path.relative_to(PACKAGE).parts[0] not in ABOVE_THE_STEP)
+    return {path: hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest() for path in files}
+
+
+def _source_digest(model: nn.Module) -> str:
+    """A digest of the source a captured step of `model` can run (`step_sources`): a package captured from other
+    code is not used. The model's own classes' files are read each time (a module reloaded after an edit)."""
+    kept = attnkit_sources()
     digest = hashlib.blake2b(digest_size=16)
-    root = Path(__file__).resolve().parents[1]  # the attnkit package
-    for source in sorted(root.rglob("*.py")):
-        digest.update(str(source.relative_to(root)).encode())
-        digest.update(source.read_bytes())
+    for source in step_sources(model):  # named within attnkit, so every installation of one version agrees
+        digest.update(str(source.relative_to(PACKAGE) if source in kept else source.name).encode())
+        digest.update(kept[source].encode() if source in kept else source.read_bytes())
     return digest.hexdigest()
