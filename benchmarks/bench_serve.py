@@ -2,6 +2,7 @@
 a time.
 
     python -m benchmarks.bench_serve [--requests 4] [--new-tokens 32] [--threads 1] [--rounds 1] [--quick]
+    python -m benchmarks.bench_serve --forms [fp32 bf16 int8 int4 "compile aot"] [--requests 4] [--new-tokens 32]
 
 The benchmark model is the `small` shape of bench_generate (6 layers, width 384, 6 heads; nanoGPT's
 Shakespeare-char shape) with random weights and a character vocabulary, saved as a run and served (`attnkit
@@ -17,6 +18,12 @@ generated); the rows report total tokens per second (every client's tokens over 
 latency of a whole request, and each ratio is the median of the rounds' own ratios. The target: at 8 clients,
 batched >= 3x one at a time. Results go to benchmarks/results/serve-cpu.json (with the CPU and the machine's load
 average before and after, since a loaded machine slows both modes) and a markdown table beside it.
+
+With --forms, the batched server is measured at 1 and 8 clients once per form the run is served in (`FORMS`: as
+stored, --dtype bf16, --int8, --int4, --compile aot; the options `attnkit generate` takes, through the same
+inference plan), one server at a time, each warmed up first with a request of one row and one of two (a captured
+step captures its one-row and its several-row forms then, not while measured). Results go to
+benchmarks/results/serve-forms-cpu.json and .md.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ import torch
 from benchmarks.common import RESULTS
 
 CLIENTS = (1, 8, 32)
+FORMS = {"fp32": [], "bf16": ["--dtype", "bf16"], "int8": ["--int8"], "int4": ["--int4"],
+         "compile aot": ["--compile", "aot"]}  # a form's name -> its options of `attnkit serve`
+FORM_CLIENTS = (1, 8)
 PROMPT = "to be or not to be, that "  # 24 characters
 
 
@@ -58,14 +68,14 @@ class Server:
     """`attnkit serve RUN` in its own process on 127.0.0.1 on a free port (the clients' event loop stays out of
     its way), stopped at the end."""
 
-    def __init__(self, run: Path, max_batch: int, threads: int, device: str = "cpu") -> None:
+    def __init__(self, run: Path, max_batch: int, threads: int, device: str = "cpu", options: list[str] = ()) -> None:
         import socket
 
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.command = [sys.executable, "-m", "attnkit", "serve", str(run), "--port", str(self.port),
-                        "--device", device, "--max-batch", str(max_batch), "--max-queue", "256"]
+                        "--device", device, "--max-batch", str(max_batch), "--max-queue", "256", *options]
         self.environment = {**os.environ, "OMP_NUM_THREADS": str(threads)}
 
     def __enter__(self) -> str:
@@ -89,9 +99,9 @@ class Server:
         self.process.wait(timeout=60)
 
 
-async def one_request(http, url: str, seed: int, new_tokens: int) -> tuple[float, int]:
-    """(seconds, tokens) of one completion."""
-    body = {"prompt": PROMPT, "max_tokens": new_tokens, "seed": seed}
+async def one_request(http, url: str, seed: int, new_tokens: int, n: int = 1) -> tuple[float, int]:
+    """(seconds, tokens) of one completion (of `n` choices)."""
+    body = {"prompt": PROMPT, "max_tokens": new_tokens, "seed": seed, "n": n}
     start = time.perf_counter()
     response = await http.post(f"{url}/v1/completions", json=body)
     response.raise_for_status()
@@ -106,7 +116,8 @@ async def load(url: str, clients: int, requests: int, new_tokens: int) -> dict:
 
     limits = httpx.Limits(max_connections=clients + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-        await one_request(http, url, 0, 4)  # warm-up
+        await one_request(http, url, 0, 4)  # warm-up: a step of one row,
+        await one_request(http, url, 0, 4, n=2)  # and of several
         start = time.perf_counter()
         results = await asyncio.gather(*(client(i, http) for i in range(clients)))
         wall = time.perf_counter() - start
@@ -115,6 +126,39 @@ async def load(url: str, clients: int, requests: int, new_tokens: int) -> dict:
     return {"clients": clients, "requests": len(latencies), "tokens": tokens, "seconds": round(wall, 3),
             "tokens_per_s": round(tokens / wall, 1), "p50_s": round(statistics.median(latencies), 3),
             "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3)}
+
+
+def measure_forms(forms: list[str], args, cpu: str) -> int:
+    """The batched server in each of `forms`, at FORM_CLIENTS clients: serve-forms-cpu.json and .md."""
+    load_before = os.getloadavg()
+    rows = []
+    with tempfile.TemporaryDirectory() as root:
+        run = make_run(Path(root))
+        for form in forms:
+            started = time.perf_counter()
+            with Server(run, 32, args.threads, options=FORMS[form]) as url:
+                start_s = round(time.perf_counter() - started, 1)
+                for clients in FORM_CLIENTS:
+                    row = {"form": form, "start_s": start_s,
+                           **asyncio.run(load(url, clients, args.requests, args.new_tokens))}
+                    print(row, flush=True)
+                    rows.append(row)
+    load_after = os.getloadavg()
+    lines = ["| form | clients | requests | tokens/s | p50 latency (s) | p99 latency (s) | server start (s) |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['form']} | {r['clients']} | {r['requests']} | {r['tokens_per_s']} | {r['p50_s']} | {r['p99_s']} | "
+              f"{r['start_s']} |" for r in rows]
+    lines += ["", f"CPU: {cpu}; server threads: {args.threads}; {args.requests} requests per client, up to "
+              f"{args.new_tokens} new tokens each; load average (1, 5, 15 min) before "
+              f"{', '.join(f'{x:.1f}' for x in load_before)}, after {', '.join(f'{x:.1f}' for x in load_after)}"]
+    table = "\n".join(lines)
+    print(table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "serve-forms-cpu.json").write_text(json.dumps({
+        "args": vars(args), "cpu": cpu, "rows": rows, "load_average_before": load_before,
+        "load_average_after": load_after}, indent=2) + "\n")
+    (RESULTS / "serve-forms-cpu.md").write_text(table + "\n")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,10 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds of fresh servers, started and measured in alternating order")
     parser.add_argument("--quick", action="store_true", help="2 requests per client, 16 tokens (a smoke run)")
+    parser.add_argument("--forms", nargs="*", choices=list(FORMS), default=None,
+                        help="measure the batched server in these forms (none named: all) at 1 and 8 clients instead")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.new_tokens = 2, 16
     cpu = CpuCapabilities.detect().summary()
+    if args.forms is not None:
+        return measure_forms(args.forms or list(FORMS), args, cpu)
     load_before = os.getloadavg()
     print(f"{cpu}; load average {load_before}", flush=True)
     rows = []
