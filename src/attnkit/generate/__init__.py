@@ -5,6 +5,7 @@ below it work on any model of the right family.
 """
 
 from attnkit.generate.beam import beam_search, translate_batched, translate_ids
+from attnkit.generate.constrained import Grammar, GrammarMask
 from attnkit.generate.decoder import (
     EagerDecoding,
     decode_n_tokens,
@@ -22,6 +23,8 @@ __all__ = [
     "GREEDY",
     "Classification",
     "EagerDecoding",
+    "Grammar",
+    "GrammarMask",
     "Pipeline",
     "SamplingConfig",
     "StaticDecoding",

@@ -99,7 +99,7 @@ class _CharTokens:
     0xff byte that llguidance reads as "special"), and `__call__(text) -> ids`."""
 
     def __init__(self, tokenizer: CharTokenizer) -> None:
-        self.tokenizer = tokenizer
+        self.ids = {c: i for i, c in enumerate(tokenizer.alphabet)}  # ids 0..n-1 are the alphabet
         self.eos_token_id = tokenizer.eos_id
         self.bos_token_id = tokenizer.bos_id
         specials = [b"\xff" + token.encode("utf-8") for token in tokenizer.specials.values()]
@@ -107,7 +107,8 @@ class _CharTokens:
         self.special_token_ids = [tokenizer.token_id(role) for role in tokenizer.specials]
 
     def __call__(self, text: str) -> list[int]:
-        return [i for i in self.tokenizer.encode(text) if i != self.tokenizer.unk_id]
+        """The ids of the characters the alphabet holds (whatever the tokenizer's unknown-character policy)."""
+        return [self.ids[c] for c in text if c in self.ids]
 
 
 def token_table(tokenizer: Tokenizer) -> TokenTable:
