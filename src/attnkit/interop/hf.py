@@ -2,12 +2,16 @@
 registry `attnkit.interop.keymaps.FAMILIES` (`attnkit convert --help` lists them).
 
     load(dir)                        config.json + safetensors (+ tokenizer.json) -> model, ModelConfig, tokenizer
-    save(model, dir, config=...)     -> a directory `transformers` loads with from_pretrained
+    save(model, dir, config=...)     -> a directory `transformers` loads with from_pretrained; a mean-pooled BERT
+                                        encoder as a sentence-transformers directory, with its classifier in
+                                        classifier/ (`attnkit.interop.sentence_embeddings`)
     convert_from_hf(dir, run_dir)    -> runs/NAME (config.json, model.safetensors, tokenizer/, labels.json)
     convert_to_hf(run_dir, dir)      the way back
 
 Nothing here imports `transformers`: config.json is JSON and the weights are safetensors (or, only when the caller
-allows it, a weights-only pickle). The layouts are the registry entries of `attnkit.interop.keymaps`.
+allows it, a weights-only pickle). The layouts are the registry entries of `attnkit.interop.keymaps`. An encoder's
+tokenizer.json frames its text as attnkit does (`[CLS] text [SEP]`: `attnkit.interop.runtime_tokenizer`), so the
+tokenizer `transformers` reads from the directory gives the ids the model was trained on.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from attnkit.checkpoint import (
     unique_state_dict,
 )
 from attnkit.config import ModelConfig
-from attnkit.errors import CheckpointError, InputError
+from attnkit.errors import CheckpointError, ConfigError, InputError
 from attnkit.interop.hf_config import (
     architecture_of,
     config_from_hf,
@@ -57,6 +61,16 @@ from attnkit.interop.hf_weights import (
     to_hf_tensors,
 )
 from attnkit.interop.keymaps import FamilyMap
+from attnkit.interop.runtime_tokenizer import runtime_tokenizer
+from attnkit.interop.sentence_embeddings import (
+    CLASSIFIER_CLASS,
+    CLASSIFIER_DIR,
+    REMOTE_CODE,
+    classifier_fields,
+    has_classifier,
+    mean_pooled_body,
+    sentence_transformers_files,
+)
 from attnkit.models import build_model
 from attnkit.outputs import atomic_output, check_output, clear_leftovers
 from attnkit.tasks import task_of_config
@@ -131,28 +145,71 @@ def save(
     """Write `model` as a Hugging Face model directory (config.json, model.safetensors, tokenizer files).
 
     The layout is `architecture` when it holds `config` exactly (a converted model's own class), else the first of
-    the registry's that does. special_ids: config.json's token ids; those not given come from the tokenizer.
-    Returns the Hugging Face class written. Raises ConfigError naming the fields no supported layout can express.
+    the registry's that does; a mean-pooled BERT encoder is written for sentence-transformers, with its classifier
+    for transformers (`attnkit.interop.sentence_embeddings`). special_ids: config.json's token ids; those not given
+    come from the tokenizer. Returns what was written (the Hugging Face class). Raises ConfigError naming the
+    fields no supported layout can express.
     """
     directory = Path(directory)
+    body = mean_pooled_body(config)
+    if body is not None:
+        return _save_mean_pooled(model, directory, config=config, body=body, tokenizer=tokenizer, labels=labels,
+                                 special_ids=special_ids)
     state = unique_state_dict(model)
     family, architecture = match_family(
         config, lambda f: hf_tensor_names(state, f, config), labels=labels, prefer=architecture
     )
+    if getattr(config, "encoder_head", None) == "none" and not config.pooler:
+        log.warning("%s has no pooler; transformers will add a randomly initialised one when it loads it", architecture)
+    _write(model, directory, config=config, family=family, architecture=architecture, tokenizer=tokenizer,
+           labels=labels, special_ids=special_ids)
+    return architecture
+
+
+def _write(model: nn.Module, directory: Path, *, config: ModelConfig, family: FamilyMap, architecture: str,
+           tokenizer: Tokenizer | None, labels: Sequence[str] | None, special_ids: dict[str, int] | None,
+           fields: dict[str, Any] | None = None) -> None:
+    """config.json (the family's fields for `config`, then `fields`), model.safetensors and the tokenizer files."""
     hf = config_to_hf(config, family, architecture, labels=labels)
     hf.update(_special_ids(family, tokenizer, special_ids or {}))
     hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    hf.update(fields or {})
     tensors = to_hf_tensors(model, family, config)
     if architecture in family.bare_architectures:
         tensors = strip_prefix(tensors, family)
-    if getattr(config, "encoder_head", None) == "none" and not config.pooler:
-        log.warning("%s has no pooler; transformers will add a randomly initialised one when it loads it", architecture)
     save_tensors(tensors, directory / SAFETENSORS, metadata={"format": "pt"})
     atomic_write(directory / CONFIG_FILE, json.dumps(hf, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
-        _write_tokenizer(tokenizer, directory, max_length=config.max_seq_len)
+        _write_tokenizer(tokenizer, directory, config=config)
     log.debug("wrote %s (%s) to %s", architecture, family.model_type, directory)
-    return architecture
+
+
+def _save_mean_pooled(model: nn.Module, directory: Path, *, config: ModelConfig, body: ModelConfig,
+                      tokenizer: Tokenizer | None, labels: Sequence[str] | None,
+                      special_ids: dict[str, int] | None) -> str:
+    """A mean-pooled encoder: its body as a sentence-transformers directory, and a classifier's head with the body in
+    classifier/ (`attnkit.interop.sentence_embeddings`). Raises ConfigError when BERT's layout cannot hold the
+    body."""
+    encoder = build_model(body)
+    own = encoder.state_dict()
+    encoder.load_state_dict({name: tensor for name, tensor in model.state_dict().items() if name in own})  # strict
+    state = unique_state_dict(encoder)
+    family, architecture = match_family(body, lambda f: hf_tensor_names(state, f, body), prefer="BertModel")
+    if architecture != "BertModel":
+        raise ConfigError(f"a mean-pooled encoder is written for sentence-transformers as a BertModel; this one's "
+                          f"body is a {architecture}")
+    _write(encoder, directory, config=body, family=family, architecture=architecture, tokenizer=tokenizer,
+           labels=None, special_ids=special_ids)
+    for name, value in sentence_transformers_files(body).items():
+        atomic_write(directory / name, json.dumps(value, indent=2) + "\n")
+    written = "sentence-transformers model (a BertModel, mean pooling)"
+    if has_classifier(config):
+        classifier = directory / CLASSIFIER_DIR
+        _write(model, classifier, config=config, family=family, architecture=CLASSIFIER_CLASS, tokenizer=tokenizer,
+               labels=labels, special_ids=special_ids, fields=classifier_fields())
+        atomic_write(classifier / REMOTE_CODE.name, REMOTE_CODE.read_bytes())
+        written += f", its classifier in {CLASSIFIER_DIR}/ as a {CLASSIFIER_CLASS} (trust_remote_code=True)"
+    return written
 
 
 def convert_from_hf(
@@ -268,12 +325,16 @@ def _special_ids(family: FamilyMap, tokenizer: Tokenizer | None, given: dict[str
     return {name: value for name, value in ids.items() if value is not None or name in _NULLABLE_IDS}
 
 
-def _write_tokenizer(tokenizer: Tokenizer, directory: Path, *, max_length: int) -> None:
-    """tokenizer.json plus the tokenizer_config.json that tells transformers its special tokens."""
+def _write_tokenizer(tokenizer: Tokenizer, directory: Path, *, config: ModelConfig) -> None:
+    """tokenizer.json as a runtime reads it alone (an encoder's text framed as attnkit frames it:
+    `attnkit.interop.runtime_tokenizer`), attnkit's note of its kind, and the tokenizer_config.json that tells
+    transformers its special tokens."""
     if tokenizer.kind not in ("bpe", "hf"):
         log.warning("a %r tokenizer has no Hugging Face form; %s gets no tokenizer", tokenizer.kind, directory)
         return
-    tokenizer.save(directory)
+    tokenizer.save(directory)  # with attnkit's note of its kind, read back by convert --from-hf
+    framed, _ = runtime_tokenizer(tokenizer, config)
+    atomic_write(directory / HF_FILE, framed.to_str(pretty=True))
     settings = {f"{role}_token": token for role, token in tokenizer.specials.items()}
-    settings.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_length)
+    settings.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=config.max_seq_len)
     atomic_write(directory / "tokenizer_config.json", json.dumps(settings, indent=2, sort_keys=True) + "\n")
