@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import attnkit
+from attnkit.models.greedy import greedy_target as greedy_translate_without_cache  # noqa: F401  (whole passes)
 
 POSITIONS = ("sinusoidal", "learned", "relative", "rope", "alibi", "none")
 
@@ -37,15 +38,3 @@ def greedy_without_cache(model, prompt: list[int], n: int) -> list[int]:
         logits = model(torch.tensor([ids])).logits[0, -1]
         ids.append(int(logits.argmax()))
     return ids[len(prompt):]
-
-
-@torch.no_grad()
-def greedy_translate_without_cache(model, source: list[int], *, bos: int, eos: int, max_length: int) -> list[int]:
-    """Greedy translation that runs encoder and decoder over the whole target for every new token."""
-    target = [bos]
-    for _ in range(max_length):
-        token = int(model(torch.tensor([source]), torch.tensor([target])).logits[0, -1].argmax())
-        if token == eos:
-            break
-        target.append(token)
-    return target[1:]

@@ -35,6 +35,7 @@ from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import patch_heads, patch_stream
 from attnkit.inspect.probes import probe_layers
 from attnkit.inspect.report import heatmap, write_report
+from attnkit.models.greedy import greedy_target
 from attnkit.tasks.conll import read_tagged
 from attnkit.textfiles import read_lines
 from attnkit.tokenize import Tokenizer, load_tokenizer, require_id
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 Analysis = Literal["heads", "head-types", "logit-lens", "patch", "probe"]
 MASK_EVERY = 6  # a masked LM's text has every sixth token masked (about BERT's 15%)
+GREEDY_TOKENS = 48  # a source alone is translated greedily to this many tokens at most (short texts)
 
 
 @dataclass(frozen=True)
@@ -153,25 +155,13 @@ def _pair(loaded: Loaded, text: str) -> tuple[list[int], list[int]]:
     source_text, _, target_text = text.partition("\t")
     eos, bos = require_id(tokenizer, "eos"), require_id(tokenizer, "bos")
     source = [*tokenizer.encode(source_text)[: loaded.max_len - 1], eos]
-    written = tokenizer.encode(target_text) if target_text else greedy(loaded.model, source, bos, eos, loaded.device)
+    if target_text:
+        written = tokenizer.encode(target_text)
+    else:
+        written = greedy_target(loaded.model, source, bos=bos, eos=eos, max_length=GREEDY_TOKENS)
+        if not written:
+            raise InputError("the model translates the source into nothing (EOS first); give SOURCE<TAB>TARGET lines")
     return source, [bos, *written[: loaded.max_len - 2], eos]
-
-
-@torch.no_grad()
-def greedy(model: nn.Module, source: list[int], bos: int, eos: int, device: torch.device, max_length: int = 48
-           ) -> list[int]:
-    """The model's own translation, greedily, one whole forward pass per token (short texts: the analysis needs the
-    tokens, not speed)."""
-    src = torch.tensor([source], device=device)
-    written: list[int] = []
-    for _ in range(max_length):
-        token = int(model(src, torch.tensor([[bos, *written]], device=device)).logits[0, -1].argmax())
-        if token == eos:
-            break
-        written.append(token)
-    if not written:
-        raise InputError("the model translates the source into nothing (EOS first); give SOURCE<TAB>TARGET lines")
-    return written
 
 
 def _labels(tokenizer: Tokenizer, ids) -> list[str]:

@@ -22,6 +22,7 @@ from torch import nn
 
 from attnkit.errors import InputError
 from attnkit.models.attention_capture import AttentionSite, attention_sites, capture_attention
+from attnkit.models.greedy import greedy_target
 from attnkit.tokenize import Tokenizer
 from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
@@ -72,7 +73,12 @@ def attention_maps(
     if translator:
         source = [*ids, _require(tokenizer.eos_id, "EOS")]
         bos = _require(tokenizer.bos_id, "BOS")
-        written = _greedy(model, source, bos, tokenizer.eos_id, max_length) if translate else tokenizer.encode(target)
+        if translate:
+            written = greedy_target(model, source, bos=bos, eos=tokenizer.eos_id, max_length=max_length)
+            if not written:
+                raise InputError("the model's translation is empty (it wrote EOS first); give --target TEXT instead")
+        else:
+            written = tokenizer.encode(target)
         if not written:
             raise InputError("the target is empty; give a non-empty --target (or --translate)")
         decoder_input = [bos, *written]
@@ -125,23 +131,6 @@ def _maps(kind, captured, sites, tokens, tokenizer, heads) -> AttentionMaps:
     query_ids, key_ids = tokens
     return AttentionMaps(kind, weights.cpu().numpy(), token_labels(tokenizer, query_ids),
                          token_labels(tokenizer, key_ids), [s.layer for s in sites], head_ids)
-
-
-def _greedy(model: nn.Module, source: list[int], bos: int, eos: int, max_length: int) -> list[int]:
-    """The model's own translation, greedily, one whole forward pass per token (a few dozen tokens at most: the
-    picture needs the tokens, not speed). Returns the target tokens without BOS and EOS."""
-    device = next(model.parameters()).device
-    src = torch.tensor([source], device=device)
-    written: list[int] = []
-    for _ in range(max_length):
-        logits = model(src, torch.tensor([[bos, *written]], device=device)).logits  # (1, T, V)
-        token = int(logits[0, -1].argmax())
-        if token == eos:
-            break
-        written.append(token)
-    if not written:
-        raise InputError("the model's translation is empty (it wrote EOS first); give --target TEXT instead")
-    return written
 
 
 def _require(token_id: int | None, role: str) -> int:
