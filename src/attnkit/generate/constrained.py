@@ -106,9 +106,10 @@ class _CharTokens:
         self.tokens = [c.encode("utf-8") for c in tokenizer.alphabet] + specials
         self.special_token_ids = [tokenizer.token_id(role) for role in tokenizer.specials]
 
-    def __call__(self, text: str) -> list[int]:
-        """The ids of the characters the alphabet holds (whatever the tokenizer's unknown-character policy)."""
-        return [self.ids[c] for c in text if c in self.ids]
+    def __call__(self, text: bytes) -> list[int]:
+        """The ids of the characters of UTF-8 `text` that the alphabet holds (whatever the tokenizer's
+        unknown-character policy)."""
+        return [self.ids[c] for c in text.decode("utf-8", errors="ignore") if c in self.ids]
 
 
 def token_table(tokenizer: Tokenizer) -> TokenTable:
