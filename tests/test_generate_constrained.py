@@ -61,9 +61,10 @@ def sampled(mask: GrammarMask, vocab_size: int, tokenizer, *, steps: int, seed: 
     raise AssertionError(f"the grammar did not end within {steps} tokens")
 
 
-@pytest.mark.parametrize("kind", ["char", "bpe"])
+@pytest.mark.parametrize("kind", ["char", "char, unknown characters refused", "bpe"])
 def test_random_logits_through_the_mask_give_valid_json(kind):
     tokenizer = (CharTokenizer(JSON_CHARS) if kind == "char"
+                 else CharTokenizer(JSON_CHARS, unknown="error") if kind.startswith("char")
                  else train_bpe(['{"name": "ab", "age": 12, "kind": "cat", "tags": [true]}\n'] * 20, vocab_size=300))
     mask = GrammarMask.of(Grammar.json_schema(BOUNDED), tokenizer, 6)
     texts = sampled(mask, tokenizer.vocab_size + 7, tokenizer, steps=BOUND_TOKENS, seed=0)
