@@ -304,6 +304,12 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
         return await run_in_threadpool(_held, model_lock, time.monotonic() + settings.timeout, lambda: explorer.step(
             body.text, target=body.target, kind=body.kind, layer=body.layer, head=body.head, query=body.query))
 
+    @app.post("/api/inspect")
+    async def inspect_text(request: Request):  # head importance and the logit lens (serve/inspect_view.py)
+        body = await body_of(request, ExploreRequest)
+        return await run_in_threadpool(_held, model_lock, time.monotonic() + settings.timeout,
+                                       lambda: explorer.inspect(body.text, body.target))
+
     @app.get("/api/training")
     async def training(since: int = 0):
         return await run_in_threadpool(explorer.training_metrics, max(since, 0))

@@ -3,6 +3,8 @@
     analyze(text)      tokens and ids; every layer's and head's attention (`attnkit.viz.attention_maps`);
                        a language model's next-token logits; a classifier's class probabilities;
                        a translation run's cross-attention (over its own greedy translation unless a target is given)
+    inspect(text)      head importance (layer x head) and the logit lens (each layer's top tokens, the final
+                       answer's rank) by `attnkit.inspect` (`serve/inspect_view.py`)
     step(text, ...)    one head's computation for one query token, step by step with the real numbers (lecture:
                        q and k, the scores q.k, the scale 1/sqrt(d), the mask, the softmax, the weighted sum of v)
     training_metrics   the watched run's metrics.jsonl from a line on (the page polls it while the run trains)
@@ -25,6 +27,7 @@ from attnkit.checkpoint import load_run_model
 from attnkit.errors import InputError
 from attnkit.layers.attention import Attention, DotScore
 from attnkit.models.attention_capture import attention_sites
+from attnkit.serve.inspect_view import inspect_view
 from attnkit.viz.extract import attention_maps, is_translator
 from attnkit.viz.labels import token_labels
 
@@ -57,11 +60,7 @@ class Explorer:
     @torch.no_grad()
     def analyze(self, text: str, target: str | None = None) -> dict:
         """Tokens, attention, and what the model predicts from `text` (see the module docstring)."""
-        _check_text(text)
-        result: dict = {"ids": self.tokenizer.encode(text)}
-        if len(result["ids"]) > min(MAX_TOKENS, self.config.max_seq_len):
-            raise InputError(f"the text has {len(result['ids'])} tokens; the explorer draws at most "
-                             f"{min(MAX_TOKENS, self.config.max_seq_len)}: shorten it")
+        result: dict = {"ids": self._checked_ids(text)}
         result["tokens"] = token_labels(self.tokenizer, result["ids"])
         result["attention"] = [self._maps_json(m) for m in self._maps(text, target)] if self.sites else []
         if self.pipeline.methods == ("generate",):
@@ -70,6 +69,23 @@ class Explorer:
             (prediction,) = self.pipeline.classify(text)
             result["classes"] = prediction.probabilities
         return result
+
+    def inspect(self, text: str, target: str | None = None) -> dict:
+        """Head importance and the logit lens of `text` (a translator's over `target`, or its own translation when
+        the page's Target box is empty): `serve/inspect_view.py`."""
+        self._checked_ids(text)
+        translator = is_translator(self.model)
+        return inspect_view(self.model, self.tokenizer, family=self.config.family, max_len=self.config.max_seq_len,
+                            text=text, target=target if translator else None)
+
+    def _checked_ids(self, text: str) -> list[int]:
+        """The text's token ids; InputError for a text longer than the explorer draws."""
+        _check_text(text)
+        ids = self.tokenizer.encode(text)
+        if len(ids) > min(MAX_TOKENS, self.config.max_seq_len):
+            raise InputError(f"the text has {len(ids)} tokens; the explorer draws at most "
+                             f"{min(MAX_TOKENS, self.config.max_seq_len)}: shorten it")
+        return ids
 
     def _maps(self, text: str, target: str | None, layers=None):
         """The attention maps of `text` (a translator's over `target`, or over its own translation when the page's
