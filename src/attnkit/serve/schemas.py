@@ -122,6 +122,12 @@ class Message(Body):
     tool_calls: list[ToolCall] | None = None  # an assistant message's calls
     tool_call_id: str | None = None  # a tool message: the call it answers
 
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> Message:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is missing: only an assistant message with tool_calls may leave it out")
+        return self
+
     def rendered(self) -> dict:
         """{"role", "content"} with the content's text parts joined by newlines (None as ""); an assistant's
         `tool_calls` ([{"type", "function": {"name", "arguments"}}], the arguments read from their JSON text where
