@@ -222,3 +222,21 @@ def test_bad_structured_requests_are_refused_naming_the_field(served, fields, pa
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == param and words in error["message"]
+
+
+def test_chat_templates_show_the_tools_and_earlier_calls():
+    from attnkit.serve.chat import ChatTemplate
+    from attnkit.serve.schemas import Message
+
+    turns = [{"role": "user", "content": "weather?"},
+             {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                 "name": "get_weather", "arguments": '{"city": "oslo", "days": 2}'}}]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "rain"}]
+    messages = [Message.model_validate(turn).rendered() for turn in turns]
+    lines = ChatTemplate().render(messages, TOOLS).splitlines()
+    assert lines[0].startswith("System: Tools you may call, replying <tool_call>") and '"get_time"' in lines[0]
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "oslo", "days": 2}}'
+    assert lines[1:] == ["User: weather?", f"Assistant: {call}", "Tool: rain", "Assistant:"]
+    source = "{% for t in tools %}{{ t.function.name }};{% endfor %}{% for m in messages %}{{ m.role }}|{% endfor %}"
+    assert ChatTemplate(source).render(messages, TOOLS) == "get_weather;get_time;user|assistant|tool|"
+    assert "Tools" not in ChatTemplate().render(messages)
