@@ -79,6 +79,8 @@ def test_encoder_gives_attnkits_outputs_with_padding(tmp_path, head):
     fields = {"d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_seq_len": 32, **ENCODERS[head]}
     run = random_run(tmp_path, fields)
     export = convert_to_onnx(run, tmp_path / "exported").graph
+    runtime = json.loads((tmp_path / "exported" / "runtime.json").read_text())
+    assert ("words" in runtime) == (head == "tag")  # a tagger's words are encoded one by one, as attnkit tag does
     model, config = load_model(run)
     session = ort.InferenceSession(str(export.path), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == export.inputs

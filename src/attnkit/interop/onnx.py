@@ -200,6 +200,10 @@ def _runtime(graph: ONNXExport, config: ModelConfig, tokenizer: Tokenizer | None
                                                                           resolved.head_dim]}
     elif "token_type_ids" in graph.inputs:
         runtime["token_type_ids"] = "the tokenizer's type ids (0 for one text)"
+    if graph.kind == "tag" and tokenizer is not None:  # attnkit.tasks.tag.align: a label per word's first piece
+        runtime["words"] = {"how": "encode each word alone (no special tokens), join them with between_ids, frame "
+                                   "with text.adds; a word's label is the logits at its first piece",
+                            "between_ids": tokenizer.encode(" ")}
     return runtime
 
 
