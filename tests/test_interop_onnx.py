@@ -114,6 +114,11 @@ def test_families_without_an_onnx_form_are_refused(tmp_path):
     assert not (tmp_path / "exported").exists()
     with pytest.raises(InputError, match="writes a folder"):
         convert_to_onnx(run, tmp_path / "model.onnx")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(InputError, match="replaces only such a folder"):
+        convert_to_onnx(run, tmp_path / "mine", overwrite=True)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
 LABELS = ["negative", "neutral", "positive"]

@@ -131,12 +131,16 @@ class EncoderGraph(nn.Module):
 def convert_to_onnx(run_dir: str | Path, out: str | Path, *, opset: int = OPSET, overwrite: bool = False
                     ) -> ONNXFolder:
     """Write the run as a folder a runtime needs nothing else to use (see the module docstring), whole or not at
-    all; `overwrite` replaces a folder there. Raises ConfigError for a family with no ONNX form here (encoder-decoders,
-    recurrent models), InputError for an existing `out` without `overwrite` or an `out` named like a file."""
+    all; `overwrite` replaces such a folder there (one holding runtime.json), never other files. Raises
+    ConfigError for a family with no ONNX form here (encoder-decoders, recurrent models), InputError for an existing
+    `out` without `overwrite` (or holding other files) or an `out` named like a file."""
     run_dir, out = Path(run_dir), Path(out)
     if out.suffix == ".onnx":
         raise InputError(f"--to-onnx writes a folder ({GRAPH_FILE}, {HF_FILE}, {CONFIG_FILE}, {RUNTIME_FILE}, ...); "
                          f"give a directory name such as {out.with_suffix('')}/ instead of {out.name}")
+    if overwrite and out.is_dir() and any(out.iterdir()) and not (out / RUNTIME_FILE).is_file():
+        raise InputError(f"--to-onnx {out} holds files and no ONNX folder attnkit wrote ({RUNTIME_FILE}); --overwrite "
+                         "replaces only such a folder: choose another --to-onnx")
     check_output(out, directory=True, overwrite=overwrite, flag="--to-onnx")
     model, config = load_model(run_dir)
     _check_family(config)
