@@ -538,8 +538,8 @@ def _run_convert(settings: ConvertSettings) -> int:
 
             written = convert_to_gguf(settings.run, settings.to_gguf, type=settings.type,
                                       chat_template=settings.chat_template, overwrite=settings.overwrite)
-            print(f"wrote {settings.run} as llama.cpp's {written.architecture} ({settings.type}) to {settings.to_gguf}; "
-                  f"chat template: {written.chat_template}")
+            print(f"wrote {settings.run} as llama.cpp's {written.architecture} ({settings.type}) to "
+                  f"{settings.to_gguf}; chat template: {written.chat_template}")
         elif settings.to_onnx:
             from attnkit.interop.onnx import convert_to_onnx
 
