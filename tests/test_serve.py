@@ -378,7 +378,7 @@ def test_texts_beyond_the_context_are_said_or_refused_and_every_endpoint_keeps_t
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "dimensions"
         app.state.model_lock.acquire()  # the model is busy for longer than the timeout
         try:
-            for path in ("/v1/classify", "/v1/embeddings", "/api/analyze"):
+            for path in ("/v1/classify", "/v1/embeddings", "/api/analyze", "/api/inspect"):
                 body = {"text": "a cat"} if path.startswith("/api") else {"input": "a cat"}
                 late = httpx.post(f"{url}{path}", json=body, timeout=TIMEOUT)
                 assert late.status_code == 504 and late.json()["error"]["type"] == "timeout_error", path

@@ -1,6 +1,7 @@
 """The explorer page of attnkit serve in a real headless Chromium: the heatmap, one head's computation and the next
-token's probabilities render from the model's numbers and change when the controls move; the training tab follows
-a metrics.jsonl as it grows; the experiments tab shows results and plots. Translation and classifier runs get their
+token's probabilities render from the model's numbers and change when the controls move; head importance and the
+logit lens are attnkit.inspect's numbers for the page's text; the training tab follows a metrics.jsonl as it grows;
+the experiments tab shows results and plots. Translation and classifier runs get their
 own views (cross-attention, class probabilities)."""
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def served(tmp_path_factory):
     watched.mkdir()
     run = tiny_run(root, "decoder", sharpen=8.0)
     with running_server(run, watch=str(watched), experiments=str(EXPERIMENTS)) as (url, _app):
-        yield url, watched
+        yield url, watched, run
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +177,56 @@ def test_the_experiments_tab_shows_results_and_plots(browser):
     browser.click('#tabs button[data-tab="explore"]')
 
 
+def test_inspect_answers_what_attnkit_inspect_computes_on_the_runs_model(served):
+    from attnkit.checkpoint import load_model
+    from attnkit.inspect import lm_batch
+    from attnkit.inspect.importance import head_importance
+    from attnkit.tokenize import load_tokenizer
+    from attnkit.viz.labels import token_labels
+
+    url, _, run = served
+    text = "the cat sat"
+    view = httpx.post(f"{url}/api/inspect", json={"text": text}, timeout=TIMEOUT).json()
+    model, tokenizer = load_model(run)[0], load_tokenizer(run / "tokenizer")
+    ids = tokenizer.encode(text)
+    expected = head_importance(model, lm_batch(torch.tensor([ids])))
+    assert view["heads"]["sites"] == expected.sites == ["blocks.0.attn", "blocks.1.attn"]
+    np.testing.assert_allclose(view["heads"]["scores"], expected.scores.numpy(), atol=2e-5)
+    assert view["heads"]["metric"] == "loss" and view["heads"]["baseline"] == pytest.approx(expected.baseline)
+    lens = view["lens"]
+    assert lens["layers"] == ["embeddings", "block 0", "block 1"] and len(lens["tokens"]) == len(ids) - 1
+    with torch.no_grad():
+        own = model(torch.tensor([ids[:-1]])).logits[0].softmax(-1)  # (T, V): the model's own answer, read directly
+    assert lens["answer"] == token_labels(tokenizer, own.argmax(-1).tolist())
+    assert lens["rank"][-1] == [0] * len(lens["tokens"])  # the last layer is the model's own output
+    np.testing.assert_allclose(lens["top_p"][-1], own.topk(3, dim=-1).values.numpy(), atol=1e-4)
+    np.testing.assert_allclose(lens["p_answer"][-1], own.max(-1).values.numpy(), atol=1e-4)
+    assert [len(row) for row in lens["rank"]] == [len(ids) - 1] * 3 and min(map(min, lens["rank"])) >= 0
+    short = httpx.post(f"{url}/api/inspect", json={"text": "a"}, timeout=TIMEOUT)
+    assert short.status_code == 400 and "two tokens or more" in short.json()["error"]["message"]
+
+
+def test_the_inspect_panel_draws_head_importance_and_the_logit_lens(browser):
+    view = _wait(browser, "window.attnkit.state.inspect")
+    n_layers, n_tokens = len(view["lens"]["layers"]), len(view["lens"]["tokens"])
+    assert browser.evaluate("document.querySelectorAll('#lens tr').length") == n_layers + 2  # tokens, answer rows
+    assert browser.evaluate("document.querySelectorAll('#lens td').length") == n_layers * n_tokens
+    browser.evaluate("document.getElementById('inspect-panel').scrollIntoView()")
+    heatmap = _canvas(browser, "importance")
+    assert heatmap.shape[0] > 60 and heatmap.std() > 0.05
+    browser.evaluate("window.scrollTo(0, 0); document.getElementById('text').value = 'a mat on a cat'")
+    browser.click("#analyze")
+    _wait(browser, "document.getElementById('inspect-status').textContent.includes('earlier text')")
+    browser.evaluate("document.getElementById('inspect-panel').scrollIntoView()")  # a click lands where it shows
+    browser.click("#inspect")
+    again = _wait(browser, "(() => { const v = window.attnkit.state.inspect;"
+                           " return v.text === 'a mat on a cat' && v; })()")
+    assert len(again["lens"]["tokens"]) == len("a mat on a cat") - 1
+    assert browser.evaluate("document.querySelectorAll('#lens td').length") == n_layers * (len("a mat on a cat") - 1)
+    assert browser.evaluate("document.getElementById('inspect-status').textContent") == "for: a mat on a cat"
+    browser.evaluate("window.scrollTo(0, 0)")
+
+
 def test_translation_and_classifier_runs_get_their_views(tmp_path):
     translator = tiny_run(tmp_path, "encoder-decoder")
     with running_server(translator) as (url, _app):
@@ -189,8 +240,13 @@ def test_translation_and_classifier_runs_get_their_views(tmp_path):
         assert steps["matches_model"] and all(steps["mask"])
         bad = httpx.post(f"{url}/api/step", json={"text": "a cat", "head": 9}, timeout=TIMEOUT)
         assert bad.status_code == 400 and "head 9" in bad.json()["error"]["message"]
+        view = httpx.post(f"{url}/api/inspect", json={"text": "a cat", "target": "un chat"}, timeout=TIMEOUT).json()
+        assert "decoder.blocks.1.cross_attn" in view["heads"]["sites"]
+        assert view["lens"]["tokens"] == ["<bos>", "u", "n", "␣", "c", "h", "a", "t"]  # the target's side
     classifier = tiny_run(tmp_path, "encoder", n_classes=3)
     with running_server(classifier) as (url, _app):
         answer = httpx.post(f"{url}/api/analyze", json={"text": "a cat"}, timeout=TIMEOUT).json()
         assert sorted(answer["classes"]) == ["0", "1", "2"] and sum(answer["classes"].values()) == pytest.approx(1)
         assert answer["attention"][0]["kind"] == "self" and "next" not in answer
+        view = httpx.post(f"{url}/api/inspect", json={"text": "a cat"}, timeout=TIMEOUT).json()
+        assert view["heads"]["metric"] == "kl" and view["lens"] is None and "output layer" in view["lens_note"]

@@ -271,7 +271,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
                   "/v1/embeddings": EmbeddingRequest}
         bodies = {path: body for path, body in bodies.items() if path in endpoints()}
         bodies |= {path: TaskRequest for path in endpoints() if path not in bodies}
-        bodies |= {"/api/analyze": ExploreRequest, "/api/step": StepRequest}
+        bodies |= {"/api/analyze": ExploreRequest, "/api/step": StepRequest, "/api/inspect": ExploreRequest}
         most = {"max_tokens": settings.max_tokens, "max_completion_tokens": settings.max_tokens,
                 "n": settings.max_batch}
         return openapi(bodies, title=f"attnkit serve: {model_id}", limits=most)

@@ -7,7 +7,7 @@
   const key = new URLSearchParams(location.hash.slice(1)).get("key");  // the API key, when the server needs one
   const headers = key ? { Authorization: `Bearer ${key}` } : {};
   const state = { info: null, data: null, kind: 0, layer: 0, head: 0, query: null, steps: null, seed: 0,
-                  rendered: 0, stepsAsked: 0, analyzeAsked: 0,
+                  rendered: 0, stepsAsked: 0, analyzeAsked: 0, inspect: null, inspectAsked: 0,
                   training: { next: 0, records: [] } };
 
   async function api(path, body) {
@@ -17,6 +17,25 @@
     const json = await response.json();
     if (!response.ok) throw new Error(json.error ? json.error.message : response.statusText);
     return json;
+  }
+
+  // POST `body` to `path` as the request `counter` counts: its answer, or null when it failed (`fail` is told why)
+  // or a later one was asked meanwhile (a later request's answer wins, whatever order the answers come in)
+  async function latest(counter, path, body, fail) {
+    const asked = ++state[counter];
+    try {
+      const answer = await api(path, body);
+      return asked === state[counter] ? answer : null;
+    } catch (error) {
+      if (asked === state[counter]) fail(error.message);
+      return null;
+    }
+  }
+
+  function pageText() {  // the Text box, and a translator's Target when one is typed
+    const body = { text: $("text").value };
+    if (state.info.translator && $("target").value.trim()) body.target = $("target").value;
+    return body;
   }
 
   // Tabs ------------------------------------------------------------------------------------------------------------
@@ -30,17 +49,9 @@
   // Explore: analysis ---------------------------------------------------------------------------------------------
   async function analyze() {
     $("message").textContent = "";
-    const body = { text: $("text").value };
-    if (state.info.translator && $("target").value.trim()) body.target = $("target").value;
-    const asked = ++state.analyzeAsked;
-    let data;
-    try {
-      data = await api("/api/analyze", body);
-    } catch (error) {
-      if (asked === state.analyzeAsked) $("message").textContent = error.message;
-      return;
-    }
-    if (asked !== state.analyzeAsked) return;
+    const body = pageText();
+    const data = await latest("analyzeAsked", "/api/analyze", body, (why) => { $("message").textContent = why; });
+    if (!data) return;
     state.data = data;
     state.query = null;  // a new text is queried from its last token: under a causal mask token 0 sees only itself
     const maps = state.data.attention;
@@ -50,6 +61,9 @@
     selectMaps();
     drawNext();
     drawClasses();
+    if (state.inspect && state.inspect.text !== body.text) {
+      $("inspect-status").textContent = "computed for an earlier text: press Inspect this text for this one";
+    }
     state.rendered += 1;
   }
 
@@ -183,22 +197,15 @@
   async function loadSteps() {
     const maps = currentMaps();
     const head = state.head === null ? 0 : state.head;
-    const body = { text: $("text").value, kind: maps.kind, layer: maps.layers[state.layer], head: maps.heads[head],
+    const body = { ...pageText(), kind: maps.kind, layer: maps.layers[state.layer], head: maps.heads[head],
                    query: state.query };
-    if (state.info.translator && $("target").value.trim()) body.target = $("target").value;
     $("steps-where").textContent = `${maps.title}, layer ${body.layer}, head ${body.head}` +
       (state.head === null ? " (the mean has no single computation: head 0 shown)" : "");
-    const asked = ++state.stepsAsked;  // a later request's answer wins, whatever order the answers come in
-    let steps;
-    try {
-      steps = await api("/api/step", body);
-    } catch (error) {
-      if (asked !== state.stepsAsked) return;
+    const steps = await latest("stepsAsked", "/api/step", body, (why) => {
       state.steps = null;
-      $("steps").textContent = error.message;
-      return;
-    }
-    if (asked !== state.stepsAsked) return;
+      $("steps").textContent = why;
+    });
+    if (!steps) return;
     state.steps = steps;
     drawSteps(steps);
   }
@@ -309,6 +316,78 @@
       `<td>${p.toFixed(4)}</td></tr>`).join("");
   }
 
+  // Explore: head importance and the logit lens (serve/inspect_view.py) ---------------------------------------------
+  async function inspect() {
+    const body = pageText();
+    $("inspect-status").textContent = "ablating each head in turn…";
+    const view = await latest("inspectAsked", "/api/inspect", body, (why) => { $("inspect-status").textContent = why; });
+    if (!view) return;
+    state.inspect = { ...view, text: body.text };
+    $("inspect-status").textContent = `for: ${body.text.length > 60 ? body.text.slice(0, 60) + "…" : body.text}`;
+    drawImportance(view.heads);
+    drawLens(view.lens, view.lens_note);
+  }
+
+  function diverging(value) {  // white -> deep blue for a rise, -> red for a fall; value in [-1, 1]
+    const v = Math.max(-1, Math.min(1, value));
+    return v >= 0 ? colour(v) : `rgb(${Math.round(255 - 75 * -v)},${Math.round(255 - 220 * -v)},${Math.round(255 - 210 * -v)})`;
+  }
+
+  function drawImportance(heads) {
+    const canvas = $("importance");
+    const rows = heads.sites.length, columns = Math.max(...heads.scores.map((r) => r.length));
+    const context = canvas.getContext("2d");
+    context.font = "11px monospace";
+    const left = 12 + Math.max(...heads.sites.map((site) => context.measureText(site).width)), top = 24;
+    const cell = Math.max(12, Math.min(56, Math.floor(300 / columns)));
+    canvas.width = left + columns * cell + 10;  // resizing the canvas clears it and its settings
+    canvas.height = top + rows * cell + 10;
+    context.fillStyle = "#fff";
+    context.fillRect(0, 0, canvas.width, canvas.height);
+    const max = Math.max(...heads.scores.flat().filter((v) => v !== null).map(Math.abs), 1e-12);
+    context.textBaseline = "middle";
+    heads.scores.forEach((row, i) => row.forEach((value, h) => {
+      if (value === null) return;
+      context.fillStyle = diverging(value / max);
+      context.fillRect(left + h * cell, top + i * cell, cell - 1, cell - 1);
+      if (cell >= 44) {  // the score in its cell, where it fits
+        context.font = "10px monospace";
+        context.fillStyle = Math.abs(value / max) > 0.55 ? "#fff" : "#1d2330";
+        context.textAlign = "center";
+        context.fillText(Number(value.toPrecision(2)), left + h * cell + cell / 2, top + i * cell + cell / 2);
+      }
+    }));
+    context.fillStyle = "#1d2330";
+    context.font = "11px monospace";
+    context.textAlign = "right";
+    heads.sites.forEach((site, i) => context.fillText(site, left - 6, top + i * cell + cell / 2));
+    context.textAlign = "center";
+    for (let h = 0; h < columns; h++) context.fillText(`head ${h}`.slice(cell >= 40 ? 0 : 5), left + h * cell + cell / 2, top - 10);
+    const what = heads.metric === "loss" ? `the loss (${heads.baseline.toFixed(4)} unchanged) rises` :
+      "the output moves (KL from the model's own)";
+    $("importance-caption").textContent = `head importance, sublayer x head: how much ${what} when the head's ` +
+      `output is zeroed (Michel et al. 2019); blue a rise, red a fall, the strongest ${Number(max.toPrecision(3))}`;
+  }
+
+  function drawLens(lens, note) {
+    $("lens").classList.toggle("hidden", !lens);
+    $("lens-caption").classList.toggle("hidden", !lens);
+    if (!lens) { $("inspect-status").textContent += ` (no logit lens: ${note})`; return; }
+    let html = `<tr><th></th>${lens.tokens.map((t) => `<th>${escapeHtml(t)}</th>`).join("")}</tr>`;
+    lens.layers.forEach((layer, l) => {
+      html += `<tr><th>${escapeHtml(layer)}</th>`;
+      lens.tokens.forEach((_, t) => {
+        const p = lens.p_answer[l][t];
+        const tops = lens.top[l][t].map((token, k) => `${token} ${lens.top_p[l][t][k].toFixed(3)}`).join("\n");
+        html += `<td class="${p > 0.5 ? "strong" : ""}" style="background:${colour(p)}" title="${escapeHtml(tops)}">` +
+          `${escapeHtml(lens.top[l][t][0])}<small>${lens.rank[l][t]}</small></td>`;
+      });
+      html += "</tr>";
+    });
+    html += `<tr><th>answer</th>${lens.answer.map((t) => `<th>${escapeHtml(t)}</th>`).join("")}</tr>`;
+    $("lens").innerHTML = html;
+  }
+
   // Training: metrics.jsonl, followed live --------------------------------------------------------------------------
   async function pollTraining() {
     try {
@@ -397,6 +476,7 @@
   for (const id of ["temperature", "topk", "topp"]) $(id).addEventListener("input", drawNext);
   $("seed").addEventListener("change", () => { state.seed = Number($("seed").value); });
   $("step-generate").addEventListener("click", generateOne);
+  $("inspect").addEventListener("click", inspect);
 
   async function start() {
     state.info = await api("/api/info");
@@ -404,6 +484,7 @@
     $("target-box").classList.toggle("hidden", !state.info.translator);
     await analyze();
     pollTraining();
+    inspect();  // the first text's panels; later texts on request (each head's ablation is a pass of the model)
   }
-  window.attnkit = { state, weights, reshape, softmax, analyze, ready: start() };
+  window.attnkit = { state, weights, reshape, softmax, analyze, inspect, ready: start() };
 })();
