@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: run test lint bench docs clean
+.PHONY: run test lint bench docs explorer-model clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,15 @@ bench: $(VENV)/.installed-dev
 # The documentation site into site/, strict: a broken link, a missing reference or a failing tutorial stops it.
 # The tutorials execute as it builds (minutes; their renderings are cached in .cache/mkdocs-jupyter per budget and
 # per state of src/attnkit); ATTNKIT_DOCS_EXECUTE=false renders them without outputs.
+# The in-browser explorer (docs/explorer/) runs onnxruntime-web from the site's own files: `npm install` first puts it
+# in node_modules/ and the build copies it in; without it that page says so.
 docs: $(VENV)/.installed-dev
 	$(BIN)/mkdocs build --strict
 
+# The in-browser explorer's model: trained on the synthetic reversal task, exported to ONNX, checked, written to
+# docs/explorer/model.onnx and model.json (about a minute).
+explorer-model: $(VENV)/.installed-dev
+	$(BIN)/python docs/hooks/explorer_model.py
+
 clean:
-	rm -rf $(VENV) build site .cache/mkdocs-jupyter *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site .cache/mkdocs-jupyter *.egg-info src/*.egg-info node_modules

@@ -9,6 +9,9 @@ The site is built once, with the tutorials rendered but not executed (ATTNKIT_DO
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import http.server
 import importlib
 import inspect
 import json
@@ -16,9 +19,12 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from attnkit import cli, lectures
@@ -279,3 +285,68 @@ def test_the_code_the_pages_name_exists():
             except AttributeError:
                 stale.append(f"{where}: {dotted}")
     assert not stale, f"pages name code that does not exist: {stale}"
+
+
+@contextlib.contextmanager
+def _static_server(directory: Path):
+    """The built site over HTTP on 127.0.0.1 (a free port), as any static host serves it; yields its origin."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(directory)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.slow  # Chromium compiles onnxruntime-web's 14 MB of WebAssembly: about 5 s
+def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
+    """docs/explorer/: onnxruntime-web, copied into the site from node_modules, runs the shipped model in Chromium
+    with every host but the site's unreachable; the page's attention and next-token numbers are onnxruntime's."""
+    missing = [name for name in generated.ORT_FILES if not (site / generated.EXPLORER_VENDOR / name).is_file()]
+    if missing:
+        pytest.skip(f"onnxruntime-web is not installed (`npm install` in the repository root): no {', '.join(missing)}")
+    onnxruntime = pytest.importorskip("onnxruntime", reason="the check against the page needs onnxruntime (dev extra)")
+    from explorer_model import feeds  # docs/hooks/explorer_model.py: the graph's inputs, as the page builds them
+    from viz_browser import Browser, chromium_or_reason
+
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        pytest.skip(f"no headless browser: {reason}")
+    meta = json.loads((site / "explorer" / "model.json").read_text())
+    text = "cab="
+    ids = [meta["pieces"].index(c) for c in text]
+    with _static_server(site) as origin:
+        browser = Browser(executable, flags=("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",))
+        try:
+            browser.call("Network.enable")
+            browser.call("Page.navigate", {"url": f"{origin}/explorer/"})
+            deadline = time.monotonic() + 60
+            while not browser.evaluate("!!window.attnkitExplorer") and time.monotonic() < deadline:
+                time.sleep(0.1)
+            ready = browser.call("Runtime.evaluate", {
+                "expression": "window.attnkitExplorer.loaded.then(() => window.attnkitExplorer.error)",
+                "awaitPromise": True, "returnByValue": True})
+            assert "exceptionDetails" not in ready and ready["result"].get("value") is None, ready
+            browser.call("Runtime.evaluate", {"expression": f"window.attnkitExplorer.analyze({json.dumps(text)})",
+                                              "awaitPromise": True})
+            page = browser.evaluate("(() => { const s = window.attnkitExplorer; return "
+                                    "{ids: s.ids, attention: s.attention, probabilities: s.probabilities}; })()")
+            requested = [e["params"]["request"]["url"] for e in browser.events
+                         if e.get("method") == "Network.requestWillBeSent"]
+        finally:
+            browser.close()
+    assert page["ids"] == ids
+    session = onnxruntime.InferenceSession(str(site / "explorer" / "model.onnx"), providers=["CPUExecutionProvider"])
+    logits, *attention = session.run(["logits", *meta["attention_outputs"]], feeds(
+        ids, n_layers=meta["n_layers"], n_kv_heads=meta["n_kv_heads"], head_dim=meta["head_dim"]))
+    np.testing.assert_allclose(np.array(page["attention"]), np.concatenate(attention), atol=1e-5)
+    expected = np.exp(logits[0, -1] - logits[0, -1].max())
+    np.testing.assert_allclose(page["probabilities"], expected / expected.sum(), atol=1e-5)
+    assert any(url.endswith("ort-wasm-simd-threaded.wasm") for url in requested), requested
+    assert all(url.startswith(origin) for url in requested), [u for u in requested if not u.startswith(origin)]

@@ -37,7 +37,8 @@ def chromium_or_reason() -> tuple[Path | None, str]:
 class Browser:
     """One headless Chromium with one page; `call` sends a command to the page and returns its result."""
 
-    def __init__(self, executable: Path, *, width: int = 1400, height: int = 1000, timeout: float = 60.0) -> None:
+    def __init__(self, executable: Path, *, width: int = 1400, height: int = 1000, timeout: float = 60.0,
+                 flags: tuple[str, ...] = ()) -> None:
         self.timeout = timeout
         self._profile = tempfile.TemporaryDirectory(prefix="attnkit-chromium-")
         to_browser_read, self._to_browser = os.pipe()
@@ -46,8 +47,8 @@ class Browser:
         # writes 4); pass_fds=(3, 4) needs them open here, and dash takes single-digit descriptors only
         redirect = f'exec "$@" 3<&{to_browser_read} 4>&{from_browser_write}'
         self.process = subprocess.Popen(
-            ["/bin/bash", "-c", redirect, "bash", str(executable), *FLAGS, f"--user-data-dir={self._profile.name}",
-             f"--window-size={width},{height}"],
+            ["/bin/bash", "-c", redirect, "bash", str(executable), *FLAGS, *flags,
+             f"--user-data-dir={self._profile.name}", f"--window-size={width},{height}"],
             pass_fds=(to_browser_read, from_browser_write), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         os.close(to_browser_read)

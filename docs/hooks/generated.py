@@ -13,6 +13,8 @@
   experiments as a whole (docs/experiments/*.md) under "Results"; a page about one experiment
   (docs/experiments/NAME/*.md) is linked from its gallery entry.
 - benchmarks/results/*.png are published under figures/benchmarks/ (they stay where the benchmarks write them).
+- onnxruntime-web's files, from node_modules/ (`npm install`), are copied into explorer/vendor/ for the in-browser
+  explorer (docs/explorer/); without them that page says what to run.
 - Pages load nothing from another host: the scripts a rendered notebook points at a CDN (MathJax, Mermaid) are
   dropped, so a page opens offline (tests/test_docs.py checks every built page).
 """
@@ -24,8 +26,10 @@ import hashlib
 import html
 import importlib
 import json
+import logging
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -36,6 +40,7 @@ MARKER = re.compile(r"^<!-- generated: (\w+) -->$", re.M)
 TUTORIAL = re.compile(r"^\d\d_.+\.py$")
 REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc=\"https?://[^\"]*\"[^>]*>\s*</script>", re.I)
 FIGURES = "figures/benchmarks"
+log = logging.getLogger("mkdocs.hooks.generated")
 
 # The gallery's order: the order a course meets the claims (new experiments follow, by name).
 EXPERIMENT_ORDER = (
@@ -285,6 +290,31 @@ def tutorial_cache_key() -> str:
         if path.is_file() and path.suffix in (".py", ".json", ".html"):
             digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+# --- the in-browser explorer's runtime ----------------------------------------------------------------------------
+# onnxruntime-web, from the npm package `npm install` puts in node_modules/ (package.json pins its version): the ES
+# module with its glue code bundled, and the WebAssembly it loads (14 MB, so it is copied at build time, never kept
+# in the repository). The explorer page (docs/explorer/) imports them from explorer/vendor/.
+ORT_DIST = ROOT / "node_modules" / "onnxruntime-web" / "dist"
+ORT_FILES = ("ort.wasm.bundle.min.mjs", "ort-wasm-simd-threaded.wasm")
+EXPLORER_VENDOR = "explorer/vendor"
+
+
+def vendor_onnxruntime(site_dir: Path) -> bool:
+    """Copy onnxruntime-web's files into the built site; False (and the page says why) where npm put none here."""
+    if not all((ORT_DIST / name).is_file() for name in ORT_FILES):
+        log.info("onnxruntime-web is not in node_modules/ (run `npm install`): the in-browser explorer will say so")
+        return False
+    vendor = site_dir / EXPLORER_VENDOR
+    vendor.mkdir(parents=True, exist_ok=True)
+    for name in ORT_FILES:
+        shutil.copyfile(ORT_DIST / name, vendor / name)
+    return True
+
+
+def on_post_build(config):
+    vendor_onnxruntime(Path(config.site_dir))
 
 
 def on_files(files, config):
