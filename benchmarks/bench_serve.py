@@ -22,8 +22,9 @@ average before and after, since a loaded machine slows both modes) and a markdow
 With --forms, the batched server is measured at 1 and 8 clients once per form the run is served in (`FORMS`: as
 stored, --dtype bf16, --int8, --int4, --compile aot; the options `attnkit generate` takes, through the same
 inference plan), one server at a time, each warmed up first with a request of one row and one of two (a captured
-step captures its one-row and its several-row forms then, not while measured). Results go to
-benchmarks/results/serve-forms-cpu.json and .md.
+step captures its one-row and its several-row forms then, not while measured); with --rounds, the forms run in the
+other order each round, so that a load that changes over the run does not favour the forms measured first. Results
+go to benchmarks/results/serve-forms-cpu.json and .md.
 """
 
 from __future__ import annotations
@@ -134,20 +135,22 @@ def measure_forms(forms: list[str], args, cpu: str) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as root:
         run = make_run(Path(root))
-        for form in forms:
-            started = time.perf_counter()
-            with Server(run, 32, args.threads, options=FORMS[form]) as url:
-                start_s = round(time.perf_counter() - started, 1)
-                for clients in FORM_CLIENTS:
-                    row = {"form": form, "start_s": start_s,
-                           **asyncio.run(load(url, clients, args.requests, args.new_tokens))}
-                    print(row, flush=True)
-                    rows.append(row)
+        for index in range(args.rounds):
+            for form in forms if index % 2 == 0 else forms[::-1]:
+                started = time.perf_counter()
+                with Server(run, 32, args.threads, options=FORMS[form]) as url:
+                    start_s = round(time.perf_counter() - started, 1)
+                    for clients in FORM_CLIENTS:
+                        row = {"form": form, "round": index, "start_s": start_s,
+                               **asyncio.run(load(url, clients, args.requests, args.new_tokens))}
+                        print(row, flush=True)
+                        rows.append(row)
     load_after = os.getloadavg()
-    lines = ["| form | clients | requests | tokens/s | p50 latency (s) | p99 latency (s) | server start (s) |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['form']} | {r['clients']} | {r['requests']} | {r['tokens_per_s']} | {r['p50_s']} | {r['p99_s']} | "
-              f"{r['start_s']} |" for r in rows]
+    rows.sort(key=lambda r: (forms.index(r["form"]), r["clients"], r["round"]))
+    lines = ["| form | round | clients | requests | tokens/s | p50 latency (s) | p99 latency (s) | server start (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['form']} | {r['round']} | {r['clients']} | {r['requests']} | {r['tokens_per_s']} | {r['p50_s']} | "
+              f"{r['p99_s']} | {r['start_s']} |" for r in rows]
     lines += ["", f"CPU: {cpu}; server threads: {args.threads}; {args.requests} requests per client, up to "
               f"{args.new_tokens} new tokens each; load average (1, 5, 15 min) before "
               f"{', '.join(f'{x:.1f}' for x in load_before)}, after {', '.join(f'{x:.1f}' for x in load_after)}"]
