@@ -143,3 +143,22 @@ def test_top_p_below_the_first_tokens_probability_keeps_that_token():
     kept = top_p_filter(logits, 1e-30).isfinite()
     assert kept.sum(dim=-1).tolist() == [1] * logits.shape[0]
     assert kept.float().argmax(dim=-1).tolist() == logits.argmax(dim=-1).tolist()
+
+
+def test_logit_bias_is_added_first_and_its_bad_values_are_refused_naming_the_field():
+    logits = _logits()
+    biased = process_logits(logits, SamplingConfig(temperature=0.5, logit_bias=((2, 3.0), (7, -1.5))))
+    expected = logits.float().clone()
+    expected[:, 2] += 3.0
+    expected[:, 7] -= 1.5
+    torch.testing.assert_close(biased, expected / 0.5)
+    raw = logits.float()  # float32 in: the bias must not change the caller's logits (the server reads them after)
+    process_logits(raw, SamplingConfig(logit_bias=((2, 3.0),)))
+    torch.testing.assert_close(raw, logits.float(), rtol=0, atol=0)
+    forced, _ = check_sampling(temperature=1.0, logit_bias={4: 100})
+    assert select_next(logits, forced, generator=make_generator(0, "cpu")).tolist() == [4, 4, 4]
+    for bias, message in (({11: 1.0}, "beyond the vocabulary of 11"), ({-1: 1.0}, "no token id"),
+                          ({3: 100.5}, "must lie in \\[-100, 100\\]"), ({"3": 1.0}, "no token id")):
+        with pytest.raises(SamplingError, match=message) as refused:
+            check_sampling(logit_bias=bias, vocab_size=11)
+        assert refused.value.field == "logit_bias"
