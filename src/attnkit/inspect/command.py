@@ -80,6 +80,16 @@ class Loaded:
     def translates(self) -> bool:
         return callable(getattr(self.model, "encode", None)) and callable(getattr(self.model, "decode", None))
 
+    @property
+    def stack(self) -> nn.Module | None:
+        """The Transformer stack a one-sequence model reads its text with (None: a recurrent model's layers)."""
+        return getattr(self.model, "stack", None)
+
+    @property
+    def causal(self) -> bool:
+        """Whether it reads its text one way, predicting each next token (a decoder)."""
+        return self.stack is not None and self.stack.causal
+
     def tensor(self, ids: list[int]) -> Tensor:
         return torch.tensor([ids], device=self.device)
 
@@ -132,9 +142,9 @@ def text_batch(loaded: Loaded, text: str) -> Batch:
         source, target = _pair(loaded, text)
         return seq2seq_batch(loaded.tensor(source), loaded.tensor(target))
     ids = tokenizer.encode(text)
-    if loaded.family == "decoder":
+    if loaded.causal:
         return lm_batch(loaded.tensor(ids[: loaded.max_len + 1]))
-    if loaded.family != "encoder":
+    if loaded.stack is None:
         raise InputError(f"attnkit inspect reads Transformer runs and the recurrent seq2seq with attention; this run "
                          f"is a {loaded.family} (it has no attention to inspect)")
     first, last = ((tokenizer.cls_id, tokenizer.sep_id) if tokenizer.cls_id is not None
@@ -271,7 +281,7 @@ def _patch(loaded: Loaded, settings: InspectSettings):
 def _patched_position(loaded: Loaded, clean: Tensor, corrupted: Tensor) -> int:
     """Where the answer is read: a decoder's last position; otherwise the one whose output distribution the
     corruption moves most (KL), clean (T, V) and corrupted (T, V) logits."""
-    if loaded.family == "decoder":
+    if loaded.causal:
         return clean.shape[0] - 1
     moved = divergence(corrupted, clean)  # (T,)
     if float(moved.max()) <= 0:

@@ -130,8 +130,8 @@ def match_family(
         if nearest is None or len(problems) < nearest[0]:
             nearest = (len(problems), f"{architecture}: " + "; ".join(problems))
     if nearest is None:
-        raise ConfigError(f"this model (family={config.family!r}) has no Hugging Face layout: "
-                          f"{elsewhere(config, '--to-hf')}")
+        raise ConfigError(f"this model (family={config.family!r}) has no Hugging Face layout attnkit writes "
+                          f"({supported_text()}): {elsewhere(config, '--to-hf')}")
     raise ConfigError(
         f"this model has no Hugging Face layout attnkit writes ({supported_text()}); the nearest is "
         f"{nearest[1] if nearest else '-'}"

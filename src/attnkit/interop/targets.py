@@ -1,4 +1,5 @@
-"""Which export each model family has, so that a refusal points to one that works, or says there is none.
+"""Which export each model family has (its registration's `exports`), so that a refusal points to one that works,
+or says there is none.
 
     --to-hf      Hugging Face layouts (`keymaps.FAMILIES`): decoders, encoders, encoder-decoders (Marian)
     --to-gguf    llama.cpp generates text: decoders
@@ -10,18 +11,15 @@ Recurrent models (RNN, GRU, LSTM, with or without attention) have none: the thre
 from __future__ import annotations
 
 from attnkit.config import ModelConfig
-
-TARGETS = {  # family -> the convert flags that write it
-    "decoder": ("--to-hf", "--to-gguf", "--to-onnx"),
-    "encoder": ("--to-hf", "--to-onnx"),
-    "encoder-decoder": ("--to-hf",),
-}
+from attnkit.models import family_of
 
 
 def elsewhere(config: ModelConfig, tried: str) -> str:
-    """The advice after refusing `tried` for `config`'s family: the other flags that write it, or that none does."""
-    others = [flag for flag in TARGETS.get(config.family, ()) if flag != tried]
-    if config.family not in TARGETS:
+    """The advice after refusing `tried` (a convert flag) for `config`'s family: the other flags that write it, or
+    that none does."""
+    formats = family_of(config).exports
+    others = [flag for flag in (f"--to-{name}" for name in formats) if flag != tried]
+    if not formats:
         return (f"a {config.family} model has no export form: Hugging Face, llama.cpp and onnxruntime run "
                 "Transformers, not recurrent networks; run it with attnkit itself (generate, translate, serve)")
     if not others:

@@ -47,6 +47,7 @@ class Family:
     build: Callable[[ModelConfig], nn.Module]  # config -> model with initialised weights
     state: type | None  # what it carries from one decoding step to the next; None: it does not decode
     example: str  # a preset of the family, for messages that suggest one
+    exports: tuple[str, ...] = ()  # the ecosystems' formats that hold it ("hf", "gguf", "onnx": `interop.targets`)
 
     @property
     def name(self) -> str:
@@ -150,8 +151,8 @@ def count_parameters(model: nn.Module | ModelConfig | dict | str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-register(Family(DecoderConfig, build_decoder, state=KVCache, example="gpt2-tiny"))
-register(Family(EncoderConfig, build_encoder, state=None, example="bert-tiny"))
-register(Family(EncoderDecoderConfig, build_encoder_decoder, state=KVCache, example="vaswani-tiny"))
+register(Family(DecoderConfig, build_decoder, state=KVCache, example="gpt2-tiny", exports=("hf", "gguf", "onnx")))
+register(Family(EncoderConfig, build_encoder, state=None, example="bert-tiny", exports=("hf", "onnx")))
+register(Family(EncoderDecoderConfig, build_encoder_decoder, state=KVCache, example="vaswani-tiny", exports=("hf",)))
 register(Family(RecurrentLMConfig, build_recurrent_lm, state=RecurrentState, example="rnn-lm-tiny"))
 register(Family(RecurrentSeq2SeqConfig, build_recurrent_seq2seq, state=RecurrentState, example="gru-attn-seq2seq-tiny"))

@@ -36,7 +36,7 @@ def inspect_view(model: nn.Module, tokenizer: Tokenizer, *, family: str, max_len
     if loaded.translates:  # a SOURCE<TAB>TARGET line, as `attnkit inspect` reads them (no target: its own)
         source, given = text.replace("\t", " "), (target or "").replace("\t", " ")
         text = f"{source}\t{given}" if given.strip() else source
-    elif len(tokenizer.encode(text)) < 2 and family == "decoder":
+    elif len(tokenizer.encode(text)) < 2 and loaded.causal:
         raise InputError("head importance and the logit lens score each next token: type two tokens or more")
     batch = text_batch(loaded, text)
     importance = head_importance(model, batch)
