@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,17 +26,6 @@ EXPERIMENTS = Path(__file__).resolve().parents[1] / "docs" / "experiments"
 TIMEOUT = 60
 
 
-def _wait(browser, expression: str, seconds: float = 30.0):
-    """Poll `expression` in the page until it is truthy; its value."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = browser.evaluate(expression)
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"the page never reached: {expression}")
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("explorer")
@@ -50,14 +38,12 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser(served):
-    from viz_browser import Browser, chromium_or_reason
+    from viz_browser import served_page
 
-    executable, reason = chromium_or_reason()
-    if executable is None:
+    chromium, reason = served_page(served[0] + "/", "!!(window.attnkit && window.attnkit.state.steps"
+                                   " && document.querySelector('#step-table'))", width=1400, height=1800)
+    if chromium is None:
         pytest.skip(f"no headless browser: {reason}")
-    chromium = Browser(executable, width=1400, height=1800)
-    chromium.call("Page.navigate", {"url": served[0] + "/"})
-    _wait(chromium, "!!(window.attnkit && window.attnkit.state.steps && document.querySelector('#step-table'))")
     yield chromium
     chromium.close()
 
@@ -96,7 +82,7 @@ def test_the_step_by_step_numbers_are_the_models_and_follow_the_query(browser, s
     browser.click('#heads button[data-head="1"]')
     browser.evaluate("(() => { const s = document.getElementById('query'); s.value = '5';"
                      " s.dispatchEvent(new Event('change')); })()")
-    steps = _wait(browser, "(() => { const s = window.attnkit.state.steps;"
+    steps = browser.wait("(() => { const s = window.attnkit.state.steps;"
                            " return s && s.query === 5 && s.head === 1 && s; })()")
     rows = browser.evaluate("document.querySelectorAll('#step-table tr').length")
     assert rows == 1 + len(steps["key_tokens"])  # a header and a row per key
@@ -113,7 +99,7 @@ def test_the_step_by_step_numbers_are_the_models_and_follow_the_query(browser, s
     shown = browser.evaluate("document.getElementById('step-q').textContent")
     browser.evaluate("(() => { const s = document.getElementById('query'); s.value = '2';"
                      " s.dispatchEvent(new Event('change')); })()")
-    _wait(browser, "window.attnkit.state.steps.query === 2")
+    browser.wait("window.attnkit.state.steps.query === 2")
     assert browser.evaluate("document.getElementById('step-q').textContent") != shown
 
 
@@ -147,7 +133,7 @@ def test_generating_steps_one_token_at_a_time(browser):
     best = browser.evaluate("window.attnkit.state.data.next.texts[0]")
     text = browser.evaluate("document.getElementById('text').value")
     browser.click("#step-generate")
-    _wait(browser, f"window.attnkit.state.data.tokens.length === {before + 1}")
+    browser.wait(f"window.attnkit.state.data.tokens.length === {before + 1}")
     assert browser.evaluate("document.getElementById('text').value") == text + best
 
 
@@ -157,11 +143,11 @@ def test_the_training_tab_follows_metrics_as_they_are_written(browser, served):
         for step in range(1, 21):
             out.write(json.dumps({"kind": "train", "step": step, "loss": 4.0 / step, "lr": 1e-3, "tokens": 256}) + "\n")
     browser.click('#tabs button[data-tab="training"]')
-    _wait(browser, "window.attnkit.state.training.records.length === 20")
-    _wait(browser, "document.querySelectorAll('#charts canvas').length >= 3")
+    browser.wait("window.attnkit.state.training.records.length === 20")
+    browser.wait("document.querySelectorAll('#charts canvas').length >= 3")
     with metrics.open("a") as out:
         out.write(json.dumps({"kind": "train", "step": 21, "loss": 0.1, "lr": 1e-3, "tokens": 256}) + "\n")
-    _wait(browser, "window.attnkit.state.training.records.length === 21", seconds=15)
+    browser.wait("window.attnkit.state.training.records.length === 21", seconds=15)
     title = browser.evaluate("document.querySelector('#charts h3').textContent")
     assert title.startswith("loss") and "0.1000" in title
 
@@ -169,10 +155,10 @@ def test_the_training_tab_follows_metrics_as_they_are_written(browser, served):
 @pytest.mark.skipif(not EXPERIMENTS.is_dir(), reason="docs/experiments is not in this checkout")
 def test_the_experiments_tab_shows_results_and_plots(browser):
     browser.click('#tabs button[data-tab="experiments"]')
-    names = _wait(browser, "(() => { const h = document.querySelectorAll('.experiment h3');"
+    names = browser.wait("(() => { const h = document.querySelectorAll('.experiment h3');"
                            " return h.length && Array.from(h).map(e => e.textContent); })()")
     assert len(names) == len(list(EXPERIMENTS.glob("*/results.json")))
-    _wait(browser, "Array.from(document.querySelectorAll('.experiment img'))"
+    browser.wait("Array.from(document.querySelectorAll('.experiment img'))"
                    ".some(i => i.complete && i.naturalWidth > 0)")
     browser.click('#tabs button[data-tab="explore"]')
 
@@ -207,7 +193,7 @@ def test_inspect_answers_what_attnkit_inspect_computes_on_the_runs_model(served)
 
 
 def test_the_inspect_panel_draws_head_importance_and_the_logit_lens(browser):
-    view = _wait(browser, "window.attnkit.state.inspect")
+    view = browser.wait("window.attnkit.state.inspect")
     n_layers, n_tokens = len(view["lens"]["layers"]), len(view["lens"]["tokens"])
     assert browser.evaluate("document.querySelectorAll('#lens tr').length") == n_layers + 2  # tokens, answer rows
     assert browser.evaluate("document.querySelectorAll('#lens td').length") == n_layers * n_tokens
@@ -216,10 +202,10 @@ def test_the_inspect_panel_draws_head_importance_and_the_logit_lens(browser):
     assert heatmap.shape[0] > 60 and heatmap.std() > 0.05
     browser.evaluate("window.scrollTo(0, 0); document.getElementById('text').value = 'a mat on a cat'")
     browser.click("#analyze")
-    _wait(browser, "document.getElementById('inspect-status').textContent.includes('earlier text')")
+    browser.wait("document.getElementById('inspect-status').textContent.includes('earlier text')")
     browser.evaluate("document.getElementById('inspect-panel').scrollIntoView()")  # a click lands where it shows
     browser.click("#inspect")
-    again = _wait(browser, "(() => { const v = window.attnkit.state.inspect;"
+    again = browser.wait("(() => { const v = window.attnkit.state.inspect;"
                            " return v.text === 'a mat on a cat' && v; })()")
     assert len(again["lens"]["tokens"]) == len("a mat on a cat") - 1
     assert browser.evaluate("document.querySelectorAll('#lens td').length") == n_layers * (len("a mat on a cat") - 1)

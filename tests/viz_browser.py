@@ -13,6 +13,7 @@ import select
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -100,6 +101,16 @@ class Browser:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
+    def wait(self, expression: str, seconds: float = 30.0):
+        """Poll `expression` in the page until it is truthy; its value."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            value = self.evaluate(expression)
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"the page never reached: {expression}")
+
     def click(self, selector: str) -> None:
         """A real mouse click (press and release) at the centre of the first element matching `selector`."""
         box = self.evaluate(
@@ -126,3 +137,14 @@ class Browser:
         os.close(self._to_browser)
         os.close(self._from_browser)
         self._profile.cleanup()
+
+
+def served_page(url: str, ready: str, *, width: int, height: int) -> tuple[Browser | None, str]:
+    """A Browser showing `url` once the page's `ready` expression is truthy; else None and why there is none."""
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        return None, reason
+    browser = Browser(executable, width=width, height=height)
+    browser.call("Page.navigate", {"url": url})
+    browser.wait(ready)
+    return browser, ""

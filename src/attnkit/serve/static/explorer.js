@@ -486,5 +486,5 @@
     pollTraining();
     inspect();  // the first text's panels; later texts on request (each head's ablation is a pass of the model)
   }
-  window.attnkit = { state, weights, reshape, softmax, analyze, inspect, ready: start() };
+  window.attnkit = { state, headers, weights, reshape, softmax, analyze, inspect, ready: start() };
 })();
