@@ -498,7 +498,7 @@ class ConvertSettings:
     """with RUN: a GGUF file for llama.cpp (a decoder in a layout llama.cpp runs: see docs/guides/export.md)"""
     type: GGUFType = "f16"  # with --to-gguf: the weights' GGUF type (norms and biases stay f32)
     chat_template: str | None = field(default=None, metadata={"metavar": "FILE"})
-    """with --to-gguf: a Jinja chat template (default: the run's own, else attnkit's, the one attnkit serve uses)"""
+    """with --to-gguf: a Jinja chat template; none: the run's own, else attnkit's (the one attnkit serve uses)"""
     to_onnx: str | None = field(default=None, metadata={"metavar": "DIR"})
     """with RUN: a folder for onnxruntime: the graph (decoders with past keys/values, encoders), tokenizer.json,
     config, labels and runtime.json"""

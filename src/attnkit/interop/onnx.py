@@ -50,7 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.checkpoint import CONFIG_FILE, LABELS_FILE, TOKENIZER_DIR, load_model, read_labels
-from attnkit.config import DecoderConfig, EncoderConfig, ModelConfig
+from attnkit.config import DecoderConfig, EncoderConfig, ModelConfig, head_output
 from attnkit.errors import ConfigError, InputError
 from attnkit.interop.runtime_tokenizer import Framing, runtime_tokenizer
 from attnkit.interop.targets import elsewhere
@@ -204,7 +204,8 @@ def _runtime(graph: ONNXExport, config: ModelConfig, tokenizer: Tokenizer | None
                                                                           resolved.head_dim]}
     elif "token_type_ids" in graph.inputs:
         runtime["token_type_ids"] = "the tokenizer's type ids (0 for one text)"
-    if graph.kind == "tag" and tokenizer is not None:  # attnkit.tasks.tag.align: a label per word's first piece
+    per_position = isinstance(config, EncoderConfig) and head_output(config.family, config.encoder_head) == "position"
+    if per_position and tokenizer is not None:  # attnkit.tasks.tag.align: a label per word's first piece
         runtime["words"] = {"how": "encode each word alone (no special tokens), join them with between_ids, frame "
                                    "with text.adds; a word's label is the logits at its first piece",
                             "between_ids": tokenizer.encode(" ")}

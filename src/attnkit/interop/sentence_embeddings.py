@@ -26,7 +26,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from attnkit.config import EncoderConfig, ModelConfig
+from attnkit.config import EncoderConfig, ModelConfig, head_output
 
 CLASSIFIER_DIR = "classifier"
 REMOTE_CODE = Path(__file__).with_name("hf_mean_pooled_bert.py")  # copied beside the classifier's weights
@@ -40,14 +40,14 @@ def mean_pooled_body(config: ModelConfig) -> EncoderConfig | None:
     any other model."""
     if not isinstance(config, EncoderConfig) or config.pooling != "mean" or config.pooler:
         return None
-    if config.encoder_head not in ("classify", "none"):
+    if head_output(config.family, config.encoder_head) not in ("sequence", "none"):  # a label per text, or states
         return None
     return dataclasses.replace(config, encoder_head="none", pooling="cls")
 
 
 def has_classifier(config: ModelConfig) -> bool:
     """Whether a mean-pooled encoder also gets its classifier written (`CLASSIFIER_DIR`)."""
-    return isinstance(config, EncoderConfig) and config.encoder_head == "classify"
+    return isinstance(config, EncoderConfig) and head_output(config.family, config.encoder_head) == "sequence"
 
 
 def sentence_transformers_files(config: EncoderConfig) -> dict[str, Any]:
