@@ -38,6 +38,7 @@ def test_llama_cpp_reads_the_same_weights(impl, dtype, tolerance):
     run()  # decodes the batch to the end
 
 
+@pytest.mark.slow  # the ONNX export's own tests (test_interop_onnx.py) hold its decoding to attnkit's
 def test_onnxruntime_decodes_attnkits_greedy_tokens_from_its_onnx_export():
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'attnkit[export]')")
     pytest.importorskip("onnxscript", reason="onnxscript is not installed (pip install 'attnkit[export]')")

@@ -39,7 +39,8 @@ def captured_gqa(gqa_model, package_dir):
 
 
 @needs_compiler
-@pytest.mark.parametrize("prompts", [PROMPTS[1:2], PROMPTS], ids=["one-row", "rows"])
+@pytest.mark.parametrize("prompts", [PROMPTS[1:2], pytest.param(PROMPTS, marks=pytest.mark.slow)],
+                         ids=["one-row", "rows"])  # rows: a second capture (15 s), in the slow suite
 def test_captured_step_gives_the_logits_of_eager_decoding(gqa_model, captured_gqa, prompts):
     """One prompt (the one-row form), then four left-padded ones (the several-row form, traced with 2); a cache
     length other than the traced 37."""
@@ -174,6 +175,7 @@ def test_aot_plans_a_captured_step_for_decoders_and_compiled_blocks_elsewhere(tm
 
 
 @needs_compiler
+@pytest.mark.slow  # a capture of its own (16 s)
 def test_int8_weights_decode_through_the_captured_loop(tmp_path):
     """The one-row form turns int8 products (`_weight_int8pack_mm`) into a reduction over the int8 bytes: the same
     logits as the eager int8 model, within bf16's rounding (products in bf16 there, accumulated in float32 here;

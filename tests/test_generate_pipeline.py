@@ -314,6 +314,7 @@ def test_int8_dynamic_is_refused_where_it_cannot_run(runs, capsys):
     assert "give one" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a capture (20 s); the default suite holds the captured step itself to eager decoding
 @pytest.mark.skipif(shutil.which("g++") is None, reason="capturing a step needs a C++ compiler (g++)")
 def test_cli_generate_with_a_captured_step_prints_what_eager_decoding_does(runs, lm, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNKIT_COMPILED", str(tmp_path))

@@ -55,7 +55,7 @@ def test_a_mistake_is_reported_without_a_traceback(tmp_path, capsys):
     assert "attnkit: error: --set colour: no such setting" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_a_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, sig):
     out = tmp_path / "run"
     command = [sys.executable, "-m", "attnkit.cli", "train", "--data", "synthetic:copy", "--out", str(out),
