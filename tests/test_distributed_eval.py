@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from attnkit.config import ModelConfig
@@ -90,6 +91,7 @@ def main(out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two processes (12 s); training's two-rank tests stay in the default suite
 def test_two_ranks_evaluate_their_shares_to_one_process_numbers(tmp_path):
     out = tmp_path / "ranks.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,

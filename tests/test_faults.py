@@ -102,6 +102,7 @@ def attnkit_process(*argv, stdin=None, input=None) -> subprocess.CompletedProces
                           capture_output=True, timeout=300)
 
 
+@pytest.mark.slow  # subprocesses (5 s); the closed pipe's test stays
 def test_standard_input_is_read_up_to_a_limit_and_a_closed_one_is_named(runs):
     with open("/dev/zero", "rb") as zeros:
         done = attnkit_process("generate", runs["lm"], "--prompt", "-", "--max-prompt-bytes", "1000", stdin=zeros)

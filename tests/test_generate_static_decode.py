@@ -107,6 +107,7 @@ def test_known_shapes_skip_guards_yet_each_call_runs_its_own_graph():
         assert compiled == eager, (index, len(prompts))
 
 
+@pytest.mark.slow  # compiles more graphs (7 s)
 def test_a_known_shape_under_new_global_modes_runs_every_guard():
     """Autocast (or grad mode, or train mode) is not part of the shape: a call under it, after plain calls of the same
     shape, must check every guard and compile for it rather than run, or refuse to recompile, unguarded."""

@@ -106,6 +106,7 @@ def test_an_own_task_trains_evaluates_saves_and_serves_through_the_api(tmp_path,
     assert set(pipeline.judge(["tiny", "a much longer line than twenty characters"])) <= {"long", "short"}
 
 
+@pytest.mark.slow  # installs a package and trains through the CLI (12 s); the registration tests stay
 def test_an_own_task_found_through_its_entry_point_runs_from_the_command_line(tmp_path, own_task):
     """A distribution's entry point in the `attnkit.tasks` group: `attnkit train --task length` finds it."""
     info = own_task / "length_task-0.1.dist-info"

@@ -266,6 +266,7 @@ def fault_points(template: Path, tmp_path: Path, action, check) -> int:
         check(run)
 
 
+@pytest.mark.slow  # kills at every point (4 s); the first save's kill test stays
 def test_a_kill_at_any_point_of_a_save_leaves_a_usable_run(tmp_path):
     model, optimizer, tokenizer = trained_pieces()
     template = tmp_path / "template"
@@ -290,6 +291,7 @@ def test_a_kill_at_any_point_of_the_first_save_leaves_a_loadable_run_or_none(tmp
                                                                         best=True), check) >= 10
 
 
+@pytest.mark.slow  # subprocesses (4 s)
 def test_a_kill_while_a_fork_removes_later_checkpoints_leaves_a_usable_run(tmp_path):
     model, optimizer, tokenizer = trained_pieces()
     template = tmp_path / "template"

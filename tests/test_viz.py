@@ -140,6 +140,7 @@ def _not_blank(path: Path) -> np.ndarray:
     return image
 
 
+@pytest.mark.slow  # draws every picture (8 s); the CLI test draws them too
 def test_pngs_have_their_size_and_are_not_blank(tokenizer, tmp_path):
     model, _ = _model(tokenizer, "encoder-decoder")
     text = " ".join(["the cat sat on the mat"] * 10)  # about 60 tokens: each keeps a readable cell
