@@ -187,8 +187,9 @@ def _compilation(compile: str, family: str, on_gpu: bool, sharded: bool) -> tupl
     if compile == "off":
         return "off", False, "as asked (--compile off)"
     if compile == "auto" and not on_gpu:
-        return "off", False, ("on a CPU compiling is chosen only on request (--compile model or blocks): it costs a "
-                              "compilation per shape for a small gain")
+        return "off", False, ("on a CPU compiling is chosen only on request (--compile model or blocks): each shape "
+                              "costs a compilation, seconds to tens of seconds, that short runs do not earn back "
+                              "(python -m benchmarks train_plan measures the gain here)")
     if sharded and compile in ("auto", "model"):
         return "blocks", False, "FSDP2 shards each block: each is compiled as its own graph (torchtitan's choice)"
     if compile == "blocks":
