@@ -68,6 +68,9 @@ def test_concatenated_qkv_product_trains_like_three(name):
     model = build_model(presets.get(name, vocab_size=64, n_layers=1, d_model=32, n_heads=4, max_seq_len=16))
     ids, labels = torch.randint(0, 64, (2, 12)), torch.randint(0, 64, (2, 12))
 
+    q_proj_calls = []
+    model.stack.blocks[0].self_attn.q_proj.register_forward_hook(lambda *_: q_proj_calls.append(1))
+
     def loss_and_grads(train: bool):
         model.train(train)
         model.zero_grad()
@@ -75,7 +78,10 @@ def test_concatenated_qkv_product_trains_like_three(name):
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
-    concatenated, separate = loss_and_grads(True), loss_and_grads(False)  # dropout is 0 in these presets
+    concatenated = loss_and_grads(True)
+    assert not q_proj_calls  # training went through the concatenated product, not the layer
+    separate = loss_and_grads(False)  # dropout is 0 in these presets
+    assert q_proj_calls == [1]
     torch.testing.assert_close(concatenated[0], separate[0])
     for name_, grad in separate[1].items():
         torch.testing.assert_close(concatenated[1][name_], grad, msg=name_)

@@ -51,16 +51,19 @@ def test_gpu_plan_compiles_the_whole_model_and_reads_the_host_at_log_intervals()
     assert "100 padded to 128" in plan.explain()
 
 
-def test_gpu_eager_loss_follows_free_memory():
+def test_gpu_eager_loss_follows_free_memory(monkeypatch):
     model = _decoder()
+    monkeypatch.setattr("attnkit.train.plan.fused_kernel_missing", lambda: "Liger Kernel is not installed")
     roomy = plan_training(model, family="decoder", device="cuda", compile="off", batch_tokens=16 * 1024,
                           free_memory=80 * GIB)
-    if roomy.loss.kind != "fused":  # Liger Kernel installed: its fused loss, whatever the memory
-        assert roomy.loss.kind == "plain"
-        tight = plan_training(model, family="decoder", device="cuda", compile="off", batch_tokens=16 * 1024,
-                              free_memory=1 << 20)
-        assert tight.loss.kind == "chunked" and tight.loss.chunk_size >= 256
-        assert "quarter of free memory" in tight.explain()
+    assert roomy.loss.kind == "plain"
+    tight = plan_training(model, family="decoder", device="cuda", compile="off", batch_tokens=16 * 1024,
+                          free_memory=1 << 20)
+    assert tight.loss.kind == "chunked" and tight.loss.chunk_size >= 256
+    assert "quarter of free memory" in tight.explain()
+    monkeypatch.setattr("attnkit.train.plan.fused_kernel_missing", lambda: None)  # Liger installed: its fused loss
+    fused = plan_training(model, family="decoder", device="cuda", compile="off", free_memory=1 << 20)
+    assert fused.loss.kind == "fused"
 
 
 def test_recurrent_models_and_shards_are_compiled_as_they_can_be():
