@@ -16,7 +16,7 @@ A row that fails records its error and the others go on. Results: benchmarks/res
 the GPU's name, torch and CUDA versions. `--smoke` runs every row at a tiny shape on whatever device there is (the
 CPU, in the test suite), to check this script where no GPU is.
 
-    python -m benchmarks gpu [--smoke] [--only train decode serve] [--rounds 2] [--steps 8]
+    python -m benchmarks gpu [--smoke] [--only train decode serve] [--rounds 2] [--steps 8] [--out DIR]
 """
 
 from __future__ import annotations
@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of timed training steps, implementations in turn")
     parser.add_argument("--steps", type=int, default=8, help="training steps timed per round")
     parser.add_argument("--warmup", type=int, default=3, help="training steps before timing (compilation)")
+    parser.add_argument("--out", type=Path, help="folder for the results (default: benchmarks/results)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and not args.smoke:
@@ -300,24 +301,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     shape = SMOKE if args.smoke else GPT2
+    out = args.out or (RESULTS if not args.smoke else Path(tempfile.mkdtemp(prefix="attnkit-gpu-smoke-")))
+    about = {"machine": machine(device), "command": "python -m benchmarks gpu " + " ".join(argv or []),
+             "train_shape": f"{shape.n_layers} layers, width {shape.d_model}, {shape.n_heads} heads, vocabulary "
+                            f"{shape.vocab_size}, batch {shape.batch_size} x {shape.seq_len}"}
+    stem = "gpu-smoke" if args.smoke else "gpu-" + about["machine"].get("name", "cuda").lower().replace(" ", "-")
+    parts = {"train": lambda: train_rows(shape, device, rounds=args.rounds, steps=args.steps, warmup=args.warmup),
+             "decode": lambda: decode_rows(device, smoke=args.smoke),
+             "serve": lambda: serve_rows(device, smoke=args.smoke)}
     rows: list[dict] = []
-    if "train" in args.only:
-        rows += train_rows(shape, device, rounds=args.rounds, steps=args.steps,
-                           warmup=args.warmup)
-    if "decode" in args.only:
-        rows += decode_rows(device, smoke=args.smoke)
-    if "serve" in args.only:
-        rows += serve_rows(device, smoke=args.smoke)
-    report = {"machine": machine(device), "command": "python -m benchmarks gpu " + " ".join(argv or []),
-              "train_shape": f"{shape.n_layers} layers, width {shape.d_model}, {shape.n_heads} heads, vocabulary "
-                             f"{shape.vocab_size}, batch {shape.batch_size} x {shape.seq_len}",
-              "seconds": round(time.perf_counter() - started, 1), "results": rows}
-    text = markdown(report)
-    print(text, flush=True)
-    stem = "gpu-smoke" if args.smoke else "gpu-" + report["machine"].get("name", "cuda").lower().replace(" ", "-")
-    out = RESULTS if not args.smoke else Path(tempfile.mkdtemp(prefix="attnkit-gpu-smoke-"))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / f"{stem}.md").write_text(text)
+    for part in (p for p in PARTS if p in args.only):
+        rows += parts[part]()
+        report = {**about, "seconds": round(time.perf_counter() - started, 1), "results": rows}
+        write_report(report, out, stem)  # after each part: a run stopped part-way keeps what it measured
+    print(markdown(report), flush=True)
     print(f"wrote {out / stem}.json and .md ({report['seconds']:.0f} s)", flush=True)
     return 0 if all("error" not in r for r in rows) else 1
+
+
+def write_report(report: dict, out: Path, stem: str) -> None:
+    """The report as JSON and Markdown, each written whole (to a temporary name, then renamed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for suffix, text in ((".json", json.dumps(report, indent=2) + "\n"), (".md", markdown(report))):
+        partial = out / f".{stem}{suffix}.partial"
+        partial.write_text(text)
+        partial.replace(out / f"{stem}{suffix}")

@@ -88,15 +88,20 @@ def nanogpt_train_step(case, dtype: str, *, compiled: bool, device: str):
 
 # --- transformers with a static cache, compiled ----------------------------------------------------------------------
 def transformers_static_generate(model, prompt: torch.Tensor, new_tokens: int):
-    """`generate` over a static cache with the forward compiled (fullgraph; CUDA graphs on a GPU, as documented)."""
-    mode = "reduce-overhead" if prompt.device.type == "cuda" else None
-    model.forward = torch.compile(model.forward, mode=mode, fullgraph=True)
+    """`generate` over a static cache, compiled as transformers documents it. On CUDA, `generate` compiles the decoding
+    step itself (its `CompileConfig`: CUDA graphs, "reduce-overhead") and runs the prefill uncompiled, which is also
+    where its static cache allocates its tensors: compiling `model.forward` by hand there puts that first allocation
+    inside a CUDA graph, whose next replay overwrites it. transformers compiles on its own only on accelerators, so
+    on a CPU the forward is compiled here (fullgraph, no CUDA graphs)."""
+    auto = prompt.device.type == "cuda"
+    if not auto:
+        model.forward = torch.compile(model.forward, fullgraph=True)
 
     def run(tokens: int = new_tokens) -> None:
         with torch.no_grad():
             model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=tokens,
                            min_new_tokens=tokens, do_sample=False, pad_token_id=0, cache_implementation="static",
-                           disable_compile=True)  # compiled above, once
+                           disable_compile=not auto)
 
     return run
 

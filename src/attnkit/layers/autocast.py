@@ -20,7 +20,11 @@ def cast_for_autocast(x: Tensor) -> Tensor:
     """x in autocast's lower precision when autocast is on for x's device and x is a floating-point tensor of
     another dtype; otherwise x itself. (..., C) -> (..., C)"""
     device = x.device.type
-    if not x.is_floating_point() or not torch.amp.is_autocast_available(device):  # e.g. meta tensors
+    if not x.is_floating_point():
+        return x
+    # Devices without autocast (meta tensors, say) are asked about outside compiled graphs only: a graph runs on a
+    # device that has autocast, and torch 2.11's Dynamo cannot trace `is_autocast_available`
+    if not torch.compiler.is_compiling() and not torch.amp.is_autocast_available(device):
         return x
     if not torch.is_autocast_enabled(device):
         return x

@@ -39,7 +39,8 @@ class TransformerStack(nn.Module):
     @property
     def causal(self) -> bool:
         """Whether its blocks attend causally (a decoder stack)."""
-        return bool(self.blocks) and self.blocks[0].causal
+        # len, not bool: torch 2.11's Dynamo cannot trace bool() of a ModuleList (2.13 can)
+        return len(self.blocks) > 0 and self.blocks[0].causal
 
     def forward(
         self,
