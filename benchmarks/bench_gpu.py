@@ -12,7 +12,8 @@ product rate measured in this run, and the GPU's dense bf16 peak from its data s
             CUDA graph); each in the speed suite's own way (`speed.run_one`)
     serve   `attnkit serve` on the GPU (`bench_serve`'s model, width 384), 1 and 8 concurrent clients
 
-A row that fails records its error and the others go on. Results: benchmarks/results/gpu-<device>.json and .md, with
+A row that fails records its error and the others go on; the parts run in the order `--only` names them, and the
+results are written after each part. Results: benchmarks/results/gpu-<device>.json and .md (or under --out), with
 the GPU's name, torch and CUDA versions. `--smoke` runs every row at a tiny shape on whatever device there is (the
 CPU, in the test suite), to check this script where no GPU is.
 
@@ -310,10 +311,10 @@ def main(argv: list[str] | None = None) -> int:
              "decode": lambda: decode_rows(device, smoke=args.smoke),
              "serve": lambda: serve_rows(device, smoke=args.smoke)}
     rows: list[dict] = []
-    for part in (p for p in PARTS if p in args.only):
+    for part in dict.fromkeys(args.only):  # in the order given: a run stopped part-way keeps the parts it did
         rows += parts[part]()
         report = {**about, "seconds": round(time.perf_counter() - started, 1), "results": rows}
-        write_report(report, out, stem)  # after each part: a run stopped part-way keeps what it measured
+        write_report(report, out, stem)  # after each part
     print(markdown(report), flush=True)
     print(f"wrote {out / stem}.json and .md ({report['seconds']:.0f} s)", flush=True)
     return 0 if all("error" not in r for r in rows) else 1

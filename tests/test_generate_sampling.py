@@ -8,7 +8,10 @@ from hypothesis import strategies as st
 from attnkit.errors import ConfigError
 from attnkit.generate import SamplingConfig, make_generator, select_next
 from attnkit.generate.sampling import (
+    NO_TOKEN,
+    NoDistribution,
     SamplingError,
+    check_drawn,
     check_sampling,
     process_logits,
     select_next_in_groups,
@@ -94,6 +97,31 @@ def test_groups_sampled_in_one_call_draw_what_each_draws_alone(sizes, seed, conf
     alone = [select_next(part, config, generator=make_generator(seed + g, "cpu"))
              for g, part in enumerate(logits.split(sizes))]
     assert together.tolist() == torch.cat(alone).tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch=st.integers(1, 6), vocab=st.integers(2, 300), seed=st.integers(0, 2**32), steps=st.integers(1, 4))
+def test_draws_are_torch_multinomials_own(batch, vocab, seed, steps):
+    """The draw without multinomial's device reads is multinomial's draw: same generator, same tokens, step after
+    step (the generators advance alike)."""
+    logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+    ours, theirs = make_generator(seed, "cpu"), make_generator(seed, "cpu")
+    for _ in range(steps):
+        expected = torch.multinomial(logits.softmax(-1), 1, generator=theirs)[:, 0]
+        assert select_next(logits, SamplingConfig(), generator=ours).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("config", [SamplingConfig(), SamplingConfig(temperature=0.0), SamplingConfig(top_k=2)])
+def test_a_row_with_no_distribution_draws_no_token_and_only_that_row(config):
+    logits = _logits(seed=5, batch=4).float()
+    logits[1] = float("nan")
+    logits[3] = float("-inf")  # every token forbidden (a grammar that allows nothing)
+    drawn = select_next(logits, config, generator=make_generator(0, "cpu")).tolist()
+    assert drawn[1] == drawn[3] == NO_TOKEN and NO_TOKEN not in (drawn[0], drawn[2])
+    assert drawn[0] == select_next(logits[:1], config, generator=make_generator(0, "cpu")).item()
+    with pytest.raises(NoDistribution, match=r"row\(s\) \[1, 3\] are no probability distribution"):
+        check_drawn(drawn)
+    assert check_drawn([drawn[0], drawn[2]]) == [drawn[0], drawn[2]]
 
 
 @pytest.mark.parametrize(

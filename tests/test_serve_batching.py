@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, make_generator
+from attnkit.generate.sampling import NoDistribution
 from attnkit.serve.batching import Batch, GenerationJob, Scheduler
 
 CONTEXT = 48
@@ -257,15 +258,33 @@ def poison_sampling(monkeypatch, seed: int) -> None:
     monkeypatch.setattr(batching, "select_next_in_groups", failing)
 
 
-@pytest.mark.parametrize("where", ["token", "sampling", "prefill"])
+def poison_logits(monkeypatch, seed: int) -> None:
+    """The logits of the job seeded with `seed` are nan (a broken model for that request alone): its rows draw
+    NO_TOKEN in the call it shares with others, which go on with their own draws."""
+    from attnkit.serve import batching
+
+    sample = batching.select_next_in_groups
+
+    def nan_rows(logits, config, groups, **kwargs):
+        logits, start = logits.clone(), 0
+        for rows, generator in groups:
+            if generator is not None and generator.initial_seed() == seed:
+                logits[start:start + rows] = float("nan")
+            start += rows
+        return sample(logits, config, groups, **kwargs)
+
+    monkeypatch.setattr(batching, "select_next_in_groups", nan_rows)
+
+
+@pytest.mark.parametrize("where", ["token", "sampling", "nan", "prefill"])
 def test_a_job_that_fails_fails_alone_and_the_others_get_the_tokens_they_get_alone(model, monkeypatch, where):
     marker = SamplingConfig(temperature=0.9, top_k=7)
     scheduler = scheduler_for(model, max_rows=8)
     good = [Recorded([1 + i, 2, 3], 6 + i, sampling=SamplingConfig(temperature=0.9, top_k=7 if i % 2 else None),
                      seed=i, n=1 + i % 2) for i in range(4)]
     bad = Poisoned([4, 5], 6, sampling=marker, seed=9, where=where)
-    if where == "sampling":
-        poison_sampling(monkeypatch, seed=9)  # a good job of the same settings shares its sampling call
+    if where in ("sampling", "nan"):  # a good job of the same settings shares its sampling call
+        (poison_sampling if where == "sampling" else poison_logits)(monkeypatch, seed=9)
         good[1].job = GenerationJob(**{**vars(good[1].job), "sampling": marker})
     elif where == "prefill":  # prefilling any batch that holds the bad prompt fails
         prefill = scheduler.decoding.prefill
@@ -282,6 +301,8 @@ def test_a_job_that_fails_fails_alone_and_the_others_get_the_tokens_they_get_alo
         scheduler.submit(request.job)
     drain(scheduler)
     assert bad.reasons == ["error"] and isinstance(bad.job.failure, RuntimeError)
+    if where == "nan":
+        assert isinstance(bad.job.failure, NoDistribution) and "no probability distribution" in str(bad.job.failure)
     for request in good:
         assert request.reasons is not None and "error" not in request.reasons
         assert request.job.failure is None

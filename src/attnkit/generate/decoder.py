@@ -37,7 +37,7 @@ from attnkit.data.batching import pad
 from attnkit.deprecation import warn_renamed
 from attnkit.errors import InputError
 from attnkit.generate.constrained import GrammarMask
-from attnkit.generate.sampling import GREEDY, SamplingConfig, select_next
+from attnkit.generate.sampling import GREEDY, SamplingConfig, check_drawn, select_next
 from attnkit.layers.kv_cache import KVCache
 
 # on_token(row, token) is called for each new token of each unfinished row; returning True ends that row.
@@ -157,7 +157,7 @@ def decode_n_tokens(
         if grammar is not None:
             logits = grammar(logits)  # (B, V): what no row's grammar allows next at -inf
         tokens = select_next(logits, sampling, seen=seen, generator=generator)  # (B,)
-        for row, token in enumerate(tokens.tolist()):
+        for row, token in enumerate(check_drawn(tokens.tolist())):
             if finished[row]:
                 continue
             if token in stop:

@@ -189,10 +189,19 @@ def process_logits(logits: Tensor, config: SamplingConfig, seen: Tensor | None =
     return logits
 
 
+NO_TOKEN = -1  # what a row draws whose probabilities are no distribution (nan logits, or every token at -inf)
+
+
+class NoDistribution(RuntimeError):
+    """The model's logits for a row gave no probability distribution to draw from (nan, or every token at -inf):
+    a broken model or a grammar that allows nothing."""
+
+
 def select_next(
     logits: Tensor, config: SamplingConfig, *, seen: Tensor | None = None, generator: torch.Generator | None = None
 ) -> Tensor:
-    """The next token of each row: logits (B, V) -> ids (B,). Greedy takes the argmax; otherwise sample."""
+    """The next token of each row: logits (B, V) -> ids (B,). Greedy takes the argmax; otherwise sample. A row whose
+    logits give no distribution gets NO_TOKEN: `check_drawn` raises for it."""
     return select_next_in_groups(logits, config, [(logits.shape[0], generator)], seen=seen)
 
 
@@ -205,15 +214,33 @@ def select_next_in_groups(
 ) -> Tensor:
     """`select_next` for consecutive groups of rows that each draw from their own generator (the requests sharing
     a server's decoding step): logits (B, V), groups [(rows, generator), ...] covering the B rows -> ids (B,).
-    The logits are processed once for all rows; each group draws what `select_next` draws for its rows alone."""
+    The logits are processed once for all rows; each group draws what `select_next` draws for its rows alone.
+
+    The draw is torch.multinomial's own for one sample, an exponential race (argmax of p / q with q ~ Exp(1), the
+    Gumbel-max trick with exp applied), so the same generator gives the same tokens; but multinomial first checks
+    its input by reading the device twice per call, which on a GPU stalls each decoding step once per request.
+    Here nothing is read: a row that is no distribution gets NO_TOKEN, found when the tokens are read."""
     logits = process_logits(logits, config, seen)
     if config.greedy:
-        return logits.argmax(dim=-1)
-    probs = logits.softmax(dim=-1)  # (B, V)
-    parts = probs.split([rows for rows, _ in groups])  # (rows, V) each
-    generators = [generator for _, generator in groups]
-    draws = [torch.multinomial(part, 1, generator=generator) for part, generator in zip(parts, generators, strict=True)]
-    return torch.cat(draws).squeeze(-1)  # (B,)
+        broken = logits.isnan().any(dim=-1) | logits.isneginf().all(dim=-1)  # (B,)
+        return logits.argmax(dim=-1).masked_fill(broken, NO_TOKEN)
+    probs = logits.softmax(dim=-1)  # (B, V): a row of nan logits, or all at -inf, is all nan
+    races = torch.empty_like(probs)  # (B, V)
+    for part, (_, generator) in zip(races.split([rows for rows, _ in groups]), groups, strict=True):
+        part.exponential_(1, generator=generator)
+    broken = probs.isnan().any(dim=-1)  # (B,)
+    return (probs / races).argmax(dim=-1).masked_fill(broken, NO_TOKEN)
+
+
+def check_drawn(ids: list[int]) -> list[int]:
+    """The chosen ids, read from the device (`tokens.tolist()`, the one read a decoding step needs). Raises
+    NoDistribution for a row that drew NO_TOKEN."""
+    broken = [row for row, token in enumerate(ids) if token == NO_TOKEN]
+    if broken:
+        raise NoDistribution(f"the model's logits for row(s) {broken} are no probability distribution (nan, or every "
+                             "token forbidden): the model's weights or its input are broken, or a grammar allows "
+                             "nothing")
+    return ids
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:

@@ -62,7 +62,7 @@ from torch import Tensor
 from attnkit.errors import InputError
 from attnkit.generate.constrained import GrammarMask
 from attnkit.generate.decoder import EagerDecoding, Window, left_pad, prefill
-from attnkit.generate.sampling import SamplingConfig, make_generator, select_next_in_groups, token_logprobs
+from attnkit.generate.sampling import SamplingConfig, check_drawn, make_generator, select_next_in_groups, token_logprobs
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.layers.kv_cache import KVCache, LayerCache, StaticKVCache
 
@@ -236,6 +236,13 @@ class Batch:
         self.cache = KVCache(layers)
 
 
+def _index(rows: list[int], device: torch.device) -> slice | Tensor:
+    """`rows` as an index: a slice where they run in order, else a tensor of them on `device`."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return slice(rows[0], rows[0] + len(rows))
+    return torch.tensor(rows, device=device)
+
+
 class Scheduler:
     """Runs generation jobs with continuous batching on one thread (see the module docstring).
 
@@ -365,16 +372,17 @@ class Scheduler:
         fails, the generators go back to where they were and each job is sampled alone, so that only the job whose
         rows fail ends ("error"); its rows get padding."""
         rows = [row for job in jobs for row in rows_of[job]]
+        at = _index(rows, self.device)  # a slice where the rows run in order (the usual case): no copy to the device
         states = [job.generator.get_state() if job.generator is not None else None for job in jobs]
         try:
-            logits = self.logits[rows]  # (B, V)
+            logits = self.logits[at]  # (B, V)
             grammar = GrammarMask.joined([(job.n, job.grammar) for job in jobs])
             if grammar is not None:  # each constrained row's forbidden tokens at -inf (generate/constrained.py)
                 logits = grammar(logits)
             tokens = select_next_in_groups(logits, sampling, [(job.n, job.generator) for job in jobs])
         except Exception as error:
             if len(jobs) == 1:
-                chosen[rows] = self.pad_id
+                chosen[at] = self.pad_id
                 self._fail(jobs[0], error)
                 return
             for job, state in zip(jobs, states, strict=True):
@@ -382,13 +390,15 @@ class Scheduler:
                     job.generator.set_state(state)
                 self._sample([job], sampling, rows_of, chosen)
             return
-        chosen[rows] = tokens
+        chosen[at] = tokens
         drawn = iter(tokens.tolist())
         for job in jobs:
             picked = [next(drawn) for _ in range(job.n)]
             try:
+                check_drawn(picked)
                 self._deliver(job, picked, self._scores(job, rows_of[job], chosen))
-            except Exception as error:  # its own callback failed
+            except Exception as error:  # its own logits gave no distribution, or its own callback failed
+                chosen[rows_of[job]] = self.pad_id
                 self._fail(job, error)
 
     def _scores(self, job: GenerationJob, rows: list[int], chosen: Tensor) -> list | None:
