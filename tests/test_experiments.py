@@ -186,6 +186,23 @@ def test_unknown_budget_is_refused(tmp_path):
     assert "tiny" in BUDGETS and not (tmp_path / "results.json").exists()
 
 
+def test_seeds_asked_for_are_the_seeds_run_and_one_seed_is_refused(tmp_path, capsys):
+    """An inconclusive verdict names the seeds that would decide it; --seeds runs that many."""
+    from attnkit import cli
+
+    assert REGISTRY["kernel-regression"].default_seeds("tiny") == 4
+    assert cli.main(["experiment", "kernel-regression", "--budget", "tiny", "--seeds", "5", "--out", str(tmp_path),
+                     "--no-progress"]) == 0
+    saved = json.loads((tmp_path / "results.json").read_text())
+    measured = [check for check in saved["checks"] if check["basis"] != "not a measurement"]
+    assert measured and all(check["n"] == 5 for check in measured)
+    for bad in ("1", "0"):
+        assert cli.main(["experiment", "kernel-regression", "--budget", "tiny", "--seeds", bad,
+                         "--out", str(tmp_path / bad)]) == 2
+        assert "at least 2 (one seed measures no noise" in capsys.readouterr().err
+        assert not (tmp_path / bad / "results.json").exists()
+
+
 def test_flops_to_reach_interpolates_in_log_flops():
     points = [(1e6, 3.0), (1e8, 2.0)]
     assert flops_to_reach(points, 2.5) == pytest.approx(1e7)  # half-way in loss is half-way in log-FLOPs

@@ -597,7 +597,7 @@ def _run_experiment(settings: ExperimentSettings) -> int:
         raise InputError("name the experiment to run (attnkit experiment --list shows them)")
     _refuse_other_experiment(settings.name, settings.out)
     result = run_experiment(settings.name, budget=settings.budget, out=settings.out, progress=settings.progress,
-                            device=settings.device)
+                            device=settings.device, seeds=settings.seeds)
     print(result.table_markdown())
     print(result.checks_markdown())
     print(result.summary())

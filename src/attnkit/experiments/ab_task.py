@@ -85,10 +85,10 @@ def accuracy(model: PooledClassifier, length: int, generator: torch.Generator) -
     claim="one attention layer solves the A/B task (B if any B, else A) at any length, where the plain average of "
     "the embeddings fails on long sequences",
     lecture="Attention (the A/B running example: attention as random access into the context)",
+    default_seeds=lambda budget: SEEDS[budget] + (budget != "tiny"),  # seconds each
 )
-def run(budget: str, out: Path, progress: Progress) -> Result:
+def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     steps = {"tiny": 60, "small": 300, "full": 1000}[budget]
-    seeds = SEEDS[budget] + (budget != "tiny")  # seconds each
     lengths = (4, 16, 64)
     accuracies: dict[str, list[dict[int, float]]] = {"attention": [], "plain average": []}  # per seed, per length
     models = {}

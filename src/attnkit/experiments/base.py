@@ -60,6 +60,7 @@ class ExperimentSettings:
     out: str | None = None  # directory for results.json, table.md and the plots; none: runs/experiments/NAME
     device: str = "cpu"  # cpu, or cuda for the experiments that run there (--list says which)
     progress: bool | None = None  # a bar per training run; --no-progress: log lines; none: on a terminal
+    seeds: int | None = None  # seeds (or timing rounds) to repeat, for the noise; none: the budget's (2 tiny, 3 small)
 
 
 _T_95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)  # Student's t, two-sided 95%, df 1..10
@@ -121,7 +122,7 @@ class Check:
         if self.spread and self.difference and self.n:
             for n in range(self.n + 1, 201):
                 if t_95(n - 1) * self.spread / math.sqrt(n) < abs(self.difference):
-                    return f"about {n} {self.unit} (now {self.n}) at this budget, or a larger budget"
+                    return f"about {n} {self.unit} (now {self.n}; --seeds {n}) at this budget, or a larger budget"
         if self.spread:
             return (f"a larger budget (the difference is too small beside the {self.unit}' spread for more "
                     f"{self.unit} at this budget to tell)")
@@ -240,23 +241,25 @@ class Experiment:
     name: str
     claim: str
     lecture: str
-    run: Callable[..., Result]  # (budget, out, progress), and device= where `devices` holds more than the CPU
+    run: Callable[..., Result]  # (budget, out, progress, seeds=), and device= where `devices` holds more than the CPU
     devices: tuple[str, ...] = ("cpu",)
+    default_seeds: Callable[[str], int] = SEEDS.__getitem__  # a budget -> the seeds it repeats unless asked
 
 
 REGISTRY: dict[str, Experiment] = {}
 
 
-RunFunction = Callable[[str, Path, Progress], Result]
+RunFunction = Callable[..., Result]  # (budget, out, progress, *, seeds) -> Result
 
 
-def experiment(name: str, *, claim: str, lecture: str,
-               devices: tuple[str, ...] = ("cpu",)) -> Callable[[RunFunction], RunFunction]:
-    """Register `run(budget, out, progress) -> Result` as the experiment `name`; one that also runs on a GPU lists
-    "cuda" in `devices` and takes `device=` (the device to run on)."""
+def experiment(name: str, *, claim: str, lecture: str, devices: tuple[str, ...] = ("cpu",),
+               default_seeds: Callable[[str], int] = SEEDS.__getitem__) -> Callable[[RunFunction], RunFunction]:
+    """Register `run(budget, out, progress, *, seeds) -> Result` as the experiment `name`; one that also runs on a
+    GPU lists "cuda" in `devices` and takes `device=` (the device to run on). `default_seeds` gives the seeds (or
+    timing rounds) a budget repeats unless `--seeds` asks for another number (`SEEDS`, or more where they are cheap)."""
 
     def register(run: RunFunction) -> RunFunction:
-        REGISTRY[name] = Experiment(name, claim, lecture, run, devices)
+        REGISTRY[name] = Experiment(name, claim, lecture, run, devices, default_seeds)
         return run
 
     return register
@@ -287,13 +290,18 @@ def machine(device: str = "cpu") -> str:
 
 
 def run_experiment(name: str, *, budget: str = "small", out: str | Path | None = None,
-                   progress: bool | None = False, device: str = "cpu") -> Result:
+                   progress: bool | None = False, device: str = "cpu", seeds: int | None = None) -> Result:
     """Run experiment `name` at `budget` on `device`, write its files into `out` (default runs/experiments/NAME).
 
-    progress: True draws a bar per training run, False logs progress lines, None: bars on a terminal."""
+    progress: True draws a bar per training run, False logs progress lines, None: bars on a terminal. seeds: how
+    many seeds (or timing rounds) to repeat, the number an inconclusive verdict names; None: the budget's."""
     spec = get(name)
     if budget not in BUDGETS:
         raise ConfigError(f"budget={budget!r} is not one of {', '.join(BUDGETS)}")
+    if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 2):
+        raise ConfigError(f"seeds={seeds!r}: give an integer of at least 2 (one seed measures no noise, so it "
+                          f"decides nothing); leave it out for the budget's {spec.default_seeds(budget)}")
+    seeds = seeds if seeds is not None else spec.default_seeds(budget)
     kind = pick_device(device).type
     if kind not in spec.devices:
         elsewhere = sorted(n for n, e in REGISTRY.items() if kind in e.devices)
@@ -304,9 +312,9 @@ def run_experiment(name: str, *, budget: str = "small", out: str | Path | None =
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     bars = shows_progress(progress)
-    log.info("%s at budget %s: %s", name, budget, spec.claim)
+    log.info("%s at budget %s, %d seeds: %s", name, budget, seeds, spec.claim)
     with logging_redirect_tqdm():
-        result = spec.run(budget, out_dir, Progress(bars=bars), **on_device)
+        result = spec.run(budget, out_dir, Progress(bars=bars), seeds=seeds, **on_device)
     result.name, result.claim, result.lecture, result.budget = spec.name, spec.claim, spec.lecture, budget
     result.seconds, result.machine = time.perf_counter() - start, machine(device)
     result.write(out_dir)

@@ -20,7 +20,7 @@ from torch import nn
 from attnkit import presets
 from attnkit.data import PairData
 from attnkit.data.synthetic import make_task, synthetic_tokenizer
-from attnkit.experiments.base import SEEDS, Check, Progress, Result, experiment
+from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.plots import new_figure, save
 from attnkit.generate.seq2seq import greedy_translate
 from attnkit.models import build_model
@@ -88,9 +88,8 @@ def symbol_accuracy(prediction: str, target: str) -> float:
     "length; attention (Bahdanau's, or the Transformer's) removes the bottleneck",
     lecture="What the Transformer replaced: the RNN encoder-decoder and attention added to it",
 )
-def run(budget: str, out: Path, progress: Progress) -> Result:
+def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     s = SETTINGS[budget]
-    seeds = SEEDS[budget]
     tokenizer = synthetic_tokenizer()
     low, high = s["lengths"]
     train_task = make_task("copy", s["n_train"], seed=1, min_len=low, max_len=high)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from attnkit.config import ModelConfig
-from attnkit.experiments.base import SEEDS, Check, Progress, Result, experiment
+from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
 from attnkit.experiments.plots import new_figure, save
 
@@ -57,11 +57,10 @@ def decode_speeds(models: list[nn.Module], *, rounds: int, **decoding: int) -> l
     "cost in quality",
     lecture="Llama 2: grouped-query attention (Ainslie et al. 2023; Shazeer 2019)",
 )
-def run(budget: str, out: Path, progress: Progress) -> Result:
+def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     steps = {"tiny": 3, "small": 200, "full": 800}[budget]
     new_tokens = {"tiny": 4, "small": 64, "full": 128}[budget]
     rounds = {"tiny": 2, "small": 5, "full": 7}[budget]
-    seeds = SEEDS[budget]
     corpus = char_corpus({"tiny": 20_000, "small": 300_000, "full": 1_000_000}[budget])
     rows, models, losses = [], [], []  # losses: per variant, per seed
     for kv_heads in (8, 4, 2, 1):

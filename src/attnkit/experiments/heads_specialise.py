@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
-from attnkit.experiments.base import SEEDS, Check, Progress, Result, experiment
+from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import Corpus, char_corpus, train_lm
 from attnkit.experiments.plots import heatmap_axes, new_figure, save
 from attnkit.inspect.head_types import head_types, self_scores
@@ -98,11 +98,11 @@ def measure_text(model: nn.Module, corpus: Corpus, seed: int) -> dict:
     lecture="Multi-head attention: each head might track a different relationship (probing and mechanistic "
     "interpretability)",
 )
-def run(budget: str, out: Path, progress: Progress) -> Result:
+def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     s = SETTINGS[budget]
     corpus = char_corpus(s["corpus"])
     rows, found = [], {}
-    for seed in range(SEEDS[budget]):
+    for seed in range(seeds):
         for steps in (0, s["induction"]):
             progress.phase(f"induction task, seed {seed}, {steps} steps")
             found[("induction", seed, steps)] = m = measure_induction(induction_model(seed, steps), seed)
@@ -122,10 +122,9 @@ def run(budget: str, out: Path, progress: Progress) -> Result:
             rows.append({"setting": "real text", "seed": seed, "steps": steps, "loss": m["loss"],
                          "importance spread": m["importance spread"], "induction margin": None,
                          "previous spread": m["previous spread"]})
-    seeds = range(SEEDS[budget])
 
     def gain(setting: str, key: str, steps: int) -> list[float]:
-        return [found[(setting, seed, steps)][key] - found[(setting, seed, 0)][key] for seed in seeds]
+        return [found[(setting, seed, steps)][key] - found[(setting, seed, 0)][key] for seed in range(seeds)]
 
     checks = [
         Check.over("induction task: most important head's loss rise minus the median head's, trained minus at "

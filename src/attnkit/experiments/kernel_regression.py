@@ -77,11 +77,11 @@ def fit(n_train: int, steps: int, seed: int) -> dict:
     "inputs (keys) weighs their targets (values); it fits a curve the plain average cannot, and a learned "
     "bandwidth sharpens the weights",
     lecture="Attention & Transformers: non-Transformer examples, Nadaraya-Watson kernel regression",
+    default_seeds=lambda budget: 2 * SEEDS[budget],  # draws of the training pairs are cheap
 )
-def run(budget: str, out: Path, progress: Progress) -> Result:
+def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     n_train = {"tiny": 20, "small": 50, "full": 100}[budget]
     steps = {"tiny": 20, "small": 300, "full": 1000}[budget]
-    seeds = 2 * SEEDS[budget]  # draws of the training pairs are cheap
     fits = []
     for seed in range(seeds):
         progress.phase(f"fitting draw {seed + 1} of {seeds} ({n_train} training pairs, {steps} bandwidth steps)")

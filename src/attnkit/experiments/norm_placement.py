@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from attnkit.config import ModelConfig
-from attnkit.experiments.base import SEEDS, Check, Progress, Result, experiment
+from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import Corpus, char_corpus, train_lm
 from attnkit.experiments.plots import new_figure, running_mean, save
 from attnkit.models import build_model
@@ -138,9 +138,9 @@ def _worker_logging() -> None:
     "depth grows, and warmup helps it more; at initialisation post-norm's gradients grow toward the output",
     lecture="Add & Norm: residual connections and LayerNorm placement (Xiong et al. 2020)",
 )
-def run(budget: str, out: Path, progress: Progress) -> Result:
+def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     s = SETTINGS[budget]
-    depths, steps, lr, seeds = s["depths"], s["steps"], s["lr"], SEEDS[budget]
+    depths, steps, lr = s["depths"], s["steps"], s["lr"]
     jobs = [(seed, placement) for seed in range(seeds) for placement in ("pre", "post")]
     if budget == "tiny":
         parts = [run_seed(seed, placement, budget=budget, progress=progress) for seed, placement in jobs]

@@ -19,7 +19,7 @@ import torch
 from attnkit import presets
 from attnkit.config import Position
 from attnkit.errors import InputError
-from attnkit.experiments.base import SEEDS, Check, Progress, Result, experiment
+from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
 from attnkit.experiments.plots import new_figure, save
 
@@ -50,9 +50,8 @@ def loss_at_length(model: torch.nn.Module, data, length: int) -> float:
     "run at any length, and ALiBi (the bias built for it) extrapolates best",
     lecture="Position information (Shaw et al. 2018; Su et al. 2021; Press et al. 2022)",
 )
-def run(budget: str, out: Path, progress: Progress) -> Result:
+def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     s = SETTINGS[budget]
-    seeds = SEEDS[budget]
     corpus = char_corpus(s["corpus"])
     losses: dict[str, list[dict[int, float | None]]] = {scheme: [] for scheme in SCHEMES}  # per seed, per length
     refusal: dict[str, str] = {}

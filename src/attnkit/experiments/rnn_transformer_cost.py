@@ -105,8 +105,9 @@ def step_cost(model: nn.Module, batch: int, length: int, repeats: int) -> tuple[
     "attention matrix's memory (quadratically)",
     lecture="RNNs and parallelizability (Vaswani et al. 2017, table 1)",
     devices=("cpu", "cuda"),
+    default_seeds=lambda budget: SETTINGS[budget]["repeats"],  # timed repeats: the noise of a timing
 )
-def run(budget: str, out: Path, progress: Progress, device: str = "cpu") -> Result:
+def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str = "cpu") -> Result:
     s = SETTINGS[budget]
     torch.manual_seed(0)
     models = {"Transformer": transformer(s["width"], s["layers"], max(s["lengths"]))}
@@ -119,8 +120,8 @@ def run(budget: str, out: Path, progress: Progress, device: str = "cpu") -> Resu
     for name, model in models.items():
         model.train()
         for length in s["lengths"]:
-            progress.phase(f"timing {name}, T={length}: {s['repeats']} training steps")
-            times[(name, length)], saved = step_cost(model, s["batch"], length, s["repeats"])
+            progress.phase(f"timing {name}, T={length}: {seeds} training steps")
+            times[(name, length)], saved = step_cost(model, s["batch"], length, seeds)
             seconds = statistics.median(times[(name, length)])
             attention_matrix = 4 * s["batch"] * heads * length * length * s["layers"] if name == "Transformer" else 0
             rows.append({"model": name, "parameters": parameters(model), "T": length,

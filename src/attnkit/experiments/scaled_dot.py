@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from attnkit.config import ModelConfig
-from attnkit.experiments.base import SEEDS, Check, Progress, Result, experiment
+from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
 from attnkit.experiments.plots import new_figure, save
 from attnkit.layers.attention import DotScore
@@ -54,11 +54,10 @@ def _peak_and_entropy(weights: torch.Tensor) -> tuple[float, float]:
     "close to one-hot, small gradients) and trains worse; scaled dot product stays well-conditioned",
     lecture="Attention Score Functions: scaled dot product (Vaswani et al. 2017, 3.2.1)",
 )
-def run(budget: str, out: Path, progress: Progress) -> Result:
+def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     init_dims = [16, 32, 64, 128, 256, 512] if budget != "tiny" else [16, 64]
     train_dims = {"tiny": [8, 16], "small": [16, 64, 128], "full": [16, 64, 256]}[budget]
     steps = {"tiny": 3, "small": 150, "full": 600}[budget]
-    seeds = SEEDS[budget]
     init_rows, init_seeds = [], []  # the seeds' rows, for the largest D's check
     for dim in init_dims:
         per_seed = []

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 from attnkit.config import ModelConfig
-from attnkit.experiments.base import SEEDS, Check, Progress, Result, experiment
+from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
 from attnkit.experiments.plots import new_figure, running_mean, save
 from attnkit.models import count_parameters
@@ -30,9 +30,8 @@ SCORES = ("dot", "scaled_dot", "bilinear", "additive")
     "time and memory (an MLP over every query-key pair), scaled dot the least at comparable quality",
     lecture="Attention Score Functions (Luong et al. 2015; Bahdanau et al. 2015; Vaswani et al. 2017)",
 )
-def run(budget: str, out: Path, progress: Progress) -> Result:
+def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     steps = {"tiny": 3, "small": 200, "full": 800}[budget]
-    seeds = SEEDS[budget]
     corpus = char_corpus({"tiny": 20_000, "small": 300_000, "full": 1_000_000}[budget])
     runs: dict[str, list] = {score: [] for score in SCORES}  # per seed: (val loss, ms per step)
     curves, parameters = {}, {}

@@ -21,7 +21,7 @@ from pathlib import Path
 from matplotlib.ticker import NullFormatter
 
 from attnkit.config import ModelConfig
-from attnkit.experiments.base import SEEDS, Check, Progress, Result, experiment, t_95
+from attnkit.experiments.base import Check, Progress, Result, experiment, t_95
 from attnkit.experiments.lm_runs import char_corpus, train_lm, training_flops
 from attnkit.experiments.plots import new_figure, save
 from attnkit.models import count_parameters
@@ -85,11 +85,10 @@ def pooled_spread(groups: list[list[float]]) -> tuple[float | None, int]:
     lecture="From the Transformer to Llama 2 (Gu and Dao 2023, figure 4's Transformer++ baseline)",
     devices=("cpu", "cuda"),
 )
-def run(budget: str, out: Path, progress: Progress, device: str = "cpu") -> Result:
+def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str = "cpu") -> Result:
     sizes = {"tiny": [(32, 1)], "small": [(64, 2), (128, 3), (192, 4)], "full": [(64, 2), (128, 3), (192, 4),
                                                                                 (256, 6)]}[budget]
     steps = {"tiny": 30, "small": 200, "full": 1000}[budget]
-    seeds = SEEDS[budget]  # at the smaller sizes (SEEDED_SIZES), for the noise
     corpus = char_corpus({"tiny": 20_000, "small": 300_000, "full": 1_000_000}[budget])
     tokens = steps * BATCH * SEQ_LEN
     rows = []
