@@ -1,8 +1,21 @@
-"""Matplotlib helpers for the experiments' PNGs (headless backend, one figure per file)."""
+"""Matplotlib helpers for the experiments' PNGs (headless backend, one figure per file).
+
+Two rules every experiment's plot follows, kept here so that no plot states them twice:
+- the seeds' spread is drawn beside their mean (`series`, `draw_spread`): each seed as a faint point of the mean
+  line's colour, or +-1 standard deviation as error bars where only that was stored, and the axis label says which;
+- a value axis never magnifies noise (`fit_value_axis`): fractions span 0 to 1, counts and costs start at 0, a level
+  such as a loss spans at least `LEVEL_MIN_SPAN` of its values' magnitude, a log axis at least one decade. A
+  difference of 0.003 nats then looks like what it is beside a loss of 2.
+"""
 
 from __future__ import annotations
 
+import math
+import os
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import matplotlib
 
@@ -10,6 +23,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 from torch import Tensor  # noqa: E402
+
+Scale = Literal["fraction", "from zero", "level", "log"]
+LEVEL_MIN_SPAN = 0.1  # a level axis spans at least this share of the largest magnitude it shows
+LOG_MIN_DECADES = 1.0  # a log axis spans at least one decade
+MARGIN = 0.05  # share of the span left free above and below the values
+NOT_STORED = "seeds' spread not stored in this run"
 
 
 def new_figure(width: float, height: float, *, ncols: int = 1, nrows: int = 1):
@@ -41,10 +60,93 @@ def log_log_axes(ax, xticks: list[int]) -> None:
     ax.yaxis.set_minor_formatter(ticker.NullFormatter())
 
 
+def min_span(low: float, high: float, scale: Scale) -> float:
+    """The least span a value axis showing values in [low, high] may have, in its own units (decades on a log
+    axis): what keeps a small difference looking small."""
+    if scale == "fraction":
+        return 1.0
+    if scale == "from zero":
+        return max(abs(low), abs(high))
+    if scale == "log":
+        return LOG_MIN_DECADES
+    return LEVEL_MIN_SPAN * max(abs(low), abs(high), 1e-12)
+
+
+def value_range(low: float, high: float, scale: Scale) -> tuple[float, float]:
+    """The (bottom, top) of a value axis showing values in [low, high]: fractions from 0 to 1, counts and costs
+    from 0, a level (a loss) at least `min_span` around its values, a log axis at least a decade (values > 0).
+
+    Raises ValueError for values that are not finite, low above high, or a value <= 0 on a log axis."""
+    if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+        raise ValueError(f"value_range needs finite low <= high, got {low}, {high}")
+    if scale == "log":
+        if low <= 0:
+            raise ValueError(f"a log axis shows positive values only, got {low}")
+        bottom, top = _around(math.log10(low), math.log10(high), LOG_MIN_DECADES)
+        return 10.0**bottom, 10.0**top
+    if scale == "level":
+        return _around(low, high, min_span(low, high, scale))
+    low, high = min(low, 0.0), max(high, 1.0 if scale == "fraction" else 0.0)  # the reference stays an edge
+    span = (high - low) or 1.0
+    return low - MARGIN * span, high + MARGIN * span
+
+
+def _around(low: float, high: float, floor: float) -> tuple[float, float]:
+    """[low, high] widened about its centre to at least `floor`, plus the margin."""
+    span = max(high - low, floor)
+    centre = low / 2 + high / 2
+    return centre - (0.5 + MARGIN) * span, centre + (0.5 + MARGIN) * span
+
+
+def fit_value_axis(ax, scale: Scale) -> None:
+    """Set `ax`'s y-axis by `value_range` over everything drawn on it (lines, seeds' points, error bars,
+    reference lines); a log scale is set here too."""
+    low, high = (float(v) for v in ax.dataLim.intervaly)
+    if scale == "log":
+        ax.set_yscale("log")
+    ax.set_ylim(*value_range(low, high, scale))
+
+
+def draw_spread(ax, x: Sequence, means: Sequence[float | None], *, colour,
+                seeds: Sequence[Sequence[float]] | None = None, sd: Sequence[float | None] | None = None) -> str:
+    """Draw the seeds' spread at each x: each seed's value as a faint point (`seeds`: per x, one value per seed),
+    else +-1 standard deviation as error bars around `means` (`sd`: per x). Returns what it drew, for the axis
+    label, or `NOT_STORED` where neither is given."""
+    if seeds:
+        xs = [xi for xi, values in zip(x, seeds, strict=True) for _ in values]
+        ys = [value for values in seeds for value in values]
+        ax.scatter(xs, ys, s=16, color=colour, alpha=0.35, linewidths=0, zorder=3)
+        counts = {len(values) for values in seeds if values}
+        many = f"{max(counts)} seeds" if len(counts) == 1 else "the seeds"
+        return f"faint points: each of {many}" if max(counts, default=0) > 1 else "one seed"
+    if sd:
+        kept = [(xi, m, s) for xi, m, s in zip(x, means, sd, strict=True) if m is not None and s is not None]
+        if kept:
+            xs, ms, ss = zip(*kept, strict=True)
+            ax.errorbar(xs, ms, yerr=ss, fmt="none", ecolor=colour, capsize=3, alpha=0.8, zorder=3)
+        return "bars: +-1 sd over seeds"
+    return NOT_STORED
+
+
+def series(ax, x: Sequence, means: Sequence[float], *, seeds: Sequence[Sequence[float]] | None = None,
+           sd: Sequence[float | None] | None = None, **style) -> str:
+    """The mean over seeds as a line with markers (matplotlib `style`: label, marker, linestyle, colour), with the
+    seeds' spread (`draw_spread`). Returns what the spread shows, for the axis label."""
+    (line,) = ax.plot(x, means, **{"marker": "o", **style})
+    return draw_spread(ax, x, means, colour=line.get_color(), seeds=seeds, sd=sd)
+
+
 def save(fig, path: Path) -> None:
+    """Write the figure as a PNG, whole or not at all (a temporary file renamed over `path`)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(temporary, dpi=110)
+        os.replace(temporary, path)
+    finally:
+        plt.close(fig)
+        Path(temporary).unlink(missing_ok=True)
 
 
 def running_mean(values: list[float], window: int = 10) -> list[float]:

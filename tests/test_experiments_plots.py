@@ -1,0 +1,73 @@
+"""The experiments' plotting rules: value axes that do not magnify noise, and the seeds' spread drawn."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from matplotlib.container import ErrorbarContainer
+
+from attnkit.experiments.plots import (
+    LOG_MIN_DECADES,
+    NOT_STORED,
+    fit_value_axis,
+    min_span,
+    new_figure,
+    series,
+    value_range,
+)
+
+values = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False)
+positive = st.floats(min_value=1e-9, max_value=1e9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values, values, st.sampled_from(["fraction", "from zero", "level"]))
+def test_a_value_axis_holds_its_values_and_never_spans_less_than_its_floor(a, b, scale):
+    low, high = min(a, b), max(a, b)
+    bottom, top = value_range(low, high, scale)
+    assert bottom <= low and top >= high
+    assert top - bottom >= min_span(low, high, scale)
+
+
+@settings(max_examples=300, deadline=None)
+@given(positive, positive)
+def test_a_log_axis_spans_at_least_a_decade(a, b):
+    low, high = min(a, b), max(a, b)
+    bottom, top = value_range(low, high, "log")
+    assert bottom <= low * (1 + 1e-12) and top >= high * (1 - 1e-12)
+    assert math.log10(top) - math.log10(bottom) >= LOG_MIN_DECADES * (1 - 1e-9)
+
+
+def test_a_tiny_difference_between_losses_looks_tiny():
+    bottom, top = value_range(2.300, 2.303, "level")  # 0.003 nats apart
+    assert 0.003 / (top - bottom) < 0.02
+    assert value_range(0.49, 0.51, "fraction") == pytest.approx((-0.05, 1.05))
+    assert value_range(4600.0, 5800.0, "from zero")[0] < 0 < 4600.0
+
+
+def test_bad_ranges_are_refused():
+    with pytest.raises(ValueError, match="positive"):
+        value_range(0.0, 1.0, "log")
+    with pytest.raises(ValueError, match="finite"):
+        value_range(1.0, math.nan, "level")
+
+
+def test_a_multi_seed_series_draws_each_seed_and_the_axis_takes_them_in():
+    fig, ax = new_figure(4, 3)
+    seeds = [[2.30, 2.31, 2.29], [2.10, 2.40, 2.20]]
+    shown = series(ax, [1, 2], [2.30, 2.233], seeds=seeds, label="a")
+    assert shown == "faint points: each of 3 seeds"
+    (points,) = ax.collections
+    assert len(points.get_offsets()) == 6
+    fit_value_axis(ax, "level")
+    bottom, top = ax.get_ylim()
+    assert bottom < 2.10 and top > 2.40 and top - bottom >= min_span(2.10, 2.40, "level")
+
+
+def test_a_series_with_a_stored_deviation_draws_error_bars_and_one_without_says_so():
+    fig, ax = new_figure(4, 3)
+    assert series(ax, [1, 2], [2.3, 2.2], sd=[0.05, None], label="a") == "bars: +-1 sd over seeds"
+    assert sum(isinstance(c, ErrorbarContainer) for c in ax.containers) == 1
+    assert series(ax, [1, 2], [2.4, 2.5], label="b") == NOT_STORED
+    assert sum(isinstance(c, ErrorbarContainer) for c in ax.containers) == 1
