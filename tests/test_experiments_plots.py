@@ -57,7 +57,7 @@ def test_a_multi_seed_series_draws_each_seed_and_the_axis_takes_them_in():
     fig, ax = new_figure(4, 3)
     seeds = [[2.30, 2.31, 2.29], [2.10, 2.40, 2.20]]
     shown = series(ax, [1, 2], [2.30, 2.233], seeds=seeds, label="a")
-    assert shown == "faint points: each of 3 seeds"
+    assert shown == "faint points: each seed"
     (points,) = ax.collections
     assert len(points.get_offsets()) == 6
     fit_value_axis(ax, "level")

@@ -586,12 +586,17 @@ def _run_inspect(settings) -> int:
 
 # experiment -----------------------------------------------------------------------------------------------------
 def _run_experiment(settings: ExperimentSettings) -> int:
-    from attnkit.experiments import REGISTRY, run_experiment
+    from attnkit.experiments import REGISTRY, replot, run_experiment
 
     if settings.list:
         for name in sorted(REGISTRY):
             gpu = " [--device cuda too]" if "cuda" in REGISTRY[name].devices else ""
             print(f"{name}: {REGISTRY[name].claim} ({REGISTRY[name].lecture}){gpu}")
+        return 0
+    if settings.replot is not None:
+        redrawn = replot(settings.replot)
+        print(f"redrew {', '.join(redrawn)} in {settings.replot}" if redrawn else
+              f"nothing to redraw in {settings.replot}: its experiment's plots need data results.json does not hold")
         return 0
     if settings.name is None:
         raise InputError("name the experiment to run (attnkit experiment --list shows them)")

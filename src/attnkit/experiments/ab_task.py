@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from attnkit.experiments.base import SEEDS, Check, Progress, Result, experiment
-from attnkit.experiments.plots import heatmap_axes, new_figure, save
+from attnkit.experiments.base import SEEDS, Check, Progress, Result, Stored, experiment
+from attnkit.experiments.plots import fit_value_axis, heatmap_axes, new_figure, save, series, spread_legend
 from attnkit.layers.attention import Attention
 from attnkit.layers.masks import AttentionMask
 
@@ -80,12 +80,31 @@ def accuracy(model: PooledClassifier, length: int, generator: torch.Generator) -
     return float((model(ids, mask)[0].argmax(-1) == labels).float().mean())
 
 
+def plot(stored: Stored, out: Path) -> list[str]:
+    """Test accuracy by length for each pooling, mean and each seed, on a 0-1 axis."""
+    lengths = [int(column.rsplit(" ", 1)[1]) for column in stored.rows[0] if column.startswith("accuracy, length")]
+    fig, ax = new_figure(5, 3.5)
+    for index, row in enumerate(stored.rows):
+        columns = [f"accuracy, length {n}" for n in lengths]
+        spread = series(ax, lengths, [row[c] for c in columns], seeds=stored.spread([(index, c) for c in columns]),
+                        label=row["pooling"])
+    ax.set(xscale="log", xlabel="sequence length (one B in positives)", ylabel="test accuracy",
+           title="A/B task: attention vs plain average")
+    fit_value_axis(ax, "fraction")
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.minorticks_off()
+    spread_legend(ax, seeds=stored.seeds, spread=spread, loc="lower left")
+    save(fig, out / "accuracy.png")
+    return ["accuracy.png"]
+
+
 @experiment(
     "ab-task",
     claim="one attention layer solves the A/B task (B if any B, else A) at any length, where the plain average of "
     "the embeddings fails on long sequences",
     lecture="Attention (the A/B running example: attention as random access into the context)",
     default_seeds=lambda budget: SEEDS[budget] + (budget != "tiny"),  # seconds each
+    plot=plot,
 )
 def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     steps = {"tiny": 60, "small": 300, "full": 1000}[budget]
@@ -126,18 +145,9 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
             ax.text(col, row, char, ha="center", va="center", color="white", fontsize=8)
     save(fig, out / "attention.png")
 
-    fig, ax = new_figure(5, 3.5)
-    for row in rows:
-        ax.plot(lengths, [row[f"accuracy, length {n}"] for n in lengths], marker="o", label=row["pooling"])
-    ax.set(xscale="log", xlabel="sequence length (one B in positives)", ylabel=f"test accuracy (mean of {seeds} seeds)",
-           ylim=(0.4, 1.02), title="A/B task: attention vs plain average")
-    ax.set_xticks(lengths, [str(n) for n in lengths])
-    ax.minorticks_off()
-    ax.legend()
-    save(fig, out / "accuracy.png")
-
     attention_long, average_long = rows[0][f"accuracy, length {longest}"], rows[1][f"accuracy, length {longest}"]
     reason = (f"at length {longest} with one B, attention pooling scores {attention_long:.1%} and the plain average "
               f"{average_long:.1%} (mean of {seeds} seeds, trained on lengths 1-8 for {steps} steps)")
+    per_seed = [{f"accuracy, length {n}": [a[n] for a in accuracies[row["pooling"]]] for n in lengths} for row in rows]
     return Result(checks, reason, f"{attention_long:.0%} vs {average_long:.0%} at length {longest}", rows,
-                  ["attention.png", "accuracy.png"])
+                  ["attention.png"], per_seed)

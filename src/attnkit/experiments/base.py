@@ -2,7 +2,9 @@
 
 An experiment is one function `run(budget, out, progress) -> Result` registered under a name with the claim it
 tests and the lecture that makes it. `run_experiment` times it, writes `results.json` and `table.md` into `out`,
-and returns the result; plots are PNGs the experiment writes into `out` and names in `Result.plots`.
+and returns the result; plots are PNGs the experiment writes into `out` and names in `Result.plots`. The plots that
+need only the rows (and each row's values per seed, `Result.per_seed`) come from the experiment's `plot(Stored, out)`,
+which `run_experiment` calls after the run and `replot` calls on a stored results.json, without running anything.
 
 The verdict is never chosen by an experiment. Each experiment states what its claim predicts as `Check`s: a
 difference the claim predicts positive, measured over several seeds (or timing rounds), with the noise those
@@ -37,7 +39,7 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from attnkit.errors import ConfigError, unknown_name
+from attnkit.errors import ConfigError, InputError, unknown_name
 from attnkit.machine import pick_device
 from attnkit.train.trainer import shows_progress
 
@@ -61,6 +63,7 @@ class ExperimentSettings:
     device: str = "cpu"  # cpu, or cuda for the experiments that run there (--list says which)
     progress: bool | None = None  # a bar per training run; --no-progress: log lines; none: on a terminal
     seeds: int | None = None  # seeds (or timing rounds) to repeat, for the noise; none: the budget's (2 tiny, 3 small)
+    replot: str | None = None  # redraw the plots of the run stored in this directory from its results.json; no run
 
 
 _T_95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)  # Student's t, two-sided 95%, df 1..10
@@ -152,6 +155,30 @@ def verdict_of(checks: Sequence[Check]) -> tuple[Verdict, str]:
     return "did not hold at this scale", f"beyond the noise, against the claim: {against}"
 
 
+@dataclass(frozen=True)
+class Stored:
+    """What an experiment's plots read of a run, the same fresh from `run` as from a stored results.json: the rows,
+    each row's values per seed (column -> one value per seed; empty where the run did not store them), the budget
+    and the seeds repeated."""
+
+    rows: list[dict[str, Any]]
+    per_seed: list[dict[str, list[float]]]
+    budget: str
+    seeds: int
+
+    @classmethod
+    def read(cls, results: dict[str, Any]) -> Stored:
+        """From a results.json; a run stored before `seeds` was written counts the most its checks averaged."""
+        seeds = results.get("seeds") or max((c.get("n", 0) for c in results.get("checks", [])), default=0)
+        return cls(results["rows"], results.get("per_seed", []), results["budget"], seeds)
+
+    def spread(self, cells: Sequence[tuple[int, str]]) -> list[list[float]] | None:
+        """Per (row index, column): its values per seed; None where this run did not store them."""
+        if not self.per_seed:
+            return None
+        return [list(self.per_seed[row].get(column) or []) for row, column in cells]
+
+
 @dataclass
 class Result:
     """What an experiment found: a table (rows of column -> value), plots, the checks of its claim and the verdict
@@ -162,6 +189,7 @@ class Result:
     key_number: str  # the one figure a reader should remember, e.g. "BLEU 31.2 vs 12.4 at 20+ tokens"
     rows: list[dict[str, Any]]
     plots: list[str] = field(default_factory=list)  # PNG file names inside the output directory
+    per_seed: list[dict[str, list[float]]] = field(default_factory=list)  # per row: column -> its value per seed
     verdict: Verdict = field(init=False)
     decision: str = field(init=False)  # why the checks give this verdict, and what would decide an undecided one
     # Filled in by run_experiment:
@@ -171,6 +199,7 @@ class Result:
     budget: str = ""
     seconds: float = 0.0
     machine: str = ""
+    seeds: int = 0
 
     def __post_init__(self) -> None:
         self.verdict, self.decision = verdict_of(self.checks)
@@ -178,6 +207,10 @@ class Result:
     def summary(self) -> str:
         """The verdict with the experiment's reason and the rule's, as printed and written."""
         return f"{self.verdict}: {self.reason}. {self.decision[0].upper()}{self.decision[1:]}."
+
+    def stored(self) -> Stored:
+        """What the experiment's `plot` reads of this result."""
+        return Stored(self.rows, self.per_seed, self.budget, self.seeds)
 
     def table_markdown(self) -> str:
         """The rows as a markdown table (columns in the order of the first row)."""
@@ -244,22 +277,26 @@ class Experiment:
     run: Callable[..., Result]  # (budget, out, progress, seeds=), and device= where `devices` holds more than the CPU
     devices: tuple[str, ...] = ("cpu",)
     default_seeds: Callable[[str], int] = SEEDS.__getitem__  # a budget -> the seeds it repeats unless asked
+    plot: PlotFunction | None = None  # draws the plots that need only a run's rows, returns their file names
 
 
 REGISTRY: dict[str, Experiment] = {}
 
 
 RunFunction = Callable[..., Result]  # (budget, out, progress, *, seeds) -> Result
+PlotFunction = Callable[[Stored, Path], list[str]]  # (what a run stored, out) -> the PNG file names written
 
 
 def experiment(name: str, *, claim: str, lecture: str, devices: tuple[str, ...] = ("cpu",),
-               default_seeds: Callable[[str], int] = SEEDS.__getitem__) -> Callable[[RunFunction], RunFunction]:
+               default_seeds: Callable[[str], int] = SEEDS.__getitem__,
+               plot: PlotFunction | None = None) -> Callable[[RunFunction], RunFunction]:
     """Register `run(budget, out, progress, *, seeds) -> Result` as the experiment `name`; one that also runs on a
     GPU lists "cuda" in `devices` and takes `device=` (the device to run on). `default_seeds` gives the seeds (or
-    timing rounds) a budget repeats unless `--seeds` asks for another number (`SEEDS`, or more where they are cheap)."""
+    timing rounds) a budget repeats unless `--seeds` asks for another number (`SEEDS`, or more where they are cheap).
+    `plot(Stored, out)` draws the plots that need only the rows and values per seed (see `replot`)."""
 
     def register(run: RunFunction) -> RunFunction:
-        REGISTRY[name] = Experiment(name, claim, lecture, run, devices, default_seeds)
+        REGISTRY[name] = Experiment(name, claim, lecture, run, devices, default_seeds, plot)
         return run
 
     return register
@@ -316,6 +353,22 @@ def run_experiment(name: str, *, budget: str = "small", out: str | Path | None =
     with logging_redirect_tqdm():
         result = spec.run(budget, out_dir, Progress(bars=bars), seeds=seeds, **on_device)
     result.name, result.claim, result.lecture, result.budget = spec.name, spec.claim, spec.lecture, budget
-    result.seconds, result.machine = time.perf_counter() - start, machine(device)
+    result.seconds, result.machine, result.seeds = time.perf_counter() - start, machine(device), seeds
+    if spec.plot is not None:
+        result.plots += spec.plot(result.stored(), out_dir)
     result.write(out_dir)
     return result
+
+
+def replot(directory: str | Path) -> list[str]:
+    """Redraw, from `directory`'s results.json, the plots its experiment draws from rows alone (the axes and seeds'
+    spread of today's `plot`), without running anything; the other PNGs there are left as they are. Returns the
+    file names redrawn. Raises InputError where there is no results.json or it names no known experiment."""
+    path = Path(directory) / "results.json"
+    if not path.is_file():
+        raise InputError(f"{path} does not exist: --replot takes a directory an experiment wrote (its --out)")
+    results = json.loads(path.read_text())
+    spec = get(results.get("name", ""))
+    if spec.plot is None:
+        return []
+    return spec.plot(Stored.read(results), Path(directory))

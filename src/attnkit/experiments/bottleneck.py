@@ -20,8 +20,8 @@ from torch import nn
 from attnkit import presets
 from attnkit.data import PairData
 from attnkit.data.synthetic import make_task, synthetic_tokenizer
-from attnkit.experiments.base import Check, Progress, Result, experiment
-from attnkit.experiments.plots import new_figure, save
+from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
+from attnkit.experiments.plots import fit_value_axis, new_figure, save, series, spread_legend
 from attnkit.generate.seq2seq import greedy_translate
 from attnkit.models import build_model
 from attnkit.models.recurrent import recurrent_seq2seq
@@ -82,11 +82,28 @@ def symbol_accuracy(prediction: str, target: str) -> float:
     return sum(p == t for p, t in zip(prediction, target, strict=False)) / len(target)
 
 
+def plot(stored: Stored, out: Path) -> list[str]:
+    """Exact and per-symbol accuracy by source length for each model, mean and each seed, on 0-1 axes."""
+    labels = [column.removeprefix("exact ") for column in stored.rows[0] if column.startswith("exact ")]
+    fig, axes = new_figure(10, 4, ncols=2)
+    for ax, metric in zip(axes, ("exact", "per symbol"), strict=True):
+        for index, row in enumerate(stored.rows):
+            columns = [f"{metric} {label}" for label in labels]
+            spread = series(ax, labels, [row[c] for c in columns], seeds=stored.spread([(index, c) for c in columns]),
+                            label=row["model"])
+        ax.set(xlabel="source length (symbols)", ylabel=f"{metric} accuracy", title=f"copy task, {metric} match")
+        fit_value_axis(ax, "fraction")
+    spread_legend(axes[1], seeds=stored.seeds, spread=spread, loc="center right")  # clear of the lines
+    save(fig, out / "accuracy_by_length.png")
+    return ["accuracy_by_length.png"]
+
+
 @experiment(
     "bottleneck",
     claim="an encoder-decoder without attention squeezes the source into one vector and falls off with source "
     "length; attention (Bahdanau's, or the Transformer's) removes the bottleneck",
     lecture="What the Transformer replaced: the RNN encoder-decoder and attention added to it",
+    plot=plot,
 )
 def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     s = SETTINGS[budget]
@@ -121,15 +138,6 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
              **{metric: statistics.fmean(score[metric] for score in per_seed) for metric in per_seed[0]}}
             for name, per_seed in scores.items()]
 
-    fig, axes = new_figure(10, 4, ncols=2)
-    for ax, metric in zip(axes, ("exact", "per symbol"), strict=True):
-        for row in rows:
-            ax.plot(labels, [row[f"{metric} {b}"] for b in labels], marker="o", label=row["model"])
-        ax.set(xlabel="source length (symbols)", ylabel=f"{metric} accuracy (mean of {seeds} seeds)",
-               ylim=(-0.02, 1.02), title=f"copy task, {metric} match")
-    axes[0].legend()
-    save(fig, out / "accuracy_by_length.png")
-
     first, last = labels[0], labels[-1]
 
     def drop(name: str) -> list[float]:  # per seed: per-symbol accuracy lost from the shortest bucket to the longest
@@ -146,4 +154,6 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     reason = (f"from {first} to {last} symbols the GRU without attention loses {mean_drop[plain]:.0%} of per-symbol "
               f"accuracy, with Bahdanau attention {mean_drop['GRU + Bahdanau attention']:.0%}, the Transformer "
               f"{mean_drop['Transformer']:.0%} (mean of {seeds} seeds)")
-    return Result(checks, reason, key, rows, ["accuracy_by_length.png"])
+    per_seed = [{metric: [score[metric] for score in scores[row["model"]]] for metric in scores[row["model"]][0]}
+                for row in rows]
+    return Result(checks, reason, key, rows, [], per_seed)

@@ -22,13 +22,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 Scale = Literal["fraction", "from zero", "level", "log"]
 LEVEL_MIN_SPAN = 0.1  # a level axis spans at least this share of the largest magnitude it shows
 LOG_MIN_DECADES = 1.0  # a log axis spans at least one decade
 MARGIN = 0.05  # share of the span left free above and below the values
-NOT_STORED = "seeds' spread not stored in this run"
+NOT_STORED = "spread not stored in this run"
 
 
 def new_figure(width: float, height: float, *, ncols: int = 1, nrows: int = 1):
@@ -116,9 +117,7 @@ def draw_spread(ax, x: Sequence, means: Sequence[float | None], *, colour,
         xs = [xi for xi, values in zip(x, seeds, strict=True) for _ in values]
         ys = [value for values in seeds for value in values]
         ax.scatter(xs, ys, s=16, color=colour, alpha=0.35, linewidths=0, zorder=3)
-        counts = {len(values) for values in seeds if values}
-        many = f"{max(counts)} seeds" if len(counts) == 1 else "the seeds"
-        return f"faint points: each of {many}" if max(counts, default=0) > 1 else "one seed"
+        return "faint points: each seed"
     if sd:
         kept = [(xi, m, s) for xi, m, s in zip(x, means, sd, strict=True) if m is not None and s is not None]
         if kept:
@@ -134,6 +133,21 @@ def series(ax, x: Sequence, means: Sequence[float], *, seeds: Sequence[Sequence[
     seeds' spread (`draw_spread`). Returns what the spread shows, for the axis label."""
     (line,) = ax.plot(x, means, **{"marker": "o", **style})
     return draw_spread(ax, x, means, colour=line.get_color(), seeds=seeds, sd=sd)
+
+
+def spread_legend(ax, *, seeds: int, spread: str, handles: Sequence | None = None, **options) -> None:
+    """The legend of lines that are means over `seeds` seeds, titled so, with one more entry saying what the
+    spread drawn beside them shows (`spread`, as `draw_spread` returned it). `handles`: the lines to name (default:
+    those on `ax`); `options`: matplotlib's legend options (fontsize, loc)."""
+    lines = list(handles) if handles is not None else ax.get_legend_handles_labels()[0]
+    if spread.startswith("faint points"):
+        key = Line2D([], [], marker="o", linestyle="", color="grey", alpha=0.35, label=spread)
+    elif spread.startswith("bars"):
+        key = Line2D([], [], marker="|", markersize=10, linestyle="", color="grey", label=spread)
+    else:
+        key = Line2D([], [], linestyle="", label=f"({spread})")
+    title = f"lines: mean of {seeds} seeds" if seeds > 1 else None
+    ax.legend(handles=[*lines, key], title=title, **{"fontsize": 8, "title_fontsize": 8, **options})
 
 
 def save(fig, path: Path) -> None:
