@@ -93,7 +93,7 @@ def plot(stored: Stored, out: Path) -> list[str]:
     fit_value_axis(ax, "fraction")
     ax.set_xticks(lengths, [str(n) for n in lengths])
     ax.minorticks_off()
-    spread_legend(ax, seeds=stored.seeds, spread=spread, loc="lower left")
+    spread_legend(ax, over=f"mean of {stored.seeds} seeds", spread=spread, loc="lower left")
     save(fig, out / "accuracy.png")
     return ["accuracy.png"]
 

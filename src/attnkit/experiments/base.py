@@ -167,10 +167,12 @@ class Stored:
     seeds: int
 
     @classmethod
-    def read(cls, results: dict[str, Any]) -> Stored:
-        """From a results.json; a run stored before `seeds` was written counts the most its checks averaged."""
-        seeds = results.get("seeds") or max((c.get("n", 0) for c in results.get("checks", [])), default=0)
-        return cls(results["rows"], results.get("per_seed", []), results["budget"], seeds)
+    def read(cls, results: dict[str, Any], default_seeds: int) -> Stored:
+        """From a results.json; for a run stored before `seeds` was written, the most seeds its checks averaged, else
+        `default_seeds`."""
+        checks = results.get("checks", [])
+        seeds = results.get("seeds") or max((c.get("n", 0) for c in checks if c.get("unit") == "seeds"), default=0)
+        return cls(results["rows"], results.get("per_seed", []), results["budget"], seeds or default_seeds)
 
     def spread(self, cells: Sequence[tuple[int, str]]) -> list[list[float]] | None:
         """Per (row index, column): its values per seed; None where this run did not store them."""
@@ -371,4 +373,4 @@ def replot(directory: str | Path) -> list[str]:
     spec = get(results.get("name", ""))
     if spec.plot is None:
         return []
-    return spec.plot(Stored.read(results), Path(directory))
+    return spec.plot(Stored.read(results, spec.default_seeds(results["budget"])), Path(directory))

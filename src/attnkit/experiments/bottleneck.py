@@ -93,7 +93,7 @@ def plot(stored: Stored, out: Path) -> list[str]:
                             label=row["model"])
         ax.set(xlabel="source length (symbols)", ylabel=f"{metric} accuracy", title=f"copy task, {metric} match")
         fit_value_axis(ax, "fraction")
-    spread_legend(axes[1], seeds=stored.seeds, spread=spread, loc="center right")  # clear of the lines
+    spread_legend(axes[1], over=f"mean of {stored.seeds} seeds", spread=spread, loc="center right")  # clear of lines
     save(fig, out / "accuracy_by_length.png")
     return ["accuracy_by_length.png"]
 

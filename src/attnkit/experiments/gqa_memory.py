@@ -18,11 +18,12 @@ import torch
 from torch import nn
 
 from attnkit.config import ModelConfig
-from attnkit.experiments.base import Check, Progress, Result, experiment
+from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
-from attnkit.experiments.plots import new_figure, save
+from attnkit.experiments.plots import fit_value_axis, new_figure, save, series, spread_legend
 
 N_HEADS = 8
+ROUNDS = {"tiny": 2, "small": 5, "full": 7}  # timing rounds of decoding, the models taking turns
 
 
 @torch.inference_mode()
@@ -51,16 +52,40 @@ def decode_speeds(models: list[nn.Module], *, rounds: int, **decoding: int) -> l
     return speeds
 
 
+def plot(stored: Stored, out: Path) -> list[str]:
+    """Cache size, decoding speed (median and each round) and validation loss (mean and each seed) per variant;
+    sizes and speeds from 0, the loss on an axis at least 10% of its value tall."""
+    rows = stored.rows
+    names, indices = [r["attention"] for r in rows], range(len(rows))
+    fig, axes = new_figure(15, 3.6, ncols=3)
+    axes[0].bar(names, [r["KV bytes per token"] for r in rows])
+    axes[0].set(ylabel="KV-cache bytes per token", title="cache size")
+    speed = series(axes[1], names, [r["decode tokens/s"] for r in rows], unit="timing round",
+                   seeds=stored.spread([(i, "decode tokens/s") for i in indices]))
+    rounds = len(stored.per_seed[0]["decode tokens/s"]) if stored.per_seed else ROUNDS[stored.budget]
+    axes[1].set(ylabel="tokens/s (batch 8, 256-token cache)", title="decoding speed")
+    spread_legend(axes[1], over=f"median of {rounds} rounds", spread=speed, loc="lower right")
+    loss = series(axes[2], names, [r["val loss"] for r in rows], color="tab:red",
+                  seeds=stored.spread([(i, "val loss") for i in indices]))
+    axes[2].set(ylabel="validation loss (nats/char)", title="quality")
+    spread_legend(axes[2], over=f"mean of {stored.seeds} seeds", spread=loss, loc="lower right")
+    for ax, scale in zip(axes, ("from zero", "from zero", "level"), strict=True):
+        fit_value_axis(ax, scale)
+    save(fig, out / "gqa.png")
+    return ["gqa.png"]
+
+
 @experiment(
     "gqa-memory",
     claim="grouped-query and multi-query attention shrink the KV cache by H / Hkv and speed up decoding, at little "
     "cost in quality",
     lecture="Llama 2: grouped-query attention (Ainslie et al. 2023; Shazeer 2019)",
+    plot=plot,
 )
 def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     steps = {"tiny": 3, "small": 200, "full": 800}[budget]
     new_tokens = {"tiny": 4, "small": 64, "full": 128}[budget]
-    rounds = {"tiny": 2, "small": 5, "full": 7}[budget]
+    rounds = ROUNDS[budget]
     corpus = char_corpus({"tiny": 20_000, "small": 300_000, "full": 1_000_000}[budget])
     rows, models, losses = [], [], []  # losses: per variant, per seed
     for kv_heads in (8, 4, 2, 1):
@@ -84,18 +109,6 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     for index, row in enumerate(rows):
         row["decode tokens/s"] = statistics.median(speed[index] for speed in speeds)
 
-    fig, axes = new_figure(11, 3.6, ncols=2)
-    names = [r["attention"] for r in rows]
-    axes[0].bar(names, [r["KV bytes per token"] for r in rows])
-    axes[0].set(ylabel="KV-cache bytes per token", title="cache size")
-    axes[1].plot(names, [r["decode tokens/s"] for r in rows], marker="o", label="decode tokens/s")
-    axes[1].set(ylabel="tokens/s (batch 8, 256-token cache)", title=f"decoding speed (median of {rounds} rounds) "
-                f"and quality ({seeds} seeds)")
-    twin = axes[1].twinx()
-    twin.plot(names, [r["val loss"] for r in rows], marker="s", color="tab:red", label="val loss")
-    twin.set_ylabel("validation loss", color="tab:red")
-    save(fig, out / "gqa.png")
-
     mha, mqa = rows[0], rows[-1]
     checks = [
         Check.fact(f"MQA's KV cache is {N_HEADS}x smaller than MHA's",
@@ -110,4 +123,6 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
               f"validation loss {mqa['val loss']:.3f} vs {mha['val loss']:.3f} after {steps} steps (mean of {seeds} "
               "seeds)")
     key = f"MQA {mqa['decode tokens/s'] / mha['decode tokens/s']:.2f}x MHA's decoding speed, 8x smaller cache"
-    return Result(checks, reason, key, rows, ["gqa.png"])
+    per_seed = [{"val loss": loss, "decode tokens/s": [speed[index] for speed in speeds]}
+                for index, loss in enumerate(losses)]
+    return Result(checks, reason, key, rows, [], per_seed)

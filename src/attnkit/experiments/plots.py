@@ -109,36 +109,38 @@ def fit_value_axis(ax, scale: Scale) -> None:
 
 
 def draw_spread(ax, x: Sequence, means: Sequence[float | None], *, colour,
-                seeds: Sequence[Sequence[float]] | None = None, sd: Sequence[float | None] | None = None) -> str:
+                seeds: Sequence[Sequence[float]] | None = None, sd: Sequence[float | None] | None = None,
+                unit: str = "seed") -> str:
     """Draw the seeds' spread at each x: each seed's value as a faint point (`seeds`: per x, one value per seed),
-    else +-1 standard deviation as error bars around `means` (`sd`: per x). Returns what it drew, for the axis
-    label, or `NOT_STORED` where neither is given."""
+    else +-1 standard deviation as error bars around `means` (`sd`: per x). `unit`: what was repeated ("seed",
+    "timing round"). Returns what it drew, for the legend (`spread_legend`), or `NOT_STORED` where neither is
+    given."""
     if seeds:
         xs = [xi for xi, values in zip(x, seeds, strict=True) for _ in values]
         ys = [value for values in seeds for value in values]
         ax.scatter(xs, ys, s=16, color=colour, alpha=0.35, linewidths=0, zorder=3)
-        return "faint points: each seed"
+        return f"faint points: each {unit}"
     if sd:
         kept = [(xi, m, s) for xi, m, s in zip(x, means, sd, strict=True) if m is not None and s is not None]
         if kept:
             xs, ms, ss = zip(*kept, strict=True)
             ax.errorbar(xs, ms, yerr=ss, fmt="none", ecolor=colour, capsize=3, alpha=0.8, zorder=3)
-        return "bars: +-1 sd over seeds"
+        return f"bars: +-1 sd over {unit}s"
     return NOT_STORED
 
 
 def series(ax, x: Sequence, means: Sequence[float], *, seeds: Sequence[Sequence[float]] | None = None,
-           sd: Sequence[float | None] | None = None, **style) -> str:
+           sd: Sequence[float | None] | None = None, unit: str = "seed", **style) -> str:
     """The mean over seeds as a line with markers (matplotlib `style`: label, marker, linestyle, colour), with the
     seeds' spread (`draw_spread`). Returns what the spread shows, for the axis label."""
     (line,) = ax.plot(x, means, **{"marker": "o", **style})
-    return draw_spread(ax, x, means, colour=line.get_color(), seeds=seeds, sd=sd)
+    return draw_spread(ax, x, means, colour=line.get_color(), seeds=seeds, sd=sd, unit=unit)
 
 
-def spread_legend(ax, *, seeds: int, spread: str, handles: Sequence | None = None, **options) -> None:
-    """The legend of lines that are means over `seeds` seeds, titled so, with one more entry saying what the
-    spread drawn beside them shows (`spread`, as `draw_spread` returned it). `handles`: the lines to name (default:
-    those on `ax`); `options`: matplotlib's legend options (fontsize, loc)."""
+def spread_legend(ax, *, over: str, spread: str, handles: Sequence | None = None, **options) -> None:
+    """The legend of lines that summarise repeats, titled with how (`over`, e.g. "mean of 3 seeds"), with one more
+    entry saying what the spread drawn beside them shows (`spread`, as `draw_spread` returned it). `handles`: the
+    lines to name (default: those on `ax`); `options`: matplotlib's legend options (fontsize, loc)."""
     lines = list(handles) if handles is not None else ax.get_legend_handles_labels()[0]
     if spread.startswith("faint points"):
         key = Line2D([], [], marker="o", linestyle="", color="grey", alpha=0.35, label=spread)
@@ -146,8 +148,7 @@ def spread_legend(ax, *, seeds: int, spread: str, handles: Sequence | None = Non
         key = Line2D([], [], marker="|", markersize=10, linestyle="", color="grey", label=spread)
     else:
         key = Line2D([], [], linestyle="", label=f"({spread})")
-    title = f"lines: mean of {seeds} seeds" if seeds > 1 else None
-    ax.legend(handles=[*lines, key], title=title, **{"fontsize": 8, "title_fontsize": 8, **options})
+    ax.legend(handles=[*lines, key], title=over, **{"fontsize": 8, "title_fontsize": 8, **options})
 
 
 def save(fig, path: Path) -> None:

@@ -19,9 +19,9 @@ import torch
 from attnkit import presets
 from attnkit.config import Position
 from attnkit.errors import InputError
-from attnkit.experiments.base import Check, Progress, Result, experiment
+from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
-from attnkit.experiments.plots import new_figure, save
+from attnkit.experiments.plots import fit_value_axis, new_figure, save, series, spread_legend
 
 SCHEMES = [s for s in ("sinusoidal", "learned", "relative", "rope", "alibi", "none") if s in get_args(Position)]
 SETTINGS = {  # training context, evaluation lengths, steps, width, corpus bytes
@@ -44,11 +44,34 @@ def loss_at_length(model: torch.nn.Module, data, length: int) -> float:
     return total / count
 
 
+def plot(stored: Stored, out: Path) -> list[str]:
+    """Validation loss by evaluation length per position scheme (mean and each seed), the training length marked;
+    the loss axis at least 10% of its value tall."""
+    s = SETTINGS[stored.budget]
+    fig, ax = new_figure(8.5, 4.5)
+    for index, row in enumerate(stored.rows):
+        lengths = [n for n in s["lengths"] if row[f"loss at {n}"] is not None]
+        spread = series(ax, lengths, [row[f"loss at {n}"] for n in lengths], label=row["position"],
+                        seeds=stored.spread([(index, f"loss at {n}") for n in lengths]))
+    ax.axvline(s["context"], color="grey", linestyle="--", linewidth=1)
+    fit_value_axis(ax, "level")
+    ax.text(s["context"], ax.get_ylim()[1], " training length", va="top", fontsize=8, color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(s["lengths"], [str(n) for n in s["lengths"]])
+    ax.minorticks_off()
+    ax.set(xlabel="evaluation length (tokens)", ylabel="validation loss (nats/char)",
+           title=f"trained at {s['context']} tokens, {s['steps']} steps")
+    spread_legend(ax, over=f"mean of {stored.seeds} seeds", spread=spread, loc="upper left", bbox_to_anchor=(1.01, 1))
+    save(fig, out / "loss_by_length.png")
+    return ["loss_by_length.png"]
+
+
 @experiment(
     "position-extrapolation",
     claim="learned positions cannot go past the training length; sinusoidal, relative, rotary and ALiBi positions "
     "run at any length, and ALiBi (the bias built for it) extrapolates best",
     lecture="Position information (Shaw et al. 2018; Su et al. 2021; Press et al. 2022)",
+    plot=plot,
 )
 def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     s = SETTINGS[budget]
@@ -83,20 +106,6 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
             row[f"loss at {length}"] = None if None in values else statistics.fmean(values)
         rows.append({**row, "refused": refusal.get(scheme, "")})
 
-    fig, ax = new_figure(7, 4.5)
-    for row in rows:
-        lengths = [n for n in s["lengths"] if row[f"loss at {n}"] is not None]
-        ax.plot(lengths, [row[f"loss at {n}"] for n in lengths], marker="o", label=row["position"])
-    ax.axvline(s["context"], color="grey", linestyle="--", linewidth=1)
-    ax.text(s["context"], ax.get_ylim()[1], " training length", va="top", fontsize=8, color="grey")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(s["lengths"], [str(n) for n in s["lengths"]])
-    ax.minorticks_off()
-    ax.set(xlabel="evaluation length (tokens)", ylabel="validation loss (nats/char)",
-           title=f"trained at {s['context']} tokens, {s['steps']} steps, mean of {seeds} seeds")
-    ax.legend(fontsize=8)
-    save(fig, out / "loss_by_length.png")
-
     context, longest = s["context"], s["lengths"][-1]
 
     def growth(scheme: str) -> list[float]:  # per seed: loss at the longest length minus at the training length
@@ -121,4 +130,6 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     reason = (f"learned positions {'refused' if 'learned' in refusal else 'accepted'} inputs past {context} tokens; "
               f"of the rest, {best} degraded least ({mean_growth[best]:+.3f} nats from {context} to {longest}, mean "
               f"of {seeds} seeds)")
-    return Result(checks, reason, key, rows, ["loss_by_length.png"])
+    per_seed = [{f"loss at {n}": [b[n] for b in losses[row["position"]]] for n in s["lengths"]
+                 if row[f"loss at {n}"] is not None} for row in rows]
+    return Result(checks, reason, key, rows, [], per_seed)
