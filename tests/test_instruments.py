@@ -6,13 +6,14 @@ import math
 
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.image import imread
 from torch.testing import assert_close
 
 from attnkit.config import ModelConfig
 from attnkit.models import build_model
 from attnkit.train.instruments import attention_entropy, gradient_norms, measure_activations
-from attnkit.viz.instruments import plot_run_instruments, read_instruments
+from attnkit.viz.instruments import instruments_figure, plot_run_instruments, read_instruments
 
 
 def _model(**kw):
@@ -72,6 +73,24 @@ def test_plot_is_drawn_from_metrics(tmp_path):
     image = imread(plot_run_instruments(tmp_path))
     assert image.shape[0] > 600 and image[..., :3].std() > 0.05
     assert plot_run_instruments(tmp_path / "nowhere") is None
+
+
+def test_each_legend_stands_beside_its_panel_and_can_be_read():
+    names = [f"decoder.{kind}.{layer}" for kind in ("causal", "cross") for layer in range(3)]
+    records = [{"kind": "instruments", "step": step, **{f"attention_entropy/{n}": 1.0 + i / 10 for i, n in
+                                                          enumerate(names)}, "grad_norm/decoder.0": step / 100}
+               for step in (100, 200, 300)]
+    fig = instruments_figure(records, title="run")
+    fig.tight_layout()
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    assert len(fig.axes) == 2
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        box = legend.get_window_extent(renderer)
+        assert box.x0 >= ax.get_window_extent(renderer).x1  # hides no line
+        assert box.x1 <= fig.bbox.x1 and box.y0 >= fig.bbox.y0  # not cut off
+        assert min(text.get_fontsize() for text in legend.get_texts()) >= 9
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == names
 
 
 @pytest.fixture

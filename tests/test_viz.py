@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.image import imread
 from torch.testing import assert_close
 
@@ -20,7 +21,7 @@ from attnkit.models import build_model
 from attnkit.models.recurrent import recurrent_seq2seq
 from attnkit.tokenize import CharTokenizer, train_tokenizer
 from attnkit.viz import AttentionMaps, attention_maps, plot_grid, plot_head, token_labels, write_pngs
-from attnkit.viz.heatmap import DPI
+from attnkit.viz.heatmap import DPI, grid_figure
 from attnkit.viz.run import VizSettings, run_viz
 
 TEXT = "the cat sat on the mat because it was warm"
@@ -157,6 +158,25 @@ def test_pngs_have_their_size_and_are_not_blank(tokenizer, tmp_path):
         "alignment.png", "cross_grid.png", "cross_layer0_mean.png", "cross_layer1_mean.png"]
     for path in paths:
         _not_blank(path)
+
+
+def test_grid_scales_each_map_to_its_largest_weight_and_says_so_in_a_colour_bar():
+    rng = np.random.default_rng(0)
+    weights = rng.random((2, 3, 5, 5)).astype(np.float32)
+    weights /= weights.sum(-1, keepdims=True)  # rows sum to 1
+    tokens = ("a", "b", "c", "d", "<eos>")
+    fig = grid_figure(AttentionMaps("self", weights, tokens, tokens, (0, 1), (0, 1, 2)))
+    fig.tight_layout()
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    *panels, bar = fig.axes
+    assert len(panels) == 2 * 3
+    for index, ax in enumerate(panels):  # each map scaled to 0..1 of its own largest weight
+        np.testing.assert_allclose(ax.get_images()[0].get_array(), weights[index // 3, index % 3]
+                                   / weights[index // 3, index % 3].max(), rtol=1e-6)
+    assert bar.get_ylabel() == "weight / its map's largest" and bar.get_ylim() == (0.0, 1.0)
+    right_of_maps = max(ax.get_window_extent(renderer).x1 for ax in panels)
+    assert bar.get_window_extent(renderer).x0 > right_of_maps  # beside the maps, not over one
+    assert bar.yaxis.label.get_window_extent(renderer).x1 <= fig.bbox.x1  # its label not cut off
 
 
 def test_run_viz_writes_pictures_and_a_page_of_the_models_weights(runs, tokenizer, tmp_path):

@@ -25,6 +25,7 @@ FONT_POINTS = (8, 13)  # token labels: 8 points in the smallest cells, up to 13 
 LABEL_SHARE = 0.45  # a label's height as a share of its cell, between those bounds
 GRID_INCHES = 24.0  # the widest a layer x head grid is drawn
 GRID_TOKEN_INCHES = 0.16  # one token's row in a grid's map, where GRID_INCHES leaves room: 10-point labels
+GRID_BAR_SHARE = 0.06  # the grid's colour bar, as a share of one map's width
 AXIS_NAMES = {"cross": ("target token (query)", "source token (key)")}
 DEFAULT_AXIS_NAMES = ("query: the token attending", "key: the token attended to")
 
@@ -65,18 +66,21 @@ def plot_alignment(maps: AttentionMaps, path: str | Path, *, layer: int | None =
     return save_figure(fig, path)
 
 
-def plot_grid(maps: AttentionMaps, path: str | Path) -> Path:
+def grid_figure(maps: AttentionMaps) -> Figure:
     """Every layer (rows) and head (columns) at a glance, each scaled to its own largest weight (Vaswani et al.
-    2017, figures 3-5). Tokens label the outer axes where they fit."""
+    2017, figures 3-5), with one colour bar for that shared relative scale. Tokens label the outer axes where they
+    fit."""
     n_layers, n_heads, n_queries, n_keys = maps.weights.shape
     cell = min(max(1.4, GRID_TOKEN_INCHES * max(n_queries, n_keys)), GRID_INCHES / n_heads)
-    fig = Figure(figsize=(cell * n_heads + 1.2, cell * n_layers + 1.0), dpi=DPI)
-    axes = fig.subplots(n_layers, n_heads, squeeze=False)
+    fig = Figure(figsize=(cell * (n_heads + GRID_BAR_SHARE) + 1.8, cell * n_layers + 1.0), dpi=DPI)
+    layout = fig.add_gridspec(n_layers, n_heads + 1, width_ratios=[1.0] * n_heads + [GRID_BAR_SHARE])
     font = min(FONT_POINTS[1], 0.9 * 72 * cell / max(n_queries, n_keys))  # a label fits its row
     for row, layer in enumerate(maps.layers):
         for column, head in enumerate(maps.heads):
-            ax: Axes = axes[row, column]
-            ax.imshow(maps.weights[row, column], cmap="viridis", vmin=0.0, aspect="auto")
+            ax: Axes = fig.add_subplot(layout[row, column])
+            weights = maps.weights[row, column]  # (T, S)
+            image = ax.imshow(weights / max(float(weights.max()), 1e-12), cmap="viridis", vmin=0.0, vmax=1.0,
+                              aspect="auto")
             ax.set_xticks([])
             ax.set_yticks([])
             if row == 0:
@@ -87,8 +91,16 @@ def plot_grid(maps: AttentionMaps, path: str | Path) -> Path:
                 ax.set_yticks(range(n_queries), maps.query_tokens, fontsize=font, parse_math=False)
             if font >= 4 and row == n_layers - 1:
                 ax.set_xticks(range(n_keys), maps.key_tokens, fontsize=font, rotation=90, parse_math=False)
+    bar = fig.colorbar(image, cax=fig.add_subplot(layout[:, -1]))
+    bar.set_label("weight / its map's largest", fontsize=11)
+    bar.ax.tick_params(labelsize=10)
     fig.suptitle(f"{maps.title}: layers x heads (rows: queries, columns: keys)", parse_math=False)
-    return save_figure(fig, path)
+    return fig
+
+
+def plot_grid(maps: AttentionMaps, path: str | Path) -> Path:
+    """`grid_figure` written to `path`."""
+    return save_figure(grid_figure(maps), path)
 
 
 def write_pngs(

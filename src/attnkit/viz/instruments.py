@@ -45,11 +45,16 @@ def read_instruments(metrics_path: str | Path) -> list[dict[str, Any]]:
     return found
 
 
-def plot_instruments(records: list[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
-    """Draw instruments records into `path` (one panel per instrument present, one line per layer)."""
+LEGEND_POINTS = 9  # the layers' names, beside each panel
+LEGEND_ROWS = 12  # names per legend column before another column starts
+
+
+def instruments_figure(records: list[dict[str, Any]], *, title: str = "") -> Figure:
+    """Instruments records as a figure: one panel per instrument present, one line per layer, and each panel's
+    legend outside it on the right, where it hides no line."""
     keys = {key for record in records for key in record}
     panels = [(prefix, label) for prefix, label in PANELS if any(k.startswith(prefix + "/") for k in keys)]
-    fig = Figure(figsize=(8, 2.6 * max(len(panels), 1) + 0.4), dpi=100)
+    fig = Figure(figsize=(9.5, 2.6 * max(len(panels), 1) + 0.4), dpi=100)
     axes = fig.subplots(max(len(panels), 1), 1, squeeze=False, sharex=True)[:, 0]
     for ax, (prefix, label) in zip(axes, panels, strict=False):
         names = list(dict.fromkeys(k for r in records for k in r if k.startswith(prefix + "/")))
@@ -65,10 +70,16 @@ def plot_instruments(records: list[dict[str, Any]], path: str | Path, *, title: 
                         label=name.removeprefix(prefix + "/"))
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=max(1, len(names) // 8), loc="best")
+        ax.legend(fontsize=LEGEND_POINTS, ncol=math.ceil(len(names) / LEGEND_ROWS), loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     axes[-1].set_xlabel("step")
     fig.suptitle(title or "training instruments, per layer", parse_math=False)  # a run named $x$ as written
-    return save_figure(fig, path)
+    return fig
+
+
+def plot_instruments(records: list[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
+    """Draw instruments records into `path` (`instruments_figure`)."""
+    return save_figure(instruments_figure(records, title=title), path)
 
 
 def plot_run_instruments(run_dir: str | Path) -> Path | None:
