@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attnkit.errors import ConfigError
-from attnkit.experiments import BUDGETS, REGISTRY, get, run_experiment
+from attnkit.experiments import BUDGETS, REGISTRY, get, replot, run_experiment
 from attnkit.experiments.base import VERDICTS, verdict_of
 from attnkit.experiments.transformer_plus_plus import flops_to_reach
 
@@ -169,6 +169,12 @@ def test_experiment_at_the_tiny_budget(name, tmp_path):
         assert float((pixels.mean(axis=-1) < 0.9).mean()) > 0.005, f"{plot} has almost nothing drawn on it"
 
     IMPLIED[name](result.rows)
+
+    # the plots drawn from rows alone come back the same from the stored results.json, each seed's values with them
+    if REGISTRY[name].plot is not None:
+        assert len(saved["per_seed"]) in (0, len(saved["rows"])) and saved["seeds"] >= 2
+        redrawn = replot(tmp_path)
+        assert redrawn and set(redrawn) <= set(result.plots)
 
 
 def test_unknown_experiment_names_the_nearest_or_lists_the_known_ones():

@@ -1,5 +1,6 @@
 """The experiments' plotting rules: value axes that do not magnify noise, and the seeds' spread drawn."""
 
+import json
 import math
 
 import pytest
@@ -7,6 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from matplotlib.container import ErrorbarContainer
 
+from attnkit.cli import main
+from attnkit.errors import InputError
+from attnkit.experiments import Stored, ab_task, replot
 from attnkit.experiments.plots import (
     LOG_MIN_DECADES,
     NOT_STORED,
@@ -71,3 +75,34 @@ def test_a_series_with_a_stored_deviation_draws_error_bars_and_one_without_says_
     assert sum(isinstance(c, ErrorbarContainer) for c in ax.containers) == 1
     assert series(ax, [1, 2], [2.4, 2.5], label="b") == NOT_STORED
     assert sum(isinstance(c, ErrorbarContainer) for c in ax.containers) == 1
+
+
+def two_seed_run() -> Stored:
+    rows = [{"pooling": "attention", "accuracy, length 4": 1.0, "accuracy, length 64": 0.99},
+            {"pooling": "plain average", "accuracy, length 4": 1.0, "accuracy, length 64": 0.5}]
+    per_seed = [{"accuracy, length 4": [1.0, 1.0], "accuracy, length 64": [0.98, 1.0]},
+                {"accuracy, length 4": [1.0, 1.0], "accuracy, length 64": [0.45, 0.55]}]
+    return Stored(rows, per_seed, "tiny", 2)
+
+
+def test_an_experiment_plot_of_a_multi_seed_run_draws_each_seed_on_a_0_1_axis(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(ab_task, "save", lambda fig, path: drawn.append(fig))
+    assert ab_task.plot(two_seed_run(), tmp_path) == ["accuracy.png"]
+    (ax,) = drawn[0].axes
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 2 * 2 * 2  # rows x lengths x seeds
+    assert ax.get_ylim()[0] <= 0 and ax.get_ylim()[1] >= 1
+    assert "each seed" in " ".join(t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_replot_redraws_a_stored_run_and_notes_a_spread_it_lacks(tmp_path, capsys):
+    stored = two_seed_run()
+    results = {"name": "ab-task", "budget": "full", "rows": stored.rows, "plots": ["accuracy.png"],
+               "checks": [{"n": 4, "unit": "seeds"}]}  # stored before per_seed was written
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert main(["experiment", "--replot", str(tmp_path)]) == 0
+    assert "redrew accuracy.png" in capsys.readouterr().out
+    assert (tmp_path / "accuracy.png").stat().st_size > 10_000
+    assert Stored.read(results, 3).seeds == 4 and Stored.read(results, 3).spread([(0, "x")]) is None
+    with pytest.raises(InputError, match="results.json"):
+        replot(tmp_path / "elsewhere")

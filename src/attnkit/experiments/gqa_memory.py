@@ -64,11 +64,11 @@ def plot(stored: Stored, out: Path) -> list[str]:
                    seeds=stored.spread([(i, "decode tokens/s") for i in indices]))
     rounds = len(stored.per_seed[0]["decode tokens/s"]) if stored.per_seed else ROUNDS[stored.budget]
     axes[1].set(ylabel="tokens/s (batch 8, 256-token cache)", title="decoding speed")
-    spread_legend(axes[1], over=f"median of {rounds} rounds", spread=speed, loc="lower right")
+    spread_legend(axes[1], over=f"median of {rounds} rounds", spread=speed)
     loss = series(axes[2], names, [r["val loss"] for r in rows], color="tab:red",
                   seeds=stored.spread([(i, "val loss") for i in indices]))
     axes[2].set(ylabel="validation loss (nats/char)", title="quality")
-    spread_legend(axes[2], over=f"mean of {stored.seeds} seeds", spread=loss, loc="lower right")
+    spread_legend(axes[2], over=f"mean of {stored.seeds} seeds", spread=loss)
     for ax, scale in zip(axes, ("from zero", "from zero", "level"), strict=True):
         fit_value_axis(ax, scale)
     save(fig, out / "gqa.png")

@@ -36,7 +36,7 @@ from torch import nn
 from attnkit.config import ModelConfig
 from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import Corpus, char_corpus, train_lm
-from attnkit.experiments.plots import new_figure, running_mean, save
+from attnkit.experiments.plots import fit_value_axis, new_figure, running_mean, save, series, spread_legend
 from attnkit.models import build_model
 from attnkit.models.attention_capture import transformer_blocks
 
@@ -200,24 +200,29 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
             axes[0].plot(running_mean(curve), label=f"{placement}-norm, {label}")
     axes[0].set(xlabel="step", ylabel="training loss (mean of 10 steps)",
                 title=f"{deep} layers, lr {lr:g}, no clipping (seed 0)")
+    fit_value_axis(axes[0], "level")
     axes[0].legend(fontsize=8)
     for placement, colour in (("pre", "tab:blue"), ("post", "tab:orange")):
-        norms = mean_grads(deep, placement)
-        axes[1].plot(range(1, len(norms) + 1), norms, marker="o", color=colour, label=f"{placement}-norm")
-        norms = mean_grads(deep, placement, "GPT-2 init")
-        axes[1].plot(range(1, len(norms) + 1), norms, linestyle=":", color=colour,
-                     label=f"{placement}-norm, attnkit's default (GPT-2) init")
-    axes[1].set(xlabel="block (1 = nearest the input)", ylabel="FFN weight gradient norm", yscale="log",
-                title=f"gradient per block at initialisation ({seeds} seeds)")
-    axes[1].legend(fontsize=7, loc="center right", bbox_to_anchor=(1.0, 0.57))  # clear of the lines
+        for init, style in (((), "-"), (("GPT-2 init",), ":")):
+            blocks = range(1, deep + 1)
+            by_block = [list(block) for block in zip(*grads[(deep, placement, *init)], strict=True)]  # per seed
+            label = f"{placement}-norm" + (", attnkit's default (GPT-2) init" if init else "")
+            spread = series(axes[1], blocks, mean_grads(deep, placement, *init), seeds=by_block, color=colour,
+                            linestyle=style, marker="" if init else "o", label=label)
+    axes[1].set(xlabel="block (1 = nearest the input)", ylabel="FFN weight gradient norm",
+                title="gradient per block at initialisation")
+    fit_value_axis(axes[1], "log")
+    spread_legend(axes[1], over=f"mean of {seeds} seeds", spread=spread, fontsize=7, loc="center right",
+                  bbox_to_anchor=(1.0, 0.57))  # clear of the lines
     for placement in ("pre", "post"):
         for label, style in (("no warmup", "-"), ("warmup", "--")):
-            means = [statistics.fmean(per_seed(d, placement, label)) for d in depths]
-            axes[2].plot(depths, means, style, marker="o", label=f"{placement}-norm, {label}")
-    axes[2].set(xlabel="layers", ylabel="validation loss (nats/char)", title=f"after {steps} steps, mean of {seeds}"
-                " seeds")
+            spread = series(axes[2], depths, [statistics.fmean(per_seed(d, placement, label)) for d in depths],
+                            seeds=[per_seed(d, placement, label) for d in depths], linestyle=style,
+                            label=f"{placement}-norm, {label}")
+    axes[2].set(xlabel="layers", ylabel="validation loss (nats/char)", title=f"after {steps} steps")
     axes[2].set_xticks(depths, [str(d) for d in depths])
-    axes[2].legend(fontsize=8)
+    fit_value_axis(axes[2], "level")
+    spread_legend(axes[2], over=f"mean of {seeds} seeds", spread=spread)
     save(fig, out / "norm_placement.png")
 
     def mean(depth: int, placement: str, label: str) -> float:

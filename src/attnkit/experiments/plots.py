@@ -103,7 +103,7 @@ def fit_value_axis(ax, scale: Scale) -> None:
     """Set `ax`'s y-axis by `value_range` over everything drawn on it (lines, seeds' points, error bars,
     reference lines); a log scale is set here too."""
     low, high = (float(v) for v in ax.dataLim.intervaly)
-    if scale == "log":
+    if scale == "log" and ax.get_yscale() != "log":  # setting it again would reset the axis's tick formats
         ax.set_yscale("log")
     ax.set_ylim(*value_range(low, high, scale))
 
@@ -137,11 +137,15 @@ def series(ax, x: Sequence, means: Sequence[float], *, seeds: Sequence[Sequence[
     return draw_spread(ax, x, means, colour=line.get_color(), seeds=seeds, sd=sd, unit=unit)
 
 
-def spread_legend(ax, *, over: str, spread: str, handles: Sequence | None = None, **options) -> None:
+def spread_legend(ax, *, over: str, spread: str | None, handles: Sequence | None = None, **options) -> None:
     """The legend of lines that summarise repeats, titled with how (`over`, e.g. "mean of 3 seeds"), with one more
-    entry saying what the spread drawn beside them shows (`spread`, as `draw_spread` returned it). `handles`: the
-    lines to name (default: those on `ax`); `options`: matplotlib's legend options (fontsize, loc)."""
+    entry saying what the spread drawn beside them shows (`spread`, as `draw_spread` returned it; None: no spread,
+    one run a point). `handles`: the lines to name (default: those on `ax`); `options`: matplotlib's legend options
+    (fontsize, loc)."""
     lines = list(handles) if handles is not None else ax.get_legend_handles_labels()[0]
+    if spread is None:
+        ax.legend(handles=lines, title=over, **{"fontsize": 8, "title_fontsize": 8, **options})
+        return
     if spread.startswith("faint points"):
         key = Line2D([], [], marker="o", linestyle="", color="grey", alpha=0.35, label=spread)
     elif spread.startswith("bars"):

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from attnkit import presets
-from attnkit.experiments.base import Check, Progress, Result, experiment
-from attnkit.experiments.plots import log_log_axes, new_figure, save
+from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
+from attnkit.experiments.plots import fit_value_axis, log_log_axes, new_figure, save, series, spread_legend
 from attnkit.models import build_model
 from attnkit.models.recurrent import RecurrentLM
 
@@ -98,6 +98,35 @@ def step_cost(model: nn.Module, batch: int, length: int, repeats: int) -> tuple[
     return times, sum(saved.values())
 
 
+def plot(stored: Stored, out: Path) -> list[str]:
+    """Time per step, time per token (median and each timed repeat) and memory kept for backward by T, log-log,
+    each value axis at least a decade tall."""
+    rows = stored.rows
+    fig, axes = new_figure(15, 4, ncols=3)
+    for name, marker in (("LSTM", "o"), ("Transformer", "s")):
+        points = [(index, r) for index, r in enumerate(rows) if r["model"] == name]
+        lengths = [r["T"] for _, r in points]
+        label = f"{name} ({points[0][1]['parameters'] / 1e6:.2f}M parameters)"
+        for ax, column in zip(axes, ("ms per step", "us per token"), strict=False):
+            repeats = series(ax, lengths, [r[column] for _, r in points], marker=marker, label=label,
+                             unit="timed step", seeds=stored.spread([(i, column) for i, _ in points]))
+        axes[2].plot(lengths, [r["saved for backward (MB)"] for _, r in points], marker=marker, label=label)
+    transformer_rows = [r for r in rows if r["model"] == "Transformer"]
+    axes[2].plot([r["T"] for r in transformer_rows],
+                 [r["attention matrices if materialised (MB)"] for r in transformer_rows], linestyle="--",
+                 color="grey", label="attention matrices, if materialised")
+    for ax, title, unit in zip(axes, ("time per training step", "time per token", "memory kept for backward"),
+                               ("ms", "us", "MB"), strict=True):
+        ax.set(xlabel="sequence length T", ylabel=unit, title=title)
+        log_log_axes(ax, sorted({r["T"] for r in rows}))
+        fit_value_axis(ax, "log")
+        ax.grid(True, which="both", alpha=0.3)
+    spread_legend(axes[0], over=f"median of {stored.seeds} timed steps", spread=repeats)
+    axes[2].legend(fontsize=8)
+    save(fig, out / "cost_by_length.png")
+    return ["cost_by_length.png"]
+
+
 @experiment(
     "rnn-vs-transformer-cost",
     claim="recurrence costs O(T) sequential steps while self-attention computes every position at once at "
@@ -106,6 +135,7 @@ def step_cost(model: nn.Module, batch: int, length: int, repeats: int) -> tuple[
     lecture="RNNs and parallelizability (Vaswani et al. 2017, table 1)",
     devices=("cpu", "cuda"),
     default_seeds=lambda budget: SETTINGS[budget]["repeats"],  # timed repeats: the noise of a timing
+    plot=plot,
 )
 def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str = "cpu") -> Result:
     s = SETTINGS[budget]
@@ -129,27 +159,6 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
                          "sequential steps": length if name == "LSTM" else s["layers"],
                          "saved for backward (MB)": saved / 2**20,
                          "attention matrices if materialised (MB)": attention_matrix / 2**20})
-
-    fig, axes = new_figure(15, 4, ncols=3)
-    for name, marker in (("LSTM", "o"), ("Transformer", "s")):
-        points = [r for r in rows if r["model"] == name]
-        lengths = [r["T"] for r in points]
-        label = f"{name} ({points[0]['parameters'] / 1e6:.2f}M parameters)"
-        axes[0].plot(lengths, [r["ms per step"] for r in points], marker=marker, label=label)
-        axes[1].plot(lengths, [r["us per token"] for r in points], marker=marker, label=label)
-        axes[2].plot(lengths, [r["saved for backward (MB)"] for r in points], marker=marker, label=label)
-    transformer_rows = [r for r in rows if r["model"] == "Transformer"]
-    axes[2].plot([r["T"] for r in transformer_rows],
-                 [r["attention matrices if materialised (MB)"] for r in transformer_rows], linestyle="--",
-                 color="grey", label="attention matrices, if materialised")
-    for ax, title, unit in zip(axes, ("time per training step", "time per token", "memory kept for backward"),
-                               ("ms", "us", "MB"), strict=True):
-        ax.set(xlabel="sequence length T", ylabel=unit, title=title)
-        log_log_axes(ax, s["lengths"])
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
-    axes[2].legend(fontsize=8)
-    save(fig, out / "cost_by_length.png")
 
     def per_token(name: str, index: int) -> float:
         return [r for r in rows if r["model"] == name][index]["us per token"]
@@ -189,4 +198,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
         reason += (f"; with {torch.get_num_threads()} CPU thread(s) there is little parallel hardware for the "
                    "Transformer's O(1) sequential depth to use, which is where a GPU changes the picture "
                    "(attnkit experiment rnn-vs-transformer-cost --device cuda)")
-    return Result(checks, reason, key, rows, ["cost_by_length.png"])
+    per_seed = [{"ms per step": [1e3 * t for t in times[(row["model"], row["T"])]],
+                 "us per token": [1e6 * t / (s["batch"] * row["T"]) for t in times[(row["model"], row["T"])]]}
+                for row in rows]
+    return Result(checks, reason, key, rows, [], per_seed)

@@ -18,13 +18,14 @@ from pathlib import Path
 import torch
 
 from attnkit.config import ModelConfig
-from attnkit.experiments.base import Check, Progress, Result, experiment
+from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
-from attnkit.experiments.plots import new_figure, save
+from attnkit.experiments.plots import fit_value_axis, new_figure, save, series, spread_legend
 from attnkit.layers.attention import DotScore
 from attnkit.train.instruments import attention_entropy
 
 N_KEYS = 64
+STEPS = {"tiny": 3, "small": 150, "full": 600}  # training steps of the trained comparison
 
 
 def saturation(head_dim: int, scale: float, generator: torch.Generator) -> tuple[float, float]:
@@ -48,23 +49,51 @@ def _peak_and_entropy(weights: torch.Tensor) -> tuple[float, float]:
     return float(weights.max(-1).values.mean()), float(attention_entropy(weights))
 
 
+def plot(stored: Stored, out: Path) -> list[str]:
+    """Entropy at initialisation (from 0, with the uniform softmax's), validation loss after training (an axis at
+    least 10% of the loss tall) and the trained attention's largest weight (0 to 1), by D; mean and each seed."""
+    fig, axes = new_figure(15, 3.6, ncols=3)
+    panels = (("entropy", "softmax entropy (nats)", f"at initialisation, {N_KEYS} keys", "from zero"),
+              ("val loss", "validation loss (nats/char)", f"after {STEPS[stored.budget]} steps", "level"),
+              ("max weight, trained", "mean largest attention weight", "trained attention", "fraction"))
+    for ax, (column, ylabel, title, scale) in zip(axes, panels, strict=True):
+        shown = [(index, row["D"]) for index, row in enumerate(stored.rows) if row.get(f"dot {column}") is not None]
+        dims = [dim for _, dim in shown]
+        for name, label in (("dot", "dot"), ("scaled", "scaled dot")):
+            cells = [(index, f"{name} {column}") for index, _ in shown]
+            spread = series(ax, dims, [stored.rows[i][c] for i, c in cells], seeds=stored.spread(cells), label=label)
+        if column == "entropy":
+            ax.axhline(math.log(N_KEYS), linestyle=":", color="grey", label=f"uniform (log {N_KEYS})")
+        ax.set(xscale="log", xlabel="head dimension D", ylabel=ylabel, title=title)
+        ax.set_xticks(dims, [str(d) for d in dims])
+        ax.minorticks_off()
+        fit_value_axis(ax, scale)
+        spread_legend(ax, over=f"mean of {stored.seeds} seeds", spread=spread)
+    save(fig, out / "saturation.png")
+    return ["saturation.png"]
+
+
 @experiment(
     "scaled-dot",
     claim="without the 1/sqrt(D) scale, dot-product attention saturates as the head dimension D grows (softmax "
     "close to one-hot, small gradients) and trains worse; scaled dot product stays well-conditioned",
     lecture="Attention Score Functions: scaled dot product (Vaswani et al. 2017, 3.2.1)",
+    plot=plot,
 )
 def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     init_dims = [16, 32, 64, 128, 256, 512] if budget != "tiny" else [16, 64]
     train_dims = {"tiny": [8, 16], "small": [16, 64, 128], "full": [16, 64, 256]}[budget]
-    steps = {"tiny": 3, "small": 150, "full": 600}[budget]
+    steps = STEPS[budget]
     init_rows, init_seeds = [], []  # the seeds' rows, for the largest D's check
+    per_dim: dict[int, dict[str, list[float]]] = {}  # D -> column -> its value per seed
     for dim in init_dims:
         per_seed = []
         for seed in range(seeds):
             generator = torch.Generator().manual_seed(seed)
             per_seed.append((*saturation(dim, 1.0, generator), *saturation(dim, dim**-0.5, generator)))
         init_seeds.append(per_seed)
+        per_dim[dim] = dict(zip(("dot max weight", "dot entropy", "scaled max weight", "scaled entropy"),
+                                map(list, zip(*per_seed, strict=True)), strict=True))
         dot_max, dot_entropy, scaled_max, scaled_entropy = (statistics.fmean(v) for v in zip(*per_seed, strict=True))
         init_rows.append({"D": dim, "dot max weight": dot_max, "scaled max weight": scaled_max,
                           "dot entropy": dot_entropy, "scaled entropy": scaled_entropy})
@@ -84,6 +113,8 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
                                desc=desc)
                 results[name].append((log.val_loss, *trained_saturation(log.model, corpus)))
         for name, per_seed in results.items():
+            columns = (f"{name} val loss", f"{name} max weight, trained", f"{name} entropy, trained")
+            per_dim.setdefault(dim, {}).update(zip(columns, map(list, zip(*per_seed, strict=True)), strict=True))
             loss, peak, entropy = (statistics.fmean(v) for v in zip(*per_seed, strict=True))
             row[f"{name} val loss"], row[f"{name} max weight, trained"], row[f"{name} entropy, trained"] = \
                 loss, peak, entropy
@@ -99,30 +130,6 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
         Check.over(f"after training, D={top_train['D']}: unscaled dot's validation loss minus scaled dot's (nats)",
                    gaps),
     ]
-    fig, axes = new_figure(15, 3.6, ncols=3)
-    dims = [r["D"] for r in init_rows]
-    axes[0].plot(dims, [r["dot entropy"] for r in init_rows], marker="o", label="dot")
-    axes[0].plot(dims, [r["scaled entropy"] for r in init_rows], marker="o", label="scaled dot")
-    axes[0].axhline(math.log(N_KEYS), linestyle=":", color="grey", label=f"uniform (log {N_KEYS})")
-    axes[0].set(xscale="log", xlabel="head dimension D", ylabel="softmax entropy (nats)",
-                title=f"at initialisation, {N_KEYS} keys")
-    axes[1].plot([r["D"] for r in train_rows], [r["dot val loss"] for r in train_rows], marker="o", label="dot")
-    axes[1].plot([r["D"] for r in train_rows], [r["scaled val loss"] for r in train_rows], marker="o",
-                 label="scaled dot")
-    axes[1].set(xscale="log", xlabel="head dimension D", ylabel="validation loss (nats/char)",
-                title=f"after {steps} steps (mean of {seeds} seeds)")
-    axes[2].plot([r["D"] for r in train_rows], [r["dot max weight, trained"] for r in train_rows], marker="o",
-                 label="dot")
-    axes[2].plot([r["D"] for r in train_rows], [r["scaled max weight, trained"] for r in train_rows], marker="o",
-                 label="scaled dot")
-    axes[2].set(xscale="log", xlabel="head dimension D", ylabel="mean largest attention weight",
-                title=f"trained attention, after {steps} steps")
-    trained_dims = [r["D"] for r in train_rows]
-    for ax, ticks in ((axes[0], dims), (axes[1], trained_dims), (axes[2], trained_dims)):
-        ax.set_xticks(ticks, [str(d) for d in ticks])
-        ax.minorticks_off()
-        ax.legend()
-    save(fig, out / "saturation.png")
 
     reason = (f"at D={top_init['D']} the unscaled softmax puts {top_init['dot max weight']:.0%} of its weight on one "
               f"key on average over {seeds} seeds (scaled: {top_init['scaled max weight']:.0%}); after {steps} steps "
@@ -131,4 +138,4 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
               f"{top_train['dot max weight, trained']:.0%} of a row's weight on one key unscaled vs "
               f"{top_train['scaled max weight, trained']:.0%} scaled")
     key = f"max weight {top_init['dot max weight']:.2f} vs {top_init['scaled max weight']:.2f} at D={top_init['D']}"
-    return Result(checks, reason, key, rows, ["saturation.png"])
+    return Result(checks, reason, key, rows, [], [per_dim[row["D"]] for row in rows])

@@ -18,7 +18,7 @@ from pathlib import Path
 from attnkit.config import ModelConfig
 from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
-from attnkit.experiments.plots import new_figure, running_mean, save
+from attnkit.experiments.plots import draw_spread, fit_value_axis, new_figure, running_mean, save, spread_legend
 from attnkit.models import count_parameters
 
 SCORES = ("dot", "scaled_dot", "bilinear", "additive")
@@ -53,9 +53,15 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     for score, losses in curves.items():
         axes[0].plot(running_mean(losses, window=25), label=score)
     axes[0].set(xlabel="step", ylabel="training loss (mean of 25 steps)", title="same block, four scores (seed 0)")
+    fit_value_axis(axes[0], "level")
     axes[0].legend()
-    axes[1].bar([r["score"] for r in rows], [r["ms per step"] for r in rows])
-    axes[1].set(ylabel="ms per training step", title=f"cost of a step (mean of {seeds} seeds)")
+    names = [r["score"] for r in rows]
+    bars = axes[1].bar(names, [r["ms per step"] for r in rows], label="mean")
+    spread = draw_spread(axes[1], names, [r["ms per step"] for r in rows], colour="black",
+                         seeds=[[ms for _, ms in runs[score]] for score in names])
+    axes[1].set(ylabel="ms per training step", title="cost of a step")
+    fit_value_axis(axes[1], "from zero")
+    spread_legend(axes[1], over=f"mean of {seeds} seeds", spread=spread, handles=[bars], loc="upper left")
     save(fig, out / "scores.png")
 
     def per_seed(score: str, index: int) -> list[float]:

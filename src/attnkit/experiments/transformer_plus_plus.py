@@ -21,13 +21,14 @@ from pathlib import Path
 from matplotlib.ticker import NullFormatter
 
 from attnkit.config import ModelConfig
-from attnkit.experiments.base import Check, Progress, Result, experiment, t_95
+from attnkit.experiments.base import Check, Progress, Result, Stored, experiment, t_95
 from attnkit.experiments.lm_runs import char_corpus, train_lm, training_flops
-from attnkit.experiments.plots import new_figure, save
+from attnkit.experiments.plots import fit_value_axis, new_figure, save, series, spread_legend
 from attnkit.models import count_parameters
 
 SEQ_LEN, BATCH = 64, 16
 FAMILIES = ("Vaswani-style", "Transformer++")
+STEPS = {"tiny": 30, "small": 200, "full": 1000}
 SEEDED_SIZES = 2  # the smallest sizes run with several seeds: the noise every size's comparison must clear
 SEVERAL = 2.0  # "several times less compute": at least this multiplier
 
@@ -78,17 +79,42 @@ def pooled_spread(groups: list[list[float]]) -> tuple[float | None, int]:
     return math.sqrt(squares / df), df
 
 
+def plot(stored: Stored, out: Path) -> list[str]:
+    """Validation loss against training FLOPs for both families (its rows are one per seed): the mean at each size
+    and each seed as a faint point; the loss axis at least 10% of its value tall."""
+    fig, ax = new_figure(6.5, 4)
+    most = 1
+    for name in FAMILIES:
+        sizes: dict[str, list[dict]] = {}
+        for row in stored.rows:
+            if row["model"] == name:
+                sizes.setdefault(row["width x layers"], []).append(row)
+        flops = [statistics.fmean(r["training FLOPs"] for r in runs) for runs in sizes.values()]
+        seeds = [[r["val loss"] for r in runs] for runs in sizes.values()]
+        most = max(most, *map(len, seeds))
+        spread = series(ax, flops, [statistics.fmean(s) for s in seeds], seeds=seeds, label=name)
+    ax.set(xscale="log", xlabel="training FLOPs", ylabel="validation loss (nats/char)",
+           title=f"{STEPS[stored.budget] * BATCH * SEQ_LEN:,} training tokens per model")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    fit_value_axis(ax, "level")
+    spread_legend(ax, over=f"mean of up to {most} seeds a size" if most > 1 else "one seed a size",
+                  spread=spread if most > 1 else None)
+    save(fig, out / "loss_vs_flops.png")
+    return ["loss_vs_flops.png"]
+
+
 @experiment(
     "transformer-plus-plus",
     claim="the Llama-2-style Transformer++ (pre-RMSNorm, SwiGLU, RoPE, GQA, no biases) needs several times less "
     "training compute than the original Transformer for the same loss (about 10x at scale)",
     lecture="From the Transformer to Llama 2 (Gu and Dao 2023, figure 4's Transformer++ baseline)",
     devices=("cpu", "cuda"),
+    plot=plot,
 )
 def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str = "cpu") -> Result:
     sizes = {"tiny": [(32, 1)], "small": [(64, 2), (128, 3), (192, 4)], "full": [(64, 2), (128, 3), (192, 4),
                                                                                 (256, 6)]}[budget]
-    steps = {"tiny": 30, "small": 200, "full": 1000}[budget]
+    steps = STEPS[budget]
     corpus = char_corpus({"tiny": 20_000, "small": 300_000, "full": 1_000_000}[budget])
     tokens = steps * BATCH * SEQ_LEN
     rows = []
@@ -139,17 +165,6 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
                         - SEVERAL, noise, f"Transformer++'s losses moved by +-{run_noise:.3g}, one run's noise "
                         "pooled over the seeds"))
 
-    fig, ax = new_figure(6, 4)
-    for name, family_points in points.items():
-        x, y = zip(*family_points, strict=True)
-        ax.errorbar(x, y, yerr=[run_noise / math.sqrt(len(losses[(name, i)])) if math.isfinite(run_noise) else 0
-                                for i in range(len(sizes))], marker="o", capsize=3, label=name)
-    ax.set(xscale="log", xlabel="training FLOPs", ylabel="validation loss (nats/char)",
-           title=f"{tokens:,} training tokens per model (bars: 95% seed noise)")
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.legend()
-    save(fig, out / "loss_vs_flops.png")
-
     vaswani_flops = flops_to_reach(points["Vaswani-style"], target)
     (w0, n0), seeded_more = sizes[0], "".join(f" and {w} x {n}" for w, n in sizes[1:SEEDED_SIZES])
     bound = "at least " if multiplier and flops_to_reach(points["Transformer++"], target) == points[
@@ -161,7 +176,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
               + f" (losses: mean of {seeds} seeds at {w0} x {n0}{seeded_more}, one seed above; one run's noise "
               f"+-{run_noise:.3g} nats, which the single-seed ablation rows must exceed to differ; the lectures' 10x "
               "is measured at far larger scale)")
-    return Result(checks, reason, key, rows, ["loss_vs_flops.png"])
+    return Result(checks, reason, key, rows, [])
 
 
 def compute_multiplier(points: dict[str, list[tuple[float, float]]], target: float, *, shift: float = 0.0
