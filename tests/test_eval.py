@@ -128,6 +128,20 @@ def test_bleu_and_chrf_equal_sacrebleu_called_directly(tmp_path):
         evaluate_run(tmp_path / "run", [tsv])
 
 
+def test_a_character_task_is_scored_on_characters():
+    """Reversed strings hold no spaces: on words each line is one word and BLEU is 0 for a model almost always right;
+    on characters it says how close the reversals are."""
+    import sacrebleu
+
+    references = ["edcba", "ponmlk", "jihgfedc", "cba"]
+    hypotheses = ["edcba", "ponmlk", "jihgfedx", "cab"]  # two right, one letter off, one shuffled
+    scores = translation_scores(hypotheses, references)
+    assert sacrebleu.corpus_bleu(hypotheses, [references]).score == 0.0  # words: nothing to match
+    assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references], tokenize="char").score)
+    assert 50 < scores["bleu"] < 100 and "tok:char" in scores["bleu_signature"]
+    assert translation_scores(references, references)["bleu"] == pytest.approx(100.0)
+
+
 def test_classification_scores_match_scikit_learn(tmp_path):
     metrics = pytest.importorskip("sklearn.metrics")
     from attnkit.generate import load
