@@ -159,6 +159,7 @@ def _courses_of(name: str) -> str:
 
 def experiments_gallery(docs_dir: Path) -> str:
     from attnkit.experiments import REGISTRY
+    from attnkit.experiments.base import Stored
 
     names = experiment_names()
     summary = ["| experiment | lecture | verdict | key number | budget |", "|---|---|---|---|---|"]
@@ -173,7 +174,9 @@ def experiments_gallery(docs_dir: Path) -> str:
         sections += ["", f"## {name}", "", f"**Claim** ({_cell(spec.lecture)}): {_cell(spec.claim)}", ""]
         if _courses_of(name):
             sections += [f"Taught in: {_courses_of(name)} ([course index](course-index.md)).", ""]
-        command = f"attnkit experiment {name} --budget {budget or 'full'} --out docs/experiments/{name}"
+        seeds = Stored.read(result, spec.default_seeds(budget)).seeds if result else 0
+        asked = f" --seeds {seeds}" if result and seeds != spec.default_seeds(budget) else ""  # as the run was made
+        command = f"attnkit experiment {name} --budget {budget or 'full'}{asked} --out docs/experiments/{name}"
         if result is None:
             sections += ["No run of it has been written into `docs/experiments/` yet; this command writes one:", "",
                          "```", command, "```"]
