@@ -106,3 +106,6 @@ def test_replot_redraws_a_stored_run_and_notes_a_spread_it_lacks(tmp_path, capsy
     assert Stored.read(results, 3).seeds == 4 and Stored.read(results, 3).spread([(0, "x")]) is None
     with pytest.raises(InputError, match="results.json"):
         replot(tmp_path / "elsewhere")
+    (tmp_path / "results.json").write_text("{")
+    with pytest.raises(InputError, match="not JSON"):
+        replot(tmp_path)

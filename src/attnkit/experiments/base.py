@@ -365,11 +365,15 @@ def run_experiment(name: str, *, budget: str = "small", out: str | Path | None =
 def replot(directory: str | Path) -> list[str]:
     """Redraw, from `directory`'s results.json, the plots its experiment draws from rows alone (the axes and seeds'
     spread of today's `plot`), without running anything; the other PNGs there are left as they are. Returns the
-    file names redrawn. Raises InputError where there is no results.json or it names no known experiment."""
+    file names redrawn. Raises InputError where there is no readable results.json, ConfigError where it names no
+    known experiment."""
     path = Path(directory) / "results.json"
     if not path.is_file():
         raise InputError(f"{path} does not exist: --replot takes a directory an experiment wrote (its --out)")
-    results = json.loads(path.read_text())
+    try:
+        results = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path} is not JSON ({error}): rerun the experiment into {directory}") from error
     spec = get(results.get("name", ""))
     if spec.plot is None:
         return []
