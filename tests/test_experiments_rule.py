@@ -74,7 +74,7 @@ def test_inconclusive_says_what_would_decide_it():
     verdict, decision = verdict_of([small])
     assert verdict == "inconclusive at this budget"
     needed = next(n for n in range(4, 200) if t_95(n - 1) * small.spread / math.sqrt(n) < small.difference)
-    assert f"about {needed} seeds (now 3)" in decision
+    assert f"about {needed} seeds (now 3; --seeds {needed})" in decision
     assert "larger budget" in Check.over("gap", [0.1, -0.1, 0.0]).to_decide()  # no difference: seeds cannot tell
 
 
