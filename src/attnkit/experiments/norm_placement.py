@@ -212,8 +212,8 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     axes[1].set(xlabel="block (1 = nearest the input)", ylabel="FFN weight gradient norm",
                 title="gradient per block at initialisation")
     fit_value_axis(axes[1], "log")
-    spread_legend(axes[1], over=f"mean of {seeds} seeds", spread=spread, fontsize=7, loc="center right",
-                  bbox_to_anchor=(1.0, 0.57))  # clear of the lines
+    spread_legend(axes[1], over=f"mean of {seeds} seeds", spread=spread, fontsize=7, ncols=2, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.17))  # below the panel: every part of it holds a line
     for placement in ("pre", "post"):
         for label, style in (("no warmup", "-"), ("warmup", "--")):
             spread = series(axes[2], depths, [statistics.fmean(per_seed(d, placement, label)) for d in depths],
