@@ -18,7 +18,7 @@ import math
 import statistics
 from pathlib import Path
 
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import FuncFormatter
 
 from attnkit.config import ModelConfig
 from attnkit.experiments.base import Check, Progress, Result, Stored, experiment, t_95
@@ -79,6 +79,12 @@ def pooled_spread(groups: list[list[float]]) -> tuple[float | None, int]:
     return math.sqrt(squares / df), df
 
 
+def _two_and_five(value: float, _position: int) -> str:
+    """A log axis's minor tick labelled where it is 2 or 5 times a power of ten (2e+11, 5e+11), else unlabelled."""
+    coefficient = value / 10 ** math.floor(math.log10(value))
+    return f"{value:.0e}" if round(coefficient) in (2, 5) else ""
+
+
 def plot(stored: Stored, out: Path) -> list[str]:
     """Validation loss against training FLOPs for both families (its rows are one per seed): the mean at each size
     and each seed as a faint point; the loss axis at least 10% of its value tall."""
@@ -95,7 +101,7 @@ def plot(stored: Stored, out: Path) -> list[str]:
         spread = series(ax, flops, [statistics.fmean(s) for s in seeds], seeds=seeds, label=name)
     ax.set(xscale="log", xlabel="training FLOPs", ylabel="validation loss (nats/char)",
            title=f"{STEPS[stored.budget] * BATCH * SEQ_LEN:,} training tokens per model")
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_minor_formatter(FuncFormatter(_two_and_five))
     fit_value_axis(ax, "level")
     spread_legend(ax, over=f"mean of up to {most} seeds a size" if most > 1 else "one seed a size",
                   spread=spread if most > 1 else None)
