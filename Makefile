@@ -41,7 +41,7 @@ docs: $(VENV)/.installed-dev
 	$(BIN)/mkdocs build --strict
 
 # The in-browser explorer's model: trained on the synthetic reversal task, exported to ONNX, checked, written to
-# docs/explorer/model.onnx and model.json (about a minute).
+# docs/explorer/model.onnx and model.json (about three minutes).
 explorer-model: $(VENV)/.installed-dev
 	$(BIN)/python docs/hooks/explorer_model.py
 

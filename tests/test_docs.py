@@ -304,6 +304,20 @@ def _static_server(directory: Path):
         server.server_close()
 
 
+def test_the_explorer_page_states_its_models_measured_figures():
+    """docs/explorer/index.md gives the shipped model's steps, size, validation loss and share of exact reversals as
+    model.json records them (make explorer-model measures them), and the page's first text completes reversed."""
+    meta = json.loads((DOCS / "explorer" / "model.json").read_text())
+    page = " ".join((DOCS / "explorer" / "index.md").read_text().split())
+    held, example = meta["held_out"], meta["example"]
+    steps = int(re.search(r"--max-steps (\d+)", meta["trained_by"]).group(1))
+    figures = [f"{steps:,} steps", f"{meta['parameters']:,} parameters", f"validation loss {meta['val_loss']:.3f}",
+               f"{round(held['exact_share'] * held['strings'])} of {held['strings']} strings",
+               f"`{example['text']}` with `{example['greedy']}`"]
+    assert [f for f in figures if f not in page] == [], "the explorer page does not state model.json's figures"
+    assert example["greedy"] == example["text"].removesuffix("=")[::-1]
+
+
 @pytest.mark.slow  # Chromium compiles onnxruntime-web's 14 MB of WebAssembly: about 5 s
 def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
     """docs/explorer/: onnxruntime-web, copied into the site from node_modules, runs the shipped model in Chromium

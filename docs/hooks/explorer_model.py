@@ -18,10 +18,11 @@ onnxruntime has run it and its logits and weights equal attnkit's own (`need_wei
 
 The model must reverse strings, not only draw attention: the graph completes `HELD_OUT` strings of the task's
 lengths that the training never saw, greedily, as the page does, and nothing is written unless at least
-`LEAST_EXACT` of them, and the page's first text, come out as the exact reversal. RoPE makes that cheap: the
-character to copy next lies 2k + 1 places back, where k counts the places since `=`, an offset that rotary
-positions express in any window. With GPT-2's learned absolute positions the same 3,000 steps leave the model
-on its plateau (validation loss 2.07, no string reversed).
+`LEAST_EXACT` of them, and the page's first text, come out as the exact reversal. RoPE shortens the plateau
+before the model finds the trick: the character to copy next lies 2k + 1 places back after k written, an offset
+that rotary positions express wherever the line starts in the window. With GPT-2's learned absolute positions the
+same command's validation loss is 2.09 at step 1,000 (RoPE: 1.43) and 1.96 at step 2,000, and 197 of 200 unseen
+strings come out right at the end (RoPE: 200).
 """
 
 from __future__ import annotations
