@@ -29,7 +29,8 @@ async function load() {
   state.meta.pieces.forEach((piece, id) => { if ([...piece].length === 1) charIds.set(piece, id); });
   session = await ort.InferenceSession.create(new URL("model.onnx", import.meta.url).href,
                                               { executionProviders: ["wasm"] });
-  $("explorer-alphabet").textContent = [...charIds.keys()].join(" ");
+  const trained = state.meta.task_symbols || [...charIds.keys()];
+  $("explorer-alphabet").textContent = trained.join(" ");
   $("explorer-text").value = state.meta.example.text;
   state.ready = true;
   await analyze($("explorer-text").value);

@@ -114,6 +114,15 @@ def held_out(n: int) -> list:
     return unseen[:n]
 
 
+def training_symbols() -> list[str]:
+    """The characters the training run's strings are made of (the reversal task's symbols), in order."""
+    from attnkit.data import make_task
+    from attnkit.tasks.common import SYNTHETIC_SIZES
+
+    return sorted({char for example in make_task("reverse", SYNTHETIC_SIZES[0], SEED).examples
+                   for char in example.source})
+
+
 def exact_share(session, config, tokenizer, examples: list) -> float:
     """The share of `examples` whose prompt (`abc=`) the graph completes greedily with exactly the target (`cba`)."""
     eos = tokenizer.token_id("eos")
@@ -177,6 +186,7 @@ def main() -> None:
             "held_out": {"strings": len(examples), "exact_share": share,
                          "lengths": [min(len(e.source) for e in examples), max(len(e.source) for e in examples)]},
             "example": {"text": EXAMPLE, "greedy": completion},
+            "task_symbols": training_symbols(),  # what the strings were made of: the rest of `pieces` it never saw
         }
         atomic_write(OUT / "model.onnx", graph.read_bytes())
         atomic_write(OUT / "model.json", json.dumps(described, indent=2, ensure_ascii=False) + "\n")
