@@ -60,6 +60,7 @@ from attnkit.serve.schemas import (
     CompletionRequest,
     EmbeddingRequest,
     ExploreRequest,
+    ModelViewRequest,
     Sampling,
     StepRequest,
     TaskRequest,
@@ -271,7 +272,8 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
                   "/v1/embeddings": EmbeddingRequest}
         bodies = {path: body for path, body in bodies.items() if path in endpoints()}
         bodies |= {path: TaskRequest for path in endpoints() if path not in bodies}
-        bodies |= {"/api/analyze": ExploreRequest, "/api/step": StepRequest, "/api/inspect": ExploreRequest}
+        bodies |= {"/api/analyze": ExploreRequest, "/api/step": StepRequest, "/api/inspect": ExploreRequest,
+                   "/api/model": ModelViewRequest}
         most = {"max_tokens": settings.max_tokens, "max_completion_tokens": settings.max_tokens,
                 "n": settings.max_batch}
         return openapi(bodies, title=f"attnkit serve: {model_id}", limits=most)
@@ -303,6 +305,12 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
         body = await body_of(request, StepRequest)
         return await run_in_threadpool(_held, model_lock, time.monotonic() + settings.timeout, lambda: explorer.step(
             body.text, target=body.target, kind=body.kind, layer=body.layer, head=body.head, query=body.query))
+
+    @app.post("/api/model")
+    async def whole_model(request: Request):  # each stage with its shape, read at one token (serve/model_view.py)
+        body = await body_of(request, ModelViewRequest)
+        return await run_in_threadpool(_held, model_lock, time.monotonic() + settings.timeout,
+                                       lambda: explorer.whole_model(body.text, body.query))
 
     @app.post("/api/inspect")
     async def inspect_text(request: Request):  # head importance and the logit lens (serve/inspect_view.py)

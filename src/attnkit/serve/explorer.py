@@ -3,6 +3,8 @@
     analyze(text)      tokens and ids; every layer's and head's attention (`attnkit.viz.attention_maps`);
                        a language model's next-token logits; a classifier's class probabilities;
                        a translation run's cross-attention (over its own greedy translation unless a target is given)
+    whole_model(text)  every stage from the tokens to the output, with shapes, and the residual stream's numbers at
+                       one query token (`serve/model_view.py`)
     inspect(text)      head importance (layer x head) and the logit lens (each layer's top tokens, the final
                        answer's rank) by `attnkit.inspect` (`serve/inspect_view.py`)
     step(text, ...)    one head's computation for one query token, step by step with the real numbers (lecture:
@@ -28,6 +30,7 @@ from attnkit.errors import InputError
 from attnkit.layers.attention import Attention, DotScore
 from attnkit.models.attention_capture import attention_sites
 from attnkit.serve.inspect_view import inspect_view
+from attnkit.serve.model_view import model_view
 from attnkit.viz.extract import attention_maps, is_translator
 from attnkit.viz.labels import token_labels
 
@@ -77,6 +80,14 @@ class Explorer:
         translator = is_translator(self.model)
         return inspect_view(self.model, self.tokenizer, family=self.config.family, max_len=self.config.max_seq_len,
                             text=text, target=target if translator else None)
+
+    def whole_model(self, text: str, query: int | None = None) -> dict:
+        """Each stage of the model for `text`, with shapes, read at token `query` (None: the last):
+        `serve/model_view.py`. A translation run is refused (its decoder's stream needs a target)."""
+        if is_translator(self.model):
+            raise InputError("the whole-model view follows one stack's stream; this run translates (its decoder reads "
+                             "a target): use the attention and logit-lens panels")
+        return model_view(self.model, self.config, self.tokenizer, self._checked_ids(text), query)
 
     def _checked_ids(self, text: str) -> list[int]:
         """The text's token ids; InputError for a text longer than the explorer draws."""

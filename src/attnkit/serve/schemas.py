@@ -222,6 +222,12 @@ class ExploreRequest(Body):
     target: str | None = None
 
 
+class ModelViewRequest(ExploreRequest):
+    """The whole model's stages for one text, read at one query token (None: the last)."""
+
+    query: Annotated[int, Field(ge=0)] | None = None
+
+
 class StepRequest(ExploreRequest):
     """One head's computation for one query token, step by step."""
 

@@ -1,0 +1,105 @@
+"""The explorer's whole-model panel (/api/model): its stages' shapes are the config's, its numbers at the query token
+are the model's own hidden states computed here block by block, and the sublayers' writes add up to the stream."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
+httpx = pytest.importorskip("httpx")
+
+from serve_helpers import running_server, tiny_run  # noqa: E402
+
+from attnkit import build_model  # noqa: E402
+from attnkit.checkpoint import load_model  # noqa: E402
+from attnkit.config import ModelConfig  # noqa: E402
+from attnkit.inspect.residual import residual_stream  # noqa: E402
+from attnkit.tokenize import load_tokenizer  # noqa: E402
+from attnkit.viz.labels import token_labels  # noqa: E402
+
+TIMEOUT = 60
+TEXT = "the cat sat"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    run = tiny_run(tmp_path_factory.mktemp("model-view"), "decoder", position="rope")
+    with running_server(run) as (url, _app):
+        yield url, run
+
+
+def _by_block(stages: list[dict], stage: str) -> list[dict]:
+    return sorted((s for s in stages if s["stage"] == stage), key=lambda s: s["block"])
+
+
+def test_the_stages_shapes_are_the_configs(served):
+    url, run = served
+    view = httpx.post(f"{url}/api/model", json={"text": TEXT}, timeout=TIMEOUT).json()
+    model, config = load_model(run)[:2]
+    length = len(TEXT)
+    assert view["query"] == length - 1  # the last token by default
+    assert [s["stage"] for s in view["stages"]] == ["tokens", "embedding", *["attn", "mlp", "block"] * config.n_layers,
+                                                    "final_norm", "output", "softmax"]
+    assert view["stages"][0]["label"] == f"tokens (T={length})"
+    assert "RoPE" in view["stages"][1]["note"] and "pre-norm" in view["stages"][1]["note"]
+    for attention in _by_block(view["stages"], "attn"):
+        assert attention["weights_shape"] == [config.n_heads, length, length]
+        assert attention["shape"] == [length, config.d_model] and f"{config.n_heads} heads" in attention["label"]
+    for ffn in _by_block(view["stages"], "mlp"):
+        assert f"{config.d_model} -> {config.d_ff} -> {config.d_model}" in ffn["label"]
+    assert view["stages"][-2]["shape"] == [length, config.vocab_size]
+
+
+def test_the_numbers_are_the_models_own_hidden_states(served):
+    url, run = served
+    model, _config = load_model(run)[:2]
+    model.eval()
+    tokenizer = load_tokenizer(run / "tokenizer")
+    ids = torch.tensor([tokenizer.encode(TEXT)])
+    query = 4
+    view = httpx.post(f"{url}/api/model", json={"text": TEXT, "query": query}, timeout=TIMEOUT).json()
+    stages = view["stages"]
+    with torch.no_grad():  # the stream computed here without hooks: the stack's own pieces, block by block
+        out = model(ids)
+        x = model.stack.embeddings(ids, torch.arange(ids.shape[1])[None])  # (1, T, C)
+        positions = model.stack.positions.prepare(torch.arange(ids.shape[1])[None])
+        expected = [x[0, query].norm()]
+        lens = [model.lm_head(model.stack.final_norm(x))[0, query].softmax(-1)]
+        for block in model.stack.blocks:
+            x, _ = block(x, positions=positions)
+            expected.append(x[0, query].norm())
+            lens.append(model.lm_head(model.stack.final_norm(x))[0, query].softmax(-1))
+    shown = [stages[1]["norm"]] + [s["norm"] for s in _by_block(stages, "block")]
+    torch.testing.assert_close(torch.tensor(shown), torch.stack(expected), atol=1e-4, rtol=1e-4)
+    # block l's logit-lens token is what the stream after block l gives, not its neighbour's
+    assert [s["lens"]["token"] for s in _by_block(stages, "block")] == token_labels(
+        tokenizer, [int(p.argmax()) for p in lens[1:]])
+    final = out.logits[0, query].softmax(-1).topk(5)
+    assert [t["token"] for t in stages[-1]["top"]] == token_labels(tokenizer, final.indices.tolist())
+    torch.testing.assert_close(torch.tensor([t["p"] for t in stages[-1]["top"]]), final.values, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_the_writes_add_up_to_the_next_stream(norm_position):
+    torch.manual_seed(0)
+    config = ModelConfig(family="decoder", vocab_size=20, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_seq_len=16,
+                         norm_position=norm_position)
+    model = build_model(config).eval()
+    read = residual_stream(model, torch.randint(0, 20, (1, 6)))
+    assert read.stream.shape == (config.n_layers + 1, 1, 6, config.d_model)
+    for layer, block in enumerate(model.stack.blocks):
+        attn, mlp = (w for w in read.writes if w.block == layer)
+        torch.testing.assert_close(attn.into, read.stream[layer])
+        after = mlp.into + mlp.out if block.pre_norm else block.mlp_norm(mlp.into + mlp.out)
+        torch.testing.assert_close(after, read.stream[layer + 1])  # the stream after block `layer`, not another
+        if block.pre_norm:
+            torch.testing.assert_close(read.stream[layer] + attn.out + mlp.out, read.stream[layer + 1])
+
+
+def test_bad_requests_name_the_problem(served):
+    url, _run = served
+    far = httpx.post(f"{url}/api/model", json={"text": TEXT, "query": len(TEXT)}, timeout=TIMEOUT)
+    assert far.status_code == 400 and f"Query token {len(TEXT)}" in far.json()["error"]["message"]
+    negative = httpx.post(f"{url}/api/model", json={"text": TEXT, "query": -1}, timeout=TIMEOUT)
+    assert negative.status_code == 400 and "query" in negative.json()["error"]["message"]
