@@ -63,6 +63,23 @@ def test_the_last_token_is_the_first_query(browser):
     assert browser.evaluate("document.getElementById('query').value") == str(last)
 
 
+def test_the_whole_model_panel_draws_each_stage_at_the_query_token(browser):
+    view = browser.wait("window.attnkit.state.model")
+    last = len(browser.evaluate("window.attnkit.state.data.tokens")) - 1
+    assert view["query"] == last
+    assert browser.evaluate("document.querySelectorAll('#flow .stage').length") == len(view["stages"])
+    assert browser.evaluate("document.querySelectorAll('#flow .stage-plus').length") == 4  # 2 blocks x (attn, FFN)
+    assert "(4, " in browser.evaluate("document.querySelector('#flow .stage.attn .shape').textContent")
+    browser.evaluate("(() => { const s = document.getElementById('query'); s.value = '3';"
+                     " s.dispatchEvent(new Event('change')); })()")
+    moved = browser.wait("(() => { const m = window.attnkit.state.model; return m.query === 3 && m; })()")
+    assert moved["stages"][1]["norm"] != view["stages"][1]["norm"]  # another token's embedding
+    assert "query token 3" in browser.evaluate("document.getElementById('flow-where').textContent")
+    browser.evaluate(f"(() => {{ const s = document.getElementById('query'); s.value = '{last}';"
+                     " s.dispatchEvent(new Event('change')); })()")
+    browser.wait(f"window.attnkit.state.model.query === {last} && window.attnkit.state.steps.query === {last}")
+
+
 def test_the_heatmap_is_drawn_and_another_head_changes_it(browser):
     before = _canvas(browser, "heatmap")
     assert before.shape[0] > 100 and before.std() > 0.05

@@ -7,7 +7,7 @@
   const key = new URLSearchParams(location.hash.slice(1)).get("key");  // the API key, when the server needs one
   const headers = key ? { Authorization: `Bearer ${key}` } : {};
   const state = { info: null, data: null, kind: 0, layer: 0, head: 0, query: null, steps: null, seed: 0,
-                  rendered: 0, stepsAsked: 0, analyzeAsked: 0, inspect: null, inspectAsked: 0,
+                  rendered: 0, stepsAsked: 0, analyzeAsked: 0, inspect: null, inspectAsked: 0, model: null, modelAsked: 0,
                   training: { next: 0, records: [] } };
 
   async function api(path, body) {
@@ -195,6 +195,8 @@
 
   // Explore: one head's computation ----------------------------------------------------------------------------
   async function loadSteps() {
+    if (!state.info.translator && (!state.model || state.model.query !== state.query ||
+                                   state.model.text !== $("text").value)) loadModel();
     const maps = currentMaps();
     const head = state.head === null ? 0 : state.head;
     const body = { ...pageText(), kind: maps.kind, layer: maps.layers[state.layer], head: maps.heads[head],
@@ -314,6 +316,44 @@
     $("classes").innerHTML = Object.entries(classes).sort((a, b) => b[1] - a[1]).map(([label, p]) =>
       `<tr><td>${escapeHtml(label)}</td><td><span class="bar" style="width:${(300 * p).toFixed(1)}px"></span></td>` +
       `<td>${p.toFixed(4)}</td></tr>`).join("");
+  }
+
+  // Explore: the whole model at the query token (serve/model_view.py) ---------------------------------------------
+  async function loadModel() {
+    const body = { text: $("text").value, query: state.query };
+    const view = await latest("modelAsked", "/api/model", body, (why) => { $("flow").textContent = why; });
+    if (!view) return;
+    state.model = { ...view, text: body.text };
+    drawModel(view);
+  }
+
+  const shape = (dims) => `(${dims.join(", ")})`;
+  const percent = (x) => `${(100 * x).toFixed(1)}%`;
+
+  function drawModel(view) {
+    $("flow-where").textContent = `at query token ${view.query}: ${view.tokens[view.query]}`;
+    let html = "";
+    for (const s of view.stages) {
+      const numbers = [];
+      if (s.stage === "attn" || s.stage === "mlp") {
+        numbers.push(`writes |out| = ${fmt(s.norm)}, ${percent(s.share)} of the stream it adds to`);
+      } else if (s.norm !== undefined) {
+        numbers.push(`stream |x| = ${fmt(s.norm)}`);
+      }
+      if (s.lens) numbers.push(`logit lens: <b>${escapeHtml(s.lens.token)}</b> (p ${fmt(s.lens.p)})`);
+      const shapes = s.weights_shape ? `weights ${shape(s.weights_shape)}, output ${shape(s.shape)}` : shape(s.shape);
+      html += `<div class="stage ${s.stage}"><span class="stage-label">${escapeHtml(s.label)}</span> ` +
+        `<code class="shape">${shapes}</code>` + (s.note ? `<div class="note">${escapeHtml(s.note)}</div>` : "") +
+        (numbers.length ? `<div class="stage-numbers">${numbers.join(" · ")}</div>` : "");
+      if (s.top) {
+        html += `<table class="bars">` + s.top.map((t) => `<tr><td>${escapeHtml(t.token)}</td><td>${fmt(t.p)}</td>` +
+          `<td><span class="bar" style="width:${Math.round(200 * t.p)}px"></span></td></tr>`).join("") + "</table>";
+      }
+      html += "</div>";
+      if (s.stage === "attn" || s.stage === "mlp") html += `<div class="stage-plus">+ residual</div>`;
+      else if (s !== view.stages[view.stages.length - 1]) html += `<div class="stage-arrow">↓</div>`;
+    }
+    $("flow").innerHTML = html;
   }
 
   // Explore: head importance and the logit lens (serve/inspect_view.py) ---------------------------------------------
@@ -482,6 +522,7 @@
     state.info = await api("/api/info");
     $("model-name").textContent = `${state.info.model} (${state.info.family}${state.info.task ? ", " + state.info.task : ""})`;
     $("target-box").classList.toggle("hidden", !state.info.translator);
+    $("model-panel").classList.toggle("hidden", state.info.translator);
     await analyze();
     pollTraining();
     inspect();  // the first text's panels; later texts on request (each head's ablation is a pass of the model)
