@@ -318,10 +318,26 @@ def test_the_explorer_page_states_its_models_measured_figures():
     assert example["greedy"] == example["text"].removesuffix("=")[::-1]
 
 
+def test_the_explorer_model_json_describes_the_model_the_hook_trains():
+    """model.json's sizes and architecture (what the page's whole-model view draws) are those of the config that
+    docs/hooks/explorer_model.py's training command builds, and its exposed outputs are one per layer."""
+    from explorer_model import architecture, trained_config
+
+    meta = json.loads((DOCS / "explorer" / "model.json").read_text())
+    config = trained_config(len(meta["pieces"]))
+    want = {**architecture(config), "d_model": config.d_model, "n_heads": config.n_heads,
+            "n_layers": config.n_layers, "max_seq_len": config.max_seq_len,
+            "head_dim": config.resolved.head_dim, "n_kv_heads": config.resolved.n_kv_heads}
+    assert {key: meta.get(key) for key in want} == want
+    assert meta["attention_outputs"] == [f"attention.{layer}" for layer in range(config.n_layers)]
+    assert meta["residual_outputs"] == [f"residual.{layer}" for layer in range(config.n_layers)]
+
+
 @pytest.mark.slow  # Chromium compiles onnxruntime-web's 14 MB of WebAssembly: about 5 s
 def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
     """docs/explorer/: onnxruntime-web, copied into the site from node_modules, runs the shipped model in Chromium
-    with every host but the site's unreachable; the page's attention and next-token numbers are onnxruntime's."""
+    with every host but the site's unreachable; the page's attention, next-token and residual-stream numbers are
+    onnxruntime's, and its whole-model view gives each stage's shape for the first text."""
     missing = [name for name in generated.ORT_FILES if not (site / generated.EXPLORER_VENDOR / name).is_file()]
     if missing:
         pytest.skip(f"onnxruntime-web is not installed (`npm install` in the repository root): no {', '.join(missing)}")
@@ -347,19 +363,31 @@ def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
                 "expression": "window.attnkitExplorer.loaded.then(() => window.attnkitExplorer.error)",
                 "awaitPromise": True, "returnByValue": True})
             assert "exceptionDetails" not in ready and ready["result"].get("value") is None, ready
+            flow = browser.evaluate("[...document.querySelectorAll('#explorer-flow .explorer-stage')].map((row) => "
+                                    "[row.dataset.stage, row.querySelector('code').textContent])")
             browser.call("Runtime.evaluate", {"expression": f"window.attnkitExplorer.analyze({json.dumps(text)})",
                                               "awaitPromise": True})
             page = browser.evaluate("(() => { const s = window.attnkitExplorer; return "
-                                    "{ids: s.ids, attention: s.attention, probabilities: s.probabilities}; })()")
+                                    "{ids: s.ids, attention: s.attention, probabilities: s.probabilities, "
+                                    "residualNorms: s.residualNorms}; })()")
             requested = [e["params"]["request"]["url"] for e in browser.events
                          if e.get("method") == "Network.requestWillBeSent"]
         finally:
             browser.close()
     assert page["ids"] == ids
     session = onnxruntime.InferenceSession(str(site / "explorer" / "model.onnx"), providers=["CPUExecutionProvider"])
-    logits, *attention = session.run(["logits", *meta["attention_outputs"]], feeds(
-        ids, n_layers=meta["n_layers"], n_kv_heads=meta["n_kv_heads"], head_dim=meta["head_dim"]))
+    n_layers, attention_outputs = meta["n_layers"], meta["attention_outputs"]
+    logits, *rest = session.run(["logits", *attention_outputs, *meta["residual_outputs"]], feeds(
+        ids, n_layers=n_layers, n_kv_heads=meta["n_kv_heads"], head_dim=meta["head_dim"]))
+    attention, residual = rest[:len(attention_outputs)], rest[len(attention_outputs):]
     np.testing.assert_allclose(np.array(page["attention"]), np.concatenate(attention), atol=1e-5)
+    np.testing.assert_allclose(page["residualNorms"], [np.linalg.norm(r[0, -1]) for r in residual], rtol=1e-5)
+    T, C, V = len(meta["example"]["text"]), meta["d_model"], len(meta["pieces"])  # the first text's stages
+    shapes = dict(flow)
+    assert (shapes["tokens"], shapes["token embedding"], shapes["output layer"], shapes["softmax: next token"]) == (
+        f"({T})", f"({T}, {C})", f"({T}, {V})", f"({V})"), flow
+    stages = [name for name, _ in flow]
+    assert stages.count("self-attention") == stages.count("feed-forward") == stages.count("+ residual") / 2 == n_layers
     expected = np.exp(logits[0, -1] - logits[0, -1].max())
     np.testing.assert_allclose(page["probabilities"], expected / expected.sum(), atol=1e-5)
     assert any(url.endswith("ort-wasm-simd-threaded.wasm") for url in requested), requested

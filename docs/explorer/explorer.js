@@ -1,13 +1,14 @@
 // attnkit's explorer in the browser: a tiny decoder (model.onnx, built by docs/hooks/explorer_model.py) run by
 // onnxruntime-web from this site's own files (vendor/, copied from npm's package when the site is built): nothing
 // is installed and nothing is fetched from another host. Type a text; the page runs the whole model on it and draws
-// each layer's and head's attention, and the next-token distribution at the last position.
+// each layer's and head's attention, the next-token distribution at the last position, and the whole model's flow
+// (embedding, each block's attention and FFN, the residual stream, the output) with each stage's shape for the text.
 // `window.attnkitExplorer` holds the state and `analyze(text)`, which the site's test drives.
 const $ = (id) => document.getElementById(id);
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 const LABEL_FONT = "14px sans-serif", SCALE_WIDTH = 16, MOST_NEW_TOKENS = 16;
 const state = { ready: false, error: null, meta: null, ids: [], tokens: [], attention: [], probabilities: [],
-                layer: 0, head: null };
+                residualNorms: [], flow: [], layer: 0, head: null };
 let ort = null, session = null, charIds = new Map();
 
 function fail(message) {
@@ -47,7 +48,8 @@ function encode(text) {
   return ids;
 }
 
-// One pass of the graph over `ids` with an empty KV cache: the logits and each layer's (H, T, T) weights.
+// One pass of the graph over `ids` with an empty KV cache: the logits, each layer's (H, T, T) weights and, where the
+// graph has them, the norm of the last token's residual stream after each block (its (T, C) output's last row).
 async function run(ids) {
   const m = state.meta, T = ids.length;
   const feeds = {
@@ -59,7 +61,8 @@ async function run(ids) {
     feeds[`past_key_values.${layer}.key`] = empty;
     feeds[`past_key_values.${layer}.value`] = empty;
   }
-  const out = await session.run(feeds, ["logits", ...m.attention_outputs]);
+  const residual = m.residual_outputs || [];
+  const out = await session.run(feeds, ["logits", ...m.attention_outputs, ...residual]);
   const attention = m.attention_outputs.map((name) => {
     const data = out[name].data, H = out[name].dims[1];
     return Array.from({ length: H }, (_, h) => Array.from({ length: T }, (_, i) =>
@@ -67,7 +70,11 @@ async function run(ids) {
   });
   const V = out.logits.dims[2], last = Array.from(out.logits.data.subarray((T - 1) * V, T * V));
   const top = Math.max(...last), exp = last.map((x) => Math.exp(x - top)), sum = exp.reduce((a, b) => a + b, 0);
-  return { attention, probabilities: exp.map((x) => x / sum) };
+  const residualNorms = residual.map((name) => {
+    const C = out[name].dims[2];
+    return Math.hypot(...out[name].data.subarray((T - 1) * C, T * C));
+  });
+  return { attention, probabilities: exp.map((x) => x / sum), residualNorms };
 }
 
 async function analyze(text) {
@@ -180,10 +187,85 @@ function drawNext() {
   }));
 }
 
+// The whole model as stages, in order, for the current text: {name, shape, note, block} (block: its layer, or null).
+// Sizes and architecture come from model.json (the hook writes them from the model's config), T from the text.
+function flowStages() {
+  const m = state.meta, T = state.tokens.length, C = m.d_model, V = m.vocab_size || m.pieces.length;
+  const norm = m.norm === "rms" ? "RMSNorm" : "LayerNorm", pre = m.norm_position === "pre";
+  const shown = (t) => (t === " " ? "␣" : t);
+  const inside = { rope: "; RoPE rotates q and k inside", alibi: "; ALiBi biases the scores",
+                   relative: "; relative positions bias the scores and values" }[m.position] || "";
+  const stages = [
+    { name: "tokens", shape: [T], note: state.tokens.map(shown).join(" ") },
+    { name: "token embedding", shape: [T, C], note: `a row of the (${V}, ${C}) table per token` },
+  ];
+  if (["learned", "sinusoidal"].includes(m.position)) {
+    stages.push({ name: `+ ${m.position} position embedding`, shape: [T, C], note: "added to the token embeddings" });
+  }
+  const residual = (sublayer, layer) => {
+    const out = [];
+    if (pre) out.push({ name: norm, shape: [T, C], note: "pre-norm: on the sublayer's input", block: layer });
+    out.push(sublayer);
+    out.push({ name: "+ residual", shape: [T, C], note: `x + ${sublayer.short}(${pre ? "norm(x)" : "x"})`, block: layer });
+    if (!pre) out.push({ name: norm, shape: [T, C], note: "post-norm: after the sum", block: layer });
+    return out;
+  };
+  for (let layer = 0; layer < m.n_layers; layer++) {
+    stages.push(...residual({ name: "self-attention", short: "attention", shape: [T, C], block: layer,
+      note: `${m.n_heads} heads of ${m.head_dim}: weights (${m.n_heads}, ${T}, ${T}), causal${inside}` }, layer));
+    stages.push(...residual({ name: "feed-forward", short: "FFN", shape: [T, C], block: layer,
+      note: `${C} → ${m.d_ff} → ${C}, ${m.activation} between: (${T}, ${m.d_ff}) inside` }, layer));
+    const stream = state.residualNorms[layer];
+    stages[stages.length - 1].note += stream === undefined ? "" :
+      `; the residual stream after block ${layer}: ‖x‖ = ${stream.toFixed(2)} at "${shown(state.tokens[T - 1])}"`;
+  }
+  if (m.final_norm) stages.push({ name: `final ${norm}`, shape: [T, C], note: "" });
+  stages.push({ name: "output layer", shape: [T, V],
+                note: m.tie_embeddings ? "logits: the embedding table, reused (tied)" : "logits" });
+  const best = state.probabilities.indexOf(Math.max(...state.probabilities));
+  stages.push({ name: "softmax: next token", shape: [V], note: `at the last position: "${shown(m.pieces[best])}", ` +
+                `p = ${state.probabilities[best].toFixed(3)}` });
+  return stages.map((stage) => ({ block: null, ...stage, shape: `(${stage.shape.join(", ")})` }));
+}
+
+function drawFlow() {
+  state.flow = flowStages();
+  const rows = [];
+  let group = null;
+  for (const stage of state.flow) {
+    const row = document.createElement("div");
+    row.className = "explorer-stage";
+    row.dataset.stage = stage.name;
+    for (const [cls, text] of [["explorer-stage-name", stage.name], ["explorer-shape", stage.shape],
+                               ["explorer-stage-note", stage.note]]) {
+      const cell = document.createElement(cls === "explorer-shape" ? "code" : "span");
+      cell.className = cls;
+      cell.textContent = text;
+      row.append(cell);
+    }
+    if (stage.block === null) {
+      group = null;
+      rows.push(row);
+      continue;
+    }
+    if (group === null || Number(group.dataset.block) !== stage.block) {
+      group = document.createElement("div");
+      group.className = "explorer-block";
+      group.dataset.block = stage.block;
+      group.append(Object.assign(document.createElement("div"), { className: "explorer-block-name",
+                                                                   textContent: `block ${stage.block}` }));
+      rows.push(group);
+    }
+    group.append(row);
+  }
+  $("explorer-flow").replaceChildren(...rows);
+}
+
 function draw() {
   drawControls();
   drawHeatmap();
   drawNext();
+  drawFlow();
 }
 
 $("explorer-text").addEventListener("input", () => { if (state.ready) analyze($("explorer-text").value); });

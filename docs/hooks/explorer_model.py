@@ -1,20 +1,24 @@
 """The in-browser explorer's model (docs/explorer/): a tiny decoder that attnkit's own command trains on the synthetic
-reversal task (`abcd=dcba`), exported by attnkit's ONNX exporter, with each layer's attention weights made outputs
-of the graph so that the page can draw them.
+reversal task (`abcd=dcba`), exported by attnkit's ONNX exporter, with each layer's attention weights and each
+block's output (the residual stream) made outputs of the graph so that the page can draw them.
 
     make explorer-model        (runs this file; about three minutes, on one core)
 
 It writes two files, and nothing else (the run goes to a temporary folder):
 
     docs/explorer/model.onnx   the graph (a few hundred KB): input_ids, attention_mask, past_key_values.* ->
-                               logits, present.*, attention.{layer} (batch, heads, sequence, sequence)
-    docs/explorer/model.json   the vocabulary by id, the graph's sizes, the command that trained it, its validation
-                               loss, the share of held-out strings the graph reverses exactly, and a text with the
-                               model's greedy completion
+                               logits, present.*, attention.{layer} (batch, heads, sequence, sequence),
+                               residual.{layer} (batch, sequence, d_model)
+    docs/explorer/model.json   the vocabulary by id, the graph's sizes and architecture (d_ff, norm and its
+                               placement, position scheme: what the page's whole-model view draws), the command that
+                               trained it, its validation loss, the share of held-out strings the graph reverses
+                               exactly, and a text with the model's greedy completion
 
 The exporter writes the attention as a softmax inside each layer's attention; the weights are exposed by giving
-each of those softmax nodes' results a name among the graph's outputs, and the file is written only after
-onnxruntime has run it and its logits and weights equal attnkit's own (`need_weights=True`, the reference path).
+each of those softmax nodes' results a name among the graph's outputs. A block's output is the result of the last
+node the exporter placed inside that block's module (each node's `namespace` metadata names the module it came
+from). The file is written only after onnxruntime has run it and its logits, weights and block outputs equal
+attnkit's own (`need_weights=True`, the reference path; `attnkit.inspect`'s `blocks.L.resid_post`).
 
 The model must reverse strings, not only draw attention: the graph completes `HELD_OUT` strings of the task's
 lengths that the training never saw, greedily, as the page does, and nothing is written unless at least
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,6 +48,7 @@ TRAIN = ["train", "--data", "synthetic:reverse", "--preset", "gpt2-tiny", "--set
 EXAMPLE = "abcdefgh="  # the page's first text: the model completes it with its reversal
 HELD_OUT = 200  # strings the training never saw, drawn as the task draws them
 LEAST_EXACT = 0.9  # the share of them the graph must reverse exactly, or nothing is written
+BLOCK_SCOPE = re.compile(r"\.blocks\.(\d+): ")  # a node inside block L, in the exporter's `namespace` metadata
 
 
 def train(run: Path) -> None:
@@ -52,26 +58,45 @@ def train(run: Path) -> None:
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def expose_attention(graph_path: Path, n_layers: int, n_heads: int) -> list[str]:
-    """Name each layer's attention weights (the graph's softmax nodes, in layer order) as outputs
-    `attention.{layer}`; returns the names. Raises RuntimeError where the graph holds another number of them."""
+def expose(graph_path: Path, n_layers: int, n_heads: int, d_model: int) -> tuple[list[str], list[str]]:
+    """Name each layer's attention weights `attention.{layer}` (B, H, T, P + T) and each block's output, the residual
+    stream leaving it, `residual.{layer}` (B, T, C), as outputs of the graph; returns the two lists of names.
+    Raises RuntimeError where the graph holds another number of either."""
     import onnx
     from onnx import TensorProto, helper
 
     model = onnx.load(str(graph_path))
-    softmaxes = [node for node in model.graph.node if node.op_type == "Softmax"]
+    softmaxes = [node.output[0] for node in model.graph.node if node.op_type == "Softmax"]
     if len(softmaxes) != n_layers:
         raise RuntimeError(f"{graph_path}: {len(softmaxes)} softmax nodes for {n_layers} layers of attention")
-    names = []
-    for layer, node in enumerate(softmaxes):
-        name = f"attention.{layer}"
-        model.graph.node.append(helper.make_node("Identity", [node.output[0]], [name], name=f"expose_{name}"))
-        model.graph.output.append(helper.make_tensor_value_info(
-            name, TensorProto.FLOAT, ["batch", n_heads, "sequence", "total"]))  # (B, H, T, P + T)
-        names.append(name)
+    blocks = block_outputs(model)
+    if sorted(blocks) != list(range(n_layers)):
+        raise RuntimeError(f"{graph_path}: nodes of blocks {sorted(blocks)} for {n_layers} layers")
+    exposed: dict[str, list[str]] = {"attention": [], "residual": []}
+    for kind, tensors, shape in (("attention", softmaxes, ["batch", n_heads, "sequence", "total"]),
+                                 ("residual", [blocks[layer] for layer in range(n_layers)],
+                                  ["batch", "sequence", d_model])):
+        for layer, tensor in enumerate(tensors):
+            name = f"{kind}.{layer}"
+            model.graph.node.append(helper.make_node("Identity", [tensor], [name], name=f"expose_{name}"))
+            model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+            exposed[kind].append(name)
     onnx.checker.check_model(model)
     onnx.save(model, str(graph_path))
-    return names
+    return exposed["attention"], exposed["residual"]
+
+
+def block_outputs(model) -> dict[int, str]:
+    """{layer: the tensor block `layer` returns}: the result of the last node, in the graph's (topological) order,
+    that the exporter placed inside the block's module (its `namespace` metadata names `....blocks.{layer}: `).
+    `check` holds these tensors equal to attnkit's `blocks.{layer}.resid_post` before anything is written."""
+    last: dict[int, str] = {}
+    for node in model.graph.node:
+        namespace = next((p.value for p in node.metadata_props if p.key == "namespace"), "")
+        inside = BLOCK_SCOPE.findall(namespace)
+        if inside:
+            last[int(inside[-1])] = node.output[0]
+    return last
 
 
 def feeds(ids: list[int], *, n_layers: int, n_kv_heads: int, head_dim: int) -> dict:
@@ -131,17 +156,42 @@ def exact_share(session, config, tokenizer, examples: list) -> float:
     return right / len(examples)
 
 
-def check(session, model, config, ids: list[int], names: list[str]) -> None:
-    """The graph's logits and attention weights equal attnkit's own for `ids`."""
+def check(session, model, config, ids: list[int], attention: list[str], residual: list[str]) -> None:
+    """The graph's logits, attention weights and block outputs equal attnkit's own for `ids` (the weights from the
+    reference path, `need_weights=True`; the residual stream from `attnkit.inspect`'s `blocks.L.resid_post`)."""
     import numpy as np
     import torch
 
-    got = session.run(["logits", *names], feeds(ids, **sizes(config)))
-    with torch.no_grad():
-        want = model(torch.tensor([ids]), need_weights=True)
-    np.testing.assert_allclose(got[0], want.logits.numpy(), atol=1e-4, rtol=1e-4)
-    for layer, weights in enumerate(got[1:]):
-        np.testing.assert_allclose(weights, want.attentions[layer]["self"].numpy(), atol=1e-5, rtol=1e-4)
+    from attnkit.inspect import trace
+
+    got = session.run(["logits", *attention, *residual], feeds(ids, **sizes(config)))
+    points = [f"blocks.{layer}.resid_post" for layer in range(config.n_layers)]
+    want = trace(model, torch.tensor([ids]), need_weights=True, names=points)
+    np.testing.assert_allclose(got[0], want.output.logits.numpy(), atol=1e-4, rtol=1e-4)
+    for layer in range(config.n_layers):
+        np.testing.assert_allclose(got[1 + layer], want.output.attentions[layer]["self"].numpy(), atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(got[1 + config.n_layers + layer], want[points[layer]].numpy(), atol=1e-4, rtol=1e-4)
+
+
+def trained_config(vocab_size: int):
+    """The model config that `TRAIN` builds (its preset and `--set` assignments) for a vocabulary of `vocab_size`."""
+    from attnkit import presets
+    from attnkit.options import assignments
+
+    preset = TRAIN[TRAIN.index("--preset") + 1]
+    start = TRAIN.index("--set") + 1
+    settings = TRAIN[start:next(i for i in range(start, len(TRAIN)) if TRAIN[i].startswith("--"))]
+    return presets.get(preset, **assignments(settings), vocab_size=vocab_size)
+
+
+def architecture(config) -> dict:
+    """What the page's whole-model view draws besides the sizes in `sizes`: the feed-forward width, the norm and where
+    it sits, the position scheme, the activation, whether the output layer reuses the embedding table."""
+    resolved = config.resolved
+    return {"d_ff": resolved.d_ff, "vocab_size": resolved.vocab_size, "norm": resolved.norm,
+            "norm_position": resolved.norm_position, "final_norm": resolved.final_norm,
+            "position": resolved.position, "activation": resolved.activation,
+            "tie_embeddings": resolved.tie_embeddings}
 
 
 def main() -> None:
@@ -161,10 +211,10 @@ def main() -> None:
         tokenizer = load_tokenizer(run / TOKENIZER_DIR)
         graph = Path(tmp) / "model.onnx"
         export_onnx(model, config, graph)
-        names = expose_attention(graph, config.n_layers, config.n_heads)
+        attention, residual = expose(graph, config.n_layers, config.n_heads, config.d_model)
         session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
         ids = tokenizer.encode(EXAMPLE)
-        check(session, model, config, ids, names)
+        check(session, model, config, ids, attention, residual)
         eos = tokenizer.token_id("eos")
         completion = tokenizer.decode(greedy(session, ids, config, eos))
         examples = held_out(HELD_OUT)
@@ -180,7 +230,9 @@ def main() -> None:
             "eos": eos,
             **sizes(config), "n_heads": config.n_heads,
             "max_seq_len": config.max_seq_len, "d_model": config.d_model, "parameters": count_parameters(model),
-            "attention_outputs": names,
+            **architecture(config),
+            "attention_outputs": attention,
+            "residual_outputs": residual,
             "trained_by": "attnkit " + " ".join(TRAIN),
             "val_loss": round(val_loss, 4),
             "held_out": {"strings": len(examples), "exact_share": share,
