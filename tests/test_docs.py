@@ -369,7 +369,7 @@ def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
                                               "awaitPromise": True})
             page = browser.evaluate("(() => { const s = window.attnkitExplorer; return "
                                     "{ids: s.ids, attention: s.attention, probabilities: s.probabilities, "
-                                    "residualNorms: s.residualNorms}; })()")
+                                    "residualNorms: s.residualNorms, flow: s.flow.map((f) => [f.name, f.shape])}; })()")
             requested = [e["params"]["request"]["url"] for e in browser.events
                          if e.get("method") == "Network.requestWillBeSent"]
         finally:
@@ -386,6 +386,7 @@ def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
     shapes = dict(flow)
     assert (shapes["tokens"], shapes["token embedding"], shapes["output layer"], shapes["softmax: next token"]) == (
         f"({T})", f"({T}, {C})", f"({T}, {V})", f"({V})"), flow
+    assert dict(page["flow"])["token embedding"] == f"({len(text)}, {C})"  # recomputed for the new text
     stages = [name for name, _ in flow]
     assert stages.count("self-attention") == stages.count("feed-forward") == stages.count("+ residual") / 2 == n_layers
     expected = np.exp(logits[0, -1] - logits[0, -1].max())
