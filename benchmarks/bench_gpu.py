@@ -120,7 +120,7 @@ def attnkit_step(shape: TrainShape, stream: np.ndarray, device: torch.device, *,
     if config.position == "learned":
         n_params -= trainer.model.stack.embeddings.positions.weight.numel()
     print(trainer.plan.explain(), flush=True)
-    return n_params, trainer._train_step
+    return n_params, trainer.train_step
 
 
 def train_rows(shape: TrainShape, device: torch.device, *, rounds: int, steps: int, warmup: int) -> list[dict]:

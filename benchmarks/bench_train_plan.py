@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in ("fp32", "bf16"):
         steps, warm = {}, {}
         for form in FORMS:
-            step = trainer(form, dtype, stream)._train_step
+            step = trainer(form, dtype, stream).train_step
             start = time.perf_counter()
             for _ in range(3):  # compiles (forward, backward) and settles
                 step()

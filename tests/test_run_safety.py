@@ -77,7 +77,7 @@ def test_overwrite_keeps_the_old_run_aside_until_the_first_checkpoint(tmp_path, 
     def broken_step():
         raise RuntimeError("the new run fails before its first checkpoint")
 
-    monkeypatch.setattr(trainer, "_train_step", broken_step)
+    monkeypatch.setattr(trainer, "train_step", broken_step)
     with pytest.raises(RuntimeError, match="first checkpoint"):
         trainer.fit()
     assert not list(tmp_path.glob(".replaced-*"))

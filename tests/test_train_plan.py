@@ -118,7 +118,7 @@ def test_a_training_step_dispatches_at_most_1_1x_nanogpts_operations(tmp_path):
     on_gpu = plan_training(model, family="decoder", device="cuda", compile="off", free_memory=80 * GIB)
     trainer.plan = dataclasses.replace(trainer.plan, sync_every=on_gpu.sync_every)
     use_loss_path(model, on_gpu.loss)
-    ours = _counted(trainer._train_step)
+    ours = _counted(trainer.train_step)
 
     reference = NanoGPT(vocab, length, width, heads, layers, bias=True)
     params = list(reference.parameters())

@@ -238,7 +238,7 @@ class Trainer:
         self.plan.prepare(self.precision.compute_model)
         # DDP: a wrapper that reduces gradients; FSDP2: the model itself, sharded (so before the optimizer is made)
         self.eager_model = self.parallel.wrap(self.precision.compute_model, dtype=settings.dtype, seed=settings.seed)
-        # compiled whole: a model torch cannot compile trains eagerly, said once (`_train_step`)
+        # compiled whole: a model torch cannot compile trains eagerly, said once (`train_step`)
         self.train_model = self.plan.compiled(self.eager_model, self.precision.compute_model)
         if settings.dtype != "fp32" and self.device.type == "cpu" and self.parallel.writes:
             warning = bf16_cost_warning(CpuCapabilities.detect())
@@ -311,7 +311,7 @@ class Trainer:
                     reason = self._why_stop(stop_at, stop)
                     if reason is not None:
                         break
-                    self._train_step()
+                    self.train_step()
                     self.elapsed = elapsed_before + time.perf_counter() - session_start
                     meter.update(self.step, self.tokens_seen)
                     self._report(meter, bar)
@@ -361,9 +361,9 @@ class Trainer:
             return "max_time"
         return None
 
-    def _train_step(self) -> None:
-        """One optimizer step over `grad_accum` micro-batches; its loss and gradient norm are read (and its metrics
-        record written) at the plan's next host read."""
+    def train_step(self) -> None:
+        """One optimizer step over `grad_accum` micro-batches, as `fit` takes it (benchmarks time it alone); its loss
+        and gradient norm are read (and its metrics record written) at the plan's next host read."""
         s = self.settings
         # several ranks: this rank's rows of each global batch; `counts` 0 marks a stand-in row (distributed.py)
         batches, counts = zip(*(self.parallel.share(self.task.next_batch()) for _ in range(s.grad_accum)), strict=True)
