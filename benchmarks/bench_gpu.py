@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnkit.outputs import atomic_write
 from benchmarks.bench_train import NanoGPT
 from benchmarks.common import RESULTS
 
@@ -321,9 +322,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_report(report: dict, out: Path, stem: str) -> None:
-    """The report as JSON and Markdown, each written whole (to a temporary name, then renamed)."""
-    out.mkdir(parents=True, exist_ok=True)
-    for suffix, text in ((".json", json.dumps(report, indent=2) + "\n"), (".md", markdown(report))):
-        partial = out / f".{stem}{suffix}.partial"
-        partial.write_text(text)
-        partial.replace(out / f"{stem}{suffix}")
+    """The report as JSON and Markdown, each written whole or not at all."""
+    atomic_write(out / f"{stem}.json", json.dumps(report, indent=2) + "\n")
+    atomic_write(out / f"{stem}.md", markdown(report))

@@ -128,24 +128,27 @@ def greedy(session, ids: list[int], config, eos: int, most: int = 16) -> list[in
     return out
 
 
-def held_out(n: int) -> list:
-    """`n` examples of the reversal task (`attnkit.data.make_task`'s lengths and symbols) whose strings are not among
-    the training run's examples (the same task drawn with the run's seed)."""
+def training_examples() -> list:
+    """The reversal task's examples as the training run draws them (`attnkit.data.make_task`, the run's seed)."""
     from attnkit.data import make_task
     from attnkit.tasks.common import SYNTHETIC_SIZES
 
-    seen = {example.source for example in make_task("reverse", SYNTHETIC_SIZES[0], SEED).examples}
-    unseen = [example for example in make_task("reverse", 20 * n, SEED + 1).examples if example.source not in seen]
-    return unseen[:n]
+    return make_task("reverse", SYNTHETIC_SIZES[0], SEED).examples
 
 
-def training_symbols() -> list[str]:
-    """The characters the training run's strings are made of (the reversal task's symbols), in order."""
+def held_out(n: int, seen: list) -> list:
+    """`n` examples of the reversal task (the same lengths and symbols) whose strings are not among `seen`, the
+    training run's examples."""
     from attnkit.data import make_task
-    from attnkit.tasks.common import SYNTHETIC_SIZES
 
-    return sorted({char for example in make_task("reverse", SYNTHETIC_SIZES[0], SEED).examples
-                   for char in example.source})
+    trained = {example.source for example in seen}
+    return [example for example in make_task("reverse", 20 * n, SEED + 1).examples
+            if example.source not in trained][:n]
+
+
+def symbols(examples: list) -> list[str]:
+    """The characters the examples' strings are made of, in order."""
+    return sorted({char for example in examples for char in example.source})
 
 
 def exact_share(session, config, tokenizer, examples: list) -> float:
@@ -217,7 +220,8 @@ def main() -> None:
         check(session, model, config, ids, attention, residual)
         eos = tokenizer.token_id("eos")
         completion = tokenizer.decode(greedy(session, ids, config, eos))
-        examples = held_out(HELD_OUT)
+        trained = training_examples()
+        examples = held_out(HELD_OUT, trained)
         share = exact_share(session, config, tokenizer, examples)
         if share < LEAST_EXACT or completion != EXAMPLE[:-1][::-1]:
             raise SystemExit(f"the trained model reverses {share:.0%} of {len(examples)} held-out strings exactly "
@@ -238,7 +242,7 @@ def main() -> None:
             "held_out": {"strings": len(examples), "exact_share": share,
                          "lengths": [min(len(e.source) for e in examples), max(len(e.source) for e in examples)]},
             "example": {"text": EXAMPLE, "greedy": completion},
-            "task_symbols": training_symbols(),  # what the strings were made of: the rest of `pieces` it never saw
+            "task_symbols": symbols(trained),  # what the strings were made of: the rest of `pieces` it never saw
         }
         atomic_write(OUT / "model.onnx", graph.read_bytes())
         atomic_write(OUT / "model.json", json.dumps(described, indent=2, ensure_ascii=False) + "\n")

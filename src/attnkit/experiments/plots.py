@@ -10,9 +10,8 @@ Two rules every experiment's plot follows, kept here so that no plot states them
 
 from __future__ import annotations
 
+import io
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -24,6 +23,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from torch import Tensor  # noqa: E402
+
+from attnkit.outputs import atomic_write  # noqa: E402
 
 Scale = Literal["fraction", "from zero", "level", "log"]
 LEVEL_MIN_SPAN = 0.1  # a level axis spans at least this share of the largest magnitude it shows
@@ -156,16 +157,14 @@ def spread_legend(ax, *, over: str, spread: str | None, handles: Sequence | None
 
 
 def save(fig, path: Path) -> None:
-    """Write the figure as a PNG, whole or not at all (a temporary file renamed over `path`)."""
+    """Write the figure as a PNG, whole or not at all (`attnkit.outputs.atomic_write`)."""
     fig.tight_layout()
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
-    os.close(fd)
+    png = io.BytesIO()
     try:
-        fig.savefig(temporary, dpi=110)
-        os.replace(temporary, path)
+        fig.savefig(png, format="png", dpi=110)
     finally:
         plt.close(fig)
-        Path(temporary).unlink(missing_ok=True)
+    atomic_write(path, png.getvalue())
 
 
 def running_mean(values: list[float], window: int = 10) -> list[float]:

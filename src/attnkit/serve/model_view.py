@@ -59,10 +59,9 @@ def model_view(model: nn.Module, config, tokenizer: Tokenizer, ids: list[int], q
               {"stage": "embedding", "label": position_label, "note": f"{position_note}; {placement} "
                f"({NORMS.get(config.norm, config.norm)})", "shape": [length, width], **_at(stream[0], query),
                **_lens(lens, 0, tokenizer)}]
-    for write in read.writes:
+    for write, after in zip(read.writes, [*read.writes[1:], None], strict=True):
         stages.append(_write_stage(model, config, write, query, length))
-        last = write is read.writes[-1] or read.writes[read.writes.index(write) + 1].block != write.block
-        if last:
+        if after is None or after.block != write.block:  # the block's last sublayer: the stream leaving it
             stages.append({"stage": "block", "block": write.block, "label": f"stream after block {write.block}",
                            "shape": [length, width], **_at(stream[write.block + 1], query),
                            **_lens(lens, write.block + 1, tokenizer)})
