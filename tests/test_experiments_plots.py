@@ -109,3 +109,7 @@ def test_replot_redraws_a_stored_run_and_notes_a_spread_it_lacks(tmp_path, capsy
     (tmp_path / "results.json").write_text("{")
     with pytest.raises(InputError, match="not JSON"):
         replot(tmp_path)
+    for other in ("[1, 2]", json.dumps({"name": "ab-task", "rows": []})):  # JSON, but not an experiment's results
+        (tmp_path / "results.json").write_text(other)
+        with pytest.raises(InputError, match="is not an experiment's results"):
+            replot(tmp_path)

@@ -374,7 +374,11 @@ def replot(directory: str | Path) -> list[str]:
         results = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise InputError(f"{path} is not JSON ({error}): rerun the experiment into {directory}") from error
-    spec = get(results.get("name", ""))
+    missing = [key for key in ("name", "budget", "rows") if not isinstance(results, dict) or key not in results]
+    if missing:
+        raise InputError(f"{path} is not an experiment's results (no {', '.join(missing)}): rerun the experiment "
+                         f"into {directory}")
+    spec = get(results["name"])
     if spec.plot is None:
         return []
     return spec.plot(Stored.read(results, spec.default_seeds(results["budget"])), Path(directory))
