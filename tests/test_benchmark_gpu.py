@@ -3,6 +3,7 @@ its peer from the same run, and runs end to end at tiny shapes on the CPU (`--sm
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -46,3 +47,74 @@ def test_smoke_run_times_every_training_row(tmp_path, monkeypatch, capsys):
     report = json.loads((tmp_path / "attnkit-gpu-smoke-" / "gpu-smoke.json").read_text())
     assert {r["impl"] for r in report["results"]} == {"nanogpt-compiled", "attnkit", "attnkit-eager", "attnkit-llama2"}
     assert all(r["tokens_per_s"] > 0 for r in report["results"])
+
+
+def _attnkit_weights_from_peer(peer: bench_gpu.PeerGPT) -> dict[str, torch.Tensor]:
+    """The peer's parameters under attnkit's names (c_attn split into q, k, v); lm_head is tied to the tokens."""
+    width = peer.transformer.wte.weight.shape[1]
+    mapped = {"stack.embeddings.token.weight": peer.transformer.wte.weight,
+              "stack.embeddings.positions.weight": peer.transformer.wpe.weight,
+              "stack.final_norm.weight": peer.transformer.ln_f.weight,
+              "stack.final_norm.bias": peer.transformer.ln_f.bias}
+    for i, block in enumerate(peer.transformer.h):
+        ours = f"stack.blocks.{i}."
+        for kind in ("weight", "bias"):
+            for name, part in zip("qkv", getattr(block.attn.c_attn, kind).split(width), strict=True):
+                mapped[f"{ours}self_attn.{name}_proj.{kind}"] = part
+            mapped.update({f"{ours}self_attn.o_proj.{kind}": getattr(block.attn.c_proj, kind),
+                           f"{ours}attn_norm.{kind}": getattr(block.ln_1, kind),
+                           f"{ours}mlp_norm.{kind}": getattr(block.ln_2, kind),
+                           f"{ours}mlp.up_proj.{kind}": getattr(block.mlp.c_fc, kind),
+                           f"{ours}mlp.down_proj.{kind}": getattr(block.mlp.c_proj, kind)})
+    return mapped
+
+
+def test_the_peer_has_attnkits_gpt2_loss_and_gradients_on_the_same_weights():
+    """nanoGPT's model (biases, exact GELU, tied weights, its init) and attnkit's GPT-2 block with exact GELU give the
+    same loss and the same gradient for every weight: the peer computes what attnkit computes."""
+    from attnkit import build_model, presets
+
+    torch.manual_seed(0)
+    vocab, length, width, heads, layers = 96, 16, 32, 4, 2
+    peer = bench_gpu.PeerGPT(vocab, length, width, heads, layers)
+    config = presets.get("gpt2-124m", vocab_size=vocab, n_layers=layers, d_model=width, n_heads=heads,
+                         d_ff=4 * width, max_seq_len=length, dropout=0.0, activation="gelu")
+    ours = build_model(config)
+    missing, unexpected = ours.load_state_dict({k: v.detach() for k, v in _attnkit_weights_from_peer(peer).items()},
+                                               strict=False)
+    assert missing == ["lm_head.weight"] and not unexpected  # tied to the token embedding
+    x, y = torch.randint(0, vocab, (3, length)), torch.randint(0, vocab, (3, length))
+    _, peer_loss = peer(x, y)
+    our_loss = ours(x, labels=y).loss
+    torch.testing.assert_close(our_loss, peer_loss)
+    peer_loss.backward()
+    our_loss.backward()
+    ours_by_name = dict(ours.named_parameters())
+    expected = _attnkit_weights_from_peer(peer)
+    for name, peer_param in expected.items():
+        q_k_v = name.split(".")[-2] in ("q_proj", "k_proj", "v_proj")
+        if q_k_v:  # c_attn's gradient is q's, k's and v's side by side
+            continue
+        torch.testing.assert_close(ours_by_name[name].grad, peer_param.grad, msg=name)
+    for i, block in enumerate(peer.transformer.h):
+        for kind in ("weight", "bias"):
+            joined = torch.cat([ours_by_name[f"stack.blocks.{i}.self_attn.{n}_proj.{kind}"].grad for n in "qkv"])
+            torch.testing.assert_close(joined, getattr(block.attn.c_attn, kind).grad)
+
+
+def test_the_peers_step_compiles_its_loss_into_the_one_forward_graph():
+    """train.py's `logits, loss = model(X, Y)` through `torch.compile(model)`: the step's forward is one graph, and
+    the cross-entropy is in it (a backend that records what Dynamo hands it)."""
+    graphs = []
+
+    def recording(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    stream = np.random.default_rng(0).integers(0, bench_gpu.SMOKE.vocab_size, 4_000).astype(np.uint16)
+    _, step = bench_gpu.nanogpt_step(bench_gpu.SMOKE, stream, torch.device("cpu"), backend=recording)
+    step()
+    step()
+    assert len(graphs) == 1, [g.code for g in graphs]
+    targets = [node.target for node in graphs[0].graph.nodes if node.op == "call_function"]
+    assert torch.nn.functional.cross_entropy in targets, targets

@@ -72,13 +72,24 @@ def test_load_refuses_cuda_on_a_machine_without_it(runs):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_training_on_cuda_saves_a_run_that_loads_on_the_cpu(dtype, text_file, tmp_path):
+def test_training_on_cuda_saves_a_run_that_loads_on_the_cpu(dtype, text_file, tmp_path, capsys):
+    """Each stage says what it saw when it fails: the command's exit code and output (with the training plan), the
+    saved weights' dtypes and whether they are finite, and what generation returned."""
     out = tmp_path / "run"
-    assert cli.main(["train", "--out", str(out), "--data", str(text_file), "--tokenizer", "char", "--max-steps", "3",
-                     "--batch-size", "2", "--seq-len", "16", "--dtype", dtype, "--device", "cuda",
-                     "--no-progress", *TINY_MODEL]) == 0
+    code = cli.main(["train", "--out", str(out), "--data", str(text_file), "--tokenizer", "char", "--max-steps", "3",
+                     "--batch-size", "2", "--seq-len", "16", "--dtype", dtype, "--device", "cuda", "--explain",
+                     "--no-progress", *TINY_MODEL])
+    printed = capsys.readouterr()
+    metrics = (out / "metrics.jsonl").read_text()[-2000:] if (out / "metrics.jsonl").exists() else "(none)"
+    assert code == 0, f"attnkit train exited {code}\nstdout:\n{printed.out[-4000:]}\nstderr:\n{printed.err[-4000:]}" \
+                      f"\nmetrics.jsonl (end):\n{metrics}"
     pipeline = attnkit.load(out, device="cpu")
-    assert pipeline.device.type == "cpu" and pipeline.generate("the ", max_new_tokens=4, temperature=0)
+    weights = pipeline.model.state_dict()
+    odd = {name: (str(w.dtype), str(w.device)) for name, w in weights.items()
+           if w.is_floating_point() and (w.dtype != torch.float32 or w.device.type != "cpu" or not w.isfinite().all())}
+    assert pipeline.device.type == "cpu" and not odd, f"weights not float32, not on the CPU or not finite: {odd}"
+    text = pipeline.generate("the ", max_new_tokens=4, temperature=0)
+    assert text and all(isinstance(t, str) for t in text), f"generate returned {text!r}"
 
 
 @pytest.mark.gpu
