@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, make_generator
 from attnkit.generate.sampling import NoDistribution
+from attnkit.layers.prefix_cache import PrefixCache
 from attnkit.serve.batching import Batch, GenerationJob, Scheduler
 
 CONTEXT = 48
@@ -341,3 +342,54 @@ def test_a_fixed_shape_step_over_the_batchs_static_view_gives_the_tokens_of_the_
         scheduler.submit(request.job)
     drain(scheduler)
     assert all(request.tokens == request.alone(model) for request in requests)
+
+
+SYSTEM = [5, 1, 7, 2, 9, 4, 11, 6, 3, 8, 10, 12, 2, 5, 7, 1, 9, 9, 4, 6]  # a prompt's shared start
+
+
+@pytest.mark.parametrize("position", ["rope", "learned", "alibi"])
+@settings(max_examples=12, deadline=None)
+@given(arrivals=st.lists(st.tuples(
+    st.integers(0, 3),  # iterations run before this request arrives
+    st.integers(0, len(SYSTEM)),  # how much of the shared start its prompt has
+    st.lists(st.integers(1, 12), min_size=1, max_size=6),  # then its own tokens
+    st.sampled_from(SAMPLINGS), st.integers(1, 2), st.integers(0, 10_000),  # sampling, n, seed
+), min_size=2, max_size=7))
+def test_prompts_that_share_a_prefix_get_the_tokens_they_get_alone_from_the_prefix_cache(position, arrivals):
+    """Prefixes reused across requests and across the rows of one prefill (blocks of 4 tokens, so prompts reuse
+    whole and part blocks at every offset) leave every request's tokens as they are without the cache."""
+    model = tiny_model(max_seq_len=CONTEXT, position=position, seed=5)[0]
+    cache = PrefixCache(max_bytes=1 << 20, block_size=4)
+    scheduler = Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=6, prefix_cache=cache)
+    recorded = []
+    for wait, shared, own, sampling, n, seed in arrivals:
+        iterate(scheduler, wait)
+        request = Recorded(SYSTEM[:shared] + own, 6, sampling=sampling, seed=seed, n=n)
+        scheduler.submit(request.job)
+        recorded.append(request)
+    drain(scheduler)
+    for request in recorded:
+        assert request.tokens == request.alone(model)
+    assert cache.queried == sum(len(r.job.prompt) * r.job.n for r in recorded)
+
+
+def test_a_request_after_one_with_the_same_start_computes_only_the_rest_and_its_logits_are_unchanged(model):
+    cache = PrefixCache(max_bytes=1 << 20, block_size=4)
+    scheduler = Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=4, prefix_cache=cache)
+    widths = []  # the columns each prefill computes
+    prefill = scheduler.decoding.prefill
+    scheduler.decoding.prefill = lambda window, kv: widths.append(window.ids.shape[1] - kv.length) or prefill(window,
+                                                                                                              kv)
+    first, second = Recorded(SYSTEM + [3], 4), Recorded(SYSTEM + [4, 2], 4)
+    scheduler.submit(first.job)
+    drain(scheduler)
+    scheduler.submit(second.job)
+    iterate(scheduler)
+    assert widths == [21, 2]  # the second computes its own two tokens: the 20 shared ones are 5 kept blocks
+    assert cache.hits == 20 and cache.queried == 21 + 22
+    uncached = Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=4)
+    uncached.submit(Recorded(SYSTEM + [4, 2], 4).job)
+    iterate(uncached)
+    torch.testing.assert_close(scheduler.logits, uncached.logits)
+    drain(scheduler)
+    assert second.tokens == second.alone(model)

@@ -84,17 +84,19 @@ def positions_from_mask(mask: Tensor) -> Tensor:
 
 
 def prefill(model: nn.Module, window: Window, cache: KVCache) -> Tensor:
-    """Run the whole window through a DecoderLM once, filling the empty `cache`. Returns the last logits (B, V).
+    """Run the window through a DecoderLM once, filling `cache`: every column when it is empty, else the columns
+    after those it holds (a prefix it was given, `layers/prefix_cache.py`). Returns the last logits (B, V).
 
     Only the last position's logits are computed: the others would cost a (B, T, V) tensor (206 MB for a prompt of
     1,024 tokens and GPT-2's vocabulary in fp32) and almost a third of `gpt2-124m`'s prefill arithmetic.
     """
+    start = cache.length
     hidden, _ = model.stack(
-        window.ids,
+        window.ids[:, start:],
         attention_mask=window.attention_mask if window.padded else None,
-        position_ids=positions_from_mask(window.attention_mask),
+        position_ids=positions_from_mask(window.attention_mask)[:, start:],
         cache=cache,
-    )  # (B, T, C)
+    )  # (B, T - start, C)
     return model.lm_head(hidden[:, -1])  # (B, V)
 
 

@@ -151,6 +151,26 @@ class KVCache:
         for layer in self.layers:
             layer.reorder(index)
 
+    def read(self, row: int, start: int, end: int) -> Tensor:
+        """One row's keys and values at positions [start, end) of every layer, copied: (L, 2, Hkv, end - start, D)
+        (what the prefix cache keeps of a block, `layers/prefix_cache.py`)."""
+        return torch.stack([torch.stack((layer.keys[row, :, start:end], layer.values[row, :, start:end]))
+                            for layer in self.layers])
+
+    def write(self, row: int, start: int, keys_values: Tensor) -> None:
+        """Write `read`'s form (L, 2, Hkv, T, D) into one row at positions [start, start + T) of every layer."""
+        end = start + keys_values.shape[3]
+        _check_room(self.max_len, end)
+        for layer, (keys, values) in zip(self.layers, keys_values, strict=True):
+            layer.keys[row, :, start:end] = keys
+            layer.values[row, :, start:end] = values
+
+    def hold(self, length: int) -> None:
+        """Count positions [0, length) as cached (written by `write`): the next append writes after them."""
+        _check_room(self.max_len, length)
+        for layer in self.layers:
+            layer.length = length
+
 
 class StaticLayerCache(LayerCache):
     """A layer cache whose single-position appends have fixed shapes (see the module docstring).

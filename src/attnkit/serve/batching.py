@@ -37,6 +37,11 @@ jobs prefilled with it are prefilled again one by one) end that job with "error"
 `failure`, while the others go on; a job taken from the queue always gets its `on_finish`. Only a decoding step
 that fails, shared by every running row, ends the running jobs; the waiting ones still run after it.
 
+With a prefix cache (`layers/prefix_cache.py`, vLLM's automatic prefix caching), a prefill first writes the kept
+keys and values of its prompts' prefixes into the new rows and computes only the columns after them; then it keeps
+the prompts' whole blocks. Keys and values depend only on the tokens before them, so a request's tokens are those
+it gets without the cache, whichever rows and requests the prefix came from.
+
 Models whose cache cannot be merged row by row (a recurrent LM's state, a sliding window's ring buffer) run one
 request at a time through the same loop.
 
@@ -65,6 +70,7 @@ from attnkit.generate.decoder import EagerDecoding, Window, left_pad, prefill
 from attnkit.generate.sampling import SamplingConfig, check_drawn, make_generator, select_next_in_groups, token_logprobs
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.layers.kv_cache import KVCache, LayerCache, StaticKVCache
+from attnkit.layers.prefix_cache import PrefixCache, reuse
 
 log = logging.getLogger(__name__)
 
@@ -248,12 +254,14 @@ class Scheduler:
 
     max_rows: rows decoded together at most (a request of n choices takes n); max_waiting: jobs waiting to join,
     beyond which `submit` raises QueueFull; decoding: how a step runs (the pipeline's: `attnkit.load`'s `compile`
-    gives a StaticDecoding, see the module docstring), eager by default.
+    gives a StaticDecoding, see the module docstring), eager by default; prefix_cache: where prompts' prefixes are
+    kept and found (`layers/prefix_cache.py`), None to compute every prompt whole.
     """
 
     def __init__(self, model, *, context_len: int, pad_id: int, max_rows: int = 32, max_waiting: int = 64,
-                 decoding: EagerDecoding | None = None) -> None:
+                 decoding: EagerDecoding | None = None, prefix_cache: PrefixCache | None = None) -> None:
         self.model = model
+        self.prefix_cache = prefix_cache
         self.decoding = decoding if decoding is not None else EagerDecoding(model)
         static = isinstance(self.decoding, StaticDecoding)
         self.template = model.allocate_cache(1, 1, static=True) if static else None  # the static view's layers
@@ -454,24 +462,36 @@ class Scheduler:
         rows = [(job, choice) for job in joining for choice in range(job.n)]
         window = left_pad([job.prompt for job, _ in rows], pad_id=self.pad_id, device=self.device)  # (k, T)
         count, width = window.ids.shape
+        prompts = [job.prompt for job, _ in rows]
         if self.batch is None:
             batch = self._start(window, rows, headroom=max(job.max_new_tokens for job in joining))
-            logits = self._prefill_logits(window, batch.cache)
+            logits = self._prefill_logits(window, batch.cache, prompts)
             batch.length, batch.padded = width, window.padded  # its columns are the prompts' now
             self.batch, self.logits = batch, logits
         else:
             cache = self._allocate(count, width)
-            logits = self._prefill_logits(window, cache)  # (k, V)
+            logits = self._prefill_logits(window, cache, prompts)  # (k, V)
             self._fit(rows=count, width=width)
             self.batch.place(window, cache, rows)
             self.logits = torch.cat((self.logits, logits))
         self.steps += 1
 
-    def _prefill_logits(self, window: Window, cache: KVCache) -> Tensor:
-        """Prefill `window` into the plain cache `cache`: (k, V). Eager beside a fixed-shape step, as it is there."""
+    def _prefill_logits(self, window: Window, cache: KVCache, prompts: list[list[int]]) -> Tensor:
+        """Prefill `window` (the left-padded `prompts`) into the plain cache `cache`: (k, V). Eager beside a
+        fixed-shape step, as it is there. With a prefix cache, the kept prefixes are written into `cache` first and
+        only the rest is computed; then the prompts' whole blocks are kept."""
+        keeps = self.prefix_cache is not None and self._merge_ok()
+        if keeps:
+            reuse(self.prefix_cache, prompts, window.ids.shape[1], cache)
         if self.template is not None:
-            return prefill(self.model, window, cache)
-        return self.decoding.prefill(window, cache)
+            logits = prefill(self.model, window, cache)
+        else:
+            logits = self.decoding.prefill(window, cache)
+        if keeps:
+            width = window.ids.shape[1]
+            for row, prompt in enumerate(prompts):
+                self.prefix_cache.keep(prompt, cache, row, width - len(prompt))
+        return logits
 
     def _take(self) -> list[GenerationJob]:
         """The waiting jobs that join now, as many as fit: at once when nothing runs; while a batch runs, once the
