@@ -365,7 +365,7 @@ def test_a_classifier_serves_its_task_and_embeddings_not_completions(runs):
 
 
 def test_texts_beyond_the_context_are_said_or_refused_and_every_endpoint_keeps_the_timeout(runs, monkeypatch):
-    from attnkit.serve import app as served
+    from attnkit.serve import state as served
 
     long = "a cat sat " * 20  # 200 characters: more than the context of 96
     with running_server(runs["clf"], timeout=0.5) as (url, app):

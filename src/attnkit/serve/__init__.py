@@ -1,10 +1,14 @@
 """`attnkit serve`: one run over HTTP in the OpenAI API's shapes, with continuous batching, and the explorer page.
 
     settings.py   ServeSettings: the command's flags
-    app.py        the FastAPI app: endpoints, body limits, errors, logs, metrics
+    app.py        the FastAPI app: the API key, logs and counters, with the routers of routes/ (one per endpoint
+                  family: completions and chat, embeddings, tasks, explorer, operations) over state.py
+    state.py      what the routers share (the run, settings, scheduler, model lock), model calls off the loop
+    bodies.py     request bodies read within --max-body and checked;  schemas.py  their models
+    generation.py one prompt's job on the scheduler;  answer.py  the response, whole or streamed
     batching.py   continuous batching over the KV cache (a request joins and leaves between steps)
     listen.py     the port and host checked and bound before the run loads
-    schemas.py    the request bodies;  errors.py  OpenAI-style error JSON;  chat.py  chat templates
+    errors.py     OpenAI-style error JSON;  chat.py  chat templates;  structured.py  response_format and tools
     logprobs.py   log-probabilities in the API's shapes (logprobs, top_logprobs, echo)
     metrics.py    Prometheus text;  explorer.py  the explorer's numbers;  static/  its page (HTML, JS, CSS)
 

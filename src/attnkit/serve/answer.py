@@ -1,0 +1,187 @@
+"""The answer to a completion or chat request of one or more prompts (`serve/generation.py`): whole, as one JSON
+body, or streamed, as server-sent events ending with [DONE]; either ends the generation when the client goes away or
+the server's timeout passes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from attnkit.errors import AttnkitError
+from attnkit.serve.batching import GenerationJob
+from attnkit.serve.errors import APIError
+from attnkit.serve.generation import Generation
+from attnkit.serve.logprobs import Scored, chat_logprobs, completion_logprobs
+
+
+def failure(job: GenerationJob) -> APIError:
+    """The error a failed job answers: 400 with the library's refusal (AttnkitError), else 500 (the log says why)."""
+    if isinstance(job.failure, AttnkitError):
+        return APIError(400, f"generation refused this request: {job.failure}")
+    return APIError(500, "generation failed; the server's log says why")
+
+
+class ClientGone(Exception):
+    """The client closed its connection before the answer was complete."""
+
+
+async def next_event(generation: Generation, request: Request, poll: float = 0.25):
+    """The generation's next event. ClientGone once the client has gone away, a "finish" event with every choice
+    cancelled once the deadline has passed (both checked every `poll` seconds, whatever the scheduler does)."""
+    while True:
+        try:
+            return await asyncio.wait_for(generation.events.get(), timeout=poll)
+        except TimeoutError:
+            if await request.is_disconnected():
+                raise ClientGone from None
+            if time.monotonic() > generation.job.deadline:
+                generation.job.cancel()
+                return ("finish", [""] * generation.job.n, ["cancelled"] * generation.job.n, True, None)
+
+
+class Answer:
+    """The response to a request of one or more prompts: whole (JSON) or streamed (server-sent events)."""
+
+    def __init__(self, kind: str, model_id: str, generations: list[Generation], *, include_usage: bool,
+                 tokenizer) -> None:
+        self.kind, self.model_id, self.generations = kind, model_id, generations
+        self.include_usage, self.tokenizer = include_usage, tokenizer
+        self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _choice_index(self, generation: Generation, choice: int) -> int:
+        return generation.index * generation.job.n + choice
+
+    def usage(self) -> dict:
+        prompt = sum(g.prompt_tokens for g in self.generations)  # once per prompt, as OpenAI counts
+        completion = sum(g.completion_tokens for g in self.generations)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def cancel(self) -> None:
+        for generation in self.generations:
+            generation.job.cancel()
+
+    async def whole(self, request: Request, timeout: float) -> dict:
+        """Wait for every prompt's end (cancelled when the client goes away); the OpenAI response body."""
+        choices = []
+        try:
+            for generation in self.generations:
+                while True:
+                    event = await next_event(generation, request)
+                    if event[0] == "finish":
+                        break
+                _, texts, reasons, timed_out, scored = event
+                if "error" in reasons:
+                    raise failure(generation.job)
+                if timed_out and "cancelled" in reasons:
+                    raise APIError(504, f"the request took longer than the server's timeout ({timeout:g} s)")
+                choices += [self._choice(generation, c, text, reason, scored and scored[c]) for c, (text, reason) in
+                            enumerate(zip(texts, reasons, strict=True))]
+        finally:
+            self.cancel()  # anything still running (a client gone, an error) ends at the next step
+        return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model_id,
+                "choices": choices, "usage": self.usage()}
+
+    def _choice(self, generation: Generation, choice: int, text: str, reason: str, scored: list[Scored] | None
+                ) -> dict:
+        index = self._choice_index(generation, choice)
+        if self.kind == "chat.completion":
+            message, reason = self._message(generation, text, reason)
+            return {"index": index, "message": message, "finish_reason": reason,
+                    "logprobs": self._logprobs(generation, scored)}
+        return {"index": index, "text": generation.echo + text, "finish_reason": reason,
+                "logprobs": self._logprobs(generation, scored, echoed=True)}
+
+    @staticmethod
+    def _message(generation: Generation, text: str, reason: str) -> tuple[dict, str]:
+        """A chat choice's message and finish reason: a tool call read out of its text (`serve/structured.py`)."""
+        if generation.structured is None:
+            return {"role": "assistant", "content": text}, reason
+        return generation.structured.reply(text, reason)
+
+    def _withheld(self, generation: Generation, texts: list[str], reasons: list[str]) -> tuple[str | None, list[str]]:
+        """For a stream whose replies come whole at their end (tool calls): the chunk with each choice's message (None
+        for others), and the finish reasons it gives."""
+        if generation.structured is None or not generation.structured.withheld:
+            return None, reasons
+        deltas, finished = [], []
+        for choice, (text, reason) in enumerate(zip(texts, reasons, strict=True)):
+            message, reason = self._message(generation, text, reason)
+            calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or [])]
+            delta = {"tool_calls": calls} if calls else {"content": message["content"]}
+            deltas.append({"index": self._choice_index(generation, choice), "delta": delta, "finish_reason": None,
+                           "logprobs": None})
+            finished.append(reason)
+        return self._chunk(deltas), finished
+
+    def _logprobs(self, generation: Generation, scored: list[Scored] | None, *, echoed: bool = False) -> dict | None:
+        """A choice's `logprobs` object for the tokens `scored` (None when none were asked for); completions' with the
+        echoed prompt's tokens first when `echoed`."""
+        if generation.scores is None:
+            return None
+        if self.kind == "chat.completion":
+            return chat_logprobs(self.tokenizer, scored)
+        entries = [*generation.prompt_scores, *scored] if echoed else scored
+        offsets = [0] * len(generation.prompt_scores) if echoed else []
+        offsets += [len(generation.echo)] * len(scored)
+        return completion_logprobs(self.tokenizer, entries, offsets)
+
+    def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
+        kind = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
+        payload = {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
+                   "choices": choices}
+        if usage is not None:
+            payload["usage"] = usage
+        return f"data: {json.dumps(payload)}\n\n"
+
+    def _delta(self, generation: Generation, choice: int, text: str | None, reason: str | None, *,
+               first: bool = False, scored: list[Scored] | None = None) -> dict:
+        index = self._choice_index(generation, choice)
+        if self.kind == "chat.completion":
+            logprobs = None if first else self._logprobs(generation, scored or [])
+            delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
+            return {"index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
+        logprobs = self._logprobs(generation, [] if first else scored or [], echoed=first)
+        return {"index": index, "text": text or "", "finish_reason": reason, "logprobs": logprobs}
+
+    async def stream(self, request: Request) -> AsyncIterator[str]:
+        """Server-sent events: a chunk per settled piece of text, a last chunk per choice with its finish reason,
+        the usage when asked for, then [DONE]. A client that goes away cancels the generation."""
+        try:
+            if self.kind == "chat.completion":  # the role first
+                yield self._chunk([self._delta(g, c, None, None, first=True)
+                                   for g in self.generations for c in range(g.job.n)])
+            elif any(g.echo for g in self.generations):  # the prompt first
+                yield self._chunk([self._delta(g, c, g.echo, None, first=True)
+                                   for g in self.generations for c in range(g.job.n)])
+            for generation in self.generations:
+                while True:
+                    event = await next_event(generation, request)
+                    if event[0] == "text":
+                        _, choice, piece, scored = event
+                        yield self._chunk([self._delta(generation, choice, piece, None, scored=scored)])
+                        continue
+                    _, texts, reasons, timed_out, scored = event
+                    whole, reasons = self._withheld(generation, texts, reasons)
+                    if whole is not None and "error" not in reasons:
+                        yield whole
+                    if "error" in reasons:
+                        yield f"data: {json.dumps(failure(generation.job).body())}\n\n"
+                    elif timed_out and "cancelled" in reasons:
+                        error = APIError(504, "the request took longer than the server's timeout")
+                        yield f"data: {json.dumps(error.body())}\n\n"
+                    yield self._chunk([self._delta(generation, c, None, reason, scored=scored and scored[c])
+                                       for c, reason in enumerate(reasons)])
+                    break
+            if self.include_usage:
+                yield self._chunk([], self.usage())
+            yield "data: [DONE]\n\n"
+        except ClientGone:
+            return
+        finally:
+            self.cancel()

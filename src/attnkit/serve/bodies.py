@@ -1,0 +1,123 @@
+"""Request bodies read and checked: a size limit before anything is read, then JSON, then the body's schema
+(`serve/schemas.py`), so that each malformed or hostile body gets an OpenAI-style 4xx naming the field.
+
+`read_body` runs on the event loop and only counts bytes; `parse_body` costs time in the body's size and runs on a
+worker thread (`ServerState.body`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from fastapi import Request
+from pydantic import ValidationError
+
+from attnkit.serve.errors import APIError
+from attnkit.serve.schemas import Body
+
+RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_long", "too_short",
+                "string_too_short", "string_too_long", "literal_error"}  # a value of the right type out of range
+UNION_MEMBER = re.compile(r"^(str|int|float|bool|constrained-.*|.*\[.*\])$")  # pydantic's name of a union's member
+
+
+def too_large(size: str, limit: int) -> APIError:
+    """413 for a body of `size` bytes (a number, or words such as "more than 5 bytes") beyond `limit`."""
+    return APIError(413, f"the request body has {size} bytes; this server takes at most {limit:,} (--max-body): "
+                    "send a smaller body, or start the server with a larger --max-body",
+                    code="request_too_large")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body's bytes: 413 beyond `limit` bytes, as its Content-Length declares or as it arrives (chunked)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(f"{int(declared):,}", limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(f"more than {limit:,}", limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_body(schema: type[Body], raw: bytes):
+    """`raw` as `schema`: 400 for bytes that are not UTF-8 JSON, else as `validate`."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise APIError(400, f"the request body is not valid UTF-8 (byte {error.start}); send JSON in UTF-8") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise APIError(400, "the request body nests too deeply to read; send a flat JSON object") from None
+    except json.JSONDecodeError as error:
+        raise APIError(400, f"the request body is not JSON: {error.msg} at character {error.pos}") from None
+    return validate(schema, data)
+
+
+def validate(schema: type[Body], data):
+    """The body as `schema`: 422 for a wrong type or a missing field, 400 for a value out of range, a field the
+    server does not take, or text that UTF-8 cannot encode; each naming the field."""
+    if not isinstance(data, dict):
+        raise APIError(422, f"the request body must be a JSON object, not {type(data).__name__}")
+    try:
+        _check_encodable(data)
+        return schema.model_validate(data)
+    except ValidationError as error:
+        first = _reported(error, data)
+        loc = [part for part in first["loc"] if not (isinstance(part, str) and UNION_MEMBER.match(part))]
+        field = str(loc[0]) if loc else None  # the top-level field, as OpenAI's param names it
+        where = ".".join(str(part) for part in loc)
+        if first["type"] == "extra_forbidden":
+            if len(loc) > 1:
+                raise APIError(400, f"{where}: this server takes no such field there", param=field) from None
+            known = ", ".join(schema.model_fields)
+            raise APIError(400, schema.not_honoured(field) or f"{where}: this server takes no such field (the fields "
+                           f"it takes: {known})", param=field) from None
+        status = 400 if first["type"] in RANGE_ERRORS else 422
+        raise APIError(status, f"{where}: {first['msg']}", param=field) from None
+    except RecursionError:
+        raise APIError(400, "the request body nests too deeply to read; send a flat JSON object") from None
+
+
+def _reported(error: ValidationError, data: dict) -> dict:
+    """The error to report: the first, unless it lies in a union (a field's, or a nested one's such as a message's
+    content) and the value has the type of another member (a list of five stop strings is "at most 4 items", not
+    "should be a valid string"); of several such members, the one whose error lies deepest, the member the value
+    came closest to (a list of token-id lists with a negative id: that id, not "should be a valid string")."""
+    errors = error.errors(include_url=False)
+    first = errors[0]
+    loc = first["loc"]
+    at = next((i for i, part in enumerate(loc) if i and isinstance(part, str) and UNION_MEMBER.match(part)), None)
+    if at is None:
+        return first
+    value = data
+    for part in loc[:at]:  # the union's value in the body
+        fits = isinstance(value, dict) and part in value or isinstance(value, list) and isinstance(part, int)
+        value = value[part] if fits and (isinstance(value, dict) or part < len(value)) else None
+    kind = "list" if isinstance(value, list) else "str" if isinstance(value, str) else None
+    same = [e for e in errors if e["loc"][:at] == loc[:at] and len(e["loc"]) > at
+            and str(e["loc"][at]).split("[")[0] in (kind, f"constrained-{kind}")]
+    return max(same, key=lambda e: len(e["loc"])) if same else first
+
+
+def _check_encodable(data) -> None:
+    """400 naming the first string (or key) that UTF-8 cannot encode: a lone surrogate such as "\\ud800", which
+    JSON's escapes can write but no tokenizer reads. Walked without recursion (the body may nest deeply)."""
+    stack: list[tuple[tuple, object]] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [((*path, key), key) for key in value] + [((*path, k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [((*path, i), v) for i, v in enumerate(value)]
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:
+                where = ".".join(str(part) for part in path) or "the body"
+                raise APIError(400, f"{where}: the text holds a lone surrogate ({value[error.start]!a}) at "
+                               f"character {error.start}, which UTF-8 cannot encode; send valid Unicode text",
+                               param=str(path[0]) if path else None) from None

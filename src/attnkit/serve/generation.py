@@ -1,0 +1,121 @@
+"""One prompt of a completion or chat request: its token ids checked against the context, its sampling checked,
+its job on the batching scheduler (`serve/batching.py`), and the events the job sends back to the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+from attnkit.errors import AttnkitError
+from attnkit.generate.pipeline import Pipeline, TextTracker
+from attnkit.generate.sampling import SamplingError, check_sampling
+from attnkit.serve.batching import GenerationJob
+from attnkit.serve.errors import APIError
+from attnkit.serve.logprobs import ChoiceScores, Scored
+from attnkit.serve.schemas import Sampling
+from attnkit.serve.settings import ServeSettings
+from attnkit.serve.structured import Structured
+
+TOKEN_ID = re.compile(r"[0-9]+")  # a logit_bias key
+
+
+class Generation:
+    """One prompt of a request: its job on the scheduler and the events it sends back to the event loop."""
+
+    def __init__(self, pipeline: Pipeline, prompt: str | list[int], body: Sampling, index: int, *,
+                 stops: tuple[str, ...], max_tokens: int | None, settings: ServeSettings, chat: bool,
+                 logprobs: int | None = None, echo: bool = False, structured: Structured | None = None) -> None:
+        """logprobs: the alternatives reported per token (None: no log-probabilities); echo: the prompt's text comes
+        before each choice's; structured: the grammar each choice is held to, and how its reply is read."""
+        self.loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.index = index
+        ids = _prompt_ids(pipeline, prompt, index)
+        context = pipeline.config.max_seq_len
+        if len(ids) >= context:
+            raise APIError(400, f"the prompt has {len(ids)} tokens; this model's context holds {context}, so the "
+                           "prompt must be shorter to leave room for new tokens",
+                           param="messages" if chat else "prompt")
+        room = min(settings.max_tokens, context - len(ids))
+        if max_tokens is None:
+            max_tokens = room
+        if max_tokens > room:
+            raise APIError(400, f"max_tokens={max_tokens} is more than this request may generate: at most {room} "
+                           f"(the server's limit is {settings.max_tokens}; the prompt has {len(ids)} tokens of the "
+                           f"context's {context})", param="max_tokens")
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
+        if "" in stop:
+            raise APIError(400, "a stop string is empty; give non-empty stop strings", param="stop")
+        try:
+            sampling, seed = check_sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                                            logit_bias=_logit_bias(body.logit_bias),
+                                            vocab_size=pipeline.config.vocab_size, seed=body.seed)
+        except SamplingError as error:
+            raise APIError(400, str(error), param=error.field) from None
+        self.prompt_ids = ids
+        self.prompt_tokens = len(ids)
+        self.completion_tokens = 0
+        self.echo = "" if not echo else prompt if isinstance(prompt, str) else pipeline.tokenizer.decode(ids)
+        self.prompt_scores: list[Scored] = []  # the echoed prompt's tokens, scored (echo with logprobs)
+        self.scores = [ChoiceScores(pipeline.tokenizer) for _ in range(body.n)] if logprobs is not None else None
+        self.streamed = [0] * body.n  # characters of each choice's text sent so far
+        self.structured = structured
+        streamed = body.stream and not (structured and structured.withheld)  # a tool call comes whole at the end
+        self.tracker = TextTracker(pipeline.tokenizer, body.n, [*stop, *stops], self._text if streamed else None)
+        eos = pipeline.tokenizer.eos_id
+        self.job = GenerationJob(
+            prompt=ids, max_new_tokens=max_tokens, sampling=sampling, on_token=self._token, on_finish=self._finish,
+            n=body.n, seed=seed, stop_ids=frozenset({eos} if eos is not None else ()),
+            deadline=time.monotonic() + settings.timeout, top_logprobs=logprobs,
+            on_logprobs=self._scored if logprobs is not None else None,
+            grammar=structured.mask(pipeline.tokenizer, body.n) if structured else None)
+
+    # on the scheduler's thread
+    def _scored(self, choice: int, token: int, logprob: float, top: list[tuple[int, float]]) -> None:
+        self.scores[choice].add(token, logprob, top)
+
+    def _token(self, choice: int, token: int) -> bool:
+        self.completion_tokens += 1
+        return self.tracker.push(choice, token)
+
+    def _text(self, choice: int, piece: str) -> None:
+        self.streamed[choice] += len(piece)
+        scored = self.scores[choice].settled(self.streamed[choice]) if self.scores is not None else None
+        self.loop.call_soon_threadsafe(self.events.put_nowait, ("text", choice, piece, scored))
+
+    def _finish(self, reasons: list[str]) -> None:
+        texts = self.tracker.finish()
+        timed_out = time.monotonic() > self.job.deadline
+        scored = None if self.scores is None else [
+            scores.settled(len(text), final=True) for scores, text in zip(self.scores, texts, strict=True)]
+        self.loop.call_soon_threadsafe(self.events.put_nowait, ("finish", texts, reasons, timed_out, scored))
+
+
+
+
+def _prompt_ids(pipeline: Pipeline, prompt: str | list[int], index: int) -> list[int]:
+    """A prompt's token ids: a text's as `Pipeline.generate` encodes it, or the ids given (400 for one beyond the
+    vocabulary)."""
+    if isinstance(prompt, str):
+        try:
+            return pipeline.prompt_ids(prompt, index=index)
+        except AttnkitError as error:
+            raise APIError(400, str(error), param="prompt") from None
+    vocab = pipeline.config.vocab_size
+    beyond = [token for token in prompt if token >= vocab]
+    if beyond:
+        raise APIError(400, f"prompt {index}: token id {beyond[0]} is beyond the vocabulary of {vocab} tokens; give "
+                       f"ids from 0 to {vocab - 1}", param="prompt")
+    return list(prompt)
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's `logit_bias` ({"token id": bias}) with integer keys; 400 for a key that is no token id."""
+    if not bias:
+        return None
+    bad = [key for key in bias if not TOKEN_ID.fullmatch(key)]
+    if bad:
+        raise APIError(400, f"logit_bias: the key {bad[0]!r} is no token id; give token ids as decimal strings, e.g. "
+                       '{"15": -100}', param="logit_bias")
+    return {int(key): value for key, value in bias.items()}

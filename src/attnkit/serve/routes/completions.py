@@ -1,0 +1,95 @@
+"""POST /v1/completions and /v1/chat/completions: text completion and chat, whole or streamed, on the batching
+scheduler (chat's messages rendered by the run's chat template, `serve/chat.py`; its response_format and tools held
+as a grammar, `serve/structured.py`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from attnkit.errors import AttnkitError
+from attnkit.serve.answer import Answer, ClientGone
+from attnkit.serve.batching import QueueFull
+from attnkit.serve.errors import APIError
+from attnkit.serve.generation import Generation
+from attnkit.serve.logprobs import prompt_scores
+from attnkit.serve.schemas import ChatRequest, CompletionRequest, Sampling
+from attnkit.serve.state import ServerState
+from attnkit.serve.structured import Structured
+
+DEFAULT_COMPLETION_TOKENS = 16  # max_tokens of a completion that names none (as OpenAI)
+RETRY_AFTER_SECONDS = 1
+
+
+def router(state: ServerState) -> APIRouter:
+    routes = APIRouter()
+    pipeline, settings = state.pipeline, state.settings
+
+    @routes.post("/v1/completions")
+    async def completions(request: Request):
+        body = await state.body(request, CompletionRequest)
+        state.check_model(body.model)
+        return await generate(request, body, body.prompts, "text_completion", stops=(),
+                              max_tokens=body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS,
+                              logprobs=body.logprobs, echo=body.echo)
+
+    @routes.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await state.body(request, ChatRequest)
+        state.check_model(body.model)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true as well", param="top_logprobs")
+        structured = Structured.of(body)  # response_format and tools: a grammar the reply is held to
+        try:
+            prompt = state.template.render([m.rendered() for m in body.messages],
+                                           structured.tools if structured else ())
+        except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
+            raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
+        limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        return await generate(request, body, [prompt], "chat.completion", stops=state.template.stops,
+                              max_tokens=limit, logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+                              structured=structured)
+
+    async def generate(request: Request, body: Sampling, prompts: list[str] | list[list[int]], kind: str, *,
+                       stops: tuple[str, ...], max_tokens: int | None, logprobs: int | None = None,
+                       echo: bool = False, structured: Structured | None = None):
+        scheduler = state.scheduler
+        if scheduler is None:
+            raise APIError(404, f"this run ({pipeline.family}) does not generate text; its endpoints are "
+                           f"{', '.join(state.endpoints()) or 'none'}", code="endpoint_not_served")
+        if len(prompts) > settings.max_queue:  # they could never wait in the queue together: no retry succeeds
+            raise APIError(400, f"this request has {len(prompts)} prompts; this server queues at most "
+                           f"{settings.max_queue} (--max-queue): send at most that many per request", param="prompt")
+        jobs = [Generation(pipeline, p, body, index, stops=stops, max_tokens=max_tokens, settings=settings,
+                           chat=kind == "chat.completion", logprobs=logprobs, echo=echo, structured=structured)
+                for index, p in enumerate(prompts)]
+        if echo and logprobs is not None:  # the prompt's own tokens, scored by one forward pass each
+            for job in jobs:
+                job.prompt_scores = (await state.held(lambda job=job: prompt_scores(
+                    pipeline.model, job.prompt_ids, logprobs, pipeline.tokenizer))).entries
+        for job in jobs:
+            try:
+                scheduler.submit(job.job)
+            except QueueFull:
+                _cancel(jobs)
+                raise APIError(429, "the server is busy (its queue is full); try again shortly",
+                               headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+            except AttnkitError as error:
+                _cancel(jobs)
+                raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else "n") from None
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        answer = Answer(kind, state.model_id, jobs, include_usage=usage, tokenizer=pipeline.tokenizer)
+        if body.stream:
+            return StreamingResponse(answer.stream(request), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            return JSONResponse(await answer.whole(request, settings.timeout))
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the client has gone (nginx's code for this)
+
+    return routes
+
+
+def _cancel(generations: list[Generation]) -> None:
+    for generation in generations:
+        generation.job.cancel()

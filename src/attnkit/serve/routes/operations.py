@@ -1,0 +1,63 @@
+"""GET /health, /metrics (Prometheus text, `serve/metrics.py`), /openapi.json (the request bodies' schemas, per
+endpoint served, `serve/schemas.py`) and /v1/models[/{id}] (the one model served)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+
+from attnkit.serve.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    ExploreRequest,
+    ModelViewRequest,
+    StepRequest,
+    TaskRequest,
+    openapi,
+)
+from attnkit.serve.state import ServerState
+
+
+def router(state: ServerState) -> APIRouter:
+    routes = APIRouter()
+    settings, scheduler, pipeline = state.settings, state.scheduler, state.pipeline
+
+    @routes.get("/health")
+    async def health():
+        return {"status": "ok", "model": state.model_id}
+
+    @routes.get("/metrics")
+    async def prometheus():
+        text = state.metrics.text(tokens=scheduler.tokens if scheduler else 0,
+                                  queue_length=scheduler.queue_length if scheduler else 0,
+                                  batch_size=scheduler.running_rows if scheduler else 0)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @routes.get("/openapi.json")
+    async def openapi_document():
+        bodies = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest,
+                  "/v1/embeddings": EmbeddingRequest}
+        bodies = {path: body for path, body in bodies.items() if path in state.endpoints()}
+        bodies |= {path: TaskRequest for path in state.endpoints() if path not in bodies}
+        bodies |= {"/api/analyze": ExploreRequest, "/api/step": StepRequest, "/api/inspect": ExploreRequest,
+                   "/api/model": ModelViewRequest}
+        most = {"max_tokens": settings.max_tokens, "max_completion_tokens": settings.max_tokens,
+                "n": settings.max_batch}
+        return openapi(bodies, title=f"attnkit serve: {state.model_id}", limits=most)
+
+    def card() -> dict:
+        return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "attnkit",
+                "family": pipeline.family, "task": pipeline.task.name if pipeline.task else None,
+                "endpoints": state.endpoints()}
+
+    @routes.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [card()]}
+
+    @routes.get("/v1/models/{name}")
+    async def model(name: str):
+        state.check_model(name)
+        return card()
+
+    return routes

@@ -1,0 +1,125 @@
+"""What every router of `attnkit serve` shares: the run served, its settings, the batching scheduler, the model's
+lock and the counters; and the model's use by one request at a time, off the event loop, within the timeout."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from attnkit.checkpoint import TOKENIZER_DIR
+from attnkit.errors import AttnkitError
+from attnkit.generate.pipeline import Pipeline
+from attnkit.models import family_of
+from attnkit.serve.batching import Scheduler
+from attnkit.serve.bodies import parse_body, read_body
+from attnkit.serve.chat import ChatTemplate, chat_template
+from attnkit.serve.errors import APIError
+from attnkit.serve.explorer import Explorer
+from attnkit.serve.metrics import Metrics
+from attnkit.serve.schemas import Body
+from attnkit.serve.settings import ServeSettings
+
+TEXTS_PER_TURN = 16  # texts the model reads in one turn of a task endpoint, between checks of the deadline
+
+
+@dataclass
+class ServerState:
+    """The served run and what the routers share. `scheduler` is None for a run that does not generate text."""
+
+    pipeline: Pipeline
+    settings: ServeSettings
+    model_id: str  # the run directory's name
+    created: int  # when the server started (seconds since the epoch), as /v1/models gives it
+    scheduler: Scheduler | None
+    explorer: Explorer
+    template: ChatTemplate
+    metrics: Metrics
+    model_lock: threading.Lock  # held while the model runs: one model call at a time
+
+    @classmethod
+    def of(cls, pipeline: Pipeline, run_dir: Path, settings: ServeSettings) -> ServerState:
+        scheduler = None
+        if "generate" in pipeline.methods:
+            scheduler = Scheduler(pipeline.model, context_len=pipeline.config.max_seq_len, pad_id=pipeline._pad_id,
+                                  max_rows=settings.max_batch, max_waiting=settings.max_queue,
+                                  decoding=pipeline.decoding)
+        experiments = Path(settings.experiments) if settings.experiments else Path.cwd() / "docs" / "experiments"
+        return cls(pipeline=pipeline, settings=settings, model_id=run_dir.resolve().name, created=int(time.time()),
+                   scheduler=scheduler,
+                   explorer=Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments),
+                   template=chat_template(run_dir / TOKENIZER_DIR), metrics=Metrics(),
+                   model_lock=scheduler.lock if scheduler is not None else threading.Lock())
+
+    @property
+    def embeds(self) -> bool:
+        """Whether the run reads a whole text at once and decodes nothing (an encoder): its last states embed it."""
+        return family_of(self.pipeline.config).state is None
+
+    def endpoints(self) -> list[str]:
+        """The run's endpoints under /v1/, as the task registry says."""
+        served = [f"/v1/{method}" for method in self.pipeline.methods if method != "generate"]
+        if "generate" in self.pipeline.methods:
+            served = ["/v1/completions", "/v1/chat/completions"]
+        if self.embeds:
+            served.append("/v1/embeddings")
+        return served
+
+    def check_model(self, name: str | None) -> None:
+        """404 for a model name other than the one served (None: the one served)."""
+        if name is not None and name != self.model_id:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_id!r}",
+                           param="model", code="model_not_found")
+
+    async def body(self, request: Request, schema: type[Body]):
+        """The request's body as `schema`: read within --max-body, then parsed and checked off the event loop."""
+        raw = await read_body(request, self.settings.max_body)
+        return await run_in_threadpool(parse_body, schema, raw)
+
+    async def held(self, call: Callable):
+        """`call()` on a worker thread, holding the model (`held`), within the server's timeout."""
+        return await run_in_threadpool(held, self.model_lock, time.monotonic() + self.settings.timeout, call)
+
+    async def in_turns(self, texts: list[str], call: Callable[[list[str], int], list]) -> list:
+        """`call(part, start)` over `texts` on a worker thread, a turn at a time (`in_turns`)."""
+        return await run_in_threadpool(in_turns, self.model_lock, self.settings.timeout, texts, call)
+
+
+def held(lock: threading.Lock, deadline: float, call: Callable):
+    """Run `call` holding the model's lock, waiting for it until `deadline` (time.monotonic()) at most: 504 after.
+    The library's own refusals (AttnkitError) become a 400."""
+    if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        raise APIError(504, "the request took longer than the server's timeout waiting for the model")
+    try:
+        with torch.inference_mode():
+            return call()
+    except AttnkitError as error:
+        raise APIError(400, str(error)) from None
+    finally:
+        lock.release()
+
+
+def in_turns(lock: threading.Lock, timeout: float, texts: list[str], call: Callable[[list[str], int], list]) -> list:
+    """`call(part, start)` over `texts`, TEXTS_PER_TURN at a time, each turn holding the model (`held`); 504 once
+    `timeout` seconds have passed, checked before each turn, so that no request holds the model past its timeout by
+    more than one turn. A refusal in a later turn says where its count of texts starts."""
+    deadline = time.monotonic() + timeout
+    results = []
+    for start in range(0, len(texts), TEXTS_PER_TURN):
+        if time.monotonic() > deadline:
+            raise APIError(504, f"the request took longer than the server's timeout ({timeout:g} s); "
+                           f"{start} of its {len(texts)} texts were read: send fewer texts per request")
+        try:
+            results += held(lock, deadline, functools.partial(call, texts[start:start + TEXTS_PER_TURN], start))
+        except APIError as error:
+            if error.status == 400 and start:
+                error.message += f" (texts counted from input[{start}])"
+            raise
+    return results
