@@ -8,10 +8,11 @@ import torch
 
 from attnkit.config import ModelConfig
 from attnkit.errors import InputError
+from attnkit.inspect import patch
 from attnkit.inspect.head_types import head_types, monotonicity, self_scores
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.induction import InductionTask, attention_only_decoder, train_induction
-from attnkit.inspect.inputs import Batch, lm_batch
+from attnkit.inspect.inputs import Batch, lm_batch, token_losses
 from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import patch_heads, patch_stream
 from attnkit.inspect.probes import control_labels, probe
@@ -142,3 +143,14 @@ def test_head_type_scores_on_hand_made_patterns():
     diagonal = torch.eye(5).expand(1, 2, 5, 5).clone()  # head 0 monotone; head 1 jumps back and forth
     diagonal[0, 1] = torch.eye(5)[[0, 3, 1, 4, 2]]
     assert monotonicity(diagonal).tolist() == [1.0, 0.5]
+
+
+def test_resample_ablation_takes_another_row_never_the_rows_own(induction_model, held_out):
+    # two rows: each row's head output can only come from the other, so the score equals the swap made by hand
+    batch = lm_batch(held_out[:2])
+    found = head_importance(induction_model, batch, ablation="resample")
+    clean = batch.run(induction_model, names=["blocks.1.attn.z"])
+    swapped = batch.run(induction_model, edits={"blocks.1.attn.z": patch(clean["blocks.1.attn.z"].flip(0), head=0)})
+    by_hand = token_losses(batch.logits(swapped.output), batch.labels).nanmean() - found.baseline
+    assert found.scores[1, 0] == pytest.approx(float(by_hand), abs=1e-6)
+    assert found.scores[1, 0] > 0.1

@@ -38,7 +38,19 @@ def runs(tmp_path_factory):
         "encoder-decoder": _run(tmp_path_factory.mktemp("seq2seq"), "encoder-decoder"),
         "recurrent": _run(tmp_path_factory.mktemp("recurrent"), "recurrent-seq2seq", cell="gru", hidden_size=8,
                           attention="luong-dot"),
+        "bahdanau": _run(tmp_path_factory.mktemp("bahdanau"), "recurrent-seq2seq", cell="gru", hidden_size=8,
+                         attention="bahdanau"),
+        "tagger": _labelled(_run(tmp_path_factory.mktemp("tagger"), "encoder", encoder_head="tag", n_classes=3),
+                            TAGS),
     }
+
+
+TAGS = ["NOUN", "VERB", "ADJ"]
+
+
+def _labelled(directory, labels):
+    (directory / "labels.json").write_text(json.dumps({"labels": labels}))
+    return directory
 
 
 def _inspect(run, analysis, tmp_path, **fields):
@@ -107,3 +119,37 @@ def test_cli_inspect_prints_the_files(runs, tmp_path, capsys):
     assert main(["inspect", str(runs["decoder"]), "logit-lens", "--text", "abc de", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out.split()
     assert printed == [str(tmp_path / f"logit-lens.{suffix}") for suffix in ("json", "md", "png")]
+
+
+@pytest.mark.parametrize("kind", ["classify", "tagger", "bahdanau"])
+def test_patch_reads_classes_tags_and_a_decoder_that_attends_step_by_step(runs, kind, tmp_path):
+    # a classifier's logits are (B, C), no positions; a tagger's outputs are its tags; Bahdanau's decoder runs its
+    # attention once per target step, so its point sees one position per call
+    text, corrupt = ("abc de\tcba ed", "jih gf\tcba ed") if kind == "bahdanau" else ("abc de abc", "jih gf abc")
+    report = _inspect(runs[kind], "patch", tmp_path, text=(text,), corrupt=corrupt)
+    summary = report["summary"]
+    if kind == "classify":
+        assert summary["position"] == "the pooled sequence"
+        assert {summary["answer"], summary["wrong"]} == {"class 0", "class 1"}
+    if kind == "tagger":
+        assert summary["answer"] in TAGS and summary["wrong"] in TAGS
+    heads = [row for row in report["rows"] if " head " in row["patched"]]
+    assert heads and all(row["restored"] is not None for row in heads)
+
+
+def test_patch_warns_when_the_corruption_barely_moves_the_answer(runs, tmp_path):
+    report = _inspect(runs["encoder-decoder"], "patch", tmp_path, text=("abc de\tcba ed",),
+                      corrupt="abc dj\tcba ed")
+    summary = report["summary"]
+    gap = abs(summary["logit difference clean"] - summary["logit difference corrupted"])
+    assert gap < 0.1  # an untrained model: a substituted letter hardly moves it
+    assert "barely moves the answer" in summary["warning"]
+
+
+def test_resample_ablation_draws_from_the_other_texts_and_refuses_one(runs, tmp_path):
+    texts = ("abc de fgh", "hij ab", "fed cba jih gf")
+    report = _inspect(runs["decoder"], "heads", tmp_path, text=texts, ablation="resample")
+    scores = [value for row in report["rows"] for key, value in row.items() if key.startswith("head ")]
+    assert any(abs(value) > 1e-4 for value in scores)  # a text resampled from itself changes nothing: all 0.0
+    with pytest.raises(InputError, match="one text has no other"):
+        _inspect(runs["decoder"], "heads", tmp_path, text=texts[:1], ablation="resample")

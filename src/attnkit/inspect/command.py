@@ -25,7 +25,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from attnkit.checkpoint import TOKENIZER_DIR, load_model
+from attnkit.checkpoint import TOKENIZER_DIR, load_model, read_labels
 from attnkit.errors import InputError
 from attnkit.inspect.edits import Ablation
 from attnkit.inspect.head_types import HeadTypes, head_types, repeated_tokens
@@ -75,6 +75,7 @@ class Loaded:
     family: str
     max_len: int
     device: torch.device
+    labels: list[str] | None = None  # a classifier's or tagger's class names (labels.json), by class index
 
     @property
     def translates(self) -> bool:
@@ -103,7 +104,7 @@ def run_inspect(settings: InspectSettings) -> list[Path]:
     _check_inputs(settings)
     model, config = load_model(run_dir, device=settings.device)
     loaded = Loaded(model.eval(), load_tokenizer(run_dir / TOKENIZER_DIR), config.family,
-                    getattr(config, "max_seq_len", None) or 512, torch.device(settings.device))
+                    getattr(config, "max_seq_len", None) or 512, torch.device(settings.device), read_labels(run_dir))
     out = Path(settings.out) if settings.out else run_dir / "inspect"
     name = settings.analysis
     title, rows, summary, figure = ANALYSES[name](loaded, settings)
@@ -178,6 +179,14 @@ def _labels(tokenizer: Tokenizer, ids) -> list[str]:
     return [piece.replace("\n", "\\n") for piece in tokenizer.pieces([int(i) for i in ids])]
 
 
+def _output_names(loaded: Loaded, ids) -> list[str]:
+    """What the model's outputs `ids` stand for: a classifier's or tagger's class names, else tokens."""
+    if not hasattr(loaded.model, "classifier"):
+        return _labels(loaded.tokenizer, ids)
+    names = loaded.labels or []
+    return [names[int(i)] if int(i) < len(names) else f"class {int(i)}" for i in ids]
+
+
 # the analyses -----------------------------------------------------------------------------------------------------
 def _heads(loaded: Loaded, settings: InspectSettings):
     found = head_importance(loaded.model, [text_batch(loaded, t) for t in _texts(settings)],
@@ -249,13 +258,16 @@ def _patch(loaded: Loaded, settings: InspectSettings):
         raise InputError(f"--text and --corrupt become {clean.args[0].shape[1]} and {corrupted.args[0].shape[1]} "
                          "tokens; patching needs as many: substitute tokens rather than add or drop them")
     with torch.no_grad():
-        clean_logits = clean.logits(loaded.model(*clean.args))[0]  # (T, V)
+        clean_logits = clean.logits(loaded.model(*clean.args))[0]  # (T, V); a sequence classifier's (C,)
         corrupted_logits = corrupted.logits(loaded.model(*corrupted.args))[0]
-    position = _patched_position(loaded, clean_logits, corrupted_logits)
-    answer = int(clean_logits[position].argmax())
-    wrong = int(corrupted_logits[position].argmax())
+    sequence = clean_logits.dim() == 1  # one label per text: no position to choose
+    position = -1 if sequence else _patched_position(loaded, clean_logits, corrupted_logits)
+    clean_at, corrupted_at = (clean_logits, corrupted_logits) if sequence else (clean_logits[position],
+                                                                                corrupted_logits[position])
+    answer = int(clean_at.argmax())
+    wrong = int(corrupted_at.argmax())
     if wrong == answer:
-        wrong = int(clean_logits[position].topk(2).indices[1])
+        wrong = int(clean_at.topk(2).indices[1])
     stream = patch_stream(loaded.model, clean, corrupted, answer=answer, wrong=wrong, position=position)
     heads = patch_heads(loaded.model, clean, corrupted, answer=answer, wrong=wrong, position=position)
     tokens = _labels(loaded.tokenizer, clean.args[0][0])
@@ -271,10 +283,14 @@ def _patch(loaded: Loaded, settings: InspectSettings):
     rows += [{"patched": f"{name} head {h}", "restored": round(float(heads.restored[i, h]), 4)}
              for i, name in enumerate(heads.rows) for h in range(heads.restored.shape[1])
              if not math.isnan(float(heads.restored[i, h]))]
-    summary = {"clean": _texts(settings)[0], "corrupted": settings.corrupt, "position": position,
-               "answer": _labels(loaded.tokenizer, [answer])[0], "wrong": _labels(loaded.tokenizer, [wrong])[0],
-               "logit difference clean": round(stream.clean, 6),
+    answer_name, wrong_name = _output_names(loaded, [answer, wrong])
+    summary = {"clean": _texts(settings)[0], "corrupted": settings.corrupt,
+               "position": "the pooled sequence" if sequence else position, "answer": answer_name,
+               "wrong": wrong_name, "logit difference clean": round(stream.clean, 6),
                "logit difference corrupted": round(stream.corrupted, 6)}
+    if stream.warning:
+        log.warning("%s", stream.warning)
+        summary["warning"] = stream.warning
     return "Activation patching", rows, summary, figure
 
 

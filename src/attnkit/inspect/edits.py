@@ -101,13 +101,26 @@ def ablate(how: Ablation, reference: Tensor | None = None, *, head: int | None =
 
 def patch(source: Tensor, *, head: int | None = None, position: int | None = None) -> Edit:
     """Replace the part by the same part of `source`, the point read on another input of the same shape (activation
-    patching, Meng et al. 2022)."""
-    def edit(activation: Tensor, point: HookPoint) -> Tensor:
-        _check_length(source, activation, point, "the patch's source")
-        if source.shape != activation.shape:
-            raise InputError(f"the patch's source at {point.name} has shape {tuple(source.shape)}, the run "
+    patching, Meng et al. 2022). A point seen one step per call (Bahdanau's decoder attention: one position per call,
+    the source read over every step) takes the source's steps in the order of the calls."""
+    step = 0  # the next step of a point called once per step
+
+    def edit(activation: Tensor, point: HookPoint) -> Tensor | None:
+        nonlocal step
+        axis, here = point.position_axis, position
+        piece = source
+        if activation.shape[axis] == 1 < source.shape[axis]:  # one step of a stepwise decoder
+            piece, at = source.narrow(axis, step, 1), step
+            step = (step + 1) % source.shape[axis]
+            if position is not None:
+                if position % source.shape[axis] != at:
+                    return None  # the patched position is another step's
+                here = 0
+        _check_length(piece, activation, point, "the patch's source")
+        if piece.shape != activation.shape:
+            raise InputError(f"the patch's source at {point.name} has shape {tuple(piece.shape)}, the run "
                              f"{tuple(activation.shape)}: patch between inputs of the same batch size and length")
-        return replaced(activation, source.to(activation.device), point, head=head, position=position)
+        return replaced(activation, piece.to(activation.device), point, head=head, position=here)
 
     return edit
 

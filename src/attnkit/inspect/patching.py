@@ -7,7 +7,10 @@ and see how much of the clean answer returns.
 
 `patch_stream` patches the residual stream entering each block at each position (layer x position; a recurrent
 encoder's states, one row); `patch_heads` each head's output over every position. Clean and corrupted inputs have
-the same shapes.
+the same shapes. A sequence classifier's logits (B, C) have no positions: the difference is read from them.
+
+A corruption that hardly moves the logit difference (by less than `FAINT`) makes every share a ratio of two tiny
+numbers; `Patching.warning` says so, and the command prints it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from attnkit.inspect.inputs import Batch
 from attnkit.inspect.points import head_sites, hook_points
 from attnkit.inspect.tracing import Trace
 
+FAINT = 0.1  # a corruption moving logit(answer) - logit(wrong) by less (the odds by under 10%) restores little of note
+
 
 @dataclass(frozen=True)
 class Patching:
@@ -35,11 +40,21 @@ class Patching:
     corrupted: float
     columns: str  # "position" or "head"
 
+    @property
+    def warning(self) -> str | None:
+        """Why the shares may mean little (a corruption that barely moves the answer), or None."""
+        gap = abs(self.clean - self.corrupted)
+        if gap >= FAINT:
+            return None
+        return (f"the corruption barely moves the answer: logit difference {self.clean:.4f} clean, "
+                f"{self.corrupted:.4f} corrupted, so every share is divided by {gap:.2g}; corrupt the tokens the "
+                "answer depends on")
+
 
 def logit_difference(logits: Tensor, answer: int | Tensor, wrong: int | Tensor, position: int = -1) -> float:
-    """logit(answer) - logit(wrong) at `position`, averaged over the batch: logits (B, T, V); answer and wrong one
-    token id, or one per row (B,)."""
-    at = logits[:, position].float()  # (B, V)
+    """logit(answer) - logit(wrong) at `position`, averaged over the batch: logits (B, T, V), or a sequence
+    classifier's (B, C) (no position); answer and wrong one token or class id, or one per row (B,)."""
+    at = (logits if logits.dim() == 2 else logits[:, position]).float()  # (B, V)
 
     def logit(token: int | Tensor) -> Tensor:
         return at.gather(1, torch.as_tensor(token, device=at.device).expand(at.shape[0])[:, None])  # (B, 1)
