@@ -15,7 +15,7 @@ from attnkit.inspect.induction import InductionTask, attention_only_decoder, tra
 from attnkit.inspect.inputs import Batch, lm_batch, token_losses
 from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import patch_heads, patch_stream
-from attnkit.inspect.probes import control_labels, probe
+from attnkit.inspect.probes import control_labels, majority, probe
 from attnkit.models import build_model
 from attnkit.models.recurrent import recurrent_seq2seq
 
@@ -154,3 +154,15 @@ def test_resample_ablation_takes_another_row_never_the_rows_own(induction_model,
     by_hand = token_losses(batch.logits(swapped.output), batch.labels).nanmean() - found.baseline
     assert found.scores[1, 0] == pytest.approx(float(by_hand), abs=1e-6)
     assert found.scores[1, 0] > 0.1
+
+
+def test_a_probe_reports_the_control_tasks_majority_baseline():
+    generator = torch.Generator().manual_seed(0)
+    labels = (torch.rand(600, generator=generator) < 0.1).long()  # a skewed label set: nine in ten are 0
+    types = torch.randint(0, 60, (600,), generator=generator)
+    features = torch.randn(600, 8, generator=generator)
+    train = torch.rand(600, generator=generator) < 0.8
+    result = probe(features, labels, types, train=train, steps=50, seed=4)
+    control = control_labels(types, labels, generator=torch.Generator().manual_seed(4))  # as the probe draws them
+    assert result.control_majority == pytest.approx(majority(control, train))
+    assert result.control_majority > 0.6 and result.row()["control majority"] == round(result.control_majority, 4)

@@ -153,3 +153,26 @@ def test_resample_ablation_draws_from_the_other_texts_and_refuses_one(runs, tmp_
     assert any(abs(value) > 1e-4 for value in scores)  # a text resampled from itself changes nothing: all 0.0
     with pytest.raises(InputError, match="one text has no other"):
         _inspect(runs["decoder"], "heads", tmp_path, text=texts[:1], ablation="resample")
+
+
+def _last_letter_conll(path):
+    """Words of two letters whose tag is their last letter's (b: V, c: N), the first letter random."""
+    generator = torch.Generator().manual_seed(3)
+    lines = []
+    for _ in range(60):
+        for _ in range(4):
+            first, last = "adefghij"[int(torch.randint(8, (), generator=generator))], "bc"[int(torch.randint(2, (),
+                                                                                       generator=generator))]
+            lines.append(f"{first}{last}\t{'V' if last == 'b' else 'N'}")
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_probe_reads_a_causal_models_words_at_their_last_piece(runs, tmp_path):
+    # a character decoder's state at a word's first letter has not seen the letter that decides the tag
+    report = _inspect(runs["decoder"], "probe", tmp_path, conll=str(_last_letter_conll(tmp_path / "w.conll")))
+    assert report["summary"]["read at"] == "each word's last piece"
+    embeddings = report["rows"][0]
+    assert embeddings["layer"] == "blocks.0.resid_pre" and embeddings["accuracy"] > 0.9
+    assert embeddings["control majority"] is not None

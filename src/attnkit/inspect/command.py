@@ -33,7 +33,7 @@ from attnkit.inspect.importance import head_importance
 from attnkit.inspect.inputs import Batch, divergence, lm_batch, seq2seq_batch
 from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import patch_heads, patch_stream
-from attnkit.inspect.probes import probe_layers
+from attnkit.inspect.probes import probe_layers, reading_piece
 from attnkit.inspect.report import heatmap, write_report
 from attnkit.models.greedy import greedy_target
 from attnkit.tasks.conll import read_tagged
@@ -314,12 +314,19 @@ def _probe(loaded: Loaded, settings: InspectSettings):
     for key, label in (("accuracy", "probe"), ("control_accuracy", "control task"), ("selectivity", "selectivity")):
         ax.plot(range(len(results)), [getattr(r, key) for r in results], marker="o", label=label)
     ax.axhline(results[0].majority, color="grey", linestyle=":", label="majority label")
+    ax.axhline(results[0].control_majority, color="tab:orange", linestyle=":", label="control task's majority")
     ax.set_xticks(range(len(results)), layers, fontsize=7, rotation=30)
     ax.set(title=f"linear probes: {settings.column} of {Path(settings.conll).name}", ylabel="held-out accuracy",
            ylim=(0, 1))
     ax.legend(fontsize=7)
     summary = {"file": settings.conll, "sentences": len(sentences), "best layer": max(results,
-               key=lambda r: r.selectivity).layer}
+               key=lambda r: r.selectivity).layer,
+               "read at": f"each word's {reading_piece(loaded.model)} piece",
+               "majority": round(results[0].majority, 4), "control majority": round(results[0].control_majority, 4)}
+    if all(r.control_accuracy <= r.control_majority + 0.01 for r in results):
+        summary["warning"] = (f"the control probe does no better than always answering the control task's commonest "
+                              f"label ({results[0].control_majority:.3f}), so selectivity compares with that baseline, "
+                              "not with memorised words; read each accuracy against its majority")
     return "Linear probes", [r.row() for r in results], summary, figure
 
 

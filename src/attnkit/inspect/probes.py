@@ -2,10 +2,14 @@
 entity tag) from a layer's states? With Hewitt and Liang's (2019) control task beside it, so that an accuracy is
 read against what the probe could reach by memorising words.
 
-    accuracy           a linear probe trained on the layer's states at each word's first piece, held-out words
+    accuracy           a linear probe trained on the layer's states at each word's piece (`reading_piece`: the
+                       last for a causal model, which there has seen the whole word; the first for a bidirectional
+                       one, which sees the whole word everywhere), held-out words
     control accuracy   the same probe trained on control labels: each word type given one random label, drawn from
                        the real labels' distribution (a task only memorising word identity can solve)
     selectivity        accuracy - control accuracy: high when the layer encodes the label, not merely the word
+    majority           always answering the commonest training label (and `control majority`: the same for the
+                       control labels): with a skewed label set, read each accuracy against its baseline
 
 Labels come from CoNLL / CoNLL-U files (`attnkit.tasks.conll.read_tagged`); words become pieces as the tagging task
 lays them out (`attnkit.tasks.tag.align`).
@@ -30,12 +34,14 @@ from attnkit.tokenize import Tokenizer
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """One probe's held-out accuracies; `majority`: always answering the commonest training label."""
+    """One probe's held-out accuracies; `majority` and `control_majority`: always answering the commonest training
+    label of the real and of the control task."""
 
     layer: str
     accuracy: float
     control_accuracy: float
     majority: float
+    control_majority: float
 
     @property
     def selectivity(self) -> float:
@@ -44,7 +50,7 @@ class ProbeResult:
     def row(self) -> dict:
         return {"layer": self.layer, "accuracy": round(self.accuracy, 4),
                 "control accuracy": round(self.control_accuracy, 4), "selectivity": round(self.selectivity, 4),
-                "majority": round(self.majority, 4)}
+                "majority": round(self.majority, 4), "control majority": round(self.control_majority, 4)}
 
 
 def control_labels(types: Tensor, labels: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
@@ -85,21 +91,27 @@ def probe(features: Tensor, labels: Tensor, types: Tensor, *, layer: str = "", t
     if train is None:
         train = torch.rand(len(labels), generator=generator) < 0.8
     control = control_labels(types, labels, generator=generator)
-    majority = float((labels[~train] == torch.bincount(labels[train]).argmax()).float().mean())
     return ProbeResult(layer, fit_probe(features, labels, train, seed=seed, **fit),
-                       fit_probe(features, control, train, seed=seed, **fit), majority)
+                       fit_probe(features, control, train, seed=seed, **fit), majority(labels, train),
+                       majority(control, train))
+
+
+def majority(labels: Tensor, train: Tensor) -> float:
+    """The held-out accuracy of always answering the commonest training label: labels (N,), train (N,) bool."""
+    return float((labels[~train] == torch.bincount(labels[train]).argmax()).float().mean())
 
 
 @dataclass(frozen=True)
 class WordStates:
-    """Each layer's states at every word's first piece: `states[layer]` (N, C); labels, types (word ids) and
-    sentence (each word's sentence index), (N,) each."""
+    """Each layer's states at every word's `piece` (first or last, `reading_piece`): `states[layer]` (N, C); labels,
+    types (word ids) and sentence (each word's sentence index), (N,) each."""
 
     states: dict[str, Tensor]
     labels: Tensor
     types: Tensor
     sentence: Tensor
     label_names: list[str]
+    piece: str
 
 
 def reading_stack(model: nn.Module) -> TransformerStack:
@@ -110,12 +122,19 @@ def reading_stack(model: nn.Module) -> TransformerStack:
     return stack
 
 
+def reading_piece(model: nn.Module) -> str:
+    """Which piece of a word a probe reads: "last" in a causal stack (its first piece has seen only the word's
+    start; a character model's, one letter), "first" in a bidirectional one (as the tagging task labels words)."""
+    return "last" if reading_stack(model).causal else "first"
+
+
 @torch.no_grad()
 def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sentence], *, max_len: int,
                 batch_size: int = 32) -> WordStates:
     """Run the model's reading stack over the sentences (pieces laid out as `align` does) and keep the stream after
-    the embeddings and after each block at each word's first piece."""
+    the embeddings and after each block at each word's piece (`reading_piece`)."""
     stack = reading_stack(model).eval()
+    last = reading_piece(model) == "last"
     n_blocks = len(stack.blocks)
     names = ["blocks.0.resid_pre", *(f"blocks.{i}.resid_post" for i in range(n_blocks))]
     label_names = sorted({tag for _, tags in sentences for tag in tags})
@@ -135,17 +154,19 @@ def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sent
         read = trace(stack, ids.to(device), names=names, attention_mask=mask.to(device))
         for row, a in enumerate(chunk):
             words = sentences[start + row][0]
-            kept = [(w, p) for w, p in zip(words, a.firsts, strict=True) if p is not None]
-            positions = [p for _, p in kept]
+            widths = [len(pieces) or 1 for pieces in tokenizer.encode_batch(list(words))] if last else None
+            kept = [(w, p, p + widths[i] - 1 if last else p)
+                    for i, (w, p) in enumerate(zip(words, a.firsts, strict=True)) if p is not None]
+            positions = [read_at for _, _, read_at in kept]
             for name in names:
                 states[name].append(read[name][row, positions].float().cpu())  # (words, C)
-            labels += [a.labels[p] for p in positions]
-            types += [vocabulary.setdefault(w.lower(), len(vocabulary)) for w, _ in kept]
+            labels += [a.labels[first] for _, first, _ in kept]  # a word's label sits at its first piece
+            types += [vocabulary.setdefault(w.lower(), len(vocabulary)) for w, _, _ in kept]
             sentence += [start + row] * len(kept)
     if not labels:
         raise InputError("no word kept its label; give sentences that fit the model's length")
     return WordStates({n: torch.cat(v) for n, v in states.items()}, torch.tensor(labels), torch.tensor(types),
-                      torch.tensor(sentence), label_names)
+                      torch.tensor(sentence), label_names, "last" if last else "first")
 
 
 def probe_layers(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sentence], *, max_len: int,
