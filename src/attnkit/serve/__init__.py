@@ -44,6 +44,8 @@ def _checked(settings: ServeSettings) -> ServeSettings:
     for name in ("max_batch", "max_queue", "max_tokens", "max_body"):
         if getattr(settings, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")
+    if settings.prefix_cache_mib < 0:
+        raise InputError("--prefix-cache-mib must be at least 0 (or turn the cache off: --no-prefix-cache)")
     if settings.timeout <= 0:
         raise InputError("--timeout must be a positive number of seconds")
     return replace(settings, api_key=key)

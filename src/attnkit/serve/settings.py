@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from attnkit.tasks import TaskSpec
 
 API_KEY_ENV = "ATTNKIT_API_KEY"  # the API key, when --api-key is not given
-GENERATION_OPTIONS = ("max_batch", "max_queue", "max_tokens")  # what only a run that generates reads (its scheduler)
+GENERATION_OPTIONS = ("max_batch", "max_queue", "max_tokens", "prefix_cache", "prefix_cache_mib")  # what only a run
+# that generates reads (its scheduler)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +27,8 @@ class ServeSettings(DecodeSettings):
     max_batch: int = 32  # sequences decoded together in one forward pass at most
     max_queue: int = 64  # requests waiting to join the batch at most; beyond, 429 with Retry-After
     max_tokens: int = 512  # new tokens one request may ask for at most (and the context's room)
+    prefix_cache: bool = True  # reuse the keys and values of recent prompts' starts (vLLM's automatic prefix caching)
+    prefix_cache_mib: int = 256  # memory the prefix cache takes at most (MiB); beyond, least recently used blocks go
     timeout: float = 120.0  # seconds a request may take before it is ended
     max_body: int = 1_000_000  # request body size in bytes at most; beyond, 413
     watch: str | None = None  # the training run whose metrics.jsonl the explorer follows; default: RUN

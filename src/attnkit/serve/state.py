@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from attnkit.checkpoint import TOKENIZER_DIR
 from attnkit.errors import AttnkitError
 from attnkit.generate.pipeline import Pipeline
+from attnkit.layers.prefix_cache import PrefixCache
 from attnkit.models import family_of
 from attnkit.serve.batching import Scheduler
 from attnkit.serve.bodies import parse_body, read_body
@@ -48,9 +49,10 @@ class ServerState:
     def of(cls, pipeline: Pipeline, run_dir: Path, settings: ServeSettings) -> ServerState:
         scheduler = None
         if "generate" in pipeline.methods:
+            prefix_cache = PrefixCache(max_bytes=settings.prefix_cache_mib << 20) if settings.prefix_cache else None
             scheduler = Scheduler(pipeline.model, context_len=pipeline.config.max_seq_len, pad_id=pipeline._pad_id,
                                   max_rows=settings.max_batch, max_waiting=settings.max_queue,
-                                  decoding=pipeline.decoding)
+                                  decoding=pipeline.decoding, prefix_cache=prefix_cache)
         experiments = Path(settings.experiments) if settings.experiments else Path.cwd() / "docs" / "experiments"
         return cls(pipeline=pipeline, settings=settings, model_id=run_dir.resolve().name, created=int(time.time()),
                    scheduler=scheduler,
