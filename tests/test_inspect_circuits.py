@@ -4,12 +4,16 @@ dense product's, and on the two-layer attention-only induction model (the recipe
 previous-token head's K-composition into the induction head ranks first, and path patching the layer-0 heads through
 the induction head's keys, and not its queries, restores most of the repeated half's advantage."""
 
+import json
+
 import pytest
 import torch
 
+from attnkit.checkpoint import save_model
 from attnkit.config import ModelConfig
 from attnkit.errors import InputError
 from attnkit.inspect.circuits import FactoredMatrix, composition_score, composition_scores, full_ov, head_weights
+from attnkit.inspect.command import InspectSettings, run_inspect
 from attnkit.inspect.head_types import head_types
 from attnkit.inspect.induction import InductionTask, attention_only_decoder, train_induction
 from attnkit.inspect.inputs import Batch
@@ -17,6 +21,7 @@ from attnkit.inspect.path_patching import loss_metric, path_patch
 from attnkit.inspect.tracing import trace
 from attnkit.models import build_model
 from attnkit.models.recurrent import recurrent_seq2seq
+from attnkit.tokenize import CharTokenizer
 
 TASK = InductionTask(vocab_size=24, half=8, shortest=4, batch=32)
 
@@ -153,3 +158,17 @@ def test_path_patching_refuses_a_path_that_runs_backwards(induction_model):
     with pytest.raises(InputError, match="earlier sublayer"):
         path_patch(induction_model, clean, corrupted, sender=("blocks.1.attn", 0), receiver=("blocks.0.attn", 1),
                    via="k", metric=metric)
+
+
+def test_inspect_circuits_writes_the_composition_table_of_a_gqa_rope_run(tmp_path):
+    tokenizer = CharTokenizer("abcdefgh ")
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, n_kv_heads=2,
+                         position="rope", d_ff=32, n_layers=2, max_seq_len=16)
+    tokenizer.save(tmp_path / "run" / "tokenizer")
+    save_model(build_model(config), config, tmp_path / "run")
+    paths = run_inspect(InspectSettings(run=str(tmp_path / "run"), analysis="circuits", out=str(tmp_path / "out")))
+    report = json.loads(paths[0].read_text())
+    assert len(report["rows"]) == 3 * 4 * 4  # q, k and v from each layer-0 head into each layer-1 head
+    assert [r["score"] for r in report["rows"]] == sorted((r["score"] for r in report["rows"]), reverse=True)
+    assert "RoPE" in report["summary"]["notes"] and "2 key/value heads" in report["summary"]["notes"]
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -6,6 +6,9 @@
     logit-lens   each layer's stream read through the output layer, over the first text
     patch        activation patching from --text (clean) into --corrupt (corrupted, as many tokens)
     probe        linear probes per layer on a CoNLL / CoNLL-U file's word labels, with the control task
+    circuits     each head's OV and QK singular values and the Q-, K- and V-composition scores between heads (weights)
+    sae          a sparse autoencoder trained on --point's activations over --input's texts, saved to OUT/sae/, with
+                 its L0, dead features, normalised MSE, the loss with it spliced in and each feature's top contexts
 
 How a text becomes the model's input follows the run's family: a decoder predicts each next token; an encoder
 reads `[CLS] text [SEP]` (a masked LM has every sixth token masked and predicted; other encoders are scored by how
@@ -27,14 +30,25 @@ from torch import Tensor, nn
 
 from attnkit.checkpoint import TOKENIZER_DIR, load_model, read_labels
 from attnkit.errors import InputError
+from attnkit.inspect.circuits import composition_scores, head_weights
 from attnkit.inspect.edits import Ablation
 from attnkit.inspect.head_types import HeadTypes, head_types, repeated_tokens
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.inputs import Batch, divergence, lm_batch, seq2seq_batch
 from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import patch_heads, patch_stream
+from attnkit.inspect.points import head_sites
 from attnkit.inspect.probes import probe_layers, reading_piece
 from attnkit.inspect.report import heatmap, write_report
+from attnkit.inspect.sae import (
+    SAEConfig,
+    evaluate,
+    features_in_context,
+    point_activations,
+    save_sae,
+    spliced_loss,
+    train_sae,
+)
 from attnkit.models.greedy import greedy_target
 from attnkit.tasks.conll import read_tagged
 from attnkit.textfiles import read_lines
@@ -42,7 +56,7 @@ from attnkit.tokenize import Tokenizer, load_tokenizer, require_id
 
 log = logging.getLogger(__name__)
 
-Analysis = Literal["heads", "head-types", "logit-lens", "patch", "probe"]
+Analysis = Literal["heads", "head-types", "logit-lens", "patch", "probe", "circuits", "sae"]
 MASK_EVERY = 6  # a masked LM's text has every sixth token masked (about BERT's 15%)
 GREEDY_TOKENS = 48  # a source alone is translated greedily to this many tokens at most (short texts)
 
@@ -64,6 +78,11 @@ class InspectSettings:
     out: str | None = None  # directory for ANALYSIS.json, .md and .png (default RUN/inspect)
     device: str = "cpu"  # where the model runs
     seed: int = 0  # random tokens (head-types), resampling (heads), probe splits
+    point: str | None = None  # sae: the hook point whose activations it reads (blocks.1.resid_post)
+    features: int = 0  # sae: its number of features (0: four times the point's width)
+    k: int = 0  # sae: 0 trains ReLU with an L1 penalty (--l1); k > 0 a TopK SAE keeping k features per token
+    l1: float = 0.3  # sae: the L1 coefficient (scale-free: the loss is relative to the activations' variance)
+    steps: int = 500  # sae: training steps, one batch of activations each
 
 
 @dataclass
@@ -105,7 +124,7 @@ def run_inspect(settings: InspectSettings) -> list[Path]:
     model, config = load_model(run_dir, device=settings.device)
     loaded = Loaded(model.eval(), load_tokenizer(run_dir / TOKENIZER_DIR), config.family,
                     getattr(config, "max_seq_len", None) or 512, torch.device(settings.device), read_labels(run_dir))
-    out = Path(settings.out) if settings.out else run_dir / "inspect"
+    out = _out_dir(settings)
     name = settings.analysis
     title, rows, summary, figure = ANALYSES[name](loaded, settings)
     paths = write_report(out, name, title=f"{title}: {run_dir.name}", rows=rows, summary=summary, figure=figure)
@@ -117,12 +136,15 @@ def _check_inputs(settings: InspectSettings) -> None:
     """What each analysis needs, checked before the model loads."""
     if settings.text and settings.input is not None:
         raise InputError("give the texts as --text TEXT... or as --input FILE, not both")
-    needs_text = settings.analysis in ("heads", "logit-lens", "patch")
+    needs_text = settings.analysis in ("heads", "logit-lens", "patch", "sae")
     if needs_text and not settings.text and settings.input is None:
         raise InputError(f"{settings.analysis} runs the model on texts: give --text TEXT... or --input FILE")
     if settings.analysis == "patch" and settings.corrupt is None:
         raise InputError("patch needs a corrupted input beside the clean --text: give --corrupt TEXT (as many tokens, "
                          "a few substituted)")
+    if settings.analysis == "sae" and settings.point is None:
+        raise InputError("sae reads one hook point's activations: give --point (blocks.1.resid_post, blocks.0.mlp.out; "
+                         "attnkit.inspect.hook_points lists a model's)")
     if settings.analysis == "probe" and settings.conll is None:
         raise InputError("probe reads word labels from a CoNLL or CoNLL-U file: give --conll FILE")
 
@@ -330,4 +352,92 @@ def _probe(loaded: Loaded, settings: InspectSettings):
     return "Linear probes", [r.row() for r in results], summary, figure
 
 
-ANALYSES = {"heads": _heads, "head-types": _head_types, "logit-lens": _logit_lens, "patch": _patch, "probe": _probe}
+def _out_dir(settings: InspectSettings) -> Path:
+    return Path(settings.out) if settings.out else Path(settings.run) / "inspect"
+
+
+def _circuits(loaded: Loaded, settings: InspectSettings):
+    found = composition_scores(loaded.model)
+    senders = list(dict.fromkeys((r["sender"], r["sender head"]) for r in sorted(
+        found.rows, key=lambda r: (head_sites(loaded.model).index(r["sender"]), r["sender head"]))))
+    receivers = list(dict.fromkeys((r["receiver"], r["receiver head"]) for r in sorted(
+        found.rows, key=lambda r: (head_sites(loaded.model).index(r["receiver"]), r["receiver head"]))))
+
+    def names(heads: list[tuple[str, int]]) -> list[str]:
+        return [f"{site.replace('blocks.', '')} {h}" for site, h in heads]
+
+    figure = Figure(figsize=(3 * (2 + 0.45 * len(receivers)) + 4, 2 + 0.3 * len(senders)))
+    for index, kind in enumerate("qkv"):
+        table = torch.full((len(senders), len(receivers)), float("nan"))  # (sender heads, receiver heads)
+        for row in found.top(len(found.rows), kind):
+            table[senders.index((row["sender"], row["sender head"])),
+                  receivers.index((row["receiver"], row["receiver head"]))] = row["score"]
+        heatmap(table, title=f"{kind.upper()}-composition", rows=names(senders) if index == 0 else [""] * len(senders),
+                columns=names(receivers), xlabel="receiver", colorbar="score", ax=figure.add_subplot(1, 4, index + 1))
+    ax = figure.add_subplot(1, 4, 4)
+    for site in head_sites(loaded.model):
+        spectra = head_weights(loaded.model, site).ov().singular_values()  # (H, D)
+        for h, values in enumerate(spectra):
+            ax.plot((values / values[0]).tolist(), label=f"{site} {h}", linewidth=0.8)
+    ax.set(title="OV singular values (of the largest)", xlabel="index", yscale="log")
+    ax.legend(fontsize=5)
+    summary = {"strongest": ", ".join(f"{r['kind'].upper()} {r['sender']} {r['sender head']} -> {r['receiver']} "
+                                      f"{r['receiver head']} ({r['score']:.3f})" for r in found.top(3)),
+               "notes": "; ".join(found.notes) or "none"}
+    rows = [{**row, "score": round(row["score"], 4)} for row in found.rows]
+    return "Composition scores", rows, summary, figure
+
+
+def _sae_batches(loaded: Loaded, texts: list[str]) -> list[Batch]:
+    """A decoder's texts as one token stream cut into windows (8 per batch); other families' one text a batch."""
+    if not loaded.causal:
+        return [text_batch(loaded, t) for t in texts]
+    ids = loaded.tokenizer.encode("\n".join(texts))
+    length = min(loaded.max_len, 64) + 1
+    windows = [ids[i:i + length] for i in range(0, max(1, len(ids) - 1), length)]
+    windows = [w for w in windows if len(w) == length] or [ids[: loaded.max_len + 1]]
+    return [lm_batch(torch.tensor(windows[i:i + 8], device=loaded.device)) for i in range(0, len(windows), 8)]
+
+
+def _context(pieces: list[str]) -> str:
+    """The tokens up to one, that one in brackets, as a markdown table cell shows it."""
+    text = "".join(pieces[:-1]) + f"[{pieces[-1]}]"
+    return text.replace("`", "'").replace("|", "\\|")
+
+
+def _sae(loaded: Loaded, settings: InspectSettings):
+    model, point = loaded.model, settings.point
+    batches = _sae_batches(loaded, _texts(settings))
+    held = max(1, len(batches) // 10)
+    train, held_out = batches[:-held] or batches, batches[-held:]
+    evaluation = torch.cat(list(point_activations(model, held_out, point)))  # (N, C)
+    config = SAEConfig(evaluation.shape[-1], settings.features or 4 * evaluation.shape[-1],
+                       "topk" if settings.k else "standard", settings.k or None, settings.l1, point,
+                       Path(settings.run).name)
+    sae, losses = train_sae(config, lambda: point_activations(model, train, point), steps=settings.steps,
+                            seed=settings.seed, log_every=100)
+    reference = torch.cat(list(point_activations(model, train[:8], point)))
+    metrics = spliced_loss(model, sae, held_out, evaluate(sae, [evaluation]), reference)
+    saved = save_sae(sae, _out_dir(settings) / "sae", record={"steps": settings.steps, **metrics.row()})
+    read = [b.args[-1] if point.startswith("decoder.") else b.args[0] for b in held_out]  # the ids the point reads
+    contexts = [_context(_labels(loaded.tokenizer, ids[row, max(0, t - 12): t + 1]))
+                for ids in read for row in range(ids.shape[0]) for t in range(ids.shape[1])]
+    found = features_in_context(sae, evaluation, contexts)
+    figure = Figure(figsize=(9, 3.2))
+    ax = figure.add_subplot(1, 2, 1)
+    ax.plot(losses)
+    ax.set(title="training loss", xlabel="step", yscale="log")
+    ax = figure.add_subplot(1, 2, 2)
+    frequency = (sae.encode(evaluation) > 0).float().mean(0)
+    ax.hist(frequency[frequency > 0].log10().tolist(), bins=30)
+    ax.set(title=f"feature frequency ({metrics.dead_share:.0%} dead)", xlabel="log10 share of tokens it fires on",
+           ylabel="features")
+    rows = [{"feature": f.index, "fires on": round(f.frequency, 4),
+             "top contexts": " / ".join(f"`{c}` ({v:.2f})" for v, c in f.top)} for f in found]
+    summary = {"point": point, "architecture": "TopK" if settings.k else "ReLU + L1", "features": config.d_sae,
+               "activations (held out)": evaluation.shape[0], **metrics.row(), "saved": str(saved)}
+    return f"Sparse autoencoder at {point}", rows, summary, figure
+
+
+ANALYSES = {"heads": _heads, "head-types": _head_types, "logit-lens": _logit_lens, "patch": _patch, "probe": _probe,
+            "circuits": _circuits, "sae": _sae}
