@@ -9,20 +9,27 @@ from contextlib import contextmanager
 from pathlib import Path
 
 TEXT_CHARS = "abcdefghijklmnopqrstuvwxyz .,:!?\n"
+BPE_TEXT = "the cat sat on the mat. a dog ran to the park, and the cat saw it!\n"
 
 
-def tiny_run(root: Path, family: str = "decoder", *, sharpen: float = 1.0, **changes) -> Path:
-    """A random tiny run of `family` with a char tokenizer (and BOS/EOS), under root/family. `sharpen` multiplies
-    the query and key projections, so that the heads' attention is peaked and differs from head to head (a random
+def tiny_run(root: Path, family: str = "decoder", *, sharpen: float = 1.0, tokenizer: str = "char", **changes
+             ) -> Path:
+    """A random tiny run of `family` with a char tokenizer (and BOS/EOS), or a byte-level BPE of 300 tokens trained
+    on a short text (`tokenizer="bpe"`: as real runs tokenize, in Rust), under root/family. `sharpen` multiplies the
+    query and key projections, so that the heads' attention is peaked and differs from head to head (a random
     model's is nearly uniform)."""
     import torch
 
     from attnkit import build_model
     from attnkit.checkpoint import save_model
     from attnkit.config import ModelConfig
-    from attnkit.tokenize import CharTokenizer
+    from attnkit.tokenize import CharTokenizer, train_bpe
 
-    tokenizer = CharTokenizer(TEXT_CHARS)
+    if tokenizer == "bpe":
+        specials = {role: f"<{role}>" for role in ("pad", "unk", "bos", "eos")}
+        tokenizer = train_bpe([BPE_TEXT * 50], vocab_size=300, special_tokens=specials)
+    else:
+        tokenizer = CharTokenizer(TEXT_CHARS)
     torch.manual_seed(0)
     config = ModelConfig(family=family, vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64,
                          max_seq_len=96, **changes)

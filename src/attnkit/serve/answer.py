@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from attnkit.errors import AttnkitError
 from attnkit.serve.batching import GenerationJob
@@ -67,8 +68,9 @@ class Answer:
             generation.job.cancel()
 
     async def whole(self, request: Request, timeout: float) -> dict:
-        """Wait for every prompt's end (cancelled when the client goes away); the OpenAI response body."""
-        choices = []
+        """Wait for every prompt's end (cancelled when the client goes away); the OpenAI response body, its choices
+        (their log-probabilities and tool calls) written on a worker thread."""
+        ends = []
         try:
             for generation in self.generations:
                 while True:
@@ -80,10 +82,13 @@ class Answer:
                     raise failure(generation.job)
                 if timed_out and "cancelled" in reasons:
                     raise APIError(504, f"the request took longer than the server's timeout ({timeout:g} s)")
-                choices += [self._choice(generation, c, text, reason, scored and scored[c]) for c, (text, reason) in
-                            enumerate(zip(texts, reasons, strict=True))]
+                ends.append((generation, texts, reasons, scored))
         finally:
             self.cancel()  # anything still running (a client gone, an error) ends at the next step
+        choices = await run_in_threadpool(lambda: [
+            self._choice(generation, c, text, reason, scored and scored[c])
+            for generation, texts, reasons, scored in ends for c, (text, reason) in enumerate(zip(texts, reasons,
+                                                                                                 strict=True))])
         return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model_id,
                 "choices": choices, "usage": self.usage()}
 

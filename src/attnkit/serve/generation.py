@@ -1,5 +1,10 @@
 """One prompt of a completion or chat request: its token ids checked against the context, its sampling checked,
-its job on the batching scheduler (`serve/batching.py`), and the events the job sends back to the event loop."""
+its job on the batching scheduler (`serve/batching.py`), and the events the job sends back to the event loop.
+
+A `Generation` is built on a worker thread (tokenizing and compiling a grammar take time in the request's size), and
+a text far longer than the context is refused after tokenizing only its first CHARS_PER_TOKEN characters per token
+of the context: a megabyte prompt costs what a prompt of the context's length costs.
+"""
 
 from __future__ import annotations
 
@@ -18,21 +23,25 @@ from attnkit.serve.settings import ServeSettings
 from attnkit.serve.structured import Structured
 
 TOKEN_ID = re.compile(r"[0-9]+")  # a logit_bias key
+CHARS_PER_TOKEN = 32  # characters per token read before a long text is refused: tokens rarely span more than 8
+SPLIT_TOKENS = 64  # tokens by which a text's head may tokenize longer than the same span of the whole (a word cut)
 
 
 class Generation:
     """One prompt of a request: its job on the scheduler and the events it sends back to the event loop."""
 
     def __init__(self, pipeline: Pipeline, prompt: str | list[int], body: Sampling, index: int, *,
-                 stops: tuple[str, ...], max_tokens: int | None, settings: ServeSettings, chat: bool,
-                 logprobs: int | None = None, echo: bool = False, structured: Structured | None = None) -> None:
-        """logprobs: the alternatives reported per token (None: no log-probabilities); echo: the prompt's text comes
-        before each choice's; structured: the grammar each choice is held to, and how its reply is read."""
-        self.loop = asyncio.get_running_loop()
+                 loop: asyncio.AbstractEventLoop, stops: tuple[str, ...], max_tokens: int | None,
+                 settings: ServeSettings, chat: bool, logprobs: int | None = None, echo: bool = False,
+                 structured: Structured | None = None) -> None:
+        """loop: the event loop the events go to; logprobs: the alternatives reported per token (None: no
+        log-probabilities); echo: the prompt's text comes before each choice's; structured: the grammar each choice is
+        held to, and how its reply is read. Raises APIError 400 naming the field of a prompt or value refused."""
+        self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.index = index
-        ids = _prompt_ids(pipeline, prompt, index)
         context = pipeline.config.max_seq_len
+        ids = _prompt_ids(pipeline, prompt, index, context, param="messages" if chat else "prompt")
         if len(ids) >= context:
             raise APIError(400, f"the prompt has {len(ids)} tokens; this model's context holds {context}, so the "
                            "prompt must be shorter to leave room for new tokens",
@@ -94,14 +103,20 @@ class Generation:
 
 
 
-def _prompt_ids(pipeline: Pipeline, prompt: str | list[int], index: int) -> list[int]:
+def _prompt_ids(pipeline: Pipeline, prompt: str | list[int], index: int, context: int, *, param: str) -> list[int]:
     """A prompt's token ids: a text's as `Pipeline.generate` encodes it, or the ids given (400 for one beyond the
-    vocabulary)."""
+    vocabulary). A text longer than CHARS_PER_TOKEN characters per token of the `context` is refused (400) when its
+    head alone holds more tokens than the context, without tokenizing the rest."""
     if isinstance(prompt, str):
         try:
+            head = prompt[:CHARS_PER_TOKEN * context]
+            if len(head) < len(prompt) and len(pipeline.prompt_ids(head, index=index)) - SPLIT_TOKENS >= context:
+                raise APIError(400, f"the prompt has {len(prompt):,} characters, more tokens than this model's context "
+                               f"holds ({context}; its first {len(head):,} characters alone fill it): send a shorter "
+                               "prompt", param=param)
             return pipeline.prompt_ids(prompt, index=index)
         except AttnkitError as error:
-            raise APIError(400, str(error), param="prompt") from None
+            raise APIError(400, str(error), param=param) from None
     vocab = pipeline.config.vocab_size
     beyond = [token for token in prompt if token >= vocab]
     if beyond:

@@ -4,12 +4,16 @@ as a grammar, `serve/structured.py`)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from attnkit.errors import AttnkitError
 from attnkit.serve.answer import Answer, ClientGone
 from attnkit.serve.batching import QueueFull
+from attnkit.serve.chat import ChatTemplate
 from attnkit.serve.errors import APIError
 from attnkit.serve.generation import Generation
 from attnkit.serve.logprobs import prompt_scores
@@ -39,12 +43,7 @@ def router(state: ServerState) -> APIRouter:
         state.check_model(body.model)
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true as well", param="top_logprobs")
-        structured = Structured.of(body)  # response_format and tools: a grammar the reply is held to
-        try:
-            prompt = state.template.render([m.rendered() for m in body.messages],
-                                           structured.tools if structured else ())
-        except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
-            raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
+        structured, prompt = await run_in_threadpool(_chat_prompt, state.template, body)
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await generate(request, body, [prompt], "chat.completion", stops=state.template.stops,
                               max_tokens=limit, logprobs=(body.top_logprobs or 0) if body.logprobs else None,
@@ -60,9 +59,11 @@ def router(state: ServerState) -> APIRouter:
         if len(prompts) > settings.max_queue:  # they could never wait in the queue together: no retry succeeds
             raise APIError(400, f"this request has {len(prompts)} prompts; this server queues at most "
                            f"{settings.max_queue} (--max-queue): send at most that many per request", param="prompt")
-        jobs = [Generation(pipeline, p, body, index, stops=stops, max_tokens=max_tokens, settings=settings,
-                           chat=kind == "chat.completion", logprobs=logprobs, echo=echo, structured=structured)
-                for index, p in enumerate(prompts)]
+        loop = asyncio.get_running_loop()
+        jobs = await run_in_threadpool(lambda: [
+            Generation(pipeline, p, body, index, loop=loop, stops=stops, max_tokens=max_tokens, settings=settings,
+                       chat=kind == "chat.completion", logprobs=logprobs, echo=echo, structured=structured)
+            for index, p in enumerate(prompts)])
         if echo and logprobs is not None:  # the prompt's own tokens, scored by one forward pass each
             for job in jobs:
                 job.prompt_scores = (await state.held(lambda job=job: prompt_scores(
@@ -88,6 +89,17 @@ def router(state: ServerState) -> APIRouter:
             return Response(status_code=499)  # nobody reads it: the client has gone (nginx's code for this)
 
     return routes
+
+
+def _chat_prompt(template: ChatTemplate, body: ChatRequest) -> tuple[Structured | None, str]:
+    """A chat request's structured output (response_format and tools: a grammar the reply is held to) and its
+    messages rendered by the chat template; 400 naming the field that fails."""
+    structured = Structured.of(body)
+    try:
+        return structured, template.render([m.rendered() for m in body.messages],
+                                           structured.tools if structured else ())
+    except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
+        raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
 
 
 def _cancel(generations: list[Generation]) -> None:

@@ -1,0 +1,100 @@
+"""One huge request never stalls another: while clients post prompts of about a megabyte (each refused: 413 beyond
+--max-body, 400 for a prompt longer than the context), /health and a concurrent stream stay within a generous
+multiple of their latency alone. Latencies are compared as ratios measured in the same run, never as absolute times.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
+httpx = pytest.importorskip("httpx")
+
+from serve_helpers import running_server, tiny_run  # noqa: E402
+
+TIMEOUT = 60  # seconds any one request may take
+BAD_CLIENTS = 6  # each posts one prompt within the body limit and one beyond it
+LIMIT = 1_200_000  # the server's --max-body in this test
+# Generous bounds, for a loaded 2-core machine whose test clients share the server's process: with tokenizing on
+# the event loop this test measured /health at 110-126x its time alone and the stream at 55-57x; off it, 7x and 4-10x.
+HEALTH_RATIO = 30  # /health's slowest answer under load, at most this many times its median alone
+STREAM_RATIO = 20  # the good stream under load, at most this many times its median alone
+
+
+def _timed(call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def _stream(url: str) -> str:
+    body = {"prompt": "the cat", "max_tokens": 30, "temperature": 0, "stream": True}
+    text = ""
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                text += httpx.Response(200, content=line[6:]).json()["choices"][0]["text"]
+    return text
+
+
+def _health(url: str) -> None:
+    assert httpx.get(f"{url}/health", timeout=TIMEOUT).status_code == 200
+
+
+def test_megabyte_prompts_do_not_stall_health_or_a_running_stream(tmp_path):
+    run = tiny_run(tmp_path, tokenizer="bpe")
+    within = json.dumps({"prompt": "the cat sat on the mat. " * (900_000 // 24), "max_tokens": 4}).encode()
+    beyond = within.replace(b"mat. ", b"mat. the dog sat. ")
+    assert len(within) < LIMIT < len(beyond)  # ~900 KB: read, then refused for the context; ~1.4 MB: by its size
+    with running_server(run, max_body=LIMIT, timeout=TIMEOUT) as (url, _app):
+        expected = _stream(url)  # warm up, and the answer under load must equal it
+        alone_stream = statistics.median(_timed(lambda: _stream(url)) for _ in range(3))
+        alone_health = statistics.median(_timed(lambda: _health(url)) for _ in range(20))
+
+        refusals: list[tuple[int, str]] = []
+
+        def bad_client() -> None:
+            for body in (within, beyond):  # encoded once: the test's clients share the server's process
+                answer = httpx.post(f"{url}/v1/completions", content=body, timeout=TIMEOUT,
+                                    headers={"Content-Type": "application/json"})
+                refusals.append((answer.status_code, answer.json()["error"]["message"]))
+
+        clients = [threading.Thread(target=bad_client) for _ in range(BAD_CLIENTS)]
+        loaded: dict[str, object] = {}
+
+        def good_stream() -> None:
+            start = time.perf_counter()
+            loaded["text"] = _stream(url)
+            loaded["seconds"] = time.perf_counter() - start
+
+        good = threading.Thread(target=good_stream)
+        for client in clients:
+            client.start()
+        good.start()
+        health = []
+        deadline = time.monotonic() + 2 * TIMEOUT
+        while (good.is_alive() or any(c.is_alive() for c in clients)) and time.monotonic() < deadline:
+            health.append(_timed(lambda: _health(url)))
+            time.sleep(0.02)
+        good.join(timeout=TIMEOUT)
+        for client in clients:
+            client.join(timeout=TIMEOUT)
+
+    health_ratio = max(health) / alone_health
+    stream_ratio = loaded["seconds"] / alone_stream
+    print(f"health {max(health):.4f}s vs {alone_health:.4f}s alone (x{health_ratio:.1f}); "
+          f"stream {loaded['seconds']:.3f}s vs {alone_stream:.3f}s alone (x{stream_ratio:.1f})")
+    assert sorted(status for status, _ in refusals) == [400] * BAD_CLIENTS + [413] * BAD_CLIENTS
+    too_big = next(message for status, message in refusals if status == 413)
+    assert f"{LIMIT:,}" in too_big and "--max-body" in too_big
+    too_long = next(message for status, message in refusals if status == 400)
+    assert "context" in too_long and "shorter prompt" in too_long
+    assert loaded["text"] == expected
+    assert health_ratio < HEALTH_RATIO, f"/health took {health_ratio:.0f}x its time alone while big prompts came in"
+    assert stream_ratio < STREAM_RATIO, f"the stream took {stream_ratio:.1f}x its time alone while big prompts came in"
