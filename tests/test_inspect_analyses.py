@@ -9,7 +9,7 @@ import torch
 from attnkit.config import ModelConfig
 from attnkit.errors import InputError
 from attnkit.inspect import patch
-from attnkit.inspect.head_types import head_types, monotonicity, self_scores
+from attnkit.inspect.head_types import head_types, monotonicity, repeat_periods, repeat_types, self_scores
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.induction import InductionTask, attention_only_decoder, train_induction
 from attnkit.inspect.inputs import Batch, lm_batch, token_losses
@@ -50,6 +50,14 @@ def test_the_detector_names_the_induction_head_and_no_other(induction_model, hel
     others = found.scores["induction"][0]  # layer 0's four heads
     assert bool((others < INDUCTION).all())
     assert found.types[1][0] == "induction"
+
+
+def test_over_several_periods_the_induction_head_is_still_typed_induction(induction_model):
+    assert repeat_periods(8) == (8, 5, 3) and repeat_periods(20) == (20, 13, 8)
+    found = repeat_types(induction_model, TASK.vocab_size, periods=(8, 5, 4),
+                         generator=torch.Generator().manual_seed(2))
+    assert found.types[1][0] == "induction" and found.best("induction")[:2] == ("blocks.1.attn", 0)
+    assert "induction" not in found.types[0]
 
 
 def test_ablating_the_induction_head_alone_costs_the_repeated_half(induction_model, held_out):

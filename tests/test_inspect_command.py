@@ -11,6 +11,7 @@ from attnkit.cli import main
 from attnkit.config import ModelConfig
 from attnkit.errors import InputError
 from attnkit.inspect.command import InspectSettings, run_inspect
+from attnkit.inspect.head_types import head_types, repeated_tokens
 from attnkit.models import build_model
 from attnkit.tokenize import CharTokenizer
 
@@ -176,3 +177,28 @@ def test_probe_reads_a_causal_models_words_at_their_last_piece(runs, tmp_path):
     embeddings = report["rows"][0]
     assert embeddings["layer"] == "blocks.0.resid_pre" and embeddings["accuracy"] > 0.9
     assert embeddings["control majority"] is not None
+
+
+def test_a_head_that_looks_19_back_is_not_typed_induction(tmp_path):
+    # one head built to attend exactly 19 positions back: on one period of 20 it lands on the induction key of every
+    # repeated query, but at periods 13 and 8 it lands on none; the stream holds positions alone (one-hot rows)
+    tokenizer = CharTokenizer(CHARS)
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=64, n_heads=1, d_ff=8,
+                         n_layers=1, max_seq_len=40, position="learned")
+    model = build_model(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+        model.stack.embeddings.positions.weight.copy_(torch.eye(40, 64))
+        model.stack.blocks[0].attn_norm.weight.fill_(1.0)
+        model.stack.blocks[0].self_attn.q_proj.weight.copy_(10 * torch.eye(64).roll(-19, dims=0))  # q_t = e_(t-19)
+        model.stack.blocks[0].self_attn.k_proj.weight.copy_(torch.eye(64))
+    tokenizer.save(tmp_path / "run" / "tokenizer")
+    save_model(model, config, tmp_path / "run")
+    report = _inspect(tmp_path / "run", "head-types", tmp_path)
+    assert "20, 13, 8 tokens" in report["summary"]["inputs"]
+    (row,) = report["rows"]
+    assert row["type"] != "induction" and row["induction"] < 0.2
+    one_period = head_types(model, repeated_tokens(range(2, 12), 20, batch=16,
+                                                   generator=torch.Generator().manual_seed(0)))
+    assert float(one_period.scores["induction"][0, 0]) > 0.5  # what one period of 20 alone made of it

@@ -32,7 +32,7 @@ from attnkit.checkpoint import TOKENIZER_DIR, load_model, read_labels
 from attnkit.errors import InputError
 from attnkit.inspect.circuits import composition_scores, head_weights
 from attnkit.inspect.edits import Ablation
-from attnkit.inspect.head_types import HeadTypes, head_types, repeated_tokens
+from attnkit.inspect.head_types import HeadTypes, head_types, repeat_periods, repeat_types
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.inputs import Batch, divergence, lm_batch, seq2seq_batch
 from attnkit.inspect.logit_lens import logit_lens
@@ -238,10 +238,11 @@ def _head_types(loaded: Loaded, settings: InspectSettings):
         generator = torch.Generator().manual_seed(settings.seed)
         vocabulary = sorted(set(range(tokenizer.vocab_size)) - set(separators) -
                             {tokenizer.pad_id, tokenizer.unk_id, tokenizer.mask_id})
-        half = min(20, loaded.max_len // 2)
-        ids = repeated_tokens(vocabulary, half, batch=16, generator=generator).to(loaded.device)
-        found = head_types(loaded.model, ids, separators=separators)
-        where = f"16 random sequences of {half} tokens, each repeated"
+        periods = repeat_periods(min(20, loaded.max_len // 2))
+        found = repeat_types(loaded.model, vocabulary, periods=periods, batch=16, generator=generator,
+                             separators=separators)
+        where = (f"16 random sequences of {', '.join(map(str, periods))} tokens, each repeated (duplicate and "
+                 "induction: a head's lowest score over those periods)")
     shown = [k for k, v in found.scores.items() if not bool(v.isnan().all())]
     figure = Figure(figsize=(3.2 * len(shown) + 1, 1.2 + 0.35 * len(found.sites)))
     for index, kind in enumerate(shown):

@@ -10,7 +10,10 @@ Induction Heads"; Clark et al. 2019, "What Does BERT Look At?").
                  an earlier copy: "A B ... A -> B")
 
 A score is the mean over those queries of the weight on those keys (1: all of it). On repeated random tokens
-`[x1..xn x1..xn]` a duplicate-token head looks n back and an induction head n - 1 back. Cross-attention is scored by
+`[x1..xn x1..xn]` a duplicate-token head looks n back and an induction head n - 1 back, so one period cannot tell
+an induction head from a head that looks a fixed n - 1 back: `repeat_types` scores several periods and keeps, for
+the duplicate and induction types, a head's lowest score over them (it is typed induction only where it holds at
+each period). Cross-attention is scored by
 how monotonic its alignment is (`monotonicity`): the share of target steps whose most-attended source position does
 not move backwards (1: a monotone alignment, about 0.5 for chance).
 """
@@ -28,6 +31,7 @@ from attnkit.inspect.points import attends_across, head_sites
 from attnkit.inspect.tracing import trace
 
 SELF_TYPES = ("previous", "first", "duplicate", "induction")
+PERIODIC = ("duplicate", "induction")  # types whose keys sit a period back on repeated tokens
 MONOTONIC = 0.9  # a cross-attention head whose peak moves backwards at no more than one step in ten
 
 
@@ -159,3 +163,22 @@ def head_types(model: nn.Module, *args: Tensor, separators: Sequence[int] = (), 
         for name, values in found.items():
             scores[name][i, : len(values)] = values.cpu()
     return HeadTypes.typed(sites, scores, threshold)
+
+
+def repeat_periods(longest: int) -> tuple[int, ...]:
+    """The periods `repeat_types` repeats at: `longest`, about two thirds and two fifths of it (20, 13, 8), so that a
+    head looking a fixed distance back matches at one of them at most."""
+    return tuple(sorted({longest, max(2, round(longest * 2 / 3)), max(2, round(longest * 2 / 5))}, reverse=True))
+
+
+def repeat_types(model: nn.Module, vocab: Sequence[int] | int, *, periods: Sequence[int], batch: int = 16,
+                 generator: torch.Generator | None = None, separators: Sequence[int] = (), threshold: float = 0.4
+                 ) -> HeadTypes:
+    """Score every head on `batch` random sequences from `vocab` repeated once, at each of `periods`: the duplicate
+    and induction scores are a head's lowest over the periods, the others their mean (module docstring)."""
+    device = next(model.parameters()).device
+    runs = [head_types(model, repeated_tokens(vocab, n, batch=batch, generator=generator).to(device),
+                       separators=separators) for n in periods]
+    scores = {kind: torch.stack([r.scores[kind] for r in runs]) for kind in runs[0].scores}  # (periods, sites, H)
+    return HeadTypes.typed(runs[0].sites, {kind: table.amin(0) if kind in PERIODIC else table.nanmean(0)
+                                           for kind, table in scores.items()}, threshold)
