@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from attnkit.deprecation import warn_renamed
 from attnkit.layers.autocast import cast_for_autocast
-from attnkit.layers.kernels import MathKernel, attend
+from attnkit.layers.kernels import MathKernel, attend, flex_attend
 from attnkit.layers.kv_cache import LayerCache
 from attnkit.layers.masks import AttentionMask
 from attnkit.layers.positions import PositionScheme
@@ -169,8 +169,9 @@ class Attention(nn.Module):
     k, add a bias to the scores and a term to the values (`layers/positions.py`). Masks and position biases
     become one additive float bias in one place (`_bias`), so every score function composes with every scheme.
     Dot scores run through the fused kernels of `layers/kernels.py` (SDPA, or plain products where the machine's
-    plan hands the layer a `math_kernel`) unless weights are requested or the scheme reads them; the explicit path
-    is the readable reference and tests hold the two equal.
+    plan hands the layer a `math_kernel`, or FlexAttention for a position bias or mask SDPA takes only as a dense
+    bias, where the plan turns `flex_attention` on) unless weights are requested or the scheme reads them; the
+    explicit path is the readable reference and tests hold them equal.
     """
 
     def __init__(
@@ -207,6 +208,7 @@ class Attention(nn.Module):
         self.relative = relative
         self.window = window  # sliding-window attention: a query sees keys fewer than `window` positions back
         self.math_kernel: MathKernel | None = None  # where plain products replace SDPA (`kernels.use_math_kernel`)
+        self.flex_attention = False  # FlexAttention for biases and masks beyond causality (`use_flex_attention`)
 
     def _split_heads(self, x: Tensor, n_heads: int) -> Tensor:
         batch, length, _ = x.shape
@@ -301,6 +303,10 @@ class Attention(nn.Module):
             out = attend(q, k, v, None, causal=mask if length > 1 else None, scale=self.score.scale, dropout=dropout,
                          math_kernel=self.math_kernel)  # (B, H, T, D)
             return self._merge_heads(out), None
+        if fused and self._takes_flex(mask, relative if biased else None, cache, dropout, key_len, window):
+            score_mod = relative.flex_score_mod(mask) if biased else None
+            out = flex_attend(q, k, v, mask=mask, window=window, score_mod=score_mod, scale=self.score.scale)
+            return self._merge_heads(out), None  # (B, T, C)
         key_positions = cache.key_positions() if cache is not None and not cross else None
         bias = self._bias(q, mask, key_len, window, key_positions, relative if biased else None)
         if fused:
@@ -309,6 +315,14 @@ class Attention(nn.Module):
         else:
             out, weights = self._reference(q, k, v, bias, dropout, mask if biased else None)
         return self._merge_heads(out), (weights if need_weights else None)
+
+    def _takes_flex(self, mask: AttentionMask, relative: PositionScheme | None, cache: LayerCache | None,
+                    dropout: float, key_len: int, window: int | None) -> bool:
+        """Whether this pass goes to FlexAttention: turned on, no dropout (it has none), keys not from a cache, a
+        position bias (`relative`, or None) that it expresses as a score_mod, and a bias or mask to express (SDPA
+        takes plain attention bare)."""
+        return (self.flex_attention and dropout == 0 and cache is None and isinstance(mask.start, int)
+                and (relative.flex if relative is not None else mask.mask_mod(key_len, window=window) is not None))
 
     def _merge_heads(self, out: Tensor) -> Tensor:
         """8. Merge the heads and project back to the model width: (B, H, T, D) -> (B, T, C)."""

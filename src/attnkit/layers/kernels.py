@@ -1,23 +1,37 @@
 """The fast path of attention: which kernel computes softmax(q k^T * scale + bias) v.
 
-`layers/attention.py` holds the lecture's math and its reference path; it calls `attend` here when no weights are
-asked for. Two kernels compute the same thing (tests hold both equal to the reference path):
+`layers/attention.py` holds the lecture's math and its reference path; it calls `attend` or `flex_attend` here when
+no weights are asked for. Three kernels compute the same thing (tests hold each equal to the reference path):
 
     attend ----> MathKernel covers (q, S)?  yes: grouped_attention (float32 matrix products, GQA folded into rows)
                                             no:  F.scaled_dot_product_attention (fused; enable_gqa)
+    flex_attend  FlexAttention (torch.nn.attention.flex_attention, compiled): every variant it can express, the
+                 position bias as a `score_mod` (ALiBi) and the mask as a `block_mask` (causal, prefix, sliding
+                 window, padding, packed documents), so none of them holds a (T, S) bias or weights
+
+SDPA's fused kernels take a causal flag or a dense float bias: ALiBi, windows, padding and document masks reach them
+as a materialised (T, S) bias (on a GPU, off the flash kernel). FlexAttention generates one fused kernel per
+score_mod and mask_mod, and skips the blocks the mask empties. A structural block mask (causal, prefix, window:
+no tensors) is built once per shape and kept (`structural_block_mask`); one that reads a batch's padding or documents
+once per forward pass, shared by the layers. FlexAttention has no dropout, and on the CPU (torch 2.13) no backward:
+there it serves forward passes only.
 
 Which is faster depends on the machine, so no choice is made here: by default every call goes to SDPA, and the
 inference plan (`generate/plan.py`) or the trainer hands each attention layer a `MathKernel` taken from the
-machine's measured profile (`attnkit.machine`, `attnkit tune`) through `use_math_kernel`.
+machine's measured profile (`attnkit.machine`, `attnkit tune`) through `use_math_kernel`, and FlexAttention through
+`use_flex_attention` where the training plan chooses it.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from attnkit.layers.masks import AttentionMask
 from attnkit.machine import AttentionKernelLimits, Profile, dtype_name
@@ -116,3 +130,61 @@ def grouped_attention(
         weights = F.dropout(weights, p=dropout)
     out = torch.matmul(weights, v.float())  # (B, Hkv, G*T, S) @ (B, Hkv, S, D) -> (B, Hkv, G*T, D)
     return out.view(batch, n_heads, length, head_dim).to(q.dtype)
+
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score, b, h, q_idx, kv_idx) -> score
+
+
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, *, mask: AttentionMask, window: int | None,
+                score_mod: ScoreMod | None, scale: float) -> Tensor:
+    """softmax(q k^T * scale + score_mod + mask) v through FlexAttention, compiled.
+
+    q (B, H, T, D); k, v (B, Hkv, S, D) at key positions 0 .. S - 1 (no rolling cache); mask: the forward pass's
+    mask (its `mask_mod`), with `window` the layer's; score_mod: the position scheme's (`flex_score_mod`) or None.
+    -> (B, H, T, D)
+    """
+    key_len = k.shape[2]
+    blocks = block_mask_for(mask, q.shape[0], key_len, window, q.device)
+    return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale,
+                                     enable_gqa=k.shape[1] != q.shape[1])  # (B, H, T, D)
+
+
+@functools.cache
+def compiled_flex_attention() -> Callable[..., Tensor]:
+    """flex_attention compiled once for the process (its eager form is a slow reference); each score_mod and mask_mod
+    compiles its own kernel the first time it meets a shape."""
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def block_mask_for(mask: AttentionMask, batch: int, key_len: int, window: int | None,
+                   device: torch.device) -> BlockMask | None:
+    """The block mask of `mask` for `key_len` keys and the layer's `window`: kept across steps when it holds no
+    tensors (built once per shape), else built once for this forward pass; None where every key is allowed."""
+    if mask.attention_mask is None and mask.documents is None and not isinstance(mask.prefix_len, Tensor) \
+            and isinstance(mask.start, int) and not torch.compiler.is_compiling():
+        return structural_block_mask(mask.length, key_len, mask.start, mask.causal, mask.prefix_len,
+                                     window if window is not None and window < key_len else None, str(device))
+    mask_mod = mask.mask_mod(key_len, window=window)
+    if mask_mod is None:
+        return None
+    return mask.shared(("flex_block_mask", key_len, window),
+                       lambda: create_block_mask(mask_mod, batch, None, mask.length, key_len, device=device))
+
+
+@functools.lru_cache(maxsize=64)
+def structural_block_mask(length: int, key_len: int, start: int, causal: bool, prefix_len: int | None,
+                          window: int | None, device: str) -> BlockMask | None:
+    """The block mask of causality, an int prefix and a window over (length, key_len), for every row and head: built
+    once per shape and kept (64 shapes at most)."""
+    mask_mod = AttentionMask(length, start=start, causal=causal, prefix_len=prefix_len).mask_mod(key_len,
+                                                                                               window=window)
+    return None if mask_mod is None else create_block_mask(mask_mod, None, None, length, key_len, device=device)
+
+
+def use_flex_attention(model: nn.Module, on: bool) -> nn.Module:
+    """Let every attention layer of `model` take FlexAttention for the variants it expresses (False: never); returns
+    the model."""
+    for module in model.modules():
+        if hasattr(module, "flex_attention"):
+            module.flex_attention = on
+    return model

@@ -9,6 +9,8 @@ KV cache, Hugging Face's `cache_position`: one convention for every cache, kerne
     window          no query sees a key `window` or more positions away (Longformer, Mistral); asked per layer,
                     since a model may alternate windowed and global layers (Gemma 2)
     attention_mask  no query sees a padded key: (B, P) bool, True at real tokens, indexed by position
+    documents       no query sees a key of another document: (B, T) ids of the documents packed into each row
+                    (`data/packing.py`), so that packed rows train as their documents would alone
 
     keys ->   causal       causal, prefix_len=3    causal, window=2
     query 0   x . . . .    x x x . .               x . . . .
@@ -18,9 +20,10 @@ KV cache, Hugging Face's `cache_position`: one convention for every cache, kerne
 
 The model's stack builds the mask once per forward pass and hands the same object to every layer; each kernel asks
 it for the form it wants: `is_causal_only` (SDPA's `is_causal`, or nothing at all for the one newest query: no
-tensor is built), `allowed` (boolean) or `bias` (additive: 0 where allowed, -inf where not, the form the reference
-path adds to its scores like a position bias, so masks and biases combine by addition). A tensor form is built once
-per forward pass for each key length and window, and shared by the layers that ask for the same.
+tensor is built), `allowed` (boolean), `bias` (additive: 0 where allowed, -inf where not, the form the reference
+path adds to its scores like a position bias, so masks and biases combine by addition) or `mask_mod` (FlexAttention's
+function of (b, h, q_idx, kv_idx), from which `layers/kernels.py` builds its block mask). A tensor form is built once
+per forward pass for each key length and window, and shared by the layers that ask for the same (`shared`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class AttentionMask:
     attention_mask: (B, P) bool, True at real tokens; P covers every key position (cached ones too).
     prefix_len: an int, or (B,) per row: positions below it see each other both ways (with `causal`).
     device: where its tensors are built (None: the attention_mask's or start's device, else the CPU).
+    documents: (B, T) int, the document of each position of a packed row; keys are the queries themselves (no
+        cache). Positions of different documents never see each other.
     """
 
     length: int
@@ -48,6 +53,7 @@ class AttentionMask:
     attention_mask: Tensor | None = None
     prefix_len: int | Tensor | None = None
     device: torch.device | None = None
+    documents: Tensor | None = None
     _forms: dict = field(default_factory=dict, init=False, repr=False)  # tensor forms built so far, by request
 
     @classmethod
@@ -80,7 +86,7 @@ class AttentionMask:
         """Whether, over `key_len` keys from a cache (or the queries themselves), this mask is causality alone:
         the queries are all the keys (a square: SDPA's `is_causal`) or the one newest position (it sees every key),
         nothing is padded, no prefix reads both ways, and the window spans every key. Then no tensor is needed."""
-        return (self.causal and self.attention_mask is None and self.prefix_len is None
+        return (self.causal and self.attention_mask is None and self.prefix_len is None and self.documents is None
                 and self.length in (1, key_len) and (window is None or window >= key_len))
 
     def allowed(self, key_len: int, *, window: int | None = None, key_positions: Tensor | None = None
@@ -108,8 +114,57 @@ class AttentionMask:
         mask = _and(structure, padding)
         if (self.causal or window is not None) and padding is not None and self.length > 1:
             mask = mask | (key == query)
+        if self.documents is not None:
+            documents = self._documents(key_len, key_positions)
+            mask = _and(mask, documents[:, None, :, None] == documents[:, None, None, :])  # (B, 1, T, S)
         self._keep(name, mask)
         return mask
+
+    def mask_mod(self, key_len: int, *, window: int | None = None):
+        """`allowed` as FlexAttention's `mask_mod(b, h, q_idx, kv_idx) -> bool` over keys at positions 0 .. key_len - 1
+        (no rolling cache; `start` an int); None where every key is allowed. It reads the same parts as `allowed`, in
+        the same order, so the two agree position by position."""
+        if not (self.causal or self.attention_mask is not None or self.documents is not None
+                or (window is not None and window < key_len)):
+            return None
+        start, causal, prefix, real, documents = self.start, self.causal, self.prefix_len, self.attention_mask, \
+            self._documents(key_len, None) if self.documents is not None else None
+        windowed = window is not None and window < key_len
+        keep_own = (causal or window is not None) and real is not None and self.length > 1
+
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            query = q_idx + start
+            allowed = kv_idx <= query if causal else kv_idx >= 0
+            if causal and prefix is not None:
+                below = prefix[b] if isinstance(prefix, Tensor) else prefix
+                allowed = allowed | ((kv_idx < below) & (query < below))
+            if windowed:
+                allowed = allowed & ((query - kv_idx).abs() < window)
+            if real is not None:
+                allowed = allowed & real[b, kv_idx]
+                if keep_own:
+                    allowed = allowed | (kv_idx == query)
+            if documents is not None:
+                allowed = allowed & (documents[b, q_idx] == documents[b, kv_idx])
+            return allowed
+
+        return mask_mod
+
+    def shared(self, name: tuple, build):
+        """The form `name` built by `build()` once for this forward pass and shared by the layers that ask for it (a
+        kernel's own form, such as FlexAttention's block mask); built afresh, not kept, while torch.compile traces."""
+        if torch.compiler.is_compiling():
+            return build()
+        if name not in self._forms:
+            self._forms[name] = build()
+        return self._forms[name]
+
+    def _documents(self, key_len: int, key_positions: Tensor | None) -> Tensor:
+        """The documents (B, T) of a packed row, whose keys are its queries: refused with a cache."""
+        if key_positions is not None or key_len != self.length or not (isinstance(self.start, int) and self.start == 0):
+            raise ValueError(f"a document mask covers a packed row's own {self.length} positions, its keys the "
+                             f"queries; these {key_len} keys come from a cache: run packed rows without one")
+        return self.documents.to(self.query_positions.device)
 
     def bias(self, key_len: int, *, dtype: torch.dtype = torch.float32, window: int | None = None,
              key_positions: Tensor | None = None) -> Tensor | None:

@@ -9,6 +9,7 @@ a scheme overrides the hooks where it acts and inherits "do nothing" for the oth
                                      needs          (for every layer)
     rotate(q, k, prepared)        -> q, k           after the q/k projections   rope
     score_bias(q, mask, S, score) -> bias           added to the scores         relative (Shaw), alibi
+    flex_score_mod(mask)          -> score_mod      the same, for FlexAttention alibi
     value_term(weights, mask, S)  -> term           added to the output         relative (Shaw)
 
 Absolute schemes act at the embeddings (`Embeddings.positions`); relative ones (their scores depend on i - j)
@@ -38,6 +39,7 @@ class PositionScheme(nn.Module):
     rotates: ClassVar[bool] = False  # whether `rotate` acts
     biases: ClassVar[bool] = False  # whether `score_bias` (and `value_term`) act: they read the queries' positions
     needs_weights: ClassVar[bool] = False  # whether `value_term` reads the weights (rules out fused kernels)
+    flex: ClassVar[bool] = False  # whether `flex_score_mod` expresses `score_bias` for FlexAttention
     weight_decay: ClassVar[bool] = False  # whether its parameters take weight decay (position tables: no)
     max_len: int | None = None  # positions it can represent (a learned table's rows); None: any
 
@@ -61,6 +63,12 @@ class PositionScheme(nn.Module):
 
     def value_term(self, weights: Tensor, mask: AttentionMask, key_len: int) -> Tensor | None:
         """A term (B, H, T, D) added to the weighted sum of values, from the weights (B, H, T, S); or None."""
+        return None
+
+    def flex_score_mod(self, mask: AttentionMask):
+        """`score_bias` as FlexAttention's `score_mod(score, b, h, q_idx, kv_idx) -> score` for queries at
+        `mask.start + q_idx` and keys at kv_idx, or None where FlexAttention cannot express the scheme (a bias that
+        reads the queries' vectors, a value term) or it adds nothing (`flex` says which)."""
         return None
 
     def init_weights(self) -> None:
@@ -220,6 +228,7 @@ class ALiBi(PositionScheme):
     """
 
     biases = True
+    flex = True
 
     def __init__(self, n_heads: int) -> None:
         super().__init__()
@@ -230,6 +239,14 @@ class ALiBi(PositionScheme):
         key_pos = torch.arange(key_len, device=query_pos.device)
         distance = (query_pos[:, None] - key_pos[None, :]).abs()  # (T, S)
         return -self.slopes.float()[:, None, None] * distance  # (H, 1, 1) * (T, S) -> (H, T, S)
+
+    def flex_score_mod(self, mask: AttentionMask):
+        slopes, start = self.slopes.float(), mask.start
+
+        def alibi(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score - slopes[h] * (q_idx + start - kv_idx).abs()
+
+        return alibi
 
 
 def alibi_slopes(n_heads: int) -> Tensor:

@@ -25,8 +25,12 @@ The choices (nanoGPT's train.py and torchtitan on a GPU; the CPU's own where the
     matmul          TF32 for fp32 products on a GPU
     float8          on request (--float8), where the GPU has float8 tensor cores (Hopper, Ada) and torchao is installed:
                     the blocks' linear layers multiply in float8 with dynamic scaling (torchao's float8 training)
-    attention       the SDPA kernel the model's shapes take on a GPU; on a CPU, SDPA or plain float32 products where the
-                    machine's profile measured them faster (`layers/kernels.py`)
+    attention       per variant (`layers/kernels.py`): on a GPU, FlexAttention for a position bias or mask SDPA would
+                    take only as a dense (T, S) bias, off its flash kernel (ALiBi, sliding windows, packed documents),
+                    SDPA's own kernel for plain causal attention, the reference path for what neither expresses (Shaw's
+                    value term and the additive and bilinear scores read the weights); on a CPU, SDPA or plain float32
+                    products where the machine's profile measured them faster: FlexAttention has no backward on the
+                    CPU in torch 2.13, so it is refused there (--attention flex), and serves forward passes only
     data            pinned host memory and non-blocking copies on a GPU
     host reads      the loss and gradient norm read every `log_every` steps on a GPU (and before every evaluation and
                     checkpoint), where a read would wait for the device; every step on a CPU
@@ -47,13 +51,17 @@ from torch import Tensor, nn
 
 from attnkit.blocks import compile_blocks
 from attnkit.errors import ConfigError
-from attnkit.layers.kernels import MathKernel, use_math_kernel
+from attnkit.layers.attention import DotScore
+from attnkit.layers.kernels import MathKernel, use_flex_attention, use_math_kernel
 from attnkit.layers.output_loss import LossPath, fused_kernel_missing, use_loss_path
+from attnkit.layers.positions import ALiBi
 from attnkit.machine import load_profile
 from attnkit.plans import Choice, explain_choices
 
 TrainCompile = Literal["auto", "off", "model", "blocks"]
 TRAIN_COMPILE: tuple[str, ...] = get_args(TrainCompile)
+TrainAttention = Literal["auto", "sdpa", "flex"]
+TRAIN_ATTENTION: tuple[str, ...] = get_args(TrainAttention)
 GPU_VOCAB_MULTIPLE = 64  # nanoGPT's 50,304 for GPT-2's 50,257: matrix kernels favour widths in multiples of 64
 CPU_LOSS_CHUNK = 256  # tokens per chunk of the chunked loss on a CPU (`chunked_loss.py`'s default)
 RECURRENT_FAMILIES = ("recurrent-lm", "recurrent-seq2seq")
@@ -69,6 +77,7 @@ class TrainingPlan:
     compile: Literal["off", "model", "blocks"]
     fullgraph: bool
     math_kernel: MathKernel | None
+    flex_attention: bool  # FlexAttention for the variants it expresses (`layers/kernels.py`)
     tf32: bool
     float8: bool
     pin_memory: bool
@@ -82,6 +91,7 @@ class TrainingPlan:
         """Set the loss path and the attention kernel on `model` (the module forward runs on), in place."""
         use_loss_path(model, self.loss)
         use_math_kernel(model, self.math_kernel)
+        use_flex_attention(model, self.flex_attention)
         if self.float8:
             from torchao.float8 import convert_to_float8_training
 
@@ -130,12 +140,15 @@ def plan_training(
     float8: bool = False,
     free_memory: int | None = None,
     capability: tuple[int, int] | None = None,
+    attention: str = "auto",
+    packed: bool = False,
 ) -> TrainingPlan:
     """Decide how `model` of `family` trains on `device` in `dtype` (see the module docstring).
 
     batch_tokens: tokens of one micro-batch (B * T), which size the logits; sharded: FSDP2; float8: asked for (a
     ConfigError where it cannot run); free_memory: bytes free on a GPU, capability: its compute capability (default:
-    what CUDA reports).
+    what CUDA reports); attention: the attention kernel asked for (auto, sdpa, flex: a ConfigError where FlexAttention
+    cannot train this model here); packed: rows pack several documents (a document mask).
     """
     device = torch.device(device)
     on_gpu = device.type == "cuda"
@@ -164,6 +177,14 @@ def plan_training(
     why_float8 = _float8(float8, device, dtype, capability)
     choices.append(Choice("float8", "the blocks' linear layers" if float8 else "off", why_float8))
     math_kernel, why_attention = _attention(model, device, dtype)
+    kernel, why_kernel = _flex(model, device, attention, packed)
+    flex = kernel == "flex"
+    if kernel != "sdpa":
+        math_kernel, why_attention = None, ({"flex": "FlexAttention (torch.nn.attention.flex_attention, compiled)",
+                                             "reference": "the reference path (scores and weights formed)"}[kernel],
+                                            why_kernel)
+    elif why_kernel is not None:
+        why_attention = (why_attention[0], f"{why_attention[1]}; {why_kernel}")
     choices.append(Choice("attention", why_attention[0], why_attention[1]))
     choices.append(Choice("data", "pinned, copied without waiting" if on_gpu else "as drawn",
                           "the next batch's copy overlaps the step before it" if on_gpu else
@@ -174,7 +195,8 @@ def plan_training(
                           "a non-finite loss or gradient norm is found at the next read, before anything is saved"
                           if on_gpu else "a read costs no wait on a CPU, and a non-finite step is never applied"))
     return TrainingPlan(device=device, dtype=dtype, loss=loss, compile=compile_choice, fullgraph=fullgraph,
-                        math_kernel=math_kernel, tf32=tf32, float8=float8, pin_memory=on_gpu, sync_every=sync_every,
+                        math_kernel=math_kernel, flex_attention=flex, tf32=tf32, float8=float8, pin_memory=on_gpu,
+                        sync_every=sync_every,
                         choices=tuple(choices))
 
 
@@ -302,6 +324,56 @@ def _attention(model: nn.Module, device: torch.device, dtype: str) -> tuple[Math
         return None, ("SDPA (its fused CPU kernel)", f"fused, keeps no (T, S) weights; {note}")
     return kernel, (f"float32 products up to {kernel.limits.pass_keys} keys, SDPA beyond",
                     f"faster than SDPA there for short reduced-precision attention; {note}")
+
+
+def _flex(model: nn.Module, device: torch.device, asked: str, packed: bool) -> tuple[str, str | None]:
+    """The attention layers' kernel ("flex", "sdpa": SDPA or the measured CPU kernel, "reference") and why; for
+    "sdpa" a note added to that kernel's own reason, or None (no attention layers, or SDPA asked for)."""
+    if asked not in TRAIN_ATTENTION:
+        raise ValueError(f"attention={asked!r} is not known; use one of {', '.join(TRAIN_ATTENTION)}")
+    layers = [m for m in model.modules() if hasattr(m, "flex_attention")]
+    if not layers or asked == "sdpa":
+        return "sdpa", None
+    variant, cannot = _attention_variant(layers, packed)
+    version = torch.__version__.split("+")[0]
+    if asked == "flex" and device.type != "cuda":
+        raise ConfigError(f"--attention flex trains through FlexAttention, which has no backward on the CPU in torch "
+                          f"{version}: train with --attention auto or sdpa here, or on a GPU (--device cuda)")
+    if cannot:
+        if asked == "flex":
+            raise ConfigError(f"--attention flex: FlexAttention cannot express {cannot}: use --attention auto")
+        return "reference", f"neither SDPA nor FlexAttention expresses {cannot}"
+    if any(layer.dropout > 0 for layer in layers):
+        if asked == "flex":
+            raise ConfigError("--attention flex: FlexAttention has no attention dropout: set attention_dropout=0 or "
+                              "use --attention auto")
+        return "sdpa", "FlexAttention has no attention dropout: SDPA applies it"
+    if variant is None:
+        return "sdpa", "plain causal attention: SDPA's own causal kernel (flash on a GPU), no mask to build"
+    if device.type != "cuda":
+        return "sdpa", (f"{variant} would go to FlexAttention on a GPU; on the CPU it has no backward (torch "
+                       f"{version}), so SDPA takes it as a dense (T, S) bias")
+    return "flex", (f"FlexAttention for {variant} ({'as asked' if asked == 'flex' else 'auto, on a GPU'}): the bias as "
+                  "a score_mod and the mask as a block mask built once per shape, one fused kernel that skips the "
+                  "masked blocks, where SDPA would take a dense (T, S) bias and leave its flash kernel; plain causal "
+                  "passes stay on SDPA")
+
+
+def _attention_variant(layers: list[nn.Module], packed: bool) -> tuple[str | None, str | None]:
+    """What beyond plain causal attention the layers compute ("ALiBi, a sliding window, packed documents"; None:
+    nothing), and what of it FlexAttention cannot express (None: all of it)."""
+    parts, cannot = [], []
+    for layer in layers:
+        if not isinstance(layer.score, DotScore):
+            cannot.append(f"the {layer.score_kind} score (not a dot product)")
+        if layer.relative is not None and layer.relative.biases:
+            name = "ALiBi" if isinstance(layer.relative, ALiBi) else "Shaw's relative positions (the value term)"
+            (parts if layer.relative.flex else cannot).append(name)
+        if layer.window is not None:
+            parts.append("a sliding window")
+    if packed:
+        parts.append("packed documents")
+    return ", ".join(dict.fromkeys(parts)) or None, ", ".join(dict.fromkeys(cannot)) or None
 
 
 def sdpa_backend(model: nn.Module, dtype: torch.dtype, device: torch.device) -> str:

@@ -47,7 +47,7 @@ from attnkit.train.instruments import gradient_norms, measure_activations
 from attnkit.train.lora import DEFAULT_TARGETS
 from attnkit.train.metrics import MetricsLog
 from attnkit.train.optim import SCHEDULES, Schedule, lr_factor, make_optimizer
-from attnkit.train.plan import TrainCompile, TrainingPlan, plan_training
+from attnkit.train.plan import TrainAttention, TrainCompile, TrainingPlan, plan_training
 from attnkit.train.plots import plot_losses
 from attnkit.train.precision import TrainDType, check_dtype
 from attnkit.train.rundir import owning
@@ -100,6 +100,9 @@ class TrainConfig:
     """auto: the whole model on a GPU, eager on a CPU (the training plan says why: attnkit train --explain); model:
     the whole model (bare --compile); blocks: each transformer block; off: eager"""
     float8: bool = False  # bf16 on a Hopper or Ada GPU: the blocks' products in float8 (torchao; the training plan)
+    attention: TrainAttention = "auto"
+    """auto: the training plan picks per variant (FlexAttention for ALiBi, windows and packed documents on a GPU; SDPA;
+    the reference path for what neither expresses); sdpa: never FlexAttention; flex: FlexAttention (a GPU)"""
     eval_every: int = 200  # steps between evaluations (each also writes a checkpoint)
     log_every: int = 10  # steps between progress lines when no progress bar is shown
     keep: int = 3  # checkpoints kept besides best/
@@ -234,7 +237,8 @@ class Trainer:
         self.plan = plan or plan_training(
             self.precision.compute_model, family=config.family, device=self.device, dtype=settings.dtype,
             compile=settings.compile, log_every=settings.log_every, sharded=settings.shard, float8=settings.float8,
-            batch_tokens=settings.batch_size * getattr(config, "max_seq_len", 0))
+            batch_tokens=settings.batch_size * getattr(config, "max_seq_len", 0), attention=settings.attention,
+            packed=getattr(task, "packed", False))
         self.plan.prepare(self.precision.compute_model)
         # DDP: a wrapper that reduces gradients; FSDP2: the model itself, sharded (so before the optimizer is made)
         self.eager_model = self.parallel.wrap(self.precision.compute_model, dtype=settings.dtype, seed=settings.seed)
