@@ -9,6 +9,9 @@ own residual-stream reading, `attnkit.inspect.residual`):
     write       |sublayer output| and its share |out| / |stream it adds to|
     lens        the logit lens's top token after each block (the stream read through the final norm and the output
                 layer, `attnkit.inspect.logit_lens.unembedding`), ending with the model's own top 5
+    dla         direct logit attribution (`attnkit.inspect.logit_attribution`): how much the embeddings, each head
+                and each FFN write directly towards the model's top output over its runner-up at the query token;
+                the shares sum to that logit difference (absent, with the reason, where the logit is no such sum)
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from torch import nn
 
 from attnkit.errors import InputError
+from attnkit.inspect.logit_attribution import logit_attribution
 from attnkit.inspect.logit_lens import unembedding
 from attnkit.inspect.residual import residual_stream
 from attnkit.tokenize import Tokenizer
@@ -76,7 +80,46 @@ def model_view(model: nn.Module, config, tokenizer: Tokenizer, ids: list[int], q
                     "softmax: the token distribution at this position", "shape": [length, lens.shape[-1]],
                     "top": [{"token": token, "p": round(p, 5)} for token, p in
                             zip(token_labels(tokenizer, top.indices.tolist()), top.values.tolist(), strict=True)]}]
-    return {"tokens": token_labels(tokenizer, ids), "query": query, "stages": stages}
+    attribution = _attribution(model, tokenizer, ids, query, read.output, tokens=unembed is not None)
+    for stage in stages:
+        stage.update(_stage_shares(stage, attribution))
+    return {"tokens": token_labels(tokenizer, ids), "query": query, "stages": stages, "attribution": attribution}
+
+
+def _attribution(model: nn.Module, tokenizer: Tokenizer, ids: list[int], query: int, output, *, tokens: bool) -> dict:
+    """Direct logit attribution of the top output over the runner-up at `query`: the two outputs, their logit
+    difference, and each writer's share {name: value}; or {"reason": ...} where the model has none."""
+    logits = output.logits[0].float()  # (T, V), a tagger's (T, labels), a classifier's (labels,)
+    at = logits[query] if logits.dim() == 2 else logits
+    if at.shape[-1] < 2:
+        return {"reason": "one output only: there is no runner-up to compare with"}
+    answer, wrong = at.topk(2).indices.tolist()
+    device = next(model.parameters()).device
+    try:
+        found = logit_attribution(model, torch.tensor([ids], device=device), answer=answer, wrong=wrong,
+                                  position=query)
+    except InputError as err:
+        return {"reason": str(err)}
+    names = token_labels(tokenizer, [answer, wrong]) if tokens else [f"class {answer}", f"class {wrong}"]
+    return {"answer": names[0], "wrong": names[1], "total": round(float(found.total[0]), 5),
+            "shares": {name: round(float(value), 5) for name, value in zip(found.names, found.values[:, 0],
+                                                                           strict=True)}}
+
+
+def _stage_shares(stage: dict, attribution: dict) -> dict:
+    """A stage's direct shares: the embeddings', an FFN's, an attention sublayer's per head (its bias beside)."""
+    shares = attribution.get("shares")
+    if shares is None:
+        return {}
+    if stage["stage"] == "embedding":
+        return {"dla": shares["embed"]}
+    if stage["stage"] == "mlp":
+        return {"dla": shares[f"blocks.{stage['block']}.mlp"]}
+    if stage["stage"] == "attn":
+        site = f"blocks.{stage['block']}.attn"
+        heads = [v for k, v in shares.items() if k.startswith(f"{site} head ")]
+        return {"dla": round(sum(heads) + shares.get(f"{site} bias", 0.0), 5), "dla_heads": heads}
+    return {}
 
 
 def _write_stage(model: nn.Module, config, write, query: int, length: int) -> dict:

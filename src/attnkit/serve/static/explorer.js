@@ -7,7 +7,7 @@
   const key = new URLSearchParams(location.hash.slice(1)).get("key");  // the API key, when the server needs one
   const headers = key ? { Authorization: `Bearer ${key}` } : {};
   const state = { info: null, data: null, kind: 0, layer: 0, head: 0, query: null, steps: null, seed: 0,
-                  rendered: 0, stepsAsked: 0, analyzeAsked: 0, inspect: null, inspectAsked: 0, model: null, modelAsked: 0,
+                  rendered: 0, stepsAsked: 0, analyzeAsked: 0, inspect: null, pattern: null, inspectAsked: 0, model: null, modelAsked: 0,
                   training: { next: 0, records: [] } };
 
   async function api(path, body) {
@@ -96,6 +96,7 @@
     const maps = currentMaps();
     $("attention-panel").classList.toggle("hidden", !maps);
     $("steps-panel").classList.toggle("hidden", !maps);
+    $("patterns-panel").classList.toggle("hidden", !maps);
     if (!maps) return;
     state.layer = Math.min(state.layer, maps.layers.length - 1);
     fillSelect($("layer"), maps.layers.map((l, i) => [i, `${l}`]), state.layer);
@@ -129,7 +130,74 @@
     const w = weights(state.kind, state.layer, state.head);
     drawHeatmap(w, maps);
     drawLines(w, maps, null);
+    drawPatterns(w, maps);
     loadSteps();
+  }
+
+  // circuitsvis-style: every head of the layer as a thumbnail, and the text as two strips of tokens that light up by
+  // the selected head's weights from (hovered query: its row) or to (hovered key: its column) the hovered token
+  function drawPatterns(w, maps) {
+    const grid = $("head-grid");
+    grid.innerHTML = "";
+    maps.heads.forEach((name, h) => {
+      const thumb = document.createElement("span");
+      thumb.className = "head-thumb" + (state.head === h ? " active" : "");
+      thumb.dataset.head = h;
+      const canvas = document.createElement("canvas");
+      canvas.width = canvas.height = 72;
+      const pattern = weights(state.kind, state.layer, h);
+      const cell = 72 / Math.max(pattern.length, pattern[0].length);
+      const context = canvas.getContext("2d");
+      const max = Math.max(...pattern.flat(), 1e-9);
+      pattern.forEach((row, t) => row.forEach((value, s) => {
+        context.fillStyle = colour(value / max);
+        context.fillRect(s * cell, t * cell, Math.ceil(cell), Math.ceil(cell));
+      }));
+      thumb.appendChild(canvas);
+      thumb.appendChild(document.createTextNode(`head ${name}`));
+      thumb.addEventListener("click", () => { state.head = h; drawAttention(); });
+      grid.appendChild(thumb);
+    });
+    const strip = (box, tokens, side) => {
+      box.innerHTML = "";
+      tokens.forEach((token, i) => {
+        const span = document.createElement("span");
+        span.textContent = token;
+        span.dataset.index = i;
+        span.addEventListener("mouseenter", () => focusPattern(side, i));
+        span.addEventListener("mouseleave", () => focusPattern(null, null));
+        box.appendChild(span);
+      });
+    };
+    strip($("pattern-queries"), maps.query_tokens, "query");
+    strip($("pattern-keys"), maps.key_tokens, "key");
+    state.pattern = { w, side: null, index: null, shades: [] };
+  }
+
+  // light the other strip by the weights from (side "query") or to (side "key") token `index`; null: clear
+  function focusPattern(side, index) {
+    const { w } = state.pattern;
+    const queries = [...$("pattern-queries").children], keys = [...$("pattern-keys").children];
+    for (const span of [...queries, ...keys]) {
+      span.style.background = "";
+      span.style.color = "";
+      span.classList.remove("focus");
+      span.removeAttribute("title");
+    }
+    state.pattern = { w, side, index, shades: [] };
+    if (side === null) return;
+    const shades = side === "query" ? w[index] : w.map((row) => row[index]);  // (S,) its row, or (T,) its column
+    const lit = side === "query" ? keys : queries;
+    (side === "query" ? queries : keys)[index].classList.add("focus");
+    const top = Math.max(...shades, 1e-9);  // shaded against the largest, so a spread-out head still shows its shape
+    shades.forEach((value, j) => {
+      const v = Math.max(0, Math.min(1, value / top));
+      lit[j].style.background = side === "query" ? colour(v) :
+        `rgb(255,${Math.round(255 - 140 * v)},${Math.round(255 - 235 * v)})`;  // white -> orange
+      if (v > 0.6) lit[j].style.color = "#fff";
+      lit[j].title = `${side === "query" ? "attends to it" : "attends to the key"} with weight ${value.toFixed(4)}`;
+    });
+    state.pattern.shades = shades;
   }
 
   function colour(value) {  // white -> deep blue
@@ -349,11 +417,31 @@
         html += `<table class="bars">` + s.top.map((t) => `<tr><td>${escapeHtml(t.token)}</td><td>${fmt(t.p)}</td>` +
           `<td><span class="bar" style="width:${Math.round(200 * t.p)}px"></span></td></tr>`).join("") + "</table>";
       }
+      if (s.dla !== undefined) html += dlaLine(s, view.attribution);
       html += "</div>";
       if (s.stage === "attn" || s.stage === "mlp") html += `<div class="stage-plus">+ residual</div>`;
       else if (s !== view.stages[view.stages.length - 1]) html += `<div class="stage-arrow">↓</div>`;
     }
     $("flow").innerHTML = html;
+    const a = view.attribution;
+    $("dla").innerHTML = a.reason ? `Direct logit attribution: not here. ${escapeHtml(a.reason)}` :
+      `Direct logit attribution: logit(<b>${escapeHtml(a.answer)}</b>) − logit(<b>${escapeHtml(a.wrong)}</b>) = ` +
+      `${fmt(a.total)} at the query token, the sum of the shares written beside each stage (the final norm's and ` +
+      `the output layer's biases add ${fmt(a.shares.bias)}).`;
+  }
+
+  // a stage's direct share of the logit difference, and an attention stage's bar per head (blue for, red against)
+  function dlaLine(s, attribution) {
+    const signed = (x) => `${x >= 0 ? "+" : "−"}${fmt(Math.abs(x))}`;
+    let html = `<div class="stage-dla">direct logit attribution ${signed(s.dla)}`;
+    if (s.dla_heads) {
+      const heads = Object.entries(attribution.shares).filter(([name]) => name.includes(" head "));
+      const scale = Math.max(...heads.map(([, x]) => Math.abs(x)), 1e-9);  // the largest head's bar is 60 px
+      html += s.dla_heads.map((x, h) => `<span class="dla-head" title="head ${h}: ${signed(x)}">` +
+        `<span class="bar${x < 0 ? " against" : ""}" style="width:${Math.round(60 * Math.abs(x) / scale)}px"></span>` +
+        `h${h}</span>`).join("");
+    }
+    return html + "</div>";
   }
 
   // Explore: head importance and the logit lens (serve/inspect_view.py) ---------------------------------------------
@@ -527,5 +615,5 @@
     pollTraining();
     inspect();  // the first text's panels; later texts on request (each head's ablation is a pass of the model)
   }
-  window.attnkit = { state, headers, weights, reshape, softmax, analyze, inspect, ready: start() };
+  window.attnkit = { state, headers, weights, reshape, softmax, analyze, inspect, focusPattern, ready: start() };
 })();

@@ -1,0 +1,109 @@
+"""The explorer's attention patterns head by head (as circuitsvis draws them) and its direct logit attribution, in
+a real headless Chromium: hovering a query token lights the keys by that token's row of the selected head's weights,
+hovering a key lights the queries by its column, a head's thumbnail selects it; the whole-model panel writes each
+stage's direct share of the top output's lead over the runner-up, and the shares sum to the model's own logit
+difference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
+httpx = pytest.importorskip("httpx")
+
+from serve_helpers import running_server, tiny_run  # noqa: E402
+
+from attnkit.checkpoint import load_model  # noqa: E402
+from attnkit.config import ModelConfig  # noqa: E402
+from attnkit.models import build_model  # noqa: E402
+from attnkit.serve.model_view import model_view  # noqa: E402
+from attnkit.tokenize import CharTokenizer, load_tokenizer  # noqa: E402
+
+TIMEOUT = 60
+TEXT = "the cat sat"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    run = tiny_run(tmp_path_factory.mktemp("patterns"), "decoder", sharpen=8.0)
+    with running_server(run) as (url, _app):
+        yield url, run
+
+
+@pytest.fixture(scope="module")
+def browser(served):
+    from viz_browser import served_page
+
+    chromium, reason = served_page(served[0] + "/", "!!(window.attnkit && window.attnkit.state.pattern"
+                                   " && window.attnkit.state.model)", width=1400, height=1800)
+    if chromium is None:
+        pytest.skip(f"no headless browser: {reason}")
+    yield chromium
+    chromium.close()
+
+
+def _hover(browser, selector: str) -> None:
+    """A real mouse move onto the centre of the element (no click)."""
+    box = browser.evaluate(f"(() => {{ const e = document.querySelector('{selector}'); e.scrollIntoView();"
+                           " const r = e.getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2];"
+                           " })()")
+    browser.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": box[0], "y": box[1]})
+
+
+def test_hovering_a_query_lights_the_keys_by_its_row_and_a_key_the_queries_by_its_column(browser):
+    browser.click('#head-grid .head-thumb[data-head="1"]')
+    assert browser.evaluate("window.attnkit.state.head") == 1
+    assert browser.evaluate("document.querySelector('#head-grid .head-thumb.active').dataset.head") == "1"
+    weights = browser.evaluate("window.attnkit.state.data.attention[0].weights[0][1]")  # layer 0, head 1: (T, T)
+    _hover(browser, '#pattern-queries span[data-index="5"]')
+    pattern = browser.wait("window.attnkit.state.pattern.side === 'query' && window.attnkit.state.pattern")
+    assert pattern["index"] == 5
+    assert pattern["shades"] == pytest.approx(weights[5], abs=1e-6)
+    lit = browser.evaluate("[...document.querySelectorAll('#pattern-keys span')].map((s) => s.style.background)")
+    assert [bool(c) for c in lit] == [True] * len(weights[5])
+    assert lit[6:] == ["rgb(255, 255, 255)"] * (len(lit) - 6)  # the causal mask: nothing after the query
+    strongest = max(range(6), key=lambda j: weights[5][j])
+    assert lit[strongest] != "rgb(255, 255, 255)"
+    _hover(browser, '#pattern-keys span[data-index="2"]')
+    pattern = browser.wait("window.attnkit.state.pattern.side === 'key' && window.attnkit.state.pattern")
+    assert pattern["shades"] == pytest.approx([row[2] for row in weights], abs=1e-6)
+    assert browser.evaluate("document.querySelector('#pattern-queries span[data-index=\"1\"]').style.background") \
+        == "rgb(255, 255, 255)"  # query 1 cannot see key 2
+    _hover(browser, "h1")
+    assert browser.wait("window.attnkit.state.pattern.side === null")
+
+
+def test_each_head_has_a_thumbnail_of_its_own_pattern(browser):
+    heads = len(browser.evaluate("window.attnkit.state.data.attention[0].heads"))
+    assert browser.evaluate("document.querySelectorAll('#head-grid canvas').length") == heads
+    pixels = browser.evaluate("[...document.querySelectorAll('#head-grid canvas')].map((c) =>"
+                              " Array.from(c.getContext('2d').getImageData(0, 0, 72, 72).data).join(','))")
+    assert len(set(pixels)) == heads  # the heads attend differently (sharpened q and k), so no two maps are alike
+
+
+def test_the_whole_model_panel_writes_each_stages_direct_logit_attribution(browser, served):
+    view = browser.wait("window.attnkit.state.model")
+    attribution = view["attribution"]
+    model, config = load_model(served[1])[:2]
+    assert browser.evaluate("document.querySelectorAll('#flow .stage-dla').length") == 1 + 2 * config.n_layers
+    assert browser.evaluate("document.querySelectorAll('#flow .dla-head').length") == config.n_layers * config.n_heads
+    assert attribution["answer"] in browser.evaluate("document.getElementById('dla').textContent")
+    ids = torch.tensor([load_tokenizer(served[1] / "tokenizer").encode(browser.evaluate("document.getElementById"
+                                                                                         "('text').value"))])
+    with torch.no_grad():
+        top = model.eval()(ids).logits[0, view["query"]].topk(2).values
+    assert attribution["total"] == pytest.approx(float(top[0] - top[1]), abs=1e-4)
+    assert sum(attribution["shares"].values()) == pytest.approx(attribution["total"], abs=1e-3)  # rounded to 1e-5
+    stages = {(s["stage"], s.get("block")): s for s in view["stages"]}
+    assert stages[("attn", 1)]["dla_heads"] == pytest.approx(
+        [attribution["shares"][f"blocks.1.attn head {h}"] for h in range(config.n_heads)])
+
+
+def test_direct_logit_attribution_is_absent_with_the_reason_for_a_post_norm_model():
+    tokenizer = CharTokenizer("abcdefgh ")
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32,
+                         n_layers=2, max_seq_len=16, norm_position="post")
+    view = model_view(build_model(config).eval(), config, tokenizer, tokenizer.encode("abc dea"))
+    assert "post-norm" in view["attribution"]["reason"]
+    assert not any("dla" in stage for stage in view["stages"])
