@@ -128,10 +128,16 @@ def test_int4_is_planned_only_where_the_int4_kernel_is_vectorized(cpu, form):
     assert ("vectorized only for AVX2 and AVX-512" in explained) == (form == "int8")
 
 
-def test_int4_falls_back_to_int8_where_its_groups_do_not_tile_a_layer():
-    config = ModelConfig(vocab_size=50, d_model=40, n_layers=1, n_heads=4, d_ff=64, max_seq_len=64)
-    plan = plan_inference(build_model(config).eval(), "decoder", quantize="int4", cpu=AVX512, profile=DEFAULT_PROFILE)
-    assert plan.linear == "int8" and "takes 40 inputs" in plan.explain()
+@pytest.mark.parametrize(("form", "padded"), [("int4", "40 -> 64, 172 -> 192"), ("int8", "40 -> 48, 172 -> 176")])
+def test_quantized_plans_name_the_in_widths_their_kernels_get_padded(form, padded):
+    """d_model 40 and d_ff 172 are not multiples of int4's groups of 32 or of the 16 inputs int8's kernel reads at a
+    time: both stay in the form asked for, with zero inputs up to the next multiple, and say so."""
+    config = ModelConfig(vocab_size=50, d_model=40, n_layers=1, n_heads=4, d_ff=172, max_seq_len=64)
+    plan = plan_inference(build_model(config).eval(), "decoder", quantize=form, cpu=AVX2, profile=DEFAULT_PROFILE)
+    assert plan.linear == form and f"in-widths padded with zero inputs ({padded})" in plan.explain()
+    config = ModelConfig(vocab_size=50, d_model=64, n_layers=1, n_heads=4, d_ff=128, max_seq_len=64)
+    plan = plan_inference(build_model(config).eval(), "decoder", quantize=form, cpu=AVX2, profile=DEFAULT_PROFILE)
+    assert "padded" not in plan.explain()
 
 
 def test_int4_is_refused_off_the_cpu():

@@ -1,13 +1,18 @@
 """Quantized decoding, int8 weight-only and dynamic (weights and activations) and int4 weight-only: each kernel
 equals its step-by-step reference, and a quantized model stays close to the unquantized one."""
 
+import os
+import subprocess
+import sys
+
 import hypothesis.strategies as st
 import pytest
 import torch
+from fast_paths import AVX2_ENV
 from hypothesis import given, settings
 
 from attnkit import ModelConfig, build_model
-from attnkit.errors import InputError
+from attnkit.checkpoint import save_model
 from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.quantize import (
     INT4_GROUP,
@@ -15,11 +20,14 @@ from attnkit.generate.quantize import (
     Int8DynamicLinear,
     Int8Linear,
     dynamic_quantization_available,
+    int4_grid,
+    int4_reference,
     quantize_groups,
     quantize_rows,
     quantize_weights,
 )
 from attnkit.machine import CpuCapabilities
+from attnkit.tokenize import CharTokenizer
 
 
 def test_rows_round_trip_within_half_a_step():
@@ -148,17 +156,24 @@ def test_int4_kernel_equals_the_dequantized_product():
     torch.manual_seed(0)
     linear = torch.nn.Linear(96, 50)
     layer = Int4Linear(linear)
-    codes, scales, zeros = quantize_groups(linear.weight)
-    # the weights as the kernel sees them: scales and zeros rounded to bf16, as it stores them
-    scales, zeros = scales.bfloat16().float(), zeros.bfloat16().float()
-    weight = (codes.float() - 8) * scales.repeat_interleave(INT4_GROUP, 1) + zeros.repeat_interleave(INT4_GROUP, 1)
     x = torch.randn(3, 5, 96)
-    expected = torch.nn.functional.linear(x.bfloat16().float(), weight, linear.bias.detach().bfloat16().float())
+    expected = int4_reference(linear, x)
     out = layer(x)
     assert out.shape == (3, 5, 50) and out.dtype == torch.float32
     torch.testing.assert_close(out, expected, atol=2e-2 * float(expected.abs().max()), rtol=0)
     last = layer(x.bfloat16()[:, -1])  # a strided view in bf16: the last position of each row, as decoding reads it
     torch.testing.assert_close(last.float(), expected[:, -1], atol=2e-2 * float(expected.abs().max()), rtol=0)
+
+
+def test_int4_reference_is_the_dequantized_grid():
+    """The reference dequantizes `quantize_groups`' codes: (code - 8) * scale + zero, scales and zeros in bf16."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 8, bias=False)
+    codes, scales, zeros = quantize_groups(linear.weight)
+    weight = ((codes.float() - 8) * scales.bfloat16().float().repeat_interleave(INT4_GROUP, 1)
+              + zeros.bfloat16().float().repeat_interleave(INT4_GROUP, 1))
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(int4_reference(linear, x), x.bfloat16().float() @ weight.t())
 
 
 @needs_int4_kernel
@@ -170,6 +185,45 @@ def test_int4_decoder_logits_stay_close_to_fp32():
     assert (quantized - expected).norm() < 0.15 * expected.norm()
 
 
-def test_int4_refuses_a_layer_its_groups_cannot_tile():
-    with pytest.raises(InputError, match="groups of 32 inputs; this layer has 40"):
-        Int4Linear(torch.nn.Linear(40, 16))
+def test_int4_pads_a_row_its_groups_do_not_tile_with_its_last_weight():
+    """40 inputs: a second group of 8 weights and 24 copies of the last, so its range is its own 8 weights'."""
+    torch.manual_seed(0)
+    weight = torch.randn(3, 40)
+    codes, scales, zeros = int4_grid(weight)
+    assert codes.shape == (3, 64)
+    assert torch.equal(codes[:, 40:], codes[:, 39:40].expand(3, 24))
+    _, own_scales, own_zeros = quantize_groups(weight[:, 32:40], group=8)
+    torch.testing.assert_close(scales[:, 1:], own_scales)
+    torch.testing.assert_close(zeros[:, 1:], own_zeros)
+
+
+# end to end: the width that crashed ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def d_ff_172_run(tmp_path_factory):
+    """A tiny LM whose FFN takes 172 inputs: not a multiple of the 8 or 16 inputs PyTorch's int8 kernel reads."""
+    root = tmp_path_factory.mktemp("d-ff-172") / "run"
+    tokenizer = CharTokenizer("abcdefghijklmnopqrstuvwxyz .:ROME")  # no newline: one line per command
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, n_layers=2, n_heads=4, d_ff=172,
+                         max_seq_len=64)
+    torch.manual_seed(0)
+    save_model(build_model(config).eval(), config, root)
+    tokenizer.save(root / "tokenizer")
+    return root
+
+
+@pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability().startswith("AVX"),
+                    reason="needs a CPU with AVX2 to run PyTorch's AVX2 kernels")
+def test_quantized_generation_with_an_in_width_of_172_completes_under_avx2_kernels(d_ff_172_run):
+    """`attnkit generate RUN --int8` crashed (signal 11) on AVX2 CPUs for this width with a prompt of several tokens,
+    and `--int4` with it. Both commands here, through the command line's entry point in one subprocess (one start)
+    with PyTorch's and oneDNN's AVX2 kernels."""
+    commands = [["generate", str(d_ff_172_run), form, "--explain", "--prompt", "ROMEO:", "--max-new-tokens", "5",
+                 "--temperature", "0"] for form in ("--int8", "--int4")]
+    script = f"import sys; from attnkit import cli; sys.exit(max(cli.main(c) for c in {commands!r}))"
+    env = {**os.environ, **AVX2_ENV, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, f"exit {result.returncode}: {result.stderr[-2000:]}"
+    generated = result.stdout.splitlines()
+    assert len(generated) == 2 and all(line.startswith("ROMEO:") and len(line) == len("ROMEO:") + 5
+                                       for line in generated), result.stdout
+    assert "(172 -> 176)" in result.stderr and "(172 -> 192)" in result.stderr  # each plan says how it padded

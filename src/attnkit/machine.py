@@ -75,10 +75,13 @@ class CpuCapabilities:
 
     @classmethod
     def detect(cls) -> CpuCapabilities:
-        """This machine's CPU."""
+        """This machine's CPU, as the kernels will run on it: flags beyond ATen's vector level are dropped, so that
+        an AVX-512 CPU run with its AVX2 kernels (`ATEN_CPU_CAPABILITY=avx2`, with oneDNN held to AVX2 by
+        `ONEDNN_MAX_CPU_ISA=AVX2`) is planned for as the AVX2 CPU it then is."""
         report = _reported_capabilities()
-        flags = frozenset(k for k, v in report.items() if v is True)
-        return cls(isa=torch.backends.cpu.get_cpu_capability(), flags=flags, name=str(report.get("cpu_name", "")))
+        isa = torch.backends.cpu.get_cpu_capability()
+        flags = frozenset(k for k, v in report.items() if v is True and not _above(k, isa))
+        return cls(isa=isa, flags=flags, name=str(report.get("cpu_name", "")))
 
     @property
     def onednn_bf16(self) -> bool:
@@ -116,6 +119,16 @@ class CpuCapabilities:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CpuCapabilities:
         return cls(isa=str(data["isa"]), flags=frozenset(data.get("flags", ())), name=str(data.get("name", "")))
+
+
+def _above(flag: str, isa: str) -> bool:
+    """Whether `flag` names instructions beyond ATen's vector level `isa`: AVX-512 and AMX below "AVX512", and AVX2's
+    too (AVX2, FMA, AVX-VNNI, AVX-NE-CONVERT, ...) below "AVX2"."""
+    if isa.startswith("AVX512"):
+        return False
+    if flag.startswith(("avx512", "amx")):
+        return True
+    return not isa.startswith("AVX2") and flag.startswith(("avx", "fma", "f16c"))
 
 
 def _reported_capabilities() -> dict[str, Any]:

@@ -43,8 +43,10 @@ from attnkit.generate.decode_layout import (
 )
 from attnkit.generate.quantize import (
     INT4_GROUP,
+    INT8_KERNEL_INPUTS,
     QUANTIZE_FORMS,
     dynamic_quantization_available,
+    padded_width,
     quantize_weights,
     reduce_range,
 )
@@ -136,9 +138,8 @@ def plan_inference(
     else:
         choices.append(Choice("q/k/v", "separate", "only whole passes run here (scoring), no token-by-token decoding"
                               if family_decodes else "this model does not decode token by token"))
-    uneven = next((m.in_features for m in model.modules() if isinstance(m, nn.Linear) and m.in_features % INT4_GROUP),
-                  None) if quantize == "int4" else None  # int4 groups must tile each row
-    linear, why = _linear_layout(decodes, on_cpu, dtype, quantize, compile, static, cpu, profile, profile_note, uneven)
+    linear, why = _linear_layout(decodes, on_cpu, dtype, quantize, compile, static, cpu, profile, profile_note)
+    why += _padding(model, linear)
     choices.append(Choice("linear layers", linear, why))
     captured = static and compile == "aot" and linear != "int4"  # int4 steps go through torch.compile (below)
     math_kernel, why = _attention_kernel(device, dtype, profile, profile_note)
@@ -186,18 +187,15 @@ def check_quantization(quantize: str | None, device: torch.device, compile: bool
 
 def _linear_layout(
     decodes: bool, on_cpu: bool, dtype: torch.dtype, quantize: str | None, compile: bool | str, static: bool,
-    cpu: CpuCapabilities | None, profile: Profile, profile_note: str, uneven: int | None,
+    cpu: CpuCapabilities | None, profile: Profile, profile_note: str,
 ) -> tuple[str, str]:
-    """The linear layers' form and why (`uneven`: a linear layer's input count that int4 groups cannot tile)."""
+    """The linear layers' form and why."""
     if quantize == "int8":
         return "int8", "int8 weights with a scale per row, as asked (weight-only: products in the weights' dtype)"
     if quantize == "int4":
         if cpu is not None and not cpu.int4_kernel:
             return "int8", (f"int4 asked for, but PyTorch's CPU int4 kernel is vectorized only for AVX2 and AVX-512 "
                             f"and this CPU reports {cpu.isa}: int8 weights instead (weight-only, bf16 products)")
-        if uneven:
-            return "int8", (f"int4 asked for, but a linear layer takes {uneven} inputs, not a multiple of the "
-                            f"{INT4_GROUP} in a group: int8 weights instead (weight-only, bf16 products)")
         return "int4", (f"4-bit weights in groups of {INT4_GROUP} inputs with a scale and zero each, as asked "
                         "(weight-only: bf16 products through PyTorch's CPU int4 kernel)")
     if quantize == "int8-dynamic":
@@ -228,6 +226,26 @@ def _linear_layout(
     if wanted in ("transposed", "packed"):
         return wanted, f"fastest for one decoding row in {name} ({profile_note})"
     return "plain", f"nn.Linear's layout for {name} ({profile_note})"
+
+
+PADDED_INPUTS = {  # quantized form -> (the in-width multiple its kernel takes, why)
+    "int8": (INT8_KERNEL_INPUTS, f"PyTorch's int8 kernel reads {INT8_KERNEL_INPUTS} (AVX-512) or 8 (AVX2) inputs at a "
+             "time with aligned loads and no remainder, and crashes or reads past the row at other widths"),
+    "int4": (INT4_GROUP, f"int4 groups of {INT4_GROUP} inputs tile each row"),
+}
+
+
+def _padding(model: nn.Module, linear: str) -> str:
+    """The in-widths a quantized form's kernel is given padded (`quantize.padded_width`), as a clause of the plan's
+    reason; empty where every width is one the kernel takes as it is, or the form pads nothing."""
+    if linear not in PADDED_INPUTS:
+        return ""
+    multiple, why = PADDED_INPUTS[linear]
+    widths = sorted({m.in_features for m in model.modules() if isinstance(m, nn.Linear) and m.in_features % multiple})
+    if not widths:
+        return ""
+    padded = ", ".join(f"{width} -> {padded_width(width, multiple)}" for width in widths)
+    return f"; in-widths padded with zero inputs ({padded}): {why}"
 
 
 def _attention_kernel(

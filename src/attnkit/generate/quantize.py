@@ -12,6 +12,9 @@ per-channel, as in LLM.int8's weight-only baselines and gpt-fast's int8 mode). T
     "int4"          4-bit weights only (`Int4Linear`), in groups of 32 inputs with a scale and a zero each (as
                     gpt-fast's and torchao's int4 modes; llama.cpp's q4_0 also has blocks of 32): activations in bf16
 
+Each kernel is given only the shapes it is safe for: a layer whose in-width the kernel cannot take as it is gets
+zero inputs up to one it can (`padded_width`), and the plan says so (`--explain`).
+
 The quality cost is measured, not assumed: `python -m benchmarks int8` reports perplexity for each.
 """
 
@@ -24,12 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.errors import InputError
 from attnkit.generate.swap import swap_layers
 from attnkit.machine import CpuCapabilities
 
 INT4_GROUP = 32  # inputs per scale and zero (PyTorch's CPU kernel takes 32, 64, 128 or 256; q4_0's blocks are 32)
 INT4_ROWS = 16  # the kernel takes output rows in blocks of 16: a layer with N rows gets zero rows up to a multiple
+INT8_KERNEL_INPUTS = 16  # PyTorch's int8 kernel reads 16 bf16 inputs at a time on AVX-512, 8 on AVX2 (`Int8Linear`)
 
 
 def row_scales(weight: Tensor) -> Tensor:
@@ -49,27 +52,45 @@ class Int8Linear(nn.Module):
 
     The product runs in bf16 through PyTorch's int8-weight kernel (`torch._weight_int8pack_mm`); `reference`
     dequantizes and multiplies, the readable path that tests hold it equal to.
+
+    That kernel is safe only for some shapes, so the layer gives it only those. Its vectorized loops (PyTorch 2.13,
+    `aten/src/ATen/native/cpu/int8mm_kernel.cpp`) read the bf16 rows 8 (AVX2) or 16 (AVX-512) inputs at a time
+    with *aligned* vector loads (and, on AVX-512, the int8 weight rows too), and step through the K inputs in those
+    strides with no remainder loop. With K not a multiple of the stride, a row after the first starts off a vector
+    boundary and its load faults (on AVX2 with 2 or more rows, on AVX-512 with one too), or the last stride reads
+    past the row's end (a wrong sum); rows that do not start on a 16- or 32-byte boundary fault at any K (each case
+    measured in its own process: docs/guides/inference-plan.md; `tests/test_fast_paths_property.py` keeps
+    checking). So the weight is stored with zero inputs up to a multiple of `INT8_KERNEL_INPUTS` (which both
+    strides divide; the zeros add nothing to the sums) and each call's rows are copied into a new zero-padded
+    buffer, which PyTorch allocates 64-byte aligned.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         weight, scales = quantize_rows(linear.weight)
-        self.register_buffer("weight", weight)  # (N, K) int8
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.padding = padded_width(self.in_features, INT8_KERNEL_INPUTS) - self.in_features
+        self.register_buffer("weight", F.pad(weight, (0, self.padding)))  # (N, K') int8, zeros after K
         self.register_buffer("scales", scales.to(torch.bfloat16))  # (N,)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
-        self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
+        rows = F.pad(x.reshape(-1, self.in_features).to(torch.bfloat16), (0, self.padding))  # (M, K'), a new buffer
         out = torch._weight_int8pack_mm(rows, self.weight, self.scales)  # (M, N)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def reference(self, x: Tensor) -> Tensor:
-        dequantized = self.weight.float() * self.scales.float()[:, None]  # (N, K)
+        dequantized = self.weight[:, : self.in_features].float() * self.scales.float()[:, None]  # (N, K)
         bias = None if self.bias is None else self.bias.float()
         return F.linear(x.float(), dequantized, bias).to(x.dtype)
+
+
+def padded_width(inputs: int, multiple: int) -> int:
+    """The in-width a kernel taking inputs in multiples of `multiple` is given for a layer of `inputs` inputs: the
+    next multiple (`INT8_KERNEL_INPUTS` for int8, `INT4_GROUP` for int4)."""
+    return -(-inputs // multiple) * multiple
 
 
 @functools.cache
@@ -164,37 +185,55 @@ def quantize_groups(weight: Tensor, group: int = INT4_GROUP) -> tuple[Tensor, Te
     return codes.reshape(rows, inputs), scales.squeeze(-1), (low + 8 * scales).squeeze(-1)
 
 
+def int4_grid(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """weight (N, K) -> `quantize_groups` of it over K' = `padded_width(K, INT4_GROUP)` inputs: a row whose groups do
+    not tile it is continued with copies of its last weight, which keep the last group's range its own weights'
+    (the inputs they meet are zeros, so they add nothing to a product)."""
+    padding = padded_width(weight.shape[1], INT4_GROUP) - weight.shape[1]
+    return quantize_groups(F.pad(weight.detach().float()[None], (0, padding), mode="replicate")[0])  # (N, K')
+
+
+def int4_reference(linear: nn.Linear, x: Tensor) -> Tensor:
+    """What `Int4Linear(linear)(x)` computes, step by step in fp32: x rounded to bf16, times `linear`'s 4-bit grid
+    (`int4_grid`) with scales and zeros rounded to bf16 as the kernel stores them. x (…, K) -> (…, N), in x's dtype."""
+    codes, scales, zeros = int4_grid(linear.weight)  # (N, K'), (N, K' / G) twice
+    scales, zeros = (t.bfloat16().float().repeat_interleave(INT4_GROUP, dim=1) for t in (scales, zeros))  # (N, K')
+    weight = ((codes.float() - 8) * scales + zeros)[:, : linear.in_features]  # (N, K)
+    bias = None if linear.bias is None else linear.bias.detach().bfloat16().float()
+    return F.linear(x.bfloat16().float(), weight, bias).to(x.dtype)
+
+
 class Int4Linear(nn.Module):
-    """A linear layer with 4-bit weights in groups of `INT4_GROUP` inputs (`quantize_groups`). x (…, K) -> (…, N),
-    in x's dtype; products in bf16; CPU, inference only.
+    """A linear layer with 4-bit weights in groups of `INT4_GROUP` inputs (`int4_grid`). x (…, K) -> (…, N), in x's
+    dtype; products in bf16; CPU, inference only. `int4_reference` computes the same numbers step by step.
 
     The kernel is PyTorch's CPU int4 matrix product (`torch.ops.aten._weight_int4pack_mm_for_cpu`, tinygemm's
     layout, which torchao's `Int4CPULayout` and gpt-fast call too): private, because PyTorch has no public int4
     matrix product or packed int4 tensor (torchao's quantized tensors wrap these ops). Its packed layout depends on
     the CPU's vector level, so the packed weight is not saved or moved; its fast paths are for bf16 inputs on AVX2 and
     AVX-512 (the inference plan uses it only there: `CpuCapabilities.int4_kernel`). A layer whose output count is
-    not a multiple of `INT4_ROWS` gets zero rows up to one, cut from the output.
+    not a multiple of `INT4_ROWS` gets zero rows up to one, cut from the output; one whose input count is not a
+    multiple of `INT4_GROUP` gets inputs up to one (`int4_grid`), and each call's rows get zeros there.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         rows, inputs = linear.weight.shape
-        if inputs % INT4_GROUP:
-            raise InputError(f"int4 weights come in groups of {INT4_GROUP} inputs; this layer has {inputs}: "
-                             "use --int8 (quantize='int8') for this model")
-        padded = torch.zeros(-(-rows // INT4_ROWS) * INT4_ROWS, inputs, device=linear.weight.device)
-        padded[:rows] = linear.weight.detach()
-        codes, scales, zeros = quantize_groups(padded)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # (N', K / 2) uint8
+        codes, scales, zeros = int4_grid(linear.weight)  # (N, K'), (N, K' / G) twice
+        padded_rows = padded_width(rows, INT4_ROWS) - rows
+        codes = F.pad(codes, (0, 0, 0, padded_rows))  # (N', K'): zero rows, cut from the output
+        scales, zeros = (F.pad(t, (0, 0, 0, padded_rows)) for t in (scales, zeros))  # (N', K' / G)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # (N', K' / 2) uint8
         self.register_buffer("weight_packed", packed, persistent=False)
-        # (K / G, N', 2): each group's scale and zero for every output row, in the activations' dtype
+        # (K' / G, N', 2): each group's scale and zero for every output row, in the activations' dtype
         scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
         self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
         self.in_features, self.out_features = inputs, rows
+        self.padding = codes.shape[1] - inputs
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # (M, K), as the kernel requires
+        rows = F.pad(x.reshape(-1, self.in_features).to(torch.bfloat16), (0, self.padding))  # (M, K'), contiguous
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_packed, INT4_GROUP, self.scales_and_zeros)
         out = out[:, : self.out_features]  # (M, N)
         if self.bias is not None:
