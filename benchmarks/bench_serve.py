@@ -51,7 +51,7 @@ FORM_CLIENTS = (1, 8)
 PROMPT = "to be or not to be, that "  # 24 characters
 
 
-def make_run(root: Path) -> Path:
+def make_run(root: Path, *, max_seq_len: int = 256) -> Path:
     from attnkit import ModelConfig, build_model
     from attnkit.checkpoint import save_model
     from attnkit.tokenize import CharTokenizer
@@ -59,7 +59,7 @@ def make_run(root: Path) -> Path:
     tokenizer = CharTokenizer("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,;:!?'\n-")
     torch.manual_seed(0)
     config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, n_layers=6, d_model=384, n_heads=6,
-                         d_ff=1536, max_seq_len=256, dropout=0.0)
+                         d_ff=1536, max_seq_len=max_seq_len, dropout=0.0)
     save_model(build_model(config).eval(), config, root / "small")
     tokenizer.save(root / "small" / "tokenizer")
     return root / "small"
