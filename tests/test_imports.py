@@ -19,6 +19,7 @@ LAYERS = {
     "readback": 1,  # files written earlier, read back field by field with each refusal naming file and field
     "machine": 1,  # the CPU's capabilities and the measured kernel profile (any layer reads them)
     "plans": 1,  # a plan's choices with their reasons (the inference and training plans print them)
+    "exercises": 1,  # the tutorials' exercise checks: right, wrong with a hint, not answered yet
     "tokenize": 2, "data": 2,
     "chat_format": 2,  # attnkit's own chat format as a Jinja template (exports carry it; the server chats in it)
     "config": 3, "presets": 3, "recipes": 3,  # recipes: shipped training setups as data

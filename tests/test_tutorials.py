@@ -39,6 +39,25 @@ def test_tutorial_checks_itself_against_attnkit_and_cites_its_lecture(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_tutorial_has_four_checked_exercises_with_their_solutions_folded(path):
+    """At least four exercises, each checked through attnkit.exercises (so an error in the learner's code is a wrong
+    answer with a hint), and every solution in cells tagged "solution": Jupyter folds the code (source_hidden) and
+    the site folds them all under "Solution" (docs/javascripts/solutions.js)."""
+    exercises = path.read_text().partition("\n# ## Exercises\n")[2]
+    checks = re.findall(r"^@exercise\((\d+),", exercises, re.M)
+    assert len(checks) >= 4, f"{path.name} has {len(checks)} checked exercises; give it at least four"
+    assert re.search(r"^from attnkit\.exercises import exercise", exercises, re.M), path.name
+    cells = re.split(r"^(?=# %%)", exercises, flags=re.M)
+    solutions = next((i for i, cell in enumerate(cells) if "\n# ### Solutions" in cell), None)
+    assert solutions is not None, f"{path.name} has no Solutions heading"
+    unfolded = [cell.splitlines()[0] for cell in cells[solutions:] if 'tags=["solution"]' not in cell.splitlines()[0]]
+    assert not unfolded, f"{path.name}: cells after the Solutions heading that the site would not fold: {unfolded}"
+    code = [cell for cell in cells[solutions:] if not cell.startswith("# %% [markdown]")]
+    assert code and all('jupyter={"source_hidden": true}' in cell.splitlines()[0] for cell in code), \
+        f"{path.name}: a solution code cell Jupyter would show unfolded"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_tutorial_runs_at_the_tiny_budget(path, monkeypatch):
     monkeypatch.setenv("ATTNKIT_TUTORIAL_BUDGET", "tiny")  # the kernel inherits the environment
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models: thread hand-offs cost more than they give

@@ -248,40 +248,77 @@ plt.show()
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
-# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+# Each exercise comes with a check that says right or wrong (an error in your code counts as wrong, with a hint):
+# put your answer where the cell says and run it. *Predict, then run* exercises ask for your prediction first; the
+# check runs the experiment and compares. The solutions are folded away at the end.
 #
 # 1. Write the weights of the slide's own kernel, the negative Euclidean distance: `laplace_weights(queries, keys,
 #    bandwidth)` returning $\mathrm{softmax}_i(-w\,|x - x_i|)$, shape (Q, K).
 # 2. Write the query and key 2-vectors for a bandwidth $w$: `gaussian_qk(queries, keys, bandwidth)` returning
 #    `(Q, K)` of shapes (Q, 2) and (K, 2) such that `softmax(Q @ K.T)` equals `nadaraya_watson(..., bandwidth)`'s
 #    weights.
+# 3. *Predict, then run:* make the kernel very wide (bandwidth $w = 0.01$: every key looks alike to every query).
+#    What does the prediction at every query become? `"the mean of all values"`, `"the value of the nearest key"`
+#    or `"zero"`.
+# 4. *Predict, then run:* now make it very narrow ($w = 100$). Same choices.
 
 # %%
+from attnkit.exercises import exercise, one_of
+
+CHOICES = ("the mean of all values", "the value of the nearest key", "zero")
+
+
+def what_the_prediction_becomes(bandwidth):
+    """Which of CHOICES nadaraya_watson's prediction at every test query comes closest to, at this bandwidth."""
+    predicted = nadaraya_watson(x_test, x_train, y_train, bandwidth)[0]  # (Q,)
+    nearest = y_train[(x_test[:, None] - x_train[None, :]).abs().argmin(-1)]  # (Q,)
+    candidates = (y_train.mean().expand_as(predicted), nearest, torch.zeros_like(predicted))
+    errors = [float((predicted - c).abs().max()) for c in candidates]
+    print(f"measured at w = {bandwidth}: largest gap to the mean {errors[0]:.3f}, to the nearest key's value "
+          f"{errors[1]:.3f}, to zero {errors[2]:.3f}")
+    return CHOICES[errors.index(min(errors))]
+
+
+@exercise(1, hint="each row is a softmax over the keys of minus w times |x - x_i|")
 def check_1(laplace_weights):
     expected = torch.softmax(-2.0 * (x_test[:, None] - x_train[None, :]).abs(), dim=-1)
-    right = torch.allclose(laplace_weights(x_test, x_train, 2.0), expected, atol=1e-6)
-    print("exercise 1:", "right" if right else "wrong: each row is a softmax over the keys of minus w times |x - x_i|")
-    return right
+    return torch.allclose(laplace_weights(x_test, x_train, 2.0), expected, atol=1e-6)
 
 
+@exercise(2, hint="expand -(w (x - x_i))^2 / 2 and drop the term without x_i")
 def check_2(gaussian_qk):
     q, k = gaussian_qk(x_test, x_train, 1.7)
-    right = torch.allclose(torch.softmax(q @ k.T, dim=-1), nadaraya_watson(x_test, x_train, y_train, 1.7)[1], atol=1e-6)
-    print("exercise 2:", "right" if right else "wrong: expand -(w (x - x_i))^2 / 2 and drop the term without x_i")
-    return right
+    return torch.allclose(torch.softmax(q @ k.T, dim=-1), nadaraya_watson(x_test, x_train, y_train, 1.7)[1],
+                          atol=1e-6)
+
+
+@exercise(3, hint="at w = 0.01 every score -(w (x - x_i))^2 / 2 is nearly 0: what does a softmax of equal scores give?")
+def check_3(prediction):
+    return one_of(prediction, CHOICES) == what_the_prediction_becomes(0.01)
+
+
+@exercise(4, hint="at w = 100 the closest key's score beats every other by a margin that grows with w^2")
+def check_4(prediction):
+    return one_of(prediction, CHOICES) == what_the_prediction_becomes(100.0)
 
 
 laplace_weights = None  # your function here
 gaussian_qk = None  # your function here
-for check, answer in ((check_1, laplace_weights), (check_2, gaussian_qk)):
-    if answer is not None:
-        check(answer)
+prediction_3 = None  # one of CHOICES
+prediction_4 = None  # one of CHOICES
+for check, answer in ((check_1, laplace_weights), (check_2, gaussian_qk), (check_3, prediction_3),
+                      (check_4, prediction_4)):
+    print(check(answer))
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # ### Solutions
+#
+# 3. The mean of all values: equal scores give equal weights, $1/K$ each, whatever the query; the curve flattens
+#    to a line. 4. The value of the nearest key: the weights become one-hot on the closest key, and the curve a
+#    staircase through the training points (it follows their noise). The bandwidth trades one for the other, which
+#    is why the tutorial learns it.
 
-# %%
+# %% tags=["solution"] jupyter={"source_hidden": true}
 def laplace_solution(queries, keys, bandwidth):
     return torch.softmax(-bandwidth * (queries[:, None] - keys[None, :]).abs(), dim=-1)  # (Q, K)
 
@@ -292,4 +329,7 @@ def gaussian_qk_solution(queries, keys, bandwidth):
 
 
 assert check_1(laplace_solution) and check_2(gaussian_qk_solution)
+assert check_3("the mean of all values") and check_4("the value of the nearest key")
 assert not check_2(lambda queries, keys, bandwidth: gaussian_qk_solution(queries, keys, 1.0))  # a wrong answer
+assert not check_3("the value of the nearest key") and not check_4("zero")
+assert not check_1(lambda queries, keys, bandwidth: queries @ keys)  # an error in the answer: wrong, not a crash

@@ -208,42 +208,83 @@ plt.show()
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
-# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+# Each exercise comes with a check that says right or wrong (an error in your code counts as wrong, with a hint):
+# put your answer where the cell says and run it. *Predict, then run* exercises ask for your prediction first; the
+# check runs the experiment and compares. The solutions are folded away at the end.
 #
 # 1. The dot product of two vectors of $D$ independent N(0, 1) entries has variance $D$. Write `scale(D)`, the
 #    number to multiply it by so that its variance is 1 (the scaled dot product's factor).
 # 2. The bilinear score $q^\top W k$ with one $W$ equals the plain dot score. Write `identity_like(D)` returning
 #    that $W$, shape (D, D).
+# 3. Write `entropy(weights)`: the entropy $-\sum_j \alpha_j \log \alpha_j$ of each row of attention weights
+#    (..., S) -> (...), in nats. A masked key has weight exactly 0, and contributes 0.
+# 4. *Predict, then run:* at $D = 256$, remove the $1/\sqrt{D}$ from the scaled dot product. Does the entropy of the
+#    attention weights (how spread out they are) become `"lower"`, `"higher"` or stay `"about the same"`?
 
 # %%
+from attnkit.exercises import exercise, one_of
+
+
+@exercise(1, hint="the variance of c x is c^2 times that of x")
 def check_1(scale):
     generator = torch.Generator().manual_seed(0)
     variances = []
     for D in (16, 256):
         q, k = torch.randn(20_000, D, generator=generator), torch.randn(20_000, D, generator=generator)
         variances.append(((q * k).sum(-1) * scale(D)).var().item())
-    right = all(abs(v - 1) < 0.05 for v in variances)
-    print("exercise 1:", "right" if right else f"wrong: the variances come out {[round(v, 2) for v in variances]}")
-    return right
+    print(f"the variances come out {[round(v, 2) for v in variances]}")
+    return all(abs(v - 1) < 0.05 for v in variances)
 
 
+@exercise(2, hint="q^T W k = q^T k for every q and k")
 def check_2(identity_like):
     q, k = torch.randn(1, 1, 4, 8), torch.randn(1, 1, 5, 8)
-    right = torch.allclose(bilinear(q, k, identity_like(8)), dot(q, k), atol=1e-5)
-    print("exercise 2:", "right" if right else "wrong: q^T W k = q^T k for every q and k")
-    return right
+    return torch.allclose(bilinear(q, k, identity_like(8)), dot(q, k), atol=1e-5)
+
+
+@exercise(3, hint="-(w * log w).sum(-1), with 0 log 0 taken as 0 (torch.special.xlogy, or mask the zeros)")
+def check_3(entropy):
+    weights = torch.softmax(torch.randn(3, 4, 6), dim=-1)
+    weights[0, 0] = torch.tensor([0.5, 0.5, 0.0, 0.0, 0.0, 0.0])  # a row with masked keys
+    expected = torch.distributions.Categorical(probs=weights).entropy()  # (3, 4)
+    return torch.allclose(entropy(weights), expected, atol=1e-5)
+
+
+def entropy_reference(weights):
+    return torch.distributions.Categorical(probs=weights).entropy()
+
+
+@exercise(4, hint="the unscaled scores spread 16 times wider at D = 256: what does that do to the softmax?")
+def check_4(prediction):
+    q, k = torch.randn(2000, 1, 256), torch.randn(2000, 16, 256)
+    scaled, unscaled = (entropy_reference(torch.softmax(s, -1)).mean() for s in (scaled_dot(q, k), dot(q, k)))
+    print(f"measured: mean entropy {scaled:.2f} nats with the scale, {unscaled:.2f} without "
+          f"(uniform over 16 keys: {math.log(16):.2f})")
+    measured = "about the same" if abs(unscaled - scaled) < 0.1 else "lower" if unscaled < scaled else "higher"
+    return one_of(prediction, ("lower", "higher", "about the same")) == measured
 
 
 scale = None  # your function here
 identity_like = None  # your function here
-for check, answer in ((check_1, scale), (check_2, identity_like)):
-    if answer is not None:
-        check(answer)
+entropy = None  # your function here
+prediction_4 = None  # "lower", "higher" or "about the same"
+for check, answer in ((check_1, scale), (check_2, identity_like), (check_3, entropy), (check_4, prediction_4)):
+    print(check(answer))
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # ### Solutions
+#
+# 4. Lower, by far: without the scale the scores have a standard deviation of 16 instead of 1, the largest one
+#    wins almost all the weight, and the entropy falls from near $\log 16$ toward 0, the saturation drawn above.
+#    Each query then looks at one key, and (the Jacobian above) almost no gradient reaches the others.
 
-# %%
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def entropy_solution(weights):
+    return -torch.special.xlogy(weights, weights).sum(-1)  # xlogy(0, 0) = 0
+
+
 assert check_1(lambda D: D**-0.5) and check_2(torch.eye)
+assert check_3(entropy_solution) and check_4("lower")
 assert not check_1(lambda D: 1 / D)  # a wrong answer: the variance would be 1/D
+assert not check_3(lambda weights: -(weights * weights.log()).sum(-1))  # 0 log 0 = nan: the masked row is wrong
+assert not check_4("about the same")

@@ -317,40 +317,79 @@ plt.show()
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
-# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+# Each exercise comes with a check that says right or wrong (an error in your code counts as wrong, with a hint):
+# put your answer where the cell says and run it. *Predict, then run* exercises ask for your prediction first; the
+# check runs the experiment and compares. The solutions are folded away at the end.
 #
 # 1. With the query $[0, c]$ and the keys of "AABA", write `weight_of_b(c)`: the B's attention weight, as a formula
 #    in $c$ (at $c = 1$ it is $e/(3 + e)$).
 # 2. One B among $L - 1$ As, with the B's score $\Delta$ above an A's: write `lone_b_weight(L, delta)`, the B's
 #    weight.
+# 3. *Predict, then run:* shuffle the 7 tokens going into the 4-head self-attention `mha` above (no positions, no
+#    mask). Its outputs: `"are shuffled the same way"`, `"stay as they were"` or `"change in some other way"`?
+# 4. Write `window_allowed(T, window)`: the (T, T) boolean mask of causal attention with a sliding window
+#    (Mistral's, Longformer's): query $t$ may see the `window` most recent keys, itself included.
 
 # %%
+from attnkit.exercises import exercise, one_of
+
+
+@exercise(1, hint="the B scores c, each A scores 0")
 def check_1(weight_of_b):
     expected = [attend_once(torch.tensor([0.0, c]), E, E)[1][2].item() for c in (0.5, 1.0, 3.0)]
-    right = all(abs(weight_of_b(c) - e) < 1e-5 for c, e in zip((0.5, 1.0, 3.0), expected, strict=True))
-    print("exercise 1:", "right" if right else "wrong: the B scores c, each A scores 0")
-    return right
+    return all(abs(weight_of_b(c) - e) < 1e-5 for c, e in zip((0.5, 1.0, 3.0), expected, strict=True))
 
 
+@exercise(2, hint="softmax over one score delta and L - 1 scores 0")
 def check_2(lone_b_weight):
     cases = [(8, 1.0), (64, 4.6), (200, 2.0)]
     expected = [torch.softmax(torch.tensor([delta] + [0.0] * (L - 1)), 0)[0].item() for L, delta in cases]
-    right = all(abs(lone_b_weight(L, d) - e) < 1e-5 for (L, d), e in zip(cases, expected, strict=True))
-    print("exercise 2:", "right" if right else "wrong: softmax over one score delta and L - 1 scores 0")
-    return right
+    return all(abs(lone_b_weight(L, d) - e) < 1e-5 for (L, d), e in zip(cases, expected, strict=True))
+
+
+@exercise(3, hint="each output is a weighted average whose weights depend only on the query's and the keys' contents")
+def check_3(prediction):
+    tokens, order = torch.randn(1, 7, C), torch.randperm(7)
+    with torch.no_grad():
+        out, shuffled = mha(tokens)[0], mha(tokens[:, order])[0]
+    measured = ("are shuffled the same way" if torch.allclose(shuffled, out[:, order], atol=1e-6)
+                else "stay as they were" if torch.allclose(shuffled, out, atol=1e-6) else "change in some other way")
+    print(f"measured: the outputs {measured}")
+    return one_of(prediction, ("are shuffled the same way", "stay as they were", "change in some other way")) \
+        == measured
+
+
+@exercise(4, hint="key s is allowed for query t when s <= t and t - s < window")
+def check_4(window_allowed):
+    cases = [(6, 1), (8, 3), (5, 5), (7, 10)]
+    return all(torch.equal(torch.as_tensor(window_allowed(T, w)).bool(),
+                           AttentionMask(T, causal=True).allowed(T, window=w)) for T, w in cases)
 
 
 weight_of_b = None  # your function here
 lone_b_weight = None  # your function here
-for check, answer in ((check_1, weight_of_b), (check_2, lone_b_weight)):
-    if answer is not None:
-        check(answer)
+prediction_3 = None  # "are shuffled the same way", "stay as they were" or "change in some other way"
+window_allowed = None  # your function here
+for check, answer in ((check_1, weight_of_b), (check_2, lone_b_weight), (check_3, prediction_3),
+                      (check_4, window_allowed)):
+    print(check(answer))
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # ### Solutions
+#
+# 3. They are shuffled the same way: self-attention without positions is *permutation equivariant* (UvA's slide).
+#    Each token's output is its own query's weighted average over the set of keys and values, and a set has no
+#    order. This is why every model needs a position scheme (tutorial 4).
 
-# %%
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def window_solution(T, window):
+    t, s = torch.arange(T)[:, None], torch.arange(T)[None, :]  # (T, 1), (1, T)
+    return (s <= t) & (t - s < window)
+
+
 assert check_1(lambda c: math.exp(c) / (3 + math.exp(c)))
 assert check_2(lambda L, delta: 1 / (1 + (L - 1) * math.exp(-delta)))
+assert check_3("are shuffled the same way") and check_4(window_solution)
 assert not check_2(lambda L, delta: 1 / (1 + L * math.exp(-delta)))  # a wrong answer: counts the B among the As
+assert not check_3("stay as they were")
+assert not check_4(lambda T, window: torch.ones(T, T).tril().bool())  # causal, but no window

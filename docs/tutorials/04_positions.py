@@ -25,6 +25,7 @@
 # ruff: noqa: E402 (each import sits in the cell that first needs it)
 import math
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -215,6 +216,9 @@ print("attnkit's ALiBi attention equals the from-scratch bias")
 # of 64 characters of Tiny Shakespeare. Then each reads windows of 256 characters, and we record its loss at every
 # position. The learned table has 256 rows, but only the first 64 ever receive a gradient.
 #
+# The full budget trains each model for 600 steps of 16 windows, and prints its progress as it goes: about 3,000
+# steps in all, a few minutes on a laptop's CPU (about 100 ms a step on a busy two-core machine: five minutes).
+#
 # One difference is not the position scheme's choice but its need: the sinusoidal table is fixed, with values of
 # unit amplitude, while attnkit's token embeddings start at a standard deviation of 0.02 (GPT-2's initialisation).
 # Added as they are, the table would drown the tokens, and the model would do worse at *every* position, inside the
@@ -274,12 +278,16 @@ for scheme in ("learned", "sinusoidal", "relative", "rope", "alibi"):
         assert ratio > 0.1, f"token embeddings {ratio:.3f} of the position table's size: set scale_embeddings"
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     generator = torch.Generator().manual_seed(1)  # the same batches for every scheme
-    for _ in range(steps):
+    start = time.perf_counter()
+    for step in range(1, steps + 1):
         x, y = windows(train_ids, TRAIN_LEN, batch_size, generator)
         loss = model(x, labels=y).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if step % max(1, steps // 4) == 0:  # progress: four lines per model
+            elapsed = time.perf_counter() - start
+            print(f"  {scheme:10s} step {step:4d}/{steps}  loss {loss.item():.3f}  {elapsed:5.0f} s", flush=True)
     model.eval()
     with torch.no_grad():
         x, y = windows(val_ids, READ_LEN, n_windows, torch.Generator().manual_seed(2))
@@ -347,37 +355,73 @@ plt.show()
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
-# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+# Each exercise comes with a check that says right or wrong (an error in your code counts as wrong, with a hint):
+# put your answer where the cell says and run it. *Predict, then run* exercises ask for your prediction first; the
+# check runs the experiment and compares. The solutions are folded away at the end.
 #
 # 1. Write `rotation(k, width)`: the (C, C) matrix $M_k$ with $PE(pos + k) = PE(pos)\,M_k$ for the interleaved
 #    sinusoidal table.
 # 2. Write `slopes(H)`: ALiBi's head slopes for $H$ a power of 2.
+# 3. *Predict, then run:* the dot product $PE(pos) \cdot PE(pos + k)$ of two rows of the sinusoidal table depends
+#    on `"both pos and k"` or on `"only k"`?
+# 4. *Predict, then run:* a 2-layer causal decoder with **no** positions reads `"acb"` and `"cab"`: the same
+#    letters, the same last letter. Are its outputs at the last position `"the same"` or `"different"`?
 
 # %%
+from attnkit.exercises import exercise, one_of
+
+
+@exercise(1, hint="each (sin, cos) pair turns by k times its frequency: a 2 x 2 rotation block per pair")
 def check_1(rotation):
     table = sinusoidal(128, C)  # (T, C)
-    right = all(torch.allclose(table[:-k] @ rotation(k, C), table[k:], atol=1e-4) for k in (1, 5, 30))
-    print("exercise 1:", "right" if right else "wrong: each (sin, cos) pair turns by k times its frequency")
-    return right
+    return all(torch.allclose(table[:-k] @ rotation(k, C), table[k:], atol=1e-4) for k in (1, 5, 30))
 
 
+@exercise(2, hint="a geometric sequence from 2^(-8/H) down to 2^-8")
 def check_2(slopes):
-    right = all(torch.allclose(torch.as_tensor(slopes(H)).float(), ALiBi(H).slopes.float()) for H in (2, 8, 16))
-    print("exercise 2:", "right" if right else "wrong: a geometric sequence from 2^(-8/H) down to 2^-8")
-    return right
+    return all(torch.allclose(torch.as_tensor(slopes(H)).float(), ALiBi(H).slopes.float()) for H in (2, 8, 16))
+
+
+@exercise(3, hint="sin a sin b + cos a cos b = cos(a - b), pair by pair")
+def check_3(prediction):
+    table = sinusoidal(256, C)
+    dots = torch.stack([(table[pos] * table[pos + 5]).sum() for pos in (0, 17, 100, 200)])  # k = 5
+    measured = "only k" if torch.allclose(dots, dots[0].expand(4), atol=1e-3) else "both pos and k"
+    print(f"measured: PE(pos) . PE(pos + 5) at pos 0, 17, 100, 200: {[round(d, 3) for d in dots.tolist()]}")
+    return one_of(prediction, ("both pos and k", "only k")) == measured
+
+
+@exercise(4, hint="with a causal mask, the first position sees only itself: what does layer 2 then read?")
+def check_4(prediction):
+    torch.manual_seed(0)
+    nope = build_model(ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=32, n_heads=2,
+                                   n_layers=2, d_ff=64, position="none", max_seq_len=8))
+    with torch.no_grad():
+        last = [nope(torch.tensor([tokenizer.encode(s)])).logits[0, -1] for s in ("acb", "cab")]
+    measured = "the same" if torch.allclose(*last, atol=1e-5) else "different"
+    print(f"measured: the last position's logits are {measured}")
+    return one_of(prediction, ("the same", "different")) == measured
 
 
 rotation = None  # your function here
 slopes = None  # your function here
-for check, answer in ((check_1, rotation), (check_2, slopes)):
-    if answer is not None:
-        check(answer)
+prediction_3 = None  # "both pos and k" or "only k"
+prediction_4 = None  # "the same" or "different"
+for check, answer in ((check_1, rotation), (check_2, slopes), (check_3, prediction_3), (check_4, prediction_4)):
+    print(check(answer))
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # ### Solutions
+#
+# 3. Only $k$: pair by pair, $\sin(\omega\,pos)\sin(\omega(pos + k)) + \cos(\omega\,pos)\cos(\omega(pos + k)) =
+#    \cos(\omega k)$, so the dot product is $\sum_i \cos(\omega_i k)$, the same at every position. The table
+#    encodes distances in its geometry, which is what relative schemes (Shaw, RoPE) build in directly.
+# 4. Different. With one layer they would be the same (the last query meets the same set of keys), but the causal
+#    mask makes position 0 see only itself: in `"acb"` it reads `a`, in `"cab"` it reads `c`, so the second layer
+#    meets different values. A causal decoder can learn positions without any position scheme ("NoPE", Haviv et
+#    al. 2022; Kazemnejad et al. 2023); a bidirectional encoder cannot.
 
-# %%
+# %% tags=["solution"] jupyter={"source_hidden": true}
 def rotation_solution(k, width):
     M = torch.zeros(width, width)
     for i, f in enumerate(10000.0 ** (-torch.arange(0, width, 2) / width)):
@@ -387,4 +431,7 @@ def rotation_solution(k, width):
 
 
 assert check_1(rotation_solution) and check_2(lambda H: 2.0 ** (-8.0 * torch.arange(1, H + 1) / H))
+assert check_3("only k") and check_4("different")
 assert not check_2(lambda H: 2.0 ** (-torch.arange(1, H + 1).float()))  # a wrong answer: 1/2, 1/4, ...
+assert not check_3("both pos and k") and not check_4("the same")
+assert not check_1(lambda k, width: torch.eye(width)[:k])  # an error in the answer: wrong, not a crash

@@ -254,39 +254,99 @@ plt.show()
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
-# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+# Each exercise comes with a check that says right or wrong (an error in your code counts as wrong, with a hint):
+# put your answer where the cell says and run it. *Predict, then run* exercises ask for your prediction first; the
+# check runs the experiment and compares. The solutions are folded away at the end.
 #
 # 1. Luong's "general" score is $h^\top W \bar h$. For a model built with `attention="luong-general"`, write
 #    `general_weights(model, states, memory)`: the attention weights (B, T, S) from the decoder states (B, T, H)
 #    and the encoder states (B, S, H), with the model's own $W$ (`model.decoder.attention.score.weight`, a linear
 #    layer applied to the keys).
+# 2. Write `ideal_alignment(S)`: the (S, S) attention weights a perfect reversal model would draw for a source of
+#    $S$ tokens, one row per decoding step (the step reading `<bos>`, then $y_1$, ...), one column per source token.
+# 3. *Predict, then run:* the source grows from 8 tokens to 16. What the decoder *without* attention receives from
+#    the encoder: `"doubles in size"` or `"stays the same size"`?
+# 4. *Predict, then run:* a source padded from 4 to 9 tokens in a batch, against the same source alone: the
+#    attentive model's logits are `"the same"`, `"slightly different"` or `"very different"`?
 
 # %%
+from attnkit.exercises import exercise, one_of
+
 general = seq2seq("luong-general")
 
 
+@exercise(1, hint="score h . (W hbar) for every pair, softmax over the source")
 def check_1(general_weights):
     states, memory = torch.randn(2, 5, 128), torch.randn(2, 7, 128)
     with torch.no_grad():
         _, expected = general.decoder.attention(states, memory, None)  # (B, 1, T, S)
-        right = torch.allclose(general_weights(general, states, memory), expected[:, 0], atol=1e-5)
-    print("exercise 1:", "right" if right else "wrong: score h . (W hbar) for every pair, softmax over the source")
-    return right
+        return torch.allclose(general_weights(general, states, memory), expected[:, 0], atol=1e-5)
+
+
+@exercise(2, hint="step t writes the t-th letter of the reversal: source token S - 1 - t, with all of its weight")
+def check_2(ideal_alignment):
+    for S in (1, 4, 12):
+        expected = torch.zeros(S, S)
+        expected[torch.arange(S), S - 1 - torch.arange(S)] = 1.0
+        if not torch.allclose(torch.as_tensor(ideal_alignment(S)).float(), expected):
+            return False
+    return True
+
+
+def what_the_decoder_receives(model, length):
+    """The shape of what the plain decoder starts from: the bridge's s0 from the encoder's last state."""
+    source = torch.randint(4, tokenizer.vocab_size - 8, (1, length))
+    memory, _ = model.encoder.rnn(model.encoder.embedding(source))  # (1, S, H)
+    return tuple(torch.tanh(model.bridge.hidden_proj(memory[:, -1])).shape)  # (1, H): s0
+
+
+@exercise(3, hint="without attention the decoder starts from s0 = tanh(W h_S) and never reads the encoder again")
+def check_3(prediction):
+    with torch.no_grad():
+        shapes = [what_the_decoder_receives(plain, n) for n in (8, 16)]
+    print(f"measured: from a source of 8 tokens the decoder receives {shapes[0]}, from 16 tokens {shapes[1]}")
+    measured = "stays the same size" if shapes[0] == shapes[1] else "doubles in size"
+    return one_of(prediction, ("doubles in size", "stays the same size")) == measured
+
+
+@exercise(4, hint="padding gets a score of -inf (weight exactly 0), and the encoder stops at the last real token")
+def check_4(prediction):
+    source, target = torch.randint(4, tokenizer.vocab_size - 8, (1, 9)), torch.randint(4, 20, (1, 5))
+    real = torch.arange(9)[None] < 4
+    with torch.no_grad():
+        padded = attentive(source.masked_fill(~real, PAD), target, src_mask=real).logits
+        alone = attentive(source[:, :4], target).logits
+    gap = (padded - alone).abs().max().item()
+    print(f"measured: the largest difference between the logits is {gap:.1e}")
+    measured = "the same" if gap < 1e-4 else "slightly different" if gap < 0.1 else "very different"
+    return one_of(prediction, ("the same", "slightly different", "very different")) == measured
 
 
 general_weights = None  # your function here
-if general_weights is not None:
-    check_1(general_weights)
+ideal_alignment = None  # your function here
+prediction_3 = None  # "doubles in size" or "stays the same size"
+prediction_4 = None  # "the same", "slightly different" or "very different"
+for check, answer in ((check_1, general_weights), (check_2, ideal_alignment), (check_3, prediction_3),
+                      (check_4, prediction_4)):
+    print(check(answer))
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # ### Solutions
+#
+# 2. The anti-diagonal: the trained model's alignment above approaches it. 3. It stays the same size: one vector
+#    of 128 numbers, whatever the source's length. That is the bottleneck; attention gives the decoder every
+#    encoder state instead, one per source token. 4. The same, to float precision: padded keys get a weight of
+#    exactly 0 and the packed GRU stops at each row's last real token, so batching never changes a translation.
 
-# %%
+# %% tags=["solution"] jupyter={"source_hidden": true}
 def general_solution(model, states, memory):
     keys = model.decoder.attention.score.weight(memory)  # (B, S, H): W hbar
     return torch.softmax(states @ keys.transpose(1, 2), dim=-1)  # (B, T, S)
 
 
 assert check_1(general_solution)
+assert check_2(lambda S: torch.eye(S).flip(1))
+assert check_3("stays the same size") and check_4("the same")
 assert not check_1(lambda model, states, memory: torch.softmax(states @ memory.transpose(1, 2), -1))  # W left out
+assert not check_2(torch.eye)  # the diagonal: copying, not reversing
+assert not check_3("doubles in size") and not check_4("slightly different")

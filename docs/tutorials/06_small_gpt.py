@@ -327,46 +327,86 @@ for name, setting in (("greedy (temperature 0)", dict(temperature=0.0)), ("tempe
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
-# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+# Each exercise comes with a check that says right or wrong (an error in your code counts as wrong, with a hint):
+# put your answer where the cell says and run it. *Predict, then run* exercises ask for your prediction first; the
+# check runs the experiment and compares. The solutions are folded away at the end.
 #
 # 1. Write `block_parameters(C)`: the parameter count of one block of this GPT (four C x C projections with biases,
 #    an FFN of width 4C with biases, two LayerNorms with gain and bias) as a formula in C.
 # 2. Write `nucleus_size(probs, p)`: how many tokens top-p keeps from a 1-d probability vector.
+# 3. *Predict, then run:* sample the character after `"ROMEO:\n"` 200 times at temperature 0.01. You get
+#    `"the most likely character every time"` or `"a spread of characters"`?
+# 4. *Predict, then run:* every row leaving the post-norm block has mean 0 and standard deviation 1. Is that also
+#    true of the **pre**-norm block's output? `"yes"` or `"no"`.
 
 # %%
+from attnkit.exercises import exercise, one_of
+
+
+@exercise(1, hint="four C x C projections with biases, C -> 4C -> C with biases, two norms of 2C each")
 def check_1(block_parameters):
     widths = (16, 64, 128)
     counts = [sum(p.numel() for p in build_model(dataclasses.replace(config, d_model=c, d_ff=4 * c, n_heads=4))
                   .stack.blocks[0].parameters()) for c in widths]
-    right = [block_parameters(c) for c in widths] == counts
-    print("exercise 1:", "right" if right else f"wrong: attnkit's blocks hold {counts} for C = {widths}")
-    return right
+    print(f"attnkit's blocks hold {counts} parameters for C = {widths}")
+    return [block_parameters(c) for c in widths] == counts
 
 
+@exercise(2, hint="sort the probabilities, and keep each token whose predecessors do not yet reach p")
 def check_2(nucleus_size):
     cases = [(logits[0].softmax(-1), 0.9), (torch.tensor([0.5, 0.3, 0.2]), 0.75), (torch.tensor([0.6, 0.4]), 0.5)]
     expected = [int(torch.isfinite(reshape_logits(probs.log()[None], top_p=p)).sum()) for probs, p in cases]
-    right = [nucleus_size(probs, p) for probs, p in cases] == expected
-    print("exercise 2:", "right" if right else f"wrong: top-p keeps {expected} tokens in the three cases")
-    return right
+    return [nucleus_size(probs, p) for probs, p in cases] == expected
+
+
+@exercise(3, hint="dividing the logits by 0.01 multiplies every gap between them by 100")
+def check_3(prediction):
+    probs = process_logits(logits, SamplingConfig(temperature=0.01)).softmax(-1)  # (1, V)
+    draws = torch.multinomial(probs.expand(200, -1), 1, generator=torch.Generator().manual_seed(0)).flatten()
+    distinct = sorted(set(draws.tolist()))
+    print(f"measured: 200 draws give {len(distinct)} distinct character(s); the most likely is {int(logits.argmax())}")
+    choices = ("the most likely character every time", "a spread of characters")
+    measured = choices[0] if distinct == [int(logits.argmax())] else choices[1]
+    return one_of(prediction, choices) == measured
+
+
+@exercise(4, hint="pre-norm normalises the copy each sublayer reads, and adds the result to the stream as it is")
+def check_4(prediction):
+    pre_block = build_model(config).stack.blocks[0]
+    with torch.no_grad():
+        out = pre_block(torch.randn(2, 10, C) * 3 + 1)[0]
+    mean, std = out.mean(-1).abs().max().item(), out.std(-1, correction=0)
+    print(f"measured: rows leaving the pre-norm block: |mean| up to {mean:.2f}, std {std.min():.2f} to {std.max():.2f}")
+    normalised = mean < 1e-3 and torch.allclose(std, torch.ones_like(std), atol=1e-3)
+    return one_of(prediction, ("yes", "no")) == ("yes" if normalised else "no")
 
 
 block_parameters = None  # your function here
 nucleus_size = None  # your function here
-for check, answer in ((check_1, block_parameters), (check_2, nucleus_size)):
-    if answer is not None:
-        check(answer)
+prediction_3 = None  # "the most likely character every time" or "a spread of characters"
+prediction_4 = None  # "yes" or "no"
+for check, answer in ((check_1, block_parameters), (check_2, nucleus_size), (check_3, prediction_3),
+                      (check_4, prediction_4)):
+    print(check(answer))
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # ### Solutions
+#
+# 3. The most likely character every time (unless two are within a hair of each other): temperature 0.01
+#    multiplies every gap between logits by 100, so the softmax is one-hot; temperature 0 *is* greedy decoding.
+# 4. No: a pre-norm block adds its sublayers' outputs to the stream without normalising the sum, so the stream
+#    keeps its scale (here mean about 1, std about 3) and grows layer by layer. That is why pre-norm models end
+#    with a final norm before the output layer.
 
-# %%
+# %% tags=["solution"] jupyter={"source_hidden": true}
 def nucleus_solution(probs, p):
-    cumulative = probs.sort(descending=True).values.cumsum(0)
-    return int((cumulative - probs.sort(descending=True).values < p).sum())  # those not already past p before them
+    ordered = probs.sort(descending=True).values
+    return int((ordered.cumsum(0) - ordered < p).sum())  # those not already past p before them
 
 
 assert check_1(lambda c: 4 * (c * c + c) + (4 * c * c + 4 * c) + (4 * c * c + c) + 2 * 2 * c)
 assert check_2(nucleus_solution)
+assert check_3("the most likely character every time") and check_4("no")
 assert not check_1(lambda c: 12 * c * c)  # a wrong answer: the biases and norms left out
+assert not check_3("a spread of characters") and not check_4("yes")
+assert not check_2(lambda probs, p: probs.cumsum() < p)  # an error in the answer (cumsum needs dim): wrong

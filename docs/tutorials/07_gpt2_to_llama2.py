@@ -321,40 +321,78 @@ plt.show()
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
-# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+# Each exercise comes with a check that says right or wrong (an error in your code counts as wrong, with a hint):
+# put your answer where the cell says and run it. *Predict, then run* exercises ask for your prediction first; the
+# check runs the experiment and compares. The solutions are folded away at the end.
 #
 # 1. Write `kv_head_of(h, n_heads, n_kv_heads)`: which key/value head query head `h` reads under grouped-query
 #    attention.
 # 2. Write `kv_cache_bytes(n_layers, n_kv_heads, head_dim, tokens, bytes_per_number)`.
+# 3. Write `gqa_parameters(C, n_heads, n_kv_heads)`: the parameter count of grouped-query attention without biases
+#    (heads of width $C / H$).
+# 4. *Predict, then run:* add the same number (5) to every entry of a vector. LayerNorm's output does not change.
+#    RMSNorm's output: `"unchanged"` or `"changed"`?
 
 # %%
+from attnkit.exercises import exercise, one_of
+
+
+@exercise(1, hint="consecutive query heads share one key/value head")
 def check_1(kv_head_of):
-    right = True
     for n_kv in (8, 2, 1):
         heads = torch.arange(n_kv).repeat_interleave(8 // n_kv)  # repeat_kv's layout: query head -> its kv head
-        right &= [kv_head_of(h, 8, n_kv) for h in range(8)] == heads.tolist()
-    print("exercise 1:", "right" if right else "wrong: consecutive query heads share one key/value head")
-    return right
+        if [kv_head_of(h, 8, n_kv) for h in range(8)] != heads.tolist():
+            return False
+    return True
 
 
+@exercise(2, hint="a key and a value per layer, kv head and token")
 def check_2(kv_cache_bytes):
-    right = all(kv_cache_bytes(shape.n_layers, kv, shape.resolved.head_dim, 4096, 2) == 4096 * size
-                for kv, size in zip((64, 8, 1), kv_bytes.values(), strict=True))
-    print("exercise 2:", "right" if right else "wrong: a key and a value per layer, kv head and token")
-    return right
+    return all(kv_cache_bytes(shape.n_layers, kv, shape.resolved.head_dim, 4096, 2) == 4096 * size
+               for kv, size in zip((64, 8, 1), kv_bytes.values(), strict=True))
+
+
+@exercise(3, hint="q_proj and o_proj are C x C; k_proj and v_proj map C to n_kv_heads heads of width C / n_heads")
+def check_3(gqa_parameters):
+    cases = [(64, 8, 8), (64, 8, 2), (96, 8, 1), (128, 4, 2)]
+    return all(gqa_parameters(c, h, kv) == sum(p.numel() for p in Attention(c, h, n_kv_heads=kv, bias=False)
+                                                                     .parameters()) for c, h, kv in cases)
+
+
+@exercise(4, hint="RMSNorm divides by the root mean square, which a shift changes; it subtracts no mean")
+def check_4(prediction):
+    probe = torch.randn(3, 64)
+    moved = not torch.allclose(norm(probe), norm(probe + 5), atol=1e-4)
+    layer_norm = LayerNorm(64)
+    assert torch.allclose(layer_norm(probe), layer_norm(probe + 5), atol=1e-4)  # LayerNorm centres first
+    print(f"measured: RMSNorm's output {'changed' if moved else 'did not change'}")
+    return one_of(prediction, ("unchanged", "changed")) == ("changed" if moved else "unchanged")
 
 
 kv_head_of = None  # your function here
 kv_cache_bytes = None  # your function here
-for check, answer in ((check_1, kv_head_of), (check_2, kv_cache_bytes)):
-    if answer is not None:
-        check(answer)
+gqa_parameters = None  # your function here
+prediction_4 = None  # "unchanged" or "changed"
+for check, answer in ((check_1, kv_head_of), (check_2, kv_cache_bytes), (check_3, gqa_parameters),
+                      (check_4, prediction_4)):
+    print(check(answer))
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # ### Solutions
+#
+# 4. Changed: RMSNorm divides by $\sqrt{\mathrm{mean}(x^2)}$ and subtracts nothing, so a shift changes both the
+#    vector's direction and its RMS. LayerNorm subtracts the mean first, which a shift cancels. Zhang and Sennrich's
+#    bet, which Llama took, is that the re-centring is not what makes normalisation work.
 
-# %%
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def gqa_parameters_solution(c, n_heads, n_kv_heads):
+    head_dim = c // n_heads
+    return 2 * c * c + 2 * c * n_kv_heads * head_dim  # q_proj, o_proj; k_proj, v_proj
+
+
 assert check_1(lambda h, n_heads, n_kv_heads: h // (n_heads // n_kv_heads))
 assert check_2(lambda layers, kv, dim, tokens, size: 2 * layers * kv * dim * tokens * size)
+assert check_3(gqa_parameters_solution) and check_4("changed")
 assert not check_1(lambda h, n_heads, n_kv_heads: h % n_kv_heads)  # a wrong answer: round robin, not groups
+assert not check_3(lambda c, n_heads, n_kv_heads: 4 * c * c)  # multi-head attention's count: no sharing
+assert not check_4("unchanged")

@@ -262,13 +262,20 @@ plt.show()
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
-# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+# Each exercise comes with a check that says right or wrong (an error in your code counts as wrong, with a hint):
+# put your answer where the cell says and run it. *Predict, then run* exercises ask for your prediction first; the
+# check runs the experiment and compares. The solutions are folded away at the end.
 #
 # 1. What share of the ordinary tokens does BERT's recipe replace with `[MASK]`? (a number between 0 and 1)
 # 2. What share of them is predicted although the model sees the token itself, unchanged?
+# 3. *Predict, then run:* does the masked-LM loss count the tokens that were **not** chosen for prediction (85% of
+#    them)? `"yes"` or `"no"`.
+# 4. Write `mlm_loss(logits, targets)`: the masked-LM loss from logits (B, T, V) and the targets `mask_tokens`
+#    returns (B, T), -100 where nothing is predicted.
 
 # %%
+from attnkit.exercises import exercise, one_of
+
 draw = torch.randint(len(SPECIALS), tokenizer.vocab_size, (200, 500), generator=torch.Generator().manual_seed(0))
 masked_inputs, masked_targets = mask_tokens(draw, mask_id=MASK, vocab_size=tokenizer.vocab_size,
                                             special_ids=SPECIALS, generator=torch.Generator().manual_seed(1))
@@ -277,21 +284,55 @@ shares = {1: ((masked_inputs == MASK) & ordinary).float().sum() / ordinary.sum()
           2: ((masked_targets != -100) & (masked_inputs == draw)).float().sum() / ordinary.sum()}
 
 
-def check(exercise, share):
-    right = share is not None and abs(share - shares[exercise].item()) < 0.003
-    print(f"exercise {exercise}:", "right" if right else "wrong: 15% chosen, then 80% / 10% / 10%")
-    return right
+@exercise(1, hint="15% are chosen; of those, 80% become [MASK], 10% a random token, 10% stay")
+def check_1(share):
+    return abs(float(share) - shares[1].item()) < 0.003
+
+
+@exercise(2, hint="15% are chosen; of those, 10% stay as they are (and a random token is now and then the same)")
+def check_2(share):
+    return abs(float(share) - shares[2].item()) < 0.003
+
+
+@exercise(3, hint="look at masked_targets where a token was not chosen")
+def check_3(prediction):
+    counted = (masked_targets != -100).float().sum() / ordinary.sum()
+    print(f"measured: the loss counts {counted:.1%} of the ordinary tokens")
+    return one_of(prediction, ("yes", "no")) == ("yes" if counted > 0.5 else "no")
+
+
+@exercise(4, hint="cross-entropy over the positions whose target is not -100, averaged over those only")
+def check_4(mlm_loss):
+    logits = torch.randn(200, 500, 7)
+    targets = masked_targets.clamp(max=6).masked_fill(masked_targets == -100, -100)  # ids within 7 classes
+    expected = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100)
+    return torch.allclose(torch.as_tensor(mlm_loss(logits, targets)), expected, atol=1e-5)
 
 
 share_masked = None  # your number here
 share_unchanged = None  # your number here
-for exercise, answer in ((1, share_masked), (2, share_unchanged)):
-    if answer is not None:
-        check(exercise, answer)
+prediction_3 = None  # "yes" or "no"
+mlm_loss = None  # your function here
+for check, answer in ((check_1, share_masked), (check_2, share_unchanged), (check_3, prediction_3),
+                      (check_4, mlm_loss)):
+    print(check(answer))
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # ### Solutions
+#
+# 1. $0.15 \times 0.8 = 0.12$. 2. $0.15 \times 0.1 = 0.015$. 3. No: only the chosen 15% have a target; the others
+#    are -100 and cost nothing. That is why masked-LM pre-training learns from a sixth as many predictions per
+#    sequence as a causal language model does, one of ELECTRA's (Clark et al. 2020) arguments.
 
-# %%
-assert check(1, 0.15 * 0.8) and check(2, 0.15 * 0.1)
-assert not check(1, 0.15)  # a wrong answer: chosen is not masked
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def mlm_loss_solution(logits, targets):
+    chosen = targets != -100  # (B, T)
+    return torch.nn.functional.cross_entropy(logits[chosen], targets[chosen])
+
+
+assert check_1(0.15 * 0.8) and check_2(0.15 * 0.1)
+assert check_3("no") and check_4(mlm_loss_solution)
+assert not check_1(0.15)  # a wrong answer: chosen is not masked
+assert not check_3("yes")
+assert not check_4(lambda logits, targets: torch.nn.functional.cross_entropy(logits.transpose(1, 2),
+                                                                             targets.clamp(min=0)))  # -100 counted

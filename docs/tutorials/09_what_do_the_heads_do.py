@@ -231,41 +231,68 @@ for name in streams.cache:
 #
 # ## Exercises
 #
-# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
-# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+# Each exercise comes with a check that says right or wrong (an error in your code counts as wrong, with a hint):
+# put your answer where the cell says and run it. *Predict, then run* exercises ask for your prediction first; the
+# check runs the experiment and compares. The solutions are folded away at the end.
 #
 # 1. Write `previous_score(pattern)`: for a pattern (B, H, T, T), each head's mean weight on the key just before
 #    the query, over the queries t >= 1.
 # 2. Which head of layer 0 puts the most weight on the previous token? Give its index.
+# 3. Write `induction_targets(tokens)`: for a list of tokens, at each position $t$ the token an induction head
+#    predicts next: the one that followed the most recent earlier occurrence of `tokens[t]`, or -1 where
+#    `tokens[t]` has not occurred before.
+# 4. *Predict, then run:* zero-ablate layer 1's head, as above. Do the logits change at the *first* position too,
+#    where there is nothing to copy yet? `"yes"` or `"no"`.
 
 # %%
+from attnkit.exercises import exercise, one_of
+
 layer0 = read["blocks.0.attn.pattern"]
 
 
+@exercise(1, hint="pattern[..., t, t - 1] for t = 1 .. T-1, averaged over the batch and those queries")
 def check_1(previous_score):
-    expected = self_scores(layer0, inputs)["previous"]
-    right = torch.allclose(previous_score(layer0), expected, atol=1e-5)
-    print("exercise 1:", "right" if right else f"wrong: the scores are {expected.tolist()}")
-    return right
+    return torch.allclose(previous_score(layer0), self_scores(layer0, inputs)["previous"], atol=1e-5)
 
 
+@exercise(2, hint="compute previous_score(layer0) and take the largest")
 def check_2(head):
-    best = int(self_scores(layer0, inputs)["previous"].argmax())
-    right = head == best
-    print("exercise 2:", "right" if right else "wrong: another head scores higher")
-    return right
+    return head == int(self_scores(layer0, inputs)["previous"].argmax())
+
+
+@exercise(3, hint="walk left to right, remembering where each token was last seen; predict what came after it")
+def check_3(induction_targets):
+    for row in [row.tolist() for row in ids[:4]] + [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]:
+        earlier = [[s for s in range(t) if row[s] == row[t]] for t in range(len(row))]  # earlier occurrences
+        if list(induction_targets(row)) != [row[e[-1] + 1] if e else -1 for e in earlier]:
+            return False
+    return True
+
+
+@exercise(4, hint="ablation removes the head's output at every position, whatever its pattern does there")
+def check_4(prediction):
+    with torch.no_grad():
+        gap = (ablated[:, 0] - model(inputs).logits[:, 0]).abs().max().item()
+    print(f"measured: the first position's logits move by up to {gap:.3f}")
+    return one_of(prediction, ("yes", "no")) == ("yes" if gap > 1e-5 else "no")
 
 
 previous_score = None  # your function here
 head = None  # your number here
-for check, answer_given in ((check_1, previous_score), (check_2, head)):
-    if answer_given is not None:
-        check(answer_given)
+induction_targets = None  # your function here
+prediction_4 = None  # "yes" or "no"
+for check, answer_given in ((check_1, previous_score), (check_2, head), (check_3, induction_targets),
+                            (check_4, prediction_4)):
+    print(check(answer_given))
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # ### Solutions
+#
+# 4. Yes: at the first position the head can only attend to that token itself, and it writes its value there like
+#    anywhere else. Zero-ablation removes the head's whole output, not only the behaviour we named it for, which is
+#    why patching (replacing with another input's output) is the finer instrument.
 
-# %%
+# %% tags=["solution"] jupyter={"source_hidden": true}
 def previous_score_solution(pattern):
     length = pattern.shape[-1]
     return pattern[..., torch.arange(1, length), torch.arange(0, length - 1)].mean((0, 2))  # (H,)
@@ -274,3 +301,13 @@ def previous_score_solution(pattern):
 assert check_1(previous_score_solution) and check_2(int(previous_score_solution(layer0).argmax()))
 assert not check_1(lambda pattern: pattern.diagonal(dim1=-2, dim2=-1).mean((0, 2)))  # a wrong answer: itself
 assert not check_2(int(previous_score_solution(layer0).argmin()))
+def induction_targets_solution(tokens):
+    last_seen, targets = {}, []
+    for t, token in enumerate(tokens):
+        targets.append(tokens[last_seen[token] + 1] if token in last_seen else -1)
+        last_seen[token] = t
+    return targets
+
+
+assert check_3(induction_targets_solution) and check_4("yes")
+assert not check_3(lambda tokens: [-1] * len(tokens)) and not check_4("no")

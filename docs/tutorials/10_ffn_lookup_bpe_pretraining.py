@@ -385,46 +385,92 @@ plt.show()
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise comes with a check that says right or wrong: put your answer where the cell says and run it. The
-# solutions follow, and the last cell holds each check to its solution and to a wrong answer.
+# Each exercise comes with a check that says right or wrong (an error in your code counts as wrong, with a hint):
+# put your answer where the cell says and run it. *Predict, then run* exercises ask for your prediction first; the
+# check runs the experiment and compares. The solutions are folded away at the end.
 #
 # 1. Encode with the learned merges: write `apply_merges(word, merges)`, taking a word's symbols (a tuple such as
 #    `tuple("Ġcat")`) and applying the merges in their order, each wherever it occurs, to return the pieces.
 # 2. Which sharpness makes the library lookup put a weight of exactly 0.99 on *Speech and Language Processing*?
+# 3. Write `pair_counts(word_counts)`: how often each pair of neighbouring symbols occurs, counting each word as
+#    often as it occurs (a `Counter` or dict `{(a, b): count}`), the table BPE picks its next merge from.
+# 4. *Predict, then run:* turn the library lookup's sharpness up to 50. Its weights become `"uniform over the
+#    books"`, `"one-hot on the best match"` or `"one-hot on a random book"`?
 
 # %%
+from attnkit.exercises import exercise, one_of
+
+
+@exercise(1, hint="apply each merge to the whole word before the next one, in the merges' order")
 def check_1(apply_merges):
     words = ["Ġcat", "Ġflat", "Ġthat", "Ġmat", "the"]
     expected = [tokenizer.pieces(tokenizer.encode(w.replace("Ġ", " "))) for w in words]
-    right = [list(apply_merges(tuple(w), ours)) for w in words] == expected
-    print("exercise 1:", "right" if right else f"wrong: the tokenizer splits them {expected}")
-    return right
+    print(f"the tokenizer splits them {expected}")
+    return [list(apply_merges(tuple(w), ours)) for w in words] == expected
 
 
+@exercise(2, hint="SLP scores 2s, two other books s, two 0: solve e^{2s} / (e^{2s} + 2 e^s + 2) = 0.99 for e^s")
 def check_2(sharpness):
-    weight = soft_lookup(q, K, V, sharpness)[1][0].item()
-    right = abs(weight - 0.99) < 1e-4
-    print("exercise 2:", "right" if right else f"wrong: that sharpness gives {weight:.4f}")
-    return right
+    weight = soft_lookup(q, K, V, float(sharpness))[1][0].item()
+    print(f"that sharpness gives SLP a weight of {weight:.4f}")
+    return abs(weight - 0.99) < 1e-4
+
+
+@exercise(3, hint="for every word, every neighbouring pair (zip(word, word[1:])) adds the word's count")
+def check_3(pair_counts):
+    counted = dict(pair_counts(word_counts))
+    best = max(counted, key=counted.get)
+    expected = Counter()
+    for word, count in word_counts.items():
+        for i in range(len(word) - 1):
+            expected[word[i], word[i + 1]] += count
+    return counted == dict(expected) and counted[best] == counted[ours[0]]  # BPE's first merge is a top pair
+
+
+@exercise(4, hint="sharpness multiplies every score: the gaps between the books grow 50 times wider")
+def check_4(prediction):
+    weights = soft_lookup(q, K, V, 50.0)[1]
+    print(f"measured: weights {[round(w, 3) for w in weights.tolist()]}")
+    measured = ("one-hot on the best match" if weights.max() > 0.999 and int(weights.argmax()) == 0
+                else "uniform over the books" if weights.max() - weights.min() < 0.01 else "one-hot on a random book")
+    return one_of(prediction, ("uniform over the books", "one-hot on the best match",
+                               "one-hot on a random book")) == measured
 
 
 apply_merges = None  # your function here
 sharpness = None  # your number here
-for check, answer in ((check_1, apply_merges), (check_2, sharpness)):
-    if answer is not None:
-        check(answer)
+pair_counts = None  # your function here
+prediction_4 = None  # "uniform over the books", "one-hot on the best match" or "one-hot on a random book"
+for check, answer in ((check_1, apply_merges), (check_2, sharpness), (check_3, pair_counts), (check_4, prediction_4)):
+    print(check(answer))
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # ### Solutions
+#
+# 2. With $u = e^s$: $0.99 = u^2 / (u^2 + 2u + 2)$, a quadratic in $u$, solved below. 4. One-hot on the best
+#    match: the softmax of scores 50 apart is 1 and $e^{-50}$. A sharp lookup is a dictionary's exact lookup; a
+#    soft one blends the values of near matches, and only the soft one has a gradient that says which key should
+#    have matched.
 
-# %%
+# %% tags=["solution"] jupyter={"source_hidden": true}
 def apply_merges_solution(word, merges):
     for pair in merges:
         word = merge(word, pair)
     return word
 
 
+def pair_counts_solution(word_counts):
+    pairs = Counter()
+    for word, count in word_counts.items():
+        for pair in zip(word, word[1:], strict=False):
+            pairs[pair] += count
+    return pairs
+
+
 # SLP scores 2s, two books s, two 0: 0.99 = e^{2s} / (e^{2s} + 2 e^s + 2), a quadratic in u = e^s
 u = (2 * 0.99 + math.sqrt((2 * 0.99) ** 2 + 4 * 0.01 * 2 * 0.99)) / (2 * 0.01)
 assert check_1(apply_merges_solution) and check_2(math.log(u))
+assert check_3(pair_counts_solution) and check_4("one-hot on the best match")
 assert not check_2(math.log(99))  # a wrong answer: as if SLP competed with one other book
+assert not check_3(lambda counts: Counter(p for word in counts for p in zip(word, word[1:], strict=False)))  # once each
+assert not check_4("uniform over the books")

@@ -1,0 +1,71 @@
+"""Checks for the tutorials' exercises: right, wrong with a hint, or not answered yet.
+
+A tutorial writes each check as a function of the learner's answer that returns whether it is right, and wraps it
+with `exercise`:
+
+    @exercise(1, hint="the rows of the weights sum to 1: softmax over the keys, not the queries")
+    def check_1(weights_fn):
+        return torch.allclose(weights_fn(q, k), expected)
+
+    check_1(my_answer)   # Verdict: "exercise 1: right" / "exercise 1: wrong: <hint>"
+
+An exception raised while checking (the learner's code failing on the check's inputs, a shape that does not match)
+is a wrong answer that names the exception, followed by the hint, not a traceback; an answer left as None (the cell
+as the tutorial gives it) is "not answered yet". A `Verdict` is true when the answer is right, so a tutorial holds
+each check to its solution (`assert check_1(solution)`) and to a wrong answer (`assert not check_1(wrong)`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a check says of one answer: `right`, and the line a learner reads (`str(verdict)`)."""
+
+    number: int
+    right: bool
+    message: str
+
+    def __bool__(self) -> bool:
+        return self.right
+
+    def __str__(self) -> str:
+        return f"exercise {self.number}: {self.message}"
+
+    def __repr__(self) -> str:  # the notebook shows a check's result as its line
+        return str(self)
+
+
+def exercise(number: int, *, hint: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Verdict]]:
+    """Turn `test(answer) -> bool` into a check that returns a `Verdict`: right, wrong with `hint`, wrong naming the
+    exception the answer raised (with `hint`), or not answered yet (answer None)."""
+
+    def decorate(test: Callable[[Any], Any]) -> Callable[[Any], Verdict]:
+        @functools.wraps(test)
+        def check(answer: Any) -> Verdict:
+            if answer is None:
+                return Verdict(number, False, "not answered yet: put your answer where the cell says, then run it")
+            try:
+                right = bool(test(answer))
+            except Exception as error:  # the learner's code, run on the check's inputs: any failure is an answer
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else "(no message)"
+                return Verdict(number, False, f"wrong: your answer raised {type(error).__name__}: {reason}\n"
+                                              f"  hint: {hint}")
+            return Verdict(number, right, "right" if right else f"wrong: {hint}")
+
+        return check
+
+    return decorate
+
+
+def one_of(answer: Any, choices: Sequence[str]) -> str:
+    """A prediction given as one of `choices` (a conceptual exercise's answer), else ValueError naming them (which a
+    check reports as a wrong answer)."""
+    if answer not in choices:
+        raise ValueError(f"answer with one of {', '.join(repr(c) for c in choices)}, not {answer!r}")
+    return answer
