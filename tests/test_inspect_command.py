@@ -9,7 +9,7 @@ import torch
 from attnkit.checkpoint import save_model
 from attnkit.cli import main
 from attnkit.config import ModelConfig
-from attnkit.errors import InputError
+from attnkit.errors import AttnkitError, InputError
 from attnkit.inspect.command import InspectSettings, run_inspect
 from attnkit.inspect.head_types import head_types, repeated_tokens
 from attnkit.models import build_model
@@ -202,3 +202,55 @@ def test_a_head_that_looks_19_back_is_not_typed_induction(tmp_path):
     one_period = head_types(model, repeated_tokens(range(2, 12), 20, batch=16,
                                                    generator=torch.Generator().manual_seed(0)))
     assert float(one_period.scores["induction"][0, 0]) > 0.5  # what one period of 20 alone made of it
+
+
+# inputs checked before any work (the run, the device, the texts, the files), each refusal naming the fix ----------
+@pytest.mark.parametrize(("where", "device", "message"), [
+    ("missing", "cpu", "does not exist; give a run directory"),
+    ("file", "cpu", "is a file; give a run directory"),
+    ("run", "florb", "--device 'florb' is not a device torch knows"),
+    ("run", "cuda:7", "--device cuda:7"),  # no CUDA here, or not 8 devices
+])
+def test_a_run_that_is_no_directory_or_a_device_there_is_not_is_refused_first(runs, tmp_path, where, device, message):
+    (tmp_path / "file").write_text("not a run")
+    run = {"missing": tmp_path / "missing", "file": tmp_path / "file", "run": runs["decoder"]}[where]
+    with pytest.raises(AttnkitError, match=message):
+        run_inspect(InspectSettings(run=str(run), analysis="heads", text=("abc",), device=device))
+
+
+@pytest.fixture(scope="module")
+def recurrent_lm(tmp_path_factory):
+    directory, tokenizer = tmp_path_factory.mktemp("recurrent-lm"), CharTokenizer(CHARS)
+    config = ModelConfig(family="recurrent-lm", vocab_size=tokenizer.vocab_size, cell="lstm", hidden_size=8)
+    tokenizer.save(directory / "tokenizer")
+    save_model(build_model(config), config, directory)
+    return directory
+
+
+@pytest.mark.parametrize("analysis", ["heads", "logit-lens", "patch", "head-types"])
+def test_a_recurrent_lm_is_refused_naming_the_runs_inspect_reads(recurrent_lm, analysis):
+    with pytest.raises(InputError, match="recurrent-lm run: it has no attention.*recurrent seq2seq with attention"):
+        run_inspect(InspectSettings(run=str(recurrent_lm), analysis=analysis, text=("abc de",), corrupt="abc dj"))
+
+
+@pytest.mark.parametrize("analysis", ["heads", "logit-lens"])
+def test_a_one_token_text_is_refused_naming_the_fix(runs, analysis):
+    with pytest.raises(InputError, match="needs at least 2 tokens; this one has 1: give a longer text"):
+        run_inspect(InspectSettings(run=str(runs["decoder"]), analysis=analysis, text=("a",)))
+
+
+def test_head_types_refuses_texts_it_would_not_read(runs):
+    with pytest.raises(InputError, match="repeated random tokens.*drop --text"):
+        run_inspect(InspectSettings(run=str(runs["mlm"]), analysis="head-types", text=("abc de",)))
+
+
+def test_probe_refuses_a_file_that_is_not_conll_and_names_its_own_column_flag(runs, tmp_path):
+    prose = tmp_path / "notes.txt"
+    prose.write_text("def f(x):\n    return x + 1\n\nprint(f(2))\n")
+    with pytest.raises(InputError, match="notes.txt:2: .* has 4 columns where line 1 has 2: this is not a CoNLL file"):
+        run_inspect(InspectSettings(run=str(runs["mlm"]), analysis="probe", conll=str(prose)))
+    conllu = tmp_path / "words.conllu"
+    conllu.write_text("1\tab\tab\tNOUN\tNN\t_\t0\troot\t_\t_\n2\tcd\tcd\tVERB\tVB\t_\t1\tdep\t_\t_\n\n" * 8)
+    with pytest.raises(InputError, match="no 'florb' value; choose the column of tags with --column ") as refusal:
+        run_inspect(InspectSettings(run=str(runs["mlm"]), analysis="probe", conll=str(conllu), column="florb"))
+    assert "--tag-column" not in str(refusal.value)

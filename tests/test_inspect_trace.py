@@ -7,6 +7,7 @@ import torch
 
 from attnkit.config import ModelConfig
 from attnkit.errors import InputError
+from attnkit.generate.pipeline import Pipeline
 from attnkit.inspect import hook_points, hooked, mean_ablate, patch, resample_ablate, trace, zero_ablate
 from attnkit.layers.attention import Attention
 from attnkit.models import build_model
@@ -15,12 +16,15 @@ from attnkit.models.recurrent import recurrent_seq2seq
 FAMILIES = ("decoder", "encoder", "encoder-decoder")
 
 
+def _config(family: str, **fields):
+    head = {"encoder_head": "mlm"} if family == "encoder" else {}
+    return ModelConfig(family=family, vocab_size=40, d_model=16, n_heads=4, d_ff=32, max_seq_len=16, n_layers=2,
+                       position="learned", **head, **fields)
+
+
 def _model(family: str, **fields):
     torch.manual_seed(0)
-    head = {"encoder_head": "mlm"} if family == "encoder" else {}
-    config = ModelConfig(family=family, vocab_size=40, d_model=16, n_heads=4, d_ff=32, max_seq_len=16, n_layers=2,
-                         position="learned", **head, **fields)
-    return build_model(config).eval()
+    return build_model(_config(family, **fields)).eval()
 
 
 def _inputs(family: str, seed: int = 1):
@@ -146,3 +150,54 @@ def test_bad_names_and_edits_are_refused_with_the_fix():
     with hooked(model, capture=["embed"]) as cache:
         pass
     assert cache == {}
+
+
+def test_a_pipeline_is_traced_as_its_model():
+    model, (ids,) = _model("decoder"), _inputs("decoder")
+    pipeline = Pipeline(model, _config("decoder"))
+    assert list(hook_points(pipeline)) == list(hook_points(model))
+    torch.testing.assert_close(trace(pipeline, ids, names=["blocks.1.attn.z"])["blocks.1.attn.z"],
+                               trace(model, ids, names=["blocks.1.attn.z"])["blocks.1.attn.z"], rtol=0, atol=0)
+    with pytest.raises(InputError, match="reads a torch model .* or a pipeline from attnkit.load; got a str"):
+        trace("runs/gpt", ids)
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda a, p: 3, "returned int; an edit returns a tensor like the activation"),
+    (lambda a, p: a.double(), "returned torch.float64 on cpu, the activation is torch.float32 on cpu"),
+    (lambda a, p: a.long(), "returned torch.int64"),
+    (lambda a, p: a[:, :2], r"returned shape \(2, 2, 4, 4\), not the point's \(2, 8, 4, 4\)"),
+    (0, "is 0 \\(int\\); an edit is a function"),
+])
+def test_an_edit_that_returns_no_like_tensor_is_refused_by_name(edit, said):
+    model, (ids,) = _model("decoder"), _inputs("decoder")
+    with pytest.raises(InputError, match=said):
+        trace(model, ids, edits={"blocks.0.attn.z": edit})
+
+
+@pytest.mark.parametrize(("point", "edit", "said"), [
+    ("blocks.0.resid_post", lambda: mean_ablate(torch.zeros(3, 5, 7)), r"its width is 7, the run's 16"),
+    ("blocks.0.resid_post", lambda: mean_ablate(torch.zeros(5, 16)), "2 axes where the run has 3"),  # was averaged
+    ("blocks.0.attn.z", lambda: mean_ablate(torch.zeros(3, 5, 2, 4), head=1), "its heads is 2, the run's 4"),
+    ("blocks.0.attn.z", lambda: resample_ablate(torch.zeros(3, 8, 4, 5)), "its width is 5, the run's 4"),
+    ("blocks.0.attn.z", lambda: zero_ablate(head=1.0), "head=1.0 must be a whole number"),
+    ("blocks.0.attn.z", lambda: zero_ablate(position=0.5), "position=0.5 must be a whole number"),
+    ("blocks.0.attn.z", lambda: patch([0.0], head=1), "the patch's source is a list"),
+])
+def test_references_of_another_shape_and_indices_that_are_not_whole_numbers_are_refused(point, edit, said):
+    model, (ids,) = _model("decoder"), _inputs("decoder")
+    with pytest.raises(InputError, match=said):
+        trace(model, ids, edits={point: edit()})
+
+
+@pytest.mark.parametrize(("names", "said"), [
+    ([3], r"a hook point's name is a string \('blocks.0.attn.z'\); got 3 \(int"),
+    (3, "points are picked by a name, a list of names"),
+    ([("blocks.0.attn.z",)], "got \\('blocks.0.attn.z',\\) \\(tuple"),
+])
+def test_names_that_are_not_strings_are_refused(names, said):
+    model, (ids,) = _model("decoder"), _inputs("decoder")
+    with pytest.raises(InputError, match=said):
+        trace(model, ids, names=names)
+    with pytest.raises(InputError, match="a hook point's name is a string"):
+        trace(model, ids, edits={3: zero_ablate()})

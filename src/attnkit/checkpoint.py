@@ -288,9 +288,10 @@ def save_model(
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # gpt2, meta-llama/Llama-2-7b-hf: a name on the hub
 
 
-def load_config(directory: str | Path) -> ModelConfig:
-    """The model config of a run or checkpoint directory; CheckpointError saying what the directory lacks (for a run
-    an `--overwrite` moved aside and has not yet replaced, where it waits and how to get it back)."""
+def require_directory(directory: str | Path) -> Path:
+    """`directory` as a Path, when it is a directory; a CheckpointError naming the fix when it does not exist (a
+    Hugging Face model's name: how to fetch and convert it) or is a file. What every command that reads a run checks
+    first, before any other work."""
     directory = Path(directory)
     if not directory.exists():
         parent = directory.parent.name and directory.parent.exists()  # runs/x names a run; gpt2, org/model the hub
@@ -301,6 +302,13 @@ def load_config(directory: str | Path) -> ModelConfig:
                                  "directory, then attnkit convert --from-hf DIR --out runs/NAME" if hub else ""))
     if not directory.is_dir():
         raise CheckpointError(f"{directory} is a file; give a run directory (runs/NAME, holding {CONFIG_FILE})")
+    return directory
+
+
+def load_config(directory: str | Path) -> ModelConfig:
+    """The model config of a run or checkpoint directory; CheckpointError saying what the directory lacks (for a run
+    an `--overwrite` moved aside and has not yet replaced, where it waits and how to get it back)."""
+    directory = require_directory(directory)
     if (directory / CONFIG_FILE).is_dir():
         raise CheckpointError(f"{directory / CONFIG_FILE} is a directory, where the run's config (a JSON file) should "
                               "be; put the run's config.json there")

@@ -28,7 +28,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from attnkit.checkpoint import TOKENIZER_DIR, load_model, read_labels
+from attnkit.checkpoint import TOKENIZER_DIR, load_model, read_labels, require_directory
 from attnkit.errors import InputError
 from attnkit.inspect.circuits import composition_scores, head_weights
 from attnkit.inspect.edits import Ablation
@@ -37,7 +37,7 @@ from attnkit.inspect.importance import head_importance
 from attnkit.inspect.inputs import Batch, divergence, lm_batch, seq2seq_batch
 from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import patch_heads, patch_stream
-from attnkit.inspect.points import head_sites
+from attnkit.inspect.points import head_sites, hook_points
 from attnkit.inspect.probes import probe_layers, reading_piece
 from attnkit.inspect.report import heatmap, write_report
 from attnkit.inspect.sae import (
@@ -49,9 +49,11 @@ from attnkit.inspect.sae import (
     spliced_loss,
     train_sae,
 )
+from attnkit.machine import pick_device
 from attnkit.models.greedy import greedy_target
+from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import read_tagged
-from attnkit.textfiles import read_lines
+from attnkit.textfiles import EncodingErrors, read_lines
 from attnkit.tokenize import Tokenizer, load_tokenizer, require_id
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class InspectSettings:
     patch: activation patching from --text into --corrupt; probe: linear probes on --conll's labels"""
     text: tuple[str, ...] = ()  # texts to run on (a translation run: sources, or SOURCE<TAB>TARGET); or --input
     input: str | None = None  # a UTF-8 file, one text per line (a translation run: SOURCE<TAB>TARGET); or --text
+    encoding_errors: EncodingErrors = "strict"  # --input, --conll: strict: not UTF-8 is an error; replace: U+FFFD
     corrupt: str | None = None  # patch: the corrupted text, as many tokens as the first --text
     conll: str | None = None  # probe: a CoNLL or CoNLL-U file of tagged words
     column: str = "upos"  # probe: the CoNLL-U column holding the labels (upos, xpos, deprel, a MISC key)
@@ -101,9 +104,11 @@ class Loaded:
         return callable(getattr(self.model, "encode", None)) and callable(getattr(self.model, "decode", None))
 
     @property
-    def stack(self) -> nn.Module | None:
-        """The Transformer stack a one-sequence model reads its text with (None: a recurrent model's layers)."""
-        return getattr(self.model, "stack", None)
+    def stack(self) -> TransformerStack | None:
+        """The Transformer stack a one-sequence model reads its text with (None: an encoder-decoder's two, a recurrent
+        model's layers; a recurrent LM's `stack` is a method, not a stack)."""
+        stack = getattr(self.model, "stack", None)
+        return stack if isinstance(stack, TransformerStack) else None
 
     @property
     def causal(self) -> bool:
@@ -117,13 +122,15 @@ class Loaded:
 def run_inspect(settings: InspectSettings) -> list[Path]:
     """Run the analysis `settings` name and write its files; returns their paths. Raises InputError for inputs the
     analysis cannot use (naming what it needs), CheckpointError for a run that cannot be read."""
-    run_dir = Path(settings.run)
+    run_dir = require_directory(settings.run)  # missing, or a file: CheckpointError naming the fix
+    device = pick_device(settings.device)  # as train and experiment check it: ConfigError naming the choices
     if not (run_dir / TOKENIZER_DIR).is_dir():
         raise InputError(f"{run_dir} has no {TOKENIZER_DIR}/ directory, so texts cannot become its tokens")
     _check_inputs(settings)
-    model, config = load_model(run_dir, device=settings.device)
+    model, config = load_model(run_dir, device=device)
     loaded = Loaded(model.eval(), load_tokenizer(run_dir / TOKENIZER_DIR), config.family,
-                    getattr(config, "max_seq_len", None) or 512, torch.device(settings.device), read_labels(run_dir))
+                    getattr(config, "max_seq_len", None) or 512, device, read_labels(run_dir))
+    _check_run(loaded, settings)
     out = _out_dir(settings)
     name = settings.analysis
     title, rows, summary, figure = ANALYSES[name](loaded, settings)
@@ -147,10 +154,26 @@ def _check_inputs(settings: InspectSettings) -> None:
                          "attnkit.inspect.hook_points lists a model's)")
     if settings.analysis == "probe" and settings.conll is None:
         raise InputError("probe reads word labels from a CoNLL or CoNLL-U file: give --conll FILE")
+    if settings.analysis == "probe":  # a file that is not CoNLL, or a column it lacks, refused before the model loads
+        read_tagged(settings.conll, column=settings.column, encoding_errors=settings.encoding_errors, option="--column")
+
+
+def _check_run(loaded: Loaded, settings: InspectSettings) -> None:
+    """What the loaded run allows, checked before the analysis runs."""
+    if not hook_points(loaded.model):
+        raise InputError(f"{settings.run} is a {loaded.family} run: it has no attention and no Transformer stack, so "
+                         "attnkit inspect has nothing to read in it; inspect reads decoders, encoders, "
+                         "encoder-decoders and the recurrent seq2seq with attention (attention=bahdanau or luong-*); "
+                         "for this run, attnkit eval measures its loss and attnkit generate samples from it")
+    if settings.analysis == "head-types" and not loaded.translates and (settings.text or settings.input):
+        raise InputError("head-types scores a one-sequence model's heads on repeated random tokens (--seed draws "
+                         "them), not on given texts: drop --text / --input (a translation run alone is scored on its "
+                         "sentence pairs)")
 
 
 def _texts(settings: InspectSettings) -> list[str]:
-    texts = list(settings.text) if settings.text else read_lines(settings.input) if settings.input else []
+    texts = (list(settings.text) if settings.text else
+             read_lines(settings.input, errors=settings.encoding_errors) if settings.input else [])
     texts = [t for t in texts if t.strip()]
     if not texts and (settings.text or settings.input):
         raise InputError("every text given is empty; give at least one non-empty text")
@@ -329,7 +352,7 @@ def _patched_position(loaded: Loaded, clean: Tensor, corrupted: Tensor) -> int:
 
 
 def _probe(loaded: Loaded, settings: InspectSettings):
-    sentences = read_tagged(settings.conll, column=settings.column)
+    sentences = read_tagged(settings.conll, column=settings.column, encoding_errors=settings.encoding_errors)
     results = probe_layers(loaded.model, loaded.tokenizer, sentences, max_len=loaded.max_len, seed=settings.seed)
     figure = Figure(figsize=(1.5 + 0.7 * len(results), 3.6))
     ax = figure.add_subplot()

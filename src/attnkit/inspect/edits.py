@@ -13,6 +13,7 @@ change measures what the head carries rather than the shock of a zero.
 
 from __future__ import annotations
 
+import numbers
 from typing import Literal
 
 import torch
@@ -54,8 +55,23 @@ def _check_index(activation: Tensor, point: HookPoint, index: tuple) -> None:
                              f"{activation.shape[axis]} ({what}s 0..{activation.shape[axis] - 1})")
 
 
+def _check_part(head: object, position: object) -> None:
+    """A head and a position are whole numbers (indices), or None for every one."""
+    for name, value in (("head", head), ("position", position)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise InputError(f"{name}={value!r} must be a whole number (an index from 0), or None for every {name}")
+
+
+def _check_reference(reference: object, what: str) -> None:
+    if not isinstance(reference, Tensor):
+        raise InputError(f"{what} is a {type(reference).__name__}; give the point's activations on other inputs, a "
+                         "tensor (trace(model, ids, names=[point])[point])")
+
+
 def zero_ablate(*, head: int | None = None, position: int | None = None) -> Edit:
     """Set the part to 0."""
+    _check_part(head, position)
+
     def edit(activation: Tensor, point: HookPoint) -> Tensor:
         return replaced(activation, activation.new_zeros(()), point, head=head, position=position)
 
@@ -65,7 +81,11 @@ def zero_ablate(*, head: int | None = None, position: int | None = None) -> Edit
 def mean_ablate(reference: Tensor, *, head: int | None = None, position: int | None = None) -> Edit:
     """Replace the part by the mean of the point's `reference` activations over their batch and positions (the
     same point read on other inputs, any batch size and length)."""
+    _check_part(head, position)
+    _check_reference(reference, "mean_ablate's reference")
+
     def edit(activation: Tensor, point: HookPoint) -> Tensor:
+        _check_like(reference, activation, point, "mean_ablate's reference", free=(0, point.position_axis))
         mean = reference.to(activation.device).mean(dim=(0, point.position_axis), keepdim=True)
         return replaced(activation, mean, point, head=head, position=position)
 
@@ -76,8 +96,11 @@ def resample_ablate(reference: Tensor, *, head: int | None = None, position: int
                     generator: torch.Generator | None = None) -> Edit:
     """Replace each row's part by that of a random row of `reference` (the point read on other inputs of the same
     length)."""
+    _check_part(head, position)
+    _check_reference(reference, "resample_ablate's reference")
+
     def edit(activation: Tensor, point: HookPoint) -> Tensor:
-        _check_length(reference, activation, point, "resample_ablate's reference")
+        _check_like(reference, activation, point, "resample_ablate's reference", free=(0,))
         rows = torch.randint(reference.shape[0], (activation.shape[0],), generator=generator)
         return replaced(activation, reference[rows].to(activation.device), point, head=head, position=position)
 
@@ -103,6 +126,8 @@ def patch(source: Tensor, *, head: int | None = None, position: int | None = Non
     """Replace the part by the same part of `source`, the point read on another input of the same shape (activation
     patching, Meng et al. 2022). A point seen one step per call (Bahdanau's decoder attention: one position per call,
     the source read over every step) takes the source's steps in the order of the calls."""
+    _check_part(head, position)
+    _check_reference(source, "the patch's source")
     step = 0  # the next step of a point called once per step
 
     def edit(activation: Tensor, point: HookPoint) -> Tensor | None:
@@ -116,17 +141,30 @@ def patch(source: Tensor, *, head: int | None = None, position: int | None = Non
                 if position % source.shape[axis] != at:
                     return None  # the patched position is another step's
                 here = 0
-        _check_length(piece, activation, point, "the patch's source")
-        if piece.shape != activation.shape:
-            raise InputError(f"the patch's source at {point.name} has shape {tuple(piece.shape)}, the run "
-                             f"{tuple(activation.shape)}: patch between inputs of the same batch size and length")
+        _check_like(piece, activation, point, "the patch's source", free=())
         return replaced(activation, piece.to(activation.device), point, head=head, position=here)
 
     return edit
 
 
-def _check_length(other: Tensor, activation: Tensor, point: HookPoint, what: str) -> None:
+def _check_like(other: Tensor, activation: Tensor, point: HookPoint, what: str, *, free: tuple[int, ...]) -> None:
+    """InputError unless `other` has the activation's shape but for the axes `free` (batch, positions): read at the
+    same point of the same model, and as long where positions are matched one by one."""
     axis = point.position_axis
-    if other.shape[axis] != activation.shape[axis]:
+    if other.dim() != activation.dim():
+        why = f"{other.dim()} axes where the run has {activation.dim()}"
+    elif axis not in free and other.shape[axis] != activation.shape[axis]:
         raise InputError(f"{what} at {point.name} has {other.shape[axis]} positions, the run {activation.shape[axis]}: "
                          "give inputs of the same length")
+    else:
+        differs = [a for a in range(activation.dim()) if a not in free and other.shape[a] != activation.shape[a]]
+        if not differs:
+            return
+        names = {activation.dim() - 1: "width", 0: "batch size"}
+        if point.head_axis is not None:
+            names[point.head_axis] = "heads"
+        name = names.get(differs[0], f"axis {differs[0]}")
+        why = f"its {name} is {other.shape[differs[0]]}, the run's {activation.shape[differs[0]]}"
+    raise InputError(f"{what} at {point.name} has shape {tuple(other.shape)}, the run {tuple(activation.shape)} "
+                     f"({why}): read it at the same point of the same model (trace(model, ids, "
+                     f"names=[{point.name!r}]))")

@@ -41,18 +41,32 @@ class Batch:
 
 
 def lm_batch(ids: Tensor) -> Batch:
-    """Next-token prediction over ids (B, T): inputs (B, T - 1), targets the tokens after them."""
-    if ids.dim() != 2 or ids.shape[1] < 2:
-        raise InputError(f"next-token prediction needs ids of shape (batch, length >= 2), got {tuple(ids.shape)}")
+    """Next-token prediction over ids (B, T): inputs (B, T - 1), targets the tokens after them. Raises InputError for
+    ids that are not (B, T) integers, or fewer than 2 tokens a row (one read, one predicted)."""
+    _check_ids(ids, "ids")
+    if ids.shape[1] < 2:
+        raise InputError(f"next-token prediction reads a token and predicts the next, so a text needs at least 2 "
+                         f"tokens; this one has {ids.shape[1]}: give a longer text")
     return Batch((ids[:, :-1],), ids[:, 1:])
 
 
 def seq2seq_batch(src: Tensor, tgt: Tensor) -> Batch:
-    """Teacher forcing: the decoder reads tgt (B, T) without its last token and predicts it without its first."""
-    if tgt.dim() != 2 or tgt.shape[1] < 2:
-        raise InputError(f"a target needs BOS and at least one token, shape (batch, length >= 2); got "
-                         f"{tuple(tgt.shape)}")
+    """Teacher forcing: the decoder reads tgt (B, T) without its last token and predicts it without its first.
+    Raises InputError for ids that are not (B, T) integers, or a target without BOS and a token."""
+    _check_ids(src, "src")
+    _check_ids(tgt, "tgt")
+    if tgt.shape[1] < 2:
+        raise InputError(f"a target needs BOS and at least one token to predict; this one has {tgt.shape[1]} "
+                         "token(s): give a longer target")
     return Batch((src, tgt[:, :-1]), tgt[:, 1:])
+
+
+def _check_ids(ids: object, name: str) -> None:
+    if isinstance(ids, Tensor) and ids.dim() == 2 and not (ids.dtype.is_floating_point or ids.dtype.is_complex):
+        return
+    shown = f"shape {tuple(ids.shape)}, {ids.dtype}" if isinstance(ids, Tensor) else f"a {type(ids).__name__}"
+    raise InputError(f"{name} must be a tensor of token ids (integers) of shape (batch, length); got {shown} "
+                     "(torch.tensor([ids]) makes one row)")
 
 
 def token_losses(logits: Tensor, labels: Tensor) -> Tensor:

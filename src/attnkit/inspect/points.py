@@ -28,6 +28,7 @@ as its one head, (B, T, 1, M)); Bahdanau's decoder calls its attention once per 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from torch import nn
@@ -71,8 +72,21 @@ class HookPoint:
         return self.where in (INPUT, OUTPUT)
 
 
+def module_of(model: object) -> nn.Module:
+    """The torch model `model` is or holds: a module, or a pipeline from `attnkit.load` (its `.model`). Raises
+    InputError for anything else, naming what is taken."""
+    if isinstance(model, nn.Module):
+        return model
+    if isinstance(getattr(model, "model", None), nn.Module):
+        return model.model
+    raise InputError(f"attnkit.inspect reads a torch model (an nn.Module) or a pipeline from attnkit.load; got a "
+                     f"{type(model).__name__}")
+
+
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
-    """Every hook point of `model`, by name, in the order a forward pass meets them (module docstring)."""
+    """Every hook point of `model` (or of a pipeline's model), by name, in the order a forward pass meets them
+    (module docstring)."""
+    model = module_of(model)
     points: list[HookPoint] = []
     stacks = [(name, m) for name, m in model.named_modules() if isinstance(m, TransformerStack)]
     for name, stack in stacks:
@@ -89,8 +103,9 @@ def hook_points(model: nn.Module) -> dict[str, HookPoint]:
 
 
 def resolve(model: nn.Module, names) -> list[HookPoint]:
-    """The points `names` picks: a list of names, a function of a name (True: take it), or None (all).
-    Raises InputError naming the nearest point for a name the model has not."""
+    """The points `names` picks: a name, a list of names, a function of a name (True: take it), or None (all).
+    Raises InputError for a name that is no string, or naming the nearest point for a name the model has not."""
+    model = module_of(model)
     points = hook_points(model)
     if names is None:
         return list(points.values())
@@ -98,6 +113,14 @@ def resolve(model: nn.Module, names) -> list[HookPoint]:
         return [p for n, p in points.items() if names(n)]
     if isinstance(names, str):
         names = [names]
+    if not isinstance(names, Iterable):
+        raise InputError(f"points are picked by a name, a list of names, a function of a name or None (every point); "
+                         f"got {names!r}")
+    names = list(names)
+    for name in names:
+        if not isinstance(name, str):
+            raise InputError(f"a hook point's name is a string ('blocks.0.attn.z'); got {name!r} "
+                             f"({type(name).__name__}; attnkit.inspect.hook_points(model) lists the names)")
     unknown = [n for n in names if n not in points]
     if unknown:
         raise InputError(f"{type(model).__name__} has no hook point {unknown[0]!r}; its points are "

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
-from attnkit.inspect.points import INPUT, OUTPUT, POSITIONS, WEIGHTS, HookPoint, resolve
+from attnkit.inspect.points import INPUT, OUTPUT, POSITIONS, WEIGHTS, HookPoint, module_of, resolve
 
 Edit = Callable[[Tensor, HookPoint], Tensor]  # (the activation as the point shows it, the point) -> its replacement
 Names = Iterable[str] | Callable[[str], bool] | str | None
@@ -45,7 +45,9 @@ class Trace:
 def trace(model: nn.Module, *args: Any, names: Names = None, edits: Mapping[str, Edit] | None = None,
           **kwargs: Any) -> Trace:
     """Run `model(*args, **kwargs)` without gradients, reading the points `names` picks (a list, a test on a name,
-    None: all) and applying `edits` ({name: edit}). Raises InputError for a name the model has not."""
+    None: all) and applying `edits` ({name: edit}). `model`: a module, or a pipeline from `attnkit.load` (its
+    model is run). Raises InputError for a name the model has not, or an edit that returns no like tensor."""
+    model = module_of(model)
     with torch.no_grad(), hooked(model, capture=names, edits=edits) as cache:
         output = model(*args, **kwargs)
     return Trace(output, cache)
@@ -56,8 +58,10 @@ def hooked(model: nn.Module, *, capture: Names = (), edits: Mapping[str, Edit] |
            ) -> Iterator[dict[str, Tensor]]:
     """While active, every call of the model reads the `capture` points (None: all) into the dict it yields and
     replaces the `edits` points by what each edit returns. A point seen by several calls (Bahdanau's decoder steps,
-    a model run twice) is concatenated along its query axis when the context ends."""
-    edits = dict(edits or {})
+    a model run twice) is concatenated along its query axis when the context ends. Raises InputError for names and
+    edits of the wrong kind, and for an edit that returns anything but a tensor of the activation's shape, dtype
+    and device."""
+    edits = _checked_edits(edits)
     read = resolve(model, capture) if capture is None or callable(capture) or capture else []
     edited = resolve(model, list(edits))
     for point in edited:
@@ -82,6 +86,31 @@ def hooked(model: nn.Module, *, capture: Names = (), edits: Mapping[str, Edit] |
             cache.update({p.name: _joined(calls[p.name], p) for p in read if calls[p.name]})
 
 
+def _checked_edits(edits: object) -> dict[str, Edit]:
+    if edits is None:
+        return {}
+    if not isinstance(edits, Mapping):
+        raise InputError(f"edits= takes {{point name: edit}} (a dict); got a {type(edits).__name__}")
+    for name, edit in edits.items():
+        if not callable(edit):
+            raise InputError(f"the edit of {name!r} is {edit!r} ({type(edit).__name__}); an edit is a function "
+                             "(activation, point) -> replacement, such as zero_ablate(head=0) or patch(source)")
+    return dict(edits)
+
+
+def _check_replacement(point: HookPoint, shown: Tensor, new: object) -> None:
+    """An edit's return is a tensor the model can go on with: the activation's shape, dtype and device."""
+    if not isinstance(new, Tensor):
+        raise InputError(f"the edit of {point.name} returned {type(new).__name__}; an edit returns a tensor like the "
+                         "activation it is given (or None to leave it as it is)")
+    if new.shape != shown.shape:
+        raise InputError(f"the edit of {point.name} returned shape {tuple(new.shape)}, not the point's "
+                         f"{tuple(shown.shape)}")
+    if new.dtype != shown.dtype or new.device != shown.device:
+        raise InputError(f"the edit of {point.name} returned {new.dtype} on {new.device}, the activation is "
+                         f"{shown.dtype} on {shown.device}: return value.to(activation) (the model goes on with it)")
+
+
 def _joined(parts: list[Tensor], point: HookPoint) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=point.position_axis)
 
@@ -98,9 +127,8 @@ class _Hooks:
         shown = value if point.heads is None else value.unflatten(-1, (point.heads, -1))  # (B, T, H*D) -> (B, T, H, D)
         edit = self.edits.get(point.name)
         new = None if edit is None else edit(shown, point)
-        if new is not None and new.shape != shown.shape:
-            raise InputError(f"the edit of {point.name} returned shape {tuple(new.shape)}, not the point's "
-                             f"{tuple(shown.shape)}")
+        if new is not None:
+            _check_replacement(point, shown, new)
         if point.name in self.read:  # what the model goes on with: the edited value where there is an edit
             self.calls[point.name].append((shown if new is None else new).detach())
         if new is None:

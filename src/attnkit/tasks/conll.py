@@ -26,15 +26,17 @@ SCHEMES = ("BIO", "BIOES")
 _CONLLU_FIELDS = ("form", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")
 
 
-def read_tagged(path: str | Path, *, column: str = "upos", encoding_errors: EncodingErrors = "strict"
-                ) -> list[Sentence]:
-    """The sentences of a CoNLL or CoNLL-U file (module docstring; `.conllu` files by their suffix).
+def read_tagged(path: str | Path, *, column: str = "upos", encoding_errors: EncodingErrors = "strict",
+                option: str = "--tag-column") -> list[Sentence]:
+    """The sentences of a CoNLL or CoNLL-U file (module docstring; `.conllu` files by their suffix). `option`: the
+    flag that chooses `column` where the reading is asked for (a refusal names it).
 
-    Raises InputError naming the file and line of a line without a tag, or a file without sentences.
+    Raises InputError naming the file and line of a line without a tag or with other columns than the lines before
+    it (not a CoNLL table), a token without a value in `column`, or a file without sentences.
     """
     path = Path(path)
     text = read_text(path, errors=encoding_errors)
-    sentences = _read_conllu(text, path, column) if path.suffix == ".conllu" else _read_conll(text, path)
+    sentences = _read_conllu(text, path, column, option) if path.suffix == ".conllu" else _read_conll(text, path)
     if not sentences:
         raise InputError(f"{path} holds no tagged sentences: write one token and its tag per line, a blank line "
                          "between sentences (CoNLL), or give a .conllu file")
@@ -45,6 +47,7 @@ def _read_conll(text: str, path: Path) -> list[Sentence]:
     sentences: list[Sentence] = []
     words: list[str] = []
     tags: list[str] = []
+    columns: tuple[int, int] | None = None  # (the first token line's number, its column count): a CoNLL file is a table
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split()
         if not fields or fields[0] == "-DOCSTART-":
@@ -55,6 +58,11 @@ def _read_conll(text: str, path: Path) -> list[Sentence]:
         if len(fields) < 2:
             raise InputError(f"{path}:{number}: {line.strip()!r} has no tag; a CoNLL line is a token and its tag "
                              "(separated by spaces or a tab), a blank line between sentences")
+        columns = columns or (number, len(fields))
+        if len(fields) != columns[1]:
+            raise InputError(f"{path}:{number}: {line.strip()[:60]!r} has {len(fields)} columns where line "
+                             f"{columns[0]} has {columns[1]}: this is not a CoNLL file (one token per line and the "
+                             "same columns on every line, its tag last; a blank line between sentences)")
         words.append(fields[0])
         tags.append(fields[-1])
     if words:
@@ -62,7 +70,7 @@ def _read_conll(text: str, path: Path) -> list[Sentence]:
     return sentences
 
 
-def _read_conllu(text: str, path: Path, column: str) -> list[Sentence]:
+def _read_conllu(text: str, path: Path, column: str, option: str) -> list[Sentence]:
     import conllu
 
     sentences: list[Sentence] = []
@@ -70,20 +78,20 @@ def _read_conllu(text: str, path: Path, column: str) -> list[Sentence]:
         for sentence in conllu.parse_incr(io.StringIO(text)):
             words = [t for t in sentence if isinstance(t["id"], int)]  # no multiword ranges, no empty nodes
             if words:
-                sentences.append(([t["form"] for t in words], [_column(t, column, path) for t in words]))
+                sentences.append(([t["form"] for t in words], [_column(t, column, path, option) for t in words]))
     except conllu.exceptions.ParseException as err:
         raise InputError(f"{path} is not valid CoNLL-U: {err}") from None
     return sentences
 
 
-def _column(token, column: str, path: Path) -> str:
+def _column(token, column: str, path: Path, option: str) -> str:
     if column in _CONLLU_FIELDS:
         value = token[column]
     else:  # a key of the MISC column, e.g. NER=B-PER
         value = (token["misc"] or {}).get(column)
     if value is None or value == "_":
         raise InputError(f"{path}: the token {token['form']!r} has no {column!r} value; choose the column of tags "
-                         f"with --tag-column ({', '.join(_CONLLU_FIELDS[1:])}, or a MISC key such as NER)")
+                         f"with {option} ({', '.join(_CONLLU_FIELDS[1:])}, or a MISC key such as NER)")
     return str(value)
 
 
