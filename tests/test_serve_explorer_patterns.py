@@ -10,7 +10,6 @@ import pytest
 import torch
 
 pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
-httpx = pytest.importorskip("httpx")
 
 from serve_helpers import running_server, tiny_run  # noqa: E402
 
@@ -19,9 +18,6 @@ from attnkit.config import ModelConfig  # noqa: E402
 from attnkit.models import build_model  # noqa: E402
 from attnkit.serve.model_view import model_view  # noqa: E402
 from attnkit.tokenize import CharTokenizer, load_tokenizer  # noqa: E402
-
-TIMEOUT = 60
-TEXT = "the cat sat"
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +29,11 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser(served):
-    from viz_browser import served_page
+    from viz_browser import page_or_skip
 
-    chromium, reason = served_page(served[0] + "/", "!!(window.attnkit && window.attnkit.state.pattern"
-                                   " && window.attnkit.state.model)", width=1400, height=1800)
-    if chromium is None:
-        pytest.skip(f"no headless browser: {reason}")
-    yield chromium
-    chromium.close()
+    ready = "!!(window.attnkit && window.attnkit.state.pattern && window.attnkit.state.model)"
+    with page_or_skip(served[0] + "/", ready) as chromium:
+        yield chromium
 
 
 def _hover(browser, selector: str) -> None:

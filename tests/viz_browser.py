@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -148,3 +150,18 @@ def served_page(url: str, ready: str, *, width: int, height: int) -> tuple[Brows
     browser.call("Page.navigate", {"url": url})
     browser.wait(ready)
     return browser, ""
+
+
+@contextmanager
+def page_or_skip(url: str, ready: str, *, width: int = 1400, height: int = 1800) -> Iterator[Browser]:
+    """`served_page` for a test: the Browser, closed when the block ends; the test is skipped, with the reason, where
+    there is no Chromium."""
+    import pytest
+
+    browser, reason = served_page(url, ready, width=width, height=height)
+    if browser is None:
+        pytest.skip(f"no headless browser: {reason}")
+    try:
+        yield browser
+    finally:
+        browser.close()
