@@ -240,3 +240,43 @@ def test_chat_templates_show_the_tools_and_earlier_calls():
     source = "{% for t in tools %}{{ t.function.name }};{% endfor %}{% for m in messages %}{{ m.role }}|{% endfor %}"
     assert ChatTemplate(source).render(messages, TOOLS) == "get_weather;get_time;user|assistant|tool|"
     assert "Tools" not in ChatTemplate().render(messages)
+
+
+def test_the_clients_own_replies_go_back_as_history(served):
+    """`messages.append(resp.choices[0].message.model_dump())`: OpenAI's response fields (refusal, annotations, audio,
+    function_call) come back at null, and the server takes them, after a call and after text alike."""
+    client = served[0]
+    messages = [{"role": "user", "content": "weather?"}]
+    called = client.chat.completions.create(model=None, messages=messages, tools=TOOLS, tool_choice="required",
+                                            seed=1, max_tokens=CALL_TOKENS).choices[0].message
+    messages.append(called.model_dump())
+    assert {"refusal", "annotations", "audio", "function_call"} <= messages[-1].keys()
+    messages.append({"role": "tool", "tool_call_id": called.tool_calls[0].id, "content": "rain"})
+    replied = client.chat.completions.create(model=None, messages=messages, max_tokens=5, seed=0).choices[0].message
+    messages += [replied.model_dump(), {"role": "user", "content": "and tomorrow?"}]
+    again = client.chat.completions.create(model=None, messages=messages, max_tokens=5, seed=0)
+    assert again.choices[0].message.role == "assistant"
+    asked = {**replied.model_dump(), "refusal": "I won't"}  # a value that asks for something is still refused
+    with pytest.raises(openai.BadRequestError, match="refusal"):
+        client.chat.completions.create(model=None, messages=[messages[0], asked], max_tokens=2)
+
+
+def test_a_tool_call_cut_by_max_tokens_leaks_no_markers(served):
+    """As OpenAI answers a call that max_tokens cuts short: finish_reason "length", no <tool_call> in the content, and
+    the call with its arguments so far once its name is whole, whole and streamed."""
+    client = served[0]
+    weather = {"type": "function", "function": {"name": "get_weather"}}
+    named = len('<tool_call>{"name": "get_weather", "arguments": {"city')  # the name whole, the arguments begun
+    for limit in (named - 30, named):
+        choice = ask(client, tools=TOOLS, tool_choice=weather, seed=4, max_tokens=limit).choices[0]
+        assert choice.finish_reason == "length" and not choice.message.content
+        if limit == named:
+            (call,) = choice.message.tool_calls
+            assert call.function.name == "get_weather" and call.function.arguments == '{"city'
+        else:
+            assert choice.message.tool_calls is None
+        streamed = list(ask(client, tools=TOOLS, tool_choice=weather, seed=4, max_tokens=limit, stream=True))
+        content = "".join(c.delta.content or "" for chunk in streamed for c in chunk.choices)
+        calls = [call for chunk in streamed for c in chunk.choices for call in c.delta.tool_calls or []]
+        assert not content and streamed[-1].choices[0].finish_reason == "length"
+        assert [call.function.name for call in calls] == (["get_weather"] if limit == named else [])

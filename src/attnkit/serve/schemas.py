@@ -115,7 +115,11 @@ class ToolCall(Body):
 
 
 class Message(Body):
-    NOT_HONOURED = {"name": None}  # a participant's name: the default template does not show it
+    """A chat turn. The fields of OpenAI's reply message beyond these pass at null (and `annotations` empty), so a
+    client can send its replies back as history: `messages.append(reply.model_dump())`, as vLLM takes them."""
+
+    NOT_HONOURED = {"name": None,  # a participant's name: the default template does not show it
+                    "refusal": (None,), "annotations": (None, []), "audio": (None,), "function_call": (None,)}
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | Annotated[list[TextPart], Field(min_length=1)] | None = None  # None: an assistant's calls alone

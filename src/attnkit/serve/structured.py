@@ -21,6 +21,7 @@ at most one).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from attnkit.serve.errors import APIError
 from attnkit.serve.schemas import ChatRequest
 
 FREE_TEXT = r"/[^<](.|\n)*/"  # a reply that is no call: anything not starting with "<"
+CUT_CALL = re.compile(r'\{"name": "(?P<name>[^"]+)", "arguments": (?P<arguments>.*)', re.DOTALL)  # JSON_STYLE's
 
 
 @dataclass(frozen=True)
@@ -98,16 +100,25 @@ class Structured:
 
     def reply(self, text: str, reason: str) -> tuple[dict, str]:
         """The assistant message for the reply `text`, and its finish reason: a complete call becomes `tool_calls`
-        ("tool_calls"); any other text (a call cut short by max_tokens too) stays content."""
-        if self.tools and text.startswith(TOOL_CALL) and reason == "stop":
-            try:
-                call = json.loads(text[len(TOOL_CALL):])
-            except json.JSONDecodeError:  # a stop string cut the call short
-                return {"role": "assistant", "content": text}, reason
-            function = {"name": call["name"], "arguments": json.dumps(call["arguments"])}
-            calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": function}]
-            return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
-        return {"role": "assistant", "content": text}, reason
+        ("tool_calls"); a call cut short (by max_tokens, or a stop string) keeps its reason and, as OpenAI answers
+        one, no content: the call with its arguments so far once its name is whole; any other text stays content."""
+        if not (self.tools and text.startswith(TOOL_CALL)):
+            return {"role": "assistant", "content": text}, reason
+        try:
+            call = json.loads(text[len(TOOL_CALL):])
+        except json.JSONDecodeError:  # cut short: the grammar wrote {"name": "f", "arguments": ... in this order
+            cut = CUT_CALL.match(text[len(TOOL_CALL):])
+            if cut is None:
+                return {"role": "assistant", "content": ""}, reason
+            return _call_message(cut["name"], cut["arguments"]), reason
+        return _call_message(call["name"], json.dumps(call["arguments"])), "tool_calls"
+
+
+def _call_message(name: str, arguments: str) -> dict:
+    """An assistant message that calls `name` with `arguments` (JSON text), in OpenAI's shape."""
+    function = {"name": name, "arguments": arguments}
+    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": function}]
+    return {"role": "assistant", "content": None, "tool_calls": calls}
 
 
 def _format_schema(body: ChatRequest) -> dict | None:
