@@ -102,3 +102,18 @@ def test_a_model_no_layout_holds_is_refused_with_the_differences(tmp_path):
     with pytest.raises(ConfigError, match="norm_position='post' \\(a LlamaForCausalLM has 'pre'\\)"):
         hf.save(build_model(config), tmp_path, config=config)
     assert not (tmp_path / "config.json").exists()
+
+
+@pytest.mark.parametrize("task", ["classify", "tag", "mlm"])
+def test_an_encoder_built_from_scratch_is_refused_with_the_fields_that_keep_it_from_bert(tmp_path, task):
+    from attnkit.config import ModelConfig
+    from attnkit.tasks import tasks
+
+    spec = next(spec for spec in tasks() if spec.name == task)
+    fields = {**spec.default_model, "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 50}
+    config = ModelConfig(**fields, **({"n_classes": 3} if task != "mlm" else {}))
+    with pytest.raises(ConfigError, match=r"the nearest is Bert\w+: embedding_norm=False \(a Bert\w+ has True\); "
+                                          r"final_norm=True \(a Bert\w+ has False\);.* norm_position='pre' "
+                                          r"\(a Bert\w+ has 'post'\)\. Train with those fields .* --to-onnx"):
+        hf.save(build_model(config), tmp_path, config=config)
+    assert not (tmp_path / "config.json").exists()

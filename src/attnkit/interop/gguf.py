@@ -37,7 +37,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE
+from attnkit.chat_format import (
+    DEFAULT_CHAT_TEMPLATE,
+    TEMPLATE_CONFIG,
+    check_template,
+    config_template,
+    read_template_file,
+)
 from attnkit.checkpoint import TOKENIZER_DIR, load_model, unique_state_dict
 from attnkit.config import DecoderConfig, ModelConfig
 from attnkit.errors import ConfigError, InputError
@@ -65,7 +71,6 @@ GGUF_TYPES: dict[str, tuple[str, str]] = {
 # Hugging Face model_type -> llama.cpp architecture (Mistral's graph is Llama's)
 ARCHITECTURES = {"gpt2": "GPT2", "llama": "LLAMA", "mistral": "LLAMA"}
 _KEEP_F32 = ("position_embd",)  # learned positions stay f32, as llama.cpp's converter keeps them
-CHAT_TEMPLATE_FILE = "tokenizer_config.json"
 
 
 @dataclass(frozen=True)
@@ -300,18 +305,16 @@ def _add_vocabulary(writer, vocab: GGUFVocabulary, chat_template: str) -> None:
 def _chat_template(given: str | Path | None, tokenizer_dir: Path) -> tuple[str, str]:
     """(the Jinja chat template, where it came from): the file given, else the run's tokenizer_config.json's (a
     model converted from Hugging Face; of several named ones, `default`), else attnkit's own plain-text format, the
-    one `attnkit serve` chats in (`attnkit.chat_format`)."""
+    one `attnkit serve` chats in (`attnkit.chat_format`). A template given or found is compiled and tried on a
+    sample conversation first (InputError naming the file and the fault)."""
     if given is not None:
         path = Path(given)
-        if not path.is_file():
-            raise InputError(f"--chat-template {path} is not a file; give a Jinja template file")
-        return path.read_text(encoding="utf-8"), str(path)
-    config = tokenizer_dir / CHAT_TEMPLATE_FILE
-    if config.is_file():
-        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
-        if isinstance(template, list):
-            template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
-                            None)
-        if isinstance(template, str):
-            return template, str(config)
-    return DEFAULT_CHAT_TEMPLATE, "attnkit's own (System: / User: / Assistant: lines)"
+        template = read_template_file(path, "--chat-template")
+        check_template(template, f"--chat-template {path}")
+        return template, str(path)
+    template, _ = config_template(tokenizer_dir)
+    if template is not None:
+        where = str(tokenizer_dir / TEMPLATE_CONFIG)
+        check_template(template, f"the chat template of {where}")
+        return template, where
+    return DEFAULT_CHAT_TEMPLATE, "attnkit's own (System: / User: / Assistant: / Tool: lines)"

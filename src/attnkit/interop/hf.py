@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE, check_template, config_template
 from attnkit.checkpoint import (
     CONFIG_FILE,
     LABELS_FILE,
@@ -73,7 +74,7 @@ from attnkit.interop.sentence_embeddings import (
 )
 from attnkit.models import build_model
 from attnkit.outputs import atomic_output, check_output, clear_leftovers
-from attnkit.tasks import task_of_config
+from attnkit.tasks import task_of_config, task_of_run
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -141,8 +142,10 @@ def save(
     labels: Sequence[str] | None = None,
     special_ids: dict[str, int] | None = None,
     architecture: str | None = None,
+    chat_template: str | None = None,
 ) -> str:
-    """Write `model` as a Hugging Face model directory (config.json, model.safetensors, tokenizer files).
+    """Write `model` as a Hugging Face model directory (config.json, model.safetensors, tokenizer files, with
+    `chat_template` in tokenizer_config.json where given).
 
     The layout is `architecture` when it holds `config` exactly (a converted model's own class), else the first of
     the registry's that does; a mean-pooled BERT encoder is written for sentence-transformers, with its classifier
@@ -162,13 +165,13 @@ def save(
     if getattr(config, "encoder_head", None) == "none" and not config.pooler:
         log.warning("%s has no pooler; transformers will add a randomly initialised one when it loads it", architecture)
     _write(model, directory, config=config, family=family, architecture=architecture, tokenizer=tokenizer,
-           labels=labels, special_ids=special_ids)
+           labels=labels, special_ids=special_ids, chat_template=chat_template)
     return architecture
 
 
 def _write(model: nn.Module, directory: Path, *, config: ModelConfig, family: FamilyMap, architecture: str,
            tokenizer: Tokenizer | None, labels: Sequence[str] | None, special_ids: dict[str, int] | None,
-           fields: dict[str, Any] | None = None) -> None:
+           fields: dict[str, Any] | None = None, chat_template: str | None = None) -> None:
     """config.json (the family's fields for `config`, then `fields`), model.safetensors and the tokenizer files."""
     hf = config_to_hf(config, family, architecture, labels=labels)
     hf.update(_special_ids(family, tokenizer, special_ids or {}))
@@ -180,7 +183,7 @@ def _write(model: nn.Module, directory: Path, *, config: ModelConfig, family: Fa
     save_tensors(tensors, directory / SAFETENSORS, metadata={"format": "pt"})
     atomic_write(directory / CONFIG_FILE, json.dumps(hf, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
-        _write_tokenizer(tokenizer, directory, config=config)
+        _write_tokenizer(tokenizer, directory, config=config, chat_template=chat_template)
     log.debug("wrote %s (%s) to %s", architecture, family.model_type, directory)
 
 
@@ -238,7 +241,9 @@ def convert_from_hf(
 
 def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = False) -> str:
     """Write a run directory (trained or converted) as a Hugging Face model directory, whole or not at all;
-    `overwrite` replaces a Hugging Face model directory there. Returns the class written."""
+    `overwrite` replaces a Hugging Face model directory there. A run that chats (its task generates) carries the
+    chat template `attnkit serve` chats in: its own, else attnkit's (`attnkit.chat_format`). Returns the class
+    written."""
     run_dir, hf_dir = Path(run_dir), Path(hf_dir)
     _refuse_existing(hf_dir, "--to-hf", overwrite=overwrite, replaceable=(hf_dir / CONFIG_FILE).is_file())
     check_output(hf_dir, directory=True, overwrite=overwrite, flag="--to-hf")
@@ -246,9 +251,16 @@ def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = 
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR) if (run_dir / TOKENIZER_DIR).is_dir() else None
     labels = read_labels(run_dir)
     origin = read_json(run_dir / HF_SOURCE_FILE) if (run_dir / HF_SOURCE_FILE).is_file() else {}
+    chat_template = None
+    if tokenizer is not None and (task := task_of_run(run_dir, config)) is not None and task.method == "generate":
+        chat_template, _ = config_template(run_dir / TOKENIZER_DIR)
+        if chat_template is not None:
+            check_template(chat_template, f"the chat template of {run_dir / TOKENIZER_DIR}")
+        chat_template = chat_template or DEFAULT_CHAT_TEMPLATE
     with atomic_output(hf_dir, directory=True, overwrite=overwrite, flag="--to-hf") as partial:
         return save(model, partial, config=config, tokenizer=tokenizer, labels=labels,
-                    special_ids=origin.get("special_ids"), architecture=origin.get("architecture"))
+                    special_ids=origin.get("special_ids"), architecture=origin.get("architecture"),
+                    chat_template=chat_template)
 
 
 def read_hf_config(directory: Path) -> dict[str, Any]:
@@ -325,10 +337,11 @@ def _special_ids(family: FamilyMap, tokenizer: Tokenizer | None, given: dict[str
     return {name: value for name, value in ids.items() if value is not None or name in _NULLABLE_IDS}
 
 
-def _write_tokenizer(tokenizer: Tokenizer, directory: Path, *, config: ModelConfig) -> None:
+def _write_tokenizer(tokenizer: Tokenizer, directory: Path, *, config: ModelConfig, chat_template: str | None = None
+                     ) -> None:
     """tokenizer.json as a runtime reads it alone (an encoder's text framed as attnkit frames it:
     `attnkit.interop.runtime_tokenizer`), attnkit's note of its kind, and the tokenizer_config.json that tells
-    transformers its special tokens."""
+    transformers its special tokens (and its chat template, where given)."""
     if tokenizer.kind not in ("bpe", "hf"):
         log.warning("a %r tokenizer has no Hugging Face form; %s gets no tokenizer", tokenizer.kind, directory)
         return
@@ -337,4 +350,6 @@ def _write_tokenizer(tokenizer: Tokenizer, directory: Path, *, config: ModelConf
     atomic_write(directory / HF_FILE, framed.to_str(pretty=True))
     settings = {f"{role}_token": token for role, token in tokenizer.specials.items()}
     settings.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=config.max_seq_len)
+    if chat_template is not None:
+        settings["chat_template"] = chat_template
     atomic_write(directory / "tokenizer_config.json", json.dumps(settings, indent=2, sort_keys=True) + "\n")

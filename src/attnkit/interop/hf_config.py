@@ -103,21 +103,22 @@ def match_family(
     converted model came from) tried first.
 
     hf_names(family): the Hugging Face tensor names the model would be written under, or None when the family's
-    layout has no place for one of its tensors. Raises ConfigError with the differences of the nearest family.
+    layout has no place for one of its tensors. Raises ConfigError with the differences of the nearest family: of
+    those whose layout places every tensor, else of all of the model's family (a model built from scratch, e.g. a
+    pre-norm encoder with a final norm, which BERT's layout lacks).
     """
     wanted = _structure(config)
     nearest: tuple[int, str] | None = None
+    unplaced: tuple[int, str] | None = None  # the nearest of the layouts that have no place for some tensor
     candidates = [(family, architecture) for family in FAMILIES.values() for architecture in family.architectures]
     candidates.sort(key=lambda candidate: candidate[1] != prefer)  # stable: otherwise the registry's order
     for family, architecture in candidates:
         if family.ours_fixed["family"] != config.family:  # a layout of another family cannot hold this model
             continue
         names = hf_names(family)
-        if names is None:  # a tensor the layout has no place for: not a candidate at all
-            continue
         try:
             hf = config_to_hf(config, family, architecture, labels=labels)
-            back = _structure(config_from_hf(hf, family, architecture, tensor_names=names, source="config"))
+            back = _structure(config_from_hf(hf, family, architecture, tensor_names=names or set(), source="config"))
             problems = [
                 f"{name}={wanted.get(name)!r} (a {architecture} has {back.get(name)!r})"
                 for name in sorted(set(wanted) | set(back))
@@ -125,16 +126,22 @@ def match_family(
             ]
         except ConfigError as err:
             problems = [str(err)]
+        if names is None:  # a tensor the layout has no place for: never written, only named when nothing is nearer
+            problems = problems or [f"a tensor a {architecture} has no place for"]
+            if unplaced is None or len(problems) < unplaced[0]:
+                unplaced = (len(problems), f"{architecture}: " + "; ".join(problems))
+            continue
         if not problems:
             return family, architecture
         if nearest is None or len(problems) < nearest[0]:
             nearest = (len(problems), f"{architecture}: " + "; ".join(problems))
+    nearest = nearest or unplaced
     if nearest is None:
         raise ConfigError(f"this model (family={config.family!r}) has no Hugging Face layout attnkit writes "
                           f"({supported_text()}): {elsewhere(config, '--to-hf')}")
     raise ConfigError(
-        f"this model has no Hugging Face layout attnkit writes ({supported_text()}); the nearest is "
-        f"{nearest[1] if nearest else '-'}"
+        f"this model has no Hugging Face layout attnkit writes ({supported_text()}); the nearest is {nearest[1]}. "
+        f"Train with those fields as the class has them (--set NAME=VALUE), or {elsewhere(config, '--to-hf')}"
     )
 
 

@@ -23,7 +23,8 @@ form of a call; an assistant's earlier calls are shown in that form, and a tool'
     Assistant:
 
 A run's own Jinja template gets the tools as `tools` (and the calls as each message's `tool_calls`), as transformers'
-`apply_chat_template` passes them.
+`apply_chat_template` passes them. The default is written here in Python; `attnkit.chat_format.DEFAULT_CHAT_TEMPLATE`
+is the same format in Jinja, which exports carry (a test holds the two equal).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from attnkit.chat_format import STOP_STRINGS, config_template, render
 
 DEFAULT_ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
 TOOL_CALL = "<tool_call>"  # what starts a call in a reply (the marker of Hermes' and Qwen's chat formats)
@@ -48,43 +51,35 @@ class ChatTemplate:
 
     @property
     def stops(self) -> tuple[str, ...]:
-        return ("\nUser:", "\nSystem:") if self.source is None else ()
+        return STOP_STRINGS if self.source is None else ()
 
     def render(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> str:
         """The prompt; `tools`: the functions offered, as the request gives them ({"type": "function", ...})."""
         if self.source is None:
             offered = [tool["function"] for tool in tools]
             turns = [f"System: Tools you may call, replying {TOOL_CALL}{{\"name\": ..., \"arguments\": {{...}}}}: "
-                     f"{json.dumps(offered)}"] if offered else []
+                     f"{json.dumps(offered, ensure_ascii=False)}"] if offered else []
             turns += [f"{DEFAULT_ROLES[m['role']]}: {_shown(m)}" for m in messages]
             return "\n".join([*turns, "Assistant:"])
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        return environment.from_string(self.source).render(
-            messages=list(messages), tools=list(tools) or None, add_generation_prompt=True, bos_token=self.bos_token,
-            eos_token=self.eos_token)
+        return render(self.source, messages, tools, bos_token=self.bos_token, eos_token=self.eos_token)
 
 
 def _shown(message: dict) -> str:
     """A message's text in the default format: its content, then each of its calls as the reply wrote it."""
-    calls = [TOOL_CALL + json.dumps({"name": call["function"]["name"], "arguments": call["function"]["arguments"]})
-             for call in message.get("tool_calls") or ()]
+    calls = [TOOL_CALL + json.dumps({"name": call["function"]["name"], "arguments": call["function"]["arguments"]},
+                                    ensure_ascii=False) for call in message.get("tool_calls") or ()]
     return " ".join(part for part in (message["content"], *calls) if part)
 
 
-def chat_template(tokenizer_dir: Path) -> ChatTemplate:
-    """The run's own template (its tokenizer_config.json's `chat_template`), else the default."""
-    path = Path(tokenizer_dir) / "tokenizer_config.json"
-    if not path.is_file():
+def chat_template(tokenizer_dir: Path, specials: dict[str, str] | None = None) -> ChatTemplate:
+    """The run's own template (its tokenizer_config.json's `chat_template`), else the default. Its `bos_token` and
+    `eos_token` are the file's, else the tokenizer's `specials` (role -> token), as an export writes them."""
+    source, settings = config_template(tokenizer_dir)
+    if source is None:
         return ChatTemplate()
-    settings = json.loads(path.read_text(encoding="utf-8"))
-    source = settings.get("chat_template")
-    if isinstance(source, list):  # several named templates: the default one
-        source = next((t.get("template") for t in source if t.get("name") == "default"), None)
-    if not isinstance(source, str):
-        return ChatTemplate()
-    return ChatTemplate(source, _token(settings.get("bos_token")), _token(settings.get("eos_token")))
+    specials = specials or {}
+    return ChatTemplate(source, _token(settings.get("bos_token")) or specials.get("bos", ""),
+                        _token(settings.get("eos_token")) or specials.get("eos", ""))
 
 
 def _token(value) -> str:

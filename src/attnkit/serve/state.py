@@ -57,7 +57,8 @@ class ServerState:
         return cls(pipeline=pipeline, settings=settings, model_id=run_dir.resolve().name, created=int(time.time()),
                    scheduler=scheduler,
                    explorer=Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments),
-                   template=chat_template(run_dir / TOKENIZER_DIR), metrics=Metrics(),
+                   template=chat_template(run_dir / TOKENIZER_DIR, getattr(pipeline.tokenizer, "specials", None)),
+                   metrics=Metrics(),
                    model_lock=scheduler.lock if scheduler is not None else threading.Lock())
 
     @property
