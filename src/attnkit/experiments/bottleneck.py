@@ -5,8 +5,10 @@ A recurrent encoder-decoder without attention hands the decoder one vector, the 
 long the source. With Bahdanau's attention the decoder looks back at every encoder state; the Transformer does
 nothing else. Three models of similar size learn the synthetic copy task (reproduce a string of 10 symbols) on
 the same examples for the same number of steps, then translate held-out strings greedily; exact match and
-per-symbol accuracy are reported per source-length bucket. The claim holds when the model without attention
-falls off with length and the attention models do not (or far less).
+per-symbol accuracy are reported per source-length bucket. The claim, as measured: the model without attention
+falls off with length and attention shrinks the fall-off (each attention model loses less accuracy from the
+shortest bucket to the longest). It does not say attention removes it: at small budgets the attention models still
+copy the longest strings exactly far less often than the shortest, and the verdict's reason gives those figures.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def plot(stored: Stored, out: Path) -> list[str]:
 @experiment(
     "bottleneck",
     claim="an encoder-decoder without attention squeezes the source into one vector and falls off with source "
-    "length; attention (Bahdanau's, or the Transformer's) removes the bottleneck",
+    "length; attention (Bahdanau's, or the Transformer's) shrinks the fall-off",
     lecture="What the Transformer replaced: the RNN encoder-decoder and attention added to it",
     plot=plot,
 )
@@ -151,9 +153,16 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     plain_row, attention_row = rows[0], rows[1]
     key = (f"per-symbol accuracy at {last} symbols: {plain_row[f'per symbol {last}']:.0%} without attention, "
            f"{attention_row[f'per symbol {last}']:.0%} with")
+    exact = {row["model"]: (row[f"exact {first}"], row[f"exact {last}"]) for row in rows}  # shortest, longest
+    attentive = ("GRU + Bahdanau attention", "Transformer")
+    falls = any(longest < shortest - 0.1 for shortest, longest in (exact[name] for name in attentive))
     reason = (f"from {first} to {last} symbols the GRU without attention loses {mean_drop[plain]:.0%} of per-symbol "
-              f"accuracy, with Bahdanau attention {mean_drop['GRU + Bahdanau attention']:.0%}, the Transformer "
-              f"{mean_drop['Transformer']:.0%} (mean of {seeds} seeds)")
+              f"accuracy, with Bahdanau attention {mean_drop[attentive[0]]:.0%}, the Transformer "
+              f"{mean_drop[attentive[1]]:.0%} (mean of {seeds} seeds); exact copies at {last} symbols: "
+              f"{exact[plain][1]:.0%} without attention, {exact[attentive[0]][1]:.0%} with Bahdanau attention, "
+              f"{exact[attentive[1]][1]:.0%} with the Transformer"
+              + (": attention shrinks the fall-off, it does not remove it at this budget" if falls else
+                 ": with attention the exact copies hold up to the longest strings"))
     per_seed = [{metric: [score[metric] for score in scores[row["model"]]] for metric in scores[row["model"]][0]}
                 for row in rows]
     return Result(checks, reason, key, rows, [], per_seed)

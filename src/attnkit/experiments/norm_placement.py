@@ -194,14 +194,14 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
                    [math.log(seed_norms[-1] / seed_norms[0]) for seed_norms in grads[(deep, "post")]]),
     ]
 
-    fig, axes = new_figure(16, 4, ncols=3)
+    fig, axes = new_figure(10, 12, nrows=3)  # one panel per row: each as wide as the page shows it
     for (depth, placement, label), curve in curves.items():
         if depth == deep:
             axes[0].plot(running_mean(curve), label=f"{placement}-norm, {label}")
     axes[0].set(xlabel="step", ylabel="training loss (mean of 10 steps)",
                 title=f"{deep} layers, lr {lr:g}, no clipping (seed 0)")
     fit_value_axis(axes[0], "level")
-    axes[0].legend(fontsize=8)
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     for placement, colour in (("pre", "tab:blue"), ("post", "tab:orange")):
         for init, style in (((), "-"), (("GPT-2 init",), ":")):
             blocks = range(1, deep + 1)
@@ -212,8 +212,8 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     axes[1].set(xlabel="block (1 = nearest the input)", ylabel="FFN weight gradient norm",
                 title="gradient per block at initialisation")
     fit_value_axis(axes[1], "log")
-    spread_legend(axes[1], over=f"mean of {seeds} seeds", spread=spread, fontsize=7, ncols=2, loc="upper center",
-                  bbox_to_anchor=(0.5, -0.17))  # below the panel: every part of it holds a line
+    spread_legend(axes[1], over=f"mean of {seeds} seeds", spread=spread, loc="upper left",
+                  bbox_to_anchor=(1.01, 1))  # beside the panel: every part of it holds a line
     for placement in ("pre", "post"):
         for label, style in (("no warmup", "-"), ("warmup", "--")):
             spread = series(axes[2], depths, [statistics.fmean(per_seed(d, placement, label)) for d in depths],
@@ -222,7 +222,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     axes[2].set(xlabel="layers", ylabel="validation loss (nats/char)", title=f"after {steps} steps")
     axes[2].set_xticks(depths, [str(d) for d in depths])
     fit_value_axis(axes[2], "level")
-    spread_legend(axes[2], over=f"mean of {seeds} seeds", spread=spread)
+    spread_legend(axes[2], over=f"mean of {seeds} seeds", spread=spread, loc="upper left", bbox_to_anchor=(1.01, 1))
     save(fig, out / "norm_placement.png")
 
     def mean(depth: int, placement: str, label: str) -> float:

@@ -1,4 +1,5 @@
-"""Matplotlib helpers for the experiments' PNGs (headless backend, one figure per file).
+"""Matplotlib helpers for the experiments' PNGs (one figure per file, drawn without pyplot: `Figure` objects render
+to PNG by themselves, so no backend is chosen and a notebook that imports an experiment keeps its own).
 
 Two rules every experiment's plot follows, kept here so that no plot states them twice:
 - the seeds' spread is drawn beside their mean (`series`, `draw_spread`): each seed as a faint point of the mean
@@ -16,15 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-import matplotlib
+from matplotlib import ticker
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import ticker  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from attnkit.outputs import atomic_write  # noqa: E402
+from attnkit.outputs import atomic_write
 
 Scale = Literal["fraction", "from zero", "level", "log"]
 LEVEL_MIN_SPAN = 0.1  # a level axis spans at least this share of the largest magnitude it shows
@@ -35,8 +33,8 @@ NOT_STORED = "spread not stored in this run"
 
 def new_figure(width: float, height: float, *, ncols: int = 1, nrows: int = 1):
     """A figure and its axes: one Axes, or a flat array of them when there are several."""
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
-    axes = axes.ravel()
+    fig = Figure(figsize=(width, height))
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     return fig, (axes[0] if axes.size == 1 else axes)
 
 
@@ -160,10 +158,7 @@ def save(fig, path: Path) -> None:
     """Write the figure as a PNG, whole or not at all (`attnkit.outputs.atomic_write`)."""
     fig.tight_layout()
     png = io.BytesIO()
-    try:
-        fig.savefig(png, format="png", dpi=110)
-    finally:
-        plt.close(fig)
+    fig.savefig(png, format="png", dpi=110)
     atomic_write(path, png.getvalue())
 
 
