@@ -113,3 +113,33 @@ def test_replot_redraws_a_stored_run_and_notes_a_spread_it_lacks(tmp_path, capsy
         (tmp_path / "results.json").write_text(other)
         with pytest.raises(InputError, match="is not an experiment's results"):
             replot(tmp_path)
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda r: r.update(rows="accuracy"), "rows='accuracy' must be a list of JSON objects"),
+    (lambda r: r.update(rows=["x"]), "rows\\[0\\] must be a JSON object"),
+    (lambda r: r.update(budget="huge"), "budget='huge' must be one of tiny, small, full"),
+    (lambda r: r.update(budget=3), "budget=3 must be a string"),
+    (lambda r: r["rows"][1].update(dict.fromkeys(r["rows"][1])), "rows\\[1\\] holds no value"),
+    (lambda r: r["rows"][0].update(pooling=[5]), "rows\\[0\\].pooling=\\[5\\] must be a number, a string"),
+    (lambda r: r.update(per_seed=[{"x": "high"}] * 2), "per_seed\\[0\\].x='high' must be a list of numbers"),
+    (lambda r: r.update(per_seed=[{}]), "per_seed has 1 entries for 2 rows"),
+    (lambda r: r.update(seeds="2"), "seeds='2' must be a whole number"),
+    (lambda r: [row.pop("pooling") for row in r["rows"]], "a row lacks the column 'pooling'"),
+])
+def test_replot_checks_the_types_and_values_of_what_it_reads(tmp_path, edit, said):
+    stored = two_seed_run()
+    results = {"name": "ab-task", "budget": "tiny", "rows": [dict(row) for row in stored.rows], "plots": []}
+    edit(results)
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    with pytest.raises(InputError, match=said) as refusal:
+        replot(tmp_path)
+    assert str(tmp_path / "results.json") in str(refusal.value) and "rerun the experiment" in str(refusal.value)
+
+
+def test_replot_refuses_a_run_of_another_experiment_than_named(tmp_path, capsys):
+    results = {"name": "ab-task", "budget": "tiny", "rows": two_seed_run().rows}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert main(["experiment", "bottleneck", "--replot", str(tmp_path)]) != 0
+    assert "holds a run of ab-task, not bottleneck: give `attnkit experiment ab-task" in capsys.readouterr().err
+    assert not (tmp_path / "accuracy.png").exists()

@@ -99,6 +99,19 @@ def test_file_fields_take_no_bool_for_a_number_and_name_nested_fields():
     assert fields.number("absent", default=3) == 3 and Profile  # the default is handed back unchecked
 
 
+def test_file_fields_hand_out_rows_of_values_and_refuse_a_row_that_says_nothing():
+    fields = FileFields({"rows": [{"x": 1, "y": None}, {"x": None, "y": None}], "bad": "abc", "nested": [{"x": [1]}]},
+                        "r.json", fix="rerun it")
+    first, empty = fields.records("rows")
+    assert first.scalars() == {"x": 1, "y": None}
+    with pytest.raises(InputError, match=r"r.json: rows\[1\] holds no value \(every field missing or null\); rerun it"):
+        empty.scalars()
+    with pytest.raises(InputError, match="r.json: bad='abc' must be a list of JSON objects"):
+        fields.records("bad")
+    with pytest.raises(InputError, match=r"r.json: nested\[0\].x=\[1\] must be a number, a string, true/false or null"):
+        fields.records("nested")[0].scalars()
+
+
 # The compile cache ------------------------------------------------------------------------------------------------
 @pytest.fixture
 def fake_capture(monkeypatch):

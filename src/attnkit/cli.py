@@ -594,7 +594,7 @@ def _run_experiment(settings: ExperimentSettings) -> int:
             print(f"{name}: {REGISTRY[name].claim} ({REGISTRY[name].lecture}){gpu}")
         return 0
     if settings.replot is not None:
-        redrawn = replot(settings.replot)
+        redrawn = replot(settings.replot, name=settings.name)
         print(f"redrew {', '.join(redrawn)} in {settings.replot}" if redrawn else
               f"nothing to redraw in {settings.replot}: its experiment's plots need data results.json does not hold")
         return 0

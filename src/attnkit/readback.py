@@ -4,10 +4,11 @@ another tool) and takes its fields one by one, each refusal naming the file, the
     fields = FileFields.read(path, fix="write it again with `attnkit tune`")
     fields.integer("version", minimum=1)              -> int, or InputError "path: version='abc' must be ..."
     fields.mapping("attention").number("decode_keys", minimum=0)
+    [row.scalars() for row in fields.records("rows")]  -> each row's values, or "path: rows[2] holds no value ..."
 
-Used for the tuning profile (`machine.load_profile`), Hugging Face `config.json` (`interop.hf_config`), and the
-other files a run or a cache holds; a wrong type, a negative limit or text that is not UTF-8 is refused here rather
-than met later as a traceback or, worse, used.
+Used for the tuning profile (`machine.load_profile`), Hugging Face `config.json` (`interop.hf_config`), an
+experiment's results.json (`experiments.replot`), and the other files a run or a cache holds; a wrong type, a
+negative limit or text that is not UTF-8 is refused here rather than met later as a traceback or, worse, used.
 """
 
 from __future__ import annotations
@@ -118,6 +119,29 @@ class FileFields:
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             self.refuse(name, value, "a list of strings")
         return value
+
+    def records(self, name: str, *, default: Any = _REQUIRED) -> Any:
+        """A list of JSON objects, each as FileFields (named `name[i].field`), e.g. a table's rows."""
+        value = self._value(name, default)
+        if value is default and default is not _REQUIRED:
+            return value
+        if not isinstance(value, list):
+            self.refuse(name, value, "a list of JSON objects")
+        return [FileFields(item, self.source, fix=self.fix, error=self.error, prefix=f"{self.prefix}{name}[{index}].")
+                for index, item in enumerate(value)]
+
+    def scalars(self) -> dict[str, Any]:
+        """Every field, each a number, a string, true/false or null (a table's row); refused when every one is null
+        or there is none: a row that says nothing."""
+        for name, value in self.data.items():
+            if value is not None and not isinstance(value, (str, int, float)):
+                self.refuse(name, value, "a number, a string, true/false or null")
+            if isinstance(value, float) and not math.isfinite(value):
+                self.refuse(name, value, "a finite number or null")
+        if all(value is None for value in self.data.values()):
+            raise self.error(f"{self.source}: {self.prefix.rstrip('.')} holds no value (every field missing or "
+                             f"null); {self.fix}")
+        return dict(self.data)
 
     def mapping(self, name: str, *, default: Any = _REQUIRED) -> Any:
         """A nested JSON object, as FileFields (its fields named `name.field`); `default` when absent or null."""

@@ -41,6 +41,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from attnkit.errors import ConfigError, InputError, unknown_name
 from attnkit.machine import pick_device
+from attnkit.readback import FileFields
 from attnkit.train.trainer import shows_progress
 
 log = logging.getLogger(__name__)
@@ -362,11 +363,14 @@ def run_experiment(name: str, *, budget: str = "small", out: str | Path | None =
     return result
 
 
-def replot(directory: str | Path) -> list[str]:
+def replot(directory: str | Path, *, name: str | None = None) -> list[str]:
     """Redraw, from `directory`'s results.json, the plots its experiment draws from rows alone (the axes and seeds'
     spread of today's `plot`), without running anything; the other PNGs there are left as they are. Returns the
-    file names redrawn. Raises InputError where there is no readable results.json, ConfigError where it names no
-    known experiment."""
+    file names redrawn. `name`: the experiment the caller expects there (a run of another is refused).
+
+    Raises InputError where there is no readable results.json, or one whose fields are not what an experiment writes
+    (`attnkit.readback`: rows of values, a known budget, values per seed), ConfigError where it names no known
+    experiment."""
     path = Path(directory) / "results.json"
     if not path.is_file():
         raise InputError(f"{path} does not exist: --replot takes a directory an experiment wrote (its --out)")
@@ -378,7 +382,40 @@ def replot(directory: str | Path) -> list[str]:
     if missing:
         raise InputError(f"{path} is not an experiment's results (no {', '.join(missing)}): rerun the experiment "
                          f"into {directory}")
-    spec = get(results["name"])
+    stored_name, budget = _check_results(results, str(path), fix=f"rerun the experiment into {directory}")
+    if name is not None and name != stored_name:
+        raise InputError(f"{directory} holds a run of {stored_name}, not {name}: give `attnkit experiment "
+                         f"{stored_name} --replot {directory}`, or --replot alone (the name is read from results.json)")
+    spec = get(stored_name)
     if spec.plot is None:
         return []
-    return spec.plot(Stored.read(results, spec.default_seeds(results["budget"])), Path(directory))
+    try:
+        return spec.plot(Stored.read(results, spec.default_seeds(budget)), Path(directory))
+    except KeyError as missing:
+        raise InputError(f"{path}: a row lacks the column {missing.args[0]!r} that {stored_name}'s plots read; rerun "
+                         f"the experiment into {directory}") from None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_results(results: dict[str, Any], source: str, *, fix: str) -> tuple[str, str]:
+    """A results.json's fields, checked as `Result.write` writes them: its name, a known budget, rows of values (none
+    empty), values per seed for as many rows, and the seeds. Returns (name, budget)."""
+    fields = FileFields(results, source, fix=fix)
+    rows = [row.scalars() for row in fields.records("rows")]
+    per_seed = fields.records("per_seed", default=[])
+    for row in per_seed:
+        for column in row:
+            values = row.get(column)
+            numbers = isinstance(values, list) and all(v is None or _number(v) for v in values)
+            if values is not None and not numbers:
+                row.refuse(column, values, "a list of numbers (one per seed) or null")
+    if per_seed and len(per_seed) != len(rows):
+        raise InputError(f"{source}: per_seed has {len(per_seed)} entries for {len(rows)} rows (one a row); {fix}")
+    fields.integer("seeds", default=None, minimum=1)
+    for check in fields.records("checks", default=[]):
+        check.integer("n", default=0, minimum=0)
+        check.string("unit", default="")
+    return fields.string("name"), fields.string("budget", choices=BUDGETS)
