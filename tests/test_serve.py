@@ -497,3 +497,39 @@ def test_a_converted_runs_chat_template_renders_the_messages(tmp_path):
         {"chat_template": "{{ ''.__class__.__mro__[1].__subclasses__() }}"}))
     with pytest.raises(Exception, match="unsafe|not safely|attribute"):
         chat_template(tmp_path).render(messages)  # the sandbox refuses a template reaching into Python
+
+
+def test_streams_are_logged_and_counted_when_they_end_with_the_status_they_end_with(runs, pipeline, monkeypatch,
+                                                                                     caplog):
+    with running_server(runs["lm"], timeout=3.0) as (url, app):
+        scheduler = app.state.scheduler
+        step = scheduler.decoding.step
+
+        def slow_step(*args):  # a stream that outlasts its headers, however fast the machine
+            time.sleep(0.05)
+            return step(*args)
+
+        monkeypatch.setattr(scheduler.decoding, "step", slow_step)
+        ended = []
+        with caplog.at_level(logging.INFO, logger="attnkit.serve"), httpx.Client(timeout=TIMEOUT) as http:
+            for max_tokens in (10, 90):  # 0.5 s of steps; then 4.5 s, past the timeout (504 inside the stream)
+                body = {"prompt": "the", "max_tokens": max_tokens, "stream": True, "seed": 0,
+                        "logit_bias": {str(pipeline.tokenizer.eos_id): -100}}  # no EOS: every step it asks for
+                with http.stream("POST", f"{url}/v1/completions", json=body) as response:
+                    headers = time.perf_counter()
+                    text = "".join(response.iter_lines())
+                ended.append((time.perf_counter() - headers, text))
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len(_logged(caplog, "POST /v1/completions")) < 2:
+                time.sleep(0.05)
+        metrics = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
+    logged = _logged(caplog, "POST /v1/completions")
+    (whole, whole_seconds), (late, late_seconds) = [line.split()[2:4] for line in logged]
+    assert whole == "200" and float(whole_seconds.rstrip("s")) >= ended[0][0]  # its time to the end, not its headers
+    assert '"timeout_error"' in ended[1][1] and late == "504" and float(late_seconds.rstrip("s")) >= ended[1][0]
+    assert 'attnkit_requests_total{path="/v1/completions",status="200"} 1' in metrics
+    assert 'attnkit_requests_total{path="/v1/completions",status="504"} 1' in metrics
+
+
+def _logged(caplog, start: str) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.getMessage().startswith(start)]

@@ -49,9 +49,10 @@ class Answer:
     """The response to a request of one or more prompts: whole (JSON) or streamed (server-sent events)."""
 
     def __init__(self, kind: str, model_id: str, generations: list[Generation], *, include_usage: bool,
-                 tokenizer) -> None:
+                 tokenizer, timeout: float) -> None:
+        """timeout: the server's, in seconds (for its 504)."""
         self.kind, self.model_id, self.generations = kind, model_id, generations
-        self.include_usage, self.tokenizer = include_usage, tokenizer
+        self.include_usage, self.tokenizer, self.timeout = include_usage, tokenizer, timeout
         self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -67,7 +68,7 @@ class Answer:
         for generation in self.generations:
             generation.job.cancel()
 
-    async def whole(self, request: Request, timeout: float) -> dict:
+    async def whole(self, request: Request) -> dict:
         """Wait for every prompt's end (cancelled when the client goes away); the OpenAI response body, its choices
         (their log-probabilities and tool calls) written on a worker thread."""
         ends = []
@@ -78,10 +79,9 @@ class Answer:
                     if event[0] == "finish":
                         break
                 _, texts, reasons, timed_out, scored = event
-                if "error" in reasons:
-                    raise failure(generation.job)
-                if timed_out and "cancelled" in reasons:
-                    raise APIError(504, f"the request took longer than the server's timeout ({timeout:g} s)")
+                error = self._error(generation, reasons, timed_out)
+                if error is not None:
+                    raise error
                 ends.append((generation, texts, reasons, scored))
         finally:
             self.cancel()  # anything still running (a client gone, an error) ends at the next step
@@ -91,6 +91,14 @@ class Answer:
                                                                                                  strict=True))])
         return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model_id,
                 "choices": choices, "usage": self.usage()}
+
+    def _error(self, generation: Generation, reasons: list[str], timed_out: bool) -> APIError | None:
+        """The error a prompt's end answers: its job's failure, or 504 when the timeout cancelled it; else None."""
+        if "error" in reasons:
+            return failure(generation.job)
+        if timed_out and "cancelled" in reasons:
+            return APIError(504, f"the request took longer than the server's timeout ({self.timeout:g} s)")
+        return None
 
     def _choice(self, generation: Generation, choice: int, text: str, reason: str, scored: list[Scored] | None
                 ) -> dict:
@@ -156,7 +164,9 @@ class Answer:
 
     async def stream(self, request: Request) -> AsyncIterator[str]:
         """Server-sent events: a chunk per settled piece of text, a last chunk per choice with its finish reason,
-        the usage when asked for, then [DONE]. A client that goes away cancels the generation."""
+        the usage when asked for, then [DONE]. A client that goes away cancels the generation. The status the stream
+        ends with (an error's inside it, 499 for a client gone) is left in `request.state.status` for the log."""
+        status = 200
         try:
             if self.kind == "chat.completion":  # the role first
                 yield self._chunk([self._delta(g, c, None, None, first=True)
@@ -175,10 +185,9 @@ class Answer:
                     whole, reasons = self._withheld(generation, texts, reasons)
                     if whole is not None and "error" not in reasons:
                         yield whole
-                    if "error" in reasons:
-                        yield f"data: {json.dumps(failure(generation.job).body())}\n\n"
-                    elif timed_out and "cancelled" in reasons:
-                        error = APIError(504, "the request took longer than the server's timeout")
+                    error = self._error(generation, reasons, timed_out)
+                    if error is not None:
+                        status = error.status
                         yield f"data: {json.dumps(error.body())}\n\n"
                     yield self._chunk([self._delta(generation, c, None, reason, scored=scored and scored[c])
                                        for c, reason in enumerate(reasons)])
@@ -187,6 +196,7 @@ class Answer:
                 yield self._chunk([], self.usage())
             yield "data: [DONE]\n\n"
         except ClientGone:
-            return
+            status = 499  # nginx's code for a client that closed its connection
         finally:
+            request.state.status = status
             self.cancel()

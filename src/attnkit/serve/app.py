@@ -57,11 +57,18 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     for family in (operations, completions, embeddings, explorer, tasks):  # tasks last: /v1/{method} matches any
         app.include_router(family.router(state))
 
-    # Every request: the key, the log line, the counters, and no traceback out --------------------------------
+    # Every request: the key, the log line and the counters once its body has ended, and no traceback out ------
     @app.middleware("http")
     async def log_and_guard(request: Request, call_next):
         start = time.perf_counter()
         path = request.url.path
+
+        def ended(status: int) -> None:
+            seconds = time.perf_counter() - start
+            route = request.scope.get("route")
+            state.metrics.record(getattr(route, "path", "unmatched"), status, seconds)
+            log.info("%s %s %d %.3fs", request.method, path, status, seconds)
+
         if settings.api_key and not _open(path) and not _authorised(request, settings.api_key):
             response = APIError(401, "a valid API key is needed: send it as 'Authorization: Bearer KEY'").response()
         else:
@@ -70,10 +77,19 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
             except Exception:  # a failure answers 500 without its traceback; the log keeps it
                 log.exception("%s %s failed", request.method, path)
                 response = APIError(500, "the server failed to answer this request; its log says why").response()
-        seconds = time.perf_counter() - start
-        route = request.scope.get("route")
-        state.metrics.record(getattr(route, "path", "unmatched"), response.status_code, seconds)
-        log.info("%s %s %d %.3fs", request.method, path, response.status_code, seconds)
+        if not hasattr(response, "body_iterator"):  # answered here, whole
+            ended(response.status_code)
+            return response
+        body = response.body_iterator
+
+        async def counted():  # a stream is counted when it ends, with the status it ended with (`Answer.stream`)
+            try:
+                async for chunk in body:
+                    yield chunk
+            finally:
+                ended(getattr(request.state, "status", response.status_code))
+
+        response.body_iterator = counted()
         return response
 
     @app.exception_handler(APIError)

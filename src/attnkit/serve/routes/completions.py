@@ -79,12 +79,13 @@ def router(state: ServerState) -> APIRouter:
                 _cancel(jobs)
                 raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else "n") from None
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        answer = Answer(kind, state.model_id, jobs, include_usage=usage, tokenizer=pipeline.tokenizer)
+        answer = Answer(kind, state.model_id, jobs, include_usage=usage, tokenizer=pipeline.tokenizer,
+                        timeout=settings.timeout)
         if body.stream:
             return StreamingResponse(answer.stream(request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            return JSONResponse(await answer.whole(request, settings.timeout))
+            return JSONResponse(await answer.whole(request))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client has gone (nginx's code for this)
 
