@@ -37,6 +37,7 @@ class DecoderLM(nn.Module):
         labels: Tensor | None = None,
         cache: KVCache | None = None,
         prefix_len: int | Tensor | None = None,
+        document_ids: Tensor | None = None,
         need_weights: bool = False,
         return_logits: bool = True,
     ) -> ModelOutput:
@@ -49,6 +50,8 @@ class DecoderLM(nn.Module):
         cache: a KVCache from `allocate_cache`; the new keys and values are appended to it.
         prefix_len: a prefix LM's prompt length (an int, or (B,) per row): the tokens below it see each other both
             ways, those after it only what came before them (Raffel et al. 2020, 3.2.3). None: causal throughout.
+        document_ids: (B, T) the document of each position of a packed row: none attends across documents (with
+            position_ids restarting at each; `data/packing.py`).
         return_logits: with labels, False computes the loss along `loss_path` (`layers/output_loss.py`; by default
             chunk by chunk, no (B, T, V) logits kept) and returns logits=None.
         """
@@ -58,6 +61,7 @@ class DecoderLM(nn.Module):
             position_ids=position_ids,
             cache=cache,
             prefix_len=prefix_len,
+            document_ids=document_ids,
             need_weights=need_weights,
         )
         logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits,

@@ -53,6 +53,7 @@ class TransformerStack(nn.Module):
         context: Tensor | None = None,
         context_mask: Tensor | None = None,
         prefix_len: int | Tensor | None = None,
+        document_ids: Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[dict[str, Tensor]]]:
         """input_ids (B, T) -> hidden states (B, T, C) and per-layer attention weights (when asked).
@@ -64,6 +65,8 @@ class TransformerStack(nn.Module):
             (B, S_src) bool, True at real tokens (checked when the source was encoded).
         prefix_len: a causal stack's prefix (a prefix LM's prompt): positions below it see each other both ways;
             an int, or (B,) per row.
+        document_ids: (B, T) the document of each position of a packed row (`data/packing.py`): no position attends
+            to another document's (without a cache; give position_ids restarting at each document).
         The masks are built here, once for the forward pass, and shared by every block (`layers/masks.py`).
         """
         check_token_ids(input_ids, self.embeddings.vocab_size)
@@ -73,8 +76,12 @@ class TransformerStack(nn.Module):
             position_ids = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)  # (1, T)
         self.embeddings.check_positions(position_ids)
         attention_mask = _check_mask(attention_mask, input_ids.shape[0], start + length, "attention_mask")
+        if document_ids is not None and (cache is not None or document_ids.shape != input_ids.shape):
+            raise InputError(f"document_ids has shape {tuple(document_ids.shape)}: a packed row's documents need one "
+                             f"id per token, {tuple(input_ids.shape)}, and no cache")
         mask = self.self_mask(length, start=start, attention_mask=attention_mask,
-                              prefix_len=self._check_prefix(prefix_len, input_ids.shape[0]), device=input_ids.device)
+                              prefix_len=self._check_prefix(prefix_len, input_ids.shape[0]), device=input_ids.device,
+                              documents=document_ids)
         cross_mask = None if context is None else AttentionMask(length, attention_mask=context_mask,
                                                                    device=input_ids.device)
         return self.run(
@@ -90,12 +97,13 @@ class TransformerStack(nn.Module):
 
     def self_mask(
         self, length: int, *, start: int | Tensor = 0, attention_mask: Tensor | None = None,
-        prefix_len: int | Tensor | None = None, device: torch.device | None = None,
+        prefix_len: int | Tensor | None = None, device: torch.device | None = None, documents: Tensor | None = None,
     ) -> AttentionMask:
         """The self-attention mask of a forward pass over `length` tokens from position `start`: causal in a decoder
-        stack, with the padding and prefix given; each block's attention asks it for its own window."""
+        stack, with the padding, prefix and packed documents given; each block's attention asks it for its own
+        window."""
         return AttentionMask(length, start=start, causal=self.causal, attention_mask=attention_mask,
-                             prefix_len=prefix_len, device=device)
+                             prefix_len=prefix_len, device=device, documents=documents)
 
     def run(
         self,

@@ -2,6 +2,7 @@
 
     task  batch                        loss (inside the model)          evaluation (training and attnkit eval)
     lm    random windows of a stream   next-token cross-entropy         loss and perplexity, window by window
+          (--pack: random rows of whole documents, a document mask; `data/packing.py`)
     mlm   random windows, 15% masked   cross-entropy at masked tokens   loss and accuracy at masked tokens
 
 Both read a token stream: text files, folders or globs (none: the Python standard library's source), validated on
@@ -32,7 +33,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from tqdm.auto import tqdm
 from attnkit.data import IGNORE_INDEX, LMData, make_task
 from attnkit.data.corpus import resolve_files
 from attnkit.data.masking import mask_tokens
+from attnkit.data.packing import PackedBatch, PackMode, document_ends, pack_rows, pieces
 from attnkit.errors import ConfigError, InputError
 from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs, read_stdin
 from attnkit.tasks import common
@@ -202,6 +204,48 @@ class LMTask:
         self.generator.set_state(decode_tensor(state["generator"]))
 
 
+@dataclass(frozen=True)
+class LMOptions:
+    """What next-token training alone reads (`TaskSpec.own_options`)."""
+
+    pack: PackMode = field(default="off", metadata={"const": "files"})
+    """files (bare --pack): rows packed with whole documents (the corpus's files) and a document mask, so no token
+    attends across documents and positions restart at each, instead of windows that run across them; lines: each
+    line a document; off: random windows of the stream"""
+
+
+class PackedLMTask(LMTask):
+    """Language modelling on packed rows (`data/packing.py`): random rows of the training split's documents, each
+    position attending within its own document. Evaluation is the stream's, window by window, as without packing."""
+
+    packed = True  # the training plan's attention choice reads it: a document mask in every batch
+
+    def __init__(self, data: LMData, *, tokenizer: Tokenizer, pack: PackMode, batch_size: int, seq_len: int,
+                 seed: int, eval_batches: int = 50) -> None:
+        super().__init__(data, batch_size=batch_size, seq_len=seq_len, seed=seed, eval_batches=eval_batches)
+        train = np.asarray(data.train)
+        self.rows = pack_rows(train, pieces(document_ends(train, tokenizer, pack), seq_len), seq_len)
+        if len(self.rows.labels) == 0:
+            raise InputError("--pack found no document of two tokens or more in the training split: give more text")
+
+    def next_batch(self) -> PackedBatch:
+        picks = torch.randint(len(self.rows.labels), (self.batch_size,), generator=self.generator).numpy()
+        return self.rows.batch(picks)  # (B, T) each
+
+    def loss(self, model: nn.Module, batch: PackedBatch) -> Tensor:
+        device = device_of(model)
+        return model(batch.input_ids.to(device), labels=batch.labels.to(device),
+                     position_ids=batch.position_ids.to(device), document_ids=batch.document_ids.to(device),
+                     return_logits=False).loss
+
+    def weight(self, batch: PackedBatch) -> int:
+        return int((batch.labels != IGNORE_INDEX).sum())
+
+    def n_tokens(self, batch: PackedBatch) -> int:
+        """The real tokens (padding not counted), so tokens/s compares with unpacked training."""
+        return self.weight(batch)
+
+
 class MaskedWindows:
     """Windows of a token stream framed as `CLS tokens SEP` (or `BOS tokens EOS`) and masked as BERT masks them
     (`attnkit.data.masking`)."""
@@ -322,6 +366,12 @@ def _stream_args(context: TaskContext) -> dict[str, Any]:
 
 
 def _make_lm(context: TaskContext) -> tuple[LMTask, None]:
+    pack = context.data.options.pack if context.data.options is not None else "off"
+    if pack != "off":
+        if context.config.family != "decoder":
+            raise ConfigError(f"--pack trains a decoder on rows of whole documents with a document mask; a "
+                              f"{context.config.family} model has no such mask: drop --pack")
+        return PackedLMTask(_stream(context), tokenizer=context.tokenizer, pack=pack, **_stream_args(context)), None
     return LMTask(_stream(context), **_stream_args(context)), None
 
 
@@ -505,7 +555,7 @@ def run_fill_mask(settings: FillMaskSettings, load: Callable[[Any], Any]) -> int
 LM = register(TaskSpec(
     name="lm", help="next-token prediction (decoder, recurrent LM)", families=("decoder", "recurrent-lm"),
     head={"decoder_head": "lm"}, make=_make_lm, evaluate_files=_perplexity_report, method="generate", stream=True,
-    options=STREAM_OPTIONS,
+    options=STREAM_OPTIONS, own_options=LMOptions,
     # Llama's layout (a `LlamaForCausalLM` for transformers, `llama` for llama.cpp): SwiGLU's d_ff ~ 8/3 C, rounded
     # up to a multiple of 32 (q8_0/q4_0 blocks), costs what a 4C GELU feed-forward did
     default_model=dict(family="decoder", d_model=128, n_layers=4, n_heads=4, d_ff=352, position="rope",
