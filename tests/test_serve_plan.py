@@ -65,3 +65,22 @@ def test_serving_with_a_captured_or_compiled_step_answers_as_the_library(run, mo
     if mode == "aot":
         forms = {path.stem.split("-", 2)[2] for path in (tmp_path / "compiled").glob("step-*.pt2")}
         assert forms == {"one-row", "rows"}  # both forms: one request's row alone, and two requests' rows together
+
+
+@pytest.mark.parametrize("max_batch, forms", [(4, ["one-row", "rows"]), (1, ["one-row"])])
+def test_aot_serving_builds_every_step_it_will_use_before_it_answers(run, max_batch, forms, caplog, tmp_path,
+                                                                     monkeypatch):
+    """The several-row step is built before the server answers, not at its first batched step (while every request
+    in flight would wait); a server that never batches builds the one-row step alone. Capture is stood in for here
+    (the slow test above captures for real)."""
+    from attnkit.generate import captured_step
+
+    monkeypatch.setenv("ATTNKIT_COMPILED", str(tmp_path / "compiled"))
+    built = []
+    monkeypatch.setattr(captured_step, "capture_step", lambda model, path, form: built.append(form))
+    monkeypatch.setattr(captured_step, "load_step", lambda path, model: lambda inputs: pytest.fail("no step runs"))
+    with caplog.at_level(logging.INFO, logger="attnkit"), running_server(
+            run, compile="aot", device="cpu", max_batch=max_batch) as (_url, _app):
+        assert built == forms  # before the first request
+    progress = [record.getMessage() for record in caplog.records if "decoding step" in record.getMessage()]
+    assert any(f"{len(forms)} of {len(forms)}" in message for message in progress), progress

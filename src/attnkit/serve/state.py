@@ -4,6 +4,7 @@ lock and the counters; and the model's use by one request at a time, off the eve
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from attnkit.checkpoint import TOKENIZER_DIR
 from attnkit.errors import AttnkitError
+from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.pipeline import Pipeline
 from attnkit.layers.prefix_cache import PrefixCache
 from attnkit.models import family_of
@@ -28,6 +30,7 @@ from attnkit.serve.metrics import Metrics
 from attnkit.serve.schemas import Body
 from attnkit.serve.settings import ServeSettings
 
+log = logging.getLogger("attnkit.serve")
 TEXTS_PER_TURN = 16  # texts the model reads in one turn of a task endpoint, between checks of the deadline
 
 
@@ -53,6 +56,7 @@ class ServerState:
             scheduler = Scheduler(pipeline.model, context_len=pipeline.config.max_seq_len, pad_id=pipeline._pad_id,
                                   max_rows=settings.max_batch, max_waiting=settings.max_queue,
                                   decoding=pipeline.decoding, prefix_cache=prefix_cache)
+            build_steps(pipeline.decoding, settings.max_batch)
         experiments = Path(settings.experiments) if settings.experiments else Path.cwd() / "docs" / "experiments"
         return cls(pipeline=pipeline, settings=settings, model_id=run_dir.resolve().name, created=int(time.time()),
                    scheduler=scheduler,
@@ -93,6 +97,20 @@ class ServerState:
     async def in_turns(self, texts: list[str], call: Callable[[list[str], int], list]) -> list:
         """`call(part, start)` over `texts` on a worker thread, a turn at a time (`in_turns`)."""
         return await run_in_threadpool(in_turns, self.model_lock, self.settings.timeout, texts, call)
+
+
+def build_steps(decoding, max_rows: int) -> None:
+    """Build every form of a captured decoding step (`--compile aot`) the scheduler will run, one row and several,
+    before the server answers, saying each as it goes: built at the first batched step instead, its capture (tens of
+    seconds) would hold every request in flight. Other decodings build nothing here."""
+    if not isinstance(decoding, CapturedDecoding):
+        return
+    forms = [(1, "one row"), (2, "several rows")][:2 if max_rows > 1 else 1]
+    for done, (rows, name) in enumerate(forms, 1):
+        log.info("decoding step %d of %d (%s): building", done, len(forms), name)
+        started = time.perf_counter()
+        decoding.prepare(rows)
+        log.info("decoding step %d of %d (%s): ready in %.1f s", done, len(forms), name, time.perf_counter() - started)
 
 
 def held(lock: threading.Lock, deadline: float, call: Callable):
