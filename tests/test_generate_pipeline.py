@@ -2,6 +2,7 @@
 
 import io
 import json
+import re
 import shutil
 
 import pytest
@@ -11,11 +12,12 @@ from generate_models import tiny_model  # noqa: F401
 import attnkit
 from attnkit import cli
 from attnkit.checkpoint import save_model
-from attnkit.errors import CheckpointError, ConfigError, InputError
+from attnkit.errors import AttnkitError, CheckpointError, ConfigError, InputError
 from attnkit.generate import Pipeline, StaticDecoding, generate_tokens, greedy_translate
 from attnkit.generate.decode_layout import PackedLinear, TransposedLinear
 from attnkit.generate.quantize import dynamic_quantization_available
 from attnkit.machine import CpuCapabilities
+from attnkit.run_settings import text_list
 from attnkit.tokenize import CharTokenizer
 
 ALPHABET = "abcdefgh \n"
@@ -129,6 +131,35 @@ def test_empty_prompt_starts_from_bos_and_fails_clearly_without_one(lm):
 def test_bad_generation_arguments_are_clear_errors(lm, settings, error, message):
     with pytest.raises(error, match=message):
         lm.generate("ab", **settings)
+
+
+@pytest.mark.parametrize(("prompts", "settings", "message"), [
+    (123, {}, r"prompts are a string or a list of strings; got 123 \(int\)"),
+    (b"ab", {}, "prompts are a string or a list of strings; got b'ab'"),
+    ([], {}, "no prompts given: pass a string or a list of strings"),  # not "token ids": this call takes text
+    (["ab", [1, 2]], {}, r"item 1 is \[1, 2\] \(list\)"),
+    ("ab", dict(stop=5), r"stop strings are a string or a list of strings; got 5 \(int\)"),
+    ("ab", dict(stop=["x", 5]), r"item 1 is 5 \(int\)"),
+    ("ab", dict(temperature="x"), "temperature='x' must be a number, not str"),
+    ("ab", dict(top_p="0.9"), "top_p='0.9' must be a number, not str"),
+    ("ab", dict(repetition_penalty=None), "repetition_penalty=None must be a number"),
+])
+def test_the_python_api_checks_argument_types_at_its_door(lm, prompts, settings, message):
+    with pytest.raises(AttnkitError, match=message):
+        lm.generate(prompts, max_new_tokens=2, **settings)
+
+
+def test_every_pipeline_method_checks_its_texts_and_load_its_dtype(runs):
+    with pytest.raises(InputError, match=r"texts are a string or a list of strings; got 7 \(int\)"):
+        attnkit.load(runs["mt"]).translate(7)
+    with pytest.raises(InputError, match="no texts given"):
+        attnkit.load(runs["clf"]).classify([])
+    assert text_list([["Greta", "Lind"], "hired ."], words=True) == [["Greta", "Lind"], "hired ."]  # tag's texts
+    with pytest.raises(InputError, match=r"\(or of lists of words\); item 0 is \['Greta', 3\]"):
+        text_list([["Greta", 3]], words=True)
+    for dtype in (5, ["fp32"], torch.int64):
+        with pytest.raises(InputError, match=f"unknown dtype {re.escape(repr(dtype))}; choose one of fp32"):
+            attnkit.load(runs["lm"], dtype=dtype)
 
 
 def test_a_method_that_does_not_fit_names_the_family(runs, lm):

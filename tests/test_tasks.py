@@ -142,6 +142,8 @@ def test_fill_mask_gives_the_top_k_tokens_at_each_mask(tmp_path):
     assert len(every) == tokenizer.vocab_size - 1 and own not in [t for t, _ in every]
     with pytest.raises(InputError, match="holds no mask"):
         attnkit.load(tmp_path / "mlm").fill_mask("abc")
+    with pytest.raises(InputError, match=r"texts are a string or a list of strings; got 5 \(int\)"):
+        attnkit.load(tmp_path / "mlm").fill_mask(5)
 
 
 def test_fill_mask_on_the_command_line(tmp_path, capsys):

@@ -1,12 +1,13 @@
 """What every command that runs a trained model takes: how the run is loaded (`LoadSettings`; `DecodeSettings`
 adds quantized weights and compilation, for models that decode) and the texts it reads (`InputSettings`, `read_inputs`,
-`read_stdin`). A task's command (`attnkit.tasks.TaskCommand`) builds its settings on these; `attnkit.options` turns
-their fields into its flags.
+`read_stdin`; `text_list`: the texts the Python API's methods take). A task's command (`attnkit.tasks.TaskCommand`)
+builds its settings on these; `attnkit.options` turns their fields into its flags.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -78,6 +79,25 @@ def read_inputs(settings: InputSettings) -> list[str]:
     if bool(settings.text) == (settings.input is not None):
         raise InputError("give the texts as --text TEXT... or as --input FILE (one per line), one of the two")
     return list(settings.text) if settings.text else read_lines(settings.input, errors=settings.encoding_errors)
+
+
+def text_list(texts: object, *, what: str = "texts", required: bool = True, words: bool = False) -> list:
+    """One text or a sequence of them, as a list: what a pipeline method (`generate`, `translate`, `classify`, `tag`)
+    checks at its door. `required`: none at all is refused; `words`: an item may be a list of words (a tagger's text
+    split already). Raises InputError naming what was given instead and what is taken."""
+    taken = "a string or a list of strings" + (" (or of lists of words)" if words else "")
+    if isinstance(texts, str):
+        return [texts]
+    if isinstance(texts, bytes | bytearray | Mapping) or not isinstance(texts, Iterable):
+        raise InputError(f"{what} are {taken}; got {texts!r} ({type(texts).__name__})")
+    items = list(texts)
+    if required and not items:
+        raise InputError(f"no {what} given: pass {taken}")
+    for index, item in enumerate(items):
+        split = words and isinstance(item, list | tuple) and all(isinstance(word, str) for word in item)
+        if not isinstance(item, str) and not split:
+            raise InputError(f"{what} are {taken}; item {index} is {item!r} ({type(item).__name__})")
+    return items
 
 
 def read_stdin(limit: int) -> str:

@@ -41,6 +41,7 @@ from attnkit.generate.sampling import check_sampling, make_generator
 from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
+from attnkit.run_settings import text_list
 from attnkit.tasks import TaskSpec, task_of_config, task_of_run, tasks
 from attnkit.tasks.registry import METHODS  # the task methods the pipeline defines itself
 from attnkit.tokenize import load_tokenizer
@@ -153,8 +154,8 @@ class Pipeline:
                                         vocab_size=self.config.vocab_size, seed=seed)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise InputError(f"num_samples={num_samples!r} must be a positive integer")
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        stops = [stop] if isinstance(stop, str) else list(stop or ())
+        prompts = text_list(prompts, what="prompts")
+        stops = text_list(stop, what="stop strings", required=False) if stop is not None else []
         if any(not s for s in stops):
             raise InputError("a stop string is empty; give non-empty stop strings")
         prompt_ids = [self.prompt_ids(p, index=i, add_bos=add_bos) for i, p in enumerate(prompts)]
@@ -197,7 +198,7 @@ class Pipeline:
         """
         self._require("translate")
         _check_batch_size(batch_size)
-        texts = [texts] if isinstance(texts, str) else list(texts)
+        texts = text_list(texts)
         bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
         if bos is None or eos is None:
             raise InputError("translation needs a tokenizer with BOS and EOS tokens (the target starts and ends there)")
@@ -238,7 +239,7 @@ class Pipeline:
         """The label and the probabilities of every label, for each text (batched, `batch_size` at a time)."""
         self._require("classify")
         _check_batch_size(batch_size)
-        texts = [texts] if isinstance(texts, str) else list(texts)
+        texts = text_list(texts)
         results: list[Classification] = []
         for start in range(0, len(texts), batch_size):
             chunk = [self.classifier_ids(t, index=start + i) for i, t in enumerate(texts[start:start + batch_size])]
@@ -382,10 +383,13 @@ def _check_batch_size(batch_size: int) -> None:
 
 
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
+    """The weights' dtype `dtype` names (DTYPES' names, or a floating torch.dtype); None: as stored. Raises InputError
+    for anything else, naming the choices."""
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return dtype
-    if dtype not in DTYPES:
-        raise InputError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise InputError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)} (or a floating torch.dtype, or "
+                         "None: as stored)")
     return DTYPES[dtype]
 
 

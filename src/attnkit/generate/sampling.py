@@ -66,6 +66,11 @@ class SamplingConfig:
     logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "repetition_penalty"):  # the type first: "x" is no number, not "< 0"
+            value = getattr(self, name)
+            kept = name == "top_p" and value is None  # None: every token kept
+            if not kept and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise SamplingError(name, f"{name}={value!r} must be a number, not {type(value).__name__}")
         t = self.temperature
         if not _number(t) or t < 0:
             raise SamplingError("temperature", f"temperature={t!r} must be >= 0 (0 is greedy, 1 samples as the "

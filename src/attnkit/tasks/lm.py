@@ -48,7 +48,7 @@ from attnkit.data.corpus import resolve_files
 from attnkit.data.masking import mask_tokens
 from attnkit.data.packing import PackedBatch, PackMode, document_ends, pack_rows, pieces
 from attnkit.errors import ConfigError, InputError
-from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs, read_stdin
+from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs, read_stdin, text_list
 from attnkit.tasks import common
 from attnkit.tasks.common import ONE_PROCESS, Shard, decode_tensor, device_of, encode_tensor, rows_of, synthetic_name
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
@@ -437,7 +437,7 @@ def fill_mask(pipeline: Any, texts: str | Sequence[str], *, top_k: int = 5) -> l
     tok = pipeline.tokenizer
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise InputError(f"top_k={top_k!r} must be a positive integer")
-    texts = [texts] if isinstance(texts, str) else list(texts)
+    texts = text_list(texts)
     own = tok.pieces([tok.mask_id])[0] if tok.mask_id is not None else None
     words = tuple(dict.fromkeys(w for w in (own, *MASK_WORDS) if w))
     masking = MaskedWindows(tok, pipeline.config.max_seq_len)

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from attnkit.data import IGNORE_INDEX, BucketedData, LabelVocab, pad
 from attnkit.errors import InputError
-from attnkit.run_settings import InputSettings, read_inputs
+from attnkit.run_settings import InputSettings, read_inputs, text_list
 from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, synthetic_name
 from attnkit.tasks.conll import Sentence, check_scheme, read_tagged, tag_scheme
 from attnkit.tasks.layouts import check_layout
@@ -323,8 +323,8 @@ def tag(pipeline: Any, texts: str | Sequence[str] | Sequence[Sequence[str]], *, 
     `cut_off` (and logged)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size={batch_size!r} must be a positive integer")
-    texts = [texts] if isinstance(texts, str) else list(texts)
-    sentences = [text.split() if isinstance(text, str) else [str(w) for w in text] for text in texts]
+    texts = text_list(texts, words=True)
+    sentences = [text.split() if isinstance(text, str) else list(text) for text in texts]
     results: list[list[TaggedWord]] = []
     fallback = cut_off_label(pipeline.labels)
     for start in range(0, len(sentences), batch_size):
