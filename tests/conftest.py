@@ -1,6 +1,8 @@
 """Shared test settings: one torch thread, so tiny models are not slowed by thread hand-offs on small machines; a
-small disk that fills up for real; tests marked `gpu` skipped, with the reason, where torch sees no CUDA device."""
+kept tuning profile, so no test measures the machine on first use; a small disk that fills up for real; tests marked
+`gpu` skipped, with the reason, where torch sees no CUDA device."""
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -24,6 +26,25 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _kept_profile(tmp_path_factory):
+    """A kept profile for this CPU (the documented defaults), so that no test measures the machine for seconds on
+    the inference plan's first use (`tune.machine_profile`); subprocesses inherit it. The test of first use points
+    the profile elsewhere itself."""
+    from attnkit.machine import DEFAULT_PROFILE, PROFILE_ENV, CpuCapabilities
+
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    kept = dataclasses.replace(DEFAULT_PROFILE, cpu=CpuCapabilities.detect(), torch_version=torch.__version__)
+    path.write_text(kept.to_json())
+    previous = os.environ.get(PROFILE_ENV)
+    os.environ[PROFILE_ENV] = str(path)
+    yield
+    if previous is None:
+        del os.environ[PROFILE_ENV]
+    else:
+        os.environ[PROFILE_ENV] = previous
 
 
 @pytest.fixture

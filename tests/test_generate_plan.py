@@ -3,6 +3,7 @@ same on any machine (the CPUs are described, not detected); and a planned model 
 built."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -11,11 +12,20 @@ from generate_models import tiny_model
 from attnkit import ModelConfig, build_model, cli
 from attnkit.checkpoint import save_model
 from attnkit.errors import InputError
+from attnkit.generate import tune
 from attnkit.generate.decode_layout import GemvPackedLinear, TransposedLinear
 from attnkit.generate.plan import plan_inference
 from attnkit.generate.tune import _longest_win
+from attnkit.generate.tune import tune as tune_machine
 from attnkit.layers.attention import Attention
-from attnkit.machine import DEFAULT_PROFILE, AttentionKernelLimits, CpuCapabilities, Profile, load_profile
+from attnkit.machine import (
+    DEFAULT_PROFILE,
+    AttentionKernelLimits,
+    CpuCapabilities,
+    Profile,
+    default_profile_path,
+    load_profile,
+)
 from attnkit.tokenize import CharTokenizer
 
 AVX2 = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2"}), name="AVX2-only CPU")
@@ -184,6 +194,38 @@ def test_tune_writes_a_profile_the_plan_then_reads(tmp_path, monkeypatch, capsys
     plan = plan_inference(_decoder(torch.bfloat16), "decoder")
     assert str(path) in plan.explain()
     assert plan.math_kernel is None or plan.math_kernel.limits == profile.attention["bf16"]
+
+
+def test_the_first_plan_on_a_cpu_measures_it_once_and_keeps_what_it_measured(tmp_path, monkeypatch, caplog):
+    """No profile kept for this CPU: the first plan measures (here within tune's QUICK budget, the same path as
+    FIRST_USE's few seconds), logs it, keeps the profile under the cache, and shows the figures; the second plan
+    reads it without measuring. A damaged kept profile is measured again."""
+    monkeypatch.delenv("ATTNKIT_PROFILE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tune, "FIRST_USE", tune.QUICK)
+    measured = []
+    monkeypatch.setattr(tune, "tune", lambda **kw: measured.append(kw) or tune_machine(**kw))
+    cpu = CpuCapabilities.detect()
+    path = default_profile_path(cpu)
+    assert path.parent == tmp_path / "attnkit" / "profiles" and not path.exists()
+    with caplog.at_level(logging.INFO, logger="attnkit.generate.tune"):
+        first = plan_inference(_decoder(), "decoder").explain()
+    assert len(measured) == 1 and path.is_file() and "measuring this CPU" in caplog.text
+    assert "measured on this machine on first use" in first and " ms" in first  # the figures it chose by
+    assert load_profile(path, cpu)[0].timings["linear fp32"]
+    second = plan_inference(_decoder(), "decoder").explain()
+    assert len(measured) == 1 and f"measured on this machine ({path})" in second
+    path.write_text('{"version": 1, "attention": "a lot"}')
+    plan_inference(_decoder(), "decoder")
+    assert len(measured) == 2 and load_profile(path, cpu)[0].decode_linear
+
+
+def test_each_cpu_level_and_pytorch_keeps_a_profile_of_its_own(monkeypatch):
+    monkeypatch.delenv("ATTNKIT_PROFILE", raising=False)
+    paths = {default_profile_path(cpu) for cpu in (AVX2, AVX512, AVX512_BF16, NE_CONVERT)}
+    assert len(paths) == 4 and all(path.parent.name == "profiles" for path in paths)
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    assert default_profile_path(AVX2) not in paths
 
 
 def test_longest_win_stops_at_the_first_loss():

@@ -6,9 +6,11 @@ VNNI. And which of two correct kernels is faster (SDPA or plain matrix products 
 transposed or packed weight for decoding) depends on the machine. So nothing here assumes an instruction set:
 
     CpuCapabilities.detect()   what PyTorch reports (`torch.cpu.get_capabilities()`, `get_cpu_capability()`)
-    Profile                    the choices measured on this machine by `attnkit tune` (`tune.py`), read from
-                               $ATTNKIT_PROFILE or ~/.cache/attnkit/profile.json when it was measured on this CPU
-                               and PyTorch; otherwise `DEFAULT_PROFILE`, whose figures are documented below
+    Profile                    the choices measured on this machine by `attnkit tune` (`tune.py`; the inference
+                               plan measures briefly on first use where none is kept), read from $ATTNKIT_PROFILE or
+                               ~/.cache/attnkit/profiles/, one file per CPU, vector level and PyTorch version, when it
+                               was measured on this CPU and PyTorch; otherwise `DEFAULT_PROFILE`, whose figures are
+                               documented below
 
 The inference plan (`generate/plan.py`) and the trainer read both; the layers only take the choices they are given.
 `free_bytes` says how much memory is free, which `build_model` checks a model's weights against before allocating;
@@ -18,6 +20,7 @@ The inference plan (`generate/plan.py`) and the trainer read both; the layers on
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -160,12 +163,14 @@ class Profile:
     decode_linear: dtype name -> the layout of linear layers for eager decoding ("plain", "transposed", "packed",
         "gemv+packed").
     dtype_speed: dtype name -> decoding matrix-product time relative to fp32 (> 1: slower), as measured.
+    timings: what was measured, for the plan to show: a comparison ("linear fp32") -> candidate -> milliseconds.
     source: where the profile came from (a path, or "defaults").
     """
 
     attention: dict[str, AttentionKernelLimits]
     decode_linear: dict[str, str]
     dtype_speed: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, dict[str, float]] = field(default_factory=dict)
     cpu: CpuCapabilities | None = None
     torch_version: str = ""
     source: str = "defaults"
@@ -178,6 +183,7 @@ class Profile:
             "attention": {k: dataclasses.asdict(v) for k, v in self.attention.items()},
             "decode_linear": self.decode_linear,
             "dtype_speed": self.dtype_speed,
+            "timings": self.timings,
         }
         return json.dumps(data, indent=2) + "\n"
 
@@ -197,11 +203,14 @@ class Profile:
                                                  pass_keys=entry.integer("pass_keys", minimum=0))
         layouts = fields.mapping("decode_linear")
         speeds = fields.mapping("dtype_speed", default=None)
+        timings = fields.mapping("timings", default=None)
         cpu = fields.mapping("cpu", default=None)
         return cls(
             attention=limits,
             decode_linear={name: layouts.string(name, choices=DECODE_LAYOUTS) for name in layouts},
             dtype_speed={name: float(speeds.number(name, positive=True)) for name in speeds} if speeds else {},
+            timings={what: {name: float(timings.mapping(what).number(name, positive=True))
+                            for name in timings.mapping(what)} for what in timings} if timings else {},
             cpu=CpuCapabilities(isa=cpu.string("isa"), flags=frozenset(cpu.strings("flags", default=[])),
                                 name=cpu.string("name", default="")) if cpu else None,
             torch_version=fields.string("torch", default=""),
@@ -250,17 +259,21 @@ def cache_home() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit"
 
 
-def default_profile_path() -> Path:
-    """$ATTNKIT_PROFILE, else `cache_home()`/profile.json."""
+def default_profile_path(cpu: CpuCapabilities | None = None) -> Path:
+    """$ATTNKIT_PROFILE, else `cache_home()`/profiles/ and a name of `cpu`'s (default: this one's) model, vector
+    level and flags and PyTorch's version: an AVX-512 CPU run with its AVX2 kernels, or a new PyTorch, keeps a
+    profile of its own beside the others."""
     if os.environ.get(PROFILE_ENV):
         return Path(os.environ[PROFILE_ENV])
-    return cache_home() / "profile.json"
+    cpu = cpu or CpuCapabilities.detect()
+    key = json.dumps([cpu.to_dict(), torch.__version__], sort_keys=True).encode()
+    return cache_home() / "profiles" / f"{cpu.isa.lower()}-{hashlib.blake2b(key, digest_size=6).hexdigest()}.json"
 
 
 def load_profile(path: str | Path | None = None, cpu: CpuCapabilities | None = None) -> tuple[Profile, str]:
     """The profile to plan with and why: the one at `path` (default: `default_profile_path()`) when it was measured
     on this CPU and PyTorch, else `DEFAULT_PROFILE`."""
-    path = Path(path) if path is not None else default_profile_path()
+    path = Path(path) if path is not None else default_profile_path(cpu)
     if not path.is_file():
         return DEFAULT_PROFILE, f"no profile at {path}: documented defaults (`attnkit tune` measures this machine)"
     profile = Profile.from_fields(FileFields.read(path, fix=PROFILE_FIX))

@@ -11,11 +11,18 @@ Three comparisons, each between kernels that compute the same numbers (tests hol
     bf16 cost       the fastest bf16 layout's time over the fastest fp32 layout's, which the plan reports on CPUs
                     without native bf16.
 
-Times are medians of `torch.utils.benchmark.Timer.blocked_autorange`, in this process's thread count.
+Times are medians of `torch.utils.benchmark.Timer.blocked_autorange`, in this process's thread count, and are kept
+in the profile beside the choices (the plan's `--explain` shows them).
+
+The plan measures before it guesses: where no profile is kept for this CPU, vector level and PyTorch
+(`machine.default_profile_path`), the first plan made on the CPU measures a shorter set (`FIRST_USE`: a few seconds,
+logged as it goes) and keeps it there (`machine_profile`); `attnkit tune` measures the full set (`FULL`).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,23 +32,46 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils import benchmark
 
+from attnkit.errors import InputError
 from attnkit.generate.decode_layout import GemvPackedLinear, TransposedLinear
 from attnkit.layers.kernels import grouped_attention
 from attnkit.layers.masks import AttentionMask
-from attnkit.machine import AttentionKernelLimits, CpuCapabilities, Profile, default_profile_path
-from attnkit.outputs import atomic_output
+from attnkit.machine import (
+    AttentionKernelLimits,
+    CpuCapabilities,
+    Profile,
+    cache_home,
+    default_profile_path,
+    dtype_name,
+    load_profile,
+)
+from attnkit.outputs import atomic_output, atomic_write
 
-DECODE_KEYS = (64, 128, 256, 512, 1024)
-PASS_KEYS = (32, 64, 128, 256, 512)
-LINEAR_SHAPES = ((768, 2304), (768, 3072), (3072, 768))  # (in, out): a GPT-2-sized block's products
+log = logging.getLogger(__name__)
 HEADS, HEAD_DIM = 6, 64
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much to measure: seconds per timing, the key lengths for attention, the (in, out) linear shapes."""
+
+    min_run_time: float
+    decode_keys: tuple[int, ...]
+    pass_keys: tuple[int, ...]
+    shapes: tuple[tuple[int, int], ...]
+
+
+FULL = Budget(0.2, (64, 128, 256, 512, 1024), (32, 64, 128, 256, 512),
+              ((768, 2304), (768, 3072), (3072, 768)))  # (in, out): a GPT-2-sized block's products
+FIRST_USE = Budget(0.03, (64, 256, 512), (32, 128), ((768, 768),))  # a few seconds, once per CPU
+QUICK = Budget(0.02, (64, 128), (32, 64), ((64, 192),))  # a rough profile, for trying the command
 
 
 @dataclass(frozen=True, kw_only=True)
 class TuneSettings:
     """What `attnkit tune` measures and where it writes the profile."""
 
-    out: str | None = None  # the profile's path; none: $ATTNKIT_PROFILE, else ~/.cache/attnkit/profile.json
+    out: str | None = None  # the profile's path; none: $ATTNKIT_PROFILE, else this CPU's in ~/.cache/attnkit/profiles
     quick: bool = False  # fewer, shorter measurements (a rougher profile in a few seconds)
 
 
@@ -64,6 +94,7 @@ def measure_attention(dtype: torch.dtype, min_run_time: float, lengths: tuple[tu
                       ) -> tuple[AttentionKernelLimits, list[str]]:
     """SDPA against `grouped_attention` in `dtype` on the CPU; the limits and a table row per length."""
     decode_lengths, pass_lengths = lengths
+    log.info("  attention: SDPA against float32 products (%s)", str(dtype).removeprefix("torch."))
     rows, decode_wins, pass_wins = [], [], []
     for keys in decode_lengths:
         q = torch.randn(1, HEADS, 1, HEAD_DIM, dtype=dtype)
@@ -91,8 +122,9 @@ def measure_attention(dtype: torch.dtype, min_run_time: float, lengths: tuple[tu
 
 
 def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, min_run_time: float, shapes: tuple[tuple[int, int], ...]
-                   ) -> tuple[str, float, list[str]]:
-    """One decoding row through `shapes` in each layout that applies; the fastest layout, its seconds, table rows."""
+                   ) -> tuple[dict[str, float], list[str]]:
+    """One decoding row through `shapes` in each layout that applies: each layout's seconds, and table rows."""
+    log.info("  linear layers: one decoding row in each %s layout", str(dtype).removeprefix("torch."))
     torch.manual_seed(0)
     linears = [nn.Linear(k, n).to(dtype) for k, n in shapes]
     layouts: dict[str, list[nn.Module]] = {"plain": linears}
@@ -107,40 +139,71 @@ def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, min_run_time: float
     with torch.no_grad():
         for name, layers in layouts.items():
             times[name] = _seconds(lambda layers=layers: [m(rows_in[m.in_features]) for m in layers], min_run_time)
-    best = min(times, key=times.get)
     rows = [f"linear {str(dtype).removeprefix('torch.'):8} {name:11} {t * 1e3:8.3f} ms" for name, t in times.items()]
-    return best, times[best], rows
+    return times, rows
 
 
-def tune(*, quick: bool = False, cpu: CpuCapabilities | None = None) -> tuple[Profile, list[str]]:
-    """Measure this machine (see the module docstring); the profile and the measurements as text rows."""
+def tune(*, budget: Budget = FULL, cpu: CpuCapabilities | None = None) -> tuple[Profile, list[str]]:
+    """Measure this machine (see the module docstring) within `budget`; the profile and the measurements as rows."""
     cpu = cpu or CpuCapabilities.detect()
-    min_run_time = 0.02 if quick else 0.2
-    lengths = (DECODE_KEYS[:2], PASS_KEYS[:2]) if quick else (DECODE_KEYS, PASS_KEYS)
-    shapes = ((64, 192),) if quick else LINEAR_SHAPES
-    limits, rows = measure_attention(torch.bfloat16, min_run_time, lengths)
-    fp32_layout, fp32_time, fp32_rows = measure_linear(torch.float32, cpu, min_run_time, shapes)
-    bf16_layout, bf16_time, bf16_rows = measure_linear(torch.bfloat16, cpu, min_run_time, shapes)
+    limits, rows = measure_attention(torch.bfloat16, budget.min_run_time, (budget.decode_keys, budget.pass_keys))
+    times = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        times[dtype_name(dtype)], linear_rows = measure_linear(dtype, cpu, budget.min_run_time, budget.shapes)
+        rows += linear_rows
+    fastest = {name: min(layouts, key=layouts.get) for name, layouts in times.items()}
     profile = Profile(
         attention={"bf16": limits},
-        decode_linear={"fp32": fp32_layout, "bf16": bf16_layout},
-        dtype_speed={"bf16": round(bf16_time / fp32_time, 3)},
+        decode_linear=fastest,
+        dtype_speed={"bf16": round(times["bf16"][fastest["bf16"]] / times["fp32"][fastest["fp32"]], 3)},
+        timings={f"linear {name}": {layout: round(seconds * 1e3, 4) for layout, seconds in layouts.items()}
+                 for name, layouts in times.items()},
         cpu=cpu,
         torch_version=torch.__version__,
         source="attnkit tune",
     )
-    return profile, rows + fp32_rows + bf16_rows
+    return profile, rows
+
+
+def machine_profile(cpu: CpuCapabilities) -> tuple[Profile, str]:
+    """The profile the inference plan reads for `cpu` (this machine's), and why: the one kept for it, checked field by
+    field (`machine.load_profile`), or, where none is kept, one measured now within `FIRST_USE` (a few seconds,
+    logged), kept for the next start. A kept one that is damaged is measured again where attnkit keeps it (under
+    `cache_home()`); one at $ATTNKIT_PROFILE is the user's, refused naming the fix. A place where none can be kept
+    costs a warning and a measurement each start."""
+    path = default_profile_path(cpu)
+    if path.exists():
+        try:
+            return load_profile(path, cpu)
+        except InputError as err:
+            if not path.resolve().is_relative_to(cache_home().resolve()):
+                raise
+            log.warning("%s: measuring again", err)
+    log.info("measuring this CPU for the inference plan, once (a few seconds; kept in %s)", path)
+    started = time.perf_counter()
+    profile, _ = tune(budget=FIRST_USE, cpu=cpu)
+    took = time.perf_counter() - started
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, profile.to_json())
+    except OSError as err:
+        log.warning("could not keep the measurements in %s (%s): the next start measures again", path, err)
+        return profile, f"measured on this machine just now, in {took:.1f} s (not kept: {err})"
+    log.info("measured in %.1f s", took)
+    return load_profile(path, cpu)[0], f"measured on this machine on first use in {took:.1f} s, kept in {path}"
 
 
 def run_tune(settings: TuneSettings) -> int:
     """`attnkit tune`: measure, print the measurements, write the profile."""
-    path = Path(settings.out) if settings.out else default_profile_path()
+    cpu = CpuCapabilities.detect()
+    path = Path(settings.out) if settings.out else default_profile_path(cpu)
+    if not settings.out:
+        path.parent.mkdir(parents=True, exist_ok=True)
     # a profile is this machine's measurements: a new one replaces the old, whole, or leaves it as it was; a place
     # that cannot be written fails before the measuring
     with atomic_output(path, directory=False, overwrite=True, flag="--out") as partial:
-        cpu = CpuCapabilities.detect()
         print(f"measuring {cpu.summary()}, {torch.get_num_threads()} threads", flush=True)
-        profile, rows = tune(quick=settings.quick, cpu=cpu)
+        profile, rows = tune(budget=QUICK if settings.quick else FULL, cpu=cpu)
         for row in rows:
             print(" ", row)
         partial.write_text(profile.to_json(), encoding="utf-8")
