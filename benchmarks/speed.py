@@ -2,6 +2,7 @@
 
     python -m benchmarks speed [--only CASE ...] [--dtypes fp32 bf16] [--repeats 5] [--rounds 3] [--threads 1]
                                [--device cpu | cuda] [--compiled] [--peers] [--machine NAME] [--update]
+                               [--isa avx2]
 
 Each implementation runs in a process of its own (so peak resident memory is that case's alone), with warm-up steps.
 Generation rows are held side by side and take turns, one timed repetition each, the order reversing every turn,
@@ -21,6 +22,13 @@ Results go to `benchmarks/results/speed-<machine>.json` and a markdown table bes
 decoder training cases, `transformers` with its static cache and torch.compile, and llama.cpp (f32, bf16, q8_0,
 q4_0) for generation; a peer that is not installed is skipped with the reason. Generation rows also give the time to
 the first token (a one-token generation, warm) and the first call's time (cold: compilation included).
+
+`--isa avx2` measures a CPU with AVX-512 as an AVX2-only one: the whole run (peaks, capabilities, every measured
+process) is started again with PyTorch's and oneDNN's AVX2 kernels (`ATEN_CPU_CAPABILITY=avx2`,
+`ONEDNN_MAX_CPU_ISA=AVX2`; `attnkit.machine.CpuCapabilities` then reports AVX2), the results file is named `-avx2` and
+says the figures are emulated and on which CPU. llama.cpp is the build that `llama_cpp` imports: one built without
+AVX-512 (`CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF"`) for such a run; the file records the
+instruction sets it reports.
 
 `--device cuda` runs everything on the GPU: the peaks are the GPU's (matrix multiply, reading its memory), each
 timed repetition ends with a synchronisation, and peak GPU memory (allocated by PyTorch) is reported beside the
@@ -457,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
                         "every one the other options add)")
     parser.add_argument("--update", action="store_true",
                         help="merge into the machine's results file, replacing only the cases and dtypes run now")
+    parser.add_argument("--isa", choices=["native", "avx2"], default="native",
+                        help="avx2: run everything with PyTorch's and oneDNN's AVX2 kernels, as on an AVX2-only CPU "
+                        "(the results say the figures are emulated)")
+    parser.add_argument("--emulating", help=argparse.SUPPRESS)  # the CPU's own vector level, in the restarted run
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("--turns", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -468,7 +480,12 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device
     on_gpu = torch.device(device).type == "cuda"
-    machine = args.machine or (platform.node() or "cpu") + ("-cuda" if on_gpu else "")
+    if args.isa != "native" and args.emulating is None:
+        if on_gpu:
+            parser.error("--isa chooses the CPU's kernels; it does not apply with --device cuda")
+        return emulated(args.isa, argv if argv is not None else sys.argv[1:])
+    machine = args.machine or (platform.node() or "cpu") + ("-cuda" if on_gpu else "") + \
+        (f"-{args.isa}" if args.isa != "native" else "")
     path = RESULTS / f"speed-{machine}.json"
     earlier = json.loads(path.read_text()) if args.update and path.is_file() else None
     if earlier is not None and earlier.get("device", device_name("cpu")) != device_name(device):
@@ -521,6 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"machine": machine, "device": device_name(device), "threads": args.threads,
               "torch": torch.__version__, "peaks": peaks, "command": command, "results": rows,
               "load_average": os.getloadavg(), "cpu": cpu.to_dict() if cpu else None,
+              "emulated": (f"{args.isa.upper()} kernels ({isa_settings(args.isa)}) on a CPU whose own level is "
+                           f"{args.emulating}") if args.emulating else None,
               "llama_cpp": peers.llama_cpp_system_info() if args.peers else None}
     if earlier is not None:  # keep the earlier rows of other cases and dtypes
         redone = {(r["case"], r["dtype"]) for r in rows}
@@ -531,6 +550,23 @@ def main(argv: list[str] | None = None) -> int:
     path.with_suffix(".md").write_text(markdown_table(report))
     print(f"wrote {path} and .md")
     return 0
+
+
+ISA_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+
+
+def isa_settings(isa: str) -> str:
+    return " ".join(f"{name}={value}" for name, value in ISA_ENV[isa].items())
+
+
+def emulated(isa: str, argv: list[str]) -> int:
+    """The run again, in a process whose PyTorch and oneDNN use `isa`'s kernels (and whose measured processes do, by
+    inheriting its environment); its exit status."""
+    own = torch.backends.cpu.get_cpu_capability()
+    env = {**os.environ, **ISA_ENV[isa]}
+    print(f"running with {isa.upper()} kernels on this {own} CPU: {isa_settings(isa)}", flush=True)
+    return subprocess.run([sys.executable, "-m", "benchmarks.speed", *argv, "--emulating", own], env=env,
+                          cwd=Path(__file__).resolve().parents[1]).returncode
 
 
 def _median_round(results: list[dict]) -> dict:
@@ -607,10 +643,14 @@ def _print_pair(case: Case, dtype: str, pair: dict) -> None:
 def markdown_table(report: dict) -> str:
     gpu = any("peak_gpu_mb" in r for r in report["results"])
     cpu = CpuCapabilities.from_dict(report["cpu"]) if report.get("cpu") else None
+    load = report.get("load_average")
     lines = [
         f"Machine `{report['machine']}` ({cpu.summary() if cpu else report['device']}), {report['threads']} threads, "
-        f"torch {report['torch']}; measured peaks: {_peaks_text(report['peaks'])}. Command: `{report['command']}`",
+        f"torch {report['torch']}; measured peaks: {_peaks_text(report['peaks'])}. Command: `{report['command']}`"
+        + (f"; load average at the end {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} (1, 5, 15 min)" if load else ""),
         "",
+        *([f"Emulated: {report['emulated']}. PyTorch and oneDNN ran their AVX2 kernels; the memory system, caches "
+           "and clock are the host's.", ""] if report.get("emulated") else []),
         "| case | dtype | attnkit tok/s | transformers tok/s | ratio | attnkit MFU | ref MFU "
         "| attnkit / ref peak RSS MB | attnkit ms/token | bandwidth used |"
         + (" attnkit / ref peak GPU MB |" if gpu else ""),

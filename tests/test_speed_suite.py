@@ -1,9 +1,13 @@
 """The speed suite's figures do not mislead on any CPU: a row's utilisation divides by the peak of the arithmetic it
 runs, ratios are taken round by round, and the table names the CPU's capabilities."""
 
+import subprocess
+
 import pytest
+import torch
 
 from attnkit.machine import CpuCapabilities
+from benchmarks import speed
 from benchmarks.speed import INT8_DYNAMIC, markdown_table, round_ratio, row_peak
 
 AVX2 = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2"}), name="AVX2-only CPU")
@@ -41,3 +45,22 @@ def test_the_table_names_the_cpu_and_leaves_unmeasured_utilisation_blank():
     assert "AVX2-only CPU: AVX2 (avx2)" in table and "fp32 0.10 TFLOP/s" in table
     row = next(line for line in table.splitlines() if line.startswith("| generate-small-b1"))
     assert "| - | 1.0% |" in row
+
+
+def test_isa_avx2_runs_the_suite_again_with_the_avx2_kernels_and_says_so(monkeypatch):
+    """--isa avx2 starts the whole run again with PyTorch's and oneDNN's AVX2 kernels (its measured processes inherit
+    them), naming the CPU's own level; the table then says the figures are emulated."""
+    started = []
+    monkeypatch.setattr(speed.subprocess, "run", lambda args, **kw: started.append((args, kw["env"])) or
+                        subprocess.CompletedProcess(args, 0))
+    assert speed.main(["--isa", "avx2", "--only", "generate-small-b1"]) == 0
+    (args, env), = started
+    assert args[1:3] == ["-m", "benchmarks.speed"]
+    assert args[-2:] == ["--emulating", torch.backends.cpu.get_cpu_capability()]
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    report = {"machine": "m-avx2", "device": "cpu", "threads": 1, "torch": "2", "peaks": {"fp32_flops": 1e11},
+              "command": "c", "results": [], "cpu": AVX2.to_dict(), "load_average": [3.0, 2.5, 2.0],
+              "emulated": "AVX2 kernels (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2) on a CPU whose own level "
+                          "is AVX512"}
+    table = markdown_table(report)
+    assert "Emulated: AVX2 kernels" in table and "own level is AVX512" in table and "load average" in table
