@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import re
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from cli_helpers import subparsers, tiny_runs
 import attnkit
 from attnkit import cli, options
 from attnkit.tasks import own_options, task_names, task_spec
+from attnkit.train.plan import plan_training
 
 
 @pytest.fixture(scope="module")
@@ -415,3 +417,19 @@ def test_convert_reads_the_run_given_right_after_the_target_flag(runs, tmp_path,
     capsys.readouterr()
     line = _one_error(capsys, ["convert", str(runs["lm"]), "--to-hf", str(tmp_path / "a")])
     assert "already holds a model's files" in line
+
+
+def test_train_says_it_does_not_compile_a_recurrent_model_asked_to(tmp_path, caplog):
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat. " * 80)
+    args = ["train", "--out", str(tmp_path / "lm"), "--task", "lm", "--preset", "lstm-lm-tiny", "--data", str(text),
+            "--tokenizer", "char", "--batch-size", "4", "--max-steps", "1", "--no-progress", "--set", "max_seq_len=32"]
+    with caplog.at_level(logging.WARNING):
+        assert cli.main([*args, "--compile", "blocks"]) == 0
+    said = [r.getMessage() for r in caplog.records if "--compile" in r.getMessage()]
+    assert said == ["--compile blocks is not followed: compilation eager, as Dynamo does not trace nn.RNN, nn.GRU or "
+                    "nn.LSTM (each is already one fused kernel call); a recurrent model trains eagerly"]
+    model = attnkit.build_model(attnkit.ModelConfig(family="recurrent-lm", vocab_size=12, cell="lstm", hidden_size=8))
+    for compile, said in (("auto", None), ("off", None), ("model", "--compile model is not followed")):
+        choices = plan_training(model, family="recurrent-lm", device="cpu", compile=compile).choices
+        assert [c.departure()[:31] for c in choices if c.departure()] == ([said] if said else [])

@@ -1,5 +1,6 @@
 """A plan's choices, each with its reason: the shared form of the inference plan (`generate/plan.py`) and the
-training plan (`train/plan.py`), which `--explain` prints."""
+training plan (`train/plan.py`), which `--explain` prints; a choice that departs from an option the user gave says
+so (`Choice.departure`), which the command logs as a warning whether or not it explains."""
 
 from __future__ import annotations
 
@@ -9,11 +10,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Choice:
-    """One decision of a plan: what it is about, what was chosen, and why."""
+    """One decision of a plan: what it is about, what was chosen, and why. `asked`: the option the user gave that
+    the plan does not follow here (`--compile blocks` on an LSTM), which is said, never dropped in silence."""
 
     what: str
     choice: str
     why: str
+    asked: str | None = None
+
+    def departure(self) -> str | None:
+        """One line saying that the option asked for is not followed, and why; None when the plan follows it."""
+        if self.asked is None:
+            return None
+        return f"{self.asked} is not followed: {self.what} {self.choice}, as {self.why}"
 
 
 def explain_choices(title: str, choices: Sequence[Choice]) -> str:

@@ -154,6 +154,7 @@ def plan_training(
     on_gpu = device.type == "cuda"
     head = _output_head(model)
     compile_choice, fullgraph, why_compile = _compilation(compile, family, on_gpu, sharded)
+    departs = compile in ("model", "blocks") and compile != compile_choice  # an explicit request not followed
     choices = [Choice("precision", dtype, _precision_note(dtype))]
     loss, why_loss = _loss_path(head, on_gpu, compile_choice == "model", batch_tokens, dtype, free_memory, device)
     choices.append(Choice("loss", _describe_loss(loss, head), why_loss))
@@ -164,7 +165,8 @@ def plan_training(
                               f"{vocab}, not padded", "GPU matrix kernels favour widths in multiples of 64; outputs "
                               "and checkpoints keep the real vocabulary" if on_gpu else "off the GPU padding only "
                               "adds work"))
-    choices.append(Choice("compilation", _describe_compile(compile_choice, fullgraph), why_compile))
+    choices.append(Choice("compilation", _describe_compile(compile_choice, fullgraph), why_compile,
+                          asked=f"--compile {compile}" if departs else None))
     choices.append(Choice("q/k/v", "one product over the concatenated weights", "one kernel forward and two backward "
                           "per layer where there were three and six; the weights stay q_proj, k_proj, v_proj")
                    if _has_attention(model) else Choice("q/k/v", "none", "no attention projections in this model"))

@@ -240,6 +240,9 @@ class Trainer:
             batch_tokens=settings.batch_size * getattr(config, "max_seq_len", 0), attention=settings.attention,
             packed=getattr(task, "packed", False))
         self.plan.prepare(self.precision.compute_model)
+        departures = [c.departure() for c in self.plan.choices if c.asked is not None]
+        for departure in departures if self.parallel.writes else []:  # an option given and not followed is said
+            log.warning(departure)
         # DDP: a wrapper that reduces gradients; FSDP2: the model itself, sharded (so before the optimizer is made)
         self.eager_model = self.parallel.wrap(self.precision.compute_model, dtype=settings.dtype, seed=settings.seed)
         # compiled whole: a model torch cannot compile trains eagerly, said once (`train_step`)
