@@ -84,6 +84,9 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
          {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {},
                                                                                "additionalProperties": False}}}]
 CALL_TOKENS = 100  # more characters than any call of TOOLS, its <tool_call> marker included
+ENDLESS = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}  # no finite value
+TREE = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+        "required": ["kids"], "additionalProperties": False}  # recursive, and ends where a list is empty
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +216,19 @@ def test_constrained_and_free_http_requests_together_each_get_what_they_asked(se
     ({"tools": TOOLS + TOOLS[:1]}, "tools", "share a name"),
     ({"response_format": {"type": "json_schema"}}, "response_format", "needs its json_schema"),
     ({"response_format": schema_format({"type": "bogus"})}, "response_format", "cannot be followed"),
+    ({"response_format": schema_format({"$ref": "#"})}, "response_format", "$ref cycle with nothing else to end it (#"),
+    ({"response_format": schema_format({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                                        "$ref": "#/$defs/a"})},
+     "response_format", "#/$defs/a -> #/$defs/b -> #/$defs/a"),
+    ({"response_format": schema_format(ENDLESS)}, "response_format", "requires itself forever (# -> #/properties/next"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": ENDLESS}}], "tool_choice": "required"},
+     "tools", "requires itself forever"),
+    ({"response_format": schema_format({"type": "object", "properties": {"x": {"enum": []}}, "required": ["x"]})},
+     "response_format", "#/properties/x allows no value"),
+    ({"response_format": {"type": "json_object", "json_schema": {"name": "r", "schema": BOUNDED}}}, "response_format",
+     '"type": "json_object", which does not read it'),
+    ({"response_format": {"type": "text", "json_schema": {"name": "r", "schema": BOUNDED}}}, "response_format",
+     '"type": "text"'),
 ])
 def test_bad_structured_requests_are_refused_naming_the_field(served, fields, param, words):
     import httpx
@@ -280,3 +296,11 @@ def test_a_tool_call_cut_by_max_tokens_leaks_no_markers(served):
         calls = [call for chunk in streamed for c in chunk.choices for call in c.delta.tool_calls or []]
         assert not content and streamed[-1].choices[0].finish_reason == "length"
         assert [call.function.name for call in calls] == (["get_weather"] if limit == named else [])
+
+
+def test_a_recursive_schema_that_can_end_is_served(served):
+    answer = ask(served[0], response_format=schema_format(TREE), seed=0, temperature=0.5, max_tokens=200)
+    choice = answer.choices[0]
+    assert choice.message.content.startswith('{"kids": [')
+    if choice.finish_reason == "stop":  # else max_tokens cut a deep tree short, as OpenAI's would
+        jsonschema.validate(json.loads(choice.message.content), TREE)

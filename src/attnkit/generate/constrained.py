@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from attnkit.errors import ConfigError, InputError
+from attnkit.generate.finite_schema import check_finite
 from attnkit.tokenize import CharTokenizer, Tokenizer
 
 EXTRA = "structured"  # pyproject.toml's optional extra that brings llguidance
@@ -60,7 +61,8 @@ class Grammar:
     @classmethod
     def json_schema(cls, schema: Mapping[str, Any] | str) -> Grammar:
         """JSON valid under `schema` (a dict or its JSON text), written as `json.dumps` writes it (", ", ": ", no
-        other whitespace). Raises InputError for a schema that is not a JSON object."""
+        other whitespace). Raises InputError for a schema that is not a JSON object, or that no finite JSON value
+        satisfies (a `$ref` cycle, a recursion that never ends: `finite_schema.check_finite`)."""
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -68,6 +70,7 @@ class Grammar:
                 raise InputError(f"the JSON schema is not JSON: {error}") from None
         if not isinstance(schema, Mapping):
             raise InputError(f"a JSON schema is a JSON object, not {type(schema).__name__}")
+        check_finite(dict(schema))
         return cls(llguidance().LLMatcher.grammar_from_json_schema(dict(schema), defaults=JSON_STYLE), "JSON schema")
 
     @classmethod

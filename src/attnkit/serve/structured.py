@@ -25,8 +25,9 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, InputError
 from attnkit.generate.constrained import JSON_STYLE, Grammar, GrammarMask
+from attnkit.generate.finite_schema import check_finite
 from attnkit.serve.chat import TOOL_CALL
 from attnkit.serve.errors import APIError
 from attnkit.serve.schemas import ChatRequest
@@ -58,6 +59,8 @@ class Structured:
     @classmethod
     def _of(cls, body: ChatRequest) -> Structured | None:
         form = _format_schema(body)
+        if form is not None:
+            _check_finite(form, "response_format")
         choice = body.tool_choice
         if choice is not None and choice != "none" and not body.tools:
             raise APIError(400, "tool_choice needs tools: give the functions in tools, or leave tool_choice out",
@@ -73,6 +76,9 @@ class Structured:
             tools = [tool for tool in tools if tool.function.name == choice.function.name]
         if not tools:
             return cls(Grammar.json_schema(form)) if form is not None else None
+        for tool in tools:
+            if tool.function.parameters is not None:
+                _check_finite(tool.function.parameters, "tools")
         calls = [_call_schema(tool.function.name, tool.function.parameters) for tool in tools]
         call = calls[0] if len(calls) == 1 else {"anyOf": calls}
         lines = [f'call: "{TOOL_CALL}" %json {json.dumps({**call, "x-guidance": JSON_STYLE})}']
@@ -121,9 +127,23 @@ def _call_message(name: str, arguments: str) -> dict:
     return {"role": "assistant", "content": None, "tool_calls": calls}
 
 
+def _check_finite(schema: dict, field: str) -> None:
+    """400 naming `field` for a schema no finite JSON value satisfies (`generate/finite_schema.py`), before any
+    grammar is built from it."""
+    try:
+        check_finite(schema)
+    except InputError as error:
+        raise APIError(400, f"{field}: {error}", param=field) from None
+
+
 def _format_schema(body: ChatRequest) -> dict | None:
-    """The JSON schema that response_format asks the reply to follow (None: free text)."""
+    """The JSON schema that response_format asks the reply to follow (None: free text); 400 for a json_schema
+    given with another type, which would be dropped."""
     form = body.response_format
+    if form is not None and form.type != "json_schema" and form.json_schema is not None:
+        raise APIError(400, f'response_format: a json_schema is given with "type": "{form.type}", which does not '
+                       'read it; send "type": "json_schema" to hold the reply to the schema, or leave json_schema '
+                       "out", param="response_format")
     if form is None or form.type == "text":
         return None
     if form.type == "json_object":
