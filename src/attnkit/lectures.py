@@ -57,6 +57,7 @@ T07 = "07_gpt2_to_llama2"
 T08 = "08_mlm_pretrain_finetune"
 T09 = "09_what_do_the_heads_do"
 T10 = "10_ffn_lookup_bpe_pretraining"
+T11 = "11_transformer_encoder_decoder"
 
 COST = "rnn-vs-transformer-cost"
 COST_PNG = "experiments/rnn-vs-transformer-cost/cost_by_length.png"
@@ -122,8 +123,8 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("The Transformer's four parts: tokenization, embedding (token + position), attention blocks, output "
               "(linear, softmax)", T06, ("tokenize", "layers.embedding", "blocks", "models.decoder"),
               section="The parts, from scratch"),
-        Topic("Encoders and decoders: text comes in, text goes out", None, ("models.seq2seq",),
-              page="user-guide/generation.md"),
+        Topic("Encoders and decoders: text comes in, text goes out", T11, ("models.seq2seq",),
+              page="user-guide/generation.md", section="The parts, from scratch"),
         Topic("Attention is a matrix product AV: A's entries in (0, 1), its rows summing to 1", T01,
               ("layers.attention:attention_weights",),
               section="Dot-product attention for whole matrices, and why the output is a convex combination"),
@@ -246,8 +247,9 @@ LECTURES: tuple[Lecture, ...] = (
               gap="no convolutional sequence model", section="The models"),
         Topic("Attention's basic idea (Bahdanau et al. 2015)", T05,
               ("models.recurrent.attention", "models.recurrent.seq2seq:BahdanauDecoder"), section=BAHDANAU),
-        Topic("Cross attention: each element attends to another sequence", None, ("layers.attention:Attention",),
-              picture="viz/alignment.png", page="user-guide/looking-inside.md"),
+        Topic("Cross attention: each element attends to another sequence", T11, ("layers.attention:Attention",),
+              picture="viz/alignment.png", page="user-guide/looking-inside.md",
+              section="What the cross-attention looks at"),
         Topic("Self attention (Cheng et al. 2016, Vaswani et al. 2017)", T03, ("layers.attention:Attention",),
               section="Self-attention: every token is a query"),
         Topic("Calculating attention: query and key vectors, softmax, a weighted sum of the values", T01,
@@ -260,8 +262,9 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Score functions (2): dot product; scaled dot product, since the dot product grows with the "
               "dimension", T02, ("layers.attention:DotScore",), "scaled-dot",
               "experiments/scaled-dot/saturation.png", section="Why scale: the dot product grows with the dimension"),
-        Topic("Attention is all you need: a sequence-to-sequence model of attention alone", None,
-              ("models.seq2seq", "presets"), page="recipes.md"),
+        Topic("Attention is all you need: a sequence-to-sequence model of attention alone", T11,
+              ("models.seq2seq", "presets"), page="recipes.md",
+              section="Every piece against attnkit's, with the same weights"),
         Topic("Two types of Transformers; stacks of Transformer layers", T06, ("models.stack", "models.decoder"),
               section="The parts, from scratch"),
         Topic("Inputs and embeddings: subwords", T10, ("tokenize",), page="user-guide/tokenizers-data.md",
