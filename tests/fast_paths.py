@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, example, given, settings
 from torch import Tensor, nn
 
 from attnkit.generate.captured_step import row_int8_products, row_products
-from attnkit.generate.decode_layout import GemvPackedLinear, PackedLinear, TransposedLinear
+from attnkit.generate.decode_layout import GemvLinear, GemvPackedLinear, PackedLinear, TransposedLinear
 from attnkit.generate.quantize import (
     Int4Linear,
     Int8DynamicLinear,
@@ -136,6 +136,7 @@ LINEAR_PATHS = [
     LinearPath("transposed", layer_and_reference(TransposedLinear), ("fp32", "bf16")),
     LinearPath("packed", layer_and_reference(PackedLinear), ("bf16",), unavailable=onednn_packs),
     LinearPath("gemv+packed", layer_and_reference(GemvPackedLinear), ("bf16",), unavailable=onednn_packs),
+    LinearPath("gemv", layer_and_reference(GemvLinear), ("bf16",)),
     LinearPath("captured step, products", float_rows, ("fp32", "bf16")),
     LinearPath("captured step, int8 products", int8_rows, ("fp32", "bf16")),
 ]

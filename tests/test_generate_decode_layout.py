@@ -7,6 +7,7 @@ import torch
 from attnkit import ModelConfig, build_model
 from attnkit.errors import InputError
 from attnkit.generate.decode_layout import (
+    GemvLinear,
     GemvPackedLinear,
     PackedLinear,
     TransposedLinear,
@@ -95,6 +96,22 @@ def test_gemv_packed_layer_takes_each_path_and_gives_the_linear_layers_numbers(b
     with pytest.raises(RuntimeError):
         layer(torch.randn(1, 96))  # one row in fp32 against bf16 weights: the one-row product fails
     assert torch.backends.mkldnn.enabled
+
+
+def test_gemv_layer_reads_one_bf16_row_through_atens_kernel_and_several_through_nn_linear(monkeypatch):
+    """Where oneDNN cannot pack bf16: one row with oneDNN off (ATen's kernel, fp32 arithmetic), several as nn.Linear
+    computes them; oneDNN is on again after each one-row product."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 40).to(torch.bfloat16)
+    layer = GemvLinear(linear)
+    x = torch.randn(3, 5, 96, dtype=torch.bfloat16)
+    assert torch.equal(layer(x), linear(x))
+    for rows in (x[:1, :1], x[0, 0]):
+        with torch.backends.mkldnn.flags(enabled=False):
+            expected = torch.nn.functional.linear(rows, linear.weight, linear.bias)
+        assert torch.equal(layer(rows), expected) and torch.backends.mkldnn.enabled
+    exact = rows.double() @ linear.weight.double().t() + linear.bias.double()
+    torch.testing.assert_close(layer(rows).double(), exact, atol=2e-2, rtol=1e-2)
 
 
 @pytest.mark.skipif(CPU.onednn_bf16, reason="this CPU packs bf16 weights; the refusal is for CPUs that cannot")

@@ -78,6 +78,19 @@ def test_single_rows_take_atens_kernel_where_the_profile_measured_it_fastest(cpu
     assert ("each weight held twice" in plan.explain()) == (layout == "gemv+packed")
 
 
+@pytest.mark.parametrize(("compile", "layout"), [(False, "gemv"), (True, "plain")])
+def test_bf16_single_rows_take_atens_fp32_kernel_where_onednn_cannot_pack_and_it_measured_fastest(compile,
+                                                                                                     layout):
+    measured = Profile(attention={}, decode_linear={"bf16": "gemv"}, timings={"linear bf16": {"plain": 0.9,
+                                                                                                "gemv": 0.3}})
+    plan = plan_inference(_decoder(torch.bfloat16), "decoder", compile=compile, cpu=AVX2, profile=measured)
+    assert plan.linear == layout
+    if layout == "gemv":
+        assert "gemv 0.300 ms, plain 0.900 ms" in plan.explain() and "computed in fp32" in plan.explain()
+        model = plan.apply(_decoder(torch.bfloat16))
+        assert any(type(m).__name__ == "GemvLinear" for m in model.modules())
+
+
 def test_bf16_plan_runs_on_this_cpu_and_gives_the_models_numbers():
     model = _decoder(torch.bfloat16)
     ids = torch.randint(0, 50, (2, 9))

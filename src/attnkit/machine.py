@@ -35,7 +35,7 @@ from attnkit.readback import FileFields
 PROFILE_ENV = "ATTNKIT_PROFILE"  # where a profile is read from, when set
 PROFILE_VERSION = 1
 PROFILE_FIX = "measure this machine again with `attnkit tune` (or delete the file: documented defaults are used)"
-DECODE_LAYOUTS = ("plain", "transposed", "packed", "gemv+packed")  # what a profile's decode_linear may name
+DECODE_LAYOUTS = ("plain", "transposed", "packed", "gemv+packed", "gemv")  # what a profile's decode_linear may name
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -161,7 +161,7 @@ class Profile:
 
     attention: dtype name ("bf16", "fp16") -> limits for the math kernel; a dtype not listed uses SDPA.
     decode_linear: dtype name -> the layout of linear layers for eager decoding ("plain", "transposed", "packed",
-        "gemv+packed").
+        "gemv+packed", "gemv").
     dtype_speed: dtype name -> decoding matrix-product time relative to fp32 (> 1: slower), as measured.
     timings: what was measured, for the plan to show: a comparison ("linear fp32") -> candidate -> milliseconds.
     source: where the profile came from (a path, or "defaults").

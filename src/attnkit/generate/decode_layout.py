@@ -1,8 +1,9 @@
 """Weights laid out for decoding: self-attention's q/k/v projections fused into one, and, on CPU, each linear layer's
 weight stored transposed, (K, N) row-major (fp32), packed once into oneDNN's blocked layout (bf16), or both kept as
-nn.Linear has it for single rows and packed for several (bf16). Which of these a loaded model gets is the inference
-plan's choice (`generate/plan.py`), from what the CPU reports and what `attnkit tune` measured; the numbers are
-nn.Linear's in every layout (up to the order of summation).
+nn.Linear has it for single rows and packed for several (bf16), or, where oneDNN cannot pack, kept as loaded with
+single rows through ATen's matrix-vector kernel, computed in fp32 (bf16). Which of these a loaded model gets is the
+inference plan's choice (`generate/plan.py`), from what the CPU reports and what `attnkit tune` measured; the numbers
+are nn.Linear's in every layout (up to the order of summation).
 
 Fused q/k/v: decoding a token runs every layer's projections on a single row, where the cost of a kernel call
 rivals its arithmetic; one [q; k; v] product per layer instead of three saves two calls per layer (as GPT-2's
@@ -77,36 +78,67 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight_packed, self.bias, "none", [], "")
 
 
-class GemvPackedLinear(nn.Module):
-    """A bf16 linear layer for decoding: one row through ATen's matrix-vector kernel on nn.Linear's (N, K) weight,
-    several rows through the same weight packed once for oneDNN (`PackedLinear`). x (..., K) -> (..., N), equal to
-    nn.Linear's up to the order of summation; inference only, on CPUs where oneDNN packs bf16.
+class GemvLinear(nn.Module):
+    """A bf16 linear layer for decoding on CPUs without bf16 arithmetic: one row through ATen's matrix-vector kernel,
+    several through nn.Linear. x (..., K) -> (..., N), equal to nn.Linear's up to the order of summation; inference
+    only.
 
-    While oneDNN is enabled, ATen sends every bf16 product to it, and PyTorch has no per-call choice of CPU kernel;
-    so oneDNN is switched off around a one-row product (`torch.backends.mkldnn.enabled`, a process-wide flag that
-    is set back at once: a product another thread runs at that instant may take ATen's kernel too, with the same
-    numbers up to rounding).
+    The weight stays bf16 (half of fp32's bytes: a one-row product is bound by reading it), and ATen's kernel widens
+    each element to fp32 as it reads it and accumulates in fp32, which every CPU with AVX2 does at full width; where
+    oneDNN cannot pack bf16 it runs a reference path for the same product instead. While oneDNN is enabled, ATen
+    sends every bf16 product to it, and PyTorch has no per-call choice of CPU kernel; so oneDNN is switched off
+    around a one-row product (`torch.backends.mkldnn.enabled`, a process-wide flag that is set back at once: a
+    product another thread runs at that instant may take ATen's kernel too, with the same numbers up to rounding).
+    Whether it is faster than nn.Linear on a CPU is measured (`attnkit tune`).
     """
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        self.packed = PackedLinear(linear)  # several rows; refuses a CPU where oneDNN cannot pack bf16
         self.register_buffer("weight", linear.weight.detach())  # (N, K), the tensor as loaded (a tied table's too)
+        self.register_buffer("_bias", None if linear.bias is None else linear.bias.detach())
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     @property
     def bias(self) -> Tensor | None:
-        return self.packed.bias
+        return self._bias
+
+    def rows(self, x: Tensor) -> Tensor:
+        """Several rows: nn.Linear's product."""
+        return F.linear(x, self.weight, self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.numel() != self.in_features:  # several rows
-            return self.packed(x)
+            return self.rows(x)
         enabled = torch.backends.mkldnn.enabled
         torch.backends.mkldnn.enabled = False
         try:
             return F.linear(x, self.weight, self.bias)  # (..., 1, N)
         finally:
             torch.backends.mkldnn.enabled = enabled
+
+
+class GemvPackedLinear(GemvLinear):
+    """A bf16 linear layer for decoding: one row through ATen's matrix-vector kernel on nn.Linear's (N, K) weight
+    (`GemvLinear`), several rows through the same weight packed once for oneDNN (`PackedLinear`). x (..., K) ->
+    (..., N), equal to nn.Linear's up to the order of summation; inference only, on CPUs where oneDNN packs bf16.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        self.packed = PackedLinear(linear)  # several rows; refuses a CPU where oneDNN cannot pack bf16
+        self._bias = None  # the packed layer holds it
+
+    @property
+    def bias(self) -> Tensor | None:
+        return self.packed.bias
+
+    def rows(self, x: Tensor) -> Tensor:
+        return self.packed(x)
+
+
+def gemv_linear_weights(model: nn.Module) -> nn.Module:
+    """Replace every nn.Linear of a bf16 `model` (in place) by a GemvLinear; returns the model, for inference only."""
+    return swap_layers(model, nn.Linear, GemvLinear)
 
 
 def gemv_pack_linear_weights(model: nn.Module) -> nn.Module:

@@ -13,8 +13,8 @@ The choices, in the order they are applied:
     linear layers   int8 or int4 on request (`quantize.py`; int4 where PyTorch's CPU int4 kernel is vectorized,
                     else int8, said so); else, for eager CPU decoding, the layout the machine's profile
                     measured fastest (`decode_layout.py`): transposed fp32, or, where oneDNN can pack bf16 (AVX-512
-                    BW/VL/DQ or AVX-NE-CONVERT), packed bf16 or packed plus nn.Linear's for single rows; else
-                    nn.Linear's own
+                    BW/VL/DQ or AVX-NE-CONVERT), packed bf16 or packed plus nn.Linear's for single rows; where it
+                    cannot, bf16 single rows through ATen's kernel in fp32 arithmetic; else nn.Linear's own
     attention       SDPA, or plain float32 products for short reduced-precision attention on the CPU where the
                     profile measured them faster (`layers/kernels.py`)
     compilation     none; a decoder's whole decoding step with fixed shapes, through torch.compile
@@ -37,6 +37,7 @@ from attnkit.errors import InputError
 from attnkit.generate.captured_step import default_package_dir
 from attnkit.generate.decode_layout import (
     fuse_qkv_projections,
+    gemv_linear_weights,
     gemv_pack_linear_weights,
     pack_linear_weights,
     transpose_linear_weights,
@@ -67,7 +68,7 @@ class InferencePlan:
     dtype: torch.dtype
     cpu: CpuCapabilities | None  # None off the CPU
     fuse_qkv: bool
-    linear: str  # "plain", "transposed", "packed", "gemv+packed", "int8", "int8-dynamic" or "int4"
+    linear: str  # "plain", "transposed", "packed", "gemv+packed", "gemv", "int8", "int8-dynamic" or "int4"
     math_kernel: MathKernel | None
     compile: bool | str
     static_decoding: bool
@@ -86,6 +87,8 @@ class InferencePlan:
             pack_linear_weights(model)
         elif self.linear == "gemv+packed":
             gemv_pack_linear_weights(model)
+        elif self.linear == "gemv":
+            gemv_linear_weights(model)
         use_math_kernel(model, self.math_kernel)
         mode = torch_compile_mode(self.compile)
         if mode is not None and not self.static_decoding:
@@ -226,6 +229,11 @@ def _linear_layout(
                         "ATen's matrix-vector kernel, several through oneDNN's packed weight (each weight held twice; "
                         f"{profile_note})")
     measured = _timings(profile, f"linear {name}")
+    if wanted == "gemv" and compile:
+        return "plain", "the compiled step reads the weights in its own loops"
+    if wanted == "gemv" and dtype == torch.bfloat16:
+        return wanted, (f"fastest for one decoding row in {name}{measured}: the bf16 weight read through ATen's "
+                        f"matrix-vector kernel and computed in fp32, several rows through nn.Linear ({profile_note})")
     if wanted in ("transposed", "packed"):
         return wanted, f"fastest for one decoding row in {name}{measured} ({profile_note})"
     return "plain", f"nn.Linear's layout for {name}{measured} ({profile_note})"

@@ -7,7 +7,8 @@ Three comparisons, each between kernels that compute the same numbers (tests hol
                     keeps the longest S up to which the plain products win at every measured length.
     linear layers   one decoding row through GPT-2-sized matrices: nn.Linear against a transposed fp32 weight, and
                     against a packed bf16 weight and packed plus ATen's matrix-vector kernel for single rows where
-                    oneDNN packs (`decode_layout.py`). The fastest is kept.
+                    oneDNN packs, and ATen's kernel alone (bf16 read, fp32 arithmetic) where it does not
+                    (`decode_layout.py`). The fastest is kept.
     bf16 cost       the fastest bf16 layout's time over the fastest fp32 layout's, which the plan reports on CPUs
                     without native bf16.
 
@@ -33,7 +34,7 @@ from torch import nn
 from torch.utils import benchmark
 
 from attnkit.errors import InputError
-from attnkit.generate.decode_layout import GemvPackedLinear, TransposedLinear
+from attnkit.generate.decode_layout import GemvLinear, GemvPackedLinear, TransposedLinear
 from attnkit.layers.kernels import grouped_attention
 from attnkit.layers.masks import AttentionMask
 from attnkit.machine import (
@@ -134,6 +135,8 @@ def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, min_run_time: float
         gemv = [GemvPackedLinear(layer) for layer in linears]
         layouts["packed"] = [layer.packed for layer in gemv]  # the same packed weights, packed once
         layouts["gemv+packed"] = gemv
+    elif dtype == torch.bfloat16:  # no oneDNN packing: bf16 read, computed in fp32 by ATen's kernel
+        layouts["gemv"] = [GemvLinear(layer) for layer in linears]
     rows_in = {k: torch.randn(1, k, dtype=dtype) for k, _ in shapes}
     times = {}
     with torch.no_grad():
