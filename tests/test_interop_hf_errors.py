@@ -2,6 +2,7 @@
 load."""
 
 import json
+import logging
 import pickle
 
 import pytest
@@ -10,6 +11,8 @@ from interop_models import batch, hf_model, transformers  # noqa: F401
 from safetensors.torch import load_file, save_file
 
 from attnkit import CheckpointError, ConfigError
+from attnkit.checkpoint import load_model
+from attnkit.cli import main
 from attnkit.interop import hf
 
 
@@ -218,9 +221,9 @@ def test_a_pretraining_checkpoint_loads_as_masked_lm_without_its_nsp_head(tmp_pa
           rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling: RoPE scaling 'yarn' is not supported"),
     (dict(rope_parameters={"rope_type": "default", "rope_theta": 500.0}, rope_theta=10000.0),
      "gives RoPE two bases"),
-    (dict(eos_token_id=99), "eos_token_id=99 is not a token id of the model's vocabulary (vocab_size=99"),
-    (dict(bos_token_id=-1), "bos_token_id=-1 is not a token id"),
-    (dict(eos_token_id=[2, 500]), "eos_token_id=[2, 500] is not a token id"),
+    (dict(eos_token_id="2"), "eos_token_id='2' is not a token id (a whole number, a list of them, or null)"),
+    (dict(bos_token_id=1.5), "bos_token_id=1.5 is not a token id"),
+    (dict(eos_token_id=[2, True]), "eos_token_id=[2, True] is not a token id"),
 ])
 def test_config_fields_of_the_wrong_type_or_range_are_refused_by_name(tmp_path, changes, said):
     hf_model("llama", tmp_path)
@@ -228,6 +231,23 @@ def test_config_fields_of_the_wrong_type_or_range_are_refused_by_name(tmp_path, 
     with pytest.raises(ConfigError) as refusal:
         hf.load(tmp_path)
     assert said in str(refusal.value) and str(tmp_path / "config.json") in str(refusal.value)
+
+
+def test_special_ids_outside_a_small_vocabulary_load_as_absent_and_are_said_in_one_line(tmp_path, capsys, caplog):
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=311, n_positions=64)  # ids 50256
+    reference = hf_model("gpt2", tmp_path / "hf", config=config)
+    with caplog.at_level(logging.WARNING):
+        assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
+    said = [r.getMessage() for r in caplog.records if "outside the vocabulary" in r.getMessage()]
+    assert said == [f"{tmp_path / 'hf' / 'config.json'}: bos_token_id=50256, eos_token_id=50256 outside the vocabulary "
+                    "(vocab_size=311: ids 0 to 310): read as absent, as no token has that id"]
+    ids = torch.randint(0, 311, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(tmp_path / "run")[0](ids).logits, reference(ids).logits, atol=1e-5,
+                                   rtol=1e-5)
+    hf_model("llama", tmp_path / "llama")
+    _edit_config(tmp_path / "llama", bos_token_id=-1, eos_token_id=[2, 500])
+    assert set(hf.load(tmp_path / "llama").special_ids) == {"pad_token_id"}
 
 
 def test_a_list_of_end_tokens_within_the_vocabulary_loads(tmp_path):

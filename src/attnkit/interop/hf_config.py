@@ -8,6 +8,7 @@ architecture that reproduce the attnkit config exactly, so a model is only ever 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -23,6 +24,8 @@ from attnkit.interop.keymaps import (
 )
 from attnkit.interop.targets import elsewhere
 from attnkit.readback import FileFields
+
+log = logging.getLogger(__name__)
 
 _MISSING = object()
 _TRAINING_ONLY = ("dropout", "attention_dropout", "label_smoothing")
@@ -154,20 +157,26 @@ def _structure(config: ModelConfig) -> dict[str, Any]:
 
 
 def special_ids_from_hf(hf: dict[str, Any], family: FamilyMap, vocab_size: int, source: str) -> dict[str, int]:
-    """config.json's token ids (bos_token_id, eos_token_id, ...: a number, a list of them, or null), each checked to
-    be an id of the model's vocabulary: one outside it would index past the embedding table. Returns those given
-    as one number."""
+    """config.json's token ids (bos_token_id, eos_token_id, ...: a number, a list of them, or null), each a whole
+    number. An id outside the model's vocabulary (GPT2Config's default 50256 kept in a config of 311 tokens) is read
+    as absent, as transformers loads it (with a warning), and said in one line: it names no token the model has.
+    Returns those given as one number within the vocabulary. Raises ConfigError for an id that is no whole number."""
+    outside = []
     for name in family.special_ids:
         value = hf.get(name)
         for token_id in value if isinstance(value, list) else [value]:
             if token_id is None:
                 continue
-            if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < vocab_size:
-                raise ConfigError(f"{source}: {name}={value!r} is not a token id of the model's vocabulary "
-                                  f"(vocab_size={vocab_size}: ids 0 to {vocab_size - 1}); set it to the id the "
-                                  f"token has in tokenizer.json, or to null")
+            if isinstance(token_id, bool) or not isinstance(token_id, int):
+                raise ConfigError(f"{source}: {name}={value!r} is not a token id (a whole number, a list of them, or "
+                                  "null); set it to the id the token has in tokenizer.json, or to null")
+            if not 0 <= token_id < vocab_size and f"{name}={value!r}" not in outside:
+                outside.append(f"{name}={value!r}")
+    if outside:
+        log.warning("%s: %s outside the vocabulary (vocab_size=%d: ids 0 to %d): read as absent, as no token has "
+                    "that id", source, ", ".join(outside), vocab_size, vocab_size - 1)
     return {name: hf[name] for name in family.special_ids
-            if isinstance(hf.get(name), int) and not isinstance(hf[name], bool)}
+            if isinstance(hf.get(name), int) and not isinstance(hf[name], bool) and 0 <= hf[name] < vocab_size}
 
 
 def _activation_from_hf(value: Any, field: str, source: str) -> str:
