@@ -9,6 +9,9 @@ product rate measured in this run, and the GPU's dense bf16 peak from its data s
             attnkit's Trainer step as its plan runs it on this GPU (auto: compiled whole), attnkit eager
             (--compile off), and the Llama-2-style block (RoPE, RMSNorm, SwiGLU, 4 kv heads) at the same width;
             implementations take turns round by round; tokens/s, MFU and peak memory
+    variants each attention variant's training step at the same shape (ALiBi, a sliding window of T/4, packed
+            documents) through FlexAttention, SDPA with a dense bias and the reference path's plain products, against
+            plain causal attention on SDPA (`variant_rows`; the CPU's small-shape run: `python -m benchmarks variants`)
     decode  gpt2-124m in bf16 at batch 1 and 8, 128 greedy tokens after 16: transformers eager and with its static
             cache compiled (its documented fastest path), attnkit eager and compiled (its static step, replayed from a
             CUDA graph); each in the speed suite's own way (`speed.run_one`)
@@ -19,13 +22,14 @@ results are written after each part. Results: benchmarks/results/gpu-<device>.js
 the GPU's name, torch and CUDA versions. `--smoke` runs every row at a tiny shape on whatever device there is (the
 CPU, in the test suite), to check this script where no GPU is.
 
-    python -m benchmarks gpu [--smoke] [--only train decode serve] [--rounds 2] [--steps 8] [--out DIR]
+    python -m benchmarks gpu [--smoke] [--only train variants decode serve] [--rounds 2] [--steps 8] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import statistics
@@ -46,7 +50,7 @@ from attnkit.outputs import atomic_write
 from benchmarks.common import RESULTS
 
 SPEC_PEAK_BF16 = 989e12  # H100 / H200 SXM, dense bf16 (the figure the issue and nanoGPT's MFU use)
-PARTS = ("train", "decode", "serve")
+PARTS = ("train", "variants", "decode", "serve")
 
 
 @dataclass(frozen=True)
@@ -214,24 +218,43 @@ def tf32(on: bool):
 
 
 def attnkit_step(shape: TrainShape, stream: np.ndarray, device: torch.device, *, block: str, compile: str,
-                 run_dir: Path):
-    """attnkit's Trainer step, planned for this device (`attnkit train --dtype bf16 --compile ...`)."""
+                 run_dir: Path, overrides: dict | None = None, attention: str = "auto", packed: bool = False,
+                 reference: bool = False):
+    """attnkit's Trainer step, planned for this device (`attnkit train --dtype bf16 --compile ... --attention ...`).
+
+    overrides: model config fields (a variant: position="alibi", attention_window=...); packed: rows of whole
+    documents (`--pack`; the stream's documents end at the tokenizer's EOS); reference: attention through plain
+    matrix products that form the (T, S) scores and weights (the reference path's cost) instead of the plan's
+    kernel."""
     from attnkit import build_model, presets
     from attnkit.data import LMData
-    from attnkit.tasks.lm import LMTask
+    from attnkit.layers.kernels import MathKernel
+    from attnkit.machine import AttentionKernelLimits
+    from attnkit.tasks.lm import LMTask, PackedLMTask
     from attnkit.tokenize import CharTokenizer
+    from attnkit.train.plan import plan_training
     from attnkit.train.trainer import TrainConfig, Trainer
 
     sizes = dict(vocab_size=shape.vocab_size, n_layers=shape.n_layers, d_model=shape.d_model, n_heads=shape.n_heads,
-                 d_ff=4 * shape.d_model, max_seq_len=shape.seq_len, dropout=0.0)
+                 d_ff=4 * shape.d_model, max_seq_len=shape.seq_len, dropout=0.0, **(overrides or {}))
     if block == "llama2":  # SwiGLU at 2/3 of 4C (Llama's width rule), 4 kv heads
         sizes.update(d_ff=int(8 * shape.d_model / 3) // 64 * 64 or 64, n_kv_heads=max(1, shape.n_heads // 3))
     config = presets.get("gpt2-124m" if block == "gpt2" else "llama2-7b", **sizes)
-    task = LMTask(LMData.from_ids(stream), batch_size=shape.batch_size, seq_len=shape.seq_len, seed=0)
+    tokenizer, data = CharTokenizer("ab"), LMData.from_ids(stream)
+    task = (PackedLMTask(data, tokenizer=tokenizer, pack="files", batch_size=shape.batch_size, seq_len=shape.seq_len,
+                         seed=0) if packed else
+            LMTask(data, batch_size=shape.batch_size, seq_len=shape.seq_len, seed=0))
     settings = TrainConfig(batch_size=shape.batch_size, dtype="bf16", compile=compile, instruments=False,
-                           eval_every=10**6, max_steps=10**6, lr=6e-4)
-    trainer = Trainer(model=build_model(config), config=config, task=task, settings=settings, run_dir=run_dir,
-                      tokenizer=CharTokenizer("ab"), device=device, progress=False)
+                           eval_every=10**6, max_steps=10**6, lr=6e-4, attention=attention)
+    model = build_model(config)
+    plan = None
+    if reference:
+        plan = plan_training(model, family="decoder", device=device, dtype="bf16", compile=compile,
+                             batch_tokens=shape.batch_size * shape.seq_len, attention="sdpa")
+        every_key = AttentionKernelLimits(decode_keys=10**9, pass_keys=10**9)
+        plan = dataclasses.replace(plan, math_kernel=MathKernel(device.type, torch.bfloat16, every_key))
+    trainer = Trainer(model=model, config=config, task=task, settings=settings, run_dir=run_dir,
+                      tokenizer=tokenizer, device=device, progress=False, plan=plan)
     n_params = sum(p.numel() for p in trainer.model.parameters())
     if config.position == "learned":
         n_params -= trainer.model.stack.embeddings.positions.weight.numel()
@@ -240,29 +263,99 @@ def attnkit_step(shape: TrainShape, stream: np.ndarray, device: torch.device, *,
 
 
 def train_rows(shape: TrainShape, device: torch.device, *, rounds: int, steps: int, warmup: int) -> list[dict]:
-    """The training rows: each implementation built, warmed up (compiled), then timed `steps` steps at a time,
-    taking turns for `rounds` rounds; the median round's ms per step."""
-    stream = np.random.default_rng(0).integers(0, shape.vocab_size, 2_000_000, dtype=np.int64).astype(np.uint16)
+    """The training rows: nanoGPT's step and attnkit's (planned, eager, the Llama-2 block)."""
+    stream = token_stream(shape)
     builders = {
         "nanogpt-compiled": lambda d: nanogpt_step(shape, stream, device),
         "attnkit": lambda d: attnkit_step(shape, stream, device, block="gpt2", compile="auto", run_dir=d),
         "attnkit-eager": lambda d: attnkit_step(shape, stream, device, block="gpt2", compile="off", run_dir=d),
         "attnkit-llama2": lambda d: attnkit_step(shape, stream, device, block="llama2", compile="auto", run_dir=d),
     }
+    return timed_rows("train", builders, shape, device, rounds=rounds, steps=steps, warmup=warmup)
+
+
+VARIANTS = {  # name: (model overrides given the shape, packed rows)
+    "ALiBi": (lambda shape: dict(position="alibi"), False),
+    "sliding window": (lambda shape: dict(attention_window=shape.seq_len // 4), False),
+    "packed documents": (lambda shape: {}, True),
+}
+
+
+def variant_rows(shape: TrainShape, device: torch.device, *, rounds: int, steps: int, warmup: int,
+                 compile: str = "auto") -> list[dict]:
+    """Each attention variant's training step (GPT-2's block at `shape`) three ways, against plain causal attention
+    on SDPA: FlexAttention (the GPU plan's choice; it has no backward on the CPU, so those rows are skipped there),
+    SDPA with the variant as a dense (T, S) bias, and plain products that form the scores and weights (the reference
+    path's cost). Packed rows hold documents of seq_len / 3 tokens on average."""
+    def build(overrides: dict, packed: bool, **kernel):
+        stream = token_stream(shape, document_tokens=shape.seq_len // 3 if packed else 0)
+        return lambda d: attnkit_step(shape, stream, device, block="gpt2", compile=compile, run_dir=d,
+                                      overrides=overrides, packed=packed, **kernel)
+
+    no_backward = (f"FlexAttention has no backward on the CPU in torch {torch.__version__.split('+')[0]}: measured on "
+                   "a GPU only")
+    builders = {"SDPA-causal": build({}, False)}
+    for name, (overrides, packed) in VARIANTS.items():
+        builders[f"{name}, FlexAttention"] = (build(overrides(shape), packed, attention="flex")
+                                              if device.type == "cuda" else lambda d: no_backward)
+        builders[f"{name}, SDPA dense bias"] = build(overrides(shape), packed, attention="sdpa")
+        builders[f"{name}, reference"] = build(overrides(shape), packed, reference=True)
+    return timed_rows("variants", builders, shape, device, rounds=rounds, steps=steps, warmup=warmup)
+
+
+def variants_markdown(rows: list[dict], title: str) -> list[str]:
+    """The variants' table: ms per step, against SDPA-causal's, and each kernel's speed-up over the reference."""
+    base = next((r for r in rows if r["impl"] == "SDPA-causal" and "ms_per_step" in r), None)
+    lines = [f"## {title}", "", "| variant, kernel | ms/step | time vs SDPA-causal | faster than its reference |",
+             "|---|---|---|---|"]
+    for r in rows:
+        if "ms_per_step" not in r:
+            lines.append(f"| {r['impl']} | {'skipped: ' + r['skipped'] if 'skipped' in r else 'failed: ' + r['error']} "
+                         "| | |")
+            continue
+        reference = next((p for p in rows if p["impl"] == r["impl"].rsplit(", ", 1)[0] + ", reference"
+                          and "ms_per_step" in p), None)
+        versus = f"{r['ms_per_step'] / base['ms_per_step']:.2f}x" if base else "-"
+        speedup = f"{reference['ms_per_step'] / r['ms_per_step']:.2f}x" if reference and r is not reference else "-"
+        lines.append(f"| {r['impl']} | {r['ms_per_step']:.1f} | {versus} | {speedup} |")
+    return [*lines, ""]
+
+
+def token_stream(shape: TrainShape, *, document_tokens: int = 0) -> np.ndarray:
+    """Random tokens of the shape's vocabulary, 2M or 2,000 batches' worth if fewer; with `document_tokens`, documents
+    of about that many tokens on average (their lengths drawn geometric), each ended by the benchmark tokenizer's EOS
+    (`attnkit_step`'s)."""
+    rng = np.random.default_rng(0)
+    stream = rng.integers(5, shape.vocab_size, min(2_000_000, 2000 * shape.batch_size * shape.seq_len), dtype=np.int64)
+    if document_tokens:
+        ends = np.cumsum(rng.geometric(1 / document_tokens, len(stream) // document_tokens))
+        stream[ends[ends < len(stream)]] = 4  # the EOS of attnkit_step's tokenizer
+    return stream.astype(np.uint16)
+
+
+def timed_rows(part: str, builders: dict, shape: TrainShape, device: torch.device, *, rounds: int, steps: int,
+               warmup: int) -> list[dict]:
+    """Each builder's step built, warmed up (compiled), then timed `steps` steps at a time, taking turns for `rounds`
+    rounds; the median round's ms per step. A builder that raises is a failed row; one that returns a string instead
+    of a step is a skipped row with that reason."""
     steps_of, rows = {}, {}
     for impl, build in builders.items():
         try:
             reset_peak(device)
-            n_params, step = build(Path(tempfile.mkdtemp(prefix=f"attnkit-gpu-{impl}-")))
+            built = build(Path(tempfile.mkdtemp(prefix=f"attnkit-gpu-{impl}-")))
+            if isinstance(built, str):
+                rows[impl] = {"part": part, "impl": impl, "skipped": built}
+                continue
+            n_params, step = built
             start = time.perf_counter()
             for _ in range(warmup):
                 step()
             synchronize(device)
             steps_of[impl] = step
-            rows[impl] = {"part": "train", "impl": impl, "params": n_params, "warmup_s": time.perf_counter() - start,
+            rows[impl] = {"part": part, "impl": impl, "params": n_params, "warmup_s": time.perf_counter() - start,
                           "flops_per_token": shape.flops_per_token(n_params), "round_ms": []}
         except Exception as err:  # noqa: BLE001 - a failed row is recorded, the others go on
-            rows[impl] = failed("train", impl, err)
+            rows[impl] = failed(part, impl, err)
         rows[impl]["peak_gpu_gb"] = peak_gb(device)
     for _ in range(rounds):
         for impl, step in steps_of.items():
@@ -369,6 +462,10 @@ def markdown(report: dict) -> str:
             lines.append(f"| {r['impl']} | {r['tokens_per_s']:,.0f} | {r['ms_per_step']:.1f} | {ratio} | "
                          f"{100 * r['mfu_spec']:.1f}% | {_gb(r['peak_gpu_gb'])} |")
         lines.append("")
+    variants = [r for r in rows if r["part"] == "variants"]
+    if variants:
+        lines += variants_markdown(variants, f"Attention variants, training steps ({report['train_shape']}, bf16 "
+                                             "autocast)")
     decode = [r for r in rows if r["part"] == "decode"]
     if decode:
         lines += ["## Decoding (gpt2-124m, bf16, 128 greedy tokens after 16)", "",
@@ -424,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"{shape.vocab_size}, batch {shape.batch_size} x {shape.seq_len}"}
     stem = "gpu-smoke" if args.smoke else "gpu-" + about["machine"].get("name", "cuda").lower().replace(" ", "-")
     parts = {"train": lambda: train_rows(shape, device, rounds=args.rounds, steps=args.steps, warmup=args.warmup),
+             "variants": lambda: variant_rows(shape, device, rounds=args.rounds, steps=args.steps,
+                                              warmup=args.warmup),
              "decode": lambda: decode_rows(device, smoke=args.smoke),
              "serve": lambda: serve_rows(device, smoke=args.smoke)}
     rows: list[dict] = []

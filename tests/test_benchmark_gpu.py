@@ -118,3 +118,32 @@ def test_the_peers_step_compiles_its_loss_into_the_one_forward_graph():
     assert len(graphs) == 1, [g.code for g in graphs]
     targets = [node.target for node in graphs[0].graph.nodes if node.op == "call_function"]
     assert torch.nn.functional.cross_entropy in targets, targets
+
+
+@pytest.mark.slow  # seven trainers built and stepped: about 15 s on 2 cores
+def test_smoke_run_times_each_variant_against_sdpa_causal_and_says_why_flex_is_skipped(tmp_path, monkeypatch):
+    """`--only variants` at the tiny shape on the CPU: every variant's SDPA and reference rows are timed, and
+    FlexAttention's are skipped with the reason (no backward on the CPU), not failed."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU FlexAttention's rows run")
+    monkeypatch.setattr(bench_gpu.tempfile, "mkdtemp", lambda prefix="": str(tmp_path / prefix))
+    assert bench_gpu.main(["--smoke", "--only", "variants", "--rounds", "1", "--steps", "1", "--warmup", "1"]) == 0
+    report = json.loads((tmp_path / "attnkit-gpu-smoke-" / "gpu-smoke.json").read_text())
+    rows = {r["impl"]: r for r in report["results"]}
+    assert set(rows) == {"SDPA-causal"} | {f"{name}, {kernel}" for name in bench_gpu.VARIANTS
+                                           for kernel in ("FlexAttention", "SDPA dense bias", "reference")}
+    assert all("no backward on the CPU" in rows[f"{name}, FlexAttention"]["skipped"] for name in bench_gpu.VARIANTS)
+    assert all(r["ms_per_step"] > 0 for impl, r in rows.items() if not impl.endswith("FlexAttention"))
+    table = (tmp_path / "attnkit-gpu-smoke-" / "gpu-smoke.md").read_text()
+    assert "| SDPA-causal |" in table and "| ALiBi, FlexAttention | skipped: FlexAttention has no backward" in table
+
+
+def test_the_variants_table_gives_each_row_against_sdpa_causal_and_its_reference():
+    rows = [{"part": "variants", "impl": "SDPA-causal", "ms_per_step": 100.0},
+            {"part": "variants", "impl": "ALiBi, FlexAttention", "ms_per_step": 120.0},
+            {"part": "variants", "impl": "ALiBi, reference", "ms_per_step": 480.0},
+            {"part": "variants", "impl": "sliding window, FlexAttention", "error": "RuntimeError: boom"}]
+    text = "\n".join(bench_gpu.variants_markdown(rows, "Variants"))
+    assert "| ALiBi, FlexAttention | 120.0 | 1.20x | 4.00x |" in text
+    assert "| ALiBi, reference | 480.0 | 4.80x | - |" in text
+    assert "| sliding window, FlexAttention | failed: RuntimeError: boom | | |" in text

@@ -46,9 +46,10 @@ from attnkit.train.trainer import shows_progress
 
 log = logging.getLogger(__name__)
 
-Budget = Literal["tiny", "small", "full"]  # tiny: seconds (tests); small: minutes on 2 CPU cores; full: the README's
+# tiny: seconds (tests); small: minutes on 2 CPU cores; full: the README's; gpu: sizes a GPU makes cheap (--device cuda)
+Budget = Literal["tiny", "small", "full", "gpu"]
 BUDGETS: tuple[str, ...] = get_args(Budget)
-SEEDS = {"tiny": 2, "small": 3, "full": 3}  # seeds (or timing rounds) an experiment repeats, for its noise
+SEEDS = {"tiny": 2, "small": 3, "full": 3, "gpu": 2}  # seeds (or timing rounds) an experiment repeats, for its noise
 Verdict = Literal["held", "did not hold at this scale", "mixed", "inconclusive at this budget"]
 VERDICTS: tuple[str, ...] = get_args(Verdict)
 
@@ -59,7 +60,9 @@ class ExperimentSettings:
 
     name: str | None = field(default=None, metadata={"positional": True})  # the experiment to run (see --list)
     list: bool = False  # print the experiments, each with its claim and lecture
-    budget: Budget = "small"  # tiny: seconds (what the tests run); small: minutes on 2 CPU cores; full: larger runs
+    budget: Budget = "small"
+    """tiny: seconds (what the tests run); small: minutes on 2 CPU cores; full: larger runs; gpu: the sizes a GPU makes
+    cheap, for the experiments that run there (--device cuda)"""
     out: str | None = None  # directory for results.json, table.md and the plots; none: runs/experiments/NAME
     device: str = "cpu"  # cpu, or cuda for the experiments that run there (--list says which)
     progress: bool | None = None  # a bar per training run; --no-progress: log lines; none: on a terminal
@@ -338,11 +341,16 @@ def run_experiment(name: str, *, budget: str = "small", out: str | Path | None =
     spec = get(name)
     if budget not in BUDGETS:
         raise ConfigError(f"budget={budget!r} is not one of {', '.join(BUDGETS)}")
+    kind = pick_device(device).type
+    if budget == "gpu" and (kind != "cuda" or "cuda" not in spec.devices):
+        on_gpu = sorted(n for n, e in REGISTRY.items() if "cuda" in e.devices)
+        raise ConfigError(f"--budget gpu sizes a run for a GPU ({', '.join(on_gpu)} with --device cuda); "
+                          + (f"{name!r} runs on the CPU only" if "cuda" not in spec.devices else
+                             f"this run is on {kind}") + ": use --budget tiny, small or full")
     if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 2):
         raise ConfigError(f"seeds={seeds!r}: give an integer of at least 2 (one seed measures no noise, so it "
                           f"decides nothing); leave it out for the budget's {spec.default_seeds(budget)}")
     seeds = seeds if seeds is not None else spec.default_seeds(budget)
-    kind = pick_device(device).type
     if kind not in spec.devices:
         elsewhere = sorted(n for n, e in REGISTRY.items() if kind in e.devices)
         raise ConfigError(f"experiment {name!r} runs on the CPU only (its claim is not about {kind} hardware); "

@@ -36,6 +36,7 @@ SETTINGS = {  # Transformer width and layers, batch, lengths, timed repeats
     "tiny": dict(width=32, layers=1, batch=2, lengths=[8, 16, 32], repeats=2),
     "small": dict(width=128, layers=2, batch=4, lengths=[16, 64, 256, 1024], repeats=3),
     "full": dict(width=256, layers=4, batch=4, lengths=[16, 32, 64, 128, 256, 512, 1024, 2048], repeats=5),
+    "gpu": dict(width=768, layers=6, batch=8, lengths=[64, 256, 1024, 2048, 4096], repeats=5),  # --device cuda
 }
 
 

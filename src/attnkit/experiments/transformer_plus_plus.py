@@ -28,7 +28,9 @@ from attnkit.models import count_parameters
 
 SEQ_LEN, BATCH = 64, 16
 FAMILIES = ("Vaswani-style", "Transformer++")
-STEPS = {"tiny": 30, "small": 200, "full": 1000}
+STEPS = {"tiny": 30, "small": 200, "full": 1000, "gpu": 3000}
+SIZES = {"tiny": [(32, 1)], "small": [(64, 2), (128, 3), (192, 4)], "full": [(64, 2), (128, 3), (192, 4), (256, 6)],
+         "gpu": [(256, 4), (512, 8), (768, 12)]}  # width x layers; gpu: up to 85M parameters, where 10x is claimed
 SEEDED_SIZES = 2  # the smallest sizes run with several seeds: the noise every size's comparison must clear
 SEVERAL = 2.0  # "several times less compute": at least this multiplier
 
@@ -118,10 +120,9 @@ def plot(stored: Stored, out: Path) -> list[str]:
     plot=plot,
 )
 def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str = "cpu") -> Result:
-    sizes = {"tiny": [(32, 1)], "small": [(64, 2), (128, 3), (192, 4)], "full": [(64, 2), (128, 3), (192, 4),
-                                                                                (256, 6)]}[budget]
+    sizes = SIZES[budget]
     steps = STEPS[budget]
-    corpus = char_corpus({"tiny": 20_000, "small": 300_000, "full": 1_000_000}[budget])
+    corpus = char_corpus({"tiny": 20_000, "small": 300_000, "full": 1_000_000, "gpu": 20_000_000}[budget])
     tokens = steps * BATCH * SEQ_LEN
     rows = []
 
