@@ -419,11 +419,11 @@ def test_convert_reads_the_run_given_right_after_the_target_flag(runs, tmp_path,
     assert "already holds a model's files" in line
 
 
-def test_train_says_it_does_not_compile_a_recurrent_model_asked_to(tmp_path, caplog):
+def test_train_says_it_does_not_compile_a_recurrent_model_asked_to(tmp_path, caplog):  # and samples in 16 tokens
     text = tmp_path / "text.txt"
     text.write_text("the cat sat on the mat. " * 80)
     args = ["train", "--out", str(tmp_path / "lm"), "--task", "lm", "--preset", "lstm-lm-tiny", "--data", str(text),
-            "--tokenizer", "char", "--batch-size", "4", "--max-steps", "1", "--no-progress", "--set", "max_seq_len=32"]
+            "--tokenizer", "char", "--batch-size", "4", "--max-steps", "1", "--no-progress", "--set", "max_seq_len=16"]
     with caplog.at_level(logging.WARNING):
         assert cli.main([*args, "--compile", "blocks"]) == 0
     said = [r.getMessage() for r in caplog.records if "--compile" in r.getMessage()]

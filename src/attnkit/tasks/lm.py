@@ -194,8 +194,9 @@ class LMTask:
         return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
 
     def prompt_ids(self, n_tokens: int = 24) -> list[int]:
-        """The first tokens of the validation split: a prompt for a sample of generated text."""
-        return [int(i) for i in self.data.val[:n_tokens]]
+        """The first tokens of the validation split: a prompt for a sample of generated text, at most half a training
+        window (a model of a short context reads it whole and has room to continue)."""
+        return [int(i) for i in self.data.val[:min(n_tokens, max(1, self.seq_len // 2))]]
 
     def data_state(self) -> dict[str, Any]:
         return {"generator": encode_tensor(self.generator.get_state())}
