@@ -228,6 +228,119 @@ for name in streams.cache:
 # The same analyses run on any trained run from the command line: `attnkit inspect RUN heads --text ...`,
 # `head-types`, `logit-lens`, `patch --text ... --corrupt ...` and `probe --conll FILE`
 # ([the guide](../user-guide/inspect.md)).
+
+# %% [markdown]
+# ## Direct logit attribution: who writes the answer?
+#
+# With pre-norm blocks the stream the final norm reads is a sum: the embeddings plus every sublayer's write, and an
+# attention sublayer's write is a sum over its heads. Freeze the final norm's scale at its value on this input and
+# the norm is linear, so the logit difference splits into each writer's *direct* share (Elhage et al. 2021): what it
+# adds straight into the answer, not what it does through later layers.
+
+# %%
+from attnkit.inspect.logit_attribution import logit_attribution
+
+attribution = logit_attribution(model, clean[:, :-1], answer=answer, wrong=wrong)
+for name, share in attribution.top(4):
+    print(f"{name}: {share:+.2f} of the logit difference {attribution.total.mean():.2f}")
+torch.testing.assert_close(attribution.values.sum(0), attribution.total, atol=1e-4, rtol=0)  # the shares add up
+
+# by hand, the induction head's share: its write, centred and divided by the final norm's frozen scale, read along
+# the norm's gain times the output layer's answer row minus its wrong row
+writes = trace(model, clean[:, :-1], names=["blocks.1.attn.out", "blocks.1.resid_post"])
+final = writes["blocks.1.resid_post"][:, -1]  # (B, C): the stream the final norm reads at the last position
+norm = model.stack.final_norm
+scale = (final.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, 1)
+write = writes["blocks.1.attn.out"][:, -1]  # (B, C): layer 1 has one head and no bias
+direction = (model.lm_head.weight[answer] - model.lm_head.weight[wrong]).detach()  # (B, C)
+share = ((write - write.mean(-1, keepdim=True)) / scale * norm.weight.detach() * direction).sum(-1)  # (B,)
+torch.testing.assert_close(share, attribution["blocks.1.attn head 0"], atol=1e-4, rtol=1e-4)
+
+# %% [markdown]
+# ## Circuits in the weights: which heads compose?
+#
+# Activations say what a head did on these inputs; its weights say what it can do on any. Head $h$'s QK circuit
+# $W_Q W_K^\top$ scores a query against a key, its OV circuit $W_V W_O$ says what it writes for the key it reads
+# (each a $C \times C$ matrix of rank $D$, kept as two factors). A later head *composes* with an earlier one when it
+# reads what that one wrote: through its queries, its keys or its values. An induction head is a K-composition: its
+# keys read the previous-token head's output. The score is
+# $\|W_{OV}^{s} W_{QK}^{r\top}\|_F / (\|W_{OV}^{s}\|_F \|W_{QK}^{r}\|_F)$ (Elhage et al. 2021).
+
+# %%
+from attnkit.inspect.circuits import composition_scores, head_weights
+
+composition = composition_scores(model)
+for row in composition.top(4):
+    print(f"{row['kind'].upper()}-composition {row['sender']} head {row['sender head']} -> {row['receiver']} "
+          f"head {row['receiver head']}: {row['score']:.3f}")
+
+# by hand, the K-composition of each layer-0 head into the induction head, from the dense C x C matrices
+ov = head_weights(model, "blocks.0.attn").ov().dense()  # (4, C, C)
+qk = head_weights(model, "blocks.1.attn").qk().dense()[0]  # (C, C)
+by_hand = torch.linalg.matrix_norm(ov @ qk.T) / (torch.linalg.matrix_norm(ov) * torch.linalg.matrix_norm(qk))
+torch.testing.assert_close(composition.table("k", "blocks.0.attn", "blocks.1.attn")[:, 0], by_hand, rtol=1e-4,
+                           atol=1e-5)
+
+# %% [markdown]
+# **Path patching** (Wang et al. 2022) asks the same question of the activations: put the layer-0 heads' clean
+# output back into the corrupted run *only where the induction head's keys read it* (every other head frozen at
+# its corrupted output), and see how much of the answer returns. Corrupt the first half's odd positions: a
+# second-half token $x_i$ ($i$ odd) then finds no key whose predecessor is $x_i$, though the token after it is intact.
+# The keys should bring the answer back; the queries (the current token, unchanged) should not.
+
+# %%
+from attnkit.inspect.path_patching import loss_metric, path_patch
+
+odd = torch.arange(1, task.half, 2)
+broken = ids.clone()
+broken[:, odd] = (ids[:, odd] + 1 + torch.randint(0, 23, (ids.shape[0], len(odd)),
+                                                   generator=torch.Generator().manual_seed(3))) % 24
+scored = torch.full_like(ids[:, 1:], -100)
+positions = torch.tensor([task.half + i for i in range(1, task.half - 1, 2)])  # x_i (i odd) predicts x_(i+1)
+scored[:, positions] = ids[:, 1:][:, positions]
+for via in "qkv":
+    path = path_patch(model, Batch((ids[:, :-1],)), Batch((broken[:, :-1],)), sender=("blocks.0.attn", [0, 1, 2, 3]),
+                      receiver=("blocks.1.attn", 0), via=via, metric=loss_metric(scored))
+    print(f"layer 0 -> the induction head's {via}: {path.restored:+.2f} of the advantage restored")
+
+# %% [markdown]
+# ## A sparse autoencoder on the stream
+#
+# The stream has 32 dimensions, and the model may pack more features than that into it (superposition, Elhage et al.
+# 2022). A sparse autoencoder learns an overcomplete dictionary whose features, a few at a time, rebuild each
+# activation (Bricken et al. 2023); the TopK form keeps the $k$ largest (Gao et al. 2024). Its quality is read three
+# ways: how many features fire per token ($L_0$), how much of the variance it rebuilds, and the model's loss with the
+# reconstruction spliced in place of the stream.
+
+# %%
+from attnkit.inspect.inputs import lm_batch
+from attnkit.inspect.sae import SAEConfig, evaluate, point_activations, spliced_loss, train_sae
+
+stream_batches = [lm_batch(task.ids(torch.Generator().manual_seed(100 + i), batch=32)) for i in range(8)]
+config = SAEConfig(d_in=32, d_sae=128, architecture="topk", k=4, hook_name="blocks.0.resid_post")
+sae, sae_losses = train_sae(config, lambda: point_activations(model, stream_batches[:6], config.hook_name),
+                            steps=400 if BUDGET == "full" else 100, lr=3e-3)
+held_out = torch.cat(list(point_activations(model, stream_batches[6:], config.hook_name)))  # (N, C)
+metrics = spliced_loss(model, sae, stream_batches[6:], evaluate(sae, [held_out]),
+                       torch.cat(list(point_activations(model, stream_batches[:2], config.hook_name))))
+print(f"L0 {metrics.l0:.1f}, explained variance {metrics.explained_variance:.2f}, dead {metrics.dead_share:.0%}; "
+      f"loss clean {metrics.clean_loss:.2f}, with the SAE {metrics.spliced_loss:.2f}, "
+      f"with the stream mean-ablated {metrics.ablated_loss:.2f}")
+
+# by hand: the features are the k largest of (x - b_dec) W_enc + b_enc, the rest zero; and the normalised error
+with torch.no_grad():
+    pre = (held_out - sae.b_dec) @ sae.W_enc + sae.b_enc  # (N, F)
+    kept = pre.topk(4, dim=-1)
+    features = torch.zeros_like(pre).scatter(-1, kept.indices, kept.values.relu())
+    rebuilt = features @ sae.W_dec + sae.b_dec
+    nmse = (rebuilt - held_out).pow(2).sum() / (held_out - held_out.mean(0)).pow(2).sum()
+torch.testing.assert_close(features, sae.encode(held_out))
+torch.testing.assert_close(float(nmse), metrics.normalised_mse, rtol=1e-4, atol=1e-6)
+
+# %% [markdown]
+# The same runs from the command line on any trained run: `attnkit inspect RUN circuits` (the composition scores
+# and each head's OV spectrum) and `attnkit inspect RUN sae --point blocks.1.resid_post --input FILE --k 8` (the
+# SAE saved in SAELens's layout, and each feature's top-activating contexts in `sae.md`).
 #
 # ## Exercises
 #
