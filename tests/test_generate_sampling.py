@@ -136,7 +136,7 @@ def test_a_row_with_no_distribution_draws_no_token_and_only_that_row(config):
         (dict(repetition_penalty=0.0), "repetition_penalty=0.0 must be > 0"),
         (dict(temperature=1e-300), "temperature=1e-300 is below 1e-05, where dividing the logits by it overflows"),
         (dict(temperature=5e-324), "temperature=5e-324 is below"),
-        (dict(temperature="hot"), "temperature='hot' must be >= 0"),
+        (dict(temperature="hot"), "temperature='hot' must be a number, not str"),
         (dict(top_p=1e-320), "top_p=1e-320 is below 1e-06, where it underflows"),
         (dict(repetition_penalty=1e-300), "repetition_penalty=1e-300 must lie in \\[0.001, 1000\\]"),
         (dict(repetition_penalty=1e300), "repetition_penalty=1e\\+300 must lie in"),
@@ -145,6 +145,11 @@ def test_a_row_with_no_distribution_draws_no_token_and_only_that_row(config):
         (dict(seed=True), "seed=True must be an integer"),
         (dict(seed=10**29), "seed=100000000000000000000000000000 lies outside 0 to 2\\*\\*64 - 1"),
         (dict(seed=-1), "seed=-1 lies outside"),
+        (dict(presence_penalty=2.5), "presence_penalty=2.5 must lie in \\[-2, 2\\]"),
+        (dict(frequency_penalty=float("inf")), "frequency_penalty=inf must lie in"),
+        (dict(frequency_penalty="x"), "frequency_penalty='x' must lie in"),
+        (dict(min_p=1.5), "min_p=1.5 must lie in \\[0, 1\\]"),
+        (dict(min_p=-0.1), "min_p=-0.1 must lie in"),
     ],
 )
 def test_bad_settings_are_clear_errors(settings, message):
@@ -155,7 +160,8 @@ def test_bad_settings_are_clear_errors(settings, message):
 
 
 @pytest.mark.parametrize("settings", [dict(temperature=1e-5), dict(top_p=1e-6), dict(repetition_penalty=1e-3),
-                                      dict(repetition_penalty=1e3), dict(seed=2**64 - 1), dict(seed=0)])
+                                      dict(repetition_penalty=1e3), dict(seed=2**64 - 1), dict(seed=0),
+                                      dict(presence_penalty=-2.0), dict(frequency_penalty=2.0), dict(min_p=1.0)])
 def test_the_edges_of_each_range_sample_finite_tokens(settings):
     config, seed = check_sampling(**settings)
     logits = _logits(seed=4, vocab=50).float() * 30  # confident rows: the extremes are where overflow would show
@@ -190,3 +196,35 @@ def test_logit_bias_is_added_first_and_its_bad_values_are_refused_naming_the_fie
         with pytest.raises(SamplingError, match=message) as refused:
             check_sampling(logit_bias=bias, vocab_size=11)
         assert refused.value.field == "logit_bias"
+
+
+@settings(max_examples=30, deadline=None)
+@given(presence=st.floats(-2, 2), frequency=st.floats(-2, 2), seed=st.integers(0, 1000))
+def test_presence_and_frequency_penalties_follow_openais_definition(presence, frequency, seed):
+    """mu[j] -> mu[j] - c[j] * frequency_penalty - float(c[j] > 0) * presence_penalty, c[j] the times token j was
+    sampled before (OpenAI's parameter details), recomputed token by token in Python."""
+    logits = _logits(seed=seed, batch=2, vocab=7)
+    replies = [[3, 3, 0, 5, 3], []]
+    counts = torch.zeros(2, 7, dtype=torch.int32)
+    for row, reply in enumerate(replies):
+        for token in reply:
+            counts[row, token] += 1
+    config = SamplingConfig(temperature=0.0, presence_penalty=presence, frequency_penalty=frequency)
+    processed = process_logits(logits, config, counts=counts)
+    for row, reply in enumerate(replies):
+        for token in range(7):
+            c = reply.count(token)
+            expected = float(logits[row, token]) - c * frequency - float(c > 0) * presence
+            assert processed[row, token].item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.05, 0.3, 1.0])
+def test_min_p_keeps_the_tokens_at_least_min_p_times_as_likely_as_the_likeliest(min_p):
+    logits = _logits(seed=3, batch=4, vocab=20)
+    config = SamplingConfig(temperature=0.7, min_p=min_p)
+    kept = process_logits(logits, config).isfinite()
+    for row in range(4):
+        probs = (logits[row] / 0.7).softmax(-1).tolist()
+        expected = [p >= min_p * max(probs) for p in probs]
+        assert kept[row].tolist() == expected
+    assert kept.any(dim=-1).all()  # the likeliest always stays

@@ -261,9 +261,9 @@ def test_refusals_say_what_is_wrong_and_neutral_values_of_unhonoured_fields_pass
     assert "at most 4 items" in refusal("/v1/completions", {"prompt": "a", "stop": list("abcde")})
     assert "at least 1 item" in refusal("/v1/completions", {"prompt": []})
     assert "queues at most 64 (--max-queue)" in refusal("/v1/completions", {"prompt": ["a"] * 65})
-    assert "does not honour it; leave it out" in refusal("/v1/completions", {"prompt": "a", "frequency_penalty": 1})
+    assert "does not honour it; leave it out" in refusal("/v1/completions", {"prompt": "a", "best_of": 2})
     assert "fields it takes: " in refusal("/v1/completions", {"prompt": "a", "max_token": 3})
-    for field, value in (("functions", [{"name": "f"}]), ("top_logprobs", 3), ("presence_penalty", 0.5)):
+    for field, value in (("functions", [{"name": "f"}]), ("top_logprobs", 3), ("function_call", "auto")):
         assert field in refusal("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                          field: value})
     json_mode = refusal("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],

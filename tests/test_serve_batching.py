@@ -25,11 +25,12 @@ class Recorded:
     """A job and what the scheduler passes back: each choice's tokens, and the reasons it finished with."""
 
     def __init__(self, prompt: list[int], max_new: int, *, sampling: SamplingConfig = GREEDY, seed: int = 0,
-                 n: int = 1, stop_ids: frozenset[int] = frozenset()) -> None:
+                 n: int = 1, stop_ids: frozenset[int] = frozenset(), min_tokens: int = 0) -> None:
         self.tokens: list[list[int]] = [[] for _ in range(n)]
         self.reasons: list[str] | None = None
         self.job = GenerationJob(prompt=prompt, max_new_tokens=max_new, sampling=sampling, seed=seed, n=n,
-                                 stop_ids=stop_ids, on_token=self._token, on_finish=self._finish)
+                                 stop_ids=stop_ids, min_tokens=min_tokens, on_token=self._token,
+                                 on_finish=self._finish)
 
     def _token(self, choice: int, token: int) -> bool:
         self.tokens[choice].append(token)
@@ -393,3 +394,47 @@ def test_a_request_after_one_with_the_same_start_computes_only_the_rest_and_its_
     torch.testing.assert_close(scheduler.logits, uncached.logits)
     drain(scheduler)
     assert second.tokens == second.alone(model)
+
+
+@torch.no_grad()
+def penalised_greedy(model, prompt: list[int], n: int, *, presence: float = 0.0, frequency: float = 0.0,
+                     stop: frozenset[int] = frozenset(), min_tokens: int = 0) -> list[int]:
+    """Greedy decoding with OpenAI's presence and frequency penalties and vLLM's min_tokens, from their definitions:
+    the whole sequence through the model at each step, each logit lowered by c * frequency + (c > 0) * presence (c:
+    the token's count in the reply), the stop tokens at -inf before `min_tokens` tokens."""
+    ids, reply = list(prompt), []
+    for _ in range(n):
+        logits = model(torch.tensor([ids])).logits[0, -1].tolist()
+        for token in set(reply):
+            logits[token] -= reply.count(token) * frequency + presence
+        if len(reply) < min_tokens:
+            for token in stop:
+                logits[token] = float("-inf")
+        token = max(range(len(logits)), key=logits.__getitem__)
+        if token in stop:
+            break
+        reply.append(token)
+        ids.append(token)
+    return reply
+
+
+def test_penalties_and_min_tokens_hold_each_request_to_their_definitions_beside_others(model):
+    scheduler = scheduler_for(model, max_rows=6)
+    prompt = [1, 2, 3, 4]
+    first = penalised_greedy(model, prompt, 1)[0]  # the token greedy picks first: held back by min_tokens below
+    penalised = Recorded(prompt, 12, sampling=SamplingConfig(temperature=0.0, presence_penalty=0.8,
+                                                             frequency_penalty=0.5))
+    held = Recorded(prompt, 12, stop_ids=frozenset({first}), min_tokens=3)
+    repeating = Recorded([5, 6, 5, 6], 10, sampling=SamplingConfig(temperature=0.9, repetition_penalty=1.6), seed=7,
+                         n=2)
+    plain = Recorded(prompt, 12)
+    for wait, request in zip((0, 1, 0, 2), (plain, penalised, held, repeating), strict=True):
+        iterate(scheduler, wait)
+        scheduler.submit(request.job)
+    drain(scheduler)
+    assert penalised.tokens == [penalised_greedy(model, prompt, 12, presence=0.8, frequency=0.5)]
+    assert penalised.tokens != plain.tokens  # the penalties changed the reply (else the test shows nothing)
+    assert held.tokens == [penalised_greedy(model, prompt, 12, stop=frozenset({first}), min_tokens=3)]
+    assert len(held.tokens[0]) >= 3  # without min_tokens it would stop at once, at `first`
+    assert repeating.tokens == repeating.alone(model)  # the repetition penalty as Pipeline.generate applies it
+    assert plain.tokens == [penalised_greedy(model, prompt, 12)]

@@ -1,7 +1,7 @@
 """Choosing the next token from the model's logits: greedy or sampled, reshaped by logits processors.
 
-    logits (B, V) -> + logit bias -> repetition penalty -> / temperature -> top-k -> top-p -> softmax -> sample
-                                                                                                      (or argmax)
+    logits (B, V) -> + logit bias -> repetition, presence and frequency penalties -> / temperature -> top-k -> top-p
+                   -> min-p -> softmax -> sample (or argmax)
 
 - logit bias (OpenAI's `logit_bias`): a number from -100 to 100 added to chosen tokens' logits; -100 in effect
   bans a token and +100 forces it;
@@ -11,7 +11,10 @@
 - top-p, "nucleus" (Holtzman et al. 2020): keep the smallest set of most likely tokens whose probability
   reaches p;
 - repetition penalty (Keskar et al. 2019, CTRL): divide positive logits, multiply negative ones, of every
-  token already in the sequence.
+  token already in the sequence (prompt and reply, as vLLM and transformers apply it);
+- presence and frequency penalties (OpenAI's definitions): with c[j] the times token j was generated so far,
+  logit[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty (the reply's tokens only, as vLLM);
+- min-p (Nguyen et al. 2024): keep the tokens whose probability is at least min_p times the likeliest one's.
 
 Randomness comes only from the `torch.Generator` passed in, so the same seed gives the same tokens.
 """
@@ -31,6 +34,7 @@ from attnkit.errors import ConfigError
 MIN_TEMPERATURE = 1e-5  # below it (but above 0, greedy) logits / temperature overflow float32 (vLLM's threshold too)
 MIN_TOP_P = 1e-6  # below it the nucleus is the likeliest token alone, and p underflows float32 at 1e-45
 REPETITION_PENALTY_RANGE = (1e-3, 1e3)  # beyond, the penalised logits overflow or vanish (0 * inf is nan)
+PRESENCE_FREQUENCY_RANGE = (-2.0, 2.0)  # as OpenAI's API takes presence_penalty and frequency_penalty
 LOGIT_BIAS_RANGE = (-100.0, 100.0)  # as OpenAI's API takes it
 SEED_RANGE = (0, 2**64 - 1)  # what torch.Generator.manual_seed takes as a seed of 64 bits
 
@@ -55,8 +59,9 @@ class SamplingConfig:
 
     Raises:
         SamplingError (a ConfigError): temperature not 0 nor in [MIN_TEMPERATURE, inf), top_k < 1, top_p outside
-        [MIN_TOP_P, 1], repetition_penalty outside REPETITION_PENALTY_RANGE, a logit bias outside LOGIT_BIAS_RANGE
-        or of a negative token id, or any of them not a number.
+        [MIN_TOP_P, 1], min_p outside [0, 1], repetition_penalty outside REPETITION_PENALTY_RANGE, presence_penalty
+        or frequency_penalty outside PRESENCE_FREQUENCY_RANGE, a logit bias outside LOGIT_BIAS_RANGE or of a
+        negative token id, or any of them not a number.
     """
 
     temperature: float = 1.0
@@ -64,6 +69,9 @@ class SamplingConfig:
     top_p: float | None = None
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "repetition_penalty"):  # the type first: "x" is no number, not "< 0"
@@ -96,6 +104,15 @@ class SamplingConfig:
         if not low <= penalty <= high:
             raise SamplingError("repetition_penalty", f"repetition_penalty={penalty!r} must lie in [{low:g}, "
                                 f"{high:g}], where the penalised logits stay finite (1 disables it; 1.2 is usual)")
+        low, high = PRESENCE_FREQUENCY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _number(value) or not low <= value <= high:
+                raise SamplingError(name, f"{name}={value!r} must lie in [{low:g}, {high:g}] (0 disables it; "
+                                    "positive values make repeats less likely)")
+        if not _number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise SamplingError("min_p", f"min_p={self.min_p!r} must lie in [0, 1] (0 keeps every token; 0.05 is "
+                                "usual)")
         low, high = LOGIT_BIAS_RANGE
         for token, bias in self.logit_bias:
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
@@ -107,6 +124,11 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalises(self) -> bool:
+        """Whether the tokens already chosen change the next choice (a repetition, presence or frequency penalty)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 def check_seed(seed: object) -> int | None:
@@ -124,13 +146,15 @@ def check_seed(seed: object) -> int | None:
 
 def check_sampling(*, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                    repetition_penalty: float = 1.0, logit_bias: Mapping[int, float] | None = None,
-                   vocab_size: int | None = None, seed: object = None) -> tuple[SamplingConfig, int | None]:
+                   vocab_size: int | None = None, seed: object = None, presence_penalty: float = 0.0,
+                   frequency_penalty: float = 0.0, min_p: float = 0.0) -> tuple[SamplingConfig, int | None]:
     """The one check of the sampling settings that the Python API, the command line and the server share: the
     SamplingConfig and the seed (`check_seed`). `logit_bias` ({token id: bias}) names tokens below `vocab_size`
     when it is given. Raises SamplingError naming the first bad field."""
     bias = tuple((logit_bias or {}).items())
     config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-                            logit_bias=bias)
+                            logit_bias=bias, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                            min_p=min_p)
     beyond = [token for token, _ in bias if vocab_size is not None and token >= vocab_size]
     if beyond:
         raise SamplingError("logit_bias", f"logit_bias: token {beyond[0]} is beyond the vocabulary of {vocab_size} "
@@ -158,6 +182,14 @@ def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Te
     return torch.where(seen, penalised, logits)
 
 
+def apply_presence_frequency(logits: Tensor, counts: Tensor, presence: float, frequency: float) -> Tensor:
+    """logits (B, V), counts (B, V): how often each token was generated in each row. OpenAI's definition:
+    logit[j] - counts[j] * frequency - (counts[j] > 0) * presence."""
+    if presence == 0.0 and frequency == 0.0:
+        return logits
+    return logits - counts.to(logits.dtype) * frequency - (counts > 0).to(logits.dtype) * presence
+
+
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
     """Set every logit below the k-th largest of its row to -inf. (B, V) -> (B, V)."""
     if k >= logits.shape[-1]:
@@ -178,12 +210,24 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def process_logits(logits: Tensor, config: SamplingConfig, seen: Tensor | None = None) -> Tensor:
-    """Apply the logit bias, repetition penalty, temperature, top-k and top-p, in that order. (B, V) float32 ->
-    (B, V)."""
+def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
+    """Drop the tokens whose probability is below min_p times the likeliest token's. (B, V) -> (B, V)."""
+    if min_p <= 0.0:
+        return logits
+    probs = logits.softmax(dim=-1)  # (B, V)
+    return logits.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+
+
+def process_logits(logits: Tensor, config: SamplingConfig, seen: Tensor | None = None,
+                   counts: Tensor | None = None) -> Tensor:
+    """Apply the logit bias, the repetition penalty (over `seen` (B, V) bool: the tokens in each sequence), the
+    presence and frequency penalties (over `counts` (B, V): each token's count in each reply), temperature, top-k,
+    top-p and min-p, in that order. (B, V) float32 -> (B, V)."""
     logits = apply_logit_bias(logits.float(), config.logit_bias)
     if seen is not None:
         logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
+    if counts is not None:
+        logits = apply_presence_frequency(logits, counts, config.presence_penalty, config.frequency_penalty)
     if config.greedy:
         return logits
     logits = logits / config.temperature
@@ -191,7 +235,7 @@ def process_logits(logits: Tensor, config: SamplingConfig, seen: Tensor | None =
         logits = top_k_filter(logits, config.top_k)
     if config.top_p is not None:
         logits = top_p_filter(logits, config.top_p)
-    return logits
+    return min_p_filter(logits, config.min_p)
 
 
 NO_TOKEN = -1  # what a row draws whose probabilities are no distribution (nan logits, or every token at -inf)
@@ -216,6 +260,7 @@ def select_next_in_groups(
     groups: Sequence[tuple[int, torch.Generator | None]],
     *,
     seen: Tensor | None = None,
+    counts: Tensor | None = None,
 ) -> Tensor:
     """`select_next` for consecutive groups of rows that each draw from their own generator (the requests sharing
     a server's decoding step): logits (B, V), groups [(rows, generator), ...] covering the B rows -> ids (B,).
@@ -224,8 +269,9 @@ def select_next_in_groups(
     The draw is torch.multinomial's own for one sample, an exponential race (argmax of p / q with q ~ Exp(1), the
     Gumbel-max trick with exp applied), so the same generator gives the same tokens; but multinomial first checks
     its input by reading the device twice per call, which on a GPU stalls each decoding step once per request.
-    Here nothing is read: a row that is no distribution gets NO_TOKEN, found when the tokens are read."""
-    logits = process_logits(logits, config, seen)
+    Here nothing is read: a row that is no distribution gets NO_TOKEN, found when the tokens are read. seen, counts:
+    what the penalties read (`process_logits`)."""
+    logits = process_logits(logits, config, seen, counts)
     if config.greedy:
         broken = logits.isnan().any(dim=-1) | logits.isneginf().all(dim=-1)  # (B,)
         return logits.argmax(dim=-1).masked_fill(broken, NO_TOKEN)

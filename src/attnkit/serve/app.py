@@ -5,7 +5,8 @@ one router per endpoint family (`serve/routes/`) over the state they share (`ser
     POST /v1/chat/completions   chat, the messages rendered by the run's chat template (`serve/chat.py`)
     POST /v1/embeddings         encoder runs: the mean of the last layer's states, normalised (floats or base64)
     POST /v1/{method}           the run's task method, as the task registry says (translate, classify, tag, ...)
-    GET  /v1/models[/{id}]      the one model served
+    POST /tokenize, /detokenize a prompt's or chat's token ids with the context's length, and back (vLLM's shapes)
+    GET  /v1/models[/{id}]      the one model served, under each of its names (--served-model-name)
     GET  /health, /metrics      liveness, Prometheus text (`serve/metrics.py`)
     GET  /openapi.json          the request bodies' schemas, per endpoint served (`serve/schemas.py`)
     GET  /                      the explorer (`serve/static/`), its numbers under /api/ (`serve/explorer.py`)
@@ -21,23 +22,27 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 import time
+import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnkit.generate.pipeline import Pipeline
 from attnkit.serve.errors import APIError
-from attnkit.serve.routes import completions, embeddings, explorer, operations, tasks
+from attnkit.serve.routes import completions, embeddings, explorer, operations, tasks, tokenize
 from attnkit.serve.settings import ServeSettings
 from attnkit.serve.state import ServerState
 
 log = logging.getLogger("attnkit.serve")
 
 OPEN_PATHS = ("/", "/health")  # served without the API key, with the explorer's files under /static/
+REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # a client's X-Request-Id kept as given: printable, no spaces
 
 
 def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings) -> FastAPI:
@@ -54,20 +59,22 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
 
     app = FastAPI(title="attnkit", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=explorer.STATIC), name="static")
-    for family in (operations, completions, embeddings, explorer, tasks):  # tasks last: /v1/{method} matches any
+    for family in (operations, completions, embeddings, tokenize, explorer, tasks):  # tasks last: /v1/{method}
         app.include_router(family.router(state))
 
-    # Every request: the key, the log line and the counters once its body has ended, and no traceback out ------
+    # Every request: its id, the key, the log line and the counters once its body has ended, and no traceback out
     @app.middleware("http")
     async def log_and_guard(request: Request, call_next):
         start = time.perf_counter()
         path = request.url.path
+        given = request.headers.get("x-request-id", "")
+        request_id = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex  # echoed, or made (as vLLM's)
 
         def ended(status: int) -> None:
             seconds = time.perf_counter() - start
             route = request.scope.get("route")
             state.metrics.record(getattr(route, "path", "unmatched"), status, seconds)
-            log.info("%s %s %d %.3fs", request.method, path, status, seconds)
+            log.info("%s %s %d %.3fs request %s", request.method, path, status, seconds, request_id)
 
         if settings.api_key and not _open(path) and not _authorised(request, settings.api_key):
             response = APIError(401, "a valid API key is needed: send it as 'Authorization: Bearer KEY'").response()
@@ -77,6 +84,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
             except Exception:  # a failure answers 500 without its traceback; the log keeps it
                 log.exception("%s %s failed", request.method, path)
                 response = APIError(500, "the server failed to answer this request; its log says why").response()
+        response.headers["X-Request-Id"] = request_id
         if not hasattr(response, "body_iterator"):  # answered here, whole
             ended(response.status_code)
             return response
@@ -101,6 +109,9 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
         message = "no such endpoint" if error.status_code == 404 else str(error.detail)
         return APIError(error.status_code, message).response()
 
+    if settings.allowed_origins:  # added last, so outermost: a browser's preflight is answered before the key is asked
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["X-Request-Id"])
     app.state.scheduler = state.scheduler  # for tests and embedding applications: the batching scheduler (None: no LM)
     app.state.model_lock = state.model_lock  # held while the model runs, by the scheduler and every other endpoint
     return app

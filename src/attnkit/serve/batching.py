@@ -104,11 +104,14 @@ class GenerationJob:
     deadline: float | None = None  # time.monotonic() after which the job is cancelled
     top_logprobs: int | None = None  # None: no log-probabilities asked for
     on_logprobs: Callable[[int, int, float, list[tuple[int, float]]], None] | None = None
+    min_tokens: int = 0  # the stop tokens are held back (at -inf) until each choice has this many tokens (vLLM's)
     cancelled: threading.Event = field(default_factory=threading.Event)
     # set by the scheduler
     queued: float = 0.0  # time.monotonic() when it was submitted
     generator: torch.Generator | None = None
     produced: int = 0  # decoding steps taken
+    seen: Tensor | None = None  # (n, V) bool: the tokens of each choice's sequence, for the penalties
+    counts: Tensor | None = None  # (n, V): how often each choice generated each token
     reasons: list[FinishReason | None] = field(default_factory=list)
     failure: BaseException | None = None  # why the job ended with "error"
 
@@ -383,11 +386,13 @@ class Scheduler:
         at = _index(rows, self.device)  # a slice where the rows run in order (the usual case): no copy to the device
         states = [job.generator.get_state() if job.generator is not None else None for job in jobs]
         try:
-            logits = self.logits[at]  # (B, V)
+            logits = self._held_back(jobs, self.logits[at])  # (B, V)
             grammar = GrammarMask.joined([(job.n, job.grammar) for job in jobs])
             if grammar is not None:  # each constrained row's forbidden tokens at -inf (generate/constrained.py)
                 logits = grammar(logits)
-            tokens = select_next_in_groups(logits, sampling, [(job.n, job.generator) for job in jobs])
+            seen, counts = self._penalties(jobs, sampling, logits.shape[-1])
+            tokens = select_next_in_groups(logits, sampling, [(job.n, job.generator) for job in jobs], seen=seen,
+                                           counts=counts)
         except Exception as error:
             if len(jobs) == 1:
                 chosen[at] = self.pad_id
@@ -399,6 +404,14 @@ class Scheduler:
                 self._sample([job], sampling, rows_of, chosen)
             return
         chosen[at] = tokens
+        if sampling.penalises:
+            start = 0
+            for job in jobs:
+                choices = torch.arange(job.n, device=self.device)
+                drawn = tokens[start:start + job.n].clamp(min=0)  # NO_TOKEN, a broken row, fails below
+                job.seen[choices, drawn] = True
+                job.counts[choices, drawn] += 1
+                start += job.n
         drawn = iter(tokens.tolist())
         for job in jobs:
             picked = [next(drawn) for _ in range(job.n)]
@@ -408,6 +421,36 @@ class Scheduler:
             except Exception as error:  # its own logits gave no distribution, or its own callback failed
                 chosen[rows_of[job]] = self.pad_id
                 self._fail(job, error)
+
+    def _held_back(self, jobs: list[GenerationJob], logits: Tensor) -> Tensor:
+        """`logits` (B, V) of `jobs`' rows with the stop tokens at -inf in the rows of jobs that have not yet reached
+        their `min_tokens`; a new tensor where any is held back (the raw logits stay for the log-probabilities)."""
+        start, held = 0, []
+        for job in jobs:
+            if job.produced < job.min_tokens and job.stop_ids:
+                held.append((start, job))
+            start += job.n
+        if not held:
+            return logits
+        logits = logits.clone()
+        for start, job in held:
+            logits[start:start + job.n, sorted(job.stop_ids)] = float("-inf")
+        return logits
+
+    def _penalties(self, jobs: list[GenerationJob], sampling: SamplingConfig, vocab: int
+                   ) -> tuple[Tensor | None, Tensor | None]:
+        """What the penalties of `sampling` read for `jobs`' rows: (B, V) bool, the tokens of each sequence (prompt
+        and reply), and (B, V), each token's count in each reply; (None, None) without penalties. Each job's start
+        from its prompt at its first draw."""
+        if not sampling.penalises:
+            return None, None
+        for job in jobs:
+            if job.seen is None:
+                prompt = torch.tensor(job.prompt, device=self.device)
+                job.seen = torch.zeros((job.n, vocab), dtype=torch.bool, device=self.device)
+                job.seen[:, prompt] = True
+                job.counts = torch.zeros((job.n, vocab), dtype=torch.int32, device=self.device)
+        return torch.cat([job.seen for job in jobs]), torch.cat([job.counts for job in jobs])
 
     def _scores(self, job: GenerationJob, rows: list[int], chosen: Tensor) -> list | None:
         """For a job that asks for them, each choice's (logprob, top) under the logits its token was drawn from."""

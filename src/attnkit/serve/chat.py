@@ -53,15 +53,18 @@ class ChatTemplate:
     def stops(self) -> tuple[str, ...]:
         return STOP_STRINGS if self.source is None else ()
 
-    def render(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> str:
-        """The prompt; `tools`: the functions offered, as the request gives them ({"type": "function", ...})."""
+    def render(self, messages: Sequence[dict], tools: Sequence[dict] = (), *, add_generation_prompt: bool = True
+               ) -> str:
+        """The prompt; `tools`: the functions offered, as the request gives them ({"type": "function", ...});
+        `add_generation_prompt`: end with the assistant's turn begun, as a reply needs."""
         if self.source is None:
             offered = [tool["function"] for tool in tools]
             turns = [f"System: Tools you may call, replying {TOOL_CALL}{{\"name\": ..., \"arguments\": {{...}}}}: "
                      f"{json.dumps(offered, ensure_ascii=False)}"] if offered else []
             turns += [f"{DEFAULT_ROLES[m['role']]}: {_shown(m)}" for m in messages]
-            return "\n".join([*turns, "Assistant:"])
-        return render(self.source, messages, tools, bos_token=self.bos_token, eos_token=self.eos_token)
+            return "\n".join([*turns, "Assistant:"] if add_generation_prompt else turns)
+        return render(self.source, messages, tools, add_generation_prompt=add_generation_prompt,
+                      bos_token=self.bos_token, eos_token=self.eos_token)
 
 
 def _shown(message: dict) -> str:

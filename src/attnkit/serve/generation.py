@@ -59,9 +59,16 @@ class Generation:
         try:
             sampling, seed = check_sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                                             logit_bias=_logit_bias(body.logit_bias),
-                                            vocab_size=pipeline.config.vocab_size, seed=body.seed)
+                                            vocab_size=pipeline.config.vocab_size, seed=body.seed,
+                                            presence_penalty=body.presence_penalty or 0.0,
+                                            frequency_penalty=body.frequency_penalty or 0.0,
+                                            repetition_penalty=body.repetition_penalty, min_p=body.min_p)
         except SamplingError as error:
             raise APIError(400, str(error), param=error.field) from None
+        stop_ids = _stop_ids(pipeline, body)
+        if body.min_tokens > max_tokens:
+            raise APIError(400, f"min_tokens={body.min_tokens} is more than max_tokens={max_tokens}: give at most as "
+                           "many", param="min_tokens")
         self.prompt_ids = ids
         self.prompt_tokens = len(ids)
         self.completion_tokens = 0
@@ -72,10 +79,9 @@ class Generation:
         self.structured = structured
         streamed = body.stream and not (structured and structured.withheld)  # a tool call comes whole at the end
         self.tracker = TextTracker(pipeline.tokenizer, body.n, [*stop, *stops], self._text if streamed else None)
-        eos = pipeline.tokenizer.eos_id
         self.job = GenerationJob(
             prompt=ids, max_new_tokens=max_tokens, sampling=sampling, on_token=self._token, on_finish=self._finish,
-            n=body.n, seed=seed, stop_ids=frozenset({eos} if eos is not None else ()),
+            n=body.n, seed=seed, stop_ids=stop_ids, min_tokens=body.min_tokens,
             deadline=time.monotonic() + settings.timeout, top_logprobs=logprobs,
             on_logprobs=self._scored if logprobs is not None else None,
             grammar=structured.mask(pipeline.tokenizer, body.n) if structured else None)
@@ -123,6 +129,21 @@ def _prompt_ids(pipeline: Pipeline, prompt: str | list[int], index: int, context
         raise APIError(400, f"prompt {index}: token id {beyond[0]} is beyond the vocabulary of {vocab} tokens; give "
                        f"ids from 0 to {vocab - 1}", param="prompt")
     return list(prompt)
+
+
+def _stop_ids(pipeline: Pipeline, body: Sampling) -> frozenset[int]:
+    """The tokens that end a choice: EOS (unless `ignore_eos`) and `stop_token_ids`; 400 for one beyond the
+    vocabulary."""
+    vocab = pipeline.config.vocab_size
+    stop_ids = set(body.stop_token_ids or ())
+    beyond = sorted(token for token in stop_ids if token >= vocab)
+    if beyond:
+        raise APIError(400, f"stop_token_ids: token id {beyond[0]} is beyond the vocabulary of {vocab} tokens; give "
+                       f"ids from 0 to {vocab - 1}", param="stop_token_ids")
+    eos = pipeline.tokenizer.eos_id
+    if eos is not None and not body.ignore_eos:
+        stop_ids.add(eos)
+    return frozenset(stop_ids)
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:

@@ -2,8 +2,10 @@
 
 Types are strict: "5" is not an integer here, so a wrong type is answered 422 naming the field; a value of the
 right type out of its range is answered 400 naming it. A field the server does not take is answered 400 naming it,
-never ignored: OpenAI's fields that attnkit does not honour (`frequency_penalty`, `best_of`, `functions`,
-`dimensions`, ...) pass only at the neutral value clients send by default (`NOT_HONOURED`), which asks for nothing.
+never ignored: OpenAI's fields that attnkit does not honour (`best_of`, `functions`, `dimensions`, ...) pass only at
+the neutral value clients send by default (`NOT_HONOURED`), which asks for nothing. Beside OpenAI's sampling fields,
+vLLM's are taken under vLLM's names (`top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `ignore_eos`,
+`min_tokens`), as clients send them (the openai client's `extra_body`).
 Chat's `response_format`, `tools` and `tool_choice` are honoured through structured output (`serve/structured.py`).
 
 A prompt is text, or token ids, as OpenAI's completions take it: a string, a list of strings, a list of token ids
@@ -23,7 +25,7 @@ MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's chat limit; vL
 
 _OFF = (None, False)
 SAMPLING_NOT_HONOURED: dict[str, tuple] = {  # field -> its neutral values (compared with their types)
-    "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "user": None, "store": _OFF,
+    "user": None, "store": _OFF,
     "metadata": (None, {}), "service_tier": (None, "auto", "default"),
 }
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
@@ -76,6 +78,13 @@ class Sampling(Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None  # {token id: -100 to 100}, added to its logit before sampling
+    presence_penalty: float | None = None  # -2 to 2: a generated token's logit less by this once it has appeared
+    frequency_penalty: float | None = None  # -2 to 2: ... less by this times the times it has appeared (OpenAI's)
+    repetition_penalty: float = 1.0  # vLLM's (CTRL's): tokens of the prompt and reply less likely; 1 is off
+    min_p: float = 0.0  # vLLM's: tokens less likely than min_p times the likeliest are dropped; 0 is off
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None  # vLLM's: tokens that end a choice, unreturned
+    ignore_eos: bool = False  # vLLM's: EOS does not end a choice
+    min_tokens: Annotated[int, Field(ge=0)] = 0  # vLLM's: EOS and stop_token_ids are held back until this many
 
 
 class StreamOptions(Body):
@@ -202,6 +211,36 @@ class ChatRequest(Sampling):
     tools: list[Tool] | None = None  # functions the reply may call (serve/structured.py)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # taken either way: a reply makes at most one call
+
+
+class TokenizeRequest(Body):
+    """POST /tokenize, in vLLM's shapes: a `prompt`, or chat `messages` (with the `tools` offered) rendered by the
+    run's chat template. add_special_tokens (default: true for a prompt, false for messages): a prompt's tokens as
+    /v1/completions feeds them (BOS before an empty prompt), else the tokenizer's alone; the rendered messages'
+    tokens as /v1/chat/completions feeds them, with BOS first as well when true."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[Message], Field(min_length=1)] | None = None
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool = True  # messages: end with the assistant's turn begun
+    add_special_tokens: bool | None = None
+    return_token_strs: bool = False  # each token's text as well
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt (a text) or messages (a chat), not both or neither")
+        if self.tools and self.messages is None:
+            raise ValueError("tools go with messages: give the chat they are offered in")
+        return self
+
+
+class DetokenizeRequest(Body):
+    """POST /detokenize, in vLLM's shape: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]
 
 
 class EmbeddingRequest(Body):

@@ -40,7 +40,9 @@ class ServerState:
 
     pipeline: Pipeline
     settings: ServeSettings
-    model_id: str  # the run directory's name
+    model_id: str  # the name answers carry: the first --served-model-name, else the run directory's name
+    names: tuple[str, ...]  # every name a request may ask for (--served-model-name), model_id first
+    run_name: str  # the run directory's name
     created: int  # when the server started (seconds since the epoch), as /v1/models gives it
     scheduler: Scheduler | None
     explorer: Explorer
@@ -58,7 +60,9 @@ class ServerState:
                                   decoding=pipeline.decoding, prefix_cache=prefix_cache)
             build_steps(pipeline.decoding, settings.max_batch)
         experiments = Path(settings.experiments) if settings.experiments else Path.cwd() / "docs" / "experiments"
-        return cls(pipeline=pipeline, settings=settings, model_id=run_dir.resolve().name, created=int(time.time()),
+        names = settings.served_model_name or (run_dir.resolve().name,)
+        return cls(pipeline=pipeline, settings=settings, model_id=names[0], names=tuple(names),
+                   run_name=run_dir.resolve().name, created=int(time.time()),
                    scheduler=scheduler,
                    explorer=Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments),
                    template=chat_template(run_dir / TOKENIZER_DIR, getattr(pipeline.tokenizer, "specials", None)),
@@ -80,9 +84,10 @@ class ServerState:
         return served
 
     def check_model(self, name: str | None) -> None:
-        """404 for a model name other than the one served (None: the one served)."""
-        if name is not None and name != self.model_id:
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_id!r}",
+        """404 for a model name other than the names the model is served under (None: the one served)."""
+        if name is not None and name not in self.names:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_id!r}"
+                           + (f" (also named {', '.join(map(repr, self.names[1:]))})" if len(self.names) > 1 else ""),
                            param="model", code="model_not_found")
 
     async def body(self, request: Request, schema: type[Body]):

@@ -9,11 +9,13 @@ from fastapi.responses import PlainTextResponse
 from attnkit.serve.schemas import (
     ChatRequest,
     CompletionRequest,
+    DetokenizeRequest,
     EmbeddingRequest,
     ExploreRequest,
     ModelViewRequest,
     StepRequest,
     TaskRequest,
+    TokenizeRequest,
     openapi,
 )
 from attnkit.serve.state import ServerState
@@ -41,24 +43,26 @@ def router(state: ServerState) -> APIRouter:
                   "/v1/embeddings": EmbeddingRequest}
         bodies = {path: body for path, body in bodies.items() if path in state.endpoints()}
         bodies |= {path: TaskRequest for path in state.endpoints() if path not in bodies}
+        bodies |= {"/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
         bodies |= {"/api/analyze": ExploreRequest, "/api/step": StepRequest, "/api/inspect": ExploreRequest,
                    "/api/model": ModelViewRequest}
         most = {"max_tokens": settings.max_tokens, "max_completion_tokens": settings.max_tokens,
                 "n": settings.max_batch}
         return openapi(bodies, title=f"attnkit serve: {state.model_id}", limits=most)
 
-    def card() -> dict:
-        return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "attnkit",
-                "family": pipeline.family, "task": pipeline.task.name if pipeline.task else None,
-                "endpoints": state.endpoints()}
+    def card(name: str) -> dict:
+        """The model under one of its names, with vLLM's `root` (what it serves: the run) and `max_model_len`."""
+        return {"id": name, "object": "model", "created": state.created, "owned_by": "attnkit",
+                "root": state.run_name, "max_model_len": pipeline.config.max_seq_len, "family": pipeline.family,
+                "task": pipeline.task.name if pipeline.task else None, "endpoints": state.endpoints()}
 
     @routes.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [card()]}
+        return {"object": "list", "data": [card(name) for name in state.names]}
 
     @routes.get("/v1/models/{name}")
     async def model(name: str):
         state.check_model(name)
-        return card()
+        return card(name)
 
     return routes

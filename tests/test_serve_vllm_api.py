@@ -1,0 +1,143 @@
+"""The API surface engineers bring from vLLM and llama.cpp's server, driven as users drive it: the official openai
+client (vLLM's own fields through `extra_body`), httpx where the client has no method (/tokenize, /detokenize, CORS,
+/metrics), and LangChain's ChatOpenAI where it is installed."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
+openai = pytest.importorskip("openai", reason="the openai client is in the dev extras")
+httpx = pytest.importorskip("httpx")
+
+from serve_helpers import running_server, tiny_run  # noqa: E402
+
+import attnkit  # noqa: E402
+
+TIMEOUT = 60
+ORIGIN = "http://app.example"
+ALIASES = ("gpt-4o-mini", "local")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return tiny_run(tmp_path_factory.mktemp("vllm-api"), "decoder", sharpen=3.0)
+
+
+@pytest.fixture(scope="module")
+def server(run):
+    with running_server(run, served_model_name=ALIASES, allowed_origins=(ORIGIN,), api_key="secret") as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="secret", timeout=TIMEOUT, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def pipeline(run):
+    return attnkit.load(run, device="cpu")
+
+
+def post(server: str, path: str, body: dict, **headers) -> httpx.Response:
+    return httpx.post(f"{server}{path}", json=body, timeout=TIMEOUT,
+                      headers={"Authorization": "Bearer secret", **headers})
+
+
+# Sampling ------------------------------------------------------------------------------------------------------------
+def test_repetition_penalty_and_min_p_answer_as_the_library_and_penalties_change_the_reply(client, pipeline):
+    answer = client.completions.create(model="local", prompt="the cat", max_tokens=12, temperature=0.8, seed=3,
+                                       extra_body={"repetition_penalty": 1.5})
+    assert answer.choices[0].text == pipeline.generate("the cat", max_new_tokens=12, temperature=0.8, seed=3,
+                                                       repetition_penalty=1.5)[0]
+    plain = client.completions.create(model="local", prompt="aaaa", max_tokens=12, temperature=0)
+    penalised = client.completions.create(model="local", prompt="aaaa", max_tokens=12, temperature=0,
+                                          presence_penalty=2.0, frequency_penalty=2.0)
+    assert penalised.choices[0].text != plain.choices[0].text
+    assert len(set(penalised.choices[0].text)) >= len(set(plain.choices[0].text))  # repeats made less likely
+    kept = client.completions.create(model="local", prompt="the cat", max_tokens=12, temperature=1.0, seed=4,
+                                     extra_body={"min_p": 1.0})  # only the likeliest token stays: greedy
+    assert kept.choices[0].text == pipeline.generate("the cat", max_new_tokens=12, temperature=0)[0]
+
+
+def test_stop_token_ids_min_tokens_and_ignore_eos(client, pipeline):
+    first = pipeline.tokenizer.encode(pipeline.generate("the cat", max_new_tokens=1, temperature=0)[0])[0]
+    stopped = client.completions.create(model="local", prompt="the cat", max_tokens=10, temperature=0,
+                                        extra_body={"stop_token_ids": [first]})
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 0
+    held = client.completions.create(model="local", prompt="the cat", max_tokens=10, temperature=0,
+                                     extra_body={"stop_token_ids": [first], "min_tokens": 3})
+    assert held.usage.completion_tokens >= 3
+    eos = pipeline.tokenizer.eos_id
+    forced = {"logit_bias": {str(eos): 100}}  # the reply would end at once
+    ends = client.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+                                          temperature=0, **forced)
+    assert ends.choices[0].finish_reason == "stop" and ends.usage.completion_tokens == 0
+    goes_on = client.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=5, temperature=0, **forced, extra_body={"ignore_eos": True})
+    assert goes_on.choices[0].finish_reason == "length" and goes_on.usage.completion_tokens == 5
+
+
+@pytest.mark.parametrize("field, value", [("presence_penalty", 2.5), ("frequency_penalty", -3.0), ("min_p", 1.5),
+                                          ("repetition_penalty", 0.0), ("stop_token_ids", [10**6]), ("min_tokens", 9)])
+def test_each_refused_sampling_value_is_a_400_naming_it(client, field, value):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="local", prompt="ab", max_tokens=4, extra_body={field: value})
+    assert refused.value.body["param"] == field and field in refused.value.body["message"]
+
+
+# Tokenize, models, CORS, request ids, metrics -------------------------------------------------------------------------
+def test_tokenize_and_detokenize_as_vllm_shapes_them(server, client, pipeline):
+    answer = post(server, "/tokenize", {"model": "gpt-4o-mini", "prompt": "the cat", "return_token_strs": True})
+    assert answer.status_code == 200, answer.text
+    shaped = answer.json()
+    assert shaped["tokens"] == pipeline.tokenizer.encode("the cat") and shaped["count"] == len(shaped["tokens"])
+    assert shaped["max_model_len"] == pipeline.config.max_seq_len
+    assert "".join(shaped["token_strs"]) == "the cat"
+    assert post(server, "/tokenize", {"prompt": ""}).json()["tokens"] == [pipeline.tokenizer.bos_id]
+    assert post(server, "/tokenize", {"prompt": "", "add_special_tokens": False}).json()["tokens"] == []
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    chat = post(server, "/tokenize", {"messages": messages}).json()
+    reply = client.chat.completions.create(model="local", messages=messages, max_tokens=2, temperature=0)
+    assert chat["count"] == reply.usage.prompt_tokens  # the tokens chat feeds the model
+    assert chat["tokens"] == pipeline.prompt_ids("System: be brief\nUser: hi\nAssistant:", index=0)
+    bare = post(server, "/tokenize", {"messages": messages, "add_generation_prompt": False}).json()
+    assert bare["tokens"] == pipeline.prompt_ids("System: be brief\nUser: hi", index=0)
+    back = post(server, "/detokenize", {"model": "local", "tokens": shaped["tokens"]})
+    assert back.json() == {"prompt": "the cat"}
+    refused = post(server, "/detokenize", {"tokens": [10**6]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens"
+    assert post(server, "/tokenize", {"prompt": "a", "messages": messages}).status_code in (400, 422)
+    assert post(server, "/tokenize", {"prompt": "a", "model": "other"}).status_code == 404
+
+
+def test_served_model_names_are_aliases_and_models_give_the_context(client, pipeline, run):
+    cards = client.models.list().data
+    assert [card.id for card in cards] == list(ALIASES)
+    assert all(card.max_model_len == pipeline.config.max_seq_len and card.root == run.name for card in cards)
+    answer = client.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert answer.model == "gpt-4o-mini"  # answers carry the first name, as vLLM's
+    assert client.models.retrieve("local").id == "local"
+    with pytest.raises(openai.NotFoundError, match="also named 'local'"):
+        client.completions.create(model=run.name, prompt="ab", max_tokens=2)
+
+
+def test_cors_preflight_is_answered_before_the_key_and_request_ids_are_echoed_or_made(server, caplog):
+    preflight = httpx.options(f"{server}/v1/completions", timeout=TIMEOUT, headers={
+        "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == ORIGIN
+    other = httpx.options(f"{server}/v1/completions", timeout=TIMEOUT, headers={
+        "Origin": "http://elsewhere.example", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in other.headers
+    unauthorised = httpx.post(f"{server}/v1/completions", json={"prompt": "a"}, timeout=TIMEOUT,
+                              headers={"Origin": ORIGIN})
+    assert unauthorised.status_code == 401 and unauthorised.headers["access-control-allow-origin"] == ORIGIN
+    with caplog.at_level("INFO", logger="attnkit.serve"):
+        echoed = post(server, "/v1/completions", {"prompt": "ab", "max_tokens": 2}, **{"X-Request-Id": "trace-42"})
+        made = post(server, "/v1/completions", {"prompt": "ab", "max_tokens": 2})
+    assert echoed.headers["x-request-id"] == "trace-42"
+    assert len(made.headers["x-request-id"]) == 32 and made.headers["x-request-id"] != "trace-42"
+    assert any("request trace-42" in record.getMessage() for record in caplog.records)
+    assert any(made.headers["x-request-id"] in record.getMessage() for record in caplog.records)
