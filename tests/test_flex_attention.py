@@ -194,3 +194,25 @@ def test_flex_attention_asked_for_where_it_cannot_train_is_refused_naming_the_fi
     with pytest.raises(ConfigError, match="no attention dropout"):
         plan_training(_decoder(position="alibi", attention_dropout=0.1), family="decoder", device="cuda",
                       attention="flex", free_memory=80 * 2**30)
+
+
+@pytest.mark.slow  # tracing a 2-layer model: about 12 s on 2 CPU cores
+def test_a_model_with_flex_attention_traces_as_one_graph_with_its_masks():
+    """GPU training compiles the whole model (fullgraph): FlexAttention, ALiBi's score_mod and the document mask's
+    block mask trace into one graph (a recording backend; on the CPU inductor's FlexAttention template is not the
+    GPU's, so the graph runs as traced), with the reference path's logits."""
+    graphs = []
+
+    def recording(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    model = _decoder(position="alibi", n_layers=2).eval()
+    ids = torch.randint(0, 20, (2, 13))
+    documents = torch.tensor([[0] * 5 + [1] * 8, [0] * 9 + [1] * 4])
+    with torch.no_grad():
+        expected = model(ids, document_ids=documents).logits
+        kernels.use_flex_attention(model, True)
+        got = torch.compile(model, fullgraph=True, backend=recording)(ids, document_ids=documents).logits
+    assert len(graphs) == 1
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)

@@ -145,8 +145,10 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, *, mask: AttentionMask, window:
     """
     key_len = k.shape[2]
     blocks = block_mask_for(mask, q.shape[0], key_len, window, q.device)
-    return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale,
-                                     enable_gqa=k.shape[1] != q.shape[1])  # (B, H, T, D)
+    # inside a compiled model, the model's compilation compiles the kernel; outside it, the compiled function does
+    kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
+    return kernel(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale,
+                  enable_gqa=k.shape[1] != q.shape[1])  # (B, H, T, D)
 
 
 @functools.cache
