@@ -510,26 +510,40 @@ def test_streams_are_logged_and_counted_when_they_end_with_the_status_they_end_w
             return step(*args)
 
         monkeypatch.setattr(scheduler.decoding, "step", slow_step)
-        ended = []
+        bodies = []  # each stream's text
         with caplog.at_level(logging.INFO, logger="attnkit.serve"), httpx.Client(timeout=TIMEOUT) as http:
             for max_tokens in (10, 90):  # 0.5 s of steps; then 4.5 s, past the timeout (504 inside the stream)
                 body = {"prompt": "the", "max_tokens": max_tokens, "stream": True, "seed": 0,
                         "logit_bias": {str(pipeline.tokenizer.eos_id): -100}}  # no EOS: every step it asks for
                 with http.stream("POST", f"{url}/v1/completions", json=body) as response:
-                    headers = time.perf_counter()
-                    text = "".join(response.iter_lines())
-                ended.append((time.perf_counter() - headers, text))
+                    bodies.append("".join(response.iter_lines()))
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and len(_logged(caplog, "POST /v1/completions")) < 2:
                 time.sleep(0.05)
         metrics = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
     logged = _logged(caplog, "POST /v1/completions")
     (whole, whole_seconds), (late, late_seconds) = [line.split()[2:4] for line in logged]
-    assert whole == "200" and float(whole_seconds.rstrip("s")) >= ended[0][0]  # its time to the end, not its headers
-    assert '"timeout_error"' in ended[1][1] and late == "504" and float(late_seconds.rstrip("s")) >= ended[1][0]
+    # the time to the stream's end, not to its headers: at least the sleeps of its 9 steps after the prefill
+    assert whole == "200" and float(whole_seconds.rstrip("s")) >= 9 * 0.05
+    assert '"timeout_error"' in bodies[1] and late == "504" and float(late_seconds.rstrip("s")) >= 3.0
     assert 'attnkit_requests_total{path="/v1/completions",status="200"} 1' in metrics
     assert 'attnkit_requests_total{path="/v1/completions",status="504"} 1' in metrics
 
 
 def _logged(caplog, start: str) -> list[str]:
     return [record.getMessage() for record in caplog.records if record.getMessage().startswith(start)]
+
+
+@pytest.mark.parametrize(("prompt", "status", "words"), [
+    ([1, -2, 3], 400, "the token id at [1] is -2"),
+    ([1, 2.5, 3], 422, "[1] is 2.5, not a token id"),
+    ([True], 422, "[0] is true, not a token id"),
+    ([[1, 2], []], 400, "[1] is an empty list"),
+    ([[1, 2], [3, -4]], 400, "the token id at [1][1] is -4"),
+    ([1, "a"], 422, '[1] is "a", not a token id'),
+])
+def test_token_id_prompts_are_refused_naming_the_id(server, prompt, status, words):
+    response = httpx.post(f"{server[0]}/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=TIMEOUT)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == "prompt" and words in error["message"] and "valid string" not in error["message"]

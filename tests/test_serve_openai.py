@@ -181,3 +181,23 @@ def test_logit_bias_bans_and_forces_tokens(client, pipeline):
     served = client.completions.create(model="decoder", prompt="the cat", max_tokens=8, temperature=0.8, seed=3,
                                        logit_bias={str(forced_id): 5}).choices[0].text
     assert served == library
+
+
+def test_embeddings_of_token_ids_equal_those_of_their_text(runs):
+    encoder = attnkit.load(runs["encoder"], device="cpu")
+    texts = ["a cat", "the dog sat"]
+    ids = [encoder.tokenizer.encode(text) for text in texts]
+    with running_server(runs["encoder"]) as (url, _app):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+        by_text = client.embeddings.create(model="encoder", input=texts, encoding_format="float")
+        by_ids = client.embeddings.create(model="encoder", input=ids, encoding_format="float")
+        one = client.embeddings.create(model="encoder", input=ids[0], encoding_format="float")
+        for bad, words in (([1, -2], "the token id at [1] is -2"), ([[1], []], "[1] is an empty list"),
+                           ([10_000], "beyond the vocabulary")):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.embeddings.create(model="encoder", input=bad, encoding_format="float")
+            assert refused.value.body["param"] == "input" and words in refused.value.body["message"]
+    for text, token in zip(by_text.data, by_ids.data, strict=True):
+        assert token.embedding == pytest.approx(text.embedding, abs=1e-6)
+    assert one.data[0].embedding == pytest.approx(by_text.data[0].embedding, abs=1e-6)
+    assert by_ids.usage.prompt_tokens == by_text.usage.prompt_tokens

@@ -277,12 +277,13 @@ class Pipeline:
             )
         return ids
 
-    def classifier_ids(self, text: str, *, index: int) -> tuple[list[int], bool]:
-        """`CLS tokens SEP` when the tokenizer has CLS, else `BOS tokens EOS`, as the labelled data lays them out;
-        and whether the tokens were cut to the model's max_seq_len (logged, and said in each result)."""
+    def classifier_ids(self, text: str | list[int], *, index: int) -> tuple[list[int], bool]:
+        """`CLS tokens SEP` when the tokenizer has CLS, else `BOS tokens EOS`, as the labelled data lays them out,
+        for a text or its tokens' ids; and whether the tokens were cut to the model's max_seq_len (logged, and said in
+        each result)."""
         tok = self.tokenizer
         first, last = (tok.cls_id, tok.sep_id) if tok.cls_id is not None else (tok.bos_id, tok.eos_id)
-        ids = tok.encode(text)
+        ids = tok.encode(text) if isinstance(text, str) else list(text)
         keep = self.config.max_seq_len - 2
         if len(ids) > keep:
             log.warning("text %d has %d tokens; reading its first %d", index, len(ids), keep)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 MAX_STOPS = 4  # as OpenAI
 MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's chat limit; vLLM's default max_logprobs)
@@ -29,6 +30,47 @@ SAMPLING_NOT_HONOURED: dict[str, tuple] = {  # field -> its neutral values (comp
     "metadata": (None, {}), "service_tier": (None, "auto", "default"),
 }
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+SHOWN_CHARS = 40  # of a value that is no token id, in its refusal
+
+
+def check_token_ids(value: Any) -> Any:
+    """A prompt of token ids (a list of ids, or a list of such lists) checked id by id, so that a bad one is refused
+    as a token id, by its place: the union it belongs to would report its text member's complaint ("should be a
+    valid string"). Text (a string, a list of strings) and other values go on to the union's own checks."""
+    if not isinstance(value, list) or all(isinstance(item, str) for item in value):
+        return value
+    nested = any(isinstance(item, list) for item in value)
+    for i, row in enumerate(value if nested else [value]):
+        where = f"[{i}]" if nested else ""
+        if not isinstance(row, list):
+            raise PydanticCustomError("list_type", "{where} is {value}, not a list of token ids: give every prompt as "
+                                      "token ids, or every one as text", {"where": where, "value": _shown(row)})
+        if not row:
+            raise PydanticCustomError("too_short", "{where} is an empty list: a prompt of token ids holds at least "
+                                      "one", {"where": where})
+        for j, token in enumerate(row):
+            if isinstance(token, bool) or not isinstance(token, int):
+                raise PydanticCustomError("int_type", "{where} is {value}, not a token id: token ids are whole "
+                                          "numbers from 0 (or give the prompt as text)",
+                                          {"where": f"{where}[{j}]", "value": _shown(token)})
+            if token < 0:
+                raise PydanticCustomError("greater_than_equal", "the token id at {where} is {value}; token ids are "
+                                          "whole numbers from 0", {"where": f"{where}[{j}]", "value": token})
+    return value
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
+
+
+def one_or_many(prompt: Any) -> list:
+    """A prompt field's prompts: [prompt] for one (a string, or a list of token ids), else the list."""
+    return [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt
+
+
+Prompts = Annotated[str | Annotated[list[str], Field(min_length=1)] | TokenIds
+                    | Annotated[list[TokenIds], Field(min_length=1)], BeforeValidator(check_token_ids)]
 
 
 class Body(BaseModel):
@@ -94,15 +136,14 @@ class StreamOptions(Body):
 class CompletionRequest(Sampling):
     NOT_HONOURED = {**SAMPLING_NOT_HONOURED, "best_of": (None, 1), "suffix": (None, "")}
 
-    prompt: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+    prompt: Prompts
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # the likeliest alternatives per token
     echo: bool = False  # the prompt before the completion, in the text and the logprobs
 
     @property
     def prompts(self) -> list[str] | list[list[int]]:
         """The prompts, each a string or a list of token ids."""
-        one = isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
-        return [self.prompt] if one else self.prompt
+        return one_or_many(self.prompt)
 
 
 class TextPart(Body):
@@ -247,8 +288,13 @@ class EmbeddingRequest(Body):
     NOT_HONOURED = {"dimensions": (None,), "user": None}
 
     model: str | None = None
-    input: str | Annotated[list[str], Field(min_length=1)]
+    input: Prompts  # texts or token ids, as OpenAI's (its client sends ids when it splits long texts itself)
     encoding_format: Literal["float", "base64"] = "float"  # base64: little-endian float32 bytes, as OpenAI's
+
+    @property
+    def inputs(self) -> list[str] | list[list[int]]:
+        """The inputs, each a string or a list of token ids."""
+        return one_or_many(self.input)
 
 
 class TaskRequest(Body):

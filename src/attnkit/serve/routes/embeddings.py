@@ -27,8 +27,7 @@ def router(state: ServerState) -> APIRouter:
         if not state.embeds:
             raise APIError(404, f"embeddings come from encoder runs; this run is a {pipeline.family}",
                            code="endpoint_not_served")
-        texts = [body.input] if isinstance(body.input, str) else body.input
-        rows = await state.in_turns(texts, lambda part, start: embed(pipeline, part, start))
+        rows = await state.in_turns(body.inputs, lambda part, start: embed(pipeline, part, start))
         used = sum(row.tokens for row in rows)
         encode = _base64 if body.encoding_format == "base64" else list
         return {"object": "list", "model": state.model_id,
@@ -48,11 +47,18 @@ class Embedded:
     truncated: bool
 
 
-def embed(pipeline: Pipeline, texts: list[str], start: int = 0) -> list[Embedded]:
-    """Each text's embedding: the mean of the encoder's last states over its tokens, of length 1. `start`: the
-    first text's index in the request (for the log)."""
+def embed(pipeline: Pipeline, texts: list[str] | list[list[int]], start: int = 0) -> list[Embedded]:
+    """Each text's embedding (a text given as a string, or as its tokens' ids): the mean of the encoder's last states
+    over its tokens, of length 1. `start`: the first text's index in the request. APIError 400 for a token id beyond
+    the vocabulary."""
     from attnkit.data.batching import pad
 
+    vocab = pipeline.config.vocab_size
+    for i, text in enumerate(texts):
+        beyond = [token for token in text if token >= vocab] if not isinstance(text, str) else []
+        if beyond:
+            raise APIError(400, f"input[{start + i}]: token id {beyond[0]} is beyond the vocabulary of {vocab} "
+                           f"tokens; give ids from 0 to {vocab - 1}", param="input")
     rows = [pipeline.classifier_ids(text, index=start + i) for i, text in enumerate(texts)]
     ids, mask = pad([row for row, _ in rows], pipeline._pad_id, device=pipeline.device)  # (B, T)
     hidden = pipeline.model(ids, attention_mask=mask).hidden_states.float()  # (B, T, C)
