@@ -438,3 +438,17 @@ def test_penalties_and_min_tokens_hold_each_request_to_their_definitions_beside_
     assert len(held.tokens[0]) >= 3  # without min_tokens it would stop at once, at `first`
     assert repeating.tokens == repeating.alone(model)  # the repetition penalty as Pipeline.generate applies it
     assert plain.tokens == [penalised_greedy(model, prompt, 12)]
+
+
+def test_kv_cache_usage_is_the_share_of_the_batchs_positions_holding_a_rows_keys(model):
+    scheduler = scheduler_for(model, max_rows=4)
+    assert scheduler.kv_cache_usage == 0.0
+    for request in (Recorded([1, 2, 3, 4, 5], 8), Recorded([6, 7], 8, n=2, sampling=SamplingConfig(), seed=1)):
+        scheduler.submit(request.job)
+    for _ in range(4):
+        iterate(scheduler)
+        batch = scheduler.batch
+        rows, positions = batch.room
+        held = batch.attention_mask[: len(batch.rows), : batch.length].sum().item()  # every real column
+        assert scheduler.kv_cache_usage == pytest.approx(held / (rows * positions))
+        assert scheduler.running_requests == 2 and scheduler.running_rows == 3

@@ -141,3 +141,44 @@ def test_cors_preflight_is_answered_before_the_key_and_request_ids_are_echoed_or
     assert len(made.headers["x-request-id"]) == 32 and made.headers["x-request-id"] != "trace-42"
     assert any("request trace-42" in record.getMessage() for record in caplog.records)
     assert any(made.headers["x-request-id"] in record.getMessage() for record in caplog.records)
+
+
+def metrics_of(server: str) -> dict[str, float]:
+    """/metrics as {sample name with its labels: value}."""
+    text = httpx.get(f"{server}/metrics", timeout=TIMEOUT, headers={"Authorization": "Bearer secret"}).text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def test_metrics_time_each_generation_request_as_prometheus_histograms(server, client):
+    before = metrics_of(server)
+    usages = [client.completions.create(model="local", prompt="the cat", max_tokens=6, temperature=0).usage,
+              client.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=4, temperature=0).usage]
+    streamed = client.completions.create(model="local", prompt="a dog", max_tokens=5, temperature=0, stream=True,
+                                         stream_options={"include_usage": True})
+    usages.append([chunk for chunk in streamed][-1].usage)
+    after = metrics_of(server)
+    added = {name: after[name] - before.get(name, 0.0) for name in after}
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "time_per_output_token_seconds"):
+        buckets = [value for key, value in after.items() if key.startswith(f"attnkit_{name}_bucket")]
+        assert buckets == sorted(buckets) and buckets[-1] == after[f"attnkit_{name}_count"]  # cumulative, +Inf last
+        assert added[f'attnkit_{name}_bucket{{le="+Inf"}}'] == 3
+    assert added["attnkit_time_to_first_token_seconds_sum"] <= added["attnkit_e2e_request_latency_seconds_sum"]
+    assert added["attnkit_prompt_tokens_total"] == sum(usage.prompt_tokens for usage in usages)
+    assert added["attnkit_generated_tokens_total"] >= sum(usage.completion_tokens for usage in usages)
+    assert after["attnkit_num_requests_running"] == 0 and after["attnkit_num_requests_waiting"] == 0
+    assert after["attnkit_kv_cache_usage_ratio"] == 0  # nothing runs now
+    assert added["attnkit_prefix_cache_queries_total"] == sum(usage.prompt_tokens for usage in usages)
+
+
+def test_a_histogram_counts_each_value_in_the_first_bucket_that_holds_it():
+    from attnkit.serve.metrics import Histogram
+
+    histogram = Histogram("x_seconds", "x", buckets=(0.1, 1.0))
+    for value in (0.05, 0.1, 0.5, 3.0):
+        histogram.observe(value)
+    lines = histogram.lines()
+    assert 'attnkit_x_seconds_bucket{le="0.1"} 2' in lines and 'attnkit_x_seconds_bucket{le="1"} 3' in lines
+    assert 'attnkit_x_seconds_bucket{le="+Inf"} 4' in lines and "attnkit_x_seconds_sum 3.65" in lines
+    assert "attnkit_x_seconds_count 4" in lines and "# TYPE attnkit_x_seconds histogram" in lines

@@ -112,6 +112,9 @@ class GenerationJob:
     produced: int = 0  # decoding steps taken
     seen: Tensor | None = None  # (n, V) bool: the tokens of each choice's sequence, for the penalties
     counts: Tensor | None = None  # (n, V): how often each choice generated each token
+    first_token_at: float | None = None  # time.monotonic() when its first token was passed on
+    last_token_at: float | None = None  # ... and its last
+    finished_at: float | None = None  # ... and when it ended
     reasons: list[FinishReason | None] = field(default_factory=list)
     failure: BaseException | None = None  # why the job ended with "error"
 
@@ -265,6 +268,7 @@ class Scheduler:
                  decoding: EagerDecoding | None = None, prefix_cache: PrefixCache | None = None) -> None:
         self.model = model
         self.prefix_cache = prefix_cache
+        self.observe: Callable[[GenerationJob], None] | None = None  # called with each job that ended
         self.decoding = decoding if decoding is not None else EagerDecoding(model)
         static = isinstance(self.decoding, StaticDecoding)
         self.template = model.allocate_cache(1, 1, static=True) if static else None  # the static view's layers
@@ -314,6 +318,21 @@ class Scheduler:
     @property
     def queue_length(self) -> int:
         return self.waiting.qsize()
+
+    @property
+    def running_requests(self) -> int:
+        batch = self.batch
+        return len(batch.jobs) if batch is not None else 0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The share of the running batch's cache positions (rows x columns allocated) that hold a row's keys: its
+        prompt and the tokens it has generated, counted without reading the device."""
+        batch = self.batch
+        if batch is None:
+            return 0.0
+        rows, positions = batch.room
+        return sum(len(job.prompt) + job.produced for job, _ in batch.rows) / (rows * positions)
 
     # The scheduler's thread -------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -464,6 +483,8 @@ class Scheduler:
         """Pass each choice's token (and its `scores`) on, as `decode_n_tokens` does: a stop token ends a choice
         unreturned."""
         job.produced += 1
+        job.last_token_at = time.monotonic()
+        job.first_token_at = job.first_token_at or job.last_token_at
         for choice, token in enumerate(tokens):
             if job.reasons[choice] is not None:
                 continue
@@ -615,9 +636,13 @@ class Scheduler:
         return self.model.allocate_cache(batch_size, positions)
 
     def _finish(self, job: GenerationJob) -> None:
-        """Call the job's on_finish with its reasons; a callback that raises is logged and harms no other job."""
+        """Call the job's on_finish with its reasons, then `observe` (the server's metrics) with the job; a callback
+        that raises is logged and harms no other job."""
+        job.finished_at = time.monotonic()
         try:
             job.on_finish(list(job.reasons))
+            if self.observe is not None:
+                self.observe(job)
         except Exception:
             log.exception("a request's on_finish failed")
 

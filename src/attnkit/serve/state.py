@@ -52,12 +52,13 @@ class ServerState:
 
     @classmethod
     def of(cls, pipeline: Pipeline, run_dir: Path, settings: ServeSettings) -> ServerState:
-        scheduler = None
+        scheduler, metrics = None, Metrics()
         if "generate" in pipeline.methods:
             prefix_cache = PrefixCache(max_bytes=settings.prefix_cache_mib << 20) if settings.prefix_cache else None
             scheduler = Scheduler(pipeline.model, context_len=pipeline.config.max_seq_len, pad_id=pipeline._pad_id,
                                   max_rows=settings.max_batch, max_waiting=settings.max_queue,
                                   decoding=pipeline.decoding, prefix_cache=prefix_cache)
+            scheduler.observe = metrics.observe  # each generation request's times, when it ends
             build_steps(pipeline.decoding, settings.max_batch)
         experiments = Path(settings.experiments) if settings.experiments else Path.cwd() / "docs" / "experiments"
         names = settings.served_model_name or (run_dir.resolve().name,)
@@ -66,7 +67,7 @@ class ServerState:
                    scheduler=scheduler,
                    explorer=Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments),
                    template=chat_template(run_dir / TOKENIZER_DIR, getattr(pipeline.tokenizer, "specials", None)),
-                   metrics=Metrics(),
+                   metrics=metrics,
                    model_lock=scheduler.lock if scheduler is not None else threading.Lock())
 
     @property

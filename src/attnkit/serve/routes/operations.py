@@ -31,11 +31,7 @@ def router(state: ServerState) -> APIRouter:
 
     @routes.get("/metrics")
     async def prometheus():
-        text = state.metrics.text(tokens=scheduler.tokens if scheduler else 0,
-                                  queue_length=scheduler.queue_length if scheduler else 0,
-                                  batch_size=scheduler.running_rows if scheduler else 0,
-                                  prefix_cache=scheduler.prefix_cache if scheduler else None)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(state.metrics.text(scheduler), media_type="text/plain; version=0.0.4")
 
     @routes.get("/openapi.json")
     async def openapi_document():
