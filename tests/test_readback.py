@@ -100,10 +100,10 @@ def test_file_fields_take_no_bool_for_a_number_and_name_nested_fields():
 
 
 def test_file_fields_hand_out_rows_of_values_and_refuse_a_row_that_says_nothing():
-    fields = FileFields({"rows": [{"x": 1, "y": None}, {"x": None, "y": None}], "bad": "abc", "nested": [{"x": [1]}]},
-                        "r.json", fix="rerun it")
-    first, empty = fields.records("rows")
-    assert first.scalars() == {"x": 1, "y": None}
+    rows = [{"x": 1, "y": None}, {"x": None, "y": float("nan")}, {"x": "diverged", "y": float("nan")}]
+    fields = FileFields({"rows": rows, "bad": "abc", "nested": [{"x": [1]}]}, "r.json", fix="rerun it")
+    first, empty, diverged = fields.records("rows")
+    assert first.scalars() == {"x": 1, "y": None} and diverged.scalars()["x"] == "diverged"  # NaN: a value missing
     with pytest.raises(InputError, match=r"r.json: rows\[1\] holds no value \(every field missing or null\); rerun it"):
         empty.scalars()
     with pytest.raises(InputError, match="r.json: bad='abc' must be a list of JSON objects"):

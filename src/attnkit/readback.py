@@ -131,14 +131,12 @@ class FileFields:
                 for index, item in enumerate(value)]
 
     def scalars(self) -> dict[str, Any]:
-        """Every field, each a number, a string, true/false or null (a table's row); refused when every one is null
-        or there is none: a row that says nothing."""
+        """Every field, each a number, a string, true/false or null (a table's row); refused when every one is
+        missing (null or NaN) or there is none: a row that says nothing."""
         for name, value in self.data.items():
             if value is not None and not isinstance(value, (str, int, float)):
                 self.refuse(name, value, "a number, a string, true/false or null")
-            if isinstance(value, float) and not math.isfinite(value):
-                self.refuse(name, value, "a finite number or null")
-        if all(value is None for value in self.data.values()):
+        if all(value is None or isinstance(value, float) and math.isnan(value) for value in self.data.values()):
             raise self.error(f"{self.source}: {self.prefix.rstrip('.')} holds no value (every field missing or "
                              f"null); {self.fix}")
         return dict(self.data)
