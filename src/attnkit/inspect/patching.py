@@ -51,15 +51,20 @@ class Patching:
                 "answer depends on")
 
 
-def logit_difference(logits: Tensor, answer: int | Tensor, wrong: int | Tensor, position: int = -1) -> float:
-    """logit(answer) - logit(wrong) at `position`, averaged over the batch: logits (B, T, V), or a sequence
-    classifier's (B, C) (no position); answer and wrong one token or class id, or one per row (B,)."""
+def logit_differences(logits: Tensor, answer: int | Tensor, wrong: int | Tensor | None, position: int = -1) -> Tensor:
+    """logit(answer) - logit(wrong) at `position` per row (B,) (wrong None: the answer's logit): logits (B, T, V), or a
+    sequence classifier's (B, C) (no position); answer and wrong one token or class id, or one per row (B,)."""
     at = (logits if logits.dim() == 2 else logits[:, position]).float()  # (B, V)
 
     def logit(token: int | Tensor) -> Tensor:
-        return at.gather(1, torch.as_tensor(token, device=at.device).expand(at.shape[0])[:, None])  # (B, 1)
+        return at.gather(1, torch.as_tensor(token, device=at.device).expand(at.shape[0])[:, None])[:, 0]  # (B,)
 
-    return float((logit(answer) - logit(wrong)).mean())
+    return logit(answer) if wrong is None else logit(answer) - logit(wrong)
+
+
+def logit_difference(logits: Tensor, answer: int | Tensor, wrong: int | Tensor, position: int = -1) -> float:
+    """`logit_differences` averaged over the batch."""
+    return float(logit_differences(logits, answer, wrong, position).mean())
 
 
 @dataclass(frozen=True)
@@ -74,13 +79,18 @@ class _Runs:
 
     def restored(self, model: nn.Module, edits: dict) -> float:
         run = self.batch.run(model, edits=edits)
-        return _share(logit_difference(self.batch.logits(run.output), *self.target), self.clean, self.corrupted)
+        return share(logit_difference(self.batch.logits(run.output), *self.target), self.clean, self.corrupted)
 
 
-def _runs(model: nn.Module, clean: Batch, corrupted: Batch, names: list[str], target: tuple) -> _Runs:
+def check_pair(clean: Batch, corrupted: Batch) -> None:
+    """Raise InputError unless the clean and corrupted inputs have the same shapes."""
     if [a.shape for a in clean.args] != [a.shape for a in corrupted.args]:
         raise InputError("the clean and corrupted inputs differ in shape; patching swaps activations position by "
                          "position, so give inputs of the same lengths (corrupt by substituting tokens)")
+
+
+def _runs(model: nn.Module, clean: Batch, corrupted: Batch, names: list[str], target: tuple) -> _Runs:
+    check_pair(clean, corrupted)
     model.eval()
     source = clean.run(model, names=names)
     corrupted_run = corrupted.run(model)
@@ -96,9 +106,8 @@ def _stream_prefix(model: nn.Module, stack: str | None) -> str:
     return "encoder." if "encoder.blocks.0.resid_pre" in hook_points(model) else ""
 
 
-def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
-                 position: int = -1, stack: str | None = None) -> Patching:
-    """Patch the stream entering each block of `stack` (module docstring) at each position, one at a time."""
+def stream_points(model: nn.Module, stack: str | None = None) -> list[str]:
+    """The points of the stream entering each block of `stack` (`_stream_prefix`); a recurrent encoder's states."""
     prefix = _stream_prefix(model, stack)
     points = hook_points(model)
     names = [n for n in points if n.startswith(f"{prefix}blocks.") and n.endswith(".resid_pre")]
@@ -106,6 +115,13 @@ def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: in
         names = ["encoder.out"]
     if not names:
         raise InputError(f"{type(model).__name__} has no residual stream {prefix!r} to patch")
+    return names
+
+
+def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
+                 position: int = -1, stack: str | None = None) -> Patching:
+    """Patch the stream entering each block of `stack` (module docstring) at each position, one at a time."""
+    names = stream_points(model, stack)
     runs = _runs(model, clean, corrupted, names, (answer, wrong, position))
     length = runs.source[names[0]].shape[1]
     restored = torch.tensor([[runs.restored(model, {name: patch(runs.source[name], position=t)}) for t in range(length)]
@@ -126,7 +142,8 @@ def patch_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int
     return Patching(sites, restored, runs.clean, runs.corrupted, "head")
 
 
-def _share(patched: float, clean: float, corrupted: float) -> float:
+def share(patched: float, clean: float, corrupted: float) -> float:
+    """(patched - corrupted) / (clean - corrupted); InputError when the two runs agree."""
     if abs(clean - corrupted) < 1e-9:
         raise InputError("the clean and corrupted runs give the same logit difference, so nothing can be restored; "
                          "corrupt the input where it changes the answer")

@@ -1,0 +1,111 @@
+"""Attribution patching (Nanda 2023, "Attribution Patching: Activation Patching At Industrial Scale"; Syed et al.
+2023, "Attribution Patching Outperforms Automated Circuit Discovery"): activation patching's first-order
+approximation, for every activation at once from one clean forward pass and one corrupted forward and backward pass.
+
+    patched metric - corrupted metric  ~  (a_clean - a_corrupted) . d metric / d a   (at the corrupted run)
+    restored  ~  that sum over the patched part / (clean - corrupted)
+
+The metric is `patching`'s logit difference, and each function returns a `patching.Patching` with the same rows
+and columns as its activation-patching twin, so the two read side by side:
+
+    attribute_heads       each head's output (SITE.z), every position          ~ patching.patch_heads
+    attribute_stream      the stream entering each block, position by position  ~ patching.patch_stream
+    attribute_sublayers   each attention and FFN sublayer's output, position by position
+
+The approximation is exact for a part the metric depends on linearly and drifts where it does not: a final norm
+or an attention pattern that moves between the runs (an induction head's share comes out near a tenth of what
+patching it restores). `steps > 1` integrates the gradient instead (integrated gradients along the straight path
+from the corrupted to the clean activation at each point, the rest of the model recomputed; Marks et al. 2024,
+"Sparse Feature Circuits"): one forward and backward pass per point over `steps` copies of the batch, whose
+shares over a whole point sum to what patching the whole point restores.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.errors import InputError
+from attnkit.inspect.edits import patch
+from attnkit.inspect.gradients import backward_trace
+from attnkit.inspect.inputs import Batch
+from attnkit.inspect.integrated_gradients import repeated
+from attnkit.inspect.patching import Patching, check_pair, logit_difference, logit_differences, share, stream_points
+from attnkit.inspect.points import head_sites, hook_points
+from attnkit.inspect.tracing import hooked
+
+
+def _effects(model: nn.Module, clean: Batch, corrupted: Batch, names: list[str], target: tuple, steps: int
+             ) -> tuple[dict[str, Tensor], float, float]:
+    """(a_clean - a_corrupted) * d metric / d a at each point (its shape), the gradient taken at the corrupted run or
+    averaged over `steps` points between the two; and the clean and corrupted metrics."""
+    check_pair(clean, corrupted)
+    if steps < 1:
+        raise InputError(f"steps={steps}: give 1 (attribution patching) or more (its integrated-gradients form)")
+    model.eval()
+    source = clean.run(model, names=names)
+    clean_value = logit_difference(clean.logits(source.output), *target)
+    found = backward_trace(model, *corrupted.args, names=names, **corrupted.kwargs,
+                           metric=lambda out: logit_differences(corrupted.logits(out), *target).mean())
+    if steps == 1:
+        return {n: (source[n] - found.cache[n]) * found.grads[n] for n in names}, clean_value, found.value
+    return ({n: _integrated(model, corrupted, n, found.cache[n], source[n], target, steps) for n in names},
+            clean_value, found.value)
+
+
+def _integrated(model: nn.Module, corrupted: Batch, name: str, start: Tensor, end: Tensor, target: tuple,
+                steps: int) -> Tensor:
+    """(end - start) * the gradient at `name` averaged over `steps` midpoints of the straight path from start to end
+    (B, ...), the model run from that point on: one pass over `steps` copies of the batch."""
+    alphas = (torch.arange(steps, dtype=start.dtype, device=start.device) + 0.5) / steps  # (steps,)
+    shape = (steps, *[1] * start.dim())
+    path = (start + alphas.view(shape) * (end - start)).flatten(0, 1).requires_grad_()  # (steps * B, ...)
+    answer, wrong = (repeated(t, steps) for t in target[:2])
+    args = [repeated(a, steps) for a in corrupted.args]
+    kwargs = {k: repeated(v, steps) for k, v in corrupted.kwargs.items()}
+    with torch.enable_grad(), hooked(model, edits={name: patch(path)}):
+        logits = corrupted.logits(model(*args, **kwargs))
+        value = logit_differences(logits, answer, wrong, target[2]).sum() / steps
+    (grad,) = torch.autograd.grad(value, path)
+    return (end - start) * grad.unflatten(0, (steps, -1)).sum(0)
+
+
+def attribute_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
+                    position: int = -1, steps: int = 1) -> Patching:
+    """Each head's estimated share restored when its output (every position) is patched from the clean run."""
+    sites = head_sites(model)
+    effects, clean_value, corrupted_value = _effects(model, clean, corrupted, [f"{s}.z" for s in sites],
+                                                     (answer, wrong, position), steps)
+    per_site = [effects[f"{s}.z"].sum((1, 3)).mean(0) for s in sites]  # (B, T, H, D) -> (H,)
+    restored = torch.full((len(sites), max(len(h) for h in per_site)), float("nan"))
+    for i, heads in enumerate(per_site):
+        restored[i, : len(heads)] = share(corrupted_value + heads, clean_value, corrupted_value)
+    return Patching(sites, restored, clean_value, corrupted_value, "head")
+
+
+def _by_position(model: nn.Module, clean: Batch, corrupted: Batch, names: list[str], rows: list[str],
+                 target: tuple, steps: int) -> Patching:
+    effects, clean_value, corrupted_value = _effects(model, clean, corrupted, names, target, steps)
+    restored = torch.stack([effects[n].sum(-1).mean(0) for n in names])  # (B, T, C) -> (rows, T)
+    restored = share(corrupted_value + restored, clean_value, corrupted_value)
+    return Patching(rows, restored, clean_value, corrupted_value, "position")
+
+
+def attribute_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
+                     position: int = -1, stack: str | None = None, steps: int = 1) -> Patching:
+    """Each (block, position)'s estimated share restored when the stream entering the block is patched there."""
+    names = stream_points(model, stack)
+    return _by_position(model, clean, corrupted, names, [n.removesuffix(".resid_pre") for n in names],
+                        (answer, wrong, position), steps)
+
+
+def attribute_sublayers(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor,
+                        wrong: int | Tensor, position: int = -1, stack: str | None = None, steps: int = 1
+                        ) -> Patching:
+    """Each (sublayer, position)'s estimated share restored when the sublayer's output (`attn.out`, `cross_attn.out`,
+    `mlp.out`, a recurrent decoder's `attn.out`) is patched there; rows are the sublayers in the order they run,
+    those of one stack when `stack` names it ("encoder", "decoder")."""
+    prefix = "" if stack is None else f"{stack.rstrip('.')}."
+    names = [n for n in hook_points(model) if n.startswith(prefix) and n.endswith(("attn.out", "mlp.out"))]
+    return _by_position(model, clean, corrupted, names, [n.removesuffix(".out") for n in names],
+                        (answer, wrong, position), steps)
