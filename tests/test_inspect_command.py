@@ -254,3 +254,7 @@ def test_probe_refuses_a_file_that_is_not_conll_and_names_its_own_column_flag(ru
     with pytest.raises(InputError, match="no 'florb' value; choose the column of tags with --column ") as refusal:
         run_inspect(InspectSettings(run=str(runs["mlm"]), analysis="probe", conll=str(conllu), column="florb"))
     assert "--tag-column" not in str(refusal.value)
+    conll = tmp_path / "words.conll"
+    conll.write_text(CONLL)
+    with pytest.raises(InputError, match="--column picks a CoNLL-U column, but .*words.conll is read as CoNLL"):
+        run_inspect(InspectSettings(run=str(runs["mlm"]), analysis="probe", conll=str(conll), column="xpos"))

@@ -155,6 +155,9 @@ def _check_inputs(settings: InspectSettings) -> None:
     if settings.analysis == "probe" and settings.conll is None:
         raise InputError("probe reads word labels from a CoNLL or CoNLL-U file: give --conll FILE")
     if settings.analysis == "probe":  # a file that is not CoNLL, or a column it lacks, refused before the model loads
+        if settings.column != "upos" and Path(settings.conll).suffix != ".conllu":
+            raise InputError(f"--column picks a CoNLL-U column, but {settings.conll} is read as CoNLL (each line's "
+                             "last column is its label): drop --column, or give a .conllu file")
         read_tagged(settings.conll, column=settings.column, encoding_errors=settings.encoding_errors, option="--column")
 
 
