@@ -182,3 +182,15 @@ def test_a_histogram_counts_each_value_in_the_first_bucket_that_holds_it():
     assert 'attnkit_x_seconds_bucket{le="0.1"} 2' in lines and 'attnkit_x_seconds_bucket{le="1"} 3' in lines
     assert 'attnkit_x_seconds_bucket{le="+Inf"} 4' in lines and "attnkit_x_seconds_sum 3.65" in lines
     assert "attnkit_x_seconds_count 4" in lines and "# TYPE attnkit_x_seconds histogram" in lines
+
+
+def test_a_langchain_chatopenai_round_trip_answers_as_the_openai_client(server, client):
+    langchain_openai = pytest.importorskip("langchain_openai", reason="LangChain's OpenAI chat model is not installed "
+                                           "(pip install langchain-openai)")
+    chat = langchain_openai.ChatOpenAI(base_url=f"{server}/v1", api_key="secret", model="gpt-4o-mini",
+                                       temperature=0, max_tokens=6, timeout=TIMEOUT, max_retries=0)
+    reply = chat.invoke([("system", "be brief"), ("human", "hi")])
+    expected = client.chat.completions.create(model="gpt-4o-mini", max_tokens=6, temperature=0, messages=[
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+    assert reply.content == expected.choices[0].message.content
+    assert reply.response_metadata["model_name"] == "gpt-4o-mini"
