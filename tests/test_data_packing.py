@@ -81,3 +81,11 @@ def test_attnkit_train_pack_trains_on_packed_rows_and_counts_real_tokens(tmp_pat
     tokens = [r["tokens"] for r in records if r.get("kind") == "train"]
     assert 0 < tokens[0] < 2 * 32  # real tokens: a row of 32 holds one line of 21-23 characters and its neighbours,
     assert tokens[0] >= 2 * 32 - 2 * 23  # with less than a line's padding at its end
+
+
+def test_pack_refuses_a_recurrent_model_naming_the_fix(tmp_path, capsys):
+    text = tmp_path / "lines.txt"
+    text.write_text("a line of text\n" * 200)
+    assert cli.main(["train", "--out", str(tmp_path / "run"), "--data", str(text), "--tokenizer", "char", "--pack",
+                     "--max-steps", "1", "--preset", "lstm-lm-tiny", "--no-progress"]) == 2
+    assert "no attention to mask: drop --pack" in capsys.readouterr().err

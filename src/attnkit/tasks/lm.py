@@ -369,9 +369,9 @@ def _stream_args(context: TaskContext) -> dict[str, Any]:
 def _make_lm(context: TaskContext) -> tuple[LMTask, None]:
     pack = context.data.options.pack if context.data.options is not None else "off"
     if pack != "off":
-        if context.config.family != "decoder":
-            raise ConfigError(f"--pack trains a decoder on rows of whole documents with a document mask; a "
-                              f"{context.config.family} model has no such mask: drop --pack")
+        if not hasattr(context.config, "n_heads"):  # a recurrent LM: no attention to mask
+            raise ConfigError(f"--pack trains a Transformer decoder on rows of whole documents with a document mask; "
+                              f"a {context.config.family} model has no attention to mask: drop --pack")
         return PackedLMTask(_stream(context), tokenizer=context.tokenizer, pack=pack, **_stream_args(context)), None
     return LMTask(_stream(context), **_stream_args(context)), None
 
