@@ -47,6 +47,20 @@ def _health(url: str) -> None:
     assert httpx.get(f"{url}/health", timeout=TIMEOUT).status_code == 200
 
 
+def _health_while(url: str, threads: list[threading.Thread]) -> list[float]:
+    """/health's latencies, polled while `threads` run (started here, and joined)."""
+    for thread in threads:
+        thread.start()
+    health = []
+    deadline = time.monotonic() + 2 * TIMEOUT
+    while any(thread.is_alive() for thread in threads) and time.monotonic() < deadline:
+        health.append(_timed(lambda: _health(url)))
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join(timeout=TIMEOUT)
+    return health
+
+
 def test_megabyte_prompts_do_not_stall_health_or_a_running_stream(tmp_path):
     run = tiny_run(tmp_path, tokenizer="bpe")
     within = json.dumps({"prompt": "the cat sat on the mat. " * (900_000 // 24), "max_tokens": 4}).encode()
@@ -73,18 +87,7 @@ def test_megabyte_prompts_do_not_stall_health_or_a_running_stream(tmp_path):
             loaded["text"] = _stream(url)
             loaded["seconds"] = time.perf_counter() - start
 
-        good = threading.Thread(target=good_stream)
-        for client in clients:
-            client.start()
-        good.start()
-        health = []
-        deadline = time.monotonic() + 2 * TIMEOUT
-        while (good.is_alive() or any(c.is_alive() for c in clients)) and time.monotonic() < deadline:
-            health.append(_timed(lambda: _health(url)))
-            time.sleep(0.02)
-        good.join(timeout=TIMEOUT)
-        for client in clients:
-            client.join(timeout=TIMEOUT)
+        health = _health_while(url, [*clients, threading.Thread(target=good_stream)])
 
     health_ratio = max(health) / alone_health
     stream_ratio = loaded["seconds"] / alone_stream
@@ -98,3 +101,29 @@ def test_megabyte_prompts_do_not_stall_health_or_a_running_stream(tmp_path):
     assert loaded["text"] == expected
     assert health_ratio < HEALTH_RATIO, f"/health took {health_ratio:.0f}x its time alone while big prompts came in"
     assert stream_ratio < STREAM_RATIO, f"the stream took {stream_ratio:.1f}x its time alone while big prompts came in"
+
+
+def test_megabyte_texts_to_embed_are_read_to_the_context_without_a_stall(tmp_path):
+    """An encoder reads a text to its context: a megabyte text is tokenized only as far as it reads it (its embedding
+    is that of its first tokens, said truncated), and /health stays answered while several come in."""
+    from attnkit import load
+
+    run = tiny_run(tmp_path, "encoder", tokenizer="bpe", n_classes=2)
+    text = "the cat sat on the mat. " * (900_000 // 24)
+    body = json.dumps({"input": text, "encoding_format": "float"}).encode()
+    head = load(run, device="cpu").tokenizer.encode(text[:4000])[:96 - 2]  # the tokens the context holds
+    with running_server(run, timeout=TIMEOUT) as (url, _app):
+        alone_health = statistics.median(_timed(lambda: _health(url)) for _ in range(20))
+        answers = []
+
+        def client() -> None:
+            answers.append(httpx.post(f"{url}/v1/embeddings", content=body, timeout=TIMEOUT,
+                                      headers={"Content-Type": "application/json"}).json())
+
+        health = _health_while(url, [threading.Thread(target=client) for _ in range(BAD_CLIENTS)])
+        first = httpx.post(f"{url}/v1/embeddings", json={"input": head}, timeout=TIMEOUT).json()["data"][0]
+    assert len(answers) == BAD_CLIENTS and all(a["data"][0]["truncated"] for a in answers)
+    assert answers[0]["data"][0]["embedding"] == pytest.approx(first["embedding"], abs=1e-6)
+    health_ratio = max(health) / alone_health
+    print(f"health {max(health):.4f}s vs {alone_health:.4f}s alone (x{health_ratio:.1f})")
+    assert health_ratio < HEALTH_RATIO, f"/health took {health_ratio:.0f}x its time alone while big texts came in"

@@ -37,6 +37,8 @@ SPECIAL_ROLES = ("pad", "bos", "eos", "unk", "mask", "cls", "sep")
 REQUIRED_ROLES = ("pad", "bos", "eos", "unk")
 META_FILE = "attnkit_tokenizer.json"
 HF_FILE = "tokenizer.json"
+HEAD_CHARS_PER_TOKEN = 32  # characters read per token wanted before a long text is judged by its head
+HEAD_MARGIN = 64  # tokens by which a text's head may tokenize longer than the same span of the whole (a cut word)
 UnknownPolicy = Literal["unk", "error", "skip"]
 
 
@@ -89,6 +91,19 @@ class _SpecialIds:
     mask_id = property(lambda self: self.token_id("mask"))
     cls_id = property(lambda self: self.token_id("cls"))
     sep_id = property(lambda self: self.token_id("sep"))
+
+
+def encode_head(tokenizer: Tokenizer, text: str, tokens: int) -> tuple[list[int], bool]:
+    """`text`'s token ids and True; or, for a text far longer than `tokens` tokens, only its head's ids and False:
+    when its first HEAD_CHARS_PER_TOKEN * `tokens` characters alone hold more than `tokens` + HEAD_MARGIN tokens,
+    the rest is not tokenized, so a megabyte of text costs what `tokens` tokens cost (a server reading texts to a
+    context). The first `tokens` ids are the whole text's either way: a token never spans the margin's words."""
+    head = text[:HEAD_CHARS_PER_TOKEN * tokens]
+    if len(head) < len(text):
+        ids = tokenizer.encode(head)
+        if len(ids) > tokens + HEAD_MARGIN:
+            return ids, False
+    return tokenizer.encode(text), True
 
 
 def require_id(tokenizer: Tokenizer, role: str) -> int:

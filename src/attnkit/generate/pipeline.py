@@ -44,7 +44,7 @@ from attnkit.machine import free_bytes, gib, pick_device
 from attnkit.run_settings import text_list
 from attnkit.tasks import TaskSpec, task_of_config, task_of_run, tasks
 from attnkit.tasks.registry import METHODS  # the task methods the pipeline defines itself
-from attnkit.tokenize import load_tokenizer
+from attnkit.tokenize import encode_head, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -283,10 +283,11 @@ class Pipeline:
         each result)."""
         tok = self.tokenizer
         first, last = (tok.cls_id, tok.sep_id) if tok.cls_id is not None else (tok.bos_id, tok.eos_id)
-        ids = tok.encode(text) if isinstance(text, str) else list(text)
         keep = self.config.max_seq_len - 2
+        ids, whole = encode_head(tok, text, keep) if isinstance(text, str) else (list(text), True)
         if len(ids) > keep:
-            log.warning("text %d has %d tokens; reading its first %d", index, len(ids), keep)
+            log.warning("text %d has %s%d tokens; reading its first %d", index, "" if whole else "more than ",
+                        len(ids), keep)
         return [i for i in (first, *ids[:keep], last) if i is not None], len(ids) > keep
 
     @property

@@ -2,8 +2,8 @@
 its job on the batching scheduler (`serve/batching.py`), and the events the job sends back to the event loop.
 
 A `Generation` is built on a worker thread (tokenizing and compiling a grammar take time in the request's size), and
-a text far longer than the context is refused after tokenizing only its first CHARS_PER_TOKEN characters per token
-of the context: a megabyte prompt costs what a prompt of the context's length costs.
+a text far longer than the context is refused after tokenizing only its head (`tokenize.encode_head`): a megabyte
+prompt costs what a prompt of the context's length costs.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from attnkit.serve.logprobs import ChoiceScores, Scored
 from attnkit.serve.schemas import Sampling
 from attnkit.serve.settings import ServeSettings
 from attnkit.serve.structured import Structured
+from attnkit.tokenize import HEAD_CHARS_PER_TOKEN, encode_head
 
 TOKEN_ID = re.compile(r"[0-9]+")  # a logit_bias key
-CHARS_PER_TOKEN = 32  # characters per token read before a long text is refused: tokens rarely span more than 8
-SPLIT_TOKENS = 64  # tokens by which a text's head may tokenize longer than the same span of the whole (a word cut)
 
 
 class Generation:
@@ -111,15 +110,15 @@ class Generation:
 
 def _prompt_ids(pipeline: Pipeline, prompt: str | list[int], index: int, context: int, *, param: str) -> list[int]:
     """A prompt's token ids: a text's as `Pipeline.generate` encodes it, or the ids given (400 for one beyond the
-    vocabulary). A text longer than CHARS_PER_TOKEN characters per token of the `context` is refused (400) when its
-    head alone holds more tokens than the context, without tokenizing the rest."""
+    vocabulary). A text whose head alone holds more tokens than the `context` is refused (400) without tokenizing the
+    rest (`tokenize.encode_head`)."""
     if isinstance(prompt, str):
         try:
-            head = prompt[:CHARS_PER_TOKEN * context]
-            if len(head) < len(prompt) and len(pipeline.prompt_ids(head, index=index)) - SPLIT_TOKENS >= context:
+            long = len(prompt) > HEAD_CHARS_PER_TOKEN * context  # else it is tokenized whole once, below
+            if long and not encode_head(pipeline.tokenizer, prompt, context)[1]:
                 raise APIError(400, f"the prompt has {len(prompt):,} characters, more tokens than this model's context "
-                               f"holds ({context}; its first {len(head):,} characters alone fill it): send a shorter "
-                               "prompt", param=param)
+                               f"holds ({context}; its first {HEAD_CHARS_PER_TOKEN * context:,} characters alone fill "
+                               "it): send a shorter prompt", param=param)
             return pipeline.prompt_ids(prompt, index=index)
         except AttnkitError as error:
             raise APIError(400, str(error), param=param) from None
