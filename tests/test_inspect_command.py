@@ -258,3 +258,36 @@ def test_probe_refuses_a_file_that_is_not_conll_and_names_its_own_column_flag(ru
     conll.write_text(CONLL)
     with pytest.raises(InputError, match="--column picks a CoNLL-U column, but .*words.conll is read as CoNLL"):
         run_inspect(InspectSettings(run=str(runs["mlm"]), analysis="probe", conll=str(conll), column="xpos"))
+
+
+@pytest.mark.parametrize("kind", ["decoder", "classify", "tagger", "encoder-decoder", "bahdanau"])
+def test_attribute_writes_patchings_tables_estimated(runs, kind, tmp_path):
+    translation = kind in ("encoder-decoder", "bahdanau")
+    text, corrupt = ("abc de\tcba ed", "jih gf\tcba ed") if translation else ("abc de abc", "jih gf abc")
+    estimated = _inspect(runs[kind], "attribute", tmp_path, text=(text,), corrupt=corrupt)
+    patched = _inspect(runs[kind], "patch", tmp_path, text=(text,), corrupt=corrupt)
+    for key in ("answer", "wrong", "position"):
+        assert estimated["summary"][key] == patched["summary"][key]
+    assert estimated["summary"]["logit difference corrupted"] == pytest.approx(
+        patched["summary"]["logit difference corrupted"], abs=1e-5)
+    exact = {row["patched"] for row in patched["rows"]}
+    assert exact <= {row["patched"] for row in estimated["rows"]}  # every patched part, and the sublayers beside
+    assert "attribution patching" in estimated["summary"]["method"]
+
+
+@pytest.mark.parametrize("kind", ["decoder", "mlm", "classify", "tagger", "encoder-decoder"])
+def test_dla_splits_the_answers_logit_difference(runs, kind, tmp_path):
+    text = "abc de\tcba ed" if kind == "encoder-decoder" else "abc de fgh"
+    report = _inspect(runs[kind], "dla", tmp_path, text=(text,))
+    summary = report["summary"]
+    assert summary["sum of the shares"] == pytest.approx(summary["logit difference"], abs=1e-4)
+    assert summary["logit difference"] >= 0  # the answer against its runner-up
+    writers = [row["writer"] for row in report["rows"]]
+    assert writers[0] == "embed" and writers[-1] == "bias" and any(" head " in w for w in writers)
+    if kind == "tagger":
+        assert summary["answer"] in TAGS
+
+
+def test_dla_refuses_the_recurrent_seq2seq_with_the_reason(runs, tmp_path):
+    with pytest.raises(InputError, match="tanh"):
+        _inspect(runs["recurrent"], "dla", tmp_path, text=("abc de\tcba ed",))

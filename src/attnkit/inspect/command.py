@@ -5,6 +5,9 @@
                  (a translation run: on its sentence pairs, and how monotonic each cross-attention head is)
     logit-lens   each layer's stream read through the output layer, over the first text
     patch        activation patching from --text (clean) into --corrupt (corrupted, as many tokens)
+    attribute    attribution patching: patch's tables estimated from one forward and backward pass (and per sublayer)
+    dla          direct logit attribution: each head's, FFN's and neuron's direct share of the answer's logit
+                 difference against the runner-up, over the first text (--position: where it is read)
     probe        linear probes per layer on a CoNLL / CoNLL-U file's word labels, with the control task
     circuits     each head's OV and QK singular values and the Q-, K- and V-composition scores between heads (weights)
     sae          a sparse autoencoder trained on --point's activations over --input's texts, saved to OUT/sae/, with
@@ -30,11 +33,13 @@ from torch import Tensor, nn
 
 from attnkit.checkpoint import TOKENIZER_DIR, load_model, read_labels, require_directory
 from attnkit.errors import InputError
+from attnkit.inspect.attribution import attribute_heads, attribute_stream, attribute_sublayers
 from attnkit.inspect.circuits import composition_scores, head_weights
 from attnkit.inspect.edits import Ablation
 from attnkit.inspect.head_types import HeadTypes, head_types, repeat_periods, repeat_types
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.inputs import Batch, divergence, lm_batch, seq2seq_batch
+from attnkit.inspect.logit_attribution import logit_attribution
 from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import patch_heads, patch_stream
 from attnkit.inspect.points import head_sites, hook_points
@@ -58,7 +63,7 @@ from attnkit.tokenize import Tokenizer, load_tokenizer, require_id
 
 log = logging.getLogger(__name__)
 
-Analysis = Literal["heads", "head-types", "logit-lens", "patch", "probe", "circuits", "sae"]
+Analysis = Literal["heads", "head-types", "logit-lens", "patch", "attribute", "dla", "probe", "circuits", "sae"]
 MASK_EVERY = 6  # a masked LM's text has every sixth token masked (about BERT's 15%)
 GREEDY_TOKENS = 48  # a source alone is translated greedily to this many tokens at most (short texts)
 
@@ -70,11 +75,14 @@ class InspectSettings:
     run: str  # run directory: config.json, model.safetensors, tokenizer/
     analysis: Analysis = field(default="heads", metadata={"positional": True})
     """heads: importance by ablation; head-types: what each head attends to; logit-lens: each layer's prediction;
-    patch: activation patching from --text into --corrupt; probe: linear probes on --conll's labels"""
+    patch: activation patching from --text into --corrupt; attribute: its gradient estimate (attribution patching);
+    dla: direct logit attribution of the answer; probe: linear probes on --conll's labels"""
     text: tuple[str, ...] = ()  # texts to run on (a translation run: sources, or SOURCE<TAB>TARGET); or --input
     input: str | None = None  # a UTF-8 file, one text per line (a translation run: SOURCE<TAB>TARGET); or --text
     encoding_errors: EncodingErrors = "strict"  # --input, --conll: strict: not UTF-8 is an error; replace: U+FFFD
-    corrupt: str | None = None  # patch: the corrupted text, as many tokens as the first --text
+    corrupt: str | None = None  # patch, attribute: the corrupted text, as many tokens as the first --text
+    path_steps: int = 1  # attribute: 1: the gradient at the corrupted run; more: integrated along the path
+    position: int | None = None  # dla: the position whose answer is attributed (default: the last, a mask, ...)
     conll: str | None = None  # probe: a CoNLL or CoNLL-U file of tagged words
     column: str = "upos"  # probe: the CoNLL-U column holding the labels (upos, xpos, deprel, a MISC key)
     ablation: Ablation = "zero"  # heads: replace a head's output by zeros, its mean, or another input's
@@ -143,12 +151,12 @@ def _check_inputs(settings: InspectSettings) -> None:
     """What each analysis needs, checked before the model loads."""
     if settings.text and settings.input is not None:
         raise InputError("give the texts as --text TEXT... or as --input FILE, not both")
-    needs_text = settings.analysis in ("heads", "logit-lens", "patch", "sae")
+    needs_text = settings.analysis in ("heads", "logit-lens", "patch", "attribute", "dla", "sae")
     if needs_text and not settings.text and settings.input is None:
         raise InputError(f"{settings.analysis} runs the model on texts: give --text TEXT... or --input FILE")
-    if settings.analysis == "patch" and settings.corrupt is None:
-        raise InputError("patch needs a corrupted input beside the clean --text: give --corrupt TEXT (as many tokens, "
-                         "a few substituted)")
+    if settings.analysis in ("patch", "attribute") and settings.corrupt is None:
+        raise InputError(f"{settings.analysis} needs a corrupted input beside the clean --text: give --corrupt TEXT "
+                         "(as many tokens, a few substituted)")
     if settings.analysis == "sae" and settings.point is None:
         raise InputError("sae reads one hook point's activations: give --point (blocks.1.resid_post, blocks.0.mlp.out; "
                          "attnkit.inspect.hook_points lists a model's)")
@@ -301,7 +309,24 @@ def _logit_lens(loaded: Loaded, settings: InspectSettings):
     return "Logit lens", rows, {"text": _texts(settings)[0], "final predictions": " ".join(final)}, figure
 
 
-def _patch(loaded: Loaded, settings: InspectSettings):
+@dataclass(frozen=True)
+class _Pair:
+    """A clean and a corrupted input and what patching reads: the position (-1 for a sequence classifier), the
+    clean answer and the wrong one (the corrupted run's, or the clean run's runner-up)."""
+
+    clean: Batch
+    corrupted: Batch
+    position: int
+    answer: int
+    wrong: int
+    sequence: bool  # a sequence classifier: one label per text, no position
+
+    @property
+    def target(self) -> dict:
+        return {"answer": self.answer, "wrong": self.wrong, "position": self.position}
+
+
+def _pair_of(loaded: Loaded, settings: InspectSettings) -> _Pair:
     clean, corrupted = text_batch(loaded, _texts(settings)[0]), text_batch(loaded, settings.corrupt)
     if [a.shape for a in clean.args] != [a.shape for a in corrupted.args]:
         raise InputError(f"--text and --corrupt become {clean.args[0].shape[1]} and {corrupted.args[0].shape[1]} "
@@ -317,14 +342,45 @@ def _patch(loaded: Loaded, settings: InspectSettings):
     wrong = int(corrupted_at.argmax())
     if wrong == answer:
         wrong = int(clean_at.topk(2).indices[1])
-    stream = patch_stream(loaded.model, clean, corrupted, answer=answer, wrong=wrong, position=position)
-    heads = patch_heads(loaded.model, clean, corrupted, answer=answer, wrong=wrong, position=position)
+    return _Pair(clean, corrupted, position, answer, wrong, sequence)
+
+
+def _patch(loaded: Loaded, settings: InspectSettings):
+    pair = _pair_of(loaded, settings)
+    stream = patch_stream(loaded.model, pair.clean, pair.corrupted, **pair.target)
+    heads = patch_heads(loaded.model, pair.clean, pair.corrupted, **pair.target)
+    rows, summary, figure = _patching_report(loaded, settings, pair, stream, heads, "patched")
+    return "Activation patching", rows, summary, figure
+
+
+def _attribute(loaded: Loaded, settings: InspectSettings):
+    pair = _pair_of(loaded, settings)
+    steps = {"steps": settings.path_steps}
+    stream = attribute_stream(loaded.model, pair.clean, pair.corrupted, **pair.target, **steps)
+    heads = attribute_heads(loaded.model, pair.clean, pair.corrupted, **pair.target, **steps)
+    sublayers = attribute_sublayers(loaded.model, pair.clean, pair.corrupted, **pair.target, **steps)
+    rows, summary, figure = _patching_report(loaded, settings, pair, stream, heads, "estimated")
+    tokens = _labels(loaded.tokenizer, pair.clean.args[-1][0])
+    rows += [{"patched": f"{name} position {t} ({tokens[t]})" if t < len(tokens) else f"{name} position {t}",
+              "restored": round(float(sublayers.restored[i, t]), 4)}
+             for i, name in enumerate(sublayers.rows) for t in range(sublayers.restored.shape[1])]
+    summary["method"] = ("attribution patching (Nanda 2023): (clean - corrupted activation) . gradient at the "
+                         "corrupted run" if settings.path_steps == 1 else
+                         f"attribution patching, the gradient integrated over {settings.path_steps} steps of the "
+                         "path from the corrupted to the clean activation (Marks et al. 2024)")
+    return "Attribution patching", rows, summary, figure
+
+
+def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, stream, heads, verb: str):
+    """Rows, summary and picture of a stream (layer x position) and a head table of shares restored."""
+    clean, answer, wrong, position = pair.clean, pair.answer, pair.wrong, pair.position
+    sequence = pair.sequence
     tokens = _labels(loaded.tokenizer, clean.args[0][0])
     figure = Figure(figsize=(max(6.0, 0.5 * len(tokens) + 2) + 0.6 * heads.restored.shape[1] + 2,
                              1.5 + 0.4 * max(len(stream.rows), len(heads.rows))))
-    heatmap(stream.restored, title="stream patched (layer x position)", rows=stream.rows, columns=tokens,
+    heatmap(stream.restored, title=f"stream {verb} (layer x position)", rows=stream.rows, columns=tokens,
             xlabel="position", colorbar="share restored", centered=True, ax=figure.add_subplot(1, 2, 1))
-    heatmap(heads.restored, title="head outputs patched", rows=heads.rows,
+    heatmap(heads.restored, title=f"head outputs {verb}", rows=heads.rows,
             columns=[str(h) for h in range(heads.restored.shape[1])], xlabel="head", colorbar="share restored",
             centered=True, ax=figure.add_subplot(1, 2, 2))
     rows = [{"patched": f"{name} position {t} ({tokens[t]})", "restored": round(float(stream.restored[i, t]), 4)}
@@ -340,7 +396,57 @@ def _patch(loaded: Loaded, settings: InspectSettings):
     if stream.warning:
         log.warning("%s", stream.warning)
         summary["warning"] = stream.warning
-    return "Activation patching", rows, summary, figure
+    return rows, summary, figure
+
+
+def _dla(loaded: Loaded, settings: InspectSettings):
+    text = _texts(settings)[0]
+    batch = text_batch(loaded, text)
+    with torch.no_grad():
+        logits = batch.logits(loaded.model(*batch.args, **batch.kwargs))[0]  # (T, V); a sequence classifier's (C,)
+    sequence = logits.dim() == 1
+    position = -1 if sequence else _read_position(loaded, batch, settings.position, logits.shape[0])
+    answer, wrong = (int(i) for i in (logits if sequence else logits[position]).topk(2).indices)
+    found = logit_attribution(loaded.model, *batch.args, answer=answer, wrong=wrong, position=position, neurons=True,
+                              **batch.kwargs)
+    sites, table = found.heads()
+    others = [(name, float(value)) for name, value in zip(found.names, found.values.mean(1), strict=True)
+              if " head " not in name]
+    figure = Figure(figsize=(3.0 + 0.6 * table.shape[1] + 5.0, 1.5 + 0.35 * max(len(sites), len(others))))
+    heatmap(table, title="heads' direct shares", rows=sites, columns=[str(h) for h in range(table.shape[1])],
+            xlabel="head", colorbar="logit difference", centered=True, ax=figure.add_subplot(1, 2, 1))
+    ax = figure.add_subplot(1, 2, 2)
+    ax.barh(range(len(others)), [v for _, v in others], color=["tab:blue" if v >= 0 else "tab:red" for _, v in others])
+    ax.set_yticks(range(len(others)), [n for n, _ in others], fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(0, color="grey", linewidth=0.5)
+    ax.set(title="other writers' direct shares", xlabel="logit difference")
+    neurons = sorted(((f"{layer} neuron {n}", float(v)) for layer, values in found.neurons.items()
+                      for n, v in enumerate(values.mean(0))), key=lambda item: -abs(item[1]))[:5]
+    answer_name, wrong_name = _output_names(loaded, [answer, wrong])
+    tokens = _labels(loaded.tokenizer, batch.args[-1][0])
+    summary = {"text": text, "position": "the pooled sequence" if sequence else f"{position % len(tokens)} "
+               f"({tokens[position]})", "answer": answer_name, "runner-up": wrong_name,
+               "logit difference": round(float(found.total.mean()), 6),
+               "sum of the shares": round(float(found.values.sum(0).mean()), 6),
+               "largest shares": ", ".join(f"{n} ({v:+.3f})" for n, v in found.top(3)),
+               "largest neurons": ", ".join(f"{n} ({v:+.3f})" for n, v in neurons)}
+    return "Direct logit attribution", found.rows(), summary, figure
+
+
+def _read_position(loaded: Loaded, batch: Batch, position: int | None, length: int) -> int:
+    """The position whose answer `dla` attributes: --position; else a decoder's or a translation's last, a masked
+    LM's first masked token, another encoder's last text token (before [SEP])."""
+    if position is not None:
+        if not -length <= position < length:
+            raise InputError(f"--position {position} is out of range: the text has {length} positions "
+                             f"(0..{length - 1}, or -1 for the last)")
+        return position
+    if loaded.causal or loaded.translates:
+        return length - 1
+    if batch.labels is not None and bool((batch.labels[0] != -100).any()):
+        return int((batch.labels[0] != -100).nonzero()[0, 0])
+    return max(length - 2, 0)
 
 
 def _patched_position(loaded: Loaded, clean: Tensor, corrupted: Tensor) -> int:
@@ -466,5 +572,6 @@ def _sae(loaded: Loaded, settings: InspectSettings):
     return f"Sparse autoencoder at {point}", rows, summary, figure
 
 
-ANALYSES = {"heads": _heads, "head-types": _head_types, "logit-lens": _logit_lens, "patch": _patch, "probe": _probe,
+ANALYSES = {"heads": _heads, "head-types": _head_types, "logit-lens": _logit_lens, "patch": _patch,
+            "attribute": _attribute, "dla": _dla, "probe": _probe,
             "circuits": _circuits, "sae": _sae}
