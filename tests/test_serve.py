@@ -547,3 +547,13 @@ def test_token_id_prompts_are_refused_naming_the_id(server, prompt, status, word
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == "prompt" and words in error["message"] and "valid string" not in error["message"]
+
+
+def test_a_union_field_given_an_object_is_refused_for_what_the_object_lacks(server):
+    """tool_choice is a string or an object: an object missing its function is told so, not "should be 'none',
+    'auto' or 'required'" (the string member's complaint)."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "function"}}
+    response = httpx.post(f"{server[0]}/v1/chat/completions", json=body, timeout=TIMEOUT)
+    error = response.json()["error"]
+    assert response.status_code == 422 and error["param"] == "tool_choice"
+    assert error["message"] == "tool_choice.function: Field required"

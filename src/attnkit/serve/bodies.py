@@ -18,7 +18,8 @@ from attnkit.serve.schemas import Body
 
 RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_long", "too_short",
                 "string_too_short", "string_too_long", "literal_error"}  # a value of the right type out of range
-UNION_MEMBER = re.compile(r"^(str|int|float|bool|constrained-.*|.*\[.*\])$")  # pydantic's name of a union's member
+UNION_MEMBER = re.compile(r"^(str|int|float|bool|constrained-.*|.*\[.*\]|[A-Z][A-Za-z0-9]*)$")  # pydantic's name of
+# a union's member: a type, or a model's class (JSON fields here are lower case)
 
 
 def too_large(size: str, limit: int) -> APIError:
@@ -86,7 +87,8 @@ def _reported(error: ValidationError, data: dict) -> dict:
     """The error to report: the first, unless it lies in a union (a field's, or a nested one's such as a message's
     content) and the value has the type of another member (a list of five stop strings is "at most 4 items", not
     "should be a valid string"); of several such members, the one whose error lies deepest, the member the value
-    came closest to (a list of token-id lists with a negative id: that id, not "should be a valid string")."""
+    came closest to (a list of token-id lists with a negative id: that id, not "should be a valid string"; an object
+    given for a string or a model: the model's complaint)."""
     errors = error.errors(include_url=False)
     first = errors[0]
     loc = first["loc"]
@@ -97,9 +99,11 @@ def _reported(error: ValidationError, data: dict) -> dict:
     for part in loc[:at]:  # the union's value in the body
         fits = isinstance(value, dict) and part in value or isinstance(value, list) and isinstance(part, int)
         value = value[part] if fits and (isinstance(value, dict) or part < len(value)) else None
-    kind = "list" if isinstance(value, list) else "str" if isinstance(value, str) else None
+    kind = "list" if isinstance(value, list) else "str" if isinstance(value, str) else \
+        "dict" if isinstance(value, dict) else None
     same = [e for e in errors if e["loc"][:at] == loc[:at] and len(e["loc"]) > at
-            and str(e["loc"][at]).split("[")[0] in (kind, f"constrained-{kind}")]
+            and (str(e["loc"][at]).split("[")[0] in (kind, f"constrained-{kind}")
+                 or kind == "dict" and str(e["loc"][at])[:1].isupper())]  # an object: a model member's errors
     return max(same, key=lambda e: len(e["loc"])) if same else first
 
 
