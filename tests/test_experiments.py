@@ -102,8 +102,9 @@ def heads_specialise(rows: list[dict]) -> None:
         start, trained = sorted((row for row in induction if row["seed"] == seed), key=lambda row: row["steps"])
         assert trained["loss"] < start["loss"] and trained["induction margin"] > start["induction margin"]
     assert all(row["previous spread"] is None for row in induction)
-    assert all(row["induction margin"] is None and row["previous spread"] >= 0
-               for row in rows if row["setting"] == "real text")
+    assert all(0 < row["induction head K-composition"] < 1 for row in induction)  # read from the weights
+    assert all(row["induction margin"] is None and row["previous spread"] >= 0 and
+               row["induction head K-composition"] is None for row in rows if row["setting"] == "real text")
 
 
 def score_functions(rows: list[dict]) -> None:

@@ -12,6 +12,11 @@ ablated) becomes unequal, a few heads carrying what the others do not (the most 
 median head's); and their attention patterns diverge in kind (on the induction task, one head's induction score
 beyond the others'; on text, the spread across heads of the previous-token score). Each is measured trained minus at
 initialisation, so that the spread random weights already show is not counted.
+
+The circuit view reads the same models' weights (`attnkit.inspect.circuits`, Elhage et al. 2021): the K-composition
+of each layer-0 head into each layer-1 head, at initialisation and trained. An induction head's keys read what a
+previous-token head wrote, so training should raise the best layer-0 head's K-composition into the layer-1 head
+with the highest induction score above what random weights give (the table's "induction head K-composition").
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from attnkit.config import ModelConfig
 from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import Corpus, char_corpus, train_lm
 from attnkit.experiments.plots import heatmap_axes, new_figure, save
+from attnkit.inspect.circuits import composition_scores
 from attnkit.inspect.head_types import head_types, self_scores
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.induction import InductionTask, attention_only_decoder, train_induction
@@ -69,8 +75,11 @@ def measure_induction(model: nn.Module, seed: int) -> dict:
     induction = head_types(model, ids).scores["induction"]  # (layers, H)
     best = induction.flatten().max()
     others = (induction.flatten().sum() - best) / (induction.numel() - 1)
+    k_composition = composition_scores(model).table("k", "blocks.0.attn", "blocks.1.attn")  # (H layer 0, H layer 1)
     return {"loss": importance.baseline, "induction": induction, "importance": importance.scores,
-            "induction margin": float(best - others), "importance spread": importance_spread(importance.scores)}
+            "induction margin": float(best - others), "importance spread": importance_spread(importance.scores),
+            "K-composition": k_composition,
+            "induction head K-composition": float(k_composition[:, int(induction[1].argmax())].max())}
 
 
 def text_config() -> ModelConfig:
@@ -108,6 +117,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
             found[("induction", seed, steps)] = m = measure_induction(induction_model(seed, steps), seed)
             rows.append({"setting": "induction task", "seed": seed, "steps": steps, "loss": m["loss"],
                          "importance spread": m["importance spread"], "induction margin": m["induction margin"],
+                         "induction head K-composition": m["induction head K-composition"],
                          "previous spread": None})
         for steps in (0, s["text"]):
             progress.phase(f"real text, seed {seed}, {steps} steps")
@@ -121,7 +131,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
             found[("text", seed, steps)] = m = measure_text(model, corpus, seed)
             rows.append({"setting": "real text", "seed": seed, "steps": steps, "loss": m["loss"],
                          "importance spread": m["importance spread"], "induction margin": None,
-                         "previous spread": m["previous spread"]})
+                         "induction head K-composition": None, "previous spread": m["previous spread"]})
 
     def gain(setting: str, key: str, steps: int) -> list[float]:
         return [found[(setting, seed, steps)][key] - found[(setting, seed, 0)][key] for seed in range(seeds)]
@@ -154,17 +164,25 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
 
 def _plot(found: dict, s: dict, out: Path) -> str:
     """Seed 0's trained models: the induction task's induction scores and importance, text's previous-token scores
-    and importance, each layer x head."""
-    fig, axes = new_figure(10, 6, ncols=2, nrows=2)
+    and importance, each layer x head; then the induction model's K-composition (layer-0 heads into layer-1 heads) at
+    initialisation and trained."""
+    fig, axes = new_figure(10, 9, ncols=2, nrows=3)
     induction, text = found[("induction", 0, s["induction"])], found[("text", 0, s["text"])]
+    untrained = found[("induction", 0, 0)]
     layers = ["layer 0", "layer 1"]
     heads = [str(h) for h in range(HEADS)]
     panels = [(induction["induction"], "induction task: induction score"),
               (induction["importance"].clamp(min=0), "induction task: loss rise when ablated (nats)"),
               (text["previous"], "real text: previous-token score"),
               (text["importance"].clamp(min=0), "real text: loss rise when ablated (nats)")]
-    for ax, (values, title) in zip(axes, panels, strict=True):
+    for ax, (values, title) in zip(axes[:4], panels, strict=True):
         heatmap_axes(ax, values, title=title, xlabel="head", ylabel="", xticklabels=heads, yticklabels=layers)
+    senders = [f"layer 0 head {h}" for h in heads]
+    top = max(float(m["K-composition"].max()) for m in (untrained, induction))
+    for ax, (model, when) in zip(axes[4:], ((untrained, "at initialisation"), (induction, "trained")), strict=True):
+        heatmap_axes(ax, model["K-composition"], title=f"induction task: K-composition, {when}",
+                     xlabel="layer-1 head (receiver)", ylabel="", xticklabels=heads, yticklabels=senders)
+        ax.images[0].set_clim(0, top)  # one scale for both, so that the two can be compared
     path = out / "heads.png"
     save(fig, path)
     return path.name
