@@ -291,3 +291,13 @@ def test_dla_splits_the_answers_logit_difference(runs, kind, tmp_path):
 def test_dla_refuses_the_recurrent_seq2seq_with_the_reason(runs, tmp_path):
     with pytest.raises(InputError, match="tanh"):
         _inspect(runs["recurrent"], "dla", tmp_path, text=("abc de\tcba ed",))
+
+
+def test_an_out_that_is_a_file_and_a_corruption_without_tokens_are_refused(runs, tmp_path):
+    (tmp_path / "report").write_text("mine")
+    with pytest.raises(InputError, match="report is a file, where the report's directory goes: give --out a dir"):
+        run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="heads", text=("abc",),
+                                    out=str(tmp_path / "report")))
+    assert (tmp_path / "report").read_text() == "mine"
+    with pytest.raises(InputError, match="needs at least 2 tokens; this one has 0: give a longer text"):
+        run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="patch", text=("abc",), corrupt=""))

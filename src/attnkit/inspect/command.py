@@ -124,7 +124,7 @@ class Loaded:
         return self.stack is not None and self.stack.causal
 
     def tensor(self, ids: list[int]) -> Tensor:
-        return torch.tensor([ids], device=self.device)
+        return torch.tensor([ids], dtype=torch.long, device=self.device)  # token ids, also when there are none
 
 
 def run_inspect(settings: InspectSettings) -> list[Path]:
@@ -167,6 +167,10 @@ def _check_inputs(settings: InspectSettings) -> None:
             raise InputError(f"--column picks a CoNLL-U column, but {settings.conll} is read as CoNLL (each line's "
                              "last column is its label): drop --column, or give a .conllu file")
         read_tagged(settings.conll, column=settings.column, encoding_errors=settings.encoding_errors, option="--column")
+    out = _out_dir(settings)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} is a file, where the report's directory goes: give --out a directory (it is made "
+                         "where missing)")
 
 
 def _check_run(loaded: Loaded, settings: InspectSettings) -> None:
