@@ -13,11 +13,11 @@ and columns as its activation-patching twin, so the two read side by side:
     attribute_sublayers   each attention and FFN sublayer's output, position by position
 
 The approximation is exact for a part the metric depends on linearly and drifts where it does not: a final norm
-or an attention pattern that moves between the runs (an induction head's share comes out near a tenth of what
-patching it restores). `steps > 1` integrates the gradient instead (integrated gradients along the straight path
-from the corrupted to the clean activation at each point, the rest of the model recomputed; Marks et al. 2024,
-"Sparse Feature Circuits"): one forward and backward pass per point over `steps` copies of the batch, whose
-shares over a whole point sum to what patching the whole point restores.
+or an attention pattern that moves between the runs (the two-layer induction model's layer-0 heads, whose small
+shares it ranks in no stable order). `steps > 1` integrates the gradient instead (integrated gradients along the
+straight path from the corrupted to the clean activation at each point, the rest of the model recomputed; Marks et
+al. 2024, "Sparse Feature Circuits"): one forward and backward pass per point over `steps` copies of the batch,
+whose shares over a whole point sum to what patching the whole point restores.
 """
 
 from __future__ import annotations
@@ -45,12 +45,15 @@ def _effects(model: nn.Module, clean: Batch, corrupted: Batch, names: list[str],
     model.eval()
     source = clean.run(model, names=names)
     clean_value = logit_difference(clean.logits(source.output), *target)
+    # the rows' sum: each row's gradient is its own logit difference's (d diff_b / d a_b), as `_integrated` takes it,
+    # so that the callers' mean over rows is the mean first-order change (a mean here would divide by B twice)
     found = backward_trace(model, *corrupted.args, names=names, **corrupted.kwargs,
-                           metric=lambda out: logit_differences(corrupted.logits(out), *target).mean())
+                           metric=lambda out: logit_differences(corrupted.logits(out), *target).sum())
+    corrupted_value = found.value / clean.logits(source.output).shape[0]  # the mean over rows, as logit_difference
     if steps == 1:
-        return {n: (source[n] - found.cache[n]) * found.grads[n] for n in names}, clean_value, found.value
+        return {n: (source[n] - found.cache[n]) * found.grads[n] for n in names}, clean_value, corrupted_value
     return ({n: _integrated(model, corrupted, n, found.cache[n], source[n], target, steps) for n in names},
-            clean_value, found.value)
+            clean_value, corrupted_value)
 
 
 def _integrated(model: nn.Module, corrupted: Batch, name: str, start: Tensor, end: Tensor, target: tuple,
