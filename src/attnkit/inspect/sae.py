@@ -158,7 +158,7 @@ def train_sae(config: SAEConfig, batches: Callable[[], Iterable[Tensor]], *, ste
             loss = loss + config.l1_coefficient * features.abs().sum(-1).mean() / math.sqrt(variance)
         else:
             fired = torch.where((features > 0).any(0), 0, fired + 1)
-            loss = loss + _aux_k(sae, pre, x - rebuilt.detach(), fired > DEAD_AFTER) / (32 * variance)
+            loss = loss + AUX_K_WEIGHT * _aux_k(sae, pre, x - rebuilt.detach(), fired > DEAD_AFTER) / variance
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -170,6 +170,7 @@ def train_sae(config: SAEConfig, batches: Callable[[], Iterable[Tensor]], *, ste
 
 
 DEAD_AFTER = 200  # AuxK: a feature silent for this many steps counts as dead
+AUX_K_WEIGHT = 1 / 32  # AuxK's weight beside the reconstruction loss (Gao et al. 2024's alpha)
 
 
 def _aux_k(sae: SparseAutoencoder, pre: Tensor, residual: Tensor, dead: Tensor) -> Tensor:
