@@ -69,6 +69,9 @@ def test_samples_per_prompt_and_seeds(lm):
     assert first == lm.generate(prompts, max_new_tokens=10, num_samples=3, seed=5, stop_at_eos=False)
     assert len(set(first[:3])) > 1  # three samples of one prompt are not all alike
     assert first != lm.generate(prompts, max_new_tokens=10, num_samples=3, seed=6, stop_at_eos=False)
+    for i in range(3):  # sample i of each prompt is that prompt alone seeded seed + i, as vLLM seeds a request's
+        assert [first[i], first[3 + i]] == [lm.generate(p, max_new_tokens=10, seed=5 + i, stop_at_eos=False)[0]
+                                            for p in prompts]
 
 
 def test_stop_strings_end_the_text_and_streaming_never_shows_them(lm):

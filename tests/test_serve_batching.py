@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, make_generator
-from attnkit.generate.sampling import NoDistribution
+from attnkit.generate.sampling import NoDistribution, choice_seed
 from attnkit.layers.prefix_cache import PrefixCache
 from attnkit.serve.batching import Batch, GenerationJob, Scheduler
 
@@ -41,10 +41,11 @@ class Recorded:
         self.reasons = reasons
 
     def alone(self, model) -> list[list[int]]:
-        """The same request through generate_tokens alone (as Pipeline.generate runs it)."""
+        """The same request through generate_tokens alone (as Pipeline.generate runs it: choice i from seed + i)."""
         job = self.job
+        generators = [make_generator(choice_seed(job.seed, i), "cpu") for i in range(job.n)]
         return generate_tokens(model, [job.prompt] * job.n, max_new_tokens=job.max_new_tokens, context_len=CONTEXT,
-                               sampling=job.sampling, generator=make_generator(job.seed, "cpu"),
+                               sampling=job.sampling, generator=generators if job.n > 1 else generators[0],
                                stop_ids=job.stop_ids)
 
 
@@ -452,3 +453,16 @@ def test_kv_cache_usage_is_the_share_of_the_batchs_positions_holding_a_rows_keys
         held = batch.attention_mask[: len(batch.rows), : batch.length].sum().item()  # every real column
         assert scheduler.kv_cache_usage == pytest.approx(held / (rows * positions))
         assert scheduler.running_requests == 2 and scheduler.running_rows == 3
+
+
+def test_each_choice_of_a_seeded_request_is_the_request_of_one_choice_seeded_seed_plus_its_index(model):
+    scheduler = scheduler_for(model, max_rows=8)
+    sampling = SamplingConfig(temperature=1.0)
+    several = Recorded([1, 2, 3], 10, sampling=sampling, seed=11, n=3)
+    singles = [Recorded([1, 2, 3], 10, sampling=sampling, seed=11 + i) for i in range(3)]
+    for request in (several, *singles):
+        scheduler.submit(request.job)
+        iterate(scheduler)
+    drain(scheduler)
+    assert several.tokens == [single.tokens[0] for single in singles]
+    assert len({tuple(tokens) for tokens in several.tokens}) == 3  # three different samples

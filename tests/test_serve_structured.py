@@ -19,6 +19,7 @@ from test_serve_batching import Recorded, drain  # noqa: E402
 
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, make_generator  # noqa: E402
 from attnkit.generate.constrained import Grammar, GrammarMask  # noqa: E402
+from attnkit.generate.sampling import choice_seed  # noqa: E402
 from attnkit.serve.batching import Scheduler  # noqa: E402
 from attnkit.tokenize import CharTokenizer  # noqa: E402
 
@@ -47,7 +48,8 @@ def test_constrained_and_free_requests_share_steps_and_each_gets_its_own():
     for job, (_, sampling, n, schema) in zip(recorded, requests, strict=True):
         grammar = GrammarMask.of(Grammar.json_schema(schema), TOKENIZER, n) if schema else None
         alone = generate_tokens(model, [job.job.prompt] * n, max_new_tokens=BOUND_TOKENS, context_len=CONTEXT,
-                                sampling=sampling, generator=make_generator(job.job.seed, "cpu"), stop_ids=eos,
+                                sampling=sampling, generator=[make_generator(choice_seed(job.job.seed, i), "cpu")
+                                                              for i in range(n)], stop_ids=eos,
                                 grammar=grammar)
         assert job.tokens == alone
         if schema is not None:

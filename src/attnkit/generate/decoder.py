@@ -37,7 +37,7 @@ from attnkit.data.batching import pad
 from attnkit.deprecation import warn_renamed
 from attnkit.errors import InputError
 from attnkit.generate.constrained import GrammarMask
-from attnkit.generate.sampling import GREEDY, SamplingConfig, check_drawn, select_next
+from attnkit.generate.sampling import GREEDY, SamplingConfig, check_drawn, select_next, select_next_in_groups
 from attnkit.layers.kv_cache import KVCache
 
 # on_token(row, token) is called for each new token of each unfinished row; returning True ends that row.
@@ -138,7 +138,7 @@ def decode_n_tokens(
     *,
     context_len: int,
     sampling: SamplingConfig = GREEDY,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator | None] | None = None,
     stop_ids: Collection[int] = (),
     on_token: TokenHook | None = None,
     decoding: EagerDecoding | None = None,
@@ -147,7 +147,8 @@ def decode_n_tokens(
     """Choose up to n tokens per row, starting from the prefill's `logits` (B, V).
 
     A row stops at a token in `stop_ids` (which is not returned), when `on_token` returns True, or when its grammar
-    (`grammar`, one matcher per row) is complete. Returns each row's new tokens.
+    (`grammar`, one matcher per row) is complete. `generator`: one for every row, or a list of one per row (each
+    row's draws its own). Returns each row's new tokens.
     """
     batch = window.ids.shape[0]
     decoding = _decoding_for(model, decoding)
@@ -158,7 +159,10 @@ def decode_n_tokens(
     for step in range(n):
         if grammar is not None:
             logits = grammar(logits)  # (B, V): what no row's grammar allows next at -inf
-        tokens = select_next(logits, sampling, seen=seen, generator=generator)  # (B,)
+        if isinstance(generator, Sequence):  # (B,): each row drawn from its own generator
+            tokens = select_next_in_groups(logits, sampling, [(1, g) for g in generator], seen=seen)
+        else:
+            tokens = select_next(logits, sampling, seen=seen, generator=generator)  # (B,)
         for row, token in enumerate(check_drawn(tokens.tolist())):
             if finished[row]:
                 continue
@@ -207,7 +211,7 @@ def generate_tokens(
     max_new_tokens: int,
     context_len: int,
     sampling: SamplingConfig = GREEDY,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator | None] | None = None,
     pad_id: int = 0,
     stop_ids: Collection[int] = (),
     on_token: TokenHook | None = None,
@@ -217,7 +221,8 @@ def generate_tokens(
     """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens; returns the new tokens.
 
     model: a decoder-only model in eval mode (`DecoderLM`); context_len: its `max_seq_len`; decoding: how prefill
-    and steps run (see the module docstring); grammar: a matcher per prompt that each row's text follows.
+    and steps run (see the module docstring); grammar: a matcher per prompt that each row's text follows;
+    generator: one for every prompt, or a list of one per prompt.
     Raises InputError for an empty prompt, a prompt longer than `context_len`, or a negative `max_new_tokens`.
     """
     if not prompts:

@@ -37,7 +37,7 @@ from attnkit.generate.constrained import Grammar, GrammarMask
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
 from attnkit.generate.plan import InferencePlan, check_quantization, plan_inference
 from attnkit.generate.quantize import QUANTIZE_FORMS
-from attnkit.generate.sampling import check_sampling, make_generator
+from attnkit.generate.sampling import check_sampling, choice_seed, make_generator
 from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
@@ -136,7 +136,8 @@ class Pipeline:
         (the language-model data places no BOS); `add_bos` puts BOS first, and an empty prompt starts from BOS
         alone. Generation ends at `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a token of
         `stop_tokens`, or at a stop string, which is cut off with everything after it. `on_text(i, piece)` receives
-        sequence i's text as it settles.
+        sequence i's text as it settles. With a seed, sample i of each prompt draws from its own generator seeded
+        seed + i (as vLLM seeds a request's n samples, and `attnkit serve` its n choices).
         `json_schema` (a dict or its JSON text; {"type": "object"} for any JSON object) holds every text to JSON valid
         under it, and `grammar` to any `Grammar` (`generate/constrained.py`): the tokens that cannot continue it are
         never chosen, and a text ends where its grammar is complete (cut short only by `max_new_tokens`).
@@ -160,6 +161,8 @@ class Pipeline:
             raise InputError("a stop string is empty; give non-empty stop strings")
         prompt_ids = [self.prompt_ids(p, index=i, add_bos=add_bos) for i, p in enumerate(prompts)]
         rows = [ids for ids in prompt_ids for _ in range(num_samples)]
+        generator = make_generator(seed, self.device) if num_samples == 1 else [  # sample i's seed: seed + i
+            make_generator(choice_seed(seed, i), self.device) for _ in prompt_ids for i in range(num_samples)]
         stop_ids = set(stop_tokens)
         if stop_at_eos and self.tokenizer.eos_id is not None:
             stop_ids.add(self.tokenizer.eos_id)
@@ -170,7 +173,7 @@ class Pipeline:
             max_new_tokens=max_new_tokens,
             context_len=self.config.max_seq_len,
             sampling=sampling,
-            generator=make_generator(seed, self.device),
+            generator=generator,
             pad_id=self._pad_id,
             stop_ids=stop_ids,
             on_token=texts.push,

@@ -294,6 +294,12 @@ def check_drawn(ids: list[int]) -> list[int]:
     return ids
 
 
+def choice_seed(seed: int | None, choice: int) -> int | None:
+    """The seed of choice (sample) `choice` of a request seeded `seed`: seed + choice, as vLLM seeds the n samples of
+    one request, so choice i is what a request of one sample seeded seed + i gives; wrapped within 64 bits."""
+    return None if seed is None else (seed + choice) % (SEED_RANGE[1] + 1)
+
+
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
     """A generator seeded with `seed` on `device` (None: use torch's global generator). Raises SamplingError for a
     seed `check_seed` refuses."""

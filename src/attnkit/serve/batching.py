@@ -25,12 +25,13 @@ Admission: a job arriving while the batch is running waits until it has waited o
 once when the waiting jobs fill the free rows, so jobs that arrive within a step of each other are prefilled in one
 forward pass; the running rows keep stepping meanwhile, and a job arriving at an idle scheduler starts at once.
 
-Each request keeps its own sampling settings and its own seeded generator, and its rows are sampled together,
-so a request's tokens do not depend on which others share its steps: the tokens equal those of
-`Pipeline.generate` for the same prompt, settings and seed. The `n` choices of one request are `n` rows that
-join and leave together (as `Pipeline.generate(num_samples=n)` keeps them). A request held to a grammar (structured
-output) has a matcher per choice: its rows' logits are masked before they are sampled, beside free rows in the same
-step, and a choice ends ("stop") where its grammar is complete (`generate/constrained.py`).
+Each request keeps its own sampling settings and a seeded generator per choice (choice i's seed is the request's
+seed + i, as vLLM seeds the n samples of one request), and its rows are sampled together, so a request's tokens do
+not depend on which others share its steps: the tokens equal those of `Pipeline.generate` for the same prompt,
+settings and seed, and choice i's those of a request of one choice with seed + i. The `n` choices of one request
+are `n` rows that join and leave together (as `Pipeline.generate(num_samples=n)` keeps them). A request held to a
+grammar (structured output) has a matcher per choice: its rows' logits are masked before they are sampled, beside
+free rows in the same step, and a choice ends ("stop") where its grammar is complete (`generate/constrained.py`).
 
 A job that fails fails alone: its settings sampling to nothing, a callback that raises, a prefill that fails (the
 jobs prefilled with it are prefilled again one by one) end that job with "error" and the exception in its
@@ -67,7 +68,14 @@ from torch import Tensor
 from attnkit.errors import InputError
 from attnkit.generate.constrained import GrammarMask
 from attnkit.generate.decoder import EagerDecoding, Window, left_pad, prefill
-from attnkit.generate.sampling import SamplingConfig, check_drawn, make_generator, select_next_in_groups, token_logprobs
+from attnkit.generate.sampling import (
+    SamplingConfig,
+    check_drawn,
+    choice_seed,
+    make_generator,
+    select_next_in_groups,
+    token_logprobs,
+)
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.layers.kv_cache import KVCache, LayerCache, StaticKVCache
 from attnkit.layers.prefix_cache import PrefixCache, reuse
@@ -108,7 +116,7 @@ class GenerationJob:
     cancelled: threading.Event = field(default_factory=threading.Event)
     # set by the scheduler
     queued: float = 0.0  # time.monotonic() when it was submitted
-    generator: torch.Generator | None = None
+    generators: list[torch.Generator | None] = field(default_factory=list)  # one per choice (see the docstring)
     produced: int = 0  # decoding steps taken
     seen: Tensor | None = None  # (n, V) bool: the tokens of each choice's sequence, for the penalties
     counts: Tensor | None = None  # (n, V): how often each choice generated each token
@@ -403,23 +411,24 @@ class Scheduler:
         rows fail ends ("error"); its rows get padding."""
         rows = [row for job in jobs for row in rows_of[job]]
         at = _index(rows, self.device)  # a slice where the rows run in order (the usual case): no copy to the device
-        states = [job.generator.get_state() if job.generator is not None else None for job in jobs]
+        states = [[g.get_state() if g is not None else None for g in job.generators] for job in jobs]
         try:
             logits = self._held_back(jobs, self.logits[at])  # (B, V)
             grammar = GrammarMask.joined([(job.n, job.grammar) for job in jobs])
             if grammar is not None:  # each constrained row's forbidden tokens at -inf (generate/constrained.py)
                 logits = grammar(logits)
             seen, counts = self._penalties(jobs, sampling, logits.shape[-1])
-            tokens = select_next_in_groups(logits, sampling, [(job.n, job.generator) for job in jobs], seen=seen,
-                                           counts=counts)
+            groups = [(1, generator) for job in jobs for generator in job.generators]  # a generator per choice
+            tokens = select_next_in_groups(logits, sampling, groups, seen=seen, counts=counts)
         except Exception as error:
             if len(jobs) == 1:
                 chosen[at] = self.pad_id
                 self._fail(jobs[0], error)
                 return
-            for job, state in zip(jobs, states, strict=True):
-                if state is not None:
-                    job.generator.set_state(state)
+            for job, kept in zip(jobs, states, strict=True):
+                for generator, state in zip(job.generators, kept, strict=True):
+                    if state is not None:
+                        generator.set_state(state)
                 self._sample([job], sampling, rows_of, chosen)
             return
         chosen[at] = tokens
@@ -521,7 +530,7 @@ class Scheduler:
     def _prefill(self, joining: list[GenerationJob]) -> None:
         """Prefill `joining` in one forward pass and add their rows; the batch is unchanged when the pass fails."""
         for job in joining:
-            job.generator = make_generator(job.seed, self.device)
+            job.generators = [make_generator(choice_seed(job.seed, choice), self.device) for choice in range(job.n)]
             job.reasons = [None] * job.n
         rows = [(job, choice) for job in joining for choice in range(job.n)]
         window = left_pad([job.prompt for job, _ in rows], pad_id=self.pad_id, device=self.device)  # (k, T)
