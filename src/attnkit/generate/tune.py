@@ -54,17 +54,20 @@ HEADS, HEAD_DIM = 6, 64
 
 @dataclass(frozen=True)
 class Budget:
-    """How much to measure: seconds per timing, the key lengths for attention, the (in, out) linear shapes."""
+    """How much to measure: seconds per timing, the key lengths for attention, the (in, out) linear shapes, and the
+    fp32 megabytes of weights the shapes are repeated up to: a decoding step reads more weight than any cache holds,
+    so a layout is timed reading its weights from memory, as decoding reads them, not from a cache they fit in."""
 
     min_run_time: float
     decode_keys: tuple[int, ...]
     pass_keys: tuple[int, ...]
     shapes: tuple[tuple[int, int], ...]
+    weights_mb: int = 0
 
 
 FULL = Budget(0.2, (64, 128, 256, 512, 1024), (32, 64, 128, 256, 512),
-              ((768, 2304), (768, 3072), (3072, 768)))  # (in, out): a GPT-2-sized block's products
-FIRST_USE = Budget(0.03, (64, 256, 512), (32, 128), ((768, 768),))  # a few seconds, once per CPU
+              ((768, 2304), (768, 3072), (3072, 768)), weights_mb=128)  # (in, out): a GPT-2-sized block's products
+FIRST_USE = Budget(0.03, (64, 256, 512), (32, 128), ((768, 3072), (3072, 768)), weights_mb=64)  # seconds, once
 QUICK = Budget(0.02, (64, 128), (32, 64), ((64, 192),))  # a rough profile, for trying the command
 
 
@@ -122,12 +125,14 @@ def measure_attention(dtype: torch.dtype, min_run_time: float, lengths: tuple[tu
     return limits, rows
 
 
-def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, min_run_time: float, shapes: tuple[tuple[int, int], ...]
-                   ) -> tuple[dict[str, float], list[str]]:
-    """One decoding row through `shapes` in each layout that applies: each layout's seconds, and table rows."""
+def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, budget: Budget) -> tuple[dict[str, float], list[str]]:
+    """One decoding row through the budget's shapes, repeated up to its `weights_mb`, in each layout that applies:
+    each layout's seconds, and table rows."""
     log.info("  linear layers: one decoding row in each %s layout", str(dtype).removeprefix("torch."))
     torch.manual_seed(0)
-    linears = [nn.Linear(k, n).to(dtype) for k, n in shapes]
+    per_set = 4 * sum(k * n for k, n in budget.shapes)  # fp32 bytes
+    copies = max(1, -(-budget.weights_mb * 2**20 // per_set))
+    linears = [nn.Linear(k, n).to(dtype) for _ in range(copies) for k, n in budget.shapes]
     layouts: dict[str, list[nn.Module]] = {"plain": linears}
     if dtype == torch.float32:
         layouts["transposed"] = [TransposedLinear(layer) for layer in linears]
@@ -137,11 +142,12 @@ def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, min_run_time: float
         layouts["gemv+packed"] = gemv
     elif dtype == torch.bfloat16:  # no oneDNN packing: bf16 read, computed in fp32 by ATen's kernel
         layouts["gemv"] = [GemvLinear(layer) for layer in linears]
-    rows_in = {k: torch.randn(1, k, dtype=dtype) for k, _ in shapes}
+    rows_in = {k: torch.randn(1, k, dtype=dtype) for k, _ in budget.shapes}
     times = {}
     with torch.no_grad():
         for name, layers in layouts.items():
-            times[name] = _seconds(lambda layers=layers: [m(rows_in[m.in_features]) for m in layers], min_run_time)
+            times[name] = _seconds(lambda layers=layers: [m(rows_in[m.in_features]) for m in layers],
+                                   budget.min_run_time) / copies  # a set of the shapes' seconds
     rows = [f"linear {str(dtype).removeprefix('torch.'):8} {name:11} {t * 1e3:8.3f} ms" for name, t in times.items()]
     return times, rows
 
@@ -152,7 +158,7 @@ def tune(*, budget: Budget = FULL, cpu: CpuCapabilities | None = None) -> tuple[
     limits, rows = measure_attention(torch.bfloat16, budget.min_run_time, (budget.decode_keys, budget.pass_keys))
     times = {}
     for dtype in (torch.float32, torch.bfloat16):
-        times[dtype_name(dtype)], linear_rows = measure_linear(dtype, cpu, budget.min_run_time, budget.shapes)
+        times[dtype_name(dtype)], linear_rows = measure_linear(dtype, cpu, budget)
         rows += linear_rows
     fastest = {name: min(layouts, key=layouts.get) for name, layouts in times.items()}
     profile = Profile(
