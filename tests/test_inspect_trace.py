@@ -9,6 +9,10 @@ from attnkit.config import ModelConfig
 from attnkit.errors import InputError
 from attnkit.generate.pipeline import Pipeline
 from attnkit.inspect import hook_points, hooked, mean_ablate, patch, resample_ablate, trace, zero_ablate
+from attnkit.inspect.importance import head_importance
+from attnkit.inspect.inputs import lm_batch
+from attnkit.inspect.logit_lens import logit_lens
+from attnkit.inspect.patching import patch_heads
 from attnkit.layers.attention import Attention
 from attnkit.models import build_model
 from attnkit.models.recurrent import recurrent_seq2seq
@@ -160,6 +164,11 @@ def test_a_pipeline_is_traced_as_its_model():
                                trace(model, ids, names=["blocks.1.attn.z"])["blocks.1.attn.z"], rtol=0, atol=0)
     with pytest.raises(InputError, match="reads a torch model .* or a pipeline from attnkit.load; got a str"):
         trace("runs/gpt", ids)
+    batch, other = lm_batch(ids), lm_batch(ids.flip(1))
+    torch.testing.assert_close(head_importance(pipeline, batch).scores, head_importance(model, batch).scores)
+    torch.testing.assert_close(logit_lens(pipeline, ids).logits, logit_lens(model, ids).logits)
+    patched = patch_heads(pipeline, batch, other, answer=1, wrong=2)
+    torch.testing.assert_close(patched.restored, patch_heads(model, batch, other, answer=1, wrong=2).restored)
 
 
 @pytest.mark.parametrize(("edit", "said"), [

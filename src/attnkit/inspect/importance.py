@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from attnkit.errors import InputError
 from attnkit.inspect.edits import Ablation, ablate, patch
 from attnkit.inspect.inputs import Batch, score
-from attnkit.inspect.points import head_sites
+from attnkit.inspect.points import head_sites, module_of
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def head_importance(model: nn.Module, batches: Batch | Sequence[Batch], *, ablat
     Mean ablation reads its reference from each batch itself (its mean). Resample ablation replaces each row's head
     output by other rows' (`resampled`: of this batch or another, never its own), so it needs two rows at least.
     """
-    model.eval()
+    model = module_of(model).eval()  # a pipeline from attnkit.load: its model
     batches = [batches] if isinstance(batches, Batch) else list(batches)
     if not batches:
         raise InputError("head importance needs at least one batch of inputs")

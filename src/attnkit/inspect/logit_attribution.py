@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
+from attnkit.inspect.points import module_of
 from attnkit.inspect.tracing import trace
 from attnkit.layers.norms import LayerNorm, RMSNorm
 from attnkit.models.encoder import EncoderClassifier
@@ -156,7 +157,7 @@ def logit_attribution(model: nn.Module, *args: Tensor, answer: int | Tensor, wro
     (B,). A sequence classifier's logits come from its pooled stream, and `position` is not used. `neurons=True`
     also splits each FFN into its neurons. Raises InputError for a model whose logit is no sum of writes (the
     reason named)."""
-    model.eval()
+    model = module_of(model).eval()  # a pipeline from attnkit.load: its model
     read = _readout(model)
     blocks = read.stack.blocks
     p = f"{read.prefix}blocks"

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from attnkit.errors import InputError
 from attnkit.inspect.edits import patch
 from attnkit.inspect.inputs import Batch
-from attnkit.inspect.points import head_sites, hook_points
+from attnkit.inspect.points import head_sites, hook_points, module_of
 from attnkit.inspect.tracing import Trace
 
 FAINT = 0.1  # a corruption moving logit(answer) - logit(wrong) by less (the odds by under 10%) restores little of note
@@ -91,7 +91,7 @@ def check_pair(clean: Batch, corrupted: Batch) -> None:
 
 def _runs(model: nn.Module, clean: Batch, corrupted: Batch, names: list[str], target: tuple) -> _Runs:
     check_pair(clean, corrupted)
-    model.eval()
+    model = module_of(model).eval()  # a pipeline from attnkit.load: its model
     source = clean.run(model, names=names)
     corrupted_run = corrupted.run(model)
     return _Runs(source, logit_difference(clean.logits(source.output), *target),

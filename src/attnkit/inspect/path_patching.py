@@ -26,7 +26,7 @@ from attnkit.errors import InputError
 from attnkit.inspect.circuits import Kind, sites_in_order
 from attnkit.inspect.edits import patch
 from attnkit.inspect.inputs import Batch
-from attnkit.inspect.points import hook_points
+from attnkit.inspect.points import hook_points, module_of
 
 Metric = Callable[[Tensor], float]  # the logits of a run -> a number that is larger for the clean answer
 
@@ -69,7 +69,7 @@ def path_patch(model: nn.Module, clean: Batch, corrupted: Batch, *, sender: tupl
                                                          for h in sender_heads):
         raise InputError(f"a head is out of range: {receiver_site} has {attention.n_heads} heads, {sender_site} "
                          f"{sites[sender_site].attention.n_heads}")
-    model.eval()
+    model = module_of(model).eval()  # a pipeline from attnkit.load: its model
     outputs = [f"{name}.z" for name in sites]
     clean_run, corrupted_run = clean.run(model, names=outputs), corrupted.run(model, names=outputs)
     frozen = {name: corrupted_run[name] for name in outputs}  # (B, T, H, D) each
