@@ -116,9 +116,11 @@ def _prompt_ids(pipeline: Pipeline, prompt: str | list[int], index: int, context
         try:
             long = len(prompt) > HEAD_CHARS_PER_TOKEN * context  # else it is tokenized whole once, below
             if long and not encode_head(pipeline.tokenizer, prompt, context)[1]:
-                raise APIError(400, f"the prompt has {len(prompt):,} characters, more tokens than this model's context "
-                               f"holds ({context}; its first {HEAD_CHARS_PER_TOKEN * context:,} characters alone fill "
-                               "it): send a shorter prompt", param=param)
+                what = "the messages, as the chat template renders them, hold" if param == "messages" else \
+                    "the prompt holds"
+                raise APIError(400, f"{what} {len(prompt):,} characters, more tokens than this model's context "
+                               f"holds ({context}; the first {HEAD_CHARS_PER_TOKEN * context:,} characters alone fill "
+                               f"it): send shorter {param}", param=param)
             return pipeline.prompt_ids(prompt, index=index)
         except AttnkitError as error:
             raise APIError(400, str(error), param=param) from None
