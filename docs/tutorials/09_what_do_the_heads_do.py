@@ -20,7 +20,10 @@
 # `attnkit.inspect` reads the same; find the induction head by its pattern; remove it and watch the loss come back
 # (Michel et al. 2019); read every layer through the output layer (the logit lens); put one head's output back from a
 # clean run into a corrupted one (activation patching, Meng et al. 2022); and probe the layers for a feature, beside
-# a control task (Hewitt and Liang 2019).
+# a control task (Hewitt and Liang 2019). Then go further: estimate every head's patch from one backward pass
+# (attribution patching, Nanda 2023), split the answer's logit into each head's direct share (direct logit
+# attribution), read which heads compose from the weights alone (Elhage et al. 2021) and follow one path between two
+# heads (path patching, Wang et al. 2022), and train a sparse autoencoder on the stream (Bricken et al. 2023).
 
 # %%
 # ruff: noqa: E402 (each import sits in the cell that first needs it)
@@ -228,6 +231,44 @@ for name in streams.cache:
 # The same analyses run on any trained run from the command line: `attnkit inspect RUN heads --text ...`,
 # `head-types`, `logit-lens`, `patch --text ... --corrupt ...` and `probe --conll FILE`
 # ([the guide](../user-guide/inspect.md)).
+
+# %% [markdown]
+# ## Attribution patching: every head from one backward pass
+#
+# Patching runs the model once per head. Attribution patching (Nanda 2023; Syed et al. 2023) estimates all of them
+# from one corrupted forward and backward pass: the change a patch makes is, to first order, the activation's change
+# times the metric's gradient there, $(a_{clean} - a_{corrupted}) \cdot \partial m / \partial a$. Where the model
+# is far from linear over the change, integrating the gradient along the path from the corrupted to the clean
+# activation (`steps=`) does better.
+
+# %%
+from attnkit.inspect.attribution import attribute_heads
+
+estimated = attribute_heads(model, Batch((clean[:, :-1],)), Batch((corrupted[:, :-1],)), answer=answer, wrong=wrong)
+integrated = attribute_heads(model, Batch((clean[:, :-1],)), Batch((corrupted[:, :-1],)), answer=answer,
+                             wrong=wrong, steps=4)
+for site, exact, plain, path_integral in zip(patched.rows, patched.restored, estimated.restored, integrated.restored,
+                                             strict=True):
+    print(site, "patching", [f"{v:.2f}" for v in exact.tolist() if not math.isnan(v)],
+          "estimate", [f"{v:.2f}" for v in plain.tolist() if not math.isnan(v)],
+          "integrated", [f"{v:.2f}" for v in path_integral.tolist() if not math.isnan(v)])
+
+# by hand, the induction head's estimate: its clean output minus its corrupted one, times the gradient of the
+# logit difference at the corrupted run (o_proj's input made a leaf to differentiate by)
+leaf = {}
+
+
+def differentiable(module, args):
+    leaf["z"] = args[0].detach().requires_grad_()
+    return (leaf["z"],)
+
+
+handle = o_proj.register_forward_pre_hook(differentiable)
+logits = model(corrupted[:, :-1]).logits[:, -1]
+handle.remove()
+(grad,) = torch.autograd.grad((logits.gather(1, answer[:, None]) - logits.gather(1, wrong[:, None])).mean(), leaf["z"])
+first_order = ((clean_z.flatten(-2) - leaf["z"]) * grad).sum() / (patched.clean - patched.corrupted)
+torch.testing.assert_close(float(first_order), float(estimated.restored[1, 0]), rtol=1e-4, atol=1e-5)
 
 # %% [markdown]
 # ## Direct logit attribution: who writes the answer?
