@@ -216,3 +216,15 @@ def test_a_model_with_flex_attention_traces_as_one_graph_with_its_masks():
         got = torch.compile(model, fullgraph=True, backend=recording)(ids, document_ids=documents).logits
     assert len(graphs) == 1
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+
+
+def test_attnkit_train_attention_flex_on_the_cpu_is_one_line_naming_the_fix(tmp_path, capsys):
+    from attnkit import cli
+
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat. " * 80)
+    assert cli.main(["train", "--out", str(tmp_path / "run"), "--data", str(text), "--tokenizer", "char",
+                     "--max-steps", "1", "--attention", "flex", "--no-progress", "--set", "position=alibi",
+                     "n_layers=1", "d_model=32", "n_heads=2", "d_ff=64", "max_seq_len=32"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "no backward on the CPU" in errors[0] and "--attention auto or sdpa" in errors[0]
