@@ -57,8 +57,9 @@ assert BUDGET in ("tiny", "full"), f"ATTNKIT_TUTORIAL_BUDGET={BUDGET!r}: use tin
 #
 # The weights start as the paper's do (`paper_init`: Xavier-uniform matrices, embeddings of standard deviation
 # $1/\sqrt{C}$, so of unit size once multiplied by $\sqrt{C}$). attnkit's default is GPT-2's, $N(0, 0.02)$ for
-# everything: multiplied by $\sqrt{64} = 8$, its token embeddings would start at a fifth of the position table's
-# size, and the model would first have to grow them before it could tell one token from another.
+# everything: multiplied by $\sqrt{64} = 8$, its token embeddings would start at under a quarter of the position
+# table's size (0.16 against 0.71 an entry), and the model would first have to grow them before it could tell
+# one token from another.
 
 # %%
 from attnkit import build_model, presets
