@@ -484,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         if on_gpu:
             parser.error("--isa chooses the CPU's kernels; it does not apply with --device cuda")
         return emulated(args.isa, argv if argv is not None else sys.argv[1:])
-    machine = args.machine or (platform.node() or "cpu") + ("-cuda" if on_gpu else "") + \
+    machine = (args.machine or (platform.node() or "cpu") + ("-cuda" if on_gpu else "")) + \
         (f"-{args.isa}" if args.isa != "native" else "")
     path = RESULTS / f"speed-{machine}.json"
     earlier = json.loads(path.read_text()) if args.update and path.is_file() else None
