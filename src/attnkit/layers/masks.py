@@ -127,8 +127,10 @@ class AttentionMask:
         if not (self.causal or self.attention_mask is not None or self.documents is not None
                 or (window is not None and window < key_len)):
             return None
-        start, causal, prefix, real, documents = self.start, self.causal, self.prefix_len, self.attention_mask, \
-            self._documents(key_len, None) if self.documents is not None else None
+        start, causal, real = self.start, self.causal, self.attention_mask
+        device = self.query_positions.device
+        prefix = self.prefix_len.to(device) if isinstance(self.prefix_len, Tensor) else self.prefix_len
+        documents = self._documents(key_len, None) if self.documents is not None else None
         windowed = window is not None and window < key_len
         keep_own = (causal or window is not None) and real is not None and self.length > 1
 
