@@ -28,7 +28,7 @@ from attnkit.models import count_parameters
 
 SEQ_LEN, BATCH = 64, 16
 FAMILIES = ("Vaswani-style", "Transformer++")
-STEPS = {"tiny": 30, "small": 200, "full": 1000, "gpu": 3000}
+STEPS = {"tiny": 30, "small": 200, "full": 1000, "gpu": 2000}
 SIZES = {"tiny": [(32, 1)], "small": [(64, 2), (128, 3), (192, 4)], "full": [(64, 2), (128, 3), (192, 4), (256, 6)],
          "gpu": [(256, 4), (512, 8), (768, 12)]}  # width x layers; gpu: up to 85M parameters, where 10x is claimed
 SEEDED_SIZES = 2  # the smallest sizes run with several seeds: the noise every size's comparison must clear
