@@ -103,27 +103,36 @@ def test_megabyte_prompts_do_not_stall_health_or_a_running_stream(tmp_path):
     assert stream_ratio < STREAM_RATIO, f"the stream took {stream_ratio:.1f}x its time alone while big prompts came in"
 
 
-def test_megabyte_texts_to_embed_are_read_to_the_context_without_a_stall(tmp_path):
+@pytest.mark.parametrize("family", ["encoder", "encoder-decoder"])
+def test_megabyte_texts_are_read_to_the_context_or_refused_without_a_stall(tmp_path, family):
     """An encoder reads a text to its context: a megabyte text is tokenized only as far as it reads it (its embedding
-    is that of its first tokens, said truncated), and /health stays answered while several come in."""
+    is that of its first tokens, said truncated); a translator refuses a source beyond its context, having tokenized
+    only as much. /health stays answered while several come in."""
     from attnkit import load
 
-    run = tiny_run(tmp_path, "encoder", tokenizer="bpe", n_classes=2)
+    run = tiny_run(tmp_path, family, tokenizer="bpe", **({"n_classes": 2} if family == "encoder" else {}))
     text = "the cat sat on the mat. " * (900_000 // 24)
-    body = json.dumps({"input": text, "encoding_format": "float"}).encode()
-    head = load(run, device="cpu").tokenizer.encode(text[:4000])[:96 - 2]  # the tokens the context holds
+    path = "/v1/embeddings" if family == "encoder" else "/v1/translate"
+    body = json.dumps({"input": text}).encode()
     with running_server(run, timeout=TIMEOUT) as (url, _app):
         alone_health = statistics.median(_timed(lambda: _health(url)) for _ in range(20))
         answers = []
 
         def client() -> None:
-            answers.append(httpx.post(f"{url}/v1/embeddings", content=body, timeout=TIMEOUT,
-                                      headers={"Content-Type": "application/json"}).json())
+            answers.append(httpx.post(f"{url}{path}", content=body, timeout=TIMEOUT,
+                                      headers={"Content-Type": "application/json"}))
 
         health = _health_while(url, [threading.Thread(target=client) for _ in range(BAD_CLIENTS)])
-        first = httpx.post(f"{url}/v1/embeddings", json={"input": head}, timeout=TIMEOUT).json()["data"][0]
-    assert len(answers) == BAD_CLIENTS and all(a["data"][0]["truncated"] for a in answers)
-    assert answers[0]["data"][0]["embedding"] == pytest.approx(first["embedding"], abs=1e-6)
+        if family == "encoder":
+            head = load(run, device="cpu").tokenizer.encode(text[:4000])[:96 - 2]  # the tokens the context holds
+            first = httpx.post(f"{url}{path}", json={"input": head}, timeout=TIMEOUT).json()["data"][0]
+    assert len(answers) == BAD_CLIENTS
+    if family == "encoder":
+        assert all(a.json()["data"][0]["truncated"] for a in answers)
+        assert answers[0].json()["data"][0]["embedding"] == pytest.approx(first["embedding"], abs=1e-6)
+    else:
+        error = answers[0].json()["error"]
+        assert answers[0].status_code == 400 and error["param"] == "input" and "more than" in error["message"]
     health_ratio = max(health) / alone_health
-    print(f"health {max(health):.4f}s vs {alone_health:.4f}s alone (x{health_ratio:.1f})")
+    print(f"{path}: health {max(health):.4f}s vs {alone_health:.4f}s alone (x{health_ratio:.1f})")
     assert health_ratio < HEALTH_RATIO, f"/health took {health_ratio:.0f}x its time alone while big texts came in"

@@ -271,12 +271,14 @@ class Pipeline:
         return ids
 
     def _source_ids(self, text: str, *, index: int) -> list[int]:
-        """`tokens EOS`, as the pair data lays out sources."""
-        ids = [*self.tokenizer.encode(text), self.tokenizer.eos_id]
+        """`tokens EOS`, as the pair data lays out sources; a text far beyond max_seq_len is refused after tokenizing
+        only its head (`encode_head`)."""
+        ids, whole = encode_head(self.tokenizer, text, self.config.max_seq_len)
+        ids = [*ids, self.tokenizer.eos_id]
         if len(ids) > self.config.max_seq_len:
             raise InputError(
-                f"text {index} has {len(ids)} tokens (EOS included) but the model reads at most "
-                f"{self.config.max_seq_len} (max_seq_len); split it into shorter pieces"
+                f"text {index} has {'' if whole else 'more than '}{len(ids)} tokens (EOS included) but the model reads "
+                f"at most {self.config.max_seq_len} (max_seq_len); split it into shorter pieces"
             )
         return ids
 

@@ -136,7 +136,7 @@ def held(lock: threading.Lock, deadline: float, call: Callable):
 def in_turns(lock: threading.Lock, timeout: float, texts: list[str], call: Callable[[list[str], int], list]) -> list:
     """`call(part, start)` over `texts`, TEXTS_PER_TURN at a time, each turn holding the model (`held`); 504 once
     `timeout` seconds have passed, checked before each turn, so that no request holds the model past its timeout by
-    more than one turn. A refusal in a later turn says where its count of texts starts."""
+    more than one turn. A refusal names `input`, and in a later turn says where its count of texts starts."""
     deadline = time.monotonic() + timeout
     results = []
     for start in range(0, len(texts), TEXTS_PER_TURN):
@@ -146,7 +146,9 @@ def in_turns(lock: threading.Lock, timeout: float, texts: list[str], call: Calla
         try:
             results += held(lock, deadline, functools.partial(call, texts[start:start + TEXTS_PER_TURN], start))
         except APIError as error:
-            if error.status == 400 and start:
-                error.message += f" (texts counted from input[{start}])"
+            if error.status == 400:
+                error.param = error.param or "input"  # the texts' field
+                if start:
+                    error.message += f" (texts counted from input[{start}])"
             raise
     return results
