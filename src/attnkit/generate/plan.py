@@ -224,11 +224,10 @@ def _linear_layout(
         if cpu is not None and not cpu.onednn_bf16:
             return "plain", (f"oneDNN packs {name} weights only with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; this CPU "
                              f"reports {cpu.isa}, so nn.Linear runs oneDNN's reference path")
-    if wanted == "gemv+packed":
-        return wanted, (f"fastest for one decoding row in {name}{_timings(profile, f'linear {name}')}: one row through "
-                        "ATen's matrix-vector kernel, several through oneDNN's packed weight (each weight held twice; "
-                        f"{profile_note})")
     measured = _timings(profile, f"linear {name}")
+    if wanted == "gemv+packed":
+        return wanted, (f"fastest for one decoding row in {name}{measured}: one row through ATen's matrix-vector "
+                        f"kernel, several through oneDNN's packed weight (each weight held twice; {profile_note})")
     if wanted == "gemv" and compile:
         return "plain", "the compiled step reads the weights in its own loops"
     if wanted == "gemv" and dtype == torch.bfloat16:
