@@ -1,0 +1,63 @@
+"""attnkit.inspect's gradient methods against TransformerLens on one random GPT-2 (Hugging Face weights loaded by
+both, TransformerLens through its `TransformerBridge`, no weight processing): the gradient cache equals
+`run_with_cache(incl_bwd=True)`'s, and direct logit attribution per head equals the one built from TransformerLens's
+own stacked head results and final-norm scale. TransformerLens has no attribution-patching function to compare
+with. Skipped where TransformerLens is not installed."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from interop_models import VOCAB, hf_model
+
+from attnkit.inspect.gradients import backward_trace
+from attnkit.inspect.logit_attribution import logit_attribution
+from attnkit.interop import hf
+
+transformer_lens = pytest.importorskip(
+    "transformer_lens", reason="TransformerLens is not installed (pip install transformer-lens; it brings datasets, "
+    "wandb and other packages attnkit does not need, so it is not among attnkit's extras)")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    directory = tmp_path_factory.mktemp("gpt2")
+    reference = hf_model("gpt2", directory)
+    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=reference, device="cpu")
+    return hf.load(directory).model.eval(), bridge.eval()
+
+
+IDS = torch.tensor([[5, 17, 33, 8, 61, 4, 9], [42, 7, 90, 3, 3, 18, 12]])
+POINTS = {"blocks.0.attn.z": "blocks.0.attn.hook_z", "blocks.1.resid_pre": "blocks.1.hook_resid_pre",
+          "blocks.0.mlp.hidden": "blocks.0.mlp.hook_post", "blocks.1.attn.pattern": "blocks.1.attn.hook_pattern"}
+
+
+def test_the_gradient_cache_equals_transformer_lens(pair):
+    model, bridge = pair
+    loss, cache = bridge.run_with_cache(IDS, return_type="loss", incl_bwd=True)
+
+    def metric(output):  # TransformerLens's loss: the mean next-token cross-entropy
+        return F.cross_entropy(output.logits[:, :-1].reshape(-1, VOCAB), IDS[:, 1:].reshape(-1))
+
+    found = backward_trace(model, IDS, metric=metric, names=list(POINTS))
+    assert found.value == pytest.approx(float(loss), abs=1e-5)
+    for ours, theirs in POINTS.items():
+        expected = cache[f"{theirs}_grad"].reshape(found.grads[ours].shape)
+        torch.testing.assert_close(found.grads[ours], expected, rtol=1e-4, atol=1e-6)
+
+
+def test_direct_logit_attribution_per_head_equals_transformer_lens(pair):
+    model, bridge = pair
+    answer, wrong = torch.tensor([5, 6]), torch.tensor([7, 8])
+    _, cache = bridge.run_with_cache(IDS)
+    heads, labels = cache.stack_head_results(layer=-1, pos_slice=-1, return_labels=True, apply_ln=False)  # (N, B, C)
+    scale = cache["ln_final.hook_scale"][:, -1]  # (B, 1): the final LayerNorm's scale, frozen
+    norm = model.stack.final_norm
+    centred = heads - heads.mean(-1, keepdim=True)
+    direction = model.lm_head.weight[answer] - model.lm_head.weight[wrong]  # (B, C)
+    expected = (centred / scale * norm.weight * direction).sum(-1)  # (N, B)
+    found = logit_attribution(model, IDS, answer=answer, wrong=wrong)
+    sites = [label[1:].split("H") for label in labels]  # "L1H3" -> layer 1, head 3
+    ours = torch.stack([found[f"blocks.{layer}.attn head {head}"] for layer, head in sites])
+    torch.testing.assert_close(ours, expected.detach().float(), rtol=1e-4, atol=1e-5)
