@@ -210,9 +210,9 @@ class LMOptions:
     """What next-token training alone reads (`TaskSpec.own_options`)."""
 
     pack: PackMode = field(default="off", metadata={"const": "files"})
-    """files (bare --pack): rows packed with whole documents (the corpus's files) and a document mask, so no token
-    attends across documents and positions restart at each, instead of windows that run across them; lines: each
-    line a document; off: random windows of the stream"""
+    """training: files (bare --pack): rows packed with whole documents (the corpus's files) and a document mask, so
+    no token attends across documents and positions restart at each, instead of windows that run across them; lines:
+    each line a document; off: random windows of the stream. Evaluation reads the stream window by window either way"""
 
 
 class PackedLMTask(LMTask):
