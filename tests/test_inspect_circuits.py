@@ -56,7 +56,8 @@ def test_a_factored_matrix_gives_the_dense_products_singular_values_and_norm():
     torch.testing.assert_close(score, expected, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("options", [{}, {"n_kv_heads": 2, "position": "rope", "norm": "rms"}, {"n_kv_heads": 1}])
+@pytest.mark.parametrize("options", [{}, {"n_kv_heads": 2, "position": "rope", "norm": "rms"}, {"n_kv_heads": 1},
+                                     {"score": "bilinear"}])
 def test_qk_and_ov_reproduce_the_scores_and_outputs_the_model_computes(options):
     """Unfolded (fold_norms=False), the circuits act on the normed stream: x W_QK x^T / sqrt(D) are the scores the
     model forms (RoPE: at each query-key offset) and sum_h A_h x W_OV^h is the sublayer's output."""
@@ -66,7 +67,7 @@ def test_qk_and_ov_reproduce_the_scores_and_outputs_the_model_computes(options):
                                     "blocks.1.attn.out"])
     normed = model.stack.blocks[1].attn_norm(read["blocks.1.resid_pre"])  # (B, T, C)
     weights = head_weights(model, "blocks.1.attn", fold_norms=False)
-    scale = weights.W_Q.shape[-1] ** -0.5
+    scale = getattr(model.stack.blocks[1].self_attn.score, "scale", 1.0)  # 1/sqrt(D); a bilinear score has none
     scores = read["blocks.1.attn.scores"]  # (B, H, T, S)
     for offset in (0, 3):
         qk = head_weights(model, "blocks.1.attn", fold_norms=False, offset=offset).qk().dense()  # (H, C, C)
@@ -172,3 +173,23 @@ def test_inspect_circuits_writes_the_composition_table_of_a_gqa_rope_run(tmp_pat
     assert [r["score"] for r in report["rows"]] == sorted((r["score"] for r in report["rows"]), reverse=True)
     assert "RoPE" in report["summary"]["notes"] and "2 key/value heads" in report["summary"]["notes"]
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("options, note", [
+    ({"family": "encoder", "norm_position": "post", "n_classes": 3}, "post-norm"),
+    ({"position": "alibi"}, "ALiBi"),
+    ({"position": "relative"}, "RelativePositions"),
+    ({"score": "bilinear"}, "pre-norm"),
+    ({"attention_window": 4}, "pre-norm"),
+])
+def test_composition_scores_on_each_kind_of_transformer_say_what_the_weights_leave_out(options, note):
+    found = composition_scores(_decoder(**options))
+    assert len(found.rows) == 3 * 4 * 4 and all(0 <= r["score"] <= 1 for r in found.rows)
+    assert any(note in n for n in found.notes), found.notes
+
+
+def test_the_full_ov_circuit_refuses_what_has_no_product_of_matrices():
+    with pytest.raises(InputError, match="nonlinear transform"):
+        full_ov(_decoder(family="encoder", encoder_head="mlm", mlm_transform=True), "blocks.0.attn")
+    with pytest.raises(InputError, match="full OV circuit"):
+        full_ov(_decoder(family="encoder-decoder"), "decoder.blocks.0.cross_attn")
