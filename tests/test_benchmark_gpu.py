@@ -2,6 +2,7 @@
 its peer from the same run, and runs end to end at tiny shapes on the CPU (`--smoke`, slow)."""
 
 import json
+import tempfile
 
 import numpy as np
 import pytest
@@ -40,9 +41,20 @@ def test_table_gives_each_row_against_its_peer_and_names_failures():
     assert "8 clients: 6.50x one at a time." in text
 
 
+def _results_in(tmp_path, monkeypatch) -> None:
+    """The benchmark's folders (named attnkit-gpu-...) under tmp_path; every other temporary folder (inductor's) as
+    tempfile makes it."""
+    make = tempfile.mkdtemp
+
+    def mkdtemp(suffix=None, prefix=None, dir=None):
+        return str(tmp_path / prefix) if prefix and prefix.startswith("attnkit-gpu") else make(suffix, prefix, dir)
+
+    monkeypatch.setattr(bench_gpu.tempfile, "mkdtemp", mkdtemp)
+
+
 @pytest.mark.slow
 def test_smoke_run_times_every_training_row(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench_gpu.tempfile, "mkdtemp", lambda prefix="": str(tmp_path / prefix))
+    _results_in(tmp_path, monkeypatch)
     assert bench_gpu.main(["--smoke", "--only", "train", "--rounds", "1", "--steps", "1", "--warmup", "1"]) == 0
     report = json.loads((tmp_path / "attnkit-gpu-smoke-" / "gpu-smoke.json").read_text())
     assert {r["impl"] for r in report["results"]} == {"nanogpt-compiled", "attnkit", "attnkit-eager", "attnkit-llama2"}
@@ -126,7 +138,7 @@ def test_smoke_run_times_each_variant_against_sdpa_causal_and_says_why_flex_is_s
     FlexAttention's are skipped with the reason (no backward on the CPU), not failed."""
     if torch.cuda.is_available():
         pytest.skip("on a GPU FlexAttention's rows run")
-    monkeypatch.setattr(bench_gpu.tempfile, "mkdtemp", lambda prefix="": str(tmp_path / prefix))
+    _results_in(tmp_path, monkeypatch)
     assert bench_gpu.main(["--smoke", "--only", "variants", "--rounds", "1", "--steps", "1", "--warmup", "1"]) == 0
     report = json.loads((tmp_path / "attnkit-gpu-smoke-" / "gpu-smoke.json").read_text())
     rows = {r["impl"]: r for r in report["results"]}
