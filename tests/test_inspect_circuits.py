@@ -180,7 +180,7 @@ def test_inspect_circuits_writes_the_composition_table_of_a_gqa_rope_run(tmp_pat
     ({"position": "alibi"}, "ALiBi"),
     ({"position": "relative"}, "RelativePositions"),
     ({"score": "bilinear"}, "pre-norm"),
-    ({"attention_window": 4}, "pre-norm"),
+    ({"attention_window": 4}, "sliding window"),
 ])
 def test_composition_scores_on_each_kind_of_transformer_say_what_the_weights_leave_out(options, note):
     found = composition_scores(_decoder(**options))

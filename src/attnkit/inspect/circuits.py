@@ -234,6 +234,8 @@ def _head_weights(model: nn.Module, site: Site, *, fold_norms: bool, offset: int
         notes.append(f"RoPE: QK depends on the query-key offset m - n (W_Q R(m - n) W_K^T); read at offset {offset}")
     elif relative is not None and relative.biases:
         notes.append(f"{type(relative).__name__}: the scores add a position bias that W_QK leaves out")
+    if attention.window is not None and not site.cross:
+        notes.append(f"sliding window: a query reads only its last {attention.window} keys, which W_QK does not say")
     if kv_heads != heads:
         notes.append(f"{kv_heads} key/value heads for {heads} query heads: W_K and W_V are each head's shared one")
     score = (attention.score.weight.weight.detach().float() if isinstance(attention.score, BilinearScore) else None)
