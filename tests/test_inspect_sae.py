@@ -65,11 +65,14 @@ def test_an_sae_is_saved_in_saelens_layout_and_read_back_to_the_same_outputs(tmp
                                      "normalize_activations")} == {
         "d_in": 8, "d_sae": 24, "architecture": "topk", "k": 3, "apply_b_dec_to_input": True,
         "normalize_activations": "none"}
-    assert document["meta"]["hook_name"] == "blocks.1.resid_post"
+    # SAELens 6 names the hook under "meta"; a config without a version is read as an older one, from the top level
+    assert document["meta"]["hook_name"] == document["hook_name"] == "blocks.1.resid_post"
+    assert document["activation_fn_kwargs"] == {"k": 3}
     tensors = load_file(directory / "sae_weights.safetensors")
     assert {k: tuple(v.shape) for k, v in tensors.items()} == {"W_enc": (8, 24), "b_enc": (24,), "W_dec": (24, 8),
                                                                "b_dec": (8,)}
     loaded = load_sae(directory)
+    assert loaded.config.hook_name == "blocks.1.resid_post"
     x = torch.randn(5, 8)
     torch.testing.assert_close(loaded(x), sae(x), rtol=0, atol=0)
     assert int((loaded.encode(x) > 0).sum(-1).max()) <= 3

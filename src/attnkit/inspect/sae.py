@@ -247,13 +247,16 @@ def save_sae(sae: SparseAutoencoder, directory: str | Path, *, record: dict | No
     """Write `directory` (cfg.json, sae_weights.safetensors) in SAELens's layout, whole or not at all; `record` (the
     metrics, the training settings) goes under the config's "attnkit" key."""
     config = sae.config
+    names = {"model_name": config.model_name or None, "hook_name": config.hook_name or None}
+    # SAELens 6 reads a config without a version as an older one: it takes the names from the top level and fills in
+    # the rest, so they are written there as well as under "meta", with the activation as older versions name it
     document = {"d_in": config.d_in, "d_sae": config.d_sae, "dtype": "float32", "device": "cpu",
                 "apply_b_dec_to_input": sae.apply_b_dec_to_input, "normalize_activations": "none",
-                "reshape_activations": "none", "architecture": config.architecture,
-                "meta": {"model_name": config.model_name or None, "hook_name": config.hook_name or None},
+                "reshape_activations": "none", "architecture": config.architecture, **names,
+                "hook_head_index": None, "activation_fn": "relu" if config.k is None else "topk", "meta": names,
                 "attnkit": {"l1_coefficient": config.l1_coefficient, **(record or {})}}
     if config.k is not None:
-        document["k"] = config.k
+        document.update(k=config.k, activation_fn_kwargs={"k": config.k})
     with atomic_output(directory, directory=True, overwrite=True) as partial:
         save_tensors({name: getattr(sae, name).detach().float() for name in SHAPES}, partial / WEIGHTS_FILE)
         atomic_write(partial / CONFIG_FILE, json.dumps(document, indent=2) + "\n")
@@ -275,7 +278,7 @@ def load_sae(directory: str | Path) -> SparseAutoencoder:
                                                                                 "none") != "none":
         raise CheckpointError(f"{where} normalises or reshapes its input before encoding; attnkit reads SAEs that "
                               "take the activation as it is (normalize_activations and reshape_activations 'none')")
-    meta = document.get("meta") or {}
+    meta = {**{k: document.get(k) for k in ("model_name", "hook_name")}, **(document.get("meta") or {})}
     record = document.get("attnkit") or {}
     try:
         config = SAEConfig(document["d_in"], document["d_sae"], architecture, document.get("k"),
