@@ -466,3 +466,18 @@ def test_each_choice_of_a_seeded_request_is_the_request_of_one_choice_seeded_see
     drain(scheduler)
     assert several.tokens == [single.tokens[0] for single in singles]
     assert len({tuple(tokens) for tokens in several.tokens}) == 3  # three different samples
+
+
+def test_a_conversations_next_turn_reuses_the_reply_of_the_last(model):
+    cache = PrefixCache(max_bytes=1 << 20, block_size=4)
+    scheduler = Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=4, prefix_cache=cache)
+    first = Recorded([5, 1, 7, 2, 9, 4], 12)
+    scheduler.submit(first.job)
+    drain(scheduler)
+    assert len(first.tokens[0]) == 12  # 6 + 11 tokens' keys were cached: 4 whole blocks
+    turn = Recorded(first.job.prompt + first.tokens[0][:10] + [3], 5, sampling=SamplingConfig(), seed=2)
+    hits = cache.hits
+    scheduler.submit(turn.job)
+    drain(scheduler)
+    assert cache.hits - hits == 16  # the prompt's block and three of the reply's (only the first is, without them)
+    assert turn.tokens == turn.alone(model)

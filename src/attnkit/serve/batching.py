@@ -40,7 +40,8 @@ that fails, shared by every running row, ends the running jobs; the waiting ones
 
 With a prefix cache (`layers/prefix_cache.py`, vLLM's automatic prefix caching), a prefill first writes the kept
 keys and values of its prompts' prefixes into the new rows and computes only the columns after them; then it keeps
-the prompts' whole blocks. Keys and values depend only on the tokens before them, so a request's tokens are those
+the prompts' whole blocks, and a row that ends keeps those of its whole sequence (prompt and reply: a conversation's
+next turn starts with both). Keys and values depend only on the tokens before them, so a request's tokens are those
 it gets without the cache, whichever rows and requests the prefix came from.
 
 Models whose cache cannot be merged row by row (a recurrent LM's state, a sliding window's ring buffer) run one
@@ -365,6 +366,8 @@ class Scheduler:
         chosen = self._choose(self.batch)  # reads the tokens: waits for the step before to finish on a GPU
         choosing = time.monotonic() - started
         ended = [i for i, (job, _) in enumerate(self.batch.rows) if None not in job.reasons]
+        if ended and self.prefix_cache is not None and self._merge_ok():
+            self._keep_sequences(ended)
         for job in self.batch.jobs:
             if None not in job.reasons:
                 self._finish(job)
@@ -449,6 +452,15 @@ class Scheduler:
             except Exception as error:  # its own logits gave no distribution, or its own callback failed
                 chosen[rows_of[job]] = self.pad_id
                 self._fail(job, error)
+
+    def _keep_sequences(self, rows: list[int]) -> None:
+        """Keep the whole blocks of each of `rows`' sequences, prompt and reply, in the prefix cache as they leave:
+        the next turn of a conversation (the same prompt, this reply, a new message) reuses the reply's keys too."""
+        batch = self.batch
+        for row in rows:
+            start = int(batch.attention_mask[row, : batch.length].to(torch.uint8).argmax())  # its first real column
+            tokens = batch.ids[row, start : batch.length].tolist()  # the tokens whose keys columns [start, length) hold
+            self.prefix_cache.keep(tokens, batch.store, row, start)
 
     def _held_back(self, jobs: list[GenerationJob], logits: Tensor) -> Tensor:
         """`logits` (B, V) of `jobs`' rows with the stop tokens at -inf in the rows of jobs that have not yet reached
