@@ -173,7 +173,7 @@ def _stack(model: nn.Module, prefix: str) -> TransformerStack:
     return getattr(model, prefix.rstrip(".") or "stack")
 
 
-def _reading_fold(norm: nn.Module | None, width: int) -> Tensor | None:
+def _reading_fold(norm: nn.Module | None, width: int, device: torch.device) -> Tensor | None:
     """The linear part of a norm a reader sees its input through, (C, C) for rows (x @ P), or None (nothing to
     fold): LayerNorm centres then scales by its gain; RMSNorm scales by its gain. Its 1/std (1/rms) is left out."""
     if norm is None or isinstance(norm, nn.Identity):
@@ -182,9 +182,10 @@ def _reading_fold(norm: nn.Module | None, width: int) -> Tensor | None:
     centres = isinstance(norm, nn.LayerNorm | LayerNorm)
     if weight is None and not centres:
         return None
-    fold = torch.eye(width) if weight is None else torch.diag(weight.detach().float())
+    eye = torch.eye(width, device=device)
+    fold = eye if weight is None else torch.diag(weight.detach().float())
     if centres:
-        fold = (torch.eye(width) - 1.0 / width) @ fold  # x - mean(x) = x (I - 11^T / C)
+        fold = (eye - 1.0 / width) @ fold  # x - mean(x) = x (I - 11^T / C)
     return fold
 
 
@@ -204,7 +205,7 @@ def _head_weights(model: nn.Module, site: Site, *, fold_norms: bool, offset: int
                          "exists; dot, scaled_dot and bilinear scores have both)")
     heads, kv_heads, dim = attention.n_heads, attention.n_kv_heads, attention.head_dim
     q, k, v = _projections(attention)  # (H*D, C), (Hkv*D, C) twice
-    shared = torch.arange(heads) // (heads // kv_heads)  # each query head's key/value head
+    shared = torch.arange(heads, device=q.device) // (heads // kv_heads)  # each query head's key/value head
 
     def per_head(weight: Tensor, n: int) -> Tensor:
         return weight.view(n, dim, -1).mT  # (n*D, C) -> (n, C, D)
@@ -217,7 +218,7 @@ def _head_weights(model: nn.Module, site: Site, *, fold_norms: bool, offset: int
         query_norm = block.cross_attn_norm if site.cross else block.attn_norm
         key_norm = _stack(model, "encoder.").final_norm if site.cross else block.attn_norm
         for norm, side in ((query_norm, "q"), (key_norm, "kv")):
-            fold = _reading_fold(norm, width)
+            fold = _reading_fold(norm, width, W_Q.device)
             if fold is None:
                 continue
             if side == "q":
@@ -229,7 +230,7 @@ def _head_weights(model: nn.Module, site: Site, *, fold_norms: bool, offset: int
         notes.append("post-norm: the norm after each sublayer is not folded in")
     relative = None if site.cross else attention.relative
     if relative is not None and relative.rotates:
-        prepared = relative.prepare(torch.tensor([[offset]]))  # the query `offset` positions after its key (at 0)
+        prepared = relative.prepare(torch.tensor([[offset]], device=W_Q.device))  # the query `offset` after its key
         W_Q = relative.rotate(W_Q[None], W_Q[None], prepared)[0][0]  # noqa: N806 rows rotated as queries
         notes.append(f"RoPE: QK depends on the query-key offset m - n (W_Q R(m - n) W_K^T); read at offset {offset}")
     elif relative is not None and relative.biases:
@@ -263,7 +264,7 @@ def full_ov(model: nn.Module, site: str, *, fold_norms: bool = True) -> Factored
     stack = _stack(model, prefix)
     embed = stack.embeddings.token.weight.detach().float() * stack.embeddings.scale  # (V, C)
     unembed = lm_head.weight.detach().float().mT  # (C, V)
-    fold = _reading_fold(stack.final_norm, unembed.shape[0]) if fold_norms else None
+    fold = _reading_fold(stack.final_norm, unembed.shape[0], unembed.device) if fold_norms else None
     if fold is not None:
         unembed = fold @ unembed
     if getattr(model, "transform", None) is not None:

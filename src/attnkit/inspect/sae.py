@@ -139,17 +139,16 @@ def train_sae(config: SAEConfig, batches: Callable[[], Iterable[Tensor]], *, ste
     The loss is scale-free: the squared error over the first batch's variance sum ||x - mean||^2 / N (so its first
     term is the normalised MSE) plus l1 times the features' L1 over that variance's square root (features are
     lengths along unit directions). Returns the SAE and each step's loss."""
-    sae = SparseAutoencoder(config, generator=torch.Generator().manual_seed(seed))
-    optimizer = torch.optim.Adam(sae.parameters(), lr=lr)
     stream, losses = _cycle(batches), []
-    fired = torch.zeros(config.d_sae, dtype=torch.long)  # steps since each feature last fired (AuxK's dead ones)
-    variance = 1.0
+    first = next(stream).float()  # (N, C): where the SAE lives, its b_dec's start and the loss's scale
+    sae = SparseAutoencoder(config, generator=torch.Generator().manual_seed(seed)).to(first.device)
+    optimizer = torch.optim.Adam(sae.parameters(), lr=lr)
+    fired = torch.zeros(config.d_sae, dtype=torch.long, device=first.device)  # steps since each feature last fired
+    with torch.no_grad():
+        sae.b_dec.copy_(first.mean(0))
+        variance = float((first - first.mean(0)).pow(2).sum(-1).mean().clamp_min(1e-12))
     for step in range(steps):
-        x = next(stream).float()  # (N, C)
-        if step == 0:
-            with torch.no_grad():
-                sae.b_dec.copy_(x.mean(0))
-                variance = float((x - x.mean(0)).pow(2).sum(-1).mean().clamp_min(1e-12))
+        x = first if step == 0 else next(stream).float()  # (N, C)
         pre = sae.pre_activation(x)  # (N, F)
         features = sae.activate(pre)
         rebuilt = sae.decode(features)
@@ -197,8 +196,9 @@ def _cycle(batches: Callable[[], Iterable[Tensor]]) -> Iterator[Tensor]:
 @torch.no_grad()
 def evaluate(sae: SparseAutoencoder, activations: Iterable[Tensor]) -> SAEMetrics:
     """L0, dead share, normalised MSE and explained variance over activation batches (N, C)."""
-    active, fired, error, count = 0.0, torch.zeros(sae.config.d_sae, dtype=torch.bool), 0.0, 0
-    total, total_sq = torch.zeros(sae.config.d_in, dtype=torch.float64), 0.0
+    device = sae.b_dec.device
+    active, fired, error, count = 0.0, torch.zeros(sae.config.d_sae, dtype=torch.bool, device=device), 0.0, 0
+    total, total_sq = torch.zeros(sae.config.d_in, dtype=torch.float64, device=device), 0.0
     for x in activations:
         x = x.float()
         features = sae.encode(x)
