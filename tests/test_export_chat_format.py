@@ -52,9 +52,11 @@ def test_attnkits_template_renders_what_the_server_renders(trim):
     environment.filters["tojson"] = transformers_tojson
     template = environment.from_string(DEFAULT_CHAT_TEMPLATE)
     for messages, tools in CONVERSATIONS:
-        served = ChatTemplate().render([{**m, "content": m["content"] or ""} for m in messages], tools)
-        assert template.render(messages=messages, tools=tools or None, add_generation_prompt=True) == served
-        assert "None" not in served and "tool:" not in served
+        for prompt in (True, False):  # a reply's prompt, and the conversation alone (as /tokenize can ask)
+            served = ChatTemplate().render([{**m, "content": m["content"] or ""} for m in messages], tools,
+                                           add_generation_prompt=prompt)
+            assert template.render(messages=messages, tools=tools or None, add_generation_prompt=prompt) == served
+            assert "None" not in served and "tool:" not in served
     with_tools = ChatTemplate().render(CONVERSATIONS[4][0], CONVERSATIONS[4][1])
     assert with_tools.startswith("System: Tools you may call") and "\nTool: 18 C, sunny\nAssistant:" in with_tools
     assert STOP_STRINGS == ChatTemplate().stops
