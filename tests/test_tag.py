@@ -83,6 +83,29 @@ def test_labels_sit_on_first_pieces_and_nothing_else_carries_loss():
     assert short.firsts[0] is not None and short.firsts[1:] == [None, None, None]
 
 
+def test_align_stops_encoding_once_no_word_fits():
+    """A text of thirty thousand words costs what one of max_len words does: once no word can fit, the rest are cut
+    off without being encoded (a megabyte text sent to a tagger held the tokenizer for seconds)."""
+    tokenizer = train_tokenizer("bpe", ["Johnathan lives in Paris"] * 20, vocab_size=300)
+
+    class Counting:  # the tokenizer, counting the words it encodes
+        def __init__(self) -> None:
+            self.words = 0
+
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def encode_batch(self, texts):
+            self.words += len(texts)
+            return tokenizer.encode_batch(texts)
+
+    words, counting = ["Johnathan", "lives", "in", "Paris"] * 8_000, Counting()
+    aligned = align(counting, words, None, max_len=64)
+    head = align(tokenizer, words[:64], None, max_len=64)
+    assert aligned.ids == head.ids and aligned.firsts == head.firsts + [None] * (len(words) - 64)
+    assert counting.words <= 2 * 64
+
+
 def test_the_loss_skips_continuation_pieces_and_padding():
     """The model's loss equals cross-entropy over first pieces alone, whatever the other positions predict."""
     tokenizer = CharTokenizer.from_texts(["abcdefgh "])

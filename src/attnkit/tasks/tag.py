@@ -52,24 +52,30 @@ class Aligned:
 
 def align(tokenizer: Tokenizer, words: Sequence[str], tag_ids: Sequence[int] | None, max_len: int) -> Aligned:
     """`CLS pieces(w1) sep pieces(w2) ... SEP` (BOS/EOS without CLS), each word encoded on its own; `sep` is what
-    the tokenizer makes of a space (nothing for WordPiece). Words that do not fit in `max_len` are cut off."""
+    the tokenizer makes of a space (nothing for WordPiece). Words that do not fit in `max_len` are cut off; once no
+    word could fit, the rest are cut off without being encoded (a text of a million words costs what one of
+    `max_len` does)."""
     has_cls = tokenizer.cls_id is not None and tokenizer.sep_id is not None
     first = require_id(tokenizer, "cls" if has_cls else "bos")
     last = require_id(tokenizer, "sep" if has_cls else "eos")
     between = tokenizer.encode(" ")
     unknown = [tokenizer.unk_id] if tokenizer.unk_id is not None else []
     ids, labels, firsts = [first], [IGNORE_INDEX], []
-    for i, pieces in enumerate(tokenizer.encode_batch(list(words))):
-        pieces = pieces or unknown  # a word the tokenizer has no piece for stands as UNK
-        gap = between if i else []
-        if not pieces or len(ids) + len(gap) + len(pieces) + 1 > max_len:
-            firsts.append(None)
-            continue
-        ids += gap
-        labels += [IGNORE_INDEX] * len(gap)
-        firsts.append(len(ids))
-        labels += [tag_ids[i] if tag_ids is not None else IGNORE_INDEX] + [IGNORE_INDEX] * (len(pieces) - 1)
-        ids += pieces
+    for start in range(0, len(words), max_len):  # encoded max_len words at a time: no more than that many fit
+        if len(ids) + (len(between) if start else 0) + 2 > max_len:  # full: no one-piece word and the last fit
+            break
+        for i, pieces in enumerate(tokenizer.encode_batch(list(words[start:start + max_len])), start):
+            pieces = pieces or unknown  # a word the tokenizer has no piece for stands as UNK
+            gap = between if i else []
+            if not pieces or len(ids) + len(gap) + len(pieces) + 1 > max_len:
+                firsts.append(None)
+                continue
+            ids += gap
+            labels += [IGNORE_INDEX] * len(gap)
+            firsts.append(len(ids))
+            labels += [tag_ids[i] if tag_ids is not None else IGNORE_INDEX] + [IGNORE_INDEX] * (len(pieces) - 1)
+            ids += pieces
+    firsts += [None] * (len(words) - len(firsts))
     return Aligned([*ids, last], [*labels, IGNORE_INDEX], firsts)
 
 
