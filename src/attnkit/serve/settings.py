@@ -29,8 +29,7 @@ class ServeSettings(DecodeSettings):
     max_tokens: int = 512  # new tokens one request may ask for at most (and the context's room)
     prefix_cache: bool = True  # reuse the keys and values of recent prompts' starts (vLLM's automatic prefix caching)
     prefix_cache_mib: int = 256  # memory the prefix cache takes at most (MiB); beyond, least recently used blocks go
-    served_model_name: tuple[str, ...] = ()  # names requests may ask for (vLLM's), the first in answers and /v1/models
-    # first; default: the run directory's name
+    served_model_name: tuple[str, ...] = ()  # names requests may ask for, answers carry the first; none: the run's
     allowed_origins: tuple[str, ...] = ()  # web pages' origins that may call the API from a browser (CORS; * any)
     timeout: float = 120.0  # seconds a request may take before it is ended
     max_body: int = 1_000_000  # request body size in bytes at most; beyond, 413
