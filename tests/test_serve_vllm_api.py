@@ -108,7 +108,11 @@ def test_tokenize_and_detokenize_as_vllm_shapes_them(server, client, pipeline):
     assert back.json() == {"prompt": "the cat"}
     refused = post(server, "/detokenize", {"tokens": [10**6]})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens"
-    assert post(server, "/tokenize", {"prompt": "a", "messages": messages}).status_code in (400, 422)
+    both = post(server, "/tokenize", {"prompt": "a", "messages": messages})
+    assert both.status_code == 400 and "either prompt" in both.json()["error"]["message"]
+    assert post(server, "/tokenize", {"prompt": "a", "tools": []}).status_code == 200
+    assert post(server, "/tokenize", {"prompt": "a", "tools": [{"type": "function", "function": {"name": "f"}}]}
+                ).json()["error"]["param"] == "tools"
     assert post(server, "/tokenize", {"prompt": "a", "model": "other"}).status_code == 404
 
 

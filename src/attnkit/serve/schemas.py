@@ -268,14 +268,6 @@ class TokenizeRequest(Body):
     add_special_tokens: bool | None = None
     return_token_strs: bool = False  # each token's text as well
 
-    @model_validator(mode="after")
-    def _prompt_or_messages(self) -> TokenizeRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give either prompt (a text) or messages (a chat), not both or neither")
-        if self.tools and self.messages is None:
-            raise ValueError("tools go with messages: give the chat they are offered in")
-        return self
-
 
 class DetokenizeRequest(Body):
     """POST /detokenize, in vLLM's shape: token ids back to text."""

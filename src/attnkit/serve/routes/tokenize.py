@@ -47,8 +47,14 @@ def router(state: ServerState) -> APIRouter:
 
 
 def token_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
-    """The request's token ids (see `TokenizeRequest`); 400 naming the field that fails."""
+    """The request's token ids (see `TokenizeRequest`); 400 naming the field that fails: both or neither of a prompt
+    and messages, tools without messages, a prompt or chat that cannot be read."""
     pipeline = state.pipeline
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "give either prompt (a text) or messages (a chat), not both or neither",
+                       param="prompt" if body.prompt is not None else "messages")
+    if body.tools and body.messages is None:
+        raise APIError(400, "tools go with messages: give the chat they are offered in", param="tools")
     if body.prompt is not None:
         if not body.prompt and body.add_special_tokens is False:
             return []
