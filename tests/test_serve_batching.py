@@ -481,3 +481,21 @@ def test_a_conversations_next_turn_reuses_the_reply_of_the_last(model):
     drain(scheduler)
     assert cache.hits - hits == 16  # the prompt's block and three of the reply's (only the first is, without them)
     assert turn.tokens == turn.alone(model)
+
+
+def test_a_failed_requests_reply_is_not_kept(model):
+    cache = PrefixCache(max_bytes=1 << 20, block_size=4)
+    scheduler = Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=4, prefix_cache=cache)
+    failing = Recorded([5, 1, 7, 2, 9, 4, 8, 8], 12)
+    told = failing.job.on_token
+
+    def on_token(choice: int, token: int) -> bool:
+        if len(failing.tokens[0]) == 9:
+            raise RuntimeError("the client's callback broke")
+        return told(choice, token)
+
+    failing.job.on_token = on_token
+    scheduler.submit(failing.job)
+    drain(scheduler)
+    assert failing.reasons == ["error"]
+    assert len(cache.blocks) == 2  # the prompt's two blocks, none of the reply's

@@ -455,9 +455,12 @@ class Scheduler:
 
     def _keep_sequences(self, rows: list[int]) -> None:
         """Keep the whole blocks of each of `rows`' sequences, prompt and reply, in the prefix cache as they leave:
-        the next turn of a conversation (the same prompt, this reply, a new message) reuses the reply's keys too."""
+        the next turn of a conversation (the same prompt, this reply, a new message) reuses the reply's keys too.
+        A failed job's rows are not kept (their logits, perhaps their keys, may be broken)."""
         batch = self.batch
         for row in rows:
+            if batch.rows[row][0].failure is not None:
+                continue
             start = int(batch.attention_mask[row, : batch.length].to(torch.uint8).argmax())  # its first real column
             tokens = batch.ids[row, start : batch.length].tolist()  # the tokens whose keys columns [start, length) hold
             self.prefix_cache.keep(tokens, batch.store, row, start)
