@@ -329,15 +329,20 @@ def test_the_explorer_model_json_describes_the_model_the_hook_trains():
             "n_layers": config.n_layers, "max_seq_len": config.max_seq_len,
             "head_dim": config.resolved.head_dim, "n_kv_heads": config.resolved.n_kv_heads}
     assert {key: meta.get(key) for key in want} == want
-    assert meta["attention_outputs"] == [f"attention.{layer}" for layer in range(config.n_layers)]
-    assert meta["residual_outputs"] == [f"residual.{layer}" for layer in range(config.n_layers)]
+    for kind in ("attention", "query", "scores", "hidden", "residual"):
+        assert meta[f"{kind}_outputs"] == [f"{kind}.{layer}" for layer in range(config.n_layers)]
+    for kind in ("key", "value"):
+        assert meta[f"{kind}_outputs"] == [f"present.{layer}.{kind}" for layer in range(config.n_layers)]
 
 
 @pytest.mark.slow  # Chromium compiles onnxruntime-web's 14 MB of WebAssembly: about 5 s
 def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
     """docs/explorer/: onnxruntime-web, copied into the site from node_modules, runs the shipped model in Chromium
     with every host but the site's unreachable; the page's attention, next-token and residual-stream numbers are
-    onnxruntime's, and its whole-model view gives each stage's shape for the first text."""
+    onnxruntime's, its whole-model view gives each stage's shape for the first text, and its numbers at a chosen
+    token (a head's q, k, v, the dot products and scores, the softmax before and after the causal mask, the FFN's
+    hidden activations, the logits at a temperature) are onnxruntime's outputs, or computed from them as the
+    lecture does."""
     missing = [name for name in generated.ORT_FILES if not (site / generated.EXPLORER_VENDOR / name).is_file()]
     if missing:
         pytest.skip(f"onnxruntime-web is not installed (`npm install` in the repository root): no {', '.join(missing)}")
@@ -370,6 +375,12 @@ def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
             page = browser.evaluate("(() => { const s = window.attnkitExplorer; return "
                                     "{ids: s.ids, attention: s.attention, probabilities: s.probabilities, "
                                     "residualNorms: s.residualNorms, flow: s.flow.map((f) => [f.name, f.shape])}; })()")
+            layer, head, token, temperature = 1, 2, 1, 0.5  # a query with keys on both sides of the mask
+            choice = json.dumps({"layer": layer, "head": head, "token": token, "temperature": temperature})
+            inside = browser.evaluate(f"(() => {{ const n = window.attnkitExplorer.show({choice}); return {{...n, "
+                                      "masked: n.masked.map((x) => (x === -Infinity ? null : x))}; })()")
+            masks = browser.evaluate("[...document.querySelectorAll('table.explorer-steps tr')].slice(1)"
+                                     ".map((row) => row.children[4].textContent)")
             requested = [e["params"]["request"]["url"] for e in browser.events
                          if e.get("method") == "Network.requestWillBeSent"]
         finally:
@@ -381,6 +392,24 @@ def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
         ids, n_layers=n_layers, n_kv_heads=meta["n_kv_heads"], head_dim=meta["head_dim"]))
     attention, residual = rest[:len(attention_outputs)], rest[len(attention_outputs):]
     np.testing.assert_allclose(np.array(page["attention"]), np.concatenate(attention), atol=1e-5)
+    kinds = ("query", "key", "value", "scores", "hidden")
+    graph = dict(zip(kinds, session.run([meta[f"{kind}_outputs"][layer] for kind in kinds], feeds(
+        ids, n_layers=n_layers, n_kv_heads=meta["n_kv_heads"], head_dim=meta["head_dim"])), strict=True))
+    assert (inside["layer"], inside["head"], inside["token"]) == (layer, head, token)
+    for kind, want in (("query", graph["query"][0, head, token]), ("keys", graph["key"][0, head]),
+                       ("values", graph["value"][0, head]), ("scores", graph["scores"][0, head, token]),
+                       ("weights", attention[layer][0, head, token]), ("hidden", graph["hidden"][0, token]),
+                       ("logits", logits[0, token])):
+        np.testing.assert_allclose(np.array(inside[kind]), want, atol=1e-5, err_msg=kind)
+    scores = graph["scores"][0, head, token]  # (S,): q . k / sqrt(D), before the mask
+    np.testing.assert_allclose(np.array(inside["dots"]) / np.sqrt(meta["head_dim"]), scores, rtol=1e-4, atol=1e-4)
+    hidden_keys = len(ids) - token - 1  # the keys after the query, which the causal mask hides
+    assert inside["masked"][token + 1:] == [None] * hidden_keys and masks[token + 1:] == ["−∞"] * hidden_keys
+    np.testing.assert_allclose(inside["masked"][:token + 1], scores[:token + 1], atol=1e-6)
+    unmasked = np.exp(scores - scores.max())
+    np.testing.assert_allclose(inside["unmasked"], unmasked / unmasked.sum(), atol=1e-5)
+    sharpened = np.exp((logits[0, token] - logits[0, token].max()) / temperature)
+    np.testing.assert_allclose(inside["probabilities"], sharpened / sharpened.sum(), atol=1e-5)
     np.testing.assert_allclose(page["residualNorms"], [np.linalg.norm(r[0, -1]) for r in residual], rtol=1e-5)
     T, C, V = len(meta["example"]["text"]), meta["d_model"], len(meta["pieces"])  # the first text's stages
     shapes = dict(flow)

@@ -2,13 +2,18 @@
 // onnxruntime-web from this site's own files (vendor/, copied from npm's package when the site is built): nothing
 // is installed and nothing is fetched from another host. Type a text; the page runs the whole model on it and draws
 // each layer's and head's attention, the next-token distribution at the last position, and the whole model's flow
-// (embedding, each block's attention and FFN, the residual stream, the output) with each stage's shape for the text.
+// (embedding, each block's attention and FFN, the residual stream, the output) with each stage's shape for the text,
+// and the numbers inside at a chosen token: a head's query, keys and values, the dot products that make its scores,
+// the softmax before and after the causal mask, the FFN's hidden activations, and the logits with a temperature.
 // `window.attnkitExplorer` holds the state and `analyze(text)`, which the site's test drives.
 const $ = (id) => document.getElementById(id);
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
-const LABEL_FONT = "14px sans-serif", SCALE_WIDTH = 16, MOST_NEW_TOKENS = 16;
+const LABEL_FONT = "14px sans-serif", SCALE_WIDTH = 16, MOST_NEW_TOKENS = 16, LOGITS_SHOWN = 8;
+const NEGATIVE = [33, 102, 172], POSITIVE = [178, 24, 43];  // the vectors' cells: blue below 0, red above, white at 0
+const DETAIL = ["query", "key", "value", "scores", "hidden"];  // model.json's `{kind}_outputs`, one name a layer
 const state = { ready: false, error: null, meta: null, ids: [], tokens: [], attention: [], probabilities: [],
-                residualNorms: [], flow: [], layer: 0, head: null };
+                residualNorms: [], flow: [], layer: 0, head: null, token: null, temperature: 1, detail: [],
+                logits: null, inside: null };
 let ort = null, session = null, charIds = new Map();
 
 function fail(message) {
@@ -49,7 +54,8 @@ function encode(text) {
 }
 
 // One pass of the graph over `ids` with an empty KV cache: the logits, each layer's (H, T, T) weights and, where the
-// graph has them, the norm of the last token's residual stream after each block (its (T, C) output's last row).
+// graph has them, the norm of the last token's residual stream after each block (its (T, C) output's last row) and
+// what the numbers panel reads (`detail`, `logits`).
 async function run(ids) {
   const m = state.meta, T = ids.length;
   const feeds = {
@@ -62,19 +68,23 @@ async function run(ids) {
     feeds[`past_key_values.${layer}.value`] = empty;
   }
   const residual = m.residual_outputs || [];
-  const out = await session.run(feeds, ["logits", ...m.attention_outputs, ...residual]);
+  const detail = DETAIL.every((kind) => m[`${kind}_outputs`]) ? DETAIL.flatMap((kind) => m[`${kind}_outputs`]) : [];
+  const out = await session.run(feeds, ["logits", ...m.attention_outputs, ...residual, ...detail]);
   const attention = m.attention_outputs.map((name) => {
     const data = out[name].data, H = out[name].dims[1];
     return Array.from({ length: H }, (_, h) => Array.from({ length: T }, (_, i) =>
       Array.from(data.subarray((h * T + i) * T, (h * T + i + 1) * T))));
   });
   const V = out.logits.dims[2], last = Array.from(out.logits.data.subarray((T - 1) * V, T * V));
-  const top = Math.max(...last), exp = last.map((x) => Math.exp(x - top)), sum = exp.reduce((a, b) => a + b, 0);
   const residualNorms = residual.map((name) => {
     const C = out[name].dims[2];
     return Math.hypot(...out[name].data.subarray((T - 1) * C, T * C));
   });
-  return { attention, probabilities: exp.map((x) => x / sum), residualNorms };
+  // per layer, the flat arrays in the graph's layouts: query, key, value (H, T, D), scores (H, T, T), hidden (T, d_ff)
+  const perLayer = detail.length === 0 ? [] : Array.from({ length: m.n_layers }, (_, layer) =>
+    Object.fromEntries(DETAIL.map((kind) => [kind, out[m[`${kind}_outputs`][layer]].data])));
+  return { attention, probabilities: softmax(last), residualNorms, detail: perLayer,
+           logits: { data: out.logits.data, V } };
 }
 
 async function analyze(text) {
@@ -88,6 +98,7 @@ async function analyze(text) {
   }
   const result = await run(ids);
   Object.assign(state, { ids, tokens: ids.map((id) => state.meta.pieces[id]), ...result, error: null });
+  if (state.token !== null && state.token >= ids.length) state.token = null;
   draw();
 }
 
@@ -172,6 +183,10 @@ function drawHeatmap() {
     const j = Math.floor((event.clientX - box.left - margin) / cell), i = Math.floor((event.clientY - box.top - margin) / cell);
     $("explorer-readout").textContent = i >= 0 && i < T && j >= 0 && j < T
       ? `query ${i} "${labels[i]}" -> key ${j} "${labels[j]}": ${w[i][j].toFixed(4)}` : "";
+  };
+  canvas.onclick = (event) => {  // a row: the query token whose numbers the panel below shows
+    const i = Math.floor((event.clientY - canvas.getBoundingClientRect().top - margin) / cell);
+    if (i >= 0 && i < T) { state.token = i; draw(); }
   };
 }
 
@@ -261,16 +276,151 @@ function drawFlow() {
   $("explorer-flow").replaceChildren(...rows);
 }
 
+function softmax(xs) {  // masked entries (-Infinity) get weight 0
+  const top = Math.max(...xs), exp = xs.map((x) => Math.exp(x - top)), sum = exp.reduce((a, b) => a + b, 0);
+  return exp.map((x) => x / sum);
+}
+
+// What the numbers panel shows at the chosen token t (null: the last) of the chosen layer, for the chosen head (head
+// 0 while the maps show the mean): every value read from the graph's outputs or computed here from them.
+function insideNumbers() {
+  const m = state.meta, T = state.tokens.length, D = m.head_dim, F = m.d_ff, { V } = state.logits;
+  const t = state.token ?? T - 1, head = state.head ?? 0, d = state.detail[state.layer];
+  const row = (data, i, width) => Array.from(data.subarray(i * width, (i + 1) * width));
+  const kvHead = Math.floor(head * m.n_kv_heads / m.n_heads);  // the key-value head this query head reads (GQA)
+  const keys = Array.from({ length: T }, (_, j) => row(d.key, kvHead * T + j, D));
+  const query = row(d.query, head * T + t, D);
+  const dots = keys.map((k) => k.reduce((sum, x, i) => sum + x * query[i], 0));  // q · k_j
+  const scores = row(d.scores, head * T + t, T);  // the graph's: q · k_j / sqrt(D)
+  const masked = scores.map((s, j) => (j <= t ? s : -Infinity));  // the causal mask: no key after the query
+  const logits = row(state.logits.data, t, V);
+  return { layer: state.layer, head, token: t, query, keys, dots, scores, masked,
+           values: Array.from({ length: T }, (_, j) => row(d.value, kvHead * T + j, D)),
+           unmasked: softmax(scores), weights: softmax(masked), hidden: row(d.hidden, t, F), logits,
+           temperature: state.temperature, probabilities: softmax(logits.map((x) => x / state.temperature)) };
+}
+
+function element(tag, className, text) {
+  const e = document.createElement(tag);
+  if (className) e.className = className;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function holding(tag, child) {
+  const e = document.createElement(tag);
+  e.append(child);
+  return e;
+}
+
+function diverging(x, scale) {  // x / scale in [-1, 1] -> blue, white, red
+  const f = Math.min(Math.abs(x) / (scale || 1), 1), end = x < 0 ? NEGATIVE : POSITIVE;
+  return `rgb(${end.map((c) => Math.round(255 + f * (c - 255))).join(",")})`;
+}
+
+// A vector as a row of small cells coloured by value (full colour at `scale`: by default its largest magnitude),
+// each value on hover.
+function cells(values, label, { scale = largest(values), className = "explorer-vector" } = {}) {
+  const box = element("span", className);
+  values.forEach((x, i) => {
+    const cell = element("span");
+    cell.style.background = diverging(x, scale);
+    cell.title = `${label}[${i}] = ${x.toFixed(4)}`;
+    box.append(cell);
+  });
+  return box;
+}
+
+const largest = (values) => Math.max(...values.map(Math.abs));
+const fixed = (x, digits = 2) => (x === -Infinity ? "−∞" : x.toFixed(digits));
+
+function drawSteps(n) {
+  const m = state.meta, labels = state.tokens.map((t) => (t === " " ? "␣" : t)), D = m.head_dim;
+  const q = `q (token ${n.token} "${labels[n.token]}")`;
+  $("explorer-steps-title").textContent = `Layer ${n.layer}, head ${n.head}${state.head === null ? " (pick a head " +
+    "above; the maps show the mean)" : ""}, at token ${n.token} "${labels[n.token]}": each key's score is q · k / √${D}`;
+  const query = element("p", "explorer-query");
+  query.append(element("span", "explorer-label", `${q} after RoPE`), cells(n.query, "q"));
+  const table = element("table", "explorer-steps");
+  const keyScale = largest(n.keys.flat()), valueScale = largest(n.values.flat());  // one colour scale for each column
+  const head = element("tr");
+  for (const name of ["key", `k after RoPE (${D})`, "q · k", `÷ √${D}`, "+ mask", "softmax, no mask",
+                      "softmax, masked", `v (${D})`]) head.append(element("th", "", name));
+  table.append(head);
+  n.keys.forEach((k, j) => {
+    const tr = element("tr", j > n.token ? "explorer-masked" : "");
+    tr.append(element("td", "", `${j} "${labels[j]}"`));
+    tr.append(holding("td", cells(k, `k${j}`, { scale: keyScale })));
+    for (const x of [n.dots[j], n.scores[j], n.masked[j]]) tr.append(element("td", "explorer-number", fixed(x)));
+    for (const p of [n.unmasked[j], n.weights[j]]) {
+      const td = element("td", "explorer-number", p.toFixed(3));
+      td.style.background = `rgba(33, 102, 172, ${(0.6 * p).toFixed(3)})`;
+      tr.append(td);
+    }
+    tr.append(holding("td", cells(n.values[j], `v${j}`, { scale: valueScale })));
+    table.append(tr);
+  });
+  $("explorer-steps").replaceChildren(query, table);
+}
+
+function drawHidden(n) {
+  const m = state.meta, ranked = n.hidden.map((x, i) => [x, i]).sort((a, b) => b[0] - a[0]);
+  const active = n.hidden.filter((x) => x > 0.1).length;
+  $("explorer-hidden-title").textContent = `The FFN's ${m.d_ff} hidden activations (${m.activation}) in block ` +
+    `${n.layer} at token ${n.token}: ${active} above 0.1; the largest ` +
+    ranked.slice(0, 3).map(([x, i]) => `#${i} = ${x.toFixed(2)}`).join(", ");
+  $("explorer-hidden").replaceChildren(cells(n.hidden, "hidden", { className: "explorer-grid" }));
+}
+
+function drawLogits(n) {
+  const m = state.meta, shown = (p) => (p === " " ? "␣" : p);
+  $("explorer-temperature").value = n.temperature;
+  $("explorer-temperature-value").textContent = n.temperature.toFixed(1);
+  $("explorer-logits-title").textContent = `The logits at token ${n.token} (what comes after it), and softmax(logits ` +
+    `/ ${n.temperature.toFixed(1)}): below 1 the temperature sharpens the distribution, above 1 it flattens it`;
+  const ranked = n.logits.map((x, id) => [x, id]).sort((a, b) => b[0] - a[0]).slice(0, LOGITS_SHOWN);
+  const head = element("tr");
+  for (const name of ["token", "logit", "probability"]) head.append(element("th", "", name));
+  $("explorer-logits").replaceChildren(head, ...ranked.map(([x, id]) => {
+    const tr = element("tr"), p = n.probabilities[id];
+    tr.append(element("td", "", shown(m.pieces[id])), element("td", "explorer-number", x.toFixed(2)));
+    const bar = element("td");
+    bar.innerHTML = `<span class="explorer-bar" style="width:${Math.round(p * 200)}px"></span> ${p.toFixed(3)}`;
+    tr.append(bar);
+    return tr;
+  }));
+}
+
+function drawInside() {
+  $("explorer-inside").hidden = state.detail.length === 0;
+  if (state.detail.length === 0) return;
+  const labels = state.tokens.map((t) => (t === " " ? "␣" : t)), T = labels.length;
+  $("explorer-token").replaceChildren(...labels.map((t, j) => new Option(`${j} "${t}"`, j)));
+  $("explorer-token").value = state.token ?? T - 1;
+  state.inside = insideNumbers();
+  drawSteps(state.inside);
+  drawHidden(state.inside);
+  drawLogits(state.inside);
+}
+
 function draw() {
   drawControls();
   drawHeatmap();
   drawNext();
   drawFlow();
+  drawInside();
 }
 
 $("explorer-text").addEventListener("input", () => { if (state.ready) analyze($("explorer-text").value); });
 $("explorer-complete").addEventListener("click", () => { if (state.ready) complete(); });
 $("explorer-layer").addEventListener("change", (event) => { state.layer = Number(event.target.value); draw(); });
+$("explorer-token").addEventListener("change", (event) => { state.token = Number(event.target.value); draw(); });
+$("explorer-temperature").addEventListener("input", (event) => {
+  state.temperature = Number(event.target.value);
+  draw();
+});
+// The test's way in: choose a layer, head (null: the mean), token (null: the last) and temperature, and redraw.
+state.show = (choice) => { Object.assign(state, choice); draw(); return state.inside; };
 state.analyze = analyze;
 state.loaded = load().catch((error) => fail(`the model did not load: ${error.message}`));
 window.attnkitExplorer = state;

@@ -1,24 +1,31 @@
 """The in-browser explorer's model (docs/explorer/): a tiny decoder that attnkit's own command trains on the synthetic
-reversal task (`abcd=dcba`), exported by attnkit's ONNX exporter, with each layer's attention weights and each
-block's output (the residual stream) made outputs of the graph so that the page can draw them.
+reversal task (`abcd=dcba`), exported by attnkit's ONNX exporter, with what the page shows of each layer made outputs
+of the graph: the queries, keys and values, the scores, the attention weights, the FFN's hidden activation and the
+block's output (the residual stream).
 
     make explorer-model        (runs this file; about three minutes, on one core)
 
 It writes two files, and nothing else (the run goes to a temporary folder):
 
     docs/explorer/model.onnx   the graph (a few hundred KB): input_ids, attention_mask, past_key_values.* ->
-                               logits, present.*, attention.{layer} (batch, heads, sequence, sequence),
+                               logits, present.{layer}.key / .value (batch, heads, sequence, head_dim: the keys
+                               after RoPE, the values), query.{layer} (the same: the queries after RoPE),
+                               scores.{layer} and attention.{layer} (batch, heads, sequence, sequence: before the
+                               mask; the softmax's weights), hidden.{layer} (batch, sequence, d_ff),
                                residual.{layer} (batch, sequence, d_model)
     docs/explorer/model.json   the vocabulary by id, the graph's sizes and architecture (d_ff, norm and its
                                placement, position scheme: what the page's whole-model view draws), the command that
                                trained it, its validation loss, the share of held-out strings the graph reverses
                                exactly, and a text with the model's greedy completion
 
-The exporter writes the attention as a softmax inside each layer's attention; the weights are exposed by giving
-each of those softmax nodes' results a name among the graph's outputs. A block's output is the result of the last
-node the exporter placed inside that block's module (each node's `namespace` metadata names the module it came
-from). The file is written only after onnxruntime has run it and its logits, weights and block outputs equal
-attnkit's own (`need_weights=True`, the reference path; `attnkit.inspect`'s `blocks.L.resid_post`).
+The exporter writes each layer's attention as scaled dot-product attention, softmax(q sqrt(s) @ k^T sqrt(s) + mask);
+a tensor is exposed by giving it a name among the graph's outputs: the softmax's result (the weights), the MatMul's
+(the scores before the mask) and the queries it scales. A block's output is the result of the last node the exporter
+placed inside that block's module (each node's `namespace` metadata names the module it came from); the FFN's hidden
+activation is the input of its down_proj. The file is written only after onnxruntime has run it and its logits and
+every exposed tensor equal attnkit's own (`need_weights=True`, the reference path, for the weights; for the rest
+`attnkit.inspect`'s hook points `attn.q`, `attn.k` (turned by RoPE), `attn.v`, `attn.scores`, `mlp.hidden` and
+`resid_post`).
 
 The model must reverse strings, not only draw attention: the graph completes `HELD_OUT` strings of the task's
 lengths that the training never saw, greedily, as the page does, and nothing is written unless at least
@@ -49,6 +56,7 @@ EXAMPLE = "abcdefgh="  # the page's first text: the model completes it with its 
 HELD_OUT = 200  # strings the training never saw, drawn as the task draws them
 LEAST_EXACT = 0.9  # the share of them the graph must reverse exactly, or nothing is written
 BLOCK_SCOPE = re.compile(r"\.blocks\.(\d+): ")  # a node inside block L, in the exporter's `namespace` metadata
+DOWN_PROJ_SCOPE = re.compile(r"\.blocks\.(\d+)\.mlp\.down_proj: ")  # a node inside block L's FFN output layer
 
 
 def train(run: Path) -> None:
@@ -58,32 +66,43 @@ def train(run: Path) -> None:
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def expose(graph_path: Path, n_layers: int, n_heads: int, d_model: int) -> tuple[list[str], list[str]]:
-    """Name each layer's attention weights `attention.{layer}` (B, H, T, P + T) and each block's output, the residual
-    stream leaving it, `residual.{layer}` (B, T, C), as outputs of the graph; returns the two lists of names.
-    Raises RuntimeError where the graph holds another number of either."""
+def expose(graph_path: Path, *, n_layers: int, n_heads: int, d_model: int, d_ff: int) -> dict[str, list[str]]:
+    """Name, as outputs of the graph, what the page shows of each layer L: the attention weights `attention.L`
+    (B, H, T, P + T), the queries after RoPE `query.L` (B, H, T, D), the scores before the mask `scores.L`
+    (B, H, T, P + T), the FFN's hidden activation `hidden.L` (B, T, d_ff) and the block's output, the residual stream
+    leaving it, `residual.L` (B, T, C); the keys (after RoPE) and values are the graph's `present.L.key` and
+    `present.L.value` (B, H, P + T, D) already. Returns {kind: its names, one a layer}, those two kinds included.
+    Raises RuntimeError where the graph holds another number of any of them, or attention of another form."""
     import onnx
     from onnx import TensorProto, helper
 
     model = onnx.load(str(graph_path))
-    softmaxes = [node.output[0] for node in model.graph.node if node.op_type == "Softmax"]
+    softmaxes = [node for node in model.graph.node if node.op_type == "Softmax"]
     if len(softmaxes) != n_layers:
         raise RuntimeError(f"{graph_path}: {len(softmaxes)} softmax nodes for {n_layers} layers of attention")
-    blocks = block_outputs(model)
-    if sorted(blocks) != list(range(n_layers)):
-        raise RuntimeError(f"{graph_path}: nodes of blocks {sorted(blocks)} for {n_layers} layers")
-    exposed: dict[str, list[str]] = {"attention": [], "residual": []}
-    for kind, tensors, shape in (("attention", softmaxes, ["batch", n_heads, "sequence", "total"]),
-                                 ("residual", [blocks[layer] for layer in range(n_layers)],
-                                  ["batch", "sequence", d_model])):
+    blocks, hidden = block_outputs(model), scoped_inputs(model, DOWN_PROJ_SCOPE)
+    if sorted(blocks) != list(range(n_layers)) or sorted(hidden) != list(range(n_layers)):
+        raise RuntimeError(f"{graph_path}: nodes of blocks {sorted(blocks)} and FFNs {sorted(hidden)} for {n_layers} "
+                           "layers")
+    queries, scores = zip(*(queries_and_scores(model, softmax) for softmax in softmaxes), strict=True)
+    exposed: dict[str, list[str]] = {}
+    for kind, tensors, shape in (
+        ("attention", [s.output[0] for s in softmaxes], ["batch", n_heads, "sequence", "total"]),
+        ("query", queries, ["batch", n_heads, "sequence", d_model // n_heads]),
+        ("scores", scores, ["batch", n_heads, "sequence", "total"]),
+        ("hidden", [hidden[layer] for layer in range(n_layers)], ["batch", "sequence", d_ff]),
+        ("residual", [blocks[layer] for layer in range(n_layers)], ["batch", "sequence", d_model]),
+    ):
         for layer, tensor in enumerate(tensors):
             name = f"{kind}.{layer}"
             model.graph.node.append(helper.make_node("Identity", [tensor], [name], name=f"expose_{name}"))
             model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
-            exposed[kind].append(name)
+            exposed.setdefault(kind, []).append(name)
+    exposed["key"] = [f"present.{layer}.key" for layer in range(n_layers)]
+    exposed["value"] = [f"present.{layer}.value" for layer in range(n_layers)]
     onnx.checker.check_model(model)
     onnx.save(model, str(graph_path))
-    return exposed["attention"], exposed["residual"]
+    return exposed
 
 
 def block_outputs(model) -> dict[int, str]:
@@ -97,6 +116,44 @@ def block_outputs(model) -> dict[int, str]:
         if inside:
             last[int(inside[-1])] = node.output[0]
     return last
+
+
+def queries_and_scores(model, softmax) -> tuple[str, str]:
+    """The tensors a layer's attention softmax is computed from, as the exporter writes scaled dot-product attention:
+    softmax(MatMul(q * sqrt(s), k^T * sqrt(s)) + mask bias). Returns (q, the queries after RoPE (B, H, T, D); the
+    MatMul's result, the scores before the mask (B, H, T, S)). Raises RuntimeError where the nodes differ."""
+    producer = {output: node for node in model.graph.node for output in node.output}
+    constants = {init.name for init in model.graph.initializer}
+
+    def made_by(tensor: str, op_type: str):
+        node = producer.get(tensor)
+        if node is None or node.op_type != op_type:
+            raise RuntimeError(f"the attention softmax {softmax.output[0]} is not computed as scaled dot-product "
+                               f"attention: {tensor} is not the result of a {op_type} node")
+        return node
+
+    bias_sum = made_by(softmax.input[0], "Add")
+    matmul = next((producer[t] for t in bias_sum.input if t in producer and producer[t].op_type == "MatMul"), None)
+    if matmul is None:
+        raise RuntimeError(f"the attention softmax {softmax.output[0]} adds no MatMul's scores to its bias")
+    scaled_query = made_by(matmul.input[0], "Mul")
+    query = [t for t in scaled_query.input
+             if t not in constants and getattr(producer.get(t), "op_type", "") != "Constant"]
+    if len(query) != 1:
+        raise RuntimeError(f"the attention softmax {softmax.output[0]}: the queries' scaling multiplies {query}")
+    return query[0], matmul.output[0]
+
+
+def scoped_inputs(model, scope: re.Pattern) -> dict[int, str]:
+    """{layer: the input of the first MatMul the exporter placed inside a module `scope` matches (its `namespace`
+    metadata; group 1 the layer)}: `DOWN_PROJ_SCOPE` finds the FFN's hidden activation, down_proj's input."""
+    found: dict[int, str] = {}
+    for node in model.graph.node:
+        namespace = next((p.value for p in node.metadata_props if p.key == "namespace"), "")
+        inside = scope.findall(namespace)
+        if inside and node.op_type == "MatMul":
+            found.setdefault(int(inside[-1]), node.input[0])
+    return found
 
 
 def feeds(ids: list[int], *, n_layers: int, n_kv_heads: int, head_dim: int) -> dict:
@@ -159,21 +216,37 @@ def exact_share(session, config, tokenizer, examples: list) -> float:
     return right / len(examples)
 
 
-def check(session, model, config, ids: list[int], attention: list[str], residual: list[str]) -> None:
-    """The graph's logits, attention weights and block outputs equal attnkit's own for `ids` (the weights from the
-    reference path, `need_weights=True`; the residual stream from `attnkit.inspect`'s `blocks.L.resid_post`)."""
+def check(session, model, config, ids: list[int], exposed: dict[str, list[str]]) -> None:
+    """The graph's logits and exposed tensors (`expose`) equal attnkit's own for `ids`: the weights from the reference
+    path (`need_weights=True`); the rest from `attnkit.inspect`'s hook points: `blocks.L.resid_post`, `attn.scores`,
+    `mlp.hidden`, `attn.v`, and `attn.q`, `attn.k` turned by the layer's own position scheme (`rotate`) as its
+    attention turns them before scoring."""
     import numpy as np
     import torch
 
     from attnkit.inspect import trace
 
-    got = session.run(["logits", *attention, *residual], feeds(ids, **sizes(config)))
-    points = [f"blocks.{layer}.resid_post" for layer in range(config.n_layers)]
+    kinds = ["attention", "query", "key", "value", "scores", "hidden", "residual"]
+    got = session.run(["logits", *(name for kind in kinds for name in exposed[kind])], feeds(ids, **sizes(config)))
+    graph = {kind: got[1 + i * config.n_layers:1 + (i + 1) * config.n_layers] for i, kind in enumerate(kinds)}
+    points = [f"blocks.{layer}.{point}" for layer in range(config.n_layers)
+              for point in ("attn.q", "attn.k", "attn.v", "attn.scores", "mlp.hidden", "resid_post")]
     want = trace(model, torch.tensor([ids]), need_weights=True, names=points)
     np.testing.assert_allclose(got[0], want.output.logits.numpy(), atol=1e-4, rtol=1e-4)
+    blocks = model.stack.blocks
     for layer in range(config.n_layers):
-        np.testing.assert_allclose(got[1 + layer], want.output.attentions[layer]["self"].numpy(), atol=1e-5, rtol=1e-4)
-        np.testing.assert_allclose(got[1 + config.n_layers + layer], want[points[layer]].numpy(), atol=1e-4, rtol=1e-4)
+        point = f"blocks.{layer}."
+        attention = blocks[layer].self_attn
+        # (B, T, H, D) -> (B, H, T, D)
+        heads_first = {name: want[point + f"attn.{name}"].transpose(1, 2) for name in "qkv"}
+        query, key = attention.relative.rotate(heads_first["q"], heads_first["k"],
+                                               attention.relative.prepare(torch.arange(len(ids))[None]))
+        expected = {"attention": want.output.attentions[layer]["self"], "query": query, "key": key,
+                    "value": heads_first["v"], "scores": want[point + "attn.scores"],
+                    "hidden": want[point + "mlp.hidden"], "residual": want[point + "resid_post"]}
+        for kind, tensor in expected.items():
+            np.testing.assert_allclose(graph[kind][layer], tensor.detach().numpy(), atol=1e-4, rtol=1e-4,
+                                       err_msg=f"{exposed[kind][layer]} is not attnkit's")
 
 
 def trained_config(vocab_size: int):
@@ -198,6 +271,15 @@ def architecture(config) -> dict:
 
 
 def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        train(run)
+        build(run, Path(tmp))
+
+
+def build(run: Path, tmp: Path) -> None:
+    """Export the run `train` wrote, expose and check the graph's outputs, measure it on the held-out strings and, only
+    when it reverses them, write model.onnx and model.json (`tmp`: a folder for the graph while it is checked)."""
     import onnxruntime
 
     from attnkit import count_parameters
@@ -206,46 +288,43 @@ def main() -> None:
     from attnkit.outputs import atomic_write
     from attnkit.tokenize import load_tokenizer
 
-    with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp) / "run"
-        train(run)
-        model, config = load_model(run)
-        model.eval()
-        tokenizer = load_tokenizer(run / TOKENIZER_DIR)
-        graph = Path(tmp) / "model.onnx"
-        export_onnx(model, config, graph)
-        attention, residual = expose(graph, config.n_layers, config.n_heads, config.d_model)
-        session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-        ids = tokenizer.encode(EXAMPLE)
-        check(session, model, config, ids, attention, residual)
-        eos = tokenizer.token_id("eos")
-        completion = tokenizer.decode(greedy(session, ids, config, eos))
-        trained = training_examples()
-        examples = held_out(HELD_OUT, trained)
-        share = exact_share(session, config, tokenizer, examples)
-        if share < LEAST_EXACT or completion != EXAMPLE[:-1][::-1]:
-            raise SystemExit(f"the trained model reverses {share:.0%} of {len(examples)} held-out strings exactly "
-                             f"(at least {LEAST_EXACT:.0%} needed) and completes {EXAMPLE} with {completion!r}: "
-                             f"nothing written; train longer (TRAIN in {Path(__file__).relative_to(ROOT)})")
-        val_loss = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
-                    if '"val_loss"' in line][-1]["val_loss"]
-        described = {
-            "pieces": tokenizer.pieces(range(tokenizer.vocab_size)),
-            "eos": eos,
-            **sizes(config), "n_heads": config.n_heads,
-            "max_seq_len": config.max_seq_len, "d_model": config.d_model, "parameters": count_parameters(model),
-            **architecture(config),
-            "attention_outputs": attention,
-            "residual_outputs": residual,
-            "trained_by": "attnkit " + " ".join(TRAIN),
-            "val_loss": round(val_loss, 4),
-            "held_out": {"strings": len(examples), "exact_share": share,
-                         "lengths": [min(len(e.source) for e in examples), max(len(e.source) for e in examples)]},
-            "example": {"text": EXAMPLE, "greedy": completion},
-            "task_symbols": symbols(trained),  # what the strings were made of: the rest of `pieces` it never saw
-        }
-        atomic_write(OUT / "model.onnx", graph.read_bytes())
-        atomic_write(OUT / "model.json", json.dumps(described, indent=2, ensure_ascii=False) + "\n")
+    model, config = load_model(run)
+    model.eval()
+    tokenizer = load_tokenizer(run / TOKENIZER_DIR)
+    graph = tmp / "model.onnx"
+    export_onnx(model, config, graph)
+    exposed = expose(graph, n_layers=config.n_layers, n_heads=config.n_heads, d_model=config.d_model,
+                     d_ff=config.resolved.d_ff)
+    session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    ids = tokenizer.encode(EXAMPLE)
+    check(session, model, config, ids, exposed)
+    eos = tokenizer.token_id("eos")
+    completion = tokenizer.decode(greedy(session, ids, config, eos))
+    trained = training_examples()
+    examples = held_out(HELD_OUT, trained)
+    share = exact_share(session, config, tokenizer, examples)
+    if share < LEAST_EXACT or completion != EXAMPLE[:-1][::-1]:
+        raise SystemExit(f"the trained model reverses {share:.0%} of {len(examples)} held-out strings exactly "
+                         f"(at least {LEAST_EXACT:.0%} needed) and completes {EXAMPLE} with {completion!r}: "
+                         f"nothing written; train longer (TRAIN in {Path(__file__).relative_to(ROOT)})")
+    val_loss = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+                if '"val_loss"' in line][-1]["val_loss"]
+    described = {
+        "pieces": tokenizer.pieces(range(tokenizer.vocab_size)),
+        "eos": eos,
+        **sizes(config), "n_heads": config.n_heads,
+        "max_seq_len": config.max_seq_len, "d_model": config.d_model, "parameters": count_parameters(model),
+        **architecture(config),
+        **{f"{kind}_outputs": names for kind, names in exposed.items()},
+        "trained_by": "attnkit " + " ".join(TRAIN),
+        "val_loss": round(val_loss, 4),
+        "held_out": {"strings": len(examples), "exact_share": share,
+                     "lengths": [min(len(e.source) for e in examples), max(len(e.source) for e in examples)]},
+        "example": {"text": EXAMPLE, "greedy": completion},
+        "task_symbols": symbols(trained),  # what the strings were made of: the rest of `pieces` it never saw
+    }
+    atomic_write(OUT / "model.onnx", graph.read_bytes())
+    atomic_write(OUT / "model.json", json.dumps(described, indent=2, ensure_ascii=False) + "\n")
     print(f"wrote {OUT / 'model.onnx'} ({(OUT / 'model.onnx').stat().st_size:,} bytes) and model.json; "
           f"{EXAMPLE} -> {completion}; val_loss {val_loss:.4f}; {share:.1%} of {len(examples)} held-out strings "
           "reversed exactly")
