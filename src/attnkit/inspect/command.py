@@ -82,7 +82,7 @@ class InspectSettings:
     encoding_errors: EncodingErrors = "strict"  # --input, --conll: strict: not UTF-8 is an error; replace: U+FFFD
     corrupt: str | None = None  # patch, attribute: the corrupted text, as many tokens as the first --text
     path_steps: int = 1  # attribute: 1: the gradient at the corrupted run; more: integrated along the path
-    position: int | None = None  # dla: the position whose answer is attributed (default: the last, a mask, ...)
+    position: int | None = None  # dla: the position whose answer is attributed (unset: the last, a mask, ...)
     conll: str | None = None  # probe: a CoNLL or CoNLL-U file of tagged words
     column: str = "upos"  # probe: the CoNLL-U column holding the labels (upos, xpos, deprel, a MISC key)
     ablation: Ablation = "zero"  # heads: replace a head's output by zeros, its mean, or another input's
