@@ -231,6 +231,9 @@ def test_the_first_plan_on_a_cpu_measures_it_once_and_keeps_what_it_measured(tmp
     path.write_text('{"version": 1, "attention": "a lot"}')
     plan_inference(_decoder(), "decoder")
     assert len(measured) == 2 and load_profile(path, cpu)[0].decode_linear
+    other = AVX2 if cpu != AVX2 else AVX512  # a plan for a described CPU: this machine's figures would not be its
+    assert "documented defaults" in plan_inference(_decoder(), "decoder", cpu=other).explain()
+    assert len(measured) == 2 and not default_profile_path(other).exists()
 
 
 def test_each_cpu_level_and_pytorch_keeps_a_profile_of_its_own(monkeypatch):

@@ -179,13 +179,14 @@ def machine_profile(cpu: CpuCapabilities) -> tuple[Profile, str]:
     field (`machine.load_profile`), or, where none is kept, one measured now within `FIRST_USE` (a few seconds,
     logged), kept for the next start. A kept one that is damaged is measured again where attnkit keeps it (under
     `cache_home()`); one at $ATTNKIT_PROFILE is the user's, refused naming the fix. A place where none can be kept
-    costs a warning and a measurement each start."""
+    costs a warning and a measurement each start. A plan for another CPU than this one measures nothing."""
     path = default_profile_path(cpu)
-    if path.exists():
+    here = cpu == CpuCapabilities.detect()
+    if path.exists() or not here:
         try:
             return load_profile(path, cpu)
         except InputError as err:
-            if not path.resolve().is_relative_to(cache_home().resolve()):
+            if not here or not path.resolve().is_relative_to(cache_home().resolve()):
                 raise
             log.warning("%s: measuring again", err)
     log.info("measuring this CPU for the inference plan, once (a few seconds; kept in %s)", path)
