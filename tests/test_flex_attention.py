@@ -7,12 +7,14 @@ same score_mod and block_mask, no compilation per case); one case runs it compil
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from attnkit import ModelConfig, build_model
+from attnkit.errors import ConfigError
 from attnkit.layers import kernels
 from attnkit.layers.attention import Attention
 from attnkit.layers.masks import AttentionMask
@@ -22,13 +24,14 @@ WIDTH, HEADS, LENGTH = 32, 4, 11
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
-def _layer(position: str, *, n_kv_heads: int = HEADS, window: int | None = None) -> Attention:
+def _layer(position: str, *, n_kv_heads: int = HEADS, window: int | None = None,
+           softcap: float | None = None) -> Attention:
     relative = {"none": None, "rope": RotaryEmbedding(WIDTH // HEADS), "alibi": ALiBi(HEADS),
                 "relative": RelativePositions(4, WIDTH // HEADS)}[position]
     if relative is not None:
         relative.init_weights()
     torch.manual_seed(0)
-    return Attention(WIDTH, HEADS, n_kv_heads=n_kv_heads, relative=relative, window=window).eval()
+    return Attention(WIDTH, HEADS, n_kv_heads=n_kv_heads, relative=relative, window=window, softcap=softcap).eval()
 
 
 def _mask(kind: str, batch: int = 2) -> AttentionMask:
@@ -82,6 +85,33 @@ def test_flex_attention_gives_the_reference_output(case, eager_flex):
     plain_causal = mask_kind == "causal" and position != "alibi" and window is None
     assert len(eager_flex) == (0 if plain_causal else 1)  # plain causality stays on SDPA's causal kernel
     torch.testing.assert_close(flex, reference, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("position", "mask_kind"), [("alibi", "causal+padding"), ("none", "documents"),
+                                                      ("rope", "padding")])
+def test_flex_attention_soft_caps_as_the_reference_path_does(position, mask_kind, eager_flex):
+    """tanh soft-capping (Gemma 2) as a score_mod, before the position bias and the mask, as the reference path caps."""
+    reference, flex = _reference_and_flex(_layer(position, softcap=0.5), mask_kind)
+    assert len(eager_flex) == 1
+    torch.testing.assert_close(flex, reference, atol=2e-6, rtol=1e-5)
+
+
+def test_soft_capping_bounds_the_scores_and_vanishes_for_a_large_cap():
+    """With cap c every score lies in (-c, c), so two visible keys' weights differ by at most e^(2c); a cap far above
+    the scores changes nothing."""
+    x = torch.randn(2, LENGTH, WIDTH, generator=torch.Generator().manual_seed(3)) * 4
+    outputs = {}
+    for cap in (None, 0.5, 1e6):
+        layer = _layer("none", softcap=cap)
+        with torch.no_grad():
+            for parameter in layer.parameters():
+                parameter.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(4))
+            outputs[cap], weights = layer(x, need_weights=True)
+        ratio = (weights.amax(-1) / weights.amin(-1)).max().item()
+        assert ratio <= (math.exp(2 * 0.5) * 1.0001 if cap == 0.5 else float("inf")), ratio
+        if cap is None:
+            assert ratio > math.exp(1.0)  # uncapped, these scores spread far wider
+    torch.testing.assert_close(outputs[1e6], outputs[None])
 
 
 def test_shaws_relative_positions_stay_on_the_reference_path(eager_flex):
@@ -166,7 +196,8 @@ def _decoder(**overrides) -> torch.nn.Module:
     (dict(position="alibi"), False, "FlexAttention"),
     (dict(position="rope", attention_window=8), False, "FlexAttention"),
     (dict(position="learned"), True, "FlexAttention"), (dict(position="learned"), False, "SDPA"),
-    (dict(position="relative"), False, "the reference path"), (dict(score="additive"), False, "the reference path")])
+    (dict(position="relative"), False, "the reference path"), (dict(score="additive"), False, "the reference path"),
+    (dict(position="rope", attn_softcap=30.0), False, "FlexAttention")])
 def test_the_training_plan_picks_the_kernel_per_variant_and_says_why(overrides, packed, on_gpu):
     from attnkit.train.plan import plan_training
 
@@ -178,6 +209,11 @@ def test_the_training_plan_picks_the_kernel_per_variant_and_says_why(overrides, 
     assert all(m.flex_attention == gpu.flex_attention for m in model.modules() if isinstance(m, Attention))
     cpu = plan_training(model, family="decoder", device="cpu", packed=packed)
     assert not cpu.flex_attention  # no backward on the CPU
+    on_cpu = next(c for c in cpu.choices if c.what == "attention").choice
+    if "attn_softcap" in overrides or on_gpu == "the reference path":  # SDPA cannot soft-cap scores either
+        assert on_cpu.startswith("the reference path"), on_cpu
+    else:
+        assert on_cpu.startswith("SDPA"), on_cpu
     if on_gpu == "FlexAttention":
         assert "no backward" in next(c for c in cpu.choices if c.what == "attention").why
 
@@ -228,3 +264,18 @@ def test_attnkit_train_attention_flex_on_the_cpu_is_one_line_naming_the_fix(tmp_
                      "n_layers=1", "d_model=32", "n_heads=2", "d_ff=64", "max_seq_len=32"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and "no backward on the CPU" in errors[0] and "--attention auto or sdpa" in errors[0]
+
+
+def test_a_soft_capped_decoder_decodes_with_its_cache_as_without_and_is_not_exported_as_another_model():
+    from generate_models import greedy_without_cache, tiny_model
+
+    from attnkit.generate import generate_tokens
+    from attnkit.interop.hf_config import match_family
+    from attnkit.interop.hf_weights import hf_tensor_names
+
+    model, config = tiny_model(position="rope", attn_softcap=2.0)
+    assert generate_tokens(model, [[1, 2, 3]], max_new_tokens=6, context_len=config.max_seq_len)[0] == \
+        greedy_without_cache(model, [1, 2, 3], 6)
+    state = model.state_dict()
+    with pytest.raises(ConfigError, match="attn_softcap=2.0"):  # no Hugging Face layout soft-caps: refused
+        match_family(config, lambda family: hf_tensor_names(state, family, config))

@@ -446,6 +446,7 @@ class TransformerConfig(ModelConfig):
     final_norm: bool | None = None  # norm after the last block; None: True for pre-norm, False for post-norm
     attention_window: int | None = None  # sliding-window attention: a query sees its last W keys (Mistral); None: all
     global_every: int = 0  # with attention_window: every Nth layer attends to all keys (Gemma 2: 2); 0: none
+    attn_softcap: float | None = None  # scores soft-capped to cap * tanh(s / cap) before masks and biases (Gemma 2: 50)
     # Options that published checkpoints need (all off by default):
     sinusoidal_layout: SinusoidalLayout = "interleaved"  # sin/cos interleaved (Vaswani) or in halves (Marian)
     type_vocab_size: int = 0  # token-type (segment) embeddings added to the input (BERT: 2); 0: none
@@ -455,7 +456,7 @@ class TransformerConfig(ModelConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive(self, "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "relative_max_distance",
-                         "additive_dim", "norm_eps", "rope_theta", "attention_window")
+                         "additive_dim", "norm_eps", "rope_theta", "attention_window", "attn_softcap")
         if self.attention_window is not None and self.position in ("alibi", "relative"):
             raise ConfigError(
                 f"attention_window with position={self.position!r}: a sliding window keeps keys out of order in its "

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from attnkit.deprecation import warn_renamed
 from attnkit.layers.autocast import cast_for_autocast
-from attnkit.layers.kernels import MathKernel, attend, flex_attend
+from attnkit.layers.kernels import MathKernel, attend, flex_attend, soft_capped
 from attnkit.layers.kv_cache import LayerCache
 from attnkit.layers.masks import AttentionMask
 from attnkit.layers.positions import PositionScheme
@@ -128,6 +128,12 @@ def make_score(kind: str, head_dim: int, *, additive_dim: int | None = None) -> 
     raise ValueError(f"unknown score {kind!r}; use scaled_dot, dot, bilinear or additive")
 
 
+def soft_cap(scores: Tensor, cap: float) -> Tensor:
+    """cap * tanh(scores / cap): scores kept inside (-cap, cap), nearly unchanged well inside it (Gemma 2's attention
+    logit soft-capping, Gemma Team 2024, section 2)."""
+    return cap * torch.tanh(scores / cap)
+
+
 def attention_weights(scores: Tensor, bias: Tensor | None) -> Tensor:
     """Softmax over keys (in float32 at least) of the scores plus the additive bias (masked keys: -inf, weight 0).
     (B, H, T, S)"""
@@ -187,6 +193,7 @@ class Attention(nn.Module):
         additive_dim: int | None = None,
         relative: PositionScheme | None = None,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         if window is not None and relative is not None and relative.biases:
@@ -207,6 +214,7 @@ class Attention(nn.Module):
         self.dropout = dropout
         self.relative = relative
         self.window = window  # sliding-window attention: a query sees keys fewer than `window` positions back
+        self.softcap = softcap  # scores soft-capped to softcap * tanh(s / softcap) (`soft_cap`), or None
         self.math_kernel: MathKernel | None = None  # where plain products replace SDPA (`kernels.use_math_kernel`)
         self.flex_attention = False  # FlexAttention for biases and masks beyond causality (`use_flex_attention`)
 
@@ -298,13 +306,14 @@ class Attention(nn.Module):
         # 4-7. scores, + mask and position bias, softmax, weighted sum of values: one fused kernel where nothing reads
         # the weights. A mask that is causality alone needs no tensor there (SDPA's is_causal for a full square; a
         # single new query sees every cached key).
-        fused = isinstance(self.score, DotScore) and not need_weights and not (biased and relative.needs_weights)
+        dot = isinstance(self.score, DotScore) and not need_weights and not (biased and relative.needs_weights)
+        fused = dot and self.softcap is None  # SDPA and the math kernel take the scores as they are
         if fused and not biased and mask.is_causal_only(key_len, window=window):
             out = attend(q, k, v, None, causal=mask if length > 1 else None, scale=self.score.scale, dropout=dropout,
                          math_kernel=self.math_kernel)  # (B, H, T, D)
             return self._merge_heads(out), None
-        if fused and self._takes_flex(mask, relative if biased else None, cache, dropout, key_len, window):
-            score_mod = relative.flex_score_mod(mask) if biased else None
+        if dot and self._takes_flex(mask, relative if biased else None, cache, dropout, key_len, window):
+            score_mod = soft_capped(self.softcap, relative.flex_score_mod(mask) if biased else None)
             out = flex_attend(q, k, v, mask=mask, window=window, score_mod=score_mod, scale=self.score.scale)
             return self._merge_heads(out), None  # (B, T, C)
         key_positions = cache.key_positions() if cache is not None and not cross else None
@@ -322,7 +331,8 @@ class Attention(nn.Module):
         position bias (`relative`, or None) that it expresses as a score_mod, and a bias or mask to express (SDPA
         takes plain attention bare)."""
         return (self.flex_attention and dropout == 0 and cache is None and isinstance(mask.start, int)
-                and (relative.flex if relative is not None else mask.mask_mod(key_len, window=window) is not None))
+                and (relative.flex if relative is not None else
+                     self.softcap is not None or mask.mask_mod(key_len, window=window) is not None))
 
     def _merge_heads(self, out: Tensor) -> Tensor:
         """8. Merge the heads and project back to the model width: (B, H, T, D) -> (B, T, C)."""
@@ -379,6 +389,8 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, Hkv, S, D) -> (B, H, S, D)
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         scores = self.score(q, k)  # (B, H, T, S)
+        if self.softcap is not None:
+            scores = soft_cap(scores, self.softcap)
         weights = attention_weights(scores, bias)  # (B, H, T, S)
         dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
         out = torch.matmul(dropped, v)  # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)

@@ -6,8 +6,9 @@ no weights are asked for. Three kernels compute the same thing (tests hold each 
     attend ----> MathKernel covers (q, S)?  yes: grouped_attention (float32 matrix products, GQA folded into rows)
                                             no:  F.scaled_dot_product_attention (fused; enable_gqa)
     flex_attend  FlexAttention (torch.nn.attention.flex_attention, compiled): every variant it can express, the
-                 position bias as a `score_mod` (ALiBi) and the mask as a `block_mask` (causal, prefix, sliding
-                 window, padding, packed documents), so none of them holds a (T, S) bias or weights
+                 position bias and tanh soft-capping as a `score_mod` (ALiBi, `soft_capped`) and the mask as a
+                 `block_mask` (causal, prefix, sliding window, padding, packed documents), so none of them holds a
+                 (T, S) bias or weights
 
 SDPA's fused kernels take a causal flag or a dense float bias: ALiBi, windows, padding and document masks reach them
 as a materialised (T, S) bias (on a GPU, off the flash kernel). FlexAttention generates one fused kernel per
@@ -149,6 +150,19 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, *, mask: AttentionMask, window:
     kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
     return kernel(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale,
                   enable_gqa=k.shape[1] != q.shape[1])  # (B, H, T, D)
+
+
+def soft_capped(cap: float | None, then: ScoreMod | None) -> ScoreMod | None:
+    """The score_mod that soft-caps the score to cap * tanh(score / cap) (`attention.soft_cap`), then applies `then`
+    (a position bias), or `then` alone without a cap."""
+    if cap is None:
+        return then
+
+    def capped(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        score = cap * torch.tanh(score / cap)
+        return score if then is None else then(score, b, h, q_idx, kv_idx)
+
+    return capped
 
 
 @functools.cache

@@ -123,6 +123,7 @@ def _attention(config: TransformerConfig, *, relative: PositionScheme | None, wi
         additive_dim=config.additive_dim,
         relative=relative,
         window=window,
+        softcap=config.attn_softcap,
     )
 
 

@@ -27,6 +27,7 @@ The choices (nanoGPT's train.py and torchtitan on a GPU; the CPU's own where the
                     the blocks' linear layers multiply in float8 with dynamic scaling (torchao's float8 training)
     attention       per variant (`layers/kernels.py`): on a GPU, FlexAttention for a position bias or mask SDPA would
                     take only as a dense (T, S) bias, off its flash kernel (ALiBi, sliding windows, packed documents),
+                    and for tanh soft-capping, which SDPA cannot compute (the reference path does off a GPU),
                     SDPA's own kernel for plain causal attention, the reference path for what neither expresses (Shaw's
                     value term and the additive and bilinear scores read the weights); on a CPU, SDPA or plain float32
                     products where the machine's profile measured them faster: FlexAttention has no backward on the
@@ -338,6 +339,8 @@ def _flex(model: nn.Module, device: torch.device, asked: str, packed: bool) -> t
         return "sdpa", None
     variant, cannot = _attention_variant(layers, packed)
     version = torch.__version__.split("+")[0]
+    # what SDPA cannot compute at all goes to the reference path where FlexAttention does not take it
+    without_flex = "reference" if any(layer.softcap is not None for layer in layers) else "sdpa"
     if asked == "flex" and device.type != "cuda":
         raise ConfigError(f"--attention flex trains through FlexAttention, which has no backward on the CPU in torch "
                           f"{version}: train with --attention auto or sdpa here, or on a GPU (--device cuda)")
@@ -349,12 +352,13 @@ def _flex(model: nn.Module, device: torch.device, asked: str, packed: bool) -> t
         if asked == "flex":
             raise ConfigError("--attention flex: FlexAttention has no attention dropout: set attention_dropout=0 or "
                               "use --attention auto")
-        return "sdpa", "FlexAttention has no attention dropout: SDPA applies it"
+        return without_flex, "FlexAttention has no attention dropout"
     if variant is None:
         return "sdpa", "plain causal attention: SDPA's own causal kernel (flash on a GPU), no mask to build"
     if device.type != "cuda":
-        return "sdpa", (f"{variant} would go to FlexAttention on a GPU; on the CPU it has no backward (torch "
-                       f"{version}), so SDPA takes it as a dense (T, S) bias")
+        return without_flex, (f"{variant} would go to FlexAttention on a GPU; on the CPU it has no backward (torch "
+                              f"{version})" + (", and SDPA cannot soft-cap scores" if without_flex == "reference" else
+                                               ", so SDPA takes it as a dense (T, S) bias"))
     return "flex", (f"FlexAttention for {variant} ({'as asked' if asked == 'flex' else 'auto, on a GPU'}): the bias as "
                   "a score_mod and the mask as a block mask built once per shape, one fused kernel that skips the "
                   "masked blocks, where SDPA would take a dense (T, S) bias and leave its flash kernel; plain causal "
@@ -373,6 +377,8 @@ def _attention_variant(layers: list[nn.Module], packed: bool) -> tuple[str | Non
             (parts if layer.relative.flex else cannot).append(name)
         if layer.window is not None:
             parts.append("a sliding window")
+        if layer.softcap is not None:
+            parts.append("tanh soft-capping")
     if packed:
         parts.append("packed documents")
     return ", ".join(dict.fromkeys(parts)) or None, ", ".join(dict.fromkeys(cannot)) or None

@@ -101,8 +101,9 @@ class TrainConfig:
     the whole model (bare --compile); blocks: each transformer block; off: eager"""
     float8: bool = False  # bf16 on a Hopper or Ada GPU: the blocks' products in float8 (torchao; the training plan)
     attention: TrainAttention = "auto"
-    """auto: the training plan picks per variant (FlexAttention for ALiBi, windows and packed documents on a GPU; SDPA;
-    the reference path for what neither expresses); sdpa: never FlexAttention; flex: FlexAttention (a GPU)"""
+    """auto: the training plan picks per variant (FlexAttention for ALiBi, windows, soft-capping and packed documents
+    on a GPU; SDPA; the reference path for what neither expresses); sdpa: never FlexAttention; flex: FlexAttention (a
+    GPU)"""
     eval_every: int = 200  # steps between evaluations (each also writes a checkpoint)
     log_every: int = 10  # steps between progress lines when no progress bar is shown
     keep: int = 3  # checkpoints kept besides best/
