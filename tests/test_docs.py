@@ -335,6 +335,35 @@ def test_the_explorer_model_json_describes_the_model_the_hook_trains():
         assert meta[f"{kind}_outputs"] == [f"present.{layer}.{kind}" for layer in range(config.n_layers)]
 
 
+@pytest.mark.slow  # torch.onnx's exporter traces the model: 13 s on an idle machine, 37 s on a busy one
+def test_the_explorer_hook_exposes_tensors_equal_to_attnkits(tmp_path):
+    """docs/hooks/explorer_model.py finds, in a fresh export of the explorer's architecture (untrained), the tensors the
+    page shows and its check holds them equal to attnkit.inspect's; a graph output named for the wrong tensor fails
+    that check."""
+    onnxruntime = pytest.importorskip("onnxruntime", reason="the hook's check runs the graph in onnxruntime")
+    pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript (attnkit[export])")
+    import torch
+    from explorer_model import check, expose, trained_config
+
+    from attnkit.interop.onnx import export_onnx
+    from attnkit.models import build_model
+
+    torch.manual_seed(0)
+    config = trained_config(47)
+    model = build_model(config).eval()
+    graph = tmp_path / "model.onnx"
+    export_onnx(model, config, graph)
+    exposed = expose(graph, n_layers=config.n_layers, n_heads=config.n_heads, d_model=config.d_model,
+                     d_ff=config.resolved.d_ff)
+    assert exposed["key"] == [f"present.{layer}.key" for layer in range(config.n_layers)]
+    session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    ids = [14, 15, 16, 11, 16, 15]
+    check(session, model, config, ids, exposed)
+    for kind, other in (("query", "key"), ("scores", "attention"), ("hidden", "residual")):
+        with pytest.raises(AssertionError, match=re.escape(exposed[other][0])):
+            check(session, model, config, ids, {**exposed, kind: exposed[other]})
+
+
 @pytest.mark.slow  # Chromium compiles onnxruntime-web's 14 MB of WebAssembly: about 5 s
 def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
     """docs/explorer/: onnxruntime-web, copied into the site from node_modules, runs the shipped model in Chromium
