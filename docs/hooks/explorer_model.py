@@ -32,7 +32,7 @@ lengths that the training never saw, greedily, as the page does, and nothing is 
 `LEAST_EXACT` of them, and the page's first text, come out as the exact reversal. RoPE shortens the plateau
 before the model finds the trick: the character to copy next lies 2k + 1 places back after k written, an offset
 that rotary positions express wherever the line starts in the window. With GPT-2's learned absolute positions the
-same command's validation loss is 2.09 at step 1,000 (RoPE: 1.43) and 1.96 at step 2,000, and 197 of 200 unseen
+same command's validation loss is 2.09 at step 1,000 (RoPE: 1.42) and 1.96 at step 2,000, and 197 of 200 unseen
 strings come out right at the end (RoPE: 200).
 """
 
