@@ -222,7 +222,7 @@ def test_flex_attention_asked_for_where_it_cannot_train_is_refused_naming_the_fi
     from attnkit.errors import ConfigError
     from attnkit.train.plan import plan_training
 
-    with pytest.raises(ConfigError, match="no backward on the CPU.*--attention auto or sdpa"):
+    with pytest.raises(ConfigError, match="no backward on the CPU.*--attention-kernel auto or sdpa"):
         plan_training(_decoder(position="alibi"), family="decoder", device="cpu", attention="flex")
     with pytest.raises(ConfigError, match="cannot express Shaw's relative positions"):
         plan_training(_decoder(position="relative"), family="decoder", device="cuda", attention="flex",
@@ -260,10 +260,10 @@ def test_attnkit_train_attention_flex_on_the_cpu_is_one_line_naming_the_fix(tmp_
     text = tmp_path / "text.txt"
     text.write_text("the cat sat on the mat. " * 80)
     assert cli.main(["train", "--out", str(tmp_path / "run"), "--data", str(text), "--tokenizer", "char",
-                     "--max-steps", "1", "--attention", "flex", "--no-progress", "--set", "position=alibi",
+                     "--max-steps", "1", "--attention-kernel", "flex", "--no-progress", "--set", "position=alibi",
                      "n_layers=1", "d_model=32", "n_heads=2", "d_ff=64", "max_seq_len=32"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert len(errors) == 1 and "no backward on the CPU" in errors[0] and "--attention auto or sdpa" in errors[0]
+    assert len(errors) == 1 and "no backward on the CPU" in errors[0] and "--attention-kernel auto or sdpa" in errors[0]
 
 
 def test_a_soft_capped_decoder_decodes_with_its_cache_as_without_and_is_not_exported_as_another_model():

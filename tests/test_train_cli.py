@@ -133,3 +133,14 @@ def test_no_progress_hides_the_tokenizing_bar_too(tmp_path, capsys, flag, shown)
     assert cli.main(["train", "--data", str(text), "--tokenizer", "char", "--out", str(tmp_path / "run"),
                      "--max-steps", "1", "--eval-every", "1", *argv, flag]) == 0
     assert ("tokenizing" in capsys.readouterr().err) == shown
+
+
+def test_no_training_setting_shares_its_set_key_with_a_model_field():
+    """`--set KEY=VALUE` goes to the model config and to the training settings alike when both have KEY, so a
+    training setting named like a model field (the recurrent seq2seq's `attention=luong-general`) breaks one of them."""
+    import dataclasses
+
+    from attnkit.config import model_field_names
+    from attnkit.train.trainer import TrainConfig
+
+    assert {f.name for f in dataclasses.fields(TrainConfig)} & model_field_names() == set()

@@ -31,7 +31,7 @@ The choices (nanoGPT's train.py and torchtitan on a GPU; the CPU's own where the
                     SDPA's own kernel for plain causal attention, the reference path for what neither expresses (Shaw's
                     value term and the additive and bilinear scores read the weights); on a CPU, SDPA or plain float32
                     products where the machine's profile measured them faster: FlexAttention has no backward on the
-                    CPU in torch 2.13, so it is refused there (--attention flex), and serves forward passes only
+                    CPU in torch 2.13, so it is refused there (--attention-kernel flex), and serves forward passes only
     data            pinned host memory and non-blocking copies on a GPU
     host reads      the loss and gradient norm read every `log_every` steps on a GPU (and before every evaluation and
                     checkpoint), where a read would wait for the device; every step on a CPU
@@ -342,16 +342,16 @@ def _flex(model: nn.Module, device: torch.device, asked: str, packed: bool) -> t
     # what SDPA cannot compute at all goes to the reference path where FlexAttention does not take it
     without_flex = "reference" if any(layer.softcap is not None for layer in layers) else "sdpa"
     if asked == "flex" and device.type != "cuda":
-        raise ConfigError(f"--attention flex trains through FlexAttention, which has no backward on the CPU in torch "
-                          f"{version}: train with --attention auto or sdpa here, or on a GPU (--device cuda)")
+        raise ConfigError(f"--attention-kernel flex trains through FlexAttention, which has no backward on the CPU in torch "
+                          f"{version}: train with --attention-kernel auto or sdpa here, or on a GPU (--device cuda)")
     if cannot:
         if asked == "flex":
-            raise ConfigError(f"--attention flex: FlexAttention cannot express {cannot}: use --attention auto")
+            raise ConfigError(f"--attention-kernel flex: FlexAttention cannot express {cannot}: use --attention-kernel auto")
         return "reference", f"neither SDPA nor FlexAttention expresses {cannot}"
     if any(layer.dropout > 0 for layer in layers):
         if asked == "flex":
-            raise ConfigError("--attention flex: FlexAttention has no attention dropout: set attention_dropout=0 or "
-                              "use --attention auto")
+            raise ConfigError("--attention-kernel flex: FlexAttention has no attention dropout: set attention_dropout=0 or "
+                              "use --attention-kernel auto")
         return without_flex, "FlexAttention has no attention dropout"
     if variant is None:
         return "sdpa", "plain causal attention: SDPA's own causal kernel (flash on a GPU), no mask to build"

@@ -100,7 +100,7 @@ class TrainConfig:
     """auto: the whole model on a GPU, eager on a CPU (the training plan says why: attnkit train --explain); model:
     the whole model (bare --compile); blocks: each transformer block; off: eager"""
     float8: bool = False  # bf16 on a Hopper or Ada GPU: the blocks' products in float8 (torchao; the training plan)
-    attention: TrainAttention = "auto"
+    attention_kernel: TrainAttention = "auto"
     """auto: the training plan picks per variant (FlexAttention for ALiBi, windows, soft-capping and packed documents
     on a GPU; SDPA; the reference path for what neither expresses); sdpa: never FlexAttention; flex: FlexAttention (a
     GPU)"""
@@ -238,7 +238,7 @@ class Trainer:
         self.plan = plan or plan_training(
             self.precision.compute_model, family=config.family, device=self.device, dtype=settings.dtype,
             compile=settings.compile, log_every=settings.log_every, sharded=settings.shard, float8=settings.float8,
-            batch_tokens=settings.batch_size * getattr(config, "max_seq_len", 0), attention=settings.attention,
+            batch_tokens=settings.batch_size * getattr(config, "max_seq_len", 0), attention=settings.attention_kernel,
             packed=getattr(task, "packed", False))
         self.plan.prepare(self.precision.compute_model)
         departures = [c.departure() for c in self.plan.choices if c.asked is not None]
