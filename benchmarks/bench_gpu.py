@@ -220,7 +220,8 @@ def tf32(on: bool):
 def attnkit_step(shape: TrainShape, stream: np.ndarray, device: torch.device, *, block: str, compile: str,
                  run_dir: Path, overrides: dict | None = None, attention: str = "auto", packed: bool = False,
                  reference: bool = False):
-    """attnkit's Trainer step, planned for this device (`attnkit train --dtype bf16 --compile ... --attention-kernel ...`).
+    """attnkit's Trainer step, planned for this device (`attnkit train --dtype bf16 --compile ...
+    --attention-kernel ...`).
 
     overrides: model config fields (a variant: position="alibi", attention_window=...); packed: rows of whole
     documents (`--pack`; the stream's documents end at the tokenizer's EOS); reference: attention through plain

@@ -342,16 +342,18 @@ def _flex(model: nn.Module, device: torch.device, asked: str, packed: bool) -> t
     # what SDPA cannot compute at all goes to the reference path where FlexAttention does not take it
     without_flex = "reference" if any(layer.softcap is not None for layer in layers) else "sdpa"
     if asked == "flex" and device.type != "cuda":
-        raise ConfigError(f"--attention-kernel flex trains through FlexAttention, which has no backward on the CPU in torch "
-                          f"{version}: train with --attention-kernel auto or sdpa here, or on a GPU (--device cuda)")
+        raise ConfigError(f"--attention-kernel flex trains through FlexAttention, which has no backward on the CPU "
+                          f"in torch {version}: train with --attention-kernel auto or sdpa here, or on a GPU "
+                          "(--device cuda)")
     if cannot:
         if asked == "flex":
-            raise ConfigError(f"--attention-kernel flex: FlexAttention cannot express {cannot}: use --attention-kernel auto")
+            raise ConfigError(f"--attention-kernel flex: FlexAttention cannot express {cannot}: use "
+                              "--attention-kernel auto")
         return "reference", f"neither SDPA nor FlexAttention expresses {cannot}"
     if any(layer.dropout > 0 for layer in layers):
         if asked == "flex":
-            raise ConfigError("--attention-kernel flex: FlexAttention has no attention dropout: set attention_dropout=0 or "
-                              "use --attention-kernel auto")
+            raise ConfigError("--attention-kernel flex: FlexAttention has no attention dropout: set "
+                              "attention_dropout=0 or use --attention-kernel auto")
         return without_flex, "FlexAttention has no attention dropout"
     if variant is None:
         return "sdpa", "plain causal attention: SDPA's own causal kernel (flash on a GPU), no mask to build"
