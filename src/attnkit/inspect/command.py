@@ -50,6 +50,7 @@ from attnkit.inspect.sae import (
     evaluate,
     features_in_context,
     point_activations,
+    save_features,
     save_sae,
     spliced_loss,
     train_sae,
@@ -537,8 +538,12 @@ def _sae_batches(loaded: Loaded, texts: list[str]) -> list[Batch]:
 
 
 def _context(pieces: list[str]) -> str:
-    """The tokens up to one, that one in brackets, as a markdown table cell shows it."""
-    text = "".join(pieces[:-1]) + f"[{pieces[-1]}]"
+    """The tokens up to one, that one in brackets."""
+    return "".join(pieces[:-1]) + f"[{pieces[-1]}]"
+
+
+def _cell(text: str) -> str:
+    """`text` as a markdown table cell shows it in code."""
     return text.replace("`", "'").replace("|", "\\|")
 
 
@@ -560,6 +565,7 @@ def _sae(loaded: Loaded, settings: InspectSettings):
     contexts = [_context(_labels(loaded.tokenizer, ids[row, max(0, t - 12): t + 1]))
                 for ids in read for row in range(ids.shape[0]) for t in range(ids.shape[1])]
     found = features_in_context(sae, evaluation, contexts)
+    save_features(found, saved)  # the explorer lists them (attnkit serve RUN --sae OUT/sae)
     figure = Figure(figsize=(9, 3.2))
     ax = figure.add_subplot(1, 2, 1)
     ax.plot(losses)
@@ -570,7 +576,7 @@ def _sae(loaded: Loaded, settings: InspectSettings):
     ax.set(title=f"feature frequency ({metrics.dead_share:.0%} dead)", xlabel="log10 share of tokens it fires on",
            ylabel="features")
     rows = [{"feature": f.index, "fires on": round(f.frequency, 4),
-             "top contexts": " / ".join(f"`{c}` ({v:.2f})" for v, c in f.top)} for f in found]
+             "top contexts": " / ".join(f"`{_cell(c)}` ({v:.2f})" for v, c in f.top)} for f in found]
     summary = {"point": point, "architecture": "TopK" if settings.k else "ReLU + L1", "features": config.d_sae,
                "activations (held out)": evaluation.shape[0], **metrics.row(), "saved": str(saved)}
     return f"Sparse autoencoder at {point}", rows, summary, figure

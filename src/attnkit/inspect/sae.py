@@ -16,7 +16,8 @@ loss with the point mean-ablated ("loss recovered": 1 = the SAE loses nothing, 0
 An SAE is saved as SAELens saves one: a directory with `cfg.json` (d_in, d_sae, architecture "standard" or "topk",
 k, apply_b_dec_to_input, normalize_activations, meta.hook_name ...) and `sae_weights.safetensors` (W_enc (C, F),
 b_enc (F,), W_dec (F, C), b_dec (C,)), so `sae_lens.SAE.load_from_disk` reads what attnkit writes and `load_sae`
-reads SAELens's standard and TopK SAEs; attnkit's own training record sits under the config's "attnkit" key.
+reads SAELens's standard and TopK SAEs; attnkit's own training record sits under the config's "attnkit" key, and
+the features' top contexts on the evaluation texts in `features.json` beside them (`save_features`, `load_features`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from attnkit.outputs import atomic_output, atomic_write
 log = logging.getLogger(__name__)
 Architecture = Literal["standard", "topk"]  # SAELens's names: "standard" is ReLU with an L1 penalty
 CONFIG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"  # SAELens's file names
+FEATURES_FILE = "features.json"  # attnkit's own: each live feature's top contexts (SAELens reads no such file)
 SHAPES = {"W_enc": ("d_in", "d_sae"), "b_enc": ("d_sae",), "W_dec": ("d_sae", "d_in"), "b_dec": ("d_in",)}
 
 
@@ -336,4 +338,37 @@ def features_in_context(sae: SparseAutoencoder, activations: Tensor, contexts: l
             break
         pairs = zip(top.values[:, index].tolist(), top.indices[:, index].tolist(), strict=True)
         found.append(Feature(index, float(frequency[index]), [(v, contexts[i]) for v, i in pairs if v > 0]))
+    return found
+
+
+def save_features(features: list[Feature], directory: str | Path) -> Path:
+    """Write the features (`features_in_context`) to `directory`/features.json, whole or not at all."""
+    path = Path(directory) / FEATURES_FILE
+    document = [{"feature": f.index, "frequency": f.frequency, "top": [[v, c] for v, c in f.top]} for f in features]
+    atomic_write(path, json.dumps(document) + "\n")
+    return path
+
+
+def load_features(directory: str | Path, d_sae: int) -> list[Feature]:
+    """The features `save_features` wrote for an SAE of `d_sae` features, each entry checked; [] where the file is
+    absent (an SAE SAELens wrote). Raises CheckpointError naming the file and the entry that is wrong."""
+    path = Path(directory) / FEATURES_FILE
+    if not path.is_file():
+        return []
+    document = read_json(path)
+    if not isinstance(document, list):
+        raise CheckpointError(f"{path} is not a list of features: write it again with attnkit inspect RUN sae")
+    found = []
+    for entry in document:
+        try:
+            index, frequency = entry["feature"], float(entry["frequency"])
+            top = [(float(v), c) for v, c in entry["top"]]
+            valid = isinstance(index, int) and 0 <= index < d_sae and all(isinstance(c, str) for _, c in top)
+        except (KeyError, TypeError, ValueError):
+            valid = False
+        if not valid:
+            raise CheckpointError(f"{path}: {str(entry)[:80]} is not a feature of this SAE ({{'feature': 0..{d_sae - 1}"
+                                  ", 'frequency', 'top': [[activation, context], ...]}): write it again with "
+                                  "attnkit inspect RUN sae")
+        found.append(Feature(index, frequency, top))
     return found

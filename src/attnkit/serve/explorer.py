@@ -7,6 +7,8 @@
                        one query token (`serve/model_view.py`)
     inspect(text)      head importance (layer x head) and the logit lens (each layer's top tokens, the final
                        answer's rank) by `attnkit.inspect` (`serve/inspect_view.py`)
+    sae_features(text) each token's top features of the SAE served with --sae, and their top contexts
+                       (`serve/sae_view.py`)
     step(text, ...)    one head's computation for one query token, step by step with the real numbers (lecture:
                        q and k, the scores q.k, the scale 1/sqrt(d), the mask, the softmax, the weighted sum of v)
     training_metrics   the watched run's metrics.jsonl from a line on (the page polls it while the run trains)
@@ -31,6 +33,7 @@ from attnkit.layers.attention import Attention, DotScore
 from attnkit.models.attention_capture import attention_sites
 from attnkit.serve.inspect_view import inspect_view
 from attnkit.serve.model_view import model_view
+from attnkit.serve.sae_view import SAEView
 from attnkit.viz.extract import attention_maps, is_translator
 from attnkit.viz.labels import token_labels
 
@@ -44,7 +47,8 @@ METRICS_LINES = 5000  # metrics.jsonl lines per answer at most
 class Explorer:
     """The model as stored, its tokenizer, and the directories the page's other tabs read."""
 
-    def __init__(self, pipeline, run_dir: Path, *, watch: Path, experiments: Path | None) -> None:
+    def __init__(self, pipeline, run_dir: Path, *, watch: Path, experiments: Path | None,
+                 sae: Path | None = None) -> None:
         self.pipeline = pipeline
         self.tokenizer = pipeline.tokenizer
         self.model, self.config, _ = load_run_model(run_dir, device=pipeline.device, dtype=pipeline.dtype)
@@ -52,13 +56,15 @@ class Explorer:
         self.watch = watch
         self.experiments_dir = experiments
         self.sites = attention_sites(self.model)
+        self.sae = None if sae is None else SAEView(sae, self.model, self.tokenizer, family=self.config.family,
+                                                    max_len=self.config.max_seq_len)
 
     def info(self) -> dict:
         kinds = sorted({site.kind for site in self.sites})
         return {"family": self.config.family, "task": self.pipeline.task.name if self.pipeline.task else None,
                 "methods": list(self.pipeline.methods), "translator": is_translator(self.model),
                 "labels": self.pipeline.labels, "kinds": kinds, "vocab_size": self.config.vocab_size,
-                "max_seq_len": self.config.max_seq_len}
+                "max_seq_len": self.config.max_seq_len, "sae": self.sae.point if self.sae else None}
 
     @torch.no_grad()
     def analyze(self, text: str, target: str | None = None) -> dict:
@@ -80,6 +86,14 @@ class Explorer:
         translator = is_translator(self.model)
         return inspect_view(self.model, self.tokenizer, family=self.config.family, max_len=self.config.max_seq_len,
                             text=text, target=target if translator else None)
+
+    def sae_features(self, text: str, target: str | None = None) -> dict:
+        """Each token's top features of the SAE served with --sae, and their saved contexts: `serve/sae_view.py`."""
+        if self.sae is None:
+            raise InputError("no sparse autoencoder is served: start attnkit serve with --sae DIR (the OUT/sae "
+                             "directory attnkit inspect RUN sae writes)")
+        self._checked_ids(text)
+        return self.sae.read(text, target if is_translator(self.model) else None)
 
     def whole_model(self, text: str, query: int | None = None) -> dict:
         """Each stage of the model for `text`, with shapes, read at token `query` (None: the last):

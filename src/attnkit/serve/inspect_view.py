@@ -33,9 +33,8 @@ def inspect_view(model: nn.Module, tokenizer: Tokenizer, *, family: str, max_len
     if not text.strip():
         raise InputError("the Text box is empty: type a text to inspect")
     loaded = Loaded(model, tokenizer, family, max_len, next(model.parameters()).device)
-    if loaded.translates:  # a SOURCE<TAB>TARGET line, as `attnkit inspect` reads them (no target: its own)
-        source, given = text.replace("\t", " "), (target or "").replace("\t", " ")
-        text = f"{source}\t{given}" if given.strip() else source
+    if loaded.translates:
+        text = pair_line(text, target)
     elif len(tokenizer.encode(text)) < 2 and loaded.causal:
         raise InputError("head importance and the logit lens score each next token: type two tokens or more")
     batch = text_batch(loaded, text)
@@ -60,6 +59,12 @@ def inspect_view(model: nn.Module, tokenizer: Tokenizer, *, family: str, max_len
         "p_answer": [[round(p, 4) for p in layer] for layer in lens.probabilities()[:, 0].tolist()],
     }
     return view
+
+
+def pair_line(source: str, target: str | None) -> str:
+    """A translation run's text: a SOURCE<TAB>TARGET line, as `attnkit inspect` reads them (no target: its own)."""
+    source, given = source.replace("\t", " "), (target or "").replace("\t", " ")
+    return f"{source}\t{given}" if given.strip() else source
 
 
 def _layer_label(name: str) -> str:

@@ -35,6 +35,7 @@ class ServeSettings(DecodeSettings):
     max_body: int = 1_000_000  # request body size in bytes at most; beyond, 413
     watch: str | None = None  # the training run whose metrics.jsonl the explorer follows; default: RUN
     experiments: str | None = None  # the experiments' results directory the explorer shows; default: docs/experiments
+    sae: str | None = None  # an SAE's directory (OUT/sae of attnkit inspect RUN sae): the explorer shows its features
 
 
 def inapplicable(spec: TaskSpec, run: str | Path) -> dict[str, str]:

@@ -65,7 +65,8 @@ class ServerState:
         return cls(pipeline=pipeline, settings=settings, model_id=names[0], names=tuple(names),
                    run_name=run_dir.resolve().name, created=int(time.time()),
                    scheduler=scheduler,
-                   explorer=Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments),
+                   explorer=Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments,
+                                     sae=Path(settings.sae) if settings.sae else None),
                    template=chat_template(run_dir / TOKENIZER_DIR, getattr(pipeline.tokenizer, "specials", None)),
                    metrics=metrics,
                    model_lock=scheduler.lock if scheduler is not None else threading.Lock())

@@ -50,6 +50,11 @@ def router(state: ServerState) -> APIRouter:
         body = await state.body(request, ExploreRequest)
         return await state.held(lambda: explorer.inspect(body.text, body.target))
 
+    @routes.post("/api/sae")
+    async def sae_features(request: Request):  # the SAE served with --sae on the text (serve/sae_view.py)
+        body = await state.body(request, ExploreRequest)
+        return await state.held(lambda: explorer.sae_features(body.text, body.target))
+
     @routes.get("/api/training")
     async def training(since: int = 0):
         return await run_in_threadpool(explorer.training_metrics, max(since, 0))

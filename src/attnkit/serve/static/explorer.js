@@ -8,6 +8,7 @@
   const headers = key ? { Authorization: `Bearer ${key}` } : {};
   const state = { info: null, data: null, kind: 0, layer: 0, head: 0, query: null, steps: null, seed: 0,
                   rendered: 0, stepsAsked: 0, analyzeAsked: 0, inspect: null, pattern: null, inspectAsked: 0, model: null, modelAsked: 0,
+                  sae: null, saeAsked: 0, saeToken: null, saeFeature: null,
                   training: { next: 0, records: [] } };
 
   async function api(path, body) {
@@ -596,6 +597,57 @@
     }).join("");
   }
 
+  // Explore: a sparse autoencoder's features (served with --sae) -------------------------------------------------
+  async function readSae() {
+    $("sae-status").textContent = "reading...";
+    const answer = await latest("saeAsked", "/api/sae", pageText(), (why) => { $("sae-status").textContent = why; });
+    if (!answer) return;
+    state.sae = answer;
+    $("sae-status").textContent = "";
+    $("sae-where").textContent = `at ${answer.point}: ${answer.architecture}, ${answer.d_sae} features`;
+    const strongest = answer.per_token.map((row) => (row.length ? row[0].activation : 0));
+    const top = Math.max(...strongest, 1e-9);
+    const box = $("sae-tokens");
+    box.innerHTML = "";
+    answer.tokens.forEach((token, i) => {
+      const span = document.createElement("span");
+      span.textContent = token;
+      span.style.background = `rgba(29, 78, 216, ${(0.8 * strongest[i] / top).toFixed(3)})`;
+      if (strongest[i] > 0.5 * top) span.style.color = "#fff";
+      span.addEventListener("mouseenter", () => showSaeToken(i));
+      box.appendChild(span);
+    });
+    showSaeToken(answer.tokens.length - 1);
+  }
+
+  function showSaeToken(index) {  // the token's most active features, the strongest one's contexts
+    const answer = state.sae, row = answer.per_token[index];
+    state.saeToken = index;
+    document.querySelectorAll("#sae-tokens span").forEach((s, j) => s.classList.toggle("focus", j === index));
+    const top = row.length ? row[0].activation : 1;
+    $("sae-token-features").innerHTML = `<tr><th colspan="3">token ${index}: ${escapeHtml(answer.tokens[index])}</th></tr>` +
+      (row.length ? row.map((e) => `<tr data-feature="${e.feature}"><td>feature ${e.feature}</td>` +
+        `<td><span class="bar" style="width:${Math.round(120 * e.activation / top)}px"></span></td><td>${fmt(e.activation)}</td></tr>`).join("") :
+        "<tr><td>no feature fires here</td></tr>");
+    $("sae-token-features").querySelectorAll("tr[data-feature]").forEach((tr) =>
+      tr.addEventListener("click", () => showSaeFeature(Number(tr.dataset.feature))));
+    if (row.length) showSaeFeature(row[0].feature); else $("sae-contexts").textContent = "";
+  }
+
+  function showSaeFeature(feature) {
+    state.saeFeature = feature;
+    $("sae-token-features").querySelectorAll("tr[data-feature]").forEach((tr) =>
+      tr.classList.toggle("chosen", Number(tr.dataset.feature) === feature));
+    const saved = state.sae.features[String(feature)], box = $("sae-contexts");
+    if (!saved) {
+      box.textContent = state.sae.contexts_saved ? `feature ${feature} fired on none of the texts the SAE was evaluated on` :
+        "this SAE was saved without its features' contexts (no features.json beside it)";
+      return;
+    }
+    box.innerHTML = `<h3>feature ${feature}: fires on ${(100 * saved.frequency).toFixed(1)}% of the evaluation tokens; top contexts</h3>` +
+      saved.top.map(([v, c]) => `<div class="sae-context"><code>${escapeHtml(c)}</code> <span class="note">${fmt(v)}</span></div>`).join("");
+  }
+
   // Wiring ---------------------------------------------------------------------------------------------------------
   $("analyze").addEventListener("click", analyze);
   $("kind").addEventListener("change", () => { state.kind = Number($("kind").value); selectMaps(); });
@@ -605,6 +657,7 @@
   $("seed").addEventListener("change", () => { state.seed = Number($("seed").value); });
   $("step-generate").addEventListener("click", generateOne);
   $("inspect").addEventListener("click", inspect);
+  $("sae-read").addEventListener("click", readSae);
 
   async function start() {
     state.info = await api("/api/info");
@@ -614,6 +667,9 @@
     await analyze();
     pollTraining();
     inspect();  // the first text's panels; later texts on request (each head's ablation is a pass of the model)
+    $("sae-panel").classList.toggle("hidden", !state.info.sae);
+    if (state.info.sae) readSae();
   }
-  window.attnkit = { state, headers, weights, reshape, softmax, analyze, inspect, focusPattern, ready: start() };
+  window.attnkit = { state, headers, weights, reshape, softmax, analyze, inspect, focusPattern, readSae, showSaeToken,
+                     ready: start() };
 })();
