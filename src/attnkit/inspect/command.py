@@ -10,6 +10,8 @@
                  difference against the runner-up, over the first text (--position: where it is read)
     probe        linear probes per layer on a CoNLL / CoNLL-U file's word labels, with the control task
     circuits     each head's OV and QK singular values and the Q-, K- and V-composition scores between heads (weights)
+    path-patch   path patching from --sender heads through --receiver's --via input (q, k or v) alone, from --text
+                 (clean) into --corrupt
     sae          a sparse autoencoder trained on --point's activations over --input's texts, saved to OUT/sae/, with
                  its L0, dead features, normalised MSE, the loss with it spliced in and each feature's top contexts
 
@@ -41,7 +43,8 @@ from attnkit.inspect.importance import head_importance
 from attnkit.inspect.inputs import Batch, divergence, lm_batch, seq2seq_batch
 from attnkit.inspect.logit_attribution import logit_attribution
 from attnkit.inspect.logit_lens import logit_lens
-from attnkit.inspect.patching import patch_heads, patch_stream
+from attnkit.inspect.patching import faint_warning, logit_difference, patch_heads, patch_stream
+from attnkit.inspect.path_patching import path_patch
 from attnkit.inspect.points import head_sites, hook_points
 from attnkit.inspect.probes import probe_layers, reading_piece
 from attnkit.inspect.report import heatmap, write_report
@@ -64,7 +67,8 @@ from attnkit.tokenize import Tokenizer, load_tokenizer, require_id
 
 log = logging.getLogger(__name__)
 
-Analysis = Literal["heads", "head-types", "logit-lens", "patch", "attribute", "dla", "probe", "circuits", "sae"]
+Analysis = Literal["heads", "head-types", "logit-lens", "patch", "attribute", "dla", "probe", "circuits", "sae",
+                   "path-patch"]
 MASK_EVERY = 6  # a masked LM's text has every sixth token masked (about BERT's 15%)
 GREEDY_TOKENS = 48  # a source alone is translated greedily to this many tokens at most (short texts)
 
@@ -83,6 +87,9 @@ class InspectSettings:
     encoding_errors: EncodingErrors = "strict"  # --input, --conll: strict: not UTF-8 is an error; replace: U+FFFD
     corrupt: str | None = None  # patch, attribute: the corrupted text, as many tokens as the first --text
     path_steps: int = 1  # attribute: 1: the gradient at the corrupted run; more: integrated along the path
+    sender: tuple[str, ...] = ()  # path-patch: sender heads of one sublayer, LAYER.HEAD (0.1) or SITE.HEAD
+    receiver: str | None = None  # path-patch: the receiver head, LAYER.HEAD (1.0) or SITE.HEAD
+    via: Literal["q", "k", "v"] | None = None  # path-patch: the receiver's input the path runs through
     position: int | None = None  # dla: the position whose answer is attributed (unset: the last, a mask, ...)
     conll: str | None = None  # probe: a CoNLL or CoNLL-U file of tagged words
     column: str = "upos"  # probe: the CoNLL-U column holding the labels (upos, xpos, deprel, a MISC key)
@@ -152,10 +159,13 @@ def _check_inputs(settings: InspectSettings) -> None:
     """What each analysis needs, checked before the model loads."""
     if settings.text and settings.input is not None:
         raise InputError("give the texts as --text TEXT... or as --input FILE, not both")
-    needs_text = settings.analysis in ("heads", "logit-lens", "patch", "attribute", "dla", "sae")
+    needs_text = settings.analysis in ("heads", "logit-lens", "patch", "attribute", "dla", "sae", "path-patch")
     if needs_text and not settings.text and settings.input is None:
         raise InputError(f"{settings.analysis} runs the model on texts: give --text TEXT... or --input FILE")
-    if settings.analysis in ("patch", "attribute") and settings.corrupt is None:
+    if settings.analysis == "path-patch" and not (settings.sender and settings.receiver and settings.via):
+        raise InputError("path-patch follows one path: give --sender LAYER.HEAD (one or more, of one sublayer), "
+                         "--receiver LAYER.HEAD and --via q, k or v (the receiver's input the path runs through)")
+    if settings.analysis in ("patch", "attribute", "path-patch") and settings.corrupt is None:
         raise InputError(f"{settings.analysis} needs a corrupted input beside the clean --text: give --corrupt TEXT "
                          "(as many tokens, a few substituted)")
     if settings.analysis == "sae" and settings.point is None:
@@ -358,6 +368,48 @@ def _patch(loaded: Loaded, settings: InspectSettings):
     return "Activation patching", rows, summary, figure
 
 
+def _path_patch(loaded: Loaded, settings: InspectSettings):
+    senders = [_head_of(text, "--sender") for text in settings.sender]
+    if len({site for site, _ in senders}) > 1:
+        raise InputError(f"--sender heads are patched together from one sublayer; these are of "
+                         f"{', '.join(dict.fromkeys(site for site, _ in senders))}: run once per sublayer")
+    site, heads = senders[0][0], list(dict.fromkeys(head for _, head in senders))
+    receiver = _head_of(settings.receiver, "--receiver")
+    pair = _pair_of(loaded, settings)
+
+    def metric(logits: Tensor) -> float:
+        return logit_difference(logits, pair.answer, pair.wrong, pair.position)
+
+    paths = [heads] + ([[head] for head in heads] if len(heads) > 1 else [])  # the senders together, then each alone
+    found = [path_patch(loaded.model, pair.clean, pair.corrupted, sender=(site, p), receiver=receiver,
+                        via=settings.via, metric=metric) for p in paths]
+    rows = [{"path": f"{site} head{'s' * (len(p) > 1)} {', '.join(map(str, p))} -> {receiver[0]} head {receiver[1]} "
+                     f"({settings.via})", "restored": round(f.restored, 4),
+             "logit difference patched": round(f.patched, 6)} for p, f in zip(paths, found, strict=True)]
+    first = found[0]
+    figure = Figure(figsize=(7, 1.2 + 0.4 * len(rows)))
+    ax = figure.add_subplot(1, 1, 1)
+    ax.barh([r["path"] for r in rows][::-1], [r["restored"] for r in rows][::-1], color="#1d4ed8")
+    ax.axvline(0, color="#6b7385", linewidth=0.8)
+    ax.set(xlabel="share of the logit difference restored", title="path patching (Wang et al. 2022)")
+    summary = {**_pair_summary(loaded, settings, pair, first.clean, first.corrupted),
+               "notes": "; ".join(first.notes) or "none"}
+    warning = faint_warning(first.clean, first.corrupted)
+    if warning:
+        log.warning("%s", warning)
+        summary["warning"] = warning
+    return "Path patching", rows, summary, figure
+
+
+def _head_of(text: str, option: str) -> tuple[str, int]:
+    """LAYER.HEAD (a one-stack model's `blocks.LAYER.attn`) or SITE.HEAD -> (site, head)."""
+    site, _, head = text.rpartition(".")
+    if not site or not head.isdigit():
+        raise InputError(f"{option} {text!r} is not a head: give LAYER.HEAD (1.3) or SITE.HEAD "
+                         "(decoder.blocks.0.cross_attn.3)")
+    return (f"blocks.{site}.attn" if site.isdigit() else site), int(head)
+
+
 def _attribute(loaded: Loaded, settings: InspectSettings):
     pair = _pair_of(loaded, settings)
     steps = {"steps": settings.path_steps}
@@ -378,9 +430,7 @@ def _attribute(loaded: Loaded, settings: InspectSettings):
 
 def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, stream, heads, verb: str):
     """Rows, summary and picture of a stream (layer x position) and a head table of shares restored."""
-    clean, answer, wrong, position = pair.clean, pair.answer, pair.wrong, pair.position
-    sequence = pair.sequence
-    tokens = _labels(loaded.tokenizer, clean.args[0][0])
+    tokens = _labels(loaded.tokenizer, pair.clean.args[0][0])
     figure = Figure(figsize=(max(6.0, 0.5 * len(tokens) + 2) + 0.6 * heads.restored.shape[1] + 2,
                              1.5 + 0.4 * max(len(stream.rows), len(heads.rows))))
     heatmap(stream.restored, title=f"stream {verb} (layer x position)", rows=stream.rows, columns=tokens,
@@ -393,15 +443,19 @@ def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, str
     rows += [{"patched": f"{name} head {h}", "restored": round(float(heads.restored[i, h]), 4)}
              for i, name in enumerate(heads.rows) for h in range(heads.restored.shape[1])
              if not math.isnan(float(heads.restored[i, h]))]
-    answer_name, wrong_name = _output_names(loaded, [answer, wrong])
-    summary = {"clean": _texts(settings)[0], "corrupted": settings.corrupt,
-               "position": "the pooled sequence" if sequence else position, "answer": answer_name,
-               "wrong": wrong_name, "logit difference clean": round(stream.clean, 6),
-               "logit difference corrupted": round(stream.corrupted, 6)}
+    summary = _pair_summary(loaded, settings, pair, stream.clean, stream.corrupted)
     if stream.warning:
         log.warning("%s", stream.warning)
         summary["warning"] = stream.warning
     return rows, summary, figure
+
+
+def _pair_summary(loaded: Loaded, settings: InspectSettings, pair: _Pair, clean: float, corrupted: float) -> dict:
+    """The texts, where the answer is read, the answer and the wrong one, and both runs' logit differences."""
+    answer, wrong = _output_names(loaded, [pair.answer, pair.wrong])
+    return {"clean": _texts(settings)[0], "corrupted": settings.corrupt,
+            "position": "the pooled sequence" if pair.sequence else pair.position, "answer": answer, "wrong": wrong,
+            "logit difference clean": round(clean, 6), "logit difference corrupted": round(corrupted, 6)}
 
 
 def _dla(loaded: Loaded, settings: InspectSettings):
@@ -584,4 +638,4 @@ def _sae(loaded: Loaded, settings: InspectSettings):
 
 ANALYSES = {"heads": _heads, "head-types": _head_types, "logit-lens": _logit_lens, "patch": _patch,
             "attribute": _attribute, "dla": _dla, "probe": _probe,
-            "circuits": _circuits, "sae": _sae}
+            "circuits": _circuits, "sae": _sae, "path-patch": _path_patch}

@@ -43,12 +43,17 @@ class Patching:
     @property
     def warning(self) -> str | None:
         """Why the shares may mean little (a corruption that barely moves the answer), or None."""
-        gap = abs(self.clean - self.corrupted)
-        if gap >= FAINT:
-            return None
-        return (f"the corruption barely moves the answer: logit difference {self.clean:.4f} clean, "
-                f"{self.corrupted:.4f} corrupted, so every share is divided by {gap:.2g}; corrupt the tokens the "
-                "answer depends on")
+        return faint_warning(self.clean, self.corrupted)
+
+
+def faint_warning(clean: float, corrupted: float) -> str | None:
+    """Why shares of `clean - corrupted` (two logit differences) may mean little: the corruption barely moves the
+    answer (by less than FAINT); None where it moves it enough."""
+    gap = abs(clean - corrupted)
+    if gap >= FAINT:
+        return None
+    return (f"the corruption barely moves the answer: logit difference {clean:.4f} clean, {corrupted:.4f} corrupted, "
+            f"so every share is divided by {gap:.2g}; corrupt the tokens the answer depends on")
 
 
 def logit_differences(logits: Tensor, answer: int | Tensor, wrong: int | Tensor | None, position: int = -1) -> Tensor:
