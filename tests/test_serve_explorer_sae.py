@@ -102,3 +102,22 @@ def test_the_page_lists_a_tokens_features_and_a_features_contexts(trained, tmp_p
     assert shown == [e["feature"] for e in answer["per_token"][2]]
     assert f"feature {chosen}:" in contexts
     assert all(context in contexts for _, context in answer["features"][str(chosen)]["top"])
+
+
+def test_a_translation_runs_decoder_features_are_read_over_the_typed_target(tmp_path):
+    run = tiny_run(tmp_path, "encoder-decoder")
+    point = "decoder.blocks.0.resid_post"
+    run_inspect(InspectSettings(run=str(run), analysis="sae", text=("the cat sat\tthe dog ran",) * 4, point=point,
+                                k=4, features=32, steps=10, out=str(tmp_path / "inspect")))
+    model, config = load_model(run)
+    tokenizer = load_tokenizer(run / "tokenizer")
+    view = SAEView(tmp_path / "inspect" / "sae", model.eval(), tokenizer, family=config.family,
+                   max_len=config.max_seq_len)
+    answer = view.read("the cat", "the dog")
+    source = torch.tensor([tokenizer.encode("the cat") + [tokenizer.eos_id]])
+    target = torch.tensor([[tokenizer.bos_id, *tokenizer.encode("the dog")]])  # teacher forcing: BOS + target
+    activations = trace(model, source, target, names=[point])[point][0]  # (T, C)
+    expected = load_sae(tmp_path / "inspect" / "sae").encode(activations)
+    assert answer["tokens"][0] == "<bos>" and len(answer["per_token"]) == target.shape[1]
+    for row, features in zip(answer["per_token"], expected, strict=True):
+        assert [e["feature"] for e in row] == features.topk(len(row)).indices.tolist()
