@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import get_args
 
 import torch
+from torch import nn
 
 from attnkit import presets
 from attnkit.config import Position
@@ -30,6 +31,15 @@ SETTINGS = {  # training context, evaluation lengths, steps, width, corpus bytes
     "full": dict(context=128, lengths=[64, 128, 256, 512, 1024], steps=1500, width=192, corpus=1_000_000),
 }
 EVAL_TOKENS = 16_384  # validation tokens scored at each length
+
+
+def unit_scale_tokens(model: nn.Module) -> None:
+    """Token embeddings of std C^-0.5, as fairseq's Transformer starts them: multiplied by sqrt(C) (Vaswani et al.,
+    3.4) they enter at unit scale, the size of the sinusoidal table's entries. GPT-2's std 0.02 would start them at
+    a third of the table's size (0.23 against 0.71 an entry at C = 128), and the model would first have to grow its
+    tokens out of the table's shadow: a handicap inside the training window, not a finding about positions."""
+    token = model.stack.embeddings.token
+    nn.init.normal_(token.weight, std=token.embedding_dim**-0.5)
 
 
 @torch.no_grad()
@@ -84,12 +94,13 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
                                  n_heads=max(s["width"] // 32, 1), d_ff=4 * s["width"], position=scheme,
                                  max_seq_len=s["context"], dropout=0.0,
                                  # a fixed table of unit amplitude would drown token embeddings of std 0.02:
-                                 # Vaswani et al. (3.4) scale the embeddings by sqrt(d_model) under sinusoidal
+                                 # Vaswani et al. (3.4) scale the embeddings by sqrt(d_model) under sinusoidal,
+                                 # from embeddings of std 1/sqrt(d_model) (unit_scale_tokens)
                                  scale_embeddings=scheme == "sinusoidal")
             desc = f"{scheme} positions, seed {seed}"
             progress.phase(f"training {desc}")
             log = train_lm(config, corpus, steps=s["steps"], seq_len=s["context"], batch_size=16, lr=2e-3, seed=seed,
-                           progress=progress, desc=desc)
+                           init=unit_scale_tokens if scheme == "sinusoidal" else None, progress=progress, desc=desc)
             by_length: dict[int, float | None] = {}
             for length in s["lengths"]:
                 try:
