@@ -79,6 +79,11 @@ def test_an_sae_of_another_point_or_malformed_contexts_is_refused_on_load(traine
     with pytest.raises(InputError, match="blocks.7.resid_post, which this run has not"):
         SAEView(other, model, tokenizer, family=config.family, max_len=config.max_seq_len)
     shutil.copy(directory / "cfg.json", other / "cfg.json")
+    with pytest.raises(CheckpointError, match="has no cfg.json: an SAE's directory holds"):
+        SAEView(tmp_path, model, tokenizer, family=config.family, max_len=config.max_seq_len)
+    (tmp_path / "cfg.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="has no sae_weights.safetensors: an SAE's directory holds"):
+        SAEView(tmp_path, model, tokenizer, family=config.family, max_len=config.max_seq_len)
     (other / "features.json").write_text(json.dumps([{"feature": 10_000, "frequency": 0.1, "top": []}]))
     with pytest.raises(CheckpointError, match="features.json"):
         SAEView(other, model, tokenizer, family=config.family, max_len=config.max_seq_len)

@@ -269,6 +269,10 @@ def load_sae(directory: str | Path) -> SparseAutoencoder:
     """Read an SAE that `save_sae` (or SAELens) wrote; every field and tensor is checked first. Raises
     CheckpointError naming the file and what is wrong."""
     directory = Path(directory)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (directory / name).is_file():
+            raise CheckpointError(f"{directory} has no {name}: an SAE's directory holds {CONFIG_FILE} and "
+                                  f"{WEIGHTS_FILE} (attnkit inspect RUN sae writes one to OUT/sae)")
     document = read_json(directory / CONFIG_FILE)
     where = directory / CONFIG_FILE
     if not isinstance(document, dict) or not all(isinstance(document.get(k), int) for k in ("d_in", "d_sae")):
