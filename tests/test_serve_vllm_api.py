@@ -4,6 +4,8 @@ client (vLLM's own fields through `extra_body`), httpx where the client has no m
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
@@ -141,10 +143,21 @@ def test_cors_preflight_is_answered_before_the_key_and_request_ids_are_echoed_or
     with caplog.at_level("INFO", logger="attnkit.serve"):
         echoed = post(server, "/v1/completions", {"prompt": "ab", "max_tokens": 2}, **{"X-Request-Id": "trace-42"})
         made = post(server, "/v1/completions", {"prompt": "ab", "max_tokens": 2})
-    assert echoed.headers["x-request-id"] == "trace-42"
-    assert len(made.headers["x-request-id"]) == 32 and made.headers["x-request-id"] != "trace-42"
-    assert any("request trace-42" in record.getMessage() for record in caplog.records)
-    assert any(made.headers["x-request-id"] in record.getMessage() for record in caplog.records)
+        assert echoed.headers["x-request-id"] == "trace-42"
+        assert len(made.headers["x-request-id"]) == 32 and made.headers["x-request-id"] != "trace-42"
+        # a request's line is logged once its answer has gone out, so it may follow the client's read by a moment
+        for request_id in ("trace-42", made.headers["x-request-id"]):
+            assert _logged(caplog, f"request {request_id}"), f"no log line names request {request_id}"
+
+
+def _logged(caplog, text: str, within: float = 10.0) -> bool:
+    """Whether a captured log line holds `text`, waiting up to `within` seconds for the server's thread to write it."""
+    deadline = time.monotonic() + within
+    while not any(text in record.getMessage() for record in caplog.records):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def metrics_of(server: str) -> dict[str, float]:
