@@ -549,6 +549,20 @@ def test_token_id_prompts_are_refused_naming_the_id(server, prompt, status, word
     assert error["param"] == "prompt" and words in error["message"] and "valid string" not in error["message"]
 
 
+@pytest.mark.parametrize(("path", "body", "words"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 123}]},
+     "messages.0.content: expected a string or a list of content parts, not a number"),
+    ("/v1/completions", {"prompt": {"text": "ab"}}, "prompt: expected a string, a list of strings, a list of token ids "
+     "or a list of token-id lists, not an object"),
+    ("/v1/completions", {"prompt": "ab", "stop": 7}, "stop: expected a string or a list of strings, not a number"),
+])
+def test_a_value_of_no_members_type_is_told_every_member(server, path, body, words):
+    """A union field given a value of none of its members' types names them all, not the first member's complaint
+    ("Input should be a valid string")."""
+    response = httpx.post(f"{server[0]}{path}", json=body, timeout=TIMEOUT)
+    assert response.status_code == 422 and response.json()["error"]["message"] == words, response.text
+
+
 def test_a_union_field_given_an_object_is_refused_for_what_the_object_lacks(server):
     """tool_choice is a string or an object: an object missing its function is told so, not "should be 'none',
     'auto' or 'required'" (the string member's complaint)."""

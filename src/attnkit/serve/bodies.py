@@ -104,7 +104,34 @@ def _reported(error: ValidationError, data: dict) -> dict:
     same = [e for e in errors if e["loc"][:at] == loc[:at] and len(e["loc"]) > at
             and (str(e["loc"][at]).split("[")[0] in (kind, f"constrained-{kind}")
                  or kind == "dict" and str(e["loc"][at])[:1].isupper())]  # an object: a model member's errors
-    return max(same, key=lambda e: len(e["loc"])) if same else first
+    if same:
+        return max(same, key=lambda e: len(e["loc"]))
+    members = list(dict.fromkeys(str(e["loc"][at]) for e in errors if e["loc"][:at] == loc[:at] and len(e["loc"]) > at))
+    return {"loc": loc[:at], "type": "union_type",  # a value of no member's type: name every member, and the value's
+            "msg": f"expected {_or(_member_words(m) for m in members)}, not {_json_kind(value)}"}
+
+
+def _member_words(member: str) -> str:
+    """pydantic's name of a union member in a client's words: "list[constrained-int]" -> "a list of token ids"."""
+    words = {"str": "a string", "int": "a whole number", "float": "a number", "bool": "true or false",
+             "list[str]": "a list of strings", "list[constrained-str]": "a list of strings",
+             "list[constrained-int]": "a list of token ids", "list[list[constrained-int]]": "a list of token-id lists",
+             "list[TextPart]": "a list of content parts"}
+    return words.get(member, f"an object ({member})" if member[:1].isupper() else member)
+
+
+def _json_kind(value) -> str:
+    """What a JSON value is, in a client's words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return {int: "a number", float: "a number", dict: "an object", list: "a list", str: "a string"}[type(value)]
+
+
+def _or(words) -> str:
+    words = list(words)
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def _check_encodable(data) -> None:
