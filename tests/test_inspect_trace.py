@@ -9,10 +9,13 @@ from attnkit.config import ModelConfig
 from attnkit.errors import InputError
 from attnkit.generate.pipeline import Pipeline
 from attnkit.inspect import hook_points, hooked, mean_ablate, patch, resample_ablate, trace, zero_ablate
+from attnkit.inspect.circuits import composition_scores, full_ov
+from attnkit.inspect.head_types import head_types
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.inputs import lm_batch
 from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import patch_heads
+from attnkit.inspect.sae import point_activations
 from attnkit.layers.attention import Attention
 from attnkit.models import build_model
 from attnkit.models.recurrent import recurrent_seq2seq
@@ -169,6 +172,11 @@ def test_a_pipeline_is_traced_as_its_model():
     torch.testing.assert_close(logit_lens(pipeline, ids).logits, logit_lens(model, ids).logits)
     patched = patch_heads(pipeline, batch, other, answer=1, wrong=2)
     torch.testing.assert_close(patched.restored, patch_heads(model, batch, other, answer=1, wrong=2).restored)
+    assert composition_scores(pipeline).rows == composition_scores(model).rows
+    torch.testing.assert_close(full_ov(pipeline, "blocks.0.attn").dense(), full_ov(model, "blocks.0.attn").dense())
+    assert head_types(pipeline, ids).types == head_types(model, ids).types
+    torch.testing.assert_close(next(point_activations(pipeline, [batch], "blocks.0.resid_post")),
+                               next(point_activations(model, [batch], "blocks.0.resid_post")))
 
 
 @pytest.mark.parametrize(("edit", "said"), [

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from attnkit.blocks import TransformerBlock
 from attnkit.errors import InputError
-from attnkit.inspect.points import head_sites, hook_points
+from attnkit.inspect.points import head_sites, hook_points, module_of
 from attnkit.layers.attention import Attention, BilinearScore, DotScore
 from attnkit.layers.norms import LayerNorm
 from attnkit.models.stack import TransformerStack
@@ -144,6 +144,7 @@ class Site:
 
 def sites_in_order(model: nn.Module) -> list[Site]:
     """Every Transformer attention sublayer, in layer order. Raises InputError for a model without one."""
+    model = module_of(model)
     points = hook_points(model)
     blocks = [m for m in model.modules() if isinstance(m, TransformerBlock)]
     sites = []
@@ -247,6 +248,7 @@ def head_weights(model: nn.Module, site: str, *, fold_norms: bool = True, offset
     """The per-head weights of the attention sublayer `site` (`blocks.1.attn`, `decoder.blocks.0.cross_attn`): its QK
     and OV circuits are `.qk()` and `.ov()`. `offset`: RoPE's query-key offset the QK is read at. Raises InputError
     for a model without Transformer heads (recurrent) or a site it has not."""
+    model = module_of(model)
     sites = sites_in_order(model)
     return _head_weights(model, _find(sites, site), fold_norms=fold_norms, offset=offset)
 
@@ -255,6 +257,7 @@ def full_ov(model: nn.Module, site: str, *, fold_norms: bool = True) -> Factored
     """W_E W_OV W_U, (H, V, V) factored through each head (rank D): the logits a token read at a key adds through the
     head alone (the embedding table, not its positions; the final norm's gain folded in, its scale not). Raises
     InputError for a model without an output layer or a sublayer that does not read the token embeddings' stream."""
+    model = module_of(model)
     weights = head_weights(model, site, fold_norms=fold_norms)
     prefix = site.partition("blocks.")[0]
     lm_head = getattr(model, "lm_head", None)
@@ -306,6 +309,7 @@ def composition_scores(model: nn.Module, *, fold_norms: bool = True) -> Composit
     the receiver's queries (Q) or keys and values (K, V) read, before it: heads of earlier layers of the same stack,
     a decoder's self-attention before its cross-attention, and an encoder's heads into a cross-attention's keys and
     values. Raises InputError for a model without Transformer heads (module docstring)."""
+    model = module_of(model)
     sites = sites_in_order(model)
     weights = {s.name: _head_weights(model, s, fold_norms=fold_norms, offset=0) for s in sites}
     rows = []

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
-from attnkit.inspect.points import attends_across, head_sites
+from attnkit.inspect.points import attends_across, head_sites, module_of
 from attnkit.inspect.tracing import trace
 
 SELF_TYPES = ("previous", "first", "duplicate", "induction")
@@ -147,6 +147,7 @@ def _rounded(value: Tensor) -> float | None:
 def head_types(model: nn.Module, *args: Tensor, separators: Sequence[int] = (), threshold: float = 0.4) -> HeadTypes:
     """Score every head of `model` run on `args` (its ids; an encoder-decoder's source and target): self-attention
     heads on `SELF_TYPES` (and `separator` given separators), cross-attention heads on `monotonic`."""
+    model = module_of(model)
     sites = head_sites(model)
     if not sites:
         raise InputError(f"{type(model).__name__} has no attention heads to score")
@@ -176,6 +177,7 @@ def repeat_types(model: nn.Module, vocab: Sequence[int] | int, *, periods: Seque
                  ) -> HeadTypes:
     """Score every head on `batch` random sequences from `vocab` repeated once, at each of `periods`: the duplicate
     and induction scores are a head's lowest over the periods, the others their mean (module docstring)."""
+    model = module_of(model)
     device = next(model.parameters()).device
     runs = [head_types(model, repeated_tokens(vocab, n, batch=batch, generator=generator).to(device),
                        separators=separators) for n in periods]

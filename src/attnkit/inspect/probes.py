@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
+from attnkit.inspect.points import module_of
 from attnkit.inspect.tracing import trace
 from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import Sentence
@@ -133,6 +134,7 @@ def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sent
                 batch_size: int = 32) -> WordStates:
     """Run the model's reading stack over the sentences (pieces laid out as `align` does) and keep the stream after
     the embeddings and after each block at each word's piece (`reading_piece`)."""
+    model = module_of(model)
     stack = reading_stack(model).eval()
     last = reading_piece(model) == "last"
     n_blocks = len(stack.blocks)

@@ -38,7 +38,7 @@ from attnkit.checkpoint import load_tensors, read_json, save_tensors
 from attnkit.errors import CheckpointError, InputError
 from attnkit.inspect.edits import mean_ablate
 from attnkit.inspect.inputs import Batch, token_losses
-from attnkit.inspect.points import HookPoint
+from attnkit.inspect.points import HookPoint, module_of
 from attnkit.outputs import atomic_output, atomic_write
 
 log = logging.getLogger(__name__)
@@ -232,6 +232,7 @@ def spliced_loss(model: nn.Module, sae: SparseAutoencoder, batches: list[Batch],
                  reference: Tensor) -> SAEMetrics:
     """`metrics` with the model's mean loss on the batches' targets clean, with the SAE spliced in at its point,
     and with the point mean-ablated over `reference` (the point's activations, (N, C))."""
+    model = module_of(model)
     point = sae.config.hook_name
     mean = mean_ablate(reference.reshape(1, -1, reference.shape[-1]))
 
@@ -311,6 +312,7 @@ def load_sae(directory: str | Path) -> SparseAutoencoder:
 def point_activations(model: nn.Module, batches: Iterable[Batch], point: str) -> Iterator[Tensor]:
     """The activations at `point` on each batch, (B, T, C) -> (B * T, C), one batch at a time. Raises InputError for
     a point that is not one vector per position (heads' points: read the sublayer's `.out` instead)."""
+    model = module_of(model)
     for batch in batches:
         activation = batch.run(model, names=[point])[point]
         if activation.dim() != 3:
