@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import tempfile
@@ -26,7 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_serve import Server, make_run
-from benchmarks.common import RESULTS
+from benchmarks.common import write_report
 
 CLIENTS = (1, 8)
 CONTEXT = 1536
@@ -104,11 +103,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(f'{x:.1f}' for x in load_before)}, after {', '.join(f'{x:.1f}' for x in load_after)}"]
     table = "\n".join(lines)
     print(table)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "prefix-cache-cpu.json").write_text(json.dumps({
-        "args": vars(args), "cpu": cpu, "rows": rows, "ratios": ratios, "load_average_before": load_before,
-        "load_average_after": load_after}, indent=2) + "\n")
-    (RESULTS / "prefix-cache-cpu.md").write_text(table + "\n")
+    write_report("prefix-cache-cpu", {"args": vars(args), "cpu": cpu, "rows": rows, "ratios": ratios,
+                              "load_average_before": load_before, "load_average_after": load_after}, table)
     return 0
 
 

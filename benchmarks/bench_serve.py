@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -42,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import RESULTS
+from benchmarks.common import write_report
 
 CLIENTS = (1, 8, 32)
 FORMS = {"fp32": [], "bf16": ["--dtype", "bf16"], "int8": ["--int8"], "int4": ["--int4"],
@@ -156,11 +155,8 @@ def measure_forms(forms: list[str], args, cpu: str) -> int:
               f"{', '.join(f'{x:.1f}' for x in load_before)}, after {', '.join(f'{x:.1f}' for x in load_after)}"]
     table = "\n".join(lines)
     print(table)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "serve-forms-cpu.json").write_text(json.dumps({
-        "args": vars(args), "cpu": cpu, "rows": rows, "load_average_before": load_before,
-        "load_average_after": load_after}, indent=2) + "\n")
-    (RESULTS / "serve-forms-cpu.md").write_text(table + "\n")
+    write_report("serve-forms-cpu", {"args": vars(args), "cpu": cpu, "rows": rows, "load_average_before": load_before,
+                                     "load_average_after": load_after}, table)
     return 0
 
 
@@ -213,11 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"{', '.join(f'{x:.1f}' for x in load_before)}, after {', '.join(f'{x:.1f}' for x in load_after)}")
     table = "\n".join(lines)
     print(table)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "serve-cpu.json").write_text(json.dumps({
-        "args": vars(args), "cpu": cpu, "rows": rows, "ratios": ratios, "load_average_before": load_before,
-        "load_average_after": load_after}, indent=2) + "\n")
-    (RESULTS / "serve-cpu.md").write_text(table + "\n")
+    write_report("serve-cpu", {"args": vars(args), "cpu": cpu, "rows": rows, "ratios": ratios,
+                              "load_average_before": load_before, "load_average_after": load_after}, table)
     return 0
 
 

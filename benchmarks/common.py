@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from attnkit.outputs import atomic_write
+
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 DATA = ROOT / ".." / "shared" / "data"  # the real data sets, beside the repository and never copied into it
 RESULTS = ROOT / "benchmarks" / "results"
@@ -73,3 +75,10 @@ def write_results(stem: str, name: str, args: argparse.Namespace, argv: list[str
     header = f"Machine `{args.machine}`, {args.threads} thread(s), torch {torch.__version__}. Command: `{command}`"
     (RESULTS / f"{stem}.md").write_text("\n".join([header, "", *table]) + "\n")
     print(f"wrote {RESULTS / stem}.json and .md")
+
+
+def write_report(stem: str, report: dict, table: str) -> None:
+    """results/<stem>.json (`report`) and results/<stem>.md (`table`), each written whole or not at all."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    atomic_write(RESULTS / f"{stem}.json", json.dumps(report, indent=2) + "\n")
+    atomic_write(RESULTS / f"{stem}.md", table + "\n")
