@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_serve import Server, make_run
-from benchmarks.common import write_report
+from benchmarks.common import load_averages, write_report
 
 CLIENTS = (1, 8)
 CONTEXT = 1536
@@ -99,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "time to first token, no prefix cache / prefix cache (median of the rounds' p50 ratios): "
               + ", ".join(f"{c} client{'s' if c > 1 else ''} {ratios[c]}x" for c in CLIENTS),
               f"Prompt: {len(SYSTEM)}-token shared system prompt + 20-token question, 4 new tokens, streamed. "
-              f"CPU: {cpu}; server threads: {args.threads}; load average (1, 5, 15 min) before "
-              f"{', '.join(f'{x:.1f}' for x in load_before)}, after {', '.join(f'{x:.1f}' for x in load_after)}"]
+              f"CPU: {cpu}; server threads: {args.threads}; {load_averages(load_before, load_after)}"]
     table = "\n".join(lines)
     print(table)
     write_report("prefix-cache-cpu", {"args": vars(args), "cpu": cpu, "rows": rows, "ratios": ratios,

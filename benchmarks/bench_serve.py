@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import write_report
+from benchmarks.common import load_averages, write_report
 
 CLIENTS = (1, 8, 32)
 FORMS = {"fp32": [], "bf16": ["--dtype", "bf16"], "int8": ["--int8"], "int4": ["--int4"],
@@ -151,8 +151,7 @@ def measure_forms(forms: list[str], args, cpu: str) -> int:
     lines += [f"| {r['form']} | {r['round']} | {r['clients']} | {r['requests']} | {r['tokens_per_s']} | {r['p50_s']} | "
               f"{r['p99_s']} | {r['start_s']} |" for r in rows]
     lines += ["", f"CPU: {cpu}; server threads: {args.threads}; {args.requests} requests per client, up to "
-              f"{args.new_tokens} new tokens each; load average (1, 5, 15 min) before "
-              f"{', '.join(f'{x:.1f}' for x in load_before)}, after {', '.join(f'{x:.1f}' for x in load_after)}"]
+              f"{args.new_tokens} new tokens each; {load_averages(load_before, load_after)}"]
     table = "\n".join(lines)
     print(table)
     write_report("serve-forms-cpu", {"args": vars(args), "cpu": cpu, "rows": rows, "load_average_before": load_before,
@@ -205,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("batched / one at a time, tokens/s (median of the rounds): "
                  + ", ".join(f"{c} clients {ratios[c]}x" for c in CLIENTS))
     load_after = os.getloadavg()
-    lines.append(f"CPU: {cpu}; server threads: {args.threads}; load average (1, 5, 15 min) before "
-                 f"{', '.join(f'{x:.1f}' for x in load_before)}, after {', '.join(f'{x:.1f}' for x in load_after)}")
+    lines.append(f"CPU: {cpu}; server threads: {args.threads}; {load_averages(load_before, load_after)}")
     table = "\n".join(lines)
     print(table)
     write_report("serve-cpu", {"args": vars(args), "cpu": cpu, "rows": rows, "ratios": ratios,

@@ -82,3 +82,10 @@ def write_report(stem: str, report: dict, table: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     atomic_write(RESULTS / f"{stem}.json", json.dumps(report, indent=2) + "\n")
     atomic_write(RESULTS / f"{stem}.md", table + "\n")
+
+
+def load_averages(before: tuple[float, ...], after: tuple[float, ...]) -> str:
+    """"load average (1, 5, 15 min) before a, b, c, after d, e, f", for a results table."""
+    def three(load):
+        return ", ".join(f"{x:.1f}" for x in load)
+    return f"load average (1, 5, 15 min) before {three(before)}, after {three(after)}"

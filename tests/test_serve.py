@@ -146,16 +146,21 @@ def test_32_concurrent_streams_each_equal_the_request_alone(server):
     assert max(sizes) > 1, "the concurrent requests were never decoded in one batch"
 
 
-def test_a_client_that_goes_away_frees_its_slot(server, monkeypatch):
-    url, app = server
-    scheduler = app.state.scheduler
+def _slow_steps(scheduler, monkeypatch, seconds: float) -> None:
+    """Each decoding step of `scheduler` takes `seconds` longer."""
     step = scheduler.decoding.step
 
-    def slow_step(*args):  # a step the client can outlast, however fast the machine
-        time.sleep(0.02)
+    def slow_step(*args):
+        time.sleep(seconds)
         return step(*args)
 
     monkeypatch.setattr(scheduler.decoding, "step", slow_step)
+
+
+def test_a_client_that_goes_away_frees_its_slot(server, monkeypatch):
+    url, app = server
+    scheduler = app.state.scheduler
+    _slow_steps(scheduler, monkeypatch, 0.02)  # a step the client can outlast, however fast the machine
     with httpx.Client(timeout=TIMEOUT) as http:
         with http.stream("POST", f"{url}/v1/completions",
                          json={"prompt": "the", "max_tokens": 90, "stream": True, "seed": 0}) as response:
@@ -502,14 +507,7 @@ def test_a_converted_runs_chat_template_renders_the_messages(tmp_path):
 def test_streams_are_logged_and_counted_when_they_end_with_the_status_they_end_with(runs, pipeline, monkeypatch,
                                                                                      caplog):
     with running_server(runs["lm"], timeout=3.0) as (url, app):
-        scheduler = app.state.scheduler
-        step = scheduler.decoding.step
-
-        def slow_step(*args):  # a stream that outlasts its headers, however fast the machine
-            time.sleep(0.05)
-            return step(*args)
-
-        monkeypatch.setattr(scheduler.decoding, "step", slow_step)
+        _slow_steps(app.state.scheduler, monkeypatch, 0.05)  # a stream that outlasts its headers, however fast
         bodies = []  # each stream's text
         with caplog.at_level(logging.INFO, logger="attnkit.serve"), httpx.Client(timeout=TIMEOUT) as http:
             for max_tokens in (10, 90):  # 0.5 s of steps; then 4.5 s, past the timeout (504 inside the stream)
