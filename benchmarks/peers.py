@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
-LLAMA_CPP_TYPES = {"llama.cpp": {"fp32": "F32", "bf16": "BF16"}, "llama.cpp-q8_0": {"bf16": "Q8_0"},
-                   "llama.cpp-q4_0": {"bf16": "Q4_0"}}
+LLAMA_CPP_TYPES = {"llama.cpp": {"fp32": "F32", "bf16": "BF16"}, "llama.cpp-q8_0": {"fp32": "Q8_0", "bf16": "Q8_0"},
+                   "llama.cpp-q4_0": {"fp32": "Q4_0", "bf16": "Q4_0"}}
 
 
 def unavailable(impl: str) -> str | None:

@@ -87,17 +87,17 @@ CASES = [
     Case("generate-gpt2-124m-b8", "generate", "decoder", 12, 768, 12, 50257, 16, 8, new_tokens=128),
 ]
 IMPLEMENTATIONS = ["attnkit", "transformers"]
-INT8 = ["attnkit-int8", "attnkit-int8-compiled"]  # int8 weights (eager, compiled decoding step), bf16 generation
+INT8 = ["attnkit-int8", "attnkit-int8-compiled"]  # int8 weights (eager, compiled decoding step)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 INT8_DYNAMIC = "attnkit-int8-dynamic"  # int8 weights and activations (eager, CPU), fp32 elsewhere
-INT4 = ["attnkit-int4"]  # 4-bit weights, bf16 generation on a CPU with PyTorch's vectorized int4 kernel (+ compiled)
+INT4 = ["attnkit-int4"]  # 4-bit weights on a CPU with AVX2 or AVX-512 (+ compiled)
 MASTER = "attnkit-master"  # bf16 training through a bf16 copy of the model with fp32 master weights
 AUTOTUNED = {"attnkit-autotuned", "attnkit-int8-autotuned"}  # the decoding step compiled with "max-autotune"
 CAPTURED = {"attnkit-aot", "attnkit-int8-aot"}  # the decoding step captured with AOTInductor (int4: not captured)
 LABELS = {"attnkit": "{dtype}", "attnkit-compiled": "{dtype}, compiled", "attnkit-autotuned": "{dtype}, max-autotune",
-          "attnkit-int8": "int8 weights, bf16", "attnkit-int8-compiled": "int8, bf16, compiled",
+          "attnkit-int8": "int8 weights, {dtype}", "attnkit-int8-compiled": "int8, bf16, compiled",
           "attnkit-int8-autotuned": "int8, bf16, max-autotune", MASTER: "bf16, fp32 master weights",
-          "attnkit-int4": "int4 weights, bf16", "attnkit-int4-compiled": "int4, bf16, compiled",
+          "attnkit-int4": "int4 weights, {dtype}", "attnkit-int4-compiled": "int4, bf16, compiled",
           INT8_DYNAMIC: "int8 weights and activations, fp32", "attnkit-aot": "{dtype}, captured (aot)",
           "attnkit-int8-aot": "int8, bf16, captured (aot)"}
 # --peers: each peer beside the attnkit rows it is compared with (same case, dtype and run)
@@ -499,10 +499,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in [c for c in CASES if not args.only or c.name in args.only]:
         for dtype in args.dtypes:
-            impls = IMPLEMENTATIONS + (INT8 if case.kind == "generate" and dtype == "bf16" else [])
+            # weight-only int8 and int4: bf16 activations, and on the CPU fp32 ones too (the native kernels')
+            weight_only = case.kind == "generate" and (dtype == "bf16" or not on_gpu)
+            impls = IMPLEMENTATIONS + (INT8 if weight_only else [])
             dynamic = not on_gpu and dynamic_quantization_available() is None  # FBGEMM: x86 CPUs
             impls += [INT8_DYNAMIC] if case.kind == "generate" and dtype == "bf16" and dynamic else []
-            if case.kind == "generate" and dtype == "bf16" and cpu is not None and cpu.int4_kernel:
+            if weight_only and cpu is not None and cpu.int4_kernel:
                 impls += INT4 + (["attnkit-int4-compiled"] if args.compiled else [])
             impls += [MASTER] if case.kind == "train" and dtype == "bf16" else []
             impls += ["attnkit-compiled"] if args.compiled else []

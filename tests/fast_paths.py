@@ -25,12 +25,23 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, example, given, settings
 from torch import Tensor, nn
 
+from attnkit.generate import native_gemv
 from attnkit.generate.captured_step import row_int8_products, row_products
-from attnkit.generate.decode_layout import GemvLinear, GemvPackedLinear, PackedLinear, TransposedLinear
+from attnkit.generate.decode_layout import (
+    GemvLinear,
+    GemvPackedLinear,
+    NativeLinear,
+    NativePackedLinear,
+    PackedLinear,
+    TransposedLinear,
+)
 from attnkit.generate.quantize import (
+    NATIVE_QUANTIZED_ROWS,
     Int4Linear,
     Int8DynamicLinear,
     Int8Linear,
+    NativeInt4Linear,
+    NativeInt8Linear,
     dynamic_quantization_available,
     int4_reference,
     quantize_rows,
@@ -126,6 +137,10 @@ def layer_and_reference(make, reference=None):
 # int8's crash (in-width 172, two rows, AVX2) and the widths about it; an input at an odd offset
 INT8_PINNED = tuple(LinearCase(k, n, rows, "bf16", True, offset, 0)
                     for k, n, rows, offset in ((172, 64, 2, 0), (172, 172, 5, 0), (40, 3, 4, 0), (64, 48, 2, 1)))
+# the native quantized layers: in-width 172 (int4 pads it to 192), four rows and a tail, and past the rows their kernel
+# takes (the dequantized product), at an odd offset
+NATIVE_PINNED = tuple(LinearCase(k, n, rows, "fp32", True, offset, 0) for k, n, rows, offset in (
+    (172, 64, 5, 0), (33, 7, 4, 3), (64, 48, NATIVE_QUANTIZED_ROWS + 1, 1)))
 LINEAR_PATHS = [
     LinearPath("int8", layer_and_reference(Int8Linear, lambda layer, linear, x: layer.reference(x)),
                ("fp32", "bf16"), pinned=INT8_PINNED),
@@ -137,6 +152,14 @@ LINEAR_PATHS = [
     LinearPath("packed", layer_and_reference(PackedLinear), ("bf16",), unavailable=onednn_packs),
     LinearPath("gemv+packed", layer_and_reference(GemvPackedLinear), ("bf16",), unavailable=onednn_packs),
     LinearPath("gemv", layer_and_reference(GemvLinear), ("bf16",)),
+    LinearPath("native", layer_and_reference(NativeLinear), ("fp32", "bf16"), unavailable=native_gemv.unavailable),
+    LinearPath("native+packed", layer_and_reference(NativePackedLinear), ("bf16",),
+               unavailable=lambda: native_gemv.unavailable() or onednn_packs()),
+    LinearPath("int8-native", layer_and_reference(NativeInt8Linear, lambda layer, linear, x: layer.reference(x)),
+               ("fp32", "bf16"), unavailable=native_gemv.unavailable, pinned=NATIVE_PINNED),
+    LinearPath("int4-native", layer_and_reference(
+        NativeInt4Linear, lambda layer, linear, x: int4_reference(linear, x, native=True)), ("fp32", "bf16"),
+        unavailable=native_gemv.unavailable, pinned=NATIVE_PINNED),
     LinearPath("captured step, products", float_rows, ("fp32", "bf16")),
     LinearPath("captured step, int8 products", int8_rows, ("fp32", "bf16")),
 ]
@@ -152,8 +175,10 @@ def check_linear(path: LinearPath, case: LinearCase) -> None:
     with torch.no_grad():
         out, expected = path.run(case.linear(), case.input())
     assert out.shape == expected.shape, f"{path.name}: shape {tuple(out.shape)}, expected {tuple(expected.shape)}"
-    # bf16 rounds each output to 8 bits; int8 and int4 layers compute in bf16 whatever the input's dtype
-    tolerance = 1e-5 if case.dtype == "fp32" and path.name in ("transposed", "captured step, products") else 2e-2
+    # bf16 rounds each output to 8 bits; the int8 and int4 layers with PyTorch's kernels compute in bf16 whatever the
+    # input's dtype (the native ones in fp32)
+    exact = ("transposed", "captured step, products", "native", "int8-native", "int4-native")  # fp32 arithmetic
+    tolerance = 1e-5 if case.dtype == "fp32" and path.name in exact else 2e-2
     scale = float(expected.abs().max()) + 1e-6
     torch.testing.assert_close(out.double(), expected.double(), atol=tolerance * scale, rtol=0)
 

@@ -28,10 +28,13 @@ from attnkit.machine import (
 )
 from attnkit.tokenize import CharTokenizer
 
-AVX2 = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2"}), name="AVX2-only CPU")
-AVX512 = CpuCapabilities(isa="AVX512", flags=frozenset({"avx2", "avx512_f", "avx512_bw", "avx512_vl", "avx512_dq"}))
+AVX2 = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2", "fma3"}), name="AVX2-only CPU")
+AVX512 = CpuCapabilities(isa="AVX512", flags=AVX2.flags | {"avx512_f", "avx512_bw", "avx512_vl", "avx512_dq"})
 AVX512_BF16 = CpuCapabilities(isa="AVX512", flags=AVX512.flags | {"avx512_bf16", "avx512_vnni"})
-NE_CONVERT = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2", "avx_ne_convert", "avx_vnni"}))
+NE_CONVERT = CpuCapabilities(isa="AVX2", flags=AVX2.flags | {"avx_ne_convert", "avx_vnni"})
+GEMV_PACKED = Profile(attention={}, decode_linear={"bf16": "gemv+packed"}, source="test")
+TRANSPOSED = Profile(attention={}, decode_linear={"fp32": "transposed"}, source="test")
+PYTORCH_KERNELS = Profile(attention={}, decode_linear={"int8": "pytorch", "int4": "pytorch"}, source="test")
 BASELINE = CpuCapabilities(isa="DEFAULT", name="x86-64 without AVX2")  # also what ATen reports on many ARM CPUs
 
 
@@ -60,7 +63,7 @@ def test_capabilities_say_what_each_path_needs():
 
 @pytest.mark.parametrize(("cpu", "packs"), [(AVX2, False), (AVX512, True), (AVX512_BF16, True), (NE_CONVERT, True)])
 def test_bf16_decoding_packs_weights_only_where_onednn_can(cpu, packs):
-    plan = plan_inference(_decoder(torch.bfloat16), "decoder", cpu=cpu, profile=DEFAULT_PROFILE)
+    plan = plan_inference(_decoder(torch.bfloat16), "decoder", cpu=cpu, profile=GEMV_PACKED)
     assert plan.linear == ("gemv+packed" if packs else "plain")
     explained = plan.explain()
     assert cpu.isa in explained.splitlines()[0]
@@ -72,8 +75,7 @@ def test_bf16_decoding_packs_weights_only_where_onednn_can(cpu, packs):
 @pytest.mark.parametrize(("cpu", "compile", "layout"), [(AVX2, False, "plain"), (AVX512, False, "gemv+packed"),
                                                        (NE_CONVERT, False, "gemv+packed"), (AVX512, True, "plain")])
 def test_single_rows_take_atens_kernel_where_the_profile_measured_it_fastest(cpu, compile, layout):
-    gemv = Profile(attention={}, decode_linear={"bf16": "gemv+packed"}, source="test")
-    plan = plan_inference(_decoder(torch.bfloat16), "decoder", compile=compile, cpu=cpu, profile=gemv)
+    plan = plan_inference(_decoder(torch.bfloat16), "decoder", compile=compile, cpu=cpu, profile=GEMV_PACKED)
     assert plan.linear == layout
     assert ("each weight held twice" in plan.explain()) == (layout == "gemv+packed")
 
@@ -96,7 +98,7 @@ def test_bf16_plan_runs_on_this_cpu_and_gives_the_models_numbers():
     ids = torch.randint(0, 50, (2, 9))
     with torch.no_grad():
         expected = model(ids).logits
-    plan = plan_inference(model, "decoder", profile=DEFAULT_PROFILE)  # this machine's CPU, whatever it has
+    plan = plan_inference(model, "decoder", profile=GEMV_PACKED)  # this machine's CPU, whatever it has
     plan.apply(model)
     assert any(isinstance(m, GemvPackedLinear) for m in model.modules()) == CpuCapabilities.detect().onednn_bf16
     with torch.no_grad():
@@ -107,7 +109,7 @@ def test_fp32_layout_and_attention_kernel_follow_the_profile():
     measured = Profile(attention={"bf16": AttentionKernelLimits(decode_keys=256, pass_keys=0)},
                        decode_linear={"fp32": "plain", "bf16": "plain"}, cpu=AVX2, source="test")
     assert plan_inference(_decoder(), "decoder", cpu=AVX2, profile=measured).linear == "plain"
-    assert plan_inference(_decoder(), "decoder", cpu=AVX2, profile=DEFAULT_PROFILE).linear == "transposed"
+    assert plan_inference(_decoder(), "decoder", cpu=AVX2, profile=TRANSPOSED).linear == "transposed"
     bf16 = plan_inference(_decoder(torch.bfloat16), "decoder", cpu=AVX2, profile=measured)
     assert bf16.math_kernel is not None and bf16.math_kernel.limits.decode_keys == 256
     assert plan_inference(_decoder(), "decoder", cpu=AVX2, profile=measured).math_kernel is None  # fp32: SDPA
@@ -117,7 +119,7 @@ def test_fp32_layout_and_attention_kernel_follow_the_profile():
 
 def test_applied_plan_sets_every_attention_layers_kernel_and_layout():
     model = _decoder()
-    plan = plan_inference(model, "decoder", cpu=AVX2, profile=DEFAULT_PROFILE)
+    plan = plan_inference(model, "decoder", cpu=AVX2, profile=TRANSPOSED)
     plan.apply(model)
     assert any(isinstance(m, TransposedLinear) for m in model.modules())
     assert all(m.math_kernel is plan.math_kernel for m in model.modules() if isinstance(m, Attention))
@@ -136,7 +138,9 @@ def test_compiled_and_quantized_plans_say_so():
     autotuned = plan_inference(_decoder(), "decoder", compile="max-autotune", cpu=AVX512, profile=DEFAULT_PROFILE)
     assert autotuned.linear == "plain"
     quantized = plan_inference(_decoder(), "decoder", quantize="int8", cpu=AVX2, profile=DEFAULT_PROFILE)
-    assert quantized.linear == "int8"
+    assert quantized.linear == "int8-native"
+    compiled = plan_inference(_decoder(), "decoder", quantize="int8", compile=True, cpu=AVX2, profile=DEFAULT_PROFILE)
+    assert compiled.linear == "int8" and "the compiled step cannot call it" in compiled.explain()
     with pytest.raises(InputError, match="not supported"):
         plan_inference(_decoder(), "decoder", quantize="int3")
     with pytest.raises(InputError, match="runs eagerly"):
@@ -145,21 +149,27 @@ def test_compiled_and_quantized_plans_say_so():
 
 @pytest.mark.parametrize(("cpu", "form"), [(AVX2, "int4"), (AVX512_BF16, "int4"), (BASELINE, "int8")])
 def test_int4_is_planned_only_where_the_int4_kernel_is_vectorized(cpu, form):
-    plan = plan_inference(_decoder(), "decoder", quantize="int4", cpu=cpu, profile=DEFAULT_PROFILE)
+    plan = plan_inference(_decoder(), "decoder", quantize="int4", cpu=cpu, profile=PYTORCH_KERNELS)
     assert plan.linear == form
     explained = plan.explain()
     assert ("vectorized only for AVX2 and AVX-512" in explained) == (form == "int8")
 
 
-@pytest.mark.parametrize(("form", "padded"), [("int4", "40 -> 64, 172 -> 192"), ("int8", "40 -> 48, 172 -> 176")])
-def test_quantized_plans_name_the_in_widths_their_kernels_get_padded(form, padded):
-    """d_model 40 and d_ff 172 are not multiples of int4's groups of 32 or of the 16 inputs int8's kernel reads at a
-    time: both stay in the form asked for, with zero inputs up to the next multiple, and say so."""
+@pytest.mark.parametrize(("form", "profile", "linear", "padded"), [
+    ("int4", PYTORCH_KERNELS, "int4", "40 -> 64, 172 -> 192"),
+    ("int8", PYTORCH_KERNELS, "int8", "40 -> 48, 172 -> 176"),
+    ("int4", DEFAULT_PROFILE, "int4-native", "40 -> 64, 172 -> 192"), ("int8", DEFAULT_PROFILE, "int8-native", None)])
+def test_quantized_plans_name_the_in_widths_their_kernels_get_padded(form, profile, linear, padded):
+    """d_model 40 and d_ff 172 are not multiples of int4's groups of 32 or of the 16 inputs PyTorch's int8 kernel reads
+    at a time: both stay in the form asked for, with zero inputs up to the next multiple, and say so; the native int8
+    kernel takes every width as it is."""
     config = ModelConfig(vocab_size=50, d_model=40, n_layers=1, n_heads=4, d_ff=172, max_seq_len=64)
-    plan = plan_inference(build_model(config).eval(), "decoder", quantize=form, cpu=AVX2, profile=DEFAULT_PROFILE)
-    assert plan.linear == form and f"in-widths padded with zero inputs ({padded})" in plan.explain()
+    plan = plan_inference(build_model(config).eval(), "decoder", quantize=form, cpu=AVX2, profile=profile)
+    assert plan.linear == linear
+    assert (f"in-widths padded with zero inputs ({padded})" in plan.explain()) if padded else \
+        "padded" not in plan.explain()
     config = ModelConfig(vocab_size=50, d_model=64, n_layers=1, n_heads=4, d_ff=128, max_seq_len=64)
-    plan = plan_inference(build_model(config).eval(), "decoder", quantize=form, cpu=AVX2, profile=DEFAULT_PROFILE)
+    plan = plan_inference(build_model(config).eval(), "decoder", quantize=form, cpu=AVX2, profile=profile)
     assert "padded" not in plan.explain()
 
 
@@ -200,9 +210,11 @@ def test_tune_writes_a_profile_the_plan_then_reads(tmp_path, monkeypatch, capsys
     printed = capsys.readouterr().out
     assert "attention decode" in printed and f"wrote {path}" in printed
     profile, why = load_profile(path)
-    assert "measured on this machine" in why and set(profile.decode_linear) == {"fp32", "bf16"}
+    assert "measured on this machine" in why and set(profile.decode_linear) == {"fp32", "bf16", "int8", "int4"}
     packs = CpuCapabilities.detect().onednn_bf16
-    assert profile.decode_linear["bf16"] in (("plain", "packed", "gemv+packed") if packs else ("plain",))
+    assert profile.decode_linear["bf16"] in (("plain", "packed", "gemv+packed", "native+packed") if packs else
+                                             ("plain", "gemv", "native"))
+    assert set(profile.timings["linear int8"]) == {"pytorch", "native"}  # both kernels measured (this CPU has AVX2)
     monkeypatch.setenv("ATTNKIT_PROFILE", str(path))
     plan = plan_inference(_decoder(torch.bfloat16), "decoder")
     assert str(path) in plan.explain()

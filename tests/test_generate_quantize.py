@@ -213,17 +213,25 @@ def d_ff_172_run(tmp_path_factory):
 
 @pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability().startswith("AVX"),
                     reason="needs a CPU with AVX2 to run PyTorch's AVX2 kernels")
-def test_quantized_generation_with_an_in_width_of_172_completes_under_avx2_kernels(d_ff_172_run):
+@pytest.mark.parametrize(("kernel", "padded"), [("pytorch", ["(172 -> 176)", "(172 -> 192)"]),
+                                                ("native", ["int8-native", "(172 -> 192)"])])
+def test_quantized_generation_with_an_in_width_of_172_completes_under_avx2_kernels(d_ff_172_run, tmp_path, kernel,
+                                                                                  padded):
     """`attnkit generate RUN --int8` crashed (signal 11) on AVX2 CPUs for this width with a prompt of several tokens,
     and `--int4` with it. Both commands here, through the command line's entry point in one subprocess (one start)
-    with PyTorch's and oneDNN's AVX2 kernels."""
+    with PyTorch's and oneDNN's AVX2 kernels, with the profile choosing PyTorch's int8 and int4 kernels, then the
+    native ones (which take in-width 172 as it is for int8, and pad it to int4's groups)."""
     commands = [["generate", str(d_ff_172_run), form, "--explain", "--prompt", "ROMEO:", "--max-new-tokens", "5",
                  "--temperature", "0"] for form in ("--int8", "--int4")]
-    script = f"import sys; from attnkit import cli; sys.exit(max(cli.main(c) for c in {commands!r}))"
-    env = {**os.environ, **AVX2_ENV, "OMP_NUM_THREADS": "1"}
+    profile = tmp_path / "profile.json"  # written in the subprocess: the CPU it describes is the AVX2 one it sees
+    script = (f"import dataclasses, sys, torch; from attnkit import cli; from attnkit.machine import DEFAULT_PROFILE, "
+              f"CpuCapabilities; open({str(profile)!r}, 'w').write(dataclasses.replace(DEFAULT_PROFILE, "
+              f"decode_linear={{'int8': {kernel!r}, 'int4': {kernel!r}}}, cpu=CpuCapabilities.detect(), "
+              f"torch_version=torch.__version__).to_json()); sys.exit(max(cli.main(c) for c in {commands!r}))")
+    env = {**os.environ, **AVX2_ENV, "OMP_NUM_THREADS": "1", "ATTNKIT_PROFILE": str(profile)}
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, f"exit {result.returncode}: {result.stderr[-2000:]}"
     generated = result.stdout.splitlines()
     assert len(generated) == 2 and all(line.startswith("ROMEO:") and len(line) == len("ROMEO:") + 5
                                        for line in generated), result.stdout
-    assert "(172 -> 176)" in result.stderr and "(172 -> 192)" in result.stderr  # each plan says how it padded
+    assert all(said in result.stderr for said in padded), result.stderr  # each plan says its kernel and padding

@@ -12,7 +12,7 @@ from generate_models import tiny_model
 
 from attnkit.errors import InputError
 from attnkit.generate import captured_step as captured
-from attnkit.machine import DEFAULT_PROFILE, CpuCapabilities, Profile, load_profile
+from attnkit.machine import DEFAULT_PROFILE, PROFILE_VERSION, CpuCapabilities, Profile, load_profile
 from attnkit.readback import FileFields
 
 
@@ -50,7 +50,7 @@ def test_a_profile_as_tune_writes_it_is_read_as_measured(profile_path):
     (lambda d: d["dtype_speed"].update(bf16=-2), "dtype_speed.bf16=-2 must be above 0"),
     (lambda d: d["dtype_speed"].update(bf16="1.2"), "dtype_speed.bf16='1.2' must be a finite number"),
     (lambda d: d.update(attention=[1, 2]), "attention=[1, 2] must be a JSON object"),
-    (lambda d: d.update(version="1"), "version='1' must be 1"),
+    (lambda d: d.update(version="1"), f"version='1' must be {PROFILE_VERSION}"),
     (lambda d: d.pop("decode_linear"), "lacks the field decode_linear"),
 ])
 def test_a_profile_with_a_wrong_field_is_refused_naming_file_field_and_fix(profile_path, edit, said):

@@ -33,9 +33,10 @@ from attnkit.errors import ConfigError
 from attnkit.readback import FileFields
 
 PROFILE_ENV = "ATTNKIT_PROFILE"  # where a profile is read from, when set
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: the native kernels (`generate/native_gemv.py`) among the measured layouts and forms
 PROFILE_FIX = "measure this machine again with `attnkit tune` (or delete the file: documented defaults are used)"
-DECODE_LAYOUTS = ("plain", "transposed", "packed", "gemv+packed", "gemv")  # what a profile's decode_linear may name
+# what a profile's decode_linear may name: layouts for "fp32" and "bf16", kernels ("native", "pytorch") for "int8", "int4"
+DECODE_LAYOUTS = ("plain", "transposed", "packed", "gemv+packed", "gemv", "native", "native+packed", "pytorch")
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -161,7 +162,8 @@ class Profile:
 
     attention: dtype name ("bf16", "fp16") -> limits for the math kernel; a dtype not listed uses SDPA.
     decode_linear: dtype name -> the layout of linear layers for eager decoding ("plain", "transposed", "packed",
-        "gemv+packed", "gemv").
+        "gemv+packed", "gemv", "native", "native+packed"); "int8", "int4" -> the kernel of those weights ("native",
+        "pytorch").
     dtype_speed: dtype name -> decoding matrix-product time relative to fp32 (> 1: slower), as measured.
     timings: what was measured, for the plan to show: a comparison ("linear fp32") -> candidate -> milliseconds.
     source: where the profile came from (a path, or "defaults").
@@ -221,14 +223,15 @@ class Profile:
 # Without a profile: SDPA and grouped_attention were timed on a 2-core AVX-512 EPYC (`python -m benchmarks
 # attention`): for bf16, plain products won up to 512 cached keys for a decoding query and up to 128 keys for a
 # causal training pass. On other CPUs `attnkit tune` measures the same comparison. Linear layers, for one decoding
-# row on AVX-512 EPYCs (`python -m benchmarks bandwidth`): a transposed fp32 weight beat nn.Linear's; in bf16 ATen's
-# matrix-vector kernel beat the packed oneDNN weight, which beat nn.Linear's (on one with AVX512-BF16 over
-# `gpt2-124m`'s weights: 63%, 49% and 32% of a bf16 sum's read rate), so single rows take ATen's kernel and several
-# the packed weight (`gemv+packed`, where oneDNN packs).
+# row (`python -m benchmarks bandwidth`, on AVX-512 EPYCs and under their AVX2 kernels): the hand-written products
+# (`generate/native_gemv.py`) read `gpt2-124m`'s fp32 weights at a plain sum's rate, where MKL's read them at about
+# 0.7 of it; bf16 as fast as ATen's matrix-vector kernel with AVX-512 and 1.35x faster under AVX2, several rows
+# through the packed weight where oneDNN packs (`native+packed`); int8 and int4 weights with fp32 inputs 4-10x
+# faster than PyTorch's kernels, which are vectorized only for bf16 inputs.
 DEFAULT_PROFILE = Profile(
     attention={"bf16": AttentionKernelLimits(decode_keys=512, pass_keys=128),
                "fp16": AttentionKernelLimits(decode_keys=512, pass_keys=128)},
-    decode_linear={"fp32": "transposed", "bf16": "gemv+packed"},
+    decode_linear={"fp32": "native", "bf16": "native+packed", "int8": "native", "int4": "native"},
 )
 
 

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from attnkit.blocks import TransformerBlock
 from attnkit.errors import InputError
+from attnkit.generate import native_gemv
 from attnkit.generate.swap import swap_layers
 from attnkit.machine import CpuCapabilities
 
@@ -136,6 +137,37 @@ class GemvPackedLinear(GemvLinear):
         return self.packed(x)
 
 
+NATIVE_ROWS = 2  # rows up to which `NativeLinear` takes the hand-written product; more go to the matrix kernels
+
+
+class NativeLinear(GemvLinear):
+    """An fp32 or bf16 linear layer for decoding: up to `NATIVE_ROWS` rows through the hand-written matrix-vector
+    product (`native_gemv`: the weight read as stored, four accumulators, fp32 arithmetic), more through nn.Linear's
+    product. x (..., K) -> (..., N), in x's dtype, equal to nn.Linear's up to the order of summation (and, for bf16,
+    the fp32 rounding of the output); inference only, on CPUs with AVX2 and FMA.
+
+    The weight is the tensor as loaded (a tied output layer shares the embedding's table). The product is bound by
+    reading the weight, and its kernel reads it at the memory's rate where MKL's fp32 product and ATen's bf16 one read
+    it slower (`attnkit tune` measures them on a machine); for several rows the matrix kernels, which reuse each
+    weight they load across rows, are faster.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)  # (M, K)
+        if rows.shape[0] > NATIVE_ROWS:
+            return self.rows(x)
+        gemv = native_gemv.gemv_f32 if self.weight.dtype == torch.float32 else native_gemv.gemv_bf16
+        out = gemv(self.weight, rows)  # (M, N) fp32
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+class NativePackedLinear(NativeLinear, GemvPackedLinear):
+    """A bf16 `NativeLinear` whose several rows go through the weight packed once for oneDNN (`GemvPackedLinear`):
+    the weight held twice, on CPUs where oneDNN packs bf16."""
+
+
 def gemv_linear_weights(model: nn.Module) -> nn.Module:
     """Replace every nn.Linear of a bf16 `model` (in place) by a GemvLinear; returns the model, for inference only."""
     return swap_layers(model, nn.Linear, GemvLinear)
@@ -145,6 +177,18 @@ def gemv_pack_linear_weights(model: nn.Module) -> nn.Module:
     """Replace every nn.Linear of a bf16 `model` (in place) by a GemvPackedLinear; returns the model, for inference
     only. Each weight is held twice: as loaded, and packed."""
     return swap_layers(model, nn.Linear, GemvPackedLinear)
+
+
+def native_linear_weights(model: nn.Module) -> nn.Module:
+    """Replace every nn.Linear of an fp32 or bf16 `model` (in place) by a NativeLinear; returns the model, for
+    inference only."""
+    return swap_layers(model, nn.Linear, NativeLinear)
+
+
+def native_pack_linear_weights(model: nn.Module) -> nn.Module:
+    """Replace every nn.Linear of a bf16 `model` (in place) by a NativePackedLinear; returns the model, for inference
+    only. Each weight is held twice: as loaded, and packed."""
+    return swap_layers(model, nn.Linear, NativePackedLinear)
 
 
 def pack_linear_weights(model: nn.Module) -> nn.Module:

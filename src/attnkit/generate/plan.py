@@ -10,11 +10,15 @@ The choices, in the order they are applied:
 
     dropout         removed (eval mode passes inputs through; each layer still costs a call)
     q/k/v           fused into one projection in models that decode (one product per layer where there were three)
-    linear layers   int8 or int4 on request (`quantize.py`; int4 where PyTorch's CPU int4 kernel is vectorized,
-                    else int8, said so); else, for eager CPU decoding, the layout the machine's profile
-                    measured fastest (`decode_layout.py`): transposed fp32, or, where oneDNN can pack bf16 (AVX-512
-                    BW/VL/DQ or AVX-NE-CONVERT), packed bf16 or packed plus nn.Linear's for single rows; where it
-                    cannot, bf16 single rows through ATen's kernel in fp32 arithmetic; else nn.Linear's own
+    linear layers   int8 or int4 on request (`quantize.py`), through the kernel the machine's profile measured
+                    fastest: the native one with fp32 inputs (`native_gemv.py`) or PyTorch's with bf16 inputs (int4
+                    where PyTorch's CPU int4 kernel is vectorized, else int8, said so); else, for eager CPU decoding,
+                    the layout the profile measured fastest (`decode_layout.py`): single rows through the native
+                    kernel (several through nn.Linear's product, or oneDNN's packed bf16 weight where it packs),
+                    transposed fp32, or, where oneDNN can pack bf16 (AVX-512 BW/VL/DQ or AVX-NE-CONVERT), packed
+                    bf16 or packed plus nn.Linear's for single rows; where it cannot, bf16 single rows through ATen's
+                    kernel in fp32 arithmetic; else nn.Linear's own. The native kernels run where the CPU reports
+                    AVX2 and FMA and a C compiler builds them, not inside a compiled step
     attention       SDPA, or plain float32 products for short reduced-precision attention on the CPU where the
                     profile measured them faster (`layers/kernels.py`)
     compilation     none; a decoder's whole decoding step with fixed shapes, through torch.compile
@@ -34,17 +38,23 @@ from torch import nn
 
 from attnkit.blocks import TransformerBlock, compile_blocks, torch_compile_mode
 from attnkit.errors import InputError
+from attnkit.generate import native_gemv
 from attnkit.generate.captured_step import default_package_dir
 from attnkit.generate.decode_layout import (
+    NATIVE_ROWS,
     fuse_qkv_projections,
     gemv_linear_weights,
     gemv_pack_linear_weights,
+    native_linear_weights,
+    native_pack_linear_weights,
     pack_linear_weights,
     transpose_linear_weights,
 )
 from attnkit.generate.quantize import (
     INT4_GROUP,
     INT8_KERNEL_INPUTS,
+    NATIVE_FORMS,
+    NATIVE_QUANTIZED_ROWS,
     QUANTIZE_FORMS,
     dynamic_quantization_available,
     padded_width,
@@ -68,7 +78,8 @@ class InferencePlan:
     dtype: torch.dtype
     cpu: CpuCapabilities | None  # None off the CPU
     fuse_qkv: bool
-    linear: str  # "plain", "transposed", "packed", "gemv+packed", "gemv", "int8", "int8-dynamic" or "int4"
+    linear: str  # "plain", "transposed", "packed", "gemv+packed", "gemv", "native", "native+packed", "int8",
+    # "int8-native", "int8-dynamic", "int4" or "int4-native"
     math_kernel: MathKernel | None
     compile: bool | str
     static_decoding: bool
@@ -81,6 +92,12 @@ class InferencePlan:
             fuse_qkv_projections(model)
         if self.linear in QUANTIZE_FORMS:
             quantize_weights(model, self.linear)
+        elif self.linear.endswith("-native"):
+            quantize_weights(model, self.linear.removesuffix("-native"), native=True)
+        elif self.linear == "native":
+            native_linear_weights(model)
+        elif self.linear == "native+packed":
+            native_pack_linear_weights(model)
         elif self.linear == "transposed":
             transpose_linear_weights(model)
         elif self.linear == "packed":
@@ -194,14 +211,8 @@ def _linear_layout(
     cpu: CpuCapabilities | None, profile: Profile, profile_note: str,
 ) -> tuple[str, str]:
     """The linear layers' form and why."""
-    if quantize == "int8":
-        return "int8", "int8 weights with a scale per row, as asked (weight-only: products in the weights' dtype)"
-    if quantize == "int4":
-        if cpu is not None and not cpu.int4_kernel:
-            return "int8", (f"int4 asked for, but PyTorch's CPU int4 kernel is vectorized only for AVX2 and AVX-512 "
-                            f"and this CPU reports {cpu.isa}: int8 weights instead (weight-only, bf16 products)")
-        return "int4", (f"4-bit weights in groups of {INT4_GROUP} inputs with a scale and zero each, as asked "
-                        "(weight-only: bf16 products through PyTorch's CPU int4 kernel)")
+    if quantize in NATIVE_FORMS:
+        return _quantized_kernel(quantize, on_cpu, compile, cpu, profile, profile_note)
     if quantize == "int8-dynamic":
         activations = "7-bit activations: no AVX-512 VNNI" if reduce_range() else "8-bit activations (AVX-512 VNNI)"
         return "int8-dynamic", f"int8 weights and int8 inputs per row through FBGEMM, as asked; {activations}"
@@ -214,6 +225,21 @@ def _linear_layout(
         return "plain", ("the captured one-row step reads nn.Linear's rows as reductions, the several-row step "
                          "multiplies by them as they are")
     wanted = profile.decode_linear.get(name, "plain")
+    measured = _timings(profile, f"linear {name}")
+    if wanted in ("native", "native+packed"):
+        if compile:
+            return "plain", (f"the compiled step reads the weights in its own loops (one decoding row measured "
+                             f"fastest through the native kernel{measured})")
+        reason = native_gemv.unavailable(cpu)
+        if reason is not None:
+            return "plain", f"the native kernels measured fastest, but cannot run here: {reason}"
+        if wanted == "native+packed" and cpu is not None and not cpu.onednn_bf16:
+            wanted = "native"
+        several = ("several through oneDNN's packed weight (each weight held twice)" if wanted == "native+packed"
+                   else "several through nn.Linear's product")
+        return wanted, (f"fastest for one decoding row in {name}{measured}: up to {NATIVE_ROWS} rows through the "
+                        f"native matrix-vector kernel (the weight read as stored, fp32 arithmetic), {several} "
+                        f"({profile_note})")
     if wanted == "transposed" and static and compile == "max-autotune":
         return "plain", "max-autotune packs frozen weights for its own kernels, faster than a transposed copy"
     if wanted in ("packed", "gemv+packed"):
@@ -224,7 +250,6 @@ def _linear_layout(
         if cpu is not None and not cpu.onednn_bf16:
             return "plain", (f"oneDNN packs {name} weights only with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; this CPU "
                              f"reports {cpu.isa}, so nn.Linear runs oneDNN's reference path")
-    measured = _timings(profile, f"linear {name}")
     if wanted == "gemv+packed":
         return wanted, (f"fastest for one decoding row in {name}{measured}: one row through ATen's matrix-vector "
                         f"kernel, several through oneDNN's packed weight (each weight held twice; {profile_note})")
@@ -238,6 +263,29 @@ def _linear_layout(
     return "plain", f"nn.Linear's layout for {name}{measured} ({profile_note})"
 
 
+def _quantized_kernel(quantize: str, on_cpu: bool, compile: bool | str, cpu: CpuCapabilities | None,
+                      profile: Profile, profile_note: str) -> tuple[str, str]:
+    """The kernel of int8 or int4 weights ("int8", "int8-native", "int4", "int4-native") and why."""
+    grid = ("int8 weights with a scale per row" if quantize == "int8" else
+            f"4-bit weights in groups of {INT4_GROUP} inputs with a scale and zero each")
+    measured = _timings(profile, f"linear {quantize}")
+    if on_cpu and profile.decode_linear.get(quantize) == "native":
+        reason = "the compiled step cannot call it" if compile else native_gemv.unavailable(cpu)
+        if reason is None:
+            return f"{quantize}-native", (
+                f"{grid}, as asked, through the native kernel with fp32 inputs: up to {NATIVE_QUANTIZED_ROWS} rows "
+                f"widened as read, more dequantized for the call (fastest for one decoding row{measured}; "
+                f"{profile_note})")
+        native = f"; the native kernel measured faster but is not used: {reason}"
+    else:
+        native = measured and f" (measured fastest for one decoding row{measured}; {profile_note})"
+    if quantize == "int4" and cpu is not None and not cpu.int4_kernel:
+        return "int8", (f"int4 asked for, but PyTorch's CPU int4 kernel is vectorized only for AVX2 and AVX-512 "
+                        f"and this CPU reports {cpu.isa}: int8 weights instead (weight-only, bf16 products){native}")
+    kernel = "PyTorch's CPU int4 kernel" if quantize == "int4" else "PyTorch's int8-weight kernel"
+    return quantize, f"{grid}, as asked (weight-only: bf16 products through {kernel}){native}"
+
+
 def _timings(profile: Profile, what: str) -> str:
     """The profile's measurements of `what` as a clause (": plain 0.120 ms, transposed 0.100 ms"), or ""."""
     times = profile.timings.get(what)
@@ -249,6 +297,7 @@ PADDED_INPUTS = {  # quantized form -> (the in-width multiple its kernel takes, 
     "int8": (INT8_KERNEL_INPUTS, f"PyTorch's int8 kernel reads {INT8_KERNEL_INPUTS} (AVX-512) or 8 (AVX2) inputs at a "
              "time with aligned loads and no remainder, and crashes or reads past the row at other widths"),
     "int4": (INT4_GROUP, f"int4 groups of {INT4_GROUP} inputs tile each row"),
+    "int4-native": (INT4_GROUP, f"int4 groups of {INT4_GROUP} inputs tile each row"),
 }
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.generate import native_gemv
 from attnkit.generate.swap import swap_layers
 from attnkit.machine import CpuCapabilities
 
@@ -193,14 +194,17 @@ def int4_grid(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return quantize_groups(F.pad(weight.detach().float()[None], (0, padding), mode="replicate")[0])  # (N, K')
 
 
-def int4_reference(linear: nn.Linear, x: Tensor) -> Tensor:
+def int4_reference(linear: nn.Linear, x: Tensor, *, native: bool = False) -> Tensor:
     """What `Int4Linear(linear)(x)` computes, step by step in fp32: x rounded to bf16, times `linear`'s 4-bit grid
-    (`int4_grid`) with scales and zeros rounded to bf16 as the kernel stores them. x (…, K) -> (…, N), in x's dtype."""
+    (`int4_grid`) with scales and zeros rounded to bf16 as PyTorch's kernel stores them; with `native`, what
+    `NativeInt4Linear(linear)(x)` computes: x as it is, scales and zeros in fp32. x (…, K) -> (…, N), in x's dtype."""
     codes, scales, zeros = int4_grid(linear.weight)  # (N, K'), (N, K' / G) twice
-    scales, zeros = (t.bfloat16().float().repeat_interleave(INT4_GROUP, dim=1) for t in (scales, zeros))  # (N, K')
+    stored = torch.float32 if native else torch.bfloat16
+    scales, zeros = (t.to(stored).float().repeat_interleave(INT4_GROUP, dim=1) for t in (scales, zeros))  # (N, K')
     weight = ((codes.float() - 8) * scales + zeros)[:, : linear.in_features]  # (N, K)
-    bias = None if linear.bias is None else linear.bias.detach().bfloat16().float()
-    return F.linear(x.bfloat16().float(), weight, bias).to(x.dtype)
+    bias = None if linear.bias is None else linear.bias.detach().to(stored).float()
+    inputs = x.float() if native else x.bfloat16().float()
+    return F.linear(inputs, weight, bias).to(x.dtype)
 
 
 class Int4Linear(nn.Module):
@@ -241,14 +245,94 @@ class Int4Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
+NATIVE_QUANTIZED_ROWS = 32  # rows up to which the native int8 and int4 layers take their own product
+
+
+class NativeInt8Linear(nn.Module):
+    """A linear layer with an int8 weight and per-row scales (`quantize_rows`) whose products take fp32 inputs: up to
+    `NATIVE_QUANTIZED_ROWS` rows through the hand-written kernel (`native_gemv.gemv_i8`: each weight widened to fp32
+    as it is read), more through the weight dequantized for the call and nn.Linear's product. x (…, K) -> (…, N), in
+    x's dtype; CPU with AVX2 and FMA, inference only. `reference` computes the same numbers step by step.
+
+    Where `Int8Linear` runs PyTorch's kernel, which is vectorized only for bf16 inputs (and its fp32 inputs take a
+    scalar loop), this layer keeps a model's fp32 activations as they are: a quarter of fp32's weight bytes per token
+    with fp32's arithmetic. Every in-width is taken as it is.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight, scales = quantize_rows(linear.weight)
+        self.register_buffer("weight", weight)  # (N, K) int8
+        self.register_buffer("scales", scales)  # (N,) fp32
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)  # (M, K)
+        if rows.shape[0] > NATIVE_QUANTIZED_ROWS:
+            return self.reference(x)
+        out = native_gemv.gemv_i8(self.weight, self.scales, rows)  # (M, N) fp32
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def reference(self, x: Tensor) -> Tensor:
+        dequantized = self.weight.float() * self.scales[:, None]  # (N, K)
+        return F.linear(x.float(), dequantized, self.bias).to(x.dtype)
+
+
+class NativeInt4Linear(nn.Module):
+    """A linear layer with 4-bit weights in groups of `INT4_GROUP` inputs (`int4_grid`, as `Int4Linear`) whose
+    products take fp32 inputs: up to `NATIVE_QUANTIZED_ROWS` rows through the hand-written kernel
+    (`native_gemv.gemv_i4`: each group's codes widened to fp32, multiplied, then scaled once, its zero applied
+    through the group's sum of inputs), more through the weight dequantized for the call. x (…, K) -> (…, N), in x's
+    dtype; CPU with AVX2 and FMA, inference only. `int4_reference(linear, x, native=True)` computes the same numbers
+    step by step. Scales are kept in fp32 with each group's offset (zero - 8 * scale), which the kernel reads without
+    converting (it is bound by its arithmetic, not by reading these); a layer whose in-width is not a multiple of
+    `INT4_GROUP` gets inputs up to one (`int4_grid`), and each call's rows get zeros there.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        codes, scales, zeros = int4_grid(linear.weight)  # (N, K'), (N, K' / G) twice
+        self.register_buffer("codes", native_gemv.pack_int4(codes))  # (N, K' / 2) uint8
+        self.register_buffer("scales", scales.contiguous())  # (N, K' / G) fp32
+        self.register_buffer("offsets", (zeros - 8 * scales).contiguous())  # (N, K' / G) fp32
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.padding = codes.shape[1] - linear.in_features
+
+    def dequantized(self) -> Tensor:
+        """The weight (N, K) in fp32, as the kernel computes with it: code * scale + offset."""
+        low, high = self.codes & 15, self.codes >> 4  # (N, K' / 2): codes j and j + 16 of each group
+        halves = [t.reshape(self.out_features, -1, INT4_GROUP // 2) for t in (low, high)]
+        codes = torch.cat(halves, dim=-1).reshape(self.out_features, -1).float()  # (N, K')
+        scales, offsets = (t.repeat_interleave(INT4_GROUP, dim=1) for t in (self.scales, self.offsets))
+        return (codes * scales + offsets)[:, : self.in_features]
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)  # (M, K)
+        if rows.shape[0] > NATIVE_QUANTIZED_ROWS:
+            return F.linear(x.float(), self.dequantized(), self.bias).to(x.dtype)
+        padded = F.pad(rows.float(), (0, self.padding))  # (M, K')
+        out = native_gemv.gemv_i4(self.codes, self.scales, self.offsets, padded)  # (M, N) fp32
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
 QUANTIZE_FORMS = {"int8": Int8Linear, "int8-dynamic": Int8DynamicLinear, "int4": Int4Linear}
 
 
-def quantize_weights(model: nn.Module, form: str = "int8") -> nn.Module:
+NATIVE_FORMS = {"int8": NativeInt8Linear, "int4": NativeInt4Linear}  # fp32 inputs, the hand-written kernels
+
+
+def quantize_weights(model: nn.Module, form: str = "int8", *, native: bool = False) -> nn.Module:
     """Replace every nn.Linear in `model` (in place) by the layer of `QUANTIZE_FORMS[form]` (Int8Linear,
-    Int8DynamicLinear, Int4Linear); returns the model, for inference only.
+    Int8DynamicLinear, Int4Linear), or with `native`, of `NATIVE_FORMS[form]` (NativeInt8Linear, NativeInt4Linear);
+    returns the model, for inference only.
 
     A tied output layer gets its own quantized copy; the embedding table it was tied to stays as it was.
     """
-    make = QUANTIZE_FORMS[form]
+    make = NATIVE_FORMS[form] if native else QUANTIZE_FORMS[form]
     return swap_layers(model, nn.Linear, lambda linear: make(linear).to(linear.weight.device))

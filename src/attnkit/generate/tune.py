@@ -1,6 +1,6 @@
 """`attnkit tune`: measure this machine's kernel choices and write the profile the inference plan reads.
 
-Three comparisons, each between kernels that compute the same numbers (tests hold them equal):
+Four comparisons, each between kernels that compute the same numbers (tests hold them equal):
 
     attention       SDPA against plain float32 products (`grouped_attention`) for bf16 attention: one decoding
                     query over S cached keys, and a causal pass (forward and backward) over T = S keys. The profile
@@ -8,7 +8,10 @@ Three comparisons, each between kernels that compute the same numbers (tests hol
     linear layers   one decoding row through GPT-2-sized matrices: nn.Linear against a transposed fp32 weight, and
                     against a packed bf16 weight and packed plus ATen's matrix-vector kernel for single rows where
                     oneDNN packs, and ATen's kernel alone (bf16 read, fp32 arithmetic) where it does not
-                    (`decode_layout.py`). The fastest is kept.
+                    (`decode_layout.py`), and the hand-written products where they run (`native_gemv.py`).
+                    The fastest is kept.
+    quantized       one fp32 decoding row through the same shapes with int8 and with 4-bit weights: PyTorch's
+                    kernels against the native ones (`native_gemv.py`)
     bf16 cost       the fastest bf16 layout's time over the fastest fp32 layout's, which the plan reports on CPUs
                     without native bf16.
 
@@ -34,7 +37,9 @@ from torch import nn
 from torch.utils import benchmark
 
 from attnkit.errors import InputError
-from attnkit.generate.decode_layout import GemvLinear, GemvPackedLinear, TransposedLinear
+from attnkit.generate import native_gemv
+from attnkit.generate.decode_layout import GemvLinear, GemvPackedLinear, NativeLinear, TransposedLinear
+from attnkit.generate.quantize import NATIVE_FORMS, QUANTIZE_FORMS
 from attnkit.layers.kernels import grouped_attention
 from attnkit.layers.masks import AttentionMask
 from attnkit.machine import (
@@ -50,6 +55,7 @@ from attnkit.outputs import atomic_output, atomic_write
 
 log = logging.getLogger(__name__)
 HEADS, HEAD_DIM = 6, 64
+QUANTIZED = ("int8", "int4")  # the weight-only forms whose kernel is measured
 
 
 @dataclass(frozen=True)
@@ -125,30 +131,63 @@ def measure_attention(dtype: torch.dtype, min_run_time: float, lengths: tuple[tu
     return limits, rows
 
 
+def _decoding_layers(budget: Budget, dtype: torch.dtype) -> tuple[list[nn.Linear], int]:
+    """The budget's shapes as linear layers in `dtype`, repeated up to its `weights_mb` (fp32 bytes); and how many
+    copies of the set that is."""
+    torch.manual_seed(0)
+    per_set = 4 * sum(k * n for k, n in budget.shapes)  # fp32 bytes
+    copies = max(1, -(-budget.weights_mb * 2**20 // per_set))
+    return [nn.Linear(k, n).to(dtype) for _ in range(copies) for k, n in budget.shapes], copies
+
+
+def _time_layouts(layouts: dict[str, list[nn.Module]], dtype: torch.dtype, budget: Budget, copies: int
+                  ) -> dict[str, float]:
+    """Seconds per set of the budget's shapes for one decoding row through each layout's layers."""
+    rows_in = {k: torch.randn(1, k, dtype=dtype) for k, _ in budget.shapes}
+    with torch.no_grad():
+        return {name: _seconds(lambda layers=layers: [m(rows_in[m.in_features]) for m in layers],
+                               budget.min_run_time) / copies for name, layers in layouts.items()}
+
+
 def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, budget: Budget) -> tuple[dict[str, float], list[str]]:
     """One decoding row through the budget's shapes, repeated up to its `weights_mb`, in each layout that applies:
     each layout's seconds, and table rows."""
     log.info("  linear layers: one decoding row in each %s layout", str(dtype).removeprefix("torch."))
-    torch.manual_seed(0)
-    per_set = 4 * sum(k * n for k, n in budget.shapes)  # fp32 bytes
-    copies = max(1, -(-budget.weights_mb * 2**20 // per_set))
-    linears = [nn.Linear(k, n).to(dtype) for _ in range(copies) for k, n in budget.shapes]
+    linears, copies = _decoding_layers(budget, dtype)
+    native = native_gemv.unavailable(cpu) is None
     layouts: dict[str, list[nn.Module]] = {"plain": linears}
     if dtype == torch.float32:
         layouts["transposed"] = [TransposedLinear(layer) for layer in linears]
+        if native:
+            layouts["native"] = [NativeLinear(layer) for layer in linears]
     elif dtype == torch.bfloat16 and cpu.onednn_bf16:
         gemv = [GemvPackedLinear(layer) for layer in linears]
         layouts["packed"] = [layer.packed for layer in gemv]  # the same packed weights, packed once
         layouts["gemv+packed"] = gemv
+        if native:  # one row through the native kernel: the packed weights serve several rows only
+            layouts["native+packed"] = [NativeLinear(layer) for layer in linears]
     elif dtype == torch.bfloat16:  # no oneDNN packing: bf16 read, computed in fp32 by ATen's kernel
         layouts["gemv"] = [GemvLinear(layer) for layer in linears]
-    rows_in = {k: torch.randn(1, k, dtype=dtype) for k, _ in budget.shapes}
-    times = {}
-    with torch.no_grad():
-        for name, layers in layouts.items():
-            times[name] = _seconds(lambda layers=layers: [m(rows_in[m.in_features]) for m in layers],
-                                   budget.min_run_time) / copies  # a set of the shapes' seconds
-    rows = [f"linear {str(dtype).removeprefix('torch.'):8} {name:11} {t * 1e3:8.3f} ms" for name, t in times.items()]
+        if native:
+            layouts["native"] = [NativeLinear(layer) for layer in linears]
+    times = _time_layouts(layouts, dtype, budget, copies)
+    rows = [f"linear {str(dtype).removeprefix('torch.'):8} {name:13} {t * 1e3:8.3f} ms" for name, t in times.items()]
+    return times, rows
+
+
+def measure_quantized(form: str, cpu: CpuCapabilities, budget: Budget) -> tuple[dict[str, float], list[str]]:
+    """One fp32 decoding row through the budget's shapes with `form`'s weights ("int8", "int4"): PyTorch's kernel
+    (`QUANTIZE_FORMS`, where it is vectorized) against the native one (`NATIVE_FORMS`, where it runs); each kernel's
+    seconds, and table rows."""
+    log.info("  linear layers: one decoding row with %s weights", form)
+    linears, copies = _decoding_layers(budget, torch.float32)
+    kernels: dict[str, list[nn.Module]] = {}
+    if form == "int8" or cpu.int4_kernel:
+        kernels["pytorch"] = [QUANTIZE_FORMS[form](layer) for layer in linears]
+    if native_gemv.unavailable(cpu) is None:
+        kernels["native"] = [NATIVE_FORMS[form](layer) for layer in linears]
+    times = _time_layouts(kernels, torch.float32, budget, copies)
+    rows = [f"linear {form:8} {name:13} {t * 1e3:8.3f} ms" for name, t in times.items()]
     return times, rows
 
 
@@ -160,13 +199,16 @@ def tune(*, budget: Budget = FULL, cpu: CpuCapabilities | None = None) -> tuple[
     for dtype in (torch.float32, torch.bfloat16):
         times[dtype_name(dtype)], linear_rows = measure_linear(dtype, cpu, budget)
         rows += linear_rows
-    fastest = {name: min(layouts, key=layouts.get) for name, layouts in times.items()}
+    for form in QUANTIZED:
+        times[form], form_rows = measure_quantized(form, cpu, budget)
+        rows += form_rows
+    fastest = {name: min(layouts, key=layouts.get) for name, layouts in times.items() if layouts}
     profile = Profile(
         attention={"bf16": limits},
         decode_linear=fastest,
         dtype_speed={"bf16": round(times["bf16"][fastest["bf16"]] / times["fp32"][fastest["fp32"]], 3)},
         timings={f"linear {name}": {layout: round(seconds * 1e3, 4) for layout, seconds in layouts.items()}
-                 for name, layouts in times.items()},
+                 for name, layouts in times.items() if layouts},
         cpu=cpu,
         torch_version=torch.__version__,
         source="attnkit tune",
@@ -219,6 +261,7 @@ def run_tune(settings: TuneSettings) -> int:
         partial.write_text(profile.to_json(), encoding="utf-8")
     print(f"wrote {path}: attention bf16 products up to {profile.attention['bf16'].decode_keys} keys (decoding) "
           f"and {profile.attention['bf16'].pass_keys} (passes); linear layers fp32 {profile.decode_linear['fp32']}, "
-          f"bf16 {profile.decode_linear['bf16']}; bf16 decoding products at {profile.dtype_speed['bf16']:.2f}x fp32's "
-          "time")
+          f"bf16 {profile.decode_linear['bf16']}; int8 and int4 weights through "
+          f"{profile.decode_linear.get('int8', 'no')} and {profile.decode_linear.get('int4', 'no')} kernels; bf16 "
+          f"decoding products at {profile.dtype_speed['bf16']:.2f}x fp32's time")
     return 0

@@ -1,0 +1,225 @@
+"""Hand-written matrix products for decoding (`native/gemv.c`), for the forms PyTorch has no fast CPU kernel for.
+
+A decoding step multiplies one row (or a few) by every weight matrix, so its speed is the speed of reading the
+weights. PyTorch's kernels read them below the memory's rate in every form measured here (`python -m benchmarks
+bandwidth`, docs/benchmarks.md): fp32 through MKL's matrix-vector product at about 0.7x of a plain sum's rate,
+int8 weights with fp32 inputs through a scalar loop (10-50x slower than bf16), 4-bit weights only with bf16
+inputs, and torch.compile's generated reductions keep one accumulator, which caps int8 and int4 rows below the
+memory's rate. `native/gemv.c` reads each form at the memory's rate where the arithmetic allows it, with fp32
+inputs and arithmetic throughout:
+
+    gemv_f32(weight, x)                  weight (N, K) fp32
+    gemv_bf16(weight, x)                 weight (N, K) bf16, widened to fp32 as read
+    gemv_i8(weight, scales, x)           weight (N, K) int8, scales (N,) fp32: one per output row
+    gemv_i4(codes, scales, offsets, x)   codes (N, K / 2) uint8 (`pack_int4`), scales and offsets (N, K / 32)
+                                         fp32: weights (code - 8) * scale + zero, offset = zero - 8 * scale
+                                         x (M, K) -> (M, N) fp32 in each
+
+The library is built on first use with the machine's C compiler ($CC, else cc, gcc or clang), about a second, for
+the vector level the CPU reports (`build_for`: AVX-512 F/BW/VL/DQ, else AVX2 and FMA; an AVX-512 CPU run with its
+AVX2 kernels, `ATEN_CPU_CAPABILITY=avx2`, gets the AVX2 build), and kept under `cache_home()`/kernels, named by a
+digest of its source, flags and compiler, beside the digest of the built file, which is checked before each load (a
+file that does not match is built again). `unavailable()` says why the kernels cannot run here (a CPU without AVX2
+and FMA, no compiler, a failed build); the inference plan then keeps PyTorch's kernels and says so. Calls release
+the interpreter lock (ctypes) and share output rows among `torch.get_num_threads()` OpenMP threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from attnkit.machine import CpuCapabilities, cache_home
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native") / "gemv.c"
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+BUILDS = {  # vector level -> (the CPU flags it needs, as PyTorch names them; the compiler flags that target it)
+    "avx512": (("avx512_f", "avx512_bw", "avx512_vl", "avx512_dq", "avx2", "fma3"),
+               ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")),
+    "avx2": (("avx2", "fma3"), ("-mavx2", "-mfma")),
+}
+INT4_GROUP = 32  # inputs per scale and zero in `gemv_i4` (the source's INT4_GROUP)
+BUILD_TIMEOUT_S = 300
+
+_POINTER, _SIZE, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIGNATURES = {  # argument types of each exported function
+    "gemv_f32": [_POINTER] * 3 + [_SIZE] * 3 + [_INT],
+    "gemv_bf16": [_POINTER] * 3 + [_SIZE] * 3 + [_INT],
+    "gemv_i8": [_POINTER] * 4 + [_SIZE] * 3 + [_INT],
+    "gemv_i4": [_POINTER] * 6 + [_SIZE] * 3 + [_INT],
+}
+
+
+def compiler() -> str | None:
+    """The C compiler to build with: $CC, else the first of cc, gcc, clang on the PATH; None if there is none."""
+    if os.environ.get("CC"):
+        return shutil.which(os.environ["CC"])
+    return next((found for name in ("cc", "gcc", "clang") if (found := shutil.which(name))), None)
+
+
+def build_for(cpu: CpuCapabilities) -> str | None:
+    """The build that runs on `cpu` ("avx512", "avx2"), or None where it lacks AVX2 and FMA."""
+    return next((name for name, (needs, _) in BUILDS.items() if set(needs) <= cpu.flags), None)
+
+
+def unavailable(cpu: CpuCapabilities | None = None) -> str | None:
+    """None where the kernels can run for `cpu` (default: this one) and are built; else why not, in one line."""
+    cpu = cpu or CpuCapabilities.detect()
+    build = build_for(cpu)
+    if build is None:
+        return f"they need AVX2 and FMA, and this CPU reports neither both nor AVX-512 ({cpu.isa})"
+    if cpu != _this_cpu():
+        return None  # a plan for another CPU: whether it builds there is that machine's question
+    loaded = _library()
+    return loaded if isinstance(loaded, str) else None
+
+
+@functools.cache
+def _this_cpu() -> CpuCapabilities:
+    return CpuCapabilities.detect()
+
+
+def library_path(cc: str, build: str) -> Path:
+    """Where the library `cc` builds from this source for `build` is kept."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    flags = (*FLAGS, *BUILDS[build][1])
+    digest = hashlib.sha256(SOURCE.read_bytes() + repr((flags, version)).encode()).hexdigest()[:16]
+    return cache_home() / "kernels" / f"gemv-{build}-{digest}.so"
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _build(cc: str, build: str, path: Path) -> None:
+    """Compile the library for `build` to `path`, whole or not at all, with the digest of what was written beside
+    it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log.info("building the native decoding kernels with %s (once; kept in %s)", cc, path.parent)
+    with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
+        built = Path(scratch) / path.name
+        done = subprocess.run([cc, *FLAGS, *BUILDS[build][1], "-o", str(built), str(SOURCE)], capture_output=True,
+                              text=True, timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise OSError(f"{Path(cc).name} failed: {(done.stderr.strip().splitlines() or ['no message'])[-1]}")
+        digest = Path(scratch) / "digest"
+        digest.write_text(_file_digest(built))
+        os.replace(built, path)
+        os.replace(digest, path.with_suffix(".sha256"))
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | str:
+    """The library for this CPU, built first where none that matches its digest is kept; or why it cannot be had."""
+    build = build_for(_this_cpu())
+    if build is None:
+        return "they need AVX2 and FMA"
+    cc = compiler()
+    if cc is None:
+        return "no C compiler found to build them (install gcc, or set $CC)"
+    try:
+        path = library_path(cc, build)
+        digest = path.with_suffix(".sha256")
+        if not (path.is_file() and digest.is_file() and digest.read_text().strip() == _file_digest(path)):
+            _build(cc, build, path)
+        library = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"building them failed ({err})"
+    for name, argtypes in _SIGNATURES.items():
+        getattr(library, name).argtypes = argtypes
+        getattr(library, name).restype = None
+    return library
+
+
+def _kernel(name: str):
+    library = _library()
+    if isinstance(library, str):
+        raise RuntimeError(f"the native decoding kernels cannot run here: {library}")
+    return getattr(library, name)
+
+
+def _rows(x: Tensor, width: int) -> Tensor:
+    """x (M, K) as the contiguous fp32 rows the kernels read."""
+    if x.dim() != 2 or x.shape[1] != width or x.device.type != "cpu":
+        raise ValueError(f"expected CPU rows (M, {width}), got {tuple(x.shape)} on {x.device}")
+    return x.to(torch.float32).contiguous()
+
+
+def _weight(tensor: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
+    """Refuse a tensor the kernel would read out of bounds or misread: it must be contiguous CPU `dtype` of `shape`."""
+    if tensor.dtype != dtype or tuple(tensor.shape) != shape or not tensor.is_contiguous() or tensor.is_cuda:
+        raise ValueError(f"{what} must be a contiguous CPU {dtype} tensor of shape {shape}, not {tensor.dtype} "
+                         f"{tuple(tensor.shape)}")
+
+
+def _dense(kernel: str, dtype: torch.dtype, weight: Tensor, x: Tensor) -> Tensor:
+    """x (M, K) @ weight^T through `kernel`, for a weight (N, K) of `dtype` -> (M, N) fp32."""
+    n, k = weight.shape
+    _weight(weight, dtype, (n, k), "weight")
+    rows = _rows(x, k)
+    out = torch.empty(rows.shape[0], n)
+    _kernel(kernel)(weight.data_ptr(), rows.data_ptr(), out.data_ptr(), rows.shape[0], n, k, torch.get_num_threads())
+    return out
+
+
+def gemv_f32(weight: Tensor, x: Tensor) -> Tensor:
+    """x (M, K) @ weight^T, weight (N, K) fp32 -> (M, N) fp32."""
+    return _dense("gemv_f32", torch.float32, weight, x)
+
+
+def gemv_bf16(weight: Tensor, x: Tensor) -> Tensor:
+    """x (M, K) @ weight^T, weight (N, K) bf16 read as it is stored and computed in fp32 -> (M, N) fp32."""
+    return _dense("gemv_bf16", torch.bfloat16, weight, x)
+
+
+def gemv_i8(weight: Tensor, scales: Tensor, x: Tensor) -> Tensor:
+    """x (M, K) @ (weight * scales[:, None])^T, weight (N, K) int8, scales (N,) fp32 -> (M, N) fp32."""
+    n, k = weight.shape
+    _weight(weight, torch.int8, (n, k), "weight")
+    _weight(scales, torch.float32, (n,), "scales")
+    rows = _rows(x, k)
+    out = torch.empty(rows.shape[0], n)
+    _kernel("gemv_i8")(weight.data_ptr(), scales.data_ptr(), rows.data_ptr(), out.data_ptr(), rows.shape[0], n, k,
+                       torch.get_num_threads())
+    return out
+
+
+def pack_int4(codes: Tensor) -> Tensor:
+    """4-bit codes (N, K), integers 0..15, K a multiple of 32 -> (N, K / 2) uint8 as `gemv_i4` reads them: in each
+    group of 32 codes, byte j holds code j in its low half and code j + 16 in its high half (llama.cpp's q4_0 order,
+    which unpacks a group's two halves with one mask and one shift)."""
+    rows, inputs = codes.shape
+    if inputs % INT4_GROUP:
+        raise ValueError(f"4-bit rows are packed in groups of {INT4_GROUP}; got {inputs} codes a row")
+    groups = codes.to(torch.uint8).reshape(rows, inputs // INT4_GROUP, INT4_GROUP)  # (N, G, 32)
+    return (groups[..., : INT4_GROUP // 2] | (groups[..., INT4_GROUP // 2:] << 4)).reshape(rows, inputs // 2)
+
+
+def gemv_i4(codes: Tensor, scales: Tensor, offsets: Tensor, x: Tensor) -> Tensor:
+    """x (M, K) @ W^T for 4-bit weights W = (code - 8) * scale + zero in groups of 32 inputs: codes (N, K / 2) from
+    `pack_int4`, scales and offsets = zero - 8 * scale (N, K / 32) fp32, K a multiple of 32 -> (M, N) fp32."""
+    n, half = codes.shape
+    k = 2 * half
+    _weight(codes, torch.uint8, (n, half), "codes")
+    if k % INT4_GROUP:
+        raise ValueError(f"4-bit rows hold groups of {INT4_GROUP} inputs; got {k} inputs")
+    for tensor, what in ((scales, "scales"), (offsets, "offsets")):
+        _weight(tensor, torch.float32, (n, k // INT4_GROUP), what)
+    rows = _rows(x, k)
+    sums = rows.view(rows.shape[0], k // INT4_GROUP, INT4_GROUP).sum(dim=-1)  # (M, K / 32): each group's inputs
+    out = torch.empty(rows.shape[0], n)
+    _kernel("gemv_i4")(codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), rows.data_ptr(), sums.data_ptr(),
+                       out.data_ptr(), rows.shape[0], n, k, torch.get_num_threads())
+    return out
