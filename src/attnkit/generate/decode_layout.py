@@ -152,15 +152,17 @@ class NativeLinear(GemvLinear):
     weight they load across rows, are faster.
     """
 
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        bias = None if linear.bias is None else linear.bias.detach().float()  # fp32's own tensor, or a copy
+        self.register_buffer("bias_fp32", bias, persistent=False)  # (N,): what the kernel adds
+
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)  # (M, K)
-        if rows.shape[0] > NATIVE_ROWS:
+        if x.numel() > NATIVE_ROWS * self.in_features:
             return self.rows(x)
         gemv = native_gemv.gemv_f32 if self.weight.dtype == torch.float32 else native_gemv.gemv_bf16
-        out = gemv(self.weight, rows)  # (M, N) fp32
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        out = gemv(self.weight, x.reshape(-1, self.in_features), self.bias_fp32)  # (M, N) fp32
+        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
 class NativePackedLinear(NativeLinear, GemvPackedLinear):

@@ -8,12 +8,12 @@ inputs, and torch.compile's generated reductions keep one accumulator, which cap
 memory's rate. `native/gemv.c` reads each form at the memory's rate where the arithmetic allows it, with fp32
 inputs and arithmetic throughout:
 
-    gemv_f32(weight, x)                  weight (N, K) fp32
-    gemv_bf16(weight, x)                 weight (N, K) bf16, widened to fp32 as read
-    gemv_i8(weight, scales, x)           weight (N, K) int8, scales (N,) fp32: one per output row
-    gemv_i4(codes, scales, offsets, x)   codes (N, K / 2) uint8 (`pack_int4`), scales and offsets (N, K / 32)
-                                         fp32: weights (code - 8) * scale + zero, offset = zero - 8 * scale
-                                         x (M, K) -> (M, N) fp32 in each
+    gemv_f32(weight, x, bias)                  weight (N, K) fp32
+    gemv_bf16(weight, x, bias)                 weight (N, K) bf16, widened to fp32 as read
+    gemv_i8(weight, scales, x, bias)           weight (N, K) int8, scales (N,) fp32: one per output row
+    gemv_i4(codes, scales, offsets, x, bias)   codes (N, K / 2) uint8 (`pack_int4`), scales and offsets (N, K / 32)
+                                               fp32: weights (code - 8) * scale + zero, offset = zero - 8 * scale
+                                               x (M, K), bias (N,) fp32 or None -> (M, N) fp32 in each
 
 The library is built on first use with the machine's C compiler ($CC, else cc, gcc or clang), about a second, for
 the vector level the CPU reports (`build_for`: AVX-512 F/BW/VL/DQ, else AVX2 and FMA; an AVX-512 CPU run with its
@@ -55,10 +55,10 @@ BUILD_TIMEOUT_S = 300
 
 _POINTER, _SIZE, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {  # argument types of each exported function
-    "gemv_f32": [_POINTER] * 3 + [_SIZE] * 3 + [_INT],
-    "gemv_bf16": [_POINTER] * 3 + [_SIZE] * 3 + [_INT],
-    "gemv_i8": [_POINTER] * 4 + [_SIZE] * 3 + [_INT],
-    "gemv_i4": [_POINTER] * 6 + [_SIZE] * 3 + [_INT],
+    "gemv_f32": [_POINTER] * 4 + [_SIZE] * 3 + [_INT],
+    "gemv_bf16": [_POINTER] * 4 + [_SIZE] * 3 + [_INT],
+    "gemv_i8": [_POINTER] * 5 + [_SIZE] * 3 + [_INT],
+    "gemv_i4": [_POINTER] * 7 + [_SIZE] * 3 + [_INT],
 }
 
 
@@ -164,35 +164,46 @@ def _weight(tensor: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: st
                          f"{tuple(tensor.shape)}")
 
 
-def _dense(kernel: str, dtype: torch.dtype, weight: Tensor, x: Tensor) -> Tensor:
-    """x (M, K) @ weight^T through `kernel`, for a weight (N, K) of `dtype` -> (M, N) fp32."""
+def _bias(bias: Tensor | None, n: int) -> int | None:
+    """The address of an fp32 bias (N,) for the kernels, or None (NULL: no bias)."""
+    if bias is None:
+        return None
+    _weight(bias, torch.float32, (n,), "bias")
+    return bias.data_ptr()
+
+
+def _dense(kernel: str, dtype: torch.dtype, weight: Tensor, x: Tensor, bias: Tensor | None) -> Tensor:
+    """x (M, K) @ weight^T + bias through `kernel`, for a weight (N, K) of `dtype` -> (M, N) fp32."""
     n, k = weight.shape
     _weight(weight, dtype, (n, k), "weight")
     rows = _rows(x, k)
     out = torch.empty(rows.shape[0], n)
-    _kernel(kernel)(weight.data_ptr(), rows.data_ptr(), out.data_ptr(), rows.shape[0], n, k, torch.get_num_threads())
+    _kernel(kernel)(weight.data_ptr(), _bias(bias, n), rows.data_ptr(), out.data_ptr(), rows.shape[0], n, k,
+                    torch.get_num_threads())
     return out
 
 
-def gemv_f32(weight: Tensor, x: Tensor) -> Tensor:
-    """x (M, K) @ weight^T, weight (N, K) fp32 -> (M, N) fp32."""
-    return _dense("gemv_f32", torch.float32, weight, x)
+def gemv_f32(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (M, K) @ weight^T + bias, weight (N, K) fp32, bias (N,) fp32 or None -> (M, N) fp32."""
+    return _dense("gemv_f32", torch.float32, weight, x, bias)
 
 
-def gemv_bf16(weight: Tensor, x: Tensor) -> Tensor:
-    """x (M, K) @ weight^T, weight (N, K) bf16 read as it is stored and computed in fp32 -> (M, N) fp32."""
-    return _dense("gemv_bf16", torch.bfloat16, weight, x)
+def gemv_bf16(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (M, K) @ weight^T + bias, weight (N, K) bf16 read as it is stored and computed in fp32, bias (N,) fp32 or
+    None -> (M, N) fp32."""
+    return _dense("gemv_bf16", torch.bfloat16, weight, x, bias)
 
 
-def gemv_i8(weight: Tensor, scales: Tensor, x: Tensor) -> Tensor:
-    """x (M, K) @ (weight * scales[:, None])^T, weight (N, K) int8, scales (N,) fp32 -> (M, N) fp32."""
+def gemv_i8(weight: Tensor, scales: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (M, K) @ (weight * scales[:, None])^T + bias, weight (N, K) int8, scales (N,) fp32, bias (N,) fp32 or None
+    -> (M, N) fp32."""
     n, k = weight.shape
     _weight(weight, torch.int8, (n, k), "weight")
     _weight(scales, torch.float32, (n,), "scales")
     rows = _rows(x, k)
     out = torch.empty(rows.shape[0], n)
-    _kernel("gemv_i8")(weight.data_ptr(), scales.data_ptr(), rows.data_ptr(), out.data_ptr(), rows.shape[0], n, k,
-                       torch.get_num_threads())
+    _kernel("gemv_i8")(weight.data_ptr(), scales.data_ptr(), _bias(bias, n), rows.data_ptr(), out.data_ptr(),
+                       rows.shape[0], n, k, torch.get_num_threads())
     return out
 
 
@@ -207,9 +218,10 @@ def pack_int4(codes: Tensor) -> Tensor:
     return (groups[..., : INT4_GROUP // 2] | (groups[..., INT4_GROUP // 2:] << 4)).reshape(rows, inputs // 2)
 
 
-def gemv_i4(codes: Tensor, scales: Tensor, offsets: Tensor, x: Tensor) -> Tensor:
-    """x (M, K) @ W^T for 4-bit weights W = (code - 8) * scale + zero in groups of 32 inputs: codes (N, K / 2) from
-    `pack_int4`, scales and offsets = zero - 8 * scale (N, K / 32) fp32, K a multiple of 32 -> (M, N) fp32."""
+def gemv_i4(codes: Tensor, scales: Tensor, offsets: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (M, K) @ W^T + bias for 4-bit weights W = (code - 8) * scale + zero in groups of 32 inputs: codes (N, K / 2)
+    from `pack_int4`, scales and offsets = zero - 8 * scale (N, K / 32) fp32, K a multiple of 32, bias (N,) fp32 or
+    None -> (M, N) fp32."""
     n, half = codes.shape
     k = 2 * half
     _weight(codes, torch.uint8, (n, half), "codes")
@@ -220,6 +232,6 @@ def gemv_i4(codes: Tensor, scales: Tensor, offsets: Tensor, x: Tensor) -> Tensor
     rows = _rows(x, k)
     sums = rows.view(rows.shape[0], k // INT4_GROUP, INT4_GROUP).sum(dim=-1)  # (M, K / 32): each group's inputs
     out = torch.empty(rows.shape[0], n)
-    _kernel("gemv_i4")(codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), rows.data_ptr(), sums.data_ptr(),
-                       out.data_ptr(), rows.shape[0], n, k, torch.get_num_threads())
+    _kernel("gemv_i4")(codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), _bias(bias, n), rows.data_ptr(),
+                       sums.data_ptr(), out.data_ptr(), rows.shape[0], n, k, torch.get_num_threads())
     return out

@@ -271,10 +271,8 @@ class NativeInt8Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)  # (M, K)
         if rows.shape[0] > NATIVE_QUANTIZED_ROWS:
             return self.reference(x)
-        out = native_gemv.gemv_i8(self.weight, self.scales, rows)  # (M, N) fp32
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        out = native_gemv.gemv_i8(self.weight, self.scales, rows, self.bias)  # (M, N) fp32
+        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def reference(self, x: Tensor) -> Tensor:
         dequantized = self.weight.float() * self.scales[:, None]  # (N, K)
@@ -315,10 +313,8 @@ class NativeInt4Linear(nn.Module):
         if rows.shape[0] > NATIVE_QUANTIZED_ROWS:
             return F.linear(x.float(), self.dequantized(), self.bias).to(x.dtype)
         padded = F.pad(rows.float(), (0, self.padding))  # (M, K')
-        out = native_gemv.gemv_i4(self.codes, self.scales, self.offsets, padded)  # (M, N) fp32
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        out = native_gemv.gemv_i4(self.codes, self.scales, self.offsets, padded, self.bias)  # (M, N) fp32
+        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
 QUANTIZE_FORMS = {"int8": Int8Linear, "int8-dynamic": Int8DynamicLinear, "int4": Int4Linear}

@@ -96,9 +96,11 @@ static inline vec widen_f32(const float *p) { return vload(p); }
 static inline float one_f32(float v) { return v; }
 static inline float one_i8(int8_t v) { return (float)v; }
 
-/* rows_NAME(w, x, y, m, n, k): y[r * n] = W_row . x[r] for every row r of x; W_row of type T, widened by WIDEN */
+/* rows_NAME(w, x, y, m, n, k, scale, add): y[r * n] = (W_row . x[r]) * scale + add for every row r of x; W_row of
+ * type T, widened by WIDEN */
 #define DEFINE_ROWS(NAME, T, WIDEN, ONE)                                                                          \
-    static void rows_##NAME(const T *w, const float *x, float *y, int64_t m, int64_t n, int64_t k) {             \
+    static void rows_##NAME(const T *w, const float *x, float *y, int64_t m, int64_t n, int64_t k, float scale,  \
+                            float add) {                                                                         \
         int64_t r = 0;                                                                                           \
         for (; r + 4 <= m; r += 4) { /* four rows of x share each widened weight vector */                       \
             const float *x0 = x + r * k, *x1 = x0 + k, *x2 = x1 + k, *x3 = x2 + k;                               \
@@ -116,7 +118,8 @@ static inline float one_i8(int8_t v) { return (float)v; }
                 float v = ONE(w[j]);                                                                             \
                 t0 += v * x0[j], t1 += v * x1[j], t2 += v * x2[j], t3 += v * x3[j];                              \
             }                                                                                                    \
-            y[r * n] = t0, y[(r + 1) * n] = t1, y[(r + 2) * n] = t2, y[(r + 3) * n] = t3;                        \
+            y[r * n] = t0 * scale + add, y[(r + 1) * n] = t1 * scale + add;                                      \
+            y[(r + 2) * n] = t2 * scale + add, y[(r + 3) * n] = t3 * scale + add;                                \
         }                                                                                                        \
         for (; r < m; r++) { /* one row of x: four accumulators down the weight row */                           \
             const float *xr = x + r * k;                                                                         \
@@ -131,7 +134,7 @@ static inline float one_i8(int8_t v) { return (float)v; }
             for (; j + LANES <= k; j += LANES) a0 = vfma(WIDEN(w + j), vload(xr + j), a0);                       \
             float total = hsum(vadd(vadd(a0, a1), vadd(a2, a3)));                                                \
             for (; j < k; j++) total += ONE(w[j]) * xr[j];                                                       \
-            y[r * n] = total;                                                                                    \
+            y[r * n] = total * scale + add;                                                                      \
         }                                                                                                        \
     }
 
@@ -139,24 +142,24 @@ DEFINE_ROWS(f32, float, widen_f32, one_f32)
 DEFINE_ROWS(bf16, uint16_t, widen_bf16, bf16_to_float)
 DEFINE_ROWS(i8, int8_t, widen_i8, one_i8)
 
-void gemv_f32(const float *w, const float *x, float *y, int64_t m, int64_t n, int64_t k, int threads) {
+/* Each product below adds `bias` (N,) to its outputs, or nothing where it is NULL. */
+void gemv_f32(const float *w, const float *bias, const float *x, float *y, int64_t m, int64_t n, int64_t k,
+              int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t i = 0; i < n; i++) rows_f32(w + i * k, x, y + i, m, n, k);
+    for (int64_t i = 0; i < n; i++) rows_f32(w + i * k, x, y + i, m, n, k, 1.0f, bias ? bias[i] : 0.0f);
 }
 
-void gemv_bf16(const uint16_t *w, const float *x, float *y, int64_t m, int64_t n, int64_t k, int threads) {
+void gemv_bf16(const uint16_t *w, const float *bias, const float *x, float *y, int64_t m, int64_t n, int64_t k,
+               int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t i = 0; i < n; i++) rows_bf16(w + i * k, x, y + i, m, n, k);
+    for (int64_t i = 0; i < n; i++) rows_bf16(w + i * k, x, y + i, m, n, k, 1.0f, bias ? bias[i] : 0.0f);
 }
 
 /* int8 weights with one fp32 scale per output row */
-void gemv_i8(const int8_t *w, const float *scales, const float *x, float *y, int64_t m, int64_t n, int64_t k,
-             int threads) {
+void gemv_i8(const int8_t *w, const float *scales, const float *bias, const float *x, float *y, int64_t m, int64_t n,
+             int64_t k, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t i = 0; i < n; i++) {
-        rows_i8(w + i * k, x, y + i, m, n, k);
-        for (int64_t r = 0; r < m; r++) y[r * n + i] *= scales[i];
-    }
+    for (int64_t i = 0; i < n; i++) rows_i8(w + i * k, x, y + i, m, n, k, scales[i], bias ? bias[i] : 0.0f);
 }
 
 /* sum(code * x) over one group (codes widened by widen_i4), as W_LANES partial sums in two chains */
@@ -216,21 +219,23 @@ static void dot_i4_four(const uint8_t *row, const float *scales, const float *x,
 /* 4-bit weights in groups of 32 inputs (K a multiple of 32: codes (N, K / 2), in each group's 16 bytes byte j holds
  * code j in its low half and code j + 16 in its high half) with fp32 scales and offsets (N, K / 32); x_sums
  * (M, K / 32), each row of x summed over each group, is filled by the caller. */
-void gemv_i4(const uint8_t *codes, const float *scales, const float *offsets, const float *x, const float *x_sums,
-             float *y, int64_t m, int64_t n, int64_t k, int threads) {
+void gemv_i4(const uint8_t *codes, const float *scales, const float *offsets, const float *bias, const float *x,
+             const float *x_sums, float *y, int64_t m, int64_t n, int64_t k, int threads) {
     int64_t groups = k / INT4_GROUP;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t i = 0; i < n; i++) {
         const uint8_t *row = codes + i * (k / 2);
         const float *row_scales = scales + i * groups, *row_offsets = offsets + i * groups;
+        float add = bias ? bias[i] : 0.0f;
         int64_t r = 0;
         for (; r + 4 <= m; r += 4) {
             float out[4];
             dot_i4_four(row, row_scales, x + r * k, k, groups, out);
             for (int u = 0; u < 4; u++)
-                y[(r + u) * n + i] = out[u] + i4_offset(row_offsets, x_sums + (r + u) * groups, groups);
+                y[(r + u) * n + i] = out[u] + i4_offset(row_offsets, x_sums + (r + u) * groups, groups) + add;
         }
         for (; r < m; r++)
-            y[r * n + i] = dot_i4(row, row_scales, x + r * k, groups) + i4_offset(row_offsets, x_sums + r * groups, groups);
+            y[r * n + i] = dot_i4(row, row_scales, x + r * k, groups) +
+                           i4_offset(row_offsets, x_sums + r * groups, groups) + add;
     }
 }
