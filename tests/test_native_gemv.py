@@ -1,0 +1,299 @@
+"""The native decoding kernels (`generate/native_gemv.py`) around their numbers, which tests/fast_paths.py holds equal
+to their references on drawn shapes: the library built once per machine and checked against its digest before each
+load; the reasons they cannot run (no compiler, a failed build, a CPU without AVX2 and FMA) and the plan keeping
+PyTorch's kernels for them; the wrappers refusing tensors the C code would misread; the layers sending rows beyond
+their kernels' to the matrix products; and the plan, `attnkit generate` and the tune choosing them."""
+
+import hashlib
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnkit import ModelConfig, build_model, cli
+from attnkit.checkpoint import save_model
+from attnkit.generate import native_gemv, tune
+from attnkit.generate.decode_layout import NATIVE_ROWS, NativeLinear
+from attnkit.generate.plan import plan_inference
+from attnkit.generate.quantize import (
+    INT4_GROUP,
+    NATIVE_QUANTIZED_ROWS,
+    NativeInt4Linear,
+    NativeInt8Linear,
+    int4_reference,
+)
+from attnkit.machine import DEFAULT_PROFILE, CpuCapabilities
+from attnkit.tokenize import CharTokenizer
+
+AVX2 = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2", "fma3"}), name="AVX2-only CPU")
+AVX512 = CpuCapabilities(isa="AVX512", flags=AVX2.flags | {"avx512_f", "avx512_bw", "avx512_vl", "avx512_dq"})
+BASELINE = CpuCapabilities(isa="DEFAULT", name="x86-64 without AVX2")
+
+
+def _require_kernels() -> None:
+    """Skip, with the reason, where the native kernels cannot run (built, where needed, under the cache in use)."""
+    reason = native_gemv.unavailable()
+    if reason is not None:
+        pytest.skip(f"the native kernels cannot run here: {reason}")
+
+
+def _require_avx2() -> None:
+    if native_gemv.build_for(CpuCapabilities.detect()) is None:
+        pytest.skip("this CPU lacks AVX2 and FMA, which the kernels need before any compiler is asked")
+
+
+@pytest.fixture
+def kernels_dir(tmp_path, monkeypatch):
+    """An empty cache home, where the library is looked for and built: the process's loaded library is forgotten
+    before and after, so that the tests after this one load the one under the usual cache again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    native_gemv._library.cache_clear()
+    yield tmp_path / "cache" / "attnkit" / "kernels"
+    native_gemv._library.cache_clear()
+
+
+def _record_builds(monkeypatch) -> list:
+    """Each library path `native_gemv._build` is called for, from now on (it still builds)."""
+    calls, build = [], native_gemv._build
+    monkeypatch.setattr(native_gemv, "_build", lambda cc, level, path: (calls.append(path), build(cc, level, path)))
+    return calls
+
+
+def _kept(kernels_dir):
+    """The kept library and its digest file: exactly one of each."""
+    libraries, digests = sorted(kernels_dir.glob("gemv-*.so")), sorted(kernels_dir.glob("gemv-*.sha256"))
+    assert len(libraries) == 1 and [d.stem for d in digests] == [libraries[0].stem], list(kernels_dir.iterdir())
+    return libraries[0], digests[0]
+
+
+def _int8_product() -> tuple[torch.Tensor, torch.Tensor]:
+    """`gemv_i8` on two rows of a small int8 weight, and the same product in float64."""
+    torch.manual_seed(0)
+    weight, scales, x = torch.randint(-127, 128, (24, 40), dtype=torch.int8), torch.rand(24) / 100, torch.randn(2, 40)
+    expected = x.double() @ (weight.double() * scales.double()[:, None]).T
+    return native_gemv.gemv_i8(weight, scales, x), expected.float()
+
+
+# the library: built once, checked before each load -------------------------------------------------------------
+def test_the_library_is_built_once_and_loaded_as_kept_afterwards(kernels_dir, monkeypatch):
+    built = _record_builds(monkeypatch)
+    _require_kernels()
+    out, expected = _int8_product()
+    torch.testing.assert_close(out, expected)
+    assert len(built) == 1
+    library, digest = _kept(kernels_dir)
+    assert library.name.startswith(f"gemv-{native_gemv.build_for(CpuCapabilities.detect())}-")
+    assert digest.read_text().strip() == hashlib.sha256(library.read_bytes()).hexdigest()
+    written = library.stat().st_mtime_ns
+    native_gemv._library.cache_clear()  # as a new process would: find the kept library, check it, load it
+    out, expected = _int8_product()
+    torch.testing.assert_close(out, expected)
+    assert len(built) == 1 and library.stat().st_mtime_ns == written
+
+
+@pytest.mark.parametrize("damage", ["library", "digest"])
+def test_a_kept_library_that_does_not_match_its_digest_is_built_again_before_it_is_loaded(kernels_dir, tmp_path,
+                                                                                       monkeypatch, damage):
+    """The damaged copy is kept under a second cache home, a path this process has never loaded (a loaded path would
+    be answered from the loader's own table): loading the damaged library unbuilt would fail, and the product with
+    it."""
+    _require_kernels()
+    damaged = tmp_path / "damaged"
+    shutil.copytree(kernels_dir, damaged / "attnkit" / "kernels")
+    library, digest = _kept(damaged / "attnkit" / "kernels")
+    if damage == "library":
+        library.write_bytes(b"not a shared library\n")
+    else:
+        digest.write_text("0" * 64 + "\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(damaged))
+    native_gemv._library.cache_clear()
+    built = _record_builds(monkeypatch)
+    out, expected = _int8_product()
+    torch.testing.assert_close(out, expected)
+    assert built == [library]
+    assert digest.read_text().strip() == hashlib.sha256(library.read_bytes()).hexdigest()
+    assert library.read_bytes().startswith(b"\x7fELF")
+
+
+# where they cannot run, and the plan without them ------------------------------------------------------------------
+def _decoder() -> nn.Module:
+    config = ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, d_ff=64, max_seq_len=32)
+    torch.manual_seed(0)
+    return build_model(config).eval()
+
+
+@pytest.mark.parametrize("environment", [{"CC": "no-such-compiler"}, {"PATH": ""}])
+def test_without_a_compiler_the_plan_keeps_pytorchs_kernels_and_says_how_to_get_them(kernels_dir, monkeypatch,
+                                                                                    environment):
+    _require_avx2()
+    monkeypatch.delenv("CC", raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    reason = native_gemv.unavailable()
+    assert reason is not None and "no C compiler" in reason and "install gcc, or set $CC" in reason
+    plan = plan_inference(_decoder(), "decoder", profile=DEFAULT_PROFILE)
+    assert plan.linear == "plain"
+    assert "cannot run here" in plan.explain() and "install gcc, or set $CC" in plan.explain()
+    quantized = plan_inference(_decoder(), "decoder", quantize="int8", profile=DEFAULT_PROFILE)
+    assert quantized.linear == "int8"
+    assert "PyTorch's int8-weight kernel" in quantized.explain() and "install gcc, or set $CC" in quantized.explain()
+    with pytest.raises(RuntimeError, match="cannot run here: no C compiler"):
+        native_gemv.gemv_f32(torch.randn(4, 8), torch.randn(1, 8))
+    assert not kernels_dir.exists() or not any(kernels_dir.iterdir())
+
+
+def test_a_failed_build_is_the_reason_and_leaves_nothing_kept(kernels_dir, monkeypatch):
+    _require_avx2()
+    failing = shutil.which("false")
+    if failing is None:
+        pytest.skip("no `false` command to stand for a compiler that fails")
+    monkeypatch.setenv("CC", failing)
+    reason = native_gemv.unavailable()
+    assert reason is not None and reason.startswith("building them failed (")
+    quantized = plan_inference(_decoder(), "decoder", quantize="int8", profile=DEFAULT_PROFILE)
+    assert quantized.linear == "int8" and "building them failed" in quantized.explain()
+    assert list(kernels_dir.iterdir()) == []  # no library, no digest, no scratch folder
+
+
+def test_each_cpu_gets_the_build_its_vector_level_runs(kernels_dir, monkeypatch):
+    assert native_gemv.build_for(AVX512) == "avx512" and native_gemv.build_for(AVX2) == "avx2"
+    assert native_gemv.build_for(CpuCapabilities(isa="AVX2", flags=frozenset({"avx2"}))) is None  # no FMA
+    no_dq = CpuCapabilities(isa="AVX512", flags=AVX512.flags - {"avx512_dq"})
+    assert native_gemv.build_for(no_dq) == "avx2"
+    assert native_gemv.build_for(BASELINE) is None
+    reason = native_gemv.unavailable(BASELINE)
+    assert reason is not None and "AVX2 and FMA" in reason and "DEFAULT" in reason
+    built = _record_builds(monkeypatch)
+    assert native_gemv.unavailable(AVX2) is None  # a plan for another CPU: building there is that machine's affair
+    assert built == []
+
+
+# the wrappers refuse what the C code would misread ----------------------------------------------------------------
+@pytest.mark.parametrize(("call", "problem"), [
+    (lambda: native_gemv.gemv_f32(torch.randn(8, 64, dtype=torch.bfloat16), torch.randn(1, 64)),
+     r"weight must be a contiguous CPU torch.float32 tensor .* not torch.bfloat16"),
+    (lambda: native_gemv.gemv_bf16(torch.randn(64, 8, dtype=torch.bfloat16).T, torch.randn(1, 64)),
+     r"weight must be a contiguous CPU torch.bfloat16 tensor of shape \(8, 64\)"),
+    (lambda: native_gemv.gemv_f32(torch.randn(8, 64), torch.randn(1, 63)),
+     r"expected CPU rows \(M, 64\), got \(1, 63\)"),
+    (lambda: native_gemv.gemv_f32(torch.randn(8, 64), torch.randn(64)), r"expected CPU rows \(M, 64\), got \(64,\)"),
+    (lambda: native_gemv.gemv_i8(torch.zeros(8, 64, dtype=torch.int8), torch.ones(7), torch.randn(1, 64)),
+     r"scales must be a contiguous CPU torch.float32 tensor of shape \(8,\)"),
+    (lambda: native_gemv.gemv_f32(torch.randn(8, 64), torch.randn(1, 64), torch.ones(8, dtype=torch.bfloat16)),
+     r"bias must be a contiguous CPU torch.float32 tensor of shape \(8,\), not torch.bfloat16"),
+    (lambda: native_gemv.gemv_i4(torch.zeros(8, 24, dtype=torch.uint8), torch.ones(8, 1), torch.ones(8, 1),
+                                 torch.randn(1, 48)), r"groups of 32 inputs; got 48"),
+    (lambda: native_gemv.pack_int4(torch.zeros(8, 48, dtype=torch.uint8)), r"groups of 32; got 48"),
+    (lambda: native_gemv.gemv_i4(torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1), torch.ones(8, 2),
+                                 torch.randn(1, 64)), r"scales must be .* shape \(8, 2\), not torch.float32 \(8, 1\)"),
+], ids=["dtype", "transposed view", "width", "one row unbatched", "scales", "bias", "int4 width", "pack width",
+        "groups"])
+def test_the_wrappers_refuse_tensors_the_kernels_would_misread(call, problem):
+    with pytest.raises(ValueError, match=problem):
+        call()
+
+
+def test_4_bit_codes_are_packed_in_q4_0s_order():
+    torch.manual_seed(0)
+    codes = torch.randint(0, 16, (3, 2 * INT4_GROUP), dtype=torch.uint8)
+    packed = native_gemv.pack_int4(codes)
+    assert packed.dtype == torch.uint8 and packed.shape == (3, INT4_GROUP)
+    half = INT4_GROUP // 2
+    for row in range(3):
+        for group in range(2):
+            base = group * INT4_GROUP
+            for j in range(half):
+                low, high = int(codes[row, base + j]), int(codes[row, base + j + half])
+                assert int(packed[row, group * half + j]) == low | high << 4, (row, group, j)
+
+
+# the layers: their kernels for few rows, the matrix products for more ----------------------------------------------
+def _refuse(monkeypatch, kernel: str) -> None:
+    def refused(*args):
+        raise AssertionError(f"{kernel} called")
+    monkeypatch.setattr(native_gemv, kernel, refused)
+
+
+def test_native_linear_keeps_bf16_and_sends_more_rows_than_its_kernel_takes_to_nn_linear(monkeypatch):
+    _require_kernels()
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 24).to(torch.bfloat16)
+    x = torch.randn(1, 1, 48, dtype=torch.bfloat16)
+    with torch.no_grad():
+        out = NativeLinear(linear)(x)
+        exact = F.linear(x.float(), linear.weight.float(), linear.bias.float())
+    assert out.dtype == torch.bfloat16 and out.shape == (1, 1, 24)
+    torch.testing.assert_close(out.float(), exact, rtol=2**-8, atol=1e-5)  # one bf16 rounding of fp32's sums
+
+    _refuse(monkeypatch, "gemv_f32")
+    linear = nn.Linear(16, 8)
+    layer = NativeLinear(linear)
+    several = torch.randn(1, NATIVE_ROWS + 1, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(several), linear(several))
+        with pytest.raises(AssertionError, match="gemv_f32 called"):
+            layer(several[:, :NATIVE_ROWS])
+
+
+def test_native_int8_layer_dequantizes_for_more_rows_than_its_kernel_takes(monkeypatch):
+    _refuse(monkeypatch, "gemv_i8")
+    torch.manual_seed(0)
+    layer = NativeInt8Linear(nn.Linear(24, 8))
+    x = torch.randn(NATIVE_QUANTIZED_ROWS + 1, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), layer.reference(x))
+        with pytest.raises(AssertionError, match="gemv_i8 called"):
+            layer(x[:NATIVE_QUANTIZED_ROWS])
+
+
+def test_native_int4_layer_pads_an_in_width_its_groups_do_not_tile():
+    _require_kernels()
+    torch.manual_seed(0)
+    linear = nn.Linear(172, 16)
+    layer = NativeInt4Linear(linear)
+    assert layer.padding == 192 - 172 and layer.codes.shape == (16, 192 // 2)
+    for rows in (1, NATIVE_QUANTIZED_ROWS + 1):  # the kernel, then the dequantized weight
+        x = torch.randn(rows, 172)
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), int4_reference(linear, x, native=True), rtol=1e-5, atol=1e-5)
+
+
+# the plan, the command line and the tune --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("native-run") / "run"
+    tokenizer = CharTokenizer("abcdefghijklmnopqrstuvwxyz .:ROME")
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=1, n_heads=4, d_ff=64, max_seq_len=32)
+    torch.manual_seed(0)
+    save_model(build_model(config).eval(), config, root)
+    tokenizer.save(root / "tokenizer")
+    return root
+
+
+@pytest.mark.parametrize(("options", "linear"), [([], "native"), (["--int8"], "int8-native"),
+                                                 (["--int4"], "int4-native")])
+def test_generate_explains_a_plan_through_the_native_kernels(char_run, capsys, options, linear):
+    """The tests' kept profile is the documented default, which names the native kernels for every form."""
+    _require_kernels()
+    command = ["generate", str(char_run), *options, "--explain", "--prompt", "ROMEO:", "--max-new-tokens", "3",
+               "--temperature", "0"]
+    assert cli.main(command) == 0
+    printed = capsys.readouterr()
+    chosen = [line.split()[2] for line in printed.err.splitlines() if line.strip().startswith("linear layers")]
+    assert chosen == [f"{linear}:"], printed.err  # the run is fp32: no bf16 packing
+    generated = printed.out.splitlines()
+    assert len(generated) == 1 and generated[0].startswith("ROMEO:") and len(generated[0]) == len("ROMEO:") + 3
+
+
+@pytest.mark.parametrize("form", ["int8", "int4"])
+def test_tune_measures_pytorchs_and_the_native_quantized_kernels_where_each_runs(form):
+    cpu = CpuCapabilities.detect()
+    expected = ({"pytorch"} if form == "int8" or cpu.int4_kernel else set()) | \
+        ({"native"} if native_gemv.unavailable(cpu) is None else set())
+    times, rows = tune.measure_quantized(form, cpu, tune.QUICK)
+    assert set(times) == expected and all(seconds > 0 for seconds in times.values())
+    assert len(rows) == len(expected) and all(form in row for row in rows)
+    times, rows = tune.measure_quantized(form, BASELINE, tune.QUICK)  # neither is vectorized nor built there
+    assert set(times) == ({"pytorch"} if form == "int8" else set()) and len(rows) == len(times)
