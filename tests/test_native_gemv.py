@@ -5,6 +5,7 @@ PyTorch's kernels for them; the wrappers refusing tensors the C code would misre
 their kernels' to the matrix products; and the plan, `attnkit generate` and the tune choosing them."""
 
 import hashlib
+import re
 import shutil
 
 import pytest
@@ -124,22 +125,23 @@ def _decoder() -> nn.Module:
     return build_model(config).eval()
 
 
-@pytest.mark.parametrize("environment", [{"CC": "no-such-compiler"}, {"PATH": ""}])
+@pytest.mark.parametrize(("environment", "said"), [
+    ({"CC": "no-such-compiler --quiet"}, "$CC is 'no-such-compiler --quiet', which is not a program on PATH"),
+    ({"PATH": ""}, "no C compiler found to build them (install gcc, or set $CC)")], ids=["CC missing", "PATH empty"])
 def test_without_a_compiler_the_plan_keeps_pytorchs_kernels_and_says_how_to_get_them(kernels_dir, monkeypatch,
-                                                                                    environment):
+                                                                                    environment, said):
     _require_avx2()
     monkeypatch.delenv("CC", raising=False)
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    reason = native_gemv.unavailable()
-    assert reason is not None and "no C compiler" in reason and "install gcc, or set $CC" in reason
+    assert native_gemv.unavailable() == said
     plan = plan_inference(_decoder(), "decoder", profile=DEFAULT_PROFILE)
     assert plan.linear == "plain"
-    assert "cannot run here" in plan.explain() and "install gcc, or set $CC" in plan.explain()
+    assert "cannot run here" in plan.explain() and said in plan.explain()
     quantized = plan_inference(_decoder(), "decoder", quantize="int8", profile=DEFAULT_PROFILE)
     assert quantized.linear == "int8"
-    assert "PyTorch's int8-weight kernel" in quantized.explain() and "install gcc, or set $CC" in quantized.explain()
-    with pytest.raises(RuntimeError, match="cannot run here: no C compiler"):
+    assert "PyTorch's int8-weight kernel" in quantized.explain() and said in quantized.explain()
+    with pytest.raises(RuntimeError, match=f"cannot run here: {re.escape(said)}"):
         native_gemv.gemv_f32(torch.randn(4, 8), torch.randn(1, 8))
     assert not kernels_dir.exists() or not any(kernels_dir.iterdir())
 
@@ -173,23 +175,25 @@ def test_each_cpu_gets_the_build_its_vector_level_runs(kernels_dir, monkeypatch)
 # the wrappers refuse what the C code would misread ----------------------------------------------------------------
 @pytest.mark.parametrize(("call", "problem"), [
     (lambda: native_gemv.gemv_f32(torch.randn(8, 64, dtype=torch.bfloat16), torch.randn(1, 64)),
-     r"weight must be a contiguous CPU torch.float32 tensor .* not torch.bfloat16"),
+     r"weight must be a contiguous CPU torch.float32 tensor .* not a contiguous torch.bfloat16 one"),
+    (lambda: native_gemv.gemv_f32(torch.empty(8, 64, device="meta"), torch.randn(1, 64)),
+     r"weight must be a contiguous CPU torch.float32 tensor .* on meta"),
     (lambda: native_gemv.gemv_bf16(torch.randn(64, 8, dtype=torch.bfloat16).T, torch.randn(1, 64)),
-     r"weight must be a contiguous CPU torch.bfloat16 tensor of shape \(8, 64\)"),
+     r"weight must be a contiguous CPU torch.bfloat16 tensor of shape \(8, 64\), not a strided"),
     (lambda: native_gemv.gemv_f32(torch.randn(8, 64), torch.randn(1, 63)),
      r"expected CPU rows \(M, 64\), got \(1, 63\)"),
     (lambda: native_gemv.gemv_f32(torch.randn(8, 64), torch.randn(64)), r"expected CPU rows \(M, 64\), got \(64,\)"),
     (lambda: native_gemv.gemv_i8(torch.zeros(8, 64, dtype=torch.int8), torch.ones(7), torch.randn(1, 64)),
      r"scales must be a contiguous CPU torch.float32 tensor of shape \(8,\)"),
     (lambda: native_gemv.gemv_f32(torch.randn(8, 64), torch.randn(1, 64), torch.ones(8, dtype=torch.bfloat16)),
-     r"bias must be a contiguous CPU torch.float32 tensor of shape \(8,\), not torch.bfloat16"),
+     r"bias must be a contiguous CPU torch.float32 tensor of shape \(8,\), not a contiguous torch.bfloat16"),
     (lambda: native_gemv.gemv_i4(torch.zeros(8, 24, dtype=torch.uint8), torch.ones(8, 1), torch.ones(8, 1),
                                  torch.randn(1, 48)), r"groups of 32 inputs; got 48"),
     (lambda: native_gemv.pack_int4(torch.zeros(8, 48, dtype=torch.uint8)), r"groups of 32; got 48"),
     (lambda: native_gemv.gemv_i4(torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1), torch.ones(8, 2),
-                                 torch.randn(1, 64)), r"scales must be .* shape \(8, 2\), not torch.float32 \(8, 1\)"),
-], ids=["dtype", "transposed view", "width", "one row unbatched", "scales", "bias", "int4 width", "pack width",
-        "groups"])
+                                 torch.randn(1, 64)), r"scales must be .* shape \(8, 2\), not .* of shape \(8, 1\)"),
+], ids=["dtype", "meta device", "transposed view", "width", "one row unbatched", "scales", "bias", "int4 width",
+        "pack width", "groups"])
 def test_the_wrappers_refuse_tensors_the_kernels_would_misread(call, problem):
     with pytest.raises(ValueError, match=problem):
         call()
@@ -297,3 +301,16 @@ def test_tune_measures_pytorchs_and_the_native_quantized_kernels_where_each_runs
     assert len(rows) == len(expected) and all(form in row for row in rows)
     times, rows = tune.measure_quantized(form, BASELINE, tune.QUICK)  # neither is vectorized nor built there
     assert set(times) == ({"pytorch"} if form == "int8" else set()) and len(rows) == len(times)
+
+
+def test_a_cc_with_a_launcher_in_front_builds_with_it(kernels_dir, monkeypatch):
+    """$CC may carry a launcher or flags ("ccache gcc"): the first word is looked up, the rest passed on."""
+    _require_avx2()
+    gcc, env = shutil.which("gcc") or shutil.which("cc"), shutil.which("env")
+    if gcc is None or env is None:
+        pytest.skip("needs gcc (or cc) and env on PATH to stand for a launcher in front of a compiler")
+    monkeypatch.setenv("CC", f"env {gcc}")
+    assert native_gemv.compiler() == [env, gcc]
+    assert native_gemv.unavailable() is None
+    out, expected = _int8_product()
+    torch.testing.assert_close(out, expected)

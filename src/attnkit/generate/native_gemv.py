@@ -31,6 +31,7 @@ import functools
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -62,11 +63,15 @@ _SIGNATURES = {  # argument types of each exported function
 }
 
 
-def compiler() -> str | None:
-    """The C compiler to build with: $CC, else the first of cc, gcc, clang on the PATH; None if there is none."""
+def compiler() -> list[str] | str:
+    """The C compiler to build with, as a command: $CC (which may carry a launcher or flags: "ccache gcc"), else the
+    first of cc, gcc, clang on the PATH; or, where there is none, why not in one line."""
     if os.environ.get("CC"):
-        return shutil.which(os.environ["CC"])
-    return next((found for name in ("cc", "gcc", "clang") if (found := shutil.which(name))), None)
+        command = shlex.split(os.environ["CC"])
+        found = shutil.which(command[0]) if command else None
+        return [found, *command[1:]] if found else f"$CC is {os.environ['CC']!r}, which is not a program on PATH"
+    found = next((path for name in ("cc", "gcc", "clang") if (path := shutil.which(name))), None)
+    return [found] if found else "no C compiler found to build them (install gcc, or set $CC)"
 
 
 def build_for(cpu: CpuCapabilities) -> str | None:
@@ -91,9 +96,9 @@ def _this_cpu() -> CpuCapabilities:
     return CpuCapabilities.detect()
 
 
-def library_path(cc: str, build: str) -> Path:
+def library_path(cc: list[str], build: str) -> Path:
     """Where the library `cc` builds from this source for `build` is kept."""
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    version = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     flags = (*FLAGS, *BUILDS[build][1])
     digest = hashlib.sha256(SOURCE.read_bytes() + repr((flags, version)).encode()).hexdigest()[:16]
     return cache_home() / "kernels" / f"gemv-{build}-{digest}.so"
@@ -103,17 +108,17 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _build(cc: str, build: str, path: Path) -> None:
+def _build(cc: list[str], build: str, path: Path) -> None:
     """Compile the library for `build` to `path`, whole or not at all, with the digest of what was written beside
     it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     log.info("building the native decoding kernels with %s (once; kept in %s)", cc, path.parent)
     with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
         built = Path(scratch) / path.name
-        done = subprocess.run([cc, *FLAGS, *BUILDS[build][1], "-o", str(built), str(SOURCE)], capture_output=True,
+        done = subprocess.run([*cc, *FLAGS, *BUILDS[build][1], "-o", str(built), str(SOURCE)], capture_output=True,
                               text=True, timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
-            raise OSError(f"{Path(cc).name} failed: {(done.stderr.strip().splitlines() or ['no message'])[-1]}")
+            raise OSError(f"{Path(cc[0]).name} failed: {(done.stderr.strip().splitlines() or ['no message'])[-1]}")
         digest = Path(scratch) / "digest"
         digest.write_text(_file_digest(built))
         os.replace(built, path)
@@ -127,8 +132,8 @@ def _library() -> ctypes.CDLL | str:
     if build is None:
         return "they need AVX2 and FMA"
     cc = compiler()
-    if cc is None:
-        return "no C compiler found to build them (install gcc, or set $CC)"
+    if isinstance(cc, str):
+        return cc
     try:
         path = library_path(cc, build)
         digest = path.with_suffix(".sha256")
@@ -152,16 +157,17 @@ def _kernel(name: str):
 
 def _rows(x: Tensor, width: int) -> Tensor:
     """x (M, K) as the contiguous fp32 rows the kernels read."""
-    if x.dim() != 2 or x.shape[1] != width or x.device.type != "cpu":
+    if x.dim() != 2 or x.shape[1] != width or not x.is_cpu:
         raise ValueError(f"expected CPU rows (M, {width}), got {tuple(x.shape)} on {x.device}")
     return x.to(torch.float32).contiguous()
 
 
 def _weight(tensor: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
     """Refuse a tensor the kernel would read out of bounds or misread: it must be contiguous CPU `dtype` of `shape`."""
-    if tensor.dtype != dtype or tuple(tensor.shape) != shape or not tensor.is_contiguous() or tensor.is_cuda:
-        raise ValueError(f"{what} must be a contiguous CPU {dtype} tensor of shape {shape}, not {tensor.dtype} "
-                         f"{tuple(tensor.shape)}")
+    if tensor.dtype != dtype or tuple(tensor.shape) != shape or not tensor.is_contiguous() or not tensor.is_cpu:
+        layout = "contiguous" if tensor.is_contiguous() else "strided"
+        raise ValueError(f"{what} must be a contiguous CPU {dtype} tensor of shape {shape}, not a {layout} "
+                         f"{tensor.dtype} one of shape {tuple(tensor.shape)} on {tensor.device}")
 
 
 def _bias(bias: Tensor | None, n: int) -> int | None:
