@@ -124,6 +124,17 @@ def test_a_row_with_no_distribution_draws_no_token_and_only_that_row(config):
     assert check_drawn([drawn[0], drawn[2]]) == [drawn[0], drawn[2]]
 
 
+@pytest.mark.parametrize("where", [0, 7, -1])
+def test_greedy_reads_one_nan_anywhere_in_a_row_as_no_distribution(where):
+    """Greedy finds a broken row in its one pass (argmax, which takes a nan's index): a single nan among finite
+    logits, at the first, a middle or the last token, spoils that row only; +inf is a choice, not a fault."""
+    logits = _logits(seed=6, batch=3).float()
+    logits[0, where] = float("nan")
+    logits[2, 5] = float("inf")
+    drawn = select_next(logits, SamplingConfig(temperature=0.0))
+    assert drawn.tolist() == [NO_TOKEN, int(logits[1].argmax()), 5]
+
+
 @pytest.mark.parametrize(
     "settings, message",
     [

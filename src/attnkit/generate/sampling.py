@@ -272,9 +272,10 @@ def select_next_in_groups(
     Here nothing is read: a row that is no distribution gets NO_TOKEN, found when the tokens are read. seen, counts:
     what the penalties read (`process_logits`)."""
     logits = process_logits(logits, config, seen, counts)
-    if config.greedy:
-        broken = logits.isnan().any(dim=-1) | logits.isneginf().all(dim=-1)  # (B,)
-        return logits.argmax(dim=-1).masked_fill(broken, NO_TOKEN)
+    if config.greedy:  # one pass over the logits: argmax takes a nan where a row holds one, and -inf only where all are
+        ids = logits.argmax(dim=-1)  # (B,)
+        chosen = logits.gather(-1, ids[:, None]).squeeze(-1)  # (B,)
+        return ids.masked_fill(chosen.isnan() | chosen.isneginf(), NO_TOKEN)
     probs = logits.softmax(dim=-1)  # (B, V): a row of nan logits, or all at -inf, is all nan
     races = torch.empty_like(probs)  # (B, V)
     for part, (_, generator) in zip(races.split([rows for rows, _ in groups]), groups, strict=True):
