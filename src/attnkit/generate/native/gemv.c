@@ -102,10 +102,17 @@ static inline float one_i8(int8_t v) { return (float)v; }
     static void rows_##NAME(const T *w, const float *x, float *y, int64_t m, int64_t n, int64_t k, float scale,  \
                             float add) {                                                                         \
         int64_t r = 0;                                                                                           \
-        for (; r + 4 <= m; r += 4) { /* four rows of x share each widened weight vector */                       \
+        for (; r + 4 <= m; r += 4) { /* four rows of x share each widened weight vector, two accumulators each */ \
             const float *x0 = x + r * k, *x1 = x0 + k, *x2 = x1 + k, *x3 = x2 + k;                               \
-            vec a0 = vzero(), a1 = a0, a2 = a0, a3 = a0;                                                         \
+            vec a0 = vzero(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;                     \
             int64_t j = 0;                                                                                       \
+            for (; j + 2 * LANES <= k; j += 2 * LANES) {                                                         \
+                vec v = WIDEN(w + j), u = WIDEN(w + j + LANES);                                                  \
+                a0 = vfma(v, vload(x0 + j), a0), b0 = vfma(u, vload(x0 + j + LANES), b0);                        \
+                a1 = vfma(v, vload(x1 + j), a1), b1 = vfma(u, vload(x1 + j + LANES), b1);                        \
+                a2 = vfma(v, vload(x2 + j), a2), b2 = vfma(u, vload(x2 + j + LANES), b2);                        \
+                a3 = vfma(v, vload(x3 + j), a3), b3 = vfma(u, vload(x3 + j + LANES), b3);                        \
+            }                                                                                                    \
             for (; j + LANES <= k; j += LANES) {                                                                 \
                 vec v = WIDEN(w + j);                                                                            \
                 a0 = vfma(v, vload(x0 + j), a0);                                                                 \
@@ -113,7 +120,8 @@ static inline float one_i8(int8_t v) { return (float)v; }
                 a2 = vfma(v, vload(x2 + j), a2);                                                                 \
                 a3 = vfma(v, vload(x3 + j), a3);                                                                 \
             }                                                                                                    \
-            float t0 = hsum(a0), t1 = hsum(a1), t2 = hsum(a2), t3 = hsum(a3);                                    \
+            float t0 = hsum(vadd(a0, b0)), t1 = hsum(vadd(a1, b1)), t2 = hsum(vadd(a2, b2));                     \
+            float t3 = hsum(vadd(a3, b3));                                                                       \
             for (; j < k; j++) {                                                                                 \
                 float v = ONE(w[j]);                                                                             \
                 t0 += v * x0[j], t1 += v * x1[j], t2 += v * x2[j], t3 += v * x3[j];                              \
