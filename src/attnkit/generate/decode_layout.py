@@ -137,28 +137,40 @@ class GemvPackedLinear(GemvLinear):
         return self.packed(x)
 
 
-NATIVE_ROWS = 2  # rows up to which `NativeLinear` takes the hand-written product; more go to the matrix kernels
+NATIVE_ROWS = 2  # rows up to which `NativeLinear` takes the hand-written product where a matrix kernel serves more
+NATIVE_BF16_ROWS = 32  # the same for bf16 where oneDNN cannot pack it: nn.Linear's bf16 product is a slow reference
 
 
 class NativeLinear(GemvLinear):
-    """An fp32 or bf16 linear layer for decoding: up to `NATIVE_ROWS` rows through the hand-written matrix-vector
-    product (`native_gemv`: the weight read as stored, four accumulators, fp32 arithmetic), more through nn.Linear's
-    product. x (..., K) -> (..., N), in x's dtype, equal to nn.Linear's up to the order of summation (and, for bf16,
-    the fp32 rounding of the output); inference only, on CPUs with AVX2 and FMA.
+    """An fp32 or bf16 linear layer for decoding: a few rows through the hand-written matrix-vector product
+    (`native_gemv`: the weight read as stored, four accumulators, fp32 arithmetic), more through a matrix kernel.
+    x (..., K) -> (..., N), in x's dtype, equal to nn.Linear's up to the order of summation (and, for bf16, the fp32
+    rounding of the output); inference only, on CPUs with AVX2 and FMA.
 
     The weight is the tensor as loaded (a tied output layer shares the embedding's table). The product is bound by
     reading the weight, and its kernel reads it at the memory's rate where MKL's fp32 product and ATen's bf16 one read
-    it slower (`attnkit tune` measures them on a machine); for several rows the matrix kernels, which reuse each
-    weight they load across rows, are faster.
+    it slower (`attnkit tune` measures them on a machine). fp32: up to `NATIVE_ROWS` rows, more through nn.Linear's
+    product (MKL's, which reuses each weight it loads across rows). bf16: up to `NATIVE_BF16_ROWS` rows, since
+    nn.Linear's bf16 product is oneDNN's reference path where oneDNN cannot pack bf16 (under AVX2, 4 to 32 rows of
+    GPT-2's block took 1.8-2.1x the native product's time), more through the weight widened to fp32 for the call and
+    MKL's product; `NativePackedLinear` keeps oneDNN's packed weight for several rows where it can.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__(linear)
         bias = None if linear.bias is None else linear.bias.detach().float()  # fp32's own tensor, or a copy
         self.register_buffer("bias_fp32", bias, persistent=False)  # (N,): what the kernel adds
+        self.max_rows = NATIVE_ROWS if linear.weight.dtype == torch.float32 else NATIVE_BF16_ROWS
+
+    def rows(self, x: Tensor) -> Tensor:
+        """More rows than the native product takes: nn.Linear's product (fp32), or MKL's on the weight widened to
+        fp32 for the call (bf16)."""
+        if self.weight.dtype == torch.float32:
+            return super().rows(x)
+        return F.linear(x.float(), self.weight.float(), self.bias_fp32).to(x.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.numel() > NATIVE_ROWS * self.in_features:
+        if x.numel() > self.max_rows * self.in_features:
             return self.rows(x)
         gemv = native_gemv.gemv_f32 if self.weight.dtype == torch.float32 else native_gemv.gemv_bf16
         out = gemv(self.weight, x.reshape(-1, self.in_features), self.bias_fp32)  # (M, N) fp32
@@ -166,8 +178,15 @@ class NativeLinear(GemvLinear):
 
 
 class NativePackedLinear(NativeLinear, GemvPackedLinear):
-    """A bf16 `NativeLinear` whose several rows go through the weight packed once for oneDNN (`GemvPackedLinear`):
-    the weight held twice, on CPUs where oneDNN packs bf16."""
+    """A bf16 `NativeLinear` whose rows beyond `NATIVE_ROWS` go through the weight packed once for oneDNN
+    (`GemvPackedLinear`): the weight held twice, on CPUs where oneDNN packs bf16."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        self.max_rows = NATIVE_ROWS
+
+    def rows(self, x: Tensor) -> Tensor:
+        return GemvPackedLinear.rows(self, x)
 
 
 def gemv_linear_weights(model: nn.Module) -> nn.Module:

@@ -41,6 +41,7 @@ from attnkit.errors import InputError
 from attnkit.generate import native_gemv
 from attnkit.generate.captured_step import default_package_dir
 from attnkit.generate.decode_layout import (
+    NATIVE_BF16_ROWS,
     NATIVE_ROWS,
     fuse_qkv_projections,
     gemv_linear_weights,
@@ -235,10 +236,14 @@ def _linear_layout(
             return "plain", f"the native kernels measured fastest, but cannot run here: {reason}"
         if wanted == "native+packed" and cpu is not None and not cpu.onednn_bf16:
             wanted = "native"
-        several = ("several through oneDNN's packed weight (each weight held twice)" if wanted == "native+packed"
-                   else "several through nn.Linear's product")
-        return wanted, (f"fastest for one decoding row in {name}{measured}: up to {NATIVE_ROWS} rows through the "
-                        f"native matrix-vector kernel (the weight read as stored, fp32 arithmetic), {several} "
+        if wanted == "native+packed":
+            rows, several = NATIVE_ROWS, "more through oneDNN's packed weight (each weight held twice)"
+        elif dtype == torch.bfloat16:
+            rows, several = NATIVE_BF16_ROWS, "more through the weight widened to fp32 for the call"
+        else:
+            rows, several = NATIVE_ROWS, "more through nn.Linear's product"
+        return wanted, (f"fastest for one decoding row in {name}{measured}: up to {rows} rows through the native "
+                        f"matrix-vector kernel (the weight read as stored, fp32 arithmetic), {several} "
                         f"({profile_note})")
     if wanted == "transposed" and static and compile == "max-autotune":
         return "plain", "max-autotune packs frozen weights for its own kernels, faster than a transposed copy"
