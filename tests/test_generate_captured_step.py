@@ -202,3 +202,12 @@ def test_int4_steps_are_compiled_by_torch_compile_instead(tmp_path):
     assert type(decoding_for(model, "aot")) is StaticDecoding
     with pytest.raises(InputError, match="int4 weights cannot be captured"):
         CapturedDecoding(model, package_dir=tmp_path)
+
+
+@pytest.mark.parametrize(("isa", "vectorized"), [("AVX512", True), ("AVX2", False), ("DEFAULT", False)])
+def test_int8_products_are_captured_as_reductions_only_where_inductor_widens_int8_in_vectors(monkeypatch, isa,
+                                                                                           vectorized):
+    """Under AVX2 inductor's int8-to-float loop is scalar (a captured one-row int8 step ran at 0.07x llama.cpp's
+    q8_0 there), so the capture keeps PyTorch's int8 kernel and decomposes it only with AVX-512."""
+    monkeypatch.setattr(captured.CpuCapabilities, "detect", classmethod(lambda cls: captured.CpuCapabilities(isa=isa)))
+    assert captured.int8_loops_vectorized() == vectorized
