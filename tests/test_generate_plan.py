@@ -15,7 +15,7 @@ from attnkit.errors import InputError
 from attnkit.generate import tune
 from attnkit.generate.decode_layout import GemvPackedLinear, TransposedLinear
 from attnkit.generate.plan import plan_inference
-from attnkit.generate.tune import _longest_win
+from attnkit.generate.tune import _longest_win, choose_layout
 from attnkit.generate.tune import tune as tune_machine
 from attnkit.layers.attention import Attention
 from attnkit.machine import (
@@ -280,3 +280,12 @@ def test_tune_refuses_a_place_it_cannot_write_before_measuring(tmp_path, capsys)
     assert cli.main(["tune", "--quick", "--out", str(tmp_path / "file" / "profile.json")]) == 2
     out, err = capsys.readouterr()
     assert "measuring" not in out and "file" in err
+
+
+def test_a_layout_that_ties_at_one_row_is_chosen_by_eight_rows():
+    """One-row times within 10% of the fastest are a tie (two timings of one kernel differ that much on a busy
+    machine), broken by eight rows; a clear one-row winner is kept whatever eight rows cost."""
+    one, eight = {"plain": 1.00, "gemv": 1.01, "native": 1.08}, {"plain": 9.0, "gemv": 8.0, "native": 4.0}
+    assert choose_layout(one, eight) == "native"
+    assert choose_layout({**one, "native": 1.2}, eight) == "gemv"
+    assert choose_layout({"plain": 0.5, "native": 1.0}, eight) == "plain"

@@ -242,7 +242,7 @@ def _linear_layout(
             rows, several = NATIVE_BF16_ROWS, "more through the weight widened to fp32 for the call"
         else:
             rows, several = NATIVE_ROWS, "more through nn.Linear's product"
-        return wanted, (f"fastest for one decoding row in {name}{measured}: up to {rows} rows through the native "
+        return wanted, (f"measured fastest for decoding in {name}{measured}: up to {rows} rows through the native "
                         f"matrix-vector kernel (the weight read as stored, fp32 arithmetic), {several} "
                         f"({profile_note})")
     if wanted == "transposed" and static and compile == "max-autotune":
@@ -256,15 +256,15 @@ def _linear_layout(
             return "plain", (f"oneDNN packs {name} weights only with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; this CPU "
                              f"reports {cpu.isa}, so nn.Linear runs oneDNN's reference path")
     if wanted == "gemv+packed":
-        return wanted, (f"fastest for one decoding row in {name}{measured}: one row through ATen's matrix-vector "
+        return wanted, (f"measured fastest for decoding in {name}{measured}: one row through ATen's matrix-vector "
                         f"kernel, several through oneDNN's packed weight (each weight held twice; {profile_note})")
     if wanted == "gemv" and compile:
         return "plain", "the compiled step reads the weights in its own loops"
     if wanted == "gemv" and dtype == torch.bfloat16:
-        return wanted, (f"fastest for one decoding row in {name}{measured}: the bf16 weight read through ATen's "
+        return wanted, (f"measured fastest for decoding in {name}{measured}: the bf16 weight read through ATen's "
                         f"matrix-vector kernel and computed in fp32, several rows through nn.Linear ({profile_note})")
     if wanted in ("transposed", "packed"):
-        return wanted, f"fastest for one decoding row in {name}{measured} ({profile_note})"
+        return wanted, f"measured fastest for decoding in {name}{measured} ({profile_note})"
     return "plain", f"nn.Linear's layout for {name}{measured} ({profile_note})"
 
 
@@ -292,10 +292,13 @@ def _quantized_kernel(quantize: str, on_cpu: bool, compile: bool | str, cpu: Cpu
 
 
 def _timings(profile: Profile, what: str) -> str:
-    """The profile's measurements of `what` as a clause (": plain 0.120 ms, transposed 0.100 ms"), or ""."""
-    times = profile.timings.get(what)
-    return ": " + ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items(), key=lambda kv: kv[1])) \
-        if times else ""
+    """The profile's measurements of `what` as a clause (": plain 0.120 ms, transposed 0.100 ms"), with those of eight
+    rows where they were measured ("; 8 rows: ..."), or ""."""
+    def listed(times: dict[str, float]) -> str:
+        return ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items(), key=lambda kv: kv[1]))
+
+    times, eight = profile.timings.get(what), profile.timings.get(f"{what}, 8 rows")
+    return (f": {listed(times)}" + (f"; 8 rows: {listed(eight)}" if eight else "")) if times else ""
 
 
 PADDED_INPUTS = {  # quantized form -> (the in-width multiple its kernel takes, why)

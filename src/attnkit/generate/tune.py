@@ -5,11 +5,11 @@ Four comparisons, each between kernels that compute the same numbers (tests hold
     attention       SDPA against plain float32 products (`grouped_attention`) for bf16 attention: one decoding
                     query over S cached keys, and a causal pass (forward and backward) over T = S keys. The profile
                     keeps the longest S up to which the plain products win at every measured length.
-    linear layers   one decoding row through GPT-2-sized matrices: nn.Linear against a transposed fp32 weight, and
-                    against a packed bf16 weight and packed plus ATen's matrix-vector kernel for single rows where
-                    oneDNN packs, and ATen's kernel alone (bf16 read, fp32 arithmetic) where it does not
+    linear layers   one decoding row, and eight, through GPT-2-sized matrices: nn.Linear against a transposed fp32
+                    weight, and against a packed bf16 weight and packed plus ATen's matrix-vector kernel for single
+                    rows where oneDNN packs, and ATen's kernel alone (bf16 read, fp32 arithmetic) where it does not
                     (`decode_layout.py`), and the hand-written products where they run (`native_gemv.py`).
-                    The fastest is kept.
+                    The fastest for one row is kept, or, among those within 10% of it, the fastest for eight.
     quantized       one fp32 decoding row through the same shapes with int8 and with 4-bit weights: PyTorch's
                     kernels against the native ones (`native_gemv.py`)
     bf16 cost       the fastest bf16 layout's time over the fastest fp32 layout's, which the plan reports on CPUs
@@ -38,7 +38,13 @@ from torch.utils import benchmark
 
 from attnkit.errors import InputError
 from attnkit.generate import native_gemv
-from attnkit.generate.decode_layout import GemvLinear, GemvPackedLinear, NativeLinear, TransposedLinear
+from attnkit.generate.decode_layout import (
+    GemvLinear,
+    GemvPackedLinear,
+    NativeLinear,
+    NativePackedLinear,
+    TransposedLinear,
+)
 from attnkit.generate.quantize import NATIVE_FORMS, QUANTIZE_FORMS
 from attnkit.layers.kernels import grouped_attention
 from attnkit.layers.masks import AttentionMask
@@ -56,6 +62,7 @@ from attnkit.outputs import atomic_output, atomic_write
 log = logging.getLogger(__name__)
 HEADS, HEAD_DIM = 6, 64
 QUANTIZED = ("int8", "int4")  # the weight-only forms whose kernel is measured
+TIE = 1.1  # one-row times within this factor of the fastest count as a tie, which eight rows break
 
 
 @dataclass(frozen=True)
@@ -140,19 +147,20 @@ def _decoding_layers(budget: Budget, dtype: torch.dtype) -> tuple[list[nn.Linear
     return [nn.Linear(k, n).to(dtype) for _ in range(copies) for k, n in budget.shapes], copies
 
 
-def _time_layouts(layouts: dict[str, list[nn.Module]], dtype: torch.dtype, budget: Budget, copies: int
-                  ) -> dict[str, float]:
-    """Seconds per set of the budget's shapes for one decoding row through each layout's layers."""
-    rows_in = {k: torch.randn(1, k, dtype=dtype) for k, _ in budget.shapes}
+def _time_layouts(layouts: dict[str, list[nn.Module]], dtype: torch.dtype, budget: Budget, copies: int,
+                  rows: int = 1) -> dict[str, float]:
+    """Seconds per set of the budget's shapes for `rows` decoding rows through each layout's layers."""
+    rows_in = {k: torch.randn(rows, k, dtype=dtype) for k, _ in budget.shapes}
     with torch.no_grad():
         return {name: _seconds(lambda layers=layers: [m(rows_in[m.in_features]) for m in layers],
                                budget.min_run_time) / copies for name, layers in layouts.items()}
 
 
-def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, budget: Budget) -> tuple[dict[str, float], list[str]]:
-    """One decoding row through the budget's shapes, repeated up to its `weights_mb`, in each layout that applies:
-    each layout's seconds, and table rows."""
-    log.info("  linear layers: one decoding row in each %s layout", str(dtype).removeprefix("torch."))
+def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, budget: Budget
+                   ) -> tuple[dict[str, float], dict[str, float], list[str]]:
+    """One decoding row, and eight (a batch, a prompt's rows), through the budget's shapes, repeated up to its
+    `weights_mb`, in each layout that applies: each layout's seconds for one row and for eight, and table rows."""
+    log.info("  linear layers: one and eight decoding rows in each %s layout", str(dtype).removeprefix("torch."))
     linears, copies = _decoding_layers(budget, dtype)
     native = native_gemv.unavailable(cpu) is None
     layouts: dict[str, list[nn.Module]] = {"plain": linears}
@@ -164,15 +172,26 @@ def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, budget: Budget) -> 
         gemv = [GemvPackedLinear(layer) for layer in linears]
         layouts["packed"] = [layer.packed for layer in gemv]  # the same packed weights, packed once
         layouts["gemv+packed"] = gemv
-        if native:  # one row through the native kernel: the packed weights serve several rows only
-            layouts["native+packed"] = [NativeLinear(layer) for layer in linears]
+        if native:
+            layouts["native+packed"] = [NativePackedLinear(layer) for layer in linears]
     elif dtype == torch.bfloat16:  # no oneDNN packing: bf16 read, computed in fp32 by ATen's kernel
         layouts["gemv"] = [GemvLinear(layer) for layer in linears]
         if native:
             layouts["native"] = [NativeLinear(layer) for layer in linears]
-    times = _time_layouts(layouts, dtype, budget, copies)
-    rows = [f"linear {str(dtype).removeprefix('torch.'):8} {name:13} {t * 1e3:8.3f} ms" for name, t in times.items()]
-    return times, rows
+    one = _time_layouts(layouts, dtype, budget, copies)
+    eight = _time_layouts(layouts, dtype, budget, copies, rows=8)
+    name = str(dtype).removeprefix("torch.")
+    rows = [f"linear {name:8} {layout:13} {one[layout] * 1e3:8.3f} ms  8 rows {eight[layout] * 1e3:8.3f} ms"
+            for layout in layouts]
+    return one, eight, rows
+
+
+def choose_layout(one: dict[str, float], eight: dict[str, float]) -> str:
+    """The layout to decode with: the fastest for one row, or, among those within `TIE` of it (as close as two
+    timings of one kernel come on a busy machine), the fastest for eight rows: a layout that ties at one row can be
+    several times slower for a prompt or a batch (bf16 through oneDNN's reference path under AVX2)."""
+    fastest = min(one, key=one.get)
+    return min((layout for layout, seconds in one.items() if seconds <= TIE * one[fastest]), key=eight.get)
 
 
 def measure_quantized(form: str, cpu: CpuCapabilities, budget: Budget) -> tuple[dict[str, float], list[str]]:
@@ -195,20 +214,21 @@ def tune(*, budget: Budget = FULL, cpu: CpuCapabilities | None = None) -> tuple[
     """Measure this machine (see the module docstring) within `budget`; the profile and the measurements as rows."""
     cpu = cpu or CpuCapabilities.detect()
     limits, rows = measure_attention(torch.bfloat16, budget.min_run_time, (budget.decode_keys, budget.pass_keys))
-    times = {}
+    times, eight = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
-        times[dtype_name(dtype)], linear_rows = measure_linear(dtype, cpu, budget)
+        times[dtype_name(dtype)], eight[dtype_name(dtype)], linear_rows = measure_linear(dtype, cpu, budget)
         rows += linear_rows
     for form in QUANTIZED:
         times[form], form_rows = measure_quantized(form, cpu, budget)
         rows += form_rows
-    fastest = {name: min(layouts, key=layouts.get) for name, layouts in times.items() if layouts}
+    fastest = {name: choose_layout(layouts, eight.get(name, layouts)) for name, layouts in times.items() if layouts}
     profile = Profile(
         attention={"bf16": limits},
         decode_linear=fastest,
         dtype_speed={"bf16": round(times["bf16"][fastest["bf16"]] / times["fp32"][fastest["fp32"]], 3)},
-        timings={f"linear {name}": {layout: round(seconds * 1e3, 4) for layout, seconds in layouts.items()}
-                 for name, layouts in times.items() if layouts},
+        timings={f"linear {name}{what}": {layout: round(seconds * 1e3, 4) for layout, seconds in layouts.items()}
+                 for what, measured in (("", times), (", 8 rows", eight)) for name, layouts in measured.items()
+                 if layouts},
         cpu=cpu,
         torch_version=torch.__version__,
         source="attnkit tune",
