@@ -13,9 +13,9 @@ import attnkit
 from attnkit import cli
 from attnkit.checkpoint import save_model
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError, InputError
-from attnkit.generate import Pipeline, StaticDecoding, generate_tokens, greedy_translate
-from attnkit.generate.decode_layout import PackedLinear, TransposedLinear
-from attnkit.generate.quantize import dynamic_quantization_available
+from attnkit.generate import Pipeline, StaticDecoding, generate_tokens, greedy_translate, native_gemv
+from attnkit.generate.decode_layout import NativeLinear, PackedLinear, TransposedLinear
+from attnkit.generate.quantize import NativeInt8Linear, dynamic_quantization_available
 from attnkit.machine import CpuCapabilities
 from attnkit.run_settings import text_list
 from attnkit.tokenize import CharTokenizer
@@ -257,15 +257,22 @@ def test_cli_translate_file_to_file_and_classify(runs, tmp_path, capsys):
     assert lines == [f"{r.label}\t{r.probability:.4f}" for r in results]
 
 
-def test_load_transposes_only_fp32_models_that_decode(runs):
-    def transposed(pipeline):
-        return any(isinstance(m, TransposedLinear) for m in pipeline.model.modules())
+def test_load_takes_the_native_products_only_for_models_that_decode(runs):
+    """The session's profile (the documented defaults) names the native kernels: models that decode get them for
+    their linear layers (fp32 and bf16; int8 weights get their own native layer), a classifier keeps nn.Linear."""
+    reason = native_gemv.unavailable()
+    if reason is not None:
+        pytest.skip(f"the native kernels cannot run here: {reason}")
 
-    assert transposed(attnkit.load(runs["lm"], device="cpu"))
-    assert transposed(attnkit.load(runs["mt"], device="cpu"))
-    assert not transposed(attnkit.load(runs["lm"], device="cpu", dtype="bf16"))
-    assert not transposed(attnkit.load(runs["lm"], device="cpu", quantize="int8"))
-    assert not transposed(attnkit.load(runs["clf"], device="cpu"))
+    def native(pipeline):
+        return any(isinstance(m, NativeLinear) for m in pipeline.model.modules())
+
+    assert native(attnkit.load(runs["lm"], device="cpu"))
+    assert native(attnkit.load(runs["mt"], device="cpu"))
+    assert native(attnkit.load(runs["lm"], device="cpu", dtype="bf16"))
+    int8 = attnkit.load(runs["lm"], device="cpu", quantize="int8")
+    assert not native(int8) and any(isinstance(m, NativeInt8Linear) for m in int8.model.modules())
+    assert not native(attnkit.load(runs["clf"], device="cpu"))
 
 
 def test_load_packs_only_bf16_models_that_decode_eagerly(runs):

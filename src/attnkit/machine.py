@@ -35,7 +35,7 @@ from attnkit.readback import FileFields
 PROFILE_ENV = "ATTNKIT_PROFILE"  # where a profile is read from, when set
 PROFILE_VERSION = 2  # 2: the native kernels (`generate/native_gemv.py`) among the measured layouts and forms
 PROFILE_FIX = "measure this machine again with `attnkit tune` (or delete the file: documented defaults are used)"
-# what a profile's decode_linear may name: layouts for "fp32" and "bf16", kernels ("native", "pytorch") for "int8", "int4"
+# what a profile's decode_linear may name: "fp32" and "bf16" layouts, "int8" and "int4" kernels ("native", "pytorch")
 DECODE_LAYOUTS = ("plain", "transposed", "packed", "gemv+packed", "gemv", "native", "native+packed", "pytorch")
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
