@@ -93,20 +93,20 @@ INT8_DYNAMIC = "attnkit-int8-dynamic"  # int8 weights and activations (eager, CP
 INT4 = ["attnkit-int4"]  # 4-bit weights on a CPU with AVX2 or AVX-512 (+ compiled)
 MASTER = "attnkit-master"  # bf16 training through a bf16 copy of the model with fp32 master weights
 AUTOTUNED = {"attnkit-autotuned", "attnkit-int8-autotuned"}  # the decoding step compiled with "max-autotune"
-CAPTURED = {"attnkit-aot", "attnkit-int8-aot"}  # the decoding step captured with AOTInductor (int4: not captured)
+CAPTURED = {"attnkit-aot", "attnkit-int8-aot", "attnkit-int4-aot"}  # the decoding step captured with AOTInductor
 LABELS = {"attnkit": "{dtype}", "attnkit-compiled": "{dtype}, compiled", "attnkit-autotuned": "{dtype}, max-autotune",
           "attnkit-int8": "int8 weights, {dtype}", "attnkit-int8-compiled": "int8, bf16, compiled",
           "attnkit-int8-autotuned": "int8, bf16, max-autotune", MASTER: "bf16, fp32 master weights",
           "attnkit-int4": "int4 weights, {dtype}", "attnkit-int4-compiled": "int4, bf16, compiled",
           INT8_DYNAMIC: "int8 weights and activations, fp32", "attnkit-aot": "{dtype}, captured (aot)",
-          "attnkit-int8-aot": "int8, bf16, captured (aot)"}
+          "attnkit-int8-aot": "int8, {dtype}, captured (aot)", "attnkit-int4-aot": "int4, {dtype}, captured (aot)"}
 # --peers: each peer beside the attnkit rows it is compared with (same case, dtype and run)
 PEERS = {"nanogpt": ["attnkit"], "nanogpt-compiled": ["attnkit-compiled"],
          "transformers-static": ["attnkit-compiled", "attnkit-autotuned", "attnkit"],
          "llama.cpp": ["attnkit", "attnkit-compiled", "attnkit-autotuned", "attnkit-aot"],
          "llama.cpp-q8_0": [INT8_DYNAMIC, "attnkit-int8", "attnkit-int8-compiled", "attnkit-int8-autotuned",
                             "attnkit-int8-aot"],
-         "llama.cpp-q4_0": ["attnkit-int4", "attnkit-int4-compiled"],
+         "llama.cpp-q4_0": ["attnkit-int4", "attnkit-int4-compiled", "attnkit-int4-aot"],
          "onnxruntime": ["attnkit", "attnkit-compiled", "attnkit-aot"]}
 PEER_LABELS = {"nanogpt": "nanoGPT", "nanogpt-compiled": "nanoGPT, torch.compile",
                "transformers-static": "transformers, static cache, torch.compile", "llama.cpp": "llama.cpp {gguf}",
@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             impls += ["attnkit-compiled"] if args.compiled else []
             if args.compiled and case.kind == "generate":
                 impls += sorted(AUTOTUNED) if dtype == "bf16" else ["attnkit-autotuned"]
-                impls += [impl for impl in sorted(CAPTURED) if dtype == "bf16" or impl == "attnkit-aot"]
+                impls += [impl for impl in sorted(CAPTURED) if weight_only or impl == "attnkit-aot"]
             skipped = {}
             for impl in peer_impls(case, dtype, args.compiled) if args.peers else []:
                 reason = peers.unavailable(impl)

@@ -10,7 +10,7 @@ from generate_models import tiny_model
 from test_generate_static_decode import PROMPTS, forced_logits
 
 from attnkit.errors import InputError
-from attnkit.generate import EagerDecoding, StaticDecoding, generate_tokens
+from attnkit.generate import EagerDecoding, StaticDecoding, generate_tokens, native_gemv
 from attnkit.generate import captured_step as captured
 from attnkit.generate.captured_step import CapturedDecoding, package_digest, row_int8_products, row_products
 from attnkit.generate.pipeline import decoding_for
@@ -189,7 +189,9 @@ def test_int8_weights_decode_through_the_captured_loop(tmp_path):
         torch.testing.assert_close(b.float(), a.float(), rtol=0, atol=0.15, msg=f"step {step}")
 
 
-def test_int4_steps_are_compiled_by_torch_compile_instead(tmp_path):
+def test_steps_with_pytorchs_int4_weights_are_compiled_by_torch_compile_instead(tmp_path, monkeypatch):
+    """Where the native kernels cannot run, --int4 takes PyTorch's kernel, whose step cannot be captured."""
+    monkeypatch.setattr(native_gemv, "unavailable", lambda cpu=None: "no C compiler (for this test)")
     model, _ = tiny_model(position="learned", d_model=64, d_ff=128)
     plan = plan_inference(model.to(torch.bfloat16), "decoder", quantize="int4", compile="aot")
     if plan.linear != "int4":
@@ -202,6 +204,24 @@ def test_int4_steps_are_compiled_by_torch_compile_instead(tmp_path):
     assert type(decoding_for(model, "aot")) is StaticDecoding
     with pytest.raises(InputError, match="int4 weights cannot be captured"):
         CapturedDecoding(model, package_dir=tmp_path)
+
+
+@needs_compiler
+@pytest.mark.slow  # a capture of its own (20 s)
+def test_native_int4_weights_are_captured_through_their_operator(tmp_path):
+    """--int4 --compile aot: the captured step calls the native 4-bit product as an operator (attnkit::gemv_i4, run
+    by the package's proxy executor) and gives the eager native model's logits."""
+    if native_gemv.unavailable() is not None:
+        pytest.skip(f"the native kernels cannot run here: {native_gemv.unavailable()}")
+    model, _ = tiny_model(position="learned", d_model=64, d_ff=128, seed=3)
+    plan = plan_inference(model.float(), "decoder", quantize="int4", compile="aot")
+    assert plan.linear == "int4-native" and "cannot be captured" in plan.explain()
+    plan.apply(model)
+    forced = [5, 0, 12, 7]
+    eager = forced_logits(EagerDecoding(model), PROMPTS[1:2], forced)
+    got = forced_logits(CapturedDecoding(model, package_dir=tmp_path), PROMPTS[1:2], forced)
+    for step, (a, b) in enumerate(zip(eager, got, strict=True)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-4, msg=f"step {step}")
 
 
 @pytest.mark.parametrize(("isa", "vectorized"), [("AVX512", True), ("AVX2", False), ("DEFAULT", False)])

@@ -140,7 +140,7 @@ def test_compiled_and_quantized_plans_say_so():
     quantized = plan_inference(_decoder(), "decoder", quantize="int8", cpu=AVX2, profile=DEFAULT_PROFILE)
     assert quantized.linear == "int8-native"
     compiled = plan_inference(_decoder(), "decoder", quantize="int8", compile=True, cpu=AVX2, profile=DEFAULT_PROFILE)
-    assert compiled.linear == "int8" and "the compiled step cannot call it" in compiled.explain()
+    assert compiled.linear == "int8" and "compiles PyTorch's product into its own loops" in compiled.explain()
     with pytest.raises(InputError, match="not supported"):
         plan_inference(_decoder(), "decoder", quantize="int3")
     with pytest.raises(InputError, match="runs eagerly"):
@@ -289,3 +289,14 @@ def test_a_layout_that_ties_at_one_row_is_chosen_by_eight_rows():
     assert choose_layout(one, eight) == "native"
     assert choose_layout({**one, "native": 1.2}, eight) == "gemv"
     assert choose_layout({"plain": 0.5, "native": 1.0}, eight) == "plain"
+
+
+@pytest.mark.parametrize(("cpu", "quantize", "linear"), [
+    (AVX512, "int4", "int4-native"), (AVX2, "int4", "int4-native"),  # PyTorch's int4 product cannot be captured
+    (AVX2, "int8", "int8-native"), (AVX512, "int8", "int8")])  # inductor's int8 loop is scalar without AVX-512
+def test_a_captured_step_calls_the_native_kernel_where_pytorchs_cannot_serve_it(cpu, quantize, linear):
+    plan = plan_inference(_decoder(), "decoder", quantize=quantize, compile="aot", cpu=cpu, profile=PYTORCH_KERNELS)
+    assert plan.linear == linear
+    assert ("the captured step calls it as an operator" in plan.explain()) == linear.endswith("native")
+    compilation = {c.what: c for c in plan.choices}["compilation"].choice
+    assert compilation == "decoding step captured ahead of time (AOTInductor)"

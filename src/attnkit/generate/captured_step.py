@@ -198,12 +198,12 @@ def row_int8_products(x: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
     return (row_products(x.float(), weight).float() * scales.float()).to(x.dtype)
 
 
-def int8_loops_vectorized() -> bool:
-    """Whether inductor's loops over int8 weights widen them with vector instructions here: with AVX-512. Under AVX2
-    its int8-to-float loop is scalar (`gpt2-124m`'s one-row int8 step captured as reductions decoded at 7 tokens/s,
-    0.07x llama.cpp's q8_0, against 0.76x with AVX-512), so there the captured step calls PyTorch's int8 kernel, which
-    is vectorized for bf16 inputs, instead."""
-    return CpuCapabilities.detect().isa.startswith("AVX512")
+def int8_loops_vectorized(cpu: CpuCapabilities | None = None) -> bool:
+    """Whether inductor's loops over int8 weights widen them with vector instructions on `cpu` (default: this one):
+    with AVX-512. Under AVX2 its int8-to-float loop is scalar (`gpt2-124m`'s one-row int8 step captured as reductions
+    decoded at 7 tokens/s, 0.07x llama.cpp's q8_0, against 0.76x with AVX-512), so there the captured step calls an
+    int8 kernel instead: the native one where the plan takes it (`plan.py`), else PyTorch's."""
+    return (cpu or CpuCapabilities.detect()).isa.startswith("AVX512")
 
 
 STEP_FORMS = {  # form -> (example batch, the batch size is symbolic, products as reductions)

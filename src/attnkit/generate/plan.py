@@ -39,7 +39,7 @@ from torch import nn
 from attnkit.blocks import TransformerBlock, compile_blocks, torch_compile_mode
 from attnkit.errors import InputError
 from attnkit.generate import native_gemv
-from attnkit.generate.captured_step import default_package_dir
+from attnkit.generate.captured_step import default_package_dir, int8_loops_vectorized
 from attnkit.generate.decode_layout import (
     NATIVE_BF16_ROWS,
     NATIVE_ROWS,
@@ -270,18 +270,30 @@ def _linear_layout(
 
 def _quantized_kernel(quantize: str, on_cpu: bool, compile: bool | str, cpu: CpuCapabilities | None,
                       profile: Profile, profile_note: str) -> tuple[str, str]:
-    """The kernel of int8 or int4 weights ("int8", "int8-native", "int4", "int4-native") and why."""
+    """The kernel of int8 or int4 weights ("int8", "int8-native", "int4", "int4-native") and why.
+
+    Eager, the one the profile measured faster. A captured step (compile="aot") calls the native kernel as an operator
+    where PyTorch's cannot serve it: 4-bit weights (inductor derives new tensors from PyTorch's int4 weights, which a
+    library reading the model's own cannot be given) and int8 where inductor's int8 loops are scalar (AVX2). Any other
+    compiled step compiles PyTorch's products into its own loops."""
     grid = ("int8 weights with a scale per row" if quantize == "int8" else
             f"4-bit weights in groups of {INT4_GROUP} inputs with a scale and zero each")
     measured = _timings(profile, f"linear {quantize}")
-    if on_cpu and profile.decode_linear.get(quantize) == "native":
-        reason = "the compiled step cannot call it" if compile else native_gemv.unavailable(cpu)
+    captured_needs = compile == "aot" and (quantize == "int4" or not int8_loops_vectorized(cpu))
+    if captured_needs:
+        why = ("PyTorch's int4 product cannot be captured" if quantize == "int4" else
+               "inductor's loop over int8 weights is scalar without AVX-512")
+        wanted = f"the captured step calls it as an operator ({why})"
+    else:
+        wanted = f"fastest for one decoding row{measured}; {profile_note}"
+    if on_cpu and (captured_needs or profile.decode_linear.get(quantize) == "native"):
+        reason = ("a compiled step compiles PyTorch's product into its own loops" if compile and not captured_needs
+                  else native_gemv.unavailable(cpu))
         if reason is None:
             return f"{quantize}-native", (
                 f"{grid}, as asked, through the native kernel with fp32 inputs: up to {NATIVE_QUANTIZED_ROWS} rows "
-                f"widened as read, more dequantized for the call (fastest for one decoding row{measured}; "
-                f"{profile_note})")
-        native = f"; the native kernel measured faster but is not used: {reason}"
+                f"widened as read, more dequantized for the call ({wanted})")
+        native = f"; the native kernel is not used: {reason}"
     else:
         native = measured and f" (measured fastest for one decoding row{measured}; {profile_note})"
     if quantize == "int4" and cpu is not None and not cpu.int4_kernel:

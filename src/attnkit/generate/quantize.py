@@ -269,9 +269,10 @@ class NativeInt8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, K)
-        if rows.shape[0] > NATIVE_QUANTIZED_ROWS:
+        if rows.shape[0] > NATIVE_QUANTIZED_ROWS and not native_gemv.tracing():
             return self.reference(x)
-        out = native_gemv.gemv_i8(self.weight, self.scales, rows, self.bias)  # (M, N) fp32
+        product = native_gemv.gemv_i8_op if native_gemv.tracing() else native_gemv.gemv_i8  # a compiled step's: the op
+        out = product(self.weight, self.scales, rows, self.bias)  # (M, N) fp32
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def reference(self, x: Tensor) -> Tensor:
@@ -310,10 +311,11 @@ class NativeInt4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, K)
-        if rows.shape[0] > NATIVE_QUANTIZED_ROWS:
+        if rows.shape[0] > NATIVE_QUANTIZED_ROWS and not native_gemv.tracing():
             return F.linear(x.float(), self.dequantized(), self.bias).to(x.dtype)
         padded = F.pad(rows.float(), (0, self.padding))  # (M, K')
-        out = native_gemv.gemv_i4(self.codes, self.scales, self.offsets, padded, self.bias)  # (M, N) fp32
+        product = native_gemv.gemv_i4_op if native_gemv.tracing() else native_gemv.gemv_i4  # a compiled step's: the op
+        out = product(self.codes, self.scales, self.offsets, padded, self.bias)  # (M, N) fp32
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
