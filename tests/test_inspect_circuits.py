@@ -116,12 +116,17 @@ def test_circuits_refuse_a_recurrent_model_and_name_the_reason():
 
 
 def test_the_previous_token_heads_k_composition_into_the_induction_head_ranks_first(induction_model):
+    """The strongest composition is layer 0's K-composition into the induction head, sent by one of layer 0's two most
+    previous-token heads. Which of the two comes first is not the claim: in this model their previous-token scores
+    (0.29-0.30, against 0.24 for the other two) and their compositions differ by less than the rounding of different
+    kernels (AVX-512 and AVX2 trainings put a different one of them first)."""
     held_out = TASK.ids(torch.Generator().manual_seed(5), batch=32)
     found = head_types(induction_model, held_out)
-    previous = int(found.scores["previous"][0].argmax())  # layer 0's most previous-token head
     top = composition_scores(induction_model).rows[0]
-    assert (top["sender"], top["sender head"]) == ("blocks.0.attn", previous)
-    assert (top["receiver"], top["receiver head"], top["kind"]) == ("blocks.1.attn", 0, "k")
+    assert (top["sender"], top["receiver"], top["receiver head"], top["kind"]) == ("blocks.0.attn", "blocks.1.attn",
+                                                                                   0, "k")
+    most_previous = found.scores["previous"][0].argsort(descending=True)[:2].tolist()  # layer 0's two most previous
+    assert top["sender head"] in most_previous
 
 
 def _odd_positions_corrupted():
