@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+from described_cpus import AVX2, AVX512, AVX512_BF16, BASELINE, NE_CONVERT
 from generate_models import tiny_model
 
 from attnkit import ModelConfig, build_model, cli
@@ -28,14 +29,9 @@ from attnkit.machine import (
 )
 from attnkit.tokenize import CharTokenizer
 
-AVX2 = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2", "fma3"}), name="AVX2-only CPU")
-AVX512 = CpuCapabilities(isa="AVX512", flags=AVX2.flags | {"avx512_f", "avx512_bw", "avx512_vl", "avx512_dq"})
-AVX512_BF16 = CpuCapabilities(isa="AVX512", flags=AVX512.flags | {"avx512_bf16", "avx512_vnni"})
-NE_CONVERT = CpuCapabilities(isa="AVX2", flags=AVX2.flags | {"avx_ne_convert", "avx_vnni"})
 GEMV_PACKED = Profile(attention={}, decode_linear={"bf16": "gemv+packed"}, source="test")
 TRANSPOSED = Profile(attention={}, decode_linear={"fp32": "transposed"}, source="test")
 PYTORCH_KERNELS = Profile(attention={}, decode_linear={"int8": "pytorch", "int4": "pytorch"}, source="test")
-BASELINE = CpuCapabilities(isa="DEFAULT", name="x86-64 without AVX2")  # also what ATen reports on many ARM CPUs
 
 
 def _decoder(dtype=torch.float32):

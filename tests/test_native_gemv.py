@@ -11,6 +11,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+from described_cpus import AVX2, AVX512, BASELINE
 from torch import nn
 
 from attnkit import ModelConfig, build_model, cli
@@ -27,10 +28,6 @@ from attnkit.generate.quantize import (
 )
 from attnkit.machine import DEFAULT_PROFILE, CpuCapabilities
 from attnkit.tokenize import CharTokenizer
-
-AVX2 = CpuCapabilities(isa="AVX2", flags=frozenset({"avx2", "fma3"}), name="AVX2-only CPU")
-AVX512 = CpuCapabilities(isa="AVX512", flags=AVX2.flags | {"avx512_f", "avx512_bw", "avx512_vl", "avx512_dq"})
-BASELINE = CpuCapabilities(isa="DEFAULT", name="x86-64 without AVX2")
 
 
 def _require_kernels() -> None:
@@ -199,7 +196,7 @@ def test_the_wrappers_refuse_tensors_the_kernels_would_misread(call, problem):
         call()
 
 
-def test_4_bit_codes_are_packed_in_q4_0s_order():
+def test_4_bit_codes_are_packed_in_q4_0s_order_and_unpacked_back():
     torch.manual_seed(0)
     codes = torch.randint(0, 16, (3, 2 * INT4_GROUP), dtype=torch.uint8)
     packed = native_gemv.pack_int4(codes)
@@ -211,6 +208,7 @@ def test_4_bit_codes_are_packed_in_q4_0s_order():
             for j in range(half):
                 low, high = int(codes[row, base + j]), int(codes[row, base + j + half])
                 assert int(packed[row, group * half + j]) == low | high << 4, (row, group, j)
+    assert torch.equal(native_gemv.unpack_int4(packed), codes)  # and back
 
 
 # the layers: their kernels for few rows, the matrix products for more ----------------------------------------------

@@ -81,7 +81,7 @@ def build_for(cpu: CpuCapabilities) -> str | None:
 
 def unavailable(cpu: CpuCapabilities | None = None) -> str | None:
     """None where the kernels can run for `cpu` (default: this one) and are built; else why not, in one line."""
-    cpu = cpu or CpuCapabilities.detect()
+    cpu = cpu or _this_cpu()
     build = build_for(cpu)
     if build is None:
         return f"they need AVX2 and FMA, and this CPU reports neither both nor AVX-512 ({cpu.isa})"
@@ -222,6 +222,13 @@ def pack_int4(codes: Tensor) -> Tensor:
         raise ValueError(f"4-bit rows are packed in groups of {INT4_GROUP}; got {inputs} codes a row")
     groups = codes.to(torch.uint8).reshape(rows, inputs // INT4_GROUP, INT4_GROUP)  # (N, G, 32)
     return (groups[..., : INT4_GROUP // 2] | (groups[..., INT4_GROUP // 2:] << 4)).reshape(rows, inputs // 2)
+
+
+def unpack_int4(packed: Tensor) -> Tensor:
+    """`pack_int4`'s inverse: (N, K / 2) uint8 -> the codes (N, K), uint8 in 0..15."""
+    rows = packed.shape[0]
+    halves = [half.reshape(rows, -1, INT4_GROUP // 2) for half in (packed & 15, packed >> 4)]  # codes j, j + 16
+    return torch.cat(halves, dim=-1).reshape(rows, -1)
 
 
 def gemv_i4(codes: Tensor, scales: Tensor, offsets: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:

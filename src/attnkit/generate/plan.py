@@ -18,7 +18,8 @@ The choices, in the order they are applied:
                     transposed fp32, or, where oneDNN can pack bf16 (AVX-512 BW/VL/DQ or AVX-NE-CONVERT), packed
                     bf16 or packed plus nn.Linear's for single rows; where it cannot, bf16 single rows through ATen's
                     kernel in fp32 arithmetic; else nn.Linear's own. The native kernels run where the CPU reports
-                    AVX2 and FMA and a C compiler builds them, not inside a compiled step
+                    AVX2 and FMA and a C compiler builds them, eagerly; a captured step calls the int8 and 4-bit
+                    ones as operators where PyTorch's kernels cannot serve it
     attention       SDPA, or plain float32 products for short reduced-precision attention on the CPU where the
                     profile measured them faster (`layers/kernels.py`)
     compilation     none; a decoder's whole decoding step with fixed shapes, through torch.compile
@@ -317,8 +318,8 @@ PADDED_INPUTS = {  # quantized form -> (the in-width multiple its kernel takes, 
     "int8": (INT8_KERNEL_INPUTS, f"PyTorch's int8 kernel reads {INT8_KERNEL_INPUTS} (AVX-512) or 8 (AVX2) inputs at a "
              "time with aligned loads and no remainder, and crashes or reads past the row at other widths"),
     "int4": (INT4_GROUP, f"int4 groups of {INT4_GROUP} inputs tile each row"),
-    "int4-native": (INT4_GROUP, f"int4 groups of {INT4_GROUP} inputs tile each row"),
 }
+PADDED_INPUTS["int4-native"] = PADDED_INPUTS["int4"]  # the same groups
 
 
 def _padding(model: nn.Module, linear: str) -> str:

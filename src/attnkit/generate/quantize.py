@@ -268,10 +268,10 @@ class NativeInt8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)  # (M, K)
-        if rows.shape[0] > NATIVE_QUANTIZED_ROWS and not native_gemv.tracing():
+        rows, tracing = x.reshape(-1, self.in_features), native_gemv.tracing()  # (M, K); a compiled step: the op
+        if rows.shape[0] > NATIVE_QUANTIZED_ROWS and not tracing:
             return self.reference(x)
-        product = native_gemv.gemv_i8_op if native_gemv.tracing() else native_gemv.gemv_i8  # a compiled step's: the op
+        product = native_gemv.gemv_i8_op if tracing else native_gemv.gemv_i8
         out = product(self.weight, self.scales, rows, self.bias)  # (M, N) fp32
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
@@ -303,18 +303,16 @@ class NativeInt4Linear(nn.Module):
 
     def dequantized(self) -> Tensor:
         """The weight (N, K) in fp32, as the kernel computes with it: code * scale + offset."""
-        low, high = self.codes & 15, self.codes >> 4  # (N, K' / 2): codes j and j + 16 of each group
-        halves = [t.reshape(self.out_features, -1, INT4_GROUP // 2) for t in (low, high)]
-        codes = torch.cat(halves, dim=-1).reshape(self.out_features, -1).float()  # (N, K')
+        codes = native_gemv.unpack_int4(self.codes).float()  # (N, K')
         scales, offsets = (t.repeat_interleave(INT4_GROUP, dim=1) for t in (self.scales, self.offsets))
         return (codes * scales + offsets)[:, : self.in_features]
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)  # (M, K)
-        if rows.shape[0] > NATIVE_QUANTIZED_ROWS and not native_gemv.tracing():
+        rows, tracing = x.reshape(-1, self.in_features), native_gemv.tracing()  # (M, K); a compiled step: the op
+        if rows.shape[0] > NATIVE_QUANTIZED_ROWS and not tracing:
             return F.linear(x.float(), self.dequantized(), self.bias).to(x.dtype)
         padded = F.pad(rows.float(), (0, self.padding))  # (M, K')
-        product = native_gemv.gemv_i4_op if native_gemv.tracing() else native_gemv.gemv_i4  # a compiled step's: the op
+        product = native_gemv.gemv_i4_op if tracing else native_gemv.gemv_i4
         out = product(self.codes, self.scales, self.offsets, padded, self.bias)  # (M, N) fp32
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
