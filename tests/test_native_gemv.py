@@ -312,3 +312,23 @@ def test_a_cc_with_a_launcher_in_front_builds_with_it(kernels_dir, monkeypatch):
     assert native_gemv.unavailable() is None
     out, expected = _int8_product()
     torch.testing.assert_close(out, expected)
+
+
+def test_a_profile_measured_without_the_native_kernels_is_measured_again_once_they_run(kernels_dir, monkeypatch):
+    """No compiler at the first plan: the kept profile's choices are made without the native kernels. Once a compiler
+    is there, the next plan measures again (and keeps that), rather than keep PyTorch's kernels for good."""
+    _require_avx2()
+    monkeypatch.delenv("ATTNKIT_PROFILE", raising=False)
+    monkeypatch.setattr(tune, "FIRST_USE", tune.QUICK)
+    measured = []
+    measure = tune.tune
+    monkeypatch.setattr(tune, "tune", lambda **kw: measured.append(kw) or measure(**kw))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    assert plan_inference(_decoder(), "decoder", quantize="int8").linear == "int8"  # measured, kept
+    assert len(measured) == 1
+    monkeypatch.delenv("CC")
+    native_gemv._library.cache_clear()
+    plan = plan_inference(_decoder(), "decoder", quantize="int8")
+    assert len(measured) == 2 and "native" in plan.explain()  # measured again, now with the native kernels
+    plan_inference(_decoder(), "decoder", quantize="int8")
+    assert len(measured) == 2  # and kept

@@ -236,21 +236,34 @@ def tune(*, budget: Budget = FULL, cpu: CpuCapabilities | None = None) -> tuple[
     return profile, rows
 
 
+def _without_native_kernels(profile: Profile) -> bool:
+    """Whether `profile` was measured while the native kernels could not run (no compiler then, say) and they can now:
+    its choices were made without them."""
+    measured = profile.timings.get("linear fp32")
+    return bool(measured) and "native" not in measured and native_gemv.unavailable(profile.cpu) is None
+
+
 def machine_profile(cpu: CpuCapabilities) -> tuple[Profile, str]:
     """The profile the inference plan reads for `cpu` (this machine's), and why: the one kept for it, checked field by
     field (`machine.load_profile`), or, where none is kept, one measured now within `FIRST_USE` (a few seconds,
-    logged), kept for the next start. A kept one that is damaged is measured again where attnkit keeps it (under
-    `cache_home()`); one at $ATTNKIT_PROFILE is the user's, refused naming the fix. A place where none can be kept
-    costs a warning and a measurement each start. A plan for another CPU than this one measures nothing."""
+    logged), kept for the next start. A kept one that is damaged, or was measured while the native kernels could not
+    run and they can now (a compiler installed since), is measured again where attnkit keeps it (under
+    `cache_home()`); one at $ATTNKIT_PROFILE is the user's, refused naming the fix where damaged. A place where none
+    can be kept costs a warning and a measurement each start. A plan for another CPU than this one measures nothing."""
     path = default_profile_path(cpu)
     here = cpu == CpuCapabilities.detect()
     if path.exists() or not here:
+        ours = path.resolve().is_relative_to(cache_home().resolve())
         try:
-            return load_profile(path, cpu)
+            kept = load_profile(path, cpu)
         except InputError as err:
-            if not here or not path.resolve().is_relative_to(cache_home().resolve()):
+            if not here or not ours:
                 raise
             log.warning("%s: measuring again", err)
+        else:
+            if not (here and ours and _without_native_kernels(kept[0])):
+                return kept
+            log.info("%s was measured while the native kernels could not run; they run now: measuring again", path)
     log.info("measuring this CPU for the inference plan, once (a few seconds; kept in %s)", path)
     started = time.perf_counter()
     profile, _ = tune(budget=FIRST_USE, cpu=cpu)
