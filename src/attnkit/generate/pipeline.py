@@ -174,7 +174,7 @@ class Pipeline:
             context_len=self.config.max_seq_len,
             sampling=sampling,
             generator=generator,
-            pad_id=self._pad_id,
+            pad_id=self.pad_id,
             stop_ids=stop_ids,
             on_token=texts.push,
             decoding=self.decoding,
@@ -214,7 +214,7 @@ class Pipeline:
         sources = [self._source_ids(t, index=i) if t.strip() else None for i, t in enumerate(texts)]
         self._check_search_fits(beam_size * min(batch_size, len(texts)), max_length or self.config.max_seq_len)
         outputs = translate_batched(
-            self.model, sources, bos_id=bos, eos_id=eos, pad_id=self._pad_id, context_len=self.config.max_seq_len,
+            self.model, sources, bos_id=bos, eos_id=eos, pad_id=self.pad_id, context_len=self.config.max_seq_len,
             beam_size=beam_size, length_penalty=length_penalty, early_stopping=early_stopping, max_length=max_length,
             batch_size=batch_size, progress=progress,
         )
@@ -246,7 +246,7 @@ class Pipeline:
         results: list[Classification] = []
         for start in range(0, len(texts), batch_size):
             chunk = [self.classifier_ids(t, index=start + i) for i, t in enumerate(texts[start:start + batch_size])]
-            ids, mask = pad([row for row, _ in chunk], self._pad_id, device=self.device)  # (B, T)
+            ids, mask = pad([row for row, _ in chunk], self.pad_id, device=self.device)  # (B, T)
             probs = self.model(ids, attention_mask=mask).logits.float().softmax(dim=-1)  # (B, n_classes)
             for row, (_, truncated) in zip(probs.tolist(), chunk, strict=True):
                 best = max(range(len(row)), key=row.__getitem__)
@@ -296,7 +296,8 @@ class Pipeline:
         return [i for i in (first, *ids[:keep], last) if i is not None], len(ids) > keep
 
     @property
-    def _pad_id(self) -> int:
+    def pad_id(self) -> int:
+        """The id that pads a batch's shorter rows: the tokenizer's padding token, else 0 (masked out either way)."""
         pad = self.tokenizer.pad_id
         return pad if pad is not None else 0
 

@@ -55,7 +55,7 @@ class ServerState:
         scheduler, metrics = None, Metrics()
         if "generate" in pipeline.methods:
             prefix_cache = PrefixCache(max_bytes=settings.prefix_cache_mib << 20) if settings.prefix_cache else None
-            scheduler = Scheduler(pipeline.model, context_len=pipeline.config.max_seq_len, pad_id=pipeline._pad_id,
+            scheduler = Scheduler(pipeline.model, context_len=pipeline.config.max_seq_len, pad_id=pipeline.pad_id,
                                   max_rows=settings.max_batch, max_waiting=settings.max_queue,
                                   decoding=pipeline.decoding, prefix_cache=prefix_cache)
             scheduler.observe = metrics.observe  # each generation request's times, when it ends

@@ -60,7 +60,7 @@ def embed(pipeline: Pipeline, texts: list[str] | list[list[int]], start: int = 0
             raise APIError(400, f"input[{start + i}]: token id {beyond[0]} is beyond the vocabulary of {vocab} "
                            f"tokens; give ids from 0 to {vocab - 1}", param="input")
     rows = [pipeline.classifier_ids(text, index=start + i) for i, text in enumerate(texts)]
-    ids, mask = pad([row for row, _ in rows], pipeline._pad_id, device=pipeline.device)  # (B, T)
+    ids, mask = pad([row for row, _ in rows], pipeline.pad_id, device=pipeline.device)  # (B, T)
     hidden = pipeline.model(ids, attention_mask=mask).hidden_states.float()  # (B, T, C)
     weights = mask.unsqueeze(-1).float()
     mean = (hidden * weights).sum(dim=1) / weights.sum(dim=1)  # (B, C)
