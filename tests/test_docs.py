@@ -410,6 +410,8 @@ def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
                                       "masked: n.masked.map((x) => (x === -Infinity ? null : x))}; })()")
             masks = browser.evaluate("[...document.querySelectorAll('table.explorer-steps tr')].slice(1)"
                                      ".map((row) => row.children[4].textContent)")
+            notes = browser.evaluate("[...document.querySelectorAll('#explorer-flow .explorer-stage-note')]"
+                                     ".map((note) => note.textContent).filter((note) => note.includes('‖x‖'))")
             requested = [e["params"]["request"]["url"] for e in browser.events
                          if e.get("method") == "Network.requestWillBeSent"]
         finally:
@@ -439,7 +441,11 @@ def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
     np.testing.assert_allclose(inside["unmasked"], unmasked / unmasked.sum(), atol=1e-5)
     sharpened = np.exp((logits[0, token] - logits[0, token].max()) / temperature)
     np.testing.assert_allclose(inside["probabilities"], sharpened / sharpened.sum(), atol=1e-5)
-    np.testing.assert_allclose(page["residualNorms"], [np.linalg.norm(r[0, -1]) for r in residual], rtol=1e-5)
+    norms = [np.linalg.norm(r[0], axis=-1) for r in residual]  # per block, (T,): every token's stream
+    np.testing.assert_allclose(page["residualNorms"], norms, rtol=1e-5)
+    assert len(notes) == n_layers, notes  # the flow reads the stream at the chosen token, not the last one
+    for block, note in enumerate(notes):
+        assert f"‖x‖ = {norms[block][token]:.2f} at token {token} \"{text[token]}\"" in note, note
     T, C, V = len(meta["example"]["text"]), meta["d_model"], len(meta["pieces"])  # the first text's stages
     shapes = dict(flow)
     assert (shapes["tokens"], shapes["token embedding"], shapes["output layer"], shapes["softmax: next token"]) == (

@@ -3,8 +3,9 @@
 // is installed and nothing is fetched from another host. Type a text; the page runs the whole model on it and draws
 // each layer's and head's attention, the next-token distribution at the last position, and the whole model's flow
 // (embedding, each block's attention and FFN, the residual stream, the output) with each stage's shape for the text,
-// and the numbers inside at a chosen token: a head's query, keys and values, the dot products that make its scores,
-// the softmax before and after the causal mask, the FFN's hidden activations, and the logits with a temperature.
+// and at a chosen token the residual stream's norms and the numbers inside: a head's query, keys and values, the dot
+// products that make its scores, the softmax before and after the causal mask, the FFN's hidden activations, and the
+// logits with a temperature.
 // `window.attnkitExplorer` holds the state and `analyze(text)`, which the site's test drives.
 const $ = (id) => document.getElementById(id);
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
@@ -54,7 +55,7 @@ function encode(text) {
 }
 
 // One pass of the graph over `ids` with an empty KV cache: the logits, each layer's (H, T, T) weights and, where the
-// graph has them, the norm of the last token's residual stream after each block (its (T, C) output's last row) and
+// graph has them, the norm of every token's residual stream after each block (each row of its (T, C) output) and
 // what the numbers panel reads (`detail`, `logits`).
 async function run(ids) {
   const m = state.meta, T = ids.length;
@@ -76,9 +77,9 @@ async function run(ids) {
       Array.from(data.subarray((h * T + i) * T, (h * T + i + 1) * T))));
   });
   const V = out.logits.dims[2], last = Array.from(out.logits.data.subarray((T - 1) * V, T * V));
-  const residualNorms = residual.map((name) => {
+  const residualNorms = residual.map((name) => {  // per block, (T,): ‖x_t‖ of the stream leaving it
     const C = out[name].dims[2];
-    return Math.hypot(...out[name].data.subarray((T - 1) * C, T * C));
+    return Array.from({ length: T }, (_, t) => Math.hypot(...out[name].data.subarray(t * C, (t + 1) * C)));
   });
   // per layer, the flat arrays in the graph's layouts: query, key, value (H, T, D), scores (H, T, T), hidden (T, d_ff)
   const perLayer = detail.length === 0 ? [] : Array.from({ length: m.n_layers }, (_, layer) =>
@@ -203,9 +204,11 @@ function drawNext() {
 }
 
 // The whole model as stages, in order, for the current text: {name, shape, note, block} (block: its layer, or null).
-// Sizes and architecture come from model.json (the hook writes them from the model's config), T from the text.
+// Sizes and architecture come from model.json (the hook writes them from the model's config), T from the text; the
+// residual stream's norms are read at the chosen token (Token, or a click on a row of the map; the last by default).
 function flowStages() {
   const m = state.meta, T = state.tokens.length, C = m.d_model, V = m.vocab_size || m.pieces.length;
+  const t = state.token ?? T - 1;
   const norm = m.norm === "rms" ? "RMSNorm" : "LayerNorm", pre = m.norm_position === "pre";
   const shown = (t) => (t === " " ? "␣" : t);
   const inside = { rope: "; RoPE rotates q and k inside", alibi: "; ALiBi biases the scores",
@@ -232,7 +235,8 @@ function flowStages() {
       note: `${C} → ${m.d_ff} → ${C}, ${m.activation} between: (${T}, ${m.d_ff}) inside` }, layer));
     const stream = state.residualNorms[layer];
     stages[stages.length - 1].note += stream === undefined ? "" :
-      `; the residual stream after block ${layer}: ‖x‖ = ${stream.toFixed(2)} at "${shown(state.tokens[T - 1])}"`;
+      `; the residual stream after block ${layer}: ‖x‖ = ${stream[t].toFixed(2)} at token ${t} ` +
+      `"${shown(state.tokens[t])}"`;
   }
   if (m.final_norm) stages.push({ name: `final ${norm}`, shape: [T, C], note: "" });
   stages.push({ name: "output layer", shape: [T, V],
