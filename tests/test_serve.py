@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import threading
 import time
 
@@ -157,30 +158,49 @@ def _slow_steps(scheduler, monkeypatch, seconds: float) -> None:
     monkeypatch.setattr(scheduler.decoding, "step", slow_step)
 
 
-def test_a_client_that_goes_away_frees_its_slot(server, monkeypatch):
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_frees_its_slot_and_is_counted_499(server, monkeypatch, caplog, stream):
+    """A client that closes its connection mid-generation ends it, streamed or answered whole (which sends nothing
+    before its end, so only the connection's close says the client has gone); its log line and counter say 499."""
     url, app = server
     scheduler = app.state.scheduler
     _slow_steps(scheduler, monkeypatch, 0.02)  # a step the client can outlast, however fast the machine
-    with httpx.Client(timeout=TIMEOUT) as http:
-        with http.stream("POST", f"{url}/v1/completions",
-                         json={"prompt": "the", "max_tokens": 90, "stream": True, "seed": 0}) as response:
-            lines = response.iter_lines()
-            next(line for line in lines if line.startswith("data: "))
+    gone_before = _counted(url, "/v1/completions", 499)
+    body = json.dumps({"prompt": "the", "max_tokens": 90, "seed": 0, "ignore_eos": True, "stream": stream}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    host, port = url.removeprefix("http://").split(":")
+    with caplog.at_level(logging.INFO, logger="attnkit.serve"):
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT) as connection:
+            connection.sendall(head + body)
+            deadline = time.monotonic() + 20
+            while scheduler.batch is None and time.monotonic() < deadline:
+                time.sleep(0.005)
             scheduler.lock.acquire()  # hold generation still while the client leaves
             job = scheduler.batch.rows[0][0] if scheduler.batch is not None else None
         # the connection is closed here
-    try:
-        assert job is not None, "the request ended before the client left"
+        try:
+            assert job is not None, "the request ended before the client left"
+            deadline = time.monotonic() + 20
+            while not job.cancelled.is_set() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert job.cancelled.is_set(), "the server did not notice the client leaving"
+        finally:
+            scheduler.lock.release()
         deadline = time.monotonic() + 20
-        while not job.cancelled.is_set() and time.monotonic() < deadline:
+        while (scheduler.running_rows or not _logged(caplog, "POST /v1/completions 499")) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert job.cancelled.is_set(), "the server did not notice the client leaving"
-    finally:
-        scheduler.lock.release()
-    deadline = time.monotonic() + 20
-    while scheduler.running_rows and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert scheduler.running_rows == 0 and job.reasons == ["cancelled"] and job.produced < 90
+    assert _logged(caplog, "POST /v1/completions 499")
+    assert _counted(url, "/v1/completions", 499) == gone_before + 1
+
+
+def _counted(url: str, path: str, status: int) -> int:
+    """attnkit_requests_total of `path` and `status` in the server's /metrics."""
+    prefix = f'attnkit_requests_total{{path="{path}",status="{status}"}} '
+    lines = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text.splitlines()
+    return next((int(line.removeprefix(prefix)) for line in lines if line.startswith(prefix)), 0)
 
 
 def test_a_full_queue_answers_429_with_retry_after(server):

@@ -31,10 +31,12 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnkit.generate.pipeline import Pipeline
 from attnkit.serve.errors import APIError
+from attnkit.serve.metrics import Metrics
 from attnkit.serve.routes import completions, embeddings, explorer, operations, tasks, tokenize
 from attnkit.serve.settings import ServeSettings
 from attnkit.serve.state import ServerState
@@ -62,43 +64,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     for family in (operations, completions, embeddings, tokenize, explorer, tasks):  # tasks last: /v1/{method}
         app.include_router(family.router(state))
 
-    # Every request: its id, the key, the log line and the counters once its body has ended, and no traceback out
-    @app.middleware("http")
-    async def log_and_guard(request: Request, call_next):
-        start = time.perf_counter()
-        path = request.url.path
-        given = request.headers.get("x-request-id", "")
-        request_id = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex  # echoed, or made (as vLLM's)
-
-        def ended(status: int) -> None:
-            seconds = time.perf_counter() - start
-            route = request.scope.get("route")
-            state.metrics.record(getattr(route, "path", "unmatched"), status, seconds)
-            log.info("%s %s %d %.3fs request %s", request.method, path, status, seconds, request_id)
-
-        if settings.api_key and not _open(path) and not _authorised(request, settings.api_key):
-            response = APIError(401, "a valid API key is needed: send it as 'Authorization: Bearer KEY'").response()
-        else:
-            try:
-                response = await call_next(request)
-            except Exception:  # a failure answers 500 without its traceback; the log keeps it
-                log.exception("%s %s failed", request.method, path)
-                response = APIError(500, "the server failed to answer this request; its log says why").response()
-        response.headers["X-Request-Id"] = request_id
-        if not hasattr(response, "body_iterator"):  # answered here, whole
-            ended(response.status_code)
-            return response
-        body = response.body_iterator
-
-        async def counted():  # a stream is counted when it ends, with the status it ended with (`Answer.stream`)
-            try:
-                async for chunk in body:
-                    yield chunk
-            finally:
-                ended(getattr(request.state, "status", response.status_code))
-
-        response.body_iterator = counted()
-        return response
+    app.add_middleware(Guard, metrics=state.metrics, api_key=settings.api_key)
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, error: APIError):
@@ -109,12 +75,62 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
         message = "no such endpoint" if error.status_code == 404 else str(error.detail)
         return APIError(error.status_code, message).response()
 
-    if settings.allowed_origins:  # added last, so outermost: a browser's preflight is answered before the key is asked
+    if settings.allowed_origins:  # added after Guard, so outside it: a browser's preflight is answered before the key
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["X-Request-Id"])
     app.state.scheduler = state.scheduler  # for tests and embedding applications: the batching scheduler (None: no LM)
     app.state.model_lock = state.model_lock  # held while the model runs, by the scheduler and every other endpoint
     return app
+
+
+class Guard:
+    """Every HTTP request: its id (`X-Request-Id`, echoed or made), the API key, and its log line and counters once its
+    answer has ended: a stream when its last event is sent, with the status it ended with (`Answer.stream` leaves it in
+    the request's state), 499 for a client that left before the end; a failure answers 500 without its traceback (the
+    log keeps it). Plain ASGI, not Starlette's BaseHTTPMiddleware, under which a route never sees its client leave
+    (`Request.is_disconnected` stays False), so a request answered whole would run to its end for nobody."""
+
+    def __init__(self, app, *, metrics: Metrics, api_key: str | None) -> None:
+        self.app, self.metrics, self.api_key = app, metrics, api_key
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        request = Request(scope)
+        given = request.headers.get("x-request-id", "")
+        request_id = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex  # echoed, or made (as vLLM's)
+        status, ended = None, False
+
+        async def sending(message) -> None:
+            nonlocal status, ended
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                MutableHeaders(scope=message)["X-Request-Id"] = request_id
+            await send(message)
+            ended = ended or message["type"] == "http.response.body" and not message.get("more_body", False)
+
+        try:
+            if self.api_key and not _open(request.url.path) and not _authorised(request, self.api_key):
+                await APIError(401, "a valid API key is needed: send it as 'Authorization: Bearer KEY'"
+                               ).response()(scope, receive, sending)
+            else:
+                await self.app(scope, receive, sending)
+        except Exception:  # a failure answers 500 without its traceback (after its headers: it ends); the log keeps it
+            log.exception("%s %s failed", request.method, request.url.path)
+            if status is None:
+                await APIError(500, "the server failed to answer this request; its log says why"
+                               ).response()(scope, receive, sending)
+            status = 500
+        finally:
+            if ended and status != 500:
+                status = scope.get("state", {}).get("status", status)  # a stream's own ending
+            elif not ended and status is not None and status < 400:
+                status = 499  # the client left before the answer's end (nginx's code for it)
+            seconds = time.perf_counter() - start
+            self.metrics.record(getattr(scope.get("route"), "path", "unmatched"), status, seconds)
+            log.info("%s %s %d %.3fs request %s", request.method, request.url.path, status, seconds, request_id)
 
 
 def _open(path: str) -> bool:
