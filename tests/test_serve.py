@@ -261,6 +261,8 @@ HOSTILE = {
     "a negative token id": (b'{"prompt": [[1, 2], [-1]]}', 400, "prompt"),
     "best_of": (b'{"prompt": "a", "best_of": 3}', 400, "best_of"),
     "a misspelt field": (b'{"prompt": "a", "max_token": 3}', 400, "max_token"),
+    "a number of 5,000 digits": (b'{"prompt": "a", "max_tokens": ' + b"9" * 5_000 + b"}", 400, None),
+    "NaN temperature": (b'{"prompt": "a", "temperature": NaN}', 400, "temperature"),
 }
 
 
@@ -285,6 +287,9 @@ def test_refusals_say_what_is_wrong_and_neutral_values_of_unhonoured_fields_pass
 
     assert "at most 4 items" in refusal("/v1/completions", {"prompt": "a", "stop": list("abcde")})
     assert "at least 1 item" in refusal("/v1/completions", {"prompt": []})
+    for field in ("temperature", "top_p", "presence_penalty"):  # NaN is no number: not "should be at most 2"
+        nan = refusal("/v1/completions", {"prompt": "a", field: float("nan")})
+        assert nan.startswith(f"{field}: NaN is not a JSON number")
     assert "queues at most 64 (--max-queue)" in refusal("/v1/completions", {"prompt": ["a"] * 65})
     assert "does not honour it; leave it out" in refusal("/v1/completions", {"prompt": "a", "best_of": 2})
     assert "fields it takes: " in refusal("/v1/completions", {"prompt": "a", "max_token": 3})

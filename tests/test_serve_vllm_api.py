@@ -81,6 +81,16 @@ def test_stop_token_ids_min_tokens_and_ignore_eos(client, pipeline):
     assert goes_on.choices[0].finish_reason == "length" and goes_on.usage.completion_tokens == 5
 
 
+@pytest.mark.parametrize("off", [0, -1])
+def test_top_k_of_0_or_minus_1_is_every_token_as_vllm_and_llama_cpp_take_it(client, pipeline, off):
+    answer = client.completions.create(model="local", prompt="the cat", max_tokens=12, temperature=0.8, seed=3,
+                                       extra_body={"top_k": off})
+    assert answer.choices[0].text == pipeline.generate("the cat", max_new_tokens=12, temperature=0.8, seed=3)[0]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="local", prompt="ab", max_tokens=4, extra_body={"top_k": -2})
+    assert refused.value.body["param"] == "top_k" and "-1" in refused.value.body["message"]
+
+
 @pytest.mark.parametrize("field, value", [("presence_penalty", 2.5), ("frequency_penalty", -3.0), ("min_p", 1.5),
                                           ("repetition_penalty", 0.0), ("stop_token_ids", [10**6]), ("min_tokens", 9)])
 def test_each_refused_sampling_value_is_a_400_naming_it(client, field, value):

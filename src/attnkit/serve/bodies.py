@@ -8,7 +8,9 @@ worker thread (`ServerState.body`).
 from __future__ import annotations
 
 import json
+import math
 import re
+import sys
 
 from fastapi import Request
 from pydantic import ValidationError
@@ -55,16 +57,19 @@ def parse_body(schema: type[Body], raw: bytes):
         raise APIError(400, "the request body nests too deeply to read; send a flat JSON object") from None
     except json.JSONDecodeError as error:
         raise APIError(400, f"the request body is not JSON: {error.msg} at character {error.pos}") from None
+    except ValueError:  # an integer beyond Python's limit of digits (sys.get_int_max_str_digits)
+        raise APIError(400, f"the request body holds a number of more than {sys.get_int_max_str_digits():,} "
+                       "digits; send numbers of ordinary size") from None
     return validate(schema, data)
 
 
 def validate(schema: type[Body], data):
     """The body as `schema`: 422 for a wrong type or a missing field, 400 for a value out of range, a field the
-    server does not take, or text that UTF-8 cannot encode; each naming the field."""
+    server does not take, text that UTF-8 cannot encode, or NaN or Infinity; each naming the field."""
     if not isinstance(data, dict):
         raise APIError(422, f"the request body must be a JSON object, not {type(data).__name__}")
     try:
-        _check_encodable(data)
+        _check_values(data)
         return schema.model_validate(data)
     except ValidationError as error:
         first = _reported(error, data)
@@ -134,9 +139,11 @@ def _or(words) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
-def _check_encodable(data) -> None:
+def _check_values(data) -> None:
     """400 naming the first string (or key) that UTF-8 cannot encode: a lone surrogate such as "\\ud800", which
-    JSON's escapes can write but no tokenizer reads. Walked without recursion (the body may nest deeply)."""
+    JSON's escapes can write but no tokenizer reads; and the first NaN or Infinity, which JSON has no numbers for
+    (Python's json writes them, and every range check passes NaN by). Walked without recursion (the body may nest
+    deeply)."""
     stack: list[tuple[tuple, object]] = [((), data)]
     while stack:
         path, value = stack.pop()
@@ -152,3 +159,7 @@ def _check_encodable(data) -> None:
                 raise APIError(400, f"{where}: the text holds a lone surrogate ({value[error.start]!a}) at "
                                f"character {error.start}, which UTF-8 cannot encode; send valid Unicode text",
                                param=str(path[0]) if path else None) from None
+        elif isinstance(value, float) and not math.isfinite(value):
+            written = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+            raise APIError(400, f"{'.'.join(str(part) for part in path)}: {written} is not a JSON number (JSON has "
+                           "no NaN or Infinity); send a finite number", param=str(path[0]))

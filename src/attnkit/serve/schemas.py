@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 MAX_STOPS = 4  # as OpenAI
@@ -113,7 +113,8 @@ class Sampling(Body):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=1)] | None = None  # not in OpenAI's API; as vLLM and llama.cpp take it
+    # not in OpenAI's API; as vLLM and llama.cpp take it: 0 and -1 keep every token (read as None)
+    top_k: Annotated[int, Field(ge=-1), AfterValidator(lambda k: k if k >= 1 else None)] | None = None
     stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOPS)] | None = None
     seed: int | None = None
     n: Annotated[int, Field(ge=1, le=128)] = 1
