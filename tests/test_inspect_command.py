@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from attnkit.checkpoint import save_model
+from attnkit.checkpoint import load_model, save_model
 from attnkit.cli import main
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError, InputError
@@ -233,10 +233,45 @@ def test_a_recurrent_lm_is_refused_naming_the_runs_inspect_reads(recurrent_lm, a
         run_inspect(InspectSettings(run=str(recurrent_lm), analysis=analysis, text=("abc de",), corrupt="abc dj"))
 
 
-@pytest.mark.parametrize("analysis", ["heads", "logit-lens"])
-def test_a_one_token_text_is_refused_naming_the_fix(runs, analysis):
+def test_a_one_token_text_is_refused_naming_the_fix(runs):
     with pytest.raises(InputError, match="needs at least 2 tokens; this one has 1: give a longer text"):
-        run_inspect(InspectSettings(run=str(runs["decoder"]), analysis=analysis, text=("a",)))
+        run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="heads", text=("a",)))
+
+
+@pytest.mark.parametrize("analysis", ["logit-lens", "dla", "patch", "attribute"])
+def test_a_decoders_answer_is_read_after_the_whole_text(runs, analysis, tmp_path):
+    """A prompt's answer is the token after all of it (TransformerLens's `logits[:, -1]`): the analyses that read an
+    answer read it at the text's last token, not at the one before (a next-token batch's last input)."""
+    text, corrupt = "abc deabc d", "abc dgabc d"
+    report = _inspect(runs["decoder"], analysis, tmp_path, text=(text,),
+                      corrupt=corrupt if analysis in ("patch", "attribute") else None)
+    model, tokenizer = load_model(runs["decoder"])[0].eval(), CharTokenizer.load(runs["decoder"] / "tokenizer")
+    with torch.no_grad():
+        after = model(torch.tensor([tokenizer.encode(text)])).logits[0, -1]  # (V,): what follows the whole text
+    answer = tokenizer.pieces([int(after.argmax())])[0].replace("\n", "\\n")
+    last = len(text) - 1
+    if analysis == "logit-lens":
+        final = [row for row in report["rows"] if row["layer"] == "1 out"]
+        assert [row["token"] for row in final] == list(text)
+        assert (final[-1]["position"], final[-1]["top"]) == (last, answer)
+    elif analysis == "dla":
+        assert (report["summary"]["position"], report["summary"]["answer"]) == (f"{last} (d)", answer)
+    else:
+        assert (report["summary"]["position"], report["summary"]["answer"]) == (last, answer)
+
+
+@pytest.mark.parametrize(("kind", "analysis", "text", "message"), [
+    ("decoder", "heads", "abcdefghij" * 5, "is 50 tokens, more than the 49 this run reads .max_seq_len 48, the last "
+     "token only predicted.: shorten it, or split it in two"),
+    ("decoder", "dla", "abcdefghij" * 5, "is 50 tokens, more than the 48 this run reads .max_seq_len 48.: shorten"),
+    ("mlm", "heads", "abcdefghij" * 5, "is 50 tokens, more than the 46 this run reads .max_seq_len 48, with its start "
+     "and end marks."),
+    ("encoder-decoder", "heads", "abcdefghij" * 5 + "\tabc", "is 50 tokens, more than the 47 .* with EOS"),
+    ("encoder-decoder", "logit-lens", "abc\t" + "abcdefghij" * 5, "is 50 tokens, more than the 46 .* with BOS and EOS"),
+])
+def test_a_text_longer_than_the_run_reads_is_refused_not_cut(runs, kind, analysis, text, message, tmp_path):
+    with pytest.raises(InputError, match=message):
+        run_inspect(InspectSettings(run=str(runs[kind]), analysis=analysis, text=(text,), out=str(tmp_path)))
 
 
 def test_head_types_refuses_texts_it_would_not_read(runs):
@@ -299,5 +334,5 @@ def test_an_out_that_is_a_file_and_a_corruption_without_tokens_are_refused(runs,
         run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="heads", text=("abc",),
                                     out=str(tmp_path / "report")))
     assert (tmp_path / "report").read_text() == "mine"
-    with pytest.raises(InputError, match="needs at least 2 tokens; this one has 0: give a longer text"):
+    with pytest.raises(InputError, match="becomes no tokens, and a prompt needs at least 1 token .*: give a longer"):
         run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="patch", text=("abc",), corrupt=""))

@@ -207,21 +207,33 @@ def _texts(settings: InspectSettings) -> list[str]:
 
 
 # how a text becomes a batch, per family ---------------------------------------------------------------------------
-def text_batch(loaded: Loaded, text: str) -> Batch:
-    """One text as the run's family reads it and is scored (module docstring)."""
+def text_batch(loaded: Loaded, text: str, *, prompt: bool = False) -> Batch:
+    """One text as the run's family reads it and is scored (module docstring). A decoder is scored on each next token
+    of the text; as a `prompt` (the analyses that read the model's answer: logit-lens, dla, the patchings) it reads
+    the whole text, and its answer is the token after it, as TransformerLens reads a prompt. Raises InputError for a
+    text longer than the run reads (nothing is cut off unsaid)."""
     tokenizer = loaded.tokenizer
     if loaded.translates:
         source, target = _pair(loaded, text)
         return seq2seq_batch(loaded.tensor(source), loaded.tensor(target))
     ids = tokenizer.encode(text)
     if loaded.causal:
-        return lm_batch(loaded.tensor(ids[: loaded.max_len + 1]))
+        if not prompt:
+            _check_length(loaded, text, len(ids), loaded.max_len + 1, "the last token only predicted")
+            return lm_batch(loaded.tensor(ids))
+        if not ids:
+            raise InputError(f"the text {_shown(text)} becomes no tokens, and a prompt needs at least 1 token (the "
+                             "answer is read after it): give a longer text")
+        _check_length(loaded, text, len(ids), loaded.max_len)
+        return Batch((loaded.tensor(ids),))  # no targets: the analysis reads the answer from the logits
     if loaded.stack is None:
         raise InputError(f"attnkit inspect reads Transformer runs and the recurrent seq2seq with attention; this run "
                          f"is a {loaded.family} (it has no attention to inspect)")
     first, last = ((tokenizer.cls_id, tokenizer.sep_id) if tokenizer.cls_id is not None
                    else (tokenizer.bos_id, tokenizer.eos_id))
-    ids = [i for i in (first, *ids[: loaded.max_len - 2], last) if i is not None]
+    marks = [i for i in (first, last) if i is not None]
+    _check_length(loaded, text, len(ids), loaded.max_len - len(marks), "with its start and end marks")
+    ids = [i for i in (first, *ids, last) if i is not None]
     if not hasattr(loaded.model, "lm_head"):
         return Batch((loaded.tensor(ids),))  # no targets: KL from the model's own output
     masked, labels = list(ids), [-100] * len(ids)
@@ -236,14 +248,29 @@ def _pair(loaded: Loaded, text: str) -> tuple[list[int], list[int]]:
     tokenizer = loaded.tokenizer
     source_text, _, target_text = text.partition("\t")
     eos, bos = require_id(tokenizer, "eos"), require_id(tokenizer, "bos")
-    source = [*tokenizer.encode(source_text)[: loaded.max_len - 1], eos]
+    source = [*tokenizer.encode(source_text), eos]
+    _check_length(loaded, source_text, len(source) - 1, loaded.max_len - 1, "with EOS")
     if target_text:
         written = tokenizer.encode(target_text)
+        _check_length(loaded, target_text, len(written), loaded.max_len - 2, "with BOS and EOS")
     else:
-        written = greedy_target(loaded.model, source, bos=bos, eos=eos, max_length=GREEDY_TOKENS)
+        written = greedy_target(loaded.model, source, bos=bos, eos=eos,
+                                max_length=min(GREEDY_TOKENS, loaded.max_len - 2))
         if not written:
             raise InputError("the model translates the source into nothing (EOS first); give SOURCE<TAB>TARGET lines")
-    return source, [bos, *written[: loaded.max_len - 2], eos]
+    return source, [bos, *written, eos]
+
+
+def _check_length(loaded: Loaded, text: str, tokens: int, room: int, how: str = "") -> None:
+    """InputError for a text of more `tokens` than the `room` the run's max_seq_len leaves it (`how`: for what)."""
+    if tokens > room:
+        raise InputError(f"the text {_shown(text)} is {tokens} tokens, more than the {room} this run reads "
+                         f"(max_seq_len {loaded.max_len}{', ' + how if how else ''}): shorten it, or split it in two")
+
+
+def _shown(text: str) -> str:
+    """A text as an error message quotes it: its start."""
+    return repr(text if len(text) <= 40 else f"{text[:37]}...")
 
 
 def _labels(tokenizer: Tokenizer, ids) -> list[str]:
@@ -303,7 +330,7 @@ def _head_types(loaded: Loaded, settings: InspectSettings):
 
 
 def _logit_lens(loaded: Loaded, settings: InspectSettings):
-    batch = text_batch(loaded, _texts(settings)[0])
+    batch = text_batch(loaded, _texts(settings)[0], prompt=True)
     lens = logit_lens(loaded.model, *batch.args)
     inputs = batch.args[-1][0]  # the stream's own tokens (a translation's target side)
     tokens = _labels(loaded.tokenizer, inputs)
@@ -342,7 +369,7 @@ class _Pair:
 
 
 def _pair_of(loaded: Loaded, settings: InspectSettings) -> _Pair:
-    clean, corrupted = text_batch(loaded, _texts(settings)[0]), text_batch(loaded, settings.corrupt)
+    clean, corrupted = (text_batch(loaded, text, prompt=True) for text in (_texts(settings)[0], settings.corrupt))
     if [a.shape for a in clean.args] != [a.shape for a in corrupted.args]:
         raise InputError(f"--text and --corrupt become {clean.args[0].shape[1]} and {corrupted.args[0].shape[1]} "
                          "tokens; patching needs as many: substitute tokens rather than add or drop them")
@@ -460,7 +487,7 @@ def _pair_summary(loaded: Loaded, settings: InspectSettings, pair: _Pair, clean:
 
 def _dla(loaded: Loaded, settings: InspectSettings):
     text = _texts(settings)[0]
-    batch = text_batch(loaded, text)
+    batch = text_batch(loaded, text, prompt=True)
     with torch.no_grad():
         logits = batch.logits(loaded.model(*batch.args, **batch.kwargs))[0]  # (T, V); a sequence classifier's (C,)
     sequence = logits.dim() == 1
