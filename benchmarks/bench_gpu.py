@@ -15,7 +15,9 @@ product rate measured in this run, and the GPU's dense bf16 peak from its data s
     decode  gpt2-124m in bf16 at batch 1 and 8, 128 greedy tokens after 16: transformers eager and with its static
             cache compiled (its documented fastest path), attnkit eager and compiled (its static step, replayed from a
             CUDA graph); each in the speed suite's own way (`speed.run_one`)
-    serve   `attnkit serve` on the GPU (`bench_serve`'s model, width 384), 1 and 8 concurrent clients
+    serve   `attnkit serve` on the GPU (`bench_serve`'s model, width 384), 1, 8 and 32 concurrent clients, each
+            request exactly 64 tokens, with the scheduler's mean batch and time per iteration (the device's included)
+            from the server's /metrics; targets: 8 clients >= 5x one client's tokens/s, 32 clients >= 12x
 
 A row that fails records its error and the others go on; the parts run in the order `--only` names them, and the
 results are written after each part. Results: benchmarks/results/gpu-<device>.json and .md (or under --out), with
@@ -394,15 +396,19 @@ def decode_rows(device: torch.device, *, smoke: bool) -> list[dict]:
     return rows
 
 
+SERVE_TARGETS = {8: 5.0, 32: 12.0}  # clients -> tokens/s against one client's
+
+
 def serve_rows(device: torch.device, *, smoke: bool) -> list[dict]:
-    """`attnkit serve` on the device at 1 and 8 concurrent clients (bench_serve's model and client)."""
+    """`attnkit serve` on the device at 1, 8 and 32 concurrent clients (bench_serve's model and client), each row
+    with what the scheduler did meanwhile: its mean batch and an iteration's time on the device."""
     from benchmarks import bench_serve
 
     rows = []
     try:
         run = bench_serve.make_run(Path(tempfile.mkdtemp(prefix="attnkit-gpu-serve-")))
         with bench_serve.Server(run, max_batch=32, threads=4, device=str(device)) as url:
-            for clients in (1, 8):
+            for clients in (1, *SERVE_TARGETS):
                 result = asyncio.run(bench_serve.load(url, clients, 2 if smoke else 4, 8 if smoke else 64))
                 rows.append({"part": "serve", "impl": "attnkit serve", **result})
     except Exception as err:  # noqa: BLE001
@@ -484,14 +490,19 @@ def markdown(report: dict) -> str:
         lines.append("")
     serve = [r for r in rows if r["part"] == "serve"]
     if serve:
-        lines += ["## Serving (attnkit serve, width 384, 6 layers)", "", "| clients | tokens/s | p50 | p99 |",
-                  "|---|---|---|---|"]
-        lines += [f"| failed: {r['error']} | | | |" if "error" in r else
-                  f"| {r['clients']} | {r['tokens_per_s']:,.1f} | {r['p50_s']} s | {r['p99_s']} s |" for r in serve]
-        one = next((r for r in serve if r.get("clients") == 1), None)
-        eight = next((r for r in serve if r.get("clients") == 8), None)
-        if one and eight:
-            lines += ["", f"8 clients: {eight['tokens_per_s'] / one['tokens_per_s']:.2f}x one at a time."]
+        lines += ["## Serving (attnkit serve, width 384, 6 layers)", "",
+                  "| clients | tokens/s | p50 | p99 | mean batch | ms per iteration | prefills |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| failed: {r['error']} | | | | | | |" if "error" in r else
+                  f"| {r['clients']} | {r['tokens_per_s']:,.1f} | {r['p50_s']} s | {r['p99_s']} s | "
+                  f"{r.get('mean_batch', '-')} | {r.get('ms_per_iteration', '-')} | {r.get('prefills', '-')} |"
+                  for r in serve]
+        by_clients = {r["clients"]: r for r in serve if "error" not in r}
+        if 1 in by_clients:
+            lines.append("")
+            lines += [f"{clients} clients: {by_clients[clients]['tokens_per_s'] / by_clients[1]['tokens_per_s']:.2f}x "
+                      f"one at a time (target >= {target:g}x)." for clients, target in SERVE_TARGETS.items()
+                      if clients in by_clients]
     return "\n".join(lines) + "\n"
 
 

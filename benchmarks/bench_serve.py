@@ -12,10 +12,14 @@ times, each round with two fresh servers, started and measured in the other orde
 servers of the same mode, the one started first came out about 5% slower (the median over 12 runs, both ways
 round, on the 2-core machine of the figures; runs made while this benchmark was written, not kept in a results
 file), so a fixed order would favour one mode. Each of C clients (a small
-asyncio client over httpx) sends `--requests` completions one after the other (a 24-character prompt, up to
-`--new-tokens` tokens sampled with a seed; a request may end early at EOS, and the tokens counted are those
-generated); the rows report total tokens per second (every client's tokens over the wall time) and the p50/p99
-latency of a whole request, and each ratio is the median of the rounds' own ratios. The target: at 8 clients,
+asyncio client over httpx) sends `--requests` completions one after the other (a 24-character prompt, exactly
+`--new-tokens` tokens sampled with a seed: `ignore_eos`, as vLLM's serving benchmark fixes its output lengths; where
+EOS ended requests at random lengths (1,367 of 2,048 tokens), the clients whose requests ran short were done early
+and the rest ran in a smaller batch: 8 clients kept a mean batch of 5.6 rows, against 7.7-7.8 with fixed lengths,
+two rounds each on the 2-core machine of the figures); the rows report total tokens per second (every client's
+tokens over the wall time), the p50/p99 latency of a whole request, and from the server's /metrics over the same
+time its scheduler's mean batch, the mean time of an iteration (admission, choosing the tokens, a decoding step)
+and its prefills; each ratio is the median of the rounds' own ratios. The target: at 8 clients,
 batched >= 3x one at a time. Results go to benchmarks/results/serve-cpu.json (with the CPU and the machine's load
 average before and after, since a loaded machine slows both modes) and a markdown table beside it.
 
@@ -100,15 +104,25 @@ class Server:
 
 
 async def one_request(http, url: str, seed: int, new_tokens: int, n: int = 1) -> tuple[float, int]:
-    """(seconds, tokens) of one completion (of `n` choices)."""
-    body = {"prompt": PROMPT, "max_tokens": new_tokens, "seed": seed, "n": n}
+    """(seconds, tokens) of one completion (of `n` choices) of exactly `new_tokens` tokens (EOS does not end it)."""
+    body = {"prompt": PROMPT, "max_tokens": new_tokens, "seed": seed, "n": n, "ignore_eos": True}
     start = time.perf_counter()
     response = await http.post(f"{url}/v1/completions", json=body)
     response.raise_for_status()
     return time.perf_counter() - start, response.json()["usage"]["completion_tokens"]
 
 
+async def scheduler_counts(http, url: str) -> dict[str, float]:
+    """The server's counters of its scheduler's work (GET /metrics, `serve/metrics.py`)."""
+    text = (await http.get(f"{url}/metrics")).text
+    return {name: float(value) for name, value in (line.split() for line in text.splitlines() if line.startswith(
+        ("attnkit_scheduler_", "attnkit_prefills_total")))}
+
+
 async def load(url: str, clients: int, requests: int, new_tokens: int) -> dict:
+    """`clients` clients sending `requests` completions each, one after the other: tokens/s, latencies, and what
+    the server's scheduler did meanwhile (its /metrics): the mean batch (rows a token was chosen for per iteration),
+    an iteration's mean time, and the share of the time it was iterating."""
     import httpx
 
     async def client(index: int, http) -> list[tuple[float, int]]:
@@ -118,14 +132,21 @@ async def load(url: str, clients: int, requests: int, new_tokens: int) -> dict:
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
         await one_request(http, url, 0, 4)  # warm-up: a step of one row,
         await one_request(http, url, 0, 4, n=2)  # and of several
+        before = await scheduler_counts(http, url)
         start = time.perf_counter()
         results = await asyncio.gather(*(client(i, http) for i in range(clients)))
         wall = time.perf_counter() - start
+        after = await scheduler_counts(http, url)
+    done = {name: after[name] - before[name] for name in after}
+    iterations, seconds = done["attnkit_scheduler_iterations_total"], done["attnkit_scheduler_iteration_seconds_total"]
     latencies = sorted(s for per_client in results for s, _ in per_client)
     tokens = sum(t for per_client in results for _, t in per_client)
     return {"clients": clients, "requests": len(latencies), "tokens": tokens, "seconds": round(wall, 3),
             "tokens_per_s": round(tokens / wall, 1), "p50_s": round(statistics.median(latencies), 3),
-            "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3)}
+            "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3),
+            "mean_batch": round(done["attnkit_scheduler_rows_total"] / iterations, 2),
+            "ms_per_iteration": round(1000 * seconds / iterations, 3), "busy": round(seconds / wall, 3),
+            "prefills": int(done["attnkit_prefills_total"])}
 
 
 def measure_forms(forms: list[str], args, cpu: str) -> int:
@@ -196,10 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     ratios = {c: round(statistics.median(by[("batched", i, c)] / by[("one at a time", i, c)]
                                          for i in range(args.rounds)), 2) for c in CLIENTS}
     rows.sort(key=lambda r: (r["clients"], r["round"]))
-    lines = ["| mode | round | clients | requests | tokens/s | p50 latency (s) | p99 latency (s) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| mode | round | clients | requests | tokens/s | p50 latency (s) | p99 latency (s) | mean batch | "
+             "ms per iteration | prefills |", "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['mode']} | {r['round']} | {r['clients']} | {r['requests']} | {r['tokens_per_s']} | {r['p50_s']} | "
-              f"{r['p99_s']} |" for r in rows]
+              f"{r['p99_s']} | {r['mean_batch']} | {r['ms_per_iteration']} | {r['prefills']} |" for r in rows]
     lines.append("")
     lines.append("batched / one at a time, tokens/s (median of the rounds): "
                  + ", ".join(f"{c} clients {ratios[c]}x" for c in CLIENTS))

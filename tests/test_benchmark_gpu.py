@@ -29,7 +29,9 @@ def test_table_gives_each_row_against_its_peer_and_names_failures():
         {"part": "decode", "impl": "attnkit-compiled", "case": "generate-gpt2-124m-b1", "tokens_per_s": 1500.0,
          "ms_per_token": 0.67},
         {"part": "serve", "impl": "attnkit serve", "clients": 1, "tokens_per_s": 100.0, "p50_s": 0.1, "p99_s": 0.2},
-        {"part": "serve", "impl": "attnkit serve", "clients": 8, "tokens_per_s": 650.0, "p50_s": 0.2, "p99_s": 0.3},
+        {"part": "serve", "impl": "attnkit serve", "clients": 8, "tokens_per_s": 650.0, "p50_s": 0.2, "p99_s": 0.3,
+         "mean_batch": 7.4, "ms_per_iteration": 1.2, "prefills": 20},
+        {"part": "serve", "impl": "attnkit serve", "error": "RuntimeError: the server did not start"},
     ]
     report = {"machine": {"device": "cuda", "name": "NVIDIA H200", "torch": "2.x", "cuda": "13.0",
                           "measured_bf16_tflops": 700.0}, "command": "python -m benchmarks gpu",
@@ -38,7 +40,9 @@ def test_table_gives_each_row_against_its_peer_and_names_failures():
     assert "| attnkit | 500,000 | 32.0 | 1.25x | 50.0% | 11.0 GB |" in text
     assert "| attnkit-llama2 | failed: RuntimeError: out of memory |" in text
     assert "| generate-gpt2-124m-b1 | attnkit-compiled | 1,500.0 | 0.67 | 3.00x |" in text
-    assert "8 clients: 6.50x one at a time." in text
+    assert "| 8 | 650.0 | 0.2 s | 0.3 s | 7.4 | 1.2 | 20 |" in text
+    assert "8 clients: 6.50x one at a time (target >= 5x)." in text and "32 clients" not in text  # not measured
+    assert "| failed: RuntimeError: the server did not start |" in text
 
 
 def _results_in(tmp_path, monkeypatch) -> None:

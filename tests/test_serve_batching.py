@@ -455,6 +455,21 @@ def test_kv_cache_usage_is_the_share_of_the_batchs_positions_holding_a_rows_keys
         assert scheduler.running_requests == 2 and scheduler.running_rows == 3
 
 
+def test_the_iteration_counters_give_the_mean_batch_and_the_prefills(model):
+    """Two requests prefilled together, one of 3 tokens and one of 5: five iterations choose tokens, for 2, 2, 2, 1
+    and 1 rows (the first leaves after its third), in one prefill; a third request joining later takes a second."""
+    scheduler = scheduler_for(model, max_rows=4)
+    for request in (Recorded([1, 2, 3], 3), Recorded([4, 5, 6, 7], 5)):
+        scheduler.submit(request.job)
+    drain(scheduler)
+    assert (scheduler.iterations, scheduler.rows_chosen, scheduler.prefills) == (5, 8, 1)
+    assert scheduler.rows_chosen == scheduler.tokens
+    assert scheduler.iteration_seconds > 0
+    scheduler.submit(Recorded([8, 9], 2).job)
+    drain(scheduler)
+    assert (scheduler.iterations, scheduler.rows_chosen, scheduler.prefills) == (7, 10, 2)
+
+
 def test_each_choice_of_a_seeded_request_is_the_request_of_one_choice_seeded_seed_plus_its_index(model):
     scheduler = scheduler_for(model, max_rows=8)
     sampling = SamplingConfig(temperature=1.0)

@@ -197,6 +197,11 @@ def test_metrics_time_each_generation_request_as_prometheus_histograms(server, c
     assert after["attnkit_num_requests_running"] == 0 and after["attnkit_num_requests_waiting"] == 0
     assert after["attnkit_kv_cache_usage_ratio"] == 0  # nothing runs now
     assert added["attnkit_prefix_cache_queries_total"] == sum(usage.prompt_tokens for usage in usages)
+    # three requests one after another: a prefill each, and an iteration of one row per token chosen
+    assert added["attnkit_prefills_total"] == 3
+    assert added["attnkit_scheduler_rows_total"] == added["attnkit_scheduler_iterations_total"] \
+        == added["attnkit_generated_tokens_total"]
+    assert added["attnkit_scheduler_iteration_seconds_total"] > 0
 
 
 def test_a_histogram_counts_each_value_in_the_first_bucket_that_holds_it():

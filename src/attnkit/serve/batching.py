@@ -289,7 +289,13 @@ class Scheduler:
         self.batch: Batch | None = None
         self.logits: Tensor | None = None  # (B, V): the running rows' next-token logits
         self.steps = 0  # forward passes so far (prefills and decoding steps)
+        self.prefills = 0  # of those, prefills (the requests that join together share one)
         self.tokens = 0  # tokens generated so far
+        # iterations that chose tokens (`_iteration`), their time (a GPU's included: choosing reads the tokens) and
+        # the rows they chose for: where a server's time goes, and its mean batch (GET /metrics)
+        self.iterations = 0
+        self.iteration_seconds = 0.0
+        self.rows_chosen = 0
         self.step_seconds = 0.0  # how long the last decoding step took (with the read of its tokens, `_iteration`)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -359,12 +365,20 @@ class Scheduler:
 
     def _iteration(self) -> None:
         """Admit waiting jobs, choose a token for every row, drop the rows that ended, and step the rest."""
+        began = time.monotonic()
         self._admit()
         if self.batch is None:
             return
         started = time.monotonic()
         chosen = self._choose(self.batch)  # reads the tokens: waits for the step before to finish on a GPU
         choosing = time.monotonic() - started
+        self._advance(chosen, choosing)
+        self.iterations += 1
+        self.rows_chosen += len(chosen)
+        self.iteration_seconds += time.monotonic() - began
+
+    def _advance(self, chosen: Tensor, choosing: float) -> None:
+        """End the jobs whose choices all ended, drop their rows, and step the rest (`chosen`: each row's token)."""
         ended = [i for i, (job, _) in enumerate(self.batch.rows) if None not in job.reasons]
         if ended and self.prefix_cache is not None and self._merge_ok():
             self._keep_sequences(ended)
@@ -563,6 +577,7 @@ class Scheduler:
             self.batch.place(window, cache, rows)
             self.logits = torch.cat((self.logits, logits))
         self.steps += 1
+        self.prefills += 1
 
     def _prefill_logits(self, window: Window, cache: KVCache, prompts: list[list[int]]) -> Tensor:
         """Prefill `window` (the left-padded `prompts`) into the plain cache `cache`: (k, V). Eager beside a

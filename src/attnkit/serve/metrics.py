@@ -14,6 +14,16 @@
     attnkit_batch_size                            gauge      sequences in the running batch (a request of n: n)
     attnkit_queue_length                          gauge      as num_requests_waiting (its older name)
     attnkit_kv_cache_usage_ratio                  gauge      the running batch's cache positions that hold keys
+    attnkit_scheduler_iterations_total            counter    scheduler iterations that chose tokens: each admits the
+                                                             waiting requests that join (a prefill), chooses every
+                                                             running row's next token and runs a decoding step
+    attnkit_scheduler_iteration_seconds_total     counter    their time; on a GPU with the wait for the device (the
+                                                             tokens are read), so over an interval: the time a step
+                                                             takes as the server runs it
+    attnkit_scheduler_rows_total                  counter    rows the iterations chose a token for (per iteration: the
+                                                             mean batch size)
+    attnkit_prefills_total                        counter    prefill forward passes (requests joining together share
+                                                             one)
     attnkit_prefix_cache_queries_total            counter    prompt tokens looked up in the prefix cache
     attnkit_prefix_cache_hits_total               counter    of those, tokens whose keys and values were reused
     attnkit_prefix_cache_hit_rate                 gauge      hits / queries since the server started
@@ -126,6 +136,15 @@ class Metrics:
              "Sequences in the running batch."),
             ("kv_cache_usage_ratio", "gauge", round(scheduler.kv_cache_usage, 6) if scheduler is not None else 0,
              "Share of the running batch's cache positions that hold keys."),
+            ("scheduler_iterations_total", "counter", scheduler.iterations if scheduler is not None else 0,
+             "Scheduler iterations that chose tokens (each: admission, the rows' next tokens, a decoding step)."),
+            ("scheduler_iteration_seconds_total", "counter",
+             round(scheduler.iteration_seconds, 6) if scheduler is not None else 0,
+             "Time those iterations took, with the wait for the device."),
+            ("scheduler_rows_total", "counter", scheduler.rows_chosen if scheduler is not None else 0,
+             "Rows the iterations chose a token for (per iteration: the mean batch size)."),
+            ("prefills_total", "counter", scheduler.prefills if scheduler is not None else 0,
+             "Prefill forward passes (requests joining together share one)."),
             ("request_seconds_sum", "counter", round(seconds, 6), "Time spent answering requests."),
             ("request_seconds_count", "counter", count, "Requests timed."),
         ]
