@@ -103,3 +103,104 @@ def test_bad_requests_name_the_problem(served):
     assert far.status_code == 400 and f"Query token {len(TEXT)}" in far.json()["error"]["message"]
     negative = httpx.post(f"{url}/api/model", json={"text": TEXT, "query": -1}, timeout=TIMEOUT)
     assert negative.status_code == 400 and "query" in negative.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def translator(tmp_path_factory):
+    run = tiny_run(tmp_path_factory.mktemp("model-view-seq2seq"), "encoder-decoder", sharpen=3.0)
+    with running_server(run) as (url, _app):
+        yield url, run
+
+
+def _stream_norms(stack, ids, query, context=None):
+    """|x| at `query` after the embeddings and after each block, computed here with the stack's own pieces."""
+    positions = torch.arange(ids.shape[1])[None]
+    x = stack.embeddings(ids, positions)  # (1, T, C)
+    norms = [x[0, query].norm()]
+    for block in stack.blocks:
+        x, _ = block(x, positions=stack.positions.prepare(positions) if stack.positions else None, context=context)
+        norms.append(x[0, query].norm())
+    return torch.stack(norms)
+
+
+def test_a_translation_run_shows_the_encoders_and_the_decoders_stream(translator):
+    """/api/model on a translation run: the source's stream through the encoder and the model's own greedy
+    translation's stream through the decoder (cross-attention between its self-attention and FFN), each read at its
+    last token, with the numbers the stacks compute here."""
+    from attnkit.models.greedy import greedy_target
+
+    url, run = translator
+    model, config = load_model(run)[:2]
+    model.eval()
+    tokenizer = load_tokenizer(run / "tokenizer")
+    source = [*tokenizer.encode(TEXT), tokenizer.eos_id]
+    written = greedy_target(model, source, bos=tokenizer.bos_id, eos=tokenizer.eos_id, max_length=48)
+    assert written, "the tiny model writes EOS first: choose another TEXT"
+    answer = httpx.post(f"{url}/api/model", json={"text": TEXT}, timeout=TIMEOUT)
+    assert answer.status_code == 200, answer.text
+    view = answer.json()
+    target = [tokenizer.bos_id, *written]
+    assert view["target_given"] is False and view["tokens"] == token_labels(tokenizer, target)
+    assert view["source"]["tokens"] == token_labels(tokenizer, source)
+    S, T = len(source), len(target)
+    assert (view["query"], view["source"]["query"]) == (T - 1, S - 1)
+    decoder, encoder = view["stages"], view["source"]["stages"]
+    assert [s["stage"] for s in decoder] == ["tokens", "embedding", *["attn", "cross_attn", "mlp", "block"]
+                                             * config.n_layers, "final_norm", "output", "softmax"]
+    assert [s["stage"] for s in encoder] == ["tokens", "embedding", *["attn", "mlp", "block"] * config.n_layers,
+                                             "final_norm", "memory"]
+    for cross in _by_block(decoder, "cross_attn"):
+        assert cross["weights_shape"] == [config.n_heads, T, S] and cross["shape"] == [T, config.d_model]
+    assert all(a["weights_shape"] == [config.n_heads, S, S] for a in _by_block(encoder, "attn"))
+    with torch.no_grad():
+        src, tgt = torch.tensor([source]), torch.tensor([target])
+        memory = model.encode(src)
+        expected_source = _stream_norms(model.encoder, src, S - 1)
+        expected_target = _stream_norms(model.decoder, tgt, T - 1, context=memory)
+        final = model(src, tgt).logits[0, -1].softmax(-1).topk(5)
+    shown = [encoder[1]["norm"]] + [s["norm"] for s in _by_block(encoder, "block")]
+    torch.testing.assert_close(torch.tensor(shown), expected_source, atol=1e-4, rtol=1e-4)
+    shown = [decoder[1]["norm"]] + [s["norm"] for s in _by_block(decoder, "block")]
+    torch.testing.assert_close(torch.tensor(shown), expected_target, atol=1e-4, rtol=1e-4)
+    assert [t["token"] for t in decoder[-1]["top"]] == token_labels(tokenizer, final.indices.tolist())
+    attribution = view["attribution"]  # pre-norm: the writers' shares sum to the model's own logit difference
+    assert any(name.startswith("decoder.blocks.0.cross_attn head") for name in attribution["shares"])
+    assert sum(attribution["shares"].values()) == pytest.approx(attribution["total"], abs=1e-3)
+    assert sum(s["dla"] for s in decoder if "dla" in s) + attribution["shares"]["bias"] == pytest.approx(
+        attribution["total"], abs=1e-3)
+
+
+def test_a_translation_runs_view_reads_a_given_target_at_the_chosen_tokens(translator):
+    """Explorer.whole_model with a target: the decoder reads BOS and that target, at the query token asked, the
+    encoder at the source token asked; tokens out of either range are refused by name."""
+    from attnkit.errors import InputError
+
+    _url, run = translator
+    explorer = _explorer(run)
+    tokenizer = explorer.tokenizer
+    view = explorer.whole_model(TEXT, 1, target="a dog", source_query=2)
+    target = [tokenizer.bos_id, *tokenizer.encode("a dog")]
+    assert view["target_given"] is True and view["tokens"] == token_labels(tokenizer, target)
+    assert (view["query"], view["source"]["query"]) == (1, 2)
+    model = explorer.model
+    with torch.no_grad():
+        src, tgt = torch.tensor([[*tokenizer.encode(TEXT), tokenizer.eos_id]]), torch.tensor([target])
+        expected_target = _stream_norms(model.decoder, tgt, 1, context=model.encode(src))
+        expected_source = _stream_norms(model.encoder, src, 2)
+    stages = view["stages"]
+    torch.testing.assert_close(torch.tensor([stages[1]["norm"]] + [s["norm"] for s in _by_block(stages, "block")]),
+                               expected_target, atol=1e-4, rtol=1e-4)
+    stages = view["source"]["stages"]
+    torch.testing.assert_close(torch.tensor([stages[1]["norm"]] + [s["norm"] for s in _by_block(stages, "block")]),
+                               expected_source, atol=1e-4, rtol=1e-4)
+    with pytest.raises(InputError, match="Query token 6 is out of range"):
+        explorer.whole_model(TEXT, 6, target="a dog")
+    with pytest.raises(InputError, match=f"Source token {len(TEXT) + 1} is out of range"):
+        explorer.whole_model(TEXT, target="a dog", source_query=len(TEXT) + 1)
+
+
+def _explorer(run):
+    from attnkit import load
+    from attnkit.serve.explorer import Explorer
+
+    return Explorer(load(run), run, watch=run, experiments=None)

@@ -4,7 +4,8 @@
                        a language model's next-token logits; a classifier's class probabilities;
                        a translation run's cross-attention (over its own greedy translation unless a target is given)
     whole_model(text)  every stage from the tokens to the output, with shapes, and the residual stream's numbers at
-                       one query token (`serve/model_view.py`)
+                       one query token (`serve/model_view.py`); a translation run's two streams, the encoder's over
+                       the source and the decoder's over a target (or over its own greedy translation)
     inspect(text)      head importance (layer x head) and the logit lens (each layer's top tokens, the final
                        answer's rank) by `attnkit.inspect` (`serve/inspect_view.py`)
     sae_features(text) each token's top features of the SAE served with --sae, and their top contexts
@@ -29,10 +30,11 @@ from torch import nn
 
 from attnkit.checkpoint import load_run_model
 from attnkit.errors import InputError
+from attnkit.inspect.command import Loaded, text_batch
 from attnkit.layers.attention import Attention, DotScore
 from attnkit.models.attention_capture import attention_sites
-from attnkit.serve.inspect_view import inspect_view
-from attnkit.serve.model_view import model_view
+from attnkit.serve.inspect_view import inspect_view, pair_line
+from attnkit.serve.model_view import model_view, translation_view
 from attnkit.serve.sae_view import SAEView
 from attnkit.viz.extract import attention_maps, is_translator
 from attnkit.viz.labels import token_labels
@@ -95,13 +97,24 @@ class Explorer:
         self._checked_ids(text)
         return self.sae.read(text, target if is_translator(self.model) else None)
 
-    def whole_model(self, text: str, query: int | None = None) -> dict:
+    def whole_model(self, text: str, query: int | None = None, *, target: str | None = None,
+                    source_query: int | None = None) -> dict:
         """Each stage of the model for `text`, with shapes, read at token `query` (None: the last):
-        `serve/model_view.py`. A translation run is refused (its decoder's stream needs a target)."""
-        if is_translator(self.model):
-            raise InputError("the whole-model view follows one stack's stream; this run translates (its decoder reads "
-                             "a target): use the attention and logit-lens panels")
-        return model_view(self.model, self.config, self.tokenizer, self._checked_ids(text), query)
+        `serve/model_view.py`. A translation run shows both streams: the decoder's over `target` (the model's own
+        greedy translation when it is None or blank; `target_given` says which), read at `query`, and the encoder's
+        over the source `text`, read at `source_query`."""
+        ids = self._checked_ids(text)
+        if not is_translator(self.model):
+            return model_view(self.model, self.config, self.tokenizer, ids, query)
+        if target is not None:
+            _check_text(target)
+        given = target is not None and bool(target.strip())
+        loaded = Loaded(self.model, self.tokenizer, self.config.family, self.config.max_seq_len,
+                        next(self.model.parameters()).device)
+        src, tgt = text_batch(loaded, pair_line(text, target)).args  # (1, S): source EOS; (1, T): BOS target
+        view = translation_view(self.model, self.config, self.tokenizer, src[0].tolist(), tgt[0].tolist(), query,
+                                source_query)
+        return {**view, "target_given": given}
 
     def _checked_ids(self, text: str) -> list[int]:
         """The text's token ids; InputError for a text longer than the explorer draws."""

@@ -264,8 +264,7 @@
 
   // Explore: one head's computation ----------------------------------------------------------------------------
   async function loadSteps() {
-    if (!state.info.translator && (!state.model || state.model.query !== state.query ||
-                                   state.model.text !== $("text").value)) loadModel();
+    if (!state.model || JSON.stringify(state.model.body) !== JSON.stringify(modelBody())) loadModel();
     const maps = currentMaps();
     const head = state.head === null ? 0 : state.head;
     const body = { ...pageText(), kind: maps.kind, layer: maps.layers[state.layer], head: maps.heads[head],
@@ -388,23 +387,50 @@
   }
 
   // Explore: the whole model at the query token (serve/model_view.py) ---------------------------------------------
+  // A translator's view has two streams: the encoder's over the source (`view.source`, read at its last token) and
+  // the decoder's over the target, read at the query token while the maps are the decoder's (else at its last).
+  function modelBody() {
+    const maps = currentMaps(), encoderMaps = state.info.translator && maps && maps.kind === "self";
+    return { ...pageText(), query: encoderMaps ? null : state.query };
+  }
+
   async function loadModel() {
-    const body = { text: $("text").value, query: state.query };
+    const body = modelBody();
     const view = await latest("modelAsked", "/api/model", body, (why) => { $("flow").textContent = why; });
     if (!view) return;
-    state.model = { ...view, text: body.text };
+    state.model = { ...view, text: body.text, body };
     drawModel(view);
   }
 
   const shape = (dims) => `(${dims.join(", ")})`;
   const percent = (x) => `${(100 * x).toFixed(1)}%`;
+  const WRITES = ["attn", "cross_attn", "mlp"];  // the sublayers that add to the stream
 
   function drawModel(view) {
-    $("flow-where").textContent = `at query token ${view.query}: ${view.tokens[view.query]}`;
+    const where = `at query token ${view.query}: ${view.tokens[view.query]}`;
+    if (!view.source) {
+      $("flow-where").textContent = where;
+      $("flow").innerHTML = stagesHtml(view.stages, view.attribution);
+    } else {
+      const source = view.source, whose = view.target_given ? "the Target box's" : "the model's own translation's";
+      $("flow-where").textContent = `decoder ${where}; encoder at source token ${source.query}: ` +
+        source.tokens[source.query];
+      $("flow").innerHTML = `<h3>Encoder: the source, read at token ${source.query}</h3>` +
+        stagesHtml(source.stages, {}) + `<h3>Decoder: ${whose} tokens, read at token ${view.query}</h3>` +
+        stagesHtml(view.stages, view.attribution);
+    }
+    const a = view.attribution;
+    $("dla").innerHTML = a.reason ? `Direct logit attribution: not here. ${escapeHtml(a.reason)}` :
+      `Direct logit attribution: logit(<b>${escapeHtml(a.answer)}</b>) − logit(<b>${escapeHtml(a.wrong)}</b>) = ` +
+      `${fmt(a.total)} at the query token, the sum of the shares written beside each stage (the final norm's and ` +
+      `the output layer's biases add ${fmt(a.shares.bias)}).`;
+  }
+
+  function stagesHtml(stages, attribution) {
     let html = "";
-    for (const s of view.stages) {
+    for (const s of stages) {
       const numbers = [];
-      if (s.stage === "attn" || s.stage === "mlp") {
+      if (WRITES.includes(s.stage)) {
         numbers.push(`writes |out| = ${fmt(s.norm)}, ${percent(s.share)} of the stream it adds to`);
       } else if (s.norm !== undefined) {
         numbers.push(`stream |x| = ${fmt(s.norm)}`);
@@ -418,17 +444,12 @@
         html += `<table class="bars">` + s.top.map((t) => `<tr><td>${escapeHtml(t.token)}</td><td>${fmt(t.p)}</td>` +
           `<td><span class="bar" style="width:${Math.round(200 * t.p)}px"></span></td></tr>`).join("") + "</table>";
       }
-      if (s.dla !== undefined) html += dlaLine(s, view.attribution);
+      if (s.dla !== undefined) html += dlaLine(s, attribution);
       html += "</div>";
-      if (s.stage === "attn" || s.stage === "mlp") html += `<div class="stage-plus">+ residual</div>`;
-      else if (s !== view.stages[view.stages.length - 1]) html += `<div class="stage-arrow">↓</div>`;
+      if (WRITES.includes(s.stage)) html += `<div class="stage-plus">+ residual</div>`;
+      else if (s !== stages[stages.length - 1]) html += `<div class="stage-arrow">↓</div>`;
     }
-    $("flow").innerHTML = html;
-    const a = view.attribution;
-    $("dla").innerHTML = a.reason ? `Direct logit attribution: not here. ${escapeHtml(a.reason)}` :
-      `Direct logit attribution: logit(<b>${escapeHtml(a.answer)}</b>) − logit(<b>${escapeHtml(a.wrong)}</b>) = ` +
-      `${fmt(a.total)} at the query token, the sum of the shares written beside each stage (the final norm's and ` +
-      `the output layer's biases add ${fmt(a.shares.bias)}).`;
+    return html;
   }
 
   // a stage's direct share of the logit difference, and an attention stage's bar per head (blue for, red against)
@@ -663,7 +684,6 @@
     state.info = await api("/api/info");
     $("model-name").textContent = `${state.info.model} (${state.info.family}${state.info.task ? ", " + state.info.task : ""})`;
     $("target-box").classList.toggle("hidden", !state.info.translator);
-    $("model-panel").classList.toggle("hidden", state.info.translator);
     await analyze();
     pollTraining();
     inspect();  // the first text's panels; later texts on request (each head's ablation is a pass of the model)
