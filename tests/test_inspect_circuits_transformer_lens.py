@@ -7,25 +7,16 @@ default offset 0 (R(0) = I). Skipped where TransformerLens is not installed."""
 
 import pytest
 import torch
-from interop_models import hf_model, word_tokenizer
+from transformer_lens_pairs import lens_pair, transformer_lens
 
 from attnkit.inspect.circuits import composition_scores, full_ov, head_weights
-from attnkit.interop import hf
 
-transformer_lens = pytest.importorskip(
-    "transformer_lens", reason="TransformerLens is not installed (pip install transformer-lens; it brings datasets, "
-    "wandb and other packages attnkit does not need, so it is not among attnkit's extras)")
+transformer_lens()
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def pair(request, tmp_path_factory):
-    from transformer_lens.model_bridge import TransformerBridge
-
-    directory = tmp_path_factory.mktemp(request.param)
-    reference = hf_model(request.param, directory)
-    word_tokenizer(directory)  # the bridge loads a tokenizer; Llama's config names none it could build
-    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=reference, device="cpu")
-    return hf.load(directory).model.eval(), bridge.eval()
+    return lens_pair(request.param, tmp_path_factory.mktemp(request.param))
 
 
 @pytest.mark.parametrize("layer", [0, 1])

@@ -7,25 +7,18 @@ with. Skipped where TransformerLens is not installed."""
 import pytest
 import torch
 import torch.nn.functional as F
-from interop_models import VOCAB, hf_model
+from interop_models import VOCAB
+from transformer_lens_pairs import lens_pair, transformer_lens
 
 from attnkit.inspect.gradients import backward_trace
 from attnkit.inspect.logit_attribution import logit_attribution
-from attnkit.interop import hf
 
-transformer_lens = pytest.importorskip(
-    "transformer_lens", reason="TransformerLens is not installed (pip install transformer-lens; it brings datasets, "
-    "wandb and other packages attnkit does not need, so it is not among attnkit's extras)")
+transformer_lens()
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from transformer_lens.model_bridge import TransformerBridge
-
-    directory = tmp_path_factory.mktemp("gpt2")
-    reference = hf_model("gpt2", directory)
-    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=reference, device="cpu")
-    return hf.load(directory).model.eval(), bridge.eval()
+    return lens_pair("gpt2", tmp_path_factory.mktemp("gpt2"))
 
 
 IDS = torch.tensor([[5, 17, 33, 8, 61, 4, 9], [42, 7, 90, 3, 3, 18, 12]])

@@ -1,0 +1,138 @@
+"""attnkit.inspect's hooks and activation analyses against TransformerLens on a random GPT-2 and a Llama-style model
+(GQA 4/2, RoPE, RMSNorm), the same Hugging Face weights loaded by both (TransformerLens through its
+`TransformerBridge`, no weight processing): every cached activation equals `run_with_cache`'s; activation patching
+of the stream and of each head equals `transformer_lens.patching`'s; the logit lens equals `accumulated_resid`
+through the final norm and the unembedding; ablations and other edits equal the same edit made by
+`run_with_hooks`. Skipped where TransformerLens is not installed."""
+
+import pytest
+import torch
+from transformer_lens_pairs import lens_pair, transformer_lens
+
+from attnkit.inspect import Batch, mean_ablate, patch, trace, zero_ablate
+from attnkit.inspect.logit_lens import logit_lens
+from attnkit.inspect.patching import logit_differences, patch_heads, patch_stream
+
+transformer_lens()
+
+CLEAN = torch.tensor([[5, 17, 33, 8, 61, 4, 9], [42, 7, 90, 3, 3, 18, 12]])
+CORRUPTED = torch.tensor([[5, 17, 70, 8, 61, 4, 9], [42, 7, 71, 3, 3, 18, 12]])  # position 2 substituted
+OTHER = torch.tensor([[11, 12, 13, 14, 15, 16, 17], [20, 30, 40, 50, 60, 70, 80], [9, 8, 7, 6, 5, 4, 3]])
+CAUSAL = torch.ones(7, 7).tril().bool()  # (T, S): the scores a causal model keeps
+
+# attnkit's point -> TransformerLens's hook
+POINTS = {"embed": "hook_embed", "blocks.0.resid_pre": "blocks.0.hook_resid_pre",
+          "blocks.0.attn.q": "blocks.0.attn.hook_q", "blocks.0.attn.k": "blocks.0.attn.hook_k",
+          "blocks.0.attn.v": "blocks.0.attn.hook_v", "blocks.0.attn.pattern": "blocks.0.attn.hook_pattern",
+          "blocks.1.attn.pattern": "blocks.1.attn.hook_pattern", "blocks.1.attn.z": "blocks.1.attn.hook_z",
+          "blocks.0.attn.out": "blocks.0.hook_attn_out", "blocks.0.mlp.hidden": "blocks.0.mlp.hook_post",
+          "blocks.0.mlp.out": "blocks.0.hook_mlp_out", "blocks.1.resid_pre": "blocks.1.hook_resid_pre",
+          "blocks.1.resid_post": "blocks.1.hook_resid_post", "final_norm": "ln_final.hook_out"}
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def pair(request, tmp_path_factory):
+    return lens_pair(request.param, tmp_path_factory.mktemp(request.param))
+
+
+def test_the_cache_equals_run_with_cache(pair):
+    model, bridge = pair
+    _, cache = bridge.run_with_cache(CLEAN)
+    found = trace(model, CLEAN)
+    for ours, theirs in POINTS.items():
+        torch.testing.assert_close(found[ours], cache[theirs], rtol=1e-5, atol=2e-5, msg=ours)
+    # scores: attnkit's are before the causal mask, TransformerLens's after it; the kept ones agree
+    torch.testing.assert_close(found["blocks.1.attn.scores"][..., CAUSAL],
+                               cache["blocks.1.attn.hook_attn_scores"][..., CAUSAL], rtol=1e-5, atol=2e-5)
+    if "pos_embed" in found.cache:  # GPT-2's absolute positions: one row for the batch, where TransformerLens repeats
+        torch.testing.assert_close(found["pos_embed"].expand_as(cache["hook_pos_embed"]), cache["hook_pos_embed"])
+
+
+def _target(model):
+    """The clean answer and the corrupted run's at the last position, per row (B,) each."""
+    with torch.no_grad():
+        clean, corrupted = model(CLEAN).logits[:, -1], model(CORRUPTED).logits[:, -1]  # (B, V)
+    answer, wrong = clean.argmax(-1), corrupted.argmax(-1)
+    return answer, torch.where(wrong == answer, clean.topk(2).indices[:, 1], wrong)
+
+
+def test_activation_patching_equals_transformer_lens_patching(pair):
+    from transformer_lens import patching
+
+    model, bridge = pair
+    answer, wrong = _target(model)
+    with torch.no_grad():
+        clean, corrupted = (float(logit_differences(model(ids).logits, answer, wrong).mean())
+                            for ids in (CLEAN, CORRUPTED))
+
+    def restored(logits):  # the share of the logit difference a patch brings back, as attnkit reports it
+        return (logit_differences(logits, answer, wrong).mean() - corrupted) / (clean - corrupted)
+
+    _, clean_cache = bridge.run_with_cache(CLEAN)
+    theirs = {"stream": patching.get_act_patch_resid_pre(bridge, CORRUPTED, clean_cache, restored),  # (L, T)
+              "heads": patching.get_act_patch_attn_head_out_all_pos(bridge, CORRUPTED, clean_cache, restored)}  # (L, H)
+    ours = {"stream": patch_stream(model, Batch((CLEAN,)), Batch((CORRUPTED,)), answer=answer, wrong=wrong),
+            "heads": patch_heads(model, Batch((CLEAN,)), Batch((CORRUPTED,)), answer=answer, wrong=wrong)}
+    for kind in ours:
+        assert (ours[kind].clean, ours[kind].corrupted) == pytest.approx((clean, corrupted), abs=1e-5)
+        torch.testing.assert_close(ours[kind].restored, theirs[kind], rtol=1e-4, atol=1e-4, msg=kind)
+    assert float(theirs["stream"][0, 2]) == pytest.approx(1.0, abs=1e-4)  # the corrupted token's own embedding
+
+
+def test_the_logit_lens_equals_the_accumulated_residual_stream_unembedded(pair):
+    model, bridge = pair
+    _, cache = bridge.run_with_cache(CLEAN)
+    stream, labels = cache.accumulated_resid(apply_ln=True, return_labels=True)  # (L + 1, B, T, C), final norm each
+    with torch.no_grad():
+        theirs = bridge.unembed(stream)  # (L + 1, B, T, V)
+    lens = logit_lens(model, CLEAN)
+    assert labels == ["0_pre", "1_pre", "final_post"] and len(lens.layers) == 3
+    torch.testing.assert_close(lens.logits, theirs, rtol=1e-5, atol=5e-5)
+
+
+def _setting(index, value):
+    """An edit that sets activation[index] to value (a function of the activation), taken by attnkit as
+    (activation, point) and by TransformerLens as (activation, hook=point): the same function serves both."""
+    def edit(activation, hook):
+        activation = activation.clone()
+        activation[index] = value(activation[index])
+        return activation
+    return edit
+
+
+def _edits(model):
+    """(attnkit's point, its edit, TransformerLens's hook, its function), each pair doing the same thing."""
+    with torch.no_grad():
+        reference = trace(model, OTHER, names=["blocks.0.attn.z"])["blocks.0.attn.z"]  # (3, T, H, D)
+    every = slice(None)
+    pushed = _setting((every, 4), lambda x: x + torch.linspace(-1, 1, x.shape[-1]))  # (B, T, C): position 4 moved
+    doubled_q = _setting((every, every, 3), lambda x: 2 * x)  # (B, T, H, D): head 3's queries
+    neurons_off = _setting((..., slice(0, 8)), torch.zeros_like)  # (B, T, d_ff): the first 8 neurons
+
+    def sharper(scores, hook):  # (B, H, T, S); TransformerLens's are masked already, attnkit's after the point
+        return torch.where(CAUSAL, scores * 3.0, scores)
+
+    return [
+        ("blocks.1.attn.z", zero_ablate(head=2), "blocks.1.attn.hook_z", _setting((every, every, 2), torch.zeros_like)),
+        ("blocks.0.attn.z", mean_ablate(reference, head=1), "blocks.0.attn.hook_z",
+         _setting((every, every, 1), lambda x: reference[:, :, 1].mean((0, 1)).expand_as(x))),
+        ("blocks.0.attn.z", patch(reference[:2], head=0, position=5), "blocks.0.attn.hook_z",
+         _setting((every, 5, 0), lambda x: reference[:2, 5, 0])),
+        ("blocks.0.attn.v", zero_ablate(head=1), "blocks.0.attn.hook_v", _setting((every, every, 1), torch.zeros_like)),
+        ("blocks.1.resid_pre", pushed, "blocks.1.hook_resid_pre", pushed),
+        ("blocks.0.attn.q", doubled_q, "blocks.0.attn.hook_q", doubled_q),
+        ("blocks.0.mlp.hidden", neurons_off, "blocks.0.mlp.hook_post", neurons_off),
+        ("blocks.1.attn.scores", lambda scores, _: scores * 3.0, "blocks.1.attn.hook_attn_scores", sharper),
+    ]
+
+
+def test_ablations_and_edits_equal_run_with_hooks(pair):
+    model, bridge = pair
+    with torch.no_grad():
+        plain = model(CLEAN).logits
+    for point, edit, hook_name, hook in _edits(model):
+        ours = trace(model, CLEAN, names=[], edits={point: edit}).output.logits
+        with torch.no_grad():
+            theirs = bridge.run_with_hooks(CLEAN, fwd_hooks=[(hook_name, hook)])
+        assert (ours - plain).abs().max() > 1e-3, point  # the edit changes the output
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=5e-5, msg=point)
