@@ -31,8 +31,8 @@ def tiny_run(root: Path, family: str = "decoder", *, sharpen: float = 1.0, token
     else:
         tokenizer = CharTokenizer(TEXT_CHARS)
     torch.manual_seed(0)
-    config = ModelConfig(family=family, vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64,
-                         max_seq_len=96, **changes)
+    sizes = {"d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_seq_len": 96} | changes
+    config = ModelConfig(family=family, vocab_size=tokenizer.vocab_size, **sizes)
     directory = root / family
     model = build_model(config).eval()
     with torch.no_grad():

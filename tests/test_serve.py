@@ -466,14 +466,15 @@ def test_another_host_needs_an_api_key_and_the_key_is_checked(runs, monkeypatch)
 
 
 def test_the_port_and_host_are_checked_and_bound_before_the_run_loads(runs, monkeypatch, caplog):
-    import socket
+    from types import SimpleNamespace
 
     import uvicorn
 
     import attnkit.serve as serving
 
     loaded = []
-    monkeypatch.setattr(serving, "build_app", lambda settings: loaded.append(settings) or "app")
+    app = SimpleNamespace(state=SimpleNamespace(scheduler=None))  # what serve() reads of the app it runs
+    monkeypatch.setattr(serving, "build_app", lambda settings: loaded.append(settings) or app)
     run = str(runs["lm"])
     for settings, message in ((dict(port=99999), "--port 99999 is no TCP port: give one from 1 to 65535, or 0"),
                               (dict(host="no-such-host.invalid"), "is neither an IP address nor a name"),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, make_generator
 from attnkit.generate.sampling import NoDistribution, choice_seed
 from attnkit.layers.prefix_cache import PrefixCache
-from attnkit.serve.batching import Batch, GenerationJob, Scheduler
+from attnkit.serve.batching import Batch, Closed, GenerationJob, Scheduler
 
 CONTEXT = 48
 SAMPLINGS = (GREEDY, SamplingConfig(), SamplingConfig(temperature=0.7, top_k=4), SamplingConfig(top_p=0.8))
@@ -326,6 +326,24 @@ def test_a_decoding_step_that_fails_ends_the_running_jobs_and_the_waiting_ones_s
     drain(scheduler)
     assert running.reasons == ["error", "error"] and isinstance(running.job.failure, ZeroDivisionError)
     assert waiting.reasons is not None and waiting.tokens == waiting.alone(model)
+
+
+def test_closing_ends_every_job_running_and_waiting_and_refuses_new_ones(model):
+    """What the server does when told to stop: each job, in the batch or in the queue, gets its on_finish once, its
+    open choices "error" and its failure `Closed`; a job submitted after is refused."""
+    scheduler = scheduler_for(model, max_rows=2)
+    running, waiting = Recorded([1, 2], 30), Recorded([3, 4], 5)
+    scheduler.submit(running.job)
+    iterate(scheduler, 3)
+    scheduler.submit(waiting.job)  # no free row: it waits
+    iterate(scheduler)
+    scheduler.close()
+    scheduler._end_all()  # what the scheduler's loop does once closed
+    assert running.reasons == ["error"] and 0 < len(running.tokens[0]) < 30 and waiting.reasons == ["error"]
+    assert isinstance(running.job.failure, Closed) and isinstance(waiting.job.failure, Closed)
+    assert scheduler.batch is None and scheduler.waiting.empty()
+    with pytest.raises(Closed):
+        scheduler.submit(Recorded([5], 2).job)
 
 
 def test_a_fixed_shape_step_over_the_batchs_static_view_gives_the_tokens_of_the_eager_one(model):

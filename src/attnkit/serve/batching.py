@@ -91,6 +91,10 @@ class QueueFull(Exception):
     """The waiting queue is full; the caller should try again later."""
 
 
+class Closed(Exception):
+    """The scheduler is closed (the server is shutting down): a job submitted now, or one it ended unfinished."""
+
+
 @dataclass(eq=False)
 class GenerationJob:
     """One request: `n` rows continuing the same prompt. Callbacks run on the scheduler's thread.
@@ -299,6 +303,7 @@ class Scheduler:
         self.step_seconds = 0.0  # how long the last decoding step took (with the read of its tokens, `_iteration`)
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._closed = threading.Event()  # set: every job ends unfinished, and none is taken (`close`)
         self._thread = threading.Thread(target=self._loop, name="attnkit-batching", daemon=True)
         self.lock = threading.Lock()  # held while the model runs: others using it (the explorer) take it too
 
@@ -306,13 +311,23 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        self._stop.set()
+    def close(self) -> None:
+        """End every job, running and waiting, at the next step with "error" and a `Closed` failure (each gets its
+        on_finish), and refuse jobs submitted after: the server is shutting down, and no reply waits to run to its
+        end. Returns at once; the scheduler's thread ends them."""
+        self._closed.set()
         self._wake.set()
+
+    def stop(self) -> None:
+        """Close, then end the scheduler's thread once it has ended the jobs."""
+        self._stop.set()
+        self.close()
         self._thread.join(timeout=30)
 
     def submit(self, job: GenerationJob) -> None:
-        """Queue `job`; raises QueueFull when the queue is, InputError when it can never fit."""
+        """Queue `job`; raises QueueFull when the queue is, InputError when it can never fit, Closed after `close`."""
+        if self._closed.is_set():
+            raise Closed("the server is shutting down")
         if job.n > self.max_rows:
             raise InputError(f"n={job.n} is more than the server decodes at once ({self.max_rows}); ask for fewer")
         if len(job.prompt) + job.max_new_tokens > self.context_len:
@@ -352,6 +367,8 @@ class Scheduler:
     # The scheduler's thread -------------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
+            if self._closed.is_set():
+                self._end_all()
             if self.batch is None and self.waiting.empty():
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
@@ -362,6 +379,19 @@ class Scheduler:
             except Exception as error:  # a decoding step shared by the running jobs failed: they end, not the server
                 log.exception("a decoding step failed; ending the requests it ran")
                 self._end_running(error)
+        self._end_all()  # what came between `close` and `stop`: every job gets its on_finish
+
+    def _end_all(self) -> None:
+        """End every job, running and waiting, unfinished: "error" for each choice still open, `Closed` its failure."""
+        with self.lock:
+            jobs = self.batch.jobs if self.batch is not None else []
+            self.batch, self.logits = None, None
+            while not self.waiting.empty():
+                jobs.append(self.waiting.get_nowait())
+            for job in jobs:
+                job.failure = Closed("the server is shutting down")
+                job.reasons = ["error" if reason is None else reason for reason in (job.reasons or [None] * job.n)]
+                self._finish(job)
 
     def _iteration(self) -> None:
         """Admit waiting jobs, choose a token for every row, drop the rows that ended, and step the rest."""

@@ -7,6 +7,7 @@
     422 invalid_request_error   a field of the wrong type, or missing
     429 rate_limit_error        the queue is full (Retry-After says when to try again)
     500 server_error            anything else; the message never carries a traceback
+    503 server_error            the server is shutting down (a request in flight, or one that arrives then)
     504 timeout_error           the request took longer than the server's timeout
 """
 
@@ -16,7 +17,7 @@ from fastapi.responses import JSONResponse
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
-               500: "server_error", 504: "timeout_error"}
+               500: "server_error", 503: "server_error", 504: "timeout_error"}
 
 
 class APIError(Exception):

@@ -96,14 +96,19 @@ class Generation:
     def _text(self, choice: int, piece: str) -> None:
         self.streamed[choice] += len(piece)
         scored = self.scores[choice].settled(self.streamed[choice]) if self.scores is not None else None
-        self.loop.call_soon_threadsafe(self.events.put_nowait, ("text", choice, piece, scored))
+        self._send(("text", choice, piece, scored))
 
     def _finish(self, reasons: list[str]) -> None:
         texts = self.tracker.finish()
         timed_out = time.monotonic() > self.job.deadline
         scored = None if self.scores is None else [
             scores.settled(len(text), final=True) for scores, text in zip(self.scores, texts, strict=True)]
-        self.loop.call_soon_threadsafe(self.events.put_nowait, ("finish", texts, reasons, timed_out, scored))
+        self._send(("finish", texts, reasons, timed_out, scored))
+
+    def _send(self, event: tuple) -> None:
+        """Pass `event` to the event loop; dropped once the loop has closed (the server has stopped: nobody reads)."""
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
 

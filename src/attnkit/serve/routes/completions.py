@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from attnkit.errors import AttnkitError
-from attnkit.serve.answer import Answer, ClientGone
-from attnkit.serve.batching import QueueFull
+from attnkit.serve.answer import Answer, ClientGone, shutting_down
+from attnkit.serve.batching import Closed, QueueFull
 from attnkit.serve.chat import ChatTemplate
 from attnkit.serve.errors import APIError
 from attnkit.serve.generation import Generation
@@ -75,6 +75,9 @@ def router(state: ServerState) -> APIRouter:
                 _cancel(jobs)
                 raise APIError(429, "the server is busy (its queue is full); try again shortly",
                                headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+            except Closed:
+                _cancel(jobs)
+                raise shutting_down() from None
             except AttnkitError as error:
                 _cancel(jobs)
                 raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else "n") from None

@@ -1,0 +1,85 @@
+"""`attnkit serve` told to stop (SIGINT, Ctrl-C; SIGTERM, as a service manager stops it) while replies are being
+generated: it ends them at once, each answering 503 (a stream with its error event and [DONE]), and exits without a
+traceback, instead of generating every reply to its end (up to --timeout) first."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
+httpx = pytest.importorskip("httpx")
+
+from serve_helpers import free_port, tiny_run  # noqa: E402
+
+TIMEOUT = 60  # seconds the server may take to start, a request to end, the server to exit
+LONG = {"prompt": "the cat", "max_tokens": 2000, "ignore_eos": True, "seed": 0}  # seconds of steps on any CPU
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return tiny_run(tmp_path_factory.mktemp("shutdown"), "decoder", d_model=128, n_layers=4, d_ff=256,
+                    max_seq_len=2048)
+
+
+def _gauge(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=TIMEOUT).text.splitlines():
+        if line.startswith(f"attnkit_{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"/metrics has no attnkit_{name}")
+
+
+@pytest.mark.parametrize("sent", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+                         ids=["SIGINT", "SIGTERM"])  # one path in uvicorn; the default suite starts one server
+def test_a_signal_ends_the_replies_in_flight_with_503_and_the_server_exits_cleanly(run, sent):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "attnkit", "serve", str(run), "--port", str(port),
+                               "--max-tokens", "2000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    answers: dict[str, object] = {}
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            try:
+                httpx.get(f"{url}/health", timeout=1)
+                break
+            except httpx.TransportError:
+                assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.1)
+
+        def whole() -> None:
+            answers["whole"] = httpx.post(f"{url}/v1/completions", json=LONG, timeout=TIMEOUT)
+
+        def streamed() -> None:
+            with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True},
+                              timeout=TIMEOUT) as response:
+                answers["stream"] = [line for line in response.iter_lines() if line]
+
+        clients = [threading.Thread(target=whole), threading.Thread(target=streamed)]
+        for client in clients:
+            client.start()
+        while _gauge(url, "num_requests_running") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _gauge(url, "num_requests_running") == 2, "the replies did not start"
+        server.send_signal(sent)
+        for client in clients:
+            client.join(TIMEOUT)
+        _, log = server.communicate(timeout=TIMEOUT)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    whole, events = answers["whole"], answers["stream"]
+    assert whole.status_code == 503 and "shutting down" in whole.json()["error"]["message"]
+    errors = [json.loads(line[6:])["error"] for line in events if '"error": {' in line]
+    assert [error["message"] for error in errors] == [whole.json()["error"]["message"]]
+    assert events[-1] == "data: [DONE]" and len(events) < LONG["max_tokens"]  # ended early, not at max_tokens
+    assert "Traceback" not in log and log.count("POST /v1/completions 503") == 2, log
