@@ -107,8 +107,13 @@ def test_the_full_ov_circuit_is_embeddings_through_the_head_to_the_logits():
 def test_circuits_refuse_a_recurrent_model_and_name_the_reason():
     model = recurrent_seq2seq(src_vocab_size=10, tgt_vocab_size=10, embedding_dim=8, hidden=8, encoder_hidden=8,
                               n_layers=1, cell="gru", attention="luong-dot")
-    with pytest.raises(InputError, match="recurrent cell mixes"):
+    with pytest.raises(InputError, match="weight-space circuits read .* recurrent cell mixes"):
         composition_scores(model)
+    ids = Batch((torch.tensor([[3, 4, 5]]), torch.tensor([[1, 6, 7]])))
+    with pytest.raises(InputError, match="path patching follows a Transformer head's output .* recurrent cell mixes "
+                       r"\(use the activation analyses: patch, attribute, heads\)"):
+        path_patch(model, ids, ids, sender=("decoder.attn", 0), receiver=("decoder.attn", 0), via="q",
+                   metric=loss_metric(torch.tensor([[6, 7, 2]])))
     with pytest.raises(InputError, match="no attention sublayer"):
         head_weights(_decoder(), "blocks.7.attn")
     with pytest.raises(InputError, match="not a bilinear form"):

@@ -2,6 +2,8 @@
 each analysis writes its JSON, markdown and PNG; bad requests are refused before the model loads, naming the fix."""
 
 import json
+import re
+import typing
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from attnkit.checkpoint import load_model, save_model
 from attnkit.cli import main
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError, InputError
-from attnkit.inspect.command import InspectSettings, run_inspect
+from attnkit.inspect.command import Analysis, InspectSettings, run_inspect
 from attnkit.inspect.head_types import head_types, repeated_tokens
 from attnkit.models import build_model
 from attnkit.tokenize import CharTokenizer
@@ -114,6 +116,14 @@ def test_missing_inputs_are_named_before_loading(runs, fields, message):
 def test_patch_needs_inputs_of_one_length(runs, tmp_path):
     with pytest.raises(InputError, match="as many"):
         _inspect(runs["decoder"], "patch", tmp_path, text=("abc de",), corrupt="abc")
+
+
+def test_the_help_describes_every_analysis(capsys):
+    with pytest.raises(SystemExit):
+        main(["inspect", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse's lines joined
+    missing = [a for a in typing.get_args(Analysis) if not re.search(rf"(?<![\w-]){re.escape(a)}: \w", shown)]
+    assert not missing
 
 
 def test_cli_inspect_prints_the_files(runs, tmp_path, capsys):
@@ -326,6 +336,14 @@ def test_dla_splits_the_answers_logit_difference(runs, kind, tmp_path):
 def test_dla_refuses_the_recurrent_seq2seq_with_the_reason(runs, tmp_path):
     with pytest.raises(InputError, match="tanh"):
         _inspect(runs["recurrent"], "dla", tmp_path, text=("abc de\tcba ed",))
+
+
+def test_sae_refuses_a_classifier_before_training(runs, tmp_path):
+    with pytest.raises(InputError, match="sae scores the model's loss with the SAE spliced in, and this encoder run "
+                       "has no output layer over tokens to score .a classifier.: train it on a decoder"):
+        run_inspect(InspectSettings(run=str(runs["classify"]), analysis="sae", text=("abc de",),
+                                    point="blocks.0.resid_post", steps=3, out=str(tmp_path)))
+    assert not (tmp_path / "sae").exists()
 
 
 def test_an_out_that_is_a_file_and_a_corruption_without_tokens_are_refused(runs, tmp_path):

@@ -117,6 +117,19 @@ def test_patching_the_stream_at_the_first_block_replays_the_other_input():
     assert torch.equal(one[:, :3], base[:, :3]) and torch.equal(one[:, 4:], base[:, 4:])
 
 
+def test_a_negative_head_or_position_counts_from_the_end_as_in_python():
+    model, (ids,) = _model("decoder"), _inputs("decoder")  # (2, 8)
+    source = trace(model, ids.flip(1), names=["blocks.0.attn.z"])["blocks.0.attn.z"]  # (B, T, H, D)
+    for edit, same in ((zero_ablate(position=-1), zero_ablate(position=7)), (zero_ablate(head=-1), zero_ablate(head=3)),
+                       (patch(source, head=-2, position=-3), patch(source, head=2, position=5))):
+        found, expected = (trace(model, ids, names=["blocks.0.attn.z"], edits={"blocks.0.attn.z": e})["blocks.0.attn.z"]
+                           for e in (edit, same))
+        assert torch.equal(found, expected)
+    with pytest.raises(InputError, match=r"position -9 is out of range at blocks.0.attn.z: it has 8 \(positions 0..7, "
+                       "or -8..-1 from the end"):
+        trace(model, ids, edits={"blocks.0.attn.z": zero_ablate(position=-9)})
+
+
 def test_mean_and_resample_ablation_replace_by_the_reference_batch():
     model, (ids,) = _model("decoder"), _inputs("decoder")
     reference = trace(model, ids, names=["blocks.0.attn.z"])["blocks.0.attn.z"]  # (B, T, H, D)

@@ -142,8 +142,14 @@ class Site:
         return self.stack, self.order
 
 
-def sites_in_order(model: nn.Module) -> list[Site]:
-    """Every Transformer attention sublayer, in layer order. Raises InputError for a model without one."""
+NO_HEADS = ("weight-space circuits read a Transformer's attention heads (W_Q, W_K, W_V, W_O); {model} has none: a "
+            "recurrent model's attention reads states that its recurrent cell mixes nonlinearly, so no head has a QK "
+            "or OV matrix (use the activation analyses: patch, heads)")
+
+
+def sites_in_order(model: nn.Module, *, refusal: str = NO_HEADS) -> list[Site]:
+    """Every Transformer attention sublayer, in layer order. Raises InputError for a model without one, saying
+    `refusal` (what needs them, with `{model}` for the model's class)."""
     model = module_of(model)
     points = hook_points(model)
     blocks = [m for m in model.modules() if isinstance(m, TransformerBlock)]
@@ -156,10 +162,7 @@ def sites_in_order(model: nn.Module) -> list[Site]:
         prefix, _, rest = name.partition("blocks.")
         sites.append(Site(name, attention, block, prefix, (int(rest.split(".")[0]), int(name.endswith("cross_attn")))))
     if not sites:
-        raise InputError(f"weight-space circuits read a Transformer's attention heads (W_Q, W_K, W_V, W_O); "
-                         f"{type(model).__name__} has none: a recurrent model's attention reads states that its "
-                         "recurrent cell mixes nonlinearly, so no head has a QK or OV matrix (use the activation "
-                         "analyses: patch, heads)")
+        raise InputError(refusal.format(model=type(model).__name__))
     return sites
 
 

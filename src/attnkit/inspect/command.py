@@ -81,7 +81,9 @@ class InspectSettings:
     analysis: Analysis = field(default="heads", metadata={"positional": True})
     """heads: importance by ablation; head-types: what each head attends to; logit-lens: each layer's prediction;
     patch: activation patching from --text into --corrupt; attribute: its gradient estimate (attribution patching);
-    dla: direct logit attribution of the answer; probe: linear probes on --conll's labels"""
+    dla: direct logit attribution of the answer; probe: linear probes on --conll's labels; circuits: OV and QK
+    circuits and composition scores, from the weights; path-patch: path patching from --sender through --receiver's
+    --via input; sae: a sparse autoencoder on --point's activations"""
     text: tuple[str, ...] = ()  # texts to run on (a translation run: sources, or SOURCE<TAB>TARGET); or --input
     input: str | None = None  # a UTF-8 file, one text per line (a translation run: SOURCE<TAB>TARGET); or --text
     encoding_errors: EncodingErrors = "strict"  # --input, --conll: strict: not UTF-8 is an error; replace: U+FFFD
@@ -631,6 +633,10 @@ def _cell(text: str) -> str:
 def _sae(loaded: Loaded, settings: InspectSettings):
     model, point = loaded.model, settings.point
     batches = _sae_batches(loaded, _texts(settings))
+    if batches[0].labels is None:  # refused before training: the SAE is judged by the loss with it spliced in
+        raise InputError(f"sae scores the model's loss with the SAE spliced in, and this {loaded.family} run has no "
+                         "output layer over tokens to score (a classifier): train it on a decoder, a masked LM or a "
+                         "translation run")
     held = max(1, len(batches) // 10)
     train, held_out = batches[:-held] or batches, batches[-held:]
     evaluation = torch.cat(list(point_activations(model, held_out, point)))  # (N, C)

@@ -49,10 +49,14 @@ def replaced(activation: Tensor, value: Tensor, point: HookPoint, *, head: int |
 
 
 def _check_index(activation: Tensor, point: HookPoint, index: tuple) -> None:
+    """A head or position indexes as Python does: 0..n-1, or -n..-1 from the end (-1: the last position)."""
     for axis, what in ((point.head_axis, "head"), (point.position_axis, "position")):
-        if axis is not None and isinstance(index[axis], int) and not 0 <= index[axis] < activation.shape[axis]:
-            raise InputError(f"{what} {index[axis]} is out of range at {point.name}: it has "
-                             f"{activation.shape[axis]} ({what}s 0..{activation.shape[axis] - 1})")
+        if axis is None or not isinstance(index[axis], int):
+            continue
+        n = activation.shape[axis]
+        if not -n <= index[axis] < n:
+            raise InputError(f"{what} {index[axis]} is out of range at {point.name}: it has {n} ({what}s 0..{n - 1}, "
+                             f"or -{n}..-1 from the end)")
 
 
 def _check_part(head: object, position: object) -> None:

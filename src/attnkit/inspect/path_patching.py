@@ -29,6 +29,9 @@ from attnkit.inspect.inputs import Batch
 from attnkit.inspect.points import hook_points, module_of
 
 Metric = Callable[[Tensor], float]  # the logits of a run -> a number that is larger for the clean answer
+NO_HEADS = ("path patching follows a Transformer head's output into a later head's queries, keys or values; {model} "
+            "has none: a recurrent model's one attention reads states that its recurrent cell mixes (use the "
+            "activation analyses: patch, attribute, heads)")
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ def path_patch(model: nn.Module, clean: Batch, corrupted: Batch, *, sender: tupl
     shapes, a sender that writes after the receiver reads, or a model without Transformer heads."""
     (sender_site, sender_heads), (receiver_site, receiver_head) = sender, receiver
     sender_heads = [sender_heads] if isinstance(sender_heads, int) else list(sender_heads)
-    sites = {s.name: s for s in sites_in_order(model)}
+    sites = {s.name: s for s in sites_in_order(model, refusal=NO_HEADS)}
     for name in (sender_site, receiver_site):
         if name not in sites:
             raise InputError(f"no attention sublayer {name!r}; the model's are {', '.join(sites)}")
