@@ -14,6 +14,7 @@ from attnkit.inspect.head_types import head_types, monotonicity, repeat_periods,
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.induction import InductionTask, attention_only_decoder, train_induction
 from attnkit.inspect.inputs import Batch, lm_batch, token_losses
+from attnkit.inspect.logit_attribution import logit_attribution
 from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import logit_difference, patch_heads, patch_stream
 from attnkit.inspect.probes import control_labels, majority, probe
@@ -90,6 +91,29 @@ def test_patching_the_induction_head_restores_the_answer(induction_model, held_o
     # the answer x_n sits at position n - 1, after the earlier copy of the last token x_(n-1): patched there, the
     # stream entering the induction head's layer brings the answer back, and no other position does as much
     assert int(stream.restored[1].argmax()) == TASK.half - 1 and stream.restored[1, TASK.half - 1] > 0.5
+
+
+def test_the_logit_lens_reads_the_copied_answer_only_after_the_induction_head(induction_model, held_out):
+    """On the repeated half the next token is the one after the current token's earlier copy: neither the embeddings
+    nor layer 0's heads (which see only the previous token) hold it, so read there the lens guesses at chance (1/24);
+    after layer 1, whose induction head copies it, the lens reads it as the model does."""
+    ids, targets = held_out[:, :-1], held_out[:, 1:]
+    lens = logit_lens(induction_model, ids)
+    repeated = slice(TASK.half, None)  # positions n..2n-2: each predicts a token of the repeated half
+    hits = (lens.logits[:, :, repeated].argmax(-1) == targets[:, repeated]).float().mean((1, 2))  # (L + 1,)
+    assert lens.layers == ["blocks.0.resid_pre", "blocks.0.resid_post", "blocks.1.resid_post"]
+    assert hits[0] < 0.15 and hits[1] < 0.15 < 0.7 < hits[2]
+
+
+def test_direct_logit_attribution_credits_the_induction_head_with_the_copied_answer(induction_model, held_out):
+    """The last position's answer x_n is copied by the induction head alone: its direct share is most of the logit
+    difference against another token, and no other writer (embeddings, layer 0's heads, biases) comes near it."""
+    answer = held_out[:, -1]
+    found = logit_attribution(induction_model, held_out[:, :-1], answer=answer, wrong=(answer + 1) % TASK.vocab_size)
+    shares = dict(zip(found.names, found.values.mean(1).tolist(), strict=True))  # each writer's mean share
+    induction = shares.pop("blocks.1.attn head 0")
+    assert induction > 0.9 * float(found.total.mean()) > 0
+    assert max(abs(v) for v in shares.values()) < 0.1 * induction
 
 
 def test_a_probe_reads_a_planted_feature_and_not_its_control_task():
