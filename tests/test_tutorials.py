@@ -70,3 +70,6 @@ def test_tutorial_runs_at_the_tiny_budget(path, monkeypatch):
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {}) for o in outputs), \
         f"{path.name} drew no picture"
+    warned = [o["text"] for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr"
+              and "Warning:" in o["text"]]  # the site shows each under its cell, to every reader
+    assert not warned, f"{path.name} shows its reader a warning: {warned[0][-400:]}"

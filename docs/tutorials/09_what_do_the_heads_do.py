@@ -267,7 +267,7 @@ handle = o_proj.register_forward_pre_hook(differentiable)
 logits = model(corrupted[:, :-1]).logits[:, -1]
 handle.remove()
 (grad,) = torch.autograd.grad((logits.gather(1, answer[:, None]) - logits.gather(1, wrong[:, None])).mean(), leaf["z"])
-first_order = ((clean_z.flatten(-2) - leaf["z"]) * grad).sum() / (patched.clean - patched.corrupted)
+first_order = ((clean_z.flatten(-2) - leaf["z"].detach()) * grad).sum() / (patched.clean - patched.corrupted)
 torch.testing.assert_close(float(first_order), float(estimated.restored[1, 0]), rtol=1e-4, atol=1e-5)
 
 # %% [markdown]
