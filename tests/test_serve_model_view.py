@@ -204,3 +204,20 @@ def _explorer(run):
     from attnkit.serve.explorer import Explorer
 
     return Explorer(load(run), run, watch=run, experiments=None)
+
+
+def test_the_page_draws_a_translation_runs_two_streams(translator):
+    """The Explore tab of a translation run shows the whole-model panel: the encoder's stages, then the decoder's
+    with a cross-attention stage in each block, as /api/model gives them."""
+    from viz_browser import page_or_skip
+
+    url, run = translator
+    n_layers = load_model(run)[1].n_layers
+    with page_or_skip(url + "/", "!!(window.attnkit && window.attnkit.state.model)") as browser:
+        view = browser.evaluate("window.attnkit.state.model")
+        assert not browser.evaluate("document.getElementById('model-panel').classList.contains('hidden')")
+        headings = browser.evaluate("[...document.querySelectorAll('#flow h3')].map((h) => h.textContent)")
+        assert [h.split(":")[0] for h in headings] == ["Encoder", "Decoder"]
+        stages = browser.evaluate("document.querySelectorAll('#flow .stage').length")
+        assert stages == len(view["source"]["stages"]) + len(view["stages"])
+        assert browser.evaluate("document.querySelectorAll('#flow .stage.cross_attn').length") == n_layers
