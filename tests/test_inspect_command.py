@@ -3,18 +3,22 @@ each analysis writes its JSON, markdown and PNG; bad requests are refused before
 
 import json
 import re
+import stat
 import typing
 
 import pytest
 import torch
+from matplotlib.figure import Figure
 
 from attnkit.checkpoint import load_model, save_model
 from attnkit.cli import main
 from attnkit.config import ModelConfig
-from attnkit.errors import AttnkitError, InputError
+from attnkit.errors import AttnkitError, CheckpointError, InputError
 from attnkit.inspect.command import Analysis, InspectSettings, run_inspect
 from attnkit.inspect.head_types import head_types, repeated_tokens
+from attnkit.inspect.report import write_report
 from attnkit.models import build_model
+from attnkit.outputs import file_mode
 from attnkit.tokenize import CharTokenizer
 
 CHARS = "abcdefghij ."
@@ -344,6 +348,26 @@ def test_sae_refuses_a_classifier_before_training(runs, tmp_path):
         run_inspect(InspectSettings(run=str(runs["classify"]), analysis="sae", text=("abc de",),
                                     point="blocks.0.resid_post", steps=3, out=str(tmp_path)))
     assert not (tmp_path / "sae").exists()
+
+
+def _report(out):
+    figure = Figure()
+    figure.add_subplot().plot([0, 1])
+    return write_report(out, "heads", title="t", rows=[{"site": "blocks.0.attn", "head 0": 0.5}], summary={"s": 1},
+                        figure=figure)
+
+
+def test_reports_are_readable_as_files_open_makes_them(tmp_path):
+    """A report shared with others is readable by them: the mode open() gives (0666 less the umask), not 0600."""
+    for path in _report(tmp_path / "out"):
+        assert stat.S_IMODE(path.stat().st_mode) == file_mode(), path.name
+
+
+def test_a_full_disk_is_one_error_naming_the_report_and_leaves_no_part(small_disk):
+    (small_disk / "filler").write_bytes(b"x" * 60 * 1024)  # of 64 KiB: the picture cannot fit
+    with pytest.raises(CheckpointError, match=r"heads\.(json|md|png).*(space|full)"):
+        _report(small_disk)
+    assert [p.name for p in small_disk.iterdir() if p.name.startswith(".")] == []  # no temporary file left
 
 
 def test_an_out_that_is_a_file_and_a_corruption_without_tokens_are_refused(runs, tmp_path):

@@ -1,5 +1,5 @@
 """An analysis's output files: a table as JSON and as markdown, and a picture (PNG), each written whole or not at all
-(a temporary sibling renamed into place).
+(`attnkit.outputs.atomic_write`: a temporary sibling renamed into place; a full disk is one error naming the file).
 
     OUT/NAME.json    {"title", "summary", "rows"}        NaN cells (a site with fewer heads) become null
     OUT/NAME.md      the title, the summary, the rows as a markdown table
@@ -8,10 +8,9 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,20 +18,25 @@ from typing import Any
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from attnkit.outputs import atomic_write, writing
+
 
 def write_report(out: str | Path, name: str, *, title: str, rows: list[dict[str, Any]], summary: dict[str, Any],
                  figure: Figure) -> list[Path]:
     """Write NAME.json, NAME.md and NAME.png into `out` (made when absent); returns the three paths."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with writing(out):  # a forbidden or read-only place: one error naming it
+        out.mkdir(parents=True, exist_ok=True)
     clean_rows = [{k: _plain(v) for k, v in row.items()} for row in rows]
     clean_summary = {k: _plain(v) for k, v in summary.items()}
     document = json.dumps({"title": title, "summary": clean_summary, "rows": clean_rows}, indent=2)
     paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
-    _atomic(paths[0], lambda path: path.write_text(document + "\n", encoding="utf-8"))
-    _atomic(paths[1], lambda path: path.write_text(markdown(title, clean_summary, clean_rows), encoding="utf-8"))
     figure.tight_layout()
-    _atomic(paths[2], lambda path: figure.savefig(path, dpi=110, format="png"))
+    picture = io.BytesIO()
+    figure.savefig(picture, dpi=110, format="png")  # drawn before any file is written
+    atomic_write(paths[0], document + "\n")
+    atomic_write(paths[1], markdown(title, clean_summary, clean_rows))
+    atomic_write(paths[2], picture.getvalue())
     return paths
 
 
@@ -85,14 +89,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
-
-
-def _atomic(path: Path, write) -> None:
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(handle)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
