@@ -136,3 +136,29 @@ def test_megabyte_texts_are_read_to_the_context_or_refused_without_a_stall(tmp_p
     health_ratio = max(health) / alone_health
     print(f"{path}: health {max(health):.4f}s vs {alone_health:.4f}s alone (x{health_ratio:.1f})")
     assert health_ratio < HEALTH_RATIO, f"/health took {health_ratio:.0f}x its time alone while big texts came in"
+
+
+def test_megabyte_texts_to_tokenize_do_not_stall_health(tmp_path):
+    """/tokenize reads a whole text, whatever its length (its count is the answer): a megabyte is tokenized and its
+    quarter million ids written on worker threads that let the event loop run, with a tokenizer that lets go of the
+    interpreter while it works (Rust's encode held it throughout: a second per megabyte, every request waiting)."""
+    from attnkit.tokenize import load_tokenizer
+
+    run = tiny_run(tmp_path, tokenizer="bpe")
+    text = "the cat sat on the mat. " * (900_000 // 24)
+    body = json.dumps({"prompt": text, "add_special_tokens": False}).encode()
+    with running_server(run, max_body=LIMIT, timeout=TIMEOUT) as (url, _app):
+        alone_health = statistics.median(_timed(lambda: _health(url)) for _ in range(20))
+        answers = []
+
+        def client() -> None:
+            answers.append(httpx.post(f"{url}/tokenize", content=body, timeout=TIMEOUT,
+                                      headers={"Content-Type": "application/json"}))
+
+        health = _health_while(url, [threading.Thread(target=client) for _ in range(3)])
+    counts = {answer.json()["count"] for answer in answers}
+    expected = len(load_tokenizer(run / "tokenizer").encode(text))
+    assert [answer.status_code for answer in answers] == [200] * 3 and counts == {expected}
+    health_ratio = max(health) / alone_health
+    print(f"/tokenize: health {max(health):.4f}s vs {alone_health:.4f}s alone (x{health_ratio:.1f})")
+    assert health_ratio < HEALTH_RATIO, f"/health took {health_ratio:.0f}x its time alone while big texts came in"

@@ -343,8 +343,10 @@ class HFTokenizer(_SpecialIds):
         return self._ids.get(role)
 
     def encode(self, text: str) -> list[int]:
+        # as a batch of one: encode_batch_fast lets go of the interpreter while Rust works, where encode holds it
+        # throughout (a megabyte: a second in which no other thread runs, a server's event loop among them)
         with _rust_panics_named():
-            return self._tok.encode(text, add_special_tokens=False).ids
+            return self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encode many texts at once (in parallel, in Rust)."""
