@@ -248,7 +248,7 @@ def attnkit_step(shape: TrainShape, stream: np.ndarray, device: torch.device, *,
                          seed=0) if packed else
             LMTask(data, batch_size=shape.batch_size, seq_len=shape.seq_len, seed=0))
     settings = TrainConfig(batch_size=shape.batch_size, dtype="bf16", compile=compile, instruments=False,
-                           eval_every=10**6, max_steps=10**6, lr=6e-4, attention=attention)
+                           eval_every=10**6, max_steps=10**6, lr=6e-4, attention_kernel=attention)
     model = build_model(config)
     plan = None
     if reference:

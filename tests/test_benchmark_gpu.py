@@ -163,3 +163,17 @@ def test_the_variants_table_gives_each_row_against_sdpa_causal_and_its_reference
     assert "| ALiBi, FlexAttention | 120.0 | 1.20x | 4.00x |" in text
     assert "| ALiBi, reference | 480.0 | 4.80x | - |" in text
     assert "| sliding window, FlexAttention | failed: RuntimeError: boom | | |" in text
+
+
+@pytest.mark.parametrize("block, kernel", [("gpt2", {"attention": "sdpa"}),
+                                           ("llama2", {"reference": True, "packed": True})])
+def test_each_attnkit_row_builds_its_trainer_and_takes_a_step(tmp_path, block, kernel):
+    """The benchmark's own step builder, eager at the tiny shape on the CPU: the rows the GPU run times are built as
+    the trainer takes its settings today (the slow smoke runs above would be the first to find a renamed setting,
+    and on a GPU every attnkit row would fail)."""
+    shape = bench_gpu.SMOKE
+    stream = bench_gpu.token_stream(shape, document_tokens=shape.seq_len // 3 if kernel.get("packed") else 0)
+    n_params, step = bench_gpu.attnkit_step(shape, stream, torch.device("cpu"), block=block, compile="off",
+                                            run_dir=tmp_path, **kernel)
+    assert n_params > 0
+    step()
