@@ -337,6 +337,14 @@ def test_dla_splits_the_answers_logit_difference(runs, kind, tmp_path):
         assert summary["answer"] in TAGS
 
 
+def test_dla_reads_a_position_from_the_end_and_names_the_range(runs, tmp_path):
+    first = _inspect(runs["decoder"], "dla", tmp_path, text=("abc de",), position=-6)
+    assert first["summary"]["position"] == "0 (a)"
+    with pytest.raises(InputError, match=r"--position -7 is out of range: the text has 6 positions \(0..5, or -6..-1 "
+                       "from the end"):
+        _inspect(runs["decoder"], "dla", tmp_path, text=("abc de",), position=-7)
+
+
 def test_dla_refuses_the_recurrent_seq2seq_with_the_reason(runs, tmp_path):
     with pytest.raises(InputError, match="tanh"):
         _inspect(runs["recurrent"], "dla", tmp_path, text=("abc de\tcba ed",))

@@ -134,6 +134,18 @@ def test_inspect_sae_refuses_a_point_with_heads(text_run, tmp_path):
                                     point="blocks.0.attn.z", steps=5, out=str(tmp_path)))
 
 
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"point": "pos_embed"}, "an SAE is spliced in where it reads, and pos_embed is read only"),
+    ({"point": "blocks.0.attn.pattern"}, "blocks.0.attn.pattern is read only"),
+    ({"point": "blocks.0.resid_post", "steps": 0}, r"steps=0: an SAE trains for 1 step or more .* --steps N"),
+])
+def test_inspect_sae_refuses_a_read_only_point_and_no_training(text_run, fields, message, tmp_path):
+    with pytest.raises(InputError, match=message):
+        run_inspect(InspectSettings(run=str(text_run), analysis="sae", text=("def f(x):\n    return x",),
+                                    out=str(tmp_path), **{"steps": 3, **fields}))
+    assert not (tmp_path / "sae").exists()
+
+
 def test_sae_settings_are_checked(text_run):
     with pytest.raises(InputError, match="give k between"):
         SAEConfig(8, 16, "topk")

@@ -528,7 +528,7 @@ def _read_position(loaded: Loaded, batch: Batch, position: int | None, length: i
     if position is not None:
         if not -length <= position < length:
             raise InputError(f"--position {position} is out of range: the text has {length} positions "
-                             f"(0..{length - 1}, or -1 for the last)")
+                             f"(0..{length - 1}, or -{length}..-1 from the end)")
         return position
     if loaded.causal or loaded.translates:
         return length - 1

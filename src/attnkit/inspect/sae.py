@@ -38,7 +38,7 @@ from attnkit.checkpoint import load_tensors, read_json, save_tensors
 from attnkit.errors import CheckpointError, InputError
 from attnkit.inspect.edits import mean_ablate
 from attnkit.inspect.inputs import Batch, token_losses
-from attnkit.inspect.points import HookPoint, module_of
+from attnkit.inspect.points import HookPoint, module_of, resolve
 from attnkit.outputs import atomic_output, atomic_write
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,9 @@ def train_sae(config: SAEConfig, batches: Callable[[], Iterable[Tensor]], *, ste
     again when it runs out (a stream: activations are never all in memory). b_dec starts at the first batch's mean.
     The loss is scale-free: the squared error over the first batch's variance sum ||x - mean||^2 / N (so its first
     term is the normalised MSE) plus l1 times the features' L1 over that variance's square root (features are
-    lengths along unit directions). Returns the SAE and each step's loss."""
+    lengths along unit directions). Returns the SAE and each step's loss. Raises InputError for fewer than 1 step."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InputError(f"steps={steps!r}: an SAE trains for 1 step or more (attnkit inspect RUN sae --steps N)")
     stream, losses = _cycle(batches), []
     first = next(stream).float()  # (N, C): where the SAE lives, its b_dec's start and the loss's scale
     sae = SparseAutoencoder(config, generator=torch.Generator().manual_seed(seed)).to(first.device)
@@ -313,6 +315,9 @@ def point_activations(model: nn.Module, batches: Iterable[Batch], point: str) ->
     """The activations at `point` on each batch, (B, T, C) -> (B * T, C), one batch at a time. Raises InputError for
     a point that is not one vector per position (heads' points: read the sublayer's `.out` instead)."""
     model = module_of(model)
+    if not resolve(model, point)[0].editable:  # an unknown name: InputError listing the model's points
+        raise InputError(f"an SAE is spliced in where it reads, and {point} is read only (the model does not take it "
+                         "back): use a resid_pre / resid_post / attn.out / mlp.out point")
     for batch in batches:
         activation = batch.run(model, names=[point])[point]
         if activation.dim() != 3:
