@@ -287,6 +287,25 @@ def test_the_code_the_pages_name_exists():
     assert not stale, f"pages name code that does not exist: {stale}"
 
 
+def test_every_link_of_a_rendered_tutorial_leads_to_a_page_and_its_anchor(site):
+    """mkdocs-jupyter renders a tutorial's markdown as it is, without turning `page.md` links into the site's URLs
+    (nor checking them, as --strict does for .md pages): each link is followed here in the built site."""
+    broken = []
+    for page in sorted((site / "tutorials").glob("*/index.html")):
+        html = page.read_text()
+        for href in sorted(set(re.findall(r'href="([^"]+)"', html))):
+            if re.match(r"[a-z]+:|#|//", href):  # another host, mailto:, data:, or an anchor of this page
+                continue
+            path, _, anchor = href.partition("#")
+            target = (page.parent / path).resolve()
+            target = target / "index.html" if target.is_dir() else target
+            if not target.is_file():
+                broken.append(f"{page.parent.name}: {href} (no such page)")
+            elif anchor and f'id="{anchor}"' not in target.read_text(errors="replace"):
+                broken.append(f"{page.parent.name}: {href} (no such anchor)")
+    assert not broken, broken
+
+
 @contextlib.contextmanager
 def _static_server(directory: Path):
     """The built site over HTTP on 127.0.0.1 (a free port), as any static host serves it; yields its origin."""

@@ -230,7 +230,7 @@ for name in streams.cache:
 #
 # The same analyses run on any trained run from the command line: `attnkit inspect RUN heads --text ...`,
 # `head-types`, `logit-lens`, `patch --text ... --corrupt ...` and `probe --conll FILE`
-# ([the guide](../user-guide/inspect.md)).
+# ([the guide](../../user-guide/inspect/)).
 
 # %% [markdown]
 # ## Attribution patching: every head from one backward pass

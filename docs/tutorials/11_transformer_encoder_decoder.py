@@ -532,7 +532,7 @@ else:
 # Below: the gradient norm of each layer's feed-forward weights at initialisation, for 6 + 6 layers in both
 # layouts (the paper's initialisation), then both layouts trained on reversal at a learning rate of $2 \times
 # 10^{-3}$ from the first step, and with a warmup over the first 50 steps. attnkit's
-# [norm-placement experiment](../experiments/norm-placement/index.md) measures the same on language models over
+# [norm-placement experiment](../../experiments/#norm-placement) measures the same on language models over
 # several seeds and depths.
 
 # %%
@@ -593,7 +593,7 @@ plt.show()
 # divided again and again. In training, pre-norm falls steadily from the first step, with or without warmup;
 # post-norm at the same learning rate stalls on a plateau (a loss near that of guessing among the ten letters),
 # and warmup, at this depth and rate, lifts it off only a little. One seed and 150 steps make this an
-# illustration, not a measurement: the [norm-placement experiment](../experiments/norm-placement/index.md) repeats
+# illustration, not a measurement: the [norm-placement experiment](../../experiments/#norm-placement) repeats
 # it over seeds and depths with its noise, and finds the gradient pattern and post-norm's gap beyond the noise,
 # but warmup's own help for post-norm against the claim at its budget.
 #
