@@ -3,13 +3,15 @@
 `TransformerBridge`, no weight processing): every cached activation equals `run_with_cache`'s; activation patching
 of the stream and of each head equals `transformer_lens.patching`'s; the logit lens equals `accumulated_resid`
 through the final norm and the unembedding; ablations and other edits equal the same edit made by
-`run_with_hooks`. Skipped where TransformerLens is not installed."""
+`run_with_hooks`; head-type scores equal `head_detector.detect_head`'s. Skipped where TransformerLens is not
+installed."""
 
 import pytest
 import torch
 from transformer_lens_pairs import lens_pair, transformer_lens
 
 from attnkit.inspect import Batch, mean_ablate, patch, trace, zero_ablate
+from attnkit.inspect.head_types import head_types, key_masks
 from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import logit_differences, patch_heads, patch_stream
 
@@ -136,3 +138,20 @@ def test_ablations_and_edits_equal_run_with_hooks(pair):
             theirs = bridge.run_with_hooks(CLEAN, fwd_hooks=[(hook_name, hook)])
         assert (ours - plain).abs().max() > 1e-3, point  # the edit changes the output
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=5e-5, msg=point)
+
+
+def test_head_type_scores_equal_transformer_lens_head_detector(pair):
+    """TransformerLens's `detect_head` ("mul") is the weight on the type's keys summed over every query, over the
+    number of queries; attnkit's is the same sum over the queries that have such keys (module head_types), so the
+    two differ by that count alone."""
+    from transformer_lens.head_detector import detect_head
+
+    model, bridge = pair
+    prompt = " ".join(f"w{i}" for i in [5, 17, 33, 8, 61, 5, 17, 33, 8, 61, 40, 5])  # repeats: duplicates, induction
+    tokens = bridge.to_tokens(prompt)  # (1, T), BOS first
+    found = head_types(model, tokens)
+    for kind in ("previous", "duplicate", "induction"):
+        theirs = detect_head(bridge, prompt, f"{kind}_token_head" if kind != "induction" else "induction_head")
+        counted = int(key_masks(tokens)[kind].any(-1).sum())  # queries that have such keys
+        torch.testing.assert_close(found.scores[kind] * counted / tokens.shape[1], theirs, rtol=1e-5, atol=1e-6,
+                                   msg=kind)
