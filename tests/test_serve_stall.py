@@ -162,3 +162,31 @@ def test_megabyte_texts_to_tokenize_do_not_stall_health(tmp_path):
     health_ratio = max(health) / alone_health
     print(f"/tokenize: health {max(health):.4f}s vs {alone_health:.4f}s alone (x{health_ratio:.1f})")
     assert health_ratio < HEALTH_RATIO, f"/health took {health_ratio:.0f}x its time alone while big texts came in"
+
+
+def test_what_the_server_loaded_is_left_out_of_the_collectors_full_passes(tmp_path):
+    """A request of many small objects (a chat of 20,000 messages) fills the collector's generations until a full pass
+    runs, which holds the interpreter, the event loop too, for as long as it takes to visit every object: the model's
+    and the libraries' hundreds of thousands, tenths of a second each time. The server freezes what it loaded
+    (`gc.freeze`), so a full pass visits only what came after, and lets it go when it stops."""
+    import gc
+
+    run = tiny_run(tmp_path, tokenizer="bpe")
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}] * 20_000}).encode()
+    with running_server(run, timeout=TIMEOUT) as (url, _app):
+        frozen = gc.get_freeze_count()
+        alone_health = statistics.median(_timed(lambda: _health(url)) for _ in range(20))
+        answers = []
+
+        def client() -> None:
+            for _ in range(3):
+                answers.append(httpx.post(f"{url}/v1/chat/completions", content=body, timeout=TIMEOUT,
+                                          headers={"Content-Type": "application/json"}))
+
+        health = _health_while(url, [threading.Thread(target=client) for _ in range(2)])
+    assert frozen > len(gc.get_objects()) // 2  # what was loaded before serving: most of what the process holds
+    assert gc.get_freeze_count() == 0  # let go when the server stopped
+    assert [answer.status_code for answer in answers] == [400] * 6  # longer than the context
+    health_ratio = max(health) / alone_health
+    print(f"many objects: health {max(health):.4f}s vs {alone_health:.4f}s alone (x{health_ratio:.1f})")
+    assert health_ratio < HEALTH_RATIO, f"/health took {health_ratio:.0f}x its time alone while large chats came in"
