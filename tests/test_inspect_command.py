@@ -293,6 +293,22 @@ def test_head_types_refuses_texts_it_would_not_read(runs):
         run_inspect(InspectSettings(run=str(runs["mlm"]), analysis="head-types", text=("abc de",)))
 
 
+@pytest.mark.parametrize(("analysis", "reads"), [("circuits", "the weights"), ("probe", "--conll's sentences")])
+def test_circuits_and_probe_refuse_texts_they_would_not_read(runs, analysis, reads, tmp_path):
+    with pytest.raises(InputError, match=f"{analysis} reads {reads}, not --text or --input: drop them"):
+        run_inspect(InspectSettings(run=str(runs["decoder"]), analysis=analysis, text=("abc de",), conll="x.conll",
+                                    out=str(tmp_path)))
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_probe_of_the_recurrent_seq2seq_names_the_runs_it_reads(runs, tmp_path):
+    conll = tmp_path / "words.conll"
+    conll.write_text(CONLL)
+    with pytest.raises(InputError, match="RecurrentSeq2Seq has none: probe a decoder, an encoder or an encoder-decod"):
+        run_inspect(InspectSettings(run=str(runs["recurrent"]), analysis="probe", conll=str(conll),
+                                    out=str(tmp_path / "out")))
+
+
 def test_probe_refuses_a_file_that_is_not_conll_and_names_its_own_column_flag(runs, tmp_path):
     prose = tmp_path / "notes.txt"
     prose.write_text("def f(x):\n    return x + 1\n\nprint(f(2))\n")

@@ -78,6 +78,9 @@ def test_path_patch_writes_what_path_patch_computes(run, via, tmp_path, capsys):
     ({"sender": ("0.1", "1.0"), "receiver": "1.1", "via": "q"}, "one sublayer; these are of blocks.0.attn, blocks.1"),
     ({"sender": ("1.0",), "receiver": "0.1", "via": "k"}, "does not write into what blocks.0.attn's k reads"),
     ({"sender": ("0.0",), "receiver": "1.1", "via": "k", "corrupt": None}, "give --corrupt TEXT"),
+    ({"sender": ("0.0", "0.2"), "receiver": "1.1", "via": "k"},
+     "head 2 is out of range: blocks.0.attn has 2 heads (0..1)"),
+    ({"sender": ("0.0",), "receiver": "1.5", "via": "q"}, "head 5 is out of range: blocks.1.attn has 2 heads (0..1)"),
 ])
 def test_path_patch_refuses_what_it_cannot_follow(run, fields, message, tmp_path):
     settings = {"text": (CLEAN,), "corrupt": CORRUPT, **fields}

@@ -173,6 +173,9 @@ def _check_inputs(settings: InspectSettings) -> None:
     if settings.analysis == "sae" and settings.point is None:
         raise InputError("sae reads one hook point's activations: give --point (blocks.1.resid_post, blocks.0.mlp.out; "
                          "attnkit.inspect.hook_points lists a model's)")
+    if settings.analysis in ("circuits", "probe") and (settings.text or settings.input is not None):
+        reads = "the weights" if settings.analysis == "circuits" else "--conll's sentences"
+        raise InputError(f"{settings.analysis} reads {reads}, not --text or --input: drop them")
     if settings.analysis == "probe" and settings.conll is None:
         raise InputError("probe reads word labels from a CoNLL or CoNLL-U file: give --conll FILE")
     if settings.analysis == "probe":  # a file that is not CoNLL, or a column it lacks, refused before the model loads

@@ -68,10 +68,11 @@ def path_patch(model: nn.Module, clean: Batch, corrupted: Batch, *, sender: tupl
         raise InputError("the clean and corrupted inputs differ in shape; give inputs of the same lengths")
     attention = sites[receiver_site].attention
     group = attention.n_heads // attention.n_kv_heads
-    if not 0 <= receiver_head < attention.n_heads or any(not 0 <= h < sites[sender_site].attention.n_heads
-                                                         for h in sender_heads):
-        raise InputError(f"a head is out of range: {receiver_site} has {attention.n_heads} heads, {sender_site} "
-                         f"{sites[sender_site].attention.n_heads}")
+    for site, heads in ((sender_site, sender_heads), (receiver_site, [receiver_head])):
+        n = sites[site].attention.n_heads
+        for h in heads:
+            if not 0 <= h < n:
+                raise InputError(f"head {h} is out of range: {site} has {n} heads (0..{n - 1})")
     model = module_of(model).eval()  # a pipeline from attnkit.load: its model
     outputs = [f"{name}.z" for name in sites]
     clean_run, corrupted_run = clean.run(model, names=outputs), corrupted.run(model, names=outputs)

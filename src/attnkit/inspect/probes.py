@@ -119,7 +119,8 @@ def reading_stack(model: nn.Module) -> TransformerStack:
     """The stack whose states are probed: an encoder-decoder's encoder, else the model's one stack."""
     stack = getattr(model, "encoder", None) or getattr(model, "stack", None)
     if not isinstance(stack, TransformerStack):
-        raise InputError(f"probes read a Transformer stack's states; {type(model).__name__} has none")
+        raise InputError(f"probes read a Transformer stack's states; {type(model).__name__} has none: probe a "
+                         "decoder, an encoder or an encoder-decoder (its encoder is read)")
     return stack
 
 
