@@ -204,6 +204,24 @@ def test_metrics_time_each_generation_request_as_prometheus_histograms(server, c
     assert added["attnkit_scheduler_iteration_seconds_total"] > 0
 
 
+@pytest.mark.parametrize("scrapes", [(2.0, 4.0, 12.0), (15.0, 30.0), (60.0,)])
+def test_tokens_per_second_is_the_rate_since_the_last_scrape_at_10_s_or_more_before(monkeypatch, scrapes):
+    """Scraped every 2 s, the rate over the last 10 s; every 15 s (Prometheus's usual interval) or once a minute, the
+    rate since the scrape before (the first: since the server started), never 0 while tokens flow."""
+    from types import SimpleNamespace
+
+    from attnkit.serve import metrics
+
+    now = [100.0]
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(monotonic=lambda: now[0]))  # metrics' clock alone
+    counted = metrics.Metrics()  # the server starts at 100 s; it makes 20 tokens a second
+    rates = []
+    for at in scrapes:
+        now[0] = 100.0 + at
+        rates.append(counted.tokens_per_second(int(20 * at)))
+    assert rates == [20.0] * len(scrapes)
+
+
 def test_a_histogram_counts_each_value_in_the_first_bucket_that_holds_it():
     from attnkit.serve.metrics import Histogram
 

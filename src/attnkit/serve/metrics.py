@@ -5,7 +5,8 @@
     attnkit_request_seconds_sum / _count          counter    time spent answering requests
     attnkit_prompt_tokens_total                   counter    prompt tokens of generation requests (vLLM's prompt_tokens)
     attnkit_generated_tokens_total                counter    tokens generated (vLLM's generation_tokens)
-    attnkit_tokens_per_second                     gauge      tokens generated per second over the last 10 s
+    attnkit_tokens_per_second                     gauge      tokens generated per second over the last 10 s (since
+                                                             the scrape before, when scrapes are further apart)
     attnkit_time_to_first_token_seconds           histogram  from a generation request's queueing to its first token
     attnkit_time_per_output_token_seconds         histogram  a request's time from its first token to its last, per
                                                              token after the first
@@ -73,7 +74,7 @@ class Metrics:
         self.requests: Counter[tuple[str, int]] = Counter()
         self.seconds = 0.0
         self.count = 0
-        self._token_marks: deque[tuple[float, int]] = deque()  # (time, tokens so far)
+        self._token_marks: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])  # (time, tokens so far)
         self.prompt_tokens = 0
         self.first_token = Histogram("time_to_first_token_seconds", "Time from a generation request's queueing to "
                                      "its first token.")
@@ -100,12 +101,14 @@ class Metrics:
                 self.per_token.observe((job.last_token_at - job.first_token_at) / (job.produced - 1))
 
     def tokens_per_second(self, tokens: int) -> float:
-        """The rate over the last WINDOW_SECONDS, from the total `tokens` now and the totals seen before."""
+        """The rate over the last WINDOW_SECONDS, from the total `tokens` now and the totals seen at earlier scrapes
+        (and at the start): since the latest mark at least WINDOW_SECONDS old, so that scrapes further apart (every
+        15 s, Prometheus's usual interval) give the rate since the scrape before, not 0."""
         now = time.monotonic()
         with self._lock:
             marks = self._token_marks
             marks.append((now, tokens))
-            while len(marks) > 1 and now - marks[0][0] > WINDOW_SECONDS:
+            while len(marks) > 1 and now - marks[1][0] >= WINDOW_SECONDS:
                 marks.popleft()
             then, before = marks[0]
         return (tokens - before) / (now - then) if now > then else 0.0
@@ -127,7 +130,8 @@ class Metrics:
         values = [
             ("prompt_tokens_total", "counter", prompt_tokens, "Prompt tokens of generation requests that ended."),
             ("generated_tokens_total", "counter", tokens, "Tokens generated."),
-            ("tokens_per_second", "gauge", round(rate, 3), "Tokens generated per second over the last 10 s."),
+            ("tokens_per_second", "gauge", round(rate, 3), "Tokens generated per second over the last 10 s, or since "
+             "the scrape before when longer ago."),
             ("num_requests_running", "gauge", scheduler.running_requests if scheduler is not None else 0,
              "Generation requests in the running batch."),
             ("num_requests_waiting", "gauge", waiting, "Generation requests waiting to join the batch."),
