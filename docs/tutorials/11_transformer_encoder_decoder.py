@@ -25,7 +25,7 @@
 # greedy decoding and beam search and check them too, train the model to reverse strings, draw what its
 # cross-attention looks at, translate a few Multi30k captions, and compare post-norm with pre-norm.
 #
-# **Time:** about ten minutes on a laptop's CPU at the full budget (17 on a busy two-core machine, where the
+# **Time:** about ten minutes on a laptop's CPU at the full budget (7 to 17 on a busy two-core machine, where the
 # Multi30k section stops itself after three minutes of training); `ATTNKIT_TUTORIAL_BUDGET=tiny` runs every cell
 # and every assertion in seconds.
 
