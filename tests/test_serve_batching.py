@@ -328,6 +328,26 @@ def test_a_decoding_step_that_fails_ends_the_running_jobs_and_the_waiting_ones_s
     assert waiting.reasons is not None and waiting.tokens == waiting.alone(model)
 
 
+def test_jobs_whose_clients_left_while_waiting_leave_the_queue_at_the_next_step(model):
+    """A full batch, and a queue of requests whose clients gave up waiting: they end ("cancelled") at the next step
+    instead of holding their places until rows free, where a queue full of them turned live requests away (429)."""
+    scheduler = Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=1, max_waiting=2)
+    running, gone = Recorded([1, 2], 30), [Recorded([3], 5), Recorded([4], 5)]
+    scheduler.submit(running.job)
+    iterate(scheduler)
+    for request in gone:
+        scheduler.submit(request.job)
+        request.job.cancel()
+    iterate(scheduler)
+    assert [request.reasons for request in gone] == [["cancelled"], ["cancelled"]] and scheduler.waiting.empty()
+    assert running.reasons is None  # still running: only the waiting left
+    live = [Recorded([5], 3), Recorded([6], 3)]
+    for request in live:
+        scheduler.submit(request.job)  # room in the queue again
+    drain(scheduler)
+    assert running.reasons == ["length"] and [request.tokens for request in live] == [r.alone(model) for r in live]
+
+
 def test_closing_ends_every_job_running_and_waiting_and_refuses_new_ones(model):
     """What the server does when told to stop: each job, in the batch or in the queue, gets its on_finish once, its
     open choices "error" and its failure `Closed`; a job submitted after is refused."""

@@ -396,6 +396,7 @@ class Scheduler:
     def _iteration(self) -> None:
         """Admit waiting jobs, choose a token for every row, drop the rows that ended, and step the rest."""
         began = time.monotonic()
+        self._drop_cancelled()
         self._admit()
         if self.batch is None:
             return
@@ -625,6 +626,18 @@ class Scheduler:
             for row, prompt in enumerate(prompts):
                 self.prefix_cache.keep(prompt, cache, row, width - len(prompt))
         return logits
+
+    def _drop_cancelled(self) -> None:
+        """End the waiting jobs that were cancelled (their clients gone) and free their places in the queue at once:
+        behind a full batch they would hold them until rows free, turning live requests away (QueueFull)."""
+        with self.waiting.mutex:  # the queue's own lock: a job submitted meanwhile waits for it
+            gone = [job for job in self.waiting.queue if job.cancelled.is_set()]
+            for job in gone:
+                self.waiting.queue.remove(job)
+            self.waiting.not_full.notify(len(gone))
+        for job in gone:
+            job.reasons = ["cancelled"] * job.n
+            self._finish(job)
 
     def _take(self) -> list[GenerationJob]:
         """The waiting jobs that join now, as many as fit: at once when nothing runs; while a batch runs, once the
