@@ -221,3 +221,17 @@ def test_the_page_draws_a_translation_runs_two_streams(translator):
         stages = browser.evaluate("document.querySelectorAll('#flow .stage').length")
         assert stages == len(view["source"]["stages"]) + len(view["stages"])
         assert browser.evaluate("document.querySelectorAll('#flow .stage.cross_attn').length") == n_layers
+
+
+def test_a_recurrent_translation_run_is_refused_with_the_reason(tmp_path):
+    from attnkit.checkpoint import save_model
+    from attnkit.errors import InputError
+    from attnkit.tokenize import CharTokenizer
+
+    tokenizer = CharTokenizer("abcdefgh tc")
+    config = ModelConfig(family="recurrent-seq2seq", vocab_size=tokenizer.vocab_size, cell="gru", hidden_size=16,
+                         attention="luong-dot")
+    save_model(build_model(config), config, tmp_path)
+    tokenizer.save(tmp_path / "tokenizer")
+    with pytest.raises(InputError, match="encoder is recurrent"):
+        _explorer(tmp_path).whole_model("a cat", target="a bag")
