@@ -1,21 +1,48 @@
 #!/usr/bin/env bash
-# One GPU session (an H100 or H200, about 15 minutes): what the CPU cannot measure, in the order of its value, each
-# result written to a file under runs/gpu-session/ (and the benchmark's and experiments' own results files), so that
-# a session cut short keeps what it finished.
+# One GPU session (an H100 or H200, about 15 minutes of device time, each call at most 10): what the CPU cannot
+# measure, in the order of its value, each result written under $OUT (what a device call brings back) or, where
+# $OUT is unset, runs/gpu-session/, so that a session cut short keeps what it finished.
 #
-#   bash benchmarks/gpu_session.sh            # from the repository root, with .venv built
+#   bash benchmarks/gpu_wheels.sh                  # here first: the packages the machine's image lacks, into .whl/
+#   bash benchmarks/gpu_session.sh [PART ...]      # there, from the repository root (device run, carry: [".whl"])
+#
+# PART: tests (`pytest -m gpu -x --tb=short`), bench (`python -m benchmarks gpu`: training against the faithful
+# nanoGPT peer, the attention variants, decoding, serving), experiments (the lectures' two GPU claims); none named:
+# all three in that order. The machine's image runs its own python3 (torch, transformers and the rest are there):
+# attnkit is read from src/, and the wheels of .whl/ are installed beside it; a checkout with .venv uses that.
 set -u
-out=runs/gpu-session
+parts=${*:-tests bench experiments}
+for part in $parts; do
+    case $part in tests|bench|experiments) ;; *) echo "unknown part $part: tests, bench or experiments"; exit 2 ;; esac
+done
+out=${OUT:-runs/gpu-session}
 mkdir -p "$out"
-py=.venv/bin/python
-# 1. the CUDA tests, first failure with its details (FlexAttention's gradients, the bf16 run loaded on the CPU, ...)
-$py -m pytest -m gpu -x --tb=short -n 0 -p no:cacheprovider > "$out/pytest-gpu.txt" 2>&1
-echo "pytest -m gpu: exit $? ($out/pytest-gpu.txt)"
-# 2. training against the faithful nanoGPT peer, the attention variants, decoding and serving
-$py -m benchmarks gpu --only train variants decode serve > "$out/benchmarks-gpu.txt" 2>&1
-echo "python -m benchmarks gpu: exit $? (benchmarks/results/gpu-*.md, $out/benchmarks-gpu.txt)"
-# 3. the lectures' GPU claims at the sizes a GPU makes cheap
-for name in rnn-vs-transformer-cost transformer-plus-plus; do
-    .venv/bin/attnkit experiment "$name" --device cuda --budget gpu --no-progress > "$out/$name.txt" 2>&1
-    echo "attnkit experiment $name: exit $? (runs/experiments/$name, $out/$name.txt)"
+if [ -x .venv/bin/python ]; then
+    py=.venv/bin/python
+else
+    py=python3
+    if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            .whl/*.whl || { echo "installing .whl/ failed"; exit 1; }
+    fi
+    export PYTHONPATH="$PWD/src:$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+$py -c "import torch, attnkit; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'attnkit', attnkit.__file__)"
+for part in $parts; do
+    case $part in
+    tests)  # the CUDA tests, first failure with its details (FlexAttention's gradients, the bf16 run loaded on the CPU)
+        $py -m pytest -m gpu -x --tb=short -n 0 -p no:cacheprovider tests/test_devices.py tests/test_flex_attention.py \
+            tests/test_output_loss.py tests/test_experiments.py > "$out/pytest-gpu.txt" 2>&1
+        echo "pytest -m gpu: exit $? ($out/pytest-gpu.txt)"; tail -3 "$out/pytest-gpu.txt" ;;
+    bench)  # training against the faithful nanoGPT peer, the attention variants, decoding and serving
+        $py -m benchmarks gpu --only train variants decode serve --out "$out" > "$out/benchmarks-gpu.txt" 2>&1
+        echo "python -m benchmarks gpu: exit $? ($out/gpu-*.md, $out/benchmarks-gpu.txt)" ;;
+    experiments)  # the lectures' GPU claims at the sizes a GPU makes cheap
+        for name in rnn-vs-transformer-cost transformer-plus-plus; do
+            $py -m attnkit experiment "$name" --device cuda --budget gpu --no-progress --out "$out/$name" \
+                > "$out/$name.txt" 2>&1
+            echo "attnkit experiment $name: exit $? ($out/$name, $out/$name.txt)"
+        done ;;
+    esac
 done

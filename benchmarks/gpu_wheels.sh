@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The Python packages attnkit needs that a lent GPU machine's image lacks, as wheels in .whl/ (ignored by git), for
+# that image's Python 3.12 on x86-64, at the versions this checkout's .venv runs. The image's python3 holds torch,
+# transformers, tokenizers, safetensors, numpy, matplotlib, sacrebleu, httpx, pytest and hypothesis; it lacks the
+# server's (fastapi, starlette, pydantic, uvicorn) and the tagging task's (seqeval, conllu). Nothing can be fetched
+# there, so they travel with the checkout (`carry: [".whl"]`) and benchmarks/gpu_session.sh installs them.
+#
+#   bash benchmarks/gpu_wheels.sh            # here, from the repository root, with .venv built (make test)
+set -euo pipefail
+py=.venv/bin/python
+packages="fastapi starlette pydantic pydantic-core annotated-types typing-inspection uvicorn conllu seqeval"
+pins=$($py - $packages <<'EOF'
+import sys
+from importlib.metadata import version
+
+print(" ".join(f"{name}=={version(name)}" for name in sys.argv[1:]))
+EOF
+)
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+rm -rf .whl && mkdir .whl
+for pin in $pins; do
+    # a wheel for CPython 3.12 on manylinux x86-64; seqeval publishes only its source, built here (pure Python)
+    $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d .whl "$pin" 2>/dev/null || $py -m pip wheel -q --no-deps -w .whl "$pin"
+done
+ls .whl
+du -sh .whl
