@@ -69,7 +69,7 @@ def translation_view(model: nn.Module, config, tokenizer: Tokenizer, source: lis
     Raises InputError for a query out of range or a model whose stacks are not Transformer stacks."""
     if not isinstance(getattr(model, "encoder", None), TransformerStack):
         raise InputError("the whole-model view follows a Transformer's residual stream; this run's encoder is "
-                         "recurrent: use the attention and logit-lens panels")
+                         "recurrent (it has none): its attention is on the heatmap")
     query = _query(query, len(target), "Query token")
     source_query = _query(source_query, len(source), "Source token")
     src, tgt = _tensor(model, source), _tensor(model, target)  # (1, S), (1, T)
