@@ -90,6 +90,22 @@ def test_the_answer_alone_and_its_share_per_head():
     assert found.top(3)[0][0] in found.names
 
 
+@pytest.mark.parametrize("kind", ["decoder", "llama-style decoder", "encoder-decoder"])
+def test_the_positions_share_apart_splits_the_embeddings_share(kind):
+    model = _model(**FAMILIES[kind])
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
+    args = (ids, ids[:, :4]) if kind == "encoder-decoder" else (ids,)
+    whole = logit_attribution(model, *args, answer=4, wrong=5)
+    apart = logit_attribution(model, *args, answer=4, wrong=5, positions=True)
+    if kind == "llama-style decoder":  # RoPE rotates queries and keys: the stream holds no positions to split off
+        assert apart.names == whole.names
+        return
+    assert apart.names == ["embed", "pos_embed", *whole.names[1:]]
+    assert float(apart["pos_embed"].abs().min()) > 0
+    torch.testing.assert_close(apart["embed"] + apart["pos_embed"], whole["embed"], rtol=0, atol=1e-6)
+    torch.testing.assert_close(apart.values[2:], whole.values[1:], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(("model", "reason"), [
     (lambda: _model(family="decoder", norm_position="post"), "post-norm"),
     (lambda: _model(family="encoder", encoder_head="mlm", mlm_transform=True), "mlm_transform"),

@@ -54,3 +54,24 @@ def test_direct_logit_attribution_per_head_equals_transformer_lens(pair):
     sites = [label[1:].split("H") for label in labels]  # "L1H3" -> layer 1, head 3
     ours = torch.stack([found[f"blocks.{layer}.attn head {head}"] for layer, head in sites])
     torch.testing.assert_close(ours, expected.detach().float(), rtol=1e-4, atol=1e-5)
+
+
+def test_every_writers_direct_share_equals_transformer_lens_decompose_resid(pair):
+    """The embeddings, the positions, each sublayer (a sublayer's heads and o_proj bias together) through the final
+    LayerNorm with its scale frozen: TransformerLens's `decompose_resid` parts, each dotted with the same direction."""
+    model, bridge = pair
+    answer, wrong = torch.tensor([5, 6]), torch.tensor([7, 8])
+    _, cache = bridge.run_with_cache(IDS)
+    parts, labels = cache.decompose_resid(layer=-1, pos_slice=-1, return_labels=True)  # (N, B, C)
+    scale = cache["ln_final.hook_scale"][:, -1]  # (B, 1)
+    direction = model.lm_head.weight[answer] - model.lm_head.weight[wrong]  # (B, C)
+    centred = parts - parts.mean(-1, keepdim=True)
+    theirs = dict(zip(labels, (centred / scale * model.stack.final_norm.weight * direction).sum(-1), strict=True))
+    found = logit_attribution(model, IDS, answer=answer, wrong=wrong, positions=True)
+    ours = {"embed": found["embed"], "pos_embed": found["pos_embed"]}
+    for layer in (0, 1):
+        ours[f"{layer}_attn_out"] = sum(found[n] for n in found.names if n.startswith(f"blocks.{layer}.attn "))
+        ours[f"{layer}_mlp_out"] = found[f"blocks.{layer}.mlp"]
+    assert list(ours) == labels
+    for name in labels:
+        torch.testing.assert_close(ours[name], theirs[name].detach().float(), rtol=1e-4, atol=1e-5, msg=name)

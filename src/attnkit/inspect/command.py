@@ -499,7 +499,7 @@ def _dla(loaded: Loaded, settings: InspectSettings):
     position = -1 if sequence else _read_position(loaded, batch, settings.position, logits.shape[0])
     answer, wrong = (int(i) for i in (logits if sequence else logits[position]).topk(2).indices)
     found = logit_attribution(loaded.model, *batch.args, answer=answer, wrong=wrong, position=position, neurons=True,
-                              **batch.kwargs)
+                              positions=True, **batch.kwargs)
     sites, table = found.heads()
     others = [(name, float(value)) for name, value in zip(found.names, found.values.mean(1), strict=True)
               if " head " not in name]

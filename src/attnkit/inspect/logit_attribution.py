@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
-from attnkit.inspect.points import module_of
+from attnkit.inspect.points import hook_points, module_of
 from attnkit.inspect.tracing import trace
 from attnkit.layers.norms import LayerNorm, RMSNorm
 from attnkit.models.encoder import EncoderClassifier
@@ -36,9 +36,11 @@ from attnkit.models.stack import TransformerStack
 class LogitAttribution:
     """Each writer's direct share of the logit difference at one position, per row of the batch.
 
-    names: "embed" (the stream entering the first block: tokens, positions), "SITE head h" for each head of each
-        attention sublayer, "SITE bias" (its o_proj bias), "blocks.L.mlp" for each FFN, and "bias" (the final norm's
-        and the output layer's biases); SITE is `blocks.L.attn`, `decoder.blocks.L.cross_attn`, ... as `head_sites`.
+    names: "embed" (the stream entering the first block: tokens, and positions unless apart), "pos_embed" (asked
+        with `positions=True`: absolute positions added with no norm after the sum, GPT-2's, apart, as
+        TransformerLens's `decompose_resid` has them), "SITE head h" for each head of each attention sublayer,
+        "SITE bias" (its o_proj bias), "blocks.L.mlp" for each FFN, and "bias" (the final norm's and the output
+        layer's biases); SITE is `blocks.L.attn`, `decoder.blocks.L.cross_attn`, ... as `head_sites`.
     values: (N, B), one row per name; they sum to `total`.
     total: (B,) the model's own logit difference there.
     neurons: {"blocks.L.mlp": (B, d_ff)} each FFN neuron's share (asked with `neurons=True`); a layer's neurons and
@@ -151,12 +153,14 @@ def _token(token: int | Tensor, batch: int, device: torch.device) -> Tensor:
 
 @torch.no_grad()
 def logit_attribution(model: nn.Module, *args: Tensor, answer: int | Tensor, wrong: int | Tensor | None = None,
-                      position: int = -1, neurons: bool = False, **kwargs: Tensor) -> LogitAttribution:
+                      position: int = -1, neurons: bool = False, positions: bool = False, **kwargs: Tensor
+                      ) -> LogitAttribution:
     """Split `model(*args, **kwargs)`'s logit(answer) - logit(wrong) at `position` into each writer's direct share
     (module docstring); `wrong=None`: the answer's logit alone. answer, wrong: a token or class id, or one per row
     (B,). A sequence classifier's logits come from its pooled stream, and `position` is not used. `neurons=True`
-    also splits each FFN into its neurons. Raises InputError for a model whose logit is no sum of writes (the
-    reason named)."""
+    also splits each FFN into its neurons; `positions=True` the absolute positions' share from the embeddings' where
+    they are a part of the sum ("pos_embed"; a norm after the sum, or no absolute positions: none). Raises
+    InputError for a model whose logit is no sum of writes (the reason named)."""
     model = module_of(model).eval()  # a pipeline from attnkit.load: its model
     read = _readout(model)
     blocks = read.stack.blocks
@@ -166,6 +170,9 @@ def logit_attribution(model: nn.Module, *args: Tensor, answer: int | Tensor, wro
         names += [f"{p}.{layer}.attn.z", f"{p}.{layer}.mlp.out"]
         names += [f"{p}.{layer}.cross_attn.z"] if block.cross_attn is not None else []
         names += [f"{p}.{layer}.mlp.hidden"] if neurons and hasattr(block.mlp, "down_proj") else []
+    embeddings = read.stack.embeddings
+    apart = f"{read.prefix}pos_embed" if positions and embeddings.norm is None else None  # a norm after: no parts
+    names += [apart] if apart in hook_points(model) else []
     traced = trace(model, *args, names=names, **kwargs)
     cache = {k: v.double() for k, v in traced.cache.items()}
     final = cache[names[1]]  # (B, T, C): the stream the final norm reads
@@ -189,6 +196,9 @@ def logit_attribution(model: nn.Module, *args: Tensor, answer: int | Tensor, wro
         return (part * reader).sum((1, 2))  # (B, T, C) -> (B,)
 
     values, labels, per_neuron = [share(cache[names[0]])], ["embed"], {}
+    if apart in cache:  # (1, T, C): the positions' share apart, the tokens' the rest of the stream entering
+        values = [values[0] - share(cache[apart]), share(cache[apart])]
+        labels.append("pos_embed")
     for layer, block in enumerate(blocks):
         sites = [("attn", block.self_attn)] + ([("cross_attn", block.cross_attn)] if block.cross_attn else [])
         for kind, attention in sites:
