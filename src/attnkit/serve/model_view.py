@@ -5,6 +5,11 @@ own residual-stream reading, `attnkit.inspect.residual`):
     tokens (T) -> token embedding + positions (T, C) -> per block: attention (H, T, S) -> + residual
                -> FFN C -> d_ff -> C -> + residual -> final norm -> output layer (T, V) -> softmax
 
+    an encoder-decoder (`translation_view`), two streams:
+    source (S) -> embedding -> per block: attention -> FFN -> final norm -> memory (S, C)
+    target (T) -> embedding -> per block: causal attention -> cross-attention (H, T, S) over the memory
+               -> FFN -> final norm -> output layer (T, V) -> softmax
+
     norm        |stream| at the query token after the embeddings and after each block
     write       |sublayer output| and its share |out| / |stream it adds to|
     lens        the logit lens's top token after each block (the stream read through the final norm and the output
@@ -84,7 +89,7 @@ def translation_view(model: nn.Module, config, tokenizer: Tokenizer, source: lis
     source_stages = _stream_stages(model.encoder, config, tokenizer, encoder, source_query, None,
                                    tokens="source tokens (S={})")
     source_stages.append({"stage": "memory", "label": "memory: what every cross-attention reads as keys and values",
-                          "shape": list(encoder.stream.shape[2:])})  # (S, C), the final norm's output
+                          "shape": list(encoder.stream.shape[2:])})  # (S, C), as the final norm hands it on
     return {"tokens": token_labels(tokenizer, target), "query": query, "stages": stages, "attribution": attribution,
             "source": {"tokens": token_labels(tokenizer, source), "query": source_query, "stages": source_stages}}
 
