@@ -3,8 +3,8 @@
 `TransformerBridge`, no weight processing): every cached activation equals `run_with_cache`'s; activation patching
 of the stream and of each head equals `transformer_lens.patching`'s; the logit lens equals `accumulated_resid`
 through the final norm and the unembedding; ablations and other edits equal the same edit made by
-`run_with_hooks`; head-type scores equal `head_detector.detect_head`'s. Skipped where TransformerLens is not
-installed."""
+`run_with_hooks`; head-type scores equal `head_detector.detect_head`'s; path patching equals
+`get_act_patch_direct_path` where the FFNs write nothing. Skipped where TransformerLens is not installed."""
 
 import pytest
 import torch
@@ -14,6 +14,7 @@ from attnkit.inspect import Batch, mean_ablate, patch, trace, zero_ablate
 from attnkit.inspect.head_types import head_types, key_masks
 from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import logit_differences, patch_heads, patch_stream
+from attnkit.inspect.path_patching import path_patch
 
 transformer_lens()
 
@@ -155,3 +156,37 @@ def test_head_type_scores_equal_transformer_lens_head_detector(pair):
         counted = int(key_masks(tokens)[kind].any(-1).sum())  # queries that have such keys
         torch.testing.assert_close(found.scores[kind] * counted / tokens.shape[1], theirs, rtol=1e-5, atol=1e-6,
                                    msg=kind)
+
+
+def _silent_ffns(gpt2):
+    for block in gpt2.transformer.h:  # each FFN's output projection zero: the blocks write attention alone
+        block.mlp.c_proj.weight.zero_()
+        block.mlp.c_proj.bias.zero_()
+
+
+@pytest.fixture(scope="module")
+def attention_only(tmp_path_factory):
+    return lens_pair("gpt2", tmp_path_factory.mktemp("silent"), prepare=_silent_ffns)
+
+
+@pytest.mark.parametrize("via", ["q", "k", "v"])
+def test_path_patching_equals_direct_path_patching_where_the_ffns_write_nothing(attention_only, via):
+    """TransformerLens's `get_act_patch_direct_path` adds the sender's clean-minus-corrupted write to the receiver's
+    own copy of the stream (the edge alone); attnkit's path patching (Wang et al. 2022) lets the FFNs between
+    recompute, so paths through them count too. With FFNs that write nothing the two are one intervention."""
+    from transformer_lens import patching
+
+    model, bridge = attention_only
+    answer, wrong = _target(model)
+
+    def metric(logits):
+        return logit_differences(logits, answer, wrong).mean()
+
+    _, clean_cache = bridge.run_with_cache(CLEAN)
+    _, corrupted_cache = bridge.run_with_cache(CORRUPTED)
+    theirs = patching.get_act_patch_direct_path(bridge, CORRUPTED, clean_cache, corrupted_cache, metric, src_layer=0,
+                                                src_head=1, component=via, verbose=False)[1]  # (H,): into layer 1
+    ours = torch.tensor([path_patch(model, Batch((CLEAN,)), Batch((CORRUPTED,)), sender=("blocks.0.attn", 1),
+                                    receiver=("blocks.1.attn", head), via=via,
+                                    metric=lambda logits: float(metric(logits))).patched for head in range(4)])
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
