@@ -512,6 +512,28 @@ def test_a_failure_inside_generation_answers_500_without_a_traceback_and_the_ser
     assert again.status_code == 200 and again.json()["choices"][0]["finish_reason"] in ("length", "stop")
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread's end, on purpose
+def test_health_answers_503_once_generation_has_stopped_and_a_request_is_refused_at_once(runs, monkeypatch):
+    """/health speaks for the whole server: once the batching scheduler's thread has ended (an error its loop could
+    not catch), no generation request would ever be answered, so /health says 503 (for an orchestrator to restart
+    the server) and a generation request is refused at once instead of waiting out its timeout."""
+    with running_server(runs["lm"], timeout=5.0) as (url, app):  # a refusal that failed to come: a 504 after 5 s
+        scheduler = app.state.scheduler
+        assert httpx.get(f"{url}/health", timeout=TIMEOUT).status_code == 200
+
+        def ended() -> None:
+            raise SystemExit("the thread ends")  # not an Exception: past the loop's guard
+
+        monkeypatch.setattr(scheduler, "_iteration", ended)
+        with httpx.Client(timeout=0.5) as http, pytest.raises(httpx.TimeoutException):
+            http.post(f"{url}/v1/completions", json={"prompt": "ab", "max_tokens": 5})  # wakes it, and it ends
+        scheduler._thread.join(timeout=TIMEOUT)
+        health = httpx.get(f"{url}/health", timeout=TIMEOUT)
+        refused = httpx.post(f"{url}/v1/completions", json={"prompt": "ab", "max_tokens": 5}, timeout=TIMEOUT)
+    assert health.status_code == 503 and "restart" in health.json()["error"]["message"]
+    assert refused.status_code == 503 and refused.json()["error"]["message"] == health.json()["error"]["message"]
+
+
 def test_a_converted_runs_chat_template_renders_the_messages(tmp_path):
     from attnkit.serve.chat import chat_template
 

@@ -22,17 +22,12 @@ from attnkit.serve.logprobs import Scored, chat_logprobs, completion_logprobs
 
 def failure(job: GenerationJob) -> APIError:
     """The error a failed job answers: 400 with the library's refusal (AttnkitError), 503 when the server shut down
-    before its end, else 500 (the log says why)."""
+    before its end (`Scheduler.close`), else 500 (the log says why)."""
     if isinstance(job.failure, AttnkitError):
         return APIError(400, f"generation refused this request: {job.failure}")
     if isinstance(job.failure, Closed):
-        return shutting_down()
+        return APIError(503, str(job.failure))
     return APIError(500, "generation failed; the server's log says why")
-
-
-def shutting_down() -> APIError:
-    """503: the server is stopping (`Scheduler.close`), so a request in flight or arriving now is not answered."""
-    return APIError(503, "the server is shutting down; send the request again once it is back")
 
 
 class ClientGone(Exception):

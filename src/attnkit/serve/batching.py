@@ -92,7 +92,12 @@ class QueueFull(Exception):
 
 
 class Closed(Exception):
-    """The scheduler is closed (the server is shutting down): a job submitted now, or one it ended unfinished."""
+    """The scheduler takes no job, and a job it ended unfinished failed with this: the server is shutting down
+    (`SHUTTING_DOWN`), or the scheduler's thread has ended (`STOPPED`)."""
+
+
+SHUTTING_DOWN = "the server is shutting down; send the request again once it is back"
+STOPPED = "generation has stopped (the batching scheduler's thread ended; the log says why): restart the server"
 
 
 @dataclass(eq=False)
@@ -327,7 +332,9 @@ class Scheduler:
     def submit(self, job: GenerationJob) -> None:
         """Queue `job`; raises QueueFull when the queue is, InputError when it can never fit, Closed after `close`."""
         if self._closed.is_set():
-            raise Closed("the server is shutting down")
+            raise Closed(SHUTTING_DOWN)
+        if self.stopped:
+            raise Closed(STOPPED)
         if job.n > self.max_rows:
             raise InputError(f"n={job.n} is more than the server decodes at once ({self.max_rows}); ask for fewer")
         if len(job.prompt) + job.max_new_tokens > self.context_len:
@@ -339,6 +346,11 @@ class Scheduler:
         except queue.Full:
             raise QueueFull from None
         self._wake.set()
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the scheduler's thread has ended (after `start`): no job would ever be taken."""
+        return self._thread.ident is not None and not self._thread.is_alive()
 
     @property
     def running_rows(self) -> int:
@@ -389,7 +401,7 @@ class Scheduler:
             while not self.waiting.empty():
                 jobs.append(self.waiting.get_nowait())
             for job in jobs:
-                job.failure = Closed("the server is shutting down")
+                job.failure = Closed(SHUTTING_DOWN)
                 job.reasons = ["error" if reason is None else reason for reason in (job.reasons or [None] * job.n)]
                 self._finish(job)
 

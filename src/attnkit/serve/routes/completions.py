@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from attnkit.errors import AttnkitError
-from attnkit.serve.answer import Answer, ClientGone, shutting_down
+from attnkit.serve.answer import Answer, ClientGone
 from attnkit.serve.batching import Closed, QueueFull
 from attnkit.serve.chat import ChatTemplate
 from attnkit.serve.errors import APIError
@@ -75,9 +75,9 @@ def router(state: ServerState) -> APIRouter:
                 _cancel(jobs)
                 raise APIError(429, "the server is busy (its queue is full); try again shortly",
                                headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
-            except Closed:
+            except Closed as error:  # shutting down, or generation has stopped
                 _cancel(jobs)
-                raise shutting_down() from None
+                raise APIError(503, str(error)) from None
             except AttnkitError as error:
                 _cancel(jobs)
                 raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else "n") from None

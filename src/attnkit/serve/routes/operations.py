@@ -6,6 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
+from attnkit.serve.batching import STOPPED
+from attnkit.serve.errors import APIError
 from attnkit.serve.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -27,6 +29,8 @@ def router(state: ServerState) -> APIRouter:
 
     @routes.get("/health")
     async def health():
+        if scheduler is not None and scheduler.stopped:  # no generation request would ever be answered
+            raise APIError(503, STOPPED)
         return {"status": "ok", "model": state.model_id}
 
     @routes.get("/metrics")
