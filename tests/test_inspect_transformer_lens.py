@@ -1,8 +1,9 @@
 """attnkit.inspect's gradient methods against TransformerLens on one random GPT-2 (Hugging Face weights loaded by
 both, TransformerLens through its `TransformerBridge`, no weight processing): the gradient cache equals
-`run_with_cache(incl_bwd=True)`'s, and direct logit attribution per head equals the one built from TransformerLens's
-own stacked head results and final-norm scale. TransformerLens has no attribution-patching function to compare
-with. Skipped where TransformerLens is not installed."""
+`run_with_cache(incl_bwd=True)`'s; direct logit attribution per head equals the one built from TransformerLens's
+own stacked head results and final-norm scale, and every writer's share its `decompose_resid` parts'; attribution
+patching per head and per FFN and position equals `tools.analysis.attribution_patching.attribution_patch`'s node
+scores (TransformerLens 4.3). Skipped where TransformerLens is not installed."""
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ import torch.nn.functional as F
 from interop_models import VOCAB
 from transformer_lens_pairs import lens_pair, transformer_lens
 
+from attnkit.inspect import Batch
+from attnkit.inspect.attribution import attribute_heads, attribute_sublayers
 from attnkit.inspect.gradients import backward_trace
 from attnkit.inspect.logit_attribution import logit_attribution
 
@@ -75,3 +78,32 @@ def test_every_writers_direct_share_equals_transformer_lens_decompose_resid(pair
     assert list(ours) == labels
     for name in labels:
         torch.testing.assert_close(ours[name], theirs[name].detach().float(), rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_attribution_patching_equals_transformer_lens_attribution_patch(pair):
+    """TransformerLens scores each node (a head at a position, an FFN's output at a position) with
+    (a_clean - a_corrupted) . d metric / d a at the corrupted run, per pair of prompts, averaged; attnkit reports the
+    same sums as shares of the clean - corrupted gap, a head's over every position."""
+    from transformer_lens.tools.analysis.attribution_patching import attribution_patch
+
+    model, bridge = pair
+    corrupted = IDS.clone()
+    corrupted[:, 2] = torch.tensor([70, 71])
+    answer, wrong = 11, 43
+
+    def metric(logits):
+        return logits[:, -1, answer].mean() - logits[:, -1, wrong].mean()
+
+    nodes = attribution_patch(bridge, IDS, corrupted, metric).node_scores
+    theirs = {"heads": torch.zeros(2, 4), "ffns": torch.zeros(2, IDS.shape[1])}  # (L, H), (L, T)
+    for node, score in nodes.items():
+        if node.kind == "attn_head_out":
+            theirs["heads"][node.layer, node.head] += score
+        elif node.kind == "mlp_out":
+            theirs["ffns"][node.layer, node.position] += score
+    heads = attribute_heads(model, Batch((IDS,)), Batch((corrupted,)), answer=answer, wrong=wrong)
+    sublayers = attribute_sublayers(model, Batch((IDS,)), Batch((corrupted,)), answer=answer, wrong=wrong)
+    gap = heads.clean - heads.corrupted
+    ffns = [i for i, row in enumerate(sublayers.rows) if row.endswith(".mlp")]
+    torch.testing.assert_close(heads.restored * gap, theirs["heads"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(sublayers.restored[ffns] * gap, theirs["ffns"], rtol=1e-4, atol=1e-5)
