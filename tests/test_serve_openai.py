@@ -200,3 +200,35 @@ def test_embeddings_of_token_ids_equal_those_of_their_text(runs):
         assert token.embedding == pytest.approx(text.embedding, abs=1e-6)
     assert one.data[0].embedding == pytest.approx(by_text.data[0].embedding, abs=1e-6)
     assert by_ids.usage.prompt_tokens == by_text.usage.prompt_tokens
+
+
+def test_a_stop_string_across_two_tokens_ends_the_text_before_it_whole_and_streamed(tmp_path):
+    """A byte-level BPE writes tokens of several characters; a stop string made of the end of one and the start of
+    the next ends the text just before it, whole and streamed (no chunk shows any of it), and the usage counts the
+    tokens generated up to the one that completed it, as each request's own free reply says."""
+    run = tiny_run(tmp_path, "decoder", tokenizer="bpe", sharpen=3.0)
+    checked = 0
+    with running_server(run) as (url, _app):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+        for seed in range(12):
+            settings = {"model": "decoder", "prompt": "the cat", "max_tokens": 30, "temperature": 0.8, "seed": seed}
+            free = client.completions.create(**settings, logprobs=0).choices[0]
+            tokens, text = free.logprobs.tokens, free.text
+            if "".join(tokens) != text:  # a character split over tokens: offsets are not the tokens' lengths
+                continue
+            ends = [len("".join(tokens[: k + 1])) for k in range(len(tokens))]  # where each token's text ends
+            for k in range(len(tokens) - 1):
+                stop = text[ends[k] - 1 : ends[k] + 1]  # token k's last character and token k + 1's first
+                if tokens[k] and tokens[k + 1] and text.find(stop) == ends[k] - 1:
+                    break
+            else:
+                continue
+            whole = client.completions.create(**settings, stop=[stop])
+            chunks = [chunk.choices[0] for chunk in client.completions.create(
+                **settings, stop=[stop], stream=True, stream_options={"include_usage": True}) if chunk.choices]
+            streamed = "".join(choice.text for choice in chunks)
+            assert whole.choices[0].text == streamed == text[: ends[k] - 1]
+            assert whole.choices[0].finish_reason == chunks[-1].finish_reason == "stop"
+            assert whole.usage.completion_tokens == k + 2  # up to token k + 1, which completed the stop string
+            checked += 1
+    assert checked >= 3, "too few replies had a stop string to try across two tokens"
