@@ -274,6 +274,14 @@ def test_a_decoders_answer_is_read_after_the_whole_text(runs, analysis, tmp_path
         assert (report["summary"]["position"], report["summary"]["answer"]) == (last, answer)
 
 
+@pytest.mark.parametrize("analysis", ["logit-lens", "dla", "patch", "attribute", "path-patch"])
+def test_an_analysis_of_one_answer_refuses_several_texts(runs, analysis, tmp_path):
+    with pytest.raises(InputError, match=f"{analysis} reads one text, and 2 were given: give one --text"):
+        run_inspect(InspectSettings(run=str(runs["decoder"]), analysis=analysis, text=("abc de", "fgh ij"),
+                                    corrupt="abc dj", sender=("0.0",), receiver="1.0", via="q", out=str(tmp_path)))
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(("kind", "analysis", "text", "message"), [
     ("decoder", "heads", "abcdefghij" * 5, "is 50 tokens, more than the 49 this run reads .max_seq_len 48, the last "
      "token only predicted.: shorten it, or split it in two"),

@@ -3,11 +3,11 @@
     heads        head importance: the loss change when each head is ablated, on --text / --input
     head-types   each head's previous / first / separator / duplicate / induction score on repeated random tokens
                  (a translation run: on its sentence pairs, and how monotonic each cross-attention head is)
-    logit-lens   each layer's stream read through the output layer, over the first text
+    logit-lens   each layer's stream read through the output layer, over one text
     patch        activation patching from --text (clean) into --corrupt (corrupted, as many tokens)
     attribute    attribution patching: patch's tables estimated from one forward and backward pass (and per sublayer)
     dla          direct logit attribution: each head's, FFN's and neuron's direct share of the answer's logit
-                 difference against the runner-up, over the first text (--position: where it is read)
+                 difference against the runner-up, over one text (--position: where it is read)
     probe        linear probes per layer on a CoNLL / CoNLL-U file's word labels, with the control task
     circuits     each head's OV and QK singular values and the Q-, K- and V-composition scores between heads (weights)
     path-patch   path patching from --sender heads through --receiver's --via input (q, k or v) alone, from --text
@@ -87,7 +87,7 @@ class InspectSettings:
     text: tuple[str, ...] = ()  # texts to run on (a translation run: sources, or SOURCE<TAB>TARGET); or --input
     input: str | None = None  # a UTF-8 file, one text per line (a translation run: SOURCE<TAB>TARGET); or --text
     encoding_errors: EncodingErrors = "strict"  # --input, --conll: strict: not UTF-8 is an error; replace: U+FFFD
-    corrupt: str | None = None  # patch, attribute: the corrupted text, as many tokens as the first --text
+    corrupt: str | None = None  # patch, attribute: the corrupted text, as many tokens as --text
     path_steps: int = 1  # attribute: 1: the gradient at the corrupted run; more: integrated along the path
     sender: tuple[str, ...] = ()  # path-patch: sender heads of one sublayer, LAYER.HEAD (0.1) or SITE.HEAD
     receiver: str | None = None  # path-patch: the receiver head, LAYER.HEAD (1.0) or SITE.HEAD
@@ -209,6 +209,15 @@ def _texts(settings: InspectSettings) -> list[str]:
     if not texts and (settings.text or settings.input):
         raise InputError("every text given is empty; give at least one non-empty text")
     return texts
+
+
+def _one_text(settings: InspectSettings) -> str:
+    """The one text an analysis that reads one answer runs on; InputError for several (one would be read unsaid)."""
+    texts = _texts(settings)
+    if len(texts) > 1:
+        raise InputError(f"{settings.analysis} reads one text, and {len(texts)} were given: give one --text (or an "
+                         "--input of one line), and run once per text")
+    return texts[0]
 
 
 # how a text becomes a batch, per family ---------------------------------------------------------------------------
@@ -335,7 +344,7 @@ def _head_types(loaded: Loaded, settings: InspectSettings):
 
 
 def _logit_lens(loaded: Loaded, settings: InspectSettings):
-    batch = text_batch(loaded, _texts(settings)[0], prompt=True)
+    batch = text_batch(loaded, _one_text(settings), prompt=True)
     lens = logit_lens(loaded.model, *batch.args)
     inputs = batch.args[-1][0]  # the stream's own tokens (a translation's target side)
     tokens = _labels(loaded.tokenizer, inputs)
@@ -353,7 +362,7 @@ def _logit_lens(loaded: Loaded, settings: InspectSettings):
              "p(final)": round(float(probabilities[i, t]), 4)}
             for i in range(len(layers)) for t in range(len(tokens))]
     final = _labels(loaded.tokenizer, lens.answer[0])
-    return "Logit lens", rows, {"text": _texts(settings)[0], "final predictions": " ".join(final)}, figure
+    return "Logit lens", rows, {"text": _one_text(settings), "final predictions": " ".join(final)}, figure
 
 
 @dataclass(frozen=True)
@@ -374,7 +383,7 @@ class _Pair:
 
 
 def _pair_of(loaded: Loaded, settings: InspectSettings) -> _Pair:
-    clean, corrupted = (text_batch(loaded, text, prompt=True) for text in (_texts(settings)[0], settings.corrupt))
+    clean, corrupted = (text_batch(loaded, text, prompt=True) for text in (_one_text(settings), settings.corrupt))
     if [a.shape for a in clean.args] != [a.shape for a in corrupted.args]:
         raise InputError(f"--text and --corrupt become {clean.args[0].shape[1]} and {corrupted.args[0].shape[1]} "
                          "tokens; patching needs as many: substitute tokens rather than add or drop them")
@@ -485,13 +494,13 @@ def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, str
 def _pair_summary(loaded: Loaded, settings: InspectSettings, pair: _Pair, clean: float, corrupted: float) -> dict:
     """The texts, where the answer is read, the answer and the wrong one, and both runs' logit differences."""
     answer, wrong = _output_names(loaded, [pair.answer, pair.wrong])
-    return {"clean": _texts(settings)[0], "corrupted": settings.corrupt,
+    return {"clean": _one_text(settings), "corrupted": settings.corrupt,
             "position": "the pooled sequence" if pair.sequence else pair.position, "answer": answer, "wrong": wrong,
             "logit difference clean": round(clean, 6), "logit difference corrupted": round(corrupted, 6)}
 
 
 def _dla(loaded: Loaded, settings: InspectSettings):
-    text = _texts(settings)[0]
+    text = _one_text(settings)
     batch = text_batch(loaded, text, prompt=True)
     with torch.no_grad():
         logits = batch.logits(loaded.model(*batch.args, **batch.kwargs))[0]  # (T, V); a sequence classifier's (C,)
