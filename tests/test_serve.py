@@ -277,6 +277,28 @@ def test_a_hostile_body_gets_a_4xx_json_error(server, name):
     assert httpx.get(f"{server[0]}/health", timeout=TIMEOUT).json()["status"] == "ok"
 
 
+def test_every_hostile_body_at_once_leaves_a_running_stream_its_own_tokens(server, monkeypatch):
+    """The hostile bodies above, sent together while a stream runs (its steps slowed, so that they arrive during
+    it): each gets its own refusal, and the stream the text it gets alone."""
+    url, app = server
+    good = {"prompt": "the cat", "max_tokens": 40, "seed": 4, "temperature": 0.9, "ignore_eos": True}
+    alone = asyncio.run(_stream(url, good))
+    _slow_steps(app.state.scheduler, monkeypatch, 0.02)
+
+    async def together() -> tuple[str, list[httpx.Response]]:
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            stream = asyncio.ensure_future(_stream(url, good))
+            refusals = await asyncio.gather(*(
+                http.post(f"{url}/v1/completions", content=body, headers={"Content-Type": "application/json"})
+                for body, _, _ in HOSTILE.values()))
+            return await stream, refusals
+
+    streamed, refusals = asyncio.run(together())
+    assert streamed == alone
+    assert [r.status_code for r in refusals] == [status for _, status, _ in HOSTILE.values()]
+    assert [r.json()["error"]["param"] for r in refusals] == [param for _, _, param in HOSTILE.values()]
+
+
 def test_refusals_say_what_is_wrong_and_neutral_values_of_unhonoured_fields_pass(server):
     url = server[0]
 
