@@ -309,6 +309,10 @@ def test_refusals_say_what_is_wrong_and_neutral_values_of_unhonoured_fields_pass
 
     assert "at most 4 items" in refusal("/v1/completions", {"prompt": "a", "stop": list("abcde")})
     assert "at least 1 item" in refusal("/v1/completions", {"prompt": []})
+    form = httpx.post(f"{url}/v1/completions", content="prompt=hi", timeout=TIMEOUT,
+                      headers={"Content-Type": "application/x-www-form-urlencoded"})  # curl -d without -H
+    assert form.status_code == 400 and form.json()["error"]["message"].endswith(
+        "(it came as application/x-www-form-urlencoded); send a JSON object, with Content-Type: application/json")
     for field in ("temperature", "top_p", "presence_penalty"):  # NaN is no number: not "should be at most 2"
         nan = refusal("/v1/completions", {"prompt": "a", field: float("nan")})
         assert nan.startswith(f"{field}: NaN is not a JSON number")

@@ -45,8 +45,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_body(schema: type[Body], raw: bytes):
-    """`raw` as `schema`: 400 for bytes that are not UTF-8 JSON, else as `validate`."""
+def parse_body(schema: type[Body], raw: bytes, content_type: str = "application/json"):
+    """`raw` as `schema`: 400 for bytes that are not UTF-8 JSON (saying the `content_type` they came as, when not
+    JSON's: curl's -d sends a form's unless told), else as `validate`. A JSON body is read whatever its type says."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -56,7 +57,9 @@ def parse_body(schema: type[Body], raw: bytes):
     except RecursionError:
         raise APIError(400, "the request body nests too deeply to read; send a flat JSON object") from None
     except json.JSONDecodeError as error:
-        raise APIError(400, f"the request body is not JSON: {error.msg} at character {error.pos}") from None
+        sent = "" if "json" in content_type else f" (it came as {content_type or 'no Content-Type'})"
+        raise APIError(400, f"the request body is not JSON: {error.msg} at character {error.pos}{sent}; send a JSON "
+                       "object, with Content-Type: application/json") from None
     except ValueError:  # an integer beyond Python's limit of digits (sys.get_int_max_str_digits)
         raise APIError(400, f"the request body holds a number of more than {sys.get_int_max_str_digits():,} "
                        "digits; send numbers of ordinary size") from None
