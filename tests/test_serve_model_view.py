@@ -126,7 +126,7 @@ def _stream_norms(stack, ids, query, context=None):
 def test_a_translation_run_shows_the_encoders_and_the_decoders_stream(translator):
     """/api/model on a translation run: the source's stream through the encoder and the model's own greedy
     translation's stream through the decoder (cross-attention between its self-attention and FFN), each read at its
-    last token, with the numbers the stacks compute here."""
+    last token, with the numbers the stacks compute here; the translation is the one the attention maps draw."""
     from attnkit.models.greedy import greedy_target
 
     url, run = translator
@@ -134,13 +134,16 @@ def test_a_translation_run_shows_the_encoders_and_the_decoders_stream(translator
     model.eval()
     tokenizer = load_tokenizer(run / "tokenizer")
     source = [*tokenizer.encode(TEXT), tokenizer.eos_id]
-    written = greedy_target(model, source, bos=tokenizer.bos_id, eos=tokenizer.eos_id, max_length=48)
+    written = greedy_target(model, source, bos=tokenizer.bos_id, eos=tokenizer.eos_id,
+                            max_length=min(64, config.max_seq_len - 1))
     assert written, "the tiny model writes EOS first: choose another TEXT"
     answer = httpx.post(f"{url}/api/model", json={"text": TEXT}, timeout=TIMEOUT)
     assert answer.status_code == 200, answer.text
     view = answer.json()
     target = [tokenizer.bos_id, *written]
     assert view["target_given"] is False and view["tokens"] == token_labels(tokenizer, target)
+    maps = httpx.post(f"{url}/api/analyze", json={"text": TEXT}, timeout=TIMEOUT).json()["attention"]
+    assert next(m for m in maps if m["kind"] == "causal")["query_tokens"] == view["tokens"]  # the page's rows
     assert view["source"]["tokens"] == token_labels(tokenizer, source)
     S, T = len(source), len(target)
     assert (view["query"], view["source"]["query"]) == (T - 1, S - 1)

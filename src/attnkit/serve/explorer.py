@@ -30,10 +30,10 @@ from torch import nn
 
 from attnkit.checkpoint import load_run_model
 from attnkit.errors import InputError
-from attnkit.inspect.command import Loaded, text_batch
 from attnkit.layers.attention import Attention, DotScore
 from attnkit.models.attention_capture import attention_sites
-from attnkit.serve.inspect_view import inspect_view, pair_line
+from attnkit.models.greedy import greedy_target
+from attnkit.serve.inspect_view import inspect_view
 from attnkit.serve.model_view import model_view, translation_view
 from attnkit.serve.sae_view import SAEView
 from attnkit.viz.extract import attention_maps, is_translator
@@ -106,15 +106,31 @@ class Explorer:
         ids = self._checked_ids(text)
         if not is_translator(self.model):
             return model_view(self.model, self.config, self.tokenizer, ids, query)
-        if target is not None:
-            _check_text(target)
         given = target is not None and bool(target.strip())
-        loaded = Loaded(self.model, self.tokenizer, self.config.family, self.config.max_seq_len,
-                        next(self.model.parameters()).device)
-        src, tgt = text_batch(loaded, pair_line(text, target)).args  # (1, S): source EOS; (1, T): BOS target
-        view = translation_view(self.model, self.config, self.tokenizer, src[0].tolist(), tgt[0].tolist(), query,
-                                source_query)
+        source, written = self._pair(ids, target if given else None)
+        view = translation_view(self.model, self.config, self.tokenizer, source, [self.tokenizer.bos_id, *written],
+                                query, source_query)
         return {**view, "target_given": given}
+
+    def _pair(self, ids: list[int], target: str | None) -> tuple[list[int], list[int]]:
+        """A translator's source (the text's ids, then EOS) and the target tokens its decoder writes: `target`'s, or
+        its own greedy translation (None), as the attention maps frame and translate them (`attnkit.viz`)."""
+        bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
+        if bos is None or eos is None:
+            raise InputError("a translation run's tokenizer needs BOS and EOS tokens; this one lacks them")
+        source, limit = [*ids, eos], self.config.max_seq_len
+        if target is None:
+            written = greedy_target(self.model, source, bos=bos, eos=eos, max_length=min(MAX_TRANSLATION, limit - 1))
+            if not written:
+                raise InputError("the model's own translation of this text is empty (it wrote its end first): type a "
+                                 "translation in the Target box")
+        else:
+            _check_text(target)
+            written = self.tokenizer.encode(target)
+        if max(len(source), len(written) + 1) > limit:
+            raise InputError(f"the source with EOS has {len(source)} tokens and the target with BOS "
+                             f"{len(written) + 1}; this model reads at most {limit}: shorten them")
+        return source, written
 
     def _checked_ids(self, text: str) -> list[int]:
         """The text's token ids; InputError for a text longer than the explorer draws."""
