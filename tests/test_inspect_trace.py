@@ -159,8 +159,11 @@ def test_bad_names_and_edits_are_refused_with_the_fix():
     model, (ids,) = _model("decoder"), _inputs("decoder")
     with pytest.raises(InputError, match="no hook point 'blocks.9.attn.z'"):
         trace(model, ids, names=["blocks.9.attn.z"])
-    with pytest.raises(InputError, match="read, not rebuilt"):
+    with pytest.raises(InputError, match="read, not rebuilt; edit the scores"):
         trace(model, ids, edits={"blocks.0.attn.pattern": zero_ablate()})
+    with pytest.raises(InputError, match="pos_embed is read, not rebuilt .*; edit blocks.0.resid_pre, the tokens and "
+                       "positions together"):
+        trace(model, ids, edits={"pos_embed": zero_ablate()})
     with pytest.raises(InputError, match="has no heads"):
         trace(model, ids, edits={"blocks.0.resid_post": zero_ablate(head=1)})
     with pytest.raises(InputError, match="head 7 is out of range"):

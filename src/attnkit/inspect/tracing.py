@@ -65,6 +65,10 @@ def hooked(model: nn.Module, *, capture: Names = (), edits: Mapping[str, Edit] |
     read = resolve(model, capture) if capture is None or callable(capture) or capture else []
     edited = resolve(model, list(edits))
     for point in edited:
+        if point.where == POSITIONS:
+            stream = point.name.replace("pos_embed", "blocks.0.resid_pre")
+            raise InputError(f"{point.name} is read, not rebuilt (the embeddings add it within one call); edit "
+                             f"{stream}, the tokens and positions together, instead")
         if not point.editable:
             raise InputError(f"{point.name} is read, not rebuilt; edit the scores or the heads' outputs (attn.scores, "
                              "attn.z) instead")
