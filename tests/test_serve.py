@@ -317,6 +317,8 @@ def test_refusals_say_what_is_wrong_and_neutral_values_of_unhonoured_fields_pass
         nan = refusal("/v1/completions", {"prompt": "a", field: float("nan")})
         assert nan.startswith(f"{field}: NaN is not a JSON number")
     assert "queues at most 64 (--max-queue)" in refusal("/v1/completions", {"prompt": ["a"] * 65})
+    assert "at once (32): ask for fewer, or serve with a larger --max-batch" in refusal(
+        "/v1/completions", {"prompt": "a", "n": 33})
     assert "does not honour it; leave it out" in refusal("/v1/completions", {"prompt": "a", "best_of": 2})
     assert "fields it takes: " in refusal("/v1/completions", {"prompt": "a", "max_token": 3})
     for field, value in (("functions", [{"name": "f"}]), ("top_logprobs", 3), ("function_call", "auto")):

@@ -336,7 +336,8 @@ class Scheduler:
         if self.stopped:
             raise Closed(STOPPED)
         if job.n > self.max_rows:
-            raise InputError(f"n={job.n} is more than the server decodes at once ({self.max_rows}); ask for fewer")
+            raise InputError(f"n={job.n} is more than the server decodes at once ({self.max_rows}): ask for fewer, or "
+                             "serve with a larger --max-batch")
         if len(job.prompt) + job.max_new_tokens > self.context_len:
             raise InputError(f"the prompt has {len(job.prompt)} tokens and max_tokens is {job.max_new_tokens}: "
                              f"together more than the model's context of {self.context_len}")
