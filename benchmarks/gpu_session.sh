@@ -6,14 +6,18 @@
 #   bash benchmarks/gpu_wheels.sh                  # here first: the packages the machine's image lacks, into .whl/
 #   bash benchmarks/gpu_session.sh [PART ...]      # there, from the repository root (device run, carry: [".whl"])
 #
-# PART: tests (`pytest -m gpu -x --tb=short`), bench (`python -m benchmarks gpu`: training against the faithful
-# nanoGPT peer, the attention variants, decoding, serving), experiments (the lectures' two GPU claims); none named:
-# all three in that order. The machine's image runs its own python3 (torch, transformers and the rest are there):
-# attnkit is read from src/, and the wheels of .whl/ are installed beside it; a checkout with .venv uses that.
+# PART: tests (`pytest -m gpu -x --tb=short`); train, serve, decode, variants (`python -m benchmarks gpu --only PART`:
+# training against the faithful nanoGPT peer, serving at 1, 8 and 32 clients, decoding against transformers, the
+# attention variants; each writes its own report under $OUT/PART/); experiments (the lectures' two GPU claims). None
+# named: all, in that order. A 10-minute call holds about: tests and train; or serve, decode and variants
+# (variants compiles ten training steps at GPT-2's shape: the longest part). The machine's image runs its own python3
+# (torch, transformers and the rest are there): attnkit is read from src/, and the wheels of .whl/ are installed
+# beside it; a checkout with .venv uses that.
 set -u
-parts=${*:-tests bench experiments}
+parts=${*:-tests train serve decode variants experiments}
 for part in $parts; do
-    case $part in tests|bench|experiments) ;; *) echo "unknown part $part: tests, bench or experiments"; exit 2 ;; esac
+    case $part in tests|train|serve|decode|variants|experiments) ;;
+    *) echo "unknown part $part: tests, train, serve, decode, variants or experiments"; exit 2 ;; esac
 done
 out=${OUT:-runs/gpu-session}
 mkdir -p "$out"
@@ -35,9 +39,10 @@ for part in $parts; do
         $py -m pytest -m gpu -x --tb=short -n 0 -p no:cacheprovider tests/test_devices.py tests/test_flex_attention.py \
             tests/test_output_loss.py tests/test_experiments.py > "$out/pytest-gpu.txt" 2>&1
         echo "pytest -m gpu: exit $? ($out/pytest-gpu.txt)"; tail -3 "$out/pytest-gpu.txt" ;;
-    bench)  # training against the faithful nanoGPT peer, the attention variants, decoding and serving
-        $py -m benchmarks gpu --only train variants decode serve --out "$out" > "$out/benchmarks-gpu.txt" 2>&1
-        echo "python -m benchmarks gpu: exit $? ($out/gpu-*.md, $out/benchmarks-gpu.txt)" ;;
+    train|serve|decode|variants)  # a part of the GPU benchmark, its report (gpu-<device>.md and .json) in a folder
+        mkdir -p "$out/$part"
+        $py -m benchmarks gpu --only "$part" --out "$out/$part" > "$out/$part/log.txt" 2>&1
+        echo "python -m benchmarks gpu --only $part: exit $? ($out/$part/)" ;;
     experiments)  # the lectures' GPU claims at the sizes a GPU makes cheap
         for name in rnn-vs-transformer-cost transformer-plus-plus; do
             $py -m attnkit experiment "$name" --device cuda --budget gpu --no-progress --out "$out/$name" \

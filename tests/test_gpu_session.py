@@ -19,7 +19,8 @@ def test_the_session_runs_every_test_module_that_holds_a_gpu_test():
 
 
 def test_an_unknown_part_is_refused_naming_the_parts(tmp_path):
-    result = subprocess.run(["bash", str(SCRIPT), "benchmark"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    result = subprocess.run(["bash", str(SCRIPT), "tests", "benchmark"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 2
-    assert "unknown part benchmark: tests, bench or experiments" in result.stdout
+    assert "unknown part benchmark: tests, train, serve, decode, variants or experiments" in result.stdout
+    assert not (tmp_path / "pytest-gpu.txt").exists()  # refused before any part ran
