@@ -9,8 +9,9 @@
 # PART: tests (`pytest -m gpu -x --tb=short`); train, serve, decode, variants (`python -m benchmarks gpu --only PART`:
 # training against the faithful nanoGPT peer, serving at 1, 8 and 32 clients, decoding against transformers, the
 # attention variants; each writes its own report under $OUT/PART/); experiments (the lectures' two GPU claims). None
-# named: all, in that order. A 10-minute call holds about: tests and train; or serve, decode and variants
-# (variants compiles ten training steps at GPT-2's shape: the longest part). The machine's image runs its own python3
+# named: all, in that order. The H200 run of benchmarks/results/gpu-nvidia-h200.md took 251 s for train, serve and
+# decode together; variants compiles ten training steps where train compiles three: a call of its own. The machine's
+# image runs its own python3
 # (torch, transformers and the rest are there): attnkit is read from src/, and the wheels of .whl/ are installed
 # beside it; a checkout with .venv uses that.
 set -u
