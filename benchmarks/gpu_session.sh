@@ -11,9 +11,8 @@
 # attention variants; each writes its own report under $OUT/PART/); experiments (the lectures' two GPU claims). None
 # named: all, in that order. The H200 run of benchmarks/results/gpu-nvidia-h200.md took 251 s for train, serve and
 # decode together; variants compiles ten training steps where train compiles three: a call of its own. The machine's
-# image runs its own python3
-# (torch, transformers and the rest are there): attnkit is read from src/, and the wheels of .whl/ are installed
-# beside it; a checkout with .venv uses that.
+# image runs its own python3 (torch, transformers and the rest are there): attnkit is read from src/, and the wheels
+# of .whl/ are installed beside it; a checkout with .venv uses that.
 set -u
 parts=${*:-tests train serve decode variants experiments}
 for part in $parts; do
