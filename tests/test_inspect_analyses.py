@@ -17,6 +17,7 @@ from attnkit.inspect.inputs import Batch, lm_batch, token_losses
 from attnkit.inspect.logit_attribution import logit_attribution
 from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import logit_difference, patch_heads, patch_stream
+from attnkit.inspect.path_patching import path_patch
 from attnkit.inspect.probes import control_labels, majority, probe
 from attnkit.models import build_model
 from attnkit.models.recurrent import recurrent_seq2seq
@@ -114,6 +115,21 @@ def test_direct_logit_attribution_credits_the_induction_head_with_the_copied_ans
     induction = shares.pop("blocks.1.attn head 0")
     assert induction > 0.9 * float(found.total.mean()) > 0
     assert max(abs(v) for v in shares.values()) < 0.1 * induction
+
+
+@pytest.mark.parametrize("analysis", [
+    lambda model, a, b: patch_heads(model, a, b, answer=1, wrong=2),
+    lambda model, a, b: patch_stream(model, a, b, answer=1, wrong=2),
+    lambda model, a, b: attribute_heads(model, a, b, answer=1, wrong=2),
+    lambda model, a, b: path_patch(model, a, b, sender=("blocks.0.attn", 0), receiver=("blocks.1.attn", 0), via="q",
+                                   metric=lambda logits: float(logits[:, -1, 1].mean())),
+    lambda model, a, b: head_importance(model, a),
+])
+def test_token_ids_where_a_batch_is_taken_are_refused_naming_how_to_make_one(induction_model, held_out, analysis):
+    ids = held_out[:2]
+    with pytest.raises(InputError, match=r"is a tensor of shape \(2, 16\), where the analyses take a Batch: "
+                       r"Batch\(\(ids,\)\) runs the model on token ids"):
+        analysis(induction_model, ids, ids)
 
 
 def test_a_probe_reads_a_planted_feature_and_not_its_control_task():

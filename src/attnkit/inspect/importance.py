@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from attnkit.errors import InputError
 from attnkit.inspect.edits import Ablation, ablate, patch
-from attnkit.inspect.inputs import Batch, score
+from attnkit.inspect.inputs import Batch, check_batch, score
 from attnkit.inspect.points import head_sites, module_of
 
 
@@ -55,9 +55,11 @@ def head_importance(model: nn.Module, batches: Batch | Sequence[Batch], *, ablat
     output by other rows' (`resampled`: of this batch or another, never its own), so it needs two rows at least.
     """
     model = module_of(model).eval()  # a pipeline from attnkit.load: its model
-    batches = [batches] if isinstance(batches, Batch) else list(batches)
+    batches = [batches] if isinstance(batches, Batch | Tensor) else list(batches)
     if not batches:
         raise InputError("head importance needs at least one batch of inputs")
+    for batch in batches:
+        check_batch(batch, "a batch")
     sites = head_sites(model)
     if not sites:
         raise InputError(f"{type(model).__name__} has no attention heads to ablate")

@@ -40,6 +40,14 @@ class Batch:
         return output.logits if hasattr(output, "logits") else output
 
 
+def check_batch(value: object, name: str) -> None:
+    """InputError unless `value` is a Batch, naming how token ids become one."""
+    if not isinstance(value, Batch):
+        shown = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor) else f"a {type(value).__name__}"
+        raise InputError(f"{name} is {shown}, where the analyses take a Batch: Batch((ids,)) runs the model on token "
+                         "ids (lm_batch(ids) also scores each next token; seq2seq_batch(src, tgt) a translation)")
+
+
 def lm_batch(ids: Tensor) -> Batch:
     """Next-token prediction over ids (B, T): inputs (B, T - 1), targets the tokens after them. Raises InputError for
     ids that are not (B, T) integers, or fewer than 2 tokens a row (one read, one predicted)."""

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from attnkit.errors import InputError
 from attnkit.inspect.edits import patch
-from attnkit.inspect.inputs import Batch
+from attnkit.inspect.inputs import Batch, check_batch
 from attnkit.inspect.points import head_sites, hook_points, module_of
 from attnkit.inspect.tracing import Trace
 
@@ -88,7 +88,9 @@ class _Runs:
 
 
 def check_pair(clean: Batch, corrupted: Batch) -> None:
-    """Raise InputError unless the clean and corrupted inputs have the same shapes."""
+    """Raise InputError unless the clean and corrupted inputs are Batches of the same shapes."""
+    check_batch(clean, "the clean input")
+    check_batch(corrupted, "the corrupted input")
     if [a.shape for a in clean.args] != [a.shape for a in corrupted.args]:
         raise InputError("the clean and corrupted inputs differ in shape; patching swaps activations position by "
                          "position, so give inputs of the same lengths (corrupt by substituting tokens)")

@@ -26,6 +26,7 @@ from attnkit.errors import InputError
 from attnkit.inspect.circuits import Kind, sites_in_order
 from attnkit.inspect.edits import patch
 from attnkit.inspect.inputs import Batch
+from attnkit.inspect.patching import check_pair
 from attnkit.inspect.points import hook_points, module_of
 
 Metric = Callable[[Tensor], float]  # the logits of a run -> a number that is larger for the clean answer
@@ -64,8 +65,7 @@ def path_patch(model: nn.Module, clean: Batch, corrupted: Batch, *, sender: tupl
     if read not in hook_points(model):
         raise InputError(f"{read} is not a hook point here (q, k and v fused into one projection): load the model "
                          "without fuse_qkv")
-    if [a.shape for a in clean.args] != [a.shape for a in corrupted.args]:
-        raise InputError("the clean and corrupted inputs differ in shape; give inputs of the same lengths")
+    check_pair(clean, corrupted)
     attention = sites[receiver_site].attention
     group = attention.n_heads // attention.n_kv_heads
     for site, heads in ((sender_site, sender_heads), (receiver_site, [receiver_head])):
