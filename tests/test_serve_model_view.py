@@ -202,6 +202,20 @@ def test_a_translation_runs_view_reads_a_given_target_at_the_chosen_tokens(trans
         explorer.whole_model(TEXT, target="a dog", source_query=len(TEXT) + 1)
 
 
+def test_the_served_view_reads_the_target_and_the_source_token_the_page_sends(translator):
+    """/api/model passes the page's Target box and its chosen source token to the view (it read the model's own
+    translation at the source's last token whatever the page sent)."""
+    url, run = translator
+    tokenizer = load_tokenizer(run / "tokenizer")
+    body = {"text": TEXT, "target": "a dog", "query": 1, "source_query": 2}
+    view = httpx.post(f"{url}/api/model", json=body, timeout=TIMEOUT).json()
+    assert view["target_given"] is True
+    assert view["tokens"] == token_labels(tokenizer, [tokenizer.bos_id, *tokenizer.encode("a dog")])
+    assert (view["query"], view["source"]["query"]) == (1, 2)
+    far = httpx.post(f"{url}/api/model", json={**body, "source_query": len(TEXT) + 1}, timeout=TIMEOUT)
+    assert far.status_code == 400 and f"Source token {len(TEXT) + 1}" in far.json()["error"]["message"]
+
+
 def _explorer(run):
     from attnkit import load
     from attnkit.serve.explorer import Explorer

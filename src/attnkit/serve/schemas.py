@@ -305,9 +305,12 @@ class ExploreRequest(Body):
 
 
 class ModelViewRequest(ExploreRequest):
-    """The whole model's stages for one text, read at one query token (None: the last)."""
+    """The whole model's stages for one text, read at one query token (None: the last); a translation run's
+    decoder reads `target` (none: the model's own translation) at `query`, its encoder the source at
+    `source_query`."""
 
     query: Annotated[int, Field(ge=0)] | None = None
+    source_query: Annotated[int, Field(ge=0)] | None = None
 
 
 class StepRequest(ExploreRequest):

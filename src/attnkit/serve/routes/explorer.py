@@ -43,7 +43,8 @@ def router(state: ServerState) -> APIRouter:
     @routes.post("/api/model")
     async def whole_model(request: Request):  # each stage with its shape, read at one token (serve/model_view.py)
         body = await state.body(request, ModelViewRequest)
-        return await state.held(lambda: explorer.whole_model(body.text, body.query))
+        return await state.held(lambda: explorer.whole_model(body.text, body.query, target=body.target,
+                                                             source_query=body.source_query))
 
     @routes.post("/api/inspect")
     async def inspect_text(request: Request):  # head importance and the logit lens (serve/inspect_view.py)

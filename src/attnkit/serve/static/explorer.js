@@ -391,7 +391,8 @@
   // the decoder's over the target, read at the query token while the maps are the decoder's (else at its last).
   function modelBody() {
     const maps = currentMaps(), encoderMaps = state.info.translator && maps && maps.kind === "self";
-    return { ...pageText(), query: encoderMaps ? null : state.query };
+    // a translation run's encoder maps pick a source token, its decoder's a target token
+    return { ...pageText(), query: encoderMaps ? null : state.query, source_query: encoderMaps ? state.query : null };
   }
 
   async function loadModel() {
