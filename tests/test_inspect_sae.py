@@ -12,12 +12,21 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from attnkit.checkpoint import save_model
+from attnkit.checkpoint import load_model, save_model
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, InputError
 from attnkit.inspect.command import InspectSettings, run_inspect
 from attnkit.inspect.inputs import lm_batch
-from attnkit.inspect.sae import SAEConfig, SparseAutoencoder, evaluate, load_sae, save_sae, train_sae
+from attnkit.inspect.sae import (
+    SAEConfig,
+    SparseAutoencoder,
+    evaluate,
+    load_sae,
+    point_activations,
+    save_sae,
+    spliced_loss,
+    train_sae,
+)
 from attnkit.models import build_model
 from attnkit.tokenize import CharTokenizer
 
@@ -144,6 +153,16 @@ def test_inspect_sae_refuses_a_read_only_point_and_no_training(text_run, fields,
         run_inspect(InspectSettings(run=str(text_run), analysis="sae", text=("def f(x):\n    return x",),
                                     out=str(tmp_path), **{"steps": 3, **fields}))
     assert not (tmp_path / "sae").exists()
+
+
+def test_token_ids_where_batches_are_taken_are_refused_naming_how_to_make_one(text_run):
+    model, _ = load_model(text_run)
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    with pytest.raises(InputError, match=r"a batch is a tensor of shape \(2, 9\), where the analyses take a Batch"):
+        next(point_activations(model, [ids], "blocks.0.resid_post"))
+    sae = SparseAutoencoder(SAEConfig(32, 64, hook_name="blocks.0.resid_post"))
+    with pytest.raises(InputError, match=r"a batch is a tensor .*: Batch\(\(ids,\)\) runs the model"):
+        spliced_loss(model, sae, [ids], evaluate(sae, [torch.zeros(4, 32)]), torch.zeros(4, 32))
 
 
 def test_sae_settings_are_checked(text_run):

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from attnkit.checkpoint import load_tensors, read_json, save_tensors
 from attnkit.errors import CheckpointError, InputError
 from attnkit.inspect.edits import mean_ablate
-from attnkit.inspect.inputs import Batch, token_losses
+from attnkit.inspect.inputs import Batch, check_batch, token_losses
 from attnkit.inspect.points import HookPoint, module_of, resolve
 from attnkit.outputs import atomic_output, atomic_write
 
@@ -242,6 +242,8 @@ def spliced_loss(model: nn.Module, sae: SparseAutoencoder, batches: list[Batch],
         values = [token_losses(b.logits(b.run(model, edits=edits).output), b.labels) for b in batches]
         return float(torch.cat([v.flatten() for v in values]).nanmean())
 
+    for batch in batches:
+        check_batch(batch, "a batch")
     if any(b.labels is None for b in batches):
         raise InputError("the spliced loss scores the model's predictions: give batches with targets")
     return SAEMetrics(metrics.l0, metrics.dead_share, metrics.normalised_mse, metrics.explained_variance,
@@ -319,6 +321,7 @@ def point_activations(model: nn.Module, batches: Iterable[Batch], point: str) ->
         raise InputError(f"an SAE is spliced in where it reads, and {point} is read only (the model does not take it "
                          "back): use a resid_pre / resid_post / attn.out / mlp.out point")
     for batch in batches:
+        check_batch(batch, "a batch")
         activation = batch.run(model, names=[point])[point]
         if activation.dim() != 3:
             raise InputError(f"an SAE reads one vector per position, (B, T, C); {point} is "
