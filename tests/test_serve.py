@@ -501,7 +501,7 @@ def test_the_port_and_host_are_checked_and_bound_before_the_run_loads(runs, monk
     import attnkit.serve as serving
 
     loaded = []
-    app = SimpleNamespace(state=SimpleNamespace(scheduler=None))  # what serve() reads of the app it runs
+    app = SimpleNamespace(state=SimpleNamespace(close=lambda: None))  # what serve() reads of the app it runs
     monkeypatch.setattr(serving, "build_app", lambda settings: loaded.append(settings) or app)
     run = str(runs["lm"])
     for settings, message in ((dict(port=99999), "--port 99999 is no TCP port: give one from 1 to 65535, or 0"),
@@ -560,6 +560,33 @@ def test_health_answers_503_once_generation_has_stopped_and_a_request_is_refused
         refused = httpx.post(f"{url}/v1/completions", json={"prompt": "ab", "max_tokens": 5}, timeout=TIMEOUT)
     assert health.status_code == 503 and "restart" in health.json()["error"]["message"]
     assert refused.status_code == 503 and refused.json()["error"]["message"] == health.json()["error"]["message"]
+
+
+def test_a_shutdown_ends_a_task_request_at_its_next_turn_with_503(runs, monkeypatch):
+    """An encoder's request of many texts, read a turn at a time, ends at the turn after the server is told to stop
+    (what SIGINT and SIGTERM do first, `serve/server.py`), instead of reading every text before the server may go."""
+    from attnkit.serve.routes import embeddings
+
+    turns, embed = [], embeddings.embed
+
+    def slow(pipeline, texts, start=0):
+        turns.append(start)
+        time.sleep(0.02)  # a turn the test can outlast, however fast the machine
+        return embed(pipeline, texts, start)
+
+    monkeypatch.setattr(embeddings, "embed", slow)
+    answers = []
+    with running_server(runs["clf"]) as (url, app):
+        client = threading.Thread(target=lambda: answers.append(httpx.post(
+            f"{url}/v1/embeddings", json={"input": ["a cat"] * 16 * 100}, timeout=TIMEOUT)))
+        client.start()
+        deadline = time.monotonic() + TIMEOUT
+        while len(turns) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        app.state.close()
+        client.join(TIMEOUT)
+    assert answers[0].status_code == 503 and "shutting down" in answers[0].json()["error"]["message"]
+    assert 2 <= len(turns) < 100
 
 
 def test_a_converted_runs_chat_template_renders_the_messages(tmp_path):

@@ -8,7 +8,7 @@
     generation.py one prompt's job on the scheduler;  answer.py  the response, whole or streamed
     batching.py   continuous batching over the KV cache (a request joins and leaves between steps)
     listen.py     the port and host checked and bound before the run loads
-    server.py     uvicorn's server, which ends the generation in flight (503) as soon as it is told to stop
+    server.py     uvicorn's server, which ends the work in flight (503) as soon as it is told to stop
     errors.py     OpenAI-style error JSON;  chat.py  chat templates;  structured.py  response_format and tools
     logprobs.py   log-probabilities in the API's shapes (logprobs, top_logprobs, echo)
     metrics.py    Prometheus text;  explorer.py  the explorer's numbers;  static/  its page (HTML, JS, CSS)
@@ -80,5 +80,5 @@ def serve(settings: ServeSettings) -> int:
     with bind(settings.host, settings.port) as sock:
         app = build_app(settings)
         log.info("serving %s at %s (explorer at /, API under /v1/)", settings.run, url(sock))
-        Server(uvicorn.Config(app, log_level="warning"), app.state.scheduler).run(sockets=[sock])
+        Server(uvicorn.Config(app, log_level="warning"), app.state.close).run(sockets=[sock])
     return 0

@@ -87,6 +87,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
                            allow_headers=["*"], expose_headers=["X-Request-Id"])
     app.state.scheduler = state.scheduler  # for tests and embedding applications: the batching scheduler (None: no LM)
     app.state.model_lock = state.model_lock  # held while the model runs, by the scheduler and every other endpoint
+    app.state.close = state.close  # the server is shutting down: end what runs with a 503 (`serve/server.py`)
     return app
 
 

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,7 +21,7 @@ from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.pipeline import Pipeline
 from attnkit.layers.prefix_cache import PrefixCache
 from attnkit.models import family_of
-from attnkit.serve.batching import Scheduler
+from attnkit.serve.batching import SHUTTING_DOWN, Scheduler
 from attnkit.serve.bodies import parse_body, read_body
 from attnkit.serve.chat import ChatTemplate, chat_template
 from attnkit.serve.errors import APIError
@@ -49,6 +49,7 @@ class ServerState:
     template: ChatTemplate
     metrics: Metrics
     model_lock: threading.Lock  # held while the model runs: one model call at a time
+    closing: threading.Event = field(default_factory=threading.Event)  # set: the server is shutting down (`close`)
 
     @classmethod
     def of(cls, pipeline: Pipeline, run_dir: Path, settings: ServeSettings) -> ServerState:
@@ -70,6 +71,13 @@ class ServerState:
                    template=chat_template(run_dir / TOKENIZER_DIR, getattr(pipeline.tokenizer, "specials", None)),
                    metrics=metrics,
                    model_lock=scheduler.lock if scheduler is not None else threading.Lock())
+
+    def close(self) -> None:
+        """The server is shutting down: end the generation in flight and queued (`Scheduler.close`), and the task
+        endpoints' requests at their next turn (`in_turns`), each with a 503."""
+        self.closing.set()
+        if self.scheduler is not None:
+            self.scheduler.close()
 
     @property
     def embeds(self) -> bool:
@@ -103,7 +111,7 @@ class ServerState:
 
     async def in_turns(self, texts: list[str], call: Callable[[list[str], int], list]) -> list:
         """`call(part, start)` over `texts` on a worker thread, a turn at a time (`in_turns`)."""
-        return await run_in_threadpool(in_turns, self.model_lock, self.settings.timeout, texts, call)
+        return await run_in_threadpool(in_turns, self.model_lock, self.settings.timeout, texts, call, self.closing)
 
 
 def build_steps(decoding, max_rows: int) -> None:
@@ -134,13 +142,17 @@ def held(lock: threading.Lock, deadline: float, call: Callable):
         lock.release()
 
 
-def in_turns(lock: threading.Lock, timeout: float, texts: list[str], call: Callable[[list[str], int], list]) -> list:
+def in_turns(lock: threading.Lock, timeout: float, texts: list[str], call: Callable[[list[str], int], list],
+             closing: threading.Event) -> list:
     """`call(part, start)` over `texts`, TEXTS_PER_TURN at a time, each turn holding the model (`held`); 504 once
-    `timeout` seconds have passed, checked before each turn, so that no request holds the model past its timeout by
-    more than one turn. A refusal names `input`, and in a later turn says where its count of texts starts."""
+    `timeout` seconds have passed, 503 once `closing` is set (the server is shutting down), both checked before each
+    turn, so that no request holds the model past its timeout, or the server's stop, by more than one turn. A refusal
+    names `input`, and in a later turn says where its count of texts starts."""
     deadline = time.monotonic() + timeout
     results = []
     for start in range(0, len(texts), TEXTS_PER_TURN):
+        if closing.is_set():
+            raise APIError(503, SHUTTING_DOWN)
         if time.monotonic() > deadline:
             raise APIError(504, f"the request took longer than the server's timeout ({timeout:g} s); "
                            f"{start} of its {len(texts)} texts were read: send fewer texts per request")
