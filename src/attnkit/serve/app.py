@@ -132,10 +132,10 @@ class Guard:
                                ).response()(scope, receive, sending)
             status = 500
         finally:
-            if ended and status != 500:
+            if status is None or not ended and status < 400:
+                status = 499  # the client left (or the server let go of it) before the answer's end: nginx's code
+            elif ended and status != 500:
                 status = scope.get("state", {}).get("status", status)  # a stream's own ending
-            elif not ended and status is not None and status < 400:
-                status = 499  # the client left before the answer's end (nginx's code for it)
             seconds = time.perf_counter() - start
             self.metrics.record(getattr(scope.get("route"), "path", "unmatched"), status, seconds)
             log.info("%s %s %d %.3fs request %s", request.method, request.url.path, status, seconds, request_id)
