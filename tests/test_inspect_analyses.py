@@ -132,6 +132,24 @@ def test_token_ids_where_a_batch_is_taken_are_refused_naming_how_to_make_one(ind
         analysis(induction_model, ids, ids)
 
 
+@pytest.mark.parametrize(("target", "message"), [
+    ({"answer": 99}, r"answer=99 is outside the model's 24 outputs \(ids 0..23\): give ids from its tokenizer"),
+    ({"wrong": -1}, r"wrong=-1 is outside the model's 24 outputs"),
+    ({"answer": torch.tensor([1, 2, 3])}, r"answer=\[1, 2, 3\] must be one token or class id, or one per row of the "
+     r"batch \(2\)"),
+    ({"answer": 1.5}, "answer=1.5 must be one token or class id"),
+    ({"position": 15}, "position 15 is out of range"),
+])
+@pytest.mark.parametrize("analysis", [
+    lambda model, ids, target: patch_heads(model, Batch((ids,)), Batch((ids.flip(1),)), **target),
+    lambda model, ids, target: attribute_heads(model, Batch((ids,)), Batch((ids.flip(1),)), **target),
+    lambda model, ids, target: logit_attribution(model, ids, **target),
+])
+def test_an_answer_or_position_the_logits_have_not_is_refused(induction_model, held_out, analysis, target, message):
+    with pytest.raises(InputError, match=message):
+        analysis(induction_model, held_out[:2, :-1], {"answer": 1, "wrong": 2, **target})  # ids (2, 15)
+
+
 def test_a_probe_reads_a_planted_feature_and_not_its_control_task():
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(800, 16, generator=generator)  # (N, C)

@@ -77,6 +77,25 @@ def _check_ids(ids: object, name: str) -> None:
                      "(torch.tensor([ids]) makes one row)")
 
 
+def output_ids(value: int | Tensor, name: str, rows: int, outputs: int, device: torch.device) -> Tensor:
+    """An answer (or wrong answer): one token or class id, or one per row, as (rows,) ids on `device`. Raises
+    InputError for anything but whole numbers within the model's `outputs` (its vocabulary or classes), one or
+    `rows` of them."""
+    ids = torch.as_tensor(value, device=device)
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool or ids.dim() > 1 or (
+            ids.dim() == 1 and len(ids) != rows):
+        raise InputError(f"{name}={_shown_ids(value)} must be one token or class id, or one per row of the batch "
+                         f"({rows})")
+    if ids.numel() and not bool(((ids >= 0) & (ids < outputs)).all()):
+        raise InputError(f"{name}={_shown_ids(value)} is outside the model's {outputs} outputs (ids 0..{outputs - 1}): "
+                         "give ids from its tokenizer (or its class indices)")
+    return ids.long().expand(rows)  # (B,)
+
+
+def _shown_ids(value: object) -> str:
+    return str(value.tolist()) if isinstance(value, Tensor) else repr(value)
+
+
 def token_losses(logits: Tensor, labels: Tensor) -> Tensor:
     """Cross-entropy per target, (…, V) and (…) -> (…) in float32, NaN where the label is -100."""
     losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).clamp(min=0),

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
+from attnkit.inspect.inputs import output_ids
 from attnkit.inspect.points import hook_points, module_of
 from attnkit.inspect.tracing import trace
 from attnkit.layers.norms import LayerNorm, RMSNorm
@@ -147,10 +148,6 @@ def _frozen_norm(norm: nn.Module | None, x: Tensor) -> tuple[Tensor, Tensor, Ten
                      "an RMSNorm's scale")
 
 
-def _token(token: int | Tensor, batch: int, device: torch.device) -> Tensor:
-    return torch.as_tensor(token, device=device).expand(batch).long()  # (B,)
-
-
 @torch.no_grad()
 def logit_attribution(model: nn.Module, *args: Tensor, answer: int | Tensor, wrong: int | Tensor | None = None,
                       position: int = -1, neurons: bool = False, positions: bool = False, **kwargs: Tensor
@@ -178,12 +175,12 @@ def logit_attribution(model: nn.Module, *args: Tensor, answer: int | Tensor, wro
     final = cache[names[1]]  # (B, T, C): the stream the final norm reads
     batch, length, width = final.shape
     scale, gain, bias, centres = _frozen_norm(read.stack.final_norm, final)
-    answer_ids, wrong_ids = _token(answer, batch, final.device), None
+    answer_ids, wrong_ids = output_ids(answer, "answer", batch, read.head.weight.shape[0], final.device), None
     head_weight = read.head.weight.double()  # (V, C)
     direction = head_weight[answer_ids]  # (B, C)
     head_bias = read.head.bias.double()[answer_ids] if read.head.bias is not None else final.new_zeros(batch)
     if wrong is not None:
-        wrong_ids = _token(wrong, batch, final.device)
+        wrong_ids = output_ids(wrong, "wrong", batch, read.head.weight.shape[0], final.device)
         direction = direction - head_weight[wrong_ids]
         if read.head.bias is not None:
             head_bias = head_bias - read.head.bias.double()[wrong_ids]

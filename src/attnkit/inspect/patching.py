@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from attnkit.errors import InputError
 from attnkit.inspect.edits import patch
-from attnkit.inspect.inputs import Batch, check_batch
+from attnkit.inspect.inputs import Batch, check_batch, output_ids
 from attnkit.inspect.points import head_sites, hook_points, module_of
 from attnkit.inspect.tracing import Trace
 
@@ -59,12 +59,15 @@ def faint_warning(clean: float, corrupted: float) -> str | None:
 def logit_differences(logits: Tensor, answer: int | Tensor, wrong: int | Tensor | None, position: int = -1) -> Tensor:
     """logit(answer) - logit(wrong) at `position` per row (B,) (wrong None: the answer's logit): logits (B, T, V), or a
     sequence classifier's (B, C) (no position); answer and wrong one token or class id, or one per row (B,)."""
+    if logits.dim() == 3 and not -logits.shape[1] <= position < logits.shape[1]:
+        raise InputError(f"position {position} is out of range: the logits have {logits.shape[1]} positions "
+                         f"(0..{logits.shape[1] - 1}, or -{logits.shape[1]}..-1 from the end)")
     at = (logits if logits.dim() == 2 else logits[:, position]).float()  # (B, V)
 
-    def logit(token: int | Tensor) -> Tensor:
-        return at.gather(1, torch.as_tensor(token, device=at.device).expand(at.shape[0])[:, None])[:, 0]  # (B,)
+    def logit(token: int | Tensor, name: str) -> Tensor:
+        return at.gather(1, output_ids(token, name, *at.shape, at.device)[:, None])[:, 0]  # (B,)
 
-    return logit(answer) if wrong is None else logit(answer) - logit(wrong)
+    return logit(answer, "answer") if wrong is None else logit(answer, "answer") - logit(wrong, "wrong")
 
 
 def logit_difference(logits: Tensor, answer: int | Tensor, wrong: int | Tensor, position: int = -1) -> float:
