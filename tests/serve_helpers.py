@@ -21,7 +21,7 @@ def tiny_run(root: Path, family: str = "decoder", *, sharpen: float = 1.0, token
     import torch
 
     from attnkit import build_model
-    from attnkit.checkpoint import save_model
+    from attnkit.checkpoint import record_checksums, save_model
     from attnkit.config import ModelConfig
     from attnkit.tokenize import CharTokenizer, train_bpe
 
@@ -41,6 +41,7 @@ def tiny_run(root: Path, family: str = "decoder", *, sharpen: float = 1.0, token
                 parameter.mul_(sharpen)
     save_model(model, config, directory)
     tokenizer.save(directory / "tokenizer")
+    record_checksums(directory)  # the tokenizer's too, as a trained run's: loading it warns of nothing unverified
     return directory
 
 
