@@ -191,3 +191,15 @@ def test_the_checks_see_cycles_upward_and_function_level_imports(tmp_path):
     graph, missing = import_graph(package)
     assert missing == [f"tokenize.py imports attnkit.{m}, which does not exist" for m in ("models", "models.stack")]
     assert cycles(graph) == []
+
+
+def test_starting_the_command_line_imports_no_plotting():
+    """`attnkit` loads matplotlib only for a command that draws (a confusion matrix, a run's curves, a picture):
+    importing it costs every other command, generate and serve among them, a good part of a second."""
+    import subprocess
+    import sys
+
+    code = "import sys, attnkit.cli, attnkit.generate.pipeline; print('matplotlib' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

@@ -12,8 +12,6 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
 from attnkit.checkpoint import atomic_write
 from attnkit.errors import InputError
 
@@ -59,6 +57,8 @@ def confusion_table(matrix: list[list[int]], labels: Sequence[str]) -> str:
 def plot_confusion(matrix: list[list[int]], labels: Sequence[str], path: str | Path, *, title: str = "") -> None:
     """The matrix as a PNG heat map with the counts written in, rows normalised for the colour (recall per
     class), written atomically to `path`."""
+    from matplotlib.figure import Figure  # here, not at import: every command that loads a task would pay for it
+
     n = len(matrix)
     shares = [[count / max(sum(row), 1) for count in row] for row in matrix]
     size = min(max(3.0 + 0.5 * n, 4.0), 14.0)
