@@ -118,6 +118,7 @@ def translate_batched(
     return outputs
 
 
+@torch.inference_mode()
 def beam_search(
     model: nn.Module,
     sources: Sequence[Sequence[int]],
