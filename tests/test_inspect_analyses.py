@@ -281,7 +281,7 @@ def test_attribution_patching_finds_the_induction_circuit_activation_patching_fi
         handle.remove()
     (grad,) = torch.autograd.grad((logits.gather(1, answer[:, None]) - logits.gather(1, wrong[:, None])).mean(),
                                   kept["z"])
-    first_order = float(((z_clean - kept["z"]) * grad).sum()) / (patched.clean - patched.corrupted)
+    first_order = float(((z_clean - kept["z"]) * grad).sum().detach()) / (patched.clean - patched.corrupted)
     assert float(heads.restored[1, 0]) == pytest.approx(first_order, rel=1e-4, abs=1e-5)
     stream = attribute_stream(induction_model, clean, corrupted, answer=answer, wrong=wrong, steps=4)
     exact = patch_stream(induction_model, clean, corrupted, answer=answer, wrong=wrong)
