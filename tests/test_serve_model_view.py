@@ -252,3 +252,17 @@ def test_a_recurrent_translation_run_is_refused_with_the_reason(tmp_path):
     tokenizer.save(tmp_path / "tokenizer")
     with pytest.raises(InputError, match="encoder is recurrent"):
         _explorer(tmp_path).whole_model("a cat", target="a bag")
+
+
+def test_the_explorer_reads_its_copy_of_the_weights_only_when_asked_for_numbers(served):
+    """A server that only answers the API holds the weights once: the explorer's own copy (the model as stored) is
+    read at the first analysis, not at start, and read inside the server's inference mode it still takes gradients."""
+    _url, run = served
+    explorer = _explorer(run)
+    info = explorer.info()
+    assert "model" not in vars(explorer)
+    assert info["kinds"] == sorted({site.kind for site in explorer.sites}) and info["translator"] is False
+    with torch.inference_mode():  # as the server's worker threads run the explorer
+        explorer.analyze(TEXT)
+    assert "model" in vars(explorer)
+    assert not any(parameter.is_inference() for parameter in explorer.model.parameters())

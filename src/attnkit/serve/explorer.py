@@ -16,13 +16,14 @@
     experiments        the experiments' results.json and plots (docs/experiments)
 
 The explorer reads its own copy of the model, as the checkpoint stores it (no fused projections, no int8), so its
-projections are the lecture's q_proj, k_proj and v_proj.
+projections are the lecture's q_proj, k_proj and v_proj; it reads it when the page first asks for numbers.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -53,19 +54,31 @@ class Explorer:
                  sae: Path | None = None) -> None:
         self.pipeline = pipeline
         self.tokenizer = pipeline.tokenizer
-        self.model, self.config, _ = load_run_model(run_dir, device=pipeline.device, dtype=pipeline.dtype)
-        self.model.eval()
+        self.config = pipeline.config
+        self.run_dir = run_dir
         self.watch = watch
         self.experiments_dir = experiments
-        self.sites = attention_sites(self.model)
+        # what the page asks first, from the pipeline's model (the same layers, however the plan runs them)
+        self.kinds = sorted({site.kind for site in attention_sites(pipeline.model)})
+        self.translator = is_translator(pipeline.model)
         self.sae = None if sae is None else SAEView(sae, self.model, self.tokenizer, family=self.config.family,
                                                     max_len=self.config.max_seq_len)
 
+    @cached_property
+    def model(self) -> nn.Module:
+        """The run's model as stored, read when the page first asks for numbers: a server that only answers the API
+        holds one copy of the weights, not two, and starts without reading and checking them twice."""
+        model, _, _ = load_run_model(self.run_dir, device=self.pipeline.device, dtype=self.pipeline.dtype)
+        return model.eval()
+
+    @cached_property
+    def sites(self) -> list:
+        return attention_sites(self.model)
+
     def info(self) -> dict:
-        kinds = sorted({site.kind for site in self.sites})
         return {"family": self.config.family, "task": self.pipeline.task.name if self.pipeline.task else None,
-                "methods": list(self.pipeline.methods), "translator": is_translator(self.model),
-                "labels": self.pipeline.labels, "kinds": kinds, "vocab_size": self.config.vocab_size,
+                "methods": list(self.pipeline.methods), "translator": self.translator,
+                "labels": self.pipeline.labels, "kinds": self.kinds, "vocab_size": self.config.vocab_size,
                 "max_seq_len": self.config.max_seq_len, "sae": self.sae.point if self.sae else None}
 
     @torch.no_grad()
@@ -85,9 +98,8 @@ class Explorer:
         """Head importance and the logit lens of `text` (a translator's over `target`, or its own translation when
         the page's Target box is empty): `serve/inspect_view.py`."""
         self._checked_ids(text)
-        translator = is_translator(self.model)
         return inspect_view(self.model, self.tokenizer, family=self.config.family, max_len=self.config.max_seq_len,
-                            text=text, target=target if translator else None)
+                            text=text, target=target if self.translator else None)
 
     def sae_features(self, text: str, target: str | None = None) -> dict:
         """Each token's top features of the SAE served with --sae, and their saved contexts: `serve/sae_view.py`."""
@@ -95,7 +107,7 @@ class Explorer:
             raise InputError("no sparse autoencoder is served: start attnkit serve with --sae DIR (the OUT/sae "
                              "directory attnkit inspect RUN sae writes)")
         self._checked_ids(text)
-        return self.sae.read(text, target if is_translator(self.model) else None)
+        return self.sae.read(text, target if self.translator else None)
 
     def whole_model(self, text: str, query: int | None = None, *, target: str | None = None,
                     source_query: int | None = None) -> dict:
@@ -104,7 +116,7 @@ class Explorer:
         greedy translation when it is None or blank; `target_given` says which), read at `query`, and the encoder's
         over the source `text`, read at `source_query`."""
         ids = self._checked_ids(text)
-        if not is_translator(self.model):
+        if not self.translator:
             return model_view(self.model, self.config, self.tokenizer, ids, query)
         given = target is not None and bool(target.strip())
         source, written = self._pair(ids, target if given else None)
@@ -144,7 +156,7 @@ class Explorer:
     def _maps(self, text: str, target: str | None, layers=None):
         """The attention maps of `text` (a translator's over `target`, or over its own translation when the page's
         Target box is empty); refusals name the page's fields."""
-        translator = is_translator(self.model)
+        translator = self.translator
         target = target if translator and target and target.strip() else None
         try:
             return attention_maps(self.model, self.tokenizer, text, target=target, translate=translator and not target,
