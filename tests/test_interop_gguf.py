@@ -187,6 +187,17 @@ def test_refused_with_the_reason(tmp_path):
     assert not (tmp_path / "new.gguf").exists() and not (tmp_path / "old.gguf").exists()
 
 
+def test_a_gpt2_layout_with_an_activation_llama_cpp_lacks_is_refused_before_writing(tmp_path, caplog):
+    for activation in ("relu", "silu"):  # llama.cpp's GPT-2 graph would run them as GELU
+        run = random_run(tmp_path, {**LAYOUTS["gpt2"], "activation": activation}, name=activation)
+        with pytest.raises(ConfigError, match=f"activation='{activation}' would run as GELU there; export it --to-hf"):
+            convert_to_gguf(run, tmp_path / f"{activation}.gguf")
+        assert not (tmp_path / f"{activation}.gguf").exists()
+    exact = random_run(tmp_path, {**LAYOUTS["gpt2"], "activation": "gelu"}, name="gelu")
+    convert_to_gguf(exact, tmp_path / "gelu.gguf", type="f32")
+    assert "GELU in its tanh form; this model's exact GELU differs" in caplog.text
+
+
 def test_command_line(tmp_path, capsys):
     run = random_run(tmp_path, LAYOUTS["default"])
     out = tmp_path / "model.gguf"

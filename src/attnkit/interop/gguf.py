@@ -12,6 +12,9 @@ its quantizers. What llama.cpp's graphs need beyond a rename:
               (2i, 2i + 1); a tied output layer left out (llama.cpp then reads `token_embd` for it)
     Mistral   as Llama; llama.cpp attends to every key, so the context length written is the sliding window
 
+llama.cpp's GPT-2 graph applies GELU (its tanh form) whatever the model's activation: a GPT-2 layout with another is
+refused (an exact GELU is written with a warning).
+
 Types: 1-D tensors (norms, biases) and learned positions stay f32, as llama.cpp's converter keeps them; 2-D weights
 take the requested type, or f16 where a row's length is not a multiple of the type's block (32 values for q8_0 and
 q4_0). The `gguf` package quantizes f16, bf16, q8_0, q5_1, q5_0, q4_1 and q4_0 but not the K-quants (q4_K ...):
@@ -159,7 +162,22 @@ def _family(model: torch.nn.Module, config: ModelConfig) -> FamilyMap:
     if family.model_type not in ARCHITECTURES:
         raise ConfigError(f"this model is a {family.name}, which attnkit does not write as GGUF; it writes "
                           f"{', '.join(ARCHITECTURES)}")
+    if family.model_type == "gpt2" and config.activation != "gelu_tanh":
+        _check_gpt2_activation(config.activation)
     return family
+
+
+def _check_gpt2_activation(activation: str) -> None:
+    """llama.cpp's GPT-2 graph applies GELU in its tanh form (ggml_gelu) in every feed-forward layer, and GGUF has no
+    key for another: an exact GELU is written with a warning (it differs by under 1e-3 an activation), anything else
+    would run as GELU there and is refused."""
+    if activation == "gelu":
+        log.warning("llama.cpp's GPT-2 graph computes GELU in its tanh form; this model's exact GELU differs from it "
+                    "by under 1e-3 an activation, so llama.cpp's logits will differ slightly from attnkit's")
+        return
+    raise ConfigError(f"llama.cpp's GPT-2 graph applies GELU in every feed-forward layer and GGUF has no key for "
+                      f"another activation, so this model's activation={activation!r} would run as GELU there; "
+                      f"export it --to-hf or --to-onnx, which hold it, or train with activation='gelu_tanh'")
 
 
 def _add_hyperparameters(writer, config: ModelConfig, family: FamilyMap, context_length: int) -> None:
