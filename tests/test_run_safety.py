@@ -120,6 +120,32 @@ def test_a_run_killed_before_its_first_checkpoint_gives_back_the_run_it_replaced
     assert not list(tmp_path.glob(".replaced-*"))
 
 
+def test_a_run_killed_before_its_first_checkpoint_is_started_again_with_overwrite(tmp_path):
+    """Nothing to resume and a directory that holds a run: the two refusals agree on the way out (--overwrite),
+    rather than each sending the user to the other's flag."""
+    child = run_python(f"""
+        import os, signal
+        import attnkit.tasks.common
+        import attnkit.train.trainer as trainer
+        import attnkit.train.job as job
+        from test_run_safety import request
+        attnkit.tasks.common.SYNTHETIC_SIZES = (400, 16)
+        trainer.save_checkpoint = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+        job.prepare(request({str(tmp_path)!r})).fit()
+    """)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == -signal.SIGKILL, err
+    assert (tmp_path / "metrics.jsonl").is_file() and not state.checkpoints(tmp_path)
+    with pytest.raises(CheckpointError, match="stopped before its first checkpoint") as resumed:
+        prepare(request(tmp_path, resume=True))
+    with pytest.raises(ConfigError, match="stopped before its first checkpoint") as fresh:
+        prepare(request(tmp_path))
+    for refusal in (resumed, fresh):
+        assert "--overwrite" in str(refusal.value) and "pass --resume" not in str(refusal.value)
+    prepare(request(tmp_path, overwrite=True)).fit()
+    assert state.resume_checkpoint(tmp_path).step == 2
+
+
 # One process per run directory ---------------------------------------------------------------------------------
 def test_one_process_owns_a_run_directory_and_a_dead_owner_leaves_no_lock(tmp_path):
     child = run_python(f"""

@@ -56,8 +56,10 @@ from attnkit.train.state import (
     BEST_DIR,
     CHECKPOINTS_DIR,
     config_differences,
+    has_checkpoint,
     resume_checkpoint,
     seed_all,
+    stopped_early,
 )
 from attnkit.train.trainer import TrainConfig, Trainer, check_fields, shows_progress
 
@@ -550,6 +552,8 @@ def _claim_run_dir(out: Path, *, overwrite: bool) -> None:
     """Refuse to start in a directory holding another run, unless `overwrite` (the run is then moved aside, not
     deleted, when the new one is about to write: `rundir.move_aside`)."""
     existing = existing_run(out)
+    if existing and not overwrite and not has_checkpoint(out):
+        raise ConfigError(f"{out}: {stopped_early(out)}")
     if existing and not overwrite:
         raise ConfigError(
             f"{out} already holds a run ({', '.join(existing[:4])}, ...): pass --resume to continue it, "

@@ -68,7 +68,7 @@ from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError
 from attnkit.tasks.common import decode_tensor, encode_tensor
 from attnkit.tokenize import Tokenizer, load_tokenizer
-from attnkit.train.rundir import drop_replaced
+from attnkit.train.rundir import drop_replaced, existing_run
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +162,24 @@ def find_checkpoint(path: str | Path) -> Path:
         return found[-1]
     if (path / TRAIN_STATE_FILE).is_file():
         return path
+    if existing_run(path):
+        raise CheckpointError(f"nothing to resume in {path}: {stopped_early(path)}")
     raise CheckpointError(
         f"nothing to resume in {path}: it holds no {CHECKPOINTS_DIR}/step_* and no {TRAIN_STATE_FILE}; "
         f"point --resume at a run directory written by `attnkit train`, or drop --resume to start afresh"
     )
+
+
+def has_checkpoint(path: str | Path) -> bool:
+    """Whether `path` holds a checkpoint to resume from (`find_checkpoint` finds one)."""
+    return bool(checkpoints(Path(path))) or (Path(path) / TRAIN_STATE_FILE).is_file()
+
+
+def stopped_early(run_dir: str | Path) -> str:
+    """What to say of a run directory whose run stopped (killed, or failed) before its first checkpoint: its
+    files (metrics.jsonl, ...) are all it left, so it starts again rather than resumes."""
+    return (f"the run there ({', '.join(existing_run(run_dir)[:4])}) stopped before its first checkpoint; start it "
+            f"again with --overwrite (in place of --resume), or choose another --out")
 
 
 def read_task(directory: str | Path) -> dict[str, Any]:
