@@ -282,6 +282,30 @@ def test_llama_cpp_logits_and_greedy_tokens_equal_attnkits_at_f32(tmp_path, llam
     assert greedy == ids[0, len(PROMPT):].tolist()
 
 
+@pytest.mark.parametrize("type", ["f16", "bf16", "q8_0"])
+def test_llama_cpp_logits_at_a_smaller_type_are_within_what_the_type_costs_attnkit(tmp_path, llama_cpp, type):
+    """The tolerance is the type's own: attnkit's logits moved by taking the file's weight values (each 2-D weight
+    through the gguf package's quantizer and back); llama.cpp also rounds its activations, hence the factor."""
+    run = random_run(tmp_path, LAYOUTS["default"])
+    convert_to_gguf(run, tmp_path / "model.gguf", type=type)
+    model = load_model(run)[0]
+    qtype = gguf.GGMLQuantizationType[type.upper()]
+    prompt = torch.tensor([PROMPT])
+    with torch.no_grad():
+        ours = model(prompt).logits[0].numpy()  # (T, V)
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                stored = gguf.quants.quantize(parameter.numpy(), qtype)
+                parameter.copy_(torch.from_numpy(gguf.quants.dequantize(stored, qtype).reshape(parameter.shape)))
+        rounded = model(prompt).logits[0].numpy()
+    llm = _llama(tmp_path / "model.gguf", n_ctx=64)
+    llm.eval(PROMPT)
+    theirs = np.asarray(llm.scores[: len(PROMPT)])
+    cost = np.abs(rounded - ours).max()
+    assert 0 < cost < 0.1 * np.abs(ours).max()
+    assert np.abs(theirs - ours).max() <= 4 * cost
+
+
 def test_llama_cpp_perplexity_at_q8_0_within_one_percent(tmp_path, llama_cpp):
     run = trained_run(tmp_path)
     model = load_model(run)[0]
