@@ -66,6 +66,27 @@ def test_generation_beyond_the_context_slides_the_window(position):
     assert out[5:] == greedy_without_cache(model, window, 5)
 
 
+def _greedy_sliding(model, prompt: list[int], n: int, context_len: int) -> list[int]:
+    """Greedy decoding by whole passes over the window a prompt alone has: once it outgrows `context_len`, its last
+    `context_len // 2` tokens (the module docstring's rule)."""
+    ids, start = list(prompt), 0
+    with torch.no_grad():
+        for _ in range(n):
+            if len(ids) - start > context_len:
+                start = len(ids) - context_len // 2
+            ids.append(int(model(torch.tensor([ids[start:]])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("position", ["learned", "sinusoidal"])
+def test_a_row_in_a_batch_slides_its_window_when_it_outgrows_the_context_not_when_the_longest_does(position):
+    """Context 24, prompts of 5 and 20 tokens, 60 new tokens: each row keeps the context it would have alone."""
+    model, config = tiny_model(position=position, seed=1)
+    prompts = [[1, 2, 3, 4, 5], [(3 * i + 1) % 13 for i in range(20)]]
+    batched = generate_tokens(model, prompts, max_new_tokens=60, context_len=config.max_seq_len)
+    assert batched == [_greedy_sliding(model, p, 60, config.max_seq_len) for p in prompts]
+
+
 def test_stop_tokens_end_each_row_and_are_not_returned():
     model, config = tiny_model(seed=3)
     free = generate_tokens(model, PROMPTS, max_new_tokens=10, context_len=config.max_seq_len)

@@ -74,6 +74,13 @@ def test_samples_per_prompt_and_seeds(lm):
                                             for p in prompts]
 
 
+def test_a_seeded_prompt_samples_the_same_text_whatever_else_is_in_its_batch(lm):
+    """One sample per prompt: each prompt draws from its own generator seeded `seed`, as with several samples."""
+    prompts = ["ab", "hhh g", "c"]
+    batched = lm.generate(prompts, max_new_tokens=12, seed=7, stop_at_eos=False)
+    assert batched == [lm.generate(p, max_new_tokens=12, seed=7, stop_at_eos=False)[0] for p in prompts]
+
+
 def test_stop_strings_end_the_text_and_streaming_never_shows_them(lm):
     free = lm.generate("abc", max_new_tokens=20, temperature=0, stop_at_eos=False)[0]
     assert len(free) >= 10

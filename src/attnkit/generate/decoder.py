@@ -20,9 +20,11 @@ between positions, which left padding keeps, since each row's real tokens are co
 Decoding strategies: `EagerDecoding` (the default) runs these through the model's forward over a cache that grows
 a position a step; `generate/static_decode.StaticDecoding` compiles the step for fixed shapes.
 
-Context: a prompt must fit in the model's context (`context_len`, its `max_seq_len`). When prompt and new
-tokens together outgrow it, the window slides: the cache is rebuilt from the last `context_len // 2` tokens,
-whose positions restart at 0 (nanoGPT crops its input to the block size the same way, one token at a time).
+Context: a prompt must fit in the model's context (`context_len`, its `max_seq_len`). When a row's prompt and new
+tokens together outgrow it, the window slides: that row keeps its last `context_len // 2` tokens, whose positions
+restart at 0, and the cache is rebuilt (nanoGPT crops its input to the block size the same way, one token at a
+time). Each row slides when it outgrows the context itself, so a row sees what it would see alone, whatever the
+other rows of its batch.
 """
 
 from __future__ import annotations
@@ -69,8 +71,13 @@ class Window:
         ids = torch.cat((self.ids, tokens[:, None]), dim=1)  # (B, L + 1)
         return Window(ids, torch.cat((self.attention_mask, new_mask), dim=1), self.padded)
 
-    def last(self, n: int) -> Window:
-        return Window.of(self.ids[:, -n:], self.attention_mask[:, -n:])
+    def slide(self, context_len: int) -> Window:
+        """The window each row has alone once the context is full: a row that outgrew `context_len` keeps its last
+        `context_len // 2` tokens, the others all theirs; left-padded again (see the module docstring)."""
+        keep = max(1, context_len // 2)
+        rows = [row[mask] for row, mask in zip(self.ids, self.attention_mask, strict=True)]  # each (n_r,)
+        rows = [row[-keep:] if len(row) > context_len else row for row in rows]
+        return left_pad([row.tolist() for row in rows], pad_id=0, device=self.ids.device)  # padding is masked out
 
 
 def left_pad(prompts: Sequence[Sequence[int]], *, pad_id: int, device: torch.device | str | None = None) -> Window:
@@ -179,7 +186,7 @@ def decode_n_tokens(
             seen[torch.arange(batch), tokens] = True
         window = window.append(tokens)
         if cache.length == cache.max_len:  # the context is full: slide the window (see the module docstring)
-            window = window.last(max(1, context_len // 2))
+            window = window.slide(context_len)
             still_to_feed = n - step - 2  # the tokens of later steps, but not the last one
             cache = decoding.allocate(batch, window.ids.shape[1] + still_to_feed, context_len)
             logits = decoding.prefill(window, cache)

@@ -137,7 +137,8 @@ class Pipeline:
         alone. Generation ends at `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a token of
         `stop_tokens`, or at a stop string, which is cut off with everything after it. `on_text(i, piece)` receives
         sequence i's text as it settles. With a seed, sample i of each prompt draws from its own generator seeded
-        seed + i (as vLLM seeds a request's n samples, and `attnkit serve` its n choices).
+        seed + i (as vLLM seeds a request's n samples, and `attnkit serve` its n choices), so a prompt gives the
+        same text alone or batched with others.
         `json_schema` (a dict or its JSON text; {"type": "object"} for any JSON object) holds every text to JSON valid
         under it, and `grammar` to any `Grammar` (`generate/constrained.py`): the tokens that cannot continue it are
         never chosen, and a text ends where its grammar is complete (cut short only by `max_new_tokens`).
@@ -161,7 +162,7 @@ class Pipeline:
             raise InputError("a stop string is empty; give non-empty stop strings")
         prompt_ids = [self.prompt_ids(p, index=i, add_bos=add_bos) for i, p in enumerate(prompts)]
         rows = [ids for ids in prompt_ids for _ in range(num_samples)]
-        generator = make_generator(seed, self.device) if num_samples == 1 else [  # sample i's seed: seed + i
+        generator = None if seed is None else [  # sample i of each prompt: seed + i, whatever else is in the batch
             make_generator(choice_seed(seed, i), self.device) for _ in prompt_ids for i in range(num_samples)]
         stop_ids = set(stop_tokens)
         if stop_at_eos and self.tokenizer.eos_id is not None:
