@@ -119,10 +119,10 @@ async def scheduler_counts(http, url: str) -> dict[str, float]:
         ("attnkit_scheduler_", "attnkit_prefills_total")))}
 
 
-async def load(url: str, clients: int, requests: int, new_tokens: int) -> dict:
-    """`clients` clients sending `requests` completions each, one after the other: tokens/s, latencies, and what
-    the server's scheduler did meanwhile (its /metrics): the mean batch (rows a token was chosen for per iteration),
-    an iteration's mean time, and the share of the time it was iterating."""
+async def load(url: str, clients: int, requests: int, new_tokens: int, *, max_batch: int = 32) -> dict:
+    """`clients` clients sending `requests` completions each, one after the other, to a server of `max_batch`
+    rows: tokens/s, latencies, and what the server's scheduler did meanwhile (its /metrics): the mean batch (rows a
+    token was chosen for per iteration), an iteration's mean time, and the share of the time it was iterating."""
     import httpx
 
     async def client(index: int, http) -> list[tuple[float, int]]:
@@ -131,7 +131,8 @@ async def load(url: str, clients: int, requests: int, new_tokens: int) -> dict:
     limits = httpx.Limits(max_connections=clients + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
         await one_request(http, url, 0, 4)  # warm-up: a step of one row,
-        await one_request(http, url, 0, 4, n=2)  # and of several
+        if max_batch > 1:
+            await one_request(http, url, 0, 4, n=2)  # and of several (a server of one row refuses two choices)
         before = await scheduler_counts(http, url)
         start = time.perf_counter()
         results = await asyncio.gather(*(client(i, http) for i in range(clients)))
@@ -208,9 +209,9 @@ def main(argv: list[str] | None = None) -> int:
             modes = modes if index % 2 == 0 else modes[::-1]  # started, and measured, in this order
             with Server(run, modes[0][1], args.threads) as first, Server(run, modes[1][1], args.threads) as second:
                 for clients in CLIENTS:
-                    for mode, url in ((modes[0][0], first), (modes[1][0], second)):
+                    for (mode, max_batch), url in zip(modes, (first, second), strict=True):
                         row = {"mode": mode, "round": index,
-                               **asyncio.run(load(url, clients, args.requests, args.new_tokens))}
+                               **asyncio.run(load(url, clients, args.requests, args.new_tokens, max_batch=max_batch))}
                         print(row, flush=True)
                         rows.append(row)
     by = {(r["mode"], r["round"], r["clients"]): r["tokens_per_s"] for r in rows}
