@@ -168,6 +168,21 @@ def test_pipeline_generate_with_a_json_schema_streams_valid_json(json_run):
         lm.generate("x", json_schema={"type": "object"}, grammar=Grammar.json_object())
 
 
+def test_a_text_cut_before_its_schema_is_complete_is_said_to_not_parse(json_run, caplog):
+    import attnkit
+
+    lm = attnkit.load(json_run, device="cpu")
+    with caplog.at_level("WARNING", logger="attnkit.generate.pipeline"):
+        whole = lm.generate("x", json_schema=BOUNDED, max_new_tokens=BOUND_TOKENS, seed=2)
+    assert "do not parse" not in caplog.text
+    jsonschema.validate(json.loads(whole[0]), BOUNDED)
+    with caplog.at_level("WARNING", logger="attnkit.generate.pipeline"):
+        cut = lm.generate(["x", "y"], json_schema=BOUNDED, max_new_tokens=3, seed=2)
+    assert all(text.startswith("{") and len(text) <= 3 for text in cut)
+    assert "text(s) [0, 1] ended before their JSON schema was complete" in caplog.text
+    assert "max_new_tokens=3" in caplog.text
+
+
 def test_cli_generate_json_schema_and_json(json_run, tmp_path, capsys):
     from attnkit import cli
 

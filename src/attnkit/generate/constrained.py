@@ -228,6 +228,10 @@ class GrammarMask:
         allowed = self.allowed(logits.shape[-1]).to(logits.device, non_blocking=True)
         return logits.masked_fill(~allowed, float("-inf"))
 
+    def unfinished(self) -> list[int]:
+        """The constrained rows whose grammar is not complete (their text was cut short: it does not parse)."""
+        return [row for row, matcher in enumerate(self.matchers) if matcher is not None and not matcher.finished]
+
     def advance(self, row: int, token: int) -> bool:
         """Move row's matcher over `token`; True when its grammar is complete (a free row: False)."""
         matcher = self.matchers[row]

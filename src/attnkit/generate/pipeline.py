@@ -168,6 +168,7 @@ class Pipeline:
         if stop_at_eos and self.tokenizer.eos_id is not None:
             stop_ids.add(self.tokenizer.eos_id)
         texts = TextTracker(self.tokenizer, len(rows), stops, on_text)
+        mask = GrammarMask.of(grammar, self.tokenizer, len(rows))
         generate_tokens(
             self.model,
             rows,
@@ -179,8 +180,12 @@ class Pipeline:
             stop_ids=stop_ids,
             on_token=texts.push,
             decoding=self.decoding,
-            grammar=GrammarMask.of(grammar, self.tokenizer, len(rows)),
+            grammar=mask,
         )
+        if mask is not None and mask.unfinished():
+            log.warning("text(s) %s ended before their %s was complete (max_new_tokens=%d reached, or a stop string "
+                        "or token met), so they do not parse: give a larger max_new_tokens (--max-new-tokens)",
+                        mask.unfinished(), grammar.name, max_new_tokens)
         return texts.finish()
 
     def translate(
