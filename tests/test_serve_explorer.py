@@ -197,14 +197,15 @@ def test_inspect_answers_what_attnkit_inspect_computes_on_the_runs_model(served)
     np.testing.assert_allclose(view["heads"]["scores"], expected.scores.numpy(), atol=2e-5)
     assert view["heads"]["metric"] == "loss" and view["heads"]["baseline"] == pytest.approx(expected.baseline)
     lens = view["lens"]
-    assert lens["layers"] == ["embeddings", "block 0", "block 1"] and len(lens["tokens"]) == len(ids) - 1
+    # the whole text, as attnkit inspect ... logit-lens reads it: the last column is what follows the text
+    assert lens["layers"] == ["embeddings", "block 0", "block 1"] and len(lens["tokens"]) == len(ids)
     with torch.no_grad():
-        own = model(torch.tensor([ids[:-1]])).logits[0].softmax(-1)  # (T, V): the model's own answer, read directly
+        own = model(torch.tensor([ids])).logits[0].softmax(-1)  # (T, V): the model's own answer, read directly
     assert lens["answer"] == token_labels(tokenizer, own.argmax(-1).tolist())
     assert lens["rank"][-1] == [0] * len(lens["tokens"])  # the last layer is the model's own output
     np.testing.assert_allclose(lens["top_p"][-1], own.topk(3, dim=-1).values.numpy(), atol=1e-4)
     np.testing.assert_allclose(lens["p_answer"][-1], own.max(-1).values.numpy(), atol=1e-4)
-    assert [len(row) for row in lens["rank"]] == [len(ids) - 1] * 3 and min(map(min, lens["rank"])) >= 0
+    assert [len(row) for row in lens["rank"]] == [len(ids)] * 3 and min(map(min, lens["rank"])) >= 0
     short = httpx.post(f"{url}/api/inspect", json={"text": "a"}, timeout=TIMEOUT)
     assert short.status_code == 400 and "two tokens or more" in short.json()["error"]["message"]
 
@@ -224,8 +225,8 @@ def test_the_inspect_panel_draws_head_importance_and_the_logit_lens(browser):
     browser.click("#inspect")
     again = browser.wait("(() => { const v = window.attnkit.state.inspect;"
                            " return v.text === 'a mat on a cat' && v; })()")
-    assert len(again["lens"]["tokens"]) == len("a mat on a cat") - 1
-    assert browser.evaluate("document.querySelectorAll('#lens td').length") == n_layers * (len("a mat on a cat") - 1)
+    assert len(again["lens"]["tokens"]) == len("a mat on a cat")
+    assert browser.evaluate("document.querySelectorAll('#lens td').length") == n_layers * len("a mat on a cat")
     assert browser.evaluate("document.getElementById('inspect-status').textContent") == "for: a mat on a cat"
     browser.evaluate("window.scrollTo(0, 0)")
 

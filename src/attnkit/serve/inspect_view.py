@@ -6,7 +6,8 @@ reads it (`attnkit.inspect.command.text_batch`: a decoder predicts each next tok
     heads   the loss change when each head is ablated (zeroed), every attention sublayer x head (Michel et al. 2019);
             without targets (a classifier) the KL of the output from the model's own
     lens    each layer's residual stream read through the final norm and the output layer (nostalgebraist 2020):
-            its top tokens at each position and the rank of the model's final answer there (0: already first)
+            its top tokens at each position and the rank of the model's final answer there (0: already first); a
+            decoder's over the whole text, as `... logit-lens` reads it, so its last column is what follows the text
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ def inspect_view(model: nn.Module, tokenizer: Tokenizer, *, family: str, max_len
     view = {"heads": {"sites": importance.sites, "metric": importance.metric, "baseline": importance.baseline,
                       "scores": [[_number(v) for v in row] for row in importance.scores.tolist()]},
             "lens": None}
+    read = text_batch(loaded, text, prompt=True)  # a decoder's whole text: the last row is what follows it
     try:
-        lens = logit_lens(model, *batch.args)
+        lens = logit_lens(model, *read.args)
     except InputError as err:
         view["lens_note"] = str(err)
         return view
-    inputs = batch.args[-1][0].tolist()  # the stream's own tokens (a translation's target side)
+    inputs = read.args[-1][0].tolist()  # the stream's own tokens (a translation's target side)
     top = lens.logits[:, 0].float().softmax(-1).topk(LENS_TOP, dim=-1)  # (L + 1, T, k) each
     view["lens"] = {
         "layers": [_layer_label(name) for name in lens.layers],
