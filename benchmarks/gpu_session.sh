@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# One GPU session (an H100 or H200, about 15 minutes of device time, each call at most 10): what the CPU cannot
-# measure, in the order of its value, each result written under $OUT (what a device call brings back) or, where
-# $OUT is unset, runs/gpu-session/, so that a session cut short keeps what it finished.
+# The GPU checks, for a GPU machine rented by the minute (an H100 or H200): what the CPU cannot measure, in the order
+# of its value, each result written under $OUT (a folder copied back afterwards) or, where $OUT is unset,
+# runs/gpu-session/, so that a run cut short keeps what it finished.
 #
-#   bash benchmarks/gpu_wheels.sh                  # here first: the packages the machine's image lacks, into .whl/
-#   bash benchmarks/gpu_session.sh [PART ...]      # there, from the repository root (device run, carry: [".whl"])
+#   bash benchmarks/gpu_wheels.sh                  # on this machine first: what the GPU machine's image lacks, in .whl/
+#   bash benchmarks/gpu_session.sh [PART ...]      # on the GPU machine, from the checkout's root, .whl/ copied along
 #
 # PART: tests (`pytest -m gpu -x --tb=short`); train, serve, decode, variants (`python -m benchmarks gpu --only PART`:
 # training against the faithful nanoGPT peer, serving at 1, 8 and 32 clients, decoding against transformers, the
 # attention variants; each writes its own report under $OUT/PART/); experiments (the lectures' two GPU claims). None
 # named: all, in that order. The H200 run of benchmarks/results/gpu-nvidia-h200.md took 251 s for train, serve and
-# decode together; variants compiles ten training steps where train compiles three: a call of its own. The machine's
-# image runs its own python3 (torch, transformers and the rest are there): attnkit is read from src/, and the wheels
-# of .whl/ are installed beside it; a checkout with .venv uses that.
+# decode together; variants compiles ten training steps where train compiles three, so where each command is held to
+# a few minutes it runs alone. A GPU image with its own python3 (torch, transformers and the rest installed, no
+# network) runs as it is: attnkit is read from src/, and the wheels of .whl/ are installed beside it; a checkout with
+# .venv uses that.
 set -u
 parts=${*:-tests train serve decode variants experiments}
 for part in $parts; do

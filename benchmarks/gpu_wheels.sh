@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The Python packages attnkit needs that a lent GPU machine's image lacks, as wheels in .whl/ (ignored by git), for
-# that image's Python 3.12 on x86-64, at the versions this checkout's .venv runs. The image's python3 holds torch,
-# transformers, tokenizers, safetensors, numpy, matplotlib, sacrebleu, httpx, pytest and hypothesis; it lacks the
-# server's (fastapi, starlette, pydantic, uvicorn) and the tagging task's (seqeval, conllu). Nothing can be fetched
-# there, so they travel with the checkout (`carry: [".whl"]`) and benchmarks/gpu_session.sh installs them.
+# The Python packages attnkit needs that a GPU machine's image may lack, as wheels in .whl/ (ignored by git), for an
+# image with Python 3.12 on x86-64, at the versions this checkout's .venv runs. PyTorch's GPU images hold torch,
+# transformers, tokenizers, safetensors, numpy, matplotlib, sacrebleu, httpx, pytest and hypothesis, but not the
+# server's packages (fastapi, starlette, pydantic, uvicorn) nor the tagging task's (seqeval, conllu). Where such a
+# machine fetches nothing, the wheels go along with the checkout and benchmarks/gpu_session.sh installs them.
 #
-#   bash benchmarks/gpu_wheels.sh            # here, from the repository root, with .venv built (make test)
+#   bash benchmarks/gpu_wheels.sh            # from the repository root, with .venv built (make test)
 set -euo pipefail
 py=.venv/bin/python
 packages="fastapi starlette pydantic pydantic-core annotated-types typing-inspection uvicorn conllu seqeval"
