@@ -1,6 +1,6 @@
-"""benchmarks/gpu_session.sh, the one script a rented GPU machine runs: its CUDA tests are every test module that holds one (a
-module left out would go unrun there without a word), a part it does not know is refused, and its test part runs
-here, where every CUDA test skips, writing its log under $OUT."""
+"""benchmarks/gpu_session.sh, the one script a rented GPU machine runs: its CUDA tests are every test module that
+holds one (a module left out would go unrun there without a word), a part it does not know is refused, and its test
+part runs here, where every CUDA test skips, writing its log under $OUT."""
 
 import re
 import subprocess
@@ -19,8 +19,8 @@ def test_the_session_runs_every_test_module_that_holds_a_gpu_test():
 
 
 def test_an_unknown_part_is_refused_naming_the_parts(tmp_path):
-    result = subprocess.run(["bash", str(SCRIPT), "tests", "benchmark"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(["bash", str(SCRIPT), "tests", "benchmark"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 2
     assert "unknown part benchmark: tests, train, serve, decode, variants or experiments" in result.stdout
     assert not (tmp_path / "pytest-gpu.txt").exists()  # refused before any part ran
