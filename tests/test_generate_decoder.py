@@ -173,3 +173,24 @@ def test_the_old_mask_names_of_windows_and_sources_still_answer_with_a_warning()
     source = encode_sources(model, [[1, 2], [3]], pad_id=0)
     with pytest.warns(DeprecationWarning, match="Source.src_mask"):
         assert source.mask is source.src_mask
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("presence, frequency", [(2.0, 0.0), (0.0, 1.5), (0.7, -0.4)])
+def test_presence_and_frequency_penalties_follow_the_reply_tokens_counts(presence, frequency):
+    """OpenAI's definition, over each row's own reply (not its prompt): logit - count x frequency - (count > 0) x
+    presence, recomputed here by whole passes, for two prompts in one batch."""
+    model, config = tiny_model(seed=6)
+    expected = []
+    for prompt in PROMPTS[:2]:
+        ids, counts = list(prompt), torch.zeros(config.vocab_size)
+        for _ in range(10):
+            logits = model(torch.tensor([ids])).logits[0, -1].float() - counts * frequency - (counts > 0) * presence
+            token = int(logits.argmax())
+            ids.append(token)
+            counts[token] += 1
+        expected.append(ids[len(prompt):])
+    sampling = SamplingConfig(temperature=0.0, presence_penalty=presence, frequency_penalty=frequency)
+    out = generate_tokens(model, PROMPTS[:2], max_new_tokens=10, context_len=config.max_seq_len, sampling=sampling)
+    assert out == expected
+    assert out != generate_tokens(model, PROMPTS[:2], max_new_tokens=10, context_len=config.max_seq_len)

@@ -16,6 +16,7 @@ from attnkit.errors import AttnkitError, CheckpointError, ConfigError, InputErro
 from attnkit.generate import Pipeline, StaticDecoding, generate_tokens, greedy_translate, native_gemv
 from attnkit.generate.decode_layout import NativeLinear, PackedLinear, TransposedLinear
 from attnkit.generate.quantize import NativeInt8Linear, dynamic_quantization_available
+from attnkit.generate.sampling import SamplingConfig
 from attnkit.machine import CpuCapabilities
 from attnkit.run_settings import text_list
 from attnkit.tokenize import CharTokenizer
@@ -233,6 +234,26 @@ def test_cli_generate_reads_stdin_and_prints_several_samples(runs, lm, capsys, m
                      "--num-samples", "2", "--seed", "3"]) == 0
     samples = lm.generate("cab", max_new_tokens=6, num_samples=2, seed=3)
     assert capsys.readouterr().out == "".join(f"--- sample {i + 1} ---\ncab{s}\n" for i, s in enumerate(samples))
+
+
+def test_min_p_and_the_presence_and_frequency_penalties_reach_generate_and_its_command(runs, lm, capsys):
+    greedy = lm.generate("abc d", max_new_tokens=12, temperature=0, stop_at_eos=False)[0]
+    assert lm.generate("abc d", max_new_tokens=12, min_p=1.0, seed=3, stop_at_eos=False)[0] == greedy  # argmax alone
+    sampling = SamplingConfig(temperature=0.0, presence_penalty=0.5, frequency_penalty=1.5)
+    ids = generate_tokens(lm.model, [lm.tokenizer.encode("abc d")], max_new_tokens=12, context_len=24,
+                          sampling=sampling)[0]
+    penalised = lm.generate("abc d", max_new_tokens=12, temperature=0, presence_penalty=0.5, frequency_penalty=1.5,
+                            stop_at_eos=False)[0]
+    assert penalised == lm.tokenizer.decode(ids) != greedy
+    common = ["generate", str(runs["lm"]), "--prompt", "abc d", "--max-new-tokens", "12", "--temperature", "0"]
+    assert cli.main([*common, "--presence-penalty", "0.5", "--frequency-penalty", "1.5"]) == 0
+    assert capsys.readouterr().out == "abc d" + lm.generate("abc d", max_new_tokens=12, temperature=0,
+                                                            presence_penalty=0.5, frequency_penalty=1.5)[0] + "\n"
+    for flag, value, message in (("--presence-penalty", "3", "presence_penalty=3.0 must lie in [-2, 2]"),
+                                 ("--frequency-penalty", "-2.5", "frequency_penalty=-2.5 must lie in [-2, 2]"),
+                                 ("--min-p", "1.5", "min_p=1.5 must lie in [0, 1]")):
+        assert cli.main([*common, flag, value]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_cli_bad_arguments_print_a_clear_error(runs, capsys):

@@ -39,7 +39,7 @@ from attnkit.data.batching import pad
 from attnkit.deprecation import warn_renamed
 from attnkit.errors import InputError
 from attnkit.generate.constrained import GrammarMask
-from attnkit.generate.sampling import GREEDY, SamplingConfig, check_drawn, select_next, select_next_in_groups
+from attnkit.generate.sampling import GREEDY, SamplingConfig, check_drawn, select_next_in_groups
 from attnkit.layers.kv_cache import KVCache
 
 # on_token(row, token) is called for each new token of each unfinished row; returning True ends that row.
@@ -155,21 +155,22 @@ def decode_n_tokens(
 
     A row stops at a token in `stop_ids` (which is not returned), when `on_token` returns True, or when its grammar
     (`grammar`, one matcher per row) is complete. `generator`: one for every row, or a list of one per row (each
-    row's draws its own). Returns each row's new tokens.
+    row's draws its own). The repetition penalty reads each row's prompt and reply, the presence and frequency
+    penalties its reply alone (`generate/sampling.py`). Returns each row's new tokens.
     """
-    batch = window.ids.shape[0]
+    batch, vocab = window.ids.shape[0], logits.shape[-1]
     decoding = _decoding_for(model, decoding)
-    seen = _seen_tokens(window, logits.shape[-1]) if sampling.repetition_penalty != 1.0 else None
+    seen = _seen_tokens(window, vocab) if sampling.repetition_penalty != 1.0 else None
+    penalised = sampling.presence_penalty != 0.0 or sampling.frequency_penalty != 0.0
+    counts = torch.zeros((batch, vocab), dtype=torch.int32, device=logits.device) if penalised else None  # (B, V)
+    groups = [(1, g) for g in generator] if isinstance(generator, Sequence) else [(batch, generator)]
     stop = set(stop_ids)
     finished = [False] * batch
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
     for step in range(n):
         if grammar is not None:
             logits = grammar(logits)  # (B, V): what no row's grammar allows next at -inf
-        if isinstance(generator, Sequence):  # (B,): each row drawn from its own generator
-            tokens = select_next_in_groups(logits, sampling, [(1, g) for g in generator], seen=seen)
-        else:
-            tokens = select_next(logits, sampling, seen=seen, generator=generator)  # (B,)
+        tokens = select_next_in_groups(logits, sampling, groups, seen=seen, counts=counts)  # (B,)
         for row, token in enumerate(check_drawn(tokens.tolist())):
             if finished[row]:
                 continue
@@ -184,6 +185,8 @@ def decode_n_tokens(
             break
         if seen is not None:
             seen[torch.arange(batch), tokens] = True
+        if counts is not None:  # the reply's tokens, for the presence and frequency penalties
+            counts[torch.arange(batch), tokens] += 1
         window = window.append(tokens)
         if cache.length == cache.max_len:  # the context is full: slide the window (see the module docstring)
             window = window.slide(context_len)

@@ -118,6 +118,9 @@ class Pipeline:
         top_k: int | None = None,
         top_p: float | None = None,
         repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        min_p: float = 0.0,
         logit_bias: dict[int, float] | None = None,
         num_samples: int = 1,
         seed: int | None = None,
@@ -131,7 +134,9 @@ class Pipeline:
     ) -> list[str]:
         """Continue each prompt; returns the new text only, `num_samples` per prompt, prompt by prompt.
 
-        temperature 0 is greedy; `logit_bias` ({token id: -100 to 100}) is added to those tokens' logits before
+        temperature 0 is greedy; `presence_penalty` and `frequency_penalty` (-2 to 2, OpenAI's) lower the logits of
+        tokens the reply already holds, `min_p` (0 to 1) drops tokens less likely than min_p times the likeliest
+        (`generate/sampling.py`); `logit_bias` ({token id: -100 to 100}) is added to those tokens' logits before
         sampling (OpenAI's field: -100 bans a token, 100 forces it). A prompt is used as the tokenizer encodes it
         (the language-model data places no BOS); `add_bos` puts BOS first, and an empty prompt starts from BOS
         alone. Generation ends at `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a token of
@@ -153,7 +158,8 @@ class Pipeline:
             grammar = Grammar.json_schema(json_schema)
         sampling, seed = check_sampling(temperature=temperature, top_k=top_k, top_p=top_p,
                                         repetition_penalty=repetition_penalty, logit_bias=logit_bias,
-                                        vocab_size=self.config.vocab_size, seed=seed)
+                                        vocab_size=self.config.vocab_size, seed=seed, min_p=min_p,
+                                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise InputError(f"num_samples={num_samples!r} must be a positive integer")
         prompts = text_list(prompts, what="prompts")

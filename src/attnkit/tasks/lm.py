@@ -481,6 +481,9 @@ class GenerateSettings(DecodeSettings):
     top_k: int | None = None  # sample among the k most likely tokens
     top_p: float | None = None  # sample among the most likely tokens that reach probability p
     repetition_penalty: float = 1.0  # > 1 discourages repeats; 1: off
+    presence_penalty: float = 0.0  # -2 to 2: a token's logit less by this once the reply holds it (OpenAI's); 0: off
+    frequency_penalty: float = 0.0  # -2 to 2: a token's logit less by this times its count in the reply; 0: off
+    min_p: float = 0.0  # drop the tokens less likely than min_p times the likeliest (0.05 is usual); 0: off
     num_samples: int = 1  # independent continuations of the prompt
     seed: int | None = None  # same seed, same text
     stop: tuple[str, ...] = ()  # end the text at any of these strings (repeatable)
@@ -524,7 +527,9 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
 
     texts = pipeline.generate(
         prompt, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
-        top_p=settings.top_p, repetition_penalty=settings.repetition_penalty, num_samples=settings.num_samples,
+        top_p=settings.top_p, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
+        presence_penalty=settings.presence_penalty, frequency_penalty=settings.frequency_penalty,
+        num_samples=settings.num_samples,
         seed=settings.seed, stop=list(settings.stop), on_text=write if stream else None, json_schema=schema,
     )
     if stream:
