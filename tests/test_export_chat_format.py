@@ -125,3 +125,31 @@ def test_a_chat_template_that_cannot_be_read_or_rendered_is_refused_before_writi
     with pytest.raises(InputError, match="the chat template of .*tokenizer_config.json is not a valid Jinja"):
         convert_to_gguf(run, out, type="f32")
     assert not out.exists()
+
+
+def test_a_model_converted_from_hugging_face_keeps_its_chat_template_for_serve_and_the_way_back(tmp_path):
+    transformers = pytest.importorskip("transformers", reason="reads the directories as users do")
+    from interop_models import hf_model, word_tokenizer
+
+    from attnkit.interop.hf import convert_from_hf, convert_to_hf
+
+    own = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}<s>assistant:"
+    source = tmp_path / "source"
+    hf_model("gpt2", source)
+    word_tokenizer(source)
+    settings = json.loads((source / "tokenizer_config.json").read_text())
+    (source / "tokenizer_config.json").write_text(json.dumps({**settings, "chat_template": own}))
+    convert_from_hf(source, tmp_path / "run")
+    messages = CONVERSATIONS[2][0]
+    expected = transformers.AutoTokenizer.from_pretrained(source).apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True)
+    assert chat_template(tmp_path / "run" / "tokenizer", {}).render(messages) == expected  # serve chats in it
+    convert_to_hf(tmp_path / "run", tmp_path / "back")
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "back").apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True) == expected
+
+    settings["chat_template"] = "{% for %}"
+    (source / "tokenizer_config.json").write_text(json.dumps(settings))
+    with pytest.raises(InputError, match="the chat template of .*source/tokenizer_config.json is not a valid Jinja"):
+        convert_from_hf(source, tmp_path / "broken")
+    assert not (tmp_path / "broken").exists()

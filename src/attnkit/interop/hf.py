@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE, check_template, config_template
+from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE, TEMPLATE_CONFIG, check_template, config_template
 from attnkit.checkpoint import (
     CONFIG_FILE,
     LABELS_FILE,
@@ -225,10 +225,13 @@ def convert_from_hf(
     _refuse_existing(run_dir, "--out", overwrite=overwrite, replaceable=is_attnkit_run(run_dir))
     check_output(run_dir, directory=True, overwrite=overwrite)
     loaded = load(hf_dir, dtype=dtype, allow_pickle=allow_pickle)
+    settings = _tokenizer_settings(Path(hf_dir)) if loaded.tokenizer is not None else None
     with atomic_output(run_dir, directory=True, overwrite=overwrite) as partial:
         save_model(loaded.model, loaded.config, partial)
         if loaded.tokenizer is not None:
             loaded.tokenizer.save(partial / TOKENIZER_DIR)
+        if settings is not None:  # the chat template attnkit serve chats in and the exports carry
+            atomic_write(partial / TOKENIZER_DIR / TEMPLATE_CONFIG, settings)
         if loaded.labels is not None:
             atomic_write(partial / LABELS_FILE, json.dumps({"labels": loaded.labels}, indent=2) + "\n")
         origin = {"model_type": loaded.model_type, "architecture": loaded.architecture,
@@ -237,6 +240,19 @@ def convert_from_hf(
         record_checksums(partial)  # the tokenizer, labels and origin verified as the weights are
         mark_run(partial)
     return loaded
+
+
+def _tokenizer_settings(hf_dir: Path) -> bytes | None:
+    """The directory's tokenizer_config.json (its chat template, its special tokens) for the run's tokenizer/, checked
+    first as `attnkit serve` and the exports read it (InputError naming the file and the fault); None where it has
+    none."""
+    path = hf_dir / TEMPLATE_CONFIG
+    if not path.is_file():
+        return None
+    template, _ = config_template(hf_dir)
+    if template is not None:
+        check_template(template, f"the chat template of {path}")
+    return path.read_bytes()
 
 
 def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = False) -> str:
