@@ -128,3 +128,24 @@ def test_convert_refuses_bad_arguments(tmp_path, capsys):
     assert "give one of --to-hf DIR, --to-gguf OUT.gguf or --to-onnx DIR" in capsys.readouterr().err
     assert main(["convert", "--from-hf", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run2")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layout", ["default", "gpt2", "mistral-window"])
+def test_a_written_run_generates_in_transformers_the_text_attnkit_generates(tmp_path, capsys, layout):
+    """Run -> Hugging Face directory: transformers' tokenizer and greedy `generate` give the text `attnkit generate`
+    prints, past the sliding window for Mistral (a prompt longer than its window of 16)."""
+    from export_runs import LAYOUTS, random_run
+
+    run = random_run(tmp_path, LAYOUTS[layout])
+    assert main(["convert", str(run), "--to-hf", str(tmp_path / "hf")]) == 0
+    prompt = "def convert(run_dir, out):\n    return"
+    assert main(["generate", str(run), "--prompt", prompt, "--max-new-tokens", "24", "--temperature", "0",
+                 "--no-stream"]) == 0
+    printed = capsys.readouterr().out.split("\n", 1)[1].rstrip("\n")  # the line after the conversion's own
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    encoded = theirs(prompt, return_tensors="pt")
+    assert encoded["input_ids"].shape[1] > LAYOUTS["mistral-window"]["attention_window"]
+    with torch.no_grad():
+        out = reference.generate(**encoded, max_new_tokens=24, do_sample=False)
+    assert printed == theirs.decode(out[0], skip_special_tokens=True)
