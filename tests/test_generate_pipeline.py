@@ -285,6 +285,17 @@ def test_cli_translate_file_to_file_and_classify(runs, tmp_path, capsys):
     assert lines == [f"{r.label}\t{r.probability:.4f}" for r in results]
 
 
+def test_cli_translate_refuses_an_output_it_cannot_write_before_loading_the_run(runs, tmp_path):
+    from attnkit.tasks.translate import run_translate
+
+    def never(settings):
+        raise AssertionError("the run was loaded (and every text translated) before --output was checked")
+
+    settings = cli.parse(["translate", str(runs["mt"]), "--text", "abc", "--output", str(tmp_path)]).settings
+    with pytest.raises(InputError, match=f"--output {tmp_path} is a directory, where a file is to be written"):
+        run_translate(settings, never)
+
+
 def test_load_takes_the_native_products_only_for_models_that_decode(runs):
     """The session's profile (the documented defaults) names the native kernels: models that decode get them for
     their linear layers (fp32 and bf16; int8 weights get their own native layer), a classifier keeps nn.Linear."""

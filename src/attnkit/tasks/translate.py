@@ -23,6 +23,7 @@ from attnkit.data import PairBatch, PairData, make_task
 from attnkit.data.corpus import find_files
 from attnkit.data.pairs import read_parallel, read_tsv_pairs
 from attnkit.errors import ConfigError, InputError
+from attnkit.outputs import atomic_write, check_output
 from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs
 from attnkit.tasks import common
 from attnkit.tasks.bleu import translation_scores
@@ -224,15 +225,16 @@ class TranslateSettings(InputSettings, DecodeSettings):
 
 
 def run_translate(settings: TranslateSettings, load: Callable[[Any], Any]) -> int:
-    """`attnkit translate`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
+    """`attnkit translate`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`).
+    An --output that cannot be written (a directory) is refused before the run loads, not after the translating."""
     texts = read_inputs(settings)
+    if settings.output:
+        check_output(settings.output, directory=False, overwrite=True, flag="--output")
     translations = load(settings).translate(
         texts, beam_size=settings.beam_size, length_penalty=settings.length_penalty,
         max_length=settings.max_length, batch_size=settings.batch_size, progress=settings.input is not None,
     )
     if settings.output:
-        from attnkit.checkpoint import atomic_write
-
         atomic_write(settings.output, "".join(f"{line}\n" for line in translations))
     else:
         print("\n".join(translations))
