@@ -125,6 +125,15 @@ def test_empty_prompt_starts_from_bos_and_fails_clearly_without_one(lm):
         no_bos.generate(["ab", ""], max_new_tokens=3)
 
 
+def test_a_prompt_the_tokenizer_drops_whole_is_refused_not_replaced_by_bos(lm):
+    skipping = CharTokenizer(ALPHABET, unknown="skip")  # characters outside its alphabet are dropped
+    pipeline = Pipeline(lm.model, lm.config, skipping)
+    assert pipeline.generate("ab", max_new_tokens=3, temperature=0) == lm.generate("ab", max_new_tokens=3,
+                                                                                    temperature=0)
+    with pytest.raises(InputError, match="prompt 1 .'XYZ'. has no token: the tokenizer drops every character"):
+        pipeline.generate(["ab", "XYZ"], max_new_tokens=3)
+
+
 @pytest.mark.parametrize(
     "settings, error, message",
     [

@@ -269,10 +269,14 @@ class Pipeline:
     # Text -> token ids, as the training data lays them out ----------------------------------------------------
     def prompt_ids(self, prompt: str, *, index: int, add_bos: bool = False) -> list[int]:
         """A prompt's token ids as `generate` feeds them (BOS first with `add_bos`, or for an empty prompt).
-        Raises InputError for a prompt that is no string, or empty with no BOS to start from."""
+        Raises InputError for a prompt that is no string, empty with no BOS to start from, or not empty but of no
+        token (a tokenizer that skips unknown characters dropped them all: BOS alone would continue nothing given)."""
         if not isinstance(prompt, str):
             raise InputError(f"prompt {index} is a {type(prompt).__name__}; prompts are strings")
         ids = self.tokenizer.encode(prompt)
+        if prompt and not ids:
+            raise InputError(f"prompt {index} ({prompt[:40]!r}) has no token: the tokenizer drops every character of "
+                             "it (unknown characters skipped); write it in characters the tokenizer knows")
         bos = self.tokenizer.bos_id
         if (add_bos or not ids) and bos is not None:
             ids = [bos, *ids]
