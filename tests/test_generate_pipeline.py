@@ -15,11 +15,12 @@ from attnkit.checkpoint import save_model
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError, InputError
 from attnkit.generate import Pipeline, StaticDecoding, generate_tokens, greedy_translate, native_gemv
 from attnkit.generate.decode_layout import NativeLinear, PackedLinear, TransposedLinear
+from attnkit.generate.pipeline import TextTracker
 from attnkit.generate.quantize import NativeInt8Linear, dynamic_quantization_available
 from attnkit.generate.sampling import SamplingConfig
 from attnkit.machine import CpuCapabilities
 from attnkit.run_settings import text_list
-from attnkit.tokenize import CharTokenizer
+from attnkit.tokenize import CharTokenizer, train_bpe
 
 ALPHABET = "abcdefgh \n"
 
@@ -101,6 +102,21 @@ def test_streamed_pieces_add_up_to_each_text(lm):
         ["a", "bb"], max_new_tokens=8, seed=0, on_text=lambda row, piece: pieces[row].append(piece)
     )
     assert ["".join(pieces[0]), "".join(pieces[1])] == texts
+
+
+def test_streaming_a_byte_level_bpe_never_shows_half_a_character():
+    """Each character below spans several byte tokens (no merges learned): a piece ends only at whole characters,
+    and text that could start the stop string waits until it cannot."""
+    tokenizer = train_bpe(["中文 😀 한국어"], vocab_size=263)  # 256 bytes and 7 special tokens: no merge
+    text = "a中😀b한"
+    ids = tokenizer.encode(text)
+    assert len(ids) == len(text.encode())
+    pieces = []
+    tracker = TextTracker(tokenizer, 1, ["b한x"], lambda row, piece: pieces.append(piece))
+    for token in ids:
+        assert not tracker.push(0, token)
+        assert "\ufffd" not in "".join(pieces) and text.startswith("".join(pieces))
+    assert tracker.finish() == [text] and "".join(pieces) == text
 
 
 class _NoBosTokenizer:
