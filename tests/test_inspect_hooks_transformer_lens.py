@@ -115,6 +115,8 @@ def _edits(model):
     def sharper(scores, hook):  # (B, H, T, S); TransformerLens's are masked already, attnkit's after the point
         return torch.where(CAUSAL, scores * 3.0, scores)
 
+    uniform = _setting((every, 1), lambda x: (CAUSAL / CAUSAL.sum(-1, keepdim=True)).expand_as(x))  # (B, T, S)
+
     return [
         ("blocks.1.attn.z", zero_ablate(head=2), "blocks.1.attn.hook_z", _setting((every, every, 2), torch.zeros_like)),
         ("blocks.0.attn.z", mean_ablate(reference, head=1), "blocks.0.attn.hook_z",
@@ -126,6 +128,7 @@ def _edits(model):
         ("blocks.0.attn.q", doubled_q, "blocks.0.attn.hook_q", doubled_q),
         ("blocks.0.mlp.hidden", neurons_off, "blocks.0.mlp.hook_post", neurons_off),
         ("blocks.1.attn.scores", lambda scores, _: scores * 3.0, "blocks.1.attn.hook_attn_scores", sharper),
+        ("blocks.1.attn.pattern", uniform, "blocks.1.attn.hook_pattern", uniform),  # head 1 even over what it sees
     ]
 
 

@@ -145,7 +145,7 @@ def test_inspect_sae_refuses_a_point_with_heads(text_run, tmp_path):
 
 @pytest.mark.parametrize(("fields", "message"), [
     ({"point": "pos_embed"}, "an SAE is spliced in where it reads, and pos_embed is read only"),
-    ({"point": "blocks.0.attn.pattern"}, "blocks.0.attn.pattern is read only"),
+    ({"point": "blocks.0.attn.pattern"}, r"one vector per position, \(B, T, C\); blocks.0.attn.pattern is \(1, 4,"),
     ({"point": "blocks.0.resid_post", "steps": 0}, r"steps=0: an SAE trains for 1 step or more .* --steps N"),
 ])
 def test_inspect_sae_refuses_a_read_only_point_and_no_training(text_run, fields, message, tmp_path):

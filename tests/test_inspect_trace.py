@@ -155,12 +155,38 @@ def test_scores_can_be_edited_on_the_reference_path():
     torch.testing.assert_close(pattern, expected)
 
 
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_a_pattern_edit_replaces_the_weights_the_values_are_summed_with(n_kv_heads):
+    """An edit of attn.pattern is what the head sums its values with: head 1 made uniform over the keys it sees, its
+    output at each query is the mean of those keys' values (the value heads repeated for grouped queries), the other
+    heads' outputs are unchanged, and the pattern read after the edit is the edited one."""
+    model, (ids,) = _model("decoder", **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})), _inputs("decoder")
+    uniform = torch.tril(torch.ones(8, 8)) / torch.arange(1, 9).unsqueeze(1)  # (T, S): row t is 1 / (t + 1) on 0..t
+
+    def flatten(pattern, point):  # (B, H, T, S)
+        pattern = pattern.clone()
+        pattern[:, 1] = uniform
+        return pattern
+
+    names = ["blocks.0.attn.pattern", "blocks.0.attn.v", "blocks.0.attn.z"]
+    plain = trace(model, ids, names=names)
+    read = trace(model, ids, names=names, edits={"blocks.0.attn.pattern": flatten})
+    v = read["blocks.0.attn.v"]  # (B, S, Hkv, D)
+    group = 4 // v.shape[2]  # query heads (4) per value head
+    expected = torch.cumsum(v[:, :, 1 // group], dim=1) / torch.arange(1, 9).view(1, 8, 1)  # (B, T, D): running means
+    torch.testing.assert_close(read["blocks.0.attn.z"][:, :, 1], expected)
+    for head in (0, 2, 3):
+        torch.testing.assert_close(read["blocks.0.attn.z"][:, :, head], plain["blocks.0.attn.z"][:, :, head])
+    torch.testing.assert_close(read["blocks.0.attn.pattern"][:, 1], uniform.expand(2, 8, 8))
+
+
 def test_bad_names_and_edits_are_refused_with_the_fix():
     model, (ids,) = _model("decoder"), _inputs("decoder")
     with pytest.raises(InputError, match="no hook point 'blocks.9.attn.z'"):
         trace(model, ids, names=["blocks.9.attn.z"])
-    with pytest.raises(InputError, match="read, not rebuilt; edit the scores"):
-        trace(model, ids, edits={"blocks.0.attn.pattern": zero_ablate()})
+    src, tgt = torch.randint(0, 30, (2, 6)), torch.randint(0, 30, (2, 5))
+    with pytest.raises(InputError, match="decoder.attn.pattern is read, not rebuilt .*; edit decoder.attn.z"):
+        trace(_recurrent(), src, tgt, edits={"decoder.attn.pattern": zero_ablate()})
     with pytest.raises(InputError, match="pos_embed is read, not rebuilt .*; edit blocks.0.resid_pre, the tokens and "
                        "positions together"):
         trace(model, ids, edits={"pos_embed": zero_ablate()})

@@ -1,8 +1,9 @@
 """Hook points: a model's activations under stable dotted names (the names of TransformerLens's hook points).
 
 Every point is a place on a module that exists: an input a forward pre-hook sees, an output a forward hook sees,
-or the attention weights `need_weights` asks the reference path for. Nothing is added to the model; a point costs
-nothing until `attnkit.inspect.trace` attaches a hook to it.
+or the attention weights `need_weights` asks the reference path for (an `Attention`'s `pattern`, an identity
+module there). Nothing else is added to the model; a point costs nothing until `attnkit.inspect.trace` attaches a
+hook to it.
 
     name (a stack's prefix first)        shape            where
     embed                                (B, T, C)        the token table's rows, before any sqrt(C) scale
@@ -10,7 +11,8 @@ nothing until `attnkit.inspect.trace` attaches a hook to it.
     blocks.L.resid_pre                   (B, T, C)        the residual stream entering block L
     blocks.L.attn.q / .k / .v            (B, T, H, D)     projections (k, v: Hkv heads), unless fused
     blocks.L.attn.scores                 (B, H, T, S)     scores before masks and biases (reference path)
-    blocks.L.attn.pattern                (B, H, T, S)     softmax weights (reference path; read only)
+    blocks.L.attn.pattern                (B, H, T, S)     softmax weights (reference path), what the values are
+                                                          summed with: an edit replaces them
     blocks.L.attn.z                      (B, T, H, D)     each head's output, before o_proj mixes the heads
     blocks.L.attn.out                    (B, T, C)        the sublayer's output (o_proj's)
     blocks.L.cross_attn.*                                 the same for an encoder-decoder's cross-attention
@@ -21,9 +23,9 @@ nothing until `attnkit.inspect.trace` attaches a hook to it.
 
 A decoder LM and an encoder have one stack and no prefix (`blocks.3.attn.pattern`); an encoder-decoder has
 `encoder.` and `decoder.` ones. The recurrent seq2seq with attention has `encoder.out` (the memory, (B, S, M)),
-`decoder.attn.pattern` ((B, 1, T, S)), `decoder.attn.out` (the contexts, (B, T, M)) and `decoder.attn.z` (the same
-as its one head, (B, T, 1, M)); Bahdanau's decoder calls its attention once per step, so those points see one step
-(T = 1) per call.
+`decoder.attn.pattern` ((B, 1, T, S), read only), `decoder.attn.out` (the contexts, (B, T, M)) and
+`decoder.attn.z` (the same as its one head, (B, T, 1, M)); Bahdanau's decoder calls its attention once per step, so
+those points see one step (T = 1) per call.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ class HookPoint:
 
     @property
     def editable(self) -> bool:
-        """Whether an edit can replace it (the pattern and absolute positions are read, not rebuilt)."""
+        """Whether an edit can replace it (the recurrent decoder's weights and absolute positions are read, not
+        rebuilt)."""
         return self.where in (INPUT, OUTPUT)
 
 
@@ -165,7 +168,7 @@ def _attention_points(prefix: str, attention: Attention) -> list[HookPoint]:
                                        ("v", attention.n_kv_heads))]
     points += [
         HookPoint(f"{prefix}scores", attention.score, weights_from=attention, head_axis=1, position_axis=2),
-        HookPoint(f"{prefix}pattern", attention, WEIGHTS, weights_from=attention, head_axis=1, position_axis=2),
+        HookPoint(f"{prefix}pattern", attention.pattern, weights_from=attention, head_axis=1, position_axis=2),
         HookPoint(f"{prefix}z", attention.o_proj, INPUT, heads=attention.n_heads, head_axis=2),
         HookPoint(f"{prefix}out", attention),
     ]

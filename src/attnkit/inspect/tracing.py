@@ -69,9 +69,10 @@ def hooked(model: nn.Module, *, capture: Names = (), edits: Mapping[str, Edit] |
             stream = point.name.replace("pos_embed", "blocks.0.resid_pre")
             raise InputError(f"{point.name} is read, not rebuilt (the embeddings add it within one call); edit "
                              f"{stream}, the tokens and positions together, instead")
-        if not point.editable:
-            raise InputError(f"{point.name} is read, not rebuilt; edit the scores or the heads' outputs (attn.scores, "
-                             "attn.z) instead")
+        if not point.editable:  # the recurrent decoder's weights, which its attention returns beside its contexts
+            prefix = point.name.rpartition(".pattern")[0]
+            raise InputError(f"{point.name} is read, not rebuilt (the attention returns it beside the contexts it "
+                             f"made); edit {prefix}.z or {prefix}.out, the contexts, instead")
     calls: dict[str, list[Tensor]] = defaultdict(list)
     cache: dict[str, Tensor] = {}
     hooks = _Hooks(calls, {p.name for p in read}, edits)

@@ -211,6 +211,7 @@ class Attention(nn.Module):
         self.qkv_proj: nn.Module | None = None  # set by `fuse_qkv` (inference)
         self.score_kind = score
         self.score = make_score(score, self.head_dim, additive_dim=additive_dim)
+        self.pattern = nn.Identity()  # the weights (B, H, T, S) on the reference path: where a hook reads or edits them
         self.dropout = dropout
         self.relative = relative
         self.window = window  # sliding-window attention: a query sees keys fewer than `window` positions back
@@ -391,7 +392,7 @@ class Attention(nn.Module):
         scores = self.score(q, k)  # (B, H, T, S)
         if self.softcap is not None:
             scores = soft_cap(scores, self.softcap)
-        weights = attention_weights(scores, bias)  # (B, H, T, S)
+        weights = self.pattern(attention_weights(scores, bias))  # (B, H, T, S)
         dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
         out = torch.matmul(dropped, v)  # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
         if mask is not None and self.relative.needs_weights:
