@@ -239,3 +239,26 @@ def test_min_p_keeps_the_tokens_at_least_min_p_times_as_likely_as_the_likeliest(
         expected = [p >= min_p * max(probs) for p in probs]
         assert kept[row].tolist() == expected
     assert kept.any(dim=-1).all()  # the likeliest always stays
+
+
+@settings(max_examples=60, deadline=None)
+@given(vocab=st.integers(3, 60), seed=st.integers(0, 2**16), temperature=st.floats(0.05, 3.0),
+       top_p=st.floats(0.05, 1.0), min_p=st.floats(0.0, 0.5), penalty=st.floats(1.0, 3.0), data=st.data())
+def test_the_processed_distribution_is_transformers_own(vocab, seed, temperature, top_p, min_p, penalty, data):
+    """Repetition penalty, temperature, top-k, top-p and min-p in that order give the distribution Hugging Face's
+    logits processors give in their order. The logits are drawn without ties: which of two equal tokens at the top-p
+    border stays is each library's own choice."""
+    processors = pytest.importorskip("transformers.generation.logits_process")
+    top_k = data.draw(st.integers(1, vocab))
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, vocab, generator=generator) * 3  # (B, V), distinct values: no ties
+    ids = torch.randint(0, vocab, (2, 6), generator=generator)  # (B, T): the sequence so far
+    seen = torch.zeros(2, vocab, dtype=torch.bool).scatter_(1, ids, True)
+    config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repetition_penalty=penalty)
+    reference = processors.LogitsProcessorList([
+        processors.RepetitionPenaltyLogitsProcessor(penalty), processors.TemperatureLogitsWarper(temperature),
+        processors.TopKLogitsWarper(top_k), processors.TopPLogitsWarper(top_p), processors.MinPLogitsWarper(min_p),
+    ])(ids, logits.clone())
+    torch.testing.assert_close(process_logits(logits, config, seen).softmax(-1), reference.softmax(-1),
+                               rtol=1e-5, atol=1e-6)
