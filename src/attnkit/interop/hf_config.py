@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 _MISSING = object()
 _TRAINING_ONLY = ("dropout", "attention_dropout", "label_smoothing")
+_NEEDS_A_LAYOUT = ("--to-hf", "--to-gguf")  # GGUF writes a model as the Hugging Face layout that holds it
 
 
 def family_of(hf: dict[str, Any], source: str) -> FamilyMap:
@@ -122,29 +123,30 @@ def match_family(
         try:
             hf = config_to_hf(config, family, architecture, labels=labels)
             back = _structure(config_from_hf(hf, family, architecture, tensor_names=names or set(), source="config"))
-            problems = [
-                f"{name}={wanted.get(name)!r} (a {architecture} has {back.get(name)!r})"
-                for name in sorted(set(wanted) | set(back))
-                if wanted.get(name) != back.get(name)
-            ]
+            differing = [name for name in sorted(set(wanted) | set(back)) if wanted.get(name) != back.get(name)]
+            # a field one side alone uses follows from one both use (rope_theta from position): said only if alone
+            shown = [name for name in differing if name in wanted and name in back] or differing
+            problems = [f"{name}={wanted.get(name)!r} (a {architecture} has {back.get(name)!r})" for name in shown]
+            distance = len(differing)
         except ConfigError as err:
-            problems = [str(err)]
+            problems, distance = [str(err)], 1
         if names is None:  # a tensor the layout has no place for: never written, only named when nothing is nearer
             problems = problems or [f"a tensor a {architecture} has no place for"]
-            if unplaced is None or len(problems) < unplaced[0]:
-                unplaced = (len(problems), f"{architecture}: " + "; ".join(problems))
+            distance = max(distance, 1)
+            if unplaced is None or distance < unplaced[0]:
+                unplaced = (distance, f"{architecture}: " + "; ".join(problems))
             continue
         if not problems:
             return family, architecture
-        if nearest is None or len(problems) < nearest[0]:
-            nearest = (len(problems), f"{architecture}: " + "; ".join(problems))
+        if nearest is None or distance < nearest[0]:
+            nearest = (distance, f"{architecture}: " + "; ".join(problems))
     nearest = nearest or unplaced
     if nearest is None:
         raise ConfigError(f"this model (family={config.family!r}) has no Hugging Face layout attnkit writes "
-                          f"({supported_text()}): {elsewhere(config, '--to-hf')}")
+                          f"({supported_text()}): {elsewhere(config, *_NEEDS_A_LAYOUT)}")
     raise ConfigError(
         f"this model has no Hugging Face layout attnkit writes ({supported_text()}); the nearest is {nearest[1]}. "
-        f"Train with those fields as the class has them (--set NAME=VALUE), or {elsewhere(config, '--to-hf')}"
+        f"Train with those fields as the class has them (--set NAME=VALUE), or {elsewhere(config, *_NEEDS_A_LAYOUT)}"
     )
 
 

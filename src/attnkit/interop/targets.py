@@ -14,11 +14,12 @@ from attnkit.config import ModelConfig
 from attnkit.models import family_of
 
 
-def elsewhere(config: ModelConfig, tried: str) -> str:
-    """The advice after refusing `tried` (a convert flag) for `config`'s family: the other flags that write it, or
-    that none does."""
+def elsewhere(config: ModelConfig, *tried: str) -> str:
+    """The advice after refusing `tried` (convert flags: those that cannot hold the model for one reason, as GGUF
+    cannot hold what no Hugging Face layout holds) for `config`'s family: the other flags that write it, or that none
+    does."""
     formats = family_of(config).exports
-    others = [flag for flag in (f"--to-{name}" for name in formats) if flag != tried]
+    others = [flag for flag in (f"--to-{name}" for name in formats) if flag not in tried]
     if not formats:
         return (f"a {config.family} model has no export form: Hugging Face, llama.cpp and onnxruntime run "
                 "Transformers, not recurrent networks; run it with attnkit itself (generate, translate, serve)")
