@@ -27,6 +27,9 @@ LAYOUTS = {
     # GPT-2: transformers' GGUF reader takes n_positions and n_inner at GPT-2's own values (1024, 4 C)
     "gpt2": dict(family="decoder", d_model=64, n_layers=2, n_heads=4, d_ff=256, position="learned", norm="layer",
                  activation="gelu_tanh", max_seq_len=1024),
+    # Llama with attention_bias and mlp_bias: the q and k biases pair their dimensions as the rows do
+    "llama-bias": dict(family="decoder", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=160, position="rope",
+                       norm="rms", activation="swiglu", bias=True, max_seq_len=64, tie_embeddings=False),
     "mistral-window": dict(family="decoder", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=160,
                            position="rope", norm="rms", activation="swiglu", bias=False, max_seq_len=64,
                            tie_embeddings=False, attention_window=16),

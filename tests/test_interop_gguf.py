@@ -256,7 +256,7 @@ def _llama(path, n_ctx: int):
     return Llama(model_path=str(path), n_ctx=n_ctx, logits_all=True, verbose=False, n_threads=1, type_k=f32, type_v=f32)
 
 
-@pytest.mark.parametrize("layout", ["default", "gpt2", "llama-gqa-untied"])
+@pytest.mark.parametrize("layout", ["default", "gpt2", "llama-gqa-untied", "llama-bias"])
 def test_llama_cpp_logits_and_greedy_tokens_equal_attnkits_at_f32(tmp_path, llama_cpp, layout):
     run = random_run(tmp_path, LAYOUTS[layout])
     convert_to_gguf(run, tmp_path / "model.gguf", type="f32")

@@ -8,8 +8,8 @@ Hugging Face tensor gets its GGUF name from the `gguf` package's name map and is
 its quantizers. What llama.cpp's graphs need beyond a rename:
 
     GPT-2     Conv1D weights back to (out, in); a tied output layer written as its own `output.weight`
-    Llama     q and k rows permuted from rotate-half RoPE pairs (i, i + D/2) to llama.cpp's adjacent pairs
-              (2i, 2i + 1); a tied output layer left out (llama.cpp then reads `token_embd` for it)
+    Llama     q and k rows and biases permuted from rotate-half RoPE pairs (i, i + D/2) to llama.cpp's adjacent
+              pairs (2i, 2i + 1); a tied output layer left out (llama.cpp then reads `token_embd` for it)
     Mistral   as Llama; llama.cpp attends to every key, so the context length written is the sliding window
 
 llama.cpp's GPT-2 graph applies GELU (its tanh form) whatever the model's activation: a GPT-2 layout with another is
@@ -214,9 +214,10 @@ def gguf_tensors(model: torch.nn.Module, config: ModelConfig, family: FamilyMap)
             raise ConfigError(f"the gguf package has no {family.name} tensor name for {theirs}")
         if theirs in transposed and tensor.dim() == 2:
             tensor = tensor.t()  # Conv1D (in, out) -> (out, in)
-        if family.model_type != "gpt2" and tensor.dim() == 2 and name.endswith(("attn_q.weight", "attn_k.weight")):
-            heads = config.n_heads if name.endswith("attn_q.weight") else config.resolved.n_kv_heads
-            tensor = rope_pairs_adjacent(tensor, heads)
+        if family.model_type != "gpt2" and name.endswith(("attn_q.weight", "attn_k.weight", "attn_q.bias",
+                                                           "attn_k.bias")):
+            heads = config.n_heads if ".attn_q." in name else config.resolved.n_kv_heads
+            tensor = rope_pairs_adjacent(tensor, heads)  # a bias moves with its rows
         out[name] = tensor.detach().float().cpu().contiguous().numpy()
     if family.model_type == "gpt2" and "output.weight" not in out:  # tied: llama.cpp's gpt2 reads its own copy
         out["output.weight"] = out["token_embd.weight"]
@@ -224,12 +225,13 @@ def gguf_tensors(model: torch.nn.Module, config: ModelConfig, family: FamilyMap)
 
 
 def rope_pairs_adjacent(weight: Tensor, heads: int) -> Tensor:
-    """Rows of a q or k projection (H * D, C) reordered, within each head, from the rotate-half pairing of RoPE
-    (dimension i turns with i + D/2) to the adjacent pairing llama.cpp's Llama graph uses (2i with 2i + 1):
-    row order per head [0, D/2, 1, D/2 + 1, ...]. The scores are unchanged, since q and k move alike."""
-    rows, columns = weight.shape
+    """Rows of a q or k projection (H * D, C), or its bias (H * D,), reordered, within each head, from the
+    rotate-half pairing of RoPE (dimension i turns with i + D/2) to the adjacent pairing llama.cpp's Llama graph uses
+    (2i with 2i + 1): row order per head [0, D/2, 1, D/2 + 1, ...]. The scores are unchanged, since q and k move
+    alike."""
+    rows, *columns = weight.shape
     half = rows // heads // 2
-    return weight.reshape(heads, 2, half, columns).transpose(1, 2).reshape(rows, columns)
+    return weight.reshape(heads, 2, half, *columns).transpose(1, 2).reshape(rows, *columns)
 
 
 def _stored(gguf, name: str, array: np.ndarray, type: str):
