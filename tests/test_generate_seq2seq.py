@@ -106,3 +106,42 @@ def test_bad_beam_arguments_are_clear_errors():
         greedy_translate(model, SOURCES, bos_id=BOS, eos_id=EOS, max_length=0)
     with pytest.raises(InputError, match="source sequence is empty"):
         greedy_translate(model, [[1], []], bos_id=BOS, eos_id=EOS, max_length=5)
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory):
+    """A tiny random Marian model (transformers) and the same checkpoint loaded by attnkit, its EOS made likelier
+    (final_logits_bias) so that hypotheses end with EOS as well as at the length limit."""
+    interop_models = pytest.importorskip("interop_models")
+    from attnkit.interop import hf
+
+    directory = tmp_path_factory.mktemp("marian")
+    reference = interop_models.hf_model("marian", directory, seed=3)
+    with torch.no_grad():
+        reference.final_logits_bias[0, reference.config.eos_token_id] += 4.0
+    reference.save_pretrained(directory)
+    return reference, hf.load(directory).model
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0, 2.0])
+@pytest.mark.parametrize("early_stopping", [True, False])
+def test_beam_search_finds_what_transformers_beam_search_finds(marian, length_penalty, early_stopping):
+    """Same checkpoint, same scores (sum log p / (tokens + EOS) ** length_penalty), same stopping rule: the same best
+    hypothesis, whether it ends with EOS or at the length limit."""
+    reference, model = marian
+    pad, eos, vocab = reference.config.pad_token_id, reference.config.eos_token_id, reference.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    sources = [[*torch.randint(3, vocab, (n,), generator=generator).tolist(), eos] for n in (5, 3, 8, 6)]
+    ours = beam_search(model, sources, bos_id=pad, eos_id=eos, beam_size=3, max_length=6,
+                       length_penalty=length_penalty, early_stopping=early_stopping)
+    ended = 0
+    for source, found in zip(sources, ours, strict=True):
+        with torch.no_grad():
+            best = reference.generate(
+                input_ids=torch.tensor([source]), num_beams=3, max_new_tokens=6, length_penalty=length_penalty,
+                early_stopping=early_stopping, do_sample=False, forced_eos_token_id=None, bad_words_ids=None,
+                decoder_start_token_id=pad, eos_token_id=eos, pad_token_id=pad,
+            )[0, 1:].tolist()  # after the decoder's start token (pad, Marian's BOS)
+        ended += eos in best
+        assert found == (best[: best.index(eos)] if eos in best else best)
+    assert 0 < ended  # some hypotheses end with EOS, so the comparison covers finished ones
