@@ -174,6 +174,10 @@ def test_refused_with_the_reason(tmp_path):
     encoder = random_run(tmp_path, dict(family="encoder", d_model=32, n_heads=2, d_ff=64), name="encoder")
     with pytest.raises(ConfigError, match="GGUF export writes decoders"):
         convert_to_gguf(encoder, tmp_path / "encoder.gguf")
+    tagger = random_run(tmp_path, {**LAYOUTS["default"], "decoder_head": "tag", "n_classes": 5}, name="tagger")
+    with pytest.raises(ConfigError, match="predicts the next token .*head 'tag' gives a label per position: use "
+                                          "--to-hf or --to-onnx for it"):
+        convert_to_gguf(tagger, tmp_path / "tagger.gguf")
     run = random_run(tmp_path, LAYOUTS["default"])
     with pytest.raises(ConfigError, match="train the run with --tokenizer bpe"):
         chars = random_run(tmp_path, {**LAYOUTS["default"], "vocab_size": 40}, name="chars")
@@ -184,7 +188,7 @@ def test_refused_with_the_reason(tmp_path):
         convert_to_gguf(run, tmp_path / "taken.gguf")
     with pytest.raises(ConfigError, match="not a GGUF type"):
         convert_to_gguf(run, tmp_path / "new.gguf", type="q4_K")
-    assert not (tmp_path / "new.gguf").exists() and not (tmp_path / "old.gguf").exists()
+    assert [path.name for path in tmp_path.iterdir() if path.is_file()] == ["taken.gguf"]  # nothing else written
 
 
 def test_a_gpt2_layout_with_an_activation_llama_cpp_lacks_is_refused_before_writing(tmp_path, caplog):

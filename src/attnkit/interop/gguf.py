@@ -48,7 +48,7 @@ from attnkit.chat_format import (
     read_template_file,
 )
 from attnkit.checkpoint import TOKENIZER_DIR, load_model, unique_state_dict
-from attnkit.config import DecoderConfig, ModelConfig
+from attnkit.config import DecoderConfig, ModelConfig, head_output
 from attnkit.errors import ConfigError, InputError
 from attnkit.interop.hf_config import match_family
 from attnkit.interop.hf_weights import hf_name, hf_tensor_names, to_hf_tensors
@@ -154,6 +154,10 @@ def _family(model: torch.nn.Module, config: ModelConfig) -> FamilyMap:
     if not isinstance(config, DecoderConfig):
         raise ConfigError(f"GGUF export writes decoders (llama.cpp generates text); this run is family="
                           f"{config.family!r}: {elsewhere(config, '--to-gguf')}")
+    if head_output(config.family, config.decoder_head) != "token":
+        raise ConfigError(f"GGUF export writes a decoder that predicts the next token (llama.cpp generates text); "
+                          f"this one's head {config.decoder_head!r} gives a label per position: "
+                          f"{elsewhere(config, '--to-gguf')}")
     state = unique_state_dict(model)
     try:
         family, _ = match_family(config, lambda f: hf_tensor_names(state, f, config))
