@@ -106,16 +106,22 @@ def test_align_stops_encoding_once_no_word_fits():
     assert counting.words <= 2 * 64
 
 
-def test_the_loss_skips_continuation_pieces_and_padding():
-    """The model's loss equals cross-entropy over first pieces alone, whatever the other positions predict."""
+def two_sentences_and_a_tagger(label_smoothing: float = 0.0) -> tuple[TaggedData, LabelVocab, torch.nn.Module]:
+    """Two sentences of character pieces, labels on first pieces, and a tiny untrained tagger for them."""
     tokenizer = CharTokenizer.from_texts(["abcdefgh "])
     vocab = LabelVocab(("B-X", "O"))
     data = TaggedData.from_sentences([(["abc", "de"], ["B-X", "O"]), (["h"], ["O"])], tokenizer, label_vocab=vocab,
                                      max_len=16, batch_size=2)
     config = ModelConfig(family="encoder", encoder_head="tag", n_classes=2, vocab_size=tokenizer.vocab_size,
-                         d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16, dropout=0.0)
+                         d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16, dropout=0.0,
+                         label_smoothing=label_smoothing)
     torch.manual_seed(0)
-    model = build_model(config).eval()
+    return data, vocab, build_model(config).eval()
+
+
+def test_the_loss_skips_continuation_pieces_and_padding():
+    """The model's loss equals cross-entropy over first pieces alone, whatever the other positions predict."""
+    data, vocab, model = two_sentences_and_a_tagger()
     batch = data.collate([0, 1])
     out = model(batch.ids, attention_mask=batch.attention_mask, labels=batch.labels)
     firsts = [(row, f) for row, a in enumerate(data.aligned) for f in a.firsts]
@@ -124,6 +130,16 @@ def test_the_loss_skips_continuation_pieces_and_padding():
     torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(logits, gold))
     _, count, predicted = tag_predictions(model, data)
     assert count == 3 and [len(p) for p in predicted] == [2, 1]
+
+
+def test_the_scored_loss_is_the_likelihood_with_label_smoothing_on():
+    """tag_predictions' loss is the plain cross-entropy over first pieces, not the model's label-smoothed one."""
+    data, _, model = two_sentences_and_a_tagger(label_smoothing=0.3)
+    batch = data.collate([0, 1])
+    logits = model(batch.ids, attention_mask=batch.attention_mask).logits  # (B, T, 2)
+    plain = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), reduction="sum")
+    total, count, _ = tag_predictions(model, data)
+    assert count == 3 and total == pytest.approx(plain.item(), rel=1e-5)
 
 
 def test_scores_are_seqeval_entity_scores_and_word_accuracy():

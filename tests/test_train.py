@@ -64,6 +64,20 @@ def test_resume_continues_bit_for_bit(tmp_path, task):
         assert torch.equal(a[name], b[name]), name
 
 
+@pytest.mark.parametrize("task", ["lm", "mlm", "translate", "classify"])
+def test_validation_loss_is_the_likelihood_not_the_label_smoothed_training_loss(tmp_path, task):
+    """With label smoothing on, training's loss is no likelihood (Szegedy et al. 2016); val_loss and val_ppl are of
+    the plain cross-entropy, so they equal the same model's scores with smoothing off."""
+    trainer = prepare(request(tmp_path, task, overrides=["label_smoothing=0.2"], max_steps=4, eval_every=4))
+    trainer.fit()
+    model = trainer.model.eval()
+    with torch.inference_mode():
+        smoothed = trainer.task.evaluate(model)
+        model.label_smoothing = 0.0
+        plain = trainer.task.evaluate(model)
+    assert smoothed == pytest.approx(plain, rel=1e-5)
+
+
 def test_resume_without_restored_state_would_differ(tmp_path):
     """The bit-for-bit test can fail: a fresh run over the same later steps (no restored RNG, data position
     or optimizer state) ends with other weights."""

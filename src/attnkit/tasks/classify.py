@@ -20,7 +20,17 @@ from attnkit.data import LabelledBatch, LabelledData, LabelVocab, make_task, rea
 from attnkit.errors import InputError
 from attnkit.run_settings import InputSettings, read_inputs
 from attnkit.tasks import common
-from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, synthetic_name, take_rows
+from attnkit.tasks.common import (
+    ONE_PROCESS,
+    EpochTask,
+    Shard,
+    device_of,
+    rows_of,
+    split,
+    summed_nll,
+    synthetic_name,
+    take_rows,
+)
 from attnkit.tasks.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
 from attnkit.tasks.layouts import check_layout
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
@@ -42,9 +52,9 @@ def predict_labels(model: nn.Module, data: LabelledData, *, progress: bool = Fal
         rows, counts = rows_of(shard, len(batch.labels), first)
         first += len(batch.labels)
         b = take_rows(batch, rows).to(device)
-        out = model(b.ids, attention_mask=b.attention_mask, labels=b.labels)
+        out = model(b.ids, attention_mask=b.attention_mask)
         if counts:
-            total += out.loss.item() * len(b.labels)
+            total += summed_nll(out.logits, b.labels)
             guesses += out.logits.argmax(-1).tolist()
             truth += b.labels.tolist()
     return total, truth, guesses

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+
+from attnkit.data import IGNORE_INDEX
 
 SYNTHETIC = "synthetic:"  # `--data synthetic:NAME` names a generated task (`attnkit.data.synthetic`)
 SYNTHETIC_SIZES = (20_000, 500)  # train, validation examples of a synthetic task
@@ -103,11 +106,10 @@ class EpochTask:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
-def mean_loss(task: Any, model: nn.Module, batches) -> float:
-    """Loss over `batches`, each weighted by its number of targets (`task.loss`, `task.weight`)."""
-    total, count = 0.0, 0
-    for batch in batches:
-        n = task.weight(batch)
-        total += task.loss(model, batch).item() * n
-        count += n
-    return total / count
+def summed_nll(logits: Tensor, labels: Tensor) -> float:
+    """The negative log-likelihood of `labels` (...) under `logits` (..., V), summed over the targets that are not
+    IGNORE_INDEX: what an evaluation's loss and perplexity are of. Training's loss may be label-smoothed (the model's
+    `label_smoothing`; Szegedy et al. 2016) and is then no likelihood, so evaluations score from the logits, as
+    fairseq reports nll_loss beside its smoothed loss."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device),
+                           ignore_index=IGNORE_INDEX, reduction="sum").item()

@@ -50,7 +50,16 @@ from attnkit.data.packing import PackedBatch, PackMode, document_ends, pack_rows
 from attnkit.errors import ConfigError, InputError
 from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs, read_stdin, text_list
 from attnkit.tasks import common
-from attnkit.tasks.common import ONE_PROCESS, Shard, decode_tensor, device_of, encode_tensor, rows_of, synthetic_name
+from attnkit.tasks.common import (
+    ONE_PROCESS,
+    Shard,
+    decode_tensor,
+    device_of,
+    encode_tensor,
+    rows_of,
+    summed_nll,
+    synthetic_name,
+)
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.textfiles import read_text
@@ -283,10 +292,10 @@ def masked_lm_scores(model: nn.Module, batches: Iterator[tuple[Tensor, Tensor]],
         rows, counts = rows_of(shard, len(whole[0]), first)
         first += len(whole[0])
         inputs, labels = (t[rows].to(device) for t in whole)  # (B, T) each
-        out = model(inputs, labels=labels)
+        out = model(inputs)
         masked = labels != IGNORE_INDEX
         if counts and masked.any():
-            total += out.loss.item() * int(masked.sum())
+            total += summed_nll(out.logits, labels)
             correct += int((out.logits.argmax(-1)[masked] == labels[masked]).sum())
             count += int(masked.sum())
     total, correct, count = shard.sum(total, correct, count)

@@ -29,7 +29,16 @@ from tqdm.auto import tqdm
 from attnkit.data import IGNORE_INDEX, BucketedData, LabelVocab, pad
 from attnkit.errors import InputError
 from attnkit.run_settings import InputSettings, read_inputs, text_list
-from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, synthetic_name
+from attnkit.tasks.common import (
+    ONE_PROCESS,
+    EpochTask,
+    Shard,
+    device_of,
+    rows_of,
+    split,
+    summed_nll,
+    synthetic_name,
+)
 from attnkit.tasks.conll import Sentence, check_scheme, read_tagged, tag_scheme
 from attnkit.tasks.layouts import check_layout
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
@@ -133,11 +142,10 @@ def tag_predictions(model: nn.Module, data: TaggedData, *, progress: bool = Fals
         rows, counts = rows_of(shard, len(whole), first)
         chunk = whole[rows]
         b = data.collate(chunk).to(device)
-        out = model(b.ids, attention_mask=b.attention_mask, labels=b.labels)
+        out = model(b.ids, attention_mask=b.attention_mask)
         if not counts:
             continue
-        n = int((b.labels != IGNORE_INDEX).sum())
-        total, count = total + out.loss.item() * n, count + n
+        total, count = total + summed_nll(out.logits, b.labels), count + int((b.labels != IGNORE_INDEX).sum())
         guesses = out.logits.argmax(-1).tolist()  # (B, T)
         for row, index in enumerate(chunk):
             predicted[index] = [data.label_vocab.decode(guesses[row][f]) if f is not None else fallback

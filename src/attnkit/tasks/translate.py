@@ -27,7 +27,7 @@ from attnkit.outputs import atomic_write, check_output
 from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs
 from attnkit.tasks import common
 from attnkit.tasks.bleu import translation_scores
-from attnkit.tasks.common import EpochTask, device_of, mean_loss, split, synthetic_name
+from attnkit.tasks.common import EpochTask, device_of, split, summed_nll, synthetic_name
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.tokenize import Tokenizer
@@ -86,7 +86,12 @@ class TranslateTask(EpochTask):
         return int(batch.src_mask.sum()) + batch.n_tgt_tokens
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        loss = mean_loss(self, model, self.val.eval_batches())
+        total, count = 0.0, 0
+        for batch in self.val.eval_batches():
+            b = batch.to(device_of(model))
+            logits = model(b.src_ids, b.tgt_in, src_mask=b.src_mask, tgt_mask=b.tgt_mask).logits  # (B, T, V)
+            total, count = total + summed_nll(logits, b.tgt_out), count + b.n_tgt_tokens
+        loss = total / count
         results = {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
         if self.translate is not None:
             scores = translation_scores(self.hypotheses(model), self.references)
