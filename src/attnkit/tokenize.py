@@ -391,7 +391,8 @@ def _read_hf(path: Path):
     try:
         return _HF.from_file(str(path))
     except Exception as err:  # tokenizers raises plain Exception on a malformed file
-        raise InputError(f"cannot read the Hugging Face tokenizer {path}: {err}") from None
+        raise InputError(f"cannot read the Hugging Face tokenizer {path}: {err}; the file is damaged or no "
+                         "tokenizer.json: put back the one its model came with") from None
 
 
 def _read_meta(directory: Path) -> dict:
