@@ -78,6 +78,14 @@ def test_validation_loss_is_the_likelihood_not_the_label_smoothed_training_loss(
     assert smoothed == pytest.approx(plain, rel=1e-5)
 
 
+def test_resuming_a_run_at_or_past_max_steps_says_that_nothing_is_left_to_train(tmp_path, caplog):
+    prepare(request(tmp_path, max_steps=4)).fit()
+    with caplog.at_level("WARNING", logger="attnkit.train.trainer"):
+        result = prepare(request(tmp_path, resume=True, max_steps=2)).fit()
+    assert result.step == 4
+    assert "at step 4, --max-steps 2: nothing is left to train; give --max-steps above 4" in caplog.text
+
+
 def test_resume_without_restored_state_would_differ(tmp_path):
     """The bit-for-bit test can fail: a fresh run over the same later steps (no restored RNG, data position
     or optimizer state) ends with other weights."""

@@ -298,6 +298,9 @@ class Trainer:
                         "sequences per step", saved_ranks, self.parallel.size,
                         self.settings.batch_size * self.settings.grad_accum * self.parallel.size)
         log.info("resumed from %s at step %d", checkpoint.path, self.step)
+        if self.step >= self.settings.max_steps:
+            log.warning("the run is at step %d, --max-steps %d: nothing is left to train; give --max-steps above %d "
+                        "to train on", self.step, self.settings.max_steps, self.step)
 
     # The loop -------------------------------------------------------------------------------------------------
     def fit(self, *, stop_at: int | None = None) -> TrainResult:
