@@ -81,8 +81,8 @@ class SamplingConfig:
                 raise SamplingError(name, f"{name}={value!r} must be a number, not {type(value).__name__}")
         t = self.temperature
         if not _number(t) or t < 0:
-            raise SamplingError("temperature", f"temperature={t!r} must be >= 0 (0 is greedy, 1 samples as the "
-                                "model says)")
+            raise SamplingError("temperature", f"temperature={t!r} must be a finite number >= 0 (0 is greedy, 1 "
+                                "samples as the model says)")
         if 0 < t < MIN_TEMPERATURE:
             raise SamplingError("temperature", f"temperature={t!r} is below {MIN_TEMPERATURE:g}, where dividing the "
                                 "logits by it overflows: give 0 for greedy decoding, or at least that")
@@ -99,8 +99,8 @@ class SamplingConfig:
         low, high = REPETITION_PENALTY_RANGE
         penalty = self.repetition_penalty
         if not _number(penalty) or penalty <= 0:
-            raise SamplingError("repetition_penalty", f"repetition_penalty={penalty!r} must be > 0 (1 disables it; "
-                                "1.2 is usual)")
+            raise SamplingError("repetition_penalty", f"repetition_penalty={penalty!r} must be a finite number > 0 "
+                                "(1 disables it; 1.2 is usual)")
         if not low <= penalty <= high:
             raise SamplingError("repetition_penalty", f"repetition_penalty={penalty!r} must lie in [{low:g}, "
                                 f"{high:g}], where the penalised logits stay finite (1 disables it; 1.2 is usual)")
