@@ -121,6 +121,27 @@ def test_families_without_an_onnx_form_are_refused(tmp_path):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
+def test_a_full_disk_after_the_graph_leaves_no_folder_and_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    from attnkit.interop import onnx
+
+    run = random_run(tmp_path, {**LAYOUTS["llama-gqa-untied"], "d_model": 32, "d_ff": 64, "n_layers": 1})
+    written = onnx.atomic_write
+
+    def full_at_runtime_json(path, data):  # model.onnx, tokenizer.json and config.json are already written
+        if Path(path).name == "runtime.json":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        written(path, data)
+
+    monkeypatch.setattr(onnx, "atomic_write", full_at_runtime_json)
+    assert main(["convert", str(run), "--to-onnx", str(tmp_path / "exported")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the disk is full; free some space, or write to another disk" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no folder, no partial one beside it
+
+
 LABELS = ["negative", "neutral", "positive"]
 TEXTS = ["a gorgeous, witty film", "", "Ünïcödé and emoji 🙂", "def main(): return 1  " * 12]  # the last is cut
 
