@@ -117,6 +117,14 @@ def test_a_trained_run_is_written_for_transformers(tmp_path, capsys):
     assert (hf_config["bos_token_id"], hf_config["eos_token_id"], hf_config["pad_token_id"]) == (BOS, EOS, PAD)
 
 
+def test_a_run_without_its_tokenizer_is_written_saying_the_directory_has_none(tmp_path, caplog):
+    config = presets.get("llama2-tiny", vocab_size=99, max_seq_len=32)
+    save_model(build_model(config), config, tmp_path / "run")
+    assert main(["convert", str(tmp_path / "run"), "--to-hf", str(tmp_path / "hf")]) == 0
+    assert "has no tokenizer/ directory, so" in caplog.text and "AutoTokenizer.from_pretrained will not" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
+
+
 def test_convert_refuses_bad_arguments(tmp_path, capsys):
     hf_model("gpt2", tmp_path / "hf")
     assert main(["convert", "--from-hf", str(tmp_path / "hf")]) == 2

@@ -265,6 +265,10 @@ def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = 
     check_output(hf_dir, directory=True, overwrite=overwrite, flag="--to-hf")
     model, config = load_model(run_dir)
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR) if (run_dir / TOKENIZER_DIR).is_dir() else None
+    if tokenizer is None:
+        log.warning("%s has no %s/ directory, so %s gets the model alone: AutoTokenizer.from_pretrained will not find "
+                    "a tokenizer there; put the run's tokenizer back in %s/ to export it too", run_dir, TOKENIZER_DIR,
+                    hf_dir, TOKENIZER_DIR)
     labels = read_labels(run_dir)
     origin = read_json(run_dir / HF_SOURCE_FILE) if (run_dir / HF_SOURCE_FILE).is_file() else {}
     chat_template = None
