@@ -203,6 +203,17 @@ def test_cli_generate_json_schema_and_json(json_run, tmp_path, capsys):
     assert "not both" in capsys.readouterr().err
 
 
+def test_a_schema_file_that_is_not_utf8_is_refused_without_naming_a_flag_generate_lacks(json_run, tmp_path, capsys):
+    from attnkit import cli
+
+    schema = tmp_path / "schema.json"
+    schema.write_bytes(b'{"type": "obj\xffect"}')
+    assert cli.main(["generate", str(json_run), "--prompt", "", "--json-schema", str(schema)]) == 2
+    error = capsys.readouterr().err
+    assert f"{schema} is not valid UTF-8: byte 0xff at offset 13" in error
+    assert "--encoding-errors" not in error  # generate has no such option: a schema is read as UTF-8 or not at all
+
+
 def test_a_briefly_trained_model_writes_valid_json():
     """A model trained for a moment on JSON records: its constrained texts validate as a random model's do."""
     import random

@@ -16,11 +16,15 @@ from attnkit.errors import InputError
 EncodingErrors = Literal["strict", "replace"]
 
 
-def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict") -> str:
+REPLACE_FIX = "convert the file to UTF-8, or pass --encoding-errors replace to substitute U+FFFD"
+
+
+def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict", fix: str = REPLACE_FIX) -> str:
     """Decode UTF-8 (a leading byte-order mark is dropped).
 
     Raises `InputError` naming `name` and the byte offset for a NUL byte (a binary file) or, with
-    `errors="strict"`, for bytes that are not UTF-8; `errors="replace"` turns those into U+FFFD.
+    `errors="strict"`, for bytes that are not UTF-8, then `fix` (a file a command reads with no --encoding-errors
+    names its own); `errors="replace"` turns those into U+FFFD.
     """
     nul = data.find(b"\x00")
     if nul >= 0:
@@ -29,8 +33,7 @@ def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict") -
         return data.decode("utf-8-sig", errors=errors)
     except UnicodeDecodeError as err:
         raise InputError(
-            f"{name} is not valid UTF-8: byte 0x{data[err.start]:02x} at offset {err.start} "
-            "(convert the file to UTF-8, or pass --encoding-errors replace to substitute U+FFFD)"
+            f"{name} is not valid UTF-8: byte 0x{data[err.start]:02x} at offset {err.start} ({fix})"
         ) from None
 
 
@@ -43,8 +46,9 @@ def special_file(path: str | os.PathLike) -> str | None:
     return next((name for name, test in kinds if test()), None)
 
 
-def read_text(path: str | os.PathLike, *, errors: EncodingErrors = "strict") -> str:
-    """Read one UTF-8 text file; see `decode_bytes` for what is raised. A FIFO, device or socket is refused."""
+def read_text(path: str | os.PathLike, *, errors: EncodingErrors = "strict", fix: str = REPLACE_FIX) -> str:
+    """Read one UTF-8 text file; see `decode_bytes` for what is raised (`fix`: what its error proposes). A FIFO,
+    device or socket is refused."""
     path = Path(path)
     kind = special_file(path)
     if kind is not None:
@@ -53,7 +57,7 @@ def read_text(path: str | os.PathLike, *, errors: EncodingErrors = "strict") -> 
         data = path.read_bytes()
     except OSError as err:
         raise InputError(f"cannot read {path}: {err.strerror}") from None
-    return decode_bytes(data, name=str(path), errors=errors)
+    return decode_bytes(data, name=str(path), errors=errors, fix=fix)
 
 
 def iter_texts(source: Iterable[str | os.PathLike], *, errors: EncodingErrors = "strict") -> Iterator[str]:

@@ -512,7 +512,7 @@ def read_schema(settings: GenerateSettings) -> dict | None:
     if settings.json_schema is None:
         return None
     try:
-        schema = json.loads(read_text(settings.json_schema))
+        schema = json.loads(read_text(settings.json_schema, fix="save the schema as UTF-8, as JSON is written"))
     except json.JSONDecodeError as err:
         raise InputError(f"{settings.json_schema} is not JSON ({err}): a JSON schema file holds one JSON "
                          "object") from None
