@@ -106,6 +106,16 @@ def test_each_layout_reads_back_with_its_names_and_shapes(tmp_path, layout):
         assert fields["llama.context_length"] == written.context_length == 16
 
 
+def test_weights_whose_rows_are_no_whole_number_of_blocks_are_kept_at_f16_in_one_line(tmp_path, caplog):
+    run = random_run(tmp_path, {**LAYOUTS["llama-gqa-untied"], "d_model": 48, "d_ff": 96})  # rows of 48: 1.5 blocks
+    export = convert_to_gguf(run, tmp_path / "model.gguf", type="q8_0")
+    kept = sorted(name for name, stored in export.tensor_types.items() if stored == "F16")
+    assert "token_embd.weight" in kept and "blk.0.ffn_down.weight" not in kept  # ffn_down's rows hold 96: 3 blocks
+    assert export.tensor_types["blk.0.ffn_down.weight"] == "Q8_0"
+    said = [record.getMessage() for record in caplog.records if "whole number" in record.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"{len(kept)} of {len(export.tensor_types)} tensors (")
+
+
 def test_q_and_k_rows_pair_as_llama_cpp_rotates():
     """llama.cpp's Llama turns adjacent pairs (2i, 2i + 1); attnkit (and transformers) turn (i, i + D/2). The
     permuted rows rotated llama.cpp's way give the same scores as the originals rotated attnkit's way."""

@@ -131,6 +131,7 @@ def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f
                 stored, qtype = _stored(gguf, name, array, type)
                 writer.add_tensor(name, stored, raw_dtype=qtype)
                 tensor_types[name] = qtype.name
+            _say_kept_at_f16(gguf, tensor_types, type)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_tensors_to_file()
@@ -243,12 +244,20 @@ def _stored(gguf, name: str, array: np.ndarray, type: str):
     qtype = gguf.GGMLQuantizationType[GGUF_TYPES[type][0]]
     if array.ndim < 2 or name.startswith(_KEEP_F32):
         qtype = gguf.GGMLQuantizationType.F32
-    block = gguf.GGML_QUANT_SIZES[qtype][0]
-    if array.shape[-1] % block:
-        log.warning("%s: rows of %d values are no whole number of %s blocks (%d); stored as f16",
-                    name, array.shape[-1], qtype.name, block)
+    if array.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
         qtype = gguf.GGMLQuantizationType.F16
     return gguf.quants.quantize(array, qtype), qtype
+
+
+def _say_kept_at_f16(gguf, tensor_types: dict[str, str], type: str) -> None:
+    """One line for the weights `_stored` kept at f16, their rows no whole number of the type's blocks."""
+    asked = GGUF_TYPES[type][0]
+    kept = [name for name, stored in tensor_types.items() if stored == "F16" and asked != "F16"]
+    if kept:
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[asked]][0]
+        log.warning("%d of %d tensors (%s%s) have rows that are no whole number of %s blocks (%d values); they are "
+                    "stored as f16", len(kept), len(tensor_types), ", ".join(kept[:3]), ", ..." * (len(kept) > 3),
+                    asked, block)
 
 
 # Tokenizer ---------------------------------------------------------------------------------------------------------
