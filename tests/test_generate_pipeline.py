@@ -179,6 +179,10 @@ def test_bad_generation_arguments_are_clear_errors(lm, settings, error, message)
     ("ab", dict(temperature="x"), "temperature='x' must be a number, not str"),
     ("ab", dict(top_p="0.9"), "top_p='0.9' must be a number, not str"),
     ("ab", dict(repetition_penalty=None), "repetition_penalty=None must be a number"),
+    ("ab", dict(stop_tokens="\n"), r"stop_tokens are token ids .integers from 0 to 16.; got '\\n'"),
+    ("ab", dict(stop_tokens=[3, 17]), r"stop_tokens: 17 is no token id .integers from 0 to 16."),
+    ("ab", dict(stop_tokens=[-1]), r"stop_tokens: -1 is no token id"),
+    ("ab", dict(stop_tokens=[2.0]), r"stop_tokens: 2.0 is no token id"),
 ])
 def test_the_python_api_checks_argument_types_at_its_door(lm, prompts, settings, message):
     with pytest.raises(AttnkitError, match=message):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,7 +170,7 @@ class Pipeline:
         rows = [ids for ids in prompt_ids for _ in range(num_samples)]
         generator = None if seed is None else [  # sample i of each prompt: seed + i, whatever else is in the batch
             make_generator(choice_seed(seed, i), self.device) for _ in prompt_ids for i in range(num_samples)]
-        stop_ids = set(stop_tokens)
+        stop_ids = self._stop_ids(stop_tokens)
         if stop_at_eos and self.tokenizer.eos_id is not None:
             stop_ids.add(self.tokenizer.eos_id)
         texts = TextTracker(self.tokenizer, len(rows), stops, on_text)
@@ -193,6 +193,18 @@ class Pipeline:
                         "or token met), so they do not parse: give a larger max_new_tokens (--max-new-tokens)",
                         mask.unfinished(), grammar.name, max_new_tokens)
         return texts.finish()
+
+    def _stop_ids(self, stop_tokens: Sequence[int]) -> set[int]:
+        """`stop_tokens` as a set. Raises InputError for something else than token ids within the vocabulary (a
+        string's characters, say, which would never match and so never stop)."""
+        last = self.config.vocab_size - 1
+        if isinstance(stop_tokens, str | bytes) or not isinstance(stop_tokens, Iterable):
+            raise InputError(f"stop_tokens are token ids (integers from 0 to {last}); got {stop_tokens!r}")
+        for token in stop_tokens:
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= last:
+                raise InputError(f"stop_tokens: {token!r} is no token id (integers from 0 to {last}); give stop "
+                                 "strings as stop=")
+        return set(stop_tokens)
 
     def translate(
         self,
