@@ -106,6 +106,10 @@ def test_bad_beam_arguments_are_clear_errors():
         greedy_translate(model, SOURCES, bos_id=BOS, eos_id=EOS, max_length=0)
     with pytest.raises(InputError, match="source sequence is empty"):
         greedy_translate(model, [[1], []], bos_id=BOS, eos_id=EOS, max_length=5)
+    for early_stopping in ("never", 0, None):  # transformers' "never" is no rule here: not read as True
+        with pytest.raises(InputError, match=f"early_stopping={early_stopping!r} must be True or False"):
+            beam_search(model, SOURCES, bos_id=BOS, eos_id=EOS, beam_size=2, max_length=5,
+                        early_stopping=early_stopping)
 
 
 @pytest.fixture(scope="module")

@@ -58,11 +58,15 @@ class Hypotheses:
 MAX_LENGTH_PENALTY = 100.0  # |length_penalty| past this makes length ** penalty overflow a float at long targets
 
 
-def check_search(beam_size: int, length_penalty: float, *, vocab_size: int | None = None) -> None:
+def check_search(beam_size: int, length_penalty: float, *, vocab_size: int | None = None,
+                 early_stopping: bool = True) -> None:
     """InputError for a beam size that is no positive integer or is wider than the target vocabulary (`vocab_size`,
-    when given: the first step proposes that many tokens, so wider beams start empty and only cost time), or a
+    when given: the first step proposes that many tokens, so wider beams start empty and only cost time), a
     length penalty that is not a finite number within +-MAX_LENGTH_PENALTY (nan, inf or 1e308 would make every score
-    nan, 0 or an overflow)."""
+    nan, 0 or an overflow), or an `early_stopping` that is not a bool (transformers' "never" would read as True)."""
+    if not isinstance(early_stopping, bool):
+        raise InputError(f"early_stopping={early_stopping!r} must be True or False (True: a source ends with "
+                         "beam_size finished hypotheses; False: while a live beam could still win)")
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise InputError(f"beam_size={beam_size!r} must be a positive integer (1 is greedy)")
     if vocab_size is not None and beam_size > vocab_size:
@@ -133,7 +137,7 @@ def beam_search(
 ) -> list[list[int]]:
     """The best hypothesis of each source (target tokens without BOS and EOS); see the module docstring."""
     check_max_length(max_length)
-    check_search(beam_size, length_penalty)
+    check_search(beam_size, length_penalty, early_stopping=early_stopping)
     batch, k = len(sources), beam_size
     source = encode_sources(model, sources, pad_id=pad_id).repeat(k)
     device = source.memory.device

@@ -229,8 +229,8 @@ class Pipeline:
         bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
         if bos is None or eos is None:
             raise InputError("translation needs a tokenizer with BOS and EOS tokens (the target starts and ends there)")
-        check_search(beam_size, length_penalty, vocab_size=getattr(self.config, "target_vocab_size",
-                                                                    self.config.vocab_size))
+        check_search(beam_size, length_penalty, early_stopping=early_stopping,
+                     vocab_size=getattr(self.config, "target_vocab_size", self.config.vocab_size))
         if max_length is not None:  # 0 is no request for the default
             check_max_length(max_length)
             if max_length > self.config.max_seq_len:
