@@ -296,6 +296,18 @@ def test_llama_cpp_logits_and_greedy_tokens_equal_attnkits_at_f32(tmp_path, llam
     assert greedy == ids[0, len(PROMPT):].tolist()
 
 
+def test_llama_cpp_tokenizes_and_detokenizes_as_attnkit_does(tmp_path, llama_cpp):
+    from llama_cpp import Llama
+
+    convert_to_gguf(random_run(tmp_path, LAYOUTS["default"]), tmp_path / "model.gguf", type="f32")
+    llm = Llama(model_path=str(tmp_path / "model.gguf"), vocab_only=True, verbose=False)
+    for text in ["def f(x):\n    return x  # ok", "Ünïcödé café naïve", "日本語のテキスト", "  two  spaces\n\n\ttab",
+                 "a <eos> b <pad>", "it's we'll I'm", "🙂 emoji 123456"]:  # special tokens' text is text to both
+        ids = llm.tokenize(text.encode(), add_bos=False, special=False)
+        assert ids == tokenizer().encode(text)
+        assert llm.detokenize(ids).decode() == text
+
+
 @pytest.mark.parametrize("type", ["f16", "bf16", "q8_0"])
 def test_llama_cpp_logits_at_a_smaller_type_are_within_what_the_type_costs_attnkit(tmp_path, llama_cpp, type):
     """The tolerance is the type's own: attnkit's logits moved by taking the file's weight values (each 2-D weight
