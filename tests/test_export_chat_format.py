@@ -148,6 +148,14 @@ def test_a_model_converted_from_hugging_face_keeps_its_chat_template_for_serve_a
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "back").apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True) == expected
 
+    convert_from_hf(tmp_path / "back", tmp_path / "again")  # the way round again: the same template and no stops
+    assert chat_template(tmp_path / "again" / "tokenizer", {}).source == own
+
+    convert_to_hf(random_run(tmp_path, LAYOUTS["default"], name="fresh"), tmp_path / "attnkits")  # attnkit's format
+    convert_from_hf(tmp_path / "attnkits", tmp_path / "attnkits-run")  # and back: still attnkit's, with its stops
+    served = chat_template(tmp_path / "attnkits-run" / "tokenizer", {})
+    assert served.source is None and served.stops == STOP_STRINGS
+
     settings["chat_template"] = "{% for %}"
     (source / "tokenizer_config.json").write_text(json.dumps(settings))
     with pytest.raises(InputError, match="the chat template of .*source/tokenizer_config.json is not a valid Jinja"):

@@ -245,11 +245,15 @@ def convert_from_hf(
 def _tokenizer_settings(hf_dir: Path) -> bytes | None:
     """The directory's tokenizer_config.json (its chat template, its special tokens) for the run's tokenizer/, checked
     first as `attnkit serve` and the exports read it (InputError naming the file and the fault); None where it has
-    none."""
+    none. attnkit's own template, which --to-hf writes, is left out: the run chats in attnkit's format as before, its
+    stop strings with it."""
     path = hf_dir / TEMPLATE_CONFIG
     if not path.is_file():
         return None
-    template, _ = config_template(hf_dir)
+    template, settings = config_template(hf_dir)
+    if template == DEFAULT_CHAT_TEMPLATE:
+        del settings["chat_template"]
+        return (json.dumps(settings, indent=2, sort_keys=True) + "\n").encode()
     if template is not None:
         check_template(template, f"the chat template of {path}")
     return path.read_bytes()
