@@ -300,6 +300,24 @@ def test_cli_bad_arguments_print_a_clear_error(runs, capsys):
     assert "its family is 'decoder'" in capsys.readouterr().err
 
 
+def test_logits_that_overflow_in_fp16_end_generation_with_one_line_naming_the_dtype(tmp_path, capsys):
+    """An output layer whose logits pass fp16's largest number (65504) gives inf, then nan probabilities."""
+    tokenizer = CharTokenizer(ALPHABET)
+    model, config = tiny_model("decoder", vocab_size=tokenizer.vocab_size, seed=3, norm="rms")
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1e4)
+    save_model(model.float(), config, tmp_path / "run")
+    tokenizer.save(tmp_path / "run" / "tokenizer")
+    assert cli.main(["generate", str(tmp_path / "run"), "--prompt", "ab", "--max-new-tokens", "3"]) == 0  # fp32
+    capsys.readouterr()
+    assert cli.main(["generate", str(tmp_path / "run"), "--prompt", "ab", "--max-new-tokens", "3",
+                     "--dtype", "fp16"]) == 2
+    printed = capsys.readouterr()
+    errors = printed.err.strip().splitlines()
+    assert errors[-1].startswith("attnkit: error: the model's logits for row(s) [0] are no probability distribution")
+    assert "in fp16" in errors[-1] and "--dtype bf16" in errors[-1] and "Traceback" not in printed.err
+
+
 def test_cli_translate_file_to_file_and_classify(runs, tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_text("abc\n\nhg fe\n")

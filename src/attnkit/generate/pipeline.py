@@ -30,14 +30,14 @@ from attnkit.blocks import torch_compile_mode
 from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_run_model, read_labels
 from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
-from attnkit.errors import CheckpointError, InputError
+from attnkit.errors import AttnkitError, CheckpointError, InputError
 from attnkit.generate.beam import check_search, translate_batched
 from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.constrained import Grammar, GrammarMask
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
 from attnkit.generate.plan import InferencePlan, check_quantization, plan_inference
 from attnkit.generate.quantize import QUANTIZE_FORMS
-from attnkit.generate.sampling import check_sampling, choice_seed, make_generator
+from attnkit.generate.sampling import NoDistribution, check_sampling, choice_seed, make_generator
 from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
@@ -68,6 +68,11 @@ class Classification:
 
 class MethodNotServed(InputError, AttributeError):
     """A pipeline method the run's task does not serve (an AttributeError too, so `hasattr` says False)."""
+
+
+class GenerationFailed(AttnkitError, RuntimeError):
+    """Generation cannot go on: the model's logits gave no distribution to draw from (`sampling.NoDistribution`),
+    said with the fix where one is known (fp16 weights whose activations overflow)."""
 
 
 
@@ -149,7 +154,8 @@ class Pipeline:
         never chosen, and a text ends where its grammar is complete (cut short only by `max_new_tokens`).
         Raises SamplingError (a ConfigError) for bad sampling settings or seed (`check_sampling`), InputError for an
         empty prompt with no BOS to start from, for a schema that cannot be followed, or for both `json_schema` and
-        `grammar`; ConfigError without the structured extra.
+        `grammar`; ConfigError without the structured extra; GenerationFailed for logits that give no distribution
+        to draw from (nan: fp16 activations that overflow, or broken weights).
         """
         self._require("generate")
         if json_schema is not None and grammar is not None:
@@ -175,19 +181,24 @@ class Pipeline:
             stop_ids.add(self.tokenizer.eos_id)
         texts = TextTracker(self.tokenizer, len(rows), stops, on_text)
         mask = GrammarMask.of(grammar, self.tokenizer, len(rows))
-        generate_tokens(
-            self.model,
-            rows,
-            max_new_tokens=max_new_tokens,
-            context_len=self.config.max_seq_len,
-            sampling=sampling,
-            generator=generator,
-            pad_id=self.pad_id,
-            stop_ids=stop_ids,
-            on_token=texts.push,
-            decoding=self.decoding,
-            grammar=mask,
-        )
+        try:
+            generate_tokens(
+                self.model,
+                rows,
+                max_new_tokens=max_new_tokens,
+                context_len=self.config.max_seq_len,
+                sampling=sampling,
+                generator=generator,
+                pad_id=self.pad_id,
+                stop_ids=stop_ids,
+                on_token=texts.push,
+                decoding=self.decoding,
+                grammar=mask,
+            )
+        except NoDistribution as err:
+            fix = ("; in fp16 the activations may overflow (past 65504): load the run in bf16 or fp32 (dtype=, "
+                   "--dtype bf16)") if self.dtype == torch.float16 else ""
+            raise GenerationFailed(f"{err}{fix}") from None
         if mask is not None and mask.unfinished():
             log.warning("text(s) %s ended before their %s was complete (max_new_tokens=%d reached, or a stop string "
                         "or token met), so they do not parse: give a larger max_new_tokens (--max-new-tokens)",
