@@ -34,6 +34,15 @@ def test_csv_and_tsv_with_headers(tmp_path: Path) -> None:
         read_labelled(odd)
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_text_longer_than_the_csv_modules_field_limit_is_read_whole(tmp_path: Path, suffix: str) -> None:
+    """The csv module stops at a field of 131,072 characters (a csv.Error traceback); a long document is a text."""
+    sep = "," if suffix == ".csv" else "\t"
+    long = "word " * 40_000
+    (tmp_path / f"long{suffix}").write_text(f"text{sep}label\nshort{sep}a\n{long}{sep}b\n")
+    assert read_labelled(tmp_path / f"long{suffix}") == [("short", "a"), (long.strip(), "b")]
+
+
 def test_empty_text_or_label_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "sst.txt"
     path.write_text("1 fine\n0\n", encoding="utf-8")

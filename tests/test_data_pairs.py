@@ -55,6 +55,13 @@ def test_bad_pair_files_are_clear_errors(tmp_path: Path) -> None:
         read_tsv_pairs(tmp_path / "blank.tsv")
 
 
+def test_a_third_column_is_refused_not_read_into_the_target(tmp_path: Path) -> None:
+    """Tatoeba's pairs (source, target, attribution): the attribution would be translated as part of the target."""
+    (tmp_path / "tatoeba.tsv").write_text("Go.\tVa !\tCC-BY 2.0 (France) Attribution: tatoeba.org #2877272\n")
+    with pytest.raises(InputError, match=r"tatoeba.tsv, line 1: .*found 3 columns; .*cut -f1,2"):
+        read_tsv_pairs(tmp_path / "tatoeba.tsv")
+
+
 def _check_batch(batch: PairBatch, data: PairData, indices: np.ndarray, tok: CharTokenizer) -> None:
     assert batch.src_ids.dtype == batch.tgt_in.dtype == batch.tgt_out.dtype == torch.int64
     assert batch.src_mask.dtype == batch.tgt_mask.dtype == torch.bool

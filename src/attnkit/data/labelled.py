@@ -105,6 +105,22 @@ def _pick_column(header: list[str], wanted: str | None, defaults: tuple[str, ...
     )
 
 
+def _rows(text: str, path: str | os.PathLike, **dialect) -> list[list[str]]:
+    """The rows of a CSV or TSV file's `text`. The csv module refuses a field longer than its limit (131,072
+    characters by default); a long document is a text like any other (cut to the model's context when encoded),
+    so the limit is lifted to the text's length while it is read. Raises InputError naming the line it cannot read."""
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, len(text)))
+    reader = csv.reader(io.StringIO(text, newline=""), **dialect)
+    try:
+        return list(reader)
+    except csv.Error as err:
+        raise InputError(f"{path}, line {reader.line_num}: {err}; fix the line (a quote left open, a stray byte)"
+                         ) from None
+    finally:
+        csv.field_size_limit(limit)
+
+
 def read_labelled(
     path: str | os.PathLike,
     *,
@@ -134,7 +150,7 @@ def read_labelled(
     suffix = Path(path).suffix.lower()
     if suffix in (".csv", ".tsv"):
         dialect = {"delimiter": ","} if suffix == ".csv" else {"delimiter": "\t", "quoting": csv.QUOTE_NONE}
-        rows = [r for r in csv.reader(io.StringIO(text, newline=""), **dialect)]
+        rows = _rows(text, path, **dialect)
         if not rows:
             raise InputError(f"{path} is empty")
         t_col = _pick_column(rows[0], text_column, TEXT_COLUMNS, "text", path, dialect["delimiter"])

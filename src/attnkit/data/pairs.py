@@ -72,7 +72,8 @@ def read_parallel(
 
 
 def read_tsv_pairs(path: str | os.PathLike, *, encoding_errors: EncodingErrors = "strict") -> list[tuple[str, str]]:
-    """Pairs from `source<TAB>target` lines. Raises `InputError` naming the line that lacks a tab."""
+    """Pairs from `source<TAB>target` lines. Raises `InputError` naming a line that lacks a tab or has more than
+    one."""
     pairs = []
     for number, line in enumerate(read_lines(path, errors=encoding_errors), start=1):
         if not line.strip():
@@ -80,6 +81,9 @@ def read_tsv_pairs(path: str | os.PathLike, *, encoding_errors: EncodingErrors =
         src, tab, tgt = line.partition("\t")
         if not tab:
             raise InputError(f"{path}, line {number}: expected 'source<TAB>target', found no tab")
+        if "\t" in tgt:  # e.g. Tatoeba's pairs with an attribution column: it would end up in the target
+            raise InputError(f"{path}, line {number}: expected 'source<TAB>target', found {line.count(chr(9)) + 1} "
+                             f"columns; keep the source and target columns only (e.g. cut -f1,2 {path})")
         pairs.append((src, tgt))
     return _drop_empty(pairs, str(path))
 
