@@ -86,6 +86,19 @@ def test_resuming_a_run_at_or_past_max_steps_says_that_nothing_is_left_to_train(
     assert "at step 4, --max-steps 2: nothing is left to train; give --max-steps above 4" in caplog.text
 
 
+def test_resuming_on_data_with_other_labels_names_both_and_the_way_forward(tmp_path):
+    data = tmp_path / "labelled.csv"
+    data.write_text("text,label\n" + "".join(f"text {i},{'ab'[i % 2]}\n" for i in range(40)))
+    run = TrainRequest(out=str(tmp_path / "run"), task="classify", overrides=TINY, progress=False,
+                       data={"data": (str(data),), "tokenizer": "char"}, settings=dict(max_steps=2, batch_size=4))
+    prepare(run).fit()
+    data.write_text("text,label\n" + "".join(f"text {i},{'abc'[i % 3]}\n" for i in range(40)))
+    run.resume = True
+    with pytest.raises(CheckpointError, match=r"labels \['a', 'b', 'c'\] differ from the checkpoint's \['a', 'b'\].*"
+                       r"resume on data with the run's labels, or .*--init-from .*run --out NEW_RUN"):
+        prepare(run)
+
+
 def test_resume_without_restored_state_would_differ(tmp_path):
     """The bit-for-bit test can fail: a fresh run over the same later steps (no restored RNG, data position
     or optimizer state) ends with other weights."""

@@ -405,7 +405,11 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
     task, labels = _make_task(data_config, _global_batch(settings, parallel), checkpoint.tokenizer, checkpoint.config,
                               out, translate, progress=shows_progress(request.progress) and parallel.writes)
     if labels != checkpoint.labels:
-        raise CheckpointError(f"the data's labels {labels} differ from the checkpoint's {checkpoint.labels}")
+        raise CheckpointError(
+            f"cannot resume {checkpoint.path}: the data's labels {labels} differ from the checkpoint's "
+            f"{checkpoint.labels} (its head has a class for each of those); resume on data with the run's labels, or "
+            f"start a new run that keeps this one's weights (--init-from {_run_of(checkpoint.path)} --out NEW_RUN)"
+        )
     model, run_info = checkpoint.model, {"data_config": data_config.to_dict()}
     if "init_from" in state:
         run_info["init_from"] = state["init_from"]
