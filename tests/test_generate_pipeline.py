@@ -318,6 +318,30 @@ def test_logits_that_overflow_in_fp16_end_generation_with_one_line_naming_the_dt
     assert "in fp16" in errors[-1] and "--dtype bf16" in errors[-1] and "Traceback" not in printed.err
 
 
+@pytest.mark.parametrize(("head", "command"), [("classify", ["classify", "--text", "ab cd"]),
+                                              ("tag", ["tag", "--text", "ab cd"]),
+                                              ("mlm", ["fill-mask", "--text", "ab [MASK] cd"])])
+def test_an_encoders_nan_outputs_in_fp16_are_one_line_naming_the_dtype_not_a_prediction(tmp_path, capsys, head,
+                                                                                         command):
+    tokenizer = CharTokenizer(ALPHABET)
+    classes = {"n_classes": 3} if head != "mlm" else {}
+    model, config = tiny_model("encoder", vocab_size=tokenizer.vocab_size, seed=3, encoder_head=head, **classes)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(30)  # activations past fp16's largest number
+    run = tmp_path / "run"
+    save_model(model.float(), config, run)
+    tokenizer.save(run / "tokenizer")
+    assert cli.main([command[0], str(run), *command[1:]]) == 0  # fp32: a prediction
+    capsys.readouterr()
+    assert cli.main([command[0], str(run), *command[1:], "--dtype", "fp16"]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and "Traceback" not in printed.err
+    error = printed.err.strip().splitlines()[-1]
+    assert error.startswith("attnkit: error: the model's outputs for text") and "are nan, no probabilities" in error
+    assert "in fp16 the activations may overflow" in error and "--dtype bf16" in error
+
+
 def test_cli_translate_file_to_file_and_classify(runs, tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_text("abc\n\nhg fe\n")

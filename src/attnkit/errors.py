@@ -22,6 +22,11 @@ class CheckpointError(AttnkitError, ValueError):
     """A checkpoint that is missing, corrupted or does not match the model it is loaded into."""
 
 
+class BrokenOutputs(AttnkitError, RuntimeError):
+    """A model's outputs hold no numbers to predict from (nan or inf logits: fp16 activations that overflowed, or
+    broken weights)."""
+
+
 _OS_ERROR_FIXES = {  # errno name -> (what happened, the fix)
     "ENOSPC": ("the disk is full", "free some space, or write to another disk"),
     "EDQUOT": ("the disk quota is used up", "free some space, or write to another disk"),

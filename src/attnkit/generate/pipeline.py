@@ -30,7 +30,7 @@ from attnkit.blocks import torch_compile_mode
 from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_run_model, read_labels
 from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
-from attnkit.errors import AttnkitError, CheckpointError, InputError
+from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import check_search, translate_batched
 from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.constrained import Grammar, GrammarMask
@@ -43,6 +43,7 @@ from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
 from attnkit.run_settings import text_list
 from attnkit.tasks import TaskSpec, task_of_config, task_of_run, tasks
+from attnkit.tasks.common import broken_outputs, check_outputs
 from attnkit.tasks.registry import METHODS  # the task methods the pipeline defines itself
 from attnkit.tokenize import encode_head, load_tokenizer
 
@@ -68,11 +69,6 @@ class Classification:
 
 class MethodNotServed(InputError, AttributeError):
     """A pipeline method the run's task does not serve (an AttributeError too, so `hasattr` says False)."""
-
-
-class GenerationFailed(AttnkitError, RuntimeError):
-    """Generation cannot go on: the model's logits gave no distribution to draw from (`sampling.NoDistribution`),
-    said with the fix where one is known (fp16 weights whose activations overflow)."""
 
 
 
@@ -154,8 +150,8 @@ class Pipeline:
         never chosen, and a text ends where its grammar is complete (cut short only by `max_new_tokens`).
         Raises SamplingError (a ConfigError) for bad sampling settings or seed (`check_sampling`), InputError for an
         empty prompt with no BOS to start from, for a schema that cannot be followed, or for both `json_schema` and
-        `grammar`; ConfigError without the structured extra; GenerationFailed for logits that give no distribution
-        to draw from (nan: fp16 activations that overflow, or broken weights).
+        `grammar`; ConfigError without the structured extra; BrokenOutputs for logits that give no distribution to
+        draw from (nan: fp16 activations that overflow, or broken weights).
         """
         self._require("generate")
         if json_schema is not None and grammar is not None:
@@ -196,9 +192,7 @@ class Pipeline:
                 grammar=mask,
             )
         except NoDistribution as err:
-            fix = ("; in fp16 the activations may overflow (past 65504): load the run in bf16 or fp32 (dtype=, "
-                   "--dtype bf16)") if self.dtype == torch.float16 else ""
-            raise GenerationFailed(f"{err}{fix}") from None
+            raise broken_outputs(str(err), self.model) from None
         if mask is not None and mask.unfinished():
             log.warning("text(s) %s ended before their %s was complete (max_new_tokens=%d reached, or a stop string "
                         "or token met), so they do not parse: give a larger max_new_tokens (--max-new-tokens)",
@@ -274,7 +268,8 @@ class Pipeline:
 
     @torch.inference_mode()
     def classify(self, texts: str | Sequence[str], *, batch_size: int = 32) -> list[Classification]:
-        """The label and the probabilities of every label, for each text (batched, `batch_size` at a time)."""
+        """The label and the probabilities of every label, for each text (batched, `batch_size` at a time). Raises
+        BrokenOutputs for probabilities that are nan (fp16 activations that overflow, broken weights)."""
         self._require("classify")
         _check_batch_size(batch_size)
         texts = text_list(texts)
@@ -283,6 +278,7 @@ class Pipeline:
             chunk = [self.classifier_ids(t, index=start + i) for i, t in enumerate(texts[start:start + batch_size])]
             ids, mask = pad([row for row, _ in chunk], self.pad_id, device=self.device)  # (B, T)
             probs = self.model(ids, attention_mask=mask).logits.float().softmax(dim=-1)  # (B, n_classes)
+            check_outputs(probs, self.model, what=f"texts {start} to {start + len(chunk) - 1}")
             for row, (_, truncated) in zip(probs.tolist(), chunk, strict=True):
                 best = max(range(len(row)), key=row.__getitem__)
                 results.append(Classification(self.labels[best], row[best], dict(zip(self.labels, row, strict=True)),

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.data import IGNORE_INDEX
+from attnkit.errors import BrokenOutputs
 
 SYNTHETIC = "synthetic:"  # `--data synthetic:NAME` names a generated task (`attnkit.data.synthetic`)
 SYNTHETIC_SIZES = (20_000, 500)  # train, validation examples of a synthetic task
@@ -56,6 +57,24 @@ def take_rows(batch: Any, rows: slice | list[int]) -> Any:
     if isinstance(batch, tuple):
         return tuple(t[rows] for t in batch)  # (B, ...) -> (rows, ...)
     return dataclasses.replace(batch, **{f.name: getattr(batch, f.name)[rows] for f in dataclasses.fields(batch)})
+
+
+FP16_OVERFLOW_FIX = ("; in fp16 the activations may overflow (past 65504): load the run in bf16 or fp32 (dtype=, "
+                     "--dtype bf16)")
+
+
+def broken_outputs(message: str, model: nn.Module) -> BrokenOutputs:
+    """BrokenOutputs saying `message`, and in fp16 the likely cause and its fix."""
+    half = next(model.parameters()).dtype == torch.float16
+    return BrokenOutputs(message + (FP16_OVERFLOW_FIX if half else ""))
+
+
+def check_outputs(probs: Tensor, model: nn.Module, *, what: str) -> None:
+    """BrokenOutputs (`broken_outputs`) when `probs` (a model's probabilities, any shape) hold nan, which would
+    otherwise pass for a prediction; `what` names the inputs."""
+    if probs.isnan().any():
+        raise broken_outputs(f"the model's outputs for {what} are nan, no probabilities: the model's weights or its "
+                             "input are broken", model)
 
 
 def device_of(model: nn.Module) -> torch.device:

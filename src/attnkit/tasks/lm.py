@@ -53,6 +53,7 @@ from attnkit.tasks import common
 from attnkit.tasks.common import (
     ONE_PROCESS,
     Shard,
+    check_outputs,
     decode_tensor,
     device_of,
     encode_tensor,
@@ -466,6 +467,7 @@ def fill_mask(pipeline: Any, texts: str | Sequence[str], *, top_k: int = 5) -> l
         logits = pipeline.model(torch.tensor([ids], device=pipeline.device)).logits[0].float()  # (T, V)
         where = [t for t, i in enumerate(ids) if i == tok.mask_id]
         probs = logits[where].softmax(-1)  # (masks, V)
+        check_outputs(probs, pipeline.model, what=f"text {index}")
         probs[:, tok.mask_id] = 0.0  # the mask token is no fill of itself (its probability is left out, not spread)
         best = probs.topk(min(top_k, probs.shape[-1] - 1), dim=-1)
         results.append([

@@ -33,6 +33,7 @@ from attnkit.tasks.common import (
     ONE_PROCESS,
     EpochTask,
     Shard,
+    check_outputs,
     device_of,
     rows_of,
     split,
@@ -346,7 +347,9 @@ def tag(pipeline: Any, texts: str | Sequence[str] | Sequence[Sequence[str]], *, 
         aligned = [align(pipeline.tokenizer, words, None, pipeline.config.max_seq_len) for words in chunk]
         pad_id = pipeline.tokenizer.pad_id if pipeline.tokenizer.pad_id is not None else 0
         ids, mask = pad([a.ids for a in aligned], pad_id, device=pipeline.device)  # (B, T)
-        best, where = pipeline.model(ids, attention_mask=mask).logits.float().softmax(-1).max(-1)  # (B, T) each
+        probs = pipeline.model(ids, attention_mask=mask).logits.float().softmax(-1)  # (B, T, n_labels)
+        check_outputs(probs, pipeline.model, what=f"texts {start} to {start + len(chunk) - 1}")
+        best, where = probs.max(-1)  # (B, T) each
         for row, (words, a) in enumerate(zip(chunk, aligned, strict=True)):
             if None in a.firsts:
                 log.warning("text %d: %d of its %d words lie past the model's %d tokens and are not read",
