@@ -265,7 +265,10 @@ def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = 
     chat template `attnkit serve` chats in: its own, else attnkit's (`attnkit.chat_format`). Returns the class
     written."""
     run_dir, hf_dir = Path(run_dir), Path(hf_dir)
-    _refuse_existing(hf_dir, "--to-hf", overwrite=overwrite, replaceable=(hf_dir / CONFIG_FILE).is_file())
+    if hf_dir.resolve() == run_dir.resolve() or is_attnkit_run(hf_dir):
+        raise InputError(f"--to-hf {hf_dir} is an attnkit run, not a Hugging Face model directory, and --overwrite "
+                         "never replaces a run: choose another --to-hf (a new or empty directory)")
+    _refuse_existing(hf_dir, "--to-hf", overwrite=overwrite, replaceable=_holds_hf_model(hf_dir))
     check_output(hf_dir, directory=True, overwrite=overwrite, flag="--to-hf")
     model, config = load_model(run_dir)
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR) if (run_dir / TOKENIZER_DIR).is_dir() else None
@@ -301,6 +304,16 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
     if not isinstance(hf, dict):
         raise CheckpointError(f"{path} must hold a JSON object of field: value")
     return hf
+
+
+def _holds_hf_model(directory: Path) -> bool:
+    """Whether `directory` holds a Hugging Face model, one --to-hf may replace: its config.json names a model_type
+    (an attnkit run's names a family)."""
+    try:
+        hf = read_json(directory / CONFIG_FILE)
+    except CheckpointError:
+        return False
+    return isinstance(hf, dict) and "model_type" in hf
 
 
 def _refuse_existing(directory: Path, flag: str, *, overwrite: bool, replaceable: bool) -> None:
