@@ -125,24 +125,26 @@ def test_a_run_without_its_tokenizer_is_written_saying_the_directory_has_none(tm
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
 
 
-def test_to_hf_with_overwrite_never_replaces_a_run(tmp_path, capsys):
+def test_overwrite_never_replaces_a_run_or_the_directory_read(tmp_path, capsys):
     from export_runs import LAYOUTS, random_run
 
     from attnkit.checkpoint import mark_run
 
     run, trained = random_run(tmp_path, LAYOUTS["default"]), random_run(tmp_path, LAYOUTS["default"], name="trained")
     mark_run(trained)
+    assert main(["convert", str(run), "--to-hf", str(tmp_path / "hf")]) == 0
     for source, target in ((run, run), (run, trained), (trained, trained)):
         before = {p: p.read_bytes() for p in sorted(target.rglob("*")) if p.is_file()}
         assert main(["convert", str(source), "--to-hf", str(target), "--overwrite"]) == 2
         assert "is an attnkit run, not a Hugging Face model directory, and --overwrite never replaces a run" in (
             capsys.readouterr().err)
         assert {p: p.read_bytes() for p in sorted(target.rglob("*")) if p.is_file()} == before
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "hf"), "--overwrite"]) == 2
+    assert "is the Hugging Face directory being read; choose another --out" in capsys.readouterr().err
     unmarked = random_run(tmp_path, LAYOUTS["default"], name="unmarked")  # its config.json names no model_type
     assert main(["convert", str(run), "--to-hf", str(unmarked), "--overwrite"]) == 2
     assert "already holds a model's files" in capsys.readouterr().err
-    assert main(["convert", str(run), "--to-hf", str(tmp_path / "hf")]) == 0  # a Hugging Face directory: replaced
-    assert main(["convert", str(trained), "--to-hf", str(tmp_path / "hf"), "--overwrite"]) == 0
+    assert main(["convert", str(trained), "--to-hf", str(tmp_path / "hf"), "--overwrite"]) == 0  # one: replaced
 
 
 def test_convert_refuses_bad_arguments(tmp_path, capsys):

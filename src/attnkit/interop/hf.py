@@ -222,6 +222,9 @@ def convert_from_hf(
     """Turn a Hugging Face model directory into a run directory that generate / translate / classify use, written
     whole or not at all (`attnkit.outputs.atomic_output`); `overwrite` replaces a run attnkit wrote there."""
     run_dir = Path(run_dir)
+    if run_dir.resolve() == Path(hf_dir).resolve():
+        raise InputError(f"--out {run_dir} is the Hugging Face directory being read; choose another --out (a new or "
+                         "empty directory) for the run")
     _refuse_existing(run_dir, "--out", overwrite=overwrite, replaceable=is_attnkit_run(run_dir))
     check_output(run_dir, directory=True, overwrite=overwrite)
     loaded = load(hf_dir, dtype=dtype, allow_pickle=allow_pickle)
