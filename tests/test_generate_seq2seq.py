@@ -7,8 +7,9 @@ import pytest
 import torch
 from generate_models import POSITIONS, greedy_translate_without_cache, tiny_model  # noqa: F401
 
-from attnkit.errors import InputError
+from attnkit.errors import BrokenOutputs, InputError
 from attnkit.generate import beam_search, greedy_translate
+from attnkit.generate.beam import translate_ids
 
 BOS, EOS = 11, 12
 SOURCES = [[1, 2, 3, EOS], [4, 5, 6, 7, 8, 9, EOS], [10, EOS]]
@@ -149,3 +150,16 @@ def test_beam_search_finds_what_transformers_beam_search_finds(marian, length_pe
         ended += eos in best
         assert found == (best[: best.index(eos)] if eos in best else best)
     assert 0 < ended  # some hypotheses end with EOS, so the comparison covers finished ones
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_nan_logits_in_fp16_are_refused_naming_the_dtype_not_decoded_into_a_translation(beam_size):
+    """Activations past fp16's largest number give nan logits: greedy decoding took their argmax as a token (a
+    translation of padding), beam search found no hypothesis and failed with an IndexError."""
+    model, _ = tiny_model("encoder-decoder", position="sinusoidal", seed=2)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(30)
+    assert translate_ids(model, SOURCES, bos_id=BOS, eos_id=EOS, beam_size=beam_size, max_length=5)  # float64
+    with pytest.raises(BrokenOutputs, match="nan.*in fp16 the activations may overflow.*--dtype bf16"):
+        translate_ids(model.half(), SOURCES, bos_id=BOS, eos_id=EOS, beam_size=beam_size, max_length=5)

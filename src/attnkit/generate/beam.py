@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from attnkit.errors import InputError
-from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources, greedy_translate
+from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources, greedy_translate, refuse_nan
 
 
 @dataclass
@@ -154,7 +154,7 @@ def beam_search(
         top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=-1)  # (B, 2K), best first
         top_beam, top_token = top_index // vocab, top_index % vocab
         next_beam, next_token, next_score = _choose_live(
-            beams, top_scores, top_beam, top_token, finished, done, k=k, eos_id=eos_id
+            beams, top_scores, top_beam, top_token, finished, done, k=k, eos_id=eos_id, model=model
         )
         for b in range(batch):
             if not done[b]:
@@ -184,16 +184,20 @@ def _choose_live(
     *,
     k: int,
     eos_id: int,
+    model: nn.Module,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """File the EOS candidates among each source's first K as finished; keep the best K others as live beams.
 
     top_*: (B, 2K) candidates, best first. Returns the live beams' parent beam, token and score, each (B, K).
+    Raises BrokenOutputs (`refuse_nan`) for a nan score: `model`'s logits were nan (topk ranks nan first).
     """
     is_eos = top_token == eos_id  # (B, 2K)
     rows = zip(top_scores.tolist(), top_beam.tolist(), is_eos.tolist(), strict=True)
     for b, (scores, parents, eos) in enumerate(rows):
         if done[b]:
             continue
+        if math.isnan(scores[0]):
+            raise refuse_nan(model)
         for rank in range(k):
             if eos[rank] and scores[rank] > float("-inf"):
                 finished[b].add(scores[rank], beams[b * k + parents[rank], 1:].tolist(), ended=True)
