@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_finetune import finetune, mlm_run, texts  # noqa: F401 (fixtures: an MLM run and labelled texts)
 from test_train import request, small_and_single_threaded  # noqa: F401 (a fixture: one thread)
 
 from attnkit import cli
@@ -48,6 +49,18 @@ def test_the_average_of_two_checkpoints_is_their_elementwise_mean(run, tmp_path)
     for name in a:
         torch.testing.assert_close(mean[name], ((a[name].double() + b[name].double()) / 2).float(), rtol=0, atol=0)
     assert json.loads((out / AVERAGE_FILE).read_text())["steps"] == [4, 6]
+
+
+def test_a_lora_runs_checkpoints_average_with_their_adapters_folded_in(texts, mlm_run, tmp_path):  # noqa: F811
+    """The mean of the merged weights W + alpha / r * B A (the mean of B and of A apart would not give it)."""
+    lora = tmp_path / "lora"
+    prepare(finetune(lora, texts, mlm_run, lora_rank=2, max_steps=4, eval_every=2)).fit()
+    out = average_run(lora, last=2)
+    merged = [load(step(lora, n), device="cpu").model.state_dict() for n in (2, 4)]
+    averaged = load(out, device="cpu").model.state_dict()
+    assert averaged.keys() == merged[0].keys()
+    for name, tensor in averaged.items():
+        torch.testing.assert_close(tensor, (merged[0][name] + merged[1][name]) / 2, rtol=1e-6, atol=1e-7)
 
 
 def test_the_average_of_identical_checkpoints_is_the_checkpoint(run, tmp_path):

@@ -406,7 +406,7 @@ def _load_model(
     model = build_model(config)  # its size checked against the memory free before the weights are read
     tensors = load_tensors(directory / WEIGHTS_FILE)
     if adapters:
-        tensors = _merge_adapters(tensors, directory / ADAPTERS_FILE)
+        tensors = merge_adapter_file(tensors, directory / ADAPTERS_FILE)
     load_weights(model, tensors, source=str(directory / WEIGHTS_FILE))
     model.to(device=device, dtype=dtype)
     model.eval()
@@ -462,7 +462,9 @@ def load_adapter_file(path: str | Path) -> tuple[dict[str, Tensor], dict[str, fl
     return tensors, alphas
 
 
-def _merge_adapters(tensors: dict[str, Tensor], path: Path) -> dict[str, Tensor]:
+def merge_adapter_file(tensors: dict[str, Tensor], path: Path) -> dict[str, Tensor]:
+    """Base weights `tensors` with the LoRA adapters of `path` (adapters.safetensors) folded in (W + alpha / r * B A).
+    Raises CheckpointError naming an adapter whose base weight is absent."""
     adapters, alphas = load_adapter_file(path)
     try:
         return merge_adapter_tensors(tensors, adapters, alphas)

@@ -9,6 +9,9 @@ any one checkpoint, at no training cost.
         -> mean of each tensor (accumulated in float64, stored in the checkpoints' dtype)
         -> OUT: config.json, model.safetensors, tokenizer/, task.json (labels.json), averaged.json, checksums.json
 
+A LoRA run's checkpoints are averaged with their adapters folded into the weights (W + alpha / r * B A, then the
+mean), so OUT is a whole model: the mean of the products B A is not the product of the means.
+
 OUT loads like any run (`attnkit translate --run OUT`, `attnkit eval --run OUT`, `attnkit.load(OUT)`); it is
 not a training checkpoint (no optimizer state) and cannot be resumed. `averaged.json` names the checkpoints.
 """
@@ -36,6 +39,7 @@ from attnkit.checkpoint import (
     checkpoint_dirs,
     digest,
     load_tensors,
+    merge_adapter_file,
     read_json,
     save_tensors,
     verify_files,
@@ -114,11 +118,12 @@ def average_run(run: str | Path, *, last: int = 5, out: str | Path | None = None
     _check_fits(chosen)
     states, configs = [], []
     for checkpoint in chosen:
-        if (checkpoint / ADAPTERS_FILE).exists():
-            raise InputError(f"{checkpoint} holds LoRA adapters; averaging covers full weights only (merge them "
-                             "into a run with attnkit convert first)")
         verify_files(checkpoint, [CONFIG_FILE, WEIGHTS_FILE])
-        states.append(load_tensors(checkpoint / WEIGHTS_FILE))
+        tensors = load_tensors(checkpoint / WEIGHTS_FILE)
+        if (checkpoint / ADAPTERS_FILE).exists():  # LoRA: the mean of the merged weights, as the mean of the
+            verify_files(checkpoint, [ADAPTERS_FILE])  # updates B A is not the product of the means of B and A
+            tensors = merge_adapter_file(tensors, checkpoint / ADAPTERS_FILE)
+        states.append(tensors)
         configs.append(read_json(checkpoint / CONFIG_FILE))
     verify_files(chosen[-1])  # the tokenizer and task files are copied from the newest
     _check_configs(configs, [str(c) for c in chosen])
