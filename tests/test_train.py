@@ -78,12 +78,14 @@ def test_validation_loss_is_the_likelihood_not_the_label_smoothed_training_loss(
     assert smoothed == pytest.approx(plain, rel=1e-5)
 
 
-def test_resuming_a_run_at_or_past_max_steps_says_that_nothing_is_left_to_train(tmp_path, caplog):
+@pytest.mark.parametrize("budget", [dict(max_steps=2), dict(max_time=1e-3)])
+def test_resuming_a_run_whose_budget_is_spent_says_that_nothing_is_left_to_train(tmp_path, caplog, budget):
     prepare(request(tmp_path, max_steps=4)).fit()
     with caplog.at_level("WARNING", logger="attnkit.train.trainer"):
-        result = prepare(request(tmp_path, resume=True, max_steps=2)).fit()
+        result = prepare(request(tmp_path, resume=True, **budget)).fit()
     assert result.step == 4
-    assert "at step 4, --max-steps 2: nothing is left to train; give --max-steps above 4" in caplog.text
+    fix = "give --max-steps above 4" if "max_steps" in budget else "give a longer --max-time"
+    assert f"nothing is left to train; {fix}" in caplog.text
 
 
 def test_resuming_on_data_with_other_labels_names_both_and_the_way_forward(tmp_path):

@@ -144,3 +144,15 @@ def test_no_training_setting_shares_its_set_key_with_a_model_field():
     from attnkit.train.trainer import TrainConfig
 
     assert {f.name for f in dataclasses.fields(TrainConfig)} & model_field_names() == set()
+
+
+@pytest.mark.parametrize("budget, hint", [
+    (["--max-steps", "2"], "--resume --max-steps N"),
+    (["--max-steps", "100000", "--max-time", "0.2"], "--resume --max-time DURATION"),
+])
+def test_the_resume_hint_names_the_budget_that_ended_the_run(tmp_path, capsys, budget, hint):
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    assert cli.main(["train", "--data", str(text), "--tokenizer", "char", "--out", str(tmp_path / "run"),
+                     "--sample-tokens", "0", "--eval-every", "100000", *TINY, *budget]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(hint)

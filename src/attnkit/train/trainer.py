@@ -301,6 +301,10 @@ class Trainer:
         if self.step >= self.settings.max_steps:
             log.warning("the run is at step %d, --max-steps %d: nothing is left to train; give --max-steps above %d "
                         "to train on", self.step, self.settings.max_steps, self.step)
+        elif self.settings.max_time is not None and self.elapsed >= self.settings.max_time:
+            log.warning("the run has trained %.1f s, --max-time %gs: nothing is left to train; give a longer "
+                        "--max-time (it counts every session of the run) to train on", self.elapsed,
+                        self.settings.max_time)
 
     # The loop -------------------------------------------------------------------------------------------------
     def fit(self, *, stop_at: int | None = None) -> TrainResult:
