@@ -203,6 +203,23 @@ def test_cli_generate_json_schema_and_json(json_run, tmp_path, capsys):
     assert "not both" in capsys.readouterr().err
 
 
+def test_cli_generate_no_echo_prints_the_json_alone_so_that_it_pipes_into_a_parser(json_run, tmp_path, capsys):
+    from attnkit import cli
+
+    common = ["generate", str(json_run), "--prompt", "record:", "--max-new-tokens", str(BOUND_TOKENS), "--seed", "3",
+              "--json-schema"]
+    schema = tmp_path / "bounded.json"
+    schema.write_text(json.dumps(BOUNDED))
+    for stream in ("--stream", "--no-stream"):
+        assert cli.main([*common, str(schema), stream]) == 0
+        echoed = capsys.readouterr().out
+        assert echoed.startswith("record:{")  # the prompt first, as by default
+        assert cli.main([*common, str(schema), stream, "--no-echo"]) == 0
+        alone = capsys.readouterr().out
+        assert alone == echoed.removeprefix("record:")
+        jsonschema.validate(json.loads(alone), BOUNDED)
+
+
 def test_a_schema_file_that_is_not_utf8_is_refused_without_naming_a_flag_generate_lacks(json_run, tmp_path, capsys):
     from attnkit import cli
 

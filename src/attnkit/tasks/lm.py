@@ -499,6 +499,7 @@ class GenerateSettings(DecodeSettings):
     seed: int | None = None  # same seed, same text
     stop: tuple[str, ...] = ()  # end the text at any of these strings (repeatable)
     stream: bool = True  # print tokens as they come (one sample only)
+    echo: bool = True  # print the prompt before its continuation (--no-echo: the new text alone, e.g. JSON to parse)
     max_prompt_bytes: int = 1_000_000  # --prompt -: read at most this many bytes of standard input
     json_schema: str | None = None  # a JSON schema file: the text is JSON valid under it (the structured extra)
     json: bool = False  # the text is one JSON object, any (JSON mode; the structured extra)
@@ -529,7 +530,8 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     schema = read_schema(settings)
     pipeline = load(settings)
     stream = settings.stream and settings.num_samples == 1
-    unsent = [prompt]  # streamed with the first piece, so that a setting refused before it prints its error alone
+    head = prompt if settings.echo else ""
+    unsent = [head]  # streamed with the first piece, so that a setting refused before it prints its error alone
 
     def write(_: int, piece: str) -> None:
         sys.stdout.write("".join(unsent) + piece)
@@ -549,7 +551,7 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     for index, text in enumerate(texts):
         if settings.num_samples > 1:
             print(f"--- sample {index + 1} ---")
-        print(prompt + text)
+        print(head + text)
     return 0
 
 
