@@ -45,6 +45,43 @@ def test_converted_decoder_generates_what_transformers_generates(tmp_path, capsy
     assert new and printed == _words(prompt) + load_tokenizer(tmp_path / "run" / "tokenizer").decode(new)
 
 
+def test_a_tokenizer_that_begins_its_texts_with_bos_gives_the_prompt_bos_as_transformers_does(tmp_path, capsys):
+    """A Llama whose tokenizer puts BOS before every text (Llama's and Mistral's do, by their post-processor) was
+    trained on such texts: the converted run's prompts begin with BOS too, so greedy text equals transformers' on
+    the tokenizer's own encoding, and the chat template's bos_token is the token put first, not its characters; a
+    tokenizer without that framing adds none."""
+    from tokenizers import Tokenizer, processors
+
+    from attnkit import load
+    from attnkit.serve.chat import chat_template
+    from attnkit.tokenize import HFTokenizer
+
+    reference = hf_model("llama", tmp_path / "hf")
+    word_tokenizer(tmp_path / "hf")
+    framing = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    framing.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
+    framing.save(str(tmp_path / "hf" / "tokenizer.json"))
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps(config))
+    _convert(tmp_path / "hf", tmp_path / "run", capsys)
+    pipeline = load(tmp_path / "run")
+    prompt = [5, 17, 33, 8]
+    assert pipeline.tokenizer.starts_with_bos and framing.encode(_words(prompt)).ids == [BOS, *prompt]
+    assert pipeline.prompt_ids(_words(prompt), index=0) == [BOS, *prompt]
+    assert pipeline.prompt_ids(_words(prompt), index=0, add_bos=False) == prompt
+    text = pipeline.generate(_words(prompt), max_new_tokens=6, temperature=0)[0]
+    with torch.no_grad():
+        out = reference.generate(input_ids=torch.tensor([[BOS, *prompt]]), max_new_tokens=6, do_sample=False,
+                                 eos_token_id=EOS, pad_token_id=PAD)
+    new = out[0, 1 + len(prompt):].tolist()
+    assert new and text == pipeline.tokenizer.decode(new[: new.index(EOS)] if EOS in new else new)
+    template = chat_template(tmp_path / "run" / "tokenizer", starts_with_bos=True)
+    assert template.render([{"role": "user", "content": "w5"}], add_generation_prompt=False) == "w5 "
+    word_tokenizer(tmp_path / "plain")
+    assert not HFTokenizer.from_dir(tmp_path / "plain").starts_with_bos
+
+
 def test_converted_classifier_classifies_as_transformers_does(tmp_path, capsys):
     reference = hf_model("bert-classifier", tmp_path / "hf")
     word_tokenizer(tmp_path / "hf")

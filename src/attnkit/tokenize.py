@@ -50,6 +50,7 @@ class Tokenizer(Protocol):
 
     kind: str  # "char" | "bpe" | "hf"
     specials: dict[str, str]  # role -> token string, e.g. {"eos": "<eos>"}
+    starts_with_bos: bool  # its own texts begin with BOS (Llama's tokenizers); a prompt is given one (`Pipeline`)
 
     @property
     def vocab_size(self) -> int: ...
@@ -80,6 +81,8 @@ class Tokenizer(Protocol):
 
 class _SpecialIds:
     """The `pad_id ... sep_id` properties, shared by every kind through `token_id(role)`."""
+
+    starts_with_bos = False  # attnkit's own tokenizers: the language-model data places no BOS
 
     def token_id(self, role: str) -> int | None:
         raise NotImplementedError
@@ -305,6 +308,10 @@ class HFTokenizer(_SpecialIds):
         missing = {role: tok for role, tok in self.specials.items() if self._ids[role] is None}
         if missing:
             raise InputError(f"special tokens {missing} are not in the tokenizer's vocabulary")
+        # a tokenizer whose post-processor puts BOS before every text (Llama's, Mistral's): its model was trained so
+        bos = self._ids.get("bos")
+        framed, plain = (tokenizer.encode("a", add_special_tokens=framing).ids[:1] for framing in (True, False))
+        self.starts_with_bos = bos is not None and framed == [bos] and plain != [bos]
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike) -> HFTokenizer:

@@ -128,7 +128,7 @@ class Pipeline:
         stop: str | Sequence[str] | None = None,
         stop_tokens: Sequence[int] = (),
         stop_at_eos: bool = True,
-        add_bos: bool = False,
+        add_bos: bool | None = None,
         on_text: Callable[[int, str], None] | None = None,
         json_schema: Mapping[str, Any] | str | None = None,
         grammar: Grammar | None = None,
@@ -139,12 +139,13 @@ class Pipeline:
         tokens the reply already holds, `min_p` (0 to 1) drops tokens less likely than min_p times the likeliest
         (`generate/sampling.py`); `logit_bias` ({token id: -100 to 100}) is added to those tokens' logits before
         sampling (OpenAI's field: -100 bans a token, 100 forces it). A prompt is used as the tokenizer encodes it
-        (the language-model data places no BOS); `add_bos` puts BOS first, and an empty prompt starts from BOS
-        alone. Generation ends at `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a token of
-        `stop_tokens`, or at a stop string, which is cut off with everything after it. `on_text(i, piece)` receives
-        sequence i's text as it settles. With a seed, sample i of each prompt draws from its own generator seeded
-        seed + i (as vLLM seeds a request's n samples, and `attnkit serve` its n choices), so a prompt gives the
-        same text alone or batched with others.
+        (the language-model data places no BOS), BOS first where the run's tokenizer begins every text with it (a
+        Llama converted from Hugging Face: `starts_with_bos`); `add_bos` True or False decides it, and an empty
+        prompt starts from BOS alone. Generation ends at `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a
+        token of `stop_tokens`, or at a stop string, which is cut off with everything after it. `on_text(i, piece)`
+        receives sequence i's text as it settles. With a seed, sample i of each prompt draws from its own generator
+        seeded seed + i (as vLLM seeds a request's n samples, and `attnkit serve` its n choices), so a prompt gives
+        the same text alone or batched with others.
         `json_schema` (a dict or its JSON text; {"type": "object"} for any JSON object) holds every text to JSON valid
         under it, and `grammar` to any `Grammar` (`generate/constrained.py`): the tokens that cannot continue it are
         never chosen, and a text ends where its grammar is complete (cut short only by `max_new_tokens`).
@@ -286,8 +287,9 @@ class Pipeline:
         return results
 
     # Text -> token ids, as the training data lays them out ----------------------------------------------------
-    def prompt_ids(self, prompt: str, *, index: int, add_bos: bool = False) -> list[int]:
-        """A prompt's token ids as `generate` feeds them (BOS first with `add_bos`, or for an empty prompt).
+    def prompt_ids(self, prompt: str, *, index: int, add_bos: bool | None = None) -> list[int]:
+        """A prompt's token ids as `generate` feeds them (BOS first with `add_bos`, where it is None as the run's
+        tokenizer frames its texts, and for an empty prompt).
         Raises InputError for a prompt that is no string, empty with no BOS to start from, or not empty but of no
         token (a tokenizer that skips unknown characters dropped them all: BOS alone would continue nothing given)."""
         if not isinstance(prompt, str):
@@ -297,6 +299,8 @@ class Pipeline:
             raise InputError(f"prompt {index} ({prompt[:40]!r}) has no token: the tokenizer drops every character of "
                              "it (unknown characters skipped); write it in characters the tokenizer knows")
         bos = self.tokenizer.bos_id
+        if add_bos is None:  # a tokenizer of one's own, without the attribute, frames nothing
+            add_bos = getattr(self.tokenizer, "starts_with_bos", False)
         if (add_bos or not ids) and bos is not None:
             ids = [bos, *ids]
         if not ids:

@@ -271,6 +271,7 @@ class GGUFVocabulary:
     types: list[int]
     merges: list[str]
     special_ids: dict[str, int]  # "bos", "eos", "unk", "pad" -> id
+    starts_with_bos: bool  # llama.cpp puts BOS before a prompt as the tokenizer does its texts (`Tokenizer`)
 
 
 def gguf_vocabulary(tokenizer: Tokenizer, directory: Path, vocab_size: int) -> GGUFVocabulary:
@@ -309,7 +310,8 @@ def gguf_vocabulary(tokenizer: Tokenizer, directory: Path, vocab_size: int) -> G
     merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in model.get("merges") or []]
     special_ids = {role: tokenizer.token_id(role) for role in ("bos", "eos", "unk", "pad")}
     return GGUFVocabulary(model="gpt2", pre="gpt-2", tokens=tokens, types=[int(t) for t in types], merges=merges,
-                          special_ids={role: i for role, i in special_ids.items() if i is not None})
+                          special_ids={role: i for role, i in special_ids.items() if i is not None},
+                          starts_with_bos=tokenizer.starts_with_bos)
 
 
 def _is_gpt2_byte_level(pre: Mapping[str, Any]) -> bool:
@@ -330,7 +332,7 @@ def _add_vocabulary(writer, vocab: GGUFVocabulary, chat_template: str) -> None:
               "pad": writer.add_pad_token_id}
     for role, index in vocab.special_ids.items():
         adders[role](index)
-    writer.add_add_bos_token(False)  # attnkit generates from the prompt's own tokens (add_bos off)
+    writer.add_add_bos_token(vocab.starts_with_bos)  # as attnkit generates: BOS first where the tokenizer puts it
     writer.add_add_eos_token(False)
     writer.add_chat_template(chat_template)
 

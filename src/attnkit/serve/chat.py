@@ -74,15 +74,18 @@ def _shown(message: dict) -> str:
     return " ".join(part for part in (message["content"], *calls) if part)
 
 
-def chat_template(tokenizer_dir: Path, specials: dict[str, str] | None = None) -> ChatTemplate:
+def chat_template(tokenizer_dir: Path, specials: dict[str, str] | None = None, *, starts_with_bos: bool = False
+                  ) -> ChatTemplate:
     """The run's own template (its tokenizer_config.json's `chat_template`), else the default. Its `bos_token` and
-    `eos_token` are the file's, else the tokenizer's `specials` (role -> token), as an export writes them."""
+    `eos_token` are the file's, else the tokenizer's `specials` (role -> token), as an export writes them. For a
+    tokenizer that `starts_with_bos` the template's `bos_token` renders as nothing: the prompt's BOS is the token
+    itself, put first as `Pipeline.prompt_ids` does, where its text would be read as characters."""
     source, settings = config_template(tokenizer_dir)
     if source is None:
         return ChatTemplate()
     specials = specials or {}
-    return ChatTemplate(source, _token(settings.get("bos_token")) or specials.get("bos", ""),
-                        _token(settings.get("eos_token")) or specials.get("eos", ""))
+    bos = "" if starts_with_bos else _token(settings.get("bos_token")) or specials.get("bos", "")
+    return ChatTemplate(source, bos, _token(settings.get("eos_token")) or specials.get("eos", ""))
 
 
 def _token(value) -> str:
