@@ -101,6 +101,22 @@ def test_resuming_on_data_with_other_labels_names_both_and_the_way_forward(tmp_p
         prepare(run)
 
 
+def test_a_seq_len_beyond_the_models_context_is_refused_before_data_is_read_and_on_resume(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 100)
+    new = TrainRequest(out=str(tmp_path / "new"), task="lm", overrides=TINY, progress=False,
+                       data={"data": (str(text),), "tokenizer": "char", "seq_len": 48})
+    with pytest.raises(ConfigError, match=r"seq_len=48 exceeds the model's max_seq_len=24; lower --seq-len or add "
+                                          r"--set max_seq_len=48"):
+        prepare(new)
+    assert not (tmp_path / "new" / "cache").exists()  # refused before the text was tokenized
+    prepare(request(tmp_path / "run", max_steps=2)).fit()
+    resumed = request(tmp_path / "run", resume=True)
+    resumed.data["seq_len"] = 48
+    with pytest.raises(ConfigError, match=r"seq_len=48 exceeds the model's max_seq_len=24; lower --seq-len$"):
+        prepare(resumed)
+
+
 def test_resume_without_restored_state_would_differ(tmp_path):
     """The bit-for-bit test can fail: a fresh run over the same later steps (no restored RNG, data position
     or optimizer state) ends with other weights."""

@@ -312,6 +312,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
         config = target_config(source, spec=spec, assignments=model_changes)
     else:  # the model and its head checked against the task before a tokenizer is trained
         config = _model_config(request, spec, model_changes)
+    _check_seq_len(data_config, config)
     stream = spec.stream and synthetic_name(data_config) is None
     lm_files = stream_files(data_config) if stream else None
     tokenizer = source.tokenizer if source is not None else _new_tokenizer(data_config, settings.seed, lm_files)
@@ -384,6 +385,7 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
             + "\nResume without these options (the checkpoint's own are used), or start a new run with --out"
         )
     data_config = DataConfig.from_dict({**saved_data.to_dict(), **_absolute_paths(data_changes)})
+    _check_seq_len(data_config, checkpoint.config, resumed=True)
     saved_settings = TrainConfig.from_dict(state["settings"]).to_dict()
     settings = TrainConfig.from_dict({**state["settings"], **train_changes})
     changed = config_differences({k: saved_settings[k] for k in FINETUNE_SETTINGS},
@@ -493,12 +495,16 @@ def _fit_config(
     changes: dict[str, Any] = {}
     if labels is not None:
         changes["n_classes"] = len(labels)
-    if data.seq_len is not None and data.seq_len > config.max_seq_len:
-        raise ConfigError(
-            f"seq_len={data.seq_len} exceeds the model's max_seq_len={config.max_seq_len}; "
-            f"lower --seq-len or add --set max_seq_len={data.seq_len}"
-        )
     return config.replace(**changes)
+
+
+def _check_seq_len(data: DataConfig, config: ModelConfig, *, resumed: bool = False) -> None:
+    """ConfigError when the data's seq_len is longer than the model's context; checked before a tokenizer is trained
+    or data read. A resumed model's context is fixed, so only --seq-len can change then."""
+    if data.seq_len is not None and data.seq_len > config.max_seq_len:
+        fix = "" if resumed else f" or add --set max_seq_len={data.seq_len}"
+        raise ConfigError(f"seq_len={data.seq_len} exceeds the model's max_seq_len={config.max_seq_len}; lower "
+                          f"--seq-len{fix}")
 
 
 # Tokenizer and data ------------------------------------------------------------------------------------------
