@@ -165,6 +165,18 @@ def test_a_yaml_run_file_for_train_splits_into_options_model_fields_and_settings
     assert data == {"task": "translate"} and training == {"max_time": 90.0, "lr": 0.003}
 
 
+def test_a_yaml_run_file_may_give_a_list_option_one_item_and_set_as_a_mapping(tmp_path):
+    """`data: input.txt` is the one-item list (not refused as a str), `lora_targets: q_proj,k_proj` splits as its flag
+    does, and `set:` may be a mapping of fields (not refused as 'd_model' lacking '=')."""
+    pytest.importorskip("yaml")
+    path = tmp_path / "run.yaml"
+    path.write_text("data: input.txt\nlora_targets: q_proj,k_proj\nset:\n  d_model: 64\n  position: rope\n")
+    invocation = cli.parse(["train", "--config", str(path)])
+    run, data, training, *_ = invocation.settings, *invocation.sections
+    assert data == {"data": ("input.txt",)} and training == {"lora_targets": ("q_proj", "k_proj")}
+    assert run.set == ("d_model=64", 'position="rope"')
+
+
 def test_a_file_of_model_fields_alone_is_the_model_to_start_from(tmp_path):
     path = tmp_path / "config.json"
     presets.get("gpt2-tiny").to_json(path)

@@ -323,6 +323,10 @@ def coerce(cls: type, name: str, value: Any) -> Any:
     hint = _without_none(typing.get_type_hints(cls)[name])
     if isinstance(value, list) and get_origin(hint) is tuple:
         return tuple(value)
+    if isinstance(value, str) and get_origin(hint) is tuple:  # one item, as YAML writes it: `data: input.txt`
+        return tuple(_splitter(f.metadata["sep"], str)(value)) if "sep" in f.metadata else (value,)
+    if isinstance(value, dict) and f.metadata.get("metavar") == "KEY=VALUE":  # `set: {n_layers: 6}`
+        return tuple(f"{key}={json.dumps(item)}" for key, item in value.items())
     if isinstance(value, str) and "parse" in f.metadata:
         try:
             return f.metadata["parse"](value)
