@@ -310,8 +310,8 @@ class HFTokenizer(_SpecialIds):
             raise InputError(f"special tokens {missing} are not in the tokenizer's vocabulary")
         # a tokenizer whose post-processor puts BOS before every text (Llama's, Mistral's): its model was trained so
         bos = self._ids.get("bos")
-        framed, plain = (tokenizer.encode("a", add_special_tokens=framing).ids[:1] for framing in (True, False))
-        self.starts_with_bos = bos is not None and framed == [bos] and plain != [bos]
+        self.starts_with_bos = bos is not None and [bos] == tokenizer.encode("a").ids[:1] != tokenizer.encode(
+            "a", add_special_tokens=False).ids[:1]
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike) -> HFTokenizer:
