@@ -19,7 +19,7 @@ import pytest
 
 from attnkit import cli
 from attnkit.errors import CheckpointError, InputError
-from attnkit.outputs import atomic_output, atomic_write, file_mode
+from attnkit.outputs import atomic_output, atomic_write, file_mode, writing
 
 ARMED: dict = {}  # the fault injector's orders, while a writer runs: {"root": Path, "at": n, "seen": 0}
 WRITE_EVENTS = ("os.rename", "os.mkdir", "os.remove", "os.rmdir", "shutil.rmtree")
@@ -261,6 +261,18 @@ def test_each_os_refusal_has_its_own_message(tmp_path, monkeypatch, code, said):
             (partial / "a").write_text("x")
     assert said in str(raised.value) and "already exists" not in str(raised.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_failing_inside_an_output_being_written_is_named_inside_the_output(tmp_path):
+    """A writer failing on a file it makes inside an output folder (an exporter's model.onnx) names that file in the
+    folder the user asked for, not in the hidden partial folder it is made in."""
+    with pytest.raises(CheckpointError) as raised:
+        with atomic_output(tmp_path / "o", directory=True) as partial:
+            with writing(partial / "model.onnx"):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(partial / "model.onnx"))
+    message = str(raised.value)
+    assert f"cannot finish writing {tmp_path / 'o' / 'model.onnx'}: the disk is full" in message
+    assert ".partial-" not in message and list(tmp_path.iterdir()) == []
 
 
 def test_an_existing_output_is_replaced_only_on_overwrite_and_never_a_folder_of_other_files(run, tmp_path, capsys):

@@ -29,6 +29,7 @@ from pathlib import Path
 from attnkit.errors import CheckpointError, InputError, os_error_message
 
 PARTIAL = "partial"  # .NAME.partial-PID: an output being written
+_PARTIAL_PART = re.compile(rf"\.(.+)\.{PARTIAL}-[0-9]+")  # one such name, NAME its group
 REPLACED = "replaced"  # .NAME.replaced-PID: the output an `overwrite` replaces, until the new one is in place
 log = logging.getLogger(__name__)
 _OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (safetensors, tokenizers) report errno
@@ -91,12 +92,20 @@ class writing:
         elif err is not None and (os_err := as_os_error(err, self.path)) is not None:
             if os_err.filename is not None and _temporary_sibling(Path(os.fsdecode(os_err.filename)), self.path):
                 os_err.filename = None  # the user knows the output by its name, not by the sibling it is made in
-            message = os_error_message(os_err, self.path, self.doing)
+            elif os_err.filename is not None:
+                os_err.filename = str(_as_written(Path(os.fsdecode(os_err.filename))))
+            message = os_error_message(os_err, _as_written(self.path), self.doing)
         else:
             return
         failure = CheckpointError(message + self.note)
         failure.os_error = True
         raise failure from None
+
+
+def _as_written(path: Path) -> Path:
+    """`path` as the user will know it: a file inside an output being written (`.NAME.partial-PID/file`) named
+    inside the output it becomes (`NAME/file`)."""
+    return Path(*(match[1] if (match := _PARTIAL_PART.fullmatch(part)) else part for part in path.parts))
 
 
 def _temporary_sibling(name: Path, path: Path) -> bool:
