@@ -90,6 +90,8 @@ def test_a_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, sig):
     (["--sample-tokens", "-5"], "sample_tokens=-5 must be a number of tokens (0: no sample)"),
     (["--resume", "--overwrite"], "which --overwrite would replace: give one of the two"),
     (["--resume", "{out}/best", "--overwrite"], "which --overwrite would replace: give one of the two"),
+    (["--tokenizer", "char", "--vocab-size", "500"],
+     "--tokenizer char has its own vocabulary (a char tokenizer's is the text's characters): drop --vocab-size"),
 ])
 def test_contradictory_or_negative_options_are_refused_before_anything_runs(tmp_path, capsys, argv, message):
     out = tmp_path / "run"

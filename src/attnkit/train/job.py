@@ -303,6 +303,10 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     if world.rank == 0:
         _claim_run_dir(out, overwrite=request.overwrite)
     data_config = DataConfig.from_dict(_absolute_paths(data_changes))
+    if "vocab_size" in data_changes and data_config.tokenizer != "bpe" and not train_changes.get("init_from"):
+        raise ConfigError(f"--vocab-size {data_config.vocab_size} sets the size of the BPE tokenizer a run trains, and "
+                          f"--tokenizer {data_config.tokenizer} has its own vocabulary (a char tokenizer's is the "
+                          "text's characters): drop --vocab-size, or use --tokenizer bpe")
     settings = TrainConfig.from_dict(train_changes)
     parallel = _start(world, settings, device)  # the other ranks wait here until rank 0 has claimed `out`
     seed_all(settings.seed)
