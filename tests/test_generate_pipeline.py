@@ -96,6 +96,15 @@ def test_stop_strings_end_the_text_and_streaming_never_shows_them(lm):
     assert "".join(pieces) == text
 
 
+def test_stop_tokens_given_as_a_generator_stop_as_a_list_does(lm):
+    free = lm.generate("abc", max_new_tokens=20, temperature=0, stop_at_eos=False)[0]
+    stop_id = lm.tokenizer.encode(free[5])[0]  # the sixth character's token
+    as_list = lm.generate("abc", max_new_tokens=20, temperature=0, stop_at_eos=False, stop_tokens=[stop_id])[0]
+    once = lm.generate("abc", max_new_tokens=20, temperature=0, stop_at_eos=False,
+                       stop_tokens=(token for token in [stop_id]))[0]
+    assert once == as_list == free[: free.index(free[5])]
+
+
 def test_streamed_pieces_add_up_to_each_text(lm):
     pieces = {0: [], 1: []}
     texts = lm.generate(

@@ -1,6 +1,6 @@
 """benchmarks/gpu_session.sh, the one script a rented GPU machine runs: its CUDA tests are every test module that
-holds one (a module left out would go unrun there without a word), a part it does not know is refused, and its test
-part runs here, where every CUDA test skips, writing its log under $OUT."""
+holds one (a module left out would go unrun there without a word), and a part it does not know is refused before
+any part runs."""
 
 import re
 import subprocess

@@ -194,10 +194,11 @@ class Pipeline:
             )
         except NoDistribution as err:
             raise broken_outputs(str(err), self.model) from None
-        if mask is not None and mask.unfinished():
+        unfinished = mask.unfinished() if mask is not None else []
+        if unfinished:
             log.warning("text(s) %s ended before their %s was complete (max_new_tokens=%d reached, or a stop string "
                         "or token met), so they do not parse: give a larger max_new_tokens (--max-new-tokens)",
-                        mask.unfinished(), grammar.name, max_new_tokens)
+                        unfinished, grammar.name, max_new_tokens)
         return texts.finish()
 
     def _stop_ids(self, stop_tokens: Sequence[int]) -> set[int]:
@@ -206,11 +207,12 @@ class Pipeline:
         last = self.config.vocab_size - 1
         if isinstance(stop_tokens, str | bytes) or not isinstance(stop_tokens, Iterable):
             raise InputError(f"stop_tokens are token ids (integers from 0 to {last}); got {stop_tokens!r}")
-        for token in stop_tokens:
+        tokens = list(stop_tokens)  # read once: a generator is used up by the check
+        for token in tokens:
             if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= last:
                 raise InputError(f"stop_tokens: {token!r} is no token id (integers from 0 to {last}); give stop "
                                  "strings as stop=")
-        return set(stop_tokens)
+        return set(tokens)
 
     def translate(
         self,

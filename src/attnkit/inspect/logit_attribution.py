@@ -169,7 +169,7 @@ def logit_attribution(model: nn.Module, *args: Tensor, answer: int | Tensor, wro
         names += [f"{p}.{layer}.mlp.hidden"] if neurons and hasattr(block.mlp, "down_proj") else []
     embeddings = read.stack.embeddings
     apart = f"{read.prefix}pos_embed" if positions and embeddings.norm is None else None  # a norm after: no parts
-    names += [apart] if apart in hook_points(model) else []
+    names += [apart] if apart is not None and apart in hook_points(model) else []
     traced = trace(model, *args, names=names, **kwargs)
     cache = {k: v.double() for k, v in traced.cache.items()}
     final = cache[names[1]]  # (B, T, C): the stream the final norm reads

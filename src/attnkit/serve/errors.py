@@ -7,7 +7,8 @@
     422 invalid_request_error   a field of the wrong type, or missing
     429 rate_limit_error        the queue is full (Retry-After says when to try again)
     500 server_error            anything else; the message never carries a traceback
-    503 server_error            the server is shutting down (a request in flight, or one that arrives then)
+    503 server_error            the server is shutting down (a request in flight, or one that arrives then), or
+                                generation has stopped (the scheduler's thread ended)
     504 timeout_error           the request took longer than the server's timeout
 """
 

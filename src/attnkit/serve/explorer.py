@@ -66,8 +66,9 @@ class Explorer:
 
     @cached_property
     def model(self) -> nn.Module:
-        """The run's model as stored, read when the page first asks for numbers: a server that only answers the API
-        holds one copy of the weights, not two, and starts without reading and checking them twice."""
+        """The run's model as stored, read when the page first asks for numbers (at start with --sae, whose view
+        reads it): a server that only answers the API holds one copy of the weights, not two, and starts without
+        reading and checking them twice."""
         model, _, _ = load_run_model(self.run_dir, device=self.pipeline.device, dtype=self.pipeline.dtype)
         return model.eval()
 

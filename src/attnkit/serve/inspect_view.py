@@ -43,7 +43,9 @@ def inspect_view(model: nn.Module, tokenizer: Tokenizer, *, family: str, max_len
     view = {"heads": {"sites": importance.sites, "metric": importance.metric, "baseline": importance.baseline,
                       "scores": [[_number(v) for v in row] for row in importance.scores.tolist()]},
             "lens": None}
-    read = text_batch(loaded, text, prompt=True)  # a decoder's whole text: the last row is what follows it
+    read = text_batch(loaded, text, prompt=True) if loaded.causal else batch  # a decoder's whole text: the last
+    # row is what follows it (any other family reads the text as head importance did; a translator's again would
+    # translate it twice)
     try:
         lens = logit_lens(model, *read.args)
     except InputError as err:

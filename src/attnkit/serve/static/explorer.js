@@ -387,8 +387,9 @@
   }
 
   // Explore: the whole model at the query token (serve/model_view.py) ---------------------------------------------
-  // A translator's view has two streams: the encoder's over the source (`view.source`, read at its last token) and
-  // the decoder's over the target, read at the query token while the maps are the decoder's (else at its last).
+  // A translator's view has two streams: the encoder's over the source (`view.source`), read at the query token
+  // while the maps are the encoder's (else at its last), and the decoder's over the Target box's text (or the
+  // model's own translation), read at the query token while the maps are the decoder's (else at its last).
   function modelBody() {
     const maps = currentMaps(), encoderMaps = state.info.translator && maps && maps.kind === "self";
     // a translation run's encoder maps pick a source token, its decoder's a target token
