@@ -146,6 +146,24 @@ def test_a_run_killed_before_its_first_checkpoint_is_started_again_with_overwrit
     assert state.resume_checkpoint(tmp_path).step == 2
 
 
+def test_a_model_folder_without_checkpoints_is_not_called_a_run_killed_before_its_first(tmp_path):
+    """A folder `attnkit convert` or `attnkit average` wrote holds a model and no checkpoint, as a run killed before
+    its first checkpoint holds none: only the killed run is told to start again with --overwrite, which would move
+    the model aside."""
+    from attnkit import ModelConfig, build_model
+    from attnkit.checkpoint import save_model
+
+    config = ModelConfig(family="decoder", vocab_size=20, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+    save_model(build_model(config), config, tmp_path)
+    with pytest.raises(ConfigError) as fresh:
+        prepare(request(tmp_path))
+    with pytest.raises(CheckpointError) as resumed:
+        prepare(request(tmp_path, resume=True))
+    for refusal in (fresh, resumed):
+        assert "stopped before its first checkpoint" not in str(refusal.value)
+    assert "already holds a run" in str(fresh.value) and "no train_state.json" in str(resumed.value)
+
+
 # One process per run directory ---------------------------------------------------------------------------------
 def test_one_process_owns_a_run_directory_and_a_dead_owner_leaves_no_lock(tmp_path):
     child = run_python(f"""

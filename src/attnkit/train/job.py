@@ -56,7 +56,7 @@ from attnkit.train.state import (
     BEST_DIR,
     CHECKPOINTS_DIR,
     config_differences,
-    has_checkpoint,
+    killed_before_checkpoint,
     resume_checkpoint,
     seed_all,
     stopped_early,
@@ -566,7 +566,7 @@ def _claim_run_dir(out: Path, *, overwrite: bool) -> None:
     """Refuse to start in a directory holding another run, unless `overwrite` (the run is then moved aside, not
     deleted, when the new one is about to write: `rundir.move_aside`)."""
     existing = existing_run(out)
-    if existing and not overwrite and not has_checkpoint(out):
+    if existing and not overwrite and killed_before_checkpoint(out):
         raise ConfigError(f"{out}: {stopped_early(out)}")
     if existing and not overwrite:
         raise ConfigError(

@@ -162,7 +162,7 @@ def find_checkpoint(path: str | Path) -> Path:
         return found[-1]
     if (path / TRAIN_STATE_FILE).is_file():
         return path
-    if existing_run(path):
+    if killed_before_checkpoint(path):
         raise CheckpointError(f"nothing to resume in {path}: {stopped_early(path)}")
     raise CheckpointError(
         f"nothing to resume in {path}: it holds no {CHECKPOINTS_DIR}/step_* and no {TRAIN_STATE_FILE}; "
@@ -173,6 +173,13 @@ def find_checkpoint(path: str | Path) -> Path:
 def has_checkpoint(path: str | Path) -> bool:
     """Whether `path` holds a checkpoint to resume from (`find_checkpoint` finds one)."""
     return bool(checkpoints(Path(path))) or (Path(path) / TRAIN_STATE_FILE).is_file()
+
+
+def killed_before_checkpoint(path: str | Path) -> bool:
+    """Whether `path` holds what a run stopped before its first checkpoint leaves: run files, but no checkpoint and
+    no model (a model `attnkit convert` or `attnkit average` wrote holds its weights)."""
+    path = Path(path)
+    return bool(existing_run(path)) and not has_checkpoint(path) and not (path / WEIGHTS_FILE).is_file()
 
 
 def stopped_early(run_dir: str | Path) -> str:
