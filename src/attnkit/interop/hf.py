@@ -313,10 +313,9 @@ def _holds_hf_model(directory: Path) -> bool:
     """Whether `directory` holds a Hugging Face model, one --to-hf may replace: its config.json names a model_type
     (an attnkit run's names a family)."""
     try:
-        hf = read_json(directory / CONFIG_FILE)
+        return "model_type" in read_hf_config(directory)
     except CheckpointError:
         return False
-    return isinstance(hf, dict) and "model_type" in hf
 
 
 def _refuse_existing(directory: Path, flag: str, *, overwrite: bool, replaceable: bool) -> None:

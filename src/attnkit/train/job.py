@@ -323,7 +323,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     parallel.check_same(tokenizer.fingerprint(), "tokenizer")
     task, labels = _make_task(data_config, _global_batch(settings, parallel), tokenizer, config, out, translate,
                               lm_files, progress=shows_progress(request.progress) and parallel.writes)
-    config = _fit_config(config, tokenizer, labels, data_config, keep_vocab=source is not None)
+    config = _fit_config(config, tokenizer, labels, keep_vocab=source is not None)
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
     check_fits(count_parameters(config), settings.dtype, device, force=request.force)
     seed_all(settings.seed)  # the weights do not depend on how much randomness data preparation used
@@ -378,7 +378,7 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
     if request.preset or request.config_file or model_changes:
         wanted = _fit_config(  # --set alone changes fields of the checkpoint's config, not of the task's default
             _model_config(request, saved_data.spec, model_changes, base=checkpoint.config), checkpoint.tokenizer,
-            checkpoint.labels, saved_data, keep_vocab="init_from" in state,
+            checkpoint.labels, keep_vocab="init_from" in state,
         )
         problems += config_differences(checkpoint.config.to_dict(), wanted.to_dict())
     problems += _tokenizer_differences(checkpoint.tokenizer, data_changes, saved_data)
@@ -490,7 +490,7 @@ def _model_config(
 
 
 def _fit_config(
-    config: ModelConfig, tokenizer: Tokenizer, labels: list[str] | None, data: DataConfig, *, keep_vocab: bool = False
+    config: ModelConfig, tokenizer: Tokenizer, labels: list[str] | None, *, keep_vocab: bool = False
 ) -> ModelConfig:
     """The config with the tokenizer's vocabulary (unless `keep_vocab`: trained weights fix the vocabulary, which
     may hold more rows than the tokenizer has tokens) and the data's classes."""
