@@ -10,6 +10,8 @@ from generate_models import POSITIONS, greedy_translate_without_cache, tiny_mode
 from attnkit.errors import BrokenOutputs, InputError
 from attnkit.generate import beam_search, greedy_translate
 from attnkit.generate.beam import translate_ids
+from attnkit.models.greedy import EmptyTranslation, translation_pair
+from attnkit.tokenize import CharTokenizer
 
 BOS, EOS = 11, 12
 SOURCES = [[1, 2, 3, EOS], [4, 5, 6, 7, 8, 9, EOS], [10, EOS]]
@@ -163,3 +165,23 @@ def test_nan_logits_in_fp16_are_refused_naming_the_dtype_not_decoded_into_a_tran
     assert translate_ids(model, SOURCES, bos_id=BOS, eos_id=EOS, beam_size=beam_size, max_length=5)  # float64
     with pytest.raises(BrokenOutputs, match="nan.*in fp16 the activations may overflow.*--dtype bf16"):
         translate_ids(model.half(), SOURCES, bos_id=BOS, eos_id=EOS, beam_size=beam_size, max_length=5)
+
+
+def test_a_translation_pair_frames_a_given_target_or_the_models_own_translation():
+    """`translation_pair` (what the attention maps, `attnkit inspect` and the explorer read): the source with EOS,
+    the target given or the model's own greedy translation, framed BOS ... EOS; an empty own translation names the
+    caller's fix."""
+    tokenizer = CharTokenizer("abcdefghij", special_tokens=["pad", "bos", "eos", "unk"])  # a-j: 0-9, then specials
+    assert (tokenizer.bos_id, tokenizer.eos_id) == (BOS, EOS)
+    model, _ = tiny_model("encoder-decoder", seed=3, vocab_size=tokenizer.vocab_size)
+    given = translation_pair(model, tokenizer, "abc", "ji", max_length=8, instead="give a target")
+    assert (given.source, given.written) == ([0, 1, 2, EOS], [9, 8])
+    assert (given.decoder_input, given.predicted, given.target) == ([BOS, 9, 8], [9, 8, EOS], [BOS, 9, 8, EOS])
+    own = translation_pair(model, tokenizer, "abc", None, max_length=8, instead="give a target")
+    assert own.written == greedy_translate(model, [[0, 1, 2, EOS]], bos_id=BOS, eos_id=EOS, max_length=8)[0]
+    assert own.written, "the tiny model writes EOS first: choose another seed"
+    model.lm_head.register_forward_hook(lambda _, __, logits: logits.index_fill(-1, torch.tensor([EOS]), 1e6))
+    with pytest.raises(EmptyTranslation, match=r"translation of the source is empty .*: give a target"):
+        translation_pair(model, tokenizer, "abc", None, max_length=8, instead="give a target")
+    with pytest.raises(InputError, match="becomes no tokens"):
+        translation_pair(model, tokenizer, "abc", "", max_length=8, instead="give a target")

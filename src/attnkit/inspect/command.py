@@ -59,7 +59,7 @@ from attnkit.inspect.sae import (
     train_sae,
 )
 from attnkit.machine import pick_device
-from attnkit.models.greedy import greedy_target
+from attnkit.models.greedy import translation_pair
 from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import read_tagged
 from attnkit.textfiles import EncodingErrors, read_lines
@@ -257,22 +257,16 @@ def text_batch(loaded: Loaded, text: str, *, prompt: bool = False) -> Batch:
 
 
 def _pair(loaded: Loaded, text: str) -> tuple[list[int], list[int]]:
-    """A translation pair as token ids: source + EOS, BOS + target + EOS (the target translated greedily when the
-    line has none)."""
+    """A SOURCE<TAB>TARGET line as token ids: source + EOS, BOS + target + EOS (`translation_pair`; the target
+    translated greedily when the line has none)."""
     tokenizer = loaded.tokenizer
     source_text, _, target_text = text.partition("\t")
-    eos, bos = require_id(tokenizer, "eos"), require_id(tokenizer, "bos")
-    source = [*tokenizer.encode(source_text), eos]
-    _check_length(loaded, source_text, len(source) - 1, loaded.max_len - 1, "with EOS")
+    _check_length(loaded, source_text, len(tokenizer.encode(source_text)), loaded.max_len - 1, "with EOS")
     if target_text:
-        written = tokenizer.encode(target_text)
-        _check_length(loaded, target_text, len(written), loaded.max_len - 2, "with BOS and EOS")
-    else:
-        written = greedy_target(loaded.model, source, bos=bos, eos=eos,
-                                max_length=min(GREEDY_TOKENS, loaded.max_len - 2))
-        if not written:
-            raise InputError("the model translates the source into nothing (EOS first); give SOURCE<TAB>TARGET lines")
-    return source, [bos, *written, eos]
+        _check_length(loaded, target_text, len(tokenizer.encode(target_text)), loaded.max_len - 2, "with BOS and EOS")
+    pair = translation_pair(loaded.model, tokenizer, source_text, target_text or None,
+                            max_length=min(GREEDY_TOKENS, loaded.max_len - 2), instead="give SOURCE<TAB>TARGET lines")
+    return pair.source, pair.target
 
 
 def _check_length(loaded: Loaded, text: str, tokens: int, room: int, how: str = "") -> None:

@@ -1,14 +1,77 @@
-"""A translation model's own translation of one source, greedily, by whole forward passes (the annotated
-Transformer's `greedy_decode`): what the attention pictures (`attnkit.viz`) and the analyses (`attnkit.inspect`)
-read when given a source alone. A few dozen tokens at most, where the tokens matter and speed does not;
-`attnkit.generate` decodes with a KV cache (`greedy_translate`, held equal to this in tests)."""
+"""A translation model's sentence pair as it reads one, for the attention pictures (`attnkit.viz`), the analyses
+(`attnkit.inspect`) and the explorer (`attnkit.serve`): the source with EOS for the encoder, and a target given or,
+for a source alone, the model's own translation, greedily, by whole forward passes (the annotated Transformer's
+`greedy_decode`). A few dozen tokens at most, where the tokens matter and speed does not; `attnkit.generate`
+decodes with a KV cache (`greedy_translate`, held equal to `greedy_target` in tests).
+
+    source     x1 x2 ... EOS          the encoder's input
+    target     BOS y1 y2 ... EOS      the decoder reads target[:-1] (BOS y1 y2 ...) and predicts target[1:]
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from attnkit.errors import InputError
+from attnkit.tokenize import Tokenizer, require_id
+
+
+class EmptyTranslation(InputError):
+    """The model's own translation of a source is empty: it writes EOS first. `instead`: what to give in its place."""
+
+    def __init__(self, instead: str) -> None:
+        super().__init__(f"the model's own translation of the source is empty (it writes EOS first): {instead}")
+
+
+@dataclass(frozen=True)
+class TranslationPair:
+    """One source and its target as token ids: `source` ends with EOS; `written` is the target without BOS and
+    EOS (given, or the model's own translation)."""
+
+    source: list[int]
+    written: list[int]
+    bos: int
+    eos: int
+
+    @property
+    def decoder_input(self) -> list[int]:
+        """What the decoder reads: BOS, then the target."""
+        return [self.bos, *self.written]
+
+    @property
+    def predicted(self) -> list[int]:
+        """What the decoder predicts at each position: the target, then EOS."""
+        return [*self.written, self.eos]
+
+    @property
+    def target(self) -> list[int]:
+        """BOS, the target, EOS: `decoder_input` and `predicted` in one row, as training's pairs hold it."""
+        return [self.bos, *self.written, self.eos]
+
+
+def translation_pair(model: nn.Module, tokenizer: Tokenizer, source: str, target: str | None, *, max_length: int,
+                     instead: str) -> TranslationPair:
+    """`source` and `target` as `model` reads them; `target` None: the model's own greedy translation of at most
+    `max_length` tokens (`greedy_target`).
+
+    Raises InputError for a tokenizer without BOS or EOS and for a given target of no tokens; EmptyTranslation (an
+    InputError) when the model's own translation is empty, its message ending with `instead` (what the caller's user
+    gives in its place, e.g. "give --target TEXT")."""
+    eos, bos = require_id(tokenizer, "eos"), require_id(tokenizer, "bos")
+    ids = [*tokenizer.encode(source), eos]
+    if target is None:
+        written = greedy_target(model, ids, bos=bos, eos=eos, max_length=max_length)
+        if not written:
+            raise EmptyTranslation(instead)
+    else:
+        written = tokenizer.encode(target)
+        if not written:
+            raise InputError(f"the target {target!r} becomes no tokens: give a non-empty target")
+    return TranslationPair(ids, written, bos, eos)
 
 
 @torch.no_grad()

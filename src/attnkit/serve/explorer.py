@@ -33,7 +33,7 @@ from attnkit.checkpoint import load_run_model
 from attnkit.errors import InputError
 from attnkit.layers.attention import Attention, DotScore
 from attnkit.models.attention_capture import attention_sites
-from attnkit.models.greedy import greedy_target
+from attnkit.models.greedy import EmptyTranslation, translation_pair
 from attnkit.serve.inspect_view import inspect_view
 from attnkit.serve.model_view import model_view, translation_view
 from attnkit.serve.sae_view import SAEView
@@ -43,6 +43,7 @@ from attnkit.viz.labels import token_labels
 MAX_TEXT = 2000  # characters the explorer analyses at most (its pictures are for short texts)
 MAX_TOKENS = 256  # tokens the explorer analyses at most: every layer's and head's (T, T) weights go to the page
 ALL_LOGITS = 4096  # vocabularies up to this size send every logit; larger ones their top ALL_LOGITS
+OWN_TRANSLATION_EMPTY = "type a translation in the Target box"  # the fix an empty own translation asks for
 MAX_TRANSLATION = 64  # tokens of the model's own translation drawn at most (within its context, after BOS)
 METRICS_LINES = 5000  # metrics.jsonl lines per answer at most
 
@@ -120,30 +121,18 @@ class Explorer:
         if not self.translator:
             return model_view(self.model, self.config, self.tokenizer, ids, query)
         given = target is not None and bool(target.strip())
-        source, written = self._pair(ids, target if given else None)
-        view = translation_view(self.model, self.config, self.tokenizer, source, [self.tokenizer.bos_id, *written],
-                                query, source_query)
-        return {**view, "target_given": given}
-
-    def _pair(self, ids: list[int], target: str | None) -> tuple[list[int], list[int]]:
-        """A translator's source (the text's ids, then EOS) and the target tokens its decoder writes: `target`'s, or
-        its own greedy translation (None), as the attention maps frame and translate them (`attnkit.viz`)."""
-        bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
-        if bos is None or eos is None:
-            raise InputError("a translation run's tokenizer needs BOS and EOS tokens; this one lacks them")
-        source, limit = [*ids, eos], self.config.max_seq_len
-        if target is None:
-            written = greedy_target(self.model, source, bos=bos, eos=eos, max_length=min(MAX_TRANSLATION, limit - 1))
-            if not written:
-                raise InputError("the model's own translation of this text is empty (it wrote its end first): type a "
-                                 "translation in the Target box")
-        else:
+        if given:
             _check_text(target)
-            written = self.tokenizer.encode(target)
-        if max(len(source), len(written) + 1) > limit:
-            raise InputError(f"the source with EOS has {len(source)} tokens and the target with BOS "
-                             f"{len(written) + 1}; this model reads at most {limit}: shorten them")
-        return source, written
+        pair = translation_pair(self.model, self.tokenizer, text, target if given else None,  # as the maps frame it
+                                max_length=min(MAX_TRANSLATION, self.config.max_seq_len - 1),
+                                instead=OWN_TRANSLATION_EMPTY)
+        if max(len(pair.source), len(pair.decoder_input)) > self.config.max_seq_len:
+            raise InputError(f"the source with EOS has {len(pair.source)} tokens and the target with BOS "
+                             f"{len(pair.decoder_input)}; this model reads at most {self.config.max_seq_len}: shorten "
+                             "them")
+        view = translation_view(self.model, self.config, self.tokenizer, pair.source, pair.decoder_input, query,
+                                source_query)
+        return {**view, "target_given": given}
 
     def _checked_ids(self, text: str) -> list[int]:
         """The text's token ids; InputError for a text longer than the explorer draws."""
@@ -162,11 +151,8 @@ class Explorer:
         try:
             return attention_maps(self.model, self.tokenizer, text, target=target, translate=translator and not target,
                                   layers=layers, max_length=min(MAX_TRANSLATION, self.config.max_seq_len - 1))
-        except InputError as err:
-            if translator and target is None and "translation is empty" in str(err):
-                raise InputError("the model's own translation of this text is empty (it wrote its end first): type a "
-                                 "translation in the Target box") from None
-            raise
+        except EmptyTranslation:
+            raise EmptyTranslation(OWN_TRANSLATION_EMPTY) from None
 
     @staticmethod
     def _maps_json(maps) -> dict:

@@ -22,7 +22,7 @@ from torch import nn
 
 from attnkit.errors import InputError
 from attnkit.models.attention_capture import AttentionSite, attention_sites, capture_attention
-from attnkit.models.greedy import greedy_target
+from attnkit.models.greedy import translation_pair
 from attnkit.tokenize import Tokenizer
 from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
@@ -69,24 +69,16 @@ def attention_maps(
         raise InputError(f"this model ({type(model).__name__}) has no attention to draw; train one with attention")
     model.eval()
     device = next(model.parameters()).device
-    ids = tokenizer.encode(text)
     if translator:
-        source = [*ids, _require(tokenizer.eos_id, "EOS")]
-        bos = _require(tokenizer.bos_id, "BOS")
-        if translate:
-            written = greedy_target(model, source, bos=bos, eos=tokenizer.eos_id, max_length=max_length)
-            if not written:
-                raise InputError("the model's translation is empty (it wrote EOS first); give --target TEXT instead")
-        else:
-            written = tokenizer.encode(target)
-        if not written:
-            raise InputError("the target is empty; give a non-empty --target (or --translate)")
-        decoder_input = [bos, *written]
+        pair = translation_pair(model, tokenizer, text, None if translate else target, max_length=max_length,
+                                instead="give --target TEXT instead")
+        source, decoder_input = pair.source, pair.decoder_input
         tokens = {"self": (source, source), "causal": (decoder_input, decoder_input),
-                  "cross": ([*written, tokenizer.eos_id], source)}
-        src, tgt = torch.tensor([source], device=device), torch.tensor([decoder_input], device=device)
+                  "cross": (pair.predicted, source)}
+        src, tgt = torch.tensor([source], device=device), torch.tensor([decoder_input], device=device)  # (1, S), (1, T)
         run = partial(model, src, tgt)
     else:
+        ids = tokenizer.encode(text)
         if any(site.kind == "self" for site in sites):  # an encoder: framed as its training data frames a text
             first, last = (tokenizer.cls_id, tokenizer.sep_id) if tokenizer.cls_id is not None else (
                 tokenizer.bos_id, tokenizer.eos_id)
@@ -131,9 +123,3 @@ def _maps(kind, captured, sites, tokens, tokenizer, heads) -> AttentionMaps:
     query_ids, key_ids = tokens
     return AttentionMaps(kind, weights.cpu().numpy(), token_labels(tokenizer, query_ids),
                          token_labels(tokenizer, key_ids), [s.layer for s in sites], head_ids)
-
-
-def _require(token_id: int | None, role: str) -> int:
-    if token_id is None:
-        raise InputError(f"translation needs a tokenizer with a {role} token; this tokenizer has none")
-    return token_id
