@@ -269,3 +269,22 @@ def test_cost_experiment_on_the_gpu_asks_the_parallel_question(tmp_path):
     result = run_experiment("rnn-vs-transformer-cost", budget="tiny", out=tmp_path, device="cuda")
     assert any("on the GPU" in check.what for check in result.checks)
     assert torch.cuda.get_device_name() in result.machine
+
+
+def test_a_compute_multiplier_that_is_only_a_lower_bound_never_counts_against_the_claim():
+    """Transformer++'s smallest size already beats the Vaswani-style model's best loss: the multiplier measured is a
+    lower bound (a smaller Transformer++ might do it for less), so one below 2 leaves the check undecided, where it
+    was counted against the claim; one well above 2 still supports it."""
+    from attnkit.experiments.transformer_plus_plus import multiplier_check
+
+    vaswani = [(1e9, 3.0), (1.5e9, 2.5)]
+    close = {"Vaswani-style": vaswani, "Transformer++": [(1e9, 2.0), (1.5e9, 1.9)]}  # reached at once: >= 1.5x
+    check, multiplier, at_least = multiplier_check(close, 2.5, 0.05)
+    assert at_least and multiplier == pytest.approx(1.5)
+    assert check.outcome == "inside noise" and verdict_of([check])[0] == "inconclusive at this budget"
+    far = {"Vaswani-style": [(1e9, 3.0), (1e11, 2.5)], "Transformer++": [(1e9, 2.0), (1e11, 1.9)]}  # >= 100x
+    check, multiplier, at_least = multiplier_check(far, 2.5, 0.05)
+    assert at_least and multiplier == pytest.approx(100) and check.outcome == "for"
+    interpolated = {"Vaswani-style": vaswani, "Transformer++": [(1e9, 2.7), (1.5e9, 2.4)]}  # reached between sizes
+    check, multiplier, at_least = multiplier_check(interpolated, 2.5, 0.01)
+    assert not at_least and multiplier < 2 and check.outcome == "against"
