@@ -6,8 +6,9 @@ a test instead of ending the run.
     python tests/fast_paths.py --examples 50 int8      one path
 
 Shapes are drawn as users' models have them: in- and out-widths odd, prime or just past a power of two (1 to 300),
-1 to 17 rows, inputs that are views into a larger buffer (at an offset, or strided), with and without a bias, in
-each dtype the path serves. Each case is printed before it runs, so a crash names its case. The references compute
+1 to 17 rows (1 to 64 for the native quantized layers traced as a captured step traces them, about their row
+limit), inputs that are views into a larger buffer (at an offset, or strided), with and without a bias, in each dtype
+the path serves. Each case is printed before it runs, so a crash names its case. The references compute
 in float64 (or, for quantized layers, step by step from the quantized numbers). A path joins by one entry in
 `LINEAR_PATHS` or `ATTENTION_PATHS`; one that cannot run on this CPU says why and is skipped.
 """
@@ -121,6 +122,7 @@ class LinearPath:
     dtypes: tuple[str, ...]
     unavailable: Callable[[], str | None] = lambda: None
     pinned: tuple[LinearCase, ...] = ()  # cases always run, before the drawn ones
+    rows: st.SearchStrategy[int] = st.integers(1, 17)  # the row counts drawn
 
 
 def layer_and_reference(make, reference=None):
@@ -134,6 +136,20 @@ def layer_and_reference(make, reference=None):
     return run
 
 
+def traced(make, reference):
+    """A run that builds the layer as `layer_and_reference` does, then exports it as the captured step traces its
+    layers (`captured_step.STEP_FORMS`: one row as it is, several with the row count symbolic, from 2) and compares
+    the exported layer's output with `reference(layer, linear, x)`; the eager layer's must be the same bit for bit."""
+    def run(linear: nn.Linear, x: Tensor) -> tuple[Tensor, Tensor]:
+        linear = in_dtype(linear, x)
+        layer = make(linear)
+        dynamic = ({0: torch.export.Dim("rows", min=2)},) if x.shape[0] > 1 else None
+        out = torch.export.export(layer, (x,), dynamic_shapes=dynamic).module()(x)
+        torch.testing.assert_close(out, layer(x), rtol=0, atol=0, msg="the traced layer differs from the eager one")
+        return out, reference(layer, linear, x)
+    return run
+
+
 # int8's crash (in-width 172, two rows, AVX2) and the widths about it; an input at an odd offset
 INT8_PINNED = tuple(LinearCase(k, n, rows, "bf16", True, offset, 0)
                     for k, n, rows, offset in ((172, 64, 2, 0), (172, 172, 5, 0), (40, 3, 4, 0), (64, 48, 2, 1)))
@@ -141,6 +157,9 @@ INT8_PINNED = tuple(LinearCase(k, n, rows, "bf16", True, offset, 0)
 # takes (the dequantized product), at an odd offset
 NATIVE_PINNED = tuple(LinearCase(k, n, rows, "fp32", True, offset, 0) for k, n, rows, offset in (
     (172, 64, 5, 0), (33, 7, 4, 3), (64, 48, NATIVE_QUANTIZED_ROWS + 1, 1)))
+# row counts about the native quantized products' limit, where a traced step's symbolic row count meets it
+ABOUT_THE_ROW_LIMIT = st.one_of(st.integers(NATIVE_QUANTIZED_ROWS - 2, NATIVE_QUANTIZED_ROWS + 2),
+                                st.integers(1, 2 * NATIVE_QUANTIZED_ROWS))
 LINEAR_PATHS = [
     LinearPath("int8", layer_and_reference(Int8Linear, lambda layer, linear, x: layer.reference(x)),
                ("fp32", "bf16"), pinned=INT8_PINNED),
@@ -161,13 +180,18 @@ LINEAR_PATHS = [
     LinearPath("int4-native", layer_and_reference(
         NativeInt4Linear, lambda layer, linear, x: int4_reference(linear, x, native=True)), ("fp32", "bf16"),
         unavailable=native_gemv.unavailable, pinned=NATIVE_PINNED),
+    LinearPath("int8-native, traced", traced(NativeInt8Linear, lambda layer, linear, x: layer.reference(x)),
+               ("fp32", "bf16"), unavailable=native_gemv.unavailable, pinned=NATIVE_PINNED, rows=ABOUT_THE_ROW_LIMIT),
+    LinearPath("int4-native, traced", traced(
+        NativeInt4Linear, lambda layer, linear, x: int4_reference(linear, x, native=True)), ("fp32", "bf16"),
+        unavailable=native_gemv.unavailable, pinned=NATIVE_PINNED, rows=ABOUT_THE_ROW_LIMIT),
     LinearPath("captured step, products", float_rows, ("fp32", "bf16")),
     LinearPath("captured step, int8 products", int8_rows, ("fp32", "bf16")),
 ]
 
 
 def linear_cases(path: LinearPath) -> st.SearchStrategy[LinearCase]:
-    return st.builds(LinearCase, in_features=WIDTHS, out_features=WIDTHS, rows=st.integers(1, 17),
+    return st.builds(LinearCase, in_features=WIDTHS, out_features=WIDTHS, rows=path.rows,
                      dtype=st.sampled_from(path.dtypes), bias=st.booleans(), offset=st.integers(0, 7),
                      seed=st.integers(0, 2**16))
 
@@ -178,7 +202,8 @@ def check_linear(path: LinearPath, case: LinearCase) -> None:
     assert out.shape == expected.shape, f"{path.name}: shape {tuple(out.shape)}, expected {tuple(expected.shape)}"
     # bf16 rounds each output to 8 bits; the int8 and int4 layers with PyTorch's kernels compute in bf16 whatever the
     # input's dtype (the native ones in fp32)
-    exact = ("transposed", "captured step, products", "native", "int8-native", "int4-native")  # fp32 arithmetic
+    exact = ("transposed", "captured step, products", "native", "int8-native", "int4-native", "int8-native, traced",
+             "int4-native, traced")  # fp32 arithmetic
     tolerance = 1e-5 if case.dtype == "fp32" and path.name in exact else 2e-2
     scale = float(expected.abs().max()) + 1e-6
     torch.testing.assert_close(out.double(), expected.double(), atol=tolerance * scale, rtol=0)

@@ -209,8 +209,8 @@ def test_steps_with_pytorchs_int4_weights_are_compiled_by_torch_compile_instead(
 @needs_compiler
 @pytest.mark.slow  # a capture of its own (20 s)
 def test_native_int4_weights_are_captured_through_their_operator(tmp_path):
-    """--int4 --compile aot: the captured step calls the native 4-bit product as an operator (attnkit::gemv_i4, run
-    by the package's proxy executor) and gives the eager native model's logits."""
+    """--int4 --compile aot: the captured step calls the native 4-bit product as an operator
+    (attnkit::native_int4_product, run by the package's proxy executor) and gives the eager native model's logits."""
     if native_gemv.unavailable() is not None:
         pytest.skip(f"the native kernels cannot run here: {native_gemv.unavailable()}")
     model, _ = tiny_model(position="learned", d_model=64, d_ff=128, seed=3)

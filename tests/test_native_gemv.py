@@ -250,6 +250,26 @@ def test_native_int8_layer_dequantizes_for_more_rows_than_its_kernel_takes(monke
             layer(x[:NATIVE_QUANTIZED_ROWS])
 
 
+@pytest.mark.parametrize("form", ["int8", "int4"])
+def test_a_traced_native_layer_keeps_its_row_limit(monkeypatch, form):
+    """Traced with a symbolic row count, as the captured step's several-row form is exported, a native quantized layer
+    gives its eager numbers bit for bit at row counts about its limit, and its kernel is never handed more rows than
+    the limit (beyond it the weight is dequantized for the call, as eagerly)."""
+    _require_kernels()
+    kernel = {"int8": "gemv_i8", "int4": "gemv_i4"}[form]
+    handed, run = [], getattr(native_gemv, kernel)
+    monkeypatch.setattr(native_gemv, kernel, lambda *args: handed.append(args[-2].shape[0]) or run(*args))
+    torch.manual_seed(0)
+    layer = {"int8": NativeInt8Linear, "int4": NativeInt4Linear}[form](nn.Linear(200, 24))
+    x = torch.randn(NATIVE_QUANTIZED_ROWS + 8, 200)
+    rows = torch.export.Dim("rows", min=2)
+    with torch.no_grad():
+        traced = torch.export.export(layer, (x[:2],), dynamic_shapes=({0: rows},)).module()
+        for count in (2, NATIVE_QUANTIZED_ROWS - 1, NATIVE_QUANTIZED_ROWS, NATIVE_QUANTIZED_ROWS + 1, len(x)):
+            torch.testing.assert_close(traced(x[:count]), layer(x[:count]), rtol=0, atol=0, msg=f"{count} rows")
+    assert handed and max(handed) <= NATIVE_QUANTIZED_ROWS, handed
+
+
 def test_native_int4_layer_pads_an_in_width_its_groups_do_not_tile():
     _require_kernels()
     torch.manual_seed(0)

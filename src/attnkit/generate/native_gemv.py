@@ -250,29 +250,8 @@ def gemv_i4(codes: Tensor, scales: Tensor, offsets: Tensor, x: Tensor, bias: Ten
     return out
 
 
-# The products as PyTorch operators, for a compiled or captured step: torch.compile and torch.export cannot trace
-# into a ctypes call, but they keep an operator opaque and call it (an AOTInductor package through its proxy
-# executor). The layers call these while compiling or exporting (`tracing`), the functions above otherwise.
-@torch.library.custom_op("attnkit::gemv_i8", mutates_args=())
-def gemv_i8_op(weight: Tensor, scales: Tensor, x: Tensor, bias: Tensor | None) -> Tensor:
-    return gemv_i8(weight, scales, x, bias)
-
-
-@gemv_i8_op.register_fake
-def _(weight: Tensor, scales: Tensor, x: Tensor, bias: Tensor | None) -> Tensor:
-    return x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
-
-
-@torch.library.custom_op("attnkit::gemv_i4", mutates_args=())
-def gemv_i4_op(codes: Tensor, scales: Tensor, offsets: Tensor, x: Tensor, bias: Tensor | None) -> Tensor:
-    return gemv_i4(codes, scales, offsets, x, bias)
-
-
-@gemv_i4_op.register_fake
-def _(codes: Tensor, scales: Tensor, offsets: Tensor, x: Tensor, bias: Tensor | None) -> Tensor:
-    return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.float32)
-
-
 def tracing() -> bool:
-    """Whether a step is being compiled or exported (the layers then call the operators)."""
+    """Whether a step is being compiled or exported: torch.compile and torch.export cannot trace into a ctypes call,
+    so the layers then call their products as PyTorch operators, which a compiled step keeps opaque and calls (an
+    AOTInductor package through its proxy executor: `quantize.native_int8_op`, `quantize.native_int4_op`)."""
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()

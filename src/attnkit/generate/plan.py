@@ -19,7 +19,7 @@ The choices, in the order they are applied:
                     bf16 or packed plus nn.Linear's for single rows; where it cannot, bf16 single rows through ATen's
                     kernel in fp32 arithmetic; else nn.Linear's own. The native kernels run where the CPU reports
                     AVX2 and FMA and a C compiler builds them, eagerly; a captured step calls the int8 and 4-bit
-                    ones as operators where PyTorch's kernels cannot serve it
+                    ones as operators where PyTorch's kernels cannot serve it, with the same row limit
     attention       SDPA, or plain float32 products for short reduced-precision attention on the CPU where the
                     profile measured them faster (`layers/kernels.py`)
     compilation     none; a decoder's whole decoding step with fixed shapes, through torch.compile

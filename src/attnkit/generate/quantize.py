@@ -245,14 +245,60 @@ class Int4Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
-NATIVE_QUANTIZED_ROWS = 32  # rows up to which the native int8 and int4 layers take their own product
+NATIVE_QUANTIZED_ROWS = 32  # rows up to which the native int8 and int4 products take the hand-written kernel
+
+
+def native_int8_product(weight: Tensor, scales: Tensor, rows: Tensor, bias: Tensor | None) -> Tensor:
+    """rows (M, K) @ (weight * scales[:, None])^T + bias -> (M, N) fp32, for an int8 weight (N, K) with fp32 scales
+    (N,): up to `NATIVE_QUANTIZED_ROWS` rows through the hand-written kernel (`native_gemv.gemv_i8`), more through the
+    weight dequantized for the call and nn.Linear's product. Eager layers call it as it is, a traced step as the
+    operator `native_int8_op`, which applies the same limit to the row count it meets when it runs."""
+    if rows.shape[0] > NATIVE_QUANTIZED_ROWS:
+        return F.linear(rows.float(), weight.float() * scales[:, None], bias)
+    return native_gemv.gemv_i8(weight, scales, rows, bias)
+
+
+def int4_dequantized(codes: Tensor, scales: Tensor, offsets: Tensor) -> Tensor:
+    """4-bit codes (N, K' / 2) from `native_gemv.pack_int4`, scales and offsets (N, K' / G) fp32 -> the weight
+    (N, K') in fp32, as the native kernel computes with it: code * scale + offset."""
+    unpacked = native_gemv.unpack_int4(codes).float()  # (N, K')
+    scales, offsets = (t.repeat_interleave(INT4_GROUP, dim=1) for t in (scales, offsets))
+    return unpacked * scales + offsets
+
+
+def native_int4_product(codes: Tensor, scales: Tensor, offsets: Tensor, rows: Tensor, bias: Tensor | None) -> Tensor:
+    """rows (M, K') @ W^T + bias -> (M, N) fp32 for 4-bit weights (`int4_dequantized`), rows zero-padded to whole
+    groups: up to `NATIVE_QUANTIZED_ROWS` rows through the hand-written kernel (`native_gemv.gemv_i4`), more through
+    the weight dequantized for the call. Eager layers call it as it is, a traced step as the operator
+    `native_int4_op`, which applies the same limit to the row count it meets when it runs."""
+    if rows.shape[0] > NATIVE_QUANTIZED_ROWS:
+        return F.linear(rows, int4_dequantized(codes, scales, offsets), bias)
+    return native_gemv.gemv_i4(codes, scales, offsets, rows, bias)
+
+
+# The products as PyTorch operators, for a compiled or captured step (`native_gemv.tracing`): a traced step's row
+# count may be symbolic (the captured several-row step serves any batch size), so the row limit is applied inside the
+# operator, when it runs, and never fixed into the graph.
+native_int8_op = torch.library.custom_op("attnkit::native_int8_product", native_int8_product, mutates_args=())
+native_int4_op = torch.library.custom_op("attnkit::native_int4_product", native_int4_product, mutates_args=())
+
+
+@native_int8_op.register_fake
+def _(weight: Tensor, scales: Tensor, rows: Tensor, bias: Tensor | None) -> Tensor:
+    return rows.new_empty(rows.shape[0], weight.shape[0], dtype=torch.float32)
+
+
+@native_int4_op.register_fake
+def _(codes: Tensor, scales: Tensor, offsets: Tensor, rows: Tensor, bias: Tensor | None) -> Tensor:
+    return rows.new_empty(rows.shape[0], codes.shape[0], dtype=torch.float32)
 
 
 class NativeInt8Linear(nn.Module):
-    """A linear layer with an int8 weight and per-row scales (`quantize_rows`) whose products take fp32 inputs: up to
-    `NATIVE_QUANTIZED_ROWS` rows through the hand-written kernel (`native_gemv.gemv_i8`: each weight widened to fp32
-    as it is read), more through the weight dequantized for the call and nn.Linear's product. x (…, K) -> (…, N), in
-    x's dtype; CPU with AVX2 and FMA, inference only. `reference` computes the same numbers step by step.
+    """A linear layer with an int8 weight and per-row scales (`quantize_rows`) whose products take fp32 inputs
+    (`native_int8_product`): up to `NATIVE_QUANTIZED_ROWS` rows through the hand-written kernel (each weight widened
+    to fp32 as it is read), more through the weight dequantized for the call and nn.Linear's product, eagerly and in a
+    captured step alike. x (…, K) -> (…, N), in x's dtype; CPU with AVX2 and FMA, inference only. `reference`
+    computes the same numbers step by step.
 
     Where `Int8Linear` runs PyTorch's kernel, which is vectorized only for bf16 inputs (and its fp32 inputs take a
     scalar loop), this layer keeps a model's fp32 activations as they are: a quarter of fp32's weight bytes per token
@@ -268,11 +314,8 @@ class NativeInt8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: Tensor) -> Tensor:
-        rows, tracing = x.reshape(-1, self.in_features), native_gemv.tracing()  # (M, K); a compiled step: the op
-        if rows.shape[0] > NATIVE_QUANTIZED_ROWS and not tracing:
-            return self.reference(x)
-        product = native_gemv.gemv_i8_op if tracing else native_gemv.gemv_i8
-        out = product(self.weight, self.scales, rows, self.bias)  # (M, N) fp32
+        product = native_int8_op if native_gemv.tracing() else native_int8_product
+        out = product(self.weight, self.scales, x.reshape(-1, self.in_features), self.bias)  # (M, N) fp32
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def reference(self, x: Tensor) -> Tensor:
@@ -282,13 +325,13 @@ class NativeInt8Linear(nn.Module):
 
 class NativeInt4Linear(nn.Module):
     """A linear layer with 4-bit weights in groups of `INT4_GROUP` inputs (`int4_grid`, as `Int4Linear`) whose
-    products take fp32 inputs: up to `NATIVE_QUANTIZED_ROWS` rows through the hand-written kernel
-    (`native_gemv.gemv_i4`: each group's codes widened to fp32, multiplied, then scaled once, its zero applied
-    through the group's sum of inputs), more through the weight dequantized for the call. x (…, K) -> (…, N), in x's
-    dtype; CPU with AVX2 and FMA, inference only. `int4_reference(linear, x, native=True)` computes the same numbers
-    step by step. Scales are kept in fp32 with each group's offset (zero - 8 * scale), which the kernel reads without
-    converting (it is bound by its arithmetic, not by reading these); a layer whose in-width is not a multiple of
-    `INT4_GROUP` gets inputs up to one (`int4_grid`), and each call's rows get zeros there.
+    products take fp32 inputs (`native_int4_product`): up to `NATIVE_QUANTIZED_ROWS` rows through the hand-written
+    kernel (each group's codes widened to fp32, multiplied, then scaled once, its zero applied through the group's
+    sum of inputs), more through the weight dequantized for the call, eagerly and in a captured step alike.
+    x (…, K) -> (…, N), in x's dtype; CPU with AVX2 and FMA, inference only. `int4_reference(linear, x, native=True)`
+    computes the same numbers step by step. Scales are kept in fp32 with each group's offset (zero - 8 * scale), which
+    the kernel reads without converting (it is bound by its arithmetic, not by reading these); a layer whose in-width
+    is not a multiple of `INT4_GROUP` gets inputs up to one (`int4_grid`), and each call's rows get zeros there.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -301,18 +344,9 @@ class NativeInt4Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.padding = codes.shape[1] - linear.in_features
 
-    def dequantized(self) -> Tensor:
-        """The weight (N, K) in fp32, as the kernel computes with it: code * scale + offset."""
-        codes = native_gemv.unpack_int4(self.codes).float()  # (N, K')
-        scales, offsets = (t.repeat_interleave(INT4_GROUP, dim=1) for t in (self.scales, self.offsets))
-        return (codes * scales + offsets)[:, : self.in_features]
-
     def forward(self, x: Tensor) -> Tensor:
-        rows, tracing = x.reshape(-1, self.in_features), native_gemv.tracing()  # (M, K); a compiled step: the op
-        if rows.shape[0] > NATIVE_QUANTIZED_ROWS and not tracing:
-            return F.linear(x.float(), self.dequantized(), self.bias).to(x.dtype)
-        padded = F.pad(rows.float(), (0, self.padding))  # (M, K')
-        product = native_gemv.gemv_i4_op if tracing else native_gemv.gemv_i4
+        padded = F.pad(x.reshape(-1, self.in_features).float(), (0, self.padding))  # (M, K')
+        product = native_int4_op if native_gemv.tracing() else native_int4_product
         out = product(self.codes, self.scales, self.offsets, padded, self.bias)  # (M, N) fp32
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
