@@ -288,3 +288,17 @@ def test_a_compute_multiplier_that_is_only_a_lower_bound_never_counts_against_th
     interpolated = {"Vaswani-style": vaswani, "Transformer++": [(1e9, 2.7), (1.5e9, 2.4)]}  # reached between sizes
     check, multiplier, at_least = multiplier_check(interpolated, 2.5, 0.01)
     assert not at_least and multiplier < 2 and check.outcome == "against"
+
+
+def test_bottleneck_reason_reports_what_was_measured_and_claims_nothing_it_did_not():
+    """No model copied a string exactly in either bucket: the reason said 'with attention the exact copies hold up to
+    the longest strings'. It now gives each model's exact copies in both buckets and its accuracy change, signed."""
+    from attnkit.experiments.bottleneck import describe
+
+    rows = [{"model": name, "exact 2-4": 0.0, "exact 5-8": 0.0} for name in
+            ("GRU, no attention", "GRU + Bahdanau attention", "Transformer")]
+    drops = {"GRU, no attention": -0.05, "GRU + Bahdanau attention": 0.25, "Transformer": 0.0}
+    reason = describe(rows, drops, "2-4", "5-8", 2)
+    assert "hold up" not in reason and "shrinks" not in reason
+    assert "GRU, no attention +5%" in reason and "GRU + Bahdanau attention -25%" in reason
+    assert reason.count("0% -> 0%") == 3

@@ -143,3 +143,17 @@ def test_replot_refuses_a_run_of_another_experiment_than_named(tmp_path, capsys)
     assert main(["experiment", "bottleneck", "--replot", str(tmp_path)]) != 0
     assert "holds a run of ab-task, not bottleneck: give `attnkit experiment ab-task" in capsys.readouterr().err
     assert not (tmp_path / "accuracy.png").exists()
+
+
+def test_bottleneck_plot_places_its_length_buckets_by_position(tmp_path, caplog):
+    """Buckets named "2-4", "5-8" were drawn as matplotlib categories, which it logged as strings parsable as dates,
+    once per line drawn; they sit at positions 0, 1, ... labelled with their names."""
+    import logging
+
+    from attnkit.experiments import bottleneck
+
+    rows = [{"model": name, "exact 2-4": 0.5, "exact 5-8": 0.25, "per symbol 2-4": 0.75, "per symbol 5-8": 0.5}
+            for name in ("GRU, no attention", "Transformer")]
+    with caplog.at_level(logging.INFO):
+        assert bottleneck.plot(Stored(rows, [], "tiny", 2), tmp_path) == ["accuracy_by_length.png"]
+    assert "categorical units" not in caplog.text
