@@ -167,6 +167,15 @@ def test_nan_logits_in_fp16_are_refused_naming_the_dtype_not_decoded_into_a_tran
         translate_ids(model.half(), SOURCES, bos_id=BOS, eos_id=EOS, beam_size=beam_size, max_length=5)
 
 
+def test_greedy_translation_refuses_logits_that_are_no_distribution_as_sampling_does():
+    """Greedy translation checks its tokens with the sampling path's check (`check_drawn`): logits all at -inf (no
+    token possible) are refused as nan logits are, where argmax took token 0 for a translation."""
+    model, _ = tiny_model("encoder-decoder", position="sinusoidal", seed=2)
+    model.lm_head.register_forward_hook(lambda _, __, logits: torch.full_like(logits, float("-inf")))
+    with pytest.raises(BrokenOutputs, match=r"logits for row\(s\) \[0, 1, 2\] are no probability distribution"):
+        greedy_translate(model, SOURCES, bos_id=BOS, eos_id=EOS, max_length=5)
+
+
 def test_a_translation_pair_frames_a_given_target_or_the_models_own_translation():
     """`translation_pair` (what the attention maps, `attnkit inspect` and the explorer read): the source with EOS,
     the target given or the model's own greedy translation, framed BOS ... EOS; an empty own translation names the

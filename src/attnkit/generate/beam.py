@@ -26,7 +26,8 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from attnkit.errors import InputError
-from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources, greedy_translate, refuse_nan
+from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources, greedy_translate
+from attnkit.tasks.common import broken_outputs
 
 
 @dataclass
@@ -189,7 +190,7 @@ def _choose_live(
     """File the EOS candidates among each source's first K as finished; keep the best K others as live beams.
 
     top_*: (B, 2K) candidates, best first. Returns the live beams' parent beam, token and score, each (B, K).
-    Raises BrokenOutputs (`refuse_nan`) for a nan score: `model`'s logits were nan (topk ranks nan first).
+    Raises BrokenOutputs (`broken_outputs`) for a nan score: `model`'s logits were nan (topk ranks nan first).
     """
     is_eos = top_token == eos_id  # (B, 2K)
     rows = zip(top_scores.tolist(), top_beam.tolist(), is_eos.tolist(), strict=True)
@@ -197,7 +198,8 @@ def _choose_live(
         if done[b]:
             continue
         if math.isnan(scores[0]):
-            raise refuse_nan(model)
+            raise broken_outputs(f"the model's logits for source {b} are nan, no probability distribution: the "
+                                 "model's weights or its input are broken", model)
         for rank in range(k):
             if eos[rank] and scores[rank] > float("-inf"):
                 finished[b].add(scores[rank], beams[b * k + parents[rank], 1:].tolist(), ended=True)

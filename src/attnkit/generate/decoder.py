@@ -171,7 +171,7 @@ def decode_n_tokens(
         if grammar is not None:
             logits = grammar(logits)  # (B, V): what no row's grammar allows next at -inf
         tokens = select_next_in_groups(logits, sampling, groups, seen=seen, counts=counts)  # (B,)
-        for row, token in enumerate(check_drawn(tokens.tolist())):
+        for row, token in enumerate(check_drawn(tokens.tolist(), model=model)):
             if finished[row]:
                 continue
             if token in stop:
@@ -233,7 +233,9 @@ def generate_tokens(
     model: a decoder-only model in eval mode (`DecoderLM`); context_len: its `max_seq_len`; decoding: how prefill
     and steps run (see the module docstring); grammar: a matcher per prompt that each row's text follows;
     generator: one for every prompt, or a list of one per prompt.
-    Raises InputError for an empty prompt, a prompt longer than `context_len`, or a negative `max_new_tokens`.
+    Raises InputError for an empty prompt, a prompt longer than `context_len`, or a negative `max_new_tokens`;
+    BrokenOutputs for logits that give no distribution to draw from (`check_drawn`: nan, or a grammar allowing
+    nothing).
     """
     if not prompts:
         raise InputError("no prompts given; pass at least one list of token ids")

@@ -37,13 +37,13 @@ from attnkit.generate.constrained import Grammar, GrammarMask
 from attnkit.generate.decoder import EagerDecoding, generate_tokens
 from attnkit.generate.plan import InferencePlan, check_quantization, plan_inference
 from attnkit.generate.quantize import QUANTIZE_FORMS
-from attnkit.generate.sampling import NoDistribution, check_sampling, choice_seed, make_generator
+from attnkit.generate.sampling import check_sampling, choice_seed, make_generator
 from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
 from attnkit.run_settings import text_list
 from attnkit.tasks import TaskSpec, task_of_config, task_of_run, tasks
-from attnkit.tasks.common import broken_outputs, check_outputs
+from attnkit.tasks.common import check_outputs
 from attnkit.tasks.registry import METHODS  # the task methods the pipeline defines itself
 from attnkit.tokenize import encode_head, load_tokenizer
 
@@ -178,22 +178,19 @@ class Pipeline:
             stop_ids.add(self.tokenizer.eos_id)
         texts = TextTracker(self.tokenizer, len(rows), stops, on_text)
         mask = GrammarMask.of(grammar, self.tokenizer, len(rows))
-        try:
-            generate_tokens(
-                self.model,
-                rows,
-                max_new_tokens=max_new_tokens,
-                context_len=self.config.max_seq_len,
-                sampling=sampling,
-                generator=generator,
-                pad_id=self.pad_id,
-                stop_ids=stop_ids,
-                on_token=texts.push,
-                decoding=self.decoding,
-                grammar=mask,
-            )
-        except NoDistribution as err:
-            raise broken_outputs(str(err), self.model) from None
+        generate_tokens(  # BrokenOutputs for logits that give no distribution (`check_drawn`)
+            self.model,
+            rows,
+            max_new_tokens=max_new_tokens,
+            context_len=self.config.max_seq_len,
+            sampling=sampling,
+            generator=generator,
+            pad_id=self.pad_id,
+            stop_ids=stop_ids,
+            on_token=texts.push,
+            decoding=self.decoding,
+            grammar=mask,
+        )
         unfinished = mask.unfinished() if mask is not None else []
         if unfinished:
             log.warning("text(s) %s ended before their %s was complete (max_new_tokens=%d reached, or a stop string "

@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnkit.errors import ConfigError
+from attnkit.tasks.common import broken_outputs
 
 MIN_TEMPERATURE = 1e-5  # below it (but above 0, greedy) logits / temperature overflow float32 (vLLM's threshold too)
 MIN_TOP_P = 1e-6  # below it the nucleus is the likeliest token alone, and p underflows float32 at 1e-45
@@ -284,14 +285,16 @@ def select_next_in_groups(
     return (probs / races).argmax(dim=-1).masked_fill(broken, NO_TOKEN)
 
 
-def check_drawn(ids: list[int]) -> list[int]:
-    """The chosen ids, read from the device (`tokens.tolist()`, the one read a decoding step needs). Raises
-    NoDistribution for a row that drew NO_TOKEN."""
+def check_drawn(ids: list[int], *, model: nn.Module | None = None) -> list[int]:
+    """The chosen ids, read from the device (`tokens.tolist()`, the one read a decoding step needs). Raises for a row
+    that drew NO_TOKEN: with the `model` that gave the logits, BrokenOutputs (`broken_outputs`: in fp16, naming bf16
+    or fp32 as the fix), which greedy translation and `Pipeline.generate` raise; without, NoDistribution (the server
+    ends the one request that drew it)."""
     broken = [row for row, token in enumerate(ids) if token == NO_TOKEN]
     if broken:
-        raise NoDistribution(f"the model's logits for row(s) {broken} are no probability distribution (nan, or every "
-                             "token forbidden): the model's weights or its input are broken, or a grammar allows "
-                             "nothing")
+        message = (f"the model's logits for row(s) {broken} are no probability distribution (nan, or every token "
+                   "forbidden): the model's weights or its input are broken, or a grammar allows nothing")
+        raise NoDistribution(message) if model is None else broken_outputs(message, model)
     return ids
 
 

@@ -19,9 +19,9 @@ from torch import Tensor, nn
 
 from attnkit.data.batching import pad
 from attnkit.deprecation import warn_renamed
-from attnkit.errors import BrokenOutputs, InputError
+from attnkit.errors import InputError
+from attnkit.generate.sampling import GREEDY, check_drawn, select_next
 from attnkit.layers.kv_cache import KVCache
-from attnkit.tasks.common import broken_outputs
 
 
 @dataclass
@@ -56,23 +56,6 @@ def decode_step(model: nn.Module, tokens: Tensor, source: Source, cache: KVCache
     return out.logits[:, -1]
 
 
-NAN_TOKEN = -1  # what `next_tokens` gives a row whose logits hold nan
-
-
-def next_tokens(model: nn.Module, logits: Tensor) -> Tensor:
-    """The likeliest token of each row, logits (B, V) -> (B,); NAN_TOKEN for a row holding nan (argmax takes nan
-    for the largest), which the caller refuses (`refuse_nan`) when it reads the tokens: no extra read of the
-    device."""
-    tokens = logits.argmax(dim=-1)  # (B,)
-    return tokens.masked_fill(logits.gather(-1, tokens[:, None])[:, 0].isnan(), NAN_TOKEN)
-
-
-def refuse_nan(model: nn.Module) -> BrokenOutputs:
-    """BrokenOutputs for a decoding step whose logits are nan: no token can be chosen (`broken_outputs`)."""
-    return broken_outputs("the model's logits for a target token are nan: the model's weights or its input are "
-                          "broken", model)
-
-
 def check_max_length(max_length: int) -> None:
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
         raise InputError(f"max_length={max_length!r} must be a positive integer (target tokens, EOS included)")
@@ -94,10 +77,8 @@ def greedy_translate(
     finished = [False] * batch
     targets: list[list[int]] = [[] for _ in range(batch)]
     for _ in range(max_length):
-        tokens = next_tokens(model, decode_step(model, tokens, source, cache))  # (B,)
-        for row, token in enumerate(tokens.tolist()):
-            if token == NAN_TOKEN:
-                raise refuse_nan(model)
+        tokens = select_next(decode_step(model, tokens, source, cache), GREEDY)  # (B,): NO_TOKEN for nan logits
+        for row, token in enumerate(check_drawn(tokens.tolist(), model=model)):
             if not finished[row]:
                 finished[row] = token == eos_id
                 if not finished[row]:
