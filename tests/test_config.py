@@ -25,6 +25,16 @@ from attnkit import ConfigError, ModelConfig, build_model, count_parameters, pre
         ({"vocab_size": 0}, ["vocab_size=0"]),
         ({"n_layers": 2.5}, ["n_layers=2.5"]),
         ({"tgt_vocab_size": 10}, ["tgt_vocab_size", "encoder-decoder"]),
+        ({"position": "sinusoidal", "d_model": 33, "n_heads": 3}, ["sinusoidal", "d_model=33", "even"]),
+        ({"family": "encoder-decoder", "position": "sinusoidal", "d_model": 45, "n_heads": 5}, ["d_model=45"]),
+        ({"attention_window": 300, "max_seq_len": 256}, ["attention_window=300", "max_seq_len=256"]),
+        ({"attention_window": 4, "global_every": 3, "n_layers": 2}, ["global_every=3", "n_layers=2"]),
+        ({"norm_eps": float("inf")}, ["norm_eps=inf", "finite"]),
+        ({"rope_theta": float("inf"), "position": "rope"}, ["rope_theta=inf"]),
+        ({"attn_softcap": float("inf")}, ["attn_softcap=inf"]),
+        ({"d_model": -32}, ["d_model=-32"]),
+        ({"n_kv_heads": -2}, ["n_kv_heads=-2"]),
+        ({"head_dim": 0}, ["head_dim=0"]),
     ],
 )
 def test_invalid_configs_name_the_field_and_fix(fields, names):

@@ -60,6 +60,18 @@ def test_a_null_window_reads_as_none(tmp_path):
     assert hf.load(tmp_path).config.attention_window is None
 
 
+def test_a_window_longer_than_the_context_reads_as_none_with_the_same_logits(tmp_path):
+    """A sliding_window beyond max_position_embeddings hides no key of any sequence the model reads: it loads as
+    attention to every key (attnkit refuses a window longer than max_seq_len), and computes what transformers does."""
+    reference = hf_model("mistral", tmp_path, config=mistral_config(sliding_window=200))
+    loaded = hf.load(tmp_path)
+    assert (loaded.config.attention_window, loaded.config.max_seq_len) == (None, 128)
+    ids, mask = batch(1, length=12)
+    real = mask.bool()
+    torch.testing.assert_close(_logits(loaded.model, ids, mask)[real], _logits(reference, ids, mask)[real],
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_fp32_logits_with_a_window_narrower_than_the_prompt(narrow):
     directory, reference = narrow
     model = hf.load(directory).model

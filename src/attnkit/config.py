@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import sys
 import types
 import typing
@@ -129,11 +130,14 @@ def head_output(family: str, name: str) -> HeadOutput:
 
 
 def require_positive(obj: Any, *names: str) -> None:
-    """Each named field is > 0 (None passes: "not set"). Zero never means "the default"."""
+    """Each named field is a finite number > 0 (None passes: "not set"). Zero never means "the default"."""
     for name in names:
         value = getattr(obj, name)
         if value is not None and not value > 0:
             raise ConfigError(f"{name}={value!r} must be positive; 0 has no meaning here (leave it unset instead)")
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(f"{name}={value!r} must be a finite positive number; give one, or leave it unset for "
+                              "the default")
 
 
 def require_fraction(obj: Any, *names: str) -> None:
@@ -467,6 +471,25 @@ class TransformerConfig(ModelConfig):
                 f"global_every={self.global_every} makes every Nth layer attend globally between sliding-window "
                 f"layers: it needs attention_window set and N >= 1 (0: every layer windowed)"
             )
+        depths = self.stack_depths()
+        if self.global_every > max(depths.values()):
+            stacks = ", ".join(f"{name}={depth}" for name, depth in depths.items())
+            raise ConfigError(
+                f"global_every={self.global_every} is more than the layers of any stack ({stacks}): no layer would "
+                f"attend to all keys; choose global_every between 1 and {max(depths.values())}, or 0 for a window on "
+                f"every layer"
+            )
+        if self.attention_window is not None and self.attention_window > self.max_seq_len:
+            raise ConfigError(
+                f"attention_window={self.attention_window} is longer than max_seq_len={self.max_seq_len}: no query "
+                f"sees more keys than that, so the window would hide nothing; choose attention_window <= "
+                f"{self.max_seq_len}, or leave it unset (null) for attention to every key"
+            )
+        if self.position == "sinusoidal" and self.d_model % 2:
+            raise ConfigError(
+                f"position='sinusoidal' needs an even d_model, got d_model={self.d_model}; the encoding pairs a sine "
+                f"and a cosine per frequency: choose an even d_model (e.g. {self.d_model + 1}), or another position"
+            )
         require_fraction(self, "attention_dropout")
         if self.type_vocab_size < 0:
             raise ConfigError(f"type_vocab_size={self.type_vocab_size} must be >= 0 (0: no token-type embeddings)")
@@ -493,6 +516,10 @@ class TransformerConfig(ModelConfig):
     def _derived(self) -> dict[str, Any]:
         return {"n_kv_heads": self.n_heads, "head_dim": self.d_model // self.n_heads,
                 "final_norm": self.norm_position == "pre"}
+
+    def stack_depths(self) -> dict[str, int]:
+        """The field giving the number of blocks of each stack -> that number."""
+        return {"n_layers": self.n_layers}
 
     def window_of(self, layer: int) -> int | None:
         """The attention window of block `layer` (0-based): `attention_window`, except every `global_every`-th
@@ -586,6 +613,9 @@ class EncoderDecoderConfig(TransformerConfig):
 
     def _derived(self) -> dict[str, Any]:
         return {**super()._derived(), "n_decoder_layers": self.n_layers}
+
+    def stack_depths(self) -> dict[str, int]:
+        return {"n_layers": self.n_layers, "n_decoder_layers": self.n_decoder_layers or self.n_layers}
 
     @property
     def target_vocab_size(self) -> int:

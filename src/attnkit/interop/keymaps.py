@@ -280,6 +280,16 @@ LLAMA = FamilyMap(
     ignored=_LLAMA_IGNORED,
 )
 
+def _mistral_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
+    """A sliding_window longer than max_position_embeddings hides no key within the context: attention to every key
+    (attnkit refuses a window longer than max_seq_len, which would change nothing)."""
+    window = fields.get("attention_window")
+    fields_read = _rope_from_hf(hf, fields, architecture, names, source)
+    if window is not None and window > fields["max_seq_len"]:
+        fields_read["attention_window"] = None
+    return fields_read
+
+
 # Mistral is Llama without biases plus sliding-window attention: `sliding_window` is attnkit's
 # `attention_window` (a query sees its last W keys, itself included), on every layer.
 MISTRAL = FamilyMap(
@@ -304,8 +314,8 @@ MISTRAL = FamilyMap(
     ours_fixed={**_LLAMA_FIXED, "bias": False, "global_every": 0},
     tensors=_LLAMA_TENSORS,
     summary="as Llama, without biases, plus `sliding_window` as `attention_window` (each query sees its last W "
-            "keys; null: all)",
-    from_hf=_rope_from_hf,
+            "keys; null, or longer than the context: all)",
+    from_hf=_mistral_from_hf,
     to_hf=_rope_to_hf,
     ignored=_LLAMA_IGNORED,
 )
