@@ -11,6 +11,7 @@ import pytest
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.image import imread
+from matplotlib.text import Text
 from torch.testing import assert_close
 
 from attnkit.checkpoint import save_model
@@ -166,8 +167,8 @@ def test_grid_scales_each_map_to_its_largest_weight_and_says_so_in_a_colour_bar(
     weights /= weights.sum(-1, keepdims=True)  # rows sum to 1
     tokens = ("a", "b", "c", "d", "<eos>")
     fig = grid_figure(AttentionMaps("self", weights, tokens, tokens, (0, 1), (0, 1, 2)))
-    fig.tight_layout()
     renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)  # lays the figure out as saving it does
     *panels, bar = fig.axes
     assert len(panels) == 2 * 3
     for index, ax in enumerate(panels):  # each map scaled to 0..1 of its own largest weight
@@ -232,3 +233,18 @@ def test_recurrent_seq2seq_run_draws_its_alignment(tmp_path, attention):
     (maps,) = result.maps
     assert maps.kind == "cross" and maps.weights.shape == (1, 1, 5, 5)
     assert tmp_path / "viz" / "alignment.png" in result.pngs
+
+
+@pytest.mark.parametrize("n_tokens", [12, 200])
+def test_one_head_grid_keeps_its_title_whole_and_clear_of_the_head_title(n_tokens):
+    """A recurrent model's grid is one map (one layer, one head): its figure title fits the figure, above the
+    head's title, for a short sentence and a long one."""
+    weights = np.full((1, 1, n_tokens, n_tokens), 1.0 / n_tokens, dtype=np.float32)
+    tokens = tuple(f"t{i}" for i in range(n_tokens))
+    fig = grid_figure(AttentionMaps("cross", weights, tokens, tokens, (0,), (0,)))
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)  # lays the figure out as saving it does
+    (title,) = [text.get_window_extent(renderer) for text in fig.findobj(Text) if text.get_text().startswith("cross")]
+    assert fig.bbox.x0 <= title.x0 and title.x1 <= fig.bbox.x1  # not cut off at either side
+    head_title = fig.axes[0].title.get_window_extent(renderer)
+    assert title.y0 >= head_title.y1  # above "head 0", not over it

@@ -26,6 +26,7 @@ LABEL_SHARE = 0.45  # a label's height as a share of its cell, between those bou
 GRID_INCHES = 24.0  # the widest a layer x head grid is drawn
 GRID_TOKEN_INCHES = 0.16  # one token's row in a grid's map, where GRID_INCHES leaves room: 10-point labels
 GRID_BAR_SHARE = 0.06  # the grid's colour bar, as a share of one map's width
+TITLE_POINTS = 13  # a grid's figure title
 AXIS_NAMES = {"cross": ("target token (query)", "source token (key)")}
 DEFAULT_AXIS_NAMES = ("query: the token attending", "key: the token attended to")
 
@@ -72,7 +73,13 @@ def grid_figure(maps: AttentionMaps) -> Figure:
     fit."""
     n_layers, n_heads, n_queries, n_keys = maps.weights.shape
     cell = min(max(1.4, GRID_TOKEN_INCHES * max(n_queries, n_keys)), GRID_INCHES / n_heads)
-    fig = Figure(figsize=(cell * (n_heads + GRID_BAR_SHARE) + 1.8, cell * n_layers + 1.0), dpi=DPI)
+    title = f"{maps.title}: layers x heads (rows: queries, columns: keys)"
+    width = cell * (n_heads + GRID_BAR_SHARE) + 1.8
+    if width < _title_inches(title):  # a grid of one or two maps: the title on two lines, the figure as wide
+        title = title.replace(" (", "\n(")
+        width = max(width, _title_inches(title))
+    # constrained layout keeps the figure's title above the heads' titles, however tall the maps
+    fig = Figure(figsize=(width, cell * n_layers + 1.0), dpi=DPI, layout="constrained")
     layout = fig.add_gridspec(n_layers, n_heads + 1, width_ratios=[1.0] * n_heads + [GRID_BAR_SHARE])
     font = min(FONT_POINTS[1], 0.9 * 72 * cell / max(n_queries, n_keys))  # a label fits its row
     for row, layer in enumerate(maps.layers):
@@ -94,8 +101,13 @@ def grid_figure(maps: AttentionMaps) -> Figure:
     bar = fig.colorbar(image, cax=fig.add_subplot(layout[:, -1]))
     bar.set_label("weight / its map's largest", fontsize=11)
     bar.ax.tick_params(labelsize=10)
-    fig.suptitle(f"{maps.title}: layers x heads (rows: queries, columns: keys)", parse_math=False)
+    fig.suptitle(title, fontsize=TITLE_POINTS, parse_math=False)
     return fig
+
+
+def _title_inches(title: str) -> float:
+    """About how wide `title` is drawn at TITLE_POINTS (its longest line; a character is ~0.6 of its size)."""
+    return 0.6 * TITLE_POINTS / 72 * max(len(line) for line in title.splitlines()) + 0.4
 
 
 def plot_grid(maps: AttentionMaps, path: str | Path) -> Path:
@@ -148,8 +160,10 @@ def _colour_bar(fig: Figure, ax: Axes, image, font: float) -> None:
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Write atomically: a reader sees the old picture or the new one, never half of one."""
-    fig.tight_layout()
+    """Write atomically: a reader sees the old picture or the new one, never half of one. A figure without a layout
+    engine of its own is laid out tight."""
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
