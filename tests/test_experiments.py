@@ -3,6 +3,7 @@ verdict its checks support, and shows at that budget something its claim implies
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -302,3 +303,18 @@ def test_bottleneck_reason_reports_what_was_measured_and_claims_nothing_it_did_n
     assert "hold up" not in reason and "shrinks" not in reason
     assert "GRU, no attention +5%" in reason and "GRU + Bahdanau attention -25%" in reason
     assert reason.count("0% -> 0%") == 3
+
+
+def test_gqa_memory_times_as_many_rounds_as_seeds_asked_and_reads_the_cache_size_from_the_cache(tmp_path, monkeypatch):
+    """An undecided speed check names the rounds that would decide it as `--seeds N`: N seeds must time N rounds
+    (they stayed at the budget's 2). The cache sizes are those of the caches the trained models allocate."""
+    from attnkit.experiments import gqa_memory
+
+    speeds = iter(range(1, 1000))
+    monkeypatch.setattr(gqa_memory, "decode_tokens_per_second", lambda model, **decoding: float(next(speeds)))
+    monkeypatch.setattr(gqa_memory, "train_lm", functools.partial(gqa_memory.train_lm, eval_batches=1))
+    result = run_experiment("gqa-memory", budget="tiny", out=tmp_path, seeds=3)
+    assert [len(row["decode tokens/s"]) for row in result.per_seed] == [3] * 4
+    speed_check = next(check for check in result.checks if "decoding speed" in check.what)
+    assert speed_check.n == 3 and speed_check.unit == "rounds"
+    assert [row["KV bytes per token"] for row in result.rows] == [2 * 2 * kv * 32 * 4 for kv in (8, 4, 2, 1)]

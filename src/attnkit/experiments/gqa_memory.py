@@ -5,7 +5,8 @@ With H query heads sharing Hkv key/value heads, the cache holds 2 * layers * Hkv
 2 * layers * H * D: MHA (Hkv = H), GQA (1 < Hkv < H), MQA (Hkv = 1, Shazeer 2019). Decoding reads the whole cache
 at every step, so a smaller cache is read faster once it is long. Each variant is trained on the same tokens over
 several seeds (its validation loss), then the variants take turns timing greedy decoding with a KV cache (batch 8,
-a 256-token cache), round after round.
+a 256-token cache), round after round: the budget's rounds, or as many as --seeds asks where that is more. The cache
+size is read from the cache each model allocates.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def decode_tokens_per_second(model: nn.Module, *, batch: int, prompt: int, new_t
         token = logits.argmax(-1, keepdim=True)  # (B, 1)
         logits = model(token, cache=cache).logits[:, -1]
     return batch * new_tokens / (time.perf_counter() - start)
+
+
+def kv_bytes_per_token(model: nn.Module, length: int = 256) -> int:
+    """The bytes per token of the KV cache `model` allocates for one sequence (every layer's keys and values)."""
+    cache = model.allocate_cache(1, length)
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers) // length
 
 
 def decode_speeds(models: list[nn.Module], *, rounds: int, **decoding: int) -> list[list[float]]:
@@ -85,7 +92,7 @@ def plot(stored: Stored, out: Path) -> list[str]:
 def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     steps = {"tiny": 3, "small": 200, "full": 800}[budget]
     new_tokens = {"tiny": 4, "small": 64, "full": 128}[budget]
-    rounds = ROUNDS[budget]
+    rounds = max(ROUNDS[budget], seeds)  # --seeds N: at least N rounds, the number an undecided speed check names
     corpus = char_corpus({"tiny": 20_000, "small": 300_000, "full": 1_000_000}[budget])
     rows, models, losses = [], [], []  # losses: per variant, per seed
     for kv_heads in (8, 4, 2, 1):
@@ -101,8 +108,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
             if seed == 0:
                 models.append(log.model)
         losses.append(per_seed)
-        kv_bytes = 2 * config.n_layers * kv_heads * config.resolved.head_dim * 4  # keys and values, fp32, per token
-        rows.append({"attention": f"{kind} {N_HEADS}/{kv_heads}", "KV bytes per token": kv_bytes,
+        rows.append({"attention": f"{kind} {N_HEADS}/{kv_heads}", "KV bytes per token": kv_bytes_per_token(models[-1]),
                      "val loss": statistics.fmean(per_seed)})
     progress.phase(f"timing decoding: {rounds} rounds of the four models in turn")
     speeds = decode_speeds(models, rounds=rounds, batch=8, prompt=256 - new_tokens, new_tokens=new_tokens)
