@@ -222,12 +222,3 @@ def test_native_int4_weights_are_captured_through_their_operator(tmp_path):
     got = forced_logits(CapturedDecoding(model, package_dir=tmp_path), PROMPTS[1:2], forced)
     for step, (a, b) in enumerate(zip(eager, got, strict=True)):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-4, msg=f"step {step}")
-
-
-@pytest.mark.parametrize(("isa", "vectorized"), [("AVX512", True), ("AVX2", False), ("DEFAULT", False)])
-def test_int8_products_are_captured_as_reductions_only_where_inductor_widens_int8_in_vectors(monkeypatch, isa,
-                                                                                           vectorized):
-    """Under AVX2 inductor's int8-to-float loop is scalar (a captured one-row int8 step ran at 0.07x llama.cpp's
-    q8_0 there), so the capture keeps PyTorch's int8 kernel and decomposes it only with AVX-512."""
-    monkeypatch.setattr(captured.CpuCapabilities, "detect", classmethod(lambda cls: captured.CpuCapabilities(isa=isa)))
-    assert captured.int8_loops_vectorized() == vectorized

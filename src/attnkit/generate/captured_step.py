@@ -17,7 +17,8 @@ Two forms of the step are captured, each the first time it is needed (`STEP_FORM
                plain sum reads memory, oneDNN an unpacked bf16 one slower still. So each product is captured as
                a reduction over the weight's rows (`row_products`), which inductor compiles into one vectorized
                loop reading each weight once (fp32, bf16 and, with AVX-512, int8 weights alike: the int8 bytes are
-               what it reads; under AVX2 inductor's int8 loop is scalar, and PyTorch's int8 kernel runs instead)
+               what it reads; under AVX2 inductor's int8 loop is scalar, `CpuCapabilities.int8_loops_vectorized`, and an
+               int8 kernel runs instead)
     rows       any batch size from 2: matrix products
 
 The weights are arguments of the library, not part of it: a loaded package reads the model's own tensors (no
@@ -198,14 +199,6 @@ def row_int8_products(x: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
     return (row_products(x.float(), weight).float() * scales.float()).to(x.dtype)
 
 
-def int8_loops_vectorized(cpu: CpuCapabilities | None = None) -> bool:
-    """Whether inductor's loops over int8 weights widen them with vector instructions on `cpu` (default: this one):
-    with AVX-512. Under AVX2 its int8-to-float loop is scalar (`gpt2-124m`'s one-row int8 step captured as reductions
-    decoded at 7 tokens/s, 0.07x llama.cpp's q8_0, against 0.76x with AVX-512), so there the captured step calls an
-    int8 kernel instead: the native one where the plan takes it (`plan.py`), else PyTorch's."""
-    return (cpu or CpuCapabilities.detect()).isa.startswith("AVX512")
-
-
 STEP_FORMS = {  # form -> (example batch, the batch size is symbolic, products as reductions)
     "one-row": (1, False, True),
     "rows": (EXAMPLE_BATCH, True, False),
@@ -233,7 +226,7 @@ def capture_step(model: nn.Module, path: Path, form: str = "one-row") -> None:
     decompositions = torch.export.default_decompositions()
     if as_reductions:
         decompositions[torch.ops.aten.linear.default] = row_products
-        if int8_loops_vectorized():
+        if CpuCapabilities.detect().int8_loops_vectorized:
             decompositions[torch.ops.aten._weight_int8pack_mm.default] = row_int8_products
     path.parent.mkdir(parents=True, exist_ok=True)
     try:

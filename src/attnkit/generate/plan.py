@@ -40,7 +40,7 @@ from torch import nn
 from attnkit.blocks import TransformerBlock, compile_blocks, torch_compile_mode
 from attnkit.errors import InputError
 from attnkit.generate import native_gemv
-from attnkit.generate.captured_step import default_package_dir, int8_loops_vectorized
+from attnkit.generate.captured_step import default_package_dir
 from attnkit.generate.decode_layout import (
     NATIVE_BF16_ROWS,
     NATIVE_ROWS,
@@ -280,7 +280,8 @@ def _quantized_kernel(quantize: str, on_cpu: bool, compile: bool | str, cpu: Cpu
     grid = ("int8 weights with a scale per row" if quantize == "int8" else
             f"4-bit weights in groups of {INT4_GROUP} inputs with a scale and zero each")
     measured = _timings(profile, f"linear {quantize}")
-    captured_needs = compile == "aot" and (quantize == "int4" or not int8_loops_vectorized(cpu))
+    vectorized = (cpu or CpuCapabilities.detect()).int8_loops_vectorized  # inductor's int8 loops
+    captured_needs = compile == "aot" and (quantize == "int4" or not vectorized)
     if captured_needs:
         why = ("PyTorch's int4 product cannot be captured" if quantize == "int4" else
                "inductor's loop over int8 weights is scalar without AVX-512")
