@@ -318,3 +318,14 @@ def test_gqa_memory_times_as_many_rounds_as_seeds_asked_and_reads_the_cache_size
     speed_check = next(check for check in result.checks if "decoding speed" in check.what)
     assert speed_check.n == 3 and speed_check.unit == "rounds"
     assert [row["KV bytes per token"] for row in result.rows] == [2 * 2 * kv * 32 * 4 for kv in (8, 4, 2, 1)]
+
+
+def test_cost_reason_counts_the_timed_steps_seeds_asked_for(tmp_path, monkeypatch):
+    """--seeds 3 at the tiny budget times 3 steps per length; the reason said 'medians of 2 steps' (the budget's)."""
+    from attnkit.experiments import rnn_transformer_cost
+
+    monkeypatch.setattr(rnn_transformer_cost, "step_cost",
+                        lambda model, batch, length, repeats: ([1e-3 * length] * repeats, 1000 * length))
+    result = run_experiment("rnn-vs-transformer-cost", budget="tiny", out=tmp_path, seeds=3)
+    assert "medians of 3 steps" in result.reason
+    assert all(len(row["ms per step"]) == 3 for row in result.per_seed)

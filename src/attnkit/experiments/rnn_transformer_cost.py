@@ -186,7 +186,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
     key = (f"time per token from T={short} to {long}: LSTM x{lstm_growth:.2f}, Transformer x{transformer_growth:.2f}; "
            f"LSTM {long} sequential steps vs {s['layers']} layers")
     reason = (f"per token, the LSTM's step time changes x{lstm_growth:.2f} from T={short} to T={long} and the "
-              f"Transformer's x{transformer_growth:.2f} (medians of {s['repeats']} steps); at T={long} the LSTM takes "
+              f"Transformer's x{transformer_growth:.2f} (medians of {seeds} steps); at T={long} the LSTM takes "
               f"{per_token('LSTM', -1) / per_token('Transformer', -1):.2f}x the Transformer's time per token")
     grows = transformer_growth > lstm_growth
     if not grows:
