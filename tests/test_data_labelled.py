@@ -194,3 +194,19 @@ def test_a_label_outside_the_known_ones_names_the_file_and_line(tmp_path: Path) 
         read_labelled(path, known=("pos", "neg"), bad_labels="skip")
     path.write_text("2 a class on one line, known\n" + _lines(["0", "1"] * 20, {}), encoding="utf-8")
     assert len(read_labelled(path, known=("0", "1", "2"))) == 41  # known labels are never too rare
+
+
+@pytest.mark.parametrize(("name", "content", "why"), [
+    ("x.csv", "label,text\n1,fine\n1,great, fun movie\n0,bad\n", r"a comma inside a text must be quoted"),
+    ("x.tsv", "label\ttext\n1\tfine\n1\tgreat\tfun movie\n0\tbad\n", r"a text cannot hold a tab"),
+])
+def test_a_row_with_more_fields_than_the_header_is_refused_not_cut(tmp_path: Path, name, content, why) -> None:
+    """An unquoted comma (or a tab in a TSV text) splits a text in two: its first part was read as the text,
+    the rest dropped, with no word said."""
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(InputError, match=rf"{name}, line 3: 3 fields where the header has 2.*{why}"):
+        read_labelled(path)
+    path.write_text(content.replace("\n1,great, fun movie", '\n1,"great, fun movie"'), encoding="utf-8")
+    if name.endswith(".csv"):
+        assert read_labelled(path)[1] == ("great, fun movie", "1")

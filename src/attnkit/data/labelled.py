@@ -155,6 +155,7 @@ def read_labelled(
             raise InputError(f"{path} is empty")
         t_col = _pick_column(rows[0], text_column, TEXT_COLUMNS, "text", path, dialect["delimiter"])
         l_col = _pick_column(rows[0], label_column, LABEL_COLUMNS, "label", path, dialect["delimiter"])
+        _check_widths(rows, path, suffix)
         numbered = [
             (n, r[t_col] if t_col < len(r) else "", r[l_col] if l_col < len(r) else "")
             for n, r in enumerate(rows[1:], start=2)
@@ -195,6 +196,17 @@ def read_labelled(
         log.warning("%s: left out %d line(s) whose label looks wrong (bad_labels=skip): %s", path, len(suspects),
                     _lines(list(suspects)))
     return kept
+
+
+def _check_widths(rows: list[list[str]], path: str | os.PathLike, suffix: str) -> None:
+    """Refuse a row with more (non-empty) fields than the header: an unquoted comma, or a tab in a TSV text, splits
+    the text in two, and reading its first part as the text would drop the rest without a word."""
+    width = len(rows[0])
+    for n, row in enumerate(rows[1:], start=2):
+        if len(row) > width and any(cell.strip() for cell in row[width:]):
+            fix = ('a comma inside a text must be quoted ("great, fun movie")' if suffix == ".csv" else
+                   "a text cannot hold a tab in a TSV file (replace it with a space, or save the file as CSV)")
+            raise InputError(f"{path}, line {n}: {len(row)} fields where the header has {width}: {fix}")
 
 
 def _suspect_labels(examples: list[tuple[int, str, str]]) -> dict[int, str]:
