@@ -99,3 +99,16 @@ def test_progress_bars_count_the_same_steps(caplog):
     with caplog.at_level(logging.INFO, logger="attnkit.experiments.base"):
         assert list(Progress(bars=True).steps(7, "run")) == list(range(1, 8))
     assert not caplog.records  # the bar, not log lines
+
+
+def test_a_run_that_diverged_leaves_its_check_undecided_and_says_so():
+    """A nan loss made the difference nan: 'inside noise', with more seeds named as what would decide it, and a
+    results.json holding NaN. The check is undecided with the count of runs that gave no number, and names finite
+    runs as the fix."""
+    check = Check.over("a", [0.5, math.nan, 0.7])
+    assert check.outcome == "inside noise" and check.noise == math.inf and check.unmeasured == 1
+    assert check.difference == pytest.approx(0.6) and "1 of them no finite value" in check.basis
+    verdict, decision = verdict_of([check, Check.over("b", [1.0, 1.1, 0.9])])
+    assert verdict == "inconclusive at this budget"
+    assert "--seeds" not in decision and "runs that stay finite" in decision
+    assert Check.over("c", [math.inf, math.nan]).difference == 0.0

@@ -96,13 +96,22 @@ class Check:
     spread: float | None = None  # standard deviation of one seed's difference, where measured
     n: int = 0  # seeds or rounds averaged
     unit: str = "seeds"
+    unmeasured: int = 0  # samples that were no finite number (runs that diverged): the check is left undecided
 
     @classmethod
     def over(cls, what: str, samples: Sequence[float], *, unit: str = "seeds", spread: float | None = None,
              df: int | None = None) -> Check:
         """The mean of `samples` (one difference per seed or round) and its noise from their spread. `spread` and
-        `df`: a spread measured on other runs at the same budget (pooled), where these runs are too few."""
+        `df`: a spread measured on other runs at the same budget (pooled), where these runs are too few. A sample
+        that is no finite number (a run that diverged, a loss that is nan) measured nothing: the check is left
+        undecided (noise infinite, the basis saying how many), never read as a difference inside the noise that more
+        seeds would decide."""
         n = len(samples)
+        unmeasured = sum(not math.isfinite(sample) for sample in samples)
+        if unmeasured:
+            finite = [sample for sample in samples if math.isfinite(sample)]
+            return cls(what, statistics.fmean(finite) if finite else 0.0, math.inf,
+                       f"{n} {unit}, {unmeasured} of them no finite value (a run diverged)", None, n, unit, unmeasured)
         mean = statistics.fmean(samples)
         if spread is None:
             spread = statistics.stdev(samples) if n >= 2 else None
@@ -126,6 +135,8 @@ class Check:
 
     def to_decide(self) -> str:
         """What would tell this difference from zero: the seeds it would take at this budget, or a larger budget."""
+        if self.unmeasured:
+            return "runs that stay finite (a lower learning rate, or another budget)"
         if self.spread and self.difference and self.n:
             for n in range(self.n + 1, 201):
                 if t_95(n - 1) * self.spread / math.sqrt(n) < abs(self.difference):
