@@ -13,7 +13,7 @@ from generate_models import tiny_model
 from attnkit import ModelConfig, build_model, cli
 from attnkit.checkpoint import save_model
 from attnkit.errors import InputError
-from attnkit.generate import tune
+from attnkit.generate import decode_layout, native_gemv, tune
 from attnkit.generate.decode_layout import GemvPackedLinear, TransposedLinear
 from attnkit.generate.plan import plan_inference
 from attnkit.generate.tune import _longest_win, choose_layout
@@ -230,6 +230,47 @@ def test_tune_writes_a_profile_the_plan_then_reads(tmp_path, monkeypatch, capsys
     plan = plan_inference(_decoder(torch.bfloat16), "decoder")
     assert str(path) in plan.explain()
     assert plan.math_kernel is None or plan.math_kernel.limits == profile.attention["bf16"]
+
+
+def test_tune_packs_each_bf16_weight_once_and_times_each_product_at_the_rows_a_layout_sends_it(monkeypatch):
+    """The bf16 layouts share their products: `packed`, `gemv+packed` and `native+packed` send eight rows to one
+    packed weight, and one row to the packed weight, ATen's kernel and the native one. Each weight is packed once, each
+    product timed once at each row count some layout sends it, and every layout gets both times from them."""
+    cpu = CpuCapabilities.detect()
+    if not cpu.onednn_bf16 or native_gemv.unavailable(cpu) is not None:
+        pytest.skip(f"oneDNN packs no bf16 weights here, or the native kernels cannot run ({cpu.summary()})")
+    packed, pack = [], decode_layout.PackedLinear.__init__
+    monkeypatch.setattr(decode_layout.PackedLinear, "__init__",
+                        lambda self, linear: packed.append(linear) or pack(self, linear))
+    timed, time_products = {}, tune._time_layouts
+    monkeypatch.setattr(tune, "_time_layouts", lambda products, *args, rows=1: timed.setdefault(rows, []).append(
+        set(products)) or time_products(products, *args, rows=rows))
+    one, eight, table = tune.measure_linear(torch.bfloat16, cpu, tune.QUICK)
+    linears, _ = tune._decoding_layers(tune.QUICK, torch.bfloat16)
+    assert len(packed) == len(linears)  # once per weight
+    assert timed == {1: [{"plain", "packed", "gemv", "native"}], 8: [{"plain", "packed"}]}
+    layouts = {"plain", "packed", "gemv+packed", "native+packed"}
+    assert set(one) == set(eight) == layouts and len(table) == len(layouts)
+    assert eight["gemv+packed"] == eight["native+packed"] == eight["packed"] != eight["plain"]
+
+
+def test_tune_reads_back_the_profile_it_writes_and_keeps_the_old_one_where_it_does_not_read(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A profile that would not read back (here a layout the plan does not know) is refused, naming the field, before
+    it replaces the one kept; what `tune` reports is what the plan will read."""
+    path = tmp_path / "profile.json"
+    kept = Profile(attention={"bf16": AttentionKernelLimits(64, 32)}, decode_linear={"fp32": "plain", "bf16": "plain"},
+                   dtype_speed={"bf16": 1.0}, cpu=CpuCapabilities.detect(), torch_version=torch.__version__)
+    path.write_text(kept.to_json())
+    unreadable = Profile(attention={"bf16": AttentionKernelLimits(64, 32)},
+                         decode_linear={"fp32": "sideways", "bf16": "plain"}, dtype_speed={"bf16": 1.0},
+                         cpu=kept.cpu, torch_version=torch.__version__)
+    monkeypatch.setattr(tune, "tune", lambda **kw: (unreadable, []))
+    assert cli.main(["tune", "--quick", "--out", str(path)]) == 2
+    assert "decode_linear" in capsys.readouterr().err and path.read_text() == kept.to_json()
+    monkeypatch.setattr(tune, "tune", lambda **kw: (kept, []))
+    assert cli.main(["tune", "--quick", "--out", str(path)]) == 0
+    assert load_profile(path)[0].decode_linear == kept.decode_linear
 
 
 def test_the_first_plan_on_a_cpu_measures_it_once_and_keeps_what_it_measured(tmp_path, monkeypatch, caplog):

@@ -65,7 +65,7 @@ from attnkit.generate.quantize import (
 )
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.generate.swap import remove_dropout_layers
-from attnkit.generate.tune import machine_profile
+from attnkit.generate.tune import SEVERAL, machine_profile
 from attnkit.layers.kernels import MathKernel, use_math_kernel
 from attnkit.machine import CpuCapabilities, Profile, dtype_name, load_profile
 from attnkit.models import family_of
@@ -311,8 +311,8 @@ def _timings(profile: Profile, what: str) -> str:
     def listed(times: dict[str, float]) -> str:
         return ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items(), key=lambda kv: kv[1]))
 
-    times, eight = profile.timings.get(what), profile.timings.get(f"{what}, 8 rows")
-    return (f": {listed(times)}" + (f"; 8 rows: {listed(eight)}" if eight else "")) if times else ""
+    times, several = profile.timings.get(what), profile.timings.get(f"{what}, {SEVERAL} rows")
+    return (f": {listed(times)}" + (f"; {SEVERAL} rows: {listed(several)}" if several else "")) if times else ""
 
 
 PADDED_INPUTS = {  # quantized form -> (the in-width multiple its kernel takes, why)

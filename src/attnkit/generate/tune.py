@@ -5,7 +5,8 @@ Four comparisons, each between kernels that compute the same numbers (tests hold
     attention       SDPA against plain float32 products (`grouped_attention`) for bf16 attention: one decoding
                     query over S cached keys, and a causal pass (forward and backward) over T = S keys. The profile
                     keeps the longest S up to which the plain products win at every measured length.
-    linear layers   one decoding row, and eight, through GPT-2-sized matrices: nn.Linear against a transposed fp32
+    linear layers   one decoding row, and eight (each product once, at the rows a layout sends it: `layout_products`),
+                    through GPT-2-sized matrices: nn.Linear against a transposed fp32
                     weight, and against a packed bf16 weight and packed plus ATen's matrix-vector kernel for single
                     rows where oneDNN packs, and ATen's kernel alone (bf16 read, fp32 arithmetic) where it does not
                     (`decode_layout.py`), and the hand-written products where they run (`native_gemv.py`).
@@ -39,16 +40,17 @@ from torch.utils import benchmark
 from attnkit.errors import InputError
 from attnkit.generate import native_gemv
 from attnkit.generate.decode_layout import (
+    NATIVE_ROWS,
     GemvLinear,
-    GemvPackedLinear,
     NativeLinear,
-    NativePackedLinear,
+    PackedLinear,
     TransposedLinear,
 )
 from attnkit.generate.quantize import NATIVE_FORMS, QUANTIZE_FORMS
 from attnkit.layers.kernels import grouped_attention
 from attnkit.layers.masks import AttentionMask
 from attnkit.machine import (
+    PROFILE_FIX,
     AttentionKernelLimits,
     CpuCapabilities,
     Profile,
@@ -58,6 +60,7 @@ from attnkit.machine import (
     load_profile,
 )
 from attnkit.outputs import atomic_output, atomic_write
+from attnkit.readback import FileFields
 
 log = logging.getLogger(__name__)
 HEADS, HEAD_DIM = 6, 64
@@ -147,43 +150,57 @@ def _decoding_layers(budget: Budget, dtype: torch.dtype) -> tuple[list[nn.Linear
     return [nn.Linear(k, n).to(dtype) for _ in range(copies) for k, n in budget.shapes], copies
 
 
-def _time_layouts(layouts: dict[str, list[nn.Module]], dtype: torch.dtype, budget: Budget, copies: int,
+def _time_layouts(products: dict[str, list[nn.Module]], dtype: torch.dtype, budget: Budget, copies: int,
                   rows: int = 1) -> dict[str, float]:
-    """Seconds per set of the budget's shapes for `rows` decoding rows through each layout's layers."""
+    """Seconds per set of the budget's shapes for `rows` decoding rows through each product's layers."""
     rows_in = {k: torch.randn(rows, k, dtype=dtype) for k, _ in budget.shapes}
     with torch.no_grad():
         return {name: _seconds(lambda layers=layers: [m(rows_in[m.in_features]) for m in layers],
-                               budget.min_run_time) / copies for name, layers in layouts.items()}
+                               budget.min_run_time) / copies for name, layers in products.items()}
+
+
+SEVERAL = 8  # the rows a batch or a prompt sends through a layout, timed beside one
+
+
+def layout_products(dtype: torch.dtype, cpu: CpuCapabilities, native: bool) -> dict[str, tuple[str, str]]:
+    """Each layout that applies to `dtype` on `cpu` -> the products that serve one decoding row and `SEVERAL` in it.
+    A layout passes rows beyond its own kernel's on to another's product (`decode_layout.py`): ATen's matrix-vector
+    kernel ("gemv") takes one row, then nn.Linear ("plain") or the packed weight; the native kernel takes up to
+    `NATIVE_ROWS` rows (fp32, or bf16 beside a packed weight) or `NATIVE_BF16_ROWS` (bf16 alone, where "native" is
+    the layout's own layer, timed as it is). So each product is timed once, at the row counts some layout sends it,
+    and each packed weight is packed once."""
+    if dtype == torch.float32:
+        layouts = {"plain": ("plain", "plain"), "transposed": ("transposed", "transposed")}
+        several = "native" if SEVERAL <= NATIVE_ROWS else "plain"
+        return layouts | ({"native": ("native", several)} if native else {})
+    if cpu.onednn_bf16:
+        layouts = {"plain": ("plain", "plain"), "packed": ("packed", "packed"), "gemv+packed": ("gemv", "packed")}
+        several = "native" if SEVERAL <= NATIVE_ROWS else "packed"
+        return layouts | ({"native+packed": ("native", several)} if native else {})
+    layouts = {"plain": ("plain", "plain"), "gemv": ("gemv", "plain")}  # no oneDNN packing: bf16 read, fp32 sums
+    return layouts | ({"native": ("native", "native")} if native else {})  # the layer takes its own path
 
 
 def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, budget: Budget
                    ) -> tuple[dict[str, float], dict[str, float], list[str]]:
-    """One decoding row, and eight (a batch, a prompt's rows), through the budget's shapes, repeated up to its
-    `weights_mb`, in each layout that applies: each layout's seconds for one row and for eight, and table rows."""
-    log.info("  linear layers: one and eight decoding rows in each %s layout", str(dtype).removeprefix("torch."))
+    """One decoding row, and `SEVERAL` (a batch, a prompt's rows), through the budget's shapes, repeated up to its
+    `weights_mb`, in each layout that applies (`layout_products`): each layout's seconds for one row and for several,
+    and table rows."""
+    log.info("  linear layers: one and %d decoding rows in each %s layout", SEVERAL, str(dtype).removeprefix("torch."))
     linears, copies = _decoding_layers(budget, dtype)
-    native = native_gemv.unavailable(cpu) is None
-    layouts: dict[str, list[nn.Module]] = {"plain": linears}
-    if dtype == torch.float32:
-        layouts["transposed"] = [TransposedLinear(layer) for layer in linears]
-        if native:
-            layouts["native"] = [NativeLinear(layer) for layer in linears]
-    elif dtype == torch.bfloat16 and cpu.onednn_bf16:
-        gemv = [GemvPackedLinear(layer) for layer in linears]
-        layouts["packed"] = [layer.packed for layer in gemv]  # the same packed weights, packed once
-        layouts["gemv+packed"] = gemv
-        if native:
-            layouts["native+packed"] = [NativePackedLinear(layer) for layer in linears]
-    elif dtype == torch.bfloat16:  # no oneDNN packing: bf16 read, computed in fp32 by ATen's kernel
-        layouts["gemv"] = [GemvLinear(layer) for layer in linears]
-        if native:
-            layouts["native"] = [NativeLinear(layer) for layer in linears]
-    one = _time_layouts(layouts, dtype, budget, copies)
-    eight = _time_layouts(layouts, dtype, budget, copies, rows=8)
+    layouts = layout_products(dtype, cpu, native_gemv.unavailable(cpu) is None)
+    make = {"plain": lambda layer: layer, "transposed": TransposedLinear, "packed": PackedLinear, "gemv": GemvLinear,
+            "native": NativeLinear}  # each builds one product's layer
+    used = {product for pair in layouts.values() for product in pair}
+    products = {name: [make[name](layer) for layer in linears] for name in make if name in used}
+    times = [_time_layouts({name: products[name] for name in {pair[i] for pair in layouts.values()}}, dtype, budget,
+                           copies, rows=rows) for i, rows in enumerate((1, SEVERAL))]
+    one, several = ({layout: measured[pair[i]] for layout, pair in layouts.items()} for i, measured in enumerate(times))
     name = str(dtype).removeprefix("torch.")
-    rows = [f"linear {name:8} {layout:13} {one[layout] * 1e3:8.3f} ms  8 rows {eight[layout] * 1e3:8.3f} ms"
-            for layout in layouts]
-    return one, eight, rows
+    rows = [f"linear {name:8} {layout:13} {one[layout] * 1e3:8.3f} ms  {SEVERAL} rows {several[layout] * 1e3:8.3f} ms"
+            + ("" if pair == (layout, layout) else f"  (1 row through {pair[0]}, {SEVERAL} through {pair[1]})")
+            for layout, pair in layouts.items()]
+    return one, several, rows
 
 
 def choose_layout(one: dict[str, float], eight: dict[str, float]) -> str:
@@ -214,21 +231,21 @@ def tune(*, budget: Budget = FULL, cpu: CpuCapabilities | None = None) -> tuple[
     """Measure this machine (see the module docstring) within `budget`; the profile and the measurements as rows."""
     cpu = cpu or CpuCapabilities.detect()
     limits, rows = measure_attention(torch.bfloat16, budget.min_run_time, (budget.decode_keys, budget.pass_keys))
-    times, eight = {}, {}
+    times, several = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
-        times[dtype_name(dtype)], eight[dtype_name(dtype)], linear_rows = measure_linear(dtype, cpu, budget)
+        times[dtype_name(dtype)], several[dtype_name(dtype)], linear_rows = measure_linear(dtype, cpu, budget)
         rows += linear_rows
     for form in QUANTIZED:
         times[form], form_rows = measure_quantized(form, cpu, budget)
         rows += form_rows
-    fastest = {name: choose_layout(layouts, eight.get(name, layouts)) for name, layouts in times.items() if layouts}
+    fastest = {name: choose_layout(layouts, several.get(name, layouts)) for name, layouts in times.items() if layouts}
     profile = Profile(
         attention={"bf16": limits},
         decode_linear=fastest,
         dtype_speed={"bf16": round(times["bf16"][fastest["bf16"]] / times["fp32"][fastest["fp32"]], 3)},
         timings={f"linear {name}{what}": {layout: round(seconds * 1e3, 4) for layout, seconds in layouts.items()}
-                 for what, measured in (("", times), (", 8 rows", eight)) for name, layouts in measured.items()
-                 if layouts},
+                 for what, measured in (("", times), (f", {SEVERAL} rows", several))
+                 for name, layouts in measured.items() if layouts},
         cpu=cpu,
         torch_version=torch.__version__,
         source="attnkit tune",
@@ -292,6 +309,8 @@ def run_tune(settings: TuneSettings) -> int:
         for row in rows:
             print(" ", row)
         partial.write_text(profile.to_json(), encoding="utf-8")
+        # read back as the plan will read it, and refused (the old profile kept) where it does not read
+        profile = Profile.from_fields(FileFields.read(partial, fix=PROFILE_FIX))
     print(f"wrote {path}: attention bf16 products up to {profile.attention['bf16'].decode_keys} keys (decoding) "
           f"and {profile.attention['bf16'].pass_keys} (passes); linear layers fp32 {profile.decode_linear['fp32']}, "
           f"bf16 {profile.decode_linear['bf16']}; int8 and int4 weights through "
