@@ -5,6 +5,8 @@ at an idle scheduler starts at once, and a model whose cache cannot merge serves
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from generate_models import tiny_model
@@ -15,6 +17,7 @@ from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, make_gener
 from attnkit.generate.sampling import NoDistribution, choice_seed
 from attnkit.layers.prefix_cache import PrefixCache
 from attnkit.serve.batching import Batch, Closed, GenerationJob, Scheduler
+from attnkit.serve.waiting import QueueFull
 
 CONTEXT = 48
 SAMPLINGS = (GREEDY, SamplingConfig(), SamplingConfig(temperature=0.7, top_k=4), SamplingConfig(top_p=0.8))
@@ -346,6 +349,64 @@ def test_jobs_whose_clients_left_while_waiting_leave_the_queue_at_the_next_step(
         scheduler.submit(request.job)  # room in the queue again
     drain(scheduler)
     assert running.reasons == ["length"] and [request.tokens for request in live] == [r.alone(model) for r in live]
+
+
+class CountedEvent(threading.Event):
+    """A job's `cancelled`, counting how often the scheduler asks it."""
+
+    asked = 0
+
+    def is_set(self) -> bool:
+        self.asked += 1
+        return super().is_set()
+
+
+def test_waiting_jobs_join_in_order_and_a_cancelled_one_never_joins_nor_is_looked_at_before_its_turn(model):
+    """First come first served behind a full batch: the waiting jobs join in the order they came, the ones whose
+    clients gave up (behind a live job, met only when their turn comes) end "cancelled" without a token, and an
+    iteration asks only the head of the queue, never the jobs behind it (it scanned the whole queue)."""
+    scheduler = Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=1, max_waiting=8)
+    running = Recorded([1, 2], 6)
+    waiting = [Recorded([3 + i], 3) for i in range(5)]
+    for request in waiting:
+        request.job.cancelled = CountedEvent()
+    scheduler.submit(running.job)
+    iterate(scheduler)
+    for request in waiting:
+        scheduler.submit(request.job)
+    waiting[1].job.cancel()
+    waiting[3].job.cancel()
+    iterate(scheduler, 3)  # the batch is full: nothing joins
+    assert [request.job.cancelled.asked for request in waiting[1:]] == [0, 0, 0, 0]
+    joined = []
+    scheduler.observe = joined.append  # the order the jobs end in: one row, so the order they joined in
+    drain(scheduler)
+    assert [request.reasons for request in waiting] == [["length"], ["cancelled"], ["length"], ["cancelled"],
+                                                        ["length"]]
+    assert waiting[1].tokens == waiting[3].tokens == [[]]
+    live = [waiting[i] for i in (0, 2, 4)]
+    assert [job for job in joined if job.reasons == ["length"]] == [running.job, *(r.job for r in live)]
+    assert [request.tokens for request in live] == [request.alone(model) for request in live]
+
+
+def test_a_full_queue_frees_the_places_of_cancelled_jobs_before_it_refuses_a_request(model):
+    """The queue limit counts the jobs whose clients are still there: a full queue whose jobs gave up takes a new
+    request (each cancelled job then ends "cancelled" at the next step); a queue full of live jobs refuses it."""
+    scheduler = Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=1, max_waiting=2)
+    running, first, second = Recorded([1, 2], 6), Recorded([3], 3), Recorded([4], 3)
+    scheduler.submit(running.job)
+    iterate(scheduler)
+    scheduler.submit(first.job)
+    scheduler.submit(second.job)
+    first.job.cancel()
+    late, later = Recorded([5], 3), Recorded([6], 3)
+    scheduler.submit(late.job)  # first's place
+    with pytest.raises(QueueFull):
+        scheduler.submit(later.job)
+    assert scheduler.queue_length == 2
+    drain(scheduler)
+    assert first.reasons == ["cancelled"] and first.tokens == [[]] and later.reasons is None
+    assert [second.reasons, late.reasons] == [["length"], ["length"]]
 
 
 def test_closing_ends_every_job_running_and_waiting_and_refuses_new_ones(model):

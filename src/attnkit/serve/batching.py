@@ -24,6 +24,8 @@ longer buffer would be a ring buffer, whose rows cannot merge).
 Admission: a job arriving while the batch is running waits until it has waited one decoding step, or joins at
 once when the waiting jobs fill the free rows, so jobs that arrive within a step of each other are prefilled in one
 forward pass; the running rows keep stepping meanwhile, and a job arriving at an idle scheduler starts at once.
+Jobs join first come first served, taken from the left of the waiting queue (`serve/waiting.py`): an iteration
+looks at the jobs it admits and the cancelled ones it meets before them, which end ("cancelled") there.
 
 Each request keeps its own sampling settings and a seeded generator per choice (choice i's seed is the request's
 seed + i, as vLLM seeds the n samples of one request), and its rows are sampled together, so a request's tokens do
@@ -57,7 +59,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -80,15 +81,12 @@ from attnkit.generate.sampling import (
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.layers.kv_cache import KVCache, LayerCache, StaticKVCache
 from attnkit.layers.prefix_cache import PrefixCache, reuse
+from attnkit.serve.waiting import WaitingQueue
 
 log = logging.getLogger(__name__)
 
 FinishReason = str  # "stop" (EOS, a stop token or string), "length" (max_tokens), "cancelled", "error"
 Row = tuple["GenerationJob", int]  # a row's job and which of its choices the row is
-
-
-class QueueFull(Exception):
-    """The waiting queue is full; the caller should try again later."""
 
 
 class Closed(Exception):
@@ -294,7 +292,7 @@ class Scheduler:
         self.pad_id = pad_id
         self.max_rows = max_rows
         self.device = next(model.parameters()).device
-        self.waiting: queue.Queue[GenerationJob] = queue.Queue(maxsize=max_waiting)
+        self.waiting: WaitingQueue[GenerationJob] = WaitingQueue(max_waiting)
         self.batch: Batch | None = None
         self.logits: Tensor | None = None  # (B, V): the running rows' next-token logits
         self.steps = 0  # forward passes so far (prefills and decoding steps)
@@ -330,7 +328,8 @@ class Scheduler:
         self._thread.join(timeout=30)
 
     def submit(self, job: GenerationJob) -> None:
-        """Queue `job`; raises QueueFull when the queue is, InputError when it can never fit, Closed after `close`."""
+        """Queue `job`; raises QueueFull (`serve/waiting.py`) when the queue is, InputError when it can never fit,
+        Closed after `close`."""
         if self._closed.is_set():
             raise Closed(SHUTTING_DOWN)
         if self.stopped:
@@ -342,10 +341,7 @@ class Scheduler:
             raise InputError(f"the prompt has {len(job.prompt)} tokens and max_tokens is {job.max_new_tokens}: "
                              f"together more than the model's context of {self.context_len}")
         job.queued = time.monotonic()
-        try:
-            self.waiting.put_nowait(job)
-        except queue.Full:
-            raise QueueFull from None
+        self.waiting.put(job)
         self._wake.set()
 
     @property
@@ -360,7 +356,7 @@ class Scheduler:
 
     @property
     def queue_length(self) -> int:
-        return self.waiting.qsize()
+        return len(self.waiting)
 
     @property
     def running_requests(self) -> int:
@@ -399,8 +395,7 @@ class Scheduler:
         with self.lock:
             jobs = self.batch.jobs if self.batch is not None else []
             self.batch, self.logits = None, None
-            while not self.waiting.empty():
-                jobs.append(self.waiting.get_nowait())
+            jobs += self.waiting.take_all()
             for job in jobs:
                 job.failure = Closed(SHUTTING_DOWN)
                 job.reasons = ["error" if reason is None else reason for reason in (job.reasons or [None] * job.n)]
@@ -409,8 +404,8 @@ class Scheduler:
     def _iteration(self) -> None:
         """Admit waiting jobs, choose a token for every row, drop the rows that ended, and step the rest."""
         began = time.monotonic()
-        self._drop_cancelled()
         self._admit()
+        self._end_cancelled()
         if self.batch is None:
             return
         started = time.monotonic()
@@ -640,15 +635,10 @@ class Scheduler:
                 self.prefix_cache.keep(prompt, cache, row, width - len(prompt))
         return logits
 
-    def _drop_cancelled(self) -> None:
-        """End the waiting jobs that were cancelled (their clients gone) and free their places in the queue at once:
-        behind a full batch they would hold them until rows free, turning live requests away (QueueFull)."""
-        with self.waiting.mutex:  # the queue's own lock: a job submitted meanwhile waits for it
-            gone = [job for job in self.waiting.queue if job.cancelled.is_set()]
-            for job in gone:
-                self.waiting.queue.remove(job)
-            self.waiting.not_full.notify(len(gone))
-        for job in gone:
+    def _end_cancelled(self) -> None:
+        """End the waiting jobs whose clients gave up, which the queue set aside where it met them (`_take`, or a
+        `submit` that found the queue full): "cancelled", on this thread."""
+        for job in self.waiting.take_set_aside():
             job.reasons = ["cancelled"] * job.n
             self._finish(job)
 
@@ -657,19 +647,15 @@ class Scheduler:
         oldest has waited a decoding step or they fill the free rows; never beside a cache that cannot merge (nor
         a second job with such a model)."""
         batch = self.batch
-        if batch is not None and (not self._merge_ok() or not self._due()):
+        if batch is not None and (not self._due() or not self._merge_ok()):  # _due first: it meets the head
             return []
         joining: list[GenerationJob] = []
         rows = self.running_rows
-        while not self.waiting.empty():
-            job = self.waiting.queue[0]
-            if rows + job.n > self.max_rows:
-                break
-            self.waiting.get_nowait()
-            if job.cancelled.is_set():
-                job.reasons = ["cancelled"] * job.n
-                self._finish(job)
-                continue
+
+        def fits(job: GenerationJob) -> bool:
+            return rows + job.n <= self.max_rows
+
+        while (job := self.waiting.pop_if(fits)) is not None:  # cancelled jobs met are set aside (`_end_cancelled`)
             joining.append(job)
             rows += job.n
             if batch is None and not self._merge_ok():
@@ -677,12 +663,13 @@ class Scheduler:
         return joining
 
     def _due(self) -> bool:
-        """Whether the waiting jobs join the running batch now (see `_take`). Only this thread takes from the queue,
-        so a job seen waiting stays there."""
-        if self.waiting.empty():
+        """Whether the waiting jobs join the running batch now (see `_take`), judged by the oldest whose client is
+        still there (the cancelled ones before it are set aside)."""
+        head = self.waiting.head()
+        if head is None:
             return False
-        waited = time.monotonic() - self.waiting.queue[0].queued
-        return waited >= self.step_seconds or self.waiting.qsize() >= self.max_rows - self.running_rows
+        waited = time.monotonic() - head.queued
+        return waited >= self.step_seconds or len(self.waiting) >= self.max_rows - self.running_rows
 
     def _start(self, window: Window, rows: list[Row], *, headroom: int) -> Batch:
         """A batch of these rows, not yet prefilled: buffers for twice the positions they need (one job's exact

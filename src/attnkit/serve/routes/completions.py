@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from attnkit.errors import AttnkitError
 from attnkit.serve.answer import Answer, ClientGone
-from attnkit.serve.batching import Closed, QueueFull
+from attnkit.serve.batching import Closed
 from attnkit.serve.chat import ChatTemplate
 from attnkit.serve.errors import APIError
 from attnkit.serve.generation import Generation
@@ -20,6 +20,7 @@ from attnkit.serve.logprobs import prompt_scores
 from attnkit.serve.schemas import ChatRequest, CompletionRequest, Sampling
 from attnkit.serve.state import ServerState
 from attnkit.serve.structured import Structured
+from attnkit.serve.waiting import QueueFull
 
 DEFAULT_COMPLETION_TOKENS = 16  # max_tokens of a completion that names none (as OpenAI)
 RETRY_AFTER_SECONDS = 1
