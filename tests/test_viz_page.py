@@ -82,3 +82,44 @@ def test_hovering_a_token_shows_what_it_attends_to_and_views_switch(browser, pag
     summary = browser.evaluate("document.getElementById('summary').textContent")
     assert summary.startswith(json.dumps(maps[cross].query_tokens[0]) + " attends to:")
     assert browser.evaluate("document.querySelectorAll('#lines line').length") > 0
+
+
+def test_model_view_shows_every_layer_and_head_and_a_click_picks_one(browser, page):
+    """BertViz's model view: one small map per layer and head of the chosen kind, each scaled to its own largest
+    weight; a click on one shows that layer and head in the head view and the heatmap."""
+    _, maps = page
+    self_view = [m.kind for m in maps].index("self")
+    browser.evaluate(f"(() => {{ const s = document.getElementById('view'); s.value = '{self_view}';"
+                     " s.dispatchEvent(new Event('change')); })()")
+    n_layers, n_heads = maps[self_view].weights.shape[:2]
+    assert browser.evaluate("document.querySelectorAll('#model canvas').length") == n_layers * n_heads
+    thumbnail = '#model canvas[data-layer="1"][data-head="2"]'
+    browser.evaluate(f"document.querySelector('{thumbnail}').scrollIntoView()")  # below the fold: in view to click
+    browser.click(thumbnail)
+    assert browser.evaluate("[window.attnkit.state.layer, window.attnkit.state.head]") == [1, 2]
+    assert browser.evaluate("document.getElementById('layer').value") == "1"
+    assert browser.evaluate("document.querySelector('#heads button.selected').dataset.head") == "2"
+    assert browser.evaluate("document.querySelectorAll('#model canvas.selected').length") == 1
+    browser.evaluate("window.scrollTo(0, 0)")  # the other tests read the page from its top
+
+
+def test_a_one_row_heatmap_leaves_its_colour_scale_room_for_its_labels(tmp_path):
+    """A translation of one token is a heatmap one row tall; its colour scale still spaces its five tick labels
+    (14 px each) apart instead of drawing them over each other."""
+    from viz_browser import Browser, chromium_or_reason
+
+    from attnkit.viz import AttentionMaps
+
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        pytest.skip(f"no headless browser: {reason}")
+    weights = np.array([[[[0.2, 0.3, 0.5]]]], dtype=np.float32)  # (L, H, T, S) = (1, 1, 1, 3)
+    path = write_page([AttentionMaps("cross", weights, ("x",), ("a", "b", "<eos>"), (0,), (0,))],
+                      tmp_path / "attention.html")
+    chromium = Browser(executable)
+    try:
+        chromium.open(path)
+        ticks = chromium.evaluate("window.attnkit.scale")  # where the page drew the scale: top and height in px
+        assert ticks["height"] >= 5 * 20
+    finally:
+        chromium.close()
