@@ -146,6 +146,31 @@ def test_fill_mask_gives_the_top_k_tokens_at_each_mask(tmp_path):
         attnkit.load(tmp_path / "mlm").fill_mask(5)
 
 
+def test_fill_mask_with_a_byte_level_bpe_masks_the_word_with_its_space(tmp_path):
+    """A byte-level BPE writes a word with the space before it ('Ġmat'), so a masked-LM run learned masks that
+    stand for such tokens; 'on the [MASK]' read as 'Ġthe', 'Ġ', MASK gave the model a lone space before the mask
+    that its training never showed it (RoBERTa's <mask> takes the space before it for the same reason)."""
+    from attnkit.tokenize import train_bpe
+
+    text = "the cat sat on the mat . the dog sat on the log . " * 20
+    tokenizer = train_bpe([text], vocab_size=300, special_tokens=["pad", "bos", "eos", "unk", "mask"])
+    assert tokenizer.space_starts_word
+    config = ModelConfig(family="encoder", encoder_head="mlm", vocab_size=tokenizer.vocab_size, d_model=16,
+                         n_layers=1, n_heads=2, d_ff=32, max_seq_len=32)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    save_model(model, config, tmp_path / "mlm")
+    tokenizer.save(tmp_path / "mlm" / "tokenizer")
+    whole = tokenizer.encode("the cat sat on the mat")
+    ids = [tokenizer.bos_id, *whole[:-1], tokenizer.mask_id, tokenizer.eos_id]  # 'Ġmat' masked, as in training
+    with torch.no_grad():
+        probs = model(torch.tensor([ids])).logits[0, -2].softmax(-1)
+    probs[tokenizer.mask_id] = 0.0
+    fill = attnkit.load(tmp_path / "mlm").fill_mask("the cat sat on the [MASK]", top_k=3)[0][0]
+    assert [p for _, p in fill.candidates] == pytest.approx(probs.topk(3).values.tolist())
+    assert not CharTokenizer.from_texts(["a b"]).space_starts_word  # a character model's space is a character
+
+
 def test_fill_mask_on_the_command_line(tmp_path, capsys):
     tokenizer = CharTokenizer.from_texts(["abcdef"])
     config = ModelConfig(family="encoder", encoder_head="mlm", vocab_size=tokenizer.vocab_size, d_model=16,

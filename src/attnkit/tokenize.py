@@ -16,6 +16,7 @@ for `bpe`/`hf`, the `tokenizer.json` itself; `load_tokenizer(dir)` reads any of 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -51,6 +52,7 @@ class Tokenizer(Protocol):
     kind: str  # "char" | "bpe" | "hf"
     specials: dict[str, str]  # role -> token string, e.g. {"eos": "<eos>"}
     starts_with_bos: bool  # its own texts begin with BOS (Llama's tokenizers); a prompt is given one (`Pipeline`)
+    space_starts_word: bool  # a space is written into the word after it (byte-level 'Ġcat', SentencePiece '▁cat')
 
     @property
     def vocab_size(self) -> int: ...
@@ -83,6 +85,7 @@ class _SpecialIds:
     """The `pad_id ... sep_id` properties, shared by every kind through `token_id(role)`."""
 
     starts_with_bos = False  # attnkit's own tokenizers: the language-model data places no BOS
+    space_starts_word = False  # a character tokenizer's space is a character of its own
 
     def token_id(self, role: str) -> int | None:
         raise NotImplementedError
@@ -386,6 +389,14 @@ class HFTokenizer(_SpecialIds):
     def load(cls, directory: str | os.PathLike) -> HFTokenizer:
 
         directory = Path(directory)
+    @functools.cached_property
+    def space_starts_word(self) -> bool:
+        """Whether a space is written into the word after it: a byte-level pre-tokenizer ('Ġcat': GPT-2, RoBERTa,
+        the `bpe` kind), a Metaspace one or a normalizer that writes spaces as '▁' (SentencePiece's '▁cat': Llama).
+        WordPiece (BERT) drops spaces."""
+        spec = json.loads(self.to_str())
+        return _writes_spaces(spec.get("pre_tokenizer")) or _writes_spaces(spec.get("normalizer"))
+
         meta = _read_meta(directory)
         if not (directory / HF_FILE).is_file():
             raise InputError(f"tokenizer directory {directory} lacks {HF_FILE}, which its {META_FILE} needs")
@@ -407,6 +418,18 @@ def _read_meta(directory: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+def _writes_spaces(step: object) -> bool:
+    """Whether a tokenizer.json pre-tokenizer or normalizer (`step`, with those of a Sequence inside it) keeps
+    spaces as marks on the words after them (`HFTokenizer.space_starts_word`)."""
+    if isinstance(step, list):
+        return any(map(_writes_spaces, step))
+    if not isinstance(step, dict):
+        return False
+    if step.get("type") in ("ByteLevel", "Metaspace") or (step.get("type") == "Replace" and step.get("content") == "▁"):
+        return True
+    return _writes_spaces(step.get("pretokenizers")) or _writes_spaces(step.get("normalizers"))
+
+
         raise InputError(f"no attnkit tokenizer in {directory}: {META_FILE} is missing") from None
     except json.JSONDecodeError as err:
         raise InputError(f"{path} is not valid JSON: {err}") from None

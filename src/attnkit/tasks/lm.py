@@ -443,8 +443,9 @@ MASK_WORDS = ("[MASK]", "<mask>")  # how a text may write a mask, besides the to
 @torch.inference_mode()
 def fill_mask(pipeline: Any, texts: str | Sequence[str], *, top_k: int = 5) -> list[list[MaskFill]]:
     """For each text, the `top_k` likeliest tokens at each of its masks (written `[MASK]`, `<mask>` or as the
-    tokenizer writes its mask token), never the mask token itself. Raises InputError for a text without a mask or a
-    bad `top_k`."""
+    tokenizer writes its mask token), never the mask token itself. Where the tokenizer writes a space into the word
+    after it (byte-level BPE), a mask takes the space before it, as RoBERTa's does: it stands for ' cat'. Raises
+    InputError for a text without a mask or a bad `top_k`."""
     tok = pipeline.tokenizer
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise InputError(f"top_k={top_k!r} must be a positive integer")
@@ -457,6 +458,8 @@ def fill_mask(pipeline: Any, texts: str | Sequence[str], *, top_k: int = 5) -> l
         parts = _split_at_masks(text, words)
         if len(parts) < 2:
             raise InputError(f"text {index} holds no mask; write {MASK_WORDS[0]} where a token is to be filled in")
+        if getattr(tok, "space_starts_word", False):  # the mask stands for a word with its space ('Ġcat')
+            parts = [part.removesuffix(" ") for part in parts[:-1]] + parts[-1:]
         ids = [masking.first]
         for i, part in enumerate(parts):
             ids += ([tok.mask_id] if i else []) + (tok.encode(part) if part else [])
