@@ -88,6 +88,21 @@ def test_whole_model_matches_bloom_on_the_same_weights(n_heads):
     torch.testing.assert_close(got[1, 4:], expected[1, 4:], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore:.*past_key_values.*:FutureWarning")  # transformers 5 renames it `cache`
+def test_cached_decoding_steps_match_bloom_cached_steps():
+    """A prefill, then one token at a time through both caches: each step's logits equal BLOOM's."""
+    reference, model = _bloom_pair(n_heads=4)
+    ids = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(2))
+    cache = model.allocate_cache(2, 10)
+    with torch.no_grad():
+        theirs = reference(ids[:, :3], use_cache=True)
+        torch.testing.assert_close(model(ids[:, :3], cache=cache).logits, theirs.logits, atol=1e-5, rtol=1e-4)
+        for t in range(3, 10):
+            theirs = reference(ids[:, t : t + 1], past_key_values=theirs.past_key_values, use_cache=True)
+            got = model(ids[:, t : t + 1], cache=cache).logits
+            torch.testing.assert_close(got, theirs.logits, atol=1e-5, rtol=1e-4)
+
+
 def _model(**overrides):
     settings = dict(family="decoder", vocab_size=17, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=8,
                     position="alibi")
