@@ -118,14 +118,20 @@ def test_the_pipeline_has_only_the_method_of_its_run(tmp_path):
             getattr(pipeline, sorted(others)[0])
 
 
-def test_fill_mask_gives_the_top_k_tokens_at_each_mask(tmp_path):
-    tokenizer = CharTokenizer.from_texts(["abcdef"])
+def _masked_lm_run(run: Path, tokenizer, max_seq_len: int = 16) -> torch.nn.Module:
+    """A tiny random masked-LM run saved in `run`, with `tokenizer`; its model."""
     config = ModelConfig(family="encoder", encoder_head="mlm", vocab_size=tokenizer.vocab_size, d_model=16,
-                         n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+                         n_layers=1, n_heads=2, d_ff=32, max_seq_len=max_seq_len)
     torch.manual_seed(0)
     model = build_model(config).eval()
-    save_model(model, config, tmp_path / "mlm")
-    tokenizer.save(tmp_path / "mlm" / "tokenizer")
+    save_model(model, config, run)
+    tokenizer.save(run / "tokenizer")
+    return model
+
+
+def test_fill_mask_gives_the_top_k_tokens_at_each_mask(tmp_path):
+    tokenizer = CharTokenizer.from_texts(["abcdef"])
+    model = _masked_lm_run(tmp_path / "mlm", tokenizer)
     fills = attnkit.load(tmp_path / "mlm").fill_mask(["ab[MASK]d<mask>"], top_k=3)[0]
     assert [f.position for f in fills] == [0, 1] and all(len(f.candidates) == 3 for f in fills)
     mask, cls, sep = tokenizer.mask_id, tokenizer.cls_id or tokenizer.bos_id, tokenizer.sep_id or tokenizer.eos_id
@@ -155,12 +161,7 @@ def test_fill_mask_with_a_byte_level_bpe_masks_the_word_with_its_space(tmp_path)
     text = "the cat sat on the mat . the dog sat on the log . " * 20
     tokenizer = train_bpe([text], vocab_size=300, special_tokens=["pad", "bos", "eos", "unk", "mask"])
     assert tokenizer.space_starts_word
-    config = ModelConfig(family="encoder", encoder_head="mlm", vocab_size=tokenizer.vocab_size, d_model=16,
-                         n_layers=1, n_heads=2, d_ff=32, max_seq_len=32)
-    torch.manual_seed(0)
-    model = build_model(config).eval()
-    save_model(model, config, tmp_path / "mlm")
-    tokenizer.save(tmp_path / "mlm" / "tokenizer")
+    model = _masked_lm_run(tmp_path / "mlm", tokenizer, max_seq_len=32)
     whole = tokenizer.encode("the cat sat on the mat")
     ids = [tokenizer.bos_id, *whole[:-1], tokenizer.mask_id, tokenizer.eos_id]  # 'Ġmat' masked, as in training
     with torch.no_grad():
@@ -172,11 +173,7 @@ def test_fill_mask_with_a_byte_level_bpe_masks_the_word_with_its_space(tmp_path)
 
 
 def test_fill_mask_on_the_command_line(tmp_path, capsys):
-    tokenizer = CharTokenizer.from_texts(["abcdef"])
-    config = ModelConfig(family="encoder", encoder_head="mlm", vocab_size=tokenizer.vocab_size, d_model=16,
-                         n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
-    save_model(build_model(config), config, tmp_path / "mlm")
-    tokenizer.save(tmp_path / "mlm" / "tokenizer")
+    _masked_lm_run(tmp_path / "mlm", CharTokenizer.from_texts(["abcdef"]))
     assert cli.main(["fill-mask", str(tmp_path / "mlm"), "--text", "a[MASK]c[MASK]", "--top-k", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(len(line.split("\t")) == 2 for line in lines)  # a line per mask, 2 candidates
