@@ -53,13 +53,20 @@ def test_captured_step_gives_the_logits_of_eager_decoding(gqa_model, captured_gq
 
 
 @needs_compiler
-def test_two_captures_serve_every_batch_size_and_length_through_a_sliding_window(gqa_model, captured_gqa):
-    """One row, then four; 30 new tokens outgrow the context of 24, so the window slides into a shorter cache."""
+def test_two_captures_serve_every_batch_size_and_length_through_a_sliding_window(gqa_model, captured_gqa, monkeypatch):
+    """One row, then four; 30 new tokens outgrow the context of 24, so the window slides into a shorter cache. The
+    tokens are the eager model's, and every token after a (re)fill of the cache came from a step of the captured
+    package for that batch size: none from an eager step."""
     model, config = gqa_model
-    for prompts in (PROMPTS[:1], PROMPTS):
+    prefills, prefill = [], captured_gqa.prefill
+    monkeypatch.setattr(captured_gqa, "prefill", lambda *args: prefills.append(1) or prefill(*args))
+    for prompts, form in ((PROMPTS[:1], "one-row"), (PROMPTS, "rows")):
         eager = generate_tokens(model, prompts, max_new_tokens=30, context_len=config.max_seq_len)
+        steps, prefills[:] = dict(captured_gqa.steps_run), []
         assert generate_tokens(model, prompts, max_new_tokens=30, context_len=config.max_seq_len,
                                decoding=captured_gqa) == eager
+        ran = {name: count - steps[name] for name, count in captured_gqa.steps_run.items()}
+        assert ran[form] == 30 - len(prefills) and ran[form] > 20 and sum(ran.values()) == ran[form], ran
     assert set(captured_gqa.capture_s) == {"one-row", "rows"}
     assert all(path.is_file() for path in captured_gqa.package_paths.values())
 

@@ -91,7 +91,8 @@ class CapturedDecoding(StaticDecoding):
     inference (`plan.py`), whose tensors the packages read as they run. Captures, or loads the kept package of, the
     one-row step when built; the several-row step at the first step with several rows.
 
-    package_dir: where packages are kept (default `default_package_dir()`).
+    package_dir: where packages are kept (default `default_package_dir()`). `capture_s`, `load_s` and `steps_run`
+    record, per form, the seconds its capture and its load took and the steps its package has run.
     """
 
     def __init__(self, model: nn.Module, *, package_dir: str | Path | None = None) -> None:
@@ -104,6 +105,7 @@ class CapturedDecoding(StaticDecoding):
         self.package_paths = {form: folder / f"step-{digest}-{form}.pt2" for form in STEP_FORMS}
         self.capture_s: dict[str, float] = {}  # seconds each form took to capture (absent: loaded from disk)
         self.load_s: dict[str, float] = {}  # seconds each form took to load
+        self.steps_run = dict.fromkeys(STEP_FORMS, 0)  # steps each form's package has run
         self._runners: dict[str, Callable] = {}
         self.prepare(1)
 
@@ -113,9 +115,14 @@ class CapturedDecoding(StaticDecoding):
         weight tensors from the model's, which a library reading the model's own tensors cannot be given."""
         return StaticDecoding.supports(model) and not _has_int4_weights(model)
 
+    @staticmethod
+    def form_for(batch_size: int) -> str:
+        """The step form (`STEP_FORMS`) that serves `batch_size` rows."""
+        return "one-row" if batch_size == 1 else "rows"
+
     def prepare(self, batch_size: int) -> Callable:
         """Capture, or load, the step form for `batch_size` rows now rather than at the first such step; returns it."""
-        form = "one-row" if batch_size == 1 else "rows"
+        form = self.form_for(batch_size)
         if form not in self._runners:
             path = self.package_paths[form]
             if not kept_package(path):
@@ -134,6 +141,7 @@ class CapturedDecoding(StaticDecoding):
         cache.advance()
         token = window.ids[:, -1:].contiguous()  # (B, 1)
         (logits,) = self.prepare(token.shape[0])([token, cache.slot, cache.filled, *cache.buffers()])
+        self.steps_run[self.form_for(token.shape[0])] += 1
         return logits  # (B, V)
 
 
