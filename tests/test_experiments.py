@@ -329,3 +329,30 @@ def test_cost_reason_counts_the_timed_steps_seeds_asked_for(tmp_path, monkeypatc
     result = run_experiment("rnn-vs-transformer-cost", budget="tiny", out=tmp_path, seeds=3)
     assert "medians of 3 steps" in result.reason
     assert all(len(row["ms per step"]) == 3 for row in result.per_seed)
+
+
+def test_an_interrupted_run_leaves_the_previous_run_whole_and_other_files_are_kept(tmp_path, monkeypatch):
+    """A run stopped (Ctrl-C) after drawing a picture wrote it over the previous run's, beside that run's
+    results.json: a table of one run with a picture of another, which --replot took for whole. The run's files now
+    reach --out together at its end; until then --out is as it was, and files there that are not the run's stay."""
+    from attnkit.experiments.base import Check, Experiment, Result
+
+    def run(budget, out, progress, *, seeds, stop=False):
+        (out / "picture.png").write_bytes(b"interrupted" if stop else b"whole")
+        if stop:
+            raise KeyboardInterrupt
+        return Result([Check.over("x", [1.0, 1.1])], "measured", "1.05", [{"x": 1.05}], ["picture.png"])
+
+    monkeypatch.setitem(REGISTRY, "fake", Experiment("fake", "a claim", "a lecture", run))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.md").write_text("mine")
+    run_experiment("fake", budget="tiny", out=out)
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert set(before) == {"notes.md", "picture.png", "results.json", "table.md"}
+    monkeypatch.setitem(REGISTRY, "fake", Experiment("fake", "a claim", "a lecture",
+                                                     functools.partial(run, stop=True)))
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("fake", budget="tiny", out=out)
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]  # no hidden half run left beside it

@@ -4,6 +4,8 @@
     sibling_file(path)                  an empty temporary sibling for a writer that takes a path (safetensors)
     atomic_output(path, directory=...)  a temporary sibling (a directory, or a file path) that the caller fills;
                                         renamed into place when the block ends, removed when it fails
+    files_into(path)                    a temporary sibling directory whose files are renamed into the directory
+                                        `path` when the block ends (others there kept), removed when it fails
     check_output(path, directory=...)   what atomic_output refuses, asked before a command's long work
     writing(path)                       an OSError met on the way -> one CheckpointError naming the path and the fix
 
@@ -175,6 +177,33 @@ def atomic_output(path: str | Path, *, directory: bool, overwrite: bool = False,
             if named is not None and named is not err:
                 raise named from err
             raise
+
+
+@contextmanager
+def files_into(path: str | Path, *, first: tuple[str, ...] = (), flag: str = "--out") -> Iterator[Path]:
+    """Yield a new empty directory beside the directory `path` to write files into; when the block ends, each file
+    is renamed into `path` (made where missing), replacing the one of its name, the names in `first` first; when it
+    raises, nothing reaches `path`. Other files in `path` are kept: for outputs that share a folder with the
+    user's own files (an experiment's results beside notes on it), where `atomic_output` would replace the folder.
+
+    A file is published whole; the set is published by one rename a file, at the end, after all the work. A file
+    where `path` is to be is refused as `check_output` refuses it (InputError naming `flag` and the fix); OS
+    failures are CheckpointErrors naming `path`."""
+    path = Path(path)
+    with writing(path, note=f"; nothing was written to {path}"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        check_output(path, directory=True, overwrite=True, flag=flag)
+        partial = _sibling(path, PARTIAL)
+        try:
+            partial.mkdir()
+            yield partial
+            _sync(partial)
+            path.mkdir(exist_ok=True)
+            order = {name: index for index, name in enumerate(first)}
+            for file in sorted(partial.iterdir(), key=lambda file: (order.get(file.name, len(first)), file.name)):
+                os.replace(file, path / file.name)
+        finally:
+            _remove(partial)
 
 
 def clear_leftovers(path: Path) -> None:

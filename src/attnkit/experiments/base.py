@@ -41,6 +41,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from attnkit.errors import ConfigError, InputError, unknown_name
 from attnkit.machine import pick_device
+from attnkit.outputs import files_into
 from attnkit.readback import FileFields
 from attnkit.train.trainer import shows_progress
 
@@ -368,17 +369,18 @@ def run_experiment(name: str, *, budget: str = "small", out: str | Path | None =
                           f"on {kind}: {', '.join(elsewhere) or 'none'}; or drop --device")
     on_device = {"device": device} if len(spec.devices) > 1 else {}
     out_dir = Path(out) if out is not None else Path("runs") / "experiments" / name
-    out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     bars = shows_progress(progress)
     log.info("%s at budget %s, %d seeds: %s", name, budget, seeds, spec.claim)
-    with logging_redirect_tqdm():
-        result = spec.run(budget, out_dir, Progress(bars=bars), seeds=seeds, **on_device)
-    result.name, result.claim, result.lecture, result.budget = spec.name, spec.claim, spec.lecture, budget
-    result.seconds, result.machine, result.seeds = time.perf_counter() - start, machine(device), seeds
-    if spec.plot is not None:
-        result.plots += spec.plot(result.stored(), out_dir)
-    result.write(out_dir)
+    # the run writes into a hidden sibling; its files reach out_dir together at the end, results.json first, so an
+    # interrupted run leaves out_dir as it was (a previous run's files unmixed with a half run's pictures)
+    with files_into(out_dir, first=("results.json", "table.md")) as partial, logging_redirect_tqdm():
+        result = spec.run(budget, partial, Progress(bars=bars), seeds=seeds, **on_device)
+        result.name, result.claim, result.lecture, result.budget = spec.name, spec.claim, spec.lecture, budget
+        result.seconds, result.machine, result.seeds = time.perf_counter() - start, machine(device), seeds
+        if spec.plot is not None:
+            result.plots += spec.plot(result.stored(), partial)
+        result.write(partial)
     return result
 
 
