@@ -1,0 +1,117 @@
+"""The lecture's claims on variants drawn from every choice at once: family x position scheme x score x norm and
+its placement x activation x head grouping x sliding window x soft-capping x the checkpoint options. Each drawn
+config survives a JSON round trip, and its model is causal where it should be, ignores padding, decodes through
+the KV cache to the numbers of the full forward pass, is permutation-equivariant without positions, and with a
+window as long as the sequence equals the same model without one."""
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attnkit import ModelConfig, build_model
+
+VOCAB, LENGTH = 40, 9
+TOLERANCE = dict(atol=1e-4, rtol=1e-4)
+
+
+@st.composite
+def configs(draw) -> ModelConfig:
+    family = draw(st.sampled_from(["decoder", "encoder", "encoder-decoder"]))
+    position = draw(st.sampled_from(["sinusoidal", "learned", "relative", "rope", "alibi", "none"]))
+    fields = dict(
+        family=family, vocab_size=VOCAB, d_model=32, n_heads=4, d_ff=48, n_layers=2, max_seq_len=16, position=position,
+        score=draw(st.sampled_from(["scaled_dot", "dot", "bilinear", "additive"])),
+        norm=draw(st.sampled_from(["layer", "rms"])), norm_position=draw(st.sampled_from(["pre", "post"])),
+        activation=draw(st.sampled_from(["relu", "gelu", "gelu_tanh", "silu", "swiglu"])),
+        n_kv_heads=draw(st.sampled_from([4, 2, 1])), head_dim=draw(st.sampled_from([None, 6])),
+        bias=draw(st.booleans()), tie_embeddings=draw(st.booleans()), scale_embeddings=draw(st.booleans()),
+        embedding_norm=draw(st.booleans()), attn_softcap=draw(st.sampled_from([None, 5.0])),
+        relative_max_distance=3,
+    )
+    if position not in ("alibi", "relative") and draw(st.booleans()):  # their biases read keys by index: no window
+        fields["attention_window"] = draw(st.integers(1, 4))
+    if family == "encoder":
+        fields.update(encoder_head=draw(st.sampled_from(["mlm", "tag", "classify", "none"])), pooling="mean")
+    if family == "encoder-decoder" and draw(st.booleans()):
+        fields.update(tgt_vocab_size=30, n_decoder_layers=1)
+    return ModelConfig(**fields)
+
+
+def _model(config: ModelConfig, **changes):
+    torch.manual_seed(0)
+    return build_model(config.replace(**changes) if changes else config).eval()
+
+
+def _padded(ids: torch.Tensor, real_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A padding mask (B, T) with the first row padded after `real_len`, and the ids with other tokens there."""
+    mask = torch.ones_like(ids)
+    mask[0, real_len:] = 0
+    other = ids.clone()
+    other[0, real_len:] = (other[0, real_len:] + 3) % VOCAB
+    return mask, other
+
+
+def _check_decoder(model, ids: torch.Tensor) -> None:
+    full = model(ids).logits
+    changed = ids.clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % VOCAB
+    torch.testing.assert_close(model(changed).logits[:, :6], full[:, :6], **TOLERANCE)  # nothing flows back in time
+    cache = model.allocate_cache(2, LENGTH)
+    steps = [model(ids[:, :4], cache=cache).logits] + [model(ids[:, t : t + 1], cache=cache).logits
+                                                       for t in range(4, LENGTH)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **TOLERANCE)
+    mask, other = _padded(ids, 6)
+    padded = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(model(other, attention_mask=mask).logits[0, :6], padded[0, :6], **TOLERANCE)
+    torch.testing.assert_close(padded[0, :6], model(ids[:1, :6]).logits[0], **TOLERANCE)
+
+
+def _check_encoder(model, config: ModelConfig, ids: torch.Tensor) -> None:
+    mask, other = _padded(ids, 6)
+    padded = model(ids, attention_mask=mask).logits
+    per_position = config.encoder_head in ("mlm", "tag")
+    real = padded[0, :6] if per_position else padded[0]
+    torch.testing.assert_close((model(other, attention_mask=mask).logits[0, :6] if per_position else
+                                model(other, attention_mask=mask).logits[0]), real, **TOLERANCE)
+    alone = model(ids[:1, :6]).logits[0]
+    torch.testing.assert_close(real, alone, **TOLERANCE)
+    if config.position == "none" and config.attention_window is None and per_position:
+        permutation = torch.randperm(LENGTH, generator=torch.Generator().manual_seed(1))
+        torch.testing.assert_close(model(ids[:, permutation]).logits, model(ids).logits[:, permutation], **TOLERANCE)
+
+
+def _check_encoder_decoder(model, config: ModelConfig, ids: torch.Tensor) -> None:
+    vocab = config.target_vocab_size
+    tgt = torch.randint(0, vocab, (2, 7), generator=torch.Generator().manual_seed(2))
+    src_mask = torch.ones(2, LENGTH, dtype=torch.bool)
+    src_mask[1, 6:] = False
+    full = model(ids, tgt, src_mask=src_mask).logits
+    changed = tgt.clone()
+    changed[:, 4:] = (changed[:, 4:] + 1) % vocab
+    torch.testing.assert_close(model(ids, changed, src_mask=src_mask).logits[:, :4], full[:, :4], **TOLERANCE)
+    other = ids.clone()
+    other[1, 6:] = (other[1, 6:] + 3) % VOCAB
+    torch.testing.assert_close(model(other, tgt, src_mask=src_mask).logits, full, **TOLERANCE)
+    memory = model.encode(ids, src_mask=src_mask)
+    cache = model.allocate_cache(2, 7)
+    steps = [model.decode(tgt[:, t : t + 1], memory, src_mask=src_mask, cache=cache).logits for t in range(7)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **TOLERANCE)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs(), seed=st.integers(0, 1000))
+def test_every_variant_keeps_the_lectures_properties(config, seed):
+    assert ModelConfig.from_json(config.to_json()) == config
+    model = _model(config)
+    ids = torch.randint(0, VOCAB, (2, LENGTH), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        if config.family == "decoder":
+            _check_decoder(model, ids)
+        elif config.family == "encoder":
+            _check_encoder(model, config, ids)
+        else:
+            _check_encoder_decoder(model, config, ids)
+        if config.attention_window is not None:
+            inputs = (ids, ids % config.target_vocab_size) if config.family == "encoder-decoder" else (ids,)
+            long_window = _model(config, attention_window=LENGTH)(*inputs).logits
+            torch.testing.assert_close(long_window, _model(config, attention_window=None)(*inputs).logits, **TOLERANCE)
