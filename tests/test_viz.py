@@ -19,6 +19,7 @@ from attnkit.cli import main
 from attnkit.config import ModelConfig
 from attnkit.errors import InputError
 from attnkit.models import build_model
+from attnkit.models.greedy import greedy_target
 from attnkit.models.recurrent import recurrent_seq2seq
 from attnkit.tokenize import CharTokenizer, train_tokenizer
 from attnkit.viz import AttentionMaps, attention_maps, plot_grid, plot_head, token_labels, write_pngs
@@ -248,3 +249,34 @@ def test_one_head_grid_keeps_its_title_whole_and_clear_of_the_head_title(n_token
     assert fig.bbox.x0 <= title.x0 and title.x1 <= fig.bbox.x1  # not cut off at either side
     head_title = fig.axes[0].title.get_window_extent(renderer)
     assert title.y0 >= head_title.y1  # above "head 0", not over it
+
+
+@pytest.fixture(scope="module")
+def endless_run(tmp_path_factory, tokenizer):
+    """An untrained encoder-decoder of learned positions up to 16 that never writes EOS on its own."""
+    torch.manual_seed(0)
+    config = ModelConfig(family="encoder-decoder", vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=64,
+                         n_layers=2, max_seq_len=16)
+    model = build_model(config).eval()
+    directory = tmp_path_factory.mktemp("endless")
+    save_model(model, config, directory)
+    tokenizer.save(directory / "tokenizer")
+    return directory, model
+
+
+def test_translate_stops_at_the_models_context_and_labels_the_last_row_with_what_it_writes(endless_run, tokenizer):
+    """An own translation that never ends is cut where the model's context ends (not refused as a too-long input
+    the user never gave), and the row after its last token is labelled with what the model writes there, not
+    with an EOS it never wrote."""
+    directory, model = endless_run
+    result = run_viz(VizSettings(run=str(directory), text="the cat", translate=True, per_head=False,
+                                 out=str(directory / "viz")))
+    cross = next(m for m in result.maps if m.kind == "cross")
+    source = [*tokenizer.encode("the cat"), tokenizer.eos_id]
+    own = greedy_target(model, source, bos=tokenizer.bos_id, eos=tokenizer.eos_id, max_length=15)
+    assert len(own) == 15  # BOS and 15 tokens fill the context of 16: the model never ended its translation
+    with torch.no_grad():
+        logits = model(torch.tensor([source]), torch.tensor([[tokenizer.bos_id, *own]])).logits  # (1, 16, V)
+    next_token = int(logits[0, -1].argmax())
+    assert next_token != tokenizer.eos_id
+    assert cross.query_tokens == tuple(token_labels(tokenizer, [*own, next_token]))

@@ -48,8 +48,9 @@ def attention_maps(
     """The attention of `model` over `text`, one `AttentionMaps` per kind it has (self, causal, cross).
 
     For a translation model `text` is the source and `target` its translation, or with `translate=True` the
-    model's own greedy translation (at most `max_length` tokens). `layers` and `heads` pick model indices
-    (default all). Raises `InputError` for an empty text, a layer or head out of range, a model without
+    model's own greedy translation (at most `max_length` tokens: BOS and they must fit the model's context), whose
+    last row is labelled with what the model writes next (EOS, unless cut short). `layers` and `heads` pick model
+    indices (default all). Raises `InputError` for an empty text, a layer or head out of range, a model without
     attention, or a target/translate for a model that does not translate.
     """
     if not isinstance(text, str) or not text.strip():
@@ -88,7 +89,9 @@ def attention_maps(
         run = partial(model, inputs)
     chosen = _choose(sites, layers, heads)
     with capture_attention(model, sites=chosen) as captured:
-        run()
+        output = run()
+    if translator and translate:  # the last row writes what the model writes next: EOS, or more when cut short
+        tokens["cross"] = ([*pair.written, int(output.logits[0, -1].argmax())], pair.source)
     return [_maps(kind, captured, [s for s in chosen if s.kind == kind], tokens[kind], tokenizer, heads)
             for kind in ("self", "causal", "cross") if any(s.kind == kind for s in chosen)]
 

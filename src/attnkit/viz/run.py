@@ -44,7 +44,7 @@ class VizSettings:
     out: str | None = None  # directory for the pictures and the page (default RUN/viz)
     per_head: bool = True  # one PNG per layer and head besides each layer's mean and the grid
     device: str = "cpu"  # where the model runs
-    max_length: int = 64  # --translate: target tokens at most
+    max_length: int = 64  # --translate: target tokens at most (and no more than the model's context holds)
 
 
 def inapplicable(spec: TaskSpec, run: str | Path) -> dict[str, str]:
@@ -80,11 +80,12 @@ def run_viz(settings: VizSettings) -> VizResult:
         return result
     if not (run_dir / TOKENIZER_DIR).is_dir():
         raise InputError(f"{run_dir} has no {TOKENIZER_DIR}/ directory, so its text cannot become tokens")
-    model, _ = load_model(run_dir, device=settings.device)
+    model, config = load_model(run_dir, device=settings.device)
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
     result.maps = attention_maps(
         model, tokenizer, settings.text, target=settings.target, translate=settings.translate,
-        layers=settings.layers, heads=settings.heads, max_length=settings.max_length,
+        layers=settings.layers, heads=settings.heads,
+        max_length=min(settings.max_length, config.max_seq_len - 1),  # BOS and the translation fit the context
     )
     out = Path(settings.out) if settings.out else run_dir / "viz"
     result.pngs = write_pngs(result.maps, out, per_head=settings.per_head)
