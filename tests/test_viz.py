@@ -280,3 +280,17 @@ def test_translate_stops_at_the_models_context_and_labels_the_last_row_with_what
     next_token = int(logits[0, -1].argmax())
     assert next_token != tokenizer.eos_id
     assert cross.query_tokens == tuple(token_labels(tokenizer, [*own, next_token]))
+
+
+def test_a_mean_over_some_heads_names_them(monkeypatch, tmp_path):
+    """`--heads 1 3` draws the mean of heads 1 and 3: the title says so, not "mean over heads" (all of them)."""
+    import attnkit.viz.heatmap as heatmap
+
+    titles = []
+    monkeypatch.setattr(heatmap, "save_figure", lambda fig, path: titles.append(fig.axes[0].get_title()))
+    weights = np.full((1, 2, 3, 3), 1 / 3, dtype=np.float32)
+    maps = AttentionMaps("cross", weights, ("a", "b", "c"), ("x", "y", "z"), (0,), (1, 3))
+    heatmap.plot_head(maps, 0, None, tmp_path / "mean.png")
+    heatmap.plot_alignment(maps, tmp_path / "alignment.png")
+    assert titles == ["cross-attention, layer 0, mean over heads 1, 3",
+                      "alignment: cross-attention, layer 0, mean over heads 1, 3"]

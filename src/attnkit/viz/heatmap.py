@@ -34,7 +34,7 @@ DEFAULT_AXIS_NAMES = ("query: the token attending", "key: the token attended to"
 def plot_head(maps: AttentionMaps, layer: int, head: int | None, path: str | Path) -> Path:
     """One layer's head (or the mean over its heads, head=None) as a labelled heatmap with a colour bar."""
     weights = maps.head_weights(layer, head)
-    which = f"head {head}" if head is not None else "mean over heads"
+    which = f"head {head}" if head is not None else heads_mean(maps.heads)
     ylabel, xlabel = AXIS_NAMES.get(maps.kind, DEFAULT_AXIS_NAMES)
     fig, ax, font = _labelled_figure(maps.query_tokens, maps.key_tokens)
     image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=float(weights.max()), aspect="equal")
@@ -62,9 +62,19 @@ def plot_alignment(maps: AttentionMaps, path: str | Path, *, layer: int | None =
     ax.xaxis.set_label_position("top")
     ax.set_xlabel("source", fontsize=font)
     ax.set_ylabel("target", fontsize=font)
-    ax.set_title(f"alignment: cross-attention, layer {layer}, mean over heads", fontsize=font + 1, pad=12)
+    ax.set_title(f"alignment: cross-attention, layer {layer}, {heads_mean(maps.heads)}", fontsize=font + 1, pad=12)
     _colour_bar(fig, ax, image, font)
     return save_figure(fig, path)
+
+
+def heads_mean(heads: Sequence[int]) -> str:
+    """What a mean over `heads` (model indices) is called: "mean over heads 0-7", "mean over heads 1, 3", or for one
+    head that head, so a mean over some of a layer's heads never reads as one over all of them."""
+    if len(heads) == 1:
+        return f"head {heads[0]}"
+    if len(heads) > 2 and list(heads) == list(range(heads[0], heads[-1] + 1)):
+        return f"mean over heads {heads[0]}-{heads[-1]}"
+    return "mean over heads " + ", ".join(str(h) for h in heads)
 
 
 def grid_figure(maps: AttentionMaps) -> Figure:
