@@ -66,6 +66,30 @@ def test_unknown_fields_and_presets_are_refused(tmp_path):
         ModelConfig.from_json(tmp_path / "bad.json")
 
 
+@pytest.mark.parametrize(
+    ("data", "names"),
+    [
+        (b"\xff\xfe\x00garbage", ["not UTF-8", "0xff"]),
+        (b'{"d_model": 64, "n_layers": 3, "d_model": 32}', ["d_model", "twice"]),
+        (b'{"d_model": 1' + b"0" * 5000 + b"}", ["not valid JSON", "too long"]),
+        (b'{"norm_eps": NaN}', ["norm_eps=nan", "finite"]),
+        (b"[" * 100_000, ["not valid JSON"]),
+    ],
+)
+def test_a_config_file_read_back_is_checked(tmp_path, data, names):
+    """A damaged config.json (not UTF-8, a key given twice, a number too long to read, NaN, nested without end) is
+    refused with one ConfigError naming the file's problem, never a traceback or a silently chosen value."""
+    path = tmp_path / "config.json"
+    path.write_bytes(data)
+    for source in (path, data.decode("utf-8", errors="replace")):  # a path, and the text itself
+        if source is not path and b"\xff" in data:
+            continue
+        with pytest.raises(ConfigError) as info:
+            ModelConfig.from_json(source)
+        for name in names:
+            assert name in str(info.value)
+
+
 def test_resolved_fills_in_what_none_stands_for_and_keeps_the_config_as_written():
     config = ModelConfig(d_model=64, n_heads=8, n_kv_heads=2)
     assert (config.resolved.head_dim, config.resolved.n_kv_heads) == (8, 2) and config.head_dim is None

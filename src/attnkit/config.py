@@ -43,6 +43,7 @@ from typing import Any, ClassVar, Literal, get_args, get_origin
 from attnkit.deprecation import warn_renamed
 from attnkit.errors import ConfigError, nearest
 from attnkit.options import assignments, field_help
+from attnkit.readback import FileFields, parse_json
 from attnkit.textfiles import special_file
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ Cell = Literal["rnn", "gru", "lstm"]
 RecurrentAttention = Literal["none", "bahdanau", "luong-dot", "luong-general"]
 
 DEFAULT_FAMILY = "decoder"
+CONFIG_FILE_FIX = "give a model config file (a run's config.json), or write it again from its config"
 
 
 # Type checks shared by every config ---------------------------------------------------------------------------
@@ -133,11 +135,11 @@ def require_positive(obj: Any, *names: str) -> None:
     """Each named field is a finite number > 0 (None passes: "not set"). Zero never means "the default"."""
     for name in names:
         value = getattr(obj, name)
-        if value is not None and not value > 0:
-            raise ConfigError(f"{name}={value!r} must be positive; 0 has no meaning here (leave it unset instead)")
         if value is not None and not math.isfinite(value):
             raise ConfigError(f"{name}={value!r} must be a finite positive number; give one, or leave it unset for "
                               "the default")
+        if value is not None and not value > 0:
+            raise ConfigError(f"{name}={value!r} must be positive; 0 has no meaning here (leave it unset instead)")
 
 
 def require_fraction(obj: Any, *names: str) -> None:
@@ -313,21 +315,22 @@ class ModelConfig(metaclass=_FamilyDispatch):
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> ModelConfig:
-        """Read a config from JSON text or from a path to a JSON file."""
-        text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
+        """Read a config from JSON text (a string starting with `{` or `[`) or from a path to a JSON file, checked:
+        UTF-8, valid JSON, no key given twice, an object of fields. Raises ConfigError naming the problem."""
+        if isinstance(text_or_path, str) and text_or_path.lstrip().startswith(("{", "[")):
+            data = parse_json(text_or_path, "config", fix=CONFIG_FILE_FIX, error=ConfigError)
+        else:
             path = Path(text_or_path)
-            kind = "a directory" if path.is_dir() else special_file(path)
+            try:
+                kind = "a directory" if path.is_dir() else special_file(path)
+                exists = path.is_file()
+            except OSError as err:  # a name too long for the file system, a folder without permission
+                raise ConfigError(f"config file {path} cannot be read ({err.strerror}); {CONFIG_FILE_FIX}") from None
             if kind is not None:
-                raise ConfigError(f"config file {path} is {kind}, not a regular file; give a model config file (a "
-                                  "run's config.json)")
-            if not path.is_file():
+                raise ConfigError(f"config file {path} is {kind}, not a regular file; {CONFIG_FILE_FIX}")
+            if not exists:
                 raise ConfigError(f"config file {path} does not exist")
-            text = path.read_text()
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as err:  # RecursionError: nested deeper than Python's stack
-            raise ConfigError(f"config is not valid JSON: {err}") from None
+            data = FileFields.read(path, fix=CONFIG_FILE_FIX, error=ConfigError).data
         if not isinstance(data, dict):
             raise ConfigError("config JSON must be an object of field: value")
         return cls.from_dict(data)

@@ -24,6 +24,32 @@ from attnkit.errors import InputError
 _REQUIRED = object()
 
 
+class _RepeatedKey(ValueError):
+    """An object of JSON text names one key twice (JSON readers differ on which value they keep)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise _RepeatedKey(f"names {', '.join(repeated)} twice in one object (JSON readers differ on which value "
+                           "counts): keep one")
+    return dict(pairs)
+
+
+def parse_json(text: str, source: str, *, fix: str, error: type[Exception] = InputError) -> Any:
+    """The value of JSON `text`; `error` naming `source` when it is not JSON, nests too deeply, holds a number too
+    long to read, or names a key twice in one object."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as err:
+        raise error(f"{source} {err}; {fix}") from None
+    except (ValueError, RecursionError) as err:  # ValueError: JSONDecodeError, or an integer too long to convert
+        reason = ("nested too deeply" if isinstance(err, RecursionError) else str(err)
+                  if isinstance(err, json.JSONDecodeError) else "a number too long to read")
+        raise error(f"{source} is not valid JSON ({reason}); {fix}") from None
+
+
 class FileFields:
     """The fields of a JSON object read from `source`, handed out checked. `fix` ends every refusal (how to get a
     good file); `error` is the exception raised (InputError, or the caller's: ConfigError for a model's config);
@@ -46,12 +72,7 @@ class FileFields:
         except UnicodeDecodeError as err:
             raise error(f"{path} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
                         f"{fix}") from None
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as err:
-            reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
-            raise error(f"{path} is not valid JSON ({reason}); {fix}") from None
-        return cls(data, str(path), fix=fix, error=error)
+        return cls(parse_json(text, str(path), fix=fix, error=error), str(path), fix=fix, error=error)
 
     def __contains__(self, name: str) -> bool:
         return name in self.data
