@@ -76,10 +76,48 @@ def test_a_tokenizer_that_begins_its_texts_with_bos_gives_the_prompt_bos_as_tran
                                  eos_token_id=EOS, pad_token_id=PAD)
     new = out[0, 1 + len(prompt):].tolist()
     assert new and text == pipeline.tokenizer.decode(new[: new.index(EOS)] if EOS in new else new)
-    template = chat_template(tmp_path / "run" / "tokenizer", starts_with_bos=True)
-    assert template.render([{"role": "user", "content": "w5"}], add_generation_prompt=False) == "w5 "
+    template = chat_template(tmp_path / "run" / "tokenizer")
+    chat = template.render([{"role": "user", "content": "w5"}], add_generation_prompt=False)
+    assert template.prompt_ids(pipeline.tokenizer, chat) == [BOS, 5]
     word_tokenizer(tmp_path / "plain")
     assert not HFTokenizer.from_dir(tmp_path / "plain").starts_with_bos
+
+
+@pytest.mark.parametrize("writes_bos", [True, False])
+def test_a_chat_prompt_has_the_tokens_transformers_gives_it_whether_its_template_writes_bos_or_not(tmp_path,
+                                                                                               writes_bos):
+    """transformers tokenizes a chat as its template writes it (`apply_chat_template(tokenize=True)`: the special
+    tokens in the text read as tokens, none added; `TextGenerationPipeline` passes a chat through it and ignores
+    add_special_tokens), so a tokenizer that begins every text with BOS gives a chat BOS only where the template
+    writes bos_token, and an eos_token between turns is EOS: the server's chat prompt has the same ids. It had BOS
+    either way (a template without bos_token got one), and eos_token's characters as words."""
+    from tokenizers import Tokenizer, processors
+    from transformers import AutoTokenizer, TextGenerationPipeline
+    from transformers.utils.chat_template_utils import Chat
+
+    from attnkit.serve.chat import chat_template
+    from attnkit.tokenize import HFTokenizer
+
+    word_tokenizer(tmp_path / "tok")
+    framing = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
+    framing.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
+    framing.save(str(tmp_path / "tok" / "tokenizer.json"))
+    config = json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text())
+    turns = "{% for m in messages %}w4 {{ m['content'] }}{{ eos_token }}{% endfor %}"
+    reply = "{% if add_generation_prompt %}w6{% endif %}"
+    config["chat_template"] = ("{{ bos_token }}" if writes_bos else "") + turns + reply
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(config))
+    messages = [{"role": "user", "content": "w5 w17"}, {"role": "assistant", "content": "w33"},
+                {"role": "user", "content": "w8"}]
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    expected = theirs.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    generator = TextGenerationPipeline(model=hf_model("llama", tmp_path / "hf"), tokenizer=theirs)
+    assert generator.preprocess(Chat(messages))["input_ids"][0].tolist() == expected
+    assert expected.count(BOS) == int(writes_bos) and expected.count(EOS) == 3
+    ours = HFTokenizer.from_dir(tmp_path / "tok")
+    assert ours.starts_with_bos and ours.encode("w5") == [5]
+    template = chat_template(tmp_path / "tok", ours.specials)
+    assert template.prompt_ids(ours, template.render(messages)) == expected
 
 
 def test_converted_classifier_classifies_as_transformers_does(tmp_path, capsys):

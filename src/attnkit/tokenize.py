@@ -305,6 +305,7 @@ class HFTokenizer(_SpecialIds):
         self._tok.encode_special_tokens = True  # "<eos>" in a text is text, not the EOS token
         self._tok.no_truncation()  # a tokenizer.json may carry BERT's 512-token truncation; the data code decides
         self._tok.no_padding()
+        self._reading_specials = None  # `encode_with_specials`'s copy of the tokenizer, made on first use
         self.kind = kind
         self.specials = dict(specials)
         self._ids = {role: tokenizer.token_to_id(tok) for role, tok in self.specials.items()}
@@ -363,6 +364,24 @@ class HFTokenizer(_SpecialIds):
         with _rust_panics_named():
             return [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
 
+    def encode_with_specials(self, text: str) -> list[int]:
+        """`encode`, but a special token's text in `text` ("<s>", "</s>", "<|im_start|>") is that token, as
+        transformers' tokenizers read the text a chat template writes (`apply_chat_template(tokenize=True)`); no
+        special token is added. A second copy of the tokenizer reads them, made on first use: `encode`'s copy keeps
+        them text, and switching one copy between the two would race with other threads."""
+        if self._reading_specials is None:
+            from tokenizers import AddedToken
+            from tokenizers import Tokenizer as _HF
+
+            reader = _HF.from_str(self._tok.to_str())  # as `encode`'s copy is set up (no truncation, no padding)
+            reader.encode_special_tokens = False
+            # the special tokens tokenizer_config.json names, as transformers adds them when it loads a tokenizer
+            reader.add_special_tokens([AddedToken(token, special=True, normalized=False)
+                                       for token in self.specials.values()])
+            self._reading_specials = reader
+        with _rust_panics_named():
+            return self._reading_specials.encode_batch_fast([text], add_special_tokens=False)[0].ids
+
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)
 
@@ -373,6 +392,14 @@ class HFTokenizer(_SpecialIds):
     def to_str(self) -> str:
         """The tokenizer.json text, as Hugging Face `tokenizers` writes it (what other libraries read)."""
         return self._tok.to_str()
+
+    @functools.cached_property
+    def space_starts_word(self) -> bool:
+        """Whether a space is written into the word after it: a byte-level pre-tokenizer ('Ġcat': GPT-2, RoBERTa,
+        the `bpe` kind), a Metaspace one or a normalizer that writes spaces as '▁' (SentencePiece's '▁cat': Llama).
+        WordPiece (BERT) drops spaces."""
+        spec = json.loads(self.to_str())
+        return _writes_spaces(spec.get("pre_tokenizer")) or _writes_spaces(spec.get("normalizer"))
 
     def fingerprint(self) -> str:
         return _sha256_json({"kind": self.kind, "tokenizer": json.loads(self.to_str()), "specials": self.specials})
@@ -389,18 +416,22 @@ class HFTokenizer(_SpecialIds):
     def load(cls, directory: str | os.PathLike) -> HFTokenizer:
 
         directory = Path(directory)
-    @functools.cached_property
-    def space_starts_word(self) -> bool:
-        """Whether a space is written into the word after it: a byte-level pre-tokenizer ('Ġcat': GPT-2, RoBERTa,
-        the `bpe` kind), a Metaspace one or a normalizer that writes spaces as '▁' (SentencePiece's '▁cat': Llama).
-        WordPiece (BERT) drops spaces."""
-        spec = json.loads(self.to_str())
-        return _writes_spaces(spec.get("pre_tokenizer")) or _writes_spaces(spec.get("normalizer"))
-
         meta = _read_meta(directory)
         if not (directory / HF_FILE).is_file():
             raise InputError(f"tokenizer directory {directory} lacks {HF_FILE}, which its {META_FILE} needs")
         return cls(_read_hf(directory / HF_FILE), kind=meta["kind"], specials=meta["specials"])
+
+
+def _writes_spaces(step: object) -> bool:
+    """Whether a tokenizer.json pre-tokenizer or normalizer (`step`, with those of a Sequence inside it) keeps
+    spaces as marks on the words after them (`HFTokenizer.space_starts_word`)."""
+    if isinstance(step, list):
+        return any(map(_writes_spaces, step))
+    if not isinstance(step, dict):
+        return False
+    if step.get("type") in ("ByteLevel", "Metaspace") or (step.get("type") == "Replace" and step.get("content") == "▁"):
+        return True
+    return _writes_spaces(step.get("pretokenizers")) or _writes_spaces(step.get("normalizers"))
 
 
 def _read_hf(path: Path):
@@ -418,18 +449,6 @@ def _read_meta(directory: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-def _writes_spaces(step: object) -> bool:
-    """Whether a tokenizer.json pre-tokenizer or normalizer (`step`, with those of a Sequence inside it) keeps
-    spaces as marks on the words after them (`HFTokenizer.space_starts_word`)."""
-    if isinstance(step, list):
-        return any(map(_writes_spaces, step))
-    if not isinstance(step, dict):
-        return False
-    if step.get("type") in ("ByteLevel", "Metaspace") or (step.get("type") == "Replace" and step.get("content") == "▁"):
-        return True
-    return _writes_spaces(step.get("pretokenizers")) or _writes_spaces(step.get("normalizers"))
-
-
         raise InputError(f"no attnkit tokenizer in {directory}: {META_FILE} is missing") from None
     except json.JSONDecodeError as err:
         raise InputError(f"{path} is not valid JSON: {err}") from None

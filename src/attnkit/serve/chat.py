@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnkit.chat_format import STOP_STRINGS, config_template, render
+from attnkit.errors import InputError
+from attnkit.tokenize import Tokenizer
 
 DEFAULT_ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
 TOOL_CALL = "<tool_call>"  # what starts a call in a reply (the marker of Hermes' and Qwen's chat formats)
@@ -66,6 +68,19 @@ class ChatTemplate:
         return render(self.source, messages, tools, add_generation_prompt=add_generation_prompt,
                       bos_token=self.bos_token, eos_token=self.eos_token)
 
+    def prompt_ids(self, tokenizer: Tokenizer, prompt: str) -> list[int]:
+        """The token ids of a `prompt` this template rendered, as transformers' `apply_chat_template(tokenize=True)`
+        gives them (and its `TextGenerationPipeline`, which passes chats through it and ignores add_special_tokens):
+        the special tokens the template writes ("<s>", "</s>", "<|im_start|>") are those tokens, and none is added,
+        so BOS comes first where the template writes `bos_token`, and nowhere else, whatever the tokenizer puts
+        before a plain text (`starts_with_bos`). The default format writes no special token, and its texts are read
+        as text. Raises InputError for a prompt of no token."""
+        encode = getattr(tokenizer, "encode_with_specials", None) if self.source is not None else None
+        ids = (encode or tokenizer.encode)(prompt)  # a tokenizer of one's own without the method: as text
+        if not ids:
+            raise InputError("the chat template renders these messages as no token: give messages with content")
+        return ids
+
 
 def _shown(message: dict) -> str:
     """A message's text in the default format: its content, then each of its calls as the reply wrote it."""
@@ -74,18 +89,16 @@ def _shown(message: dict) -> str:
     return " ".join(part for part in (message["content"], *calls) if part)
 
 
-def chat_template(tokenizer_dir: Path, specials: dict[str, str] | None = None, *, starts_with_bos: bool = False
-                  ) -> ChatTemplate:
+def chat_template(tokenizer_dir: Path, specials: dict[str, str] | None = None) -> ChatTemplate:
     """The run's own template (its tokenizer_config.json's `chat_template`), else the default. Its `bos_token` and
-    `eos_token` are the file's, else the tokenizer's `specials` (role -> token), as an export writes them. For a
-    tokenizer that `starts_with_bos` the template's `bos_token` renders as nothing: the prompt's BOS is the token
-    itself, put first as `Pipeline.prompt_ids` does, where its text would be read as characters."""
+    `eos_token` are the file's, else the tokenizer's `specials` (role -> token), as an export writes them; each
+    renders as its text, which `ChatTemplate.prompt_ids` reads as the token."""
     source, settings = config_template(tokenizer_dir)
     if source is None:
         return ChatTemplate()
     specials = specials or {}
-    bos = "" if starts_with_bos else _token(settings.get("bos_token")) or specials.get("bos", "")
-    return ChatTemplate(source, bos, _token(settings.get("eos_token")) or specials.get("eos", ""))
+    return ChatTemplate(source, _token(settings.get("bos_token")) or specials.get("bos", ""),
+                        _token(settings.get("eos_token")) or specials.get("eos", ""))
 
 
 def _token(value) -> str:

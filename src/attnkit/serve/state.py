@@ -68,8 +68,7 @@ class ServerState:
                    scheduler=scheduler,
                    explorer=Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments,
                                      sae=Path(settings.sae) if settings.sae else None),
-                   template=chat_template(run_dir / TOKENIZER_DIR, getattr(pipeline.tokenizer, "specials", None),
-                                          starts_with_bos=getattr(pipeline.tokenizer, "starts_with_bos", False)),
+                   template=chat_template(run_dir / TOKENIZER_DIR, getattr(pipeline.tokenizer, "specials", None)),
                    metrics=metrics,
                    model_lock=scheduler.lock if scheduler is not None else threading.Lock())
 

@@ -21,6 +21,7 @@ from attnkit.serve.schemas import ChatRequest, CompletionRequest, Sampling
 from attnkit.serve.state import ServerState
 from attnkit.serve.structured import Structured
 from attnkit.serve.waiting import QueueFull
+from attnkit.tokenize import Tokenizer
 
 DEFAULT_COMPLETION_TOKENS = 16  # max_tokens of a completion that names none (as OpenAI)
 RETRY_AFTER_SECONDS = 1
@@ -44,7 +45,7 @@ def router(state: ServerState) -> APIRouter:
         state.check_model(body.model)
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true as well", param="top_logprobs")
-        structured, prompt = await run_in_threadpool(_chat_prompt, state.template, body)
+        structured, prompt = await run_in_threadpool(_chat_prompt, state.template, pipeline.tokenizer, body)
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await generate(request, body, [prompt], "chat.completion", stops=state.template.stops,
                               max_tokens=limit, logprobs=(body.top_logprobs or 0) if body.logprobs else None,
@@ -96,15 +97,20 @@ def router(state: ServerState) -> APIRouter:
     return routes
 
 
-def _chat_prompt(template: ChatTemplate, body: ChatRequest) -> tuple[Structured | None, str]:
-    """A chat request's structured output (response_format and tools: a grammar the reply is held to) and its
-    messages rendered by the chat template; 400 naming the field that fails."""
+def _chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, body: ChatRequest
+                 ) -> tuple[Structured | None, list[int]]:
+    """A chat request's structured output (response_format and tools: a grammar the reply is held to) and the token
+    ids of its messages rendered by the chat template (`ChatTemplate.prompt_ids`); 400 naming the field that
+    fails."""
     structured = Structured.of(body)
     try:
-        return structured, template.render([m.rendered() for m in body.messages],
-                                           structured.tools if structured else ())
+        prompt = template.render([m.rendered() for m in body.messages], structured.tools if structured else ())
     except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
         raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
+    try:
+        return structured, template.prompt_ids(tokenizer, prompt)
+    except AttnkitError as error:
+        raise APIError(400, str(error), param="messages") from None
 
 
 def _cancel(generations: list[Generation]) -> None:

@@ -70,9 +70,11 @@ def token_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
     except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
         raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
     try:
-        return pipeline.prompt_ids(text, index=0, add_bos=bool(body.add_special_tokens))
+        ids = state.template.prompt_ids(pipeline.tokenizer, text)
     except AttnkitError as error:
         raise APIError(400, str(error), param="messages") from None
+    bos = pipeline.tokenizer.bos_id
+    return [bos, *ids] if body.add_special_tokens and bos is not None else ids  # vLLM's: BOS on top of the template's
 
 
 def _answer(pipeline, tokens: list[int], pieces: bool) -> JSONResponse:
