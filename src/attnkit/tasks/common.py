@@ -1,5 +1,7 @@
 """What several tasks share: walking a bucketed data set epoch after epoch, a generator's state as text, the
-`synthetic:NAME` data sets, holding out a validation split, and an evaluation's share of the ranks."""
+`synthetic:NAME` data sets, holding out a validation split, an evaluation's share of the ranks and its summed
+negative log-likelihood, and the refusal of a model's outputs that are nan (`broken_outputs`, which decoding in
+`attnkit.generate` raises too)."""
 
 from __future__ import annotations
 
