@@ -11,6 +11,7 @@ from shared_data import shared
 from attnkit.data.labelled import LabelledData, LabelVocab, read_labelled
 from attnkit.data.synthetic import make_task, synthetic_tokenizer
 from attnkit.errors import ConfigError, InputError
+from attnkit.tasks.layouts import layout_of
 from attnkit.tokenize import CharTokenizer
 
 
@@ -210,3 +211,21 @@ def test_a_row_with_more_fields_than_the_header_is_refused_not_cut(tmp_path: Pat
     path.write_text(content.replace("\n1,great, fun movie", '\n1,"great, fun movie"'), encoding="utf-8")
     if name.endswith(".csv"):
         assert read_labelled(path)[1] == ("great, fun movie", "1")
+
+
+def test_jsonl_files_read_by_their_keys(tmp_path: Path) -> None:
+    """JSON Lines, as `datasets`' to_json writes a split: one object a line, the text and label found by key."""
+    path = tmp_path / "sst.jsonl"
+    path.write_text('\ufeff{"idx": 0, "sentence": "a fine, \\"warm\\" film", "label": 1}\r\n\n'
+                    '{"sentence": "dull", "label": 0}\n', encoding="utf-8")
+    assert read_labelled(path) == [('a fine, "warm" film', "1"), ("dull", "0")]
+    assert layout_of(path) == ("labelled", "a JSON Lines file")  # a tagger's eval refuses it by name
+    path.write_text('{"body": "nice", "stars": "5"}\n', encoding="utf-8")
+    assert read_labelled(path, text_column="body", label_column="stars") == [("nice", "5")]
+    for line, why in [('{"text": "ok", "label": 1', r"line 1 is not JSON"),
+                      ('["ok", 1]', r"line 1 holds a JSON list, not an object"),
+                      ('{"text": "ok"}', r"line 1 has no label key \(one of \['label'"),
+                      ('{"text": "ok", "label": [1, 2]}', r"line 1: the label \[1, 2\] is a list")]:
+        path.write_text(line + "\n", encoding="utf-8")
+        with pytest.raises(InputError, match=rf"sst.jsonl, {why}"):
+            read_labelled(path)

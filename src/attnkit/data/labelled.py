@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content")
 LABEL_COLUMNS = ("label", "labels", "class", "sentiment")
+JSON_LINES = (".jsonl", ".ndjson")  # one JSON object a line
 BadLabels = Literal["error", "skip", "keep"]
 BAD_LABELS: tuple[str, ...] = ("error", "skip", "keep")
 ALIKE_SHARE = 0.9  # a label written unlike the labels of this share of the lines is suspect
@@ -133,9 +134,9 @@ def read_labelled(
     """(text, label) examples from a file.
 
     `.csv` and `.tsv` files need a header row naming a text and a label column (found by the usual names,
-    or given); any other file is read as `<label> <sentence>` lines (SST-2's layout: the first word, up to a space
-    or tab, is the label). Raises `InputError` naming the file and line for an empty text or label, and for an
-    empty file.
+    or given); `.jsonl` files one JSON object a line, with text and label keys named so; any other file is read
+    as `<label> <sentence>` lines (SST-2's layout: the first word, up to a space or tab, is the label). Raises
+    `InputError` naming the file and line for an empty text or label, and for an empty file.
 
     Lines whose label looks wrong are what a missing label or a stray space leaves behind, so they are not turned
     silently into classes (`_suspect_labels` says which look wrong). With `known`, the labels a line may have (the
@@ -161,6 +162,8 @@ def read_labelled(
             for n, r in enumerate(rows[1:], start=2)
             if any(cell.strip() for cell in r)
         ]
+    elif suffix in JSON_LINES:
+        numbered = _json_lines(text, path, text_column, label_column)
     else:
         numbered = []
         for n, line in enumerate(text.split("\n"), start=1):
@@ -196,6 +199,42 @@ def read_labelled(
         log.warning("%s: left out %d line(s) whose label looks wrong (bad_labels=skip): %s", path, len(suspects),
                     _lines(list(suspects)))
     return kept
+
+
+def _json_lines(text: str, path: str | os.PathLike, text_column: str | None, label_column: str | None
+                ) -> list[tuple[int, str, str]]:
+    """(line, text, label) of a JSON Lines file: one object a line (as `datasets`' `to_json` writes a split), the
+    text and label under the usual keys (`TEXT_COLUMNS`, `LABEL_COLUMNS`) or the ones given; blank lines skipped.
+    A number or true/false label is read as written in JSON (1, true). Raises InputError naming the line."""
+    numbered = []
+    for n, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}, line {n} is not JSON ({err.msg} at character {err.pos}): a JSON Lines file "
+                             "holds one object a line, e.g. {\"text\": \"a fine film\", \"label\": 1}") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path}, line {n} holds a JSON {type(row).__name__}, not an object: write each "
+                             "example as {\"text\": ..., \"label\": ...}")
+        cells = []
+        for wanted, defaults, what in ((text_column, TEXT_COLUMNS, "text"), (label_column, LABEL_COLUMNS, "label")):
+            keys = {str(k).strip().lower(): k for k in row}
+            key = next((keys[name.lower()] for name in ([wanted] if wanted else defaults) if name.lower() in keys),
+                       None)
+            if key is None:
+                names = [wanted] if wanted else list(defaults)
+                raise InputError(f"{path}, line {n} has no {what} key (one of {names}; it has {list(row)}): "
+                                 f"rename its {what} key to one of these")
+            value = row[key]
+            if isinstance(value, dict | list) or value is None:
+                raise InputError(f"{path}, line {n}: the {what} {json.dumps(value)} is a "
+                                 f"{'null' if value is None else type(value).__name__}; a {what} is a string"
+                                 f"{' or a number' if what == 'label' else ''}")
+            cells.append(json.dumps(value) if isinstance(value, bool) else str(value))
+        numbered.append((n, *cells))
+    return numbered
 
 
 def _check_widths(rows: list[list[str]], path: str | os.PathLike, suffix: str) -> None:

@@ -1,6 +1,7 @@
 """Sequence classification (`classify`: an encoder with a classifier head): one label per text.
 
-Data: a `<label> <text>` file (SST-2), or a CSV/TSV file with text and label columns; `synthetic:ab`.
+Data: a `<label> <text>` file (SST-2), a CSV/TSV file with text and label columns, or JSON Lines with text and
+label keys; `synthetic:ab`.
 One loop, `predict_labels`, scores the validation set during training and labelled files in `attnkit eval`:
 loss and accuracy, and for `attnkit eval` macro-F1 and a confusion matrix (table and PNG).
 """
@@ -95,7 +96,8 @@ def labelled(data: Any, seed: int) -> tuple[list[tuple[str, str]], list[tuple[st
         n_train, n_val = common.SYNTHETIC_SIZES
         return make_task(name, n_train, seed).labelled(), make_task(name, n_val, seed + 1).labelled()
     if len(data.data) != 1:
-        raise InputError("--task classify needs --data FILE (a '<label> <text>' file, or CSV/TSV with a header)")
+        raise InputError("--task classify needs --data FILE (a '<label> <text>' file, CSV/TSV with a header, or "
+                         ".jsonl)")
     read = dict(encoding_errors=data.encoding_errors, bad_labels=data.bad_labels)
     train = read_labelled(data.data[0], **read)
     if data.val_data:
@@ -152,8 +154,8 @@ def _labelled_examples(path, vocab: LabelVocab, encoding_errors, bad_labels) -> 
         return read_labelled(path, encoding_errors=encoding_errors, bad_labels=bad_labels, known=vocab.labels)
     except InputError as err:
         raise InputError(f"{err}. eval of a classifier needs labelled examples, not unlabelled text: '<label> <text>' "
-                         f"lines or a CSV/TSV file with text and label columns, the labels being the run's "
-                         f"({', '.join(vocab.labels)})") from None
+                         f"lines, a CSV/TSV file with text and label columns or a .jsonl file, the labels being the "
+                         f"run's ({', '.join(vocab.labels)})") from None
 
 
 # The command (attnkit classify) ------------------------------------------------------------------------------------
@@ -179,7 +181,7 @@ CLASSIFY = register(TaskSpec(
                        norm="layer", norm_position="pre", activation="gelu", max_seq_len=128, dropout=0.1,
                        encoder_head="classify", pooling="mean"),
     hf_architectures=(HFClass("BertForSequenceClassification", "bert", {"pooler": True}),),
-    eval_help="labelled files ('<label> <text>' lines or CSV/TSV): accuracy, macro-F1, confusion matrix",
+    eval_help="labelled files ('<label> <text>' lines, CSV/TSV, JSONL): accuracy, macro-F1, confusion matrix",
     eval_options=("batch_size", "bad_labels"),
     command=TaskCommand("classify", "label texts with a trained encoder classifier", ClassifySettings, run_classify),
 ))

@@ -4,8 +4,8 @@ class labels or a text's words as tags.
 
     tagged      a .conllu file, or CoNLL: lines of a fixed number of columns (a word, its tag, maybe columns
                 between) in sentences separated by blank lines, the tags (last column) fewer than the words
-    labelled    a .csv/.tsv file whose header names a text and a label column, or one example a line with no
-                blank lines between them: a label and texts of varying numbers of words
+    labelled    a .csv/.tsv file whose header names a text and a label column, a .jsonl file, or one example a
+                line with no blank lines between them: a label and texts of varying numbers of words
 
 The rules are strict on purpose: a file they do not recognise is read as the run's kind, whose reader names any
 line it cannot read.
@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Literal
 
-from attnkit.data.labelled import LABEL_COLUMNS, TEXT_COLUMNS
+from attnkit.data.labelled import JSON_LINES, LABEL_COLUMNS, TEXT_COLUMNS
 from attnkit.errors import InputError
 from attnkit.textfiles import EncodingErrors, read_text
 
@@ -28,7 +28,7 @@ Layout = Literal["tagged", "labelled"]
 KIND = {"tagged": "tagged sentences", "labelled": "labelled texts"}
 RUN = {"tagged": "a tagger", "labelled": "a classifier"}
 FORMAT = {"tagged": "CoNLL files (a word and its tag per line, a blank line between sentences) or .conllu files",
-          "labelled": "'<label> <text>' lines or CSV/TSV files with text and label columns"}
+          "labelled": "'<label> <text>' lines, CSV/TSV files with text and label columns, or JSON Lines"}
 FIXED_COLUMNS = 0.95  # share of a CoNLL file's lines with its usual number of columns, at least
 
 
@@ -37,6 +37,8 @@ def layout_of(path: str | Path, *, encoding_errors: EncodingErrors = "strict") -
     path = Path(path)
     if path.suffix.lower() == ".conllu":
         return "tagged", "a .conllu file"
+    if path.suffix.lower() in JSON_LINES:
+        return "labelled", "a JSON Lines file"
     text = read_text(path, errors=encoding_errors)
     if path.suffix.lower() in (".csv", ".tsv"):
         delimiter = "," if path.suffix.lower() == ".csv" else "\t"

@@ -78,8 +78,8 @@ class DataConfig:
     On resume: the run's own"""
     data: tuple[str, ...] = field(default=(), metadata={"metavar": "PATH"})
     """lm, mlm: text files, folders or globs (none: the Python standard library's source); translate: a folder with
-    train.SRC/train.TGT, a TSV file or two line-aligned files; classify: a '<label> <text>' file or a CSV/TSV with a
-    header; any task: synthetic:NAME"""
+    train.SRC/train.TGT, a TSV file or two line-aligned files; classify: a '<label> <text>' file, a CSV/TSV with a
+    header or a .jsonl file; any task: synthetic:NAME"""
     val_data: tuple[str, ...] = ()  # translate / classify; empty: hold out `val_fraction` of the training data
     tokenizer: str = "bpe"  # char | bpe (trained on the training text) | a saved tokenizer directory
     vocab_size: int = BPE_VOCAB_SIZE  # bpe only
