@@ -4,6 +4,8 @@ same weights, sequences past the training length, the fused path with a float bi
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import BloomConfig, BloomForCausalLM
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
@@ -27,6 +29,24 @@ def test_bias_matches_bloom_for_every_head_count(n_heads):
         got = ours[:, i] - ours[:, i, i : i + 1]
         torch.testing.assert_close(got[:, causal[i]], expected[:, causal[i]])
     torch.testing.assert_close(alibi_slopes(n_heads), bloom[:, 1])
+
+
+@settings(max_examples=15, deadline=None)
+@given(n_heads=st.integers(1, 12), start=st.integers(0, 50), length=st.integers(1, 6), extra=st.integers(0, 6),
+       causal=st.booleans())
+def test_bias_is_linear_in_distance_with_one_slope_per_head(n_heads, start, length, extra, causal):
+    """Every head's bias is -m_h |i - j|: 0 on the diagonal, falling by m_h per position of distance whichever side
+    the key is on, the same at any absolute position (queries at start .. start + T - 1, keys 0 .. S - 1)."""
+    key_len = start + length + (0 if causal else extra)
+    mask = AttentionMask(length, start=start, causal=causal)
+    bias = ALiBi(n_heads).score_bias(torch.zeros(1, n_heads, length, 4), mask, key_len, None)  # (H, T, S)
+    distance = (torch.arange(start, start + length)[:, None] - torch.arange(key_len)[None, :]).abs()  # (T, S)
+    slopes = alibi_slopes(n_heads)
+    for head in range(n_heads):
+        torch.testing.assert_close(bias[head], -slopes[head] * distance.float())
+    if key_len > 1:  # one step further away costs m_h, wherever the step is taken
+        steps = bias[:, :, :-1] - bias[:, :, 1:]  # (H, T, S - 1)
+        torch.testing.assert_close(steps.abs(), slopes[:, None, None].expand_as(steps))
 
 
 def test_slopes_are_the_papers():

@@ -136,6 +136,30 @@ def test_gqa_with_all_kv_heads_equals_mha_and_mqa_runs():
     assert out.shape == (2, 5, 32) and weights.shape == (2, 4, 5, 5)
 
 
+@settings(max_examples=10, deadline=None)
+@given(n_kv_heads=st.sampled_from([1, 2, 4, 8]), causal=st.booleans(), need_weights=st.booleans(),
+       seed=st.integers(0, 100))
+def test_grouped_heads_equal_multi_head_attention_with_each_kv_head_repeated(n_kv_heads, causal, need_weights, seed):
+    """GQA with G key/value heads is MHA whose key/value projections repeat each of those heads over its H / G query
+    heads: G = H is MHA itself, G = 1 is multi-query attention (Ainslie et al. 2023, figure 2)."""
+    torch.manual_seed(seed)
+    grouped = Attention(32, 8, n_kv_heads=n_kv_heads).eval()
+    mha = Attention(32, 8).eval()
+    with torch.no_grad():
+        for name in ("q_proj", "o_proj"):
+            getattr(mha, name).load_state_dict(getattr(grouped, name).state_dict())
+        for name in ("k_proj", "v_proj"):  # (Hkv * D, C) -> (H * D, C): kv head j serves query heads j*H/G ..
+            for kind in ("weight", "bias"):
+                rows = getattr(getattr(grouped, name), kind).unflatten(0, (n_kv_heads, 4))  # (Hkv, D, ...)
+                getattr(getattr(mha, name), kind).copy_(rows.repeat_interleave(8 // n_kv_heads, dim=0).flatten(0, 1))
+    x = torch.randn(2, 6, 32)
+    mask = AttentionMask(6, causal=causal)
+    with torch.no_grad():
+        ours, theirs = grouped(x, mask=mask, need_weights=need_weights), mha(x, mask=mask, need_weights=need_weights)
+    torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=1e-5)
+    assert grouped.k_proj.out_features == n_kv_heads * 4
+
+
 def test_gqa_shares_each_kv_head_with_its_group():
     """With 2 kv heads and 4 query heads, query heads 0,1 use kv head 0 and heads 2,3 kv head 1."""
     attention = _attention(n_kv_heads=2)
