@@ -294,3 +294,17 @@ def test_a_mean_over_some_heads_names_them(monkeypatch, tmp_path):
     heatmap.plot_alignment(maps, tmp_path / "alignment.png")
     assert titles == ["cross-attention, layer 0, mean over heads 1, 3",
                       "alignment: cross-attention, layer 0, mean over heads 1, 3"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--device", "cuda:7"], "--device cuda:7"),  # a CUDA device this machine lacks (none, or too few)
+    (["--device", "tpu"], "--device 'tpu'"),
+    (["--translate", "--max-length", "0"], "--max-length 0: give at least 1"),
+])
+def test_cli_viz_refuses_a_bad_device_or_length_in_one_line(runs, tmp_path, capsys, argv, message):
+    """A device torch lacks was an AssertionError traceback from torch; --max-length 0 read as a model that writes
+    EOS first."""
+    code = main(["viz", "--run", str(runs["encoder-decoder"]), "--source", TEXT, "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())  # nothing drawn

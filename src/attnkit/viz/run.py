@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnkit.checkpoint import TOKENIZER_DIR, load_model
-from attnkit.errors import InputError
+from attnkit.errors import ConfigError, InputError
+from attnkit.machine import pick_device
 from attnkit.tasks import TaskSpec, unread_options
 from attnkit.tokenize import load_tokenizer
 from attnkit.viz.extract import attention_maps
@@ -45,6 +46,12 @@ class VizSettings:
     per_head: bool = True  # one PNG per layer and head besides each layer's mean and the grid
     device: str = "cpu"  # where the model runs
     max_length: int = 64  # --translate: target tokens at most (and no more than the model's context holds)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 1:
+            raise ConfigError(f"--max-length {self.max_length!r}: give at least 1 (target tokens the translation may "
+                              "have)")
+        pick_device(self.device)  # a device torch lacks is refused before anything is read or drawn
 
 
 def inapplicable(spec: TaskSpec, run: str | Path) -> dict[str, str]:
@@ -80,7 +87,7 @@ def run_viz(settings: VizSettings) -> VizResult:
         return result
     if not (run_dir / TOKENIZER_DIR).is_dir():
         raise InputError(f"{run_dir} has no {TOKENIZER_DIR}/ directory, so its text cannot become tokens")
-    model, config = load_model(run_dir, device=settings.device)
+    model, config = load_model(run_dir, device=pick_device(settings.device))
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
     result.maps = attention_maps(
         model, tokenizer, settings.text, target=settings.target, translate=settings.translate,
