@@ -365,6 +365,17 @@ def test_cli_translate_file_to_file_and_classify(runs, tmp_path, capsys):
     assert lines == [f"{r.label}\t{r.probability:.4f}" for r in results]
 
 
+
+def test_cli_classify_reads_its_texts_from_standard_input_with_input_dash(runs, capsys, monkeypatch):
+    """`... | attnkit classify RUN --input -`: the lines of standard input, as a file's (BOM, CRLF, blank lines)."""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("\ufeffabc\r\n\nhh\n".encode())))
+    assert cli.main(["classify", "--run", str(runs["clf"]), "--input", "-"]) == 0
+    results = attnkit.load(runs["clf"]).classify(["abc", "", "hh"])
+    assert capsys.readouterr().out.splitlines() == [f"{r.label}\t{r.probability:.4f}" for r in results]
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"ab\xffc\n")))
+    assert cli.main(["classify", "--run", str(runs["clf"]), "--input", "-"]) == 2
+    assert "standard input is not valid UTF-8: byte 0xff at offset 2" in capsys.readouterr().err
+
 def test_cli_translate_refuses_an_output_it_cannot_write_before_loading_the_run(runs, tmp_path):
     from attnkit.tasks.translate import run_translate
 

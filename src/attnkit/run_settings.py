@@ -14,7 +14,7 @@ from typing import Any, Literal
 from attnkit.blocks import COMPILE_MODES
 from attnkit.errors import InputError
 from attnkit.options import one_flag
-from attnkit.textfiles import EncodingErrors, read_lines
+from attnkit.textfiles import EncodingErrors, decode_bytes, lines_of, read_lines
 
 WeightDType = Literal["fp32", "bf16", "fp16"]  # what `--dtype` offers wherever weights are loaded or converted
 
@@ -69,16 +69,30 @@ class InputSettings(LoadSettings):
     """A command that runs a model on texts: given one per --text, or a file's lines."""
 
     text: tuple[str, ...] = ()  # texts, one per value (repeatable); or --input
-    input: str | None = None  # a UTF-8 file: one text per line; or --text
+    input: str | None = None  # a UTF-8 file: one text per line ('-': standard input); or --text
     encoding_errors: EncodingErrors = "strict"  # --input: strict: not UTF-8 is an error; replace: bad bytes: U+FFFD
     batch_size: int = 32  # texts per forward pass
 
 
 def read_inputs(settings: InputSettings) -> list[str]:
-    """The texts of --text, or the lines of --input (checked before the model loads)."""
+    """The texts of --text, or the lines of --input (a file, or standard input for '-'), read before the model
+    loads."""
     if bool(settings.text) == (settings.input is not None):
-        raise InputError("give the texts as --text TEXT... or as --input FILE (one per line), one of the two")
-    return list(settings.text) if settings.text else read_lines(settings.input, errors=settings.encoding_errors)
+        raise InputError("give the texts as --text TEXT... or as --input FILE (one per line; '-' reads standard "
+                         "input), one of the two")
+    if settings.text:
+        return list(settings.text)
+    if settings.input != "-":
+        return read_lines(settings.input, errors=settings.encoding_errors)
+    if sys.stdin is None or sys.stdin.closed:
+        raise InputError("standard input is closed, so --input - has nothing to read: pipe the texts in "
+                         "(... | attnkit COMMAND RUN --input -), or give --input FILE")
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    text = decode_bytes(data, name="standard input", errors=settings.encoding_errors,
+                        fix="convert it (iconv -t UTF-8), or pass --encoding-errors replace to substitute U+FFFD")
+    if not text:
+        raise InputError("standard input is empty: pipe the texts in, one per line")
+    return lines_of(text)
 
 
 def text_list(texts: object, *, what: str = "texts", required: bool = True, words: bool = False) -> list:

@@ -72,13 +72,17 @@ def read_lines(path: str | os.PathLike, *, errors: EncodingErrors = "strict") ->
     Raises `InputError` for an empty file.
     """
     text = read_text(path, errors=errors)
+    if not text:
+        raise InputError(f"{path} is empty")
+    return lines_of(text)
+
+
+def lines_of(text: str) -> list[str]:
+    """The lines of `text`, as `read_lines` splits a file's."""
     lines = text.split("\n")
     if text.endswith("\n"):
         lines.pop()
-    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-    if not text:
-        raise InputError(f"{path} is empty")
-    return lines
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def split_text(text: str, size: int) -> list[str]:
