@@ -12,6 +12,7 @@
                                                              token after the first
     attnkit_e2e_request_latency_seconds           histogram  from its queueing to its end
     attnkit_num_requests_running / _waiting       gauge      generation requests in the batch / waiting to join it
+                                                             (one whose client left counts until admission meets it)
     attnkit_batch_size                            gauge      sequences in the running batch (a request of n: n)
     attnkit_queue_length                          gauge      as num_requests_waiting (its older name)
     attnkit_kv_cache_usage_ratio                  gauge      the running batch's cache positions that hold keys
