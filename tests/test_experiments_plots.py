@@ -157,3 +157,23 @@ def test_bottleneck_plot_places_its_length_buckets_by_position(tmp_path, caplog)
     with caplog.at_level(logging.INFO):
         assert bottleneck.plot(Stored(rows, [], "tiny", 2), tmp_path) == ["accuracy_by_length.png"]
     assert "categorical units" not in caplog.text
+
+
+@pytest.mark.parametrize(("name", "row", "column", "value"), [
+    ("scaled-dot", 1, "D", "abc"),
+    ("transformer-plus-plus", 0, "val loss", None),
+    ("rnn-vs-transformer-cost", 0, "ms per step", -1.0),
+    ("gqa-memory", 0, "KV bytes per token", "abc"),
+])
+def test_replot_refuses_values_its_plots_cannot_draw_naming_the_file(tmp_path, name, row, column, value):
+    """A results.json whose fields have the right form but a value of the wrong kind for its column (text for a
+    head dimension, a loss missing, a negative time on a log axis) failed with a TypeError or ValueError traceback
+    from inside matplotlib."""
+    from pathlib import Path
+
+    results = json.loads((Path(__file__).parents[1] / "docs" / "experiments" / name / "results.json").read_text())
+    results["rows"][row][column] = value
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    with pytest.raises(InputError, match="plots cannot draw") as refusal:
+        replot(tmp_path)
+    assert str(tmp_path / "results.json") in str(refusal.value) and "rerun the experiment" in str(refusal.value)

@@ -390,8 +390,8 @@ def replot(directory: str | Path, *, name: str | None = None) -> list[str]:
     file names redrawn. `name`: the experiment the caller expects there (a run of another is refused).
 
     Raises InputError where there is no readable results.json, or one whose fields are not what an experiment writes
-    (`attnkit.readback`: rows of values, a known budget, values per seed), ConfigError where it names no known
-    experiment."""
+    (`attnkit.readback`: rows of values, a known budget, values per seed) or hold what its plots cannot draw (text
+    for a length, a time at or below zero on a log axis), ConfigError where it names no known experiment."""
     path = Path(directory) / "results.json"
     if not path.is_file():
         raise InputError(f"{path} does not exist: --replot takes a directory an experiment wrote (its --out)")
@@ -415,6 +415,9 @@ def replot(directory: str | Path, *, name: str | None = None) -> list[str]:
     except KeyError as missing:
         raise InputError(f"{path}: a row lacks the column {missing.args[0]!r} that {stored_name}'s plots read; rerun "
                          f"the experiment into {directory}") from None
+    except (TypeError, ValueError) as error:  # a value of the wrong kind for its column: text where a length is drawn
+        raise InputError(f"{path}: its rows hold a value {stored_name}'s plots cannot draw ({error}); rerun the "
+                         f"experiment into {directory}") from None
 
 
 def _number(value: Any) -> bool:
