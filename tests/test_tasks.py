@@ -177,6 +177,9 @@ def test_fill_mask_on_the_command_line(tmp_path, capsys):
     assert cli.main(["fill-mask", str(tmp_path / "mlm"), "--text", "a[MASK]c[MASK]", "--top-k", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(len(line.split("\t")) == 2 for line in lines)  # a line per mask, 2 candidates
+    assert cli.main(["fill-mask", str(tmp_path / "mlm"), "--text", "a[MASK]c[MASK]", "[MASK]b", "--top-k", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()  # a blank line between texts says which masks are whose
+    assert [bool(line) for line in lines] == [True, True, False, True]
 
 
 # Training-time and offline evaluation: one loop, the same numbers -----------------------------------------------

@@ -568,7 +568,9 @@ class FillMaskSettings(InputSettings):
 def run_fill_mask(settings: FillMaskSettings, load: Callable[[Any], Any]) -> int:
     """`attnkit fill-mask`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
     texts = read_inputs(settings)
-    for fills in load(settings).fill_mask(texts, top_k=settings.top_k):
+    for index, fills in enumerate(load(settings).fill_mask(texts, top_k=settings.top_k)):
+        if index:
+            print()  # a blank line between texts: a text's masks are the lines of its block
         for fill in fills:
             print("\t".join(f"{token!r} {p:.4f}" for token, p in fill.candidates))
     return 0
