@@ -31,6 +31,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from matplotlib import ticker
 from torch import nn
 
 from attnkit.config import ModelConfig
@@ -197,7 +198,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     fig, axes = new_figure(10, 12, nrows=3)  # one panel per row: each as wide as the page shows it
     for (depth, placement, label), curve in curves.items():
         if depth == deep:
-            axes[0].plot(running_mean(curve), label=f"{placement}-norm, {label}")
+            axes[0].plot(range(1, len(curve) + 1), running_mean(curve), label=f"{placement}-norm, {label}")
     axes[0].set(xlabel="step", ylabel="training loss (mean of 10 steps)",
                 title=f"{deep} layers, lr {lr:g}, no clipping (seed 0)")
     fit_value_axis(axes[0], "level")
@@ -211,6 +212,8 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
                             linestyle=style, marker="" if init else "o", label=label)
     axes[1].set(xlabel="block (1 = nearest the input)", ylabel="FFN weight gradient norm",
                 title="gradient per block at initialisation")
+    for ax in axes[:2]:  # steps and blocks are counted: whole numbers on the axis
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     fit_value_axis(axes[1], "log")
     spread_legend(axes[1], over=f"mean of {seeds} seeds", spread=spread, loc="upper left",
                   bbox_to_anchor=(1.01, 1))  # beside the panel: every part of it holds a line

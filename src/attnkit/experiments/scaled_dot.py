@@ -122,7 +122,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
         train_rows.append(row)
 
     rows = [{**row, **next((t for t in train_rows if t["D"] == row["D"]), {})} for row in init_rows]
-    rows += [t for t in train_rows if t["D"] not in init_dims]
+    rows = sorted(rows + [t for t in train_rows if t["D"] not in init_dims], key=lambda row: row["D"])
     top_init, top_train = init_rows[-1], train_rows[-1]
     checks = [
         Check.over(f"at initialisation, D={top_init['D']}: the unscaled softmax's mean largest weight minus the "
