@@ -308,3 +308,32 @@ def test_cli_viz_refuses_a_bad_device_or_length_in_one_line(runs, tmp_path, caps
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
     assert not any(tmp_path.iterdir())  # nothing drawn
+
+
+def test_a_second_draw_into_one_folder_leaves_no_picture_of_the_first(runs, tmp_path):
+    """Pictures of heads the second call does not draw (of another text) are removed, not left beside the new
+    ones as if they were of the same text; a file of the user's there is kept."""
+    out = tmp_path / "viz"
+    run_viz(VizSettings(run=str(runs["decoder"]), text=TEXT, out=str(out)))
+    assert (out / "causal_layer1_head3.png").is_file()
+    (out / "notes.txt").write_text("mine")
+    second = run_viz(VizSettings(run=str(runs["decoder"]), text="the dog", heads=(0,), per_head=False,
+                                 out=str(out)))
+    drawn = {path.name for path in [*second.pngs, second.page]}
+    assert {p.name for p in out.iterdir()} == drawn | {"notes.txt", "viz.json"}
+
+
+def test_a_draw_that_fails_leaves_the_folder_as_it_was(runs, tmp_path, monkeypatch):
+    import attnkit.viz.run as viz_run
+
+    out = tmp_path / "viz"
+    run_viz(VizSettings(run=str(runs["decoder"]), text=TEXT, per_head=False, out=str(out)))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(viz_run, "write_page", full_disk)
+    with pytest.raises(Exception, match="No space left|space"):
+        run_viz(VizSettings(run=str(runs["decoder"]), text="the dog", per_head=False, out=str(out)))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

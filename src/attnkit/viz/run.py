@@ -5,18 +5,24 @@ training instruments as a plot.
                           {kind}_layer{L}_head{H}.png, {kind}_layer{L}_mean.png
                           alignment.png                                      translation runs
                           attention.html                                     pick kind, layer, head; hover tokens
+                          viz.json                                           the files this call drew; the next
+                                                                             call there removes those it does not
+                                                                             draw again, and keeps other files
     RUN/plots/instruments.png                                                when metrics.jsonl has instruments
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnkit.checkpoint import TOKENIZER_DIR, load_model
 from attnkit.errors import ConfigError, InputError
 from attnkit.machine import pick_device
+from attnkit.outputs import files_into
 from attnkit.tasks import TaskSpec, unread_options
 from attnkit.tokenize import load_tokenizer
 from attnkit.viz.extract import attention_maps
@@ -28,6 +34,8 @@ from attnkit.viz.page import write_page
 log = logging.getLogger(__name__)
 
 PAGE_FILE = "attention.html"
+MANIFEST = "viz.json"  # the files one call drew: the next call into the folder removes those it does not draw again
+_DRAWN_NAME = re.compile(r"[A-Za-z0-9_]+\.(png|html)")
 TRANSLATION_OPTIONS = ("target", "translate", "max_length")  # what only a translation run's pictures read
 
 
@@ -95,7 +103,26 @@ def run_viz(settings: VizSettings) -> VizResult:
         max_length=min(settings.max_length, config.max_seq_len - 1),  # BOS and the translation fit the context
     )
     out = Path(settings.out) if settings.out else run_dir / "viz"
-    result.pngs = write_pngs(result.maps, out, per_head=settings.per_head)
-    result.page = write_page(result.maps, out / PAGE_FILE, title=f"attention: {run_dir.name}")
+    earlier = drawn_before(out)
+    with files_into(out) as partial:  # the pictures and the page reach `out` together, after all are drawn
+        pngs = write_pngs(result.maps, partial, per_head=settings.per_head)
+        write_page(result.maps, partial / PAGE_FILE, title=f"attention: {run_dir.name}")
+        drawn = [*(png.name for png in pngs), PAGE_FILE]
+        (partial / MANIFEST).write_text(json.dumps({"files": drawn}, indent=1), encoding="utf-8")
+    for name in earlier.difference(drawn):  # an earlier call's pictures of heads or layers not drawn now
+        (out / name).unlink(missing_ok=True)
+    result.pngs, result.page = [out / png.name for png in pngs], out / PAGE_FILE
     log.info("wrote %d pictures and %s", len(result.pngs), result.page)
     return result
+
+
+def drawn_before(out: Path) -> set[str]:
+    """The files an earlier `attnkit viz` drew in `out`, from its MANIFEST: plain names of PNGs and HTML pages only,
+    so a damaged or edited list never names a file elsewhere; none when there is no such list or it is unreadable."""
+    try:
+        listed = json.loads((out / MANIFEST).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return set()
+    if not isinstance(listed, list):
+        return set()
+    return {name for name in listed if isinstance(name, str) and _DRAWN_NAME.fullmatch(name)}
