@@ -218,6 +218,10 @@ def test_a_method_that_does_not_fit_names_the_family(runs, lm):
         attnkit.load(runs["clf"]).generate("abc")
     with pytest.raises(InputError, match="classify does not fit .* family is 'encoder-decoder'; use translate"):
         attnkit.load(runs["mt"]).classify("abc")
+    tagger = attnkit.load(runs["clf"])  # an encoder run of another encoder task: its task named, not its family
+    with pytest.raises(InputError, match="tag does not fit this model: it was trained for classify, not tag; use "
+                                         "classify instead"):
+        tagger.tag("abc")
 
 
 def test_translate_greedy_and_beam(runs):

@@ -367,8 +367,11 @@ class Pipeline:
         if self.task is None:
             return MethodNotServed(f"{method} does not fit this model: its family is {self.family!r} and it has "
                                    "no task head; fine-tune it first (attnkit train --init-from RUN --task TASK)")
-        return MethodNotServed(f"{method} does not fit this model: its family is {self.family!r}; use "
-                               f"{' or '.join(self.methods)} instead (a {self.task.name} run serves that alone)")
+        wanted = [spec for spec in tasks() if spec.method == method and self.family in spec.families]
+        why = (f"it was trained for {self.task.name}, not {wanted[0].name}" if wanted else
+               f"its family is {self.family!r}")  # a head of the family's other tasks, or another family
+        return MethodNotServed(f"{method} does not fit this model: {why}; use {' or '.join(self.methods)} instead "
+                               f"(a {self.task.name} run serves that alone)")
 
     def _require(self, method: str) -> None:
         if self.tokenizer is None:
