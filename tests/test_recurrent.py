@@ -101,6 +101,26 @@ def test_source_keys_projected_once_per_source(attention):
     assert len(calls) == 2
 
 
+# The bottleneck: without attention the decoder sees the source only through the encoder's final states ----------
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_plain_decoder_reads_only_the_final_states(cell, bidirectional):
+    """Lecture 000: the encoding "needs to capture all information about the source sentence". The logits'
+    gradient reaches the encoder's states only at each row's last real token (and, bidirectional, at its first,
+    where the backward direction ends); every other state is invisible to the decoder."""
+    model = _seq2seq(cell, "none", bidirectional=bidirectional)
+    src, mask, tgt = _padded_sources()
+    memory = model.encode(src, src_mask=mask).detach().requires_grad_(True)  # (B, S, M)
+    model.decode(tgt, memory, src_mask=mask).logits.sum().backward()
+    reached = memory.grad.abs().sum(-1) > 0  # (B, S)
+    lengths = mask.sum(1)
+    expected = torch.zeros_like(mask)
+    expected[torch.arange(3), lengths - 1] = True
+    if bidirectional:
+        expected[:, 0] = True
+    assert torch.equal(reached, expected)
+
+
 # Attention: the Transformer's scores, formulas written out independently ----------------------------------------
 @pytest.mark.parametrize("kind", ["bahdanau", "luong-dot", "luong-general"])
 def test_source_attention_against_formula(kind):
