@@ -358,3 +358,21 @@ def test_an_interrupted_run_leaves_the_previous_run_whole_and_other_files_are_ke
         run_experiment("fake", budget="tiny", out=out)
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]  # no hidden half run left beside it
+
+
+def test_results_json_is_standard_json_when_a_noise_is_unknown(tmp_path, monkeypatch):
+    """A check with no measured noise (one seed, a lower bound) wrote `Infinity`, which JSON does not have: jq, a
+    browser's JSON.parse and most parsers outside Python refuse the file. Such numbers are written as null."""
+    from attnkit.experiments.base import Check, Experiment, Result
+
+    def run(budget, out, progress, *, seeds):
+        return Result([Check.over("x", [1.0]), Check.over("y", [1.0, math.nan])], "measured", "1", [{"x": math.inf}])
+
+    monkeypatch.setitem(REGISTRY, "fake", Experiment("fake", "a claim", "a lecture", run))
+    run_experiment("fake", budget="tiny", out=tmp_path)
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    saved = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
+    assert [check["noise"] for check in saved["checks"]] == [None, None] and saved["rows"] == [{"x": None}]

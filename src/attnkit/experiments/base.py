@@ -240,14 +240,28 @@ class Result:
                            "over": c.basis, "outcome": c.outcome} for c in self.checks])
 
     def write(self, out: Path) -> None:
+        """results.json (standard JSON: a number that is not finite, such as an unknown noise, is null) and
+        table.md."""
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(asdict(self), indent=2, default=float) + "\n")
+        fields = _finite_or_null(json.loads(json.dumps(asdict(self), default=float)))
+        (out / "results.json").write_text(json.dumps(fields, indent=2, allow_nan=False) + "\n")
         header = (f"# {self.name}\n\nClaim ({self.lecture}): {self.claim}\n\n"
                   f"Verdict: **{self.verdict}**. {self.reason}. {self.decision[0].upper()}{self.decision[1:]}.\n\n"
                   "Checks (a difference the claim predicts positive; decided only beyond its noise, the 95% "
                   "interval over seeds or rounds):\n\n" + self.checks_markdown() + "\n")
         footer = f"\nBudget `{self.budget}`, {self.seconds:.0f} s on {self.machine}.\n"
         (out / "table.md").write_text(header + self.table_markdown() + footer)
+
+
+def _finite_or_null(value: Any) -> Any:
+    """`value` (JSON's types) with each infinite or nan number made None: JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_null(item) for item in value]
+    return value
 
 
 def _markdown(rows: list[dict[str, Any]]) -> str:
