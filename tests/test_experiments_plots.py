@@ -177,3 +177,16 @@ def test_replot_refuses_values_its_plots_cannot_draw_naming_the_file(tmp_path, n
     with pytest.raises(InputError, match="plots cannot draw") as refusal:
         replot(tmp_path)
     assert str(tmp_path / "results.json") in str(refusal.value) and "rerun the experiment" in str(refusal.value)
+
+
+def test_replot_refuses_the_options_of_a_run_it_would_ignore(tmp_path, capsys):
+    """--replot DIR --out OTHER redrew into DIR and said nothing of OTHER; --seeds, --budget and --device were
+    dropped as silently."""
+    results = {"name": "ab-task", "budget": "tiny", "rows": two_seed_run().rows}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert main(["experiment", "--replot", str(tmp_path), "--out", str(tmp_path / "other"), "--seeds", "4"]) == 2
+    assert "--out, --seeds would be ignored; drop them" in capsys.readouterr().err
+    assert not (tmp_path / "accuracy.png").exists() and not (tmp_path / "other").exists()
+    assert main(["experiment", "--replot", str(tmp_path), "--budget", "full"]) == 2
+    assert "--budget would be ignored; drop it" in capsys.readouterr().err
+    assert main(["experiment", "--replot", str(tmp_path)]) == 0 and (tmp_path / "accuracy.png").exists()

@@ -595,6 +595,13 @@ def _run_experiment(settings: ExperimentSettings) -> int:
             print(f"{name}: {REGISTRY[name].claim} ({REGISTRY[name].lecture}){gpu}")
         return 0
     if settings.replot is not None:
+        given = {"--out": settings.out is not None, "--seeds": settings.seeds is not None,
+                 "--budget": settings.budget != "small", "--device": settings.device != "cpu"}
+        for_a_run = [flag for flag, asked in given.items() if asked]
+        if for_a_run:
+            raise InputError(f"--replot redraws the plots in {settings.replot} from its results.json and runs nothing: "
+                             f"{', '.join(for_a_run)} would be ignored; drop {'them' if len(for_a_run) > 1 else 'it'} "
+                             "(to redraw elsewhere, copy the folder and --replot the copy)")
         redrawn = replot(settings.replot, name=settings.name)
         print(f"redrew {', '.join(redrawn)} in {settings.replot}" if redrawn else
               f"nothing to redraw in {settings.replot}: its experiment's plots need data results.json does not hold")
