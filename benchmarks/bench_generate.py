@@ -34,6 +34,8 @@ from attnkit import ModelConfig, build_model
 from attnkit.generate import generate_tokens
 from attnkit.generate.pipeline import parse_dtype
 from attnkit.generate.plan import prepare_for_inference
+from attnkit.machine import CpuCapabilities
+from attnkit.outputs import atomic_write
 from benchmarks.common import RESULTS, synchronize
 
 PROMPT_LEN = 16
@@ -128,7 +130,10 @@ def measure(shape_name: str, dtype_name: str, batch: int, new_tokens: int, repea
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = [
         f"Greedy generation, prompt {PROMPT_LEN} tokens; {meta['device']}, {meta['threads']} torch thread(s); "
-        f"torch {meta['torch']}, transformers {meta['transformers']}; median of {meta['repeats']}.",
+        f"torch {meta['torch']}, transformers {meta['transformers']}; median of {meta['repeats']}."
+        + (f" Machine: {meta['machine']}." if meta.get("machine") else "")
+        + (" 1-minute load average at the start and the end: {:.1f}, {:.1f} ({} cores).".format(
+            *meta["load_average"], meta["cores"]) if meta.get("load_average") else ""),
         "",
         "| shape | dtype | batch | new tokens | attnkit tok/s | transformers tok/s | attnkit ms/token "
         "| transformers ms/token | attnkit speed vs transformers (median / best run) |",
@@ -167,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         "device": device_name if args.device != "cpu" else f"CPU ({platform.processor() or platform.machine()})",
         "threads": args.threads, "repeats": args.repeats, "torch": torch.__version__,
         "transformers": transformers.__version__, "python": platform.python_version(), "cores": os.cpu_count(),
+        "machine": CpuCapabilities.detect().summary() if args.device == "cpu" else device_name,
     }
+    load_at_start = os.getloadavg()[0]
     rows = []
     with torch.inference_mode():
         for shape in args.shapes:
@@ -175,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             for dtype in args.dtypes:
                 for batch in args.batches:
                     rows.append(measure(shape, dtype, batch, new_tokens, args.repeats, args.device))
+    meta["load_average"] = [load_at_start, os.getloadavg()[0]]  # other work on a shared machine slows both sides
     out = args.out or RESULTS / f"generate-{device_name.lower()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(rows, meta))
+    atomic_write(out, json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    atomic_write(out.with_suffix(".md"), markdown(rows, meta))
     print(markdown(rows, meta))
     return 0
 

@@ -160,21 +160,23 @@ class NativeLinear(GemvLinear):
         super().__init__(linear)
         bias = None if linear.bias is None else linear.bias.detach().float()  # fp32's own tensor, or a copy
         self.register_buffer("bias_fp32", bias, persistent=False)  # (N,): what the kernel adds
-        self.max_rows = NATIVE_ROWS if linear.weight.dtype == torch.float32 else NATIVE_BF16_ROWS
+        self.fp32 = linear.weight.dtype == torch.float32  # read each call: a plain attribute, not a buffer's dtype
+        self.max_rows = NATIVE_ROWS if self.fp32 else NATIVE_BF16_ROWS
 
     def rows(self, x: Tensor) -> Tensor:
         """More rows than the native product takes: nn.Linear's product (fp32), or MKL's on the weight widened to
         fp32 for the call (bf16)."""
-        if self.weight.dtype == torch.float32:
+        if self.fp32:
             return super().rows(x)
         return F.linear(x.float(), self.weight.float(), self.bias_fp32).to(x.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.numel() > self.max_rows * self.in_features:
             return self.rows(x)
-        gemv = native_gemv.gemv_f32 if self.weight.dtype == torch.float32 else native_gemv.gemv_bf16
+        gemv = native_gemv.gemv_f32 if self.fp32 else native_gemv.gemv_bf16
         out = gemv(self.weight, x.reshape(-1, self.in_features), self.bias_fp32)  # (M, N) fp32
-        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)  # fp32 rows: no call to convert them
 
 
 class NativePackedLinear(NativeLinear, GemvPackedLinear):

@@ -159,6 +159,8 @@ def _rows(x: Tensor, width: int) -> Tensor:
     """x (M, K) as the contiguous fp32 rows the kernels read."""
     if x.dim() != 2 or x.shape[1] != width or not x.is_cpu:
         raise ValueError(f"expected CPU rows (M, {width}), got {tuple(x.shape)} on {x.device}")
+    if x.dtype == torch.float32 and x.is_contiguous():  # a decoding step's rows, as a rule: no call to convert them
+        return x
     return x.to(torch.float32).contiguous()
 
 
