@@ -372,3 +372,25 @@ def test_pretrain_finetune_and_eval_from_the_command_line(texts, tmp_path, capsy
                  str(tmp_path / "mlm"), "--lora-rank", "2", "--lora-targets", "query", "--out",
                  str(tmp_path / "bad"), *common]) == 2
     assert "'query' matches no linear module" in capsys.readouterr().err
+
+
+def test_a_source_with_the_same_labels_in_another_order_keeps_its_head_and_its_order(classifier_run, texts, tmp_path):
+    """A converted tagger or classifier lists its labels in its own order (id2label: O, B-MISC, I-MISC, ...); data
+    of the same labels sorted them otherwise, and the source's trained head was thrown away as 'a new label set'.
+    The run keeps the source's order, and resumes with it."""
+    import hashlib
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(classifier_run, source)
+    (source / "labels.json").write_text(json.dumps({"labels": ["1", "0"]}), encoding="utf-8")
+    sums = json.loads((source / "checksums.json").read_text())
+    sums["sha256"]["labels.json"] = hashlib.sha256((source / "labels.json").read_bytes()).hexdigest()
+    (source / "checksums.json").write_text(json.dumps(sums), encoding="utf-8")
+    trainer = prepare(finetune(tmp_path / "run", texts, source, max_steps=4))
+    assert trainer.labels == ["1", "0"] and trainer.run_info["init_from"]["fresh"] == {}
+    ours, theirs = trainer.model.state_dict(), load_model(source)[0].state_dict()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    trainer.fit(stop_at=2)
+    resumed = prepare(finetune(tmp_path / "run", texts, source, resume=True, max_steps=4))
+    assert resumed.step == 2 and resumed.labels == ["1", "0"]

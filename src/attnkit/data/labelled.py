@@ -62,8 +62,12 @@ class LabelVocab:
     labels: tuple[str, ...]
 
     @classmethod
-    def from_labels(cls, labels: Iterable[str]) -> LabelVocab:
+    def from_labels(cls, labels: Iterable[str], *, order: Sequence[str] | None = None) -> LabelVocab:
+        """The labels, sorted; or in `order` where `order` holds the same labels (a fine-tuned source's order: its
+        head has a row for each, in that order)."""
         unique = set(labels)
+        if order is not None and set(order) == unique and len(order) == len(unique):
+            return cls(tuple(order))
         numeric = all(label.lstrip("-").isdigit() for label in unique)
         return cls(tuple(sorted(unique, key=(lambda s: (int(s), s)) if numeric else None)))
 

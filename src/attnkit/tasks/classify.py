@@ -109,7 +109,7 @@ def labelled(data: Any, seed: int) -> tuple[list[tuple[str, str]], list[tuple[st
 def _make(context: TaskContext) -> tuple[ClassifyTask, list[str]]:
     data = context.data
     train, val = labelled(data, context.seed)
-    vocab = LabelVocab.from_labels(label for _, label in train)
+    vocab = LabelVocab.from_labels((label for _, label in train), order=context.labels)
     if len(vocab) < 2:
         raise InputError(f"the training data ({', '.join(data.data)}) holds one class only, {vocab.labels[0]!r}: a "
                          f"classifier needs examples of two classes or more")

@@ -67,6 +67,8 @@ class TaskContext:
     files: list[Path] | None = None  # stream tasks: the text files already found
     translate: Callable[..., list[list[int]]] | None = None  # token-level decoding (translation's BLEU)
     progress: bool = False
+    labels: tuple[str, ...] | None = None  # the order to keep for the data's labels, where they are this set: the
+    # fine-tuned source's (its head's rows), a resumed run's (`LabelVocab.from_labels(order=...)`)
 
 
 @dataclass(frozen=True)

@@ -254,7 +254,7 @@ def _make(context: TaskContext) -> tuple[TagTask, list[str]]:
     data = context.data
     train, val = tagged(data, context.seed)
     scheme = checked_scheme(train, ", ".join(data.data))
-    vocab = LabelVocab.from_labels(t for _, tags in train for t in tags)
+    vocab = LabelVocab.from_labels((t for _, tags in train for t in tags), order=context.labels)
     unknown = sorted({t for _, tags in val for t in tags} - set(vocab.labels))
     if unknown:
         raise InputError(f"the validation data has tags the training data lacks: {', '.join(unknown)}; add "
