@@ -376,3 +376,20 @@ def test_results_json_is_standard_json_when_a_noise_is_unknown(tmp_path, monkeyp
 
     saved = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
     assert [check["noise"] for check in saved["checks"]] == [None, None] and saved["rows"] == [{"x": None}]
+
+
+def test_ab_task_tests_each_seed_on_its_own_sequences(tmp_path, monkeypatch):
+    """Every seed was scored on the same 1,000 test sequences, so the seeds' spread left out the test set's own
+    sampling noise (a plain average that always answers A scored 50.6% in every seed: noise 0). Each seed now draws
+    its own, as both models of one seed share theirs."""
+    from attnkit.experiments import ab_task
+
+    drawn = []
+    real = ab_task.accuracy
+    monkeypatch.setattr(ab_task, "accuracy", lambda model, length, generator: drawn.append(
+        (length, generator.initial_seed())) or real(model, length, generator))
+    run_experiment("ab-task", budget="tiny", out=tmp_path, seeds=2)
+    per_seed = len(drawn) // 2
+    first, second = drawn[:per_seed], drawn[per_seed:]
+    assert first[: per_seed // 2] == first[per_seed // 2:]  # the two models of a seed: the same sequences
+    assert not {seed for _, seed in first} & {seed for _, seed in second}  # the two seeds: different ones

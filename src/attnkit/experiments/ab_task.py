@@ -116,7 +116,9 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
             torch.manual_seed(seed)
             model = PooledClassifier(attend=attend)
             train(model, steps, torch.Generator().manual_seed(1000 + seed), progress, f"{name}, seed {seed}")
-            accuracies[name].append({n: accuracy(model, n, torch.Generator().manual_seed(n)) for n in lengths})
+            # each seed its own test sequences: their sampling noise belongs to the seeds' spread, as the training's
+            accuracies[name].append({n: accuracy(model, n, torch.Generator().manual_seed(1000 * seed + n))
+                                     for n in lengths})
             models.setdefault(name, model)  # the pictures: seed 0
     rows = [{"pooling": name, **{f"accuracy, length {n}": statistics.fmean(a[n] for a in per_seed) for n in lengths}}
             for name, per_seed in accuracies.items()]
