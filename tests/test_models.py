@@ -179,3 +179,32 @@ def test_bad_input_at_the_edge_gets_clear_errors():
     cache = model.allocate_cache(1, 4)
     with pytest.raises(InputError, match="KV cache holds 4"):
         model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
+
+
+def test_more_bad_input_at_the_edge_gets_clear_errors():
+    """What reached torch as a traceback (an empty batch, positions or labels of the wrong shape, a cache allocated
+    for another batch size, an encoder output of another width) or ran silently wrong (an additive float mask read
+    as 0/1, where its -10000 at padding became "real"), refused naming the input and the fix."""
+    model, rope = _model(position="learned"), _model(position="rope")
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(InputError, match="batch size 0"):
+        model(torch.zeros(0, 4, dtype=torch.long))
+    with pytest.raises(InputError, match=r"attention_mask holds values other than 0 and 1.*-10000"):
+        model(ids, attention_mask=torch.tensor([[0.0, 0.0, -10000.0, -10000.0]] * 2))
+    assert model(ids, attention_mask=torch.tensor([[1.0, 1.0, 0.0, 0.0]] * 2)).logits.shape == (2, 4, 50)
+    with pytest.raises(InputError, match=r"position_ids has shape \(1, 3\)"):
+        rope(ids, position_ids=torch.arange(3)[None])
+    with pytest.raises(InputError, match="position -1"):
+        rope(ids, position_ids=torch.tensor([[0, 1, 2, -1]] * 2))
+    with pytest.raises(InputError, match="allocated for 3 sequences"):
+        rope(ids, cache=rope.allocate_cache(3, 8))
+    with pytest.raises(InputError, match=r"labels has shape \(2, 3\)"):
+        model(ids, labels=torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(InputError, match="labels holds 50"):
+        model(ids, labels=torch.full((2, 4), 50))
+    assert model(ids, labels=torch.full((2, 4), -100).index_fill(1, torch.tensor([0]), 3)).loss.isfinite()
+    seq2seq = _model(family="encoder-decoder")
+    with pytest.raises(InputError, match=r"memory has shape \(2, 5, 8\)"):
+        seq2seq.decode(ids, torch.randn(2, 5, 8))
+    with pytest.raises(InputError, match="labels holds 60"):
+        seq2seq(ids, ids, labels=torch.full((2, 4), 60))

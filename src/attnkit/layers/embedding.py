@@ -51,6 +51,8 @@ def check_token_ids(ids: Tensor, vocab_size: int, *, name: str = "input_ids") ->
         raise InputError(f"{name} must have shape (batch, length), got {tuple(ids.shape)}; add a batch dimension")
     if ids.shape[1] == 0:
         raise InputError(f"{name} is empty (length 0); give at least one token")
+    if ids.shape[0] == 0:
+        raise InputError(f"{name} holds no sequences (batch size 0); give at least one")
     if not has_values(ids):
         return
     low, high = int(ids.min()), int(ids.max())

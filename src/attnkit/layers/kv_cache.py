@@ -143,6 +143,11 @@ class KVCache:
         return self.layers[0].length
 
     @property
+    def batch_size(self) -> int:
+        """The number of sequences it holds (B)."""
+        return self.layers[0].keys.shape[0]
+
+    @property
     def max_len(self) -> int:
         """How many positions the cache may reach."""
         return self.layers[0].max_len

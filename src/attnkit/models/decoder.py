@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from attnkit.deprecation import renamed_keywords
 from attnkit.layers.kv_cache import KVCache, StaticKVCache
 from attnkit.layers.output_loss import LossPath, linear_cross_entropy
-from attnkit.models.output import ModelOutput, cross_entropy
+from attnkit.models.output import ModelOutput, check_labels, cross_entropy
 from attnkit.models.stack import TransformerStack
 
 
@@ -107,6 +107,7 @@ def lm_logits_and_loss(
     when logits are not wanted and the head is a plain linear layer (a LoRA-wrapped head adds its adapter's update,
     which the weight lacks)."""
     if labels is not None and not return_logits and type(lm_head) is nn.Linear and lm_head.bias is None:
+        check_labels(labels, hidden.shape[:-1], lm_head.out_features)
         return None, linear_cross_entropy(hidden, lm_head.weight, labels, path=path, label_smoothing=label_smoothing)
     logits = lm_head(hidden)  # (B, T, V)
     loss = cross_entropy(logits, labels, label_smoothing=label_smoothing) if labels is not None else None

@@ -62,6 +62,10 @@ class EncoderDecoder(nn.Module):
             as Hugging Face's seq2seq labels), -100 at padding.
         return_logits: with labels, False computes the loss chunk by chunk and returns logits=None.
         """
+        width = self.decoder.embeddings.token.embedding_dim
+        if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[-1] != width:
+            raise InputError(f"memory has shape {tuple(getattr(memory, 'shape', ()))}; decode reads the encoder's "
+                             f"output (B, S, {width}): pass what encode() returned")
         if tgt_ids.dim() == 2 and tgt_ids.shape[0] != memory.shape[0]:
             raise InputError(
                 f"the target batch has {tgt_ids.shape[0]} sequences but the source batch {memory.shape[0]}; "

@@ -74,7 +74,12 @@ class TransformerStack(nn.Module):
         length = input_ids.shape[1]
         if position_ids is None:
             position_ids = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)  # (1, T)
+        else:
+            _check_position_ids(position_ids, input_ids.shape)
         self.embeddings.check_positions(position_ids)
+        if cache is not None and cache.batch_size != input_ids.shape[0]:
+            raise InputError(f"the KV cache was allocated for {cache.batch_size} sequences but input_ids holds "
+                             f"{input_ids.shape[0]}; allocate one with batch_size={input_ids.shape[0]}")
         attention_mask = _check_mask(attention_mask, input_ids.shape[0], start + length, "attention_mask")
         if document_ids is not None and (cache is not None or document_ids.shape != input_ids.shape):
             raise InputError(f"document_ids has shape {tuple(document_ids.shape)}: a packed row's documents need one "
@@ -153,6 +158,17 @@ class TransformerStack(nn.Module):
         return prefix_len
 
 
+def _check_position_ids(position_ids: Tensor, ids_shape: torch.Size) -> None:
+    """Positions a caller gives: integers (B or 1, T) for ids (B, T), counted from 0."""
+    batch, length = ids_shape
+    if (position_ids.is_floating_point() or position_ids.dim() != 2 or position_ids.shape[1] != length
+            or position_ids.shape[0] not in (1, batch)):
+        raise InputError(f"position_ids has shape {tuple(position_ids.shape)} and dtype {position_ids.dtype}; give "
+                         f"integer positions ({batch}, {length}) or (1, {length}), one per token")
+    if has_values(position_ids) and int(position_ids.min()) < 0:
+        raise InputError(f"position_ids holds position {int(position_ids.min())}; positions count from 0")
+
+
 def _check_mask(mask: Tensor | None, batch: int, expected_len: int, name: str) -> Tensor | None:
     """Validate a (B, S) padding mask and return it as bool; None stays None."""
     if mask is None:
@@ -162,6 +178,10 @@ def _check_mask(mask: Tensor | None, batch: int, expected_len: int, name: str) -
             f"{name} has shape {tuple(mask.shape)} but ({batch}, {expected_len}) is needed: one entry per "
             f"token (including cached ones), 1 for real tokens and 0 for padding"
         )
+    if mask.dtype != torch.bool and has_values(mask) and not bool(((mask == 0) | (mask == 1)).all()):
+        other = mask[(mask != 0) & (mask != 1)][0].item()
+        raise InputError(f"{name} holds values other than 0 and 1 (such as {other}): it marks real tokens 1 and "
+                         f"padding 0, and is no additive bias; from a bias with 0 at real tokens, give (bias == 0)")
     mask = mask.bool()
     if has_values(mask) and not bool(mask.any(dim=1).all()):
         raise InputError(f"{name} marks every token of some sequence as padding; each needs a real token")
