@@ -15,6 +15,8 @@ import math
 import statistics
 from pathlib import Path
 
+from matplotlib import ticker
+
 from attnkit.config import ModelConfig
 from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
@@ -51,8 +53,9 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
 
     fig, axes = new_figure(11, 3.6, ncols=2)
     for score, losses in curves.items():
-        axes[0].plot(running_mean(losses, window=25), label=score)
+        axes[0].plot(range(1, len(losses) + 1), running_mean(losses, window=25), label=score)
     axes[0].set(xlabel="step", ylabel="training loss (mean of 25 steps)", title="same block, four scores (seed 0)")
+    axes[0].xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # steps are counted from 1
     fit_value_axis(axes[0], "level")
     axes[0].legend()
     names = [r["score"] for r in rows]
