@@ -220,3 +220,27 @@ def test_cli_reports_bad_kind_and_missing_tokenizer(tmp_path: Path, capsys: pyte
     assert "invalid choice: 'nope' (choose from 'char', 'bpe')" in capsys.readouterr().err
     assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path), "--text", "x"]) == 2
     assert "tokenizer.json" in capsys.readouterr().err
+
+
+def test_tokenizer_train_refuses_an_empty_corpus_and_a_vocab_size_for_char(tmp_path: Path, capsys) -> None:
+    """An empty file trained a BPE of the 256 bytes alone and said nothing; --vocab-size with --kind char was
+    ignored without a word (as `attnkit train` refuses it)."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    assert main(["tokenizer", "train", "--data", str(empty), "--out", str(tmp_path / "t")]) == 2
+    assert "the training text is empty" in capsys.readouterr().err and not (tmp_path / "t").exists()
+    with pytest.raises(InputError, match="the training text is empty"):
+        train_tokenizer("bpe", ["", ""], vocab_size=300)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(TRAINING_TEXT), encoding="utf-8")
+    assert main(["tokenizer", "train", "--data", str(text), "--kind", "char", "--vocab-size", "100",
+                 "--out", str(tmp_path / "c")]) == 2
+    assert "--vocab-size 100 sets the size of a BPE" in capsys.readouterr().err
+
+
+def test_a_bpe_smaller_than_asked_is_said(caplog) -> None:
+    """Merges need pairs seen twice or more: a short text gives fewer tokens than --vocab-size asks."""
+    with caplog.at_level("WARNING", logger="attnkit.tokenize"):
+        tok = train_bpe(["hello world"], vocab_size=5000)
+    assert tok.vocab_size < 5000
+    assert f"{tok.vocab_size} tokens of the 5,000 asked" in caplog.text

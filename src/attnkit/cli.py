@@ -184,7 +184,8 @@ class TokenizerTrainSettings:
     out: str  # directory to save the tokenizer in
     data: tuple[str, ...] = ()  # files, folders or globs; none: the Python standard library's source
     kind: Literal["char", "bpe"] = "bpe"  # char: one token per character; bpe: byte-level BPE
-    vocab_size: int = BPE_VOCAB_SIZE  # BPE vocabulary size, special tokens included (as train's --vocab-size)
+    vocab_size: int | None = None
+    """BPE vocabulary size, special tokens included; none: train's default --vocab-size (2048)"""
     max_bytes: int | None = None  # read at most about this many bytes of the corpus
     encoding_errors: EncodingErrors = "strict"  # strict: a file that is not UTF-8 is an error; replace: U+FFFD
     overwrite: bool = False  # replace a tokenizer saved there before
@@ -196,13 +197,17 @@ def _run_tokenizer_train(settings: TokenizerTrainSettings) -> int:
     from attnkit.tokenize import META_FILE, train_tokenizer
 
     out = Path(settings.out)
+    if settings.kind != "bpe" and settings.vocab_size is not None:
+        raise InputError(f"--vocab-size {settings.vocab_size} sets the size of a BPE, and --kind {settings.kind} has "
+                         "its own vocabulary (a char tokenizer's is the text's characters): drop --vocab-size, or use "
+                         "--kind bpe")
     _refuse_run_tokenizer(out)
     if settings.overwrite and out.is_dir() and any(out.iterdir()) and not (out / META_FILE).is_file():
         raise InputError(f"--out {out} holds files and no tokenizer attnkit saved ({META_FILE}); --overwrite "
                          "replaces only a tokenizer: choose another --out")
     check_output(out, directory=True, overwrite=settings.overwrite)
     files = resolve_files(list(settings.data) or None, max_bytes=settings.max_bytes)
-    tok = train_tokenizer(settings.kind, files, vocab_size=settings.vocab_size,
+    tok = train_tokenizer(settings.kind, files, vocab_size=settings.vocab_size or BPE_VOCAB_SIZE,
                           encoding_errors=settings.encoding_errors)
     with atomic_output(out, directory=True, overwrite=settings.overwrite) as partial:
         tok.save(partial)

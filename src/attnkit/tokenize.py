@@ -486,7 +486,9 @@ def train_bpe(
     min_frequency: int = 2,
     show_progress: bool = False,
 ) -> HFTokenizer:
-    """Train a byte-level BPE (GPT-2's scheme: the 256 bytes are the base alphabet, so nothing is unknown)."""
+    """Train a byte-level BPE (GPT-2's scheme: the 256 bytes are the base alphabet, so nothing is unknown).
+    Raises InputError for texts that are all empty; a vocabulary smaller than `vocab_size` (too few pairs seen twice
+    in a short text) is logged."""
     from tokenizers import Tokenizer as _HF
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -504,9 +506,20 @@ def train_bpe(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
     )
-    pieces = (piece for text in texts for piece in split_text(text, 1 << 20))  # flat memory on large files
-    tok.train_from_iterator(pieces, trainer)
+    seen = [0]  # characters read
+
+    def pieces() -> Iterable[str]:  # flat memory on large files
+        for text in texts:
+            seen[0] += len(text)
+            yield from split_text(text, 1 << 20)
+
+    tok.train_from_iterator(pieces(), trainer)
+    if not seen[0]:
+        raise InputError("the training text is empty: a BPE learns its merges from text; give files that hold some")
     log.info("trained byte-level BPE: %d tokens", tok.get_vocab_size())
+    if tok.get_vocab_size() < vocab_size:
+        log.warning("the BPE has %d tokens of the %s asked: its text holds no more pairs seen twice to merge; give "
+                    "more text, or a smaller vocab_size", tok.get_vocab_size(), f"{vocab_size:,}")
     return HFTokenizer(tok, kind="bpe", specials=specials)
 
 
