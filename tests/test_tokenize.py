@@ -220,6 +220,9 @@ def test_cli_reports_bad_kind_and_missing_tokenizer(tmp_path: Path, capsys: pyte
     assert "invalid choice: 'nope' (choose from 'char', 'bpe')" in capsys.readouterr().err
     assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path), "--text", "x"]) == 2
     assert "tokenizer.json" in capsys.readouterr().err
+    CharTokenizer.from_texts(["abc"]).save(tmp_path / "run" / "tokenizer")  # a run holds its tokenizer in a folder
+    assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path / "run"), "--text", "x"]) == 2
+    assert f"give its tokenizer folder, {tmp_path / 'run' / 'tokenizer'}" in capsys.readouterr().err
 
 
 def test_tokenizer_train_refuses_an_empty_corpus_and_a_vocab_size_for_char(tmp_path: Path, capsys) -> None:

@@ -471,6 +471,9 @@ def load_tokenizer(directory: str | os.PathLike) -> CharTokenizer | HFTokenizer:
     if not (directory / META_FILE).is_file():
         if (directory / HF_FILE).is_file():
             return HFTokenizer.from_dir(directory)
+        inner = directory / "tokenizer"
+        if (inner / META_FILE).is_file() or (inner / HF_FILE).is_file():
+            raise InputError(f"no tokenizer in {directory} itself (a run?): give its tokenizer folder, {inner}")
         raise InputError(
             f"no tokenizer in {directory}: expected {META_FILE} (saved by attnkit) or {HF_FILE} (Hugging Face)"
         )
