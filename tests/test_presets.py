@@ -15,6 +15,7 @@ LARGE = [name for name in presets.names() if not name.endswith("-tiny")]
 def test_published_parameter_counts():
     assert count_parameters(presets.get("gpt2-124m")) == 124_439_808  # tied embeddings, as GPT2LMHeadModel
     assert count_parameters(presets.get("llama2-7b")) == 6_738_415_616
+    assert count_parameters(presets.get("bert-base", encoder_head="none")) == 109_482_240  # BertModel, its pooler too
 
 
 def test_every_family_has_a_tiny_preset():

@@ -56,7 +56,8 @@ _RECURRENT_TINY = dict(vocab_size=512, hidden_size=64, embedding_dim=32, n_layer
 PRESETS: dict[str, dict[str, Any]] = {
     "vaswani-base": _VASWANI,
     "gpt2-124m": _GPT2,
-    "bert-base": _BERT,
+    # BERT's segment (A/B) embeddings, LayerNorm after the embeddings and pooler: BertModel's 109,482,240 weights
+    "bert-base": {**_BERT, "type_vocab_size": 2, "embedding_norm": True, "pooler": True},
     "llama-7b": _LLAMA,
     "llama2-7b": {**_LLAMA, "max_seq_len": 4096, "norm_eps": 1e-5},
     "llama2-70b": {
