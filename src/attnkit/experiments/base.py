@@ -147,11 +147,6 @@ class Check:
                     f"{self.unit} at this budget to tell)")
         return f"a larger budget (more {self.unit}, sizes or steps)"
 
-    def describe(self) -> str:
-        if self.basis == "not a measurement":
-            return f"{self.what}: {'yes' if self.difference > 0 else 'no'}"
-        return f"{self.what}: {self.difference:+.4g} +- {self.noise:.2g} ({self.basis}), {self.outcome}"
-
 
 def verdict_of(checks: Sequence[Check]) -> tuple[Verdict, str]:
     """The verdict the checks support, and a sentence saying why (the rule is in this module's docstring)."""
