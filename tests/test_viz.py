@@ -337,3 +337,18 @@ def test_a_draw_that_fails_leaves_the_folder_as_it_was(runs, tmp_path, monkeypat
     with pytest.raises(Exception, match="No space left|space"):
         run_viz(VizSettings(run=str(runs["decoder"]), text="the dog", per_head=False, out=str(out)))
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder-decoder"])
+def test_a_text_longer_than_the_context_is_refused_as_generation_refuses_it(tokenizer, tmp_path, family):
+    """Rotary positions would let the model read 100 tokens, but it was built (and trained) for 96: the picture
+    would show attention it never computes in use. `attnkit generate` refuses such a prompt; so does viz."""
+    model, config = _model(tokenizer, family, position="rope")
+    save_model(model, config, tmp_path)
+    tokenizer.save(tmp_path / "tokenizer")
+    long_text = " ".join([TEXT] * 12)
+    assert len(tokenizer.encode(long_text)) > config.max_seq_len
+    target = {"target": "the dog"} if family == "encoder-decoder" else {}
+    with pytest.raises(InputError, match=r"tokens; this model reads at most 96 \(max_seq_len\): shorten"):
+        run_viz(VizSettings(run=str(tmp_path), text=long_text, out=str(tmp_path / "viz"), **target))
+    assert not (tmp_path / "viz").exists()

@@ -44,14 +44,17 @@ def attention_maps(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
     max_length: int = 64,
+    context: int | None = None,
 ) -> list[AttentionMaps]:
     """The attention of `model` over `text`, one `AttentionMaps` per kind it has (self, causal, cross).
 
     For a translation model `text` is the source and `target` its translation, or with `translate=True` the
     model's own greedy translation (at most `max_length` tokens: BOS and they must fit the model's context), whose
     last row is labelled with what the model writes next (EOS, unless cut short). `layers` and `heads` pick model
-    indices (default all). Raises `InputError` for an empty text, a layer or head out of range, a model without
-    attention, or a target/translate for a model that does not translate.
+    indices (default all). `context`: the model's max_seq_len, where the tokens it reads (the text as framed, the
+    source with EOS, the target with BOS) must fit, as generation holds a prompt to it.
+    Raises `InputError` for an empty text, a text longer than `context`, a layer or head out of range, a model
+    without attention, or a target/translate for a model that does not translate.
     """
     if not isinstance(text, str) or not text.strip():
         raise InputError("the text is empty; give a text whose attention to draw (--text \"...\")")
@@ -76,6 +79,7 @@ def attention_maps(
         source, decoder_input = pair.source, pair.decoder_input
         tokens = {"self": (source, source), "causal": (decoder_input, decoder_input),
                   "cross": (pair.predicted, source)}
+        _check_fits(context, source=source, target=decoder_input)
         src, tgt = torch.tensor([source], device=device), torch.tensor([decoder_input], device=device)  # (1, S), (1, T)
         run = partial(model, src, tgt)
     else:
@@ -85,6 +89,7 @@ def attention_maps(
                 tokenizer.bos_id, tokenizer.eos_id)
             ids = [i for i in (first, *ids, last) if i is not None]
         tokens = {"self": (ids, ids), "causal": (ids, ids)}
+        _check_fits(context, text=ids)
         inputs = torch.tensor([ids], device=device)
         run = partial(model, inputs)
     chosen = _choose(sites, layers, heads)
@@ -94,6 +99,14 @@ def attention_maps(
         tokens["cross"] = ([*pair.written, int(output.logits[0, -1].argmax())], pair.source)
     return [_maps(kind, captured, [s for s in chosen if s.kind == kind], tokens[kind], tokenizer, heads)
             for kind in ("self", "causal", "cross") if any(s.kind == kind for s in chosen)]
+
+
+def _check_fits(context: int | None, **sequences: list[int]) -> None:
+    """InputError naming the first of `sequences` (name -> ids the model reads) longer than `context`."""
+    for name, ids in sequences.items():
+        if context is not None and len(ids) > context:
+            raise InputError(f"the {name} has {len(ids)} tokens; this model reads at most {context} (max_seq_len): "
+                             f"shorten it")
 
 
 def _choose(sites: list[AttentionSite], layers: Sequence[int] | None, heads: Sequence[int] | None):
