@@ -47,6 +47,41 @@ def test_rope_at_position_zero_is_identity_and_differs_elsewhere():
     assert not torch.allclose(_rotate(x, 3, rope), x)
 
 
+def _lecture_rope(x: torch.Tensor, m: int, theta: float = 10000.0) -> torch.Tensor:
+    """The lecture's R_{Theta,m} x: consecutive pairs (x_{2i-1}, x_{2i}) turned by m theta_i, theta_i =
+    theta^(-2(i-1)/d): x * cos + (-x_2, x_1, -x_4, x_3, ..) * sin (Su et al. 2021, equation 34)."""
+    d = x.shape[-1]
+    angles = m * theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    cos, sin = angles.cos().repeat_interleave(2), angles.sin().repeat_interleave(2)  # (d,)
+    swapped = torch.stack((-x[1::2], x[0::2]), dim=-1).flatten()  # (-x2, x1, -x4, x3, ...)
+    return x * cos + swapped * sin
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.integers(0, 300), dim=st.sampled_from([2, 8, 16]), seed=st.integers(0, 1000))
+def test_rope_is_the_lectures_rotation_with_its_pairs_laid_out_in_halves(m, dim, seed):
+    """attnkit pairs dimension i with i + D/2 (the layout of Hugging Face's Llama checkpoints), the lecture pairs
+    2i with 2i + 1: the same rotation once the dimensions are reordered (0, D/2, 1, D/2 + 1, ...)."""
+    x = torch.randn(dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    interleaved = torch.stack((torch.arange(dim // 2), torch.arange(dim // 2, dim)), dim=-1).flatten()
+    ours = _rotate(x, m, RotaryEmbedding(dim).double())
+    torch.testing.assert_close(ours[interleaved], _lecture_rope(x[interleaved], m), atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=10, deadline=None)
+@given(k=st.integers(1, 40), layout=st.sampled_from(["interleaved", "halves"]))
+def test_sinusoidal_encoding_at_pos_plus_k_is_a_linear_function_of_pos(k, layout):
+    """The lecture's motivation for sinusoids: PE(pos + k) = M_k PE(pos) for one matrix M_k and every pos. M_k is
+    fitted on every third position up to 3000 (long enough for the slowest frequency to turn) and must map the
+    positions in between as well."""
+    encode = SinusoidalPositions(8, layout=layout).double()
+    pe = encode(torch.arange(3000 + k)[None])[0]  # (3000 + k, C)
+    seen, unseen = torch.arange(0, 3000, 3), torch.arange(1, 3000, 3)
+    shift = torch.linalg.lstsq(pe[seen], pe[seen + k]).solution  # (C, C): PE(pos) @ shift = PE(pos + k)
+    torch.testing.assert_close(pe[unseen] @ shift, pe[unseen + k], atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(pe[unseen], pe[unseen + k], atol=1e-2)  # the shift is no identity
+
+
 def test_sinusoidal_matches_the_paper_formula():
     d_model = 16
     pe = SinusoidalPositions(d_model)(torch.arange(50)[None])[0]
