@@ -1,5 +1,6 @@
-"""Every fast linear and attention path equals its reference on drawn shapes (odd and prime widths, 1 to 17 rows,
-inputs at offsets), under this CPU's own kernels and under its AVX2 kernels. The paths run in a subprocess
+"""Every fast linear and attention path equals its reference on drawn shapes (odd and prime widths, 1 to 17 rows, 1 to
+64 for the native quantized layers traced as a captured step traces them, inputs at offsets), under this CPU's own
+kernels and under its AVX2 kernels. The paths run in a subprocess
 (`fast_paths.py`), so a kernel that crashes fails the test and names the case instead of ending the run."""
 
 from __future__ import annotations
