@@ -182,6 +182,17 @@ def test_fill_mask_on_the_command_line(tmp_path, capsys):
     assert [bool(line) for line in lines] == [True, True, False, True]
 
 
+
+def test_masked_lm_eval_of_a_file_shorter_than_a_window_names_the_file_and_window(tmp_path, capsys):
+    """The refusal spoke of the training data ('the val split', --data, --seq-len), none of them eval's."""
+    _masked_lm_run(tmp_path / "mlm", CharTokenizer.from_texts(["abcdef"]))
+    (tmp_path / "short.txt").write_text("abcab", encoding="utf-8")
+    assert cli.main(["eval", str(tmp_path / "mlm"), "--data", str(tmp_path / "short.txt")]) == 2
+    assert (f"{tmp_path / 'short.txt'} holds 5 tokens, fewer than a window of 16 needs (15): give a longer file, or "
+            "--window 6 or less") in capsys.readouterr().err
+    assert cli.main(["eval", str(tmp_path / "mlm"), "--data", str(tmp_path / "short.txt"), "--window", "6",
+                     "--out", str(tmp_path / "eval")]) == 0
+
 # Training-time and offline evaluation: one loop, the same numbers -----------------------------------------------
 def _last_eval(run: Path) -> dict:
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"][-1]

@@ -420,6 +420,10 @@ def _masked_lm_report(ctx: EvalContext) -> EvalReport:
     rows = []
     for path in ctx.files:
         ids = ctx.tokenizer.encode(read_text(path, errors=ctx.settings.encoding_errors))
+        if len(ids) < masking.window + 1:  # a window's stream tokens, and one after them (`LMData` windows)
+            fix = f"or --window {len(ids) + 1} or less" if len(ids) >= 2 else "(the shortest window, 3, needs 2)"
+            raise InputError(f"{path} holds {len(ids)} tokens, fewer than a window of {seq_len} needs "
+                             f"({masking.window + 1}): give a longer file, {fix}")
         stream = LMData(np.asarray(ids, dtype=np.int64), n_train=0)  # all of it is the split scored
         scores = masked_lm_scores(ctx.model, masked_batches(stream, masking, batch_size=ctx.settings.batch_size,
                                                             seed=ctx.settings.seed, max_batches=None))
