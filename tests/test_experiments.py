@@ -395,3 +395,19 @@ def test_ab_task_tests_each_seed_on_its_own_sequences(tmp_path, monkeypatch):
     first, second = drawn[:per_seed], drawn[per_seed:]
     assert first[: per_seed // 2] == first[per_seed // 2:]  # the two models of a seed: the same sequences
     assert not {seed for _, seed in first} & {seed for _, seed in second}  # the two seeds: different ones
+
+
+def test_out_may_name_the_current_folder_or_its_parent(tmp_path, monkeypatch):
+    """--out . failed with a ValueError traceback (a path with an empty name has no sibling to write into)."""
+    from attnkit.experiments.base import Check, Experiment, Result
+
+    def run(budget, out, progress, *, seeds):
+        return Result([Check.over("x", [1.0, 1.1])], "measured", "1.05", [{"x": 1.05}])
+
+    monkeypatch.setitem(REGISTRY, "fake", Experiment("fake", "a claim", "a lecture", run))
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    run_experiment("fake", budget="tiny", out=".")
+    run_experiment("fake", budget="tiny", out="..")
+    assert (tmp_path / "sub" / "results.json").is_file() and (tmp_path / "results.json").is_file()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["results.json", "sub", "table.md"]

@@ -189,7 +189,7 @@ def files_into(path: str | Path, *, first: tuple[str, ...] = (), flag: str = "--
     A file is published whole; the set is published by one rename a file, at the end, after all the work. A file
     where `path` is to be is refused as `check_output` refuses it (InputError naming `flag` and the fix); OS
     failures are CheckpointErrors naming `path`."""
-    path = Path(path)
+    path = Path(os.path.abspath(path))  # "." and ".." named: the sibling is named after the folder they stand for
     with writing(path, note=f"; nothing was written to {path}"):
         path.parent.mkdir(parents=True, exist_ok=True)
         check_output(path, directory=True, overwrite=True, flag=flag)
