@@ -247,3 +247,22 @@ def test_a_bpe_smaller_than_asked_is_said(caplog) -> None:
         tok = train_bpe(["hello world"], vocab_size=5000)
     assert tok.vocab_size < 5000
     assert f"{tok.vocab_size} tokens of the 5,000 asked" in caplog.text
+
+
+
+def test_bpe_learns_what_hugging_faces_own_byte_level_trainer_learns() -> None:
+    """The `bpe` kind is Hugging Face's reference byte-level BPE (`ByteLevelBPETokenizer`, GPT-2's scheme) trained by
+    its own trainer on Tiny Shakespeare from the file: the same vocabulary, the same merges in the same order, the
+    same ids. (Hugging Face's file trainer reads a file a line at a time, so on a text whose whitespace runs cross
+    lines, such as indented code, its merges of those runs differ; attnkit reads the text whole, as it encodes it.)"""
+    from tokenizers import ByteLevelBPETokenizer
+
+    path = shared("tinyshakespeare", "input.txt")
+    ours = train_tokenizer("bpe", [path], vocab_size=1024)
+    theirs = ByteLevelBPETokenizer()
+    theirs.train([str(path)], vocab_size=1024, min_frequency=2, special_tokens=list(ours.specials.values()),
+                 show_progress=False)
+    ours_model, their_model = json.loads(ours.to_str())["model"], json.loads(theirs.to_str())["model"]
+    assert ours_model["vocab"] == their_model["vocab"] and ours_model["merges"] == their_model["merges"]
+    for text in ("To be, or not to be: unseen.", "日本 👩‍👧 한국어", "  two  spaces\r\n"):
+        assert ours.encode(text) == theirs.encode(text).ids
