@@ -186,3 +186,26 @@ def test_cli_train_draws_the_instruments_and_viz_redraws_them(tmp_path, monkeypa
     assert (out / "plots" / "instruments.png").is_file()
     assert main([*args[:4], str(tmp_path / "quiet"), *args[5:], "--no-instruments"]) == 0
     assert read_instruments(tmp_path / "quiet" / "metrics.jsonl") == []
+
+
+@pytest.mark.parametrize("attention", ["bahdanau", "luong-general"])
+def test_recurrent_entropy_covers_every_decoding_step_of_each_pass(attention):
+    """Bahdanau's decoder calls its attention once a decoding step: the instrument's first `max_calls` forward
+    passes are whole passes, every step of them, not the first `max_calls` steps of the first pass."""
+    from attnkit.models.recurrent import recurrent_seq2seq
+
+    torch.manual_seed(0)
+    model = recurrent_seq2seq(src_vocab_size=20, tgt_vocab_size=20, embedding_dim=8, hidden=12, encoder_hidden=12,
+                              n_layers=1, cell="gru", attention=attention, bidirectional=True).eval()
+    with torch.no_grad():
+        for parameter in model.decoder.attention.parameters():
+            parameter.mul_(8)  # sharp attention, whose entropy differs from step to step
+    batches = [(torch.randint(0, 20, (2, 7)), torch.randint(0, 20, (2, 6))) for _ in range(3)]
+    with torch.no_grad():
+        passes = [model(src, tgt, need_weights=True) for src, tgt in batches]
+        expected = [attention_entropy(out.attentions[0]["cross"]) for out in passes]  # every step of each pass
+        with measure_activations(model, max_calls=2) as measured:
+            for src, tgt in batches:
+                model(src, tgt)
+    assert_close(measured.summary()["attention_entropy/decoder.cross.0"], float(sum(expected[:2]) / 2), rtol=1e-5,
+                 atol=1e-6)

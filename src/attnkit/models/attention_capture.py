@@ -92,12 +92,14 @@ def recompute_attention(
     sites: Sequence[AttentionSite] | None = None,
     max_calls: int | None = None,
 ) -> Iterator[None]:
-    """While active, every call of a chosen site's module (its first `max_calls` calls, when given) passes its
-    weights (B, H, T, S) to `on_weights`.
+    """While active, every call of a chosen site's module (within its first `max_calls` passes, when given) passes
+    its weights (B, H, T, S) to `on_weights`.
 
     Transformer attention is called again on the same inputs with `need_weights=True` (without gradients); a call
     through a KV cache (a decoding step) is left out, since calling it again would append its keys twice. A
-    recurrent decoder's attention computes its weights anyway, and they are passed on as they are.
+    recurrent decoder's attention computes its weights anyway, and they are passed on as they are; Bahdanau's
+    decoder calls it once a decoding step, so its passes are counted as its decoder's calls, and every step of
+    the first `max_calls` passes is passed on.
     """
     reentered = False
     calls: dict[AttentionSite, int] = defaultdict(int)
@@ -105,13 +107,13 @@ def recompute_attention(
     def hook_for(site: AttentionSite):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output) -> None:
             nonlocal reentered
-            if reentered or (max_calls is not None and calls[site] >= max_calls):
+            if reentered:
                 return
             if isinstance(module, SourceAttention):
-                calls[site] += 1
-                on_weights(site, output[1])
+                if max_calls is None or calls[site] <= max_calls:  # calls: its decoder's, counted as they begin
+                    on_weights(site, output[1])
                 return
-            if kwargs.get("cache") is not None:
+            if (max_calls is not None and calls[site] >= max_calls) or kwargs.get("cache") is not None:
                 return
             calls[site] += 1
             weights = output[1]
@@ -126,8 +128,17 @@ def recompute_attention(
 
         return hook
 
-    handles = [s.module.register_forward_hook(hook_for(s), with_kwargs=True)
-               for s in (attention_sites(model) if sites is None else sites)]
+    def count_pass(site: AttentionSite):
+        def pre_hook(module: nn.Module, args: tuple) -> None:
+            calls[site] += 1
+
+        return pre_hook
+
+    chosen = attention_sites(model) if sites is None else sites
+    handles = [s.module.register_forward_hook(hook_for(s), with_kwargs=True) for s in chosen]
+    owners = {id(child): module for module in model.modules() for child in module.children()}
+    handles += [owners.get(id(s.module), s.module).register_forward_pre_hook(count_pass(s))
+                for s in chosen if isinstance(s.module, SourceAttention)]
     try:
         yield
     finally:

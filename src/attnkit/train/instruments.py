@@ -31,9 +31,10 @@ class Activations:
         self._sums: dict[str, float] = defaultdict(float)
         self._counts: dict[str, int] = defaultdict(int)
 
-    def add(self, key: str, measure: Callable[[], Tensor]) -> None:
-        """Count `measure()` under `key` unless `max_calls` values are counted already (then it is not called)."""
-        if self._counts[key] < self.max_calls:
+    def add(self, key: str, measure: Callable[[], Tensor], *, limited: bool = True) -> None:
+        """Count `measure()` under `key` unless `max_calls` values are counted already (then it is not called);
+        `limited=False`: always, for values their source already limits to `max_calls` passes."""
+        if not limited or self._counts[key] < self.max_calls:
             self._sums[key] += float(measure())
             self._counts[key] += 1
 
@@ -52,8 +53,8 @@ def measure_activations(model: nn.Module, *, max_calls: int = 4) -> Iterator[Act
     """While active, the first `max_calls` forward passes of each block and attention site are measured."""
     measured = Activations(max_calls)
 
-    def on_weights(site: AttentionSite, weights: Tensor) -> None:
-        measured.add(f"attention_entropy/{site.name}", lambda: attention_entropy(weights))
+    def on_weights(site: AttentionSite, weights: Tensor) -> None:  # the first max_calls passes' (each step's of them)
+        measured.add(f"attention_entropy/{site.name}", lambda: attention_entropy(weights), limited=False)
 
     def residual_hook(name: str):
         def hook(module: nn.Module, args: tuple, output: tuple[Tensor, dict]) -> None:
