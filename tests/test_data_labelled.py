@@ -66,6 +66,7 @@ def test_label_vocab_sorting_saving_and_unknown_labels(tmp_path: Path) -> None:
     vocab = LabelVocab.from_labels(["10", "2", "1", "2"])
     assert vocab.labels == ("1", "2", "10")
     assert LabelVocab.from_labels(["pos", "neg"]).labels == ("neg", "pos")
+    assert LabelVocab.from_labels(["²", "1"]).labels == ("1", "²")  # a digit int() cannot read: sorted as text
     vocab.save(tmp_path / "labels.json")
     assert LabelVocab.load(tmp_path / "labels.json") == vocab
     assert vocab.encode("10") == 2 and vocab.decode(2) == "10"

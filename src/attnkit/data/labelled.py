@@ -68,7 +68,7 @@ class LabelVocab:
         unique = set(labels)
         if order is not None and set(order) == unique and len(order) == len(unique):
             return cls(tuple(order))
-        numeric = all(label.lstrip("-").isdigit() for label in unique)
+        numeric = all(label.lstrip("-").isdecimal() for label in unique)  # what int() reads (not '²')
         return cls(tuple(sorted(unique, key=(lambda s: (int(s), s)) if numeric else None)))
 
     def __len__(self) -> int:
