@@ -17,6 +17,18 @@ def test_binary_file_is_a_clear_error(tmp_path: Path) -> None:
         read_text(path)
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
+def test_a_utf16_or_utf32_file_is_named_so_with_the_conversion(tmp_path: Path, encoding: str) -> None:
+    """Excel's 'Unicode text' and Windows tools write UTF-16 with a byte-order mark: its NUL bytes read as 'a binary
+    file', which it is not."""
+    path = tmp_path / "export.tsv"
+    path.write_bytes((b"\xfe\xff" if encoding == "utf-16-be" else b"") + "text\tlabel\n".encode(encoding))
+    kind = "UTF-32" if encoding == "utf-32" else "UTF-16"
+    with pytest.raises(InputError, match=rf"export.tsv is {kind} text \(its byte-order mark says so\); attnkit reads "
+                                         rf"UTF-8: convert it \(iconv -f {kind} -t UTF-8\)"):
+        read_text(path)
+
+
 def test_undecodable_bytes_name_file_and_offset_or_are_replaced(tmp_path: Path) -> None:
     path = tmp_path / "latin1.txt"
     path.write_bytes("café au lait".encode("latin-1"))

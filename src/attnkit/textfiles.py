@@ -17,6 +17,8 @@ EncodingErrors = Literal["strict", "replace"]
 
 
 REPLACE_FIX = "convert the file to UTF-8, or pass --encoding-errors replace to substitute U+FFFD"
+# byte-order marks of wider encodings (UTF-32's first: its little-endian mark begins as UTF-16's does)
+WIDE_MARKS = (("UTF-32", (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")), ("UTF-16", (b"\xff\xfe", b"\xfe\xff")))
 
 
 def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict", fix: str = REPLACE_FIX) -> str:
@@ -26,6 +28,10 @@ def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict", f
     `errors="strict"`, for bytes that are not UTF-8, then `fix` (a file a command reads with no --encoding-errors
     names its own); `errors="replace"` turns those into U+FFFD.
     """
+    wide = next((name for name, marks in WIDE_MARKS if data.startswith(marks)), None)
+    if wide is not None:
+        raise InputError(f"{name} is {wide} text (its byte-order mark says so); attnkit reads UTF-8: convert it "
+                         f"(iconv -f {wide} -t UTF-8)")
     nul = data.find(b"\x00")
     if nul >= 0:
         raise InputError(f"{name} looks like a binary file (NUL byte at offset {nul}); attnkit reads UTF-8 text")
