@@ -411,3 +411,13 @@ def test_out_may_name_the_current_folder_or_its_parent(tmp_path, monkeypatch):
     run_experiment("fake", budget="tiny", out="..")
     assert (tmp_path / "sub" / "results.json").is_file() and (tmp_path / "results.json").is_file()
     assert sorted(path.name for path in tmp_path.iterdir()) == ["results.json", "sub", "table.md"]
+
+
+def test_compute_multiplier_in_words_says_more_compute_below_one():
+    """A multiplier of 0.5 read '0.5x less compute' (it is twice as much)."""
+    from attnkit.experiments.transformer_plus_plus import compute_saved
+
+    assert compute_saved(7.14, False) == "7.1x less compute"
+    assert compute_saved(3.0, True) == "at least 3.0x less compute"
+    assert compute_saved(0.5, False) == "2.0x more compute"
+    assert compute_saved(0.5, True) == "at most 2.0x more compute"

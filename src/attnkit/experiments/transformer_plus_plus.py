@@ -170,11 +170,10 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
 
     vaswani_flops = flops_to_reach(points["Vaswani-style"], target)
     (w0, n0), seeded_more = sizes[0], "".join(f" and {w} x {n}" for w, n in sizes[1:SEEDED_SIZES])
-    bound = "at least " if at_least else ""
-    key = (f"{bound}{multiplier:.1f}x less compute for validation loss {target:.3f}" if multiplier else
+    key = (f"{compute_saved(multiplier, at_least)} for validation loss {target:.3f}" if multiplier else
            "Transformer++ did not reach the Vaswani-style loss")
     reason = (f"the best Vaswani-style loss {target:.3f} takes {vaswani_flops:.3g} FLOPs; Transformer++ reaches it "
-              + (f"with {bound}{multiplier:.1f}x less compute" if multiplier else "at none of the sizes tried")
+              + (f"with {compute_saved(multiplier, at_least)}" if multiplier else "at none of the sizes tried")
               + f" (losses: mean of {seeds} seeds at {w0} x {n0}{seeded_more}, one seed above; one run's noise "
               f"+-{run_noise:.3g} nats, which the single-seed ablation rows must exceed to differ; the lectures' 10x "
               "is measured at far larger scale)")
@@ -198,6 +197,13 @@ def multiplier_check(points: dict[str, list[tuple[float, float]]], target: float
     check = Check(f"compute multiplier at the best Vaswani-style loss, minus {SEVERAL}", (multiplier or 0.0) - SEVERAL,
                   noise, basis)
     return check, multiplier, at_least
+
+
+def compute_saved(multiplier: float, at_least: bool) -> str:
+    """The compute multiplier in words: "7.1x less compute", "at least 3.0x less", "1.5x more" (below 1)."""
+    if multiplier >= 1:
+        return f"{'at least ' if at_least else ''}{multiplier:.1f}x less compute"
+    return f"{'at most ' if at_least else ''}{1 / multiplier:.1f}x more compute"
 
 
 def compute_multiplier(points: dict[str, list[tuple[float, float]]], target: float, *, shift: float = 0.0
