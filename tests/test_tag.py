@@ -106,6 +106,17 @@ def test_align_stops_encoding_once_no_word_fits():
     assert counting.words <= 2 * 64
 
 
+def test_words_past_the_context_are_said_to_count_as_o_not_as_mistakes(caplog):
+    """Scores give such a word O (right where its tag is O, an entity among them missed); the warning called them
+    mistakes, and, read by attnkit eval too, spoke of training."""
+    tokenizer = CharTokenizer.from_texts(["abcdefgh "])
+    with caplog.at_level("WARNING", logger="attnkit.tasks.tag"):
+        TaggedData.from_sentences([(["abc", "de", "fgh"], ["B-X", "O", "O"])], tokenizer,
+                                  label_vocab=LabelVocab(("B-X", "O")), max_len=8, batch_size=1)
+    assert "1 words lie beyond max_seq_len=8 pieces: the model does not read them, and scores count them as " \
+           "tagged 'O' (an entity among them missed)" in caplog.text
+
+
 def two_sentences_and_a_tagger(label_smoothing: float = 0.0) -> tuple[TaggedData, LabelVocab, torch.nn.Module]:
     """Two sentences of character pieces, labels on first pieces, and a tiny untrained tagger for them."""
     tokenizer = CharTokenizer.from_texts(["abcdefgh "])

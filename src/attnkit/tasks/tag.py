@@ -115,8 +115,9 @@ class TaggedData(BucketedData[TaggedBatch]):
         aligned = [align(tokenizer, words, [label_vocab.encode(t) for t in tags], max_len) for words, tags in sentences]
         cut = sum(f is None for a in aligned for f in a.firsts)
         if cut:
-            log.warning("%d words lie beyond max_seq_len=%d pieces and are left out of training (scored as "
-                        "mistakes); raise --seq-len / max_seq_len to keep them", cut, max_len)
+            log.warning("%d words lie beyond max_seq_len=%d pieces: the model does not read them, and scores count "
+                        "them as tagged %r (an entity among them missed); split long sentences, or train with a "
+                        "longer --seq-len / max_seq_len", cut, max_len, cut_off_label(label_vocab.labels))
         return cls(sentences, aligned, pad_id=require_id(tokenizer, "pad"), label_vocab=label_vocab, **kwargs)
 
     def collate(self, indices: Sequence[int]) -> TaggedBatch:
