@@ -190,3 +190,18 @@ def test_replot_refuses_the_options_of_a_run_it_would_ignore(tmp_path, capsys):
     assert main(["experiment", "--replot", str(tmp_path), "--budget", "full"]) == 2
     assert "--budget would be ignored; drop it" in capsys.readouterr().err
     assert main(["experiment", "--replot", str(tmp_path)]) == 0 and (tmp_path / "accuracy.png").exists()
+
+
+def test_position_plot_says_where_a_scheme_refused_longer_inputs(tmp_path, monkeypatch):
+    """The learned table's line stopped at the training length with nothing on the picture saying why."""
+    from attnkit.experiments import position_extrapolation
+
+    legends = []
+    monkeypatch.setattr(position_extrapolation, "save", lambda fig, path: legends.extend(
+        text.get_text() for ax in fig.axes for text in ax.get_legend().get_texts()))
+    rows = [{"position": "learned", "loss at 8": 4.4, "loss at 16": 4.3, "loss at 32": None, "loss at 64": None,
+             "refused": "position 31 is beyond max_seq_len=16"},
+            {"position": "alibi", "loss at 8": 4.4, "loss at 16": 4.3, "loss at 32": 4.3, "loss at 64": 4.3,
+             "refused": ""}]
+    position_extrapolation.plot(Stored(rows, [], "tiny", 2), tmp_path)
+    assert "learned (refuses past 16)" in legends and "alibi" in legends

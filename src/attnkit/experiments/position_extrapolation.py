@@ -61,7 +61,8 @@ def plot(stored: Stored, out: Path) -> list[str]:
     fig, ax = new_figure(8.5, 4.5)
     for index, row in enumerate(stored.rows):
         lengths = [n for n in s["lengths"] if row[f"loss at {n}"] is not None]
-        spread = series(ax, lengths, [row[f"loss at {n}"] for n in lengths], label=row["position"],
+        label = row["position"] + (f" (refuses past {lengths[-1]})" if row.get("refused") else "")
+        spread = series(ax, lengths, [row[f"loss at {n}"] for n in lengths], label=label,
                         seeds=stored.spread([(index, f"loss at {n}") for n in lengths]))
     ax.axvline(s["context"], color="grey", linestyle="--", linewidth=1)
     fit_value_axis(ax, "level")
