@@ -322,10 +322,7 @@ def load_config(directory: str | Path) -> ModelConfig:
                 f"continues it) or by moving the files in {replaced[-1].name} back into {directory}"
             )
         raise CheckpointError(f"{directory} has no {CONFIG_FILE}; is it a run directory (runs/NAME)?")
-    try:
-        return ModelConfig.from_json(directory / CONFIG_FILE)
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{directory / CONFIG_FILE} is not UTF-8 text; the file is damaged") from None
+    return ModelConfig.from_json(directory / CONFIG_FILE)  # checked: ConfigError naming the file's problem
 
 
 def load_model(
