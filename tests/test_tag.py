@@ -162,6 +162,31 @@ def test_scores_are_seqeval_entity_scores_and_word_accuracy():
     assert tag_scores([["NOUN", "VERB"]], [["NOUN", "NOUN"]], None) == {"accuracy": 0.5}
 
 
+@pytest.mark.parametrize("scheme, tags", [
+    ("BIO", ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]),
+    ("BIOES", ["O", "B-PER", "I-PER", "E-PER", "S-PER", "B-LOC", "I-LOC", "E-LOC", "S-LOC"]),
+])
+def test_entity_scores_equal_seqevals_on_drawn_sentences(scheme, tags):
+    """Per-sentence entity counts, summed (what training, eval and several ranks add up), give seqeval's corpus
+    precision, recall, F1 and accuracy, on drawn gold and predicted tags, broken transitions included."""
+    from seqeval.metrics import accuracy_score, f1_score, precision_score, recall_score
+
+    generator = torch.Generator().manual_seed(0)
+
+    def draw(n: int) -> list[str]:
+        return [tags[i] for i in torch.randint(0, len(tags), (n,), generator=generator).tolist()]
+
+    for _ in range(100):
+        gold = [draw(int(n)) for n in torch.randint(1, 9, (int(torch.randint(1, 6, (1,), generator=generator)),),
+                                                    generator=generator)]
+        predicted = [draw(len(words)) for words in gold]
+        ours = tag_scores(gold, predicted, scheme)
+        assert ours == pytest.approx({
+            "precision": precision_score(gold, predicted, zero_division=0),
+            "recall": recall_score(gold, predicted, zero_division=0),
+            "f1": f1_score(gold, predicted, zero_division=0), "accuracy": accuracy_score(gold, predicted)})
+
+
 @pytest.mark.slow  # 200 steps of a small encoder: a minute or two on an idle laptop CPU
 def test_a_tagger_trains_from_the_command_line_to_entity_f1_095(tmp_path, capsys):
     """The synthetic entity set of tests/tagging_data.py (closed lists of people, places and companies in six
