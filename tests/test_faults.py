@@ -273,7 +273,7 @@ def test_json_nested_too_deeply_is_one_line(tmp_path, capsys, deep):
     settings.write_text(deep)
     assert "is not valid JSON" in cli_error(capsys, "train", "--config", settings, "--out", tmp_path / "r")
     assert "nested too deeply" in cli_error(capsys, "train", "--set", f"lr={deep}", "--out", tmp_path / "r")
-    with pytest.raises(ConfigError, match="config is not valid JSON"):
+    with pytest.raises(ConfigError, match=r"settings.json is not valid JSON \(nested too deeply\)"):
         ModelConfig.from_json(settings)
 
 
