@@ -25,7 +25,7 @@ from attnkit import cli
 from attnkit.data import PairBatch
 from attnkit.errors import ConfigError
 from attnkit.train import TrainRequest, prepare
-from attnkit.train.distributed import Replicated, Sharded, World
+from attnkit.train.distributed import RankLost, Replicated, Sharded, SingleProcess, World
 from attnkit.train.state import load_checkpoint
 
 TINY = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "d_ff=64",
@@ -73,9 +73,11 @@ def test_two_ranks_of_b_follow_one_process_of_2b(tmp_path, single, task, shard, 
     and lm-ddp-accum2 are slow: lm-fsdp2-accum2 takes both paths)."""
     out = tmp_path / "run"
     done = torchrun(out, *TASKS[task], *TINY, "--batch-size", "4", "--grad-accum", str(accum), "--max-steps", "5",
-                    "--eval-every", "5", *(["--shard"] if shard else []))
+                    "--eval-every", "5", "--explain", *(["--shard"] if shard else []))
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{'FSDP2' if shard else 'DDP'} over 2 ranks (gloo): global batch {8 * accum} sequences" in done.stderr
+    # the training plan, printed once (rank 0), says how the ranks train
+    assert done.stderr.count(f"ranks        {'FSDP2' if shard else 'DDP'} over 2 ranks (gloo): ") == 1
     assert done.stdout.count("trained 5 steps") == 1  # rank 0 prints, rank 1 does not
     ranks, one = train_records(out), single[task, accum]
     assert [r["step"] for r in ranks] == [1, 2, 3, 4, 5]  # rank 0 alone writes metrics
@@ -239,6 +241,29 @@ def test_gradients_are_reduced_in_each_steps_last_micro_batch_only(tmp_path, mon
     assert per_step > 0 and reduced_in == [3] * per_step + [6] * per_step  # never before a step's last micro-batch
 
 
+def test_a_rank_lost_after_rank_0_saved_names_the_checkpoint_written(tmp_path, monkeypatch):
+    """The other rank dies while rank 0 writes (it waits at the barrier after the save): the checkpoint rank 0 has
+    written is whole, and is the one resuming takes, so the message names it rather than the one before."""
+
+    class LostAtBarrier(SingleProcess):
+        timeout = 30.0
+        lost = Replicated.lost
+
+        def barrier(self):
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]: Connection reset by peer")
+
+    monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (200, 16))
+    monkeypatch.setattr("attnkit.train.job._start", lambda world, settings, device: LostAtBarrier())
+    trainer = prepare(TrainRequest(
+        out=str(tmp_path), task="lm", overrides=["d_model=32", "n_layers=1", "n_heads=2", "d_ff=64", "max_seq_len=24"],
+        data={"data": ("synthetic:copy",), "eval_batches": 1},
+        settings=dict(max_steps=4, batch_size=2, eval_every=2), device="cpu", progress=False,
+    ))
+    with pytest.raises(RankLost, match=rf"The last checkpoint \(step 2\) in {re.escape(str(tmp_path))} is intact"):
+        trainer.fit()
+    assert load_checkpoint(tmp_path / "checkpoints" / "step_000002").step == 2
+
+
 def test_each_rank_takes_its_rows_of_the_global_batch():
     batch = (torch.arange(8)[:, None], torch.arange(8)[:, None] + 100)  # (B, 1) inputs and targets
     for rank in range(2):
@@ -253,3 +278,43 @@ def test_each_rank_takes_its_rows_of_the_global_batch():
 def test_ddp_refuses_master_weights():
     with pytest.raises(ConfigError, match="--shard"):
         Replicated(World(0, 0, 2), "cpu").precision("bf16-master", torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("flag", [["--shard"], ["--set", "shard=true"], ["--dist-timeout", "30"]])
+def test_distributed_options_in_one_process_are_refused(tmp_path, capsys, monkeypatch, flag):
+    """Without torchrun the run is one process: --shard would train unsharded and --dist-timeout bound nothing."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert cli.main(["train", "--out", str(tmp_path / "run"), *TASKS["lm"], *TINY, "--max-steps", "1", *flag]) == 2
+    err = capsys.readouterr().err
+    option = "--shard" if "shard" in " ".join(flag) else "--dist-timeout"
+    assert re.search(rf"attnkit: error: {option} .*one process.*torchrun --nproc-per-node", err), err
+    assert "Traceback" not in err and not (tmp_path / "run" / "checkpoints").exists()
+    # a saved run keeps its sharding on resume in one process (documented): only options given are refused
+    assert cli.main(["train", "--out", str(tmp_path / "one"), *TASKS["lm"], *TINY, "--max-steps", "1",
+                     "--no-shard"]) == 0
+
+
+def test_launch_variables_without_a_rendezvous_address_are_refused(tmp_path, capsys, monkeypatch):
+    """RANK and WORLD_SIZE set (a scheduler's) but not MASTER_ADDR and MASTER_PORT: named, never a traceback."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert cli.main(["train", "--out", str(tmp_path / "run"), *TASKS["lm"], *TINY, "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"attnkit: error: .*MASTER_ADDR.*torchrun", err) and "Traceback" not in err, err
+    assert not dist.is_initialized()
+
+
+def test_a_rank_that_never_joins_ends_the_wait_within_the_timeout(tmp_path):
+    """Rank 0 of 2 started alone: the rendezvous waits --dist-timeout seconds, then one line says who is missing."""
+    command = [sys.executable, "-m", "attnkit", "train", "--out", str(tmp_path / "run"), *TASKS["lm"], *TINY,
+               "--max-steps", "1", "--dist-timeout", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env={
+        **ENV, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port())})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert re.search(r"attnkit: error: rank 0: the ranks did not all join at 127\.0\.0\.1:\d+ within 2 s .*"
+                     r"WORLD_SIZE=2", done.stderr), done.stderr[-3000:]

@@ -77,6 +77,35 @@ def test_recurrent_models_and_shards_are_compiled_as_they_can_be():
     assert sharded.compile == "blocks" and "FSDP2" in sharded.explain()
 
 
+
+@pytest.mark.parametrize(("ranks", "sharded", "device", "said"), [
+    (1, False, "cpu", "ranks        one process: "),
+    (2, False, "cpu", "ranks        DDP over 2 ranks (gloo): "),
+    (8, True, "cuda", "ranks        FSDP2 over 8 ranks (nccl): "),
+])
+def test_plan_says_how_the_ranks_train(ranks, sharded, device, said):
+    plan = plan_training(_decoder(), family="decoder", device=device, ranks=ranks, sharded=sharded, free_memory=GIB)
+    assert said in plan.explain()
+
+
+def test_master_weights_under_fsdp2_are_its_mixed_precision():
+    """FSDP2 keeps no second bf16 model (distributed.py): the precision line says what runs."""
+    plan = plan_training(_decoder(), family="decoder", device="cuda", dtype="bf16-master", ranks=2, sharded=True,
+                         free_memory=GIB)
+    assert "FSDP2's mixed precision" in plan.explain() and "a bf16 copy" not in plan.explain()
+
+
+def test_a_sharded_run_resumed_in_one_process_is_planned_as_one(tmp_path):
+    """--shard is saved with the run; resumed without torchrun, nothing is sharded, so blocks are not compiled
+    for FSDP2 and the plan says one process."""
+    built = prepare(request(tmp_path / "run", max_steps=1, eval_every=1, batch_size=2))
+    trainer = Trainer(model=built.model, config=built.config, task=built.task, tokenizer=built.tokenizer,
+                      settings=dataclasses.replace(built.settings, shard=True, compile="model"),
+                      run_dir=tmp_path / "resumed")
+    assert trainer.parallel.size == 1 and trainer.plan.compile == "model"
+    text = trainer.plan.explain()
+    assert "ranks        one process" in text and "FSDP2" not in text, text
+
 def test_compile_setting_takes_its_choices_and_old_runs_booleans():
     assert TrainConfig().compile == "auto"
     assert TrainConfig.from_dict({"compile": True}).compile == "blocks"  # how runs saved it before the plan

@@ -38,7 +38,7 @@ import copy
 import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -108,6 +108,7 @@ class SingleProcess:
     """One process: the interface `Replicated` and `Sharded` implement, doing nothing distributed."""
 
     kind = "single process"
+    shards = False  # FSDP2: each rank holds a share of the weights (`Sharded`)
 
     def __init__(self, world: World = World(), device: torch.device | str = "cpu") -> None:
         self.rank, self.size, self.device = world.rank, world.size, torch.device(device)
@@ -189,7 +190,7 @@ class Replicated(SingleProcess):
 
     def __init__(self, world: World, device: torch.device | str, *, timeout: float = 600.0) -> None:
         super().__init__(world, device)
-        self.backend, self.timeout = _backend(self.device), timeout
+        self.backend, self.timeout = collective_backend(self.device), timeout
 
     def precision(self, dtype: str, model: nn.Module) -> FullPrecision:
         if dtype == "bf16-master":
@@ -277,6 +278,7 @@ class Sharded(Replicated):
     """FSDP2: `fully_shard` on every transformer block, then on the whole model (embeddings, final norm, head)."""
 
     kind = "FSDP2"
+    shards = True
 
     def __init__(self, world: World, device: torch.device | str, *, timeout: float = 600.0) -> None:
         super().__init__(world, device, timeout=timeout)
@@ -345,19 +347,60 @@ def start(world: World, *, shard: bool, timeout: float, device: torch.device) ->
     """
     if world.size == 1:
         return SingleProcess(world, device)
+    address = _rendezvous_address(world)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(
-            _backend(device), timeout=timedelta(seconds=timeout),
-            device_id=device if device.type == "cuda" else None,
-        )
+        try:
+            dist.init_process_group(
+                collective_backend(device), timeout=timedelta(seconds=timeout),
+                device_id=device if device.type == "cuda" else None,
+            )
+        except dist.DistError as err:  # the store's wait for the others (rank 0) or for rank 0 (the others) ran out
+            raise RankLost(
+                f"rank {world.rank}: the ranks did not all join at {address} within {timeout:g} s "
+                f"({str(err).splitlines()[0]}); start all WORLD_SIZE={world.size} ranks together (one torchrun "
+                "command per machine, the same --rdzv-endpoint or MASTER_ADDR:MASTER_PORT on each), or give them "
+                "longer with --dist-timeout"
+            ) from None
     if world.rank > 0:
         logging.getLogger("attnkit").setLevel(logging.WARNING)
     return (Sharded if shard else Replicated)(world, device, timeout=timeout)
 
 
-def _backend(device: torch.device) -> str:
+def refuse_rank_options(world: World, given: Mapping[str, Any]) -> None:
+    """A ConfigError for an option of several ranks set (`given`: the training settings the user gave) in one
+    process, where --shard would train unsharded and --dist-timeout bound no wait, both in silence. A saved run's
+    own settings are not given: a run trained with --shard resumes in one process."""
+    if world.size > 1:
+        return
+    for name, flag in (("shard", "--shard"), ("dist_timeout", "--dist-timeout")):
+        if given.get(name, False) is not False:
+            size = os.environ.get("WORLD_SIZE")
+            raise ConfigError(
+                f"{flag} applies to several processes, and this is one process (WORLD_SIZE "
+                f"{'unset' if size is None else size}): launch with torchrun --nproc-per-node N (N >= 2) -m attnkit "
+                f"train ..., or drop {flag}"
+            )
+
+
+def _rendezvous_address(world: World) -> str:
+    """MASTER_ADDR:MASTER_PORT, where rank 0 waits for the others (torchrun sets both); a ConfigError naming what is
+    missing or malformed."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    missing = [name for name, value in (("MASTER_ADDR", addr), ("MASTER_PORT", port)) if not value]
+    if missing or not port.isdigit() or not 0 < int(port) < 65536:
+        problem = f"{' and '.join(missing)} unset" if missing else f"MASTER_PORT={port!r} is no port number"
+        raise ConfigError(
+            f"WORLD_SIZE={world.size} and RANK={world.rank} ask for several processes, but {problem}: torchrun sets "
+            "MASTER_ADDR and MASTER_PORT for every rank it starts; launch with torchrun, or export both (rank 0's "
+            "address and a free port) beside RANK and WORLD_SIZE, or unset RANK and WORLD_SIZE to train in one process"
+        )
+    return f"{addr}:{port}"
+
+
+def collective_backend(device: torch.device) -> str:
+    """The process group's backend for `device`: nccl on CUDA, gloo on the CPU."""
     return "nccl" if device.type == "cuda" else "gloo"
 
 

@@ -58,6 +58,7 @@ from attnkit.layers.output_loss import LossPath, fused_kernel_missing, use_loss_
 from attnkit.layers.positions import ALiBi
 from attnkit.machine import load_profile
 from attnkit.plans import Choice, explain_choices
+from attnkit.train.distributed import collective_backend
 
 TrainCompile = Literal["auto", "off", "model", "blocks"]
 TRAIN_COMPILE: tuple[str, ...] = get_args(TrainCompile)
@@ -143,20 +144,22 @@ def plan_training(
     capability: tuple[int, int] | None = None,
     attention: str = "auto",
     packed: bool = False,
+    ranks: int = 1,
 ) -> TrainingPlan:
     """Decide how `model` of `family` trains on `device` in `dtype` (see the module docstring).
 
     batch_tokens: tokens of one micro-batch (B * T), which size the logits; sharded: FSDP2; float8: asked for (a
     ConfigError where it cannot run); free_memory: bytes free on a GPU, capability: its compute capability (default:
     what CUDA reports); attention: the attention kernel asked for (auto, sdpa, flex: a ConfigError where FlexAttention
-    cannot train this model here); packed: rows pack several documents (a document mask).
+    cannot train this model here); packed: rows pack several documents (a document mask); ranks: the processes
+    training together (torchrun's WORLD_SIZE), under DDP, or FSDP2 where `sharded`.
     """
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     head = _output_head(model)
     compile_choice, fullgraph, why_compile = _compilation(compile, family, on_gpu, sharded)
     departs = compile in ("model", "blocks") and compile != compile_choice  # an explicit request not followed
-    choices = [Choice("precision", dtype, _precision_note(dtype))]
+    choices = [_ranks(ranks, sharded, device), Choice("precision", dtype, _precision_note(dtype, sharded))]
     loss, why_loss = _loss_path(head, on_gpu, compile_choice == "model", batch_tokens, dtype, free_memory, device)
     choices.append(Choice("loss", _describe_loss(loss, head), why_loss))
     if head is not None and loss.kind == "plain":
@@ -304,7 +307,24 @@ def _describe_loss(loss: LossPath, head: nn.Linear | None) -> str:
     return {"plain": "plain (logits, then cross-entropy)", "fused": "fused (Liger Kernel)"}[loss.kind]
 
 
-def _precision_note(dtype: str) -> str:
+def _ranks(ranks: int, sharded: bool, device: torch.device) -> Choice:
+    """How the processes share the work (`distributed.py`)."""
+    over = f"over {ranks} rank{'s' if ranks > 1 else ''} ({collective_backend(device)})"
+    if sharded:
+        return Choice("ranks", f"FSDP2 {over}", "as asked (--shard): each rank holds 1/N of every weight, gradient and "
+                      "AdamW moment; a block's weights are all-gathered for its forward and backward, its gradients "
+                      "reduce-scattered")
+    if ranks > 1:
+        return Choice("ranks", f"DDP {over}", "every rank holds the whole model and backward all-reduces the "
+                      "gradients (the default; --shard splits weights, gradients and AdamW state: FSDP2)")
+    return Choice("ranks", "one process", "not started by torchrun (WORLD_SIZE unset or 1); torchrun --nproc-per-node "
+                  "N -m attnkit train ... trains on N")
+
+
+def _precision_note(dtype: str, sharded: bool) -> str:
+    if dtype == "bf16-master" and sharded:
+        return ("FSDP2's mixed precision: the all-gathered weights are cast to bf16 for forward and backward, "
+                "gradients reduced in fp32 into the fp32 shards AdamW updates")
     return {"fp32": "weights, activations and gradients in fp32",
             "bf16": "autocast: products in bf16, weights and optimizer state in fp32",
             "bf16-master": "a bf16 copy runs forward and backward; fp32 master weights take the updates"}[dtype]

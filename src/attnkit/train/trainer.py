@@ -237,9 +237,9 @@ class Trainer:
         self.precision = self.parallel.precision(settings.dtype, self.model)
         self.plan = plan or plan_training(
             self.precision.compute_model, family=config.family, device=self.device, dtype=settings.dtype,
-            compile=settings.compile, log_every=settings.log_every, sharded=settings.shard, float8=settings.float8,
-            batch_tokens=settings.batch_size * getattr(config, "max_seq_len", 0), attention=settings.attention_kernel,
-            packed=getattr(task, "packed", False))
+            compile=settings.compile, log_every=settings.log_every, sharded=self.parallel.shards,
+            float8=settings.float8, batch_tokens=settings.batch_size * getattr(config, "max_seq_len", 0),
+            attention=settings.attention_kernel, packed=getattr(task, "packed", False), ranks=self.parallel.size)
         self.plan.prepare(self.precision.compute_model)
         departures = [c.departure() for c in self.plan.choices if c.asked is not None]
         for departure in departures if self.parallel.writes else []:  # an option given and not followed is said
@@ -532,6 +532,7 @@ class Trainer:
                 task={"task": self.task.name}, train_state=state, labels=self.labels, keep=self.settings.keep,
                 best=best,
             )
+            self.saved_step = self.step  # whole on disk: if the barrier fails, this is the checkpoint to name
         self.parallel.barrier()  # no rank goes on (or exits) before rank 0 has written
         self.saved_step = self.step
 
