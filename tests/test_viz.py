@@ -352,3 +352,29 @@ def test_a_text_longer_than_the_context_is_refused_as_generation_refuses_it(toke
     with pytest.raises(InputError, match=r"tokens; this model reads at most 96 \(max_seq_len\): shorten"):
         run_viz(VizSettings(run=str(tmp_path), text=long_text, out=str(tmp_path / "viz"), **target))
     assert not (tmp_path / "viz").exists()
+
+
+@pytest.mark.parametrize("n_tokens", [6, 220])
+def test_a_heatmaps_colour_bar_stands_beside_the_map_as_tall_as_it(monkeypatch, tmp_path, n_tokens):
+    """On a long text's wide figure the bar was a share of the figure's width (1.8 inches wide) and ran past the
+    map's bottom; it is a narrow bar beside the map, as tall as the map, with labels as large as the tokens'."""
+    import attnkit.viz.heatmap as heatmap
+
+    figures = []
+    save = heatmap.save_figure
+    monkeypatch.setattr(heatmap, "save_figure", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    weights = np.random.default_rng(0).dirichlet(np.ones(n_tokens), size=(1, 1, n_tokens)).astype(np.float32)
+    tokens = tuple(f"t{i}" for i in range(n_tokens))
+    maps = AttentionMaps("cross", weights, tokens, tokens, (0,), (0,))
+    heatmap.plot_head(maps, 0, 0, tmp_path / "head.png")
+    heatmap.plot_alignment(maps, tmp_path / "alignment.png")
+    for fig in figures:
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        fig.draw(renderer)  # as saved
+        image_ax, bar_ax = fig.axes
+        image = image_ax.get_images()[0].get_window_extent(renderer)
+        bar = bar_ax.get_window_extent(renderer)
+        assert bar.x0 >= image.x1  # beside the map
+        assert abs(bar.height - image.height) <= 0.05 * image.height  # as tall as the map
+        assert bar.width <= 0.4 * DPI  # a narrow bar, however wide the figure
+        assert min(label.get_fontsize() for label in bar_ax.get_yticklabels()) >= 8

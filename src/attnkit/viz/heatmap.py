@@ -15,6 +15,7 @@ from pathlib import Path
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from mpl_toolkits.axes_grid1 import axes_size, make_axes_locatable
 
 from attnkit.errors import InputError
 from attnkit.viz.maps import AttentionMaps
@@ -23,6 +24,7 @@ DPI = 100
 CELL_INCHES = (0.2, 0.4)  # one token's row or column, long texts to short
 FONT_POINTS = (8, 13)  # token labels: 8 points in the smallest cells, up to 13 where cells are large
 LABEL_SHARE = 0.45  # a label's height as a share of its cell, between those bounds
+BAR_INCHES = 0.2  # a heatmap's colour bar
 GRID_INCHES = 24.0  # the widest a layer x head grid is drawn
 GRID_TOKEN_INCHES = 0.16  # one token's row in a grid's map, where GRID_INCHES leaves room: 10-point labels
 GRID_BAR_SHARE = 0.06  # the grid's colour bar, as a share of one map's width
@@ -163,10 +165,12 @@ def _label_axes(ax: Axes, query_tokens: Sequence[str], key_tokens: Sequence[str]
 
 
 def _colour_bar(fig: Figure, ax: Axes, image, font: float) -> None:
-    """The scale beside a map: which shade is which weight."""
-    bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
+    """The scale beside a map, as tall as the map and BAR_INCHES wide however wide the figure: which shade is which
+    weight, its labels as large as the tokens'."""
+    cax = make_axes_locatable(ax).append_axes("right", size=axes_size.Fixed(BAR_INCHES), pad=BAR_INCHES / 2)
+    bar = fig.colorbar(image, cax=cax)
     bar.set_label("attention weight", fontsize=font)
-    bar.ax.tick_params(labelsize=font - 1)
+    bar.ax.tick_params(labelsize=font)
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
