@@ -125,6 +125,39 @@ def test_every_documented_command_line_parses(argv, capsys):
     assert capsys.readouterr().err == ""
 
 
+def _console_transcripts() -> list[tuple[str, list[str], list[str]]]:
+    """Each `$ attnkit ...` command of the ```console blocks of the README and the pages: where it is, its
+    arguments, and the lines the page shows it printing (up to the next `$` line or the end of the block)."""
+    fenced = re.compile(r"^ *```console\n(.*?)^ *```", flags=re.S | re.M)
+    found = []
+    for path in DOCUMENTS:
+        for block in fenced.findall(path.read_text(encoding="utf-8")):
+            for command in re.split(r"^\$ ", block, flags=re.M)[1:]:
+                line, *printed = command.splitlines()
+                found.append((str(path.relative_to(ROOT)), shlex.split(line)[1:], printed))
+    return found
+
+
+CONSOLE_TRANSCRIPTS = _console_transcripts()
+
+
+@pytest.mark.parametrize(("page", "argv", "printed"), CONSOLE_TRANSCRIPTS,
+                         ids=[" ".join(argv) for _, argv, _ in CONSOLE_TRANSCRIPTS])
+def test_every_console_transcript_prints_what_the_page_shows(page, argv, printed, capsys, tmp_path, monkeypatch):
+    """A page's transcript of a refused command line (```console) is what attnkit prints for it, line for line."""
+    monkeypatch.chdir(tmp_path)  # a command the transcript shows refused must write nothing, least of all here
+    status = cli.main(argv)
+    out = capsys.readouterr()
+    assert status != 0, f"{page}: attnkit {' '.join(argv)} was not refused"
+    shown = [line.rstrip() for line in (out.out + out.err).splitlines()]  # a page keeps no trailing blanks
+    assert shown == printed, f"{page} shows another output for attnkit {' '.join(argv)}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_documentation_has_console_transcripts_to_check():
+    assert len(CONSOLE_TRANSCRIPTS) >= 5 and all(printed for _, _, printed in CONSOLE_TRANSCRIPTS)
+
+
 def test_readme_train_flags_reach_the_request_unchanged():
     invocation = cli.parse(["train", "--data", "input.txt", "--tokenizer", "char", "--seq-len", "64", "--max-steps",
                             "2000", "--max-time", "5m", "--out", "runs/shakespeare", "--set", "n_layers=6",

@@ -777,7 +777,8 @@ def _unrecognized(args: argparse.Namespace, extras: list[str]) -> str:
         if not name.startswith("--"):
             notes.append(word)
         elif others := [c.name for c in COMMANDS if c is not command and name in _flags(c)]:
-            which = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            shown = others if len(others) <= 4 else others[:3]  # "and 1 more" would hide a name for no room
+            which = ", ".join(shown) + (f" and {len(others) - 3} more" if len(others) > 4 else "")
             notes.append(f"{word} (an option of {which}, not of {command.name})")
         elif (guess := nearest(name.lstrip("-"), own)) is not None:
             notes.append(f"{word} (did you mean {own[guess]}?)")
