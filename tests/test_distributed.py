@@ -89,6 +89,22 @@ def test_two_ranks_of_b_follow_one_process_of_2b(tmp_path, single, task, shard, 
     assert checkpoint.step == 5 and checkpoint.train_state["ranks"] == 2
 
 
+@SLOW
+def test_batch_tokens_are_per_rank_as_the_batch_size_is(tmp_path):
+    """--set batch_tokens=T is each rank's share, as --batch-size is (fairseq's --max-tokens is per GPU too): 2 ranks
+    of T follow one process of 2T, and the log says the global batch in tokens."""
+    args = [*TASKS["translate"], *TINY, "--max-steps", "4", "--eval-every", "4"]
+    one = tmp_path / "one"
+    assert cli.main(["train", "--out", str(one), *args, "--batch-size", "8", "--set", "batch_tokens=120"]) == 0
+    done = torchrun(tmp_path / "two", *args, "--batch-size", "4", "--set", "batch_tokens=60")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "global batch of up to 120 tokens per step (60 per rank's micro-batch x 1 micro-batches x 2 ranks)" in (
+        done.stderr), done.stderr[-3000:]
+    ranks, single = train_records(tmp_path / "two"), train_records(one)
+    assert [r["tokens"] for r in ranks] == [r["tokens"] for r in single]
+    torch.testing.assert_close([r["loss"] for r in ranks], [r["loss"] for r in single], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("shard", [pytest.param(False, marks=SLOW), True], ids=["ddp", "fsdp2"])
 def test_saved_by_two_ranks_resumes_bit_for_bit_and_in_one_process(tmp_path, shard):
     # dropout on: the ranks' own RNG streams must be saved and restored too
@@ -212,7 +228,7 @@ def test_gradients_are_reduced_in_each_steps_last_micro_batch_only(tmp_path, mon
     FSDP2's reduce-scatters (seen by the all-reduce hook of each sharded module) all happen in micro-batches 3 and 6."""
     monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (200, 16))
     parallel = (Sharded if shard else Replicated)(World(0, 0, 1), "cpu")
-    monkeypatch.setattr("attnkit.train.job._start", lambda world, settings, device: parallel)
+    monkeypatch.setattr("attnkit.train.job._start", lambda world, settings, data, device: parallel)
     trainer = prepare(TrainRequest(
         out=str(tmp_path), task="lm", overrides=["d_model=32", "n_layers=2", "n_heads=2", "d_ff=64", "max_seq_len=24"],
         data={"data": ("synthetic:copy",), "eval_batches": 1},
@@ -253,7 +269,7 @@ def test_a_rank_lost_after_rank_0_saved_names_the_checkpoint_written(tmp_path, m
             raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]: Connection reset by peer")
 
     monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (200, 16))
-    monkeypatch.setattr("attnkit.train.job._start", lambda world, settings, device: LostAtBarrier())
+    monkeypatch.setattr("attnkit.train.job._start", lambda world, settings, data, device: LostAtBarrier())
     trainer = prepare(TrainRequest(
         out=str(tmp_path), task="lm", overrides=["d_model=32", "n_layers=1", "n_heads=2", "d_ff=64", "max_seq_len=24"],
         data={"data": ("synthetic:copy",), "eval_batches": 1},

@@ -179,7 +179,9 @@ class SingleProcess:
         """The error to raise for `err` if it is a failed collective (None: `err` is something else)."""
         return None
 
-    def describe(self, batch_size: int, grad_accum: int, lr: float) -> str:
+    def describe(self, batch_size: int, grad_accum: int, lr: float, *, batch_tokens: int | None = None) -> str:
+        """The global batch and learning rate, said once at the start (`batch_tokens`: batches of about that many
+        tokens per rank instead of `batch_size` sequences)."""
         return ""
 
 
@@ -265,13 +267,14 @@ class Replicated(SingleProcess):
             f"{kept}; resume with the same torchrun command and --resume"
         )
 
-    def describe(self, batch_size: int, grad_accum: int, lr: float) -> str:
-        total = batch_size * grad_accum * self.size
-        return (
-            f"{self.kind} over {self.size} ranks ({self.backend}): global batch {total} sequences per step "
-            f"({batch_size} per micro-batch x {grad_accum} micro-batches x {self.size} ranks); learning rate {lr:g} "
-            f"as given (not scaled with the number of ranks)"
-        )
+    def describe(self, batch_size: int, grad_accum: int, lr: float, *, batch_tokens: int | None = None) -> str:
+        parts = f"x {grad_accum} micro-batches x {self.size} ranks"
+        batch = (f"global batch {batch_size * grad_accum * self.size} sequences per step ({batch_size} per "
+                 f"micro-batch {parts})") if batch_tokens is None else (
+            f"global batch of up to {batch_tokens * grad_accum * self.size} tokens per step ({batch_tokens} per "
+            f"rank's micro-batch {parts})")
+        return (f"{self.kind} over {self.size} ranks ({self.backend}): {batch}; learning rate {lr:g} as given (not "
+                "scaled with the number of ranks)")
 
 
 class Sharded(Replicated):

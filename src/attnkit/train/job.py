@@ -309,7 +309,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
                           f"--tokenizer {data_config.tokenizer} has its own vocabulary (a char tokenizer's is the "
                           "text's characters): drop --vocab-size, or use --tokenizer bpe")
     settings = TrainConfig.from_dict(train_changes)
-    parallel = _start(world, settings, device)  # the other ranks wait here until rank 0 has claimed `out`
+    parallel = _start(world, settings, data_config, device)  # the other ranks wait here until rank 0 has claimed `out`
     seed_all(settings.seed)
     spec = data_config.spec
     source = _init_source(request, settings, data_changes, load_hf) if settings.init_from else None
@@ -322,7 +322,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     lm_files = stream_files(data_config) if stream else None
     tokenizer = source.tokenizer if source is not None else _new_tokenizer(data_config, settings.seed, lm_files)
     parallel.check_same(tokenizer.fingerprint(), "tokenizer")
-    task, labels = _make_task(data_config, _global_batch(settings, parallel), tokenizer, config, out, translate,
+    task, labels = _make_task(*_global_batch(data_config, settings, parallel), tokenizer, config, out, translate,
                               lm_files, progress=shows_progress(request.progress) and parallel.writes,
                               labels=source.labels if source is not None else None)
     config = _fit_config(config, tokenizer, labels, keep_vocab=source is not None)
@@ -358,16 +358,22 @@ def _init_source(request: TrainRequest, settings: TrainConfig, data_changes: dic
     return read_source(settings.init_from, load_hf=load_hf)
 
 
-def _start(world: World, settings: TrainConfig, device: torch.device) -> SingleProcess:
+def _start(world: World, settings: TrainConfig, data: DataConfig, device: torch.device) -> SingleProcess:
     parallel = start(world, shard=settings.shard, timeout=settings.dist_timeout, device=device)
     if parallel.size > 1:
-        log.info(parallel.describe(settings.batch_size, settings.grad_accum, settings.lr))
+        log.info(parallel.describe(settings.batch_size, settings.grad_accum, settings.lr,
+                                   batch_tokens=data.batch_tokens))
     return parallel
 
 
-def _global_batch(settings: TrainConfig, parallel: SingleProcess) -> TrainConfig:
-    """The settings a task draws global batches with: `batch_size` per rank, times the ranks (distributed.py)."""
-    return dataclasses.replace(settings, batch_size=settings.batch_size * parallel.size)
+def _global_batch(
+    data: DataConfig, settings: TrainConfig, parallel: SingleProcess
+) -> tuple[DataConfig, TrainConfig]:
+    """The settings a task draws global batches with: `batch_size` and `batch_tokens` per rank, times the ranks
+    (distributed.py)."""
+    tokens = None if data.batch_tokens is None else data.batch_tokens * parallel.size
+    return (dataclasses.replace(data, batch_tokens=tokens),
+            dataclasses.replace(settings, batch_size=settings.batch_size * parallel.size))
 
 
 def _resume(request, source: Path, model_changes, data_changes, train_changes, device, translate) -> Trainer:
@@ -409,8 +415,8 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         if world.rank == 0:
             _claim_run_dir(out, overwrite=request.overwrite)
         log.info("continuing %s in %s", checkpoint.path, out)
-    parallel = _start(world, settings, device)
-    task, labels = _make_task(data_config, _global_batch(settings, parallel), checkpoint.tokenizer, checkpoint.config,
+    parallel = _start(world, settings, data_config, device)
+    task, labels = _make_task(*_global_batch(data_config, settings, parallel), checkpoint.tokenizer, checkpoint.config,
                               out, translate, progress=shows_progress(request.progress) and parallel.writes,
                               labels=checkpoint.labels)
     if labels != checkpoint.labels:
