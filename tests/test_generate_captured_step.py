@@ -214,10 +214,12 @@ def test_steps_with_pytorchs_int4_weights_are_compiled_by_torch_compile_instead(
 
 
 @needs_compiler
-@pytest.mark.slow  # a capture of its own (20 s)
+@pytest.mark.slow  # captures of its own (20 s each)
 def test_native_int4_weights_are_captured_through_their_operator(tmp_path):
     """--int4 --compile aot: the captured step calls the native 4-bit product as an operator
-    (attnkit::native_int4_product, run by the package's proxy executor) and gives the eager native model's logits."""
+    (attnkit::native_int4_product, run by the package's proxy executor) and gives the eager native model's logits, for
+    one row and for four (the several-row step, whose batch size is symbolic: the operator applies the row limit when
+    it runs, where a limit read while tracing could not be exported)."""
     if native_gemv.unavailable() is not None:
         pytest.skip(f"the native kernels cannot run here: {native_gemv.unavailable()}")
     model, _ = tiny_model(position="learned", d_model=64, d_ff=128, seed=3)
@@ -225,7 +227,10 @@ def test_native_int4_weights_are_captured_through_their_operator(tmp_path):
     assert plan.linear == "int4-native" and "cannot be captured" in plan.explain()
     plan.apply(model)
     forced = [5, 0, 12, 7]
-    eager = forced_logits(EagerDecoding(model), PROMPTS[1:2], forced)
-    got = forced_logits(CapturedDecoding(model, package_dir=tmp_path), PROMPTS[1:2], forced)
-    for step, (a, b) in enumerate(zip(eager, got, strict=True)):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-4, msg=f"step {step}")
+    decoding = CapturedDecoding(model, package_dir=tmp_path)
+    for prompts, form in ((PROMPTS[1:2], "one-row"), (PROMPTS, "rows")):
+        eager = forced_logits(EagerDecoding(model), prompts, forced)
+        got = forced_logits(decoding, prompts, forced)
+        for step, (a, b) in enumerate(zip(eager, got, strict=True)):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-4, msg=f"{form} step {step}")
+        assert decoding.steps_run[form] == len(forced)
