@@ -198,6 +198,9 @@ def test_more_bad_input_at_the_edge_gets_clear_errors():
         rope(ids, position_ids=torch.tensor([[0, 1, 2, -1]] * 2))
     with pytest.raises(InputError, match="allocated for 3 sequences"):
         rope(ids, cache=rope.allocate_cache(3, 8))
+    for other in (_model(position="rope", n_kv_heads=1), _model(position="rope", n_layers=3)):  # written silently
+        with pytest.raises(InputError, match="allocated for another model"):  # into by broadcasting, or one short
+            rope(ids, cache=other.allocate_cache(2, 8))
     with pytest.raises(InputError, match=r"labels has shape \(2, 3\)"):
         model(ids, labels=torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(InputError, match="labels holds 50"):

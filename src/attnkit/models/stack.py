@@ -77,9 +77,8 @@ class TransformerStack(nn.Module):
         else:
             _check_position_ids(position_ids, input_ids.shape)
         self.embeddings.check_positions(position_ids)
-        if cache is not None and cache.batch_size != input_ids.shape[0]:
-            raise InputError(f"the KV cache was allocated for {cache.batch_size} sequences but input_ids holds "
-                             f"{input_ids.shape[0]}; allocate one with batch_size={input_ids.shape[0]}")
+        if cache is not None:
+            self._check_cache(cache, input_ids.shape[0])
         attention_mask = _check_mask(attention_mask, input_ids.shape[0], start + length, "attention_mask")
         if document_ids is not None and (cache is not None or document_ids.shape != input_ids.shape):
             raise InputError(f"document_ids has shape {tuple(document_ids.shape)}: a packed row's documents need one "
@@ -141,6 +140,19 @@ class TransformerStack(nn.Module):
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x, attentions
+
+    def _check_cache(self, cache: KVCache, batch: int) -> None:
+        """A cache allocated for this stack (its layers' key/value heads and head size) and this batch: another
+        model's cache would be written into by broadcasting, or fail deep in torch."""
+        wanted = [(block.self_attn.n_kv_heads, block.self_attn.head_dim) for block in self.blocks]
+        held = [(layer.keys.shape[1], layer.keys.shape[3]) for layer in cache.layers]
+        if held != wanted:
+            raise InputError(f"the KV cache was allocated for another model: its {len(held)} layers hold (key/value "
+                             f"heads, head size) {held[0]}, this stack's {len(wanted)} need {wanted[0]}; allocate one "
+                             "with this model's allocate_cache")
+        if cache.batch_size != batch:
+            raise InputError(f"the KV cache was allocated for {cache.batch_size} sequences but input_ids holds "
+                             f"{batch}; allocate one with batch_size={batch}")
 
     def _check_prefix(self, prefix_len: int | Tensor | None, batch: int) -> int | Tensor | None:
         """prefix_len as given, once checked: a causal stack's, an int >= 0 or (B,) integers."""
