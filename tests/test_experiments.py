@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 
 import matplotlib.image
 import numpy as np
@@ -145,6 +146,7 @@ def test_experiment_at_the_tiny_budget(name, tmp_path):
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["name"] == name and saved["budget"] == "tiny"
     assert saved["verdict"] in VERDICTS and saved["reason"] and saved["key_number"] and saved["decision"]
+    assert not re.search(r"[+-]0\.0+(?![0-9])", result.reason + result.key_number), "a value rounded to a signed 0"
     assert saved["claim"] == REGISTRY[name].claim and saved["lecture"] == REGISTRY[name].lecture
     assert result.rows, "an experiment reports at least one row"
     numbers = [v for row in result.rows for v in row.values() if isinstance(v, float)]

@@ -152,11 +152,11 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     return Result(
         checks=checks,
         reason=(f"after {s['induction']} steps on repeated tokens the best induction head's score exceeds the other "
-                f"heads' mean by {margin:+.2f} more than at initialisation (seed 0: repeated-half loss "
+                f"heads' mean by {margin:+.2g} more than at initialisation (seed 0: repeated-half loss "
                 f"{trained['loss']:.2f} nats against ln {TASK.vocab_size} = {math.log(TASK.vocab_size):.2f} "
                 f"by chance); on text, after {s['text']} steps, the previous-token score's spread across heads "
-                f"grows by {statistics.fmean(gain('text', 'previous spread', s['text'])):+.2f}"),
-        key_number=f"induction margin {margin:+.2f} over initialisation",
+                f"changes by {statistics.fmean(gain('text', 'previous spread', s['text'])):+.2g}"),
+        key_number=f"induction margin {margin:+.2g} over initialisation",
         rows=rows,
         plots=plots,
     )

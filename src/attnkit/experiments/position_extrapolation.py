@@ -138,7 +138,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     mean_growth = {scheme: statistics.fmean(growth(scheme)) for scheme in running}
     best = min(mean_growth, key=mean_growth.get)
     key = f"loss change from {context} to {longest} tokens: " + ", ".join(
-        f"{p} {g:+.2f}" for p, g in sorted(mean_growth.items(), key=lambda item: item[1]))
+        f"{p} {g:+.2g}" for p, g in sorted(mean_growth.items(), key=lambda item: item[1]))
     reason = (f"learned positions {'refused' if 'learned' in refusal else 'accepted'} inputs past {context} tokens; "
               f"of the rest, {best} degraded least ({mean_growth[best]:+.3f} nats from {context} to {longest}, mean "
               f"of {seeds} seeds)")
