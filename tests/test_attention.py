@@ -1,6 +1,7 @@
 """Attention: score functions, the lecture's worked example, masks, heads, the fast path, PyTorch parity."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -158,6 +159,18 @@ def test_grouped_heads_equal_multi_head_attention_with_each_kv_head_repeated(n_k
         ours, theirs = grouped(x, mask=mask, need_weights=need_weights), mha(x, mask=mask, need_weights=need_weights)
     torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=1e-5)
     assert grouped.k_proj.out_features == n_kv_heads * 4
+
+
+@pytest.mark.parametrize(("sizes", "said"), [
+    (dict(d_model=32, n_heads=0), "n_heads=0"),
+    (dict(d_model=30, n_heads=4), "d_model=30"),  # head_dim 7 would have dropped 2 of 30 dimensions silently
+    (dict(d_model=32, n_heads=4, window=0), "window=0"),
+    (dict(d_model=32, n_heads=4, softcap=-1.0), "softcap=-1.0"),
+])
+def test_the_layer_refuses_sizes_that_build_no_attention_or_another_one(sizes, said):
+    with pytest.raises(ValueError, match=re.escape(said)):
+        Attention(**sizes)
+    assert Attention(30, 4, head_dim=8).q_proj.out_features == 32  # an explicit head_dim may differ from C / H
 
 
 def test_gqa_shares_each_kv_head_with_its_group():

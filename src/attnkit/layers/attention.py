@@ -196,6 +196,11 @@ class Attention(nn.Module):
         softcap: float | None = None,
     ) -> None:
         super().__init__()
+        if n_heads < 1 or (head_dim is None and d_model % n_heads):
+            raise ValueError(f"d_model={d_model} must split into n_heads={n_heads} heads: choose n_heads >= 1 "
+                             "dividing d_model, or give head_dim")
+        if (window is not None and window < 1) or (softcap is not None and not softcap > 0):
+            raise ValueError(f"window={window} must be >= 1 and softcap={softcap} > 0 (None: neither)")
         if window is not None and relative is not None and relative.biases:
             raise ValueError(f"a sliding window keeps keys out of order in its cache, and {type(relative).__name__}'s "
                              "score bias reads keys by index: use rope (or an absolute scheme) with a window")
