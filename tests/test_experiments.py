@@ -423,3 +423,16 @@ def test_compute_multiplier_in_words_says_more_compute_below_one():
     assert compute_saved(3.0, True) == "at least 3.0x less compute"
     assert compute_saved(0.5, False) == "2.0x more compute"
     assert compute_saved(0.5, True) == "at most 2.0x more compute"
+
+
+def test_an_out_that_is_a_file_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    from attnkit.errors import InputError
+    from attnkit.experiments.base import Experiment
+
+    ran = []
+    monkeypatch.setitem(REGISTRY, "fake", Experiment("fake", "a claim", "a lecture",
+                                                     lambda *args, **options: ran.append(args)))
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(InputError, match="--out .*file is a file, where a directory is to be written"):
+        run_experiment("fake", budget="tiny", out=tmp_path / "file")
+    assert not ran and (tmp_path / "file").read_text() == "mine"
