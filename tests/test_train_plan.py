@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -240,3 +242,20 @@ def test_a_model_torch_cannot_compile_trains_eagerly_with_the_same_losses(tmp_pa
         trainer.fit()
     assert "training runs eagerly: torch.compile failed" in caplog.text
     assert train_losses(tmp_path / "compiled") == train_losses(tmp_path / "eager")
+
+
+def _choices(text: str) -> list[str]:
+    """The choices a printed plan names, in order: each indented line's label (`host reads`, `q/k/v`)."""
+    return re.findall(r"^  (\S+(?: \S+)?) {2,}", text, flags=re.M)
+
+
+def test_the_training_plan_guide_shows_the_choices_the_plan_prints():
+    """docs/guides/training-plan.md shows a CPU plan whole ("the real output") and a CUDA one abridged: the CPU
+    block names every choice the plan prints, in its order, and the CUDA block's choices come in the plan's order."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "training-plan.md").read_text()
+    cpu, cuda = re.findall(r"```text\n(training plan for .*?)```", page, flags=re.S)[:2]
+    printed = plan_training(_decoder(), family="decoder", device="cpu").explain()
+    assert _choices(cpu) == _choices(printed)
+    planned = plan_training(_decoder(), family="decoder", device="cuda", dtype="bf16", free_memory=80 * GIB).explain()
+    shown = iter(_choices(planned))
+    assert all(choice in shown for choice in _choices(cuda)), (_choices(cuda), _choices(planned))
