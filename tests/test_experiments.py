@@ -436,3 +436,13 @@ def test_an_out_that_is_a_file_is_refused_before_anything_runs(tmp_path, monkeyp
     with pytest.raises(InputError, match="--out .*file is a file, where a directory is to be written"):
         run_experiment("fake", budget="tiny", out=tmp_path / "file")
     assert not ran and (tmp_path / "file").read_text() == "mine"
+
+
+def test_per_symbol_accuracy_counts_symbols_past_the_target_as_wrong():
+    """A copy followed by extra symbols scored 100% per symbol (only the target's positions were compared)."""
+    from attnkit.experiments.bottleneck import symbol_accuracy
+
+    assert symbol_accuracy("abc", "abc") == 1.0
+    assert symbol_accuracy("abcxyz", "abc") == 0.5
+    assert symbol_accuracy("ab", "abcd") == 0.5
+    assert symbol_accuracy("", "abcd") == 0.0

@@ -80,8 +80,9 @@ def train(model: nn.Module, data: PairData, steps: int, *, lr: float, warmup: in
 
 
 def symbol_accuracy(prediction: str, target: str) -> float:
-    """The share of the target's positions the prediction gets right (a missing symbol is wrong)."""
-    return sum(p == t for p, t in zip(prediction, target, strict=False)) / len(target)
+    """The share of positions the prediction gets right, over the longer of the two: a missing symbol is wrong, and
+    so is one past the target's end (a copy with extra symbols after it is no perfect copy)."""
+    return sum(p == t for p, t in zip(prediction, target, strict=False)) / max(len(target), len(prediction))
 
 
 def plot(stored: Stored, out: Path) -> list[str]:
