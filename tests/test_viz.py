@@ -378,3 +378,20 @@ def test_a_heatmaps_colour_bar_stands_beside_the_map_as_tall_as_it(monkeypatch, 
         assert abs(bar.height - image.height) <= 0.05 * image.height  # as tall as the map
         assert bar.width <= 0.4 * DPI  # a narrow bar, however wide the figure
         assert min(label.get_fontsize() for label in bar_ax.get_yticklabels()) >= 8
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder-decoder"])
+def test_a_text_of_bytes_that_are_not_utf8_is_one_line_not_a_traceback(runs, tmp_path, capsys, family):
+    """A shell passes bytes that are not UTF-8 (`--text $'ab\\xffc'`) as a lone surrogate: the tokenizer's
+    TypeError was a traceback."""
+    text = b"ab\xffc".decode("utf-8", "surrogateescape")  # as Python reads the command line
+    flag = "--source" if family == "encoder-decoder" else "--text"
+    more = ["--target", "the dog"] if family == "encoder-decoder" else []
+    code = main(["viz", "--run", str(runs[family]), flag, text, *more, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "not UTF-8" in err and "byte 0xff" in err and "Traceback" not in err
+
+
+def test_the_char_tokenizer_names_bytes_that_are_not_utf8():
+    with pytest.raises(InputError, match=r"not UTF-8 \(byte 0xff at character 2\)"):
+        CharTokenizer("abc").encode(b"ab\xffc".decode("utf-8", "surrogateescape"))

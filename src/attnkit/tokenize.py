@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
@@ -198,7 +199,10 @@ class CharTokenizer(_SpecialIds):
 
     def encode_array(self, text: str) -> np.ndarray:
         """`encode` as a numpy array (int64, (N,)), vectorised: the fast path for large corpora."""
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        try:
+            codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        except UnicodeEncodeError:
+            raise not_utf8([text]) from None
         ids = np.searchsorted(self._codepoints, codes)
         known = self._codepoints[np.minimum(ids, len(self._codepoints) - 1)] == codes
         if known.all():
@@ -282,14 +286,36 @@ def _hf_config_specials(directory: Path) -> dict[str, str]:
     return found
 
 
+def not_utf8(texts: Sequence[str]) -> InputError | None:
+    """The InputError for the first of `texts` holding a lone surrogate, which no tokenizer reads: the bytes that are
+    not UTF-8 of a command-line argument or a file read with errors="surrogateescape"; None when there is none."""
+    for text in texts:
+        found = _SURROGATE.search(text) if isinstance(text, str) else None
+        if found is not None:
+            code = ord(found.group())
+            byte = f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+            return InputError(f"the text {text[:40]!r} is not UTF-8 ({byte} at character {found.start()}): give the "
+                              "text in UTF-8, or read it from a file with --encoding-errors replace")
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class _rust_panics_named:
     """Context manager: a panic inside the Rust tokenizer (pyo3's PanicException, a BaseException: a pre-tokenizer's
-    regular expression exhausting its stack on a hostile text) becomes an InputError naming the cause and the fix."""
+    regular expression exhausting its stack on a hostile text) becomes an InputError naming the cause and the fix,
+    and so does the TypeError it raises for a text of `texts` that is not UTF-8 (`not_utf8`)."""
+
+    def __init__(self, texts: Sequence[str] = ()) -> None:
+        self.texts = texts
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, kind: type | None, err: BaseException | None, traceback: object) -> None:
+        if kind is TypeError and (refusal := not_utf8(self.texts)) is not None:
+            raise refusal from None
         if kind is not None and kind.__name__ == "PanicException":
             raise InputError(f"the tokenizer failed on this text ({str(err).splitlines()[0][:200]}): it holds a run of "
                              "characters its splitting rules cannot take; shorten or split the text") from None
@@ -357,12 +383,12 @@ class HFTokenizer(_SpecialIds):
     def encode(self, text: str) -> list[int]:
         # as a batch of one: encode_batch_fast lets go of the interpreter while Rust works, where encode holds it
         # throughout (a megabyte: a second in which no other thread runs, a server's event loop among them)
-        with _rust_panics_named():
+        with _rust_panics_named([text]):
             return self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encode many texts at once (in parallel, in Rust)."""
-        with _rust_panics_named():
+        with _rust_panics_named(texts):
             return [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
 
     def encode_with_specials(self, text: str) -> list[int]:
@@ -380,7 +406,7 @@ class HFTokenizer(_SpecialIds):
             reader.add_special_tokens([AddedToken(token, special=True, normalized=False)
                                        for token in self.specials.values()])
             self._reading_specials = reader
-        with _rust_panics_named():
+        with _rust_panics_named([text]):
             return self._reading_specials.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
