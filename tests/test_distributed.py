@@ -79,6 +79,9 @@ def test_two_ranks_of_b_follow_one_process_of_2b(tmp_path, single, task, shard, 
     # the training plan, printed once (rank 0), says how the ranks train
     assert done.stderr.count(f"ranks        {'FSDP2' if shard else 'DDP'} over 2 ranks (gloo): ") == 1
     assert done.stdout.count("trained 5 steps") == 1  # rank 0 prints, rank 1 does not
+    # resuming in one process would halve the global batch: the hint resumes on as many ranks
+    assert f"resume with: torchrun --nproc-per-node 2 -m attnkit train --out {out} --resume --max-steps N" in (
+        done.stdout), done.stdout
     ranks, one = train_records(out), single[task, accum]
     assert [r["step"] for r in ranks] == [1, 2, 3, 4, 5]  # rank 0 alone writes metrics
     assert [r["tokens"] for r in ranks] == [r["tokens"] for r in one]  # tokens of the global batch
@@ -159,6 +162,7 @@ def test_sigterm_saves_once_and_every_rank_exits_cleanly(tmp_path):
         assert "Traceback" not in err
     step = json.loads((out / "train_state.json").read_text())["step"]
     assert f"stopped by SIGTERM after step {step};" in results[0][1]
+    assert f"Resume with: the same launch of 2 ranks, with attnkit train --out {out} --resume" in results[0][1]
     assert "stopped by" not in results[1][1]  # rank 1 saves with rank 0 and says nothing
     assert max(r["step"] for r in train_records(out)) == step
     assert load_checkpoint(out / "checkpoints" / f"step_{step:06d}").step == step
@@ -187,9 +191,9 @@ def test_a_dead_rank_ends_the_job_naming_it_and_the_checkpoint_survives(tmp_path
     assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s*\n\s*exitcode\s*:\s*-9", err), err[-3000:]
     said = re.search(r"attnkit: error: rank 0: a collective with the other ranks failed \(.+\); another rank died "
                      r"or did not answer within 30 s .*?The last checkpoint \(step (\d+)\) in (\S+) is intact; "
-                     r"resume with the same torchrun command and --resume", err)
+                     r"resume with: torchrun --nproc-per-node 2 -m attnkit train --out (\S+) --resume", err)
     assert said, err[-3000:]
-    assert Path(said[2]) == out and int(said[1]) % 3 == 0 and int(said[1]) > 0
+    assert Path(said[2]) == out == Path(said[3]) and int(said[1]) % 3 == 0 and int(said[1]) > 0
     checkpoint = load_checkpoint(out / "checkpoints" / f"step_{int(said[1]):06d}")  # the one named loads
     assert checkpoint.step == int(said[1])
 

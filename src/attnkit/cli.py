@@ -358,8 +358,8 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any], *o
         print("sample (prompt from the validation text, then the model's continuation):")
         print(sample_after_training(run.out, prompt=prompt, max_new_tokens=run.sample_tokens))
     budget = "--max-time DURATION" if result.reason == "max_time" else "--max-steps N"  # the one that ended it
-    print(f"saved to {run.out} (best checkpoint: {run.out}/best); resume with: attnkit train --out {run.out} "
-          f"--resume {budget}")
+    print(f"saved to {run.out} (best checkpoint: {run.out}/best); resume with: "
+          f"{trainer.parallel.resume_command(run.out)} {budget}")
     return 0
 
 

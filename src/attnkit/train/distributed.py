@@ -179,6 +179,10 @@ class SingleProcess:
         """The error to raise for `err` if it is a failed collective (None: `err` is something else)."""
         return None
 
+    def resume_command(self, run_dir: Any) -> str:
+        """The command that continues the run in `run_dir` on as many ranks (the same global batch)."""
+        return f"attnkit train --out {run_dir} --resume"
+
     def describe(self, batch_size: int, grad_accum: int, lr: float, *, batch_tokens: int | None = None) -> str:
         """The global batch and learning rate, said once at the start (`batch_tokens`: batches of about that many
         tokens per rank instead of `batch_size` sequences)."""
@@ -264,8 +268,14 @@ class Replicated(SingleProcess):
         return RankLost(
             f"rank {self.rank}: a collective with the other ranks failed ({str(err).splitlines()[0]}); another rank "
             f"died or did not answer within {self.timeout:g} s (torchrun's summary names the rank that failed). "
-            f"{kept}; resume with the same torchrun command and --resume"
+            f"{kept}; resume with: {self.resume_command(run_dir)}"
         )
+
+    def resume_command(self, run_dir: Any) -> str:
+        command = super().resume_command(run_dir)
+        if os.environ.get("LOCAL_WORLD_SIZE") == str(self.size):  # torchrun's, every rank on this machine
+            return f"torchrun --nproc-per-node {self.size} -m {command}"
+        return f"the same launch of {self.size} ranks, with {command}"
 
     def describe(self, batch_size: int, grad_accum: int, lr: float, *, batch_tokens: int | None = None) -> str:
         parts = f"x {grad_accum} micro-batches x {self.size} ranks"

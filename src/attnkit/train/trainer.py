@@ -348,8 +348,8 @@ class Trainer:
         checkpoint = self.run_dir / CHECKPOINTS_DIR / checkpoint_name(self.step)
         if reason == "signal" and self.parallel.writes:
             log.warning(
-                "stopped by %s after step %d; saved %s. Resume with: attnkit train --out %s --resume",
-                signal.Signals(stop.signum).name, self.step, checkpoint, self.run_dir,
+                "stopped by %s after step %d; saved %s. Resume with: %s",
+                signal.Signals(stop.signum).name, self.step, checkpoint, self.parallel.resume_command(self.run_dir),
             )
         return TrainResult(
             step=self.step,
@@ -463,7 +463,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.saved_step >= 0:
             kept = f"the last good checkpoint (step {self.saved_step}) is in {self.run_dir}"
-            again = f"then resume with `attnkit train --out {self.run_dir} --resume` or start afresh"
+            again = f"then resume with `{self.parallel.resume_command(self.run_dir)}` or start afresh"
         else:
             kept, again = "no checkpoint had been written yet", "then start again"
         raise TrainingDiverged(
