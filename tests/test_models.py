@@ -211,3 +211,7 @@ def test_more_bad_input_at_the_edge_gets_clear_errors():
         seq2seq.decode(ids, torch.randn(2, 5, 8))
     with pytest.raises(InputError, match="labels holds 60"):
         seq2seq(ids, ids, labels=torch.full((2, 4), 60))
+    cache = seq2seq.allocate_cache(2, 8)
+    seq2seq.decode(ids[:, :1], seq2seq.encode(ids), cache=cache)
+    with pytest.raises(InputError, match="a source of 4 tokens, this memory has 6"):  # its keys were reused silently
+        seq2seq.decode(ids[:, 1:2], seq2seq.encode(torch.zeros(2, 6, dtype=torch.long)), cache=cache)

@@ -66,6 +66,10 @@ class EncoderDecoder(nn.Module):
         if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[-1] != width:
             raise InputError(f"memory has shape {tuple(getattr(memory, 'shape', ()))}; decode reads the encoder's "
                              f"output (B, S, {width}): pass what encode() returned")
+        cross = cache.layers[0].cross if cache is not None else None
+        if cross is not None and cross[0].shape[2] != memory.shape[1]:  # (B, Hkv, S, D) computed from the first memory
+            raise InputError(f"the KV cache holds the keys of a source of {cross[0].shape[2]} tokens, this memory has "
+                             f"{memory.shape[1]}: a cache serves one source; allocate a new one for a new source")
         if tgt_ids.dim() == 2 and tgt_ids.shape[0] != memory.shape[0]:
             raise InputError(
                 f"the target batch has {tgt_ids.shape[0]} sequences but the source batch {memory.shape[0]}; "
