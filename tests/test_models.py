@@ -1,6 +1,8 @@
 """The three families: causality, padding, permutation equivariance, KV cache, edge errors (PyTorch parity:
 test_torch_parity.py)."""
 
+import math
+
 import pytest
 import torch
 
@@ -215,3 +217,19 @@ def test_more_bad_input_at_the_edge_gets_clear_errors():
     seq2seq.decode(ids[:, :1], seq2seq.encode(ids), cache=cache)
     with pytest.raises(InputError, match="a source of 4 tokens, this memory has 6"):  # its keys were reused silently
         seq2seq.decode(ids[:, 1:2], seq2seq.encode(torch.zeros(2, 6, dtype=torch.long)), cache=cache)
+
+
+def test_weights_start_as_gpt2_initialises_them():
+    """N(0, 0.02) weights and embeddings, zero biases, unit norm gains, and the projections that write into the
+    residual stream (o_proj, down_proj) at 0.02 / sqrt(2 N) (Radford et al. 2019, section 2.3)."""
+    model = build_model(_config(n_layers=4, d_model=64, d_ff=256, vocab_size=512, position="learned"))
+    residual_std = 0.02 / math.sqrt(2 * 4)
+    for name, parameter in model.named_parameters():
+        if name.endswith("bias"):
+            assert parameter.abs().max() == 0, name
+        elif parameter.dim() == 1:  # norm gains
+            assert bool((parameter == 1).all()), name
+        else:
+            expected = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            assert abs(parameter.std().item() / expected - 1) < 0.1, (name, parameter.std().item(), expected)
+            assert abs(parameter.mean().item()) < 0.2 * expected, name
