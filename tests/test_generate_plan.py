@@ -343,6 +343,17 @@ def test_a_layout_that_ties_at_one_row_is_chosen_by_eight_rows():
     assert choose_layout({"plain": 0.5, "native": 1.0}, eight) == "plain"
 
 
+@pytest.mark.parametrize("profile", [PYTORCH_KERNELS, DEFAULT_PROFILE])  # int8's kernel measured: PyTorch's, native
+def test_a_captured_int8_step_says_how_it_reads_the_weights_where_inductors_int8_loops_are_vectorized(profile):
+    """With AVX-512 the captured one-row step reads int8 weights in inductor's own loop (`capture_step` decomposes
+    PyTorch's product there) and the several-row step calls PyTorch's kernel; the plan says both, whichever kernel the
+    profile measured faster for eager decoding."""
+    plan = plan_inference(_decoder(), "decoder", quantize="int8", compile="aot", cpu=AVX512, profile=profile)
+    why = {c.what: c for c in plan.choices}["linear layers"].why
+    assert plan.linear == "int8" and "one row in inductor's own loop, vectorized on this CPU" in why, why
+    assert "PyTorch's kernel for several" in why, why
+
+
 @pytest.mark.parametrize(("cpu", "quantize", "linear"), [
     (AVX512, "int4", "int4-native"), (AVX2, "int4", "int4-native"),  # PyTorch's int4 product cannot be captured
     (AVX2, "int8", "int8-native"), (AVX512, "int8", "int8")])  # inductor's int8 loop is scalar without AVX-512

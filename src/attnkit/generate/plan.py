@@ -214,7 +214,7 @@ def _linear_layout(
 ) -> tuple[str, str]:
     """The linear layers' form and why."""
     if quantize in NATIVE_FORMS:
-        return _quantized_kernel(quantize, on_cpu, compile, cpu, profile, profile_note)
+        return _quantized_kernel(quantize, on_cpu, compile, static, cpu, profile, profile_note)
     if quantize == "int8-dynamic":
         activations = "7-bit activations: no AVX-512 VNNI" if reduce_range() else "8-bit activations (AVX-512 VNNI)"
         return "int8-dynamic", f"int8 weights and int8 inputs per row through FBGEMM, as asked; {activations}"
@@ -269,7 +269,7 @@ def _linear_layout(
     return "plain", f"nn.Linear's layout for {name}{measured} ({profile_note})"
 
 
-def _quantized_kernel(quantize: str, on_cpu: bool, compile: bool | str, cpu: CpuCapabilities | None,
+def _quantized_kernel(quantize: str, on_cpu: bool, compile: bool | str, static: bool, cpu: CpuCapabilities | None,
                       profile: Profile, profile_note: str) -> tuple[str, str]:
     """The kernel of int8 or int4 weights ("int8", "int8-native", "int4", "int4-native") and why.
 
@@ -288,16 +288,20 @@ def _quantized_kernel(quantize: str, on_cpu: bool, compile: bool | str, cpu: Cpu
         wanted = f"the captured step calls it as an operator ({why})"
     else:
         wanted = f"fastest for one decoding row{measured}; {profile_note}"
+    compiled = compile and not captured_needs  # PyTorch's product, in a compiled or captured step
+    how = ((f"the captured step reads them for one row in inductor's own loop, vectorized on this CPU "
+            f"({(cpu or CpuCapabilities.detect()).isa}), and calls PyTorch's kernel for several")
+           if compile == "aot" and static else "a compiled step compiles PyTorch's product into its own loops")
     if on_cpu and (captured_needs or profile.decode_linear.get(quantize) == "native"):
-        reason = ("a compiled step compiles PyTorch's product into its own loops" if compile and not captured_needs
-                  else native_gemv.unavailable(cpu))
+        reason = how if compiled else native_gemv.unavailable(cpu)
         if reason is None:
             return f"{quantize}-native", (
                 f"{grid}, as asked, through the native kernel with fp32 inputs: up to {NATIVE_QUANTIZED_ROWS} rows "
                 f"widened as read, more dequantized for the call ({wanted})")
         native = f"; the native kernel is not used: {reason}"
     else:
-        native = measured and f" (measured fastest for one decoding row{measured}; {profile_note})"
+        native = (measured and f" (measured fastest for one decoding row{measured}; {profile_note})") + \
+            (f"; {how}" if compiled else "")
     if quantize == "int4" and cpu is not None and not cpu.int4_kernel:
         return "int8", (f"int4 asked for, but PyTorch's CPU int4 kernel is vectorized only for AVX2 and AVX-512 "
                         f"and this CPU reports {cpu.isa}: int8 weights instead (weight-only, bf16 products){native}")
