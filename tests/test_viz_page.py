@@ -121,5 +121,29 @@ def test_a_one_row_heatmap_leaves_its_colour_scale_room_for_its_labels(tmp_path)
         chromium.open(path)
         ticks = chromium.evaluate("window.attnkit.scale")  # where the page drew the scale: top and height in px
         assert ticks["height"] >= 5 * 20
+        assert ticks["labels"] == ["0.00", "0.13", "0.25", "0.38", "0.50"]
+    finally:
+        chromium.close()
+
+
+def test_a_scale_of_small_weights_labels_each_tick_differently(tmp_path):
+    """Over 60 keys the largest weight is about 0.03: ticks printed to two decimals read 0.00 0.01 0.01 0.02 0.03,
+    one label for two colours; they get the decimals that tell them apart."""
+    from viz_browser import Browser, chromium_or_reason
+
+    from attnkit.viz import AttentionMaps
+
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        pytest.skip(f"no headless browser: {reason}")
+    weights = np.full((1, 1, 2, 60), 0.5 / 59, dtype=np.float32)
+    weights[..., 0] = 0.5 / 59 + 0.016  # largest 0.0245: ticks 0.006 apart
+    keys = tuple(f"k{j}" for j in range(60))
+    path = write_page([AttentionMaps("cross", weights, ("x", "y"), keys, (0,), (0,))], tmp_path / "attention.html")
+    chromium = Browser(executable)
+    try:
+        chromium.open(path)
+        labels = chromium.evaluate("window.attnkit.scale.labels")
+        assert labels == ["0.000", "0.006", "0.012", "0.018", "0.024"]
     finally:
         chromium.close()
