@@ -187,6 +187,25 @@ def test_entity_scores_equal_seqevals_on_drawn_sentences(scheme, tags):
             "f1": f1_score(gold, predicted, zero_division=0), "accuracy": accuracy_score(gold, predicted)})
 
 
+def test_attnkit_tag_reads_the_words_of_a_conll_file(tmp_path, capsys):
+    """A CoNLL file given to attnkit tag was read as lines of text: each 'word tag' line a text of its own, the gold
+    tag tagged as a word, with no word said. Its sentences are read as the words they hold."""
+    from attnkit.checkpoint import save_model
+
+    tokenizer, run = CharTokenizer.from_texts(["abcdefgh"]), tmp_path / "run"
+    config = ModelConfig(family="encoder", encoder_head="tag", n_classes=2, vocab_size=tokenizer.vocab_size,
+                         d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=32)
+    torch.manual_seed(0)
+    save_model(build_model(config), config, run)
+    tokenizer.save(run / "tokenizer")
+    (run / "labels.json").write_text(json.dumps({"labels": ["B-X", "O"]}))
+    write_conll(tmp_path / "in.conll", [(["abc", "de"], ["B-X", "O"]), (["h"], ["O"])])
+    assert cli.main(["tag", str(run), "--input", str(tmp_path / "in.conll"), "--format", "conll"]) == 0
+    expected = attnkit.load(run).tag([["abc", "de"], ["h"]])
+    assert capsys.readouterr().out == "".join("".join(f"{w.word}\t{w.label}\n" for w in words) + "\n"
+                                              for words in expected)
+
+
 @pytest.mark.slow  # 200 steps of a small encoder: a minute or two on an idle laptop CPU
 def test_a_tagger_trains_from_the_command_line_to_entity_f1_095(tmp_path, capsys):
     """The synthetic entity set of tests/tagging_data.py (closed lists of people, places and companies in six

@@ -41,7 +41,7 @@ from attnkit.tasks.common import (
     synthetic_name,
 )
 from attnkit.tasks.conll import Sentence, check_scheme, read_tagged, tag_scheme
-from attnkit.tasks.layouts import check_layout
+from attnkit.tasks.layouts import check_layout, layout_of
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.tokenize import Tokenizer, require_id
@@ -374,12 +374,19 @@ class TagSettings(InputSettings):
     """A tagger labels each word of a text (words split at whitespace)."""
 
     format: Literal["pairs", "conll"] = "pairs"
-    """pairs: each text on one line as word/LABEL; conll: a word and its label per line, a blank line after each text"""
+    """pairs: each text on one line as word/LABEL; conll: a word and its label per line, a blank line after each text
+    (an --input CoNLL or .conllu file gives its sentences' words)"""
 
 
 def run_tag(settings: TagSettings, load: Callable[[Any], Any]) -> int:
-    """`attnkit tag`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
-    texts = read_inputs(settings)
+    """`attnkit tag`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`). An --input
+    laid out as tagged sentences (CoNLL, .conllu: `layout_of`) gives its sentences' words, not its lines."""
+    texts: list[Any] = read_inputs(settings)
+    found = layout_of(settings.input, encoding_errors=settings.encoding_errors) if len(texts) > 1 and (
+        settings.input not in (None, "-")) else None
+    if found is not None and found[0] == "tagged":
+        texts = [words for words, _ in read_tagged(settings.input, column="form",  # the words alone: any file has them
+                                                    encoding_errors=settings.encoding_errors)]
     for words in load(settings).tag(texts, batch_size=settings.batch_size):
         if settings.format == "conll":
             print("".join(f"{w.word}\t{w.label}\n" for w in words))
