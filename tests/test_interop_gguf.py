@@ -223,6 +223,16 @@ def test_command_line(tmp_path, capsys):
 
 
 
+def test_the_command_line_names_no_hidden_partial_file(tmp_path, caplog):
+    """gguf's writer logs the file it writes, at INFO: the hidden one attnkit writes into before the rename. The user
+    is told only where the file went."""
+    run = random_run(tmp_path, LAYOUTS["default"])
+    with caplog.at_level("INFO"):
+        assert main(["convert", str(run), "--to-gguf", str(tmp_path / "model.gguf")]) == 0
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("gguf")] == []
+    assert not [r.getMessage() for r in caplog.records if ".partial" in r.getMessage()]
+
+
 CHATS = [[], [{"role": "user", "content": "Hello!"}],
          [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi {{ there }}\n  you"},
           {"role": "assistant", "content": "Hi."}, {"role": "developer", "content": "Be brief."},

@@ -29,9 +29,10 @@ plain-text turns `attnkit serve` chats in.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -58,6 +59,19 @@ from attnkit.outputs import atomic_output
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _writer_quiet(gguf: Any) -> Iterator[None]:
+    """gguf's writer logs, at INFO, the file it writes: the hidden partial one (`atomic_output`), whose name means
+    nothing to the user; the caller says where the file went. Its warnings still show."""
+    writer_log = logging.getLogger(gguf.gguf_writer.__name__)
+    level = writer_log.level
+    writer_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        writer_log.setLevel(level)
 
 GGUFType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"]
 # --type -> (the tensors' GGML type, the file type recorded in general.file_type), by the gguf package's names
@@ -118,7 +132,7 @@ def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f
     vocab = gguf_vocabulary(tokenizer, tokenizer_dir, config.vocab_size)
     template, template_source = _chat_template(chat_template, tokenizer_dir)
 
-    with atomic_output(out, directory=False, overwrite=overwrite, flag="--to-gguf") as partial:
+    with atomic_output(out, directory=False, overwrite=overwrite, flag="--to-gguf") as partial, _writer_quiet(gguf):
         writer = gguf.GGUFWriter(str(partial), arch_name)
         try:
             writer.add_name(run_dir.resolve().name)
