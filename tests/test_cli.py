@@ -158,6 +158,14 @@ def test_the_documentation_has_console_transcripts_to_check():
     assert len(CONSOLE_TRANSCRIPTS) >= 5 and all(printed for _, _, printed in CONSOLE_TRANSCRIPTS)
 
 
+def test_the_command_line_page_names_every_command():
+    """docs/user-guide/command-line.md opens with the program's commands: all of them."""
+    page = (ROOT / "docs" / "user-guide" / "command-line.md").read_text(encoding="utf-8")
+    listed = page.split("are the same program:", 1)[1].split(". ", 1)[0]
+    missing = sorted({command.name.split()[0] for command in cli.COMMANDS} - set(re.findall(r"`([a-z-]+)", listed)))
+    assert not missing, f"the command-line page's list of commands lacks {missing}"
+
+
 def test_readme_train_flags_reach_the_request_unchanged():
     invocation = cli.parse(["train", "--data", "input.txt", "--tokenizer", "char", "--seq-len", "64", "--max-steps",
                             "2000", "--max-time", "5m", "--out", "runs/shakespeare", "--set", "n_layers=6",
