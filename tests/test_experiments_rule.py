@@ -112,3 +112,14 @@ def test_a_run_that_diverged_leaves_its_check_undecided_and_says_so():
     assert verdict == "inconclusive at this budget"
     assert "--seeds" not in decision and "runs that stay finite" in decision
     assert Check.over("c", [math.inf, math.nan]).difference == 0.0
+
+
+def test_a_check_seeds_do_not_repeat_never_names_more_seeds_as_its_fix():
+    """transformer-plus-plus runs its larger sizes once whatever --seeds says; an undecided check there named
+    '--seeds 3' as what would decide it, which runs that size once again."""
+    once = Check.over("a", [0.2], spread=0.1, df=4, repeated=False)  # noise 0.278: inside
+    assert once.outcome == "inside noise"
+    verdict, decision = verdict_of([once])
+    assert verdict == "inconclusive at this budget" and "--seeds" not in decision.replace("--seeds does not", "")
+    assert "a larger budget" in decision
+    assert "--seeds" in Check.over("a", [0.2], spread=0.1, df=4).to_decide()  # where seeds repeat it, they are named

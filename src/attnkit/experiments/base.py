@@ -98,15 +98,17 @@ class Check:
     n: int = 0  # seeds or rounds averaged
     unit: str = "seeds"
     unmeasured: int = 0  # samples that were no finite number (runs that diverged): the check is left undecided
+    repeated: bool = True  # whether --seeds repeats its runs (False: a size the experiment runs once, whatever --seeds)
 
     @classmethod
     def over(cls, what: str, samples: Sequence[float], *, unit: str = "seeds", spread: float | None = None,
-             df: int | None = None) -> Check:
+             df: int | None = None, repeated: bool = True) -> Check:
         """The mean of `samples` (one difference per seed or round) and its noise from their spread. `spread` and
         `df`: a spread measured on other runs at the same budget (pooled), where these runs are too few. A sample
         that is no finite number (a run that diverged, a loss that is nan) measured nothing: the check is left
         undecided (noise infinite, the basis saying how many), never read as a difference inside the noise that more
-        seeds would decide."""
+        seeds would decide. `repeated`: False where --seeds does not add to these samples (a size run once), so that
+        an undecided check does not name more seeds as what would decide it."""
         n = len(samples)
         unmeasured = sum(not math.isfinite(sample) for sample in samples)
         if unmeasured:
@@ -119,7 +121,7 @@ class Check:
             df = n - 1
         noise = math.inf if spread is None else t_95(df or 0) * spread / math.sqrt(n)
         basis = f"{n} {unit}" if df == n - 1 else f"{n} {unit}, spread pooled from other runs ({df} df)"
-        return cls(what, mean, noise, basis, spread, n, unit)
+        return cls(what, mean, noise, basis, spread, n, unit, repeated=repeated)
 
     @classmethod
     def fact(cls, what: str, holds: bool) -> Check:
@@ -138,6 +140,8 @@ class Check:
         """What would tell this difference from zero: the seeds it would take at this budget, or a larger budget."""
         if self.unmeasured:
             return "runs that stay finite (a lower learning rate, or another budget)"
+        if not self.repeated:
+            return f"a larger budget (--seeds does not repeat these {self.n} {self.unit})"
         if self.spread and self.difference and self.n:
             for n in range(self.n + 1, 201):
                 if t_95(n - 1) * self.spread / math.sqrt(n) < abs(self.difference):

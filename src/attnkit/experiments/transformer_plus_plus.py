@@ -160,7 +160,8 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
     run_spread, run_df = pooled_spread([losses[(name, i)] for name in FAMILIES for i in range(len(sizes))
                                         if len(losses[(name, i)]) > 1])
     checks = [Check.over(f"Vaswani-style validation loss minus Transformer++'s at {w} x {n} (nats)", gap,
-                         spread=gap_spread, df=gap_df) for gap, (w, n) in zip(gaps, sizes, strict=True)]
+                         spread=gap_spread, df=gap_df, repeated=index < SEEDED_SIZES)
+              for index, (gap, (w, n)) in enumerate(zip(gaps, sizes, strict=True))]
     points = {name: [(flops[(name, i)], statistics.fmean(losses[(name, i)])) for i in range(len(sizes))]
               for name in FAMILIES}
     run_noise = math.inf if run_spread is None else t_95(run_df) * run_spread
