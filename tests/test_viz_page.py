@@ -103,6 +103,32 @@ def test_model_view_shows_every_layer_and_head_and_a_click_picks_one(browser, pa
     browser.evaluate("window.scrollTo(0, 0)")  # the other tests read the page from its top
 
 
+def test_shift_click_shows_several_heads_at_once_each_in_its_colour(browser, page):
+    """BertViz's head view draws several heads at once, each head's lines in its colour: a shift-click adds a head
+    to the one shown, another takes it away; the heatmap is the selected heads' mean."""
+    _, maps = page
+    self_view = [m.kind for m in maps].index("self")
+    browser.evaluate(f"(() => {{ const s = document.getElementById('view'); s.value = '{self_view}';"
+                     " s.dispatchEvent(new Event('change')); })()")
+    browser.click('#heads button[data-head="0"]')
+    for head in (2, 3, 3):  # add 2, add 3, take 3 away
+        box = browser.evaluate(f"(() => {{ const r = document.querySelector('#heads button[data-head=\"{head}\"]')"
+                               ".getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; })()")
+        for kind in ("mousePressed", "mouseReleased"):
+            browser.call("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left",
+                                                      "clickCount": 1, "modifiers": 8})  # 8: shift
+    assert browser.evaluate("window.attnkit.state.head") == [0, 2]
+    assert sorted(browser.evaluate("[...document.querySelectorAll('#heads button.selected')]"
+                                   ".map((b) => b.dataset.head)")) == ["0", "2"]
+    colours = browser.evaluate("[...new Set([...document.querySelectorAll('#lines line')]"
+                               ".map((l) => l.getAttribute('stroke')))]")
+    assert sorted(colours) == ["#1f77b4", "#2ca02c"]  # heads 0 and 2 of the palette
+    drawn = browser.evaluate(f"Array.from(window.attnkit.weights({self_view}, 0, [0, 2]))")
+    expected = maps[self_view].weights[0, [0, 2]].mean(axis=0)
+    np.testing.assert_allclose(np.array(drawn).reshape(expected.shape), expected, rtol=1e-6, atol=1e-7)
+    browser.click('#heads button[data-head="mean"]')
+
+
 def test_a_one_row_heatmap_leaves_its_colour_scale_room_for_its_labels(tmp_path):
     """A translation of one token is a heatmap one row tall; its colour scale still spaces its five tick labels
     (14 px each) apart instead of drawing them over each other."""
