@@ -380,6 +380,22 @@ def test_cli_classify_reads_its_texts_from_standard_input_with_input_dash(runs, 
     assert cli.main(["classify", "--run", str(runs["clf"]), "--input", "-"]) == 2
     assert "standard input is not valid UTF-8: byte 0xff at offset 2" in capsys.readouterr().err
 
+
+def test_cli_classify_reads_the_text_column_of_a_csv_tsv_or_jsonl_input(runs, tmp_path, capsys):
+    """A labelled file given to attnkit classify was read as lines: the header classified as a text, and each label
+    read as part of its text, with no word said. Its text column (or key) is what is classified."""
+    texts = ["abc, d", "hh"]
+    files = {"in.csv": 'label,text\npos,"abc, d"\nneg,hh\n', "in.tsv": "text\tid\nabc, d\t1\nhh\t2\n",
+             "in.jsonl": '{"text": "abc, d", "label": "pos"}\n{"text": "hh"}\n'}
+    expected = [f"{r.label}\t{r.probability:.4f}" for r in attnkit.load(runs["clf"]).classify(texts)]
+    for name, content in files.items():
+        (tmp_path / name).write_text(content, encoding="utf-8")
+        assert cli.main(["classify", "--run", str(runs["clf"]), "--input", str(tmp_path / name)]) == 0
+        assert capsys.readouterr().out.splitlines() == expected, name
+    (tmp_path / "header.csv").write_text("text,label\n", encoding="utf-8")
+    assert cli.main(["classify", "--run", str(runs["clf"]), "--input", str(tmp_path / "header.csv")]) == 2
+    assert "header.csv holds no texts below its header" in capsys.readouterr().err
+
 def test_cli_translate_refuses_an_output_it_cannot_write_before_loading_the_run(runs, tmp_path):
     from attnkit.tasks.translate import run_translate
 

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 TEXT_COLUMNS = ("text", "sentence", "review", "content")
 LABEL_COLUMNS = ("label", "labels", "class", "sentiment")
 JSON_LINES = (".jsonl", ".ndjson")  # one JSON object a line
+TABLES = (".csv", ".tsv", *JSON_LINES)  # files of named columns (or keys): a text column, a label column, others
 BadLabels = Literal["error", "skip", "keep"]
 BAD_LABELS: tuple[str, ...] = ("error", "skip", "keep")
 ALIKE_SHARE = 0.9  # a label written unlike the labels of this share of the lines is suspect
@@ -152,22 +153,9 @@ def read_labelled(
     if bad_labels not in BAD_LABELS:
         raise InputError(f"bad_labels={bad_labels!r}: choose one of {', '.join(BAD_LABELS)}")
     text = read_text(path, errors=encoding_errors)
-    suffix = Path(path).suffix.lower()
-    if suffix in (".csv", ".tsv"):
-        dialect = {"delimiter": ","} if suffix == ".csv" else {"delimiter": "\t", "quoting": csv.QUOTE_NONE}
-        rows = _rows(text, path, **dialect)
-        if not rows:
-            raise InputError(f"{path} is empty")
-        t_col = _pick_column(rows[0], text_column, TEXT_COLUMNS, "text", path, dialect["delimiter"])
-        l_col = _pick_column(rows[0], label_column, LABEL_COLUMNS, "label", path, dialect["delimiter"])
-        _check_widths(rows, path, suffix)
-        numbered = [
-            (n, r[t_col] if t_col < len(r) else "", r[l_col] if l_col < len(r) else "")
-            for n, r in enumerate(rows[1:], start=2)
-            if any(cell.strip() for cell in r)
-        ]
-    elif suffix in JSON_LINES:
-        numbered = _json_lines(text, path, text_column, label_column)
+    fields = [(text_column, TEXT_COLUMNS, "text"), (label_column, LABEL_COLUMNS, "label")]
+    if Path(path).suffix.lower() in TABLES:
+        numbered = _table(text, path, fields)
     else:
         numbered = []
         for n, line in enumerate(text.split("\n"), start=1):
@@ -205,11 +193,40 @@ def read_labelled(
     return kept
 
 
-def _json_lines(text: str, path: str | os.PathLike, text_column: str | None, label_column: str | None
-                ) -> list[tuple[int, str, str]]:
-    """(line, text, label) of a JSON Lines file: one object a line (as `datasets`' `to_json` writes a split), the
-    text and label under the usual keys (`TEXT_COLUMNS`, `LABEL_COLUMNS`) or the ones given; blank lines skipped.
-    A number or true/false label is read as written in JSON (1, true). Raises InputError naming the line."""
+Field = tuple[str | None, tuple[str, ...], str]  # a column or key: the name given (or None), the usual names, what
+
+
+def read_texts(path: str | os.PathLike, *, text_column: str | None = None,
+               encoding_errors: EncodingErrors = "strict") -> list[str] | None:
+    """The texts of a CSV, TSV or JSON Lines file's text column or key (as `read_labelled` finds it; other columns,
+    a label among them, are left), or None for a file of another kind (its lines are its texts). Raises InputError
+    as `read_labelled` does for a header, row or line it cannot read."""
+    if Path(path).suffix.lower() not in TABLES:
+        return None
+    rows = _table(read_text(path, errors=encoding_errors), path, [(text_column, TEXT_COLUMNS, "text")])
+    return [text for _, text in rows]
+
+
+def _table(text: str, path: str | os.PathLike, fields: list[Field]) -> list[tuple]:
+    """(line, *cells) of a CSV/TSV file with a header, or of a JSON Lines file, one cell for each of `fields`
+    (`_pick_column` finds a column); rows of blank cells skipped."""
+    suffix = Path(path).suffix.lower()
+    if suffix in JSON_LINES:
+        return _json_lines(text, path, fields)
+    dialect = {"delimiter": ","} if suffix == ".csv" else {"delimiter": "\t", "quoting": csv.QUOTE_NONE}
+    rows = _rows(text, path, **dialect)
+    if not rows:
+        raise InputError(f"{path} is empty")
+    columns = [_pick_column(rows[0], wanted, usual, what, path, dialect["delimiter"]) for wanted, usual, what in fields]
+    _check_widths(rows, path, suffix)
+    return [(n, *(r[c] if c < len(r) else "" for c in columns)) for n, r in enumerate(rows[1:], start=2)
+            if any(cell.strip() for cell in r)]
+
+
+def _json_lines(text: str, path: str | os.PathLike, fields: list[Field]) -> list[tuple]:
+    """(line, *values) of a JSON Lines file: one object a line (as `datasets`' `to_json` writes a split), a value
+    for each of `fields`, under the usual keys (`TEXT_COLUMNS`, `LABEL_COLUMNS`) or the ones given; blank lines
+    skipped. A number or true/false is read as written in JSON (1, true). Raises InputError naming the line."""
     numbered = []
     for n, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
@@ -223,7 +240,7 @@ def _json_lines(text: str, path: str | os.PathLike, text_column: str | None, lab
             raise InputError(f"{path}, line {n} holds a JSON {type(row).__name__}, not an object: write each "
                              "example as {\"text\": ..., \"label\": ...}")
         cells = []
-        for wanted, defaults, what in ((text_column, TEXT_COLUMNS, "text"), (label_column, LABEL_COLUMNS, "label")):
+        for wanted, defaults, what in fields:
             keys = {str(k).strip().lower(): k for k in row}
             key = next((keys[name.lower()] for name in ([wanted] if wanted else defaults) if name.lower() in keys),
                        None)

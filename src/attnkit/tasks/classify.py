@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from attnkit.data import LabelledBatch, LabelledData, LabelVocab, make_task, read_labelled
+from attnkit.data.labelled import read_texts
 from attnkit.errors import InputError
 from attnkit.run_settings import InputSettings, read_inputs
 from attnkit.tasks import common
@@ -165,8 +166,15 @@ class ClassifySettings(InputSettings):
 
 
 def run_classify(settings: ClassifySettings, load: Callable[[Any], Any]) -> int:
-    """`attnkit classify`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
+    """`attnkit classify`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`). An
+    --input CSV, TSV or JSON Lines file gives the texts of its text column (`read_texts`), any other its lines."""
     texts = read_inputs(settings)  # the texts' file checked before the model loads
+    column = read_texts(settings.input, encoding_errors=settings.encoding_errors) if settings.input not in (
+        None, "-") else None
+    if column == []:
+        raise InputError(f"{settings.input} holds no texts below its header: add a line for each text")
+    if column is not None:
+        texts = column
     for result in load(settings).classify(texts, batch_size=settings.batch_size):
         print(f"{result.label}\t{result.probability:.4f}")
     return 0
