@@ -93,6 +93,16 @@ def test_two_ranks_of_b_follow_one_process_of_2b(tmp_path, single, task, shard, 
 
 
 @SLOW
+def test_compile_model_under_ddp_trains_compiled(tmp_path):
+    """--compile model through DDP: compiled as the plan says, not fallen back to eager after a failed fullgraph."""
+    done = torchrun(tmp_path / "run", *TASKS["lm"], *TINY, "--batch-size", "4", "--max-steps", "2",
+                    "--eval-every", "2", "--compile", "model", "--explain")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "compilation  whole model" in done.stderr and "DDPOptimizer" in done.stderr, done.stderr[-3000:]
+    assert "training runs eagerly" not in done.stderr, done.stderr[-3000:]
+
+
+@SLOW
 def test_batch_tokens_are_per_rank_as_the_batch_size_is(tmp_path):
     """--set batch_tokens=T is each rank's share, as --batch-size is (fairseq's --max-tokens is per GPU too): 2 ranks
     of T follow one process of 2T, and the log says the global batch in tokens."""

@@ -90,6 +90,16 @@ def test_plan_says_how_the_ranks_train(ranks, sharded, device, said):
     assert said in plan.explain()
 
 
+def test_ddp_compiles_the_whole_model_in_graphs_split_at_its_buckets():
+    """Dynamo cannot trace DDP's forward as one graph (fullgraph fails, and the run fell back to eager): through DDP
+    the model compiles with graph breaks allowed, where DDPOptimizer splits it at the gradient buckets."""
+    plan = plan_training(_decoder(), family="decoder", device="cuda", ranks=2, free_memory=GIB)
+    assert (plan.compile, plan.fullgraph) == ("model", False)
+    assert "DDPOptimizer" in plan.explain()
+    alone = plan_training(_decoder(), family="decoder", device="cuda", free_memory=GIB)
+    assert (alone.compile, alone.fullgraph) == ("model", True)
+
+
 def test_master_weights_under_fsdp2_are_its_mixed_precision():
     """FSDP2 keeps no second bf16 model (distributed.py): the precision line says what runs."""
     plan = plan_training(_decoder(), family="decoder", device="cuda", dtype="bf16-master", ranks=2, sharded=True,

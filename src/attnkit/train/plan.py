@@ -20,7 +20,8 @@ The choices (nanoGPT's train.py and torchtitan on a GPU; the CPU's own where the
     vocabulary      the plain path's product padded to a multiple of 64 on a GPU (outputs and checkpoints unchanged)
     compilation     auto: the whole model on a GPU (fullgraph: the Transformer families trace without graph breaks),
                     eager on a CPU; model or blocks when asked; never a recurrent family (Dynamo does not trace
-                    nn.RNN, nn.GRU or nn.LSTM); blocks under FSDP2 (each block is a shard unit)
+                    nn.RNN, nn.GRU or nn.LSTM); blocks under FSDP2 (each block is a shard unit); under DDP the
+                    whole model without fullgraph (DDPOptimizer splits it at the gradient buckets)
     optimizer       AdamW, fused (`train/optim.py`)
     matmul          TF32 for fp32 products on a GPU
     float8          on request (--float8), where the GPU has float8 tensor cores (Hopper, Ada) and torchao is installed:
@@ -157,7 +158,7 @@ def plan_training(
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     head = _output_head(model)
-    compile_choice, fullgraph, why_compile = _compilation(compile, family, on_gpu, sharded)
+    compile_choice, fullgraph, why_compile = _compilation(compile, family, on_gpu, sharded, ranks)
     departs = compile in ("model", "blocks") and compile != compile_choice  # an explicit request not followed
     choices = [_ranks(ranks, sharded, device), Choice("precision", dtype, _precision_note(dtype, sharded))]
     loss, why_loss = _loss_path(head, on_gpu, compile_choice == "model", batch_tokens, dtype, free_memory, device)
@@ -206,7 +207,7 @@ def plan_training(
                         choices=tuple(choices))
 
 
-def _compilation(compile: str, family: str, on_gpu: bool, sharded: bool) -> tuple[str, bool, str]:
+def _compilation(compile: str, family: str, on_gpu: bool, sharded: bool, ranks: int) -> tuple[str, bool, str]:
     """What is compiled ("off", "model", "blocks"), whether as one graph, and why."""
     if compile not in TRAIN_COMPILE:
         raise ValueError(f"compile={compile!r} is not known; use one of {', '.join(TRAIN_COMPILE)}")
@@ -223,9 +224,14 @@ def _compilation(compile: str, family: str, on_gpu: bool, sharded: bool) -> tupl
         return "blocks", False, "FSDP2 shards each block: each is compiled as its own graph (torchtitan's choice)"
     if compile == "blocks":
         return "blocks", False, "as asked (--compile blocks): each block one graph, the embeddings and loss eager"
+    asked = ", as asked" if compile == "model" else " (auto, on a GPU)"
+    if ranks > 1:  # Dynamo takes DDP's forward apart, which fullgraph refuses
+        return "model", False, ("through DDP, the graph split at DDP's gradient buckets (TorchDynamo's DDPOptimizer): "
+                                "each bucket's all-reduce overlaps the rest of the backward; inductor fuses the "
+                                "element-wise work between products" + asked)
     return "model", True, ("one graph for the forward with its loss and one for the backward (the Transformer "
                            "families trace without graph breaks): inductor fuses the element-wise work between "
-                           "products" + (", as asked" if compile == "model" else " (auto, on a GPU)"))
+                           "products" + asked)
 
 
 def _float8(asked: bool, device: torch.device, dtype: str, capability: tuple[int, int] | None) -> str:
