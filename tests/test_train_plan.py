@@ -100,6 +100,11 @@ def test_ddp_compiles_the_whole_model_in_graphs_split_at_its_buckets():
     assert (alone.compile, alone.fullgraph) == ("model", True)
 
 
+@pytest.mark.parametrize(("packed", "said"), [(True, "packing      rows of whole documents"), (False, "packing      off")])
+def test_plan_says_whether_rows_are_packed(packed, said):
+    assert said in plan_training(_decoder(), family="decoder", device="cpu", packed=packed).explain()
+
+
 def test_master_weights_under_fsdp2_are_its_mixed_precision():
     """FSDP2 keeps no second bf16 model (distributed.py): the precision line says what runs."""
     plan = plan_training(_decoder(), family="decoder", device="cuda", dtype="bf16-master", ranks=2, sharded=True,

@@ -193,6 +193,10 @@ def plan_training(
     elif why_kernel is not None:
         why_attention = (why_attention[0], f"{why_attention[1]}; {why_kernel}")
     choices.append(Choice("attention", why_attention[0], why_attention[1]))
+    choices.append(Choice("packing", "rows of whole documents, a document mask" if packed else "off",
+                          "as asked (--pack): no token attends across documents, positions restart at each" if packed
+                          else "rows as the task draws them (lm: windows that run across documents; --pack packs "
+                          "whole documents with a document mask)"))
     choices.append(Choice("data", "pinned, copied without waiting" if on_gpu else "as drawn",
                           "the next batch's copy overlaps the step before it" if on_gpu else
                           "batches are drawn into the memory the model reads"))
