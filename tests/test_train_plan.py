@@ -100,7 +100,8 @@ def test_ddp_compiles_the_whole_model_in_graphs_split_at_its_buckets():
     assert (alone.compile, alone.fullgraph) == ("model", True)
 
 
-@pytest.mark.parametrize(("packed", "said"), [(True, "packing      rows of whole documents"), (False, "packing      off")])
+@pytest.mark.parametrize(("packed", "said"), [(True, "packing      rows of whole documents"),
+                                              (False, "packing      off")])
 def test_plan_says_whether_rows_are_packed(packed, said):
     assert said in plan_training(_decoder(), family="decoder", device="cpu", packed=packed).explain()
 
