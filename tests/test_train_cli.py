@@ -4,6 +4,7 @@ mistakes reported without a traceback."""
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,3 +159,17 @@ def test_the_resume_hint_names_the_budget_that_ended_the_run(tmp_path, capsys, b
     assert cli.main(["train", "--data", str(text), "--tokenizer", "char", "--out", str(tmp_path / "run"),
                      "--sample-tokens", "0", "--eval-every", "100000", *TINY, *budget]) == 0
     assert capsys.readouterr().out.rstrip().endswith(hint)
+
+
+def test_a_run_ends_saying_where_it_is_and_where_its_curves_and_metrics_are(tmp_path, capsys):
+    """The closing lines name the run's best checkpoint, its loss curves and its metrics log, each of them there, and
+    end with how to resume."""
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    assert cli.main(["train", "--data", str(text), "--tokenizer", "char", "--out", str(tmp_path / "run"),
+                     "--sample-tokens", "0", "--eval-every", "100000", *TINY, "--max-steps", "2"]) == 0
+    closing = "\n".join(capsys.readouterr().out.rstrip().splitlines()[-2:])
+    named = re.findall(rf"{re.escape(str(tmp_path / 'run'))}/(best|plots/loss\.png|metrics\.jsonl)\b", closing)
+    assert sorted(named) == ["best", "metrics.jsonl", "plots/loss.png"], closing
+    assert all((tmp_path / "run" / name).exists() for name in named)
+    assert closing.endswith("--resume --max-steps N")

@@ -357,9 +357,13 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any], *o
         prompt = trainer.tokenizer.decode(trainer.task.prompt_ids())
         print("sample (prompt from the validation text, then the model's continuation):")
         print(sample_after_training(run.out, prompt=prompt, max_new_tokens=run.sample_tokens))
+    from attnkit.checkpoint import METRICS_FILE
+    from attnkit.train.trainer import PLOT_FILE
+
     budget = "--max-time DURATION" if result.reason == "max_time" else "--max-steps N"  # the one that ended it
-    print(f"saved to {run.out} (best checkpoint: {run.out}/best); resume with: "
-          f"{trainer.parallel.resume_command(run.out)} {budget}")
+    print(f"saved to {run.out}: best checkpoint {run.out}/best, loss curves {run.out}/{PLOT_FILE}, every step in "
+          f"{run.out}/{METRICS_FILE}")
+    print(f"resume with: {trainer.parallel.resume_command(run.out)} {budget}")
     return 0
 
 
