@@ -204,6 +204,9 @@ def test_attnkit_tag_reads_the_words_of_a_conll_file(tmp_path, capsys):
     expected = attnkit.load(run).tag([["abc", "de"], ["h"]])
     assert capsys.readouterr().out == "".join("".join(f"{w.word}\t{w.label}\n" for w in words) + "\n"
                                               for words in expected)
+    (tmp_path / "names.txt").write_text("abc de\nfg h\n\nbad ce\n", encoding="utf-8")  # texts of two words apiece
+    assert cli.main(["tag", str(run), "--input", str(tmp_path / "names.txt")]) == 0
+    assert [len(line.split()) for line in capsys.readouterr().out.splitlines()] == [2, 2, 0, 2]
 
 
 @pytest.mark.slow  # 200 steps of a small encoder: a minute or two on an idle laptop CPU

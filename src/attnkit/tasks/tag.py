@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -44,6 +45,7 @@ from attnkit.tasks.conll import Sentence, check_scheme, read_tagged, tag_scheme
 from attnkit.tasks.layouts import check_layout, layout_of
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
+from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, require_id
 
 log = logging.getLogger(__name__)
@@ -368,6 +370,21 @@ def cut_off_label(labels: Sequence[str]) -> str:
     return "O" if "O" in labels else labels[0]
 
 
+def conll_words(path: str, encoding_errors: EncodingErrors) -> list[list[str]] | None:
+    """The words of each sentence of a file of tagged sentences, or None for a file of texts: one laid out so
+    (`layout_of`) and named so (.conll, .conllu) or tagged so (BIO/BIOES tags in its last column), which lines of two
+    words apiece between blank lines are not."""
+    found = layout_of(path, encoding_errors=encoding_errors)
+    if found is None or found[0] != "tagged":
+        return None
+    sentences = read_tagged(path, column="form", encoding_errors=encoding_errors)  # words alone: any file has them
+    named = Path(path).suffix.lower() in (".conll", ".conllu")
+    if not named and tag_scheme({tag for _, tags in read_tagged(path, encoding_errors=encoding_errors)
+                                 for tag in tags}) is None:
+        return None
+    return [words for words, _ in sentences]
+
+
 # The command (attnkit tag) -----------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class TagSettings(InputSettings):
@@ -380,13 +397,10 @@ class TagSettings(InputSettings):
 
 def run_tag(settings: TagSettings, load: Callable[[Any], Any]) -> int:
     """`attnkit tag`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`). An --input
-    laid out as tagged sentences (CoNLL, .conllu: `layout_of`) gives its sentences' words, not its lines."""
+    of tagged sentences gives its sentences' words, not its lines (`conll_words`)."""
     texts: list[Any] = read_inputs(settings)
-    found = layout_of(settings.input, encoding_errors=settings.encoding_errors) if len(texts) > 1 and (
-        settings.input not in (None, "-")) else None
-    if found is not None and found[0] == "tagged":
-        texts = [words for words, _ in read_tagged(settings.input, column="form",  # the words alone: any file has them
-                                                    encoding_errors=settings.encoding_errors)]
+    if len(texts) > 1 and settings.input not in (None, "-"):
+        texts = conll_words(settings.input, settings.encoding_errors) or texts
     for words in load(settings).tag(texts, batch_size=settings.batch_size):
         if settings.format == "conll":
             print("".join(f"{w.word}\t{w.label}\n" for w in words))
