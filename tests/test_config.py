@@ -120,3 +120,22 @@ def test_old_names_of_resolved_values_are_read_from_config_json_with_a_warning(t
         assert written.kv_heads == 2  # the old attribute, resolved
     with pytest.raises(AttributeError):
         ModelConfig(family="decoder").n_decoder_layers  # noqa: B018  (an encoder-decoder's field only)
+
+
+def test_a_config_json_written_before_the_window_checks_still_loads_as_the_model_it_built(tmp_path, caplog):
+    """A window longer than max_seq_len hid no key, and a global_every beyond every stack made no layer global:
+    refused when a config is made, such a config.json of an old run reads as the same model (no window, 0), with a
+    warning naming the field."""
+    written = ModelConfig(d_model=32, n_heads=4, max_seq_len=64, position="rope", attention_window=8).to_dict()
+    cases = [({"attention_window": 100}, {"attention_window": None}),
+             ({"attention_window": 100, "global_every": 2}, {"attention_window": None, "global_every": 0}),
+             ({"global_every": 3}, {"global_every": 0})]
+    written.pop("global_every")  # a hand-written file may leave it out
+    for old, read in cases:
+        (tmp_path / "config.json").write_text(json.dumps({**written, **old}))
+        with caplog.at_level(logging.WARNING, logger="attnkit.config"):
+            config = ModelConfig.from_json(tmp_path / "config.json")
+        assert {name: getattr(config, name) for name in read} == read
+        assert any(name in record.message for record in caplog.records for name in old)
+        with pytest.raises(ConfigError):
+            ModelConfig(**{**written, **old})

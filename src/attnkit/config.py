@@ -311,6 +311,7 @@ class ModelConfig(metaclass=_FamilyDispatch):
         family's class. Raises ConfigError for unknown fields or fields the family does not have."""
         if not isinstance(data, dict):
             raise ConfigError("a model config must be an object of field: value")
+        data = _windows_read_back(data)
         return ModelConfig(**data) if cls is ModelConfig else cls(**data)
 
     @classmethod
@@ -403,6 +404,27 @@ def _applicable(cls: type[ModelConfig], fields: dict[str, Any]) -> dict[str, Any
             f"{name}={value!r} applies to family={families} only, not to family={cls.FAMILY!r}; remove it or "
             f"change the family"
         )
+    return out
+
+
+def _windows_read_back(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with the window settings a config refuses since they change nothing read as what they built: a window
+    longer than max_seq_len (it hid no key) as none, a global_every beyond every stack (no layer attended globally)
+    as 0, each with a warning naming the field; so old runs' config.json files keep loading as the same model."""
+    window, every = data.get("attention_window"), data.get("global_every", 0)
+    sizes = (window, every, data.get("max_seq_len", 1), data.get("n_layers", 1), data.get("n_decoder_layers"))
+    if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in sizes):
+        return data  # not numbers: the type checks name them
+    depths = [data.get(name) or data.get("n_layers", _default(ModelConfig, "n_layers"))
+              for name in ("n_layers", "n_decoder_layers")]
+    out = dict(data)
+    if window is not None and window > data.get("max_seq_len", _default(ModelConfig, "max_seq_len")):
+        log.warning("attention_window=%d is longer than max_seq_len, so it hides no key: read as none (write null)",
+                    window)
+        out.update(attention_window=None, global_every=0)
+    elif every and every > max(depths):
+        log.warning("global_every=%d is more than every stack's layers, so no layer attends globally: read as 0", every)
+        out["global_every"] = 0
     return out
 
 
