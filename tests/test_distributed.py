@@ -126,8 +126,12 @@ def test_saved_by_two_ranks_resumes_bit_for_bit_and_in_one_process(tmp_path, sha
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert torchrun(whole, *args, "--max-steps", "4").returncode == 0
     # steps 3 and 4 again, from the checkpoint of step 2, in another run directory
-    resumed = torchrun(parts, *args, "--max-steps", "4", "--resume", str(whole / "checkpoints" / "step_000002"))
+    resumed = torchrun(parts, *args, "--max-steps", "4", "--resume", str(whole / "checkpoints" / "step_000002"),
+                       "--log-every", "5")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # what every rank would say alike, rank 0 says once
+    assert resumed.stderr.count("resuming with a changed setting: log_every: 10 -> 5") == 1, resumed.stderr[-3000:]
+    assert resumed.stderr.count(f"continuing {whole / 'checkpoints' / 'step_000002'} in {parts}") == 1
     assert [r["loss"] for r in train_records(parts)] == [r["loss"] for r in train_records(whole)][2:]
     for name in ("model.safetensors", "optimizer.safetensors"):
         a, b = load_file(whole / name), load_file(parts / name)

@@ -355,8 +355,7 @@ class Sharded(Replicated):
 def start(world: World, *, shard: bool, timeout: float, device: torch.device) -> SingleProcess:
     """Join the other ranks (torchrun's MASTER_ADDR / MASTER_PORT rendezvous) when there are several, else one process.
 
-    nccl on CUDA, gloo on the CPU; every collective fails after `timeout` seconds. Ranks other than 0 log warnings
-    and errors only.
+    nccl on CUDA, gloo on the CPU; every collective fails after `timeout` seconds.
     """
     if world.size == 1:
         return SingleProcess(world, device)
@@ -376,9 +375,14 @@ def start(world: World, *, shard: bool, timeout: float, device: torch.device) ->
                 "command per machine, the same --rdzv-endpoint or MASTER_ADDR:MASTER_PORT on each), or give them "
                 "longer with --dist-timeout"
             ) from None
-    if world.rank > 0:
-        logging.getLogger("attnkit").setLevel(logging.WARNING)
     return (Sharded if shard else Replicated)(world, device, timeout=timeout)
+
+
+def quiet_other_ranks(world: World) -> None:
+    """Ranks other than 0 log errors only, from the start: what every rank would say alike (a changed setting on
+    resume, a fallback), rank 0 says once. A rank's own failure still ends it with its message (`RankLost`)."""
+    if world.rank > 0:
+        logging.getLogger("attnkit").setLevel(logging.ERROR)
 
 
 def refuse_rank_options(world: World, given: Mapping[str, Any]) -> None:

@@ -40,7 +40,7 @@ from attnkit.tasks.lm import stream_files
 from attnkit.tasks.translate import Translator
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import BPE_VOCAB_SIZE, Tokenizer, load_tokenizer, train_tokenizer
-from attnkit.train.distributed import SingleProcess, World, refuse_rank_options, start
+from attnkit.train.distributed import SingleProcess, World, quiet_other_ranks, refuse_rank_options, start
 from attnkit.train.finetune import (
     HFLoader,
     Source,
@@ -296,6 +296,7 @@ def _changes(request: TrainRequest) -> tuple[list[str], dict[str, Any], dict[str
 def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HFLoader | None) -> Trainer:
     model_changes, data_changes, train_changes = _changes(request)
     world = World.from_env()  # several processes under torchrun: this one is rank world.rank
+    quiet_other_ranks(world)
     refuse_rank_options(world, train_changes)
     out, device = Path(request.out), world.device(pick_device(request.device))
     if request.resume:
