@@ -134,6 +134,8 @@ def test_bad_requests_say_what_to_do(run, tmp_path):
 def test_the_command_line(run, tmp_path, capsys):
     assert cli.main(["average", str(run), "--last", "2", "--out", str(tmp_path / "avg")]) == 0
     assert "steps 4, 6" in capsys.readouterr().out
+    assert cli.main(["average", str(run), "--last", "1", "--out", str(tmp_path / "one")]) == 0
+    assert "the weights of step 6 into" in capsys.readouterr().out
     assert cli.main(["average", str(run), "--last", "0"]) == 2
     assert "last=0" in capsys.readouterr().err
 

@@ -475,8 +475,8 @@ def _run_average(settings: AverageSettings) -> int:
 
     out = average_run(settings.run, last=settings.last, out=settings.out)
     steps = read_json(out / AVERAGE_FILE)["steps"]
-    print(f"averaged the weights of steps {', '.join(map(str, steps))} into {out}; use it as a run, e.g. "
-          f"attnkit eval {out} --data ...")
+    which = f"step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))}"
+    print(f"averaged the weights of {which} into {out}; use it as a run, e.g. attnkit eval {out} --data ...")
     return 0
 
 
