@@ -173,3 +173,30 @@ def test_a_scale_of_small_weights_labels_each_tick_differently(tmp_path):
         assert labels == ["0.000", "0.006", "0.012", "0.018", "0.024"]
     finally:
         chromium.close()
+
+
+def test_long_token_labels_fit_the_head_view(tmp_path):
+    """A token of 35 characters (a code tokenizer's run of '=' or a long word piece) stood past the head view's
+    130-pixel columns and was cut off at the page's edge and the SVG's; each column is as wide as its longest
+    label."""
+    from viz_browser import Browser, chromium_or_reason
+
+    from attnkit.viz import AttentionMaps
+
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        pytest.skip(f"no headless browser: {reason}")
+    queries, keys = ("a", "=" * 35, "bb"), ("ThisIsAVeryLongTokenLabelIndeed_xx", "y", "z", "<eos>")
+    weights = np.full((1, 1, 3, 4), 0.25, dtype=np.float32)
+    path = write_page([AttentionMaps("cross", weights, queries, keys, (0,), (0,))], tmp_path / "attention.html")
+    chromium = Browser(executable)
+    try:
+        chromium.open(path)
+        inside = chromium.evaluate(
+            "(() => { const svg = document.getElementById('lines').getBoundingClientRect();"
+            " return [...document.querySelectorAll('#lines text[data-side]')].map((t) => {"
+            " const r = t.getBoundingClientRect();"
+            " return r.left >= svg.left - 0.5 && r.right <= svg.right + 0.5 && r.left >= 0; }); })()")
+        assert inside == [True] * (len(queries) + len(keys))
+    finally:
+        chromium.close()
