@@ -396,3 +396,21 @@ def test_a_text_of_bytes_that_are_not_utf8_is_one_line_not_a_traceback(runs, tmp
 def test_the_char_tokenizer_names_bytes_that_are_not_utf8():
     with pytest.raises(InputError, match=r"not UTF-8 \(byte 0xff at character 2\)"):
         CharTokenizer("abc").encode(b"ab\xffc".decode("utf-8", "surrogateescape"))
+
+
+def test_a_grid_makes_room_for_long_token_labels():
+    """Labels of 35 characters left the grid's maps no room (matplotlib's layout gave up, the labels were cut at the
+    figure's edges and the titles drawn over each other); the figure grows by the labels' length."""
+    weights = np.random.default_rng(0).dirichlet(np.ones(4), size=(2, 2, 3)).astype(np.float32)
+    queries, keys = ("a", "=" * 35, "bb"), ("ThisIsAVeryLongTokenLabelIndeed_xx", "y", "z", "<eos>")
+    fig = grid_figure(AttentionMaps("cross", weights, queries, keys, (0, 1), (0, 1)))
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)  # lays the figure out as saving it does
+    panels = fig.axes[:-1]
+    labels = [label for ax in panels for label in (*ax.get_xticklabels(), *ax.get_yticklabels()) if label.get_text()]
+    assert len(labels) == 2 * len(queries) + 2 * len(keys)
+    for label in labels:
+        box = label.get_window_extent(renderer)
+        assert box.x0 >= fig.bbox.x0 - 1 and box.y0 >= fig.bbox.y0 - 1, label.get_text()
+    for ax in panels:
+        assert ax.get_window_extent(renderer).width > 0.5 * DPI  # maps, not collapsed to nothing

@@ -85,15 +85,18 @@ def grid_figure(maps: AttentionMaps) -> Figure:
     fit."""
     n_layers, n_heads, n_queries, n_keys = maps.weights.shape
     cell = min(max(1.4, GRID_TOKEN_INCHES * max(n_queries, n_keys)), GRID_INCHES / n_heads)
+    font = min(FONT_POINTS[1], 0.9 * 72 * cell / max(n_queries, n_keys))  # a label fits its row
+    # the labels' length beside the first column and below the last row, beyond the 1.8 and 1.0 inches of the
+    # layer names, the heads' titles and the colour bar
+    labels = 0.6 * font / 72 * max(len(t) for t in (*maps.query_tokens, *maps.key_tokens)) if font >= 4 else 0.0
     title = f"{maps.title}: layers x heads (rows: queries, columns: keys)"
-    width = cell * (n_heads + GRID_BAR_SHARE) + 1.8
+    width = cell * (n_heads + GRID_BAR_SHARE) + 1.8 + labels
     if width < _title_inches(title):  # a grid of one or two maps: the title on two lines, the figure as wide
         title = title.replace(" (", "\n(")
         width = max(width, _title_inches(title))
     # constrained layout keeps the figure's title above the heads' titles, however tall the maps
-    fig = Figure(figsize=(width, cell * n_layers + 1.0), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(width, cell * n_layers + 1.0 + labels), dpi=DPI, layout="constrained")
     layout = fig.add_gridspec(n_layers, n_heads + 1, width_ratios=[1.0] * n_heads + [GRID_BAR_SHARE])
-    font = min(FONT_POINTS[1], 0.9 * 72 * cell / max(n_queries, n_keys))  # a label fits its row
     for row, layer in enumerate(maps.layers):
         for column, head in enumerate(maps.heads):
             ax: Axes = fig.add_subplot(layout[row, column])
