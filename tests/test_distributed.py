@@ -275,6 +275,26 @@ def test_gradients_are_reduced_in_each_steps_last_micro_batch_only(tmp_path, mon
     assert per_step > 0 and reduced_in == [3] * per_step + [6] * per_step  # never before a step's last micro-batch
 
 
+def test_fsdp2_master_weights_train_as_one_process_does(tmp_path, monkeypatch, one_rank_group):
+    """--shard --dtype bf16-master (FSDP2's mixed precision) on a group of one rank against one process's bf16 copy
+    with fp32 master weights: FSDP2 cast the blocks' inputs through the attention mask (a dataclass with a cache
+    field it cannot rebuild), and every such run failed at its first forward pass."""
+    monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (200, 16))
+    runs = {}
+    for name, parallel in (("one", SingleProcess()), ("fsdp2", Sharded(World(0, 0, 1), "cpu"))):
+        monkeypatch.setattr("attnkit.train.job._start", lambda world, settings, data, device, p=parallel: p)
+        out = tmp_path / name
+        prepare(TrainRequest(
+            out=str(out), task="lm", overrides=["d_model=32", "n_layers=2", "n_heads=2", "d_ff=64", "max_seq_len=24"],
+            data={"data": ("synthetic:copy",), "eval_batches": 1},
+            settings=dict(max_steps=3, batch_size=4, eval_every=3, dtype="bf16-master", seed=3), device="cpu",
+            progress=False,
+        )).fit()
+        runs[name] = [r["loss"] for r in train_records(out)]
+    assert len(runs["fsdp2"]) == 3
+    torch.testing.assert_close(runs["fsdp2"], runs["one"], rtol=2e-2, atol=0)  # bf16 products, cast apart
+
+
 def test_a_rank_lost_after_rank_0_saved_names_the_checkpoint_written(tmp_path, monkeypatch):
     """The other rank dies while rank 0 writes (it waits at the barrier after the save): the checkpoint rank 0 has
     written is whole, and is the one resuming takes, so the message names it rather than the one before."""

@@ -305,11 +305,16 @@ class Sharded(Replicated):
         """Shard `model` in place. bf16-master: all-gathered weights are cast to bf16 for forward and backward,
         gradients reduced in fp32 into the fp32 shards AdamW updates (master weights, Micikevicius et al. 2018)."""
         self._copy = _cpu_copy(model) if self.writes else None
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if (
-            dtype == "bf16-master") else MixedPrecisionPolicy()
+        master = dtype == "bf16-master"
+        # the blocks' inputs are cast by a hook of ours: FSDP's own cast rebuilds every dataclass it meets, and the
+        # attention mask (with the forms it has built) is not one to rebuild
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                      cast_forward_inputs=False) if master else MixedPrecisionPolicy()
         for module in model.modules():
             if isinstance(module, TransformerBlock):
                 fully_shard(module, mp_policy=policy)
+                if master:
+                    module.register_forward_pre_hook(_cast_to_bf16, with_kwargs=True)
         fully_shard(model, mp_policy=policy)
         for method in ("encode", "decode"):  # translation evaluation decodes through these, not forward
             if callable(getattr(model, method, None)):
@@ -425,6 +430,22 @@ def collective_backend(device: torch.device) -> str:
 def _rows(batch: Any) -> int:
     first = batch[0] if isinstance(batch, tuple) else getattr(batch, dataclasses.fields(batch)[0].name)
     return int(first.shape[0])
+
+
+def _cast_to_bf16(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A block's floating-point inputs (the residual stream (B, T, C), an encoder's output, rotary tables) in bf16,
+    its weights' dtype under FSDP2's mixed precision; other objects (the mask: ids and flags) pass as they are."""
+
+    def cast(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            return value.to(torch.bfloat16) if value.is_floating_point() else value
+        if type(value) in (tuple, list):
+            return type(value)(cast(item) for item in value)
+        if type(value) is dict:
+            return {key: cast(item) for key, item in value.items()}
+        return value
+
+    return cast(args), cast(kwargs)
 
 
 def _cpu_copy(model: nn.Module) -> nn.Module:
