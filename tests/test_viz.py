@@ -287,7 +287,7 @@ def test_a_mean_over_some_heads_names_them(monkeypatch, tmp_path):
     import attnkit.viz.heatmap as heatmap
 
     titles = []
-    monkeypatch.setattr(heatmap, "save_figure", lambda fig, path: titles.append(fig.axes[0].get_title()))
+    monkeypatch.setattr(heatmap, "save_figure", lambda fig, path: titles.append(fig.get_suptitle()))
     weights = np.full((1, 2, 3, 3), 1 / 3, dtype=np.float32)
     maps = AttentionMaps("cross", weights, ("a", "b", "c"), ("x", "y", "z"), (0,), (1, 3))
     heatmap.plot_head(maps, 0, None, tmp_path / "mean.png")
@@ -414,3 +414,23 @@ def test_a_grid_makes_room_for_long_token_labels():
         assert box.x0 >= fig.bbox.x0 - 1 and box.y0 >= fig.bbox.y0 - 1, label.get_text()
     for ax in panels:
         assert ax.get_window_extent(renderer).width > 0.5 * DPI  # maps, not collapsed to nothing
+
+
+@pytest.mark.parametrize("key_tokens", [("x", "y", "z"), ("ThisIsAVeryLongTokenLabelIndeed_xx", "y", "z")])
+def test_a_heatmaps_title_stays_inside_its_figure(monkeypatch, tmp_path, key_tokens):
+    """A title centred on a small map beside long labels ran off the figure's right edge ("mean ov")."""
+    import attnkit.viz.heatmap as heatmap
+
+    figures = []
+    save = heatmap.save_figure
+    monkeypatch.setattr(heatmap, "save_figure", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    weights = np.full((1, 2, 3, 3), 1 / 3, dtype=np.float32)
+    maps = AttentionMaps("cross", weights, ("a", "=" * 35, "bb"), key_tokens, (0,), (1, 3))
+    heatmap.plot_head(maps, 0, None, tmp_path / "mean.png")
+    heatmap.plot_alignment(maps, tmp_path / "alignment.png")
+    for fig in figures:
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        fig.draw(renderer)  # as saved
+        (title,) = [t for t in fig.findobj(Text) if t.get_text() == fig.get_suptitle()]
+        box = title.get_window_extent(renderer)
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1, fig.get_suptitle()

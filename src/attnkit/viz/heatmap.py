@@ -38,12 +38,11 @@ def plot_head(maps: AttentionMaps, layer: int, head: int | None, path: str | Pat
     weights = maps.head_weights(layer, head)
     which = f"head {head}" if head is not None else heads_mean(maps.heads)
     ylabel, xlabel = AXIS_NAMES.get(maps.kind, DEFAULT_AXIS_NAMES)
-    fig, ax, font = _labelled_figure(maps.query_tokens, maps.key_tokens)
+    fig, ax, font = _labelled_figure(maps.query_tokens, maps.key_tokens, f"{maps.title}, layer {layer}, {which}")
     image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=float(weights.max()), aspect="equal")
     _label_axes(ax, maps.query_tokens, maps.key_tokens, font)
     ax.set_xlabel(xlabel, fontsize=font)
     ax.set_ylabel(ylabel, fontsize=font)
-    ax.set_title(f"{maps.title}, layer {layer}, {which}", fontsize=font + 1, parse_math=False)  # tokens as written
     _colour_bar(fig, ax, image, font)
     return save_figure(fig, path)
 
@@ -57,14 +56,14 @@ def plot_alignment(maps: AttentionMaps, path: str | Path, *, layer: int | None =
         raise InputError(f"an alignment is drawn from cross-attention, not {maps.title}; pass the cross maps")
     layer = maps.layers[-1] if layer is None else layer
     weights = maps.head_weights(layer, None)  # (T_target, S_source)
-    fig, ax, font = _labelled_figure(maps.query_tokens, maps.key_tokens)
+    title = f"alignment: cross-attention, layer {layer}, {heads_mean(maps.heads)}"
+    fig, ax, font = _labelled_figure(maps.query_tokens, maps.key_tokens, title)
     image = ax.imshow(weights, cmap="gray", vmin=0.0, vmax=float(weights.max()), aspect="equal")
     _label_axes(ax, maps.query_tokens, maps.key_tokens, font)
     ax.xaxis.tick_top()
     ax.xaxis.set_label_position("top")
     ax.set_xlabel("source", fontsize=font)
     ax.set_ylabel("target", fontsize=font)
-    ax.set_title(f"alignment: cross-attention, layer {layer}, {heads_mean(maps.heads)}", fontsize=font + 1, pad=12)
     _colour_bar(fig, ax, image, font)
     return save_figure(fig, path)
 
@@ -148,16 +147,19 @@ def write_pngs(
     return written
 
 
-def _labelled_figure(query_tokens: Sequence[str], key_tokens: Sequence[str]) -> tuple[Figure, Axes, float]:
-    """A figure sized so each token gets a cell of CELL_INCHES and the longest label fits beside the axis, and the
-    labels' size in points: LABEL_SHARE of a cell within FONT_POINTS, so a short text's picture, shown smaller
-    than drawn, keeps labels that can be read."""
+def _labelled_figure(query_tokens: Sequence[str], key_tokens: Sequence[str], title: str) -> tuple[Figure, Axes, float]:
+    """A figure sized so each token gets a cell of CELL_INCHES, the longest label fits beside the axis and `title`
+    (the figure's, centred on it: over a small map beside long labels, a title centred on the map ran off the
+    figure) fits above, and the labels' size in points: LABEL_SHARE of a cell within FONT_POINTS, so a short text's
+    picture, shown smaller than drawn, keeps labels that can be read."""
     cell = min(max(8.0 / max(len(query_tokens), len(key_tokens)), CELL_INCHES[0]), CELL_INCHES[1])
     font = min(max(LABEL_SHARE * 72 * cell, FONT_POINTS[0]), FONT_POINTS[1])
     label_inches = 0.6 * font / 72 * max(len(t) for t in (*query_tokens, *key_tokens)) + 0.3 + 2 * font / 72
     width = cell * len(key_tokens) + label_inches + 0.6 + 5 * font / 72  # + the colour bar and its label
     height = cell * len(query_tokens) + label_inches + 0.4 + 3 * font / 72  # + the title
-    fig = Figure(figsize=(max(width, 4.0), max(height, 3.0)), dpi=DPI)
+    title_inches = 0.6 * (font + 1) / 72 * len(title) + 0.4
+    fig = Figure(figsize=(max(width, title_inches, 4.0), max(height, 3.0)), dpi=DPI)
+    fig.suptitle(title, fontsize=font + 1, parse_math=False)  # tokens as written
     return fig, fig.add_subplot(), font
 
 
