@@ -148,7 +148,8 @@ class LuongDecoder(_Decoder):
 class BahdanauDecoder(_Decoder):
     """Attention from the previous state, whose context enters the next: a loop of single steps through torch's
     layer, for teacher forcing as for generation; h~_t = tanh(W [c_t; s_t; E y_{t-1}]), Bahdanau et al.'s deep
-    output (their appendix A.2.2), which reads the previous word beside the state and the context."""
+    output, which reads the previous word beside the state and the context: their eq. 4, g(y_{t-1}, s_t, c_t), as one
+    tanh layer where their appendix A.2.2 uses a maxout layer (and s_{t-1} in place of s_t)."""
 
     def __init__(self, *, embedding_dim: int, hidden: int, memory_dim: int, out_dim: int,
                  additive_dim: int | None = None, **sizes) -> None:
