@@ -158,6 +158,30 @@ def test_the_documentation_has_console_transcripts_to_check():
     assert len(CONSOLE_TRANSCRIPTS) >= 5 and all(printed for _, _, printed in CONSOLE_TRANSCRIPTS)
 
 
+def _flags_named_with_a_command() -> list[tuple[str, str, str]]:
+    """Each `--flag` written after `attnkit COMMAND` in the pages' prose (their code spans; the code blocks are
+    parsed whole above) and in the program's own messages and help: where, the command, the flag."""
+    names = "|".join(re.escape(c.name) for c in sorted(cli.COMMANDS, key=lambda c: -len(c.name)))
+    fenced = re.compile(r"^ *```.*?^ *```", flags=re.S | re.M)
+    texts = [(str(path.relative_to(ROOT)), " ".join(re.findall(r"`[^`\n]*`", fenced.sub("", path.read_text()))))
+             for path in DOCUMENTS]
+    texts += [(str(path.relative_to(ROOT)), path.read_text()) for path in sorted((ROOT / "src").rglob("*.py"))]
+    return [(where, command, flag) for where, text in texts
+            for command, rest in re.findall(rf"attnkit ({names})\b([^`\n\"']*)", text)
+            for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest.split("#")[0])]
+
+
+def test_every_flag_named_with_a_command_is_one_of_its_options():
+    """A sentence such as `attnkit eval runs/sst2 --data dev.txt --int8-dynamic`, or a message that says what to run
+    next, names only options its command takes."""
+    named = _flags_named_with_a_command()
+    assert len(named) >= 50
+    takes = {name: {flag for action in parser._actions for flag in action.option_strings}
+             for name, parser in subparsers(cli.build_parser()).items()}
+    wrong = sorted({f"{where}: attnkit {command} {flag}" for where, command, flag in named if flag not in takes[command]})
+    assert not wrong, f"options their command does not take: {wrong}"
+
+
 def test_the_command_line_page_names_every_command():
     """docs/user-guide/command-line.md opens with the program's commands: all of them."""
     page = (ROOT / "docs" / "user-guide" / "command-line.md").read_text(encoding="utf-8")
