@@ -4,6 +4,7 @@ and a tagger trained from the command line on a synthetic entity set (tests/tagg
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from attnkit.data import IGNORE_INDEX, LabelVocab
 from attnkit.errors import ConfigError, InputError
 from attnkit.tasks.conll import check_scheme, read_tagged, tag_scheme, write_conll
 from attnkit.tasks.tag import TaggedData, align, tag_predictions, tag_scores
-from attnkit.tokenize import CharTokenizer, train_tokenizer
+from attnkit.tokenize import CharTokenizer, HFTokenizer, train_tokenizer
 
 CONLLU = """# sent_id = 1
 1\tAnna\tAnna\tPROPN\tNNP\t_\t2\tnsubj\t_\tNER=B-PER
@@ -213,13 +214,8 @@ def test_attnkit_tag_reads_the_words_of_a_conll_file(tmp_path, capsys):
 def test_a_tagger_trains_from_the_command_line_to_entity_f1_095(tmp_path, capsys):
     """The synthetic entity set of tests/tagging_data.py (closed lists of people, places and companies in six
     templates): trained from CoNLL files, scored by attnkit eval as by training, used by attnkit tag and load."""
-    write_conll(tmp_path / "train.conll", tagging_sentences(600, seed=0))
-    write_conll(tmp_path / "dev.conll", tagging_sentences(100, seed=1))
-    run = tmp_path / "run"
-    assert cli.main(["train", "--task", "tag", "--data", str(tmp_path / "train.conll"), "--val-data",
-                     str(tmp_path / "dev.conll"), "--out", str(run), "--set", "d_model=64", "--set", "d_ff=128",
-                     "--vocab-size", "300", "--max-steps", "200", "--batch-size", "32", "--eval-every", "200",
-                     "--lr", "3e-3", "--no-progress"]) == 0
+    run = _tagger_run(tmp_path, 600, "--set", "d_model=64", "--set", "d_ff=128", "--max-steps", "200",
+                      "--batch-size", "32", "--eval-every", "200", "--lr", "3e-3")
     capsys.readouterr()
     config = json.loads((run / "config.json").read_text())
     assert config["encoder_head"] == "tag" and config["n_classes"] == 7  # the task implied its head
@@ -249,3 +245,119 @@ def test_inconsistent_training_tags_are_refused_before_training(tmp_path):
     with pytest.raises(ConfigError, match="encoder_head"):
         prepare(TrainRequest(out=str(tmp_path / "run2"), task="tag", overrides=["encoder_head=classify"],
                              data={"data": (str(tmp_path / "bad.conll"),), "tokenizer": "char"}))
+
+
+def _metaspace_tokenizers(text: str) -> tuple[HFTokenizer, HFTokenizer]:
+    """A SentencePiece-style BPE (Metaspace: '▁be') trained here, and the same with Llama 2's tokenizer.json layout
+    (no pre-tokenizer; the normalizer prepends '▁' and writes spaces as '▁', so ' be' alone is '▁', '▁be')."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    specials = {"pad": "<pad>", "bos": "<s>", "eos": "</s>", "unk": "<unk>"}
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=120, special_tokens=list(specials.values())))
+    llama = Tokenizer.from_str(tok.to_str())
+    llama.pre_tokenizer = None
+    llama.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    return HFTokenizer(tok, kind="hf", specials=specials), HFTokenizer(llama, kind="hf", specials=specials)
+
+
+def test_words_become_the_pieces_of_the_running_text_where_the_space_starts_the_word():
+    """Byte-level BPE and SentencePiece write a word's space into it ('Ġbe', '▁be'); each word encoded on its own
+    with the tokenizer's space between gave 'Ġ', 'b', 'e', pieces such a model seldom reads. A run's tagger now reads
+    the running text's own pieces, each word's label on its first, with the offsets of transformers' fast tokenizer
+    (`word_ids`)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    text = "To be or not to be , that is the question : whether 'tis nobler in the mind . " * 10
+    words = "To be or not to be , that is the question".split()
+    byte_level = train_tokenizer("bpe", [text], vocab_size=300)
+    metaspace, llama = _metaspace_tokenizers(text)
+    for tokenizer in (byte_level, metaspace, llama):
+        assert tokenizer.space_starts_word
+        running = tokenizer.encode(" ".join(words))
+        aligned = align(tokenizer, words, list(range(len(words))), max_len=64, word_pieces="running")
+        assert aligned.ids[1:-1] == running, tokenizer.pieces(aligned.ids)
+        assert [aligned.labels[f] for f in aligned.firsts] == list(range(len(words)))
+        assert sum(label != IGNORE_INDEX for label in aligned.labels) == len(words)
+        fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tokenizer.to_str()))(
+            " ".join(words), add_special_tokens=False)
+        assert fast["input_ids"] == running
+        if tokenizer is not llama:  # a text without a pre-tokenizer is one word to transformers
+            assert aligned.firsts == [1 + fast.word_ids().index(i) for i in range(len(words))]
+        old = align(tokenizer, words, None, max_len=64)  # a run trained before: each word on its own
+        assert old.ids[1:-1] != running
+    assert byte_level.pieces(align(byte_level, words[:2], None, 64, "running").ids[1:-1]) == ["To", "Ġbe"]
+    # past the first max_len words (cut off, too long to fit), a word still carries its space
+    long = ["Johnathanxyzqwvk"] * 4 + ["be", "or"]
+    cut = align(byte_level, long, None, max_len=4, word_pieces="running")
+    assert cut.firsts[:4] == [None] * 4 and byte_level.pieces(cut.ids[1:-1]) == ["Ġbe", "Ġor"]
+    characters = CharTokenizer.from_texts(["abc de"])  # its space is a character: as before
+    assert align(characters, ["abc", "de"], None, 16, "running") == align(characters, ["abc", "de"], None, 16)
+
+
+def _tagger_run(tmp_path: Path, n_sentences: int, *flags: str) -> Path:
+    """tmp_path/run: a tagger trained with a byte-level BPE of 300 tokens on `n_sentences` synthetic sentences (a
+    sixth as many in tmp_path/dev.conll to validate on), with the training `flags`."""
+    write_conll(tmp_path / "train.conll", tagging_sentences(n_sentences, seed=0))
+    write_conll(tmp_path / "dev.conll", tagging_sentences(n_sentences // 6, seed=1))
+    run = tmp_path / "run"
+    assert cli.main(["train", "--task", "tag", "--data", str(tmp_path / "train.conll"), "--val-data",
+                     str(tmp_path / "dev.conll"), "--out", str(run), "--vocab-size", "300", "--no-progress",
+                     *flags]) == 0
+    return run
+
+
+def _rewrite_task(where: Path, task: dict) -> None:
+    """Write `task` as the task.json of the run or checkpoint `where`, its checksum with it."""
+    from attnkit.checkpoint import digest, read_checksums, write_checksums
+
+    (where / "task.json").write_text(json.dumps(task))
+    write_checksums(where, {**read_checksums(where), "task.json": digest(where / "task.json")})
+
+
+def _tagged_by_hand(run: Path, words: list[str], word_pieces: str) -> list[tuple[str, float]]:
+    """What a tagger run says of `words` read as `word_pieces` says: each word's label and probability."""
+    pipeline = attnkit.load(run)
+    aligned = align(pipeline.tokenizer, words, None, pipeline.config.max_seq_len, word_pieces)
+    with torch.no_grad():
+        probs = pipeline.model(torch.tensor([aligned.ids])).logits[0].float().softmax(-1)
+    return [(pipeline.labels[int(probs[f].argmax())], float(probs[f].max())) for f in aligned.firsts]
+
+
+def test_a_byte_level_tagger_records_its_word_pieces_and_every_reader_keeps_them(tmp_path, capsys):
+    """A tagger trained end to end with a byte-level BPE records in task.json that its words are the running text's
+    pieces; attnkit eval scores as training did, attnkit tag and load read them so, a fine-tuned run keeps them. A
+    run without the record (trained before it) keeps reading each word on its own, resumed too; a damaged one is
+    refused."""
+    from attnkit.errors import CheckpointError
+
+    run = _tagger_run(tmp_path, 120, "--set", "d_model=32", "--set", "d_ff=64", "--set", "n_layers=1", "--set",
+                      "max_seq_len=48", "--max-steps", "6", "--batch-size", "16", "--eval-every", "6")
+    assert json.loads((run / "task.json").read_text()) == {"task": "tag", "word_pieces": "running"}
+    trained = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "f1" in r][-1]
+    assert cli.main(["eval", str(run), "--data", str(tmp_path / "dev.conll")]) == 0
+    report = json.loads((run / "eval" / "eval.json").read_text())["rows"][0]
+    assert report["val_loss"] == pytest.approx(trained["val_loss"], rel=1e-5)
+    assert report["accuracy"] == pytest.approx(trained["accuracy"], abs=1e-9)
+    words = "Hooli hired Greta Lind last year .".split()
+    running, own = _tagged_by_hand(run, words, "running"), _tagged_by_hand(run, words, "own")
+    assert running != own
+    capsys.readouterr()
+    assert cli.main(["tag", str(run), "--text", " ".join(words), "--format", "conll"]) == 0
+    assert capsys.readouterr().out.split() == [x for word, (label, _) in zip(words, running, strict=True)
+                                              for x in (word, label)]
+    assert [(w.label, pytest.approx(w.probability, rel=1e-5)) for w in attnkit.load(run).tag([words])[0]] == running
+    assert cli.main(["train", "--task", "tag", "--data", str(tmp_path / "train.conll"), "--out",
+                     str(tmp_path / "tuned"), "--init-from", str(run), "--max-steps", "1", "--no-progress"]) == 0
+    assert json.loads((tmp_path / "tuned" / "task.json").read_text())["word_pieces"] == "running"
+
+    for where in (run, *run.glob("checkpoints/*")):  # as a run trained before the record existed wrote it
+        _rewrite_task(where, {"task": "tag"})
+    assert [(w.label, pytest.approx(w.probability, rel=1e-5)) for w in attnkit.load(run).tag([words])[0]] == own
+    assert cli.main(["train", "--resume", "--out", str(run), "--max-steps", "7", "--no-progress"]) == 0
+    assert json.loads((run / "task.json").read_text())["word_pieces"] == "own"
+    _rewrite_task(run, {"task": "tag", "word_pieces": "spaced"})
+    with pytest.raises(CheckpointError, match="word_pieces='spaced'"):
+        attnkit.load(run).tag([words])

@@ -16,8 +16,10 @@ for `bpe`/`hf`, the `tokenizer.json` itself; `load_tokenizer(dir)` reads any of 
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -390,6 +392,22 @@ class HFTokenizer(_SpecialIds):
         """Encode many texts at once (in parallel, in Rust)."""
         with _rust_panics_named(texts):
             return [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+        """Each word's pieces in the running text `" ".join(words)`, encoded once: what a tokenizer that writes a
+        space into the word after it (`space_starts_word`) makes of a sentence ('ĠParis', '▁Paris'; the pieces
+        transformers' `is_split_into_words` means such a word to have). A piece belongs to the word its last
+        character lies in, the space before a word to that word (its offsets, `bisect`); a word left without a piece
+        of its own (an empty one) gets []."""
+        text = " ".join(words)
+        with _rust_panics_named([text]):
+            encoding = self._tok.encode_batch([text], add_special_tokens=False)[0]  # offsets (the fast one has none)
+        ends = list(itertools.accumulate(len(word) + 1 for word in words))  # past each word's end and its space
+        found: list[list[int]] = [[] for _ in words]
+        for piece, (start, end) in zip(encoding.ids, encoding.offsets, strict=True):
+            last = max(start, end - 1)  # the piece's last character (its start, for an empty span)
+            found[min(bisect.bisect(ends, last + 1), len(words) - 1)].append(piece)
+        return found
 
     def encode_with_specials(self, text: str) -> list[int]:
         """`encode`, but a special token's text in `text` ("<s>", "</s>", "<|im_start|>") is that token, as

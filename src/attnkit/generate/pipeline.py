@@ -42,7 +42,7 @@ from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
 from attnkit.run_settings import text_list
-from attnkit.tasks import TaskSpec, task_of_config, task_of_run, tasks
+from attnkit.tasks import TaskSpec, task_of_config, task_of_run, task_record, tasks
 from attnkit.tasks.common import check_outputs
 from attnkit.tasks.registry import METHODS  # the task methods the pipeline defines itself
 from attnkit.tokenize import encode_head, load_tokenizer
@@ -86,15 +86,18 @@ class Pipeline:
         decoding: EagerDecoding | None = None,
         plan: InferencePlan | None = None,
         task: TaskSpec | None = None,
+        record: Mapping[str, Any] | None = None,
     ) -> None:
         """decoding: how `generate` runs prefill and steps (`generate/decoder.py`); eager by default. plan: how
         `load` prepared the model (`generate/plan.py`; `plan.explain()` says why). task: the run's task, which
-        decides the pipeline's method; default: the one the config's head is built for."""
+        decides the pipeline's method; default: the one the config's head is built for. record: the run's task.json
+        (`task_record`: what its task saved, such as how a tagger's words become pieces); default: none."""
         self.model = model.eval()
         self.config = config
         self.tokenizer = tokenizer
         self.task = task if task is not None else task_of_config(config)
         self.labels = list(labels) if labels is not None else _default_labels(config, self.task)
+        self.record = dict(record or {})
         self.decoding = decoding or EagerDecoding(self.model)
         self.plan = plan
 
@@ -488,7 +491,7 @@ def load(
         log.warning("%s has no %s/ directory: the model can be used, but not with text", run_dir, TOKENIZER_DIR)
     task = task_of_run(run_dir, config)
     return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config, task), decoding=decoding,
-                    plan=plan, task=task)
+                    plan=plan, task=task, record=task_record(run_dir))
 
 
 def decoding_for(model: nn.Module, compile: bool | str = False) -> EagerDecoding:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from attnkit.checkpoint import TASK_FILE, read_json
 from attnkit.config import ModelConfig, config_class
-from attnkit.errors import ConfigError
+from attnkit.errors import CheckpointError, ConfigError
 from attnkit.models import family_of
 from attnkit.options import assignments, flag
 from attnkit.tokenize import Tokenizer
@@ -50,6 +50,8 @@ class TrainingTask(Protocol):
     def evaluate(self, model: nn.Module) -> dict[str, float]: ...  # may take shard= (common.Shard): a rank's share
     def data_state(self) -> dict[str, Any]: ...
     def load_data_state(self, state: dict[str, Any]) -> None: ...
+    # optional: `record`, a dict the run's task.json saves beside the task's name (tag's word pieces), read back as
+    # `TaskContext.record` by a resumed or fine-tuned run and through `task_record` by the run's readers
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class TaskContext:
     progress: bool = False
     labels: tuple[str, ...] | None = None  # the order to keep for the data's labels, where they are this set: the
     # fine-tuned source's (its head's rows), a resumed run's (`LabelVocab.from_labels(order=...)`)
+    record: Mapping[str, Any] | None = None  # the task.json of the run resumed or fine-tuned from (`task_record`;
+    # {} where it has none), what its task saved beside its name (`TrainingTask.record`); None: a new model
 
 
 @dataclass(frozen=True)
@@ -278,12 +282,24 @@ def tasks_of_family(family: str) -> list[TaskSpec]:
     return [spec for spec in tasks() if family in spec.families]
 
 
+def task_record(directory: str | Path) -> dict[str, Any]:
+    """A run's task.json: `{"task": NAME, ...}` with what its task saved beside the name (`TrainingTask.record`);
+    {} for a run without one (converted). Raises CheckpointError for one that is not a JSON object."""
+    path = Path(directory) / TASK_FILE
+    if not path.is_file():
+        return {}
+    found = read_json(path)
+    if not isinstance(found, dict):
+        raise CheckpointError(f'{path} must hold {{"task": NAME, ...}}; got {found!r:.80}: the file is damaged')
+    return found
+
+
 def task_of_run(directory: str | Path, config: ModelConfig) -> TaskSpec | None:
     """The task a run was trained for: its task.json's (when that task is registered and fits the model), else the
     task its config is built for (`task_of_config`: converted and older runs)."""
     path = Path(directory) / TASK_FILE
     if path.is_file():
-        name = read_json(path).get("task")
+        name = task_record(directory).get("task")
         spec = _TASKS.get(name) if name is not None else None
         if spec is None and name is not None:
             _load_plugins()

@@ -2,11 +2,16 @@
 BIOES tags) or parts of speech.
 
 Words become subword pieces; a word's label sits on its first piece, and the loss skips continuation pieces,
-the separators between words, CLS/SEP and padding (label -100, as Devlin et al. 2019 tag CoNLL-2003):
+CLS/SEP and padding (label -100, as Devlin et al. 2019 tag CoNLL-2003). Where the tokenizer writes a space into the
+word after it (byte-level BPE 'Ġ', SentencePiece '▁'), the words are the running text's pieces (`align`); WordPiece
+and characters encode each word on its own, what they make of a space between:
 
-    words    John        lives   in   Paris
-    pieces   CLS Jo ##hn _ lives _ in _ Par ##is SEP      (_: what the tokenizer makes of a space, if anything)
-    labels   -   B   -   - O     - O  - B   -    -
+    words    John         lives    in    Paris                 John        lives   in   Paris
+    pieces   BOS Jo hn    Ġlives   Ġin   ĠPar is   EOS         CLS Jo ##hn lives   in   Par ##is SEP
+    labels   -   B  -     O        O     B    -    -           -   B  -    O       O    B   -    -
+
+A run records which in its task.json (`word_pieces`); a tagger trained before it did reads each word on its own, the
+tokenizer's space between ('Ġ' for byte-level BPE), as it learned to.
 
 One loop, `tag_predictions`, scores the validation data during training and tagged files in `attnkit eval`:
 entity precision, recall and F1 by seqeval (the CoNLL evaluation; entity tags only) and word accuracy.
@@ -17,18 +22,19 @@ consistency before training.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from attnkit.checkpoint import TASK_FILE
 from attnkit.data import IGNORE_INDEX, BucketedData, LabelVocab, pad
-from attnkit.errors import InputError
+from attnkit.errors import CheckpointError, InputError
 from attnkit.run_settings import InputSettings, read_inputs, text_list
 from attnkit.tasks.common import (
     ONE_PROCESS,
@@ -43,7 +49,7 @@ from attnkit.tasks.common import (
 )
 from attnkit.tasks.conll import Sentence, check_scheme, read_tagged, tag_scheme
 from attnkit.tasks.layouts import check_layout, layout_of
-from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
+from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register, task_record
 from attnkit.tasks.report import EvalReport
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, require_id
@@ -62,21 +68,35 @@ class Aligned:
     firsts: list[int | None]
 
 
-def align(tokenizer: Tokenizer, words: Sequence[str], tag_ids: Sequence[int] | None, max_len: int) -> Aligned:
-    """`CLS pieces(w1) sep pieces(w2) ... SEP` (BOS/EOS without CLS), each word encoded on its own; `sep` is what
-    the tokenizer makes of a space (nothing for WordPiece). Words that do not fit in `max_len` are cut off; once no
-    word could fit, the rest are cut off without being encoded (a text of a million words costs what one of
-    `max_len` does)."""
+WordPieces = Literal["own", "running"]
+WORD_PIECES = "word_pieces"  # the task.json key that says which a run's tagger reads
+
+
+def align(tokenizer: Tokenizer, words: Sequence[str], tag_ids: Sequence[int] | None, max_len: int,
+          word_pieces: WordPieces = "own") -> Aligned:
+    """`CLS pieces(w1) pieces(w2) ... SEP` (BOS/EOS without CLS). `word_pieces`: "running", the pieces of the running
+    text for a tokenizer that writes a space into the word after it (`HFTokenizer.encode_words`: 'Ġbe', '▁be'), each
+    word encoded on its own otherwise; "own" (runs trained before the choice was recorded), each word encoded on its
+    own and `sep`, what the tokenizer makes of a space, between them (nothing for WordPiece, 'Ġ' for byte-level BPE).
+    Words that do not fit in `max_len` are cut off; once no word could fit, the rest are cut off without being
+    encoded (a text of a million words costs what one of `max_len` does)."""
     has_cls = tokenizer.cls_id is not None and tokenizer.sep_id is not None
     first = require_id(tokenizer, "cls" if has_cls else "bos")
     last = require_id(tokenizer, "sep" if has_cls else "eos")
-    between = tokenizer.encode(" ")
+    running = word_pieces == "running" and tokenizer.space_starts_word
+    between = [] if running else tokenizer.encode(" ")
     unknown = [tokenizer.unk_id] if tokenizer.unk_id is not None else []
     ids, labels, firsts = [first], [IGNORE_INDEX], []
     for start in range(0, len(words), max_len):  # encoded max_len words at a time: no more than that many fit
         if len(ids) + (len(between) if start else 0) + 2 > max_len:  # full: no one-piece word and the last fit
             break
-        for i, pieces in enumerate(tokenizer.encode_batch(list(words[start:start + max_len])), start):
+        chunk = list(words[start:start + max_len])
+        if running:  # after the first chunk, from the word before it: its first word's pieces carry their space
+            encoded = tokenizer.encode_words(list(words[start - 1:start + max_len]))[1:] if start else (
+                tokenizer.encode_words(chunk))
+        else:
+            encoded = tokenizer.encode_batch(chunk)
+        for i, pieces in enumerate(encoded, start):
             pieces = pieces or unknown  # a word the tokenizer has no piece for stands as UNK
             gap = between if i else []
             if not pieces or len(ids) + len(gap) + len(pieces) + 1 > max_len:
@@ -89,6 +109,16 @@ def align(tokenizer: Tokenizer, words: Sequence[str], tag_ids: Sequence[int] | N
             ids += pieces
     firsts += [None] * (len(words) - len(firsts))
     return Aligned([*ids, last], [*labels, IGNORE_INDEX], firsts)
+
+
+def word_pieces_of(record: Mapping[str, Any], where: str | Path) -> WordPieces:
+    """How a tagger run's words become pieces, as its task.json (`record`, read from `where`) says; "own" for a run
+    trained before it said (each word on its own: what that run's model learned from)."""
+    found = record.get(WORD_PIECES, "own")
+    if found not in get_args(WordPieces):
+        raise CheckpointError(f"{where} has {WORD_PIECES}={found!r}, which is none of "
+                              f"{', '.join(get_args(WordPieces))}: the file is damaged; put back the run's own one")
+    return found
 
 
 @dataclass(frozen=True)
@@ -112,9 +142,10 @@ class TaggedData(BucketedData[TaggedBatch]):
 
     @classmethod
     def from_sentences(cls, sentences: Sequence[Sentence], tokenizer: Tokenizer, *, label_vocab: LabelVocab,
-                       max_len: int, **kwargs) -> TaggedData:
+                       max_len: int, word_pieces: WordPieces = "own", **kwargs) -> TaggedData:
         """Align each sentence (`align`); remaining keyword arguments go to `BucketedData` (batch_size, seed, ...)."""
-        aligned = [align(tokenizer, words, [label_vocab.encode(t) for t in tags], max_len) for words, tags in sentences]
+        aligned = [align(tokenizer, words, [label_vocab.encode(t) for t in tags], max_len, word_pieces)
+                   for words, tags in sentences]
         cut = sum(f is None for a in aligned for f in a.firsts)
         if cut:
             log.warning("%d words lie beyond max_seq_len=%d pieces: the model does not read them, and scores count "
@@ -213,10 +244,11 @@ class TagTask(EpochTask):
     name = "tag"
     higher_is_better = True
 
-    def __init__(self, train: TaggedData, val: TaggedData, *, scheme: str | None) -> None:
+    def __init__(self, train: TaggedData, val: TaggedData, *, scheme: str | None, word_pieces: WordPieces) -> None:
         super().__init__(train)
         self.val, self.scheme = val, scheme
         self.metric = "f1" if scheme is not None else "accuracy"
+        self.record = {WORD_PIECES: word_pieces}  # saved in task.json beside the task's name
 
     def loss(self, model: nn.Module, batch: TaggedBatch) -> Tensor:
         b = batch.to(device_of(model))
@@ -265,10 +297,12 @@ def _make(context: TaskContext) -> tuple[TagTask, list[str]]:
     if len(vocab) < 2:
         raise InputError(f"the training data holds one tag only, {vocab.labels[0]!r}: a tagger needs two or more")
     batch = dict(batch_size=context.batch_size, seed=context.seed)
-    make = dict(label_vocab=vocab, max_len=context.seq_len)
+    source = context.record or {}  # a tagger resumed or fine-tuned keeps the pieces its model learned from
+    word_pieces = word_pieces_of(source, "the run's task.json") if source.get("task") == "tag" else "running"
+    make = dict(label_vocab=vocab, max_len=context.seq_len, word_pieces=word_pieces)
     return TagTask(
         TaggedData.from_sentences(train, context.tokenizer, **make, batch_tokens=data.batch_tokens, **batch),
-        TaggedData.from_sentences(val, context.tokenizer, **make, **batch), scheme=scheme,
+        TaggedData.from_sentences(val, context.tokenizer, **make, **batch), scheme=scheme, word_pieces=word_pieces,
     ), list(vocab.labels)
 
 
@@ -282,6 +316,7 @@ def _report(ctx: EvalContext) -> EvalReport:
     vocab = LabelVocab(tuple(labels))
     rows, gold_all, predicted_all = [], [], []
     scheme = tag_scheme(set(labels))
+    word_pieces = word_pieces_of(task_record(ctx.run), ctx.run / TASK_FILE)
     for path in ctx.files:
         check_layout(path, "tagged", encoding_errors=ctx.settings.encoding_errors)
         sentences = read_tagged(path, column=ctx.options.tag_column, encoding_errors=ctx.settings.encoding_errors)
@@ -291,8 +326,8 @@ def _report(ctx: EvalContext) -> EvalReport:
                              f"{', '.join(labels)})")
         if scheme is not None:  # tags that training would refuse are refused here too
             check_scheme(sentences, scheme, str(path))
-        data = TaggedData.from_sentences(sentences, ctx.tokenizer, label_vocab=vocab,
-                                         max_len=ctx.config.max_seq_len, batch_size=ctx.settings.batch_size)
+        data = TaggedData.from_sentences(sentences, ctx.tokenizer, label_vocab=vocab, max_len=ctx.config.max_seq_len,
+                                         word_pieces=word_pieces, batch_size=ctx.settings.batch_size)
         total, count, predicted = tag_predictions(ctx.model, data, progress=ctx.progress)
         gold = [tags for _, tags in sentences]
         rows.append({"file": str(path), "sentences": len(sentences), "words": sum(map(len, gold)),
@@ -345,9 +380,10 @@ def tag(pipeline: Any, texts: str | Sequence[str] | Sequence[Sequence[str]], *, 
     sentences = [text.split() if isinstance(text, str) else list(text) for text in texts]
     results: list[list[TaggedWord]] = []
     fallback = cut_off_label(pipeline.labels)
+    word_pieces = word_pieces_of(pipeline.record, "the run's task.json")
     for start in range(0, len(sentences), batch_size):
         chunk = sentences[start:start + batch_size]
-        aligned = [align(pipeline.tokenizer, words, None, pipeline.config.max_seq_len) for words in chunk]
+        aligned = [align(pipeline.tokenizer, words, None, pipeline.config.max_seq_len, word_pieces) for words in chunk]
         pad_id = pipeline.tokenizer.pad_id if pipeline.tokenizer.pad_id is not None else 0
         ids, mask = pad([a.ids for a in aligned], pad_id, device=pipeline.device)  # (B, T)
         probs = pipeline.model(ids, attention_mask=mask).logits.float().softmax(-1)  # (B, T, n_labels)

@@ -40,7 +40,7 @@ from attnkit.checkpoint import (
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, ConfigError
 from attnkit.layers.embedding import Embeddings
-from attnkit.tasks import TaskSpec, task_of_config
+from attnkit.tasks import TaskSpec, task_of_config, task_record
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.lora import apply_lora, load_adapters, tied_modules
 
@@ -63,6 +63,7 @@ class Source:
     state: dict[str, Tensor]  # the source model's state_dict
     labels: list[str] | None = None  # a classifier's label names, index = class id
     task: str | None = None  # the task the source run trained for, when it says
+    record: dict[str, Any] | None = None  # the source run's task.json (`task_record`); None: a Hugging Face directory
 
     def describe(self) -> dict[str, Any]:
         return {"path": str(self.path), "kind": self.kind, "task": self.task}
@@ -102,9 +103,9 @@ def read_source(path: str | Path, *, load_hf: HFLoader | None = None) -> Source:
     if not (path / TOKENIZER_DIR).is_dir():
         raise CheckpointError(f"--init-from {path}: no tokenizer/ directory; a new run needs the tokenizer the "
                               "weights were trained with")
-    task = read_json(path / "task.json").get("task") if (path / "task.json").is_file() else None
+    record = task_record(path)
     return Source(path, "attnkit run", config, load_tokenizer(path / TOKENIZER_DIR), model.state_dict(),
-                  labels=read_labels(path), task=task)
+                  labels=read_labels(path), task=record.get("task"), record=record)
 
 
 def _read_hf(path: Path, load_hf: HFLoader | None) -> Source:

@@ -325,7 +325,8 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     parallel.check_same(tokenizer.fingerprint(), "tokenizer")
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), tokenizer, config, out, translate,
                               lm_files, progress=shows_progress(request.progress) and parallel.writes,
-                              labels=source.labels if source is not None else None)
+                              labels=source.labels if source is not None else None,
+                              record=source.record if source is not None else None)
     config = _fit_config(config, tokenizer, labels, keep_vocab=source is not None)
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
     check_fits(count_parameters(config), settings.dtype, device, force=request.force)
@@ -419,7 +420,7 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
     parallel = _start(world, settings, data_config, device)
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), checkpoint.tokenizer, checkpoint.config,
                               out, translate, progress=shows_progress(request.progress) and parallel.writes,
-                              labels=checkpoint.labels)
+                              labels=checkpoint.labels, record=checkpoint.task)
     if labels != checkpoint.labels:
         raise CheckpointError(
             f"cannot resume {checkpoint.path}: the data's labels {labels} differ from the checkpoint's "
@@ -536,14 +537,14 @@ def _new_tokenizer(data: DataConfig, seed: int, lm_files: list[Path] | None) -> 
 def _make_task(
     data: DataConfig, settings: TrainConfig, tokenizer: Tokenizer, config: ModelConfig, out: Path,
     translate: Translator | None, lm_files: list[Path] | None = None, progress: bool = True,
-    labels: Sequence[str] | None = None,
+    labels: Sequence[str] | None = None, record: Mapping[str, Any] | None = None,
 ) -> tuple[TrainingTask, list[str] | None]:
     """The trainer's task and its label list, as the task's registration makes them from the data (in the order of
-    `labels` where the data has those: a fine-tuned source's, a resumed run's)."""
+    `labels` where the data has those: a fine-tuned source's, a resumed run's; `record`: that run's task.json)."""
     task, labels = data.spec.make(TaskContext(
         data=data, tokenizer=tokenizer, config=config, batch_size=settings.batch_size, seed=settings.seed,
         seq_len=data.seq_len or config.max_seq_len, cache=out / "cache", files=lm_files, translate=translate,
-        progress=progress, labels=tuple(labels) if labels is not None else None,
+        progress=progress, labels=tuple(labels) if labels is not None else None, record=record,
     ))
     task.name = data.spec.name  # task.json names the registration (one task class may serve several)
     return task, labels

@@ -529,8 +529,8 @@ class Trainer:
         if whole is not None:
             save_checkpoint(
                 self.run_dir, model=whole[0], config=self.config, optimizer=whole[1], tokenizer=self.tokenizer,
-                task={"task": self.task.name}, train_state=state, labels=self.labels, keep=self.settings.keep,
-                best=best,
+                task={"task": self.task.name, **getattr(self.task, "record", {})}, train_state=state,
+                labels=self.labels, keep=self.settings.keep, best=best,
             )
             self.saved_step = self.step  # whole on disk: if the barrier fails, this is the checkpoint to name
         self.parallel.barrier()  # no rank goes on (or exits) before rank 0 has written
