@@ -178,7 +178,8 @@ def test_every_flag_named_with_a_command_is_one_of_its_options():
     assert len(named) >= 50
     takes = {name: {flag for action in parser._actions for flag in action.option_strings}
              for name, parser in subparsers(cli.build_parser()).items()}
-    wrong = sorted({f"{where}: attnkit {command} {flag}" for where, command, flag in named if flag not in takes[command]})
+    wrong = sorted({f"{where}: attnkit {command} {flag}" for where, command, flag in named
+                    if flag not in takes[command]})
     assert not wrong, f"options their command does not take: {wrong}"
 
 
