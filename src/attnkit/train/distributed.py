@@ -29,7 +29,8 @@ global batch changes; a warning says so) and in a single process (`attnkit gener
 
 Stopping and failures. Ranks agree every step on a signal (on any rank) and on the time budget, so all stop
 after the same step and save once, together. A collective waits `dist_timeout` seconds at most; a rank that dies
-makes torchrun stop the others and name it, and the last checkpoint stays as it was (writes are atomic).
+makes torchrun stop the others and name it, and the last checkpoint stays as it was (writes are atomic). Ranks
+that never all join (one not started, a wrong MASTER_ADDR:MASTER_PORT) stop after `dist_timeout` seconds, saying so.
 """
 
 from __future__ import annotations
@@ -364,10 +365,10 @@ def start(world: World, *, shard: bool, timeout: float, device: torch.device) ->
     """
     if world.size == 1:
         return SingleProcess(world, device)
-    address = _rendezvous_address(world)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        address = _rendezvous_address(world)
         try:
             dist.init_process_group(
                 collective_backend(device), timeout=timedelta(seconds=timeout),
