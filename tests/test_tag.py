@@ -361,3 +361,21 @@ def test_a_byte_level_tagger_records_its_word_pieces_and_every_reader_keeps_them
     _rewrite_task(run, {"task": "tag", "word_pieces": "spaced"})
     with pytest.raises(CheckpointError, match="word_pieces='spaced'"):
         attnkit.load(run).tag([words])
+
+
+def test_an_onnx_folder_of_a_tagger_says_how_its_words_become_pieces(tmp_path):
+    """runtime.json told every tagger's runtime to encode each word alone and join them with a space's ids; a tagger
+    that reads the running text's pieces (its task.json says so) is described as that."""
+    pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript (attnkit[export])")
+    from attnkit.checkpoint import save_model
+    from attnkit.interop.onnx import convert_to_onnx
+
+    tokenizer, run = train_tokenizer("bpe", ["Anna lives in Paris ."] * 20, vocab_size=300), tmp_path / "run"
+    config = ModelConfig(family="encoder", encoder_head="tag", n_classes=2, vocab_size=tokenizer.vocab_size,
+                         d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=16)
+    save_model(build_model(config), config, run)
+    tokenizer.save(run / "tokenizer")
+    (run / "task.json").write_text(json.dumps({"task": "tag", "word_pieces": "running"}))
+    convert_to_onnx(run, tmp_path / "onnx")
+    words = json.loads((tmp_path / "onnx" / "runtime.json").read_text())["words"]
+    assert "between_ids" not in words and "joined by single spaces once" in words["how"]

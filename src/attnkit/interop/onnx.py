@@ -49,13 +49,15 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from attnkit.checkpoint import CONFIG_FILE, LABELS_FILE, TOKENIZER_DIR, load_model, read_labels
+from attnkit.checkpoint import CONFIG_FILE, LABELS_FILE, TASK_FILE, TOKENIZER_DIR, load_model, read_labels
 from attnkit.config import DecoderConfig, EncoderConfig, ModelConfig, head_output
 from attnkit.errors import ConfigError, InputError
 from attnkit.interop.runtime_tokenizer import Framing, runtime_tokenizer
 from attnkit.interop.targets import elsewhere
 from attnkit.layers.kv_cache import KVCache, LayerCache
 from attnkit.outputs import atomic_output, atomic_write, check_output
+from attnkit.tasks import task_record
+from attnkit.tasks.tag import WordPieces, word_pieces_of
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -159,7 +161,8 @@ def convert_to_onnx(run_dir: str | Path, out: str | Path, *, opset: int = OPSET,
         if labels is not None:
             atomic_write(partial / LABELS_FILE, json.dumps({"labels": labels}, indent=2) + "\n")
             files[LABELS_FILE] = f"{len(labels)} labels, by class index"
-        runtime = _runtime(graph, config, tokenizer, text[1] if text else None, labels)
+        runtime = _runtime(graph, config, tokenizer, text[1] if text else None, labels,
+                           word_pieces_of(task_record(run_dir), run_dir / TASK_FILE))
         atomic_write(partial / RUNTIME_FILE, json.dumps(runtime, indent=2, ensure_ascii=False) + "\n")
         files[RUNTIME_FILE] = "how to feed the graph from text"
     log.debug("wrote %s as ONNX (%s) to %s", run_dir, graph.kind, out)
@@ -187,8 +190,9 @@ def _described(framing: Framing) -> str:
 
 
 def _runtime(graph: ONNXExport, config: ModelConfig, tokenizer: Tokenizer | None, framing: Framing | None,
-             labels: list[str] | None) -> dict:
-    """runtime.json: what a runtime does to run the graph from text with nothing but this folder."""
+             labels: list[str] | None, word_pieces: WordPieces) -> dict:
+    """runtime.json: what a runtime does to run the graph from text with nothing but this folder (`word_pieces`: how
+    a tagger's words become pieces, `attnkit.tasks.tag.align`)."""
     runtime: dict = {"graph": GRAPH_FILE, "kind": graph.kind, "inputs": graph.inputs, "outputs": graph.outputs,
                      "tokenizer": HF_FILE if framing is not None else None,
                      "text": framing.as_json() if framing is not None else None,
@@ -205,7 +209,11 @@ def _runtime(graph: ONNXExport, config: ModelConfig, tokenizer: Tokenizer | None
     elif "token_type_ids" in graph.inputs:
         runtime["token_type_ids"] = "the tokenizer's type ids (0 for one text)"
     per_position = isinstance(config, EncoderConfig) and head_output(config.family, config.encoder_head) == "position"
-    if per_position and tokenizer is not None:  # attnkit.tasks.tag.align: a label per word's first piece
+    if per_position and tokenizer is not None and word_pieces == "running" and tokenizer.space_starts_word:
+        runtime["words"] = {"how": "encode the words joined by single spaces once (no special tokens), give each piece "
+                                   "to the word its last character lies in (by its offsets; a space to the word after "
+                                   "it), frame with text.adds; a word's label is the logits at its first piece"}
+    elif per_position and tokenizer is not None:  # attnkit.tasks.tag.align: a label per word's first piece
         runtime["words"] = {"how": "encode each word alone (no special tokens), join them with between_ids, frame "
                                    "with text.adds; a word's label is the logits at its first piece",
                             "between_ids": tokenizer.encode(" ")}
