@@ -19,7 +19,7 @@ import pytest
 
 from attnkit import cli
 from attnkit.errors import CheckpointError, InputError
-from attnkit.outputs import atomic_output, atomic_write, file_mode, writing
+from attnkit.outputs import atomic_output, atomic_write, file_mode, files_into, writing
 
 ARMED: dict = {}  # the fault injector's orders, while a writer runs: {"root": Path, "at": n, "seen": 0}
 WRITE_EVENTS = ("os.rename", "os.mkdir", "os.remove", "os.rmdir", "shutil.rmtree")
@@ -273,6 +273,24 @@ def test_a_file_failing_inside_an_output_being_written_is_named_inside_the_outpu
     message = str(raised.value)
     assert f"cannot finish writing {tmp_path / 'o' / 'model.onnx'}: the disk is full" in message
     assert ".partial-" not in message and list(tmp_path.iterdir()) == []
+
+
+def test_files_into_names_its_own_failures_and_passes_on_a_read_of_a_file_elsewhere(tmp_path):
+    """The block inside `files_into` is the caller's whole work (an experiment, a drawing): a file it cannot read
+    elsewhere is its own error, not a failure to write the output; a full disk inside the folder is the output's."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.md").write_text("kept")
+    with pytest.raises(FileNotFoundError) as raised:
+        with files_into(out):
+            open(tmp_path / "missing-corpus.txt").read()
+    assert raised.value.filename == str(tmp_path / "missing-corpus.txt")
+    with pytest.raises(CheckpointError) as failed:
+        with files_into(out) as partial:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(partial / "plot.png"))
+    assert f"cannot finish writing {out}: the disk is full" in str(failed.value)
+    assert "nothing was written" in str(failed.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and [p.name for p in out.iterdir()] == ["notes.md"]
 
 
 def test_an_existing_output_is_replaced_only_on_overwrite_and_never_a_folder_of_other_files(run, tmp_path, capsys):

@@ -188,22 +188,31 @@ def files_into(path: str | Path, *, first: tuple[str, ...] = (), flag: str = "--
 
     A file is published whole; the set is published by one rename a file, at the end, after all the work. A file
     where `path` is to be is refused as `check_output` refuses it (InputError naming `flag` and the fix); OS
-    failures are CheckpointErrors naming `path`."""
+    failures making, filling or publishing the directory are CheckpointErrors naming `path`, while an OSError of the
+    block's naming a file elsewhere (one it reads) passes as it is."""
     path = Path(os.path.abspath(path))  # "." and ".." named: the sibling is named after the folder they stand for
-    with writing(path, note=f"; nothing was written to {path}"):
+    untouched = writing(path, note=f"; nothing was written to {path}")
+    with untouched:
         path.parent.mkdir(parents=True, exist_ok=True)
         check_output(path, directory=True, overwrite=True, flag=flag)
         partial = _sibling(path, PARTIAL)
+        partial.mkdir()
+    try:
         try:
-            partial.mkdir()
             yield partial
+        except OSError as err:
+            if err.filename is not None and not _temporary_sibling(Path(os.fsdecode(err.filename)), path):
+                raise  # the block's own, naming a file elsewhere (a corpus it reads): not the output's to explain
+            with untouched:
+                raise
+        with untouched:
             _sync(partial)
             path.mkdir(exist_ok=True)
             order = {name: index for index, name in enumerate(first)}
             for file in sorted(partial.iterdir(), key=lambda file: (order.get(file.name, len(first)), file.name)):
                 os.replace(file, path / file.name)
-        finally:
-            _remove(partial)
+    finally:
+        _remove(partial)
 
 
 def clear_leftovers(path: Path) -> None:
