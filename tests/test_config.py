@@ -133,6 +133,7 @@ def test_a_config_json_written_before_the_window_checks_still_loads_as_the_model
     written.pop("global_every")  # a hand-written file may leave it out
     for old, read in cases:
         (tmp_path / "config.json").write_text(json.dumps({**written, **old}))
+        caplog.clear()  # this case's warning, not an earlier one's
         with caplog.at_level(logging.WARNING, logger="attnkit.config"):
             config = ModelConfig.from_json(tmp_path / "config.json")
         assert {name: getattr(config, name) for name in read} == read
