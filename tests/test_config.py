@@ -6,6 +6,7 @@ import logging
 import pytest
 
 from attnkit import ConfigError, ModelConfig, build_model, count_parameters, presets
+from attnkit.checkpoint import load_config
 
 
 @pytest.mark.parametrize(
@@ -124,8 +125,8 @@ def test_old_names_of_resolved_values_are_read_from_config_json_with_a_warning(t
 
 def test_a_config_json_written_before_the_window_checks_still_loads_as_the_model_it_built(tmp_path, caplog):
     """A window longer than max_seq_len hid no key, and a global_every beyond every stack made no layer global:
-    refused when a config is made, such a config.json of an old run reads as the same model (no window, 0), with a
-    warning naming the field."""
+    refused when a config is made (or read as a new config), such a config.json of an old run reads as the same
+    model (no window, 0), with a warning naming the field."""
     written = ModelConfig(d_model=32, n_heads=4, max_seq_len=64, position="rope", attention_window=8).to_dict()
     cases = [({"attention_window": 100}, {"attention_window": None}),
              ({"attention_window": 100, "global_every": 2}, {"attention_window": None, "global_every": 0}),
@@ -135,8 +136,30 @@ def test_a_config_json_written_before_the_window_checks_still_loads_as_the_model
         (tmp_path / "config.json").write_text(json.dumps({**written, **old}))
         caplog.clear()  # this case's warning, not an earlier one's
         with caplog.at_level(logging.WARNING, logger="attnkit.config"):
-            config = ModelConfig.from_json(tmp_path / "config.json")
+            config = load_config(tmp_path)
         assert {name: getattr(config, name) for name in read} == read
         assert any(name in record.message for record in caplog.records for name in old)
         with pytest.raises(ConfigError):
             ModelConfig(**{**written, **old})
+
+
+def test_a_new_config_file_with_a_window_that_changes_nothing_is_refused(tmp_path):
+    """`attnkit train --model-config FILE` reads a new config: a window longer than max_seq_len is refused naming
+    the field, not read as none (a later `--set max_seq_len=2048` would then train with full attention)."""
+    path = tmp_path / "new.json"
+    path.write_text(json.dumps({"position": "rope", "attention_window": 512, "max_seq_len": 256}))
+    with pytest.raises(ConfigError, match="attention_window=512 is longer than max_seq_len=256"):
+        ModelConfig.from_json(path)
+    path.write_text(json.dumps({"position": "rope", "attention_window": 8, "global_every": 3, "n_layers": 2}))
+    with pytest.raises(ConfigError, match="global_every=3"):
+        ModelConfig.from_json(path)
+
+
+def test_an_old_encoder_decoder_config_reads_its_decoder_layers_before_the_window_read_back(tmp_path):
+    """decoder_layers (n_decoder_layers's old name) is the decoder's depth when global_every is read back: 4 of a
+    6-layer decoder made its 4th layer global, so it is kept, not read as 0 (a different model)."""
+    fields = {"family": "encoder-decoder", "d_model": 32, "n_heads": 4, "position": "rope", "max_seq_len": 64,
+              "attention_window": 8, "global_every": 4, "n_layers": 2, "decoder_layers": 6}
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    config = load_config(tmp_path)
+    assert (config.global_every, config.n_decoder_layers, config.attention_window) == (4, 6, 8)

@@ -322,7 +322,7 @@ def load_config(directory: str | Path) -> ModelConfig:
                 f"continues it) or by moving the files in {replaced[-1].name} back into {directory}"
             )
         raise CheckpointError(f"{directory} has no {CONFIG_FILE}; is it a run directory (runs/NAME)?")
-    return ModelConfig.from_json(directory / CONFIG_FILE)  # checked: ConfigError naming the file's problem
+    return ModelConfig.from_json(directory / CONFIG_FILE, saved=True)  # checked: ConfigError naming the problem
 
 
 def load_model(

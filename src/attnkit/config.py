@@ -306,18 +306,22 @@ class ModelConfig(metaclass=_FamilyDispatch):
         return text
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+    def from_dict(cls, data: dict[str, Any], *, saved: bool = False) -> ModelConfig:
         """The config `data` describes: the class of its `family` (decoder when absent), or `cls` when that is a
-        family's class. Raises ConfigError for unknown fields or fields the family does not have."""
+        family's class. Raises ConfigError for unknown fields or fields the family does not have. `saved`: the
+        config of a run already trained (`checkpoint.load_config`), whose window settings from before the window
+        checks read as the model they built (`_windows_read_back`); a new config is refused for them."""
         if not isinstance(data, dict):
             raise ConfigError("a model config must be an object of field: value")
-        data = _windows_read_back(data)
+        if saved:
+            data = _windows_read_back(_current_names(data))
         return ModelConfig(**data) if cls is ModelConfig else cls(**data)
 
     @classmethod
-    def from_json(cls, text_or_path: str | Path) -> ModelConfig:
+    def from_json(cls, text_or_path: str | Path, *, saved: bool = False) -> ModelConfig:
         """Read a config from JSON text (a string starting with `{` or `[`) or from a path to a JSON file, checked:
-        UTF-8, valid JSON, no key given twice, an object of fields. Raises ConfigError naming the problem."""
+        UTF-8, valid JSON, no key given twice, an object of fields. Raises ConfigError naming the problem. `saved`:
+        a run's config.json, as `from_dict` reads it."""
         if isinstance(text_or_path, str) and text_or_path.lstrip().startswith(("{", "[")):
             data = parse_json(text_or_path, "config", fix=CONFIG_FILE_FIX, error=ConfigError)
         else:
@@ -334,7 +338,7 @@ class ModelConfig(metaclass=_FamilyDispatch):
             data = FileFields.read(path, fix=CONFIG_FILE_FIX, error=ConfigError).data
         if not isinstance(data, dict):
             raise ConfigError("config JSON must be an object of field: value")
-        return cls.from_dict(data)
+        return cls.from_dict(data, saved=saved)
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with `changes` applied, validated again. A change of `family` keeps the fields the two families
@@ -410,7 +414,8 @@ def _applicable(cls: type[ModelConfig], fields: dict[str, Any]) -> dict[str, Any
 def _windows_read_back(data: dict[str, Any]) -> dict[str, Any]:
     """`data` with the window settings a config refuses since they change nothing read as what they built: a window
     longer than max_seq_len (it hid no key) as none, a global_every beyond every stack (no layer attended globally)
-    as 0, each with a warning naming the field; so old runs' config.json files keep loading as the same model."""
+    as 0, each with a warning naming the field; so old runs' config.json files keep loading as the same model. Read
+    after `_current_names`: an old file's decoder_layers is the decoder's depth here too."""
     window, every = data.get("attention_window"), data.get("global_every", 0)
     sizes = (window, every, data.get("max_seq_len", 1), data.get("n_layers", 1), data.get("n_decoder_layers"))
     if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in sizes):
