@@ -49,11 +49,12 @@ def test_a_tokenizer_that_begins_its_texts_with_bos_gives_the_prompt_bos_as_tran
     """A Llama whose tokenizer puts BOS before every text (Llama's and Mistral's do, by their post-processor) was
     trained on such texts: the converted run's prompts begin with BOS too, so greedy text equals transformers' on
     the tokenizer's own encoding, and the chat template's bos_token is the token put first, not its characters; a
+    chat in the default format (no template of the run's own) gets BOS as the same text's completion does; a
     tokenizer without that framing adds none."""
     from tokenizers import Tokenizer, processors
 
     from attnkit import load
-    from attnkit.serve.chat import chat_template
+    from attnkit.serve.chat import ChatTemplate, chat_template
     from attnkit.tokenize import HFTokenizer
 
     reference = hf_model("llama", tmp_path / "hf")
@@ -79,8 +80,13 @@ def test_a_tokenizer_that_begins_its_texts_with_bos_gives_the_prompt_bos_as_tran
     template = chat_template(tmp_path / "run" / "tokenizer")
     chat = template.render([{"role": "user", "content": "w5"}], add_generation_prompt=False)
     assert template.prompt_ids(pipeline.tokenizer, chat) == [BOS, 5]
+    default = ChatTemplate()  # a run with no template of its own: plain text, framed as a completion's prompt is
+    chat = default.render([{"role": "user", "content": "w5 w17"}])
+    assert default.prompt_ids(pipeline.tokenizer, chat) == pipeline.prompt_ids(chat, index=0)
+    assert default.prompt_ids(pipeline.tokenizer, chat)[0] == BOS
     word_tokenizer(tmp_path / "plain")
-    assert not HFTokenizer.from_dir(tmp_path / "plain").starts_with_bos
+    plain = HFTokenizer.from_dir(tmp_path / "plain")
+    assert not plain.starts_with_bos and default.prompt_ids(plain, chat) == plain.encode(chat)
 
 
 @pytest.mark.parametrize("writes_bos", [True, False])

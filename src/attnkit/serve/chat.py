@@ -73,13 +73,16 @@ class ChatTemplate:
         gives them (and its `TextGenerationPipeline`, which passes chats through it and ignores add_special_tokens):
         the special tokens the template writes ("<s>", "</s>", "<|im_start|>") are those tokens, and none is added,
         so BOS comes first where the template writes `bos_token`, and nowhere else, whatever the tokenizer puts
-        before a plain text (`starts_with_bos`). The default format writes no special token, and its texts are read
-        as text. Raises InputError for a prompt of no token."""
+        before a plain text (`starts_with_bos`). The default format writes no special token: its texts are read as
+        text and framed as a completion's prompt is (`Pipeline.prompt_ids`), BOS first where the tokenizer begins its
+        texts with it, as the run saw its plain texts. Raises InputError for a prompt of no token."""
         encode = getattr(tokenizer, "encode_with_specials", None) if self.source is not None else None
         ids = (encode or tokenizer.encode)(prompt)  # a tokenizer of one's own without the method: as text
         if not ids:
             raise InputError("the chat template renders these messages as no token: give messages with content")
-        return ids
+        bos = tokenizer.bos_id
+        framed = self.source is None and getattr(tokenizer, "starts_with_bos", False) and bos is not None
+        return [bos, *ids] if framed else ids
 
 
 def _shown(message: dict) -> str:
