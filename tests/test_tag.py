@@ -188,18 +188,23 @@ def test_entity_scores_equal_seqevals_on_drawn_sentences(scheme, tags):
             "f1": f1_score(gold, predicted, zero_division=0), "accuracy": accuracy_score(gold, predicted)})
 
 
-def test_attnkit_tag_reads_the_words_of_a_conll_file(tmp_path, capsys):
-    """A CoNLL file given to attnkit tag was read as lines of text: each 'word tag' line a text of its own, the gold
-    tag tagged as a word, with no word said. Its sentences are read as the words they hold."""
+def _untrained_tagger(run: Path, tokenizer) -> Path:
+    """`run`: a tiny encoder tagger of labels B-X and O, untrained, with `tokenizer` and no task.json."""
     from attnkit.checkpoint import save_model
 
-    tokenizer, run = CharTokenizer.from_texts(["abcdefgh"]), tmp_path / "run"
     config = ModelConfig(family="encoder", encoder_head="tag", n_classes=2, vocab_size=tokenizer.vocab_size,
                          d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=32)
     torch.manual_seed(0)
     save_model(build_model(config), config, run)
     tokenizer.save(run / "tokenizer")
     (run / "labels.json").write_text(json.dumps({"labels": ["B-X", "O"]}))
+    return run
+
+
+def test_attnkit_tag_reads_the_words_of_a_conll_file(tmp_path, capsys):
+    """A CoNLL file given to attnkit tag was read as lines of text: each 'word tag' line a text of its own, the gold
+    tag tagged as a word, with no word said. Its sentences are read as the words they hold."""
+    run = _untrained_tagger(tmp_path / "run", CharTokenizer.from_texts(["abcdefgh"]))
     write_conll(tmp_path / "in.conll", [(["abc", "de"], ["B-X", "O"]), (["h"], ["O"])])
     assert cli.main(["tag", str(run), "--input", str(tmp_path / "in.conll"), "--format", "conll"]) == 0
     expected = attnkit.load(run).tag([["abc", "de"], ["h"]])
@@ -379,3 +384,21 @@ def test_an_onnx_folder_of_a_tagger_says_how_its_words_become_pieces(tmp_path):
     convert_to_onnx(run, tmp_path / "onnx")
     words = json.loads((tmp_path / "onnx" / "runtime.json").read_text())["words"]
     assert "between_ids" not in words and "joined by single spaces once" in words["how"]
+
+
+def test_a_tagger_without_a_task_json_reads_the_running_texts_pieces(tmp_path):
+    """A tagger with no task.json (converted from Hugging Face, whose taggers learn each word with its leading space
+    by `is_split_into_words`) was read as each word on its own, a lone space piece between words it never saw; it is
+    read as the running text's pieces, by load and by its ONNX folder's runtime.json."""
+    run = _untrained_tagger(tmp_path / "run", train_tokenizer("bpe", ["Anna lives in Paris ."] * 20, vocab_size=300))
+    assert not (run / "task.json").exists()
+    words = "Anna lives in Paris .".split()
+    running, own = _tagged_by_hand(run, words, "running"), _tagged_by_hand(run, words, "own")
+    assert running != own
+    assert [(w.label, pytest.approx(w.probability, rel=1e-5)) for w in attnkit.load(run).tag([words])[0]] == running
+    pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript (attnkit[export])")
+    from attnkit.interop.onnx import convert_to_onnx
+
+    convert_to_onnx(run, tmp_path / "onnx")
+    described = json.loads((tmp_path / "onnx" / "runtime.json").read_text())["words"]
+    assert "between_ids" not in described and "joined by single spaces once" in described["how"]

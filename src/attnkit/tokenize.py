@@ -395,10 +395,11 @@ class HFTokenizer(_SpecialIds):
 
     def encode_words(self, words: Sequence[str]) -> list[list[int]]:
         """Each word's pieces in the running text `" ".join(words)`, encoded once: what a tokenizer that writes a
-        space into the word after it (`space_starts_word`) makes of a sentence ('ĠParis', '▁Paris'; the pieces
-        transformers' `is_split_into_words` means such a word to have). A piece belongs to the word its last
-        character lies in, the space before a word to that word (its offsets, `bisect`); a word left without a piece
-        of its own (an empty one) gets []."""
+        space into the word after it (`space_starts_word`) makes of a sentence ('ĠParis', '▁Paris'), the first word
+        with no space before it (transformers' `is_split_into_words` with add_prefix_space gives it one too; every
+        later word's pieces are the ones it gives). A piece belongs to the word its last character lies in, the
+        space before a word to that word (its offsets, `bisect`); a word left without a piece of its own (an empty
+        one) gets []."""
         text = " ".join(words)
         with _rust_panics_named([text]):
             encoding = self._tok.encode_batch([text], add_special_tokens=False)[0]  # offsets (the fast one has none)

@@ -113,8 +113,10 @@ def align(tokenizer: Tokenizer, words: Sequence[str], tag_ids: Sequence[int] | N
 
 def word_pieces_of(record: Mapping[str, Any], where: str | Path) -> WordPieces:
     """How a tagger run's words become pieces, as its task.json (`record`, read from `where`) says; "own" for a run
-    trained before it said (each word on its own: what that run's model learned from)."""
-    found = record.get(WORD_PIECES, "own")
+    whose task.json names its task without saying (trained before it said: each word on its own, what that run's
+    model learned from); "running" for a model with no task.json (converted from Hugging Face: trained on words given
+    with `is_split_into_words`, each with its leading space, which the running text's pieces come nearest to)."""
+    found = record.get(WORD_PIECES, "own" if "task" in record else "running")
     if found not in get_args(WordPieces):
         raise CheckpointError(f"{where} has {WORD_PIECES}={found!r}, which is none of "
                               f"{', '.join(get_args(WordPieces))}: the file is damaged; put back the run's own one")
