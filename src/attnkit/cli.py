@@ -186,7 +186,7 @@ class TokenizerTrainSettings:
     kind: Literal["char", "bpe"] = "bpe"  # char: one token per character; bpe: byte-level BPE
     vocab_size: int | None = None
     """BPE vocabulary size, special tokens included; none: train's default --vocab-size (2048)"""
-    max_bytes: int | None = None  # read at most about this many bytes of the corpus
+    max_bytes: int | None = None  # the corpus's first whole files up to this many bytes (at least one file)
     encoding_errors: EncodingErrors = "strict"  # strict: a file that is not UTF-8 is an error; replace: U+FFFD
     overwrite: bool = False  # replace a tokenizer saved there before
 

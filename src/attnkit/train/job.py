@@ -84,7 +84,7 @@ class DataConfig:
     tokenizer: str = "bpe"  # char | bpe (trained on the training text) | a saved tokenizer directory
     vocab_size: int = BPE_VOCAB_SIZE  # bpe only
     seq_len: int | None = None  # lm: context length; others: longest sequence kept; None: the model's max_seq_len
-    max_bytes: int | None = None  # lm: read about this many bytes of the corpus at most
+    max_bytes: int | None = None  # lm: the corpus's first whole files up to this many bytes (at least one file)
     src_lang: str | None = None  # translate from a folder: the source file suffix, e.g. de
     tgt_lang: str | None = None  # translate from a folder: the target file suffix, e.g. en
     val_fraction: float = 0.1  # the share of the training data held out for validation when none is given
