@@ -215,6 +215,19 @@ def test_attnkit_tag_reads_the_words_of_a_conll_file(tmp_path, capsys):
     assert [len(line.split()) for line in capsys.readouterr().out.splitlines()] == [2, 2, 0, 2]
 
 
+def test_attnkit_tag_reads_a_one_line_conll_file_as_its_word(tmp_path, capsys):
+    """A CoNLL file of one line was still read as a text, its gold tag tagged as a second word; it is read as the
+    sentence of one word it holds. A one-line text of two words stays a text."""
+    run = _untrained_tagger(tmp_path / "run", CharTokenizer.from_texts(["abcdefgh"]))
+    (tmp_path / "in.conll").write_text("abc\tB-X\n", encoding="utf-8")
+    assert cli.main(["tag", str(run), "--input", str(tmp_path / "in.conll"), "--format", "conll"]) == 0
+    [words] = attnkit.load(run).tag([["abc"]])
+    assert capsys.readouterr().out == f"abc\t{words[0].label}\n\n"
+    (tmp_path / "names.txt").write_text("abc de\n", encoding="utf-8")
+    assert cli.main(["tag", str(run), "--input", str(tmp_path / "names.txt")]) == 0
+    assert [w.split("/")[0] for w in capsys.readouterr().out.split()] == ["abc", "de"]
+
+
 @pytest.mark.slow  # 200 steps of a small encoder: a minute or two on an idle laptop CPU
 def test_a_tagger_trains_from_the_command_line_to_entity_f1_095(tmp_path, capsys):
     """The synthetic entity set of tests/tagging_data.py (closed lists of people, places and companies in six

@@ -411,12 +411,18 @@ def cut_off_label(labels: Sequence[str]) -> str:
 def conll_words(path: str, encoding_errors: EncodingErrors) -> list[list[str]] | None:
     """The words of each sentence of a file of tagged sentences, or None for a file of texts: one laid out so
     (`layout_of`) and named so (.conll, .conllu) or tagged so (BIO/BIOES tags in its last column), which lines of two
-    words apiece between blank lines are not."""
+    words apiece between blank lines are not; a file named so too short for its layout to tell (a sentence of one
+    word) when it reads as tagged sentences."""
     found = layout_of(path, encoding_errors=encoding_errors)
+    named = Path(path).suffix.lower() in (".conll", ".conllu")
+    if found is None and named:
+        try:
+            return [words for words, _ in read_tagged(path, column="form", encoding_errors=encoding_errors)]
+        except InputError:  # words without tags: lines of text
+            return None
     if found is None or found[0] != "tagged":
         return None
     sentences = read_tagged(path, column="form", encoding_errors=encoding_errors)  # words alone: any file has them
-    named = Path(path).suffix.lower() in (".conll", ".conllu")
     if not named and tag_scheme({tag for _, tags in read_tagged(path, encoding_errors=encoding_errors)
                                  for tag in tags}) is None:
         return None
@@ -437,7 +443,7 @@ def run_tag(settings: TagSettings, load: Callable[[Any], Any]) -> int:
     """`attnkit tag`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`). An --input
     of tagged sentences gives its sentences' words, not its lines (`conll_words`)."""
     texts: list[Any] = read_inputs(settings)
-    if len(texts) > 1 and settings.input not in (None, "-"):
+    if settings.input not in (None, "-"):
         texts = conll_words(settings.input, settings.encoding_errors) or texts
     for words in load(settings).tag(texts, batch_size=settings.batch_size):
         if settings.format == "conll":
