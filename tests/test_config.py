@@ -74,12 +74,15 @@ def test_unknown_fields_and_presets_are_refused(tmp_path):
         (b'{"d_model": 64, "n_layers": 3, "d_model": 32}', ["d_model", "twice"]),
         (b'{"d_model": 1' + b"0" * 5000 + b"}", ["not valid JSON", "too long"]),
         (b'{"norm_eps": NaN}', ["norm_eps=nan", "finite"]),
+        (b'{"vocab_size": 1' + b"0" * 400 + b"}", ["vocab_size is an integer of 1329 bits"]),
+        (b'{"norm_eps": -1' + b"0" * 400 + b"}", ["norm_eps=-inf", "finite"]),
         (b"[" * 100_000, ["not valid JSON"]),
     ],
 )
 def test_a_config_file_read_back_is_checked(tmp_path, data, names):
-    """A damaged config.json (not UTF-8, a key given twice, a number too long to read, NaN, nested without end) is
-    refused with one ConfigError naming the file's problem, never a traceback or a silently chosen value."""
+    """A damaged config.json (not UTF-8, a key given twice, a number too long to read, NaN, an integer beyond a
+    float, nested without end) is refused with one ConfigError naming the file's problem, never a traceback or a
+    silently chosen value."""
     path = tmp_path / "config.json"
     path.write_bytes(data)
     for source in (path, data.decode("utf-8", errors="replace")):  # a path, and the text itself

@@ -135,7 +135,12 @@ def require_positive(obj: Any, *names: str) -> None:
     """Each named field is a finite number > 0 (None passes: "not set"). Zero never means "the default"."""
     for name in names:
         value = getattr(obj, name)
-        if value is not None and not math.isfinite(value):
+        try:
+            finite = value is None or math.isfinite(value)
+        except OverflowError:  # an integer beyond a float's range (JSON reads 400 digits as one)
+            raise ConfigError(f"{name} is an integer of {value.bit_length()} bits, beyond any float and any model; "
+                              "give a size a model can have") from None
+        if not finite:
             raise ConfigError(f"{name}={value!r} must be a finite positive number; give one, or leave it unset for "
                               "the default")
         if value is not None and not value > 0:
@@ -187,7 +192,7 @@ def _conform(value: Any, hint: Any) -> tuple[bool, Any]:
         return isinstance(value, int) and not isinstance(value, bool), value
     if hint is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return ok, float(value) if ok and not isinstance(value, float) else value
+        return ok, _as_float(value) if ok and not isinstance(value, float) else value
     if hint is str:
         return isinstance(value, str), value
     if hint is Path:
@@ -210,6 +215,15 @@ def _conform(value: Any, hint: Any) -> tuple[bool, Any]:
     if isinstance(hint, type):
         return isinstance(value, hint), value
     return True, value  # Callable and other annotations are not data
+
+
+def _as_float(value: int) -> float:
+    """The float of integer `value`; one beyond a float's range is infinite, as JSON's 1e400 reads (the range checks
+    then name the field)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _describe(hint: Any) -> str:
