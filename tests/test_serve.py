@@ -334,6 +334,33 @@ def test_refusals_say_what_is_wrong_and_neutral_values_of_unhonoured_fields_pass
     assert httpx.post(f"{url}/v1/completions", json=neutral, timeout=TIMEOUT).status_code == 200
 
 
+def test_a_chat_far_beyond_the_context_is_refused_from_its_head_and_a_chat_id_beyond_the_vocabulary_names_messages(
+        server, pipeline, monkeypatch):
+    """A chat's rendered text far longer than the context (96 tokens) is refused naming messages after tokenizing its
+    head alone (32 characters a token, `tokenize.encode_head`): it was tokenized whole first, a megabyte body's cost in
+    the request's size. A chat id beyond the model's vocabulary (a tokenizer larger than its embedding) is reported
+    against messages, not prompt."""
+    from attnkit.serve.chat import ChatTemplate
+
+    url = server[0]
+    encoded: list[int] = []
+    encode = type(pipeline.tokenizer).encode
+    monkeypatch.setattr(type(pipeline.tokenizer), "encode", lambda self, text: encoded.append(len(text)) or encode(
+        self, text))
+    response = httpx.post(f"{url}/v1/chat/completions", timeout=TIMEOUT,
+                          json={"messages": [{"role": "user", "content": "a" * 20_000}], "max_tokens": 2})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages" and "send shorter messages" in error["message"]
+    assert encoded and max(encoded) <= 32 * 96
+    monkeypatch.setattr(ChatTemplate, "prompt_ids", lambda self, tokenizer, prompt: [1, 5000])
+    response = httpx.post(f"{url}/v1/chat/completions", timeout=TIMEOUT,
+                          json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages" and error["message"].startswith("messages: token id 5000 is beyond")
+
+
 def test_one_poisoned_request_among_good_ones_fails_alone(server, monkeypatch):
     """Requests refused at the edge, and one that fails inside the scheduler (its sampling raises), sent together
     with good ones: each good one gets what it gets alone, each poisoned one its own error."""

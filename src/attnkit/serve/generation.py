@@ -21,7 +21,7 @@ from attnkit.serve.logprobs import ChoiceScores, Scored
 from attnkit.serve.schemas import Sampling
 from attnkit.serve.settings import ServeSettings
 from attnkit.serve.structured import Structured
-from attnkit.tokenize import HEAD_CHARS_PER_TOKEN, encode_head
+from attnkit.tokenize import HEAD_CHARS_PER_TOKEN, Tokenizer, encode_head
 
 TOKEN_ID = re.compile(r"[0-9]+")  # a logit_bias key
 
@@ -113,27 +113,32 @@ class Generation:
 
 
 
+def refuse_long_text(tokenizer: Tokenizer, text: str, context: int, *, what: str, param: str) -> None:
+    """400 for a text whose head alone holds more tokens than the `context`, found without tokenizing the rest
+    (`tokenize.encode_head`); `what` names the text in the message, `param` the field. A shorter text is left to be
+    tokenized whole once, by the caller."""
+    if len(text) > HEAD_CHARS_PER_TOKEN * context and not encode_head(tokenizer, text, context)[1]:
+        raise APIError(400, f"{what} {len(text):,} characters, more tokens than this model's context holds "
+                       f"({context}; the first {HEAD_CHARS_PER_TOKEN * context:,} characters alone fill it): send "
+                       f"shorter {param}", param=param)
+
+
 def _prompt_ids(pipeline: Pipeline, prompt: str | list[int], index: int, context: int, *, param: str) -> list[int]:
-    """A prompt's token ids: a text's as `Pipeline.generate` encodes it, or the ids given (400 for one beyond the
-    vocabulary). A text whose head alone holds more tokens than the `context` is refused (400) without tokenizing the
-    rest (`tokenize.encode_head`)."""
+    """A prompt's token ids: a text's as `Pipeline.generate` encodes it (refused first by `refuse_long_text` where
+    its head alone fills the context), or the ids given (a chat's, `param` "messages", as its template tokenized
+    them); 400 for an id beyond the vocabulary."""
     if isinstance(prompt, str):
         try:
-            long = len(prompt) > HEAD_CHARS_PER_TOKEN * context  # else it is tokenized whole once, below
-            if long and not encode_head(pipeline.tokenizer, prompt, context)[1]:
-                what = "the messages, as the chat template renders them, hold" if param == "messages" else \
-                    "the prompt holds"
-                raise APIError(400, f"{what} {len(prompt):,} characters, more tokens than this model's context "
-                               f"holds ({context}; the first {HEAD_CHARS_PER_TOKEN * context:,} characters alone fill "
-                               f"it): send shorter {param}", param=param)
+            refuse_long_text(pipeline.tokenizer, prompt, context, what="the prompt holds", param=param)
             return pipeline.prompt_ids(prompt, index=index)
         except AttnkitError as error:
             raise APIError(400, str(error), param=param) from None
     vocab = pipeline.config.vocab_size
     beyond = [token for token in prompt if token >= vocab]
     if beyond:
-        raise APIError(400, f"prompt {index}: token id {beyond[0]} is beyond the vocabulary of {vocab} tokens; give "
-                       f"ids from 0 to {vocab - 1}", param="prompt")
+        where = f"prompt {index}" if param == "prompt" else param
+        raise APIError(400, f"{where}: token id {beyond[0]} is beyond the vocabulary of {vocab} tokens; give ids "
+                       f"from 0 to {vocab - 1}", param=param)
     return list(prompt)
 
 

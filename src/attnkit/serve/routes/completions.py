@@ -15,7 +15,7 @@ from attnkit.serve.answer import Answer, ClientGone
 from attnkit.serve.batching import Closed
 from attnkit.serve.chat import ChatTemplate
 from attnkit.serve.errors import APIError
-from attnkit.serve.generation import Generation
+from attnkit.serve.generation import Generation, refuse_long_text
 from attnkit.serve.logprobs import prompt_scores
 from attnkit.serve.schemas import ChatRequest, CompletionRequest, Sampling
 from attnkit.serve.state import ServerState
@@ -45,7 +45,8 @@ def router(state: ServerState) -> APIRouter:
         state.check_model(body.model)
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true as well", param="top_logprobs")
-        structured, prompt = await run_in_threadpool(_chat_prompt, state.template, pipeline.tokenizer, body)
+        structured, prompt = await run_in_threadpool(_chat_prompt, state.template, pipeline.tokenizer,
+                                                      pipeline.config.max_seq_len, body)
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await generate(request, body, [prompt], "chat.completion", stops=state.template.stops,
                               max_tokens=limit, logprobs=(body.top_logprobs or 0) if body.logprobs else None,
@@ -97,17 +98,19 @@ def router(state: ServerState) -> APIRouter:
     return routes
 
 
-def _chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, body: ChatRequest
+def _chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, context: int, body: ChatRequest
                  ) -> tuple[Structured | None, list[int]]:
     """A chat request's structured output (response_format and tools: a grammar the reply is held to) and the token
-    ids of its messages rendered by the chat template (`ChatTemplate.prompt_ids`); 400 naming the field that
-    fails."""
+    ids of its messages rendered by the chat template (`ChatTemplate.prompt_ids`); 400 naming the field that fails,
+    and for a rendered text whose head alone fills the `context`, before it is tokenized whole (`refuse_long_text`)."""
     structured = Structured.of(body)
     try:
         prompt = template.render([m.rendered() for m in body.messages], structured.tools if structured else ())
     except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
         raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
     try:
+        refuse_long_text(tokenizer, prompt, context, what="the messages, as the chat template renders them, hold",
+                         param="messages")
         return structured, template.prompt_ids(tokenizer, prompt)
     except AttnkitError as error:
         raise APIError(400, str(error), param="messages") from None
