@@ -118,3 +118,20 @@ def test_writing_prefers_the_class_a_model_came_from():
     assert hf_config.match_family(config, names, prefer="MistralForCausalLM")[1] == "MistralForCausalLM"
     windowed = dataclasses.replace(config, attention_window=8)
     assert hf_config.match_family(windowed, names, prefer="LlamaForCausalLM")[1] == "MistralForCausalLM"
+
+
+@pytest.mark.parametrize(("changes", "names"), [
+    ({"sliding_window": "4096"}, ["attention_window='4096'", "integer"]),
+    ({"max_position_embeddings": None}, ["max_seq_len=None", "integer"]),
+])
+def test_a_mistral_window_or_context_of_the_wrong_type_is_a_config_error_naming_it(changes, names):
+    """The window is compared with the context only when both are integers: a string or null in config.json is the
+    ConfigError naming the field that a ModelConfig gives, never a TypeError."""
+    hf = {"model_type": "mistral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+          "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+          "sliding_window": 8, **changes}
+    family = keymaps.FAMILIES["mistral"]
+    with pytest.raises(ConfigError) as info:
+        hf_config.config_from_hf(hf, family, "MistralForCausalLM", tensor_names=(), source="config.json")
+    for name in names:
+        assert name in str(info.value)

@@ -282,10 +282,12 @@ LLAMA = FamilyMap(
 
 def _mistral_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
     """A sliding_window longer than max_position_embeddings hides no key within the context: attention to every key
-    (attnkit refuses a window longer than max_seq_len, which would change nothing)."""
-    window = fields.get("attention_window")
+    (attnkit refuses a window longer than max_seq_len, which would change nothing). Compared only when both are
+    integers: any other value is left for ModelConfig's type check to name."""
+    window, context = fields.get("attention_window"), fields["max_seq_len"]
     fields_read = _rope_from_hf(hf, fields, architecture, names, source)
-    if window is not None and window > fields["max_seq_len"]:
+    sizes = all(isinstance(v, int) and not isinstance(v, bool) for v in (window, context))
+    if sizes and window > context:
         fields_read["attention_window"] = None
     return fields_read
 
