@@ -217,6 +217,8 @@ def test_more_bad_input_at_the_edge_gets_clear_errors():
     seq2seq.decode(ids[:, :1], seq2seq.encode(ids), cache=cache)
     with pytest.raises(InputError, match="a source of 4 tokens, this memory has 6"):  # its keys were reused silently
         seq2seq.decode(ids[:, 1:2], seq2seq.encode(torch.zeros(2, 6, dtype=torch.long)), cache=cache)
+    with pytest.raises(InputError, match="keys of another memory than this one"):  # a source of the same length
+        seq2seq.decode(ids[:, 1:2], seq2seq.encode(torch.zeros(2, 4, dtype=torch.long)), cache=cache)
 
 
 def test_weights_start_as_gpt2_initialises_them():

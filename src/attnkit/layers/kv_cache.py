@@ -109,6 +109,7 @@ class KVCache:
 
     def __init__(self, layers: list[LayerCache]) -> None:
         self.layers = layers
+        self.memory: Tensor | None = None  # the encoder output of the layers' cross keys (`EncoderDecoder.decode`)
 
     @classmethod
     def allocate(
@@ -153,8 +154,10 @@ class KVCache:
         return self.layers[0].max_len
 
     def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (B',) of every layer; the memory reordered alike is whatever the next step gives."""
         for layer in self.layers:
             layer.reorder(index)
+        self.memory = None
 
     def read(self, row: int, start: int, end: int) -> Tensor:
         """One row's keys and values at positions [start, end) of every layer, copied: (L, 2, Hkv, end - start, D)

@@ -70,6 +70,10 @@ class EncoderDecoder(nn.Module):
         if cross is not None and cross[0].shape[2] != memory.shape[1]:  # (B, Hkv, S, D) computed from the first memory
             raise InputError(f"the KV cache holds the keys of a source of {cross[0].shape[2]} tokens, this memory has "
                              f"{memory.shape[1]}: a cache serves one source; allocate a new one for a new source")
+        if cross is not None and cache.memory is not None and cache.memory is not memory:  # identity: no device sync
+            raise InputError("the KV cache holds the cross-attention keys of another memory than this one: a cache "
+                             "serves one source; pass the memory of its first step every step, or allocate a new "
+                             "cache for a new source")
         if tgt_ids.dim() == 2 and tgt_ids.shape[0] != memory.shape[0]:
             raise InputError(
                 f"the target batch has {tgt_ids.shape[0]} sequences but the source batch {memory.shape[0]}; "
@@ -83,6 +87,8 @@ class EncoderDecoder(nn.Module):
             context_mask=src_mask.bool() if src_mask is not None else None,
             need_weights=need_weights,
         )
+        if cache is not None:
+            cache.memory = memory  # what the cross keys now in the cache came from (or were kept for)
         logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits,
                                           self.loss_path)
         return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None, cache=cache)
