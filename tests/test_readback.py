@@ -10,6 +10,7 @@ import json
 import pytest
 from generate_models import tiny_model
 
+from attnkit import readback
 from attnkit.errors import InputError
 from attnkit.generate import captured_step as captured
 from attnkit.machine import DEFAULT_PROFILE, PROFILE_VERSION, CpuCapabilities, Profile, load_profile
@@ -156,3 +157,25 @@ def test_a_damaged_kept_step_is_captured_again(tmp_path, fake_capture, caplog, d
     assert fake_capture == ["one-row", "one-row"]
     assert "is damaged" in caplog.text and "capturing it again" in caplog.text
     assert captured.kept_package(path)
+
+
+class _CountedKey(str):
+    """A JSON key that counts the comparisons made with it."""
+
+    comparisons = 0
+
+    def __eq__(self, other):
+        type(self).comparisons += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_keys_given_twice_are_found_in_one_pass_over_the_object():
+    """The repeated keys of an object are counted once each (a count per key compared every key with every other:
+    an object of 100,000 keys took minutes), and each repeated one is named."""
+    pairs = [(_CountedKey(f"k{i}"), i) for i in range(2000)] + [(_CountedKey("k5"), 0), (_CountedKey("k7"), 0)]
+    _CountedKey.comparisons = 0
+    with pytest.raises(ValueError, match="names k5, k7 twice"):
+        readback._unique_keys(pairs)
+    assert _CountedKey.comparisons <= len(pairs)

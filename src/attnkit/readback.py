@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -29,8 +30,7 @@ class _RepeatedKey(ValueError):
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    repeated = sorted(key for key, times in Counter(key for key, _ in pairs).items() if times > 1)
     if repeated:
         raise _RepeatedKey(f"names {', '.join(repeated)} twice in one object (JSON readers differ on which value "
                            "counts): keep one")
