@@ -254,3 +254,15 @@ def test_translation_and_classifier_runs_get_their_views(tmp_path):
         assert answer["attention"][0]["kind"] == "self" and "next" not in answer
         view = httpx.post(f"{url}/api/inspect", json={"text": "a cat"}, timeout=TIMEOUT).json()
         assert view["heads"]["metric"] == "kl" and view["lens"] is None and "output layer" in view["lens_note"]
+
+
+def test_an_encoders_text_framed_beyond_the_context_is_refused_as_viz_refuses_it(tmp_path):
+    """The explorer holds what a model reads to its context (16 here) as `attnkit viz` does: an encoder's text of 16
+    characters framed with BOS and EOS is 18 tokens, drawn before with rotary positions the model never used that
+    far."""
+    encoder = tiny_run(tmp_path, "encoder", n_classes=3, max_seq_len=16, position="rope")
+    with running_server(encoder) as (url, _app):
+        assert httpx.post(f"{url}/api/analyze", json={"text": "a cat"}, timeout=TIMEOUT).status_code == 200
+        framed = httpx.post(f"{url}/api/analyze", json={"text": "a cat on the mat"}, timeout=TIMEOUT)
+        assert framed.status_code == 400, framed.text[:300]
+        assert "has 18 tokens; this model reads at most 16 (max_seq_len)" in framed.json()["error"]["message"]

@@ -150,7 +150,8 @@ class Explorer:
         target = target if translator and target and target.strip() else None
         try:
             return attention_maps(self.model, self.tokenizer, text, target=target, translate=translator and not target,
-                                  layers=layers, max_length=min(MAX_TRANSLATION, self.config.max_seq_len - 1))
+                                  layers=layers, max_length=min(MAX_TRANSLATION, self.config.max_seq_len - 1),
+                                  context=self.config.max_seq_len)  # the text as framed, the source, the target
         except EmptyTranslation:
             raise EmptyTranslation(OWN_TRANSLATION_EMPTY) from None
 
