@@ -215,7 +215,8 @@ def test_a_row_with_more_fields_than_the_header_is_refused_not_cut(tmp_path: Pat
 
 
 def test_jsonl_files_read_by_their_keys(tmp_path: Path) -> None:
-    """JSON Lines, as `datasets`' to_json writes a split: one object a line, the text and label found by key."""
+    """JSON Lines, as `datasets`' to_json writes a split: one object a line, the text and label found by key; a line
+    that is not JSON, names a key twice or nests without end is refused naming the line."""
     path = tmp_path / "sst.jsonl"
     path.write_text('\ufeff{"idx": 0, "sentence": "a fine, \\"warm\\" film", "label": 1}\r\n\n'
                     '{"sentence": "dull", "label": 0}\n', encoding="utf-8")
@@ -223,7 +224,9 @@ def test_jsonl_files_read_by_their_keys(tmp_path: Path) -> None:
     assert layout_of(path) == ("labelled", "a JSON Lines file")  # a tagger's eval refuses it by name
     path.write_text('{"body": "nice", "stars": "5"}\n', encoding="utf-8")
     assert read_labelled(path, text_column="body", label_column="stars") == [("nice", "5")]
-    for line, why in [('{"text": "ok", "label": 1', r"line 1 is not JSON"),
+    for line, why in [('{"text": "ok", "label": 1', r"line 1 is not valid JSON"),
+                      ('{"text": "ok", "label": 1, "text": "fine"}', r"line 1 names text twice in one object"),
+                      ('{"text": "ok", "label": ' + "[" * 100_000, r"line 1 is not valid JSON \(nested too deeply"),
                       ('["ok", 1]', r"line 1 holds a JSON list, not an object"),
                       ('{"text": "ok"}', r"line 1 has no label key \(one of \['label'"),
                       ('{"text": "ok", "label": [1, 2]}', r"line 1: the label \[1, 2\] is a list")]:

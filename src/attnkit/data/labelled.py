@@ -24,6 +24,7 @@ import torch
 
 from attnkit.data.batching import BucketedData, pad
 from attnkit.errors import InputError
+from attnkit.readback import parse_json
 from attnkit.textfiles import EncodingErrors, read_text
 from attnkit.tokenize import Tokenizer, require_id
 
@@ -226,16 +227,14 @@ def _table(text: str, path: str | os.PathLike, fields: list[Field]) -> list[tupl
 def _json_lines(text: str, path: str | os.PathLike, fields: list[Field]) -> list[tuple]:
     """(line, *values) of a JSON Lines file: one object a line (as `datasets`' `to_json` writes a split), a value
     for each of `fields`, under the usual keys (`TEXT_COLUMNS`, `LABEL_COLUMNS`) or the ones given; blank lines
-    skipped. A number or true/false is read as written in JSON (1, true). Raises InputError naming the line."""
+    skipped. A number or true/false is read as written in JSON (1, true). Raises InputError naming the line (also
+    for a key given twice, or a line nested too deeply: `readback.parse_json`)."""
     numbered = []
     for n, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(f"{path}, line {n} is not JSON ({err.msg} at character {err.pos}): a JSON Lines file "
-                             "holds one object a line, e.g. {\"text\": \"a fine film\", \"label\": 1}") from None
+        row = parse_json(line, f"{path}, line {n}", fix="a JSON Lines file holds one object a line, e.g. "
+                         "{\"text\": \"a fine film\", \"label\": 1}")
         if not isinstance(row, dict):
             raise InputError(f"{path}, line {n} holds a JSON {type(row).__name__}, not an object: write each "
                              "example as {\"text\": ..., \"label\": ...}")
