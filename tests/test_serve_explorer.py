@@ -266,3 +266,25 @@ def test_an_encoders_text_framed_beyond_the_context_is_refused_as_viz_refuses_it
         framed = httpx.post(f"{url}/api/analyze", json={"text": "a cat on the mat"}, timeout=TIMEOUT)
         assert framed.status_code == 400, framed.text[:300]
         assert "has 18 tokens; this model reads at most 16 (max_seq_len)" in framed.json()["error"]["message"]
+
+
+def test_a_translators_source_beyond_the_context_is_refused_before_any_translation_step(tmp_path, monkeypatch):
+    """A translator's source of 16 characters with EOS is 17 tokens, beyond its context of 16: it is refused with the
+    length message before the model's own translation is decoded (up to 64 forward passes were spent first, and the
+    refusal came after, or, with learned positions, the embedding's own message)."""
+    from attnkit.models import greedy
+
+    steps: list[int] = []
+    decode = greedy.greedy_target
+    monkeypatch.setattr(greedy, "greedy_target", lambda *args, **kwargs: steps.append(1) or decode(*args, **kwargs))
+    translator = tiny_run(tmp_path, "encoder-decoder", max_seq_len=16, position="rope")
+    with running_server(translator) as (url, _app):
+        httpx.post(f"{url}/api/analyze", json={"text": "a cat"}, timeout=TIMEOUT)  # drawn, or its translation empty
+        assert steps  # the model's own translation of a source that fits is decoded
+        steps.clear()
+        for path in ("/api/analyze", "/api/model"):
+            long = httpx.post(f"{url}{path}", json={"text": "a cat on the mat"}, timeout=TIMEOUT)
+            assert long.status_code == 400, long.text[:300]
+            assert long.json()["error"]["message"].startswith(
+                "the source with EOS has 17 tokens; this model reads at most 16 (max_seq_len)")
+        assert not steps

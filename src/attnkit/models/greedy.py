@@ -54,15 +54,19 @@ class TranslationPair:
 
 
 def translation_pair(model: nn.Module, tokenizer: Tokenizer, source: str, target: str | None, *, max_length: int,
-                     instead: str) -> TranslationPair:
+                     instead: str, context: int | None = None) -> TranslationPair:
     """`source` and `target` as `model` reads them; `target` None: the model's own greedy translation of at most
-    `max_length` tokens (`greedy_target`).
+    `max_length` tokens (`greedy_target`). `context`: the model's max_seq_len, which the source with EOS must fit,
+    checked before any decoding step.
 
-    Raises InputError for a tokenizer without BOS or EOS and for a given target of no tokens; EmptyTranslation (an
-    InputError) when the model's own translation is empty, its message ending with `instead` (what the caller's user
-    gives in its place, e.g. "give --target TEXT")."""
+    Raises InputError for a tokenizer without BOS or EOS, a source longer than `context` and a given target of no
+    tokens; EmptyTranslation (an InputError) when the model's own translation is empty, its message ending with
+    `instead` (what the caller's user gives in its place, e.g. "give --target TEXT")."""
     eos, bos = require_id(tokenizer, "eos"), require_id(tokenizer, "bos")
     ids = [*tokenizer.encode(source), eos]
+    if context is not None and len(ids) > context:
+        raise InputError(f"the source with EOS has {len(ids)} tokens; this model reads at most {context} "
+                         "(max_seq_len): shorten it")
     if target is None:
         written = greedy_target(model, ids, bos=bos, eos=eos, max_length=max_length)
         if not written:

@@ -75,11 +75,11 @@ def attention_maps(
     device = next(model.parameters()).device
     if translator:
         pair = translation_pair(model, tokenizer, text, None if translate else target, max_length=max_length,
-                                instead="give --target TEXT instead")
+                                instead="give --target TEXT instead", context=context)  # the source checked first
         source, decoder_input = pair.source, pair.decoder_input
         tokens = {"self": (source, source), "causal": (decoder_input, decoder_input),
                   "cross": (pair.predicted, source)}
-        _check_fits(context, source=source, target=decoder_input)
+        _check_fits(context, target=decoder_input)
         src, tgt = torch.tensor([source], device=device), torch.tensor([decoder_input], device=device)  # (1, S), (1, T)
         run = partial(model, src, tgt)
     else:
