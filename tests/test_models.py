@@ -221,6 +221,41 @@ def test_more_bad_input_at_the_edge_gets_clear_errors():
         seq2seq.decode(ids[:, 1:2], seq2seq.encode(torch.zeros(2, 4, dtype=torch.long)), cache=cache)
 
 
+def test_a_decoding_step_reads_its_positions_from_the_device_once_at_most(monkeypatch):
+    """Each value read to check an input waits for the device on a GPU. A step given its positions read their
+    lowest and highest apart, for two checks; a step whose positions the stack built read the highest, known without
+    reading. Counted: the reads of tensor values to the host, in one step given positions, not given them, and
+    not given them where no table bounds positions (sinusoidal)."""
+    reads = [0]
+
+    def counted(name):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            reads[0] += 1
+            return original(self, *args, **kwargs)
+        return read
+
+    for name in ("item", "tolist", "__int__", "__bool__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, counted(name))
+
+    def step_reads(position, given):
+        model, ids = _model(position=position), torch.randint(0, 50, (2, 5))
+        cache = model.allocate_cache(2, 8)
+        model(ids[:, :4], cache=cache)
+        reads[0] = 0
+        model(ids[:, 4:], cache=cache, position_ids=torch.full((2, 1), 4) if given else None)
+        return reads[0]
+
+    unbounded = step_reads("sinusoidal", given=False)
+    assert step_reads("learned", given=False) == unbounded
+    assert step_reads("learned", given=True) == unbounded + 1
+    with pytest.raises(InputError, match="position -1"):
+        _model(position="learned")(torch.zeros(1, 2, dtype=torch.long), position_ids=torch.tensor([[0, -1]]))
+    with pytest.raises(InputError, match="position 40 is beyond max_seq_len=32"):
+        _model(position="learned")(torch.zeros(1, 2, dtype=torch.long), position_ids=torch.tensor([[0, 40]]))
+
+
 def test_weights_start_as_gpt2_initialises_them():
     """N(0, 0.02) weights and embeddings, zero biases, unit norm gains, and the projections that write into the
     residual stream (o_proj, down_proj) at 0.02 / sqrt(2 N) (Radford et al. 2019, section 2.3)."""

@@ -100,11 +100,12 @@ class Embeddings(nn.Module):
         """The positions the scheme represents (a learned table's length); None: any."""
         return self.positions.max_len if self.positions is not None else None
 
-    def check_positions(self, position_ids: Tensor) -> None:
-        """Raise InputError for a position beyond a learned table (other positions have no end)."""
+    def check_positions(self, position_ids: Tensor, *, last: int | None = None) -> None:
+        """Raise InputError for a position beyond a learned table (other positions have no end). `last`: the highest
+        position where the caller knows it (read already, or built), saving a read of the tensor from the device."""
         if self.max_positions is None or not has_values(position_ids):
             return
-        last = int(position_ids.max())
+        last = int(position_ids.max()) if last is None else last
         if last >= self.max_positions:
             raise InputError(
                 f"position {last} is beyond max_seq_len={self.max_positions} of the learned position table; "

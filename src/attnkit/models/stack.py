@@ -74,9 +74,10 @@ class TransformerStack(nn.Module):
         length = input_ids.shape[1]
         if position_ids is None:
             position_ids = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)  # (1, T)
+            last = start + length - 1  # known without reading the tensor
         else:
-            _check_position_ids(position_ids, input_ids.shape)
-        self.embeddings.check_positions(position_ids)
+            last = _check_position_ids(position_ids, input_ids.shape)
+        self.embeddings.check_positions(position_ids, last=last)
         if cache is not None:
             self._check_cache(cache, input_ids.shape[0])
         attention_mask = _check_mask(attention_mask, input_ids.shape[0], start + length, "attention_mask")
@@ -144,12 +145,12 @@ class TransformerStack(nn.Module):
     def _check_cache(self, cache: KVCache, batch: int) -> None:
         """A cache allocated for this stack (its layers' key/value heads and head size) and this batch: another
         model's cache would be written into by broadcasting, or fail deep in torch."""
-        wanted = [(block.self_attn.n_kv_heads, block.self_attn.head_dim) for block in self.blocks]
-        held = [(layer.keys.shape[1], layer.keys.shape[3]) for layer in cache.layers]
-        if held != wanted:
-            raise InputError(f"the KV cache was allocated for another model: its {len(held)} layers hold (key/value "
-                             f"heads, head size) {held[0]}, this stack's {len(wanted)} need {wanted[0]}; allocate one "
-                             "with this model's allocate_cache")
+        attention, layer = self.blocks[0].self_attn, cache.layers[0]  # the first layer stands for all: every step
+        wanted, held = (attention.n_kv_heads, attention.head_dim), (layer.keys.shape[1], layer.keys.shape[3])
+        if len(cache.layers) != len(self.blocks) or held != wanted:
+            raise InputError(f"the KV cache was allocated for another model: its {len(cache.layers)} layers hold "
+                             f"(key/value heads, head size) {held}, this stack's {len(self.blocks)} need {wanted}; "
+                             "allocate one with this model's allocate_cache")
         if cache.batch_size != batch:
             raise InputError(f"the KV cache was allocated for {cache.batch_size} sequences but input_ids holds "
                              f"{batch}; allocate one with batch_size={batch}")
@@ -170,15 +171,20 @@ class TransformerStack(nn.Module):
         return prefix_len
 
 
-def _check_position_ids(position_ids: Tensor, ids_shape: torch.Size) -> None:
-    """Positions a caller gives: integers (B or 1, T) for ids (B, T), counted from 0."""
+def _check_position_ids(position_ids: Tensor, ids_shape: torch.Size) -> int | None:
+    """Positions a caller gives: integers (B or 1, T) for ids (B, T), counted from 0. Returns the highest, read with
+    the lowest in one transfer from the device (None where values are not read, `has_values`)."""
     batch, length = ids_shape
-    if (position_ids.is_floating_point() or position_ids.dim() != 2 or position_ids.shape[1] != length
-            or position_ids.shape[0] not in (1, batch)):
+    if (position_ids.is_floating_point() or position_ids.is_complex() or position_ids.dtype == torch.bool
+            or position_ids.dim() != 2 or position_ids.shape[1] != length or position_ids.shape[0] not in (1, batch)):
         raise InputError(f"position_ids has shape {tuple(position_ids.shape)} and dtype {position_ids.dtype}; give "
                          f"integer positions ({batch}, {length}) or (1, {length}), one per token")
-    if has_values(position_ids) and int(position_ids.min()) < 0:
-        raise InputError(f"position_ids holds position {int(position_ids.min())}; positions count from 0")
+    if not has_values(position_ids):
+        return None
+    low, high = torch.stack(torch.aminmax(position_ids)).tolist()
+    if low < 0:
+        raise InputError(f"position_ids holds position {low}; positions count from 0")
+    return high
 
 
 def _check_mask(mask: Tensor | None, batch: int, expected_len: int, name: str) -> Tensor | None:
