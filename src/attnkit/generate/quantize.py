@@ -83,7 +83,7 @@ class Int8Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def reference(self, x: Tensor) -> Tensor:
-        dequantized = self.weight[:, : self.in_features].float() * self.scales.float()[:, None]  # (N, K)
+        dequantized = int8_dequantized(self.weight[:, : self.in_features], self.scales)  # (N, K)
         bias = None if self.bias is None else self.bias.float()
         return F.linear(x.float(), dequantized, bias).to(x.dtype)
 
@@ -169,7 +169,7 @@ class Int8DynamicLinear(nn.Module):
         # the range may round to one step above it)
         dequantized = (torch.round(scaled / step + zero).clamp(0, 255) - zero) * step  # (M, K)
         weight, scales = self.weight_and_scales()
-        out = F.linear(dequantized, weight.float() * scales[:, None]) * peaks  # (M, K) @ (K, N) -> (M, N)
+        out = F.linear(dequantized, int8_dequantized(weight, scales)) * peaks  # (M, K) @ (K, N) -> (M, N)
         out = out if self.bias is None else out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
@@ -254,8 +254,15 @@ def native_int8_product(weight: Tensor, scales: Tensor, rows: Tensor, bias: Tens
     weight dequantized for the call and nn.Linear's product. Eager layers call it as it is, a traced step as the
     operator `native_int8_op`, which applies the same limit to the row count it meets when it runs."""
     if rows.shape[0] > NATIVE_QUANTIZED_ROWS:
-        return F.linear(rows.float(), weight.float() * scales[:, None], bias)
+        return F.linear(rows.float(), int8_dequantized(weight, scales), bias)
     return native_gemv.gemv_i8(weight, scales, rows, bias)
+
+
+def int8_dequantized(weight: Tensor, scales: Tensor) -> Tensor:
+    """An int8 weight (N, K) and its per-row scales (N,) (`quantize_rows`) -> the weight (N, K) in fp32, weight *
+    scale: what every int8 layer's `reference` and the native product beyond `NATIVE_QUANTIZED_ROWS` rows multiply
+    by."""
+    return weight.float() * scales.float()[:, None]
 
 
 def int4_dequantized(codes: Tensor, scales: Tensor, offsets: Tensor) -> Tensor:
@@ -319,8 +326,7 @@ class NativeInt8Linear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def reference(self, x: Tensor) -> Tensor:
-        dequantized = self.weight.float() * self.scales[:, None]  # (N, K)
-        return F.linear(x.float(), dequantized, self.bias).to(x.dtype)
+        return F.linear(x.float(), int8_dequantized(self.weight, self.scales), self.bias).to(x.dtype)  # (…, N)
 
 
 class NativeInt4Linear(nn.Module):
