@@ -88,7 +88,7 @@ def symbol_accuracy(prediction: str, target: str) -> float:
 def plot(stored: Stored, out: Path) -> list[str]:
     """Exact and per-symbol accuracy by source length for each model, mean and each seed, on 0-1 axes."""
     labels = [column.removeprefix("exact ") for column in stored.rows[0] if column.startswith("exact ")]
-    fig, axes = new_figure(10, 4, ncols=2)
+    fig, axes = new_figure(12.5, 4, ncols=2)
     for ax, metric in zip(axes, ("exact", "per symbol"), strict=True):
         for index, row in enumerate(stored.rows):
             columns = [f"{metric} {label}" for label in labels]
@@ -97,7 +97,8 @@ def plot(stored: Stored, out: Path) -> list[str]:
         ax.set_xticks(range(len(labels)), labels)  # buckets such as "2-4" by position (as text, read as dates)
         ax.set(xlabel="source length (symbols)", ylabel=f"{metric} accuracy", title=f"copy task, {metric} match")
         fit_value_axis(ax, "fraction")
-    spread_legend(axes[1], over=f"mean of {stored.seeds} seeds", spread=spread, loc="center right")  # clear of lines
+    spread_legend(axes[1], over=f"mean of {stored.seeds} seeds", spread=spread, loc="upper left",
+                  bbox_to_anchor=(1.01, 1))  # beside the panel: no line or seed hidden under it
     save(fig, out / "accuracy_by_length.png")
     return ["accuracy_by_length.png"]
 
