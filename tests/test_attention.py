@@ -158,6 +158,11 @@ def test_grouped_heads_equal_multi_head_attention_with_each_kv_head_repeated(n_k
     with torch.no_grad():
         ours, theirs = grouped(x, mask=mask, need_weights=need_weights), mha(x, mask=mask, need_weights=need_weights)
     torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=1e-5)
+    if need_weights:  # per query head, (B, H, T, S): each head's weights over its group's shared keys
+        assert ours[1].shape == (2, 8, 6, 6)
+        torch.testing.assert_close(ours[1], theirs[1], atol=1e-5, rtol=1e-5)
+    else:
+        assert ours[1] is None and theirs[1] is None
     assert grouped.k_proj.out_features == n_kv_heads * 4
 
 
