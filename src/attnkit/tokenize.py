@@ -55,7 +55,7 @@ class Tokenizer(Protocol):
     kind: str  # "char" | "bpe" | "hf"
     specials: dict[str, str]  # role -> token string, e.g. {"eos": "<eos>"}
     starts_with_bos: bool  # its own texts begin with BOS (Llama's tokenizers); a prompt is given one (`Pipeline`),
-    # a chat only where its template writes bos_token (`attnkit.serve.chat.ChatTemplate.prompt_ids`)
+    # a chat in the default format too, one with a template of its own only where it writes bos_token (`ChatTemplate`)
     space_starts_word: bool  # a space is written into the word after it (byte-level 'Ġcat', SentencePiece '▁cat')
 
     @property
