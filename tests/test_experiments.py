@@ -446,3 +446,20 @@ def test_per_symbol_accuracy_counts_symbols_past_the_target_as_wrong():
     assert symbol_accuracy("abcxyz", "abc") == 0.5
     assert symbol_accuracy("ab", "abcd") == 0.5
     assert symbol_accuracy("", "abcd") == 0.0
+
+
+def test_run_experiment_refuses_an_out_holding_another_experiments_results(tmp_path, monkeypatch):
+    """Only the command line refused it: run_experiment from Python wrote one experiment's files over another's."""
+    from attnkit.errors import InputError
+    from attnkit.experiments.base import Experiment
+
+    ran = []
+    monkeypatch.setitem(REGISTRY, "fake", Experiment("fake", "a claim", "a lecture",
+                                                     lambda *args, **options: ran.append(args)))
+    (tmp_path / "results.json").write_text(json.dumps({"name": "ab-task"}))
+    with pytest.raises(InputError, match="holds the experiment 'ab-task'.*choose another --out"):
+        run_experiment("fake", budget="tiny", out=tmp_path)
+    (tmp_path / "results.json").write_text("{")
+    with pytest.raises(InputError, match="holds the results attnkit did not write"):
+        run_experiment("fake", budget="tiny", out=tmp_path)
+    assert not ran

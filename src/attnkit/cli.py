@@ -140,23 +140,6 @@ def _human(count: int) -> str:
     return str(count)
 
 
-def _refuse_other_experiment(name: str, out: str | None) -> None:
-    """`experiment --out` into a folder holding another experiment's results would mix the two: refused."""
-    import json
-
-    results = Path(out) / "results.json" if out is not None else None
-    if results is None or not results.is_file():
-        return
-    try:
-        other = json.loads(results.read_text(encoding="utf-8")).get("name")
-    except (OSError, ValueError, AttributeError):
-        other = None
-    if other != name:
-        held = f"experiment {other!r}" if isinstance(other, str) else "results attnkit did not write"
-        raise InputError(f"--out {out} holds the {held} ({results}); choose another --out, so that their results "
-                         "and plots do not mix")
-
-
 # recipes --------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RecipesSettings:
@@ -617,7 +600,6 @@ def _run_experiment(settings: ExperimentSettings) -> int:
         return 0
     if settings.name is None:
         raise InputError("name the experiment to run (attnkit experiment --list shows them)")
-    _refuse_other_experiment(settings.name, settings.out)
     result = run_experiment(settings.name, budget=settings.budget, out=settings.out, progress=settings.progress,
                             device=settings.device, seeds=settings.seeds)
     print(result.table_markdown())

@@ -382,6 +382,7 @@ def run_experiment(name: str, *, budget: str = "small", out: str | Path | None =
                           f"on {kind}: {', '.join(elsewhere) or 'none'}; or drop --device")
     on_device = {"device": device} if len(spec.devices) > 1 else {}
     out_dir = Path(out) if out is not None else Path("runs") / "experiments" / name
+    _refuse_another_run(name, out_dir)
     start = time.perf_counter()
     bars = shows_progress(progress)
     log.info("%s at budget %s, %d seeds: %s", name, budget, seeds, spec.claim)
@@ -395,6 +396,22 @@ def run_experiment(name: str, *, budget: str = "small", out: str | Path | None =
             result.plots += spec.plot(result.stored(), partial)
         result.write(partial)
     return result
+
+
+def _refuse_another_run(name: str, out: Path) -> None:
+    """An `out` holding another experiment's results (or a results.json attnkit did not write) would mix the two runs'
+    files: InputError naming it and the fix, before anything runs."""
+    results = out / "results.json"
+    if not results.is_file():
+        return
+    try:
+        other = json.loads(results.read_text(encoding="utf-8")).get("name")
+    except (OSError, ValueError, AttributeError):
+        other = None
+    if other != name:
+        held = f"experiment {other!r}" if isinstance(other, str) else "results attnkit did not write"
+        raise InputError(f"--out {out} holds the {held} ({results}); choose another --out, so that their results "
+                         "and plots do not mix")
 
 
 def replot(directory: str | Path, *, name: str | None = None) -> list[str]:
