@@ -117,7 +117,7 @@ def plot(stored: Stored, out: Path) -> list[str]:
                  [r["attention matrices if materialised (MB)"] for r in transformer_rows], linestyle="--",
                  color="grey", label="attention matrices, if materialised")
     for ax, title, unit in zip(axes, ("time per training step", "time per token", "memory kept for backward"),
-                               ("ms", "us", "MB"), strict=True):
+                               ("ms per step", "µs per token", "MB kept for backward"), strict=True):
         ax.set(xlabel="sequence length T", ylabel=unit, title=title)
         log_log_axes(ax, sorted({r["T"] for r in rows}))
         fit_value_axis(ax, "log")
