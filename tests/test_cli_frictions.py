@@ -159,8 +159,9 @@ def test_tokenizer_train_shows_its_kinds_and_defaults_to_trains_vocabulary_size(
 
     text = _parsers()["tokenizer train"].format_help()
     assert "--kind {char,bpe}" in text
-    assert f"(default: {DataConfig().vocab_size})" in " ".join(text.split())
-    assert cli.TokenizerTrainSettings(out="t").vocab_size == DataConfig().vocab_size
+    assert f"none: train's default --vocab-size ({DataConfig().vocab_size})" in " ".join(text.split())
+    assert cli.TokenizerTrainSettings(out="t").vocab_size is None  # so --vocab-size given with --kind char is seen
+    assert cli.BPE_VOCAB_SIZE == DataConfig().vocab_size  # what the command trains when no size is given
 
 
 @pytest.mark.parametrize("name", ["gpt2", "meta-llama/Llama-2-7b-hf"])
