@@ -42,7 +42,7 @@ from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
 from attnkit.run_settings import text_list
-from attnkit.tasks import TaskSpec, task_of_config, task_of_run, task_record, tasks
+from attnkit.tasks import TaskSpec, task_of_config, task_of_run, task_record, tasks, tasks_of_family
 from attnkit.tasks.common import check_outputs
 from attnkit.tasks.registry import METHODS  # the task methods the pipeline defines itself
 from attnkit.tokenize import encode_head, load_tokenizer
@@ -370,7 +370,7 @@ class Pipeline:
         if self.task is None:
             return MethodNotServed(f"{method} does not fit this model: its family is {self.family!r} and it has "
                                    "no task head; fine-tune it first (attnkit train --init-from RUN --task TASK)")
-        wanted = [spec for spec in tasks() if spec.method == method and self.family in spec.families]
+        wanted = [spec for spec in tasks_of_family(self.family) if spec.method == method]
         why = (f"it was trained for {self.task.name}, not {wanted[0].name}" if wanted else
                f"its family is {self.family!r}")  # a head of the family's other tasks, or another family
         return MethodNotServed(f"{method} does not fit this model: {why}; use {' or '.join(self.methods)} instead "
