@@ -171,10 +171,11 @@ def _plot(found: dict, s: dict, out: Path) -> str:
     untrained = found[("induction", 0, 0)]
     layers = ["layer 0", "layer 1"]
     heads = [str(h) for h in range(HEADS)]
+    rise = "loss rise when ablated\n(nats; a fall drawn as 0)"
     panels = [(induction["induction"], "induction task: induction score"),
-              (induction["importance"].clamp(min=0), "induction task: loss rise when ablated (nats)"),
+              (induction["importance"].clamp(min=0), f"induction task: {rise}"),
               (text["previous"], "real text: previous-token score"),
-              (text["importance"].clamp(min=0), "real text: loss rise when ablated (nats)")]
+              (text["importance"].clamp(min=0), f"real text: {rise}")]
     for ax, (values, title) in zip(axes[:4], panels, strict=True):
         heatmap_axes(ax, values, title=title, xlabel="head", ylabel="", xticklabels=heads, yticklabels=layers)
     senders = [f"layer 0 head {h}" for h in heads]
