@@ -314,3 +314,31 @@ def test_attribution_patching_agrees_with_activation_patching_on_a_random_gpt2()
     assert sublayers.rows == ["blocks.0.attn", "blocks.0.mlp", "blocks.1.attn", "blocks.1.mlp", "blocks.2.attn",
                               "blocks.2.mlp"]
     assert sublayers.restored.shape == (6, 12)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_a_probe_reads_words_at_the_running_texts_pieces(family, monkeypatch):
+    """A probe read each word encoded on its own, a lone space piece between words (a tagger's old layout), where
+    the model reads running text's pieces ('Ġlives'): with a byte-level BPE its ids and word positions are those of
+    the running text, at each word's last piece in a decoder and its first in an encoder."""
+    from attnkit.inspect import probes
+    from attnkit.tokenize import train_tokenizer
+
+    tokenizer = train_tokenizer("bpe", ["Johnathan lives in Paris"] * 20, vocab_size=300)
+    words = ["Johnathan", "lives", "in", "Paris"]
+    pieces = tokenizer.encode_words(words)
+    model = build_model(ModelConfig(family=family, vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1, n_heads=2,
+                                    d_ff=32, max_seq_len=32))
+    seen = []
+
+    def positions(stack, ids, *, names, attention_mask):  # each position's state: its own index
+        seen.append(ids[0, 1:-1].tolist())
+        return {n: torch.arange(ids.shape[1], dtype=torch.float).expand(*ids.shape)[..., None] for n in names}
+
+    monkeypatch.setattr(probes, "trace", positions)
+    found = probes.word_states(model, tokenizer, [(words, ["X", "Y", "Y", "X"])], max_len=32)
+    assert seen == [[piece for word in pieces for piece in word]]
+    ends = [1 + sum(map(len, pieces[:i + 1])) - 1 for i in range(len(words))]
+    starts = [1 + sum(map(len, pieces[:i])) for i in range(len(words))]
+    expected = ends if family == "decoder" else starts
+    assert found.states["blocks.0.resid_pre"][:, 0].tolist() == expected

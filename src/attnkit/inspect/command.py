@@ -33,7 +33,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from attnkit.checkpoint import TOKENIZER_DIR, load_model, read_labels, require_directory
+from attnkit.checkpoint import TASK_FILE, TOKENIZER_DIR, load_model, read_labels, require_directory
 from attnkit.errors import InputError
 from attnkit.inspect.attribution import attribute_heads, attribute_stream, attribute_sublayers
 from attnkit.inspect.circuits import composition_scores, head_weights
@@ -62,6 +62,8 @@ from attnkit.machine import pick_device
 from attnkit.models.greedy import translation_pair
 from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import read_tagged
+from attnkit.tasks.registry import task_record
+from attnkit.tasks.tag import word_pieces_of
 from attnkit.textfiles import EncodingErrors, read_lines
 from attnkit.tokenize import Tokenizer, load_tokenizer, require_id
 
@@ -556,7 +558,10 @@ def _patched_position(loaded: Loaded, clean: Tensor, corrupted: Tensor) -> int:
 
 def _probe(loaded: Loaded, settings: InspectSettings):
     sentences = read_tagged(settings.conll, column=settings.column, encoding_errors=settings.encoding_errors)
-    results = probe_layers(loaded.model, loaded.tokenizer, sentences, max_len=loaded.max_len, seed=settings.seed)
+    record = task_record(settings.run)  # a tagger reads words as it was trained to; other models, running text
+    word_pieces = word_pieces_of(record, Path(settings.run) / TASK_FILE) if record.get("task") == "tag" else "running"
+    results = probe_layers(loaded.model, loaded.tokenizer, sentences, max_len=loaded.max_len, seed=settings.seed,
+                           word_pieces=word_pieces)
     figure = Figure(figsize=(1.5 + 0.7 * len(results), 3.6))
     ax = figure.add_subplot()
     layers = [r.layer.replace(".resid_pre", " in").replace(".resid_post", " out") for r in results]

@@ -12,7 +12,9 @@ read against what the probe could reach by memorising words.
                        control labels): with a skewed label set, read each accuracy against its baseline
 
 Labels come from CoNLL / CoNLL-U files (`attnkit.tasks.conll.read_tagged`); words become pieces as the tagging task
-lays them out (`attnkit.tasks.tag.align`).
+lays them out (`attnkit.tasks.tag.align`), read as the model reads text: the running text's pieces where the tokenizer
+writes a space into the word after it ('Ġlives'), as a language model and a tagger trained since they were recorded
+read it; a tagger trained before reads each word on its own, as its task.json says (`word_pieces_of`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from attnkit.inspect.points import module_of
 from attnkit.inspect.tracing import trace
 from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import Sentence
-from attnkit.tasks.tag import align
+from attnkit.tasks.tag import WordPieces, align
 from attnkit.tokenize import Tokenizer
 
 
@@ -132,9 +134,9 @@ def reading_piece(model: nn.Module) -> str:
 
 @torch.no_grad()
 def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sentence], *, max_len: int,
-                batch_size: int = 32) -> WordStates:
-    """Run the model's reading stack over the sentences (pieces laid out as `align` does) and keep the stream after
-    the embeddings and after each block at each word's piece (`reading_piece`)."""
+                batch_size: int = 32, word_pieces: WordPieces = "running") -> WordStates:
+    """Run the model's reading stack over the sentences (pieces laid out as `align` does with `word_pieces`) and keep
+    the stream after the embeddings and after each block at each word's piece (`reading_piece`)."""
     model = module_of(model)
     stack = reading_stack(model).eval()
     last = reading_piece(model) == "last"
@@ -143,7 +145,7 @@ def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sent
     label_names = sorted({tag for _, tags in sentences for tag in tags})
     index = {tag: i for i, tag in enumerate(label_names)}
     vocabulary: dict[str, int] = {}
-    aligned = [align(tokenizer, words, [index[t] for t in tags], max_len) for words, tags in sentences]
+    aligned = [align(tokenizer, words, [index[t] for t in tags], max_len, word_pieces) for words, tags in sentences]
     device = next(stack.parameters()).device
     states: dict[str, list[Tensor]] = {n: [] for n in names}
     labels, types, sentence = [], [], []
@@ -157,7 +159,7 @@ def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sent
         read = trace(stack, ids.to(device), names=names, attention_mask=mask.to(device))
         for row, a in enumerate(chunk):
             words = sentences[start + row][0]
-            widths = [len(pieces) or 1 for pieces in tokenizer.encode_batch(list(words))] if last else None
+            widths = _widths(tokenizer, words[:max_len], word_pieces) if last else None  # later words are cut off
             kept = [(w, p, p + widths[i] - 1 if last else p)
                     for i, (w, p) in enumerate(zip(words, a.firsts, strict=True)) if p is not None]
             positions = [read_at for _, _, read_at in kept]
@@ -172,11 +174,18 @@ def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sent
                       torch.tensor(sentence), label_names, "last" if last else "first")
 
 
+def _widths(tokenizer: Tokenizer, words: Sequence[str], word_pieces: WordPieces) -> list[int]:
+    """How many pieces each word has as `align` lays it out with `word_pieces` (a word with none stands as UNK)."""
+    running = word_pieces == "running" and tokenizer.space_starts_word
+    encoded = tokenizer.encode_words(list(words)) if running else tokenizer.encode_batch(list(words))
+    return [len(pieces) or 1 for pieces in encoded]
+
+
 def probe_layers(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sentence], *, max_len: int,
-                 seed: int = 0, **fit) -> list[ProbeResult]:
-    """One probe per layer (the embeddings' output, then each block's) on the sentences' word labels; training and
-    held-out words from different sentences (80% / 20%)."""
-    found = word_states(model, tokenizer, sentences, max_len=max_len)
+                 seed: int = 0, word_pieces: WordPieces = "running", **fit) -> list[ProbeResult]:
+    """One probe per layer (the embeddings' output, then each block's) on the sentences' word labels, words read as
+    `word_pieces` lays them out (`word_states`); training and held-out words from different sentences (80% / 20%)."""
+    found = word_states(model, tokenizer, sentences, max_len=max_len, word_pieces=word_pieces)
     generator = torch.Generator().manual_seed(seed)
     train_sentences = torch.rand(len(sentences), generator=generator) < 0.8
     train = train_sentences[found.sentence]
