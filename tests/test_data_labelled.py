@@ -233,3 +233,46 @@ def test_jsonl_files_read_by_their_keys(tmp_path: Path) -> None:
         path.write_text(line + "\n", encoding="utf-8")
         with pytest.raises(InputError, match=rf"sst.jsonl, {why}"):
             read_labelled(path)
+
+
+def test_a_label_vocabulary_round_trips_and_damaged_files_are_refused(tmp_path: Path) -> None:
+    """labels.json was read with plain json.loads and whatever "labels" held was taken (a string became its letters,
+    numbers and repeated labels passed): each damage is refused naming the file and the fix."""
+    path = tmp_path / "labels.json"
+    vocab = LabelVocab(("neg", "pos", "10"))  # a fine-tuned source's order, not sorted: kept as it is
+    vocab.save(path)
+    assert LabelVocab.load(path) == vocab
+    damaged = {
+        '{"labels": "neg"}': "must be a list of strings",
+        '{"labels": ["neg", 1]}': "must be a list of strings",
+        '{"labels": ["neg", "pos", "neg"]}': "'neg' given more than once",
+        '{"labels": []}': "one or more distinct labels",
+        '{"labels": ["neg"], "labels": ["pos"]}': "names labels twice",
+        '["neg", "pos"]': "must be a JSON object",
+        '{"labels": ["neg"': "is not valid JSON",
+        '{"names": ["neg"]}': "labels",
+    }
+    for text, message in damaged.items():
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(InputError, match=message) as refused:
+            LabelVocab.load(path)
+        assert str(path) in str(refused.value) and "LabelVocab.save" in str(refused.value), text
+
+
+def test_a_label_vocabulary_is_written_whole_or_not_at_all(tmp_path: Path, monkeypatch) -> None:
+    """A write that fails part way (a full disk) leaves the file it replaces as it was, and no partial file beside."""
+    import errno
+
+    from attnkit import outputs
+
+    path = tmp_path / "labels.json"
+    LabelVocab(("a", "b")).save(path)
+
+    def full_disk(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(outputs.os, "fsync", full_disk)
+    with pytest.raises(Exception, match="space"):
+        LabelVocab(("a", "b", "c")).save(path)
+    monkeypatch.undo()
+    assert LabelVocab.load(path).labels == ("a", "b") and [p.name for p in tmp_path.iterdir()] == ["labels.json"]

@@ -24,7 +24,8 @@ import torch
 
 from attnkit.data.batching import BucketedData, pad
 from attnkit.errors import InputError
-from attnkit.readback import parse_json
+from attnkit.outputs import atomic_write
+from attnkit.readback import FileFields, parse_json
 from attnkit.textfiles import EncodingErrors, read_text
 from attnkit.tokenize import Tokenizer, require_id
 
@@ -86,15 +87,24 @@ class LabelVocab:
         return self.labels[label_id]
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write `{"labels": [...]}` as JSON (e.g. `runs/NAME/labels.json`)."""
-        Path(path).write_text(json.dumps({"labels": list(self.labels)}, indent=1) + "\n", encoding="utf-8")
+        """Write `{"labels": [...]}` as JSON (e.g. `runs/NAME/labels.json`), whole or not at all."""
+        atomic_write(path, json.dumps({"labels": list(self.labels)}, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> LabelVocab:
+        """The vocabulary `save` wrote. Raises InputError naming the file and the fix for one that cannot be read, is
+        not JSON (`readback`), or whose "labels" is not a list of one or more distinct strings."""
+        fix = 'write it again as {"labels": ["a", "b", ...]}, each label once (LabelVocab.save writes it so)'
         try:
-            return cls(tuple(json.loads(Path(path).read_text(encoding="utf-8"))["labels"]))
-        except (OSError, ValueError, KeyError) as err:
-            raise InputError(f"cannot read a label vocabulary from {path}: {err}") from None
+            fields = FileFields.read(path, fix=fix)
+        except OSError as err:
+            raise InputError(f"cannot read a label vocabulary from {path}: {err.strerror or err}") from None
+        labels = fields.strings("labels")
+        repeated = sorted(label for label, times in Counter(labels).items() if times > 1)
+        if not labels or repeated:
+            fields.refuse("labels", labels, f"one or more distinct labels ({', '.join(map(repr, repeated))} "
+                          "given more than once)" if repeated else "one or more distinct labels")
+        return cls(tuple(labels))
 
 
 def _pick_column(header: list[str], wanted: str | None, defaults: tuple[str, ...], what: str, path,
