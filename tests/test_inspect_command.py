@@ -410,3 +410,26 @@ def test_an_out_that_is_a_file_and_a_corruption_without_tokens_are_refused(runs,
     assert (tmp_path / "report").read_text() == "mine"
     with pytest.raises(InputError, match="becomes no tokens, and a prompt needs at least 1 token .*: give a longer"):
         run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="patch", text=("abc",), corrupt=""))
+
+
+@pytest.mark.parametrize(("family", "record", "expected"), [
+    ("tagger", {"task": "tag", "word_pieces": "own"}, "own"),  # trained on each word on its own, and said so
+    ("tagger", {"task": "tag"}, "own"),  # trained before the layout was recorded: each word on its own
+    ("tagger", None, "running"),  # converted from Hugging Face: no task.json
+    ("decoder", {"task": "lm"}, "running"),  # a language model reads running text
+])
+def test_probe_reads_words_as_the_run_reads_them(family, record, expected, tmp_path, monkeypatch):
+    import attnkit.inspect.command as command
+
+    asked = []
+    probe_layers = command.probe_layers
+    monkeypatch.setattr(command, "probe_layers", lambda *args, word_pieces, **kwargs: asked.append(word_pieces) or
+                        probe_layers(*args, word_pieces=word_pieces, **kwargs))
+    fields = dict(encoder_head="tag", n_classes=3) if family == "tagger" else {}
+    run = _run(tmp_path / "run", "encoder" if family == "tagger" else family, **fields)
+    if record is not None:
+        (run / "task.json").write_text(json.dumps(record))
+    conll = tmp_path / "words.conll"
+    conll.write_text(CONLL)
+    _inspect(run, "probe", tmp_path / "out", conll=str(conll))
+    assert asked == [expected]
