@@ -25,7 +25,7 @@ from attnkit import cli
 from attnkit.data import PairBatch
 from attnkit.errors import ConfigError
 from attnkit.train import TrainRequest, prepare
-from attnkit.train.distributed import RankLost, Replicated, Sharded, SingleProcess, World
+from attnkit.train.distributed import RankLost, Replicated, Sharded, SingleProcess, World, no_forward_buffer_sync
 from attnkit.train.state import load_checkpoint
 
 TINY = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "d_ff=64",
@@ -372,3 +372,18 @@ def test_a_rank_that_never_joins_ends_the_wait_within_the_timeout(tmp_path):
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert re.search(r"attnkit: error: rank 0: the ranks did not all join at 127\.0\.0\.1:\d+ within 2 s .*"
                      r"WORLD_SIZE=2", done.stderr), done.stderr[-3000:]
+
+
+def test_ddp_is_told_not_to_sync_buffers_each_forward_in_the_words_its_torch_knows():
+    """torch 2.13 renamed DDP's broadcast_buffers to forward_sync_buffers; torch 2.11 (a GPU image's) refuses the new
+    word with a TypeError, so every DDP run failed at construction there."""
+
+    def before_2_13(self, module, device_ids=None, broadcast_buffers=True, init_sync=True):
+        """DDP's signature up to torch 2.12."""
+
+    def since_2_13(self, module, device_ids=None, broadcast_buffers=None, forward_sync_buffers=None):
+        """DDP's signature from torch 2.13."""
+
+    assert no_forward_buffer_sync(before_2_13) == {"broadcast_buffers": False}
+    assert no_forward_buffer_sync(since_2_13) == {"forward_sync_buffers": False}
+

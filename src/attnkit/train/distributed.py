@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -64,6 +65,15 @@ from attnkit.train.state import capture_rng, load_optimizer_tensors, restore_rng
 log = logging.getLogger(__name__)
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
+
+
+def no_forward_buffer_sync(ddp_init: Any = DistributedDataParallel.__init__) -> dict[str, bool]:
+    """DDP's keyword that stops it broadcasting buffers before every forward: `forward_sync_buffers=False` where
+    torch has it (2.13 renamed the setting), else `broadcast_buffers=False` (which also leaves the buffers out of
+    the sync at construction: attnkit's buffers are tables every rank computes alike)."""
+    if "forward_sync_buffers" in inspect.signature(ddp_init).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 class RankLost(AttnkitError):
@@ -212,7 +222,7 @@ class Replicated(SingleProcess):
         # DDP broadcasts rank 0's weights and buffers at construction; buffers (position tables) are constants, so
         # not before every forward
         ids = [self.device.index] if self.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
+        wrapped = DistributedDataParallel(model, device_ids=ids, **no_forward_buffer_sync())
         if self.rank > 0:
             seed_all(seed + self.rank)  # each rank its own dropout masks; rank 0 keeps a single process's stream
         return wrapped
