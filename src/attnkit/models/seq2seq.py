@@ -111,12 +111,15 @@ class EncoderDecoder(nn.Module):
                 f"src_ids has batch size {src_ids.shape[0]} but tgt_ids has {tgt_ids.shape[0]}; "
                 f"source and target batches must pair up one to one"
             )
+        # the class's encode and decode: sharded training (FSDP2) wraps the instance's to gather the whole model for
+        # a call of their own, and inside forward, which has gathered it, torch 2.11 freed it again after encode
         encoder_attentions = None
         if need_weights:
             memory, encoder_attentions = self.encoder(src_ids, attention_mask=src_mask, need_weights=True)
         else:
-            memory = self.encode(src_ids, src_mask=src_mask)
-        out = self.decode(
+            memory = EncoderDecoder.encode(self, src_ids, src_mask=src_mask)
+        out = EncoderDecoder.decode(
+            self,
             tgt_ids,
             memory,
             src_mask=src_mask,
