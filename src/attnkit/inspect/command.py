@@ -559,7 +559,7 @@ def _patched_position(loaded: Loaded, clean: Tensor, corrupted: Tensor) -> int:
 def _probe(loaded: Loaded, settings: InspectSettings):
     sentences = read_tagged(settings.conll, column=settings.column, encoding_errors=settings.encoding_errors)
     record = task_record(settings.run)  # a tagger reads words as it was trained to; other models, running text
-    word_pieces = word_pieces_of(record, Path(settings.run) / TASK_FILE) if record.get("task") == "tag" else "running"
+    word_pieces = word_pieces_of(record, Path(settings.run) / TASK_FILE)
     results = probe_layers(loaded.model, loaded.tokenizer, sentences, max_len=loaded.max_len, seed=settings.seed,
                            word_pieces=word_pieces)
     figure = Figure(figsize=(1.5 + 0.7 * len(results), 3.6))

@@ -112,10 +112,13 @@ def align(tokenizer: Tokenizer, words: Sequence[str], tag_ids: Sequence[int] | N
 
 
 def word_pieces_of(record: Mapping[str, Any], where: str | Path) -> WordPieces:
-    """How a tagger run's words become pieces, as its task.json (`record`, read from `where`) says; "own" for a run
+    """How a run's words become pieces, as its task.json (`record`, read from `where`) says; "own" for a tagger
     whose task.json names its task without saying (trained before it said: each word on its own, what that run's
     model learned from); "running" for a model with no task.json (converted from Hugging Face: trained on words given
-    with `is_split_into_words`, each with its leading space, which the running text's pieces come nearest to)."""
+    with `is_split_into_words`, each with its leading space, which the running text's pieces come nearest to) and for
+    a run of another task (it read running text)."""
+    if record.get("task", "tag") != "tag":
+        return "running"
     found = record.get(WORD_PIECES, "own" if "task" in record else "running")
     if found not in get_args(WordPieces):
         raise CheckpointError(f"{where} has {WORD_PIECES}={found!r}, which is none of "
@@ -300,7 +303,7 @@ def _make(context: TaskContext) -> tuple[TagTask, list[str]]:
         raise InputError(f"the training data holds one tag only, {vocab.labels[0]!r}: a tagger needs two or more")
     batch = dict(batch_size=context.batch_size, seed=context.seed)
     source = context.record or {}  # a tagger resumed or fine-tuned keeps the pieces its model learned from
-    word_pieces = word_pieces_of(source, "the run's task.json") if source.get("task") == "tag" else "running"
+    word_pieces = word_pieces_of(source, "the run's task.json")
     make = dict(label_vocab=vocab, max_len=context.seq_len, word_pieces=word_pieces)
     return TagTask(
         TaggedData.from_sentences(train, context.tokenizer, **make, batch_tokens=data.batch_tokens, **batch),
