@@ -68,11 +68,16 @@ def _inputs(seed: int = 1):
 LAYER_CASES = [("post", "relu"), ("post", "gelu"), ("pre", "relu"), ("pre", "gelu")]
 
 
+def _torch_layer(layer_class: type[nn.Module], norm_position: str, activation: str) -> nn.Module:
+    """torch's encoder or decoder layer of the blocks' sizes, without dropout, pre-norm where ours is."""
+    return layer_class(WIDTH, HEADS, dim_feedforward=FF, dropout=0.0, activation=activation, batch_first=True,
+                       norm_first=norm_position == "pre").eval()
+
+
 @pytest.mark.parametrize(("norm_position", "activation"), LAYER_CASES)
 def test_encoder_block_matches_torch_encoder_layer(norm_position, activation):
     block = _model(norm_position, activation).encoder.blocks[0]
-    reference = nn.TransformerEncoderLayer(WIDTH, HEADS, dim_feedforward=FF, dropout=0.0, activation=activation,
-                                           batch_first=True, norm_first=norm_position == "pre").eval()
+    reference = _torch_layer(nn.TransformerEncoderLayer, norm_position, activation)
     _copy_block(block, reference)
     x, _, real = _inputs()
     with torch.no_grad():
@@ -84,8 +89,7 @@ def test_encoder_block_matches_torch_encoder_layer(norm_position, activation):
 @pytest.mark.parametrize(("norm_position", "activation"), LAYER_CASES)
 def test_decoder_block_matches_torch_decoder_layer(norm_position, activation):
     block = _model(norm_position, activation).decoder.blocks[0]
-    reference = nn.TransformerDecoderLayer(WIDTH, HEADS, dim_feedforward=FF, dropout=0.0, activation=activation,
-                                           batch_first=True, norm_first=norm_position == "pre").eval()
+    reference = _torch_layer(nn.TransformerDecoderLayer, norm_position, activation)
     _copy_block(block, reference)
     memory, y, real = _inputs()
     with torch.no_grad():
