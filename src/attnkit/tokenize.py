@@ -334,7 +334,6 @@ class HFTokenizer(_SpecialIds):
         self._tok.encode_special_tokens = True  # "<eos>" in a text is text, not the EOS token
         self._tok.no_truncation()  # a tokenizer.json may carry BERT's 512-token truncation; the data code decides
         self._tok.no_padding()
-        self._reading_specials = None  # `encode_with_specials`'s copy of the tokenizer, made on first use
         self.kind = kind
         self.specials = dict(specials)
         self._ids = {role: tokenizer.token_to_id(tok) for role, tok in self.specials.items()}
@@ -415,18 +414,21 @@ class HFTokenizer(_SpecialIds):
         transformers' tokenizers read the text a chat template writes (`apply_chat_template(tokenize=True)`); no
         special token is added. A second copy of the tokenizer reads them, made on first use: `encode`'s copy keeps
         them text, and switching one copy between the two would race with other threads."""
-        if self._reading_specials is None:
-            from tokenizers import AddedToken
-            from tokenizers import Tokenizer as _HF
-
-            reader = _HF.from_str(self._tok.to_str())  # as `encode`'s copy is set up (no truncation, no padding)
-            reader.encode_special_tokens = False
-            # the special tokens tokenizer_config.json names, as transformers adds them when it loads a tokenizer
-            reader.add_special_tokens([AddedToken(token, special=True, normalized=False)
-                                       for token in self.specials.values()])
-            self._reading_specials = reader
         with _rust_panics_named([text]):
-            return self._reading_specials.encode_batch_fast([text], add_special_tokens=False)[0].ids
+            return self._special_reader.encode_batch_fast([text], add_special_tokens=False)[0].ids
+
+    @functools.cached_property
+    def _special_reader(self):
+        """`encode_with_specials`'s copy of the tokenizer, set up as `encode`'s (no truncation, no padding) but
+        reading special tokens, with those tokenizer_config.json names added as transformers adds them."""
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as _HF
+
+        reader = _HF.from_str(self._tok.to_str())
+        reader.encode_special_tokens = False
+        reader.add_special_tokens([AddedToken(token, special=True, normalized=False)
+                                   for token in self.specials.values()])
+        return reader
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)
