@@ -119,6 +119,19 @@ async def scheduler_counts(http, url: str) -> dict[str, float]:
         ("attnkit_scheduler_", "attnkit_prefills_total")))}
 
 
+async def settled_counts(http, url: str) -> dict[str, float]:
+    """`scheduler_counts` once two reads 10 ms apart agree: a reply's last token reaches its client before the
+    scheduler adds that iteration's time, so a read just after a reply can miss it (at most half a second)."""
+    counts = await scheduler_counts(http, url)
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        again = await scheduler_counts(http, url)
+        if again == counts:
+            break
+        counts = again
+    return counts
+
+
 async def load(url: str, clients: int, requests: int, new_tokens: int, *, max_batch: int = 32) -> dict:
     """`clients` clients sending `requests` completions each, one after the other, to a server of `max_batch`
     rows: tokens/s, latencies, and what the server's scheduler did meanwhile (its /metrics): the mean batch (rows a
@@ -133,11 +146,12 @@ async def load(url: str, clients: int, requests: int, new_tokens: int, *, max_ba
         await one_request(http, url, 0, 4)  # warm-up: a step of one row,
         if max_batch > 1:
             await one_request(http, url, 0, 4, n=2)  # and of several (a server of one row refuses two choices)
-        before = await scheduler_counts(http, url)
+        before = await settled_counts(http, url)  # the warm-up's iterations all counted: the scheduler is idle
         start = time.perf_counter()
         results = await asyncio.gather(*(client(i, http) for i in range(clients)))
         wall = time.perf_counter() - start
-        after = await scheduler_counts(http, url)
+        after = await settled_counts(http, url)
+        counted = time.perf_counter() - start  # every iteration the counters hold began and ended within this
     done = {name: after[name] - before[name] for name in after}
     iterations, seconds = done["attnkit_scheduler_iterations_total"], done["attnkit_scheduler_iteration_seconds_total"]
     latencies = sorted(s for per_client in results for s, _ in per_client)
@@ -146,7 +160,7 @@ async def load(url: str, clients: int, requests: int, new_tokens: int, *, max_ba
             "tokens_per_s": round(tokens / wall, 1), "p50_s": round(statistics.median(latencies), 3),
             "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3),
             "mean_batch": round(done["attnkit_scheduler_rows_total"] / iterations, 2),
-            "ms_per_iteration": round(1000 * seconds / iterations, 3), "busy": round(seconds / wall, 3),
+            "ms_per_iteration": round(1000 * seconds / iterations, 3), "busy": round(seconds / counted, 3),
             "prefills": int(done["attnkit_prefills_total"])}
 
 
