@@ -6,7 +6,8 @@ from generate_models import POSITIONS, greedy_without_cache, tiny_model  # noqa:
 
 from attnkit.errors import InputError
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, left_pad, make_generator
-from attnkit.generate.decoder import positions_from_mask, prefill
+from attnkit.generate.decoder import decode_one_token, positions_from_mask, prefill
+from attnkit.generate.static_decode import static_step
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [3, 3, 0, 12, 5]]
 
@@ -194,3 +195,36 @@ def test_presence_and_frequency_penalties_follow_the_reply_tokens_counts(presenc
     out = generate_tokens(model, PROMPTS[:2], max_new_tokens=10, context_len=config.max_seq_len, sampling=sampling)
     assert out == expected
     assert out != generate_tokens(model, PROMPTS[:2], max_new_tokens=10, context_len=config.max_seq_len)
+
+
+@pytest.mark.parametrize(("window", "static"), [(None, False), (4, False), (None, True)])
+def test_a_bf16_cache_decodes_an_fp32_model_close_to_its_own_cache(window, static):
+    """A cache of another dtype than the model's stores its keys rounded to that dtype and gives them back in the
+    model's (vLLM's kv_cache_dtype): a bf16 cache for an fp32 model failed in attention with a RuntimeError ('query,
+    key, and value to have the same dtype'). Plain, rolling (sliding-window) and static caches alike."""
+    model, _ = tiny_model(position="rope", seed=4, attention_window=window)
+    model = model.float()
+    steps = []
+    for dtype in (torch.float32, torch.bfloat16):
+        window_ids = left_pad([PROMPTS[1]], pad_id=0)
+        cache = model.allocate_cache(1, 16, dtype=dtype, static=static)
+        logits = [prefill(model, window_ids, cache)]
+        if static:
+            cache.mark_prefilled(window_ids.attention_mask)
+        for token in (3, 7, 1, 12, 5):
+            window_ids = window_ids.append(torch.tensor([token]))
+            if static:
+                cache.advance()
+                logits.append(static_step(model, torch.tensor([[token]]), cache))
+            else:
+                logits.append(decode_one_token(model, window_ids, cache))
+        assert all(step.dtype == torch.float32 for step in logits)
+        steps.append(torch.stack(logits))
+    assert not torch.equal(*steps)  # the bf16 cache did round
+    torch.testing.assert_close(steps[1], steps[0], rtol=0.05, atol=0.05)
+
+
+def test_a_kv_cache_of_no_floating_dtype_is_refused_naming_the_fix():
+    model, _ = tiny_model()
+    with pytest.raises(InputError, match=r"not torch.int8: give a floating dtype \(torch.bfloat16"):
+        model.allocate_cache(1, 8, dtype=torch.int8)

@@ -8,6 +8,10 @@ slot `position % window` of a ring buffer, so memory stays flat however long gen
 position order, so it says which absolute position each returned key holds (`key_positions`), which the mask
 reads (`masks.AttentionMask`); the other caches return positions 0 .. S - 1 in order.
 
+A cache may hold another floating dtype than the model's (a bf16 cache for an fp32 model halves its memory, as
+vLLM's `kv_cache_dtype` does): keys and values are stored rounded to the cache's dtype and returned in the dtype
+they came in, so attention sees one dtype.
+
 `StaticKVCache` keeps the shapes of a decoding step fixed for a compiled step (gpt-fast's static cache): the new
 position is written where a tensor says, not a Python int, and attention reads the whole buffer with the keys not
 yet written masked out, so every step runs the same graph.
@@ -39,13 +43,14 @@ class LayerCache:
         return self.keys.shape[2]
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Write keys/values (B, Hkv, T, D) at the next T positions; return all so far, (B, Hkv, S, D)."""
+        """Write keys/values (B, Hkv, T, D) at the next T positions; return all so far, (B, Hkv, S, D), in keys'
+        dtype."""
         start, end = self.length, self.length + keys.shape[2]
         _check_room(self.max_len, end)
         self.keys[:, :, start:end] = keys
         self.values[:, :, start:end] = values
         self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        return self.keys[:, :, :end].to(keys.dtype), self.values[:, :, :end].to(keys.dtype)
 
     def key_positions(self) -> Tensor | None:
         """The absolute position of each key the last `append` returned, (S,); None: positions 0 .. S - 1, in
@@ -77,7 +82,8 @@ class RollingLayerCache(LayerCache):
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Write keys/values (B, Hkv, T, D) of the next T positions. One position: returns the ring's keys (at most
         `window`, in slot order). Several: returns the kept keys then the new ones, in position order, so each new
-        query finds its whole window; then the ring keeps the newest `window`."""
+        query finds its whole window; then the ring keeps the newest `window`. Returned in keys' dtype."""
+        dtype, keys, values = keys.dtype, keys.to(self.keys.dtype), values.to(self.values.dtype)
         start, count = self.length, keys.shape[2]
         end = start + count
         _check_room(self.capacity, end)
@@ -92,11 +98,11 @@ class RollingLayerCache(LayerCache):
         self.values[:, :, newest % self.window] = values[:, :, newest - start]
         self.length = end
         if count > 1:
-            return all_keys, all_values
+            return all_keys.to(dtype), all_values.to(dtype)
         filled = min(end, self.window)
         slots = torch.arange(filled, device=device)
         self._returned = slots + ((end - 1 - slots) // self.window) * self.window  # the position in each slot
-        return self.keys[:, :, :filled], self.values[:, :, :filled]
+        return self.keys[:, :, :filled].to(dtype), self.values[:, :, :filled].to(dtype)
 
     def key_positions(self) -> Tensor:
         return self._returned
@@ -125,7 +131,12 @@ class KVCache:
         windows: Sequence[int | None] | None = None,
     ) -> KVCache:
         """windows: each layer's attention window (None: all keys); a layer whose window is shorter than `max_len`
-        gets a `RollingLayerCache` of the window's size."""
+        gets a `RollingLayerCache` of the window's size. `dtype`: any floating dtype (see the module docstring).
+
+        Raises InputError for a dtype that is not floating point."""
+        if not dtype.is_floating_point:
+            raise InputError(f"a KV cache holds floating-point keys and values, not {dtype}: give a floating dtype "
+                             "(torch.bfloat16 halves an fp32 model's cache) or leave dtype out for the model's own")
         windows = windows or [None] * n_layers
         layers = []
         for window in windows:
@@ -195,9 +206,9 @@ class StaticLayerCache(LayerCache):
         (those not yet written masked by `StaticKVCache.filled`); several positions as LayerCache."""
         if keys.shape[2] != 1:
             return super().append(keys, values)
-        self.keys.index_copy_(2, self.slot, keys)
-        self.values.index_copy_(2, self.slot, values)
-        return self.keys, self.values
+        self.keys.index_copy_(2, self.slot, keys.to(self.keys.dtype))
+        self.values.index_copy_(2, self.slot, values.to(self.values.dtype))
+        return self.keys.to(keys.dtype), self.values.to(keys.dtype)
 
 
 
