@@ -19,7 +19,8 @@
 # store".
 #
 # **You will:** write kernel regression in five lines, see that it *is* dot-product attention, check that
-# attnkit's `Attention` module computes exactly the same numbers, then train the one parameter it has.
+# attnkit's `Attention` module computes exactly the same numbers, set it beside a linear map that mixes tokens (it
+# is not one), then train the one parameter it has.
 
 # %%
 # ruff: noqa: E402 (each import sits in the cell that first needs it)
@@ -186,6 +187,67 @@ torch.testing.assert_close(out[0, :, 2], prediction)
 fast_out, _ = attention(queries[None], context=context[None])  # without weights: the fused kernel path
 torch.testing.assert_close(fast_out, out)
 print("attnkit's Attention is Nadaraya-Watson regression: same weights, same predictions (both kernel paths)")
+
+# %% [markdown]
+# ## Not just a linear map
+#
+# UvA's slide asks: "So is Attention just a linear map?" Once the weights $A$ are fixed, $AV$ is linear in the
+# values, and a linear layer can mix tokens too: flatten the $T$ tokens of width $C$ into one vector and multiply
+# it by a $(TC \times TC)$ matrix. "Not quite", the slide answers: linear maps are
+#
+# 1. *inflexible in terms of sequence length*: the matrix is built for one $T$;
+# 2. *parameter inefficient*: $(TC)^2$ numbers, against attention's four $C \times C$ projections, whatever $T$;
+# 3. *invariant to the input content*: the same mixing for every input, where attention computes $A$ from it.
+#
+# Each, measured on a linear token mixer beside attnkit's `Attention` (self-attention, no biases):
+
+# %%
+torch.manual_seed(0)
+T, C = 5, 8
+mixer = torch.nn.Linear(T * C, T * C, bias=False)  # (B, T*C) -> (B, T*C): every token from every token
+self_attention = Attention(C, 2, bias=False)  # d_model 8, two heads: W^Q, W^K, W^V, W^O, each (C, C)
+self_attention.requires_grad_(False)
+
+# 1. Length: the mixer takes sequences of exactly T tokens; attention takes any length with the same weights.
+longer = torch.randn(1, T + 1, C)  # (B, T+1, C)
+try:
+    mixer(longer.flatten(1))
+except RuntimeError as error:
+    print(f"the linear mixer on {T + 1} tokens: {error}")
+print("attention's outputs for 6, 50 and 500 tokens:",
+      [tuple(self_attention(torch.randn(1, n, C))[0].shape) for n in (6, 50, 500)])
+
+# 2. Parameters: (T C)^2 for the mixer, 4 C^2 for attention, at this size and at GPT-2 small's (C 768, T 1,024).
+def n_params(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+assert n_params(mixer) == (T * C) ** 2 and n_params(self_attention) == 4 * C**2
+print(f"parameters at T = {T}, C = {C}: linear mixer {n_params(mixer):,}, attention {n_params(self_attention):,}")
+print(f"parameters at T = 1,024, C = 768: linear mixer {(1024 * 768) ** 2:,}, attention {4 * 768**2:,}")
+
+# 3. Content: the mixer's output of a sum is the sum of its outputs; attention's is not, because its weights
+# are computed from the input.
+def mix(x):
+    return mixer(x.flatten(1)).view(x.shape)  # (B, T, C) -> (B, T*C) -> (B, T, C)
+
+
+def attend(x):
+    return self_attention(x)[0]  # (B, T, C)
+
+
+x1, x2 = torch.randn(2, 1, T, C)  # two inputs (B, T, C)
+torch.testing.assert_close(mix(x1 + x2), mix(x1) + mix(x2))
+assert not torch.allclose(attend(x1 + x2), attend(x1) + attend(x2), atol=1e-3)
+(_, w1), (_, w2) = self_attention(x1, need_weights=True), self_attention(x2, need_weights=True)  # (B, H, T, T)
+print(f"the linear mixer: the same matrix for every input; attention's weights for the two inputs differ by up "
+      f"to {(w1 - w2).abs().max():.2f}")
+
+# %% [markdown]
+# So attention is a linear map of the values *whose matrix the input chooses*: $A$ has one row and one column per
+# token, at any length, and comes from $4C^2$ parameters that never see $T$. The price, and the reason
+# Transformers need position schemes (tutorial 4), is that nothing in $A$ knows where a token sits; the linear
+# mixer has a weight for every pair of places.
 
 # %% [markdown]
 # ## Going further: learn the bandwidth

@@ -134,9 +134,7 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Permutation equivariance: attention does not care about word order", T03, ("layers.positions",),
               page="testing.md", section="Without positions, attention ignores word order"),
         Topic("Is attention a linear map? Not quite: any length, fewer parameters, weights that depend on the "
-              "content", None, ("layers.attention",),
-              gap="no tutorial cell sets attention beside a fixed linear map; the three differences are stated, "
-                  "not shown"),
+              "content", T01, ("layers.attention:Attention",), section="Not just a linear map"),
         Topic("Attention(Q, K, V) = softmax(f(Q, K)) V with a kernel (similarity) function f", T02,
               ("layers.attention:make_score",), section="Four scores, from scratch"),
         Topic("Non-Transformer examples: a soft lookup (the library, its titles and the query)", T10,
