@@ -214,7 +214,7 @@ def test_a_damaged_checkpoint_is_refused_by_name_and_resume_takes_the_newest_int
 
 
 def test_resuming_past_a_damaged_checkpoint_keeps_a_later_best_that_is_intact(tmp_path):
-    """The resumed run goes on along the history `best/` belongs to; only a fork asked for by path drops it."""
+    """The resumed run goes on along the history `best/` belongs to; a fork asked for by path keeps it too."""
     run, fork = tmp_path / "run", tmp_path / "fork"
     prepare(request(run, steps=4)).fit()
     best = state.load_checkpoint(run / "best")
@@ -226,7 +226,8 @@ def test_resuming_past_a_damaged_checkpoint_keeps_a_later_best_that_is_intact(tm
     assert [p.name for p in state.checkpoints(run)] == ["step_000002"]
     assert state.load_checkpoint(run / "best").step == 4
     forked = prepare(request(fork, resume=str(fork / "checkpoints" / "step_000002")))
-    assert forked.step == 2 and not (fork / "best").exists()
+    assert forked.step == 2 and forked.best == best.train_state["best"]
+    assert state.load_checkpoint(fork / "best").step == 4
 
 
 

@@ -1,6 +1,7 @@
 """The training loop on tiny models and synthetic data: bit-for-bit resume, the non-finite stop, gradient
 accumulation, evaluation per task, refusal of mismatched resumes."""
 
+import json
 import math
 
 import pytest
@@ -323,6 +324,24 @@ def test_resume_from_an_earlier_checkpoint_forks_the_run(tmp_path):
     assert trainer.step == 4
     assert [p.name for p in checkpoints(tmp_path)] == ["step_000002", "step_000004"]
     assert max(s for s, _ in train_losses(tmp_path)) == 4
+
+
+def test_a_fork_keeps_a_later_best_and_replaces_it_only_with_a_better_score(tmp_path, caplog):
+    """Resuming from an earlier checkpoint drops the later checkpoints, but the best model the run has made stays
+    in best/, with its score as the mark the continued run must beat."""
+    prepare(request(tmp_path, max_steps=8, eval_every=2, keep=5, lr=1e-2)).fit()
+    best = json.loads((tmp_path / "best" / "train_state.json").read_text())
+    assert best["step"] > 2
+    with caplog.at_level("INFO", logger="attnkit.train.trainer"):
+        trainer = prepare(request(tmp_path, resume=str(tmp_path / "checkpoints" / "step_000002"), max_steps=4,
+                                  eval_every=2, keep=5, lr=1e-9))
+    assert f"kept best/ (step {best['step']}" in caplog.text
+    assert trainer.best == best["best"]
+    kept = weights(tmp_path / "best")
+    trainer.fit()  # a learning rate of 1e-9 scores no better than the later best
+    assert json.loads((tmp_path / "best" / "train_state.json").read_text())["step"] == best["step"]
+    for name, tensor in weights(tmp_path / "best").items():
+        assert torch.equal(tensor, kept[name]), name
 
 
 def test_task_and_family_must_match(tmp_path):

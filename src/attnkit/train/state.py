@@ -424,8 +424,8 @@ def _remove_dir(path: Path) -> None:
 
 def later_best(run_dir: str | Path, step: int) -> dict[str, Any] | None:
     """The train state of the run's `best/` when it was saved after `step` and every file it lists is intact; else
-    None. A run resumed at `step` only because its newer checkpoints are damaged goes on along the history that
-    `best/` belongs to: it keeps `best/` and its score (`remove_checkpoints_after(..., keep_best=True)`)."""
+    None. A run resumed at `step` (past damaged checkpoints, or forked there by path) keeps that `best/` and its
+    score, the best model the run has made, until it scores better (`remove_checkpoints_after(..., keep_best=True)`)."""
     best = Path(run_dir) / BEST_DIR
     try:
         if not read_checksums(best):  # none: not a checkpoint, or one that predates checksums and cannot be checked

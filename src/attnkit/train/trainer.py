@@ -283,10 +283,14 @@ class Trainer:
         self.precision.weights_to_compute()
         self.parallel.restore_rng(state, seed=self.settings.seed)
         self.task.load_data_state(state["data"])
-        kept = later_best(self.run_dir, self.step) if checkpoint.fell_back else None
-        if kept is not None:  # resumed past damaged checkpoints, not forked: best/ stays, replaced by a better score
+        # best/ saved after this step (resumed past damaged checkpoints, or forked from an earlier one by path) is
+        # the best model the run has made: it stays, and only a better score of the continued run replaces it
+        kept = later_best(self.run_dir, self.step)
+        if kept is not None:
             self.best = kept["best"]
-            log.info("kept best/ (step %d): the run goes on along the history it belongs to", kept["step"])
+            log.info("kept best/ (step %d, %s %s)%s: the run replaces it only with a better score", kept["step"],
+                     self.task.metric, _fmt(kept["best"]),
+                     "" if checkpoint.fell_back else f", though the run goes on from the earlier step {self.step}")
         if self.parallel.writes:
             removed = remove_checkpoints_after(self.run_dir, self.step, keep_best=kept is not None)
             for path in removed:  # first: a kill leaves a resumable run
