@@ -89,6 +89,16 @@ def test_resuming_a_run_whose_budget_is_spent_says_that_nothing_is_left_to_train
     assert f"nothing is left to train; {fix}" in caplog.text
 
 
+def test_a_warmup_longer_than_the_run_is_named_with_the_peak_it_reaches(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="attnkit.train.trainer"):
+        prepare(request(tmp_path / "short", max_steps=4, warmup=100))
+    assert "--warmup 100 covers all 4 steps: the learning rate rises to 0.04 of --lr" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="attnkit.train.trainer"):
+        prepare(request(tmp_path / "long", max_steps=4, warmup=3))
+    assert "--warmup" not in caplog.text
+
+
 def test_resuming_on_data_with_other_labels_names_both_and_the_way_forward(tmp_path):
     data = tmp_path / "labelled.csv"
     data.write_text("text,label\n" + "".join(f"text {i},{'ab'[i % 2]}\n" for i in range(40)))

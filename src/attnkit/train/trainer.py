@@ -248,6 +248,10 @@ class Trainer:
         self.eager_model = self.parallel.wrap(self.precision.compute_model, dtype=settings.dtype, seed=settings.seed)
         # compiled whole: a model torch cannot compile trains eagerly, said once (`train_step`)
         self.train_model = self.plan.compiled(self.eager_model, self.precision.compute_model)
+        if settings.schedule != "noam" and settings.warmup >= settings.max_steps and self.parallel.writes:
+            log.warning("--warmup %d covers all %d steps: the learning rate rises to %.2g of --lr and never decays; "
+                        "give --warmup below --max-steps (a tenth of it is usual)", settings.warmup,
+                        settings.max_steps, settings.max_steps / settings.warmup)
         if settings.dtype != "fp32" and self.device.type == "cpu" and self.parallel.writes:
             warning = bf16_cost_warning(CpuCapabilities.detect())
             if warning:
