@@ -220,6 +220,38 @@ def test_cli_generate_no_echo_prints_the_json_alone_so_that_it_pipes_into_a_pars
         jsonschema.validate(json.loads(alone), BOUNDED)
 
 
+def test_a_streamed_text_cut_before_its_schema_is_complete_ends_its_line_before_the_warning(json_run, tmp_path,
+                                                                                           monkeypatch):
+    """Streaming, the warning that a text does not parse came on the text's own line in a terminal (stdout and stderr
+    in one place): 'x{"ntext(s) [0] ended before...'. Now the text's line ends first, and stdout alone still holds
+    the text and one newline."""
+    import io
+    import logging
+
+    from attnkit import cli
+
+    schema = tmp_path / "bounded.json"
+    schema.write_text(json.dumps(BOUNDED))
+    argv = ["generate", str(json_run), "--prompt", "x", "--max-new-tokens", "3", "--seed", "2", "--json-schema",
+            str(schema)]
+    terminal, stdout = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(terminal)  # stderr, written to the same terminal as stdout
+    logging.getLogger().addHandler(handler)
+    try:
+        for out in (terminal, stdout):
+            monkeypatch.setattr(sys, "stdout", out)
+            assert cli.main(argv) == 0
+    finally:
+        logging.getLogger().removeHandler(handler)
+    text = stdout.getvalue()
+    assert text.startswith("x{") and text.endswith("\n") and text.count("\n") == 1
+    lines = terminal.getvalue().splitlines()
+    warning = next(i for i, line in enumerate(lines) if "ended before their JSON schema was complete" in line)
+    assert lines[warning].startswith("text(s) [0] ended before")
+    assert lines[warning - 1] == text.rstrip("\n")
+    assert "\n\n" not in terminal.getvalue()
+
+
 def test_a_schema_file_that_is_not_utf8_is_refused_without_naming_a_flag_generate_lacks(json_run, tmp_path, capsys):
     from attnkit import cli
 

@@ -29,10 +29,12 @@ window) at more cost; stride = window gives the non-overlapping figure.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -531,6 +533,48 @@ def read_schema(settings: GenerateSettings) -> dict | None:
     return schema
 
 
+class StreamedText:
+    """`attnkit generate`'s streamed text on stdout: the prompt (`head`) sent with the first piece, so that a setting
+    refused before it prints its error alone, then each piece as it comes, then a newline. A record logged while the
+    text's line is open (the pipeline's warning that a text ended before its schema was complete) first ends that
+    line, so the warning, on stderr, stands on its own line in a terminal instead of running on from the text."""
+
+    def __init__(self, head: str) -> None:
+        self.unsent = [head]
+        self.line_ended = False
+
+    def write(self, _: int, piece: str) -> None:
+        sys.stdout.write("".join(self.unsent) + piece)
+        sys.stdout.flush()
+        self.unsent.clear()
+        self.line_ended = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """A logging filter of the handlers (it lets every record through): ends the open line first."""
+        if not self.unsent and not self.line_ended:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self.line_ended = True
+        return True
+
+    @contextmanager
+    def own_lines(self) -> Iterator[None]:
+        """While open, what the root logger's handlers write starts on a line of its own."""
+        handlers = list(logging.getLogger().handlers)
+        for handler in handlers:
+            handler.addFilter(self)
+        try:
+            yield
+        finally:
+            for handler in handlers:
+                handler.removeFilter(self)
+
+    def finish(self) -> None:
+        """End the text's line (once: not again after a warning ended it)."""
+        if not self.line_ended:
+            print("".join(self.unsent))
+
+
 def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     """`attnkit generate`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
     prompt = read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
@@ -538,22 +582,17 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     pipeline = load(settings)
     stream = settings.stream and settings.num_samples == 1
     head = prompt if settings.echo else ""
-    unsent = [head]  # streamed with the first piece, so that a setting refused before it prints its error alone
-
-    def write(_: int, piece: str) -> None:
-        sys.stdout.write("".join(unsent) + piece)
-        sys.stdout.flush()
-        unsent.clear()
-
-    texts = pipeline.generate(
-        prompt, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
-        top_p=settings.top_p, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
-        presence_penalty=settings.presence_penalty, frequency_penalty=settings.frequency_penalty,
-        num_samples=settings.num_samples,
-        seed=settings.seed, stop=list(settings.stop), on_text=write if stream else None, json_schema=schema,
-    )
+    streamed = StreamedText(head)
+    with streamed.own_lines():
+        texts = pipeline.generate(
+            prompt, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
+            top_p=settings.top_p, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
+            presence_penalty=settings.presence_penalty, frequency_penalty=settings.frequency_penalty,
+            num_samples=settings.num_samples, seed=settings.seed, stop=list(settings.stop),
+            on_text=streamed.write if stream else None, json_schema=schema,
+        )
     if stream:
-        print("".join(unsent))
+        streamed.finish()
         return 0
     for index, text in enumerate(texts):
         if settings.num_samples > 1:
