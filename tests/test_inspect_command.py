@@ -433,3 +433,16 @@ def test_probe_reads_words_as_the_run_reads_them(family, record, expected, tmp_p
     conll.write_text(CONLL)
     _inspect(run, "probe", tmp_path / "out", conll=str(conll))
     assert asked == [expected]
+
+
+def test_attribute_reads_a_translations_two_sides_at_their_own_lengths(runs, tmp_path):
+    text, corrupt = "abc deabc\tcb", "jih gfabc\tcb"  # source 9 tokens + EOS, target BOS + 2: the sides' lengths differ
+    report = _inspect(runs["encoder-decoder"], "attribute", tmp_path, text=(text,), corrupt=corrupt)
+    positions = {}
+    for row in report["rows"]:
+        found = re.fullmatch(r"(\S+\.(?:attn|cross_attn|mlp)) position (\d+) \((.*)\)", row["patched"])
+        if found:
+            positions.setdefault(found[1], []).append(found[3])
+    assert positions["encoder.blocks.0.attn"] == [*"abc deabc", "<eos>"]  # each row labelled by its own side's tokens
+    assert positions["decoder.blocks.1.cross_attn"] == ["<bos>", "c", "b"]
+    assert all(isinstance(row["restored"], float) and row["restored"] == row["restored"] for row in report["rows"])

@@ -89,8 +89,10 @@ def attribute_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer:
 def _by_position(model: nn.Module, clean: Batch, corrupted: Batch, names: list[str], rows: list[str],
                  target: tuple, steps: int) -> Patching:
     effects, clean_value, corrupted_value = _effects(model, clean, corrupted, names, target, steps)
-    restored = torch.stack([effects[n].sum(-1).mean(0) for n in names])  # (B, T, C) -> (rows, T)
-    restored = share(corrupted_value + restored, clean_value, corrupted_value)
+    per_row = [effects[n].sum(-1).mean(0) for n in names]  # (B, T, C) -> (T,): a translation's two sides' T differ
+    restored = torch.full((len(names), max(len(row) for row in per_row)), float("nan"))  # NaN past a row's positions
+    for i, row in enumerate(per_row):
+        restored[i, : len(row)] = share(corrupted_value + row, clean_value, corrupted_value)
     return Patching(rows, restored, clean_value, corrupted_value, "position")
 
 
@@ -107,7 +109,8 @@ def attribute_sublayers(model: nn.Module, clean: Batch, corrupted: Batch, *, ans
                         ) -> Patching:
     """Each (sublayer, position)'s estimated share restored when the sublayer's output (`attn.out`, `cross_attn.out`,
     `mlp.out`, a recurrent decoder's `attn.out`) is patched there; rows are the sublayers in the order they run,
-    those of one stack when `stack` names it ("encoder", "decoder")."""
+    those of one stack when `stack` names it ("encoder", "decoder"). An encoder-decoder's rows of both stacks span
+    the longer side's positions, NaN past a row's own (the source's for the encoder, the target's for the decoder)."""
     prefix = "" if stack is None else f"{stack.rstrip('.')}."
     names = [n for n in hook_points(model) if n.startswith(prefix) and n.endswith(("attn.out", "mlp.out"))]
     return _by_position(model, clean, corrupted, names, [n.removesuffix(".out") for n in names],

@@ -454,10 +454,11 @@ def _attribute(loaded: Loaded, settings: InspectSettings):
     heads = attribute_heads(loaded.model, pair.clean, pair.corrupted, **pair.target, **steps)
     sublayers = attribute_sublayers(loaded.model, pair.clean, pair.corrupted, **pair.target, **steps)
     rows, summary, figure = _patching_report(loaded, settings, pair, stream, heads, "estimated")
-    tokens = _labels(loaded.tokenizer, pair.clean.args[-1][0])
-    rows += [{"patched": f"{name} position {t} ({tokens[t]})" if t < len(tokens) else f"{name} position {t}",
-              "restored": round(float(sublayers.restored[i, t]), 4)}
-             for i, name in enumerate(sublayers.rows) for t in range(sublayers.restored.shape[1])]
+    source, target = (_labels(loaded.tokenizer, pair.clean.args[side][0]) for side in (0, -1))  # one, but a translation
+    for i, name in enumerate(sublayers.rows):
+        tokens = source if name.startswith("encoder.") else target  # the positions of the stack the sublayer is in
+        rows += [{"patched": f"{name} position {t} ({token})", "restored": round(float(sublayers.restored[i, t]), 4)}
+                 for t, token in enumerate(tokens)]
     summary["method"] = ("attribution patching (Nanda 2023): (clean - corrupted activation) . gradient at the "
                          "corrupted run" if settings.path_steps == 1 else
                          f"attribution patching, the gradient integrated over {settings.path_steps} steps of the "
