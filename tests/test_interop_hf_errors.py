@@ -282,3 +282,24 @@ def test_a_run_whose_weights_turned_nan_is_refused_by_name(tmp_path):
     save_model(loaded.model, loaded.config, tmp_path / "run")
     with pytest.raises(CheckpointError, match=rf"{name} holds 1 NaN or infinite values .* damaged"):
         load_model(tmp_path / "run")
+
+
+@pytest.mark.parametrize("changes, said", [
+    # a cross-encoder's relevance score: transformers trains any one-label classifier as a regression
+    (dict(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}), "problem_type=None with 1 label(s)"),
+    (dict(problem_type="regression", id2label={"0": "score"}, label2id={"score": 0}),
+     "problem_type='regression' with 1 label(s)"),
+    (dict(problem_type="multi_label_classification"), "problem_type='multi_label_classification' with 3 label(s)"),
+])
+def test_a_regression_or_multi_label_classifier_is_refused_not_read_as_one_label(tmp_path, changes, said):
+    hf_model("bert-classifier", tmp_path)
+    _edit_config(tmp_path, **changes)
+    if "id2label" in changes:  # the head's rows as its labels
+        _edit_weights(tmp_path, lambda tensors: tensors.update(
+            {name: tensors[name][:1] for name in ("classifier.weight", "classifier.bias")}))
+    with pytest.raises(ConfigError) as refusal:
+        hf.load(tmp_path)
+    assert said in str(refusal.value) and "attnkit converts single-label classifiers" in str(refusal.value)
+    if "id2label" not in changes:  # the same head as a single-label classifier loads
+        _edit_config(tmp_path, problem_type="single_label_classification")
+        assert hf.load(tmp_path).config.n_classes == 3

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from attnkit.config import ModelConfig
+from attnkit.config import ModelConfig, head_output
 from attnkit.errors import ConfigError
 from attnkit.readback import FileFields
 from attnkit.tasks import task_of_config, tasks
@@ -103,10 +103,25 @@ ACTIVATIONS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "s
 
 
 # GPT-2 ----------------------------------------------------------------------------------------------------------
-def _labels_from_hf(hf) -> dict[str, Any]:
-    """n_classes from config.json's label names (a head without classes leaves the field inert)."""
+def _labels_from_hf(hf, fields, source) -> dict[str, Any]:
+    """n_classes from config.json's label names (a head without classes leaves the field inert). A sequence
+    classifier must be a single-label one, as attnkit's classify head is (softmax over two or more labels, the
+    likeliest read as the answer): a regression head (one output, `problem_type` 'regression', as `transformers`
+    trains any one-label classifier: cross-encoders' relevance scores) or a multi-label one (a sigmoid per label)
+    would load and read as a class, and is refused."""
     labels = hf.get("id2label")
-    return {"n_classes": len(labels) if labels else int(hf.get("num_labels", 2))}
+    n_classes = len(labels) if labels else int(hf.get("num_labels", 2))
+    head = fields.get("encoder_head", fields.get("decoder_head"))
+    problem = hf.get("problem_type")
+    if head is not None and head_output(fields["family"], head) == "sequence" and (
+            n_classes == 1 or problem not in (None, "single_label_classification")):
+        raise ConfigError(
+            f"{source}: problem_type={problem!r} with {n_classes} label(s) is a classifier attnkit does not read: a "
+            f"regression head (one label) gives a score and a multi-label head a sigmoid per label, where attnkit's "
+            f"classify head picks one of two or more labels by softmax, so their outputs would read as a class; "
+            f"attnkit converts single-label classifiers (problem_type 'single_label_classification' or unset, two "
+            f"labels or more): run this one with transformers")
+    return {"n_classes": n_classes}
 
 
 def _labels_to_hf(config, labels) -> dict[str, Any]:
@@ -119,7 +134,8 @@ def _labels_to_hf(config, labels) -> dict[str, Any]:
 
 
 def _gpt2_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
-    return {"d_ff": hf.get("n_inner") or 4 * fields["d_model"], **_labels_from_hf(hf)}  # n_inner None: GPT-2's 4 C
+    d_ff = hf.get("n_inner") or 4 * fields["d_model"]  # n_inner None: GPT-2's 4 C
+    return {"d_ff": d_ff, **_labels_from_hf(hf, fields, source)}
 
 
 def _gpt2_to_hf(config, labels) -> dict[str, Any]:
@@ -216,7 +232,7 @@ def _llama_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
             f"{source}: attention_bias={fields['bias']} but mlp_bias={hf.get('mlp_bias')}; attnkit's `bias` switches "
             f"the biases of attention and feed-forward together"
         )
-    return {**_rope_from_hf(hf, fields, architecture, names, source), **_labels_from_hf(hf)}
+    return {**_rope_from_hf(hf, fields, architecture, names, source), **_labels_from_hf(hf, fields, source)}
 
 
 def _llama_to_hf(config, labels) -> dict[str, Any]:
@@ -327,7 +343,7 @@ MISTRAL = FamilyMap(
 def _bert_from_hf(hf, fields, architecture, names, source) -> dict[str, Any]:
     if "pooler" not in fields:  # BertModel(add_pooling_layer=False) leaves no trace but its tensors
         return {"pooler": "bert.pooler.dense.weight" in names}
-    return _labels_from_hf(hf)
+    return _labels_from_hf(hf, fields, source)
 
 
 def _bert_to_hf(config, labels) -> dict[str, Any]:
