@@ -342,6 +342,17 @@ def test_init_from_refuses_options_that_choose_another_model(mlm_run, texts, tmp
         prepare(request(tmp_path / "x", "classify", texts / "train.txt", lora_rank=2))
 
 
+@pytest.mark.parametrize("change, named", [("d_model=64", "d_model: 32 -> 64"), ("n_layers=3", "n_layers: 2 -> 3")])
+def test_init_from_with_a_set_that_reshapes_the_weights_names_the_set_and_the_fix(mlm_run, texts, tmp_path, change,
+                                                                                  named):
+    req = finetune(tmp_path, texts, mlm_run)
+    req.overrides = [change, "dropout=0.2"]
+    with pytest.raises(ConfigError, match=rf"--set changes the model of --init-from .*\({named}; "
+                                          r"dropout: 0.1 -> 0.2\) into one its weights do not fit \(e\.g\. .*drop the "
+                                          r"--set fields that change a size.*from scratch, without --init-from"):
+        prepare(req)
+
+
 def test_a_hugging_face_directory_needs_its_reader(texts, tmp_path):
     from interop_models import hf_model, word_tokenizer
 

@@ -19,7 +19,7 @@ has one of the same shape.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -141,20 +141,31 @@ def target_config(source: Source, *, spec: TaskSpec, assignments: list[str]) -> 
     return config
 
 
-def load_body(model: nn.Module, source: Source, *, labels: list[str] | None = None) -> InitReport:
+def load_body(model: nn.Module, source: Source, *, labels: list[str] | None = None,
+              changed: Sequence[str] = ()) -> InitReport:
     """Copy the source's weights into `model` (built from `target_config`): the body strictly, each head module
     when the source has it with the same shapes (a classifier only for the same label list), else left fresh.
+    `changed`: the model fields the user's --set changed from the source's config (`field: source -> asked`).
 
     Raises CheckpointError listing every body tensor that is missing from the source, left over in it, or of
-    another shape.
+    another shape; ConfigError naming `changed` when those changes are why.
     """
     target = model.state_dict()
     body = {k for k in target if _module(k) not in HEAD_MODULES}
     source_body = {k for k in source.state if _module(k) not in HEAD_MODULES}
     mismatched = [f"{k}: source {tuple(source.state[k].shape)} vs model {tuple(target[k].shape)}"
                   for k in sorted(body & source_body) if source.state[k].shape != target[k].shape]
-    raise_mismatch(f"--init-from {source.path}", missing=sorted(body - source_body),
-                   unexpected=sorted(source_body - body), mismatched=mismatched)
+    missing, unexpected = sorted(body - source_body), sorted(source_body - body)
+    if changed and (missing or unexpected or mismatched):
+        first = (mismatched or [f"{k}: not in the source" for k in missing] or [f"{k}: not in the model"
+                                                                                  for k in unexpected])[0]
+        raise ConfigError(
+            f"--set changes the model of --init-from {source.path} ({'; '.join(changed)}) into one its weights do "
+            f"not fit (e.g. {first}): drop the --set fields that change a size (fine-tuning keeps the source's "
+            "shapes; dropout and other fields that keep them may change), or train a model of the new shape from "
+            "scratch, without --init-from"
+        )
+    raise_mismatch(f"--init-from {source.path}", missing=missing, unexpected=unexpected, mismatched=mismatched)
     report = InitReport(loaded=0)
     for head in sorted({_module(k) for k in target} & set(HEAD_MODULES)):
         reason = _head_misfit(head, target, source, labels)
