@@ -132,20 +132,25 @@ def marian(tmp_path_factory):
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0, 2.0])
 @pytest.mark.parametrize("early_stopping", [True, False])
-def test_beam_search_finds_what_transformers_beam_search_finds(marian, length_penalty, early_stopping):
+@pytest.mark.parametrize(("beam_size", "max_length"), [(3, 6), (5, 4)])
+def test_beam_search_finds_what_transformers_beam_search_finds(marian, length_penalty, early_stopping, beam_size,
+                                                               max_length):
     """Same checkpoint, same scores (sum log p / (tokens + EOS) ** length_penalty), same stopping rule: the same best
-    hypothesis, whether it ends with EOS or at the length limit."""
+    hypothesis, whether it ends with EOS or at the length limit. At the limit the step's first K candidates are all
+    finished, EOS or not: a source whose EOS candidates filled its K hypotheses there lost the others (5 beams,
+    length 4: [55, 55, 55] where transformers finds [55, 55, 55, 55])."""
     reference, model = marian
     pad, eos, vocab = reference.config.pad_token_id, reference.config.eos_token_id, reference.config.vocab_size
     generator = torch.Generator().manual_seed(0)
-    sources = [[*torch.randint(3, vocab, (n,), generator=generator).tolist(), eos] for n in (5, 3, 8, 6)]
-    ours = beam_search(model, sources, bos_id=pad, eos_id=eos, beam_size=3, max_length=6,
+    sources = [[*torch.randint(3, vocab, (n,), generator=generator).tolist(), eos] for n in (5, 3, 8, 6, 4, 7)]
+    ours = beam_search(model, sources, bos_id=pad, eos_id=eos, beam_size=beam_size, max_length=max_length,
                        length_penalty=length_penalty, early_stopping=early_stopping)
     ended = 0
     for source, found in zip(sources, ours, strict=True):
         with torch.no_grad():
             best = reference.generate(
-                input_ids=torch.tensor([source]), num_beams=3, max_new_tokens=6, length_penalty=length_penalty,
+                input_ids=torch.tensor([source]), num_beams=beam_size, max_new_tokens=max_length,
+                length_penalty=length_penalty,
                 early_stopping=early_stopping, do_sample=False, forced_eos_token_id=None, bad_words_ids=None,
                 decoder_start_token_id=pad, eos_token_id=eos, pad_token_id=pad,
             )[0, 1:].tolist()  # after the decoder's start token (pad, Marian's BOS)
@@ -194,3 +199,20 @@ def test_a_translation_pair_frames_a_given_target_or_the_models_own_translation(
         translation_pair(model, tokenizer, "abc", None, max_length=8, instead="give a target")
     with pytest.raises(InputError, match="becomes no tokens"):
         translation_pair(model, tokenizer, "abc", "", max_length=8, instead="give a target")
+
+
+def test_a_translation_pair_holds_both_sides_to_the_models_context():
+    """With `context` (max_seq_len), the source with EOS and the decoder's input (BOS and the target) must each fit,
+    a target that fills the context exactly is read, and the model's own translation stops where BOS and it fill it:
+    the one check the attention maps, `attnkit inspect` and the explorer share."""
+    tokenizer = CharTokenizer("abcdefghij", special_tokens=["pad", "bos", "eos", "unk"])
+    model, _ = tiny_model("encoder-decoder", seed=3, vocab_size=tokenizer.vocab_size)
+    fits = translation_pair(model, tokenizer, "abcde", "abcde", max_length=8, instead="give a target", context=6)
+    assert fits.decoder_input == [BOS, 0, 1, 2, 3, 4]
+    with pytest.raises(InputError, match=r"the target with BOS has 7 tokens; this model reads at most 6 \(max_seq_len"):
+        translation_pair(model, tokenizer, "abc", "abcdef", max_length=8, instead="give a target", context=6)
+    with pytest.raises(InputError, match=r"the source with EOS has 7 tokens; this model reads at most 6"):
+        translation_pair(model, tokenizer, "abcdef", "abc", max_length=8, instead="give a target", context=6)
+    model.lm_head.register_forward_hook(lambda _, __, logits: logits.index_fill(-1, torch.tensor([EOS]), -1e6))
+    own = translation_pair(model, tokenizer, "abc", None, max_length=48, instead="give a target", context=6)
+    assert len(own.decoder_input) == 6  # never ends: cut where the context does, not 48 tokens past it

@@ -12,7 +12,8 @@ A finished hypothesis of n tokens (EOS included) scores  sum log p / n ** length
 use a similar normalisation): 0 compares raw log-probabilities and favours short outputs, 1 compares per-token
 averages. A source is done when it has K finished hypotheses and either `early_stopping` is set or its best live
 beam, normalised at the current length, no longer beats the worst of them (the rule of Hugging Face's
-`BeamSearchScorer`); otherwise the search ends at `max_length`, where the live beams count as finished.
+`BeamSearchScorer`); otherwise the search ends at `max_length`, where the first K candidates of that last step
+are all finished hypotheses, those ending in EOS and the others alike (as in transformers' beam search).
 """
 
 from __future__ import annotations
@@ -154,9 +155,12 @@ def beam_search(
         candidates = (scores.view(-1, 1) + logprobs).view(batch, k * vocab)  # (B, K*V)
         top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=-1)  # (B, 2K), best first
         top_beam, top_token = top_index // vocab, top_index % vocab
+        at_limit = length == max_length
         next_beam, next_token, next_score = _choose_live(
-            beams, top_scores, top_beam, top_token, finished, done, k=k, eos_id=eos_id, model=model
+            beams, top_scores, top_beam, top_token, finished, done, k=k, eos_id=eos_id, model=model, at_limit=at_limit
         )
+        if at_limit:
+            break
         for b in range(batch):
             if not done[b]:
                 done[b] = finished[b].is_done(float(next_score[b, 0]), length, early_stopping)
@@ -166,12 +170,6 @@ def beam_search(
         cache.reorder(rows)
         beams = torch.cat((beams[rows], next_token.view(-1, 1)), dim=1)  # (B*K, t + 1)
         scores = next_score
-    else:  # max_length reached: the live beams are finished too
-        for b in range(batch):
-            if not done[b]:
-                for j in range(k):
-                    if scores[b, j] > float("-inf"):
-                        finished[b].add(float(scores[b, j]), beams[b * k + j, 1:].tolist(), ended=False)
     return [hyps.best() for hyps in finished]
 
 
@@ -186,23 +184,26 @@ def _choose_live(
     k: int,
     eos_id: int,
     model: nn.Module,
+    at_limit: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """File the EOS candidates among each source's first K as finished; keep the best K others as live beams.
+    `at_limit` (the step that reaches max_length): file each source's first K candidates, EOS or not, as finished.
 
     top_*: (B, 2K) candidates, best first. Returns the live beams' parent beam, token and score, each (B, K).
     Raises BrokenOutputs (`broken_outputs`) for a nan score: `model`'s logits were nan (topk ranks nan first).
     """
     is_eos = top_token == eos_id  # (B, 2K)
-    rows = zip(top_scores.tolist(), top_beam.tolist(), is_eos.tolist(), strict=True)
-    for b, (scores, parents, eos) in enumerate(rows):
+    rows = zip(top_scores.tolist(), top_beam.tolist(), top_token.tolist(), is_eos.tolist(), strict=True)
+    for b, (scores, parents, tokens, eos) in enumerate(rows):
         if done[b]:
             continue
         if math.isnan(scores[0]):
             raise broken_outputs(f"the model's logits for source {b} are nan, no probability distribution: the "
                                  "model's weights or its input are broken", model)
         for rank in range(k):
-            if eos[rank] and scores[rank] > float("-inf"):
-                finished[b].add(scores[rank], beams[b * k + parents[rank], 1:].tolist(), ended=True)
+            if (eos[rank] or at_limit) and scores[rank] > float("-inf"):
+                written = beams[b * k + parents[rank], 1:].tolist() + ([] if eos[rank] else [tokens[rank]])
+                finished[b].add(scores[rank], written, ended=eos[rank])
     # stable sort puts the non-EOS candidates first, in their order
     order = is_eos.to(torch.int8).argsort(dim=-1, stable=True)[:, :k]  # (B, K)
     return top_beam.gather(1, order), top_token.gather(1, order), top_scores.gather(1, order)
