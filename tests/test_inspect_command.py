@@ -288,8 +288,10 @@ def test_an_analysis_of_one_answer_refuses_several_texts(runs, analysis, tmp_pat
     ("decoder", "dla", "abcdefghij" * 5, "is 50 tokens, more than the 48 this run reads .max_seq_len 48.: shorten"),
     ("mlm", "heads", "abcdefghij" * 5, "is 50 tokens, more than the 46 this run reads .max_seq_len 48, with its start "
      "and end marks."),
-    ("encoder-decoder", "heads", "abcdefghij" * 5 + "\tabc", "is 50 tokens, more than the 47 .* with EOS"),
-    ("encoder-decoder", "logit-lens", "abc\t" + "abcdefghij" * 5, "is 50 tokens, more than the 46 .* with BOS and EOS"),
+    ("encoder-decoder", "heads", "abcdefghij" * 5 + "\tabc", "the source with EOS has 51 tokens; this model reads "
+     "at most 48 .max_seq_len.: shorten it"),
+    ("encoder-decoder", "logit-lens", "abc\t" + "abcdefghij" * 4 + "abcdefgh", "the target with BOS has 49 tokens; "
+     "this model reads at most 48"),
 ])
 def test_a_text_longer_than_the_run_reads_is_refused_not_cut(runs, kind, analysis, text, message, tmp_path):
     with pytest.raises(InputError, match=message):

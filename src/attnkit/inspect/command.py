@@ -260,14 +260,10 @@ def text_batch(loaded: Loaded, text: str, *, prompt: bool = False) -> Batch:
 
 def _pair(loaded: Loaded, text: str) -> tuple[list[int], list[int]]:
     """A SOURCE<TAB>TARGET line as token ids: source + EOS, BOS + target + EOS (`translation_pair`; the target
-    translated greedily when the line has none)."""
-    tokenizer = loaded.tokenizer
+    translated greedily when the line has none); InputError for a side longer than the run reads."""
     source_text, _, target_text = text.partition("\t")
-    _check_length(loaded, source_text, len(tokenizer.encode(source_text)), loaded.max_len - 1, "with EOS")
-    if target_text:
-        _check_length(loaded, target_text, len(tokenizer.encode(target_text)), loaded.max_len - 2, "with BOS and EOS")
-    pair = translation_pair(loaded.model, tokenizer, source_text, target_text or None,
-                            max_length=min(GREEDY_TOKENS, loaded.max_len - 2), instead="give SOURCE<TAB>TARGET lines")
+    pair = translation_pair(loaded.model, loaded.tokenizer, source_text, target_text or None, max_length=GREEDY_TOKENS,
+                            instead="give SOURCE<TAB>TARGET lines", context=loaded.max_len)
     return pair.source, pair.target
 
 

@@ -55,27 +55,35 @@ class TranslationPair:
 
 def translation_pair(model: nn.Module, tokenizer: Tokenizer, source: str, target: str | None, *, max_length: int,
                      instead: str, context: int | None = None) -> TranslationPair:
-    """`source` and `target` as `model` reads them; `target` None: the model's own greedy translation of at most
-    `max_length` tokens (`greedy_target`). `context`: the model's max_seq_len, which the source with EOS must fit,
-    checked before any decoding step.
+    """`source` and `target` as `model` reads them, each encoded once; `target` None: the model's own greedy
+    translation of at most `max_length` tokens (`greedy_target`). `context`: the model's max_seq_len, which the
+    encoder's input (the source with EOS, checked before any decoding step) and the decoder's (BOS and the target)
+    must fit; the model's own translation stops where BOS and it fill the context.
 
-    Raises InputError for a tokenizer without BOS or EOS, a source longer than `context` and a given target of no
-    tokens; EmptyTranslation (an InputError) when the model's own translation is empty, its message ending with
-    `instead` (what the caller's user gives in its place, e.g. "give --target TEXT")."""
+    Raises InputError for a tokenizer without BOS or EOS, a source or given target longer than `context` and a given
+    target of no tokens; EmptyTranslation (an InputError) when the model's own translation is empty, its message
+    ending with `instead` (what the caller's user gives in its place, e.g. "give --target TEXT")."""
     eos, bos = require_id(tokenizer, "eos"), require_id(tokenizer, "bos")
     ids = [*tokenizer.encode(source), eos]
-    if context is not None and len(ids) > context:
-        raise InputError(f"the source with EOS has {len(ids)} tokens; this model reads at most {context} "
-                         "(max_seq_len): shorten it")
+    _check_fits(ids, "source with EOS", context)
     if target is None:
-        written = greedy_target(model, ids, bos=bos, eos=eos, max_length=max_length)
+        room = max_length if context is None else min(max_length, context - 1)  # BOS and the tokens written
+        written = greedy_target(model, ids, bos=bos, eos=eos, max_length=room)
         if not written:
             raise EmptyTranslation(instead)
     else:
         written = tokenizer.encode(target)
         if not written:
             raise InputError(f"the target {target!r} becomes no tokens: give a non-empty target")
+        _check_fits([bos, *written], "target with BOS", context)
     return TranslationPair(ids, written, bos, eos)
+
+
+def _check_fits(ids: list[int], what: str, context: int | None) -> None:
+    """InputError naming `what` when its `ids` are more than the `context` (max_seq_len) the model reads."""
+    if context is not None and len(ids) > context:
+        raise InputError(f"the {what} has {len(ids)} tokens; this model reads at most {context} (max_seq_len): "
+                         "shorten it")
 
 
 @torch.no_grad()

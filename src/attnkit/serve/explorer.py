@@ -126,9 +126,6 @@ class Explorer:
         pair = translation_pair(self.model, self.tokenizer, text, target if given else None,  # as the maps frame it
                                 max_length=min(MAX_TRANSLATION, self.config.max_seq_len - 1),
                                 instead=OWN_TRANSLATION_EMPTY, context=self.config.max_seq_len)
-        if len(pair.decoder_input) > self.config.max_seq_len:
-            raise InputError(f"the target with BOS has {len(pair.decoder_input)} tokens; this model reads at most "
-                             f"{self.config.max_seq_len} (max_seq_len): shorten it")
         view = translation_view(self.model, self.config, self.tokenizer, pair.source, pair.decoder_input, query,
                                 source_query)
         return {**view, "target_given": given}

@@ -79,7 +79,6 @@ def attention_maps(
         source, decoder_input = pair.source, pair.decoder_input
         tokens = {"self": (source, source), "causal": (decoder_input, decoder_input),
                   "cross": (pair.predicted, source)}
-        _check_fits(context, target=decoder_input)
         src, tgt = torch.tensor([source], device=device), torch.tensor([decoder_input], device=device)  # (1, S), (1, T)
         run = partial(model, src, tgt)
     else:
