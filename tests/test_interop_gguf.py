@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -199,6 +200,22 @@ def test_refused_with_the_reason(tmp_path):
     with pytest.raises(ConfigError, match="not a GGUF type"):
         convert_to_gguf(run, tmp_path / "new.gguf", type="q4_K")
     assert [path.name for path in tmp_path.iterdir() if path.is_file()] == ["taken.gguf"]  # nothing else written
+
+
+@pytest.mark.parametrize("normalizer, said", [
+    ({"type": "Lowercase"}, "(Lowercase)"),
+    ({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]}, "(Sequence of NFC, Lowercase)"),
+])
+def test_a_tokenizer_that_normalizes_text_is_refused_as_llama_cpp_would_not(tmp_path, normalizer, said):
+    """llama.cpp's gpt2 tokenizer has no normalizer: 'Hello' would be split as written, not as the model read it."""
+    run = random_run(tmp_path, LAYOUTS["default"])
+    path = run / "tokenizer" / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**spec, "normalizer": normalizer}), encoding="utf-8")
+    with pytest.raises(ConfigError, match=f"normalizes text before it splits it {re.escape(said)}.*--to-hf or "
+                                          "--to-onnx"):
+        convert_to_gguf(run, tmp_path / "model.gguf")
+    assert not (tmp_path / "model.gguf").exists()
 
 
 def test_a_gpt2_layout_with_an_activation_llama_cpp_lacks_is_refused_before_writing(tmp_path, caplog):

@@ -304,6 +304,12 @@ def gguf_vocabulary(tokenizer: Tokenizer, directory: Path, vocab_size: int) -> G
             f"{directory / HF_FILE} is a {model.get('type')} tokenizer with pre-tokenizer {pre.get('type')}; GGUF "
             f"export writes byte-level BPE with GPT-2's pre-tokenizer (attnkit's bpe kind, GPT-2's tokenizer)"
         )
+    if spec.get("normalizer"):  # llama.cpp's gpt2 tokenizer reads the text as it comes
+        raise ConfigError(
+            f"{directory / HF_FILE} normalizes text before it splits it ({_describe(spec['normalizer'])}), which "
+            f"llama.cpp's byte-level BPE does not, so llama.cpp would tokenize differently; GGUF export writes byte-"
+            f"level BPE without a normalizer (attnkit's bpe kind, GPT-2's tokenizer): export --to-hf or --to-onnx"
+        )
     by_id: dict[int, str] = {index: token for token, index in model["vocab"].items()}
     special: set[int] = set()
     added: set[int] = set()
@@ -326,6 +332,13 @@ def gguf_vocabulary(tokenizer: Tokenizer, directory: Path, vocab_size: int) -> G
     return GGUFVocabulary(model="gpt2", pre="gpt-2", tokens=tokens, types=[int(t) for t in types], merges=merges,
                           special_ids={role: i for role, i in special_ids.items() if i is not None},
                           starts_with_bos=tokenizer.starts_with_bos)
+
+
+def _describe(step: Mapping[str, Any]) -> str:
+    """A tokenizer.json step by its type, a Sequence by its parts': `Sequence of NFC, Lowercase`."""
+    if step.get("type") == "Sequence":
+        return "Sequence of " + ", ".join(_describe(part) for part in step.get("normalizers") or [])
+    return str(step.get("type"))
 
 
 def _is_gpt2_byte_level(pre: Mapping[str, Any]) -> bool:
