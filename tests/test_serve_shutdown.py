@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +19,8 @@ pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip 
 httpx = pytest.importorskip("httpx")
 
 from serve_helpers import free_port, tiny_run  # noqa: E402
+
+from attnkit.serve.server import SHUTDOWN_GRACE_S  # noqa: E402
 
 TIMEOUT = 60  # seconds the server may take to start, a request to end, the server to exit
 LONG = {"prompt": "the cat", "max_tokens": 2000, "ignore_eos": True, "seed": 0}  # seconds of steps on any CPU
@@ -36,6 +39,17 @@ def _gauge(url: str, name: str) -> float:
     raise AssertionError(f"/metrics has no attnkit_{name}")
 
 
+def _wait_until_up(server: subprocess.Popen, url: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        try:
+            httpx.get(f"{url}/health", timeout=1)
+            return
+        except httpx.TransportError:
+            assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+
+
 @pytest.mark.parametrize("sent", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
                          ids=["SIGINT", "SIGTERM"])  # one path in uvicorn; the default suite starts one server
 def test_a_signal_ends_the_replies_in_flight_with_503_and_the_server_exits_cleanly(run, sent):
@@ -47,13 +61,7 @@ def test_a_signal_ends_the_replies_in_flight_with_503_and_the_server_exits_clean
     answers: dict[str, object] = {}
     try:
         deadline = time.monotonic() + TIMEOUT
-        while True:
-            try:
-                httpx.get(f"{url}/health", timeout=1)
-                break
-            except httpx.TransportError:
-                assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.1)
+        _wait_until_up(server, url)
 
         def whole() -> None:
             answers["whole"] = httpx.post(f"{url}/v1/completions", json=LONG, timeout=TIMEOUT)
@@ -83,3 +91,28 @@ def test_a_signal_ends_the_replies_in_flight_with_503_and_the_server_exits_clean
     assert [error["message"] for error in errors] == [whole.json()["error"]["message"]]
     assert events[-1] == "data: [DONE]" and len(events) < LONG["max_tokens"]  # ended early, not at max_tokens
     assert "Traceback" not in log and log.count("POST /v1/completions 503") == 2, log
+    assert server.returncode == 0, log  # a stop asked for, not a death by the signal (143) or an interruption (130)
+
+
+def test_sigterm_with_a_client_that_never_ends_its_body_exits_0_within_the_grace(run):
+    """A client that sends half a body and then nothing would hold uvicorn's graceful shutdown until --timeout (or,
+    with no timeout, forever); the server waits SHUTDOWN_GRACE_S for it, then lets go and exits 0, the status a
+    service manager reads as a clean stop (uvicorn re-raised the signal, so the process died of it: 143)."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "attnkit", "serve", str(run), "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        _wait_until_up(server, f"http://127.0.0.1:{port}")
+        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as stalled:
+            stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: 1000\r\n\r\n{\"prompt\": ")
+            time.sleep(0.3)
+            server.send_signal(signal.SIGTERM)
+            _, log = server.communicate(timeout=SHUTDOWN_GRACE_S + 20)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 0, log
+    assert "Traceback" not in log, log

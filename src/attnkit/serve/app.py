@@ -34,6 +34,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from attnkit.generate.pipeline import Pipeline
 from attnkit.serve.errors import APIError
@@ -94,9 +95,10 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
 class Guard:
     """Every HTTP request: its id (`X-Request-Id`, echoed or made), the API key, and its log line and counters once its
     answer has ended: a stream when its last event is sent, with the status it ended with (`Answer.stream` leaves it in
-    the request's state), 499 for a client that left before the end; a failure answers 500 without its traceback (the
-    log keeps it). Plain ASGI, not Starlette's BaseHTTPMiddleware, under which a route never sees its client leave
-    (`Request.is_disconnected` stays False), so a request answered whole would run to its end for nobody."""
+    the request's state), 499 for a client that left before the end (or before its body's end); a failure answers 500
+    without its traceback (the log keeps it). Plain ASGI, not Starlette's BaseHTTPMiddleware, under which a route never
+    sees its client leave (`Request.is_disconnected` stays False), so a request answered whole would run to its end for
+    nobody."""
 
     def __init__(self, app, *, metrics: Metrics, api_key: str | None) -> None:
         self.app, self.metrics, self.api_key = app, metrics, api_key
@@ -125,6 +127,8 @@ class Guard:
                                ).response()(scope, receive, sending)
             else:
                 await self.app(scope, receive, sending)
+        except ClientDisconnect:  # the client left while its body arrived: nobody to answer, nothing failed (499)
+            pass
         except Exception:  # a failure answers 500 without its traceback (after its headers: it ends); the log keeps it
             log.exception("%s %s failed", request.method, request.url.path)
             if status is None:

@@ -7,19 +7,24 @@ worker thread (`ServerState.body`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
 import sys
+import threading
+import time
 
 from fastapi import Request
 from pydantic import ValidationError
 
+from attnkit.serve.batching import SHUTTING_DOWN
 from attnkit.serve.errors import APIError
 from attnkit.serve.schemas import Body
 
 RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_long", "too_short",
                 "string_too_short", "string_too_long", "literal_error"}  # a value of the right type out of range
+POLL_S = 0.1  # how often a body still arriving is checked against the timeout and the server's stop
 UNION_MEMBER = re.compile(r"^(str|int|float|bool|constrained-.*|.*\[.*\]|[A-Z][A-Za-z0-9]*)$")  # pydantic's name of
 # a union's member: a type, or a model's class (JSON fields here are lower case)
 
@@ -31,15 +36,39 @@ def too_large(size: str, limit: int) -> APIError:
                     code="request_too_large")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body's bytes: 413 beyond `limit` bytes, as its Content-Length declares or as it arrives (chunked)."""
+async def read_body(request: Request, limit: int, timeout: float, closing: threading.Event) -> bytes:
+    """The body's bytes: 413 beyond `limit` bytes, as its Content-Length declares or as it arrives (chunked); 408
+    when it has not all arrived within `timeout` seconds, and 503 once `closing` is set (the server is stopping),
+    checked every POLL_S while it arrives: a client that sends a byte now and then would otherwise hold its
+    connection, and a stop, for as long as it likes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(f"{int(declared):,}", limit)
-    chunks, size = [], 0
+    received = [0]  # bytes so far, for the 408's message
+    reading = asyncio.ensure_future(_chunks(request, limit, received))
+    deadline = time.monotonic() + timeout
+    try:
+        while not reading.done():
+            await asyncio.wait({reading}, timeout=POLL_S)
+            if reading.done():
+                break
+            if closing.is_set():
+                raise APIError(503, SHUTTING_DOWN)
+            if time.monotonic() > deadline:
+                raise APIError(408, f"the request body did not arrive within the server's timeout ({timeout:g} s, "
+                               f"--timeout; {received[0]:,} bytes came): send the whole body at once",
+                               code="request_timeout")
+        return reading.result()
+    finally:
+        reading.cancel()
+
+
+async def _chunks(request: Request, limit: int, received: list[int]) -> bytes:
+    """The body as it arrives, counted in `received[0]`; 413 once it passes `limit` bytes."""
+    chunks = []
     async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
+        received[0] += len(chunk)
+        if received[0] > limit:
             raise too_large(f"more than {limit:,}", limit)
         chunks.append(chunk)
     return b"".join(chunks)

@@ -3,6 +3,7 @@
     400 invalid_request_error   a value out of range or a body that is not JSON (param names the field)
     401 authentication_error    a missing or wrong API key
     404 not_found_error         an unknown model or endpoint
+    408 timeout_error           a body that did not all arrive within the server's timeout
     413 invalid_request_error   a body larger than the server takes
     422 invalid_request_error   a field of the wrong type, or missing
     429 rate_limit_error        the queue is full (Retry-After says when to try again)
@@ -17,8 +18,8 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
-               500: "server_error", 503: "server_error", 504: "timeout_error"}
+               408: "timeout_error", 413: "invalid_request_error", 422: "invalid_request_error",
+               429: "rate_limit_error", 500: "server_error", 503: "server_error", 504: "timeout_error"}
 
 
 class APIError(Exception):

@@ -102,7 +102,7 @@ class ServerState:
 
     async def body(self, request: Request, schema: type[Body]):
         """The request's body as `schema`: read within --max-body, then parsed and checked off the event loop."""
-        raw = await read_body(request, self.settings.max_body)
+        raw = await read_body(request, self.settings.max_body, self.settings.timeout, self.closing)
         return await run_in_threadpool(parse_body, schema, raw, request.headers.get("content-type", ""))
 
     async def held(self, call: Callable):

@@ -1,0 +1,64 @@
+"""Clients that misbehave on the wire: one that leaves while its body is still arriving is counted as gone (499),
+not as the server's failure (500 with a traceback in the log); one that sends its body too slowly is answered 408
+within the server's timeout instead of holding a connection open for as long as it likes."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
+httpx = pytest.importorskip("httpx")
+
+from serve_helpers import running_server, tiny_run  # noqa: E402
+
+TIMEOUT = 2.0  # the server's --timeout in these tests, seconds
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(tiny_run(tmp_path_factory.mktemp("clients")), timeout=TIMEOUT) as (url, app):
+        yield url
+
+
+def _half_sent(url: str) -> socket.socket:
+    """A connection that has sent its headers (a body of 100,000 bytes declared) and the body's first bytes."""
+    port = int(url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100000\r\n\r\n{\"prompt\": ")
+    return sock
+
+
+def _count(url: str, status: int) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(f'attnkit_requests_total{{path="/v1/completions",status="{status}"}}'):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_a_client_leaving_mid_body_is_499_not_a_failure(server, caplog):
+    before = _count(server, 499), _count(server, 500)
+    with caplog.at_level(logging.INFO, logger="attnkit.serve"):
+        sock = _half_sent(server)
+        time.sleep(0.3)  # the server is reading the body
+        sock.close()
+        deadline = time.monotonic() + 30
+        while _count(server, 499) == before[0] and _count(server, 500) == before[1] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert (_count(server, 499), _count(server, 500)) == (before[0] + 1, before[1])
+    assert not [record for record in caplog.records if record.exc_info], "a client leaving logged a traceback"
+
+
+def test_a_body_sent_too_slowly_is_refused_within_the_timeout(server):
+    sock = _half_sent(server)
+    with sock:
+        started = time.monotonic()
+        reply = sock.recv(4096).decode()  # the server answers while the body is still missing
+        waited = time.monotonic() - started
+    assert reply.startswith("HTTP/1.1 408"), reply[:200]
+    assert "--timeout" in reply and "body" in reply
+    assert waited < 25  # not held until the socket's own timeout (30 s)
