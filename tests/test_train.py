@@ -186,6 +186,23 @@ def test_gradient_accumulation_weights_micro_batches_by_their_targets(tmp_path):
         torch.testing.assert_close(captured[name], param.grad, rtol=1e-5, atol=1e-7)
 
 
+def test_k_micro_batches_of_b_train_as_one_batch_of_k_times_b(tmp_path):
+    """lm draws the same windows either way, so its losses, gradient norms (AdamW would hide a gradient scaled by k)
+    and updated weights agree to float32's rounding."""
+    runs = {}
+    for name, batch_size, grad_accum in (("one", 8, 1), ("two", 4, 2)):
+        prepare(request(tmp_path / name, overrides=["dropout=0.0"], max_steps=3, eval_every=3,
+                        batch_size=batch_size, grad_accum=grad_accum)).fit()
+        records = MetricsLog(tmp_path / name / "metrics.jsonl").records("train")
+        runs[name] = [(r["step"], r["loss"], r["grad_norm"]) for r in records], weights(tmp_path / name)
+    (logged_one, one), (logged_two, two) = runs["one"], runs["two"]
+    assert [r[0] for r in logged_one] == [r[0] for r in logged_two] == [1, 2, 3]
+    for a, b in zip(logged_one, logged_two, strict=True):
+        assert a[1:] == pytest.approx(b[1:], rel=1e-5)
+    for name in one:
+        torch.testing.assert_close(one[name], two[name], rtol=1e-5, atol=1e-6)
+
+
 def test_bf16_autocast_trains(tmp_path):
     trainer = prepare(request(tmp_path, max_steps=12, dtype="bf16", lr=1e-2, eval_every=6))
     result = trainer.fit()
