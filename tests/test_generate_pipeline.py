@@ -132,12 +132,35 @@ class _NoBosTokenizer:
     """A tokenizer with no BOS token: one id per letter of ALPHABET, then EOS and padding."""
 
     bos_id, eos_id, pad_id, cls_id, sep_id = None, len(ALPHABET), len(ALPHABET) + 1, None, None
+    vocab_size = len(ALPHABET) + 2
 
     def encode(self, text):
         return [ALPHABET.index(c) for c in text]
 
     def decode(self, ids):
         return "".join(ALPHABET[i] for i in ids if i < len(ALPHABET))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_vocabulary_padded_past_the_tokenizers_never_writes_the_ids_that_name_no_text(tmp_path, temperature):
+    """A model of 40 ids over a char tokenizer of 17 (padded as Qwen's or nanoGPT's), its padding ids made the
+    likeliest: generation chose them and failed ('token id 39 is outside the char vocabulary'; a Hugging Face
+    tokenizer drops them without a word). They are never chosen now, and the ids below keep their order."""
+    tokenizer = CharTokenizer(ALPHABET)
+    model, config = tiny_model("decoder", vocab_size=40, seed=5)
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.vocab_size:] *= 50
+    save_model(model, config, tmp_path)
+    tokenizer.save(tmp_path / "tokenizer")
+    lm = attnkit.load(tmp_path, device="cpu")
+    prompt = tokenizer.encode("abc")
+    assert max(generate_tokens(lm.model, [prompt], max_new_tokens=8, context_len=24)[0]) >= tokenizer.vocab_size
+    text = lm.generate("abc", max_new_tokens=8, temperature=temperature, seed=0, stop_at_eos=False)[0]
+    if temperature == 0.0:  # greedy among the tokenizer's ids: the model's own greedy choice within them
+        written = generate_tokens(lm.model, [prompt], max_new_tokens=8, context_len=24,
+                                  writable=tokenizer.vocab_size)[0]
+        assert max(written) < tokenizer.vocab_size
+        assert text == tokenizer.decode(written)
 
 
 def test_empty_prompt_starts_from_bos_and_fails_clearly_without_one(lm):

@@ -5,7 +5,9 @@
     decode_n_tokens(n)     choose a token, feed it, repeat, until n tokens or every row has stopped
 
 A `grammar` (`generate/constrained.GrammarMask`) masks each step's logits before the token is chosen, so that a
-constrained row's text follows its grammar (a JSON schema); a row ends when its grammar is complete.
+constrained row's text follows its grammar (a JSON schema); a row ends when its grammar is complete. A model whose
+vocabulary is padded past its tokenizer's (Qwen's 151,936 ids for 151,665 tokens; nanoGPT's 50,304 for GPT-2's
+50,257) is given `writable`, the tokenizer's size: the ids past it name no text and are never chosen.
 
 Prompts of different lengths share one batch by left padding, so every row's newest token sits in the last
 column:
@@ -150,13 +152,15 @@ def decode_n_tokens(
     on_token: TokenHook | None = None,
     decoding: EagerDecoding | None = None,
     grammar: GrammarMask | None = None,
+    writable: int | None = None,
 ) -> list[list[int]]:
     """Choose up to n tokens per row, starting from the prefill's `logits` (B, V).
 
     A row stops at a token in `stop_ids` (which is not returned), when `on_token` returns True, or when its grammar
     (`grammar`, one matcher per row) is complete. `generator`: one for every row, or a list of one per row (each
-    row's draws its own). The repetition penalty reads each row's prompt and reply, the presence and frequency
-    penalties its reply alone (`generate/sampling.py`). Returns each row's new tokens.
+    row's draws its own). `writable`: the ids from it on are never chosen (see the module docstring). The repetition
+    penalty reads each row's prompt and reply, the presence and frequency penalties its reply alone
+    (`generate/sampling.py`). Returns each row's new tokens.
     """
     batch, vocab = window.ids.shape[0], logits.shape[-1]
     decoding = _decoding_for(model, decoding)
@@ -168,6 +172,8 @@ def decode_n_tokens(
     finished = [False] * batch
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
     for step in range(n):
+        if writable is not None and writable < vocab:
+            logits = logits.index_fill(-1, torch.arange(writable, vocab, device=logits.device), float("-inf"))
         if grammar is not None:
             logits = grammar(logits)  # (B, V): what no row's grammar allows next at -inf
         tokens = select_next_in_groups(logits, sampling, groups, seen=seen, counts=counts)  # (B,)
@@ -227,12 +233,14 @@ def generate_tokens(
     on_token: TokenHook | None = None,
     decoding: EagerDecoding | None = None,
     grammar: GrammarMask | None = None,
+    writable: int | None = None,
 ) -> list[list[int]]:
     """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens; returns the new tokens.
 
     model: a decoder-only model in eval mode (`DecoderLM`); context_len: its `max_seq_len`; decoding: how prefill
     and steps run (see the module docstring); grammar: a matcher per prompt that each row's text follows;
-    generator: one for every prompt, or a list of one per prompt.
+    generator: one for every prompt, or a list of one per prompt; writable: the tokenizer's vocabulary size, where
+    the model's is padded past it (the ids from it on are never chosen).
     Raises InputError for an empty prompt, a prompt longer than `context_len`, or a negative `max_new_tokens`;
     BrokenOutputs for logits that give no distribution to draw from (`check_drawn`: nan, or a grammar allowing
     nothing).
@@ -269,4 +277,5 @@ def generate_tokens(
         on_token=on_token,
         decoding=decoding,
         grammar=grammar,
+        writable=writable,
     )

@@ -193,6 +193,7 @@ class Pipeline:
             on_token=texts.push,
             decoding=self.decoding,
             grammar=mask,
+            writable=self.tokenizer.vocab_size,  # a padded vocabulary's ids past the tokenizer's name no text
         )
         unfinished = mask.unfinished() if mask is not None else []
         if unfinished:
