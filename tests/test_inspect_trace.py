@@ -260,3 +260,33 @@ def test_names_that_are_not_strings_are_refused(names, said):
         trace(model, ids, names=names)
     with pytest.raises(InputError, match="a hook point's name is a string"):
         trace(model, ids, edits={3: zero_ablate()})
+
+
+def test_calls_whose_activations_do_not_join_are_refused_and_the_body_error_is_kept():
+    """A context joins its calls along the query axis (a KV-cached decoder's stream: the prompt, then each step);
+    calls that do not join (the pattern's keys grow with the cache, another batch size) are an InputError naming the
+    shapes and the fix, not torch's concatenation error, and an error inside the context is the one raised."""
+    from attnkit.models.decoder import allocate_cache_for
+
+    model, (ids,) = _model("decoder"), _inputs("decoder")
+    cache = allocate_cache_for(model.stack, 2, 16)
+    with hooked(model, capture=["blocks.0.resid_post"]) as read:
+        model(ids[:, :5], cache=cache)
+        model(ids[:, 5:6], cache=cache)
+    torch.testing.assert_close(read["blocks.0.resid_post"], trace(model, ids[:, :6], names=["blocks.0.resid_post"])[
+        "blocks.0.resid_post"])  # the steps join into the whole sequence's stream
+    cache = allocate_cache_for(model.stack, 2, 16)
+    with pytest.raises(InputError, match=r"blocks.0.attn.pattern was read in 2 calls of shapes \(2, 4, 5, 5\), "
+                       r"\(2, 4, 1, 6\), which do not join .* each step of a KV-cached decoder, in its own trace"):
+        with hooked(model, capture=["blocks.0.attn.pattern"]):
+            model(ids[:, :5], cache=cache)
+            model(ids[:, 5:6], cache=cache)
+    with pytest.raises(InputError, match=r"resid_post was read in 2 calls of shapes \(2, 8, 16\), \(1, 8, 16\)"):
+        with hooked(model, capture=["blocks.0.resid_post"]):
+            model(ids)
+            model(ids[:1])
+    with pytest.raises(ZeroDivisionError), hooked(model, capture=["blocks.0.resid_post"]):
+        model(ids)
+        model(ids[:1])
+        1 / 0  # noqa: B018 -- the body's own error, raised past the calls that do not join
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

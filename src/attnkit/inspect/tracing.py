@@ -58,9 +58,10 @@ def hooked(model: nn.Module, *, capture: Names = (), edits: Mapping[str, Edit] |
            ) -> Iterator[dict[str, Tensor]]:
     """While active, every call of the model reads the `capture` points (None: all) into the dict it yields and
     replaces the `edits` points by what each edit returns. A point seen by several calls (Bahdanau's decoder steps,
-    a model run twice) is concatenated along its query axis when the context ends. Raises InputError for names and
-    edits of the wrong kind, and for an edit that returns anything but a tensor of the activation's shape, dtype
-    and device."""
+    a model run twice, a KV-cached decoder's prompt and steps) is concatenated along its query axis when the context
+    ends. Raises InputError for names and edits of the wrong kind, for an edit that returns anything but a tensor of
+    the activation's shape, dtype and device, and for calls that do not join (another batch size; a cached decoder's
+    pattern, whose keys grow with each step)."""
     edits = _checked_edits(edits)
     read = resolve(model, capture) if capture is None or callable(capture) or capture else []
     edited = resolve(model, list(edits))
@@ -87,8 +88,10 @@ def hooked(model: nn.Module, *, capture: Names = (), edits: Mapping[str, Edit] |
                 stack.callback(handle.remove)
         try:
             yield cache
-        finally:
-            cache.update({p.name: _joined(calls[p.name], p) for p in read if calls[p.name]})
+        except BaseException:  # what was read before the error, as far as it joins; the error itself goes on
+            _fill(cache, calls, read, strict=False)
+            raise
+        _fill(cache, calls, read, strict=True)
 
 
 def _checked_edits(edits: object) -> dict[str, Edit]:
@@ -116,8 +119,22 @@ def _check_replacement(point: HookPoint, shown: Tensor, new: object) -> None:
                          f"{shown.dtype} on {shown.device}: return value.to(activation) (the model goes on with it)")
 
 
-def _joined(parts: list[Tensor], point: HookPoint) -> Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=point.position_axis)
+def _fill(cache: dict[str, Tensor], calls: dict[str, list[Tensor]], read: list[HookPoint], *, strict: bool) -> None:
+    """Each read point's calls joined into `cache`; a point whose calls do not join is an InputError (`strict`) or
+    left out."""
+    for point in read:
+        parts = calls[point.name]
+        if not parts:
+            continue
+        try:
+            cache[point.name] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=point.position_axis)
+        except RuntimeError:  # another batch size, or keys that grew between calls (a KV-cached decoder's steps)
+            if strict:
+                raise InputError(f"{point.name} was read in {len(parts)} calls of shapes "
+                                 f"{', '.join(str(tuple(p.shape)) for p in parts[:4])}{', ...' * (len(parts) > 4)}, "
+                                 "which do not join along its query axis: a context joins the calls of one sequence "
+                                 "(Bahdanau's decoder steps); read each run, or each step of a KV-cached decoder, in "
+                                 "its own trace or hooked context, or the whole sequence in one call") from None
 
 
 class _Hooks:
