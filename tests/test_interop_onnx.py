@@ -184,3 +184,29 @@ def test_a_classifier_folder_labels_text_alone_as_attnkit_does(tmp_path, capsys)
     assert labels == [result.label for result in expected]
     np.testing.assert_allclose(probabilities, [[r.probabilities[name] for name in LABELS] for r in expected],
                                atol=1e-5)
+
+
+def test_a_decoders_runtime_json_says_the_bos_its_tokenizer_json_adds(tmp_path):
+    """A tokenizer that begins every text with BOS (Llama's post-processor) keeps it in the exported file, and
+    runtime.json, which says what the file adds, names it: the prompt attnkit generates from starts with it."""
+    from export_runs import tokenizer
+
+    from attnkit.config import ModelConfig
+    from attnkit.interop.runtime_tokenizer import runtime_tokenizer
+    from attnkit.tokenize import HFTokenizer
+
+    spec = json.loads(tokenizer().to_str())
+    bos = tokenizer().bos_id
+    spec["post_processor"] = {"type": "TemplateProcessing", "single": [
+        {"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}], "pair": [
+        {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<bos>": {"id": "<bos>", "ids": [bos], "tokens": ["<bos>"]}}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
+    starts_with_bos = HFTokenizer.from_dir(tmp_path)
+    config = ModelConfig(**{**LAYOUTS["default"], "vocab_size": tokenizer().vocab_size})
+    for own, adds in ((tokenizer(), []), (starts_with_bos, ["<bos>"])):
+        file, framing = runtime_tokenizer(own, config)
+        assert framing.as_json()["adds"] == adds
+        assert framing.as_json()["template"] == " ".join([*adds, "$TEXT"])
+        assert file.encode("def f():").ids == [bos] * len(adds) + tokenizer().encode("def f():")

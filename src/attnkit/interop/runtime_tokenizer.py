@@ -9,7 +9,8 @@ answers otherwise (it never saw a text without them). The exported file therefor
 framing as its post-processor (a `TemplateProcessing`, BERT's own), the cut as its truncation (which counts the two
 added tokens) and the pad token as its padding, so `Tokenizer.from_file("tokenizer.json").encode_batch(texts)` gives
 ids, attention masks and token types ready for the graph. A decoder's file is left as it is: `attnkit generate`
-feeds the prompt's tokens and nothing else (no BOS).
+feeds the prompt's tokens, after BOS where the tokenizer begins every text with it (a Llama tokenizer's
+post-processor, which the file keeps), and its Framing says so.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def runtime_tokenizer(tokenizer: Tokenizer, config: ModelConfig):
                           "--tokenizer bpe, or bring a Hugging Face tokenizer")
     hf = _copy(tokenizer)
     if not isinstance(config, EncoderConfig):
-        return hf, Framing(first=None, last=None, max_length=None, pad_id=tokenizer.pad_id)
+        bos = tokenizer.pieces([tokenizer.bos_id])[0] if tokenizer.starts_with_bos else None
+        return hf, Framing(first=bos, last=None, max_length=None, pad_id=tokenizer.pad_id)
     first_id, last_id = frame_ids(tokenizer)
     first, last = tokenizer.pieces([first_id, last_id])
     hf.post_processor = processors.TemplateProcessing(
