@@ -378,6 +378,19 @@ def test_an_encoders_nan_outputs_in_fp16_are_one_line_naming_the_dtype_not_a_pre
     assert "in fp16 the activations may overflow" in error and "--dtype bf16" in error
 
 
+def test_cli_translate_passes_early_stopping_to_the_beam_search(runs, monkeypatch, capsys):
+    """translate offered --beam-size and --length-penalty but not transformers' third beam setting, early stopping,
+    which Pipeline.translate takes."""
+    seen = []
+    translate = Pipeline.translate
+    monkeypatch.setattr(Pipeline, "translate",
+                        lambda self, texts, **kw: seen.append(kw) or translate(self, texts, **kw))
+    for flag, expected in (([], True), (["--no-early-stopping"], False), (["--early-stopping"], True)):
+        assert cli.main(["translate", "--run", str(runs["mt"]), "--text", "abc", "--beam-size", "2", *flag]) == 0
+        assert seen[-1]["early_stopping"] is expected
+    assert capsys.readouterr().out
+
+
 def test_cli_translate_file_to_file_and_classify(runs, tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_text("abc\n\nhg fe\n")

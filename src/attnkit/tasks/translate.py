@@ -226,6 +226,7 @@ class TranslateSettings(InputSettings, DecodeSettings):
     output: str | None = None  # write one translation per line here; none: print them
     beam_size: int = 1  # 1 is greedy
     length_penalty: float = 1.0  # beam score = log p / length ** this
+    early_stopping: bool = True  # beam search ends a source at beam-size finished hypotheses (off: while one could win)
     max_length: int | None = None  # target tokens at most; none: 2 x source + 10
 
 
@@ -237,7 +238,8 @@ def run_translate(settings: TranslateSettings, load: Callable[[Any], Any]) -> in
         check_output(settings.output, directory=False, overwrite=True, flag="--output")
     translations = load(settings).translate(
         texts, beam_size=settings.beam_size, length_penalty=settings.length_penalty,
-        max_length=settings.max_length, batch_size=settings.batch_size, progress=settings.input is not None,
+        early_stopping=settings.early_stopping, max_length=settings.max_length, batch_size=settings.batch_size,
+        progress=settings.input is not None,
     )
     if settings.output:
         atomic_write(settings.output, "".join(f"{line}\n" for line in translations))
