@@ -220,7 +220,11 @@ for name, values in accuracy.items():
 example = "abcdefghijkl"
 src, src_mask, tgt_in, _ = batch([(example, example[::-1])])
 with torch.no_grad():
-    alignment = attentive(src, tgt_in, src_mask=src_mask, need_weights=True).attentions[0]["cross"][0, 0]
+    alignment = attentive(src, tgt_in, src_mask=src_mask, need_weights=True).attentions[0]["cross"][0, 0]  # (T, S)
+steps_read = ["<bos>", *example[::-1]]  # the decoder's input at each step
+peaks = [example[j] for j in alignment.argmax(-1).tolist()]  # the source letter each step weighs most
+print("decoder input -> the source letter it weighs most:",
+      ", ".join(f"{read}->{peak}" for read, peak in zip(steps_read, peaks, strict=True)))
 
 fig, axes = plt.subplots(1, 3, figsize=(17, 4.5), layout="constrained")
 for name, curve in curves.items():
@@ -233,7 +237,7 @@ for ax in axes[:2]:
     ax.legend()
 image = axes[2].imshow(alignment, cmap="viridis", vmin=0, vmax=1)
 axes[2].set_xticks(range(len(example)), list(example))
-axes[2].set_yticks(range(len(example) + 1), ["<bos>", *example[::-1]])
+axes[2].set_yticks(range(len(example) + 1), steps_read)
 axes[2].set(xlabel="source token (key)", ylabel="decoder input at each step",
             title="the alignment: what each step attends to")
 fig.colorbar(image, ax=axes[2])
@@ -241,10 +245,63 @@ plt.show()
 
 # %% [markdown]
 # Without attention, accuracy falls as the source grows: everything has to fit through one vector. With
-# attention, each decoding step looks straight at the source token it needs, and the alignment picture shows it:
-# after reading `<bos>` the decoder attends to the last letter, then to the one before, an anti-diagonal that
-# nobody told it to learn ("we get alignment for free"). At the tiny budget neither model has learned anything
-# yet; the pictures show untrained weights.
+# attention, each decoding step looks straight into the source, and the alignment picture (and the line printed
+# above it) shows where: after reading `<bos>` the decoder attends to the last letter, the first it must write, and
+# the steps draw an anti-diagonal that nobody told it to learn ("we get alignment for free"). Read the line
+# closely, though: for most steps the letter weighed most is not the one to write next but the one just read
+# (`h->h`, where the step must write `g`). The decoder finds that letter by content, since its own state holds it,
+# and the encoder's state there, having read the source left to right, also holds the letter before it: the one
+# to write. So the diagonal sits one column right of the ideal alignment of exercise 2. A weight says where a step
+# looks; what it reads there is a state that may carry its neighbours too. At the tiny budget neither model has
+# learned anything yet; the pictures show untrained weights.
+#
+# ### A shortcut for the gradient
+#
+# USC's "Why Attention?" slide gives one more reason: attention "helps with vanishing gradient problem: provides
+# shortcut to faraway states". Without it, the loss reaches the first source token only back through $s_0$ and
+# every step of the encoder's recurrence; with it, each decoding step's context is a direct path to every encoder
+# state. Measure it: the size of the loss's gradient at each source token's embedding, averaged over a batch of
+# 16-letter sources, for fresh copies of both models (untrained, so this is the architecture's doing, not
+# training's).
+
+# %%
+def gradient_by_source_position(model, length=16):
+    """The norm of d(loss)/d(embedding) at each source position, averaged over a batch: (length,)."""
+    src, src_mask, tgt_in, tgt_out = batch(make_task("reverse", 64, seed=7, min_len=length, max_len=length).pairs())
+    embedded = {}
+
+    def keep(module, inputs, output):  # a forward hook on the encoder's embedding: (B, S, E)
+        output.retain_grad()
+        embedded["source"] = output
+
+    hook = model.encoder.embedding.register_forward_hook(keep)
+    try:
+        model(src, tgt_in, src_mask=src_mask, labels=tgt_out).loss.backward()
+    finally:
+        hook.remove()
+    return embedded["source"].grad.norm(dim=-1).mean(0)  # (B, S, E) -> (S,)
+
+
+gradients = {name: gradient_by_source_position(seq2seq(attention)) for name, attention in
+             (("no attention", "none"), ("Luong dot-product attention", "luong-dot"))}
+for name, grad in gradients.items():
+    print(f"{name:27s} gradient at source token 1 / at token 16: {grad[0] / grad[-1]:.1e}")
+assert gradients["Luong dot-product attention"][0] / gradients["Luong dot-product attention"][-1] > 100 * (
+    gradients["no attention"][0] / gradients["no attention"][-1])
+
+fig, ax = plt.subplots(figsize=(7, 3.5))
+for name, grad in gradients.items():
+    ax.plot(range(1, len(grad) + 1), grad / grad[-1], marker="o", label=name)
+ax.set(xlabel="source position", ylabel="gradient norm / at the last token", yscale="log",
+       title="how much of the loss's gradient reaches each source token (untrained)")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# Without attention the first token's gradient is a small fraction of the last one's, and on the log scale the
+# fall is a straight line: each step back through the GRU multiplies the gradient by about the same shrinking
+# factor, the vanishing gradient. With attention every token's gradient is about the same size, whatever its
+# distance from the output: that is the shortcut.
 #
 # **In attnkit:** `attnkit.models.recurrent` (`RecurrentSeq2Seq`, `LuongDecoder` and `BahdanauDecoder`,
 # `SourceAttention` with `luong-dot`, `luong-general` and `bahdanau`), presets `gru-seq2seq` and
@@ -333,10 +390,12 @@ for check, answer in ((check_1, general_weights), (check_2, ideal_alignment), (c
 # %% [markdown] tags=["solution"]
 # ### Solutions
 #
-# 2. The anti-diagonal: the trained model's alignment above approaches it. 3. It stays the same size: one vector
-#    of 128 numbers, whatever the source's length. That is the bottleneck; attention gives the decoder every
-#    encoder state instead, one per source token. 4. The same, to float precision: padded keys get a weight of
-#    exactly 0 and the packed GRU stops at each row's last real token, so batching never changes a translation.
+# 2. The anti-diagonal. The trained model's alignment above is near it but, for most steps, one column to the
+#    right: it looks at the letter it has just read, whose encoder state also holds the letter to write. 3. It
+#    stays the same size: one vector of 128 numbers, whatever the source's length. That is the bottleneck;
+#    attention gives the decoder every encoder state instead, one per source token. 4. The same, to float
+#    precision: padded keys get a weight of exactly 0 and the packed GRU stops at each row's last real token, so
+#    batching never changes a translation.
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
 def general_solution(model, states, memory):

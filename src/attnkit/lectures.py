@@ -89,9 +89,7 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Why attention? performance, the bottleneck solved, a shortcut for vanishing gradients, "
               "interpretability: alignment for free", T05, ("viz", "inspect.head_types:monotonicity"), "bottleneck",
               ALIGN_PNG,
-              "user-guide/looking-inside.md",
-              gap="the shortcut for vanishing gradients is stated, not measured (no experiment compares gradient "
-                  "norms at the source with and without attention)", section="Going further: reverse a sequence"),
+              "user-guide/looking-inside.md", section="Going further: reverse a sequence"),
         Topic("Attention variants: scores, softmax, weighted sum of values (the three steps)", T02,
               ("layers.attention",), section="Four scores, from scratch"),
         Topic("Basic dot-product attention and multiplicative (bilinear) attention", T02,
