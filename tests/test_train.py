@@ -328,6 +328,19 @@ def test_resume_refuses_a_different_tokenizer(tmp_path):
         prepare(req)
 
 
+@pytest.mark.parametrize("change", [{"seed": 8}, {"val_fraction": 0.3}])
+def test_resume_refuses_a_seed_or_val_fraction_that_would_redraw_the_held_out_examples(tmp_path, change):
+    """Both choose which examples a run holds out for validation (and the seed its batch order and masks): a resumed
+    run with others would score on examples it has trained on."""
+    prepare(request(tmp_path, "classify", max_steps=2, eval_every=2)).fit()
+    again = request(tmp_path, "classify", resume=True, **({} if "val_fraction" in change else change))
+    again.data.update({k: v for k, v in change.items() if k == "val_fraction"})
+    (name, value), = change.items()
+    with pytest.raises(CheckpointError, match=rf"{name}: .* -> {value}\).*holds out for validation.*resume without "
+                                              rf"--{name.replace('_', '-')}, or .*--init-from"):
+        prepare(again)
+
+
 def test_resume_refuses_a_different_task(tmp_path):
     prepare(request(tmp_path, max_steps=2, eval_every=2)).fit()
     with pytest.raises(CheckpointError, match="task: 'lm' -> 'classify'"):

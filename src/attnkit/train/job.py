@@ -411,6 +411,16 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         raise CheckpointError(f"cannot resume {checkpoint.path} with other fine-tuning settings ("
                               f"{'; '.join(changed)}): they decide which weights exist and train; resume without "
                               "them, or start a new run with --init-from")
+    redrawn = config_differences({"seed": saved_settings["seed"], "val_fraction": saved_data.val_fraction},
+                                 {"seed": settings.seed, "val_fraction": data_config.val_fraction})
+    if redrawn:
+        flag = "--" + redrawn[0].split(":")[0].replace("_", "-")
+        raise CheckpointError(
+            f"cannot resume {checkpoint.path} with another seed or validation share ({'; '.join(redrawn)}): they "
+            "choose the examples the run holds out for validation (and the seed its batches' order and masks), so the "
+            f"continued run would score on examples it trained on; resume without {flag}, or "
+            f"start a new run that keeps this one's weights (--init-from {_run_of(checkpoint.path)} --out NEW_RUN)"
+        )
     for change in config_differences(saved_data.to_dict(), data_config.to_dict()) + config_differences(
         state["settings"], settings.to_dict()
     ):
