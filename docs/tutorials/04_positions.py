@@ -316,13 +316,13 @@ def smooth(values, width=8):
     return torch.nn.functional.avg_pool1d(values[None, None], width, stride=1)[0, 0]
 
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.5))
+fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5), layout="constrained")
 for scheme, values in per_position.items():
     left.plot(torch.arange(len(smooth(values))) + 4, smooth(values), label=scheme)
 left.axvline(TRAIN_LEN, color="black", linestyle="--", label="longest training window")
 left.set(xlabel="position in a 256-character window", ylabel="validation loss (nats, mean of 8 positions)",
          title="trained on 64 characters, read on 256")
-left.legend()
+left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=3, fontsize=9)  # below: the curves fill the box
 norms = table.detach().norm(dim=-1)
 right.plot(norms)
 right.axvline(TRAIN_LEN, color="black", linestyle="--")

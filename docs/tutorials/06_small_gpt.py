@@ -364,7 +364,8 @@ def check_3(prediction):
     probs = process_logits(logits, SamplingConfig(temperature=0.01)).softmax(-1)  # (1, V)
     draws = torch.multinomial(probs.expand(200, -1), 1, generator=torch.Generator().manual_seed(0)).flatten()
     distinct = sorted(set(draws.tolist()))
-    print(f"measured: 200 draws give {len(distinct)} distinct character(s); the most likely is {int(logits.argmax())}")
+    likeliest = pipeline.tokenizer.decode([int(logits.argmax())])
+    print(f"measured: 200 draws give {len(distinct)} distinct character(s); the most likely is {likeliest!r}")
     choices = ("the most likely character every time", "a spread of characters")
     measured = choices[0] if distinct == [int(logits.argmax())] else choices[1]
     return one_of(prediction, choices) == measured
