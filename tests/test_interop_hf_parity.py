@@ -119,6 +119,36 @@ def test_greedy_generation_equals_transformers_generate(checkpoints, name, promp
     assert len({tuple(row) for row in ours}) > 1  # the prompts lead to different continuations
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("settings", [
+    dict(temperature=0.8),
+    dict(temperature=1.3, top_k=10, top_p=0.9),
+    dict(temperature=1.0, min_p=0.1, repetition_penalty=1.3),
+])
+def test_sampled_generation_equals_transformers_generate_under_the_same_seed(checkpoints, name, settings):
+    """The same logits processors in transformers' order, and a draw that is torch.multinomial's own: attnkit seeded
+    s writes what transformers' generate writes after torch.manual_seed(s), token for token."""
+    from attnkit.generate import make_generator
+    from attnkit.generate.sampling import check_sampling
+
+    directory, reference = checkpoints[name]
+    loaded = hf.load(directory)
+    sampling, _ = check_sampling(**settings)
+    prompt = [5, 17, 33, 8, 61]
+    texts = set()
+    for seed in range(3):
+        ours = generate_tokens(loaded.model, [prompt], max_new_tokens=12, context_len=loaded.config.max_seq_len,
+                               sampling=sampling, generator=make_generator(seed, "cpu"))[0]
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            theirs = reference.generate(torch.tensor([prompt]), do_sample=True, max_new_tokens=12, min_new_tokens=12,
+                                        eos_token_id=None, pad_token_id=PAD, top_k=settings.get("top_k", 0),
+                                        **{k: v for k, v in settings.items() if k != "top_k"})
+        assert theirs[0, len(prompt):].tolist() == ours
+        texts.add(tuple(ours))
+    assert len(texts) > 1  # the seeds draw different texts: the draws, not the argmax, agree
+
+
 def test_loaded_config_reads_the_checkpoint_options(checkpoints):
     names = ("llama", "llama-tied", "marian", "marian-two-vocabularies", "bert")
     configs = {name: hf.load(checkpoints[name][0]).config for name in names}
