@@ -198,6 +198,25 @@ def test_a_trained_run_is_written_for_transformers(tmp_path, capsys):
     assert (hf_config["bos_token_id"], hf_config["eos_token_id"], hf_config["pad_token_id"]) == (BOS, EOS, PAD)
 
 
+@pytest.mark.parametrize("dtype, stored", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_a_half_precision_run_is_written_in_its_own_type_as_save_pretrained_would(tmp_path, capsys, dtype, stored):
+    """A run converted with --dtype bf16 goes back out in bfloat16 (half the file of float32), its tensors bit for bit
+    the source's rounded once, and transformers reads it in that type."""
+    from safetensors.torch import load_file
+
+    hf_model("llama", tmp_path / "hf")
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run"), "--dtype", dtype]) == 0
+    assert main(["convert", str(tmp_path / "run"), "--to-hf", str(tmp_path / "out")]) == 0
+    source = load_file(tmp_path / "hf" / "model.safetensors")
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    assert written.keys() == source.keys()
+    for name, tensor in source.items():
+        assert written[name].dtype == stored and torch.equal(written[name], tensor.to(stored)), name
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["torch_dtype"] == str(stored)[6:]
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype="auto")
+    assert reference.dtype == stored
+
+
 def test_a_run_without_its_tokenizer_is_written_saying_the_directory_has_none(tmp_path, caplog):
     config = presets.get("llama2-tiny", vocab_size=99, max_seq_len=32)
     save_model(build_model(config), config, tmp_path / "run")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE, TEMPLATE_CONFIG, check_template, config_template
@@ -31,9 +32,10 @@ from attnkit.checkpoint import (
     CONFIG_FILE,
     LABELS_FILE,
     TOKENIZER_DIR,
+    WEIGHTS_FILE,
     atomic_write,
     is_attnkit_run,
-    load_model,
+    load_run_model,
     mark_run,
     read_json,
     read_labels,
@@ -81,6 +83,7 @@ log = logging.getLogger(__name__)
 
 HF_SOURCE_FILE = "hf_source.json"  # a converted run's origin: model type, class, and config.json's token ids
 _NULLABLE_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+_HALF_TYPES = {"BF16": torch.bfloat16, "F16": torch.float16}  # safetensors' names of the types a run may keep
 _ROLE_IDS = {"bos_token_id": "bos", "eos_token_id": "eos", "pad_token_id": "pad", "decoder_start_token_id": "bos"}
 
 
@@ -193,7 +196,7 @@ def _save_mean_pooled(model: nn.Module, directory: Path, *, config: ModelConfig,
     """A mean-pooled encoder: its body as a sentence-transformers directory, and a classifier's head with the body in
     classifier/ (`attnkit.interop.sentence_embeddings`). Raises ConfigError when BERT's layout cannot hold the
     body."""
-    encoder = build_model(body)
+    encoder = build_model(body).to(next(model.parameters()).dtype)
     own = encoder.state_dict()
     encoder.load_state_dict({name: tensor for name, tensor in model.state_dict().items() if name in own})  # strict
     state = unique_state_dict(encoder)
@@ -273,7 +276,8 @@ def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = 
                          "never replaces a run: choose another --to-hf (a new or empty directory)")
     _refuse_existing(hf_dir, "--to-hf", overwrite=overwrite, replaceable=_holds_hf_model(hf_dir))
     check_output(hf_dir, directory=True, overwrite=overwrite, flag="--to-hf")
-    model, config = load_model(run_dir)
+    model, config, read_from = load_run_model(run_dir)
+    model.to(_stored_dtype(read_from / WEIGHTS_FILE))  # as save_pretrained keeps a model's type: bf16 stays bf16
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR) if (run_dir / TOKENIZER_DIR).is_dir() else None
     if tokenizer is None:
         log.warning("%s has no %s/ directory, so %s gets the model alone: AutoTokenizer.from_pretrained will not find "
@@ -291,6 +295,14 @@ def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = 
         return save(model, partial, config=config, tokenizer=tokenizer, labels=labels,
                     special_ids=origin.get("special_ids"), architecture=origin.get("architecture"),
                     chat_template=chat_template)
+
+
+def _stored_dtype(path: Path) -> torch.dtype:
+    """The floating-point type a run's weights file holds every tensor in (bfloat16 for a run converted with --dtype
+    bf16); float32 where they differ."""
+    with safe_open(str(path), framework="pt") as handle:
+        stored = {handle.get_slice(name).get_dtype() for name in handle.keys()}
+    return _HALF_TYPES.get(stored.pop(), torch.float32) if len(stored) == 1 else torch.float32
 
 
 def read_hf_config(directory: Path) -> dict[str, Any]:
