@@ -290,3 +290,38 @@ def test_calls_whose_activations_do_not_join_are_refused_and_the_body_error_is_k
         model(ids[:1])
         1 / 0  # noqa: B018 -- the body's own error, raised past the calls that do not join
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_an_analysis_runs_without_dropout_and_leaves_the_model_training():
+    """The analyses switch dropout off while they run and give each module back the mode it had, so analysing a
+    model mid-training neither reads a dropped-out model nor leaves it training without dropout."""
+    from attnkit.inspect.attribution import attribute_heads
+    from attnkit.inspect.inputs import Batch
+    from attnkit.inspect.integrated_gradients import integrated_gradients
+    from attnkit.inspect.logit_attribution import logit_attribution
+    from attnkit.inspect.residual import residual_stream
+    from attnkit.inspect.sae import SAEConfig, SAEMetrics, SparseAutoencoder, spliced_loss
+
+    model, (ids,) = _model("decoder", dropout=0.5), _inputs("decoder")
+    model.train()
+    model.stack.blocks[0].eval()  # a module a user froze in eval mode keeps it
+    clean, corrupted = Batch((ids,)), Batch((ids.flip(1),))
+    sae = SparseAutoencoder(SAEConfig(16, 32, hook_name="blocks.1.resid_post"))
+    metrics, reference = SAEMetrics(1.0, 0.0, 1.0, 0.0), torch.randn(8, 16)
+    analyses = {
+        "importance": lambda: head_importance(model, lm_batch(ids)).scores,
+        "logit lens": lambda: logit_lens(model, ids).logits,
+        "head types": lambda: head_types(model, ids).scores["previous"],
+        "patching": lambda: patch_heads(model, clean, corrupted, answer=1, wrong=2).restored,
+        "attribution": lambda: attribute_heads(model, clean, corrupted, answer=1, wrong=2).restored,
+        "dla": lambda: logit_attribution(model, ids, answer=1, wrong=2).values,
+        "integrated gradients": lambda: integrated_gradients(model, ids, target=1, steps=4).tokens["embed"],
+        "residual": lambda: residual_stream(model, ids).stream,
+        "sae spliced loss": lambda: torch.tensor(spliced_loss(model, sae, [lm_batch(ids)], metrics,
+                                                              reference).spliced_loss),
+    }
+    for name, analysis in analyses.items():
+        first, second = analysis(), analysis()
+        torch.testing.assert_close(first, second, equal_nan=True, msg=f"{name} read a model with dropout on")
+        assert model.training and model.stack.blocks[1].training, f"{name} left the model in eval mode"
+        assert not model.stack.blocks[0].training, f"{name} set a module's mode it did not find"

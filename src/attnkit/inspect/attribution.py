@@ -31,7 +31,7 @@ from attnkit.inspect.gradients import backward_trace
 from attnkit.inspect.inputs import Batch
 from attnkit.inspect.integrated_gradients import repeated
 from attnkit.inspect.patching import Patching, check_pair, logit_difference, logit_differences, share, stream_points
-from attnkit.inspect.points import head_sites, hook_points
+from attnkit.inspect.points import evaluated, head_sites, hook_points
 from attnkit.inspect.tracing import hooked
 
 
@@ -42,7 +42,6 @@ def _effects(model: nn.Module, clean: Batch, corrupted: Batch, names: list[str],
     check_pair(clean, corrupted)
     if steps < 1:
         raise InputError(f"steps={steps}: give 1 (attribution patching) or more (its integrated-gradients form)")
-    model.eval()
     source = clean.run(model, names=names)
     clean_value = logit_difference(clean.logits(source.output), *target)
     # the rows' sum: each row's gradient is its own logit difference's (d diff_b / d a_b), as `_integrated` takes it,
@@ -73,6 +72,7 @@ def _integrated(model: nn.Module, corrupted: Batch, name: str, start: Tensor, en
     return (end - start) * grad.unflatten(0, (steps, -1)).sum(0)
 
 
+@evaluated
 def attribute_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
                     position: int = -1, steps: int = 1) -> Patching:
     """Each head's estimated share restored when its output (every position) is patched from the clean run."""
@@ -96,6 +96,7 @@ def _by_position(model: nn.Module, clean: Batch, corrupted: Batch, names: list[s
     return Patching(rows, restored, clean_value, corrupted_value, "position")
 
 
+@evaluated
 def attribute_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
                      position: int = -1, stack: str | None = None, steps: int = 1) -> Patching:
     """Each (block, position)'s estimated share restored when the stream entering the block is patched there."""
@@ -104,6 +105,7 @@ def attribute_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer
                         (answer, wrong, position), steps)
 
 
+@evaluated
 def attribute_sublayers(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor,
                         wrong: int | Tensor, position: int = -1, stack: str | None = None, steps: int = 1
                         ) -> Patching:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
-from attnkit.inspect.points import attends_across, head_sites, module_of
+from attnkit.inspect.points import attends_across, evaluated, head_sites, module_of
 from attnkit.inspect.tracing import trace
 
 SELF_TYPES = ("previous", "first", "duplicate", "induction")
@@ -144,6 +144,7 @@ def _rounded(value: Tensor) -> float | None:
     return None if bool(value.isnan()) else round(float(value), 3)
 
 
+@evaluated
 def head_types(model: nn.Module, *args: Tensor, separators: Sequence[int] = (), threshold: float = 0.4) -> HeadTypes:
     """Score every head of `model` run on `args` (its ids; an encoder-decoder's source and target): self-attention
     heads on `SELF_TYPES` (and `separator` given separators), cross-attention heads on `monotonic`."""

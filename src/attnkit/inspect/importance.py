@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from attnkit.errors import InputError
 from attnkit.inspect.edits import Ablation, ablate, patch
 from attnkit.inspect.inputs import Batch, check_batch, score
-from attnkit.inspect.points import head_sites, module_of
+from attnkit.inspect.points import evaluated, head_sites, module_of
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class HeadImportance:
         return [(self.sites[int(i) // width], int(i) % width, float(flat[i])) for i in order]
 
 
+@evaluated
 def head_importance(model: nn.Module, batches: Batch | Sequence[Batch], *, ablation: Ablation = "zero",
                     seed: int = 0) -> HeadImportance:
     """Ablate each head of each attention sublayer at its output (`SITE.z`) and score the model on `batches` (one,
@@ -54,7 +55,7 @@ def head_importance(model: nn.Module, batches: Batch | Sequence[Batch], *, ablat
     Mean ablation reads its reference from each batch itself (its mean). Resample ablation replaces each row's head
     output by other rows' (`resampled`: of this batch or another, never its own), so it needs two rows at least.
     """
-    model = module_of(model).eval()  # a pipeline from attnkit.load: its model
+    model = module_of(model)  # a pipeline from attnkit.load: its model
     batches = [batches] if isinstance(batches, Batch | Tensor) else list(batches)
     if not batches:
         raise InputError("head importance needs at least one batch of inputs")

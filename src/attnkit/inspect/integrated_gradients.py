@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from attnkit.errors import InputError
 from attnkit.inspect.patching import logit_differences
-from attnkit.inspect.points import HookPoint, hook_points, module_of
+from attnkit.inspect.points import HookPoint, evaluated, hook_points, module_of
 from attnkit.inspect.tracing import hooked
 
 
@@ -43,6 +43,7 @@ class IntegratedGradients:
         return total - (self.value - self.baseline_value)
 
 
+@evaluated
 def integrated_gradients(model: nn.Module, *args: Tensor, target: int | Tensor, position: int = -1,
                          points: list[str] | None = None, baselines: dict[str, Tensor] | None = None,
                          steps: int = 32, **kwargs: Any) -> IntegratedGradients:
@@ -61,7 +62,7 @@ def integrated_gradients(model: nn.Module, *args: Tensor, target: int | Tensor, 
     if unknown:
         raise InputError(f"{unknown[0]} is not a point integrated gradients can move along a path; give embed, "
                          "a stream or a sublayer's output")
-    model = module_of(model).eval()  # a pipeline from attnkit.load: its model
+    model = module_of(model)  # a pipeline from attnkit.load: its model
     batch = args[0].shape[0]
     alphas = torch.cat([(torch.arange(steps) + 0.5) / steps, torch.tensor([0.0, 1.0])])  # midpoints, baseline, input
     moved: dict[str, list[tuple[Tensor, Tensor]]] = {n: [] for n in names}  # (path tensor, its difference) per call

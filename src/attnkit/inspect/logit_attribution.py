@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from attnkit.errors import InputError
 from attnkit.inspect.inputs import output_ids
-from attnkit.inspect.points import hook_points, module_of
+from attnkit.inspect.points import evaluated, hook_points, module_of
 from attnkit.inspect.tracing import trace
 from attnkit.layers.norms import LayerNorm, RMSNorm
 from attnkit.models.encoder import EncoderClassifier
@@ -149,6 +149,7 @@ def _frozen_norm(norm: nn.Module | None, x: Tensor) -> tuple[Tensor, Tensor, Ten
 
 
 @torch.no_grad()
+@evaluated
 def logit_attribution(model: nn.Module, *args: Tensor, answer: int | Tensor, wrong: int | Tensor | None = None,
                       position: int = -1, neurons: bool = False, positions: bool = False, **kwargs: Tensor
                       ) -> LogitAttribution:
@@ -158,7 +159,7 @@ def logit_attribution(model: nn.Module, *args: Tensor, answer: int | Tensor, wro
     also splits each FFN into its neurons; `positions=True` the absolute positions' share from the embeddings' where
     they are a part of the sum ("pos_embed"; a norm after the sum, or no absolute positions: none). Raises
     InputError for a model whose logit is no sum of writes (the reason named)."""
-    model = module_of(model).eval()  # a pipeline from attnkit.load: its model
+    model = module_of(model)  # a pipeline from attnkit.load: its model
     read = _readout(model)
     blocks = read.stack.blocks
     p = f"{read.prefix}blocks"

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
-from attnkit.inspect.points import hook_points, module_of
+from attnkit.inspect.points import evaluated, hook_points, module_of
 from attnkit.inspect.tracing import trace
 from attnkit.models.stack import TransformerStack
 
@@ -68,9 +68,10 @@ def unembedding(model: nn.Module) -> tuple[str, Callable[[Tensor], Tensor]]:
 
 
 @torch.no_grad()
+@evaluated
 def logit_lens(model: nn.Module, *args: Tensor) -> LogitLens:
     """Run `model(*args)` and read its stream after the embeddings and after every block through `unembedding`."""
-    model = module_of(model).eval()  # a pipeline from attnkit.load: its model
+    model = module_of(model)  # a pipeline from attnkit.load: its model
     prefix, unembed = unembedding(model)
     n_blocks = sum(1 for n in hook_points(model) if n.startswith(f"{prefix}blocks.") and n.endswith(".resid_post"))
     names = [f"{prefix}blocks.0.resid_pre", *(f"{prefix}blocks.{i}.resid_post" for i in range(n_blocks))]

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from attnkit.errors import InputError
 from attnkit.inspect.edits import patch
 from attnkit.inspect.inputs import Batch, check_batch, output_ids
-from attnkit.inspect.points import head_sites, hook_points, module_of
+from attnkit.inspect.points import evaluated, head_sites, hook_points, module_of
 from attnkit.inspect.tracing import Trace
 
 FAINT = 0.1  # a corruption moving logit(answer) - logit(wrong) by less (the odds by under 10%) restores little of note
@@ -101,7 +101,7 @@ def check_pair(clean: Batch, corrupted: Batch) -> None:
 
 def _runs(model: nn.Module, clean: Batch, corrupted: Batch, names: list[str], target: tuple) -> _Runs:
     check_pair(clean, corrupted)
-    model = module_of(model).eval()  # a pipeline from attnkit.load: its model
+    model = module_of(model)  # a pipeline from attnkit.load: its model
     source = clean.run(model, names=names)
     corrupted_run = corrupted.run(model)
     return _Runs(source, logit_difference(clean.logits(source.output), *target),
@@ -128,6 +128,7 @@ def stream_points(model: nn.Module, stack: str | None = None) -> list[str]:
     return names
 
 
+@evaluated
 def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
                  position: int = -1, stack: str | None = None) -> Patching:
     """Patch the stream entering each block of `stack` (module docstring) at each position, one at a time."""
@@ -139,6 +140,7 @@ def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: in
     return Patching([n.removesuffix(".resid_pre") for n in names], restored, runs.clean, runs.corrupted, "position")
 
 
+@evaluated
 def patch_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
                 position: int = -1) -> Patching:
     """Patch each head's output (`SITE.z`, every position) from the clean run into the corrupted one."""

@@ -27,7 +27,7 @@ from attnkit.inspect.circuits import Kind, sites_in_order
 from attnkit.inspect.edits import patch
 from attnkit.inspect.inputs import Batch
 from attnkit.inspect.patching import check_pair
-from attnkit.inspect.points import hook_points, module_of
+from attnkit.inspect.points import evaluated, hook_points, module_of
 
 Metric = Callable[[Tensor], float]  # the logits of a run -> a number that is larger for the clean answer
 NO_HEADS = ("path patching follows a Transformer head's output into a later head's queries, keys or values; {model} "
@@ -46,6 +46,7 @@ class PathPatching:
     notes: tuple[str, ...] = ()
 
 
+@evaluated
 def path_patch(model: nn.Module, clean: Batch, corrupted: Batch, *, sender: tuple[str, int | Sequence[int]],
                receiver: tuple[str, int], via: Kind, metric: Metric) -> PathPatching:
     """Patch the path from `sender` (a site and one head, or several heads of it: `("blocks.0.attn", 2)`) into
@@ -73,7 +74,7 @@ def path_patch(model: nn.Module, clean: Batch, corrupted: Batch, *, sender: tupl
         for h in heads:
             if not 0 <= h < n:
                 raise InputError(f"head {h} is out of range: {site} has {n} heads (0..{n - 1})")
-    model = module_of(model).eval()  # a pipeline from attnkit.load: its model
+    model = module_of(model)  # a pipeline from attnkit.load: its model
     outputs = [f"{name}.z" for name in sites]
     clean_run, corrupted_run = clean.run(model, names=outputs), corrupted.run(model, names=outputs)
     frozen = {name: corrupted_run[name] for name in outputs}  # (B, T, H, D) each

@@ -30,8 +30,10 @@ those points see one step (T = 1) per call.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from torch import nn
 
@@ -45,6 +47,7 @@ from attnkit.models.recurrent.seq2seq import RecurrentEncoder
 from attnkit.models.stack import TransformerStack
 
 INPUT, OUTPUT, WEIGHTS, POSITIONS = "input", "output", "weights", "positions"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +87,23 @@ def module_of(model: object) -> nn.Module:
         return model.model
     raise InputError(f"attnkit.inspect reads a torch model (an nn.Module) or a pipeline from attnkit.load; got a "
                      f"{type(model).__name__}")
+
+
+def evaluated(analysis: Callable[..., T]) -> Callable[..., T]:
+    """`analysis(model, ...)` run with the model (a module or a pipeline's) in eval mode, dropout off, and its
+    modules given back in the modes they had: an analysis of a model mid-training leaves it training."""
+
+    @functools.wraps(analysis)
+    def run(model: object, *args: Any, **kwargs: Any) -> T:
+        modes = [(module, module.training) for module in module_of(model).modules()]
+        module_of(model).eval()
+        try:
+            return analysis(model, *args, **kwargs)
+        finally:
+            for module, training in modes:
+                module.train(training)
+
+    return run
 
 
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
-from attnkit.inspect.points import module_of
+from attnkit.inspect.points import evaluated, module_of
 from attnkit.inspect.tracing import trace
 from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import Sentence
@@ -133,12 +133,13 @@ def reading_piece(model: nn.Module) -> str:
 
 
 @torch.no_grad()
+@evaluated
 def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sentence], *, max_len: int,
                 batch_size: int = 32, word_pieces: WordPieces = "running") -> WordStates:
     """Run the model's reading stack over the sentences (pieces laid out as `align` does with `word_pieces`) and keep
     the stream after the embeddings and after each block at each word's piece (`reading_piece`)."""
     model = module_of(model)
-    stack = reading_stack(model).eval()
+    stack = reading_stack(model)
     last = reading_piece(model) == "last"
     n_blocks = len(stack.blocks)
     names = ["blocks.0.resid_pre", *(f"blocks.{i}.resid_post" for i in range(n_blocks))]

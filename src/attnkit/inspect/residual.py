@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from attnkit.errors import InputError
 from attnkit.inspect.logit_lens import unembedding
-from attnkit.inspect.points import module_of
+from attnkit.inspect.points import evaluated, module_of
 from attnkit.inspect.tracing import trace
 from attnkit.models.stack import TransformerStack
 
@@ -46,11 +46,12 @@ class ResidualStream:
 
 
 @torch.no_grad()
+@evaluated
 def residual_stream(model: nn.Module, *args: Tensor, **kwargs: Tensor) -> ResidualStream:
     """Run `model(*args, **kwargs)` once and read the stream of the stack whose stream becomes tokens (a decoder's,
     an encoder-decoder's decoder; a model without an output layer: its `stack`). Raises InputError for a model without
     a Transformer stack."""
-    model = module_of(model).eval()  # a pipeline from attnkit.load: its model
+    model = module_of(model)  # a pipeline from attnkit.load: its model
     try:
         prefix, _ = unembedding(model)
     except InputError:  # no output layer (a classifier): its stack's stream, read the same way

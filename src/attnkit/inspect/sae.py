@@ -38,7 +38,7 @@ from attnkit.checkpoint import load_tensors, read_json, save_tensors
 from attnkit.errors import CheckpointError, InputError
 from attnkit.inspect.edits import mean_ablate
 from attnkit.inspect.inputs import Batch, check_batch, token_losses
-from attnkit.inspect.points import HookPoint, module_of, resolve
+from attnkit.inspect.points import HookPoint, evaluated, module_of, resolve
 from attnkit.outputs import atomic_output, atomic_write
 
 log = logging.getLogger(__name__)
@@ -230,6 +230,7 @@ def splice(sae: SparseAutoencoder):
 
 
 @torch.no_grad()
+@evaluated
 def spliced_loss(model: nn.Module, sae: SparseAutoencoder, batches: list[Batch], metrics: SAEMetrics,
                  reference: Tensor) -> SAEMetrics:
     """`metrics` with the model's mean loss on the batches' targets clean, with the SAE spliced in at its point,
