@@ -384,6 +384,15 @@ def test_a_fork_keeps_a_later_best_and_replaces_it_only_with_a_better_score(tmp_
         assert torch.equal(tensor, kept[name]), name
 
 
+@pytest.mark.parametrize("checkpoint", ["best", "checkpoints/step_000002"])
+def test_out_naming_a_checkpoint_of_a_run_says_how_to_resume_from_it(tmp_path, checkpoint):
+    prepare(request(tmp_path, max_steps=4, eval_every=2)).fit()
+    with pytest.raises(ConfigError, match=rf"--out {tmp_path / checkpoint} is a checkpoint of the run {tmp_path}, "
+                                          rf"not a run directory: continue the run from it with --out {tmp_path} "
+                                          rf"--resume {tmp_path / checkpoint} "):
+        prepare(request(tmp_path / checkpoint, resume=True))
+
+
 def test_task_and_family_must_match(tmp_path):
     with pytest.raises(ConfigError, match="--task translate trains a encoder-decoder model.*vaswani-tiny"):
         prepare(TrainRequest(out=str(tmp_path), task="translate", preset="gpt2-tiny",

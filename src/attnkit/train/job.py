@@ -426,7 +426,14 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
     ):
         log.warning("resuming with a changed setting: %s", change)
     out, world = Path(request.out), World.from_env()
-    if out.resolve() != _run_of(checkpoint.path).resolve():
+    run = _run_of(checkpoint.path)
+    if request.resume is True and out.resolve() != run.resolve():  # --out names a checkpoint inside a run
+        raise ConfigError(
+            f"--out {out} is a checkpoint of the run {run}, not a run directory: continue the run from it with "
+            f"--out {run} --resume {out} (its later checkpoints are dropped), or start a new run from it with "
+            f"--out NEW_RUN --resume {out}"
+        )
+    if out.resolve() != run.resolve():
         if world.rank == 0:
             _claim_run_dir(out, overwrite=request.overwrite)
         log.info("continuing %s in %s", checkpoint.path, out)
