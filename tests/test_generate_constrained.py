@@ -4,6 +4,7 @@ ends; a char tokenizer's vocabulary and a byte-level BPE's both work; what canno
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -250,6 +251,47 @@ def test_a_streamed_text_cut_before_its_schema_is_complete_ends_its_line_before_
     assert lines[warning].startswith("text(s) [0] ended before")
     assert lines[warning - 1] == text.rstrip("\n")
     assert "\n\n" not in terminal.getvalue()
+
+
+@pytest.mark.parametrize(("how", "source"), [
+    ("regex", "(cat|dog)-[0-9]{2,3}"),
+    ("lark", 'start: NAME ": " NUM\nNAME: /[a-e]{1,4}/\nNUM: /-?[0-9]{1,3}/'),
+])
+def test_generate_follows_a_regular_expression_or_a_lark_grammar_and_streams_it(json_run, how, source):
+    """vLLM's guided regex and grammar: every text, sampled or greedy, is one the expression or grammar matches
+    whole, and its streamed pieces add up to it."""
+    import attnkit
+
+    whole = re.compile("(cat|dog)-[0-9]{2,3}" if how == "regex" else "[a-e]{1,4}: -?[0-9]{1,3}")
+    lm = attnkit.load(json_run, device="cpu")
+    pieces: dict[int, str] = {}
+    texts = lm.generate("x", max_new_tokens=20, num_samples=4, seed=1, **{how: source},
+                        on_text=lambda i, piece: pieces.__setitem__(i, pieces.get(i, "") + piece))
+    texts += lm.generate("x", max_new_tokens=20, temperature=0, **{how: source})
+    for text in texts:
+        assert whole.fullmatch(text), text
+    assert [pieces[i] for i in range(4)] == texts[:4]
+    assert len(set(texts)) > 1
+    with pytest.raises(InputError, match="not both regex and lark"):
+        lm.generate("x", regex="a", lark="start: \"a\"")
+
+
+def test_cli_generate_regex_and_grammar(json_run, tmp_path, capsys):
+    from attnkit import cli
+
+    grammar = tmp_path / "pair.lark"
+    grammar.write_text('start: "[" NUM ", " NUM "]"\nNUM: /[0-9]{1,2}/\n')
+    common = ["generate", str(json_run), "--prompt", "", "--max-new-tokens", "20", "--seed", "3"]
+    assert cli.main([*common, "--regex", "[a-c]{3}-[0-9]{2}"]) == 0
+    out = capsys.readouterr().out
+    assert re.fullmatch("[a-c]{3}-[0-9]{2}\n", out)
+    assert cli.main([*common, "--grammar", str(grammar), "--no-stream"]) == 0
+    pair = json.loads(capsys.readouterr().out)
+    assert len(pair) == 2 and all(0 <= n < 100 for n in pair)
+    assert cli.main([*common, "--regex", "[a-c"]) == 2
+    assert "the regular expression cannot be followed" in capsys.readouterr().err
+    assert cli.main([*common, "--regex", "a", "--grammar", str(grammar)]) == 2
+    assert "not both --regex and --grammar" in capsys.readouterr().err
 
 
 def test_a_schema_file_that_is_not_utf8_is_refused_without_naming_a_flag_generate_lacks(json_run, tmp_path, capsys):

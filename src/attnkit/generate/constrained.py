@@ -9,7 +9,8 @@ Guided Generation"; Microsoft's llguidance computes the masks, as in vLLM, SGLan
                                   each row's Matcher advances over its token <---------+
                                   (a grammar complete: the row ends, "stop")
 
-A `Grammar` is what the text must be (`Grammar.json_schema(schema)`, `Grammar.json_object()`, `Grammar.lark(text)`);
+A `Grammar` is what the text must be (`Grammar.json_schema(schema)`, `Grammar.json_object()`, `Grammar.regex(pattern)`,
+`Grammar.lark(text)`: vLLM's guided json, regex and grammar);
 a `Matcher` is one sequence's place in it; a `GrammarMask` holds the matchers of a batch's rows (None for a row
 left free). The token table (`token_table`) is built from any attnkit tokenizer: a char tokenizer's characters, a
 byte-level BPE's bytes, any Hugging Face tokenizer.json. Special tokens are never allowed, except EOS where the
@@ -77,6 +78,14 @@ class Grammar:
     def json_object(cls) -> Grammar:
         """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
         return cls.json_schema({"type": "object"})
+
+    @classmethod
+    def regex(cls, pattern: str) -> Grammar:
+        """Text the regular expression matches whole (llguidance's syntax, Rust's regex: `[a-z]+@[a-z]+\\.com`,
+        `(yes|no)`); a malformed one is refused by `Matcher` with llguidance's reason."""
+        if not isinstance(pattern, str) or not pattern:
+            raise InputError(f"a regular expression is a non-empty string, not {pattern!r}")
+        return cls(llguidance().LLMatcher.grammar_from_regex(pattern), "regular expression")
 
     @classmethod
     def lark(cls, text: str) -> Grammar:

@@ -134,6 +134,8 @@ class Pipeline:
         add_bos: bool | None = None,
         on_text: Callable[[int, str], None] | None = None,
         json_schema: Mapping[str, Any] | str | None = None,
+        regex: str | None = None,
+        lark: str | None = None,
         grammar: Grammar | None = None,
     ) -> list[str]:
         """Continue each prompt; returns the new text only, `num_samples` per prompt, prompt by prompt.
@@ -150,18 +152,26 @@ class Pipeline:
         seeded seed + i (as vLLM seeds a request's n samples, and `attnkit serve` its n choices), so a prompt gives
         the same text alone or batched with others.
         `json_schema` (a dict or its JSON text; {"type": "object"} for any JSON object) holds every text to JSON valid
-        under it, and `grammar` to any `Grammar` (`generate/constrained.py`): the tokens that cannot continue it are
-        never chosen, and a text ends where its grammar is complete (cut short only by `max_new_tokens`).
+        under it, `regex` to text the regular expression matches whole, `lark` to a grammar in llguidance's Lark
+        syntax, and `grammar` to any `Grammar` (`generate/constrained.py`; one of the four at most): the tokens that
+        cannot continue it are never chosen, and a text ends where its grammar is complete (cut short only by
+        `max_new_tokens`).
         Raises SamplingError (a ConfigError) for bad sampling settings or seed (`check_sampling`), InputError for an
-        empty prompt with no BOS to start from, for a schema that cannot be followed, or for both `json_schema` and
-        `grammar`; ConfigError without the structured extra; BrokenOutputs for logits that give no distribution to
-        draw from (nan: fp16 activations that overflow, or broken weights).
+        empty prompt with no BOS to start from, for a schema, expression or grammar that cannot be followed, or for
+        more than one of them; ConfigError without the structured extra; BrokenOutputs for logits that give no
+        distribution to draw from (nan: fp16 activations that overflow, or broken weights).
         """
         self._require("generate")
-        if json_schema is not None and grammar is not None:
-            raise InputError("give json_schema or grammar, not both")
+        given = {name: value for name, value in (("json_schema", json_schema), ("regex", regex), ("lark", lark),
+                                                 ("grammar", grammar)) if value is not None}
+        if len(given) > 1:
+            raise InputError(f"give one of json_schema, regex, lark and grammar, not both {' and '.join(given)}")
         if json_schema is not None:
             grammar = Grammar.json_schema(json_schema)
+        elif regex is not None:
+            grammar = Grammar.regex(regex)
+        elif lark is not None:
+            grammar = Grammar.lark(lark)
         sampling, seed = check_sampling(temperature=temperature, top_k=top_k, top_p=top_p,
                                         repetition_penalty=repetition_penalty, logit_bias=logit_bias,
                                         vocab_size=self.config.vocab_size, seed=seed, min_p=min_p,

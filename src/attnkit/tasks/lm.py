@@ -512,13 +512,31 @@ class GenerateSettings(DecodeSettings):
     max_prompt_bytes: int = 1_000_000  # --prompt -: read at most this many bytes of standard input
     json_schema: str | None = None  # a JSON schema file: the text is JSON valid under it (the structured extra)
     json: bool = False  # the text is one JSON object, any (JSON mode; the structured extra)
+    regex: str | None = None  # the text matches this regular expression whole (the structured extra)
+    grammar: str | None = None  # a Lark grammar file (llguidance's syntax) the text follows (the structured extra)
+
+
+def read_constraint(settings: GenerateSettings) -> dict[str, Any]:
+    """What the text must follow, as Pipeline.generate takes it ({} for free text; json_schema=, regex= or lark=),
+    files read before the model loads. Raises InputError for more than one of --json, --json-schema, --regex and
+    --grammar, or a file that cannot be read (a schema file that holds no JSON object)."""
+    flags = (("--json", settings.json or None), ("--json-schema", settings.json_schema), ("--regex", settings.regex),
+             ("--grammar", settings.grammar))
+    given = [flag for flag, value in flags if value is not None]
+    if len(given) > 1:
+        raise InputError(f"give one of --json (any JSON object), --json-schema FILE, --regex and --grammar FILE, not "
+                         f"both {' and '.join(given)}")
+    if settings.regex is not None:
+        return {"regex": settings.regex}
+    if settings.grammar is not None:
+        return {"lark": read_text(settings.grammar, fix="save the grammar as UTF-8")}
+    schema = read_schema(settings)
+    return {} if schema is None else {"json_schema": schema}
 
 
 def read_schema(settings: GenerateSettings) -> dict | None:
-    """The JSON schema that --json-schema FILE or --json asks for (None: free text), read before the model loads.
-    Raises InputError for both flags, or a file that cannot be read or holds no JSON object."""
-    if settings.json and settings.json_schema is not None:
-        raise InputError("give --json (any JSON object) or --json-schema FILE, not both")
+    """The JSON schema that --json-schema FILE or --json asks for (None: free text). Raises InputError for a file
+    that cannot be read or holds no JSON object."""
     if settings.json:
         return {"type": "object"}
     if settings.json_schema is None:
@@ -578,7 +596,7 @@ class StreamedText:
 def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     """`attnkit generate`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
     prompt = read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
-    schema = read_schema(settings)
+    constraint = read_constraint(settings)
     pipeline = load(settings)
     stream = settings.stream and settings.num_samples == 1
     head = prompt if settings.echo else ""
@@ -589,7 +607,7 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
             top_p=settings.top_p, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
             presence_penalty=settings.presence_penalty, frequency_penalty=settings.frequency_penalty,
             num_samples=settings.num_samples, seed=settings.seed, stop=list(settings.stop),
-            on_text=streamed.write if stream else None, json_schema=schema,
+            on_text=streamed.write if stream else None, **constraint,
         )
     if stream:
         streamed.finish()
