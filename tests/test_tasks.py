@@ -416,3 +416,14 @@ def test_the_library_refuses_another_tasks_set_key_as_the_command_line_does():
 
     with pytest.raises(ConfigError, match="--src-lang does not apply to --task lm: it is for --task translate"):
         check_request(TrainRequest(out="runs/unused", task="lm", overrides=["src_lang=de"]))
+
+
+@pytest.mark.parametrize("written", ['{"task": ["lm"]}', '{"task": {}}', '{"task": 5}', '["lm"]'])
+def test_a_hand_edited_task_json_is_refused_naming_the_file_and_the_fix(tmp_path, written):
+    from attnkit.errors import CheckpointError
+    from attnkit.tasks import task_of_run
+
+    config = ModelConfig(family="decoder", vocab_size=20, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=16)
+    (tmp_path / "task.json").write_text(written)
+    with pytest.raises(CheckpointError, match=r"task\.json.*\{\"task\": NAME"):
+        task_of_run(tmp_path, config)

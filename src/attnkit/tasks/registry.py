@@ -284,13 +284,16 @@ def tasks_of_family(family: str) -> list[TaskSpec]:
 
 def task_record(directory: str | Path) -> dict[str, Any]:
     """A run's task.json: `{"task": NAME, ...}` with what its task saved beside the name (`TrainingTask.record`);
-    {} for a run without one (converted). Raises CheckpointError for one that is not a JSON object."""
+    {} for a run without one (converted). Raises CheckpointError for one that is not a JSON object or whose task is
+    not a name."""
     path = Path(directory) / TASK_FILE
     if not path.is_file():
         return {}
     found = read_json(path)
-    if not isinstance(found, dict):
-        raise CheckpointError(f'{path} must hold {{"task": NAME, ...}}; got {found!r:.80}: the file is damaged')
+    if not isinstance(found, dict) or not isinstance(found.get("task", ""), str):
+        raise CheckpointError(f'{path} must hold {{"task": NAME, ...}} with NAME a string such as "lm"; got '
+                              f"{found!r:.80}: write the task's name again, or remove the file to read the run as its "
+                              "model's task")
     return found
 
 
