@@ -341,6 +341,17 @@ def test_resume_refuses_a_seed_or_val_fraction_that_would_redraw_the_held_out_ex
         prepare(again)
 
 
+def test_a_batch_size_changed_in_the_middle_of_an_epoch_is_named_with_what_it_does_to_the_epoch(tmp_path, caplog):
+    prepare(request(tmp_path, "classify", max_steps=2, eval_every=2)).fit()
+    with caplog.at_level("WARNING", logger="attnkit.train.job"):
+        prepare(request(tmp_path, "classify", resume=True))
+    assert "in the middle of epoch" not in caplog.text
+    with caplog.at_level("WARNING", logger="attnkit.train.job"):
+        prepare(request(tmp_path, "classify", resume=True, batch_size=8))
+    assert ("batch_size: 4 -> 8 in the middle of epoch 0 (after its batch 4): the rest of the epoch is cut into "
+            "batches of the new size in another order") in caplog.text
+
+
 def test_resume_refuses_a_different_task(tmp_path):
     prepare(request(tmp_path, max_steps=2, eval_every=2)).fit()
     with pytest.raises(CheckpointError, match="task: 'lm' -> 'classify'"):

@@ -425,6 +425,12 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         state["settings"], settings.to_dict()
     ):
         log.warning("resuming with a changed setting: %s", change)
+    recut = config_differences({"batch_size": saved_settings["batch_size"], "batch_tokens": saved_data.batch_tokens},
+                               {"batch_size": settings.batch_size, "batch_tokens": data_config.batch_tokens})
+    if recut and not data_config.spec.stream and state["data"].get("index"):  # an epoch's batches, part drawn
+        log.warning("%s in the middle of epoch %d (after its batch %d): the rest of the epoch is cut into batches "
+                    "of the new size in another order, so some of its examples come again and others wait for the "
+                    "next epoch", "; ".join(recut), state["data"]["epoch"], state["data"]["index"])
     out, world = Path(request.out), World.from_env()
     run = _run_of(checkpoint.path)
     if request.resume is True and out.resolve() != run.resolve():  # --out names a checkpoint inside a run
