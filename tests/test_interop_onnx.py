@@ -107,6 +107,26 @@ def test_encoder_gives_attnkits_outputs_with_padding(tmp_path, head):
             _close(outputs[0], ours.logits)
 
 
+@pytest.mark.slow  # one graph exported: about 25 s on 2 busy cores
+def test_a_decoder_tagger_is_written_as_a_labelling_graph_with_attnkits_logits(tmp_path, capsys):
+    """A decoder with a tag head (GPT2ForTokenClassification's layout; GGUF refuses it, pointing here) labels every
+    position from the tokens up to it: no past, its text framed as attnkit tag frames it (BOS and EOS)."""
+    run = random_run(tmp_path, {**LAYOUTS["default"], "d_model": 32, "d_ff": 64, "decoder_head": "tag",
+                                "n_classes": 5})
+    assert main(["convert", str(run), "--to-onnx", str(tmp_path / "exported")]) == 0
+    assert "model.onnx: tag; inputs input_ids, attention_mask; outputs logits" in capsys.readouterr().out
+    runtime = json.loads((tmp_path / "exported" / "runtime.json").read_text())
+    assert "past" not in runtime and "words" in runtime and runtime["text"]["adds"] == ["<bos>", "<eos>"]
+    model, config = load_model(run)
+    session = ort.InferenceSession(str(tmp_path / "exported" / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = torch.randint(0, config.vocab_size, (3, 7), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0  # a padded row
+    (logits,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    with torch.no_grad():
+        _close(logits[mask.bool().numpy()], model(ids, attention_mask=mask).logits[mask.bool()])
+
+
 def test_families_without_an_onnx_form_are_refused(tmp_path):
     run = random_run(tmp_path, dict(family="encoder-decoder", d_model=32, n_heads=2, d_ff=64))
     with pytest.raises(ConfigError, match="ONNX export writes decoders and encoders"):

@@ -31,6 +31,9 @@ three are what `tokenizers` returns for a batch read with the folder's tokenizer
                   mlm        logits (batch, sequence, vocab)
                   none       last_hidden_state (batch, sequence, d_model), pooled (batch, d_model): embeddings
 
+A decoder with a tag head (GPT2ForTokenClassification's layout) is written as an encoder tagger is: input_ids and
+attention_mask in, logits (batch, sequence, n_classes) out, each position's from the tokens up to it; no past.
+
 The value checks the models make on their inputs (ids within the vocabulary) read tensor values and are left out
 of the graph; ids outside the vocabulary are the caller's to prevent. The model is exported in eval mode (no
 dropout).
@@ -117,14 +120,16 @@ class DecoderGraph(nn.Module):
 
 
 class EncoderGraph(nn.Module):
-    """An encoder as a function of (input_ids, attention_mask[, token_type_ids]) -> its head's outputs."""
+    """An encoder, or a decoder that labels positions (a tagger), as a function of (input_ids, attention_mask[,
+    token_type_ids]) -> its head's outputs."""
 
     def __init__(self, model: nn.Module, head: str) -> None:
         super().__init__()
         self.model, self.head = model, head
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None):
-        out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        out = self.model(input_ids, attention_mask=attention_mask, **types)
         if self.head == "none":
             return out.hidden_states, out.logits  # (B, T, C), pooled (B, C)
         return out.logits
@@ -201,14 +206,14 @@ def _runtime(graph: ONNXExport, config: ModelConfig, tokenizer: Tokenizer | None
     if tokenizer is not None:
         runtime["special_ids"] = {role: tokenizer.token_id(role) for role in ("bos", "eos", "pad", "cls", "sep")
                                   if tokenizer.token_id(role) is not None}
-    if isinstance(config, DecoderConfig):
+    if graph.kind == "decoder":
         resolved = config.resolved
         runtime["past"] = {"n_layers": config.n_layers, "n_kv_heads": resolved.n_kv_heads,
                            "head_dim": resolved.head_dim, "empty_shape": ["batch", resolved.n_kv_heads, 0,
                                                                           resolved.head_dim]}
     elif "token_type_ids" in graph.inputs:
         runtime["token_type_ids"] = "the tokenizer's type ids (0 for one text)"
-    per_position = isinstance(config, EncoderConfig) and head_output(config.family, config.encoder_head) == "position"
+    per_position = head_output(config.family, _head(config)) == "position"
     if per_position and tokenizer is not None and word_pieces == "running" and tokenizer.space_starts_word:
         runtime["words"] = {"how": "encode the words joined by single spaces once (no special tokens), give each piece "
                                    "to the word its last character lies in (by its offsets; a space to the word after "
@@ -259,7 +264,8 @@ def _graph(model: nn.Module, config: ModelConfig):
     # example sizes all differ (and differ from the model's own sizes), so no dynamic axis is taken for a fixed one
     example_batch, example_length = 3, 5
     ids = torch.randint(0, config.vocab_size, (example_batch, example_length))
-    if isinstance(config, DecoderConfig):
+    head = _head(config)
+    if head_output(config.family, head) == "token" and isinstance(config, DecoderConfig):  # next-token: the past
         past_sequence = torch.export.Dim("past_sequence", min=0)
         example_past = 7
         shape = (example_batch, config.resolved.n_kv_heads, example_past, config.resolved.head_dim)
@@ -272,8 +278,7 @@ def _graph(model: nn.Module, config: ModelConfig):
         return (DecoderGraph(model), (ids, mask, past), dynamic,
                 ["input_ids", "attention_mask", *(f"past_key_values.{n}" for n in names)],
                 ["logits", *(f"present.{n}" for n in names)], "decoder")
-    head = config.encoder_head  # an encoder: _check_family refused the others
-    mask = torch.ones(example_batch, example_length, dtype=torch.long)
+    mask = torch.ones(example_batch, example_length, dtype=torch.long)  # an encoder, or a decoder that labels
     dynamic = {"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: sequence}}
     example: tuple = (ids, mask)
     inputs = ["input_ids", "attention_mask"]
@@ -284,6 +289,11 @@ def _graph(model: nn.Module, config: ModelConfig):
     outputs = ["last_hidden_state", "pooled"] if head == "none" else ["logits"]
     return (EncoderGraph(model, head), example, dynamic, inputs, outputs,
             "embeddings" if head == "none" else head)
+
+
+def _head(config: ModelConfig) -> str:
+    """The model's head: an encoder's `encoder_head`, a decoder's `decoder_head`."""
+    return config.encoder_head if isinstance(config, EncoderConfig) else config.decoder_head
 
 
 def _check_family(config: ModelConfig) -> None:

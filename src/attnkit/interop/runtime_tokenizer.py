@@ -8,16 +8,17 @@ EOS without CLS: `attnkit.data.labelled.frame_ids`), cut to `max_seq_len`; fed t
 answers otherwise (it never saw a text without them). The exported file therefore carries the
 framing as its post-processor (a `TemplateProcessing`, BERT's own), the cut as its truncation (which counts the two
 added tokens) and the pad token as its padding, so `Tokenizer.from_file("tokenizer.json").encode_batch(texts)` gives
-ids, attention masks and token types ready for the graph. A decoder's file is left as it is: `attnkit generate`
-feeds the prompt's tokens, after BOS where the tokenizer begins every text with it (a Llama tokenizer's
-post-processor, which the file keeps), and its Framing says so.
+ids, attention masks and token types ready for the graph. A decoder that labels positions (a tagger) reads its
+text framed as an encoder's (BOS and EOS: `attnkit.tasks.tag.align`). A next-token decoder's file is left as it is:
+`attnkit generate` feeds the prompt's tokens, after BOS where the tokenizer begins every text with it (a Llama
+tokenizer's post-processor, which the file keeps), and its Framing says so.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnkit.config import EncoderConfig, ModelConfig
+from attnkit.config import DecoderConfig, ModelConfig, head_output
 from attnkit.data.labelled import frame_ids
 from attnkit.errors import ConfigError
 from attnkit.tokenize import Tokenizer
@@ -50,7 +51,7 @@ def runtime_tokenizer(tokenizer: Tokenizer, config: ModelConfig):
         raise ConfigError(f"a {tokenizer.kind!r} tokenizer has no tokenizer.json form; train the run with "
                           "--tokenizer bpe, or bring a Hugging Face tokenizer")
     hf = _copy(tokenizer)
-    if not isinstance(config, EncoderConfig):
+    if isinstance(config, DecoderConfig) and head_output(config.family, config.decoder_head) == "token":
         bos = tokenizer.pieces([tokenizer.bos_id])[0] if tokenizer.starts_with_bos else None
         return hf, Framing(first=bos, last=None, max_length=None, pad_id=tokenizer.pad_id)
     first_id, last_id = frame_ids(tokenizer)
