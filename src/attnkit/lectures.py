@@ -68,6 +68,7 @@ AB_PNG = "experiments/ab-task/attention.png"
 LUONG = "Luong's attention, from scratch, with the model's own weights"  # tutorial 5's sections
 BAHDANAU = "Bahdanau's attention: the query before the step"
 POST_NORM = "Post-norm: the original block (UvA's Add and Norm)"  # tutorial 6: post-norm beside its pre-norm
+NGRAM = "Before neural networks: n-gram models, by counting"  # tutorial 6: the statistical baseline
 
 LECTURES: tuple[Lecture, ...] = (
     Lecture("000", "USC CSCI 499 (LMs in NLP, Spring 2024)", "Lecture 11: Transformers: Building Blocks", "usc", (
@@ -155,10 +156,10 @@ LECTURES: tuple[Lecture, ...] = (
               section="Train it with attnkit's trainer"),
     )),
     Lecture("002", "UT Austin CS 371N", "Lecture 10: LM 2: Self-attention, Transformers", "ut", (
-        Topic("Recap: language models, n-gram models, neural LMs (DANs, feed-forward, RNNs)", None,
+        Topic("Recap: language models, n-gram models, neural LMs (DANs, feed-forward, RNNs)", T06,
               ("models.recurrent.lm",), page="user-guide/recurrent.md",
-              gap="n-gram, deep-averaging and feed-forward language models are not implemented (recurrent and "
-                  "Transformer LMs are)"),
+              gap="deep-averaging and feed-forward language models are not implemented, and the n-gram model is "
+                  "a tutorial cell, not a module (recurrent and Transformer LMs are modules)", section=NGRAM),
         Topic("Why RNNs are good (long sequences) and bad (they forget over long strings)", T05,
               ("models.recurrent.lm",), "bottleneck", BOTTLENECK_PNG,
               gap="forgetting is measured for the encoder-decoder (the bottleneck), not for a recurrent LM alone",
@@ -184,8 +185,7 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("This is quadratic", None, ("layers.attention",), COST, COST_PNG),
     )),
     Lecture("003", "UC San Diego COGS 150", "The Transformer architecture (Sean Trott, Winter 2024)", "cogs", (
-        Topic("A taxonomy of language models: statistical learning", None, (),
-              gap="context only: no n-gram or count-based models to compare with"),
+        Topic("A taxonomy of language models: statistical learning", T06, (), section=NGRAM),
         Topic("RNNs' limitations: vanishing and exploding gradients; training hard to parallelize", T05,
               ("models.recurrent.rnn",), COST, COST_PNG, section="The models"),
         Topic("Attention lets a model focus: predictions that depend on words far back (the program log, the "
