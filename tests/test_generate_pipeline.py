@@ -258,6 +258,11 @@ def test_translate_greedy_and_beam(runs):
     beam = mt.translate(texts, beam_size=3, max_length=10, progress=True)
     assert len(beam) == 4 and beam[2] == ""
     assert beam == [mt.translate(t, beam_size=3, max_length=10)[0] for t in texts]
+    n_best = mt.translate(texts, beam_size=3, max_length=10, num_return_sequences=2, batch_size=2)
+    assert n_best[::2] == beam and n_best[4:6] == ["", ""]  # two per text, the best first; a blank text's blank
+    assert n_best[:2] == mt.translate("abc", beam_size=3, max_length=10, num_return_sequences=2)
+    with pytest.raises(InputError, match="num_return_sequences=2 must be an integer from 1 to beam_size=1"):
+        mt.translate("abc", num_return_sequences=2)
     with pytest.raises(InputError, match="max_length=99 is beyond"):
         mt.translate("abc", max_length=99)
 

@@ -159,6 +159,32 @@ def test_beam_search_finds_what_transformers_beam_search_finds(marian, length_pe
     assert 0 < ended  # some hypotheses end with EOS, so the comparison covers finished ones
 
 
+@pytest.mark.parametrize("early_stopping", [True, False])
+def test_num_return_sequences_are_transformers_n_best_hypotheses_best_first(marian, early_stopping):
+    """transformers' num_return_sequences: each source's n best finished hypotheses, best first, source by source."""
+    reference, model = marian
+    pad, eos, vocab = reference.config.pad_token_id, reference.config.eos_token_id, reference.config.vocab_size
+    generator = torch.Generator().manual_seed(1)
+    sources = [[*torch.randint(3, vocab, (n,), generator=generator).tolist(), eos] for n in (5, 3, 8)]
+    ours = beam_search(model, sources, bos_id=pad, eos_id=eos, beam_size=4, max_length=6, num_return_sequences=3,
+                       early_stopping=early_stopping)
+    assert len(ours) == 3 * len(sources)
+    assert ours[::3] == beam_search(model, sources, bos_id=pad, eos_id=eos, beam_size=4, max_length=6,
+                                    early_stopping=early_stopping)
+    for index, source in enumerate(sources):
+        with torch.no_grad():
+            found = reference.generate(
+                input_ids=torch.tensor([source]), num_beams=4, num_return_sequences=3, max_new_tokens=6,
+                early_stopping=early_stopping, do_sample=False, forced_eos_token_id=None, bad_words_ids=None,
+                decoder_start_token_id=pad, eos_token_id=eos, pad_token_id=pad,
+            )[:, 1:].tolist()
+        expected = [row[: row.index(eos)] if eos in row else row for row in found]  # padded after EOS alone
+        assert ours[3 * index: 3 * index + 3] == expected
+    for n in (0, 5, True):
+        with pytest.raises(InputError, match=f"num_return_sequences={n!r} must be an integer from 1 to beam_size=4"):
+            beam_search(model, sources, bos_id=pad, eos_id=eos, beam_size=4, max_length=6, num_return_sequences=n)
+
+
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_nan_logits_in_fp16_are_refused_naming_the_dtype_not_decoded_into_a_translation(beam_size):
     """Activations past fp16's largest number give nan logits: greedy decoding took their argmax as a token (a

@@ -14,6 +14,7 @@ averages. A source is done when it has K finished hypotheses and either `early_s
 beam, normalised at the current length, no longer beats the worst of them (the rule of Hugging Face's
 `BeamSearchScorer`); otherwise the search ends at `max_length`, where the first K candidates of that last step
 are all finished hypotheses, those ending in EOS and the others alike (as in transformers' beam search).
+`num_return_sequences` n <= K returns a source's n best finished hypotheses, best first (transformers' setting).
 """
 
 from __future__ import annotations
@@ -53,24 +54,30 @@ class Hypotheses:
             return False
         return early_stopping or best_live_sum / self.normaliser(length) <= self.items[-1][0]
 
-    def best(self) -> list[int]:
-        return self.items[0][1]
+    def best(self, n: int = 1) -> list[list[int]]:
+        """The n best hypotheses' tokens, best first."""
+        return [tokens for _, tokens in self.items[:n]]
 
 
 MAX_LENGTH_PENALTY = 100.0  # |length_penalty| past this makes length ** penalty overflow a float at long targets
 
 
 def check_search(beam_size: int, length_penalty: float, *, vocab_size: int | None = None,
-                 early_stopping: bool = True) -> None:
+                 early_stopping: bool = True, num_return_sequences: int = 1) -> None:
     """InputError for a beam size that is no positive integer or is wider than the target vocabulary (`vocab_size`,
     when given: the first step proposes that many tokens, so wider beams start empty and only cost time), a
     length penalty that is not a finite number within +-MAX_LENGTH_PENALTY (nan, inf or 1e308 would make every score
-    nan, 0 or an overflow), or an `early_stopping` that is not a bool (transformers' "never" would read as True)."""
+    nan, 0 or an overflow), an `early_stopping` that is not a bool (transformers' "never" would read as True), or a
+    `num_return_sequences` that is no integer from 1 to the beam size (a search keeps that many hypotheses)."""
     if not isinstance(early_stopping, bool):
         raise InputError(f"early_stopping={early_stopping!r} must be True or False (True: a source ends with "
                          "beam_size finished hypotheses; False: while a live beam could still win)")
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise InputError(f"beam_size={beam_size!r} must be a positive integer (1 is greedy)")
+    n = num_return_sequences
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= beam_size:
+        raise InputError(f"num_return_sequences={n!r} must be an integer from 1 to beam_size={beam_size} (a search "
+                         "keeps beam_size hypotheses): give a smaller number or a wider beam")
     if vocab_size is not None and beam_size > vocab_size:
         raise InputError(f"beam_size={beam_size:,} is wider than the target vocabulary ({vocab_size:,} tokens): give "
                          f"at most {vocab_size:,} (4 to 10 is usual)")
@@ -93,35 +100,41 @@ def translate_ids(
     length_penalty: float = 1.0,
     early_stopping: bool = True,
     pad_id: int = 0,
+    num_return_sequences: int = 1,
 ) -> list[list[int]]:
-    """Each source's target tokens (without BOS and EOS): greedy for `beam_size=1`, else `beam_search`."""
+    """Each source's target tokens (without BOS and EOS): greedy for `beam_size=1`, else `beam_search`
+    (`num_return_sequences` per source, source by source)."""
     if beam_size == 1:
+        check_search(beam_size, length_penalty, num_return_sequences=num_return_sequences)
         return greedy_translate(model, sources, bos_id=bos_id, eos_id=eos_id, max_length=max_length, pad_id=pad_id)
     return beam_search(model, sources, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, max_length=max_length,
-                       length_penalty=length_penalty, early_stopping=early_stopping, pad_id=pad_id)
+                       length_penalty=length_penalty, early_stopping=early_stopping, pad_id=pad_id,
+                       num_return_sequences=num_return_sequences)
 
 
 def translate_batched(
     model: nn.Module, sources: Sequence[Sequence[int] | None], *, bos_id: int, eos_id: int, pad_id: int,
     context_len: int, beam_size: int = 1, length_penalty: float = 1.0, early_stopping: bool = True,
-    max_length: int | None = None, batch_size: int = 32, progress: bool = False,
+    max_length: int | None = None, batch_size: int = 32, progress: bool = False, num_return_sequences: int = 1,
 ) -> list[list[int]]:
-    """Each source's target tokens (`translate_ids`), the sources sorted by length and decoded `batch_size` at a
-    time; a batch's `max_length`, unless given, is twice its longest source plus 10, within `context_len` (the
-    model's max_seq_len). A source of None (a blank text) gets no tokens. The one decoding of translations:
-    `Pipeline.translate` and the BLEU of training's evaluation both call it, so equal sources and batch sizes
-    give equal translations."""
-    outputs: list[list[int]] = [[] for _ in sources]
+    """Each source's target tokens (`translate_ids`; `num_return_sequences` per source, source by source), the
+    sources sorted by length and decoded `batch_size` at a time; a batch's `max_length`, unless given, is twice its
+    longest source plus 10, within `context_len` (the model's max_seq_len). A source of None (a blank text) gets no
+    tokens. The one decoding of translations: `Pipeline.translate` and the BLEU of training's evaluation both call
+    it, so equal sources and batch sizes give equal translations."""
+    n = num_return_sequences
+    outputs: list[list[list[int]]] = [[[]] * n for _ in sources]  # each source's n results
     order = sorted((i for i, s in enumerate(sources) if s is not None), key=lambda i: len(sources[i]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for batch in tqdm(batches, desc="translate", unit="batch", disable=not progress):
         chunk = [sources[i] for i in batch]
         length = max_length or min(context_len, 2 * max(map(len, chunk)) + 10)
         results = translate_ids(model, chunk, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, max_length=length,
-                                length_penalty=length_penalty, early_stopping=early_stopping, pad_id=pad_id)
-        for index, result in zip(batch, results, strict=True):
-            outputs[index] = result
-    return outputs
+                                length_penalty=length_penalty, early_stopping=early_stopping, pad_id=pad_id,
+                                num_return_sequences=n)
+        for place, index in enumerate(batch):
+            outputs[index] = results[place * n:(place + 1) * n]
+    return [result for results in outputs for result in results]
 
 
 @torch.inference_mode()
@@ -136,10 +149,12 @@ def beam_search(
     length_penalty: float = 1.0,
     early_stopping: bool = True,
     pad_id: int = 0,
+    num_return_sequences: int = 1,
 ) -> list[list[int]]:
-    """The best hypothesis of each source (target tokens without BOS and EOS); see the module docstring."""
+    """The best hypothesis of each source (target tokens without BOS and EOS), or its `num_return_sequences` best,
+    best first, source by source; see the module docstring."""
     check_max_length(max_length)
-    check_search(beam_size, length_penalty, early_stopping=early_stopping)
+    check_search(beam_size, length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences)
     batch, k = len(sources), beam_size
     source = encode_sources(model, sources, pad_id=pad_id).repeat(k)
     device = source.memory.device
@@ -170,7 +185,7 @@ def beam_search(
         cache.reorder(rows)
         beams = torch.cat((beams[rows], next_token.view(-1, 1)), dim=1)  # (B*K, t + 1)
         scores = next_score
-    return [hyps.best() for hyps in finished]
+    return [tokens for hyps in finished for tokens in hyps.best(num_return_sequences)]
 
 
 def _choose_live(

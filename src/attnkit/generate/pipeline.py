@@ -235,8 +235,11 @@ class Pipeline:
         max_length: int | None = None,
         batch_size: int = 32,
         progress: bool = False,
+        num_return_sequences: int = 1,
     ) -> list[str]:
         """Translate each text: greedy for `beam_size=1`, else beam search. The target starts with BOS, ends at EOS.
+        `num_return_sequences` (at most `beam_size`): each text's that many best translations, best first, text by
+        text (transformers' setting).
 
         max_length: target tokens at most (EOS counted); by default twice the longest source plus 10, within
         the model's max_seq_len. Texts are batched by length, `batch_size` at a time; a blank text gives "".
@@ -249,7 +252,8 @@ class Pipeline:
         if bos is None or eos is None:
             raise InputError("translation needs a tokenizer with BOS and EOS tokens (the target starts and ends there)")
         check_search(beam_size, length_penalty, early_stopping=early_stopping,
-                     vocab_size=getattr(self.config, "target_vocab_size", self.config.vocab_size))
+                     vocab_size=getattr(self.config, "target_vocab_size", self.config.vocab_size),
+                     num_return_sequences=num_return_sequences)
         if max_length is not None:  # 0 is no request for the default
             check_max_length(max_length)
             if max_length > self.config.max_seq_len:
@@ -259,7 +263,7 @@ class Pipeline:
         outputs = translate_batched(
             self.model, sources, bos_id=bos, eos_id=eos, pad_id=self.pad_id, context_len=self.config.max_seq_len,
             beam_size=beam_size, length_penalty=length_penalty, early_stopping=early_stopping, max_length=max_length,
-            batch_size=batch_size, progress=progress,
+            batch_size=batch_size, progress=progress, num_return_sequences=num_return_sequences,
         )
         return [self.tokenizer.decode(ids) for ids in outputs]
 
