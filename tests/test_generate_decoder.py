@@ -228,3 +228,42 @@ def test_a_kv_cache_of_no_floating_dtype_is_refused_naming_the_fix():
     model, _ = tiny_model()
     with pytest.raises(InputError, match=r"not torch.int8: give a floating dtype \(torch.bfloat16"):
         model.allocate_cache(1, 8, dtype=torch.int8)
+
+
+class _CountReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the operators that read a tensor's value to the host (`int(t)`, `bool(t)`, `t.item()`) and the
+    reductions the model's edge checks run (min, max, aminmax) as they are dispatched."""
+
+    WATCHED = ("_local_scalar_dense", "min", "max", "aminmax")  # a read on a GPU; what the edge checks reduce
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts = {name: 0 for name in self.WATCHED}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name in self.counts:
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_decoding_steps_read_no_input_values_and_decode_the_same(position):
+    """The prompt's values are checked once; the steps, whose tokens the model drew and whose positions the cache
+    bounds, read nothing more: 8 new tokens make the reads 2 do, with the same tokens as the full forward passes."""
+    model, config = tiny_model(position=position, seed=4)
+    reads = {}
+    for n in (2, 8):
+        with _CountReads() as counter:
+            out = generate_tokens(model, PROMPTS, max_new_tokens=n, context_len=config.max_seq_len)
+        reads[n] = counter.counts
+        assert out == [greedy_without_cache(model, prompt, n) for prompt in PROMPTS]
+    assert reads[8] == reads[2], reads
+
+
+def test_a_context_beyond_a_learned_position_table_is_refused_before_decoding():
+    model, config = tiny_model(position="learned")
+    with pytest.raises(InputError, match="context_len=48 is beyond the 24 positions"):
+        generate_tokens(model, [[1, 2]], max_new_tokens=30, context_len=2 * config.max_seq_len)
+    rotary, config = tiny_model(position="rope")  # rotations have no end: any context
+    assert len(generate_tokens(rotary, [[1, 2]], max_new_tokens=30, context_len=2 * config.max_seq_len)[0]) == 30

@@ -27,6 +27,13 @@ tokens together outgrow it, the window slides: that row keeps its last `context_
 restart at 0, and the cache is rebuilt (nanoGPT crops its input to the block size the same way, one token at a
 time). Each row slides when it outgrows the context itself, so a row sees what it would see alone, whatever the
 other rows of its batch.
+
+Host reads: a step's one read is the chosen tokens (`tokens.tolist()`, for stop tokens and the reply). The model's
+edge checks read its inputs' values too (the ids within the vocabulary, the positions within the position table:
+three reads a forward pass), which a step's inputs need not pass: each token was drawn from this model's own logits
+over its vocabulary (`check_drawn`), and each position counts the row's real tokens, which the cache, never longer
+than the context, bounds; `decode_n_tokens` checks once that the context fits the model's positions, and runs its
+steps within `inputs_checked`. The prompt (prefill) is checked as any input is.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from attnkit.deprecation import warn_renamed
 from attnkit.errors import InputError
 from attnkit.generate.constrained import GrammarMask
 from attnkit.generate.sampling import GREEDY, SamplingConfig, check_drawn, select_next_in_groups
+from attnkit.layers.embedding import inputs_checked
 from attnkit.layers.kv_cache import KVCache
 
 # on_token(row, token) is called for each new token of each unfinished row; returning True ends that row.
@@ -164,6 +172,7 @@ def decode_n_tokens(
     """
     batch, vocab = window.ids.shape[0], logits.shape[-1]
     decoding = _decoding_for(model, decoding)
+    _check_context(model, context_len)  # the steps' positions go unread (see the module docstring)
     seen = _seen_tokens(window, vocab) if sampling.repetition_penalty != 1.0 else None
     penalised = sampling.presence_penalty != 0.0 or sampling.frequency_penalty != 0.0
     counts = torch.zeros((batch, vocab), dtype=torch.int32, device=logits.device) if penalised else None  # (B, V)
@@ -200,8 +209,18 @@ def decode_n_tokens(
             cache = decoding.allocate(batch, window.ids.shape[1] + still_to_feed, context_len)
             logits = decoding.prefill(window, cache)
         else:
-            logits = decoding.step(window, cache)
+            with inputs_checked():  # a token this model drew, at a position the cache bounds: nothing to read
+                logits = decoding.step(window, cache)
     return new_tokens
+
+
+def _check_context(model: nn.Module, context_len: int) -> None:
+    """Raise InputError for a context longer than the model's position table (a learned one ends): a step's position
+    can reach context_len - 1."""
+    limit = model.stack.embeddings.max_positions
+    if limit is not None and context_len > limit:
+        raise InputError(f"context_len={context_len} is beyond the {limit} positions of the model's learned position "
+                         f"table (its max_seq_len); give context_len <= {limit}")
 
 
 def _decoding_for(model: nn.Module, decoding: EagerDecoding | None) -> EagerDecoding:
