@@ -128,6 +128,17 @@ def test_language_model_data_too_short_for_a_window_names_the_fix_that_helps(tmp
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_an_empty_training_file_is_named(tmp_path, capsys, task, tokenizer):
+    data = tmp_path / "empty.txt"
+    data.write_bytes(b"")
+    argv = ["train", "--task", task, "--data", str(data), "--tokenizer", tokenizer, "--out", str(tmp_path / "run")]
+    assert cli.main(argv) == 2
+    message = f"the training text is empty: {data} hold(s) no bytes; give --data files with text"
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag, shown", [("--no-progress", False), ("--progress", True)])
 def test_no_progress_hides_the_tokenizing_bar_too(tmp_path, capsys, flag, shown):
     text = tmp_path / "text.txt"

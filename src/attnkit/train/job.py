@@ -555,6 +555,9 @@ def _new_tokenizer(data: DataConfig, seed: int, lm_files: list[Path] | None) -> 
     if data.tokenizer not in ("char", "bpe"):
         return load_tokenizer(data.tokenizer)
     spec = data.spec
+    if spec.stream and lm_files and all(path.stat().st_size == 0 for path in lm_files):
+        names = ", ".join(str(path) for path in lm_files[:3]) + (", ..." if len(lm_files) > 3 else "")
+        raise InputError(f"the training text is empty: {names} hold(s) no bytes; give --data files with text in them")
     source: list[Any] = lm_files if spec.stream else spec.training_text(data, seed)
     log.info("training a %s tokenizer on the training text", data.tokenizer)
     return train_tokenizer(data.tokenizer, source, vocab_size=data.vocab_size, encoding_errors=data.encoding_errors)
