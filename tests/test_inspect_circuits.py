@@ -203,3 +203,29 @@ def test_the_full_ov_circuit_refuses_what_has_no_product_of_matrices():
         full_ov(_decoder(family="encoder", encoder_head="mlm", mlm_transform=True), "blocks.0.attn")
     with pytest.raises(InputError, match="full OV circuit"):
         full_ov(_decoder(family="encoder-decoder"), "decoder.blocks.0.cross_attn")
+
+
+def test_the_circuits_picture_shares_one_scale_and_keeps_every_title_inside(tmp_path, monkeypatch):
+    """Q-, K- and V-composition scores (each in [0, 1]) are drawn on one 0-1 scale, so that colours compare across
+    the three panels, and the spectra's panel title stays within the picture (it ran past its right edge)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from attnkit.inspect import command
+
+    drawn = []
+    monkeypatch.setattr(command, "write_report", lambda out, name, **parts: drawn.append(parts["figure"]) or [])
+    tokenizer = CharTokenizer("abcdefgh ")
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=32,
+                         n_layers=2, max_seq_len=16)
+    tokenizer.save(tmp_path / "run" / "tokenizer")
+    save_model(build_model(config), config, tmp_path / "run")
+    run_inspect(InspectSettings(run=str(tmp_path / "run"), analysis="circuits", out=str(tmp_path / "out")))
+    (figure,) = drawn
+    figure.tight_layout()
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    panels = [ax for ax in figure.axes if ax.get_title()]
+    assert [ax.images[0].get_clim() for ax in panels[:3]] == [(0.0, 1.0)] * 3
+    width = figure.bbox.width
+    for ax in panels:
+        extent = ax.title.get_window_extent(renderer)
+        assert 0 <= extent.x0 and extent.x1 <= width, f"{ax.get_title()!r} runs past the picture"

@@ -73,6 +73,7 @@ Analysis = Literal["heads", "head-types", "logit-lens", "patch", "attribute", "d
                    "path-patch"]
 MASK_EVERY = 6  # a masked LM's text has every sixth token masked (about BERT's 15%)
 GREEDY_TOKENS = 48  # a source alone is translated greedily to this many tokens at most (short texts)
+LEGEND_LINES = 16  # circuits: the OV spectra get a legend up to this many heads
 
 
 @dataclass(frozen=True)
@@ -602,14 +603,16 @@ def _circuits(loaded: Loaded, settings: InspectSettings):
             table[senders.index((row["sender"], row["sender head"])),
                   receivers.index((row["receiver"], row["receiver head"]))] = row["score"]
         heatmap(table, title=f"{kind.upper()}-composition", rows=names(senders) if index == 0 else [""] * len(senders),
-                columns=names(receivers), xlabel="receiver", colorbar="score", ax=figure.add_subplot(1, 4, index + 1))
+                columns=names(receivers), xlabel="receiver", colorbar="score", share=True,  # one 0-1 scale: Q, K, V
+                ax=figure.add_subplot(1, 4, index + 1))                                     # compare by colour
     ax = figure.add_subplot(1, 4, 4)
     for site in head_sites(loaded.model):
         spectra = head_weights(loaded.model, site).ov().singular_values()  # (H, D)
         for h, values in enumerate(spectra):
             ax.plot((values / values[0]).tolist(), label=f"{site} {h}", linewidth=0.8)
-    ax.set(title="OV singular values (of the largest)", xlabel="index", yscale="log")
-    ax.legend(fontsize=5)
+    ax.set(title="OV singular values\n(each head's over its largest)", xlabel="index", yscale="log")
+    if len(ax.lines) <= LEGEND_LINES:  # beyond, a legend would cover the plot: the table names the heads
+        ax.legend(fontsize=5)
     summary = {"strongest": ", ".join(f"{r['kind'].upper()} {r['sender']} {r['sender head']} -> {r['receiver']} "
                                       f"{r['receiver head']} ({r['score']:.3f})" for r in found.top(3)),
                "notes": "; ".join(found.notes) or "none"}
