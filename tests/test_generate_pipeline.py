@@ -383,9 +383,9 @@ def test_an_encoders_nan_outputs_in_fp16_are_one_line_naming_the_dtype_not_a_pre
     assert "in fp16 the activations may overflow" in error and "--dtype bf16" in error
 
 
-def test_cli_translate_passes_early_stopping_to_the_beam_search(runs, monkeypatch, capsys):
-    """translate offered --beam-size and --length-penalty but not transformers' third beam setting, early stopping,
-    which Pipeline.translate takes."""
+def test_cli_translate_passes_early_stopping_and_num_return_sequences_to_the_beam_search(runs, monkeypatch, capsys):
+    """translate offered --beam-size and --length-penalty but not transformers' early stopping, which
+    Pipeline.translate takes, nor its n best translations (--num-return-sequences: n lines per text)."""
     seen = []
     translate = Pipeline.translate
     monkeypatch.setattr(Pipeline, "translate",
@@ -394,6 +394,11 @@ def test_cli_translate_passes_early_stopping_to_the_beam_search(runs, monkeypatc
         assert cli.main(["translate", "--run", str(runs["mt"]), "--text", "abc", "--beam-size", "2", *flag]) == 0
         assert seen[-1]["early_stopping"] is expected
     assert capsys.readouterr().out
+    assert cli.main(["translate", "--run", str(runs["mt"]), "--text", "abc", "hg", "--beam-size", "3",
+                     "--num-return-sequences", "2", "--max-length", "8"]) == 0
+    mt = attnkit.load(runs["mt"])
+    expected = mt.translate(["abc", "hg"], beam_size=3, num_return_sequences=2, max_length=8)
+    assert capsys.readouterr().out.splitlines() == expected  # two lines per text, the best first
 
 
 def test_cli_translate_file_to_file_and_classify(runs, tmp_path, capsys):

@@ -227,6 +227,7 @@ class TranslateSettings(InputSettings, DecodeSettings):
     beam_size: int = 1  # 1 is greedy
     length_penalty: float = 1.0  # beam score = log p / length ** this
     early_stopping: bool = True  # beam search ends a source at beam-size finished hypotheses (off: while one could win)
+    num_return_sequences: int = 1  # each text's n best translations, best first, n lines per text (n <= beam size)
     max_length: int | None = None  # target tokens at most; none: 2 x source + 10
 
 
@@ -239,7 +240,7 @@ def run_translate(settings: TranslateSettings, load: Callable[[Any], Any]) -> in
     translations = load(settings).translate(
         texts, beam_size=settings.beam_size, length_penalty=settings.length_penalty,
         early_stopping=settings.early_stopping, max_length=settings.max_length, batch_size=settings.batch_size,
-        progress=settings.input is not None,
+        progress=settings.input is not None, num_return_sequences=settings.num_return_sequences,
     )
     if settings.output:
         atomic_write(settings.output, "".join(f"{line}\n" for line in translations))
