@@ -224,6 +224,9 @@ def test_a_pretraining_checkpoint_loads_as_masked_lm_without_its_nsp_head(tmp_pa
     (dict(eos_token_id="2"), "eos_token_id='2' is not a token id (a whole number, a list of them, or null)"),
     (dict(bos_token_id=1.5), "bos_token_id=1.5 is not a token id"),
     (dict(eos_token_id=[2, True]), "eos_token_id=[2, True] is not a token id"),
+    # GPTQ, AWQ, bitsandbytes, fp8: integer or float8 weights with scales under names of their own
+    (dict(quantization_config={"quant_method": "gptq", "bits": 4}),
+     "describes a quantized checkpoint (quantization_config, quant_method 'gptq'), whose weights attnkit does not"),
 ])
 def test_config_fields_of_the_wrong_type_or_range_are_refused_by_name(tmp_path, changes, said):
     hf_model("llama", tmp_path)
@@ -259,7 +262,11 @@ def test_a_list_of_end_tokens_within_the_vocabulary_loads(tmp_path):
 @pytest.mark.parametrize(("edit", "said"), [
     (lambda t: t["model.norm.weight"].__setitem__(0, float("nan")), "model.norm.weight holds 1 NaN or infinite"),
     (lambda t: t["model.layers.0.input_layernorm.weight"].fill_(float("inf")), "holds 32 NaN or infinite values"),
-    (lambda t: t.__setitem__("model.norm.weight", t["model.norm.weight"].to(torch.int32)), "is int32, not floating"),
+    (lambda t: t.__setitem__("model.norm.weight", t["model.norm.weight"].to(torch.int32)),
+     "is int32, not a type attnkit reads weights in"),
+    # float8 weights (a quantized checkpoint whose config.json lost its quantization_config): no NaN check exists
+    (lambda t: t.__setitem__("model.layers.1.mlp.up_proj.weight", t["model.layers.1.mlp.up_proj.weight"].to(
+        torch.float8_e4m3fn)), "up_proj.weight is float8_e4m3fn, not a type attnkit reads weights in"),
 ])
 def test_weights_that_are_not_finite_floats_are_refused_on_load(tmp_path, edit, said):
     hf_model("llama", tmp_path)

@@ -420,14 +420,17 @@ def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[5:]))
 
 
+_WEIGHT_TYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
 def check_weights(named: Iterable[tuple[str, Tensor]], source: str) -> None:
     """Refuse weights (name, tensor) that are not floating point or hold NaN or infinity, naming the first: a model
     built from them would compute garbage without a word (a diverged run saved, a broken conversion)."""
     for name, tensor in named:
-        if not tensor.is_floating_point():
+        if tensor.dtype not in _WEIGHT_TYPES:  # integers, float8: a quantized form, which needs its scales
             raise CheckpointError(f"{source}: the weight {name} is {str(tensor.dtype).removeprefix('torch.')}, not "
-                                  "floating point; weights are stored as float32, float16 or bfloat16 (convert the "
-                                  "checkpoint again from its source)")
+                                  "a type attnkit reads weights in; weights are stored as float32, float16 or "
+                                  "bfloat16 (convert the checkpoint again from its unquantized source)")
         bad = tensor.numel() - int(torch.isfinite(tensor).sum())
         if bad:
             raise CheckpointError(f"{source}: the weight {name} holds {bad:,} NaN or infinite values of "

@@ -63,6 +63,14 @@ def config_from_hf(
 ) -> ModelConfig:
     """The ModelConfig a Hugging Face config describes. `tensor_names` (Hugging Face names) settle what config.json
     leaves unsaid (whether a bare BERT has its pooler). Raises ConfigError naming the field."""
+    quantized = hf.get("quantization_config")
+    if quantized is not None:  # weights as integers or float8 with scales beside them, under names of their own
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else None
+        raise ConfigError(
+            f"{source} describes a quantized checkpoint (quantization_config, quant_method {method!r}), whose weights "
+            f"attnkit does not read; convert the model's unquantized weights (float32, float16 or bfloat16), and "
+            f"quantize when it runs (attnkit generate --int8)"
+        )
     for name, required in family.hf_fixed.items():
         value = hf.get(name, required)
         if value != required:
