@@ -232,6 +232,24 @@ def test_resuming_past_a_damaged_checkpoint_keeps_a_later_best_that_is_intact(tm
 
 
 
+def test_a_resume_gives_best_the_checkpoint_whose_save_stopped_before_copying_it(tmp_path, caplog):
+    """A full disk or a kill after the checkpoint is written and before best/ takes its copy left best/ an older (or
+    no) model while the train state counts the newer score as the best: the resume copies it."""
+    prepare(request(tmp_path, steps=4)).fit()
+    newest = tmp_path / "checkpoints" / "step_000004"
+    saved = json.loads((newest / "train_state.json").read_text())
+    assert saved["evaluation"]["val_loss"] == saved["best"]  # step 4 scored best
+    shutil.rmtree(tmp_path / "best")
+    shutil.copytree(tmp_path / "checkpoints" / "step_000002", tmp_path / "best")  # best/ stopped at step 2
+    with caplog.at_level(logging.WARNING):
+        prepare(request(tmp_path, steps=4, resume=True))
+    assert f"copied {newest} to best/" in caplog.text
+    assert state.load_checkpoint(tmp_path / "best").step == 4
+    shutil.rmtree(tmp_path / "best")  # none at all
+    prepare(request(tmp_path, steps=4, resume=True))
+    assert state.load_checkpoint(tmp_path / "best").step == 4
+
+
 def test_the_top_level_and_best_share_no_storage_with_the_checkpoint(tmp_path):
     trained_run(tmp_path)
     checkpoint = tmp_path / "checkpoints" / "step_000002"

@@ -19,7 +19,7 @@ Tensors are safetensors, everything else JSON: loading runs no code.
 
 Public API: `save_checkpoint`, `find_checkpoint`, `load_checkpoint`, `resume_checkpoint`, `read_task`,
 `optimizer_tensors`, `load_optimizer_tensors`, `seed_all`, `capture_rng`, `restore_rng`, `config_differences`,
-`clean_leftovers`, `later_best`, `remove_checkpoints_after`.
+`clean_leftovers`, `later_best`, `mend_best`, `remove_checkpoints_after`.
 """
 
 from __future__ import annotations
@@ -435,6 +435,27 @@ def later_best(run_dir: str | Path, step: int) -> dict[str, Any] | None:
     except CheckpointError:
         return None
     return state if state.get("step", 0) > step else None
+
+
+def mend_best(run_dir: str | Path, checkpoint: Path, metric: str) -> bool:
+    """Copy `checkpoint` (of this run) into `best/` when its own evaluation holds the best score its train state
+    records, and `best/` holds another step or is damaged or missing: a save cut short (a full disk, a kill) after
+    writing the checkpoint but before `best/` took its copy. Returns whether it copied."""
+    run_dir = Path(run_dir)
+    state = read_json(checkpoint / TRAIN_STATE_FILE)
+    if (checkpoint.parent != run_dir / CHECKPOINTS_DIR or state.get("evaluated_step") != state.get("step")
+            or state.get("best") is None or state.get("evaluation", {}).get(metric) != state["best"]):
+        return False
+    best = run_dir / BEST_DIR
+    try:
+        verify_files(best)
+        if read_json(best / TRAIN_STATE_FILE).get("step") == state["step"]:
+            return False
+    except CheckpointError:
+        pass
+    with writing(run_dir, doing=f"copying checkpoint {checkpoint.name} to best/ in"):
+        _mirror_dir(checkpoint, best)
+    return True
 
 
 def remove_checkpoints_after(run_dir: str | Path, step: int, *, keep_best: bool = False) -> list[Path]:

@@ -57,6 +57,7 @@ from attnkit.train.state import (
     capture_rng,
     checkpoint_name,
     later_best,
+    mend_best,
     remove_checkpoints_after,
     save_checkpoint,
 )
@@ -300,6 +301,9 @@ class Trainer:
             for path in removed:  # first: a kill leaves a resumable run
                 log.warning("removed %s: the run continues from step %d, before it", path, self.step)
             self.metrics.truncate_after(self.step)
+            if kept is None and mend_best(self.run_dir, checkpoint.path, self.task.metric):
+                log.warning("copied %s to best/: it holds the run's best score, and the save that wrote it stopped "
+                            "before best/ took its copy", checkpoint.path)
         saved_ranks = state.get("ranks", 1)
         if saved_ranks != self.parallel.size:
             log.warning("the run was saved by %d process(es) and continues in %d: the global batch is now %d "
