@@ -380,7 +380,7 @@ plt.show()
 # tokens is what matters, and pre-training discovered it from thousands of unlabelled ones. More labels close part
 # of the gap: at the full budget, which adds 4 and 64, the random start is well above chance with 64 labels but still
 # behind the pre-trained one. Tutorial 8 does the same with BERT's masked-LM objective on real reviews, where the
-# labels are plentiful and the gain small.
+# labels are plentiful and pre-training at that size gains nothing.
 #
 # **In attnkit:** `attnkit.layers.attention.Attention` and `attnkit.layers.feedforward.FeedForward` (the parts of
 # every block, `attnkit.blocks`); `attnkit.tokenize.train_tokenizer` and `attnkit tokenizer train` (byte-level
