@@ -86,3 +86,22 @@ def test_path_patch_refuses_what_it_cannot_follow(run, fields, message, tmp_path
     settings = {"text": (CLEAN,), "corrupt": CORRUPT, **fields}
     with pytest.raises(InputError, match=re.escape(message)):
         run_inspect(InspectSettings(run=str(run[0]), analysis="path-patch", out=str(tmp_path), **settings))
+
+
+def test_the_path_patch_picture_reads_each_share_against_the_whole(run, tmp_path, monkeypatch):
+    """The bars are drawn against 0 and 1 (all of the logit difference), each labelled with its share, on a handful
+    of ticks: a share of 0.001 filled the whole axis, whose crowded ticks ran into one another."""
+    from attnkit.inspect import command
+
+    drawn = []
+    monkeypatch.setattr(command, "write_report", lambda out, name, **parts: drawn.append(parts) or [])
+    directory, _, _ = run
+    run_inspect(InspectSettings(run=str(directory), analysis="path-patch", text=(CLEAN,), corrupt=CORRUPT,
+                                sender=("0.0", "0.1"), receiver="1.1", via="k", out=str(tmp_path)))
+    ((parts),) = drawn
+    (ax,) = parts["figure"].axes
+    low, high = ax.get_xlim()
+    assert low < 0 and high > 1
+    assert len([t for t in ax.get_xticks() if low <= t <= high]) <= 7
+    shares = [f"{row['restored']:.3f}" for row in parts["rows"]][::-1]  # drawn bottom-up
+    assert [text.get_text() for text in ax.texts] == shares

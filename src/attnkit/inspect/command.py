@@ -31,6 +31,7 @@ from typing import Literal
 
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from torch import Tensor, nn
 
 from attnkit.checkpoint import TASK_FILE, TOKENIZER_DIR, load_model, read_labels, require_directory
@@ -421,11 +422,17 @@ def _path_patch(loaded: Loaded, settings: InspectSettings):
                      f"({settings.via})", "restored": round(f.restored, 4),
              "logit difference patched": round(f.patched, 6)} for p, f in zip(paths, found, strict=True)]
     first = found[0]
-    figure = Figure(figsize=(7, 1.2 + 0.4 * len(rows)))
+    figure = Figure(figsize=(10, 1.4 + 0.4 * len(rows)))
     ax = figure.add_subplot(1, 1, 1)
-    ax.barh([r["path"] for r in rows][::-1], [r["restored"] for r in rows][::-1], color="#1d4ed8")
+    shares = [r["restored"] for r in rows][::-1]
+    bars = ax.barh([r["path"] for r in rows][::-1], shares, color="#1d4ed8")
+    ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=2)
     ax.axvline(0, color="#6b7385", linewidth=0.8)
-    ax.set(xlabel="share of the logit difference restored", title="path patching (Wang et al. 2022)")
+    ax.axvline(1, color="#6b7385", linewidth=0.8, linestyle=":")  # the whole logit difference restored
+    low, high = min(0.0, *shares), max(1.0, *shares)  # 0 and 1 in view: a share is read against the whole
+    ax.set_xlim(low - 0.15 * (high - low), high + 0.15 * (high - low))
+    ax.xaxis.set_major_locator(MaxNLocator(6))
+    ax.set(xlabel="share of the logit difference restored (1: all of it)", title="path patching (Wang et al. 2022)")
     summary = {**_pair_summary(loaded, settings, pair, first.clean, first.corrupted),
                "notes": "; ".join(first.notes) or "none"}
     warning = faint_warning(first.clean, first.corrupted)
