@@ -304,7 +304,7 @@ def gguf_vocabulary(tokenizer: Tokenizer, directory: Path, vocab_size: int) -> G
             f"{directory / HF_FILE} is a {model.get('type')} tokenizer with pre-tokenizer {pre.get('type')}; GGUF "
             f"export writes byte-level BPE with GPT-2's pre-tokenizer (attnkit's bpe kind, GPT-2's tokenizer)"
         )
-    if spec.get("normalizer"):  # llama.cpp's gpt2 tokenizer reads the text as it comes
+    if _describe(spec.get("normalizer") or {}):  # llama.cpp's gpt2 tokenizer reads the text as it comes
         raise ConfigError(
             f"{directory / HF_FILE} normalizes text before it splits it ({_describe(spec['normalizer'])}), which "
             f"llama.cpp's byte-level BPE does not, so llama.cpp would tokenize differently; GGUF export writes byte-"
@@ -334,11 +334,13 @@ def gguf_vocabulary(tokenizer: Tokenizer, directory: Path, vocab_size: int) -> G
                           starts_with_bos=tokenizer.starts_with_bos)
 
 
-def _describe(step: Mapping[str, Any]) -> str:
-    """A tokenizer.json step by its type, a Sequence by its parts': `Sequence of NFC, Lowercase`."""
-    if step.get("type") == "Sequence":
-        return "Sequence of " + ", ".join(_describe(part) for part in step.get("normalizers") or [])
-    return str(step.get("type"))
+def _describe(normalizer: Mapping[str, Any]) -> str:
+    """A tokenizer.json normalizer by its type, a Sequence by its parts' (`Sequence of NFC, Lowercase`); "" for
+    none, an empty Sequence included."""
+    if normalizer.get("type") == "Sequence":
+        parts = [described for part in normalizer.get("normalizers") or [] if (described := _describe(part))]
+        return "Sequence of " + ", ".join(parts) if parts else ""
+    return str(normalizer.get("type") or "")
 
 
 def _is_gpt2_byte_level(pre: Mapping[str, Any]) -> bool:
