@@ -71,6 +71,19 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_whole(tmp_path, mon
         assert torch.equal(load_model(tmp_path)[0].state_dict()[name], tensor)
 
 
+def test_a_full_disk_while_copying_to_best_says_so_and_that_a_resume_finishes_it(tmp_path, monkeypatch):
+    model, optimizer, tokenizer = trained_pieces()
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(state, "_mirror_dir", full)
+    with pytest.raises(CheckpointError, match=r"copying checkpoint step_000010 to best/ in .*full.*already saved are "
+                                              r"intact; --resume copies it to best/"):
+        save(tmp_path, 10, model, optimizer, tokenizer, best=True)
+    assert json.loads((tmp_path / "train_state.json").read_text())["step"] == 10  # the top level took its copy
+
+
 def test_optimizer_state_round_trips_by_parameter_name(tmp_path):
     model, optimizer, tokenizer = trained_pieces()
     save(tmp_path, 1, model, optimizer, tokenizer)

@@ -145,7 +145,9 @@ def save_checkpoint(
         raise
     with writing(run_dir, doing=f"copying checkpoint {final.name} to the top of", note=kept):
         _mirror(final, run_dir)
-        if best:
+    if best:  # cut short, the resume finishes it (`mend_best`)
+        with writing(run_dir, doing=f"copying checkpoint {final.name} to best/ in",
+                     note=f"{kept}; --resume copies it to best/"):
             _mirror_dir(final, run_dir / BEST_DIR)
     _prune(run_dir / CHECKPOINTS_DIR, keep)
     drop_replaced(run_dir)  # a run that --overwrite moved aside: this run now has a checkpoint of its own
