@@ -44,11 +44,12 @@ assert BUDGET in ("tiny", "full"), f"ATTNKIT_TUTORIAL_BUDGET={BUDGET!r}: use tin
 # %% [markdown]
 # ## A model whose answer is known
 #
-# Each sequence is $n$ random tokens followed by the same $n$ again. The first half cannot be predicted (the loss
-# stays near $\ln 24$); the second half can, by one trick: find the earlier copy of the current token and predict the
-# token that followed it. Two attention layers suffice: a head in layer 0 writes each token's predecessor into its
-# position, and a head in layer 1 matches the current token against those predecessors. Training halves are 4 to 8
-# tokens long, so no fixed offset finds the copy. Layer 0 has four heads, layer 1 one.
+# Each sequence is $n$ random tokens followed by the same $n$ again. The first half cannot be predicted: no model
+# beats a uniform guess there, a loss of $\ln 24$, and the one trained here stays above it. The second half can,
+# by one trick: find the earlier copy of the current token and predict the token that followed it. Two attention
+# layers suffice: a head in layer 0 writes each token's predecessor into its position, and a head in layer 1
+# matches the current token against those predecessors. Training halves are 4 to 8 tokens long, so no fixed
+# offset finds the copy. Layer 0 has four heads, layer 1 one.
 
 # %%
 from attnkit.inspect.induction import InductionTask, attention_only_decoder, train_induction
@@ -130,7 +131,10 @@ plt.show()
 
 # %% [markdown]
 # In layer 1, the second half's rows put their weight on a diagonal $n - 1$ to the left of the main one: each
-# query looks at the token after its earlier copy.
+# query looks at the token after its earlier copy. Layer 0 is less tidy than the textbook circuit: in the full run
+# none of its heads is a previous-token head (each puts between a quarter and a third of its weight on the
+# previous token, and head 0, drawn, spreads over several recent keys). The predecessor reaches the induction
+# head's keys from the four together, as the ablations and path patching below show.
 #
 # ## Ablation: does the model need it?
 #
