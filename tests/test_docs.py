@@ -196,6 +196,8 @@ def _check_reference(topic: lectures.Topic) -> list[str]:
             problems.append(f"docs/{path}")
     if not (topic.tutorial or topic.modules or topic.experiment or topic.picture or topic.gap):
         problems.append("nothing covers it and no gap is stated")
+    if not (topic.modules or topic.gap):  # each concept is a piece of attnkit: the index names where it lives
+        problems.append("no module of attnkit named, and no gap says why")
     return problems
 
 

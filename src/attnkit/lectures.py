@@ -171,7 +171,8 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Attention as random access: keys = embeddings, query [0, 1]; scores [0 0 1 0], softmax "
               "[1/6 1/6 1/2 1/6], output [1/2 1/2]", T03, ("layers.attention",), page="testing.md",
               section="One query looking for a B"),
-        Topic("Compare to a DAN: the plain average [3/4 1/4]; attention is biased towards B", T03, (),
+        Topic("Compare to a DAN: the plain average [3/4 1/4]; attention is biased towards B", T03,
+              ("experiments.ab_task",),
               "ab-task", "experiments/ab-task/accuracy.png", section="One query looking for a B"),
         Topic("A larger query [0, 10]: scores [0 0 10 0], weights nearly one-hot", T03, ("layers.attention",),
               "scaled-dot", "experiments/scaled-dot/saturation.png",
@@ -185,7 +186,8 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("This is quadratic", None, ("layers.attention",), COST, COST_PNG),
     )),
     Lecture("003", "UC San Diego COGS 150", "The Transformer architecture (Sean Trott, Winter 2024)", "cogs", (
-        Topic("A taxonomy of language models: statistical learning", T06, (), section=NGRAM),
+        Topic("A taxonomy of language models: statistical learning", T06, ("models.recurrent.lm", "models.decoder"),
+              section=NGRAM),
         Topic("RNNs' limitations: vanishing and exploding gradients; training hard to parallelize", T05,
               ("models.recurrent.rnn",), COST, COST_PNG, section="The models"),
         Topic("Attention lets a model focus: predictions that depend on words far back (the program log, the "
@@ -209,7 +211,8 @@ LECTURES: tuple[Lecture, ...] = (
               section="Masks: no looking ahead, no attending to padding"),
         Topic("Auto-regressive models mask the future: -inf above the diagonal", T03, ("layers.masks",),
               section="Masks: no looking ahead, no attending to padding"),
-        Topic("Self-attention is quadratic", None, (), COST, COST_PNG),
+        Topic("Self-attention is quadratic", None, ("layers.attention", "experiments.rnn_transformer_cost"), COST,
+              COST_PNG),
         Topic("Where Q, K, V come from: learned W^Q, W^K, W^V", T03, ("layers.attention:Attention",),
               section="attnkit's `Attention` computes the same"),
         Topic("The Transformer block: self-attention, feed-forward, residual connections, normalization", T06,
@@ -297,11 +300,13 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("The original Transformer against Llama and Llama 2 (norm position, norm, non-linearity, positions, "
               "attention)", T07, ("presets", "interop.hf"), page="user-guide/configs.md",
               section="The lecture's table, from attnkit's presets"),
-        Topic("How important is it? Transformer++ is about 10x more efficient", None, (), "transformer-plus-plus",
+        Topic("How important is it? Transformer++ is about 10x more efficient", None,
+              ("experiments.transformer_plus_plus", "presets"), "transformer-plus-plus",
               "experiments/transformer-plus-plus/loss_vs_flops.png"),
         Topic("Transformer training: every position at once, easy to parallelize", T06, ("train.trainer",), COST,
               COST_PNG, section="Train it with attnkit's trainer"),
-        Topic("RNNs against Transformers: O(T d^2) against O(T^2 d), a T x T matrix in memory", None, (), COST,
+        Topic("RNNs against Transformers: O(T d^2) against O(T^2 d), a T x T matrix in memory", None,
+              ("experiments.rnn_transformer_cost",), COST,
               COST_PNG),
     )),
 )
