@@ -67,6 +67,8 @@ class LinearCase:
     bias: bool
     offset: int  # the input starts this many elements into its buffer (a view, as a slice of a larger tensor is)
     seed: int
+    column_major: bool = False  # the input laid out column by column (a transposed view): its rows are strided
+
 
     def linear(self) -> nn.Linear:
         torch.manual_seed(self.seed)
@@ -76,7 +78,8 @@ class LinearCase:
         """(rows, in_features) in the case's dtype, `offset` elements into a larger buffer."""
         generator = torch.Generator().manual_seed(self.seed + 1)
         buffer = torch.randn(self.rows * self.in_features + self.offset, generator=generator)
-        return buffer.to(DTYPES[self.dtype])[self.offset:].view(self.rows, self.in_features)
+        rows = buffer.to(DTYPES[self.dtype])[self.offset:].view(self.rows, self.in_features)
+        return rows.t().contiguous().t() if self.column_major else rows
 
 
 def float64_linear(linear: nn.Linear, x: Tensor) -> Tensor:
@@ -122,7 +125,7 @@ class LinearPath:
     dtypes: tuple[str, ...]
     unavailable: Callable[[], str | None] = lambda: None
     pinned: tuple[LinearCase, ...] = ()  # cases always run, before the drawn ones
-    rows: st.SearchStrategy[int] = st.integers(1, 17)  # the row counts drawn
+    rows: st.SearchStrategy[int] = st.integers(0, 17)  # the row counts drawn (none: an empty batch)
 
 
 def layer_and_reference(make, reference=None):
@@ -193,7 +196,14 @@ LINEAR_PATHS = [
 def linear_cases(path: LinearPath) -> st.SearchStrategy[LinearCase]:
     return st.builds(LinearCase, in_features=WIDTHS, out_features=WIDTHS, rows=path.rows,
                      dtype=st.sampled_from(path.dtypes), bias=st.booleans(), offset=st.integers(0, 7),
-                     seed=st.integers(0, 2**16))
+                     seed=st.integers(0, 2**16), column_major=st.booleans())
+
+
+def edge_cases(path: LinearPath) -> tuple[LinearCase, ...]:
+    """Cases every linear path meets besides its own pinned ones: no rows (an empty batch), and rows laid out column
+    by column, at a width the kernels take without padding (64) and at one they pad (172)."""
+    return tuple(LinearCase(k, 48, rows, dtype, True, 0, 0, column_major=rows > 0)
+                 for k in (64, 172) for dtype in path.dtypes for rows in (0, 3))
 
 
 def check_linear(path: LinearPath, case: LinearCase) -> None:
@@ -209,7 +219,8 @@ def check_linear(path: LinearPath, case: LinearCase) -> None:
     # relative to the sizes of the terms summed, not of the sum: rounding in another order of summation is a share
     # of sum |x_k w_k|, which an output of terms that cancel (0.0087 from 17 terms of sum 1.07) is far below
     terms = x.double().abs() @ linear.weight.detach().double().abs().T  # (rows, out_features)
-    scale = max(float(expected.abs().max()), float(terms.max())) + 1e-6
+    sizes = torch.cat([expected.double().abs().flatten(), terms.flatten(), torch.zeros(1, dtype=torch.float64)])
+    scale = float(sizes.max()) + 1e-6  # the zero: no rows, no sizes
     torch.testing.assert_close(out.double(), expected.double(), atol=tolerance * scale, rtol=0)
 
 
@@ -355,8 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped {path.name}: {reason}", flush=True)
             continue
         if isinstance(path, LinearPath):
-            ok &= holds(path.name, linear_cases(path), lambda case, path=path: check_linear(path, case), path.pinned,
-                        args.examples)
+            ok &= holds(path.name, linear_cases(path), lambda case, path=path: check_linear(path, case),
+                        path.pinned + edge_cases(path), args.examples)
         else:
             ok &= holds(path.name, attention_cases(path), lambda case, path=path: check_attention(path, case), (),
                         args.examples)

@@ -76,7 +76,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = F.pad(x.reshape(-1, self.in_features).to(torch.bfloat16), (0, self.padding))  # (M, K'), a new buffer
+        # (M, K'), a new buffer, row by row (a copy keeps a column-major input's strides, which the kernel refuses)
+        rows = F.pad(x.reshape(-1, self.in_features).to(torch.bfloat16), (0, self.padding)).contiguous()
         out = torch._weight_int8pack_mm(rows, self.weight, self.scales)  # (M, N)
         if self.bias is not None:
             out = out + self.bias
@@ -162,7 +163,8 @@ class Int8DynamicLinear(nn.Module):
         rows = x.reshape(-1, self.in_features).float()  # (M, K)
         peaks = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)  # (M, 1)
         scaled = rows / peaks
-        low, high = scaled.min().clamp(max=0), scaled.max().clamp(min=0)
+        spanned = torch.cat([scaled.flatten(), scaled.new_zeros(1)])  # the grid spans 0 (and an empty batch has it)
+        low, high = spanned.min(), spanned.max()
         step = (high - low) / self.activation_levels
         zero = torch.round(-low / step).clamp(0, self.activation_levels)
         # the grid spans the range in `activation_levels` steps, but values round into uint8's 0..255 (the top of
@@ -237,7 +239,7 @@ class Int4Linear(nn.Module):
         self.padding = codes.shape[1] - inputs
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = F.pad(x.reshape(-1, self.in_features).to(torch.bfloat16), (0, self.padding))  # (M, K'), contiguous
+        rows = F.pad(x.reshape(-1, self.in_features).to(torch.bfloat16), (0, self.padding)).contiguous()  # (M, K')
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_packed, INT4_GROUP, self.scales_and_zeros)
         out = out[:, : self.out_features]  # (M, N)
         if self.bias is not None:
