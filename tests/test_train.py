@@ -99,6 +99,23 @@ def test_a_warmup_longer_than_the_run_is_named_with_the_peak_it_reaches(tmp_path
     assert "--warmup" not in caplog.text
 
 
+def test_a_resume_whose_settings_move_the_learning_rate_says_where_it_jumps(tmp_path, caplog):
+    """The logged rates are the schedule's: the finished run ends at lr * min_lr_ratio, and a longer --max-steps puts
+    step 5 of cosine(warmup 2, 8 steps) at 0.1 + 0.9 * (1 + cos(pi * 3/6)) / 2 = 0.55 of lr."""
+    prepare(request(tmp_path, max_steps=4, eval_every=4)).fit()
+    assert MetricsLog(tmp_path / "metrics.jsonl").records("train")[-1]["lr"] == pytest.approx(3e-3 * 0.1)
+    with caplog.at_level("WARNING", logger="attnkit.train.trainer"):
+        prepare(request(tmp_path, resume=True, max_steps=4))
+    assert "the learning rate of step" not in caplog.text
+    with caplog.at_level("WARNING", logger="attnkit.train.trainer"):
+        trainer = prepare(request(tmp_path, resume=True, max_steps=8))
+    expected = 3e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 3 / 6)))
+    assert f"the learning rate of step 5 is {expected:.3g} under the resumed settings, where the run's own schedule " \
+           f"had {3e-3 * 0.1:.3g}: it jumps there at once" in caplog.text
+    trainer.fit(stop_at=5)
+    assert MetricsLog(tmp_path / "metrics.jsonl").records("train")[-1]["lr"] == pytest.approx(expected)
+
+
 def test_resuming_on_data_with_other_labels_names_both_and_the_way_forward(tmp_path):
     data = tmp_path / "labelled.csv"
     data.write_text("text,label\n" + "".join(f"text {i},{'ab'[i % 2]}\n" for i in range(40)))

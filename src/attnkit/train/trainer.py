@@ -185,6 +185,17 @@ class TrainConfig:
         return cls(**data)
 
 
+def scheduled_lr(settings: TrainConfig, step: int, elapsed: float) -> float:
+    """The learning rate of optimizer step `step` (1-based) after `elapsed` seconds of training: the peak `lr` times
+    the schedule's factor, whose progress is the share of the budget after warmup used, by steps or by time when
+    that runs out first."""
+    s = settings
+    fraction = (step - s.warmup) / max(s.max_steps - s.warmup, 1)
+    if s.max_time is not None:
+        fraction = max(fraction, elapsed / s.max_time)
+    return s.lr * lr_factor(s.schedule, step, warmup=s.warmup, progress=fraction, min_lr_ratio=s.min_lr_ratio)
+
+
 def check_fields(cls: type, data: dict[str, Any], what: str) -> dict[str, Any]:
     """`data` itself, once every key is known to be a field of dataclass `cls` (else a ConfigError naming them)."""
     known = {f.name for f in dataclasses.fields(cls)}
@@ -304,6 +315,7 @@ class Trainer:
             if kept is None and mend_best(self.run_dir, checkpoint.path, self.task.metric):
                 log.warning("copied %s to best/: it holds the run's best score, and the save that wrote it stopped "
                             "before best/ took its copy", checkpoint.path)
+        self._say_schedule_change(TrainConfig.from_dict(state["settings"]))
         saved_ranks = state.get("ranks", 1)
         if saved_ranks != self.parallel.size:
             log.warning("the run was saved by %d process(es) and continues in %d: the global batch is now %d "
@@ -317,6 +329,16 @@ class Trainer:
             log.warning("the run has trained %.1f s, --max-time %gs: nothing is left to train; give a longer "
                         "--max-time (it counts every session of the run) to train on", self.elapsed,
                         self.settings.max_time)
+
+    def _say_schedule_change(self, saved: TrainConfig) -> None:
+        """Warn when the resumed settings (a longer --max-steps, another --lr or schedule) move the learning rate of
+        the next step away from where the run's own schedule had it: the rate jumps there at once."""
+        step = self.step + 1
+        before, after = scheduled_lr(saved, step, self.elapsed), scheduled_lr(self.settings, step, self.elapsed)
+        if not math.isclose(before, after, rel_tol=0.01):
+            log.warning("the learning rate of step %d is %.3g under the resumed settings, where the run's own schedule "
+                        "had %.3g: it jumps there at once (the schedule is a function of the step and the settings)",
+                        step, after, before)
 
     # The loop -------------------------------------------------------------------------------------------------
     def fit(self, *, stop_at: int | None = None) -> TrainResult:
@@ -397,9 +419,7 @@ class Trainer:
         weights = [self.task.weight(b) * c for b, c in zip(batches, counts, strict=True)]
         (total,) = self.parallel.sum(sum(weights))  # every rank's targets
         step = self.step + 1
-        lr = s.lr * lr_factor(
-            s.schedule, step, warmup=s.warmup, progress=self._progress_fraction(step), min_lr_ratio=s.min_lr_ratio
-        )
+        lr = scheduled_lr(s, step, self.elapsed)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         tokens = sum(self.task.n_tokens(b) * c for b, c in zip(batches, counts, strict=True))
@@ -462,14 +482,6 @@ class Trainer:
                                 "tokens": self.tokens_seen}
             if self.parallel.writes:
                 self.metrics.append(self.last_record)
-
-    def _progress_fraction(self, step: int) -> float:
-        """How much of the budget after warmup is used: by steps, or by time when that runs out first."""
-        s = self.settings
-        fraction = (step - s.warmup) / max(s.max_steps - s.warmup, 1)
-        if s.max_time is not None:
-            fraction = max(fraction, self.elapsed / s.max_time)
-        return fraction
 
     def _diverged(self, what: str, value: float, step: int, lr: float) -> None:
         self.optimizer.zero_grad(set_to_none=True)
