@@ -448,3 +448,28 @@ def test_attribute_reads_a_translations_two_sides_at_their_own_lengths(runs, tmp
     assert positions["encoder.blocks.0.attn"] == [*"abc deabc", "<eos>"]  # each row labelled by its own side's tokens
     assert positions["decoder.blocks.1.cross_attn"] == ["<bos>", "c", "b"]
     assert all(isinstance(row["restored"], float) and row["restored"] == row["restored"] for row in report["rows"])
+
+
+def test_the_logit_lens_picture_writes_each_top_token_in_contrast_and_its_title_inside(runs, tmp_path, monkeypatch):
+    """Each cell's top token is written as its number is, white on the dark end of the scale and black on the light
+    (it was grey, which the dark cells hid), and the title stays inside the picture of a short text."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from attnkit.inspect import command
+
+    drawn = []
+    monkeypatch.setattr(command, "write_report", lambda out, name, **parts: drawn.append(parts) or [])
+    run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="logit-lens", text=("abc",), out=str(tmp_path)))
+    ((parts),) = drawn
+    (ax, _colorbar) = parts["figure"].axes
+    tops = {(row["layer"], row["position"]): (row["top"], row["p(final)"]) for row in parts["rows"]}
+    layers = [label.get_text() for label in ax.get_yticklabels()]
+    written = [t for t in ax.texts if not re.fullmatch(r"\d\.\d\d", t.get_text())]  # the tokens, not the numbers
+    assert len(written) == len(tops)
+    for text in written:
+        x, y = text.get_position()
+        token, p = tops[(layers[round(y - 0.3)], round(x))]
+        assert text.get_text() == token and text.get_color() == ("white" if p < 0.5 else "black")
+    parts["figure"].tight_layout()
+    extent = ax.title.get_window_extent(FigureCanvasAgg(parts["figure"]).get_renderer())
+    assert 0 <= extent.x0 and extent.x1 <= parts["figure"].bbox.width

@@ -345,12 +345,15 @@ def _logit_lens(loaded: Loaded, settings: InspectSettings):
     probabilities, ranks, top = lens.probabilities()[:, 0], lens.ranks()[:, 0], lens.top(1)[:, :, 0]
     layers = [name.rpartition("blocks.")[2].replace(".resid_pre", " in").replace(".resid_post", " out")
               for name in lens.layers]
-    figure = heatmap(probabilities, title="logit lens: probability of the final prediction", rows=layers,
-                     columns=tokens, xlabel="position (its token)", colorbar="probability", share=True)
-    ax = figure.axes[0]
+    figure = Figure(figsize=(max(6.5, 2.7 + 0.55 * len(tokens)), 2.0 + 0.6 * len(layers)))  # rows for two lines
+    ax = figure.add_subplot()
+    heatmap(probabilities, title="logit lens: probability of the final prediction\n(below it: the layer's top token)",
+            rows=layers, columns=tokens, xlabel="position (its token)", colorbar="probability", share=True, ax=ax)
     for layer in range(len(layers)):
         for position, token in enumerate(_labels(loaded.tokenizer, top[layer])):
-            ax.text(position, layer + 0.3, token, ha="center", va="center", fontsize=5, color="grey")
+            dark = float(probabilities[layer, position]) < 0.5  # the heatmap's rule for its numbers, on a 0-1 scale
+            ax.text(position, layer + 0.3, token, ha="center", va="center", fontsize=6,
+                    color="white" if dark else "black")
     rows = [{"layer": layers[i], "position": t, "token": tokens[t],
              "top": _labels(loaded.tokenizer, [top[i, t]])[0], "rank of final": int(ranks[i, t]),
              "p(final)": round(float(probabilities[i, t]), 4)}
