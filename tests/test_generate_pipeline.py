@@ -306,7 +306,7 @@ def test_cli_generate_reads_stdin_and_prints_several_samples(runs, lm, capsys, m
     assert capsys.readouterr().out == "".join(f"--- sample {i + 1} ---\ncab{s}\n" for i, s in enumerate(samples))
 
 
-def test_min_p_and_the_presence_and_frequency_penalties_reach_generate_and_its_command(runs, lm, capsys):
+def test_min_p_the_penalties_and_no_repeat_ngram_size_reach_generate_and_its_command(runs, lm, capsys):
     greedy = lm.generate("abc d", max_new_tokens=12, temperature=0, stop_at_eos=False)[0]
     assert lm.generate("abc d", max_new_tokens=12, min_p=1.0, seed=3, stop_at_eos=False)[0] == greedy  # argmax alone
     sampling = SamplingConfig(temperature=0.0, presence_penalty=0.5, frequency_penalty=1.5)
@@ -321,9 +321,14 @@ def test_min_p_and_the_presence_and_frequency_penalties_reach_generate_and_its_c
                                                             presence_penalty=0.5, frequency_penalty=1.5)[0] + "\n"
     for flag, value, message in (("--presence-penalty", "3", "presence_penalty=3.0 must lie in [-2, 2]"),
                                  ("--frequency-penalty", "-2.5", "frequency_penalty=-2.5 must lie in [-2, 2]"),
-                                 ("--min-p", "1.5", "min_p=1.5 must lie in [0, 1]")):
+                                 ("--min-p", "1.5", "min_p=1.5 must lie in [0, 1]"),
+                                 ("--no-repeat-ngram-size", "-1", "no_repeat_ngram_size=-1 must be an integer >= 0")):
         assert cli.main([*common, flag, value]) == 2
         assert message in capsys.readouterr().err
+    unrepeated = lm.generate("abc d", max_new_tokens=12, temperature=0, no_repeat_ngram_size=2)[0]
+    assert unrepeated != greedy
+    assert cli.main([*common, "--no-repeat-ngram-size", "2"]) == 0
+    assert capsys.readouterr().out == f"abc d{unrepeated}\n"
 
 
 def test_cli_bad_arguments_print_a_clear_error(runs, capsys):

@@ -163,6 +163,9 @@ def test_greedy_reads_one_nan_anywhere_in_a_row_as_no_distribution(where):
         (dict(frequency_penalty="x"), "frequency_penalty='x' must lie in"),
         (dict(min_p=1.5), "min_p=1.5 must lie in \\[0, 1\\]"),
         (dict(min_p=-0.1), "min_p=-0.1 must lie in"),
+        (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size=-1 must be an integer >= 0"),
+        (dict(no_repeat_ngram_size=2.5), "no_repeat_ngram_size=2.5 must be an integer >= 0"),
+        (dict(no_repeat_ngram_size=True), "no_repeat_ngram_size=True must be an integer >= 0"),
     ],
 )
 def test_bad_settings_are_clear_errors(settings, message):

@@ -149,6 +149,39 @@ def test_sampled_generation_equals_transformers_generate_under_the_same_seed(che
     assert len(texts) > 1  # the seeds draw different texts: the draws, not the argmax, agree
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize(("n", "temperature"), [(1, 0.0), (2, 0.0), (3, 0.0), (2, 1.0)])
+def test_no_repeat_ngram_generation_equals_transformers(checkpoints, name, n, temperature):
+    """no_repeat_ngram_size: the tokens that would repeat an n-gram of the prompt and reply are never chosen, as
+    transformers' NoRepeatNGramLogitsProcessor bans them; greedy and seeded samples alike, token for token. A batch
+    gives each prompt's own tokens (the padding is no part of a row's n-grams)."""
+    from attnkit.generate import make_generator
+    from attnkit.generate.sampling import check_sampling
+
+    directory, reference = checkpoints[name]
+    loaded = hf.load(directory)
+    sampling, _ = check_sampling(temperature=temperature, no_repeat_ngram_size=n)
+    prompts = [[5, 17, 5, 17, 33], [42, 7]]
+    greedy = temperature == 0.0
+    alone = []
+    for prompt in prompts:
+        ours = generate_tokens(loaded.model, [prompt], max_new_tokens=14, context_len=loaded.config.max_seq_len,
+                               sampling=sampling, generator=make_generator(0, "cpu"))[0]
+        torch.manual_seed(0)
+        with torch.no_grad():
+            theirs = reference.generate(torch.tensor([prompt]), do_sample=not greedy, max_new_tokens=14,
+                                        min_new_tokens=14, eos_token_id=None, pad_token_id=PAD, top_k=0,
+                                        no_repeat_ngram_size=n, **({} if greedy else {"temperature": temperature}))
+        assert theirs[0, len(prompt):].tolist() == ours
+        sequence = prompt + ours
+        grams = [tuple(sequence[i:i + n]) for i in range(len(sequence) - n + 1)]
+        assert all(grams[i] not in grams[:i] for i in range(len(prompt) - n + 1, len(grams)))  # the reply's are new
+        alone.append(ours)
+    if greedy:
+        assert generate_tokens(loaded.model, prompts, max_new_tokens=14, context_len=loaded.config.max_seq_len,
+                               sampling=sampling, pad_id=PAD) == alone
+
+
 def test_loaded_config_reads_the_checkpoint_options(checkpoints):
     names = ("llama", "llama-tied", "marian", "marian-two-vocabularies", "bert")
     configs = {name: hf.load(checkpoints[name][0]).config for name in names}

@@ -48,7 +48,13 @@ from attnkit.data.batching import pad
 from attnkit.deprecation import warn_renamed
 from attnkit.errors import InputError
 from attnkit.generate.constrained import GrammarMask
-from attnkit.generate.sampling import GREEDY, SamplingConfig, check_drawn, select_next_in_groups
+from attnkit.generate.sampling import (
+    GREEDY,
+    SamplingConfig,
+    check_drawn,
+    no_repeat_ngram_mask,
+    select_next_in_groups,
+)
 from attnkit.layers.embedding import inputs_checked
 from attnkit.layers.kv_cache import KVCache
 
@@ -180,7 +186,12 @@ def decode_n_tokens(
     stop = set(stop_ids)
     finished = [False] * batch
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
+    ngram = sampling.no_repeat_ngram_size
+    prompts = [row[mask].tolist() for row, mask in zip(window.ids, window.attention_mask, strict=True)] if ngram else []
     for step in range(n):
+        if ngram:  # (B, V): the tokens that would repeat an n-gram of the row's prompt and reply
+            sequences = [prompt + new for prompt, new in zip(prompts, new_tokens, strict=True)]
+            logits = logits.masked_fill(no_repeat_ngram_mask(sequences, ngram, vocab).to(logits.device), float("-inf"))
         if writable is not None and writable < vocab:
             logits = logits.index_fill(-1, torch.arange(writable, vocab, device=logits.device), float("-inf"))
         if grammar is not None:

@@ -125,6 +125,7 @@ class Pipeline:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         min_p: float = 0.0,
+        no_repeat_ngram_size: int = 0,
         logit_bias: dict[int, float] | None = None,
         num_samples: int = 1,
         seed: int | None = None,
@@ -142,15 +143,16 @@ class Pipeline:
 
         temperature 0 is greedy; `presence_penalty` and `frequency_penalty` (-2 to 2, OpenAI's) lower the logits of
         tokens the reply already holds, `min_p` (0 to 1) drops tokens less likely than min_p times the likeliest
-        (`generate/sampling.py`); `logit_bias` ({token id: -100 to 100}) is added to those tokens' logits before
-        sampling (OpenAI's field: -100 bans a token, 100 forces it). A prompt is used as the tokenizer encodes it
-        (the language-model data places no BOS), BOS first where the run's tokenizer begins every text with it (a
-        Llama converted from Hugging Face: `starts_with_bos`); `add_bos` True or False decides it, and an empty
+        (`generate/sampling.py`), `no_repeat_ngram_size` n > 0 never repeats n tokens in a row that the prompt or the
+        reply already holds (transformers' setting); `logit_bias` ({token id: -100 to 100}) is added to those tokens'
+        logits before sampling (OpenAI's field: -100 bans a token, 100 forces it). A prompt is used as the tokenizer
+        encodes it (the language-model data places no BOS), BOS first where the run's tokenizer begins every text with
+        it (a Llama converted from Hugging Face: `starts_with_bos`); `add_bos` True or False decides it, and an empty
         prompt starts from BOS alone. Generation ends at `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a
         token of `stop_tokens`, or at a stop string, which is cut off with everything after it. `on_text(i, piece)`
         receives sequence i's text as it settles. With a seed, sample i of each prompt draws from its own generator
-        seeded seed + i (as vLLM seeds a request's n samples, and `attnkit serve` its n choices), so a prompt gives
-        the same text alone or batched with others.
+        seeded seed + i (as vLLM seeds a request's n samples, and `attnkit serve` its n choices), so a prompt gives the
+        same text alone or batched with others.
         `json_schema` (a dict or its JSON text; {"type": "object"} for any JSON object) holds every text to JSON valid
         under it, `regex` to text the regular expression matches whole, `lark` to a grammar in llguidance's Lark
         syntax, and `grammar` to any `Grammar` (`generate/constrained.py`; one of the four at most): the tokens that
@@ -175,7 +177,8 @@ class Pipeline:
         sampling, seed = check_sampling(temperature=temperature, top_k=top_k, top_p=top_p,
                                         repetition_penalty=repetition_penalty, logit_bias=logit_bias,
                                         vocab_size=self.config.vocab_size, seed=seed, min_p=min_p,
-                                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
+                                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                        no_repeat_ngram_size=no_repeat_ngram_size)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise InputError(f"num_samples={num_samples!r} must be a positive integer")
         prompts = text_list(prompts, what="prompts")

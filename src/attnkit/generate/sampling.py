@@ -14,7 +14,10 @@
   token already in the sequence (prompt and reply, as vLLM and transformers apply it);
 - presence and frequency penalties (OpenAI's definitions): with c[j] the times token j was generated so far,
   logit[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty (the reply's tokens only, as vLLM);
-- min-p (Nguyen et al. 2024): keep the tokens whose probability is at least min_p times the likeliest one's.
+- min-p (Nguyen et al. 2024): keep the tokens whose probability is at least min_p times the likeliest one's;
+- no repeated n-gram (Paulus et al. 2017's trigram blocking; transformers' `no_repeat_ngram_size`): a token that
+  would complete an n-gram the sequence (prompt and reply) already holds gets -inf (`no_repeat_ngram_mask`, applied
+  by the decoding loop, which holds the sequences).
 
 Randomness comes only from the `torch.Generator` passed in, so the same seed gives the same tokens.
 """
@@ -62,7 +65,7 @@ class SamplingConfig:
         SamplingError (a ConfigError): temperature not 0 nor in [MIN_TEMPERATURE, inf), top_k < 1, top_p outside
         [MIN_TOP_P, 1], min_p outside [0, 1], repetition_penalty outside REPETITION_PENALTY_RANGE, presence_penalty
         or frequency_penalty outside PRESENCE_FREQUENCY_RANGE, a logit bias outside LOGIT_BIAS_RANGE or of a
-        negative token id, or any of them not a number.
+        negative token id, or any of them not a number; no_repeat_ngram_size not an integer >= 0.
     """
 
     temperature: float = 1.0
@@ -73,6 +76,7 @@ class SamplingConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     min_p: float = 0.0
+    no_repeat_ngram_size: int = 0  # 0: off
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "repetition_penalty"):  # the type first: "x" is no number, not "< 0"
@@ -114,6 +118,10 @@ class SamplingConfig:
         if not _number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise SamplingError("min_p", f"min_p={self.min_p!r} must lie in [0, 1] (0 keeps every token; 0.05 is "
                                 "usual)")
+        n = self.no_repeat_ngram_size
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise SamplingError("no_repeat_ngram_size", f"no_repeat_ngram_size={n!r} must be an integer >= 0 (0 "
+                                "disables it; 3 forbids repeating any three tokens in a row)")
         low, high = LOGIT_BIAS_RANGE
         for token, bias in self.logit_bias:
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
@@ -148,14 +156,15 @@ def check_seed(seed: object) -> int | None:
 def check_sampling(*, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                    repetition_penalty: float = 1.0, logit_bias: Mapping[int, float] | None = None,
                    vocab_size: int | None = None, seed: object = None, presence_penalty: float = 0.0,
-                   frequency_penalty: float = 0.0, min_p: float = 0.0) -> tuple[SamplingConfig, int | None]:
+                   frequency_penalty: float = 0.0, min_p: float = 0.0,
+                   no_repeat_ngram_size: int = 0) -> tuple[SamplingConfig, int | None]:
     """The one check of the sampling settings that the Python API, the command line and the server share: the
     SamplingConfig and the seed (`check_seed`). `logit_bias` ({token id: bias}) names tokens below `vocab_size`
     when it is given. Raises SamplingError naming the first bad field."""
     bias = tuple((logit_bias or {}).items())
     config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                             logit_bias=bias, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                            min_p=min_p)
+                            min_p=min_p, no_repeat_ngram_size=no_repeat_ngram_size)
     beyond = [token for token, _ in bias if vocab_size is not None and token >= vocab_size]
     if beyond:
         raise SamplingError("logit_bias", f"logit_bias: token {beyond[0]} is beyond the vocabulary of {vocab_size} "
@@ -189,6 +198,19 @@ def apply_presence_frequency(logits: Tensor, counts: Tensor, presence: float, fr
     if presence == 0.0 and frequency == 0.0:
         return logits
     return logits - counts.to(logits.dtype) * frequency - (counts > 0).to(logits.dtype) * presence
+
+
+def no_repeat_ngram_mask(sequences: Sequence[Sequence[int]], n: int, vocab_size: int) -> Tensor:
+    """(B, V) bool, True at each token that would complete an n-gram its sequence already holds: the tokens that
+    followed each earlier occurrence of the sequence's last n - 1 tokens (n = 1: every token it holds), as
+    transformers' NoRepeatNGramLogitsProcessor finds them."""
+    banned = torch.zeros((len(sequences), vocab_size), dtype=torch.bool)
+    for row, tokens in enumerate(sequences):
+        last = tuple(tokens[len(tokens) - n + 1:]) if n > 1 else ()
+        for start in range(len(tokens) - n + 1):
+            if tuple(tokens[start:start + n - 1]) == last:
+                banned[row, tokens[start + n - 1]] = True
+    return banned
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:

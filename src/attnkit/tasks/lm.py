@@ -504,6 +504,7 @@ class GenerateSettings(DecodeSettings):
     presence_penalty: float = 0.0  # -2 to 2: a token's logit less by this once the reply holds it (OpenAI's); 0: off
     frequency_penalty: float = 0.0  # -2 to 2: a token's logit less by this times its count in the reply; 0: off
     min_p: float = 0.0  # drop the tokens less likely than min_p times the likeliest (0.05 is usual); 0: off
+    no_repeat_ngram_size: int = 0  # never repeat n tokens in a row that the prompt or text holds (3 is usual); 0: off
     num_samples: int = 1  # independent continuations of the prompt
     seed: int | None = None  # same seed, same text
     stop: tuple[str, ...] = ()  # end the text at any of these strings (repeatable)
@@ -606,8 +607,8 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
             prompt, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
             top_p=settings.top_p, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
             presence_penalty=settings.presence_penalty, frequency_penalty=settings.frequency_penalty,
-            num_samples=settings.num_samples, seed=settings.seed, stop=list(settings.stop),
-            on_text=streamed.write if stream else None, **constraint,
+            no_repeat_ngram_size=settings.no_repeat_ngram_size, num_samples=settings.num_samples, seed=settings.seed,
+            stop=list(settings.stop), on_text=streamed.write if stream else None, **constraint,
         )
     if stream:
         streamed.finish()
