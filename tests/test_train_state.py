@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnkit import ModelConfig, build_model
-from attnkit.checkpoint import load_model
+from attnkit.checkpoint import load_model, save_model
 from attnkit.errors import CheckpointError
 from attnkit.generate import load
 from attnkit.tokenize import CharTokenizer
@@ -118,6 +118,14 @@ def test_rng_states_round_trip_through_json():
 
 def test_find_checkpoint_explains_an_empty_directory(tmp_path):
     with pytest.raises(CheckpointError, match="nothing to resume.*drop --resume"):
+        state.find_checkpoint(tmp_path)
+
+
+def test_find_checkpoint_sends_a_model_without_training_state_to_init_from(tmp_path):
+    model, _, tokenizer = trained_pieces()
+    save_model(model, CONFIG, tmp_path)  # as attnkit convert and attnkit average write one
+    with pytest.raises(CheckpointError, match=rf"nothing to resume in {tmp_path}: it holds a model .* but no training "
+                                              rf"state .*--init-from {tmp_path} --out NEW_RUN"):
         state.find_checkpoint(tmp_path)
 
 

@@ -166,6 +166,12 @@ def find_checkpoint(path: str | Path) -> Path:
         return path
     if killed_before_checkpoint(path):
         raise CheckpointError(f"nothing to resume in {path}: {stopped_early(path)}")
+    if (path / WEIGHTS_FILE).is_file():
+        raise CheckpointError(
+            f"nothing to resume in {path}: it holds a model ({WEIGHTS_FILE}) but no training state (no "
+            f"{TRAIN_STATE_FILE}: `attnkit convert` and `attnkit average` write none); train on from its weights in "
+            f"a new run with --init-from {path} --out NEW_RUN"
+        )
     raise CheckpointError(
         f"nothing to resume in {path}: it holds no {CHECKPOINTS_DIR}/step_* and no {TRAIN_STATE_FILE}; "
         f"point --resume at a run directory written by `attnkit train`, or drop --resume to start afresh"
