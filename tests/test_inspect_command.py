@@ -473,3 +473,16 @@ def test_the_logit_lens_picture_writes_each_top_token_in_contrast_and_its_title_
     parts["figure"].tight_layout()
     extent = ax.title.get_window_extent(FigureCanvasAgg(parts["figure"]).get_renderer())
     assert 0 <= extent.x0 and extent.x1 <= parts["figure"].bbox.width
+
+
+def test_a_heatmap_writes_small_numbers_to_two_significant_digits():
+    """A table of small changes (direct shares of a few thousandths) is written 0.0022 and -0.0044, where every cell
+    read 0.00 or -0.00; numbers from 0.1 up keep two decimals."""
+    from attnkit.inspect.report import heatmap
+
+    small = heatmap(torch.tensor([[0.0022, -0.0044], [0.0003, 0.0]]), title="t", rows=["a", "b"],
+                    columns=["0", "1"], xlabel="head", colorbar="c", centered=True)
+    assert [t.get_text() for t in small.axes[0].texts] == ["0.0022", "-0.0044", "0.0003", "0.0000"]
+    large = heatmap(torch.tensor([[1.234, -0.5]]), title="t", rows=["a"], columns=["0", "1"], xlabel="head",
+                    colorbar="c")
+    assert [t.get_text() for t in large.axes[0].texts] == ["1.23", "-0.50"]

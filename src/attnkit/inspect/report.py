@@ -71,14 +71,23 @@ def heatmap(values: Tensor, *, title: str, rows: Sequence[str], columns: Sequenc
     ax.set(title=title, xlabel=xlabel)
     if data.size <= 400:  # small enough to read each number
         low, high = image.get_clim()
+        decimals = _decimals(max(abs(low), abs(high)))
         for r in range(data.shape[0]):
             for c in range(data.shape[1]):
                 if data[r, c] == data[r, c]:  # not NaN
                     place = (data[r, c] - low) / ((high - low) or 1.0)  # where on the scale: dark ends get white
                     dark = abs(place - 0.5) > 0.3 if centered else place < 0.5
-                    ax.text(c, r, f"{data[r, c]:.2f}", ha="center", va="center", fontsize=6,
+                    ax.text(c, r, f"{data[r, c]:.{decimals}f}", ha="center", va="center", fontsize=6,
                             color="white" if dark else "black")
     return ax.figure
+
+
+def _decimals(largest: float) -> int:
+    """Decimals that show the numbers of a scale reaching `largest` to two significant digits at least (2 from 0.1
+    up; 0.004 needs 4), so that small values are not all written 0.00."""
+    if not largest > 0 or largest >= 0.1 or math.isinf(largest):
+        return 2
+    return min(6, 1 - math.floor(math.log10(largest)))
 
 
 def _plain(value: Any) -> Any:
