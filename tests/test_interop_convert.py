@@ -279,3 +279,22 @@ def test_a_written_run_generates_in_transformers_the_text_attnkit_generates(tmp_
     with torch.no_grad():
         out = reference.generate(**encoded, max_new_tokens=24, do_sample=False)
     assert printed == theirs.decode(out[0], skip_special_tokens=True)
+
+
+def test_a_config_edited_by_hand_is_refused_with_the_way_to_keep_the_edit(tmp_path, capsys):
+    """A converted run's config.json changed by hand no longer matches its checksum: --to-hf refuses it, saying how to
+    keep the change, and once its entry is gone from checksums.json the export carries the edit."""
+    hf_model("llama", tmp_path / "hf")
+    _convert(tmp_path / "hf", tmp_path / "run", capsys)
+    path = tmp_path / "run" / "config.json"
+    path.write_text(path.read_text().replace('"rope_theta": 500.0', '"rope_theta": 250.0'))
+    assert main(["convert", str(tmp_path / "run"), "--to-hf", str(tmp_path / "out")]) == 2
+    said = capsys.readouterr().err
+    assert f"{path} is damaged" in said and "delete its entry from" in said
+    assert not (tmp_path / "out").exists()
+    checksums = tmp_path / "run" / "checksums.json"
+    record = json.loads(checksums.read_text())
+    del record["sha256"]["config.json"]
+    checksums.write_text(json.dumps(record))
+    assert main(["convert", str(tmp_path / "run"), "--to-hf", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["rope_theta"] == 250.0

@@ -160,7 +160,9 @@ def verify_files(directory: str | Path, names: Iterable[str] | None = None) -> N
             raise CheckpointError(f"{path} is missing, though {directory / CHECKSUMS_FILE} lists it")
         if digest(path) != digests[name]:
             raise CheckpointError(
-                f"{path} is damaged: its SHA-256 differs from the one recorded in {CHECKSUMS_FILE} when it was saved"
+                f"{path} is damaged: its SHA-256 differs from the one recorded in {CHECKSUMS_FILE} when it was saved "
+                f"(if you changed it on purpose, delete its entry from {directory / CHECKSUMS_FILE}: it is then read "
+                f"unverified)"
             )
 
 
