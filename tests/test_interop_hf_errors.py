@@ -55,6 +55,14 @@ def test_a_directory_without_config_is_refused(tmp_path, gpt2_dir):
         hf.load(tmp_path / "nowhere")
 
 
+def test_a_peft_adapter_directory_is_refused_saying_to_merge_it_first(tmp_path):
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    save_file({"base_model.model.lm_head.lora_A.weight": torch.zeros(8, 32)}, tmp_path / "adapter_model.safetensors")
+    with pytest.raises(CheckpointError, match=r"holds PEFT adapters \(adapter_config.json\), not a model: merge them "
+                                              r"into their base model first .*merge_and_unload"):
+        hf.load(tmp_path)
+
+
 def test_an_unknown_model_type_is_refused(gpt2_dir):
     _edit_config(gpt2_dir, model_type="t5")
     with pytest.raises(ConfigError, match="model_type 't5'; attnkit reads .*gpt2: GPT2LMHeadModel, .*; llama: "):

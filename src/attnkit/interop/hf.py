@@ -83,6 +83,7 @@ log = logging.getLogger(__name__)
 
 HF_SOURCE_FILE = "hf_source.json"  # a converted run's origin: model type, class, and config.json's token ids
 _NULLABLE_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+PEFT_ADAPTER_CONFIG = "adapter_config.json"  # a PEFT (LoRA) adapter directory's, beside adapter_model.safetensors
 _HALF_TYPES = {"BF16": torch.bfloat16, "F16": torch.float16}  # safetensors' names of the types a run may keep
 _ROLE_IDS = {"bos_token_id": "bos", "eos_token_id": "eos", "pad_token_id": "pad", "decoder_start_token_id": "bos"}
 
@@ -310,6 +311,12 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
     if not directory.is_dir():
         raise CheckpointError(f"{directory} is not a directory; point at a Hugging Face model directory")
     path = directory / CONFIG_FILE
+    if not path.is_file() and (directory / PEFT_ADAPTER_CONFIG).is_file():  # LoRA adapters alone, no model
+        raise CheckpointError(
+            f"{directory} holds PEFT adapters ({PEFT_ADAPTER_CONFIG}), not a model: merge them into their base "
+            f"model first (peft: PeftModel.from_pretrained(base, \"{directory}\").merge_and_unload()"
+            f".save_pretrained(\"merged\")) and convert the merged directory"
+        )
     if not path.is_file():
         raise CheckpointError(
             f"{directory} has no {CONFIG_FILE}; a Hugging Face model directory holds {CONFIG_FILE} and "
