@@ -306,7 +306,7 @@ def test_cli_generate_reads_stdin_and_prints_several_samples(runs, lm, capsys, m
     assert capsys.readouterr().out == "".join(f"--- sample {i + 1} ---\ncab{s}\n" for i, s in enumerate(samples))
 
 
-def test_min_p_the_penalties_and_no_repeat_ngram_size_reach_generate_and_its_command(runs, lm, capsys):
+def test_min_p_penalties_no_repeat_ngrams_and_min_new_tokens_reach_generate_and_its_command(runs, lm, capsys):
     greedy = lm.generate("abc d", max_new_tokens=12, temperature=0, stop_at_eos=False)[0]
     assert lm.generate("abc d", max_new_tokens=12, min_p=1.0, seed=3, stop_at_eos=False)[0] == greedy  # argmax alone
     sampling = SamplingConfig(temperature=0.0, presence_penalty=0.5, frequency_penalty=1.5)
@@ -329,6 +329,18 @@ def test_min_p_the_penalties_and_no_repeat_ngram_size_reach_generate_and_its_com
     assert unrepeated != greedy
     assert cli.main([*common, "--no-repeat-ngram-size", "2"]) == 0
     assert capsys.readouterr().out == f"abc d{unrepeated}\n"
+    first = lm.generate("abc d", max_new_tokens=1, temperature=0)[0]
+    stop = lm.tokenizer.encode(first)
+    assert lm.generate("abc d", max_new_tokens=12, temperature=0, stop_tokens=stop)[0] == ""
+    held = lm.generate("abc d", max_new_tokens=12, temperature=0, stop_tokens=stop, min_new_tokens=4)[0]
+    tokens = generate_tokens(lm.model, [lm.tokenizer.encode("abc d")], max_new_tokens=12, context_len=24,
+                             stop_ids={*stop, lm.tokenizer.eos_id}, min_new_tokens=4)[0]
+    assert len(tokens) >= 4 and held == lm.tokenizer.decode(tokens)  # the stop tokens held back for 4 tokens
+    assert cli.main([*common, "--min-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out == "abc d" + lm.generate("abc d", max_new_tokens=12, temperature=0,
+                                                            min_new_tokens=4)[0] + "\n"
+    assert cli.main([*common, "--min-new-tokens", "-1"]) == 2
+    assert "min_new_tokens=-1 must be an integer >= 0" in capsys.readouterr().err
 
 
 def test_cli_bad_arguments_print_a_clear_error(runs, capsys):

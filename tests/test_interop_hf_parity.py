@@ -182,6 +182,34 @@ def test_no_repeat_ngram_generation_equals_transformers(checkpoints, name, n, te
                                sampling=sampling, pad_id=PAD) == alone
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_new_tokens_holds_back_the_stop_token_as_transformers_does(checkpoints, name, temperature):
+    """min_new_tokens: with the stop token the model's own first choice (so a text would end at once), no stop
+    token among the first 5 tokens, then the text ends at it: transformers' generate(min_new_tokens=5), greedy and
+    seeded."""
+    from attnkit.generate import make_generator
+    from attnkit.generate.sampling import check_sampling
+
+    directory, reference = checkpoints[name]
+    loaded = hf.load(directory)
+    prompt, context = [5, 17, 33, 8, 61], loaded.config.max_seq_len
+    stop = generate_tokens(loaded.model, [prompt], max_new_tokens=1, context_len=context)[0][0]
+    assert generate_tokens(loaded.model, [prompt], max_new_tokens=20, context_len=context, stop_ids={stop}) == [[]]
+    sampling, _ = check_sampling(temperature=temperature)
+    greedy = temperature == 0.0
+    for seed in range(1 if greedy else 3):
+        ours = generate_tokens(loaded.model, [prompt], max_new_tokens=20, context_len=context, stop_ids={stop},
+                               min_new_tokens=5, sampling=sampling, generator=make_generator(seed, "cpu"))[0]
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            theirs = reference.generate(torch.tensor([prompt]), do_sample=not greedy, max_new_tokens=20,
+                                        min_new_tokens=5, eos_token_id=stop, pad_token_id=PAD, top_k=0,
+                                        **({} if greedy else {"temperature": temperature}))[0, len(prompt):].tolist()
+        assert ours == (theirs[: theirs.index(stop)] if stop in theirs else theirs)
+        assert len(ours) >= 5
+
+
 def test_loaded_config_reads_the_checkpoint_options(checkpoints):
     names = ("llama", "llama-tied", "marian", "marian-two-vocabularies", "bert")
     configs = {name: hf.load(checkpoints[name][0]).config for name in names}

@@ -167,11 +167,13 @@ def decode_n_tokens(
     decoding: EagerDecoding | None = None,
     grammar: GrammarMask | None = None,
     writable: int | None = None,
+    min_new_tokens: int = 0,
 ) -> list[list[int]]:
     """Choose up to n tokens per row, starting from the prefill's `logits` (B, V).
 
     A row stops at a token in `stop_ids` (which is not returned), when `on_token` returns True, or when its grammar
-    (`grammar`, one matcher per row) is complete. `generator`: one for every row, or a list of one per row (each
+    (`grammar`, one matcher per row) is complete; the stop tokens are never chosen among its first `min_new_tokens`
+    (transformers' min_new_tokens, vLLM's min_tokens). `generator`: one for every row, or a list of one per row (each
     row's draws its own). `writable`: the ids from it on are never chosen (see the module docstring). The repetition
     penalty reads each row's prompt and reply, the presence and frequency penalties its reply alone
     (`generate/sampling.py`). Returns each row's new tokens.
@@ -184,6 +186,7 @@ def decode_n_tokens(
     counts = torch.zeros((batch, vocab), dtype=torch.int32, device=logits.device) if penalised else None  # (B, V)
     groups = [(1, g) for g in generator] if isinstance(generator, Sequence) else [(batch, generator)]
     stop = set(stop_ids)
+    held_back = torch.tensor(sorted(t for t in stop if 0 <= t < vocab), dtype=torch.long, device=logits.device)  # (S,)
     finished = [False] * batch
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
     ngram = sampling.no_repeat_ngram_size
@@ -192,6 +195,8 @@ def decode_n_tokens(
         if ngram:  # (B, V): the tokens that would repeat an n-gram of the row's prompt and reply
             sequences = [prompt + new for prompt, new in zip(prompts, new_tokens, strict=True)]
             logits = logits.masked_fill(no_repeat_ngram_mask(sequences, ngram, vocab).to(logits.device), float("-inf"))
+        if step < min_new_tokens and len(held_back):  # the stop tokens, banned while the row is too short
+            logits = logits.index_fill(-1, held_back, float("-inf"))
         if writable is not None and writable < vocab:
             logits = logits.index_fill(-1, torch.arange(writable, vocab, device=logits.device), float("-inf"))
         if grammar is not None:
@@ -264,21 +269,25 @@ def generate_tokens(
     decoding: EagerDecoding | None = None,
     grammar: GrammarMask | None = None,
     writable: int | None = None,
+    min_new_tokens: int = 0,
 ) -> list[list[int]]:
     """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens; returns the new tokens.
 
     model: a decoder-only model in eval mode (`DecoderLM`); context_len: its `max_seq_len`; decoding: how prefill
     and steps run (see the module docstring); grammar: a matcher per prompt that each row's text follows;
     generator: one for every prompt, or a list of one per prompt; writable: the tokenizer's vocabulary size, where
-    the model's is padded past it (the ids from it on are never chosen).
-    Raises InputError for an empty prompt, a prompt longer than `context_len`, or a negative `max_new_tokens`;
+    the model's is padded past it (the ids from it on are never chosen); min_new_tokens: no stop token among a row's
+    first that many (`decode_n_tokens`).
+    Raises InputError for an empty prompt, a prompt longer than `context_len`, or a negative `max_new_tokens` or
+    `min_new_tokens`;
     BrokenOutputs for logits that give no distribution to draw from (`check_drawn`: nan, or a grammar allowing
     nothing).
     """
     if not prompts:
         raise InputError("no prompts given; pass at least one list of token ids")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise InputError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
+    for name, value in (("max_new_tokens", max_new_tokens), ("min_new_tokens", min_new_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{name}={value!r} must be an integer >= 0")
     for index, prompt in enumerate(prompts):
         if len(prompt) == 0:
             raise InputError(f"prompt {index} is empty; give at least one token (e.g. the tokenizer's BOS)")
@@ -308,4 +317,5 @@ def generate_tokens(
         decoding=decoding,
         grammar=grammar,
         writable=writable,
+        min_new_tokens=min_new_tokens,
     )

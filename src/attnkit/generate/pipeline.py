@@ -118,6 +118,7 @@ class Pipeline:
         prompts: str | Sequence[str],
         *,
         max_new_tokens: int = 100,
+        min_new_tokens: int = 0,
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
@@ -149,10 +150,11 @@ class Pipeline:
         encodes it (the language-model data places no BOS), BOS first where the run's tokenizer begins every text with
         it (a Llama converted from Hugging Face: `starts_with_bos`); `add_bos` True or False decides it, and an empty
         prompt starts from BOS alone. Generation ends at `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a
-        token of `stop_tokens`, or at a stop string, which is cut off with everything after it. `on_text(i, piece)`
-        receives sequence i's text as it settles. With a seed, sample i of each prompt draws from its own generator
-        seeded seed + i (as vLLM seeds a request's n samples, and `attnkit serve` its n choices), so a prompt gives the
-        same text alone or batched with others.
+        token of `stop_tokens`, or at a stop string, which is cut off with everything after it; EOS and the stop tokens
+        are never chosen among the first `min_new_tokens` (transformers' min_new_tokens, vLLM's min_tokens). `on_text(i,
+        piece)` receives sequence i's text as it settles. With a seed, sample i of each prompt draws from its own
+        generator seeded seed + i (as vLLM seeds a request's n samples, and `attnkit serve` its n choices), so a prompt
+        gives the same text alone or batched with others.
         `json_schema` (a dict or its JSON text; {"type": "object"} for any JSON object) holds every text to JSON valid
         under it, `regex` to text the regular expression matches whole, `lark` to a grammar in llguidance's Lark
         syntax, and `grammar` to any `Grammar` (`generate/constrained.py`; one of the four at most): the tokens that
@@ -198,6 +200,7 @@ class Pipeline:
             self.model,
             rows,
             max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens,
             context_len=self.config.max_seq_len,
             sampling=sampling,
             generator=generator,

@@ -497,6 +497,7 @@ def _split_at_masks(text: str, words: tuple[str, ...]) -> list[str]:
 class GenerateSettings(DecodeSettings):
     prompt: str  # the prompt; "-" reads it from stdin; "" starts from BOS
     max_new_tokens: int = 200  # tokens to generate after the prompt
+    min_new_tokens: int = 0  # no EOS (nor stop token) among the first this many tokens; 0: off
     temperature: float = 1.0  # 0 is greedy
     top_k: int | None = None  # sample among the k most likely tokens
     top_p: float | None = None  # sample among the most likely tokens that reach probability p
@@ -604,7 +605,8 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     streamed = StreamedText(head)
     with streamed.own_lines():
         texts = pipeline.generate(
-            prompt, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
+            prompt, max_new_tokens=settings.max_new_tokens, min_new_tokens=settings.min_new_tokens,
+            temperature=settings.temperature, top_k=settings.top_k,
             top_p=settings.top_p, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
             presence_penalty=settings.presence_penalty, frequency_penalty=settings.frequency_penalty,
             no_repeat_ngram_size=settings.no_repeat_ngram_size, num_samples=settings.num_samples, seed=settings.seed,
