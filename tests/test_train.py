@@ -421,6 +421,21 @@ def test_out_naming_a_checkpoint_of_a_run_says_how_to_resume_from_it(tmp_path, c
         prepare(request(tmp_path / checkpoint, resume=True))
 
 
+@pytest.mark.parametrize("max_steps", [4, 6])
+def test_a_checkpoint_continued_in_a_new_directory_gives_it_a_best_and_a_checkpoint_of_its_own(tmp_path, max_steps):
+    """The score to beat is the new directory's own: the source run's best (which lives elsewhere) would keep best/
+    from ever being written there; a run with nothing left to train (max_steps 4) still evaluates and saves once."""
+    source, new = tmp_path / "source", tmp_path / "new"
+    prepare(request(source, max_steps=4, eval_every=2)).fit()
+    trainer = prepare(request(new, resume=str(source / "checkpoints" / "step_000004"), max_steps=max_steps,
+                              eval_every=2))
+    assert trainer.best is None
+    trainer.fit()
+    best = json.loads((new / "best" / "train_state.json").read_text())
+    assert best["step"] == max_steps and best["best"] == best["evaluation"]["val_loss"]
+    assert [p.name for p in checkpoints(new)][-1] == f"step_{max_steps:06d}"
+
+
 def test_task_and_family_must_match(tmp_path):
     with pytest.raises(ConfigError, match="--task translate trains a encoder-decoder model.*vaswani-tiny"):
         prepare(TrainRequest(out=str(tmp_path), task="translate", preset="gpt2-tiny",

@@ -288,8 +288,10 @@ class Trainer:
         self.last_record: dict[str, Any] | None = None  # the latest step's metrics record read
 
     # Resuming ------------------------------------------------------------------------------------------------
-    def restore(self, checkpoint: Checkpoint) -> None:
-        """Continue from `checkpoint` (loaded with `state.load_checkpoint`, its model being `self.model`)."""
+    def restore(self, checkpoint: Checkpoint, *, own_run: bool = True) -> None:
+        """Continue from `checkpoint` (loaded with `state.load_checkpoint`, its model being `self.model`). `own_run`
+        False: the checkpoint belongs to another run directory, and this one's best/ and checkpoints start from its
+        own evaluation (the first writes best/; a run with nothing left to train evaluates and saves once)."""
         state = checkpoint.train_state
         self.parallel.load_optimizer(self.optimizer, checkpoint.optimizer, source=str(checkpoint.path))
         self.step, self.elapsed = int(state["step"]), float(state["elapsed"])
@@ -315,6 +317,8 @@ class Trainer:
             if kept is None and mend_best(self.run_dir, checkpoint.path, self.task.metric):
                 log.warning("copied %s to best/: it holds the run's best score, and the save that wrote it stopped "
                             "before best/ took its copy", checkpoint.path)
+        if not own_run:
+            self.best, self.evaluated_step, self.saved_step = None, -1, -1
         self._say_schedule_change(TrainConfig.from_dict(state["settings"]))
         saved_ranks = state.get("ranks", 1)
         if saved_ranks != self.parallel.size:
