@@ -261,10 +261,14 @@ def test_special_ids_outside_a_small_vocabulary_load_as_absent_and_are_said_in_o
     assert set(hf.load(tmp_path / "llama").special_ids) == {"pad_token_id"}
 
 
-def test_a_list_of_end_tokens_within_the_vocabulary_loads(tmp_path):
+def test_a_list_of_end_tokens_within_the_vocabulary_loads(tmp_path, caplog):
     hf_model("llama", tmp_path)
     _edit_config(tmp_path, eos_token_id=[2, 3])
-    assert hf.load(tmp_path).special_ids.get("eos_token_id") is None  # not one number: not carried as one
+    with caplog.at_level(logging.WARNING):
+        assert hf.load(tmp_path).special_ids.get("eos_token_id") is None  # not one number: not carried as one
+    # transformers stops at either (Llama 3's <|end_of_text|> and <|eot_id|>): said, with the way to do the same
+    assert "eos_token_id lists 2 end tokens [2, 3], where transformers' generate stops at any" in caplog.text
+    assert "pass stop_tokens=[2, 3] to Pipeline.generate" in caplog.text
 
 
 @pytest.mark.parametrize(("edit", "said"), [

@@ -185,6 +185,11 @@ def special_ids_from_hf(hf: dict[str, Any], family: FamilyMap, vocab_size: int, 
     if outside:
         log.warning("%s: %s outside the vocabulary (vocab_size=%d: ids 0 to %d): read as absent, as no token has "
                     "that id", source, ", ".join(outside), vocab_size, vocab_size - 1)
+    ends = hf.get("eos_token_id")
+    if isinstance(ends, list) and len(ends := [i for i in ends if isinstance(i, int) and 0 <= i < vocab_size]) > 1:
+        log.warning("%s: eos_token_id lists %d end tokens %s, where transformers' generate stops at any; attnkit "
+                    "stops at its tokenizer's EOS: to stop at each of them, pass stop_tokens=%s to "
+                    "Pipeline.generate", source, len(ends), ends, ends)
     return {name: hf[name] for name in family.special_ids
             if isinstance(hf.get(name), int) and not isinstance(hf[name], bool) and 0 <= hf[name] < vocab_size}
 
