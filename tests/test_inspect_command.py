@@ -118,8 +118,10 @@ def test_missing_inputs_are_named_before_loading(runs, fields, message):
 
 
 def test_patch_needs_inputs_of_one_length(runs, tmp_path):
-    with pytest.raises(InputError, match="as many"):
+    with pytest.raises(InputError, match="become 6 and 3 tokens; patching needs as many"):
         _inspect(runs["decoder"], "patch", tmp_path, text=("abc de",), corrupt="abc")
+    with pytest.raises(InputError, match=r"become 7 \+ 7 and 7 \+ 3 tokens \(source \+ target\); patching needs"):
+        _inspect(runs["encoder-decoder"], "patch", tmp_path, text=("abc de\tcba ed",), corrupt="jih gf\tcb")
 
 
 def test_the_help_describes_every_analysis(capsys):
@@ -486,3 +488,25 @@ def test_a_heatmap_writes_small_numbers_to_two_significant_digits():
     large = heatmap(torch.tensor([[1.234, -0.5]]), title="t", rows=["a"], columns=["0", "1"], xlabel="head",
                     colorbar="c")
     assert [t.get_text() for t in large.axes[0].texts] == ["1.23", "-0.50"]
+
+
+@pytest.mark.parametrize("analysis", ["patch", "attribute"])
+def test_a_corrupted_source_alone_is_read_under_the_clean_runs_target(runs, analysis, tmp_path):
+    """Patching a translation changes the source alone: a --corrupt without a target is read under the clean line's
+    target (given, or the clean source's own translation), where it was translated on its own, so the two runs'
+    decoders read different tokens and every share mixed the source's effect with the target's."""
+    run = runs["encoder-decoder"]
+    alone = _inspect(run, analysis, tmp_path / "alone", text=("abc de\tcba ed",), corrupt="jih gf")
+    given = _inspect(run, analysis, tmp_path / "given", text=("abc de\tcba ed",), corrupt="jih gf\tcba ed")
+    assert alone["summary"] == {**given["summary"], "corrupted": "jih gf"}
+    assert alone["rows"] == given["rows"]
+    settings = InspectSettings(run=str(run), analysis=analysis, text=("hgf",), corrupt="hga")  # both translated
+    from attnkit.inspect.command import Loaded, _pair_of
+    from attnkit.tokenize import load_tokenizer
+
+    model, _ = load_model(run)
+    loaded = Loaded(model.eval(), load_tokenizer(run / "tokenizer"), "encoder-decoder", 48, torch.device("cpu"))
+    pair = _pair_of(loaded, settings)
+    assert torch.equal(pair.clean.args[1], pair.corrupted.args[1])
+    assert torch.equal(pair.clean.labels, pair.corrupted.labels)
+    assert not torch.equal(pair.clean.args[0], pair.corrupted.args[0])

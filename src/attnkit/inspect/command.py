@@ -260,12 +260,13 @@ def text_batch(loaded: Loaded, text: str, *, prompt: bool = False) -> Batch:
     return Batch((loaded.tensor(masked),), loaded.tensor(labels))
 
 
-def _pair(loaded: Loaded, text: str) -> tuple[list[int], list[int]]:
+def _pair(loaded: Loaded, text: str, *, written: list[int] | None = None) -> tuple[list[int], list[int]]:
     """A SOURCE<TAB>TARGET line as token ids: source + EOS, BOS + target + EOS (`translation_pair`; the target
-    translated greedily when the line has none); InputError for a side longer than the run reads."""
+    translated greedily when the line has none; `written`: the target's ids, for a source alone); InputError for a
+    side longer than the run reads."""
     source_text, _, target_text = text.partition("\t")
-    pair = translation_pair(loaded.model, loaded.tokenizer, source_text, target_text or None, max_length=GREEDY_TOKENS,
-                            instead="give SOURCE<TAB>TARGET lines", context=loaded.max_len)
+    pair = translation_pair(loaded.model, loaded.tokenizer, source_text, written or target_text or None,
+                            max_length=GREEDY_TOKENS, instead="give SOURCE<TAB>TARGET lines", context=loaded.max_len)
     return pair.source, pair.target
 
 
@@ -380,10 +381,18 @@ class _Pair:
 
 
 def _pair_of(loaded: Loaded, settings: InspectSettings) -> _Pair:
-    clean, corrupted = (text_batch(loaded, text, prompt=True) for text in (_one_text(settings), settings.corrupt))
+    clean = text_batch(loaded, _one_text(settings), prompt=True)
+    if loaded.translates and "\t" not in settings.corrupt:  # a corrupted source is read under the clean run's
+        # target, given or its own translation: the corruption changes the source alone, not what the decoder reads
+        corrupted = seq2seq_batch(*map(loaded.tensor, _pair(loaded, settings.corrupt,
+                                                            written=clean.args[1][0, 1:].tolist())))  # BOS dropped
+    else:
+        corrupted = text_batch(loaded, settings.corrupt, prompt=True)
     if [a.shape for a in clean.args] != [a.shape for a in corrupted.args]:
-        raise InputError(f"--text and --corrupt become {clean.args[0].shape[1]} and {corrupted.args[0].shape[1]} "
-                         "tokens; patching needs as many: substitute tokens rather than add or drop them")
+        sides = " (source + target)" if len(clean.args) > 1 else ""  # a translation: both sides must match
+        raise InputError(f"--text and --corrupt become {' + '.join(str(a.shape[1]) for a in clean.args)} and "
+                         f"{' + '.join(str(a.shape[1]) for a in corrupted.args)} tokens{sides}; patching needs as "
+                         "many: substitute tokens rather than add or drop them")
     with torch.no_grad():
         clean_logits = clean.logits(loaded.model(*clean.args))[0]  # (T, V); a sequence classifier's (C,)
         corrupted_logits = corrupted.logits(loaded.model(*corrupted.args))[0]

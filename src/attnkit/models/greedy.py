@@ -53,10 +53,11 @@ class TranslationPair:
         return [self.bos, *self.written, self.eos]
 
 
-def translation_pair(model: nn.Module, tokenizer: Tokenizer, source: str, target: str | None, *, max_length: int,
-                     instead: str, context: int | None = None) -> TranslationPair:
-    """`source` and `target` as `model` reads them, each encoded once; `target` None: the model's own greedy
-    translation of at most `max_length` tokens (`greedy_target`). `context`: the model's max_seq_len, which the
+def translation_pair(model: nn.Module, tokenizer: Tokenizer, source: str, target: str | Sequence[int] | None, *,
+                     max_length: int, instead: str, context: int | None = None) -> TranslationPair:
+    """`source` and `target` as `model` reads them, each encoded once; `target` a text, or token ids taken as they
+    are (another pair's target), or None: the model's own greedy translation of at most `max_length` tokens
+    (`greedy_target`). `context`: the model's max_seq_len, which the
     encoder's input (the source with EOS, checked before any decoding step) and the decoder's (BOS and the target)
     must fit; the model's own translation stops where BOS and it fill the context.
 
@@ -72,7 +73,7 @@ def translation_pair(model: nn.Module, tokenizer: Tokenizer, source: str, target
         if not written:
             raise EmptyTranslation(instead)
     else:
-        written = tokenizer.encode(target)
+        written = tokenizer.encode(target) if isinstance(target, str) else [int(i) for i in target]
         if not written:
             raise InputError(f"the target {target!r} becomes no tokens: give a non-empty target")
         _check_fits([bos, *written], "target with BOS", context)
