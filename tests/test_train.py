@@ -369,6 +369,21 @@ def test_a_batch_size_changed_in_the_middle_of_an_epoch_is_named_with_what_it_do
             "batches of the new size in another order") in caplog.text
 
 
+def test_a_resume_that_changes_the_language_models_validation_set_says_so(tmp_path, caplog):
+    prepare(request(tmp_path, max_steps=2, eval_every=2)).fit()
+    with caplog.at_level("WARNING", logger="attnkit.train.job"):
+        prepare(request(tmp_path, resume=True, batch_size=8))
+    assert ("the validation set changes from 8 windows of 24 tokens to 16 of 24 (eval_batches x batch_size windows "
+            "of seq_len): scores before and after, best/'s among them, are not comparable; keep eval_batches x "
+            "batch_size at 8") in caplog.text
+    caplog.clear()
+    again = request(tmp_path, resume=True, batch_size=8)
+    again.data["eval_batches"] = 1  # 1 x 8 = 2 x 4 windows: the same validation set
+    with caplog.at_level("WARNING", logger="attnkit.train.job"):
+        prepare(again)
+    assert "the validation set changes" not in caplog.text
+
+
 def test_resume_refuses_a_different_task(tmp_path):
     prepare(request(tmp_path, max_steps=2, eval_every=2)).fit()
     with pytest.raises(CheckpointError, match="task: 'lm' -> 'classify'"):

@@ -425,6 +425,15 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         state["settings"], settings.to_dict()
     ):
         log.warning("resuming with a changed setting: %s", change)
+    if data_config.spec.stream:  # lm, mlm: the validation set is the first eval_batches x batch_size windows
+        runs = ((saved_data, saved_settings["batch_size"]), (data_config, settings.batch_size))
+        windows = [(d.eval_batches * batch_size, d.seq_len or checkpoint.config.max_seq_len) for d, batch_size in runs]
+        if windows[0] != windows[1]:
+            (before, length), (after, new_length) = windows
+            log.warning("the validation set changes from %d windows of %d tokens to %d of %d (eval_batches x "
+                        "batch_size windows of seq_len): scores before and after, best/'s among them, are not "
+                        "comparable; keep eval_batches x batch_size at %d (and the seq_len) to compare them",
+                        before, length, after, new_length, before)
     recut = config_differences({"batch_size": saved_settings["batch_size"], "batch_tokens": saved_data.batch_tokens},
                                {"batch_size": settings.batch_size, "batch_tokens": data_config.batch_tokens})
     if recut and not data_config.spec.stream and state["data"].get("index"):  # an epoch's batches, part drawn
