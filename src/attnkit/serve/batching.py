@@ -24,8 +24,9 @@ longer buffer would be a ring buffer, whose rows cannot merge).
 Admission: a job arriving while the batch is running waits until it has waited one decoding step, or joins at
 once when the waiting jobs fill the free rows, so jobs that arrive within a step of each other are prefilled in one
 forward pass; the running rows keep stepping meanwhile, and a job arriving at an idle scheduler starts at once.
-Jobs join first come first served, taken from the left of the waiting queue (`serve/waiting.py`): an iteration
-looks at the jobs it admits and the cancelled ones it meets before them, which end ("cancelled") there.
+Jobs join first come first served within a request, and requests take turns (`serve/waiting.py`: a request of many
+prompts does not hold one that came after it until all its prompts have run): an iteration looks at the jobs it
+admits and the cancelled ones it meets before them, which end ("cancelled") there.
 
 Each request keeps its own sampling settings and a seeded generator per choice (choice i's seed is the request's
 seed + i, as vLLM seeds the n samples of one request), and its rows are sampled together, so a request's tokens do
@@ -121,6 +122,7 @@ class GenerationJob:
     top_logprobs: int | None = None  # None: no log-probabilities asked for
     on_logprobs: Callable[[int, int, float, list[tuple[int, float]]], None] | None = None
     min_tokens: int = 0  # the stop tokens are held back (at -inf) until each choice has this many tokens (vLLM's)
+    owner: object = None  # the request it is one prompt of: requests take turns to join (None: a request of its own)
     cancelled: threading.Event = field(default_factory=threading.Event)
     # set by the scheduler
     queued: float = 0.0  # time.monotonic() when it was submitted

@@ -83,7 +83,8 @@ class Generation:
             n=body.n, seed=seed, stop_ids=stop_ids, min_tokens=body.min_tokens,
             deadline=time.monotonic() + settings.timeout, top_logprobs=logprobs,
             on_logprobs=self._scored if logprobs is not None else None,
-            grammar=structured.mask(pipeline.tokenizer, body.n) if structured else None)
+            grammar=structured.mask(pipeline.tokenizer, body.n) if structured else None,
+            owner=body)  # the request: its prompts take turns with other requests' (`serve/waiting.py`)
 
     # on the scheduler's thread
     def _scored(self, choice: int, token: int, logprob: float, top: list[tuple[int, float]]) -> None:

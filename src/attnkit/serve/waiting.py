@@ -1,11 +1,15 @@
-"""The requests waiting to join the running batch: first come first served, at most `limit` of them (the server
-answers 429 beyond), in a deque that admission pops from the left, so an iteration looks at the jobs it admits and
-the cancelled ones met before them, never the whole queue.
+"""The requests waiting to join the running batch, at most `limit` jobs of them (the server answers 429 beyond).
+Each request takes its turn: a request's jobs (one per prompt) join in the order they came, and the requests take
+turns, one job each, so that a request of many prompts cannot keep a request that came after it waiting until all of
+its prompts have run (Nagle's fair queuing, round robin). A request that arrives takes its turn before the one just
+served. Admission looks at the head job of the request whose turn it is and the cancelled ones met before it, never
+the whole queue.
 
-    submit  ->  [ A  b~  C  d~  E ]  ->  admission: A joins; b~ (its client gone) is set aside where it is met;
-                                                    C joins, or waits at the head for a free row
-    a full queue: before a request is refused, the cancelled jobs still queued (d~) are set aside, so jobs whose
-    clients gave up never turn a live request away
+    submit  ->  A: [ a1  a2~  a3 ]   B: [ b1 ]   C: [ c1~  c2 ]
+    admission:  a1 joins (or waits, first, for a free row); then B's b1, then C's c2 (c1~, its client gone, set
+                aside where it is met), then A's a3 (a2~ set aside)
+    a full queue: before a request is refused, the cancelled jobs still queued are set aside, so jobs whose clients
+    gave up never turn a live request away
 
 A job set aside is handed to the scheduler's thread (`take_set_aside`), which ends it ("cancelled"): every job's
 callbacks run on that thread.
@@ -14,7 +18,7 @@ callbacks run on that thread.
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
@@ -25,56 +29,83 @@ class QueueFull(Exception):
 
 class Cancellable(Protocol):
     cancelled: threading.Event  # set when the job's client has gone (or its time is up)
+    owner: object  # the request it is part of (None: a request of its own)
 
 
 Job = TypeVar("Job", bound=Cancellable)
 
 
 class WaitingQueue(Generic[Job]):
-    """Jobs in the order they came, at most `limit`. `put` is called from any thread, the rest from the scheduler's;
-    every call holds the queue's lock."""
+    """Jobs by request, the requests in turn, at most `limit` jobs. `put` is called from any thread, the rest from the
+    scheduler's; every call holds the queue's lock."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._jobs: deque[Job] = deque()
+        self._turns: OrderedDict[int, deque[Job]] = OrderedDict()  # request -> its jobs; the request first in turn
+        self._size = 0  # jobs in _turns
+        self._served: int | None = None  # the request that took the last turn
         self._set_aside: list[Job] = []  # cancelled jobs taken out of the queue, not yet ended
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._jobs)
+        return self._size
 
     def empty(self) -> bool:
-        return not self._jobs
+        return not self._size
 
     def put(self, job: Job) -> None:
-        """Queue `job` last; QueueFull when `limit` jobs wait whose clients are still there."""
+        """Queue `job` last among its request's; QueueFull when `limit` jobs wait whose clients are still there."""
         with self._lock:
-            if len(self._jobs) >= self.limit:  # rare: the one whole pass, to free the places of cancelled jobs
-                live = [queued for queued in self._jobs if not queued.cancelled.is_set()]
-                self._set_aside += [queued for queued in self._jobs if queued.cancelled.is_set()]
-                self._jobs = deque(live)
-                if len(live) >= self.limit:
+            if self._size >= self.limit:  # rare: the one whole pass, to free the places of cancelled jobs
+                for request, jobs in list(self._turns.items()):
+                    self._set_aside += [queued for queued in jobs if queued.cancelled.is_set()]
+                    self._turns[request] = deque(queued for queued in jobs if not queued.cancelled.is_set())
+                    if not self._turns[request]:
+                        del self._turns[request]
+                self._size = sum(map(len, self._turns.values()))
+                if self._size >= self.limit:
                     raise QueueFull
-            self._jobs.append(job)
+            request = id(job.owner if job.owner is not None else job)
+            if request not in self._turns:
+                self._turns[request] = deque()
+                if self._served in self._turns:  # the newcomer's turn comes before the request just served
+                    self._turns.move_to_end(self._served)
+            self._turns[request].append(job)
+            self._size += 1
 
     def head(self) -> Job | None:
-        """The oldest job whose client is still there, left queued (None: none waits); the cancelled jobs before it
-        are set aside."""
+        """The head job of the request whose turn it is, left queued (None: none waits); the cancelled jobs met
+        before it are set aside."""
         with self._lock:
             return self._live_head()
 
     def pop_if(self, fits: Callable[[Job], bool]) -> Job | None:
-        """`head`, taken from the queue when `fits(head)`; None when none waits or it does not fit (it stays)."""
+        """`head`, taken from the queue when `fits(head)`, its request's turn then passing to the next; None when none
+        waits or it does not fit (it stays, and its request keeps the turn)."""
         with self._lock:
             job = self._live_head()
             if job is None or not fits(job):
                 return None
-            return self._jobs.popleft()
+            request, jobs = next(iter(self._turns.items()))
+            jobs.popleft()
+            self._size -= 1
+            if jobs:
+                self._turns.move_to_end(request)
+            else:
+                del self._turns[request]
+            self._served = request
+            return job
 
     def _live_head(self) -> Job | None:
-        while self._jobs and self._jobs[0].cancelled.is_set():
-            self._set_aside.append(self._jobs.popleft())
-        return self._jobs[0] if self._jobs else None
+        while self._turns:
+            request, jobs = next(iter(self._turns.items()))
+            while jobs and jobs[0].cancelled.is_set():
+                self._set_aside.append(jobs.popleft())
+                self._size -= 1
+            if jobs:
+                return jobs[0]
+            del self._turns[request]
+        return None
 
     def take_set_aside(self) -> list[Job]:
         """The cancelled jobs set aside since the last call, in the order they came, for the caller to end."""
@@ -85,6 +116,7 @@ class WaitingQueue(Generic[Job]):
     def take_all(self) -> list[Job]:
         """Every job, set aside or waiting, emptying the queue (the server is shutting down)."""
         with self._lock:
-            jobs, self._set_aside = [*self._set_aside, *self._jobs], []
-            self._jobs.clear()
+            jobs = [*self._set_aside, *(job for queued in self._turns.values() for job in queued)]
+            self._set_aside, self._size = [], 0
+            self._turns.clear()
         return jobs

@@ -1,0 +1,83 @@
+"""The waiting queue takes turns between requests: a request of many prompts (each one job) cannot keep a request
+that came after it waiting until all of its prompts have run."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+
+from attnkit.serve.waiting import QueueFull, WaitingQueue
+
+
+@dataclass(eq=False)
+class Job:
+    name: str
+    owner: object = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+def drained(queue: WaitingQueue) -> list[str]:
+    names = []
+    while (job := queue.pop_if(lambda job: True)) is not None:
+        names.append(job.name)
+    return names
+
+
+def test_requests_take_turns_and_each_keeps_its_own_order():
+    queue, big, small, other = WaitingQueue(16), object(), object(), object()
+    for i in range(4):
+        queue.put(Job(f"big{i}", big))
+    queue.put(Job("small0", small))
+    queue.put(Job("alone"))  # a job of no request in particular is a request of its own
+    queue.put(Job("small1", small))
+    queue.put(Job("other0", other))
+    assert drained(queue) == ["big0", "small0", "alone", "other0", "big1", "small1", "big2", "big3"]
+
+
+def test_a_request_that_arrives_while_another_runs_waits_one_turn():
+    queue, big, small = WaitingQueue(16), object(), object()
+    for i in range(4):
+        queue.put(Job(f"big{i}", big))
+    assert queue.pop_if(lambda job: True).name == "big0"
+    queue.put(Job("small0", small))
+    assert drained(queue) == ["small0", "big1", "big2", "big3"]
+
+
+def test_a_head_that_does_not_fit_stays_first_and_cancelled_jobs_are_set_aside():
+    queue, big, small = WaitingQueue(3), object(), object()
+    jobs = [Job("big0", big), Job("big1", big), Job("small0", small)]
+    for job in jobs:
+        queue.put(job)
+    assert queue.pop_if(lambda job: False) is None and queue.head().name == "big0"
+    jobs[0].cancelled.set()
+    assert queue.head().name == "big1"  # big0 is set aside; big's turn is not taken until one of its jobs joins
+    queue.put(Job("small1", small))  # big0's place, freed
+    with pytest.raises(QueueFull):
+        queue.put(Job("small2", small))
+    assert [job.name for job in queue.take_set_aside()] == ["big0"]
+    assert [job.name for job in queue.take_all()] == ["big1", "small0", "small1"] and len(queue) == 0
+
+
+def test_a_request_of_many_prompts_does_not_hold_a_later_one_until_it_ends(tmp_path):
+    """Served: six prompts of four choices each, on a server that decodes four rows at once, then a one-prompt
+    request: it is answered while the first still runs (before, it waited for all six prompts)."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
+    from serve_helpers import running_server, tiny_run
+
+    ended: list[str] = []
+    with running_server(tiny_run(tmp_path), max_batch=4, timeout=120) as (url, app):
+        def ask(name: str, body: dict) -> None:
+            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+            ended.append(f"{name} {reply.status_code}")
+
+        many = threading.Thread(target=ask, args=("many", {"prompt": ["ab"] * 6, "n": 4, "max_tokens": 40,
+                                                           "ignore_eos": True}))
+        many.start()
+        while app.state.scheduler.batch is None and many.is_alive():  # the first prompt has joined
+            threading.Event().wait(0.01)
+        ask("one", {"prompt": "ab", "max_tokens": 2})
+        many.join(120)
+    assert ended == ["one 200", "many 200"]
