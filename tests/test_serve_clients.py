@@ -62,3 +62,10 @@ def test_a_body_sent_too_slowly_is_refused_within_the_timeout(server):
     assert reply.startswith("HTTP/1.1 408"), reply[:200]
     assert "--timeout" in reply and "body" in reply
     assert waited < 25  # not held until the socket's own timeout (30 s)
+
+
+def test_a_query_parameter_of_the_wrong_type_is_answered_in_the_apis_error_shape(server):
+    reply = httpx.get(f"{server}/api/training", params={"since": "x"}, timeout=30)
+    assert reply.status_code == 422
+    error = reply.json()["error"]
+    assert error["param"] == "since" and "since" in error["message"] and "integer" in error["message"]

@@ -30,6 +30,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import MutableHeaders
@@ -77,6 +78,12 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     @app.exception_handler(APIError)
     async def api_error(_request: Request, error: APIError):
         return error.response()
+
+    @app.exception_handler(RequestValidationError)  # a query or path parameter (bodies are read in `bodies.py`)
+    async def parameter_error(_request: Request, error: RequestValidationError):
+        first = error.errors()[0]
+        name = str(first["loc"][-1])
+        return APIError(422, f"{name}: {first['msg']}", param=name).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, error: StarletteHTTPException):
