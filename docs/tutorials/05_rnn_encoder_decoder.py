@@ -225,6 +225,8 @@ steps_read = ["<bos>", *example[::-1]]  # the decoder's input at each step
 peaks = [example[j] for j in alignment.argmax(-1).tolist()]  # the source letter each step weighs most
 print("decoder input -> the source letter it weighs most:",
       ", ".join(f"{read}->{peak}" for read, peak in zip(steps_read, peaks, strict=True)))
+if BUDGET == "full":  # the text below: after <bos>, most steps weigh most the letter they have just read
+    assert peaks[0] == example[-1] and sum(p == r for r, p in zip(steps_read[1:], peaks[1:], strict=True)) > 6, peaks
 
 fig, axes = plt.subplots(1, 3, figsize=(17, 4.5), layout="constrained")
 for name, curve in curves.items():

@@ -60,6 +60,8 @@ losses = train_induction(model, task, steps=400 if BUDGET == "full" else 150, lr
 ids = task.ids(torch.Generator().manual_seed(5), batch=32)  # (32, 16): held-out repeated sequences
 first, repeated = task.half_losses(model, ids)
 print(f"loss on the first half {first:.2f} (ln 24 = {math.log(24):.2f}), on the repeated half {repeated:.2f}")
+if BUDGET == "full":  # the text says what the full run shows; a change that moves it must change the text
+    assert first > math.log(24) > repeated, (first, repeated)
 
 # %% [markdown]
 # ## Reading attention with a hook, from scratch
@@ -120,6 +122,8 @@ types = head_types(model, inputs)
 for row in types.rows():
     print(f"{row['site']} head {row['head']}: previous {row['previous']:.2f}  induction {row['induction']:.2f}  "
           f"-> {row['type']}")
+if BUDGET == "full":  # the text below: no previous-token head in layer 0, the induction head in layer 1
+    assert [row["type"] for row in types.rows()] == ["-", "-", "-", "-", "induction"], list(types.rows())
 
 fig, axes = plt.subplots(1, 2, figsize=(8, 3.4))
 for ax, (name, title) in zip(axes, [("blocks.0.attn.pattern", "layer 0, head 0"),
