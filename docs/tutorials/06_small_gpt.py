@@ -261,8 +261,10 @@ plt.show()
 # 10% is held out (at the tiny budget, of the same first 100 kB).
 
 # %%
+from attnkit.data.lm import split_point
+
 counted = torch.tensor(tokenizer.encode(text[:100_000] if BUDGET == "tiny" else text))  # (N,)
-held_out = int(0.9 * len(counted))
+held_out = split_point(len(counted), 0.1)  # the trainer's split: the first 90% trains
 train_ids, val_ids = counted[:held_out], counted[held_out:]
 
 
