@@ -510,3 +510,32 @@ def test_a_corrupted_source_alone_is_read_under_the_clean_runs_target(runs, anal
     assert torch.equal(pair.clean.args[1], pair.corrupted.args[1])
     assert torch.equal(pair.clean.labels, pair.corrupted.labels)
     assert not torch.equal(pair.clean.args[0], pair.corrupted.args[0])
+
+
+def test_answer_and_wrong_name_the_logit_difference_read(runs, tmp_path):
+    """--answer and --wrong pick the logit difference patch and dla read (TransformerLens's answer and wrong tokens,
+    as in the IOI task), instead of the clean answer against the corrupted one (patch) or the runner-up (dla)."""
+    from attnkit.inspect.inputs import Batch
+    from attnkit.inspect.patching import patch_stream
+
+    run = runs["decoder"]
+    model, _ = load_model(run)
+    model.eval()
+    tokenizer = CharTokenizer(CHARS)
+    a, w = tokenizer.encode("d")[0], tokenizer.encode("j")[0]
+    ids, corrupt = (torch.tensor([tokenizer.encode(t)]) for t in ("abc de abc", "jih gf abc"))
+    with torch.no_grad():
+        logits = model(ids).logits[0, -1]
+    dla = _inspect(run, "dla", tmp_path, text=("abc de abc",), answer="d", wrong="j")
+    assert (dla["summary"]["answer"], dla["summary"]["wrong"]) == ("d", "j")
+    assert dla["summary"]["logit difference"] == pytest.approx(float(logits[a] - logits[w]), abs=1e-5)
+    patched = _inspect(run, "patch", tmp_path, text=("abc de abc",), corrupt="jih gf abc", answer="d", wrong="j")
+    expected = patch_stream(model, Batch((ids,)), Batch((corrupt,)), answer=a, wrong=w)
+    rows = [r["restored"] for r in patched["rows"] if " head " not in r["patched"]]
+    assert rows == pytest.approx(expected.restored.flatten().tolist(), abs=1e-4)
+    with pytest.raises(InputError, match="--answer 'de' becomes 2 tokens .'d', 'e'.; an answer is one token"):
+        _inspect(run, "dla", tmp_path, text=("abc",), answer="de")
+    with pytest.raises(InputError, match="--wrong 'maybe' is none of this run's labels: NOUN, VERB, ADJ"):
+        _inspect(runs["tagger"], "dla", tmp_path, text=("abc",), wrong="maybe")
+    with pytest.raises(InputError, match="heads reads none: drop them"):
+        _inspect(run, "heads", tmp_path, text=("abc",), answer="d")

@@ -97,6 +97,8 @@ class InspectSettings:
     receiver: str | None = None  # path-patch: the receiver head, LAYER.HEAD (1.0) or SITE.HEAD
     via: Literal["q", "k", "v"] | None = None  # path-patch: the receiver's input the path runs through
     position: int | None = None  # dla: the position whose answer is attributed (unset: the last, a mask, ...)
+    answer: str | None = None  # patch, attribute, path-patch, dla: the answer, one token (a classifier: a label)
+    wrong: str | None = None  # the output the answer is measured against (unset: the corrupted run's; dla: runner-up)
     conll: str | None = None  # probe: a CoNLL or CoNLL-U file of tagged words
     column: str = "upos"  # probe: the CoNLL-U column holding the labels (upos, xpos, deprel, a MISC key)
     ablation: Ablation = "zero"  # heads: replace a head's output by zeros, its mean, or another input's
@@ -174,6 +176,12 @@ def _check_inputs(settings: InspectSettings) -> None:
     if settings.analysis in ("patch", "attribute", "path-patch") and settings.corrupt is None:
         raise InputError(f"{settings.analysis} needs a corrupted input beside the clean --text: give --corrupt TEXT "
                          "(as many tokens, a few substituted)")
+    if (settings.answer is not None or settings.wrong is not None) and settings.analysis not in (
+            "patch", "attribute", "path-patch", "dla"):
+        raise InputError(f"--answer and --wrong name the logit difference that patch, attribute, path-patch and dla "
+                         f"read; {settings.analysis} reads none: drop them")
+    if settings.answer is not None and settings.answer == settings.wrong:
+        raise InputError("--answer and --wrong are the same, so their logit difference is 0: give two outputs")
     if settings.analysis == "sae" and settings.point is None:
         raise InputError("sae reads one hook point's activations: give --point (blocks.1.resid_post, blocks.0.mlp.out; "
                          "attnkit.inspect.hook_points lists a model's)")
@@ -400,11 +408,32 @@ def _pair_of(loaded: Loaded, settings: InspectSettings) -> _Pair:
     position = -1 if sequence else _patched_position(loaded, clean_logits, corrupted_logits)
     clean_at, corrupted_at = (clean_logits, corrupted_logits) if sequence else (clean_logits[position],
                                                                                 corrupted_logits[position])
-    answer = int(clean_at.argmax())
-    wrong = int(corrupted_at.argmax())
-    if wrong == answer:
-        wrong = int(clean_at.topk(2).indices[1])
+    answer = _given_output(loaded, settings.answer, "--answer")
+    answer = int(clean_at.argmax()) if answer is None else answer
+    wrong = _given_output(loaded, settings.wrong, "--wrong")
+    if wrong is None:
+        wrong = int(corrupted_at.argmax())
+        if wrong == answer:
+            wrong = int(clean_at.topk(2).indices[1] if clean_at.argmax() == answer else clean_at.argmax())
     return _Pair(clean, corrupted, position, answer, wrong, sequence)
+
+
+def _given_output(loaded: Loaded, text: str | None, option: str) -> int | None:
+    """The output id --answer or --wrong names: one token of the text (a classifier's or tagger's label by name);
+    None when not given. Raises InputError for a text of more or fewer tokens than one, or a label the run has not."""
+    if text is None:
+        return None
+    if hasattr(loaded.model, "classifier"):
+        names = loaded.labels or [f"class {i}" for i in range(loaded.model.classifier.out_features)]
+        if text not in names:
+            raise InputError(f"{option} {text!r} is none of this run's labels: {', '.join(names)}")
+        return names.index(text)
+    ids = loaded.tokenizer.encode(text)
+    if len(ids) != 1:
+        pieces = ", ".join(map(repr, _labels(loaded.tokenizer, ids)))
+        raise InputError(f"{option} {text!r} becomes {len(ids)} tokens ({pieces}); an answer is one token: give one "
+                         "(with its leading space where the tokenizer writes one into a word)")
+    return ids[0]
 
 
 def _patch(loaded: Loaded, settings: InspectSettings):
@@ -519,7 +548,11 @@ def _dla(loaded: Loaded, settings: InspectSettings):
         logits = batch.logits(loaded.model(*batch.args, **batch.kwargs))[0]  # (T, V); a sequence classifier's (C,)
     sequence = logits.dim() == 1
     position = -1 if sequence else _read_position(loaded, batch, settings.position, logits.shape[0])
-    answer, wrong = (int(i) for i in (logits if sequence else logits[position]).topk(2).indices)
+    top = (logits if sequence else logits[position]).topk(2).indices  # the answer and its runner-up, unless given
+    answer = _given_output(loaded, settings.answer, "--answer")
+    answer = int(top[0]) if answer is None else answer
+    wrong = _given_output(loaded, settings.wrong, "--wrong")
+    wrong = int(top[1] if top[0] == answer else top[0]) if wrong is None else wrong
     found = logit_attribution(loaded.model, *batch.args, answer=answer, wrong=wrong, position=position, neurons=True,
                               positions=True, **batch.kwargs)
     sites, table = found.heads()
@@ -539,7 +572,8 @@ def _dla(loaded: Loaded, settings: InspectSettings):
     answer_name, wrong_name = _output_names(loaded, [answer, wrong])
     tokens = _labels(loaded.tokenizer, batch.args[-1][0])
     summary = {"text": text, "position": "the pooled sequence" if sequence else f"{position % len(tokens)} "
-               f"({tokens[position]})", "answer": answer_name, "runner-up": wrong_name,
+               f"({tokens[position]})", "answer": answer_name,
+               "wrong" if settings.wrong is not None else "runner-up": wrong_name,
                "logit difference": round(float(found.total.mean()), 6),
                "sum of the shares": round(float(found.values.sum(0).mean()), 6),
                "largest shares": ", ".join(f"{n} ({v:+.3f})" for n, v in found.top(3)),
