@@ -428,12 +428,13 @@ def test_a_fork_keeps_a_later_best_and_replaces_it_only_with_a_better_score(tmp_
 
 
 @pytest.mark.parametrize("checkpoint", ["best", "checkpoints/step_000002"])
-def test_out_naming_a_checkpoint_of_a_run_says_how_to_resume_from_it(tmp_path, checkpoint):
+@pytest.mark.parametrize("named", [False, True])
+def test_out_naming_a_checkpoint_of_a_run_says_how_to_resume_from_it(tmp_path, checkpoint, named):
     prepare(request(tmp_path, max_steps=4, eval_every=2)).fit()
     with pytest.raises(ConfigError, match=rf"--out {tmp_path / checkpoint} is a checkpoint of the run {tmp_path}, "
                                           rf"not a run directory: continue the run from it with --out {tmp_path} "
                                           rf"--resume {tmp_path / checkpoint} "):
-        prepare(request(tmp_path / checkpoint, resume=True))
+        prepare(request(tmp_path / checkpoint, resume=str(tmp_path / checkpoint) if named else True))
 
 
 @pytest.mark.parametrize("max_steps", [4, 6])

@@ -442,7 +442,7 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
                     "next epoch", "; ".join(recut), state["data"]["epoch"], state["data"]["index"])
     out, world = Path(request.out), World.from_env()
     run = _run_of(checkpoint.path)
-    if request.resume is True and out.resolve() != run.resolve():  # --out names a checkpoint inside a run
+    if out.resolve() == checkpoint.path.resolve() != run.resolve():  # --out names a checkpoint inside a run
         raise ConfigError(
             f"--out {out} is a checkpoint of the run {run}, not a run directory: continue the run from it with "
             f"--out {run} --resume {out} (its later checkpoints are dropped), or start a new run from it with "
