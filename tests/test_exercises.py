@@ -59,3 +59,14 @@ def test_one_of_names_the_choices_when_the_answer_is_none_of_them():
     verdict = check("maybe")
     assert not verdict
     assert "answer with one of 'yes', 'no', not 'maybe'" in str(verdict)
+
+
+def test_a_prediction_outside_the_choices_is_told_the_choices_not_that_it_raised():
+    @exercise(4, hint="equal scores give equal weights")
+    def check(prediction):
+        return one_of(prediction, ("lower", "higher")) == "lower"
+
+    verdict = check("Lower")  # a typo, not a wrong prediction
+    assert not verdict
+    assert str(verdict) == "exercise 4: answer with one of 'lower', 'higher', not 'Lower'"
+    assert check("lower") and not check("higher")

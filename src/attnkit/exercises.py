@@ -11,8 +11,9 @@ with `exercise`:
 
 An exception raised while checking (the learner's code failing on the check's inputs, a shape that does not match)
 is a wrong answer that names the exception, followed by the hint, not a traceback; an answer left as None (the cell
-as the tutorial gives it) is "not answered yet". A `Verdict` is true when the answer is right, so a tutorial holds
-each check to its solution (`assert check_1(solution)`) and to a wrong answer (`assert not check_1(wrong)`).
+as the tutorial gives it) is "not answered yet", and a prediction that is none of its choices (`one_of`) is told the
+choices, without a hint, as it has not been judged yet. A `Verdict` is true when the answer is right, so a tutorial
+holds each check to its solution (`assert check_1(solution)`) and to a wrong answer (`assert not check_1(wrong)`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def exercise(number: int, *, hint: str) -> Callable[[Callable[[Any], Any]], Call
                 return Verdict(number, False, "not answered yet: put your answer where the cell says, then run it")
             try:
                 right = bool(test(answer))
+            except NotAChoice as error:  # a typo in a prediction is not a wrong prediction
+                return Verdict(number, False, str(error))
             except Exception as error:  # the learner's code, run on the check's inputs: any failure is an answer
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else "(no message)"
                 return Verdict(number, False, f"wrong: your answer raised {type(error).__name__}: {reason}\n"
@@ -63,9 +66,13 @@ def exercise(number: int, *, hint: str) -> Callable[[Callable[[Any], Any]], Call
     return decorate
 
 
+class NotAChoice(ValueError):
+    """A prediction that is none of the exercise's choices."""
+
+
 def one_of(answer: Any, choices: Sequence[str]) -> str:
-    """A prediction given as one of `choices` (a conceptual exercise's answer), else ValueError naming them (which a
-    check reports as a wrong answer)."""
+    """A prediction given as one of `choices` (a conceptual exercise's answer), else NotAChoice naming them (which a
+    check reports as the choices to answer with)."""
     if answer not in choices:
-        raise ValueError(f"answer with one of {', '.join(repr(c) for c in choices)}, not {answer!r}")
+        raise NotAChoice(f"answer with one of {', '.join(repr(c) for c in choices)}, not {answer!r}")
     return answer
