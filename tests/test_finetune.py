@@ -17,6 +17,7 @@ from attnkit.config import ModelConfig
 from attnkit.data import IGNORE_INDEX
 from attnkit.errors import CheckpointError, ConfigError
 from attnkit.layers.lora import LoRALinear
+from attnkit.models import count_parameters
 from attnkit.tasks.lm import MLMTask
 from attnkit.tokenize import CharTokenizer
 from attnkit.train import TrainRequest, prepare
@@ -351,6 +352,17 @@ def test_init_from_with_a_set_that_reshapes_the_weights_names_the_set_and_the_fi
                                           r"dropout: 0.1 -> 0.2\) into one its weights do not fit \(e\.g\. .*drop the "
                                           r"--set fields that change a size.*from scratch, without --init-from"):
         prepare(req)
+
+
+def test_the_memory_check_counts_frozen_weights_at_their_weight_alone(mlm_run, texts, tmp_path, monkeypatch):
+    """LoRA and --freeze body keep no gradients or AdamW moments for the frozen weights: 4 bytes each, not 16."""
+    n = count_parameters(prepare(finetune(tmp_path / "sized", texts, mlm_run, freeze="body")).config)
+    monkeypatch.setattr("attnkit.train.memory.free_bytes", lambda device: 8 * n)
+    prepare(finetune(tmp_path / "lora", texts, mlm_run, lora_rank=2))
+    prepare(finetune(tmp_path / "probe", texts, mlm_run, freeze="body"))
+    with pytest.raises(ConfigError, match=rf"the model has {n:,} parameters: training it needs at least .* \(weights, "
+                                          r"gradients and AdamW state"):
+        prepare(finetune(tmp_path / "full", texts, mlm_run))
 
 
 def test_a_hugging_face_directory_needs_its_reader(texts, tmp_path):

@@ -329,7 +329,8 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
                               record=source.record if source is not None else None)
     config = _fit_config(config, tokenizer, labels, keep_vocab=source is not None)
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
-    check_fits(count_parameters(config), settings.dtype, device, force=request.force)
+    check_fits(count_parameters(config), settings.dtype, device, force=request.force,
+               frozen=bool(settings.lora_rank) or settings.freeze == "body")
     seed_all(settings.seed)  # the weights do not depend on how much randomness data preparation used
     model = build_model(config, force=request.force)
     run_info: dict[str, Any] = {"data_config": data_config.to_dict()}

@@ -2,7 +2,8 @@
 
 Training in fp32 with AdamW holds, per parameter: the weight (4 bytes), its gradient (4) and the two moments (8),
 16 bytes in all, plus a bf16 compute copy (2) under `bf16-master` (precision.py); activations come on top, so the
-estimate is a floor. A model whose floor exceeds the free memory would be killed by the OS (or run out of CUDA
+estimate is a floor. A frozen parameter (LoRA, `--freeze body`: train/finetune.py) holds its weight alone, 4 bytes
+(and its bf16 copy). A model whose floor exceeds the free memory would be killed by the OS (or run out of CUDA
 memory) part-way through its first step, so it is refused at once with both numbers; `--force` starts it anyway.
 """
 
@@ -14,20 +15,26 @@ from attnkit.errors import ConfigError
 from attnkit.machine import free_bytes, gib
 
 BYTES_PER_PARAMETER = {"fp32": 16, "bf16": 16, "bf16-master": 18}  # weights + gradients + AdamW moments (+ copy)
+TRAINING_BYTES = 12  # of those, what a parameter that trains adds to its weight: its gradient and AdamW's moments
 
 
-def training_bytes(n_parameters: int, dtype: str) -> int:
-    """The memory training takes at least: the weights, gradients and AdamW state (no activations)."""
-    return n_parameters * BYTES_PER_PARAMETER.get(dtype, 16)
+def training_bytes(n_parameters: int, dtype: str, *, frozen: bool = False) -> int:
+    """The memory training takes at least: the weights, gradients and AdamW state (no activations); `frozen`: all but
+    a few parameters (LoRA's adapters, a head) frozen, which hold their weights alone."""
+    per_parameter = BYTES_PER_PARAMETER.get(dtype, 16)
+    return n_parameters * (per_parameter - TRAINING_BYTES if frozen else per_parameter)
 
 
-def check_fits(n_parameters: int, dtype: str, device: torch.device, *, force: bool = False) -> None:
-    """Raise ConfigError when training `n_parameters` in `dtype` cannot fit in the memory free on `device`."""
-    need, free = training_bytes(n_parameters, dtype), free_bytes(device)
+def check_fits(n_parameters: int, dtype: str, device: torch.device, *, force: bool = False,
+               frozen: bool = False) -> None:
+    """Raise ConfigError when training `n_parameters` in `dtype` (`frozen`: see `training_bytes`) cannot fit in the
+    memory free on `device`."""
+    need, free = training_bytes(n_parameters, dtype, frozen=frozen), free_bytes(device)
     if force or free is None or need <= free:
         return
+    held = "the weights, before activations" if frozen else "weights, gradients and AdamW state, before activations"
     raise ConfigError(
-        f"the model has {n_parameters:,} parameters: training it needs at least {gib(need)} (weights, gradients and "
-        f"AdamW state, before activations) but {device.type} has {gib(free)} free. Choose a smaller model "
-        f"(--preset, --set n_layers=..., d_model=...), or pass --force to start anyway"
+        f"the model has {n_parameters:,} parameters: training it needs at least {gib(need)} ({held}) but "
+        f"{device.type} has {gib(free)} free. Choose a smaller model (--preset, --set n_layers=..., d_model=...), or "
+        f"pass --force to start anyway"
     )
