@@ -126,3 +126,16 @@ def test_a_translation_runs_decoder_features_are_read_over_the_typed_target(tmp_
     assert answer["tokens"][0] == "<bos>" and len(answer["per_token"]) == target.shape[1]
     for row, features in zip(answer["per_token"], expected, strict=True):
         assert [e["feature"] for e in row] == features.topk(len(row)).indices.tolist()
+
+
+def test_a_decoders_text_beyond_the_context_is_refused_not_cut(trained):
+    """The SAE view reads a decoder's whole text, as attnkit inspect reads a prompt: one longer than the context is
+    refused naming its length, where its tokens past the context were dropped unsaid."""
+    run, directory = trained
+    model, config = load_model(run)
+    view = SAEView(directory, model.eval(), load_tokenizer(run / "tokenizer"), family=config.family,
+                   max_len=config.max_seq_len)
+    fits = "ab" * (config.max_seq_len // 2)
+    assert len(view.read(fits)["tokens"]) == len(load_tokenizer(run / "tokenizer").encode(fits))
+    with pytest.raises(InputError, match=f"more than the {config.max_seq_len} this run reads"):
+        view.read(fits + "abc")

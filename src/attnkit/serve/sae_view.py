@@ -4,7 +4,8 @@ as `attnkit serve RUN --sae DIR`) read on the page's text. Each token's activati
 beside each feature's top-activating contexts on the texts it was evaluated on (`features.json`, saved with it).
 
 The text is read as `attnkit inspect` reads it (`attnkit.inspect.command.text_batch`: an encoder's [CLS] text [SEP],
-a translation run's source and target), a decoder's whole text as it is typed.
+a translation run's source and target), a decoder's whole text as it is typed (refused, not cut, beyond the
+context).
 """
 
 from __future__ import annotations
@@ -65,9 +66,9 @@ class SAEView:
     def _activations(self, text: str, target: str | None) -> tuple[list[int], torch.Tensor]:
         """The ids the point reads and its activations there, (T, C), for batch row 0."""
         loaded = self.loaded
-        if loaded.causal:
-            ids = loaded.tokenizer.encode(text)[: loaded.max_len]
-            return ids, trace(loaded.model, loaded.tensor(ids), names=[self.point])[self.point][0]
+        if loaded.causal:  # the whole text, as typed: a prompt, as attnkit inspect's logit lens reads one
+            ids = text_batch(loaded, text, prompt=True).args[0]  # (1, T); InputError beyond the context, never cut
+            return ids[0].tolist(), trace(loaded.model, ids, names=[self.point])[self.point][0]
         batch = text_batch(loaded, pair_line(text, target) if loaded.translates else text)
         read = batch.args[-1] if self.point.startswith("decoder.") else batch.args[0]  # (1, T): the ids it reads
         return read[0].tolist(), batch.run(loaded.model, names=[self.point])[self.point][0]
