@@ -426,21 +426,8 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         state["settings"], settings.to_dict()
     ):
         log.warning("resuming with a changed setting: %s", change)
-    if data_config.spec.stream:  # lm, mlm: the validation set is the first eval_batches x batch_size windows
-        runs = ((saved_data, saved_settings["batch_size"]), (data_config, settings.batch_size))
-        windows = [(d.eval_batches * batch_size, d.seq_len or checkpoint.config.max_seq_len) for d, batch_size in runs]
-        if windows[0] != windows[1]:
-            (before, length), (after, new_length) = windows
-            log.warning("the validation set changes from %d windows of %d tokens to %d of %d (eval_batches x "
-                        "batch_size windows of seq_len): scores before and after, best/'s among them, are not "
-                        "comparable; keep eval_batches x batch_size at %d (and the seq_len) to compare them",
-                        before, length, after, new_length, before)
-    recut = config_differences({"batch_size": saved_settings["batch_size"], "batch_tokens": saved_data.batch_tokens},
-                               {"batch_size": settings.batch_size, "batch_tokens": data_config.batch_tokens})
-    if recut and not data_config.spec.stream and state["data"].get("index"):  # an epoch's batches, part drawn
-        log.warning("%s in the middle of epoch %d (after its batch %d): the rest of the epoch is cut into batches "
-                    "of the new size in another order, so some of its examples come again and others wait for the "
-                    "next epoch", "; ".join(recut), state["data"]["epoch"], state["data"]["index"])
+    _say_batching_changes((saved_data, saved_settings["batch_size"]), (data_config, settings.batch_size),
+                          position=state["data"], max_seq_len=checkpoint.config.max_seq_len)
     out, world = Path(request.out), World.from_env()
     run = _run_of(checkpoint.path)
     if out.resolve() == checkpoint.path.resolve() != run.resolve():  # --out names a checkpoint inside a run
@@ -481,6 +468,29 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
     )
     trainer.restore(checkpoint, own_run=out.resolve() == run.resolve())
     return trainer
+
+
+def _say_batching_changes(saved: tuple[DataConfig, int], resumed: tuple[DataConfig, int], *,
+                          position: dict[str, Any], max_seq_len: int) -> None:
+    """Warn about what another batch size does on resume ((data settings, batch_size) saved and resumed): for lm and
+    mlm it changes the validation set (the first eval_batches x batch_size windows); for an epoch's batches, part
+    drawn (`position`: the task's data state), it cuts the rest of the epoch anew."""
+    (saved_data, saved_size), (data, size) = saved, resumed
+    if data.spec.stream:
+        sets = [(d.eval_batches * b, d.seq_len or max_seq_len) for d, b in (saved, resumed)]  # (windows, tokens)
+        (before, length), (after, new_length) = sets
+        if sets[0] != sets[1]:
+            log.warning("the validation set changes from %d windows of %d tokens to %d of %d (eval_batches x "
+                        "batch_size windows of seq_len): scores before and after, best/'s among them, are not "
+                        "comparable; keep eval_batches x batch_size at %d (and the seq_len) to compare them",
+                        before, length, after, new_length, before)
+        return
+    recut = config_differences({"batch_size": saved_size, "batch_tokens": saved_data.batch_tokens},
+                               {"batch_size": size, "batch_tokens": data.batch_tokens})
+    if recut and position.get("index"):
+        log.warning("%s in the middle of epoch %d (after its batch %d): the rest of the epoch is cut into batches "
+                    "of the new size in another order, so some of its examples come again and others wait for the "
+                    "next epoch", "; ".join(recut), position["epoch"], position["index"])
 
 
 def _tokenizer_differences(saved: Tokenizer, data_changes: dict[str, Any], saved_data: DataConfig) -> list[str]:
