@@ -78,6 +78,7 @@ class Case:
 CASES = [
     Case("train-nanogpt-cpu", "train", "decoder", 4, 128, 4, 65, 64, 12),
     Case("train-nanogpt-shakespeare", "train", "decoder", 6, 384, 6, 65, 256, 4),
+    Case("train-make-run", "train", "decoder", 4, 128, 4, 2048, 128, 16),  # `make run`'s sizes, GPT-2's block
     Case("train-gpt2-124m", "train", "decoder", 12, 768, 12, 50257, 512, 2),
     Case("forward-bert-base", "forward", "encoder", 12, 768, 12, 30522, 128, 8),
     Case("train-seq2seq-6+6-512", "train", "encoder-decoder", 6, 512, 8, 8000, 64, 8),
