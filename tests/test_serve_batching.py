@@ -5,6 +5,7 @@ at an idle scheduler starts at once, and a model whose cache cannot merge serves
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -13,6 +14,7 @@ from generate_models import tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnkit.errors import InputError
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, make_generator
 from attnkit.generate.sampling import NoDistribution, choice_seed
 from attnkit.layers.prefix_cache import PrefixCache
@@ -613,3 +615,25 @@ def test_a_failed_requests_reply_is_not_kept(model):
     drain(scheduler)
     assert failing.reasons == ["error"]
     assert len(cache.blocks) == 2  # the prompt's two blocks, none of the reply's
+
+
+class Refused(Recorded):
+    """A job whose token callback refuses its request as the library does (a grammar the tokenizer cannot follow)."""
+
+    def _token(self, choice: int, token: int) -> bool:
+        raise InputError("the grammar cannot start with this char tokenizer")
+
+
+def test_a_request_the_library_refuses_is_logged_in_a_line_and_a_failure_with_its_traceback(model, caplog):
+    scheduler = scheduler_for(model)
+    refused, failed = Refused([1, 2], 4), Poisoned([3, 4], 4)
+    with caplog.at_level(logging.INFO, logger="attnkit.serve.batching"):
+        for request in (refused, failed):
+            scheduler.submit(request.job)
+        drain(scheduler)
+    assert refused.reasons == ["error"] and failed.reasons == ["error"]
+    logged = {str(record.exc_info[1] if record.exc_info else record.getMessage()): record for record in caplog.records}
+    refusal = next(record for text, record in logged.items() if "cannot start" in text)
+    failure = next(record for text, record in logged.items() if "own callback failed" in text)
+    assert refusal.exc_info is None and "cannot start" in refusal.getMessage()  # the client's 400: no traceback
+    assert failure.exc_info is not None  # the server's own failure keeps its traceback

@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from attnkit.errors import InputError
+from attnkit.errors import AttnkitError, InputError
 from attnkit.generate.constrained import GrammarMask
 from attnkit.generate.decoder import EagerDecoding, Window, left_pad, prefill
 from attnkit.generate.sampling import (
@@ -733,7 +733,10 @@ class Scheduler:
     def _fail(self, job: GenerationJob, error: BaseException) -> None:
         """End `job` alone: its unfinished choices end with "error", and `error` is kept as its failure. Its
         on_finish comes from the iteration when its rows are in the batch, else from the caller (`_finish`)."""
-        log.error("a request failed: %s", error, exc_info=error)
+        if isinstance(error, AttnkitError):  # the library refused the request (its client gets a 400): one line
+            log.warning("a request was refused: %s", error)
+        else:
+            log.error("a request failed: %s", error, exc_info=error)
         job.failure = error
         job.reasons = ["error" if reason is None else reason for reason in (job.reasons or [None] * job.n)]
 
