@@ -331,14 +331,38 @@ def test_a_probe_reads_words_at_the_running_texts_pieces(family, monkeypatch):
                                     d_ff=32, max_seq_len=32))
     seen = []
 
+    mark = int(family != "decoder")  # a language model reads its stream unmarked, an encoder CLS ... SEP
+
     def positions(stack, ids, *, names, attention_mask):  # each position's state: its own index
-        seen.append(ids[0, 1:-1].tolist())
+        seen.append(ids[0, mark:ids.shape[1] - mark].tolist())
         return {n: torch.arange(ids.shape[1], dtype=torch.float).expand(*ids.shape)[..., None] for n in names}
 
     monkeypatch.setattr(probes, "trace", positions)
     found = probes.word_states(model, tokenizer, [(words, ["X", "Y", "Y", "X"])], max_len=32)
     assert seen == [[piece for word in pieces for piece in word]]
-    ends = [1 + sum(map(len, pieces[:i + 1])) - 1 for i in range(len(words))]
-    starts = [1 + sum(map(len, pieces[:i])) for i in range(len(words))]
+    ends = [mark + sum(map(len, pieces[:i + 1])) - 1 for i in range(len(words))]
+    starts = [mark + sum(map(len, pieces[:i])) for i in range(len(words))]
     expected = ends if family == "decoder" else starts
     assert found.states["blocks.0.resid_pre"][:, 0].tolist() == expected
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder-decoder"])
+def test_a_probe_reads_a_language_models_and_a_sources_text_without_a_start_mark(family):
+    """A language model learned from a stream of text and an encoder-decoder's encoder from sources (with EOS), and
+    neither ever read BOS at their start: the probe reads each word's state from the running text as the model reads
+    it, where BOS before the first word moved every state after it."""
+    from attnkit.inspect import trace
+    from attnkit.inspect.probes import word_states
+    from attnkit.tokenize import CharTokenizer
+
+    tokenizer = CharTokenizer("abcdefgh ")
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(family=family, vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1,
+                                    n_heads=2, d_ff=32, max_seq_len=32)).eval()
+    words = ["abc", "de", "fgh"]
+    found = word_states(model, tokenizer, [(words, ["X", "Y", "X"]), (["ab"], ["Y"])], max_len=32)
+    ids = torch.tensor([tokenizer.encode("abc de fgh") + ([tokenizer.eos_id] if family != "decoder" else [])])
+    stack = model.encoder if family == "encoder-decoder" else model.stack
+    expected = trace(stack, ids, names=["blocks.0.resid_post"])["blocks.0.resid_post"][0]  # (T, C)
+    at = [2, 5, 9] if family == "decoder" else [0, 4, 7]  # each word's last piece in a decoder, first in an encoder
+    torch.testing.assert_close(found.states["blocks.0.resid_post"][:3], expected[at])

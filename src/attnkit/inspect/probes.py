@@ -14,7 +14,8 @@ read against what the probe could reach by memorising words.
 Labels come from CoNLL / CoNLL-U files (`attnkit.tasks.conll.read_tagged`); words become pieces as the tagging task
 lays them out (`attnkit.tasks.tag.align`), read as the model reads text: the running text's pieces where the tokenizer
 writes a space into the word after it ('Ġlives'), as a language model and a tagger trained since they were recorded
-read it; a tagger trained before reads each word on its own, as its task.json says (`word_pieces_of`).
+read it; a tagger trained before reads each word on its own, as its task.json says (`word_pieces_of`). The
+text is framed as the stack learned to read one (`text_layout`): a language model's without a start mark.
 """
 
 from __future__ import annotations
@@ -126,6 +127,16 @@ def reading_stack(model: nn.Module) -> TransformerStack:
     return stack
 
 
+def text_layout(model: nn.Module) -> str:
+    """How the probed stack learned to read a text: "marked", between a start and an end mark as `align` lays it
+    out (an encoder's windows, CLS ... SEP; a tagger's words); "source", the text and EOS (an encoder-decoder's
+    encoder); "stream", the text alone (a language model's windows of a token stream)."""
+    stack = reading_stack(model)
+    if stack is getattr(model, "encoder", None):
+        return "source"
+    return "stream" if stack.causal and hasattr(model, "lm_head") else "marked"
+
+
 def reading_piece(model: nn.Module) -> str:
     """Which piece of a word a probe reads: "last" in a causal stack (its first piece has seen only the word's
     start; a character model's, one letter), "first" in a bidirectional one (as the tagging task labels words)."""
@@ -141,6 +152,9 @@ def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sent
     model = module_of(model)
     stack = reading_stack(model)
     last = reading_piece(model) == "last"
+    layout = text_layout(model)
+    skip = 0 if layout == "marked" else 1  # align's start mark, which this stack never read
+    end = [tokenizer.eos_id] if layout == "source" else []  # and its end mark, replaced for a source by EOS
     n_blocks = len(stack.blocks)
     names = ["blocks.0.resid_pre", *(f"blocks.{i}.resid_post" for i in range(n_blocks))]
     label_names = sorted({tag for _, tags in sentences for tag in tags})
@@ -152,16 +166,17 @@ def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sent
     labels, types, sentence = [], [], []
     for start in range(0, len(aligned), batch_size):
         chunk = aligned[start:start + batch_size]
-        length = max(len(a.ids) for a in chunk)
+        texts = [a.ids if layout == "marked" else [*a.ids[1:-1], *end] for a in chunk]  # as the stack read them
+        length = max(map(len, texts))
         ids = torch.zeros(len(chunk), length, dtype=torch.long)
         mask = torch.zeros(len(chunk), length, dtype=torch.bool)
-        for row, a in enumerate(chunk):
-            ids[row, :len(a.ids)], mask[row, :len(a.ids)] = torch.tensor(a.ids), True
+        for row, text in enumerate(texts):
+            ids[row, :len(text)], mask[row, :len(text)] = torch.tensor(text, dtype=torch.long), True
         read = trace(stack, ids.to(device), names=names, attention_mask=mask.to(device))
         for row, a in enumerate(chunk):
             words = sentences[start + row][0]
             widths = _widths(tokenizer, words[:max_len], word_pieces) if last else None  # later words are cut off
-            kept = [(w, p, p + widths[i] - 1 if last else p)
+            kept = [(w, p, p - skip + (widths[i] - 1 if last else 0))
                     for i, (w, p) in enumerate(zip(words, a.firsts, strict=True)) if p is not None]
             positions = [read_at for _, _, read_at in kept]
             for name in names:
