@@ -151,6 +151,27 @@ def test_tensorboard_logger_writes_the_same_numbers(tmp_path, tiny_request):
     assert "grad_norm/decoder.1" in events.Tags()["scalars"]
 
 
+def test_tensorboard_drops_the_steps_a_resume_from_an_earlier_checkpoint_retrains(tmp_path, tiny_request):
+    pytest.importorskip("tensorboard", reason="the optional extra attnkit[tensorboard] is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from attnkit.train import prepare
+
+    run = tmp_path / "run"
+    prepare(tiny_request(run, logger="tensorboard")).fit()
+    again = tiny_request(run, logger="tensorboard")
+    again.resume = str(run / "checkpoints" / "step_000002")  # forks there: steps 3 and 4 train again
+    prepare(again).fit()
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for tag, kind, key in (("train/loss", "train", "loss"), ("eval/val_loss", "eval", "val_loss")):
+        logged = [(e.step, e.value) for e in events.Scalars(tag)]
+        expected = [(r["step"], r[key]) for r in records if r["kind"] == kind]
+        assert [s for s, _ in logged] == [s for s, _ in expected], tag  # each step once, as in metrics.jsonl
+        assert [v for _, v in logged] == pytest.approx([v for _, v in expected], rel=1e-6)
+
+
 def test_tensorboard_missing_is_a_clear_error(tmp_path, tiny_request, monkeypatch):
     import builtins
 

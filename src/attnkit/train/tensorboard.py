@@ -2,8 +2,9 @@
 
 Each number of a record becomes a scalar at the record's step: `train/loss`, `eval/val_loss`, and the instruments
 under their own names (`attention_entropy/decoder.causal.0`, `grad_norm/stack.1`, ...). Event files go to
-RUN/tensorboard/; `tensorboard --logdir runs/` shows every run. metrics.jsonl stays the record of the run: a resumed
-run truncates it, while TensorBoard keeps the events written after the checkpoint too.
+RUN/tensorboard/; `tensorboard --logdir runs/` shows every run. A resumed run truncates metrics.jsonl after its
+checkpoint's step, and has TensorBoard drop its events after that step too (SummaryWriter's `purge_step`), so a
+run resumed from an earlier checkpoint shows one history in both.
 
 The `tensorboard` package is an optional extra: `pip install 'attnkit[tensorboard]'`.
 """
@@ -32,7 +33,13 @@ class TensorBoardLog:
                 "logger='tensorboard' needs the tensorboard package: pip install 'attnkit[tensorboard]' "
                 "(or log to metrics.jsonl alone with logger='jsonl')"
             ) from None
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / TENSORBOARD_DIR))
+        self.writer_class, self.log_dir = SummaryWriter, str(Path(run_dir) / TENSORBOARD_DIR)
+        self.writer = SummaryWriter(log_dir=self.log_dir)
+
+    def resume_after(self, step: int) -> None:
+        """Continue the log after `step`: readers drop the events of later steps written before (a resumed run's)."""
+        self.writer.close()
+        self.writer = self.writer_class(log_dir=self.log_dir, purge_step=step + 1)
 
     def write(self, record: dict[str, Any]) -> None:
         """Every finite number of `record` (except its step) as a scalar at its step; flushed at once."""

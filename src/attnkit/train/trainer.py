@@ -314,6 +314,8 @@ class Trainer:
             for path in removed:  # first: a kill leaves a resumable run
                 log.warning("removed %s: the run continues from step %d, before it", path, self.step)
             self.metrics.truncate_after(self.step)
+            if isinstance(self.metrics.mirror, TensorBoardLog):
+                self.metrics.mirror.resume_after(self.step)
             if kept is None and mend_best(self.run_dir, checkpoint.path, self.task.metric):
                 log.warning("copied %s to best/: it holds the run's best score, and the save that wrote it stopped "
                             "before best/ took its copy", checkpoint.path)
