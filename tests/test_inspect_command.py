@@ -539,3 +539,16 @@ def test_answer_and_wrong_name_the_logit_difference_read(runs, tmp_path):
         _inspect(runs["tagger"], "dla", tmp_path, text=("abc",), wrong="maybe")
     with pytest.raises(InputError, match="heads reads none: drop them"):
         _inspect(run, "heads", tmp_path, text=("abc",), answer="d")
+
+
+def test_the_probe_picture_names_the_column_only_of_a_conllu_file(runs, tmp_path, monkeypatch):
+    """A CoNLL file's labels are each line's last column, whatever --column says (its default is upos): the title
+    said 'upos of words.conll' for any such file."""
+    from attnkit.inspect import command
+
+    drawn = []
+    monkeypatch.setattr(command, "write_report", lambda out, name, **parts: drawn.append(parts["figure"]) or [])
+    conll = tmp_path / "words.conll"
+    conll.write_text(CONLL)
+    run_inspect(InspectSettings(run=str(runs["mlm"]), analysis="probe", conll=str(conll), out=str(tmp_path)))
+    assert drawn[0].axes[0].get_title() == "linear probes: labels of words.conll"

@@ -621,7 +621,8 @@ def _probe(loaded: Loaded, settings: InspectSettings):
     ax.axhline(results[0].majority, color="grey", linestyle=":", label="majority label")
     ax.axhline(results[0].control_majority, color="tab:orange", linestyle=":", label="control task's majority")
     ax.set_xticks(range(len(results)), layers, fontsize=7, rotation=30)
-    ax.set(title=f"linear probes: {settings.column} of {Path(settings.conll).name}", ylabel="held-out accuracy",
+    labels = settings.column if Path(settings.conll).suffix == ".conllu" else "labels"  # CoNLL: the last column
+    ax.set(title=f"linear probes: {labels} of {Path(settings.conll).name}", ylabel="held-out accuracy",
            ylim=(0, 1))
     ax.legend(fontsize=7)
     summary = {"file": settings.conll, "sentences": len(sentences), "best layer": max(results,
