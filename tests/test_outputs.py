@@ -306,3 +306,15 @@ def test_an_existing_output_is_replaced_only_on_overwrite_and_never_a_folder_of_
     with pytest.raises(InputError, match="is a directory, where a file is to be written"):
         with atomic_output(tmp_path / "hf", directory=False, overwrite=True):
             pass
+
+
+def test_a_file_output_failing_inside_a_folder_output_names_neither_partial(tmp_path):
+    """An exporter writing its graph (an output of its own) inside the folder being written: a full disk names the
+    file inside the folder the user asked for, and says the folder is left as it was, never the hidden partial."""
+    with pytest.raises(CheckpointError) as raised:
+        with atomic_output(tmp_path / "o", directory=True) as partial:
+            with atomic_output(partial / "model.onnx", directory=False) as graph:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(graph))
+    message = str(raised.value)
+    assert f"cannot finish writing {tmp_path / 'o' / 'model.onnx'}: the disk is full" in message
+    assert ".partial-" not in message and list(tmp_path.iterdir()) == [], message

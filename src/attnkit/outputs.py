@@ -159,7 +159,9 @@ def atomic_output(path: str | Path, *, directory: bool, overwrite: bool = False,
     """
     path = Path(path)
     kind = "directory" if directory else "file"
-    with writing(path, note=f"; {path} is left as it was"):
+    # inside an output being written (a file of an exporter's folder), the folder's own note says what is left
+    note = "" if _as_written(path) != path else f"; {path} is left as it was"
+    with writing(path, note=note):
         path.parent.mkdir(parents=True, exist_ok=True)
         check_output(path, directory=directory, overwrite=overwrite, flag=flag)
         partial = _sibling(path, PARTIAL)
