@@ -55,7 +55,7 @@ from attnkit.generate.sampling import (
     no_repeat_ngram_mask,
     select_next_in_groups,
 )
-from attnkit.layers.embedding import inputs_checked
+from attnkit.layers.embedding import Embeddings, inputs_checked
 from attnkit.layers.kv_cache import KVCache
 
 # on_token(row, token) is called for each new token of each unfinished row; returning True ends that row.
@@ -232,8 +232,9 @@ def decode_n_tokens(
 
 def _check_context(model: nn.Module, context_len: int) -> None:
     """Raise InputError for a context longer than the model's position table (a learned one ends): a step's position
-    can reach context_len - 1."""
-    limit = model.stack.embeddings.max_positions
+    can reach context_len - 1. A recurrent model has no position table."""
+    limits = [m.max_positions for m in model.modules() if isinstance(m, Embeddings) and m.max_positions is not None]
+    limit = min(limits, default=None)
     if limit is not None and context_len > limit:
         raise InputError(f"context_len={context_len} is beyond the {limit} positions of the model's learned position "
                          f"table (its max_seq_len); give context_len <= {limit}")
