@@ -3,6 +3,7 @@ ends; a char tokenizer's vocabulary and a byte-level BPE's both work; what canno
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import sys
@@ -224,10 +225,10 @@ def test_cli_generate_no_echo_prints_the_json_alone_so_that_it_pipes_into_a_pars
 def test_a_streamed_text_cut_before_its_schema_is_complete_ends_its_line_before_the_warning(json_run, tmp_path,
                                                                                            monkeypatch):
     """Streaming, the warning that a text does not parse came on the text's own line in a terminal (stdout and stderr
-    in one place): 'x{"ntext(s) [0] ended before...'. Now the text's line ends first, and stdout alone still holds
-    the text and one newline."""
-    import io
+    in one place): 'x{"ntext(s) [0] ended before...'. Now the text's line ends first, on stderr, and stdout alone
+    still holds the text and one newline."""
     import logging
+    import os
 
     from attnkit import cli
 
@@ -235,22 +236,58 @@ def test_a_streamed_text_cut_before_its_schema_is_complete_ends_its_line_before_
     schema.write_text(json.dumps(BOUNDED))
     argv = ["generate", str(json_run), "--prompt", "x", "--max-new-tokens", "3", "--seed", "2", "--json-schema",
             str(schema)]
-    terminal, stdout = io.StringIO(), io.StringIO()
-    handler = logging.StreamHandler(terminal)  # stderr, written to the same terminal as stdout
-    logging.getLogger().addHandler(handler)
-    try:
-        for out in (terminal, stdout):
+    master, slave = os.openpty()
+    with os.fdopen(slave, "w") as out, open(os.ttyname(slave), "w") as err:  # one terminal, two streams
+        handler = logging.StreamHandler(err)
+        logging.getLogger().addHandler(handler)
+        try:
             monkeypatch.setattr(sys, "stdout", out)
             assert cli.main(argv) == 0
-    finally:
-        logging.getLogger().removeHandler(handler)
+            out.flush()
+        finally:
+            logging.getLogger().removeHandler(handler)
+        terminal = os.read(master, 1 << 16).decode().replace("\r\n", "\n")
+    os.close(master)
+    stdout = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert cli.main(argv) == 0
     text = stdout.getvalue()
     assert text.startswith("x{") and text.endswith("\n") and text.count("\n") == 1
-    lines = terminal.getvalue().splitlines()
+    lines = terminal.splitlines()
     warning = next(i for i, line in enumerate(lines) if "ended before their JSON schema was complete" in line)
     assert lines[warning].startswith("text(s) [0] ended before")
     assert lines[warning - 1] == text.rstrip("\n")
-    assert "\n\n" not in terminal.getvalue()
+    assert "\n\n" not in terminal
+
+
+def test_a_record_logged_mid_text_never_writes_to_a_redirected_stdout():
+    """stdout is the data channel: with it redirected (`> out.txt`), a record logged between two streamed pieces
+    (an INFO line under -v, a warning) left a newline in the file, 'abf\\n564\\n' for 'abf564\\n'. The record
+    goes to stderr alone, as it came."""
+    import logging
+
+    from attnkit.tasks.lm import StreamedText
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(stderr)
+    logger = logging.getLogger()
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "stdout", stdout)
+            streamed = StreamedText("ab")
+            with streamed.own_lines():
+                streamed.write(0, "f")
+                logging.getLogger(__name__).info("compiling the step")
+                streamed.write(0, "564")
+            streamed.finish()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert stdout.getvalue() == "abf564\n"
+    assert stderr.getvalue() == "compiling the step\n"
 
 
 @pytest.mark.parametrize(("how", "source"), [

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -553,15 +554,27 @@ def read_schema(settings: GenerateSettings) -> dict | None:
     return schema
 
 
+def shares_a_terminal(stream: Any, other: Any) -> bool:
+    """Whether two open streams write to one terminal (both ttys on the same device), as stdout and stderr do when
+    neither is redirected; False for a file, a pipe or an in-memory stream."""
+    try:
+        return (stream.isatty() and other.isatty()
+                and os.path.samestat(os.fstat(stream.fileno()), os.fstat(other.fileno())))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 class StreamedText:
     """`attnkit generate`'s streamed text on stdout: the prompt (`head`) sent with the first piece, so that a setting
-    refused before it prints its error alone, then each piece as it comes, then a newline. A record logged while the
-    text's line is open (the pipeline's warning that a text ended before its schema was complete) first ends that
-    line, so the warning, on stderr, stands on its own line in a terminal instead of running on from the text."""
+    refused before it prints its error alone, then each piece as it comes, then a newline. stdout is the data
+    channel and holds exactly that. Where a log handler writes to the terminal stdout writes to, a record logged
+    while the text's line is open (the warning that a text ended before its schema was complete) first ends that
+    line on the handler's own stream, so it stands on its own line instead of running on from the text; a stdout
+    redirected to a file or a pipe is never written to by a log record."""
 
     def __init__(self, head: str) -> None:
         self.unsent = [head]
-        self.line_ended = False
+        self.line_ended = False  # the terminal's line was ended by a log record's newline on stderr
 
     def write(self, _: int, piece: str) -> None:
         sys.stdout.write("".join(self.unsent) + piece)
@@ -569,28 +582,34 @@ class StreamedText:
         self.unsent.clear()
         self.line_ended = False
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        """A logging filter of the handlers (it lets every record through): ends the open line first."""
-        if not self.unsent and not self.line_ended:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-            self.line_ended = True
-        return True
+    def end_line_on(self, stream: Any) -> Callable[[logging.LogRecord], bool]:
+        """A logging filter for a handler writing to `stream`, stdout's terminal (it lets every record through):
+        ends the text's open line on that stream first."""
+
+        def end_line(_: logging.LogRecord) -> bool:
+            if not self.unsent and not self.line_ended:
+                stream.write("\n")
+                stream.flush()
+                self.line_ended = True
+            return True
+
+        return end_line
 
     @contextmanager
     def own_lines(self) -> Iterator[None]:
-        """While open, what the root logger's handlers write starts on a line of its own."""
-        handlers = list(logging.getLogger().handlers)
-        for handler in handlers:
-            handler.addFilter(self)
+        """While open, what the root logger's handlers write to stdout's terminal starts on a line of its own."""
+        filters = [(handler, self.end_line_on(handler.stream)) for handler in logging.getLogger().handlers
+                   if shares_a_terminal(getattr(handler, "stream", None), sys.stdout)]
+        for handler, end_line in filters:
+            handler.addFilter(end_line)
         try:
             yield
         finally:
-            for handler in handlers:
-                handler.removeFilter(self)
+            for handler, end_line in filters:
+                handler.removeFilter(end_line)
 
     def finish(self) -> None:
-        """End the text's line (once: not again after a warning ended it)."""
+        """End the text's line: one newline on stdout, unless a record already ended it in the shared terminal."""
         if not self.line_ended:
             print("".join(self.unsent))
 
