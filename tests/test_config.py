@@ -166,3 +166,11 @@ def test_an_old_encoder_decoder_config_reads_its_decoder_layers_before_the_windo
     (tmp_path / "config.json").write_text(json.dumps(fields))
     config = load_config(tmp_path)
     assert (config.global_every, config.n_decoder_layers, config.attention_window) == (4, 6, 8)
+
+
+@pytest.mark.parametrize(("value", "fix"), [("64", "write the number without quotes"), (True, "give an integer"),
+                                             (2.5, "give an integer"), ([64], "give an integer")])
+def test_a_number_field_of_another_type_is_told_the_fix_that_fits_what_was_written(value, fix):
+    with pytest.raises(ConfigError) as refused:
+        ModelConfig(family="decoder", d_model=value)
+    assert str(refused.value).endswith(fix), str(refused.value)

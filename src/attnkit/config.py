@@ -90,7 +90,7 @@ def check_types(obj: Any) -> None:
         if not ok:
             raise ConfigError(
                 f"{f.name}={value!r} ({type(value).__name__}) is not {_describe(hints[f.name])}; "
-                f"{_fix_hint(f.name, hints[f.name])}"
+                f"{_fix_hint(f.name, hints[f.name], value)}"
             )
         if conformed is not value:
             object.__setattr__(obj, f.name, conformed)  # a float field given an int, a tuple field given a list
@@ -239,10 +239,10 @@ def _describe(hint: Any) -> str:
     return names.get(hint, f"a {getattr(hint, '__name__', hint)}")
 
 
-def _fix_hint(name: str, hint: Any) -> str:
+def _fix_hint(name: str, hint: Any, value: Any) -> str:
     if hint is bool or bool in get_args(hint):
         return f"write {name}=true or {name}=false (in JSON: true or false without quotes)"
-    if hint in (int, float) or {int, float} & set(get_args(hint)):
+    if isinstance(value, str) and (hint in (int, float) or {int, float} & set(get_args(hint))):
         return "write the number without quotes"
     return f"give {_describe(hint)}"
 
