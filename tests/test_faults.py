@@ -506,3 +506,7 @@ def test_the_explorers_step_view_works_for_a_translation_run(runs):
             assert steps["matches_model"] and steps["kind"] == kind
     with pytest.raises(InputError, match=r"Query token 99 is out of range: this view has \d+ query tokens"):
         explorer.step("abc", kind="cross", layer=0, target="ab", query=99)
+    with pytest.raises(InputError, match=r"^no attention at layer 99: this model's attention is at layers 0 to \d+, "):
+        explorer.step("abc", layer=99)
+    with pytest.raises(InputError, match=r"^no florb attention at layer 0: .* kinds self, causal, cross"):
+        explorer.step("abc", kind="florb", layer=0)

@@ -178,7 +178,13 @@ class Explorer:
         _check_text(text)
         sites = [s for s in self.sites if s.layer == layer and (kind is None or s.kind == kind)]
         if not sites:
-            raise InputError(f"no {kind or ''} attention at Layer {layer}; choose a Layer and Kind the model has")
+            if not self.sites:
+                raise InputError("this model has no attention to show step by step")
+            layers = sorted({s.layer for s in self.sites})
+            kinds = ", ".join(dict.fromkeys(s.kind for s in self.sites))
+            raise InputError(f"no {kind + ' ' if kind else ''}attention at layer {layer}: this model's attention is at "
+                             f"layers {layers[0]} to {layers[-1]}, of the kinds {kinds}; choose a Layer and Kind it "
+                             "has")
         site = sites[0]
         module = site.module
         if not isinstance(module, Attention):
