@@ -242,3 +242,34 @@ def test_a_translation_pair_holds_both_sides_to_the_models_context():
     model.lm_head.register_forward_hook(lambda _, __, logits: logits.index_fill(-1, torch.tensor([EOS]), -1e6))
     own = translation_pair(model, tokenizer, "abc", None, max_length=48, instead="give a target", context=6)
     assert len(own.decoder_input) == 6  # never ends: cut where the context does, not 48 tokens past it
+
+
+def padded_translator():
+    """An encoder-decoder of 16 ids whose tokenizer writes 13 (BOS 11, EOS 12; padded as Marian's and nanoGPT's
+    vocabularies are), the padding ids made likely."""
+    model, _ = tiny_model("encoder-decoder", vocab_size=16, seed=3)
+    with torch.no_grad():
+        model.encoder.embeddings.token.weight[13:] *= 50  # the output head shares the embedding's rows
+    return model
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_translation_never_writes_a_padded_vocabularys_ids_past_the_tokenizers(beam_size):
+    """Greedy translation and beam search chose the ids past the target tokenizer's (which name no text) where the
+    model made them likely; with `writable` (Pipeline.translate passes the tokenizer's size) they never do, and the
+    rest is the search's own over the ids below."""
+    model = padded_translator()
+    search = dict(bos_id=BOS, eos_id=EOS, max_length=8, beam_size=beam_size)
+    free = translate_ids(model, SOURCES, **search)
+    assert max(max(t, default=0) for t in free) >= 13  # the padding ids win without the mask
+    held = translate_ids(model, SOURCES, **search, writable=13)
+    assert all(t < 13 for target in held for t in target)
+    if beam_size == 1:  # greedy: the argmax among the ids below 13 at every step, recomputed without the cache
+        for source, target in zip(SOURCES, held, strict=True):
+            ids = [BOS]
+            for _ in range(8):
+                out = model(torch.tensor([source]), torch.tensor([ids])).logits[0, -1, :13]
+                if int(out.argmax()) == EOS:
+                    break
+                ids.append(int(out.argmax()))
+            assert target == ids[1:]

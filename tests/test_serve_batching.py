@@ -637,3 +637,31 @@ def test_a_request_the_library_refuses_is_logged_in_a_line_and_a_failure_with_it
     failure = next(record for text, record in logged.items() if "own callback failed" in text)
     assert refusal.exc_info is None and "cannot start" in refusal.getMessage()  # the client's 400: no traceback
     assert failure.exc_info is not None  # the server's own failure keeps its traceback
+
+
+def test_the_server_never_chooses_a_padded_vocabularys_ids_past_the_tokenizers():
+    """The server's decoding loop chose the ids past the tokenizer's size (which name no text) where the model made
+    them likely, as Pipeline.generate no longer does; with `writable` (the served tokenizer's size) it never does,
+    and each request gets Pipeline.generate's tokens, greedy and sampled."""
+    model = tiny_model(max_seq_len=CONTEXT, position="rope", seed=5)[0]
+    with torch.no_grad():
+        model.stack.embeddings.token.weight[10:] *= 50  # the output head shares the embedding's rows
+    prompt = [1, 2, 3]
+    for writable in (None, 10):
+        scheduler = Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=4, writable=writable)
+        requests = [Recorded(prompt, 8), Recorded(prompt, 8, sampling=SamplingConfig(), seed=4, n=2)]
+        for request in requests:
+            scheduler.submit(request.job)
+        drain(scheduler)
+        written = [t for request in requests for choice in request.tokens for t in choice]
+        if writable is None:
+            assert max(written) >= 10  # the padding ids win without the mask
+            continue
+        assert max(written) < 10
+        for request in requests:
+            job = request.job
+            generators = [make_generator(choice_seed(job.seed, i), "cpu") for i in range(job.n)]
+            alone = generate_tokens(model, [prompt] * job.n, max_new_tokens=8, context_len=CONTEXT,
+                                    sampling=job.sampling, generator=generators if job.n > 1 else generators[0],
+                                    writable=writable)
+            assert request.tokens == alone

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from attnkit.errors import InputError
+from attnkit.generate.sampling import hold_back, unwritable_ids
 from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources, greedy_translate
 from attnkit.tasks.common import broken_outputs
 
@@ -101,27 +102,31 @@ def translate_ids(
     early_stopping: bool = True,
     pad_id: int = 0,
     num_return_sequences: int = 1,
+    writable: int | None = None,
 ) -> list[list[int]]:
     """Each source's target tokens (without BOS and EOS): greedy for `beam_size=1`, else `beam_search`
-    (`num_return_sequences` per source, source by source)."""
+    (`num_return_sequences` per source, source by source). `writable`: the target tokenizer's size, where the
+    model's vocabulary is padded past it (the ids from it on are never chosen)."""
     if beam_size == 1:
         check_search(beam_size, length_penalty, num_return_sequences=num_return_sequences)
-        return greedy_translate(model, sources, bos_id=bos_id, eos_id=eos_id, max_length=max_length, pad_id=pad_id)
+        return greedy_translate(model, sources, bos_id=bos_id, eos_id=eos_id, max_length=max_length, pad_id=pad_id,
+                                writable=writable)
     return beam_search(model, sources, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, max_length=max_length,
                        length_penalty=length_penalty, early_stopping=early_stopping, pad_id=pad_id,
-                       num_return_sequences=num_return_sequences)
+                       num_return_sequences=num_return_sequences, writable=writable)
 
 
 def translate_batched(
     model: nn.Module, sources: Sequence[Sequence[int] | None], *, bos_id: int, eos_id: int, pad_id: int,
     context_len: int, beam_size: int = 1, length_penalty: float = 1.0, early_stopping: bool = True,
     max_length: int | None = None, batch_size: int = 32, progress: bool = False, num_return_sequences: int = 1,
+    writable: int | None = None,
 ) -> list[list[int]]:
     """Each source's target tokens (`translate_ids`; `num_return_sequences` per source, source by source), the
     sources sorted by length and decoded `batch_size` at a time; a batch's `max_length`, unless given, is twice its
     longest source plus 10, within `context_len` (the model's max_seq_len). A source of None (a blank text) gets no
-    tokens. The one decoding of translations: `Pipeline.translate` and the BLEU of training's evaluation both call
-    it, so equal sources and batch sizes give equal translations."""
+    tokens; `writable`: as `translate_ids` takes it. The one decoding of translations: `Pipeline.translate` and the
+    BLEU of training's evaluation both call it, so equal sources and batch sizes give equal translations."""
     n = num_return_sequences
     outputs: list[list[list[int]]] = [[[]] * n for _ in sources]  # each source's n results
     order = sorted((i for i, s in enumerate(sources) if s is not None), key=lambda i: len(sources[i]))
@@ -131,7 +136,7 @@ def translate_batched(
         length = max_length or min(context_len, 2 * max(map(len, chunk)) + 10)
         results = translate_ids(model, chunk, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, max_length=length,
                                 length_penalty=length_penalty, early_stopping=early_stopping, pad_id=pad_id,
-                                num_return_sequences=n)
+                                num_return_sequences=n, writable=writable)
         for place, index in enumerate(batch):
             outputs[index] = results[place * n:(place + 1) * n]
     return [result for results in outputs for result in results]
@@ -150,9 +155,11 @@ def beam_search(
     early_stopping: bool = True,
     pad_id: int = 0,
     num_return_sequences: int = 1,
+    writable: int | None = None,
 ) -> list[list[int]]:
     """The best hypothesis of each source (target tokens without BOS and EOS), or its `num_return_sequences` best,
-    best first, source by source; see the module docstring."""
+    best first, source by source; see the module docstring. `writable`: the target tokenizer's size, where the
+    model's vocabulary is padded past it (the ids from it on are never proposed)."""
     check_max_length(max_length)
     check_search(beam_size, length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences)
     batch, k = len(sources), beam_size
@@ -164,9 +171,13 @@ def beam_search(
     beams = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, t)
     finished = [Hypotheses(k, length_penalty) for _ in range(batch)]
     done = [False] * batch
+    unwritable = None
     for length in range(1, max_length + 1):
         logprobs = decode_step(model, beams[:, -1], source, cache).float().log_softmax(dim=-1)  # (B*K, V)
         vocab = logprobs.shape[-1]
+        if unwritable is None:  # (U,): a padded vocabulary's ids past the tokenizer's, found once
+            unwritable = unwritable_ids(vocab, writable, device=device)
+        logprobs = hold_back(logprobs, unwritable)  # after the softmax, as transformers' beam search processes scores
         candidates = (scores.view(-1, 1) + logprobs).view(batch, k * vocab)  # (B, K*V)
         top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=-1)  # (B, 2K), best first
         top_beam, top_token = top_index // vocab, top_index % vocab

@@ -52,8 +52,10 @@ from attnkit.generate.sampling import (
     GREEDY,
     SamplingConfig,
     check_drawn,
+    hold_back,
     no_repeat_ngram_mask,
     select_next_in_groups,
+    unwritable_ids,
 )
 from attnkit.layers.embedding import Embeddings, inputs_checked
 from attnkit.layers.kv_cache import KVCache
@@ -191,14 +193,14 @@ def decode_n_tokens(
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
     ngram = sampling.no_repeat_ngram_size
     prompts = [row[mask].tolist() for row, mask in zip(window.ids, window.attention_mask, strict=True)] if ngram else []
+    unwritable = unwritable_ids(vocab, writable, device=logits.device)  # (U,): a padded vocabulary's textless ids
     for step in range(n):
         if ngram:  # (B, V): the tokens that would repeat an n-gram of the row's prompt and reply
             sequences = [prompt + new for prompt, new in zip(prompts, new_tokens, strict=True)]
             logits = logits.masked_fill(no_repeat_ngram_mask(sequences, ngram, vocab).to(logits.device), float("-inf"))
         if step < min_new_tokens and len(held_back):  # the stop tokens, banned while the row is too short
             logits = logits.index_fill(-1, held_back, float("-inf"))
-        if writable is not None and writable < vocab:
-            logits = logits.index_fill(-1, torch.arange(writable, vocab, device=logits.device), float("-inf"))
+        logits = hold_back(logits, unwritable)
         if grammar is not None:
             logits = grammar(logits)  # (B, V): what no row's grammar allows next at -inf
         tokens = select_next_in_groups(logits, sampling, groups, seen=seen, counts=counts)  # (B,)

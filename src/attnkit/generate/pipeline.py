@@ -270,6 +270,7 @@ class Pipeline:
             self.model, sources, bos_id=bos, eos_id=eos, pad_id=self.pad_id, context_len=self.config.max_seq_len,
             beam_size=beam_size, length_penalty=length_penalty, early_stopping=early_stopping, max_length=max_length,
             batch_size=batch_size, progress=progress, num_return_sequences=num_return_sequences,
+            writable=self.tokenizer.vocab_size,  # a padded vocabulary's ids past the tokenizer's name no text
         )
         return [self.tokenizer.decode(ids) for ids in outputs]
 

@@ -200,6 +200,26 @@ def apply_presence_frequency(logits: Tensor, counts: Tensor, presence: float, fr
     return logits - counts.to(logits.dtype) * frequency - (counts > 0).to(logits.dtype) * presence
 
 
+def unwritable_ids(vocab_size: int, writable: int | None, *, device: torch.device | str) -> Tensor:
+    """(U,) the ids from `writable` (the tokenizer's size) up to `vocab_size` (the model's): a vocabulary padded past
+    its tokenizer's (Qwen's 151,936 ids for 151,665 tokens, nanoGPT's 50,304 for GPT-2's 50,257) has ids that name
+    no text. Built once before a decoding loop and held back at each step (`hold_back`); empty for None."""
+    start = vocab_size if writable is None else min(max(writable, 0), vocab_size)
+    return torch.arange(start, vocab_size, device=device)
+
+
+def hold_back(logits: Tensor, ids: Tensor, rows: slice | Tensor | None = None) -> Tensor:
+    """logits (B, V) with the tokens `ids` (K,) at -inf in `rows` (every row for None): tokens that must not be
+    chosen there. A new tensor where any is held back, so the raw logits stay for the log-probabilities."""
+    if not len(ids):
+        return logits
+    if rows is None:
+        return logits.index_fill(-1, ids, float("-inf"))
+    held = logits.clone()
+    held[rows] = held[rows].index_fill(-1, ids, float("-inf"))
+    return held
+
+
 def no_repeat_ngram_mask(sequences: Sequence[Sequence[int]], n: int, vocab_size: int) -> Tensor:
     """(B, V) bool, True at each token that would complete an n-gram its sequence already holds: the tokens that
     followed each earlier occurrence of the sequence's last n - 1 tokens (n = 1: every token it holds), as

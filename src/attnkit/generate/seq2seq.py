@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from attnkit.data.batching import pad
 from attnkit.deprecation import warn_renamed
 from attnkit.errors import InputError
-from attnkit.generate.sampling import GREEDY, check_drawn, select_next
+from attnkit.generate.sampling import GREEDY, check_drawn, hold_back, select_next, unwritable_ids
 from attnkit.layers.kv_cache import KVCache
 
 
@@ -63,9 +63,11 @@ def check_max_length(max_length: int) -> None:
 
 @torch.inference_mode()
 def greedy_translate(
-    model: nn.Module, sources: Sequence[Sequence[int]], *, bos_id: int, eos_id: int, max_length: int, pad_id: int = 0
+    model: nn.Module, sources: Sequence[Sequence[int]], *, bos_id: int, eos_id: int, max_length: int, pad_id: int = 0,
+    writable: int | None = None,
 ) -> list[list[int]]:
-    """The most likely token at every step, until EOS or `max_length` target tokens (EOS counted).
+    """The most likely token at every step, until EOS or `max_length` target tokens (EOS counted). `writable`: the
+    target tokenizer's size, where the model's vocabulary is padded past it (the ids from it on are never chosen).
 
     Returns each source's target tokens, without BOS and EOS.
     """
@@ -76,8 +78,12 @@ def greedy_translate(
     tokens = torch.full((batch,), bos_id, dtype=torch.long, device=source.memory.device)
     finished = [False] * batch
     targets: list[list[int]] = [[] for _ in range(batch)]
+    unwritable = None
     for _ in range(max_length):
-        tokens = select_next(decode_step(model, tokens, source, cache), GREEDY)  # (B,): NO_TOKEN for nan logits
+        logits = decode_step(model, tokens, source, cache)  # (B, V)
+        if unwritable is None:  # (U,): a padded vocabulary's ids past the tokenizer's, found once
+            unwritable = unwritable_ids(logits.shape[-1], writable, device=logits.device)
+        tokens = select_next(hold_back(logits, unwritable), GREEDY)  # (B,): NO_TOKEN for nan logits
         for row, token in enumerate(check_drawn(tokens.tolist(), model=model)):
             if not finished[row]:
                 finished[row] = token == eos_id

@@ -75,9 +75,11 @@ from attnkit.generate.sampling import (
     SamplingConfig,
     check_drawn,
     choice_seed,
+    hold_back,
     make_generator,
     select_next_in_groups,
     token_logprobs,
+    unwritable_ids,
 )
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.layers.kv_cache import KVCache, LayerCache, StaticKVCache
@@ -279,12 +281,16 @@ class Scheduler:
     max_rows: rows decoded together at most (a request of n choices takes n); max_waiting: jobs waiting to join,
     beyond which `submit` raises QueueFull; decoding: how a step runs (the pipeline's: `attnkit.load`'s `compile`
     gives a StaticDecoding, see the module docstring), eager by default; prefix_cache: where prompts' prefixes are
-    kept and found (`layers/prefix_cache.py`), None to compute every prompt whole.
+    kept and found (`layers/prefix_cache.py`), None to compute every prompt whole; writable: the tokenizer's size,
+    where the model's vocabulary is padded past it (the ids from it on are never chosen, `sampling.unwritable_ids`).
     """
 
     def __init__(self, model, *, context_len: int, pad_id: int, max_rows: int = 32, max_waiting: int = 64,
-                 decoding: EagerDecoding | None = None, prefix_cache: PrefixCache | None = None) -> None:
+                 decoding: EagerDecoding | None = None, prefix_cache: PrefixCache | None = None,
+                 writable: int | None = None) -> None:
         self.model = model
+        self.writable = writable
+        self.unwritable: Tensor | None = None  # (U,): those ids, found at the first draw
         self.prefix_cache = prefix_cache
         self.observe: Callable[[GenerationJob], None] | None = None  # called with each job that ended
         self.decoding = decoding if decoding is not None else EagerDecoding(model)
@@ -472,6 +478,9 @@ class Scheduler:
         states = [[g.get_state() if g is not None else None for g in job.generators] for job in jobs]
         try:
             logits = self._held_back(jobs, self.logits[at])  # (B, V)
+            if self.unwritable is None:
+                self.unwritable = unwritable_ids(logits.shape[-1], self.writable, device=self.device)
+            logits = hold_back(logits, self.unwritable)
             grammar = GrammarMask.joined([(job.n, job.grammar) for job in jobs])
             if grammar is not None:  # each constrained row's forbidden tokens at -inf (generate/constrained.py)
                 logits = grammar(logits)

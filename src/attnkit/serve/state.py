@@ -58,7 +58,8 @@ class ServerState:
             prefix_cache = PrefixCache(max_bytes=settings.prefix_cache_mib << 20) if settings.prefix_cache else None
             scheduler = Scheduler(pipeline.model, context_len=pipeline.config.max_seq_len, pad_id=pipeline.pad_id,
                                   max_rows=settings.max_batch, max_waiting=settings.max_queue,
-                                  decoding=pipeline.decoding, prefix_cache=prefix_cache)
+                                  decoding=pipeline.decoding, prefix_cache=prefix_cache,
+                                  writable=pipeline.tokenizer.vocab_size)
             scheduler.observe = metrics.observe  # each generation request's times, when it ends
             build_steps(pipeline.decoding, settings.max_batch)
         experiments = Path(settings.experiments) if settings.experiments else Path.cwd() / "docs" / "experiments"
