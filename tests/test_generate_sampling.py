@@ -10,6 +10,7 @@ from attnkit.generate import SamplingConfig, make_generator, select_next
 from attnkit.generate.sampling import (
     NO_TOKEN,
     NoDistribution,
+    RepeatedNgrams,
     SamplingError,
     check_drawn,
     check_sampling,
@@ -267,3 +268,28 @@ def test_the_processed_distribution_is_transformers_own(vocab, seed, temperature
     ])(ids, logits.clone())
     torch.testing.assert_close(process_logits(logits, config, seen).softmax(-1), reference.softmax(-1),
                                rtol=1e-5, atol=1e-6)
+
+
+def rescanned_bans(tokens: list[int], n: int) -> set[int]:
+    """The tokens that would repeat an n-gram of `tokens`, found by rescanning it (transformers' way)."""
+    last = tuple(tokens[len(tokens) - n + 1:]) if n > 1 else ()
+    return {tokens[i + n - 1] for i in range(len(tokens) - n + 1) if tuple(tokens[i:i + n - 1]) == last}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=8), min_size=1, max_size=3),
+       st.lists(st.integers(0, 5), max_size=12))
+def test_repeated_ngrams_kept_token_by_token_ban_what_rescanning_the_sequence_bans(n, prompts, replies):
+    """The n-grams are kept as tokens come (each step costs its new token, not the sequence) and ban at each step the
+    tokens a rescan of the whole sequence bans, in one index_put over the logits: row by row, for n = 1 to 4."""
+    repeated = RepeatedNgrams(prompts, n)
+    sequences = [list(p) for p in prompts]
+    for step in range(len(replies) + 1):
+        banned = repeated.ban(torch.zeros(len(prompts), 6, dtype=torch.float64))  # (B, V)
+        for row, tokens in enumerate(sequences):
+            assert {int(t) for t in banned[row].isneginf().nonzero()} == rescanned_bans(tokens, n)
+        if step < len(replies):
+            for row, tokens in enumerate(sequences):
+                token = (replies[step] + row) % 6  # each row its own tokens
+                repeated.push(row, token)
+                tokens.append(token)

@@ -50,10 +50,10 @@ from attnkit.errors import InputError
 from attnkit.generate.constrained import GrammarMask
 from attnkit.generate.sampling import (
     GREEDY,
+    RepeatedNgrams,
     SamplingConfig,
     check_drawn,
     hold_back,
-    no_repeat_ngram_mask,
     select_next_in_groups,
     unwritable_ids,
 )
@@ -192,12 +192,12 @@ def decode_n_tokens(
     finished = [False] * batch
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
     ngram = sampling.no_repeat_ngram_size
-    prompts = [row[mask].tolist() for row, mask in zip(window.ids, window.attention_mask, strict=True)] if ngram else []
+    repeated = RepeatedNgrams([row[mask].tolist() for row, mask in zip(window.ids, window.attention_mask, strict=True)],
+                              ngram) if ngram else None  # each row's real tokens: padding is no part of its n-grams
     unwritable = unwritable_ids(vocab, writable, device=logits.device)  # (U,): a padded vocabulary's textless ids
     for step in range(n):
-        if ngram:  # (B, V): the tokens that would repeat an n-gram of the row's prompt and reply
-            sequences = [prompt + new for prompt, new in zip(prompts, new_tokens, strict=True)]
-            logits = logits.masked_fill(no_repeat_ngram_mask(sequences, ngram, vocab).to(logits.device), float("-inf"))
+        if repeated is not None:  # the tokens that would repeat an n-gram of the row's prompt and reply
+            logits = repeated.ban(logits)
         if step < min_new_tokens and len(held_back):  # the stop tokens, banned while the row is too short
             logits = logits.index_fill(-1, held_back, float("-inf"))
         logits = hold_back(logits, unwritable)
@@ -211,6 +211,8 @@ def decode_n_tokens(
                 finished[row] = True
                 continue
             new_tokens[row].append(token)
+            if repeated is not None:
+                repeated.push(row, token)
             complete = grammar is not None and grammar.advance(row, token)
             if (on_token is not None and on_token(row, token)) or complete:
                 finished[row] = True

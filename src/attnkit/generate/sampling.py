@@ -16,8 +16,8 @@
   logit[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty (the reply's tokens only, as vLLM);
 - min-p (Nguyen et al. 2024): keep the tokens whose probability is at least min_p times the likeliest one's;
 - no repeated n-gram (Paulus et al. 2017's trigram blocking; transformers' `no_repeat_ngram_size`): a token that
-  would complete an n-gram the sequence (prompt and reply) already holds gets -inf (`no_repeat_ngram_mask`, applied
-  by the decoding loop, which holds the sequences).
+  would complete an n-gram the sequence (prompt and reply) already holds gets -inf (`RepeatedNgrams`, kept
+  by the decoding loop as each token comes).
 
 Randomness comes only from the `torch.Generator` passed in, so the same seed gives the same tokens.
 """
@@ -220,17 +220,41 @@ def hold_back(logits: Tensor, ids: Tensor, rows: slice | Tensor | None = None) -
     return held
 
 
-def no_repeat_ngram_mask(sequences: Sequence[Sequence[int]], n: int, vocab_size: int) -> Tensor:
-    """(B, V) bool, True at each token that would complete an n-gram its sequence already holds: the tokens that
-    followed each earlier occurrence of the sequence's last n - 1 tokens (n = 1: every token it holds), as
-    transformers' NoRepeatNGramLogitsProcessor finds them."""
-    banned = torch.zeros((len(sequences), vocab_size), dtype=torch.bool)
-    for row, tokens in enumerate(sequences):
-        last = tuple(tokens[len(tokens) - n + 1:]) if n > 1 else ()
-        for start in range(len(tokens) - n + 1):
-            if tuple(tokens[start:start + n - 1]) == last:
-                banned[row, tokens[start + n - 1]] = True
-    return banned
+class RepeatedNgrams:
+    """The tokens that would repeat an n-gram, kept as decoding goes (transformers' NoRepeatNGramLogitsProcessor finds
+    the same ones by rescanning each sequence at every step). Per row, a dict from each (n - 1)-token prefix the row
+    holds to the set of tokens that followed it, updated once per new token (`push`); the banned tokens are those
+    following the row's last n - 1 tokens (n = 1: every token it holds).
+
+    sequences: each row's tokens so far (prompt, without padding)."""
+
+    def __init__(self, sequences: Sequence[Sequence[int]], n: int) -> None:
+        self.n = n
+        self.followers: list[dict[tuple[int, ...], set[int]]] = [{} for _ in sequences]
+        self.tails: list[tuple[int, ...]] = [()] * len(sequences)  # each row's last n - 1 tokens (fewer at first)
+        for row, tokens in enumerate(sequences):
+            for token in tokens:
+                self.push(row, token)
+
+    def push(self, row: int, token: int) -> None:
+        """`token` joins row `row`'s sequence: the n-gram it ends is recorded."""
+        tail = self.tails[row]
+        if len(tail) == self.n - 1:
+            self.followers[row].setdefault(tail, set()).add(token)
+        self.tails[row] = (tail + (token,))[-(self.n - 1):] if self.n > 1 else ()
+
+    def ban(self, logits: Tensor) -> Tensor:
+        """logits (B, V) with each row's banned tokens at -inf (one index_put on the logits' device); a new tensor
+        where any is banned."""
+        rows, tokens = [], []
+        for row, (followers, tail) in enumerate(zip(self.followers, self.tails, strict=True)):
+            banned = followers.get(tail, ())
+            rows += [row] * len(banned)
+            tokens += banned
+        if not rows:
+            return logits
+        index = torch.tensor([rows, tokens], device=logits.device)  # (2, K)
+        return logits.index_put((index[0], index[1]), logits.new_full((), float("-inf")))
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
