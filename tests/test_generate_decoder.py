@@ -267,3 +267,20 @@ def test_a_context_beyond_a_learned_position_table_is_refused_before_decoding():
         generate_tokens(model, [[1, 2]], max_new_tokens=30, context_len=2 * config.max_seq_len)
     rotary, config = tiny_model(position="rope")  # rotations have no end: any context
     assert len(generate_tokens(rotary, [[1, 2]], max_new_tokens=30, context_len=2 * config.max_seq_len)[0]) == 30
+
+
+def test_min_new_tokens_is_checked_in_one_place_against_max_new_tokens_by_the_library_and_decode_n_tokens():
+    """min_new_tokens beyond max_new_tokens was accepted by the library (the server refused it), and decode_n_tokens
+    took any min_new_tokens unchecked: both now refuse it through sampling.check_min_new_tokens, as the server does."""
+    from attnkit.generate.decoder import EagerDecoding, decode_n_tokens
+
+    model, config = tiny_model(position="rope")
+    with pytest.raises(InputError, match="min_new_tokens=5 is more than max_new_tokens=4"):
+        generate_tokens(model, [[1, 2]], max_new_tokens=4, min_new_tokens=5, context_len=config.max_seq_len)
+    decoding = EagerDecoding(model)
+    window = left_pad([[1, 2]], pad_id=0, device="cpu")
+    cache = decoding.allocate(1, 8, config.max_seq_len)
+    logits = decoding.prefill(window, cache)
+    for bad, message in ((-1, "min_new_tokens=-1 must be an integer >= 0"), (7, "is more than max_new_tokens=6")):
+        with pytest.raises(InputError, match=message):
+            decode_n_tokens(model, window, cache, logits, 6, context_len=config.max_seq_len, min_new_tokens=bad)

@@ -14,6 +14,7 @@ from attnkit.generate.sampling import (
     SamplingError,
     check_drawn,
     check_sampling,
+    hold_back,
     process_logits,
     select_next_in_groups,
     top_k_filter,
@@ -293,3 +294,21 @@ def test_repeated_ngrams_kept_token_by_token_ban_what_rescanning_the_sequence_ba
                 token = (replies[step] + row) % 6  # each row its own tokens
                 repeated.push(row, token)
                 tokens.append(token)
+
+
+def test_hold_back_sets_the_ids_to_minus_infinity_in_the_rows_given_and_leaves_the_logits_it_was_given():
+    """The one helper the library's decoding loop and the server's use to hold tokens back (the stop tokens of rows
+    short of min_new_tokens, a padded vocabulary's ids): in every row, or in a slice of rows."""
+    logits = _logits(batch=4, vocab=7)
+    ids = torch.tensor([1, 5])
+    every = hold_back(logits, ids)
+    some = hold_back(logits, ids, slice(1, 3))
+    for row in range(4):
+        for token in range(7):
+            held_in_some = token in (1, 5) and row in (1, 2)
+            assert bool(every[row, token].isneginf()) == (token in (1, 5))
+            assert bool(some[row, token].isneginf()) == held_in_some
+            if not held_in_some:
+                assert some[row, token] == logits[row, token]
+    assert not logits.isinf().any()  # the raw logits stay, for the log-probabilities
+    assert hold_back(logits, torch.tensor([], dtype=torch.long)) is logits

@@ -53,6 +53,7 @@ from attnkit.generate.sampling import (
     RepeatedNgrams,
     SamplingConfig,
     check_drawn,
+    check_min_new_tokens,
     hold_back,
     select_next_in_groups,
     unwritable_ids,
@@ -178,9 +179,11 @@ def decode_n_tokens(
     (transformers' min_new_tokens, vLLM's min_tokens). `generator`: one for every row, or a list of one per row (each
     row's draws its own). `writable`: the ids from it on are never chosen (see the module docstring). The repetition
     penalty reads each row's prompt and reply, the presence and frequency penalties its reply alone
-    (`generate/sampling.py`). Returns each row's new tokens.
+    (`generate/sampling.py`). Returns each row's new tokens. Raises InputError for a `min_new_tokens` that is negative
+    or more than n (`sampling.check_min_new_tokens`).
     """
     batch, vocab = window.ids.shape[0], logits.shape[-1]
+    check_min_new_tokens(min_new_tokens, n)
     decoding = _decoding_for(model, decoding)
     _check_context(model, context_len)  # the steps' positions go unread (see the module docstring)
     seen = _seen_tokens(window, vocab) if sampling.repetition_penalty != 1.0 else None
@@ -198,8 +201,8 @@ def decode_n_tokens(
     for step in range(n):
         if repeated is not None:  # the tokens that would repeat an n-gram of the row's prompt and reply
             logits = repeated.ban(logits)
-        if step < min_new_tokens and len(held_back):  # the stop tokens, banned while the row is too short
-            logits = logits.index_fill(-1, held_back, float("-inf"))
+        if step < min_new_tokens:  # the stop tokens, held back while the rows are too short
+            logits = hold_back(logits, held_back)
         logits = hold_back(logits, unwritable)
         if grammar is not None:
             logits = grammar(logits)  # (B, V): what no row's grammar allows next at -inf
@@ -283,16 +286,16 @@ def generate_tokens(
     generator: one for every prompt, or a list of one per prompt; writable: the tokenizer's vocabulary size, where
     the model's is padded past it (the ids from it on are never chosen); min_new_tokens: no stop token among a row's
     first that many (`decode_n_tokens`).
-    Raises InputError for an empty prompt, a prompt longer than `context_len`, or a negative `max_new_tokens` or
-    `min_new_tokens`;
+    Raises InputError for an empty prompt, a prompt longer than `context_len`, a negative `max_new_tokens`, or a
+    `min_new_tokens` that is negative or more than `max_new_tokens` (`sampling.check_min_new_tokens`);
     BrokenOutputs for logits that give no distribution to draw from (`check_drawn`: nan, or a grammar allowing
     nothing).
     """
     if not prompts:
         raise InputError("no prompts given; pass at least one list of token ids")
-    for name, value in (("max_new_tokens", max_new_tokens), ("min_new_tokens", min_new_tokens)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InputError(f"{name}={value!r} must be an integer >= 0")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise InputError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
+    check_min_new_tokens(min_new_tokens, max_new_tokens)
     for index, prompt in enumerate(prompts):
         if len(prompt) == 0:
             raise InputError(f"prompt {index} is empty; give at least one token (e.g. the tokenizer's BOS)")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnkit.errors import ConfigError
+from attnkit.errors import ConfigError, InputError
 from attnkit.tasks.common import broken_outputs
 
 MIN_TEMPERATURE = 1e-5  # below it (but above 0, greedy) logits / temperature overflow float32 (vLLM's threshold too)
@@ -200,6 +200,20 @@ def apply_presence_frequency(logits: Tensor, counts: Tensor, presence: float, fr
     return logits - counts.to(logits.dtype) * frequency - (counts > 0).to(logits.dtype) * presence
 
 
+def check_min_new_tokens(min_new_tokens: object, max_new_tokens: int, *,
+                         names: tuple[str, str] = ("min_new_tokens", "max_new_tokens")) -> int:
+    """The one check of min_new_tokens (transformers' setting, vLLM's min_tokens): an integer from 0 to
+    max_new_tokens, since a text ends at max_new_tokens first. `names`: the two as the caller's API spells them (the
+    server's min_tokens and max_tokens). Raises InputError naming the value and the fix."""
+    name, max_name = names
+    if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) or min_new_tokens < 0:
+        raise InputError(f"{name}={min_new_tokens!r} must be an integer >= 0")
+    if min_new_tokens > max_new_tokens:
+        raise InputError(f"{name}={min_new_tokens} is more than {max_name}={max_new_tokens}: give at most as many "
+                         f"(a text ends at {max_name} first)")
+    return min_new_tokens
+
+
 def unwritable_ids(vocab_size: int, writable: int | None, *, device: torch.device | str) -> Tensor:
     """(U,) the ids from `writable` (the tokenizer's size) up to `vocab_size` (the model's): a vocabulary padded past
     its tokenizer's (Qwen's 151,936 ids for 151,665 tokens, nanoGPT's 50,304 for GPT-2's 50,257) has ids that name
@@ -210,7 +224,9 @@ def unwritable_ids(vocab_size: int, writable: int | None, *, device: torch.devic
 
 def hold_back(logits: Tensor, ids: Tensor, rows: slice | Tensor | None = None) -> Tensor:
     """logits (B, V) with the tokens `ids` (K,) at -inf in `rows` (every row for None): tokens that must not be
-    chosen there. A new tensor where any is held back, so the raw logits stay for the log-probabilities."""
+    chosen there (a padded vocabulary's ids; the stop tokens of rows short of their min_new_tokens, in the library's
+    decoding loop and the server's alike). A new tensor where any is held back, so the raw logits stay for the
+    log-probabilities."""
     if not len(ids):
         return logits
     if rows is None:

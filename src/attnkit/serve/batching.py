@@ -539,9 +539,9 @@ class Scheduler:
             start += job.n
         if not held:
             return logits
-        logits = logits.clone()
         for start, job in held:
-            logits[start:start + job.n, sorted(job.stop_ids)] = float("-inf")
+            ids = torch.tensor(sorted(job.stop_ids), device=self.device)  # (S,)
+            logits = hold_back(logits, ids, slice(start, start + job.n))
         return logits
 
     def _penalties(self, jobs: list[GenerationJob], sampling: SamplingConfig, vocab: int

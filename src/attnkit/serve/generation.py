@@ -12,9 +12,9 @@ import asyncio
 import re
 import time
 
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, InputError
 from attnkit.generate.pipeline import Pipeline, TextTracker
-from attnkit.generate.sampling import SamplingError, check_sampling
+from attnkit.generate.sampling import SamplingError, check_min_new_tokens, check_sampling
 from attnkit.serve.batching import GenerationJob
 from attnkit.serve.errors import APIError
 from attnkit.serve.logprobs import ChoiceScores, Scored
@@ -65,9 +65,10 @@ class Generation:
         except SamplingError as error:
             raise APIError(400, str(error), param=error.field) from None
         stop_ids = _stop_ids(pipeline, body)
-        if body.min_tokens > max_tokens:
-            raise APIError(400, f"min_tokens={body.min_tokens} is more than max_tokens={max_tokens}: give at most as "
-                           "many", param="min_tokens")
+        try:
+            check_min_new_tokens(body.min_tokens, max_tokens, names=("min_tokens", "max_tokens"))
+        except InputError as error:
+            raise APIError(400, str(error), param="min_tokens") from None
         self.prompt_ids = ids
         self.prompt_tokens = len(ids)
         self.completion_tokens = 0
