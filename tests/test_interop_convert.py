@@ -298,3 +298,26 @@ def test_a_config_edited_by_hand_is_refused_with_the_way_to_keep_the_edit(tmp_pa
     checksums.write_text(json.dumps(record))
     assert main(["convert", str(tmp_path / "run"), "--to-hf", str(tmp_path / "out")]) == 0
     assert json.loads((tmp_path / "out" / "config.json").read_text())["rope_theta"] == 250.0
+
+
+def test_a_gpt2_tagger_keeps_its_tokenizers_framing_through_attnkit_and_back_to_transformers(tmp_path, capsys):
+    """GPT2ForTokenClassification learned its texts as GPT-2's tokenizer gives them, with nothing added: attnkit tag
+    reads a converted one so (it framed every tagger's text with BOS and EOS, and so answered otherwise than
+    transformers), and --to-hf writes a tokenizer.json that adds nothing, so transformers gives the original's
+    logits."""
+    from attnkit import load
+
+    reference = hf_model("gpt2-tagger", tmp_path / "hf")
+    word_tokenizer(tmp_path / "hf")  # a tokenizer with no post-processor, as GPT-2's
+    _convert(tmp_path / "hf", tmp_path / "run", capsys)
+    assert main(["convert", "--run", str(tmp_path / "run"), "--to-hf", str(tmp_path / "back")]) == 0
+    capsys.readouterr()
+    words = [_words([i]) for i in (5, 17, 33, 8, 41, 60, 72, 9, 23, 88)]
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")(" ".join(words), return_tensors="pt")
+    assert theirs["input_ids"][0].tolist() == [int(w[1:]) for w in words]
+    back = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        expected = reference(**theirs).logits[0]  # (T, n_labels)
+        torch.testing.assert_close(back(**theirs).logits[0], expected, atol=1e-5, rtol=1e-5)
+    [tagged] = load(tmp_path / "run").tag([words])
+    assert [w.label for w in tagged] == [reference.config.id2label[int(i)] for i in expected.argmax(-1)]

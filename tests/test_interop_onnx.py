@@ -113,6 +113,7 @@ def test_a_decoder_tagger_is_written_as_a_labelling_graph_with_attnkits_logits(t
     position from the tokens up to it: no past, its text framed as attnkit tag frames it (BOS and EOS)."""
     run = random_run(tmp_path, {**LAYOUTS["default"], "d_model": 32, "d_ff": 64, "decoder_head": "tag",
                                 "n_classes": 5})
+    (run / "task.json").write_text(json.dumps({"task": "tag", "word_pieces": "running"}))  # trained by attnkit
     assert main(["convert", str(run), "--to-onnx", str(tmp_path / "exported")]) == 0
     assert "model.onnx: tag; inputs input_ids, attention_mask; outputs logits" in capsys.readouterr().out
     runtime = json.loads((tmp_path / "exported" / "runtime.json").read_text())
@@ -206,6 +207,35 @@ def test_a_classifier_folder_labels_text_alone_as_attnkit_does(tmp_path, capsys)
                                atol=1e-5)
 
 
+def _begins_texts_with_bos(directory: Path) -> Path:
+    """`directory` with the runs' tokenizer whose post-processor puts BOS before every text (Llama's does)."""
+    from export_runs import tokenizer
+
+    spec = json.loads(tokenizer().to_str())
+    bos = tokenizer().bos_id
+    spec["post_processor"] = {"type": "TemplateProcessing", "single": [
+        {"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}], "pair": [
+        {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<bos>": {"id": "<bos>", "ids": [bos], "tokens": ["<bos>"]}}}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
+    return directory
+
+
+def test_the_export_says_what_a_decoders_tokenizer_json_adds_and_nothing_it_does_not_do(tmp_path, capsys):
+    """--to-onnx said of a decoder whose tokenizer begins its texts with BOS that its tokenizer.json "adds <bos> and
+    None, cut to None ids"; it says the BOS it adds, and no cut or padding, which the file does not do."""
+    from attnkit.tokenize import HFTokenizer
+
+    run = random_run(tmp_path, {**LAYOUTS["default"], "d_model": 32, "d_ff": 64, "n_layers": 1})
+    shutil.rmtree(run / "tokenizer")
+    HFTokenizer.from_dir(_begins_texts_with_bos(tmp_path / "bos")).save(run / "tokenizer")
+    assert main(["convert", str(run), "--to-onnx", str(tmp_path / "exported")]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "tokenizer.json" in line]
+    assert said == [f"wrote {tmp_path / 'exported' / 'tokenizer.json'}: the run's tokenizer, as it is (adds <bos>)"]
+
+
 def test_a_decoders_runtime_json_says_the_bos_its_tokenizer_json_adds(tmp_path):
     """A tokenizer that begins every text with BOS (Llama's post-processor) keeps it in the exported file, and
     runtime.json, which says what the file adds, names it: the prompt attnkit generates from starts with it."""
@@ -215,15 +245,8 @@ def test_a_decoders_runtime_json_says_the_bos_its_tokenizer_json_adds(tmp_path):
     from attnkit.interop.runtime_tokenizer import runtime_tokenizer
     from attnkit.tokenize import HFTokenizer
 
-    spec = json.loads(tokenizer().to_str())
     bos = tokenizer().bos_id
-    spec["post_processor"] = {"type": "TemplateProcessing", "single": [
-        {"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}], "pair": [
-        {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<bos>": {"id": "<bos>", "ids": [bos], "tokens": ["<bos>"]}}}
-    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
-    starts_with_bos = HFTokenizer.from_dir(tmp_path)
+    starts_with_bos = HFTokenizer.from_dir(_begins_texts_with_bos(tmp_path))
     config = ModelConfig(**{**LAYOUTS["default"], "vocab_size": tokenizer().vocab_size})
     for own, adds in ((tokenizer(), []), (starts_with_bos, ["<bos>"])):
         file, framing = runtime_tokenizer(own, config)

@@ -353,7 +353,7 @@ def test_a_byte_level_tagger_records_its_word_pieces_and_every_reader_keeps_them
 
     run = _tagger_run(tmp_path, 120, "--set", "d_model=32", "--set", "d_ff=64", "--set", "n_layers=1", "--set",
                       "max_seq_len=48", "--max-steps", "6", "--batch-size", "16", "--eval-every", "6")
-    assert json.loads((run / "task.json").read_text()) == {"task": "tag", "word_pieces": "running"}
+    assert json.loads((run / "task.json").read_text()) == {"task": "tag", "word_pieces": "running", "frame": "attnkit"}
     trained = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "f1" in r][-1]
     assert cli.main(["eval", str(run), "--data", str(tmp_path / "dev.conll")]) == 0
     report = json.loads((run / "eval" / "eval.json").read_text())["rows"][0]
@@ -415,3 +415,15 @@ def test_a_tagger_without_a_task_json_reads_the_running_texts_pieces(tmp_path):
     convert_to_onnx(run, tmp_path / "onnx")
     described = json.loads((tmp_path / "onnx" / "runtime.json").read_text())["words"]
     assert "between_ids" not in described and "joined by single spaces once" in described["how"]
+
+
+def test_a_tokenizer_with_cls_and_no_sep_frames_a_tagged_text_as_a_classified_one():
+    """One function decides the framing (`frame_ids`): with CLS and no SEP, a tagged text began with BOS where a
+    classified one begins with CLS; both read `CLS text EOS` now."""
+    from attnkit.data.labelled import LabelledData
+
+    tokenizer = CharTokenizer.from_texts(["abc"], special_tokens={"pad": "<pad>", "bos": "<bos>", "eos": "<eos>",
+                                                                  "cls": "<cls>", "unk": "<unk>"})
+    classified = LabelledData.from_examples([("ab c", "x")], tokenizer).ids[0].tolist()
+    tagged = align(tokenizer, ["ab", "c"], None, 16).ids
+    assert tagged == classified and tagged[0] == tokenizer.cls_id and tagged[-1] == tokenizer.eos_id

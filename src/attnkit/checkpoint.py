@@ -44,6 +44,7 @@ CHECKPOINTS_DIR = "checkpoints"  # a training run's checkpoints: checkpoints/ste
 TRAIN_STATE_FILE = "train_state.json"  # where training stands: step, RNG states, data position (attnkit.train.state)
 OPTIMIZER_FILE = "optimizer.safetensors"  # the optimizer's tensors
 TASK_FILE = "task.json"  # the task a run trained for and its data settings
+HF_SOURCE_FILE = "hf_source.json"  # a converted run's origin: model type, class, and config.json's token ids
 BEST_DIR = "best"  # a copy of the checkpoint with the best validation score
 REPLACED_PREFIX = ".replaced-"  # a run `--overwrite` moved aside until the new one's first checkpoint (train.rundir)
 RUN_MARKER = ".attnkit-run"  # written into every run directory attnkit trains or converts into: only such a

@@ -57,6 +57,8 @@ class Tokenizer(Protocol):
     starts_with_bos: bool  # its own texts begin with BOS (Llama's tokenizers); a prompt is given one (`Pipeline`),
     # a chat in the default format too, one with a template of its own only where it writes bos_token (`ChatTemplate`)
     space_starts_word: bool  # a space is written into the word after it (byte-level 'Ġcat', SentencePiece '▁cat')
+    own_frame: tuple[tuple[int, ...], tuple[int, ...]]  # (before, after): the ids its own post-processor puts
+    # around a text (BERT's CLS and SEP, Llama's BOS, nothing for GPT-2's); `encode` adds none of them
 
     @property
     def vocab_size(self) -> int: ...
@@ -89,6 +91,7 @@ class _SpecialIds:
     """The `pad_id ... sep_id` properties, shared by every kind through `token_id(role)`."""
 
     starts_with_bos = False  # attnkit's own tokenizers: the language-model data places no BOS
+    own_frame: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # the ids its post-processor puts around a text
     space_starts_word = False  # a character tokenizer's space is a character of its own
 
     def token_id(self, role: str) -> int | None:
@@ -340,10 +343,10 @@ class HFTokenizer(_SpecialIds):
         missing = {role: tok for role, tok in self.specials.items() if self._ids[role] is None}
         if missing:
             raise InputError(f"special tokens {missing} are not in the tokenizer's vocabulary")
+        self.own_frame = _added_around(tokenizer)
         # a tokenizer whose post-processor puts BOS before every text (Llama's, Mistral's): its model was trained so
         bos = self._ids.get("bos")
-        self.starts_with_bos = bos is not None and [bos] == tokenizer.encode("a").ids[:1] != tokenizer.encode(
-            "a", add_special_tokens=False).ids[:1]
+        self.starts_with_bos = bos is not None and self.own_frame[0][:1] == (bos,)
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike) -> HFTokenizer:
@@ -468,6 +471,17 @@ class HFTokenizer(_SpecialIds):
         if not (directory / HF_FILE).is_file():
             raise InputError(f"tokenizer directory {directory} lacks {HF_FILE}, which its {META_FILE} needs")
         return cls(_read_hf(directory / HF_FILE), kind=meta["kind"], specials=meta["specials"])
+
+
+def _added_around(tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(before, after): the ids a `tokenizers.Tokenizer`'s post-processor adds around a text; ((), ()) where it adds
+    none or the text's own ids are not found whole among its output."""
+    bare = tokenizer.encode("a", add_special_tokens=False).ids
+    framed = tokenizer.encode("a").ids
+    for start in range(len(framed) - len(bare) + 1):
+        if framed[start:start + len(bare)] == bare:
+            return tuple(framed[:start]), tuple(framed[start + len(bare):])
+    return (), ()
 
 
 def _writes_spaces(step: object) -> bool:

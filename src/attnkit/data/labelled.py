@@ -334,12 +334,17 @@ def _lines(numbers: list[int]) -> str:
     return shown + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
 
 
-def frame_ids(tokenizer: Tokenizer) -> tuple[int, int]:
-    """The ids an encoder's text is framed with, `first tokens last`: CLS and SEP when the tokenizer has CLS (BERT's
-    layout; EOS when it has no SEP), else BOS and EOS. Raises InputError naming a missing token."""
+def frame_ids(tokenizer: Tokenizer, *, own: bool = False) -> tuple[list[int], list[int]]:
+    """(before, after): the ids a text is framed with, `before tokens after`, the one place that decides it. attnkit's
+    framing: CLS and SEP when the tokenizer has CLS (BERT's layout; EOS when it has no SEP), else BOS and EOS.
+    `own`: what the tokenizer's own post-processor adds (a model converted from Hugging Face learned its texts so:
+    CLS and SEP for BERT's, BOS for Llama's, nothing for GPT-2's). Raises InputError naming a missing token."""
+    if own:
+        before, after = tokenizer.own_frame
+        return list(before), list(after)
     has_cls = tokenizer.token_id("cls") is not None
     first = require_id(tokenizer, "cls" if has_cls else "bos")
-    return first, require_id(tokenizer, "sep" if tokenizer.token_id("sep") is not None and has_cls else "eos")
+    return [first], [require_id(tokenizer, "sep" if tokenizer.token_id("sep") is not None and has_cls else "eos")]
 
 
 class LabelledData(BucketedData[LabelledBatch]):
@@ -383,8 +388,8 @@ class LabelledData(BucketedData[LabelledBatch]):
             raise InputError(f"max_len must be at least 2, got {max_len}")
         first, last = frame_ids(tokenizer)
         label_vocab = label_vocab or LabelVocab.from_labels(label for _, label in examples)
-        keep = None if max_len is None else max_len - 2
-        ids = [np.array([first, *tokens[:keep], last]) for tokens in tokenizer.encode_batch([t for t, _ in examples])]
+        keep = None if max_len is None else max_len - len(first) - len(last)
+        ids = [np.array([*first, *tokens[:keep], *last]) for tokens in tokenizer.encode_batch([t for t, _ in examples])]
         labels = [label_vocab.encode(label) for _, label in examples]
         return cls(ids, labels, pad_id=require_id(tokenizer, "pad"), label_vocab=label_vocab, **kwargs)
 

@@ -30,7 +30,9 @@ from torch import nn
 from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE, TEMPLATE_CONFIG, check_template, config_template
 from attnkit.checkpoint import (
     CONFIG_FILE,
+    HF_SOURCE_FILE,
     LABELS_FILE,
+    TASK_FILE,
     TOKENIZER_DIR,
     WEIGHTS_FILE,
     atomic_write,
@@ -76,12 +78,12 @@ from attnkit.interop.sentence_embeddings import (
 )
 from attnkit.models import build_model
 from attnkit.outputs import atomic_output, check_output, clear_leftovers
-from attnkit.tasks import task_of_config, task_of_run
+from attnkit.tasks import task_of_config, task_of_run, task_record
+from attnkit.tasks.tag import frame_of
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-HF_SOURCE_FILE = "hf_source.json"  # a converted run's origin: model type, class, and config.json's token ids
 _NULLABLE_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 PEFT_ADAPTER_CONFIG = "adapter_config.json"  # a PEFT (LoRA) adapter directory's, beside adapter_model.safetensors
 _HALF_TYPES = {"BF16": torch.bfloat16, "F16": torch.float16}  # safetensors' names of the types a run may keep
@@ -147,9 +149,11 @@ def save(
     special_ids: dict[str, int] | None = None,
     architecture: str | None = None,
     chat_template: str | None = None,
+    own_frame: bool = False,
 ) -> str:
     """Write `model` as a Hugging Face model directory (config.json, model.safetensors, tokenizer files, with
-    `chat_template` in tokenizer_config.json where given).
+    `chat_template` in tokenizer_config.json where given; `own_frame`: a tagger's tokenizer.json frames its text as
+    the tokenizer's own post-processor does, not as attnkit frames it: `attnkit.interop.runtime_tokenizer`).
 
     The layout is `architecture` when it holds `config` exactly (a converted model's own class), else the first of
     the registry's that does; a mean-pooled BERT encoder is written for sentence-transformers, with its classifier
@@ -169,13 +173,13 @@ def save(
     if getattr(config, "encoder_head", None) == "none" and not config.pooler:
         log.warning("%s has no pooler; transformers will add a randomly initialised one when it loads it", architecture)
     _write(model, directory, config=config, family=family, architecture=architecture, tokenizer=tokenizer,
-           labels=labels, special_ids=special_ids, chat_template=chat_template)
+           labels=labels, special_ids=special_ids, chat_template=chat_template, own_frame=own_frame)
     return architecture
 
 
 def _write(model: nn.Module, directory: Path, *, config: ModelConfig, family: FamilyMap, architecture: str,
            tokenizer: Tokenizer | None, labels: Sequence[str] | None, special_ids: dict[str, int] | None,
-           fields: dict[str, Any] | None = None, chat_template: str | None = None) -> None:
+           fields: dict[str, Any] | None = None, chat_template: str | None = None, own_frame: bool = False) -> None:
     """config.json (the family's fields for `config`, then `fields`), model.safetensors and the tokenizer files."""
     hf = config_to_hf(config, family, architecture, labels=labels)
     hf.update(_special_ids(family, tokenizer, special_ids or {}))
@@ -187,7 +191,7 @@ def _write(model: nn.Module, directory: Path, *, config: ModelConfig, family: Fa
     save_tensors(tensors, directory / SAFETENSORS, metadata={"format": "pt"})
     atomic_write(directory / CONFIG_FILE, json.dumps(hf, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
-        _write_tokenizer(tokenizer, directory, config=config, chat_template=chat_template)
+        _write_tokenizer(tokenizer, directory, config=config, chat_template=chat_template, own_frame=own_frame)
     log.debug("wrote %s (%s) to %s", architecture, family.model_type, directory)
 
 
@@ -295,7 +299,8 @@ def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = 
     with atomic_output(hf_dir, directory=True, overwrite=overwrite, flag="--to-hf") as partial:
         return save(model, partial, config=config, tokenizer=tokenizer, labels=labels,
                     special_ids=origin.get("special_ids"), architecture=origin.get("architecture"),
-                    chat_template=chat_template)
+                    chat_template=chat_template,
+                    own_frame=frame_of(task_record(run_dir), run_dir / TASK_FILE) == "own")
 
 
 def _stored_dtype(path: Path) -> torch.dtype:
@@ -395,8 +400,8 @@ def _special_ids(family: FamilyMap, tokenizer: Tokenizer | None, given: dict[str
     return {name: value for name, value in ids.items() if value is not None or name in _NULLABLE_IDS}
 
 
-def _write_tokenizer(tokenizer: Tokenizer, directory: Path, *, config: ModelConfig, chat_template: str | None = None
-                     ) -> None:
+def _write_tokenizer(tokenizer: Tokenizer, directory: Path, *, config: ModelConfig, chat_template: str | None = None,
+                     own_frame: bool = False) -> None:
     """tokenizer.json as a runtime reads it alone (an encoder's text framed as attnkit frames it:
     `attnkit.interop.runtime_tokenizer`), attnkit's note of its kind, and the tokenizer_config.json that tells
     transformers its special tokens (and its chat template, where given)."""
@@ -404,7 +409,7 @@ def _write_tokenizer(tokenizer: Tokenizer, directory: Path, *, config: ModelConf
         log.warning("a %r tokenizer has no Hugging Face form; %s gets no tokenizer", tokenizer.kind, directory)
         return
     tokenizer.save(directory)  # with attnkit's note of its kind, read back by convert --from-hf
-    framed, _ = runtime_tokenizer(tokenizer, config)
+    framed, _ = runtime_tokenizer(tokenizer, config, own_frame=own_frame)
     atomic_write(directory / HF_FILE, framed.to_str(pretty=True))
     settings = {f"{role}_token": token for role, token in tokenizer.specials.items()}
     settings.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=config.max_seq_len)

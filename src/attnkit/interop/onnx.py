@@ -60,7 +60,7 @@ from attnkit.interop.targets import elsewhere
 from attnkit.layers.kv_cache import KVCache, LayerCache
 from attnkit.outputs import atomic_output, atomic_write, check_output
 from attnkit.tasks import task_record
-from attnkit.tasks.tag import WordPieces, word_pieces_of
+from attnkit.tasks.tag import WordPieces, frame_of, word_pieces_of
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -181,17 +181,22 @@ def _tokenizer_file(tokenizer: Tokenizer | None, config: ModelConfig, run_dir: P
         log.warning("%s has no %s/ directory: the folder gets no %s", run_dir, TOKENIZER_DIR, HF_FILE)
         return None
     try:
-        return runtime_tokenizer(tokenizer, config)
+        return runtime_tokenizer(tokenizer, config,
+                                 own_frame=frame_of(task_record(run_dir), run_dir / TASK_FILE) == "own")
     except ConfigError as err:
         log.warning("the folder gets no %s: %s", HF_FILE, err)
         return None
 
 
 def _described(framing: Framing) -> str:
-    if not framing.first:
-        return "the run's tokenizer, as it is"
-    pad = f", padded with id {framing.pad_id}" if framing.pad_id is not None else ""
-    return f"adds {framing.first} and {framing.last}, cut to {framing.max_length} ids{pad}"
+    """What the folder's tokenizer.json does to a text, from what it adds and the cut and padding where it has them."""
+    if framing.max_length is None:  # a next-token decoder's file: as it is, BOS too where it begins texts with it
+        return "the run's tokenizer, as it is" + (f" (adds {' and '.join(framing.adds)})" if framing.adds else "")
+    said = [f"adds {' and '.join(framing.adds)}" if framing.adds else "adds nothing",
+            f"cut to {framing.max_length} ids"]
+    if framing.pad_id is not None:
+        said.append(f"padded with id {framing.pad_id}")
+    return ", ".join(said)
 
 
 def _runtime(graph: ONNXExport, config: ModelConfig, tokenizer: Tokenizer | None, framing: Framing | None,

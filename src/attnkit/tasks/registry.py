@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from torch import Tensor, nn
 
-from attnkit.checkpoint import TASK_FILE, read_json
+from attnkit.checkpoint import HF_SOURCE_FILE, TASK_FILE, read_json
 from attnkit.config import ModelConfig, config_class
 from attnkit.errors import CheckpointError, ConfigError
 from attnkit.models import family_of
@@ -282,13 +282,16 @@ def tasks_of_family(family: str) -> list[TaskSpec]:
     return [spec for spec in tasks() if family in spec.families]
 
 
+CONVERTED = "converted"  # `task_record`'s key for a run converted from Hugging Face, which has no task.json
+
+
 def task_record(directory: str | Path) -> dict[str, Any]:
     """A run's task.json: `{"task": NAME, ...}` with what its task saved beside the name (`TrainingTask.record`);
-    {} for a run without one (converted). Raises CheckpointError for one that is not a JSON object or whose task is
-    not a name."""
+    for a run without one, {CONVERTED: True} where it was converted from Hugging Face (its hf_source.json), else {}.
+    Raises CheckpointError for one that is not a JSON object or whose task is not a name."""
     path = Path(directory) / TASK_FILE
     if not path.is_file():
-        return {}
+        return {CONVERTED: True} if (Path(directory) / HF_SOURCE_FILE).is_file() else {}
     found = read_json(path)
     if not isinstance(found, dict) or not isinstance(found.get("task", ""), str):
         raise CheckpointError(f'{path} must hold {{"task": NAME, ...}} with NAME a string such as "lm"; got '

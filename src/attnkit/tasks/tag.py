@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from attnkit.checkpoint import TASK_FILE
 from attnkit.data import IGNORE_INDEX, BucketedData, LabelVocab, pad
+from attnkit.data.labelled import frame_ids
 from attnkit.errors import CheckpointError, InputError
 from attnkit.run_settings import InputSettings, read_inputs, text_list
 from attnkit.tasks.common import (
@@ -49,7 +50,16 @@ from attnkit.tasks.common import (
 )
 from attnkit.tasks.conll import Sentence, check_scheme, read_tagged, tag_scheme
 from attnkit.tasks.layouts import check_layout, layout_of
-from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register, task_record
+from attnkit.tasks.registry import (
+    CONVERTED,
+    EvalContext,
+    HFClass,
+    TaskCommand,
+    TaskContext,
+    TaskSpec,
+    register,
+    task_record,
+)
 from attnkit.tasks.report import EvalReport
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, require_id
@@ -70,25 +80,26 @@ class Aligned:
 
 WordPieces = Literal["own", "running"]
 WORD_PIECES = "word_pieces"  # the task.json key that says which a run's tagger reads
+Frame = Literal["attnkit", "own"]
+FRAME = "frame"  # the task.json key: attnkit's framing (`frame_ids`) or its tokenizer's own (a converted tagger's)
 
 
 def align(tokenizer: Tokenizer, words: Sequence[str], tag_ids: Sequence[int] | None, max_len: int,
-          word_pieces: WordPieces = "own") -> Aligned:
-    """`CLS pieces(w1) pieces(w2) ... SEP` (BOS/EOS without CLS). `word_pieces`: "running", the pieces of the running
-    text for a tokenizer that writes a space into the word after it (`HFTokenizer.encode_words`: 'Ġbe', '▁be'), each
-    word encoded on its own otherwise; "own" (runs trained before the choice was recorded), each word encoded on its
-    own and `sep`, what the tokenizer makes of a space, between them (nothing for WordPiece, 'Ġ' for byte-level BPE).
-    Words that do not fit in `max_len` are cut off; once no word could fit, the rest are cut off without being
-    encoded (a text of a million words costs what one of `max_len` does)."""
-    has_cls = tokenizer.cls_id is not None and tokenizer.sep_id is not None
-    first = require_id(tokenizer, "cls" if has_cls else "bos")
-    last = require_id(tokenizer, "sep" if has_cls else "eos")
+          word_pieces: WordPieces = "own", frame: Frame = "attnkit") -> Aligned:
+    """`CLS pieces(w1) pieces(w2) ... SEP` (BOS/EOS without CLS), or with `frame` "own" the tokens the tokenizer's own
+    post-processor puts around a text (nothing for GPT-2's; `attnkit.data.labelled.frame_ids`). `word_pieces`:
+    "running", the pieces of the running text for a tokenizer that writes a space into the word after it
+    (`HFTokenizer.encode_words`: 'Ġbe', '▁be'), each word encoded on its own otherwise; "own" (runs trained before the
+    choice was recorded), each word encoded on its own and `sep`, what the tokenizer makes of a space, between them
+    (nothing for WordPiece, 'Ġ' for byte-level BPE). Words that do not fit in `max_len` are cut off; once no word could
+    fit, the rest are cut off without being encoded (a text of a million words costs what one of `max_len` does)."""
+    first, last = frame_ids(tokenizer, own=frame == "own")
     running = word_pieces == "running" and tokenizer.space_starts_word
     between = [] if running else tokenizer.encode(" ")
     unknown = [tokenizer.unk_id] if tokenizer.unk_id is not None else []
-    ids, labels, firsts = [first], [IGNORE_INDEX], []
+    ids, labels, firsts = list(first), [IGNORE_INDEX] * len(first), []
     for start in range(0, len(words), max_len):  # encoded max_len words at a time: no more than that many fit
-        if len(ids) + (len(between) if start else 0) + 2 > max_len:  # full: no one-piece word and the last fit
+        if len(ids) + (len(between) if start else 0) + 1 + len(last) > max_len:  # full: no one-piece word fits
             break
         chunk = list(words[start:start + max_len])
         if running:  # after the first chunk, from the word before it: its first word's pieces carry their space
@@ -99,7 +110,7 @@ def align(tokenizer: Tokenizer, words: Sequence[str], tag_ids: Sequence[int] | N
         for i, pieces in enumerate(encoded, start):
             pieces = pieces or unknown  # a word the tokenizer has no piece for stands as UNK
             gap = between if i else []
-            if not pieces or len(ids) + len(gap) + len(pieces) + 1 > max_len:
+            if not pieces or len(ids) + len(gap) + len(pieces) + len(last) > max_len:
                 firsts.append(None)
                 continue
             ids += gap
@@ -108,7 +119,7 @@ def align(tokenizer: Tokenizer, words: Sequence[str], tag_ids: Sequence[int] | N
             labels += [tag_ids[i] if tag_ids is not None else IGNORE_INDEX] + [IGNORE_INDEX] * (len(pieces) - 1)
             ids += pieces
     firsts += [None] * (len(words) - len(firsts))
-    return Aligned([*ids, last], [*labels, IGNORE_INDEX], firsts)
+    return Aligned([*ids, *last], [*labels, *[IGNORE_INDEX] * len(last)], firsts)
 
 
 def word_pieces_of(record: Mapping[str, Any], where: str | Path) -> WordPieces:
@@ -123,6 +134,18 @@ def word_pieces_of(record: Mapping[str, Any], where: str | Path) -> WordPieces:
     if found not in get_args(WordPieces):
         raise CheckpointError(f"{where} has {WORD_PIECES}={found!r}, which is none of "
                               f"{', '.join(get_args(WordPieces))}: the file is damaged; put back the run's own one")
+    return found
+
+
+def frame_of(record: Mapping[str, Any], where: str | Path) -> Frame:
+    """How a run's tagger frames its text, as its task.json (`record`, read from `where`) says: "own" (its tokenizer's
+    own framing) for a model converted from Hugging Face (`task_record`'s CONVERTED: GPT2ForTokenClassification learned
+    its texts with nothing added, BertForTokenClassification with CLS and SEP), "attnkit" (`frame_ids`) for any other
+    that does not say."""
+    found = record.get(FRAME, "own" if record.get(CONVERTED) else "attnkit")
+    if found not in get_args(Frame):
+        raise CheckpointError(f"{where} has {FRAME}={found!r}, which is none of {', '.join(get_args(Frame))}: the file "
+                              "is damaged; put back the run's own one")
     return found
 
 
@@ -147,9 +170,10 @@ class TaggedData(BucketedData[TaggedBatch]):
 
     @classmethod
     def from_sentences(cls, sentences: Sequence[Sentence], tokenizer: Tokenizer, *, label_vocab: LabelVocab,
-                       max_len: int, word_pieces: WordPieces = "own", **kwargs) -> TaggedData:
+                       max_len: int, word_pieces: WordPieces = "own", frame: Frame = "attnkit", **kwargs
+                       ) -> TaggedData:
         """Align each sentence (`align`); remaining keyword arguments go to `BucketedData` (batch_size, seed, ...)."""
-        aligned = [align(tokenizer, words, [label_vocab.encode(t) for t in tags], max_len, word_pieces)
+        aligned = [align(tokenizer, words, [label_vocab.encode(t) for t in tags], max_len, word_pieces, frame)
                    for words, tags in sentences]
         cut = sum(f is None for a in aligned for f in a.firsts)
         if cut:
@@ -249,11 +273,12 @@ class TagTask(EpochTask):
     name = "tag"
     higher_is_better = True
 
-    def __init__(self, train: TaggedData, val: TaggedData, *, scheme: str | None, word_pieces: WordPieces) -> None:
+    def __init__(self, train: TaggedData, val: TaggedData, *, scheme: str | None, word_pieces: WordPieces,
+                 frame: Frame = "attnkit") -> None:
         super().__init__(train)
         self.val, self.scheme = val, scheme
         self.metric = "f1" if scheme is not None else "accuracy"
-        self.record = {WORD_PIECES: word_pieces}  # saved in task.json beside the task's name
+        self.record = {WORD_PIECES: word_pieces, FRAME: frame}  # saved in task.json beside the task's name
 
     def loss(self, model: nn.Module, batch: TaggedBatch) -> Tensor:
         b = batch.to(device_of(model))
@@ -304,10 +329,12 @@ def _make(context: TaskContext) -> tuple[TagTask, list[str]]:
     batch = dict(batch_size=context.batch_size, seed=context.seed)
     source = context.record or {}  # a tagger resumed or fine-tuned keeps the pieces its model learned from
     word_pieces = word_pieces_of(source, "the run's task.json")
-    make = dict(label_vocab=vocab, max_len=context.seq_len, word_pieces=word_pieces)
+    frame = frame_of(source, "the run's task.json")
+    make = dict(label_vocab=vocab, max_len=context.seq_len, word_pieces=word_pieces, frame=frame)
     return TagTask(
         TaggedData.from_sentences(train, context.tokenizer, **make, batch_tokens=data.batch_tokens, **batch),
-        TaggedData.from_sentences(val, context.tokenizer, **make, **batch), scheme=scheme, word_pieces=word_pieces,
+        TaggedData.from_sentences(val, context.tokenizer, **make, **batch), scheme=scheme,
+        word_pieces=word_pieces, frame=frame,
     ), list(vocab.labels)
 
 
@@ -322,6 +349,7 @@ def _report(ctx: EvalContext) -> EvalReport:
     rows, gold_all, predicted_all = [], [], []
     scheme = tag_scheme(set(labels))
     word_pieces = word_pieces_of(task_record(ctx.run), ctx.run / TASK_FILE)
+    frame = frame_of(task_record(ctx.run), ctx.run / TASK_FILE)
     for path in ctx.files:
         check_layout(path, "tagged", encoding_errors=ctx.settings.encoding_errors)
         sentences = read_tagged(path, column=ctx.options.tag_column, encoding_errors=ctx.settings.encoding_errors)
@@ -332,7 +360,7 @@ def _report(ctx: EvalContext) -> EvalReport:
         if scheme is not None:  # tags that training would refuse are refused here too
             check_scheme(sentences, scheme, str(path))
         data = TaggedData.from_sentences(sentences, ctx.tokenizer, label_vocab=vocab, max_len=ctx.config.max_seq_len,
-                                         word_pieces=word_pieces, batch_size=ctx.settings.batch_size)
+                                         word_pieces=word_pieces, frame=frame, batch_size=ctx.settings.batch_size)
         total, count, predicted = tag_predictions(ctx.model, data, progress=ctx.progress)
         gold = [tags for _, tags in sentences]
         rows.append({"file": str(path), "sentences": len(sentences), "words": sum(map(len, gold)),
@@ -386,11 +414,14 @@ def tag(pipeline: Any, texts: str | Sequence[str] | Sequence[Sequence[str]], *, 
     results: list[list[TaggedWord]] = []
     fallback = cut_off_label(pipeline.labels)
     word_pieces = word_pieces_of(pipeline.record, "the run's task.json")
+    frame = frame_of(pipeline.record, "the run's task.json")
     for start in range(0, len(sentences), batch_size):
         chunk = sentences[start:start + batch_size]
-        aligned = [align(pipeline.tokenizer, words, None, pipeline.config.max_seq_len, word_pieces) for words in chunk]
+        aligned = [align(pipeline.tokenizer, words, None, pipeline.config.max_seq_len, word_pieces, frame)
+                   for words in chunk]
         pad_id = pipeline.tokenizer.pad_id if pipeline.tokenizer.pad_id is not None else 0
-        ids, mask = pad([a.ids for a in aligned], pad_id, device=pipeline.device)  # (B, T)
+        # a text of no words framed with nothing (a converted GPT-2 tagger's) has no ids: a pad stands in, no word's
+        ids, mask = pad([a.ids or [pad_id] for a in aligned], pad_id, device=pipeline.device)  # (B, T)
         probs = pipeline.model(ids, attention_mask=mask).logits.float().softmax(-1)  # (B, T, n_labels)
         check_outputs(probs, pipeline.model, what=f"texts {start} to {start + len(chunk) - 1}")
         best, where = probs.max(-1)  # (B, T) each
