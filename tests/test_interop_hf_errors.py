@@ -1,6 +1,7 @@
 """Bad Hugging Face directories are refused with one clear error; sharded and (explicitly allowed) pickled weights
 load."""
 
+import importlib.util
 import json
 import logging
 import pickle
@@ -261,14 +262,38 @@ def test_special_ids_outside_a_small_vocabulary_load_as_absent_and_are_said_in_o
     assert set(hf.load(tmp_path / "llama").special_ids) == {"pad_token_id"}
 
 
-def test_a_list_of_end_tokens_within_the_vocabulary_loads(tmp_path, caplog):
-    hf_model("llama", tmp_path)
-    _edit_config(tmp_path, eos_token_id=[2, 3])
-    with caplog.at_level(logging.WARNING):
-        assert hf.load(tmp_path).special_ids.get("eos_token_id") is None  # not one number: not carried as one
-    # transformers stops at either (Llama 3's <|end_of_text|> and <|eot_id|>): said, with the way to do the same
-    assert "eos_token_id lists 2 end tokens [2, 3], where transformers' generate stops at any" in caplog.text
-    assert "pass stop_tokens=[2, 3] to Pipeline.generate" in caplog.text
+def test_a_list_of_end_tokens_is_kept_through_a_run_and_back_and_generation_stops_at_any(tmp_path, capsys):
+    """transformers' generate stops at any of eos_token_id's end tokens (Llama 3's <|end_of_text|> and <|eot_id|>,
+    listed in generation_config.json): the list was dropped on load; the run keeps it (hf_source.json), --to-hf
+    writes it back, and attnkit's generate and server stop at any of them by default."""
+    from interop_models import word_tokenizer
+
+    from attnkit import load
+
+    reference = hf_model("llama", tmp_path / "hf")
+    word_tokenizer(tmp_path / "hf")
+    prompt = [5, 17, 33]
+    with torch.no_grad():
+        first = int(reference(torch.tensor([prompt])).logits[0, -1].argmax())  # the token greedy decoding starts with
+    assert first != 2
+    (tmp_path / "hf" / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, first]}))
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
+    assert json.loads((tmp_path / "run" / "hf_source.json").read_text())["special_ids"]["eos_token_id"] == [2, first]
+    pipeline = load(tmp_path / "run")
+    assert pipeline.end_ids == {2, first}
+    text = " ".join(f"w{i}" for i in prompt)
+    assert pipeline.generate(text, max_new_tokens=4, temperature=0) == [""]  # its first token ends it
+    assert pipeline.generate(text, max_new_tokens=4, temperature=0, stop_at_eos=False)[0]
+    if importlib.util.find_spec("fastapi") is not None:  # attnkit serve (the serve extra) stops there too
+        httpx = pytest.importorskip("httpx")
+        from serve_helpers import running_server
+
+        with running_server(tmp_path / "run") as (url, _):
+            body = {"model": "run", "prompt": text, "max_tokens": 4, "temperature": 0}
+            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+        assert reply["choices"][0]["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] == 0
+    assert main(["convert", "--run", str(tmp_path / "run"), "--to-hf", str(tmp_path / "back")]) == 0
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["eos_token_id"] == [2, first]
 
 
 @pytest.mark.parametrize(("edit", "said"), [

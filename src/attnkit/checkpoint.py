@@ -121,6 +121,22 @@ def read_labels(directory: str | Path) -> list[str] | None:
     return [str(label) for label in labels]
 
 
+def read_end_ids(directory: str | Path, vocab_size: int) -> list[int]:
+    """The end tokens a converted run's model names beside its tokenizer's EOS: hf_source.json's eos_token_id where
+    it lists several (Llama 3's <|end_of_text|> and <|eot_id|>, any of which ends a text); [] otherwise. Raises
+    CheckpointError for a list that holds something else than token ids of the model's vocabulary."""
+    path = Path(directory) / HF_SOURCE_FILE
+    origin = read_json(path) if path.is_file() else {}
+    ids = origin.get("special_ids") if isinstance(origin, dict) else None
+    ends = ids.get("eos_token_id") if isinstance(ids, dict) else None
+    if not isinstance(ends, list):
+        return []
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ends):
+        raise CheckpointError(f"{path}: eos_token_id={ends!r} must list token ids from 0 to {vocab_size - 1}; the file "
+                              "is damaged: convert the model again")
+    return ends
+
+
 def digest(path: str | Path) -> str:
     """The SHA-256 of a file, as hex (about 0.6 s for 500 MB)."""
     with open(path, "rb") as handle:

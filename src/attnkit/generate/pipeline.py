@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from attnkit.blocks import torch_compile_mode
-from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_run_model, read_labels
+from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_run_model, read_end_ids, read_labels
 from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
@@ -87,17 +87,20 @@ class Pipeline:
         plan: InferencePlan | None = None,
         task: TaskSpec | None = None,
         record: Mapping[str, Any] | None = None,
+        end_ids: Sequence[int] = (),
     ) -> None:
         """decoding: how `generate` runs prefill and steps (`generate/decoder.py`); eager by default. plan: how
         `load` prepared the model (`generate/plan.py`; `plan.explain()` says why). task: the run's task, which
         decides the pipeline's method; default: the one the config's head is built for. record: the run's task.json
-        (`task_record`: what its task saved, such as how a tagger's words become pieces); default: none."""
+        (`task_record`: what its task saved, such as how a tagger's words become pieces); default: none. end_ids: the
+        tokens besides the tokenizer's EOS that end a text (a Llama 3's <|eot_id|>: `read_end_ids`)."""
         self.model = model.eval()
         self.config = config
         self.tokenizer = tokenizer
         self.task = task if task is not None else task_of_config(config)
         self.labels = list(labels) if labels is not None else _default_labels(config, self.task)
         self.record = dict(record or {})
+        self._end_ids = tuple(end_ids)
         self.decoding = decoding or EagerDecoding(self.model)
         self.plan = plan
 
@@ -149,12 +152,13 @@ class Pipeline:
         logits before sampling (OpenAI's field: -100 bans a token, 100 forces it). A prompt is used as the tokenizer
         encodes it (the language-model data places no BOS), BOS first where the run's tokenizer begins every text with
         it (a Llama converted from Hugging Face: `starts_with_bos`); `add_bos` True or False decides it, and an empty
-        prompt starts from BOS alone. Generation ends at `max_new_tokens`, at EOS (unless `stop_at_eos=False`), at a
-        token of `stop_tokens`, or at a stop string, which is cut off with everything after it; EOS and the stop tokens
-        are never chosen among the first `min_new_tokens` (transformers' min_new_tokens, vLLM's min_tokens). `on_text(i,
-        piece)` receives sequence i's text as it settles. With a seed, sample i of each prompt draws from its own
-        generator seeded seed + i (as vLLM seeds a request's n samples, and `attnkit serve` its n choices), so a prompt
-        gives the same text alone or batched with others.
+        prompt starts from BOS alone. Generation ends at `max_new_tokens`, at EOS or another of the model's end
+        tokens (`end_ids`, unless `stop_at_eos=False`), at a token of `stop_tokens`, or at a stop string, which is cut
+        off with everything after it; the end and stop tokens are never chosen among the first `min_new_tokens`
+        (transformers' min_new_tokens, vLLM's min_tokens). `on_text(i, piece)` receives sequence i's text as it
+        settles. With a seed, sample i of each prompt draws from its own generator seeded seed + i (as vLLM seeds a
+        request's n samples, and `attnkit serve` its n choices), so a prompt gives the same text alone or batched
+        with others.
         `json_schema` (a dict or its JSON text; {"type": "object"} for any JSON object) holds every text to JSON valid
         under it, `regex` to text the regular expression matches whole, `lark` to a grammar in llguidance's Lark
         syntax, and `grammar` to any `Grammar` (`generate/constrained.py`; one of the four at most): the tokens that
@@ -192,8 +196,8 @@ class Pipeline:
         generator = None if seed is None else [  # sample i of each prompt: seed + i, whatever else is in the batch
             make_generator(choice_seed(seed, i), self.device) for _ in prompt_ids for i in range(num_samples)]
         stop_ids = self._stop_ids(stop_tokens)
-        if stop_at_eos and self.tokenizer.eos_id is not None:
-            stop_ids.add(self.tokenizer.eos_id)
+        if stop_at_eos:
+            stop_ids |= self.end_ids
         texts = TextTracker(self.tokenizer, len(rows), stops, on_text)
         mask = GrammarMask.of(grammar, self.tokenizer, len(rows))
         generate_tokens(  # BrokenOutputs for logits that give no distribution (`check_drawn`)
@@ -217,6 +221,13 @@ class Pipeline:
                         "or token met), so they do not parse: give a larger max_new_tokens (--max-new-tokens)",
                         unfinished, grammar.name, max_new_tokens)
         return texts.finish()
+
+    @property
+    def end_ids(self) -> frozenset[int]:
+        """The tokens that end a text: the tokenizer's EOS and the model's others (those transformers' generate stops
+        at: config.json's or generation_config.json's eos_token_id list)."""
+        eos = self.tokenizer.eos_id if self.tokenizer is not None else None
+        return frozenset([*self._end_ids, *([eos] if eos is not None else [])])
 
     def _stop_ids(self, stop_tokens: Sequence[int]) -> set[int]:
         """`stop_tokens` as a set. Raises InputError for something else than token ids within the vocabulary (a
@@ -513,7 +524,7 @@ def load(
         log.warning("%s has no %s/ directory: the model can be used, but not with text", run_dir, TOKENIZER_DIR)
     task = task_of_run(run_dir, config)
     return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config, task), decoding=decoding,
-                    plan=plan, task=task, record=task_record(run_dir))
+                    plan=plan, task=task, record=task_record(run_dir), end_ids=read_end_ids(run_dir, config.vocab_size))
 
 
 def decoding_for(model: nn.Module, compile: bool | str = False) -> EagerDecoding:

@@ -84,6 +84,7 @@ from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
+GENERATION_CONFIG = "generation_config.json"  # transformers' generate settings, beside config.json
 _NULLABLE_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 PEFT_ADAPTER_CONFIG = "adapter_config.json"  # a PEFT (LoRA) adapter directory's, beside adapter_model.safetensors
 _HALF_TYPES = {"BF16": torch.bfloat16, "F16": torch.float16}  # safetensors' names of the types a run may keep
@@ -92,7 +93,8 @@ _ROLE_IDS = {"bos_token_id": "bos", "eos_token_id": "eos", "pad_token_id": "pad"
 
 @dataclass
 class HFModel:
-    """What `load` returns. `special_ids` are config.json's token ids (bos_token_id, decoder_start_token_id, ...)."""
+    """What `load` returns. `special_ids` are config.json's token ids (bos_token_id, decoder_start_token_id, ...;
+    eos_token_id a list where the model has several end tokens, from generation_config.json where it lists them)."""
 
     model: nn.Module
     config: ModelConfig
@@ -100,7 +102,7 @@ class HFModel:
     labels: list[str] | None
     model_type: str
     architecture: str
-    special_ids: dict[str, int]
+    special_ids: dict[str, int | list[int]]
 
 
 def load(
@@ -120,6 +122,9 @@ def load(
     directory = Path(directory)
     hf = read_hf_config(directory)
     source = str(directory / CONFIG_FILE)
+    generation = read_json(directory / GENERATION_CONFIG) if (directory / GENERATION_CONFIG).is_file() else {}
+    if isinstance(generation, dict) and isinstance(ends := generation.get("eos_token_id"), list):
+        hf = {**hf, "eos_token_id": ends}  # Llama 3 lists its end tokens here, config.json one of them
     family = family_of(hf, source)
     architecture = architecture_of(hf, family, source)
     tensors = add_prefix(read_weights(directory, allow_pickle=allow_pickle), family)

@@ -166,11 +166,14 @@ def _structure(config: ModelConfig) -> dict[str, Any]:
     return {f.name: getattr(resolved, f.name) for f in dataclasses.fields(config) if f.name not in unused}
 
 
-def special_ids_from_hf(hf: dict[str, Any], family: FamilyMap, vocab_size: int, source: str) -> dict[str, int]:
+def special_ids_from_hf(hf: dict[str, Any], family: FamilyMap, vocab_size: int, source: str
+                        ) -> dict[str, int | list[int]]:
     """config.json's token ids (bos_token_id, eos_token_id, ...: a number, a list of them, or null), each a whole
     number. An id outside the model's vocabulary (GPT2Config's default 50256 kept in a config of 311 tokens) is read
     as absent, as transformers loads it (with a warning), and said in one line: it names no token the model has.
-    Returns those given as one number within the vocabulary. Raises ConfigError for an id that is no whole number."""
+    Returns those given as one number within the vocabulary, and eos_token_id as a list where it lists several end
+    tokens within it (transformers' generate stops at any; so do attnkit's `Pipeline.generate` and server). Raises
+    ConfigError for an id that is no whole number."""
     outside = []
     for name in family.special_ids:
         value = hf.get(name)
@@ -185,13 +188,13 @@ def special_ids_from_hf(hf: dict[str, Any], family: FamilyMap, vocab_size: int, 
     if outside:
         log.warning("%s: %s outside the vocabulary (vocab_size=%d: ids 0 to %d): read as absent, as no token has "
                     "that id", source, ", ".join(outside), vocab_size, vocab_size - 1)
+    found: dict[str, int | list[int]] = {
+        name: hf[name] for name in family.special_ids
+        if isinstance(hf.get(name), int) and not isinstance(hf[name], bool) and 0 <= hf[name] < vocab_size}
     ends = hf.get("eos_token_id")
     if isinstance(ends, list) and len(ends := [i for i in ends if isinstance(i, int) and 0 <= i < vocab_size]) > 1:
-        log.warning("%s: eos_token_id lists %d end tokens %s, where transformers' generate stops at any; attnkit "
-                    "stops at its tokenizer's EOS: to stop at each of them, pass stop_tokens=%s to "
-                    "Pipeline.generate", source, len(ends), ends, ends)
-    return {name: hf[name] for name in family.special_ids
-            if isinstance(hf.get(name), int) and not isinstance(hf[name], bool) and 0 <= hf[name] < vocab_size}
+        found["eos_token_id"] = ends  # several end tokens (Llama 3's <|end_of_text|> and <|eot_id|>): any stops
+    return found
 
 
 def _activation_from_hf(value: Any, field: str, source: str) -> str:

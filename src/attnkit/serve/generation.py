@@ -145,17 +145,16 @@ def _prompt_ids(pipeline: Pipeline, prompt: str | list[int], index: int, context
 
 
 def _stop_ids(pipeline: Pipeline, body: Sampling) -> frozenset[int]:
-    """The tokens that end a choice: EOS (unless `ignore_eos`) and `stop_token_ids`; 400 for one beyond the
-    vocabulary."""
+    """The tokens that end a choice: the model's end tokens (unless `ignore_eos`: EOS and the others its config
+    names, `Pipeline.end_ids`) and `stop_token_ids`; 400 for one beyond the vocabulary."""
     vocab = pipeline.config.vocab_size
     stop_ids = set(body.stop_token_ids or ())
     beyond = sorted(token for token in stop_ids if token >= vocab)
     if beyond:
         raise APIError(400, f"stop_token_ids: token id {beyond[0]} is beyond the vocabulary of {vocab} tokens; give "
                        f"ids from 0 to {vocab - 1}", param="stop_token_ids")
-    eos = pipeline.tokenizer.eos_id
-    if eos is not None and not body.ignore_eos:
-        stop_ids.add(eos)
+    if not body.ignore_eos:
+        stop_ids |= pipeline.end_ids
     return frozenset(stop_ids)
 
 
