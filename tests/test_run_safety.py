@@ -25,6 +25,7 @@ from attnkit.checkpoint import CHECKSUMS_FILE, WEIGHTS_FILE
 from attnkit.errors import CheckpointError, ConfigError, InputError
 from attnkit.train import TrainRequest, prepare, rundir, state
 from attnkit.train.memory import check_fits
+from attnkit.train.trainer import Trainer
 
 TINY = ["d_model=32", "n_layers=1", "n_heads=2", "d_ff=64", "max_seq_len=24"]
 KILLED = 77  # the exit status of a process killed at a fault point
@@ -248,6 +249,17 @@ def test_a_resume_gives_best_the_checkpoint_whose_save_stopped_before_copying_it
     shutil.rmtree(tmp_path / "best")  # none at all
     prepare(request(tmp_path, steps=4, resume=True))
     assert state.load_checkpoint(tmp_path / "best").step == 4
+
+
+def test_a_resume_leaves_best_at_the_first_of_tied_scores(tmp_path, caplog, monkeypatch):
+    """A later evaluation that only ties the best score is no better: a plain resume leaves best/ where it is."""
+    monkeypatch.setattr(Trainer, "_evaluate", lambda self, model: {"val_loss": 2.0})
+    prepare(request(tmp_path, steps=4)).fit()
+    assert state.load_checkpoint(tmp_path / "best").step == 2
+    with caplog.at_level(logging.WARNING):
+        prepare(request(tmp_path, steps=8, resume=True))
+    assert "to best/" not in caplog.text
+    assert state.load_checkpoint(tmp_path / "best").step == 2
 
 
 def test_the_top_level_and_best_share_no_storage_with_the_checkpoint(tmp_path):

@@ -445,22 +445,25 @@ def later_best(run_dir: str | Path, step: int) -> dict[str, Any] | None:
     return state if state.get("step", 0) > step else None
 
 
-def mend_best(run_dir: str | Path, checkpoint: Path, metric: str) -> bool:
-    """Copy `checkpoint` (of this run) into `best/` when its own evaluation holds the best score its train state
-    records, and `best/` holds another step or is damaged or missing: a save cut short (a full disk, a kill) after
-    writing the checkpoint but before `best/` took its copy. Returns whether it copied."""
+def mend_best(run_dir: str | Path, checkpoint: Path) -> bool:
+    """Copy `checkpoint` (of this run) into `best/` when its train state records its own step as the one that
+    scored best (`best_step`: a tie scores no better) and `best/` holds another model or none: a save cut short (a
+    full disk, a kill) after writing the checkpoint but before `best/` took its copy. The models are compared by
+    the digests their `checksums.json` record (step numbers repeat across a fork's branches). Returns whether it
+    copied."""
     run_dir = Path(run_dir)
     state = read_json(checkpoint / TRAIN_STATE_FILE)
-    if (checkpoint.parent != run_dir / CHECKPOINTS_DIR or state.get("evaluated_step") != state.get("step")
-            or state.get("best") is None or state.get("evaluation", {}).get(metric) != state["best"]):
+    if checkpoint.parent != run_dir / CHECKPOINTS_DIR or state.get("best_step") != state.get("step"):
         return False
     best = run_dir / BEST_DIR
+    model_files = (CONFIG_FILE, WEIGHTS_FILE, ADAPTERS_FILE)
     try:
-        verify_files(best)
-        if read_json(best / TRAIN_STATE_FILE).get("step") == state["step"]:
-            return False
+        held = read_checksums(best) if best.is_dir() else {}
     except CheckpointError:
-        pass
+        held = {}
+    wanted = read_checksums(checkpoint)
+    if held and all(held.get(name) == wanted.get(name) for name in model_files):
+        return False
     with writing(run_dir, doing=f"copying checkpoint {checkpoint.name} to best/ in"):
         _mirror_dir(checkpoint, best)
     return True

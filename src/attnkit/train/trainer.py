@@ -281,6 +281,7 @@ class Trainer:
         self.elapsed = 0.0
         self.tokens_seen = 0
         self.best: float | None = None
+        self.best_step: int | None = None  # the step whose evaluation scored `best` (best/ holds its model)
         self.evaluation: dict[str, float] = {}
         self.evaluated_step = self.saved_step = -1
         self.layer_grad_norms: dict[str, float] = {}  # taken at the step before each evaluation
@@ -296,6 +297,7 @@ class Trainer:
         self.parallel.load_optimizer(self.optimizer, checkpoint.optimizer, source=str(checkpoint.path))
         self.step, self.elapsed = int(state["step"]), float(state["elapsed"])
         self.tokens_seen, self.best = int(state["tokens_seen"]), state["best"]
+        self.best_step = state.get("best_step")
         self.evaluation = state["evaluation"]
         self.evaluated_step, self.saved_step = int(state["evaluated_step"]), self.step
         self.precision.weights_to_compute()
@@ -305,7 +307,7 @@ class Trainer:
         # the best model the run has made: it stays, and only a better score of the continued run replaces it
         kept = later_best(self.run_dir, self.step)
         if kept is not None:
-            self.best = kept["best"]
+            self.best, self.best_step = kept["best"], kept["step"]
             log.info("kept best/ (step %d, %s %s)%s: the run replaces it only with a better score", kept["step"],
                      self.task.metric, _fmt(kept["best"]),
                      "" if checkpoint.fell_back else f", though the run goes on from the earlier step {self.step}")
@@ -316,11 +318,11 @@ class Trainer:
             self.metrics.truncate_after(self.step)
             if isinstance(self.metrics.mirror, TensorBoardLog):
                 self.metrics.mirror.resume_after(self.step)
-            if kept is None and mend_best(self.run_dir, checkpoint.path, self.task.metric):
+            if kept is None and mend_best(self.run_dir, checkpoint.path):
                 log.warning("copied %s to best/: it holds the run's best score, and the save that wrote it stopped "
                             "before best/ took its copy", checkpoint.path)
         if not own_run:
-            self.best, self.evaluated_step, self.saved_step = None, -1, -1
+            self.best, self.best_step, self.evaluated_step, self.saved_step = None, None, -1, -1
         self._say_schedule_change(TrainConfig.from_dict(state["settings"]))
         saved_ranks = state.get("ranks", 1)
         if saved_ranks != self.parallel.size:
@@ -522,7 +524,7 @@ class Trainer:
         score = self.evaluation[self.task.metric]
         better = self.best is None or (score > self.best if self.task.higher_is_better else score < self.best)
         if better:
-            self.best = score
+            self.best, self.best_step = score, self.step
         self._save(best=better)
         self._plot()
 
@@ -545,6 +547,7 @@ class Trainer:
             "elapsed": self.elapsed,
             "tokens_seen": self.tokens_seen,
             "best": self.best,
+            "best_step": self.best_step,
             "metric": self.task.metric,
             "evaluation": self.evaluation,
             "evaluated_step": self.evaluated_step,
