@@ -321,3 +321,17 @@ def test_a_gpt2_tagger_keeps_its_tokenizers_framing_through_attnkit_and_back_to_
         torch.testing.assert_close(back(**theirs).logits[0], expected, atol=1e-5, rtol=1e-5)
     [tagged] = load(tmp_path / "run").tag([words])
     assert [w.label for w in tagged] == [reference.config.id2label[int(i)] for i in expected.argmax(-1)]
+
+
+def test_a_half_precision_run_loads_as_stored_unless_a_dtype_is_asked(tmp_path, capsys):
+    """attnkit.load's default dtype is "as stored": a run converted with --dtype bf16 loaded in float32 (twice the
+    memory); it loads in bfloat16, generates, and dtype="fp32" still gives float32 (`stored_dtype`)."""
+    from attnkit import load
+
+    hf_model("llama", tmp_path / "hf")
+    word_tokenizer(tmp_path / "hf")
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run"), "--dtype", "bf16"]) == 0
+    stored = load(tmp_path / "run")
+    assert {p.dtype for p in stored.model.parameters()} == {torch.bfloat16}
+    assert stored.generate("w5 w17", max_new_tokens=3, temperature=0)[0] is not None
+    assert {p.dtype for p in load(tmp_path / "run", dtype="fp32").model.parameters()} == {torch.float32}

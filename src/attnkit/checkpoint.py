@@ -137,6 +137,17 @@ def read_end_ids(directory: str | Path, vocab_size: int) -> list[int]:
     return ends
 
 
+_HALF_TYPES = {"BF16": torch.bfloat16, "F16": torch.float16}  # safetensors' names of the types a run may keep
+
+
+def stored_dtype(path: str | Path) -> torch.dtype:
+    """The floating-point type a weights file holds every tensor in (bfloat16 for a run converted with --dtype
+    bf16): the type a model loaded "as stored" (`dtype=None`) takes; float32 where they differ."""
+    with safe_open(str(path), framework="pt") as handle:
+        stored = {handle.get_slice(name).get_dtype() for name in handle.keys()}
+    return _HALF_TYPES.get(stored.pop(), torch.float32) if len(stored) == 1 else torch.float32
+
+
 def digest(path: str | Path) -> str:
     """The SHA-256 of a file, as hex (about 0.6 s for 500 MB)."""
     with open(path, "rb") as handle:

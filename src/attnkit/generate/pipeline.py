@@ -27,7 +27,15 @@ import torch
 from torch import nn
 
 from attnkit.blocks import torch_compile_mode
-from attnkit.checkpoint import LABELS_FILE, TOKENIZER_DIR, load_run_model, read_end_ids, read_labels
+from attnkit.checkpoint import (
+    LABELS_FILE,
+    TOKENIZER_DIR,
+    WEIGHTS_FILE,
+    load_run_model,
+    read_end_ids,
+    read_labels,
+    stored_dtype,
+)
 from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
@@ -514,6 +522,8 @@ def load(
     check_quantization(quantize, device, compile)  # before the model is read: a refusal costs no load
     # a run whose top level is damaged or incomplete (a save cut short) is read from its newest intact checkpoint
     model, config, run_dir = load_run_model(run_dir, device=device, dtype=parse_dtype(dtype), require_checksums=verify)
+    if parse_dtype(dtype) is None:  # as stored: a run converted with --dtype bf16 stays bf16
+        model.to(stored_dtype(run_dir / WEIGHTS_FILE))
     plan = plan_inference(model, config.family, quantize=quantize, compile=compile)
     plan.apply(model)
     decoding = decoding_for(model, compile)

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE, TEMPLATE_CONFIG, check_template, config_template
@@ -44,6 +43,7 @@ from attnkit.checkpoint import (
     record_checksums,
     save_model,
     save_tensors,
+    stored_dtype,
     unique_state_dict,
 )
 from attnkit.config import ModelConfig
@@ -87,7 +87,6 @@ log = logging.getLogger(__name__)
 GENERATION_CONFIG = "generation_config.json"  # transformers' generate settings, beside config.json
 _NULLABLE_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 PEFT_ADAPTER_CONFIG = "adapter_config.json"  # a PEFT (LoRA) adapter directory's, beside adapter_model.safetensors
-_HALF_TYPES = {"BF16": torch.bfloat16, "F16": torch.float16}  # safetensors' names of the types a run may keep
 _ROLE_IDS = {"bos_token_id": "bos", "eos_token_id": "eos", "pad_token_id": "pad", "decoder_start_token_id": "bos"}
 
 
@@ -287,7 +286,7 @@ def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = 
     _refuse_existing(hf_dir, "--to-hf", overwrite=overwrite, replaceable=_holds_hf_model(hf_dir))
     check_output(hf_dir, directory=True, overwrite=overwrite, flag="--to-hf")
     model, config, read_from = load_run_model(run_dir)
-    model.to(_stored_dtype(read_from / WEIGHTS_FILE))  # as save_pretrained keeps a model's type: bf16 stays bf16
+    model.to(stored_dtype(read_from / WEIGHTS_FILE))  # as save_pretrained keeps a model's type: bf16 stays bf16
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR) if (run_dir / TOKENIZER_DIR).is_dir() else None
     if tokenizer is None:
         log.warning("%s has no %s/ directory, so %s gets the model alone: AutoTokenizer.from_pretrained will not find "
@@ -306,14 +305,6 @@ def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = 
                     special_ids=origin.get("special_ids"), architecture=origin.get("architecture"),
                     chat_template=chat_template,
                     own_frame=frame_of(task_record(run_dir), run_dir / TASK_FILE) == "own")
-
-
-def _stored_dtype(path: Path) -> torch.dtype:
-    """The floating-point type a run's weights file holds every tensor in (bfloat16 for a run converted with --dtype
-    bf16); float32 where they differ."""
-    with safe_open(str(path), framework="pt") as handle:
-        stored = {handle.get_slice(name).get_dtype() for name in handle.keys()}
-    return _HALF_TYPES.get(stored.pop(), torch.float32) if len(stored) == 1 else torch.float32
 
 
 def read_hf_config(directory: Path) -> dict[str, Any]:
