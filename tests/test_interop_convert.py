@@ -335,3 +335,27 @@ def test_a_half_precision_run_loads_as_stored_unless_a_dtype_is_asked(tmp_path, 
     assert {p.dtype for p in stored.model.parameters()} == {torch.bfloat16}
     assert stored.generate("w5 w17", max_new_tokens=3, temperature=0)[0] is not None
     assert {p.dtype for p in load(tmp_path / "run", dtype="fp32").model.parameters()} == {torch.float32}
+
+
+def test_a_decoder_tagger_attnkit_trained_is_written_framed_as_attnkit_tag_reads_it(tmp_path, capsys):
+    """--to-hf of a decoder tagger attnkit trained (task.json): its tokenizer.json adds BOS and EOS as `attnkit tag`
+    frames the text, so transformers, fed what that file gives, labels as attnkit does."""
+    from attnkit import load
+
+    config = presets.get("llama2-tiny", vocab_size=99, max_seq_len=32, decoder_head="tag", n_classes=3)
+    torch.manual_seed(0)
+    run = tmp_path / "run"
+    save_model(build_model(config).eval(), config, run)
+    word_tokenizer(tmp_path / "words")
+    load_tokenizer(tmp_path / "words").save(run / "tokenizer")
+    (run / "task.json").write_text(json.dumps({"task": "tag", "word_pieces": "running", "frame": "attnkit"}))
+    (run / "labels.json").write_text(json.dumps({"labels": ["A", "B", "O"]}))
+    assert main(["convert", "--run", str(run), "--to-hf", str(tmp_path / "hf")]) == 0
+    capsys.readouterr()
+    words = [_words([i]) for i in (5, 17, 33, 8, 41)]
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(" ".join(words), return_tensors="pt")
+    assert theirs["input_ids"][0].tolist() == [BOS, 5, 17, 33, 8, 41, EOS]
+    reference = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        best = reference(**theirs).logits[0, 1:-1].argmax(-1)  # (T,) at each word, between BOS and EOS
+    assert [w.label for w in load(run).tag([words])[0]] == [reference.config.id2label[int(i)] for i in best]

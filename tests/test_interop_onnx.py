@@ -128,6 +128,25 @@ def test_a_decoder_tagger_is_written_as_a_labelling_graph_with_attnkits_logits(t
         _close(logits[mask.bool().numpy()], model(ids, attention_mask=mask).logits[mask.bool()])
 
 
+def test_a_decoder_taggers_tokenizer_json_frames_its_text_as_its_tagger_reads_it(tmp_path):
+    """The decoder tagger's framing without exporting a graph: a tagger attnkit trained reads `BOS text EOS`
+    (`align`), and the file adds both; one converted from Hugging Face reads its tokenizer's own framing (here none)."""
+    from export_runs import tokenizer
+
+    from attnkit.config import ModelConfig
+    from attnkit.interop.runtime_tokenizer import runtime_tokenizer
+    from attnkit.tasks.tag import align
+
+    config = ModelConfig(**{**LAYOUTS["default"], "vocab_size": tokenizer().vocab_size, "decoder_head": "tag",
+                            "n_classes": 5})
+    words = "def f ( x ) : return x".split()
+    for own_frame, adds in ((False, ["<bos>", "<eos>"]), (True, [])):
+        file, framing = runtime_tokenizer(tokenizer(), config, own_frame=own_frame)
+        assert framing.adds == adds and framing.max_length == config.max_seq_len
+        read = align(tokenizer(), words, None, config.max_seq_len, "running", "own" if own_frame else "attnkit")
+        assert file.encode(" ".join(words)).ids == read.ids
+
+
 def test_families_without_an_onnx_form_are_refused(tmp_path):
     run = random_run(tmp_path, dict(family="encoder-decoder", d_model=32, n_heads=2, d_ff=64))
     with pytest.raises(ConfigError, match="ONNX export writes decoders and encoders"):
