@@ -437,6 +437,22 @@ def test_out_naming_a_checkpoint_of_a_run_says_how_to_resume_from_it(tmp_path, c
         prepare(request(tmp_path / checkpoint, resume=str(tmp_path / checkpoint) if named else True))
 
 
+def test_out_naming_a_checkpoint_of_a_run_is_refused_whatever_resume_names(tmp_path):
+    """--out RUN/best with --resume RUN (or none, or --overwrite) would nest a run inside RUN's best model."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    prepare(request(run, max_steps=2, eval_every=2)).fit()
+    kept = weights(run / "best")
+    for flags in (dict(resume=str(run)), dict(resume=str(run), overwrite=True), dict(overwrite=True), {}):
+        with pytest.raises(ConfigError, match=rf"--out {run / 'best'} is a checkpoint of the run {run}, not a run"):
+            prepare(request(run / "best", max_steps=4, **flags))
+    for name, tensor in weights(run / "best").items():
+        assert torch.equal(tensor, kept[name]), name
+    assert not (run / "best" / "best").exists() and not list(run.glob(".replaced-*"))
+    prepare(request(other, max_steps=2, eval_every=2)).fit()
+    with pytest.raises(ConfigError, match=r"--resume without a path to continue it, --overwrite to replace it with "):
+        prepare(request(other, max_steps=4, resume=str(run)))
+
+
 @pytest.mark.parametrize("max_steps", [4, 6])
 def test_a_checkpoint_continued_in_a_new_directory_gives_it_a_best_and_a_checkpoint_of_its_own(tmp_path, max_steps):
     """The score to beat is the new directory's own: the source run's best (which lives elsewhere) would keep best/

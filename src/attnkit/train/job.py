@@ -299,6 +299,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     quiet_other_ranks(world)
     refuse_rank_options(world, train_changes)
     out, device = Path(request.out), world.device(pick_device(request.device))
+    _refuse_checkpoint_out(out, request.resume)
     if request.resume:
         source = out if request.resume is True else Path(request.resume)
         return _resume(request, source, model_changes, data_changes, train_changes, device, translate)
@@ -430,15 +431,9 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
                           position=state["data"], max_seq_len=checkpoint.config.max_seq_len)
     out, world = Path(request.out), World.from_env()
     run = _run_of(checkpoint.path)
-    if out.resolve() == checkpoint.path.resolve() != run.resolve():  # --out names a checkpoint inside a run
-        raise ConfigError(
-            f"--out {out} is a checkpoint of the run {run}, not a run directory: continue the run from it with "
-            f"--out {run} --resume {out} (its later checkpoints are dropped), or start a new run from it with "
-            f"--out NEW_RUN --resume {out}"
-        )
     if out.resolve() != run.resolve():
         if world.rank == 0:
-            _claim_run_dir(out, overwrite=request.overwrite)
+            _claim_run_dir(out, overwrite=request.overwrite, resuming=checkpoint.path)
         log.info("continuing %s in %s", checkpoint.path, out)
     parallel = _start(world, settings, data_config, device)
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), checkpoint.tokenizer, checkpoint.config,
@@ -624,16 +619,35 @@ def _run_of(checkpoint: Path) -> Path:
     return checkpoint.parent if checkpoint.name == BEST_DIR else checkpoint
 
 
-def _claim_run_dir(out: Path, *, overwrite: bool) -> None:
+def _refuse_checkpoint_out(out: Path, resume: bool | str | None) -> None:
+    """Refuse an `--out` that is a checkpoint of a run (`RUN/best`, `RUN/checkpoints/step_N`), whatever `--resume`
+    names: a run started or continued there would nest inside the run (and --overwrite would move its best model
+    aside)."""
+    run = _run_of(out)
+    if run == out or not is_attnkit_run(run):
+        return
+    named = Path(resume) if isinstance(resume, str) and Path(resume).resolve() != out.resolve() else None
+    if named is None:
+        ways = (f"continue the run from it with --out {run} --resume {out} (its later checkpoints are dropped), or "
+                f"start a new run from it with --out NEW_RUN --resume {out}")
+    else:
+        ways = (f"continue {named} in its own run with --out {_run_of(named)} --resume {named}, or in a new one with "
+                f"--out NEW_RUN --resume {named}")
+    raise ConfigError(f"--out {out} is a checkpoint of the run {run}, not a run directory: {ways}")
+
+
+def _claim_run_dir(out: Path, *, overwrite: bool, resuming: Path | None = None) -> None:
     """Refuse to start in a directory holding another run, unless `overwrite` (the run is then moved aside, not
-    deleted, when the new one is about to write: `rundir.move_aside`)."""
+    deleted, when the new one is about to write: `rundir.move_aside`). `resuming`: the checkpoint a --resume PATH
+    named, continued in `out`."""
     existing = existing_run(out)
     if existing and not overwrite and killed_before_checkpoint(out):
         raise ConfigError(f"{out}: {stopped_early(out)}")
     if existing and not overwrite:
+        go_on = ("--resume without a path to continue it" if resuming is not None else "pass --resume to continue it")
         raise ConfigError(
-            f"{out} already holds a run ({', '.join(existing[:4])}, ...): pass --resume to continue it, "
-            f"--overwrite to replace it, or choose another --out"
+            f"{out} already holds a run ({', '.join(existing[:4])}, ...): {go_on}, --overwrite to replace it"
+            + (f" with {resuming} continued" if resuming is not None else "") + ", or choose another --out"
         )
     if existing and not is_attnkit_run(out):
         raise ConfigError(
