@@ -5,6 +5,7 @@ layout: logits equal attnkit's), and, where llama-cpp-python is installed, run b
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 
@@ -205,6 +206,9 @@ def test_refused_with_the_reason(tmp_path):
 @pytest.mark.parametrize("normalizer, said", [
     ({"type": "Lowercase"}, "(Lowercase)"),
     ({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]}, "(Sequence of NFC, Lowercase)"),
+    ({"type": "NFKC"}, "(NFKC)"),
+    ({"type": "NFD"}, "(NFD)"),
+    ({"type": "Replace", "pattern": {"String": "``"}, "content": '"'}, "(Replace)"),
     ({"type": "Sequence", "normalizers": []}, None),  # normalizes nothing: written
 ])
 def test_a_tokenizer_that_normalizes_text_is_refused_as_llama_cpp_would_not(tmp_path, normalizer, said):
@@ -220,6 +224,20 @@ def test_a_tokenizer_that_normalizes_text_is_refused_as_llama_cpp_would_not(tmp_
                                           "--to-onnx"):
         convert_to_gguf(run, tmp_path / "model.gguf")
     assert not (tmp_path / "model.gguf").exists()
+
+
+@pytest.mark.parametrize("normalizer", [{"type": "NFC"}, {"type": "Sequence", "normalizers": [{"type": "NFC"}]}])
+def test_a_tokenizer_that_only_composes_to_nfc_is_written_with_a_warning(tmp_path, caplog, normalizer):
+    """NFC alone leaves text already composed (most text) as it is, and llama.cpp's own converter writes such a
+    tokenizer: written, saying that text not in NFC may split differently in llama.cpp."""
+    run = random_run(tmp_path, LAYOUTS["default"])
+    path = run / "tokenizer" / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**spec, "normalizer": normalizer}), encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        convert_to_gguf(run, tmp_path / "model.gguf")
+    assert (tmp_path / "model.gguf").is_file()
+    assert "normalizes text to NFC before it splits it" in caplog.text and "may split differently" in caplog.text
 
 
 def test_a_gpt2_layout_with_an_activation_llama_cpp_lacks_is_refused_before_writing(tmp_path, caplog):

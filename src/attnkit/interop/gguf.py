@@ -304,7 +304,12 @@ def gguf_vocabulary(tokenizer: Tokenizer, directory: Path, vocab_size: int) -> G
             f"{directory / HF_FILE} is a {model.get('type')} tokenizer with pre-tokenizer {pre.get('type')}; GGUF "
             f"export writes byte-level BPE with GPT-2's pre-tokenizer (attnkit's bpe kind, GPT-2's tokenizer)"
         )
-    if _describe(spec.get("normalizer") or {}):  # llama.cpp's gpt2 tokenizer reads the text as it comes
+    steps = _normalizations(spec.get("normalizer") or {})  # llama.cpp's gpt2 tokenizer reads the text as it comes
+    if steps and set(steps) == {"NFC"}:  # llama.cpp's own converter writes such a tokenizer too
+        log.warning("%s normalizes text to NFC before it splits it, which llama.cpp's byte-level BPE does not: text "
+                    "already in NFC (most text) splits alike, text that is not (decomposed accents) may split "
+                    "differently there; --to-hf and --to-onnx carry the normalizer", directory / HF_FILE)
+    elif steps:
         raise ConfigError(
             f"{directory / HF_FILE} normalizes text before it splits it ({_describe(spec['normalizer'])}), which "
             f"llama.cpp's byte-level BPE does not, so llama.cpp would tokenize differently; GGUF export writes byte-"
@@ -337,10 +342,15 @@ def gguf_vocabulary(tokenizer: Tokenizer, directory: Path, vocab_size: int) -> G
 def _describe(normalizer: Mapping[str, Any]) -> str:
     """A tokenizer.json normalizer by its type, a Sequence by its parts' (`Sequence of NFC, Lowercase`); "" for
     none, an empty Sequence included."""
+    steps = _normalizations(normalizer)
+    return ("Sequence of " + ", ".join(steps) if normalizer.get("type") == "Sequence" else steps[0]) if steps else ""
+
+
+def _normalizations(normalizer: Mapping[str, Any]) -> list[str]:
+    """The types of a tokenizer.json normalizer's steps, a Sequence's in order (nested ones flattened); [] for none."""
     if normalizer.get("type") == "Sequence":
-        parts = [described for part in normalizer.get("normalizers") or [] if (described := _describe(part))]
-        return "Sequence of " + ", ".join(parts) if parts else ""
-    return str(normalizer.get("type") or "")
+        return [step for part in normalizer.get("normalizers") or [] for step in _normalizations(part)]
+    return [str(normalizer["type"])] if normalizer.get("type") else []
 
 
 def _is_gpt2_byte_level(pre: Mapping[str, Any]) -> bool:
