@@ -366,3 +366,34 @@ def test_a_probe_reads_a_language_models_and_a_sources_text_without_a_start_mark
     expected = trace(stack, ids, names=["blocks.0.resid_post"])["blocks.0.resid_post"][0]  # (T, C)
     at = [2, 5, 9] if family == "decoder" else [0, 4, 7]  # each word's last piece in a decoder, first in an encoder
     torch.testing.assert_close(found.states["blocks.0.resid_post"][:3], expected[at])
+
+
+@pytest.mark.parametrize(("family", "head", "frame", "around"), [
+    ("decoder", "lm", "attnkit", (["bos"], [])),  # a converted Llama: its texts start with BOS, as it generates
+    ("decoder", "tag", "own", ([], [])),  # a converted GPT-2 tagger: its tokenizer adds nothing
+    ("encoder", "tag", "own", (["bos", "cls"], ["sep", "eos"])),  # two marks on each side, its tokenizer's own
+])
+def test_a_probe_frames_a_converted_models_text_as_its_tokenizer_does(family, head, frame, around):
+    """A converted Llama (starts_with_bos) was probed without the BOS it always read; a converted GPT-2 tagger read
+    BOS ... EOS it never saw; and a frame of other than one mark on each side was cut at [1:-1]: each word's state is
+    the stack's own at that word on [*before, *pieces, *after]."""
+    from attnkit.inspect import trace
+    from attnkit.inspect.probes import word_states
+    from attnkit.tokenize import CharTokenizer
+
+    tokenizer = CharTokenizer("abcdefgh ")
+    before, after = ([tokenizer.token_id(role) for role in side] for side in around)
+    tokenizer.starts_with_bos = before == [tokenizer.bos_id]
+    tokenizer.own_frame = (tuple(before), tuple(after))
+    torch.manual_seed(0)
+    fields = {"decoder_head" if family == "decoder" else "encoder_head": head}
+    if head == "tag":
+        fields["n_classes"] = 2
+    model = build_model(ModelConfig(family=family, vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1,
+                                    n_heads=2, d_ff=32, max_seq_len=32, **fields)).eval()
+    words = ["abc", "de", "fgh"]
+    found = word_states(model, tokenizer, [(words, ["X", "Y", "X"]), (["ab"], ["Y"])], max_len=32, frame=frame)
+    ids = torch.tensor([[*before, *tokenizer.encode("abc de fgh"), *after]])
+    expected = trace(model.stack, ids, names=["blocks.0.resid_post"])["blocks.0.resid_post"][0]  # (T, C)
+    at = [2, 5, 9] if family == "decoder" else [0, 4, 7]  # each word's last piece in a decoder, first in an encoder
+    torch.testing.assert_close(found.states["blocks.0.resid_post"][:3], expected[[len(before) + i for i in at]])

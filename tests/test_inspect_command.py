@@ -552,3 +552,82 @@ def test_the_probe_picture_names_the_column_only_of_a_conllu_file(runs, tmp_path
     conll.write_text(CONLL)
     run_inspect(InspectSettings(run=str(runs["mlm"]), analysis="probe", conll=str(conll), out=str(tmp_path)))
     assert drawn[0].axes[0].get_title() == "linear probes: labels of words.conll"
+
+
+def test_a_converted_models_text_is_framed_as_it_learned_to_read_one(tmp_path, monkeypatch):
+    """A converted Llama (its tokenizer starts every text with BOS) was read by the logit lens and the patchings
+    without it, unlike generation and TransformerLens; a converted GPT-2 tagger (hf_source.json, no task.json) read
+    BOS ... EOS it never saw. A converted Llama's prompt starts with BOS; the tagger's text is its tokens alone."""
+    import attnkit.inspect.command as command
+    from attnkit.inspect.command import Loaded, text_batch
+
+    tokenizer = CharTokenizer(CHARS)
+    tokenizer.starts_with_bos = True
+    model = build_model(ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2,
+                                    d_ff=32, n_layers=1, max_seq_len=4)).eval()
+    loaded = Loaded(model, tokenizer, "decoder", 4, torch.device("cpu"))
+    assert text_batch(loaded, "abc", prompt=True).args[0][0].tolist() == [tokenizer.bos_id, *tokenizer.encode("abc")]
+    assert text_batch(loaded, "abc").args[0][0].tolist() == [tokenizer.bos_id, *tokenizer.encode("ab")]
+    with pytest.raises(InputError, match="is 4 tokens, more than the 3 this run reads .*after BOS"):
+        text_batch(loaded, "abcd", prompt=True)
+    run = _run(tmp_path / "tagger", "decoder", decoder_head="tag", n_classes=3)
+    (run / "hf_source.json").write_text(json.dumps({"model_type": "gpt2"}))
+    read = []
+    batch_of = command.text_batch
+    monkeypatch.setattr(command, "text_batch",
+                        lambda *args, **kwargs: read.append(batch_of(*args, **kwargs)) or read[-1])
+    _inspect(run, "heads", tmp_path / "out", text=("abc de",))
+    assert read[0].args[0][0].tolist() == tokenizer.encode("abc de")
+
+
+def test_an_answer_and_wrong_of_one_output_are_refused_by_id_naming_the_models_top(runs, tmp_path):
+    """--wrong naming the model's own top answer gave dla a difference of 0.0 unsaid and patch a failure naming
+    another cause; two texts of one id ('x' and 'y', both UNK) passed the check by string. With --answer alone, dla's
+    summary named the model's top 'runner-up'."""
+    run = runs["decoder"]
+    model, _ = load_model(run)
+    tokenizer = CharTokenizer(CHARS)
+    with torch.no_grad():
+        logits = model.eval()(torch.tensor([tokenizer.encode("abc de abc")])).logits[0, -1]  # (V,)
+    top = tokenizer.pieces([int(logits.argmax())])[0]
+    named = re.escape(repr(top))
+    for analysis, extra in (("dla", {}), ("patch", {"corrupt": "jih gf abc"})):
+        with pytest.raises(InputError, match=f"--wrong {named} is the same output as the model's top answer here "
+                                             f"\\({named}\\), so their logit difference is 0: .* is {named}"):
+            _inspect(run, analysis, tmp_path, text=("abc de abc",), wrong=top, **extra)
+    with pytest.raises(InputError, match="--wrong 'y' is the same output as --answer 'x' .*, so their logit diff"):
+        _inspect(run, "dla", tmp_path, text=("abc de abc",), answer="x", wrong="y")
+    other = "j" if top != "j" else "i"
+    summary = _inspect(run, "dla", tmp_path, text=("abc de abc",), answer=other)["summary"]
+    assert summary["wrong"] == top and "runner-up" not in summary
+
+
+def test_a_named_difference_is_read_where_it_moves_or_at_the_position_given(runs, tmp_path):
+    """A tagger's named difference was read at the position whose whole distribution the corruption moved most
+    (KL), wherever the named labels moved: it is read where their difference moves most, or at --position; a
+    classifier's is its pooled logits' (patch_stream's)."""
+    from attnkit.inspect.inputs import Batch
+    from attnkit.inspect.patching import patch_stream
+
+    tokenizer = CharTokenizer(CHARS)
+    model, _ = load_model(runs["tagger"])
+    clean, corrupt = ([tokenizer.cls_id, *tokenizer.encode(t), tokenizer.sep_id] for t in ("abc de", "jih gf"))
+    with torch.no_grad():
+        logits, corrupted = (model.eval()(torch.tensor([ids])).logits[0] for ids in (clean, corrupt))  # (T, 3)
+    difference, corrupted_difference = logits[:, 1] - logits[:, 2], corrupted[:, 1] - corrupted[:, 2]  # VERB - ADJ
+    moved = int((difference - corrupted_difference).abs().argmax())
+    assert moved != int(torch.nn.functional.kl_div(corrupted.log_softmax(-1), logits.log_softmax(-1), log_target=True,
+                                                   reduction="none").sum(-1).argmax())  # the KL's position is another
+    for position, expected in ((None, moved), (2, 2)):
+        summary = _inspect(runs["tagger"], "patch", tmp_path, text=("abc de",), corrupt="jih gf", answer="VERB",
+                           wrong="ADJ", position=position)["summary"]
+        assert summary["position"] == expected
+        assert summary["logit difference clean"] == pytest.approx(float(difference[expected]), abs=1e-5)
+    model, _ = load_model(runs["classify"])
+    ids, corrupted_ids = (torch.tensor([[tokenizer.cls_id, *tokenizer.encode(t), tokenizer.sep_id]])
+                          for t in ("abc de", "jih gf"))
+    patched = _inspect(runs["classify"], "patch", tmp_path, text=("abc de",), corrupt="jih gf", answer="class 1",
+                       wrong="class 0")
+    expected = patch_stream(model.eval(), Batch((ids,)), Batch((corrupted_ids,)), answer=1, wrong=0)
+    rows = [r["restored"] for r in patched["rows"] if " head " not in r["patched"]]
+    assert rows == pytest.approx(expected.restored.flatten().tolist(), abs=1e-4)

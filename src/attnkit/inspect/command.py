@@ -47,7 +47,7 @@ from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import faint_warning, logit_difference, patch_heads, patch_stream
 from attnkit.inspect.path_patching import path_patch
 from attnkit.inspect.points import head_sites, hook_points
-from attnkit.inspect.probes import probe_layers, reading_piece
+from attnkit.inspect.probes import probe_layers, reading_piece, text_frame, text_layout
 from attnkit.inspect.report import heatmap, write_report
 from attnkit.inspect.sae import (
     SAEConfig,
@@ -64,7 +64,7 @@ from attnkit.models.greedy import translation_pair
 from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import read_tagged
 from attnkit.tasks.registry import task_record
-from attnkit.tasks.tag import word_pieces_of
+from attnkit.tasks.tag import Frame, frame_of, word_pieces_of
 from attnkit.textfiles import EncodingErrors, read_lines
 from attnkit.tokenize import Tokenizer, load_tokenizer, require_id
 
@@ -96,7 +96,7 @@ class InspectSettings:
     sender: tuple[str, ...] = ()  # path-patch: sender heads of one sublayer, LAYER.HEAD (0.1) or SITE.HEAD
     receiver: str | None = None  # path-patch: the receiver head, LAYER.HEAD (1.0) or SITE.HEAD
     via: Literal["q", "k", "v"] | None = None  # path-patch: the receiver's input the path runs through
-    position: int | None = None  # dla: the position whose answer is attributed (unset: the last, a mask, ...)
+    position: int | None = None  # dla, patch, attribute, path-patch: where the answer is read (unset: the last, ...)
     answer: str | None = None  # patch, attribute, path-patch, dla: the answer, one token (a classifier: a label)
     wrong: str | None = None  # the output the answer is measured against (unset: the corrupted run's; dla: runner-up)
     conll: str | None = None  # probe: a CoNLL or CoNLL-U file of tagged words
@@ -122,6 +122,7 @@ class Loaded:
     max_len: int
     device: torch.device
     labels: list[str] | None = None  # a classifier's or tagger's class names (labels.json), by class index
+    frame: Frame = "attnkit"  # how its text is framed: attnkit's marks, or its tokenizer's own (`frame_of`)
 
     @property
     def translates(self) -> bool:
@@ -153,7 +154,8 @@ def run_inspect(settings: InspectSettings) -> list[Path]:
     _check_inputs(settings)
     model, config = load_model(run_dir, device=device)
     loaded = Loaded(model.eval(), load_tokenizer(run_dir / TOKENIZER_DIR), config.family,
-                    getattr(config, "max_seq_len", None) or 512, device, read_labels(run_dir))
+                    getattr(config, "max_seq_len", None) or 512, device, read_labels(run_dir),
+                    frame_of(task_record(run_dir), run_dir / TASK_FILE))
     _check_run(loaded, settings)
     out = _out_dir(settings)
     name = settings.analysis
@@ -180,8 +182,6 @@ def _check_inputs(settings: InspectSettings) -> None:
             "patch", "attribute", "path-patch", "dla"):
         raise InputError(f"--answer and --wrong name the logit difference that patch, attribute, path-patch and dla "
                          f"read; {settings.analysis} reads none: drop them")
-    if settings.answer is not None and settings.answer == settings.wrong:
-        raise InputError("--answer and --wrong are the same, so their logit difference is 0: give two outputs")
     if settings.analysis == "sae" and settings.point is None:
         raise InputError("sae reads one hook point's activations: give --point (blocks.1.resid_post, blocks.0.mlp.out; "
                          "attnkit.inspect.hook_points lists a model's)")
@@ -236,34 +236,34 @@ def _one_text(settings: InspectSettings) -> str:
 def text_batch(loaded: Loaded, text: str, *, prompt: bool = False) -> Batch:
     """One text as the run's family reads it and is scored (module docstring). A decoder is scored on each next token
     of the text; as a `prompt` (the analyses that read the model's answer: logit-lens, dla, the patchings) it reads
-    the whole text, and its answer is the token after it, as TransformerLens reads a prompt. Raises InputError for a
-    text longer than the run reads (nothing is cut off unsaid)."""
+    the whole text, and its answer is the token after it, as TransformerLens reads a prompt. Each text is framed as
+    the model learned to read one (`text_frame`: a converted Llama's after BOS, as it generates; a converted tagger's
+    as its own tokenizer frames it). Raises InputError for a text longer than the run reads (nothing is cut off
+    unsaid)."""
     tokenizer = loaded.tokenizer
     if loaded.translates:
         source, target = _pair(loaded, text)
         return seq2seq_batch(loaded.tensor(source), loaded.tensor(target))
-    ids = tokenizer.encode(text)
-    if loaded.causal:
-        if not prompt:
-            _check_length(loaded, text, len(ids), loaded.max_len + 1, "the last token only predicted")
-            return lm_batch(loaded.tensor(ids))
-        if not ids:
-            raise InputError(f"the text {_shown(text)} becomes no tokens, and a prompt needs at least 1 token (the "
-                             "answer is read after it): give a longer text")
-        _check_length(loaded, text, len(ids), loaded.max_len)
-        return Batch((loaded.tensor(ids),))  # no targets: the analysis reads the answer from the logits
     if loaded.stack is None:
         raise InputError(f"attnkit inspect reads Transformer runs and the recurrent seq2seq with attention; this run "
                          f"is a {loaded.family} (it has no attention to inspect)")
-    first, last = ((tokenizer.cls_id, tokenizer.sep_id) if tokenizer.cls_id is not None
-                   else (tokenizer.bos_id, tokenizer.eos_id))
-    marks = [i for i in (first, last) if i is not None]
-    _check_length(loaded, text, len(ids), loaded.max_len - len(marks), "with its start and end marks")
-    ids = [i for i in (first, *ids, last) if i is not None]
+    ids = tokenizer.encode(text)
+    before, after = text_frame(loaded.model, tokenizer, loaded.frame)
+    if text_layout(loaded.model) == "stream":
+        if not prompt:
+            _check_length(loaded, text, len(ids), loaded.max_len + 1 - len(before), "the last token only predicted")
+            return lm_batch(loaded.tensor([*before, *ids]))
+        if not ids:
+            raise InputError(f"the text {_shown(text)} becomes no tokens, and a prompt needs at least 1 token (the "
+                             "answer is read after it): give a longer text")
+        _check_length(loaded, text, len(ids), loaded.max_len - len(before), "after BOS" if before else "")
+        return Batch((loaded.tensor([*before, *ids]),))  # no targets: the analysis reads the answer from the logits
+    _check_length(loaded, text, len(ids), loaded.max_len - len(before) - len(after), "with its start and end marks")
+    ids = [*before, *ids, *after]
     if not hasattr(loaded.model, "lm_head"):
         return Batch((loaded.tensor(ids),))  # no targets: KL from the model's own output
     masked, labels = list(ids), [-100] * len(ids)
-    for position in range(1, len(ids) - 1, MASK_EVERY):
+    for position in range(len(before), len(ids) - len(after), MASK_EVERY):  # the text's tokens, not its marks
         labels[position], masked[position] = ids[position], require_id(tokenizer, "mask")
     return Batch((loaded.tensor(masked),), loaded.tensor(labels))
 
@@ -405,17 +405,40 @@ def _pair_of(loaded: Loaded, settings: InspectSettings) -> _Pair:
         clean_logits = clean.logits(loaded.model(*clean.args))[0]  # (T, V); a sequence classifier's (C,)
         corrupted_logits = corrupted.logits(loaded.model(*corrupted.args))[0]
     sequence = clean_logits.dim() == 1  # one label per text: no position to choose
-    position = -1 if sequence else _patched_position(loaded, clean_logits, corrupted_logits)
+    position = (-1 if sequence else _patched_position(loaded, settings, clean, clean_logits, corrupted_logits))
     clean_at, corrupted_at = (clean_logits, corrupted_logits) if sequence else (clean_logits[position],
                                                                                 corrupted_logits[position])
+    answer, wrong = _answer_ids(loaded, settings, clean_at, corrupted_at)
+    return _Pair(clean, corrupted, position, answer, wrong, sequence)
+
+
+def _answer_ids(loaded: Loaded, settings: InspectSettings, logits: Tensor, against: Tensor | None = None
+                ) -> tuple[int, int]:
+    """(answer, wrong): the output ids whose logit difference is read at `logits` (V,): --answer, else the model's
+    top; --wrong, else `against`'s top (the corrupted run's) or, where that is the answer, the runner-up. Raises
+    InputError where --answer and --wrong (or --wrong and the model's top) are one output: a difference of 0."""
+    answer, wrong = _named_ids(loaded, settings, logits, against)
+    if wrong == answer:
+        top = int(logits.argmax())
+        which = f"--answer {settings.answer!r}" if settings.answer is not None else "the model's top answer here"
+        same, best = _output_names(loaded, [answer, top])
+        raise InputError(f"--wrong {settings.wrong!r} is the same output as {which} ({same!r}), so their logit "
+                         f"difference is 0: give --wrong another output (the model's top answer here is {best!r})")
+    return answer, wrong
+
+
+def _named_ids(loaded: Loaded, settings: InspectSettings, logits: Tensor, against: Tensor | None = None
+               ) -> tuple[int, int]:
+    """`_answer_ids` unchecked: the two may be one output only where --wrong is given."""
+    top = logits.topk(2).indices
     answer = _given_output(loaded, settings.answer, "--answer")
-    answer = int(clean_at.argmax()) if answer is None else answer
+    answer = int(top[0]) if answer is None else answer
     wrong = _given_output(loaded, settings.wrong, "--wrong")
     if wrong is None:
-        wrong = int(corrupted_at.argmax())
+        wrong = int(against.argmax()) if against is not None else answer
         if wrong == answer:
-            wrong = int(clean_at.topk(2).indices[1] if clean_at.argmax() == answer else clean_at.argmax())
-    return _Pair(clean, corrupted, position, answer, wrong, sequence)
+            wrong = int(top[1] if top[0] == answer else top[0])
+    return answer, wrong
 
 
 def _given_output(loaded: Loaded, text: str | None, option: str) -> int | None:
@@ -548,11 +571,8 @@ def _dla(loaded: Loaded, settings: InspectSettings):
         logits = batch.logits(loaded.model(*batch.args, **batch.kwargs))[0]  # (T, V); a sequence classifier's (C,)
     sequence = logits.dim() == 1
     position = -1 if sequence else _read_position(loaded, batch, settings.position, logits.shape[0])
-    top = (logits if sequence else logits[position]).topk(2).indices  # the answer and its runner-up, unless given
-    answer = _given_output(loaded, settings.answer, "--answer")
-    answer = int(top[0]) if answer is None else answer
-    wrong = _given_output(loaded, settings.wrong, "--wrong")
-    wrong = int(top[1] if top[0] == answer else top[0]) if wrong is None else wrong
+    answer, wrong = _answer_ids(loaded, settings, logits if sequence else logits[position])  # unless given: the
+    # answer and its runner-up
     found = logit_attribution(loaded.model, *batch.args, answer=answer, wrong=wrong, position=position, neurons=True,
                               positions=True, **batch.kwargs)
     sites, table = found.heads()
@@ -573,7 +593,7 @@ def _dla(loaded: Loaded, settings: InspectSettings):
     tokens = _labels(loaded.tokenizer, batch.args[-1][0])
     summary = {"text": text, "position": "the pooled sequence" if sequence else f"{position % len(tokens)} "
                f"({tokens[position]})", "answer": answer_name,
-               "wrong" if settings.wrong is not None else "runner-up": wrong_name,
+               "runner-up" if settings.answer is None and settings.wrong is None else "wrong": wrong_name,
                "logit difference": round(float(found.total.mean()), 6),
                "sum of the shares": round(float(found.values.sum(0).mean()), 6),
                "largest shares": ", ".join(f"{n} ({v:+.3f})" for n, v in found.top(3)),
@@ -596,14 +616,24 @@ def _read_position(loaded: Loaded, batch: Batch, position: int | None, length: i
     return max(length - 2, 0)
 
 
-def _patched_position(loaded: Loaded, clean: Tensor, corrupted: Tensor) -> int:
-    """Where the answer is read: a decoder's last position; otherwise the one whose output distribution the
-    corruption moves most (KL), clean (T, V) and corrupted (T, V) logits."""
-    if loaded.causal:
-        return clean.shape[0] - 1
-    moved = divergence(corrupted, clean)  # (T,)
+def _patched_position(loaded: Loaded, settings: InspectSettings, batch: Batch, clean: Tensor, corrupted: Tensor
+                      ) -> int:
+    """Where the answer is read, clean (T, V) and corrupted (T, V) logits: --position (`_read_position`); a
+    decoder's last position; otherwise the one where the corruption moves most the logit difference --answer and
+    --wrong name, or with neither given the output distribution (KL)."""
+    if settings.position is not None or loaded.causal:
+        return _read_position(loaded, batch, settings.position, clean.shape[0])
+    if settings.answer is None and settings.wrong is None:
+        moved = divergence(corrupted, clean)  # (T,)
+    else:
+        moved = torch.zeros(clean.shape[0])
+        for t in range(clean.shape[0]):
+            answer, wrong = _named_ids(loaded, settings, clean[t], corrupted[t])  # one output: no difference here
+            moved[t] = abs(float(clean[t, answer] - clean[t, wrong] - corrupted[t, answer] + corrupted[t, wrong]))
     if float(moved.max()) <= 0:
-        raise InputError("the corruption changes none of the model's outputs; substitute the tokens that matter")
+        what = "none of the model's outputs" if settings.answer is None and settings.wrong is None else (
+            "the logit difference --answer and --wrong name at any position")
+        raise InputError(f"the corruption changes {what}; substitute the tokens that matter")
     return int(moved.argmax())
 
 
@@ -612,7 +642,7 @@ def _probe(loaded: Loaded, settings: InspectSettings):
     record = task_record(settings.run)  # a tagger reads words as it was trained to; other models, running text
     word_pieces = word_pieces_of(record, Path(settings.run) / TASK_FILE)
     results = probe_layers(loaded.model, loaded.tokenizer, sentences, max_len=loaded.max_len, seed=settings.seed,
-                           word_pieces=word_pieces)
+                           word_pieces=word_pieces, frame=loaded.frame)
     figure = Figure(figsize=(1.5 + 0.7 * len(results), 3.6))
     ax = figure.add_subplot()
     layers = [r.layer.replace(".resid_pre", " in").replace(".resid_post", " out") for r in results]

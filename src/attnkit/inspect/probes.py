@@ -15,7 +15,8 @@ Labels come from CoNLL / CoNLL-U files (`attnkit.tasks.conll.read_tagged`); word
 lays them out (`attnkit.tasks.tag.align`), read as the model reads text: the running text's pieces where the tokenizer
 writes a space into the word after it ('Ġlives'), as a language model and a tagger trained since they were recorded
 read it; a tagger trained before reads each word on its own, as its task.json says (`word_pieces_of`). The
-text is framed as the stack learned to read one (`text_layout`): a language model's without a start mark.
+text is framed as the stack learned to read one (`text_frame`): a language model's without a start mark (BOS where its
+tokenizer starts every text with one: a converted Llama), a converted tagger's as its own tokenizer frames it.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.data.labelled import frame_ids
 from attnkit.errors import InputError
 from attnkit.inspect.points import evaluated, module_of
 from attnkit.inspect.tracing import trace
 from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import Sentence
-from attnkit.tasks.tag import WordPieces, align
-from attnkit.tokenize import Tokenizer
+from attnkit.tasks.tag import Frame, WordPieces, align
+from attnkit.tokenize import Tokenizer, require_id
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,20 @@ def text_layout(model: nn.Module) -> str:
     return "stream" if stack.causal and hasattr(model, "lm_head") else "marked"
 
 
+def text_frame(model: nn.Module, tokenizer: Tokenizer, frame: Frame = "attnkit") -> tuple[list[int], list[int]]:
+    """(before, after): the ids around a text as the probed stack learned to read it (`text_layout`). Marked:
+    `frame_ids`, attnkit's or with `frame` "own" its tokenizer's own (a converted tagger's, as `frame_of` reads it from
+    task.json: nothing for GPT-2's); source: EOS after; stream: BOS before where the tokenizer starts its texts with one
+    (`starts_with_bos`: a converted Llama, as generation prompts it), else nothing. Raises InputError naming a missing
+    token."""
+    layout = text_layout(model)
+    if layout == "marked":
+        return frame_ids(tokenizer, own=frame == "own")
+    if layout == "source":
+        return [], [require_id(tokenizer, "eos")]
+    return ([require_id(tokenizer, "bos")] if getattr(tokenizer, "starts_with_bos", False) else []), []
+
+
 def reading_piece(model: nn.Module) -> str:
     """Which piece of a word a probe reads: "last" in a causal stack (its first piece has seen only the word's
     start; a character model's, one letter), "first" in a bidirectional one (as the tagging task labels words)."""
@@ -146,27 +162,31 @@ def reading_piece(model: nn.Module) -> str:
 @torch.no_grad()
 @evaluated
 def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sentence], *, max_len: int,
-                batch_size: int = 32, word_pieces: WordPieces = "running") -> WordStates:
-    """Run the model's reading stack over the sentences (pieces laid out as `align` does with `word_pieces`) and keep
-    the stream after the embeddings and after each block at each word's piece (`reading_piece`)."""
+                batch_size: int = 32, word_pieces: WordPieces = "running", frame: Frame = "attnkit") -> WordStates:
+    """Run the model's reading stack over the sentences (pieces laid out as `align` does with `word_pieces`, framed
+    as `text_frame` says with `frame`: a run's `frame_of`) and keep the stream after the embeddings and after each
+    block at each word's piece (`reading_piece`)."""
     model = module_of(model)
     stack = reading_stack(model)
     last = reading_piece(model) == "last"
-    layout = text_layout(model)
-    skip = 0 if layout == "marked" else 1  # align's start mark, which this stack never read
-    end = [tokenizer.eos_id] if layout == "source" else []  # and its end mark, replaced for a source by EOS
+    before, after = text_frame(model, tokenizer, frame)
+    own = frame == "own" or text_layout(model) != "marked"  # align's framing, its marks replaced by before and after
+    laid_before, laid_after = frame_ids(tokenizer, own=own)
+    room = max_len - len(before) - len(after) + len(laid_before) + len(laid_after)
+    shift = len(before) - len(laid_before)  # from a piece's place in align's row to its place in the stack's
     n_blocks = len(stack.blocks)
     names = ["blocks.0.resid_pre", *(f"blocks.{i}.resid_post" for i in range(n_blocks))]
     label_names = sorted({tag for _, tags in sentences for tag in tags})
     index = {tag: i for i, tag in enumerate(label_names)}
     vocabulary: dict[str, int] = {}
-    aligned = [align(tokenizer, words, [index[t] for t in tags], max_len, word_pieces) for words, tags in sentences]
+    aligned = [align(tokenizer, words, [index[t] for t in tags], room, word_pieces, "own" if own else "attnkit")
+               for words, tags in sentences]
     device = next(stack.parameters()).device
     states: dict[str, list[Tensor]] = {n: [] for n in names}
     labels, types, sentence = [], [], []
     for start in range(0, len(aligned), batch_size):
         chunk = aligned[start:start + batch_size]
-        texts = [a.ids if layout == "marked" else [*a.ids[1:-1], *end] for a in chunk]  # as the stack read them
+        texts = [[*before, *a.ids[len(laid_before):len(a.ids) - len(laid_after)], *after] for a in chunk]
         length = max(map(len, texts))
         ids = torch.zeros(len(chunk), length, dtype=torch.long)
         mask = torch.zeros(len(chunk), length, dtype=torch.bool)
@@ -176,7 +196,7 @@ def word_states(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sent
         for row, a in enumerate(chunk):
             words = sentences[start + row][0]
             widths = _widths(tokenizer, words[:max_len], word_pieces) if last else None  # later words are cut off
-            kept = [(w, p, p - skip + (widths[i] - 1 if last else 0))
+            kept = [(w, p, p + shift + (widths[i] - 1 if last else 0))
                     for i, (w, p) in enumerate(zip(words, a.firsts, strict=True)) if p is not None]
             positions = [read_at for _, _, read_at in kept]
             for name in names:
@@ -198,10 +218,12 @@ def _widths(tokenizer: Tokenizer, words: Sequence[str], word_pieces: WordPieces)
 
 
 def probe_layers(model: nn.Module, tokenizer: Tokenizer, sentences: Sequence[Sentence], *, max_len: int,
-                 seed: int = 0, word_pieces: WordPieces = "running", **fit) -> list[ProbeResult]:
+                 seed: int = 0, word_pieces: WordPieces = "running", frame: Frame = "attnkit", **fit
+                 ) -> list[ProbeResult]:
     """One probe per layer (the embeddings' output, then each block's) on the sentences' word labels, words read as
-    `word_pieces` lays them out (`word_states`); training and held-out words from different sentences (80% / 20%)."""
-    found = word_states(model, tokenizer, sentences, max_len=max_len, word_pieces=word_pieces)
+    `word_pieces` lays them out and framed as `frame` says (`word_states`); training and held-out words from different
+    sentences (80% / 20%)."""
+    found = word_states(model, tokenizer, sentences, max_len=max_len, word_pieces=word_pieces, frame=frame)
     generator = torch.Generator().manual_seed(seed)
     train_sentences = torch.rand(len(sentences), generator=generator) < 0.8
     train = train_sentences[found.sentence]
