@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attnkit.checkpoint import load_model
+from attnkit.checkpoint import digest, load_model, read_checksums, write_checksums
 from attnkit.errors import CheckpointError, ConfigError
 from attnkit.generate import translate_batched
 from attnkit.tokenize import CharTokenizer
@@ -365,23 +365,55 @@ def test_a_batch_size_changed_in_the_middle_of_an_epoch_is_named_with_what_it_do
     assert "in the middle of epoch" not in caplog.text
     with caplog.at_level("WARNING", logger="attnkit.train.job"):
         prepare(request(tmp_path, "classify", resume=True, batch_size=8))
-    assert ("batch_size: 4 -> 8 in the middle of epoch 0 (after its batch 4): the rest of the epoch is cut into "
-            "batches of the new size in another order") in caplog.text
+    assert ("batch_size x ranks: 4 -> 8 in the middle of epoch 0 (after its batch 4): the rest of the epoch is cut "
+            "into batches of the new size in another order") in caplog.text
 
 
 def test_a_resume_that_changes_the_language_models_validation_set_says_so(tmp_path, caplog):
     prepare(request(tmp_path, max_steps=2, eval_every=2)).fit()
     with caplog.at_level("WARNING", logger="attnkit.train.job"):
         prepare(request(tmp_path, resume=True, batch_size=8))
-    assert ("the validation set changes from 8 windows of 24 tokens to 16 of 24 (eval_batches x batch_size windows "
-            "of seq_len): scores before and after, best/'s among them, are not comparable; keep eval_batches x "
-            "batch_size at 8") in caplog.text
+    assert ("the validation set changes from 8 windows of 24 tokens to 16 of 24 (eval_batches x batch_size x ranks "
+            "windows of seq_len): scores before and after, best/'s among them, are not comparable; keep eval_batches "
+            "x batch_size x ranks at 8") in caplog.text
     caplog.clear()
     again = request(tmp_path, resume=True, batch_size=8)
     again.data["eval_batches"] = 1  # 1 x 8 = 2 x 4 windows: the same validation set
     with caplog.at_level("WARNING", logger="attnkit.train.job"):
         prepare(again)
     assert "the validation set changes" not in caplog.text
+
+
+def saved_by_ranks(checkpoint, ranks: int) -> None:
+    """Make `checkpoint` one a run of `ranks` processes saved (its train state's `ranks`, checksums kept whole)."""
+    path = checkpoint / "train_state.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "ranks": ranks}))
+    write_checksums(checkpoint, {**read_checksums(checkpoint), "train_state.json": digest(path)})
+
+
+def test_the_batch_size_warnings_compare_global_batches(tmp_path, caplog):
+    """Tasks draw batch_size x ranks (or batch_tokens x ranks) per step: 2 ranks x 4 resumed on 1 x 8 keeps both
+    the lm validation set and an epoch's batches; 1 x 4 after 2 x 4 halves them; batch_size is no part of a batch
+    cut by batch_tokens."""
+    lm, classify = tmp_path / "lm", tmp_path / "classify"
+    prepare(request(lm, max_steps=2, eval_every=2)).fit()
+    saved_by_ranks(lm / "checkpoints" / "step_000002", 2)
+    for size, warned in ((8, False), (4, True)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="attnkit.train.job"):
+            prepare(request(lm, resume=str(lm / "checkpoints" / "step_000002"), batch_size=size))
+        assert ("the validation set changes" in caplog.text) == warned, size
+    tokens = request(classify, "classify", max_steps=2, eval_every=2)
+    tokens.data["batch_tokens"] = 64
+    prepare(tokens).fit()
+    saved_by_ranks(classify / "checkpoints" / "step_000002", 2)
+    for size, batch_tokens, warned in ((8, 128, False), (4, 64, True)):
+        again = request(classify, "classify", resume=str(classify / "checkpoints" / "step_000002"), batch_size=size)
+        again.data["batch_tokens"] = batch_tokens
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="attnkit.train.job"):
+            prepare(again)
+        assert ("in the middle of epoch" in caplog.text) == warned, batch_tokens
 
 
 def test_resume_refuses_a_different_task(tmp_path):

@@ -427,9 +427,10 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         state["settings"], settings.to_dict()
     ):
         log.warning("resuming with a changed setting: %s", change)
-    _say_batching_changes((saved_data, saved_settings["batch_size"]), (data_config, settings.batch_size),
-                          position=state["data"], max_seq_len=checkpoint.config.max_seq_len)
     out, world = Path(request.out), World.from_env()
+    _say_batching_changes((saved_data, saved_settings["batch_size"], state.get("ranks", 1)),
+                          (data_config, settings.batch_size, world.size),
+                          position=state["data"], max_seq_len=checkpoint.config.max_seq_len)
     run = _run_of(checkpoint.path)
     if out.resolve() != run.resolve():
         if world.rank == 0:
@@ -465,27 +466,34 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
     return trainer
 
 
-def _say_batching_changes(saved: tuple[DataConfig, int], resumed: tuple[DataConfig, int], *,
+def _say_batching_changes(saved: tuple[DataConfig, int, int], resumed: tuple[DataConfig, int, int], *,
                           position: dict[str, Any], max_seq_len: int) -> None:
-    """Warn about what another batch size does on resume ((data settings, batch_size) saved and resumed): for lm and
-    mlm it changes the validation set (the first eval_batches x batch_size windows); for an epoch's batches, part
-    drawn (`position`: the task's data state), it cuts the rest of the epoch anew."""
-    (saved_data, saved_size), (data, size) = saved, resumed
-    if data.spec.stream:
-        sets = [(d.eval_batches * b, d.seq_len or max_seq_len) for d, b in (saved, resumed)]  # (windows, tokens)
-        (before, length), (after, new_length) = sets
+    """Warn about what another global batch does on resume ((data settings, batch_size, ranks) saved and resumed;
+    tasks draw batches of batch_size x ranks, `_global_batch`): for lm and mlm it changes the validation set
+    (eval_batches x global batch windows); for an epoch's batches, part drawn (`position`: the task's data state),
+    it cuts the rest of the epoch anew."""
+    if resumed[0].spec.stream:
+        sets = [(d.eval_batches * b * ranks, d.seq_len or max_seq_len) for d, b, ranks in (saved, resumed)]
+        (before, length), (after, new_length) = sets  # (windows, tokens)
         if sets[0] != sets[1]:
             log.warning("the validation set changes from %d windows of %d tokens to %d of %d (eval_batches x "
-                        "batch_size windows of seq_len): scores before and after, best/'s among them, are not "
-                        "comparable; keep eval_batches x batch_size at %d (and the seq_len) to compare them",
+                        "batch_size x ranks windows of seq_len): scores before and after, best/'s among them, are not "
+                        "comparable; keep eval_batches x batch_size x ranks at %d (and the seq_len) to compare them",
                         before, length, after, new_length, before)
         return
-    recut = config_differences({"batch_size": saved_size, "batch_tokens": saved_data.batch_tokens},
-                               {"batch_size": size, "batch_tokens": data.batch_tokens})
+    recut = config_differences(*[_global_batch_size(*side) for side in (saved, resumed)])
     if recut and position.get("index"):
         log.warning("%s in the middle of epoch %d (after its batch %d): the rest of the epoch is cut into batches "
                     "of the new size in another order, so some of its examples come again and others wait for the "
                     "next epoch", "; ".join(recut), position["epoch"], position["index"])
+
+
+def _global_batch_size(data: DataConfig, batch_size: int, ranks: int) -> dict[str, int]:
+    """What a global batch is cut by: batch_tokens x ranks where set (batch_size then plays no part), else
+    batch_size x ranks."""
+    if data.batch_tokens is not None:
+        return {"batch_tokens x ranks": data.batch_tokens * ranks}
+    return {"batch_size x ranks": batch_size * ranks}
 
 
 def _tokenizer_differences(saved: Tokenizer, data_changes: dict[str, Any], saved_data: DataConfig) -> list[str]:
