@@ -290,7 +290,7 @@ def test_a_config_edited_by_hand_is_refused_with_the_way_to_keep_the_edit(tmp_pa
     path.write_text(path.read_text().replace('"rope_theta": 500.0', '"rope_theta": 250.0'))
     assert main(["convert", str(tmp_path / "run"), "--to-hf", str(tmp_path / "out")]) == 2
     said = capsys.readouterr().err
-    assert f"{path} is damaged" in said and "delete its entry from" in said
+    assert f"{path} is damaged" in said and 'delete its entry "config.json" under "sha256" from' in said
     assert not (tmp_path / "out").exists()
     checksums = tmp_path / "run" / "checksums.json"
     record = json.loads(checksums.read_text())

@@ -62,6 +62,10 @@ def test_a_peft_adapter_directory_is_refused_saying_to_merge_it_first(tmp_path):
     with pytest.raises(CheckpointError, match=r"holds PEFT adapters \(adapter_config.json\), not a model: merge them "
                                               r"into their base model first .*merge_and_unload"):
         hf.load(tmp_path)
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8,
+                                                              "base_model_name_or_path": "meta-llama/Llama-3.2-1B"}))
+    with pytest.raises(CheckpointError, match=r"merge them into their base model \(meta-llama/Llama-3.2-1B\) first"):
+        hf.load(tmp_path)  # the base the adapters name
 
 
 def test_an_unknown_model_type_is_refused(gpt2_dir):

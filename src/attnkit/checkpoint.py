@@ -189,8 +189,8 @@ def verify_files(directory: str | Path, names: Iterable[str] | None = None) -> N
         if digest(path) != digests[name]:
             raise CheckpointError(
                 f"{path} is damaged: its SHA-256 differs from the one recorded in {CHECKSUMS_FILE} when it was saved "
-                f"(if you changed it on purpose, delete its entry from {directory / CHECKSUMS_FILE}: it is then read "
-                f"unverified)"
+                f"(if you changed it on purpose, delete its entry \"{name}\" under \"sha256\" from "
+                f"{directory / CHECKSUMS_FILE}: it is then read unverified)"
             )
 
 

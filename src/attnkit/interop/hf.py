@@ -313,9 +313,12 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
         raise CheckpointError(f"{directory} is not a directory; point at a Hugging Face model directory")
     path = directory / CONFIG_FILE
     if not path.is_file() and (directory / PEFT_ADAPTER_CONFIG).is_file():  # LoRA adapters alone, no model
+        adapters = read_json(directory / PEFT_ADAPTER_CONFIG)
+        base = adapters.get("base_model_name_or_path") if isinstance(adapters, dict) else None
+        named = f" ({base})" if isinstance(base, str) and base else ""
         raise CheckpointError(
             f"{directory} holds PEFT adapters ({PEFT_ADAPTER_CONFIG}), not a model: merge them into their base "
-            f"model first (peft: PeftModel.from_pretrained(base, \"{directory}\").merge_and_unload()"
+            f"model{named} first (peft: PeftModel.from_pretrained(base, \"{directory}\").merge_and_unload()"
             f".save_pretrained(\"merged\")) and convert the merged directory"
         )
     if not path.is_file():

@@ -2,8 +2,11 @@
 `torch.export`).
 
     convert_to_onnx(run_dir, out)    -> out/  model.onnx      the graph, batch and lengths dynamic
-                                              tokenizer.json  the run's tokenizer, framing an encoder's text as attnkit
-                                                              does ([CLS] text [SEP], cut to max_seq_len, padded):
+                                              tokenizer.json  the run's tokenizer, framing an encoder's or a
+                                                              tagger's text as attnkit does ([CLS] text [SEP], BOS
+                                                              text EOS, or a converted tagger's own; cut to
+                                                              max_seq_len, padded), a decoder's prompt as is (BOS
+                                                              first where its tokenizer puts it):
                                                               `attnkit.interop.runtime_tokenizer`
                                               config.json     the run's model config
                                               labels.json     a classifier's or tagger's labels, by class index
