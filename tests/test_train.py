@@ -353,9 +353,41 @@ def test_resume_refuses_a_seed_or_val_fraction_that_would_redraw_the_held_out_ex
     again = request(tmp_path, "classify", resume=True, **({} if "val_fraction" in change else change))
     again.data.update({k: v for k, v in change.items() if k == "val_fraction"})
     (name, value), = change.items()
-    with pytest.raises(CheckpointError, match=rf"{name}: .* -> {value}\).*holds out for validation.*resume without "
-                                              rf"--{name.replace('_', '-')}, or .*--init-from"):
+    with pytest.raises(CheckpointError, match=rf"{name}: .* -> {value}: the run's validation set .* is drawn with "
+                                              rf"this.*resume without --{name.replace('_', '-')}, or .*--init-from"):
         prepare(again)
+
+
+def test_resume_refuses_only_the_seed_and_val_fraction_that_draw_the_validation_set(tmp_path):
+    """lm scores the stream's tail, which the seed does not draw; --val-fraction is unused beside --val-data; where
+    both draw the held-out examples, both are named."""
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 100, encoding="utf-8")
+    rows = [("pos" if i % 3 else "neg", f"{'good' if i % 3 else 'bad'} film number {i}") for i in range(60)]
+    for name, part in (("train", rows[:48]), ("val", rows[48:])):
+        (tmp_path / f"{name}.txt").write_text("".join(f"{label} {t}\n" for label, t in part), encoding="utf-8")
+
+    def run(out, task, data, **settings):
+        made = request(tmp_path / out, task, max_steps=2, eval_every=2, **settings)
+        made.data.update({"data": (str(tmp_path / data),), "tokenizer": "char"})
+        return made
+
+    prepare(run("lm", "lm", "text.txt")).fit()
+    assert prepare(run("lm", "lm", "text.txt", resume=True, seed=8)).settings.seed == 8
+    prepare(run("clf", "classify", "train.txt")).fit()
+    both = run("clf", "classify", "train.txt", resume=True, seed=8)
+    both.data["val_fraction"] = 0.3
+    with pytest.raises(CheckpointError, match="seed: 7 -> 8; val_fraction: 0.1 -> 0.3: .* drawn with these.*resume "
+                                              "without --seed and --val-fraction, or"):
+        prepare(both)
+    given = run("given", "classify", "train.txt")
+    given.data["val_data"] = (str(tmp_path / "val.txt"),)
+    prepare(given).fit()
+    again = run("given", "classify", "train.txt", resume=True)
+    again.data.update(val_data=(str(tmp_path / "val.txt"),), val_fraction=0.3)
+    prepare(again)
+    again.settings["seed"] = 8  # the validation set is val.txt whatever the seed
+    assert prepare(again).settings.seed == 8
 
 
 def test_a_batch_size_changed_in_the_middle_of_an_epoch_is_named_with_what_it_does_to_the_epoch(tmp_path, caplog):

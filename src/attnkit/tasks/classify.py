@@ -182,6 +182,7 @@ def run_classify(settings: ClassifySettings, load: Callable[[Any], Any]) -> int:
 
 CLASSIFY = register(TaskSpec(
     name="classify", help="a label per text (encoder)", families=("encoder",),
+    seed_draws_validation="without_val_data",
     head={"encoder_head": "classify", "mlm_transform": False}, make=_make, evaluate_files=_report,
     method="classify", labelled=True, training_text=_training_text,
     options=("val_data", "val_fraction", "batch_tokens", "encoding_errors", "bad_labels"),

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from torch import Tensor, nn
 
@@ -130,6 +130,10 @@ class TaskSpec:
     method: str | None = None  # the pipeline method a run of this task serves (`attnkit.load(run).METHOD`)
     pipeline: Callable[..., Any] | None = None  # that method, for one the pipeline does not define itself
     stream: bool = False  # reads a token stream (text files; no --val-data, no --batch-tokens)
+    seed_draws_validation: Literal["always", "without_val_data", "never"] = "always"
+    """what --seed draws of the validation set: mlm's masks (always), the examples held out of the training data
+    where no --val-data is given, or nothing (lm scores the stream's tail); a synthetic set's examples come from
+    the seed whatever this says. A resume refuses another seed where it draws the validation set"""
     labelled: bool = False  # learns a label set (labels.json; n_classes from the data)
     decodes: bool = False  # evaluation decodes text (attnkit eval passes `translate_texts`)
     training_text: Callable[[Any, int], list[str]] | None = None  # (data, seed) -> text a new tokenizer learns

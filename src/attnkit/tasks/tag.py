@@ -489,6 +489,7 @@ def run_tag(settings: TagSettings, load: Callable[[Any], Any]) -> int:
 
 TAG = register(TaskSpec(
     name="tag", help="a label per word: named entities (BIO/BIOES), parts of speech (encoder, decoder)",
+    seed_draws_validation="without_val_data",
     families=("encoder", "decoder"), head={"encoder_head": "tag", "decoder_head": "tag", "mlm_transform": False},
     make=_make, evaluate_files=_report, method="tag",
     pipeline=tag, labelled=True, training_text=_training_text,

@@ -251,6 +251,7 @@ def run_translate(settings: TranslateSettings, load: Callable[[Any], Any]) -> in
 
 TRANSLATE = register(TaskSpec(
     name="translate", help="sequence to sequence (encoder-decoder, recurrent seq2seq)",
+    seed_draws_validation="without_val_data",
     families=("encoder-decoder", "recurrent-seq2seq"), make=_make, evaluate_files=_report, method="translate",
     decodes=True, training_text=_training_text,
     options=("val_data", "src_lang", "tgt_lang", "val_fraction", "bleu_samples", "bleu_beam_size", "batch_tokens",

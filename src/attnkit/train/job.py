@@ -413,14 +413,16 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         raise CheckpointError(f"cannot resume {checkpoint.path} with other fine-tuning settings ("
                               f"{'; '.join(changed)}): they decide which weights exist and train; resume without "
                               "them, or start a new run with --init-from")
-    redrawn = config_differences({"seed": saved_settings["seed"], "val_fraction": saved_data.val_fraction},
-                                 {"seed": settings.seed, "val_fraction": data_config.val_fraction})
+    drawing = ({} if data_config.val_data else {"val_fraction": (saved_data.val_fraction, data_config.val_fraction)})
+    if _seed_draws_validation(data_config):
+        drawing["seed"] = (saved_settings["seed"], settings.seed)
+    redrawn = config_differences({k: v[0] for k, v in drawing.items()}, {k: v[1] for k, v in drawing.items()})
     if redrawn:
-        flag = "--" + redrawn[0].split(":")[0].replace("_", "-")
+        flags = " and ".join("--" + change.split(":")[0].replace("_", "-") for change in redrawn)
         raise CheckpointError(
-            f"cannot resume {checkpoint.path} with another seed or validation share ({'; '.join(redrawn)}): they "
-            "choose the examples the run holds out for validation (and the seed its batches' order and masks), so the "
-            f"continued run would score on examples it trained on; resume without {flag}, or "
+            f"cannot resume {checkpoint.path} with {'; '.join(redrawn)}: the run's validation set (the examples it "
+            f"holds out, or mlm's masks) is drawn with {'these' if len(redrawn) > 1 else 'this'}, so the continued "
+            f"run would score on another set, with examples it trained on; resume without {flags}, or "
             f"start a new run that keeps this one's weights (--init-from {_run_of(checkpoint.path)} --out NEW_RUN)"
         )
     for change in config_differences(saved_data.to_dict(), data_config.to_dict()) + config_differences(
@@ -486,6 +488,14 @@ def _say_batching_changes(saved: tuple[DataConfig, int, int], resumed: tuple[Dat
         log.warning("%s in the middle of epoch %d (after its batch %d): the rest of the epoch is cut into batches "
                     "of the new size in another order, so some of its examples come again and others wait for the "
                     "next epoch", "; ".join(recut), position["epoch"], position["index"])
+
+
+def _seed_draws_validation(data: DataConfig) -> bool:
+    """Whether --seed draws the run's validation set (`TaskSpec.seed_draws_validation`; a synthetic set's examples
+    always)."""
+    rule = data.spec.seed_draws_validation
+    return (synthetic_name(data) is not None or rule == "always"
+            or (rule == "without_val_data" and not data.val_data))
 
 
 def _global_batch_size(data: DataConfig, batch_size: int, ranks: int) -> dict[str, int]:
