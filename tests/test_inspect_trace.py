@@ -293,14 +293,19 @@ def test_calls_whose_activations_do_not_join_are_refused_and_the_body_error_is_k
 
 
 def test_an_analysis_runs_without_dropout_and_leaves_the_model_training():
-    """The analyses switch dropout off while they run and give each module back the mode it had, so analysing a
-    model mid-training neither reads a dropped-out model nor leaves it training without dropout."""
-    from attnkit.inspect.attribution import attribute_heads
+    """The analyses switch dropout off while they run and give each module back the mode it had, also when they
+    fail, so analysing a model mid-training neither reads a dropped-out model nor leaves it training without dropout.
+    An SAE's activations were read with dropout on (spliced_loss reads them without)."""
+    from attnkit.inspect.attribution import attribute_heads, attribute_stream, attribute_sublayers
     from attnkit.inspect.inputs import Batch
     from attnkit.inspect.integrated_gradients import integrated_gradients
     from attnkit.inspect.logit_attribution import logit_attribution
+    from attnkit.inspect.patching import patch_stream
+    from attnkit.inspect.path_patching import path_patch
+    from attnkit.inspect.probes import word_states
     from attnkit.inspect.residual import residual_stream
     from attnkit.inspect.sae import SAEConfig, SAEMetrics, SparseAutoencoder, spliced_loss
+    from attnkit.tokenize import CharTokenizer
 
     model, (ids,) = _model("decoder", dropout=0.5), _inputs("decoder")
     model.train()
@@ -319,9 +324,28 @@ def test_an_analysis_runs_without_dropout_and_leaves_the_model_training():
         "residual": lambda: residual_stream(model, ids).stream,
         "sae spliced loss": lambda: torch.tensor(spliced_loss(model, sae, [lm_batch(ids)], metrics,
                                                               reference).spliced_loss),
+        "sae activations": lambda: torch.cat(list(point_activations(model, [lm_batch(ids)], "blocks.1.resid_post"))),
+        "stream patching": lambda: patch_stream(model, clean, corrupted, answer=1, wrong=2).restored,
+        "path patching": lambda: torch.tensor(path_patch(
+            model, clean, corrupted, sender=("blocks.0.attn", 0), receiver=("blocks.1.attn", 0), via="q",
+            metric=lambda logits: float(logits[:, -1, 1].mean() - logits[:, -1, 2].mean())).patched),
+        "stream attribution": lambda: attribute_stream(model, clean, corrupted, answer=1, wrong=2).restored,
+        "sublayer attribution": lambda: attribute_sublayers(model, clean, corrupted, answer=1, wrong=2).restored,
+        "probe states": lambda: word_states(model, CharTokenizer("abcdefgh "), [(["abc", "de"], ["X", "Y"])],
+                                            max_len=16).states["blocks.1.resid_post"],
     }
     for name, analysis in analyses.items():
         first, second = analysis(), analysis()
         torch.testing.assert_close(first, second, equal_nan=True, msg=f"{name} read a model with dropout on")
         assert model.training and model.stack.blocks[1].training, f"{name} left the model in eval mode"
         assert not model.stack.blocks[0].training, f"{name} set a module's mode it did not find"
+    failing = {  # each fails inside, after it has set the model's modes
+        "patching": lambda: patch_heads(model, clean, corrupted, answer=10 ** 6, wrong=2),
+        "logit lens": lambda: logit_lens(model, ids + 10 ** 6),  # ids past the vocabulary
+        "sae activations": lambda: list(point_activations(model, [lm_batch(ids), ids], "blocks.1.resid_post")),
+    }
+    for name, analysis in failing.items():
+        with pytest.raises((InputError, IndexError, RuntimeError)):
+            analysis()
+        assert model.training and model.stack.blocks[1].training, f"{name} failing left the model in eval mode"
+        assert not model.stack.blocks[0].training, f"{name} failing set a module's mode it did not find"

@@ -91,6 +91,22 @@ def test_translation_maps_have_three_kinds_and_rows_of_written_tokens(tokenizer)
     assert maps["cross"].key_tokens == maps["self"].key_tokens
 
 
+def test_attention_maps_read_a_training_model_without_dropout_and_leave_it_training(tokenizer):
+    """attention_maps set the model to eval mode and left it there: a model drawn mid-training went on training
+    without dropout. Its modes are given back (a block frozen in eval mode stays so), also on a refused request, and
+    its greedy translation and maps are read without dropout."""
+    model, _ = _model(tokenizer, "encoder-decoder", dropout=0.5)
+    model.train()
+    model.decoder.blocks[0].eval()
+    drawn = [attention_maps(model, tokenizer, TEXT, translate=True, max_length=6) for _ in range(2)]
+    for first, second in zip(*drawn, strict=True):
+        assert first.query_tokens == second.query_tokens
+        assert_close(first.weights, second.weights)
+    with pytest.raises(InputError, match="layer 9 is out of range"):
+        attention_maps(model, tokenizer, TEXT, target="the dog", layers=[9])
+    assert model.training and model.encoder.training and not model.decoder.blocks[0].training
+
+
 def test_translate_draws_the_models_own_greedy_translation(tokenizer):
     model, _ = _model(tokenizer, "encoder-decoder")
     maps = {m.kind: m for m in attention_maps(model, tokenizer, TEXT, translate=True, max_length=6)}
@@ -434,3 +450,16 @@ def test_a_heatmaps_title_stays_inside_its_figure(monkeypatch, tmp_path, key_tok
         (title,) = [t for t in fig.findobj(Text) if t.get_text() == fig.get_suptitle()]
         box = title.get_window_extent(renderer)
         assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1, fig.get_suptitle()
+
+
+def test_a_text_too_long_is_refused_in_the_words_translation_uses(tokenizer):
+    """viz's length check repeated models/greedy.py's: one check_fits words both."""
+    from attnkit.models.greedy import check_fits
+
+    model, _ = _model(tokenizer, "decoder")
+    ids = tokenizer.encode(" ".join([TEXT] * 12))
+    with pytest.raises(InputError) as expected:
+        check_fits(ids, "text", 96)
+    with pytest.raises(InputError) as found:
+        attention_maps(model, tokenizer, " ".join([TEXT] * 12), context=96)
+    assert str(found.value) == str(expected.value)

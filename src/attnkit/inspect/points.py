@@ -42,6 +42,7 @@ from attnkit.errors import InputError
 from attnkit.layers.attention import Attention
 from attnkit.layers.embedding import Embeddings
 from attnkit.layers.feedforward import FeedForward, SwiGLU
+from attnkit.models.modes import evaluating
 from attnkit.models.recurrent.attention import SourceAttention
 from attnkit.models.recurrent.seq2seq import RecurrentEncoder
 from attnkit.models.stack import TransformerStack
@@ -95,13 +96,8 @@ def evaluated(analysis: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(analysis)
     def run(model: object, *args: Any, **kwargs: Any) -> T:
-        modes = [(module, module.training) for module in module_of(model).modules()]
-        module_of(model).eval()
-        try:
+        with evaluating(module_of(model)):  # the context-manager form, for a generator that reads as it goes
             return analysis(model, *args, **kwargs)
-        finally:
-            for module, training in modes:
-                module.train(training)
 
     return run
 

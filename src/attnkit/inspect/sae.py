@@ -39,6 +39,7 @@ from attnkit.errors import CheckpointError, InputError
 from attnkit.inspect.edits import mean_ablate
 from attnkit.inspect.inputs import Batch, check_batch, token_losses
 from attnkit.inspect.points import HookPoint, evaluated, module_of, resolve
+from attnkit.models.modes import evaluating
 from attnkit.outputs import atomic_output, atomic_write
 
 log = logging.getLogger(__name__)
@@ -321,13 +322,14 @@ def point_activations(model: nn.Module, batches: Iterable[Batch], point: str) ->
     if not resolve(model, point)[0].editable:  # an unknown name: InputError listing the model's points
         raise InputError(f"an SAE is spliced in where it reads, and {point} is read only (the model does not take it "
                          "back): use a resid_pre / resid_post / attn.out / mlp.out point")
-    for batch in batches:
-        check_batch(batch, "a batch")
-        activation = batch.run(model, names=[point])[point]
-        if activation.dim() != 3:
-            raise InputError(f"an SAE reads one vector per position, (B, T, C); {point} is "
-                             f"{tuple(activation.shape)}: use a resid_pre / resid_post / attn.out / mlp.out point")
-        yield activation.flatten(0, 1)
+    with evaluating(model):  # dropout off while read, as spliced_loss reads it; its modes given back after
+        for batch in batches:
+            check_batch(batch, "a batch")
+            activation = batch.run(model, names=[point])[point]
+            if activation.dim() != 3:
+                raise InputError(f"an SAE reads one vector per position, (B, T, C); {point} is "
+                                 f"{tuple(activation.shape)}: use a resid_pre / resid_post / attn.out / mlp.out point")
+            yield activation.flatten(0, 1)
 
 
 @dataclass(frozen=True)

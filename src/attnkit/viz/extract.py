@@ -22,7 +22,8 @@ from torch import nn
 
 from attnkit.errors import InputError
 from attnkit.models.attention_capture import AttentionSite, attention_sites, capture_attention
-from attnkit.models.greedy import translation_pair
+from attnkit.models.greedy import check_fits, translation_pair
+from attnkit.models.modes import evaluating
 from attnkit.tokenize import Tokenizer
 from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
@@ -71,41 +72,34 @@ def attention_maps(
     sites = attention_sites(model)
     if not sites:
         raise InputError(f"this model ({type(model).__name__}) has no attention to draw; train one with attention")
-    model.eval()
-    device = next(model.parameters()).device
-    if translator:
-        pair = translation_pair(model, tokenizer, text, None if translate else target, max_length=max_length,
-                                instead="give --target TEXT instead", context=context)  # the source checked first
-        source, decoder_input = pair.source, pair.decoder_input
-        tokens = {"self": (source, source), "causal": (decoder_input, decoder_input),
-                  "cross": (pair.predicted, source)}
-        src, tgt = torch.tensor([source], device=device), torch.tensor([decoder_input], device=device)  # (1, S), (1, T)
-        run = partial(model, src, tgt)
-    else:
-        ids = tokenizer.encode(text)
-        if any(site.kind == "self" for site in sites):  # an encoder: framed as its training data frames a text
-            first, last = (tokenizer.cls_id, tokenizer.sep_id) if tokenizer.cls_id is not None else (
-                tokenizer.bos_id, tokenizer.eos_id)
-            ids = [i for i in (first, *ids, last) if i is not None]
-        tokens = {"self": (ids, ids), "causal": (ids, ids)}
-        _check_fits(context, text=ids)
-        inputs = torch.tensor([ids], device=device)
-        run = partial(model, inputs)
-    chosen = _choose(sites, layers, heads)
-    with capture_attention(model, sites=chosen) as captured:
-        output = run()
-    if translator and translate:  # the last row writes what the model writes next: EOS, or more when cut short
-        tokens["cross"] = ([*pair.written, int(output.logits[0, -1].argmax())], pair.source)
-    return [_maps(kind, captured, [s for s in chosen if s.kind == kind], tokens[kind], tokenizer, heads)
-            for kind in ("self", "causal", "cross") if any(s.kind == kind for s in chosen)]
-
-
-def _check_fits(context: int | None, **sequences: list[int]) -> None:
-    """InputError naming the first of `sequences` (name -> ids the model reads) longer than `context`."""
-    for name, ids in sequences.items():
-        if context is not None and len(ids) > context:
-            raise InputError(f"the {name} has {len(ids)} tokens; this model reads at most {context} (max_seq_len): "
-                             f"shorten it")
+    with evaluating(model):  # dropout off while read (a greedy translation too); its modes given back after
+        device = next(model.parameters()).device
+        if translator:
+            pair = translation_pair(model, tokenizer, text, None if translate else target, max_length=max_length,
+                                    instead="give --target TEXT instead", context=context)  # the source checked first
+            source, decoder_input = pair.source, pair.decoder_input
+            tokens = {"self": (source, source), "causal": (decoder_input, decoder_input),
+                      "cross": (pair.predicted, source)}
+            src = torch.tensor([source], device=device)  # (1, S)
+            tgt = torch.tensor([decoder_input], device=device)  # (1, T)
+            run = partial(model, src, tgt)
+        else:
+            ids = tokenizer.encode(text)
+            if any(site.kind == "self" for site in sites):  # an encoder: framed as its training data frames a text
+                first, last = (tokenizer.cls_id, tokenizer.sep_id) if tokenizer.cls_id is not None else (
+                    tokenizer.bos_id, tokenizer.eos_id)
+                ids = [i for i in (first, *ids, last) if i is not None]
+            tokens = {"self": (ids, ids), "causal": (ids, ids)}
+            check_fits(ids, "text", context)
+            inputs = torch.tensor([ids], device=device)
+            run = partial(model, inputs)
+        chosen = _choose(sites, layers, heads)
+        with capture_attention(model, sites=chosen) as captured:
+            output = run()
+        if translator and translate:  # the last row writes what the model writes next: EOS, or more when cut short
+            tokens["cross"] = ([*pair.written, int(output.logits[0, -1].argmax())], pair.source)
+        return [_maps(kind, captured, [s for s in chosen if s.kind == kind], tokens[kind], tokenizer, heads)
+                for kind in ("self", "causal", "cross") if any(s.kind == kind for s in chosen)]
 
 
 def _choose(sites: list[AttentionSite], layers: Sequence[int] | None, heads: Sequence[int] | None):
