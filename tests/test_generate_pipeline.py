@@ -336,11 +336,28 @@ def test_min_p_penalties_no_repeat_ngrams_and_min_new_tokens_reach_generate_and_
     tokens = generate_tokens(lm.model, [lm.tokenizer.encode("abc d")], max_new_tokens=12, context_len=24,
                              stop_ids={*stop, lm.tokenizer.eos_id}, min_new_tokens=4)[0]
     assert len(tokens) >= 4 and held == lm.tokenizer.decode(tokens)  # the stop tokens held back for 4 tokens
-    assert cli.main([*common, "--min-new-tokens", "4"]) == 0
-    assert capsys.readouterr().out == "abc d" + lm.generate("abc d", max_new_tokens=12, temperature=0,
-                                                            min_new_tokens=4)[0] + "\n"
     assert cli.main([*common, "--min-new-tokens", "-1"]) == 2
     assert "min_new_tokens=-1 must be an integer >= 0" in capsys.readouterr().err
+
+
+def test_cli_min_new_tokens_holds_back_an_eos_the_model_would_write_at_once(tmp_path, capsys):
+    """A run whose greedy text ends at once (its EOS row is twice the row of the token it would write first): the
+    command's --min-new-tokens 4 gives a longer text than the command without it, and the library's."""
+    run = _save_run(tmp_path / "lm", "decoder", position="rope", seed=1)
+    lm = attnkit.load(run, device="cpu")
+    first = lm.tokenizer.encode(lm.generate("abc d", max_new_tokens=1, temperature=0, stop_at_eos=False)[0])[0]
+    model, config = tiny_model("decoder", vocab_size=lm.tokenizer.vocab_size, position="rope", seed=1)  # the run's
+    rows = model.stack.embeddings.token.weight  # (V, C), the output head's too
+    with torch.no_grad():
+        rows[lm.tokenizer.eos_id] = 2 * rows[first]
+    save_model(model, config, run)
+    common = ["generate", str(run), "--prompt", "abc d", "--max-new-tokens", "12", "--temperature", "0"]
+    assert cli.main(common) == 0
+    assert capsys.readouterr().out == "abc d\n"  # EOS first: no text
+    assert cli.main([*common, "--min-new-tokens", "4"]) == 0
+    held = capsys.readouterr().out
+    expected = attnkit.load(run, device="cpu").generate("abc d", max_new_tokens=12, temperature=0, min_new_tokens=4)
+    assert held == f"abc d{expected[0]}\n" != "abc d\n"  # the flag changed the text, as the library changes it
 
 
 def test_cli_bad_arguments_print_a_clear_error(runs, capsys):
