@@ -427,3 +427,16 @@ def test_a_tokenizer_with_cls_and_no_sep_frames_a_tagged_text_as_a_classified_on
     classified = LabelledData.from_examples([("ab c", "x")], tokenizer).ids[0].tolist()
     tagged = align(tokenizer, ["ab", "c"], None, 16).ids
     assert tagged == classified and tagged[0] == tokenizer.cls_id and tagged[-1] == tokenizer.eos_id
+
+
+def test_a_conllu_file_is_told_by_one_rule_whatever_the_suffixs_case(tmp_path):
+    """layout_of took A.CONLLU for CoNLL-U and read_tagged read it as CoNLL (each line's last column, 'SpaceAfter=No'
+    and '_' for tags): one rule, is_conllu, says which for both, and for attnkit inspect probe's --column."""
+    from attnkit.tasks.conll import is_conllu
+    from attnkit.tasks.layouts import layout_of
+
+    upper = tmp_path / "A.CONLLU"
+    upper.write_text(CONLLU, encoding="utf-8")
+    assert is_conllu(upper) and not is_conllu(tmp_path / "a.conll")
+    assert layout_of(upper) == ("tagged", "a .conllu file")
+    assert read_tagged(upper) == [(["Anna", "lives", "in", "the", "city"], ["PROPN", "VERB", "ADP", "DET", "NOUN"])]

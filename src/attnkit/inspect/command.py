@@ -62,7 +62,7 @@ from attnkit.inspect.sae import (
 from attnkit.machine import pick_device
 from attnkit.models.greedy import translation_pair
 from attnkit.models.stack import TransformerStack
-from attnkit.tasks.conll import read_tagged
+from attnkit.tasks.conll import is_conllu, read_tagged
 from attnkit.tasks.registry import task_record
 from attnkit.tasks.tag import Frame, frame_of, word_pieces_of
 from attnkit.textfiles import EncodingErrors, read_lines
@@ -191,7 +191,7 @@ def _check_inputs(settings: InspectSettings) -> None:
     if settings.analysis == "probe" and settings.conll is None:
         raise InputError("probe reads word labels from a CoNLL or CoNLL-U file: give --conll FILE")
     if settings.analysis == "probe":  # a file that is not CoNLL, or a column it lacks, refused before the model loads
-        if settings.column != "upos" and Path(settings.conll).suffix != ".conllu":
+        if settings.column != "upos" and not is_conllu(settings.conll):
             raise InputError(f"--column picks a CoNLL-U column, but {settings.conll} is read as CoNLL (each line's "
                              "last column is its label): drop --column, or give a .conllu file")
         read_tagged(settings.conll, column=settings.column, encoding_errors=settings.encoding_errors, option="--column")
@@ -651,7 +651,7 @@ def _probe(loaded: Loaded, settings: InspectSettings):
     ax.axhline(results[0].majority, color="grey", linestyle=":", label="majority label")
     ax.axhline(results[0].control_majority, color="tab:orange", linestyle=":", label="control task's majority")
     ax.set_xticks(range(len(results)), layers, fontsize=7, rotation=30)
-    labels = settings.column if Path(settings.conll).suffix == ".conllu" else "labels"  # CoNLL: the last column
+    labels = settings.column if is_conllu(settings.conll) else "labels"  # CoNLL: the last column
     ax.set(title=f"linear probes: {labels} of {Path(settings.conll).name}", ylabel="held-out accuracy",
            ylim=(0, 1))
     ax.legend(fontsize=7)

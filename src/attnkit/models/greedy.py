@@ -66,7 +66,7 @@ def translation_pair(model: nn.Module, tokenizer: Tokenizer, source: str, target
     ending with `instead` (what the caller's user gives in its place, e.g. "give --target TEXT")."""
     eos, bos = require_id(tokenizer, "eos"), require_id(tokenizer, "bos")
     ids = [*tokenizer.encode(source), eos]
-    _check_fits(ids, "source with EOS", context)
+    check_fits(ids, "source with EOS", context)
     if target is None:
         room = max_length if context is None else min(max_length, context - 1)  # BOS and the tokens written
         written = greedy_target(model, ids, bos=bos, eos=eos, max_length=room)
@@ -76,11 +76,11 @@ def translation_pair(model: nn.Module, tokenizer: Tokenizer, source: str, target
         written = tokenizer.encode(target) if isinstance(target, str) else [int(i) for i in target]
         if not written:
             raise InputError(f"the target {target!r} becomes no tokens: give a non-empty target")
-        _check_fits([bos, *written], "target with BOS", context)
+        check_fits([bos, *written], "target with BOS", context)
     return TranslationPair(ids, written, bos, eos)
 
 
-def _check_fits(ids: list[int], what: str, context: int | None) -> None:
+def check_fits(ids: list[int], what: str, context: int | None) -> None:
     """InputError naming `what` when its `ids` are more than the `context` (max_seq_len) the model reads."""
     if context is not None and len(ids) > context:
         raise InputError(f"the {what} has {len(ids)} tokens; this model reads at most {context} (max_seq_len): "

@@ -124,7 +124,7 @@ class Explorer:
         if given:
             _check_text(target)
         pair = translation_pair(self.model, self.tokenizer, text, target if given else None,  # as the maps frame it
-                                max_length=min(MAX_TRANSLATION, self.config.max_seq_len - 1),
+                                max_length=MAX_TRANSLATION,
                                 instead=OWN_TRANSLATION_EMPTY, context=self.config.max_seq_len)
         view = translation_view(self.model, self.config, self.tokenizer, pair.source, pair.decoder_input, query,
                                 source_query)
@@ -146,7 +146,7 @@ class Explorer:
         target = target if translator and target and target.strip() else None
         try:
             return attention_maps(self.model, self.tokenizer, text, target=target, translate=translator and not target,
-                                  layers=layers, max_length=min(MAX_TRANSLATION, self.config.max_seq_len - 1),
+                                  layers=layers, max_length=MAX_TRANSLATION,
                                   context=self.config.max_seq_len)  # the text as framed, the source, the target
         except EmptyTranslation:
             raise EmptyTranslation(OWN_TRANSLATION_EMPTY) from None

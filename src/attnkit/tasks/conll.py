@@ -26,6 +26,11 @@ SCHEMES = ("BIO", "BIOES")
 _CONLLU_FIELDS = ("form", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")
 
 
+def is_conllu(path: str | Path) -> bool:
+    """Whether `path` is read as CoNLL-U (by its suffix, .conllu in any case), else as CoNLL."""
+    return Path(path).suffix.lower() == ".conllu"
+
+
 def read_tagged(path: str | Path, *, column: str = "upos", encoding_errors: EncodingErrors = "strict",
                 option: str = "--tag-column") -> list[Sentence]:
     """The sentences of a CoNLL or CoNLL-U file (module docstring; `.conllu` files by their suffix). `option`: the
@@ -36,7 +41,7 @@ def read_tagged(path: str | Path, *, column: str = "upos", encoding_errors: Enco
     """
     path = Path(path)
     text = read_text(path, errors=encoding_errors)
-    sentences = _read_conllu(text, path, column, option) if path.suffix == ".conllu" else _read_conll(text, path)
+    sentences = _read_conllu(text, path, column, option) if is_conllu(path) else _read_conll(text, path)
     if not sentences:
         raise InputError(f"{path} holds no tagged sentences: write one token and its tag per line, a blank line "
                          "between sentences (CoNLL), or give a .conllu file")

@@ -22,6 +22,7 @@ from typing import Literal
 
 from attnkit.data.labelled import JSON_LINES, LABEL_COLUMNS, TEXT_COLUMNS
 from attnkit.errors import InputError
+from attnkit.tasks.conll import is_conllu
 from attnkit.textfiles import EncodingErrors, read_text
 
 Layout = Literal["tagged", "labelled"]
@@ -35,7 +36,7 @@ FIXED_COLUMNS = 0.95  # share of a CoNLL file's lines with its usual number of c
 def layout_of(path: str | Path, *, encoding_errors: EncodingErrors = "strict") -> tuple[Layout, str] | None:
     """The file's layout and what shows it (module docstring), or None when neither is plain."""
     path = Path(path)
-    if path.suffix.lower() == ".conllu":
+    if is_conllu(path):
         return "tagged", "a .conllu file"
     if path.suffix.lower() in JSON_LINES:
         return "labelled", "a JSON Lines file"

@@ -100,7 +100,7 @@ def run_viz(settings: VizSettings) -> VizResult:
     result.maps = attention_maps(
         model, tokenizer, settings.text, target=settings.target, translate=settings.translate,
         layers=settings.layers, heads=settings.heads,
-        max_length=min(settings.max_length, config.max_seq_len - 1),  # BOS and the translation fit the context
+        max_length=settings.max_length,  # translation_pair stops where BOS and the translation fill the context
         context=config.max_seq_len,
     )
     out = Path(settings.out) if settings.out else run_dir / "viz"
