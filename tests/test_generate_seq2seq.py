@@ -273,3 +273,18 @@ def test_translation_never_writes_a_padded_vocabularys_ids_past_the_tokenizers(b
                     break
                 ids.append(int(out.argmax()))
             assert target == ids[1:]
+
+
+def test_a_source_with_fewer_hypotheses_than_num_return_sequences_is_refused_not_shifted_onto_the_next():
+    """A beam of 16 over 13 tokens at max_length 1 finishes 13 hypotheses a source: asked for 16, the results of
+    three sources came back as 39 in a row, the later sources' moved onto the earlier ones' places. It is refused
+    naming the cause; as many as each source has come back source by source."""
+    model, _ = tiny_model("encoder-decoder", seed=1)
+    search = dict(bos_id=BOS, eos_id=EOS, beam_size=16, max_length=1)
+    with pytest.raises(InputError, match=r"source\(s\) \[0, 1, 2\] ended with \[13\] finished hypotheses, fewer than "
+                                         r"num_return_sequences=16"):
+        beam_search(model, SOURCES, **search, num_return_sequences=16)
+    results = beam_search(model, SOURCES, **search, num_return_sequences=13)
+    assert len(results) == 3 * 13
+    for index, source in enumerate(SOURCES):
+        assert results[index * 13:(index + 1) * 13] == beam_search(model, [source], **search, num_return_sequences=13)

@@ -159,7 +159,8 @@ def beam_search(
 ) -> list[list[int]]:
     """The best hypothesis of each source (target tokens without BOS and EOS), or its `num_return_sequences` best,
     best first, source by source; see the module docstring. `writable`: the target tokenizer's size, where the
-    model's vocabulary is padded past it (the ids from it on are never proposed)."""
+    model's vocabulary is padded past it (the ids from it on are never proposed). Raises InputError where a source
+    ends with fewer finished hypotheses than `num_return_sequences` (which would shift the later sources' results).
     check_max_length(max_length)
     check_search(beam_size, length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences)
     batch, k = len(sources), beam_size
@@ -196,6 +197,12 @@ def beam_search(
         cache.reorder(rows)
         beams = torch.cat((beams[rows], next_token.view(-1, 1)), dim=1)  # (B*K, t + 1)
         scores = next_score
+    short = {b: len(hyps.items) for b, hyps in enumerate(finished) if len(hyps.items) < num_return_sequences}
+    if short:  # fewer results than asked would move the later sources' onto the wrong text
+        raise InputError(f"source(s) {sorted(short)} ended with {sorted(set(short.values()))} finished hypotheses, "
+                         f"fewer than num_return_sequences={num_return_sequences}: the search met fewer candidates "
+                         f"of a finite score (a beam wider than the tokens it may write at max_length={max_length}, "
+                         "or logits at -inf); ask for fewer sequences, or a longer max_length")
     return [tokens for hyps in finished for tokens in hyps.best(num_return_sequences)]
 
 
