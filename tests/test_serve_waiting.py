@@ -81,3 +81,19 @@ def test_a_request_of_many_prompts_does_not_hold_a_later_one_until_it_ends(tmp_p
         ask("one", {"prompt": "ab", "max_tokens": 2})
         many.join(120)
     assert ended == ["one 200", "many 200"]
+
+
+def test_a_request_given_the_id_of_one_served_and_gone_keeps_its_turn():
+    queue, first = WaitingQueue(16), object()
+    stale = id(first)
+    queue.put(Job("first0", first))
+    del first
+    assert queue.pop_if(lambda job: True).name == "first0"  # first took the last turn and is gone with its job
+    owners = [object()]
+    while id(owners[-1]) != stale and len(owners) < 10_000:  # CPython gives a freed object's id to a later one
+        owners.append(object())
+    if id(owners[-1]) != stale:
+        pytest.skip("this interpreter gave the freed request's id to no later object")
+    queue.put(Job("later0", owners[-1]))
+    queue.put(Job("next0", object()))
+    assert drained(queue) == ["later0", "next0"]

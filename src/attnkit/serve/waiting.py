@@ -43,7 +43,7 @@ class WaitingQueue(Generic[Job]):
         self.limit = limit
         self._turns: OrderedDict[int, deque[Job]] = OrderedDict()  # request -> its jobs; the request first in turn
         self._size = 0  # jobs in _turns
-        self._served: int | None = None  # the request that took the last turn
+        self._served: int | None = None  # the request that took the last turn, while it has jobs queued (`_drop`)
         self._set_aside: list[Job] = []  # cancelled jobs taken out of the queue, not yet ended
         self._lock = threading.Lock()
 
@@ -61,7 +61,7 @@ class WaitingQueue(Generic[Job]):
                     self._set_aside += [queued for queued in jobs if queued.cancelled.is_set()]
                     self._turns[request] = deque(queued for queued in jobs if not queued.cancelled.is_set())
                     if not self._turns[request]:
-                        del self._turns[request]
+                        self._drop(request)
                 self._size = sum(map(len, self._turns.values()))
                 if self._size >= self.limit:
                     raise QueueFull
@@ -89,11 +89,11 @@ class WaitingQueue(Generic[Job]):
             request, jobs = next(iter(self._turns.items()))
             jobs.popleft()
             self._size -= 1
+            self._served = request
             if jobs:
                 self._turns.move_to_end(request)
             else:
-                del self._turns[request]
-            self._served = request
+                self._drop(request)
             return job
 
     def _live_head(self) -> Job | None:
@@ -104,8 +104,15 @@ class WaitingQueue(Generic[Job]):
                 self._size -= 1
             if jobs:
                 return jobs[0]
-            del self._turns[request]
+            self._drop(request)
         return None
+
+    def _drop(self, request: int) -> None:
+        """Take `request`, whose jobs are all gone, out of the turns, and forget that it took the last one: its id
+        may be given to a later request, which would otherwise lose a turn to every request after it."""
+        del self._turns[request]
+        if request == self._served:
+            self._served = None
 
     def take_set_aside(self) -> list[Job]:
         """The cancelled jobs set aside since the last call, in the order they came, for the caller to end."""
