@@ -160,7 +160,7 @@ def beam_search(
     """The best hypothesis of each source (target tokens without BOS and EOS), or its `num_return_sequences` best,
     best first, source by source; see the module docstring. `writable`: the target tokenizer's size, where the
     model's vocabulary is padded past it (the ids from it on are never proposed). Raises InputError where a source
-    ends with fewer finished hypotheses than `num_return_sequences` (which would shift the later sources' results).
+    ends with fewer finished hypotheses than `num_return_sequences` (which would shift the later sources' results)."""
     check_max_length(max_length)
     check_search(beam_size, length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences)
     batch, k = len(sources), beam_size

@@ -655,8 +655,8 @@ class Scheduler:
 
     def _take(self) -> list[GenerationJob]:
         """The waiting jobs that join now, as many as fit: at once when nothing runs; while a batch runs, once the
-        oldest has waited a decoding step or they fill the free rows; never beside a cache that cannot merge (nor
-        a second job with such a model)."""
+        head job of the request whose turn it is has waited a decoding step or the waiting jobs fill the free rows;
+        never beside a cache that cannot merge (nor a second job with such a model)."""
         batch = self.batch
         if batch is not None and (not self._due() or not self._merge_ok()):  # _due first: it meets the head
             return []
@@ -674,8 +674,9 @@ class Scheduler:
         return joining
 
     def _due(self) -> bool:
-        """Whether the waiting jobs join the running batch now (see `_take`), judged by the oldest whose client is
-        still there (the cancelled ones before it are set aside)."""
+        """Whether the waiting jobs join the running batch now (see `_take`), judged by the head job of the request
+        whose turn it is (`WaitingQueue.head`: not always the oldest job; the cancelled ones met before it are set
+        aside)."""
         head = self.waiting.head()
         if head is None:
             return False
