@@ -502,6 +502,21 @@ def test_serve_explain_logs_the_inference_plan_it_serves_with(runs, caplog):
     assert not any("inference plan" in record.message for record in caplog.records)
 
 
+def test_only_a_missing_serve_extra_is_said_to_need_fastapi(runs, monkeypatch):
+    """Every ImportError on the way to the app was said to need FastAPI and uvicorn, hiding a fault in attnkit's
+    own modules: only a missing fastapi, uvicorn or pydantic (ImportError.name) is named so."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "attnkit.serve.app", None)  # importing it fails: attnkit's own module
+    with pytest.raises(ImportError) as raised:
+        build_app(ServeSettings(run=str(runs["lm"])))
+    assert raised.type is not InputError and raised.value.name == "attnkit.serve.app"
+    monkeypatch.delitem(sys.modules, "attnkit.serve.app")
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # the extra not installed
+    with pytest.raises(InputError, match=r"attnkit serve needs FastAPI and uvicorn: pip install 'attnkit\[serve\]'"):
+        build_app(ServeSettings(run=str(runs["lm"])))
+
+
 def test_another_host_needs_an_api_key_and_the_key_is_checked(runs, monkeypatch):
     monkeypatch.delenv("ATTNKIT_API_KEY", raising=False)
     with pytest.raises(InputError, match="--api-key"):

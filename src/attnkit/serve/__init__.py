@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from attnkit.errors import InputError
 from attnkit.serve.listen import bind, check_port, is_local, url
@@ -52,12 +54,25 @@ def _checked(settings: ServeSettings) -> ServeSettings:
     return replace(settings, api_key=key)
 
 
+SERVE_EXTRA = ("fastapi", "uvicorn", "pydantic")  # the modules `pip install 'attnkit[serve]'` brings
+
+
+@contextmanager
+def _serve_extra() -> Iterator[None]:
+    """An ImportError of a module of the serve extra (`ImportError.name`) as an InputError naming the install; any
+    other (a fault in attnkit's own modules, a broken dependency of theirs) goes through as it is."""
+    try:
+        yield
+    except ImportError as error:
+        if (error.name or "").partition(".")[0] not in SERVE_EXTRA:
+            raise
+        raise InputError(f"attnkit serve needs FastAPI and uvicorn: pip install 'attnkit[serve]' ({error})") from None
+
+
 def build_app(settings: ServeSettings):
     """Load the run and build its app (`serve/app.py`), without starting a server."""
-    try:
+    with _serve_extra():
         from attnkit.serve.app import create_app
-    except ImportError as error:
-        raise InputError(f"attnkit serve needs FastAPI and uvicorn: pip install 'attnkit[serve]' ({error})") from None
     from attnkit.generate import load
 
     settings = _checked(settings)
@@ -70,12 +85,10 @@ def build_app(settings: ServeSettings):
 def serve(settings: ServeSettings) -> int:
     """Serve the run until interrupted (Ctrl-C). The port is bound before the run loads (`serve/listen.py`)."""
     settings = _checked(settings)
-    try:
+    with _serve_extra():
         import uvicorn
 
         from attnkit.serve.server import Server
-    except ImportError:
-        raise InputError("attnkit serve needs FastAPI and uvicorn: pip install 'attnkit[serve]'") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with bind(settings.host, settings.port) as sock:
         app = build_app(settings)
