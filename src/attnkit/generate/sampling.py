@@ -76,7 +76,7 @@ class SamplingConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     min_p: float = 0.0
-    no_repeat_ngram_size: int = 0  # 0: off
+    no_repeat_ngram_size: int = 0  # 0: off; applied by a decoding loop (RepeatedNgrams), not by select_next
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "repetition_penalty"):  # the type first: "x" is no number, not "< 0"
@@ -333,7 +333,9 @@ def select_next(
     logits: Tensor, config: SamplingConfig, *, seen: Tensor | None = None, generator: torch.Generator | None = None
 ) -> Tensor:
     """The next token of each row: logits (B, V) -> ids (B,). Greedy takes the argmax; otherwise sample. A row whose
-    logits give no distribution gets NO_TOKEN: `check_drawn` raises for it."""
+    logits give no distribution gets NO_TOKEN: `check_drawn` raises for it. `config.no_repeat_ngram_size` is not
+    applied here (it reads each row's sequence, which the logits do not hold): a decoding loop bans those tokens
+    first with `RepeatedNgrams`, as `decode_n_tokens` does."""
     return select_next_in_groups(logits, config, [(logits.shape[0], generator)], seen=seen)
 
 
@@ -353,7 +355,8 @@ def select_next_in_groups(
     Gumbel-max trick with exp applied), so the same generator gives the same tokens; but multinomial first checks
     its input by reading the device twice per call, which on a GPU stalls each decoding step once per request.
     Here nothing is read: a row that is no distribution gets NO_TOKEN, found when the tokens are read. seen, counts:
-    what the penalties read (`process_logits`)."""
+    what the penalties read (`process_logits`). `config.no_repeat_ngram_size` is not applied here (see
+    `select_next`)."""
     logits = process_logits(logits, config, seen, counts)
     if config.greedy:  # one pass over the logits: argmax takes a nan where a row holds one, and -inf only where all are
         ids = logits.argmax(dim=-1)  # (B,)
