@@ -33,6 +33,23 @@ def _half_sent(url: str) -> socket.socket:
     return sock
 
 
+def _reply(sock: socket.socket) -> str:
+    """The server's whole answer on `sock`: read until the socket closes or the body its Content-Length declares has
+    come (uvicorn writes the headers and the body apart, so one recv may hold only the headers)."""
+    data = b""
+    while True:
+        head, sep, body = data.partition(b"\r\n\r\n")
+        if sep:
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), None)
+            if length is not None and len(body) >= length:
+                return data.decode()
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data.decode()
+        data += chunk
+
+
 def _count(url: str, status: int) -> float:
     for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
         if line.startswith(f'attnkit_requests_total{{path="/v1/completions",status="{status}"}}'):
@@ -57,7 +74,7 @@ def test_a_body_sent_too_slowly_is_refused_within_the_timeout(server):
     sock = _half_sent(server)
     with sock:
         started = time.monotonic()
-        reply = sock.recv(4096).decode()  # the server answers while the body is still missing
+        reply = _reply(sock)  # the server answers while the body is still missing
         waited = time.monotonic() - started
     assert reply.startswith("HTTP/1.1 408"), reply[:200]
     assert "--timeout" in reply and "body" in reply
