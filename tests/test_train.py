@@ -14,6 +14,7 @@ from attnkit.tokenize import CharTokenizer
 from attnkit.train import TrainingDiverged, TrainRequest, prepare
 from attnkit.train.metrics import MetricsLog
 from attnkit.train.state import checkpoints, find_checkpoint
+from attnkit.train.trainer import Trainer
 
 TINY = ["d_model=32", "n_layers=2", "n_heads=2", "d_ff=64", "max_seq_len=24", "dropout=0.1"]
 DATA = {"lm": "synthetic:copy", "mlm": "synthetic:copy", "translate": "synthetic:reverse", "classify": "synthetic:ab"}
@@ -114,6 +115,27 @@ def test_a_resume_whose_settings_move_the_learning_rate_says_where_it_jumps(tmp_
            f"had {3e-3 * 0.1:.3g}: it jumps there at once" in caplog.text
     trainer.fit(stop_at=5)
     assert MetricsLog(tmp_path / "metrics.jsonl").records("train")[-1]["lr"] == pytest.approx(expected)
+
+
+def test_a_resume_with_nothing_to_train_says_nothing_of_the_learning_rate(tmp_path, caplog):
+    prepare(request(tmp_path, max_steps=4, eval_every=4)).fit()
+    with caplog.at_level("WARNING", logger="attnkit.train.trainer"):
+        prepare(request(tmp_path, resume=True, max_steps=4, lr=1e-3))
+    assert "nothing is left to train" in caplog.text
+    assert "the learning rate of step" not in caplog.text
+
+
+def test_only_a_fork_says_it_goes_on_from_a_step_before_the_kept_best(tmp_path, caplog, monkeypatch):
+    """After a fork keeps a later best/, the plain resumes of the forked run say only that best/ is kept."""
+    monkeypatch.setattr(Trainer, "_evaluate", lambda self, model: {"val_loss": 10.0 - self.step})
+    prepare(request(tmp_path, max_steps=4, eval_every=2)).fit()  # best/: step 4
+    with caplog.at_level("INFO", logger="attnkit.train.trainer"):
+        prepare(request(tmp_path, resume=str(tmp_path / "checkpoints" / "step_000002"), max_steps=3)).fit()
+    assert "kept best/ (step 4, val_loss 6.0000), though the run goes on from the earlier step 2" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="attnkit.train.trainer"):
+        prepare(request(tmp_path, resume=True, max_steps=5))
+    assert "kept best/ (step 4, val_loss 6.0000): the run replaces it only with a better score" in caplog.text
 
 
 def test_resuming_on_data_with_other_labels_names_both_and_the_way_forward(tmp_path):

@@ -464,7 +464,7 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
         tokenizer=checkpoint.tokenizer, labels=labels, device=device, run_info=run_info, progress=request.progress,
         parallel=parallel,
     )
-    trainer.restore(checkpoint, own_run=out.resolve() == run.resolve())
+    trainer.restore(checkpoint, own_run=out.resolve() == run.resolve(), named=source.resolve() != run.resolve())
     return trainer
 
 

@@ -289,10 +289,11 @@ class Trainer:
         self.last_record: dict[str, Any] | None = None  # the latest step's metrics record read
 
     # Resuming ------------------------------------------------------------------------------------------------
-    def restore(self, checkpoint: Checkpoint, *, own_run: bool = True) -> None:
+    def restore(self, checkpoint: Checkpoint, *, own_run: bool = True, named: bool = False) -> None:
         """Continue from `checkpoint` (loaded with `state.load_checkpoint`, its model being `self.model`). `own_run`
         False: the checkpoint belongs to another run directory, and this one's best/ and checkpoints start from its
-        own evaluation (the first writes best/; a run with nothing left to train evaluates and saves once)."""
+        own evaluation (the first writes best/; a run with nothing left to train evaluates and saves once). `named`:
+        --resume named the checkpoint by path (not its run), which forks the run there."""
         state = checkpoint.train_state
         self.parallel.load_optimizer(self.optimizer, checkpoint.optimizer, source=str(checkpoint.path))
         self.step, self.elapsed = int(state["step"]), float(state["elapsed"])
@@ -310,7 +311,7 @@ class Trainer:
             self.best, self.best_step = kept["best"], kept["step"]
             log.info("kept best/ (step %d, %s %s)%s: the run replaces it only with a better score", kept["step"],
                      self.task.metric, _fmt(kept["best"]),
-                     "" if checkpoint.fell_back else f", though the run goes on from the earlier step {self.step}")
+                     f", though the run goes on from the earlier step {self.step}" if named else "")
         if self.parallel.writes:
             removed = remove_checkpoints_after(self.run_dir, self.step, keep_best=kept is not None)
             for path in removed:  # first: a kill leaves a resumable run
@@ -323,7 +324,6 @@ class Trainer:
                             "before best/ took its copy", checkpoint.path)
         if not own_run:
             self.best, self.best_step, self.evaluated_step, self.saved_step = None, None, -1, -1
-        self._say_schedule_change(TrainConfig.from_dict(state["settings"]))
         saved_ranks = state.get("ranks", 1)
         if saved_ranks != self.parallel.size:
             log.warning("the run was saved by %d process(es) and continues in %d: the global batch is now %d "
@@ -337,6 +337,8 @@ class Trainer:
             log.warning("the run has trained %.1f s, --max-time %gs: nothing is left to train; give a longer "
                         "--max-time (it counts every session of the run) to train on", self.elapsed,
                         self.settings.max_time)
+        else:  # a step will train: say where its rate jumps, if it does
+            self._say_schedule_change(TrainConfig.from_dict(state["settings"]))
 
     def _say_schedule_change(self, saved: TrainConfig) -> None:
         """Warn when the resumed settings (a longer --max-steps, another --lr or schedule) move the learning rate of
