@@ -187,7 +187,8 @@ LECTURES: tuple[Lecture, ...] = (
     )),
     Lecture("003", "UC San Diego COGS 150", "The Transformer architecture (Sean Trott, Winter 2024)", "cogs", (
         Topic("A taxonomy of language models: statistical learning", T06, ("models.recurrent.lm", "models.decoder"),
-              section=NGRAM),
+              section=NGRAM, gap="the n-gram model is a cell of tutorial 6 (counted and add-alpha smoothed), not a "
+                                 "module of attnkit"),
         Topic("RNNs' limitations: vanishing and exploding gradients; training hard to parallelize", T05,
               ("models.recurrent.rnn",), COST, COST_PNG, section="The models"),
         Topic("Attention lets a model focus: predictions that depend on words far back (the program log, the "
