@@ -166,7 +166,7 @@ def test_pipeline_generate_with_a_json_schema_streams_valid_json(json_run):
     for text in texts:
         jsonschema.validate(json.loads(text), BOUNDED)
     assert [pieces[0], pieces[1]] == texts
-    with pytest.raises(InputError, match="not both"):
+    with pytest.raises(InputError, match="not json_schema and grammar together"):
         lm.generate("x", json_schema={"type": "object"}, grammar=Grammar.json_object())
 
 
@@ -202,7 +202,7 @@ def test_cli_generate_json_schema_and_json(json_run, tmp_path, capsys):
     for bad in (["--json-schema", str(schema)], ["--json-schema", str(tmp_path / "absent.json")],
                 ["--json", "--json-schema", str(schema)]):
         assert cli.main([*common, *bad]) == 2
-    assert "not both" in capsys.readouterr().err
+    assert "not --json and --json-schema together" in capsys.readouterr().err
 
 
 def test_cli_generate_no_echo_prints_the_json_alone_so_that_it_pipes_into_a_parser(json_run, tmp_path, capsys):
@@ -229,6 +229,7 @@ def test_a_streamed_text_cut_before_its_schema_is_complete_ends_its_line_before_
     still holds the text and one newline."""
     import logging
     import os
+    import select
 
     from attnkit import cli
 
@@ -246,7 +247,10 @@ def test_a_streamed_text_cut_before_its_schema_is_complete_ends_its_line_before_
             out.flush()
         finally:
             logging.getLogger().removeHandler(handler)
-        terminal = os.read(master, 1 << 16).decode().replace("\r\n", "\n")
+        received = b""
+        while select.select([master], [], [], 0.5)[0]:  # everything the terminal was sent, in as many reads
+            received += os.read(master, 1 << 16)
+        terminal = received.decode().replace("\r\n", "\n")
     os.close(master)
     stdout = io.StringIO()
     monkeypatch.setattr(sys, "stdout", stdout)
@@ -309,8 +313,10 @@ def test_generate_follows_a_regular_expression_or_a_lark_grammar_and_streams_it(
         assert whole.fullmatch(text), text
     assert [pieces[i] for i in range(4)] == texts[:4]
     assert len(set(texts)) > 1
-    with pytest.raises(InputError, match="not both regex and lark"):
+    with pytest.raises(InputError, match="not regex and lark together"):
         lm.generate("x", regex="a", lark="start: \"a\"")
+    with pytest.raises(InputError, match="not json_schema, regex and lark together"):  # three: not "both"
+        lm.generate("x", json_schema={"type": "object"}, regex="a", lark="start: \"a\"")
 
 
 def test_cli_generate_regex_and_grammar(json_run, tmp_path, capsys):
@@ -328,7 +334,7 @@ def test_cli_generate_regex_and_grammar(json_run, tmp_path, capsys):
     assert cli.main([*common, "--regex", "[a-c"]) == 2
     assert "the regular expression cannot be followed" in capsys.readouterr().err
     assert cli.main([*common, "--regex", "a", "--grammar", str(grammar)]) == 2
-    assert "not both --regex and --grammar" in capsys.readouterr().err
+    assert "not --regex and --grammar together" in capsys.readouterr().err
 
 
 def test_a_schema_file_that_is_not_utf8_is_refused_without_naming_a_flag_generate_lacks(json_run, tmp_path, capsys):
@@ -370,3 +376,11 @@ def test_a_briefly_trained_model_writes_valid_json():
                           generator=torch.Generator().manual_seed(1), stop_ids={tokenizer.eos_id}, grammar=grammar)
     for tokens in new:
         jsonschema.validate(json.loads(tokenizer.decode(tokens)), BOUNDED)
+
+
+@pytest.mark.parametrize(("make", "source"), [("regex", "[a-c"), ("lark", "start: foo")])
+def test_a_malformed_expression_or_grammar_is_refused_as_it_is_made_before_any_tokenizer(make, source):
+    """A malformed --regex or --grammar was found only by the matcher, after the model and its tokenizer had loaded;
+    Grammar.regex and Grammar.lark now refuse it as they are made, with llguidance's reason."""
+    with pytest.raises(InputError, match="(?s)cannot be followed: .*(unclosed|unknown name)"):
+        getattr(Grammar, make)(source)

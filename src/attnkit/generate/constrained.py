@@ -82,15 +82,24 @@ class Grammar:
     @classmethod
     def regex(cls, pattern: str) -> Grammar:
         """Text the regular expression matches whole (llguidance's syntax, Rust's regex: `[a-z]+@[a-z]+\\.com`,
-        `(yes|no)`); a malformed one is refused by `Matcher` with llguidance's reason."""
+        `(yes|no)`). Raises InputError for a malformed one, with llguidance's reason (`checked`)."""
         if not isinstance(pattern, str) or not pattern:
             raise InputError(f"a regular expression is a non-empty string, not {pattern!r}")
-        return cls(llguidance().LLMatcher.grammar_from_regex(pattern), "regular expression")
+        return cls(llguidance().LLMatcher.grammar_from_regex(pattern), "regular expression").checked()
 
     @classmethod
     def lark(cls, text: str) -> Grammar:
-        """A grammar in llguidance's Lark syntax (`%json {schema}` embeds a JSON schema)."""
-        return cls(llguidance().LLMatcher.grammar_from_lark(text), "grammar")
+        """A grammar in llguidance's Lark syntax (`%json {schema}` embeds a JSON schema). Raises InputError for a
+        malformed one, with llguidance's reason (`checked`)."""
+        return cls(llguidance().LLMatcher.grammar_from_lark(text), "grammar").checked()
+
+    def checked(self) -> Grammar:
+        """This grammar, once llguidance finds it well formed without a tokenizer (so that a command refuses it
+        before its model loads); InputError with llguidance's reason otherwise."""
+        error = llguidance().LLMatcher.validate_grammar(self.source)
+        if error:
+            raise InputError(f"the {self.name} cannot be followed: {error[:300]}")
+        return self
 
 
 @dataclass(frozen=True)

@@ -181,7 +181,9 @@ class Pipeline:
         given = {name: value for name, value in (("json_schema", json_schema), ("regex", regex), ("lark", lark),
                                                  ("grammar", grammar)) if value is not None}
         if len(given) > 1:
-            raise InputError(f"give one of json_schema, regex, lark and grammar, not both {' and '.join(given)}")
+            names = list(given)
+            raise InputError(f"give one of json_schema, regex, lark and grammar, not {', '.join(names[:-1])} and "
+                             f"{names[-1]} together")
         if json_schema is not None:
             grammar = Grammar.json_schema(json_schema)
         elif regex is not None:

@@ -528,7 +528,7 @@ def read_constraint(settings: GenerateSettings) -> dict[str, Any]:
     given = [flag for flag, value in flags if value is not None]
     if len(given) > 1:
         raise InputError(f"give one of --json (any JSON object), --json-schema FILE, --regex and --grammar FILE, not "
-                         f"both {' and '.join(given)}")
+                         f"{', '.join(given[:-1])} and {given[-1]} together")
     if settings.regex is not None:
         return {"regex": settings.regex}
     if settings.grammar is not None:
