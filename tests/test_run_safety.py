@@ -262,6 +262,16 @@ def test_a_resume_leaves_best_at_the_first_of_tied_scores(tmp_path, caplog, monk
     assert state.load_checkpoint(tmp_path / "best").step == 2
 
 
+def test_a_plain_resume_hashes_no_file_of_an_earlier_best(tmp_path, monkeypatch):
+    """best/ is checked only where the resume would keep it: when it was saved after the resumed step."""
+    prepare(request(tmp_path, steps=4)).fit()
+    hashed = []
+    original = attnkit.checkpoint.digest
+    monkeypatch.setattr(attnkit.checkpoint, "digest", lambda path: hashed.append(Path(path)) or original(path))
+    prepare(request(tmp_path, steps=8, resume=True))
+    assert hashed and not [path for path in hashed if (tmp_path / "best") in path.parents]
+
+
 def test_the_top_level_and_best_share_no_storage_with_the_checkpoint(tmp_path):
     trained_run(tmp_path)
     checkpoint = tmp_path / "checkpoints" / "step_000002"

@@ -436,13 +436,14 @@ def later_best(run_dir: str | Path, step: int) -> dict[str, Any] | None:
     score, the best model the run has made, until it scores better (`remove_checkpoints_after(..., keep_best=True)`)."""
     best = Path(run_dir) / BEST_DIR
     try:
-        if not read_checksums(best):  # none: not a checkpoint, or one that predates checksums and cannot be checked
+        state = read_json(best / TRAIN_STATE_FILE)
+        # hashed only when it is later: no checksums means not a checkpoint, or one that predates them (unchecked)
+        if state.get("step", 0) <= step or not read_checksums(best):
             return None
         verify_files(best)
-        state = read_json(best / TRAIN_STATE_FILE)
     except CheckpointError:
         return None
-    return state if state.get("step", 0) > step else None
+    return state
 
 
 def mend_best(run_dir: str | Path, checkpoint: Path) -> bool:
