@@ -81,6 +81,20 @@ def test_a_body_sent_too_slowly_is_refused_within_the_timeout(server):
     assert waited < 25  # not held until the socket's own timeout (30 s)
 
 
+def test_the_408_closes_the_connection_the_slow_body_held(server):
+    sock = _half_sent(server)
+    with sock:
+        reply = _reply(sock)
+        sock.settimeout(3 * TIMEOUT)  # the 408 has come: the server's next word is the end of the connection
+        try:
+            rest = sock.recv(1)
+        except TimeoutError:
+            rest = None
+    assert reply.startswith("HTTP/1.1 408"), reply[:200]
+    assert "connection: close" in reply.lower(), reply[:200]
+    assert rest == b"", "the server kept the connection open after its 408, waiting for the rest of the body"
+
+
 def test_a_query_parameter_of_the_wrong_type_is_answered_in_the_apis_error_shape(server):
     reply = httpx.get(f"{server}/api/training", params={"since": "x"}, timeout=30)
     assert reply.status_code == 422

@@ -24,6 +24,11 @@ from attnkit.serve.schemas import Body
 
 RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_long", "too_short",
                 "string_too_short", "string_too_long", "literal_error"}  # a value of the right type out of range
+CLOSE = {"Connection": "close"}  # with an answer sent while the body is unread: the connection ends (RFC 9110
+# 15.5.9), as h11 would otherwise wait on it for the rest of the body the client declared
+LINGER_S = 2.0  # how long a body refused as too large is still read, and dropped, before the answer closes the
+# connection (nginx's lingering close): closed on bytes unread, the connection is reset, and a client still sending
+# loses the answer
 POLL_S = 0.1  # how often a body still arriving is checked against the timeout and the server's stop
 UNION_MEMBER = re.compile(r"^(str|int|float|bool|constrained-.*|.*\[.*\]|[A-Z][A-Za-z0-9]*)$")  # pydantic's name of
 # a union's member: a type, or a model's class (JSON fields here are lower case)
@@ -33,16 +38,17 @@ def too_large(size: str, limit: int) -> APIError:
     """413 for a body of `size` bytes (a number, or words such as "more than 5 bytes") beyond `limit`."""
     return APIError(413, f"the request body has {size} bytes; this server takes at most {limit:,} (--max-body): "
                     "send a smaller body, or start the server with a larger --max-body",
-                    code="request_too_large")
+                    code="request_too_large", headers=CLOSE)
 
 
 async def read_body(request: Request, limit: int, timeout: float, closing: threading.Event) -> bytes:
     """The body's bytes: 413 beyond `limit` bytes, as its Content-Length declares or as it arrives (chunked); 408
     when it has not all arrived within `timeout` seconds, and 503 once `closing` is set (the server is stopping),
     checked every POLL_S while it arrives: a client that sends a byte now and then would otherwise hold its
-    connection, and a stop, for as long as it likes."""
+    connection, and a stop, for as long as it likes. Each of these answers closes the connection (`CLOSE`)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
+        await _drop_rest(request)
         raise too_large(f"{int(declared):,}", limit)
     received = [0]  # bytes so far, for the 408's message
     reading = asyncio.ensure_future(_chunks(request, limit, received))
@@ -53,14 +59,32 @@ async def read_body(request: Request, limit: int, timeout: float, closing: threa
             if reading.done():
                 break
             if closing.is_set():
-                raise APIError(503, SHUTTING_DOWN)
+                raise APIError(503, SHUTTING_DOWN, headers=CLOSE)
             if time.monotonic() > deadline:
                 raise APIError(408, f"the request body did not arrive within the server's timeout ({timeout:g} s, "
                                f"--timeout; {received[0]:,} bytes came): send the whole body at once",
-                               code="request_timeout")
+                               code="request_timeout", headers=CLOSE)
         return reading.result()
+    except APIError as error:
+        if error.status == 413:
+            await _drop_rest(request)
+        raise
     finally:
         reading.cancel()
+
+
+async def _drop_rest(request: Request) -> None:
+    """Read what is left of the body, and drop it, for LINGER_S at most."""
+    async def drop() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+
+    try:
+        await asyncio.wait_for(drop(), LINGER_S)
+    except TimeoutError:
+        pass
 
 
 async def _chunks(request: Request, limit: int, received: list[int]) -> bytes:
