@@ -21,7 +21,7 @@ from attnkit.models import count_parameters
 from attnkit.tasks.lm import MLMTask
 from attnkit.tokenize import CharTokenizer
 from attnkit.train import TrainRequest, prepare
-from attnkit.train.finetune import HEAD_MODULES
+from attnkit.train.finetune import HEAD_MODULES, read_source
 from attnkit.train.metrics import MetricsLog
 
 TINY = ["d_model=32", "n_layers=2", "n_heads=2", "d_ff=64", "max_seq_len=24", "dropout=0.1"]
@@ -348,10 +348,28 @@ def test_init_from_with_a_set_that_reshapes_the_weights_names_the_set_and_the_fi
                                                                                   named):
     req = finetune(tmp_path, texts, mlm_run)
     req.overrides = [change, "dropout=0.2"]
-    with pytest.raises(ConfigError, match=rf"--set changes the model of --init-from .*\({named}; "
-                                          r"dropout: 0.1 -> 0.2\) into one its weights do not fit \(e\.g\. .*drop the "
-                                          r"--set fields that change a size.*from scratch, without --init-from"):
+    with pytest.raises(ConfigError, match=rf"--set changes the model of --init-from .*\({named}\) into one its "
+                                          r"weights do not fit \(e\.g\. .*drop the --set fields that change a size.*"
+                                          r"from scratch, without --init-from"):
         prepare(req)
+
+
+def test_init_from_with_a_set_that_keeps_the_shapes_is_not_blamed_for_a_mismatch(mlm_run, texts, tmp_path,
+                                                                                 monkeypatch):
+    """Weights that do not fit for another reason (here a tensor missing from the source) are listed as such."""
+    real = read_source
+
+    def missing_a_tensor(path, **kwargs):
+        source = real(path, **kwargs)
+        del source.state["stack.blocks.0.self_attn.q_proj.weight"]
+        return source
+
+    monkeypatch.setattr("attnkit.train.job.read_source", missing_a_tensor)
+    req = finetune(tmp_path, texts, mlm_run)
+    req.overrides = ["dropout=0.2"]
+    with pytest.raises(CheckpointError, match="missing") as caught:
+        prepare(req)
+    assert "dropout" not in str(caught.value)
 
 
 def test_the_memory_check_counts_frozen_weights_at_their_weight_alone(mlm_run, texts, tmp_path, monkeypatch):

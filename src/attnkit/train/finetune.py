@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+import torch
 from torch import Tensor, nn
 
 from attnkit.checkpoint import (
@@ -40,9 +41,11 @@ from attnkit.checkpoint import (
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, ConfigError
 from attnkit.layers.embedding import Embeddings
+from attnkit.models import build_model
 from attnkit.tasks import TaskSpec, task_of_config, task_record
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.lora import apply_lora, load_adapters, tied_modules
+from attnkit.train.state import config_differences
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +144,37 @@ def target_config(source: Source, *, spec: TaskSpec, assignments: list[str]) -> 
     return config
 
 
+def reshaping_sets(source: Source, *, spec: TaskSpec, sets: Sequence[str]) -> list[str]:
+    """The `--set key=value` assignments among `sets` that, each alone, change the shape of a body tensor of the
+    source's model, as `field: source -> asked` (`config_differences`); models are built on the meta device."""
+
+    def body_shapes(assigned: list[str]) -> dict[str, tuple[int, ...]]:
+        with torch.device("meta"):
+            model = build_model(spec.with_head(source.config, assigned), force=True)
+        return {k: tuple(v.shape) for k, v in model.state_dict().items() if _module(k) not in HEAD_MODULES}
+
+    own, reshaping = body_shapes([]), []
+    for assignment in sets:
+        try:
+            if body_shapes([assignment]) == own:
+                continue
+        except ConfigError:  # a field that needs others changed with it: judged by the others
+            continue
+        asked = spec.with_head(source.config, [assignment]).to_dict()
+        reshaping += [change for change in config_differences(source.config.to_dict(), asked)
+                      if change.split(":")[0] == assignment.split("=")[0].strip()]
+    return reshaping
+
+
 def load_body(model: nn.Module, source: Source, *, labels: list[str] | None = None,
               changed: Sequence[str] = ()) -> InitReport:
     """Copy the source's weights into `model` (built from `target_config`): the body strictly, each head module
     when the source has it with the same shapes (a classifier only for the same label list), else left fresh.
-    `changed`: the model fields the user's --set changed from the source's config (`field: source -> asked`).
+    `changed`: the model fields the user's --set changed from the source's config that change a tensor's shape
+    (`reshaping_sets`).
 
     Raises CheckpointError listing every body tensor that is missing from the source, left over in it, or of
-    another shape; ConfigError naming `changed` when those changes are why.
+    another shape; ConfigError naming `changed` when there are such fields.
     """
     target = model.state_dict()
     body = {k for k in target if _module(k) not in HEAD_MODULES}

@@ -47,6 +47,7 @@ from attnkit.train.finetune import (
     load_body,
     prepare_training,
     read_source,
+    reshaping_sets,
     resume_lora,
     target_config,
 )
@@ -336,9 +337,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     model = build_model(config, force=request.force)
     run_info: dict[str, Any] = {"data_config": data_config.to_dict()}
     if source is not None:
-        saved, asked = source.config.to_dict(), config.to_dict()
-        changed = [f"{key}: {saved.get(key)!r} -> {asked.get(key)!r}" for key in assignments(model_changes)
-                   if saved.get(key) != asked.get(key)]
+        changed = reshaping_sets(source, spec=spec, sets=model_changes)
         report = load_body(model, source, labels=labels, changed=changed)
         prepare_training(model, freeze=settings.freeze, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha,
                          lora_targets=settings.lora_targets, lora_dropout=settings.lora_dropout,
