@@ -19,7 +19,7 @@ from attnkit.inspect.head_types import head_types, repeated_tokens
 from attnkit.inspect.report import write_report
 from attnkit.models import build_model
 from attnkit.outputs import file_mode
-from attnkit.tokenize import CharTokenizer
+from attnkit.tokenize import CharTokenizer, readable
 
 CHARS = "abcdefghij ."
 CONLL = "".join(f"{w}\t{'V' if w in ('ab', 'cd') else 'N'}\n" + ("\n" if i % 4 == 3 else "")
@@ -471,7 +471,7 @@ def test_the_logit_lens_picture_writes_each_top_token_in_contrast_and_its_title_
     for text in written:
         x, y = text.get_position()
         token, p = tops[(layers[round(y - 0.3)], round(x))]
-        assert text.get_text() == token and text.get_color() == ("white" if p < 0.5 else "black")
+        assert text.get_text() == readable(token) and text.get_color() == ("white" if p < 0.5 else "black")
     parts["figure"].tight_layout()
     extent = ax.title.get_window_extent(FigureCanvasAgg(parts["figure"]).get_renderer())
     assert 0 <= extent.x0 and extent.x1 <= parts["figure"].bbox.width
@@ -631,3 +631,50 @@ def test_a_named_difference_is_read_where_it_moves_or_at_the_position_given(runs
     expected = patch_stream(model.eval(), Batch((ids,)), Batch((corrupted_ids,)), answer=1, wrong=0)
     rows = [r["restored"] for r in patched["rows"] if " head " not in r["patched"]]
     assert rows == pytest.approx(expected.restored.flatten().tolist(), abs=1e-4)
+
+
+def test_the_logit_lens_picture_draws_a_space_visibly(tmp_path, monkeypatch):
+    """A top token that is a space was drawn blank in its cell and on the axis: it is drawn '␣', as viz draws it;
+    the table keeps the token itself."""
+    from attnkit.inspect import command
+
+    tokenizer = CharTokenizer(" abcdefghij.")
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32,
+                         n_layers=1, max_seq_len=16)
+    model = build_model(config)
+    with torch.no_grad():
+        model.stack.final_norm.weight.zero_()  # every position's normed stream is the norm's bias, ones
+        model.stack.final_norm.bias.fill_(1.0)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[tokenizer.encode(" ")[0]] = 1.0  # the space the one logit above 0, everywhere
+    tokenizer.save(tmp_path / "tokenizer")
+    save_model(model, config, tmp_path)
+    drawn = []
+    monkeypatch.setattr(command, "write_report", lambda out, name, **parts: drawn.append(parts) or [])
+    run_inspect(InspectSettings(run=str(tmp_path), analysis="logit-lens", text=("a b",), out=str(tmp_path / "out")))
+    ((parts),) = drawn
+    (ax, _colorbar) = parts["figure"].axes
+    assert {row["top"] for row in parts["rows"]} == {" "}
+    written = [t.get_text() for t in ax.texts if not re.fullmatch(r"\d\.\d\d", t.get_text())]
+    assert written == ["␣"] * len(parts["rows"])
+    assert [label.get_text() for label in ax.get_xticklabels()] == ["a", "␣", "b"]
+
+
+def test_a_heatmap_never_writes_minus_zero_and_a_long_stream_gets_room_for_its_numbers(runs, tmp_path, monkeypatch):
+    """A scale reaching 0.1 and more wrote -0.001 as '-0.00'; a translation's attribution picture of 13 stream
+    columns put them in half a figure sized for both tables, so their numbers ran into each other."""
+    from attnkit.inspect import command
+    from attnkit.inspect.report import heatmap
+
+    written = heatmap(torch.tensor([[1.234, -0.001]]), title="t", rows=["a"], columns=["0", "1"], xlabel="head",
+                      colorbar="c", centered=True)
+    assert [t.get_text() for t in written.axes[0].texts] == ["1.23", "0.00"]
+    drawn = []
+    monkeypatch.setattr(command, "write_report", lambda out, name, **parts: drawn.append(parts) or [])
+    run_inspect(InspectSettings(run=str(runs["encoder-decoder"]), analysis="attribute", out=str(tmp_path),
+                                text=("abc de fgh ab\tcba ed fg hij",), corrupt="jih gf edc ba"))
+    figure = drawn[0]["figure"]
+    stream = figure.axes[0]
+    columns = len(stream.get_xticklabels())
+    assert columns >= 13
+    assert stream.get_position().width * figure.get_figwidth() / columns >= 0.45  # inches per column

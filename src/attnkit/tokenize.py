@@ -650,3 +650,15 @@ def explain(tokenizer: Tokenizer, text: str) -> str:
         for i, piece, shown in zip(ids, pieces, token_texts(tokenizer, ids), strict=True):
             lines.append(f"{i:>8}  {piece:<{width}}  {shown!r}")
     return "\n".join(lines)
+
+
+_VISIBLE = {"\n": "↵", "\t": "⇥", "\r": "⏎"}  # how a picture draws white space (`readable`)
+_SPACE_MARK = "␣"
+
+
+def readable(text: str) -> str:
+    """`text` as a picture labels a token: line breaks and tabs as visible marks, and spaces too where the text is
+    nothing else (a token that is only white space is never drawn blank)."""
+    if text.strip() == "":
+        return "".join(_VISIBLE.get(c, _SPACE_MARK) for c in text)
+    return "".join(_VISIBLE.get(c, c) for c in text)

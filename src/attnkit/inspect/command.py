@@ -66,7 +66,7 @@ from attnkit.tasks.conll import is_conllu, read_tagged
 from attnkit.tasks.registry import task_record
 from attnkit.tasks.tag import Frame, frame_of, word_pieces_of
 from attnkit.textfiles import EncodingErrors, read_lines
-from attnkit.tokenize import Tokenizer, load_tokenizer, require_id
+from attnkit.tokenize import Tokenizer, load_tokenizer, readable, require_id
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ Analysis = Literal["heads", "head-types", "logit-lens", "patch", "attribute", "d
 MASK_EVERY = 6  # a masked LM's text has every sixth token masked (about BERT's 15%)
 GREEDY_TOKENS = 48  # a source alone is translated greedily to this many tokens at most (short texts)
 LEGEND_LINES = 16  # circuits: the OV spectra get a legend up to this many heads
+CELL_WIDTH = 0.6  # inches per column of a patching table: room for a number such as -0.0044 at 6 points
 
 
 @dataclass(frozen=True)
@@ -357,11 +358,12 @@ def _logit_lens(loaded: Loaded, settings: InspectSettings):
     figure = Figure(figsize=(max(6.5, 2.7 + 0.55 * len(tokens)), 2.0 + 0.6 * len(layers)))  # rows for two lines
     ax = figure.add_subplot()
     heatmap(probabilities, title="logit lens: probability of the final prediction\n(below it: the layer's top token)",
-            rows=layers, columns=tokens, xlabel="position (its token)", colorbar="probability", share=True, ax=ax)
+            rows=layers, columns=[readable(t) for t in tokens], xlabel="position (its token)", colorbar="probability",
+            share=True, ax=ax)
     for layer in range(len(layers)):
         for position, token in enumerate(_labels(loaded.tokenizer, top[layer])):
             dark = float(probabilities[layer, position]) < 0.5  # the heatmap's rule for its numbers, on a 0-1 scale
-            ax.text(position, layer + 0.3, token, ha="center", va="center", fontsize=6,
+            ax.text(position, layer + 0.3, readable(token), ha="center", va="center", fontsize=6,
                     color="white" if dark else "black")
     rows = [{"layer": layers[i], "position": t, "token": tokens[t],
              "top": _labels(loaded.tokenizer, [top[i, t]])[0], "rank of final": int(ranks[i, t]),
@@ -537,13 +539,15 @@ def _attribute(loaded: Loaded, settings: InspectSettings):
 def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, stream, heads, verb: str):
     """Rows, summary and picture of a stream (layer x position) and a head table of shares restored."""
     tokens = _labels(loaded.tokenizer, pair.clean.args[0][0])
-    figure = Figure(figsize=(max(6.0, 0.5 * len(tokens) + 2) + 0.6 * heads.restored.shape[1] + 2,
-                             1.5 + 0.4 * max(len(stream.rows), len(heads.rows))))
-    heatmap(stream.restored, title=f"stream {verb} (layer x position)", rows=stream.rows, columns=tokens,
-            xlabel="position", colorbar="share restored", centered=True, ax=figure.add_subplot(1, 2, 1))
+    widths = [max(4.0, CELL_WIDTH * stream.restored.shape[1] + 2.5), CELL_WIDTH * heads.restored.shape[1] + 3.5]
+    figure = Figure(figsize=(sum(widths), 1.5 + 0.4 * max(len(stream.rows), len(heads.rows))))
+    stream_ax, heads_ax = figure.subplots(1, 2, gridspec_kw={"width_ratios": widths})  # each cell as wide as its number
+    heatmap(stream.restored, title=f"stream {verb} (layer x position)", rows=stream.rows,
+            columns=[readable(t) for t in tokens], xlabel="position",
+            colorbar="share restored", centered=True, ax=stream_ax)
     heatmap(heads.restored, title=f"head outputs {verb}", rows=heads.rows,
             columns=[str(h) for h in range(heads.restored.shape[1])], xlabel="head", colorbar="share restored",
-            centered=True, ax=figure.add_subplot(1, 2, 2))
+            centered=True, ax=heads_ax)
     rows = [{"patched": f"{name} position {t} ({tokens[t]})", "restored": round(float(stream.restored[i, t]), 4)}
             for i, name in enumerate(stream.rows) for t in range(len(tokens))]
     rows += [{"patched": f"{name} head {h}", "restored": round(float(heads.restored[i, h]), 4)}

@@ -77,7 +77,8 @@ def heatmap(values: Tensor, *, title: str, rows: Sequence[str], columns: Sequenc
                 if data[r, c] == data[r, c]:  # not NaN
                     place = (data[r, c] - low) / ((high - low) or 1.0)  # where on the scale: dark ends get white
                     dark = abs(place - 0.5) > 0.3 if centered else place < 0.5
-                    ax.text(c, r, f"{data[r, c]:.{decimals}f}", ha="center", va="center", fontsize=6,
+                    value = round(float(data[r, c]), decimals) + 0.0  # -0.001 -> 0.0, never written -0.00
+                    ax.text(c, r, f"{value:.{decimals}f}", ha="center", va="center", fontsize=6,
                             color="white" if dark else "black")
     return ax.figure
 

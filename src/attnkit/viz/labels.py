@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attnkit.tokenize import Tokenizer, token_texts
+from attnkit.tokenize import Tokenizer, readable, token_texts
 
-_VISIBLE = {"\n": "↵", "\t": "⇥", "\r": "⏎"}
-_SPACE_MARK = "␣"
 _SENTENCEPIECE_SPACE = "▁"
 
 
@@ -26,10 +24,3 @@ def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
             text = " " + text  # SentencePiece decoders strip the space a word-initial piece stands for
         labels.append(readable(text or piece))
     return labels
-
-
-def readable(text: str) -> str:
-    """`text` with line breaks and tabs as visible marks, and spaces too where the text is nothing else."""
-    if text.strip() == "":
-        return "".join(_VISIBLE.get(c, _SPACE_MARK) for c in text)
-    return "".join(_VISIBLE.get(c, c) for c in text)
