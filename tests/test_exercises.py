@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnkit.exercises import exercise, one_of
+from attnkit.exercises import exercise
 
 
 @exercise(3, hint="square it")
@@ -49,24 +49,37 @@ def test_a_check_that_returns_a_tensor_is_read_as_its_truth_value():
     assert "wrong: your answer raised" in str(check([[1], [1, 1]]))  # a ragged list: torch refuses, it is wrong
 
 
-def test_one_of_names_the_choices_when_the_answer_is_none_of_them():
-    assert one_of("yes", ("yes", "no")) == "yes"
-
-    @exercise(2, hint="predict one of the two")
+def test_a_prediction_outside_the_choices_is_told_the_choices_not_that_it_raised():
+    @exercise(4, hint="equal scores give equal weights", choices=("lower", "higher"))
     def check(prediction):
-        return one_of(prediction, ("yes", "no")) == "yes"
+        return prediction == "lower"
 
     verdict = check("maybe")
     assert not verdict
-    assert "answer with one of 'yes', 'no', not 'maybe'" in str(verdict)
-
-
-def test_a_prediction_outside_the_choices_is_told_the_choices_not_that_it_raised():
-    @exercise(4, hint="equal scores give equal weights")
-    def check(prediction):
-        return one_of(prediction, ("lower", "higher")) == "lower"
-
-    verdict = check("Lower")  # a typo, not a wrong prediction
-    assert not verdict
-    assert str(verdict) == "exercise 4: answer with one of 'lower', 'higher', not 'Lower'"
+    assert str(verdict) == "exercise 4: answer with one of 'lower', 'higher', not 'maybe'"
+    assert "answer with one of" in str(check(3))  # not a string at all
     assert check("lower") and not check("higher")
+
+
+def test_a_prediction_is_read_whatever_its_case_and_surrounding_spaces():
+    @exercise(2, hint="predict one of the two", choices=("about the same", "higher"))
+    def check(prediction):
+        return prediction == "about the same"  # the choice as the check wrote it
+
+    assert check(" About the Same ") and check("about the same")
+    assert not check("HIGHER") and "wrong: predict one of the two" in str(check("HIGHER"))
+
+
+def test_a_mistyped_prediction_is_told_the_choices_before_the_check_runs_and_prints_what_it_measured(capsys):
+    """Predict, then run: a typo must not show the measured answer, or the learner's next try is no prediction."""
+
+    @exercise(4, hint="the unscaled scores spread wider", choices=("lower", "higher"))
+    def check(prediction):
+        print("measured: mean entropy 0.42 nats")  # what a tutorial's check prints before judging
+        return prediction == "lower"
+
+    verdict = check("Lowr")
+    assert str(verdict) == "exercise 4: answer with one of 'lower', 'higher', not 'Lowr'"
+    assert "measured" not in capsys.readouterr().out
+    assert check("Lower")
+    assert "measured: mean entropy 0.42" in capsys.readouterr().out

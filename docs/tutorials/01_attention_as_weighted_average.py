@@ -325,7 +325,7 @@ plt.show()
 # 4. *Predict, then run:* now make it very narrow ($w = 100$). Same choices.
 
 # %%
-from attnkit.exercises import exercise, one_of
+from attnkit.exercises import exercise
 
 CHOICES = ("the mean of all values", "the value of the nearest key", "zero")
 
@@ -354,14 +354,16 @@ def check_2(gaussian_qk):
                           atol=1e-6)
 
 
-@exercise(3, hint="at w = 0.01 every score -(w (x - x_i))^2 / 2 is nearly 0: what does a softmax of equal scores give?")
+@exercise(3, hint="at w = 0.01 every score -(w (x - x_i))^2 / 2 is nearly 0: what does a softmax of equal scores give?",
+          choices=CHOICES)
 def check_3(prediction):
-    return one_of(prediction, CHOICES) == what_the_prediction_becomes(0.01)
+    return prediction == what_the_prediction_becomes(0.01)
 
 
-@exercise(4, hint="at w = 100 the closest key's score beats every other by a margin that grows with w^2")
+@exercise(4, hint="at w = 100 the closest key's score beats every other by a margin that grows with w^2",
+          choices=CHOICES)
 def check_4(prediction):
-    return one_of(prediction, CHOICES) == what_the_prediction_becomes(100.0)
+    return prediction == what_the_prediction_becomes(100.0)
 
 
 laplace_weights = None  # your function here

@@ -225,7 +225,7 @@ plt.show()
 #    attention weights (how spread out they are) become `"lower"`, `"higher"` or stay `"about the same"`?
 
 # %%
-from attnkit.exercises import exercise, one_of
+from attnkit.exercises import exercise
 
 
 @exercise(1, hint="the variance of c x is c^2 times that of x")
@@ -257,14 +257,15 @@ def entropy_reference(weights):
     return torch.distributions.Categorical(probs=weights).entropy()
 
 
-@exercise(4, hint="the unscaled scores spread 16 times wider at D = 256: what does that do to the softmax?")
+@exercise(4, hint="the unscaled scores spread 16 times wider at D = 256: what does that do to the softmax?",
+          choices=("lower", "higher", "about the same"))
 def check_4(prediction):
     q, k = torch.randn(2000, 1, 256), torch.randn(2000, 16, 256)
     scaled, unscaled = (entropy_reference(torch.softmax(s, -1)).mean() for s in (scaled_dot(q, k), dot(q, k)))
     print(f"measured: mean entropy {scaled:.2f} nats with the scale, {unscaled:.2f} without "
           f"(uniform over 16 keys: {math.log(16):.2f})")
     measured = "about the same" if abs(unscaled - scaled) < 0.1 else "lower" if unscaled < scaled else "higher"
-    return one_of(prediction, ("lower", "higher", "about the same")) == measured
+    return prediction == measured
 
 
 scale = None  # your function here

@@ -331,7 +331,7 @@ plt.show()
 #    (Mistral's, Longformer's): query $t$ may see the `window` most recent keys, itself included.
 
 # %%
-from attnkit.exercises import exercise, one_of
+from attnkit.exercises import exercise
 
 
 @exercise(1, hint="the B scores c, each A scores 0")
@@ -347,7 +347,8 @@ def check_2(lone_b_weight):
     return all(abs(lone_b_weight(L, d) - e) < 1e-5 for (L, d), e in zip(cases, expected, strict=True))
 
 
-@exercise(3, hint="each output is a weighted average whose weights depend only on the query's and the keys' contents")
+@exercise(3, hint="each output is a weighted average whose weights depend only on the query's and the keys' contents",
+          choices=("are shuffled the same way", "stay as they were", "change in some other way"))
 def check_3(prediction):
     tokens, order = torch.randn(1, 7, C), torch.randperm(7)
     with torch.no_grad():
@@ -355,8 +356,7 @@ def check_3(prediction):
     measured = ("are shuffled the same way" if torch.allclose(shuffled, out[:, order], atol=1e-6)
                 else "stay as they were" if torch.allclose(shuffled, out, atol=1e-6) else "change in some other way")
     print(f"measured: the outputs {measured}")
-    return one_of(prediction, ("are shuffled the same way", "stay as they were", "change in some other way")) \
-        == measured
+    return prediction == measured
 
 
 @exercise(4, hint="key s is allowed for query t when s <= t and t - s < window")

@@ -369,7 +369,7 @@ plt.show()
 #    letters, the same last letter. Are its outputs at the last position `"the same"` or `"different"`?
 
 # %%
-from attnkit.exercises import exercise, one_of
+from attnkit.exercises import exercise
 
 
 @exercise(1, hint="each (sin, cos) pair turns by k times its frequency: a 2 x 2 rotation block per pair")
@@ -383,16 +383,17 @@ def check_2(slopes):
     return all(torch.allclose(torch.as_tensor(slopes(H)).float(), ALiBi(H).slopes.float()) for H in (2, 8, 16))
 
 
-@exercise(3, hint="sin a sin b + cos a cos b = cos(a - b), pair by pair")
+@exercise(3, hint="sin a sin b + cos a cos b = cos(a - b), pair by pair", choices=("both pos and k", "only k"))
 def check_3(prediction):
     table = sinusoidal(256, C)
     dots = torch.stack([(table[pos] * table[pos + 5]).sum() for pos in (0, 17, 100, 200)])  # k = 5
     measured = "only k" if torch.allclose(dots, dots[0].expand(4), atol=1e-3) else "both pos and k"
     print(f"measured: PE(pos) . PE(pos + 5) at pos 0, 17, 100, 200: {[round(d, 3) for d in dots.tolist()]}")
-    return one_of(prediction, ("both pos and k", "only k")) == measured
+    return prediction == measured
 
 
-@exercise(4, hint="with a causal mask, the first position sees only itself: what does layer 2 then read?")
+@exercise(4, hint="with a causal mask, the first position sees only itself: what does layer 2 then read?",
+          choices=("the same", "different"))
 def check_4(prediction):
     torch.manual_seed(0)
     nope = build_model(ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=32, n_heads=2,
@@ -401,7 +402,7 @@ def check_4(prediction):
         last = [nope(torch.tensor([tokenizer.encode(s)])).logits[0, -1] for s in ("acb", "cab")]
     measured = "the same" if torch.allclose(*last, atol=1e-5) else "different"
     print(f"measured: the last position's logits are {measured}")
-    return one_of(prediction, ("the same", "different")) == measured
+    return prediction == measured
 
 
 rotation = None  # your function here

@@ -329,7 +329,7 @@ plt.show()
 #    attentive model's logits are `"the same"`, `"slightly different"` or `"very different"`?
 
 # %%
-from attnkit.exercises import exercise, one_of
+from attnkit.exercises import exercise
 
 general = seq2seq("luong-general")
 
@@ -359,16 +359,18 @@ def what_the_decoder_receives(model, length):
     return tuple(torch.tanh(model.bridge.hidden_proj(memory[:, -1])).shape)  # (1, H): s0
 
 
-@exercise(3, hint="without attention the decoder starts from s0 = tanh(W h_S) and never reads the encoder again")
+@exercise(3, hint="without attention the decoder starts from s0 = tanh(W h_S) and never reads the encoder again",
+          choices=("doubles in size", "stays the same size"))
 def check_3(prediction):
     with torch.no_grad():
         shapes = [what_the_decoder_receives(plain, n) for n in (8, 16)]
     print(f"measured: from a source of 8 tokens the decoder receives {shapes[0]}, from 16 tokens {shapes[1]}")
     measured = "stays the same size" if shapes[0] == shapes[1] else "doubles in size"
-    return one_of(prediction, ("doubles in size", "stays the same size")) == measured
+    return prediction == measured
 
 
-@exercise(4, hint="padding gets a score of -inf (weight exactly 0), and the encoder stops at the last real token")
+@exercise(4, hint="padding gets a score of -inf (weight exactly 0), and the encoder stops at the last real token",
+          choices=("the same", "slightly different", "very different"))
 def check_4(prediction):
     source, target = torch.randint(4, tokenizer.vocab_size - 8, (1, 9)), torch.randint(4, 20, (1, 5))
     real = torch.arange(9)[None] < 4
@@ -378,7 +380,7 @@ def check_4(prediction):
     gap = (padded - alone).abs().max().item()
     print(f"measured: the largest difference between the logits is {gap:.1e}")
     measured = "the same" if gap < 1e-4 else "slightly different" if gap < 0.1 else "very different"
-    return one_of(prediction, ("the same", "slightly different", "very different")) == measured
+    return prediction == measured
 
 
 general_weights = None  # your function here

@@ -401,7 +401,7 @@ for name, setting in (("greedy (temperature 0)", dict(temperature=0.0)), ("tempe
 #    true of the **pre**-norm block's output? `"yes"` or `"no"`.
 
 # %%
-from attnkit.exercises import exercise, one_of
+from attnkit.exercises import exercise
 
 
 @exercise(1, hint="four C x C projections with biases, C -> 4C -> C with biases, two norms of 2C each")
@@ -420,19 +420,21 @@ def check_2(nucleus_size):
     return [nucleus_size(probs, p) for probs, p in cases] == expected
 
 
-@exercise(3, hint="dividing the logits by 0.01 multiplies every gap between them by 100")
+@exercise(3, hint="dividing the logits by 0.01 multiplies every gap between them by 100",
+          choices=("the most likely character every time", "a spread of characters"))
 def check_3(prediction):
     probs = process_logits(logits, SamplingConfig(temperature=0.01)).softmax(-1)  # (1, V)
     draws = torch.multinomial(probs.expand(200, -1), 1, generator=torch.Generator().manual_seed(0)).flatten()
     distinct = sorted(set(draws.tolist()))
     likeliest = pipeline.tokenizer.decode([int(logits.argmax())])
     print(f"measured: 200 draws give {len(distinct)} distinct character(s); the most likely is {likeliest!r}")
-    choices = ("the most likely character every time", "a spread of characters")
-    measured = choices[0] if distinct == [int(logits.argmax())] else choices[1]
-    return one_of(prediction, choices) == measured
+    greedy = distinct == [int(logits.argmax())]
+    measured = "the most likely character every time" if greedy else "a spread of characters"
+    return prediction == measured
 
 
-@exercise(4, hint="pre-norm normalises the copy each sublayer reads, and adds the result to the stream as it is")
+@exercise(4, hint="pre-norm normalises the copy each sublayer reads, and adds the result to the stream as it is",
+          choices=("yes", "no"))
 def check_4(prediction):
     pre_block = build_model(config).stack.blocks[0]
     with torch.no_grad():
@@ -440,7 +442,7 @@ def check_4(prediction):
     mean, std = out.mean(-1).abs().max().item(), out.std(-1, correction=0)
     print(f"measured: rows leaving the pre-norm block: |mean| up to {mean:.2f}, std {std.min():.2f} to {std.max():.2f}")
     normalised = mean < 1e-3 and torch.allclose(std, torch.ones_like(std), atol=1e-3)
-    return one_of(prediction, ("yes", "no")) == ("yes" if normalised else "no")
+    return prediction == ("yes" if normalised else "no")
 
 
 block_parameters = None  # your function here

@@ -334,7 +334,7 @@ plt.show()
 #    RMSNorm's output: `"unchanged"` or `"changed"`?
 
 # %%
-from attnkit.exercises import exercise, one_of
+from attnkit.exercises import exercise
 
 
 @exercise(1, hint="consecutive query heads share one key/value head")
@@ -359,14 +359,15 @@ def check_3(gqa_parameters):
                                                                      .parameters()) for c, h, kv in cases)
 
 
-@exercise(4, hint="RMSNorm divides by the root mean square, which a shift changes; it subtracts no mean")
+@exercise(4, hint="RMSNorm divides by the root mean square, which a shift changes; it subtracts no mean",
+          choices=("unchanged", "changed"))
 def check_4(prediction):
     probe = torch.randn(3, 64)
     moved = not torch.allclose(norm(probe), norm(probe + 5), atol=1e-4)
     layer_norm = LayerNorm(64)
     assert torch.allclose(layer_norm(probe), layer_norm(probe + 5), atol=1e-4)  # LayerNorm centres first
     print(f"measured: RMSNorm's output {'changed' if moved else 'did not change'}")
-    return one_of(prediction, ("unchanged", "changed")) == ("changed" if moved else "unchanged")
+    return prediction == ("changed" if moved else "unchanged")
 
 
 kv_head_of = None  # your function here

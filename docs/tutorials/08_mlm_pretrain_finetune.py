@@ -280,7 +280,7 @@ plt.show()
 #    returns (B, T), -100 where nothing is predicted.
 
 # %%
-from attnkit.exercises import exercise, one_of
+from attnkit.exercises import exercise
 
 draw = torch.randint(len(SPECIALS), tokenizer.vocab_size, (200, 500), generator=torch.Generator().manual_seed(0))
 masked_inputs, masked_targets = mask_tokens(draw, mask_id=MASK, vocab_size=tokenizer.vocab_size,
@@ -300,11 +300,11 @@ def check_2(share):
     return abs(float(share) - shares[2].item()) < 0.003
 
 
-@exercise(3, hint="look at masked_targets where a token was not chosen")
+@exercise(3, hint="look at masked_targets where a token was not chosen", choices=("yes", "no"))
 def check_3(prediction):
     counted = (masked_targets != -100).float().sum() / ordinary.sum()
     print(f"measured: the loss counts {counted:.1%} of the ordinary tokens")
-    return one_of(prediction, ("yes", "no")) == ("yes" if counted > 0.5 else "no")
+    return prediction == ("yes" if counted > 0.5 else "no")
 
 
 @exercise(4, hint="cross-entropy over the positions whose target is not -100, averaged over those only")

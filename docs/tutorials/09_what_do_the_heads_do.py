@@ -407,7 +407,7 @@ torch.testing.assert_close(float(nmse), metrics.normalised_mse, rtol=1e-4, atol=
 #    where there is nothing to copy yet? `"yes"` or `"no"`.
 
 # %%
-from attnkit.exercises import exercise, one_of
+from attnkit.exercises import exercise
 
 layer0 = read["blocks.0.attn.pattern"]
 
@@ -431,12 +431,13 @@ def check_3(induction_targets):
     return True
 
 
-@exercise(4, hint="ablation removes the head's output at every position, whatever its pattern does there")
+@exercise(4, hint="ablation removes the head's output at every position, whatever its pattern does there",
+          choices=("yes", "no"))
 def check_4(prediction):
     with torch.no_grad():
         gap = (ablated[:, 0] - model(inputs).logits[:, 0]).abs().max().item()
     print(f"measured: the first position's logits move by up to {gap:.3f}")
-    return one_of(prediction, ("yes", "no")) == ("yes" if gap > 1e-5 else "no")
+    return prediction == ("yes" if gap > 1e-5 else "no")
 
 
 previous_score = None  # your function here

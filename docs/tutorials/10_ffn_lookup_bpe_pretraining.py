@@ -402,7 +402,7 @@ plt.show()
 #    books"`, `"one-hot on the best match"` or `"one-hot on a random book"`?
 
 # %%
-from attnkit.exercises import exercise, one_of
+from attnkit.exercises import exercise
 
 
 @exercise(1, hint="apply each merge to the whole word before the next one, in the merges' order")
@@ -431,14 +431,14 @@ def check_3(pair_counts):
     return counted == dict(expected) and counted[best] == counted[ours[0]]  # BPE's first merge is a top pair
 
 
-@exercise(4, hint="sharpness multiplies every score: the gaps between the books grow 50 times wider")
+@exercise(4, hint="sharpness multiplies every score: the gaps between the books grow 50 times wider",
+          choices=("uniform over the books", "one-hot on the best match", "one-hot on a random book"))
 def check_4(prediction):
     weights = soft_lookup(q, K, V, 50.0)[1]
     print(f"measured: weights {[round(w, 3) for w in weights.tolist()]}")
     measured = ("one-hot on the best match" if weights.max() > 0.999 and int(weights.argmax()) == 0
                 else "uniform over the books" if weights.max() - weights.min() < 0.01 else "one-hot on a random book")
-    return one_of(prediction, ("uniform over the books", "one-hot on the best match",
-                               "one-hot on a random book")) == measured
+    return prediction == measured
 
 
 apply_merges = None  # your function here

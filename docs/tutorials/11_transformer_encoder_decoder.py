@@ -624,7 +624,7 @@ plt.show()
 #    `"no"`.
 
 # %%
-from attnkit.exercises import exercise, one_of
+from attnkit.exercises import exercise
 
 probe_labels = torch.randint(0, V, (2, 5))
 probe_logits = torch.randn(2, 5, V)
@@ -647,9 +647,9 @@ def check_2(vaswani_parameters):
     return [vaswani_parameters(*size) for size in sizes] == counts
 
 
-@exercise(3, hint="the causal mask lets position t read the target tokens 0..t: which positions see token 1?")
+@exercise(3, hint="the causal mask lets position t read the target tokens 0..t: which positions see token 1?",
+          choices=("all", "from 1 on", "only 1"))
 def check_3(prediction):
-    one_of(prediction, ("all", "from 1 on", "only 1"))
     src, _, tgt_in, _ = batch([("abcdef", "fedcba")])
     changed = tgt_in.clone()
     changed[0, 1] = tokenizer.encode("z")[0]
@@ -673,9 +673,8 @@ def check_4(smallest_smoothed_loss):
 
 
 @exercise(5, hint="with one beam, the best of the first 2 candidates that is not EOS lives on; EOS among the "
-                  "first 1 finishes it")
+                  "first 1 finishes it", choices=("yes", "no"))
 def check_5(prediction):
-    one_of(prediction, ("yes", "no"))
     sources = [tokenizer.encode(s) for s in ("abcdefg", "hij", "jihgfedcba", "aaabbb")]
     same = [beam(scratch, s, 1, 16) for s in sources] == [greedy(scratch, s, 16) for s in sources]
     print(f"measured: beam search with K = 1 {'equals' if same else 'differs from'} greedy on these sources")

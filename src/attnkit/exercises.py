@@ -11,9 +11,12 @@ with `exercise`:
 
 An exception raised while checking (the learner's code failing on the check's inputs, a shape that does not match)
 is a wrong answer that names the exception, followed by the hint, not a traceback; an answer left as None (the cell
-as the tutorial gives it) is "not answered yet", and a prediction that is none of its choices (`one_of`) is told the
-choices, without a hint, as it has not been judged yet. A `Verdict` is true when the answer is right, so a tutorial
-holds each check to its solution (`assert check_1(solution)`) and to a wrong answer (`assert not check_1(wrong)`).
+as the tutorial gives it) is "not answered yet". A prediction (*predict, then run*) names its choices,
+`@exercise(3, hint=..., choices=("lower", "higher"))`: the prediction is read first (case and surrounding spaces
+aside) and one that is none of them is told the choices, without a hint, before the check runs, so a typo never sees
+what the check measures and prints; the check then receives the choice as written in `choices`. A `Verdict` is true
+when the answer is right, so a tutorial holds each check to its solution (`assert check_1(solution)`) and to a wrong
+answer (`assert not check_1(wrong)`).
 """
 
 from __future__ import annotations
@@ -42,19 +45,25 @@ class Verdict:
         return str(self)
 
 
-def exercise(number: int, *, hint: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Verdict]]:
+def exercise(number: int, *, hint: str, choices: Sequence[str] | None = None
+             ) -> Callable[[Callable[[Any], Any]], Callable[[Any], Verdict]]:
     """Turn `test(answer) -> bool` into a check that returns a `Verdict`: right, wrong with `hint`, wrong naming the
-    exception the answer raised (with `hint`), or not answered yet (answer None)."""
+    exception the answer raised (with `hint`), or not answered yet (answer None). With `choices` (a prediction), an
+    answer that is none of them is told the choices before `test` runs, and `test` receives the choice it names."""
 
     def decorate(test: Callable[[Any], Any]) -> Callable[[Any], Verdict]:
         @functools.wraps(test)
         def check(answer: Any) -> Verdict:
             if answer is None:
                 return Verdict(number, False, "not answered yet: put your answer where the cell says, then run it")
+            if choices is not None:
+                chosen = [c for c in choices if isinstance(answer, str) and answer.strip().lower() == c.lower()]
+                if not chosen:  # a typo in a prediction is not a wrong prediction, and must not see the measurement
+                    return Verdict(number, False, f"answer with one of {', '.join(repr(c) for c in choices)}, "
+                                                  f"not {answer!r}")
+                answer = chosen[0]
             try:
                 right = bool(test(answer))
-            except NotAChoice as error:  # a typo in a prediction is not a wrong prediction
-                return Verdict(number, False, str(error))
             except Exception as error:  # the learner's code, run on the check's inputs: any failure is an answer
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else "(no message)"
                 return Verdict(number, False, f"wrong: your answer raised {type(error).__name__}: {reason}\n"
@@ -64,15 +73,3 @@ def exercise(number: int, *, hint: str) -> Callable[[Callable[[Any], Any]], Call
         return check
 
     return decorate
-
-
-class NotAChoice(ValueError):
-    """A prediction that is none of the exercise's choices."""
-
-
-def one_of(answer: Any, choices: Sequence[str]) -> str:
-    """A prediction given as one of `choices` (a conceptual exercise's answer), else NotAChoice naming them (which a
-    check reports as the choices to answer with)."""
-    if answer not in choices:
-        raise NotAChoice(f"answer with one of {', '.join(repr(c) for c in choices)}, not {answer!r}")
-    return answer
