@@ -152,6 +152,7 @@ plt.show()
 # softmax over keys (plus an optional additive bias, where masks go). `DotScore(1.0)` is the plain dot product.
 
 # %%
+from attnkit import count_parameters
 from attnkit.layers.attention import Attention, DotScore, attention_weights
 from attnkit.layers.masks import AttentionMask
 
@@ -196,10 +197,16 @@ print("attnkit's Attention is Nadaraya-Watson regression: same weights, same pre
 # it by a $(TC \times TC)$ matrix. "Not quite", the slide answers: linear maps are
 #
 # 1. *inflexible in terms of sequence length*: the matrix is built for one $T$;
-# 2. *parameter inefficient*: $(TC)^2$ numbers, against attention's four $C \times C$ projections, whatever $T$;
+# 2. *parameter inefficient*: the general map has $(TC)^2$ numbers (618 billion at GPT-2 small's $T = 1{,}024$,
+#    $C = 768$), against attention's four $C \times C$ projections (2.4 million), whatever $T$;
 # 3. *invariant to the input content*: the same mixing for every input, where attention computes $A$ from it.
 #
-# Each, measured on a linear token mixer beside attnkit's `Attention` (self-attention, no biases):
+# A cheaper linear map keeps one $T \times T$ matrix $A$, learned and fixed, and computes $AV$: each output token a
+# fixed mix of the input tokens, as MLP-Mixer's token mixing does. Its $T^2$ numbers (1.05 million at $T = 1{,}024$)
+# are fewer than attention's 2.4 million, but it is still built for one $T$ and blind to the content: points 1 and
+# 3 stand, and point 2 holds against the general map.
+#
+# Each, measured on the general linear token mixer beside attnkit's `Attention` (self-attention, no biases):
 
 # %%
 torch.manual_seed(0)
@@ -217,14 +224,15 @@ except RuntimeError as error:
 print("attention's outputs for 6, 50 and 500 tokens:",
       [tuple(self_attention(torch.randn(1, n, C))[0].shape) for n in (6, 50, 500)])
 
-# 2. Parameters: (T C)^2 for the mixer, 4 C^2 for attention, at this size and at GPT-2 small's (C 768, T 1,024).
-def n_params(module):
-    return sum(p.numel() for p in module.parameters())
-
-
-assert n_params(mixer) == (T * C) ** 2 and n_params(self_attention) == 4 * C**2
-print(f"parameters at T = {T}, C = {C}: linear mixer {n_params(mixer):,}, attention {n_params(self_attention):,}")
-print(f"parameters at T = 1,024, C = 768: linear mixer {(1024 * 768) ** 2:,}, attention {4 * 768**2:,}")
+# 2. Parameters: (T C)^2 for the general mixer, T^2 for a fixed T x T one (A fixed, then AV), 4 C^2 for attention,
+# at this size and at GPT-2 small's (C 768, T 1,024).
+fixed_mix = torch.nn.Linear(T, T, bias=False)  # A: (T, T), applied as A V, the same for every input
+assert count_parameters(mixer) == (T * C) ** 2 and count_parameters(fixed_mix) == T**2
+assert count_parameters(self_attention) == 4 * C**2
+print(f"parameters at T = {T}, C = {C}: general linear mixer {count_parameters(mixer):,}, fixed T x T mixer "
+      f"{count_parameters(fixed_mix):,}, attention {count_parameters(self_attention):,}")
+print(f"parameters at T = 1,024, C = 768: general linear mixer {(1024 * 768) ** 2:,}, fixed T x T mixer "
+      f"{1024**2:,}, attention {4 * 768**2:,}")
 
 # 3. Content: the mixer's output of a sum is the sum of its outputs; attention's is not, because its weights
 # are computed from the input.
