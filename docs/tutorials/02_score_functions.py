@@ -184,7 +184,8 @@ for kind in ("dot", "scaled_dot", "bilinear", "additive"):
           f"final loss {sum(curves[kind][-10:]) / 10:.4f}   weight entropy {entropies[kind]:.2f} nats")
 print(f"(entropy of uniform weights over {S} keys: {math.log(S):.2f} nats; of one-hot weights: 0)")
 if BUDGET == "full":  # the text below: the scaled score is first to an MSE of 0.1, the additive score last
-    assert sorted(first_below, key=first_below.get)[::3] == ["scaled_dot", "additive"], first_below
+    assert None not in first_below.values() and min(first_below, key=first_below.get) == "scaled_dot" \
+        and max(first_below, key=first_below.get) == "additive", first_below
 
 fig, ax = plt.subplots(figsize=(7, 4))
 for kind, curve in curves.items():
@@ -197,10 +198,12 @@ plt.show()
 # Read the printed lines and the curves together. The unscaled dot product starts with scores spread several
 # times wider than the scaled one's, so its softmax starts nearly one-hot on a key chosen by chance, with a small
 # gradient; the scaled score starts near uniform and sharpens as it learns. In the full run the scaled score is
-# the first to an MSE of 0.1; the unscaled one gets there later, and on a task this easy it still ends as low.
-# Bilinear and additive scores carry their own learned scale. The bilinear score's loss jumps about near the end:
-# with weights nearly one-hot (an entropy near 0), a small change of $q$ or $k$ can flip which key wins. The
-# additive score is the slowest to learn here and costs more: it builds a hidden vector for every query-key pair.
+# the first to an MSE of 0.1; the unscaled one gets there later, but on a task this easy it ends *lower* (a final
+# loss of about 0.0028 against 0.0036) and is still falling where the scaled one has levelled off: the scale
+# speeds the start, it does not set where training ends. Bilinear and additive scores carry their own learned
+# scale. The bilinear score's loss jumps about near the end; nearly one-hot weights do not explain that alone, as
+# the plain dot's are as one-hot (an entropy of 0.00 nats) and its loss hardly jumps. The additive score is the
+# slowest to learn here and costs more: it builds a hidden vector for every query-key pair.
 # At the tiny budget (a few steps) none of this is visible yet. How much the scale matters for a whole language
 # model is a measured claim of its own: `attnkit experiment scaled-dot` and
 # `attnkit experiment score-functions`.
