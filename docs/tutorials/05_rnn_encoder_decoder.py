@@ -286,10 +286,10 @@ def gradient_by_source_position(model, length=16):
 
 gradients = {name: gradient_by_source_position(seq2seq(attention)) for name, attention in
              (("no attention", "none"), ("Luong dot-product attention", "luong-dot"))}
-for name, grad in gradients.items():
-    print(f"{name:27s} gradient at source token 1 / at token 16: {grad[0] / grad[-1]:.1e}")
-assert gradients["Luong dot-product attention"][0] / gradients["Luong dot-product attention"][-1] > 100 * (
-    gradients["no attention"][0] / gradients["no attention"][-1])
+first_over_last = {name: (grad[0] / grad[-1]).item() for name, grad in gradients.items()}  # token 1 / token 16
+for name, ratio in first_over_last.items():
+    print(f"{name:27s} gradient at source token 1 / at token 16: {ratio:.1e}")
+assert first_over_last["Luong dot-product attention"] > 100 * first_over_last["no attention"], first_over_last
 
 fig, ax = plt.subplots(figsize=(7, 3.5))
 for name, grad in gradients.items():
