@@ -81,6 +81,22 @@ def test_a_body_sent_too_slowly_is_refused_within_the_timeout(server):
     assert waited < 25  # not held until the socket's own timeout (30 s)
 
 
+def test_a_body_sent_slowly_but_steadily_for_longer_than_the_timeout_is_read_whole(server):
+    body = b'{"prompt": "the cat", "max_tokens": 2' + b" " * 60 + b"}"
+    port = int(server.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body))
+        try:
+            for start in range(0, len(body), 16):  # 7 pieces, TIMEOUT / 4 apart: the whole takes 1.75 TIMEOUT
+                sock.sendall(body[start:start + 16])
+                time.sleep(TIMEOUT / 4)
+        except OSError:  # the server answered before the body was whole, and closed the connection
+            pass
+        reply = _reply(sock)
+    assert reply.startswith("HTTP/1.1 200"), reply[:300]
+
+
 def test_the_408_closes_the_connection_the_slow_body_held(server):
     sock = _half_sent(server)
     with sock:

@@ -14,6 +14,7 @@ import re
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from pydantic import ValidationError
@@ -34,6 +35,14 @@ UNION_MEMBER = re.compile(r"^(str|int|float|bool|constrained-.*|.*\[.*\]|[A-Z][A
 # a union's member: a type, or a model's class (JSON fields here are lower case)
 
 
+@dataclass
+class Arrival:
+    """How much of a body has come, and when its last bytes did."""
+
+    size: int = 0
+    last: float = field(default_factory=time.monotonic)
+
+
 def too_large(size: str, limit: int) -> APIError:
     """413 for a body of `size` bytes (a number, or words such as "more than 5 bytes") beyond `limit`."""
     return APIError(413, f"the request body has {size} bytes; this server takes at most {limit:,} (--max-body): "
@@ -43,16 +52,16 @@ def too_large(size: str, limit: int) -> APIError:
 
 async def read_body(request: Request, limit: int, timeout: float, closing: threading.Event) -> bytes:
     """The body's bytes: 413 beyond `limit` bytes, as its Content-Length declares or as it arrives (chunked); 408
-    when it has not all arrived within `timeout` seconds, and 503 once `closing` is set (the server is stopping),
-    checked every POLL_S while it arrives: a client that sends a byte now and then would otherwise hold its
-    connection, and a stop, for as long as it likes. Each of these answers closes the connection (`CLOSE`)."""
+    when nothing of it has come for `timeout` seconds, and 503 once `closing` is set (the server is stopping),
+    checked every POLL_S while it arrives. The timeout restarts with each chunk, as nginx's client_body_timeout
+    does: a slow but steady upload takes what it needs, and a client gone silent holds its connection, and a stop,
+    no longer than `timeout`. Each of these answers closes the connection (`CLOSE`)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         await _drop_rest(request)
         raise too_large(f"{int(declared):,}", limit)
-    received = [0]  # bytes so far, for the 408's message
-    reading = asyncio.ensure_future(_chunks(request, limit, received))
-    deadline = time.monotonic() + timeout
+    arrival = Arrival()
+    reading = asyncio.ensure_future(_chunks(request, limit, arrival))
     try:
         while not reading.done():
             await asyncio.wait({reading}, timeout=POLL_S)
@@ -60,9 +69,9 @@ async def read_body(request: Request, limit: int, timeout: float, closing: threa
                 break
             if closing.is_set():
                 raise APIError(503, SHUTTING_DOWN, headers=CLOSE)
-            if time.monotonic() > deadline:
-                raise APIError(408, f"the request body did not arrive within the server's timeout ({timeout:g} s, "
-                               f"--timeout; {received[0]:,} bytes came): send the whole body at once",
+            if time.monotonic() - arrival.last > timeout:
+                raise APIError(408, f"the request body stopped arriving: nothing came for {timeout:g} s (the server's "
+                               f"--timeout) after {arrival.size:,} bytes; send the body without pauses that long",
                                code="request_timeout", headers=CLOSE)
         return reading.result()
     except APIError as error:
@@ -87,12 +96,13 @@ async def _drop_rest(request: Request) -> None:
         pass
 
 
-async def _chunks(request: Request, limit: int, received: list[int]) -> bytes:
-    """The body as it arrives, counted in `received[0]`; 413 once it passes `limit` bytes."""
+async def _chunks(request: Request, limit: int, arrival: Arrival) -> bytes:
+    """The body as it arrives, each chunk counted in `arrival`; 413 once it passes `limit` bytes."""
     chunks = []
     async for chunk in request.stream():
-        received[0] += len(chunk)
-        if received[0] > limit:
+        arrival.size += len(chunk)
+        arrival.last = time.monotonic()
+        if arrival.size > limit:
             raise too_large(f"more than {limit:,}", limit)
         chunks.append(chunk)
     return b"".join(chunks)

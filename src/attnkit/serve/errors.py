@@ -3,7 +3,7 @@
     400 invalid_request_error   a value out of range or a body that is not JSON (param names the field)
     401 authentication_error    a missing or wrong API key
     404 not_found_error         an unknown model or endpoint
-    408 timeout_error           a body that did not all arrive within the server's timeout
+    408 timeout_error           a body of which nothing came for the server's timeout (it restarts with each chunk)
     413 invalid_request_error   a body larger than the server takes
     422 invalid_request_error   a field of the wrong type, or missing
     429 rate_limit_error        the queue is full (Retry-After says when to try again)
