@@ -49,6 +49,10 @@ def browser(served):
 
 
 def _canvas(browser, element: str) -> np.ndarray:
+    """The element as the screen shows it. Measured once every request is answered: a view of an earlier test's
+    text still on its way (the step table, the model view) is drawn above the panel when it comes, moving the element
+    between the measurement and the screenshot (the crop then held another part of the page)."""
+    browser.wait("window.attnkit.state.pending === 0")
     box = browser.evaluate(f"(() => {{ const r = document.getElementById('{element}').getBoundingClientRect();"
                            " return [r.left, r.top, r.width, r.height]; })()")
     left, top, width, height = (int(round(v)) for v in box)

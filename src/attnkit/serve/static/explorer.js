@@ -9,15 +9,20 @@
   const state = { info: null, data: null, kind: 0, layer: 0, head: 0, query: null, steps: null, seed: 0,
                   rendered: 0, stepsAsked: 0, analyzeAsked: 0, inspect: null, pattern: null, inspectAsked: 0, model: null, modelAsked: 0,
                   sae: null, saeAsked: 0, saeToken: null, saeFeature: null,
-                  training: { next: 0, records: [] } };
+                  training: { next: 0, records: [] }, pending: 0 };
 
-  async function api(path, body) {
+  async function api(path, body) {  // state.pending: the requests not yet answered (their views still to draw)
     const options = body === undefined ? { headers } :
       { method: "POST", headers: { ...headers, "Content-Type": "application/json" }, body: JSON.stringify(body) };
-    const response = await fetch(path, options);
-    const json = await response.json();
-    if (!response.ok) throw new Error(json.error ? json.error.message : response.statusText);
-    return json;
+    state.pending += 1;
+    try {
+      const response = await fetch(path, options);
+      const json = await response.json();
+      if (!response.ok) throw new Error(json.error ? json.error.message : response.statusText);
+      return json;
+    } finally {
+      state.pending -= 1;
+    }
   }
 
   // POST `body` to `path` as the request `counter` counts: its answer, or null when it failed (`fail` is told why)
