@@ -354,6 +354,21 @@ def test_init_from_with_a_set_that_reshapes_the_weights_names_the_set_and_the_fi
         prepare(req)
 
 
+@pytest.mark.parametrize("frozen", [dict(freeze="body"), dict(lora_rank=2)])
+def test_the_memory_check_counts_the_head_and_adapters_that_still_train(mlm_run, texts, tmp_path, monkeypatch, frozen):
+    """Under --freeze body or LoRA the head (and LoRA's adapters) train: 16 bytes each, the frozen rest 4."""
+    model = prepare(finetune(tmp_path / "sized", texts, mlm_run, **frozen)).model
+    every = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert 0 < trained < every
+    need = 4 * every + 12 * trained
+    monkeypatch.setattr("attnkit.train.memory.free_bytes", lambda device: need - 1)
+    with pytest.raises(ConfigError, match=rf"the model has {every:,} parameters: training it needs at least"):
+        prepare(finetune(tmp_path / "short", texts, mlm_run, **frozen))
+    monkeypatch.setattr("attnkit.train.memory.free_bytes", lambda device: need)
+    prepare(finetune(tmp_path / "enough", texts, mlm_run, **frozen))
+
+
 def test_init_from_with_a_set_that_keeps_the_shapes_is_not_blamed_for_a_mismatch(mlm_run, texts, tmp_path,
                                                                                  monkeypatch):
     """Weights that do not fit for another reason (here a tensor missing from the source) are listed as such."""

@@ -42,6 +42,7 @@ from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import BPE_VOCAB_SIZE, Tokenizer, load_tokenizer, train_tokenizer
 from attnkit.train.distributed import SingleProcess, World, quiet_other_ranks, refuse_rank_options, start
 from attnkit.train.finetune import (
+    HEAD_MODULES,
     HFLoader,
     Source,
     load_body,
@@ -331,8 +332,8 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
                               record=source.record if source is not None else None)
     config = _fit_config(config, tokenizer, labels, keep_vocab=source is not None)
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
-    check_fits(count_parameters(config), settings.dtype, device, force=request.force,
-               frozen=bool(settings.lora_rank) or settings.freeze == "body")
+    n_parameters, frozen = _trained_parameters(config, settings)
+    check_fits(n_parameters, settings.dtype, device, force=request.force, frozen=frozen)
     seed_all(settings.seed)  # the weights do not depend on how much randomness data preparation used
     model = build_model(config, force=request.force)
     run_info: dict[str, Any] = {"data_config": data_config.to_dict()}
@@ -349,6 +350,20 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
         model=model, config=config, task=task, settings=settings, run_dir=out, tokenizer=tokenizer, labels=labels,
         device=device, run_info=run_info, progress=request.progress, parallel=parallel,
     )
+
+
+def _trained_parameters(config: ModelConfig, settings: TrainConfig) -> tuple[int, int]:
+    """(all the parameters, those --freeze or LoRA keeps frozen) of the model `config` builds, LoRA's adapters
+    included, counted on the meta device: the head modules count as training, as a fresh one does under LoRA."""
+    if not settings.init_from:  # nothing is frozen but in a fine-tune
+        return count_parameters(config), 0
+    with torch.device("meta"):
+        model = build_model(config, force=True)
+        prepare_training(model, freeze=settings.freeze, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha,
+                         lora_targets=settings.lora_targets, lora_dropout=settings.lora_dropout)
+    frozen = sum(p.numel() for name, p in model.named_parameters()
+                 if not p.requires_grad and name.split(".", 1)[0] not in HEAD_MODULES)
+    return sum(p.numel() for p in model.parameters()), frozen
 
 
 def _init_source(request: TrainRequest, settings: TrainConfig, data_changes: dict[str, Any],
