@@ -296,3 +296,21 @@ def test_a_translators_source_beyond_the_context_is_refused_before_any_translati
         assert inspected.json()["error"]["message"].startswith(
             "the source with EOS has 17 tokens; this model reads at most 16 (max_seq_len)")
         assert not steps
+
+
+def test_the_explorer_reads_a_converted_taggers_text_as_its_tokenizer_frames_it(tmp_path, monkeypatch):
+    """The explorer's inspect panel read a converted GPT-2 tagger's text (hf_source.json, no task.json) between BOS
+    and EOS it never saw, where attnkit inspect reads it as its own tokenizer frames it (nothing added)."""
+    import attnkit.serve.inspect_view as view_module
+    from attnkit.generate import load
+    from attnkit.serve.explorer import Explorer
+
+    run = tiny_run(tmp_path, "decoder", decoder_head="tag", n_classes=3)
+    (run / "hf_source.json").write_text(json.dumps({"model_type": "gpt2"}))
+    pipeline = load(run)
+    read = []
+    batch_of = view_module.text_batch
+    monkeypatch.setattr(view_module, "text_batch", lambda *args, **kwargs: read.append(batch_of(*args, **kwargs))
+                        or read[-1])
+    Explorer(pipeline, run, watch=tmp_path, experiments=None).inspect("a cat")
+    assert read and all(batch.args[0][0].tolist() == pipeline.tokenizer.encode("a cat") for batch in read)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnkit.checkpoint import load_run_model
+from attnkit.checkpoint import TASK_FILE, load_run_model
 from attnkit.errors import InputError
 from attnkit.layers.attention import Attention, DotScore
 from attnkit.models.attention_capture import attention_sites
@@ -37,6 +37,7 @@ from attnkit.models.greedy import EmptyTranslation, translation_pair
 from attnkit.serve.inspect_view import inspect_view
 from attnkit.serve.model_view import model_view, translation_view
 from attnkit.serve.sae_view import SAEView
+from attnkit.tasks.tag import frame_of
 from attnkit.viz.extract import attention_maps, is_translator
 from attnkit.viz.labels import token_labels
 
@@ -62,8 +63,9 @@ class Explorer:
         # what the page asks first, from the pipeline's model (the same layers, however the plan runs them)
         self.kinds = sorted({site.kind for site in attention_sites(pipeline.model)})
         self.translator = is_translator(pipeline.model)
+        self.frame = frame_of(pipeline.record, run_dir / TASK_FILE)  # a converted tagger's text: its tokenizer's
         self.sae = None if sae is None else SAEView(sae, self.model, self.tokenizer, family=self.config.family,
-                                                    max_len=self.config.max_seq_len)
+                                                    max_len=self.config.max_seq_len, frame=self.frame)
 
     @cached_property
     def model(self) -> nn.Module:
@@ -101,7 +103,7 @@ class Explorer:
         the page's Target box is empty): `serve/inspect_view.py`."""
         self._checked_ids(text)
         return inspect_view(self.model, self.tokenizer, family=self.config.family, max_len=self.config.max_seq_len,
-                            text=text, target=target if self.translator else None)
+                            text=text, target=target if self.translator else None, frame=self.frame)
 
     def sae_features(self, text: str, target: str | None = None) -> dict:
         """Each token's top features of the SAE served with --sae, and their saved contexts: `serve/sae_view.py`."""

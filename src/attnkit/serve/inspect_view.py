@@ -20,6 +20,7 @@ from attnkit.errors import InputError
 from attnkit.inspect.command import Loaded, text_batch
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.logit_lens import logit_lens
+from attnkit.tasks.tag import Frame
 from attnkit.tokenize import Tokenizer
 from attnkit.viz.labels import token_labels
 
@@ -27,13 +28,14 @@ LENS_TOP = 3  # tokens the logit lens lists per layer and position
 
 
 def inspect_view(model: nn.Module, tokenizer: Tokenizer, *, family: str, max_len: int, text: str,
-                 target: str | None = None) -> dict:
+                 target: str | None = None, frame: Frame = "attnkit") -> dict:
     """The two panels' numbers for `text` (a translation run's source; `target` its translation, None: the model's
-    own). The logit lens is None, with `lens_note` saying why, for a model without an output layer over a
-    Transformer stack (a classifier, the recurrent seq2seq). Raises InputError for a text the model cannot score."""
+    own), framed as `frame` says (the run's `frame_of`: a converted tagger's as its own tokenizer frames a text).
+    The logit lens is None, with `lens_note` saying why, for a model without an output layer over a Transformer stack
+    (a classifier, the recurrent seq2seq). Raises InputError for a text the model cannot score."""
     if not text.strip():
         raise InputError("the Text box is empty: type a text to inspect")
-    loaded = Loaded(model, tokenizer, family, max_len, next(model.parameters()).device)
+    loaded = Loaded(model, tokenizer, family, max_len, next(model.parameters()).device, frame=frame)
     if loaded.translates:
         text = pair_line(text, target)
     elif len(tokenizer.encode(text)) < 2 and loaded.causal:

@@ -21,6 +21,7 @@ from attnkit.inspect.points import hook_points
 from attnkit.inspect.sae import load_features, load_sae
 from attnkit.inspect.tracing import trace
 from attnkit.serve.inspect_view import pair_line
+from attnkit.tasks.tag import Frame
 from attnkit.tokenize import Tokenizer
 from attnkit.viz.labels import token_labels
 
@@ -31,7 +32,8 @@ class SAEView:
     """One saved SAE over the served model. Raises CheckpointError for a directory that is not an SAE (or whose
     features.json is malformed) and InputError for an SAE of a point or width this model has not."""
 
-    def __init__(self, directory: Path, model: nn.Module, tokenizer: Tokenizer, *, family: str, max_len: int) -> None:
+    def __init__(self, directory: Path, model: nn.Module, tokenizer: Tokenizer, *, family: str, max_len: int,
+                 frame: Frame = "attnkit") -> None:
         device = next(model.parameters()).device
         self.sae = load_sae(directory).to(device)
         self.point = self.sae.config.hook_name
@@ -39,7 +41,7 @@ class SAEView:
             raise InputError(f"--sae {directory} was trained at {self.point or 'no named point'}, which this run has "
                              "not: give the SAE that attnkit inspect wrote for this run (OUT/sae)")
         self.features = {f.index: f for f in load_features(directory, self.sae.config.d_sae)}
-        self.loaded = Loaded(model, tokenizer, family, max_len, device)
+        self.loaded = Loaded(model, tokenizer, family, max_len, device, frame=frame)  # framed as the run's text
 
     def read(self, text: str, target: str | None = None) -> dict:
         """Each token of `text` (a translation run's source; `target`, its translation, None: the model's own) with
