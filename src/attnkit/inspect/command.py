@@ -4,7 +4,8 @@
     head-types   each head's previous / first / separator / duplicate / induction score on repeated random tokens
                  (a translation run: on its sentence pairs, and how monotonic each cross-attention head is)
     logit-lens   each layer's stream read through the output layer, over one text
-    patch        activation patching from --text (clean) into --corrupt (corrupted, as many tokens)
+    patch        activation patching from --text (clean) into --corrupt (corrupted, as many tokens); the answer is
+                 read at --position, else a decoder's last, else where the corruption moves it most
     attribute    attribution patching: patch's tables estimated from one forward and backward pass (and per sublayer)
     dla          direct logit attribution: each head's, FFN's and neuron's direct share of the answer's logit
                  difference against the runner-up, over one text (--position: where it is read)
