@@ -172,6 +172,19 @@ def test_tensorboard_drops_the_steps_a_resume_from_an_earlier_checkpoint_retrain
         assert [v for _, v in logged] == pytest.approx([v for _, v in expected], rel=1e-6)
 
 
+def test_tensorboard_writes_one_event_file_per_session_that_logs(tmp_path, tiny_request):
+    """The writer opens with the first record (purging the steps a resume retrains): a resume leaves no empty file."""
+    pytest.importorskip("tensorboard", reason="the optional extra attnkit[tensorboard] is not installed")
+    from attnkit.train import prepare
+
+    run = tmp_path / "run"
+    prepare(tiny_request(run, logger="tensorboard")).fit()
+    again = tiny_request(run, logger="tensorboard")
+    again.resume = str(run / "checkpoints" / "step_000002")
+    prepare(again).fit()
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 2
+
+
 def test_tensorboard_missing_is_a_clear_error(tmp_path, tiny_request, monkeypatch):
     import builtins
 

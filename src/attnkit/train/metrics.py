@@ -18,6 +18,9 @@ class RecordSink(Protocol):
 
     def write(self, record: dict[str, Any]) -> None: ...
 
+    def truncate_after(self, step: int) -> None:
+        """Drop what it holds of steps after `step` (a resumed run's), as `MetricsLog.truncate_after` does."""
+
 
 class MetricsLog:
     """Appends records to `path` (flushed at once, so a crash loses nothing logged), and passes each to `mirror`."""
@@ -49,9 +52,12 @@ class MetricsLog:
         return out
 
     def truncate_after(self, step: int) -> None:
-        """Keep only the records of steps <= `step` (atomically); a record whose step is no number goes too."""
+        """Keep only the records of steps <= `step` (atomically); a record whose step is no number goes too. The
+        mirror drops its later steps as well."""
         kept = [r for r in self.records() if _step(r) is not None and _step(r) <= step]
         atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        if self.mirror is not None:
+            self.mirror.truncate_after(step)
 
 
 def _step(record: dict[str, Any]) -> float | None:

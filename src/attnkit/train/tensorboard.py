@@ -34,15 +34,18 @@ class TensorBoardLog:
                 "(or log to metrics.jsonl alone with logger='jsonl')"
             ) from None
         self.writer_class, self.log_dir = SummaryWriter, str(Path(run_dir) / TENSORBOARD_DIR)
-        self.writer = SummaryWriter(log_dir=self.log_dir)
+        self.writer: Any = None  # opened by the first record: an event file per session that writes
+        self.purge_step: int | None = None
 
-    def resume_after(self, step: int) -> None:
+    def truncate_after(self, step: int) -> None:
         """Continue the log after `step`: readers drop the events of later steps written before (a resumed run's)."""
-        self.writer.close()
-        self.writer = self.writer_class(log_dir=self.log_dir, purge_step=step + 1)
+        self.close()
+        self.purge_step = step + 1
 
     def write(self, record: dict[str, Any]) -> None:
         """Every finite number of `record` (except its step) as a scalar at its step; flushed at once."""
+        if self.writer is None:
+            self.writer = self.writer_class(log_dir=self.log_dir, purge_step=self.purge_step)
         kind, step = record.get("kind", "train"), int(record["step"])
         for key, value in record.items():
             if key in ("kind", "step") or isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -52,4 +55,6 @@ class TensorBoardLog:
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -316,9 +316,7 @@ class Trainer:
             removed = remove_checkpoints_after(self.run_dir, self.step, keep_best=kept is not None)
             for path in removed:  # first: a kill leaves a resumable run
                 log.warning("removed %s: the run continues from step %d, before it", path, self.step)
-            self.metrics.truncate_after(self.step)
-            if isinstance(self.metrics.mirror, TensorBoardLog):
-                self.metrics.mirror.resume_after(self.step)
+            self.metrics.truncate_after(self.step)  # and its mirror's (TensorBoard's) records
             if kept is None and mend_best(self.run_dir, checkpoint.path):
                 log.warning("copied %s to best/: it holds the run's best score, and the save that wrote it stopped "
                             "before best/ took its copy", checkpoint.path)
