@@ -83,7 +83,8 @@ def build_app(settings: ServeSettings):
 
 
 def serve(settings: ServeSettings) -> int:
-    """Serve the run until interrupted (Ctrl-C). The port is bound before the run loads (`serve/listen.py`)."""
+    """Serve the run until interrupted (Ctrl-C) or stopped; the exit status (`Server.exit_status`): 0 after SIGTERM,
+    130 after SIGINT, 1 where the server never started. The port is bound before the run loads (`serve/listen.py`)."""
     settings = _checked(settings)
     with _serve_extra():
         import uvicorn
@@ -93,5 +94,10 @@ def serve(settings: ServeSettings) -> int:
     with bind(settings.host, settings.port) as sock:
         app = build_app(settings)
         log.info("serving %s at %s (explorer at /, API under /v1/)", settings.run, url(sock))
-        Server(uvicorn.Config(app, log_level="warning"), app.state.close).run(sockets=[sock])
-    return 0
+        server = Server(uvicorn.Config(app, log_level="warning"), app.state.close)
+        try:
+            server.run(sockets=[sock])
+        except SystemExit:  # uvicorn's own exit where the app's startup failed (its log says why)
+            if server.started:
+                raise
+    return server.exit_status

@@ -1,8 +1,10 @@
 """The HTTP server `attnkit serve` runs: uvicorn's, which on SIGINT or SIGTERM first ends the work in flight (each
 request answers 503), as vLLM's and llama.cpp's servers stop, instead of waiting for every reply to run to its end
 (up to --timeout) before it lets go of the port. A client that still holds its connection (half a body sent, an
-answer not read) is waited for SHUTDOWN_GRACE_S at most; then the server stops and the process exits 0, a stop it
-was asked for (uvicorn would raise the signal again once stopped, so that the process died of it: status 143)."""
+answer not read) is waited for SHUTDOWN_GRACE_S at most; then the server stops, and `exit_status` says how: 0 after
+SIGTERM, a stop a service manager asked for (uvicorn would raise the signal again once stopped, so that the process
+died of it: status 143), 130 after SIGINT, an interrupted command, as a shell (and uvicorn) reports it, so that
+`attnkit serve ... && next` does not go on, and 1 where the server never started."""
 
 from __future__ import annotations
 
@@ -24,10 +26,21 @@ class Server(uvicorn.Server):
         config.timeout_graceful_shutdown = SHUTDOWN_GRACE_S
         super().__init__(config)
         self.end_work = end_work
+        self.stopped_by: int | None = None  # the first signal that told the server to stop
+
+    @property
+    def exit_status(self) -> int:
+        """The process's exit status once `run` has returned: 1 where the server never started (the app's startup
+        failed), 130 (128 + SIGINT) after SIGINT, else 0."""
+        if not self.started:
+            return 1
+        return 128 + signal.SIGINT if self.stopped_by == signal.SIGINT else 0
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """A signal to stop: stop (a second SIGINT, at once), as uvicorn does, without raising the signal again after
         the stop."""
+        if self.stopped_by is None:
+            self.stopped_by = sig
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         else:
