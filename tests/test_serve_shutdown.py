@@ -119,13 +119,11 @@ def test_sigterm_with_a_client_that_never_ends_its_body_exits_0_within_the_grace
     assert "Traceback" not in log, log
 
 
-def test_a_server_whose_startup_fails_exits_1(tmp_path, monkeypatch):
-    """The app's startup (its lifespan) fails: uvicorn never serves, and the command says so with its status."""
+def _failing_app():
+    """An app whose startup (its lifespan) fails."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI
-
-    import attnkit.serve as serving
 
     @asynccontextmanager
     async def failing(_app):
@@ -134,5 +132,32 @@ def test_a_server_whose_startup_fails_exits_1(tmp_path, monkeypatch):
 
     app = FastAPI(lifespan=failing)
     app.state.close = lambda: None
-    monkeypatch.setattr(serving, "build_app", lambda settings: app)
+    return app
+
+
+def test_a_server_whose_startup_fails_exits_1(tmp_path, monkeypatch):
+    """The app's startup fails: uvicorn never serves, and the command says so with its status."""
+    import attnkit.serve as serving
+
+    monkeypatch.setattr(serving, "build_app", lambda settings: _failing_app())
     assert serving.serve(serving.ServeSettings(run=str(tmp_path), port=free_port())) == 1
+
+
+def test_serve_gives_its_grace_and_the_server_keeps_a_callers(tmp_path, monkeypatch):
+    import uvicorn
+
+    import attnkit.serve as serving
+    from attnkit.serve import server as server_module
+
+    graces, original = [], server_module.Server
+
+    class Recorded(original):
+        def __init__(self, config: uvicorn.Config, end_work) -> None:
+            graces.append(config.timeout_graceful_shutdown)
+            super().__init__(config, end_work)
+
+    monkeypatch.setattr(server_module, "Server", Recorded)
+    monkeypatch.setattr(serving, "build_app", lambda settings: _failing_app())
+    serving.serve(serving.ServeSettings(run=str(tmp_path), port=free_port()))
+    own = original(uvicorn.Config(_failing_app(), timeout_graceful_shutdown=1.5), lambda: None)
+    assert graces == [SHUTDOWN_GRACE_S] and own.config.timeout_graceful_shutdown == 1.5

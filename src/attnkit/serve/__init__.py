@@ -89,12 +89,13 @@ def serve(settings: ServeSettings) -> int:
     with _serve_extra():
         import uvicorn
 
-        from attnkit.serve.server import Server
+        from attnkit.serve.server import SHUTDOWN_GRACE_S, Server
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with bind(settings.host, settings.port) as sock:
         app = build_app(settings)
         log.info("serving %s at %s (explorer at /, API under /v1/)", settings.run, url(sock))
-        server = Server(uvicorn.Config(app, log_level="warning"), app.state.close)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+        server = Server(config, app.state.close)
         try:
             server.run(sockets=[sock])
         except SystemExit:  # uvicorn's own exit where the app's startup failed (its log says why)

@@ -15,7 +15,8 @@ from types import FrameType
 
 import uvicorn
 
-SHUTDOWN_GRACE_S = 5.0  # seconds a stop waits for connections to end once the work in flight has been ended
+SHUTDOWN_GRACE_S = 5.0  # seconds a stop waits for connections to end once the work in flight has been ended (the
+# uvicorn.Config's timeout_graceful_shutdown that `serve` gives)
 
 
 class Server(uvicorn.Server):
@@ -23,7 +24,6 @@ class Server(uvicorn.Server):
     `ServerState.close`)."""
 
     def __init__(self, config: uvicorn.Config, end_work: Callable[[], None]) -> None:
-        config.timeout_graceful_shutdown = SHUTDOWN_GRACE_S
         super().__init__(config)
         self.end_work = end_work
         self.stopped_by: int | None = None  # the first signal that told the server to stop
