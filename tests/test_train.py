@@ -10,6 +10,7 @@ import torch
 from attnkit.checkpoint import digest, load_model, read_checksums, write_checksums
 from attnkit.errors import CheckpointError, ConfigError
 from attnkit.generate import translate_batched
+from attnkit.tasks.common import EpochTask
 from attnkit.tokenize import CharTokenizer
 from attnkit.train import TrainingDiverged, TrainRequest, prepare
 from attnkit.train.metrics import MetricsLog
@@ -421,6 +422,19 @@ def test_a_batch_size_changed_in_the_middle_of_an_epoch_is_named_with_what_it_do
         prepare(request(tmp_path, "classify", resume=True, batch_size=8))
     assert ("batch_size x ranks: 4 -> 8 in the middle of epoch 0 (after its batch 4): the rest of the epoch is cut "
             "into batches of the new size in another order") in caplog.text
+
+
+def test_a_batch_size_changed_for_a_task_whose_state_is_no_epoch_position_is_resumed(tmp_path, monkeypatch):
+    """A task of one's own may keep another data state (here a batch count with no epoch): the resume asks
+    tasks.common what it is instead of reading its keys."""
+    monkeypatch.setattr(EpochTask, "data_state", lambda self: {"index": self.index, "pass": self.epoch})
+
+    def load(self, state):
+        self.index, self.epoch = state["index"], state["pass"]
+
+    monkeypatch.setattr(EpochTask, "load_data_state", load)
+    prepare(request(tmp_path, "classify", max_steps=2, eval_every=2)).fit()
+    assert prepare(request(tmp_path, "classify", resume=True, batch_size=8)).step == 2
 
 
 def test_a_resume_that_changes_the_language_models_validation_set_says_so(tmp_path, caplog):

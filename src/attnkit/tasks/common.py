@@ -127,6 +127,15 @@ class EpochTask:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
+def epoch_position(state: dict[str, Any]) -> tuple[int, int] | None:
+    """(epoch, batches drawn of it) from a task's saved data state (`EpochTask.data_state`); None for a task whose
+    data state is no such position (a token stream's, or one a task of one's own keeps)."""
+    try:
+        return int(state["epoch"]), int(state["index"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def summed_nll(logits: Tensor, labels: Tensor) -> float:
     """The negative log-likelihood of `labels` (...) under `logits` (..., V), summed over the targets that are not
     IGNORE_INDEX: what an evaluation's loss and perplexity are of. Training's loss may be label-smoothed (the model's

@@ -35,7 +35,7 @@ from attnkit.models import build_model, count_parameters
 from attnkit.options import assignments
 from attnkit.presets import get as get_preset
 from attnkit.tasks import TaskContext, TaskSpec, TrainingTask, own_options, task_of_run, task_spec, unread_options
-from attnkit.tasks.common import SYNTHETIC, synthetic_name
+from attnkit.tasks.common import SYNTHETIC, epoch_position, synthetic_name
 from attnkit.tasks.lm import stream_files
 from attnkit.tasks.translate import Translator
 from attnkit.textfiles import EncodingErrors
@@ -498,10 +498,11 @@ def _say_batching_changes(saved: tuple[DataConfig, int, int], resumed: tuple[Dat
                         before, length, after, new_length, before)
         return
     recut = config_differences(*[_global_batch_size(*side) for side in (saved, resumed)])
-    if recut and position.get("index"):
+    drawn = epoch_position(position)
+    if recut and drawn is not None and drawn[1]:
         log.warning("%s in the middle of epoch %d (after its batch %d): the rest of the epoch is cut into batches "
                     "of the new size in another order, so some of its examples come again and others wait for the "
-                    "next epoch", "; ".join(recut), position["epoch"], position["index"])
+                    "next epoch", "; ".join(recut), *drawn)
 
 
 def _seed_draws_validation(data: DataConfig) -> bool:
