@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -231,8 +232,6 @@ def test_resuming_past_a_damaged_checkpoint_keeps_a_later_best_that_is_intact(tm
     assert state.load_checkpoint(fork / "best").step == 4
 
 
-
-
 def test_a_resume_gives_best_the_checkpoint_whose_save_stopped_before_copying_it(tmp_path, caplog):
     """A full disk or a kill after the checkpoint is written and before best/ takes its copy left best/ an older (or
     no) model while the train state counts the newer score as the best: the resume copies it."""
@@ -270,6 +269,12 @@ def test_a_plain_resume_hashes_no_file_of_an_earlier_best(tmp_path, monkeypatch)
     monkeypatch.setattr(attnkit.checkpoint, "digest", lambda path: hashed.append(Path(path)) or original(path))
     prepare(request(tmp_path, steps=8, resume=True))
     assert hashed and not [path for path in hashed if (tmp_path / "best") in path.parents]
+
+
+def test_a_first_score_of_nan_is_beaten_by_the_next(tmp_path, monkeypatch):
+    monkeypatch.setattr(Trainer, "_evaluate", lambda self, model: {"val_loss": math.nan if self.step == 2 else 5.0})
+    prepare(request(tmp_path, steps=4)).fit()
+    assert state.load_checkpoint(tmp_path / "best").step == 4
 
 
 def test_the_top_level_and_best_share_no_storage_with_the_checkpoint(tmp_path):

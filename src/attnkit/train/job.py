@@ -486,8 +486,8 @@ def _say_batching_changes(saved: tuple[DataConfig, int, int], resumed: tuple[Dat
                           position: dict[str, Any], max_seq_len: int) -> None:
     """Warn about what another global batch does on resume ((data settings, batch_size, ranks) saved and resumed;
     tasks draw batches of batch_size x ranks, `_global_batch`): for lm and mlm it changes the validation set
-    (eval_batches x global batch windows); for an epoch's batches, part drawn (`position`: the task's data state),
-    it cuts the rest of the epoch anew."""
+    (eval_batches x global batch windows: lm's the split's first, mlm's spread over it); for an epoch's batches,
+    part drawn (`position`: the task's data state), it cuts the rest of the epoch anew."""
     if resumed[0].spec.stream:
         sets = [(d.eval_batches * b * ranks, d.seq_len or max_seq_len) for d, b, ranks in (saved, resumed)]
         (before, length), (after, new_length) = sets  # (windows, tokens)

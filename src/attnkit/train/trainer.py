@@ -522,7 +522,8 @@ class Trainer:
         self.layer_grad_norms = {}
         log.info("step %d: %s", self.step, "  ".join(f"{k} {_fmt(v)}" for k, v in self.evaluation.items()))
         score = self.evaluation[self.task.metric]
-        better = self.best is None or (score > self.best if self.task.higher_is_better else score < self.best)
+        better = (self.best is None or math.isnan(self.best)  # a NaN best (a first score of NaN) is beaten by any
+                  or (score > self.best if self.task.higher_is_better else score < self.best))
         if better:
             self.best, self.best_step = score, self.step
         self._save(best=better)
