@@ -560,7 +560,11 @@ def test_the_port_and_host_are_checked_and_bound_before_the_run_loads(runs, monk
             serving.serve(ServeSettings(run=run, port=port))
     assert loaded == []  # each refused before the run loads
     chosen = []
-    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: chosen.append(sockets[0].getsockname()[1]))
+    def run_at_once(self, sockets) -> None:  # a server that started and stopped, as far as serve() can tell
+        chosen.append(sockets[0].getsockname()[1])
+        self.started = True
+
+    monkeypatch.setattr(uvicorn.Server, "run", run_at_once)
     with caplog.at_level(logging.INFO, logger="attnkit.serve"):
         assert serving.serve(ServeSettings(run=run, port=0)) == 0
     assert chosen[0] != 0 and f"at http://127.0.0.1:{chosen[0]}/ " in caplog.text
@@ -714,3 +718,14 @@ def test_a_union_field_given_an_object_is_refused_for_what_the_object_lacks(serv
     error = response.json()["error"]
     assert response.status_code == 422 and error["param"] == "tool_choice"
     assert error["message"] == "tool_choice.function: Field required"
+
+
+def test_reading_bodies_and_answering_errors_needs_no_scheduler():
+    """bodies.py and errors.py take their messages from errors.py, not from the batching scheduler (torch's)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, attnkit.serve.bodies, attnkit.serve.errors; "
+            "print('attnkit.serve.batching' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "False", result.stderr

@@ -84,6 +84,7 @@ from attnkit.generate.sampling import (
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.layers.kv_cache import KVCache, LayerCache, StaticKVCache
 from attnkit.layers.prefix_cache import PrefixCache, reuse
+from attnkit.serve.errors import SHUTTING_DOWN, STOPPED
 from attnkit.serve.waiting import WaitingQueue
 
 log = logging.getLogger(__name__)
@@ -97,8 +98,6 @@ class Closed(Exception):
     (`SHUTTING_DOWN`), or the scheduler's thread has ended (`STOPPED`)."""
 
 
-SHUTTING_DOWN = "the server is shutting down; send the request again once it is back"
-STOPPED = "generation has stopped (the batching scheduler's thread ended; the log says why): restart the server"
 
 
 @dataclass(eq=False)

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from pydantic import ValidationError
 
-from attnkit.serve.batching import SHUTTING_DOWN
-from attnkit.serve.errors import APIError
+from attnkit.serve.errors import SHUTTING_DOWN, APIError
 from attnkit.serve.schemas import Body
 
 RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_long", "too_short",

@@ -15,11 +15,16 @@
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi.responses import JSONResponse
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                408: "timeout_error", 413: "invalid_request_error", 422: "invalid_request_error",
                429: "rate_limit_error", 500: "server_error", 503: "server_error", 504: "timeout_error"}
+SHUTTING_DOWN = "the server is shutting down; send the request again once it is back"  # 503's message
+STOPPED = "generation has stopped (the batching scheduler's thread ended; the log says why): restart the server"
 
 
 class APIError(Exception):
@@ -35,4 +40,6 @@ class APIError(Exception):
                           "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
+        from fastapi.responses import JSONResponse  # here: the messages above import without FastAPI
+
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)

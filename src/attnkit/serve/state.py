@@ -21,10 +21,10 @@ from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.pipeline import Pipeline
 from attnkit.layers.prefix_cache import PrefixCache
 from attnkit.models import family_of
-from attnkit.serve.batching import SHUTTING_DOWN, Scheduler
+from attnkit.serve.batching import Scheduler
 from attnkit.serve.bodies import parse_body, read_body
 from attnkit.serve.chat import ChatTemplate, chat_template
-from attnkit.serve.errors import APIError
+from attnkit.serve.errors import SHUTTING_DOWN, APIError
 from attnkit.serve.explorer import Explorer
 from attnkit.serve.metrics import Metrics
 from attnkit.serve.schemas import Body

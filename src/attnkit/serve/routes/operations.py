@@ -6,8 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
-from attnkit.serve.batching import STOPPED
-from attnkit.serve.errors import APIError
+from attnkit.serve.errors import STOPPED, APIError
 from attnkit.serve.schemas import (
     ChatRequest,
     CompletionRequest,
