@@ -69,7 +69,6 @@ class LinearCase:
     seed: int
     column_major: bool = False  # the input laid out column by column (a transposed view): its rows are strided
 
-
     def linear(self) -> nn.Linear:
         torch.manual_seed(self.seed)
         return nn.Linear(self.in_features, self.out_features, bias=self.bias)

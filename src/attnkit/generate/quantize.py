@@ -161,10 +161,11 @@ class Int8DynamicLinear(nn.Module):
         product of dequantized numbers in fp32, rows scaled back. (One row needs no scaling: its grid scales
         with it.)"""
         rows = x.reshape(-1, self.in_features).float()  # (M, K)
+        if rows.shape[0] == 0:  # an empty batch has no range
+            return x.new_empty((*x.shape[:-1], self.out_features))
         peaks = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)  # (M, 1)
         scaled = rows / peaks
-        spanned = torch.cat([scaled.flatten(), scaled.new_zeros(1)])  # the grid spans 0 (and an empty batch has it)
-        low, high = spanned.min(), spanned.max()
+        low, high = scaled.min().clamp(max=0), scaled.max().clamp(min=0)  # the grid spans 0
         step = (high - low) / self.activation_levels
         zero = torch.round(-low / step).clamp(0, self.activation_levels)
         # the grid spans the range in `activation_levels` steps, but values round into uint8's 0..255 (the top of

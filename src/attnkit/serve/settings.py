@@ -25,7 +25,7 @@ class ServeSettings(DecodeSettings):
     port: int = 8000  # port to listen on (0: any free one, said when the server starts)
     api_key: str | None = None  # clients send it as "Authorization: Bearer KEY"; default: $ATTNKIT_API_KEY
     max_batch: int = 32  # sequences decoded together in one forward pass at most
-    max_queue: int = 64  # requests waiting to join the batch at most; beyond, 429 with Retry-After
+    max_queue: int = 64  # prompts (not requests) waiting to join the batch at most; beyond, 429 with Retry-After
     max_tokens: int = 512  # new tokens one request may ask for at most (and the context's room)
     prefix_cache: bool = True  # reuse the keys and values of recent prompts' starts (vLLM's automatic prefix caching)
     prefix_cache_mib: int = 256  # memory the prefix cache takes at most (MiB); beyond, least recently used blocks go
