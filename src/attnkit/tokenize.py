@@ -343,10 +343,17 @@ class HFTokenizer(_SpecialIds):
         missing = {role: tok for role, tok in self.specials.items() if self._ids[role] is None}
         if missing:
             raise InputError(f"special tokens {missing} are not in the tokenizer's vocabulary")
-        self.own_frame = _added_around(tokenizer)
-        # a tokenizer whose post-processor puts BOS before every text (Llama's, Mistral's): its model was trained so
+
+    @functools.cached_property
+    def own_frame(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(before, after): the ids this tokenizer's post-processor puts around a text (read on first use)."""
+        return _added_around(self._tok)
+
+    @functools.cached_property
+    def starts_with_bos(self) -> bool:
+        """Whether the post-processor puts BOS before every text (Llama's, Mistral's): its model was trained so."""
         bos = self._ids.get("bos")
-        self.starts_with_bos = bos is not None and self.own_frame[0][:1] == (bos,)
+        return bos is not None and self.own_frame[0][:1] == (bos,)
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike) -> HFTokenizer:

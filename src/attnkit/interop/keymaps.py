@@ -113,8 +113,8 @@ def _labels_from_hf(hf, fields, source) -> dict[str, Any]:
     n_classes = len(labels) if labels else int(hf.get("num_labels", 2))
     head = fields.get("encoder_head", fields.get("decoder_head"))
     problem = hf.get("problem_type")
-    if head is not None and head_output(fields["family"], head) == "sequence" and (
-            n_classes == 1 or problem not in (None, "single_label_classification")):
+    output = None if head is None else head_output(fields["family"], head)  # "sequence": one answer per text
+    if output == "sequence" and (n_classes == 1 or problem not in (None, "single_label_classification")):
         raise ConfigError(
             f"{source}: problem_type={problem!r} with {n_classes} label(s) is a classifier attnkit does not read: a "
             f"regression head (one label) gives a score and a multi-label head a sigmoid per label, where attnkit's "
