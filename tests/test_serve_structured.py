@@ -1,10 +1,12 @@
 """Structured output in the server: the batching scheduler masks each constrained request's rows beside free ones in
 one step (each gets what it gets alone), and the HTTP API's response_format and tools give text that parses and
-validates, streamed and not, with tool calls in OpenAI's shape."""
+validates, streamed and not, with tool calls in OpenAI's shape; vLLM's guided_regex and guided_grammar, on both
+endpoints, give text the expression matches or the grammar parses."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -306,3 +308,53 @@ def test_a_recursive_schema_that_can_end_is_served(served):
     assert choice.message.content.startswith('{"kids": [')
     if choice.finish_reason == "stop":  # else max_tokens cut a deep tree short, as OpenAI's would
         jsonschema.validate(json.loads(choice.message.content), TREE)
+
+
+PAIR = 'start: "[" NUM ", " NUM "]"\nNUM: /[0-9]{1,2}/\n'  # a list of two numbers under 100, as JSON writes it
+
+
+def test_guided_regex_holds_completions_and_chat_replies_at_temperature_1(served):
+    """vLLM's guided_regex, sent as its clients send it (extra_body): every sampled reply matches it whole."""
+    client = served[0]
+    pattern = "(cat|dog)-[0-9]{2,3}"
+    completed = client.completions.create(model=None, prompt="pet:", max_tokens=20, temperature=1.0, seed=7, n=3,
+                                          extra_body={"guided_regex": pattern})
+    chatted = ask(client, max_tokens=20, temperature=1.0, seed=7, n=3, extra_body={"guided_regex": pattern})
+    texts = [c.text for c in completed.choices] + [c.message.content for c in chatted.choices]
+    for text in texts:
+        assert re.fullmatch(pattern, text), text
+    assert len(set(texts)) > 1  # sampled, not one text forced
+    assert {c.finish_reason for c in [*completed.choices, *chatted.choices]} == {"stop"}
+
+
+def test_guided_grammar_replies_parse_by_the_lark_grammar(served):
+    client = served[0]
+    completed = client.completions.create(model=None, prompt="pair:", max_tokens=20, temperature=1.0, seed=2, n=2,
+                                          extra_body={"guided_grammar": PAIR})
+    chatted = ask(client, max_tokens=20, temperature=1.0, seed=2, extra_body={"guided_grammar": PAIR})
+    for text in [c.text for c in completed.choices] + [chatted.choices[0].message.content]:
+        assert re.fullmatch(r"\[[0-9]{1,2}, [0-9]{1,2}\]", text), text
+        pair = json.loads(text)
+        assert len(pair) == 2 and all(0 <= number < 100 for number in pair)
+
+
+@pytest.mark.parametrize(("endpoint", "fields", "param", "words"), [
+    ("completions", {"guided_regex": "(ab"}, "guided_regex", "unclosed group"),
+    ("chat/completions", {"guided_regex": "(ab"}, "guided_regex", "unclosed group"),
+    ("completions", {"guided_grammar": "start: foo"}, "guided_grammar", 'unknown name: "foo"'),
+    ("chat/completions", {"guided_grammar": "start: foo"}, "guided_grammar", 'unknown name: "foo"'),
+    ("completions", {"guided_regex": "a", "guided_grammar": PAIR}, "guided_regex",
+     "guided_regex and guided_grammar each constrain"),
+    ("chat/completions", {"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex",
+     "guided_regex and response_format each constrain"),
+    ("chat/completions", {"guided_grammar": PAIR, "tools": TOOLS}, "guided_grammar",
+     "guided_grammar and tools each constrain"),
+])
+def test_bad_or_double_guided_fields_are_refused_naming_them(served, endpoint, fields, param, words):
+    import httpx
+
+    asked = {"prompt": "hi"} if endpoint == "completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    answer = httpx.post(f"{served[1]}/v1/{endpoint}", json={**asked, "max_tokens": 4, **fields}, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and words in error["message"], error

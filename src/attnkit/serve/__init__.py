@@ -9,7 +9,7 @@
     batching.py   continuous batching over the KV cache (a request joins and leaves between steps)
     listen.py     the port and host checked and bound before the run loads
     server.py     uvicorn's server, which ends the work in flight (503) as soon as it is told to stop
-    errors.py     OpenAI-style error JSON;  chat.py  chat templates;  structured.py  response_format and tools
+    errors.py     OpenAI-style error JSON;  chat.py  chat templates;  structured.py  response_format, tools, guided_*
     logprobs.py   log-probabilities in the API's shapes (logprobs, top_logprobs, echo)
     metrics.py    Prometheus text;  explorer.py  the explorer's numbers;  static/  its page (HTML, JS, CSS)
 

@@ -6,7 +6,8 @@ never ignored: OpenAI's fields that attnkit does not honour (`best_of`, `functio
 the neutral value clients send by default (`NOT_HONOURED`), which asks for nothing. Beside OpenAI's sampling fields,
 vLLM's are taken under vLLM's names (`top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `ignore_eos`,
 `min_tokens`), as clients send them (the openai client's `extra_body`).
-Chat's `response_format`, `tools` and `tool_choice` are honoured through structured output (`serve/structured.py`).
+Chat's `response_format`, `tools` and `tool_choice`, and vLLM's `guided_regex` and `guided_grammar` (both
+endpoints), are honoured through structured output (`serve/structured.py`).
 
 A prompt is text, or token ids, as OpenAI's completions take it: a string, a list of strings, a list of token ids
 (one prompt), or a list of such lists. A chat message's content is a string or a list of text parts
@@ -128,6 +129,8 @@ class Sampling(Body):
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None  # vLLM's: tokens that end a choice, unreturned
     ignore_eos: bool = False  # vLLM's: EOS does not end a choice
     min_tokens: Annotated[int, Field(ge=0)] = 0  # vLLM's: EOS and stop_token_ids are held back until this many
+    guided_regex: Annotated[str, Field(min_length=1)] | None = None  # vLLM's: the reply matches it whole
+    guided_grammar: Annotated[str, Field(min_length=1)] | None = None  # vLLM's: the reply parses by this Lark grammar
 
 
 class StreamOptions(Body):

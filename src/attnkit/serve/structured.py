@@ -10,6 +10,11 @@
                                                                a call of one of the tools (of f), its arguments valid
                                                                under the tool's `parameters` schema
     tool_choice "none"                                         the tools are neither shown nor called
+    guided_regex "(yes|no)" (vLLM's; completions too)          text the regular expression matches whole
+    guided_grammar "start: ..." (vLLM's; completions too)      text that parses by the Lark grammar (llguidance's)
+
+vLLM's fields each constrain the reply alone: one of them beside another, or beside a response_format or tools
+shown, is refused naming them all.
 
 A reply that is a call becomes `message.tool_calls` ([{"id", "type": "function", "function": {"name", "arguments"}}],
 the arguments as JSON text) with `content` null and finish_reason "tool_calls", as OpenAI answers. The chat template
@@ -30,10 +35,11 @@ from attnkit.generate.constrained import JSON_STYLE, Grammar, GrammarMask
 from attnkit.generate.finite_schema import check_finite
 from attnkit.serve.chat import TOOL_CALL
 from attnkit.serve.errors import APIError
-from attnkit.serve.schemas import ChatRequest
+from attnkit.serve.schemas import ChatRequest, Sampling
 
 FREE_TEXT = r"/[^<](.|\n)*/"  # a reply that is no call: anything not starting with "<"
 CUT_CALL = re.compile(r'\{"name": "(?P<name>[^"]+)", "arguments": (?P<arguments>.*)', re.DOTALL)  # JSON_STYLE's
+GUIDED = {"guided_regex": Grammar.regex, "guided_grammar": Grammar.lark}  # vLLM's fields -> the Grammar each builds
 
 
 @dataclass(frozen=True)
@@ -46,10 +52,17 @@ class Structured:
     param: str = "response_format"
 
     @classmethod
-    def of(cls, body: ChatRequest) -> Structured | None:
+    def of(cls, body: Sampling) -> Structured | None:
         """The request's structured output (None: none asked for). Raises APIError 400 naming the field for a
-        tool_choice that names no tool given, tools of the same name, a json_schema format without its schema, or
-        a grammar llguidance cannot build (or no llguidance: the structured extra)."""
+        tool_choice that names no tool given, tools of the same name, a json_schema format without its schema, a
+        guided field beside another constraint (naming them all), or a grammar or regular expression llguidance
+        cannot build, with its reason (or no llguidance: the structured extra). Builds llguidance's grammar: call
+        it off the event loop."""
+        guided = [name for name in GUIDED if getattr(body, name) is not None]
+        if guided:
+            return cls._guided(body, guided)
+        if not isinstance(body, ChatRequest):
+            return None
         try:
             return cls._of(body)
         except (AttnkitError, ValueError) as error:
@@ -91,6 +104,19 @@ class Structured:
         offered = tuple(tool.model_dump(exclude_none=True) for tool in body.tools or [])
         return cls(Grammar.lark("\n".join(lines) + "\n"), offered, param="tools")
 
+    @classmethod
+    def _guided(cls, body: Sampling, guided: list[str]) -> Structured:
+        """The grammar of the one guided field asked; 400 for it beside another constraint."""
+        asked = [*guided, *_chat_constraints(body)]
+        if len(asked) > 1:
+            raise APIError(400, f"{' and '.join(asked)} each constrain the reply, which follows one constraint: "
+                           "send one of them", param=asked[0])
+        field = guided[0]
+        try:
+            return cls(GUIDED[field](getattr(body, field)), param=field)
+        except (AttnkitError, ValueError) as error:
+            raise APIError(400, f"{field}: {error}", param=field) from None
+
     def mask(self, tokenizer, rows: int) -> GrammarMask | None:
         """A GrammarMask of `rows` choices; APIError 400 naming the field when the grammar cannot be followed with
         this run's tokenizer (a schema llguidance refuses, a character the tokenizer lacks)."""
@@ -125,6 +151,15 @@ def _call_message(name: str, arguments: str) -> dict:
     function = {"name": name, "arguments": arguments}
     calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": function}]
     return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
+def _chat_constraints(body: Sampling) -> list[str]:
+    """The chat fields that constrain the reply: a response_format other than text, and tools shown."""
+    if not isinstance(body, ChatRequest):
+        return []
+    form = body.response_format
+    return ([] if form is None or form.type == "text" else ["response_format"]) + \
+        (["tools"] if body.tools and body.tool_choice != "none" else [])
 
 
 def _check_finite(schema: dict, field: str) -> None:

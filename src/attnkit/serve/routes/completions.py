@@ -1,6 +1,6 @@
 """POST /v1/completions and /v1/chat/completions: text completion and chat, whole or streamed, on the batching
-scheduler (chat's messages rendered by the run's chat template, `serve/chat.py`; its response_format and tools held
-as a grammar, `serve/structured.py`)."""
+scheduler (chat's messages rendered by the run's chat template, `serve/chat.py`; its response_format and tools, and
+either endpoint's guided_regex or guided_grammar, held as a grammar, `serve/structured.py`)."""
 
 from __future__ import annotations
 
@@ -35,9 +35,10 @@ def router(state: ServerState) -> APIRouter:
     async def completions(request: Request):
         body = await state.body(request, CompletionRequest)
         state.check_model(body.model)
+        structured = await run_in_threadpool(Structured.of, body)  # vLLM's guided fields, checked by llguidance
         return await generate(request, body, body.prompts, "text_completion", stops=(),
                               max_tokens=body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS,
-                              logprobs=body.logprobs, echo=body.echo)
+                              logprobs=body.logprobs, echo=body.echo, structured=structured)
 
     @routes.post("/v1/chat/completions")
     async def chat_completions(request: Request):
