@@ -384,3 +384,29 @@ def test_a_malformed_expression_or_grammar_is_refused_as_it_is_made_before_any_t
     Grammar.regex and Grammar.lark now refuse it as they are made, with llguidance's reason."""
     with pytest.raises(InputError, match="(?s)cannot be followed: .*(unclosed|unknown name)"):
         getattr(Grammar, make)(source)
+
+
+@pytest.mark.parametrize(("flag", "source", "reason"), [("--regex", "(", "unclosed group"),
+                                                         ("--grammar", "start: foo\n", 'unknown name: "foo"')])
+def test_cli_refuses_a_malformed_regex_or_grammar_before_the_model_loads(json_run, tmp_path, capsys, flag, source,
+                                                                          reason):
+    """--regex and --grammar were checked only once the model had loaded; now a malformed one is refused first, in
+    one line naming the flag and llguidance's reason, on a run whose weights are damaged (a late check would stop
+    at the weights)."""
+    import shutil
+
+    from attnkit import cli
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(json_run, damaged)
+    for weights in damaged.glob("*.safetensors"):
+        weights.write_bytes(weights.read_bytes()[:64])
+    grammar = tmp_path / "bad.lark"
+    grammar.write_text(source)
+    common = ["generate", str(damaged), "--prompt", ""]
+    assert cli.main([*common, flag, source if flag == "--regex" else str(grammar)]) == 2
+    error = capsys.readouterr().err.strip()
+    named = "--regex: the regular expression" if flag == "--regex" else f"--grammar {grammar}: the grammar"
+    assert "\n" not in error and f"{named} cannot be followed: " in error and reason in error, error
+    assert cli.main([*common, "--regex", "a"]) != 0  # a well-formed expression reaches the damaged weights
+    assert "cannot be followed" not in capsys.readouterr().err

@@ -19,6 +19,8 @@ LAYERS = {
     "readback": 1,  # files written earlier, read back field by field with each refusal naming file and field
     "machine": 1,  # the CPU's capabilities and the measured kernel profile (any layer reads them)
     "plans": 1,  # a plan's choices with their reasons (the inference and training plans print them)
+    "grammars": 1,  # llguidance's grammars built and checked with no tokenizer (generate's constrained decoding, and
+    # the generate command's check of --regex and --grammar before its model loads)
     "exercises": 1,  # the tutorials' exercise checks: right, wrong with a hint, not answered yet
     "tokenize": 2, "data": 2,
     "chat_format": 2,  # attnkit's own chat format as a Jinja template (exports carry it; the server chats in it)

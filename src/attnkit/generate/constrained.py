@@ -34,22 +34,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnkit.errors import ConfigError, InputError
+from attnkit.errors import InputError
 from attnkit.generate.finite_schema import check_finite
+from attnkit.grammars import lark_grammar, llguidance, regex_grammar
 from attnkit.tokenize import CharTokenizer, Tokenizer
 
-EXTRA = "structured"  # pyproject.toml's optional extra that brings llguidance
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # as json.dumps writes
-
-
-def llguidance():
-    """The llguidance module, or ConfigError naming the extra that installs it."""
-    try:
-        import llguidance as module
-    except ImportError:
-        raise ConfigError(f"structured output (a JSON schema, JSON mode, tool calls) needs llguidance: "
-                          f"pip install 'attnkit[{EXTRA}]'") from None
-    return module
 
 
 @dataclass(frozen=True)
@@ -82,24 +72,14 @@ class Grammar:
     @classmethod
     def regex(cls, pattern: str) -> Grammar:
         """Text the regular expression matches whole (llguidance's syntax, Rust's regex: `[a-z]+@[a-z]+\\.com`,
-        `(yes|no)`). Raises InputError for a malformed one, with llguidance's reason (`checked`)."""
-        if not isinstance(pattern, str) or not pattern:
-            raise InputError(f"a regular expression is a non-empty string, not {pattern!r}")
-        return cls(llguidance().LLMatcher.grammar_from_regex(pattern), "regular expression").checked()
+        `(yes|no)`). Raises InputError for a malformed one, with llguidance's reason (`grammars.checked`)."""
+        return cls(regex_grammar(pattern), "regular expression")
 
     @classmethod
     def lark(cls, text: str) -> Grammar:
         """A grammar in llguidance's Lark syntax (`%json {schema}` embeds a JSON schema). Raises InputError for a
-        malformed one, with llguidance's reason (`checked`)."""
-        return cls(llguidance().LLMatcher.grammar_from_lark(text), "grammar").checked()
-
-    def checked(self) -> Grammar:
-        """This grammar, once llguidance finds it well formed without a tokenizer (so that a command refuses it
-        before its model loads); InputError with llguidance's reason otherwise."""
-        error = llguidance().LLMatcher.validate_grammar(self.source)
-        if error:
-            raise InputError(f"the {self.name} cannot be followed: {error[:300]}")
-        return self
+        malformed one, with llguidance's reason (`grammars.checked`)."""
+        return cls(lark_grammar(text), "grammar")
 
 
 @dataclass(frozen=True)

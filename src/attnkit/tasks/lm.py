@@ -51,6 +51,7 @@ from attnkit.data.corpus import resolve_files
 from attnkit.data.masking import mask_tokens
 from attnkit.data.packing import PackedBatch, PackMode, document_ends, pack_rows, pieces
 from attnkit.errors import ConfigError, InputError
+from attnkit.grammars import lark_grammar, regex_grammar
 from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs, read_stdin, text_list
 from attnkit.tasks import common
 from attnkit.tasks.common import (
@@ -521,8 +522,9 @@ class GenerateSettings(DecodeSettings):
 
 def read_constraint(settings: GenerateSettings) -> dict[str, Any]:
     """What the text must follow, as Pipeline.generate takes it ({} for free text; json_schema=, regex= or lark=),
-    files read before the model loads. Raises InputError for more than one of --json, --json-schema, --regex and
-    --grammar, or a file that cannot be read (a schema file that holds no JSON object)."""
+    files read and an expression or grammar checked by llguidance before the model loads. Raises InputError for
+    more than one of --json, --json-schema, --regex and --grammar, a file that cannot be read (a schema file that
+    holds no JSON object), or an expression or grammar llguidance finds malformed (naming the flag)."""
     flags = (("--json", settings.json or None), ("--json-schema", settings.json_schema), ("--regex", settings.regex),
              ("--grammar", settings.grammar))
     given = [flag for flag, value in flags if value is not None]
@@ -530,11 +532,22 @@ def read_constraint(settings: GenerateSettings) -> dict[str, Any]:
         raise InputError(f"give one of --json (any JSON object), --json-schema FILE, --regex and --grammar FILE, not "
                          f"{', '.join(given[:-1])} and {given[-1]} together")
     if settings.regex is not None:
-        return {"regex": settings.regex}
+        return {"regex": _well_formed(regex_grammar, settings.regex, "--regex")}
     if settings.grammar is not None:
-        return {"lark": read_text(settings.grammar, fix="save the grammar as UTF-8")}
+        text = read_text(settings.grammar, fix="save the grammar as UTF-8")
+        return {"lark": _well_formed(lark_grammar, text, f"--grammar {settings.grammar}")}
     schema = read_schema(settings)
     return {} if schema is None else {"json_schema": schema}
+
+
+def _well_formed(build: Callable[[str], str], source: str, flag: str) -> str:
+    """`source`, once `build` (grammars.regex_grammar or lark_grammar) finds it well formed; InputError naming
+    `flag` and llguidance's reason otherwise."""
+    try:
+        build(source)
+    except InputError as error:
+        raise InputError(f"{flag}: {error}") from None
+    return source
 
 
 def read_schema(settings: GenerateSettings) -> dict | None:
