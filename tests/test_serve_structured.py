@@ -1,7 +1,8 @@
 """Structured output in the server: the batching scheduler masks each constrained request's rows beside free ones in
 one step (each gets what it gets alone), and the HTTP API's response_format and tools give text that parses and
-validates, streamed and not, with tool calls in OpenAI's shape; vLLM's guided_regex and guided_grammar, on both
-endpoints, give text the expression matches or the grammar parses."""
+validates, streamed and not, with tool calls in OpenAI's shape; vLLM's guided_regex, guided_grammar, guided_json and
+guided_choice, on both endpoints, give text the expression matches, the grammar parses, the schema validates or
+one of the choices is."""
 
 from __future__ import annotations
 
@@ -349,6 +350,15 @@ def test_guided_grammar_replies_parse_by_the_lark_grammar(served):
      "guided_regex and response_format each constrain"),
     ("chat/completions", {"guided_grammar": PAIR, "tools": TOOLS}, "guided_grammar",
      "guided_grammar and tools each constrain"),
+    ("completions", {"guided_json": "{not json"}, "guided_json", "the JSON schema is not JSON"),
+    ("chat/completions", {"guided_json": {"$ref": "#"}}, "guided_json", "guided_json: the schema has a $ref cycle"),
+    ("completions", {"guided_choice": []}, "guided_choice", "guided_choice"),
+    ("completions", {"guided_json": BOUNDED, "guided_choice": ["a"]}, "guided_json",
+     "guided_json and guided_choice each constrain"),
+    ("chat/completions", {"guided_choice": ["a"], "tools": TOOLS}, "guided_choice",
+     "guided_choice and tools each constrain"),
+    ("chat/completions", {"guided_json": BOUNDED, "response_format": {"type": "json_object"}}, "guided_json",
+     "guided_json and response_format each constrain"),
 ])
 def test_bad_or_double_guided_fields_are_refused_naming_them(served, endpoint, fields, param, words):
     import httpx
@@ -358,3 +368,37 @@ def test_bad_or_double_guided_fields_are_refused_naming_them(served, endpoint, f
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == param and words in error["message"], error
+
+
+def test_a_guided_choice_of_strings_that_are_not_text_is_refused_naming_it(served):
+    import httpx
+
+    body = {"prompt": "hi", "max_tokens": 4, "guided_choice": ["yes", 1]}
+    answer = httpx.post(f"{served[1]}/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 422, answer.text  # a wrong type, as for every field (serve/schemas.py)
+    assert answer.json()["error"]["param"] == "guided_choice", answer.text
+
+
+CHOICES = ["yes", "no", "not sure", "-1.5", "{x}"]  # a space, a dot and braces: read as text, not syntax
+
+
+def test_guided_choice_replies_are_each_exactly_one_choice_at_temperature_1(served):
+    client = served[0]
+    completed = client.completions.create(model=None, prompt="ok?", max_tokens=20, temperature=1.0, seed=3, n=4,
+                                          extra_body={"guided_choice": CHOICES})
+    chatted = ask(client, max_tokens=20, temperature=1.0, seed=3, n=4, extra_body={"guided_choice": CHOICES})
+    texts = [c.text for c in completed.choices] + [c.message.content for c in chatted.choices]
+    assert all(text in CHOICES for text in texts), texts
+    assert len(set(texts)) > 1  # sampled among them, not one forced
+    assert {c.finish_reason for c in [*completed.choices, *chatted.choices]} == {"stop"}
+
+
+def test_guided_json_replies_validate_against_the_schema_given_as_object_or_text(served):
+    client = served[0]
+    completed = client.completions.create(model=None, prompt="person:", max_tokens=BOUND_TOKENS, temperature=1.0,
+                                          seed=5, n=2, extra_body={"guided_json": BOUNDED})
+    chatted = ask(client, temperature=1.0, seed=5, extra_body={"guided_json": json.dumps(BOUNDED)})
+    for choice, text in [(c, c.text) for c in completed.choices] + [(chatted.choices[0],
+                                                                     chatted.choices[0].message.content)]:
+        assert choice.finish_reason == "stop", text
+        jsonschema.validate(json.loads(text), BOUNDED)

@@ -6,8 +6,8 @@ never ignored: OpenAI's fields that attnkit does not honour (`best_of`, `functio
 the neutral value clients send by default (`NOT_HONOURED`), which asks for nothing. Beside OpenAI's sampling fields,
 vLLM's are taken under vLLM's names (`top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `ignore_eos`,
 `min_tokens`), as clients send them (the openai client's `extra_body`).
-Chat's `response_format`, `tools` and `tool_choice`, and vLLM's `guided_regex` and `guided_grammar` (both
-endpoints), are honoured through structured output (`serve/structured.py`).
+Chat's `response_format`, `tools` and `tool_choice`, and vLLM's `guided_regex`, `guided_grammar`, `guided_json`
+and `guided_choice` (both endpoints), are honoured through structured output (`serve/structured.py`).
 
 A prompt is text, or token ids, as OpenAI's completions take it: a string, a list of strings, a list of token ids
 (one prompt), or a list of such lists. A chat message's content is a string or a list of text parts
@@ -131,6 +131,8 @@ class Sampling(Body):
     min_tokens: Annotated[int, Field(ge=0)] = 0  # vLLM's: EOS and stop_token_ids are held back until this many
     guided_regex: Annotated[str, Field(min_length=1)] | None = None  # vLLM's: the reply matches it whole
     guided_grammar: Annotated[str, Field(min_length=1)] | None = None  # vLLM's: the reply parses by this Lark grammar
+    guided_json: dict[str, Any] | str | None = None  # vLLM's: the reply is JSON valid under this schema
+    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None  # vLLM's: the reply is one of these
 
 
 class StreamOptions(Body):

@@ -12,6 +12,8 @@
     tool_choice "none"                                         the tools are neither shown nor called
     guided_regex "(yes|no)" (vLLM's; completions too)          text the regular expression matches whole
     guided_grammar "start: ..." (vLLM's; completions too)      text that parses by the Lark grammar (llguidance's)
+    guided_json {...} (vLLM's; completions too)                JSON valid under the schema (an object or its text)
+    guided_choice ["yes", "no"] (vLLM's; completions too)      exactly one of the strings
 
 vLLM's fields each constrain the reply alone: one of them beside another, or beside a response_format or tools
 shown, is refused naming them all.
@@ -39,7 +41,18 @@ from attnkit.serve.schemas import ChatRequest, Sampling
 
 FREE_TEXT = r"/[^<](.|\n)*/"  # a reply that is no call: anything not starting with "<"
 CUT_CALL = re.compile(r'\{"name": "(?P<name>[^"]+)", "arguments": (?P<arguments>.*)', re.DOTALL)  # JSON_STYLE's
-GUIDED = {"guided_regex": Grammar.regex, "guided_grammar": Grammar.lark}  # vLLM's fields -> the Grammar each builds
+
+
+def choice_grammar(choices: list[str]) -> Grammar:
+    """Text that is exactly one of `choices` (vLLM's guided_choice): a regular expression of the alternatives, each
+    character but an ASCII letter or digit written as its code point (`\\x{2E}`), so none is read as syntax."""
+    escaped = ("".join(c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):X}}}" for c in choice)
+               for choice in choices)
+    return Grammar.regex(f"({'|'.join(escaped)})")
+
+
+GUIDED = {"guided_regex": Grammar.regex, "guided_grammar": Grammar.lark, "guided_json": Grammar.json_schema,
+          "guided_choice": choice_grammar}  # vLLM's fields -> the Grammar each builds
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """POST /v1/completions and /v1/chat/completions: text completion and chat, whole or streamed, on the batching
 scheduler (chat's messages rendered by the run's chat template, `serve/chat.py`; its response_format and tools, and
-either endpoint's guided_regex or guided_grammar, held as a grammar, `serve/structured.py`)."""
+either endpoint's vLLM guided_* field, held as a grammar, `serve/structured.py`)."""
 
 from __future__ import annotations
 
