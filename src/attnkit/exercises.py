@@ -57,7 +57,8 @@ def exercise(number: int, *, hint: str, choices: Sequence[str] | None = None
             if answer is None:
                 return Verdict(number, False, "not answered yet: put your answer where the cell says, then run it")
             if choices is not None:
-                chosen = [c for c in choices if isinstance(answer, str) and answer.strip().lower() == c.lower()]
+                said = answer.strip().lower() if isinstance(answer, str) else None
+                chosen = [c for c in choices if c.lower() == said]
                 if not chosen:  # a typo in a prediction is not a wrong prediction, and must not see the measurement
                     return Verdict(number, False, f"answer with one of {', '.join(repr(c) for c in choices)}, "
                                                   f"not {answer!r}")

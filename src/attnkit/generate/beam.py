@@ -128,7 +128,7 @@ def translate_batched(
     tokens; `writable`: as `translate_ids` takes it. The one decoding of translations: `Pipeline.translate` and the
     BLEU of training's evaluation both call it, so equal sources and batch sizes give equal translations."""
     n = num_return_sequences
-    outputs: list[list[list[int]]] = [[[]] * n for _ in sources]  # each source's n results
+    outputs: list[list[list[int]]] = [[[] for _ in range(n)] for _ in sources]  # each source's n results
     order = sorted((i for i, s in enumerate(sources) if s is not None), key=lambda i: len(sources[i]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for batch in tqdm(batches, desc="translate", unit="batch", disable=not progress):

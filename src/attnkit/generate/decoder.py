@@ -198,12 +198,11 @@ def decode_n_tokens(
     repeated = RepeatedNgrams([row[mask].tolist() for row, mask in zip(window.ids, window.attention_mask, strict=True)],
                               ngram) if ngram else None  # each row's real tokens: padding is no part of its n-grams
     unwritable = unwritable_ids(vocab, writable, device=logits.device)  # (U,): a padded vocabulary's textless ids
+    early = torch.cat((held_back, unwritable))  # (S + U,): also the stop tokens, while the rows are too short
     for step in range(n):
         if repeated is not None:  # the tokens that would repeat an n-gram of the row's prompt and reply
             logits = repeated.ban(logits)
-        if step < min_new_tokens:  # the stop tokens, held back while the rows are too short
-            logits = hold_back(logits, held_back)
-        logits = hold_back(logits, unwritable)
+        logits = hold_back(logits, early if step < min_new_tokens else unwritable)
         if grammar is not None:
             logits = grammar(logits)  # (B, V): what no row's grammar allows next at -inf
         tokens = select_next_in_groups(logits, sampling, groups, seen=seen, counts=counts)  # (B,)

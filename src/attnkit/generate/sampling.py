@@ -222,7 +222,7 @@ def unwritable_ids(vocab_size: int, writable: int | None, *, device: torch.devic
     return torch.arange(start, vocab_size, device=device)
 
 
-def hold_back(logits: Tensor, ids: Tensor, rows: slice | Tensor | None = None) -> Tensor:
+def hold_back(logits: Tensor, ids: Tensor, rows: slice | None = None) -> Tensor:
     """logits (B, V) with the tokens `ids` (K,) at -inf in `rows` (every row for None): tokens that must not be
     chosen there (a padded vocabulary's ids; the stop tokens of rows short of their min_new_tokens, in the library's
     decoding loop and the server's alike). A new tensor where any is held back, so the raw logits stay for the
@@ -232,7 +232,7 @@ def hold_back(logits: Tensor, ids: Tensor, rows: slice | Tensor | None = None) -
     if rows is None:
         return logits.index_fill(-1, ids, float("-inf"))
     held = logits.clone()
-    held[rows] = held[rows].index_fill(-1, ids, float("-inf"))
+    held[rows].index_fill_(-1, ids, float("-inf"))  # a slice is a view: filled in the copy
     return held
 
 

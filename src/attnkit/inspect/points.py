@@ -92,11 +92,12 @@ def module_of(model: object) -> nn.Module:
 
 def evaluated(analysis: Callable[..., T]) -> Callable[..., T]:
     """`analysis(model, ...)` run with the model (a module or a pipeline's) in eval mode, dropout off, and its
-    modules given back in the modes they had: an analysis of a model mid-training leaves it training."""
+    modules given back in the modes they had: an analysis of a model mid-training leaves it training. Not for a
+    generator function (the modes would come back before its first value): use `with evaluating(...)` inside it."""
 
     @functools.wraps(analysis)
     def run(model: object, *args: Any, **kwargs: Any) -> T:
-        with evaluating(module_of(model)):  # the context-manager form, for a generator that reads as it goes
+        with evaluating(module_of(model)):
             return analysis(model, *args, **kwargs)
 
     return run

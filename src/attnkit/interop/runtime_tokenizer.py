@@ -63,8 +63,8 @@ def runtime_tokenizer(tokenizer: Tokenizer, config: ModelConfig, *, own_frame: b
         bos = tokenizer.pieces([tokenizer.bos_id]) if tokenizer.starts_with_bos else []
         return hf, Framing(before=tuple(bos), after=(), max_length=None, pad_id=tokenizer.pad_id)
     before, after = frame_ids(tokenizer, own=own_frame and _labels_positions(config))
+    first, last = tokenizer.pieces(before), tokenizer.pieces(after)
     if before or after:
-        first, last = tokenizer.pieces(before), tokenizer.pieces(after)
         hf.post_processor = processors.TemplateProcessing(
             single=" ".join([*first, "$A", *last]),
             pair=" ".join([*first, "$A", *last, "$B:1", *(f"{token}:1" for token in last)]),
@@ -73,7 +73,7 @@ def runtime_tokenizer(tokenizer: Tokenizer, config: ModelConfig, *, own_frame: b
     pad_id = tokenizer.pad_id
     if pad_id is not None:
         hf.enable_padding(pad_id=pad_id, pad_token=tokenizer.pieces([pad_id])[0])
-    return hf, Framing(before=tuple(tokenizer.pieces(before)), after=tuple(tokenizer.pieces(after)),
+    return hf, Framing(before=tuple(first), after=tuple(last),
                        max_length=config.max_seq_len, pad_id=pad_id)
 
 
