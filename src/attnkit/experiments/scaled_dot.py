@@ -123,8 +123,11 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
 
     rows = [{**row, **next((t for t in train_rows if t["D"] == row["D"]), {})} for row in init_rows]
     rows = sorted(rows + [t for t in train_rows if t["D"] not in init_dims], key=lambda row: row["D"])
-    top_init, top_train = init_rows[-1], train_rows[-1]
+    low_init, top_init, top_train = init_rows[0], init_rows[-1], train_rows[-1]
     checks = [
+        Check.over(f"at initialisation: the unscaled softmax's mean largest weight at D={top_init['D']} minus at "
+                   f"D={low_init['D']} (it saturates as D grows)",
+                   [top[0] - low[0] for top, low in zip(init_seeds[-1], init_seeds[0], strict=True)]),
         Check.over(f"at initialisation, D={top_init['D']}: the unscaled softmax's mean largest weight minus the "
                    "scaled one's", [dot_max - scaled_max for dot_max, _, scaled_max, _ in init_seeds[-1]]),
         Check.over(f"after training, D={top_train['D']}: unscaled dot's validation loss minus scaled dot's (nats)",
@@ -132,7 +135,8 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     ]
 
     reason = (f"at D={top_init['D']} the unscaled softmax puts {top_init['dot max weight']:.0%} of its weight on one "
-              f"key on average over {seeds} seeds (scaled: {top_init['scaled max weight']:.0%}); after {steps} steps "
+              f"key on average over {seeds} seeds ({low_init['dot max weight']:.0%} at D={low_init['D']}; scaled: "
+              f"{top_init['scaled max weight']:.0%} and {low_init['scaled max weight']:.0%}); after {steps} steps "
               f"at D={top_train['D']} the validation loss is {top_train['dot val loss']:.3f} unscaled vs "
               f"{top_train['scaled val loss']:.3f} scaled, and its trained attention puts "
               f"{top_train['dot max weight, trained']:.0%} of a row's weight on one key unscaled vs "

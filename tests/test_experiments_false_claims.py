@@ -1,0 +1,70 @@
+"""Each experiment's rule can say no: run in a world where its claim is false, the check that claim rests on comes
+out against it and the verdict is not "held". The worlds are changes to what is measured (the data, the model), never
+to the numbers measured."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from attnkit import presets
+from attnkit.experiments import ab_task, kernel_regression, position_extrapolation, run_experiment, scaled_dot
+
+
+def outcome_of(result, starts: str) -> str:
+    """The outcome of the one check whose prediction starts with `starts`."""
+    (check,) = [check for check in result.checks if check.what.startswith(starts)]
+    return check.outcome
+
+
+def test_kernel_regression_does_not_hold_where_the_truth_is_flat(tmp_path, monkeypatch):
+    """A constant truth is what the plain average estimates best: attention's local averages only add variance, and
+    the leave-one-out bandwidth flattens the weights instead of sharpening them."""
+    monkeypatch.setattr(kernel_regression, "true_function", torch.ones_like)
+    result = run_experiment("kernel-regression", budget="tiny", seeds=12, out=tmp_path)
+    assert outcome_of(result, "the plain average's test MSE minus attention's") == "against"
+    assert result.verdict == "did not hold at this scale"
+
+
+def test_ab_task_does_not_hold_for_attention_that_cannot_choose_where_to_look(tmp_path, monkeypatch):
+    """A query fixed at zero scores every token alike: the attention pooling is an average of the values, and a lone B
+    in 64 tokens is lost to it as to the plain average."""
+    built = ab_task.PooledClassifier.__init__
+
+    def fixed_query(self, *, attend: bool) -> None:
+        built(self, attend=attend)
+        if attend:
+            self.query = torch.nn.Parameter(torch.zeros(1, 1, ab_task.DIM), requires_grad=False)
+
+    monkeypatch.setattr(ab_task.PooledClassifier, "__init__", fixed_query)
+    result = run_experiment("ab-task", budget="tiny", out=tmp_path)
+    assert outcome_of(result, "attention's accuracy at length 64 minus 0.99") == "against"
+    assert result.verdict in ("did not hold at this scale", "mixed")
+
+
+def test_position_extrapolation_does_not_hold_where_the_learned_table_reaches_every_length(tmp_path, monkeypatch):
+    """A learned table with a row for every evaluated length does run past the training length."""
+    longest = position_extrapolation.SETTINGS["tiny"]["lengths"][-1]
+
+    def longer_table(name: str, **fields):
+        if fields.get("position") == "learned":
+            fields["max_seq_len"] = longest
+        return presets.get(name, **fields)
+
+    monkeypatch.setattr(position_extrapolation, "presets", types.SimpleNamespace(get=longer_table))
+    result = run_experiment("position-extrapolation", budget="tiny", out=tmp_path)
+    assert outcome_of(result, "learned positions refuse inputs past") == "against"
+    assert result.verdict in ("did not hold at this scale", "mixed")
+
+
+def test_scaled_dot_does_not_hold_where_the_unscaled_scores_shrink_as_d_grows(tmp_path, monkeypatch):
+    """The claim is that unscaled softmax saturates *as D grows*. Where q . k's variance falls as 1/D (queries and keys
+    of variance 1/D), the unscaled softmax flattens as D grows; its weights stay sharper than the scaled softmax's at
+    every D, so that comparison alone could not say no."""
+    measured = scaled_dot.saturation
+    monkeypatch.setattr(scaled_dot, "saturation",
+                        lambda head_dim, scale, generator: measured(head_dim, scale / head_dim, generator))
+    result = run_experiment("scaled-dot", budget="tiny", out=tmp_path)
+    assert outcome_of(result, "at initialisation: the unscaled softmax's mean largest weight at D=") == "against"
+    assert result.verdict in ("did not hold at this scale", "mixed")
