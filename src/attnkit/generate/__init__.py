@@ -4,7 +4,7 @@
 below it work on any model of the right family.
 """
 
-from attnkit.generate.beam import beam_search, translate_batched, translate_ids
+from attnkit.generate.beam import beam_generate, beam_search, translate_batched, translate_ids
 from attnkit.generate.constrained import Grammar, GrammarMask
 from attnkit.generate.decoder import (
     EagerDecoding,
@@ -28,6 +28,7 @@ __all__ = [
     "Pipeline",
     "SamplingConfig",
     "StaticDecoding",
+    "beam_generate",
     "beam_search",
     "decode_n_tokens",
     "decode_one_token",

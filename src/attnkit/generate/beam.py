@@ -1,26 +1,33 @@
-"""Beam search for an encoder-decoder: keep the `beam_size` most likely partial translations of each source.
+"""Beam search: keep the `beam_size` most likely partial outputs of each input (a translation's source, a prompt).
 
     step t: every live beam b proposes every token v:  score(b, v) = score(b) + log p(v | beam b)
-            of the K * V candidates keep the best 2K;  those ending in EOS (among the first K) are finished
-            hypotheses, the best K others are the live beams of step t + 1
+            of the K * V candidates keep the best (1 + E) K (E end tokens, at least 2K);  those ending in an end
+            token (among the first K) are finished hypotheses, the best K others are the live beams of step t + 1
 
 Every beam is one row of the decoder's batch (B * K rows); when beams are chosen, the KV cache's rows follow
-them (`KVCache.reorder`). The encoder runs once and its keys and values for cross-attention are computed on
-the first step and reordered with the rest.
+them (`KVCache.reorder`). One loop (`search`) serves both kinds of model; what differs is how a step's logits are
+computed (`Step`):
+    beam_search     an encoder-decoder: the encoder runs once, and the cross-attention's keys and values are
+                    computed on the first step and reordered with the rest; every target starts with BOS
+    beam_generate   a decoder-only model: the left-padded prompts are prefilled once, B rows, and the cache's rows
+                    repeated K times; the scores count the new tokens only (the prompt's log-probabilities are
+                    left out, as transformers' beam search leaves them out)
 
-A finished hypothesis of n tokens (EOS included) scores  sum log p / n ** length_penalty  (Wu et al. 2016
+A finished hypothesis of n new tokens (EOS included) scores  sum log p / n ** length_penalty  (Wu et al. 2016
 use a similar normalisation): 0 compares raw log-probabilities and favours short outputs, 1 compares per-token
 averages. A source is done when it has K finished hypotheses and either `early_stopping` is set or its best live
 beam, normalised at the current length, no longer beats the worst of them (the rule of Hugging Face's
 `BeamSearchScorer`); otherwise the search ends at `max_length`, where the first K candidates of that last step
 are all finished hypotheses, those ending in EOS and the others alike (as in transformers' beam search).
 `num_return_sequences` n <= K returns a source's n best finished hypotheses, best first (transformers' setting).
+transformers 5 divides by the new tokens for a decoder-only model too (older releases divided a decoder-only
+hypothesis by its whole length, prompt and left padding included).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -28,9 +35,15 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from attnkit.errors import InputError
-from attnkit.generate.sampling import hold_back, unwritable_ids
+from attnkit.generate.decoder import EagerDecoding, check_prompts, left_pad
+from attnkit.generate.sampling import check_min_new_tokens, hold_back, unwritable_ids
 from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources, greedy_translate
+from attnkit.layers.embedding import inputs_checked
 from attnkit.tasks.common import broken_outputs
+
+# Step(rows, tokens): keep the batch rows `rows` (B*K,) of the cache, feed each its token (B*K,); the next logits
+# (B*K, V)
+Step = Callable[[Tensor, Tensor], Tensor]
 
 
 @dataclass
@@ -64,23 +77,24 @@ MAX_LENGTH_PENALTY = 100.0  # |length_penalty| past this makes length ** penalty
 
 
 def check_search(beam_size: int, length_penalty: float, *, vocab_size: int | None = None,
-                 early_stopping: bool = True, num_return_sequences: int = 1) -> None:
+                 early_stopping: bool = True, num_return_sequences: int = 1, beam: str = "beam_size") -> None:
     """InputError for a beam size that is no positive integer or is wider than the target vocabulary (`vocab_size`,
     when given: the first step proposes that many tokens, so wider beams start empty and only cost time), a
     length penalty that is not a finite number within +-MAX_LENGTH_PENALTY (nan, inf or 1e308 would make every score
     nan, 0 or an overflow), an `early_stopping` that is not a bool (transformers' "never" would read as True), or a
-    `num_return_sequences` that is no integer from 1 to the beam size (a search keeps that many hypotheses)."""
+    `num_return_sequences` that is no integer from 1 to the beam size (a search keeps that many hypotheses). `beam`:
+    the beam size's name in the messages (`generate` calls it num_beams, as transformers does)."""
     if not isinstance(early_stopping, bool):
         raise InputError(f"early_stopping={early_stopping!r} must be True or False (True: a source ends with "
-                         "beam_size finished hypotheses; False: while a live beam could still win)")
+                         f"{beam} finished hypotheses; False: while a live beam could still win)")
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-        raise InputError(f"beam_size={beam_size!r} must be a positive integer (1 is greedy)")
+        raise InputError(f"{beam}={beam_size!r} must be a positive integer (1 is greedy)")
     n = num_return_sequences
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= beam_size:
-        raise InputError(f"num_return_sequences={n!r} must be an integer from 1 to beam_size={beam_size} (a search "
-                         "keeps beam_size hypotheses): give a smaller number or a wider beam")
+        raise InputError(f"num_return_sequences={n!r} must be an integer from 1 to {beam}={beam_size} (a search "
+                         f"keeps {beam} hypotheses): give a smaller number or a wider beam")
     if vocab_size is not None and beam_size > vocab_size:
-        raise InputError(f"beam_size={beam_size:,} is wider than the target vocabulary ({vocab_size:,} tokens): give "
+        raise InputError(f"{beam}={beam_size:,} is wider than the target vocabulary ({vocab_size:,} tokens): give "
                          f"at most {vocab_size:,} (4 to 10 is usual)")
     if (isinstance(length_penalty, bool) or not isinstance(length_penalty, int | float)
             or not math.isfinite(length_penalty) or abs(length_penalty) > MAX_LENGTH_PENALTY):
@@ -163,28 +177,122 @@ def beam_search(
     ends with fewer finished hypotheses than `num_return_sequences` (which would shift the later sources' results)."""
     check_max_length(max_length)
     check_search(beam_size, length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences)
-    batch, k = len(sources), beam_size
-    source = encode_sources(model, sources, pad_id=pad_id).repeat(k)
-    device = source.memory.device
-    cache = model.allocate_cache(batch * k, max_length)
+    rows = len(sources) * beam_size
+    source = encode_sources(model, sources, pad_id=pad_id).repeat(beam_size)
+    cache = model.allocate_cache(rows, max_length)
+    first = torch.full((rows,), bos_id, dtype=torch.long, device=source.memory.device)  # (B*K,)
+
+    def step(kept: Tensor, tokens: Tensor) -> Tensor:
+        cache.reorder(kept)
+        return decode_step(model, tokens, source, cache)
+
+    return search(model, decode_step(model, first, source, cache), step, batch=len(sources), beam_size=beam_size,
+                  stop_ids=[eos_id], max_length=max_length, length_penalty=length_penalty,
+                  early_stopping=early_stopping, num_return_sequences=num_return_sequences, writable=writable)
+
+
+@torch.inference_mode()
+def beam_generate(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    context_len: int,
+    num_beams: int,
+    length_penalty: float = 1.0,
+    early_stopping: bool = False,
+    num_return_sequences: int = 1,
+    pad_id: int = 0,
+    stop_ids: Collection[int] = (),
+    writable: int | None = None,
+    min_new_tokens: int = 0,
+) -> list[list[int]]:
+    """Beam search over each prompt's continuation with a decoder-only model (`DecoderLM`): each prompt's
+    `num_return_sequences` best continuations (new tokens, without the stop token that ended one), best first,
+    prompt by prompt, as transformers' `generate(num_beams=K, do_sample=False)` finds them. A hypothesis ends at a
+    token of `stop_ids` (transformers' list of eos_token_id) or at `max_new_tokens`; the stop tokens are never
+    proposed among the first `min_new_tokens`. `early_stopping` False by default, as transformers' GenerationConfig.
+
+    The search keeps each hypothesis' whole text in the cache, so the longest prompt and `max_new_tokens` must fit
+    the model's context (`context_len`): no sliding window. Raises InputError for bad prompts (`check_prompts`), bad
+    search settings (`check_search`), or prompts and new tokens beyond the context.
+    """
+    check_prompts(prompts, max_new_tokens=max_new_tokens, context_len=context_len, min_new_tokens=min_new_tokens)
+    check_search(num_beams, length_penalty, early_stopping=early_stopping,
+                 num_return_sequences=num_return_sequences, beam="num_beams")
+    width = max(map(len, prompts))
+    if width + max_new_tokens - 1 > context_len:  # the last new token is chosen, never fed
+        raise InputError(f"beam search keeps each hypothesis' whole text, but the longest prompt ({width} tokens) and "
+                         f"max_new_tokens={max_new_tokens} outgrow the model's context of {context_len} (max_seq_len): "
+                         f"give max_new_tokens <= {context_len + 1 - width}, or shorten the prompt")
+    if max_new_tokens == 0:
+        return [[] for _ in prompts for _ in range(num_return_sequences)]
+    decoding = EagerDecoding(model)  # a compiled step's fixed buffers cannot follow the beams' rows
+    window = left_pad(prompts, pad_id=pad_id, device=next(model.parameters()).device)  # (B, T)
+    cache = decoding.allocate(len(prompts), width + max_new_tokens - 1, context_len)
+    logits = decoding.prefill(window, cache)  # (B, V): every beam of a prompt starts from its one prefill
+    repeated = torch.arange(len(prompts), device=logits.device).repeat_interleave(num_beams)  # (B*K,)
+    cache.reorder(repeated)
+    window = window.rows(repeated)
+
+    def step(kept: Tensor, tokens: Tensor) -> Tensor:
+        nonlocal window
+        cache.reorder(kept)
+        window = window.rows(kept).append(tokens)
+        with inputs_checked():  # a token of this model's vocabulary, at a position the context holds
+            return decoding.step(window, cache)
+
+    return search(model, logits[repeated], step, batch=len(prompts), beam_size=num_beams, stop_ids=stop_ids,
+                  max_length=max_new_tokens, length_penalty=length_penalty, early_stopping=early_stopping,
+                  num_return_sequences=num_return_sequences, writable=writable, min_length=min_new_tokens,
+                  what="prompt")
+
+
+def search(
+    model: nn.Module,
+    logits: Tensor,
+    step: Step,
+    *,
+    batch: int,
+    beam_size: int,
+    stop_ids: Collection[int],
+    max_length: int,
+    length_penalty: float,
+    early_stopping: bool,
+    num_return_sequences: int,
+    writable: int | None = None,
+    min_length: int = 0,
+    what: str = "source",
+) -> list[list[int]]:
+    """The search loop (module docstring) from the first step's `logits` (B*K, V), beam k of input b in row
+    b * K + k; `step` computes each later step's. A hypothesis ends at a token of `stop_ids` (none: only at
+    `max_length`); the stop tokens are never proposed among the first `min_length` tokens (transformers'
+    min_new_tokens). Returns each input's `num_return_sequences` best outputs (without the stop token), best first.
+    Raises InputError where an input ends with fewer finished hypotheses than `num_return_sequences` (which would
+    shift the later inputs' results). `what`: what an input is, in the messages ("source", "prompt")."""
+    k, device = beam_size, logits.device
+    check_min_new_tokens(min_length, max_length)
+    stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)  # (E,)
+    keep = max(2, 1 + len(stops)) * k  # enough candidates that K remain live when the first K all end
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # one live beam to start with; the others join once it has proposed tokens
-    beams = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, t)
+    written = torch.zeros((batch * k, 0), dtype=torch.long, device=device)  # (B*K, t): each beam's tokens so far
     finished = [Hypotheses(k, length_penalty) for _ in range(batch)]
     done = [False] * batch
-    unwritable = None
+    vocab = logits.shape[-1]
+    unwritable = unwritable_ids(vocab, writable, device=device)  # (U,): a padded vocabulary's ids past the tokenizer's
+    early = torch.cat((unwritable, stops[stops < vocab]))  # (U + E,): also the stop tokens, while outputs are short
     for length in range(1, max_length + 1):
-        logprobs = decode_step(model, beams[:, -1], source, cache).float().log_softmax(dim=-1)  # (B*K, V)
-        vocab = logprobs.shape[-1]
-        if unwritable is None:  # (U,): a padded vocabulary's ids past the tokenizer's, found once
-            unwritable = unwritable_ids(vocab, writable, device=device)
-        logprobs = hold_back(logprobs, unwritable)  # after the softmax, as transformers' beam search processes scores
+        logprobs = logits.float().log_softmax(dim=-1)  # (B*K, V)
+        # held back after the softmax, as transformers' beam search processes scores
+        logprobs = hold_back(logprobs, early if length <= min_length else unwritable)
         candidates = (scores.view(-1, 1) + logprobs).view(batch, k * vocab)  # (B, K*V)
-        top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=-1)  # (B, 2K), best first
+        top_scores, top_index = candidates.topk(min(keep, k * vocab), dim=-1)  # (B, keep), best first
         top_beam, top_token = top_index // vocab, top_index % vocab
         at_limit = length == max_length
         next_beam, next_token, next_score = _choose_live(
-            beams, top_scores, top_beam, top_token, finished, done, k=k, eos_id=eos_id, model=model, at_limit=at_limit
+            written, top_scores, top_beam, top_token, finished, done, k=k, stops=stops, model=model, at_limit=at_limit,
+            what=what,
         )
         if at_limit:
             break
@@ -194,12 +302,12 @@ def beam_search(
         if all(done):
             break
         rows = (torch.arange(batch, device=device)[:, None] * k + next_beam).view(-1)  # (B*K,)
-        cache.reorder(rows)
-        beams = torch.cat((beams[rows], next_token.view(-1, 1)), dim=1)  # (B*K, t + 1)
+        written = torch.cat((written[rows], next_token.view(-1, 1)), dim=1)  # (B*K, t + 1)
         scores = next_score
+        logits = step(rows, next_token.view(-1))
     short = {b: len(hyps.items) for b, hyps in enumerate(finished) if len(hyps.items) < num_return_sequences}
-    if short:  # fewer results than asked would move the later sources' onto the wrong text
-        raise InputError(f"source(s) {sorted(short)} ended with {sorted(set(short.values()))} finished hypotheses, "
+    if short:  # fewer results than asked would move the later inputs' onto the wrong text
+        raise InputError(f"{what}(s) {sorted(short)} ended with {sorted(set(short.values()))} finished hypotheses, "
                          f"fewer than num_return_sequences={num_return_sequences}: the search met fewer candidates "
                          f"of a finite score (a beam wider than the tokens it may write at max_length={max_length}, "
                          "or logits at -inf); ask for fewer sequences, or a longer max_length")
@@ -207,7 +315,7 @@ def beam_search(
 
 
 def _choose_live(
-    beams: Tensor,
+    written: Tensor,
     top_scores: Tensor,
     top_beam: Tensor,
     top_token: Tensor,
@@ -215,28 +323,31 @@ def _choose_live(
     done: list[bool],
     *,
     k: int,
-    eos_id: int,
+    stops: Tensor,
     model: nn.Module,
     at_limit: bool = False,
+    what: str = "source",
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """File the EOS candidates among each source's first K as finished; keep the best K others as live beams.
-    `at_limit` (the step that reaches max_length): file each source's first K candidates, EOS or not, as finished.
+    """File the candidates ending in a stop token among each input's first K as finished; keep the best K others as
+    live beams. `at_limit` (the step that reaches max_length): file each input's first K candidates, stopped or not,
+    as finished.
 
-    top_*: (B, 2K) candidates, best first. Returns the live beams' parent beam, token and score, each (B, K).
-    Raises BrokenOutputs (`broken_outputs`) for a nan score: `model`'s logits were nan (topk ranks nan first).
+    written: (B*K, t) each beam's tokens so far; top_*: (B, N) candidates, best first, N >= 2K. Returns the live
+    beams' parent beam, token and score, each (B, K). Raises BrokenOutputs (`broken_outputs`) for a nan score:
+    `model`'s logits were nan (topk ranks nan first).
     """
-    is_eos = top_token == eos_id  # (B, 2K)
-    rows = zip(top_scores.tolist(), top_beam.tolist(), top_token.tolist(), is_eos.tolist(), strict=True)
-    for b, (scores, parents, tokens, eos) in enumerate(rows):
+    is_stop = torch.isin(top_token, stops)  # (B, N)
+    rows = zip(top_scores.tolist(), top_beam.tolist(), top_token.tolist(), is_stop.tolist(), strict=True)
+    for b, (scores, parents, tokens, stopped) in enumerate(rows):
         if done[b]:
             continue
         if math.isnan(scores[0]):
-            raise broken_outputs(f"the model's logits for source {b} are nan, no probability distribution: the "
+            raise broken_outputs(f"the model's logits for {what} {b} are nan, no probability distribution: the "
                                  "model's weights or its input are broken", model)
         for rank in range(k):
-            if (eos[rank] or at_limit) and scores[rank] > float("-inf"):
-                written = beams[b * k + parents[rank], 1:].tolist() + ([] if eos[rank] else [tokens[rank]])
-                finished[b].add(scores[rank], written, ended=eos[rank])
-    # stable sort puts the non-EOS candidates first, in their order
-    order = is_eos.to(torch.int8).argsort(dim=-1, stable=True)[:, :k]  # (B, K)
+            if (stopped[rank] or at_limit) and scores[rank] > float("-inf"):
+                tokens_of = written[b * k + parents[rank]].tolist() + ([] if stopped[rank] else [tokens[rank]])
+                finished[b].add(scores[rank], tokens_of, ended=stopped[rank])
+    # stable sort puts the candidates that go on first, in their order
+    order = is_stop.to(torch.int8).argsort(dim=-1, stable=True)[:, :k]  # (B, K)
     return top_beam.gather(1, order), top_token.gather(1, order), top_scores.gather(1, order)

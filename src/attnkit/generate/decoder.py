@@ -84,6 +84,10 @@ class Window:
     def of(cls, ids: Tensor, attention_mask: Tensor) -> Window:
         return cls(ids, attention_mask, padded=not bool(attention_mask.all()))
 
+    def rows(self, index: Tensor) -> Window:
+        """Keep rows `index` (B',), in that order (the beams of beam search, `generate/beam.py`)."""
+        return Window(self.ids[index], self.attention_mask[index], self.padded)
+
     def append(self, tokens: Tensor) -> Window:
         """Add one token per row, (B,), at the right."""
         new_mask = torch.ones_like(self.attention_mask[:, :1])
@@ -261,6 +265,25 @@ def _seen_tokens(window: Window, vocab_size: int) -> Tensor:
     return seen.scatter_(1, ids, True)[:, :vocab_size]
 
 
+def check_prompts(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, context_len: int,
+                  min_new_tokens: int = 0) -> None:
+    """Raise InputError for no prompts, an empty prompt, a prompt longer than `context_len`, a negative
+    `max_new_tokens`, or a `min_new_tokens` that is negative or more than `max_new_tokens`."""
+    if not prompts:
+        raise InputError("no prompts given; pass at least one list of token ids")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise InputError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
+    check_min_new_tokens(min_new_tokens, max_new_tokens)
+    for index, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise InputError(f"prompt {index} is empty; give at least one token (e.g. the tokenizer's BOS)")
+        if len(prompt) > context_len:
+            raise InputError(
+                f"prompt {index} has {len(prompt)} tokens but the model's context holds {context_len} "
+                f"(max_seq_len); shorten the prompt to its last {context_len} tokens"
+            )
+
+
 @torch.inference_mode()
 def generate_tokens(
     model: nn.Module,
@@ -290,19 +313,7 @@ def generate_tokens(
     BrokenOutputs for logits that give no distribution to draw from (`check_drawn`: nan, or a grammar allowing
     nothing).
     """
-    if not prompts:
-        raise InputError("no prompts given; pass at least one list of token ids")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise InputError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
-    check_min_new_tokens(min_new_tokens, max_new_tokens)
-    for index, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise InputError(f"prompt {index} is empty; give at least one token (e.g. the tokenizer's BOS)")
-        if len(prompt) > context_len:
-            raise InputError(
-                f"prompt {index} has {len(prompt)} tokens but the model's context holds {context_len} "
-                f"(max_seq_len); shorten the prompt to its last {context_len} tokens"
-            )
+    check_prompts(prompts, max_new_tokens=max_new_tokens, context_len=context_len, min_new_tokens=min_new_tokens)
     if max_new_tokens == 0:
         return [[] for _ in prompts]
     device = next(model.parameters()).device

@@ -1,0 +1,147 @@
+"""Beam search with a decoder-only model (`generate/beam.beam_generate`): what transformers' generate(num_beams=K,
+do_sample=False) finds on tiny random GPT-2 and Llama checkpoints, token for token, over a sweep of beam widths,
+length penalties, early stopping, returned sequences and stop-token lists, for a batch of two prompts of different
+lengths (left-padded); and on attnkit's own decoder, the exhaustive best where the beam is as wide as the
+vocabulary."""
+
+import collections
+import itertools
+import math
+
+import pytest
+import torch
+from generate_models import tiny_model
+
+from attnkit.errors import InputError
+from attnkit.generate import generate_tokens
+from attnkit.generate.beam import beam_generate
+
+PROMPTS = [[5, 17, 33, 8, 61], [42, 7]]  # two lengths: the second is left-padded
+NEW_TOKENS = 7
+SWEEP = [  # (num_beams, length_penalty, early_stopping, num_return_sequences)
+    (k, penalty, early, n)
+    for k, penalty, early in itertools.product((2, 3, 4), (0.0, 1.0, 2.0, -1.0), (True, False))
+    for n in sorted({1, k})
+]
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def converted(request, tmp_path_factory):
+    """(transformers' model, attnkit's conversion of the same checkpoint, stop ids): the stop ids are the two tokens
+    greedy decoding writes most, so that hypotheses end at them as well as at max_new_tokens."""
+    interop_models = pytest.importorskip("interop_models")
+    from attnkit.interop import hf
+
+    directory = tmp_path_factory.mktemp(request.param)
+    reference = interop_models.hf_model(request.param, directory)
+    ids, mask = _left_padded(PROMPTS)
+    with torch.no_grad():
+        greedy = reference.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                                    pad_token_id=interop_models.PAD, eos_token_id=None)
+    counts = collections.Counter(greedy[:, ids.shape[1]:].flatten().tolist())
+    return reference, hf.load(directory).model, [token for token, _ in counts.most_common(2)]
+
+
+def _left_padded(prompts):
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])  # (B, T)
+    mask = (torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    return ids, mask
+
+
+def _reference(reference, stops, **search):
+    """transformers' beam search on PROMPTS: each returned row's new tokens, cut before its first stop token."""
+    ids, mask = _left_padded(PROMPTS)
+    with torch.no_grad():
+        out = reference.generate(input_ids=ids, attention_mask=mask, do_sample=False, eos_token_id=stops,
+                                 pad_token_id=0, **search)
+    rows = out[:, ids.shape[1]:].tolist()
+    return [row[:next((i for i, t in enumerate(row) if t in stops), len(row))] for row in rows]
+
+
+def test_beam_search_finds_what_transformers_beam_search_finds_over_a_sweep(converted):
+    """Every case of SWEEP (48) agrees with transformers token for token; some hypotheses end at a stop token and
+    some at max_new_tokens, so both kinds of ending are compared."""
+    reference, model, stops = converted
+    disagree, ended, cut = [], 0, 0
+    for k, penalty, early, n in SWEEP:
+        ours = beam_generate(model, PROMPTS, max_new_tokens=NEW_TOKENS, context_len=64, num_beams=k,
+                             length_penalty=penalty, early_stopping=early, num_return_sequences=n, stop_ids=stops)
+        expected = _reference(reference, stops, max_new_tokens=NEW_TOKENS, num_beams=k, length_penalty=penalty,
+                              early_stopping=early, num_return_sequences=n)
+        if ours != expected:
+            disagree.append(((k, penalty, early, n), ours, expected))
+        ended += sum(len(row) < NEW_TOKENS for row in ours)
+        cut += sum(len(row) == NEW_TOKENS for row in ours)
+    assert not disagree, f"{len(disagree)} of {len(SWEEP)} cases differ, first: {disagree[0]}"
+    assert ended and cut
+
+
+@pytest.mark.parametrize("min_new_tokens", [2, 5])
+def test_min_new_tokens_holds_back_the_stop_tokens_as_transformers_does(converted, min_new_tokens):
+    reference, model, stops = converted
+    ours = beam_generate(model, PROMPTS, max_new_tokens=NEW_TOKENS, context_len=64, num_beams=3,
+                         num_return_sequences=3, stop_ids=stops, min_new_tokens=min_new_tokens)
+    expected = _reference(reference, stops, max_new_tokens=NEW_TOKENS, num_beams=3, num_return_sequences=3,
+                          min_new_tokens=min_new_tokens)
+    assert ours == expected
+    assert min(map(len, ours)) >= min_new_tokens
+
+
+def test_one_beam_is_greedy_and_a_batch_finds_what_each_prompt_finds_alone():
+    model, config = tiny_model("decoder", position="rope", seed=3)
+    prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
+    greedy = generate_tokens(model, prompts, max_new_tokens=6, context_len=config.max_seq_len, stop_ids=[0])
+    assert beam_generate(model, prompts, max_new_tokens=6, context_len=config.max_seq_len, num_beams=1,
+                         stop_ids=[0]) == greedy
+    search = dict(max_new_tokens=6, context_len=config.max_seq_len, num_beams=4, num_return_sequences=2,
+                  stop_ids=[0], early_stopping=True)
+    batched = beam_generate(model, prompts, **search)
+    assert batched == [row for prompt in prompts for row in beam_generate(model, [prompt], **search)]
+    assert batched[::2] != greedy  # the sweep's width finds other texts than greedy here
+
+
+def _exhaustive_best(model, prompt, *, vocab, stop, max_new_tokens, length_penalty):
+    """Score every continuation of up to max_new_tokens tokens (ended by `stop`, or cut at the limit) by summed
+    log-probabilities over the new tokens / their count ** length_penalty, through whole forward passes."""
+    best, best_score = None, -math.inf
+    for length in range(1, max_new_tokens + 1):
+        for tokens in itertools.product(range(vocab), repeat=length):
+            if stop in tokens[:-1] or (length < max_new_tokens and tokens[-1] != stop):
+                continue
+            ids = torch.tensor([prompt + list(tokens)])
+            with torch.no_grad():
+                logprobs = model(ids).logits[0].log_softmax(-1)  # (T, V)
+            total = sum(float(logprobs[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens))
+            score = total / length ** length_penalty
+            if score > best_score:
+                best, best_score = [t for t in tokens if t != stop], score
+    return best
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0, 3.0])
+def test_a_beam_as_wide_as_the_vocabulary_finds_the_exhaustive_best(length_penalty):
+    """Vocabulary 13, at most 2 new tokens: a beam of 13 keeps every first token, so it must find the best."""
+    model, config = tiny_model("decoder", position="learned", seed=5)
+    with torch.no_grad():  # make the stop token likely enough to compete
+        model.lm_head.weight[0] *= 0.0
+    for prompt in ([3, 4, 5], [7]):
+        found = beam_generate(model, [prompt], max_new_tokens=2, context_len=config.max_seq_len, num_beams=13,
+                              length_penalty=length_penalty, stop_ids=[0], early_stopping=False)
+        best = _exhaustive_best(model, prompt, vocab=config.vocab_size, stop=0, max_new_tokens=2,
+                                length_penalty=length_penalty)
+        assert found == [best]
+
+
+def test_bad_searches_are_refused_naming_the_setting():
+    model, config = tiny_model("decoder", position="rope")
+    search = dict(context_len=config.max_seq_len, stop_ids=[0])
+    with pytest.raises(InputError, match=r"num_return_sequences=3 must be an integer from 1 to num_beams=2"):
+        beam_generate(model, [[1, 2]], max_new_tokens=3, num_beams=2, num_return_sequences=3, **search)
+    with pytest.raises(InputError, match=r"num_beams=0 must be a positive integer"):
+        beam_generate(model, [[1, 2]], max_new_tokens=3, num_beams=0, **search)
+    with pytest.raises(InputError, match=r"give max_new_tokens <= 20, or shorten the prompt"):
+        beam_generate(model, [[1, 2, 3, 4, 5]], max_new_tokens=21, num_beams=2, **search)
+    assert len(beam_generate(model, [[1, 2, 3, 4, 5]], max_new_tokens=20, num_beams=2, **search)[0]) <= 20
+    with pytest.raises(InputError, match=r"prompt 1 is empty"):
+        beam_generate(model, [[1], []], max_new_tokens=3, num_beams=2, **search)
