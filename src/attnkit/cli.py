@@ -40,6 +40,7 @@ from attnkit import options
 from attnkit.config import model_field_names
 from attnkit.errors import AttnkitError, InputError, nearest, os_error_message
 from attnkit.interop.gguf import GGUFType
+from attnkit.interop.hf_shards import MAX_SHARD_SIZE
 from attnkit.interop.keymaps import supported_lines
 from attnkit.run_settings import WeightDType
 from attnkit.textfiles import EncodingErrors
@@ -484,6 +485,9 @@ class ConvertSettings:
     run: str | None = None  # an attnkit run directory to write out for Hugging Face; with --to-hf
     out: str | None = field(default=None, metadata={"metavar": "NEW_RUN"})  # with --from-hf: the run to create
     to_hf: str | None = field(default=None, metadata={"metavar": "DIR"})  # with RUN: the directory to create
+    max_shard_size: str = field(default=MAX_SHARD_SIZE, metadata={"metavar": "SIZE"})
+    """with --to-hf: the largest weights file, as save_pretrained's max_shard_size (5GB, 500MB, 2GiB, or bytes);
+    larger weights go in model-0000i-of-0000n.safetensors files with model.safetensors.index.json"""
     allow_pickle: bool = False
     """read pytorch_model.bin, a pickle (only from a source you trust), with torch.load(weights_only=True)"""
     dtype: WeightDType = "fp32"  # with --from-hf: the run's weight type
@@ -498,7 +502,8 @@ class ConvertSettings:
     overwrite: bool = False  # replace an output attnkit wrote there before (a run, a model directory, a file)
 
 
-_CONVERT_WITH = {"allow_pickle": "from_hf", "dtype": "from_hf", "type": "to_gguf", "chat_template": "to_gguf"}
+_CONVERT_WITH = {"allow_pickle": "from_hf", "dtype": "from_hf", "type": "to_gguf", "chat_template": "to_gguf",
+                 "max_shard_size": "to_hf"}
 """ConvertSettings fields -> the one they go with: given without it, they would change nothing"""
 
 
@@ -540,7 +545,8 @@ def _run_convert(settings: ConvertSettings) -> int:
             for name, what in folder.files.items():
                 print(f"wrote {folder.path / name}: {what}")
         else:
-            architecture = hf.convert_to_hf(settings.run, settings.to_hf, overwrite=settings.overwrite)
+            architecture = hf.convert_to_hf(settings.run, settings.to_hf, overwrite=settings.overwrite,
+                                            max_shard_size=settings.max_shard_size)
             print(f"wrote {settings.run} as a {architecture} to {settings.to_hf}")
     return 0
 

@@ -42,7 +42,6 @@ from attnkit.checkpoint import (
     read_labels,
     record_checksums,
     save_model,
-    save_tensors,
     stored_dtype,
     unique_state_dict,
 )
@@ -56,8 +55,8 @@ from attnkit.interop.hf_config import (
     match_family,
     special_ids_from_hf,
 )
+from attnkit.interop.hf_shards import MAX_SHARD_SIZE, SAFETENSORS, SAFETENSORS_INDEX, parse_shard_size, save_shards
 from attnkit.interop.hf_weights import (
-    SAFETENSORS,
     add_prefix,
     hf_tensor_names,
     load_hf_tensors,
@@ -154,6 +153,7 @@ def save(
     architecture: str | None = None,
     chat_template: str | None = None,
     own_frame: bool = False,
+    max_shard_size: int | str = MAX_SHARD_SIZE,
 ) -> str:
     """Write `model` as a Hugging Face model directory (config.json, model.safetensors, tokenizer files, with
     `chat_template` in tokenizer_config.json where given; `own_frame`: a tagger's tokenizer.json frames its text as
@@ -162,14 +162,17 @@ def save(
     The layout is `architecture` when it holds `config` exactly (a converted model's own class), else the first of
     the registry's that does; a mean-pooled BERT encoder is written for sentence-transformers, with its classifier
     for transformers (`attnkit.interop.sentence_embeddings`). special_ids: config.json's token ids; those not given
-    come from the tokenizer. Returns what was written (the Hugging Face class). Raises ConfigError naming the
-    fields no supported layout can express.
+    come from the tokenizer. max_shard_size: as save_pretrained's, weights past it split into
+    `model-0000i-of-0000n.safetensors` with an index (`attnkit.interop.hf_shards`). Returns what was written (the
+    Hugging Face class). Raises ConfigError naming the fields no supported layout can express, InputError for a
+    size that is not one.
     """
     directory = Path(directory)
+    shard_bytes = parse_shard_size(max_shard_size)
     body = mean_pooled_body(config)
     if body is not None:
         return _save_mean_pooled(model, directory, config=config, body=body, tokenizer=tokenizer, labels=labels,
-                                 special_ids=special_ids)
+                                 special_ids=special_ids, shard_bytes=shard_bytes)
     state = unique_state_dict(model)
     family, architecture = match_family(
         config, lambda f: hf_tensor_names(state, f, config), labels=labels, prefer=architecture
@@ -177,14 +180,17 @@ def save(
     if getattr(config, "encoder_head", None) == "none" and not config.pooler:
         log.warning("%s has no pooler; transformers will add a randomly initialised one when it loads it", architecture)
     _write(model, directory, config=config, family=family, architecture=architecture, tokenizer=tokenizer,
-           labels=labels, special_ids=special_ids, chat_template=chat_template, own_frame=own_frame)
+           labels=labels, special_ids=special_ids, chat_template=chat_template, own_frame=own_frame,
+           shard_bytes=shard_bytes)
     return architecture
 
 
 def _write(model: nn.Module, directory: Path, *, config: ModelConfig, family: FamilyMap, architecture: str,
            tokenizer: Tokenizer | None, labels: Sequence[str] | None, special_ids: dict[str, int] | None,
-           fields: dict[str, Any] | None = None, chat_template: str | None = None, own_frame: bool = False) -> None:
-    """config.json (the family's fields for `config`, then `fields`), model.safetensors and the tokenizer files."""
+           fields: dict[str, Any] | None = None, chat_template: str | None = None, own_frame: bool = False,
+           shard_bytes: int) -> None:
+    """config.json (the family's fields for `config`, then `fields`), model.safetensors (or its shards, each at most
+    `shard_bytes`) and the tokenizer files."""
     hf = config_to_hf(config, family, architecture, labels=labels)
     hf.update(_special_ids(family, tokenizer, special_ids or {}))
     hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -192,7 +198,7 @@ def _write(model: nn.Module, directory: Path, *, config: ModelConfig, family: Fa
     tensors = to_hf_tensors(model, family, config)
     if architecture in family.bare_architectures:
         tensors = strip_prefix(tensors, family)
-    save_tensors(tensors, directory / SAFETENSORS, metadata={"format": "pt"})
+    save_shards(tensors, directory, max_bytes=shard_bytes, metadata={"format": "pt"})
     atomic_write(directory / CONFIG_FILE, json.dumps(hf, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
         _write_tokenizer(tokenizer, directory, config=config, chat_template=chat_template, own_frame=own_frame)
@@ -201,7 +207,7 @@ def _write(model: nn.Module, directory: Path, *, config: ModelConfig, family: Fa
 
 def _save_mean_pooled(model: nn.Module, directory: Path, *, config: ModelConfig, body: ModelConfig,
                       tokenizer: Tokenizer | None, labels: Sequence[str] | None,
-                      special_ids: dict[str, int] | None) -> str:
+                      special_ids: dict[str, int] | None, shard_bytes: int) -> str:
     """A mean-pooled encoder: its body as a sentence-transformers directory, and a classifier's head with the body in
     classifier/ (`attnkit.interop.sentence_embeddings`). Raises ConfigError when BERT's layout cannot hold the
     body."""
@@ -214,14 +220,14 @@ def _save_mean_pooled(model: nn.Module, directory: Path, *, config: ModelConfig,
         raise ConfigError(f"a mean-pooled encoder is written for sentence-transformers as a BertModel; this one's "
                           f"body is a {architecture}")
     _write(encoder, directory, config=body, family=family, architecture=architecture, tokenizer=tokenizer,
-           labels=None, special_ids=special_ids)
+           labels=None, special_ids=special_ids, shard_bytes=shard_bytes)
     for name, value in sentence_transformers_files(body).items():
         atomic_write(directory / name, json.dumps(value, indent=2) + "\n")
     written = "sentence-transformers model (a BertModel, mean pooling)"
     if has_classifier(config):
         classifier = directory / CLASSIFIER_DIR
         _write(model, classifier, config=config, family=family, architecture=CLASSIFIER_CLASS, tokenizer=tokenizer,
-               labels=labels, special_ids=special_ids, fields=classifier_fields())
+               labels=labels, special_ids=special_ids, fields=classifier_fields(), shard_bytes=shard_bytes)
         atomic_write(classifier / REMOTE_CODE.name, REMOTE_CODE.read_bytes())
         written += f", its classifier in {CLASSIFIER_DIR}/ as a {CLASSIFIER_CLASS} (trust_remote_code=True)"
     return written
@@ -274,12 +280,15 @@ def _tokenizer_settings(hf_dir: Path) -> bytes | None:
     return path.read_bytes()
 
 
-def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = False) -> str:
-    """Write a run directory (trained or converted) as a Hugging Face model directory, whole or not at all;
+def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = False,
+                  max_shard_size: int | str = MAX_SHARD_SIZE) -> str:
+    """Write a run directory (trained or converted) as a Hugging Face model directory, whole or not at all, its
+    weights in shards of at most `max_shard_size` where they are larger (as save_pretrained splits them);
     `overwrite` replaces a Hugging Face model directory there. A run that chats (its task generates) carries the
     chat template `attnkit serve` chats in: its own, else attnkit's (`attnkit.chat_format`). Returns the class
     written."""
     run_dir, hf_dir = Path(run_dir), Path(hf_dir)
+    parse_shard_size(max_shard_size)  # a size that is not one is refused before the run loads
     if hf_dir.resolve() == run_dir.resolve() or is_attnkit_run(hf_dir):
         raise InputError(f"--to-hf {hf_dir} is an attnkit run, not a Hugging Face model directory, and --overwrite "
                          "never replaces a run: choose another --to-hf (a new or empty directory)")
@@ -303,7 +312,7 @@ def convert_to_hf(run_dir: str | Path, hf_dir: str | Path, *, overwrite: bool = 
     with atomic_output(hf_dir, directory=True, overwrite=overwrite, flag="--to-hf") as partial:
         return save(model, partial, config=config, tokenizer=tokenizer, labels=labels,
                     special_ids=origin.get("special_ids"), architecture=origin.get("architecture"),
-                    chat_template=chat_template,
+                    chat_template=chat_template, max_shard_size=max_shard_size,
                     own_frame=frame_of(task_record(run_dir), run_dir / TASK_FILE) == "own")
 
 
@@ -348,7 +357,8 @@ def _refuse_existing(directory: Path, flag: str, *, overwrite: bool, replaceable
         clear_leftovers(directory)  # a killed writer's partial output, or the one it had moved aside, put back
     if not directory.is_dir() or not any(directory.iterdir()) or (overwrite and replaceable):
         return  # absent, empty, a file (atomic_output names it), or what --overwrite replaces
-    found = [name for name in (CONFIG_FILE, SAFETENSORS, HF_FILE, TOKENIZER_DIR) if (directory / name).exists()]
+    found = [name for name in (CONFIG_FILE, SAFETENSORS, SAFETENSORS_INDEX, HF_FILE, TOKENIZER_DIR)
+             if (directory / name).exists()]
     if found:
         fix = "add --overwrite to replace it" if replaceable else "remove them"
         raise InputError(f"{directory} already holds a model's files ({', '.join(found)}); choose another {flag} or "

@@ -1,14 +1,13 @@
 """Hugging Face weights: reading checkpoint files, and renaming tensors both ways with a family's rules.
 
-Files read, in order of preference: `model.safetensors`, `model.safetensors.index.json` (sharded), and only when
-the caller allows pickles, `pytorch_model.bin` / `pytorch_model.bin.index.json` through
-`torch.load(weights_only=True)`.
+Files read, in order of preference: `model.safetensors`, `model.safetensors.index.json` (sharded, its index checked:
+`attnkit.interop.hf_shards`), and only when the caller allows pickles, `pytorch_model.bin` /
+`pytorch_model.bin.index.json` through `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,9 @@ from torch import Tensor, nn
 from attnkit.checkpoint import check_weights, load_tensors, raise_mismatch, unique_state_dict
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError
+from attnkit.interop.hf_shards import SAFETENSORS, SAFETENSORS_INDEX, read_shards
 from attnkit.interop.keymaps import FamilyMap, Rule
 
-SAFETENSORS = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE = "pytorch_model.bin"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
 
@@ -30,13 +28,13 @@ PICKLE_INDEX = "pytorch_model.bin.index.json"
 def read_weights(directory: Path, *, allow_pickle: bool = False) -> dict[str, Tensor]:
     """All tensors of a Hugging Face model directory, by their Hugging Face names.
 
-    Raises CheckpointError when there are no weights, a file is truncated or corrupted, a shard is missing, or the
-    weights are a pickle and `allow_pickle` is False.
+    Raises CheckpointError when there are no weights, a file is truncated or corrupted, a shard index is damaged
+    (`attnkit.interop.hf_shards.read_shards`), or the weights are a pickle and `allow_pickle` is False.
     """
     if (directory / SAFETENSORS).is_file():
         return load_tensors(directory / SAFETENSORS)
     if (directory / SAFETENSORS_INDEX).is_file():
-        return _read_shards(directory, SAFETENSORS_INDEX, load_tensors)
+        return read_shards(directory, SAFETENSORS_INDEX, load_tensors)
     for name in (PICKLE, PICKLE_INDEX):
         if (directory / name).is_file() and not allow_pickle:
             raise CheckpointError(
@@ -47,35 +45,11 @@ def read_weights(directory: Path, *, allow_pickle: bool = False) -> dict[str, Te
     if (directory / PICKLE).is_file():
         return _read_pickle(directory / PICKLE)
     if (directory / PICKLE_INDEX).is_file():
-        return _read_shards(directory, PICKLE_INDEX, _read_pickle)
+        return read_shards(directory, PICKLE_INDEX, _read_pickle)
     raise CheckpointError(
         f"{directory} holds no weights: a Hugging Face model directory has {SAFETENSORS}, {SAFETENSORS_INDEX} "
         f"(sharded) or {PICKLE}"
     )
-
-
-def _read_shards(directory: Path, index_name: str, read) -> dict[str, Tensor]:
-    try:
-        weight_map = json.loads((directory / index_name).read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{directory / index_name} is not a shard index with a 'weight_map': {err}") from None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(f"{directory / index_name}: 'weight_map' must map tensor names to shard file names")
-    tensors: dict[str, Tensor] = {}
-    for shard in sorted(set(weight_map.values())):
-        # A plain file name beside the index; a symlink there is followed (the Hugging Face cache links to blobs)
-        if Path(shard).name != shard or shard in (".", "..") or "\\" in shard:
-            raise CheckpointError(
-                f"{directory / index_name} names shard {shard!r}, which is not a file of {directory}: shards must "
-                f"sit beside their index (a plain file name), so the index cannot make attnkit read other files"
-            )
-        if not (directory / shard).is_file():
-            raise CheckpointError(f"{directory / index_name} names shard {shard}, which is missing from {directory}")
-        tensors.update(read(directory / shard))
-    absent = sorted(set(weight_map) - set(tensors))
-    if absent:
-        raise CheckpointError(f"{directory / index_name} lists tensors its shards do not hold: {', '.join(absent)}")
-    return tensors
 
 
 def _read_pickle(path: Path) -> dict[str, Tensor]:

@@ -1,0 +1,176 @@
+"""`attnkit convert RUN --to-hf DIR --max-shard-size SIZE`: weights split as `save_pretrained(max_shard_size=...)`
+splits them (huggingface_hub's split, the same files), loaded by `transformers` with the single file's logits, read
+back by `--from-hf` (transformers' own shards too), written whole or not at all; a damaged index is refused naming
+the fault and the fix."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from export_runs import LAYOUTS, random_run
+from interop_models import hf_model, transformers  # noqa: F401
+from safetensors.torch import load_file, save_file
+
+from attnkit.checkpoint import load_model
+from attnkit.cli import main
+from attnkit.errors import CheckpointError, InputError
+from attnkit.interop import hf, hf_shards
+from attnkit.interop.hf_shards import SAFETENSORS_INDEX, parse_shard_size, split_shards
+
+SMALL = {**LAYOUTS["llama-gqa-untied"], "d_model": 32, "d_ff": 64}  # about 140 KB of float32 weights
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A run written whole (the default 5GB) and in shards of 30 KB."""
+    root = tmp_path_factory.mktemp("shards")
+    run = random_run(root, SMALL)
+    assert main(["convert", str(run), "--to-hf", str(root / "single")]) == 0
+    assert main(["convert", str(run), "--to-hf", str(root / "sharded"), "--max-shard-size", "30KB"]) == 0
+    return run, root / "single", root / "sharded"
+
+
+def test_small_models_get_one_file_and_large_ones_save_pretrained_s_shards(exported):
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    _, single, sharded = exported
+    assert sorted(p.name for p in single.glob("model*")) == ["model.safetensors"]
+    index = json.loads((sharded / SAFETENSORS_INDEX).read_text())
+    files = sorted(p.name for p in sharded.glob("model*.safetensors"))
+    assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    whole = load_file(str(single / "model.safetensors"))
+    assert sorted(index["weight_map"]) == sorted(whole)
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in whole.values())
+    for name in files:  # every tensor in the file the index names, with the single file's values, 30 KB at most
+        shard = load_file(str(sharded / name))
+        assert len(shard) == 1 or sum(t.numel() * t.element_size() for t in shard.values()) <= 30_000
+        for tensor_name, tensor in shard.items():
+            assert index["weight_map"][tensor_name] == name and torch.equal(tensor, whole[tensor_name])
+    # the split huggingface_hub (save_pretrained's) makes of the same tensors in the same order
+    for order in (sorted(whole), sorted(whole, reverse=True)):
+        ordered = {name: whole[name] for name in order}
+        reference = split_torch_state_dict_into_shards(ordered, max_shard_size="30KB")
+        assert [list(shard) for shard in split_shards(ordered, 30_000)] == list(reference.filename_to_tensors.values())
+
+
+def test_transformers_loads_the_shards_with_the_single_files_logits(exported):
+    _, single, sharded = exported
+    ids = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        one = transformers.AutoModelForCausalLM.from_pretrained(single).eval()(ids).logits
+        many = transformers.AutoModelForCausalLM.from_pretrained(sharded).eval()(ids).logits
+    assert torch.equal(one, many)
+
+
+def test_from_hf_reads_attnkits_and_transformers_shards(exported, tmp_path):
+    run, _, sharded = exported
+    model, _ = load_model(run)
+    assert main(["convert", "--from-hf", str(sharded), "--out", str(tmp_path / "back")]) == 0
+    back, _ = load_model(tmp_path / "back")
+    for (name, ours), theirs in zip(model.state_dict().items(), back.state_dict().values(), strict=True):
+        assert torch.equal(ours, theirs), name
+
+    reference = hf_model("llama", tmp_path / "hf")  # transformers writes its own shards
+    reference.save_pretrained(tmp_path / "hf-sharded", max_shard_size="20KB")
+    assert len(list((tmp_path / "hf-sharded").glob("model-*.safetensors"))) > 2
+    loaded = hf.load(tmp_path / "hf-sharded")
+    ids = torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def _damage(directory, how: str) -> None:
+    path = directory / SAFETENSORS_INDEX
+    index = json.loads(path.read_text())
+    files = sorted(set(index["weight_map"].values()))
+    if how == "a shard missing":
+        (directory / files[1]).unlink()
+    elif how == "a tensor in two shards":
+        first = load_file(str(directory / files[0]))
+        save_file({**load_file(str(directory / files[1])), **first}, str(directory / files[1]))
+    elif how == "a tensor the index does not list":
+        files_named = list(index["weight_map"].values())
+        shared = [name for name, file in index["weight_map"].items() if files_named.count(file) > 1]
+        del index["weight_map"][shared[0]]  # from a shard that the index still names
+    elif how == "a tensor the shards do not hold":
+        index["weight_map"]["lm_head.bias"] = files[0]
+    elif how == "the total size":
+        index["metadata"]["total_size"] += 4
+    elif how == "not JSON":
+        path.write_text(path.read_text()[:-20])
+        return
+    path.write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize(("how", "said"), [
+    ("a shard missing", "names 1 shard file missing from"),
+    ("a tensor in two shards", "not where the index puts them, each once: .* in model-00002"),
+    ("a tensor the index does not list", r"\(not in the index\)"),
+    ("a tensor the shards do not hold", "lists tensors its shards do not hold: lm_head.bias"),
+    ("the total size", "gives metadata.total_size [0-9]+ but its shards hold"),
+    ("not JSON", "is not a shard index"),
+])
+def test_a_damaged_index_is_refused_in_one_line_naming_the_fault_and_the_fix(exported, tmp_path, capsys, how, said):
+    copy = shutil.copytree(exported[2], tmp_path / "copy")
+    _damage(copy, how)
+    with pytest.raises(CheckpointError, match=said):
+        hf.load(copy)
+    assert main(["convert", "--from-hf", str(copy), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fetch or save the checkpoint again" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_max_shard_size_takes_transformers_forms():
+    from transformers.utils.hub import convert_file_size_to_int
+
+    for size in ("5GB", "500MB", "100KB", "2GiB", "512MiB", "1KiB", "8Gb", "10mb"):
+        assert parse_shard_size(size) == convert_file_size_to_int(size), size
+    assert parse_shard_size("1234") == parse_shard_size(1234) == 1234
+    assert parse_shard_size("1.5GB") == 1_500_000_000  # huggingface_hub's parser takes a fraction too
+    for bad in ("5XB", "GB", "-1", "0", "five GB", ""):
+        with pytest.raises(InputError, match="--max-shard-size"):
+            parse_shard_size(bad)
+
+
+def test_the_split_is_huggingface_hubs_for_drawn_sizes_with_tensors_larger_than_a_shard():
+    """A tensor past the size is a shard of its own, written where it is met, while the open shard stays open."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        sizes = torch.randint(1, 40, (int(torch.randint(1, 12, (), generator=generator)),), generator=generator)
+        tensors = {f"t{i}": torch.zeros(int(n), dtype=torch.float16) for i, n in enumerate(sizes)}  # 2 bytes each
+        ours = [list(shard) for shard in split_shards(tensors, 32)]
+        reference = split_torch_state_dict_into_shards(tensors, max_shard_size=32)
+        assert ours == list(reference.filename_to_tensors.values())
+
+
+def test_a_bad_size_or_one_without_to_hf_is_refused_before_the_run_loads(tmp_path, capsys):
+    (tmp_path / "run").mkdir()  # no model: it is never read
+    run = str(tmp_path / "run")
+    assert main(["convert", run, "--to-hf", str(tmp_path / "out"), "--max-shard-size", "5XB"]) == 2
+    assert "--max-shard-size '5XB' is not a size" in capsys.readouterr().err
+    assert main(["convert", run, "--to-gguf", str(tmp_path / "m.gguf"), "--max-shard-size", "1MB"]) == 2
+    assert "--max-shard-size goes with --to-hf" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_full_disk_at_the_last_shard_leaves_no_directory(exported, tmp_path, capsys, monkeypatch):
+    written = hf_shards.save_tensors
+
+    def full_at_the_third(tensors, path, metadata=None):
+        if path.name.startswith("model-00003"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        written(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(hf_shards, "save_tensors", full_at_the_third)
+    out = tmp_path / "out"
+    assert main(["convert", str(exported[0]), "--to-hf", str(out), "--max-shard-size", "30KB"]) == 2
+    assert "the disk is full" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no directory, no partial one beside it
