@@ -463,3 +463,44 @@ def test_a_text_too_long_is_refused_in_the_words_translation_uses(tokenizer):
     with pytest.raises(InputError) as found:
         attention_maps(model, tokenizer, " ".join([TEXT] * 12), context=96)
     assert str(found.value) == str(expected.value)
+
+
+@pytest.mark.parametrize(("family", "head", "frame", "around"), [
+    ("decoder", "lm", "attnkit", (["bos"], [])),  # a converted Llama: its texts start with BOS, as it generates
+    ("decoder", "tag", "attnkit", (["cls"], ["sep"])),  # a decoder tagger reads its words between attnkit's marks
+    ("decoder", "tag", "own", ([], [])),  # a converted GPT-2 tagger: its tokenizer adds nothing
+    ("encoder", "tag", "own", (["bos", "cls"], ["sep", "eos"])),  # two marks on each side, its tokenizer's own
+])
+def test_a_text_is_drawn_as_the_model_reads_it(family, head, frame, around):
+    """The maps' tokens are those the model reads (`text_frame`): a converted Llama's text was drawn without the BOS it
+    always reads, a decoder tagger's without its marks, and a converted encoder's with attnkit's CLS and SEP in place
+    of its tokenizer's own; the weights are the model's own over those tokens."""
+    chars = CharTokenizer("abcdefgh ")
+    before, after = ([chars.token_id(role) for role in side] for side in around)
+    chars.starts_with_bos = before == [chars.bos_id]
+    chars.own_frame = (tuple(before), tuple(after))
+    fields = {"decoder_head" if family == "decoder" else "encoder_head": head}
+    if head == "tag":
+        fields["n_classes"] = 2
+    model, _ = _model(chars, family, **fields)
+    (maps,) = attention_maps(model, chars, "abc de", layers=[0], frame=frame)
+    ids = [*before, *chars.encode("abc de"), *after]
+    assert list(maps.query_tokens) == list(token_labels(chars, ids))
+    reference = model(torch.tensor([ids]), need_weights=True).attentions[0]["self"][0]  # (H, T, T)
+    assert_close(torch.from_numpy(maps.weights[0]), reference.detach())
+
+
+@pytest.mark.parametrize("frame", ["attnkit", "own"])
+def test_run_viz_frames_the_text_as_the_runs_task_json_says(tokenizer, tmp_path, frame):
+    """`attnkit viz` reads a tagger's framing from its task.json (`frame_of`): a converted GPT-2 tagger's text is drawn
+    with nothing around it, as its tokenizer gives it, and a tagger trained here between CLS and SEP."""
+    model, config = _model(tokenizer, "decoder", decoder_head="tag", n_classes=2)
+    save_model(model, config, tmp_path)
+    tokenizer.save(tmp_path / "tokenizer")
+    (tmp_path / "task.json").write_text(json.dumps({"task": "tag", "frame": frame}))
+    (maps,) = run_viz(VizSettings(run=str(tmp_path), text=TEXT, layers=[0], out=str(tmp_path / "viz"))).maps
+    around = [tokenizer.cls_id], [tokenizer.sep_id]
+    if frame == "own":
+        around = tokenizer.own_frame
+    ids = [*around[0], *tokenizer.encode(TEXT), *around[1]]
+    assert list(maps.query_tokens) == list(token_labels(tokenizer, ids))

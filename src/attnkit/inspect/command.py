@@ -48,7 +48,7 @@ from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import faint_warning, logit_difference, patch_heads, patch_stream
 from attnkit.inspect.path_patching import path_patch
 from attnkit.inspect.points import head_sites, hook_points
-from attnkit.inspect.probes import probe_layers, reading_piece, text_frame, text_layout
+from attnkit.inspect.probes import probe_layers, reading_piece
 from attnkit.inspect.report import heatmap, write_report
 from attnkit.inspect.sae import (
     SAEConfig,
@@ -64,6 +64,7 @@ from attnkit.machine import pick_device
 from attnkit.models.greedy import translation_pair
 from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import is_conllu, read_tagged
+from attnkit.tasks.reading import text_frame, text_layout
 from attnkit.tasks.registry import task_record
 from attnkit.tasks.tag import Frame, frame_of, word_pieces_of
 from attnkit.textfiles import EncodingErrors, read_lines

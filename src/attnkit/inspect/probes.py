@@ -32,10 +32,10 @@ from attnkit.data.labelled import frame_ids
 from attnkit.errors import InputError
 from attnkit.inspect.points import evaluated, module_of
 from attnkit.inspect.tracing import trace
-from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import Sentence
+from attnkit.tasks.reading import reading_stack, text_frame, text_layout
 from attnkit.tasks.tag import Frame, WordPieces, align
-from attnkit.tokenize import Tokenizer, require_id
+from attnkit.tokenize import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -118,39 +118,6 @@ class WordStates:
     sentence: Tensor
     label_names: list[str]
     piece: str
-
-
-def reading_stack(model: nn.Module) -> TransformerStack:
-    """The stack whose states are probed: an encoder-decoder's encoder, else the model's one stack."""
-    stack = getattr(model, "encoder", None) or getattr(model, "stack", None)
-    if not isinstance(stack, TransformerStack):
-        raise InputError(f"probes read a Transformer stack's states; {type(model).__name__} has none: probe a "
-                         "decoder, an encoder or an encoder-decoder (its encoder is read)")
-    return stack
-
-
-def text_layout(model: nn.Module) -> str:
-    """How the probed stack learned to read a text: "marked", between a start and an end mark as `align` lays it
-    out (an encoder's windows, CLS ... SEP; a tagger's words); "source", the text and EOS (an encoder-decoder's
-    encoder); "stream", the text alone (a language model's windows of a token stream)."""
-    stack = reading_stack(model)
-    if stack is getattr(model, "encoder", None):
-        return "source"
-    return "stream" if stack.causal and hasattr(model, "lm_head") else "marked"
-
-
-def text_frame(model: nn.Module, tokenizer: Tokenizer, frame: Frame = "attnkit") -> tuple[list[int], list[int]]:
-    """(before, after): the ids around a text as the probed stack learned to read it (`text_layout`). Marked:
-    `frame_ids`, attnkit's or with `frame` "own" its tokenizer's own (a converted tagger's, as `frame_of` reads it from
-    task.json: nothing for GPT-2's); source: EOS after; stream: BOS before where the tokenizer starts its texts with one
-    (`starts_with_bos`: a converted Llama, as generation prompts it), else nothing. Raises InputError naming a missing
-    token."""
-    layout = text_layout(model)
-    if layout == "marked":
-        return frame_ids(tokenizer, own=frame == "own")
-    if layout == "source":
-        return [], [require_id(tokenizer, "eos")]
-    return ([require_id(tokenizer, "bos")] if getattr(tokenizer, "starts_with_bos", False) else []), []
 
 
 def reading_piece(model: nn.Module) -> str:

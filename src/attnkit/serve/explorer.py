@@ -149,7 +149,8 @@ class Explorer:
         try:
             return attention_maps(self.model, self.tokenizer, text, target=target, translate=translator and not target,
                                   layers=layers, max_length=MAX_TRANSLATION,
-                                  context=self.config.max_seq_len)  # the text as framed, the source, the target
+                                  context=self.config.max_seq_len,  # the text as framed, the source, the target
+                                  frame=self.frame)
         except EmptyTranslation:
             raise EmptyTranslation(OWN_TRANSLATION_EMPTY) from None
 

@@ -1,15 +1,16 @@
 """A model's attention over one text as `AttentionMaps`, from the model as it runs (its fast path included).
 
-    decoder LM          text -> causal self-attention
-    encoder             [CLS] text [SEP] -> self-attention
+    decoder LM          text (BOS text where the tokenizer starts its texts with BOS) -> causal self-attention
+    decoder tagger      [CLS] text [SEP] (a converted one: as its tokenizer frames it) -> causal self-attention
+    encoder             [CLS] text [SEP] (a converted one: as its tokenizer frames it) -> self-attention
     encoder-decoder     source EOS -> encoder self-attention
     (Transformer or     BOS target -> decoder causal self-attention
      recurrent)         target rows x source columns -> cross-attention (the alignment, Bahdanau et al. 2015, fig. 3)
 
-Tokens are laid out as the training data lays them out. A cross-attention row is labelled with the target token
-written at that step (the decoder reads BOS y1 .. yn and writes y1 .. yn EOS), so the row of "chat" is the
-attention that wrote "chat". The weights are recomputed on request (`models/attention_capture.py`): the model
-keeps none of them, and only the layers asked for are computed.
+Tokens are laid out as the training data lays them out (`attnkit.tasks.reading.text_frame`). A cross-attention row
+is labelled with the target token written at that step (the decoder reads BOS y1 .. yn and writes y1 .. yn EOS), so
+the row of "chat" is the attention that wrote "chat". The weights are recomputed on request
+(`models/attention_capture.py`): the model keeps none of them, and only the layers asked for are computed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from attnkit.errors import InputError
 from attnkit.models.attention_capture import AttentionSite, attention_sites, capture_attention
 from attnkit.models.greedy import check_fits, translation_pair
 from attnkit.models.modes import evaluating
+from attnkit.tasks.reading import text_frame
+from attnkit.tasks.tag import Frame
 from attnkit.tokenize import Tokenizer
 from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
@@ -46,6 +49,7 @@ def attention_maps(
     heads: Sequence[int] | None = None,
     max_length: int = 64,
     context: int | None = None,
+    frame: Frame = "attnkit",
 ) -> list[AttentionMaps]:
     """The attention of `model` over `text`, one `AttentionMaps` per kind it has (self, causal, cross).
 
@@ -53,7 +57,9 @@ def attention_maps(
     model's own greedy translation (at most `max_length` tokens: BOS and they must fit the model's context), whose
     last row is labelled with what the model writes next (EOS, unless cut short). `layers` and `heads` pick model
     indices (default all). `context`: the model's max_seq_len, where the tokens it reads (the text as framed, the
-    source with EOS, the target with BOS) must fit, as generation holds a prompt to it.
+    source with EOS, the target with BOS) must fit, as generation holds a prompt to it. A text the model reads alone
+    is framed as it learned to read one (`text_frame`, with `frame` the run's `frame_of`): a converted Llama's after
+    BOS, a tagger's between its marks, a converted tagger's as its own tokenizer frames it.
     Raises `InputError` for an empty text, a text longer than `context`, a layer or head out of range, a model
     without attention, or a target/translate for a model that does not translate.
     """
@@ -84,11 +90,8 @@ def attention_maps(
             tgt = torch.tensor([decoder_input], device=device)  # (1, T)
             run = partial(model, src, tgt)
         else:
-            ids = tokenizer.encode(text)
-            if any(site.kind == "self" for site in sites):  # an encoder: framed as its training data frames a text
-                first, last = (tokenizer.cls_id, tokenizer.sep_id) if tokenizer.cls_id is not None else (
-                    tokenizer.bos_id, tokenizer.eos_id)
-                ids = [i for i in (first, *ids, last) if i is not None]
+            before, after = text_frame(model, tokenizer, frame)
+            ids = [*before, *tokenizer.encode(text), *after]
             tokens = {"self": (ids, ids), "causal": (ids, ids)}
             check_fits(ids, "text", context)
             inputs = torch.tensor([ids], device=device)

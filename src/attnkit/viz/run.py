@@ -19,11 +19,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnkit.checkpoint import TOKENIZER_DIR, load_model
+from attnkit.checkpoint import TASK_FILE, TOKENIZER_DIR, load_model
 from attnkit.errors import ConfigError, InputError
 from attnkit.machine import pick_device
 from attnkit.outputs import files_into
-from attnkit.tasks import TaskSpec, unread_options
+from attnkit.tasks import TaskSpec, task_record, unread_options
+from attnkit.tasks.tag import frame_of
 from attnkit.tokenize import load_tokenizer
 from attnkit.viz.extract import attention_maps
 from attnkit.viz.heatmap import write_pngs
@@ -101,7 +102,7 @@ def run_viz(settings: VizSettings) -> VizResult:
         model, tokenizer, settings.text, target=settings.target, translate=settings.translate,
         layers=settings.layers, heads=settings.heads,
         max_length=settings.max_length,  # translation_pair stops where BOS and the translation fill the context
-        context=config.max_seq_len,
+        context=config.max_seq_len, frame=frame_of(task_record(run_dir), run_dir / TASK_FILE),
     )
     out = Path(settings.out) if settings.out else run_dir / "viz"
     earlier = drawn_before(out)

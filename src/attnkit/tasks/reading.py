@@ -1,0 +1,52 @@
+"""How a model reads one text: the stack that reads it, how that stack learned to lay a text out, and the ids put
+around the text so it reads it so. Probes, `attnkit inspect` and `attnkit viz` all frame a text here.
+
+    layout    model                                         before        text    after
+    marked    an encoder, a tagger (decoder or encoder)     `frame_ids`: attnkit's CLS/BOS and SEP/EOS, or
+                                                            with frame "own" its tokenizer's own (a converted tagger's)
+    source    an encoder-decoder's encoder                  -             text    EOS
+    stream    a language model (windows of a token stream)  BOS where the tokenizer starts its texts with one
+                                                            (`starts_with_bos`: a converted Llama), else nothing
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from attnkit.data.labelled import frame_ids
+from attnkit.errors import InputError
+from attnkit.models.stack import TransformerStack
+from attnkit.tasks.tag import Frame
+from attnkit.tokenize import Tokenizer, require_id
+
+
+def reading_stack(model: nn.Module) -> TransformerStack:
+    """The stack that reads a text: an encoder-decoder's encoder, else the model's one stack. Raises InputError for a
+    model without a Transformer stack (only probes reach one: the other readers refuse it first)."""
+    stack = getattr(model, "encoder", None) or getattr(model, "stack", None)
+    if not isinstance(stack, TransformerStack):
+        raise InputError(f"probes read a Transformer stack's states; {type(model).__name__} has none: probe a "
+                         "decoder, an encoder or an encoder-decoder (its encoder is read)")
+    return stack
+
+
+def text_layout(model: nn.Module) -> str:
+    """How the reading stack learned to read a text: "marked", between a start and an end mark as `align` lays it
+    out (an encoder's windows, CLS ... SEP; a tagger's words); "source", the text and EOS (an encoder-decoder's
+    encoder); "stream", the text alone (a language model's windows of a token stream)."""
+    stack = reading_stack(model)
+    if stack is getattr(model, "encoder", None):
+        return "source"
+    return "stream" if stack.causal and hasattr(model, "lm_head") else "marked"
+
+
+def text_frame(model: nn.Module, tokenizer: Tokenizer, frame: Frame = "attnkit") -> tuple[list[int], list[int]]:
+    """(before, after): the ids around a text as the reading stack learned to read it (`text_layout`; module
+    docstring). `frame`: a run's `frame_of`, "own" for a converted tagger. Raises InputError naming a missing
+    token."""
+    layout = text_layout(model)
+    if layout == "marked":
+        return frame_ids(tokenizer, own=frame == "own")
+    if layout == "source":
+        return [], [require_id(tokenizer, "eos")]
+    return ([require_id(tokenizer, "bos")] if getattr(tokenizer, "starts_with_bos", False) else []), []
