@@ -1,6 +1,6 @@
 """Blocks and the encoder-decoder against PyTorch's own Transformer (Vaswani et al. 2017, as `torch.nn` builds it):
-`nn.TransformerEncoderLayer`, `nn.TransformerDecoderLayer` and the whole `nn.Transformer`, post-norm and
-`norm_first`, ReLU and GELU, with padded sources and a causal target; and attention against
+`nn.TransformerEncoderLayer`, `nn.TransformerDecoderLayer` (with and without biases) and the whole `nn.Transformer`,
+post-norm and `norm_first`, ReLU and GELU, with padded sources and a causal target; and attention against
 `F.scaled_dot_product_attention` with grouped heads. The same weights go into both; the outputs must agree."""
 
 import pytest
@@ -37,9 +37,10 @@ def _model(norm_position: str, activation: str, **overrides):
 @torch.no_grad()
 def _copy_attention(ours: Attention, theirs: nn.MultiheadAttention) -> None:
     theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-    theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
     theirs.out_proj.weight.copy_(ours.o_proj.weight)
-    theirs.out_proj.bias.copy_(ours.o_proj.bias)
+    if theirs.in_proj_bias is not None:  # built with bias=False: neither side has any
+        theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        theirs.out_proj.bias.copy_(ours.o_proj.bias)
 
 
 @torch.no_grad()
@@ -68,16 +69,18 @@ def _inputs(seed: int = 1):
 LAYER_CASES = [("post", "relu"), ("post", "gelu"), ("pre", "relu"), ("pre", "gelu")]
 
 
-def _torch_layer(layer_class: type[nn.Module], norm_position: str, activation: str) -> nn.Module:
-    """torch's encoder or decoder layer of the blocks' sizes, without dropout, pre-norm where ours is."""
+def _torch_layer(layer_class: type[nn.Module], norm_position: str, activation: str, bias: bool) -> nn.Module:
+    """torch's encoder or decoder layer of the blocks' sizes, without dropout, pre-norm where ours is, and without
+    biases in its linear layers and norms where ours has none (`bias=False`)."""
     return layer_class(WIDTH, HEADS, dim_feedforward=FF, dropout=0.0, activation=activation, batch_first=True,
-                       norm_first=norm_position == "pre").eval()
+                       norm_first=norm_position == "pre", bias=bias).eval()
 
 
+@pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize(("norm_position", "activation"), LAYER_CASES)
-def test_encoder_block_matches_torch_encoder_layer(norm_position, activation):
-    block = _model(norm_position, activation).encoder.blocks[0]
-    reference = _torch_layer(nn.TransformerEncoderLayer, norm_position, activation)
+def test_encoder_block_matches_torch_encoder_layer(norm_position, activation, bias):
+    block = _model(norm_position, activation, bias=bias).encoder.blocks[0]
+    reference = _torch_layer(nn.TransformerEncoderLayer, norm_position, activation, bias)
     _copy_block(block, reference)
     x, _, real = _inputs()
     with torch.no_grad():
@@ -86,10 +89,11 @@ def test_encoder_block_matches_torch_encoder_layer(norm_position, activation):
     torch.testing.assert_close(ours[real], theirs[real], **TOLERANCE)  # padded rows: torch's fast path zeroes them
 
 
+@pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize(("norm_position", "activation"), LAYER_CASES)
-def test_decoder_block_matches_torch_decoder_layer(norm_position, activation):
-    block = _model(norm_position, activation).decoder.blocks[0]
-    reference = _torch_layer(nn.TransformerDecoderLayer, norm_position, activation)
+def test_decoder_block_matches_torch_decoder_layer(norm_position, activation, bias):
+    block = _model(norm_position, activation, bias=bias).decoder.blocks[0]
+    reference = _torch_layer(nn.TransformerDecoderLayer, norm_position, activation, bias)
     _copy_block(block, reference)
     memory, y, real = _inputs()
     with torch.no_grad():
