@@ -148,6 +148,7 @@ def test_experiment_at_the_tiny_budget(name, tmp_path):
     assert saved["verdict"] in VERDICTS and saved["reason"] and saved["key_number"] and saved["decision"]
     assert not re.search(r"[+-]0\.0+(?![0-9])", result.reason + result.key_number), "a value rounded to a signed 0"
     assert saved["claim"] == REGISTRY[name].claim and saved["lecture"] == REGISTRY[name].lecture
+    assert saved["version"].startswith("attnkit ") and saved["version"] in (tmp_path / "table.md").read_text()
     assert result.rows, "an experiment reports at least one row"
     numbers = [v for row in result.rows for v in row.values() if isinstance(v, float)]
     assert numbers and all(math.isfinite(v) for v in numbers)  # a number that cannot exist is None, not NaN

@@ -183,7 +183,8 @@ def experiments_gallery(docs_dir: Path) -> str:
             continue
         sections += [f"**Verdict: {_cell(result['verdict'])}.** {_cell(result.get('reason', ''))}", "",
                      f"Key number: {_cell(key)}. Budget `{budget}`, {result.get('seconds', 0):,.0f} s on "
-                     f"{_cell(result.get('machine', ''))}.", ""]
+                     f"{_cell(result.get('machine', ''))}; "
+                     f"{_cell(result.get('version') or 'run before the code version was recorded')}.", ""]
         if result.get("decision"):
             sections += [f"**How the checks decide it** (and, where they do not, what would): "
                          f"{_cell(result['decision'])}", ""]

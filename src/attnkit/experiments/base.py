@@ -29,9 +29,11 @@ import logging
 import math
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -217,6 +219,7 @@ class Result:
     seconds: float = 0.0
     machine: str = ""
     seeds: int = 0
+    version: str = ""  # the code that ran: attnkit's version, and its commit where run from a git checkout
 
     def __post_init__(self) -> None:
         self.verdict, self.decision = verdict_of(self.checks)
@@ -248,7 +251,8 @@ class Result:
                   f"Verdict: **{self.verdict}**. {self.reason}. {self.decision[0].upper()}{self.decision[1:]}.\n\n"
                   "Checks (a difference the claim predicts positive; decided only beyond its noise, the 95% "
                   "interval over seeds or rounds):\n\n" + self.checks_markdown() + "\n")
-        footer = f"\nBudget `{self.budget}`, {self.seconds:.0f} s on {self.machine}.\n"
+        footer = (f"\nBudget `{self.budget}`, --seeds {self.seeds}, {self.seconds:.0f} s on {self.machine}; "
+                  f"{self.version}.\n")
         (out / "table.md").write_text(header + self.table_markdown() + footer)
 
 
@@ -357,6 +361,24 @@ def machine(device: str = "cpu") -> str:
     return f"{device_name()}, {torch.get_num_threads()} thread(s)"
 
 
+def code_version() -> str:
+    """attnkit's installed version, and the commit of the checkout it runs from (with "+ changes" where files differ
+    from it), so that a stored run says which code measured it."""
+    try:
+        version = f"attnkit {metadata.version('attnkit')}"
+    except metadata.PackageNotFoundError:
+        version = "attnkit (not installed)"
+    source = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=source, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=source.parent, capture_output=True,
+                                 text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):  # no git, or not a checkout: the version alone
+        return version
+    return f"{version}, commit {commit}" + (" + changes" if changed else "")
+
+
 def run_experiment(name: str, *, budget: str = "small", out: str | Path | None = None,
                    progress: bool | None = False, device: str = "cpu", seeds: int | None = None) -> Result:
     """Run experiment `name` at `budget` on `device`, write its files into `out` (default runs/experiments/NAME).
@@ -392,6 +414,7 @@ def run_experiment(name: str, *, budget: str = "small", out: str | Path | None =
         result = spec.run(budget, partial, Progress(bars=bars), seeds=seeds, **on_device)
         result.name, result.claim, result.lecture, result.budget = spec.name, spec.claim, spec.lecture, budget
         result.seconds, result.machine, result.seeds = time.perf_counter() - start, machine(device), seeds
+        result.version = code_version()
         if spec.plot is not None:
             result.plots += spec.plot(result.stored(), partial)
         result.write(partial)
