@@ -179,8 +179,8 @@ def test_hf_missing_or_broken_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_unknown_kind_and_bad_sizes_are_clear_errors() -> None:
-    with pytest.raises(ConfigError, match="unknown tokenizer kind 'wordpiece'; choose one of char, bpe, hf"):
-        train_tokenizer("wordpiece", ["abc"], vocab_size=300)
+    with pytest.raises(ConfigError, match="unknown tokenizer kind 'unigram'; choose one of char, bpe, wordpiece, hf"):
+        train_tokenizer("unigram", ["abc"], vocab_size=300)
     with pytest.raises(ConfigError, match="not trained"):
         train_tokenizer("hf", ["abc"])
     with pytest.raises(ConfigError, match="at least"):
@@ -217,7 +217,7 @@ def test_cli_train_and_encode(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_cli_reports_bad_kind_and_missing_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tokenizer", "train", "--kind", "nope", "--out", str(tmp_path / "t")]) == 2
-    assert "invalid choice: 'nope' (choose from 'char', 'bpe')" in capsys.readouterr().err
+    assert "invalid choice: 'nope' (choose from 'char', 'bpe', 'wordpiece')" in capsys.readouterr().err
     assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path), "--text", "x"]) == 2
     assert "tokenizer.json" in capsys.readouterr().err
     CharTokenizer.from_texts(["abc"]).save(tmp_path / "run" / "tokenizer")  # a run holds its tokenizer in a folder

@@ -167,9 +167,12 @@ def _run_recipes(settings: RecipesSettings) -> int:
 class TokenizerTrainSettings:
     out: str  # directory to save the tokenizer in
     data: tuple[str, ...] = ()  # files, folders or globs; none: the Python standard library's source
-    kind: Literal["char", "bpe"] = "bpe"  # char: one token per character; bpe: byte-level BPE
+    kind: Literal["char", "bpe", "wordpiece"] = "bpe"
+    """char: one token per character; bpe: byte-level BPE (GPT-2's); wordpiece: BERT's WordPiece, with [CLS] [SEP]
+    [MASK] [PAD] [UNK]"""
     vocab_size: int | None = None
-    """BPE vocabulary size, special tokens included; none: train's default --vocab-size (2048)"""
+    """BPE or WordPiece vocabulary size, special tokens included; none: train's default --vocab-size (2048)"""
+    lowercase: bool = True  # wordpiece: lower-case and strip accents (uncased BERT); --no-lowercase: cased BERT
     max_bytes: int | None = None  # the corpus's first whole files up to this many bytes (at least one file)
     encoding_errors: EncodingErrors = "strict"  # strict: a file that is not UTF-8 is an error; replace: U+FFFD
     overwrite: bool = False  # replace a tokenizer saved there before
@@ -178,13 +181,16 @@ class TokenizerTrainSettings:
 def _run_tokenizer_train(settings: TokenizerTrainSettings) -> int:
     from attnkit.data.corpus import resolve_files
     from attnkit.outputs import atomic_output, check_output
-    from attnkit.tokenize import META_FILE, train_tokenizer
+    from attnkit.tokenize import META_FILE, SIZED_KINDS, train_tokenizer
 
     out = Path(settings.out)
-    if settings.kind != "bpe" and settings.vocab_size is not None:
-        raise InputError(f"--vocab-size {settings.vocab_size} sets the size of a BPE, and --kind {settings.kind} has "
-                         "its own vocabulary (a char tokenizer's is the text's characters): drop --vocab-size, or use "
-                         "--kind bpe")
+    if settings.kind not in SIZED_KINDS and settings.vocab_size is not None:
+        raise InputError(f"--vocab-size {settings.vocab_size} sets the size of a BPE or WordPiece, and --kind "
+                         f"{settings.kind} has its own vocabulary (a char tokenizer's is the text's characters): drop "
+                         "--vocab-size, or use --kind bpe or wordpiece")
+    if settings.kind != "wordpiece" and not settings.lowercase:
+        raise InputError(f"--no-lowercase keeps the case of a WordPiece's text, and --kind {settings.kind} keeps every "
+                         "character as it is: drop --no-lowercase, or use --kind wordpiece")
     _refuse_run_tokenizer(out)
     if settings.overwrite and out.is_dir() and any(out.iterdir()) and not (out / META_FILE).is_file():
         raise InputError(f"--out {out} holds files and no tokenizer attnkit saved ({META_FILE}); --overwrite "
@@ -192,7 +198,7 @@ def _run_tokenizer_train(settings: TokenizerTrainSettings) -> int:
     check_output(out, directory=True, overwrite=settings.overwrite)
     files = resolve_files(list(settings.data) or None, max_bytes=settings.max_bytes)
     tok = train_tokenizer(settings.kind, files, vocab_size=settings.vocab_size or BPE_VOCAB_SIZE,
-                          encoding_errors=settings.encoding_errors)
+                          encoding_errors=settings.encoding_errors, lowercase=settings.lowercase)
     with atomic_output(out, directory=True, overwrite=settings.overwrite) as partial:
         tok.save(partial)
     print(f"{tok.kind} tokenizer, {tok.vocab_size} tokens, from {len(files)} files -> {settings.out}")
@@ -685,8 +691,8 @@ COMMANDS: list[Command] = [
             RecipesSettings, _run_recipes),
     Command("presets", "print the table of model presets (the lecture's comparison table), or one preset's config",
             PresetsSettings, _run_presets),
-    Command("tokenizer train", "train a char or byte-level BPE tokenizer on text files", TokenizerTrainSettings,
-            _run_tokenizer_train),
+    Command("tokenizer train", "train a char, byte-level BPE or WordPiece tokenizer on text files",
+            TokenizerTrainSettings, _run_tokenizer_train),
     Command("tokenizer encode", "print the ids and pieces of a text", TokenizerEncodeSettings, _run_tokenizer_encode),
     *(Command(c.name, c.help, c.settings, functools.partial(c.run, load=load_pipeline)) for c in _task_commands()),
     Command(

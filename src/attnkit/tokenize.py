@@ -1,17 +1,19 @@
 """Tokenizers: text <-> token ids, behind one small protocol.
 
-Three kinds, one interface:
+Four kinds, one interface:
 
-    char   one id per character of a corpus's alphabet (the classic Tiny Shakespeare setup), plus specials
-    bpe    byte-level BPE (GPT-2 style) trained here with Hugging Face `tokenizers`: lossless on any UTF-8
-    hf     any Hugging Face `tokenizer.json` already on disk (GPT-2, Llama, BERT, ...), used as it is
+    char       one id per character of a corpus's alphabet (the classic Tiny Shakespeare setup), plus specials
+    bpe        byte-level BPE (GPT-2 style) trained here with Hugging Face `tokenizers`: lossless on any UTF-8
+    wordpiece  BERT's WordPiece trained here with `tokenizers` (uncased or cased), [CLS] [SEP] [MASK] [PAD] [UNK]
+    hf         any Hugging Face `tokenizer.json` already on disk (GPT-2, Llama, BERT, ...), used as it is
 
 `encode` never adds special tokens and never reads them out of the text: a string such as "<eos>" in the
 input is ordinary text. Special ids are placed by the data code (BOS/EOS, CLS/SEP, padding), so
-`decode(encode(s)) == s` holds for any string a kind can represent.
+`decode(encode(s)) == s` holds for any string a kind can represent (WordPiece's decode gives the text as BERT's
+does: as its normalizer left it, lower-cased where uncased, its words and punctuation joined by single spaces).
 
 A tokenizer is saved as a directory holding `attnkit_tokenizer.json` (the kind and the special tokens) and,
-for `bpe`/`hf`, the `tokenizer.json` itself; `load_tokenizer(dir)` reads any of them back.
+for `bpe`/`wordpiece`/`hf`, the `tokenizer.json` itself; `load_tokenizer(dir)` reads any of them back.
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ from attnkit.textfiles import EncodingErrors, iter_texts, split_text
 
 log = logging.getLogger(__name__)
 
-KINDS = ("char", "bpe", "hf")
+KINDS = ("char", "bpe", "wordpiece", "hf")
+TRAINED_KINDS = ("char", "bpe", "wordpiece")  # kinds trained on a text (`train_tokenizer`, attnkit train --tokenizer)
+SIZED_KINDS = ("bpe", "wordpiece")  # kinds trained to a vocab_size
+JSON_KINDS = ("bpe", "wordpiece", "hf")  # kinds that are a Hugging Face tokenizer.json underneath (`HFTokenizer`)
 BPE_VOCAB_SIZE = 2048  # a trained BPE's vocabulary size unless told (attnkit train, attnkit tokenizer train)
 SPECIAL_ROLES = ("pad", "bos", "eos", "unk", "mask", "cls", "sep")
 REQUIRED_ROLES = ("pad", "bos", "eos", "unk")
@@ -52,7 +57,7 @@ class Tokenizer(Protocol):
     special id is `None` where a kind has no such token (BERT has no BOS; GPT-2 has no CLS).
     """
 
-    kind: str  # "char" | "bpe" | "hf"
+    kind: str  # "char" | "bpe" | "wordpiece" | "hf"
     specials: dict[str, str]  # role -> token string, e.g. {"eos": "<eos>"}
     starts_with_bos: bool  # its own texts begin with BOS (Llama's tokenizers); a prompt is given one (`Pipeline`),
     # a chat in the default format too, one with a template of its own only where it writes bos_token (`ChatTemplate`)
@@ -327,7 +332,7 @@ class _rust_panics_named:
 
 
 class HFTokenizer(_SpecialIds):
-    """A Hugging Face `tokenizers.Tokenizer`: kind `bpe` (trained here) or `hf` (brought from disk).
+    """A Hugging Face `tokenizers.Tokenizer`: kind `bpe` or `wordpiece` (trained here) or `hf` (brought from disk).
 
     `encode` adds no special tokens (no post-processor template) and reads none from the text.
     """
@@ -577,21 +582,70 @@ def train_bpe(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
     )
+    _train_on(tok, trainer, texts, "a BPE", vocab_size)
+    return HFTokenizer(tok, kind="bpe", specials=specials)
+
+
+# BERT's special tokens; BOS and EOS borrow CLS and SEP, as those of a BERT tokenizer from disk do
+WORDPIECE_SPECIALS = {"pad": "[PAD]", "bos": "[CLS]", "eos": "[SEP]", "unk": "[UNK]", "mask": "[MASK]",
+                      "cls": "[CLS]", "sep": "[SEP]"}
+
+
+def train_wordpiece(
+    texts: Iterable[str],
+    *,
+    vocab_size: int,
+    lowercase: bool = True,
+    special_tokens: Mapping[str, str] | None = None,
+    min_frequency: int = 2,
+    show_progress: bool = False,
+) -> HFTokenizer:
+    """Train BERT's WordPiece (Devlin et al. 2019, the lectures' BERT) as bert-base-uncased's tokenizer.json is
+    built: BERT's normalizer (lower-cased and accents stripped where `lowercase`, as uncased BERT; both kept
+    otherwise, as cased), its pre-tokenizer (words split at white space and punctuation), pieces inside a word
+    marked '##', and its post-processor's `[CLS] text [SEP]` (which `encode` does not add: the data code frames).
+    A word with a character the vocabulary lacks is [UNK] whole, as in BERT. Raises InputError for texts that are
+    all empty and ConfigError for a `vocab_size` that leaves no room past the special tokens."""
+    from tokenizers import Tokenizer as _HF
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    specials = _normalize_specials(WORDPIECE_SPECIALS if special_tokens is None else special_tokens)
+    distinct = list(dict.fromkeys(specials.values()))
+    if vocab_size <= len(distinct):
+        raise ConfigError(f"vocab_size {vocab_size} is too small for WordPiece: its {len(distinct)} special tokens "
+                          "leave no room for text; give a larger one")
+    tok = _HF(models.WordPiece(unk_token=specials["unk"]))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=distinct,
+                                        continuing_subword_prefix="##", show_progress=show_progress)
+    _train_on(tok, trainer, texts, "a WordPiece", vocab_size)
+    first, last = specials.get("cls", specials["bos"]), specials.get("sep", specials["eos"])
+    ids = {token: tok.token_to_id(token) for token in (first, last)}
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{first} $A {last}", pair=f"{first} $A {last} $B:1 {last}:1", special_tokens=list(ids.items()))
+    return HFTokenizer(tok, kind="wordpiece", specials=specials)
+
+
+def _train_on(tok, trainer, texts: Iterable[str], what: str, vocab_size: int) -> None:
+    """Train `tok` (a `tokenizers.Tokenizer`) with `trainer` on `texts`, read in pieces of about a megabyte cut
+    at line ends (flat memory on large files). Raises InputError for texts that are all empty; a vocabulary smaller
+    than `vocab_size` (too few pairs seen twice in a short text) is logged."""
     seen = [0]  # characters read
 
-    def pieces() -> Iterable[str]:  # flat memory on large files
+    def pieces() -> Iterable[str]:
         for text in texts:
             seen[0] += len(text)
             yield from split_text(text, 1 << 20)
 
     tok.train_from_iterator(pieces(), trainer)
     if not seen[0]:
-        raise InputError("the training text is empty: a BPE learns its merges from text; give files that hold some")
-    log.info("trained byte-level BPE: %d tokens", tok.get_vocab_size())
+        raise InputError(f"the training text is empty: {what} learns its pieces from text; give files that hold some")
+    log.info("trained %s: %d tokens", what, tok.get_vocab_size())
     if tok.get_vocab_size() < vocab_size:
-        log.warning("the BPE has %d tokens of the %s asked: its text holds no more pairs seen twice to merge; give "
-                    "more text, or a smaller vocab_size", tok.get_vocab_size(), f"{vocab_size:,}")
-    return HFTokenizer(tok, kind="bpe", specials=specials)
+        log.warning("%s has %d tokens of the %s asked: its text holds no more pairs seen twice to merge; give "
+                    "more text, or a smaller vocab_size", what, tok.get_vocab_size(), f"{vocab_size:,}")
 
 
 def train_tokenizer(
@@ -602,11 +656,13 @@ def train_tokenizer(
     special_tokens: Mapping[str, str] | Sequence[str] | None = None,
     unknown: UnknownPolicy = "unk",
     encoding_errors: EncodingErrors = "strict",
+    lowercase: bool = True,
 ) -> CharTokenizer | HFTokenizer:
-    """Build a `char` or `bpe` tokenizer from texts (`str` items) and files (`Path` items).
+    """Build a `char`, `bpe` or `wordpiece` tokenizer from texts (`str` items) and files (`Path` items).
 
-    `vocab_size` is required for `bpe` and ignored by `char` (its vocabulary is the alphabet).
-    Raises `ConfigError` for an unknown kind or for `hf` (load one with `load_tokenizer` instead).
+    `vocab_size` is required for `bpe` and `wordpiece` and ignored by `char` (its vocabulary is the alphabet);
+    `lowercase` is WordPiece's (uncased or cased BERT). Raises `ConfigError` for an unknown kind or for `hf`
+    (load one with `load_tokenizer` instead).
     """
     check_kind(kind)
     texts = iter_texts(source, errors=encoding_errors)
@@ -615,7 +671,9 @@ def train_tokenizer(
     if kind == "hf":
         raise ConfigError("kind 'hf' is not trained: point load_tokenizer at a directory holding tokenizer.json")
     if vocab_size is None:
-        raise ConfigError("a bpe tokenizer needs vocab_size")
+        raise ConfigError(f"a {kind} tokenizer needs vocab_size")
+    if kind == "wordpiece":
+        return train_wordpiece(texts, vocab_size=vocab_size, lowercase=lowercase, special_tokens=special_tokens)
     return train_bpe(texts, vocab_size=vocab_size, special_tokens=special_tokens)
 
 

@@ -79,7 +79,7 @@ from attnkit.models import build_model
 from attnkit.outputs import atomic_output, check_output, clear_leftovers
 from attnkit.tasks import task_of_config, task_of_run, task_record
 from attnkit.tasks.tag import frame_of
-from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
+from attnkit.tokenize import HF_FILE, JSON_KINDS, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -414,7 +414,7 @@ def _write_tokenizer(tokenizer: Tokenizer, directory: Path, *, config: ModelConf
     """tokenizer.json as a runtime reads it alone (an encoder's text framed as attnkit frames it:
     `attnkit.interop.runtime_tokenizer`), attnkit's note of its kind, and the tokenizer_config.json that tells
     transformers its special tokens (and its chat template, where given)."""
-    if tokenizer.kind not in ("bpe", "hf"):
+    if tokenizer.kind not in JSON_KINDS:
         log.warning("a %r tokenizer has no Hugging Face form; %s gets no tokenizer", tokenizer.kind, directory)
         return
     tokenizer.save(directory)  # with attnkit's note of its kind, read back by convert --from-hf

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from attnkit.config import DecoderConfig, EncoderConfig, ModelConfig, head_output
 from attnkit.data.labelled import frame_ids
 from attnkit.errors import ConfigError
-from attnkit.tokenize import Tokenizer
+from attnkit.tokenize import JSON_KINDS, Tokenizer
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def runtime_tokenizer(tokenizer: Tokenizer, config: ModelConfig, *, own_frame: b
     frame its inputs."""
     from tokenizers import processors
 
-    if tokenizer.kind not in ("bpe", "hf"):
+    if tokenizer.kind not in JSON_KINDS:
         raise ConfigError(f"a {tokenizer.kind!r} tokenizer has no tokenizer.json form; train the run with "
                           "--tokenizer bpe, or bring a Hugging Face tokenizer")
     hf = _copy(tokenizer)

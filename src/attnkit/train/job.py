@@ -39,7 +39,14 @@ from attnkit.tasks.common import SYNTHETIC, epoch_position, synthetic_name
 from attnkit.tasks.lm import stream_files
 from attnkit.tasks.translate import Translator
 from attnkit.textfiles import EncodingErrors
-from attnkit.tokenize import BPE_VOCAB_SIZE, Tokenizer, load_tokenizer, train_tokenizer
+from attnkit.tokenize import (
+    BPE_VOCAB_SIZE,
+    SIZED_KINDS,
+    TRAINED_KINDS,
+    Tokenizer,
+    load_tokenizer,
+    train_tokenizer,
+)
 from attnkit.train.distributed import SingleProcess, World, quiet_other_ranks, refuse_rank_options, start
 from attnkit.train.finetune import (
     HEAD_MODULES,
@@ -83,8 +90,9 @@ class DataConfig:
     train.SRC/train.TGT, a TSV file or two line-aligned files; classify: a '<label> <text>' file, a CSV/TSV with a
     header or a .jsonl file; any task: synthetic:NAME"""
     val_data: tuple[str, ...] = ()  # translate / classify; empty: hold out `val_fraction` of the training data
-    tokenizer: str = "bpe"  # char | bpe (trained on the training text) | a saved tokenizer directory
-    vocab_size: int = BPE_VOCAB_SIZE  # bpe only
+    tokenizer: str = "bpe"
+    """char | bpe | wordpiece (BERT's, uncased: trained on the training text) | a saved tokenizer directory"""
+    vocab_size: int = BPE_VOCAB_SIZE  # bpe and wordpiece only
     seq_len: int | None = None  # lm: context length; others: longest sequence kept; None: the model's max_seq_len
     max_bytes: int | None = None  # lm: the corpus's first whole files up to this many bytes (at least one file)
     src_lang: str | None = None  # translate from a folder: the source file suffix, e.g. de
@@ -308,10 +316,12 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     if world.rank == 0:
         _claim_run_dir(out, overwrite=request.overwrite)
     data_config = DataConfig.from_dict(_absolute_paths(data_changes))
-    if "vocab_size" in data_changes and data_config.tokenizer != "bpe" and not train_changes.get("init_from"):
-        raise ConfigError(f"--vocab-size {data_config.vocab_size} sets the size of the BPE tokenizer a run trains, and "
-                          f"--tokenizer {data_config.tokenizer} has its own vocabulary (a char tokenizer's is the "
-                          "text's characters): drop --vocab-size, or use --tokenizer bpe")
+    if ("vocab_size" in data_changes and data_config.tokenizer not in SIZED_KINDS
+            and not train_changes.get("init_from")):
+        raise ConfigError(f"--vocab-size {data_config.vocab_size} sets the size of the BPE or WordPiece tokenizer a "
+                          f"run trains, and --tokenizer {data_config.tokenizer} has its own vocabulary (a char "
+                          "tokenizer's is the text's characters): drop --vocab-size, or use --tokenizer bpe or "
+                          "wordpiece")
     settings = TrainConfig.from_dict(train_changes)
     parallel = _start(world, settings, data_config, device)  # the other ranks wait here until rank 0 has claimed `out`
     seed_all(settings.seed)
@@ -525,7 +535,7 @@ def _tokenizer_differences(saved: Tokenizer, data_changes: dict[str, Any], saved
     wanted = data_changes.get("tokenizer")
     problems = []
     if wanted is not None and wanted != saved_data.tokenizer:
-        if wanted in ("char", "bpe"):
+        if wanted in TRAINED_KINDS:
             if wanted != saved.kind:
                 problems.append(f"tokenizer: {saved.kind!r} -> {wanted!r}")
         elif load_tokenizer(wanted).fingerprint() != saved.fingerprint():
@@ -600,7 +610,7 @@ def _check_seq_len(data: DataConfig, config: ModelConfig, *, resumed: bool = Fal
 def _new_tokenizer(data: DataConfig, seed: int, lm_files: list[Path] | None) -> Tokenizer:
     if synthetic_name(data) is not None:
         return synthetic_tokenizer()
-    if data.tokenizer not in ("char", "bpe"):
+    if data.tokenizer not in TRAINED_KINDS:
         return load_tokenizer(data.tokenizer)
     spec = data.spec
     if spec.stream and lm_files and all(path.stat().st_size == 0 for path in lm_files):
@@ -633,7 +643,7 @@ def _absolute_paths(data_changes: dict[str, Any]) -> dict[str, Any]:
     for key in ("data", "val_data"):
         if key in out:
             out[key] = tuple(p if str(p).startswith(SYNTHETIC) else _resolve(p) for p in out[key])
-    if out.get("tokenizer") not in (None, "char", "bpe"):
+    if out.get("tokenizer") not in (None, *TRAINED_KINDS):
         out["tokenizer"] = _resolve(out["tokenizer"])
     return out
 

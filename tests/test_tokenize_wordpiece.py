@@ -1,0 +1,157 @@
+"""WordPiece (BERT's tokenizer, trained here): its splits and ids equal transformers' BertTokenizerFast built from the
+same vocabulary, uncased and cased; round trips; BERT's special tokens; the saved form; the command line; tagging's
+word-to-piece map against BertTokenizerFast's word_ids; and a masked-LM run on it."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from shared_data import shared
+
+import attnkit
+from attnkit.cli import main
+from attnkit.errors import ConfigError, InputError
+from attnkit.tasks.tag import align
+from attnkit.tokenize import HFTokenizer, load_tokenizer, train_tokenizer, train_wordpiece
+
+SENTENCES = [
+    "To be, or not to be: that is the question.",
+    "  ROMEO:\r\nWhither\tgo'st thou, Juliet?",
+    "Café naïve ÆRØ façade 日本語 😀 don't",
+    "[MASK] and [CLS] are text here; so is <eos>.",
+    "unbelievably-long-hyphenated words and 12,345.67 numbers",
+]
+
+
+def _bert_fast(tokenizer: HFTokenizer, directory: Path, *, lowercase: bool):
+    """transformers' BertTokenizerFast built from `tokenizer`'s vocabulary alone (a vocab.txt in id order)."""
+    transformers = pytest.importorskip("transformers")
+    vocab = json.loads(tokenizer.to_str())["model"]["vocab"]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "vocab.txt").write_text("".join(f"{t}\n" for t in sorted(vocab, key=vocab.get)), encoding="utf-8")
+    # split_special_tokens: "[MASK]" in a text is text, as attnkit reads it (the data code places special tokens)
+    return transformers.BertTokenizerFast(str(directory / "vocab.txt"), do_lower_case=lowercase,
+                                          split_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def shakespeare() -> list[Path]:
+    return [shared("tinyshakespeare", "input.txt")]
+
+
+@pytest.mark.parametrize("lowercase", [True, False], ids=["uncased", "cased"])
+def test_wordpiece_splits_as_bert_tokenizer_fast_from_the_same_vocab(shakespeare, tmp_path, lowercase):
+    tok = train_tokenizer("wordpiece", shakespeare, vocab_size=2000, lowercase=lowercase)
+    assert tok.kind == "wordpiece" and tok.vocab_size == 2000
+    bert = _bert_fast(tok, tmp_path, lowercase=lowercase)
+    for text in SENTENCES:
+        ids = tok.encode(text)
+        assert tok.pieces(ids) == bert.tokenize(text), text
+        assert [tok.cls_id, *ids, tok.sep_id] == bert(text)["input_ids"], text
+        assert tok.decode(ids) == bert.decode(ids, skip_special_tokens=True), text
+    pieces = tok.pieces(tok.encode("ROMEO Whither"))
+    assert (pieces[0] == "romeo") == lowercase and any(p.startswith("##") for p in pieces)
+
+
+@settings(max_examples=100, deadline=None)
+@given(words=st.lists(st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGH", min_size=1, max_size=12),
+                      min_size=0, max_size=8))
+def test_wordpiece_round_trip_gives_the_normalized_text(words):
+    """decode(encode(s)) is the text as BERT's normalizer leaves it: lower-cased, one space between words. Words
+    made of the training text's letters never fall back to [UNK]."""
+    tok = _small_wordpiece()
+    text = " ".join(words)
+    assert tok.decode(tok.encode(text)) == text.lower()
+    assert tok.unk_id not in tok.encode(text)
+
+
+@functools.cache
+def _small_wordpiece() -> HFTokenizer:
+    return train_wordpiece(["the quick brown fox jumps over the lazy dog " * 5, "abcdefghijklmnopqrstuvwxyz"],
+                           vocab_size=200)
+
+
+def test_wordpiece_has_berts_special_tokens_and_reads_them_in_text_as_text():
+    tok = _small_wordpiece()
+    assert tok.specials == {"pad": "[PAD]", "bos": "[CLS]", "eos": "[SEP]", "unk": "[UNK]", "mask": "[MASK]",
+                            "cls": "[CLS]", "sep": "[SEP]"}
+    assert tok.pieces([tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id]) == [
+        "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert (tok.bos_id, tok.eos_id) == (tok.cls_id, tok.sep_id)
+    assert tok.own_frame == ((tok.cls_id,), (tok.sep_id,)) and not tok.space_starts_word
+    assert tok.mask_id not in tok.encode("[MASK]") and len(tok.encode("[MASK]")) > 1  # brackets and letters
+    assert tok.encode("😀") == [tok.unk_id]  # a character it never saw: the word is [UNK], as in BERT
+
+
+def test_wordpiece_saves_and_loads_as_the_same_tokenizer(tmp_path):
+    tok = _small_wordpiece()
+    tok.save(tmp_path / "tok")
+    back = load_tokenizer(tmp_path / "tok")
+    assert isinstance(back, HFTokenizer) and back.kind == "wordpiece"
+    assert back.fingerprint() == tok.fingerprint() and back.specials == tok.specials
+    assert back.encode("the lazy fox") == tok.encode("the lazy fox")
+    assert train_wordpiece(["the quick fox " * 3], vocab_size=200, lowercase=False).fingerprint() != (
+        train_wordpiece(["the quick fox " * 3], vocab_size=200).fingerprint())
+
+
+def test_wordpiece_bad_sizes_and_empty_text_are_clear_errors():
+    with pytest.raises(ConfigError, match="too small for WordPiece"):
+        train_wordpiece(["abc"], vocab_size=5)
+    with pytest.raises(InputError, match="the training text is empty: a WordPiece"):
+        train_tokenizer("wordpiece", ["", ""], vocab_size=100)
+    with pytest.raises(ConfigError, match="a wordpiece tokenizer needs vocab_size"):
+        train_tokenizer("wordpiece", ["abc"])
+
+
+def test_tokenizer_train_command_trains_a_cased_or_uncased_wordpiece(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("Paris is the Capital of France.\n" * 20, encoding="utf-8")
+    for flags, name in (([], "uncased"), (["--no-lowercase"], "cased")):
+        assert main(["tokenizer", "train", "--kind", "wordpiece", "--data", str(text), "--vocab-size", "100",
+                     "--out", str(tmp_path / name), *flags]) == 0
+    assert "wordpiece tokenizer" in capsys.readouterr().out
+    assert load_tokenizer(tmp_path / "uncased").pieces(load_tokenizer(tmp_path / "uncased").encode("Paris"))[0] == (
+        "paris")
+    cased = load_tokenizer(tmp_path / "cased")
+    assert cased.pieces(cased.encode("Paris"))[0] == "Paris"
+    assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path / "cased"), "--text", "Paris"]) == 0
+    assert "Paris" in capsys.readouterr().out
+    assert main(["tokenizer", "train", "--kind", "bpe", "--no-lowercase", "--data", str(text),
+                 "--out", str(tmp_path / "b")]) == 2
+    assert "--no-lowercase keeps the case of a WordPiece" in capsys.readouterr().err
+
+
+def test_tagging_maps_wordpieces_to_words_as_bert_word_ids(shakespeare, tmp_path):
+    """A tagged word's label sits on its first piece: the word of each piece equals BertTokenizerFast's word_ids
+    for the same words (is_split_into_words), a word that splits at punctuation ("go'st") included."""
+    tok = train_tokenizer("wordpiece", shakespeare, vocab_size=1000)
+    bert = _bert_fast(tok, tmp_path, lowercase=True)
+    words = ["Whither", "go'st", "thou", ",", "Juliet", "Montague-Capulet", "日本"]
+    aligned = align(tok, words, list(range(len(words))), max_len=64)
+    encoded = bert(words, is_split_into_words=True)
+    assert aligned.ids == encoded["input_ids"]
+    word_ids = encoded.word_ids()
+    assert aligned.firsts == [word_ids.index(w) for w in range(len(words))]
+    assert [aligned.labels[i] for i in aligned.firsts] == list(range(len(words)))
+
+
+def test_an_mlm_run_trains_on_a_wordpiece_it_trains_and_fills_masks(tmp_path, capsys):
+    """attnkit train --task mlm --tokenizer wordpiece: a tiny run trains a WordPiece on its text, frames windows as
+    [CLS] ... [SEP], saves the tokenizer with the run, and fill_mask reads [MASK] in the prompt."""
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat . the dog sat on the log .\n" * 200, encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["train", "--task", "mlm", "--data", str(text), "--tokenizer", "wordpiece", "--vocab-size", "60",
+                 "--set", "d_model=16", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "d_ff=32",
+                 "--set", "max_seq_len=32", "--max-steps", "3", "--batch-size", "4", "--no-progress",
+                 "--out", str(run)]) == 0
+    saved = load_tokenizer(run / "tokenizer")
+    assert saved.kind == "wordpiece" and json.loads((run / "config.json").read_text())["vocab_size"] == (
+        saved.vocab_size)
+    [fill] = attnkit.load(run).fill_mask("the cat [MASK] on the mat .", top_k=3)[0]
+    assert len(fill.candidates) == 3 and all(t != "[MASK]" for t, _ in fill.candidates)
