@@ -12,6 +12,7 @@ import pytest
 import torch
 from generate_models import tiny_model
 
+import attnkit
 from attnkit.errors import InputError
 from attnkit.generate import generate_tokens
 from attnkit.generate.beam import beam_generate
@@ -145,3 +146,78 @@ def test_bad_searches_are_refused_naming_the_setting():
     assert len(beam_generate(model, [[1, 2, 3, 4, 5]], max_new_tokens=20, num_beams=2, **search)[0]) <= 20
     with pytest.raises(InputError, match=r"prompt 1 is empty"):
         beam_generate(model, [[1], []], max_new_tokens=3, num_beams=2, **search)
+
+
+@pytest.fixture(scope="module")
+def gpt2_run(tmp_path_factory):
+    """(transformers' tiny GPT-2, the run `attnkit convert` makes of it, with a word-level tokenizer: w4 .. w98)."""
+    interop_models = pytest.importorskip("interop_models")
+    from attnkit.interop.hf import convert_from_hf
+
+    directory = tmp_path_factory.mktemp("gpt2-hf")
+    reference = interop_models.hf_model("gpt2", directory)
+    interop_models.word_tokenizer(directory)
+    run = tmp_path_factory.mktemp("gpt2-run") / "run"
+    convert_from_hf(directory, run)
+    return reference, run
+
+
+def _words(ids):
+    return " ".join(f"w{i}" for i in ids)
+
+
+def test_pipeline_generate_with_beams_is_transformers_beam_search_in_text(gpt2_run):
+    """Pipeline.generate(num_beams=...) on two prompts of different lengths gives the text of transformers' beams,
+    n per prompt, best first; the tokenizer's EOS and the stop tokens end a text, as transformers' eos list does."""
+    reference, run = gpt2_run
+    pipeline = attnkit.load(run, device="cpu")
+    stops = [44]  # a token greedy decoding writes often (see `converted`)
+    search = dict(max_new_tokens=NEW_TOKENS, num_beams=3, num_return_sequences=2, length_penalty=0.5,
+                  early_stopping=True, min_new_tokens=1)
+    texts = pipeline.generate([_words(p) for p in PROMPTS], stop_tokens=stops, **search)
+    expected = _reference(reference, sorted({*stops, *pipeline.end_ids}), **search)
+    assert texts == [pipeline.tokenizer.decode(row) for row in expected]
+    assert len(set(texts)) == 4 and {len(row) for row in expected} > {1, NEW_TOKENS}  # ended, and cut at the limit
+
+
+def test_pipeline_refuses_what_beam_search_does_not_take_in_one_line_naming_them(gpt2_run, monkeypatch):
+    _, run = gpt2_run
+    pipeline = attnkit.load(run, device="cpu")
+    with pytest.raises(InputError, match=r"^num_beams=2 \(beam search\) does not take top_k, stop, on_text: [^\n]*$"):
+        pipeline.generate("w5 w6", num_beams=2, top_k=5, stop=["w7"], on_text=lambda *_: None)
+    with pytest.raises(InputError, match=r"num_beams=3 \(beam search\) does not take temperature, num_samples, "
+                                         r"json_schema"):
+        pipeline.generate("w5 w6", num_beams=3, temperature=0.7, num_samples=2, json_schema={"type": "object"})
+    with pytest.raises(InputError, match=r"num_return_sequences=3 must be an integer from 1 to num_beams=2"):
+        pipeline.generate("w5 w6", num_beams=2, num_return_sequences=3)
+    monkeypatch.setattr("attnkit.generate.pipeline.free_bytes", lambda device: 1000)
+    with pytest.raises(InputError, match=r"8 hypotheses \(--num-beams x the prompts\) need at least .* choose a "
+                                         r"smaller --num-beams"):
+        pipeline.generate(["w5", "w6"], num_beams=4, max_new_tokens=3)
+
+
+def test_cli_generate_takes_the_beam_flags_and_refuses_the_others_before_loading(gpt2_run, capsys, monkeypatch):
+    from attnkit import cli
+    from attnkit.generate import Pipeline
+
+    _, run = gpt2_run
+    common = ["generate", str(run), "--prompt", "w5 w17 w33", "--max-new-tokens", "6", "--device", "cpu"]
+    seen = []
+    generate = Pipeline.generate
+    monkeypatch.setattr(Pipeline, "generate", lambda self, prompts, **kw: seen.append(kw) or generate(self, prompts,
+                                                                                                      **kw))
+    assert cli.main([*common, "--num-beams", "3", "--num-return-sequences", "2", "--length-penalty", "2",
+                     "--early-stopping"]) == 0
+    assert {key: seen[-1][key] for key in ("num_beams", "num_return_sequences", "length_penalty", "early_stopping")} \
+        == dict(num_beams=3, num_return_sequences=2, length_penalty=2.0, early_stopping=True)
+    texts = attnkit.load(run, device="cpu").generate("w5 w17 w33", max_new_tokens=6, num_beams=3,
+                                                     num_return_sequences=2, length_penalty=2.0, early_stopping=True)
+    assert capsys.readouterr().out == "".join(f"--- sequence {i + 1} ---\nw5 w17 w33{t}\n" for i, t in enumerate(texts))
+    assert cli.main([*common, "--num-beams", "2", "--no-early-stopping"]) == 0
+    assert seen[-1]["early_stopping"] is False and seen[-1]["on_text"] is None  # beams' texts are printed whole
+    assert capsys.readouterr().out.count("\n") == 1
+    missing = ["generate", str(run.parent / "nowhere"), "--prompt", "w5", "--num-beams", "4"]
+    assert cli.main([*missing, "--top-p", "0.9", "--num-samples", "2", "--regex", "w5"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("attnkit: error: --num-beams 4 (beam search) does not take --top-p, --num-samples, "
+                            "--regex:") and "\n" not in error

@@ -1,13 +1,14 @@
 """What every command that runs a trained model takes: how the run is loaded (`LoadSettings`; `DecodeSettings`
 adds quantized weights and compilation, for models that decode) and the texts it reads (`InputSettings`, `read_inputs`,
-`read_stdin`; `text_list`: the texts the Python API's methods take). A task's command (`attnkit.tasks.TaskCommand`)
+`read_stdin`; `text_list`: the texts the Python API's methods take; `refuse_beside_beams`: the options beam search
+does not take, refused alike by the command line and the API). A task's command (`attnkit.tasks.TaskCommand`)
 builds its settings on these; `attnkit.options` turns their fields into its flags.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -112,6 +113,32 @@ def text_list(texts: object, *, what: str = "texts", required: bool = True, word
         if not isinstance(item, str) and not split:
             raise InputError(f"{what} are {taken}; item {index} is {item!r} ({type(item).__name__})")
     return items
+
+
+def _set(value: Any) -> bool:
+    return value is not None
+
+
+# The options beam search does not take (the Python API's names; a flag is its name with dashes), each with the test
+# of whether it was set: beam search ranks whole texts by their log-probabilities, so it neither samples nor
+# penalises, streams, stops at strings or follows a constraint
+NOT_BESIDE_BEAMS: dict[str, Callable[[Any], bool]] = {
+    "temperature": lambda t: t not in (0, 1),  # 0 (greedy) and 1 leave the log-probabilities as they are
+    "top_k": _set, "top_p": _set, "min_p": bool, "repetition_penalty": lambda p: p != 1, "presence_penalty": bool,
+    "frequency_penalty": bool, "no_repeat_ngram_size": bool, "logit_bias": bool, "num_samples": lambda n: n != 1,
+    "stop": bool, "on_text": _set, "json": bool, "json_schema": _set, "regex": _set, "lark": _set, "grammar": _set,
+}
+
+
+def refuse_beside_beams(beams: str, options: Mapping[str, Any], *, flags: bool = False) -> None:
+    """InputError naming the options of `options` ({name: value}, names of NOT_BESIDE_BEAMS; as flags with `flags`)
+    that were set beside beam search (`beams`: "num_beams=4", "--num-beams 4"), in one line."""
+    given = [name for name, value in options.items() if NOT_BESIDE_BEAMS[name](value)]
+    if given:
+        names = [f"--{name.replace('_', '-')}" for name in given] if flags else given
+        raise InputError(f"{beams} (beam search) does not take {', '.join(names)}: beam search is deterministic and "
+                         "ranks whole texts by their log-probabilities, so it neither samples nor penalises, streams, "
+                         "stops at strings or follows a constraint; drop them, or use one beam (sampling, greedy)")
 
 
 def read_stdin(limit: int) -> str:

@@ -39,17 +39,17 @@ from attnkit.checkpoint import (
 from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
 from attnkit.errors import CheckpointError, InputError
-from attnkit.generate.beam import check_search, translate_batched
+from attnkit.generate.beam import beam_generate, check_search, translate_batched
 from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.constrained import Grammar, GrammarMask
-from attnkit.generate.decoder import EagerDecoding, generate_tokens
+from attnkit.generate.decoder import EagerDecoding, check_prompts, generate_tokens
 from attnkit.generate.plan import InferencePlan, check_quantization, plan_inference
 from attnkit.generate.quantize import QUANTIZE_FORMS
 from attnkit.generate.sampling import check_sampling, choice_seed, make_generator
 from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
-from attnkit.run_settings import text_list
+from attnkit.run_settings import refuse_beside_beams, text_list
 from attnkit.tasks import TaskSpec, task_of_config, task_of_run, task_record, tasks, tasks_of_family
 from attnkit.tasks.common import check_outputs
 from attnkit.tasks.registry import METHODS  # the task methods the pipeline defines itself
@@ -150,6 +150,10 @@ class Pipeline:
         regex: str | None = None,
         lark: str | None = None,
         grammar: Grammar | None = None,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        early_stopping: bool = False,
+        num_return_sequences: int = 1,
     ) -> list[str]:
         """Continue each prompt; returns the new text only, `num_samples` per prompt, prompt by prompt.
 
@@ -172,12 +176,30 @@ class Pipeline:
         syntax, and `grammar` to any `Grammar` (`generate/constrained.py`; one of the four at most): the tokens that
         cannot continue it are never chosen, and a text ends where its grammar is complete (cut short only by
         `max_new_tokens`).
+        `num_beams` K > 1 (or `num_return_sequences` > 1) is beam search (`generate/beam.py`), transformers'
+        generate(num_beams=K, do_sample=False): each prompt's `num_return_sequences` best continuations, best first,
+        scored by their summed log-probabilities over their count of new tokens ** `length_penalty`, the end tokens,
+        `stop_tokens`, `min_new_tokens` and `max_new_tokens` as above; `early_stopping` (False, transformers'
+        default) ends a prompt's search at K finished texts. It is deterministic, decodes eagerly (not through a
+        compiled step) and keeps whole texts in the cache (the prompt and max_new_tokens within max_seq_len); sampling,
+        penalties, stop strings, streaming and constraints are refused beside it (`refuse_beside_beams`).
         Raises SamplingError (a ConfigError) for bad sampling settings or seed (`check_sampling`), InputError for an
         empty prompt with no BOS to start from, for a schema, expression or grammar that cannot be followed, or for
-        more than one of them; ConfigError without the structured extra; BrokenOutputs for logits that give no
+        more than one of them, for bad beam settings or options beam search does not take, or for beams that do
+        not fit in the memory; ConfigError without the structured extra; BrokenOutputs for logits that give no
         distribution to draw from (nan: fp16 activations that overflow, or broken weights).
         """
         self._require("generate")
+        if num_beams != 1 or num_return_sequences != 1:
+            refuse_beside_beams(f"num_beams={num_beams!r}", dict(
+                temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                no_repeat_ngram_size=no_repeat_ngram_size, logit_bias=logit_bias, num_samples=num_samples, stop=stop,
+                on_text=on_text, json_schema=json_schema, regex=regex, lark=lark, grammar=grammar))
+            return self._beam_search(prompts, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+                                     stop_tokens=stop_tokens, stop_at_eos=stop_at_eos, add_bos=add_bos,
+                                     num_beams=num_beams, length_penalty=length_penalty,
+                                     early_stopping=early_stopping, num_return_sequences=num_return_sequences)
         given = {name: value for name, value in (("json_schema", json_schema), ("regex", regex), ("lark", lark),
                                                  ("grammar", grammar)) if value is not None}
         if len(given) > 1:
@@ -231,6 +253,28 @@ class Pipeline:
                         "or token met), so they do not parse: give a larger max_new_tokens (--max-new-tokens)",
                         unfinished, grammar.name, max_new_tokens)
         return texts.finish()
+
+    def _beam_search(self, prompts: str | Sequence[str], *, max_new_tokens: int, min_new_tokens: int,
+                     stop_tokens: Sequence[int], stop_at_eos: bool, add_bos: bool | None, num_beams: int,
+                     length_penalty: float, early_stopping: bool, num_return_sequences: int) -> list[str]:
+        """`generate`'s beam search (its docstring), once the options it refuses beside beams are known absent."""
+        check_search(num_beams, length_penalty, early_stopping=early_stopping, vocab_size=self.config.vocab_size,
+                     num_return_sequences=num_return_sequences, beam="num_beams")
+        prompt_ids = [self.prompt_ids(p, index=i, add_bos=add_bos)
+                      for i, p in enumerate(text_list(prompts, what="prompts"))]
+        stop_ids = self._stop_ids(stop_tokens) | (self.end_ids if stop_at_eos else set())
+        check_prompts(prompt_ids, max_new_tokens=max_new_tokens, context_len=self.config.max_seq_len,
+                      min_new_tokens=min_new_tokens)
+        longest = min(max(map(len, prompt_ids)) + max_new_tokens, self.config.max_seq_len)  # beyond: refused
+        self._check_search_fits(num_beams * len(prompt_ids), longest, what="--num-beams x the prompts",
+                                fix="choose a smaller --num-beams (4 to 10 is usual) or give fewer prompts")
+        outputs = beam_generate(
+            self.model, prompt_ids, max_new_tokens=max_new_tokens, context_len=self.config.max_seq_len,
+            num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
+            num_return_sequences=num_return_sequences, pad_id=self.pad_id, stop_ids=stop_ids,
+            writable=self.tokenizer.vocab_size, min_new_tokens=min_new_tokens,
+        )
+        return [self.tokenizer.decode(ids) for ids in outputs]
 
     @property
     def end_ids(self) -> frozenset[int]:
@@ -286,7 +330,9 @@ class Pipeline:
             if max_length > self.config.max_seq_len:
                 raise InputError(f"max_length={max_length} is beyond the model's max_seq_len={self.config.max_seq_len}")
         sources = [self._source_ids(t, index=i) if t.strip() else None for i, t in enumerate(texts)]
-        self._check_search_fits(beam_size * min(batch_size, len(texts)), max_length or self.config.max_seq_len)
+        self._check_search_fits(beam_size * min(batch_size, len(texts)), max_length or self.config.max_seq_len,
+                                what="--beam-size x the texts of a batch, --batch-size",
+                                fix="choose a smaller --beam-size (4 to 10 is usual) or --batch-size")
         outputs = translate_batched(
             self.model, sources, bos_id=bos, eos_id=eos, pad_id=self.pad_id, context_len=self.config.max_seq_len,
             beam_size=beam_size, length_penalty=length_penalty, early_stopping=early_stopping, max_length=max_length,
@@ -295,10 +341,11 @@ class Pipeline:
         )
         return [self.tokenizer.decode(ids) for ids in outputs]
 
-    def _check_search_fits(self, rows: int, max_length: int) -> None:
-        """InputError when `rows` hypotheses (texts in a batch x beam size) of up to `max_length` tokens cannot fit
-        in the memory free: at least their key/value caches (4 bytes a number) and a row of scores over the target
-        vocabulary each (the log-probabilities, their sum with the beam's score, the top-k's copy)."""
+    def _check_search_fits(self, rows: int, max_length: int, *, what: str, fix: str) -> None:
+        """InputError when `rows` hypotheses (`what`: texts in a batch x beam size) of up to `max_length` tokens
+        cannot fit in the memory free: at least their key/value caches (4 bytes a number) and a row of scores over
+        the target vocabulary each (the log-probabilities, their sum with the beam's score, the top-k's copy); its
+        message ends with `fix`."""
         config = self.config
         width = getattr(config, "d_model", None) or getattr(config, "hidden_size", 0)
         layers = getattr(config.resolved, "n_decoder_layers", None) or config.n_layers
@@ -307,9 +354,8 @@ class Pipeline:
         free = free_bytes(self.device)
         if free is not None and need > free:
             raise InputError(
-                f"{rows:,} hypotheses (--beam-size x the texts of a batch, --batch-size) need at least {gib(need)} for "
-                f"their caches and scores but {self.device.type} has {gib(free)} free: choose a smaller --beam-size "
-                f"(4 to 10 is usual) or --batch-size"
+                f"{rows:,} hypotheses ({what}) need at least {gib(need)} for their caches and scores but "
+                f"{self.device.type} has {gib(free)} free: {fix}"
             )
 
     @torch.inference_mode()

@@ -52,7 +52,15 @@ from attnkit.data.masking import mask_tokens
 from attnkit.data.packing import PackedBatch, PackMode, document_ends, pack_rows, pieces
 from attnkit.errors import ConfigError, InputError
 from attnkit.grammars import lark_grammar, regex_grammar
-from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs, read_stdin, text_list
+from attnkit.run_settings import (
+    NOT_BESIDE_BEAMS,
+    DecodeSettings,
+    InputSettings,
+    read_inputs,
+    read_stdin,
+    refuse_beside_beams,
+    text_list,
+)
 from attnkit.tasks import common
 from attnkit.tasks.common import (
     ONE_PROCESS,
@@ -518,6 +526,23 @@ class GenerateSettings(DecodeSettings):
     json: bool = False  # the text is one JSON object, any (JSON mode; the structured extra)
     regex: str | None = None  # the text matches this regular expression whole (the structured extra)
     grammar: str | None = None  # a Lark grammar file (llguidance's syntax) the text follows (the structured extra)
+    num_beams: int = 1  # beam search over this many hypotheses (transformers' num_beams); 1: greedy or sampling
+    length_penalty: float = 1.0  # beam score = summed log p / new tokens ** this (> 0 favours longer texts)
+    early_stopping: bool = False  # beam search ends at num-beams finished texts (off: while a live beam could win)
+    num_return_sequences: int = 1  # beam search: the n best texts, best first (n <= --num-beams)
+
+    @property
+    def beams(self) -> bool:
+        """Whether the settings ask for beam search (more than one beam, or more than one of its texts)."""
+        return self.num_beams != 1 or self.num_return_sequences != 1
+
+
+def refuse_flags_beside_beams(settings: GenerateSettings) -> None:
+    """InputError naming the flags given beside --num-beams that beam search does not take (`refuse_beside_beams`),
+    checked before the model loads."""
+    if settings.beams:
+        refuse_beside_beams(f"--num-beams {settings.num_beams}", {
+            name: getattr(settings, name) for name in NOT_BESIDE_BEAMS if hasattr(settings, name)}, flags=True)
 
 
 def read_constraint(settings: GenerateSettings) -> dict[str, Any]:
@@ -629,10 +654,12 @@ class StreamedText:
 
 def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     """`attnkit generate`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
+    refuse_flags_beside_beams(settings)
     prompt = read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
     constraint = read_constraint(settings)
     pipeline = load(settings)
-    stream = settings.stream and settings.num_samples == 1
+    many = settings.num_samples > 1 or settings.num_return_sequences > 1
+    stream = settings.stream and not many and not settings.beams  # beam search's texts come whole at the end
     head = prompt if settings.echo else ""
     streamed = StreamedText(head)
     with streamed.own_lines():
@@ -643,13 +670,15 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
             presence_penalty=settings.presence_penalty, frequency_penalty=settings.frequency_penalty,
             no_repeat_ngram_size=settings.no_repeat_ngram_size, num_samples=settings.num_samples, seed=settings.seed,
             stop=list(settings.stop), on_text=streamed.write if stream else None, **constraint,
+            num_beams=settings.num_beams, length_penalty=settings.length_penalty,
+            early_stopping=settings.early_stopping, num_return_sequences=settings.num_return_sequences,
         )
     if stream:
         streamed.finish()
         return 0
     for index, text in enumerate(texts):
-        if settings.num_samples > 1:
-            print(f"--- sample {index + 1} ---")
+        if many:
+            print(f"--- {'sample' if settings.num_samples > 1 else 'sequence'} {index + 1} ---")
         print(head + text)
     return 0
 
