@@ -6,10 +6,19 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
 from attnkit import presets
-from attnkit.experiments import ab_task, kernel_regression, position_extrapolation, run_experiment, scaled_dot
+from attnkit.config import ModelConfig
+from attnkit.experiments import (
+    ab_task,
+    gqa_memory,
+    kernel_regression,
+    position_extrapolation,
+    run_experiment,
+    scaled_dot,
+)
 
 
 def outcome_of(result, starts: str) -> str:
@@ -67,4 +76,15 @@ def test_scaled_dot_does_not_hold_where_the_unscaled_scores_shrink_as_d_grows(tm
                         lambda head_dim, scale, generator: measured(head_dim, scale / head_dim, generator))
     result = run_experiment("scaled-dot", budget="tiny", out=tmp_path)
     assert outcome_of(result, "at initialisation: the unscaled softmax's mean largest weight at D=") == "against"
+    assert result.verdict in ("did not hold at this scale", "mixed")
+
+
+@pytest.mark.slow  # four models trained and timed: about 10 s alone
+def test_gqa_memory_does_not_hold_where_every_variant_keeps_all_its_key_value_heads(tmp_path, monkeypatch):
+    """Models built with n_kv_heads = n_heads whatever the variant asks keep a cache as large as MHA's: the cache size,
+    read from the cache each model allocates, says so."""
+    monkeypatch.setattr(gqa_memory, "ModelConfig",
+                        lambda **fields: ModelConfig(**{**fields, "n_kv_heads": fields["n_heads"]}))
+    result = run_experiment("gqa-memory", budget="tiny", out=tmp_path)
+    assert outcome_of(result, "MQA's KV cache is") == "against"
     assert result.verdict in ("did not hold at this scale", "mixed")
