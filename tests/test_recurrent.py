@@ -154,11 +154,54 @@ def test_luong_dot_refuses_unequal_widths():
         SourceAttention("luong-dot", query_dim=6, memory_dim=12)
 
 
-def _gru_cell_from(rnn: nn.GRU, layer: int) -> nn.GRUCell:
-    cell = nn.GRUCell(rnn.input_size if layer == 0 else rnn.hidden_size, rnn.hidden_size).double()
+def _cell_from(rnn: nn.GRU | nn.LSTM, layer: int, suffix: str = "") -> nn.GRUCell | nn.LSTMCell:
+    """torch's GRU or LSTM layer `layer` (direction `suffix`: "" forward, "_reverse" backward) as a float64 cell."""
+    width = rnn.input_size if layer == 0 else rnn.hidden_size * (2 if rnn.bidirectional else 1)
+    cell = {nn.GRU: nn.GRUCell, nn.LSTM: nn.LSTMCell}[type(rnn)](width, rnn.hidden_size).double()
     for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-        getattr(cell, name).data.copy_(getattr(rnn, f"{name}_l{layer}").double())
+        getattr(cell, name).data.copy_(getattr(rnn, f"{name}_l{layer}{suffix}").double())
     return cell
+
+
+def _stepped(cells: list[nn.LSTMCell], inputs: torch.Tensor, states: list[tuple[torch.Tensor, torch.Tensor]]):
+    """A stack of LSTM cells stepped over inputs (T, I) from states [(h, c)] per layer: the top layer's outputs
+    (T, H) and the last states."""
+    outputs = []
+    for x in inputs:
+        for layer, cell in enumerate(cells):
+            states[layer] = cell(x[None], tuple(s[None] for s in states[layer]))
+            states[layer] = tuple(s[0] for s in states[layer])
+            x = states[layer][0]
+        outputs.append(x)
+    return torch.stack(outputs), states
+
+
+def test_bottleneck_lstm_seq2seq_against_lstm_cells_stepped_by_hand():
+    """The encoder-decoder without attention, 2 LSTM layers and a bidirectional encoder, written out with
+    nn.LSTMCell in float64: each source alone, the first layer's two directions concatenated into the second's
+    input, the decoder's hidden and cell states per layer from tanh(W [->h_S; <-h_1]), then the decoder stepped
+    over the target; the logits of the padded batch are those."""
+    model = _seq2seq("lstm", "none", n_layers=2, tie=False)
+    src, mask, tgt = _padded_sources()
+    logits = model(src, tgt, src_mask=mask).logits.double()
+    encoder, bridge, decoder = model.encoder, model.bridge, model.decoder
+    hidden = encoder.rnn.hidden_size
+    for b in range(3):
+        x = encoder.embedding.weight[src[b, mask[b]]].double()  # (S_b, E)
+        finals = []
+        for layer in range(2):
+            zero = [(torch.zeros(hidden, dtype=torch.float64),) * 2]
+            forward, _ = _stepped([_cell_from(encoder.rnn, layer)], x, list(zero))
+            backward, _ = _stepped([_cell_from(encoder.rnn, layer, "_reverse")], x.flip(0), list(zero))
+            x = torch.cat((forward, backward.flip(0)), dim=-1)  # (S_b, 2H)
+            finals = (forward[-1], backward[-1])
+        summary = torch.cat(finals)  # [->h_S; <-h_1] of the last layer
+        h0 = torch.tanh(bridge.hidden_proj.weight.double() @ summary + bridge.hidden_proj.bias.double())
+        c0 = torch.tanh(bridge.cell_proj.weight.double() @ summary + bridge.cell_proj.bias.double())
+        states = list(zip(h0.split(decoder.rnn.hidden_size), c0.split(decoder.rnn.hidden_size), strict=True))
+        cells = [_cell_from(decoder.rnn, layer) for layer in range(2)]
+        out, _ = _stepped(cells, decoder.embedding.weight[tgt[b]].double(), states)  # (T, H)
+        torch.testing.assert_close(logits[b], out @ model.lm_head.weight.double().T, atol=1e-5, rtol=1e-4)
 
 
 def test_bahdanau_decoder_against_hand_stepped_reference():
@@ -169,7 +212,7 @@ def test_bahdanau_decoder_against_hand_stepped_reference():
     logits = model(src, tgt, src_mask=mask).logits.double()
     dec, bridge = model.decoder, model.bridge
     memory = model.encode(src, src_mask=mask).double()
-    cell = _gru_cell_from(dec.rnn, 0)
+    cell = _cell_from(dec.rnn, 0)
     score = dec.attention.score
     for b in range(3):
         real = memory[b, mask[b]]  # (S_b, M)
@@ -193,7 +236,7 @@ def test_luong_decoder_against_hand_stepped_reference():
     logits = model(src, tgt, src_mask=mask).logits.double()
     dec = model.decoder
     memory = model.encode(src, src_mask=mask).double()
-    cell = _gru_cell_from(dec.rnn, 0)
+    cell = _cell_from(dec.rnn, 0)
     for b in range(3):
         real = memory[b, mask[b]]
         h = torch.tanh(model.bridge.hidden_proj.weight.double() @ real[-1] + model.bridge.hidden_proj.bias.double())
