@@ -678,3 +678,28 @@ def test_a_heatmap_never_writes_minus_zero_and_a_long_stream_gets_room_for_its_n
     columns = len(stream.get_xticklabels())
     assert columns >= 13
     assert stream.get_position().width * figure.get_figwidth() / columns >= 0.45  # inches per column
+
+
+def test_answer_and_wrong_are_encoded_once_however_many_positions_are_weighed(runs, tmp_path, monkeypatch):
+    """An encoder's patch weighs the named difference at every position: --answer and --wrong were encoded again at
+    each, and once more for the position chosen; they are encoded once."""
+    encoded: list[str] = []
+    encode = CharTokenizer.encode
+    monkeypatch.setattr(CharTokenizer, "encode",
+                        lambda self, text, **kw: encoded.append(text) or encode(self, text, **kw))
+    report = _inspect(runs["mlm"], "patch", tmp_path, text=("abc de",), corrupt="jih gf", answer="d", wrong="j")
+    assert (report["summary"]["answer"], report["summary"]["wrong"]) == ("d", "j")
+    assert (encoded.count("d"), encoded.count("j")) == (1, 1)
+
+
+def test_a_probe_reads_the_runs_task_json_once(runs, tmp_path, monkeypatch):
+    """The run's task.json says both how a text is framed and how a probe's words become pieces: it is read once."""
+    from attnkit.inspect import command
+
+    read: list[str] = []
+    record = command.task_record
+    monkeypatch.setattr(command, "task_record", lambda directory: read.append(str(directory)) or record(directory))
+    conll = tmp_path / "words.conll"
+    conll.write_text(CONLL)
+    _inspect(runs["mlm"], "probe", tmp_path / "out", conll=str(conll))
+    assert read == [str(runs["mlm"])]

@@ -66,7 +66,7 @@ from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import is_conllu, read_tagged
 from attnkit.tasks.reading import text_frame, text_layout
 from attnkit.tasks.registry import task_record
-from attnkit.tasks.tag import Frame, frame_of, word_pieces_of
+from attnkit.tasks.tag import Frame, WordPieces, frame_of, word_pieces_of
 from attnkit.textfiles import EncodingErrors, read_lines
 from attnkit.tokenize import Tokenizer, load_tokenizer, readable, require_id
 
@@ -126,6 +126,7 @@ class Loaded:
     device: torch.device
     labels: list[str] | None = None  # a classifier's or tagger's class names (labels.json), by class index
     frame: Frame = "attnkit"  # how its text is framed: attnkit's marks, or its tokenizer's own (`frame_of`)
+    word_pieces: WordPieces = "running"  # how a probe's words become pieces, as a tagger was trained (`word_pieces_of`)
 
     @property
     def translates(self) -> bool:
@@ -156,9 +157,10 @@ def run_inspect(settings: InspectSettings) -> list[Path]:
         raise InputError(f"{run_dir} has no {TOKENIZER_DIR}/ directory, so texts cannot become its tokens")
     _check_inputs(settings)
     model, config = load_model(run_dir, device=device)
+    record = task_record(run_dir)
     loaded = Loaded(model.eval(), load_tokenizer(run_dir / TOKENIZER_DIR), config.family,
                     getattr(config, "max_seq_len", None) or 512, device, read_labels(run_dir),
-                    frame_of(task_record(run_dir), run_dir / TASK_FILE))
+                    frame_of(record, run_dir / TASK_FILE), word_pieces_of(record, run_dir / TASK_FILE))
     _check_run(loaded, settings)
     out = _out_dir(settings)
     name = settings.analysis
@@ -409,19 +411,24 @@ def _pair_of(loaded: Loaded, settings: InspectSettings) -> _Pair:
         clean_logits = clean.logits(loaded.model(*clean.args))[0]  # (T, V); a sequence classifier's (C,)
         corrupted_logits = corrupted.logits(loaded.model(*corrupted.args))[0]
     sequence = clean_logits.dim() == 1  # one label per text: no position to choose
-    position = (-1 if sequence else _patched_position(loaded, settings, clean, clean_logits, corrupted_logits))
+    given = _given_outputs(loaded, settings)
+    position = -1 if sequence else _patched_position(loaded, settings, given, clean, clean_logits, corrupted_logits)
     clean_at, corrupted_at = (clean_logits, corrupted_logits) if sequence else (clean_logits[position],
                                                                                 corrupted_logits[position])
-    answer, wrong = _answer_ids(loaded, settings, clean_at, corrupted_at)
+    answer, wrong = _answer_ids(loaded, settings, given, clean_at, corrupted_at)
     return _Pair(clean, corrupted, position, answer, wrong, sequence)
 
 
-def _answer_ids(loaded: Loaded, settings: InspectSettings, logits: Tensor, against: Tensor | None = None
-                ) -> tuple[int, int]:
+Given = tuple[int | None, int | None]  # the output ids --answer and --wrong name, None where not given
+
+
+def _answer_ids(loaded: Loaded, settings: InspectSettings, given: Given, logits: Tensor,
+                against: Tensor | None = None) -> tuple[int, int]:
     """(answer, wrong): the output ids whose logit difference is read at `logits` (V,): --answer, else the model's
-    top; --wrong, else `against`'s top (the corrupted run's) or, where that is the answer, the runner-up. Raises
-    InputError where --answer and --wrong (or --wrong and the model's top) are one output: a difference of 0."""
-    answer, wrong = _named_ids(loaded, settings, logits, against)
+    top; --wrong, else `against`'s top (the corrupted run's) or, where that is the answer, the runner-up (`given`:
+    `_given_outputs`). Raises InputError where --answer and --wrong (or --wrong and the model's top) are one output: a
+    difference of 0."""
+    answer, wrong = _named_ids(given, logits, against)
     if wrong == answer:
         top = int(logits.argmax())
         which = f"--answer {settings.answer!r}" if settings.answer is not None else "the model's top answer here"
@@ -431,18 +438,21 @@ def _answer_ids(loaded: Loaded, settings: InspectSettings, logits: Tensor, again
     return answer, wrong
 
 
-def _named_ids(loaded: Loaded, settings: InspectSettings, logits: Tensor, against: Tensor | None = None
-               ) -> tuple[int, int]:
+def _named_ids(given: Given, logits: Tensor, against: Tensor | None = None) -> tuple[int, int]:
     """`_answer_ids` unchecked: the two may be one output only where --wrong is given."""
     top = logits.topk(2).indices
-    answer = _given_output(loaded, settings.answer, "--answer")
+    answer, wrong = given
     answer = int(top[0]) if answer is None else answer
-    wrong = _given_output(loaded, settings.wrong, "--wrong")
     if wrong is None:
         wrong = int(against.argmax()) if against is not None else answer
         if wrong == answer:
             wrong = int(top[1] if top[0] == answer else top[0])
     return answer, wrong
+
+
+def _given_outputs(loaded: Loaded, settings: InspectSettings) -> Given:
+    """The output ids --answer and --wrong name (None where not given), read once for every position weighed."""
+    return _given_output(loaded, settings.answer, "--answer"), _given_output(loaded, settings.wrong, "--wrong")
 
 
 def _given_output(loaded: Loaded, text: str | None, option: str) -> int | None:
@@ -577,8 +587,8 @@ def _dla(loaded: Loaded, settings: InspectSettings):
         logits = batch.logits(loaded.model(*batch.args, **batch.kwargs))[0]  # (T, V); a sequence classifier's (C,)
     sequence = logits.dim() == 1
     position = -1 if sequence else _read_position(loaded, batch, settings.position, logits.shape[0])
-    answer, wrong = _answer_ids(loaded, settings, logits if sequence else logits[position])  # unless given: the
-    # answer and its runner-up
+    answer, wrong = _answer_ids(loaded, settings, _given_outputs(loaded, settings),
+                                logits if sequence else logits[position])  # unless given: the answer and its runner-up
     found = logit_attribution(loaded.model, *batch.args, answer=answer, wrong=wrong, position=position, neurons=True,
                               positions=True, **batch.kwargs)
     sites, table = found.heads()
@@ -622,11 +632,11 @@ def _read_position(loaded: Loaded, batch: Batch, position: int | None, length: i
     return max(length - 2, 0)
 
 
-def _patched_position(loaded: Loaded, settings: InspectSettings, batch: Batch, clean: Tensor, corrupted: Tensor
-                      ) -> int:
+def _patched_position(loaded: Loaded, settings: InspectSettings, given: Given, batch: Batch, clean: Tensor,
+                      corrupted: Tensor) -> int:
     """Where the answer is read, clean (T, V) and corrupted (T, V) logits: --position (`_read_position`); a
     decoder's last position; otherwise the one where the corruption moves most the logit difference --answer and
-    --wrong name, or with neither given the output distribution (KL)."""
+    --wrong name (`given`), or with neither given the output distribution (KL)."""
     if settings.position is not None or loaded.causal:
         return _read_position(loaded, batch, settings.position, clean.shape[0])
     if settings.answer is None and settings.wrong is None:
@@ -634,7 +644,7 @@ def _patched_position(loaded: Loaded, settings: InspectSettings, batch: Batch, c
     else:
         moved = torch.zeros(clean.shape[0])
         for t in range(clean.shape[0]):
-            answer, wrong = _named_ids(loaded, settings, clean[t], corrupted[t])  # one output: no difference here
+            answer, wrong = _named_ids(given, clean[t], corrupted[t])  # one output: no difference here
             moved[t] = abs(float(clean[t, answer] - clean[t, wrong] - corrupted[t, answer] + corrupted[t, wrong]))
     if float(moved.max()) <= 0:
         what = "none of the model's outputs" if settings.answer is None and settings.wrong is None else (
@@ -645,10 +655,8 @@ def _patched_position(loaded: Loaded, settings: InspectSettings, batch: Batch, c
 
 def _probe(loaded: Loaded, settings: InspectSettings):
     sentences = read_tagged(settings.conll, column=settings.column, encoding_errors=settings.encoding_errors)
-    record = task_record(settings.run)  # a tagger reads words as it was trained to; other models, running text
-    word_pieces = word_pieces_of(record, Path(settings.run) / TASK_FILE)
     results = probe_layers(loaded.model, loaded.tokenizer, sentences, max_len=loaded.max_len, seed=settings.seed,
-                           word_pieces=word_pieces, frame=loaded.frame)
+                           word_pieces=loaded.word_pieces, frame=loaded.frame)  # words read as a tagger was trained
     figure = Figure(figsize=(1.5 + 0.7 * len(results), 3.6))
     ax = figure.add_subplot()
     layers = [r.layer.replace(".resid_pre", " in").replace(".resid_post", " out") for r in results]
