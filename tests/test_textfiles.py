@@ -71,3 +71,37 @@ def test_iter_texts_reads_paths_and_passes_strings(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="a.txt is not valid UTF-8"):
         list(iter_texts([path]))
     assert list(iter_texts([path], errors="replace")) == ["caf\ufffd"]
+
+
+def test_a_gzip_file_is_read_as_its_text_and_a_cut_off_one_is_named(tmp_path: Path) -> None:
+    """A corpus shipped as .gz read as 'a binary file (NUL byte ...)'; it is opened by its first bytes, and a
+    compressed CSV or CoNLL-U file keeps the layout its name gives under the .gz."""
+    import gzip
+
+    from attnkit.data.labelled import read_labelled
+    from attnkit.tasks.conll import read_tagged
+
+    text = "Ünïcode line one\r\nline two\n" * 50
+    (tmp_path / "corpus.txt.gz").write_bytes(gzip.compress(text.encode("utf-8-sig")))
+    assert read_text(tmp_path / "corpus.txt.gz") == text
+    (tmp_path / "reviews.CSV.gz").write_bytes(gzip.compress(b'text,label\n"two\nlines",pos\nplain,neg\n'))
+    assert read_labelled(tmp_path / "reviews.CSV.gz") == [("two\nlines", "pos"), ("plain", "neg")]
+    conllu = "# sent_id = 1\n1-2\tdon't\t_\t_\t_\t_\t_\t_\t_\t_\n1\tdo\tdo\tAUX\n2\tn't\tnot\tPART\n\n"
+    (tmp_path / "tags.conllu.gz").write_bytes(gzip.compress(conllu.encode()))
+    assert read_tagged(tmp_path / "tags.conllu.gz") == [(["do", "n't"], ["AUX", "PART"])]
+    (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(text.encode())[:40])
+    with pytest.raises(InputError, match=r"cut.txt.gz is a damaged gzip file \(.*\); compress the text again"):
+        read_text(tmp_path / "cut.txt.gz")
+
+
+@pytest.mark.parametrize("order", ["LE", "BE"])
+def test_utf16_without_a_byte_order_mark_is_named_with_its_conversion(tmp_path: Path, order: str) -> None:
+    path = tmp_path / "export.txt"
+    path.write_bytes("plain text\n".encode(f"utf-16-{order.lower()}"))
+    with pytest.raises(InputError, match=rf"looks like a binary file .*; it reads as UTF-16{order} text without a "
+                                         rf"byte-order mark: convert it \(iconv -f UTF-16{order} -t UTF-8\)"):
+        read_text(path)
+    png = tmp_path / "image.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    with pytest.raises(InputError, match=r"attnkit reads UTF-8 text$"):
+        read_text(png)

@@ -1,4 +1,4 @@
-"""Text files: read UTF-8 with clear errors, and cut long texts into line-aligned pieces.
+"""Text files: read UTF-8 (gzip-compressed or not) with clear errors, and cut long texts into line-aligned pieces.
 
 The bottom of the text side: `tokenize.py` trains on files read here and `data/` builds its corpora from them,
 so both import this module and neither imports the other for it.
@@ -6,7 +6,9 @@ so both import this module and neither imports the other for it.
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
@@ -19,6 +21,7 @@ EncodingErrors = Literal["strict", "replace"]
 REPLACE_FIX = "convert the file to UTF-8, or pass --encoding-errors replace to substitute U+FFFD"
 # byte-order marks of wider encodings (UTF-32's first: its little-endian mark begins as UTF-16's does)
 WIDE_MARKS = (("UTF-32", (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")), ("UTF-16", (b"\xff\xfe", b"\xfe\xff")))
+GZIP_MAGIC = b"\x1f\x8b"  # a gzip stream's first two bytes (RFC 1952), whatever the file's name
 
 
 def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict", fix: str = REPLACE_FIX) -> str:
@@ -34,13 +37,33 @@ def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict", f
                          f"(iconv -f {wide} -t UTF-8)")
     nul = data.find(b"\x00")
     if nul >= 0:
-        raise InputError(f"{name} looks like a binary file (NUL byte at offset {nul}); attnkit reads UTF-8 text")
+        raise InputError(f"{name} looks like a binary file (NUL byte at offset {nul}); attnkit reads UTF-8 text"
+                         + _unmarked_wide(data))
     try:
         return data.decode("utf-8-sig", errors=errors)
     except UnicodeDecodeError as err:
         raise InputError(
             f"{name} is not valid UTF-8: byte 0x{data[err.start]:02x} at offset {err.start} ({fix})"
         ) from None
+
+
+def _unmarked_wide(data: bytes) -> str:
+    """The hint for NUL bytes in every other place of a file's head: UTF-16 written without a byte-order mark."""
+    head = data[:1024]
+    for order, nuls in (("LE", head[1::2]), ("BE", head[::2])):
+        if len(head) >= 2 and nuls.count(0) == len(nuls):
+            return (f"; it reads as UTF-16{order} text without a byte-order mark: convert it "
+                    f"(iconv -f UTF-16{order} -t UTF-8)")
+    return ""
+
+
+def format_suffix(path: str | os.PathLike) -> str:
+    """The suffix that says how a file is laid out, lower-cased, past a '.gz' (reviews.CSV.gz -> '.csv'), which
+    `read_text` opens."""
+    path = Path(path)
+    if path.suffix.lower() == ".gz":
+        path = path.with_suffix("")
+    return path.suffix.lower()
 
 
 def special_file(path: str | os.PathLike) -> str | None:
@@ -53,8 +76,9 @@ def special_file(path: str | os.PathLike) -> str | None:
 
 
 def read_text(path: str | os.PathLike, *, errors: EncodingErrors = "strict", fix: str = REPLACE_FIX) -> str:
-    """Read one UTF-8 text file; see `decode_bytes` for what is raised (`fix`: what its error proposes). A FIFO,
-    device or socket is refused."""
+    """Read one UTF-8 text file, gzip-compressed or not (told by its first bytes); see `decode_bytes` for what is
+    raised (`fix`: what its error proposes). A FIFO, device or socket is refused, and so is a damaged or cut-off
+    gzip file."""
     path = Path(path)
     kind = special_file(path)
     if kind is not None:
@@ -63,6 +87,12 @@ def read_text(path: str | os.PathLike, *, errors: EncodingErrors = "strict", fix
         data = path.read_bytes()
     except OSError as err:
         raise InputError(f"cannot read {path}: {err.strerror}") from None
+    if data.startswith(GZIP_MAGIC):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError; a cut-off stream an EOFError
+            raise InputError(f"{path} is a damaged gzip file ({err}); compress the text again (gzip -t {path} "
+                             "checks a file)") from None
     return decode_bytes(data, name=str(path), errors=errors, fix=fix)
 
 

@@ -16,7 +16,6 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -26,7 +25,7 @@ from attnkit.data.batching import BucketedData, pad
 from attnkit.errors import InputError
 from attnkit.outputs import atomic_write
 from attnkit.readback import FileFields, parse_json
-from attnkit.textfiles import EncodingErrors, read_text
+from attnkit.textfiles import EncodingErrors, format_suffix, read_text
 from attnkit.tokenize import Tokenizer, require_id
 
 log = logging.getLogger(__name__)
@@ -165,7 +164,7 @@ def read_labelled(
         raise InputError(f"bad_labels={bad_labels!r}: choose one of {', '.join(BAD_LABELS)}")
     text = read_text(path, errors=encoding_errors)
     fields = [(text_column, TEXT_COLUMNS, "text"), (label_column, LABEL_COLUMNS, "label")]
-    if Path(path).suffix.lower() in TABLES:
+    if format_suffix(path) in TABLES:
         numbered = _table(text, path, fields)
     else:
         numbered = []
@@ -212,7 +211,7 @@ def read_texts(path: str | os.PathLike, *, text_column: str | None = None,
     """The texts of a CSV, TSV or JSON Lines file's text column or key (as `read_labelled` finds it; other columns,
     a label among them, are left), or None for a file of another kind (its lines are its texts). Raises InputError
     as `read_labelled` does for a header, row or line it cannot read."""
-    if Path(path).suffix.lower() not in TABLES:
+    if format_suffix(path) not in TABLES:
         return None
     rows = _table(read_text(path, errors=encoding_errors), path, [(text_column, TEXT_COLUMNS, "text")])
     return [text for _, text in rows]
@@ -221,7 +220,7 @@ def read_texts(path: str | os.PathLike, *, text_column: str | None = None,
 def _table(text: str, path: str | os.PathLike, fields: list[Field]) -> list[tuple]:
     """(line, *cells) of a CSV/TSV file with a header, or of a JSON Lines file, one cell for each of `fields`
     (`_pick_column` finds a column); rows of blank cells skipped."""
-    suffix = Path(path).suffix.lower()
+    suffix = format_suffix(path)
     if suffix in JSON_LINES:
         return _json_lines(text, path, fields)
     dialect = {"delimiter": ","} if suffix == ".csv" else {"delimiter": "\t", "quoting": csv.QUOTE_NONE}

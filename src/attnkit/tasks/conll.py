@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnkit.errors import InputError
-from attnkit.textfiles import EncodingErrors, read_text
+from attnkit.textfiles import EncodingErrors, format_suffix, read_text
 
 Sentence = tuple[list[str], list[str]]  # words, their tags
 SCHEMES = ("BIO", "BIOES")
@@ -28,7 +28,7 @@ _CONLLU_FIELDS = ("form", "lemma", "upos", "xpos", "feats", "head", "deprel", "d
 
 def is_conllu(path: str | Path) -> bool:
     """Whether `path` is read as CoNLL-U (by its suffix, .conllu in any case), else as CoNLL."""
-    return Path(path).suffix.lower() == ".conllu"
+    return format_suffix(path) == ".conllu"
 
 
 def read_tagged(path: str | Path, *, column: str = "upos", encoding_errors: EncodingErrors = "strict",

@@ -23,7 +23,7 @@ from typing import Literal
 from attnkit.data.labelled import JSON_LINES, LABEL_COLUMNS, TEXT_COLUMNS
 from attnkit.errors import InputError
 from attnkit.tasks.conll import is_conllu
-from attnkit.textfiles import EncodingErrors, read_text
+from attnkit.textfiles import EncodingErrors, format_suffix, read_text
 
 Layout = Literal["tagged", "labelled"]
 KIND = {"tagged": "tagged sentences", "labelled": "labelled texts"}
@@ -38,11 +38,12 @@ def layout_of(path: str | Path, *, encoding_errors: EncodingErrors = "strict") -
     path = Path(path)
     if is_conllu(path):
         return "tagged", "a .conllu file"
-    if path.suffix.lower() in JSON_LINES:
+    suffix = format_suffix(path)
+    if suffix in JSON_LINES:
         return "labelled", "a JSON Lines file"
     text = read_text(path, errors=encoding_errors)
-    if path.suffix.lower() in (".csv", ".tsv"):
-        delimiter = "," if path.suffix.lower() == ".csv" else "\t"
+    if suffix in (".csv", ".tsv"):
+        delimiter = "," if suffix == ".csv" else "\t"
         header = {cell.strip().lower() for cell in next(csv.reader(io.StringIO(text), delimiter=delimiter), [])}
         if header & set(TEXT_COLUMNS) and header & set(LABEL_COLUMNS):
             return "labelled", "a header naming text and label columns"

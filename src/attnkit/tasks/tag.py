@@ -61,7 +61,7 @@ from attnkit.tasks.registry import (
     task_record,
 )
 from attnkit.tasks.report import EvalReport
-from attnkit.textfiles import EncodingErrors
+from attnkit.textfiles import EncodingErrors, format_suffix
 from attnkit.tokenize import Tokenizer, require_id
 
 log = logging.getLogger(__name__)
@@ -448,7 +448,7 @@ def conll_words(path: str, encoding_errors: EncodingErrors) -> list[list[str]] |
     words apiece between blank lines are not; a file named so too short for its layout to tell (a sentence of one
     word) when it reads as tagged sentences."""
     found = layout_of(path, encoding_errors=encoding_errors)
-    named = Path(path).suffix.lower() in (".conll", ".conllu")
+    named = format_suffix(path) in (".conll", ".conllu")
     if found is None and named:
         try:
             return [words for words, _ in read_tagged(path, column="form", encoding_errors=encoding_errors)]
