@@ -11,6 +11,7 @@ import torch
 
 from attnkit import presets
 from attnkit.config import ModelConfig
+from attnkit.data import LMData
 from attnkit.experiments import (
     ab_task,
     gqa_memory,
@@ -19,6 +20,7 @@ from attnkit.experiments import (
     run_experiment,
     scaled_dot,
 )
+from attnkit.experiments.lm_runs import Corpus
 
 
 def outcome_of(result, starts: str) -> str:
@@ -88,3 +90,20 @@ def test_gqa_memory_does_not_hold_where_every_variant_keeps_all_its_key_value_he
     result = run_experiment("gqa-memory", budget="tiny", out=tmp_path)
     assert outcome_of(result, "MQA's KV cache is") == "against"
     assert result.verdict in ("did not hold at this scale", "mixed")
+
+
+def test_score_functions_does_not_call_three_steps_learning(tmp_path):
+    """Three steps from initialisation move a model no further than character frequencies: "every score learns" is
+    false there, and its check says so (below ln V alone, as it once asked, any start is)."""
+    result = run_experiment("score-functions", budget="tiny", out=tmp_path)
+    assert outcome_of(result, "every score learns") == "against"
+    assert result.verdict != "held"
+
+
+def test_the_unigram_loss_is_the_cross_entropy_of_training_frequencies_on_validation():
+    ids = torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 3, 3, 1, 2, 3, 0, 0])
+    corpus = Corpus(LMData.from_ids(ids.numpy(), val_fraction=0.2), vocab_size=5)
+    train, val = ids[: corpus.data.n_train], ids[corpus.data.n_train:]
+    logits = torch.log(torch.bincount(train, minlength=5).double() + 1)  # add-one counts, as logits
+    expected = torch.nn.functional.cross_entropy(logits.expand(len(val), 5), val)
+    assert corpus.unigram_loss() == pytest.approx(float(expected))
