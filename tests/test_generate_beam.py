@@ -89,17 +89,65 @@ def test_min_new_tokens_holds_back_the_stop_tokens_as_transformers_does(converte
     assert min(map(len, ours)) >= min_new_tokens
 
 
-def test_one_beam_is_greedy_and_a_batch_finds_what_each_prompt_finds_alone():
-    model, config = tiny_model("decoder", position="rope", seed=3)
+def _recurrent_lm():
+    config = attnkit.ModelConfig(family="recurrent-lm", cell="gru", vocab_size=13, hidden_size=32, n_layers=2,
+                                 max_seq_len=24)
+    torch.manual_seed(3)
+    model = attnkit.build_model(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.3)
+    return model.double().eval(), config
+
+
+MODELS = {  # the caches whose rows follow the beams: a KV cache, a sliding window's ring buffer, a recurrent state
+    "rope": lambda: tiny_model("decoder", position="rope", seed=3),
+    "sliding-window": lambda: tiny_model("decoder", position="rope", seed=3, attention_window=3),
+    "recurrent-lm": _recurrent_lm,
+}
+
+
+@torch.no_grad()
+def _beam_search_by_whole_passes(model, prompt, *, k, stop, max_new_tokens, length_penalty, early_stopping):
+    """Beam search as the module docstring of generate/beam.py states it, each beam's next-token log-probabilities
+    recomputed by a whole forward pass over its prompt and tokens (no cache, no batch, no padding)."""
+    live, finished = [(0.0, [])], []  # (summed log p, tokens); (normalised score, tokens)
+    for length in range(1, max_new_tokens + 1):
+        candidates = []
+        for score, tokens in live:
+            logprobs = model(torch.tensor([prompt + tokens])).logits[0, -1].log_softmax(-1).tolist()  # (V,)
+            candidates += [(score + p, [*tokens, v]) for v, p in enumerate(logprobs)]
+        candidates = sorted(candidates, key=lambda c: -c[0])[:2 * k]
+        live = []
+        for rank, (score, tokens) in enumerate(candidates):
+            ends = tokens[-1] == stop
+            if rank < k and (ends or length == max_new_tokens):
+                finished.append((score / length ** length_penalty, tokens[:-1] if ends else tokens))
+            elif not ends and len(live) < k:
+                live.append((score, tokens))
+        finished = sorted(finished, key=lambda f: -f[0])[:k]
+        if len(finished) == k and (early_stopping or live[0][0] / length ** length_penalty <= finished[-1][0]):
+            break
+    return [tokens for _, tokens in finished]
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_the_cached_batched_search_is_the_search_by_whole_passes_and_one_beam_is_greedy(kind):
+    """The cache's rows (a KV cache, a sliding window's ring, a recurrent state) follow the beams, and left padding
+    changes nothing: a batch of three prompts finds what beam search by whole passes finds for each prompt alone."""
+    model, config = MODELS[kind]()
     prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
     greedy = generate_tokens(model, prompts, max_new_tokens=6, context_len=config.max_seq_len, stop_ids=[0])
     assert beam_generate(model, prompts, max_new_tokens=6, context_len=config.max_seq_len, num_beams=1,
                          stop_ids=[0]) == greedy
-    search = dict(max_new_tokens=6, context_len=config.max_seq_len, num_beams=4, num_return_sequences=2,
-                  stop_ids=[0], early_stopping=True)
-    batched = beam_generate(model, prompts, **search)
-    assert batched == [row for prompt in prompts for row in beam_generate(model, [prompt], **search)]
-    assert batched[::2] != greedy  # the sweep's width finds other texts than greedy here
+    for early_stopping, penalty in ((True, 1.0), (False, 0.5)):
+        batched = beam_generate(model, prompts, max_new_tokens=6, context_len=config.max_seq_len, num_beams=3,
+                                num_return_sequences=3, stop_ids=[0], early_stopping=early_stopping,
+                                length_penalty=penalty)
+        assert batched == [row for prompt in prompts for row in _beam_search_by_whole_passes(
+            model, prompt, k=3, stop=0, max_new_tokens=6, length_penalty=penalty, early_stopping=early_stopping)]
+        assert batched[::3] != greedy  # beams find other texts than greedy here
 
 
 def _exhaustive_best(model, prompt, *, vocab, stop, max_new_tokens, length_penalty):
@@ -120,16 +168,19 @@ def _exhaustive_best(model, prompt, *, vocab, stop, max_new_tokens, length_penal
     return best
 
 
+@pytest.mark.parametrize("kind", MODELS)
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0, 3.0])
-def test_a_beam_as_wide_as_the_vocabulary_finds_the_exhaustive_best(length_penalty):
-    """Vocabulary 13, at most 2 new tokens: a beam of 13 keeps every first token, so it must find the best."""
-    model, config = tiny_model("decoder", position="learned", seed=5)
-    with torch.no_grad():  # make the stop token likely enough to compete
-        model.lm_head.weight[0] *= 0.0
-    for prompt in ([3, 4, 5], [7]):
+def test_a_beam_as_wide_as_the_vocabulary_finds_the_exhaustive_best(kind, length_penalty):
+    """Vocabulary 13, at most 2 new tokens: a beam of 13 keeps every first token, so it must find the best. The stop
+    token is each prompt's second likeliest first token, so that texts ending at it compete with those cut at the
+    limit."""
+    model, config = MODELS[kind]()
+    for prompt in ([3, 4, 5, 6], [7]):
+        with torch.no_grad():
+            stop = int(model(torch.tensor([prompt])).logits[0, -1].topk(2).indices[1])
         found = beam_generate(model, [prompt], max_new_tokens=2, context_len=config.max_seq_len, num_beams=13,
-                              length_penalty=length_penalty, stop_ids=[0], early_stopping=False)
-        best = _exhaustive_best(model, prompt, vocab=config.vocab_size, stop=0, max_new_tokens=2,
+                              length_penalty=length_penalty, stop_ids=[stop], early_stopping=False)
+        best = _exhaustive_best(model, prompt, vocab=config.vocab_size, stop=stop, max_new_tokens=2,
                                 length_penalty=length_penalty)
         assert found == [best]
 
