@@ -269,6 +269,23 @@ def test_a_context_beyond_a_learned_position_table_is_refused_before_decoding():
     assert len(generate_tokens(rotary, [[1, 2]], max_new_tokens=30, context_len=2 * config.max_seq_len)[0]) == 30
 
 
+def test_a_decoding_reads_the_models_position_table_once_for_every_generation(monkeypatch):
+    """The context was checked against the position table by walking the model's modules at every generation (a
+    server's every request): the decoding strategy, built once with the model, reads it once."""
+    from attnkit.generate.decoder import EagerDecoding
+
+    model, config = tiny_model(position="learned")
+    decoding = EagerDecoding(model)
+    walks = []
+    modules = model.modules
+    monkeypatch.setattr(model, "modules", lambda: walks.append(1) or modules())
+    for _ in range(2):
+        generate_tokens(model, [[1, 2]], max_new_tokens=3, context_len=config.max_seq_len, decoding=decoding)
+        with pytest.raises(InputError, match="context_len=48 is beyond the 24 positions"):
+            generate_tokens(model, [[1, 2]], max_new_tokens=3, context_len=48, decoding=decoding)
+    assert not walks
+
+
 def test_min_new_tokens_is_checked_in_one_place_against_max_new_tokens_by_the_library_and_decode_n_tokens():
     """min_new_tokens beyond max_new_tokens was accepted by the library (the server refused it), and decode_n_tokens
     took any min_new_tokens unchecked: both now refuse it through sampling.check_min_new_tokens, as the server does."""

@@ -665,3 +665,22 @@ def test_the_server_never_chooses_a_padded_vocabularys_ids_past_the_tokenizers()
                                     sampling=job.sampling, generator=generators if job.n > 1 else generators[0],
                                     writable=writable)
             assert request.tokens == alone
+
+
+def test_a_jobs_held_back_stop_ids_are_one_tensor_for_all_its_steps(model, monkeypatch):
+    """A job short of its min_tokens had its stop ids made into a new tensor at every step: it is built once, at its
+    prefill, and every step holds back the same one; the tokens are those of the definition."""
+    from attnkit.serve import batching
+
+    passed = []
+    hold_back = batching.hold_back
+    monkeypatch.setattr(batching, "hold_back", lambda logits, ids, rows=None: (
+        rows is not None and passed.append(ids)) or hold_back(logits, ids, rows))  # a job's rows: its stop ids
+    scheduler = scheduler_for(model)
+    prompt = [1, 2, 3, 4]
+    first = penalised_greedy(model, prompt, 1)[0]
+    held = Recorded(prompt, 8, stop_ids=frozenset({first}), min_tokens=4)
+    scheduler.submit(held.job)
+    drain(scheduler)
+    assert held.tokens == [penalised_greedy(model, prompt, 8, stop=frozenset({first}), min_tokens=4)]
+    assert len(passed) >= 3 and all(ids is passed[0] for ids in passed)

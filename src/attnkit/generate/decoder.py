@@ -147,6 +147,7 @@ class EagerDecoding:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
+        self.max_positions = _position_limit(model)  # read once: every decoding checks its context against it
 
     def allocate(self, batch_size: int, needed: int, context_len: int) -> KVCache:
         """A cache for `needed` positions (at most the context's)."""
@@ -189,7 +190,7 @@ def decode_n_tokens(
     batch, vocab = window.ids.shape[0], logits.shape[-1]
     check_min_new_tokens(min_new_tokens, n)
     decoding = _decoding_for(model, decoding)
-    _check_context(model, context_len)  # the steps' positions go unread (see the module docstring)
+    _check_context(decoding, context_len)  # the steps' positions go unread (see the module docstring)
     seen = _seen_tokens(window, vocab) if sampling.repetition_penalty != 1.0 else None
     penalised = sampling.presence_penalty != 0.0 or sampling.frequency_penalty != 0.0
     counts = torch.zeros((batch, vocab), dtype=torch.int32, device=logits.device) if penalised else None  # (B, V)
@@ -240,11 +241,17 @@ def decode_n_tokens(
     return new_tokens
 
 
-def _check_context(model: nn.Module, context_len: int) -> None:
-    """Raise InputError for a context longer than the model's position table (a learned one ends): a step's position
-    can reach context_len - 1. A recurrent model has no position table."""
+def _position_limit(model: nn.Module) -> int | None:
+    """The positions of the model's position table where a learned one ends it; None where none does (rotary and
+    sinusoidal positions, a recurrent model)."""
     limits = [m.max_positions for m in model.modules() if isinstance(m, Embeddings) and m.max_positions is not None]
-    limit = min(limits, default=None)
+    return min(limits, default=None)
+
+
+def _check_context(decoding: EagerDecoding, context_len: int) -> None:
+    """Raise InputError for a context longer than the model's position table (`_position_limit`, read when `decoding`
+    was built): a step's position can reach context_len - 1."""
+    limit = decoding.max_positions
     if limit is not None and context_len > limit:
         raise InputError(f"context_len={context_len} is beyond the {limit} positions of the model's learned position "
                          f"table (its max_seq_len); give context_len <= {limit}")

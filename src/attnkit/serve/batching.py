@@ -129,6 +129,7 @@ class GenerationJob:
     queued: float = 0.0  # time.monotonic() when it was submitted
     generators: list[torch.Generator | None] = field(default_factory=list)  # one per choice (see the docstring)
     produced: int = 0  # decoding steps taken
+    held_ids: Tensor | None = None  # (S,): the stop ids on the device, while min_tokens holds them back (`_prefill`)
     seen: Tensor | None = None  # (n, V) bool: the tokens of each choice's sequence, for the penalties
     counts: Tensor | None = None  # (n, V): how often each choice generated each token
     first_token_at: float | None = None  # time.monotonic() when its first token was passed on
@@ -296,6 +297,12 @@ class Scheduler:
         static = isinstance(self.decoding, StaticDecoding)
         self.template = model.allocate_cache(1, 1, static=True) if static else None  # the static view's layers
         self.context_len = context_len
+        # The most positions a batch's buffers take, read from the model once. The rows in use never span more than
+        # the context, so twice the context is spare room that lets the buffers move less often; with a sliding
+        # window, the context itself, since a buffer longer than the window becomes a ring buffer, whose rows cannot
+        # merge.
+        windowed = any(getattr(module, "window", None) is not None for module in model.modules())
+        self.most_positions = context_len if windowed else 2 * context_len
         self.pad_id = pad_id
         self.max_rows = max_rows
         self.device = next(model.parameters()).device
@@ -531,16 +538,11 @@ class Scheduler:
     def _held_back(self, jobs: list[GenerationJob], logits: Tensor) -> Tensor:
         """`logits` (B, V) of `jobs`' rows with the stop tokens at -inf in the rows of jobs that have not yet reached
         their `min_tokens`; a new tensor where any is held back (the raw logits stay for the log-probabilities)."""
-        start, held = 0, []
+        start = 0
         for job in jobs:
-            if job.produced < job.min_tokens and job.stop_ids:
-                held.append((start, job))
+            if job.produced < job.min_tokens and job.held_ids is not None:
+                logits = hold_back(logits, job.held_ids, slice(start, start + job.n))
             start += job.n
-        if not held:
-            return logits
-        for start, job in held:
-            ids = torch.tensor(sorted(job.stop_ids), device=self.device)  # (S,)
-            logits = hold_back(logits, ids, slice(start, start + job.n))
         return logits
 
     def _penalties(self, jobs: list[GenerationJob], sampling: SamplingConfig, vocab: int
@@ -610,6 +612,8 @@ class Scheduler:
         for job in joining:
             job.generators = [make_generator(choice_seed(job.seed, choice), self.device) for choice in range(job.n)]
             job.reasons = [None] * job.n
+            if job.min_tokens and job.stop_ids:  # built once: every step it holds them back reads the same tensor
+                job.held_ids = torch.tensor(sorted(job.stop_ids), device=self.device)
         rows = [(job, choice) for job in joining for choice in range(job.n)]
         window = left_pad([job.prompt for job, _ in rows], pad_id=self.pad_id, device=self.device)  # (k, T)
         count, width = window.ids.shape
@@ -687,7 +691,7 @@ class Scheduler:
         need for a cache that cannot merge, which never grows)."""
         count, width = window.ids.shape
         needed = width + headroom
-        positions = min(2 * needed, self._most_positions()) if self._merge_ok() else needed
+        positions = min(2 * needed, self.most_positions) if self._merge_ok() else needed
         ids = torch.zeros((count, positions), dtype=window.ids.dtype, device=self.device)
         mask = torch.zeros((count, positions), dtype=torch.bool, device=self.device)
         ids[:, :width], mask[:, :width] = window.ids, window.attention_mask
@@ -696,7 +700,7 @@ class Scheduler:
     def _fit(self, *, rows: int = 0, width: int = 0) -> None:
         """Make room in the batch for `rows` more rows whose prompts are `width` columns wide, and a free column for
         the next token. When the buffers lack it, the batch moves into new ones, leaving behind the columns that
-        are padding in every row; rows double (up to max_rows), and positions double (up to `_most_positions`)
+        are padding in every row; rows double (up to max_rows), and positions double (up to `most_positions`)
         when what is left would fill at least three quarters of them."""
         batch = self.batch
         capacity, positions = batch.room
@@ -705,7 +709,7 @@ class Scheduler:
             return
         length = max(batch.length - batch.first, width)  # the columns the rows need now
         if positions - length <= positions // 4:
-            positions = min(max(2 * positions, length + 1), self._most_positions())
+            positions = min(max(2 * positions, length + 1), self.most_positions)
         if used > capacity:
             capacity = min(self.max_rows, max(2 * capacity, used))
         self.batch = batch.moved(capacity, positions, length - batch.length, self._allocate)
@@ -717,13 +721,6 @@ class Scheduler:
         if not hasattr(self, "_merges"):
             self._merges = mergeable(self._allocate(0, self.context_len))
         return self._merges
-
-    def _most_positions(self) -> int:
-        """The most positions a batch's buffers take. The rows in use never span more than the context, so twice
-        the context is spare room that lets the buffers move less often; with a sliding window, the context
-        itself, since a buffer longer than the window becomes a ring buffer, whose rows cannot merge."""
-        windowed = any(getattr(module, "window", None) is not None for module in self.model.modules())
-        return self.context_len if windowed else 2 * self.context_len
 
     def _allocate(self, batch_size: int, positions: int):
         return self.model.allocate_cache(batch_size, positions)
