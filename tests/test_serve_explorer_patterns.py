@@ -6,6 +6,8 @@ difference."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -100,3 +102,57 @@ def test_direct_logit_attribution_is_absent_with_the_reason_for_a_post_norm_mode
     view = model_view(build_model(config).eval(), config, tokenizer, tokenizer.encode("abc dea"))
     assert "post-norm" in view["attribution"]["reason"]
     assert not any("dla" in stage for stage in view["stages"])
+
+
+def test_a_long_texts_heatmap_and_lines_keep_every_token_legible_with_the_colour_scale_stated(browser):
+    """90 tokens: the heatmap drew into a fixed 420-pixel canvas and lost its last rows and columns, and the lines
+    view set 90 labels of 12 px in 400 px, one on another. The heatmap's canvas grows to hold every cell (at least 10
+    px, its labels as large), its colour bar's ticks are the weights at their heights, and each line label has its
+    own row."""
+    text = ("abc def gh " * 9)[:90]
+    browser.evaluate(f"document.getElementById('text').value = {text!r}; document.getElementById('analyze').click()")
+    browser.wait(f"window.attnkit.state.data.tokens.length === {len(text)} && window.attnkit.state.pending === 0")
+    heatmap = browser.evaluate("window.attnkit.state.heatmap")
+    size = browser.evaluate("[document.getElementById('heatmap').width, document.getElementById('heatmap').height]")
+    left, top, cell = heatmap["left"], heatmap["top"], heatmap["cell"]
+    assert cell >= 10 and left + len(text) * cell <= size[0] and top + len(text) * cell <= size[1]
+    corner = browser.evaluate(  # the last token on itself: a weight above 0 under the causal mask
+        f"Array.from(document.getElementById('heatmap').getContext('2d').getImageData("
+        f"{left + (len(text) - 0.5) * cell}, {top + (len(text) - 0.5) * cell}, 1, 1).data)")
+    assert corner[3] == 255 and corner[:3] != [255, 255, 255]
+    weights = browser.evaluate("window.attnkit.weights(window.attnkit.state.kind, window.attnkit.state.layer,"
+                               " window.attnkit.state.head)")
+    largest = max(max(row) for row in weights)
+    assert heatmap["max"] == pytest.approx(largest, rel=1e-6)
+    ticks = heatmap["ticks"]
+    assert len(ticks) >= 3 and ticks[0]["label"] == "0"
+    for tick in ticks:  # each label is the weight its height on the bar stands for, printed as it is
+        assert float(tick["label"]) == pytest.approx(tick["value"], abs=1e-9)
+        assert tick["value"] == pytest.approx(largest * tick["height"], abs=1e-9) and 0 <= tick["height"] <= 1
+    tops = browser.evaluate("[...document.querySelectorAll('#lines text[data-side=\"query\"]')]"
+                            ".map((t) => t.getBoundingClientRect().top)")
+    assert len(tops) == len(text) and min(b - a for a, b in itertools.pairwise(tops)) >= 12
+
+
+def test_the_explorer_loads_and_analyses_with_nothing_in_the_console(served):
+    """No script error, no failed request: the page's icon is inline, where the browser's own request for
+    /favicon.ico was a 404 logged as an error on every load."""
+    from viz_browser import Browser, chromium_or_reason
+
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        pytest.skip(f"no headless browser: {reason}")
+    chromium = Browser(executable)
+    try:
+        chromium.call("Log.enable")
+        chromium.call("Runtime.enable")
+        chromium.call("Page.navigate", {"url": served[0] + "/"})
+        chromium.wait("!!(window.attnkit && window.attnkit.state.model && window.attnkit.state.pending === 0)")
+        chromium.evaluate("document.getElementById('text').value = 'he said \"<b>&amp;\"'; "
+                          "document.getElementById('analyze').click()")
+        chromium.wait("window.attnkit.state.data.tokens.length === 18 && window.attnkit.state.pending === 0")
+        errors = [e["params"] for e in chromium.events if e.get("method") == "Runtime.exceptionThrown" or (
+            e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")]
+        assert errors == []
+    finally:
+        chromium.close()

@@ -211,41 +211,87 @@
     return `rgb(${Math.round(255 - 226 * v)},${Math.round(255 - 177 * v)},${Math.round(255 - 39 * v)})`;
   }
 
+  // Colour-bar ticks at round weights (1, 2, 2.5 or 5 times a power of ten) from 0 up to `max`, each with its
+  // height on the bar (0 at the bottom, 1 at `max`) and its label, the weight as it is (0.025, not 0.03)
+  function scaleTicks(max) {
+    const raw = max / 4, power = 10 ** Math.floor(Math.log10(raw));
+    const step = [1, 2, 2.5, 5, 10].map((m) => m * power).find((s) => s >= raw * (1 - 1e-9));
+    const ticks = [];
+    for (let k = 0; k * step <= max * (1 + 1e-9); k++) {
+      const value = k * step;
+      ticks.push({ value, height: value / max, label: String(Number(value.toPrecision(6))) });
+    }
+    return ticks;
+  }
+
+  // The heatmap: rows the queries, columns the keys, each cell at least HEATMAP_MIN_CELL px with labels as large, so
+  // a long text's canvas grows (its figure scrolls) rather than losing its last rows; a colour bar beside it states
+  // the scale, white 0 to dark blue the map's largest weight.
+  const HEATMAP_SPACE = 350, HEATMAP_MIN_CELL = 10, KEY_ANGLE = Math.PI / 3;
+  const BAR = { gap: 16, width: 14, height: 120, labels: 56 };
   function drawHeatmap(w, maps) {
     const canvas = $("heatmap");
     const context = canvas.getContext("2d");
-    const rows = w.length, columns = w[0].length, margin = 70;
-    const cell = Math.max(4, Math.min(40, Math.floor((canvas.width - margin) / Math.max(rows, columns))));
+    const rows = w.length, columns = w[0].length;
+    const cell = Math.max(HEATMAP_MIN_CELL, Math.min(40, Math.floor(HEATMAP_SPACE / Math.max(rows, columns))));
+    const font = `${Math.min(12, cell)}px monospace`;
+    context.font = font;
+    const widest = (tokens) => Math.max(...tokens.map((t) => context.measureText(t).width));
+    const left = Math.ceil(widest(maps.query_tokens)) + 8;
+    const keyWidth = widest(maps.key_tokens), top = Math.ceil(keyWidth * Math.sin(KEY_ANGLE)) + 8;
+    const barLeft = left + columns * cell + BAR.gap, barHeight = Math.max(rows * cell, BAR.height);
+    canvas.width = Math.max(barLeft + BAR.width + BAR.labels, left + columns * cell + keyWidth * Math.cos(KEY_ANGLE));
+    canvas.height = top + barHeight + 8;  // a new size clears the canvas and its settings
     context.fillStyle = "#fff";
     context.fillRect(0, 0, canvas.width, canvas.height);
     const max = Math.max(...w.flat(), 1e-9);
     for (let t = 0; t < rows; t++) {
       for (let s = 0; s < columns; s++) {
         context.fillStyle = colour(w[t][s] / max);
-        context.fillRect(margin + s * cell, margin + t * cell, cell - 1, cell - 1);
+        context.fillRect(left + s * cell, top + t * cell, cell - 1, cell - 1);
       }
     }
     context.fillStyle = "#1d2330";
-    context.font = `${Math.min(12, cell)}px monospace`;
+    context.font = font;
     context.textAlign = "right";
     context.textBaseline = "middle";
-    maps.query_tokens.forEach((token, t) => context.fillText(token, margin - 4, margin + t * cell + cell / 2));
+    maps.query_tokens.forEach((token, t) => context.fillText(token, left - 4, top + t * cell + cell / 2));
     context.save();
     maps.key_tokens.forEach((token, s) => {
-      context.setTransform(1, 0, 0, 1, margin + s * cell + cell / 2, margin - 4);
-      context.rotate(-Math.PI / 3);
+      context.setTransform(1, 0, 0, 1, left + s * cell + cell / 2, top - 4);
+      context.rotate(-KEY_ANGLE);
       context.textAlign = "left";
       context.fillText(token, 0, 0);
     });
     context.restore();
+    for (let y = 0; y < barHeight; y++) {
+      context.fillStyle = colour(1 - y / (barHeight - 1));
+      context.fillRect(barLeft, top + y, BAR.width, 1);
+    }
+    const ticks = scaleTicks(max);
+    context.fillStyle = "#1d2330";
+    context.font = "11px monospace";
+    context.textAlign = "left";
+    for (const tick of ticks) {
+      const y = top + (1 - tick.height) * (barHeight - 1);
+      context.fillRect(barLeft + BAR.width, y, 4, 1);
+      context.fillText(tick.label, barLeft + BAR.width + 6, y);
+    }
+    state.heatmap = { left, top, cell, max, ticks };  // where the cells and the scale were drawn (read by tests)
   }
 
   // bertviz-style: queries on the left, keys on the right, a line per pair as opaque as its weight
+  const LINE_ROW = 14, LINE_SPAN = 180;  // px: the least row height (12 px labels), the lines' width
   function drawLines(w, maps, focus) {
     const svg = $("lines");
     const n = Math.max(w.length, w[0].length);
-    const step = Math.min(24, (svg.height.baseVal.value - 20) / n);
-    const left = 90, right = svg.width.baseVal.value - 90;
+    const step = Math.max(LINE_ROW, Math.min(24, 400 / n));  // a long text's view grows, each label on its own row
+    const ruler = document.createElement("canvas").getContext("2d");
+    ruler.font = "12px ui-monospace, monospace";  // as `svg text` is drawn (explorer.css)
+    const widest = (tokens) => Math.max(90, Math.ceil(Math.max(...tokens.map((t) => ruler.measureText(t).width))) + 8);
+    const left = widest(maps.query_tokens), right = left + LINE_SPAN;
+    svg.setAttribute("width", right + widest(maps.key_tokens));
+    svg.setAttribute("height", 24 + n * step);
     let html = "";
     w.forEach((row, t) => row.forEach((value, s) => {
       if (value < 0.01 || (focus !== null && focus !== t)) return;
