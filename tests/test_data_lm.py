@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -188,3 +189,67 @@ def test_a_cache_directory_that_cannot_be_made_is_one_line(tmp_path: Path, corpu
     with pytest.raises(InputError, match=f"cannot finish writing the token cache in {a_file / 'cache'}: part of the "
                                          "path is a file"):
         LMData.prepare(corpus, CharTokenizer("helowrdgbyemn \n!"), a_file / "cache", progress=False)
+
+
+@pytest.mark.parametrize("damage", ["edited bin", "meta not an object", "meta without n_tokens", "meta not utf-8"])
+def test_a_cache_changed_since_it_was_written_is_rebuilt(tmp_path: Path, corpus, damage: str, caplog) -> None:
+    """The .bin was checked by its size alone: a byte changed in place was trained on as it was (ids the text never
+    held), and a .json that was valid JSON but not the one written stopped the run with a traceback."""
+    tok = CharTokenizer.from_texts(["helowrdgbyemn \n"])
+    first = LMData.prepare(corpus, tok, tmp_path, progress=False)
+    tokens = np.array(first.tokens)
+    meta_path = first.path.with_suffix(".json")
+    if damage == "edited bin":
+        with open(first.path, "r+b") as f:
+            f.seek(6)
+            f.write(bytes([tok.vocab_size + 3, 0]))
+    elif damage == "meta not an object":
+        meta_path.write_text("[]", encoding="utf-8")
+    elif damage == "meta without n_tokens":
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        del meta["n_tokens"]
+        meta_path.write_text(json.dumps(meta), encoding="utf-8")
+    else:
+        meta_path.write_bytes(b"\xff\xfe{}")
+    again = LMData.prepare(corpus, tok, tmp_path, progress=False)
+    assert not again.reused
+    np.testing.assert_array_equal(np.array(again.tokens), tokens)
+    if damage == "edited bin":
+        assert "not the one its" in caplog.text
+
+
+def test_one_huge_file_of_one_line_is_tokenized_in_bounded_batches_with_progress(tmp_path: Path, monkeypatch) -> None:
+    """A file was handed to the tokenizer whole (its ids as one Python list: gigabytes for a large file) and the
+    progress bar stood still until it was done; a line was never cut, so a file of one line was one piece. Now the
+    tokenizer gets about _FLUSH_CHARS at a time, the bar moves with each batch, and the tokens are the whole text's."""
+    import attnkit.data.lm as lm
+
+    words = "the quick brown fox, jumps over  the lazy dog; 12,345 times é😀 "
+    text = words * 400  # one line, 25,600 characters
+    path = tmp_path / "one-line.txt"
+    path.write_text(text, encoding="utf-8")
+    tok = train_bpe([words * 20], vocab_size=300)
+    monkeypatch.setattr(lm, "_PIECE_CHARS", 500)
+    monkeypatch.setattr(lm, "_FLUSH_CHARS", 2000)
+    batches, moves = [], []
+
+    class Bar:
+        def __init__(self, **kwargs) -> None:
+            assert kwargs["total"] == path.stat().st_size
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+        def update(self, n: int) -> None:
+            moves.append(n)
+
+    encode_batch = tok.encode_batch
+    monkeypatch.setattr(tok, "encode_batch", lambda texts: batches.append(sum(map(len, texts))) or encode_batch(texts))
+    monkeypatch.setattr(lm, "tqdm", Bar)
+    data = LMData.prepare([path], tok, tmp_path / "cache", val_fraction=0.0)
+    np.testing.assert_array_equal(np.array(data.tokens), tok.encode(text))
+    assert len(batches) >= 10 and max(batches) <= 2000 + 4 * 500
+    assert sum(moves) == path.stat().st_size and sum(1 for n in moves if n) >= 10

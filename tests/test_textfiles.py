@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,15 @@ def test_utf16_without_a_byte_order_mark_is_named_with_its_conversion(tmp_path: 
     png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
     with pytest.raises(InputError, match=r"attnkit reads UTF-8 text$"):
         read_text(png)
+
+
+def test_split_text_cuts_a_huge_line_before_a_word_or_at_its_size() -> None:
+    """A text of one line was one piece however long; it is cut before a space that follows a word, or at `size`
+    characters where it has no space."""
+    words = "one  two,three " * 200
+    pieces = split_text(words, 50)
+    assert "".join(pieces) == words and len(pieces) > 10
+    assert all(p.startswith(" ") and not before[-1].isspace() for before, p in itertools.pairwise(pieces))
+    assert max(map(len, pieces)) <= 4 * 50
+    solid = "字" * 1000
+    assert [len(p) for p in split_text(solid, 100)] == [100] * 6 + [400]

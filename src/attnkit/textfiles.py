@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -121,13 +122,26 @@ def lines_of(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+LINE_REACH = 4  # `split_text` looks this many pieces' lengths ahead for a line end before it cuts inside a line
+_WORD_START = re.compile(r"(?<=\S) ")  # a space after a word: where every tokenizer here splits anyway
+
+
 def split_text(text: str, size: int) -> list[str]:
     """`text` in pieces of at least `size` characters (the last may be shorter), each cut just after a
-    newline, so that tokenizing the pieces separately keeps the lines whole.
+    newline, so that tokenizing the pieces separately keeps the lines whole. A line running past LINE_REACH * `size`
+    (a file of one huge line) is cut just before a space that follows a word, which keeps the tokens ('Ġword' and
+    '▁word' take the space with them; WordPiece and char tokens never span it), or at `size` where none is near:
+    its pieces stay about `size` long, not the whole line.
     """
     pieces, start = [], 0
     while start < len(text):
-        end = text.find("\n", start + size) + 1 or len(text)
+        reach = start + LINE_REACH * size
+        end = text.find("\n", start + size, reach) + 1
+        if not end and reach >= len(text):
+            end = len(text)
+        elif not end:
+            space = _WORD_START.search(text, start + size, reach)
+            end = space.start() if space else start + size
         pieces.append(text[start:end])
         start = end
     return pieces

@@ -1,14 +1,16 @@
 """Language-model data: a corpus tokenized once into a numpy memmap; batches are random windows of it.
 
     files --tokenize once--> lm-<key>.bin  (uint16 when the vocabulary fits, else uint32)
-                             lm-<key>.json (tokenizer fingerprint, each file's size and mtime, token count)
+                             lm-<key>.json (tokenizer fingerprint, each file's size and mtime, token count, the
+                                            .bin's SHA-256)
 
     token stream:  [ train: first (1 - val_fraction) of the tokens | val: the rest ]
     a batch:       B windows of T + 1 tokens, each inside one split; x = window[:-1], y = window[1:]
 
-The cache is reused while the tokenizer and every file's size and mtime are unchanged, and rebuilt when any of
-them changes. Files are joined with EOS between them (a single file is its tokens alone, so one-file corpora
-such as Tiny Shakespeare give the classic stream and split).
+The cache is reused while the tokenizer and every file's size and mtime are unchanged and the .bin is the one
+written (its SHA-256, checked when read back), and rebuilt when any of them changes. Files are joined with EOS
+between them (a single file is its tokens alone, so one-file corpora such as Tiny Shakespeare give the classic
+stream and split).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from attnkit.tokenize import CharTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the .bin's SHA-256 is in its .json
 WARN_UNKNOWN, MAX_UNKNOWN = 0.001, 0.05  # shares of <unk> tokens over which a corpus is warned about, refused
 _UNKNOWN_SAMPLE = 10_000_000  # tokens counted at most (evenly strided over a larger corpus)
 _PIECE_CHARS = 1 << 20  # texts are encoded in pieces of about 1M characters, cut after a newline
@@ -129,8 +131,8 @@ class LMData:
             _say_what_changed(meta_path, expected["files"])
             start = time.perf_counter()
             with _writing_cache(cache_dir):
-                n_tokens = _build(files, tokenizer, bin_path, encoding_errors, progress)
-                meta = {**expected, "n_tokens": n_tokens}
+                n_tokens, digest = _build(files, tokenizer, bin_path, encoding_errors, progress)
+                meta = {**expected, "n_tokens": n_tokens, "sha256": digest}
                 _write_json(meta_path, meta)
             n_bytes = sum(f["size"] for f in expected["files"])
             log.info(
@@ -234,17 +236,28 @@ def _check_known(tokens: np.ndarray, tokenizer: Tokenizer, files: Sequence[Path]
 
 
 def _fresh_meta(meta_path: Path, bin_path: Path, expected: dict) -> dict | None:
-    """The cache's metadata if it matches `expected` and its .bin is whole, else None."""
+    """The cache's metadata if it matches `expected` and its .bin is the one it describes (its size and SHA-256),
+    else None; a .bin or .json changed since they were written (cut off, edited) is said and rebuilt."""
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (OSError, ValueError):  # missing, unreadable, not JSON, not UTF-8
         return None
-    if any(meta.get(k) != v for k, v in expected.items()) or not bin_path.is_file():
+    if not isinstance(meta, dict) or any(meta.get(k) != v for k, v in expected.items()) or not bin_path.is_file():
         log.info("token cache %s is stale: rebuilding", bin_path)
         return None
-    if bin_path.stat().st_size != meta["n_tokens"] * np.dtype(meta["dtype"]).itemsize:
+    n_tokens, digest = meta.get("n_tokens"), meta.get("sha256")
+    whole = (isinstance(n_tokens, int) and bin_path.stat().st_size == n_tokens * np.dtype(meta["dtype"]).itemsize
+             and isinstance(digest, str) and _sha256(bin_path) == digest)
+    if not whole:
+        log.warning("token cache %s is not the one its %s describes (cut off or changed since it was written): "
+                    "rebuilding it", bin_path, meta_path.name)
         return None
     return meta
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @contextmanager
@@ -266,48 +279,60 @@ def _write_json(path: Path, obj: dict) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _build(files: list[Path], tokenizer: Tokenizer, bin_path: Path, errors: EncodingErrors, progress: bool) -> int:
-    """Tokenize `files` into `bin_path` (written to a temporary file, then renamed); return the token count."""
+def _build(
+    files: list[Path], tokenizer: Tokenizer, bin_path: Path, errors: EncodingErrors, progress: bool
+) -> tuple[int, str]:
+    """Tokenize `files` into `bin_path` (written to a temporary file, then renamed); return the token count and
+    the file's SHA-256."""
     dtype = token_dtype(tokenizer.vocab_size)
     tmp = bin_path.with_name(f"{bin_path.name}.{os.getpid()}.tmp")
     total = sum(f.stat().st_size for f in files)
-    n_tokens = 0
+    n_tokens, digest = 0, hashlib.sha256()
     try:
         with (
             open(tmp, "wb") as out,
             tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not progress, leave=False) as bar,
         ):
             for ids in _encode_files(files, tokenizer, errors, bar):
-                out.write(memoryview(np.ascontiguousarray(ids, dtype=dtype)))  # not tofile: its OSError lacks errno
+                block = memoryview(np.ascontiguousarray(ids, dtype=dtype))
+                out.write(block)  # not tofile: its OSError lacks errno
+                digest.update(block)
                 n_tokens += ids.size
         if n_tokens == 0:
             raise InputError(f"no text in the {len(files)} data file(s) (first: {files[0]}): every one is empty")
         os.replace(tmp, bin_path)
     finally:
         tmp.unlink(missing_ok=True)
-    return n_tokens
+    return n_tokens, digest.hexdigest()
 
 
 def _encode_files(files: list[Path], tokenizer: Tokenizer, errors: EncodingErrors, bar: tqdm) -> Iterator[np.ndarray]:
-    """Token arrays for the files in order, with EOS between files when there are several."""
+    """Token arrays for the files in order, with EOS between files when there are several. The tokenizer gets about
+    _FLUSH_CHARS at a time, inside one large file too (its ids as Python lists stay that small), and the bar moves
+    by the share of each file's bytes handed over."""
     sep = tokenizer.eos_id if len(files) > 1 else None
     pending: list[str | None] = []  # text pieces; None marks a boundary between files
     pending_chars = pending_bytes = 0
     started = False
     for path, text in zip(files, iter_texts(files, errors=errors), strict=True):
-        pending_bytes += path.stat().st_size
+        size = path.stat().st_size
         if not text:
             log.debug("skipping empty file %s", path)
+            pending_bytes += size
             continue
         if started:
             pending.append(None)
         started = True
-        pending.extend(split_text(text, _PIECE_CHARS))
-        pending_chars += len(text)
-        if pending_chars >= _FLUSH_CHARS:
-            yield from _encode_pending(pending, tokenizer, sep)
-            bar.update(pending_bytes)
-            pending, pending_chars, pending_bytes = [], 0, 0
+        done = 0  # characters of this file handed over
+        for piece in split_text(text, _PIECE_CHARS):
+            pending.append(piece)
+            pending_chars += len(piece)
+            pending_bytes += size * (done + len(piece)) // len(text) - size * done // len(text)
+            done += len(piece)
+            if pending_chars >= _FLUSH_CHARS:
+                yield from _encode_pending(pending, tokenizer, sep)
+                bar.update(pending_bytes)
+                pending, pending_chars, pending_bytes = [], 0, 0
     yield from _encode_pending(pending, tokenizer, sep)
     bar.update(pending_bytes)
 
