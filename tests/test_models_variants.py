@@ -35,8 +35,8 @@ def configs(draw, *, equivariant: bool = False, families: tuple[str, ...] = TRAN
         embedding_norm=draw(st.booleans()), attn_softcap=draw(st.sampled_from([None, 5.0])),
         relative_max_distance=3,
     )
-    if position not in ("alibi", "relative") and not equivariant and draw(st.booleans()):  # their biases read keys
-        fields["attention_window"] = draw(st.integers(1, 4))  # by index: no window
+    if not equivariant and draw(st.booleans()):
+        fields["attention_window"] = draw(st.integers(1, 4))
     if family == "encoder":
         heads = ["mlm", "tag"] if equivariant else ["mlm", "tag", "classify", "none"]
         fields.update(encoder_head=draw(st.sampled_from(heads)), pooling="mean")

@@ -56,6 +56,28 @@ def test_cached_decoding_equals_the_whole_sequence_for_windows_small_and_large(w
     assert tokens == greedy_without_cache(model, prompt, 20)
 
 
+@pytest.mark.parametrize("position", ["alibi", "relative"])
+def test_alibi_and_shaw_read_the_distances_of_the_keys_a_rolling_cache_holds(position):
+    """ALiBi's and Shaw's terms read each key's distance from the query, and a windowed layer's ring buffer holds its
+    keys out of order: they read the positions it says each key holds. Decoding a token at a time or in chunks gives
+    the logits of the whole pass, and in one layer a token further back than the window changes no later logit."""
+    model, config = tiny_model(position=position, attention_window=3, n_layers=1)
+    ids = torch.randint(0, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(ids).logits
+        for chunks in ([1] * 12, [5, 2, 5]):
+            cache, start, steps = model.allocate_cache(2, 12), 0, []
+            for size in chunks:
+                steps.append(model(ids[:, start : start + size], cache=cache).logits)
+                start += size
+            torch.testing.assert_close(torch.cat(steps, dim=1), full)
+        changed = ids.clone()
+        changed[:, 0] = (changed[:, 0] + 1) % config.vocab_size
+        moved = model(changed).logits
+    torch.testing.assert_close(moved[:, 3:], full[:, 3:])  # position 3 sees 1, 2, 3 only
+    assert not torch.allclose(moved[:, :3], full[:, :3])
+
+
 def test_generating_four_windows_keeps_the_cache_at_the_windows_size():
     window = 4
     model, _ = tiny_model(position="rope", attention_window=window, max_seq_len=64)
@@ -89,7 +111,5 @@ def test_global_every_alternates_windowed_and_global_layers():
 def test_windowed_models_decode_eagerly_and_bad_windows_fail_at_construction():
     model, _ = tiny_model(position="rope", attention_window=4)
     assert not StaticDecoding.supports(model)
-    with pytest.raises(ConfigError, match="attention_window"):
-        ModelConfig(position="alibi", attention_window=4)
     with pytest.raises(ConfigError, match="needs attention_window"):
         ModelConfig(global_every=2)

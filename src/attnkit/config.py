@@ -505,11 +505,6 @@ class TransformerConfig(ModelConfig):
         super().__post_init__()
         require_positive(self, "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "relative_max_distance",
                          "additive_dim", "norm_eps", "rope_theta", "attention_window", "attn_softcap")
-        if self.attention_window is not None and self.position in ("alibi", "relative"):
-            raise ConfigError(
-                f"attention_window with position={self.position!r}: a sliding window keeps keys out of order in its "
-                f"rolling cache, and this scheme's score bias reads keys by index; use position='rope'"
-            )
         if self.global_every < 0 or (self.global_every and self.attention_window is None):
             raise ConfigError(
                 f"global_every={self.global_every} makes every Nth layer attend globally between sliding-window "

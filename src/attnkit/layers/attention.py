@@ -201,9 +201,6 @@ class Attention(nn.Module):
                              "dividing d_model, or give head_dim")
         if (window is not None and window < 1) or (softcap is not None and not softcap > 0):
             raise ValueError(f"window={window} must be >= 1 and softcap={softcap} > 0 (None: neither)")
-        if window is not None and relative is not None and relative.biases:
-            raise ValueError(f"a sliding window keeps keys out of order in its cache, and {type(relative).__name__}'s "
-                             "score bias reads keys by index: use rope (or an absolute scheme) with a window")
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads or n_heads
         self.head_dim = head_dim or d_model // n_heads
@@ -328,7 +325,7 @@ class Attention(nn.Module):
             out, weights = attend(q, k, v, bias, scale=self.score.scale, dropout=dropout,
                                   math_kernel=self.math_kernel), None
         else:
-            out, weights = self._reference(q, k, v, bias, dropout, mask if biased else None)
+            out, weights = self._reference(q, k, v, bias, dropout, mask if biased else None, key_positions)
         return self._merge_heads(out), (weights if need_weights else None)
 
     def _takes_flex(self, mask: AttentionMask, relative: PositionScheme | None, cache: LayerCache | None,
@@ -381,16 +378,18 @@ class Attention(nn.Module):
         dtype = _softmax_dtype(q.dtype)
         bias = mask.bias(key_len, dtype=dtype, window=window, key_positions=key_positions)
         if relative is not None:
-            position = relative.score_bias(q, mask, key_len, self.score)
+            position = relative.score_bias(q, mask, key_len, self.score, key_positions=key_positions)
             if position is not None:
                 bias = position.to(dtype) if bias is None else bias + position.to(dtype)
         return bias
 
     def _reference(
-        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float, mask: AttentionMask | None
+        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float, mask: AttentionMask | None,
+        key_positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The lecture's path: scores, + bias (masks, positions), softmax, dropout, weighted sum (+ the position
-        scheme's value term, given the `mask` that places the queries)."""
+        scheme's value term, given the `mask` that places the queries and the keys' positions where a rolling cache
+        holds them out of order)."""
         if self.n_kv_heads != self.n_heads:  # each kv head serves n_heads / n_kv_heads query heads
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, Hkv, S, D) -> (B, H, S, D)
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
@@ -401,6 +400,6 @@ class Attention(nn.Module):
         dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
         out = torch.matmul(dropped, v)  # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
         if mask is not None and self.relative.needs_weights:
-            out = out + self.relative.value_term(dropped, mask, k.shape[2])
+            out = out + self.relative.value_term(dropped, mask, k.shape[2], key_positions=key_positions)
         return out, weights
 

@@ -15,9 +15,10 @@ a scheme overrides the hooks where it acts and inherits "do nothing" for the oth
 Absolute schemes act at the embeddings (`Embeddings.positions`); relative ones (their scores depend on i - j)
 act inside each self-attention (`Attention.relative`). Every scheme reads where the queries sit from the forward
 pass's `AttentionMask` (`mask.query_positions`, (T,): their absolute positions, with a KV cache the cache positions
-they were written to), the same object the masks come from, so relative terms stay right with a cache. A scheme
-initialises its own parameters (`init_weights`) and says whether they take weight decay (`weight_decay`);
-`make_positions` builds one by name.
+they were written to), the same object the masks come from, so relative terms stay right with a cache. Keys sit at
+0 .. S - 1 unless the attention says otherwise (`key_positions`: a sliding window's ring buffer holds them out of
+order). A scheme initialises its own parameters (`init_weights`) and says whether they take weight decay
+(`weight_decay`); `make_positions` builds one by name.
 """
 
 from __future__ import annotations
@@ -55,14 +56,17 @@ class PositionScheme(nn.Module):
         """q (B, H, T, D), k (B, Hkv, T, D) at the positions `prepare` prepared -> q, k."""
         return q, k
 
-    def score_bias(self, q: Tensor, mask: AttentionMask, key_len: int, score: nn.Module) -> Tensor | None:
+    def score_bias(self, q: Tensor, mask: AttentionMask, key_len: int, score: nn.Module, *,
+                   key_positions: Tensor | None = None) -> Tensor | None:
         """An additive bias broadcastable to the scores (B, H, T, S), or None, for queries at
-        `mask.query_positions` against keys at positions 0 .. key_len - 1. `score` is the attention's score
-        function, for terms scored like the keys (Shaw)."""
+        `mask.query_positions` against keys at `key_positions` (S,), by default 0 .. key_len - 1. `score` is the
+        attention's score function, for terms scored like the keys (Shaw)."""
         return None
 
-    def value_term(self, weights: Tensor, mask: AttentionMask, key_len: int) -> Tensor | None:
-        """A term (B, H, T, D) added to the weighted sum of values, from the weights (B, H, T, S); or None."""
+    def value_term(self, weights: Tensor, mask: AttentionMask, key_len: int, *,
+                   key_positions: Tensor | None = None) -> Tensor | None:
+        """A term (B, H, T, D) added to the weighted sum of values, from the weights (B, H, T, S) over keys at
+        `key_positions` (as `score_bias`); or None."""
         return None
 
     def flex_score_mod(self, mask: AttentionMask):
@@ -193,8 +197,8 @@ class RelativePositions(PositionScheme):
         self.key = nn.Parameter(torch.zeros(2 * max_distance + 1, head_dim))
         self.value = nn.Parameter(torch.zeros(2 * max_distance + 1, head_dim))
 
-    def _index(self, query_positions: Tensor, key_len: int) -> Tensor:
-        key_pos = torch.arange(key_len, device=query_positions.device)
+    def _index(self, query_positions: Tensor, key_len: int, key_positions: Tensor | None = None) -> Tensor:
+        key_pos = key_positions if key_positions is not None else torch.arange(key_len, device=query_positions.device)
         distance = (key_pos[None, :] - query_positions[:, None]).clamp(-self.max_distance, self.max_distance)  # (T, S)
         return distance + self.max_distance
 
@@ -206,11 +210,14 @@ class RelativePositions(PositionScheme):
         index = self._index(torch.arange(key_len - query_len, key_len, device=self.key.device), key_len)
         return self.key[index], self.value[index]
 
-    def score_bias(self, q: Tensor, mask: AttentionMask, key_len: int, score: nn.Module) -> Tensor:
-        return score.per_query(q, self.key[self._index(mask.query_positions, key_len)])  # (B, H, T, S)
+    def score_bias(self, q: Tensor, mask: AttentionMask, key_len: int, score: nn.Module, *,
+                   key_positions: Tensor | None = None) -> Tensor:
+        index = self._index(mask.query_positions, key_len, key_positions)  # (T, S)
+        return score.per_query(q, self.key[index])  # (B, H, T, S)
 
-    def value_term(self, weights: Tensor, mask: AttentionMask, key_len: int) -> Tensor:
-        rel_v = self.value[self._index(mask.query_positions, key_len)].to(weights.dtype)  # (T, S, D)
+    def value_term(self, weights: Tensor, mask: AttentionMask, key_len: int, *,
+                   key_positions: Tensor | None = None) -> Tensor:
+        rel_v = self.value[self._index(mask.query_positions, key_len, key_positions)].to(weights.dtype)  # (T, S, D)
         return torch.einsum("bhts,tsd->bhtd", weights, rel_v)
 
     def init_weights(self) -> None:
@@ -234,9 +241,10 @@ class ALiBi(PositionScheme):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)  # (H,)
 
-    def score_bias(self, q: Tensor, mask: AttentionMask, key_len: int, score: nn.Module) -> Tensor:
+    def score_bias(self, q: Tensor, mask: AttentionMask, key_len: int, score: nn.Module, *,
+                   key_positions: Tensor | None = None) -> Tensor:
         query_pos = mask.query_positions  # (T,)
-        key_pos = torch.arange(key_len, device=query_pos.device)
+        key_pos = key_positions if key_positions is not None else torch.arange(key_len, device=query_pos.device)
         distance = (query_pos[:, None] - key_pos[None, :]).abs()  # (T, S)
         return -self.slopes.float()[:, None, None] * distance  # (H, 1, 1) * (T, S) -> (H, T, S)
 
