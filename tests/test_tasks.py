@@ -427,3 +427,18 @@ def test_a_hand_edited_task_json_is_refused_naming_the_file_and_the_fix(tmp_path
     (tmp_path / "task.json").write_text(written)
     with pytest.raises(CheckpointError, match=r"task\.json.*\{\"task\": NAME"):
         task_of_run(tmp_path, config)
+
+
+@pytest.mark.parametrize("state", [{"epoch": 1}, {"epoch": "one", "index": 2}, ["epoch", "index"]])
+def test_an_epoch_tasks_data_state_is_read_by_the_one_parser_and_a_damaged_one_named(state):
+    """An epoch task read its saved position with int(state["epoch"]) beside `epoch_position`, the same parse twice:
+    a damaged one was a KeyError or a ValueError; it is one CheckpointError naming the position, and a sound one
+    (numbers written as text too) is read as `epoch_position` reads it."""
+    from attnkit.errors import CheckpointError
+    from attnkit.tasks.common import EpochTask, epoch_position
+
+    task = EpochTask(train=None)
+    with pytest.raises(CheckpointError, match="the saved data position .* is no {'epoch': E, 'index': I}"):
+        task.load_data_state(state)
+    task.load_data_state({"epoch": "3", "index": 4})
+    assert (task.epoch, task.index) == epoch_position({"epoch": "3", "index": 4}) == (3, 4)

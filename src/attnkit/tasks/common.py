@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.data import IGNORE_INDEX
-from attnkit.errors import BrokenOutputs
+from attnkit.errors import BrokenOutputs, CheckpointError
 
 SYNTHETIC = "synthetic:"  # `--data synthetic:NAME` names a generated task (`attnkit.data.synthetic`)
 SYNTHETIC_SIZES = (20_000, 500)  # train, validation examples of a synthetic task
@@ -124,7 +124,13 @@ class EpochTask:
         return {"epoch": self.epoch, "index": self.index}
 
     def load_data_state(self, state: dict[str, Any]) -> None:
-        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        """Go on from `state` (`data_state`, read by `epoch_position`). Raises CheckpointError for one that is no
+        such position."""
+        position = epoch_position(state)
+        if position is None:
+            raise CheckpointError(f"the saved data position {state!r:.80} is no {{'epoch': E, 'index': I}} of whole "
+                                  "numbers: the train state is damaged; resume from another checkpoint")
+        self.epoch, self.index = position
 
 
 def epoch_position(state: dict[str, Any]) -> tuple[int, int] | None:
