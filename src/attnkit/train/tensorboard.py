@@ -27,14 +27,14 @@ class TensorBoardLog:
 
     def __init__(self, run_dir: str | Path) -> None:
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            import torch.utils.tensorboard  # noqa: F401  (refused here, before training; the writer opens later)
         except ImportError:
             raise ConfigError(
                 "logger='tensorboard' needs the tensorboard package: pip install 'attnkit[tensorboard]' "
                 "(or log to metrics.jsonl alone with logger='jsonl')"
             ) from None
-        self.writer_class, self.log_dir = SummaryWriter, str(Path(run_dir) / TENSORBOARD_DIR)
-        self.writer: Any = None  # opened by the first record: an event file per session that writes
+        self.log_dir = Path(run_dir) / TENSORBOARD_DIR
+        self.writer: Any = None  # a SummaryWriter, opened by the first record: an event file per session that writes
         self.purge_step: int | None = None
 
     def truncate_after(self, step: int) -> None:
@@ -45,7 +45,9 @@ class TensorBoardLog:
     def write(self, record: dict[str, Any]) -> None:
         """Every finite number of `record` (except its step) as a scalar at its step; flushed at once."""
         if self.writer is None:
-            self.writer = self.writer_class(log_dir=self.log_dir, purge_step=self.purge_step)
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=self.purge_step)
         kind, step = record.get("kind", "train"), int(record["step"])
         for key, value in record.items():
             if key in ("kind", "step") or isinstance(value, bool) or not isinstance(value, (int, float)):
