@@ -147,14 +147,14 @@ def test_a_one_row_heatmap_leaves_its_colour_scale_room_for_its_labels(tmp_path)
         chromium.open(path)
         ticks = chromium.evaluate("window.attnkit.scale")  # where the page drew the scale: top and height in px
         assert ticks["height"] >= 5 * 20
-        assert ticks["labels"] == ["0.00", "0.13", "0.25", "0.38", "0.50"]
+        assert ticks["labels"] == ["0", "0.1", "0.2", "0.3", "0.4", "0.5"]
     finally:
         chromium.close()
 
 
 def test_a_scale_of_small_weights_labels_each_tick_differently(tmp_path):
     """Over 60 keys the largest weight is about 0.03: ticks printed to two decimals read 0.00 0.01 0.01 0.02 0.03,
-    one label for two colours; they get the decimals that tell them apart."""
+    one label for two colours; they are round weights that tell them apart."""
     from viz_browser import Browser, chromium_or_reason
 
     from attnkit.viz import AttentionMaps
@@ -170,7 +170,35 @@ def test_a_scale_of_small_weights_labels_each_tick_differently(tmp_path):
     try:
         chromium.open(path)
         labels = chromium.evaluate("window.attnkit.scale.labels")
-        assert labels == ["0.000", "0.006", "0.012", "0.018", "0.024"]
+        assert labels == ["0", "0.005", "0.01", "0.015", "0.02"]
+    finally:
+        chromium.close()
+
+
+@pytest.mark.parametrize("largest", [0.05, 0.5, 0.9, 0.0123])
+def test_each_colour_scale_label_is_the_weight_at_its_height(tmp_path, largest):
+    """Ticks at quarters of the largest weight were printed rounded: for 0.05, 0.0125 0.025 0.0375 read 0.01 0.03
+    0.04, steps of 0.02 and 0.01 on a bar of equal steps. Each tick is now a round weight printed as it is, at the
+    height that weight has on the bar."""
+    from viz_browser import Browser, chromium_or_reason
+
+    from attnkit.viz import AttentionMaps
+
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        pytest.skip(f"no headless browser: {reason}")
+    weights = np.array([[[[largest, 1 - largest], [0.3, 0.7]]]], dtype=np.float32)
+    weights = weights * (largest / weights.max())  # the map's largest weight is `largest`
+    path = write_page([AttentionMaps("cross", weights, ("x", "y"), ("a", "b"), (0,), (0,))], tmp_path / "a.html")
+    chromium = Browser(executable)
+    try:
+        chromium.open(path)
+        scale = chromium.evaluate("window.attnkit.scale")
+        assert len(scale["ticks"]) >= 3 and scale["ticks"][0]["label"] == "0"
+        for tick in scale["ticks"]:
+            assert float(tick["label"]) == pytest.approx(tick["value"], abs=1e-9)
+            assert tick["y"] == pytest.approx(scale["top"] + scale["height"] * (1 - tick["value"] / largest), abs=0.01)
+            assert scale["top"] <= tick["y"] <= scale["top"] + scale["height"]
     finally:
         chromium.close()
 

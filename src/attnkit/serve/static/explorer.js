@@ -211,10 +211,10 @@
     return `rgb(${Math.round(255 - 226 * v)},${Math.round(255 - 177 * v)},${Math.round(255 - 39 * v)})`;
   }
 
-  // Colour-bar ticks at round weights (1, 2, 2.5 or 5 times a power of ten) from 0 up to `max`, each with its
+  // Colour-bar ticks at round weights (1, 2, 2.5 or 5 times a power of ten; 3 to 6) from 0 up to `max`, each with its
   // height on the bar (0 at the bottom, 1 at `max`) and its label, the weight as it is (0.025, not 0.03)
   function scaleTicks(max) {
-    const raw = max / 4, power = 10 ** Math.floor(Math.log10(raw));
+    const raw = max / 5, power = 10 ** Math.floor(Math.log10(raw));
     const step = [1, 2, 2.5, 5, 10].map((m) => m * power).find((s) => s >= raw * (1 - 1e-9));
     const ticks = [];
     for (let k = 0; k * step <= max * (1 + 1e-9); k++) {
