@@ -155,3 +155,19 @@ def test_an_mlm_run_trains_on_a_wordpiece_it_trains_and_fills_masks(tmp_path, ca
         saved.vocab_size)
     [fill] = attnkit.load(run).fill_mask("the cat [MASK] on the mat .", top_k=3)[0]
     assert len(fill.candidates) == 3 and all(t != "[MASK]" for t, _ in fill.candidates)
+
+
+def test_tokenizer_encode_shows_the_text_a_piece_inside_a_word_stands_for(tmp_path, capsys):
+    """attnkit tokenizer encode's text column showed '##ither' for the text of a piece inside a word: its text is
+    'ither'. Axis labels keep the mark ('##ither', as BertViz labels BERT's tokens)."""
+    from attnkit.viz.labels import token_labels
+
+    tok = _small_wordpiece()
+    ids = tok.encode("the quickest")
+    pieces = tok.pieces(ids)
+    inside = next(i for i, piece in enumerate(pieces) if piece.startswith("##"))
+    tok.save(tmp_path / "tok")
+    assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path / "tok"), "--text", "the quickest"]) == 0
+    row = capsys.readouterr().out.splitlines()[3 + inside].split()
+    assert row == [str(ids[inside]), pieces[inside], repr(pieces[inside][2:])]
+    assert token_labels(tok, ids)[inside] == pieces[inside]

@@ -98,6 +98,7 @@ class _SpecialIds:
     starts_with_bos = False  # attnkit's own tokenizers: the language-model data places no BOS
     own_frame: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # the ids its post-processor puts around a text
     space_starts_word = False  # a character tokenizer's space is a character of its own
+    continuing_prefix: str | None = None  # the mark of a piece inside a word that stands for no text (WordPiece's ##)
 
     def token_id(self, role: str) -> int | None:
         raise NotImplementedError
@@ -464,6 +465,12 @@ class HFTokenizer(_SpecialIds):
         spec = json.loads(self.to_str())
         return _writes_spaces(spec.get("pre_tokenizer")) or _writes_spaces(spec.get("normalizer"))
 
+    @functools.cached_property
+    def continuing_prefix(self) -> str | None:
+        """WordPiece's mark on a piece inside a word ('##ing'), which stands for no text; None for other models."""
+        model = json.loads(self.to_str()).get("model") or {}
+        return model.get("continuing_subword_prefix") if model.get("type") == "WordPiece" else None
+
     def fingerprint(self) -> str:
         return _sha256_json({"kind": self.kind, "tokenizer": json.loads(self.to_str()), "specials": self.specials})
 
@@ -687,15 +694,18 @@ def _byte_level_table() -> dict[str, int]:
 
 
 def token_texts(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str | bytes]:
-    """The text each token stands for (a byte-level 'Ġcat' is ' cat'), or its bytes where a byte-level piece holds
-    only part of a character (an emoji split over two tokens).
+    """The text each token stands for (a byte-level 'Ġcat' is ' cat', a WordPiece '##ing' is 'ing'), or its bytes
+    where a byte-level piece holds only part of a character (an emoji split over two tokens).
     """
     table = _byte_level_table()
+    prefix = getattr(tokenizer, "continuing_prefix", None)  # a Tokenizer of one's own may not say
     texts: list[str | bytes] = []
     for i, piece in zip(ids, tokenizer.pieces(ids), strict=True):
         shown = tokenizer.decode([i], skip_special=False)
         if "\ufffd" in shown and all(c in table for c in piece):  # part of a character: its bytes
             texts.append(bytes(table[c] for c in piece))
+        elif prefix and piece.startswith(prefix) and shown.startswith(prefix):  # decoded alone, it keeps its mark
+            texts.append(shown[len(prefix):])
         else:
             texts.append(shown)
     return texts
