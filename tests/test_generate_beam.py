@@ -16,6 +16,7 @@ import attnkit
 from attnkit.errors import InputError
 from attnkit.generate import generate_tokens
 from attnkit.generate.beam import beam_generate
+from attnkit.generate.sampling import SamplingError
 
 PROMPTS = [[5, 17, 33, 8, 61], [42, 7]]  # two lengths: the second is left-padded
 NEW_TOKENS = 7
@@ -106,6 +107,22 @@ MODELS = {  # the caches whose rows follow the beams: a KV cache, a sliding wind
     "sliding-window": lambda: tiny_model("decoder", position="rope", seed=3, attention_window=3),
     "recurrent-lm": _recurrent_lm,
 }
+
+
+@pytest.mark.parametrize(("repetition_penalty", "no_repeat_ngram_size"), [(1.5, 0), (1.0, 2), (1.3, 3)])
+def test_repetition_penalty_and_ngram_blocking_act_on_the_beams_as_in_transformers(converted, repetition_penalty,
+                                                                                  no_repeat_ngram_size):
+    """transformers' beam search applies both to each beam's log-probabilities, over its prompt and tokens."""
+    reference, model, stops = converted
+    stops = stops[1:]  # the second likeliest alone: longer texts, where repeats are more to be had
+    plain = beam_generate(model, PROMPTS, max_new_tokens=8, context_len=64, num_beams=3, num_return_sequences=3,
+                          stop_ids=stops)
+    for early in (True, False):
+        search = dict(max_new_tokens=8, num_beams=3, num_return_sequences=3, early_stopping=early,
+                      repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+        ours = beam_generate(model, PROMPTS, context_len=64, stop_ids=stops, **search)
+        assert ours == _reference(reference, stops, **search)
+    assert ours != plain
 
 
 @torch.no_grad()
@@ -236,6 +253,11 @@ def test_pipeline_refuses_what_beam_search_does_not_take_in_one_line_naming_them
     pipeline = attnkit.load(run, device="cpu")
     with pytest.raises(InputError, match=r"^num_beams=2 \(beam search\) does not take top_k, stop, on_text: [^\n]*$"):
         pipeline.generate("w5 w6", num_beams=2, top_k=5, stop=["w7"], on_text=lambda *_: None)
+    with pytest.raises(InputError, match=r"does not take presence_penalty, logit_bias: "):
+        pipeline.generate("w5 w6", num_beams=2, presence_penalty=0.5, logit_bias={5: 1.0}, repetition_penalty=1.2,
+                          no_repeat_ngram_size=2)
+    with pytest.raises(SamplingError, match=r"no_repeat_ngram_size=-1 must be an integer >= 0"):
+        pipeline.generate("w5 w6", num_beams=2, no_repeat_ngram_size=-1)
     with pytest.raises(InputError, match=r"num_beams=3 \(beam search\) does not take temperature, num_samples, "
                                          r"json_schema"):
         pipeline.generate("w5 w6", num_beams=3, temperature=0.7, num_samples=2, json_schema={"type": "object"})

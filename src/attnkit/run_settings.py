@@ -121,12 +121,13 @@ def _set(value: Any) -> bool:
 
 # The options beam search does not take (the Python API's names; a flag is its name with dashes), each with the test
 # of whether it was set: beam search ranks whole texts by their log-probabilities, so it neither samples nor
-# penalises, streams, stops at strings or follows a constraint
+# streams, stops at strings or follows a constraint (it takes the repetition penalty and n-gram blocking, as
+# transformers' beam search does, but not OpenAI's presence and frequency penalties, which transformers lacks)
 NOT_BESIDE_BEAMS: dict[str, Callable[[Any], bool]] = {
     "temperature": lambda t: t not in (0, 1),  # 0 (greedy) and 1 leave the log-probabilities as they are
-    "top_k": _set, "top_p": _set, "min_p": bool, "repetition_penalty": lambda p: p != 1, "presence_penalty": bool,
-    "frequency_penalty": bool, "no_repeat_ngram_size": bool, "logit_bias": bool, "num_samples": lambda n: n != 1,
-    "stop": bool, "on_text": _set, "json": bool, "json_schema": _set, "regex": _set, "lark": _set, "grammar": _set,
+    "top_k": _set, "top_p": _set, "min_p": bool, "presence_penalty": bool, "frequency_penalty": bool,
+    "logit_bias": bool, "num_samples": lambda n: n != 1, "stop": bool, "on_text": _set, "json": bool,
+    "json_schema": _set, "regex": _set, "lark": _set, "grammar": _set,
 }
 
 
@@ -136,9 +137,9 @@ def refuse_beside_beams(beams: str, options: Mapping[str, Any], *, flags: bool =
     given = [name for name, value in options.items() if NOT_BESIDE_BEAMS[name](value)]
     if given:
         names = [f"--{name.replace('_', '-')}" for name in given] if flags else given
-        raise InputError(f"{beams} (beam search) does not take {', '.join(names)}: beam search is deterministic and "
-                         "ranks whole texts by their log-probabilities, so it neither samples nor penalises, streams, "
-                         "stops at strings or follows a constraint; drop them, or use one beam (sampling, greedy)")
+        raise InputError(f"{beams} (beam search) does not take {', '.join(names)}: it ranks whole texts by their "
+                         "log-probabilities, deterministically, and gives them whole at the end; drop them, or use one "
+                         "beam (sampling, greedy), which takes them")
 
 
 def read_stdin(limit: int) -> str:

@@ -36,7 +36,14 @@ from tqdm.auto import tqdm
 
 from attnkit.errors import InputError
 from attnkit.generate.decoder import EagerDecoding, check_prompts, left_pad
-from attnkit.generate.sampling import check_min_new_tokens, hold_back, unwritable_ids
+from attnkit.generate.sampling import (
+    RepeatedNgrams,
+    SamplingConfig,
+    apply_repetition_penalty,
+    check_min_new_tokens,
+    hold_back,
+    unwritable_ids,
+)
 from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources, greedy_translate
 from attnkit.layers.embedding import inputs_checked
 from attnkit.tasks.common import broken_outputs
@@ -44,6 +51,8 @@ from attnkit.tasks.common import broken_outputs
 # Step(rows, tokens): keep the batch rows `rows` (B*K,) of the cache, feed each its token (B*K,); the next logits
 # (B*K, V)
 Step = Callable[[Tensor, Tensor], Tensor]
+# Process(logprobs, written): a step's log-probabilities (B*K, V) changed given each beam's tokens so far (B*K, t)
+Process = Callable[[Tensor, Tensor], Tensor]
 
 
 @dataclass
@@ -206,18 +215,23 @@ def beam_generate(
     stop_ids: Collection[int] = (),
     writable: int | None = None,
     min_new_tokens: int = 0,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
 ) -> list[list[int]]:
     """Beam search over each prompt's continuation with a decoder-only model (`DecoderLM`): each prompt's
     `num_return_sequences` best continuations (new tokens, without the stop token that ended one), best first,
     prompt by prompt, as transformers' `generate(num_beams=K, do_sample=False)` finds them. A hypothesis ends at a
     token of `stop_ids` (transformers' list of eos_token_id) or at `max_new_tokens`; the stop tokens are never
     proposed among the first `min_new_tokens`. `early_stopping` False by default, as transformers' GenerationConfig.
+    `repetition_penalty` and `no_repeat_ngram_size` act on each beam's prompt and tokens (`penalise_repeats`).
 
     The search keeps each hypothesis' whole text in the cache, so the longest prompt and `max_new_tokens` must fit
     the model's context (`context_len`): no sliding window. Raises InputError for bad prompts (`check_prompts`), bad
-    search settings (`check_search`), or prompts and new tokens beyond the context.
+    search settings (`check_search`), or prompts and new tokens beyond the context; SamplingError for a bad
+    repetition_penalty or no_repeat_ngram_size.
     """
     check_prompts(prompts, max_new_tokens=max_new_tokens, context_len=context_len, min_new_tokens=min_new_tokens)
+    SamplingConfig(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)  # checks them
     check_search(num_beams, length_penalty, early_stopping=early_stopping,
                  num_return_sequences=num_return_sequences, beam="num_beams")
     width = max(map(len, prompts))
@@ -245,7 +259,26 @@ def beam_generate(
     return search(model, logits[repeated], step, batch=len(prompts), beam_size=num_beams, stop_ids=stop_ids,
                   max_length=max_new_tokens, length_penalty=length_penalty, early_stopping=early_stopping,
                   num_return_sequences=num_return_sequences, writable=writable, min_length=min_new_tokens,
-                  what="prompt")
+                  what="prompt", process=penalise_repeats(prompts, num_beams, repetition_penalty, no_repeat_ngram_size))
+
+
+def penalise_repeats(prompts: Sequence[Sequence[int]], k: int, penalty: float, n: int) -> Process | None:
+    """transformers' repetition penalty (CTRL's rule: a log-probability, negative, times `penalty`) and n-gram
+    blocking (no n tokens in a row twice), applied to each beam's log-probabilities as its beam search applies them,
+    over the beam's prompt (beam b * k + j: prompt b) and tokens; None where neither is asked for."""
+    if penalty == 1.0 and not n:
+        return None
+
+    def process(logprobs: Tensor, written: Tensor) -> Tensor:
+        texts = [[*prompts[row // k], *tokens] for row, tokens in enumerate(written.tolist())]
+        if penalty != 1.0:
+            rows = [row for row, text in enumerate(texts) for _ in text]
+            seen = torch.zeros_like(logprobs, dtype=torch.bool)  # (B*K, V): the tokens each beam's text holds
+            seen[rows, [token for text in texts for token in text]] = True
+            logprobs = apply_repetition_penalty(logprobs, seen, penalty)
+        return RepeatedNgrams(texts, n).ban(logprobs) if n else logprobs
+
+    return process
 
 
 def search(
@@ -263,13 +296,15 @@ def search(
     writable: int | None = None,
     min_length: int = 0,
     what: str = "source",
+    process: Process | None = None,
 ) -> list[list[int]]:
     """The search loop (module docstring) from the first step's `logits` (B*K, V), beam k of input b in row
     b * K + k; `step` computes each later step's. A hypothesis ends at a token of `stop_ids` (none: only at
     `max_length`); the stop tokens are never proposed among the first `min_length` tokens (transformers'
-    min_new_tokens). Returns each input's `num_return_sequences` best outputs (without the stop token), best first.
-    Raises InputError where an input ends with fewer finished hypotheses than `num_return_sequences` (which would
-    shift the later inputs' results). `what`: what an input is, in the messages ("source", "prompt")."""
+    min_new_tokens); `process` changes each step's log-probabilities given the beams' tokens. Returns each input's
+    `num_return_sequences` best outputs (without the stop token), best first. Raises InputError where an input ends
+    with fewer finished hypotheses than `num_return_sequences` (which would shift the later inputs' results).
+    `what`: what an input is, in the messages ("source", "prompt")."""
     k, device = beam_size, logits.device
     check_min_new_tokens(min_length, max_length)
     stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)  # (E,)
@@ -286,6 +321,8 @@ def search(
         logprobs = logits.float().log_softmax(dim=-1)  # (B*K, V)
         # held back after the softmax, as transformers' beam search processes scores
         logprobs = hold_back(logprobs, early if length <= min_length else unwritable)
+        if process is not None:
+            logprobs = process(logprobs, written)
         candidates = (scores.view(-1, 1) + logprobs).view(batch, k * vocab)  # (B, K*V)
         top_scores, top_index = candidates.topk(min(keep, k * vocab), dim=-1)  # (B, keep), best first
         top_beam, top_token = top_index // vocab, top_index % vocab

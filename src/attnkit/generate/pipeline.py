@@ -179,10 +179,11 @@ class Pipeline:
         `num_beams` K > 1 (or `num_return_sequences` > 1) is beam search (`generate/beam.py`), transformers'
         generate(num_beams=K, do_sample=False): each prompt's `num_return_sequences` best continuations, best first,
         scored by their summed log-probabilities over their count of new tokens ** `length_penalty`, the end tokens,
-        `stop_tokens`, `min_new_tokens` and `max_new_tokens` as above; `early_stopping` (False, transformers'
-        default) ends a prompt's search at K finished texts. It is deterministic, decodes eagerly (not through a
-        compiled step) and keeps whole texts in the cache (the prompt and max_new_tokens within max_seq_len); sampling,
-        penalties, stop strings, streaming and constraints are refused beside it (`refuse_beside_beams`).
+        `stop_tokens`, `min_new_tokens`, `max_new_tokens`, `repetition_penalty` and `no_repeat_ngram_size` as above
+        (as transformers' beam search takes them); `early_stopping` (False, transformers' default) ends a prompt's
+        search at K finished texts. It is deterministic, decodes eagerly (not through a compiled step) and keeps whole
+        texts in the cache (the prompt and max_new_tokens within max_seq_len); sampling, the presence and frequency
+        penalties, logit_bias, stop strings, streaming and constraints are refused beside it (`refuse_beside_beams`).
         Raises SamplingError (a ConfigError) for bad sampling settings or seed (`check_sampling`), InputError for an
         empty prompt with no BOS to start from, for a schema, expression or grammar that cannot be followed, or for
         more than one of them, for bad beam settings or options beam search does not take, or for beams that do
@@ -192,14 +193,14 @@ class Pipeline:
         self._require("generate")
         if num_beams != 1 or num_return_sequences != 1:
             refuse_beside_beams(f"num_beams={num_beams!r}", dict(
-                temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                no_repeat_ngram_size=no_repeat_ngram_size, logit_bias=logit_bias, num_samples=num_samples, stop=stop,
+                temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty, logit_bias=logit_bias, num_samples=num_samples, stop=stop,
                 on_text=on_text, json_schema=json_schema, regex=regex, lark=lark, grammar=grammar))
             return self._beam_search(prompts, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                                      stop_tokens=stop_tokens, stop_at_eos=stop_at_eos, add_bos=add_bos,
                                      num_beams=num_beams, length_penalty=length_penalty,
-                                     early_stopping=early_stopping, num_return_sequences=num_return_sequences)
+                                     early_stopping=early_stopping, num_return_sequences=num_return_sequences,
+                                     repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
         given = {name: value for name, value in (("json_schema", json_schema), ("regex", regex), ("lark", lark),
                                                  ("grammar", grammar)) if value is not None}
         if len(given) > 1:
@@ -256,7 +257,8 @@ class Pipeline:
 
     def _beam_search(self, prompts: str | Sequence[str], *, max_new_tokens: int, min_new_tokens: int,
                      stop_tokens: Sequence[int], stop_at_eos: bool, add_bos: bool | None, num_beams: int,
-                     length_penalty: float, early_stopping: bool, num_return_sequences: int) -> list[str]:
+                     length_penalty: float, early_stopping: bool, num_return_sequences: int,
+                     repetition_penalty: float, no_repeat_ngram_size: int) -> list[str]:
         """`generate`'s beam search (its docstring), once the options it refuses beside beams are known absent."""
         check_search(num_beams, length_penalty, early_stopping=early_stopping, vocab_size=self.config.vocab_size,
                      num_return_sequences=num_return_sequences, beam="num_beams")
@@ -272,7 +274,8 @@ class Pipeline:
             self.model, prompt_ids, max_new_tokens=max_new_tokens, context_len=self.config.max_seq_len,
             num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
             num_return_sequences=num_return_sequences, pad_id=self.pad_id, stop_ids=stop_ids,
-            writable=self.tokenizer.vocab_size, min_new_tokens=min_new_tokens,
+            writable=self.tokenizer.vocab_size, min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
         )
         return [self.tokenizer.decode(ids) for ids in outputs]
 
