@@ -1,8 +1,8 @@
 """Beam search with a decoder-only model (`generate/beam.beam_generate`): what transformers' generate(num_beams=K,
 do_sample=False) finds on tiny random GPT-2 and Llama checkpoints, token for token, over a sweep of beam widths,
 length penalties, early stopping, returned sequences and stop-token lists, for a batch of two prompts of different
-lengths (left-padded); and on attnkit's own decoder, the exhaustive best where the beam is as wide as the
-vocabulary."""
+lengths (left-padded); on attnkit's own models, beam search by whole forward passes and the exhaustive best where the
+beam is as wide as the vocabulary; the pipeline's and the command's options and refusals."""
 
 import collections
 import itertools

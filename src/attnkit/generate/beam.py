@@ -226,9 +226,9 @@ def beam_generate(
     `repetition_penalty` and `no_repeat_ngram_size` act on each beam's prompt and tokens (`penalise_repeats`).
 
     The search keeps each hypothesis' whole text in the cache, so the longest prompt and `max_new_tokens` must fit
-    the model's context (`context_len`): no sliding window. Raises InputError for bad prompts (`check_prompts`), bad
-    search settings (`check_search`), or prompts and new tokens beyond the context; SamplingError for a bad
-    repetition_penalty or no_repeat_ngram_size.
+    the model's context (`context_len`): the window does not slide past it. Raises InputError for bad prompts
+    (`check_prompts`), bad search settings (`check_search`), or prompts and new tokens beyond the context;
+    SamplingError for a bad repetition_penalty or no_repeat_ngram_size.
     """
     check_prompts(prompts, max_new_tokens=max_new_tokens, context_len=context_len, min_new_tokens=min_new_tokens)
     SamplingConfig(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)  # checks them
