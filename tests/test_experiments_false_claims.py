@@ -16,6 +16,7 @@ from attnkit.experiments import (
     ab_task,
     gqa_memory,
     kernel_regression,
+    norm_placement,
     position_extrapolation,
     run_experiment,
     scaled_dot,
@@ -107,3 +108,15 @@ def test_the_unigram_loss_is_the_cross_entropy_of_training_frequencies_on_valida
     logits = torch.log(torch.bincount(train, minlength=5).double() + 1)  # add-one counts, as logits
     expected = torch.nn.functional.cross_entropy(logits.expand(len(val), 5), val)
     assert corpus.unigram_loss() == pytest.approx(float(expected))
+
+
+@pytest.mark.slow  # sixteen short training runs and their gradients at initialisation: about 40 s
+def test_norm_placement_does_not_hold_where_post_norm_is_built_as_pre_norm(tmp_path, monkeypatch):
+    """Where the model called post-norm has its norms before the sublayers, its gradients at initialisation shrink
+    toward the output, as pre-norm's do (Xiong et al. 2020, figure 3), instead of growing."""
+    built = norm_placement.config
+    monkeypatch.setattr(norm_placement, "config",
+                        lambda depth, placement: built(depth, {"pre": "post", "post": "pre"}[placement]))
+    result = run_experiment("norm-placement", budget="tiny", seeds=4, out=tmp_path)
+    assert outcome_of(result, "post-norm's FFN gradient at initialisation, last block over first") == "against"
+    assert result.verdict in ("did not hold at this scale", "mixed")
