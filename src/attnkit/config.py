@@ -612,7 +612,7 @@ class EncoderConfig(TransformerConfig):
     """classify: a label per text; mlm: a token per position; tag: a label per position; none: bare (`HEADS`: those
     it builds)"""
     n_classes: int = 2  # a head of labels (classify, tag): number of labels
-    pooling: Pooling = "cls"  # one vector per text: the first token's (BERT) or the mean over real tokens
+    pooling: Pooling = "cls"  # one vector per text: the first real token's (BERT's [CLS]) or the mean over real tokens
     pooler: bool = False  # dense + tanh on the pooled vector before the head (BERT's pooler)
     mlm_transform: bool = False  # masked LM: dense + activation + norm before the output projection (BERT)
 

@@ -18,10 +18,13 @@ from attnkit.models.stack import TransformerStack
 
 
 def pool(hidden: Tensor, attention_mask: Tensor | None, how: str) -> Tensor:
-    """(B, T, C) -> (B, C): the first token's state (`cls`) or the mean over real tokens (`mean`; attention_mask
-    (B, T), True at real tokens)."""
+    """(B, T, C) -> (B, C): the first real token's state (`cls`: a left-padded row's [CLS] comes after its padding)
+    or the mean over real tokens (`mean`); attention_mask (B, T), True at real tokens."""
     if how == "cls":
-        return hidden[:, 0]
+        if attention_mask is None:
+            return hidden[:, 0]
+        first = attention_mask.int().argmax(dim=1)  # (B,): each row's first real position
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, C)
     if attention_mask is None:
         return hidden.mean(dim=1)
     weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
