@@ -236,7 +236,7 @@ def beam_generate(
                  num_return_sequences=num_return_sequences, beam="num_beams")
     width = max(map(len, prompts))
     if width + max_new_tokens - 1 > context_len:  # the last new token is chosen, never fed
-        raise InputError(f"beam search keeps each hypothesis' whole text, but the longest prompt ({width} tokens) and "
+        raise InputError(f"beam search keeps each hypothesis' whole text, but the longest prompt (length {width}) and "
                          f"max_new_tokens={max_new_tokens} outgrow the model's context of {context_len} (max_seq_len): "
                          f"give max_new_tokens <= {context_len + 1 - width}, or shorten the prompt")
     if max_new_tokens == 0:
