@@ -266,3 +266,39 @@ def test_bpe_learns_what_hugging_faces_own_byte_level_trainer_learns() -> None:
     assert ours_model["vocab"] == their_model["vocab"] and ours_model["merges"] == their_model["merges"]
     for text in ("To be, or not to be: unseen.", "日本 👩‍👧 한국어", "  two  spaces\r\n"):
         assert ours.encode(text) == theirs.encode(text).ids
+
+
+def test_training_a_tokenizer_shows_the_text_read_as_it_goes(tmp_path: Path, monkeypatch) -> None:
+    """A tokenizer trained on a large corpus read it for minutes without a word (attnkit tokenizer train, attnkit
+    train): a bar now moves by each file's bytes as it is read, with --progress (on a terminal by default)."""
+    import attnkit.tokenize as tokenize
+
+    (tmp_path / "corpus").mkdir()
+    files = []
+    for i, text in enumerate(TRAINING_TEXT):
+        files.append(tmp_path / "corpus" / f"{i}.txt")
+        files[-1].write_text(text, encoding="utf-8")
+    bars = []
+
+    class Bar:
+        def __init__(self, **kwargs) -> None:
+            self.kwargs, self.moved = kwargs, []
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+        def update(self, n: int) -> None:
+            self.moved.append(n)
+
+    monkeypatch.setattr(tokenize, "tqdm", Bar)
+    train_tokenizer("wordpiece", files, vocab_size=200, progress=True)
+    sizes = [f.stat().st_size for f in files]
+    assert bars[-1].kwargs["total"] == sum(sizes) and bars[-1].moved == sizes and not bars[-1].kwargs["disable"]
+    for flag, shown in (("--progress", True), ("--no-progress", False)):
+        assert main(["tokenizer", "train", "--data", str(tmp_path / "corpus"), "--kind", "char", flag,
+                     "--out", str(tmp_path / flag)]) == 0
+        assert bars[-1].kwargs["disable"] is not shown and sum(bars[-1].moved) == sum(sizes)

@@ -176,12 +176,14 @@ class TokenizerTrainSettings:
     max_bytes: int | None = None  # the corpus's first whole files up to this many bytes (at least one file)
     encoding_errors: EncodingErrors = "strict"  # strict: a file that is not UTF-8 is an error; replace: U+FFFD
     overwrite: bool = False  # replace a tokenizer saved there before
+    progress: bool | None = None  # draw progress bars while the text is read and merged; none: on a terminal
 
 
 def _run_tokenizer_train(settings: TokenizerTrainSettings) -> int:
     from attnkit.data.corpus import resolve_files
     from attnkit.outputs import atomic_output, check_output
     from attnkit.tokenize import META_FILE, SIZED_KINDS, train_tokenizer
+    from attnkit.train.trainer import shows_progress
 
     out = Path(settings.out)
     if settings.kind not in SIZED_KINDS and settings.vocab_size is not None:
@@ -198,7 +200,8 @@ def _run_tokenizer_train(settings: TokenizerTrainSettings) -> int:
     check_output(out, directory=True, overwrite=settings.overwrite)
     files = resolve_files(list(settings.data) or None, max_bytes=settings.max_bytes)
     tok = train_tokenizer(settings.kind, files, vocab_size=settings.vocab_size or BPE_VOCAB_SIZE,
-                          encoding_errors=settings.encoding_errors, lowercase=settings.lowercase)
+                          encoding_errors=settings.encoding_errors, lowercase=settings.lowercase,
+                          progress=shows_progress(settings.progress))
     with atomic_output(out, directory=True, overwrite=settings.overwrite) as partial:
         tok.save(partial)
     print(f"{tok.kind} tokenizer, {tok.vocab_size} tokens, from {len(files)} files -> {settings.out}")
@@ -503,8 +506,8 @@ class ConvertSettings:
     chat_template: str | None = field(default=None, metadata={"metavar": "FILE"})
     """with --to-gguf: a Jinja chat template; none: the run's own, else attnkit's (the one attnkit serve uses)"""
     to_onnx: str | None = field(default=None, metadata={"metavar": "DIR"})
-    """with RUN: a folder for onnxruntime: the graph (decoders with past keys/values, encoders), tokenizer.json,
-    config, labels and runtime.json"""
+    """with RUN: a folder for onnxruntime: the graph (decoders with past keys/values, encoders; encoder-decoders as
+    Optimum's three: encoder, first decoder step, later steps), tokenizer.json, config, labels and runtime.json"""
     overwrite: bool = False  # replace an output attnkit wrote there before (a run, a model directory, a file)
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from attnkit.errors import ConfigError, InputError
 from attnkit.textfiles import EncodingErrors, iter_texts, split_text
@@ -664,15 +665,17 @@ def train_tokenizer(
     unknown: UnknownPolicy = "unk",
     encoding_errors: EncodingErrors = "strict",
     lowercase: bool = True,
+    progress: bool = False,
 ) -> CharTokenizer | HFTokenizer:
     """Build a `char`, `bpe` or `wordpiece` tokenizer from texts (`str` items) and files (`Path` items).
 
     `vocab_size` is required for `bpe` and `wordpiece` and ignored by `char` (its vocabulary is the alphabet);
-    `lowercase` is WordPiece's (uncased or cased BERT). Raises `ConfigError` for an unknown kind or for `hf`
-    (load one with `load_tokenizer` instead).
+    `lowercase` is WordPiece's (uncased or cased BERT); `progress` draws a bar over the text read (and, on a
+    terminal, `tokenizers`' own over the merges). Raises `ConfigError` for an unknown kind or for `hf` (load one
+    with `load_tokenizer` instead).
     """
     check_kind(kind)
-    texts = iter_texts(source, errors=encoding_errors)
+    texts = _reading(list(source), encoding_errors, progress)
     if kind == "char":
         return CharTokenizer.from_texts(texts, special_tokens=special_tokens, unknown=unknown)
     if kind == "hf":
@@ -680,8 +683,28 @@ def train_tokenizer(
     if vocab_size is None:
         raise ConfigError(f"a {kind} tokenizer needs vocab_size")
     if kind == "wordpiece":
-        return train_wordpiece(texts, vocab_size=vocab_size, lowercase=lowercase, special_tokens=special_tokens)
-    return train_bpe(texts, vocab_size=vocab_size, special_tokens=special_tokens)
+        return train_wordpiece(texts, vocab_size=vocab_size, lowercase=lowercase, special_tokens=special_tokens,
+                               show_progress=progress)
+    return train_bpe(texts, vocab_size=vocab_size, special_tokens=special_tokens, show_progress=progress)
+
+
+def _reading(items: list[str | os.PathLike], errors: EncodingErrors, progress: bool) -> Iterable[str]:
+    """The texts of `items` (`iter_texts`), with a bar that moves by each file's bytes (a text's characters) as it is
+    read: a large corpus is read for a while before the merges begin."""
+    sizes = [_size(item) if isinstance(item, os.PathLike) else len(item) for item in items]
+    with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc="reading the text", disable=not progress,
+              leave=False) as bar:
+        for size, text in zip(sizes, iter_texts(items, errors=errors), strict=True):
+            yield text
+            bar.update(size)
+
+
+def _size(path: os.PathLike) -> int:
+    """A file's size in bytes; 0 for one that cannot be read (reading it says why, naming it)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _byte_level_table() -> dict[str, int]:

@@ -334,7 +334,8 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     _check_seq_len(data_config, config)
     stream = spec.stream and synthetic_name(data_config) is None
     lm_files = stream_files(data_config) if stream else None
-    tokenizer = source.tokenizer if source is not None else _new_tokenizer(data_config, settings.seed, lm_files)
+    tokenizer = source.tokenizer if source is not None else _new_tokenizer(
+        data_config, settings.seed, lm_files, progress=shows_progress(request.progress) and parallel.writes)
     parallel.check_same(tokenizer.fingerprint(), "tokenizer")
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), tokenizer, config, out, translate,
                               lm_files, progress=shows_progress(request.progress) and parallel.writes,
@@ -607,7 +608,7 @@ def _check_seq_len(data: DataConfig, config: ModelConfig, *, resumed: bool = Fal
 
 
 # Tokenizer and data ------------------------------------------------------------------------------------------
-def _new_tokenizer(data: DataConfig, seed: int, lm_files: list[Path] | None) -> Tokenizer:
+def _new_tokenizer(data: DataConfig, seed: int, lm_files: list[Path] | None, *, progress: bool = False) -> Tokenizer:
     if synthetic_name(data) is not None:
         return synthetic_tokenizer()
     if data.tokenizer not in TRAINED_KINDS:
@@ -618,7 +619,8 @@ def _new_tokenizer(data: DataConfig, seed: int, lm_files: list[Path] | None) -> 
         raise InputError(f"the training text is empty: {names} hold(s) no bytes; give --data files with text in them")
     source: list[Any] = lm_files if spec.stream else spec.training_text(data, seed)
     log.info("training a %s tokenizer on the training text", data.tokenizer)
-    return train_tokenizer(data.tokenizer, source, vocab_size=data.vocab_size, encoding_errors=data.encoding_errors)
+    return train_tokenizer(data.tokenizer, source, vocab_size=data.vocab_size, encoding_errors=data.encoding_errors,
+                           progress=progress)
 
 
 def _make_task(
