@@ -1,7 +1,8 @@
 """A run as a folder onnxruntime runs from text with nothing else, through `torch.onnx.export` (the dynamo exporter,
 `torch.export`).
 
-    convert_to_onnx(run_dir, out)    -> out/  model.onnx      the graph, batch and lengths dynamic
+    convert_to_onnx(run_dir, out)    -> out/  model.onnx      the graph, batch and lengths dynamic (an encoder-
+                                                              decoder's three graphs: see below)
                                               tokenizer.json  the run's tokenizer, framing an encoder's or a
                                                               tagger's text as attnkit does ([CLS] text [SEP], BOS
                                                               text EOS, or a converted tagger's own; cut to
@@ -13,6 +14,7 @@
                                               runtime.json    the graph's inputs and outputs, what the tokenizer adds,
                                                               the labels' file, a decoder's past shapes
     export_onnx(model, config, path) -> the graph alone
+    export_seq2seq_onnx(model, config, folder) -> an encoder-decoder's three graphs alone
 
 Decoders (next-token models, with the KV cache as explicit inputs and outputs, the layout `transformers` models
 export to):
@@ -37,6 +39,23 @@ three are what `tokenizers` returns for a batch read with the folder's tokenizer
 A decoder with a tag head (GPT2ForTokenClassification's layout) is written as an encoder tagger is: input_ids and
 attention_mask in, logits (batch, sequence, n_classes) out, each position's from the tokens up to it; no past.
 
+Encoder-decoders (translation) are three graphs, named and laid out as Optimum exports a Marian or T5 model
+(`export_seq2seq_onnx`; {i} a decoder layer, the target's positions continue after the past ones):
+
+    encoder_model.onnx            input_ids, attention_mask (batch, encoder_sequence)  -> last_hidden_state
+                                                                                          (batch, encoder_sequence, C)
+    decoder_model.onnx            input_ids (batch, sequence), encoder_attention_mask,  -> logits (batch, sequence, V),
+    (the first step)              encoder_hidden_states                                    present.{i}.decoder.key /
+                                                                                           .value, present.{i}.encoder
+                                                                                           .key / .value
+    decoder_with_past_model.onnx  input_ids, encoder_attention_mask,                    -> logits, present.{i}.decoder
+    (each later step)             past_key_values.{i}.decoder.key / .value                 .key / .value
+                                  (batch, n_kv_heads, past_sequence, head_dim),
+                                  past_key_values.{i}.encoder.key / .value
+                                  (batch, n_kv_heads, encoder_sequence, head_dim)
+
+The encoder's keys and values are computed once, by the first step, and passed back in at every later one.
+
 The value checks the models make on their inputs (ids within the vocabulary) read tensor values and are left out
 of the graph; ids outside the vocabulary are the caller's to prevent. The model is exported in eval mode (no
 dropout).
@@ -56,7 +75,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.checkpoint import CONFIG_FILE, LABELS_FILE, TASK_FILE, TOKENIZER_DIR, load_model, read_labels
-from attnkit.config import DecoderConfig, EncoderConfig, ModelConfig, head_output
+from attnkit.config import DecoderConfig, EncoderConfig, EncoderDecoderConfig, ModelConfig, head_output
 from attnkit.errors import ConfigError, InputError
 from attnkit.interop.runtime_tokenizer import Framing, runtime_tokenizer
 from attnkit.interop.targets import elsewhere
@@ -70,6 +89,11 @@ log = logging.getLogger(__name__)
 
 OPSET = 18
 GRAPH_FILE = "model.onnx"
+ENCODER_FILE, DECODER_FILE, DECODER_WITH_PAST_FILE = "encoder_model.onnx", "decoder_model.onnx", \
+    "decoder_with_past_model.onnx"  # an encoder-decoder's three graphs, named as Optimum names them
+_SEQ2SEQ_KINDS = {ENCODER_FILE: "encoder", DECODER_FILE: "decoder, first step",
+                  DECODER_WITH_PAST_FILE: "decoder, later steps"}
+_SEQ2SEQ_ROLES = {ENCODER_FILE: "encoder", DECODER_FILE: "decoder", DECODER_WITH_PAST_FILE: "decoder_with_past"}
 RUNTIME_FILE = "runtime.json"  # how to feed the graph from text: its inputs and outputs, the tokenizer's framing
 _EXPORTER_LOGGERS = ("torch.onnx", "torch.export", "torch._export", "onnxscript", "onnx_ir")
 
@@ -86,20 +110,26 @@ class ONNXExport:
 
 @dataclass(frozen=True)
 class ONNXFolder:
-    """What `convert_to_onnx` wrote: the folder, its graph, and each file's name with what it holds (for the command's
-    one line a file)."""
+    """What `convert_to_onnx` wrote: the folder, its graphs (one; an encoder-decoder's three), and each file's name
+    with what it holds (for the command's one line a file)."""
 
     path: Path
-    graph: ONNXExport
+    graphs: list[ONNXExport]
     files: dict[str, str]
+
+    @property
+    def graph(self) -> ONNXExport:
+        """The graph (an encoder-decoder's encoder)."""
+        return self.graphs[0]
 
 
 class PastLayerCache(LayerCache):
     """One layer's cache as graph values: the past keys and values come in as tensors (B, Hkv, P, D) and `append`
-    returns them joined with the new ones, the layer's present (B, Hkv, P + T, D). Nothing is written in place."""
+    returns them joined with the new ones, the layer's present (B, Hkv, P + T, D); an encoder-decoder's layer also
+    holds the encoder's keys and values (B, Hkv, S, D) once computed (`cross`). Nothing is written in place."""
 
-    def __init__(self, keys: Tensor, values: Tensor) -> None:
-        self.keys, self.values, self.cross = keys, values, None
+    def __init__(self, keys: Tensor, values: Tensor, cross: tuple[Tensor, Tensor] | None = None) -> None:
+        self.keys, self.values, self.cross = keys, values, cross
         self.length = keys.shape[2]
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
@@ -122,6 +152,54 @@ class DecoderGraph(nn.Module):
         return logits, [(layer.keys, layer.values) for layer in cache.layers]
 
 
+class Seq2SeqEncoderGraph(nn.Module):
+    """An encoder-decoder's encoder (Optimum's encoder_model): (input_ids, attention_mask) (B, S) -> last_hidden_state
+    (B, S, C)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.model.encode(input_ids, src_mask=attention_mask)  # (B, S, C)
+
+
+class Seq2SeqDecoderGraph(nn.Module):
+    """One decoding step of an encoder-decoder with its caches as graph values (Optimum's decoder_model, `first`,
+    and decoder_with_past_model):
+
+        first   (input_ids, encoder_attention_mask, encoder_hidden_states (B, S, C))
+                -> logits, and per layer the present self-attention keys, values and the encoder's keys, values,
+                   computed here once from encoder_hidden_states
+        later   (input_ids, encoder_attention_mask, per layer (self keys, self values, encoder keys, encoder values))
+                -> logits, and per layer the present self-attention keys, values
+    """
+
+    def __init__(self, model: nn.Module, config: ModelConfig, *, first: bool) -> None:
+        super().__init__()
+        self.model, self.first = model, first
+        resolved = config.resolved
+        self.n_kv_heads, self.head_dim, self.width = resolved.n_kv_heads, resolved.head_dim, config.d_model
+        self.n_layers = resolved.n_decoder_layers
+
+    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, state):
+        if self.first:
+            memory = state  # (B, S, C)
+            empty = memory.new_zeros(memory.shape[0], self.n_kv_heads, 0, self.head_dim)  # (B, Hkv, 0, D)
+            layers = [PastLayerCache(empty, empty) for _ in range(self.n_layers)]
+        else:
+            layers = [PastLayerCache(keys, values, cross=(cross_keys, cross_values))
+                      for keys, values, cross_keys, cross_values in state]
+            cross_keys = state[0][2]  # (B, Hkv, S, D)
+            # decode reads only the memory's shape once the encoder's keys and values are cached: a stand-in
+            memory = cross_keys.new_zeros(cross_keys.shape[0], cross_keys.shape[2], self.width)  # (B, S, C)
+        cache = KVCache(layers)
+        logits = self.model.decode(input_ids, memory, src_mask=encoder_attention_mask, cache=cache).logits  # (B, T, V)
+        kept = [(layer.keys, layer.values, *layer.cross) if self.first else (layer.keys, layer.values)
+                for layer in cache.layers]
+        return logits, *(tensor for layer in kept for tensor in layer)
+
+
 class EncoderGraph(nn.Module):
     """An encoder, or a decoder that labels positions (a tagger), as a function of (input_ids, attention_mask[,
     token_type_ids]) -> its head's outputs."""
@@ -142,7 +220,7 @@ def convert_to_onnx(run_dir: str | Path, out: str | Path, *, opset: int = OPSET,
                     ) -> ONNXFolder:
     """Write the run as a folder a runtime needs nothing else to use (see the module docstring), whole or not at
     all; `overwrite` replaces such a folder there (one holding runtime.json), never other files. Raises
-    ConfigError for a family with no ONNX form here (encoder-decoders, recurrent models), InputError for an existing
+    ConfigError for a family with no ONNX form here (recurrent models), InputError for an existing
     `out` without `overwrite` (or holding other files) or an `out` named like a file."""
     run_dir, out = Path(run_dir), Path(out)
     if out.suffix == ".onnx":
@@ -158,9 +236,13 @@ def convert_to_onnx(run_dir: str | Path, out: str | Path, *, opset: int = OPSET,
     text = _tokenizer_file(tokenizer, config, run_dir)
     labels = read_labels(run_dir)
     with atomic_output(out, directory=True, overwrite=overwrite, flag="--to-onnx") as partial:
-        graph = export_onnx(model, config, partial / GRAPH_FILE, opset=opset)
-        files = {GRAPH_FILE: f"{graph.kind}; inputs {', '.join(graph.inputs[:3])}{', ...' * (len(graph.inputs) > 3)}; "
-                             f"outputs {', '.join(graph.outputs[:3])}{', ...' * (len(graph.outputs) > 3)}"}
+        if isinstance(config, EncoderDecoderConfig):
+            graphs = export_seq2seq_onnx(model, config, partial, opset=opset)
+        else:
+            graphs = [export_onnx(model, config, partial / GRAPH_FILE, opset=opset)]
+        files = {graph.path.name: f"{graph.kind}; inputs {', '.join(graph.inputs[:3])}"
+                                  f"{', ...' * (len(graph.inputs) > 3)}; outputs {', '.join(graph.outputs[:3])}"
+                                  f"{', ...' * (len(graph.outputs) > 3)}" for graph in graphs}
         if text is not None:
             atomic_write(partial / HF_FILE, text[0].to_str(pretty=True))
             files[HF_FILE] = _described(text[1])
@@ -169,12 +251,12 @@ def convert_to_onnx(run_dir: str | Path, out: str | Path, *, opset: int = OPSET,
         if labels is not None:
             atomic_write(partial / LABELS_FILE, json.dumps({"labels": labels}, indent=2) + "\n")
             files[LABELS_FILE] = f"{len(labels)} labels, by class index"
-        runtime = _runtime(graph, config, tokenizer, text[1] if text else None, labels,
+        runtime = _runtime(graphs, config, tokenizer, text[1] if text else None, labels,
                            word_pieces_of(task_record(run_dir), run_dir / TASK_FILE))
         atomic_write(partial / RUNTIME_FILE, json.dumps(runtime, indent=2, ensure_ascii=False) + "\n")
-        files[RUNTIME_FILE] = "how to feed the graph from text"
-    log.debug("wrote %s as ONNX (%s) to %s", run_dir, graph.kind, out)
-    return ONNXFolder(path=out, graph=replace(graph, path=out / GRAPH_FILE), files=files)
+        files[RUNTIME_FILE] = f"how to feed the graph{'s' * (len(graphs) > 1)} from text"
+    log.debug("wrote %s as ONNX (%s) to %s", run_dir, ", ".join(graph.kind for graph in graphs), out)
+    return ONNXFolder(path=out, graphs=[replace(graph, path=out / graph.path.name) for graph in graphs], files=files)
 
 
 def _tokenizer_file(tokenizer: Tokenizer | None, config: ModelConfig, run_dir: Path):
@@ -202,10 +284,13 @@ def _described(framing: Framing) -> str:
     return ", ".join(said)
 
 
-def _runtime(graph: ONNXExport, config: ModelConfig, tokenizer: Tokenizer | None, framing: Framing | None,
+def _runtime(graphs: list[ONNXExport], config: ModelConfig, tokenizer: Tokenizer | None, framing: Framing | None,
              labels: list[str] | None, word_pieces: WordPieces) -> dict:
     """runtime.json: what a runtime does to run the graph from text with nothing but this folder (`word_pieces`: how
     a tagger's words become pieces, `attnkit.tasks.tag.align`)."""
+    if isinstance(config, EncoderDecoderConfig):
+        return _seq2seq_runtime(graphs, config, tokenizer, framing)
+    (graph,) = graphs
     runtime: dict = {"graph": GRAPH_FILE, "kind": graph.kind, "inputs": graph.inputs, "outputs": graph.outputs,
                      "tokenizer": HF_FILE if framing is not None else None,
                      "text": framing.as_json() if framing is not None else None,
@@ -233,19 +318,105 @@ def _runtime(graph: ONNXExport, config: ModelConfig, tokenizer: Tokenizer | None
     return runtime
 
 
+def _seq2seq_runtime(graphs: list[ONNXExport], config: EncoderDecoderConfig, tokenizer: Tokenizer | None,
+                     framing: Framing | None) -> dict:
+    """runtime.json of an encoder-decoder: its three graphs and how greedy translation runs through them."""
+    resolved = config.resolved
+    runtime: dict = {"kind": "translate",
+                     "graphs": {_SEQ2SEQ_ROLES[graph.path.name]: {"file": graph.path.name, "inputs": graph.inputs,
+                                                                   "outputs": graph.outputs} for graph in graphs},
+                     "tokenizer": HF_FILE if framing is not None else None,
+                     "text": framing.as_json() if framing is not None else None,
+                     "max_seq_len": config.max_seq_len,
+                     "past": {"n_layers": resolved.n_decoder_layers, "n_kv_heads": resolved.n_kv_heads,
+                              "head_dim": resolved.head_dim},
+                     "how": "encode the sources (tokenizer.json adds EOS and pads) with encoder; feed each row's "
+                            "target so far, BOS first (special_ids.bos), to decoder with the encoder's output and "
+                            "mask; then one token a row to decoder_with_past with the decoder's present.{i}.decoder.* "
+                            "of the step before and present.{i}.encoder.* of the first step as past_key_values; "
+                            "stop a row at EOS (special_ids.eos), and every row by max_seq_len target tokens"}
+    if tokenizer is not None:
+        runtime["special_ids"] = {role: tokenizer.token_id(role) for role in ("bos", "eos", "pad")
+                                  if tokenizer.token_id(role) is not None}
+    return runtime
+
+
 def export_onnx(model: nn.Module, config: ModelConfig, out: Path, *, opset: int = OPSET, overwrite: bool = False
                 ) -> ONNXExport:
     """Write `model` (of `config`, in fp32) as an ONNX graph at `out`, whole or not at all (see the module
     docstring); the graph of `convert_to_onnx`'s folder, and what the speed suite's onnxruntime peer runs. The
     exporter's own messages and warnings are kept out of the output (`quiet_exporter`)."""
+    if isinstance(config, EncoderDecoderConfig):
+        raise ConfigError("an encoder-decoder is three graphs (encoder, first decoding step, later steps): write them "
+                          "with export_seq2seq_onnx(model, config, folder), or the whole folder with convert_to_onnx")
     graph, example, dynamic, inputs, outputs, kind = _graph(model.float().eval(), config)
+    _write_graph(graph, example, dynamic, inputs, outputs, out, opset=opset, overwrite=overwrite)
+    return ONNXExport(path=out, kind=kind, inputs=inputs, outputs=outputs)
+
+
+def export_seq2seq_onnx(model: nn.Module, config: EncoderDecoderConfig, folder: Path, *, opset: int = OPSET
+                        ) -> list[ONNXExport]:
+    """Write an encoder-decoder (in fp32) as Optimum lays one out, three graphs in `folder` (see the module
+    docstring): the encoder, the decoder's first step (which computes the encoder's keys and values once) and its
+    later steps (which take them, and the self-attention past, as inputs). Each file whole or not at all."""
+    model = model.float().eval()
+    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    source, past = torch.export.Dim("encoder_sequence"), torch.export.Dim("past_sequence")
+    # example sizes all differ (and differ from the model's own sizes), so no dynamic axis is taken for a fixed one
+    example_batch, example_length, example_source = 3, 5, 6
+    src = torch.randint(0, config.vocab_size, (example_batch, example_source))
+    src_mask = torch.ones_like(src)
+    tgt = torch.randint(0, config.target_vocab_size, (example_batch, example_length))
+    with torch.no_grad():
+        memory = model.encode(src, src_mask=src_mask)  # (B, S, C)
+        first = Seq2SeqDecoderGraph(model, config, first=True)
+        _, *present = first(tgt[:, :2], src_mask, memory)  # an example past of 2 positions (7 would also do)
+    layers = config.resolved.n_decoder_layers
+    state = [tuple(present[4 * i:4 * i + 4]) for i in range(layers)]
+    masks = {"encoder_attention_mask": {0: batch, 1: source}}
+    graphs = {
+        ENCODER_FILE: (Seq2SeqEncoderGraph(model), (src, src_mask),
+                       {"input_ids": {0: batch, 1: source}, "attention_mask": {0: batch, 1: source}}),
+        DECODER_FILE: (first, (tgt, src_mask, memory),
+                       {"input_ids": {0: batch, 1: sequence}, **masks, "state": {0: batch, 1: source}}),
+        DECODER_WITH_PAST_FILE: (
+            Seq2SeqDecoderGraph(model, config, first=False), (tgt, src_mask, state),
+            {"input_ids": {0: batch, 1: sequence}, **masks,
+             "state": [({0: batch, 2: past}, {0: batch, 2: past}, {0: batch, 2: source}, {0: batch, 2: source})
+                       for _ in range(layers)]}),
+    }
+    written = []
+    for name, (inputs, outputs) in seq2seq_names(layers).items():
+        graph, example, dynamic = graphs[name]
+        _write_graph(graph, example, dynamic, inputs, outputs, folder / name, opset=opset)
+        written.append(ONNXExport(path=folder / name, kind=_SEQ2SEQ_KINDS[name], inputs=inputs, outputs=outputs))
+    return written
+
+
+def seq2seq_names(n_layers: int) -> dict[str, tuple[list[str], list[str]]]:
+    """Each of an encoder-decoder's graph files -> its (input names, output names), for `n_layers` decoder layers:
+    Optimum's names (see the module docstring), in the order the graphs take and give them."""
+    kept = ("decoder.key", "decoder.value", "encoder.key", "encoder.value")
+    both = [f"{i}.{part}" for i in range(n_layers) for part in kept]
+    own = [f"{i}.{part}" for i in range(n_layers) for part in kept[:2]]
+    return {
+        ENCODER_FILE: (["input_ids", "attention_mask"], ["last_hidden_state"]),
+        DECODER_FILE: (["input_ids", "encoder_attention_mask", "encoder_hidden_states"],
+                       ["logits", *(f"present.{name}" for name in both)]),
+        DECODER_WITH_PAST_FILE: (["input_ids", "encoder_attention_mask", *(f"past_key_values.{name}" for name in both)],
+                                 ["logits", *(f"present.{name}" for name in own)]),
+    }
+
+
+def _write_graph(graph: nn.Module, example: tuple, dynamic: dict, inputs: list[str], outputs: list[str], out: Path, *,
+                 opset: int, overwrite: bool = False) -> None:
+    """`graph` traced by `torch.onnx.export` (dynamo) on `example` and saved at `out`, whole or not at all."""
     with torch.no_grad(), quiet_exporter():
         program = torch.onnx.export(graph.eval(), example, dynamo=True, dynamic_shapes=dynamic, input_names=inputs,
                                     output_names=outputs, opset_version=opset, external_data=False,
                                     verbose=False)
     with atomic_output(out, directory=False, overwrite=overwrite, flag="--to-onnx") as partial:
         program.save(str(partial), external_data=False)
-    return ONNXExport(path=out, kind=kind, inputs=inputs, outputs=outputs)
 
 
 @contextmanager
@@ -305,6 +476,6 @@ def _head(config: ModelConfig) -> str:
 
 
 def _check_family(config: ModelConfig) -> None:
-    if not isinstance(config, (DecoderConfig, EncoderConfig)):
-        raise ConfigError(f"ONNX export writes decoders and encoders; this run is family={config.family!r}: "
-                          f"{elsewhere(config, '--to-onnx')}")
+    if not isinstance(config, (DecoderConfig, EncoderConfig, EncoderDecoderConfig)):
+        raise ConfigError(f"ONNX export writes decoders, encoders and encoder-decoders; this run is "
+                          f"family={config.family!r}: {elsewhere(config, '--to-onnx')}")

@@ -9,7 +9,8 @@ answers otherwise (it never saw a text without them). The exported file therefor
 framing as its post-processor (a `TemplateProcessing`, BERT's own), the cut as its truncation (which counts the
 added tokens) and the pad token as its padding, so `Tokenizer.from_file("tokenizer.json").encode_batch(texts)` gives
 ids, attention masks and token types ready for the graph. A decoder that labels positions (a tagger) reads its
-text framed as an encoder's (BOS and EOS: `attnkit.tasks.tag.align`). A tagger converted from Hugging Face learned
+text framed as an encoder's (BOS and EOS: `attnkit.tasks.tag.align`); an encoder-decoder's source is `text EOS`, cut
+and padded likewise (the target, BOS first, is the runtime's to write). A tagger converted from Hugging Face learned
 its texts as its own tokenizer frames them (`own_frame`: nothing added by GPT-2's, CLS and SEP by BERT's), and its
 file frames them so. A next-token decoder's file is left as it is:
 `attnkit generate` feeds the prompt's tokens, after BOS where the tokenizer begins every text with it (a Llama
@@ -20,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnkit.config import DecoderConfig, EncoderConfig, ModelConfig, head_output
+from attnkit.config import DecoderConfig, EncoderConfig, EncoderDecoderConfig, ModelConfig, head_output
 from attnkit.data.labelled import frame_ids
 from attnkit.errors import ConfigError
-from attnkit.tokenize import JSON_KINDS, Tokenizer
+from attnkit.tokenize import JSON_KINDS, Tokenizer, require_id
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,10 @@ def runtime_tokenizer(tokenizer: Tokenizer, config: ModelConfig, *, own_frame: b
     if isinstance(config, DecoderConfig) and head_output(config.family, config.decoder_head) == "token":
         bos = tokenizer.pieces([tokenizer.bos_id]) if tokenizer.starts_with_bos else []
         return hf, Framing(before=tuple(bos), after=(), max_length=None, pad_id=tokenizer.pad_id)
-    before, after = frame_ids(tokenizer, own=own_frame and _labels_positions(config))
+    if isinstance(config, EncoderDecoderConfig):  # a translation's source: `text EOS`, as data.pairs lays it out
+        before, after = [], [require_id(tokenizer, "eos")]
+    else:
+        before, after = frame_ids(tokenizer, own=own_frame and _labels_positions(config))
     first, last = tokenizer.pieces(before), tokenizer.pieces(after)
     if before or after:
         hf.post_processor = processors.TemplateProcessing(

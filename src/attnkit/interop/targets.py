@@ -3,7 +3,8 @@ or says there is none.
 
     --to-hf      Hugging Face layouts (`keymaps.FAMILIES`): decoders, encoders, encoder-decoders (Marian)
     --to-gguf    llama.cpp generates text: decoders
-    --to-onnx    decoders (next-token ones with past keys and values; taggers without) and encoders
+    --to-onnx    decoders (next-token ones with past keys and values; taggers without), encoders and
+                 encoder-decoders (Optimum's three graphs)
 
 Recurrent models (RNN, GRU, LSTM, with or without attention) have none: the three ecosystems run Transformers.
 """

@@ -153,6 +153,7 @@ def count_parameters(model: nn.Module | ModelConfig | dict | str) -> int:
 
 register(Family(DecoderConfig, build_decoder, state=KVCache, example="gpt2-tiny", exports=("hf", "gguf", "onnx")))
 register(Family(EncoderConfig, build_encoder, state=None, example="bert-tiny", exports=("hf", "onnx")))
-register(Family(EncoderDecoderConfig, build_encoder_decoder, state=KVCache, example="vaswani-tiny", exports=("hf",)))
+register(Family(EncoderDecoderConfig, build_encoder_decoder, state=KVCache, example="vaswani-tiny",
+                exports=("hf", "onnx")))
 register(Family(RecurrentLMConfig, build_recurrent_lm, state=RecurrentState, example="rnn-lm-tiny"))
 register(Family(RecurrentSeq2SeqConfig, build_recurrent_seq2seq, state=RecurrentState, example="gru-attn-seq2seq-tiny"))

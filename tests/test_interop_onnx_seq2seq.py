@@ -1,0 +1,153 @@
+"""`attnkit convert RUN --to-onnx DIR` for an encoder-decoder: Optimum's three graphs (encoder, first decoding step,
+later steps with the self-attention past and the encoder's keys and values fed back), run from the folder alone with
+onnxruntime and `tokenizers`, translate greedily token for token as attnkit does, with attnkit's logits at every
+step."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from export_runs import random_run, tokenizer
+
+from attnkit.checkpoint import load_model
+from attnkit.cli import main
+from attnkit.generate.seq2seq import greedy_translate
+from attnkit.interop.onnx import Seq2SeqDecoderGraph, Seq2SeqEncoderGraph, seq2seq_names
+
+ort = pytest.importorskip("onnxruntime", reason="the ONNX tests run the graph in onnxruntime (pip install "
+                                                 "'attnkit[export]')")
+pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript (attnkit[export])")
+
+# grouped-query heads and a decoder deeper than the encoder, so each count is read from the right place
+FIELDS = dict(family="encoder-decoder", d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, n_layers=1, n_decoder_layers=2,
+              max_seq_len=32)
+TEXTS = ["def main(): return 1", "x", "class Pipeline: tokens, masks and caches"]
+STEPS = 12  # target tokens at most, EOS counted
+SEED = 6  # random weights whose greedy translations of TEXTS are not one token repeated
+
+
+Run = Callable[[str, dict[str, np.ndarray]], list[np.ndarray]]  # (graph role, named inputs) -> outputs in order
+
+
+def _translate(run: Run, runtime: dict, ids: np.ndarray, mask: np.ndarray) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Greedy translation as runtime.json says it runs, through `run`. Returns each source's target ids (without BOS
+    and EOS) and each step's logits of the newest position (B, V)."""
+    (memory,) = run("encoder", {"input_ids": ids, "attention_mask": mask})
+    bos, eos = runtime["special_ids"]["bos"], runtime["special_ids"]["eos"]
+    tokens = np.full((len(ids), 1), bos, dtype=np.int64)
+    logits, *present = run("decoder", {"input_ids": tokens, "encoder_attention_mask": mask,
+                                       "encoder_hidden_states": memory})
+    named = dict(zip(runtime["graphs"]["decoder"]["outputs"][1:], present, strict=True))
+    encoder_past = {name.replace("present", "past_key_values"): v for name, v in named.items() if ".encoder." in name}
+    targets: list[list[int]] = [[] for _ in ids]
+    finished = [False] * len(ids)
+    steps = [logits[:, -1]]
+    while True:
+        tokens = logits[:, -1].argmax(-1)[:, None]  # (B, 1)
+        for row, token in enumerate(tokens[:, 0].tolist()):
+            finished[row] = finished[row] or token == eos
+            if not finished[row]:
+                targets[row].append(token)
+        if all(finished) or len(steps) == STEPS:
+            return targets, steps
+        past = {name.replace("present", "past_key_values"): v for name, v in named.items() if ".decoder." in name}
+        logits, *present = run("decoder_with_past", {"input_ids": tokens, "encoder_attention_mask": mask, **past,
+                                                     **encoder_past})
+        named = dict(zip(runtime["graphs"]["decoder_with_past"]["outputs"][1:], present, strict=True))
+        steps.append(logits[:, -1])
+
+
+def _sources(texts: list[str]) -> list[list[int]]:
+    """What `attnkit translate` feeds the encoder: `tokens EOS`."""
+    return [[*tokenizer().encode(text), tokenizer().eos_id] for text in texts]
+
+
+def _check_against_attnkit(model, targets: list[list[int]], steps: list[np.ndarray], ids: np.ndarray) -> float:
+    """The targets are attnkit's greedy translation of `ids` (B, S; padded), token for token, and each step's logits
+    attnkit's whole teacher-forced pass over the target so far (no cache); returns the largest logit difference,
+    relative to the largest logit."""
+    pad, bos, eos = tokenizer().pad_id, tokenizer().bos_id, tokenizer().eos_id
+    sources = [row[row != pad].tolist() for row in ids]
+    assert targets == greedy_translate(model, sources, bos_id=bos, eos_id=eos, max_length=STEPS, pad_id=pad)
+    assert all(len(set(row)) > 1 for row in targets)  # not one token repeated: the test could tell two apart
+    src, mask = torch.from_numpy(ids), torch.from_numpy(ids != pad).long()
+    target = torch.full((len(ids), 1), bos)
+    worst = 0.0
+    with torch.no_grad():
+        for logits in steps:
+            ours = model(src, target, src_mask=mask).logits[:, -1]  # (B, V)
+            worst = max(worst, float((torch.from_numpy(logits) - ours).abs().max() / ours.abs().max()))
+            target = torch.cat((target, ours.argmax(-1, keepdim=True)), dim=1)
+    return worst
+
+
+def test_the_three_graphs_step_through_their_caches_as_attnkit_translates(tmp_path):
+    """The graphs' modules, run by PyTorch: the first step computes the encoder's keys and values, the later ones
+    take them and the self-attention past back, and the positions continue after the past's."""
+    model, config = load_model(random_run(tmp_path, FIELDS, seed=SEED))
+    layers = config.resolved.n_decoder_layers
+    graphs = {"encoder": Seq2SeqEncoderGraph(model), "decoder": Seq2SeqDecoderGraph(model, config, first=True),
+              "decoder_with_past": Seq2SeqDecoderGraph(model, config, first=False)}
+    roles = {"encoder_model.onnx": "encoder", "decoder_model.onnx": "decoder",
+             "decoder_with_past_model.onnx": "decoder_with_past"}
+    names = {roles[file]: {"inputs": inputs, "outputs": outputs}
+             for file, (inputs, outputs) in seq2seq_names(layers).items()}
+
+    def run(role: str, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        given = [torch.from_numpy(feed[name]) for name in names[role]["inputs"]]
+        if role == "decoder_with_past":  # per layer (self keys, self values, encoder keys, encoder values)
+            given = [*given[:2], [tuple(given[2 + 4 * i:6 + 4 * i]) for i in range(layers)]]
+        with torch.no_grad():
+            out = graphs[role](*given)
+        return [tensor.numpy() for tensor in (out if isinstance(out, tuple) else (out,))]
+
+    runtime = {"graphs": names, "special_ids": {"bos": tokenizer().bos_id, "eos": tokenizer().eos_id}}
+    ids = np.array(_padded(_sources(TEXTS)), dtype=np.int64)
+    targets, steps = _translate(run, runtime, ids, (ids != tokenizer().pad_id).astype(np.int64))
+    assert _check_against_attnkit(model, targets, steps, ids) <= 1e-6
+
+
+def _padded(rows: list[list[int]]) -> list[list[int]]:
+    width = max(map(len, rows))
+    return [row + [tokenizer().pad_id] * (width - len(row)) for row in rows]
+
+
+@pytest.mark.slow  # three graphs exported: about 45 s on 2 busy cores
+def test_an_encoder_decoder_folder_translates_alone_as_attnkit_does(tmp_path, capsys):
+    run = random_run(tmp_path, FIELDS, seed=SEED)
+    out = tmp_path / "exported"
+    assert main(["convert", str(run), "--to-onnx", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for line in ("encoder_model.onnx: encoder; inputs input_ids, attention_mask; outputs last_hidden_state",
+                 "decoder_model.onnx: decoder, first step; inputs input_ids, encoder_attention_mask, "
+                 "encoder_hidden_states; outputs logits, present.0.decoder.key, present.0.decoder.value, ...",
+                 "decoder_with_past_model.onnx: decoder, later steps; inputs input_ids, encoder_attention_mask, "
+                 "past_key_values.0.decoder.key, ...; outputs logits, present.0.decoder.key, "
+                 "present.0.decoder.value, ..."):
+        assert f"wrote {out / line}" in printed
+    runtime = json.loads((out / "runtime.json").read_text())
+    assert runtime["past"] == {"n_layers": 2, "n_kv_heads": 2, "head_dim": 8}
+    assert runtime["text"]["adds"] == ["<eos>"]  # a source is `text EOS`, as attnkit's pair data lays it out
+    model, _ = load_model(run)
+    folder = Path(shutil.move(out, tmp_path / "elsewhere"))
+    shutil.rmtree(run)  # the folder alone: onnxruntime, tokenizers and json, no attnkit
+
+    from tokenizers import Tokenizer
+
+    runtime = json.loads((folder / "runtime.json").read_text())
+    sessions = {role: ort.InferenceSession(str(folder / graph["file"]), providers=["CPUExecutionProvider"])
+                for role, graph in runtime["graphs"].items()}
+    rows = Tokenizer.from_file(str(folder / runtime["tokenizer"])).encode_batch(TEXTS)  # text EOS, padded
+    ids = np.array([row.ids for row in rows], dtype=np.int64)
+    mask = np.array([row.attention_mask for row in rows], dtype=np.int64)
+    assert ids.tolist() == _padded(_sources(TEXTS))
+    targets, steps = _translate(lambda role, feed: sessions[role].run(None, feed), runtime, ids, mask)
+    worst = _check_against_attnkit(model, targets, steps, ids)
+    print(f"largest logit difference over {len(steps)} steps: {worst:.1e} of the largest logit")
+    assert worst <= 1e-5
