@@ -504,3 +504,30 @@ def test_run_viz_frames_the_text_as_the_runs_task_json_says(tokenizer, tmp_path,
         around = tokenizer.own_frame
     ids = [*around[0], *tokenizer.encode(TEXT), *around[1]]
     assert list(maps.query_tokens) == list(token_labels(tokenizer, ids))
+
+
+def test_a_token_the_fonts_cannot_draw_is_labelled_by_its_code_point(tmp_path):
+    """An emoji has no glyph in matplotlib's DejaVu Sans: its label was an empty box, and matplotlib warned once per
+    picture drawn and saved (21 warnings for one text). A character no font of the figure holds is written as its
+    code point; Hebrew, Arabic and the whitespace marks, which the font holds, are drawn as they are."""
+    import warnings
+
+    from matplotlib import font_manager
+
+    from attnkit.viz.heatmap import drawable
+
+    emoji = "\N{SLIGHTLY SMILING FACE}"
+    prop = font_manager.FontProperties()
+    if ord(emoji) in font_manager.get_font(font_manager.findfont(prop)).get_charmap():
+        pytest.skip("this machine's default font draws the emoji")
+    tokens = ("he", f"x{emoji}", "שלום", "مرحبا", "␣↵")
+    assert drawable(tokens[1]) == "xU+1F642" and [drawable(t) for t in tokens[2:]] == list(tokens[2:])
+    weights = np.full((1, 2, len(tokens), len(tokens)), 1 / len(tokens), dtype=np.float32)
+    maps = AttentionMaps("causal", weights, tokens, tokens, (0,), (0, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a glyph matplotlib cannot find is a UserWarning
+        written = write_pngs([maps], tmp_path)
+    assert len(written) == 4
+    fig = grid_figure(maps)
+    labels = {label.get_text() for ax in fig.axes for label in ax.get_yticklabels()}
+    assert "xU+1F642" in labels and "שלום" in labels

@@ -9,10 +9,13 @@ A bare `Figure` renders with the Agg backend and touches no pyplot state, so no 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 
+from matplotlib import font_manager
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from mpl_toolkits.axes_grid1 import axes_size, make_axes_locatable
@@ -33,8 +36,38 @@ AXIS_NAMES = {"cross": ("target token (query)", "source token (key)")}
 DEFAULT_AXIS_NAMES = ("query: the token attending", "key: the token attended to")
 
 
+def drawable(label: str) -> str:
+    """`label` with each character that no font of matplotlib's text holds written as its code point ("U+1F642"):
+    matplotlib draws such a character as an empty box, and warns of it at every draw."""
+    held = _code_points(tuple(font_manager.FontProperties().get_family()))
+    return "".join(c if ord(c) in held else f"U+{ord(c):04X}" for c in label)
+
+
+@cache
+def _code_points(families: tuple[str, ...]) -> frozenset[int]:
+    """The characters of the fonts matplotlib falls back through for `families` (rcParams' font.family): the one
+    font each family names, or the default where none is installed."""
+    paths = []
+    for family in families:
+        prop = font_manager.FontProperties()
+        prop.set_family(family)
+        try:
+            paths.append(font_manager.findfont(prop, fallback_to_default=False))
+        except ValueError:  # a family not installed here
+            continue
+    paths = paths or [font_manager.findfont(font_manager.FontProperties())]
+    return frozenset(code for path in paths for code in font_manager.get_font(path).get_charmap())
+
+
+def _drawn(maps: AttentionMaps) -> AttentionMaps:
+    """`maps` with tokens the fonts can draw (`drawable`)."""
+    return dataclasses.replace(maps, query_tokens=tuple(map(drawable, maps.query_tokens)),
+                               key_tokens=tuple(map(drawable, maps.key_tokens)))
+
+
 def plot_head(maps: AttentionMaps, layer: int, head: int | None, path: str | Path) -> Path:
     """One layer's head (or the mean over its heads, head=None) as a labelled heatmap with a colour bar."""
+    maps = _drawn(maps)
     weights = maps.head_weights(layer, head)
     which = f"head {head}" if head is not None else heads_mean(maps.heads)
     ylabel, xlabel = AXIS_NAMES.get(maps.kind, DEFAULT_AXIS_NAMES)
@@ -54,7 +87,7 @@ def plot_alignment(maps: AttentionMaps, path: str | Path, *, layer: int | None =
     """
     if maps.kind != "cross":
         raise InputError(f"an alignment is drawn from cross-attention, not {maps.title}; pass the cross maps")
-    layer = maps.layers[-1] if layer is None else layer
+    maps, layer = _drawn(maps), maps.layers[-1] if layer is None else layer
     weights = maps.head_weights(layer, None)  # (T_target, S_source)
     title = f"alignment: cross-attention, layer {layer}, {heads_mean(maps.heads)}"
     fig, ax, font = _labelled_figure(maps.query_tokens, maps.key_tokens, title)
@@ -82,6 +115,7 @@ def grid_figure(maps: AttentionMaps) -> Figure:
     """Every layer (rows) and head (columns) at a glance, each scaled to its own largest weight (Vaswani et al.
     2017, figures 3-5), with one colour bar for that shared relative scale. Tokens label the outer axes where they
     fit."""
+    maps = _drawn(maps)
     n_layers, n_heads, n_queries, n_keys = maps.weights.shape
     cell = min(max(1.4, GRID_TOKEN_INCHES * max(n_queries, n_keys)), GRID_INCHES / n_heads)
     font = min(FONT_POINTS[1], 0.9 * 72 * cell / max(n_queries, n_keys))  # a label fits its row
