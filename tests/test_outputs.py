@@ -318,3 +318,46 @@ def test_a_file_output_failing_inside_a_folder_output_names_neither_partial(tmp_
     message = str(raised.value)
     assert f"cannot finish writing {tmp_path / 'o' / 'model.onnx'}: the disk is full" in message
     assert ".partial-" not in message and list(tmp_path.iterdir()) == [], message
+
+
+def _draw_losses(path):
+    from attnkit.train.plots import plot_losses
+
+    plot_losses([{"kind": "train", "step": 1, "loss": 2.0}, {"kind": "eval", "step": 1, "val_loss": 2.5}], path)
+
+
+def _draw_instruments(path):
+    from attnkit.viz.instruments import plot_instruments
+
+    plot_instruments([{"kind": "instruments", "step": 1, "grad_norm/0": 1.0}], path)
+
+
+def _draw_confusion(path):
+    from attnkit.tasks.confusion import plot_confusion
+
+    plot_confusion([[3, 1], [0, 4]], ["a", "b"], path)
+
+
+@pytest.mark.parametrize("draw", [_draw_losses, _draw_instruments, _draw_confusion])
+def test_a_picture_that_fails_to_draw_leaves_the_one_before_and_nothing_else(tmp_path, monkeypatch, draw):
+    """Every picture goes through `write_figure`: drawn in memory, then written whole. The loss curves and viz's
+    pictures were drawn into a fixed temporary file beside the picture by hand, and one whose drawing failed was
+    left behind there."""
+    from matplotlib.figure import Figure
+
+    path = tmp_path / "picture.png"
+    draw(path)
+    before = path.read_bytes()
+    assert before[:8] == b"\x89PNG\r\n\x1a\n"
+
+    def fails_halfway(self, target, **kwargs):
+        if isinstance(target, (str, os.PathLike)):
+            Path(target).write_bytes(b"\x89PNG half a picture")
+        else:
+            target.write(b"\x89PNG half a picture")
+        raise RuntimeError("the renderer failed")
+
+    monkeypatch.setattr(Figure, "savefig", fails_halfway)
+    with pytest.raises(RuntimeError, match="the renderer failed"):
+        draw(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["picture.png"] and path.read_bytes() == before

@@ -1,6 +1,7 @@
 """Outputs written whole or not at all: the one place attnkit writes a file or a directory that a user keeps.
 
     atomic_write(path, data)            bytes -> a temporary sibling file -> renamed over `path`
+    write_figure(figure, path)          a matplotlib figure drawn as a PNG in memory, then `atomic_write`
     sibling_file(path)                  an empty temporary sibling for a writer that takes a path (safetensors)
     atomic_output(path, directory=...)  a temporary sibling (a directory, or a file path) that the caller fills;
                                         renamed into place when the block ends, removed when it fails
@@ -19,6 +20,7 @@ New files get the mode `open()` would give them (0666 less the user's umask), no
 from __future__ import annotations
 
 import errno
+import io
 import logging
 import os
 import re
@@ -144,6 +146,21 @@ def atomic_write(path: str | Path, data: bytes | str) -> None:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+
+def png_bytes(figure, *, dpi: float | None = None) -> bytes:
+    """A matplotlib figure drawn as a PNG in memory (`dpi` None: the figure's own), so that nothing is written before
+    the picture is whole."""
+    picture = io.BytesIO()
+    figure.savefig(picture, format="png", dpi=dpi)
+    return picture.getvalue()
+
+
+def write_figure(figure, path: str | Path, *, dpi: float | None = None) -> Path:
+    """A matplotlib figure as a PNG at `path`, whole or not at all (`png_bytes`, then `atomic_write`); returns
+    `path`."""
+    atomic_write(path, png_bytes(figure, dpi=dpi))
+    return Path(path)
 
 
 @contextmanager

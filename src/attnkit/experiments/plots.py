@@ -11,7 +11,6 @@ Two rules every experiment's plot follows, kept here so that no plot states them
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from torch import Tensor
 
-from attnkit.outputs import atomic_write
+from attnkit.outputs import write_figure
 
 Scale = Literal["fraction", "from zero", "level", "log"]
 LEVEL_MIN_SPAN = 0.1  # a level axis spans at least this share of the largest magnitude it shows
@@ -155,11 +154,9 @@ def spread_legend(ax, *, over: str, spread: str | None, handles: Sequence | None
 
 
 def save(fig, path: Path) -> None:
-    """Write the figure as a PNG, whole or not at all (`attnkit.outputs.atomic_write`)."""
+    """Write the figure as a PNG, whole or not at all (`attnkit.outputs.write_figure`)."""
     fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=110)
-    atomic_write(path, png.getvalue())
+    write_figure(fig, path, dpi=110)
 
 
 def running_mean(values: list[float], window: int = 10) -> list[float]:

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from collections.abc import Sequence
@@ -18,7 +17,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from attnkit.outputs import atomic_write, writing
+from attnkit.outputs import atomic_write, png_bytes, writing
 
 
 def write_report(out: str | Path, name: str, *, title: str, rows: list[dict[str, Any]], summary: dict[str, Any],
@@ -32,11 +31,10 @@ def write_report(out: str | Path, name: str, *, title: str, rows: list[dict[str,
     document = json.dumps({"title": title, "summary": clean_summary, "rows": clean_rows}, indent=2)
     paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
     figure.tight_layout()
-    picture = io.BytesIO()
-    figure.savefig(picture, dpi=110, format="png")  # drawn before any file is written
+    picture = png_bytes(figure, dpi=110)  # drawn before any file is written
     atomic_write(paths[0], document + "\n")
     atomic_write(paths[1], markdown(title, clean_summary, clean_rows))
-    atomic_write(paths[2], picture.getvalue())
+    atomic_write(paths[2], picture)
     return paths
 
 

@@ -8,12 +8,11 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnkit.checkpoint import atomic_write
 from attnkit.errors import InputError
+from attnkit.outputs import write_figure
 
 
 def confusion_matrix(truth: Sequence[int], predicted: Sequence[int], n_classes: int) -> list[list[int]]:
@@ -78,6 +77,4 @@ def plot_confusion(matrix: list[list[int]], labels: Sequence[str], path: str | P
                         color="white" if shares[i][j] > 0.5 else "black")
     ax.set_title(title, parse_math=False)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    atomic_write(path, buffer.getvalue())
+    write_figure(fig, path)

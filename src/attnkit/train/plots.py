@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+
+from attnkit.outputs import write_figure
 
 
 def plot_losses(records: list[dict[str, Any]], path: str | Path, *, title: str = "") -> None:
@@ -32,11 +33,7 @@ def plot_losses(records: list[dict[str, Any]], path: str | Path, *, title: str =
     if train or val:
         ax.legend()
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
-    os.replace(tmp, path)  # readers see the old picture or the new one, never half of one
+    write_figure(fig, path)  # readers see the old picture or the new one, never half of one
 
 
 def _moving_average(values: list[float], window: int) -> list[float]:

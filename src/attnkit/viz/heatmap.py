@@ -10,7 +10,6 @@ A bare `Figure` renders with the Agg backend and touches no pyplot state, so no 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -21,6 +20,7 @@ from matplotlib.figure import Figure
 from mpl_toolkits.axes_grid1 import axes_size, make_axes_locatable
 
 from attnkit.errors import InputError
+from attnkit.outputs import write_figure
 from attnkit.viz.maps import AttentionMaps
 
 DPI = 100
@@ -217,9 +217,4 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     engine of its own is laid out tight."""
     if fig.get_layout_engine() is None:
         fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
-    os.replace(tmp, path)
-    return path
+    return write_figure(fig, path)
