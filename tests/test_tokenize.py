@@ -302,3 +302,16 @@ def test_training_a_tokenizer_shows_the_text_read_as_it_goes(tmp_path: Path, mon
         assert main(["tokenizer", "train", "--data", str(tmp_path / "corpus"), "--kind", "char", flag,
                      "--out", str(tmp_path / flag)]) == 0
         assert bars[-1].kwargs["disable"] is not shown and sum(bars[-1].moved) == sum(sizes)
+
+
+@pytest.mark.parametrize("meta", ["[]", '{"kind": "bpe"}', '{"kind": "char", "specials": {"pad": "<pad>"}}',
+                                  '{"kind": "char", "alphabet": 5, "specials": {}, "unknown": "unk"}',
+                                  '{"kind": "bpe", "specials": ["pad"]}', '{"kind": "bpe", "specials": {"pad": 3}}'])
+def test_a_changed_tokenizer_description_is_one_clear_error(tmp_path: Path, bpe: HFTokenizer, meta: str) -> None:
+    """attnkit_tokenizer.json was read unchecked: a list, a missing field or one of the wrong type was an
+    AttributeError, KeyError, TypeError or ValueError out of load_tokenizer."""
+    bpe.save(tmp_path / "tok")
+    (tmp_path / "tok" / "attnkit_tokenizer.json").write_text(meta, encoding="utf-8")
+    with pytest.raises(InputError, match=r"attnkit_tokenizer.json is not the description attnkit saves with a "
+                                         r"tokenizer \(.*\): put back the file saved with it"):
+        load_tokenizer(tmp_path / "tok")

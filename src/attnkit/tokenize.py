@@ -527,13 +527,27 @@ def _read_hf(path: Path):
 
 
 def _read_meta(directory: Path) -> dict:
+    """The kind and special tokens `save` wrote in `directory` (and a char tokenizer's alphabet and policy), checked:
+    InputError naming the file and what is wrong with it (missing, not JSON, a field missing or of the wrong type)."""
     path = directory / META_FILE
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"no attnkit tokenizer in {directory}: {META_FILE} is missing") from None
-    except json.JSONDecodeError as err:
+    except (OSError, ValueError) as err:  # unreadable, not UTF-8, not JSON
         raise InputError(f"{path} is not valid JSON: {err}") from None
+    problem = "not a JSON object"
+    if isinstance(meta, dict):
+        char = {"alphabet": str, "unknown": str} if meta.get("kind") == "char" else {}
+        wrong = [name for name, kind in {"kind": str, "specials": dict, **char}.items()
+                 if not isinstance(meta.get(name), kind)]
+        if not wrong and not all(isinstance(token, str) for token in meta["specials"].values()):
+            wrong = ["specials"]
+        problem = f"{', '.join(wrong)} missing or of the wrong type" if wrong else ""
+    if problem:
+        raise InputError(f"{path} is not the description attnkit saves with a tokenizer ({problem}): put back the "
+                         "file saved with it, or save the tokenizer again")
+    return meta
 
 
 def check_kind(kind: str) -> str:
