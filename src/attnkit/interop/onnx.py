@@ -363,14 +363,15 @@ def export_seq2seq_onnx(model: nn.Module, config: EncoderDecoderConfig, folder: 
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
     source, past = torch.export.Dim("encoder_sequence"), torch.export.Dim("past_sequence")
     # example sizes all differ (and differ from the model's own sizes), so no dynamic axis is taken for a fixed one
-    example_batch, example_length, example_source = 3, 5, 6
+    example_batch, example_length, example_source, example_past = 3, 5, 6, 7
     src = torch.randint(0, config.vocab_size, (example_batch, example_source))
     src_mask = torch.ones_like(src)
     tgt = torch.randint(0, config.target_vocab_size, (example_batch, example_length))
     with torch.no_grad():
         memory = model.encode(src, src_mask=src_mask)  # (B, S, C)
         first = Seq2SeqDecoderGraph(model, config, first=True)
-        _, *present = first(tgt[:, :2], src_mask, memory)  # an example past of 2 positions (7 would also do)
+        earlier = torch.randint(0, config.target_vocab_size, (example_batch, example_past))
+        _, *present = first(earlier, src_mask, memory)  # an example past: the self-attention's of 7 positions
     layers = config.resolved.n_decoder_layers
     state = [tuple(present[4 * i:4 * i + 4]) for i in range(layers)]
     masks = {"encoder_attention_mask": {0: batch, 1: source}}
