@@ -14,6 +14,7 @@ import functools
 import http.server
 import importlib
 import inspect
+import itertools
 import json
 import os
 import re
@@ -478,3 +479,51 @@ def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
     np.testing.assert_allclose(page["probabilities"], expected / expected.sum(), atol=1e-5)
     assert any(url.endswith("ort-wasm-simd-threaded.wasm") for url in requested), requested
     assert all(url.startswith(origin) for url in requested), [u for u in requested if not u.startswith(origin)]
+
+
+@pytest.mark.parametrize("text", ["a", "cab=dcb"])
+def test_the_in_browser_explorers_colour_scale_is_legible_and_true_for_any_text(tmp_path, text):
+    """docs/explorer/ (its HTML block, script, model and onnxruntime-web, served as the site serves them, without a
+    site build): one token drew a colour scale one cell tall, five labels one on another; and the labels were quarters
+    of the largest weight printed rounded (0.13 for 0.125). The scale is at least 120 px tall, its labels round
+    weights, each printed as it is at its own height."""
+    missing = [name for name in generated.ORT_FILES if not (generated.ORT_DIST / name).is_file()]
+    if missing:
+        pytest.skip(f"onnxruntime-web is not installed (`npm install` in the repository root): no {', '.join(missing)}")
+    from viz_browser import Browser, chromium_or_reason
+
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        pytest.skip(f"no headless browser: {reason}")
+    page = (DOCS / "explorer" / "index.md").read_text()
+    block = page[page.index('<div id="explorer"'):page.index("</script>", page.index('<script type="module"')) + 9]
+    explorer = tmp_path / "explorer"
+    (explorer / "vendor").mkdir(parents=True)
+    (explorer / "index.html").write_text(f'<!doctype html><html><head><meta charset="utf-8"></head><body>{block}'
+                                         "</body></html>")
+    for name in ("explorer.js", "model.json", "model.onnx"):
+        (explorer / name).symlink_to(DOCS / "explorer" / name)
+    for name in generated.ORT_FILES:
+        (explorer / "vendor" / name).symlink_to(generated.ORT_DIST / name)
+    with _static_server(tmp_path) as origin:
+        browser = Browser(executable)
+        try:
+            browser.call("Page.navigate", {"url": f"{origin}/explorer/"})
+            browser.wait("!!window.attnkitExplorer")
+            ready = browser.call("Runtime.evaluate", {
+                "expression": "window.attnkitExplorer.loaded.then(() => window.attnkitExplorer.error)",
+                "awaitPromise": True, "returnByValue": True})
+            assert ready["result"].get("value") is None, ready
+            browser.call("Runtime.evaluate", {"expression": f"window.attnkitExplorer.analyze({json.dumps(text)})",
+                                              "awaitPromise": True})
+            scale = browser.evaluate("window.attnkitExplorer.scale")
+            shown = browser.evaluate("window.attnkitExplorer.attention[0]")  # layer 0: (H, T, T), drawn as the mean
+        finally:
+            browser.close()
+    largest = float(np.mean(np.array(shown), axis=0).max())
+    assert scale["height"] >= 120
+    ticks = scale["ticks"]
+    assert len(ticks) >= 3 and min(a["y"] - b["y"] for a, b in itertools.pairwise(ticks)) >= 18  # 14 px labels apart
+    for tick in ticks:  # each label the weight its height on the bar stands for
+        assert float(tick["label"]) == pytest.approx(tick["value"], abs=1e-9)
+        assert tick["y"] == pytest.approx(scale["top"] + scale["height"] * (1 - tick["value"] / largest), abs=1e-3)

@@ -10,10 +10,11 @@
 const $ = (id) => document.getElementById(id);
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 const LABEL_FONT = "14px sans-serif", SCALE_WIDTH = 16, MOST_NEW_TOKENS = 16, LOGITS_SHOWN = 8;
+const SCALE_MIN_HEIGHT = 120;  // px: the colour scale's labels stand apart however few rows the heatmap has
 const NEGATIVE = [33, 102, 172], POSITIVE = [178, 24, 43];  // the vectors' cells: blue below 0, red above, white at 0
 const DETAIL = ["query", "key", "value", "scores", "hidden"];  // model.json's `{kind}_outputs`, one name a layer
 const state = { ready: false, error: null, meta: null, ids: [], tokens: [], attention: [], probabilities: [],
-                residualNorms: [], flow: [], layer: 0, head: null, token: null, temperature: 1, detail: [],
+                residualNorms: [], flow: [], scale: null, layer: 0, head: null, token: null, temperature: 1, detail: [],
                 logits: null, inside: null };
 let ort = null, session = null, charIds = new Map();
 
@@ -147,15 +148,23 @@ function drawControls() {
     ...Array.from({ length: state.meta.n_heads }, (_, h) => button(`${h}`, h)));
 }
 
+// The colour scale's ticks: round weights (1, 2, 2.5 or 5 times a power of ten; 3 to 6 of them) from 0 up to `max`,
+// printed as they are, where quarters of the largest printed rounded (0.13 for 0.125) misstate their heights
+function roundTicks(max) {
+  const raw = max / 5, power = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * power).find((s) => s >= raw * (1 - 1e-9));
+  return [...Array(Math.floor(max / step * (1 + 1e-9)) + 1).keys()].map((k) => k * step);
+}
+
 function drawHeatmap() {
   const w = weights(), T = state.tokens.length, labels = state.tokens.map((t) => (t === " " ? "␣" : t));
   const canvas = $("explorer-heatmap"), ctx = canvas.getContext("2d");
   const cell = Math.max(16, Math.min(36, Math.floor(560 / T)));
   ctx.font = LABEL_FONT;
   const margin = 16 + Math.max(...labels.map((t) => ctx.measureText(t).width));
-  const scaleX = margin + T * cell + 20;
+  const scaleX = margin + T * cell + 20, scaleHeight = Math.max(T * cell, SCALE_MIN_HEIGHT);
   canvas.width = scaleX + SCALE_WIDTH + 60;
-  canvas.height = margin + T * cell + 10;
+  canvas.height = margin + scaleHeight + 10;
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   const max = Math.max(...w.flat()) || 1;
@@ -171,14 +180,16 @@ function drawHeatmap() {
   ctx.textAlign = "center";
   ctx.textBaseline = "bottom";
   labels.forEach((t, j) => ctx.fillText(t, margin + (j + 0.5) * cell, margin - 4));
-  for (let k = 0; k < T * cell; k++) {  // the colour scale, 0 at the bottom to the largest weight at the top
-    ctx.fillStyle = colour(1 - k / (T * cell - 1));
+  for (let k = 0; k < scaleHeight; k++) {  // the colour scale, 0 at the bottom to the largest weight at the top
+    ctx.fillStyle = colour(1 - k / (scaleHeight - 1));
     ctx.fillRect(scaleX, margin + k, SCALE_WIDTH, 1);
   }
   ctx.fillStyle = "#222";
   ctx.textAlign = "left";
   ctx.textBaseline = "middle";
-  for (let k = 0; k <= 4; k++) ctx.fillText((max * k / 4).toFixed(2), scaleX + SCALE_WIDTH + 6, margin + T * cell * (1 - k / 4));
+  state.scale = { top: margin, height: scaleHeight, ticks: roundTicks(max).map((value) => ({
+    value, y: margin + scaleHeight * (1 - value / max), label: String(Number(value.toPrecision(6))) })) };
+  for (const tick of state.scale.ticks) ctx.fillText(tick.label, scaleX + SCALE_WIDTH + 6, tick.y);
   canvas.onmousemove = (event) => {
     const box = canvas.getBoundingClientRect();
     const j = Math.floor((event.clientX - box.left - margin) / cell), i = Math.floor((event.clientY - box.top - margin) / cell);
