@@ -174,3 +174,13 @@ def test_a_full_disk_at_the_last_shard_leaves_no_directory(exported, tmp_path, c
     assert main(["convert", str(exported[0]), "--to-hf", str(out), "--max-shard-size", "30KB"]) == 2
     assert "the disk is full" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # no directory, no partial one beside it
+
+
+def test_overwriting_a_single_file_directory_with_shards_leaves_no_stale_weights(exported, tmp_path):
+    """transformers reads model.safetensors before an index: one left beside the shards would be loaded instead."""
+    run, single, _ = exported
+    target = shutil.copytree(single, tmp_path / "exported")
+    assert main(["convert", str(run), "--to-hf", str(target), "--overwrite", "--max-shard-size", "30KB"]) == 0
+    assert not (target / "model.safetensors").exists() and (target / SAFETENSORS_INDEX).is_file()
+    assert main(["convert", str(run), "--to-hf", str(target), "--overwrite"]) == 0  # and back to one file
+    assert sorted(p.name for p in target.glob("model*")) == ["model.safetensors"]
