@@ -276,3 +276,19 @@ def test_a_label_vocabulary_is_written_whole_or_not_at_all(tmp_path: Path, monke
         LabelVocab(("a", "b", "c")).save(path)
     monkeypatch.undo()
     assert LabelVocab.load(path).labels == ("a", "b") and [p.name for p in tmp_path.iterdir()] == ["labels.json"]
+
+
+def test_a_tsv_quoted_as_pandas_and_the_csv_module_write_it_is_read_whole(tmp_path: Path) -> None:
+    """A TSV written by csv.writer(delimiter='\\t') or pandas' to_csv(sep='\\t') quotes a text holding a line break, a
+    tab or a quote: it was read raw, a quoted line break stopping it with 'line 2: the label is empty' and a quoted
+    text keeping its quotes, doubled. A raw TSV whose text holds quotes (GLUE's SST-2) is still read as it is."""
+    import csv
+
+    rows = [("line one\nline two", "pos"), ('he said "hi"', "neg"), ("a\ttab", "pos"), ("plain", "neg")]
+    with open(tmp_path / "quoted.tsv", "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, delimiter="\t")
+        writer.writerow(["text", "label"])
+        writer.writerows(rows)
+    assert read_labelled(tmp_path / "quoted.tsv") == rows
+    (tmp_path / "raw.tsv").write_text('sentence\tlabel\n"the movie" is bad\t0\nit\'s "great\t1\n', encoding="utf-8")
+    assert read_labelled(tmp_path / "raw.tsv") == [('"the movie" is bad', "0"), ('it\'s "great', "1")]

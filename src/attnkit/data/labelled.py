@@ -137,6 +137,21 @@ def _rows(text: str, path: str | os.PathLike, **dialect) -> list[list[str]]:
         csv.field_size_limit(limit)
 
 
+def _tsv_rows(text: str, path: str | os.PathLike) -> list[list[str]]:
+    """The rows of a TSV file, which come two ways: raw (GLUE's SST-2: a quote is a character of the text) and quoted
+    as Python's csv module and pandas' `to_csv(sep="\\t")` write them (a text holding a tab, a line break or a quote
+    put in quotes, its quotes doubled). A file with a field that opens with a quote is read as quoted where that
+    reads it whole (no quote left open) into rows as wide as its header; as raw otherwise."""
+    raw = _rows(text, path, delimiter="\t", quoting=csv.QUOTE_NONE)
+    if not any(cell.startswith('"') for row in raw for cell in row):
+        return raw
+    try:
+        quoted = _rows(text, path, delimiter="\t", strict=True)
+    except InputError:  # a quote inside a raw text: "the movie" is bad
+        return raw
+    return quoted if all(len(row) == len(quoted[0]) for row in quoted if row) else raw
+
+
 def read_labelled(
     path: str | os.PathLike,
     *,
@@ -224,7 +239,7 @@ def _table(text: str, path: str | os.PathLike, fields: list[Field]) -> list[tupl
     if suffix in JSON_LINES:
         return _json_lines(text, path, fields)
     dialect = {"delimiter": ","} if suffix == ".csv" else {"delimiter": "\t", "quoting": csv.QUOTE_NONE}
-    rows = _rows(text, path, **dialect)
+    rows = _rows(text, path, **dialect) if suffix == ".csv" else _tsv_rows(text, path)
     if not rows:
         raise InputError(f"{path} is empty")
     columns = [_pick_column(rows[0], wanted, usual, what, path, dialect["delimiter"]) for wanted, usual, what in fields]
