@@ -442,3 +442,21 @@ def test_an_epoch_tasks_data_state_is_read_by_the_one_parser_and_a_damaged_one_n
         task.load_data_state(state)
     task.load_data_state({"epoch": "3", "index": 4})
     assert (task.epoch, task.index) == epoch_position({"epoch": "3", "index": 4}) == (3, 4)
+
+
+@pytest.mark.parametrize("specials", [["pad", "unk", "bos", "eos", "mask", "cls", "sep"],
+                                      ["pad", "unk", "bos", "eos", "mask", "cls"],
+                                      ["pad", "unk", "bos", "eos", "mask"]])
+def test_masked_lm_windows_are_framed_as_a_classifiers_text(specials):
+    """Masked-LM windows were framed by a rule of their own (CLS and SEP only where both exist, else BOS and EOS),
+    beside `frame_ids`, which classifier data, viz and inspect read: a tokenizer with CLS but no SEP trained its
+    encoder on BOS ... EOS and had it read CLS ... EOS after. Both are `frame_ids` now."""
+    from attnkit.data.labelled import frame_ids
+    from attnkit.tasks.lm import MaskedWindows
+    from attnkit.tokenize import CharTokenizer
+
+    tokenizer = CharTokenizer("abcdef", special_tokens=specials)
+    inputs, _ = MaskedWindows(tokenizer, 6)(torch.tensor([[0, 1, 2, 3]]), torch.Generator().manual_seed(0))
+    before, after = frame_ids(tokenizer)
+    assert [inputs[0, 0].item()] == before and [inputs[0, -1].item()] == after
+

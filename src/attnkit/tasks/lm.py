@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from attnkit.data import IGNORE_INDEX, LMData, make_task
 from attnkit.data.corpus import resolve_files
+from attnkit.data.labelled import frame_ids
 from attnkit.data.masking import mask_tokens
 from attnkit.data.packing import PackedBatch, PackMode, document_ends, pack_rows, pieces
 from attnkit.errors import ConfigError, InputError
@@ -278,11 +279,10 @@ class MaskedWindows:
             raise ConfigError(f"--task mlm needs seq_len >= 3 (CLS, a token, SEP); got {seq_len}")
         if tokenizer.mask_id is None:
             raise ConfigError("--task mlm needs a tokenizer with a mask token; train one with --tokenizer bpe or char")
-        has_cls = tokenizer.cls_id is not None and tokenizer.sep_id is not None
-        self.first, self.last = (tokenizer.cls_id, tokenizer.sep_id) if has_cls else (
-            tokenizer.bos_id, tokenizer.eos_id)
-        if self.first is None or self.last is None:
-            raise ConfigError("--task mlm needs a tokenizer with CLS and SEP (or BOS and EOS) tokens")
+        try:  # framed as a classifier's text is, which a fine-tuned encoder reads (`frame_ids`)
+            (self.first,), (self.last,) = frame_ids(tokenizer)
+        except InputError as missing:
+            raise ConfigError(f"--task mlm frames its windows as CLS ... SEP (or BOS ... EOS): {missing}") from None
         self.window = seq_len - 2  # the stream's tokens in a window: seq_len less the framing
         self.masking = dict(mask_id=tokenizer.mask_id, vocab_size=tokenizer.vocab_size,
                             special_ids={i for role in SPECIAL_ROLES if (i := tokenizer.token_id(role)) is not None})
