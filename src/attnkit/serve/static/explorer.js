@@ -268,6 +268,8 @@
       context.fillStyle = colour(1 - y / (barHeight - 1));
       context.fillRect(barLeft, top + y, BAR.width, 1);
     }
+    context.strokeStyle = "#888";  // an outline, so the bar's white end stands apart from the page
+    context.strokeRect(barLeft + 0.5, top + 0.5, BAR.width - 1, barHeight - 1);
     const ticks = scaleTicks(max);
     context.fillStyle = "#1d2330";
     context.font = "11px monospace";
@@ -275,7 +277,7 @@
     for (const tick of ticks) {
       const y = top + (1 - tick.height) * (barHeight - 1);
       context.fillRect(barLeft + BAR.width, y, 4, 1);
-      context.fillText(tick.label, barLeft + BAR.width + 6, y);
+      context.fillText(tick.label, barLeft + BAR.width + 9, y);  // apart from its tick, not read as a minus
     }
     state.heatmap = { left, top, cell, max, ticks };  // where the cells and the scale were drawn (read by tests)
   }
