@@ -96,15 +96,16 @@ def test_a_gzip_file_is_read_as_its_text_and_a_cut_off_one_is_named(tmp_path: Pa
 
 
 @pytest.mark.parametrize("order", ["LE", "BE"])
-def test_utf16_without_a_byte_order_mark_is_named_with_its_conversion(tmp_path: Path, order: str) -> None:
+def test_utf16_without_a_byte_order_mark_or_a_binary_file_is_named_with_its_fix(tmp_path: Path, order: str) -> None:
     path = tmp_path / "export.txt"
     path.write_bytes("plain text\n".encode(f"utf-16-{order.lower()}"))
-    with pytest.raises(InputError, match=rf"looks like a binary file .*; it reads as UTF-16{order} text without a "
+    with pytest.raises(InputError, match=rf"looks like a binary file .*: it reads as UTF-16{order} text without a "
                                          rf"byte-order mark: convert it \(iconv -f UTF-16{order} -t UTF-8\)"):
         read_text(path)
     png = tmp_path / "image.png"
     png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
-    with pytest.raises(InputError, match=r"attnkit reads UTF-8 text$"):
+    with pytest.raises(InputError, match=r"attnkit reads UTF-8 text: leave it out of the data \(a glob such as "
+                                         r"'folder/\*\*/\*.txt' takes a folder's text files alone\)$"):
         read_text(png)
 
 

@@ -38,8 +38,9 @@ def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict", f
                          f"(iconv -f {wide} -t UTF-8)")
     nul = data.find(b"\x00")
     if nul >= 0:
-        raise InputError(f"{name} looks like a binary file (NUL byte at offset {nul}); attnkit reads UTF-8 text"
-                         + _unmarked_wide(data))
+        raise InputError(f"{name} looks like a binary file (NUL byte at offset {nul}); attnkit reads UTF-8 text: "
+                         + (_unmarked_wide(data) or "leave it out of the data (a glob such as 'folder/**/*.txt' "
+                            "takes a folder's text files alone)"))
     try:
         return data.decode("utf-8-sig", errors=errors)
     except UnicodeDecodeError as err:
@@ -49,11 +50,12 @@ def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict", f
 
 
 def _unmarked_wide(data: bytes) -> str:
-    """The hint for NUL bytes in every other place of a file's head: UTF-16 written without a byte-order mark."""
+    """The fix for NUL bytes in every other place of a file's head, UTF-16 written without a byte-order mark; "" for
+    other NUL bytes."""
     head = data[:1024]
     for order, nuls in (("LE", head[1::2]), ("BE", head[::2])):
         if len(head) >= 2 and nuls.count(0) == len(nuls):
-            return (f"; it reads as UTF-16{order} text without a byte-order mark: convert it "
+            return (f"it reads as UTF-16{order} text without a byte-order mark: convert it "
                     f"(iconv -f UTF-16{order} -t UTF-8)")
     return ""
 
