@@ -193,7 +193,7 @@ def test_bad_input_at_the_edge_gets_clear_errors():
     rope = _model(position="rope")
     assert rope(torch.zeros(1, 40, dtype=torch.long)).logits.shape == (1, 40, 50)  # no table to run past
     seq2seq = _model(family="encoder-decoder")
-    with pytest.raises(InputError, match="batch size 2 but tgt_ids has 3"):
+    with pytest.raises(InputError, match="the target batch has 3 sequences but the source batch 2"):
         seq2seq(torch.zeros(2, 4, dtype=torch.long), torch.zeros(3, 4, dtype=torch.long))
     cache = model.allocate_cache(1, 4)
     with pytest.raises(InputError, match="KV cache holds 4"):
@@ -287,3 +287,18 @@ def test_weights_start_as_gpt2_initialises_them():
             expected = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
             assert abs(parameter.std().item() / expected - 1) < 0.1, (name, parameter.std().item(), expected)
             assert abs(parameter.mean().item()) < 0.2 * expected, name
+
+
+@pytest.mark.parametrize("family", ["encoder-decoder", "recurrent-seq2seq"])
+def test_a_target_batch_of_another_size_than_its_source_is_refused_in_one_sentence(family):
+    """A Transformer encoder-decoder's forward refused two sources and three targets in words of its own, beside the
+    words its decode and the recurrent seq2seq used: all three now say it one way."""
+    sizes = {} if family == "recurrent-seq2seq" else dict(d_model=16, n_heads=2, d_ff=32, n_layers=1)
+    fields = dict(cell="gru", hidden_size=8, attention="luong-dot") if family == "recurrent-seq2seq" else {}
+    model = build_model(ModelConfig(family=family, vocab_size=12, max_seq_len=16, **sizes, **fields)).eval()
+    src, tgt = torch.ones(2, 4, dtype=torch.long), torch.ones(3, 5, dtype=torch.long)
+    message = "the target batch has 3 sequences but the source batch 2; pass one target per source"
+    with pytest.raises(InputError, match=message):
+        model(src, tgt)
+    with pytest.raises(InputError, match=message):
+        model.decode(tgt, model.encode(src))

@@ -19,6 +19,14 @@ from attnkit.models.output import ModelOutput
 from attnkit.models.stack import TransformerStack
 
 
+def check_paired(targets: int, sources: int) -> None:
+    """Raise InputError for a target batch of another number of sequences than its source batch: each target is
+    decoded against its own source."""
+    if targets != sources:
+        raise InputError(f"the target batch has {targets} sequences but the source batch {sources}; pass one target "
+                         "per source")
+
+
 class EncoderDecoder(nn.Module):
     """Sequence-to-sequence Transformer with separate `encode()` and `decode()`."""
 
@@ -74,11 +82,8 @@ class EncoderDecoder(nn.Module):
             raise InputError("the KV cache holds the cross-attention keys of another memory than this one: a cache "
                              "serves one source; pass the memory of its first step every step, or allocate a new "
                              "cache for a new source")
-        if tgt_ids.dim() == 2 and tgt_ids.shape[0] != memory.shape[0]:
-            raise InputError(
-                f"the target batch has {tgt_ids.shape[0]} sequences but the source batch {memory.shape[0]}; "
-                f"pass one target per source"
-            )
+        if tgt_ids.dim() == 2:
+            check_paired(tgt_ids.shape[0], memory.shape[0])
         hidden, attentions = self.decoder(
             tgt_ids,
             attention_mask=tgt_mask,
@@ -106,11 +111,8 @@ class EncoderDecoder(nn.Module):
         return_logits: bool = True,
     ) -> ModelOutput:
         """Teacher-forced pass: src (B, S), tgt (B, T) -> logits (B, T, V) (see `decode` for the arguments)."""
-        if tgt_ids.dim() == 2 and src_ids.dim() == 2 and tgt_ids.shape[0] != src_ids.shape[0]:
-            raise InputError(
-                f"src_ids has batch size {src_ids.shape[0]} but tgt_ids has {tgt_ids.shape[0]}; "
-                f"source and target batches must pair up one to one"
-            )
+        if tgt_ids.dim() == 2 and src_ids.dim() == 2:  # before the encoder runs
+            check_paired(tgt_ids.shape[0], src_ids.shape[0])
         # the class's encode and decode: sharded training (FSDP2) wraps the instance's to gather the whole model for
         # a call of their own, and inside forward, which has gathered it, torch 2.11 freed it again after encode
         encoder_attentions = None

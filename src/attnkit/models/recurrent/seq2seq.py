@@ -38,6 +38,7 @@ from attnkit.models.output import ModelOutput
 from attnkit.models.recurrent.attention import AttentionKind, SourceAttention
 from attnkit.models.recurrent.lm import init_embedding, output_projection
 from attnkit.models.recurrent.rnn import Cell, RecurrentState, check_mask, make_rnn, run_rnn
+from attnkit.models.seq2seq import check_paired
 
 
 class RecurrentEncoder(nn.Module):
@@ -211,11 +212,7 @@ class RecurrentSeq2Seq(nn.Module):
         need_weights: attentions = [{"cross": (B, 1, T, S)}], row t the weights of decoding step t.
         """
         check_token_ids(tgt_ids, self.decoder.embedding.num_embeddings, name="tgt_ids")
-        if tgt_ids.shape[0] != memory.shape[0]:
-            raise InputError(
-                f"the target batch has {tgt_ids.shape[0]} sequences but the source batch {memory.shape[0]}; "
-                f"pass one target per source"
-            )
+        check_paired(tgt_ids.shape[0], memory.shape[0])
         tgt_mask = check_mask(tgt_mask, tgt_ids, "tgt_mask")
         if tgt_mask is not None and not bool(tgt_mask[:, 0].all()):
             raise InputError("tgt_mask pads on the left; targets start with BOS in column 0 and pad on the right")
