@@ -156,3 +156,26 @@ def test_the_explorer_loads_and_analyses_with_nothing_in_the_console(served):
         assert errors == []
     finally:
         chromium.close()
+
+
+def test_the_page_opens_on_a_text_the_runs_tokenizer_reads(tmp_path):
+    """A run of a synthetic task's alphabet (characters a-h, no space) opened on 'the cat sat on the mat' and an error
+    naming a character the page had typed itself; its first text is one the tokenizer reads, and it is drawn."""
+    import httpx
+
+    from attnkit.checkpoint import save_model
+
+    tokenizer = CharTokenizer("abcdefgh=")
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32,
+                         n_layers=1, max_seq_len=32)
+    save_model(build_model(config).eval(), config, tmp_path / "run")
+    tokenizer.save(tmp_path / "run" / "tokenizer")
+    with running_server(tmp_path / "run") as (url, _app):
+        example = httpx.get(url + "/api/info", timeout=30).json()["example"]
+        assert example and set(example) <= set("abcdefgh=")
+        assert httpx.post(url + "/api/analyze", json={"text": example}, timeout=30).status_code == 200
+        from viz_browser import page_or_skip
+
+        with page_or_skip(url + "/", "!!(window.attnkit && window.attnkit.state.data)") as chromium:
+            assert chromium.evaluate("document.getElementById('text').value") == example
+            assert chromium.evaluate("document.getElementById('message').textContent") == ""

@@ -38,15 +38,32 @@ from attnkit.serve.inspect_view import inspect_view
 from attnkit.serve.model_view import model_view, translation_view
 from attnkit.serve.sae_view import SAEView
 from attnkit.tasks.tag import frame_of
+from attnkit.tokenize import Tokenizer
 from attnkit.viz.extract import attention_maps, is_translator
 from attnkit.viz.labels import token_labels
 
 MAX_TEXT = 2000  # characters the explorer analyses at most (its pictures are for short texts)
+EXAMPLE = "the cat sat on the mat"  # the page's first text, where the run's tokenizer reads it
 MAX_TOKENS = 256  # tokens the explorer analyses at most: every layer's and head's (T, T) weights go to the page
 ALL_LOGITS = 4096  # vocabularies up to this size send every logit; larger ones their top ALL_LOGITS
 OWN_TRANSLATION_EMPTY = "type a translation in the Target box"  # the fix an empty own translation asks for
 MAX_TRANSLATION = 64  # tokens of the model's own translation drawn at most (within its context, after BOS)
 METRICS_LINES = 5000  # metrics.jsonl lines per answer at most
+
+
+def first_text(tokenizer: Tokenizer) -> str:
+    """The page's first text: EXAMPLE where `tokenizer` reads it without an unknown token, else the first eight letters
+    of its vocabulary (a character run of a synthetic task's alphabet), so the page opens on a picture, not on an
+    error about a text it typed itself."""
+    try:
+        if tokenizer.unk_id not in tokenizer.encode(EXAMPLE):
+            return EXAMPLE
+    except InputError:  # a character tokenizer that refuses characters outside its alphabet
+        pass
+    specials = {tokenizer.token_id(role) for role in tokenizer.specials}
+    ids = range(min(tokenizer.vocab_size, 1024))  # a character vocabulary is short; a large one reads EXAMPLE
+    pieces = [piece for i, piece in zip(ids, tokenizer.pieces(ids), strict=True) if i not in specials]
+    return "".join(([p for p in pieces if p.isalpha()] or pieces)[:8])
 
 
 class Explorer:
@@ -64,6 +81,7 @@ class Explorer:
         self.kinds = sorted({site.kind for site in attention_sites(pipeline.model)})
         self.translator = is_translator(pipeline.model)
         self.frame = frame_of(pipeline.record, run_dir / TASK_FILE)  # a converted tagger's text: its tokenizer's
+        self.example = first_text(self.tokenizer)
         self.sae = None if sae is None else SAEView(sae, self.model, self.tokenizer, family=self.config.family,
                                                     max_len=self.config.max_seq_len, frame=self.frame)
 
@@ -83,7 +101,8 @@ class Explorer:
         return {"family": self.config.family, "task": self.pipeline.task.name if self.pipeline.task else None,
                 "methods": list(self.pipeline.methods), "translator": self.translator,
                 "labels": self.pipeline.labels, "kinds": self.kinds, "vocab_size": self.config.vocab_size,
-                "max_seq_len": self.config.max_seq_len, "sae": self.sae.point if self.sae else None}
+                "max_seq_len": self.config.max_seq_len, "sae": self.sae.point if self.sae else None,
+                "example": self.example}
 
     @torch.no_grad()
     def analyze(self, text: str, target: str | None = None) -> dict:

@@ -739,6 +739,7 @@
     state.info = await api("/api/info");
     $("model-name").textContent = `${state.info.model} (${state.info.family}${state.info.task ? ", " + state.info.task : ""})`;
     $("target-box").classList.toggle("hidden", !state.info.translator);
+    $("text").value = state.info.example;  // a text the run's tokenizer reads
     await analyze();
     pollTraining();
     inspect();  // the first text's panels; later texts on request (each head's ablation is a pass of the model)
