@@ -104,7 +104,7 @@ def test_usage_lines_show_required_arguments_without_brackets(command):
 @pytest.mark.parametrize("argv, usage", [
     (["generate", "runs/a", "runs/b", "--prompt", "x"], "usage: attnkit generate RUN --prompt PROMPT"),
     (["average", "runs/a", "--lats", "3"], "usage: attnkit average RUN"),
-    (["tokenizer", "train", "--out", "t", "--kind", "wordpiece"], "usage: attnkit tokenizer train --out OUT"),
+    (["tokenizer", "train", "--out", "t", "--kind", "unigram"], "usage: attnkit tokenizer train --out OUT"),
     (["eval", "runs/a"], "usage: attnkit eval RUN --data DATA"),
     (["generate"], "usage: attnkit generate RUN --prompt PROMPT [options]\nattnkit generate: error: missing RUN (or "
                    "--run), --prompt: give them on the command line or in the --config file"),
@@ -158,7 +158,7 @@ def test_tokenizer_train_shows_its_kinds_and_defaults_to_trains_vocabulary_size(
     from attnkit.train.job import DataConfig
 
     text = _parsers()["tokenizer train"].format_help()
-    assert "--kind {char,bpe}" in text
+    assert "--kind {char,bpe,wordpiece}" in text
     assert f"none: train's default --vocab-size ({DataConfig().vocab_size})" in " ".join(text.split())
     assert cli.TokenizerTrainSettings(out="t").vocab_size is None  # so --vocab-size given with --kind char is seen
     assert cli.BPE_VOCAB_SIZE == DataConfig().vocab_size  # what the command trains when no size is given
