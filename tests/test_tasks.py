@@ -460,3 +460,20 @@ def test_masked_lm_windows_are_framed_as_a_classifiers_text(specials):
     before, after = frame_ids(tokenizer)
     assert [inputs[0, 0].item()] == before and [inputs[0, -1].item()] == after
 
+
+
+def test_a_synthetic_task_gives_classify_and_translate_their_sizes_and_a_validation_set_of_another_seed(monkeypatch):
+    """`synthetic:NAME` reads as one split for every task that takes it (`tasks.common.synthetic_split`): the
+    training set of SYNTHETIC_SIZES[0] examples drawn from the seed, the validation set of [1] from seed + 1."""
+    from types import SimpleNamespace
+
+    from attnkit.data import make_task
+    from attnkit.tasks import classify, translate
+
+    monkeypatch.setattr("attnkit.tasks.common.SYNTHETIC_SIZES", (30, 7))
+    data = SimpleNamespace(data=("synthetic:ab",))
+    train, val = classify.labelled(data, 4)
+    assert (train, val) == (make_task("ab", 30, 4).labelled(), make_task("ab", 7, 5).labelled())
+    data = SimpleNamespace(data=("synthetic:reverse",))
+    train, val = translate.pairs(data, 4)
+    assert (train, val) == (make_task("reverse", 30, 4).pairs(), make_task("reverse", 7, 5).pairs())

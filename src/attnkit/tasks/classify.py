@@ -17,11 +17,10 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from attnkit.data import LabelledBatch, LabelledData, LabelVocab, make_task, read_labelled
+from attnkit.data import LabelledBatch, LabelledData, LabelVocab, read_labelled
 from attnkit.data.labelled import read_texts
 from attnkit.errors import InputError
 from attnkit.run_settings import InputSettings, read_inputs
-from attnkit.tasks import common
 from attnkit.tasks.common import (
     ONE_PROCESS,
     EpochTask,
@@ -30,7 +29,7 @@ from attnkit.tasks.common import (
     rows_of,
     split,
     summed_nll,
-    synthetic_name,
+    synthetic_split,
     take_rows,
 )
 from attnkit.tasks.confusion import classification_scores, confusion_matrix, confusion_table, plot_confusion
@@ -92,10 +91,10 @@ class ClassifyTask(EpochTask):
 
 def labelled(data: Any, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """The training and validation (text, label) examples the data settings name."""
-    name = synthetic_name(data)
-    if name is not None:
-        n_train, n_val = common.SYNTHETIC_SIZES
-        return make_task(name, n_train, seed).labelled(), make_task(name, n_val, seed + 1).labelled()
+    generated = synthetic_split(data, seed)
+    if generated is not None:
+        train, val = generated
+        return train.labelled(), val.labelled()
     if len(data.data) != 1:
         raise InputError("--task classify needs --data FILE (a '<label> <text>' file, CSV/TSV with a header, or "
                          ".jsonl)")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.data import IGNORE_INDEX
+from attnkit.data import IGNORE_INDEX, SyntheticTask, make_task
 from attnkit.errors import BrokenOutputs, CheckpointError
 
 SYNTHETIC = "synthetic:"  # `--data synthetic:NAME` names a generated task (`attnkit.data.synthetic`)
@@ -90,6 +90,16 @@ def encode_tensor(tensor: Tensor) -> str:
 
 def decode_tensor(text: str) -> Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def synthetic_split(data: Any, seed: int) -> tuple[SyntheticTask, SyntheticTask] | None:
+    """(training, validation): the generated task the data settings name (`synthetic:NAME`), `SYNTHETIC_SIZES`
+    examples each, the validation set drawn from `seed + 1`; None where they name files."""
+    name = synthetic_name(data)
+    if name is None:
+        return None
+    n_train, n_val = SYNTHETIC_SIZES
+    return make_task(name, n_train, seed), make_task(name, n_val, seed + 1)
 
 
 def synthetic_name(data: Any) -> str | None:

@@ -19,15 +19,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit.data import PairBatch, PairData, make_task
+from attnkit.data import PairBatch, PairData
 from attnkit.data.corpus import find_files
 from attnkit.data.pairs import read_parallel, read_tsv_pairs
 from attnkit.errors import ConfigError, InputError
 from attnkit.outputs import atomic_write, check_output
 from attnkit.run_settings import DecodeSettings, InputSettings, read_inputs
-from attnkit.tasks import common
 from attnkit.tasks.bleu import translation_scores
-from attnkit.tasks.common import EpochTask, device_of, split, summed_nll, synthetic_name
+from attnkit.tasks.common import EpochTask, device_of, split, summed_nll, synthetic_split
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.tokenize import Tokenizer
@@ -140,10 +139,10 @@ def read_pair_files(files: list, *, encoding_errors: str) -> list[tuple[str, str
 
 def pairs(data: Any, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """The training and validation pairs the data settings name."""
-    name = synthetic_name(data)
-    if name is not None:
-        n_train, n_val = common.SYNTHETIC_SIZES
-        return make_task(name, n_train, seed).pairs(), make_task(name, n_val, seed + 1).pairs()
+    generated = synthetic_split(data, seed)
+    if generated is not None:
+        train, val = generated
+        return train.pairs(), val.pairs()
     if not data.data:
         raise InputError("--task translate needs --data (a folder with train.SRC/train.TGT, a TSV file, two files "
                          "or synthetic:reverse)")
