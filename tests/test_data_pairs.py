@@ -147,3 +147,17 @@ def test_multi30k_val_reads_line_aligned() -> None:
     data = PairData.from_pairs(pairs, tok, batch_size=64)
     batch = data.batch(0, 0)
     assert batch.src_ids.shape[0] == 64 and tok.decode(batch.tgt_in[0].tolist()) in {t for _, t in pairs}
+
+
+def test_pairs_with_a_missing_side_are_skipped_naming_their_lines(tmp_path: Path, caplog) -> None:
+    """The warning counted the pairs skipped and named none of them: a side missing or shifted was not found."""
+    (tmp_path / "pairs.tsv").write_text("ein Hund\ta dog\n\nzwei\t\n\tthree\nvier\tfour\n", encoding="utf-8")
+    with caplog.at_level("WARNING", logger="attnkit.data.pairs"):
+        assert read_tsv_pairs(tmp_path / "pairs.tsv") == [("ein Hund", "a dog"), ("vier", "four")]
+    assert "pairs.tsv: skipped 2 of 4 pairs with an empty side (line 3, 4)" in caplog.text
+    (tmp_path / "a.de").write_text("".join(f"{n}\n" if n % 2 else "\n" for n in range(14)), encoding="utf-8")
+    (tmp_path / "a.en").write_text("".join(f"{n}\n" for n in range(14)), encoding="utf-8")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="attnkit.data.pairs"):
+        assert len(read_parallel(tmp_path / "a.de", tmp_path / "a.en")) == 7
+    assert "skipped 7 of 14 pairs with an empty side (line 1, 3, 5, 7, 9 and 2 more)" in caplog.text

@@ -45,10 +45,14 @@ class PairBatch:
         return int(self.tgt_mask.sum())
 
 
-def _drop_empty(pairs: list[tuple[str, str]], name: str) -> list[tuple[str, str]]:
-    kept = [(s, t) for s, t in pairs if s.strip() and t.strip()]
+def _drop_empty(pairs: list[tuple[int, str, str]], name: str) -> list[tuple[str, str]]:
+    """The (source, target) of `pairs` (line, source, target) with text on both sides; the others are skipped with a
+    warning that names their lines (a file whose other side is missing or shifted shows at once)."""
+    kept = [(s, t) for _, s, t in pairs if s.strip() and t.strip()]
     if len(kept) < len(pairs):
-        log.warning("%s: skipped %d pairs with an empty side", name, len(pairs) - len(kept))
+        lines = [str(n) for n, s, t in pairs if not (s.strip() and t.strip())]
+        log.warning("%s: skipped %d of %d pairs with an empty side (line %s%s)", name, len(lines), len(pairs),
+                    ", ".join(lines[:5]), f" and {len(lines) - 5} more" if len(lines) > 5 else "")
     if not kept:
         raise InputError(f"{name}: no pairs with text on both sides")
     return kept
@@ -68,7 +72,8 @@ def read_parallel(
         raise InputError(
             f"parallel files are not line-aligned: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}"
         )
-    return _drop_empty(list(zip(src, tgt, strict=True)), f"{src_path} + {tgt_path}")
+    return _drop_empty([(n, s, t) for n, (s, t) in enumerate(zip(src, tgt, strict=True), start=1)],
+                       f"{src_path} + {tgt_path}")
 
 
 def read_tsv_pairs(path: str | os.PathLike, *, encoding_errors: EncodingErrors = "strict") -> list[tuple[str, str]]:
@@ -84,7 +89,7 @@ def read_tsv_pairs(path: str | os.PathLike, *, encoding_errors: EncodingErrors =
         if "\t" in tgt:  # e.g. Tatoeba's pairs with an attribution column: it would end up in the target
             raise InputError(f"{path}, line {number}: expected 'source<TAB>target', found {line.count(chr(9)) + 1} "
                              f"columns; keep the source and target columns only (e.g. cut -f1,2 {path})")
-        pairs.append((src, tgt))
+        pairs.append((number, src, tgt))
     return _drop_empty(pairs, str(path))
 
 
