@@ -76,6 +76,8 @@ def test_hovering_a_token_shows_what_it_attends_to_and_views_switch(browser, pag
     browser.evaluate(f"(() => {{ const s = document.getElementById('view'); s.value = '{cross}';"
                      " s.dispatchEvent(new Event('change')); })()")
     assert browser.evaluate("window.attnkit.state.view") == cross
+    # the heatmap says which axis is which (it said nothing: the PNGs name theirs)
+    assert browser.evaluate("document.getElementById('axes').textContent").startswith("rows: target tokens (queries)")
     box = browser.evaluate("(() => { const r = document.querySelector('#lines text[data-side=\"query\"]')"
                            ".getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; })()")
     browser.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": box[0], "y": box[1]})
