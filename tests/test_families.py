@@ -13,7 +13,7 @@ from attnkit import cli, presets
 from attnkit.checkpoint import load_config, load_model
 from attnkit.config import ModelConfig, RecurrentLMConfig, RecurrentSeq2SeqConfig, TransformerConfig
 from attnkit.errors import ConfigError
-from attnkit.models import build_model, families, family_of
+from attnkit.models import build_model, count_parameters, families, family_of
 from attnkit.tasks import task_of_config
 from attnkit.train import TrainRequest, prepare
 from attnkit.train.job import DataConfig
@@ -160,3 +160,15 @@ def test_recurrent_lm_task_refuses_a_translate_preset(tmp_path, small_data):
                            data={"data": ("synthetic:copy",)}, progress=False)
     with pytest.raises(ConfigError, match="recurrent-lm"):
         prepare(request)
+
+
+@pytest.mark.parametrize("fields", [dict(vocab_size=2**70), dict(d_model=2**62, n_heads=1), dict(d_ff=2**64),
+                                    dict(max_seq_len=2**64), dict(family="recurrent-lm", hidden_size=2**64)])
+def test_sizes_no_tensor_can_hold_are_a_config_error_naming_them(fields):
+    """A config.json with a size beyond what a tensor can hold (damaged, or foreign) is refused naming the size, by
+    the memory check every build goes through and by the parameter count, where torch's overflow came out of both."""
+    config = ModelConfig(**fields)
+    size = next(name for name in fields if name != "family")
+    for make in (build_model, count_parameters):
+        with pytest.raises(ConfigError, match=rf"no tensor can hold \({size}={fields[size]}"):
+            make(config)

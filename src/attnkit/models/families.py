@@ -146,9 +146,24 @@ def count_parameters(model: nn.Module | ModelConfig | dict | str) -> int:
     allocating)."""
     model = getattr(model, "model", model)  # a loaded run holds its model
     if not isinstance(model, nn.Module):
-        with torch.device("meta"):
-            model = build_model(model)
+        config = as_config(model)
+        try:
+            with torch.device("meta"):
+                model = build_model(config)
+        except (RuntimeError, TypeError) as err:
+            if "overflow" not in str(err).lower():
+                raise
+            raise ConfigError(f"the model its config describes has a size no tensor can hold "
+                              f"({_largest_sizes(config)}): {str(err).splitlines()[0]}. Check the config's sizes (a "
+                              "damaged or foreign config.json?)") from None
     return sum(p.numel() for p in model.parameters())
+
+
+def _largest_sizes(config: ModelConfig, count: int = 2) -> str:
+    """The config's `count` largest whole-number fields, as name=value."""
+    sizes = [(value, name) for name, value in config.to_dict().items()
+             if isinstance(value, int) and not isinstance(value, bool)]
+    return ", ".join(f"{name}={value}" for value, name in sorted(sizes, reverse=True)[:count])
 
 
 register(Family(DecoderConfig, build_decoder, state=KVCache, example="gpt2-tiny", exports=("hf", "gguf", "onnx")))
