@@ -314,3 +314,23 @@ def test_the_explorer_reads_a_converted_taggers_text_as_its_tokenizer_frames_it(
                         or read[-1])
     Explorer(pipeline, run, watch=tmp_path, experiments=None).inspect("a cat")
     assert read and all(batch.args[0][0].tolist() == pipeline.tokenizer.encode("a cat") for batch in read)
+
+
+def test_the_next_token_is_read_after_the_text_as_generation_prompts_it(tmp_path):
+    """The explorer's next-token panel read a converted Llama's text (its tokenizer starts every text with BOS)
+    without the BOS that generation puts first, so it showed another distribution than a completion draws from."""
+    from attnkit.generate import load
+    from attnkit.serve.explorer import Explorer
+
+    run = tiny_run(tmp_path, "decoder")
+    pipeline = load(run)
+    pipeline.tokenizer.starts_with_bos = True  # as a converted Llama's tokenizer
+    explorer = Explorer(pipeline, run, watch=tmp_path, experiments=None)
+    shown = explorer.analyze("a cat")["next"]
+    ids = pipeline.prompt_ids("a cat", index=0)
+    assert ids[0] == pipeline.tokenizer.bos_id
+    with torch.no_grad():
+        logits = explorer.model(torch.tensor([ids])).logits[0, -1].float()  # (V,)
+    top = torch.topk(logits, len(shown["ids"]))
+    assert shown["ids"] == top.indices.tolist()
+    assert shown["logits"] == pytest.approx(top.values.tolist(), abs=1e-4)

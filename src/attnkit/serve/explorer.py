@@ -111,7 +111,7 @@ class Explorer:
         result["tokens"] = token_labels(self.tokenizer, result["ids"])
         result["attention"] = [self._maps_json(m) for m in self._maps(text, target)] if self.sites else []
         if self.pipeline.methods == ("generate",):
-            result["next"] = self._next_tokens(result["ids"])
+            result["next"] = self._next_tokens(text)
         if self.pipeline.methods == ("classify",):
             (prediction,) = self.pipeline.classify(text)
             result["classes"] = prediction.probabilities
@@ -179,12 +179,11 @@ class Explorer:
                 "key_tokens": list(maps.key_tokens), "layers": list(maps.layers), "heads": list(maps.heads),
                 "weights": maps.weights.round(6).tolist()}  # (L, H, T, S)
 
-    def _next_tokens(self, ids: list[int]) -> dict:
-        """The next token's logits after `ids` (every token's, or the top ALL_LOGITS of a larger vocabulary)."""
-        bos = self.tokenizer.bos_id
-        ids = ids[-self.config.max_seq_len:] or ([bos] if bos is not None else [])
-        if not ids:
-            raise InputError("the text is empty and the tokenizer has no BOS to start from; type a text")
+    def _next_tokens(self, text: str) -> dict:
+        """The next token's logits after `text` read as generation reads a prompt (`Pipeline.prompt_ids`: BOS first
+        where the tokenizer starts its texts with it, as a converted Llama's does; BOS alone for an empty text): every
+        token's, or the top ALL_LOGITS of a larger vocabulary."""
+        ids = self.pipeline.prompt_ids(text, index=0)[-self.config.max_seq_len:]
         device = next(self.model.parameters()).device
         logits = self.model(torch.tensor([ids], device=device)).logits[0, -1].float()  # (V,)
         top = torch.topk(logits, min(ALL_LOGITS, logits.shape[0]))
