@@ -179,3 +179,32 @@ def test_the_page_opens_on_a_text_the_runs_tokenizer_reads(tmp_path):
         with page_or_skip(url + "/", "!!(window.attnkit && window.attnkit.state.data)") as chromium:
             assert chromium.evaluate("document.getElementById('text').value") == example
             assert chromium.evaluate("document.getElementById('message').textContent") == ""
+
+
+def test_the_logit_lens_tooltips_hold_tokens_with_quotes_whole(tmp_path):
+    """Each logit-lens cell lists its top tokens in a title attribute; a token holding a double quote ended the
+    attribute there (the page escaped &, < and > only), cutting the list and reading the rest as attributes."""
+    from attnkit.checkpoint import save_model
+
+    tokenizer = CharTokenizer("\"'<>&ab")
+    torch.manual_seed(0)
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32,
+                         n_layers=1, max_seq_len=32)
+    save_model(build_model(config).eval(), config, tmp_path / "run")
+    tokenizer.save(tmp_path / "run" / "tokenizer")
+    with running_server(tmp_path / "run") as (url, _app):
+        from viz_browser import page_or_skip
+
+        with page_or_skip(url + "/", "!!(window.attnkit && window.attnkit.state.inspect)") as chromium:
+            chromium.call("Runtime.evaluate", {"awaitPromise": True, "expression": (
+                "document.getElementById('text').value = 'a\"b<\\'&>\"'; window.attnkit.analyze()"
+                ".then(() => window.attnkit.inspect())")})
+            lens = chromium.wait("window.attnkit.state.inspect.text.length === 8 && window.attnkit.state.inspect.lens")
+            titles = chromium.evaluate("[...document.querySelectorAll('#lens td')].map((td) => td.title)")
+            names = chromium.evaluate("[...document.querySelectorAll('#lens td')].map((td) => td.getAttributeNames())")
+    expected = ["\n".join(f"{token} {p:.3f}" for token, p in zip(lens["top"][layer][t], lens["top_p"][layer][t],
+                                                               strict=True))
+                for layer in range(len(lens["layers"])) for t in range(len(lens["tokens"]))]
+    assert any('"' in title for title in expected)  # the case in question: a quote among the tops
+    assert titles == expected
+    assert all(sorted(n) == ["class", "style", "title"] for n in names)

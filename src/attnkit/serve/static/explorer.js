@@ -357,8 +357,9 @@
     $("steps").innerHTML = html;
   }
 
-  function escapeHtml(text) {
-    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  function escapeHtml(text) {  // for element text and quoted attributes alike (a token may hold a quote)
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;")
+      .replace(/'/g, "&#39;");
   }
 
   // Explore: the next token --------------------------------------------------------------------------------------
