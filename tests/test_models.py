@@ -82,6 +82,24 @@ def test_cls_pooling_reads_each_rows_first_real_token_however_the_row_is_padded(
         torch.testing.assert_close(padded[0], model(ids[:1]).logits[0])
 
 
+def test_multi_query_attention_keeps_one_key_and_value_head_for_every_query_head():
+    """MQA (Shazeer 2019): one key/value head serves all H query heads. The projections make one head, the KV cache
+    holds one head per layer (1/H of multi-head attention's), and query heads given the same weights attend alike."""
+    mqa, mha = _model(n_kv_heads=1), _model()
+    attention = mqa.stack.blocks[0].self_attn
+    assert attention.k_proj.out_features == attention.v_proj.out_features == attention.head_dim
+    cached = [(mqa.allocate_cache(2, 8), 1), (mha.allocate_cache(2, 8), 4)]
+    for cache, heads in cached:
+        assert [layer.keys.shape for layer in cache.layers] == [(2, heads, 8, attention.head_dim)] * 2
+    with torch.no_grad():
+        rows = attention.q_proj.weight.view(4, attention.head_dim, -1)  # (H, D, C)
+        rows[1:] = rows[0]
+        attention.q_proj.bias.view(4, -1)[1:] = attention.q_proj.bias.view(4, -1)[0]
+        weights = mqa(torch.randint(0, 50, (2, 6)), need_weights=True).attentions[0]["self"]  # (B, H, T, S)
+    for head in range(1, 4):
+        torch.testing.assert_close(weights[:, head], weights[:, 0])
+
+
 def test_encoder_without_positions_is_permutation_equivariant_and_with_positions_is_not():
     ids = torch.randint(0, 50, (1, 9))
     perm = torch.randperm(9)
