@@ -315,3 +315,21 @@ def test_a_changed_tokenizer_description_is_one_clear_error(tmp_path: Path, bpe:
     with pytest.raises(InputError, match=r"attnkit_tokenizer.json is not the description attnkit saves with a "
                                          r"tokenizer \(.*\): put back the file saved with it"):
         load_tokenizer(tmp_path / "tok")
+
+
+def test_the_texts_of_a_sentencepiece_tokenizers_tokens_add_up_to_the_text(bpe: HFTokenizer) -> None:
+    """attnkit tokenizer encode showed a SentencePiece '▁is' (Llama's, Mistral's) as 'is': a piece decoded alone loses
+    the space it stands for. Each token's text now holds it, so the texts add up to the text, as byte-level ones do."""
+    from tokenizers import decoders, trainers
+
+    from attnkit.tokenize import token_texts
+
+    hf = HFTok(models.BPE(unk_token="<unk>"))
+    hf.pre_tokenizer, hf.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    hf.train_from_iterator(["Paris is big and Paris is old"] * 20,
+                           trainers.BpeTrainer(vocab_size=100, special_tokens=["<unk>", "<s>", "</s>", "<pad>"]))
+    sentencepiece = HFTokenizer(hf, kind="hf", specials={"unk": "<unk>", "bos": "<s>", "eos": "</s>", "pad": "<pad>"})
+    for tok in (sentencepiece, bpe):
+        for text in ("Paris is big", "is  old Paris"):
+            assert "".join(token_texts(tok, tok.encode(text))) == text
+    assert explain(sentencepiece, "Paris is").splitlines()[-1].endswith("  ' is'")

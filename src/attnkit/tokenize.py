@@ -511,7 +511,8 @@ def _writes_spaces(step: object) -> bool:
         return any(map(_writes_spaces, step))
     if not isinstance(step, dict):
         return False
-    if step.get("type") in ("ByteLevel", "Metaspace") or (step.get("type") == "Replace" and step.get("content") == "▁"):
+    if step.get("type") in ("ByteLevel", "Metaspace") or (step.get("type") == "Replace"
+                                                           and step.get("content") == SENTENCEPIECE_SPACE):
         return True
     return _writes_spaces(step.get("pretokenizers")) or _writes_spaces(step.get("normalizers"))
 
@@ -730,19 +731,25 @@ def _byte_level_table() -> dict[str, int]:
     return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(shifted)}
 
 
+SENTENCEPIECE_SPACE = "▁"  # SentencePiece's mark of a space, written into the word after it ('▁cat')
+
+
 def token_texts(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str | bytes]:
-    """The text each token stands for (a byte-level 'Ġcat' is ' cat', a WordPiece '##ing' is 'ing'), or its bytes
-    where a byte-level piece holds only part of a character (an emoji split over two tokens).
+    """The text each token stands for (a byte-level 'Ġcat' is ' cat', a SentencePiece '▁cat' after the first token
+    too, a WordPiece '##ing' is 'ing'), or its bytes where a byte-level piece holds only part of a character (an
+    emoji split over two tokens). The first token's '▁' is the one the tokenizer puts before a text: no text.
     """
     table = _byte_level_table()
     prefix = getattr(tokenizer, "continuing_prefix", None)  # a Tokenizer of one's own may not say
     texts: list[str | bytes] = []
-    for i, piece in zip(ids, tokenizer.pieces(ids), strict=True):
+    for n, (i, piece) in enumerate(zip(ids, tokenizer.pieces(ids), strict=True)):
         shown = tokenizer.decode([i], skip_special=False)
         if "\ufffd" in shown and all(c in table for c in piece):  # part of a character: its bytes
             texts.append(bytes(table[c] for c in piece))
         elif prefix and piece.startswith(prefix) and shown.startswith(prefix):  # decoded alone, it keeps its mark
             texts.append(shown[len(prefix):])
+        elif n and piece.startswith(SENTENCEPIECE_SPACE) and not shown.startswith(" "):  # decoders strip a text's
+            texts.append(" " + shown)  # first space, which a piece decoded alone starts with
         else:
             texts.append(shown)
     return texts

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attnkit.tokenize import Tokenizer, readable, token_texts
-
-_SENTENCEPIECE_SPACE = "▁"
+from attnkit.tokenize import SENTENCEPIECE_SPACE, Tokenizer, readable, token_texts
 
 
 def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
@@ -22,7 +20,7 @@ def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
     for piece, text in zip(tokenizer.pieces(ids), token_texts(tokenizer, ids), strict=True):
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="backslashreplace")
-        elif piece.startswith(_SENTENCEPIECE_SPACE) and not text.startswith(" "):
+        elif piece.startswith(SENTENCEPIECE_SPACE) and not text.startswith(" "):
             text = " " + text  # SentencePiece decoders strip the space a word-initial piece stands for
         elif prefix and piece.startswith(prefix):
             text = piece  # the mark says the piece goes on a word
