@@ -58,6 +58,20 @@ def test_wordpiece_splits_as_bert_tokenizer_fast_from_the_same_vocab(shakespeare
     assert (pieces[0] == "romeo") == lowercase and any(p.startswith("##") for p in pieces)
 
 
+@pytest.fixture(scope="module")
+def uncased_and_bert(shakespeare, tmp_path_factory):
+    tok = train_tokenizer("wordpiece", shakespeare, vocab_size=2000)
+    return tok, _bert_fast(tok, tmp_path_factory.mktemp("vocab"), lowercase=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00")))
+def test_wordpiece_ids_equal_bert_tokenizer_fasts_on_drawn_text(uncased_and_bert, text):
+    """Any UTF-8 text (control characters, accents, CJK, emoji, punctuation runs): the same ids as BertTokenizerFast."""
+    tok, bert = uncased_and_bert
+    assert [tok.cls_id, *tok.encode(text), tok.sep_id] == bert(text)["input_ids"]
+
+
 @settings(max_examples=100, deadline=None)
 @given(words=st.lists(st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGH", min_size=1, max_size=12),
                       min_size=0, max_size=8))
