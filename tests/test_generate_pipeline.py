@@ -595,3 +595,20 @@ def test_cli_generate_with_a_captured_step_prints_what_eager_decoding_does(runs,
     assert printed.out.endswith("ab" + lm.generate("ab", max_new_tokens=9, temperature=0)[0] + "\n")
     assert "decoding step captured ahead of time" in printed.out + printed.err
     assert len(list(tmp_path.glob("step-*.pt2"))) == 1
+
+
+@pytest.mark.parametrize("specials", [["pad", "unk", "bos", "eos", "cls", "sep"], ["pad", "unk", "bos", "eos", "cls"],
+                                      ["pad", "unk", "bos", "eos"]])
+def test_a_classifier_reads_a_text_framed_as_its_training_data(specials):
+    """Pipeline.classifier_ids framed a text by a rule of its own (CLS and SEP where the tokenizer has CLS, a missing
+    mark dropped): with CLS but no SEP it read CLS ... where the classifier was trained on CLS ... EOS
+    (`LabelledData`, `frame_ids`). It frames by `frame_ids` now, cut to the same length."""
+    from attnkit.data import LabelledData
+
+    tokenizer = CharTokenizer("abcdefgh ", special_tokens=specials)
+    config = attnkit.ModelConfig(family="encoder", vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32,
+                                 n_layers=1, max_seq_len=6, n_classes=2)
+    pipeline = Pipeline(attnkit.build_model(config).eval(), config, tokenizer)
+    for text in ("abc", "abcdefgh"):  # one that fits, one cut to the model's length
+        trained = LabelledData.from_examples([(text, "x")], tokenizer, max_len=config.max_seq_len).ids[0].tolist()
+        assert pipeline.classifier_ids(text, index=0)[0] == trained

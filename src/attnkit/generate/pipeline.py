@@ -38,6 +38,7 @@ from attnkit.checkpoint import (
 )
 from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
+from attnkit.data.labelled import frame_ids
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import beam_generate, check_search, translate_batched
 from attnkit.generate.captured_step import CapturedDecoding
@@ -416,17 +417,17 @@ class Pipeline:
         return ids
 
     def classifier_ids(self, text: str | list[int], *, index: int) -> tuple[list[int], bool]:
-        """`CLS tokens SEP` when the tokenizer has CLS, else `BOS tokens EOS`, as the labelled data lays them out,
-        for a text or its tokens' ids; and whether the tokens were cut to the model's max_seq_len (logged, and said in
-        each result)."""
+        """`CLS tokens SEP` (or `BOS tokens EOS`: `frame_ids`), as the labelled data lays them out, for a text or its
+        tokens' ids; and whether the tokens were cut to the model's max_seq_len (logged, and said in each result).
+        Raises InputError naming a missing mark."""
         tok = self.tokenizer
-        first, last = (tok.cls_id, tok.sep_id) if tok.cls_id is not None else (tok.bos_id, tok.eos_id)
-        keep = self.config.max_seq_len - 2
+        first, last = frame_ids(tok)
+        keep = self.config.max_seq_len - len(first) - len(last)
         ids, whole = encode_head(tok, text, keep) if isinstance(text, str) else (list(text), True)
         if len(ids) > keep:
             log.warning("text %d has %s%d tokens; reading its first %d", index, "" if whole else "more than ",
                         len(ids), keep)
-        return [i for i in (first, *ids[:keep], last) if i is not None], len(ids) > keep
+        return [*first, *ids[:keep], *last], len(ids) > keep
 
     @property
     def pad_id(self) -> int:
