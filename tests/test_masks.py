@@ -153,7 +153,9 @@ def test_a_prompt_token_sees_later_prompt_tokens_and_never_generated_ones(positi
 
 
 @pytest.mark.parametrize("overrides", [{}, {"position": "rope"}, {"position": "alibi"},
-                                       {"position": "rope", "attention_window": 3}])
+                                       {"position": "rope", "attention_window": 3},
+                                       {"position": "alibi", "attention_window": 3},
+                                       {"position": "relative", "attention_window": 3}])
 def test_prefix_lm_decoding_through_the_cache_equals_the_whole_sequence(overrides):
     model, _ = tiny_model(max_seq_len=32, **overrides)
     prompts = torch.tensor([[0, 0, 5, 2, 7, 3], [1, 5, 2, 7, 3, 9]])  # row 0 left-padded
