@@ -51,9 +51,9 @@ EXPERIMENT_ORDER = (
 
 # --- the command-line reference -----------------------------------------------------------------------------------
 def _cell(text: str) -> str:
-    """Text for a markdown table cell: no pipes, no HTML, no emphasis."""
+    """Text for a markdown table cell: no pipes, no HTML, no emphasis, no links ([SEP] is a token, not a reference)."""
     text = html.escape(" ".join(text.split()), quote=False)
-    return text.replace("|", "\\|").replace("*", "\\*").replace("_", "\\_")
+    return text.replace("|", "\\|").replace("*", "\\*").replace("_", "\\_").replace("[", "\\[").replace("]", "\\]")
 
 
 def _expanded_help(action: argparse.Action, prog: str) -> str:
