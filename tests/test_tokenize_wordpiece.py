@@ -154,9 +154,12 @@ def test_tagging_maps_wordpieces_to_words_as_bert_word_ids(shakespeare, tmp_path
     assert [aligned.labels[i] for i in aligned.firsts] == list(range(len(words)))
 
 
-def test_an_mlm_run_trains_on_a_wordpiece_it_trains_and_fills_masks(tmp_path, capsys):
+def test_an_mlm_run_trains_on_a_wordpiece_it_trains_and_fills_masks(tmp_path, monkeypatch, caplog):
     """attnkit train --task mlm --tokenizer wordpiece: a tiny run trains a WordPiece on its text, frames windows as
-    [CLS] ... [SEP], saves the tokenizer with the run, and fill_mask reads [MASK] in the prompt."""
+    [CLS] ... [SEP], saves the tokenizer with the run, and fill_mask reads [MASK] in the prompt. A folder named
+    wordpiece where the command runs is not read, and the run says so."""
+    monkeypatch.chdir(tmp_path)
+    _small_wordpiece().save(tmp_path / "wordpiece")
     text = tmp_path / "text.txt"
     text.write_text("the cat sat on the mat . the dog sat on the log .\n" * 200, encoding="utf-8")
     run = tmp_path / "run"
@@ -167,6 +170,9 @@ def test_an_mlm_run_trains_on_a_wordpiece_it_trains_and_fills_masks(tmp_path, ca
     saved = load_tokenizer(run / "tokenizer")
     assert saved.kind == "wordpiece" and json.loads((run / "config.json").read_text())["vocab_size"] == (
         saved.vocab_size)
+    assert saved.fingerprint() != _small_wordpiece().fingerprint()
+    assert "the folder wordpiece here is not read: to use the tokenizer saved there, give it as ./wordpiece" in (
+        caplog.text)
     [fill] = attnkit.load(run).fill_mask("the cat [MASK] on the mat .", top_k=3)[0]
     assert len(fill.candidates) == 3 and all(t != "[MASK]" for t, _ in fill.candidates)
 

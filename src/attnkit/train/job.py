@@ -618,6 +618,9 @@ def _new_tokenizer(data: DataConfig, seed: int, lm_files: list[Path] | None, *, 
         names = ", ".join(str(path) for path in lm_files[:3]) + (", ..." if len(lm_files) > 3 else "")
         raise InputError(f"the training text is empty: {names} hold(s) no bytes; give --data files with text in them")
     source: list[Any] = lm_files if spec.stream else spec.training_text(data, seed)
+    if Path(data.tokenizer).is_dir():  # a folder named as a kind: the kind is trained, and the folder not read
+        log.warning("--tokenizer %s trains a new %s tokenizer on the training text, and the folder %s here is not "
+                    "read: to use the tokenizer saved there, give it as ./%s", *[data.tokenizer] * 4)
     log.info("training a %s tokenizer on the training text", data.tokenizer)
     return train_tokenizer(data.tokenizer, source, vocab_size=data.vocab_size, encoding_errors=data.encoding_errors,
                            progress=progress)
