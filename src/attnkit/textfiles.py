@@ -133,7 +133,8 @@ def split_text(text: str, size: int) -> list[str]:
     newline, so that tokenizing the pieces separately keeps the lines whole. A line running past LINE_REACH * `size`
     (a file of one huge line) is cut just before a space that follows a word, which keeps the tokens ('Ġword' and
     '▁word' take the space with them; WordPiece and char tokens never span it), or at `size` where none is near:
-    its pieces stay about `size` long, not the whole line.
+    its pieces stay about `size` long, not the whole line. (A normalizer that puts '▁' before every text, Llama 2's,
+    adds one '▁' at each cut, as it does at each cut after a newline.)
     """
     pieces, start = [], 0
     while start < len(text):
