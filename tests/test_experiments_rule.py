@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import statistics
+import subprocess
 
 import pytest
 
@@ -123,3 +125,27 @@ def test_a_check_seeds_do_not_repeat_never_names_more_seeds_as_its_fix():
     assert verdict == "inconclusive at this budget" and "--seeds" not in decision.replace("--seeds does not", "")
     assert "a larger budget" in decision
     assert "--seeds" in Check.over("a", [0.2], spread=0.1, df=4).to_decide()  # where seeds repeat it, they are named
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_the_code_version_names_a_commit_only_of_the_repository_that_tracks_the_code(tmp_path, monkeypatch):
+    """An attnkit installed (untracked) inside another project's checkout would have named that project's commit."""
+    from attnkit.experiments import base
+
+    def commit_all() -> None:
+        subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "m"], cwd=tmp_path,
+                       check=True)
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "README").write_text("another project\n")
+    commit_all()
+    copy = tmp_path / "attnkit" / "experiments" / "base.py"  # the package's layout: its changes are counted too
+    copy.parent.mkdir(parents=True)
+    copy.write_text("# a stand-in for the module\n")
+    monkeypatch.setattr(base, "__file__", str(copy))
+    assert "commit" not in base.code_version()
+    commit_all()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert base.code_version().endswith(f", commit {commit}")

@@ -369,7 +369,9 @@ def code_version() -> str:
     except metadata.PackageNotFoundError:
         version = "attnkit (not installed)"
     source = Path(__file__).resolve().parent
-    try:
+    try:  # this file tracked by the repository around it: an install inside another project's checkout is not one
+        subprocess.run(["git", "ls-files", "--error-unmatch", Path(__file__).name], cwd=source, capture_output=True,
+                       timeout=10, check=True)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=source, capture_output=True, text=True,
                                 timeout=10, check=True).stdout.strip()
         changed = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=source.parent, capture_output=True,
