@@ -216,6 +216,36 @@ def test_bad_searches_are_refused_naming_the_setting():
         beam_generate(model, [[1], []], max_new_tokens=3, num_beams=2, **search)
 
 
+def test_stop_ids_outside_the_vocabulary_hold_back_no_token_in_any_loop():
+    """A stop id outside [0, V) names no token: while min_new_tokens holds the stop tokens back, it holds back
+    nothing (index_fill would wrap -1 onto token V - 1, and -V - 1 is out of range), in beam search as in greedy
+    decoding; both build the held-back ids in one place (`sampling.held_back_ids`)."""
+    model, config = tiny_model("decoder", position="rope", seed=5)
+    vocab, prompts = config.vocab_size, [[3, 4, 5], [6]]
+    outside = [*range(-vocab - 1, 0), vocab, vocab + 7]  # every negative id wraps onto a real token but -V - 1
+    search = dict(max_new_tokens=3, min_new_tokens=3, context_len=config.max_seq_len)
+    beams = dict(num_beams=3, num_return_sequences=3, **search)
+    assert beam_generate(model, prompts, stop_ids=outside, **beams) == beam_generate(model, prompts, **beams)
+    assert generate_tokens(model, prompts, stop_ids=outside, **search) == generate_tokens(model, prompts, **search)
+
+
+def test_beam_generate_refuses_bad_input_naming_it():
+    """A context beyond a learned position table, stop ids that are no ids, and a tensor of prompts: InputError, as
+    generate_tokens gives, not an IndexError or a TypeError from deep inside."""
+    model, config = tiny_model("decoder", position="learned", seed=5)  # 24 learned positions
+    search = dict(max_new_tokens=4, num_beams=2)
+    with pytest.raises(InputError, match=r"context_len=40 is beyond the 24 positions of the model's learned"):
+        beam_generate(model, [[1] * 22], context_len=40, **search)
+    for stop_ids, message in ((None, r"stop_ids are token ids .*got None"), (["a"], r"stop_ids: 'a' is no token id"),
+                              ("ab", r"stop_ids are token ids .*got 'ab'")):
+        with pytest.raises(InputError, match=message):
+            beam_generate(model, [[3, 4]], context_len=24, stop_ids=stop_ids, **search)
+        with pytest.raises(InputError, match=message):
+            generate_tokens(model, [[3, 4]], context_len=24, max_new_tokens=4, stop_ids=stop_ids)
+    with pytest.raises(InputError, match=r"prompts are lists of token ids.* got a Tensor: pass ids.tolist\(\)"):
+        beam_generate(model, torch.tensor([[3, 4, 5]]), context_len=24, **search)
+
+
 @pytest.fixture(scope="module")
 def gpt2_run(tmp_path_factory):
     """(transformers' tiny GPT-2, the run `attnkit convert` makes of it, with a word-level tokenizer: w4 .. w98)."""

@@ -35,14 +35,14 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from attnkit.errors import InputError
-from attnkit.generate.decoder import EagerDecoding, check_prompts, left_pad
+from attnkit.generate.decoder import EagerDecoding, check_context, check_prompts, left_pad
 from attnkit.generate.sampling import (
     RepeatedNgrams,
     SamplingConfig,
     apply_repetition_penalty,
     check_min_new_tokens,
+    held_back_ids,
     hold_back,
-    unwritable_ids,
 )
 from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources, greedy_translate
 from attnkit.layers.embedding import inputs_checked
@@ -242,6 +242,7 @@ def beam_generate(
     if max_new_tokens == 0:
         return [[] for _ in prompts for _ in range(num_return_sequences)]
     decoding = EagerDecoding(model)  # a compiled step's fixed buffers cannot follow the beams' rows
+    check_context(decoding, context_len)  # the steps' positions go unread, as decode_n_tokens' do
     window = left_pad(prompts, pad_id=pad_id, device=next(model.parameters()).device)  # (B, T)
     cache = decoding.allocate(len(prompts), width + max_new_tokens - 1, context_len)
     logits = decoding.prefill(window, cache)  # (B, V): every beam of a prompt starts from its one prefill
@@ -307,6 +308,9 @@ def search(
     `what`: what an input is, in the messages ("source", "prompt")."""
     k, device = beam_size, logits.device
     check_min_new_tokens(min_length, max_length)
+    vocab = logits.shape[-1]
+    # (U,), (U + E,): a padded vocabulary's ids past the tokenizer's; also the stop tokens, while outputs are short
+    unwritable, early = held_back_ids(vocab, stop_ids=stop_ids, writable=writable, device=device)
     stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)  # (E,)
     keep = max(2, 1 + len(stops)) * k  # enough candidates that K remain live when the first K all end
     scores = torch.full((batch, k), float("-inf"), device=device)
@@ -314,9 +318,6 @@ def search(
     written = torch.zeros((batch * k, 0), dtype=torch.long, device=device)  # (B*K, t): each beam's tokens so far
     finished = [Hypotheses(k, length_penalty) for _ in range(batch)]
     done = [False] * batch
-    vocab = logits.shape[-1]
-    unwritable = unwritable_ids(vocab, writable, device=device)  # (U,): a padded vocabulary's ids past the tokenizer's
-    early = torch.cat((unwritable, stops[stops < vocab]))  # (U + E,): also the stop tokens, while outputs are short
     for length in range(1, max_length + 1):
         logprobs = logits.float().log_softmax(dim=-1)  # (B*K, V)
         # held back after the softmax, as transformers' beam search processes scores

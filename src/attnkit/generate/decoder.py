@@ -54,9 +54,9 @@ from attnkit.generate.sampling import (
     SamplingConfig,
     check_drawn,
     check_min_new_tokens,
+    held_back_ids,
     hold_back,
     select_next_in_groups,
-    unwritable_ids,
 )
 from attnkit.layers.embedding import Embeddings, inputs_checked
 from attnkit.layers.kv_cache import KVCache
@@ -190,20 +190,19 @@ def decode_n_tokens(
     batch, vocab = window.ids.shape[0], logits.shape[-1]
     check_min_new_tokens(min_new_tokens, n)
     decoding = _decoding_for(model, decoding)
-    _check_context(decoding, context_len)  # the steps' positions go unread (see the module docstring)
+    check_context(decoding, context_len)  # the steps' positions go unread (see the module docstring)
     seen = _seen_tokens(window, vocab) if sampling.repetition_penalty != 1.0 else None
     penalised = sampling.presence_penalty != 0.0 or sampling.frequency_penalty != 0.0
     counts = torch.zeros((batch, vocab), dtype=torch.int32, device=logits.device) if penalised else None  # (B, V)
     groups = [(1, g) for g in generator] if isinstance(generator, Sequence) else [(batch, generator)]
+    # (U,), (S + U,): a padded vocabulary's textless ids; also the stop tokens, while the rows are too short
+    unwritable, early = held_back_ids(vocab, stop_ids=stop_ids, writable=writable, device=logits.device)
     stop = set(stop_ids)
-    held_back = torch.tensor(sorted(t for t in stop if 0 <= t < vocab), dtype=torch.long, device=logits.device)  # (S,)
     finished = [False] * batch
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
     ngram = sampling.no_repeat_ngram_size
     repeated = RepeatedNgrams([row[mask].tolist() for row, mask in zip(window.ids, window.attention_mask, strict=True)],
                               ngram) if ngram else None  # each row's real tokens: padding is no part of its n-grams
-    unwritable = unwritable_ids(vocab, writable, device=logits.device)  # (U,): a padded vocabulary's textless ids
-    early = torch.cat((held_back, unwritable))  # (S + U,): also the stop tokens, while the rows are too short
     for step in range(n):
         if repeated is not None:  # the tokens that would repeat an n-gram of the row's prompt and reply
             logits = repeated.ban(logits)
@@ -248,7 +247,7 @@ def _position_limit(model: nn.Module) -> int | None:
     return min(limits, default=None)
 
 
-def _check_context(decoding: EagerDecoding, context_len: int) -> None:
+def check_context(decoding: EagerDecoding, context_len: int) -> None:
     """Raise InputError for a context longer than the model's position table (`_position_limit`, read when `decoding`
     was built): a step's position can reach context_len - 1."""
     limit = decoding.max_positions
@@ -274,8 +273,12 @@ def _seen_tokens(window: Window, vocab_size: int) -> Tensor:
 
 def check_prompts(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, context_len: int,
                   min_new_tokens: int = 0) -> None:
-    """Raise InputError for no prompts, an empty prompt, a prompt longer than `context_len`, a negative
-    `max_new_tokens`, or a `min_new_tokens` that is negative or more than `max_new_tokens`."""
+    """Raise InputError for prompts that are not lists of token ids (a tensor), no prompts, an empty prompt, a prompt
+    longer than `context_len`, a negative `max_new_tokens`, or a `min_new_tokens` that is negative or more than
+    `max_new_tokens`."""
+    if isinstance(prompts, Tensor | str) or any(isinstance(prompt, Tensor | str) for prompt in prompts):
+        raise InputError(f"prompts are lists of token ids, one list per prompt; got a {type(prompts).__name__}: pass "
+                         "ids.tolist() for a tensor, or encode a text with the tokenizer")
     if not prompts:
         raise InputError("no prompts given; pass at least one list of token ids")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -220,6 +220,23 @@ def unwritable_ids(vocab_size: int, writable: int | None, *, device: torch.devic
     no text. Built once before a decoding loop and held back at each step (`hold_back`); empty for None."""
     start = vocab_size if writable is None else min(max(writable, 0), vocab_size)
     return torch.arange(start, vocab_size, device=device)
+
+
+def held_back_ids(vocab_size: int, *, stop_ids: Collection[int], writable: int | None,
+                  device: torch.device | str) -> tuple[Tensor, Tensor]:
+    """(always (U,), early (S + U,)): the ids a decoding loop never chooses (`unwritable_ids`), and those it holds
+    back while a text is shorter than its min_new_tokens: also the stop tokens that are ids of the vocabulary (an
+    id outside [0, vocab_size) names no token, so holds nothing back; `index_fill` would wrap a negative one onto a
+    real token). The one place the library's loops (greedy, sampling, beam search) build them. Raises InputError
+    for `stop_ids` that are not a collection of integers."""
+    if isinstance(stop_ids, str | bytes | Tensor) or not isinstance(stop_ids, Collection):
+        raise InputError(f"stop_ids are token ids (a list of integers); got {stop_ids!r}")
+    bad = [token for token in stop_ids if isinstance(token, bool) or not isinstance(token, int)]
+    if bad:
+        raise InputError(f"stop_ids: {bad[0]!r} is no token id; give integers from 0 to {vocab_size - 1}")
+    always = unwritable_ids(vocab_size, writable, device=device)
+    stops = torch.tensor(sorted(t for t in set(stop_ids) if 0 <= t < vocab_size), dtype=torch.long, device=device)
+    return always, torch.cat((stops, always))
 
 
 def hold_back(logits: Tensor, ids: Tensor, rows: slice | None = None) -> Tensor:
