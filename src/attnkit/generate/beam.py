@@ -51,8 +51,6 @@ from attnkit.tasks.common import broken_outputs
 # Step(rows, tokens): keep the batch rows `rows` (B*K,) of the cache, feed each its token (B*K,); the next logits
 # (B*K, V)
 Step = Callable[[Tensor, Tensor], Tensor]
-# Process(logprobs, written): a step's log-probabilities (B*K, V) changed given each beam's tokens so far (B*K, t)
-Process = Callable[[Tensor, Tensor], Tensor]
 
 
 @dataclass
@@ -223,7 +221,7 @@ def beam_generate(
     prompt by prompt, as transformers' `generate(num_beams=K, do_sample=False)` finds them. A hypothesis ends at a
     token of `stop_ids` (transformers' list of eos_token_id) or at `max_new_tokens`; the stop tokens are never
     proposed among the first `min_new_tokens`. `early_stopping` False by default, as transformers' GenerationConfig.
-    `repetition_penalty` and `no_repeat_ngram_size` act on each beam's prompt and tokens (`penalise_repeats`).
+    `repetition_penalty` and `no_repeat_ngram_size` act on each beam's prompt and tokens (`BeamRepeats`).
 
     The search keeps each hypothesis' whole text in the cache, so the longest prompt and `max_new_tokens` must fit
     the model's context (`context_len`): the window does not slide past it. Raises InputError for bad prompts
@@ -257,29 +255,50 @@ def beam_generate(
         with inputs_checked():  # a token of this model's vocabulary, at a position the context holds
             return decoding.step(window, cache)
 
+    repeats = None if repetition_penalty == 1.0 and not no_repeat_ngram_size else BeamRepeats(
+        prompts, k=num_beams, penalty=repetition_penalty, n=no_repeat_ngram_size, vocab_size=logits.shape[-1],
+        device=logits.device)
     return search(model, logits[repeated], step, batch=len(prompts), beam_size=num_beams, stop_ids=stop_ids,
                   max_length=max_new_tokens, length_penalty=length_penalty, early_stopping=early_stopping,
                   num_return_sequences=num_return_sequences, writable=writable, min_length=min_new_tokens,
-                  what="prompt", process=penalise_repeats(prompts, num_beams, repetition_penalty, no_repeat_ngram_size))
+                  what="prompt", process=repeats)
 
 
-def penalise_repeats(prompts: Sequence[Sequence[int]], k: int, penalty: float, n: int) -> Process | None:
+class BeamRepeats:
     """transformers' repetition penalty (CTRL's rule: a log-probability, negative, times `penalty`) and n-gram
     blocking (no n tokens in a row twice), applied to each beam's log-probabilities as its beam search applies them,
-    over the beam's prompt (beam b * k + j: prompt b) and tokens; None where neither is asked for."""
-    if penalty == 1.0 and not n:
-        return None
+    over the beam's prompt (beam b * k + j: prompt b) and tokens. Both are kept up as the search goes, never rebuilt
+    from the whole text: the tokens each beam's text holds (`seen`) and its n-grams (the prompt's table built once
+    and shared by its beams, `RepeatedNgrams.repeat`), following the beams as they are chosen (`advance`).
 
-    def process(logprobs: Tensor, written: Tensor) -> Tensor:
-        texts = [[*prompts[row // k], *tokens] for row, tokens in enumerate(written.tolist())]
+    prompts: B lists of token ids below `vocab_size`; k: beams per prompt."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]], *, k: int, penalty: float, n: int, vocab_size: int,
+                 device: torch.device | str) -> None:
+        self.penalty = penalty
+        self.seen: Tensor | None = None  # (B*K, V) bool: the tokens each beam's text holds
         if penalty != 1.0:
-            rows = [row for row, text in enumerate(texts) for _ in text]
-            seen = torch.zeros_like(logprobs, dtype=torch.bool)  # (B*K, V): the tokens each beam's text holds
-            seen[rows, [token for text in texts for token in text]] = True
-            logprobs = apply_repetition_penalty(logprobs, seen, penalty)
-        return RepeatedNgrams(texts, n).ban(logprobs) if n else logprobs
+            rows = [row for row, prompt in enumerate(prompts) for _ in prompt]
+            seen = torch.zeros((len(prompts), vocab_size), dtype=torch.bool, device=device)  # (B, V)
+            seen[rows, [token for prompt in prompts for token in prompt]] = True
+            self.seen = seen.repeat_interleave(k, dim=0)  # (B, V) -> (B*K, V)
+        self.ngrams = RepeatedNgrams(prompts, n).repeat(k) if n else None
 
-    return process
+    def __call__(self, logprobs: Tensor) -> Tensor:
+        """logprobs (B*K, V), each beam's, penalised and blocked."""
+        if self.seen is not None:
+            logprobs = apply_repetition_penalty(logprobs, self.seen, self.penalty)
+        return self.ngrams.ban(logprobs) if self.ngrams is not None else logprobs
+
+    def advance(self, rows: Tensor, tokens: Tensor) -> None:
+        """The beams are chosen: beam i continues beam rows[i] (B*K,) by tokens[i] (B*K,)."""
+        if self.seen is not None:
+            self.seen = self.seen[rows]
+            self.seen[torch.arange(len(rows), device=rows.device), tokens] = True
+        if self.ngrams is not None:
+            self.ngrams.reorder(rows.tolist())
+            for row, token in enumerate(tokens.tolist()):
+                self.ngrams.push(row, token)
 
 
 def search(
@@ -297,14 +316,15 @@ def search(
     writable: int | None = None,
     min_length: int = 0,
     what: str = "source",
-    process: Process | None = None,
+    process: BeamRepeats | None = None,
 ) -> list[list[int]]:
     """The search loop (module docstring) from the first step's `logits` (B*K, V), beam k of input b in row
     b * K + k; `step` computes each later step's. A hypothesis ends at a token of `stop_ids` (none: only at
     `max_length`); the stop tokens are never proposed among the first `min_length` tokens (transformers'
-    min_new_tokens); `process` changes each step's log-probabilities given the beams' tokens. Returns each input's
-    `num_return_sequences` best outputs (without the stop token), best first. Raises InputError where an input ends
-    with fewer finished hypotheses than `num_return_sequences` (which would shift the later inputs' results).
+    min_new_tokens); `process` changes each step's log-probabilities given the beams' texts, and follows the beams
+    as they are chosen. Returns each input's `num_return_sequences` best outputs (without the stop token), best
+    first. Raises InputError where an input ends with fewer finished hypotheses than `num_return_sequences` (which
+    would shift the later inputs' results).
     `what`: what an input is, in the messages ("source", "prompt")."""
     k, device = beam_size, logits.device
     check_min_new_tokens(min_length, max_length)
@@ -323,7 +343,7 @@ def search(
         # held back after the softmax, as transformers' beam search processes scores
         logprobs = hold_back(logprobs, early if length <= min_length else unwritable)
         if process is not None:
-            logprobs = process(logprobs, written)
+            logprobs = process(logprobs)
         candidates = (scores.view(-1, 1) + logprobs).view(batch, k * vocab)  # (B, K*V)
         top_scores, top_index = candidates.topk(min(keep, k * vocab), dim=-1)  # (B, keep), best first
         top_beam, top_token = top_index // vocab, top_index % vocab
@@ -341,6 +361,8 @@ def search(
             break
         rows = (torch.arange(batch, device=device)[:, None] * k + next_beam).view(-1)  # (B*K,)
         written = torch.cat((written[rows], next_token.view(-1, 1)), dim=1)  # (B*K, t + 1)
+        if process is not None:
+            process.advance(rows, next_token.view(-1))
         scores = next_score
         logits = step(rows, next_token.view(-1))
     short = {b: len(hyps.items) for b, hyps in enumerate(finished) if len(hyps.items) < num_return_sequences}

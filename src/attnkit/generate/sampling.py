@@ -259,15 +259,35 @@ class RepeatedNgrams:
     holds to the set of tokens that followed it, updated once per new token (`push`); the banned tokens are those
     following the row's last n - 1 tokens (n = 1: every token it holds).
 
-    sequences: each row's tokens so far (prompt, without padding)."""
+    sequences: each row's tokens so far (prompt, without padding). Beam search gives each prompt's table to its
+    beams (`repeat`), which read it and record their own n-grams apart, following the beams as they are chosen
+    (`reorder`)."""
 
     def __init__(self, sequences: Sequence[Sequence[int]], n: int) -> None:
         self.n = n
         self.followers: list[dict[tuple[int, ...], set[int]]] = [{} for _ in sequences]
         self.tails: list[tuple[int, ...]] = [()] * len(sequences)  # each row's last n - 1 tokens (fewer at first)
+        self.shared: list[dict[tuple[int, ...], set[int]]] = [{} for _ in sequences]  # read, never written
         for row, tokens in enumerate(sequences):
             for token in tokens:
                 self.push(row, token)
+
+    def repeat(self, k: int) -> RepeatedNgrams:
+        """A table of k rows for each row of this one, whose rows share none (beam search's beams: row b * k + j is
+        row b's): each reads its row's n-grams so far, shared and never copied (a long prompt's would be copied at
+        every step), and records its own from here on."""
+        beams = RepeatedNgrams([], self.n)
+        beams.followers = [{} for _ in self.tails for _ in range(k)]
+        beams.shared = [followers for followers in self.followers for _ in range(k)]
+        beams.tails = [tail for tail in self.tails for _ in range(k)]
+        return beams
+
+    def reorder(self, index: Sequence[int]) -> None:
+        """Row i becomes a copy of row index[i] (beam search's chosen beams), its own n-grams copied, its shared
+        ones shared."""
+        self.followers = [{prefix: set(tokens) for prefix, tokens in self.followers[i].items()} for i in index]
+        self.shared = [self.shared[i] for i in index]
+        self.tails = [self.tails[i] for i in index]
 
     def push(self, row: int, token: int) -> None:
         """`token` joins row `row`'s sequence: the n-gram it ends is recorded."""
@@ -280,8 +300,8 @@ class RepeatedNgrams:
         """logits (B, V) with each row's banned tokens at -inf (one index_put on the logits' device); a new tensor
         where any is banned."""
         rows, tokens = [], []
-        for row, (followers, tail) in enumerate(zip(self.followers, self.tails, strict=True)):
-            banned = followers.get(tail, ())
+        for row, (followers, shared, tail) in enumerate(zip(self.followers, self.shared, self.tails, strict=True)):
+            banned = followers.get(tail, set()) | shared.get(tail, set())
             rows += [row] * len(banned)
             tokens += banned
         if not rows:
