@@ -184,3 +184,24 @@ def test_overwriting_a_single_file_directory_with_shards_leaves_no_stale_weights
     assert not (target / "model.safetensors").exists() and (target / SAFETENSORS_INDEX).is_file()
     assert main(["convert", str(run), "--to-hf", str(target), "--overwrite"]) == 0  # and back to one file
     assert sorted(p.name for p in target.glob("model*")) == ["model.safetensors"]
+
+
+def test_saving_again_into_a_directory_removes_the_earlier_saves_weights(exported, tmp_path):
+    """hf.save (the Python API) into a directory of an earlier save: its model.safetensors beside new shards would be
+    read in their place, by transformers as by attnkit; its shards and index beside a new single file or fewer
+    shards are left over. Each save leaves its own weight files alone, and they load."""
+    model, config = load_model(exported[0])
+    other, _ = load_model(random_run(tmp_path, SMALL, name="other", seed=1))
+    out = tmp_path / "exported"
+    ids = torch.randint(0, 300, (2, 7), generator=torch.Generator().manual_seed(2))
+    for saved, size, files in ((other, "5GB", 1), (model, "30KB", None), (other, "60KB", None), (model, "5GB", 1)):
+        hf.save(saved, out, config=config, max_shard_size=size)
+        names = sorted(p.name for p in out.glob("model*"))
+        shards = [name for name in names if name.startswith("model-")]
+        if files == 1:
+            assert names == ["model.safetensors"]
+        else:
+            assert names == [*shards, SAFETENSORS_INDEX] and len(shards) > 1
+            assert shards == [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+        with torch.no_grad():
+            assert torch.equal(hf.load(out).model(ids).logits, saved(ids).logits), size

@@ -8,6 +8,8 @@ read back.
 A model that fits in one shard is written as `model.safetensors` alone, with no index, as save_pretrained writes it;
 a tensor larger than the size gets a shard of its own (larger than the size), as there. The split is
 huggingface_hub's (`split_torch_state_dict_into_shards`, which save_pretrained calls): tensors in order, greedily.
+Saving into a directory that holds an earlier save's weights removes those the new save did not write (its
+model.safetensors, index and shards), since transformers and attnkit read model.safetensors before an index.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from attnkit.outputs import atomic_write
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SHARD_NAME = "model-{index:05d}-of-{count:05d}.safetensors"
+_SHARD_FILE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")  # SHARD_NAME's files, any count
 MAX_SHARD_SIZE = "5GB"  # huggingface_hub's default (and transformers 4's; transformers 5 writes 50GB shards)
 _UNITS = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])(i?)([Bb]))?", re.IGNORECASE)
@@ -79,11 +82,17 @@ def split_shards(tensors: dict[str, Tensor], max_bytes: int) -> list[dict[str, T
 def save_shards(tensors: dict[str, Tensor], directory: Path, *, max_bytes: int, metadata: dict[str, str]
                 ) -> list[str]:
     """Write `tensors` into `directory` as save_pretrained does for `max_shard_size=max_bytes` (see the module
-    docstring); returns the weight files' names. Each file is written atomically; the caller writes `directory` as a
+    docstring); returns the weight files' names. An earlier save's weight files there that this one does not write
+    are removed: first model.safetensors and the index, which would make a loader read the old weights (the single
+    file is replaced in place), last the old shards, so a save stopped midway leaves the new weights or none that
+    load, never the old ones read as new. Each file is written atomically; the command line writes `directory` as a
     whole (`attnkit.outputs.atomic_output`)."""
     shards = split_shards(tensors, max_bytes)
+    for entry in (SAFETENSORS_INDEX,) if len(shards) == 1 else (SAFETENSORS, SAFETENSORS_INDEX):
+        (directory / entry).unlink(missing_ok=True)
     if len(shards) == 1:
         save_tensors(tensors, directory / SAFETENSORS, metadata=metadata)
+        _remove_stale_shards(directory, kept=set())
         return [SAFETENSORS]
     weight_map: dict[str, str] = {}
     for index, shard in enumerate(shards, start=1):
@@ -94,7 +103,16 @@ def save_shards(tensors: dict[str, Tensor], directory: Path, *, max_bytes: int, 
               "total_parameters": sum(tensor.numel() for tensor in tensors.values())}
     index = {"metadata": totals, "weight_map": weight_map}
     atomic_write(directory / SAFETENSORS_INDEX, json.dumps(index, indent=2, sort_keys=True) + "\n")
+    _remove_stale_shards(directory, kept=set(weight_map.values()))
     return [*dict.fromkeys(weight_map.values()), SAFETENSORS_INDEX]
+
+
+def _remove_stale_shards(directory: Path, *, kept: set[str]) -> None:
+    """Remove the shard files in `directory` (model-0000i-of-0000n.safetensors, any n) not in `kept`: an earlier
+    save's (save_pretrained removes them likewise)."""
+    for path in directory.iterdir():
+        if _SHARD_FILE.fullmatch(path.name) and path.name not in kept and path.is_file():
+            path.unlink()
 
 
 def read_shards(directory: Path, index_name: str, read: Callable[[Path], dict[str, Tensor]]) -> dict[str, Tensor]:
