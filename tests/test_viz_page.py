@@ -232,3 +232,28 @@ def test_long_token_labels_fit_the_head_view(tmp_path):
         assert inside == [True] * (len(queries) + len(keys))
     finally:
         chromium.close()
+
+
+def test_a_long_texts_heatmap_labels_are_no_taller_than_its_cells(tmp_path):
+    """Beyond about 53 tokens a cell shrank to its least, 12 px, while the labels stayed 14 px tall, each over its
+    neighbours; the labels are now at most a cell tall."""
+    from viz_browser import Browser, chromium_or_reason
+
+    from attnkit.viz import AttentionMaps
+
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        pytest.skip(f"no headless browser: {reason}")
+    tokens = tuple(f"t{i}" for i in range(100))
+    weights = np.full((1, 1, 100, 100), 0.01, dtype=np.float32)
+    path = write_page([AttentionMaps("self", weights, tokens, tokens, (0,), (0,))], tmp_path / "attention.html")
+    chromium = Browser(executable)
+    try:
+        chromium.open(path)
+        drawn = chromium.evaluate("window.attnkit.heatmap")
+        width = chromium.evaluate("document.getElementById('heatmap').width")
+    finally:
+        chromium.close()
+    assert drawn is not None and drawn["cell"] >= 12
+    assert drawn["labelPx"] <= drawn["cell"]
+    assert width >= 100 * drawn["cell"]  # every column drawn: the figure grows rather than squeezing its cells
