@@ -40,11 +40,11 @@ import dataclasses
 import inspect
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -63,6 +63,7 @@ from attnkit.train.precision import Autocast, FullPrecision, make_precision
 from attnkit.train.state import capture_rng, load_optimizer_tensors, restore_rng, seed_all
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
 
@@ -186,6 +187,11 @@ class SingleProcess:
     def check_same(self, value: str, what: str) -> None:
         """Raise ConfigError unless every rank has the same `value` (a fingerprint of `what`)."""
 
+    def made_on_rank_0(self, make: Callable[[], T]) -> T:
+        """`make()` run on rank 0 alone, and its result (or the error it raised) on every rank: for what the ranks
+        must share and may not build alike, as a WordPiece trained twice on one text (tokenizers#1794)."""
+        return make()
+
     def lost(self, err: RuntimeError, *, saved_step: int, run_dir: Any) -> RankLost | None:
         """The error to raise for `err` if it is a failed collective (None: `err` is something else)."""
         return None
@@ -269,6 +275,19 @@ class Replicated(SingleProcess):
                 f"the ranks built different {what}s (fingerprints {values}); give every rank the same files, or a "
                 f"saved {what} (e.g. --tokenizer DIR)"
             )
+
+    def made_on_rank_0(self, make: Callable[[], T]) -> T:
+        made: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                made[0] = (make(), None)
+            except AttnkitError as err:  # every rank stops with rank 0's error, none waits for a result
+                made[0] = (None, err)
+        dist.broadcast_object_list(made, src=0, device=self.device)
+        value, err = made[0]
+        if err is not None:
+            raise err
+        return value
 
     def lost(self, err: RuntimeError, *, saved_step: int, run_dir: Any) -> RankLost | None:
         # nccl raises DistError; gloo, when a peer's connection closes, a RuntimeError from its transport

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -334,8 +335,12 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     _check_seq_len(data_config, config)
     stream = spec.stream and synthetic_name(data_config) is None
     lm_files = stream_files(data_config) if stream else None
-    tokenizer = source.tokenizer if source is not None else _new_tokenizer(
-        data_config, settings.seed, lm_files, progress=shows_progress(request.progress) and parallel.writes)
+    if source is not None:
+        tokenizer = source.tokenizer
+    else:  # trained on rank 0 and shared: a WordPiece trained again on the same text may differ (tokenizers#1794)
+        tokenizer = parallel.made_on_rank_0(partial(
+            _new_tokenizer, data_config, settings.seed, lm_files,
+            progress=shows_progress(request.progress) and parallel.writes))
     parallel.check_same(tokenizer.fingerprint(), "tokenizer")
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), tokenizer, config, out, translate,
                               lm_files, progress=shows_progress(request.progress) and parallel.writes,
