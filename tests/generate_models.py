@@ -22,12 +22,17 @@ def tiny_model(family: str = "decoder", *, position: str = "learned", seed: int 
     )
     config = attnkit.ModelConfig(**{**settings, **overrides})
     torch.manual_seed(seed)
-    model = attnkit.build_model(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.normal_(0.0, 0.3)
-    return model.double().eval(), config
+    return randomised(attnkit.build_model(config)), config
+
+
+@torch.no_grad()
+def randomised(model):
+    """The model with its matrices drawn again with std 0.3 (from torch's global generator: seed it first), in
+    float64 and eval mode (see the module docstring)."""
+    for parameter in model.parameters():
+        if parameter.dim() > 1:
+            parameter.normal_(0.0, 0.3)
+    return model.double().eval()
 
 
 @torch.no_grad()

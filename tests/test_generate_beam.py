@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from generate_models import tiny_model
+from generate_models import randomised, tiny_model
 
 import attnkit
 from attnkit.errors import InputError
@@ -94,12 +94,7 @@ def _recurrent_lm():
     config = attnkit.ModelConfig(family="recurrent-lm", cell="gru", vocab_size=13, hidden_size=32, n_layers=2,
                                  max_seq_len=24)
     torch.manual_seed(3)
-    model = attnkit.build_model(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.normal_(0.0, 0.3)
-    return model.double().eval(), config
+    return randomised(attnkit.build_model(config)), config
 
 
 MODELS = {  # the caches whose rows follow the beams: a KV cache, a sliding window's ring buffer, a recurrent state
@@ -293,6 +288,12 @@ def test_pipeline_refuses_what_beam_search_does_not_take_in_one_line_naming_them
         pipeline.generate("w5 w6", num_beams=3, temperature=0.7, num_samples=2, json_schema={"type": "object"})
     with pytest.raises(InputError, match=r"num_return_sequences=3 must be an integer from 1 to num_beams=2"):
         pipeline.generate("w5 w6", num_beams=2, num_return_sequences=3)
+    with pytest.raises(InputError, match=r"num_return_sequences=2 .* to num_beams=1 .* give num_samples=2 instead"):
+        pipeline.generate("w5 w6", num_return_sequences=2)
+    for search in (dict(num_beams=10**6), dict(num_beams=2, early_stopping="never")):  # a decoder's words
+        with pytest.raises(InputError, match=r"wider than the vocabulary \(|a prompt ends with") as refused:
+            pipeline.generate("w5 w6", **search)
+        assert "target" not in str(refused.value) and "source" not in str(refused.value)
     monkeypatch.setattr("attnkit.generate.pipeline.free_bytes", lambda device: 1000)
     with pytest.raises(InputError, match=r"8 hypotheses \(--num-beams x the prompts\) need at least .* choose a "
                                          r"smaller --num-beams"):
@@ -324,3 +325,32 @@ def test_cli_generate_takes_the_beam_flags_and_refuses_the_others_before_loading
     error = capsys.readouterr().err.strip()
     assert error.startswith("attnkit: error: --num-beams 4 (beam search) does not take --top-p, --num-samples, "
                             "--regex:") and "\n" not in error
+    for flags, message in ((["--num-beams", "0"], "--num-beams 0 must be a positive integer"),  # before loading
+                           (["--num-return-sequences", "2"], "--num-return-sequences 2 must be an integer from 1 to "
+                            "--num-beams 1 (a search keeps --num-beams hypotheses): give a smaller number or a wider "
+                            "beam; for 2 sampled texts of the prompt, give --num-samples 2 instead"),
+                           (["--num-beams", "2", "--length-penalty", "nan"], "--length-penalty nan must be a finite")):
+        assert cli.main([*missing[:4], *flags]) == 2
+        assert capsys.readouterr().err.strip().startswith(f"attnkit: error: {message}")  # named as flags, not loaded
+    assert cli.main([*common, "--num-beams", "2", "--max-new-tokens", "100"]) == 2  # the tiny GPT-2's 64 positions
+    assert capsys.readouterr().err.strip().endswith("the longest prompt (length 3) and --max-new-tokens 100 outgrow "
+                                                    "the model's context of 64 (max_seq_len): give --max-new-tokens 62 "
+                                                    "or fewer, or shorten the prompt")
+
+
+def test_the_flags_refused_beside_beams_are_looked_up_strictly(monkeypatch):
+    """Every option beam search refuses is a flag of attnkit generate, or one the Python API alone takes: a flag
+    renamed without the table is an error, not an option let through beside beams."""
+    from dataclasses import fields
+
+    from attnkit.run_settings import NOT_BESIDE_BEAMS
+    from attnkit.tasks.lm import API_ONLY_BESIDE_BEAMS, GenerateSettings, check_beam_flags
+
+    flags = {f.name for f in fields(GenerateSettings)}
+    assert set(NOT_BESIDE_BEAMS) - API_ONLY_BESIDE_BEAMS <= flags and not API_ONLY_BESIDE_BEAMS & flags
+    settings = GenerateSettings(run="run", prompt="w5", num_beams=2, top_k=4)
+    with pytest.raises(InputError, match=r"--num-beams 2 \(beam search\) does not take --top-k:"):
+        check_beam_flags(settings)
+    monkeypatch.setitem(NOT_BESIDE_BEAMS, "top_n", lambda value: value is not None)  # a flag the settings lack
+    with pytest.raises(AttributeError, match="top_n"):
+        check_beam_flags(settings)

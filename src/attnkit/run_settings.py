@@ -1,12 +1,14 @@
 """What every command that runs a trained model takes: how the run is loaded (`LoadSettings`; `DecodeSettings`
 adds quantized weights and compilation, for models that decode) and the texts it reads (`InputSettings`, `read_inputs`,
-`read_stdin`; `text_list`: the texts the Python API's methods take; `refuse_beside_beams`: the options beam search
-does not take, refused alike by the command line and the API). A task's command (`attnkit.tasks.TaskCommand`)
+`read_stdin`; `text_list`: the texts the Python API's methods take; beam search's settings, checked alike by the
+command line, before its model loads, and the API: `beams_asked`, `check_search`, `check_beams_fit_context`, and
+`refuse_beside_beams`, the options beam search does not take). A task's command (`attnkit.tasks.TaskCommand`)
 builds its settings on these; `attnkit.options` turns their fields into its flags.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -113,6 +115,66 @@ def text_list(texts: object, *, what: str = "texts", required: bool = True, word
         if not isinstance(item, str) and not split:
             raise InputError(f"{what} are {taken}; item {index} is {item!r} ({type(item).__name__})")
     return items
+
+
+MAX_LENGTH_PENALTY = 100.0  # |length_penalty| past this makes length ** penalty overflow a float at long targets
+
+
+def beams_asked(num_beams: object, num_return_sequences: object) -> bool:
+    """Whether generation's settings ask for beam search: more than one beam, or more than one of its texts
+    (`attnkit generate`'s flags and `Pipeline.generate`'s arguments alike)."""
+    return num_beams != 1 or num_return_sequences != 1
+
+
+def check_search(beam_size: int, length_penalty: float, *, vocab_size: int | None = None,
+                 early_stopping: bool = True, num_return_sequences: int = 1, beam: str = "beam_size",
+                 what: str = "source", flags: bool = False) -> None:
+    """InputError for a beam size that is no positive integer or is wider than the vocabulary (`vocab_size`, when
+    given: the first step proposes that many tokens, so wider beams start empty and only cost time), a length
+    penalty that is not a finite number within +-MAX_LENGTH_PENALTY (nan, inf or 1e308 would make every score nan, 0
+    or an overflow), an `early_stopping` that is not a bool (transformers' "never" would read as True), or a
+    `num_return_sequences` that is no integer from 1 to the beam size (a search keeps that many hypotheses). `beam`:
+    the beam size's name (`generate` calls it num_beams, as transformers does); `what`: what the search continues
+    ("source": a translation's, "prompt": a decoder's); `flags`: the settings named as the command line's flags
+    (`--num-beams 0`), checked before the model loads."""
+    def named(name: str, value: object) -> str:
+        return f"--{name.replace('_', '-')} {value}" if flags else f"{name}={value!r}"
+
+    beam_name = f"--{beam.replace('_', '-')}" if flags else beam
+    if not isinstance(early_stopping, bool):
+        raise InputError(f"{named('early_stopping', early_stopping)} must be True or False (True: a {what} ends with "
+                         f"{beam_name} finished hypotheses; False: while a live beam could still win)")
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise InputError(f"{named(beam, beam_size)} must be a positive integer (1 is greedy)")
+    n = num_return_sequences
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= beam_size:
+        samples = (f"; for {n} sampled texts of the prompt, give {named('num_samples', n)} instead"
+                   if what == "prompt" and beam_size == 1 and isinstance(n, int) and n > 1 else "")
+        raise InputError(f"{named('num_return_sequences', n)} must be an integer from 1 to {named(beam, beam_size)} "
+                         f"(a search keeps {beam_name} hypotheses): give a smaller number or a wider beam{samples}")
+    if vocab_size is not None and beam_size > vocab_size:
+        vocabulary = "target vocabulary" if what == "source" else "vocabulary"
+        raise InputError(f"{beam_name}={beam_size:,} is wider than the {vocabulary} ({vocab_size:,} tokens): give "
+                         f"at most {vocab_size:,} (4 to 10 is usual)")
+    if (isinstance(length_penalty, bool) or not isinstance(length_penalty, int | float)
+            or not math.isfinite(length_penalty) or abs(length_penalty) > MAX_LENGTH_PENALTY):
+        raise InputError(f"{named('length_penalty', length_penalty)} must be a finite number between "
+                         f"-{MAX_LENGTH_PENALTY:g} and {MAX_LENGTH_PENALTY:g} (1: scores per token; 0: summed log "
+                         "probabilities)")
+
+
+def check_beams_fit_context(longest_prompt: int, max_new_tokens: int, context_len: int, *,
+                            flags: bool = False) -> None:
+    """InputError where the longest prompt (its length in tokens) and `max_new_tokens` outgrow the model's context
+    (`context_len`, its max_seq_len): beam search keeps each hypothesis' whole text in the cache, and its window does
+    not slide. `flags`: named as the command line's flag (--max-new-tokens)."""
+    if longest_prompt + max_new_tokens - 1 > context_len:  # the last new token is chosen, never fed
+        name = f"--max-new-tokens {max_new_tokens}" if flags else f"max_new_tokens={max_new_tokens}"
+        fix = f"--max-new-tokens {context_len + 1 - longest_prompt}" if flags else \
+            f"max_new_tokens <= {context_len + 1 - longest_prompt}"
+        raise InputError(f"beam search keeps each hypothesis' whole text, but the longest prompt (length "
+                         f"{longest_prompt}) and {name} outgrow the model's context of {context_len} (max_seq_len): "
+                         f"give {fix}{' or fewer' if flags else ''}, or shorten the prompt")
 
 
 def _set(value: Any) -> bool:

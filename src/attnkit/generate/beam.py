@@ -20,8 +20,8 @@ beam, normalised at the current length, no longer beats the worst of them (the r
 `BeamSearchScorer`); otherwise the search ends at `max_length`, where the first K candidates of that last step
 are all finished hypotheses, those ending in EOS and the others alike (as in transformers' beam search).
 `num_return_sequences` n <= K returns a source's n best finished hypotheses, best first (transformers' setting).
-transformers 5 divides by the new tokens for a decoder-only model too (older releases divided a decoder-only
-hypothesis by its whole length, prompt and left padding included).
+A decoder-only model's hypothesis is divided by its new tokens, as transformers' BeamSearchScorer divides by the
+generated length.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from attnkit.generate.sampling import (
 )
 from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources, greedy_translate
 from attnkit.layers.embedding import inputs_checked
+from attnkit.run_settings import check_beams_fit_context, check_search
 from attnkit.tasks.common import broken_outputs
 
 # Step(rows, tokens): keep the batch rows `rows` (B*K,) of the cache, feed each its token (B*K,); the next logits
@@ -78,36 +79,6 @@ class Hypotheses:
     def best(self, n: int = 1) -> list[list[int]]:
         """The n best hypotheses' tokens, best first."""
         return [tokens for _, tokens in self.items[:n]]
-
-
-MAX_LENGTH_PENALTY = 100.0  # |length_penalty| past this makes length ** penalty overflow a float at long targets
-
-
-def check_search(beam_size: int, length_penalty: float, *, vocab_size: int | None = None,
-                 early_stopping: bool = True, num_return_sequences: int = 1, beam: str = "beam_size") -> None:
-    """InputError for a beam size that is no positive integer or is wider than the target vocabulary (`vocab_size`,
-    when given: the first step proposes that many tokens, so wider beams start empty and only cost time), a
-    length penalty that is not a finite number within +-MAX_LENGTH_PENALTY (nan, inf or 1e308 would make every score
-    nan, 0 or an overflow), an `early_stopping` that is not a bool (transformers' "never" would read as True), or a
-    `num_return_sequences` that is no integer from 1 to the beam size (a search keeps that many hypotheses). `beam`:
-    the beam size's name in the messages (`generate` calls it num_beams, as transformers does)."""
-    if not isinstance(early_stopping, bool):
-        raise InputError(f"early_stopping={early_stopping!r} must be True or False (True: a source ends with "
-                         f"{beam} finished hypotheses; False: while a live beam could still win)")
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-        raise InputError(f"{beam}={beam_size!r} must be a positive integer (1 is greedy)")
-    n = num_return_sequences
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= beam_size:
-        raise InputError(f"num_return_sequences={n!r} must be an integer from 1 to {beam}={beam_size} (a search "
-                         f"keeps {beam} hypotheses): give a smaller number or a wider beam")
-    if vocab_size is not None and beam_size > vocab_size:
-        raise InputError(f"{beam}={beam_size:,} is wider than the target vocabulary ({vocab_size:,} tokens): give "
-                         f"at most {vocab_size:,} (4 to 10 is usual)")
-    if (isinstance(length_penalty, bool) or not isinstance(length_penalty, int | float)
-            or not math.isfinite(length_penalty) or abs(length_penalty) > MAX_LENGTH_PENALTY):
-        raise InputError(f"length_penalty={length_penalty!r} must be a finite number between "
-                         f"-{MAX_LENGTH_PENALTY:g} and {MAX_LENGTH_PENALTY:g} (1: scores per token; 0: summed log "
-                         "probabilities)")
 
 
 @torch.inference_mode()
@@ -231,12 +202,9 @@ def beam_generate(
     check_prompts(prompts, max_new_tokens=max_new_tokens, context_len=context_len, min_new_tokens=min_new_tokens)
     SamplingConfig(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)  # checks them
     check_search(num_beams, length_penalty, early_stopping=early_stopping,
-                 num_return_sequences=num_return_sequences, beam="num_beams")
+                 num_return_sequences=num_return_sequences, beam="num_beams", what="prompt")
     width = max(map(len, prompts))
-    if width + max_new_tokens - 1 > context_len:  # the last new token is chosen, never fed
-        raise InputError(f"beam search keeps each hypothesis' whole text, but the longest prompt (length {width}) and "
-                         f"max_new_tokens={max_new_tokens} outgrow the model's context of {context_len} (max_seq_len): "
-                         f"give max_new_tokens <= {context_len + 1 - width}, or shorten the prompt")
+    check_beams_fit_context(width, max_new_tokens, context_len)
     if max_new_tokens == 0:
         return [[] for _ in prompts for _ in range(num_return_sequences)]
     decoding = EagerDecoding(model)  # a compiled step's fixed buffers cannot follow the beams' rows

@@ -40,7 +40,7 @@ from attnkit.config import ModelConfig
 from attnkit.data.batching import pad
 from attnkit.data.labelled import frame_ids
 from attnkit.errors import CheckpointError, InputError
-from attnkit.generate.beam import beam_generate, check_search, translate_batched
+from attnkit.generate.beam import beam_generate, translate_batched
 from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.constrained import Grammar, GrammarMask
 from attnkit.generate.decoder import EagerDecoding, check_prompts, generate_tokens
@@ -50,7 +50,7 @@ from attnkit.generate.sampling import check_sampling, choice_seed, make_generato
 from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
-from attnkit.run_settings import refuse_beside_beams, text_list
+from attnkit.run_settings import beams_asked, check_search, refuse_beside_beams, text_list
 from attnkit.tasks import TaskSpec, task_of_config, task_of_run, task_record, tasks, tasks_of_family
 from attnkit.tasks.common import check_outputs
 from attnkit.tasks.registry import METHODS  # the task methods the pipeline defines itself
@@ -192,7 +192,7 @@ class Pipeline:
         distribution to draw from (nan: fp16 activations that overflow, or broken weights).
         """
         self._require("generate")
-        if num_beams != 1 or num_return_sequences != 1:
+        if beams_asked(num_beams, num_return_sequences):
             refuse_beside_beams(f"num_beams={num_beams!r}", dict(
                 temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, presence_penalty=presence_penalty,
                 frequency_penalty=frequency_penalty, logit_bias=logit_bias, num_samples=num_samples, stop=stop,
@@ -262,7 +262,7 @@ class Pipeline:
                      repetition_penalty: float, no_repeat_ngram_size: int) -> list[str]:
         """`generate`'s beam search (its docstring), once the options it refuses beside beams are known absent."""
         check_search(num_beams, length_penalty, early_stopping=early_stopping, vocab_size=self.config.vocab_size,
-                     num_return_sequences=num_return_sequences, beam="num_beams")
+                     num_return_sequences=num_return_sequences, beam="num_beams", what="prompt")
         prompt_ids = [self.prompt_ids(p, index=i, add_bos=add_bos)
                       for i, p in enumerate(text_list(prompts, what="prompts"))]
         stop_ids = self._stop_ids(stop_tokens) | (self.end_ids if stop_at_eos else set())

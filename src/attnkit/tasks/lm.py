@@ -57,6 +57,9 @@ from attnkit.run_settings import (
     NOT_BESIDE_BEAMS,
     DecodeSettings,
     InputSettings,
+    beams_asked,
+    check_beams_fit_context,
+    check_search,
     read_inputs,
     read_stdin,
     refuse_beside_beams,
@@ -533,16 +536,25 @@ class GenerateSettings(DecodeSettings):
 
     @property
     def beams(self) -> bool:
-        """Whether the settings ask for beam search (more than one beam, or more than one of its texts)."""
-        return self.num_beams != 1 or self.num_return_sequences != 1
+        """Whether the settings ask for beam search (`beams_asked`)."""
+        return beams_asked(self.num_beams, self.num_return_sequences)
 
 
-def refuse_flags_beside_beams(settings: GenerateSettings) -> None:
-    """InputError naming the flags given beside --num-beams that beam search does not take (`refuse_beside_beams`),
-    checked before the model loads."""
-    if settings.beams:
-        refuse_beside_beams(f"--num-beams {settings.num_beams}", {
-            name: getattr(settings, name) for name in NOT_BESIDE_BEAMS if hasattr(settings, name)}, flags=True)
+# The options of NOT_BESIDE_BEAMS that only the Python API takes (attnkit generate's --grammar FILE is its lark=);
+# every other name is a field of GenerateSettings, looked up strictly, so that a flag renamed is not let through
+API_ONLY_BESIDE_BEAMS = frozenset({"logit_bias", "on_text", "lark"})
+
+
+def check_beam_flags(settings: GenerateSettings) -> None:
+    """InputError, before the model loads, naming the flags: bad beam settings (`check_search`; a --num-beams
+    wider than the vocabulary is refused once it is known), or flags given beside --num-beams that beam search does
+    not take (`refuse_beside_beams`)."""
+    if not settings.beams:
+        return
+    check_search(settings.num_beams, settings.length_penalty, early_stopping=settings.early_stopping,
+                 num_return_sequences=settings.num_return_sequences, beam="num_beams", what="prompt", flags=True)
+    refuse_beside_beams(f"--num-beams {settings.num_beams}", {
+        name: getattr(settings, name) for name in NOT_BESIDE_BEAMS if name not in API_ONLY_BESIDE_BEAMS}, flags=True)
 
 
 def read_constraint(settings: GenerateSettings) -> dict[str, Any]:
@@ -654,10 +666,13 @@ class StreamedText:
 
 def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     """`attnkit generate`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
-    refuse_flags_beside_beams(settings)
+    check_beam_flags(settings)
     prompt = read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
     constraint = read_constraint(settings)
     pipeline = load(settings)
+    if settings.beams:  # named as the flag, where the API's check would name max_new_tokens=
+        check_beams_fit_context(len(pipeline.prompt_ids(prompt, index=0)), settings.max_new_tokens,
+                                pipeline.config.max_seq_len, flags=True)
     many = settings.num_samples > 1 or settings.num_return_sequences > 1
     stream = settings.stream and not many and not settings.beams  # beam search's texts come whole at the end
     head = prompt if settings.echo else ""
