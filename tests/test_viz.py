@@ -432,16 +432,20 @@ def test_a_grid_makes_room_for_long_token_labels():
         assert ax.get_window_extent(renderer).width > 0.5 * DPI  # maps, not collapsed to nothing
 
 
-@pytest.mark.parametrize("key_tokens", [("x", "y", "z"), ("ThisIsAVeryLongTokenLabelIndeed_xx", "y", "z")])
+@pytest.mark.parametrize("key_tokens", [("x", "y", "z"), ("ThisIsAVeryLongTokenLabelIndeed_xx", "y", "z"),
+                                        tuple(f"k{j}" for j in range(100))])
 def test_a_heatmaps_title_stays_inside_its_figure(monkeypatch, tmp_path, key_tokens):
-    """A title centred on a small map beside long labels ran off the figure's right edge ("mean ov")."""
+    """A title centred on a small map beside long labels ran off the figure's right edge ("mean ov"); a long text's
+    title was drawn over the top of its map (its room shrank with the labels' font). It lies inside the figure and
+    above the map and everything drawn around it."""
     import attnkit.viz.heatmap as heatmap
 
     figures = []
     save = heatmap.save_figure
     monkeypatch.setattr(heatmap, "save_figure", lambda fig, path: (figures.append(fig), save(fig, path))[1])
-    weights = np.full((1, 2, 3, 3), 1 / 3, dtype=np.float32)
-    maps = AttentionMaps("cross", weights, ("a", "=" * 35, "bb"), key_tokens, (0,), (1, 3))
+    queries = ("a", "=" * 35, "bb") if len(key_tokens) < 100 else tuple(f"q{i}" for i in range(100))
+    weights = np.full((1, 2, len(queries), len(key_tokens)), 1 / len(key_tokens), dtype=np.float32)
+    maps = AttentionMaps("cross", weights, queries, key_tokens, (0,), (1, 3))
     heatmap.plot_head(maps, 0, None, tmp_path / "mean.png")
     heatmap.plot_alignment(maps, tmp_path / "alignment.png")
     for fig in figures:
@@ -450,6 +454,8 @@ def test_a_heatmaps_title_stays_inside_its_figure(monkeypatch, tmp_path, key_tok
         (title,) = [t for t in fig.findobj(Text) if t.get_text() == fig.get_suptitle()]
         box = title.get_window_extent(renderer)
         assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1, fig.get_suptitle()
+        for ax in fig.axes:  # the map with its labels (an alignment's keys are on top) and the colour bar
+            assert box.y0 >= ax.get_tightbbox(renderer).y1, (fig.get_suptitle(), len(key_tokens))
 
 
 def test_a_text_too_long_is_refused_in_the_words_translation_uses(tokenizer):
@@ -531,3 +537,15 @@ def test_a_token_the_fonts_cannot_draw_is_labelled_by_its_code_point(tmp_path):
     fig = grid_figure(maps)
     labels = {label.get_text() for ax in fig.axes for label in ax.get_yticklabels()}
     assert "xU+1F642" in labels and "שלום" in labels
+
+
+@pytest.mark.parametrize(("family", "what"), [("decoder", "the text"), ("encoder", "the text"),
+                                              ("encoder-decoder", "the source")])
+def test_a_text_the_tokenizer_drops_whole_is_refused_naming_its_characters(family, what):
+    """A text whose every character the tokenizer skips was read as its frame alone: a decoder's as no ids ("input_ids
+    must hold integer token ids ... dtype torch.float32"), an encoder's as CLS SEP, a translator's source as EOS."""
+    chars = CharTokenizer("abcdefgh ", unknown="skip")
+    model, _ = _model(chars, family)
+    target = {"target": "abc"} if family == "encoder-decoder" else {}
+    with pytest.raises(InputError, match=rf"{what} \('XYZ'\) has no token: .*unknown characters 'XYZ' skipped"):
+        attention_maps(model, chars, "XYZ", **target)

@@ -32,6 +32,7 @@ GRID_INCHES = 24.0  # the widest a layer x head grid is drawn
 GRID_TOKEN_INCHES = 0.16  # one token's row in a grid's map, where GRID_INCHES leaves room: 10-point labels
 GRID_BAR_SHARE = 0.06  # the grid's colour bar, as a share of one map's width
 TITLE_POINTS = 13  # a grid's figure title
+TITLE_PAD = 0.1  # inches above a heatmap's title
 AXIS_NAMES = {"cross": ("target token (query)", "source token (key)")}
 DEFAULT_AXIS_NAMES = ("query: the token attending", "key: the token attended to")
 
@@ -192,8 +193,11 @@ def _labelled_figure(query_tokens: Sequence[str], key_tokens: Sequence[str], tit
     width = cell * len(key_tokens) + label_inches + 0.6 + 5 * font / 72  # + the colour bar and its label
     height = cell * len(query_tokens) + label_inches + 0.4 + 3 * font / 72  # + the title
     title_inches = 0.6 * (font + 1) / 72 * len(title) + 0.4
-    fig = Figure(figsize=(max(width, title_inches, 4.0), max(height, 3.0)), dpi=DPI)
-    fig.suptitle(title, fontsize=font + 1, parse_math=False)  # tokens as written
+    figsize = (max(width, title_inches, 4.0), max(height, 3.0))
+    fig = Figure(figsize=figsize, dpi=DPI)
+    # the title at the top, TITLE_PAD inches down whatever the figure's height: tight_layout keeps the map below the
+    # title's top edge, and a title at 98% of a long text's tall figure was half an inch down, over the map
+    fig.suptitle(title, fontsize=font + 1, y=1 - TITLE_PAD / figsize[1], va="top", parse_math=False)  # as written
     return fig, fig.add_subplot(), font
 
 
