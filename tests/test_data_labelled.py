@@ -292,3 +292,22 @@ def test_a_tsv_quoted_as_pandas_and_the_csv_module_write_it_is_read_whole(tmp_pa
     assert read_labelled(tmp_path / "quoted.tsv") == rows
     (tmp_path / "raw.tsv").write_text('sentence\tlabel\n"the movie" is bad\t0\nit\'s "great\t1\n', encoding="utf-8")
     assert read_labelled(tmp_path / "raw.tsv") == [('"the movie" is bad', "0"), ('it\'s "great', "1")]
+
+
+def test_a_raw_tsv_is_read_quoted_only_where_csv_would_have_written_it_so(tmp_path: Path) -> None:
+    """A raw text quoted whole kept no quotes, and a raw quote opened on one line and closed on a later one joined
+    the two rows into one text: read quoted where the rows read whole, csv would not have quoted that text, nor made
+    one text of rows that are whole raw. A TSV as pandas' to_csv(sep='\\t') writes it (lines ending in LF) is still
+    read quoted."""
+    import csv
+
+    (tmp_path / "whole.tsv").write_text('sentence\tlabel\n"a quoted title"\t1\nplain\t0\n', encoding="utf-8")
+    assert read_labelled(tmp_path / "whole.tsv") == [('"a quoted title"', "1"), ("plain", "0")]
+    (tmp_path / "open.tsv").write_text('sentence\tlabel\n" hello\t0\nworld "\t1\nplain\t0\n', encoding="utf-8")
+    assert read_labelled(tmp_path / "open.tsv") == [('" hello', "0"), ('world "', "1"), ("plain", "0")]
+    rows = [('"quoted" at the start', "1"), ("two\nlines", "0"), ('"a\ttab"', "1"), ("plain", "0")]
+    with open(tmp_path / "pandas.tsv", "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+        writer.writerow(["sentence", "label"])
+        writer.writerows(rows)
+    assert read_labelled(tmp_path / "pandas.tsv") == rows

@@ -35,6 +35,21 @@ def test_read_parallel_and_tsv(tmp_path: Path) -> None:
     assert read_tsv_pairs(tmp_path / "pairs.tsv") == [("ein Hund", "a dog"), ("zwei", "two")]
 
 
+def test_tsv_pairs_are_read_raw_or_quoted_as_labelled_tsvs_are(tmp_path: Path) -> None:
+    """Pairs read by the rule of `read_labelled`'s TSVs: quoted where csv wrote them (a text holding a line break
+    or a tab read whole, where each line was a row), raw otherwise (a quote opened on one line and closed on the
+    next is two rows' text)."""
+    import csv
+
+    pairs = [("two\nlines", "deux lignes"), ("a\ttab", "une tabulation"), ('"quoted"', "«cité»")]
+    with open(tmp_path / "quoted.tsv", "w", encoding="utf-8", newline="") as f:
+        csv.writer(f, delimiter="\t", lineterminator="\n").writerows(pairs)
+    assert read_tsv_pairs(tmp_path / "quoted.tsv") == pairs
+    (tmp_path / "raw.tsv").write_text('" hello\tbonjour\nworld "\tmonde\n"a title"\tun titre\n', encoding="utf-8")
+    assert read_tsv_pairs(tmp_path / "raw.tsv") == [('" hello', "bonjour"), ('world "', "monde"),
+                                                    ('"a title"', "un titre")]
+
+
 def test_mismatched_line_counts_name_both(tmp_path: Path) -> None:
     (tmp_path / "a.de").write_text("eins\nzwei\ndrei\n")
     (tmp_path / "a.en").write_text("one\ntwo\n")

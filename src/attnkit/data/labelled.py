@@ -137,11 +137,14 @@ def _rows(text: str, path: str | os.PathLike, **dialect) -> list[list[str]]:
         csv.field_size_limit(limit)
 
 
-def _tsv_rows(text: str, path: str | os.PathLike) -> list[list[str]]:
+def tsv_rows(text: str, path: str | os.PathLike, *, width: int | None = None) -> list[list[str]]:
     """The rows of a TSV file, which come two ways: raw (GLUE's SST-2: a quote is a character of the text) and quoted
     as Python's csv module and pandas' `to_csv(sep="\\t")` write them (a text holding a tab, a line break or a quote
-    put in quotes, its quotes doubled). A file with a field that opens with a quote is read as quoted where that
-    reads it whole (no quote left open) into rows as wide as its header; as raw otherwise."""
+    put in quotes, its quotes doubled). A file with a field that opens with a quote is read as quoted only where
+    csv would write the rows so read as the file is (a quoted text holds a tab, a line break or a quote; no other
+    text holds a quote), each row `width` fields wide (the header's if None), and the quotes join no lines that are
+    rows of that width raw. So `"a title"`, and a quote opened on one line and closed on a later one (`" hello<TAB>0`
+    then `world "<TAB>1`), are raw text; a quoted text made of whole rows is read raw too (the two look alike)."""
     raw = _rows(text, path, delimiter="\t", quoting=csv.QUOTE_NONE)
     if not any(cell.startswith('"') for row in raw for cell in row):
         return raw
@@ -149,7 +152,16 @@ def _tsv_rows(text: str, path: str | os.PathLike) -> list[list[str]]:
         quoted = _rows(text, path, delimiter="\t", strict=True)
     except InputError:  # a quote inside a raw text: "the movie" is bad
         return raw
-    return quoted if all(len(row) == len(quoted[0]) for row in quoted if row) else raw
+    width = len(quoted[0]) if width is None and quoted else width
+    if not all(len(row) == width for row in quoted if row):
+        return raw
+    raw_whole = all(len(row) == width for row in raw if row)
+    if raw_whole and len(quoted) != len(raw):  # a raw quote left open on one line and closed on another
+        return raw
+    written = io.StringIO()
+    csv.writer(written, delimiter="\t", lineterminator="\n").writerows(quoted)
+    rewritten, given = (body.replace("\r\n", "\n").rstrip("\n") for body in (written.getvalue(), text))
+    return quoted if rewritten == given else raw
 
 
 def read_labelled(
@@ -239,7 +251,7 @@ def _table(text: str, path: str | os.PathLike, fields: list[Field]) -> list[tupl
     if suffix in JSON_LINES:
         return _json_lines(text, path, fields)
     dialect = {"delimiter": ","} if suffix == ".csv" else {"delimiter": "\t", "quoting": csv.QUOTE_NONE}
-    rows = _rows(text, path, **dialect) if suffix == ".csv" else _tsv_rows(text, path)
+    rows = _rows(text, path, **dialect) if suffix == ".csv" else tsv_rows(text, path)
     if not rows:
         raise InputError(f"{path} is empty")
     columns = [_pick_column(rows[0], wanted, usual, what, path, dialect["delimiter"]) for wanted, usual, what in fields]

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from attnkit.data.batching import IGNORE_INDEX, BucketedData, pad
+from attnkit.data.labelled import tsv_rows
 from attnkit.errors import InputError
-from attnkit.textfiles import EncodingErrors, read_lines
+from attnkit.textfiles import EncodingErrors, read_lines, read_text
 from attnkit.tokenize import Tokenizer, require_id
 
 log = logging.getLogger(__name__)
@@ -77,19 +78,22 @@ def read_parallel(
 
 
 def read_tsv_pairs(path: str | os.PathLike, *, encoding_errors: EncodingErrors = "strict") -> list[tuple[str, str]]:
-    """Pairs from `source<TAB>target` lines. Raises `InputError` naming a line that lacks a tab or has more than
+    """Pairs from `source<TAB>target` rows, raw or quoted as csv and pandas write them (`labelled.tsv_rows`: a text
+    holding a tab or a line break in quotes). Raises `InputError` naming a line that lacks a tab or has more than
     one."""
+    text = read_text(path, errors=encoding_errors)
+    if not text:
+        raise InputError(f"{path} is empty")
     pairs = []
-    for number, line in enumerate(read_lines(path, errors=encoding_errors), start=1):
-        if not line.strip():
+    for number, row in enumerate(tsv_rows(text, path, width=2), start=1):
+        if not any(cell.strip() for cell in row):
             continue
-        src, tab, tgt = line.partition("\t")
-        if not tab:
+        if len(row) == 1:
             raise InputError(f"{path}, line {number}: expected 'source<TAB>target', found no tab")
-        if "\t" in tgt:  # e.g. Tatoeba's pairs with an attribution column: it would end up in the target
-            raise InputError(f"{path}, line {number}: expected 'source<TAB>target', found {line.count(chr(9)) + 1} "
+        if len(row) > 2:  # e.g. Tatoeba's pairs with an attribution column: it would end up in the target
+            raise InputError(f"{path}, line {number}: expected 'source<TAB>target', found {len(row)} "
                              f"columns; keep the source and target columns only (e.g. cut -f1,2 {path})")
-        pairs.append((number, src, tgt))
+        pairs.append((number, *row))
     return _drop_empty(pairs, str(path))
 
 
