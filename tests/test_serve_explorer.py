@@ -269,7 +269,13 @@ def test_an_encoders_text_framed_beyond_the_context_is_refused_as_viz_refuses_it
         assert httpx.post(f"{url}/api/analyze", json={"text": "a cat"}, timeout=TIMEOUT).status_code == 200
         framed = httpx.post(f"{url}/api/analyze", json={"text": "a cat on the mat"}, timeout=TIMEOUT)
         assert framed.status_code == 400, framed.text[:300]
-        assert "has 18 tokens; this model reads at most 16 (max_seq_len)" in framed.json()["error"]["message"]
+        assert framed.json()["error"]["message"].startswith(
+            "the text has 16 tokens, 18 with the <cls> and <sep> the model reads with it; the explorer draws at most "
+            "16 (the model's max_seq_len): shorten it by 2 tokens")
+
+
+SOURCE_TOO_LONG = ("the text has 16 tokens, 17 with the <eos> the model reads with it; the explorer draws at most 16 "
+                   "(the model's max_seq_len): shorten it by 1 token")
 
 
 def test_a_translators_source_beyond_the_context_is_refused_before_any_translation_step(tmp_path, monkeypatch):
@@ -289,12 +295,10 @@ def test_a_translators_source_beyond_the_context_is_refused_before_any_translati
         for path in ("/api/analyze", "/api/model"):
             long = httpx.post(f"{url}{path}", json={"text": "a cat on the mat"}, timeout=TIMEOUT)
             assert long.status_code == 400, long.text[:300]
-            assert long.json()["error"]["message"].startswith(
-                "the source with EOS has 17 tokens; this model reads at most 16 (max_seq_len)")
+            assert long.json()["error"]["message"].startswith(SOURCE_TOO_LONG)
         inspected = httpx.post(f"{url}/api/inspect", json={"text": "a cat on the mat"}, timeout=TIMEOUT)
         assert inspected.status_code == 400, inspected.text[:300]  # the same check of the source, before any step
-        assert inspected.json()["error"]["message"].startswith(
-            "the source with EOS has 17 tokens; this model reads at most 16 (max_seq_len)")
+        assert inspected.json()["error"]["message"].startswith(SOURCE_TOO_LONG)
         assert not steps
 
 
@@ -334,3 +338,46 @@ def test_the_next_token_is_read_after_the_text_as_generation_prompts_it(tmp_path
     top = torch.topk(logits, len(shown["ids"]))
     assert shown["ids"] == top.indices.tolist()
     assert shown["logits"] == pytest.approx(top.values.tolist(), abs=1e-4)
+
+
+def test_the_token_list_the_maps_and_the_next_token_panel_read_the_same_framed_text(tmp_path):
+    """A converted Llama's text (its tokenizer starts every text with BOS): the token list showed the bare text beside
+    maps that include <bos>; a text of max_seq_len tokens passed the explorer's check and was refused by the maps'
+    in other words, while the next-token panel cut it to its last max_seq_len ids, dropping the BOS. Now all three
+    read the framed ids, and a text too long framed is refused naming the BOS it is read with."""
+    from attnkit.errors import InputError
+    from attnkit.generate import load
+    from attnkit.serve.explorer import Explorer
+
+    run = tiny_run(tmp_path, "decoder", position="learned", max_seq_len=12)
+    pipeline = load(run)
+    pipeline.tokenizer.starts_with_bos = True  # as a converted Llama's tokenizer
+    explorer = Explorer(pipeline, run, watch=tmp_path, experiments=None)
+    text = "a" * 11  # 12 tokens with BOS: the model's whole context
+    shown = explorer.analyze(text)
+    ids = pipeline.prompt_ids(text, index=0)
+    assert shown["ids"] == ids and ids[0] == pipeline.tokenizer.bos_id and len(ids) == 12
+    assert shown["tokens"] == shown["attention"][0]["query_tokens"] == ["<bos>", *"a" * 11]
+    with torch.no_grad():
+        logits = explorer.model(torch.tensor([ids])).logits[0, -1].float()  # (V,)
+    assert shown["next"]["ids"] == torch.topk(logits, len(shown["next"]["ids"])).indices.tolist()
+    with pytest.raises(InputError) as refused:
+        explorer.analyze(text + "a")
+    assert str(refused.value) == ("the text has 12 tokens, 13 with the <bos> the model reads with it; the explorer "
+                                  "draws at most 12 (the model's max_seq_len): shorten it by 1 token")
+
+
+def test_a_text_the_tokenizer_drops_whole_is_refused_naming_its_characters(tmp_path):
+    """A text whose every character the tokenizer skips reached the model as no ids: the explorer answered
+    "input_ids must hold integer token ids ... dtype torch.float32"."""
+    from attnkit.errors import InputError
+    from attnkit.generate import load
+    from attnkit.serve.explorer import Explorer
+
+    run = tiny_run(tmp_path, "decoder")
+    pipeline = load(run)
+    pipeline.tokenizer.unknown = "skip"
+    explorer = Explorer(pipeline, run, watch=tmp_path, experiments=None)
+    for read in (explorer.analyze, explorer.whole_model, explorer.inspect):
+        with pytest.raises(InputError, match=r"the text \('ZZZ'\) has no token: .*unknown characters 'Z' skipped"):
+            read("ZZZ")

@@ -126,6 +126,17 @@ def encode_head(tokenizer: Tokenizer, text: str, tokens: int) -> tuple[list[int]
     return tokenizer.encode(text), True
 
 
+def encode_some(tokenizer: Tokenizer, text: str, what: str) -> list[int]:
+    """`text`'s token ids. Raises InputError naming `what` and its characters for a text that is not empty but of no
+    token: a tokenizer that skips unknown characters dropped every one (a model given no ids reads nothing)."""
+    ids = tokenizer.encode(text)
+    if text and not ids:
+        characters = "".join(dict.fromkeys(text))
+        raise InputError(f"{what} ({text[:40]!r}) has no token: the tokenizer drops every character of it (unknown "
+                         f"characters {characters[:20]!r} skipped); write it in characters the tokenizer knows")
+    return ids
+
+
 def require_id(tokenizer: Tokenizer, role: str) -> int:
     """The id of special token `role`, or `InputError` naming the tokenizer kind and the missing role."""
     token_id = tokenizer.token_id(role)

@@ -37,8 +37,9 @@ from attnkit.models.greedy import EmptyTranslation, translation_pair
 from attnkit.serve.inspect_view import inspect_view
 from attnkit.serve.model_view import model_view, translation_view
 from attnkit.serve.sae_view import SAEView
+from attnkit.tasks.reading import text_frame
 from attnkit.tasks.tag import frame_of
-from attnkit.tokenize import Tokenizer
+from attnkit.tokenize import Tokenizer, encode_some
 from attnkit.viz.extract import attention_maps, is_translator
 from attnkit.viz.labels import token_labels
 
@@ -111,7 +112,7 @@ class Explorer:
         result["tokens"] = token_labels(self.tokenizer, result["ids"])
         result["attention"] = [self._maps_json(m) for m in self._maps(text, target)] if self.sites else []
         if self.pipeline.methods == ("generate",):
-            result["next"] = self._next_tokens(text)
+            result["next"] = self._next_tokens(result["ids"])
         if self.pipeline.methods == ("classify",):
             (prediction,) = self.pipeline.classify(text)
             result["classes"] = prediction.probabilities
@@ -152,13 +153,25 @@ class Explorer:
         return {**view, "target_given": given}
 
     def _checked_ids(self, text: str) -> list[int]:
-        """The text's token ids; InputError for a text longer than the explorer draws."""
+        """The ids the model reads of `text`: framed as it learned to read one (`text_frame`: a converted Llama's
+        after BOS, an encoder's between its marks, a translator's source before EOS), as the maps draw it and the
+        next-token panel reads it. Raises InputError for an empty text, a text of no token, or one that framed is
+        longer than the explorer draws (MAX_TOKENS, and the model's max_seq_len)."""
         _check_text(text)
-        ids = self.tokenizer.encode(text)
-        if len(ids) > min(MAX_TOKENS, self.config.max_seq_len):
-            raise InputError(f"the text has {len(ids)} tokens; the explorer draws at most "
-                             f"{min(MAX_TOKENS, self.config.max_seq_len)}: shorten it")
-        return ids
+        ids = encode_some(self.tokenizer, text, "the text")
+        if not ids:
+            raise InputError("the text is empty: type a text")
+        before, after = text_frame(self.model, self.tokenizer, self.frame)
+        framed = [*before, *ids, *after]
+        most = min(MAX_TOKENS, self.config.max_seq_len)
+        if len(framed) > most:
+            marks = " and ".join(token_labels(self.tokenizer, [*before, *after]))
+            read = f", {len(framed)} with the {marks} the model reads with it" if marks else ""
+            why = " (the model's max_seq_len)" if most == self.config.max_seq_len else ""
+            over = len(framed) - most
+            raise InputError(f"the text has {len(ids)} tokens{read}; the explorer draws at most {most}{why}: shorten "
+                             f"it by {over} token{'s' if over > 1 else ''}")
+        return framed
 
     def _maps(self, text: str, target: str | None, layers=None):
         """The attention maps of `text` (a translator's over `target`, or over its own translation when the page's
@@ -179,11 +192,10 @@ class Explorer:
                 "key_tokens": list(maps.key_tokens), "layers": list(maps.layers), "heads": list(maps.heads),
                 "weights": maps.weights.round(6).tolist()}  # (L, H, T, S)
 
-    def _next_tokens(self, text: str) -> dict:
-        """The next token's logits after `text` read as generation reads a prompt (`Pipeline.prompt_ids`: BOS first
-        where the tokenizer starts its texts with it, as a converted Llama's does; BOS alone for an empty text): every
-        token's, or the top ALL_LOGITS of a larger vocabulary."""
-        ids = self.pipeline.prompt_ids(text, index=0)[-self.config.max_seq_len:]
+    def _next_tokens(self, ids: list[int]) -> dict:
+        """The next token's logits after a text's `ids` as `_checked_ids` frames them, which is how generation reads
+        a prompt (`Pipeline.prompt_ids`: BOS first where the tokenizer starts its texts with it, as a converted
+        Llama's does): every token's, or the top ALL_LOGITS of a larger vocabulary."""
         device = next(self.model.parameters()).device
         logits = self.model(torch.tensor([ids], device=device)).logits[0, -1].float()  # (V,)
         top = torch.topk(logits, min(ALL_LOGITS, logits.shape[0]))

@@ -33,11 +33,13 @@ def reading_stack(model: nn.Module) -> TransformerStack:
 def text_layout(model: nn.Module) -> str:
     """How the reading stack learned to read a text: "marked", between a start and an end mark as `align` lays it
     out (an encoder's windows, CLS ... SEP; a tagger's words); "source", the text and EOS (an encoder-decoder's
-    encoder); "stream", the text alone (a language model's windows of a token stream)."""
-    stack = reading_stack(model)
-    if stack is getattr(model, "encoder", None):
+    encoder, Transformer or recurrent); "stream", the text alone (a language model's windows of a token stream, a
+    recurrent language model's included)."""
+    if getattr(model, "encoder", None) is not None:
         return "source"
-    return "stream" if stack.causal and hasattr(model, "lm_head") else "marked"
+    if hasattr(model, "lm_head") and not isinstance(getattr(model, "stack", None), TransformerStack):
+        return "stream"
+    return "stream" if reading_stack(model).causal and hasattr(model, "lm_head") else "marked"
 
 
 def text_frame(model: nn.Module, tokenizer: Tokenizer, frame: Frame = "attnkit") -> tuple[list[int], list[int]]:
