@@ -54,7 +54,7 @@ from attnkit.run_settings import beams_asked, check_search, refuse_beside_beams,
 from attnkit.tasks import TaskSpec, task_of_config, task_of_run, task_record, tasks, tasks_of_family
 from attnkit.tasks.common import check_outputs
 from attnkit.tasks.registry import METHODS  # the task methods the pipeline defines itself
-from attnkit.tokenize import encode_head, load_tokenizer
+from attnkit.tokenize import encode_head, encode_some, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -389,10 +389,7 @@ class Pipeline:
         token (a tokenizer that skips unknown characters dropped them all: BOS alone would continue nothing given)."""
         if not isinstance(prompt, str):
             raise InputError(f"prompt {index} is a {type(prompt).__name__}; prompts are strings")
-        ids = self.tokenizer.encode(prompt)
-        if prompt and not ids:
-            raise InputError(f"prompt {index} ({prompt[:40]!r}) has no token: the tokenizer drops every character of "
-                             "it (unknown characters skipped); write it in characters the tokenizer knows")
+        ids = encode_some(self.tokenizer, prompt, f"prompt {index}")
         bos = self.tokenizer.bos_id
         if add_bos is None:  # a tokenizer of one's own, without the attribute, frames nothing
             add_bos = getattr(self.tokenizer, "starts_with_bos", False)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from attnkit.errors import InputError
-from attnkit.tokenize import Tokenizer, require_id
+from attnkit.tokenize import Tokenizer, encode_some, require_id
 
 
 class EmptyTranslation(InputError):
@@ -61,11 +61,12 @@ def translation_pair(model: nn.Module, tokenizer: Tokenizer, source: str, target
     encoder's input (the source with EOS, checked before any decoding step) and the decoder's (BOS and the target)
     must fit; the model's own translation stops where BOS and it fill the context.
 
-    Raises InputError for a tokenizer without BOS or EOS, a source or given target longer than `context` and a given
-    target of no tokens; EmptyTranslation (an InputError) when the model's own translation is empty, its message
-    ending with `instead` (what the caller's user gives in its place, e.g. "give --target TEXT")."""
+    Raises InputError for a tokenizer without BOS or EOS, a source or given target longer than `context`, a source
+    of no token (`encode_some`) and a given target of no tokens; EmptyTranslation (an InputError) when the model's
+    own translation is empty, its message ending with `instead` (what the caller's user gives in its place, e.g.
+    "give --target TEXT")."""
     eos, bos = require_id(tokenizer, "eos"), require_id(tokenizer, "bos")
-    ids = [*tokenizer.encode(source), eos]
+    ids = [*encode_some(tokenizer, source, "the source"), eos]
     check_fits(ids, "source with EOS", context)
     if target is None:
         room = max_length if context is None else min(max_length, context - 1)  # BOS and the tokens written

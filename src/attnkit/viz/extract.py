@@ -27,7 +27,7 @@ from attnkit.models.greedy import check_fits, translation_pair
 from attnkit.models.modes import evaluating
 from attnkit.tasks.reading import text_frame
 from attnkit.tasks.tag import Frame
-from attnkit.tokenize import Tokenizer
+from attnkit.tokenize import Tokenizer, encode_some
 from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
 
@@ -60,8 +60,9 @@ def attention_maps(
     source with EOS, the target with BOS) must fit, as generation holds a prompt to it. A text the model reads alone
     is framed as it learned to read one (`text_frame`, with `frame` the run's `frame_of`): a converted Llama's after
     BOS, a tagger's between its marks, a converted tagger's as its own tokenizer frames it.
-    Raises `InputError` for an empty text, a text longer than `context`, a layer or head out of range, a model
-    without attention, or a target/translate for a model that does not translate.
+    Raises `InputError` for an empty text, a text of no token (a tokenizer that skips unknown characters dropped every
+    one), a text longer than `context`, a layer or head out of range, a model without attention, or a
+    target/translate for a model that does not translate.
     """
     if not isinstance(text, str) or not text.strip():
         raise InputError("the text is empty; give a text whose attention to draw (--text \"...\")")
@@ -90,8 +91,9 @@ def attention_maps(
             tgt = torch.tensor([decoder_input], device=device)  # (1, T)
             run = partial(model, src, tgt)
         else:
+            text_ids = encode_some(tokenizer, text, "the text")  # refused before framing: marks alone are no text
             before, after = text_frame(model, tokenizer, frame)
-            ids = [*before, *tokenizer.encode(text), *after]
+            ids = [*before, *text_ids, *after]
             tokens = {"self": (ids, ids), "causal": (ids, ids)}
             check_fits(ids, "text", context)
             inputs = torch.tensor([ids], device=device)
