@@ -316,7 +316,7 @@ def test_circuits_and_probe_refuse_texts_they_would_not_read(runs, analysis, rea
 def test_a_probe_of_the_recurrent_seq2seq_names_the_runs_it_reads(runs, tmp_path):
     conll = tmp_path / "words.conll"
     conll.write_text(CONLL)
-    with pytest.raises(InputError, match="RecurrentSeq2Seq has none: probe a decoder, an encoder or an encoder-decod"):
+    with pytest.raises(InputError, match="RecurrentSeq2Seq has none: give a decoder, an encoder or an encoder-decod"):
         run_inspect(InspectSettings(run=str(runs["recurrent"]), analysis="probe", conll=str(conll),
                                     out=str(tmp_path / "out")))
 

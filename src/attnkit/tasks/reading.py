@@ -1,5 +1,6 @@
 """How a model reads one text: the stack that reads it, how that stack learned to lay a text out, and the ids put
-around the text so it reads it so. Probes, `attnkit inspect` and `attnkit viz` all frame a text here.
+around the text so it reads it so. `attnkit inspect` (its probes included), `attnkit viz` and the explorer of
+`attnkit serve` all frame a text here.
 
     layout    model                                         before        text    after
     marked    an encoder, a tagger (decoder or encoder)     `frame_ids`: attnkit's CLS/BOS and SEP/EOS, or
@@ -22,11 +23,11 @@ from attnkit.tokenize import Tokenizer, require_id
 
 def reading_stack(model: nn.Module) -> TransformerStack:
     """The stack that reads a text: an encoder-decoder's encoder, else the model's one stack. Raises InputError for a
-    model without a Transformer stack (only probes reach one: the other readers refuse it first)."""
+    model without a Transformer stack (a recurrent one), naming the models that have one."""
     stack = getattr(model, "encoder", None) or getattr(model, "stack", None)
     if not isinstance(stack, TransformerStack):
-        raise InputError(f"probes read a Transformer stack's states; {type(model).__name__} has none: probe a "
-                         "decoder, an encoder or an encoder-decoder (its encoder is read)")
+        raise InputError(f"this reads a Transformer stack's states, and {type(model).__name__} has none: give a "
+                         "decoder, an encoder or an encoder-decoder run (its encoder's states are read)")
     return stack
 
 
