@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+from attention_paths import VARIANTS, explained_kernels, spy_on_attention
 from described_cpus import AVX2, AVX512, AVX512_BF16, BASELINE, NE_CONVERT
 from generate_models import tiny_model
 
@@ -15,6 +16,7 @@ from attnkit.checkpoint import save_model
 from attnkit.errors import InputError
 from attnkit.generate import decode_layout, native_gemv, tune
 from attnkit.generate.decode_layout import GemvPackedLinear, TransposedLinear
+from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.plan import plan_inference
 from attnkit.generate.tune import _longest_win, choose_layout
 from attnkit.generate.tune import tune as tune_machine
@@ -363,3 +365,20 @@ def test_a_captured_step_calls_the_native_kernel_where_pytorchs_cannot_serve_it(
     assert ("the captured step calls it as an operator" in plan.explain()) == linear.endswith("native")
     compilation = {c.what: c for c in plan.choices}["compilation"].choice
     assert compilation == "decoding step captured ahead of time (AOTInductor)"
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_explained_attention_kernel_is_the_one_a_prompt_takes(variant, monkeypatch):
+    """Shaw's value term reads the weights (the reference path), ALiBi and a window reach SDPA as a dense bias, an
+    additive score and a soft-cap are no fused kernel's: the plan says what the layers do with a prompt longer than
+    any window, as generation runs it (through the KV cache)."""
+    config = ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=64,
+                         **VARIANTS[variant])
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    plan = plan_inference(model, "decoder", cpu=AVX2, profile=Profile(attention={}, decode_linear={}, source="test"))
+    model = plan.apply(model)
+    taken = spy_on_attention(monkeypatch)
+    generate_tokens(model, [list(range(1, 9))], max_new_tokens=1, context_len=64)
+    prompt = {kernel for kernel, queries in taken if queries > 1}
+    assert prompt and explained_kernels(plan.explain()) == prompt

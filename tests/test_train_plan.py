@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from attention_paths import VARIANTS, explained_kernels, spy_on_attention
 from test_train import request, small_and_single_threaded, train_losses, weights  # noqa: F401 (a fixture)
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -275,3 +276,19 @@ def test_the_training_plan_guide_shows_the_choices_the_plan_prints():
     planned = plan_training(_decoder(), family="decoder", device="cuda", dtype="bf16", free_memory=80 * GIB).explain()
     shown = iter(_choices(planned))
     assert all(choice in shown for choice in _choices(cuda)), (_choices(cuda), _choices(planned))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_explained_attention_kernel_is_the_one_a_training_step_takes(variant, monkeypatch):
+    """On the CPU (no FlexAttention backward) and with attention dropout, the plan says what the layers do with a
+    training batch longer than any window: the reference path for Shaw, additive scores and soft-caps, SDPA with a
+    dense bias for ALiBi and a window, SDPA bare for plain causal attention."""
+    config = ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=64,
+                         attention_dropout=0.1, **VARIANTS[variant])
+    torch.manual_seed(0)
+    model = build_model(config)
+    plan = plan_training(model, family="decoder", device="cpu")
+    plan.prepare(model)
+    taken = spy_on_attention(monkeypatch)
+    model.train()(torch.randint(0, 50, (2, 8)), labels=torch.randint(0, 50, (2, 8)))
+    assert taken and explained_kernels(plan.explain()) == {kernel for kernel, _ in taken}

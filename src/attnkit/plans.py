@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,3 +30,17 @@ def explain_choices(title: str, choices: Sequence[Choice]) -> str:
     """`title`, then one line per choice with its reason, aligned."""
     width = max((len(c.what) for c in choices), default=0)
     return "\n".join([title, *(f"  {c.what:<{width}}  {c.choice}: {c.why}" for c in choices)])
+
+
+def attention_choice(paths: Sequence[tuple[str, Any]], fused: str, why_fused: str) -> Choice:
+    """The attention choice as the layers take it (`blocks.attention_kernels`: each (where, `KernelPath`) once, read
+    here without importing the layers this module sits below): per kernel what it is and why, with `fused`, the
+    kernel `attend` runs (SDPA or the measured math kernel), and its reason `why_fused` where a path goes there."""
+    names = {"sdpa": fused, "sdpa+bias": f"{fused} with a dense (T, S) bias", "flex": "FlexAttention",
+             "reference": "the reference path (scores and weights formed)"}
+    several = len(paths) > 1
+    choice = " / ".join(dict.fromkeys(names[path.kernel] for _, path in paths))
+    why = "; ".join(f"{where}: {path.reason}" if several else path.reason for where, path in paths)
+    if any(path.kernel.startswith("sdpa") for _, path in paths):
+        why += f"; {fused}: {why_fused}"
+    return Choice("attention", choice, why)

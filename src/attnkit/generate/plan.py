@@ -20,8 +20,11 @@ The choices, in the order they are applied:
                     kernel in fp32 arithmetic; else nn.Linear's own. The native kernels run where the CPU reports
                     AVX2 and FMA and a C compiler builds them, eagerly; a captured step calls the int8 and 4-bit
                     ones as operators where PyTorch's kernels cannot serve it, with the same row limit
-    attention       SDPA, or plain float32 products for short reduced-precision attention on the CPU where the
-                    profile measured them faster (`layers/kernels.py`)
+    attention       as each layer takes it for the model's variant (`Attention.kernel_path`): the reference path
+                    where the weights are read (Shaw's value term) or SDPA cannot score (additive scores, soft-caps),
+                    SDPA with a dense (T, S) bias for ALiBi and windows, SDPA bare for plain causal attention; SDPA, or
+                    plain float32 products for short reduced-precision attention on the CPU where the profile
+                    measured them faster (`layers/kernels.py`)
     compilation     none; a decoder's whole decoding step with fixed shapes, through torch.compile
                     (`static_decode.py`) or captured ahead of time (`captured_step.py`: nn.Linear's layout and SDPA,
                     which serve every cache length; not for int4 weights); or each block
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnkit.blocks import TransformerBlock, compile_blocks, torch_compile_mode
+from attnkit.blocks import TransformerBlock, attention_kernels, compile_blocks, torch_compile_mode
 from attnkit.errors import InputError
 from attnkit.generate import native_gemv
 from attnkit.generate.captured_step import default_package_dir
@@ -69,7 +72,7 @@ from attnkit.generate.tune import SEVERAL, machine_profile
 from attnkit.layers.kernels import MathKernel, use_math_kernel
 from attnkit.machine import CpuCapabilities, Profile, dtype_name, load_profile
 from attnkit.models import family_of
-from attnkit.plans import Choice, explain_choices
+from attnkit.plans import Choice, attention_choice, explain_choices
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,8 @@ def plan_inference(
         math_kernel, why = None, "recurrent cells, with their own attention scores where the model has them"
         choices.append(Choice("attention", "the model's own", why))
     else:
-        choices.append(Choice("attention", "SDPA" if math_kernel is None else _describe(math_kernel), why))
+        fused = "SDPA" if math_kernel is None else _describe(math_kernel)
+        choices.append(attention_choice(attention_kernels(model, cached=decodes), fused, why))
     choices.append(_compilation(compile, mode, static, captured, linear))
     if on_cpu and dtype == torch.bfloat16 and cpu is not None and not cpu.native_bf16:
         choices.append(Choice("bf16", "converted to fp32 inside each product", _bf16_cost(cpu, profile)))

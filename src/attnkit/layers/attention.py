@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -167,6 +168,23 @@ def _accepts_old_mask_keywords(forward):
     return wrapper
 
 
+class KernelPath(NamedTuple):
+    """Which kernel one pass of an attention layer takes (`Attention.kernel_path`), and why: "sdpa" (`attend` with
+    no mask tensor: SDPA or the machine's math kernel), "sdpa+bias" (`attend` with a dense (T, S) additive bias),
+    "flex" (`flex_attend`) or "reference" (`Attention._reference`: scores and weights formed)."""
+
+    kernel: str
+    reason: str
+
+
+def _mask_parts(mask: AttentionMask, key_len: int, window: int | None) -> str:
+    """What of `mask` hides keys, in words ("the causal mask, the window of 4")."""
+    parts = (("the causal mask", mask.causal), ("the prefix", mask.prefix_len is not None),
+             (f"the window of {window}", window is not None and window < key_len),
+             ("the padding", mask.attention_mask is not None), ("the document mask", mask.documents is not None))
+    return ", ".join(part for part, present in parts if present)
+
+
 class Attention(nn.Module):
     """Multi-head (grouped-query, multi-query) attention, for self- and cross-attention.
 
@@ -307,35 +325,59 @@ class Attention(nn.Module):
         biased = relative is not None and relative.biases
         dropout = self.dropout if self.training else 0.0
         # 4-7. scores, + mask and position bias, softmax, weighted sum of values: one fused kernel where nothing reads
-        # the weights. A mask that is causality alone needs no tensor there (SDPA's is_causal for a full square; a
-        # single new query sees every cached key).
-        dot = isinstance(self.score, DotScore) and not need_weights and not (biased and relative.needs_weights)
-        fused = dot and self.softcap is None  # SDPA and the math kernel take the scores as they are
-        if fused and not biased and mask.is_causal_only(key_len, window=window):
-            out = attend(q, k, v, None, causal=mask if length > 1 else None, scale=self.score.scale, dropout=dropout,
-                         math_kernel=self.math_kernel)  # (B, H, T, D)
+        # the weights (`kernel_path` says which)
+        path = self.kernel_path(mask, key_len, cross=cross, cached=cache is not None, need_weights=need_weights)
+        if path.kernel == "sdpa":  # causality alone needs no tensor: SDPA's is_causal, or a single newest query
+            out = attend(q, k, v, None, causal=mask if mask.causal and length > 1 else None, scale=self.score.scale,
+                         dropout=dropout, math_kernel=self.math_kernel)  # (B, H, T, D)
             return self._merge_heads(out), None
-        if dot and self._takes_flex(mask, relative if biased else None, cache, dropout, key_len, window):
+        if path.kernel == "flex":
             score_mod = soft_capped(self.softcap, relative.flex_score_mod(mask) if biased else None)
             out = flex_attend(q, k, v, mask=mask, window=window, score_mod=score_mod, scale=self.score.scale)
             return self._merge_heads(out), None  # (B, T, C)
         key_positions = cache.key_positions() if cache is not None and not cross else None
         bias = self._bias(q, mask, key_len, window, key_positions, relative if biased else None)
-        if fused:
+        if path.kernel == "sdpa+bias":
             out, weights = attend(q, k, v, bias, scale=self.score.scale, dropout=dropout,
                                   math_kernel=self.math_kernel), None
         else:
             out, weights = self._reference(q, k, v, bias, dropout, mask if biased else None, key_positions)
         return self._merge_heads(out), (weights if need_weights else None)
 
-    def _takes_flex(self, mask: AttentionMask, relative: PositionScheme | None, cache: LayerCache | None,
-                    dropout: float, key_len: int, window: int | None) -> bool:
-        """Whether this pass goes to FlexAttention: turned on, no dropout (it has none), keys not from a cache, a
-        position bias (`relative`, or None) that it expresses as a score_mod, and a bias or mask to express (SDPA
-        takes plain attention bare)."""
-        return (self.flex_attention and dropout == 0 and cache is None and isinstance(mask.start, int)
-                and (relative.flex if relative is not None else
-                     self.softcap is not None or mask.mask_mod(key_len, window=window) is not None))
+    def kernel_path(self, mask: AttentionMask, key_len: int, *, cross: bool = False, cached: bool = False,
+                    need_weights: bool = False, flex: bool | None = None, training: bool | None = None) -> KernelPath:
+        """The kernel a pass of `mask`'s queries over `key_len` keys takes (the one `forward` runs), and why; cross:
+        cross-attention (no positions, no window); cached: the keys come through a KV cache (FlexAttention takes
+        none); flex, training: as if `flex_attention` and the train mode were these (None: as they are). The
+        inference and training plans print it (`--explain`)."""
+        flex = self.flex_attention if flex is None else flex
+        training = self.training if training is None else training
+        relative = None if cross else self.relative
+        window = None if cross else self.window
+        position = relative if relative is not None and relative.biases else None
+        if not isinstance(self.score, DotScore):
+            return KernelPath("reference", f"the {self.score_kind} score is no dot product, all fused kernels compute")
+        if need_weights:
+            return KernelPath("reference", "the weights are asked for")
+        if position is not None and position.needs_weights:
+            return KernelPath("reference", f"the value term of {position.title} reads the weights")
+        if self.softcap is None and position is None and mask.is_causal_only(key_len, window=window):
+            return KernelPath("sdpa", "plain causal attention: no mask tensor to build, no (T, S) weights kept")
+        dropout = self.dropout if training else 0.0
+        masks = mask.hides_keys(key_len, window=window)
+        if (flex and dropout == 0 and not cached and isinstance(mask.start, int)
+                and (position.flex if position is not None else self.softcap is not None or masks)):
+            return KernelPath("flex", "FlexAttention: the position bias and soft-cap as a score_mod, the mask as a "
+                              "block mask, one fused kernel with no (T, S) bias")
+        what = ", ".join(([f"the score bias of {position.title}"] if position is not None else [])
+                         + ([_mask_parts(mask, key_len, window)] if masks else []))
+        if self.softcap is not None:
+            return KernelPath("reference", "SDPA cannot soft-cap scores" + ("" if flex else
+                                                                            ", and FlexAttention is off here"))
+        if not what:
+            return KernelPath("sdpa", "every key visible: no mask, no (T, S) weights kept")
+        return KernelPath("sdpa+bias", f"{what} reach SDPA as a dense (T, S) additive bias"
+                          + ("" if flex else " (FlexAttention is off here)"))
 
     def _merge_heads(self, out: Tensor) -> Tensor:
         """8. Merge the heads and project back to the model width: (B, H, T, D) -> (B, T, C)."""

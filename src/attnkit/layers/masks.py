@@ -89,6 +89,12 @@ class AttentionMask:
         return (self.causal and self.attention_mask is None and self.prefix_len is None and self.documents is None
                 and self.length in (1, key_len) and (window is None or window >= key_len))
 
+    def hides_keys(self, key_len: int, *, window: int | None = None) -> bool:
+        """Whether some query may not see some of `key_len` keys at positions 0 .. key_len - 1: causality, padding,
+        documents or a window shorter than the keys (False: `allowed` and `mask_mod` are None)."""
+        return (self.causal or self.attention_mask is not None or self.documents is not None
+                or (window is not None and window < key_len))
+
     def allowed(self, key_len: int, *, window: int | None = None, key_positions: Tensor | None = None
                 ) -> Tensor | None:
         """(T, S), or (B, 1, T, S) with padding or a per-row prefix: bool, True where the query may attend; None:
@@ -124,8 +130,7 @@ class AttentionMask:
         """`allowed` as FlexAttention's `mask_mod(b, h, q_idx, kv_idx) -> bool` over keys at positions 0 .. key_len - 1
         (no rolling cache; `start` an int); None where every key is allowed. It reads the same parts as `allowed`, in
         the same order, so the two agree position by position."""
-        if not (self.causal or self.attention_mask is not None or self.documents is not None
-                or (window is not None and window < key_len)):
+        if not self.hides_keys(key_len, window=window):
             return None
         start, causal, real = self.start, self.causal, self.attention_mask
         device = self.query_positions.device

@@ -42,6 +42,7 @@ class PositionScheme(nn.Module):
     needs_weights: ClassVar[bool] = False  # whether `value_term` reads the weights (rules out fused kernels)
     flex: ClassVar[bool] = False  # whether `flex_score_mod` expresses `score_bias` for FlexAttention
     weight_decay: ClassVar[bool] = False  # whether its parameters take weight decay (position tables: no)
+    title: ClassVar[str] = "the position scheme"  # what plans call it (`--explain`)
     max_len: int | None = None  # positions it can represent (a learned table's rows); None: any
 
     def embed(self, position_ids: Tensor) -> Tensor | None:
@@ -190,6 +191,7 @@ class RelativePositions(PositionScheme):
 
     biases = True
     needs_weights = True
+    title = "Shaw's relative positions"
 
     def __init__(self, max_distance: int, head_dim: int) -> None:
         super().__init__()
@@ -236,6 +238,7 @@ class ALiBi(PositionScheme):
 
     biases = True
     flex = True
+    title = "ALiBi"
 
     def __init__(self, n_heads: int) -> None:
         super().__init__()

@@ -26,13 +26,15 @@ The choices (nanoGPT's train.py and torchtitan on a GPU; the CPU's own where the
     matmul          TF32 for fp32 products on a GPU
     float8          on request (--float8), where the GPU has float8 tensor cores (Hopper, Ada) and torchao is installed:
                     the blocks' linear layers multiply in float8 with dynamic scaling (torchao's float8 training)
-    attention       per variant (`layers/kernels.py`): on a GPU, FlexAttention for a position bias or mask SDPA would
-                    take only as a dense (T, S) bias, off its flash kernel (ALiBi, sliding windows, packed documents),
-                    and for tanh soft-capping, which SDPA cannot compute (the reference path does off a GPU),
-                    SDPA's own kernel for plain causal attention, the reference path for what neither expresses (Shaw's
-                    value term and the additive and bilinear scores read the weights); on a CPU, SDPA or plain float32
-                    products where the machine's profile measured them faster: FlexAttention has no backward on the
-                    CPU in torch 2.13, so it is refused there (--attention-kernel flex), and serves forward passes only
+    attention       per variant, said as each layer takes it (`Attention.kernel_path`): on a GPU, FlexAttention
+                    for a position bias or mask SDPA would take only as a dense (T, S) bias, off its flash kernel
+                    (ALiBi, sliding windows, packed documents), and for tanh soft-capping, which SDPA cannot compute
+                    (the reference path does off a GPU), SDPA's own kernel for plain causal attention, the reference
+                    path for what neither expresses (Shaw's value term and the additive and bilinear scores read the
+                    weights); on a CPU, SDPA (with a dense bias for ALiBi, windows and packed documents) or plain
+                    float32 products where the machine's profile measured them faster: FlexAttention has no backward
+                    on the CPU in torch 2.13, so it is refused there (--attention-kernel flex), and serves forward
+                    passes only
     data            pinned host memory and non-blocking copies on a GPU
     host reads      the loss and gradient norm read every `log_every` steps on a GPU (and before every evaluation and
                     checkpoint), where a read would wait for the device; every step on a CPU
@@ -51,14 +53,14 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor, nn
 
-from attnkit.blocks import compile_blocks
+from attnkit.blocks import attention_kernels, compile_blocks
 from attnkit.errors import ConfigError
 from attnkit.layers.attention import DotScore
 from attnkit.layers.kernels import MathKernel, use_flex_attention, use_math_kernel
 from attnkit.layers.output_loss import LossPath, fused_kernel_missing, use_loss_path
 from attnkit.layers.positions import ALiBi
 from attnkit.machine import load_profile
-from attnkit.plans import Choice, explain_choices
+from attnkit.plans import Choice, attention_choice, explain_choices
 from attnkit.train.distributed import collective_backend
 
 TrainCompile = Literal["auto", "off", "model", "blocks"]
@@ -183,16 +185,17 @@ def plan_training(
                           "TF32 is a GPU format"))
     why_float8 = _float8(float8, device, dtype, capability)
     choices.append(Choice("float8", "the blocks' linear layers" if float8 else "off", why_float8))
-    math_kernel, why_attention = _attention(model, device, dtype)
+    math_kernel, (fused, why_fused) = _attention(model, device, dtype)
     kernel, why_kernel = _flex(model, device, attention, packed)
     flex = kernel == "flex"
-    if kernel != "sdpa":
-        math_kernel, why_attention = None, ({"flex": "FlexAttention (torch.nn.attention.flex_attention, compiled)",
-                                             "reference": "the reference path (scores and weights formed)"}[kernel],
-                                            why_kernel)
-    elif why_kernel is not None:
-        why_attention = (why_attention[0], f"{why_attention[1]}; {why_kernel}")
-    choices.append(Choice("attention", why_attention[0], why_attention[1]))
+    if kernel != "sdpa":  # the layers take FlexAttention or the reference path: no measured CPU kernel
+        math_kernel = None
+    if _has_attention(model):  # as the layers will take it, with the plan's FlexAttention choice and reason
+        attention_paths = attention_kernels(model, cached=False, training=True, flex=flex, packed=packed)
+        choice = attention_choice(attention_paths, fused, why_fused)
+        choices.append(Choice("attention", choice.choice, choice.why + (f"; {why_kernel}" if why_kernel else "")))
+    else:
+        choices.append(Choice("attention", fused, why_fused))
     choices.append(Choice("packing", "rows of whole documents, a document mask" if packed else "off",
                           "as asked (--pack): no token attends across documents, positions restart at each" if packed
                           else "rows as the task draws them (lm: windows that run across documents; --pack packs "
