@@ -66,19 +66,23 @@ def test_padding_changes_no_real_output(family):
 
 
 @pytest.mark.parametrize("head", ["classify", "none"])
-def test_cls_pooling_reads_each_rows_first_real_token_however_the_row_is_padded(head):
+@pytest.mark.parametrize(("position", "padded_side"), [("rope", "left"), ("learned", "right")])
+def test_cls_pooling_reads_each_rows_first_real_token_however_the_row_is_padded(head, position, padded_side):
     """A left-padded row's [CLS] is its first real token, not position 0 (a pad): what the row is padded with
-    changes neither the class logits nor the bare encoder's pooled vector, and the row reads as it does alone."""
-    model = _model(family="encoder", encoder_head=head, pooling="cls", pooler=True)
+    changes neither the class logits nor the bare encoder's pooled vector, and the row reads as it does alone. Left
+    padding is read so with RoPE (only offsets matter); learned absolute positions are read so on the right, as
+    attnkit pads encoder batches (left-padded rows would need position_ids, `encoder.pool`)."""
+    model = _model(family="encoder", position=position, encoder_head=head, pooling="cls", pooler=True)
     ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
     mask = torch.ones(2, 8, dtype=torch.long)
-    mask[1, :3] = 0  # left padding
+    pads = slice(0, 3) if padded_side == "left" else slice(5, 8)
+    mask[1, pads] = 0
     other = ids.clone()
-    other[1, :3] = (other[1, :3] + 7) % 50
+    other[1, pads] = (other[1, pads] + 7) % 50
     with torch.no_grad():
         padded = model(ids, attention_mask=mask).logits
         torch.testing.assert_close(model(other, attention_mask=mask).logits, padded)
-        torch.testing.assert_close(padded[1], model(ids[1:, 3:]).logits[0])  # RoPE: the offset does not matter
+        torch.testing.assert_close(padded[1], model(ids[1:, mask[1].bool()]).logits[0])
         torch.testing.assert_close(padded[0], model(ids[:1]).logits[0])
 
 

@@ -19,7 +19,14 @@ from attnkit.models.stack import TransformerStack
 
 def pool(hidden: Tensor, attention_mask: Tensor | None, how: str) -> Tensor:
     """(B, T, C) -> (B, C): the first real token's state (`cls`: a left-padded row's [CLS] comes after its padding)
-    or the mean over real tokens (`mean`); attention_mask (B, T), True at real tokens."""
+    or the mean over real tokens (`mean`); attention_mask (B, T), True at real tokens.
+
+    `cls` departs from BertPooler, which reads position 0, only for left-padded rows; unpadded and right-padded
+    rows (attnkit pads encoder batches on the right) read position 0 as it does. A left-padded row reads as it would
+    alone only where its positions start at its first real token: with RoPE or ALiBi (offsets alone matter), or,
+    with absolute positions (learned, sinusoidal), given position_ids = cumsum(mask) - 1 (`TransformerStack`'s
+    position_ids; `transformers`' BertModel takes them too); without them its tokens sit at shifted positions.
+    """
     if how == "cls":
         if attention_mask is None:
             return hidden[:, 0]
