@@ -18,7 +18,8 @@ from export_runs import random_run, tokenizer
 from attnkit.checkpoint import load_model
 from attnkit.cli import main
 from attnkit.generate.seq2seq import greedy_translate
-from attnkit.interop.onnx import Seq2SeqDecoderGraph, Seq2SeqEncoderGraph, seq2seq_names
+from attnkit.interop import onnx
+from attnkit.interop.onnx import ONNXExport, Seq2SeqDecoderGraph, Seq2SeqEncoderGraph, seq2seq_graphs
 
 ort = pytest.importorskip("onnxruntime", reason="the ONNX tests run the graph in onnxruntime (pip install "
                                                  "'attnkit[export]')")
@@ -26,10 +27,23 @@ pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onn
 
 # grouped-query heads and a decoder deeper than the encoder, so each count is read from the right place
 FIELDS = dict(family="encoder-decoder", d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, n_layers=1, n_decoder_layers=2,
-              max_seq_len=32)
+              max_seq_len=64)
 TEXTS = ["def main(): return 1", "x", "class Pipeline: tokens, masks and caches"]
 STEPS = 12  # target tokens at most, EOS counted
-SEED = 6  # random weights whose greedy translations of TEXTS are not one token repeated
+
+
+def _varied_run(root: Path) -> Path:
+    """A run of FIELDS whose random weights translate none of TEXTS into one token repeated (the test could not tell
+    two steps apart): the first such of a few seeds, since the test tokenizer is trained on attnkit's own source."""
+    pad, bos, eos = tokenizer().pad_id, tokenizer().bos_id, tokenizer().eos_id
+    for seed in range(20):
+        run = random_run(root, FIELDS, name=f"run-{seed}", seed=seed)
+        targets = greedy_translate(load_model(run)[0], _sources(TEXTS), bos_id=bos, eos_id=eos, max_length=STEPS,
+                                   pad_id=pad)
+        if all(len(set(row)) > 1 for row in targets):
+            return run
+        shutil.rmtree(run)
+    raise AssertionError("no seed of 20 gives varied translations")
 
 
 Run = Callable[[str, dict[str, np.ndarray]], list[np.ndarray]]  # (graph role, named inputs) -> outputs in order
@@ -90,14 +104,11 @@ def _check_against_attnkit(model, targets: list[list[int]], steps: list[np.ndarr
 def test_the_three_graphs_step_through_their_caches_as_attnkit_translates(tmp_path):
     """The graphs' modules, run by PyTorch: the first step computes the encoder's keys and values, the later ones
     take them and the self-attention past back, and the positions continue after the past's."""
-    model, config = load_model(random_run(tmp_path, FIELDS, seed=SEED))
+    model, config = load_model(_varied_run(tmp_path))
     layers = config.resolved.n_decoder_layers
     graphs = {"encoder": Seq2SeqEncoderGraph(model), "decoder": Seq2SeqDecoderGraph(model, config, first=True),
               "decoder_with_past": Seq2SeqDecoderGraph(model, config, first=False)}
-    roles = {"encoder_model.onnx": "encoder", "decoder_model.onnx": "decoder",
-             "decoder_with_past_model.onnx": "decoder_with_past"}
-    names = {roles[file]: {"inputs": inputs, "outputs": outputs}
-             for file, (inputs, outputs) in seq2seq_names(layers).items()}
+    names = {graph.role: {"inputs": graph.inputs, "outputs": graph.outputs} for graph in seq2seq_graphs(layers)}
 
     def run(role: str, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         given = [torch.from_numpy(feed[name]) for name in names[role]["inputs"]]
@@ -118,9 +129,61 @@ def _padded(rows: list[list[int]]) -> list[list[int]]:
     return [row + [tokenizer().pad_id] * (width - len(row)) for row in rows]
 
 
+def _graphs_unwritten(model, config, folder: Path, *, opset: int) -> list[ONNXExport]:
+    """export_seq2seq_onnx's answer without the export (about 45 s): what the folder's other files are tested with."""
+    return [ONNXExport(path=folder / graph.file, kind=graph.kind, inputs=graph.inputs, outputs=graph.outputs)
+            for graph in seq2seq_graphs(config.resolved.n_decoder_layers)]
+
+
+def _runtime_of(run: Path, out: Path, monkeypatch) -> dict:
+    monkeypatch.setattr(onnx, "export_seq2seq_onnx", _graphs_unwritten)
+    assert main(["convert", str(run), "--to-onnx", str(out)]) == 0
+    return json.loads((out / "runtime.json").read_text())
+
+
+def test_runtime_json_stops_a_translation_where_attnkit_translate_stops_by_default(tmp_path, monkeypatch, capsys):
+    """runtime.json's max_length rule, read as its fields say, gives the target lengths `attnkit translate` writes
+    with no --max-length: a source of 2 ids stops at 2 x 2 + 10 = 14 target tokens, not at max_seq_len (32)."""
+    run = _varied_run(tmp_path)
+    rule = _runtime_of(run, tmp_path / "exported", monkeypatch)["max_length"]
+    model, config = load_model(run)
+    pad, bos, eos = tokenizer().pad_id, tokenizer().bos_id, tokenizer().eos_id
+    capped = 0
+    for text in ("x", "def main(): return 1"):
+        capsys.readouterr()
+        assert main(["translate", str(run), "--text", text]) == 0
+        printed = capsys.readouterr().out
+        sources = _sources([text])
+        length = min(rule["max_seq_len"], rule["times_longest_source"] * max(map(len, sources)) + rule["plus"])
+        (target,) = greedy_translate(model, sources, bos_id=bos, eos_id=eos, max_length=length, pad_id=pad)
+        assert printed == tokenizer().decode(target) + "\n", text
+        capped += len(target) == length < config.max_seq_len  # stopped by the rule, short of max_seq_len
+    assert capped  # so a rule of max_seq_len would have written another translation
+
+
+def test_runtime_json_names_only_the_ids_and_files_the_folder_has(tmp_path, monkeypatch):
+    """A Marian converted from Hugging Face without its tokenizer: BOS and EOS are its config's
+    decoder_start_token_id and eos_token_id; a run with neither tokenizer nor origin gets no special_ids, and its
+    "how" names none."""
+    from interop_models import PAD, hf_model
+
+    hf_model("marian", tmp_path / "hf")
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "marian")]) == 0
+    assert not (tmp_path / "marian" / "tokenizer").exists()
+    runtime = _runtime_of(tmp_path / "marian", tmp_path / "marian-onnx", monkeypatch)
+    assert runtime["special_ids"] == {"bos": PAD, "eos": 2, "pad": PAD} and runtime["tokenizer"] is None
+    assert "special_ids.bos" in runtime["how"] and "tokenizer.json" not in runtime["how"]
+
+    bare = _varied_run(tmp_path)
+    shutil.rmtree(bare / "tokenizer")
+    runtime = _runtime_of(bare, tmp_path / "bare-onnx", monkeypatch)
+    assert "special_ids" not in runtime and "special_ids" not in runtime["how"]
+    assert "tokenizer.json" not in runtime["how"]
+
+
 @pytest.mark.slow  # three graphs exported: about 45 s on 2 busy cores
 def test_an_encoder_decoder_folder_translates_alone_as_attnkit_does(tmp_path, capsys):
-    run = random_run(tmp_path, FIELDS, seed=SEED)
+    run = _varied_run(tmp_path)
     out = tmp_path / "exported"
     assert main(["convert", str(run), "--to-onnx", str(out)]) == 0
     printed = capsys.readouterr().out

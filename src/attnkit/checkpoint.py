@@ -121,14 +121,22 @@ def read_labels(directory: str | Path) -> list[str] | None:
     return [str(label) for label in labels]
 
 
+def read_origin_ids(directory: str | Path) -> dict[str, Any]:
+    """A converted run's origin token ids (hf_source.json's special_ids: config.json's bos_token_id, eos_token_id,
+    decoder_start_token_id, ... as they were, for the caller to check); {} for a run that was not converted.
+    Raises CheckpointError for a file that is not JSON."""
+    path = Path(directory) / HF_SOURCE_FILE
+    origin = read_json(path) if path.is_file() else {}
+    ids = origin.get("special_ids") if isinstance(origin, dict) else None
+    return ids if isinstance(ids, dict) else {}
+
+
 def read_end_ids(directory: str | Path, vocab_size: int) -> list[int]:
     """The end tokens a converted run's model names beside its tokenizer's EOS: hf_source.json's eos_token_id where
     it lists several (Llama 3's <|end_of_text|> and <|eot_id|>, any of which ends a text); [] otherwise. Raises
     CheckpointError for a list that holds something else than token ids of the model's vocabulary."""
     path = Path(directory) / HF_SOURCE_FILE
-    origin = read_json(path) if path.is_file() else {}
-    ids = origin.get("special_ids") if isinstance(origin, dict) else None
-    ends = ids.get("eos_token_id") if isinstance(ids, dict) else None
+    ends = read_origin_ids(directory).get("eos_token_id")
     if not isinstance(ends, list):
         return []
     if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ends):

@@ -507,7 +507,8 @@ class ConvertSettings:
     """with --to-gguf: a Jinja chat template; none: the run's own, else attnkit's (the one attnkit serve uses)"""
     to_onnx: str | None = field(default=None, metadata={"metavar": "DIR"})
     """with RUN: a folder for onnxruntime: the graph (decoders with past keys/values, encoders; encoder-decoders as
-    Optimum's three: encoder, first decoder step, later steps), tokenizer.json, config, labels and runtime.json"""
+    three with Optimum's names: encoder, first decoder step, later steps), tokenizer.json, config, labels and
+    runtime.json"""
     overwrite: bool = False  # replace an output attnkit wrote there before (a run, a model directory, a file)
 
 

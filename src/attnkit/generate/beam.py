@@ -48,6 +48,7 @@ from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sourc
 from attnkit.layers.embedding import inputs_checked
 from attnkit.run_settings import check_beams_fit_context, check_search
 from attnkit.tasks.common import broken_outputs
+from attnkit.tasks.translate import default_max_length
 
 # Step(rows, tokens): keep the batch rows `rows` (B*K,) of the cache, feed each its token (B*K,); the next logits
 # (B*K, V)
@@ -116,16 +117,17 @@ def translate_batched(
 ) -> list[list[int]]:
     """Each source's target tokens (`translate_ids`; `num_return_sequences` per source, source by source), the
     sources sorted by length and decoded `batch_size` at a time; a batch's `max_length`, unless given, is twice its
-    longest source plus 10, within `context_len` (the model's max_seq_len). A source of None (a blank text) gets no
-    tokens; `writable`: as `translate_ids` takes it. The one decoding of translations: `Pipeline.translate` and the
-    BLEU of training's evaluation both call it, so equal sources and batch sizes give equal translations."""
+    longest source plus 10, within `context_len` (the model's max_seq_len: `default_max_length`). A source of None
+    (a blank text) gets no tokens; `writable`: as `translate_ids` takes it. The one decoding of translations:
+    `Pipeline.translate` and the BLEU of training's evaluation both call it, so equal sources and batch sizes give
+    equal translations."""
     n = num_return_sequences
     outputs: list[list[list[int]]] = [[[] for _ in range(n)] for _ in sources]  # each source's n results
     order = sorted((i for i, s in enumerate(sources) if s is not None), key=lambda i: len(sources[i]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for batch in tqdm(batches, desc="translate", unit="batch", disable=not progress):
         chunk = [sources[i] for i in batch]
-        length = max_length or min(context_len, 2 * max(map(len, chunk)) + 10)
+        length = max_length or default_max_length(max(map(len, chunk)), context_len)
         results = translate_ids(model, chunk, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, max_length=length,
                                 length_penalty=length_penalty, early_stopping=early_stopping, pad_id=pad_id,
                                 num_return_sequences=n, writable=writable)

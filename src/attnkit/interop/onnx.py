@@ -39,8 +39,9 @@ three are what `tokenizers` returns for a batch read with the folder's tokenizer
 A decoder with a tag head (GPT2ForTokenClassification's layout) is written as an encoder tagger is: input_ids and
 attention_mask in, logits (batch, sequence, n_classes) out, each position's from the tokens up to it; no past.
 
-Encoder-decoders (translation) are three graphs, named and laid out as Optimum exports a Marian or T5 model
-(`export_seq2seq_onnx`; {i} a decoder layer, the target's positions continue after the past ones):
+Encoder-decoders (translation) are three graphs with Optimum's file and input/output names for a Marian or T5
+model (`export_seq2seq_onnx`; {i} a decoder layer, the target's positions continue after the past ones). Optimum
+does not load the folder (config.json is attnkit's): runtime.json says how greedy translation runs through them:
 
     encoder_model.onnx            input_ids, attention_mask (batch, encoder_sequence)  -> last_hidden_state
                                                                                           (batch, encoder_sequence, C)
@@ -74,7 +75,15 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from attnkit.checkpoint import CONFIG_FILE, LABELS_FILE, TASK_FILE, TOKENIZER_DIR, load_model, read_labels
+from attnkit.checkpoint import (
+    CONFIG_FILE,
+    LABELS_FILE,
+    TASK_FILE,
+    TOKENIZER_DIR,
+    load_model,
+    read_labels,
+    read_origin_ids,
+)
 from attnkit.config import DecoderConfig, EncoderConfig, EncoderDecoderConfig, ModelConfig, head_output
 from attnkit.errors import ConfigError, InputError
 from attnkit.interop.runtime_tokenizer import Framing, runtime_tokenizer
@@ -83,17 +92,13 @@ from attnkit.layers.kv_cache import KVCache, LayerCache
 from attnkit.outputs import atomic_output, atomic_write, check_output
 from attnkit.tasks import task_record
 from attnkit.tasks.tag import WordPieces, frame_of, word_pieces_of
+from attnkit.tasks.translate import MAX_LENGTH_EXTRA, MAX_LENGTH_PER_SOURCE_TOKEN
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
 OPSET = 18
 GRAPH_FILE = "model.onnx"
-ENCODER_FILE, DECODER_FILE, DECODER_WITH_PAST_FILE = "encoder_model.onnx", "decoder_model.onnx", \
-    "decoder_with_past_model.onnx"  # an encoder-decoder's three graphs, named as Optimum names them
-_SEQ2SEQ_KINDS = {ENCODER_FILE: "encoder", DECODER_FILE: "decoder, first step",
-                  DECODER_WITH_PAST_FILE: "decoder, later steps"}
-_SEQ2SEQ_ROLES = {ENCODER_FILE: "encoder", DECODER_FILE: "decoder", DECODER_WITH_PAST_FILE: "decoder_with_past"}
 RUNTIME_FILE = "runtime.json"  # how to feed the graph from text: its inputs and outputs, the tokenizer's framing
 _EXPORTER_LOGGERS = ("torch.onnx", "torch.export", "torch._export", "onnxscript", "onnx_ir")
 
@@ -103,6 +108,18 @@ class ONNXExport:
     """What `export_onnx` wrote: the graph's kind (decoder, classify, tag, mlm, embeddings) and its names."""
 
     path: Path
+    kind: str
+    inputs: list[str]
+    outputs: list[str]
+
+
+@dataclass(frozen=True)
+class Seq2SeqGraphFile:
+    """One of an encoder-decoder's three graphs: its file (Optimum's name), its role (runtime.json's key), what it
+    is, and its input and output names in the order the graph takes and gives them."""
+
+    file: str
+    role: str
     kind: str
     inputs: list[str]
     outputs: list[str]
@@ -182,7 +199,11 @@ class Seq2SeqDecoderGraph(nn.Module):
         self.n_kv_heads, self.head_dim, self.width = resolved.n_kv_heads, resolved.head_dim, config.d_model
         self.n_layers = resolved.n_decoder_layers
 
-    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, state):
+    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor,
+                state: Tensor | list[tuple[Tensor, Tensor, Tensor, Tensor]]) -> tuple[Tensor, ...]:
+        """input_ids (B, T), encoder_attention_mask (B, S); `state`: first, encoder_hidden_states (B, S, C); later,
+        per decoder layer (self keys, self values) (B, Hkv, P, D) and (encoder keys, encoder values) (B, Hkv, S, D).
+        Returns logits (B, T, V), then each layer's presents in the order of the graph's output names."""
         if self.first:
             memory = state  # (B, S, C)
             empty = memory.new_zeros(memory.shape[0], self.n_kv_heads, 0, self.head_dim)  # (B, Hkv, 0, D)
@@ -251,8 +272,8 @@ def convert_to_onnx(run_dir: str | Path, out: str | Path, *, opset: int = OPSET,
         if labels is not None:
             atomic_write(partial / LABELS_FILE, json.dumps({"labels": labels}, indent=2) + "\n")
             files[LABELS_FILE] = f"{len(labels)} labels, by class index"
-        runtime = _runtime(graphs, config, tokenizer, text[1] if text else None, labels,
-                           word_pieces_of(task_record(run_dir), run_dir / TASK_FILE))
+        runtime = _runtime(graphs, config, _special_ids(tokenizer, run_dir, config), text[1] if text else None,
+                           labels, word_pieces_of(task_record(run_dir), run_dir / TASK_FILE), tokenizer)
         atomic_write(partial / RUNTIME_FILE, json.dumps(runtime, indent=2, ensure_ascii=False) + "\n")
         files[RUNTIME_FILE] = f"how to feed the graph{'s' * (len(graphs) > 1)} from text"
     log.debug("wrote %s as ONNX (%s) to %s", run_dir, ", ".join(graph.kind for graph in graphs), out)
@@ -284,26 +305,44 @@ def _described(framing: Framing) -> str:
     return ", ".join(said)
 
 
-def _runtime(graphs: list[ONNXExport], config: ModelConfig, tokenizer: Tokenizer | None, framing: Framing | None,
-             labels: list[str] | None, word_pieces: WordPieces) -> dict:
+def _special_ids(tokenizer: Tokenizer | None, run_dir: Path, config: ModelConfig) -> dict[str, int]:
+    """runtime.json's special_ids: the tokenizer's BOS, EOS, PAD, CLS and SEP where the run has one, else a converted
+    run's origin ids (hf_source.json: decoder_start_token_id, else bos_token_id, as BOS; eos_token_id; pad_token_id),
+    those that are one token id of the model's vocabulary."""
+    if tokenizer is not None:
+        return {role: tokenizer.token_id(role) for role in ("bos", "eos", "pad", "cls", "sep")
+                if tokenizer.token_id(role) is not None}
+    origin = read_origin_ids(run_dir)
+    vocab = getattr(config, "target_vocab_size", config.vocab_size)
+    chosen = {"bos": origin.get("decoder_start_token_id", origin.get("bos_token_id")),
+              "eos": origin.get("eos_token_id"), "pad": origin.get("pad_token_id")}
+    return {role: i for role, i in chosen.items()
+            if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab}
+
+
+def _past(n_layers: int, config: ModelConfig) -> dict:
+    """runtime.json's past: the shape of the key/value cache each of `n_layers` layers takes and gives."""
+    resolved = config.resolved
+    return {"n_layers": n_layers, "n_kv_heads": resolved.n_kv_heads, "head_dim": resolved.head_dim}
+
+
+def _runtime(graphs: list[ONNXExport], config: ModelConfig, special_ids: dict[str, int], framing: Framing | None,
+             labels: list[str] | None, word_pieces: WordPieces, tokenizer: Tokenizer | None) -> dict:
     """runtime.json: what a runtime does to run the graph from text with nothing but this folder (`word_pieces`: how
     a tagger's words become pieces, `attnkit.tasks.tag.align`)."""
     if isinstance(config, EncoderDecoderConfig):
-        return _seq2seq_runtime(graphs, config, tokenizer, framing)
+        return _seq2seq_runtime(config, special_ids, framing)
     (graph,) = graphs
     runtime: dict = {"graph": GRAPH_FILE, "kind": graph.kind, "inputs": graph.inputs, "outputs": graph.outputs,
                      "tokenizer": HF_FILE if framing is not None else None,
                      "text": framing.as_json() if framing is not None else None,
                      "labels": LABELS_FILE if labels is not None else None,
                      "max_seq_len": config.max_seq_len}
-    if tokenizer is not None:
-        runtime["special_ids"] = {role: tokenizer.token_id(role) for role in ("bos", "eos", "pad", "cls", "sep")
-                                  if tokenizer.token_id(role) is not None}
+    if special_ids:
+        runtime["special_ids"] = special_ids
     if graph.kind == "decoder":
-        resolved = config.resolved
-        runtime["past"] = {"n_layers": config.n_layers, "n_kv_heads": resolved.n_kv_heads,
-                           "head_dim": resolved.head_dim, "empty_shape": ["batch", resolved.n_kv_heads, 0,
-                                                                          resolved.head_dim]}
+        past = _past(config.n_layers, config)
+        runtime["past"] = {**past, "empty_shape": ["batch", past["n_kv_heads"], 0, past["head_dim"]]}
     elif "token_type_ids" in graph.inputs:
         runtime["token_type_ids"] = "the tokenizer's type ids (0 for one text)"
     per_position = head_output(config.family, _head(config)) == "position"
@@ -318,26 +357,36 @@ def _runtime(graphs: list[ONNXExport], config: ModelConfig, tokenizer: Tokenizer
     return runtime
 
 
-def _seq2seq_runtime(graphs: list[ONNXExport], config: EncoderDecoderConfig, tokenizer: Tokenizer | None,
-                     framing: Framing | None) -> dict:
-    """runtime.json of an encoder-decoder: its three graphs and how greedy translation runs through them."""
-    resolved = config.resolved
+def _seq2seq_runtime(config: EncoderDecoderConfig, special_ids: dict[str, int], framing: Framing | None) -> dict:
+    """runtime.json of an encoder-decoder: its three graphs and how greedy translation runs through them, stopping
+    where `attnkit translate` stops (`attnkit.generate.seq2seq.default_max_length`); its "how" names only the ids
+    and files the folder holds."""
+    layers = config.resolved.n_decoder_layers
+    special_ids = {role: i for role, i in special_ids.items() if role in ("bos", "eos", "pad")}
+    sources = ("encode the sources (tokenizer.json adds EOS and pads)" if framing is not None else
+               "encode the sources, each `tokens EOS`, right-padded, with the tokenizer the model was trained with "
+               "(none is in the folder)")
+    bos = "BOS first (special_ids.bos)" if "bos" in special_ids else "the decoder's start token first"
+    eos = "at EOS (special_ids.eos)" if "eos" in special_ids else "at the target's EOS"
     runtime: dict = {"kind": "translate",
-                     "graphs": {_SEQ2SEQ_ROLES[graph.path.name]: {"file": graph.path.name, "inputs": graph.inputs,
-                                                                   "outputs": graph.outputs} for graph in graphs},
+                     "graphs": {graph.role: {"file": graph.file, "inputs": graph.inputs, "outputs": graph.outputs}
+                                for graph in seq2seq_graphs(layers)},
                      "tokenizer": HF_FILE if framing is not None else None,
                      "text": framing.as_json() if framing is not None else None,
                      "max_seq_len": config.max_seq_len,
-                     "past": {"n_layers": resolved.n_decoder_layers, "n_kv_heads": resolved.n_kv_heads,
-                              "head_dim": resolved.head_dim},
-                     "how": "encode the sources (tokenizer.json adds EOS and pads) with encoder; feed each row's "
-                            "target so far, BOS first (special_ids.bos), to decoder with the encoder's output and "
-                            "mask; then one token a row to decoder_with_past with the decoder's present.{i}.decoder.* "
-                            "of the step before and present.{i}.encoder.* of the first step as past_key_values; "
-                            "stop a row at EOS (special_ids.eos), and every row by max_seq_len target tokens"}
-    if tokenizer is not None:
-        runtime["special_ids"] = {role: tokenizer.token_id(role) for role in ("bos", "eos", "pad")
-                                  if tokenizer.token_id(role) is not None}
+                     "max_length": {"rule": "min(max_seq_len, times_longest_source * longest_source + plus)",
+                                    "max_seq_len": config.max_seq_len, "times_longest_source":
+                                    MAX_LENGTH_PER_SOURCE_TOKEN, "plus": MAX_LENGTH_EXTRA,
+                                    "longest_source": "the batch's longest source in ids, EOS included, padding not",
+                                    "counts": "target tokens, EOS included"},
+                     "past": _past(layers, config),
+                     "how": f"{sources} with encoder; feed each row's target so far, {bos}, to decoder with the "
+                            "encoder's output and mask; then one token a row to decoder_with_past with the decoder's "
+                            "present.{i}.decoder.* of the step before and present.{i}.encoder.* of the first step as "
+                            f"past_key_values; stop a row {eos}, and every row by max_length target tokens "
+                            "(max_length.rule, as attnkit translate stops by default)"}
+    if special_ids:
+        runtime["special_ids"] = special_ids
     return runtime
 
 
@@ -356,7 +405,7 @@ def export_onnx(model: nn.Module, config: ModelConfig, out: Path, *, opset: int 
 
 def export_seq2seq_onnx(model: nn.Module, config: EncoderDecoderConfig, folder: Path, *, opset: int = OPSET
                         ) -> list[ONNXExport]:
-    """Write an encoder-decoder (in fp32) as Optimum lays one out, three graphs in `folder` (see the module
+    """Write an encoder-decoder (in fp32) as three graphs with Optimum's names in `folder` (see the module
     docstring): the encoder, the decoder's first step (which computes the encoder's keys and values once) and its
     later steps (which take them, and the self-attention past, as inputs). Each file whole or not at all."""
     model = model.float().eval()
@@ -375,38 +424,41 @@ def export_seq2seq_onnx(model: nn.Module, config: EncoderDecoderConfig, folder: 
     layers = config.resolved.n_decoder_layers
     state = [tuple(present[4 * i:4 * i + 4]) for i in range(layers)]
     masks = {"encoder_attention_mask": {0: batch, 1: source}}
-    graphs = {
-        ENCODER_FILE: (Seq2SeqEncoderGraph(model), (src, src_mask),
-                       {"input_ids": {0: batch, 1: source}, "attention_mask": {0: batch, 1: source}}),
-        DECODER_FILE: (first, (tgt, src_mask, memory),
-                       {"input_ids": {0: batch, 1: sequence}, **masks, "state": {0: batch, 1: source}}),
-        DECODER_WITH_PAST_FILE: (
+    graphs = {  # role -> (module, example, dynamic shapes)
+        "encoder": (Seq2SeqEncoderGraph(model), (src, src_mask),
+                    {"input_ids": {0: batch, 1: source}, "attention_mask": {0: batch, 1: source}}),
+        "decoder": (first, (tgt, src_mask, memory),
+                    {"input_ids": {0: batch, 1: sequence}, **masks, "state": {0: batch, 1: source}}),
+        "decoder_with_past": (
             Seq2SeqDecoderGraph(model, config, first=False), (tgt, src_mask, state),
             {"input_ids": {0: batch, 1: sequence}, **masks,
              "state": [({0: batch, 2: past}, {0: batch, 2: past}, {0: batch, 2: source}, {0: batch, 2: source})
                        for _ in range(layers)]}),
     }
     written = []
-    for name, (inputs, outputs) in seq2seq_names(layers).items():
-        graph, example, dynamic = graphs[name]
-        _write_graph(graph, example, dynamic, inputs, outputs, folder / name, opset=opset)
-        written.append(ONNXExport(path=folder / name, kind=_SEQ2SEQ_KINDS[name], inputs=inputs, outputs=outputs))
+    for spec in seq2seq_graphs(layers):
+        graph, example, dynamic = graphs[spec.role]
+        _write_graph(graph, example, dynamic, spec.inputs, spec.outputs, folder / spec.file, opset=opset)
+        written.append(ONNXExport(path=folder / spec.file, kind=spec.kind, inputs=spec.inputs, outputs=spec.outputs))
     return written
 
 
-def seq2seq_names(n_layers: int) -> dict[str, tuple[list[str], list[str]]]:
-    """Each of an encoder-decoder's graph files -> its (input names, output names), for `n_layers` decoder layers:
-    Optimum's names (see the module docstring), in the order the graphs take and give them."""
+def seq2seq_graphs(n_layers: int) -> list[Seq2SeqGraphFile]:
+    """An encoder-decoder's three graphs for `n_layers` decoder layers, with Optimum's file, input and output names
+    (see the module docstring)."""
     kept = ("decoder.key", "decoder.value", "encoder.key", "encoder.value")
     both = [f"{i}.{part}" for i in range(n_layers) for part in kept]
     own = [f"{i}.{part}" for i in range(n_layers) for part in kept[:2]]
-    return {
-        ENCODER_FILE: (["input_ids", "attention_mask"], ["last_hidden_state"]),
-        DECODER_FILE: (["input_ids", "encoder_attention_mask", "encoder_hidden_states"],
-                       ["logits", *(f"present.{name}" for name in both)]),
-        DECODER_WITH_PAST_FILE: (["input_ids", "encoder_attention_mask", *(f"past_key_values.{name}" for name in both)],
-                                 ["logits", *(f"present.{name}" for name in own)]),
-    }
+    return [
+        Seq2SeqGraphFile("encoder_model.onnx", "encoder", "encoder", ["input_ids", "attention_mask"],
+                         ["last_hidden_state"]),
+        Seq2SeqGraphFile("decoder_model.onnx", "decoder", "decoder, first step",
+                         ["input_ids", "encoder_attention_mask", "encoder_hidden_states"],
+                         ["logits", *(f"present.{name}" for name in both)]),
+        Seq2SeqGraphFile("decoder_with_past_model.onnx", "decoder_with_past", "decoder, later steps",
+                         ["input_ids", "encoder_attention_mask", *(f"past_key_values.{name}" for name in both)],
+                         ["logits", *(f"present.{name}" for name in own)]),
+    ]
 
 
 def _write_graph(graph: nn.Module, example: tuple, dynamic: dict, inputs: list[str], outputs: list[str], out: Path, *,

@@ -34,8 +34,17 @@ from attnkit.tokenize import Tokenizer
 # (model, source token lists, *, bos_id, eos_id, pad_id, context_len, beam_size, batch_size) -> target token lists
 # without BOS/EOS: `attnkit.generate.translate_batched`, the decoding `Pipeline.translate` runs
 Translator = Callable[..., list[list[int]]]
+# A target of at most twice its source plus 10 tokens where no length is asked: what `attnkit translate` and
+# training's BLEU decode to (`attnkit.generate.translate_batched`), and what an ONNX folder's runtime.json says
+MAX_LENGTH_PER_SOURCE_TOKEN, MAX_LENGTH_EXTRA = 2, 10
 DIRECTION_PAIRS = 64  # evaluation pairs the direction check scores each way, at most (evenly strided)
 DIRECTION_MARGIN = 1.0  # nats a target token: reversed pairs fitting the model this much better are refused
+
+
+def default_max_length(longest_source: int, max_seq_len: int) -> int:
+    """Target tokens at most (EOS counted) for a batch whose longest source is `longest_source` ids (EOS included,
+    padding not) where no length is asked: twice that plus 10, within the model's `max_seq_len`."""
+    return min(max_seq_len, MAX_LENGTH_PER_SOURCE_TOKEN * longest_source + MAX_LENGTH_EXTRA)
 
 
 class TranslateTask(EpochTask):
