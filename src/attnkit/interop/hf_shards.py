@@ -39,11 +39,12 @@ _DAMAGED = ("the index and its shards do not belong together (a download or copy
 def parse_shard_size(size: str | int) -> int:
     """Bytes from the forms transformers' `max_shard_size` takes: an integer of bytes, or a number with a unit:
     "5GB", "500MB", "100KB" (powers of 1000), "2GiB", "512MiB" (powers of 1024), "8Gb" (bits: an eighth). Raises
-    InputError naming --max-shard-size and the forms for anything else, or a size under one byte."""
+    InputError naming the size and the forms for anything else, or a size under one byte."""
     match = _SIZE.fullmatch(str(size).strip())
     if match is None:
-        raise InputError(f"--max-shard-size {size!r} is not a size: give bytes (an integer) or a number with a unit, "
-                         "as transformers' max_shard_size takes it: 5GB, 500MB, 2GiB, 100KB")
+        raise InputError(f"the shard size {size!r} (--max-shard-size, max_shard_size=) is not a size: give bytes (an "
+                         "integer) or a number with a unit, as transformers' max_shard_size takes it: 5GB, 500MB, "
+                         "2GiB, 100KB")
     number, unit, binary, byte = match.groups()
     value = float(number)
     if unit is not None:
@@ -51,7 +52,8 @@ def parse_shard_size(size: str | int) -> int:
         if byte == "b" and not binary:
             value /= 8  # transformers reads "5Gb" as gigabits
     if int(value) < 1:
-        raise InputError(f"--max-shard-size {size!r} is under one byte; give the largest file size wanted, e.g. 5GB")
+        raise InputError(f"the shard size {size!r} (--max-shard-size, max_shard_size=) is under one byte; give the "
+                         "largest file size wanted, e.g. 5GB")
     return int(value)
 
 
