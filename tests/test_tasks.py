@@ -477,3 +477,34 @@ def test_a_synthetic_task_gives_classify_and_translate_their_sizes_and_a_validat
     data = SimpleNamespace(data=("synthetic:reverse",))
     train, val = translate.pairs(data, 4)
     assert (train, val) == (make_task("reverse", 30, 4).pairs(), make_task("reverse", 7, 5).pairs())
+
+
+@pytest.mark.parametrize(("specials", "record", "warned"), [
+    (["pad", "unk", "bos", "eos", "mask", "cls"], {"task": "mlm"}, True),  # pre-trained BOS ... EOS, now CLS ... EOS
+    (["pad", "unk", "bos", "eos", "mask", "cls"], {"task": "mlm", "frame": "attnkit"}, False),
+    (["pad", "unk", "bos", "eos", "mask", "cls"], None, False),  # a new run
+    (["pad", "unk", "bos", "eos", "mask", "cls", "sep"], {"task": "mlm"}, False),  # CLS ... SEP before and after
+    (["pad", "unk", "bos", "eos", "mask"], {"task": "mlm"}, False),  # BOS ... EOS before and after
+])
+def test_a_masked_lm_run_records_its_frame_and_one_resumed_without_it_is_told_the_frame_changed(
+        tmp_path, caplog, specials, record, warned):
+    """A masked-LM run whose tokenizer has CLS but no SEP was pre-trained on BOS ... EOS windows before they were framed
+    by `frame_ids` (CLS ... EOS): resumed, it went on with the new frame without a word. Its task.json records the
+    frame now, and a run resumed without one from such a tokenizer is warned in one line."""
+    from attnkit.tasks.lm import MLM
+    from attnkit.tasks.registry import TaskContext
+
+    text = tmp_path / "text.txt"
+    text.write_text("abcdef fedcba " * 40)
+    tokenizer = CharTokenizer("abcdef ", special_tokens=specials)
+    config = ModelConfig(family="encoder", encoder_head="mlm", vocab_size=tokenizer.vocab_size, d_model=16,
+                         n_heads=2, d_ff=32, n_layers=1, max_seq_len=16)
+    context = TaskContext(data=DataConfig(task="mlm", data=(str(text),)), tokenizer=tokenizer, config=config,
+                          batch_size=2, seed=0, seq_len=16, cache=tmp_path / "cache", files=[text], record=record)
+    with caplog.at_level("WARNING", logger="attnkit.tasks.lm"):
+        task, _ = MLM.make(context)
+    assert task.record == {"frame": "attnkit"}
+    said = [r.getMessage() for r in caplog.records if r.name == "attnkit.tasks.lm"]
+    assert said == (["this masked-LM run was trained on windows framed BOS ... EOS (its task.json records no frame); "
+                     "they are framed CLS ... EOS from here on, as a classifier fine-tuned from it reads its texts"]
+                    if warned else [])

@@ -79,8 +79,11 @@ from attnkit.tasks.common import (
 )
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
+from attnkit.tasks.tag import FRAME
 from attnkit.textfiles import read_text
 from attnkit.tokenize import SPECIAL_ROLES, Tokenizer
+
+log = logging.getLogger(__name__)
 
 DEFAULT_STDLIB_BYTES = 3_000_000  # the default corpus: enough Python for a few minutes of CPU training
 LOGITS_BUDGET = 1 << 26  # floats of (B, T, V) logits per forward pass in perplexity (256 MB in fp32)
@@ -345,6 +348,7 @@ class MLMTask(LMTask):
         self.masking = MaskedWindows(tokenizer, seq_len)
         super().__init__(data, batch_size=batch_size, seq_len=seq_len, seed=seed, eval_batches=eval_batches)
         self.seed = seed
+        self.record = {FRAME: "attnkit"}  # saved in task.json: the windows are framed by `frame_ids`
 
     @property
     def window(self) -> int:
@@ -402,7 +406,14 @@ def _make_lm(context: TaskContext) -> tuple[LMTask, None]:
 
 
 def _make_mlm(context: TaskContext) -> tuple[MLMTask, None]:
-    return MLMTask(_stream(context), tokenizer=context.tokenizer, **_stream_args(context)), None
+    """The masked-LM task; a warning where a run pre-trained before its task.json recorded the frame goes on from a
+    tokenizer with CLS but no SEP: its windows were BOS ... EOS then and are CLS ... EOS now (`frame_ids`)."""
+    record, tokenizer = context.record or {}, context.tokenizer
+    if record.get("task") == "mlm" and FRAME not in record and tokenizer.cls_id is not None and (
+            tokenizer.sep_id is None):
+        log.warning("this masked-LM run was trained on windows framed BOS ... EOS (its task.json records no frame); "
+                    "they are framed CLS ... EOS from here on, as a classifier fine-tuned from it reads its texts")
+    return MLMTask(_stream(context), tokenizer=tokenizer, **_stream_args(context)), None
 
 
 # attnkit eval ---------------------------------------------------------------------------------------------------
