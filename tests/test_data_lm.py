@@ -14,7 +14,7 @@ from shared_data import shared
 from attnkit.data.corpus import stdlib_files
 from attnkit.data.lm import LMData, token_dtype
 from attnkit.errors import InputError
-from attnkit.tokenize import CharTokenizer, train_bpe
+from attnkit.tokenize import CharTokenizer, HFTokenizer, train_bpe
 
 
 @pytest.fixture
@@ -218,17 +218,39 @@ def test_a_cache_changed_since_it_was_written_is_rebuilt(tmp_path: Path, corpus,
         assert "not the one its" in caplog.text
 
 
-def test_one_huge_file_of_one_line_is_tokenized_in_bounded_batches_with_progress(tmp_path: Path, monkeypatch) -> None:
+def llama_style_tokenizer(text: str) -> HFTokenizer:
+    """A byte-fallback BPE trained split at spaces, encoding as Hugging Face's conversion of Llama 2's SentencePiece
+    model does: a normalizer that puts '▁' before the text and writes its spaces as '▁'."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.train_from_iterator([text], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=[f"<0x{b:02X}>" for b in range(256)]))
+    tok.pre_tokenizer = None
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    return HFTokenizer(tok, kind="hf", specials={"unk": "<unk>", "bos": "<s>", "eos": "</s>"})
+
+
+WORDS = "the quick brown fox, jumps over  the lazy dog; 12,345 times é😀 "
+
+
+@pytest.mark.parametrize(("text", "tokenizer"), [
+    (WORDS * 400, "bpe"), (WORDS * 400, "llama"), ((WORDS + "\n\n\n") * 300, "bpe")],
+    ids=["one-line", "one-line-llama-style", "newline-runs"])
+def test_one_huge_file_of_one_line_is_tokenized_in_bounded_batches_with_progress(
+        tmp_path: Path, monkeypatch, text: str, tokenizer: str) -> None:
     """A file was handed to the tokenizer whole (its ids as one Python list: gigabytes for a large file) and the
     progress bar stood still until it was done; a line was never cut, so a file of one line was one piece. Now the
-    tokenizer gets about _FLUSH_CHARS at a time, the bar moves with each batch, and the tokens are the whole text's."""
+    tokenizer gets about _FLUSH_CHARS at a time, the bar moves with each batch, and the tokens are the whole text's:
+    also where the tokenizer puts '▁' before every text (Llama's: it added one at each cut) and where newlines come in
+    runs (a cut after a run's first newline split GPT-2's 'ĊĊ')."""
     import attnkit.data.lm as lm
 
-    words = "the quick brown fox, jumps over  the lazy dog; 12,345 times é😀 "
-    text = words * 400  # one line, 25,600 characters
     path = tmp_path / "one-line.txt"
     path.write_text(text, encoding="utf-8")
-    tok = train_bpe([words * 20], vocab_size=300)
+    tok = train_bpe([text[:2000]], vocab_size=300) if tokenizer == "bpe" else llama_style_tokenizer(text[:2000])
     monkeypatch.setattr(lm, "_PIECE_CHARS", 500)
     monkeypatch.setattr(lm, "_FLUSH_CHARS", 2000)
     batches, moves = [], []

@@ -125,26 +125,36 @@ def lines_of(text: str) -> list[str]:
 
 
 LINE_REACH = 4  # `split_text` looks this many pieces' lengths ahead for a line end before it cuts inside a line
+_LINE_START = re.compile(r"\n(?=\S)")  # a newline before a word: a cut there splits no run of white space
 _WORD_START = re.compile(r"(?<=\S) ")  # a space after a word: where every tokenizer here splits anyway
+_BETWEEN_WORDS = re.compile(r"(?<=\S) (?=\S)")  # one space between two words
 
 
-def split_text(text: str, size: int) -> list[str]:
-    """`text` in pieces of at least `size` characters (the last may be shorter), each cut just after a
-    newline, so that tokenizing the pieces separately keeps the lines whole. A line running past LINE_REACH * `size`
-    (a file of one huge line) is cut just before a space that follows a word, which keeps the tokens ('Ġword' and
-    '▁word' take the space with them; WordPiece and char tokens never span it), or at `size` where none is near:
-    its pieces stay about `size` long, not the whole line. (A normalizer that puts '▁' before every text, Llama 2's,
-    adds one '▁' at each cut, as it does at each cut after a newline.)
+def split_text(text: str, size: int, *, space_before_text: bool = False) -> list[str]:
+    """`text` in pieces of at least `size` characters (the last may be shorter), so that the pieces tokenized one by
+    one give the whole text's tokens. Each is cut just after a newline that a word follows (a cut inside a run of
+    newlines or before an indented line would split a token such as GPT-2's 'ĊĊ' or 'ĠĠ'). A line running past
+    LINE_REACH * `size` (a file of one huge line) is cut just before a space that follows a word, which keeps the
+    tokens ('Ġword' and '▁word' take the space with them; WordPiece and char tokens never span it).
+
+    `space_before_text`: the tokenizer puts '▁' before every text it encodes (Llama's and Mistral's SentencePiece
+    normalizer or Metaspace pre-tokenizer): it would add one '▁' at a cut after a newline, so the text is cut only at
+    a space between two words, and that space is left out of the pieces, as the '▁' put before the next one stands
+    for it. Where no such place is near (a word or a run of text with no space longer than LINE_REACH * `size`), the
+    text is cut at `size`, inside a word, where its tokens may differ from the whole text's.
     """
     pieces, start = [], 0
     while start < len(text):
         reach = start + LINE_REACH * size
-        end = text.find("\n", start + size, reach) + 1
-        if not end and reach >= len(text):
-            end = len(text)
-        elif not end:
-            space = _WORD_START.search(text, start + size, reach)
+        line = None if space_before_text else _LINE_START.search(text, start + size, reach)
+        if line:
+            end = after = line.end()
+        elif reach >= len(text):
+            end = after = len(text)
+        else:
+            space = (_BETWEEN_WORDS if space_before_text else _WORD_START).search(text, start + size, reach)
             end = space.start() if space else start + size
+            after = end + 1 if space and space_before_text else end
         pieces.append(text[start:end])
-        start = end
+        start = after
     return pieces

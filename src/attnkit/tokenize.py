@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
@@ -478,6 +478,13 @@ class HFTokenizer(_SpecialIds):
         return _writes_spaces(spec.get("pre_tokenizer")) or _writes_spaces(spec.get("normalizer"))
 
     @functools.cached_property
+    def space_before_text(self) -> bool:
+        """Whether '▁' is put before every text encoded (Llama's and Mistral's SentencePiece conversions): a text
+        encoded in pieces has one more '▁' at each piece's start than the whole (`textfiles.split_text`)."""
+        spec = json.loads(self.to_str())
+        return _puts_space_first(spec.get("normalizer")) or _puts_space_first(spec.get("pre_tokenizer"))
+
+    @functools.cached_property
     def continuing_prefix(self) -> str | None:
         """WordPiece's mark on a piece inside a word ('##ing'), which stands for no text; None for other models."""
         model = json.loads(self.to_str()).get("model") or {}
@@ -518,14 +525,29 @@ def _added_around(tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def _writes_spaces(step: object) -> bool:
     """Whether a tokenizer.json pre-tokenizer or normalizer (`step`, with those of a Sequence inside it) keeps
     spaces as marks on the words after them (`HFTokenizer.space_starts_word`)."""
+    return any(part.get("type") in ("ByteLevel", "Metaspace") or (part.get("type") == "Replace"
+                                                                   and part.get("content") == SENTENCEPIECE_SPACE)
+               for part in _steps(step))
+
+
+def _puts_space_first(step: object) -> bool:
+    """Whether a tokenizer.json normalizer or pre-tokenizer (`step`) puts '▁' before a text
+    (`HFTokenizer.space_before_text`): a Prepend('▁') or a Metaspace that prepends."""
+    return any((part.get("type") == "Prepend" and part.get("prepend") == SENTENCEPIECE_SPACE)
+               or (part.get("type") == "Metaspace" and part.get("prepend_scheme", "always") != "never"
+                   and part.get("add_prefix_space", True))
+               for part in _steps(step))
+
+
+def _steps(step: object) -> Iterator[dict]:
+    """A tokenizer.json normalizer or pre-tokenizer and the steps of every Sequence inside it."""
     if isinstance(step, list):
-        return any(map(_writes_spaces, step))
-    if not isinstance(step, dict):
-        return False
-    if step.get("type") in ("ByteLevel", "Metaspace") or (step.get("type") == "Replace"
-                                                           and step.get("content") == SENTENCEPIECE_SPACE):
-        return True
-    return _writes_spaces(step.get("pretokenizers")) or _writes_spaces(step.get("normalizers"))
+        for part in step:
+            yield from _steps(part)
+    elif isinstance(step, dict):
+        yield step
+        yield from _steps(step.get("pretokenizers"))
+        yield from _steps(step.get("normalizers"))
 
 
 def _read_hf(path: Path):

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from attnkit.data.corpus import file_manifest
 from attnkit.errors import InputError, os_error_message
 from attnkit.textfiles import EncodingErrors, iter_texts, split_text
-from attnkit.tokenize import CharTokenizer, Tokenizer
+from attnkit.tokenize import CharTokenizer, HFTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +311,7 @@ def _encode_files(files: list[Path], tokenizer: Tokenizer, errors: EncodingError
     _FLUSH_CHARS at a time, inside one large file too (its ids as Python lists stay that small), and the bar moves
     by the share of each file's bytes handed over."""
     sep = tokenizer.eos_id if len(files) > 1 else None
+    space_before_text = isinstance(tokenizer, HFTokenizer) and tokenizer.space_before_text
     pending: list[str | None] = []  # text pieces; None marks a boundary between files
     pending_chars = pending_bytes = 0
     started = False
@@ -324,7 +325,7 @@ def _encode_files(files: list[Path], tokenizer: Tokenizer, errors: EncodingError
             pending.append(None)
         started = True
         done = 0  # characters of this file handed over
-        for piece in split_text(text, _PIECE_CHARS):
+        for piece in split_text(text, _PIECE_CHARS, space_before_text=space_before_text):
             pending.append(piece)
             pending_chars += len(piece)
             pending_bytes += size * (done + len(piece)) // len(text) - size * done // len(text)
@@ -333,6 +334,7 @@ def _encode_files(files: list[Path], tokenizer: Tokenizer, errors: EncodingError
                 yield from _encode_pending(pending, tokenizer, sep)
                 bar.update(pending_bytes)
                 pending, pending_chars, pending_bytes = [], 0, 0
+        pending_bytes += size - size * done // len(text)  # the spaces split_text left out between pieces
     yield from _encode_pending(pending, tokenizer, sep)
     bar.update(pending_bytes)
 
