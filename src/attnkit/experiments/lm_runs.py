@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -30,13 +29,6 @@ from attnkit.train.optim import lr_factor, make_optimizer
 class Corpus:
     data: LMData
     vocab_size: int
-
-    def unigram_loss(self) -> float:
-        """The validation loss (nats per token) of the model that knows only how often each token occurs in the
-        training split (add-one smoothed): what a language model reaches without reading its context."""
-        counts = np.bincount(self.data.train, minlength=self.vocab_size) + 1.0  # (V,)
-        log_p = np.log(counts / counts.sum())
-        return float(-log_p[self.data.val].mean())
 
 
 def char_corpus(max_bytes: int) -> Corpus:
