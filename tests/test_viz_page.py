@@ -172,7 +172,7 @@ def test_a_scale_of_small_weights_labels_each_tick_differently(tmp_path):
     try:
         chromium.open(path)
         labels = chromium.evaluate("window.attnkit.scale.labels")
-        assert labels == ["0", "0.005", "0.01", "0.015", "0.02"]
+        assert labels == ["0", "0.005", "0.01", "0.015", "0.02", "0.0245"]  # the top: the largest weight
     finally:
         chromium.close()
 
@@ -180,8 +180,8 @@ def test_a_scale_of_small_weights_labels_each_tick_differently(tmp_path):
 def test_each_colour_scale_label_is_the_weight_at_its_height(tmp_path):
     """Ticks at quarters of the largest weight were printed rounded: for 0.05, 0.0125 0.025 0.0375 read 0.01 0.03
     0.04, steps of 0.02 and 0.01 on a bar of equal steps. Each tick is now a round weight printed as it is, at the
-    height that weight has on the bar."""
-    from viz_browser import Browser, chromium_or_reason
+    height that weight has on the bar, and the top says the largest weight."""
+    from viz_browser import Browser, check_colour_bar, chromium_or_reason
 
     from attnkit.viz import AttentionMaps
 
@@ -197,12 +197,7 @@ def test_each_colour_scale_label_is_the_weight_at_its_height(tmp_path):
                               tmp_path / f"{largest}.html")
             chromium.open(path)
             scale = chromium.evaluate("window.attnkit.scale")
-            assert len(scale["ticks"]) >= 3 and scale["ticks"][0]["label"] == "0"
-            for tick in scale["ticks"]:
-                assert float(tick["label"]) == pytest.approx(tick["value"], abs=1e-9)
-                assert tick["y"] == pytest.approx(scale["top"] + scale["height"] * (1 - tick["value"] / largest),
-                                                  abs=0.01)
-                assert scale["top"] <= tick["y"] <= scale["top"] + scale["height"]
+            check_colour_bar(scale["ticks"], scale["top"], scale["height"], largest)
     finally:
         chromium.close()
 
@@ -257,3 +252,24 @@ def test_a_long_texts_heatmap_labels_are_no_taller_than_its_cells(tmp_path):
     assert drawn is not None and drawn["cell"] >= 12
     assert drawn["labelPx"] <= drawn["cell"]
     assert width >= 100 * drawn["cell"]  # every column drawn: the figure grows rather than squeezing its cells
+
+
+@pytest.mark.parametrize(("largest", "labels"), [(0.37, ["0", "0.1", "0.2", "0.3", "0.37"]), (0.0, ["all zero"])])
+def test_the_colour_scales_top_says_the_largest_weight_and_a_map_of_zeros_says_so(tmp_path, largest, labels):
+    """A map up to 0.37 showed 0 0.1 0.2 0.3 and a top that read as nothing; a map of zeros drew a scale of 0 alone
+    (the explorer's: up to 1e-9, or a script that never ended)."""
+    from viz_browser import Browser, chromium_or_reason
+
+    from attnkit.viz import AttentionMaps
+
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        pytest.skip(f"no headless browser: {reason}")
+    weights = np.array([[[[largest, 0.0], [0.0, largest / 2]]]], dtype=np.float32)
+    path = write_page([AttentionMaps("cross", weights, ("x", "y"), ("a", "b"), (0,), (0,))], tmp_path / "page.html")
+    chromium = Browser(executable)
+    try:
+        chromium.open(path)
+        assert chromium.evaluate("window.attnkit.scale.labels") == labels
+    finally:
+        chromium.close()

@@ -165,3 +165,20 @@ def page_or_skip(url: str, ready: str, *, width: int = 1400, height: int = 1800)
         yield browser
     finally:
         browser.close()
+
+
+def check_colour_bar(ticks: list[dict], top: float, height: float, largest: float) -> None:
+    """A colour bar's ticks (serve/static/colour_bar.js) as the pages record them: round weights from 0, each printed
+    as it is, the top labelled with the map's largest weight to three figures, each drawn at
+    y = top + (1 - value / largest) * (height - 1), and their 14 px labels apart."""
+    import pytest
+
+    assert len(ticks) >= 3 and ticks[0]["label"] == "0", ticks
+    *round_ticks, highest = ticks
+    for tick in round_ticks:
+        assert float(tick["label"]) == pytest.approx(tick["value"], abs=1e-9)
+    assert highest["value"] == pytest.approx(largest, rel=1e-6)
+    assert float(highest["label"]) == pytest.approx(float(f"{largest:.3g}"), rel=1e-9), (highest, largest)
+    for tick in ticks:
+        assert tick["y"] == pytest.approx(top + (1 - tick["value"] / largest) * (height - 1), abs=1e-3)
+    assert min(a["y"] - b["y"] for a, b in zip(ticks, ticks[1:], strict=False)) >= 18, ticks

@@ -148,14 +148,6 @@ function drawControls() {
     ...Array.from({ length: state.meta.n_heads }, (_, h) => button(`${h}`, h)));
 }
 
-// The colour scale's ticks: round weights (1, 2, 2.5 or 5 times a power of ten; 3 to 6 of them) from 0 up to `max`,
-// printed as they are, where quarters of the largest printed rounded (0.13 for 0.125) misstate their heights
-function roundTicks(max) {
-  const raw = max / 5, power = 10 ** Math.floor(Math.log10(raw));
-  const step = [1, 2, 2.5, 5, 10].map((m) => m * power).find((s) => s >= raw * (1 - 1e-9));
-  return [...Array(Math.floor(max / step * (1 + 1e-9)) + 1).keys()].map((k) => k * step);
-}
-
 function drawHeatmap() {
   const w = weights(), T = state.tokens.length, labels = state.tokens.map((t) => (t === " " ? "␣" : t));
   const canvas = $("explorer-heatmap"), ctx = canvas.getContext("2d");
@@ -167,9 +159,9 @@ function drawHeatmap() {
   canvas.height = margin + scaleHeight + 10;
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
-  const max = Math.max(...w.flat()) || 1;
+  const max = Math.max(...w.flat());
   w.forEach((row, i) => row.forEach((x, j) => {
-    ctx.fillStyle = colour(x / max);
+    ctx.fillStyle = colour(max > 0 ? x / max : 0);
     ctx.fillRect(margin + j * cell, margin + i * cell, cell, cell);
   }));
   ctx.font = LABEL_FONT;
@@ -180,16 +172,9 @@ function drawHeatmap() {
   ctx.textAlign = "center";
   ctx.textBaseline = "bottom";
   labels.forEach((t, j) => ctx.fillText(t, margin + (j + 0.5) * cell, margin - 4));
-  for (let k = 0; k < scaleHeight; k++) {  // the colour scale, 0 at the bottom to the largest weight at the top
-    ctx.fillStyle = colour(1 - k / (scaleHeight - 1));
-    ctx.fillRect(scaleX, margin + k, SCALE_WIDTH, 1);
-  }
-  ctx.fillStyle = "#222";
-  ctx.textAlign = "left";
-  ctx.textBaseline = "middle";
-  state.scale = { top: margin, height: scaleHeight, ticks: roundTicks(max).map((value) => ({
-    value, y: margin + scaleHeight * (1 - value / max), label: String(Number(value.toPrecision(6))) })) };
-  for (const tick of state.scale.ticks) ctx.fillText(tick.label, scaleX + SCALE_WIDTH + 6, tick.y);
+  // the colour scale, 0 at the bottom to the largest weight at the top (colour_bar.js, the served explorer's)
+  state.scale = drawColourBar(ctx, { x: scaleX, top: margin, width: SCALE_WIDTH, height: scaleHeight, max, colour,
+                                     font: LABEL_FONT });
   canvas.onmousemove = (event) => {
     const box = canvas.getBoundingClientRect();
     const j = Math.floor((event.clientX - box.left - margin) / cell), i = Math.floor((event.clientY - box.top - margin) / cell);

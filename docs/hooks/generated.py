@@ -303,6 +303,7 @@ def tutorial_cache_key() -> str:
 ORT_DIST = ROOT / "node_modules" / "onnxruntime-web" / "dist"
 ORT_FILES = ("ort.wasm.bundle.min.mjs", "ort-wasm-simd-threaded.wasm")
 EXPLORER_VENDOR = "explorer/vendor"
+COLOUR_BAR = ROOT / "src" / "attnkit" / "serve" / "static" / "colour_bar.js"
 
 
 def vendor_onnxruntime(site_dir: Path) -> bool:
@@ -326,6 +327,8 @@ def on_files(files, config):
 
     for png in sorted((ROOT / "benchmarks" / "results").glob("*.png")):
         files.append(File.generated(config, f"{FIGURES}/{png.name}", abs_src_path=str(png)))
+    # the explorer's colour bar, one script for the served explorer, the attention page and this site's explorer
+    files.append(File.generated(config, "explorer/colour_bar.js", abs_src_path=str(COLOUR_BAR)))
     return files
 
 

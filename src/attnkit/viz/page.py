@@ -6,7 +6,8 @@ hovering a token draws the lines to what it attends to (or from what attends to 
 a click keeps the selection; beside it a heatmap of the same weights.
 
 The weights travel as base64 float32 (little-endian), exactly the numbers of `AttentionMaps.weights`; the page's
-`window.attnkit.weights(view, layer, head)` returns what it draws.
+`window.attnkit.weights(view, layer, head)` returns what it draws. Its colour bar is the explorer's
+(`serve/static/colour_bar.js`), put inline.
 """
 
 from __future__ import annotations
@@ -45,11 +46,16 @@ def render_page(all_maps: Sequence[AttentionMaps], *, title: str = "attention") 
     template = resources.files("attnkit.viz").joinpath("page.html").read_text(encoding="utf-8")
     # one pass over the template: what is put in is never searched again, so no title or token (a run named
     # "{{DATA}}") can reach the page's structure
-    values = {"TITLE": html.escape(title), "DATA": payload}
+    values = {"TITLE": html.escape(title), "DATA": payload, "COLOUR_BAR": _colour_bar_script()}
     return _PLACEHOLDER.sub(lambda match: values[match.group(1)], template)
 
 
-_PLACEHOLDER = re.compile(r"\{\{(TITLE|DATA)\}\}")
+_PLACEHOLDER = re.compile(r"\{\{(TITLE|DATA|COLOUR_BAR)\}\}")
+
+
+def _colour_bar_script() -> str:
+    """The colour bar's script, the one the explorer serves (serve/static/colour_bar.js), carried inline."""
+    return resources.files("attnkit").joinpath("serve", "static", "colour_bar.js").read_text(encoding="utf-8")
 
 
 def write_page(all_maps: Sequence[AttentionMaps], path: str | Path, *, title: str = "attention") -> Path:

@@ -211,19 +211,6 @@
     return `rgb(${Math.round(255 - 226 * v)},${Math.round(255 - 177 * v)},${Math.round(255 - 39 * v)})`;
   }
 
-  // Colour-bar ticks at round weights (1, 2, 2.5 or 5 times a power of ten; 3 to 6) from 0 up to `max`, each with its
-  // height on the bar (0 at the bottom, 1 at `max`) and its label, the weight as it is (0.025, not 0.03)
-  function scaleTicks(max) {
-    const raw = max / 5, power = 10 ** Math.floor(Math.log10(raw));
-    const step = [1, 2, 2.5, 5, 10].map((m) => m * power).find((s) => s >= raw * (1 - 1e-9));
-    const ticks = [];
-    for (let k = 0; k * step <= max * (1 + 1e-9); k++) {
-      const value = k * step;
-      ticks.push({ value, height: value / max, label: String(Number(value.toPrecision(6))) });
-    }
-    return ticks;
-  }
-
   // The heatmap: rows the queries, columns the keys, each cell at least HEATMAP_MIN_CELL px with labels as large, so
   // a long text's canvas grows (its figure scrolls) rather than losing its last rows; a colour bar beside it states
   // the scale, white 0 to dark blue the map's largest weight.
@@ -244,10 +231,10 @@
     canvas.height = top + barHeight + 8;  // a new size clears the canvas and its settings
     context.fillStyle = "#fff";
     context.fillRect(0, 0, canvas.width, canvas.height);
-    const max = Math.max(...w.flat(), 1e-9);
+    const max = Math.max(...w.flat());
     for (let t = 0; t < rows; t++) {
       for (let s = 0; s < columns; s++) {
-        context.fillStyle = colour(w[t][s] / max);
+        context.fillStyle = colour(max > 0 ? w[t][s] / max : 0);
         context.fillRect(left + s * cell, top + t * cell, cell - 1, cell - 1);
       }
     }
@@ -264,22 +251,10 @@
       context.fillText(token, 0, 0);
     });
     context.restore();
-    for (let y = 0; y < barHeight; y++) {
-      context.fillStyle = colour(1 - y / (barHeight - 1));
-      context.fillRect(barLeft, top + y, BAR.width, 1);
-    }
-    context.strokeStyle = "#888";  // an outline, so the bar's white end stands apart from the page
-    context.strokeRect(barLeft + 0.5, top + 0.5, BAR.width - 1, barHeight - 1);
-    const ticks = scaleTicks(max);
-    context.fillStyle = "#1d2330";
-    context.font = "11px monospace";
-    context.textAlign = "left";
-    for (const tick of ticks) {
-      const y = top + (1 - tick.height) * (barHeight - 1);
-      context.fillRect(barLeft + BAR.width, y, 4, 1);
-      context.fillText(tick.label, barLeft + BAR.width + 9, y);  // apart from its tick, not read as a minus
-    }
-    state.heatmap = { left, top, cell, max, ticks };  // where the cells and the scale were drawn (read by tests)
+    const bar = drawColourBar(context, { x: barLeft, top, width: BAR.width, height: barHeight, max, colour,
+                                         font: "11px monospace" });  // colour_bar.js
+    // where the cells and the scale were drawn, each tick at its y (read by tests)
+    state.heatmap = { left, top, cell, max, barTop: bar.top, barHeight: bar.height, ticks: bar.ticks };
   }
 
   // bertviz-style: queries on the left, keys on the right, a line per pair as opaque as its weight
@@ -300,12 +275,11 @@
       html += `<line x1="${left + 4}" y1="${14 + t * step}" x2="${right - 4}" y2="${14 + s * step}" ` +
         `stroke="#1d4ed8" stroke-opacity="${value.toFixed(3)}" stroke-width="${1 + 3 * value}"/>`;
     }));
-    const esc = (text) => text.replace(/&/g, "&amp;").replace(/</g, "&lt;");
     maps.query_tokens.forEach((token, t) => {
-      html += `<text data-side="query" data-index="${t}" x="${left}" y="${18 + t * step}" text-anchor="end">${esc(token)}</text>`;
+      html += `<text data-side="query" data-index="${t}" x="${left}" y="${18 + t * step}" text-anchor="end">${escapeHtml(token)}</text>`;
     });
     maps.key_tokens.forEach((token, s) => {
-      html += `<text data-side="key" x="${right}" y="${18 + s * step}">${esc(token)}</text>`;
+      html += `<text data-side="key" x="${right}" y="${18 + s * step}">${escapeHtml(token)}</text>`;
     });
     svg.innerHTML = html;
     svg.querySelectorAll('text[data-side="query"]').forEach((label) => {
