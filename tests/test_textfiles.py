@@ -95,12 +95,14 @@ def test_a_gzip_file_is_read_as_its_text_and_a_cut_off_one_is_named(tmp_path: Pa
         read_text(tmp_path / "cut.txt.gz")
 
 
-@pytest.mark.parametrize("order", ["LE", "BE"])
-def test_utf16_without_a_byte_order_mark_or_a_binary_file_is_named_with_its_fix(tmp_path: Path, order: str) -> None:
+@pytest.mark.parametrize(("width", "order"), [("16", "LE"), ("16", "BE"), ("32", "LE"), ("32", "BE")])
+def test_utf16_or_utf32_without_a_byte_order_mark_or_a_binary_file_is_named_with_its_fix(
+        tmp_path: Path, width: str, order: str) -> None:
+    """UTF-32 without a byte-order mark (NUL bytes in every other place too) was named UTF-16."""
     path = tmp_path / "export.txt"
-    path.write_bytes("plain text\n".encode(f"utf-16-{order.lower()}"))
-    with pytest.raises(InputError, match=rf"looks like a binary file .*: it reads as UTF-16{order} text without a "
-                                         rf"byte-order mark: convert it \(iconv -f UTF-16{order} -t UTF-8\)"):
+    path.write_bytes(("plain text\n" if width == "16" else "plain text, é 中 😀\n").encode(f"utf-{width}-{order}"))
+    with pytest.raises(InputError, match=rf"looks like a binary file .*: it reads as UTF-{width}{order} text without "
+                                         rf"a byte-order mark: convert it \(iconv -f UTF-{width}{order} -t UTF-8\)"):
         read_text(path)
     png = tmp_path / "image.png"
     png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")

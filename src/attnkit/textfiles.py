@@ -50,9 +50,14 @@ def decode_bytes(data: bytes, *, name: str, errors: EncodingErrors = "strict", f
 
 
 def _unmarked_wide(data: bytes) -> str:
-    """The fix for NUL bytes in every other place of a file's head, UTF-16 written without a byte-order mark; "" for
-    other NUL bytes."""
+    """The fix for a file's head of UTF-32 or UTF-16 written without a byte-order mark (NUL bytes in three of every
+    four places, or in every other place); "" for other NUL bytes. UTF-32 is tried first: its text also has NUL
+    bytes in every other place."""
     head = data[:1024]
+    for order, top, plane in (("LE", head[3::4], head[2::4]), ("BE", head[::4], head[1::4])):
+        if len(head) >= 4 and top.count(0) == len(top) and max(plane) <= 0x10:  # code points up to U+10FFFF
+            return (f"it reads as UTF-32{order} text without a byte-order mark: convert it "
+                    f"(iconv -f UTF-32{order} -t UTF-8)")
     for order, nuls in (("LE", head[1::2]), ("BE", head[::2])):
         if len(head) >= 2 and nuls.count(0) == len(nuls):
             return (f"it reads as UTF-16{order} text without a byte-order mark: convert it "
