@@ -515,7 +515,8 @@ def test_run_viz_frames_the_text_as_the_runs_task_json_says(tokenizer, tmp_path,
 def test_a_token_the_fonts_cannot_draw_is_labelled_by_its_code_point(tmp_path):
     """An emoji has no glyph in matplotlib's DejaVu Sans: its label was an empty box, and matplotlib warned once per
     picture drawn and saved (21 warnings for one text). A character no font of the figure holds is written as its
-    code point; Hebrew, Arabic and the whitespace marks, which the font holds, are drawn as they are."""
+    code point between angle brackets, apart from the label's own text; Hebrew, Arabic and the whitespace marks,
+    which the font holds, are drawn as they are."""
     import warnings
 
     from matplotlib import font_manager
@@ -527,7 +528,7 @@ def test_a_token_the_fonts_cannot_draw_is_labelled_by_its_code_point(tmp_path):
     if ord(emoji) in font_manager.get_font(font_manager.findfont(prop)).get_charmap():
         pytest.skip("this machine's default font draws the emoji")
     tokens = ("he", f"x{emoji}", "שלום", "مرحبا", "␣↵")
-    assert drawable(tokens[1]) == "xU+1F642" and [drawable(t) for t in tokens[2:]] == list(tokens[2:])
+    assert drawable(tokens[1]) == "x⟨U+1F642⟩" and [drawable(t) for t in tokens[2:]] == list(tokens[2:])
     weights = np.full((1, 2, len(tokens), len(tokens)), 1 / len(tokens), dtype=np.float32)
     maps = AttentionMaps("causal", weights, tokens, tokens, (0,), (0, 1))
     with warnings.catch_warnings():
@@ -536,7 +537,25 @@ def test_a_token_the_fonts_cannot_draw_is_labelled_by_its_code_point(tmp_path):
     assert len(written) == 2
     fig = grid_figure(maps)
     labels = {label.get_text() for ax in fig.axes for label in ax.get_yticklabels()}
-    assert "xU+1F642" in labels and "שלום" in labels
+    assert "x⟨U+1F642⟩" in labels and "שלום" in labels
+
+
+def test_a_font_put_first_in_rcparams_after_a_picture_is_drawn_draws_what_it_holds():
+    """Which characters the fonts hold was cached on font.family alone ("sans-serif"), so a font a user put first
+    in rcParams["font.sans-serif"] after the first picture was never consulted: its characters stayed code points."""
+    import matplotlib as mpl
+    from matplotlib import font_manager
+
+    from attnkit.viz.heatmap import drawable
+
+    stix = font_manager.findfont(font_manager.FontProperties(family="STIXGeneral"), fallback_to_default=False)
+    character = "\N{SCRIPT SMALL G}"  # U+210A: in matplotlib's STIX fonts, not in DejaVu Sans
+    if ord(character) not in font_manager.get_font(stix).get_charmap():
+        pytest.skip("matplotlib's STIXGeneral here lacks U+210A")
+    with mpl.rc_context({"font.family": ["sans-serif"], "font.sans-serif": ["DejaVu Sans"]}):
+        assert drawable(f"a{character}") == "a⟨U+210A⟩"  # the first picture: DejaVu Sans lacks it
+        mpl.rcParams["font.sans-serif"].insert(0, "STIXGeneral")
+        assert drawable(f"a{character}") == f"a{character}"
 
 
 @pytest.mark.parametrize(("family", "what"), [("decoder", "the text"), ("encoder", "the text"),

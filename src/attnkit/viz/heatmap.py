@@ -38,25 +38,32 @@ DEFAULT_AXIS_NAMES = ("query: the token attending", "key: the token attended to"
 
 
 def drawable(label: str) -> str:
-    """`label` with each character that no font of matplotlib's text holds written as its code point ("U+1F642"):
-    matplotlib draws such a character as an empty box, and warns of it at every draw."""
-    held = _code_points(tuple(font_manager.FontProperties().get_family()))
-    return "".join(c if ord(c) in held else f"U+{ord(c):04X}" for c in label)
+    """`label` with each character that no font of matplotlib's text holds written as its code point between angle
+    brackets ("⟨U+1F642⟩", never read as the label's own text): matplotlib draws such a character as an empty box,
+    and warns of it at every draw."""
+    held = _code_points(_font_paths())
+    left, right = ("⟨", "⟩") if {ord("⟨"), ord("⟩")} <= held else ("<", ">")  # brackets the fonts draw
+    return "".join(c if ord(c) in held else f"{left}U+{ord(c):04X}{right}" for c in label)
 
 
-@cache
-def _code_points(families: tuple[str, ...]) -> frozenset[int]:
-    """The characters of the fonts matplotlib falls back through for `families` (rcParams' font.family): the one
-    font each family names, or the default where none is installed."""
+def _font_paths() -> tuple[font_manager.FontPath, ...]:
+    """The fonts matplotlib falls back through for its text as rcParams stand now: the one font each family of
+    font.family names (a generic family: the first installed of its list, such as font.sans-serif), or the default
+    where none is installed. Read at each call (matplotlib caches findfont), so a font put first in a list counts."""
     paths = []
-    for family in families:
+    for family in font_manager.FontProperties().get_family():
         prop = font_manager.FontProperties()
         prop.set_family(family)
         try:
             paths.append(font_manager.findfont(prop, fallback_to_default=False))
         except ValueError:  # a family not installed here
             continue
-    paths = paths or [font_manager.findfont(font_manager.FontProperties())]
+    return tuple(paths) or (font_manager.findfont(font_manager.FontProperties()),)
+
+
+@cache
+def _code_points(paths: tuple[font_manager.FontPath, ...]) -> frozenset[int]:
+    """The characters the fonts at `paths` hold."""
     return frozenset(code for path in paths for code in font_manager.get_font(path).get_charmap())
 
 
