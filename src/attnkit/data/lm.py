@@ -216,7 +216,7 @@ def _say_what_changed(meta_path: Path, files: list[dict]) -> None:
 
 
 def _check_known(tokens: np.ndarray, tokenizer: Tokenizer, files: Sequence[Path]) -> None:
-    """Refuse a corpus the tokenizer mostly does not know (more than MAX_UNKNOWN of its tokens <unk>: a run's
+    """Refuse a corpus the tokenizer mostly does not know (more than MAX_UNKNOWN of its tokens unknown: a run's
     tokenizer, built from other text, resumed on a file rewritten since), and warn over a smaller share."""
     unk = tokenizer.unk_id
     if unk is None or len(tokens) == 0:
@@ -226,7 +226,8 @@ def _check_known(tokens: np.ndarray, tokenizer: Tokenizer, files: Sequence[Path]
     if unknown <= WARN_UNKNOWN:
         return
     names = ", ".join(str(f) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-    message = (f"{unknown:.1%} of the tokens of {names} are <unk>: the tokenizer ({tokenizer.kind}, "
+    message = (f"{unknown:.1%} of the tokens of {names} are {tokenizer.pieces([unk])[0]}: the tokenizer "
+               f"({tokenizer.kind}, "
                f"{tokenizer.vocab_size} tokens) does not know much of this text; was the file rewritten since the "
                "tokenizer was built? Train a new run on it (not --resume or --init-from a run built on other text), "
                "or use a tokenizer that covers it (--tokenizer bpe)")
