@@ -1,7 +1,9 @@
 """Families as registrations: old flat config.json files still load, no family tables outside the registry, the
 recurrent families train, resume and load through the same trainer, and config values are type-checked."""
 
+import functools
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from attnkit.checkpoint import load_config, load_model
 from attnkit.config import ModelConfig, RecurrentLMConfig, RecurrentSeq2SeqConfig, TransformerConfig
 from attnkit.errors import ConfigError
 from attnkit.models import build_model, count_parameters, families, family_of
+from attnkit.models.families import estimate_parameters
 from attnkit.tasks import task_of_config
 from attnkit.train import TrainRequest, prepare
 from attnkit.train.job import DataConfig
@@ -169,6 +172,18 @@ def test_sizes_no_tensor_can_hold_are_a_config_error_naming_them(fields):
     the memory check every build goes through and by the parameter count, where torch's overflow came out of both."""
     config = ModelConfig(**fields)
     size = next(name for name in fields if name != "family")
-    for make in (build_model, count_parameters):
+    for make in (build_model, functools.partial(build_model, force=True), count_parameters,
+                 estimate_parameters):
         with pytest.raises(ConfigError, match=rf"no tensor can hold \({size}={fields[size]}"):
             make(config)
+
+
+@pytest.mark.parametrize("fields", [dict(d_ff=2**62, n_layers=10**6), dict(family="recurrent-seq2seq",
+                                                                          hidden_size=2**40, n_layers=2**30)])
+def test_a_deep_model_with_a_size_no_tensor_can_hold_is_refused_before_anything_is_built(fields, monkeypatch):
+    """estimate_parameters counts a deep stack from one and two layers; a weight beyond int64 is refused by
+    arithmetic first, where the shallow build's overflow sent it on to build all 10**6 layers."""
+    monkeypatch.setattr(sys.modules[estimate_parameters.__module__], "count_parameters",
+                        lambda model: pytest.fail("a model was built to be counted"))
+    with pytest.raises(ConfigError, match="no tensor can hold"):
+        estimate_parameters(ModelConfig(**fields))

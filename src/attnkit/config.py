@@ -299,6 +299,11 @@ class ModelConfig(metaclass=_FamilyDispatch):
         """The value each "None: same as ..." field stands for."""
         return {}
 
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shapes of the largest weights of each kind the model holds (or bounds on them), by name: what the
+        size check (`models.families.check_sizes`) reads without building anything."""
+        return {}
+
     def __getattr__(self, name: str) -> Any:
         """The old attribute names of resolved values (`config.kv_heads`): `config.resolved.<field>`, with a
         DeprecationWarning."""
@@ -560,6 +565,15 @@ class TransformerConfig(ModelConfig):
         """The field giving the number of blocks of each stack -> that number."""
         return {"n_layers": self.n_layers}
 
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        c = self.resolved
+        vocab = max(c.vocab_size, getattr(c, "tgt_vocab_size", None) or 0)
+        return {"embedding": (vocab, c.d_model), "positions": (c.max_seq_len, c.d_model),
+                "token types": (c.type_vocab_size, c.d_model), "labels": (getattr(c, "n_classes", 0), c.d_model),
+                "q_proj": (c.n_heads * c.head_dim, c.d_model), "k_proj": (c.n_kv_heads * c.head_dim, c.d_model),
+                "feed-forward": (c.d_ff, c.d_model), "additive score": (c.additive_dim or c.head_dim, c.head_dim),
+                "relative positions": (2 * c.relative_max_distance + 1, c.head_dim)}
+
     def window_of(self, layer: int) -> int | None:
         """The attention window of block `layer` (0-based): `attention_window`, except every `global_every`-th
         block (1-based), which sees all keys; None: all keys."""
@@ -685,6 +699,17 @@ class RecurrentLMConfig(ModelConfig):
 
     def _derived(self) -> dict[str, Any]:
         return {"embedding_dim": self.hidden_size}
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        c = self.resolved
+        hidden, embedding = c.hidden_size, c.embedding_dim
+        memory = (getattr(c, "encoder_hidden_size", None) or 0) * (2 if getattr(c, "bidirectional", False) else 1)
+        vocab = max(c.vocab_size, getattr(c, "tgt_vocab_size", None) or 0)
+        # bounds: a cell's gates (4 for an LSTM) read the embedding, the attention context and the state; the readout
+        # reads the context, the state and the embedding; the bridge makes every layer's state from the encoder's
+        return {"embedding": (vocab, embedding), "output": (vocab, memory + hidden + embedding),
+                "cell": (4 * hidden, embedding + memory + hidden), "bridge": (c.n_layers * hidden, max(memory, 1)),
+                "attention score": (getattr(c, "additive_dim", None) or hidden, max(memory, hidden))}
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ is a config class (`attnkit.config`), a builder, and one `register` call below.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -97,10 +98,12 @@ def build_model(config: ModelConfig | dict | str, *, force: bool = False) -> nn.
 
     Every path from a config to a model comes here (a fresh run, --init-from, --resume, `attnkit.load`, a Hugging
     Face conversion), so here the weights' size is estimated first and a model whose weights alone exceed the
-    memory free is refused with both figures (ConfigError) instead of being allocated; `force` builds it anyway.
+    memory free is refused with both figures (ConfigError) instead of being allocated; `force` builds it anyway. A
+    size no tensor can hold is refused either way (`check_sizes`).
     """
     config = as_config(config)
     family = family_of(config)
+    check_sizes(config)  # force or not: torch cannot build such a size, on any device
     device = torch.get_default_device()
     if not force and device.type != "meta":
         check_weights_fit(config, device)
@@ -131,11 +134,12 @@ _DEEP = 64  # layers past which the count is extrapolated from one and two layer
 def estimate_parameters(config: ModelConfig) -> int:
     """The model's parameter count, without allocating: built on the meta device; a stack deeper than `_DEEP`
     layers is counted from one and two layers (every layer alike: params(L) = p1 + (L - 1) (p2 - p1))."""
+    check_sizes(config)  # before the shallow counts, which would not see a size tied to the depth
     if config.n_layers <= _DEEP:
         return count_parameters(config)
     try:
         one, two = (count_parameters(config.replace(n_layers=n)) for n in (1, 2))
-    except ConfigError:  # a field tied to the depth: count it whole
+    except ConfigError:  # a field tied to the depth (a window's global_every): count it whole
         return count_parameters(config)
     return one + (config.n_layers - 1) * (two - one)
 
@@ -146,24 +150,35 @@ def count_parameters(model: nn.Module | ModelConfig | dict | str) -> int:
     allocating)."""
     model = getattr(model, "model", model)  # a loaded run holds its model
     if not isinstance(model, nn.Module):
-        config = as_config(model)
-        try:
-            with torch.device("meta"):
-                model = build_model(config)
-        except (RuntimeError, TypeError) as err:
-            if "overflow" not in str(err).lower():
-                raise
-            raise ConfigError(f"the model its config describes has a size no tensor can hold "
-                              f"({_largest_sizes(config)}): {str(err).splitlines()[0]}. Check the config's sizes (a "
-                              "damaged or foreign config.json?)") from None
+        with torch.device("meta"):
+            model = build_model(model)  # its sizes checked first (`check_sizes`)
     return sum(p.numel() for p in model.parameters())
 
 
-def _largest_sizes(config: ModelConfig, count: int = 2) -> str:
-    """The config's `count` largest whole-number fields, as name=value."""
-    sizes = [(value, name) for name, value in config.to_dict().items()
-             if isinstance(value, int) and not isinstance(value, bool)]
-    return ", ".join(f"{name}={value}" for value, name in sorted(sizes, reverse=True)[:count])
+INT64_MAX = torch.iinfo(torch.int64).max  # the largest size and element count torch holds
+
+
+def check_sizes(config: ModelConfig) -> None:
+    """Raise ConfigError where the model `config` describes has a size no tensor can hold: a whole-number field, or
+    the element count of one of its weights (`ModelConfig.weight_shapes`), beyond int64, torch's sizes. Arithmetic
+    only: nothing is built."""
+    sizes = {name: value for name, value in config.to_dict().items()
+             if isinstance(value, int) and not isinstance(value, bool)}
+    fix = "Check the config's sizes (a damaged or foreign config.json?)"
+    beyond = {name: value for name, value in sizes.items() if value > INT64_MAX}
+    if beyond:
+        raise ConfigError(f"the model its config describes has a size no tensor can hold ({_named(beyond)}): each "
+                          f"size must be at most {INT64_MAX:,} (int64). {fix}")
+    for weight, shape in config.weight_shapes().items():
+        if math.prod(shape) > INT64_MAX:
+            largest = dict(sorted(sizes.items(), key=lambda item: item[1], reverse=True)[:2])
+            raise ConfigError(f"the model its config describes has a size no tensor can hold ({_named(largest)}): its "
+                              f"{weight} weight would be {' x '.join(map(str, shape))}, {math.prod(shape):,} elements, "
+                              f"more than {INT64_MAX:,} (int64). {fix}")
+
+
+def _named(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in sizes.items())
 
 
 register(Family(DecoderConfig, build_decoder, state=KVCache, example="gpt2-tiny", exports=("hf", "gguf", "onnx")))
