@@ -17,7 +17,7 @@ from export_runs import LAYOUTS, random_run, source_text, tokenizer, trained_run
 from attnkit.checkpoint import load_model
 from attnkit.cli import main
 from attnkit.errors import ConfigError, InputError
-from attnkit.interop.gguf import GGUF_TYPES, GGUFType, convert_to_gguf, rope_pairs_adjacent
+from attnkit.interop.gguf import GGUF_TYPES, convert_to_gguf, rope_pairs_adjacent
 
 gguf = pytest.importorskip("gguf", reason="GGUF export needs the gguf package (pip install 'attnkit[export]')")
 
@@ -36,10 +36,6 @@ def _tensors(reader) -> dict:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
         out[tensor.name] = (shape, tensor.tensor_type.name, values)
     return out
-
-
-def test_types_are_the_command_line_choices():
-    assert list(GGUF_TYPES) == list(GGUFType.__args__)
 
 
 @pytest.mark.parametrize("type", ["f32", "f16", "bf16", "q8_0", "q4_0"])

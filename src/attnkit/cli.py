@@ -479,6 +479,7 @@ examples:
   attnkit convert --from-hf path/to/gpt2 --out runs/gpt2       # then: attnkit generate runs/gpt2 --prompt ...
   attnkit convert runs/shakespeare --to-hf exported/            # transformers: AutoModel.from_pretrained("exported")
   attnkit convert runs/default --to-gguf model.gguf --type q8_0  # llama.cpp: llama-cli -m model.gguf
+  attnkit convert runs/default --to-gguf model.gguf --type Q4_K_M  # llama.cpp's own quantizer (llama-cpp-python)
   attnkit convert runs/default --to-onnx exported-onnx/         # onnxruntime: model.onnx + tokenizer.json + ...
 
 Reads and writes these Hugging Face architectures (model_type: classes), as directories written by
@@ -502,7 +503,9 @@ class ConvertSettings:
     dtype: WeightDType = "fp32"  # with --from-hf: the run's weight type
     to_gguf: str | None = field(default=None, metadata={"metavar": "OUT.gguf"})
     """with RUN: a GGUF file for llama.cpp (a decoder in a layout llama.cpp runs: see docs/guides/export.md)"""
-    type: GGUFType = "f16"  # with --to-gguf: the weights' GGUF type (norms and biases stay f32)
+    type: GGUFType = "f16"
+    """with --to-gguf: the weights' GGUF type (norms and biases stay f32); the K-quants (Q4_K_M, Q6_K, ...) are made by
+    llama.cpp's quantizer, with llama-cpp-python installed (pip install 'attnkit[kquants]')"""
     chat_template: str | None = field(default=None, metadata={"metavar": "FILE"})
     """with --to-gguf: a Jinja chat template; none: the run's own, else attnkit's (the one attnkit serve uses)"""
     to_onnx: str | None = field(default=None, metadata={"metavar": "DIR"})

@@ -53,8 +53,12 @@ def os_error_message(err: OSError, path: object, doing: str) -> str:
 
 
 def nearest(name: str, known: Iterable[str]) -> str | None:
-    """The known name closest to a mistyped `name` (difflib's ratio, at least 0.6), or None when none is close."""
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    """The known name closest to a mistyped `name`: one that differs from it only in case (`q4_k_m`: `Q4_K_M`), else
+    difflib's closest (its ratio at least 0.6), or None when none is close."""
+    known = list(known)
+    if same := [candidate for candidate in known if candidate.lower() == name.lower()]:
+        return same[0]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     return close[0] if close else None
 
 

@@ -17,8 +17,10 @@ refused (an exact GELU is written with a warning).
 
 Types: 1-D tensors (norms, biases) and learned positions stay f32, as llama.cpp's converter keeps them; 2-D weights
 take the requested type, or f16 where a row's length is not a multiple of the type's block (32 values for q8_0 and
-q4_0). The `gguf` package quantizes f16, bf16, q8_0, q5_1, q5_0, q4_1 and q4_0 but not the K-quants (q4_K ...):
-llama.cpp's `llama-quantize` makes those from an f32 or f16 file.
+q4_0). The `gguf` package quantizes f16, bf16, q8_0, q5_1, q5_0, q4_1 and q4_0; llama.cpp's K-quants (Q4_K_M, Q6_K,
+... spelled as `llama-quantize` spells them) are made by llama.cpp's own quantizer from the file written at f16
+(`attnkit.interop.gguf_kquants`, llama-cpp-python in a child process), in a hidden file beside `out` that goes with
+the call; a weight whose rows are no whole number of 256 values gets llama.cpp's per-tensor fallback type there.
 
 Tokenizer: a byte-level BPE (attnkit's `bpe` kind, GPT-2's `tokenizer.json`) is written as llama.cpp's `gpt2`
 tokenizer with the GPT-2 pre-tokenizer, its merges, and special tokens marked as control tokens. A `char`
@@ -51,11 +53,12 @@ from attnkit.chat_format import (
 from attnkit.checkpoint import TOKENIZER_DIR, load_model, unique_state_dict
 from attnkit.config import DecoderConfig, ModelConfig, head_output
 from attnkit.errors import ConfigError, InputError
+from attnkit.interop.gguf_kquants import KQUANT_TYPES, check_quantizer, quantize_gguf
 from attnkit.interop.hf_config import match_family
 from attnkit.interop.hf_weights import hf_name, hf_tensor_names, to_hf_tensors
 from attnkit.interop.keymaps import FamilyMap
 from attnkit.interop.targets import elsewhere
-from attnkit.outputs import atomic_output
+from attnkit.outputs import atomic_output, sibling_file
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -73,7 +76,8 @@ def _writer_quiet(gguf: Any) -> Iterator[None]:
     finally:
         writer_log.setLevel(level)
 
-GGUFType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"]
+GGUFType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+                   "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"]  # GGUF_TYPES, KQUANT_TYPES
 # --type -> (the tensors' GGML type, the file type recorded in general.file_type), by the gguf package's names
 GGUF_TYPES: dict[str, tuple[str, str]] = {
     "f32": ("F32", "ALL_F32"),
@@ -109,8 +113,11 @@ def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f
     an unknown type; InputError for an existing `out` without `overwrite`."""
     gguf = _gguf()
     run_dir, out = Path(run_dir), Path(out)
-    if type not in GGUF_TYPES:
-        raise ConfigError(f"--type {type!r} is not a GGUF type attnkit writes; choose one of {', '.join(GGUF_TYPES)}")
+    if type not in GGUF_TYPES and type not in KQUANT_TYPES:
+        raise ConfigError(f"--type {type!r} is not a GGUF type attnkit writes; choose one of {', '.join(GGUF_TYPES)}, "
+                          f"or llama.cpp's {', '.join(KQUANT_TYPES)} (spelled as llama-quantize spells them)")
+    if type in KQUANT_TYPES:
+        check_quantizer(type)
     if out.exists() and not overwrite:
         raise InputError(f"{out} already exists; choose another file name, or add --overwrite to replace it")
     if out.suffix != ".gguf":
@@ -132,8 +139,9 @@ def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f
     vocab = gguf_vocabulary(tokenizer, tokenizer_dir, config.vocab_size)
     template, template_source = _chat_template(chat_template, tokenizer_dir)
 
-    with atomic_output(out, directory=False, overwrite=overwrite, flag="--to-gguf") as partial, _writer_quiet(gguf):
-        writer = gguf.GGUFWriter(str(partial), arch_name)
+    def write(path: Path, type: str) -> dict[str, str]:
+        """The file at one of GGUF_TYPES; each tensor's type."""
+        writer = gguf.GGUFWriter(str(path), arch_name)
         try:
             writer.add_name(run_dir.resolve().name)
             writer.add_file_type(gguf.LlamaFileType[GGUF_TYPES[type][1]])
@@ -151,6 +159,19 @@ def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f
             writer.write_tensors_to_file()
         finally:
             writer.close()
+        return tensor_types
+
+    with atomic_output(out, directory=False, overwrite=overwrite, flag="--to-gguf") as partial, _writer_quiet(gguf):
+        if type in GGUF_TYPES:
+            tensor_types = write(partial, type)
+        else:  # llama.cpp quantizes the f16 file, written beside `out` and removed whatever happens
+            source = sibling_file(out)
+            try:
+                write(source, "f16")
+                quantize_gguf(source, partial, type)
+            finally:
+                source.unlink(missing_ok=True)
+            tensor_types = {tensor.name: tensor.tensor_type.name for tensor in gguf.GGUFReader(partial).tensors}
     log.debug("wrote %s as llama.cpp's %s at %s to %s", run_dir, arch_name, type, out)
     return GGUFExport(path=out, architecture=arch_name, type=type, tensor_types=tensor_types,
                       context_length=context_length, chat_template=template_source)
