@@ -214,3 +214,52 @@ def test_an_encoder_decoder_folder_translates_alone_as_attnkit_does(tmp_path, ca
     worst = _check_against_attnkit(model, targets, steps, ids)
     print(f"largest logit difference over {len(steps)} steps: {worst:.1e} of the largest logit")
     assert worst <= 1e-5
+
+
+def test_a_model_too_short_for_the_traced_lengths_is_refused_naming_the_least_max_seq_len(tmp_path):
+    """The graphs are traced on lengths unlike each other and the model's sizes (here 3 the batch, 4 heads, head_dim
+    8, d_model 32), a past and a target within max_seq_len: 2 + 5 needs 7; the error blames the model, not an input."""
+    from attnkit.errors import ConfigError
+    from attnkit.interop.onnx import export_seq2seq_onnx
+
+    fields = {**FIELDS, "n_kv_heads": 4, "max_seq_len": 6, "position": "learned"}
+    model, config = load_model(random_run(tmp_path, fields))
+    with pytest.raises(ConfigError, match="max_seq_len=6 leaves no room; it needs max_seq_len >= 7"):
+        export_seq2seq_onnx(model, config, tmp_path / "onnx")
+    assert not (tmp_path / "onnx").exists()
+
+
+@pytest.mark.slow  # three graphs exported: about 45 s on 2 busy cores
+def test_a_short_learned_position_table_is_traced_within_it_and_stays_dynamic(tmp_path):
+    """max_seq_len 8 with learned positions: traced on a target of 2 after a past of 5 and a source of 6 (where 5
+    after 7 passed the table), and run at other batch sizes and lengths as the graphs' modules run them."""
+    from attnkit.interop.onnx import export_seq2seq_onnx
+
+    fields = {**FIELDS, "n_kv_heads": 4, "max_seq_len": 8, "position": "learned"}
+    model, config = load_model(random_run(tmp_path, fields))
+    export_seq2seq_onnx(model, config, tmp_path / "onnx")
+    layers = config.resolved.n_decoder_layers
+    sessions = {graph.role: ort.InferenceSession(str(tmp_path / "onnx" / graph.file),
+                                                 providers=["CPUExecutionProvider"])
+                for graph in seq2seq_graphs(layers)}
+    past_names = [graph.inputs[2:] for graph in seq2seq_graphs(layers) if graph.role == "decoder_with_past"][0]
+    generator = torch.Generator().manual_seed(0)
+    for batch, source, target in ((1, 2, 1), (2, 8, 3), (4, 3, 4)):
+        src = torch.randint(3, 300, (batch, source), generator=generator)
+        mask = torch.ones_like(src)
+        mask[0, source - 1:] = int(source == 1)  # the first row one token short
+        tgt = torch.randint(3, 300, (batch, target), generator=generator)
+        step = torch.randint(3, 300, (batch, 1), generator=generator)
+        with torch.no_grad():
+            memory = Seq2SeqEncoderGraph(model)(src, mask)
+            logits, *present = Seq2SeqDecoderGraph(model, config, first=True)(tgt, mask, memory)
+            state = [tuple(present[4 * i:4 * i + 4]) for i in range(layers)]
+            later, *_ = Seq2SeqDecoderGraph(model, config, first=False)(step, mask, state)
+        (onnx_memory,) = sessions["encoder"].run(None, {"input_ids": src.numpy(), "attention_mask": mask.numpy()})
+        first = sessions["decoder"].run(None, {"input_ids": tgt.numpy(), "encoder_attention_mask": mask.numpy(),
+                                               "encoder_hidden_states": onnx_memory})
+        (onnx_later, *_) = sessions["decoder_with_past"].run(
+            None, {"input_ids": step.numpy(), "encoder_attention_mask": mask.numpy(),
+                   **dict(zip(past_names, first[1:], strict=True))})
+        torch.testing.assert_close(torch.from_numpy(first[0]), logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.from_numpy(onnx_later), later, rtol=1e-5, atol=1e-5)

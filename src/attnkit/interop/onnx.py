@@ -99,6 +99,8 @@ log = logging.getLogger(__name__)
 
 OPSET = 18
 GRAPH_FILE = "model.onnx"
+EXAMPLE_BATCH = 3  # the batch the graphs are traced on; the lengths are `_example_lengths`'s
+_EXAMPLE_LENGTHS = (5, 6, 7)  # target, source, past: unlike each other and the batch
 RUNTIME_FILE = "runtime.json"  # how to feed the graph from text: its inputs and outputs, the tokenizer's framing
 _EXPORTER_LOGGERS = ("torch.onnx", "torch.export", "torch._export", "onnxscript", "onnx_ir")
 
@@ -411,8 +413,8 @@ def export_seq2seq_onnx(model: nn.Module, config: EncoderDecoderConfig, folder: 
     model = model.float().eval()
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
     source, past = torch.export.Dim("encoder_sequence"), torch.export.Dim("past_sequence")
-    # example sizes all differ (and differ from the model's own sizes), so no dynamic axis is taken for a fixed one
-    example_batch, example_length, example_source, example_past = 3, 5, 6, 7
+    example_batch = EXAMPLE_BATCH
+    example_length, example_source, example_past = _example_lengths(config)
     src = torch.randint(0, config.vocab_size, (example_batch, example_source))
     src_mask = torch.ones_like(src)
     tgt = torch.randint(0, config.target_vocab_size, (example_batch, example_length))
@@ -420,7 +422,7 @@ def export_seq2seq_onnx(model: nn.Module, config: EncoderDecoderConfig, folder: 
         memory = model.encode(src, src_mask=src_mask)  # (B, S, C)
         first = Seq2SeqDecoderGraph(model, config, first=True)
         earlier = torch.randint(0, config.target_vocab_size, (example_batch, example_past))
-        _, *present = first(earlier, src_mask, memory)  # an example past: the self-attention's of 7 positions
+        _, *present = first(earlier, src_mask, memory)  # an example past: the self-attention's
     layers = config.resolved.n_decoder_layers
     state = [tuple(present[4 * i:4 * i + 4]) for i in range(layers)]
     masks = {"encoder_attention_mask": {0: batch, 1: source}}
@@ -493,13 +495,12 @@ def _graph(model: nn.Module, config: ModelConfig):
     """(module, example inputs, dynamic shapes, input names, output names, kind) for the model's family."""
     _check_family(config)
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
-    # example sizes all differ (and differ from the model's own sizes), so no dynamic axis is taken for a fixed one
-    example_batch, example_length = 3, 5
+    example_batch, head = EXAMPLE_BATCH, _head(config)
+    next_token = head_output(config.family, head) == "token" and isinstance(config, DecoderConfig)
+    example_length, _, example_past = _example_lengths(config) if next_token else _EXAMPLE_LENGTHS
     ids = torch.randint(0, config.vocab_size, (example_batch, example_length))
-    head = _head(config)
-    if head_output(config.family, head) == "token" and isinstance(config, DecoderConfig):  # next-token: the past
+    if next_token:  # the past
         past_sequence = torch.export.Dim("past_sequence", min=0)
-        example_past = 7
         shape = (example_batch, config.resolved.n_kv_heads, example_past, config.resolved.head_dim)
         past = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(config.n_layers)]
         mask = torch.ones(example_batch, example_past + example_length, dtype=torch.long)
@@ -521,6 +522,31 @@ def _graph(model: nn.Module, config: ModelConfig):
     outputs = ["last_hidden_state", "pooled"] if head == "none" else ["logits"]
     return (EncoderGraph(model, head), example, dynamic, inputs, outputs,
             "embeddings" if head == "none" else head)
+
+
+def _example_lengths(config: ModelConfig) -> tuple[int, int, int]:
+    """The (target, source, past) lengths a graph with a past is traced on: 5, 6 and 7 where a past and a target fit
+    in max_seq_len together (a learned position table holds no more), else the smallest that do, each unlike the
+    others, the batch and the model's own sizes (heads, head_dim, d_model), so that torch.export keeps every length
+    axis dynamic. Raises ConfigError naming the least max_seq_len that leaves room."""
+    target, source, past = _EXAMPLE_LENGTHS
+    if past + target <= config.max_seq_len:
+        return target, source, past
+    resolved = config.resolved
+    taken = {EXAMPLE_BATCH, resolved.n_kv_heads, resolved.head_dim, config.n_heads, config.d_model}
+
+    def fitting(max_seq_len: int) -> list[int] | None:  # target, past, source; 0 and 1 would be taken as fixed
+        free = [n for n in range(2, max_seq_len + 1) if n not in taken]
+        return free[:3] if len(free) >= 3 and free[0] + free[1] <= max_seq_len else None
+
+    if (found := fitting(config.max_seq_len)) is not None:
+        target, past, source = found
+        return target, source, past
+    least = next(n for n in range(config.max_seq_len + 1, 2 * max(taken) + 8) if fitting(n) is not None)
+    raise ConfigError(f"an ONNX export traces a past and a target of lengths unlike each other and the model's own "
+                      f"sizes ({', '.join(map(str, sorted(taken)))} here), within max_seq_len together: "
+                      f"max_seq_len={config.max_seq_len} leaves no room; it needs max_seq_len >= {least} for this "
+                      "model")
 
 
 def _head(config: ModelConfig) -> str:
