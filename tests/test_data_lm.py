@@ -218,10 +218,11 @@ def test_a_cache_changed_since_it_was_written_is_rebuilt(tmp_path: Path, corpus,
         assert "not the one its" in caplog.text
 
 
-def llama_style_tokenizer(text: str) -> HFTokenizer:
+def llama_style_tokenizer(text: str, *, bos: bool = False) -> HFTokenizer:
     """A byte-fallback BPE trained split at spaces, encoding as Hugging Face's conversion of Llama 2's SentencePiece
-    model does: a normalizer that puts '▁' before the text and writes its spaces as '▁'."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    model does: a normalizer that puts '▁' before the text and writes its spaces as '▁'; with `bos`, its
+    post-processor puts BOS before every text, as a converted Llama's does (`starts_with_bos`)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
@@ -230,6 +231,9 @@ def llama_style_tokenizer(text: str) -> HFTokenizer:
         initial_alphabet=[f"<0x{b:02X}>" for b in range(256)]))
     tok.pre_tokenizer = None
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[
+            ("<s>", tok.token_to_id("<s>"))])
     return HFTokenizer(tok, kind="hf", specials={"unk": "<unk>", "bos": "<s>", "eos": "</s>"})
 
 
@@ -275,6 +279,61 @@ def test_one_huge_file_of_one_line_is_tokenized_in_bounded_batches_with_progress
     np.testing.assert_array_equal(np.array(data.tokens), tok.encode(text))
     assert len(batches) >= 10 and max(batches) <= 2000 + 4 * 500
     assert sum(moves) == path.stat().st_size and sum(1 for n in moves if n) >= 10
+
+
+def test_a_tokenizer_that_starts_texts_with_bos_starts_each_file_of_the_stream_with_it(tmp_path: Path, corpus,
+                                                                                         monkeypatch) -> None:
+    """A converted Llama is prompted after BOS (its tokenizer starts every text with one) but was fine-tuned on a
+    stream without any: each file starts with BOS now, as Hugging Face's run_clm puts it before each document. A
+    cache built without it is not reused."""
+    import attnkit.data.lm as lm
+
+    tok = llama_style_tokenizer("hello world goodbye moon\n" * 20, bos=True)
+    assert tok.starts_with_bos
+    texts = [path.read_text(encoding="utf-8") for path in corpus]
+    expected = [tok.bos_id, *tok.encode(texts[0]), tok.eos_id, tok.bos_id, *tok.encode(texts[1])]
+    monkeypatch.setattr(lm, "bos_first", lambda _tokenizer: False)  # the stream as it was built before
+    before = LMData.prepare(corpus, tok, tmp_path, progress=False)
+    monkeypatch.undo()
+    data = LMData.prepare(corpus, tok, tmp_path, progress=False)
+    assert not data.reused and data.bos_first and not before.bos_first
+    assert np.asarray(data.tokens).tolist() == expected
+    assert np.asarray(before.tokens).tolist() == [*tok.encode(texts[0]), tok.eos_id, *tok.encode(texts[1])]
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_a_stream_of_attnkits_own_tokenizers_holds_no_bos_and_keeps_its_cache(tmp_path: Path, corpus, kind) -> None:
+    """attnkit's own tokenizers start no text with BOS: their stream is each file's tokens with EOS between them, as
+    before BOS was put before a converted Llama's files, in a cache of the same name (runs reuse theirs)."""
+    import hashlib
+
+    texts = [path.read_text(encoding="utf-8") for path in corpus]
+    tok = CharTokenizer.from_texts(texts) if kind == "char" else train_bpe(texts, vocab_size=300)
+    data = LMData.prepare(corpus, tok, tmp_path, progress=False)
+    assert np.asarray(data.tokens).tolist() == [*tok.encode(texts[0]), tok.eos_id, *tok.encode(texts[1])]
+    identity = {"format": 2, "tokenizer": tok.fingerprint(), "files": [str(f.resolve()) for f in corpus],
+                "encoding_errors": "strict"}  # the cache's key as it was
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    assert data.path == tmp_path / f"lm-{key}.bin" and not data.bos_first
+
+
+def test_resuming_a_run_whose_stream_had_no_bos_says_its_windows_changed(tmp_path: Path, corpus, caplog) -> None:
+    """A converted Llama's run trained before its files were started with BOS is resumed on a stream with it: said in
+    one warning, where its data state records which stream it trained on."""
+    from attnkit.tasks.lm import LMTask
+
+    tok = llama_style_tokenizer("hello world goodbye moon\n" * 20, bos=True)
+    task = LMTask(LMData.prepare(corpus, tok, tmp_path, progress=False), batch_size=2, seq_len=8, seed=0)
+    state = task.data_state()
+    assert state["bos_first"] is True
+    with caplog.at_level("WARNING", logger="attnkit.tasks.lm"):
+        task.load_data_state(state)
+        assert not caplog.records
+        task.load_data_state({"generator": state["generator"]})  # a run's state from before
+    assert [r.getMessage() for r in caplog.records] == [
+        "this run's training data was tokenized without BOS at the start of each file, where its tokenizer starts "
+        "every text with one; it is tokenized with it now, as the model is prompted, so the resumed run's windows "
+        "differ from those it trained on"]
 
 
 def test_a_corpus_mostly_unknown_names_the_tokenizers_own_unknown_piece(tmp_path: Path) -> None:

@@ -10,7 +10,9 @@
 The cache is reused while the tokenizer and every file's size and mtime are unchanged and the .bin is the one
 written (its SHA-256, checked when read back), and rebuilt when any of them changes. Files are joined with EOS
 between them (a single file is its tokens alone, so one-file corpora such as Tiny Shakespeare give the classic
-stream and split).
+stream and split). A tokenizer that starts every text with BOS (`starts_with_bos`: a converted Llama's) gets BOS at
+the start of each file, as Hugging Face's run_clm puts it before each document and as the model is prompted
+(`bos_first`); attnkit's own tokenizers place none.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class LMData:
     path: Path | None = None
     meta: dict = field(default_factory=dict)
     reused: bool = False
+    bos_first: bool = False  # each file starts with BOS (`bos_first`)
 
     @property
     def train(self) -> np.ndarray:
@@ -117,6 +120,8 @@ class LMData:
             "files": [str(f.resolve()) for f in files],
             "encoding_errors": encoding_errors,
         }
+        if bos_first(tokenizer):  # named only where set: the caches of streams without BOS keep their keys
+            identity["bos_first"] = True
         key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         bin_path, meta_path = cache_dir / f"lm-{key}.bin", cache_dir / f"lm-{key}.json"
         expected = {
@@ -147,7 +152,7 @@ class LMData:
             log.info("reusing token cache %s (%d tokens)", bin_path, meta["n_tokens"])
         tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["n_tokens"],))
         _check_known(tokens, tokenizer, files)
-        return cls(tokens, split_point(meta["n_tokens"], val_fraction), bin_path, meta, reused)
+        return cls(tokens, split_point(meta["n_tokens"], val_fraction), bin_path, meta, reused, bos_first(tokenizer))
 
     def sample_batch(
         self, split: str, batch_size: int, seq_len: int, generator: torch.Generator
@@ -307,13 +312,20 @@ def _build(
     return n_tokens, digest.hexdigest()
 
 
+def bos_first(tokenizer: Tokenizer) -> bool:
+    """Whether a stream of `tokenizer`'s texts puts BOS at the start of each file: where the tokenizer starts every
+    text with one (a converted Llama's, whose model was trained and is prompted so)."""
+    return getattr(tokenizer, "starts_with_bos", False) and tokenizer.bos_id is not None
+
+
 def _encode_files(files: list[Path], tokenizer: Tokenizer, errors: EncodingErrors, bar: tqdm) -> Iterator[np.ndarray]:
-    """Token arrays for the files in order, with EOS between files when there are several. The tokenizer gets about
-    _FLUSH_CHARS at a time, inside one large file too (its ids as Python lists stay that small), and the bar moves
-    by the share of each file's bytes handed over."""
+    """Token arrays for the files in order, with EOS between files when there are several and BOS at the start of
+    each where `bos_first`. The tokenizer gets about _FLUSH_CHARS at a time, inside one large file too (its ids as
+    Python lists stay that small), and the bar moves by the share of each file's bytes handed over."""
     sep = tokenizer.eos_id if len(files) > 1 else None
+    bos = tokenizer.bos_id if bos_first(tokenizer) else None
     space_before_text = isinstance(tokenizer, HFTokenizer) and tokenizer.space_before_text
-    pending: list[str | None] = []  # text pieces; None marks a boundary between files
+    pending: list[str | int] = []  # text pieces, and the special ids placed between them
     pending_chars = pending_bytes = 0
     started = False
     for path, text in zip(files, iter_texts(files, errors=errors), strict=True):
@@ -322,8 +334,10 @@ def _encode_files(files: list[Path], tokenizer: Tokenizer, errors: EncodingError
             log.debug("skipping empty file %s", path)
             pending_bytes += size
             continue
-        if started:
-            pending.append(None)
+        if started and sep is not None:
+            pending.append(sep)
+        if bos is not None:
+            pending.append(bos)
         started = True
         done = 0  # characters of this file handed over
         for piece in split_text(text, _PIECE_CHARS, space_before_text=space_before_text):
@@ -332,24 +346,20 @@ def _encode_files(files: list[Path], tokenizer: Tokenizer, errors: EncodingError
             pending_bytes += size * (done + len(piece)) // len(text) - size * done // len(text)
             done += len(piece)
             if pending_chars >= _FLUSH_CHARS:
-                yield from _encode_pending(pending, tokenizer, sep)
+                yield from _encode_pending(pending, tokenizer)
                 bar.update(pending_bytes)
                 pending, pending_chars, pending_bytes = [], 0, 0
         pending_bytes += size - size * done // len(text)  # the spaces split_text left out between pieces
-    yield from _encode_pending(pending, tokenizer, sep)
+    yield from _encode_pending(pending, tokenizer)
     bar.update(pending_bytes)
 
 
-def _encode_pending(pending: list[str | None], tokenizer: Tokenizer, sep: int | None) -> Iterator[np.ndarray]:
-    texts = [p for p in pending if p is not None]
+def _encode_pending(pending: list[str | int], tokenizer: Tokenizer) -> Iterator[np.ndarray]:
+    texts = [p for p in pending if isinstance(p, str)]
     if isinstance(tokenizer, CharTokenizer):
         encoded = [tokenizer.encode_array(t) for t in texts]  # vectorised, no Python lists
     else:
         encoded = [np.array(ids, dtype=np.int64) for ids in tokenizer.encode_batch(texts)]
     encoded.reverse()
     for piece in pending:
-        if piece is None:
-            if sep is not None:
-                yield np.array([sep], dtype=np.int64)
-        else:
-            yield encoded.pop()
+        yield encoded.pop() if isinstance(piece, str) else np.array([piece], dtype=np.int64)

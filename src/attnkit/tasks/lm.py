@@ -228,10 +228,17 @@ class LMTask:
         return [int(i) for i in self.data.val[:min(n_tokens, max(1, self.seq_len // 2))]]
 
     def data_state(self) -> dict[str, Any]:
-        return {"generator": encode_tensor(self.generator.get_state())}
+        """The window sampler's generator, and whether the stream puts BOS at each file's start (`bos_first`)."""
+        return {"generator": encode_tensor(self.generator.get_state()), "bos_first": self.data.bos_first}
 
     def load_data_state(self, state: dict[str, Any]) -> None:
+        """Resume the sampler; a warning where the run's stream was built without the BOS it has now (a converted
+        Llama's run trained before each file was started with BOS): its windows are not the ones it trained on."""
         self.generator.set_state(decode_tensor(state["generator"]))
+        if self.data.bos_first and not state.get("bos_first", False):
+            log.warning("this run's training data was tokenized without BOS at the start of each file, where its "
+                        "tokenizer starts every text with one; it is tokenized with it now, as the model is prompted, "
+                        "so the resumed run's windows differ from those it trained on")
 
 
 @dataclass(frozen=True)
