@@ -56,7 +56,7 @@ def test_onnx_holds_them_with_attnkits_logits(tmp_path, case):
     run = random_run(tmp_path, {**ONNX_CASES[case], "n_layers": 1})
     folder = convert_to_onnx(run, tmp_path / "onnx")
     model, config = load_model(run)
-    session = ort.InferenceSession(str(folder.graph.path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(folder.graphs[0].path), providers=["CPUExecutionProvider"])
     ids = torch.randint(0, config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
     empty = np.zeros((2, config.resolved.n_kv_heads, 0, config.resolved.head_dim), dtype=np.float32)
     names = ("past_key_values.0.key", "past_key_values.0.value")

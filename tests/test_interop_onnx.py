@@ -78,7 +78,7 @@ def test_decoder_steps_through_its_past_keys_and_values(tmp_path, capsys):
 def test_encoder_gives_attnkits_outputs_with_padding(tmp_path, head):
     fields = {"d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_seq_len": 32, **ENCODERS[head]}
     run = random_run(tmp_path, fields)
-    export = convert_to_onnx(run, tmp_path / "exported").graph
+    export = convert_to_onnx(run, tmp_path / "exported").graphs[0]
     runtime = json.loads((tmp_path / "exported" / "runtime.json").read_text())
     assert ("words" in runtime) == (head == "tag")  # a tagger's words are encoded one by one, as attnkit tag does
     model, config = load_model(run)
@@ -273,3 +273,12 @@ def test_a_decoders_runtime_json_says_the_bos_its_tokenizer_json_adds(tmp_path):
         assert framing.as_json()["adds"] == adds
         assert framing.as_json()["template"] == " ".join([*adds, "$TEXT"])
         assert file.encode("def f():").ids == [bos] * len(adds) + tokenizer().encode("def f():")
+
+
+def test_onnx_folder_graph_is_the_old_name_of_its_first_graph(tmp_path):
+    from attnkit.interop.onnx import ONNXExport, ONNXFolder
+
+    export = ONNXExport(path=tmp_path / "model.onnx", kind="decoder", inputs=["input_ids"], outputs=["logits"])
+    folder = ONNXFolder(path=tmp_path, graphs=[export], files={})
+    with pytest.warns(DeprecationWarning, match=r"ONNXFolder.graph is deprecated; use ONNXFolder.graphs\[0\]"):
+        assert folder.graph is export

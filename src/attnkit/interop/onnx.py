@@ -85,6 +85,7 @@ from attnkit.checkpoint import (
     read_origin_ids,
 )
 from attnkit.config import DecoderConfig, EncoderConfig, EncoderDecoderConfig, ModelConfig, head_output
+from attnkit.deprecation import warn_renamed
 from attnkit.errors import ConfigError, InputError
 from attnkit.interop.runtime_tokenizer import Framing, runtime_tokenizer
 from attnkit.interop.targets import elsewhere
@@ -138,7 +139,8 @@ class ONNXFolder:
 
     @property
     def graph(self) -> ONNXExport:
-        """The graph (an encoder-decoder's encoder)."""
+        """The old name of `graphs[0]` (from before an encoder-decoder's three), with a DeprecationWarning."""
+        warn_renamed("ONNXFolder.graph", "ONNXFolder.graphs[0]")
         return self.graphs[0]
 
 
