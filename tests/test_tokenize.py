@@ -225,6 +225,16 @@ def test_cli_reports_bad_kind_and_missing_tokenizer(tmp_path: Path, capsys: pyte
     assert f"give its tokenizer folder, {tmp_path / 'run' / 'tokenizer'}" in capsys.readouterr().err
 
 
+def test_tokenizer_encode_of_text_not_utf8_gives_advice_it_can_follow(tmp_path: Path, capsys) -> None:
+    """`--text $'caf\\xe9'` was told to read it from a file with --encoding-errors replace, options tokenizer
+    encode does not have: the advice is the caller's."""
+    CharTokenizer.from_texts(["café"]).save(tmp_path / "tok")
+    text = b"caf\xe9".decode("utf-8", "surrogateescape")  # as Python reads the command line
+    assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path / "tok"), "--text", text]) == 2
+    err = capsys.readouterr().err
+    assert "is not UTF-8 (byte 0xe9 at character 3): give --text in UTF-8" in err and "--encoding-errors" not in err
+
+
 def test_tokenizer_train_refuses_an_empty_corpus_and_a_vocab_size_for_char(tmp_path: Path, capsys) -> None:
     """An empty file trained a BPE of the 256 bytes alone and said nothing; --vocab-size with --kind char was
     ignored without a word (as `attnkit train` refuses it)."""

@@ -226,8 +226,10 @@ class TokenizerEncodeSettings:
 
 
 def _run_tokenizer_encode(settings: TokenizerEncodeSettings) -> int:
-    from attnkit.tokenize import explain, load_tokenizer
+    from attnkit.tokenize import explain, load_tokenizer, not_utf8
 
+    if (refusal := not_utf8([settings.text], fix="give --text in UTF-8 (a terminal set to UTF-8 writes it so)")):
+        raise refusal
     print(explain(load_tokenizer(settings.tokenizer), settings.text))
     return 0
 

@@ -309,16 +309,16 @@ def _hf_config_specials(directory: Path) -> dict[str, str]:
     return found
 
 
-def not_utf8(texts: Sequence[str]) -> InputError | None:
+def not_utf8(texts: Sequence[str], *, fix: str = "give the text in UTF-8") -> InputError | None:
     """The InputError for the first of `texts` holding a lone surrogate, which no tokenizer reads: the bytes that are
-    not UTF-8 of a command-line argument or a file read with errors="surrogateescape"; None when there is none."""
+    not UTF-8 of a command-line argument or a file read with errors="surrogateescape"; None when there is none.
+    `fix` is the caller's advice, which knows where the text came from."""
     for text in texts:
         found = _SURROGATE.search(text) if isinstance(text, str) else None
         if found is not None:
             code = ord(found.group())
             byte = f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
-            return InputError(f"the text {text[:40]!r} is not UTF-8 ({byte} at character {found.start()}): give the "
-                              "text in UTF-8, or read it from a file with --encoding-errors replace")
+            return InputError(f"the text {text[:40]!r} is not UTF-8 ({byte} at character {found.start()}): {fix}")
     return None
 
 
