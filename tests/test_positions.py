@@ -2,11 +2,12 @@
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnkit.layers.attention import Attention
+from attnkit.layers.attention import Attention, DotScore
 from attnkit.layers.masks import AttentionMask
 from attnkit.layers.positions import (
     RelativePositions,
@@ -105,14 +106,23 @@ def test_relative_attention_with_zero_embeddings_equals_plain_attention():
     assert not torch.allclose(relative(x, mask=causal)[0], plain(x, mask=causal)[0])
 
 
-def test_relative_distances_beyond_the_clip_share_one_embedding():
+@pytest.mark.parametrize("start", [0, 5])
+def test_relative_distances_beyond_the_clip_share_one_embedding(start):
+    """Shaw's a^K_ij and a^V_ij, as the score bias and the value term read them, are the rows of the clipped distance
+    j - i: row 0 for j - i <= -2, row 4 for j - i >= 2 (k = 2), for queries at any offset of the keys."""
     table = RelativePositions(2, 4)
     with torch.no_grad():
-        table.key.copy_(torch.arange(5.0)[:, None].expand(5, 4))
-    rel_k, _ = table(query_len=8, key_len=8)  # (T, S, D)
-    distance = torch.arange(8)[None, :] - torch.arange(8)[:, None]
-    assert torch.all(rel_k[..., 0][distance >= 2] == 4) and torch.all(rel_k[..., 0][distance <= -2] == 0)
-    assert torch.all(rel_k[..., 0][distance == 1] == 3) and torch.all(rel_k[..., 0][distance == 0] == 2)
+        table.key.copy_(torch.arange(5.0)[:, None].expand(5, 4))  # row r holds r in every dimension
+        table.value.copy_(10 * torch.arange(5.0)[:, None].expand(5, 4))
+    mask, key_len = AttentionMask(3, start=start), start + 3
+    q = torch.ones(1, 1, 3, 4)  # a dot score of 1 . a^K_ij = 4 * row
+    row_k = table.score_bias(q, mask, key_len, DotScore(1.0))[0, 0] / 4  # (T, S)
+    weights = torch.eye(key_len)[start:][None, None]  # each query's weight on one key at a time: its own
+    row_v = table.value_term(torch.ones(1, 1, 3, key_len), mask, key_len)[0, 0, :, 0] / 10  # sum over keys
+    distance = torch.arange(key_len)[None, :] - torch.arange(start, start + 3)[:, None]  # (T, S)
+    assert torch.equal(row_k, (distance.clamp(-2, 2) + 2).float())
+    assert torch.equal(row_v, (distance.clamp(-2, 2) + 2).float().sum(dim=1))
+    assert torch.equal(table.value_term(weights, mask, key_len)[0, 0, :, 0] / 10, torch.full((3,), 2.0))
 
 
 def test_relative_attention_is_shift_invariant_without_absolute_positions():

@@ -89,6 +89,11 @@ class AttentionMask:
         return (self.causal and self.attention_mask is None and self.prefix_len is None and self.documents is None
                 and self.length in (1, key_len) and (window is None or window >= key_len))
 
+    def key_positions(self, key_len: int, given: Tensor | None = None) -> Tensor:
+        """(S,) long: the keys' absolute positions, `given` (a rolling cache's, `LayerCache.key_positions`) or
+        0 .. key_len - 1, on the queries' device."""
+        return given if given is not None else torch.arange(key_len, device=self.query_positions.device)
+
     def hides_keys(self, key_len: int, *, window: int | None = None) -> bool:
         """Whether some query may not see some of `key_len` keys at positions 0 .. key_len - 1: causality, padding,
         documents or a window shorter than the keys (False: `allowed` and `mask_mod` are None)."""
@@ -107,8 +112,8 @@ class AttentionMask:
         name = self._form_name("allowed", key_len, window, key_positions)
         if name in self._forms:  # asked before by a layer with the same keys and window
             return self._forms[name]
-        keys = key_positions if key_positions is not None else torch.arange(key_len, device=self.query_positions.device)
-        query, key = self.query_positions[:, None], keys[None, :]  # (T, 1), (1, S)
+        query = self.query_positions[:, None]  # (T, 1)
+        key = self.key_positions(key_len, key_positions)[None, :]  # (1, S)
         structure = self._structure(query, key)
         if window is not None and not (key_positions is None and window >= key_len):  # the window hides some key
             near = (query - key).abs() < window  # (T, S); both ways, as a prefix reads

@@ -3,22 +3,24 @@
 Every scheme is one module behind one interface, `PositionScheme`, whose hooks the model calls at fixed points;
 a scheme overrides the hooks where it acts and inherits "do nothing" for the others:
 
-    hook                                            where it is called          schemes
-    embed(position_ids)           -> (B, T, C)      added to token embeddings   sinusoidal, learned
-    prepare(position_ids)         -> what rotate    once per forward pass       rope
-                                     needs          (for every layer)
-    rotate(q, k, prepared)        -> q, k           after the q/k projections   rope
-    score_bias(q, mask, S, score) -> bias           added to the scores         relative (Shaw), alibi
-    flex_score_mod(mask)          -> score_mod      the same, for FlexAttention alibi
-    value_term(weights, mask, S)  -> term           added to the output         relative (Shaw)
+    hook                                              where it is called          schemes
+    embed(position_ids)             -> (B, T, C)      added to token embeddings   sinusoidal, learned
+    prepare(position_ids)           -> what rotate    once per forward pass       rope
+                                       needs          (for every layer)
+    rotate(q, k, prepared)          -> q, k           after the q/k projections   rope
+    score_bias(q, mask, S, score,   -> bias           added to the scores         relative (Shaw), alibi
+               key_positions=)
+    flex_score_mod(mask)            -> score_mod      the same, for FlexAttention alibi
+    value_term(weights, mask, S,    -> term           added to the output         relative (Shaw)
+               key_positions=)
 
 Absolute schemes act at the embeddings (`Embeddings.positions`); relative ones (their scores depend on i - j)
 act inside each self-attention (`Attention.relative`). Every scheme reads where the queries sit from the forward
 pass's `AttentionMask` (`mask.query_positions`, (T,): their absolute positions, with a KV cache the cache positions
 they were written to), the same object the masks come from, so relative terms stay right with a cache. Keys sit at
 0 .. S - 1 unless the attention says otherwise (`key_positions`: a sliding window's ring buffer holds them out of
-order). A scheme initialises its own parameters (`init_weights`) and says whether they take weight decay
-(`weight_decay`); `make_positions` builds one by name.
+order; `mask.key_positions` reads either). A scheme initialises its own parameters (`init_weights`) and says whether
+they take weight decay (`weight_decay`); `make_positions` builds one by name.
 """
 
 from __future__ import annotations
@@ -199,27 +201,20 @@ class RelativePositions(PositionScheme):
         self.key = nn.Parameter(torch.zeros(2 * max_distance + 1, head_dim))
         self.value = nn.Parameter(torch.zeros(2 * max_distance + 1, head_dim))
 
-    def _index(self, query_positions: Tensor, key_len: int, key_positions: Tensor | None = None) -> Tensor:
-        key_pos = key_positions if key_positions is not None else torch.arange(key_len, device=query_positions.device)
-        distance = (key_pos[None, :] - query_positions[:, None]).clamp(-self.max_distance, self.max_distance)  # (T, S)
+    def _index(self, mask: AttentionMask, key_len: int, key_positions: Tensor | None) -> Tensor:
+        """(T, S): the table row of each query-key pair, its distance j - i clipped to [-k, k], shifted to 0 .. 2k."""
+        keys, queries = mask.key_positions(key_len, key_positions), mask.query_positions
+        distance = (keys[None, :] - queries[:, None]).clamp(-self.max_distance, self.max_distance)  # (T, S)
         return distance + self.max_distance
-
-    def forward(self, query_len: int, key_len: int) -> tuple[Tensor, Tensor]:
-        """Embeddings for queries at positions `key_len - query_len ..` against keys `0 .. key_len - 1`.
-
-        Returns a^K and a^V, each (T, S, D).
-        """
-        index = self._index(torch.arange(key_len - query_len, key_len, device=self.key.device), key_len)
-        return self.key[index], self.value[index]
 
     def score_bias(self, q: Tensor, mask: AttentionMask, key_len: int, score: nn.Module, *,
                    key_positions: Tensor | None = None) -> Tensor:
-        index = self._index(mask.query_positions, key_len, key_positions)  # (T, S)
+        index = self._index(mask, key_len, key_positions)  # (T, S)
         return score.per_query(q, self.key[index])  # (B, H, T, S)
 
     def value_term(self, weights: Tensor, mask: AttentionMask, key_len: int, *,
                    key_positions: Tensor | None = None) -> Tensor:
-        rel_v = self.value[self._index(mask.query_positions, key_len, key_positions)].to(weights.dtype)  # (T, S, D)
+        rel_v = self.value[self._index(mask, key_len, key_positions)].to(weights.dtype)  # (T, S, D)
         return torch.einsum("bhts,tsd->bhtd", weights, rel_v)
 
     def init_weights(self) -> None:
@@ -246,9 +241,7 @@ class ALiBi(PositionScheme):
 
     def score_bias(self, q: Tensor, mask: AttentionMask, key_len: int, score: nn.Module, *,
                    key_positions: Tensor | None = None) -> Tensor:
-        query_pos = mask.query_positions  # (T,)
-        key_pos = key_positions if key_positions is not None else torch.arange(key_len, device=query_pos.device)
-        distance = (query_pos[:, None] - key_pos[None, :]).abs()  # (T, S)
+        distance = (mask.query_positions[:, None] - mask.key_positions(key_len, key_positions)[None, :]).abs()  # (T, S)
         return -self.slopes.float()[:, None, None] * distance  # (H, 1, 1) * (T, S) -> (H, T, S)
 
     def flex_score_mod(self, mask: AttentionMask):
