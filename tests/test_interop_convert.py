@@ -3,6 +3,7 @@ directory that transformers loads (model and tokenizer)."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from interop_models import PAD, batch, hf_model, transformers, word_tokenizer  # noqa: F401
@@ -359,3 +360,29 @@ def test_a_decoder_tagger_attnkit_trained_is_written_framed_as_attnkit_tag_reads
     with torch.no_grad():
         best = reference(**theirs).logits[0, 1:-1].argmax(-1)  # (T,) at each word, between BOS and EOS
     assert [w.label for w in load(run).tag([words])[0]] == [reference.config.id2label[int(i)] for i in best]
+
+
+def test_a_converted_llama_is_fine_tuned_on_files_that_start_with_bos_as_it_is_prompted(tmp_path, capsys):
+    """`attnkit train --task lm --init-from` a converted Llama whose tokenizer puts BOS before every text trained it on
+    a stream without BOS, though every prompt it is given starts with BOS: each file of its stream starts with BOS
+    now (Hugging Face's run_clm puts BOS before each document), and the training windows read from that stream."""
+    from tokenizers import Tokenizer, processors
+
+    from attnkit.data import LMData
+
+    hf_model("llama", tmp_path / "hf")
+    word_tokenizer(tmp_path / "hf")
+    framing = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    framing.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
+    framing.save(str(tmp_path / "hf" / "tokenizer.json"))
+    _convert(tmp_path / "hf", tmp_path / "run", capsys)
+    files = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    files[0].write_text(_words([5, 6, 7] * 30))
+    files[1].write_text(_words([9, 10] * 30))
+    assert main(["train", "--task", "lm", "--data", *map(str, files), "--init-from", str(tmp_path / "run"),
+                 "--out", str(tmp_path / "tuned"), "--max-steps", "1", "--eval-every", "1", "--batch-size", "2",
+                 "--seq-len", "8", "--no-progress"]) == 0
+    tokenizer = load_tokenizer(tmp_path / "tuned" / "tokenizer")
+    stream = LMData.prepare(files, tokenizer, tmp_path / "tuned" / "cache", progress=False)
+    assert stream.reused  # the stream the run trained on
+    assert np.asarray(stream.tokens).tolist() == [BOS, *[5, 6, 7] * 30, EOS, BOS, *[9, 10] * 30]
