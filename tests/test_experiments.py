@@ -89,13 +89,15 @@ def rnn_vs_transformer_cost(rows: list[dict]) -> None:
 
 
 def scaled_dot(rows: list[dict]) -> None:
-    """At initialisation the unscaled softmax sharpens as D grows; the scaled one does not. Rows go by D (a trained
-    D without an initialisation row came last)."""
+    """At initialisation the unscaled softmax sharpens as D grows; the scaled one does not; the freshly built
+    unscaled model's attention is sharper than the scaled model's at the larger D. Rows go by D (a trained D without
+    an initialisation row came last)."""
     assert [row["D"] for row in rows] == sorted(row["D"] for row in rows)
     dims = {row["D"]: row for row in rows}
     assert dims[64]["dot max weight"] > dims[16]["dot max weight"] + 0.1
     assert abs(dims[64]["scaled max weight"] - dims[16]["scaled max weight"]) < 0.05
     assert dims[64]["scaled entropy"] > dims[64]["dot entropy"]
+    assert dims[64]["dot max weight, model at init"] > dims[64]["scaled max weight, model at init"]
 
 
 def heads_specialise(rows: list[dict]) -> None:

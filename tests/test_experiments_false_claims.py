@@ -16,6 +16,7 @@ from attnkit.experiments import (
     ab_task,
     gqa_memory,
     kernel_regression,
+    lm_runs,
     norm_placement,
     position_extrapolation,
     run_experiment,
@@ -73,14 +74,24 @@ def test_position_extrapolation_does_not_hold_where_the_learned_table_reaches_ev
 
 
 def test_scaled_dot_does_not_hold_where_the_unscaled_scores_shrink_as_d_grows(tmp_path, monkeypatch):
-    """The claim is that unscaled softmax saturates *as D grows*. Where q . k's variance falls as 1/D (queries and keys
-    of variance 1/D), the unscaled softmax flattens as D grows; its weights stay sharper than the scaled softmax's at
-    every D, so that comparison alone could not say no."""
-    measured = scaled_dot.saturation
-    monkeypatch.setattr(scaled_dot, "saturation",
-                        lambda head_dim, scale, generator: measured(head_dim, scale / head_dim, generator))
-    result = run_experiment("scaled-dot", budget="tiny", out=tmp_path)
-    assert outcome_of(result, "at initialisation: the unscaled softmax's mean largest weight at D=") == "against"
+    """The claim is that unscaled softmax saturates *as D grows*. In models whose queries are built (64/D)^2 times
+    larger (16 times at D=16, as built at D=64), q . k's spread falls as D grows and the unscaled model's attention
+    flattens; its weights stay sharper than the scaled model's, so that comparison alone could not say no. The world
+    is the models the experiment builds and trains, not its measurement."""
+    built = lm_runs.build_model
+
+    def shrinking_queries(config):
+        model = built(config)
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                if name.endswith("q_proj"):
+                    module.weight.mul_((64 / config.resolved.head_dim) ** 2)
+        return model
+
+    monkeypatch.setattr(scaled_dot, "build_model", shrinking_queries)
+    monkeypatch.setattr(lm_runs, "build_model", shrinking_queries)
+    result = run_experiment("scaled-dot", budget="tiny", seeds=4, out=tmp_path)
+    assert outcome_of(result, "at initialisation: the unscaled model's mean largest attention weight at") == "against"
     assert result.verdict in ("did not hold at this scale", "mixed")
 
 
