@@ -41,6 +41,7 @@ def attention_choice(paths: Sequence[tuple[str, Any]], fused: str, why_fused: st
     several = len(paths) > 1
     choice = " / ".join(dict.fromkeys(names[path.kernel] for _, path in paths))
     why = "; ".join(f"{where}: {path.reason}" if several else path.reason for where, path in paths)
-    if any(path.kernel.startswith("sdpa") for _, path in paths):
-        why += f"; {fused}: {why_fused}"
+    kernels = {path.kernel for _, path in paths}
+    if kernels & {"sdpa", "sdpa+bias"}:  # the fused kernel's own reason, named where other kernels are listed too
+        why += f"; {why_fused}" if kernels <= {"sdpa", "sdpa+bias"} else f"; {fused}: {why_fused}"
     return Choice("attention", choice, why)

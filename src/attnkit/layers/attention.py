@@ -367,8 +367,8 @@ class Attention(nn.Module):
         masks = mask.hides_keys(key_len, window=window)
         if (flex and dropout == 0 and not cached and isinstance(mask.start, int)
                 and (position.flex if position is not None else self.softcap is not None or masks)):
-            return KernelPath("flex", "FlexAttention: the position bias and soft-cap as a score_mod, the mask as a "
-                              "block mask, one fused kernel with no (T, S) bias")
+            return KernelPath("flex", "the position bias and soft-cap as a score_mod, the mask as a block mask: one "
+                              "fused kernel with no (T, S) bias")
         what = ", ".join(([f"the score bias of {position.title}"] if position is not None else [])
                          + ([_mask_parts(mask, key_len, window)] if masks else []))
         if self.softcap is not None:

@@ -388,8 +388,8 @@ def _flex(model: nn.Module, device: torch.device, asked: str, packed: bool) -> t
             raise ConfigError("--attention-kernel flex: FlexAttention has no attention dropout: set "
                               "attention_dropout=0 or use --attention-kernel auto")
         return without_flex, "FlexAttention has no attention dropout"
-    if variant is None:
-        return "sdpa", "plain causal attention: SDPA's own causal kernel (flash on a GPU), no mask to build"
+    if variant is None:  # plain causal attention: the layers say so (`Attention.kernel_path`)
+        return "sdpa", None
     if device.type != "cuda":
         return without_flex, (f"{variant} would go to FlexAttention on a GPU; on the CPU it has no backward (torch "
                               f"{version})" + (", and SDPA cannot soft-cap scores" if without_flex == "reference" else
