@@ -7,8 +7,9 @@
 
 K-quants store 256-value super-blocks of 8 or 16 scaled sub-blocks (llama.cpp PR #1684); the `_S`/`_M`/`_L` mixes
 give some tensors (attn_v, ffn_down, the output layer) more bits. A weight whose rows are no whole number of 256
-values is stored at llama.cpp's per-tensor fallback (q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0, q2_K/q3_K/iq4_xs ->
-iq4_nl; f16 where that block does not divide the row either); one line says which. Only the types llama.cpp makes
+values is stored at llama.cpp's per-tensor fallback, a 32-value block type (llama-cpp-python 0.3.36: q2_K and q3_K
+-> q4_0, q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0, iq4_xs -> iq4_nl; f16 where 32 does not divide the row either);
+one line says which. Only the types llama.cpp makes
 without an importance matrix are offered (its IQ1/IQ2 and Q2_K_S refuse to run without one).
 
 The quantizer runs in its own process: a crash inside llama.cpp (an abort, a segmentation fault) ends that process,
