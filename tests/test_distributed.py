@@ -120,15 +120,14 @@ def test_batch_tokens_are_per_rank_as_the_batch_size_is(tmp_path):
 
 
 def test_two_ranks_train_on_the_wordpiece_rank_0_trained(tmp_path):
-    """A WordPiece trained twice on one text differs (tokenizers#1794: ids given in hash order), so each rank
-    training its own stopped the job: rank 0 trains it and the others take it."""
-    from attnkit.tokenize import load_tokenizer, train_tokenizer
+    """A WordPiece trained twice on one text differed (tokenizers#1794: ids given in hash order), so each rank
+    training its own stopped the job: rank 0 trains the tokenizer and the others take it."""
+    from attnkit.tokenize import load_tokenizer
 
     draw = random.Random(0)
     syllables = ["ka", "to", "ri", "mu", "sen", "dal", "o", "e", "ith", "qua", "ven", "lor"]
     words = ["".join(draw.choices(syllables, k=draw.randint(1, 4))) for _ in range(400)]
     text = "\n".join(" ".join(draw.choices(words, k=12)) for _ in range(800))
-    assert len({train_tokenizer("wordpiece", [text], vocab_size=200).fingerprint() for _ in range(3)}) > 1
     (tmp_path / "text.txt").write_text(text)
     out = tmp_path / "run"
     done = torchrun(out, "--task", "mlm", "--data", str(tmp_path / "text.txt"), "--tokenizer", "wordpiece",

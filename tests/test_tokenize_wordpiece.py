@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,23 @@ def test_wordpiece_saves_and_loads_as_the_same_tokenizer(tmp_path):
     assert back.encode("the lazy fox") == tok.encode("the lazy fox")
     assert train_wordpiece(["the quick fox " * 3], vocab_size=200, lowercase=False).fingerprint() != (
         train_wordpiece(["the quick fox " * 3], vocab_size=200).fingerprint())
+
+
+def test_the_same_text_trains_the_same_wordpiece(tmp_path):
+    """tokenizers' WordPieceTrainer numbers its '##' pieces in hash order (huggingface/tokenizers#1794): the same text
+    gave a different vocabulary each time. Their pieces are numbered first now, as plain pieces of the vocabulary."""
+    draw = random.Random(0)
+    syllables = ["ka", "to", "ri", "mu", "sen", "dal", "o", "e", "ith", "qua", "ven", "lor", "é", "ß"]
+    words = ["".join(draw.choices(syllables, k=draw.randint(1, 4))) for _ in range(400)]
+    text = "\n".join(" ".join(draw.choices(words, k=12)) + "." for _ in range(800))
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    trained = [train_wordpiece([text], vocab_size=200) for _ in range(3)]
+    trained.append(train_tokenizer("wordpiece", [tmp_path / "text.txt"], vocab_size=200))
+    assert len({tok.fingerprint() for tok in trained}) == 1
+    tok = trained[0]
+    special = json.loads(tok.to_str())["added_tokens"]
+    assert sorted(added["content"] for added in special) == ["[CLS]", "[MASK]", "[PAD]", "[SEP]", "[UNK]"]
+    assert tok.decode(tok.encode("kato ritoe")) == "kato ritoe"  # '##' pieces are text, not skipped as special
 
 
 def test_wordpiece_bad_sizes_and_empty_text_are_clear_errors():

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
@@ -655,13 +656,20 @@ def train_wordpiece(
     special_tokens: Mapping[str, str] | None = None,
     min_frequency: int = 2,
     show_progress: bool = False,
+    inner_pieces: Sequence[str] | None = None,
 ) -> HFTokenizer:
     """Train BERT's WordPiece (Devlin et al. 2019, the lectures' BERT) as bert-base-uncased's tokenizer.json is
     built: BERT's normalizer (lower-cased and accents stripped where `lowercase`, as uncased BERT; both kept
     otherwise, as cased), its pre-tokenizer (words split at white space and punctuation), pieces inside a word
     marked '##', and its post-processor's `[CLS] text [SEP]` (which `encode` does not add: the data code frames).
     A word with a character the vocabulary lacks is [UNK] whole, as in BERT. Raises InputError for texts that are
-    all empty and ConfigError for a `vocab_size` that leaves no room past the special tokens."""
+    all empty and ConfigError for a `vocab_size` that leaves no room past the special tokens.
+
+    The same text trains the same WordPiece: `tokenizers`' trainer numbers the '##' piece of each character in the
+    order of a hash map (huggingface/tokenizers#1794), and those numbers break ties between merges, so they are given
+    to it first, sorted (`wordpiece_inner_pieces`; `texts` is read for them first unless `inner_pieces` are given),
+    as special tokens it then keeps as plain pieces. As in BERT's own vocabulary, each character that may stand
+    inside a word has its '##' piece."""
     from tokenizers import Tokenizer as _HF
     from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -670,18 +678,50 @@ def train_wordpiece(
     if vocab_size <= len(distinct):
         raise ConfigError(f"vocab_size {vocab_size} is too small for WordPiece: its {len(distinct)} special tokens "
                           "leave no room for text; give a larger one")
+    if inner_pieces is None:
+        texts = list(texts)
+        inner_pieces = wordpiece_inner_pieces(texts, lowercase=lowercase)
     tok = _HF(models.WordPiece(unk_token=specials["unk"]))
     tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix="##")
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=distinct,
-                                        continuing_subword_prefix="##", show_progress=show_progress)
+    numbered_first = distinct + [piece for piece in inner_pieces if piece not in distinct]
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                        special_tokens=numbered_first, continuing_subword_prefix="##",
+                                        show_progress=show_progress)
     _train_on(tok, trainer, texts, "a WordPiece", vocab_size)
+    spec = json.loads(tok.to_str())  # the '##' pieces were special tokens only to be numbered first
+    spec["added_tokens"] = [added for added in spec["added_tokens"] if added["content"] in distinct]
+    tok = _HF.from_str(json.dumps(spec))
     first, last = specials.get("cls", specials["bos"]), specials.get("sep", specials["eos"])
     ids = {token: tok.token_to_id(token) for token in (first, last)}
     tok.post_processor = processors.TemplateProcessing(
         single=f"{first} $A {last}", pair=f"{first} $A {last} $B:1 {last}:1", special_tokens=list(ids.items()))
     return HFTokenizer(tok, kind="wordpiece", specials=specials)
+
+
+def wordpiece_inner_pieces(texts: Iterable[str], *, lowercase: bool = True) -> list[str]:
+    """The '##' piece of every character of `texts` that BERT's normalizer (`lowercase`: uncased) leaves and that may
+    stand inside a word: not white space, nor punctuation or a CJK character, which its pre-tokenizer and normalizer
+    set apart as words of their own; sorted."""
+    from tokenizers import normalizers
+
+    normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)
+    seen: set[str] = set()
+    for text in texts:
+        seen.update(text)
+    inner: set[str] = set()
+    for character in seen:
+        normalized = normalizer.normalize_str(character)
+        if normalized == normalized.strip():  # a CJK character comes back with spaces around it
+            inner.update(c for c in normalized if not _bert_punctuation(c))
+    return ["##" + c for c in sorted(inner)]
+
+
+def _bert_punctuation(character: str) -> bool:
+    """Whether BERT's pre-tokenizer splits `character` off as a word: ASCII punctuation or a Unicode P* category."""
+    return (character.isascii() and not character.isalnum() and character.isprintable() and not character.isspace()
+            ) or unicodedata.category(character).startswith("P")
 
 
 def _train_on(tok, trainer, texts: Iterable[str], what: str, vocab_size: int) -> None:
@@ -723,16 +763,18 @@ def train_tokenizer(
     with `load_tokenizer` instead).
     """
     check_kind(kind)
-    texts = _reading(list(source), encoding_errors, progress)
+    items = list(source)
+    texts = _reading(items, encoding_errors, progress)
     if kind == "char":
         return CharTokenizer.from_texts(texts, special_tokens=special_tokens, unknown=unknown)
     if kind == "hf":
         raise ConfigError("kind 'hf' is not trained: point load_tokenizer at a directory holding tokenizer.json")
     if vocab_size is None:
         raise ConfigError(f"a {kind} tokenizer needs vocab_size")
-    if kind == "wordpiece":
+    if kind == "wordpiece":  # the text read once for its characters, then again to train on
+        inner = wordpiece_inner_pieces(_reading(items, encoding_errors, False), lowercase=lowercase)
         return train_wordpiece(texts, vocab_size=vocab_size, lowercase=lowercase, special_tokens=special_tokens,
-                               show_progress=progress)
+                               show_progress=progress, inner_pieces=inner)
     return train_bpe(texts, vocab_size=vocab_size, special_tokens=special_tokens, show_progress=progress)
 
 
