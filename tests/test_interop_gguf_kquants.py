@@ -14,6 +14,7 @@ from export_runs import LAYOUTS, random_run
 
 from attnkit.cli import main
 from attnkit.errors import ConfigError
+from attnkit.interop import gguf as gguf_export
 from attnkit.interop import gguf_kquants
 from attnkit.interop.gguf import GGUF_TYPES, GGUFType, convert_to_gguf
 from attnkit.interop.gguf_kquants import KQUANT_TYPES, SUPER_BLOCK, QuantizerError
@@ -126,7 +127,7 @@ def test_a_quantizer_that_fails_or_crashes_leaves_no_output_and_no_temporary_fil
     run = random_run(tmp_path, LAYOUT)
     (tmp_path / "model.gguf").write_bytes(b"the previous export")
     monkeypatch.setattr(gguf_kquants, "_CHILD", child)
-    monkeypatch.setattr(gguf_kquants.importlib.util, "find_spec", lambda name: object())  # llama_cpp "installed"
+    monkeypatch.setattr(gguf_export, "check_quantizer", lambda type: None)  # runs where llama_cpp is absent too
     with pytest.raises(QuantizerError, match=rf"quantizer {re.escape(said)} making Q4_K_M; nothing was written"):
         convert_to_gguf(run, tmp_path / "model.gguf", type="Q4_K_M", overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf", "run"]
