@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -160,3 +161,13 @@ def test_command_line_writes_a_k_quant(tmp_path, llama_cpp, capsys):
     assert main(["convert", str(run), "--to-gguf", str(out), "--type", "Q6_K"]) == 0
     assert f"(Q6_K) to {out}" in capsys.readouterr().out
     assert gguf.GGUFReader(out).fields["general.file_type"].contents() == llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K
+
+
+def test_what_a_killed_k_quant_export_left_is_removed_by_the_next(tmp_path, llama_cpp):
+    run = random_run(tmp_path, LAYOUT)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)  # a writer killed mid-way: its f16 file and its partial output
+    for role in ("scratch", "partial"):
+        (tmp_path / f".model.gguf.{role}-{dead}").write_bytes(b"left by a killed export")
+    convert_to_gguf(run, tmp_path / "model.gguf", type="Q6_K")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf", "run"]

@@ -3,6 +3,7 @@
     atomic_write(path, data)            bytes -> a temporary sibling file -> renamed over `path`
     write_figure(figure, path)          a matplotlib figure drawn as a PNG in memory, then `atomic_write`
     sibling_file(path)                  an empty temporary sibling for a writer that takes a path (safetensors)
+    scratch_file(path)                  a sibling path for a file made on the way to `path`, removed by the caller
     atomic_output(path, directory=...)  a temporary sibling (a directory, or a file path) that the caller fills;
                                         renamed into place when the block ends, removed when it fails
     files_into(path)                    a temporary sibling directory whose files are renamed into the directory
@@ -13,7 +14,8 @@
 A process killed at any point (SIGKILL, a power cut) leaves `path` as it was (absent, or the previous output) and at
 most a hidden `.NAME.partial-PID` sibling, which the next writer of `path` removes; an output replaced with
 `overwrite` waits as `.NAME.replaced-PID` until the new one is in place, and is put back by the next writer if the
-new one never arrived. Files are synced before the rename, so the rename publishes bytes that are on the disk.
+new one never arrived; a file made on the way (`.NAME.scratch-PID`) is removed by the next writer too. Files are
+synced before the rename, so the rename publishes bytes that are on the disk.
 New files get the mode `open()` would give them (0666 less the user's umask), not `mkstemp`'s private 0600.
 """
 
@@ -35,6 +37,7 @@ from attnkit.errors import CheckpointError, InputError, os_error_message
 PARTIAL = "partial"  # .NAME.partial-PID: an output being written
 _PARTIAL_PART = re.compile(rf"\.(.+)\.{PARTIAL}-[0-9]+")  # one such name, NAME its group
 REPLACED = "replaced"  # .NAME.replaced-PID: the output an `overwrite` replaces, until the new one is in place
+SCRATCH = "scratch"  # .NAME.scratch-PID: a file a writer of NAME makes on the way (an f16 GGUF to quantize)
 log = logging.getLogger(__name__)
 _OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (safetensors, tokenizers) report errno
 
@@ -239,7 +242,7 @@ def clear_leftovers(path: Path) -> None:
     output they had moved aside to replace (put back when the new one never arrived). Live writers' are kept."""
     for sibling in path.parent.glob(f".{glob_escape(path.name)}.*-*"):
         role, _, pid = sibling.name[len(path.name) + 2:].rpartition("-")
-        if role not in (PARTIAL, REPLACED) or not pid.isdigit() or _alive(int(pid)):
+        if role not in (PARTIAL, REPLACED, SCRATCH) or not pid.isdigit() or _alive(int(pid)):
             continue
         if role == REPLACED and not (path.exists() or path.is_symlink()):
             os.rename(sibling, path)  # the replacement never arrived: the previous output comes back
@@ -250,6 +253,12 @@ def clear_leftovers(path: Path) -> None:
 def glob_escape(name: str) -> str:
     """`name` with glob's special characters matched literally."""
     return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def scratch_file(path: str | Path) -> Path:
+    """The path (not yet made) of a hidden sibling of `path` for a file made on the way to it (an intermediate a tool
+    reads), which the caller removes; one a killed writer left is removed by the next writer of `path`."""
+    return _sibling(Path(path), SCRATCH)
 
 
 def _sibling(path: Path, role: str) -> Path:

@@ -58,7 +58,7 @@ from attnkit.interop.hf_config import match_family
 from attnkit.interop.hf_weights import hf_name, hf_tensor_names, to_hf_tensors
 from attnkit.interop.keymaps import FamilyMap
 from attnkit.interop.targets import elsewhere
-from attnkit.outputs import atomic_output, sibling_file
+from attnkit.outputs import atomic_output, scratch_file
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def convert_to_gguf(run_dir: str | Path, out: str | Path, *, type: GGUFType = "f
         if type in GGUF_TYPES:
             tensor_types = write(partial, type)
         else:  # llama.cpp quantizes the f16 file, written beside `out` and removed whatever happens
-            source = sibling_file(out)
+            source = scratch_file(out)
             try:
                 write(source, "f16")
                 quantize_gguf(source, partial, type)
