@@ -27,6 +27,7 @@ from attnkit.generate.pipeline import DTYPES
 from attnkit.run_settings import WeightDType
 from attnkit.train.job import DataConfig
 from attnkit.train.trainer import TrainConfig
+from attnkit.version import installed_version
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # the README and the site's pages
@@ -288,7 +289,23 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as stop:
         cli.main(["--version"])
     assert stop.value.code == 0
-    assert capsys.readouterr().out.strip() == f"attnkit {cli.version()}"
+    assert capsys.readouterr().out.strip() == f"attnkit {installed_version()}"
+
+
+def test_the_version_where_attnkit_is_not_installed_is_said_alike_by_the_command_and_a_stored_run(monkeypatch, capsys):
+    """One installed_version serves `attnkit --version` and an experiment's code_version (each had its own text)."""
+    from importlib import metadata
+
+    from attnkit.experiments import base
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert capsys.readouterr().out.strip() == "attnkit unknown (not installed)"
+    assert base.code_version().startswith("attnkit unknown (not installed)")
 
 
 def test_only_the_chosen_command_gets_its_options():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -149,3 +150,23 @@ def test_the_code_version_names_a_commit_only_of_the_repository_that_tracks_the_
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True, text=True,
                             check=True).stdout.strip()
     assert base.code_version().endswith(f", commit {commit}")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_the_code_version_leaves_the_checkouts_index_alone(tmp_path, monkeypatch):
+    """A plain `git status` refreshes .git/index (taking index.lock) where a tracked file's times changed: a run
+    started beside a commit in the same checkout could make that commit fail on the lock."""
+    from attnkit.experiments import base
+
+    module = tmp_path / "attnkit" / "experiments" / "base.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("# a stand-in for the module\n")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "m"], cwd=tmp_path, check=True)
+    index = tmp_path / ".git" / "index"
+    os.utime(module, ns=(module.stat().st_atime_ns, module.stat().st_mtime_ns + 10**9))  # the same text, touched
+    before = index.read_bytes()
+    monkeypatch.setattr(base, "__file__", str(module))
+    assert "+ changes" not in base.code_version()
+    assert index.read_bytes() == before

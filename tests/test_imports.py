@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attnkit"
 # models/recurrent/lm.py), so a new module in a listed package needs no edit here. "__init__" is attnkit itself.
 LAYERS = {
     "errors": 0, "deprecation": 0,  # old names accepted with a warning (any layer uses)
+    "version": 0,  # attnkit's installed version (the command line and stored experiments name it)
     "textfiles": 1, "options": 1,  # reading text files; dataclass fields -> command-line options (any layer uses)
     "outputs": 1,  # files and directories written whole or not at all (any layer that writes uses)
     "readback": 1,  # files written earlier, read back field by field with each refusal naming file and field

@@ -32,7 +32,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from importlib import import_module, metadata
+from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -45,6 +45,7 @@ from attnkit.interop.keymaps import supported_lines
 from attnkit.run_settings import WeightDType
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import BPE_VOCAB_SIZE
+from attnkit.version import installed_version
 
 if TYPE_CHECKING:
     from attnkit.experiments.base import ExperimentSettings
@@ -746,13 +747,6 @@ COMMANDS: list[Command] = [
 ]
 
 
-def version() -> str:
-    try:
-        return metadata.version("attnkit")
-    except metadata.PackageNotFoundError:  # run from a checkout (PYTHONPATH=src) without installing
-        return "unknown (not installed)"
-
-
 class Parser(argparse.ArgumentParser):
     """argparse's parser, with each usage error told by the command it concerns (its own usage line) and a
     mistyped flag or choice answered with the nearest name."""
@@ -807,7 +801,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     (each command's help and --help still work)."""
     chosen = _chosen(argv) if argv is not None else None
     parser = Parser(prog="attnkit", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--version", action="version", version=f"attnkit {version()}")
+    parser.add_argument("--version", action="version", version=f"attnkit {installed_version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}

@@ -33,7 +33,6 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -46,6 +45,7 @@ from attnkit.machine import pick_device
 from attnkit.outputs import files_into
 from attnkit.readback import FileFields
 from attnkit.train.trainer import shows_progress
+from attnkit.version import installed_version
 
 log = logging.getLogger(__name__)
 
@@ -362,20 +362,19 @@ def machine(device: str = "cpu") -> str:
 
 
 def code_version() -> str:
-    """attnkit's installed version, and the commit of the checkout it runs from (with "+ changes" where files differ
-    from it), so that a stored run says which code measured it."""
-    try:
-        version = f"attnkit {metadata.version('attnkit')}"
-    except metadata.PackageNotFoundError:
-        version = "attnkit (not installed)"
+    """attnkit's installed version, and the commit of the checkout it runs from (with "+ changes" where files under
+    src/attnkit differ from it), so that a stored run says which code measured it."""
+    version = f"attnkit {installed_version()}"
     source = Path(__file__).resolve().parent
     try:  # this file tracked by the repository around it: an install inside another project's checkout is not one
         subprocess.run(["git", "ls-files", "--error-unmatch", Path(__file__).name], cwd=source, capture_output=True,
                        timeout=10, check=True)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=source, capture_output=True, text=True,
                                 timeout=10, check=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=source.parent, capture_output=True,
-                                 text=True, timeout=10, check=True).stdout.strip()
+        # --no-optional-locks: a plain status refreshes .git/index under index.lock, which a commit running beside
+        # this run would find taken
+        changed = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain", "--", "."], cwd=source.parent,
+                                 capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):  # no git, or not a checkout: the version alone
         return version
     return f"{version}, commit {commit}" + (" + changes" if changed else "")
