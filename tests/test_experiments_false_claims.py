@@ -1,6 +1,6 @@
 """Each experiment's rule can say no: run in a world where its claim is false, the check that claim rests on comes
-out against it and the verdict is not "held". The worlds are changes to what is measured (the data, the model), never
-to the numbers measured."""
+out against it (or, where the world makes the things it compares alike, not for it) and the verdict is not "held".
+The worlds are changes to what is measured (the data, the model), never to the numbers measured."""
 
 from __future__ import annotations
 
@@ -148,8 +148,9 @@ def test_a_block_without_attention_reads_the_current_token_alone():
 
 @pytest.mark.slow  # sixteen short training runs and their gradients at initialisation: about 40 s
 def test_norm_placement_does_not_hold_where_post_norm_is_built_as_pre_norm(tmp_path, monkeypatch):
-    """Where the model called post-norm has its norms before the sublayers, its gradients at initialisation shrink
-    toward the output, as pre-norm's do (Xiong et al. 2020, figure 3), instead of growing."""
+    """The two placements swapped: where the model called post-norm has its norms before the sublayers (and the one
+    called pre-norm after them), its gradients at initialisation shrink toward the output, as pre-norm's do (Xiong et
+    al. 2020, figure 3), instead of growing."""
     built = norm_placement.config
     monkeypatch.setattr(norm_placement, "config",
                         lambda depth, placement: built(depth, {"pre": "post", "post": "pre"}[placement]))
