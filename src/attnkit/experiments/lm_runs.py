@@ -32,7 +32,10 @@ class Corpus:
 
 
 def char_corpus(max_bytes: int) -> Corpus:
-    """The first `max_bytes` of the standard library's source, as character ids."""
+    """The standard library's first source files (`stdlib_files`' order) whose sizes add up to at most `max_bytes`,
+    joined by newlines, as character ids. Whole files only, so the text can fall well short of `max_bytes` (Python
+    3.11's: 11,708 characters at 20,000, 98,978 at 300,000, 978,512 at 1,000,000); only a first file larger than
+    `max_bytes` is cut to it."""
     text, size = [], 0
     for path in stdlib_files(max_bytes):
         piece = read_text(path, errors="replace")
