@@ -84,6 +84,7 @@ def quantize_gguf(source: Path, out: Path, type: str) -> None:
     last = collections.deque(maxlen=8)  # llama.cpp's last lines: what it said before it failed
     fallbacks: list[tuple[str, str]] = []  # (tensor, the type it got)
     tensor = None
+    log.info("llama.cpp's quantizer (llama-cpp-python, in a child process) makes %s from the f16 file:", type)
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True, errors="replace")
     try:
