@@ -60,18 +60,18 @@ def test_k_quant_files_run_in_llama_cpp_as_near_the_f16_file_as_their_bits_allow
             export = convert_to_gguf(run, tmp_path / f"{type}.gguf", type=type)
         logits[type] = _logits(tmp_path / f"{type}.gguf")
         if type in KQUANT_TYPES:
-            _check_tensors(tmp_path, type, export.tensor_types, caplog.records)
+            _check_tensors(tmp_path, type, export.tensor_types, caplog.records, llama_cpp)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["run", *(f"{t}.gguf" for t in logits)])
     distance = {t: np.abs(v - logits["f16"]).max() / np.abs(logits["f16"]).max() for t, v in logits.items()}
     assert 0 < distance["Q6_K"] < 1.5 * distance["q8_0"], distance
     assert distance["Q6_K"] < distance["Q4_K_M"] < distance["q4_0"], distance
 
 
-def _check_tensors(folder, type: str, tensor_types: dict[str, str], records) -> None:
+def _check_tensors(folder, type: str, tensor_types: dict[str, str], records, llama_cpp) -> None:
     """The file's tensors: K-quants where their rows hold whole super-blocks, llama.cpp's fallback elsewhere, each
     within its type's rounding of the f16 file's; each written with a progress line, the fallbacks said in one."""
     reader = gguf.GGUFReader(folder / f"{type}.gguf")
-    assert reader.fields["general.file_type"].contents() == getattr(__import__("llama_cpp"), KQUANT_TYPES[type])
+    assert reader.fields["general.file_type"].contents() == getattr(llama_cpp, KQUANT_TYPES[type])
     stored = {t.name: t for t in reader.tensors}
     assert tensor_types == {name: t.tensor_type.name for name, t in stored.items()}
     reference = {t.name: t for t in gguf.GGUFReader(folder / "f16.gguf").tensors}
