@@ -202,9 +202,10 @@ def multiplier_check(points: dict[str, list[tuple[float, float]]], target: float
 
 def compute_saved(multiplier: float, at_least: bool) -> str:
     """The compute multiplier in words: "7.1x less compute", "at least 3.0x less", "1.5x more" (below 1), "about the
-    same compute (ratio 1.02)" where either way it would read 1.0x."""
+    same compute (Vaswani-style FLOPs over Transformer++'s 1.02)" where either way it would read 1.0x."""
     if round(multiplier, 1) == 1.0 or round(1 / multiplier, 1) == 1.0:
-        return f"{'at most ' if at_least else ''}about the same compute (ratio {multiplier:.2f})"
+        return (f"{'at most ' if at_least else ''}about the same compute (Vaswani-style FLOPs over "
+                f"Transformer++'s {multiplier:.2f})")
     if multiplier >= 1:
         return f"{'at least ' if at_least else ''}{multiplier:.1f}x less compute"
     return f"{'at most ' if at_least else ''}{1 / multiplier:.1f}x more compute"
