@@ -703,3 +703,17 @@ def test_a_probe_reads_the_runs_task_json_once(runs, tmp_path, monkeypatch):
     conll.write_text(CONLL)
     _inspect(runs["mlm"], "probe", tmp_path / "out", conll=str(conll))
     assert read == [str(runs["mlm"])]
+
+
+@pytest.mark.parametrize("kind", ["classify", "mlm"])
+def test_a_text_the_tokenizer_drops_whole_is_refused_naming_its_characters(runs, kind, tmp_path):
+    """A text whose every character the tokenizer skips was read as its marks alone, CLS SEP: head importance was
+    reported on no text."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.json", "model.safetensors", "checksums.json"):
+        (run / name).write_bytes((runs[kind] / name).read_bytes())
+    CharTokenizer(CHARS, unknown="skip").save(run / "tokenizer")
+    with pytest.raises(InputError, match=r"the text \('ZZZ'\) has no token: .*unknown characters 'Z' skipped"):
+        run_inspect(InspectSettings(run=str(run), analysis="heads", text=("ZZZ",), out=str(tmp_path / "out")))
+    assert not (tmp_path / "out").exists()

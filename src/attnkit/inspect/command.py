@@ -68,7 +68,7 @@ from attnkit.tasks.reading import text_frame, text_layout
 from attnkit.tasks.registry import task_record
 from attnkit.tasks.tag import Frame, WordPieces, frame_of, word_pieces_of
 from attnkit.textfiles import EncodingErrors, read_lines
-from attnkit.tokenize import Tokenizer, load_tokenizer, readable, require_id
+from attnkit.tokenize import Tokenizer, encode_some, load_tokenizer, readable, require_id
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ def text_batch(loaded: Loaded, text: str, *, prompt: bool = False) -> Batch:
     the whole text, and its answer is the token after it, as TransformerLens reads a prompt. Each text is framed as
     the model learned to read one (`text_frame`: a converted Llama's after BOS, as it generates; a converted tagger's
     as its own tokenizer frames it). Raises InputError for a text longer than the run reads (nothing is cut off
-    unsaid)."""
+    unsaid), or of no token (`encode_some`: its marks alone would be read)."""
     tokenizer = loaded.tokenizer
     if loaded.translates:
         source, target = _pair(loaded, text)
@@ -252,7 +252,7 @@ def text_batch(loaded: Loaded, text: str, *, prompt: bool = False) -> Batch:
     if loaded.stack is None:
         raise InputError(f"attnkit inspect reads Transformer runs and the recurrent seq2seq with attention; this run "
                          f"is a {loaded.family} (it has no attention to inspect)")
-    ids = tokenizer.encode(text)
+    ids = encode_some(tokenizer, text, "the text")  # refused before framing: marks alone are no text
     before, after = text_frame(loaded.model, tokenizer, loaded.frame)
     if text_layout(loaded.model) == "stream":
         if not prompt:
