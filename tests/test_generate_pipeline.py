@@ -4,6 +4,7 @@ import io
 import json
 import re
 import shutil
+from functools import partial
 
 import pytest
 import torch
@@ -180,6 +181,18 @@ def test_a_prompt_the_tokenizer_drops_whole_is_refused_not_replaced_by_bos(lm):
                                                                                     temperature=0)
     with pytest.raises(InputError, match="prompt 1 .'XYZ'. has no token: the tokenizer drops every character"):
         pipeline.generate(["ab", "XYZ"], max_new_tokens=3)
+
+
+@pytest.mark.parametrize("run", ["clf", "mt"])
+def test_a_text_the_tokenizer_drops_whole_is_refused_not_read_as_its_marks(runs, run):
+    """A text whose every character the tokenizer skips was classified as CLS SEP, and translated from EOS alone."""
+    loaded = attnkit.load(runs[run], device="cpu")
+    pipeline = Pipeline(loaded.model, loaded.config, CharTokenizer(ALPHABET, unknown="skip"), labels=loaded.labels,
+                        task=loaded.task)
+    read = pipeline.classify if run == "clf" else partial(pipeline.translate, max_length=5)
+    assert len(read(["ab"])) == 1
+    with pytest.raises(InputError, match="text 1 .'XYZ'. has no token: the tokenizer drops every character"):
+        read(["ab", "XYZ"])
 
 
 @pytest.mark.parametrize(

@@ -114,17 +114,18 @@ class _SpecialIds:
     sep_id = property(lambda self: self.token_id("sep"))
 
 
-def encode_head(tokenizer: Tokenizer, text: str, tokens: int) -> tuple[list[int], bool]:
+def encode_head(tokenizer: Tokenizer, text: str, tokens: int, what: str | None = None) -> tuple[list[int], bool]:
     """`text`'s token ids and True; or, for a text far longer than `tokens` tokens, only its head's ids and False:
     when its first HEAD_CHARS_PER_TOKEN * `tokens` characters alone hold more than `tokens` + HEAD_MARGIN tokens,
     the rest is not tokenized, so a megabyte of text costs what `tokens` tokens cost (a server reading texts to a
-    context). The first `tokens` ids are the whole text's either way: a token never spans the margin's words."""
+    context). The first `tokens` ids are the whole text's either way: a token never spans the margin's words.
+    With `what`, raises InputError for a text of no token, as `encode_some` does."""
     head = text[:HEAD_CHARS_PER_TOKEN * tokens]
     if len(head) < len(text):
         ids = tokenizer.encode(head)
         if len(ids) > tokens + HEAD_MARGIN:
             return ids, False
-    return tokenizer.encode(text), True
+    return (tokenizer.encode(text) if what is None else encode_some(tokenizer, text, what)), True
 
 
 def encode_some(tokenizer: Tokenizer, text: str, what: str) -> list[int]:

@@ -403,8 +403,8 @@ class Pipeline:
 
     def _source_ids(self, text: str, *, index: int) -> list[int]:
         """`tokens EOS`, as the pair data lays out sources; a text far beyond max_seq_len is refused after tokenizing
-        only its head (`encode_head`)."""
-        ids, whole = encode_head(self.tokenizer, text, self.config.max_seq_len)
+        only its head (`encode_head`), and a text of no token (EOS alone would be translated)."""
+        ids, whole = encode_head(self.tokenizer, text, self.config.max_seq_len, f"text {index}")
         ids = [*ids, self.tokenizer.eos_id]
         if len(ids) > self.config.max_seq_len:
             raise InputError(
@@ -416,11 +416,11 @@ class Pipeline:
     def classifier_ids(self, text: str | list[int], *, index: int) -> tuple[list[int], bool]:
         """`CLS tokens SEP` (or `BOS tokens EOS`: `frame_ids`), as the labelled data lays them out, for a text or its
         tokens' ids; and whether the tokens were cut to the model's max_seq_len (logged, and said in each result).
-        Raises InputError naming a missing mark."""
+        Raises InputError naming a missing mark, or for a text of no token (`encode_some`: its marks alone)."""
         tok = self.tokenizer
         first, last = frame_ids(tok)
         keep = self.config.max_seq_len - len(first) - len(last)
-        ids, whole = encode_head(tok, text, keep) if isinstance(text, str) else (list(text), True)
+        ids, whole = encode_head(tok, text, keep, f"text {index}") if isinstance(text, str) else (list(text), True)
         if len(ids) > keep:
             log.warning("text %d has %s%d tokens; reading its first %d", index, "" if whole else "more than ",
                         len(ids), keep)
