@@ -381,3 +381,14 @@ def test_a_text_the_tokenizer_drops_whole_is_refused_naming_its_characters(tmp_p
     for read in (explorer.analyze, explorer.whole_model, explorer.inspect):
         with pytest.raises(InputError, match=r"the text \('ZZZ'\) has no token: .*unknown characters 'Z' skipped"):
             read("ZZZ")
+
+
+def test_the_first_text_is_one_a_skipping_tokenizer_reads():
+    """A tokenizer that skips what it does not know reads the example as no tokens, not as UNK: the page opened on a
+    text it then refused ("has no token")."""
+    from attnkit.serve.explorer import EXAMPLE, first_text
+    from attnkit.tokenize import CharTokenizer
+
+    digits = CharTokenizer("0123456789", unknown="skip")
+    assert first_text(digits) == "01234567"
+    assert first_text(CharTokenizer(set(EXAMPLE), unknown="skip")) == EXAMPLE

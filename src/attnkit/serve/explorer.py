@@ -53,11 +53,12 @@ METRICS_LINES = 5000  # metrics.jsonl lines per answer at most
 
 
 def first_text(tokenizer: Tokenizer) -> str:
-    """The page's first text: EXAMPLE where `tokenizer` reads it without an unknown token, else the first eight letters
+    """The page's first text: EXAMPLE where `tokenizer` reads it, without an unknown token, else the first eight letters
     of its vocabulary (a character run of a synthetic task's alphabet), so the page opens on a picture, not on an
     error about a text it typed itself."""
     try:
-        if tokenizer.unk_id not in tokenizer.encode(EXAMPLE):
+        ids = tokenizer.encode(EXAMPLE)
+        if ids and tokenizer.unk_id not in ids:  # no ids: a tokenizer that skips what it does not know
             return EXAMPLE
     except InputError:  # a character tokenizer that refuses characters outside its alphabet
         pass
