@@ -290,6 +290,10 @@ def test_pipeline_refuses_what_beam_search_does_not_take_in_one_line_naming_them
         pipeline.generate("w5 w6", num_beams=2, num_return_sequences=3)
     with pytest.raises(InputError, match=r"num_return_sequences=2 .* to num_beams=1 .* give num_samples=2 instead"):
         pipeline.generate("w5 w6", num_return_sequences=2)
+    for search, message in ((dict(num_beams=True), "num_beams=True must be a positive integer"),  # not 1: sampling
+                            (dict(num_beams=2, num_return_sequences=True), "num_return_sequences=True must be an")):
+        with pytest.raises(InputError, match=message):
+            pipeline.generate("w5 w6", max_new_tokens=3, **search)
     for search in (dict(num_beams=10**6), dict(num_beams=2, early_stopping="never")):  # a decoder's words
         with pytest.raises(InputError, match=r"wider than the vocabulary \(|a prompt ends with") as refused:
             pipeline.generate("w5 w6", **search)

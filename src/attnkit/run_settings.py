@@ -122,8 +122,9 @@ MAX_LENGTH_PENALTY = 100.0  # |length_penalty| past this makes length ** penalty
 
 def beams_asked(num_beams: object, num_return_sequences: object) -> bool:
     """Whether generation's settings ask for beam search: more than one beam, or more than one of its texts
-    (`attnkit generate`'s flags and `Pipeline.generate`'s arguments alike)."""
-    return num_beams != 1 or num_return_sequences != 1
+    (`attnkit generate`'s flags and `Pipeline.generate`'s arguments alike). A bool asks too, so that `check_search`
+    refuses it: True == 1 would otherwise pass for one beam and sample."""
+    return any(isinstance(n, bool) or n != 1 for n in (num_beams, num_return_sequences))
 
 
 def check_search(beam_size: int, length_penalty: float, *, vocab_size: int | None = None,
