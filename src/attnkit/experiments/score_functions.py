@@ -52,10 +52,11 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     corpus = char_corpus({"tiny": 20_000, "small": 300_000, "full": 1_000_000}[budget])
     runs: dict[str, list] = {score: [] for score in SCORES}  # per seed: (val loss, ms per step)
     curves, parameters, unattended = {}, {}, []  # unattended: per seed, the block without attention's val loss
+    block = ModelConfig(family="decoder", d_model=64, n_heads=4, n_layers=2, d_ff=256, score="dot",
+                        position="rope", max_seq_len=64, vocab_size=corpus.vocab_size)  # each score replaces "dot"
     for seed in range(seeds):
         for score in SCORES:  # the scores take turns, so load from other work falls on all of them alike
-            config = ModelConfig(family="decoder", d_model=64, n_heads=4, n_layers=2, d_ff=256, score=score,
-                                 position="rope", max_seq_len=64, vocab_size=corpus.vocab_size)
+            config = block.replace(score=score)
             desc = f"{score} score, seed {seed}"
             progress.phase(f"training {desc}")
             log = train_lm(config, corpus, steps=steps, seq_len=64, lr=3e-3, seed=seed, progress=progress, desc=desc)
@@ -64,7 +65,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
             parameters[score] = count_parameters(config)
         desc = f"no attention, seed {seed}"
         progress.phase(f"training {desc}")
-        log = train_lm(config.replace(score="dot"), corpus, steps=steps, seq_len=64, lr=3e-3, seed=seed,
+        log = train_lm(block, corpus, steps=steps, seq_len=64, lr=3e-3, seed=seed,
                        init=without_attention, progress=progress, desc=desc)
         unattended.append(log.val_loss)
         curves.setdefault("no attention", log.losses)
