@@ -307,7 +307,10 @@ def test_training_a_tokenizer_shows_the_text_read_as_it_goes(tmp_path: Path, mon
     monkeypatch.setattr(tokenize, "tqdm", Bar)
     train_tokenizer("wordpiece", files, vocab_size=200, progress=True)
     sizes = [f.stat().st_size for f in files]
-    assert bars[-1].kwargs["total"] == sum(sizes) and bars[-1].moved == sizes and not bars[-1].kwargs["disable"]
+    # a WordPiece reads the text twice, first for its characters (its '##' pieces): both readings show a bar
+    assert [bar.kwargs["desc"] for bar in bars] == ["reading the text for its characters", "reading the text"]
+    for bar in bars:
+        assert bar.kwargs["total"] == sum(sizes) and bar.moved == sizes and not bar.kwargs["disable"]
     for flag, shown in (("--progress", True), ("--no-progress", False)):
         assert main(["tokenizer", "train", "--data", str(tmp_path / "corpus"), "--kind", "char", flag,
                      "--out", str(tmp_path / flag)]) == 0

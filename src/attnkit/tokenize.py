@@ -773,17 +773,19 @@ def train_tokenizer(
     if vocab_size is None:
         raise ConfigError(f"a {kind} tokenizer needs vocab_size")
     if kind == "wordpiece":  # the text read once for its characters, then again to train on
-        inner = wordpiece_inner_pieces(_reading(items, encoding_errors, False), lowercase=lowercase)
+        characters = _reading(items, encoding_errors, progress, what="reading the text for its characters")
+        inner = wordpiece_inner_pieces(characters, lowercase=lowercase)
         return train_wordpiece(texts, vocab_size=vocab_size, lowercase=lowercase, special_tokens=special_tokens,
                                show_progress=progress, inner_pieces=inner)
     return train_bpe(texts, vocab_size=vocab_size, special_tokens=special_tokens, show_progress=progress)
 
 
-def _reading(items: list[str | os.PathLike], errors: EncodingErrors, progress: bool) -> Iterable[str]:
-    """The texts of `items` (`iter_texts`), with a bar that moves by each file's bytes (a text's characters) as it is
-    read: a large corpus is read for a while before the merges begin."""
+def _reading(items: list[str | os.PathLike], errors: EncodingErrors, progress: bool, *,
+             what: str = "reading the text") -> Iterable[str]:
+    """The texts of `items` (`iter_texts`), with a bar named `what` that moves by each file's bytes (a text's
+    characters) as it is read: a large corpus is read for a while before the merges begin."""
     sizes = [_size(item) if isinstance(item, os.PathLike) else len(item) for item in items]
-    with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc="reading the text", disable=not progress,
+    with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc=what, disable=not progress,
               leave=False) as bar:
         for size, text in zip(sizes, iter_texts(items, errors=errors), strict=True):
             yield text
