@@ -5,9 +5,14 @@ fallback elsewhere, and a quantizer that fails, crashes or is interrupted leaves
 from __future__ import annotations
 
 import logging
+import os
 import re
+import signal
 import subprocess
 import sys
+import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -172,3 +177,44 @@ def test_what_a_killed_k_quant_export_left_is_removed_by_the_next(tmp_path, llam
         (tmp_path / f".model.gguf.{role}-{dead}").write_bytes(b"left by a killed export")
     convert_to_gguf(run, tmp_path / "model.gguf", type="Q6_K")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf", "run"]
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, ended but not yet reaped by whoever adopted it, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the kernel ends the child through Linux's PR_SET_PDEATHSIG")
+def test_the_quantizer_ends_when_attnkit_is_killed_outright(tmp_path):
+    """SIGKILL gives attnkit no moment to end its child; the kernel ends it. The child here is the real one's first
+    lines, then a wait in place of llama.cpp, writing its process id to `out`."""
+    pid_file = tmp_path / "child.pid"
+    attnkit = textwrap.dedent(f"""
+        from pathlib import Path
+        from attnkit.interop import gguf_kquants
+        gguf_kquants._CHILD = gguf_kquants._DIES_WITH_PARENT + (
+            "import os, sys, time; open(sys.argv[2], 'w').write(str(os.getpid())); time.sleep(300)")
+        gguf_kquants.quantize_gguf(Path("unused.gguf"), Path({str(pid_file)!r}), "Q4_K_M")
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", attnkit])
+    child = None
+    try:
+        deadline = time.monotonic() + 60  # a bound on a hung test, not a speed asked of the code
+        while child is None and parent.poll() is None and time.monotonic() < deadline:
+            child = int(pid_file.read_text()) if pid_file.exists() and pid_file.read_text() else None
+            time.sleep(0.05)
+        assert child is not None and _running(child), "the stand-in quantizer never started"
+        parent.kill()
+        parent.wait()
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child)
+    finally:
+        parent.kill()
+        parent.wait()
+        if child is not None and _running(child):
+            os.kill(child, signal.SIGKILL)

@@ -14,7 +14,8 @@ without an importance matrix are offered (its IQ1/IQ2 and Q2_K_S refuse to run w
 
 The quantizer runs in its own process: a crash inside llama.cpp (an abort, a segmentation fault) ends that process,
 and attnkit reports it, where in-process it would end attnkit's without a word. The child imports llama_cpp alone
-(no torch), so it starts in a moment.
+(no torch), so it starts in a moment. On Linux it also ends with attnkit's process, even one killed outright
+(SIGKILL), by the kernel's PR_SET_PDEATHSIG; elsewhere such a kill leaves it to finish or fail on its own.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import collections
 import importlib.util
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -48,9 +50,20 @@ KQUANT_TYPES: dict[str, str] = {
 }
 SUPER_BLOCK = 256  # values in a K-quant super-block (QK_K)
 
+# The child's first lines: on Linux the kernel sends it SIGKILL when the thread that started it ends (prctl's
+# PR_SET_PDEATHSIG, 1), so a quantizer never outlives attnkit killed outright; a parent gone before the prctl call
+# shows as another parent id. The parent's id is argv[1], taken off before the child's own arguments.
+_DIES_WITH_PARENT = """
+import ctypes, os, signal, sys
+parent = int(sys.argv.pop(1))
+if sys.platform == "linux":
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+if os.getppid() != parent:
+    sys.exit("attnkit ended before its quantizer started")
+"""
 # The child: llama.cpp's quantizer alone. Importing llama_cpp points llama.cpp's log at stderr, where each tensor is
 # reported as it is written; the exit status is llama_model_quantize's (0: written).
-_CHILD = """
+_CHILD = _DIES_WITH_PARENT + """
 import sys, llama_cpp
 source, out, ftype = sys.argv[1:]
 params = llama_cpp.llama_model_quantize_default_params()
@@ -80,7 +93,7 @@ def quantize_gguf(source: Path, out: Path, type: str) -> None:
     """Write the GGUF file `source` (f16 or f32) to `out` at llama.cpp's `type` (a KQUANT_TYPES name), logging each
     tensor as llama.cpp writes it and, in one line, those kept at a fallback type. The child is ended with the call
     (Ctrl-C included). Raises QuantizerError, with llama.cpp's last lines, when it fails or crashes."""
-    command = [sys.executable, "-c", _CHILD, str(source), str(out), KQUANT_TYPES[type]]
+    command = [sys.executable, "-c", _CHILD, str(os.getpid()), str(source), str(out), KQUANT_TYPES[type]]
     last = collections.deque(maxlen=8)  # llama.cpp's last lines: what it said before it failed
     fallbacks: list[tuple[str, str]] = []  # (tensor, the type it got)
     tensor = None
