@@ -209,3 +209,21 @@ def test_tokenizer_encode_shows_the_text_a_piece_inside_a_word_stands_for(tmp_pa
     row = capsys.readouterr().out.splitlines()[3 + inside].split()
     assert row == [str(ids[inside]), pieces[inside], repr(pieces[inside][2:])]
     assert token_labels(tok, ids)[inside] == pieces[inside]
+
+
+def test_a_saved_wordpiece_reads_in_transformers_as_in_attnkit(tmp_path):
+    """The saved tokenizer.json, as transformers' BertTokenizerFast loads it: the same ids, BERT's five special tokens
+    alone (the '##' pieces numbered first as special tokens to the trainer are plain pieces), and a decode that skips
+    the special tokens keeps the pieces inside words."""
+    transformers = pytest.importorskip("transformers")
+    tok = _small_wordpiece()
+    tok.save(tmp_path / "tok")
+    bert = transformers.BertTokenizerFast(tokenizer_file=str(tmp_path / "tok" / "tokenizer.json"),
+                                          **{f"{role}_token": tok.specials[role]
+                                             for role in ("pad", "unk", "mask", "cls", "sep")})
+    assert sorted(bert.added_tokens_encoder) == ["[CLS]", "[MASK]", "[PAD]", "[SEP]", "[UNK]"]
+    for text in ("the quickest brown foxes", "jumpsover lazydogs", "Thé QUICK fox!"):
+        ids = tok.encode(text)
+        assert any(piece.startswith("##") for piece in tok.pieces(ids)) or text.startswith("Th")
+        assert bert(text)["input_ids"] == [tok.cls_id, *ids, tok.sep_id], text
+        assert bert.decode(bert(text)["input_ids"], skip_special_tokens=True) == tok.decode(ids), text
