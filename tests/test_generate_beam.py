@@ -6,6 +6,7 @@ beam is as wide as the vocabulary; the pipeline's and the command's options and 
 
 import collections
 import itertools
+import logging
 import math
 
 import pytest
@@ -304,7 +305,8 @@ def test_pipeline_refuses_what_beam_search_does_not_take_in_one_line_naming_them
         pipeline.generate(["w5", "w6"], num_beams=4, max_new_tokens=3)
 
 
-def test_cli_generate_takes_the_beam_flags_and_refuses_the_others_before_loading(gpt2_run, capsys, monkeypatch):
+def test_cli_generate_takes_the_beam_flags_and_refuses_the_others_before_loading(gpt2_run, capsys, caplog,
+                                                                                      monkeypatch):
     from attnkit import cli
     from attnkit.generate import Pipeline
 
@@ -336,6 +338,12 @@ def test_cli_generate_takes_the_beam_flags_and_refuses_the_others_before_loading
                            (["--num-beams", "2", "--length-penalty", "nan"], "--length-penalty nan must be a finite")):
         assert cli.main([*missing[:4], *flags]) == 2
         assert capsys.readouterr().err.strip().startswith(f"attnkit: error: {message}")  # named as flags, not loaded
+    caplog.set_level(logging.WARNING, logger="attnkit.tasks.lm")
+    assert cli.main([*common, "--num-beams", "2", "--compile"]) == 0  # the plan names a step the search never runs
+    assert "--compile default: beam search decodes eagerly" in caplog.text
+    caplog.clear()
+    assert cli.main([*common, "--num-beams", "2"]) == 0 and "--compile" not in caplog.text
+    capsys.readouterr()  # the two runs' texts
     assert cli.main([*common, "--num-beams", "2", "--max-new-tokens", "100"]) == 2  # the tiny GPT-2's 64 positions
     assert capsys.readouterr().err.strip().endswith("the longest prompt (length 3) and --max-new-tokens 100 outgrow "
                                                     "the model's context of 64 (max_seq_len): give --max-new-tokens 62 "

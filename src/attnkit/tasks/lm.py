@@ -691,6 +691,9 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     if settings.beams:  # named as the flag, where the API's check would name max_new_tokens=
         check_beams_fit_context(len(pipeline.prompt_ids(prompt, index=0)), settings.max_new_tokens,
                                 pipeline.config.max_seq_len, flags=True)
+        if settings.compile:  # the plan (--explain) names the compiled step, which the search never runs
+            log.warning("--compile %s: beam search decodes eagerly, as a compiled step's fixed buffers cannot follow "
+                        "the beams' rows; the compiled step is not used", settings.compile)
     many = settings.num_samples > 1 or settings.num_return_sequences > 1
     stream = settings.stream and not many and not settings.beams  # beam search's texts come whole at the end
     head = prompt if settings.echo else ""
