@@ -227,3 +227,13 @@ def test_a_saved_wordpiece_reads_in_transformers_as_in_attnkit(tmp_path):
         assert any(piece.startswith("##") for piece in tok.pieces(ids)) or text.startswith("Th")
         assert bert(text)["input_ids"] == [tok.cls_id, *ids, tok.sep_id], text
         assert bert.decode(bert(text)["input_ids"], skip_special_tokens=True) == tok.decode(ids), text
+
+
+def test_a_vocabulary_larger_than_asked_is_said(caplog):
+    """A text of more characters than vocab_size trained a WordPiece of far more tokens than asked, in silence: every
+    character and its '##' piece are kept. It is said now, naming the sizes and the fix."""
+    letters = [chr(c) for c in range(0x3B1, 0x3CA)] + [chr(c) for c in range(0x430, 0x450)]  # Greek, Cyrillic
+    tok = train_wordpiece([" ".join(f"a{c}b{c}" for c in letters) * 3], vocab_size=50)
+    assert tok.vocab_size > 2 * len(letters)
+    assert f"a WordPiece has {tok.vocab_size} tokens, more than the 50 asked" in caplog.text
+    assert "give a larger vocab_size" in caplog.text

@@ -728,7 +728,7 @@ def _bert_punctuation(character: str) -> bool:
 def _train_on(tok, trainer, texts: Iterable[str], what: str, vocab_size: int) -> None:
     """Train `tok` (a `tokenizers.Tokenizer`) with `trainer` on `texts`, read in pieces of about a megabyte cut
     at line ends (flat memory on large files). Raises InputError for texts that are all empty; a vocabulary smaller
-    than `vocab_size` (too few pairs seen twice in a short text) is logged."""
+    than `vocab_size` (too few pairs seen twice in a short text) or larger (an alphabet that does not fit) is logged."""
     seen = [0]  # characters read
 
     def pieces() -> Iterable[str]:
@@ -743,6 +743,10 @@ def _train_on(tok, trainer, texts: Iterable[str], what: str, vocab_size: int) ->
     if tok.get_vocab_size() < vocab_size:
         log.warning("%s has %d tokens of the %s asked: its text holds no more pairs seen twice to merge; give "
                     "more text, or a smaller vocab_size", what, tok.get_vocab_size(), f"{vocab_size:,}")
+    elif tok.get_vocab_size() > vocab_size:
+        log.warning("%s has %d tokens, more than the %s asked: its special tokens and its alphabet (every byte for "
+                    "a BPE; every character of the text, and a WordPiece's '##' piece of each) are all kept; give "
+                    "a larger vocab_size to make room for merges", what, tok.get_vocab_size(), f"{vocab_size:,}")
 
 
 def train_tokenizer(
