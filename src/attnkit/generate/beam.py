@@ -57,14 +57,15 @@ Step = Callable[[Tensor, Tensor], Tensor]
 
 @dataclass
 class Hypotheses:
-    """The best `size` finished hypotheses of one source, as (score, tokens) pairs."""
+    """The best `size` finished hypotheses of one input (a source, a prompt), as (score, tokens) pairs."""
 
     size: int
     length_penalty: float
     items: list[tuple[float, list[int]]] = field(default_factory=list)
 
     def add(self, sum_logprobs: float, tokens: list[int], *, ended: bool) -> None:
-        """tokens: the target without BOS and EOS; `ended`: whether it ended with EOS (which its length counts)."""
+        """tokens: the new tokens (a target without BOS), without the stop token; `ended`: whether a stop token
+        ended it (which its length counts)."""
         self.items.append((sum_logprobs / self.normaliser(len(tokens) + int(ended)), tokens))
         self.items.sort(key=lambda item: item[0], reverse=True)
         del self.items[self.size:]
