@@ -508,3 +508,16 @@ def test_a_masked_lm_run_records_its_frame_and_one_resumed_without_it_is_told_th
     assert said == (["this masked-LM run was trained on windows framed BOS ... EOS (its task.json records no frame); "
                      "they are framed CLS ... EOS from here on, as a classifier fine-tuned from it reads its texts"]
                     if warned else [])
+
+
+@pytest.mark.parametrize("state", [{"epoch": 1, "index": -2}, {"epoch": -1, "index": 0}, {"epoch": 1.5, "index": 0},
+                                   {"epoch": float("inf"), "index": 0}, {"epoch": 10**400, "index": 0}])
+def test_a_data_position_of_no_whole_count_is_refused_not_read_from_the_end(state):
+    """A negative index was taken, and the epoch's batches read from its end (Python's negative indexing); 1.5 was
+    read as epoch 1: a damaged position is refused as one that is not there is."""
+    from attnkit.errors import CheckpointError
+    from attnkit.tasks.common import EpochTask, epoch_position
+
+    assert epoch_position(state) is None
+    with pytest.raises(CheckpointError, match="the saved data position .* is no {'epoch': E, 'index': I}"):
+        EpochTask(train=None).load_data_state(state)

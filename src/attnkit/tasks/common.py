@@ -145,11 +145,14 @@ class EpochTask:
 
 def epoch_position(state: dict[str, Any]) -> tuple[int, int] | None:
     """(epoch, batches drawn of it) from a task's saved data state (`EpochTask.data_state`); None for a task whose
-    data state is no such position (a token stream's, or one a task of one's own keeps)."""
+    data state is no such position (a token stream's, or one a task of one's own keeps), or is damaged: a count that
+    is negative or not whole (numbers written as text are read)."""
     try:
-        return int(state["epoch"]), int(state["index"])
-    except (KeyError, TypeError, ValueError):
+        position = int(state["epoch"]), int(state["index"])
+        whole = all(float(state[key]) == count for key, count in zip(("epoch", "index"), position, strict=True))
+    except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: infinity, or beyond a float
         return None
+    return position if whole and min(position) >= 0 else None
 
 
 def summed_nll(logits: Tensor, labels: Tensor) -> float:
