@@ -138,10 +138,11 @@ def word_pieces_of(record: Mapping[str, Any], where: str | Path) -> WordPieces:
 
 
 def frame_of(record: Mapping[str, Any], where: str | Path) -> Frame:
-    """How a run's tagger frames its text, as its task.json (`record`, read from `where`) says: "own" (its tokenizer's
-    own framing) for a model converted from Hugging Face (`task_record`'s CONVERTED: GPT2ForTokenClassification learned
-    its texts with nothing added, BertForTokenClassification with CLS and SEP), "attnkit" (`frame_ids`) for any other
-    that does not say."""
+    """How a run frames its text, as its task.json (`record`, read from `where`) says (a tagger's and a masked LM's
+    record it; `attnkit.tasks.reading.text_frame` reads it for every run): "own" (its tokenizer's own framing) for a
+    model converted from Hugging Face (`task_record`'s CONVERTED: GPT2ForTokenClassification learned its texts with
+    nothing added, BertForTokenClassification with CLS and SEP), "attnkit" (`frame_ids`) for any other that does not
+    say."""
     found = record.get(FRAME, "own" if record.get(CONVERTED) else "attnkit")
     if found not in get_args(Frame):
         raise CheckpointError(f"{where} has {FRAME}={found!r}, which is none of {', '.join(get_args(Frame))}: the file "
