@@ -417,15 +417,16 @@ def export_seq2seq_onnx(model: nn.Module, config: EncoderDecoderConfig, folder: 
     source, past = torch.export.Dim("encoder_sequence"), torch.export.Dim("past_sequence")
     example_batch = EXAMPLE_BATCH
     example_length, example_source, example_past = _example_lengths(config)
-    src = torch.randint(0, config.vocab_size, (example_batch, example_source))
-    src_mask = torch.ones_like(src)
-    tgt = torch.randint(0, config.target_vocab_size, (example_batch, example_length))
+    src = torch.randint(0, config.vocab_size, (example_batch, example_source))  # (B, S)
+    src_mask = torch.ones_like(src)  # (B, S)
+    tgt = torch.randint(0, config.target_vocab_size, (example_batch, example_length))  # (B, T)
     with torch.no_grad():
         memory = model.encode(src, src_mask=src_mask)  # (B, S, C)
         first = Seq2SeqDecoderGraph(model, config, first=True)
-        earlier = torch.randint(0, config.target_vocab_size, (example_batch, example_past))
+        earlier = torch.randint(0, config.target_vocab_size, (example_batch, example_past))  # (B, P)
         _, *present = first(earlier, src_mask, memory)  # an example past: the self-attention's
     layers = config.resolved.n_decoder_layers
+    # per layer: self keys, self values (B, Hkv, P, D), encoder keys, encoder values (B, Hkv, S, D)
     state = [tuple(present[4 * i:4 * i + 4]) for i in range(layers)]
     masks = {"encoder_attention_mask": {0: batch, 1: source}}
     graphs = {  # role -> (module, example, dynamic shapes)
