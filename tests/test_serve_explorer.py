@@ -392,3 +392,22 @@ def test_the_first_text_is_one_a_skipping_tokenizer_reads():
     digits = CharTokenizer("0123456789", unknown="skip")
     assert first_text(digits) == "01234567"
     assert first_text(CharTokenizer(set(EXAMPLE), unknown="skip")) == EXAMPLE
+
+
+def test_the_inspect_panels_read_a_one_token_text_after_bos(tmp_path):
+    """A converted Llama reads a text of one token after BOS, two tokens, the first predicting the second, as attnkit
+    inspect heads scores it; the explorer counted the bare text's tokens and refused it ("type two tokens or more")."""
+    from attnkit.errors import InputError
+    from attnkit.generate import load
+    from attnkit.serve.explorer import Explorer
+    from attnkit.viz.labels import token_labels
+
+    run = tiny_run(tmp_path, "decoder")
+    pipeline = load(run)
+    explorer = Explorer(pipeline, run, watch=tmp_path, experiments=None)
+    with pytest.raises(InputError, match="two tokens or more"):
+        explorer.inspect("a")  # no BOS: one token, nothing to predict
+    pipeline.tokenizer.starts_with_bos = True  # as a converted Llama's tokenizer
+    view = explorer.inspect("a")
+    assert view["lens"]["tokens"] == token_labels(pipeline.tokenizer, [pipeline.tokenizer.bos_id,
+                                                                       *pipeline.tokenizer.encode("a")])

@@ -20,6 +20,7 @@ from attnkit.errors import InputError
 from attnkit.inspect.command import Loaded, text_batch
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.logit_lens import logit_lens
+from attnkit.tasks.reading import text_frame, text_layout
 from attnkit.tasks.tag import Frame
 from attnkit.tokenize import Tokenizer
 from attnkit.viz.labels import token_labels
@@ -38,7 +39,7 @@ def inspect_view(model: nn.Module, tokenizer: Tokenizer, *, family: str, max_len
     loaded = Loaded(model, tokenizer, family, max_len, next(model.parameters()).device, frame=frame)
     if loaded.translates:
         text = pair_line(text, target)
-    elif len(tokenizer.encode(text)) < 2 and loaded.causal:
+    elif text_layout(model) == "stream" and len(text_frame(model, tokenizer, frame)[0] + tokenizer.encode(text)) < 2:
         raise InputError("head importance and the logit lens score each next token: type two tokens or more")
     batch = text_batch(loaded, text)
     importance = head_importance(model, batch)
