@@ -8,7 +8,9 @@ import collections
 import itertools
 import logging
 import math
+import re
 
+import numpy as np
 import pytest
 import torch
 from generate_models import randomised, tiny_model
@@ -240,6 +242,13 @@ def test_beam_generate_refuses_bad_input_naming_it():
             generate_tokens(model, [[3, 4]], context_len=24, max_new_tokens=4, stop_ids=stop_ids)
     with pytest.raises(InputError, match=r"prompts are lists of token ids.* got a Tensor: pass ids.tolist\(\)"):
         beam_generate(model, torch.tensor([[3, 4, 5]]), context_len=24, **search)
+    for token in (4.5, "4", None, True):  # rounded, parsed, a TypeError, read as 1
+        with pytest.raises(InputError, match=rf"prompt 1 holds {re.escape(repr(token))}, no token id"):
+            beam_generate(model, [[3], [3, token]], context_len=24, **search)
+        with pytest.raises(InputError, match=rf"prompt 1 holds {re.escape(repr(token))}, no token id"):
+            generate_tokens(model, [[3], [3, token]], context_len=24, max_new_tokens=4)
+    assert beam_generate(model, [[np.int64(3), 4]], context_len=24, **search) == beam_generate(
+        model, [[3, 4]], context_len=24, **search)  # numpy's integers are ids
 
 
 @pytest.fixture(scope="module")

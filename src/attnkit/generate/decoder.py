@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 
 import torch
 from torch import Tensor, nn
@@ -273,9 +274,9 @@ def _seen_tokens(window: Window, vocab_size: int) -> Tensor:
 
 def check_prompts(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, context_len: int,
                   min_new_tokens: int = 0) -> None:
-    """Raise InputError for prompts that are not lists of token ids (a tensor), no prompts, an empty prompt, a prompt
-    longer than `context_len`, a negative `max_new_tokens`, or a `min_new_tokens` that is negative or more than
-    `max_new_tokens`."""
+    """Raise InputError for prompts that are not lists of token ids (a tensor; a token that is no integer, which the
+    padded batch would round, parse or refuse deep inside), no prompts, an empty prompt, a prompt longer than
+    `context_len`, a negative `max_new_tokens`, or a `min_new_tokens` that is negative or more than `max_new_tokens`."""
     if isinstance(prompts, Tensor | str) or any(isinstance(prompt, Tensor | str) for prompt in prompts):
         raise InputError(f"prompts are lists of token ids, one list per prompt; got a {type(prompts).__name__}: pass "
                          "ids.tolist() for a tensor, or encode a text with the tokenizer")
@@ -287,6 +288,10 @@ def check_prompts(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, cont
     for index, prompt in enumerate(prompts):
         if len(prompt) == 0:
             raise InputError(f"prompt {index} is empty; give at least one token (e.g. the tokenizer's BOS)")
+        bad = [token for token in prompt if isinstance(token, bool) or not isinstance(token, Integral)]
+        if bad:
+            raise InputError(f"prompt {index} holds {bad[0]!r}, no token id: prompts are lists of integers (encode a "
+                             "text with the tokenizer)")
         if len(prompt) > context_len:
             raise InputError(
                 f"prompt {index} has {len(prompt)} tokens but the model's context holds {context_len} "
