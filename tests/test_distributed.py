@@ -136,6 +136,21 @@ def test_two_ranks_train_on_the_wordpiece_rank_0_trained(tmp_path):
     assert load_tokenizer(out / "tokenizer").kind == "wordpiece"
 
 
+def test_a_tokenizer_that_trains_past_the_timeout_stops_every_rank_saying_so(tmp_path):
+    """The other ranks wait --dist-timeout seconds for the tokenizer rank 0 trains: one that trained longer (a large
+    corpus) ended them in a traceback from the broadcast. Now a rank says what it waited for and how not to wait."""
+    draw = random.Random(0)
+    words = ["".join(draw.choices("abcdefghijklmnopqrstuvwxyz", k=draw.randint(3, 9))) for _ in range(20000)]
+    (tmp_path / "text.txt").write_text((" ".join(words) + "\n") * 120)  # 17 MB: seconds of BPE training
+    done = torchrun(tmp_path / "run", "--task", "lm", "--data", str(tmp_path / "text.txt"), "--tokenizer", "bpe",
+                    *TINY, "--batch-size", "4", "--max-steps", "1", "--dist-timeout", "2", timeout=120)
+    assert done.returncode != 0 and "[rank1]: Traceback" not in done.stderr, done.stderr[-3000:]
+    assert re.search(r"attnkit: error: rank 1: the other ranks waited for the tokenizer that rank 0 builds, and the "
+                     r"wait failed \(.*\): building it took longer than --dist-timeout 2 s, or a rank died\. Train it "
+                     r"once before the launch \(attnkit tokenizer train --out DIR\) and give --tokenizer DIR",
+                     done.stderr), done.stderr[-3000:]
+
+
 @pytest.mark.parametrize("shard", [pytest.param(False, marks=SLOW), True], ids=["ddp", "fsdp2"])
 def test_saved_by_two_ranks_resumes_bit_for_bit_and_in_one_process(tmp_path, shard):
     # dropout on: the ranks' own RNG streams must be saved and restored too

@@ -187,9 +187,11 @@ class SingleProcess:
     def check_same(self, value: str, what: str) -> None:
         """Raise ConfigError unless every rank has the same `value` (a fingerprint of `what`)."""
 
-    def made_on_rank_0(self, make: Callable[[], T]) -> T:
+    def made_on_rank_0(self, make: Callable[[], T], *, what: str, beforehand: str) -> T:
         """`make()` run on rank 0 alone, and its result (or the error it raised) on every rank: for what the ranks
-        must share and may not build alike, as a WordPiece trained twice on one text (tokenizers#1794)."""
+        must share and may not build alike, as a WordPiece trained twice on one text (tokenizers#1794). The other
+        ranks wait `dist_timeout` seconds at most: past it, every rank stops with a ConfigError naming `what` and
+        how to build it `beforehand`."""
         return make()
 
     def lost(self, err: RuntimeError, *, saved_step: int, run_dir: Any) -> RankLost | None:
@@ -276,14 +278,20 @@ class Replicated(SingleProcess):
                 f"saved {what} (e.g. --tokenizer DIR)"
             )
 
-    def made_on_rank_0(self, make: Callable[[], T]) -> T:
+    def made_on_rank_0(self, make: Callable[[], T], *, what: str, beforehand: str) -> T:
         made: list[Any] = [None]
         if self.rank == 0:
             try:
                 made[0] = (make(), None)
             except AttnkitError as err:  # every rank stops with rank 0's error, none waits for a result
                 made[0] = (None, err)
-        dist.broadcast_object_list(made, src=0, device=self.device)
+        try:
+            dist.broadcast_object_list(made, src=0, device=self.device)
+        except RuntimeError as err:  # nccl's DistError or gloo's: a rank waited past dist_timeout, or one died
+            raise ConfigError(
+                f"rank {self.rank}: the other ranks waited for {what} that rank 0 builds, and the wait failed "
+                f"({str(err).splitlines()[0]}): building it took longer than --dist-timeout {self.timeout:g} s, or "
+                f"a rank died. {beforehand}, or give a longer --dist-timeout") from None
         value, err = made[0]
         if err is not None:
             raise err

@@ -340,7 +340,8 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     else:  # trained on rank 0 and shared: a WordPiece trained again on the same text may differ (tokenizers#1794)
         tokenizer = parallel.made_on_rank_0(partial(
             _new_tokenizer, data_config, settings.seed, lm_files,
-            progress=shows_progress(request.progress) and parallel.writes))
+            progress=shows_progress(request.progress) and parallel.writes), what="the tokenizer",
+            beforehand="Train it once before the launch (attnkit tokenizer train --out DIR) and give --tokenizer DIR")
     parallel.check_same(tokenizer.fingerprint(), "tokenizer")
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), tokenizer, config, out, translate,
                               lm_files, progress=shows_progress(request.progress) and parallel.writes,
