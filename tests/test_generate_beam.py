@@ -357,6 +357,11 @@ def test_cli_generate_takes_the_beam_flags_and_refuses_the_others_before_loading
     assert capsys.readouterr().err.strip().endswith("the longest prompt (length 3) and --max-new-tokens 100 outgrow "
                                                     "the model's context of 64 (max_seq_len): give --max-new-tokens 62 "
                                                     "or fewer, or shorten the prompt")
+    long_prompt = ["generate", str(run), "--prompt", "w5 " * 70, "--num-beams", "2", "--device", "cpu"]
+    assert cli.main(long_prompt) == 2  # no count of new tokens fits: the prompt is what to shorten
+    assert capsys.readouterr().err.strip().endswith("the longest prompt (length 70) and --max-new-tokens 200 outgrow "
+                                                    "the model's context of 64 (max_seq_len): shorten the prompt to "
+                                                    "64 tokens or fewer")
 
 
 def test_the_flags_refused_beside_beams_are_looked_up_strictly(monkeypatch):

@@ -169,13 +169,15 @@ def check_beams_fit_context(longest_prompt: int, max_new_tokens: int, context_le
     """InputError where the longest prompt (its length in tokens) and `max_new_tokens` outgrow the model's context
     (`context_len`, its max_seq_len): beam search keeps each hypothesis' whole text in the cache, and its window does
     not slide. `flags`: named as the command line's flag (--max-new-tokens)."""
-    if longest_prompt + max_new_tokens - 1 > context_len:  # the last new token is chosen, never fed
+    room = context_len + 1 - longest_prompt  # the most new tokens: the last is chosen, never fed
+    if max_new_tokens > room:
         name = f"--max-new-tokens {max_new_tokens}" if flags else f"max_new_tokens={max_new_tokens}"
-        fix = f"--max-new-tokens {context_len + 1 - longest_prompt}" if flags else \
-            f"max_new_tokens <= {context_len + 1 - longest_prompt}"
+        fix = (f"shorten the prompt to {context_len} tokens or fewer" if room < 1  # no count of new tokens fits
+               else f"give --max-new-tokens {room} or fewer, or shorten the prompt" if flags
+               else f"give max_new_tokens <= {room}, or shorten the prompt")
         raise InputError(f"beam search keeps each hypothesis' whole text, but the longest prompt (length "
                          f"{longest_prompt}) and {name} outgrow the model's context of {context_len} (max_seq_len): "
-                         f"give {fix}{' or fewer' if flags else ''}, or shorten the prompt")
+                         f"{fix}")
 
 
 def _set(value: Any) -> bool:
