@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_paths import spy_on_attention
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from attnkit.layers.attention import (
 )
 from attnkit.layers.kernels import MathKernel, grouped_attention, use_math_kernel
 from attnkit.layers.masks import AttentionMask, as_bias
+from attnkit.layers.positions import ALiBi, RelativePositions
 from attnkit.machine import AttentionKernelLimits
 
 
@@ -296,3 +298,32 @@ def test_fused_qkv_projection_gives_the_same_outputs(n_kv_heads):
     assert attention.qkv_proj.out_features == (4 + 2 * (n_kv_heads or 4)) * 8
     for kwargs, want in zip(calls, expected, strict=True):
         torch.testing.assert_close(attention(x, **kwargs)[0], want, atol=1e-6, rtol=1e-5)
+
+
+EXPLAINED = {  # rule -> (Attention keywords, the mask's keywords, forward's and kernel_path's keywords)
+    "score": ({"score": "additive"}, {"causal": True}, {}),
+    "weights": ({}, {"causal": True}, {"need_weights": True}),
+    "value term": ({"relative": RelativePositions(4, 8)}, {"causal": True}, {}),
+    "causal": ({}, {"causal": True}, {}),
+    "flex": ({"relative": ALiBi(4)}, {"causal": True}, {"flex": True}),
+    "soft-cap": ({"softcap": 30.0}, {"causal": True}, {}),
+    "visible": ({}, {}, {}),
+    "bias": ({"relative": ALiBi(4)}, {"causal": True}, {}),
+}
+
+
+@pytest.mark.parametrize("rule", list(EXPLAINED))
+def test_every_kernel_rule_is_explained_and_is_the_kernel_forward_takes(rule, monkeypatch):
+    """kernel_path names a rule, explain_kernel words it for the same kernel, and forward calls that kernel
+    (FlexAttention's forward is held to the reference path in test_flex_attention)."""
+    layer_keywords, mask_keywords, how = EXPLAINED[rule]
+    torch.manual_seed(0)
+    layer = Attention(32, 4, **layer_keywords).eval()
+    mask = AttentionMask(6, **mask_keywords)
+    path = layer.kernel_path(mask, 6, **how)
+    kernel, why = layer.explain_kernel(mask, 6, **how)
+    assert (path.rule, kernel) == (rule, path.kernel) and why and "{" not in why
+    if rule != "flex":
+        taken = spy_on_attention(monkeypatch)
+        layer(torch.randn(2, 6, 32), mask=mask, need_weights=how.get("need_weights", False))
+        assert [kernel for kernel, _ in taken] == [path.kernel]

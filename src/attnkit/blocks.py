@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from attnkit.deprecation import warn_renamed
 from attnkit.errors import InputError
-from attnkit.layers.attention import Attention, KernelPath
+from attnkit.layers.attention import Attention
 from attnkit.layers.kv_cache import LayerCache
 from attnkit.layers.masks import AttentionMask
 
@@ -179,11 +179,11 @@ def compile_blocks(model: nn.Module, *, dynamic: bool | None = None, mode: str =
 
 
 def attention_kernels(model: nn.Module, *, cached: bool, training: bool = False, flex: bool | None = None,
-                      packed: bool = False) -> list[tuple[str, KernelPath]]:
-    """The kernel each attention layer of `model`'s blocks takes (`Attention.kernel_path`) in a pass over more
-    tokens than any window spans, without padding: each (where, path) once, in the blocks' order. cached: keys
-    through a KV cache (decoding); training, flex: as `kernel_path` takes them; packed: rows of several documents
-    (a document mask)."""
+                      packed: bool = False) -> list[tuple[str, str, str]]:
+    """The kernel each attention layer of `model`'s blocks takes, and why (`Attention.explain_kernel`), in a pass over
+    more tokens than any window spans, without padding: each (where, kernel, why) once, in the blocks' order. cached:
+    keys through a KV cache (decoding); training, flex: as `kernel_path` takes them; packed: rows of several
+    documents (a document mask)."""
     blocks = [module for module in model.modules() if isinstance(module, TransformerBlock)]
     length = 1 + max((block.self_attn.window or 1 for block in blocks), default=1)
     documents = torch.zeros(1, length, dtype=torch.long) if packed else None
@@ -191,9 +191,10 @@ def attention_kernels(model: nn.Module, *, cached: bool, training: bool = False,
     for block in blocks:
         where = "causal self-attention" if block.causal else "self-attention"
         mask = AttentionMask(length, causal=block.causal, documents=documents)
-        paths.append((where, block.self_attn.kernel_path(mask, length, cached=cached, training=training, flex=flex)))
+        paths.append((where, *block.self_attn.explain_kernel(mask, length, cached=cached, training=training,
+                                                             flex=flex)))
         if block.cross_attn is not None:
-            paths.append(("cross-attention", block.cross_attn.kernel_path(AttentionMask(length), length, cross=True,
-                                                                          cached=cached, training=training,
-                                                                          flex=flex)))
+            paths.append(("cross-attention", *block.cross_attn.explain_kernel(AttentionMask(length), length,
+                                                                              cross=True, cached=cached,
+                                                                              training=training, flex=flex)))
     return list(dict.fromkeys(paths))

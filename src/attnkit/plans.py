@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -32,16 +31,16 @@ def explain_choices(title: str, choices: Sequence[Choice]) -> str:
     return "\n".join([title, *(f"  {c.what:<{width}}  {c.choice}: {c.why}" for c in choices)])
 
 
-def attention_choice(paths: Sequence[tuple[str, Any]], fused: str, why_fused: str) -> Choice:
-    """The attention choice as the layers take it (`blocks.attention_kernels`: each (where, `KernelPath`) once, read
+def attention_choice(paths: Sequence[tuple[str, str, str]], fused: str, why_fused: str) -> Choice:
+    """The attention choice as the layers take it (`blocks.attention_kernels`: each (where, kernel, why) once, read
     here without importing the layers this module sits below): per kernel what it is and why, with `fused`, the
     kernel `attend` runs (SDPA or the measured math kernel), and its reason `why_fused` where a path goes there."""
     names = {"sdpa": fused, "sdpa+bias": f"{fused} with a dense (T, S) bias", "flex": "FlexAttention",
              "reference": "the reference path (scores and weights formed)"}
     several = len(paths) > 1
-    choice = " / ".join(dict.fromkeys(names[path.kernel] for _, path in paths))
-    why = "; ".join(f"{where}: {path.reason}" if several else path.reason for where, path in paths)
-    kernels = {path.kernel for _, path in paths}
+    choice = " / ".join(dict.fromkeys(names[kernel] for _, kernel, _ in paths))
+    why = "; ".join(f"{where}: {reason}" if several else reason for where, _, reason in paths)
+    kernels = {kernel for _, kernel, _ in paths}
     if kernels & {"sdpa", "sdpa+bias"}:  # the fused kernel's own reason, named where other kernels are listed too
         why += f"; {why_fused}" if kernels <= {"sdpa", "sdpa+bias"} else f"; {fused}: {why_fused}"
     return Choice("attention", choice, why)

@@ -169,12 +169,22 @@ def _accepts_old_mask_keywords(forward):
 
 
 class KernelPath(NamedTuple):
-    """Which kernel one pass of an attention layer takes (`Attention.kernel_path`), and why: "sdpa" (`attend` with
-    no mask tensor: SDPA or the machine's math kernel), "sdpa+bias" (`attend` with a dense (T, S) additive bias),
-    "flex" (`flex_attend`) or "reference" (`Attention._reference`: scores and weights formed)."""
+    """Which kernel one pass of an attention layer takes (`Attention.kernel_path`) and the rule that chose it.
+
+    kernel: "sdpa" (`attend` with no mask tensor: SDPA or the machine's math kernel), "sdpa+bias" (`attend` with a
+    dense (T, S) additive bias), "flex" (`flex_attend`) or "reference" (`Attention._reference`: scores and weights
+    formed). rule: a key of `_PATHS`, worded only where a plan asks (`Attention.explain_kernel`), so that a forward
+    pass, which reads the kernel alone, formats nothing.
+    """
 
     kernel: str
-    reason: str
+    rule: str
+
+
+# The rules of `Attention.kernel_path`, in the order it applies them -> the path each gives, built once.
+_PATHS = {rule: KernelPath(kernel, rule) for rule, kernel in (
+    ("score", "reference"), ("weights", "reference"), ("value term", "reference"), ("causal", "sdpa"),
+    ("flex", "flex"), ("soft-cap", "reference"), ("visible", "sdpa"), ("bias", "sdpa+bias"))}
 
 
 def _mask_parts(mask: AttentionMask, key_len: int, window: int | None) -> str:
@@ -346,38 +356,56 @@ class Attention(nn.Module):
 
     def kernel_path(self, mask: AttentionMask, key_len: int, *, cross: bool = False, cached: bool = False,
                     need_weights: bool = False, flex: bool | None = None, training: bool | None = None) -> KernelPath:
-        """The kernel a pass of `mask`'s queries over `key_len` keys takes (the one `forward` runs), and why; cross:
-        cross-attention (no positions, no window); cached: the keys come through a KV cache (FlexAttention takes
-        none); flex, training: as if `flex_attention` and the train mode were these (None: as they are). The
-        inference and training plans print it (`--explain`)."""
-        flex = self.flex_attention if flex is None else flex
-        training = self.training if training is None else training
+        """The kernel a pass of `mask`'s queries over `key_len` keys takes (the one `forward` runs) and the rule that
+        chose it; cross: cross-attention (no positions, no window); cached: the keys come through a KV cache
+        (FlexAttention takes none); flex, training: as if `flex_attention` and the train mode were these (None: as
+        they are). `explain_kernel` says the rule in words."""
         relative = None if cross else self.relative
         window = None if cross else self.window
         position = relative if relative is not None and relative.biases else None
         if not isinstance(self.score, DotScore):
-            return KernelPath("reference", f"the {self.score_kind} score is no dot product, all fused kernels compute")
+            return _PATHS["score"]
         if need_weights:
-            return KernelPath("reference", "the weights are asked for")
+            return _PATHS["weights"]
         if position is not None and position.needs_weights:
-            return KernelPath("reference", f"the value term of {position.title} reads the weights")
+            return _PATHS["value term"]
         if self.softcap is None and position is None and mask.is_causal_only(key_len, window=window):
-            return KernelPath("sdpa", "plain causal attention: no mask tensor to build, no (T, S) weights kept")
-        dropout = self.dropout if training else 0.0
+            return _PATHS["causal"]
+        flex = self.flex_attention if flex is None else flex
+        dropout = self.dropout if (self.training if training is None else training) else 0.0
         masks = mask.hides_keys(key_len, window=window)
         if (flex and dropout == 0 and not cached and isinstance(mask.start, int)
                 and (position.flex if position is not None else self.softcap is not None or masks)):
-            return KernelPath("flex", "the position bias and soft-cap as a score_mod, the mask as a block mask: one "
-                              "fused kernel with no (T, S) bias")
-        what = ", ".join(([f"the score bias of {position.title}"] if position is not None else [])
-                         + ([_mask_parts(mask, key_len, window)] if masks else []))
+            return _PATHS["flex"]
         if self.softcap is not None:
-            return KernelPath("reference", "SDPA cannot soft-cap scores" + ("" if flex else
-                                                                            ", and FlexAttention is off here"))
-        if not what:
-            return KernelPath("sdpa", "every key visible: no mask, no (T, S) weights kept")
-        return KernelPath("sdpa+bias", f"{what} reach SDPA as a dense (T, S) additive bias"
-                          + ("" if flex else " (FlexAttention is off here)"))
+            return _PATHS["soft-cap"]
+        return _PATHS["bias" if position is not None or masks else "visible"]
+
+    def explain_kernel(self, mask: AttentionMask, key_len: int, *, cross: bool = False, cached: bool = False,
+                       need_weights: bool = False, flex: bool | None = None, training: bool | None = None
+                       ) -> tuple[str, str]:
+        """`kernel_path`'s kernel for the same pass and, in words, why: what the inference and training plans print
+        (`--explain`)."""
+        path = self.kernel_path(mask, key_len, cross=cross, cached=cached, need_weights=need_weights, flex=flex,
+                                training=training)
+        flex_off = not (self.flex_attention if flex is None else flex)
+        position = None if cross else self.relative
+        if path.rule == "bias":
+            window = None if cross else self.window
+            hidden = [f"the score bias of {position.title}"] if position is not None and position.biases else []
+            if mask.hides_keys(key_len, window=window):
+                hidden.append(_mask_parts(mask, key_len, window))
+            return path.kernel, (f"{', '.join(hidden)} reach SDPA as a dense (T, S) additive bias"
+                                 + (" (FlexAttention is off here)" if flex_off else ""))
+        why = {"score": f"the {self.score_kind} score is no dot product, all fused kernels compute",
+               "weights": "the weights are asked for",
+               "value term": f"the value term of {getattr(position, 'title', '')} reads the weights",
+               "causal": "plain causal attention: no mask tensor to build, no (T, S) weights kept",
+               "flex": "the position bias and soft-cap as a score_mod, the mask as a block mask: one fused kernel "
+                       "with no (T, S) bias",
+               "soft-cap": "SDPA cannot soft-cap scores" + (", and FlexAttention is off here" if flex_off else ""),
+               "visible": "every key visible: no mask, no (T, S) weights kept"}[path.rule]
+        return path.kernel, why
 
     def _merge_heads(self, out: Tensor) -> Tensor:
         """8. Merge the heads and project back to the model width: (B, H, T, D) -> (B, T, C)."""
