@@ -314,6 +314,28 @@ def test_pipeline_refuses_what_beam_search_does_not_take_in_one_line_naming_them
         pipeline.generate(["w5", "w6"], num_beams=4, max_new_tokens=3)
 
 
+def test_pipeline_refuses_each_option_of_the_table_beside_beams_naming_it(gpt2_run):
+    """Every option of NOT_BESIDE_BEAMS but the command line's own is an argument of Pipeline.generate, and set
+    beside num_beams=2 it is refused by name: a new entry of the table needs a value here, and one the API does not
+    read fails, rather than being let through beside beams."""
+    import inspect
+
+    from attnkit.generate import Pipeline
+    from attnkit.generate.constrained import Grammar
+    from attnkit.run_settings import CLI_ONLY_BESIDE_BEAMS, NOT_BESIDE_BEAMS
+
+    _, run = gpt2_run
+    pipeline = attnkit.load(run, device="cpu")
+    set_values = dict(temperature=0.7, top_k=5, top_p=0.9, min_p=0.1, presence_penalty=0.5, frequency_penalty=0.5,
+                      logit_bias={5: 1.0}, num_samples=2, stop=["w7"], on_text=lambda *_: None,
+                      json_schema={"type": "object"}, regex="w5( w6)*", lark='start: "w5"', grammar=Grammar.regex("w5"))
+    assert set(set_values) == set(NOT_BESIDE_BEAMS) - CLI_ONLY_BESIDE_BEAMS
+    assert not CLI_ONLY_BESIDE_BEAMS & set(inspect.signature(Pipeline.generate).parameters)
+    for name, value in set_values.items():
+        with pytest.raises(InputError, match=rf"^num_beams=2 \(beam search\) does not take {name}: "):
+            pipeline.generate("w5 w6", max_new_tokens=3, num_beams=2, **{name: value})
+
+
 def test_cli_generate_takes_the_beam_flags_and_refuses_the_others_before_loading(gpt2_run, capsys, caplog,
                                                                                       monkeypatch):
     from attnkit import cli
@@ -369,8 +391,8 @@ def test_the_flags_refused_beside_beams_are_looked_up_strictly(monkeypatch):
     renamed without the table is an error, not an option let through beside beams."""
     from dataclasses import fields
 
-    from attnkit.run_settings import NOT_BESIDE_BEAMS
-    from attnkit.tasks.lm import API_ONLY_BESIDE_BEAMS, GenerateSettings, check_beam_flags
+    from attnkit.run_settings import API_ONLY_BESIDE_BEAMS, NOT_BESIDE_BEAMS
+    from attnkit.tasks.lm import GenerateSettings, check_beam_flags
 
     flags = {f.name for f in fields(GenerateSettings)}
     assert set(NOT_BESIDE_BEAMS) - API_ONLY_BESIDE_BEAMS <= flags and not API_ONLY_BESIDE_BEAMS & flags

@@ -194,6 +194,11 @@ NOT_BESIDE_BEAMS: dict[str, Callable[[Any], bool]] = {
     "logit_bias": bool, "num_samples": lambda n: n != 1, "stop": bool, "on_text": _set, "json": bool,
     "json_schema": _set, "regex": _set, "lark": _set, "grammar": _set,
 }
+# The options of NOT_BESIDE_BEAMS that one side alone takes; every other name is both a field of attnkit generate's
+# settings and an argument of Pipeline.generate, each looked up strictly, so that a name renamed on either side without
+# the table is an error, not an option let through beside beams
+API_ONLY_BESIDE_BEAMS = frozenset({"logit_bias", "on_text", "lark"})  # attnkit generate's --grammar FILE is its lark=
+CLI_ONLY_BESIDE_BEAMS = frozenset({"json"})  # JSON mode: the API's json_schema={"type": "object"}
 
 
 def refuse_beside_beams(beams: str, options: Mapping[str, Any], *, flags: bool = False) -> None:

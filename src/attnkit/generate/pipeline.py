@@ -50,7 +50,14 @@ from attnkit.generate.sampling import check_sampling, choice_seed, make_generato
 from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
-from attnkit.run_settings import beams_asked, check_search, refuse_beside_beams, text_list
+from attnkit.run_settings import (
+    CLI_ONLY_BESIDE_BEAMS,
+    NOT_BESIDE_BEAMS,
+    beams_asked,
+    check_search,
+    refuse_beside_beams,
+    text_list,
+)
 from attnkit.tasks import TaskSpec, task_of_config, task_of_run, task_record, tasks, tasks_of_family
 from attnkit.tasks.common import check_outputs
 from attnkit.tasks.registry import METHODS  # the task methods the pipeline defines itself
@@ -191,12 +198,11 @@ class Pipeline:
         not fit in the memory; ConfigError without the structured extra; BrokenOutputs for logits that give no
         distribution to draw from (nan: fp16 activations that overflow, or broken weights).
         """
+        arguments = locals()  # the arguments by name, as NOT_BESIDE_BEAMS names them (before any other name is bound)
         self._require("generate")
         if beams_asked(num_beams, num_return_sequences):
-            refuse_beside_beams(f"num_beams={num_beams!r}", dict(
-                temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, presence_penalty=presence_penalty,
-                frequency_penalty=frequency_penalty, logit_bias=logit_bias, num_samples=num_samples, stop=stop,
-                on_text=on_text, json_schema=json_schema, regex=regex, lark=lark, grammar=grammar))
+            refuse_beside_beams(f"num_beams={num_beams!r}", {  # strictly: a name of the table not taken is a KeyError
+                name: arguments[name] for name in NOT_BESIDE_BEAMS if name not in CLI_ONLY_BESIDE_BEAMS})
             return self._beam_search(prompts, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                                      stop_tokens=stop_tokens, stop_at_eos=stop_at_eos, add_bos=add_bos,
                                      num_beams=num_beams, length_penalty=length_penalty,

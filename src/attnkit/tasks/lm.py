@@ -54,6 +54,7 @@ from attnkit.data.packing import PackedBatch, PackMode, document_ends, pack_rows
 from attnkit.errors import ConfigError, InputError
 from attnkit.grammars import lark_grammar, regex_grammar
 from attnkit.run_settings import (
+    API_ONLY_BESIDE_BEAMS,
     NOT_BESIDE_BEAMS,
     DecodeSettings,
     InputSettings,
@@ -556,11 +557,6 @@ class GenerateSettings(DecodeSettings):
     def beams(self) -> bool:
         """Whether the settings ask for beam search (`beams_asked`)."""
         return beams_asked(self.num_beams, self.num_return_sequences)
-
-
-# The options of NOT_BESIDE_BEAMS that only the Python API takes (attnkit generate's --grammar FILE is its lark=);
-# every other name is a field of GenerateSettings, looked up strictly, so that a flag renamed is not let through
-API_ONLY_BESIDE_BEAMS = frozenset({"logit_bias", "on_text", "lark"})
 
 
 def check_beam_flags(settings: GenerateSettings) -> None:
