@@ -117,3 +117,44 @@ def test_an_encoder_built_from_scratch_is_refused_with_the_fields_that_keep_it_f
                                           r"\(a Bert\w+ has 'post'\)\. Train with those fields .* --to-onnx"):
         hf.save(build_model(config), tmp_path, config=config)
     assert not (tmp_path / "config.json").exists()
+
+
+# attnkit encoders without token types (type_vocab_size=0, as `attnkit train` builds them), the class each is written
+# as and the Auto class transformers users load it with.
+UNTYPED_ENCODERS = {
+    "BertForMaskedLM": (dict(encoder_head="mlm", mlm_transform=True, lm_head_bias=True), "AutoModelForMaskedLM"),
+    "BertForSequenceClassification": (dict(pooler=True, n_classes=3), "AutoModelForSequenceClassification"),
+    "BertForTokenClassification": (dict(encoder_head="tag", n_classes=3), "AutoModelForTokenClassification"),
+}
+
+
+@pytest.mark.parametrize("architecture", UNTYPED_ENCODERS)
+def test_an_encoder_without_token_types_is_written_with_one_zero_type_and_read_back_without(tmp_path, architecture):
+    """BertEmbeddings always adds token_type_embeddings(token_type_ids=0): a table of no rows crashes it, one row of
+    zeros adds nothing. Reading it back gives the model that was written."""
+    fields, auto = UNTYPED_ENCODERS[architecture]
+    config = presets.get("bert-tiny", embedding_norm=True, **fields)
+    assert config.type_vocab_size == 0
+    model = _random_model(config)
+    labels = ["a", "b", "c"] if "n_classes" in fields else None
+    assert hf.save(model, tmp_path, config=config, labels=labels) == architecture
+
+    written = load_file(tmp_path / "model.safetensors")["bert.embeddings.token_type_embeddings.weight"]
+    assert written.shape == (1, config.d_model) and written.dtype == torch.float32 and not written.any()
+    reference = getattr(transformers, auto).from_pretrained(tmp_path).eval()
+    assert reference.config.type_vocab_size == 1
+    ids, mask = batch(0, length=8)
+    ids = ids % config.vocab_size
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask).logits
+    got = _ours(model, ids, mask)
+    if got.dim() == 3:
+        expected, got = expected[mask.bool()], got[mask.bool()]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+    back = hf.load(tmp_path)
+    assert back.config.type_vocab_size == 0 and back.config.resolved == config.resolved
+    theirs, ours = back.model.state_dict(), model.state_dict()
+    assert theirs.keys() == ours.keys()
+    for name, tensor in ours.items():
+        assert torch.equal(theirs[name], tensor), name

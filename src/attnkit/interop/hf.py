@@ -63,6 +63,7 @@ from attnkit.interop.hf_weights import (
     read_weights,
     strip_prefix,
     to_hf_tensors,
+    without_zero_rows,
 )
 from attnkit.interop.keymaps import FamilyMap
 from attnkit.interop.runtime_tokenizer import runtime_tokenizer
@@ -125,7 +126,7 @@ def load(
         hf = {**hf, "eos_token_id": ends}  # Llama 3 lists its end tokens here, config.json one of them
     family = family_of(hf, source)
     architecture = architecture_of(hf, family, source)
-    tensors = add_prefix(read_weights(directory, allow_pickle=allow_pickle), family)
+    tensors = without_zero_rows(add_prefix(read_weights(directory, allow_pickle=allow_pickle), family), family)
     config = config_from_hf(hf, family, architecture, tensor_names=set(tensors), source=source)
     model = build_model(config)
     load_hf_tensors(model, tensors, family, architecture=architecture, source=str(directory))

@@ -62,7 +62,8 @@ def config_from_hf(
     hf: dict[str, Any], family: FamilyMap, architecture: str, *, tensor_names: Collection[str], source: str
 ) -> ModelConfig:
     """The ModelConfig a Hugging Face config describes. `tensor_names` (Hugging Face names) settle what config.json
-    leaves unsaid (whether a bare BERT has its pooler). Raises ConfigError naming the field."""
+    leaves unsaid (whether a bare BERT has its pooler; a table of one row of zeros, left out of them by
+    `hf_weights.without_zero_rows`, is none). Raises ConfigError naming the field."""
     quantized = hf.get("quantization_config")
     if quantized is not None:  # weights as integers or float8 with scales beside them, under names of their own
         method = quantized.get("quant_method") if isinstance(quantized, dict) else None
@@ -84,6 +85,9 @@ def config_from_hf(
         if value is _MISSING:
             raise ConfigError(f"{source} lacks {theirs!r}, which every {family.model_type} config.json holds")
         fields[ours] = _activation_from_hf(value, theirs, source) if ours == "activation" else value
+    for table, theirs in family.zero_row_tables:  # one row of zeros (left out of tensor_names): no table
+        if fields[family.config_fields[theirs]] == 1 and table not in tensor_names:
+            fields[family.config_fields[theirs]] = 0
     fields.update(family.from_hf(hf, fields, architecture, set(tensor_names), source))
     try:
         return ModelConfig(**fields)
@@ -100,6 +104,8 @@ def config_to_hf(
     for theirs, ours in family.config_fields.items():
         value = getattr(resolved, ours)
         hf[theirs] = ACTIVATIONS_TO_HF.get(value, value) if ours == "activation" else value
+    for _, theirs in family.zero_row_tables:  # written as one row of zeros (`to_hf_tensors`)
+        hf[theirs] = hf[theirs] or 1
     hf.update(family.to_hf(config, labels))
     return hf
 

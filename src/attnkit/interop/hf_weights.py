@@ -107,6 +107,14 @@ def add_prefix(tensors: dict[str, Tensor], family: FamilyMap) -> dict[str, Tenso
 
 
 # Hugging Face -> attnkit ------------------------------------------------------------------------------------
+def without_zero_rows(tensors: dict[str, Tensor], family: FamilyMap) -> dict[str, Tensor]:
+    """The tensors less the family's `zero_row_tables` that are one row of zeros (a model without the table, as
+    `to_hf_tensors` writes it: `config_from_hf` reads its field as 0)."""
+    zero = {table for table, _ in family.zero_row_tables
+            if table in tensors and tensors[table].shape[0] == 1 and not tensors[table].any()}
+    return {name: tensor for name, tensor in tensors.items() if name not in zero}
+
+
 def load_hf_tensors(
     model: nn.Module, tensors: dict[str, Tensor], family: FamilyMap, *, architecture: str, source: str
 ) -> None:
@@ -206,7 +214,8 @@ def hf_tensor_names(model_state: dict[str, Tensor], family: FamilyMap, config: M
 
 
 def to_hf_tensors(model: nn.Module, family: FamilyMap, config: ModelConfig) -> dict[str, Tensor]:
-    """The model's tensors (tied ones once) in the family's Hugging Face layout, fused tensors rejoined."""
+    """The model's tensors (tied ones once) in the family's Hugging Face layout, fused tensors rejoined, and one row of
+    zeros for each of the family's `zero_row_tables` the model has none of."""
     out: dict[str, Tensor] = {}
     parts: dict[str, list[Tensor | None]] = {}
     layouts: dict[str, str] = {}
@@ -225,6 +234,10 @@ def to_hf_tensors(model: nn.Module, family: FamilyMap, config: ModelConfig) -> d
         if any(piece is None for piece in pieces):
             raise CheckpointError(f"{theirs} is fused from {len(pieces)} tensors but the model has fewer")
         out[theirs] = _to_theirs(torch.cat(pieces, dim=0), layouts[theirs], theirs)  # (n * out, ...)
+    dtype = next(model.parameters()).dtype
+    for table, field in family.zero_row_tables:
+        if getattr(config, family.config_fields[field]) == 0:  # the table the Hugging Face class reads, adding nothing
+            out[table] = torch.zeros(1, config.d_model, dtype=dtype)  # (1, C)
     return out
 
 

@@ -73,6 +73,11 @@ class FamilyMap:
     to_hf: ToHF
     ignored: tuple[str, ...] = ()  # buffers recomputed at load time (causal masks, rotary tables, position ids)
     zero_if_missing: tuple[str, ...] = ()  # Hugging Face tensors that default to zeros when a checkpoint omits them
+    # (Hugging Face tensor, config.json field): a table of `field` rows the Hugging Face class always reads
+    # (BertEmbeddings adds token_type_embeddings(token_type_ids=0) to every input; a table of no rows crashes it). A
+    # model without one (field 0) is written with one row of zeros (field 1), adding nothing; one row of zeros reads
+    # back as none.
+    zero_row_tables: tuple[tuple[str, str], ...] = ()
     special_ids: tuple[str, ...] = ("bos_token_id", "eos_token_id", "pad_token_id")  # token ids config.json carries
     special_id_fallbacks: tuple[tuple[str, str], ...] = ()  # (id, the id that stands in for it when unknown)
 
@@ -414,6 +419,7 @@ BERT = FamilyMap(
     from_hf=_bert_from_hf,
     to_hf=_bert_to_hf,
     ignored=("bert.embeddings.position_ids",),
+    zero_row_tables=(("bert.embeddings.token_type_embeddings.weight", "type_vocab_size"),),
     special_ids=("pad_token_id",),
 )
 
