@@ -23,7 +23,7 @@ def pool(hidden: Tensor, attention_mask: Tensor | None, how: str) -> Tensor:
 
     `cls` departs from BertPooler, which reads position 0, only for left-padded rows; unpadded and right-padded
     rows (attnkit pads encoder batches on the right) read position 0 as it does. A left-padded row reads as it would
-    alone only where its positions start at its first real token: with RoPE or ALiBi (offsets alone matter), or,
+    alone only where its positions start at its first real token: with RoPE, ALiBi or Shaw's (offsets alone matter), or,
     with absolute positions (learned, sinusoidal), given position_ids = cumsum(mask) - 1 (`TransformerStack`'s
     position_ids; `transformers`' BertModel takes them too); without them its tokens sit at shifted positions.
     """
