@@ -336,6 +336,33 @@ def test_pipeline_refuses_each_option_of_the_table_beside_beams_naming_it(gpt2_r
             pipeline.generate("w5 w6", max_new_tokens=3, num_beams=2, **{name: value})
 
 
+def test_beam_settings_without_beams_are_ignored_with_one_warning_naming_them(gpt2_run, caplog):
+    """length_penalty and early_stopping steer beam search alone: given with one beam, through the API or the command
+    line, one warning line names them and num_beams (--num-beams), as transformers warns; the text is greedy's."""
+    from attnkit import cli
+
+    _, run = gpt2_run
+    pipeline = attnkit.load(run, device="cpu")
+    greedy = dict(max_new_tokens=3, temperature=0)
+    caplog.set_level(logging.WARNING, logger="attnkit.generate.pipeline")
+    plain = pipeline.generate("w5 w6", **greedy)
+    assert not caplog.records  # defaults given or not, nothing to say
+    assert pipeline.generate("w5 w6", num_beams=1, early_stopping=False, length_penalty=1, **greedy) == plain
+    assert not caplog.records
+    assert pipeline.generate("w5 w6", length_penalty=2.0, early_stopping=True, **greedy) == plain
+    [record] = caplog.records
+    assert "\n" not in record.getMessage()
+    assert re.search(r"num_beams=1 \(--num-beams\) runs no beam search: length_penalty=2.0 \(--length-penalty\), "
+                     r"early_stopping=True \(--early-stopping\);", record.getMessage())
+    caplog.clear()
+    assert cli.main(["generate", str(run), "--prompt", "w5 w6", "--max-new-tokens", "3", "--temperature", "0",
+                     "--device", "cpu", "--length-penalty", "2"]) == 0
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "length_penalty=2.0 (--length-penalty)" in message and "early_stopping" not in message
+    assert "(--num-beams K)" in message
+
+
 def test_cli_generate_takes_the_beam_flags_and_refuses_the_others_before_loading(gpt2_run, capsys, caplog,
                                                                                       monkeypatch):
     from attnkit import cli

@@ -189,9 +189,10 @@ class Pipeline:
         scored by their summed log-probabilities over their count of new tokens ** `length_penalty`, the end tokens,
         `stop_tokens`, `min_new_tokens`, `max_new_tokens`, `repetition_penalty` and `no_repeat_ngram_size` as above
         (as transformers' beam search takes them); `early_stopping` (False, transformers' default) ends a prompt's
-        search at K finished texts. It is deterministic, decodes eagerly (not through a compiled step) and keeps whole
-        texts in the cache (the prompt and max_new_tokens within max_seq_len); sampling, the presence and frequency
-        penalties, logit_bias, stop strings, streaming and constraints are refused beside it (`refuse_beside_beams`).
+        search at K finished texts (without beams, both are ignored, with a warning). It is deterministic, decodes
+        eagerly (not through a compiled step) and keeps whole texts in the cache (the prompt and max_new_tokens
+        within max_seq_len); sampling, the presence and frequency penalties, logit_bias, stop strings, streaming and
+        constraints are refused beside it (`refuse_beside_beams`).
         Raises SamplingError (a ConfigError) for bad sampling settings or seed (`check_sampling`), InputError for an
         empty prompt with no BOS to start from, for a schema, expression or grammar that cannot be followed, or for
         more than one of them, for bad beam settings or options beam search does not take, or for beams that do
@@ -208,6 +209,11 @@ class Pipeline:
                                      num_beams=num_beams, length_penalty=length_penalty,
                                      early_stopping=early_stopping, num_return_sequences=num_return_sequences,
                                      repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+        unused = [f"{name}={value!r} (--{name.replace('_', '-')})" for name, value, default in (
+            ("length_penalty", length_penalty, 1.0), ("early_stopping", early_stopping, False)) if value != default]
+        if unused:  # as transformers warns: without beams, nothing reads them
+            log.warning("ignored, as num_beams=1 (--num-beams) runs no beam search: %s; give num_beams=K > 1 "
+                        "(--num-beams K) to search, or leave beam search's settings out", ", ".join(unused))
         given = {name: value for name, value in (("json_schema", json_schema), ("regex", regex), ("lark", lark),
                                                  ("grammar", grammar)) if value is not None}
         if len(given) > 1:
