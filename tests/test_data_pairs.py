@@ -176,3 +176,26 @@ def test_pairs_with_a_missing_side_are_skipped_naming_their_lines(tmp_path: Path
     with caplog.at_level("WARNING", logger="attnkit.data.pairs"):
         assert len(read_parallel(tmp_path / "a.de", tmp_path / "a.en")) == 7
     assert "skipped 7 of 14 pairs with an empty side (line 1, 3, 5, 7, 9 and 2 more)" in caplog.text
+
+
+def test_a_translation_folder_reads_gzip_compressed_language_files(tmp_path: Path) -> None:
+    """train.de.gz / train.en.gz (and valid.*.gz) are read as train.de / train.en are; the languages listed are de
+    and en, not gz."""
+    import gzip
+
+    from attnkit.errors import ConfigError
+    from attnkit.tasks.translate import pairs
+    from attnkit.train.job import DataConfig
+
+    for name, de, en in (("train", "ein Hund\nzwei Katzen\n", "a dog\ntwo cats\n"), ("valid", "drei\n", "three\n")):
+        (tmp_path / f"{name}.de.gz").write_bytes(gzip.compress(de.encode()))
+        (tmp_path / f"{name}.en.gz").write_bytes(gzip.compress(en.encode()))
+    data = DataConfig(task="translate", data=(str(tmp_path),), src_lang="de", tgt_lang="en")
+    assert pairs(data, seed=0) == ([("ein Hund", "a dog"), ("zwei Katzen", "two cats")], [("drei", "three")])
+    (tmp_path / "train.fr").write_text("un chien\ndeux chats\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"suffixes \['de', 'en', 'fr'\]"):
+        pairs(DataConfig(task="translate", data=(str(tmp_path),)), seed=0)
+    train, val = pairs(DataConfig(task="translate", data=(str(tmp_path),), src_lang="fr", tgt_lang="en"), seed=0)
+    assert sorted(train + val) == [("deux chats", "two cats"), ("un chien", "a dog")]  # plain beside gzip-compressed
+    with pytest.raises(InputError, match=r"holds no train\.it or train\.it\.gz \(its train\.\* files"):
+        pairs(DataConfig(task="translate", data=(str(tmp_path),), src_lang="it", tgt_lang="en"), seed=0)

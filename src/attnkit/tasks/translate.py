@@ -121,19 +121,26 @@ class TranslateTask(EpochTask):
 def _read_pairs(paths: tuple[str, ...], data: Any, which: str) -> list[tuple[str, str]] | None:
     if len(paths) == 1 and Path(paths[0]).is_dir():
         folder = Path(paths[0])
+        langs = sorted({Path(p.name.removesuffix(".gz")).suffix[1:] for p in folder.glob("train.*")} - {""})  # de
         if not (data.src_lang and data.tgt_lang):
-            langs = sorted({p.suffix[1:] for p in folder.glob("train.*")})
             raise ConfigError(f"{folder} is a folder: name the languages with --src-lang and --tgt-lang "
                               f"(its train.* files have suffixes {langs})")
         names = {"train": ("train",), "val": ("val", "valid", "dev")}[which]
         for name in names:
-            src, tgt = folder / f"{name}.{data.src_lang}", folder / f"{name}.{data.tgt_lang}"
-            if src.is_file() and tgt.is_file():
+            src, tgt = (_language_file(folder, name, lang) for lang in (data.src_lang, data.tgt_lang))
+            if src is not None and tgt is not None:
                 return read_parallel(src, tgt, encoding_errors=data.encoding_errors)
         if which == "train":
-            raise InputError(f"{folder} holds no train.{data.src_lang} and train.{data.tgt_lang}")
+            absent = [f"train.{lang} or train.{lang}.gz" for lang in (data.src_lang, data.tgt_lang)
+                      if _language_file(folder, "train", lang) is None]
+            raise InputError(f"{folder} holds no {' and no '.join(absent)} (its train.* files have suffixes {langs})")
         return None
     return read_pair_files(find_files(paths), encoding_errors=data.encoding_errors)
+
+
+def _language_file(folder: Path, name: str, lang: str) -> Path | None:
+    """folder/NAME.LANG, or NAME.LANG.gz (gzip-compressed, which `read_parallel` reads alike); None if neither."""
+    return next((path for path in (folder / f"{name}.{lang}", folder / f"{name}.{lang}.gz") if path.is_file()), None)
 
 
 def read_pair_files(files: list, *, encoding_errors: str) -> list[tuple[str, str]]:
