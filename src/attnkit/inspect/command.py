@@ -64,9 +64,9 @@ from attnkit.machine import pick_device
 from attnkit.models.greedy import translation_pair
 from attnkit.models.stack import TransformerStack
 from attnkit.tasks.conll import is_conllu, read_tagged
-from attnkit.tasks.reading import text_frame, text_layout
+from attnkit.tasks.reading import Frame, frame_of, text_frame, text_layout
 from attnkit.tasks.registry import task_record
-from attnkit.tasks.tag import Frame, WordPieces, frame_of, word_pieces_of
+from attnkit.tasks.tag import WordPieces, word_pieces_of
 from attnkit.textfiles import EncodingErrors, read_lines
 from attnkit.tokenize import Tokenizer, encode_some, load_tokenizer, readable, require_id
 

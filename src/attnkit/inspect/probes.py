@@ -33,8 +33,8 @@ from attnkit.errors import InputError
 from attnkit.inspect.points import evaluated, module_of
 from attnkit.inspect.tracing import trace
 from attnkit.tasks.conll import Sentence
-from attnkit.tasks.reading import reading_stack, text_frame, text_layout
-from attnkit.tasks.tag import Frame, WordPieces, align
+from attnkit.tasks.reading import Frame, reading_stack, text_frame, text_layout
+from attnkit.tasks.tag import WordPieces, align
 from attnkit.tokenize import Tokenizer
 
 

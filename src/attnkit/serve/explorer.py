@@ -37,8 +37,7 @@ from attnkit.models.greedy import EmptyTranslation, translation_pair
 from attnkit.serve.inspect_view import inspect_view
 from attnkit.serve.model_view import model_view, translation_view
 from attnkit.serve.sae_view import SAEView
-from attnkit.tasks.reading import text_frame
-from attnkit.tasks.tag import frame_of
+from attnkit.tasks.reading import frame_of, text_frame
 from attnkit.tokenize import Tokenizer, encode_some
 from attnkit.viz.extract import attention_maps, is_translator
 from attnkit.viz.labels import token_labels

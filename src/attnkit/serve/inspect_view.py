@@ -20,8 +20,7 @@ from attnkit.errors import InputError
 from attnkit.inspect.command import Loaded, text_batch
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.logit_lens import logit_lens
-from attnkit.tasks.reading import text_frame, text_layout
-from attnkit.tasks.tag import Frame
+from attnkit.tasks.reading import Frame, text_frame, text_layout
 from attnkit.tokenize import Tokenizer
 from attnkit.viz.labels import token_labels
 

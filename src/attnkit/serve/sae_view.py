@@ -21,7 +21,7 @@ from attnkit.inspect.points import hook_points
 from attnkit.inspect.sae import load_features, load_sae
 from attnkit.inspect.tracing import trace
 from attnkit.serve.inspect_view import pair_line
-from attnkit.tasks.tag import Frame
+from attnkit.tasks.reading import Frame
 from attnkit.tokenize import Tokenizer
 from attnkit.viz.labels import token_labels
 

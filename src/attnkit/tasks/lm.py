@@ -78,9 +78,9 @@ from attnkit.tasks.common import (
     summed_nll,
     synthetic_name,
 )
+from attnkit.tasks.reading import FRAME
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
-from attnkit.tasks.tag import FRAME
 from attnkit.textfiles import read_text
 from attnkit.tokenize import SPECIAL_ROLES, Tokenizer
 

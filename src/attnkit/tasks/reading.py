@@ -1,6 +1,7 @@
 """How a model reads one text: the stack that reads it, how that stack learned to lay a text out, and the ids put
-around the text so it reads it so. `attnkit inspect` (its probes included), `attnkit viz` and the explorer of
-`attnkit serve` all frame a text here.
+around the text so it reads it so, as a run's task.json says (`frame_of`: attnkit's framing, or a converted model's
+tokenizer's own). `attnkit inspect` (its probes included), `attnkit viz` and the explorer of `attnkit serve` all
+frame a text here.
 
     layout    model                                         before        text    after
     marked    an encoder, a tagger (decoder or encoder)     `frame_ids`: attnkit's CLS/BOS and SEP/EOS, or
@@ -12,13 +13,20 @@ around the text so it reads it so. `attnkit inspect` (its probes included), `att
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, get_args
+
 from torch import nn
 
 from attnkit.data.labelled import frame_ids
-from attnkit.errors import InputError
+from attnkit.errors import CheckpointError, InputError
 from attnkit.models.stack import TransformerStack
-from attnkit.tasks.tag import Frame
+from attnkit.tasks.registry import CONVERTED
 from attnkit.tokenize import Tokenizer, require_id
+
+Frame = Literal["attnkit", "own"]
+FRAME = "frame"  # the task.json key: attnkit's framing (`frame_ids`) or its tokenizer's own (a converted tagger's)
 
 
 def reading_stack(model: nn.Module) -> TransformerStack:
@@ -53,3 +61,16 @@ def text_frame(model: nn.Module, tokenizer: Tokenizer, frame: Frame = "attnkit")
     if layout == "source":
         return [], [require_id(tokenizer, "eos")]
     return ([require_id(tokenizer, "bos")] if getattr(tokenizer, "starts_with_bos", False) else []), []
+
+
+def frame_of(record: Mapping[str, Any], where: str | Path) -> Frame:
+    """How a run frames its text, as its task.json (`record`, read from `where`) says (a tagger's and a masked LM's
+    record it; `text_frame` takes it for every run): "own" (its tokenizer's own framing) for a model converted from
+    Hugging Face (`task_record`'s CONVERTED: GPT2ForTokenClassification learned its texts with nothing added,
+    BertForTokenClassification with CLS and SEP), "attnkit" (`frame_ids`) for any other that does not say. Raises
+    CheckpointError for a value that is neither."""
+    found = record.get(FRAME, "own" if record.get(CONVERTED) else "attnkit")
+    if found not in get_args(Frame):
+        raise CheckpointError(f"{where} has {FRAME}={found!r}, which is none of {', '.join(get_args(Frame))}: the file "
+                              "is damaged; put back the run's own one")
+    return found

@@ -50,8 +50,8 @@ from attnkit.tasks.common import (
 )
 from attnkit.tasks.conll import Sentence, check_scheme, read_tagged, tag_scheme
 from attnkit.tasks.layouts import check_layout, layout_of
+from attnkit.tasks.reading import FRAME, Frame, frame_of
 from attnkit.tasks.registry import (
-    CONVERTED,
     EvalContext,
     HFClass,
     TaskCommand,
@@ -80,8 +80,6 @@ class Aligned:
 
 WordPieces = Literal["own", "running"]
 WORD_PIECES = "word_pieces"  # the task.json key that says which a run's tagger reads
-Frame = Literal["attnkit", "own"]
-FRAME = "frame"  # the task.json key: attnkit's framing (`frame_ids`) or its tokenizer's own (a converted tagger's)
 
 
 def align(tokenizer: Tokenizer, words: Sequence[str], tag_ids: Sequence[int] | None, max_len: int,
@@ -134,19 +132,6 @@ def word_pieces_of(record: Mapping[str, Any], where: str | Path) -> WordPieces:
     if found not in get_args(WordPieces):
         raise CheckpointError(f"{where} has {WORD_PIECES}={found!r}, which is none of "
                               f"{', '.join(get_args(WordPieces))}: the file is damaged; put back the run's own one")
-    return found
-
-
-def frame_of(record: Mapping[str, Any], where: str | Path) -> Frame:
-    """How a run frames its text, as its task.json (`record`, read from `where`) says (a tagger's and a masked LM's
-    record it; `attnkit.tasks.reading.text_frame` reads it for every run): "own" (its tokenizer's own framing) for a
-    model converted from Hugging Face (`task_record`'s CONVERTED: GPT2ForTokenClassification learned its texts with
-    nothing added, BertForTokenClassification with CLS and SEP), "attnkit" (`frame_ids`) for any other that does not
-    say."""
-    found = record.get(FRAME, "own" if record.get(CONVERTED) else "attnkit")
-    if found not in get_args(Frame):
-        raise CheckpointError(f"{where} has {FRAME}={found!r}, which is none of {', '.join(get_args(Frame))}: the file "
-                              "is damaged; put back the run's own one")
     return found
 
 

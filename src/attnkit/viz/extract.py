@@ -25,8 +25,7 @@ from attnkit.errors import InputError
 from attnkit.models.attention_capture import AttentionSite, attention_sites, capture_attention
 from attnkit.models.greedy import check_fits, translation_pair
 from attnkit.models.modes import evaluating
-from attnkit.tasks.reading import text_frame
-from attnkit.tasks.tag import Frame
+from attnkit.tasks.reading import Frame, text_frame
 from attnkit.tokenize import Tokenizer, encode_some
 from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps

@@ -24,7 +24,7 @@ from attnkit.errors import ConfigError, InputError
 from attnkit.machine import pick_device
 from attnkit.outputs import files_into
 from attnkit.tasks import TaskSpec, task_record, unread_options
-from attnkit.tasks.tag import frame_of
+from attnkit.tasks.reading import frame_of
 from attnkit.tokenize import load_tokenizer
 from attnkit.viz.extract import attention_maps
 from attnkit.viz.heatmap import write_pngs
