@@ -79,7 +79,7 @@ from attnkit.interop.sentence_embeddings import (
 from attnkit.models import build_model
 from attnkit.outputs import atomic_output, check_output, clear_leftovers
 from attnkit.tasks import task_of_config, task_of_run, task_record
-from attnkit.tasks.tag import frame_of
+from attnkit.tasks.reading import frame_of
 from attnkit.tokenize import HF_FILE, JSON_KINDS, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)

@@ -92,7 +92,8 @@ from attnkit.interop.targets import elsewhere
 from attnkit.layers.kv_cache import KVCache, LayerCache
 from attnkit.outputs import atomic_output, atomic_write, check_output
 from attnkit.tasks import task_record
-from attnkit.tasks.tag import WordPieces, frame_of, word_pieces_of
+from attnkit.tasks.reading import frame_of
+from attnkit.tasks.tag import WordPieces, word_pieces_of
 from attnkit.tasks.translate import MAX_LENGTH_EXTRA, MAX_LENGTH_PER_SOURCE_TOKEN
 from attnkit.tokenize import HF_FILE, Tokenizer, load_tokenizer
 

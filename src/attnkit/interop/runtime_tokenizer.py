@@ -51,7 +51,7 @@ class Framing:
 def runtime_tokenizer(tokenizer: Tokenizer, config: ModelConfig, *, own_frame: bool = False):
     """(a `tokenizers.Tokenizer` a runtime reads alone, its Framing); see the module docstring. `own_frame`: a
     tagger's text is framed as its tokenizer's own post-processor frames it (a tagger converted from Hugging Face:
-    `attnkit.tasks.tag.frame_of`), not as attnkit frames an encoder's. Raises ConfigError for a tokenizer with no
+    `attnkit.tasks.reading.frame_of`), not as attnkit frames an encoder's. Raises ConfigError for a tokenizer with no
     tokenizer.json form (attnkit's `char` kind) and InputError for an encoder's tokenizer without the tokens that
     frame its inputs."""
     from tokenizers import processors
