@@ -280,7 +280,8 @@ def causal_flag(case: AttentionCase) -> AttentionMask | None:
 
 def sdpa(case: AttentionCase, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
     causal = causal_flag(case)
-    return attend(q, k, v, None if causal else bias, causal=causal, scale=q.shape[-1] ** -0.5, dropout=0.0)
+    return attend(q, k, v, None if causal else bias, causal=causal, scale=q.shape[-1] ** -0.5, dropout=0.0,
+                  grouped=case.group > 1)
 
 
 def math_kernel(case: AttentionCase, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
@@ -288,7 +289,7 @@ def math_kernel(case: AttentionCase, q: Tensor, k: Tensor, v: Tensor, bias: Tens
     everywhere = MathKernel("cpu", q.dtype, AttentionKernelLimits(decode_keys=10**6, pass_keys=10**6))
     causal = causal_flag(case)
     return attend(q, k, v, None if causal else bias, causal=causal, scale=q.shape[-1] ** -0.5, dropout=0.0,
-                  math_kernel=everywhere)
+                  grouped=case.group > 1, math_kernel=everywhere)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnkit import ModelConfig
+from attnkit.blocks import TransformerBlock
 from attnkit.errors import ConfigError
 from attnkit.generate import generate_tokens
 from attnkit.generate.static_decode import StaticDecoding
@@ -54,6 +55,19 @@ def test_cached_decoding_equals_the_whole_sequence_for_windows_small_and_large(w
     prompt = [1, 5, 2, 7, 3, 9, 4]
     tokens = generate_tokens(model, [prompt], max_new_tokens=20, context_len=64)[0]
     assert tokens == greedy_without_cache(model, prompt, 20)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])  # multi-head and grouped-query
+def test_blocks_compiled_whole_for_any_length_decode_through_the_rolling_cache(kv_heads):
+    """fullgraph=True turns a graph break into an error: the kernels' enable_gqa was a comparison of head counts read
+    from the shapes, a symbolic bool under dynamic=True that SDPA rejected on the rolling cache's decode step."""
+    model, _ = tiny_model(position="rope", attention_window=4, n_kv_heads=kv_heads, max_seq_len=64)
+    prompt = [1, 5, 2, 7, 3, 9]
+    eager = generate_tokens(model, [prompt], max_new_tokens=5, context_len=64)
+    for block in model.modules():
+        if isinstance(block, TransformerBlock):
+            block.compile(fullgraph=True, backend="eager", dynamic=True)
+    assert generate_tokens(model, [prompt], max_new_tokens=5, context_len=64) == eager
 
 
 @pytest.mark.parametrize("position", ["alibi", "relative"])

@@ -234,6 +234,7 @@ class Attention(nn.Module):
         self.head_dim = head_dim or d_model // n_heads
         if n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
+        self.grouped = self.n_kv_heads != n_heads  # a plain bool for the kernels' enable_gqa, never a shape test
         self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=bias)
@@ -339,16 +340,17 @@ class Attention(nn.Module):
         path = self.kernel_path(mask, key_len, cross=cross, cached=cache is not None, need_weights=need_weights)
         if path.kernel == "sdpa":  # causality alone needs no tensor: SDPA's is_causal, or a single newest query
             out = attend(q, k, v, None, causal=mask if mask.causal and length > 1 else None, scale=self.score.scale,
-                         dropout=dropout, math_kernel=self.math_kernel)  # (B, H, T, D)
+                         dropout=dropout, grouped=self.grouped, math_kernel=self.math_kernel)  # (B, H, T, D)
             return self._merge_heads(out), None
         if path.kernel == "flex":
             score_mod = soft_capped(self.softcap, relative.flex_score_mod(mask) if biased else None)
-            out = flex_attend(q, k, v, mask=mask, window=window, score_mod=score_mod, scale=self.score.scale)
+            out = flex_attend(q, k, v, mask=mask, window=window, score_mod=score_mod, scale=self.score.scale,
+                              grouped=self.grouped)
             return self._merge_heads(out), None  # (B, T, C)
         key_positions = cache.key_positions() if cache is not None and not cross else None
         bias = self._bias(q, mask, key_len, window, key_positions, relative if biased else None)
         if path.kernel == "sdpa+bias":
-            out, weights = attend(q, k, v, bias, scale=self.score.scale, dropout=dropout,
+            out, weights = attend(q, k, v, bias, scale=self.score.scale, dropout=dropout, grouped=self.grouped,
                                   math_kernel=self.math_kernel), None
         else:
             out, weights = self._reference(q, k, v, bias, dropout, mask if biased else None, key_positions)

@@ -70,14 +70,17 @@ def attend(
     causal: AttentionMask | None = None,
     scale: float,
     dropout: float,
+    grouped: bool,
     math_kernel: MathKernel | None = None,
 ) -> Tensor:
     """softmax(q k^T * scale + bias) v without forming the weights where the kernel can avoid it.
 
     q (B, H, T, D); k, v (B, Hkv, S, D) with H a multiple of Hkv; bias: an additive float bias broadcastable to
     (B, H, T, S) (masked keys -inf), or None; causal: instead of a bias, a mask that is causality alone over a
-    square of queries and keys (`AttentionMask.is_causal_only`): SDPA's `is_causal`, no tensor; math_kernel: where
-    plain matrix products are used instead of SDPA. -> (B, H, T, D)
+    square of queries and keys (`AttentionMask.is_causal_only`): SDPA's `is_causal`, no tensor; grouped: Hkv < H, as
+    the layer knows it (a plain bool: comparing the shapes is a symbolic bool under `torch.compile(dynamic=True)`,
+    which SDPA's `enable_gqa` rejects); math_kernel: where plain matrix products are used instead of SDPA.
+    -> (B, H, T, D)
     """
     key_len = k.shape[2]
     if math_kernel is not None and math_kernel.covers(q, key_len):
@@ -85,7 +88,6 @@ def attend(
             bias = causal.bias(key_len)
         return grouped_attention(q, k, v, bias, dropout, scale=scale)
     mask = None if bias is None else bias.to(q.dtype)  # SDPA takes a float mask in the queries' dtype
-    grouped = k.shape[1] != q.shape[1]
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal is not None, scale=scale, enable_gqa=grouped
     )  # (B, H, T, D)
@@ -137,19 +139,19 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score,
 
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, *, mask: AttentionMask, window: int | None,
-                score_mod: ScoreMod | None, scale: float) -> Tensor:
+                score_mod: ScoreMod | None, scale: float, grouped: bool) -> Tensor:
     """softmax(q k^T * scale + score_mod + mask) v through FlexAttention, compiled.
 
     q (B, H, T, D); k, v (B, Hkv, S, D) at key positions 0 .. S - 1 (no rolling cache); mask: the forward pass's
-    mask (its `mask_mod`), with `window` the layer's; score_mod: the position scheme's (`flex_score_mod`) or None.
-    -> (B, H, T, D)
+    mask (its `mask_mod`), with `window` the layer's; score_mod: the position scheme's (`flex_score_mod`) or None;
+    grouped: Hkv < H, a plain bool as `attend` takes it. -> (B, H, T, D)
     """
     key_len = k.shape[2]
     blocks = block_mask_for(mask, q.shape[0], key_len, window, q.device)
     # inside a compiled model, the model's compilation compiles the kernel; outside it, the compiled function does
     kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
     return kernel(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale,
-                  enable_gqa=k.shape[1] != q.shape[1])  # (B, H, T, D)
+                  enable_gqa=grouped)  # (B, H, T, D)
 
 
 def soft_capped(cap: float | None, then: ScoreMod | None) -> ScoreMod | None:
