@@ -147,7 +147,8 @@ def test_a_tokenizer_that_trains_past_the_timeout_stops_every_rank_saying_so(tmp
     assert done.returncode != 0 and "[rank1]: Traceback" not in done.stderr, done.stderr[-3000:]
     assert re.search(r"attnkit: error: rank 1: the other ranks waited for the tokenizer that rank 0 builds, and the "
                      r"wait failed \(.*\): building it took longer than --dist-timeout 2 s, or a rank died\. Train it "
-                     r"once before the launch \(attnkit tokenizer train --out DIR\) and give --tokenizer DIR",
+                     r"once before the launch with attnkit tokenizer train --out DIR, then give attnkit train "
+                     r"--tokenizer DIR",
                      done.stderr), done.stderr[-3000:]
 
 

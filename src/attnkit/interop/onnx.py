@@ -430,20 +430,18 @@ def export_seq2seq_onnx(model: nn.Module, config: EncoderDecoderConfig, folder: 
     # per layer: self keys, self values (B, Hkv, P, D), encoder keys, encoder values (B, Hkv, S, D)
     state = [tuple(present[4 * i:4 * i + 4]) for i in range(layers)]
     masks = {"encoder_attention_mask": {0: batch, 1: source}}
-    graphs = {  # role -> (module, example, dynamic shapes)
-        "encoder": (Seq2SeqEncoderGraph(model), (src, src_mask),
-                    {"input_ids": {0: batch, 1: source}, "attention_mask": {0: batch, 1: source}}),
-        "decoder": (first, (tgt, src_mask, memory),
-                    {"input_ids": {0: batch, 1: sequence}, **masks, "state": {0: batch, 1: source}}),
-        "decoder_with_past": (
-            Seq2SeqDecoderGraph(model, config, first=False), (tgt, src_mask, state),
-            {"input_ids": {0: batch, 1: sequence}, **masks,
-             "state": [({0: batch, 2: past}, {0: batch, 2: past}, {0: batch, 2: source}, {0: batch, 2: source})
-                       for _ in range(layers)]}),
-    }
+    traced = [  # (module, example, dynamic shapes), in seq2seq_graphs' order: encoder, first step, later steps
+        (Seq2SeqEncoderGraph(model), (src, src_mask),
+         {"input_ids": {0: batch, 1: source}, "attention_mask": {0: batch, 1: source}}),
+        (first, (tgt, src_mask, memory),
+         {"input_ids": {0: batch, 1: sequence}, **masks, "state": {0: batch, 1: source}}),
+        (Seq2SeqDecoderGraph(model, config, first=False), (tgt, src_mask, state),
+         {"input_ids": {0: batch, 1: sequence}, **masks,
+          "state": [({0: batch, 2: past}, {0: batch, 2: past}, {0: batch, 2: source}, {0: batch, 2: source})
+                    for _ in range(layers)]}),
+    ]
     written = []
-    for spec in seq2seq_graphs(layers):
-        graph, example, dynamic = graphs[spec.role]
+    for spec, (graph, example, dynamic) in zip(seq2seq_graphs(layers), traced, strict=True):
         _write_graph(graph, example, dynamic, spec.inputs, spec.outputs, folder / spec.file, opset=opset)
         written.append(ONNXExport(path=folder / spec.file, kind=spec.kind, inputs=spec.inputs, outputs=spec.outputs))
     return written

@@ -341,7 +341,8 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
         tokenizer = parallel.made_on_rank_0(partial(
             _new_tokenizer, data_config, settings.seed, lm_files,
             progress=shows_progress(request.progress) and parallel.writes), what="the tokenizer",
-            beforehand="Train it once before the launch (attnkit tokenizer train --out DIR) and give --tokenizer DIR")
+            beforehand="Train it once before the launch with attnkit tokenizer train --out DIR, then give attnkit "
+                       "train --tokenizer DIR")
     parallel.check_same(tokenizer.fingerprint(), "tokenizer")
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), tokenizer, config, out, translate,
                               lm_files, progress=shows_progress(request.progress) and parallel.writes,
