@@ -292,3 +292,16 @@ def test_the_explained_attention_kernel_is_the_one_a_training_step_takes(variant
     taken = spy_on_attention(monkeypatch)
     model.train()(torch.randint(0, 50, (2, 8)), labels=torch.randint(0, 50, (2, 8)))
     assert taken and explained_kernels(plan.explain()) == {kernel for kernel, _ in taken}
+
+
+@pytest.mark.parametrize("task", ["classify", "translate", "lm"])
+def test_the_explained_attention_kernel_is_the_one_a_padded_training_step_takes(task, tmp_path, monkeypatch):
+    """A task's own batches: classify and translate pad their rows (an attention mask over the keys: SDPA with a
+    dense bias for the encoder, the decoder and cross-attention alike), an lm stream has none (plain causal SDPA);
+    the plan the trainer builds says the kernels one training step of the task's batches takes."""
+    trainer = prepare(request(tmp_path, task, max_steps=1))
+    taken = spy_on_attention(monkeypatch)
+    trainer.task.loss(trainer.train_model.train(), trainer.task.next_batch())
+    kernels = {kernel for kernel, _ in taken}
+    assert kernels == ({"sdpa"} if task == "lm" else {"sdpa+bias"})
+    assert explained_kernels(trainer.plan.explain()) == kernels

@@ -179,22 +179,24 @@ def compile_blocks(model: nn.Module, *, dynamic: bool | None = None, mode: str =
 
 
 def attention_kernels(model: nn.Module, *, cached: bool, training: bool = False, flex: bool | None = None,
-                      packed: bool = False) -> list[tuple[str, str, str]]:
+                      packed: bool = False, padded: bool = False) -> list[tuple[str, str, str]]:
     """The kernel each attention layer of `model`'s blocks takes, and why (`Attention.explain_kernel`), in a pass over
-    more tokens than any window spans, without padding: each (where, kernel, why) once, in the blocks' order. cached:
-    keys through a KV cache (decoding); training, flex: as `kernel_path` takes them; packed: rows of several
-    documents (a document mask)."""
+    more tokens than any window spans: each (where, kernel, why) once, in the blocks' order. cached: keys through a
+    KV cache (decoding); training, flex: as `kernel_path` takes them; packed: rows of several documents (a document
+    mask); padded: batches carry an attention mask over their keys (padded rows: classify, tag, translate)."""
     blocks = [module for module in model.modules() if isinstance(module, TransformerBlock)]
     length = 1 + max((block.self_attn.window or 1 for block in blocks), default=1)
     documents = torch.zeros(1, length, dtype=torch.long) if packed else None
+    real = torch.ones(1, length, dtype=torch.bool) if padded else None  # (B, S): the mask a padded batch brings
     paths = []
     for block in blocks:
         where = "causal self-attention" if block.causal else "self-attention"
-        mask = AttentionMask(length, causal=block.causal, documents=documents)
+        mask = AttentionMask(length, causal=block.causal, attention_mask=real, documents=documents)
         paths.append((where, *block.self_attn.explain_kernel(mask, length, cached=cached, training=training,
                                                              flex=flex)))
         if block.cross_attn is not None:
-            paths.append(("cross-attention", *block.cross_attn.explain_kernel(AttentionMask(length), length,
-                                                                              cross=True, cached=cached,
-                                                                              training=training, flex=flex)))
+            sources = AttentionMask(length, attention_mask=real)
+            paths.append(("cross-attention", *block.cross_attn.explain_kernel(sources, length, cross=True,
+                                                                              cached=cached, training=training,
+                                                                              flex=flex)))
     return list(dict.fromkeys(paths))

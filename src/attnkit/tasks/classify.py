@@ -65,6 +65,7 @@ class ClassifyTask(EpochTask):
     """Sequence classification; scored by accuracy on the validation set."""
 
     name = "classify"
+    padded = True  # the training plan's attention choice reads it: an attention mask over padded rows
     metric = "accuracy"
     higher_is_better = True
 

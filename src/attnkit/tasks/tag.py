@@ -257,6 +257,7 @@ class TagTask(EpochTask):
     """Token classification; the best checkpoint is the one of highest entity F1 (word accuracy for plain tags)."""
 
     name = "tag"
+    padded = True  # the training plan's attention choice reads it: an attention mask over padded rows
     higher_is_better = True
 
     def __init__(self, train: TaggedData, val: TaggedData, *, scheme: str | None, word_pieces: WordPieces,

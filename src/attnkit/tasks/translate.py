@@ -59,6 +59,7 @@ class TranslateTask(EpochTask):
     """
 
     name = "translate"
+    padded = True  # the training plan's attention choice reads it: attention masks over padded sources, targets
     metric = "val_loss"  # "bleu" when a translator is given
     higher_is_better = False
 

@@ -34,7 +34,8 @@ The choices (nanoGPT's train.py and torchtitan on a GPU; the CPU's own where the
                     weights); on a CPU, SDPA (with a dense bias for ALiBi, windows and packed documents) or plain
                     float32 products where the machine's profile measured them faster: FlexAttention has no backward
                     on the CPU in torch 2.13, so it is refused there (--attention-kernel flex), and serves forward
-                    passes only
+                    passes only; a padded task's batches (classify, tag, translate: `padded`) bring their attention
+                    mask, which SDPA takes as a dense bias, and the plan asks the layers for such a pass
     data            pinned host memory and non-blocking copies on a GPU
     host reads      the loss and gradient norm read every `log_every` steps on a GPU (and before every evaluation and
                     checkpoint), where a read would wait for the device; every step on a CPU
@@ -147,6 +148,7 @@ def plan_training(
     capability: tuple[int, int] | None = None,
     attention: str = "auto",
     packed: bool = False,
+    padded: bool = False,
     ranks: int = 1,
 ) -> TrainingPlan:
     """Decide how `model` of `family` trains on `device` in `dtype` (see the module docstring).
@@ -154,7 +156,8 @@ def plan_training(
     batch_tokens: tokens of one micro-batch (B * T), which size the logits; sharded: FSDP2; float8: asked for (a
     ConfigError where it cannot run); free_memory: bytes free on a GPU, capability: its compute capability (default:
     what CUDA reports); attention: the attention kernel asked for (auto, sdpa, flex: a ConfigError where FlexAttention
-    cannot train this model here); packed: rows pack several documents (a document mask); ranks: the processes
+    cannot train this model here); packed: rows pack several documents (a document mask); padded: batches carry an
+    attention mask over padded rows (the task's `padded`: classify, tag, translate); ranks: the processes
     training together (torchrun's WORLD_SIZE), under DDP, or FSDP2 where `sharded`.
     """
     device = torch.device(device)
@@ -191,7 +194,8 @@ def plan_training(
     if kernel != "sdpa":  # the layers take FlexAttention or the reference path: no measured CPU kernel
         math_kernel = None
     if _has_attention(model):  # as the layers will take it, with the plan's FlexAttention choice and reason
-        attention_paths = attention_kernels(model, cached=False, training=True, flex=flex, packed=packed)
+        attention_paths = attention_kernels(model, cached=False, training=True, flex=flex, packed=packed,
+                                            padded=padded)
         choice = attention_choice(attention_paths, fused, why_fused)
         choices.append(Choice("attention", choice.choice, choice.why + (f"; {why_kernel}" if why_kernel else "")))
     else:

@@ -251,7 +251,8 @@ class Trainer:
             self.precision.compute_model, family=config.family, device=self.device, dtype=settings.dtype,
             compile=settings.compile, log_every=settings.log_every, sharded=self.parallel.shards,
             float8=settings.float8, batch_tokens=settings.batch_size * getattr(config, "max_seq_len", 0),
-            attention=settings.attention_kernel, packed=getattr(task, "packed", False), ranks=self.parallel.size)
+            attention=settings.attention_kernel, packed=getattr(task, "packed", False),
+            padded=getattr(task, "padded", False), ranks=self.parallel.size)
         self.plan.prepare(self.precision.compute_model)
         departures = [c.departure() for c in self.plan.choices if c.asked is not None]
         for departure in departures if self.parallel.writes else []:  # an option given and not followed is said
