@@ -98,8 +98,6 @@ class Closed(Exception):
     (`SHUTTING_DOWN`), or the scheduler's thread has ended (`STOPPED`)."""
 
 
-
-
 @dataclass(eq=False)
 class GenerationJob:
     """One request: `n` rows continuing the same prompt. Callbacks run on the scheduler's thread.
