@@ -189,8 +189,8 @@ class SingleProcess:
 
     def made_on_rank_0(self, make: Callable[[], T], *, what: str, beforehand: str) -> T:
         """`make()` run on rank 0 alone, and its result (or the error it raised) on every rank: for what the ranks
-        must share and may not build alike, as a WordPiece trained twice on one text (tokenizers#1794). The other
-        ranks wait `dist_timeout` seconds at most: past it, every rank stops with a ConfigError naming `what` and
+        must share and that is built once rather than on every rank (the tokenizer trained on the whole corpus). The
+        other ranks wait `dist_timeout` seconds at most: past it, every rank stops with a ConfigError naming `what` and
         how to build it `beforehand`."""
         return make()
 

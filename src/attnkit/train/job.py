@@ -337,7 +337,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     lm_files = stream_files(data_config) if stream else None
     if source is not None:
         tokenizer = source.tokenizer
-    else:  # trained on rank 0 and shared: a WordPiece trained again on the same text may differ (tokenizers#1794)
+    else:  # trained on rank 0 and shared: the corpus is read and the tokenizer trained once, not on every rank
         tokenizer = parallel.made_on_rank_0(partial(
             _new_tokenizer, data_config, settings.seed, lm_files,
             progress=shows_progress(request.progress) and parallel.writes), what="the tokenizer",
