@@ -40,7 +40,6 @@ from attnkit.generate.sampling import (
     RepeatedNgrams,
     SamplingConfig,
     apply_repetition_penalty,
-    check_min_new_tokens,
     held_back_ids,
     hold_back,
 )
@@ -296,9 +295,9 @@ def search(
     as they are chosen. Returns each input's `num_return_sequences` best outputs (without the stop token), best
     first. Raises InputError where an input ends with fewer finished hypotheses than `num_return_sequences` (which
     would shift the later inputs' results).
-    `what`: what an input is, in the messages ("source", "prompt")."""
+    `what`: what an input is, in the messages ("source", "prompt"). Its callers have checked the settings
+    (`beam_generate`'s `check_prompts` checks `min_length`)."""
     k, device = beam_size, logits.device
-    check_min_new_tokens(min_length, max_length)
     vocab = logits.shape[-1]
     # (U,), (U + E,): a padded vocabulary's ids past the tokenizer's; also the stop tokens, while outputs are short
     unwritable, early = held_back_ids(vocab, stop_ids=stop_ids, writable=writable, device=device)
