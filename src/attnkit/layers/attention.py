@@ -249,6 +249,12 @@ class Attention(nn.Module):
         self.softcap = softcap  # scores soft-capped to softcap * tanh(s / softcap) (`soft_cap`), or None
         self.math_kernel: MathKernel | None = None  # where plain products replace SDPA (`kernels.use_math_kernel`)
         self.flex_attention = False  # FlexAttention for biases and masks beyond causality (`use_flex_attention`)
+        # what `kernel_path` reads on every pass, fixed at build as plain bools: reading the score and the scheme,
+        # submodules, goes through nn.Module.__getattr__, which cost about half the decision
+        self.dot_score = isinstance(self.score, DotScore)
+        self.position_biases = relative is not None and relative.biases  # self-attention's scores take its bias
+        self.position_reads_weights = self.position_biases and relative.needs_weights  # Shaw's value term
+        self.position_flex = self.position_biases and relative.flex  # its bias as a FlexAttention score_mod
 
     def _split_heads(self, x: Tensor, n_heads: int) -> Tensor:
         batch, length, _ = x.shape
@@ -362,26 +368,25 @@ class Attention(nn.Module):
         chose it; cross: cross-attention (no positions, no window); cached: the keys come through a KV cache
         (FlexAttention takes none); flex, training: as if `flex_attention` and the train mode were these (None: as
         they are). `explain_kernel` says the rule in words."""
-        relative = None if cross else self.relative
         window = None if cross else self.window
-        position = relative if relative is not None and relative.biases else None
-        if not isinstance(self.score, DotScore):
+        biased = self.position_biases and not cross  # positions act in self-attention only
+        if not self.dot_score:
             return _PATHS["score"]
         if need_weights:
             return _PATHS["weights"]
-        if position is not None and position.needs_weights:
+        if biased and self.position_reads_weights:
             return _PATHS["value term"]
-        if self.softcap is None and position is None and mask.is_causal_only(key_len, window=window):
+        if self.softcap is None and not biased and mask.is_causal_only(key_len, window=window):
             return _PATHS["causal"]
         flex = self.flex_attention if flex is None else flex
         dropout = self.dropout if (self.training if training is None else training) else 0.0
         masks = mask.hides_keys(key_len, window=window)
         if (flex and dropout == 0 and not cached and isinstance(mask.start, int)
-                and (position.flex if position is not None else self.softcap is not None or masks)):
+                and (self.position_flex if biased else self.softcap is not None or masks)):
             return _PATHS["flex"]
         if self.softcap is not None:
             return _PATHS["soft-cap"]
-        return _PATHS["bias" if position is not None or masks else "visible"]
+        return _PATHS["bias" if biased or masks else "visible"]
 
     def explain_kernel(self, mask: AttentionMask, key_len: int, *, cross: bool = False, cached: bool = False,
                        need_weights: bool = False, flex: bool | None = None, training: bool | None = None
