@@ -51,7 +51,9 @@ class TrainingTask(Protocol):
     def data_state(self) -> dict[str, Any]: ...
     def load_data_state(self, state: dict[str, Any]) -> None: ...
     # optional: `record`, a dict the run's task.json saves beside the task's name (tag's word pieces), read back as
-    # `TaskContext.record` by a resumed or fine-tuned run and through `task_record` by the run's readers
+    # `TaskContext.record` by a resumed or fine-tuned run and through `task_record` by the run's readers; `packed`
+    # and `padded`, bools the training plan's attention choice reads (False where a task has none): its batches
+    # carry a document mask (lm --pack) or an attention mask over padded rows (classify, tag, translate)
 
 
 @dataclass(frozen=True)
