@@ -56,7 +56,6 @@ from torch import Tensor, nn
 
 from attnkit.blocks import attention_kernels, compile_blocks
 from attnkit.errors import ConfigError
-from attnkit.layers.attention import DotScore
 from attnkit.layers.kernels import MathKernel, use_flex_attention, use_math_kernel
 from attnkit.layers.output_loss import LossPath, fused_kernel_missing, use_loss_path
 from attnkit.layers.positions import ALiBi
@@ -409,11 +408,11 @@ def _attention_variant(layers: list[nn.Module], packed: bool) -> tuple[str | Non
     nothing), and what of it FlexAttention cannot express (None: all of it)."""
     parts, cannot = [], []
     for layer in layers:
-        if not isinstance(layer.score, DotScore):
+        if not layer.dot_score:  # the facts `Attention.kernel_path` reads, fixed at the layer's build
             cannot.append(f"the {layer.score_kind} score (not a dot product)")
-        if layer.relative is not None and layer.relative.biases:
+        if layer.position_biases:
             name = "ALiBi" if isinstance(layer.relative, ALiBi) else "Shaw's relative positions (the value term)"
-            (parts if layer.relative.flex else cannot).append(name)
+            (parts if layer.position_flex else cannot).append(name)
         if layer.window is not None:
             parts.append("a sliding window")
         if layer.softcap is not None:
@@ -429,8 +428,7 @@ def sdpa_backend(model: nn.Module, dtype: torch.dtype, device: torch.device) -> 
     if not torch.cuda.is_available():
         return "backend chosen per call (no CUDA device here to ask)"
     attention = next(m for m in model.modules() if hasattr(m, "q_proj"))
-    biased = attention.relative is not None and attention.relative.biases
-    if biased or attention.window is not None:
+    if attention.position_biases or attention.window is not None:
         return "with a float mask (flash attention takes none): memory-efficient or math"
     shape = (1, attention.n_heads, 64, attention.head_dim)
     q = torch.empty(shape, dtype=dtype, device=device)
