@@ -20,7 +20,6 @@ from attnkit.experiments import (
     norm_placement,
     position_extrapolation,
     run_experiment,
-    scaled_dot,
     score_functions,
 )
 from attnkit.experiments.lm_runs import Corpus
@@ -88,7 +87,6 @@ def test_scaled_dot_does_not_hold_where_the_unscaled_scores_shrink_as_d_grows(tm
                     module.weight.mul_((64 / config.resolved.head_dim) ** 2)
         return model
 
-    monkeypatch.setattr(scaled_dot, "build_model", shrinking_queries)
     monkeypatch.setattr(lm_runs, "build_model", shrinking_queries)
     result = run_experiment("scaled-dot", budget="tiny", seeds=4, out=tmp_path)
     assert outcome_of(result, "at initialisation: the unscaled model's mean largest attention weight at") == "against"

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
 from attnkit.experiments.base import Check, Progress, Result, experiment
-from attnkit.experiments.lm_runs import Corpus, char_corpus, train_lm
+from attnkit.experiments.lm_runs import Corpus, char_corpus, initial_model, train_lm
 from attnkit.experiments.plots import heatmap_axes, new_figure, save
 from attnkit.inspect.circuits import composition_scores
 from attnkit.inspect.head_types import head_types, self_scores
@@ -38,7 +38,6 @@ from attnkit.inspect.importance import head_importance
 from attnkit.inspect.induction import InductionTask, attention_only_decoder, train_induction
 from attnkit.inspect.inputs import Batch, lm_batch
 from attnkit.inspect.tracing import trace
-from attnkit.models import build_model
 
 HEADS, WIDTH, SEQ_LEN = 4, 32, 64
 SETTINGS = {  # induction-task steps, text steps, corpus bytes
@@ -126,8 +125,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
                                  warmup=max(steps // 10, 1), seed=seed, eval_batches=2, progress=progress,
                                  desc=f"text, seed {seed}").model
             else:
-                torch.manual_seed(seed)
-                model = build_model(text_config().replace(vocab_size=corpus.vocab_size))
+                model = initial_model(text_config(), corpus, seed)
             found[("text", seed, steps)] = m = measure_text(model, corpus, seed)
             rows.append({"setting": "real text", "seed": seed, "steps": steps, "loss": m["loss"],
                          "importance spread": m["importance spread"], "induction margin": None,

@@ -65,6 +65,13 @@ class RunLog:
         return 1000 * statistics.median(self.step_seconds) if self.step_seconds else math.nan
 
 
+def initial_model(config: ModelConfig, corpus: Corpus, seed: int) -> nn.Module:
+    """The character decoder of `config` over `corpus`'s vocabulary as `train_lm` builds it for `seed`, before any
+    step: what an experiment measures at initialisation."""
+    torch.manual_seed(seed)
+    return build_model(config.replace(vocab_size=corpus.vocab_size))
+
+
 def train_lm(
     config: ModelConfig,
     corpus: Corpus,
@@ -87,8 +94,7 @@ def train_lm(
     init: re-initialises the built model in place (an experiment's own scheme; default: the builder's GPT-2 one).
     progress: shows the steps as `desc` (default: a log line every fifth of them); device: where it trains.
     """
-    torch.manual_seed(seed)
-    model = build_model(config.replace(vocab_size=corpus.vocab_size))
+    model = initial_model(config, corpus, seed)
     if init is not None:
         init(model)
     model.to(device)

@@ -36,9 +36,8 @@ from torch import nn
 
 from attnkit.config import ModelConfig
 from attnkit.experiments.base import Check, Progress, Result, experiment
-from attnkit.experiments.lm_runs import Corpus, char_corpus, train_lm
+from attnkit.experiments.lm_runs import Corpus, char_corpus, initial_model, train_lm
 from attnkit.experiments.plots import fit_value_axis, new_figure, running_mean, save, series, spread_legend
-from attnkit.models import build_model
 from attnkit.models.attention_capture import transformer_blocks
 
 WIDTH, SEQ_LEN, BATCH = 64, 64, 16
@@ -107,8 +106,7 @@ def run_seed(seed: int, placement: str, *, budget: str, progress: Progress | Non
     runs = SeedRuns(seed)
     for depth in s["depths"]:
         for init, key in ((paper_init, (depth, placement)), (None, (depth, placement, "GPT-2 init"))):
-            torch.manual_seed(seed)
-            model = build_model(config(depth, placement).replace(vocab_size=corpus.vocab_size))
+            model = initial_model(config(depth, placement), corpus, seed)
             if init is not None:
                 init(model)
             runs.grads[key] = gradients_at_init(model, corpus, seed=seed)

@@ -20,10 +20,9 @@ import torch
 
 from attnkit.config import ModelConfig
 from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
-from attnkit.experiments.lm_runs import char_corpus, train_lm
+from attnkit.experiments.lm_runs import char_corpus, initial_model, train_lm
 from attnkit.experiments.plots import fit_value_axis, new_figure, save, series, spread_legend
 from attnkit.layers.attention import DotScore
-from attnkit.models import build_model
 from attnkit.train.instruments import attention_entropy
 
 N_KEYS = 64
@@ -107,9 +106,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
             generator = torch.Generator().manual_seed(seed)
             built = []  # the largest weight of each score's model as train_lm builds it for this seed
             for score in ("dot", "scaled_dot"):
-                torch.manual_seed(seed)
-                model = build_model(config(dim, score).replace(vocab_size=corpus.vocab_size))
-                built.append(model_saturation(model, corpus)[0])
+                built.append(model_saturation(initial_model(config(dim, score), corpus, seed), corpus)[0])
             per_seed.append((*saturation(dim, 1.0, generator), *saturation(dim, dim**-0.5, generator), *built))
         per_dim[dim] = dict(zip(init_columns, map(list, zip(*per_seed, strict=True)), strict=True))
         init_rows.append({"D": dim, **{column: statistics.fmean(values) for column, values in per_dim[dim].items()}})
