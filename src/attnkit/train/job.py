@@ -335,15 +335,15 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     _check_seq_len(data_config, config)
     stream = spec.stream and synthetic_name(data_config) is None
     lm_files = stream_files(data_config) if stream else None
-    if source is not None:
+    if source is not None:  # each rank read its own copy of the source's tokenizer
         tokenizer = source.tokenizer
+        parallel.check_same(tokenizer.fingerprint(), "tokenizer")
     else:  # trained on rank 0 and shared: the corpus is read and the tokenizer trained once, not on every rank
         tokenizer = parallel.made_on_rank_0(partial(
             _new_tokenizer, data_config, settings.seed, lm_files,
             progress=shows_progress(request.progress) and parallel.writes), what="the tokenizer",
             beforehand="Train it once before the launch with attnkit tokenizer train --out DIR, then give attnkit "
                        "train --tokenizer DIR")
-    parallel.check_same(tokenizer.fingerprint(), "tokenizer")
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), tokenizer, config, out, translate,
                               lm_files, progress=shows_progress(request.progress) and parallel.writes,
                               labels=source.labels if source is not None else None,
