@@ -273,3 +273,12 @@ def test_a_decoders_runtime_json_says_the_bos_its_tokenizer_json_adds(tmp_path):
         assert framing.as_json()["adds"] == adds
         assert framing.as_json()["template"] == " ".join([*adds, "$TEXT"])
         assert file.encode("def f():").ids == [bos] * len(adds) + tokenizer().encode("def f():")
+
+
+def test_onnx_folder_graph_is_the_old_name_of_its_first_graph(tmp_path):
+    from attnkit.interop.onnx import ONNXExport, ONNXFolder
+
+    export = ONNXExport(path=tmp_path / "model.onnx", kind="decoder", inputs=["input_ids"], outputs=["logits"])
+    folder = ONNXFolder(path=tmp_path, graphs=[export], files={})
+    with pytest.warns(DeprecationWarning, match=r"ONNXFolder.graph is deprecated; use ONNXFolder.graphs\[0\]"):
+        assert folder.graph is export

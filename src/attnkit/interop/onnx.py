@@ -85,6 +85,7 @@ from attnkit.checkpoint import (
     read_origin_ids,
 )
 from attnkit.config import DecoderConfig, EncoderConfig, EncoderDecoderConfig, ModelConfig, head_output
+from attnkit.deprecation import warn_renamed
 from attnkit.errors import ConfigError, InputError
 from attnkit.interop.runtime_tokenizer import Framing, runtime_tokenizer
 from attnkit.interop.targets import elsewhere
@@ -136,6 +137,12 @@ class ONNXFolder:
     path: Path
     graphs: list[ONNXExport]
     files: dict[str, str]
+
+    @property
+    def graph(self) -> ONNXExport:
+        """The old name of `graphs[0]` (from before an encoder-decoder's three), with a DeprecationWarning."""
+        warn_renamed("ONNXFolder.graph", "ONNXFolder.graphs[0]")
+        return self.graphs[0]
 
 
 class PastLayerCache(LayerCache):
