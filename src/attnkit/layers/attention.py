@@ -339,7 +339,7 @@ class Attention(nn.Module):
         else:
             q, k, v = self._self_queries_keys_values(x, positions, cache, mask)  # (B, H, T, D), (B, Hkv, S, D) twice
         key_len = k.shape[2]
-        biased = relative is not None and relative.biases
+        biased = self.position_biases and not cross  # as `kernel_path` reads it
         dropout = self.dropout if self.training else 0.0
         # 4-7. scores, + mask and position bias, softmax, weighted sum of values: one fused kernel where nothing reads
         # the weights (`kernel_path` says which)
