@@ -13,6 +13,7 @@ import torch
 from generate_models import tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
 
 from attnkit.errors import InputError
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, make_generator
@@ -667,20 +668,52 @@ def test_the_server_never_chooses_a_padded_vocabularys_ids_past_the_tokenizers()
             assert request.tokens == alone
 
 
-def test_a_jobs_held_back_stop_ids_are_one_tensor_for_all_its_steps(model, monkeypatch):
+class Fills(TorchFunctionMode):
+    """Watches the tensor calls made under it: the ids each in-place index fill is given, and how many clones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[torch.Tensor] = []
+        self.clones = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.index_fill_:
+            self.ids.append(args[2])
+        self.clones += func is torch.Tensor.clone
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_jobs_held_back_stop_ids_are_one_tensor_for_all_its_steps(model):
     """A job short of its min_tokens had its stop ids made into a new tensor at every step: it is built once, at its
     prefill, and every step holds back the same one; the tokens are those of the definition."""
-    from attnkit.serve import batching
-
-    passed = []
-    hold_back = batching.hold_back
-    monkeypatch.setattr(batching, "hold_back", lambda logits, ids, rows=None: (
-        rows is not None and passed.append(ids)) or hold_back(logits, ids, rows))  # a job's rows: its stop ids
     scheduler = scheduler_for(model)
     prompt = [1, 2, 3, 4]
     first = penalised_greedy(model, prompt, 1)[0]
     held = Recorded(prompt, 8, stop_ids=frozenset({first}), min_tokens=4)
     scheduler.submit(held.job)
-    drain(scheduler)
+    with Fills() as fills:
+        drain(scheduler)
     assert held.tokens == [penalised_greedy(model, prompt, 8, stop=frozenset({first}), min_tokens=4)]
-    assert len(passed) >= 3 and all(ids is passed[0] for ids in passed)
+    assert len(fills.ids) >= 3 and all(ids is fills.ids[0] for ids in fills.ids)
+
+
+def test_the_jobs_held_back_in_a_step_share_one_copy_of_the_logits(model):
+    """Each job short of its min_tokens copied the (B, V) logits again to hold its stop tokens back: the step makes
+    one copy for all of them, and each job's rows hold back its own stop tokens alone."""
+    scheduler = scheduler_for(model)
+    stops = (frozenset({5}), frozenset({7, 9}), frozenset({5, 11}))
+    held = [Recorded([1, 2, 3], 8, n=n, stop_ids=stop, min_tokens=4) for n, stop in zip((1, 2, 1), stops, strict=True)]
+    free = Recorded([4, 5], 8, stop_ids=frozenset({5}))
+    for request in (held[0], free, *held[1:]):
+        scheduler.submit(request.job)
+    iterate(scheduler)  # prefilled together: the held back ids are built
+    jobs = [held[0].job, free.job, held[1].job, held[2].job]
+    logits = torch.randn(5, 16)  # (B, V): the rows of the four jobs, in order
+    with Fills() as fills:
+        out = scheduler._held_back(jobs, logits)
+    assert fills.clones == 1
+    expected = logits.clone()
+    for rows, stop in ((slice(0, 1), {5}), (slice(2, 4), {7, 9}), (slice(4, 5), {5, 11})):
+        expected[rows, sorted(stop)] = float("-inf")
+    torch.testing.assert_close(out, expected)
+    assert not logits.isinf().any()  # the raw logits stay, for the log-probabilities

@@ -535,12 +535,18 @@ class Scheduler:
 
     def _held_back(self, jobs: list[GenerationJob], logits: Tensor) -> Tensor:
         """`logits` (B, V) of `jobs`' rows with the stop tokens at -inf in the rows of jobs that have not yet reached
-        their `min_tokens`; a new tensor where any is held back (the raw logits stay for the log-probabilities)."""
-        start = 0
+        their `min_tokens`: one new tensor for the batch where any is held back, each such job's rows filled in it
+        (the raw logits stay for the log-probabilities)."""
+        held, start = [], 0
         for job in jobs:
             if job.produced < job.min_tokens and job.held_ids is not None:
-                logits = hold_back(logits, job.held_ids, slice(start, start + job.n))
+                held.append((slice(start, start + job.n), job.held_ids))
             start += job.n
+        if not held:
+            return logits
+        logits = logits.clone()  # (B, V): one copy, however many jobs hold back
+        for rows, ids in held:
+            logits[rows].index_fill_(-1, ids, float("-inf"))  # a slice is a view: filled in the copy
         return logits
 
     def _penalties(self, jobs: list[GenerationJob], sampling: SamplingConfig, vocab: int
