@@ -337,6 +337,34 @@ def test_cli_generate_regex_and_grammar(json_run, tmp_path, capsys):
     assert "not --regex and --grammar together" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--regex", "--grammar"])
+def test_cli_generate_checks_its_regex_or_grammar_once(json_run, tmp_path, capsys, monkeypatch, flag):
+    """attnkit generate checked its --regex or --grammar before the model loaded, and the pipeline checked the same
+    text again as it built its grammar: llguidance checks it once."""
+    from attnkit import cli, grammars
+
+    real = grammars.llguidance()
+    checks = []
+
+    class Counting:  # llguidance, with its checks of a grammar counted
+        class LLMatcher:
+            grammar_from_regex = staticmethod(real.LLMatcher.grammar_from_regex)
+            grammar_from_lark = staticmethod(real.LLMatcher.grammar_from_lark)
+
+            @staticmethod
+            def validate_grammar(source):
+                checks.append(source)
+                return real.LLMatcher.validate_grammar(source)
+
+    monkeypatch.setattr(grammars, "llguidance", lambda: Counting)
+    grammar = tmp_path / "once.lark"
+    grammar.write_text('start: "[" NUM "]"\nNUM: /[0-9]{3}/\n')  # texts no other test checks: none is known yet
+    given = "[b-c]{2}-[0-9]{3}" if flag == "--regex" else str(grammar)
+    assert cli.main(["generate", str(json_run), "--prompt", "", "--max-new-tokens", "8", flag, given]) == 0
+    assert re.fullmatch(r"[b-c]{2}-[0-9]{3}\n" if flag == "--regex" else r"\[[0-9]{3}\]\n", capsys.readouterr().out)
+    assert len(checks) == 1
+
+
 def test_a_schema_file_that_is_not_utf8_is_refused_without_naming_a_flag_generate_lacks(json_run, tmp_path, capsys):
     from attnkit import cli
 

@@ -9,6 +9,7 @@ Needs the `structured` extra (`pip install 'attnkit[structured]'`, llguidance).
 
 from __future__ import annotations
 
+import functools
 import re
 
 from attnkit.errors import ConfigError, InputError
@@ -31,11 +32,19 @@ def checked(source: str, name: str) -> str:
     """The grammar text `source`, once llguidance finds it well formed without a tokenizer; InputError otherwise,
     naming `name` ("regular expression") and llguidance's reason on one line (its lines that quote the source and
     point a caret into it left out)."""
-    error = llguidance().LLMatcher.validate_grammar(source)
+    error = _malformed(source)
     if error:
         reason = " ".join(line.strip() for line in error.splitlines() if line.strip() and not _POINTER.fullmatch(line))
         raise InputError(f"the {name} cannot be followed: {reason[:300]}")
     return source
+
+
+@functools.lru_cache(maxsize=16)
+def _malformed(source: str) -> str:
+    """llguidance's reason the grammar text `source` is malformed ("" where it is well formed), built once per text:
+    `attnkit generate` checks its --regex or --grammar before the model loads, and the pipeline's grammar of the same
+    text that follows finds the verdict here."""
+    return llguidance().LLMatcher.validate_grammar(source)
 
 
 def regex_grammar(pattern: str) -> str:
