@@ -717,3 +717,37 @@ def test_a_text_the_tokenizer_drops_whole_is_refused_naming_its_characters(runs,
     with pytest.raises(InputError, match=r"the text \('ZZZ'\) has no token: .*unknown characters 'Z' skipped"):
         run_inspect(InspectSettings(run=str(run), analysis="heads", text=("ZZZ",), out=str(tmp_path / "out")))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("specials", "marks"), [
+    (None, "<cls> ... <sep>"),  # attnkit's char tokenizer: CLS and SEP
+    (["pad", "bos", "eos", "unk", "mask"], "<bos> ... <eos>"),  # no CLS or SEP: an encoder reads BOS ... EOS
+])
+def test_head_types_reads_an_encoder_between_the_marks_it_learned(tmp_path, specials, marks):
+    """Block 0's head 0 looks for the first mark by content (its key is the normalised mark's embedding, its query a
+    constant), as BERT's heads look at [CLS]: scored on tokens framed as the encoder reads a text it puts its weight
+    there (first and separator near 1); read without the marks, as before, it had nothing to find."""
+    tokenizer = CharTokenizer(CHARS, special_tokens=specials)
+    config = ModelConfig(family="encoder", encoder_head="mlm", vocab_size=tokenizer.vocab_size, d_model=16,
+                         n_heads=2, d_ff=32, n_layers=1, max_seq_len=48)
+    torch.manual_seed(0)
+    model = build_model(config)
+    mark = tokenizer.cls_id if specials is None else tokenizer.bos_id
+    attention, norm = model.stack.blocks[0].self_attn, model.stack.blocks[0].attn_norm
+    with torch.no_grad():
+        model.stack.embeddings.positions.weight.zero_()  # the head finds the mark by what it is, not where
+        key = norm(model.stack.embeddings.token.weight[mark])  # the mark as the head reads it, norm sqrt(16)
+        attention.q_proj.weight.zero_()
+        attention.q_proj.bias.zero_()
+        attention.q_proj.bias[0] = 10.0  # head 0's query: a constant
+        attention.k_proj.weight.zero_()
+        attention.k_proj.bias.zero_()
+        attention.k_proj.weight[0] = key / key.norm()  # head 0's key: the token's likeness to the mark
+    tokenizer.save(tmp_path / "run" / "tokenizer")
+    save_model(model, config, tmp_path / "run")
+    report = _inspect(tmp_path / "run", "head-types", tmp_path)
+    head = next(row for row in report["rows"] if row["head"] == 0)
+    assert head["first"] > 0.9 and head["separator"] > 0.9 and head["type"] == "separator"
+    assert f"framed {marks}" in report["summary"]["inputs"]
+    other = next(row for row in report["rows"] if row["head"] == 1)
+    assert other["separator"] < 0.5 and other["type"] != "separator"

@@ -334,13 +334,16 @@ def _head_types(loaded: Loaded, settings: InspectSettings):
         where = f"{len(texts)} sentence pairs"
     else:
         generator = torch.Generator().manual_seed(settings.seed)
-        vocabulary = sorted(set(range(tokenizer.vocab_size)) - set(separators) -
+        frame = text_frame(loaded.model, tokenizer, loaded.frame)  # as the model reads a text: CLS ... SEP, BOS
+        vocabulary = sorted(set(range(tokenizer.vocab_size)) - {*separators, *frame[0], *frame[1]} -
                             {tokenizer.pad_id, tokenizer.unk_id, tokenizer.mask_id})
-        periods = repeat_periods(min(20, loaded.max_len // 2))
+        periods = repeat_periods(min(20, (loaded.max_len - len(frame[0]) - len(frame[1])) // 2))
         found = repeat_types(loaded.model, vocabulary, periods=periods, batch=16, generator=generator,
-                             separators=separators)
-        where = (f"16 random sequences of {', '.join(map(str, periods))} tokens, each repeated (duplicate and "
-                 "induction: a head's lowest score over those periods)")
+                             separators=separators, frame=frame)
+        marks = " ".join([*_labels(tokenizer, frame[0]), "...", *_labels(tokenizer, frame[1])])
+        where = (f"16 random sequences of {', '.join(map(str, periods))} tokens, each repeated"
+                 f"{f' and framed {marks}' if any(frame) else ''} (duplicate and induction: a head's lowest score "
+                 "over those periods)")
     shown = [k for k, v in found.scores.items() if not bool(v.isnan().all())]
     figure = Figure(figsize=(3.2 * len(shown) + 1, 1.2 + 0.35 * len(found.sites)))
     for index, kind in enumerate(shown):

@@ -13,7 +13,9 @@ A score is the mean over those queries of the weight on those keys (1: all of it
 `[x1..xn x1..xn]` a duplicate-token head looks n back and an induction head n - 1 back, so one period cannot tell
 an induction head from a head that looks a fixed n - 1 back: `repeat_types` scores several periods and keeps, for
 the duplicate and induction types, a head's lowest score over them (it is typed induction only where it holds at
-each period). Cross-attention is scored by
+each period). The tokens are framed as the model reads a text (`frame`: an encoder's CLS ... SEP, a converted
+Llama's BOS), so `first` is the weight on CLS or BOS and `separator` the weight on the marks, as Clark et al. read
+BERT's heads; an encoder read without them reads an input unlike any it learned. Cross-attention is scored by
 how monotonic its alignment is (`monotonicity`): the share of target steps whose most-attended source position does
 not move backwards (1: a monotone alignment, about 0.5 for chance).
 """
@@ -30,21 +32,23 @@ from attnkit.errors import InputError
 from attnkit.inspect.points import attends_across, evaluated, head_sites, module_of
 from attnkit.inspect.tracing import trace
 
+Frame = tuple[Sequence[int], Sequence[int]]  # (before, after): the ids around a text (`attnkit.tasks.reading`)
 SELF_TYPES = ("previous", "first", "duplicate", "induction")
 PERIODIC = ("duplicate", "induction")  # types whose keys sit a period back on repeated tokens
 MONOTONIC = 0.9  # a cross-attention head whose peak moves backwards at no more than one step in ten
 
 
-def repeated_tokens(vocab: Sequence[int] | int, length: int, *, batch: int = 8, generator: torch.Generator | None = None
-                    ) -> Tensor:
-    """Random token sequences of `length` drawn from `vocab` (ids, or range(vocab)), each followed by itself:
-    (B, 2 * length)."""
+def repeated_tokens(vocab: Sequence[int] | int, length: int, *, batch: int = 8,
+                    generator: torch.Generator | None = None, frame: Frame = ((), ())) -> Tensor:
+    """Random token sequences of `length` drawn from `vocab` (ids, or range(vocab)), each followed by itself and
+    framed by `frame`'s (before, after) ids: (B, len(before) + 2 * length + len(after))."""
     pool = torch.arange(vocab) if isinstance(vocab, int) else torch.as_tensor(list(vocab))
     if len(pool) < 2 or length < 2:
         raise InputError(f"repeated tokens need at least 2 distinct tokens and length >= 2; got {len(pool)} tokens "
                          f"and length {length}")
     first = pool[torch.randint(len(pool), (batch, length), generator=generator)]  # (B, n)
-    return torch.cat((first, first), dim=1)  # (B, 2n)
+    before, after = (torch.tensor(marks, dtype=first.dtype).expand(batch, len(marks)) for marks in frame)
+    return torch.cat((before, first, first, after), dim=1)  # (B, len(before) + 2n + len(after))
 
 
 def key_masks(ids: Tensor, separators: Sequence[int] = ()) -> dict[str, Tensor]:
@@ -174,13 +178,15 @@ def repeat_periods(longest: int) -> tuple[int, ...]:
 
 
 def repeat_types(model: nn.Module, vocab: Sequence[int] | int, *, periods: Sequence[int], batch: int = 16,
-                 generator: torch.Generator | None = None, separators: Sequence[int] = (), threshold: float = 0.4
-                 ) -> HeadTypes:
-    """Score every head on `batch` random sequences from `vocab` repeated once, at each of `periods`: the duplicate
-    and induction scores are a head's lowest over the periods, the others their mean (module docstring)."""
+                 generator: torch.Generator | None = None, separators: Sequence[int] = (), frame: Frame = ((), ()),
+                 threshold: float = 0.4) -> HeadTypes:
+    """Score every head on `batch` random sequences from `vocab` repeated once, at each of `periods`, framed by
+    `frame` (its marks count as separators): the duplicate and induction scores are a head's lowest over the periods,
+    the others their mean (module docstring)."""
     model = module_of(model)
     device = next(model.parameters()).device
-    runs = [head_types(model, repeated_tokens(vocab, n, batch=batch, generator=generator).to(device),
+    separators = sorted({*separators, *frame[0], *frame[1]})
+    runs = [head_types(model, repeated_tokens(vocab, n, batch=batch, generator=generator, frame=frame).to(device),
                        separators=separators) for n in periods]
     scores = {kind: torch.stack([r.scores[kind] for r in runs]) for kind in runs[0].scores}  # (periods, sites, H)
     return HeadTypes.typed(runs[0].sites, {kind: table.amin(0) if kind in PERIODIC else table.nanmean(0)
