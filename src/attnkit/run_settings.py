@@ -180,6 +180,31 @@ def check_beams_fit_context(longest_prompt: int, max_new_tokens: int, context_le
                          f"{fix}")
 
 
+MAX_DRAFT_TOKENS = 64  # past it, a draft that agrees that long would be the model worth running
+
+
+def check_draft_tokens(draft_tokens: object, *, flag: bool = False) -> int:
+    """The number of tokens a draft proposes a round: an integer from 1 to MAX_DRAFT_TOKENS. Raises InputError naming
+    the value (as the flag --draft-tokens with `flag`) and the fix."""
+    name = f"--draft-tokens {draft_tokens}" if flag else f"draft_tokens={draft_tokens!r}"
+    if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
+        raise InputError(f"{name} must be an integer from 1 to {MAX_DRAFT_TOKENS} (the tokens the draft proposes a "
+                         "round; 2 to 6 is usual)")
+    return draft_tokens
+
+
+def check_draft_fits_context(longest_prompt: int, max_new_tokens: int, context_len: int, *, flag: bool = False) -> None:
+    """InputError where the longest prompt (in tokens) and `max_new_tokens` outgrow `context_len` (the smaller
+    max_seq_len of target and draft): speculative decoding keeps the whole text in both caches
+    (`generate/speculative.py`)."""
+    room = context_len + 1 - longest_prompt  # the most new tokens: the last is chosen, never fed
+    if max_new_tokens > room:
+        name = f"--max-new-tokens {max_new_tokens}" if flag else f"max_new_tokens={max_new_tokens}"
+        raise InputError(f"speculative decoding keeps the whole text in both models' caches, but the longest prompt "
+                         f"(length {longest_prompt}) and {name} outgrow the context of {context_len} (the smaller "
+                         f"max_seq_len of the two): give at most {max(room, 0)} new tokens, or shorten the prompt")
+
+
 def _set(value: Any) -> bool:
     return value is not None
 
@@ -204,12 +229,39 @@ CLI_ONLY_BESIDE_BEAMS = frozenset({"json"})  # JSON mode: the API's json_schema=
 def refuse_beside_beams(beams: str, options: Mapping[str, Any], *, flags: bool = False) -> None:
     """InputError naming the options of `options` ({name: value}, names of NOT_BESIDE_BEAMS; as flags with `flags`)
     that were set beside beam search (`beams`: "num_beams=4", "--num-beams 4"), in one line."""
-    given = [name for name, value in options.items() if NOT_BESIDE_BEAMS[name](value)]
+    refuse_beside(f"{beams} (beam search)", NOT_BESIDE_BEAMS, options, flags=flags, why=(
+        "it ranks whole texts by their log-probabilities, deterministically, and gives them whole at the end; drop "
+        "them, or use one beam (sampling, greedy), which takes them"))
+
+
+# The options speculative decoding (a draft model, `generate/speculative.py`) does not take: beam search has no one
+# text to draft for; the penalties and n-gram blocking read the text so far, and a grammar its matcher's state, which
+# change from one drafted position to the next within a round
+NOT_BESIDE_DRAFT: dict[str, Callable[[Any], bool]] = {
+    "num_beams": lambda n: n != 1, "num_return_sequences": lambda n: n != 1,
+    "repetition_penalty": lambda r: r != 1.0, "presence_penalty": bool, "frequency_penalty": bool,
+    "no_repeat_ngram_size": bool, "json": bool, "json_schema": _set, "regex": _set, "lark": _set, "grammar": _set,
+}
+API_ONLY_BESIDE_DRAFT = frozenset({"lark"})  # as beside beams: attnkit generate's --grammar FILE is its lark=
+CLI_ONLY_BESIDE_DRAFT = frozenset({"json"})
+
+
+def refuse_beside_draft(options: Mapping[str, Any], *, flags: bool = False) -> None:
+    """InputError naming the options of `options` ({name: value}, names of NOT_BESIDE_DRAFT; as flags with `flags`)
+    that were set beside a draft model, in one line."""
+    refuse_beside("--draft (speculative decoding)" if flags else "draft= (speculative decoding)", NOT_BESIDE_DRAFT,
+                  options, flags=flags, why=(
+                      "the draft proposes one text's next tokens and the target keeps what it would choose itself, "
+                      "with no beams, penalties or grammar between them; drop them, or generate without a draft"))
+
+
+def refuse_beside(what: str, table: Mapping[str, Callable[[Any], bool]], options: Mapping[str, Any], *, flags: bool,
+                  why: str) -> None:
+    """InputError naming the options of `options` that `table`'s tests find set beside `what`, and `why`."""
+    given = [name for name, value in options.items() if table[name](value)]
     if given:
         names = [f"--{name.replace('_', '-')}" for name in given] if flags else given
-        raise InputError(f"{beams} (beam search) does not take {', '.join(names)}: it ranks whole texts by their "
-                         "log-probabilities, deterministically, and gives them whole at the end; drop them, or use one "
-                         "beam (sampling, greedy), which takes them")
+        raise InputError(f"{what} does not take {', '.join(names)}: {why}")
 
 
 def read_stdin(limit: int) -> str:

@@ -91,9 +91,17 @@ class Window:
 
     def append(self, tokens: Tensor) -> Window:
         """Add one token per row, (B,), at the right."""
-        new_mask = torch.ones_like(self.attention_mask[:, :1])
-        ids = torch.cat((self.ids, tokens[:, None]), dim=1)  # (B, L + 1)
+        return self.extend(tokens[:, None])
+
+    def extend(self, tokens: Tensor) -> Window:
+        """Add n tokens per row, (B, n), at the right."""
+        new_mask = torch.ones_like(tokens, dtype=self.attention_mask.dtype)  # (B, n)
+        ids = torch.cat((self.ids, tokens), dim=1)  # (B, L + n)
         return Window(ids, torch.cat((self.attention_mask, new_mask), dim=1), self.padded)
+
+    def first(self, length: int) -> Window:
+        """The first `length` columns (speculative decoding's text without its rejected drafts)."""
+        return Window(self.ids[:, :length], self.attention_mask[:, :length], self.padded)
 
     def slide(self, context_len: int) -> Window:
         """The window each row has alone once the context is full: a row that outgrew `context_len` keeps its last
@@ -121,6 +129,13 @@ def prefill(model: nn.Module, window: Window, cache: KVCache) -> Tensor:
     Only the last position's logits are computed: the others would cost a (B, T, V) tensor (206 MB for a prompt of
     1,024 tokens and GPT-2's vocabulary in fp32) and almost a third of `gpt2-124m`'s prefill arithmetic.
     """
+    return logits_of_new(model, window, cache, 1)[:, 0]
+
+
+def logits_of_new(model: nn.Module, window: Window, cache: KVCache, count: int) -> Tensor:
+    """Run the window's columns after those `cache` holds through a DecoderLM, appending them to the cache; returns
+    the logits of the last `count` of them (B, count, V) (`prefill`'s one; speculative decoding's drafts and the one
+    after them, `generate/speculative.py`)."""
     start = cache.length
     hidden, _ = model.stack(
         window.ids[:, start:],
@@ -128,7 +143,7 @@ def prefill(model: nn.Module, window: Window, cache: KVCache) -> Tensor:
         position_ids=positions_from_mask(window.attention_mask)[:, start:],
         cache=cache,
     )  # (B, T - start, C)
-    return model.lm_head(hidden[:, -1])  # (B, V)
+    return model.lm_head(hidden[:, -count:])  # (B, count, V)
 
 
 def decode_one_token(model: nn.Module, window: Window, cache: KVCache) -> Tensor:

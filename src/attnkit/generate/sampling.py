@@ -399,7 +399,12 @@ def select_next_in_groups(
         ids = logits.argmax(dim=-1)  # (B,)
         chosen = logits.gather(-1, ids[:, None]).squeeze(-1)  # (B,)
         return ids.masked_fill(chosen.isnan() | chosen.isneginf(), NO_TOKEN)
-    probs = logits.softmax(dim=-1)  # (B, V): a row of nan logits, or all at -inf, is all nan
+    return draw(logits.softmax(dim=-1), groups)  # a row of nan logits, or all at -inf, is all nan
+
+
+def draw(probs: Tensor, groups: Sequence[tuple[int, torch.Generator | None]]) -> Tensor:
+    """One token per row of probs (B, V), each group of rows drawing from its own generator (`select_next_in_groups`'s
+    exponential race); NO_TOKEN where a row holds a nan. -> ids (B,)."""
     races = torch.empty_like(probs)  # (B, V)
     for part, (_, generator) in zip(races.split([rows for rows, _ in groups]), groups, strict=True):
         part.exponential_(1, generator=generator)

@@ -170,6 +170,19 @@ class KVCache:
             layer.reorder(index)
         self.memory = None
 
+    def rewind(self, length: int) -> None:
+        """Forget the positions from `length` on (speculative decoding's rejected drafts, `generate/speculative.py`):
+        the next append writes at `length`. Raises InputError for a length beyond those cached, or for a rolling
+        layer, whose ring has already overwritten the keys the rewound positions' windows need."""
+        if not 0 <= length <= self.length:
+            raise InputError(f"cannot rewind a KV cache of {self.length} positions to {length}: give 0 to "
+                             f"{self.length}")
+        if any(isinstance(layer, RollingLayerCache) for layer in self.layers):
+            raise InputError("a rolling (sliding-window) cache cannot be rewound: its ring has overwritten older "
+                             "keys; allocate the cache with rolling=False")
+        for layer in self.layers:
+            layer.length = length
+
     def read(self, row: int, start: int, end: int) -> Tensor:
         """One row's keys and values at positions [start, end) of every layer, copied: (L, 2, Hkv, end - start, D)
         (what the prefix cache keeps of a block, `layers/prefix_cache.py`)."""

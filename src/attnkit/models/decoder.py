@@ -69,11 +69,14 @@ class DecoderLM(nn.Module):
         return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None, cache=cache)
 
     def allocate_cache(
-        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None, static: bool = False
+        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None, static: bool = False,
+        rolling: bool = True,
     ) -> KVCache:
         """A preallocated cache for `batch_size` sequences of up to `max_len` positions; `static` for a compiled
-        decoding step (`StaticKVCache`)."""
-        return allocate_cache_for(self.stack, batch_size, max_len, dtype=dtype, device=device, static=static)
+        decoding step (`StaticKVCache`); `rolling=False` keeps every position of sliding-window layers too (the mask
+        hides what the window hides), so that the cache can be rewound (`KVCache.rewind`)."""
+        return allocate_cache_for(self.stack, batch_size, max_len, dtype=dtype, device=device, static=static,
+                                  rolling=rolling)
 
 
 class DecoderTokenClassifier(nn.Module):
@@ -115,7 +118,8 @@ def lm_logits_and_loss(
 
 
 def allocate_cache_for(
-    stack: TransformerStack, batch_size: int, max_len: int, *, dtype=None, device=None, static: bool = False
+    stack: TransformerStack, batch_size: int, max_len: int, *, dtype=None, device=None, static: bool = False,
+    rolling: bool = True,
 ) -> KVCache:
     attention = stack.blocks[0].self_attn
     reference = stack.embeddings.token.weight  # the activations' dtype and device
@@ -127,5 +131,5 @@ def allocate_cache_for(
         max_len=max_len,
         dtype=dtype or reference.dtype,
         device=device or reference.device,
-        windows=[block.self_attn.window for block in stack.blocks],
+        windows=[block.self_attn.window for block in stack.blocks] if rolling else None,
     )

@@ -1,0 +1,205 @@
+"""Speculative decoding (`attnkit.generate.speculative`): greedy, the target's own tokens whatever the draft; sampled,
+the target's own distribution (Leviathan et al. 2023), shown by chi-square tests that a wrong acceptance rule fails."""
+
+import copy
+import itertools
+
+import pytest
+import torch
+from generate_models import POSITIONS, tiny_model
+from scipy.stats import chisquare
+
+from attnkit.errors import InputError
+from attnkit.generate import speculative
+from attnkit.generate.decoder import generate_tokens
+from attnkit.generate.sampling import GREEDY, SamplingConfig, draw, process_logits
+from attnkit.generate.speculative import accept_sampled, speculative_generate
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 2], [3]]  # of different lengths: left padding under the drafts
+
+
+def perturbed(model, scale: float, seed: int):
+    """A copy of `model` with noise of std `scale` on its matrices: a draft that agrees with it often, not always."""
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            if parameter.dim() > 1:
+                parameter.add_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * scale)
+    return draft
+
+
+MODELS = [dict(position=p) for p in POSITIONS] + [
+    dict(position="rope", n_kv_heads=2), dict(position="rope", n_kv_heads=1, attention_window=4),
+    dict(position="alibi", attention_window=3, global_every=2)]
+
+
+@pytest.mark.parametrize("settings", MODELS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+def test_greedy_text_is_the_targets_own_token_for_token(settings):
+    target, config = tiny_model(**settings)
+    draft = perturbed(target, 0.15, seed=1)
+    with torch.no_grad():
+        alone = generate_tokens(target, PROMPTS, max_new_tokens=14, context_len=config.max_seq_len)
+    rates = []
+    for k in (1, 5):
+        tokens, stats = speculative_generate(target, draft, PROMPTS, max_new_tokens=14, context_len=config.max_seq_len,
+                                             draft_tokens=k)
+        assert tokens == alone, k
+        rates.append(stats.acceptance_rate)
+    assert 0 < min(rates) and max(rates) < 1  # the drafts were kept and refused: both paths ran
+
+
+def test_a_different_draft_model_and_stops_leave_the_greedy_text_unchanged():
+    target, config = tiny_model(position="rope", n_kv_heads=2)
+    draft, _ = tiny_model(position="learned", n_layers=1, d_model=16, n_heads=2, d_ff=32, seed=5)
+    with torch.no_grad():
+        free = generate_tokens(target, PROMPTS, max_new_tokens=16, context_len=24)
+        stops = {free[0][6], free[1][4]}  # tokens the rows write: they end there (the second not before its 3rd)
+        alone = generate_tokens(target, PROMPTS, max_new_tokens=16, context_len=24, stop_ids=stops, min_new_tokens=3)
+    tokens, _ = speculative_generate(target, draft, PROMPTS, max_new_tokens=16, context_len=24, draft_tokens=4,
+                                     stop_ids=stops, min_new_tokens=3)
+    assert tokens == alone
+    assert any(len(row) < 16 for row in tokens)  # a stop token ended a row: the rows went on out of step
+
+
+def test_on_token_ends_a_row_as_without_a_draft():
+    target, _ = tiny_model(position="rope")
+    draft = perturbed(target, 0.1, seed=2)
+    seen = []
+
+    def stop_after_five(row, token):
+        seen.append((row, token))
+        return sum(r == row for r, _ in seen) == 5
+
+    tokens, _ = speculative_generate(target, draft, PROMPTS, max_new_tokens=12, context_len=24, draft_tokens=3,
+                                     on_token=stop_after_five)
+    assert [len(row) for row in tokens] == [5, 5, 5]
+    assert sorted(seen) == sorted((row, t) for row, ts in enumerate(tokens) for t in ts)
+
+
+def _first_two_exact(target, prompt, sampling):
+    """The target's exact distribution of its first two new tokens: (V, V) from V + 1 forward passes."""
+    with torch.no_grad():
+        first = process_logits(target(torch.tensor([prompt])).logits[:, -1], sampling).softmax(-1)[0]  # (V,)
+        vocab = first.shape[0]
+        after = torch.tensor([prompt + [t] for t in range(vocab)])  # (V, T + 1)
+        second = process_logits(target(after).logits[:, -1], sampling).softmax(-1)  # (V, V)
+    return (first[:, None] * second).double()
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.7, top_k=4, top_p=0.9)],
+                         ids=["plain", "temperature-top-k-top-p"])
+def test_sampled_texts_follow_the_targets_distribution(sampling):
+    target, _ = tiny_model(position="rope", vocab_size=6, seed=3)
+    draft = perturbed(target, 0.3, seed=4)
+    prompt = [1, 4, 2]
+    exact = _first_two_exact(target, prompt, sampling).flatten()
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.zeros(36, dtype=torch.float64)
+    for _ in range(50):  # rows in batches of 80: the fewest drafts a row keeps sets each round's advance
+        tokens, stats = speculative_generate(target, draft, [prompt] * 80, max_new_tokens=2, context_len=24,
+                                             draft_tokens=2, sampling=sampling, generator=generator)
+        for first, second in tokens:
+            counts[first * 6 + second] += 1
+    assert 0.2 < stats.acceptance_rate < 0.95
+    support = exact > 0
+    assert counts[~support].sum() == 0  # nothing top-k or top-p dropped is ever written
+    expected = exact[support] / exact[support].sum() * counts.sum()
+    assert chisquare(counts[support], expected).pvalue > 1e-3
+
+
+def _resample_from_p(p, q, drafted, groups):
+    """A wrong rule: a rejected draft is replaced by a draw from p, not from max(0, p - q)."""
+    kept, _ = accept_sampled(p, q, drafted, groups)
+    return kept, draw(p[torch.arange(p.shape[0]), kept], groups)
+
+
+def _tables(vocab: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    def table(*shape):
+        return torch.randn(*shape, vocab, generator=generator, dtype=torch.float64).mul(1.5).softmax(-1)
+    return table(), table(vocab), table(), table(vocab)  # p1 (V,), p2 (V, V) given token 1; q1, q2 alike
+
+
+def _rule_draws(rule, rows: int, seed: int):
+    """One round of K = 2 drafts on fixed conditional tables (V = 4), through `rule`: the first token of each row, and
+    the second where the round gave one (-1 where it did not), with the exact tables."""
+    p1, p2, q1, q2 = _tables(4, seed)
+    generator = torch.Generator().manual_seed(seed)
+    d1 = torch.multinomial(q1.expand(rows, -1), 1, generator=generator)[:, 0]  # (N,)
+    d2 = torch.multinomial(q2[d1], 1, generator=generator)[:, 0]  # (N,): drafted after d1
+    p = torch.stack((p1.expand(rows, -1), p2[d1], p2[d1] * 0 + 0.25), dim=1)  # (N, 3, V): p3 plays no part below
+    q = torch.stack((q1.expand(rows, -1), q2[d1]), dim=1)  # (N, 2, V)
+    kept, after = rule(p, q, torch.stack((d1, d2), dim=1), [(rows, generator)])
+    first = torch.where(kept >= 1, d1, after)
+    second = torch.where(kept >= 2, d2, torch.where(kept == 1, after, -1))
+    return first, second, p1, p2
+
+
+@pytest.mark.parametrize("rule, holds", [(accept_sampled, True), (_resample_from_p, False)],
+                         ids=["leviathan", "wrong-resample-from-p"])
+def test_the_acceptance_rule_gives_the_targets_distribution_and_a_wrong_one_fails(rule, holds):
+    first, second, p1, p2 = _rule_draws(rule, 200_000, seed=7)
+    pvalues = [chisquare(torch.bincount(first, minlength=4).double(), p1 * len(first)).pvalue]
+    for token in range(4):  # the second token, given the first, where the round kept the first draft
+        chosen = second[(first == token) & (second >= 0)]
+        pvalues.append(chisquare(torch.bincount(chosen, minlength=4).double(), p2[token] * len(chosen)).pvalue)
+    assert (min(pvalues) > 1e-4) == holds, pvalues
+
+
+def test_a_wrong_rule_fails_the_end_to_end_distribution_test(monkeypatch):
+    monkeypatch.setattr(speculative, "accept_sampled", _resample_from_p)
+    with pytest.raises(AssertionError):
+        test_sampled_texts_follow_the_targets_distribution(SamplingConfig())
+
+
+def test_the_same_seed_gives_the_same_sampled_text():
+    target, _ = tiny_model(position="rope")
+    draft = perturbed(target, 0.2, seed=1)
+    runs = [speculative_generate(target, draft, PROMPTS, max_new_tokens=10, context_len=24, draft_tokens=3,
+                                 sampling=SamplingConfig(), generator=[torch.Generator().manual_seed(i)
+                                                                      for i in range(3)])[0] for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_bad_settings_are_clear_errors():
+    target, _ = tiny_model(position="rope")
+    draft, _ = tiny_model(position="rope", vocab_size=9)
+    with pytest.raises(InputError, match=r"draft_tokens=0 must be an integer from 1 to 64"):
+        speculative_generate(target, target, PROMPTS, max_new_tokens=4, context_len=24, draft_tokens=0)
+    with pytest.raises(InputError, match=r"vocabularies \(13 and 9 ids\) must both hold the 13 tokens"):
+        speculative_generate(target, draft, PROMPTS, max_new_tokens=4, context_len=24)
+    with pytest.raises(InputError, match=r"prompt \(length 6\) and max_new_tokens=20 outgrow the context of 24 .*"
+                                         r"give at most 19 new tokens"):
+        speculative_generate(target, target, PROMPTS, max_new_tokens=20, context_len=24)
+
+
+def test_a_rewound_cache_equals_one_never_written_past(monkeypatch):
+    model, _ = tiny_model(position="rope", attention_window=3)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        fresh = model.allocate_cache(1, 10, rolling=False)
+        expected = model(ids, cache=fresh).logits
+        cache = model.allocate_cache(1, 10, rolling=False)
+        model(torch.tensor([[1, 2, 3, 4, 9, 9, 9]]), cache=cache)
+        cache.rewind(4)
+        torch.testing.assert_close(model(ids[:, 4:], cache=cache).logits, expected[:, 4:])
+    with pytest.raises(InputError, match="cannot rewind a KV cache of 7 positions to 8"):
+        cache.rewind(8)
+    rolling = model.allocate_cache(1, 10)
+    with pytest.raises(InputError, match="rolling .* cannot be rewound.*rolling=False"):
+        rolling.rewind(0)
+
+
+def test_an_empty_request_and_greedy_constant_are_handled():
+    target, _ = tiny_model(position="rope")
+    assert speculative_generate(target, target, PROMPTS, max_new_tokens=0, context_len=24)[0] == [[], [], []]
+    tokens, stats = speculative_generate(target, target, [[1]], max_new_tokens=1, context_len=24, sampling=GREEDY)
+    assert len(tokens[0]) == 1 and stats.drafted == 0  # one token left: the target's own, nothing drafted
+
+
+def test_every_pair_of_first_tokens_is_reachable_in_the_exact_table():
+    target, _ = tiny_model(position="rope", vocab_size=6, seed=3)
+    exact = _first_two_exact(target, [1, 4, 2], SamplingConfig())
+    assert torch.allclose(exact.sum(), torch.tensor(1.0, dtype=torch.float64))
+    assert all(exact[a, b] > 0 for a, b in itertools.product(range(6), repeat=2))
