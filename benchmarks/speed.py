@@ -64,7 +64,7 @@ class Case:
     """One workload: a model shape, what is timed, and how many tokens one repetition processes."""
 
     name: str
-    kind: str  # "train" (forward, backward, AdamW), "forward", "generate"
+    kind: str  # "train" (forward, backward, AdamW), "forward", "generate", "prefill" (the prompt and one token)
     family: str  # "decoder", "encoder", "encoder-decoder"
     n_layers: int
     d_model: int
@@ -73,6 +73,11 @@ class Case:
     seq_len: int
     batch_size: int
     new_tokens: int = 0  # generate: tokens produced after a prompt of seq_len
+
+    @property
+    def decodes(self) -> bool:
+        """Whether the case runs generation (decoding, or a prefill: the prompt read and one token chosen)."""
+        return self.kind in ("generate", "prefill")
 
 
 CASES = [
@@ -86,6 +91,11 @@ CASES = [
     Case("generate-small-b8", "generate", "decoder", 6, 384, 6, 65, 16, 8, new_tokens=128),
     Case("generate-gpt2-124m-b1", "generate", "decoder", 12, 768, 12, 50257, 16, 1, new_tokens=128),
     Case("generate-gpt2-124m-b8", "generate", "decoder", 12, 768, 12, 50257, 16, 8, new_tokens=128),
+    # prefill: tokens/s over the prompt's tokens, as `generate` runs it for one new token
+    Case("prefill-small-128", "prefill", "decoder", 6, 384, 6, 65, 128, 1, new_tokens=1),
+    Case("prefill-small-1024", "prefill", "decoder", 6, 384, 6, 65, 1024, 1, new_tokens=1),
+    Case("prefill-gpt2-124m-128", "prefill", "decoder", 12, 768, 12, 50257, 128, 1, new_tokens=1),
+    Case("prefill-gpt2-124m-1024", "prefill", "decoder", 12, 768, 12, 50257, 1024, 1, new_tokens=1),
 ]
 IMPLEMENTATIONS = ["attnkit", "transformers"]
 INT8 = ["attnkit-int8", "attnkit-int8-compiled"]  # int8 weights (eager, compiled decoding step)
@@ -119,7 +129,7 @@ def peer_impls(case: Case, dtype: str, compiled: bool) -> list[str]:
     """The peers that run a case in a dtype (compiled peers only with --compiled, beside attnkit's compiled rows)."""
     if case.kind == "train" and case.family == "decoder":
         return ["nanogpt"] + (["nanogpt-compiled"] if compiled else [])
-    if case.kind == "generate":
+    if case.decodes:
         return (["transformers-static"] if compiled else []) + [
             impl for impl, types in peers.LLAMA_CPP_TYPES.items() if dtype in types] + (
             ["onnxruntime"] if dtype == "fp32" and case.family == "decoder" else [])  # its CPU kernels are fp32
@@ -215,7 +225,7 @@ def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
     else:
         model = _transformers_model(case).to(device)
 
-    if case.kind == "generate":
+    if case.decodes:
         model.eval()
         if impl.startswith("llama.cpp"):  # the same (fp32) weights, written at the peer's precision
             return model, peers.llama_cpp_generate(model, impl, dtype, ids, case.new_tokens, torch.get_num_threads())
@@ -501,15 +511,15 @@ def main(argv: list[str] | None = None) -> int:
     for case in [c for c in CASES if not args.only or c.name in args.only]:
         for dtype in args.dtypes:
             # weight-only int8 and int4: bf16 activations, and on the CPU fp32 ones too (the native kernels')
-            weight_only = case.kind == "generate" and (dtype == "bf16" or not on_gpu)
+            weight_only = case.decodes and (dtype == "bf16" or not on_gpu)
             impls = IMPLEMENTATIONS + (INT8 if weight_only else [])
             dynamic = not on_gpu and dynamic_quantization_available() is None  # FBGEMM: x86 CPUs
-            impls += [INT8_DYNAMIC] if case.kind == "generate" and dtype == "bf16" and dynamic else []
+            impls += [INT8_DYNAMIC] if case.decodes and dtype == "bf16" and dynamic else []
             if weight_only and cpu is not None and cpu.int4_kernel:
                 impls += INT4 + (["attnkit-int4-compiled"] if args.compiled else [])
             impls += [MASTER] if case.kind == "train" and dtype == "bf16" else []
             impls += ["attnkit-compiled"] if args.compiled else []
-            if args.compiled and case.kind == "generate":
+            if args.compiled and case.decodes:
                 impls += sorted(AUTOTUNED) if dtype == "bf16" else ["attnkit-autotuned"]
                 impls += [impl for impl in sorted(CAPTURED) if weight_only or impl == "attnkit-aot"]
             skipped = {}
@@ -521,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
                     skipped[impl] = {"case": case.name, "impl": impl, "dtype": dtype, "skipped": reason}
                     print(f"{case.name} {dtype}: {impl} skipped: {reason}", flush=True)
             impls = [impl for impl in impls if not args.impls or impl in args.impls]
-            if case.kind == "generate":  # small models: held side by side, taking turns repetition by repetition
+            if case.decodes:  # small models: held side by side, taking turns repetition by repetition
                 pair = _in_turns(case.name, impls, dtype, args.rounds * args.repeats, args.warmup, args.threads,
                                  device)
             else:  # training steps hold gigabytes each: one process at a time, round after round
