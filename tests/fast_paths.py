@@ -101,6 +101,18 @@ def int4_kernel() -> str | None:
     return None if cpu.int4_kernel else f"PyTorch's int4 kernel is vectorized only for AVX2 and AVX-512 ({cpu.isa})"
 
 
+def bf16_dot_unavailable() -> str | None:
+    return native_gemv.unavailable() or (None if native_gemv.bf16_dot() else
+                                         f"the CPU reports no AVX512-BF16 ({CpuCapabilities.detect().isa})")
+
+
+def bf16_dot_rows(linear: nn.Linear, x: Tensor) -> tuple[Tensor, Tensor]:
+    """The AVX512-BF16 dot-product kernel's fp32 outputs against float64's product of the same bf16 numbers."""
+    linear = in_dtype(linear, x)
+    bias = None if linear.bias is None else linear.bias.detach().float()
+    return native_gemv.gemv_bf16_dot(linear.weight.detach(), x, bias), float64_linear(linear, x)
+
+
 def int8_rows(linear: nn.Linear, x: Tensor) -> tuple[Tensor, Tensor]:
     """The captured one-row step's int8 product against the dequantized weight's."""
     weight, scales = quantize_rows(linear.weight)
@@ -159,6 +171,9 @@ INT8_PINNED = tuple(LinearCase(k, n, rows, "bf16", True, offset, 0)
 # takes (the dequantized product), at an odd offset
 NATIVE_PINNED = tuple(LinearCase(k, n, rows, "fp32", True, offset, 0) for k, n, rows, offset in (
     (172, 64, 5, 0), (33, 7, 4, 3), (64, 48, NATIVE_QUANTIZED_ROWS + 1, 1)))
+# the bf16 dot product: a row of 16 and 32 inputs exactly, one past them (the masked tail), four rows and a tail
+BF16_DOT_PINNED = tuple(LinearCase(k, n, rows, "bf16", True, 1, 0) for k, n, rows in (
+    (16, 5, 1), (33, 7, 5), (64, 3, 4), (65, 9, 9), (172, 64, 2)))
 # row counts about the native quantized products' limit, where a traced step's symbolic row count meets it
 ABOUT_THE_ROW_LIMIT = st.one_of(st.integers(NATIVE_QUANTIZED_ROWS - 2, NATIVE_QUANTIZED_ROWS + 2),
                                 st.integers(1, 2 * NATIVE_QUANTIZED_ROWS))
@@ -177,6 +192,8 @@ LINEAR_PATHS = [
                pinned=(LinearCase(172, 64, 3, "fp32", True, 1, 0), LinearCase(172, 64, 33, "bf16", True, 1, 0))),
     LinearPath("native+packed", layer_and_reference(NativePackedLinear), ("bf16",),
                unavailable=lambda: native_gemv.unavailable() or onednn_packs()),
+    LinearPath("native bf16 dot product", bf16_dot_rows, ("bf16",), unavailable=bf16_dot_unavailable,
+               pinned=BF16_DOT_PINNED),
     LinearPath("int8-native", layer_and_reference(NativeInt8Linear, lambda layer, linear, x: layer.reference(x)),
                ("fp32", "bf16"), unavailable=native_gemv.unavailable, pinned=NATIVE_PINNED),
     LinearPath("int4-native", layer_and_reference(
@@ -212,9 +229,10 @@ def check_linear(path: LinearPath, case: LinearCase) -> None:
     assert out.shape == expected.shape, f"{path.name}: shape {tuple(out.shape)}, expected {tuple(expected.shape)}"
     # bf16 rounds each output to 8 bits; the int8 and int4 layers with PyTorch's kernels compute in bf16 whatever the
     # input's dtype (the native ones in fp32)
-    exact = ("transposed", "captured step, products", "native", "int8-native", "int4-native", "int8-native, traced",
-             "int4-native, traced")  # fp32 arithmetic
-    tolerance = 1e-5 if case.dtype == "fp32" and path.name in exact else 2e-2
+    exact = ("transposed", "captured step, products", "native", "native bf16 dot product", "int8-native",
+             "int4-native", "int8-native, traced", "int4-native, traced")  # fp32 arithmetic
+    fp32_sums = case.dtype == "fp32" or path.name == "native bf16 dot product"  # its outputs are the fp32 sums
+    tolerance = 1e-5 if fp32_sums and path.name in exact else 2e-2
     # relative to the sizes of the terms summed, not of the sum: rounding in another order of summation is a share
     # of sum |x_k w_k|, which an output of terms that cancel (0.0087 from 17 terms of sum 1.07) is far below
     terms = x.double().abs() @ linear.weight.detach().double().abs().T  # (rows, out_features)

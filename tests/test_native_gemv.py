@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from described_cpus import AVX2, AVX512, BASELINE
+from described_cpus import AVX2, AVX512, AVX512_BF16, BASELINE
 from torch import nn
 
 from attnkit import ModelConfig, build_model, cli
@@ -26,7 +26,7 @@ from attnkit.generate.quantize import (
     NativeInt8Linear,
     int4_reference,
 )
-from attnkit.machine import DEFAULT_PROFILE, CpuCapabilities
+from attnkit.machine import DEFAULT_PROFILE, CpuCapabilities, Profile
 from attnkit.tokenize import CharTokenizer
 
 
@@ -158,6 +158,7 @@ def test_a_failed_build_is_the_reason_and_leaves_nothing_kept(kernels_dir, monke
 
 def test_each_cpu_gets_the_build_its_vector_level_runs(kernels_dir, monkeypatch):
     assert native_gemv.build_for(AVX512) == "avx512" and native_gemv.build_for(AVX2) == "avx2"
+    assert native_gemv.build_for(AVX512_BF16) == "avx512_bf16"
     assert native_gemv.build_for(CpuCapabilities(isa="AVX2", flags=frozenset({"avx2"}))) is None  # no FMA
     no_dq = CpuCapabilities(isa="AVX512", flags=AVX512.flags - {"avx512_dq"})
     assert native_gemv.build_for(no_dq) == "avx2"
@@ -167,6 +168,62 @@ def test_each_cpu_gets_the_build_its_vector_level_runs(kernels_dir, monkeypatch)
     built = _record_builds(monkeypatch)
     assert native_gemv.unavailable(AVX2) is None  # a plan for another CPU: building there is that machine's affair
     assert built == []
+
+
+def _require_bf16_dot() -> None:
+    _require_kernels()
+    if not native_gemv.bf16_dot():
+        pytest.skip(f"this CPU reports no AVX512-BF16 ({CpuCapabilities.detect().isa}): no bf16 dot-product kernel")
+
+
+@pytest.mark.parametrize(("cpu", "layout", "said"), [
+    (AVX512_BF16, "native+packed", "AVX512-BF16's dot-product instruction, vdpbf16ps"),
+    (AVX512, "native+packed", "widened to fp32 as read, fp32 arithmetic: this CPU reports no AVX512-BF16"),
+    (AVX2, "native", "widened to fp32 as read, fp32 arithmetic: this CPU reports no AVX512-BF16"),
+])
+def test_the_plan_says_bf16_rows_take_the_dot_product_only_where_the_cpu_reports_avx512_bf16(cpu, layout, said):
+    assert native_gemv.bf16_dot(cpu) == (cpu is AVX512_BF16)
+    profile = Profile(attention={}, decode_linear={"bf16": layout}, source="test")
+    plan = plan_inference(_decoder().to(torch.bfloat16), "decoder", cpu=cpu, profile=profile)
+    assert plan.linear == layout and said in plan.explain()
+    fp32 = plan_inference(_decoder(), "decoder", cpu=cpu, profile=Profile(
+        attention={}, decode_linear={"fp32": "native"}, source="test"))
+    assert "the weight read as stored, fp32 arithmetic" in fp32.explain() and "vdpbf16ps" not in fp32.explain()
+
+
+def test_bf16_rows_go_through_the_dot_product_and_fp32_rows_are_widened(monkeypatch):
+    _require_bf16_dot()
+    torch.manual_seed(0)
+    linear = nn.Linear(40, 24).to(torch.bfloat16)
+    x = torch.randn(2, 40, dtype=torch.bfloat16)
+    expected = F.linear(x.double(), linear.weight.double(), linear.bias.double())
+    with torch.no_grad():
+        torch.testing.assert_close(NativeLinear(linear)(x).double(), expected, rtol=2**-8, atol=1e-5)
+        _refuse(monkeypatch, "gemv_bf16_dot")
+        with pytest.raises(AssertionError, match="gemv_bf16_dot called"):
+            NativeLinear(linear)(x)
+        widened = native_gemv.gemv_bf16(linear.weight, x.float(), linear.bias.float())  # fp32 rows: not rounded
+    torch.testing.assert_close(widened.double(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_where_the_bf16_build_fails_the_avx512_build_serves_without_the_dot_product(kernels_dir, monkeypatch):
+    if native_gemv.build_for(CpuCapabilities.detect()) != "avx512_bf16" or isinstance(native_gemv.compiler(), str):
+        pytest.skip("this CPU reports no AVX512-BF16, or no compiler is here to build the AVX-512 kernels")
+    build = native_gemv._build
+
+    def no_bf16(cc, level, path):
+        if level == "avx512_bf16":
+            raise OSError("cc: error: unrecognized command-line option '-mavx512bf16'")
+        build(cc, level, path)
+
+    monkeypatch.setattr(native_gemv, "_build", no_bf16)
+    assert native_gemv.unavailable() is None and not native_gemv.bf16_dot()
+    assert _kept(kernels_dir)[0].name.startswith("gemv-avx512-")
+    torch.manual_seed(0)
+    weight, x = torch.randn(8, 40, dtype=torch.bfloat16), torch.randn(3, 40, dtype=torch.bfloat16)
+    torch.testing.assert_close(native_gemv.gemv_bf16(weight, x), (x.double() @ weight.double().T).float())
+    with pytest.raises(RuntimeError, match="needs AVX512-BF16"):
+        native_gemv.gemv_bf16_dot(weight, x)
 
 
 # the wrappers refuse what the C code would misread ----------------------------------------------------------------

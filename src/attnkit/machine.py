@@ -33,7 +33,9 @@ from attnkit.errors import ConfigError
 from attnkit.readback import FileFields
 
 PROFILE_ENV = "ATTNKIT_PROFILE"  # where a profile is read from, when set
-PROFILE_VERSION = 2  # 2: the native kernels (`generate/native_gemv.py`) among the measured layouts and forms
+# 2: the native kernels (`generate/native_gemv.py`) among the measured layouts and forms; 3: their bf16 product
+# through AVX512-BF16's dot product where the CPU reports it (a profile measured before may have chosen another)
+PROFILE_VERSION = 3
 PROFILE_FIX = "measure this machine again with `attnkit tune` (or delete the file: documented defaults are used)"
 # what a profile's decode_linear may name: "fp32" and "bf16" layouts, "int8" and "int4" kernels ("native", "pytorch")
 DECODE_LAYOUTS = ("plain", "transposed", "packed", "gemv+packed", "gemv", "native", "native+packed", "pytorch")

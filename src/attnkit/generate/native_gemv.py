@@ -9,19 +9,22 @@ memory's rate. `native/gemv.c` reads each form at the memory's rate where the ar
 inputs and arithmetic throughout:
 
     gemv_f32(weight, x, bias)                  weight (N, K) fp32
-    gemv_bf16(weight, x, bias)                 weight (N, K) bf16, widened to fp32 as read
+    gemv_bf16(weight, x, bias)                 weight (N, K) bf16, widened to fp32 as read; where the CPU reports
+                                               AVX512-BF16 and x is bf16, bf16 pairs multiplied and summed into fp32
+                                               by its dot-product instruction (`vdpbf16ps`), unwidened
     gemv_i8(weight, scales, x, bias)           weight (N, K) int8, scales (N,) fp32: one per output row
     gemv_i4(codes, scales, offsets, x, bias)   codes (N, K / 2) uint8 (`pack_int4`), scales and offsets (N, K / 32)
                                                fp32: weights (code - 8) * scale + zero, offset = zero - 8 * scale
                                                x (M, K), bias (N,) fp32 or None -> (M, N) fp32 in each
 
 The library is built on first use with the machine's C compiler ($CC, else cc, gcc or clang), about a second, for
-the vector level the CPU reports (`build_for`: AVX-512 F/BW/VL/DQ, else AVX2 and FMA; an AVX-512 CPU run with its
-AVX2 kernels, `ATEN_CPU_CAPABILITY=avx2`, gets the AVX2 build), and kept under `cache_home()`/kernels, named by a
-digest of its source, flags and compiler, beside the digest of the built file, which is checked before each load (a
-file that does not match is built again). `unavailable()` says why the kernels cannot run here (a CPU without AVX2
-and FMA, no compiler, a failed build); the inference plan then keeps PyTorch's kernels and says so. Calls release
-the interpreter lock (ctypes) and share output rows among `torch.get_num_threads()` OpenMP threads.
+the vector level the CPU reports (`build_for`: AVX-512 F/BW/VL/DQ with AVX512-BF16, else AVX-512 F/BW/VL/DQ, else
+AVX2 and FMA; an AVX-512 CPU run with its AVX2 kernels, `ATEN_CPU_CAPABILITY=avx2`, gets the AVX2 build), and kept
+under `cache_home()`/kernels, named by a digest of its source, flags and compiler, beside the digest of the built
+file, which is checked before each load (a file that does not match is built again). `unavailable()` says why the
+kernels cannot run here (a CPU without AVX2 and FMA, no compiler, a failed build); the inference plan then keeps
+PyTorch's kernels and says so. Calls release the interpreter lock (ctypes) and share output rows among
+`torch.get_num_threads()` OpenMP threads.
 """
 
 from __future__ import annotations
@@ -46,9 +49,12 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "gemv.c"
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+AVX512 = ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
 BUILDS = {  # vector level -> (the CPU flags it needs, as PyTorch names them; the compiler flags that target it)
+    "avx512_bf16": (("avx512_f", "avx512_bw", "avx512_vl", "avx512_dq", "avx512_bf16", "avx2", "fma3"),
+                    (*AVX512, "-mavx512bf16")),
     "avx512": (("avx512_f", "avx512_bw", "avx512_vl", "avx512_dq", "avx2", "fma3"),
-               ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")),
+               AVX512),
     "avx2": (("avx2", "fma3"), ("-mavx2", "-mfma")),
 }
 INT4_GROUP = 32  # inputs per scale and zero in `gemv_i4` (the source's INT4_GROUP)
@@ -60,6 +66,7 @@ _SIGNATURES = {  # argument types of each exported function
     "gemv_bf16": [_POINTER] * 4 + [_SIZE] * 3 + [_INT],
     "gemv_i8": [_POINTER] * 5 + [_SIZE] * 3 + [_INT],
     "gemv_i4": [_POINTER] * 7 + [_SIZE] * 3 + [_INT],
+    "gemv_bf16_dot": [_POINTER] * 4 + [_SIZE] * 3 + [_INT],  # the AVX512-BF16 build's only
 }
 
 
@@ -77,6 +84,18 @@ def compiler() -> list[str] | str:
 def build_for(cpu: CpuCapabilities) -> str | None:
     """The build that runs on `cpu` ("avx512", "avx2"), or None where it lacks AVX2 and FMA."""
     return next((name for name, (needs, _) in BUILDS.items() if set(needs) <= cpu.flags), None)
+
+
+def bf16_dot(cpu: CpuCapabilities | None = None) -> bool:
+    """Whether `gemv_bf16` multiplies bf16 rows with AVX512-BF16's dot product on `cpu` (default: this one): the CPU
+    reports AVX512-BF16 and, on this one, the library was built with it."""
+    cpu = cpu or _this_cpu()
+    if build_for(cpu) != "avx512_bf16":
+        return False
+    if cpu != _this_cpu():
+        return True  # a plan for another CPU: whether it builds there is that machine's question
+    library = _library()
+    return not isinstance(library, str) and hasattr(library, "gemv_bf16_dot")
 
 
 def unavailable(cpu: CpuCapabilities | None = None) -> str | None:
@@ -125,9 +144,25 @@ def _build(cc: list[str], build: str, path: Path) -> None:
         os.replace(digest, path.with_suffix(".sha256"))
 
 
+def _load(cc: list[str], build: str) -> ctypes.CDLL:
+    """The library of `build`, built first where none that matches its digest is kept."""
+    path = library_path(cc, build)
+    digest = path.with_suffix(".sha256")
+    if not (path.is_file() and digest.is_file() and digest.read_text().strip() == _file_digest(path)):
+        _build(cc, build, path)
+    library = ctypes.CDLL(str(path))
+    for name, argtypes in _SIGNATURES.items():
+        if name == "gemv_bf16_dot" and build != "avx512_bf16":
+            continue
+        getattr(library, name).argtypes = argtypes
+        getattr(library, name).restype = None
+    return library
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | str:
-    """The library for this CPU, built first where none that matches its digest is kept; or why it cannot be had."""
+    """The library for this CPU, or why it cannot be had. Where the AVX512-BF16 build fails (a compiler that does not
+    know -mavx512bf16), the plain AVX-512 one serves, without `gemv_bf16_dot`."""
     build = build_for(_this_cpu())
     if build is None:
         return "they need AVX2 and FMA"
@@ -135,17 +170,15 @@ def _library() -> ctypes.CDLL | str:
     if isinstance(cc, str):
         return cc
     try:
-        path = library_path(cc, build)
-        digest = path.with_suffix(".sha256")
-        if not (path.is_file() and digest.is_file() and digest.read_text().strip() == _file_digest(path)):
-            _build(cc, build, path)
-        library = ctypes.CDLL(str(path))
+        return _load(cc, build)
+    except (OSError, subprocess.SubprocessError) as err:
+        if build != "avx512_bf16":
+            return f"building them failed ({err})"
+        log.warning("the AVX512-BF16 kernels did not build (%s): bf16 rows are widened to fp32 instead", err)
+    try:
+        return _load(cc, "avx512")
     except (OSError, subprocess.SubprocessError) as err:
         return f"building them failed ({err})"
-    for name, argtypes in _SIGNATURES.items():
-        getattr(library, name).argtypes = argtypes
-        getattr(library, name).restype = None
-    return library
 
 
 def _kernel(name: str):
@@ -198,8 +231,27 @@ def gemv_f32(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def gemv_bf16(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
     """x (M, K) @ weight^T + bias, weight (N, K) bf16 read as it is stored and computed in fp32, bias (N,) fp32 or
-    None -> (M, N) fp32."""
+    None -> (M, N) fp32. bf16 rows x on a CPU with AVX512-BF16 (`bf16_dot`) go through `gemv_bf16_dot`."""
+    if x.dtype == torch.bfloat16 and bf16_dot():
+        return gemv_bf16_dot(weight, x, bias)
     return _dense("gemv_bf16", torch.bfloat16, weight, x, bias)
+
+
+def gemv_bf16_dot(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (M, K) @ weight^T + bias for bf16 weight (N, K) and bf16 rows x, each pair's product exact and summed in fp32
+    by AVX512-BF16's `vdpbf16ps` (subnormal inputs read as zero), bias (N,) fp32 or None -> (M, N) fp32. Raises
+    RuntimeError on a CPU without AVX512-BF16 (`bf16_dot`)."""
+    if not bf16_dot():
+        raise RuntimeError(f"the bf16 dot-product kernel needs AVX512-BF16; this CPU reports {_this_cpu().isa}")
+    n, k = weight.shape
+    _weight(weight, torch.bfloat16, (n, k), "weight")
+    if x.dim() != 2 or x.shape[1] != k or not x.is_cpu:
+        raise ValueError(f"expected CPU rows (M, {k}), got {tuple(x.shape)} on {x.device}")
+    rows = x.to(torch.bfloat16).contiguous()  # (M, K): a decoding step's bf16 rows are, as a rule, already
+    out = torch.empty(rows.shape[0], n)
+    _kernel("gemv_bf16_dot")(weight.data_ptr(), _bias(bias, n), rows.data_ptr(), out.data_ptr(), rows.shape[0], n, k,
+                             torch.get_num_threads())
+    return out
 
 
 def gemv_i8(weight: Tensor, scales: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -14,7 +14,8 @@ The choices, in the order they are applied:
                     fastest: the native one with fp32 inputs (`native_gemv.py`) or PyTorch's with bf16 inputs (int4
                     where PyTorch's CPU int4 kernel is vectorized, else int8, said so); else, for eager CPU decoding,
                     the layout the profile measured fastest (`decode_layout.py`): single rows through the native
-                    kernel (several through nn.Linear's product, or oneDNN's packed bf16 weight where it packs),
+                    kernel (bf16 rows through AVX512-BF16's dot product where the CPU reports it; several through
+                    nn.Linear's product, or oneDNN's packed bf16 weight where it packs),
                     transposed fp32, or, where oneDNN can pack bf16 (AVX-512 BW/VL/DQ or AVX-NE-CONVERT), packed
                     bf16 or packed plus nn.Linear's for single rows; where it cannot, bf16 single rows through ATen's
                     kernel in fp32 arithmetic; else nn.Linear's own. The native kernels run where the CPU reports
@@ -248,8 +249,7 @@ def _linear_layout(
         else:
             rows, several = NATIVE_ROWS, "more through nn.Linear's product"
         return wanted, (f"measured fastest for decoding in {name}{measured}: up to {rows} rows through the native "
-                        f"matrix-vector kernel (the weight read as stored, fp32 arithmetic), {several} "
-                        f"({profile_note})")
+                        f"matrix-vector kernel ({_native_arithmetic(dtype, cpu)}), {several} ({profile_note})")
     if wanted == "transposed" and static and compile == "max-autotune":
         return "plain", "max-autotune packs frozen weights for its own kernels, faster than a transposed copy"
     if wanted in ("packed", "gemv+packed"):
@@ -271,6 +271,16 @@ def _linear_layout(
     if wanted in ("transposed", "packed"):
         return wanted, f"measured fastest for decoding in {name}{measured} ({profile_note})"
     return "plain", f"nn.Linear's layout for {name}{measured} ({profile_note})"
+
+
+def _native_arithmetic(dtype: torch.dtype, cpu: CpuCapabilities | None) -> str:
+    """How the native kernel computes a `dtype` product on `cpu`, as a clause of the plan's reason."""
+    if dtype != torch.bfloat16:
+        return "the weight read as stored, fp32 arithmetic"
+    if native_gemv.bf16_dot(cpu):
+        return ("bf16 weights and rows multiplied as stored by AVX512-BF16's dot-product instruction, vdpbf16ps, "
+                "summed in fp32")
+    return "the bf16 weight widened to fp32 as read, fp32 arithmetic: this CPU reports no AVX512-BF16"
 
 
 def _quantized_kernel(quantize: str, on_cpu: bool, compile: bool | str, static: bool, cpu: CpuCapabilities | None,

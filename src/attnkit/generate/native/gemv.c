@@ -10,7 +10,8 @@
  * and every width K is taken, its tail by a scalar loop (4-bit rows: K a multiple of 32, which the caller pads
  * to). Output rows are shared among `threads` OpenMP threads.
  *
- * One source, two builds: AVX2 with FMA, and AVX-512 (F, BW, VL, DQ), which widens the 4-bit product's vectors.
+ * One source, three builds: AVX2 with FMA; AVX-512 (F, BW, VL, DQ), which widens the 4-bit product's vectors; and
+ * AVX-512 with AVX512-BF16, which adds `gemv_bf16_dot` for bf16 rows of x.
  * Built on first use by `attnkit/generate/native_gemv.py` with
  * the machine's C compiler and loaded through ctypes; `tests/fast_paths.py` holds each product equal to its
  * reference on drawn shapes.
@@ -169,6 +170,71 @@ void gemv_i8(const int8_t *w, const float *scales, const float *bias, const floa
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t i = 0; i < n; i++) rows_i8(w + i * k, x, y + i, m, n, k, scales[i], bias ? bias[i] : 0.0f);
 }
+
+/* bf16 weights against bf16 rows of x, with AVX512-BF16's dot product (`vdpbf16ps`): each instruction multiplies 32
+ * pairs of bf16 numbers exactly (a product of two 8-bit significands fits in fp32's 24) and adds each two
+ * neighbours' products into an fp32 sum; no widening, where `gemv_bf16` widens every weight and reads fp32
+ * inputs twice the size. Only the AVX512-BF16 build has it (`native_gemv.BUILDS`). The instruction treats
+ * subnormal inputs as zero and flushes subnormal sums, and rounds each sum once to nearest even: the numbers of an
+ * fp32 product up to the order of summation (and below 1.2e-38 in magnitude). The tail of a row (K not a multiple of
+ * 16) is read by a masked load that fills the rest of the vector with zeros, whose products add nothing. */
+#ifdef __AVX512BF16__
+/* 256-bit vectors, as the widening products use (`LANES`): 16 bf16 numbers a load, 8 fp32 sums */
+#define BF16_LANES 16
+typedef __m256bh bvec;
+#define dot _mm256_dpbf16_ps
+static inline bvec bf16_load(const uint16_t *p, int64_t left) {
+    __mmask16 mask = left >= BF16_LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    return (bvec)_mm256_maskz_loadu_epi16(mask, p);
+}
+static inline bvec bf16_full(const uint16_t *p) { return (bvec)_mm256_loadu_si256((const __m256i *)p); }
+
+/* y[r * n] = W_row . x[r] + add for every row r of x (k apart): four rows of x at a time sharing each weight vector,
+ * two sums a row; then one row at a time, four sums down the weight row */
+static void rows_bf16_dot(const uint16_t *w, const uint16_t *x, float *y, int64_t m, int64_t n, int64_t k,
+                          float add) {
+    int64_t r = 0;
+    for (; r + 4 <= m; r += 4) {
+        const uint16_t *x0 = x + r * k, *x1 = x0 + k, *x2 = x1 + k, *x3 = x2 + k;
+        vec a0 = vzero(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        int64_t j = 0;
+        for (; j + 2 * BF16_LANES <= k; j += 2 * BF16_LANES) {
+            bvec v = bf16_full(w + j), u = bf16_full(w + j + BF16_LANES);
+            a0 = dot(a0, v, bf16_full(x0 + j)), b0 = dot(b0, u, bf16_full(x0 + j + BF16_LANES));
+            a1 = dot(a1, v, bf16_full(x1 + j)), b1 = dot(b1, u, bf16_full(x1 + j + BF16_LANES));
+            a2 = dot(a2, v, bf16_full(x2 + j)), b2 = dot(b2, u, bf16_full(x2 + j + BF16_LANES));
+            a3 = dot(a3, v, bf16_full(x3 + j)), b3 = dot(b3, u, bf16_full(x3 + j + BF16_LANES));
+        }
+        for (; j < k; j += BF16_LANES) {
+            bvec v = bf16_load(w + j, k - j);
+            a0 = dot(a0, v, bf16_load(x0 + j, k - j)), a1 = dot(a1, v, bf16_load(x1 + j, k - j));
+            a2 = dot(a2, v, bf16_load(x2 + j, k - j)), a3 = dot(a3, v, bf16_load(x3 + j, k - j));
+        }
+        y[r * n] = hsum(vadd(a0, b0)) + add, y[(r + 1) * n] = hsum(vadd(a1, b1)) + add;
+        y[(r + 2) * n] = hsum(vadd(a2, b2)) + add, y[(r + 3) * n] = hsum(vadd(a3, b3)) + add;
+    }
+    for (; r < m; r++) {
+        const uint16_t *xr = x + r * k;
+        vec a0 = vzero(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t j = 0;
+        for (; j + 4 * BF16_LANES <= k; j += 4 * BF16_LANES) {
+            a0 = dot(a0, bf16_full(w + j), bf16_full(xr + j));
+            a1 = dot(a1, bf16_full(w + j + BF16_LANES), bf16_full(xr + j + BF16_LANES));
+            a2 = dot(a2, bf16_full(w + j + 2 * BF16_LANES), bf16_full(xr + j + 2 * BF16_LANES));
+            a3 = dot(a3, bf16_full(w + j + 3 * BF16_LANES), bf16_full(xr + j + 3 * BF16_LANES));
+        }
+        for (; j < k; j += BF16_LANES) a0 = dot(a0, bf16_load(w + j, k - j), bf16_load(xr + j, k - j));
+        y[r * n] = hsum(vadd(vadd(a0, a1), vadd(a2, a3))) + add;
+    }
+}
+
+/* bf16 weights (N, K) against bf16 rows x (M, K) -> fp32 y (M, N) */
+void gemv_bf16_dot(const uint16_t *w, const float *bias, const uint16_t *x, float *y, int64_t m, int64_t n, int64_t k,
+                   int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t i = 0; i < n; i++) rows_bf16_dot(w + i * k, x, y + i, m, n, k, bias ? bias[i] : 0.0f);
+}
+#endif
 
 /* sum(code * x) over one group (codes widened by widen_i4), as W_LANES partial sums in two chains */
 static inline wvec group_products(const wvec c[INT4_GROUP / W_LANES], const float *xg) {
