@@ -21,9 +21,10 @@ from test_generate_constrained import BOUND_TOKENS, BOUNDED, JSON_CHARS, SMALL  
 from test_serve_batching import Recorded, drain  # noqa: E402
 
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens, make_generator  # noqa: E402
-from attnkit.generate.constrained import Grammar, GrammarMask  # noqa: E402
+from attnkit.generate.constrained import Grammar, GrammarMask, Matcher  # noqa: E402
 from attnkit.generate.sampling import choice_seed  # noqa: E402
 from attnkit.serve.batching import Scheduler  # noqa: E402
+from attnkit.serve.structured import Structured  # noqa: E402
 from attnkit.tokenize import CharTokenizer  # noqa: E402
 
 TOKENIZER = CharTokenizer(JSON_CHARS)
@@ -74,6 +75,26 @@ def test_a_request_whose_grammar_gets_stuck_fails_alone():
         drain(scheduler)
     assert stuck.reasons == ["error"] and "cannot go on" in str(stuck.job.failure)
     assert free.reasons == ["length"] and len(free.tokens[0]) == 8
+
+
+def test_a_requests_choices_copy_one_matcher_whose_first_mask_was_computed_as_the_request_was_read(monkeypatch):
+    """Each of a request's n choices built its own matcher, and each but the first computed its first mask on the
+    scheduler's thread, where every running request waits for it (a regular expression such as `a{100000}` takes a
+    second there): the request's grammar is built once, its first mask computed off that thread (`Structured.mask`
+    runs as the request is read) and the matcher copied for each choice, each moving on apart."""
+    built = []
+    build = Matcher.__init__
+    monkeypatch.setattr(Matcher, "__init__", lambda self, *args: built.append(args) or build(self, *args))
+    grammar = Grammar.regex("(ab|ba){1,3}")
+    mask = Structured(grammar, param="guided_regex").mask(TOKENIZER, 4)
+    assert len(built) == 1 and len(mask) == 4
+    a, b = TOKENIZER.encode("ab")
+    assert not mask.advance(0, a) and not mask.advance(1, b)
+    allowed = mask.allowed(TOKENIZER.vocab_size)  # (4, V)
+    assert allowed[0].nonzero().flatten().tolist() == [b] and allowed[1].nonzero().flatten().tolist() == [a]
+    start = GrammarMask.of(grammar, TOKENIZER, 1).allowed(TOKENIZER.vocab_size)[0]  # a matcher of its own
+    assert start.nonzero().flatten().tolist() == sorted([a, b])
+    assert torch.equal(allowed[2], start) and torch.equal(allowed[3], start)  # the others moved on apart
 
 
 # Over HTTP, with the official client ---------------------------------------------------------------------------------

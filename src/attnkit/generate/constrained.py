@@ -24,6 +24,7 @@ Needs the `structured` extra (`pip install 'attnkit[structured]'`, llguidance).
 
 from __future__ import annotations
 
+import copy
 import json
 import weakref
 from collections.abc import Mapping, Sequence
@@ -176,6 +177,16 @@ class Matcher:
         self.tokens.append(int(token))
         return self.finished
 
+    def copy(self) -> Matcher:
+        """A matcher at the same place, moving on apart from this one: llguidance's copy, which shares the compiled
+        grammar and the lexer states found so far (a grammar whose first mask takes a second, such as `a{100000}`,
+        takes it once, not once per copy)."""
+        twin = copy.copy(self)
+        twin.matcher = self.matcher.deep_copy()
+        twin.tokens = list(self.tokens)
+        twin._bits = np.zeros_like(self._bits)
+        return twin
+
     def _stuck(self, why: str) -> InputError:
         where = f"go on after {self.tokenizer.decode(self.tokens)[-40:]!r}" if self.tokens else "start"
         return InputError(f"the {self.grammar.name} cannot {where} with this {self.tokenizer.kind} tokenizer: {why} (a "
@@ -192,13 +203,14 @@ class GrammarMask:
 
     @classmethod
     def of(cls, grammar: Grammar | None, tokenizer: Tokenizer, rows: int) -> GrammarMask | None:
-        """A mask of `rows` rows, each with its own matcher of `grammar` (None: no grammar, no mask). Raises
-        InputError when the grammar cannot start with this tokenizer's tokens."""
+        """A mask of `rows` rows, each with its own matcher of `grammar` (None: no grammar, no mask): one matcher
+        built, its first mask computed, and copied for the other rows (`Matcher.copy`). Raises InputError when the
+        grammar cannot start with this tokenizer's tokens."""
         if grammar is None:
             return None
-        mask = cls([Matcher(grammar, tokenizer) for _ in range(rows)])
-        mask.matchers[0].allowed()  # a grammar that cannot start is refused before any model runs
-        return mask
+        first = Matcher(grammar, tokenizer)
+        first.allowed()  # a grammar that cannot start is refused before any model runs
+        return cls([first, *(first.copy() for _ in range(rows - 1))])
 
     @classmethod
     def joined(cls, groups: Sequence[tuple[int, GrammarMask | None]]) -> GrammarMask | None:
