@@ -3,17 +3,23 @@ the target's own distribution (Leviathan et al. 2023), shown by chi-square tests
 
 import copy
 import itertools
+import logging
+import re
 
 import pytest
 import torch
 from generate_models import POSITIONS, tiny_model
 from scipy.stats import chisquare
 
+import attnkit
+from attnkit import cli
+from attnkit.checkpoint import save_model
 from attnkit.errors import InputError
 from attnkit.generate import speculative
 from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.sampling import GREEDY, SamplingConfig, draw, process_logits
 from attnkit.generate.speculative import accept_sampled, speculative_generate
+from attnkit.tokenize import CharTokenizer
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 2], [3]]  # of different lengths: left padding under the drafts
 
@@ -203,3 +209,59 @@ def test_every_pair_of_first_tokens_is_reachable_in_the_exact_table():
     exact = _first_two_exact(target, [1, 4, 2], SamplingConfig())
     assert torch.allclose(exact.sum(), torch.tensor(1.0, dtype=torch.float64))
     assert all(exact[a, b] > 0 for a, b in itertools.product(range(6), repeat=2))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A target run, a smaller draft run of the same character tokenizer, and drafts that cannot serve it."""
+    root = tmp_path_factory.mktemp("speculative")
+    alphabet = "abcdefgh \n"
+
+    def save(name, tokenizer, family="decoder", **overrides):
+        model, config = tiny_model(family, vocab_size=tokenizer.vocab_size, **overrides)
+        save_model(model, config, root / name)
+        tokenizer.save(root / name / "tokenizer")
+        return root / name
+
+    return {"target": save("target", CharTokenizer(alphabet), position="rope", seed=1),
+            "draft": save("draft", CharTokenizer(alphabet), position="rope", n_layers=1, seed=2),
+            "other": save("other", CharTokenizer(alphabet.replace("h", "i")), position="rope", n_layers=1, seed=2),
+            "wider": save("wider", CharTokenizer(alphabet + "xyz"), position="rope", n_layers=1, seed=2),
+            "mt": save("mt", CharTokenizer(alphabet), "encoder-decoder", position="sinusoidal", seed=3)}
+
+
+def test_pipeline_and_command_with_a_draft_write_the_targets_text(runs, capsys, caplog):
+    target = attnkit.load(runs["target"], device="cpu")
+    draft = attnkit.load(runs["draft"], device="cpu")
+    prompts = ["abc", "hgf ed"]
+    alone = target.generate(prompts, max_new_tokens=12, temperature=0, stop_at_eos=False)
+    with caplog.at_level(logging.INFO, logger="attnkit.generate.pipeline"):
+        assert target.generate(prompts, max_new_tokens=12, temperature=0, stop_at_eos=False, draft=draft,
+                               draft_tokens=3) == alone
+        assert target.generate(prompts, max_new_tokens=12, temperature=0, stop_at_eos=False,
+                               draft=str(runs["draft"])) == alone  # a run directory, loaded
+    assert re.search(r"\d+ of \d+ drafted tokens accepted \(\d+\.\d%\)", caplog.text)
+    assert cli.main(["generate", "--run", str(runs["target"]), "--draft", str(runs["draft"]), "--draft-tokens", "2",
+                     "--prompt", "abc", "--max-new-tokens", "12", "--temperature", "0", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == "abc" + target.generate("abc", max_new_tokens=12, temperature=0)[0] + "\n"
+
+
+def test_what_a_draft_cannot_serve_is_refused_in_one_line(runs, capsys):
+    target = attnkit.load(runs["target"], device="cpu")
+    with pytest.raises(InputError, match=r"^draft= \(speculative decoding\) does not take num_beams, "
+                                         r"repetition_penalty, regex: [^\n]*$"):
+        target.generate("ab", draft=runs["draft"], num_beams=2, repetition_penalty=1.2, regex="a+")
+    with pytest.raises(InputError, match=r"reads token \d+ as 'i', the target's as 'h'.*target's tokenizer"):
+        target.generate("ab", draft=runs["other"], max_new_tokens=8)
+    with pytest.raises(InputError, match=r"draft's tokenizer has \d+ tokens and the target's \d+"):
+        target.generate("ab", draft=runs["wider"], max_new_tokens=8)
+    with pytest.raises(InputError, match=r"the target is a 'decoder' and the draft a 'encoder-decoder' model"):
+        target.generate("ab", draft=runs["mt"], max_new_tokens=8)
+    with pytest.raises(InputError, match=r"draft_tokens=0 must be an integer from 1"):
+        target.generate("ab", draft=runs["draft"], draft_tokens=0)
+    argv = ["generate", "--run", str(runs["target"]), "--draft", str(runs["draft"]), "--prompt", "ab"]
+    assert cli.main([*argv, "--no-repeat-ngram-size", "3", "--json"]) != 0
+    assert ("--draft (speculative decoding) does not take --no-repeat-ngram-size, --json"
+            in capsys.readouterr().err)
+    assert cli.main([*argv, "--max-new-tokens", "40"]) != 0
+    assert "and --max-new-tokens 40 outgrow the context of 24" in capsys.readouterr().err

@@ -48,14 +48,18 @@ from attnkit.generate.plan import InferencePlan, check_quantization, plan_infere
 from attnkit.generate.quantize import QUANTIZE_FORMS
 from attnkit.generate.sampling import check_sampling, choice_seed, make_generator
 from attnkit.generate.seq2seq import check_max_length
+from attnkit.generate.speculative import check_draft_tokens, speculative_generate
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
 from attnkit.run_settings import (
     CLI_ONLY_BESIDE_BEAMS,
+    CLI_ONLY_BESIDE_DRAFT,
     NOT_BESIDE_BEAMS,
+    NOT_BESIDE_DRAFT,
     beams_asked,
     check_search,
     refuse_beside_beams,
+    refuse_beside_draft,
     text_list,
 )
 from attnkit.tasks import TaskSpec, task_of_config, task_of_run, task_record, tasks, tasks_of_family
@@ -162,6 +166,8 @@ class Pipeline:
         length_penalty: float = 1.0,
         early_stopping: bool = False,
         num_return_sequences: int = 1,
+        draft: Pipeline | str | Path | None = None,
+        draft_tokens: int = 4,
     ) -> list[str]:
         """Continue each prompt; returns the new text only, `num_samples` per prompt, prompt by prompt.
 
@@ -193,6 +199,13 @@ class Pipeline:
         eagerly (not through a compiled step) and keeps whole texts in the cache (the prompt and max_new_tokens
         within max_seq_len); sampling, the presence and frequency penalties, logit_bias, stop strings, streaming and
         constraints are refused beside it (`refuse_beside_beams`).
+        `draft` (a Pipeline, or a run directory loaded onto this pipeline's device) is speculative decoding
+        (`generate/speculative.py`, transformers' assistant_model): a smaller decoder of the same tokenizer proposes
+        `draft_tokens` tokens a round and this model checks them in one forward pass; greedy, the text is the one this
+        model writes alone; sampled, it is drawn from the same distribution (Leviathan et al. 2023). The acceptance
+        rate is logged. The caches keep the whole text (the prompt and max_new_tokens within both max_seq_len); beams,
+        the repetition, presence and frequency penalties, n-gram blocking and constraints are refused beside it
+        (`refuse_beside_draft`).
         Raises SamplingError (a ConfigError) for bad sampling settings or seed (`check_sampling`), InputError for an
         empty prompt with no BOS to start from, for a schema, expression or grammar that cannot be followed, or for
         more than one of them, for bad beam settings or options beam search does not take, or for beams that do
@@ -201,6 +214,11 @@ class Pipeline:
         """
         arguments = locals()  # the arguments by name, as NOT_BESIDE_BEAMS names them (before any other name is bound)
         self._require("generate")
+        if draft is not None:
+            refuse_beside_draft({  # strictly, as beside beams
+                name: arguments[name] for name in NOT_BESIDE_DRAFT if name not in CLI_ONLY_BESIDE_DRAFT})
+            check_draft_tokens(draft_tokens)
+            draft = self._draft(draft)
         if beams_asked(num_beams, num_return_sequences):
             refuse_beside_beams(f"num_beams={num_beams!r}", {  # strictly: a name of the table not taken is a KeyError
                 name: arguments[name] for name in NOT_BESIDE_BEAMS if name not in CLI_ONLY_BESIDE_BEAMS})
@@ -246,6 +264,14 @@ class Pipeline:
             stop_ids |= self.end_ids
         texts = TextTracker(self.tokenizer, len(rows), stops, on_text)
         mask = GrammarMask.of(grammar, self.tokenizer, len(rows))
+        if draft is not None:
+            _, speculation = speculative_generate(
+                self.model, draft.model, rows, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+                context_len=min(self.config.max_seq_len, draft.config.max_seq_len), draft_tokens=draft_tokens,
+                sampling=sampling, generator=generator, pad_id=self.pad_id, stop_ids=stop_ids, on_token=texts.push,
+                writable=self.tokenizer.vocab_size)
+            log.info("%s", speculation.describe())
+            return texts.finish()
         generate_tokens(  # BrokenOutputs for logits that give no distribution (`check_drawn`)
             self.model,
             rows,
@@ -392,6 +418,35 @@ class Pipeline:
                 results.append(Classification(self.labels[best], row[best], dict(zip(self.labels, row, strict=True)),
                                               truncated))
         return results
+
+    def _draft(self, draft: Pipeline | str | Path) -> Pipeline:
+        """The draft model of speculative decoding: a decoder on this pipeline's device whose tokenizer has this one's
+        vocabulary, token for token (a run directory is loaded). Raises InputError naming what differs and the fix."""
+        if not isinstance(draft, Pipeline):
+            if not isinstance(draft, str | Path):
+                raise InputError(f"draft={draft!r} must be a Pipeline (attnkit.load(RUN)) or a run directory")
+            draft = load(draft, device=self.device)
+        if self.family != "decoder" or draft.family != "decoder":
+            raise InputError(f"speculative decoding runs decoder-only Transformers through their KV caches; the target "
+                             f"is a {self.family!r} and the draft a {draft.family!r} model: give two decoder runs")
+        if draft.device != self.device:
+            raise InputError(f"the draft is on {draft.device} and the target on {self.device}: load both on one device")
+        if draft.tokenizer is None:
+            raise InputError("the draft has no tokenizer to compare with the target's: save the target's tokenizer "
+                             "into its run directory (tokenizer/)")
+        mine, theirs = self.tokenizer, draft.tokenizer
+        if mine.fingerprint() != theirs.fingerprint():
+            if mine.vocab_size != theirs.vocab_size:
+                raise InputError(f"the draft's tokenizer has {theirs.vocab_size} tokens and the target's "
+                                 f"{mine.vocab_size}: speculative decoding needs one vocabulary; train the draft with "
+                                 "the target's tokenizer (attnkit train --tokenizer TARGET_RUN/tokenizer)")
+            ids = range(mine.vocab_size)
+            for token, (a, b) in enumerate(zip(mine.pieces(ids), theirs.pieces(ids), strict=True)):
+                if a != b:
+                    raise InputError(f"the draft's tokenizer reads token {token} as {b!r}, the target's as {a!r}: "
+                                     "speculative decoding needs one vocabulary; train the draft with the target's "
+                                     "tokenizer")
+        return draft
 
     # Text -> token ids, as the training data lays them out ----------------------------------------------------
     def prompt_ids(self, prompt: str, *, index: int, add_bos: bool | None = None) -> list[int]:
