@@ -242,6 +242,7 @@ examples:
   attnkit train --data input.txt --tokenizer char --max-steps 2000 --out runs/shakespeare
   attnkit train --task translate --data multi30k --src-lang de --tgt-lang en --max-time 1h --out runs/de-en
   attnkit train --task classify --data sst2/stsa.binary.train --val-data sst2/stsa.binary.dev --out runs/sst2
+  attnkit train --task chat --init-from runs/llama --data chats.jsonl --lora-rank 8 --out runs/llama-chat
   attnkit train --out runs/default --resume              # continue where it stopped (Ctrl-C saves first)
   attnkit train --config run.yaml --max-steps 500        # options from a file, the command line on top
   attnkit train --recipe shakespeare-char --data-root ../shared/data   # a shipped recipe (attnkit recipes)
@@ -610,7 +611,8 @@ def _run_experiment(settings: ExperimentSettings) -> int:
         return 0
     if settings.replot is not None:
         given = {"--out": settings.out is not None, "--seeds": settings.seeds is not None,
-                 "--budget": settings.budget != "small", "--device": settings.device != "cpu"}
+                 "--budget": settings.budget != "small", "--device": settings.device != "cpu",
+                 "--no-resume": not settings.resume}
         for_a_run = [flag for flag, asked in given.items() if asked]
         if for_a_run:
             raise InputError(f"--replot redraws the plots in {settings.replot} from its results.json and runs nothing: "
@@ -623,7 +625,7 @@ def _run_experiment(settings: ExperimentSettings) -> int:
     if settings.name is None:
         raise InputError("name the experiment to run (attnkit experiment --list shows them)")
     result = run_experiment(settings.name, budget=settings.budget, out=settings.out, progress=settings.progress,
-                            device=settings.device, seeds=settings.seeds)
+                            device=settings.device, seeds=settings.seeds, resume=settings.resume)
     print(result.table_markdown())
     print(result.checks_markdown())
     print(result.summary())
@@ -712,9 +714,10 @@ COMMANDS: list[Command] = [
                   ("training (on resume, the run's own unless given)", "attnkit.train.trainer:TrainConfig"),
                   *_own_sections()),
         description="Train a decoder LM, an encoder-decoder translator, an encoder classifier or tagger, or a "
-        "masked LM. Progress is shown; metrics.jsonl, a loss plot and checkpoints go to --out. Ctrl-C finishes the "
-        "step, saves and exits. It shows the options of the task it will train: --task's, else the one a --recipe "
-        "or --config file names, else the --resume'd run's, else the default (lm); the others are listed last.",
+        "masked LM, or fine-tune a decoder on conversations (--task chat). Progress is shown; metrics.jsonl, a loss "
+        "plot and checkpoints go to --out. Ctrl-C finishes the step, saves and exits. It shows the options of the "
+        "task it will train: --task's, else the one a --recipe or --config file names, else the --resume'd run's, "
+        "else the default (lm); the others are listed last.",
         epilog=_TRAIN_EPILOG, adapt_file=_train_file, recipe="train", task=train_task,
         inapplicable=_train_inapplicable,
     ),

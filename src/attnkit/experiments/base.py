@@ -34,13 +34,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from attnkit.errors import ConfigError, InputError, unknown_name
+from attnkit.experiments.arms import ARMS_DIR, Arm, Arms, source_digest
 from attnkit.machine import pick_device
 from attnkit.outputs import files_into
 from attnkit.readback import FileFields
@@ -48,6 +49,7 @@ from attnkit.train.trainer import shows_progress
 from attnkit.version import installed_version
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # tiny: seconds (tests); small: minutes on 2 CPU cores; full: the README's; gpu: sizes a GPU makes cheap (--device cuda)
 Budget = Literal["tiny", "small", "full", "gpu"]
@@ -71,6 +73,9 @@ class ExperimentSettings:
     progress: bool | None = None  # a bar per training run; --no-progress: log lines; none: on a terminal
     seeds: int | None = None  # seeds (or timing rounds) to repeat, for the noise; none: the budget's (2 tiny, 3 small)
     replot: str | None = None  # redraw the plots of the run stored in this directory from its results.json; no run
+    resume: bool = True
+    """reuse the arms (trained models, measurements) a stopped run of the same command finished, kept in OUT/arms
+    until the run ends; --no-resume: run every arm afresh"""
 
 
 _T_95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)  # Student's t, two-sided 95%, df 1..10
@@ -277,14 +282,25 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
 
 
 class Progress:
-    """How an experiment shows its work, as training does (`train.trainer.shows_progress`): a log line per phase,
-    and for each loop of steps a tqdm bar when bars are shown, else a log line every fifth of its steps."""
+    """How an experiment shows and keeps its work, as training does (`train.trainer.shows_progress`): a log line per
+    phase, and for each loop of steps a tqdm bar when bars are shown, else a log line every fifth of its steps.
+    arms: where each finished arm (a trained model, a measurement) is saved and a resumed run reuses it from
+    (`experiments.arms`); None: nothing is kept."""
 
-    def __init__(self, *, bars: bool = False) -> None:
+    def __init__(self, *, bars: bool = False, arms: Arms | None = None) -> None:
         self.bars = bars
+        self.arms = arms
 
     def phase(self, message: str) -> None:
         log.info("%s", message)
+
+    def arm(self, name: str, setting: dict[str, Any], compute: Callable[[], tuple[T, Arm]],
+            restore: Callable[[Arm], T]) -> T:
+        """The arm `name` (see `Arms.run`): reused where this run keeps arms and a stopped run saved it, else
+        `compute()`'s value, its Arm saved where arms are kept."""
+        if self.arms is None:
+            return compute()[0]
+        return self.arms.run(name, setting, compute, restore)
 
     def steps(self, total: int, desc: str) -> Iterator[int]:
         """1, 2, ..., total, shown as `desc`'s progress."""
@@ -381,11 +397,14 @@ def code_version() -> str:
 
 
 def run_experiment(name: str, *, budget: str = "small", out: str | Path | None = None,
-                   progress: bool | None = False, device: str = "cpu", seeds: int | None = None) -> Result:
+                   progress: bool | None = False, device: str = "cpu", seeds: int | None = None,
+                   resume: bool = True) -> Result:
     """Run experiment `name` at `budget` on `device`, write its files into `out` (default runs/experiments/NAME).
 
     progress: True draws a bar per training run, False logs progress lines, None: bars on a terminal. seeds: how
-    many seeds (or timing rounds) to repeat, the number an inconclusive verdict names; None: the budget's."""
+    many seeds (or timing rounds) to repeat, the number an inconclusive verdict names; None: the budget's. Each
+    finished arm is kept in `out`/arms until the results are written (`experiments.arms`); resume: reuse the arms a
+    stopped run of the same command kept there (False: run them all afresh)."""
     spec = get(name)
     if budget not in BUDGETS:
         raise ConfigError(f"budget={budget!r} is not one of {', '.join(BUDGETS)}")
@@ -409,16 +428,23 @@ def run_experiment(name: str, *, budget: str = "small", out: str | Path | None =
     start = time.perf_counter()
     bars = shows_progress(progress)
     log.info("%s at budget %s, %d seeds: %s", name, budget, seeds, spec.claim)
+    version = code_version()
+    arms = Arms(out_dir / ARMS_DIR, experiment=name, budget=budget, code=source_digest(), version=version)
+    if not resume:
+        arms.clear()
     # the run writes into a hidden sibling; its files reach out_dir together at the end, results.json first, so an
     # interrupted run leaves out_dir as it was (a previous run's files unmixed with a half run's pictures)
     with files_into(out_dir, first=("results.json", "table.md")) as partial, logging_redirect_tqdm():
-        result = spec.run(budget, partial, Progress(bars=bars), seeds=seeds, **on_device)
+        result = spec.run(budget, partial, Progress(bars=bars, arms=arms), seeds=seeds, **on_device)
         result.name, result.claim, result.lecture, result.budget = spec.name, spec.claim, spec.lecture, budget
         result.seconds, result.machine, result.seeds = time.perf_counter() - start, machine(device), seeds
-        result.version = code_version()
+        result.version = version
         if spec.plot is not None:
             result.plots += spec.plot(result.stored(), partial)
         result.write(partial)
+    if arms.reused:
+        log.info("reused %d of %d arms a stopped run had finished", len(arms.reused), len(arms.reused) + len(arms.ran))
+    arms.clear()
     return result
 
 

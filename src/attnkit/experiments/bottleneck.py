@@ -14,6 +14,7 @@ copy the longest strings exactly far less often than the shortest, and the verdi
 from __future__ import annotations
 
 import statistics
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -21,12 +22,14 @@ from torch import nn
 
 from attnkit import presets
 from attnkit.data import PairData
-from attnkit.data.synthetic import make_task, synthetic_tokenizer
+from attnkit.data.synthetic import SyntheticTask, make_task, synthetic_tokenizer
+from attnkit.experiments.arms import Arm
 from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
 from attnkit.experiments.plots import fit_value_axis, new_figure, save, series, spread_legend
 from attnkit.generate.seq2seq import greedy_translate
 from attnkit.models import build_model
 from attnkit.models.recurrent import recurrent_seq2seq
+from attnkit.tokenize import CharTokenizer
 from attnkit.train.optim import lr_factor, make_optimizer
 
 SETTINGS = {  # lengths (shortest, longest), length buckets, training examples, steps, batch, width
@@ -77,6 +80,23 @@ def train(model: nn.Module, data: PairData, steps: int, *, lr: float, warmup: in
         optimizer.step()
     model.eval()
     return loss.item()
+
+
+def train_and_score(model: nn.Module, data: PairData, tests: dict[tuple[int, int], SyntheticTask], *, steps: int,
+                    lr: float, warmup: int, progress: Progress, desc: str, tokenizer: CharTokenizer,
+                    ids: dict[str, int]) -> tuple[dict[str, float], Arm]:
+    """One arm: `train` the model, then its exact and per-symbol accuracy copying each length bucket's strings
+    (greedy decoding), with the last step's loss; the scores also as the arm to keep."""
+    progress.phase(f"training {desc} ({steps} steps), then translating {len(tests)} length buckets")
+    score = {"final loss": train(model, data, steps, lr=lr, warmup=warmup, progress=progress, desc=desc)}
+    for (first, last), task in tests.items():
+        sources = tokenizer.encode_batch([e.source for e in task.examples])
+        sources = [[*source, tokenizer.eos_id] for source in sources]
+        predictions = [tokenizer.decode(t) for t in greedy_translate(model, sources, **ids)]
+        score[f"exact {first}-{last}"] = task.score(predictions)
+        score[f"per symbol {first}-{last}"] = sum(
+            symbol_accuracy(p, e.target) for p, e in zip(predictions, task.examples, strict=True)) / len(task)
+    return score, Arm(score)
 
 
 def symbol_accuracy(prediction: str, target: str) -> float:
@@ -137,17 +157,12 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
         for name, model in models(s["width"], tokenizer.vocab_size, high).items():
             lr, warmup = (1e-3, s["steps"] // 10) if name == "Transformer" else (3e-3, s["steps"] // 20)
             desc = f"{name}, seed {seed}"
-            progress.phase(f"training {desc} ({s['steps']} steps), then translating {len(labels)} length buckets")
-            score = {"final loss": train(model, data, s["steps"], lr=lr, warmup=warmup, progress=progress, desc=desc)}
             parameters[name] = sum(p.numel() for p in model.parameters())
-            for (first, last), task in tests.items():
-                sources = tokenizer.encode_batch([e.source for e in task.examples])
-                sources = [[*source, tokenizer.eos_id] for source in sources]
-                predictions = [tokenizer.decode(t) for t in greedy_translate(model, sources, **ids)]
-                score[f"exact {first}-{last}"] = task.score(predictions)
-                score[f"per symbol {first}-{last}"] = sum(
-                    symbol_accuracy(p, e.target) for p, e in zip(predictions, task.examples, strict=True)) / len(task)
-            scores.setdefault(name, []).append(score)
+
+            trained = partial(train_and_score, model, data, tests, steps=s["steps"], lr=lr, warmup=warmup,
+                              progress=progress, desc=desc, tokenizer=tokenizer, ids=ids)
+            setting = {"model": name, "seed": seed, "settings": s, "tests": N_TEST_PER_BUCKET[budget]}
+            scores.setdefault(name, []).append(progress.arm(desc, setting, trained, lambda arm: dict(arm.values)))
     rows = [{"model": name, "parameters": parameters[name],
              **{metric: statistics.fmean(score[metric] for score in per_seed) for metric in per_seed[0]}}
             for name, per_seed in scores.items()]

@@ -28,7 +28,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from attnkit.checkpoint import load_weights, unique_state_dict
 from attnkit.config import ModelConfig
+from attnkit.experiments.arms import Arm
 from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import Corpus, char_corpus, initial_model, train_lm
 from attnkit.experiments.plots import heatmap_axes, new_figure, save
@@ -55,13 +57,29 @@ def importance_spread(scores: Tensor) -> float:
     return float(flat.max() - flat.median())
 
 
-def induction_model(seed: int, steps: int) -> nn.Module:
-    torch.manual_seed(seed)
-    model = attention_only_decoder(vocab_size=TASK.vocab_size, d_model=WIDTH, n_heads=(HEADS, HEADS),
-                                   max_seq_len=2 * TASK.half)
-    if steps:
+def induction_model(seed: int, steps: int, progress: Progress | None = None) -> nn.Module:
+    """The attention-only decoder for `seed`, trained `steps` on the induction task (at initialisation for 0); a
+    trained one is an arm of `progress` (kept, and reused by a resumed run)."""
+
+    def built() -> nn.Module:
+        torch.manual_seed(seed)
+        return attention_only_decoder(vocab_size=TASK.vocab_size, d_model=WIDTH, n_heads=(HEADS, HEADS),
+                                      max_seq_len=2 * TASK.half)
+
+    def trained() -> tuple[nn.Module, Arm]:
+        model = built()
         train_induction(model, TASK, steps=steps, lr=1e-2, seed=seed)
-    return model.eval()
+        return model, Arm({}, unique_state_dict(model))
+
+    def restored(arm: Arm) -> nn.Module:
+        model = built()
+        load_weights(model, arm.tensors, source=f"the saved induction model of seed {seed}")
+        return model
+
+    if not steps:
+        return built().eval()
+    setting = {"task": repr(TASK), "width": WIDTH, "heads": HEADS, "steps": steps, "lr": 1e-2, "seed": seed}
+    return (progress or Progress()).arm(f"induction task, seed {seed}", setting, trained, restored).eval()
 
 
 def measure_induction(model: nn.Module, seed: int) -> dict:
@@ -113,7 +131,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     for seed in range(seeds):
         for steps in (0, s["induction"]):
             progress.phase(f"induction task, seed {seed}, {steps} steps")
-            found[("induction", seed, steps)] = m = measure_induction(induction_model(seed, steps), seed)
+            found[("induction", seed, steps)] = m = measure_induction(induction_model(seed, steps, progress), seed)
             rows.append({"setting": "induction task", "seed": seed, "steps": steps, "loss": m["loss"],
                          "importance spread": m["importance spread"], "induction margin": m["induction margin"],
                          "induction head K-composition": m["induction head K-composition"],

@@ -8,17 +8,22 @@ over `train.optim.param_groups`, warmup then cosine, gradient clipping; it recor
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
+import numpy as np
 import torch
 from torch import nn
 
+from attnkit.checkpoint import load_weights, unique_state_dict
 from attnkit.config import ModelConfig
 from attnkit.data import LMData, read_text, stdlib_files
+from attnkit.experiments.arms import Arm
 from attnkit.experiments.base import Progress
 from attnkit.models import build_model
 from attnkit.tokenize import train_tokenizer
@@ -29,6 +34,12 @@ from attnkit.train.optim import lr_factor, make_optimizer
 class Corpus:
     data: LMData
     vocab_size: int
+
+    @property
+    def fingerprint(self) -> str:
+        """The SHA-256 of the token stream and its split: the same text, cut the same way."""
+        tokens = np.ascontiguousarray(self.data.tokens)
+        return hashlib.sha256(tokens.tobytes() + f"{tokens.dtype}:{self.data.n_train}".encode()).hexdigest()
 
 
 def char_corpus(max_bytes: int) -> Corpus:
@@ -58,6 +69,20 @@ class RunLog:
     diverged: bool = False
     step_seconds: list[float] = field(default_factory=list)
     model: nn.Module | None = None
+
+    def values(self) -> dict:
+        """What the run measured, as JSON values (the model aside)."""
+        return {"losses": self.losses, "val_loss": self.val_loss, "seconds": self.seconds, "diverged": self.diverged,
+                "step_seconds": self.step_seconds}
+
+    @classmethod
+    def from_values(cls, values: dict, model: nn.Module) -> RunLog:
+        """The run `values()` describes, with its trained `model`; a value missing or of the wrong kind: ValueError."""
+        try:
+            return cls([float(v) for v in values["losses"]], float(values["val_loss"]), float(values["seconds"]),
+                       bool(values["diverged"]), [float(v) for v in values["step_seconds"]], model)
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"a run's values lack {error}") from None
 
     @property
     def median_step_ms(self) -> float:
@@ -92,8 +117,35 @@ def train_lm(
     """Train a decoder built from `config` for `steps` optimizer steps; evaluate on the validation split.
 
     init: re-initialises the built model in place (an experiment's own scheme; default: the builder's GPT-2 one).
-    progress: shows the steps as `desc` (default: a log line every fifth of them); device: where it trains.
+    progress: shows the steps as `desc` (default: a log line every fifth of them), and where it keeps its arms, the
+    run is one arm named `desc`: reused from there where a stopped run of the same command finished it (the same
+    config, corpus, arguments and code), else trained and saved there; device: where it trains.
     """
+    progress = progress or Progress()
+    train = partial(_train_lm, config, corpus, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr,
+                    warmup=warmup, seed=seed, clip=clip, init=init, eval_batches=eval_batches, progress=progress,
+                    desc=desc, device=device)
+    setting = {"config": config.to_json(), "corpus": corpus.fingerprint, "steps": steps, "batch_size": batch_size,
+               "seq_len": seq_len, "lr": lr, "warmup": warmup, "seed": seed, "clip": clip, "eval_batches": eval_batches,
+               "init": None if init is None else f"{init.__module__}.{init.__qualname__}", "device": device}
+
+    def trained() -> tuple[RunLog, Arm]:
+        log = train()
+        return log, Arm(log.values(), unique_state_dict(log.model))
+
+    def restored(arm: Arm) -> RunLog:
+        model = initial_model(config, corpus, seed)
+        if init is not None:
+            init(model)
+        load_weights(model, arm.tensors, source=f"the saved arm {desc!r}")
+        return RunLog.from_values(arm.values, model.to(device))
+
+    return progress.arm(desc, setting, trained, restored)
+
+
+def _train_lm(config: ModelConfig, corpus: Corpus, *, steps: int, batch_size: int, seq_len: int, lr: float,
+              warmup: int, seed: int, clip: float, init: Callable[[nn.Module], None] | None, eval_batches: int,
+              progress: Progress, desc: str, device: str) -> RunLog:
     model = initial_model(config, corpus, seed)
     if init is not None:
         init(model)
@@ -103,7 +155,7 @@ def train_lm(
     log = RunLog(model=model)
     start = time.perf_counter()
     model.train()
-    for step in (progress or Progress()).steps(steps, desc):
+    for step in progress.steps(steps, desc):
         step_start = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr * lr_factor("cosine", step, warmup=warmup, progress=step / steps)

@@ -147,7 +147,9 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
         progress.phase(f"{len(jobs)} processes, one per seed and placement, {len(depths) * 2} training runs each")
         with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_worker_logging) as pool:
-            parts = list(pool.map(partial(run_seed, budget=budget), *zip(*jobs, strict=True)))
+            # each worker keeps its arms where this run keeps them (their names differ by seed and placement)
+            each = partial(run_seed, budget=budget, progress=Progress(arms=progress.arms))
+            parts = list(pool.map(each, *zip(*jobs, strict=True)))
     per_seed = [SeedRuns(seed) for seed in range(seeds)]
     for part in parts:
         for field_name in ("losses", "curves", "diverged", "grads"):

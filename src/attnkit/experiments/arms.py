@@ -1,0 +1,160 @@
+"""An experiment's finished arms, kept as they finish, so that a run stopped part-way resumes where it stopped.
+
+An arm is one trained model or one measurement of an experiment (e.g. "rope positions, seed 1"). When it finishes,
+`Arms.run` saves it in `OUT/arms/` as two files, each written whole (temp file + rename): `<arm>.safetensors`
+(its tensors, and PyTorch's global random state after it ran) and `<arm>.json` (its values, what decided it and the
+safetensors file's SHA-256), the JSON last: an arm without its JSON was never finished. A rerun of the same command
+reads each arm back before running it and reuses it only where everything that decides it is the same: the
+experiment, the budget, the arm's setting (its config, steps, seed, data), and the code (a digest of attnkit's
+source); a file that fails its checksum or does not read is rerun too, and progress says why. Restoring the random
+state makes the rest of a resumed run draw what an uninterrupted run draws, so the two reach the same numbers.
+`run_experiment` removes `OUT/arms/` once the run's results are written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from attnkit.checkpoint import digest, load_tensors, save_tensors
+from attnkit.errors import CheckpointError
+from attnkit.outputs import atomic_write
+
+log = logging.getLogger(__name__)
+
+ARMS_DIR = "arms"
+_RNG = "rng"  # the safetensors key of PyTorch's global random state after the arm ran
+_TENSOR = "tensor/"  # the prefix of the arm's own tensors there
+
+T = TypeVar("T")
+
+
+@dataclass
+class Arm:
+    """What one finished arm left: JSON values (numbers, lists, text) and tensors (a trained model's state)."""
+
+    values: dict[str, Any]
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def source_digest() -> str:
+    """The SHA-256 of attnkit's Python source (every file's path and bytes): the code that trains an arm."""
+    package = Path(__file__).resolve().parent.parent
+    hashed = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        hashed.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return hashed.hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    """`value` as JSON reads it back (tuples as lists, keys as text), for comparing a setting with a saved one."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _checksum(record: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+class Arms:
+    """The arms of one run of `experiment` at `budget`, saved in `directory` (OUT/arms) and reused from there; the
+    log says which arms are reused and which are rerun, and why. code: `source_digest()`; version: the code's name
+    for people (`base.code_version()`)."""
+
+    def __init__(self, directory: str | Path, *, experiment: str, budget: str, code: str, version: str = "") -> None:
+        self.directory = Path(directory)
+        self.experiment, self.budget, self.code, self.version = experiment, budget, code, version
+        self.reused: list[str] = []
+        self.ran: list[str] = []
+
+    def run(self, name: str, setting: dict[str, Any], compute: Callable[[], tuple[T, Arm]],
+            restore: Callable[[Arm], T]) -> T:
+        """The arm `name`: `restore(saved)` where a saved arm of the same setting is read back whole, else
+        `compute()`, whose Arm is saved. `setting`: JSON values that decide the arm's outcome besides the
+        experiment, budget and code."""
+        slot = self._slot(name)
+        saved, random_state, why = self._read(slot, name, _canonical(setting))
+        if saved is not None:
+            try:
+                value = restore(saved)
+            except (CheckpointError, KeyError, ValueError, RuntimeError) as error:  # tensors of another shape or set
+                why = f"its saved tensors do not load ({error})"
+            else:
+                torch.set_rng_state(random_state)
+                self.reused.append(name)
+                log.info("reusing %s: saved in %s by a run of the same command", name, self.directory / f"{slot}.json")
+                return value
+        if why:
+            log.info("rerunning %s: %s", name, why)
+        value, arm = compute()
+        self._save(slot, name, _canonical(setting), arm)
+        self.ran.append(name)
+        return value
+
+    def clear(self) -> None:
+        """Remove the saved arms (the run they belong to is written)."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _slot(self, name: str) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "arm"
+
+    def _save(self, slot: str, name: str, setting: Any, arm: Arm) -> None:
+        tensors = {_TENSOR + key: tensor for key, tensor in arm.tensors.items()}
+        tensors[_RNG] = torch.get_rng_state()
+        weights = self.directory / f"{slot}.safetensors"
+        save_tensors(tensors, weights)
+        record = {"experiment": self.experiment, "budget": self.budget, "arm": name, "setting": setting,
+                  "code": self.code, "version": self.version, "values": _canonical(arm.values),
+                  "tensors_sha256": digest(weights)}
+        record["sha256"] = _checksum(record)
+        atomic_write(self.directory / f"{slot}.json", json.dumps(record, indent=1) + "\n")
+
+    def _read(self, slot: str, name: str, setting: Any) -> tuple[Arm | None, torch.Tensor | None, str]:
+        """The saved arm and the random state after it ran, or None, None and why it cannot be reused ("" where none
+        was saved)."""
+        path = self.directory / f"{slot}.json"
+        if not path.is_file():
+            return None, None, ""
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            return None, None, f"{path} does not read as JSON ({error})"
+        if not isinstance(record, dict) or record.pop("sha256", None) != _checksum(record):
+            return None, None, f"{path} was changed after it was saved (its checksum does not match)"
+        expected = {"experiment": self.experiment, "budget": self.budget, "arm": name}
+        for key, value in expected.items():
+            if record.get(key) != value:
+                return None, None, f"it was saved for {key} {record.get(key)!r}, this run's is {value!r}"
+        if record.get("setting") != setting:
+            return None, None, f"its setting differs ({_difference(record.get('setting'), setting)})"
+        if record.get("code") != self.code:
+            saved_by = record.get("version") or "unknown"
+            return None, None, f"it was saved by other code ({saved_by}; now {self.version})"
+        weights = self.directory / f"{slot}.safetensors"
+        if not weights.is_file() or digest(weights) != record.get("tensors_sha256"):
+            return None, None, f"{weights} is missing or was changed after it was saved (its checksum does not match)"
+        try:
+            stored = load_tensors(weights)
+        except CheckpointError as error:
+            return None, None, str(error)
+        if _RNG not in stored or not isinstance(record.get("values"), dict):
+            return None, None, f"{path} lacks what an arm holds (its values and random state)"
+        tensors = {key.removeprefix(_TENSOR): tensor for key, tensor in stored.items() if key.startswith(_TENSOR)}
+        return Arm(record["values"], tensors), stored[_RNG], ""
+
+
+def _difference(saved: Any, now: Any) -> str:
+    """The first fields where two settings differ, as `field saved -> now`."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        changed = [f"{key} {saved.get(key)!r} -> {now.get(key)!r}" for key in sorted(set(saved) | set(now))
+                   if saved.get(key) != now.get(key)]
+        return "; ".join(changed[:3]) + ("; ..." if len(changed) > 3 else "")
+    return f"{saved!r} -> {now!r}"

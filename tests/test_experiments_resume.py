@@ -1,0 +1,135 @@
+"""A stopped experiment resumes from the arms it finished: each trained model is saved in OUT/arms as it finishes,
+reused by a rerun of the same command only where it reads back whole and was made by the same experiment, budget,
+setting and code, and the resumed run reaches the numbers an uninterrupted run reaches."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from attnkit.experiments import run_experiment
+from attnkit.experiments.arms import Arm, Arms, source_digest
+
+NAME = "position-extrapolation"  # a few seconds at tiny, its arms trained models, no timings among its numbers
+
+
+def stop_after_first_arm(monkeypatch) -> None:
+    """Ctrl-C as the first arm's files are written: what a user's interrupt leaves after one arm."""
+    save = Arms._save
+
+    def save_then_stop(self, *args):
+        save(self, *args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Arms, "_save", save_then_stop)
+
+
+def numbers(result) -> tuple:
+    return result.verdict, result.rows, [(check.what, check.difference, check.noise) for check in result.checks]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return numbers(run_experiment(NAME, budget="tiny", out=tmp_path_factory.mktemp("whole")))
+
+
+@pytest.mark.parametrize("damage", ["none", "tensors edited"])
+def test_a_stopped_experiment_resumes_from_its_finished_arms_to_the_same_numbers(damage, uninterrupted, tmp_path,
+                                                                                 monkeypatch, caplog):
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        stop_after_first_arm(patch)
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(NAME, budget="tiny", out=out)
+    saved = sorted(path.name for path in (out / "arms").iterdir())
+    assert saved == ["sinusoidal-positions-seed-0.json", "sinusoidal-positions-seed-0.safetensors"]  # nothing partial
+    assert not (out / "results.json").exists()
+    if damage == "tensors edited":  # one byte of the weights flipped
+        weights = out / "arms" / saved[1]
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 0xFF
+        weights.write_bytes(data)
+
+    with caplog.at_level(logging.INFO, logger="attnkit.experiments"):
+        resumed = run_experiment(NAME, budget="tiny", out=out)
+    reused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reusing sinusoidal")]
+    rerun = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rerunning sinusoidal")]
+    if damage == "none":
+        assert reused and not rerun
+    else:
+        assert not reused and rerun and "changed after it was saved" in rerun[0]
+    assert numbers(resumed) == uninterrupted
+    assert not (out / "arms").exists()  # the run is written: its arms are not kept
+
+
+def arm_of(value: float) -> tuple[float, Arm]:
+    torch.randn(3)  # the random state moves, as training moves it
+    return value, Arm({"loss": value}, {"weight": torch.full((2,), value)})
+
+
+def restore(arm: Arm) -> float:
+    assert torch.equal(arm.tensors["weight"], torch.full((2,), arm.values["loss"]))
+    return arm.values["loss"]
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"budget": "small"}, "saved for budget 'tiny', this run's is 'small'"),
+    ({"experiment": "other"}, "saved for experiment 'fake', this run's is 'other'"),
+    ({"code": "new"}, "saved by other code (attnkit old; now attnkit new)"),
+    ({"setting": {"steps": 20, "seed": 0}}, "its setting differs (steps 10 -> 20)"),
+])
+def test_an_arm_saved_for_another_setting_budget_or_code_is_rerun_and_the_log_says_why(change, why, tmp_path,
+                                                                                        caplog):
+    def arms(**fields) -> Arms:
+        named = {"experiment": "fake", "budget": "tiny", "code": "old", **fields}
+        return Arms(tmp_path, **named, version=f"attnkit {named['code']}")
+
+    torch.manual_seed(0)
+    assert arms().run("arm", {"steps": 10, "seed": 0}, lambda: arm_of(1.0), restore) == 1.0
+    after_first = torch.get_rng_state()
+    torch.manual_seed(1)  # a rerun starts elsewhere; reusing the arm puts the random state where the arm left it
+    assert arms().run("arm", {"steps": 10, "seed": 0}, lambda: arm_of(2.0), restore) == 1.0
+    assert torch.equal(torch.get_rng_state(), after_first)
+
+    setting = change.pop("setting", {"steps": 10, "seed": 0})
+    with caplog.at_level(logging.INFO, logger="attnkit.experiments.arms"):
+        assert arms(**change).run("arm", setting, lambda: arm_of(3.0), restore) == 3.0
+    assert any(why in r.getMessage() and r.getMessage().startswith("rerunning arm") for r in caplog.records), why
+
+
+def test_an_arm_whose_values_were_edited_is_rerun(tmp_path, caplog):
+    arms = Arms(tmp_path, experiment="fake", budget="tiny", code="same")
+    arms.run("arm", {"seed": 0}, lambda: arm_of(1.0), restore)
+    record = tmp_path / "arm.json"
+    fields = json.loads(record.read_text())
+    fields["values"]["loss"] = 0.5  # a loss changed by hand: its checksum no longer matches
+    record.write_text(json.dumps(fields))
+    with caplog.at_level(logging.INFO, logger="attnkit.experiments.arms"):
+        assert arms.run("arm", {"seed": 0}, lambda: arm_of(2.0), restore) == 2.0
+    assert any("changed after it was saved" in r.getMessage() for r in caplog.records)
+
+
+def test_no_resume_runs_every_arm_afresh_and_a_finished_run_keeps_no_arms(tmp_path, monkeypatch):
+    """--no-resume: the arms a stopped run left are not read; the run's own are removed once its results are out."""
+    from attnkit.experiments import REGISTRY
+    from attnkit.experiments.base import Check, Experiment, Result
+
+    computed = []
+
+    def run(budget, out, progress, *, seeds):
+        def compute():
+            computed.append(budget)
+            return arm_of(1.0)
+
+        value = progress.arms.run("the arm", {"seed": 0}, compute, restore)
+        return Result([Check.over("x", [value, value + 0.1])], "measured", "1", [{"x": value}])
+
+    monkeypatch.setitem(REGISTRY, "fake", Experiment("fake", "a claim", "a lecture", run))
+    out = tmp_path / "out"
+    left = Arms(out / "arms", experiment="fake", budget="tiny", code=source_digest())
+    left.run("the arm", {"seed": 0}, lambda: arm_of(1.0), restore)  # what a stopped run of the same command left
+    run_experiment("fake", budget="tiny", out=out, resume=False)
+    assert computed == ["tiny"] and not (out / "arms").exists()
