@@ -64,3 +64,17 @@ def test_isa_avx2_runs_the_suite_again_with_the_avx2_kernels_and_says_so(monkeyp
                           "is AVX512"}
     table = markdown_table(report)
     assert "Emulated: AVX2 kernels" in table and "own level is AVX512" in table and "load average" in table
+
+
+def test_a_prefill_row_counts_the_prompts_tokens_and_chooses_one(monkeypatch):
+    """tokens/s over the prompt's tokens (1,024), each repetition generating one token after it; peers as for
+    generation."""
+    asked = []
+    monkeypatch.setattr(speed, "_step_function",
+                        lambda case, impl, dtype, device="cpu": (None, lambda: asked.append(case.new_tokens)))
+    monkeypatch.setattr(speed, "timed_runs", lambda fn, repeats, warmup=0: [fn() or 0.5 for _ in range(repeats)])
+    result = speed.run_one("prefill-small-1024", "attnkit", "fp32", repeats=3, warmup=1)
+    assert result["tokens_per_s"] == pytest.approx(1024 / 0.5) and "ms_per_token" not in result
+    case = next(c for c in speed.CASES if c.name == "prefill-small-1024")
+    assert asked and set(asked) == {case.new_tokens} == {1}
+    assert "llama.cpp" in speed.peer_impls(case, "fp32", compiled=False)
