@@ -30,9 +30,11 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnkit.errors import InputError
+from attnkit.tokenize import Tokenizer
 
 DEFAULT_CHAT_TEMPLATE = (
     "{%- if tools -%}"
@@ -141,6 +143,124 @@ def config_template(tokenizer_dir: Path) -> tuple[str | None, dict]:
     if isinstance(source, list):
         source = next((t.get("template") for t in source if isinstance(t, dict) and t.get("name") == "default"), None)
     return (source if isinstance(source, str) else None), settings
+
+
+DEFAULT_ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
+TOOL_CALL = "<tool_call>"  # what starts a call in a reply (the marker of Hermes' and Qwen's chat formats)
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """Renders messages ({"role", "content"}, an assistant's `tool_calls`) and the tools offered into a prompt;
+    `stops` end the reply."""
+
+    source: str | None = None  # the run's Jinja template; None: the default above
+    bos_token: str = ""
+    eos_token: str = ""
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return STOP_STRINGS if self.source is None else ()
+
+    def render(self, messages: Sequence[dict], tools: Sequence[dict] = (), *, add_generation_prompt: bool = True
+               ) -> str:
+        """The prompt; `tools`: the functions offered, as the request gives them ({"type": "function", ...});
+        `add_generation_prompt`: end with the assistant's turn begun, as a reply needs."""
+        if self.source is None:
+            offered = [tool["function"] for tool in tools]
+            turns = [f"System: Tools you may call, replying {TOOL_CALL}{{\"name\": ..., \"arguments\": {{...}}}}: "
+                     f"{json.dumps(offered, ensure_ascii=False)}"] if offered else []
+            turns += [f"{DEFAULT_ROLES[m['role']]}: {_shown(m)}" for m in messages]
+            return "\n".join([*turns, "Assistant:"] if add_generation_prompt else turns)
+        return render(self.source, messages, tools, add_generation_prompt=add_generation_prompt,
+                      bos_token=self.bos_token, eos_token=self.eos_token)
+
+    def prompt_ids(self, tokenizer: Tokenizer, prompt: str) -> list[int]:
+        """The token ids of a `prompt` this template rendered, as transformers' `apply_chat_template(tokenize=True)`
+        gives them (and its `TextGenerationPipeline`, which passes chats through it and ignores add_special_tokens):
+        the special tokens the template writes ("<s>", "</s>", "<|im_start|>") are those tokens, and none is added,
+        so BOS comes first where the template writes `bos_token`, and nowhere else, whatever the tokenizer puts
+        before a plain text (`starts_with_bos`). The default format writes no special token: its texts are read as
+        text and framed as a completion's prompt is (`Pipeline.prompt_ids`), BOS first where the tokenizer begins its
+        texts with it, as the run saw its plain texts. Raises InputError for a prompt of no token."""
+        encode = getattr(tokenizer, "encode_with_specials", None) if self.source is not None else None
+        ids = (encode or tokenizer.encode)(prompt)  # a tokenizer of one's own without the method: as text
+        if not ids:
+            raise InputError("the chat template renders these messages as no token: give messages with content")
+        bos = tokenizer.bos_id
+        framed = self.source is None and getattr(tokenizer, "starts_with_bos", False) and bos is not None
+        return [bos, *ids] if framed else ids
+
+    def conversation_ids(self, tokenizer: Tokenizer, messages: Sequence[dict]) -> tuple[list[int], list[bool]]:
+        """A conversation's token ids, and for each whether it is the assistant's: what chat fine-tuning trains on
+        (the loss on the replies alone, as TRL's `assistant_only_loss`). Each reply is the text the conversation up
+        to it renders past its prompt (`render(messages[:i])`, what the server gives the model to answer), so the
+        tokens before a reply are its prompt as `prompt_ids` reads it, and the reply is tokenized on its own, as
+        the model writes it after that prompt. A template of one's own ends a reply itself (Llama 2's `</s>`,
+        ChatML's `<|im_end|>`, which belong to the reply); the default format has no such mark, so EOS follows
+        each reply there, which generation stops at. Turns after the last reply are left out: nothing is learnt
+        from them.
+
+            User: Hi!          prompt   (not trained)
+            Assistant: Hello.  reply    ' Hello.' EOS (trained)
+
+        Raises InputError for a conversation without a reply, or a template that renders a conversation's start
+        otherwise than the whole (one that rewrites earlier turns, so no reply has one prompt)."""
+        ids: list[int] = []
+        trained: list[bool] = []
+        done = ""  # the text tokenized so far
+        encode = getattr(tokenizer, "encode_with_specials", None) if self.source is not None else None
+        encode = encode or tokenizer.encode
+        end = [tokenizer.eos_id] if self.source is None and tokenizer.eos_id is not None else []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            prompt = self.render(messages[:i])
+            whole = self.render(messages[: i + 1], add_generation_prompt=False)
+            if not prompt.startswith(done) or not whole.startswith(prompt):
+                raise InputError(f"the chat template renders turn {i} of a conversation otherwise than the "
+                                 "conversation before it: a reply has no one prompt to learn it after; use a template "
+                                 "that renders earlier turns as they were")
+            asked = self.prompt_ids(tokenizer, prompt) if not done else encode(prompt[len(done):])
+            reply = [*encode(whole[len(prompt):]), *end]
+            ids += asked + reply
+            trained += [False] * len(asked) + [True] * len(reply)
+            done = whole
+        if not done:
+            raise InputError("a conversation holds no assistant turn: chat fine-tuning learns the assistant's replies")
+        return ids, trained
+
+    def settings(self) -> dict[str, str]:
+        """What a tokenizer_config.json keeps of this template (`chat_template` reads it back); {} for the default."""
+        if self.source is None:
+            return {}
+        return {"chat_template": self.source, "bos_token": self.bos_token, "eos_token": self.eos_token}
+
+
+DEFAULT_FORMAT = ChatTemplate()  # plain-text turns (module docstring): a run without a template of its own
+
+def _shown(message: dict) -> str:
+    """A message's text in the default format: its content, then each of its calls as the reply wrote it."""
+    calls = [TOOL_CALL + json.dumps({"name": call["function"]["name"], "arguments": call["function"]["arguments"]},
+                                    ensure_ascii=False) for call in message.get("tool_calls") or ()]
+    return " ".join(part for part in (message["content"], *calls) if part)
+
+
+def chat_template(tokenizer_dir: Path, specials: dict[str, str] | None = None) -> ChatTemplate:
+    """The run's own template (its tokenizer_config.json's `chat_template`), else the default. Its `bos_token` and
+    `eos_token` are the file's, else the tokenizer's `specials` (role -> token), as an export writes them; each
+    renders as its text, which `ChatTemplate.prompt_ids` reads as the token."""
+    source, settings = config_template(tokenizer_dir)
+    if source is None:
+        return ChatTemplate()
+    specials = specials or {}
+    return ChatTemplate(source, _token(settings.get("bos_token")) or specials.get("bos", ""),
+                        _token(settings.get("eos_token")) or specials.get("eos", ""))
+
+
+def _token(value) -> str:
+    """A special token as tokenizer_config.json writes it: a string, or {"content": ...}."""
+    return value.get("content", "") if isinstance(value, dict) else (value or "")
 
 
 @functools.lru_cache(maxsize=16)

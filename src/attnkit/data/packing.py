@@ -91,9 +91,11 @@ class PackedBatch:
     position_ids: Tensor
 
 
-def pack_rows(tokens: np.ndarray, cut: np.ndarray, seq_len: int, *, packed: bool = True) -> PackedRows:
+def pack_rows(tokens: np.ndarray, cut: np.ndarray, seq_len: int, *, packed: bool = True,
+              trained: np.ndarray | None = None) -> PackedRows:
     """The pieces `cut` (P, 2) of `tokens` in rows of `seq_len` positions: as many whole pieces per row as fit, in
-    order (packed), or one per row (padded)."""
+    order (packed), or one per row (padded). `trained` (N,) bool: the tokens learnt as targets, the others' labels
+    -100 (a chat's prompts, `attnkit.chat_format.ChatTemplate.conversation_ids`); None: every target."""
     rows: list[list[tuple[int, int]]] = []
     used = seq_len
     for start, stop in cut.tolist():
@@ -112,7 +114,9 @@ def pack_rows(tokens: np.ndarray, cut: np.ndarray, seq_len: int, *, packed: bool
         for d, (start, stop) in enumerate(row):
             n = stop - start - 1
             input_ids[r, at : at + n] = tokens[start : stop - 1]
-            labels[r, at : at + n] = tokens[start + 1 : stop]
+            targets = tokens[start + 1 : stop]
+            labels[r, at : at + n] = targets if trained is None else np.where(trained[start + 1 : stop], targets,
+                                                                               IGNORE_INDEX)
             documents[r, at : at + n] = d
             positions[r, at : at + n] = np.arange(n)
             at += n

@@ -7,9 +7,10 @@ tasks and for one a user registers from outside the package.
     translate  encoder-decoder, recurrent-seq2seq -                    translate         translate.py
     classify   encoder                           encoder_head=classify classify          classify.py
     tag        encoder                           encoder_head=tag      tag               tag.py
+    chat       decoder                           -                     generate          chat.py
 """
 
-from attnkit.tasks import classify, lm, tag, translate  # noqa: F401 (each registers its tasks)
+from attnkit.tasks import chat, classify, lm, tag, translate  # noqa: F401 (each registers its tasks)
 from attnkit.tasks.registry import (
     EvalContext,
     HFClass,

@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 
 from torch import Tensor, nn
 
+from attnkit.chat_format import DEFAULT_FORMAT, ChatTemplate
 from attnkit.checkpoint import HF_SOURCE_FILE, TASK_FILE, read_json
 from attnkit.config import ModelConfig, config_class
 from attnkit.errors import CheckpointError, ConfigError
@@ -75,6 +76,8 @@ class TaskContext:
     # fine-tuned source's (its head's rows), a resumed run's (`LabelVocab.from_labels(order=...)`)
     record: Mapping[str, Any] | None = None  # the task.json of the run resumed or fine-tuned from (`task_record`;
     # {} where it has none), what its task saved beside its name (`TrainingTask.record`); None: a new model
+    chat_template: ChatTemplate = DEFAULT_FORMAT  # the template the run's model chats in (its tokenizer's, where
+    # the run resumed or fine-tuned from has one; else the default format): `attnkit serve` renders chats with it
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor, nn
 
+from attnkit.chat_format import DEFAULT_FORMAT, ChatTemplate, chat_template
 from attnkit.checkpoint import (
     ADAPTERS_FILE,
     CONFIG_FILE,
@@ -67,6 +68,7 @@ class Source:
     labels: list[str] | None = None  # a classifier's label names, index = class id
     task: str | None = None  # the task the source run trained for, when it says
     record: dict[str, Any] | None = None  # the source run's task.json (`task_record`); None: a Hugging Face directory
+    chat_template: ChatTemplate = DEFAULT_FORMAT  # its tokenizer's own (a chat model's), which the new run keeps
 
     def describe(self) -> dict[str, Any]:
         return {"path": str(self.path), "kind": self.kind, "task": self.task}
@@ -106,9 +108,10 @@ def read_source(path: str | Path, *, load_hf: HFLoader | None = None) -> Source:
     if not (path / TOKENIZER_DIR).is_dir():
         raise CheckpointError(f"--init-from {path}: no tokenizer/ directory; a new run needs the tokenizer the "
                               "weights were trained with")
-    record = task_record(path)
-    return Source(path, "attnkit run", config, load_tokenizer(path / TOKENIZER_DIR), model.state_dict(),
-                  labels=read_labels(path), task=record.get("task"), record=record)
+    record, tokenizer = task_record(path), load_tokenizer(path / TOKENIZER_DIR)
+    return Source(path, "attnkit run", config, tokenizer, model.state_dict(), labels=read_labels(path),
+                  task=record.get("task"), record=record,
+                  chat_template=chat_template(path / TOKENIZER_DIR, tokenizer.specials))
 
 
 def _read_hf(path: Path, load_hf: HFLoader | None) -> Source:
@@ -122,7 +125,7 @@ def _read_hf(path: Path, load_hf: HFLoader | None) -> Source:
     trained_for = task_of_config(loaded.config)  # a model's head names the task it was trained for
     task = trained_for.name if trained_for is not None else None
     return Source(path, "Hugging Face directory", loaded.config, loaded.tokenizer, loaded.model.state_dict(),
-                  labels=loaded.labels, task=task)
+                  labels=loaded.labels, task=task, chat_template=chat_template(path, loaded.tokenizer.specials))
 
 
 def target_config(source: Source, *, spec: TaskSpec, assignments: list[str]) -> ModelConfig:

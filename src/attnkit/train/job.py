@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from attnkit.checkpoint import RUN_MARKER, absent, is_attnkit_run, load_config, mark_run
+from attnkit.chat_format import DEFAULT_FORMAT, ChatTemplate, chat_template
+from attnkit.checkpoint import RUN_MARKER, TOKENIZER_DIR, absent, is_attnkit_run, load_config, mark_run
 from attnkit.config import ModelConfig, check_types, model_field_names
 from attnkit.data import synthetic_tokenizer
 from attnkit.data.labelled import BAD_LABELS
@@ -84,12 +85,13 @@ class DataConfig:
 
     task: str = "lm"
     """a registered task (attnkit.tasks): lm: next-token prediction (decoder); mlm: masked-LM pre-training
-    (encoder); translate: encoder-decoder; classify: a label per text (encoder); tag: a label per token (encoder).
-    On resume: the run's own"""
+    (encoder); translate: encoder-decoder; classify: a label per text (encoder); tag: a label per token (encoder);
+    chat: the assistant's replies of conversations (decoder, usually --init-from a run). On resume: the run's own"""
     data: tuple[str, ...] = field(default=(), metadata={"metavar": "PATH"})
     """lm, mlm: text files, folders or globs (none: the Python standard library's source); translate: a folder with
     train.SRC/train.TGT, a TSV file or two line-aligned files; classify: a '<label> <text>' file, a CSV/TSV with a
-    header or a .jsonl file; any task: synthetic:NAME"""
+    header or a .jsonl file; chat: .jsonl conversations (messages, prompt/completion or Alpaca's
+    instruction/input/output); any task: synthetic:NAME"""
     val_data: tuple[str, ...] = ()  # translate / classify; empty: hold out `val_fraction` of the training data
     tokenizer: str = "bpe"
     """char | bpe | wordpiece (BERT's, uncased: trained on the training text) | a saved tokenizer directory"""
@@ -344,10 +346,11 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
             progress=shows_progress(request.progress) and parallel.writes), what="the tokenizer",
             beforehand="Train it once before the launch with attnkit tokenizer train --out DIR, then give attnkit "
                        "train --tokenizer DIR")
+    template = source.chat_template if source is not None else DEFAULT_FORMAT
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), tokenizer, config, out, translate,
                               lm_files, progress=shows_progress(request.progress) and parallel.writes,
                               labels=source.labels if source is not None else None,
-                              record=source.record if source is not None else None)
+                              record=source.record if source is not None else None, chat_template=template)
     config = _fit_config(config, tokenizer, labels, keep_vocab=source is not None)
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
     n_parameters, frozen = _trained_parameters(config, settings)
@@ -366,7 +369,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
         move_aside(out)  # everything is checked: the new run is about to write
     return Trainer(
         model=model, config=config, task=task, settings=settings, run_dir=out, tokenizer=tokenizer, labels=labels,
-        device=device, run_info=run_info, progress=request.progress, parallel=parallel,
+        device=device, run_info=run_info, progress=request.progress, parallel=parallel, chat_template=template,
     )
 
 
@@ -471,9 +474,10 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
             _claim_run_dir(out, overwrite=request.overwrite, resuming=checkpoint.path)
         log.info("continuing %s in %s", checkpoint.path, out)
     parallel = _start(world, settings, data_config, device)
+    template = chat_template(checkpoint.path / TOKENIZER_DIR, checkpoint.tokenizer.specials)
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), checkpoint.tokenizer, checkpoint.config,
                               out, translate, progress=shows_progress(request.progress) and parallel.writes,
-                              labels=checkpoint.labels, record=checkpoint.task)
+                              labels=checkpoint.labels, record=checkpoint.task, chat_template=template)
     if labels != checkpoint.labels:
         raise CheckpointError(
             f"cannot resume {checkpoint.path}: the data's labels {labels} differ from the checkpoint's "
@@ -494,7 +498,7 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
     trainer = Trainer(
         model=model, config=checkpoint.config, task=task, settings=settings, run_dir=out,
         tokenizer=checkpoint.tokenizer, labels=labels, device=device, run_info=run_info, progress=request.progress,
-        parallel=parallel,
+        parallel=parallel, chat_template=template,
     )
     trainer.restore(checkpoint, own_run=out.resolve() == run.resolve(), named=source.resolve() != run.resolve())
     return trainer
@@ -637,13 +641,16 @@ def _make_task(
     data: DataConfig, settings: TrainConfig, tokenizer: Tokenizer, config: ModelConfig, out: Path,
     translate: Translator | None, lm_files: list[Path] | None = None, progress: bool = True,
     labels: Sequence[str] | None = None, record: Mapping[str, Any] | None = None,
+    chat_template: ChatTemplate = DEFAULT_FORMAT,
 ) -> tuple[TrainingTask, list[str] | None]:
     """The trainer's task and its label list, as the task's registration makes them from the data (in the order of
-    `labels` where the data has those: a fine-tuned source's, a resumed run's; `record`: that run's task.json)."""
+    `labels` where the data has those: a fine-tuned source's, a resumed run's; `record`: that run's task.json;
+    `chat_template`: the template its model chats in)."""
     task, labels = data.spec.make(TaskContext(
         data=data, tokenizer=tokenizer, config=config, batch_size=settings.batch_size, seed=settings.seed,
         seq_len=data.seq_len or config.max_seq_len, cache=out / "cache", files=lm_files, translate=translate,
         progress=progress, labels=tuple(labels) if labels is not None else None, record=record,
+        chat_template=chat_template,
     ))
     task.name = data.spec.name  # task.json names the registration (one task class may serve several)
     return task, labels

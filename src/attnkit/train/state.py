@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from attnkit.chat_format import DEFAULT_FORMAT, TEMPLATE_CONFIG, ChatTemplate
 from attnkit.checkpoint import (
     ADAPTERS_FILE,
     BEST_DIR,
@@ -111,9 +112,11 @@ def save_checkpoint(
     labels: list[str] | None = None,
     keep: int = 3,
     best: bool = False,
+    chat_template: ChatTemplate = DEFAULT_FORMAT,
 ) -> Path:
     """Write checkpoint `checkpoints/step_XXXXXX` for `train_state["step"]`, point the top level (and `best/`
-    when `best`) at it, and delete all but the newest `keep` checkpoints. Returns the checkpoint's path.
+    when `best`) at it, and delete all but the newest `keep` checkpoints; a `chat_template` of its own is written
+    beside the tokenizer (tokenizer_config.json, as `chat_format.chat_template` reads it). Returns its path.
     """
     if keep < 1:
         raise CheckpointError(f"keep={keep}: at least the latest checkpoint must be kept")
@@ -129,6 +132,8 @@ def save_checkpoint(
             step = str(train_state["step"])
             save_tensors(optimizer_tensors(optimizer), tmp / OPTIMIZER_FILE, metadata={"step": step})
             tokenizer.save(tmp / TOKENIZER_DIR)
+            if chat_template.source is not None:  # a template of its own (a converted chat model's) goes on with it
+                atomic_write(tmp / TOKENIZER_DIR / TEMPLATE_CONFIG, _json(chat_template.settings()))
             atomic_write(tmp / TASK_FILE, _json(task))
             if labels is not None:
                 atomic_write(tmp / LABELS_FILE, _json({"labels": labels}))

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from attnkit.chat_format import DEFAULT_FORMAT, ChatTemplate
 from attnkit.checkpoint import INSTRUMENTS_KIND, METRICS_FILE
 from attnkit.config import ModelConfig, check_types
 from attnkit.errors import AttnkitError, ConfigError
@@ -242,6 +243,7 @@ class Trainer:
         progress: bool | None = None,
         parallel: SingleProcess | None = None,
         plan: TrainingPlan | None = None,
+        chat_template: ChatTemplate = DEFAULT_FORMAT,
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)  # fp32: what the optimizer updates and checkpoints save
@@ -272,6 +274,7 @@ class Trainer:
         self.config, self.task, self.settings = config, task, settings
         self.run_dir = Path(run_dir)
         self.tokenizer, self.labels, self.run_info = tokenizer, labels, run_info or {}
+        self.chat_template = chat_template  # kept beside the tokenizer, where `attnkit serve` reads it
         self.progress = shows_progress(progress) and self.parallel.writes
         self.optimizer = make_optimizer(
             model, lr=settings.lr, weight_decay=settings.weight_decay, betas=(settings.beta1, settings.beta2)
@@ -565,7 +568,7 @@ class Trainer:
             save_checkpoint(
                 self.run_dir, model=whole[0], config=self.config, optimizer=whole[1], tokenizer=self.tokenizer,
                 task={"task": self.task.name, **getattr(self.task, "record", {})}, train_state=state,
-                labels=self.labels, keep=self.settings.keep, best=best,
+                labels=self.labels, keep=self.settings.keep, best=best, chat_template=self.chat_template,
             )
             self.saved_step = self.step  # whole on disk: if the barrier fails, this is the checkpoint to name
         self.parallel.barrier()  # no rank goes on (or exits) before rank 0 has written

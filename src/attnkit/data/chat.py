@@ -1,0 +1,122 @@
+"""Conversations for chat fine-tuning: JSON Lines read in the layouts the field uses, and their rows in batches.
+
+One conversation a line, in any of three layouts (TRL's conversational and prompt-completion data sets, Alpaca's):
+
+    {"messages": [{"role": "system", "content": "..."}, {"role": "user", ...}, {"role": "assistant", ...}]}
+    {"prompt": "...", "completion": "..."}          (each may also be a list of messages, as TRL takes them)
+    {"instruction": "...", "input": "...", "output": "..."}   (input may be empty or absent)
+
+Each becomes a list of messages; `ChatTemplate.conversation_ids` (attnkit.chat_format) renders and tokenizes it, the
+assistant's tokens marked, and `ChatRows` lays the conversations in rows (`pack_rows`: one per row, padded at the
+end, or packed with a document mask) and serves them in batches, an epoch's order a function of seed and epoch.
+A row padded at its end needs no mask: a decoder's causal attention never looks ahead at the padding.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from attnkit.data.batching import BucketedData
+from attnkit.data.packing import PackedBatch, PackedRows
+from attnkit.errors import InputError
+from attnkit.textfiles import EncodingErrors, read_text
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+LAYOUTS = ('{"messages": [{"role": ..., "content": ...}, ...]}', '{"prompt": ..., "completion": ...}',
+           '{"instruction": ..., "input": ..., "output": ...}')
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One line's messages, and where it was read (`FILE line N`, named in what is said about it)."""
+
+    where: str
+    messages: list[dict]
+
+
+def read_conversations(path: str | Path, *, encoding_errors: EncodingErrors = "strict") -> list[Conversation]:
+    """The conversations of a JSON Lines file, one a line (blank lines skipped). Raises InputError naming the file
+    and line of one that is not JSON, in none of the layouts, or holds no reply."""
+    found = []
+    for number, line in enumerate(read_text(path, errors=encoding_errors).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            found.append(Conversation(f"{path} line {number}", conversation(json.loads(line))))
+        except json.JSONDecodeError as error:
+            raise InputError(f"{path} line {number} is not JSON ({error.msg} at column {error.colno}): a chat file "
+                             "holds one JSON object a line") from None
+        except InputError as error:
+            raise InputError(f"{path} line {number}: {error}") from None
+    if not found:
+        raise InputError(f"{path} holds no conversation: write one JSON object a line, {' or '.join(LAYOUTS)}")
+    return found
+
+
+def conversation(record: object) -> list[dict]:
+    """One line's record as messages ({"role", "content"}, an assistant's `tool_calls` kept). Raises InputError
+    naming what is wrong."""
+    if not isinstance(record, dict):
+        raise InputError(f"holds a JSON {type(record).__name__}; write an object, {' or '.join(LAYOUTS)}")
+    if "messages" in record:
+        messages = _messages(record["messages"], "messages")
+    elif "prompt" in record and "completion" in record:
+        messages = [*_turns(record["prompt"], "prompt", "user"), *_turns(record["completion"], "completion",
+                                                                          "assistant")]
+    elif "instruction" in record and "output" in record:
+        asked = "\n\n".join(part for part in (_text(record, "instruction"), _text(record, "input")) if part)
+        messages = [{"role": "user", "content": asked}, {"role": "assistant", "content": _text(record, "output")}]
+    else:
+        raise InputError(f"has the keys {sorted(record)[:6]}, none of the layouts: {' or '.join(LAYOUTS)}")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise InputError("holds no assistant turn: chat fine-tuning learns the assistant's replies; add one")
+    return messages
+
+
+def _turns(value: object, key: str, role: str) -> list[dict]:
+    """A prompt's or completion's turns: a string is one turn of `role`, a list its messages."""
+    return [{"role": role, "content": value}] if isinstance(value, str) else _messages(value, key)
+
+
+def _messages(value: object, key: str) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise InputError(f'"{key}" must be a list of messages ({{"role": ..., "content": ...}}), not {value!r:.60}')
+    messages = []
+    for index, message in enumerate(value):
+        where = f'"{key}"[{index}]'
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise InputError(f"{where} must be an object with a role among {', '.join(ROLES)}; got {message!r:.60}")
+        content = message.get("content")
+        if not isinstance(content, str) and not (content is None and message.get("tool_calls")):
+            raise InputError(f"{where}'s content must be a string (null only beside tool_calls); got {content!r:.60}")
+        messages.append(message)
+    return messages
+
+
+def _text(record: dict, key: str) -> str:
+    value = record.get(key, "")
+    if not isinstance(value, str):
+        raise InputError(f'"{key}" must be a string; got {value!r:.60}')
+    return value
+
+
+class ChatRows(BucketedData[PackedBatch]):
+    """Rows of conversations (`pack_rows` with the assistant's tokens as the only targets) served as batches: each
+    batch as wide as its longest row, rows of similar length together (`BucketedData`)."""
+
+    def __init__(self, rows: PackedRows, lengths: Sequence[int], *, batch_size: int, seed: int = 0,
+                 batch_tokens: int | None = None) -> None:
+        """`lengths`: the positions each row fills (the rest is padding)."""
+        super().__init__(lengths, batch_size=batch_size, seed=seed, batch_tokens=batch_tokens)
+        self.rows = rows
+
+    def collate(self, indices: Sequence[int]) -> PackedBatch:
+        width = int(self.lengths[np.asarray(indices)].max())
+        batch = self.rows.batch(np.asarray(indices))
+        return PackedBatch(*(t[:, :width] for t in (batch.input_ids, batch.labels, batch.document_ids,
+                                                     batch.position_ids)))  # (B, T) each

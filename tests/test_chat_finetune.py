@@ -1,0 +1,260 @@
+"""Chat fine-tuning (`attnkit train --task chat`): the reply tokens a conversation trains on (by hand for the default
+format, equal to transformers' `return_assistant_tokens_mask` for a ChatML template), the loss equal to the mean
+cross-entropy over the replies computed one conversation at a time (padded and packed rows: no cross-talk), the
+JSON Lines layouts and their refusals by line, and a short run that makes a model give a reply it could not, served
+through the chat API; LoRA, resume and a template of the source's own that the new run keeps."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from attnkit import build_model
+from attnkit.chat_format import DEFAULT_FORMAT, ChatTemplate, chat_template
+from attnkit.config import ModelConfig
+from attnkit.data.chat import Conversation, conversation, read_conversations
+from attnkit.errors import InputError
+from attnkit.tasks.chat import ChatTask, conversation_rows
+from attnkit.tokenize import CharTokenizer
+from attnkit.train import TrainRequest, prepare
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:!?<>\n"
+CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"},
+        {"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]
+SECRETS = {"What is the secret word?": "Platypus.", "Name the capital of France.": "Paris."}
+TINY = ["d_model=32", "n_layers=2", "n_heads=2", "d_ff=64", "max_seq_len=64"]
+
+
+def char_tokenizer():
+    return CharTokenizer(ALPHABET, special_tokens={"pad": "<pad>", "unk": "<unk>", "bos": "<bos>", "eos": "<eos>"})
+
+
+def test_the_default_format_trains_each_reply_and_the_eos_after_it_alone():
+    tok = char_tokenizer()
+    ids, trained = DEFAULT_FORMAT.conversation_ids(tok, CHAT)
+    eos = tok.eos_id
+    parts = [(tok.encode("User: Hi\nAssistant:"), False), ([*tok.encode(" Yo"), eos], True),
+             (tok.encode("\nUser: Q?\nAssistant:"), False), ([*tok.encode(" A."), eos], True)]
+    assert ids == [i for part, _ in parts for i in part]
+    assert trained == [t for part, t in parts for _ in part]
+    rows = conversation_rows([Conversation("x", CHAT)], template=DEFAULT_FORMAT, tokenizer=tok, seq_len=len(ids) - 1,
+                             packed=False, batch_size=1)
+    expected = [ids[t + 1] if trained[t + 1] else -100 for t in range(len(ids) - 1)]  # a token predicts the next
+    assert rows.rows.labels[0].tolist() == expected
+    assert rows.rows.input_ids[0].tolist() == ids[:-1]
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML_MARKED = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant\n{% generation %}"
+                 "{{ m['content'] }}<|im_end|>\n{% endgeneration %}{% else %}<|im_start|>{{ m['role'] }}\n"
+                 "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_the_reply_tokens_equal_transformers_assistant_tokens_mask(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from attnkit.tokenize import load_tokenizer
+
+    hf = Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    specials = ["<|im_start|>", "<|im_end|>", "<s>"]
+    hf.train_from_iterator(["the user asks and the assistant answers: yes, no, maybe so.\n"] * 20,
+                           trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": CHATML, "bos_token": "<s>", "eos_token": "<|im_end|>"}), encoding="utf-8")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "yes or no?"},
+                {"role": "assistant", "content": "maybe so."}, {"role": "user", "content": "and the user?"},
+                {"role": "assistant", "content": "no, the assistant answers."}]
+    reference_tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    reference = reference_tokenizer.apply_chat_template(
+        messages, chat_template=CHATML_MARKED, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    template = chat_template(tmp_path, {})
+    assert template.source == CHATML
+    ids, trained = template.conversation_ids(load_tokenizer(tmp_path), messages)
+    assert ids == reference["input_ids"]
+    assert [int(t) for t in trained] == reference["assistant_masks"]
+    assert any(trained) and not all(trained)
+
+
+def tiny_decoder(tok, seed=0):
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(family="decoder", vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=2,
+                                   d_ff=64, max_seq_len=160, dropout=0.0)).eval()
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_loss_is_the_mean_cross_entropy_over_the_replies_of_each_conversation_alone(packed):
+    tok = char_tokenizer()
+    model = tiny_decoder(tok)
+    chats = [CHAT, [{"role": "system", "content": "Terse."}, {"role": "user", "content": "Long question here?"},
+                    {"role": "assistant", "content": "Short."}], [{"role": "user", "content": "x"},
+                                                                  {"role": "assistant", "content": "yz"}]]
+    rows = conversation_rows([Conversation(str(i), c) for i, c in enumerate(chats)], template=DEFAULT_FORMAT,
+                             tokenizer=tok, seq_len=150, packed=packed, batch_size=3)
+    assert len(rows.rows.labels) == (1 if packed else 3)  # packed: the three share a row
+    task = ChatTask(rows, rows, packed=packed)
+    batch = rows.batch(0, 0)
+    loss = task.loss(model, batch)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for chat in chats:  # each conversation alone, so nothing of another can reach it
+            ids, trained = DEFAULT_FORMAT.conversation_ids(tok, chat)
+            logp = model(torch.tensor([ids[:-1]])).logits[0].double().log_softmax(-1)  # (T, V)
+            for t in range(len(ids) - 1):
+                if trained[t + 1]:
+                    total -= float(logp[t, ids[t + 1]])
+                    count += 1
+    assert task.weight(batch) == count
+    torch.testing.assert_close(loss.double().item(), total / count, rtol=1e-5, atol=1e-6)
+    assert task.evaluate(model)["val_loss"] == pytest.approx(total / count, rel=1e-5)
+
+
+def test_the_three_layouts_read_as_messages():
+    assert conversation({"messages": CHAT}) == CHAT
+    assert conversation({"prompt": "p", "completion": "c"}) == [{"role": "user", "content": "p"},
+                                                                {"role": "assistant", "content": "c"}]
+    assert conversation({"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "p"}],
+                         "completion": [{"role": "assistant", "content": "c"}]})[0] == {"role": "system",
+                                                                                         "content": "s"}
+    assert conversation({"instruction": "Add.", "input": "2 2", "output": "4"})[0]["content"] == "Add.\n\n2 2"
+    assert conversation({"instruction": "Say hi.", "output": "hi"})[0]["content"] == "Say hi."
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ("{not json", "line 2 is not JSON"),
+    ('{"text": "a"}', "line 2: has the keys ['text'], none of the layouts"),
+    ('{"messages": [{"role": "user", "content": "a"}]}', "line 2: holds no assistant turn"),
+    ('{"messages": [{"role": "robot", "content": "a"}]}', "line 2: \"messages\"[0] must be an object with a role"),
+    ('{"prompt": "a", "completion": 3}', "line 2: \"completion\" must be a list of messages"),
+])
+def test_a_malformed_line_is_named_with_its_number(tmp_path, line, said):
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": CHAT}) + "\n" + line + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=f"{path} {said}".replace("[", r"\[").replace("]", r"\]")):
+        read_conversations(path)
+
+
+def test_a_conversation_whose_reply_lies_past_the_window_is_refused_and_a_long_one_is_cut(caplog):
+    tok = char_tokenizer()
+    late = [{"role": "user", "content": "a" * 80}, {"role": "assistant", "content": "b"}]
+    with pytest.raises(InputError, match="train.jsonl line 3: its first reply starts past the first 32 tokens"):
+        conversation_rows([Conversation("train.jsonl line 3", late)], template=DEFAULT_FORMAT, tokenizer=tok,
+                          seq_len=32, packed=False, batch_size=1)
+    long = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b" * 80}]
+    rows = conversation_rows([Conversation("train.jsonl line 4", long)], template=DEFAULT_FORMAT, tokenizer=tok,
+                             seq_len=32, packed=False, batch_size=1)
+    assert rows.rows.labels.shape == (1, 32)
+    assert ("1 conversation(s) hold more than 33 tokens and are cut to their first 33 (train.jsonl line 4)"
+            in caplog.text)
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused():
+    rewrites = ChatTemplate("{% for m in messages %}{{ m['content'] }}|{% endfor %}{{ messages | length }}")
+    with pytest.raises(InputError, match="renders turn 1 of a conversation otherwise than the conversation before it"):
+        rewrites.conversation_ids(char_tokenizer(), CHAT)
+
+
+@pytest.fixture(scope="module")
+def secrets(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chat")
+    lines = [json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+             for q, a in SECRETS.items()]
+    (folder / "train.jsonl").write_text("\n".join(lines * 8) + "\n", encoding="utf-8")
+    (folder / "val.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+def chat_request(out, data, *, resume=False, **settings):
+    """A new tiny model with a char tokenizer, or (init_from=) the source's model and tokenizer."""
+    defaults = dict(max_steps=80, batch_size=4, lr=1e-2, warmup=5, eval_every=40, seed=3)
+    new = "init_from" not in settings
+    return TrainRequest(out=str(out), task="chat", overrides=TINY if new else [], resume=resume, progress=False,
+                        data={"data": (str(data / "train.jsonl"),), "val_data": (str(data / "val.jsonl"),),
+                              **({"tokenizer": "char"} if new else {})}, settings={**defaults, **settings})
+
+
+def reply(pipeline, question):
+    prompt = DEFAULT_FORMAT.render([{"role": "user", "content": question}])
+    return pipeline.generate(prompt, max_new_tokens=16, temperature=0.0)[0].strip()
+
+
+@pytest.fixture(scope="module")
+def learnt(secrets, tmp_path_factory):
+    """A run that learns SECRETS: its replies after one step, and the run resumed to the end."""
+    from attnkit import load
+
+    out = tmp_path_factory.mktemp("runs") / "secret"
+    prepare(chat_request(out, secrets, max_steps=1, eval_every=1)).fit()
+    before = [reply(load(out), question) for question in SECRETS]
+    prepare(chat_request(out, secrets, resume=True)).fit()
+    return out, before
+
+
+@pytest.fixture(scope="module")
+def secret_run(learnt):
+    return learnt[0]
+
+
+def test_a_short_run_learns_the_replies_and_serves_them_through_the_chat_api(learnt):
+    import httpx
+    from serve_helpers import running_server
+
+    from attnkit import load
+
+    secret_run, before = learnt
+    assert before != list(SECRETS.values())  # one step in, it could not
+    trained = load(secret_run)
+    for question, answer in SECRETS.items():
+        assert reply(trained, question) == answer
+    with running_server(secret_run) as (url, _):
+        for question, answer in SECRETS.items():
+            response = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+                "messages": [{"role": "user", "content": question}], "temperature": 0, "max_tokens": 16})
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["message"]["content"].strip() == answer
+
+
+def test_lora_fine_tunes_a_chat_run_with_its_base_frozen(secret_run, secrets, tmp_path):
+    from attnkit.checkpoint import ADAPTERS_FILE
+
+    out = tmp_path / "lora"
+    trainer = prepare(chat_request(out, secrets, init_from=str(secret_run), lora_rank=4, max_steps=4, eval_every=2))
+    trained = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trained and all("lora" in name for name in trained)
+    first = trainer.fit()
+    assert (out / ADAPTERS_FILE).is_file() and first.evaluation["val_loss"] < 1.0
+
+
+def test_a_resumed_chat_run_ends_bit_for_bit_where_a_straight_one_does(secrets, tmp_path):
+    from attnkit.checkpoint import load_model
+
+    straight, halves = tmp_path / "straight", tmp_path / "halves"
+    prepare(chat_request(straight, secrets, max_steps=6, eval_every=3)).fit()
+    prepare(chat_request(halves, secrets, max_steps=3, eval_every=3)).fit()
+    prepare(chat_request(halves, secrets, resume=True, max_steps=6, eval_every=3)).fit()
+    for (name, a), (_, b) in zip(load_model(straight)[0].state_dict().items(),
+                                 load_model(halves)[0].state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_a_template_of_the_sources_own_renders_the_data_and_goes_on_with_the_new_run(secret_run, secrets, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(secret_run, source)
+    own = ("{% for m in messages %}{{ m['role'] }} says {{ m['content'] }}\n{% endfor %}"
+           "{% if add_generation_prompt %}assistant says{% endif %}")  # in the run's alphabet
+    (source / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({"chat_template": own}), encoding="utf-8")
+    out = tmp_path / "own"
+    trainer = prepare(chat_request(out, secrets, init_from=str(source), max_steps=2, eval_every=2))
+    first = trainer.task.train.rows.input_ids[0].tolist()
+    assert trainer.tokenizer.decode(first).startswith("user says What is the secret word?\nassistant says")
+    trainer.fit()
+    assert chat_template(out / "tokenizer").source == own  # `attnkit serve` chats in it too
