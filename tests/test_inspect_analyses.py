@@ -87,6 +87,15 @@ def test_patching_the_induction_head_restores_the_answer(induction_model, held_o
     assert heads.clean > heads.corrupted
     assert heads.restored[1, 0] > 0.7
     assert heads.restored[1, 0] == heads.restored.nan_to_num(-1).max()
+    # position by position: the last layer's head writes the answer where it is read and nowhere else counts
+    by_position = patch_heads(induction_model, batch_clean, batch_corrupted, answer=answer, wrong=wrong,
+                              by_position=True)
+    assert by_position.restored.shape == (2, 2 * TASK.half - 1, 4)
+    assert bool(by_position.restored[1, :, 1:].isnan().all())  # layer 1 has one head
+    assert float(by_position.restored[1, -1, 0]) == pytest.approx(float(heads.restored[1, 0]), abs=1e-4)
+    assert float(by_position.restored[1, :-1, 0].abs().max()) < 1e-5
+    with pytest.raises(InputError, match="'attn' is none of resid_pre, attn.out and mlp.out"):
+        patch_stream(induction_model, batch_clean, batch_corrupted, answer=answer, wrong=wrong, point="attn")
     stream = patch_stream(induction_model, batch_clean, batch_corrupted, answer=answer, wrong=wrong)
     assert stream.restored.shape == (2, 2 * TASK.half - 1)
     # the answer x_n sits at position n - 1, after the earlier copy of the last token x_(n-1): patched there, the

@@ -82,6 +82,34 @@ def test_activation_patching_equals_transformer_lens_patching(pair):
     assert float(theirs["stream"][0, 2]) == pytest.approx(1.0, abs=1e-4)  # the corrupted token's own embedding
 
 
+def test_patching_each_sublayer_and_each_head_at_each_position_equals_transformer_lens(pair):
+    """TransformerLens's `get_act_patch_attn_out`, `get_act_patch_mlp_out` (layer x position) and
+    `get_act_patch_attn_head_out_by_pos` (layer x position x head) against `patch_stream(point=)` and
+    `patch_heads(by_position=True)`."""
+    from transformer_lens import patching
+
+    model, bridge = pair
+    answer, wrong = _target(model)
+    clean_batch, corrupted_batch = Batch((CLEAN,)), Batch((CORRUPTED,))
+    heads = patch_heads(model, clean_batch, corrupted_batch, answer=answer, wrong=wrong, by_position=True)
+    clean, corrupted = heads.clean, heads.corrupted
+
+    def restored(logits):
+        return (logit_differences(logits, answer, wrong).mean() - corrupted) / (clean - corrupted)
+
+    _, clean_cache = bridge.run_with_cache(CLEAN)
+    theirs = {"attn.out": patching.get_act_patch_attn_out(bridge, CORRUPTED, clean_cache, restored),  # (L, T)
+              "mlp.out": patching.get_act_patch_mlp_out(bridge, CORRUPTED, clean_cache, restored)}
+    for point, table in theirs.items():
+        ours = patch_stream(model, clean_batch, corrupted_batch, answer=answer, wrong=wrong, point=point)
+        assert ours.rows == [f"blocks.{i}.{point.removesuffix('.out')}" for i in range(2)]
+        torch.testing.assert_close(ours.restored, table, rtol=1e-4, atol=1e-4, msg=point)
+    by_position = patching.get_act_patch_attn_head_out_by_pos(bridge, CORRUPTED, clean_cache, restored)  # (L, T, H)
+    assert heads.columns == "position x head" and heads.restored.shape == by_position.shape
+    torch.testing.assert_close(heads.restored, by_position, rtol=1e-4, atol=1e-4)
+    assert float(by_position.abs().max()) > 0.05  # some head at some position carries part of the answer
+
+
 def test_the_logit_lens_equals_the_accumulated_residual_stream_unembedded(pair):
     model, bridge = pair
     _, cache = bridge.run_with_cache(CLEAN)

@@ -6,8 +6,11 @@ and see how much of the clean answer returns.
     restored   (patched - corrupted) / (clean - corrupted): 0 = the patch brings nothing back, 1 = all of it
 
 `patch_stream` patches the residual stream entering each block at each position (layer x position; a recurrent
-encoder's states, one row); `patch_heads` each head's output over every position. Clean and corrupted inputs have
-the same shapes. A sequence classifier's logits (B, C) have no positions: the difference is read from them.
+encoder's states, one row), or each attention sublayer's or FFN's output (`point`: TransformerLens's
+`get_act_patch_attn_out` and `get_act_patch_mlp_out`); `patch_heads` each head's output over every position, or at
+each position alone (`by_position`: layer x position x head, `get_act_patch_attn_head_out_by_pos`). Clean and
+corrupted inputs have the same shapes. A sequence classifier's logits (B, C) have no positions: the difference is
+read from them.
 
 A corruption that hardly moves the logit difference (by less than `FAINT`) makes every share a ratio of two tiny
 numbers; `Patching.warning` says so, and the command prints it.
@@ -16,6 +19,7 @@ numbers; `Patching.warning` says so, and the command prints it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +31,7 @@ from attnkit.inspect.points import evaluated, head_sites, hook_points, module_of
 from attnkit.inspect.tracing import Trace
 
 FAINT = 0.1  # a corruption moving logit(answer) - logit(wrong) by less (the odds by under 10%) restores little of note
+StreamPoint = Literal["resid_pre", "attn.out", "mlp.out"]  # what `patch_stream` patches in each block
 
 
 @dataclass(frozen=True)
@@ -35,10 +40,10 @@ class Patching:
     `corrupted`: the logit differences of the two runs."""
 
     rows: list[str]
-    restored: Tensor  # (rows, columns): positions or heads
+    restored: Tensor  # (rows, columns): positions or heads; (rows, positions, heads) by position and head
     clean: float
     corrupted: float
-    columns: str  # "position" or "head"
+    columns: str  # "position", "head" or "position x head"
 
     @property
     def warning(self) -> str | None:
@@ -116,42 +121,55 @@ def _stream_prefix(model: nn.Module, stack: str | None) -> str:
     return "encoder." if "encoder.blocks.0.resid_pre" in hook_points(model) else ""
 
 
-def stream_points(model: nn.Module, stack: str | None = None) -> list[str]:
-    """The points of the stream entering each block of `stack` (`_stream_prefix`); a recurrent encoder's states."""
+def stream_points(model: nn.Module, stack: str | None = None, point: StreamPoint = "resid_pre") -> list[str]:
+    """The points of the stream entering each block of `stack` (`_stream_prefix`; a recurrent encoder's states), or
+    of each block's `point` (its self-attention's or FFN's output)."""
+    if point not in ("resid_pre", "attn.out", "mlp.out"):
+        raise InputError(f"point {point!r} is none of resid_pre, attn.out and mlp.out (what each block writes)")
     prefix = _stream_prefix(model, stack)
     points = hook_points(model)
-    names = [n for n in points if n.startswith(f"{prefix}blocks.") and n.endswith(".resid_pre")]
-    if not names and "encoder.out" in points:  # a recurrent encoder: its states, one per source position
+    names = [n for n in points if n.startswith(f"{prefix}blocks.") and n.endswith(f".{point}")]
+    if not names and "encoder.out" in points and point == "resid_pre":  # a recurrent encoder's states, one a position
         names = ["encoder.out"]
     if not names:
-        raise InputError(f"{type(model).__name__} has no residual stream {prefix!r} to patch")
+        raise InputError(f"{type(model).__name__} has no {point} {prefix!r} to patch")
     return names
 
 
 @evaluated
 def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
-                 position: int = -1, stack: str | None = None) -> Patching:
-    """Patch the stream entering each block of `stack` (module docstring) at each position, one at a time."""
-    names = stream_points(model, stack)
+                 position: int = -1, stack: str | None = None, point: StreamPoint = "resid_pre") -> Patching:
+    """Patch the stream entering each block of `stack` (module docstring), or each block's `point`, at each position,
+    one at a time. Rows: `blocks.L` (the stream), `blocks.L.attn`, `blocks.L.mlp`."""
+    names = stream_points(model, stack, point)
     runs = _runs(model, clean, corrupted, names, (answer, wrong, position))
     length = runs.source[names[0]].shape[1]
     restored = torch.tensor([[runs.restored(model, {name: patch(runs.source[name], position=t)}) for t in range(length)]
                              for name in names])
-    return Patching([n.removesuffix(".resid_pre") for n in names], restored, runs.clean, runs.corrupted, "position")
+    return Patching([n.removesuffix(".resid_pre").removesuffix(".out") for n in names], restored, runs.clean,
+                    runs.corrupted, "position")
 
 
 @evaluated
 def patch_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
-                position: int = -1) -> Patching:
-    """Patch each head's output (`SITE.z`, every position) from the clean run into the corrupted one."""
+                position: int = -1, by_position: bool = False) -> Patching:
+    """Patch each head's output (`SITE.z`) from the clean run into the corrupted one: at every position at once, or
+    (`by_position`) at each position alone, restored (sites, T, H) (NaN: a site with fewer heads, or a
+    cross-attention site's positions beyond its own stream's)."""
     sites = head_sites(model)
     runs = _runs(model, clean, corrupted, [f"{s}.z" for s in sites], (answer, wrong, position))
-    restored = torch.full((len(sites), max(runs.source[f"{s}.z"].shape[2] for s in sites)), float("nan"))
-    for i, site in enumerate(sites):
-        source = runs.source[f"{site}.z"]  # (B, T, H, D)
+    z = [runs.source[f"{s}.z"] for s in sites]  # each (B, T, H, D)
+    heads = max(source.shape[2] for source in z)
+    restored = torch.full((len(sites), max(s.shape[1] for s in z), heads) if by_position else (len(sites), heads),
+                          float("nan"))
+    for i, (site, source) in enumerate(zip(sites, z, strict=True)):
         for head in range(source.shape[2]):
-            restored[i, head] = runs.restored(model, {f"{site}.z": patch(source, head=head)})
-    return Patching(sites, restored, runs.clean, runs.corrupted, "head")
+            if by_position:
+                for t in range(source.shape[1]):
+                    restored[i, t, head] = runs.restored(model, {f"{site}.z": patch(source, head=head, position=t)})
+            else:
+                restored[i, head] = runs.restored(model, {f"{site}.z": patch(source, head=head)})
+    return Patching(sites, restored, runs.clean, runs.corrupted, "position x head" if by_position else "head")
 
 
 def share(patched: float, clean: float, corrupted: float) -> float:
