@@ -258,3 +258,30 @@ def test_a_template_of_the_sources_own_renders_the_data_and_goes_on_with_the_new
     assert trainer.tokenizer.decode(first).startswith("user says What is the secret word?\nassistant says")
     trainer.fit()
     assert chat_template(out / "tokenizer").source == own  # `attnkit serve` chats in it too
+
+
+WORD_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}w4 {{ m['content'] }} w5 "
+                 "{% else %}{{ m['content'] }} {{ eos_token }} {% endif %}{% endfor %}")
+
+
+def test_a_converted_llama_learns_in_its_own_template_with_its_bos_and_eos_tokens(tmp_path):
+    pytest.importorskip("transformers")
+    from interop_models import hf_model, word_tokenizer
+
+    from attnkit.interop.hf import load as load_hf
+
+    hf_model("llama", tmp_path / "hf")
+    word_tokenizer(tmp_path / "hf")
+    settings = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({**settings, "chat_template": WORD_TEMPLATE}))
+    lines = [json.dumps({"prompt": f"w{10 + i}", "completion": f"w{20 + i} w{30 + i}"}) for i in range(4)]
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "val.jsonl").write_text(lines[0] + "\n", encoding="utf-8")
+    out = tmp_path / "sft"
+    trainer = prepare(chat_request(out, tmp_path, init_from=str(tmp_path / "hf"), max_steps=2, eval_every=2,
+                                   batch_size=1), load_hf=load_hf)
+    rows = trainer.task.val.rows  # <s> w4 w10 w5 | w20 w30 </s>: BOS and EOS as the template writes them
+    assert rows.input_ids[0, :6].tolist() == [1, 4, 10, 5, 20, 30]
+    assert rows.labels[0].tolist() == [-100, -100, -100, 20, 30, 2] + [-100] * (rows.labels.shape[1] - 6)  # padding
+    trainer.fit()
+    assert chat_template(out / "tokenizer").source == WORD_TEMPLATE

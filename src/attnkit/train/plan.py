@@ -200,7 +200,8 @@ def plan_training(
     else:
         choices.append(Choice("attention", fused, why_fused))
     choices.append(Choice("packing", "rows of whole documents, a document mask" if packed else "off",
-                          "as asked (--pack): no token attends across documents, positions restart at each" if packed
+                          "as asked (lm's --pack, chat's --pack-conversations): no token attends across documents, "
+                          "positions restart at each" if packed
                           else "rows as the task draws them (lm: windows that run across documents; --pack packs "
                           "whole documents with a document mask)"))
     choices.append(Choice("data", "pinned, copied without waiting" if on_gpu else "as drawn",
