@@ -99,6 +99,30 @@ def test_each_refused_sampling_value_is_a_400_naming_it(client, field, value):
     assert refused.value.body["param"] == field and field in refused.value.body["message"]
 
 
+# Streaming usage ------------------------------------------------------------------------------------------------------
+def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk_and_stream_options_need_a_stream(client):
+    """vLLM's stream_options.continuous_usage_stats was refused as a field this server does not take: with
+    include_usage, every chunk carries the usage so far (n choices counted together) and the last the whole; and
+    stream_options beside no stream, which OpenAI and vLLM refuse, was taken and dropped: it is a 400 naming it."""
+    for n in (1, 2):
+        chunks = list(client.completions.create(
+            model="local", prompt="the cat", max_tokens=5, n=n, temperature=1.0, seed=1, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True}))
+        usages = [chunk.usage for chunk in chunks]
+        assert all(usage is not None and usage.prompt_tokens == 7 for usage in usages)
+        completion = [usage.completion_tokens for usage in usages]
+        assert completion == sorted(completion) and completion[-1] == 5 * n and not chunks[-1].choices
+        assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in usages)
+    plain = list(client.completions.create(model="local", prompt="the cat", max_tokens=3, stream=True,
+                                           stream_options={"include_usage": True}))
+    assert [chunk.usage is None for chunk in plain] == [True] * (len(plain) - 1) + [False]  # the last alone
+    for create, settings in ((client.completions.create, {"prompt": "a"}),
+                             (client.chat.completions.create, {"messages": [{"role": "user", "content": "a"}]})):
+        with pytest.raises(openai.BadRequestError) as refused:
+            create(model="local", max_tokens=2, stream_options={"include_usage": True}, **settings)
+        assert refused.value.body["param"] == "stream_options" and "stream: true" in refused.value.body["message"]
+
+
 # Tokenize, models, CORS, request ids, metrics -------------------------------------------------------------------------
 def test_tokenize_and_detokenize_as_vllm_shapes_them(server, client, pipeline):
     answer = post(server, "/tokenize", {"model": "gpt-4o-mini", "prompt": "the cat", "return_token_strs": True})

@@ -52,10 +52,12 @@ class Answer:
     """The response to a request of one or more prompts: whole (JSON) or streamed (server-sent events)."""
 
     def __init__(self, kind: str, model_id: str, generations: list[Generation], *, include_usage: bool,
-                 tokenizer, timeout: float) -> None:
-        """timeout: the server's, in seconds (for its 504)."""
+                 tokenizer, timeout: float, continuous_usage: bool = False) -> None:
+        """include_usage: a streamed answer ends with a chunk of the usage; continuous_usage: every chunk carries the
+        usage so far (vLLM's continuous_usage_stats); timeout: the server's, in seconds (for its 504)."""
         self.kind, self.model_id, self.generations = kind, model_id, generations
         self.include_usage, self.tokenizer, self.timeout = include_usage, tokenizer, timeout
+        self.continuous_usage = continuous_usage
         self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -151,8 +153,8 @@ class Answer:
         kind = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
         payload = {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
                    "choices": choices}
-        if usage is not None:
-            payload["usage"] = usage
+        if usage is not None or self.continuous_usage:
+            payload["usage"] = usage or self.usage()
         return f"data: {json.dumps(payload)}\n\n"
 
     def _delta(self, generation: Generation, choice: int, text: str | None, reason: str | None, *,

@@ -136,7 +136,8 @@ class Sampling(Body):
 
 
 class StreamOptions(Body):
-    include_usage: bool = False
+    include_usage: bool = False  # a last chunk, with no choices, carries the request's usage
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk carries the usage so far
 
 
 class CompletionRequest(Sampling):

@@ -60,6 +60,9 @@ def router(state: ServerState) -> APIRouter:
         if scheduler is None:
             raise APIError(404, f"this run ({pipeline.family}) does not generate text; its endpoints are "
                            f"{', '.join(state.endpoints()) or 'none'}", code="endpoint_not_served")
+        if body.stream_options is not None and not body.stream:  # as OpenAI and vLLM refuse it
+            raise APIError(400, "stream_options is read only when the answer is streamed: send stream: true, or "
+                           "leave stream_options out", param="stream_options")
         if len(prompts) > settings.max_queue:  # they could never wait in the queue together: no retry succeeds
             raise APIError(400, f"this request has {len(prompts)} prompts; this server queues at most "
                            f"{settings.max_queue} (--max-queue): send at most that many per request", param="prompt")
@@ -85,9 +88,10 @@ def router(state: ServerState) -> APIRouter:
             except AttnkitError as error:
                 _cancel(jobs)
                 raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else "n") from None
-        usage = bool(body.stream_options and body.stream_options.include_usage)
+        options = body.stream_options
+        usage = bool(options and options.include_usage)
         answer = Answer(kind, state.model_id, jobs, include_usage=usage, tokenizer=pipeline.tokenizer,
-                        timeout=settings.timeout)
+                        timeout=settings.timeout, continuous_usage=usage and options.continuous_usage_stats)
         if body.stream:
             return StreamingResponse(answer.stream(request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
