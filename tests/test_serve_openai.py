@@ -142,6 +142,23 @@ def test_echo_puts_the_prompt_and_its_scores_first(client, pipeline):
     assert echoed == choice.text
 
 
+def test_a_request_the_context_cannot_hold_carries_openais_context_length_exceeded_code(client):
+    """OpenAI answers a request beyond the context with the code "context_length_exceeded", which clients (LiteLLM,
+    LangChain) read to shorten the conversation and try again; the server gave no code."""
+    user = [{"role": "user", "content": "a" * 200}]
+    requests = [(client.completions.create, {"prompt": "a" * 200}, "prompt"),
+                (client.completions.create, {"prompt": "a" * 100_000}, "prompt"),  # refused from its head
+                (client.chat.completions.create, {"messages": user}, "messages"),
+                (client.completions.create, {"prompt": "a" * 60, "max_tokens": 90}, "max_tokens")]
+    for create, fields, param in requests:
+        with pytest.raises(openai.BadRequestError) as refused:
+            create(model="decoder", **{"max_tokens": 4, **fields})
+        assert refused.value.body["code"] == "context_length_exceeded" and refused.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as other:  # a refusal of another kind carries no such code
+        client.completions.create(model="decoder", prompt="a", max_tokens=4, temperature=5)
+    assert other.value.body["code"] is None
+
+
 def test_prompts_of_token_ids_content_parts_usage_and_models_retrieve(client, pipeline):
     ids = pipeline.tokenizer.encode("the cat")
     by_text = client.completions.create(model="decoder", prompt="the cat", max_tokens=6, seed=2, n=3)

@@ -24,6 +24,7 @@ from attnkit.serve.structured import Structured
 from attnkit.tokenize import HEAD_CHARS_PER_TOKEN, Tokenizer, encode_head
 
 TOKEN_ID = re.compile(r"[0-9]+")  # a logit_bias key
+TOO_LONG = "context_length_exceeded"  # OpenAI's error code for a request the context cannot hold, which clients read
 
 
 class Generation:
@@ -44,14 +45,15 @@ class Generation:
         if len(ids) >= context:
             raise APIError(400, f"the prompt has {len(ids)} tokens; this model's context holds {context}, so the "
                            "prompt must be shorter to leave room for new tokens",
-                           param="messages" if chat else "prompt")
+                           param="messages" if chat else "prompt", code=TOO_LONG)
         room = min(settings.max_tokens, context - len(ids))
         if max_tokens is None:
             max_tokens = room
         if max_tokens > room:
             raise APIError(400, f"max_tokens={max_tokens} is more than this request may generate: at most {room} "
                            f"(the server's limit is {settings.max_tokens}; the prompt has {len(ids)} tokens of the "
-                           f"context's {context})", param="max_tokens")
+                           f"context's {context})", param="max_tokens",
+                           code=TOO_LONG if room < settings.max_tokens else None)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
         if "" in stop:
             raise APIError(400, "a stop string is empty; give non-empty stop strings", param="stop")
@@ -122,7 +124,7 @@ def refuse_long_text(tokenizer: Tokenizer, text: str, context: int, *, what: str
     if len(text) > HEAD_CHARS_PER_TOKEN * context and not encode_head(tokenizer, text, context)[1]:
         raise APIError(400, f"{what} {len(text):,} characters, more tokens than this model's context holds "
                        f"({context}; the first {HEAD_CHARS_PER_TOKEN * context:,} characters alone fill it): send "
-                       f"shorter {param}", param=param)
+                       f"shorter {param}", param=param, code=TOO_LONG)
 
 
 def _prompt_ids(pipeline: Pipeline, prompt: str | list[int], index: int, context: int, *, param: str) -> list[int]:
