@@ -345,3 +345,33 @@ def test_a_corpus_mostly_unknown_names_the_tokenizers_own_unknown_piece(tmp_path
     path.write_text("ΑΒΓΔ ΕΖΗΘ ΙΚΛΜ\n" * 80, encoding="utf-8")
     with pytest.raises(InputError, match=r"of the tokens of .*greek.txt are \[UNK\]: the tokenizer \(wordpiece, "):
         LMData.prepare([path], tok, tmp_path / "cache", val_fraction=0.0)
+
+
+def test_a_rank_handed_rank_0s_cache_reads_it_without_tokenizing_or_hashing(tmp_path: Path, corpus,
+                                                                             monkeypatch) -> None:
+    """In a distributed run rank 0 tokenizes and hashes the corpus (`token_cache`) and the other ranks read the
+    cache it hands them; a rank whose disk lacks that .bin (another machine's) makes its own."""
+    import attnkit.data.lm as lm
+    from attnkit.tasks import TaskContext, task_spec
+    from attnkit.train.job import DataConfig
+
+    tok = CharTokenizer.from_texts(p.read_text() for p in corpus)
+    made = lm.token_cache(corpus, tok, tmp_path / "cache", progress=False)  # rank 0's
+    expected = np.asarray(LMData.prepare(corpus, tok, tmp_path / "cache", progress=False).tokens)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a rank given rank 0's cache tokenized or hashed the corpus again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(lm, "file_digest", refuse)
+        patched.setattr(lm, "_build", refuse)
+        asked = []
+        context = TaskContext(
+            data=DataConfig(data=tuple(map(str, corpus)), eval_batches=1), tokenizer=tok, config=None, batch_size=2,
+            seed=0, seq_len=8, cache=tmp_path / "cache", files=corpus,
+            on_rank_0=lambda make, what: asked.append(what) or made)
+        task, _ = task_spec("lm").make(context)
+        assert asked == ["the token cache"] and np.array_equal(np.asarray(task.data.tokens), expected)
+    elsewhere = lm.TokenCache(tmp_path / "other-machine" / made.path.name, made.meta, True)
+    data = LMData.prepare(corpus, tok, tmp_path / "here", progress=False, cache=elsewhere)
+    assert data.path.parent == tmp_path / "here" and np.array_equal(np.asarray(data.tokens), expected)

@@ -8,9 +8,10 @@
     a batch:       B windows of T + 1 tokens, each inside one split; x = window[:-1], y = window[1:]
 
 The cache is reused while the tokenizer and every file's size and mtime are unchanged and the .bin is the one
-written (its SHA-256, checked when read back), and rebuilt when any of them changes. Files are joined with EOS
-between them (a single file is its tokens alone, so one-file corpora such as Tiny Shakespeare give the classic
-stream and split). A tokenizer that starts every text with BOS (`starts_with_bos`: a converted Llama's) gets BOS at
+written (its SHA-256, checked when read back: `readback.digest`, as a checkpoint's files are), and rebuilt when any
+of them changes. In a distributed run rank 0 alone builds or checks it (`token_cache`) and the other ranks read
+the .bin it names (`LMData.prepare(cache=...)`). Files are joined with EOS between them (a single file is its
+tokens alone, so one-file corpora such as Tiny Shakespeare give the classic stream and split). A tokenizer that starts every text with BOS (`starts_with_bos`: a converted Llama's) gets BOS at
 the start of each file, as Hugging Face's run_clm puts it before each document and as the model is prompted
 (`bos_first`); attnkit's own tokenizers place none.
 """
@@ -33,6 +34,7 @@ from tqdm.auto import tqdm
 
 from attnkit.data.corpus import file_manifest
 from attnkit.errors import InputError, os_error_message
+from attnkit.readback import digest as file_digest
 from attnkit.textfiles import EncodingErrors, iter_texts, split_text
 from attnkit.tokenize import CharTokenizer, HFTokenizer, Tokenizer
 
@@ -102,57 +104,22 @@ class LMData:
         val_fraction: float = 0.1,
         encoding_errors: EncodingErrors = "strict",
         progress: bool = True,
+        cache: TokenCache | None = None,
     ) -> LMData:
-        """Tokenize `files` into `cache_dir` (or reuse the cache there) and split the stream.
+        """Tokenize `files` into `cache_dir` (or reuse the cache there: `token_cache`) and split the stream. `cache`:
+        the cache of these files and tokenizer that another process built or checked (rank 0 of a distributed run),
+        read as it is where its .bin is here at its size (its SHA-256 is not computed again), else made here.
 
         Raises `InputError` for an unreadable, binary or non-UTF-8 file (see `textfiles.read_text`), for a
         corpus with no text at all, and when the cache cannot be written (a full disk: one line naming the fix).
         """
-        files = [Path(f) for f in files]
-        if not files:
-            raise InputError("no data files given")
-        cache_dir = Path(cache_dir)
-        with _writing_cache(cache_dir):
-            cache_dir.mkdir(parents=True, exist_ok=True)
-        identity = {
-            "format": CACHE_FORMAT,
-            "tokenizer": tokenizer.fingerprint(),
-            "files": [str(f.resolve()) for f in files],
-            "encoding_errors": encoding_errors,
-        }
-        if bos_first(tokenizer):  # named only where set: the caches of streams without BOS keep their keys
-            identity["bos_first"] = True
-        key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-        bin_path, meta_path = cache_dir / f"lm-{key}.bin", cache_dir / f"lm-{key}.json"
-        expected = {
-            **identity,
-            "files": file_manifest(files),
-            "vocab_size": tokenizer.vocab_size,
-            "dtype": token_dtype(tokenizer.vocab_size).name,
-        }
-        meta = _fresh_meta(meta_path, bin_path, expected)
-        reused = meta is not None
-        if meta is None:
-            _say_what_changed(meta_path, expected["files"])
-            start = time.perf_counter()
-            with _writing_cache(cache_dir):
-                n_tokens, digest = _build(files, tokenizer, bin_path, encoding_errors, progress)
-                meta = {**expected, "n_tokens": n_tokens, "sha256": digest}
-                _write_json(meta_path, meta)
-            n_bytes = sum(f["size"] for f in expected["files"])
-            log.info(
-                "tokenized %d files (%.1f MB) into %d tokens in %.1f s -> %s",
-                len(files),
-                n_bytes / 1e6,
-                n_tokens,
-                time.perf_counter() - start,
-                bin_path,
-            )
-        else:
-            log.info("reusing token cache %s (%d tokens)", bin_path, meta["n_tokens"])
-        tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["n_tokens"],))
-        _check_known(tokens, tokenizer, files)
-        return cls(tokens, split_point(meta["n_tokens"], val_fraction), bin_path, meta, reused, bos_first(tokenizer))
+        if cache is None or not cache.present():
+            cache = token_cache(files, tokenizer, cache_dir, encoding_errors=encoding_errors, progress=progress)
+        meta = cache.meta
+        tokens = np.memmap(cache.path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["n_tokens"],))
+        _check_known(tokens, tokenizer, [Path(f) for f in files])
+        return cls(tokens, split_point(meta["n_tokens"], val_fraction), cache.path, meta, cache.reused,
+                   bos_first(tokenizer))
 
     def sample_batch(
         self, split: str, batch_size: int, seq_len: int, generator: torch.Generator
@@ -198,6 +165,69 @@ class LMData:
             raise InputError(f"the {name or split} split has {n} tokens, fewer than one window needs ({need}): give "
                              f"{', '.join(fixes[:-1])} or {fixes[-1]}")
         return n - seq_len
+
+
+@dataclass(frozen=True)
+class TokenCache:
+    """A corpus's tokens on disk (`token_cache`): the .bin, what its .json says of it, and whether it was there."""
+
+    path: Path
+    meta: dict
+    reused: bool
+
+    def present(self) -> bool:
+        """Whether the .bin is here at the size its .json gives (another process's cache, on a shared disk)."""
+        size = self.meta["n_tokens"] * np.dtype(self.meta["dtype"]).itemsize
+        return self.path.is_file() and self.path.stat().st_size == size
+
+
+def token_cache(files: Sequence[str | os.PathLike], tokenizer: Tokenizer, cache_dir: str | os.PathLike, *,
+                encoding_errors: EncodingErrors = "strict", progress: bool = True) -> TokenCache:
+    """The token cache of `files` in `cache_dir`: reused where it is fresh and whole (its SHA-256 checked), else
+    built. Raises InputError as `LMData.prepare` does."""
+    files = [Path(f) for f in files]
+    if not files:
+        raise InputError("no data files given")
+    cache_dir = Path(cache_dir)
+    with _writing_cache(cache_dir):
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    identity = {
+        "format": CACHE_FORMAT,
+        "tokenizer": tokenizer.fingerprint(),
+        "files": [str(f.resolve()) for f in files],
+        "encoding_errors": encoding_errors,
+    }
+    if bos_first(tokenizer):  # named only where set: the caches of streams without BOS keep their keys
+        identity["bos_first"] = True
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    bin_path, meta_path = cache_dir / f"lm-{key}.bin", cache_dir / f"lm-{key}.json"
+    expected = {
+        **identity,
+        "files": file_manifest(files),
+        "vocab_size": tokenizer.vocab_size,
+        "dtype": token_dtype(tokenizer.vocab_size).name,
+    }
+    meta = _fresh_meta(meta_path, bin_path, expected)
+    reused = meta is not None
+    if meta is None:
+        _say_what_changed(meta_path, expected["files"])
+        start = time.perf_counter()
+        with _writing_cache(cache_dir):
+            n_tokens, digest = _build(files, tokenizer, bin_path, encoding_errors, progress)
+            meta = {**expected, "n_tokens": n_tokens, "sha256": digest}
+            _write_json(meta_path, meta)
+        n_bytes = sum(f["size"] for f in expected["files"])
+        log.info(
+            "tokenized %d files (%.1f MB) into %d tokens in %.1f s -> %s",
+            len(files),
+            n_bytes / 1e6,
+            n_tokens,
+            time.perf_counter() - start,
+            bin_path,
+        )
+    else:
+        log.info("reusing token cache %s (%d tokens)", bin_path, meta["n_tokens"])
+    return TokenCache(bin_path, meta, reused)
 
 
 def _windows(data: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,17 +283,12 @@ def _fresh_meta(meta_path: Path, bin_path: Path, expected: dict) -> dict | None:
         return None
     n_tokens, digest = meta.get("n_tokens"), meta.get("sha256")
     whole = (isinstance(n_tokens, int) and bin_path.stat().st_size == n_tokens * np.dtype(meta["dtype"]).itemsize
-             and isinstance(digest, str) and _sha256(bin_path) == digest)
+             and isinstance(digest, str) and file_digest(bin_path) == digest)
     if not whole:
         log.warning("token cache %s is not the one its %s describes (cut off or changed since it was written): "
                     "rebuilding it", bin_path, meta_path.name)
         return None
     return meta
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @contextmanager

@@ -38,6 +38,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from tqdm.auto import tqdm
 from attnkit.data import IGNORE_INDEX, LMData, make_task
 from attnkit.data.corpus import resolve_files
 from attnkit.data.labelled import frame_ids
+from attnkit.data.lm import token_cache
 from attnkit.data.masking import mask_tokens
 from attnkit.data.packing import PackedBatch, PackMode, document_ends, pack_rows, pieces
 from attnkit.errors import ConfigError, InputError
@@ -399,9 +401,12 @@ def _stream(context: TaskContext) -> LMData:
     if name is not None:
         return LMData.from_ids(make_task(name, common.SYNTHETIC_SIZES[0], context.seed).lm_ids(context.tokenizer),
                                val_fraction=data.val_fraction)
-    return LMData.prepare(context.files or stream_files(data), context.tokenizer, context.cache,
-                          val_fraction=data.val_fraction, encoding_errors=data.encoding_errors,
-                          progress=context.progress)
+    files = context.files or stream_files(data)
+    cache = context.on_rank_0(partial(token_cache, files, context.tokenizer, context.cache,
+                                      encoding_errors=data.encoding_errors, progress=context.progress),
+                              "the token cache")  # tokenized and hashed once, not on every rank
+    return LMData.prepare(files, context.tokenizer, context.cache, val_fraction=data.val_fraction,
+                          encoding_errors=data.encoding_errors, cache=cache)
 
 
 def _stream_args(context: TaskContext) -> dict[str, Any]:

@@ -78,6 +78,9 @@ class TaskContext:
     # {} where it has none), what its task saved beside its name (`TrainingTask.record`); None: a new model
     chat_template: ChatTemplate = DEFAULT_FORMAT  # the template the run's model chats in (its tokenizer's, where
     # the run resumed or fine-tuned from has one; else the default format): `attnkit serve` renders chats with it
+    on_rank_0: Callable[[Callable[[], Any], str], Any] = lambda make, what: make()
+    """(make, what) -> make()'s result, run once and shared: in a distributed run rank 0 alone runs it and every
+    rank gets its result (`made_on_rank_0`), for what the ranks would otherwise each build (the token cache)"""
 
 
 @dataclass(frozen=True)

@@ -350,7 +350,8 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), tokenizer, config, out, translate,
                               lm_files, progress=shows_progress(request.progress) and parallel.writes,
                               labels=source.labels if source is not None else None,
-                              record=source.record if source is not None else None, chat_template=template)
+                              record=source.record if source is not None else None, chat_template=template,
+                              parallel=parallel)
     config = _fit_config(config, tokenizer, labels, keep_vocab=source is not None)
     log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
     n_parameters, frozen = _trained_parameters(config, settings)
@@ -477,7 +478,8 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
     template = chat_template(checkpoint.path / TOKENIZER_DIR, checkpoint.tokenizer.specials)
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), checkpoint.tokenizer, checkpoint.config,
                               out, translate, progress=shows_progress(request.progress) and parallel.writes,
-                              labels=checkpoint.labels, record=checkpoint.task, chat_template=template)
+                              labels=checkpoint.labels, record=checkpoint.task, chat_template=template,
+                              parallel=parallel)
     if labels != checkpoint.labels:
         raise CheckpointError(
             f"cannot resume {checkpoint.path}: the data's labels {labels} differ from the checkpoint's "
@@ -641,19 +643,27 @@ def _make_task(
     data: DataConfig, settings: TrainConfig, tokenizer: Tokenizer, config: ModelConfig, out: Path,
     translate: Translator | None, lm_files: list[Path] | None = None, progress: bool = True,
     labels: Sequence[str] | None = None, record: Mapping[str, Any] | None = None,
-    chat_template: ChatTemplate = DEFAULT_FORMAT,
+    chat_template: ChatTemplate = DEFAULT_FORMAT, parallel: SingleProcess | None = None,
 ) -> tuple[TrainingTask, list[str] | None]:
     """The trainer's task and its label list, as the task's registration makes them from the data (in the order of
     `labels` where the data has those: a fine-tuned source's, a resumed run's; `record`: that run's task.json;
-    `chat_template`: the template its model chats in)."""
+    `chat_template`: the template its model chats in; `parallel`: this rank's part, whose rank 0 makes what the
+    ranks share)."""
+    parallel = parallel or SingleProcess()
     task, labels = data.spec.make(TaskContext(
         data=data, tokenizer=tokenizer, config=config, batch_size=settings.batch_size, seed=settings.seed,
         seq_len=data.seq_len or config.max_seq_len, cache=out / "cache", files=lm_files, translate=translate,
         progress=progress, labels=tuple(labels) if labels is not None else None, record=record,
-        chat_template=chat_template,
+        chat_template=chat_template, on_rank_0=partial(_made_on_rank_0, parallel),
     ))
     task.name = data.spec.name  # task.json names the registration (one task class may serve several)
     return task, labels
+
+
+def _made_on_rank_0(parallel: SingleProcess, make: Callable[[], Any], what: str) -> Any:
+    return parallel.made_on_rank_0(make, what=what, beforehand=(
+        f"Make {what} in one process first (a run of one process with the same data, tokenizer and --out makes it in "
+        "OUT/cache, where a launch of several finds it)"))
 
 
 def _absolute_paths(data_changes: dict[str, Any]) -> dict[str, Any]:
