@@ -751,3 +751,19 @@ def test_head_types_reads_an_encoder_between_the_marks_it_learned(tmp_path, spec
     assert f"framed {marks}" in report["summary"]["inputs"]
     other = next(row for row in report["rows"] if row["head"] == 1)
     assert other["separator"] < 0.5 and other["type"] != "separator"
+
+
+def test_patch_writes_each_blocks_input_attention_and_ffn_by_position(runs, tmp_path):
+    """Beside the stream entering each block, patch writes its attention's and FFN's outputs position by position
+    (TransformerLens's get_act_patch_block_every): the last block writes nothing a later position reads, so patched
+    anywhere but where the answer is read it restores nothing; the stream entering block 0 at the one corrupted
+    position the answer reads restores all of it, and after the read position nothing."""
+    report = _inspect(runs["decoder"], "patch", tmp_path, text=("abc de abc",), corrupt=("abc dj abj"),
+                      position=8)
+    restored = {row["patched"]: row["restored"] for row in report["rows"]}
+    for sublayer in ("blocks.1.attn", "blocks.1.mlp"):
+        others = [restored[f"{sublayer} position {t} ({c})"] for t, c in enumerate("abc de a")]
+        assert others == [0.0] * 8, sublayer
+        assert f"{sublayer} position 8 (b)" in restored
+    assert restored["blocks.0 in position 5 (e)"] == pytest.approx(1.0, abs=1e-4)
+    assert restored["blocks.0 in position 9 (c)"] == 0.0  # after the read position: nothing flows back

@@ -45,7 +45,7 @@ from attnkit.inspect.importance import head_importance
 from attnkit.inspect.inputs import Batch, divergence, lm_batch, seq2seq_batch
 from attnkit.inspect.logit_attribution import logit_attribution
 from attnkit.inspect.logit_lens import logit_lens
-from attnkit.inspect.patching import faint_warning, logit_difference, patch_heads, patch_stream
+from attnkit.inspect.patching import Patching, faint_warning, logit_difference, patch_heads, patch_stream
 from attnkit.inspect.path_patching import path_patch
 from attnkit.inspect.points import head_sites, hook_points
 from attnkit.inspect.probes import probe_layers, reading_piece
@@ -479,6 +479,12 @@ def _given_output(loaded: Loaded, text: str | None, option: str) -> int | None:
 def _patch(loaded: Loaded, settings: InspectSettings):
     pair = _pair_of(loaded, settings)
     stream = patch_stream(loaded.model, pair.clean, pair.corrupted, **pair.target)
+    if any(name.endswith(".mlp.out") for name in hook_points(loaded.model)):  # a Transformer's: each block's writers
+        attn, mlp = (patch_stream(loaded.model, pair.clean, pair.corrupted, **pair.target, point=point)
+                     for point in ("attn.out", "mlp.out"))
+        stream = Patching([row for rows in zip(stream.rows, attn.rows, mlp.rows, strict=True) for row in rows],
+                          torch.stack((stream.restored, attn.restored, mlp.restored), 1).flatten(0, 1),  # (3L, T)
+                          stream.clean, stream.corrupted, stream.columns)  # per block: its input, attention, FFN
     heads = patch_heads(loaded.model, pair.clean, pair.corrupted, **pair.target)
     rows, summary, figure = _patching_report(loaded, settings, pair, stream, heads, "patched")
     return "Activation patching", rows, summary, figure
@@ -557,14 +563,16 @@ def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, str
     widths = [max(4.0, CELL_WIDTH * stream.restored.shape[1] + 2.5), CELL_WIDTH * heads.restored.shape[1] + 3.5]
     figure = Figure(figsize=(sum(widths), 1.5 + 0.4 * max(len(stream.rows), len(heads.rows))))
     stream_ax, heads_ax = figure.subplots(1, 2, gridspec_kw={"width_ratios": widths})  # each cell as wide as its number
-    heatmap(stream.restored, title=f"stream {verb} (layer x position)", rows=stream.rows,
+    what = "stream, attention and FFN outputs" if any(row.endswith(".mlp") for row in stream.rows) else "stream"
+    named = [f"{row} in" if row.rpartition(".")[2].isdigit() else row for row in stream.rows]  # blocks.1: its input
+    heatmap(stream.restored, title=f"{what} {verb} (layer x position)", rows=named,
             columns=[readable(t) for t in tokens], xlabel="position",
             colorbar="share restored", centered=True, ax=stream_ax)
     heatmap(heads.restored, title=f"head outputs {verb}", rows=heads.rows,
             columns=[str(h) for h in range(heads.restored.shape[1])], xlabel="head", colorbar="share restored",
             centered=True, ax=heads_ax)
     rows = [{"patched": f"{name} position {t} ({tokens[t]})", "restored": round(float(stream.restored[i, t]), 4)}
-            for i, name in enumerate(stream.rows) for t in range(len(tokens))]
+            for i, name in enumerate(named) for t in range(len(tokens))]
     rows += [{"patched": f"{name} head {h}", "restored": round(float(heads.restored[i, h]), 4)}
              for i, name in enumerate(heads.rows) for h in range(heads.restored.shape[1])
              if not math.isnan(float(heads.restored[i, h]))]

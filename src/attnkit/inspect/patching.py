@@ -146,8 +146,8 @@ def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: in
     length = runs.source[names[0]].shape[1]
     restored = torch.tensor([[runs.restored(model, {name: patch(runs.source[name], position=t)}) for t in range(length)]
                              for name in names])
-    return Patching([n.removesuffix(".resid_pre").removesuffix(".out") for n in names], restored, runs.clean,
-                    runs.corrupted, "position")
+    rows = [n.removesuffix(".resid_pre") if point == "resid_pre" else n.removesuffix(".out") for n in names]
+    return Patching(rows, restored, runs.clean, runs.corrupted, "position")
 
 
 @evaluated
