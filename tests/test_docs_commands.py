@@ -1,0 +1,165 @@
+"""The shell commands the README and the docs pages tell a reader to type still work.
+
+Every `attnkit ...` line of a shell block (```, ```bash, ```sh, ```console) is parsed by attnkit's own parser, as
+the command line would parse it, without running it (a training command's settings are checked as `attnkit train`
+checks them before it starts): a flag renamed or removed, a choice or a setting no longer offered, or a command
+gone fails here, naming the page and the line. A console block that shows a command refused shows the message it
+prints. Lines that need nothing but attnkit (the course index, the experiments' list, presets, recipes, `--help`)
+are run, and must succeed and print. Each `make TARGET` names a target of the Makefile, and the files the setup
+commands name exist. Commands that train, download or serve are parsed only; the tutorials run in
+tests/test_tutorials.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from attnkit import cli
+from attnkit.errors import AttnkitError
+from attnkit.train.job import check_request
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+SHELL_BLOCKS = ("", "bash", "sh", "shell", "console")
+# What a page may leave to its reader: their own files (--config run.yaml, --init-from path/to/model) and the data
+# sets beside the repository.
+READERS_FILES = re.compile(r"no such file|is no folder|does not exist")
+# Commands that need no run, no data and no network, and finish in a second or two: these are run, not only parsed.
+RUNNABLE = re.compile(r"^attnkit (lectures\b|presets\b|recipes\b|experiment --list$|.*--help$)")
+
+
+def shell_lines(page: Path) -> list[tuple[str, list[str]]]:
+    """The commands of a page's shell blocks, each with the output the page shows under it (a console block's lines
+    after a `$ ` prompt): continuation lines joined, comments dropped."""
+    lines, language, pending = [], None, ""  # language: None outside a block
+    for line in page.read_text().splitlines():
+        fence = line.strip()
+        if fence.startswith("```"):
+            language = fence[3:].strip().split(" ")[0] if language is None else None
+            continue
+        if language not in SHELL_BLOCKS:
+            continue
+        if language == "console" and not line.startswith("$ "):
+            if lines and not pending:
+                lines[-1][1].append(line)  # what the page says the command printed
+            continue
+        command = re.split(r"(?:^|\s)#\s", line.removeprefix("$ "))[0].strip()
+        if command.endswith("\\"):
+            pending += command[:-1]
+            continue
+        if pending + command:
+            lines.append((" ".join((pending + command).split()), []))
+        pending = ""
+    return lines
+
+
+def commands(prefix: str) -> list[tuple[str, str, list[str]]]:
+    """(page, command line, output shown) for every command of the pages' shell blocks that starts with prefix."""
+    return [(str(page.relative_to(ROOT)), line, shown) for page in PAGES for line, shown in shell_lines(page)
+            if line.startswith(prefix)]
+
+
+def refusal(shown: list[str]) -> str | None:
+    """The error message a page shows a command printing, if it shows one."""
+    return next((m[1] for line in shown if (m := re.match(r"attnkit[\w -]*: error: (.*)", line))), None)
+
+
+def check(argv: list[str]) -> None:
+    """What `attnkit ARGV` checks before it starts: the command line, and for train the run it would start (the model
+    config, data and training settings), without reading data or writing anything."""
+    invocation = cli.parse(argv)
+    if argv[0] == "train":
+        check_request(cli.train_request(invocation.settings, *invocation.sections))
+
+
+def named(cases: list[tuple[str, str, list[str]]]) -> dict:
+    return {"argvalues": [(page, line, shown) for page, line, shown in cases],
+            "ids": [f"{page}: {line}" for page, line, _ in cases]}
+
+
+ATTNKIT = commands("attnkit ")
+ACCEPTED = [case for case in ATTNKIT if refusal(case[2]) is None]
+REFUSED = [case for case in ATTNKIT if refusal(case[2]) is not None]
+
+
+def test_the_pages_have_commands_to_check():
+    pages = {page for page, _, _ in ACCEPTED}
+    assert {"README.md", "docs/experiments.md", "docs/user-guide/looking-inside.md"} <= pages, sorted(pages)
+    assert REFUSED, "no page shows a refusal any more: drop this assert, or the refusal test reads nothing"
+
+
+def test_shell_lines_join_continuations_drop_comments_and_keep_what_a_console_block_shows(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("text\n```bash\nattnkit viz --run runs/x \\\n    --text hi   # a comment\n# only a comment\n```\n"
+                    "```python\nattnkit.load('x')\n```\n```\nmake run\n```\n"
+                    "```console\n$ attnkit train --set n_layer=2\nattnkit: error: no such setting\n```\n")
+    assert shell_lines(page) == [("attnkit viz --run runs/x --text hi", []), ("make run", []),
+                                 ("attnkit train --set n_layer=2", ["attnkit: error: no such setting"])]
+
+
+@pytest.mark.parametrize(("page", "line", "shown"), **named(ACCEPTED))
+def test_every_attnkit_command_on_the_pages_parses(page, line, shown, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the pages' paths (docs/experiments/..., ../shared/data) are from the repository root
+    argv = shlex.split(line.split(" | ")[0])[1:]  # what a pipe feeds is the shell's business
+    try:
+        check(argv)
+    except SystemExit as stop:  # argparse's usage error (printed above): an unknown flag, a choice it lacks
+        assert stop.code == 0, f"{page}: `{line}` is refused by the command line (exit {stop.code})"
+    except AttnkitError as err:
+        if not READERS_FILES.search(str(err)):
+            raise AssertionError(f"{page}: `{line}`: {err}") from err
+
+
+@pytest.mark.parametrize(("page", "line", "shown"), **named(REFUSED))
+def test_every_refusal_a_page_shows_is_the_one_the_command_prints(page, line, shown, monkeypatch, capsys):
+    """A page that shows a command refused (a console block's `attnkit ...: error: ...` line) shows what it prints.
+    Parsed only: a command that is no longer refused fails here instead of starting to train."""
+    monkeypatch.chdir(ROOT)
+    try:
+        check(shlex.split(line)[1:])
+    except SystemExit as stop:
+        assert stop.code, f"{page}: `{line}` exits 0 where the page shows it refused"
+        printed = capsys.readouterr().err
+    except AttnkitError as err:
+        printed = str(err)
+    else:
+        raise AssertionError(f"{page}: `{line}` is accepted where the page shows it refused")
+    assert refusal(shown) in printed, f"{page}: `{line}` prints {printed!r}, the page shows {refusal(shown)!r}"
+
+
+RUNS = [case for case in ACCEPTED if RUNNABLE.match(case[1])]
+
+
+@pytest.mark.parametrize(("page", "line", "shown"), **named(RUNS))
+def test_the_commands_that_need_nothing_run_and_print(page, line, shown, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    try:
+        status = cli.main(shlex.split(line)[1:])
+    except SystemExit as stop:  # --help exits 0 after printing
+        status = stop.code
+    out, err = capsys.readouterr()
+    assert status == 0, f"{page}: `{line}` exited {status}: {err[-2000:]}"
+    assert out.strip(), f"{page}: `{line}` printed nothing"
+
+
+MAKE = sorted({line.split()[1] for _, line, _ in commands("make ")})
+
+
+@pytest.mark.parametrize("target", MAKE)
+def test_every_make_target_the_pages_name_exists(target):
+    done = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"`make {target}`, which the pages name, is not a target: {done.stderr}"
+
+
+def test_the_files_the_setup_commands_name_exist():
+    """`.venv/bin/...` lines: the tutorial they open exists (a notebook is made from its .py by the line before)."""
+    named = [(page, word) for page, line, _ in commands(".venv/bin/") for word in shlex.split(line)
+             if word.endswith((".py", ".ipynb"))]
+    assert named, "no setup command names a file; the tutorials' page should say how to open one"
+    missing = [(page, word) for page, word in named if not (ROOT / word).with_suffix(".py").exists()]
+    assert not missing, f"setup commands name files that do not exist: {missing}"
