@@ -1,4 +1,5 @@
-"""Text files: read UTF-8 (gzip-compressed or not) with clear errors, and cut long texts into line-aligned pieces.
+"""Text files: read UTF-8 (gzip-compressed or not) with clear errors, cut long texts into line-aligned pieces, and
+read the rows of CSV and TSV files (labelled text and translation pairs read them alike).
 
 The bottom of the text side: `tokenize.py` trains on files read here and `data/` builds its corpora from them,
 so both import this module and neither imports the other for it.
@@ -6,7 +7,9 @@ so both import this module and neither imports the other for it.
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import os
 import re
 import zlib
@@ -163,3 +166,46 @@ def split_text(text: str, size: int, *, space_before_text: bool = False) -> list
         pieces.append(text[start:end])
         start = after
     return pieces
+
+
+def delimited_rows(text: str, path: str | os.PathLike, **dialect) -> list[list[str]]:
+    """The rows of a CSV or TSV file's `text`. The csv module refuses a field longer than its limit (131,072
+    characters by default); a long document is a text like any other (cut to the model's context when encoded),
+    so the limit is lifted to the text's length while it is read. Raises InputError naming the line it cannot read."""
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, len(text)))
+    reader = csv.reader(io.StringIO(text, newline=""), **dialect)
+    try:
+        return list(reader)
+    except csv.Error as err:
+        raise InputError(f"{path}, line {reader.line_num}: {err}; fix the line (a quote left open, a stray byte)"
+                         ) from None
+    finally:
+        csv.field_size_limit(limit)
+
+
+def tsv_rows(text: str, path: str | os.PathLike, *, width: int | None = None) -> list[list[str]]:
+    """The rows of a TSV file, which come two ways: raw (GLUE's SST-2: a quote is a character of the text) and quoted
+    as Python's csv module and pandas' `to_csv(sep="\\t")` write them (a text holding a tab, a line break or a quote
+    put in quotes, its quotes doubled). A file with a field that opens with a quote is read as quoted only where
+    csv would write the rows so read as the file is (a quoted text holds a tab, a line break or a quote; no other
+    text holds a quote), each row `width` fields wide (the header's if None), and the quotes join no lines that are
+    rows of that width raw. So `"a title"`, and a quote opened on one line and closed on a later one (`" hello<TAB>0`
+    then `world "<TAB>1`), are raw text; a quoted text made of whole rows is read raw too (the two look alike)."""
+    raw = delimited_rows(text, path, delimiter="\t", quoting=csv.QUOTE_NONE)
+    if not any(cell.startswith('"') for row in raw for cell in row):
+        return raw
+    try:
+        quoted = delimited_rows(text, path, delimiter="\t", strict=True)
+    except InputError:  # a quote inside a raw text: "the movie" is bad
+        return raw
+    width = len(quoted[0]) if width is None and quoted else width
+    if not all(len(row) == width for row in quoted if row):
+        return raw
+    raw_whole = all(len(row) == width for row in raw if row)
+    if raw_whole and len(quoted) != len(raw):  # a raw quote left open on one line and closed on another
+        return raw
+    written = io.StringIO()
+    csv.writer(written, delimiter="\t", lineterminator="\n").writerows(quoted)
+    rewritten, given = (body.replace("\r\n", "\n").rstrip("\n") for body in (written.getvalue(), text))
+    return quoted if rewritten == given else raw

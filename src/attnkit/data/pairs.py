@@ -19,9 +19,8 @@ import numpy as np
 import torch
 
 from attnkit.data.batching import IGNORE_INDEX, BucketedData, pad
-from attnkit.data.labelled import tsv_rows
 from attnkit.errors import InputError
-from attnkit.textfiles import EncodingErrors, read_lines, read_text
+from attnkit.textfiles import EncodingErrors, read_lines, read_text, tsv_rows
 from attnkit.tokenize import Tokenizer, require_id
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ def read_parallel(
 
 
 def read_tsv_pairs(path: str | os.PathLike, *, encoding_errors: EncodingErrors = "strict") -> list[tuple[str, str]]:
-    """Pairs from `source<TAB>target` rows, raw or quoted as csv and pandas write them (`labelled.tsv_rows`: a text
+    """Pairs from `source<TAB>target` rows, raw or quoted as csv and pandas write them (`textfiles.tsv_rows`: a text
     holding a tab or a line break in quotes). Raises `InputError` naming a line that lacks a tab or has more than
     one."""
     text = read_text(path, errors=encoding_errors)
