@@ -17,7 +17,7 @@ from generate_models import randomised, tiny_model
 
 import attnkit
 from attnkit.errors import InputError
-from attnkit.generate import generate_tokens
+from attnkit.generate import EagerDecoding, generate_tokens
 from attnkit.generate.beam import beam_generate
 from attnkit.generate.sampling import SamplingError
 
@@ -429,3 +429,22 @@ def test_the_flags_refused_beside_beams_are_looked_up_strictly(monkeypatch):
     monkeypatch.setitem(NOT_BESIDE_BEAMS, "top_n", lambda value: value is not None)  # a flag the settings lack
     with pytest.raises(AttributeError, match="top_n"):
         check_beam_flags(settings)
+
+
+def test_a_pipelines_beam_search_decodes_through_the_one_eager_decoding_it_keeps(gpt2_run, monkeypatch):
+    """Beam search reads the model's position limit once per pipeline (its EagerDecoding), not once per call; a
+    compiled pipeline keeps an eager one beside its compiled step; a decoding of another model is refused."""
+    _, run = gpt2_run
+    pipeline = attnkit.load(run, device="cpu")
+    first = pipeline.generate("w5 w6", num_beams=2, max_new_tokens=4)
+
+    def no_new_decoding(*_, **__):
+        raise AssertionError("an EagerDecoding was built for one call")
+
+    monkeypatch.setattr(EagerDecoding, "__init__", no_new_decoding)
+    assert pipeline.generate("w5 w6", num_beams=2, max_new_tokens=4) == first
+    monkeypatch.undo()
+    model, _ = tiny_model(position="rope")
+    with pytest.raises(InputError, match="beam search decodes eagerly: give decoding=EagerDecoding"):
+        beam_generate(model, [[1, 2]], max_new_tokens=3, context_len=24, num_beams=2,
+                      decoding=EagerDecoding(pipeline.model))

@@ -625,3 +625,20 @@ def test_a_classifier_reads_a_text_framed_as_its_training_data(specials):
     for text in ("abc", "abcdefgh"):  # one that fits, one cut to the model's length
         trained = LabelledData.from_examples([(text, "x")], tokenizer, max_len=config.max_seq_len).ids[0].tolist()
         assert pipeline.classifier_ids(text, index=0)[0] == trained
+
+
+def test_translate_takes_the_repetition_penalty_and_ngram_blocking_from_the_api_and_its_command(runs, capsys):
+    mt = attnkit.load(runs["mt"], device="cpu")
+    texts = ["abcabc", "hgfedcba", "aaaa"]
+    for beam_size in (1, 3):
+        plain = mt.translate(texts, beam_size=beam_size, max_length=12)
+        blocked = mt.translate(texts, beam_size=beam_size, max_length=12, no_repeat_ngram_size=1)
+        assert blocked != plain
+        assert all(len(set(text)) == len(text) for text in blocked)  # no character twice (no_repeat_ngram_size=1)
+    penalised = mt.translate(texts, max_length=12, repetition_penalty=3.0)
+    assert penalised != mt.translate(texts, max_length=12)
+    with pytest.raises(ConfigError, match="no_repeat_ngram_size=-1 must be an integer >= 0"):
+        mt.translate(texts, no_repeat_ngram_size=-1)
+    assert cli.main(["translate", "--run", str(runs["mt"]), "--max-length", "12", "--repetition-penalty", "3",
+                     *[arg for text in texts for arg in ("--text", text)]]) == 0
+    assert capsys.readouterr().out == "\n".join(penalised) + "\n"

@@ -288,3 +288,38 @@ def test_a_source_with_fewer_hypotheses_than_num_return_sequences_is_refused_not
     assert len(results) == 3 * 13
     for index, source in enumerate(SOURCES):
         assert results[index * 13:(index + 1) * 13] == beam_search(model, [source], **search, num_return_sequences=13)
+
+
+@pytest.fixture(scope="module")
+def marian_long(tmp_path_factory):
+    """A tiny random Marian model and attnkit's load of it, EOS as likely as drawn: translations run long enough to
+    repeat themselves."""
+    interop_models = pytest.importorskip("interop_models")
+    from attnkit.interop import hf
+
+    directory = tmp_path_factory.mktemp("marian-long")
+    return interop_models.hf_model("marian", directory, seed=4), hf.load(directory).model
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize("settings", [dict(repetition_penalty=2.0), dict(no_repeat_ngram_size=1),
+                                      dict(repetition_penalty=0.5, no_repeat_ngram_size=2)],
+                         ids=["penalty", "unigrams", "reward-and-bigrams"])
+def test_repetition_penalty_and_ngram_blocking_translate_as_transformers_does(marian_long, beam_size, settings):
+    """transformers' generate applies both to a Marian model's decoder input (its start token, pad, included):
+    greedy to the logits, beam search to the log-probabilities; attnkit's translation does the same."""
+    reference, model = marian_long
+    pad, eos, vocab = reference.config.pad_token_id, reference.config.eos_token_id, reference.config.vocab_size
+    generator = torch.Generator().manual_seed(2)
+    sources = [[*torch.randint(3, vocab, (n,), generator=generator).tolist(), eos] for n in (5, 3, 8, 6)]
+    plain = translate_ids(model, sources, bos_id=pad, eos_id=eos, max_length=10, beam_size=beam_size)
+    ours = translate_ids(model, sources, bos_id=pad, eos_id=eos, max_length=10, beam_size=beam_size, **settings)
+    assert ours != plain  # the settings change some translation: the comparison below can fail
+    for source, found in zip(sources, ours, strict=True):
+        with torch.no_grad():
+            best = reference.generate(
+                input_ids=torch.tensor([source]), num_beams=beam_size, max_new_tokens=10, early_stopping=True,
+                do_sample=False, forced_eos_token_id=None, bad_words_ids=None, decoder_start_token_id=pad,
+                eos_token_id=eos, pad_token_id=pad, **settings,
+            )[0, 1:].tolist()
+        assert found == (best[: best.index(eos)] if eos in best else best)

@@ -36,13 +36,7 @@ from tqdm.auto import tqdm
 
 from attnkit.errors import InputError
 from attnkit.generate.decoder import EagerDecoding, check_context, check_prompts, left_pad
-from attnkit.generate.sampling import (
-    RepeatedNgrams,
-    SamplingConfig,
-    apply_repetition_penalty,
-    held_back_ids,
-    hold_back,
-)
+from attnkit.generate.sampling import Repeats, SamplingConfig, held_back_ids, hold_back
 from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources, greedy_translate
 from attnkit.layers.embedding import inputs_checked
 from attnkit.run_settings import check_beams_fit_context, check_search
@@ -96,29 +90,34 @@ def translate_ids(
     pad_id: int = 0,
     num_return_sequences: int = 1,
     writable: int | None = None,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
 ) -> list[list[int]]:
     """Each source's target tokens (without BOS and EOS): greedy for `beam_size=1`, else `beam_search`
     (`num_return_sequences` per source, source by source). `writable`: the target tokenizer's size, where the
-    model's vocabulary is padded past it (the ids from it on are never chosen)."""
+    model's vocabulary is padded past it (the ids from it on are never chosen); `repetition_penalty`,
+    `no_repeat_ngram_size`: over each target so far, BOS included, as transformers' generate applies them."""
+    repeats = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
     if beam_size == 1:
         check_search(beam_size, length_penalty, num_return_sequences=num_return_sequences)
         return greedy_translate(model, sources, bos_id=bos_id, eos_id=eos_id, max_length=max_length, pad_id=pad_id,
-                                writable=writable)
+                                writable=writable, **repeats)
     return beam_search(model, sources, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, max_length=max_length,
                        length_penalty=length_penalty, early_stopping=early_stopping, pad_id=pad_id,
-                       num_return_sequences=num_return_sequences, writable=writable)
+                       num_return_sequences=num_return_sequences, writable=writable, **repeats)
 
 
 def translate_batched(
     model: nn.Module, sources: Sequence[Sequence[int] | None], *, bos_id: int, eos_id: int, pad_id: int,
     context_len: int, beam_size: int = 1, length_penalty: float = 1.0, early_stopping: bool = True,
     max_length: int | None = None, batch_size: int = 32, progress: bool = False, num_return_sequences: int = 1,
-    writable: int | None = None,
+    writable: int | None = None, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
 ) -> list[list[int]]:
     """Each source's target tokens (`translate_ids`; `num_return_sequences` per source, source by source), the
     sources sorted by length and decoded `batch_size` at a time; a batch's `max_length`, unless given, is twice its
     longest source plus 10, within `context_len` (the model's max_seq_len: `default_max_length`). A source of None
-    (a blank text) gets no tokens; `writable`: as `translate_ids` takes it. The one decoding of translations:
+    (a blank text) gets no tokens; `writable`, `repetition_penalty`, `no_repeat_ngram_size`: as `translate_ids`
+    takes them. The one decoding of translations:
     `Pipeline.translate` and the BLEU of training's evaluation both call it, so equal sources and batch sizes give
     equal translations."""
     n = num_return_sequences
@@ -130,7 +129,8 @@ def translate_batched(
         length = max_length or default_max_length(max(map(len, chunk)), context_len)
         results = translate_ids(model, chunk, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, max_length=length,
                                 length_penalty=length_penalty, early_stopping=early_stopping, pad_id=pad_id,
-                                num_return_sequences=n, writable=writable)
+                                num_return_sequences=n, writable=writable, repetition_penalty=repetition_penalty,
+                                no_repeat_ngram_size=no_repeat_ngram_size)
         for place, index in enumerate(batch):
             outputs[index] = results[place * n:(place + 1) * n]
     return [result for results in outputs for result in results]
@@ -150,12 +150,18 @@ def beam_search(
     pad_id: int = 0,
     num_return_sequences: int = 1,
     writable: int | None = None,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
 ) -> list[list[int]]:
     """The best hypothesis of each source (target tokens without BOS and EOS), or its `num_return_sequences` best,
     best first, source by source; see the module docstring. `writable`: the target tokenizer's size, where the
-    model's vocabulary is padded past it (the ids from it on are never proposed). Raises InputError where a source
-    ends with fewer finished hypotheses than `num_return_sequences` (which would shift the later sources' results)."""
+    model's vocabulary is padded past it (the ids from it on are never proposed). `repetition_penalty` and
+    `no_repeat_ngram_size` act on each beam's log-probabilities over its target, BOS included (`Repeats`), as
+    transformers' beam search applies them to an encoder-decoder's decoder input. Raises InputError where a source
+    ends with fewer finished hypotheses than `num_return_sequences` (which would shift the later sources' results);
+    SamplingError for a bad repetition_penalty or no_repeat_ngram_size."""
     check_max_length(max_length)
+    SamplingConfig(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)  # checks them
     check_search(beam_size, length_penalty, early_stopping=early_stopping, num_return_sequences=num_return_sequences)
     rows = len(sources) * beam_size
     source = encode_sources(model, sources, pad_id=pad_id).repeat(beam_size)
@@ -166,9 +172,12 @@ def beam_search(
         cache.reorder(kept)
         return decode_step(model, tokens, source, cache)
 
-    return search(model, decode_step(model, first, source, cache), step, batch=len(sources), beam_size=beam_size,
-                  stop_ids=[eos_id], max_length=max_length, length_penalty=length_penalty,
-                  early_stopping=early_stopping, num_return_sequences=num_return_sequences, writable=writable)
+    logits = decode_step(model, first, source, cache)  # (B*K, V)
+    repeats = Repeats.of([[bos_id]] * len(sources), k=beam_size, penalty=repetition_penalty, n=no_repeat_ngram_size,
+                         vocab_size=logits.shape[-1], device=logits.device)
+    return search(model, logits, step, batch=len(sources), beam_size=beam_size, stop_ids=[eos_id],
+                  max_length=max_length, length_penalty=length_penalty, early_stopping=early_stopping,
+                  num_return_sequences=num_return_sequences, writable=writable, process=repeats)
 
 
 @torch.inference_mode()
@@ -188,17 +197,20 @@ def beam_generate(
     min_new_tokens: int = 0,
     repetition_penalty: float = 1.0,
     no_repeat_ngram_size: int = 0,
+    decoding: EagerDecoding | None = None,
 ) -> list[list[int]]:
     """Beam search over each prompt's continuation with a decoder-only model (`DecoderLM`): each prompt's
     `num_return_sequences` best continuations (new tokens, without the stop token that ended one), best first,
     prompt by prompt, as transformers' `generate(num_beams=K, do_sample=False)` finds them. A hypothesis ends at a
     token of `stop_ids` (transformers' list of eos_token_id) or at `max_new_tokens`; the stop tokens are never
     proposed among the first `min_new_tokens`. `early_stopping` False by default, as transformers' GenerationConfig.
-    `repetition_penalty` and `no_repeat_ngram_size` act on each beam's prompt and tokens (`BeamRepeats`).
+    `repetition_penalty` and `no_repeat_ngram_size` act on each beam's prompt and tokens (`Repeats`).
 
     The search keeps each hypothesis' whole text in the cache, so the longest prompt and `max_new_tokens` must fit
-    the model's context (`context_len`): the window does not slide past it. Raises InputError for bad prompts
-    (`check_prompts`), bad search settings (`check_search`), or prompts and new tokens beyond the context;
+    the model's context (`context_len`): the window does not slide past it. `decoding`: an EagerDecoding of `model`
+    built once by the caller (a Pipeline keeps one); None: one built here. Raises InputError for bad prompts
+    (`check_prompts`), bad search settings (`check_search`), prompts and new tokens beyond the context, or a decoding
+    that is not an EagerDecoding of `model` (a compiled step's fixed buffers cannot follow the beams' rows);
     SamplingError for a bad repetition_penalty or no_repeat_ngram_size.
     """
     check_prompts(prompts, max_new_tokens=max_new_tokens, context_len=context_len, min_new_tokens=min_new_tokens)
@@ -209,7 +221,11 @@ def beam_generate(
     check_beams_fit_context(width, max_new_tokens, context_len)
     if max_new_tokens == 0:
         return [[] for _ in prompts for _ in range(num_return_sequences)]
-    decoding = EagerDecoding(model)  # a compiled step's fixed buffers cannot follow the beams' rows
+    if decoding is None:
+        decoding = EagerDecoding(model)
+    elif type(decoding) is not EagerDecoding or decoding.model is not model:  # a compiled step's buffers are fixed
+        raise InputError("beam search decodes eagerly: give decoding=EagerDecoding(model) of the model it searches "
+                         "with, or none")
     check_context(decoding, context_len)  # the steps' positions go unread, as decode_n_tokens' do
     window = left_pad(prompts, pad_id=pad_id, device=next(model.parameters()).device)  # (B, T)
     cache = decoding.allocate(len(prompts), width + max_new_tokens - 1, context_len)
@@ -225,50 +241,12 @@ def beam_generate(
         with inputs_checked():  # a token of this model's vocabulary, at a position the context holds
             return decoding.step(window, cache)
 
-    repeats = None if repetition_penalty == 1.0 and not no_repeat_ngram_size else BeamRepeats(
-        prompts, k=num_beams, penalty=repetition_penalty, n=no_repeat_ngram_size, vocab_size=logits.shape[-1],
-        device=logits.device)
+    repeats = Repeats.of(prompts, k=num_beams, penalty=repetition_penalty, n=no_repeat_ngram_size,
+                         vocab_size=logits.shape[-1], device=logits.device)
     return search(model, logits[repeated], step, batch=len(prompts), beam_size=num_beams, stop_ids=stop_ids,
                   max_length=max_new_tokens, length_penalty=length_penalty, early_stopping=early_stopping,
                   num_return_sequences=num_return_sequences, writable=writable, min_length=min_new_tokens,
                   what="prompt", process=repeats)
-
-
-class BeamRepeats:
-    """transformers' repetition penalty (CTRL's rule: a log-probability, negative, times `penalty`) and n-gram
-    blocking (no n tokens in a row twice), applied to each beam's log-probabilities as its beam search applies them,
-    over the beam's prompt (beam b * k + j: prompt b) and tokens. Both are kept up as the search goes, never rebuilt
-    from the whole text: the tokens each beam's text holds (`seen`) and its n-grams (the prompt's table built once
-    and shared by its beams, `RepeatedNgrams.repeat`), following the beams as they are chosen (`advance`).
-
-    prompts: B lists of token ids below `vocab_size`; k: beams per prompt."""
-
-    def __init__(self, prompts: Sequence[Sequence[int]], *, k: int, penalty: float, n: int, vocab_size: int,
-                 device: torch.device | str) -> None:
-        self.penalty = penalty
-        self.seen: Tensor | None = None  # (B*K, V) bool: the tokens each beam's text holds
-        if penalty != 1.0:
-            rows = [row for row, prompt in enumerate(prompts) for _ in prompt]
-            seen = torch.zeros((len(prompts), vocab_size), dtype=torch.bool, device=device)  # (B, V)
-            seen[rows, [token for prompt in prompts for token in prompt]] = True
-            self.seen = seen.repeat_interleave(k, dim=0)  # (B, V) -> (B*K, V)
-        self.ngrams = RepeatedNgrams(prompts, n).repeat(k) if n else None
-
-    def __call__(self, logprobs: Tensor) -> Tensor:
-        """logprobs (B*K, V), each beam's, penalised and blocked."""
-        if self.seen is not None:
-            logprobs = apply_repetition_penalty(logprobs, self.seen, self.penalty)
-        return self.ngrams.ban(logprobs) if self.ngrams is not None else logprobs
-
-    def advance(self, rows: Tensor, tokens: Tensor) -> None:
-        """The beams are chosen: beam i continues beam rows[i] (B*K,) by tokens[i] (B*K,)."""
-        if self.seen is not None:
-            self.seen = self.seen[rows]
-            self.seen[torch.arange(len(rows), device=rows.device), tokens] = True
-        if self.ngrams is not None:
-            self.ngrams.reorder(rows.tolist())
-            for row, token in enumerate(tokens.tolist()):
-                self.ngrams.push(row, token)
 
 
 def search(
@@ -286,7 +264,7 @@ def search(
     writable: int | None = None,
     min_length: int = 0,
     what: str = "source",
-    process: BeamRepeats | None = None,
+    process: Repeats | None = None,
 ) -> list[list[int]]:
     """The search loop (module docstring) from the first step's `logits` (B*K, V), beam k of input b in row
     b * K + k; `step` computes each later step's. A hypothesis ends at a token of `stop_ids` (none: only at

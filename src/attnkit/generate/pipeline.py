@@ -122,6 +122,8 @@ class Pipeline:
         self.record = dict(record or {})
         self._end_ids = tuple(end_ids)
         self.decoding = decoding or EagerDecoding(self.model)
+        # beam search's: eager, built once (a compiled step's fixed buffers cannot follow the beams' rows)
+        self.eager = self.decoding if type(self.decoding) is EagerDecoding else EagerDecoding(self.model)
         self.plan = plan
 
     @property
@@ -314,7 +316,7 @@ class Pipeline:
             num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
             num_return_sequences=num_return_sequences, pad_id=self.pad_id, stop_ids=stop_ids,
             writable=self.tokenizer.vocab_size, min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
-            no_repeat_ngram_size=no_repeat_ngram_size,
+            no_repeat_ngram_size=no_repeat_ngram_size, decoding=self.eager,
         )
         return [self.tokenizer.decode(ids) for ids in outputs]
 
@@ -349,10 +351,16 @@ class Pipeline:
         batch_size: int = 32,
         progress: bool = False,
         num_return_sequences: int = 1,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
     ) -> list[str]:
         """Translate each text: greedy for `beam_size=1`, else beam search. The target starts with BOS, ends at EOS.
         `num_return_sequences` (at most `beam_size`): each text's that many best translations, best first, text by
-        text (transformers' setting).
+        text (transformers' setting). `repetition_penalty` (> 1 makes a token the target holds less likely, CTRL's
+        rule) and `no_repeat_ngram_size` n (no n tokens in a row twice) act on the target so far, BOS included, as
+        transformers' generate applies them to a Marian model's decoder input (greedy: the logits; beams: the
+        log-probabilities). Raises SamplingError (a ConfigError) for a bad repetition_penalty or
+        no_repeat_ngram_size.
 
         max_length: target tokens at most (EOS counted); by default twice the longest source plus 10, within
         the model's max_seq_len. Texts are batched by length, `batch_size` at a time; a blank text gives "".
@@ -360,6 +368,7 @@ class Pipeline:
         """
         self._require("translate")
         _check_batch_size(batch_size)
+        check_sampling(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
         texts = text_list(texts)
         bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
         if bos is None or eos is None:
@@ -380,6 +389,7 @@ class Pipeline:
             beam_size=beam_size, length_penalty=length_penalty, early_stopping=early_stopping, max_length=max_length,
             batch_size=batch_size, progress=progress, num_return_sequences=num_return_sequences,
             writable=self.tokenizer.vocab_size,  # a padded vocabulary's ids past the tokenizer's name no text
+            repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
         )
         return [self.tokenizer.decode(ids) for ids in outputs]
 

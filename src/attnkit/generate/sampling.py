@@ -310,6 +310,53 @@ class RepeatedNgrams:
         return logits.index_put((index[0], index[1]), logits.new_full((), float("-inf")))
 
 
+class Repeats:
+    """transformers' repetition penalty (CTRL's rule: a log-probability, negative, times `penalty`) and n-gram
+    blocking (no n tokens in a row twice), applied to each beam's log-probabilities as its beam search applies them
+    (`generate/beam.py`), or to each row's logits as its greedy search does (k = 1: greedy translation), over the
+    beam's prompt (beam b * k + j: prompt b; a translation's BOS) and tokens. Both are kept up as the search goes,
+    never rebuilt from the whole text: the tokens each beam's text holds (`seen`) and its n-grams (the prompt's table
+    built once and shared by its beams, `RepeatedNgrams.repeat`), following the beams as they are chosen
+    (`advance`).
+
+    prompts: B lists of token ids below `vocab_size`; k: beams per prompt."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]], *, k: int, penalty: float, n: int, vocab_size: int,
+                 device: torch.device | str) -> None:
+        self.penalty = penalty
+        self.seen: Tensor | None = None  # (B*K, V) bool: the tokens each beam's text holds
+        if penalty != 1.0:
+            rows = [row for row, prompt in enumerate(prompts) for _ in prompt]
+            seen = torch.zeros((len(prompts), vocab_size), dtype=torch.bool, device=device)  # (B, V)
+            seen[rows, [token for prompt in prompts for token in prompt]] = True
+            self.seen = seen.repeat_interleave(k, dim=0)  # (B, V) -> (B*K, V)
+        self.ngrams = RepeatedNgrams(prompts, n).repeat(k) if n else None
+
+    @classmethod
+    def of(cls, prompts: Sequence[Sequence[int]], *, k: int, penalty: float, n: int, vocab_size: int,
+           device: torch.device | str) -> Repeats | None:
+        """The Repeats of these settings, or None where both are off (penalty 1, n 0): nothing to apply."""
+        if penalty == 1.0 and not n:
+            return None
+        return cls(prompts, k=k, penalty=penalty, n=n, vocab_size=vocab_size, device=device)
+
+    def __call__(self, logprobs: Tensor) -> Tensor:
+        """logprobs (B*K, V), each beam's (or logits), penalised and blocked."""
+        if self.seen is not None:
+            logprobs = apply_repetition_penalty(logprobs, self.seen, self.penalty)
+        return self.ngrams.ban(logprobs) if self.ngrams is not None else logprobs
+
+    def advance(self, rows: Tensor, tokens: Tensor) -> None:
+        """The beams are chosen: beam i continues beam rows[i] (B*K,) by tokens[i] (B*K,)."""
+        if self.seen is not None:
+            self.seen = self.seen[rows]
+            self.seen[torch.arange(len(rows), device=rows.device), tokens] = True
+        if self.ngrams is not None:
+            self.ngrams.reorder(rows.tolist())
+            for row, token in enumerate(tokens.tolist()):
+                self.ngrams.push(row, token)
+
+
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
     """Set every logit below the k-th largest of its row to -inf. (B, V) -> (B, V)."""
     if k >= logits.shape[-1]:

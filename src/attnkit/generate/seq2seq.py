@@ -20,7 +20,15 @@ from torch import Tensor, nn
 from attnkit.data.batching import pad
 from attnkit.deprecation import warn_renamed
 from attnkit.errors import InputError
-from attnkit.generate.sampling import GREEDY, check_drawn, hold_back, select_next, unwritable_ids
+from attnkit.generate.sampling import (
+    GREEDY,
+    Repeats,
+    SamplingConfig,
+    check_drawn,
+    hold_back,
+    select_next,
+    unwritable_ids,
+)
 from attnkit.layers.kv_cache import KVCache
 
 
@@ -64,26 +72,37 @@ def check_max_length(max_length: int) -> None:
 @torch.inference_mode()
 def greedy_translate(
     model: nn.Module, sources: Sequence[Sequence[int]], *, bos_id: int, eos_id: int, max_length: int, pad_id: int = 0,
-    writable: int | None = None,
+    writable: int | None = None, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
 ) -> list[list[int]]:
     """The most likely token at every step, until EOS or `max_length` target tokens (EOS counted). `writable`: the
     target tokenizer's size, where the model's vocabulary is padded past it (the ids from it on are never chosen).
+    `repetition_penalty` and `no_repeat_ngram_size` act on each step's logits over the target so far, BOS included,
+    as transformers' greedy search applies them to an encoder-decoder's decoder input (`sampling.Repeats`).
 
-    Returns each source's target tokens, without BOS and EOS.
+    Returns each source's target tokens, without BOS and EOS. Raises SamplingError for a bad repetition_penalty or
+    no_repeat_ngram_size.
     """
     check_max_length(max_length)
+    SamplingConfig(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)  # checks them
     source = encode_sources(model, sources, pad_id=pad_id)
     batch = len(sources)
     cache = model.allocate_cache(batch, max_length)
     tokens = torch.full((batch,), bos_id, dtype=torch.long, device=source.memory.device)
     finished = [False] * batch
     targets: list[list[int]] = [[] for _ in range(batch)]
-    unwritable = None
+    unwritable = repeats = None
+    rows = torch.arange(batch, device=tokens.device)  # (B,)
     for _ in range(max_length):
         logits = decode_step(model, tokens, source, cache)  # (B, V)
         if unwritable is None:  # (U,): a padded vocabulary's ids past the tokenizer's, found once
             unwritable = unwritable_ids(logits.shape[-1], writable, device=logits.device)
+            repeats = Repeats.of([[bos_id]] * batch, k=1, penalty=repetition_penalty, n=no_repeat_ngram_size,
+                                 vocab_size=logits.shape[-1], device=logits.device)
+        if repeats is not None:
+            logits = repeats(logits.float())
         tokens = select_next(hold_back(logits, unwritable), GREEDY)  # (B,): NO_TOKEN for nan logits
+        if repeats is not None:
+            repeats.advance(rows, tokens)
         for row, token in enumerate(check_drawn(tokens.tolist(), model=model)):
             if not finished[row]:
                 finished[row] = token == eos_id

@@ -245,6 +245,8 @@ class TranslateSettings(InputSettings, DecodeSettings):
     early_stopping: bool = True  # beam search ends a source at beam-size finished hypotheses (off: while one could win)
     num_return_sequences: int = 1  # each text's n best translations, best first, n lines per text (n <= beam size)
     max_length: int | None = None  # target tokens at most; none: 2 x source + 10
+    repetition_penalty: float = 1.0  # > 1 makes tokens the translation holds less likely (transformers'); 1: off
+    no_repeat_ngram_size: int = 0  # never repeat n tokens in a row in a translation (Marian's 3); 0: off
 
 
 def run_translate(settings: TranslateSettings, load: Callable[[Any], Any]) -> int:
@@ -257,6 +259,7 @@ def run_translate(settings: TranslateSettings, load: Callable[[Any], Any]) -> in
         texts, beam_size=settings.beam_size, length_penalty=settings.length_penalty,
         early_stopping=settings.early_stopping, max_length=settings.max_length, batch_size=settings.batch_size,
         progress=settings.input is not None, num_return_sequences=settings.num_return_sequences,
+        repetition_penalty=settings.repetition_penalty, no_repeat_ngram_size=settings.no_repeat_ngram_size,
     )
     if settings.output:
         atomic_write(settings.output, "".join(f"{line}\n" for line in translations))
