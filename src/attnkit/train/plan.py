@@ -56,6 +56,7 @@ from torch import Tensor, nn
 
 from attnkit.blocks import attention_kernels, compile_blocks
 from attnkit.errors import ConfigError
+from attnkit.layers.attention import Attention
 from attnkit.layers.kernels import MathKernel, use_flex_attention, use_math_kernel
 from attnkit.layers.output_loss import LossPath, fused_kernel_missing, use_loss_path
 from attnkit.layers.positions import ALiBi
@@ -347,8 +348,13 @@ def _precision_note(dtype: str, sharded: bool) -> str:
             "bf16-master": "a bf16 copy runs forward and backward; fp32 master weights take the updates"}[dtype]
 
 
+def _attention_layers(model: nn.Module) -> list[Attention]:
+    """The model's attention layers (self- and cross-attention; a recurrent model's attention is none of them)."""
+    return [m for m in model.modules() if isinstance(m, Attention)]
+
+
 def _has_attention(model: nn.Module) -> bool:
-    return any(hasattr(m, "q_proj") for m in model.modules())
+    return bool(_attention_layers(model))
 
 
 def _attention(model: nn.Module, device: torch.device, dtype: str) -> tuple[MathKernel | None, tuple[str, str]]:
@@ -371,7 +377,7 @@ def _flex(model: nn.Module, device: torch.device, asked: str, packed: bool) -> t
     "sdpa" a note added to that kernel's own reason, or None (no attention layers, or SDPA asked for)."""
     if asked not in TRAIN_ATTENTION:
         raise ValueError(f"attention={asked!r} is not known; use one of {', '.join(TRAIN_ATTENTION)}")
-    layers = [m for m in model.modules() if hasattr(m, "flex_attention")]
+    layers = _attention_layers(model)
     if not layers or asked == "sdpa":
         return "sdpa", None
     variant, cannot = _attention_variant(layers, packed)
@@ -404,7 +410,7 @@ def _flex(model: nn.Module, device: torch.device, asked: str, packed: bool) -> t
                   "passes stay on SDPA")
 
 
-def _attention_variant(layers: list[nn.Module], packed: bool) -> tuple[str | None, str | None]:
+def _attention_variant(layers: list[Attention], packed: bool) -> tuple[str | None, str | None]:
     """What beyond plain causal attention the layers compute ("ALiBi, a sliding window, packed documents"; None:
     nothing), and what of it FlexAttention cannot express (None: all of it)."""
     parts, cannot = [], []
@@ -428,7 +434,7 @@ def sdpa_backend(model: nn.Module, dtype: torch.dtype, device: torch.device) -> 
     math), asked of PyTorch with the model's head shape; "backend chosen per call" where PyTorch cannot say."""
     if not torch.cuda.is_available():
         return "backend chosen per call (no CUDA device here to ask)"
-    attention = next(m for m in model.modules() if hasattr(m, "q_proj"))
+    attention = _attention_layers(model)[0]
     if attention.position_biases or attention.window is not None:
         return "with a float mask (flash attention takes none): memory-efficient or math"
     shape = (1, attention.n_heads, 64, attention.head_dim)
