@@ -428,6 +428,12 @@ def test_health_metrics_and_unknown_paths(server):
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
     wrong = httpx.post(f"{url}/v1/classify", json={"input": "x"}, timeout=TIMEOUT)
     assert wrong.status_code == 404 and "/v1/completions" in wrong.json()["error"]["message"]
+    for verb in ("GET", "DELETE"):  # a /v1/ name no endpoint has was a 405 to any verb but POST, as if it were one
+        unknown = httpx.request(verb, f"{url}/v1/responses", timeout=TIMEOUT)
+        assert unknown.status_code == 404 and "/v1/completions" in unknown.json()["error"]["message"]
+        served = httpx.request(verb, f"{url}/v1/completions", timeout=TIMEOUT)
+        assert served.status_code == 405 and served.headers["Allow"] == "POST"
+        assert served.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_a_classifier_serves_its_task_and_embeddings_not_completions(runs):
@@ -543,7 +549,7 @@ def test_the_port_and_host_are_checked_and_bound_before_the_run_loads(runs, monk
     import attnkit.serve as serving
 
     loaded = []
-    app = SimpleNamespace(state=SimpleNamespace(close=lambda: None))  # what serve() reads of the app it runs
+    app = SimpleNamespace(state=SimpleNamespace(close=lambda: None, drain=None))  # what serve() reads of the app
     monkeypatch.setattr(serving, "build_app", lambda settings: loaded.append(settings) or app)
     run = str(runs["lm"])
     for settings, message in ((dict(port=99999), "--port 99999 is no TCP port: give one from 1 to 65535, or 0"),

@@ -17,10 +17,13 @@ def router(state: ServerState) -> APIRouter:
     routes = APIRouter()
     pipeline = state.pipeline
 
+    def missing(method: str) -> APIError:
+        return APIError(404, f"no endpoint /v1/{method}; this run serves {', '.join(state.endpoints()) or 'none'}")
+
     @routes.post("/v1/{method}")
     async def task_method(method: str, request: Request):
         if method not in pipeline.methods or method == "generate":
-            raise APIError(404, f"no endpoint /v1/{method}; this run serves {', '.join(state.endpoints()) or 'none'}")
+            raise missing(method)
         body = await state.body(request, TaskRequest)
         state.check_model(body.model)
         texts = [body.input] if isinstance(body.input, str) else body.input
@@ -29,6 +32,14 @@ def router(state: ServerState) -> APIRouter:
             _refuse_cut_off(index, result, pipeline.config.max_seq_len)
         return {"object": "list", "model": state.model_id, "task": method,
                 "data": [{"index": i, "result": _plain(r)} for i, r in enumerate(results)]}
+
+    @routes.api_route("/v1/{method}", methods=["GET", "PUT", "PATCH", "DELETE"])
+    async def other_verb(method: str):
+        """A /v1/ name asked with another verb than POST: 405 where it is an endpoint, else the 404 a POST gets (the
+        POST route alone would make every name's GET a 405)."""
+        if f"/v1/{method}" in state.endpoints():
+            raise APIError(405, f"/v1/{method} takes POST", headers={"Allow": "POST"})
+        raise missing(method)
 
     return routes
 
