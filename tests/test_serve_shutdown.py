@@ -95,6 +95,51 @@ def test_a_signal_ends_the_replies_in_flight_with_503_and_the_server_exits_clean
     assert server.returncode == (130 if sent == signal.SIGINT else 0), log
 
 
+def test_with_a_shutdown_timeout_sigterm_lets_the_replies_in_flight_end_and_refuses_new_ones(run, monkeypatch):
+    """vLLM's --shutdown-timeout: a stop ended every reply in flight at once (503); with the option, SIGTERM lets the
+    reply in flight run to its end (its every token, [DONE], no error) while a request sent after the signal answers
+    503, and then the server stops, its exit status 0."""
+    import uvicorn
+
+    from attnkit.serve import ServeSettings, build_app
+    from attnkit.serve.server import Server
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    app = build_app(ServeSettings(run=str(run), port=port, max_tokens=2000, shutdown_timeout=TIMEOUT))
+    server = Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"), app.state.close,
+                    drain=app.state.drain, drain_seconds=TIMEOUT)
+    scheduler = app.state.scheduler
+    step = scheduler.decoding.step
+    monkeypatch.setattr(scheduler.decoding, "step", lambda *args: time.sleep(0.01) or step(*args))  # outlasts a poll
+    body = {**LONG, "max_tokens": 100, "stream": True, "stream_options": {"include_usage": True}}
+    events: list[str] = []
+
+    def streamed() -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as response:
+            events.extend(line for line in response.iter_lines() if line)
+
+    serving = threading.Thread(target=server.run, daemon=True)  # no signal handlers off the main thread: handle_exit
+    serving.start()
+    deadline = time.monotonic() + TIMEOUT
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    client = threading.Thread(target=streamed)
+    client.start()
+    while scheduler.running_requests < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.handle_exit(signal.SIGTERM, None)
+    while (refused := httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 2},
+                                 timeout=TIMEOUT)).status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the server has not begun to stop yet
+    client.join(TIMEOUT)
+    serving.join(TIMEOUT)
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+    assert not any('"error": {' in line for line in events) and events[-1] == "data: [DONE]", events[-3:]
+    assert json.loads(events[-2][6:])["usage"]["completion_tokens"] == body["max_tokens"]
+    assert not serving.is_alive() and server.exit_status == 0
+
+
 def test_sigterm_with_a_client_that_never_ends_its_body_exits_0_within_the_grace(run):
     """A client that sends half a body and then nothing would hold uvicorn's graceful shutdown until --timeout (or,
     with no timeout, forever); the server waits SHUTDOWN_GRACE_S for it, then lets go and exits 0, the status a
@@ -132,6 +177,11 @@ def _failing_app():
 
     app = FastAPI(lifespan=failing)
     app.state.close = lambda: None
+
+    async def drain(_seconds, _hurried) -> None:
+        pass
+
+    app.state.drain = drain
     return app
 
 
@@ -152,9 +202,9 @@ def test_serve_gives_its_grace_and_the_server_keeps_a_callers(tmp_path, monkeypa
     graces, original = [], server_module.Server
 
     class Recorded(original):
-        def __init__(self, config: uvicorn.Config, end_work) -> None:
+        def __init__(self, config: uvicorn.Config, end_work, **drain) -> None:
             graces.append(config.timeout_graceful_shutdown)
-            super().__init__(config, end_work)
+            super().__init__(config, end_work, **drain)
 
     monkeypatch.setattr(server_module, "Server", Recorded)
     monkeypatch.setattr(serving, "build_app", lambda settings: _failing_app())

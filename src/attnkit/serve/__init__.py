@@ -51,6 +51,9 @@ def _checked(settings: ServeSettings) -> ServeSettings:
         raise InputError("--prefix-cache-mib must be at least 0 (or turn the cache off: --no-prefix-cache)")
     if settings.timeout <= 0:
         raise InputError("--timeout must be a positive number of seconds")
+    if settings.shutdown_timeout < 0:
+        raise InputError("--shutdown-timeout must be 0 (end the requests in flight at once) or a positive number of "
+                         "seconds to let them finish")
     return replace(settings, api_key=key)
 
 
@@ -95,7 +98,7 @@ def serve(settings: ServeSettings) -> int:
         app = build_app(settings)
         log.info("serving %s at %s (explorer at /, API under /v1/)", settings.run, url(sock))
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
-        server = Server(config, app.state.close)
+        server = Server(config, app.state.close, drain=app.state.drain, drain_seconds=settings.shutdown_timeout)
         try:
             server.run(sockets=[sock])
         except SystemExit:  # uvicorn's own exit where the app's startup failed (its log says why)

@@ -38,8 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from attnkit.generate.pipeline import Pipeline
-from attnkit.serve.errors import APIError
-from attnkit.serve.metrics import Metrics
+from attnkit.serve.errors import SHUTTING_DOWN, APIError
 from attnkit.serve.routes import completions, embeddings, explorer, operations, tasks, tokenize
 from attnkit.serve.settings import ServeSettings
 from attnkit.serve.state import ServerState
@@ -73,7 +72,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     for family in (operations, completions, embeddings, tokenize, explorer, tasks):  # tasks last: /v1/{method}
         app.include_router(family.router(state))
 
-    app.add_middleware(Guard, metrics=state.metrics, api_key=settings.api_key)
+    app.add_middleware(Guard, state=state, api_key=settings.api_key)
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, error: APIError):
@@ -96,6 +95,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     app.state.scheduler = state.scheduler  # for tests and embedding applications: the batching scheduler (None: no LM)
     app.state.model_lock = state.model_lock  # held while the model runs, by the scheduler and every other endpoint
     app.state.close = state.close  # the server is shutting down: end what runs with a 503 (`serve/server.py`)
+    app.state.drain = state.drain  # ... first refuse new requests and let those in flight end (--shutdown-timeout)
     return app
 
 
@@ -107,8 +107,8 @@ class Guard:
     sees its client leave (`Request.is_disconnected` stays False), so a request answered whole would run to its end for
     nobody."""
 
-    def __init__(self, app, *, metrics: Metrics, api_key: str | None) -> None:
-        self.app, self.metrics, self.api_key = app, metrics, api_key
+    def __init__(self, app, *, state: ServerState, api_key: str | None) -> None:
+        self.app, self.state, self.metrics, self.api_key = app, state, state.metrics, api_key
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -128,10 +128,13 @@ class Guard:
             await send(message)
             ended = ended or message["type"] == "http.response.body" and not message.get("more_body", False)
 
+        self.state.in_flight += 1
         try:
             if self.api_key and not _open(request.url.path) and not _authorised(request, self.api_key):
                 await APIError(401, "a valid API key is needed: send it as 'Authorization: Bearer KEY'"
                                ).response()(scope, receive, sending)
+            elif self.state.draining and request.url.path != "/metrics":
+                await APIError(503, SHUTTING_DOWN).response()(scope, receive, sending)
             else:
                 await self.app(scope, receive, sending)
         except ClientDisconnect:  # the client left while its body arrived: nobody to answer, nothing failed (499)
@@ -143,6 +146,7 @@ class Guard:
                                ).response()(scope, receive, sending)
             status = 500
         finally:
+            self.state.in_flight -= 1
             if status is None or not ended and status < 400:
                 status = 499  # the client left (or the server let go of it) before the answer's end: nginx's code
             elif ended and status != 500:

@@ -1,16 +1,18 @@
 """The HTTP server `attnkit serve` runs: uvicorn's, which on SIGINT or SIGTERM first ends the work in flight (each
 request answers 503), as vLLM's and llama.cpp's servers stop, instead of waiting for every reply to run to its end
-(up to --timeout) before it lets go of the port. A client that still holds its connection (half a body sent, an
-answer not read) is waited for SHUTDOWN_GRACE_S at most; then the server stops, and `exit_status` says how: 0 after
-SIGTERM, a stop a service manager asked for (uvicorn would raise the signal again once stopped, so that the process
-died of it: status 143), 130 after SIGINT, an interrupted command, as a shell (and uvicorn) reports it, so that
-`attnkit serve ... && next` does not go on, and 1 where the server never started."""
+(up to --timeout) before it lets go of the port. With --shutdown-timeout SECONDS (vLLM's drain), it first refuses new
+requests (503) and lets those in flight run on for that long at most, or until a second signal; then it ends the
+rest. A client that still holds its connection (half a body sent, an answer not read) is waited for SHUTDOWN_GRACE_S
+at most; then the server stops, and `exit_status` says how: 0 after SIGTERM, a stop a service manager asked for
+(uvicorn would raise the signal again once stopped, so that the process died of it: status 143), 130 after SIGINT, an
+interrupted command, as a shell (and uvicorn) reports it, so that `attnkit serve ... && next` does not go on, and 1
+where the server never started."""
 
 from __future__ import annotations
 
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import FrameType
 
 import uvicorn
@@ -21,12 +23,16 @@ SHUTDOWN_GRACE_S = 5.0  # seconds a stop waits for connections to end once the w
 
 class Server(uvicorn.Server):
     """uvicorn's server over an app whose work in flight `end_work()` ends (the app's `state.close`,
-    `ServerState.close`)."""
+    `ServerState.close`); with `drain_seconds`, `drain(drain_seconds, hurried)` first refuses new requests and lets
+    those in flight end for that long at most (`ServerState.drain`, --shutdown-timeout), or until a second signal."""
 
-    def __init__(self, config: uvicorn.Config, end_work: Callable[[], None]) -> None:
+    def __init__(self, config: uvicorn.Config, end_work: Callable[[], None], *,
+                 drain: Callable[[float, Callable[[], bool]], Awaitable[None]] | None = None,
+                 drain_seconds: float = 0.0) -> None:
         super().__init__(config)
-        self.end_work = end_work
+        self.end_work, self.drain, self.drain_seconds = end_work, drain, drain_seconds
         self.stopped_by: int | None = None  # the first signal that told the server to stop
+        self.signals = 0  # signals to stop received: a second one ends the work in flight at once
 
     @property
     def exit_status(self) -> int:
@@ -41,14 +47,17 @@ class Server(uvicorn.Server):
         the stop."""
         if self.stopped_by is None:
             self.stopped_by = sig
+        self.signals += 1
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         else:
             self.should_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """End the work in flight (every generation request in flight or queued, and each task request at its next
-        turn, answers 503), then uvicorn's shutdown: stop listening, let the answers end (SHUTDOWN_GRACE_S at most),
-        stop the app."""
+        """With drain seconds, let the work in flight end first (new requests answer 503); then end what is left (every
+        generation request in flight or queued, and each task request at its next turn, answers 503), then uvicorn's
+        shutdown: stop listening, let the answers end (SHUTDOWN_GRACE_S at most), stop the app."""
+        if self.drain is not None and self.drain_seconds > 0:
+            await self.drain(self.drain_seconds, lambda: self.signals > 1)
         self.end_work()
         await super().shutdown(sockets=sockets)

@@ -32,6 +32,7 @@ class ServeSettings(DecodeSettings):
     served_model_name: tuple[str, ...] = ()  # names requests may ask for, answers carry the first; none: the run's
     allowed_origins: tuple[str, ...] = ()  # web pages' origins that may call the API from a browser (CORS; * any)
     timeout: float = 120.0  # seconds a request may run after its body (then 504), and the longest pause in a body (408)
+    shutdown_timeout: float = 0.0  # seconds a stop lets requests in flight end, new ones refused (503); 0: ends them
     max_body: int = 1_000_000  # request body size in bytes at most; beyond, 413
     watch: str | None = None  # the training run whose metrics.jsonl the explorer follows; default: RUN
     experiments: str | None = None  # the experiments' results directory the explorer shows; default: docs/experiments

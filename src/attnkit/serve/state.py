@@ -3,6 +3,7 @@ lock and the counters; and the model's use by one request at a time, off the eve
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import threading
@@ -31,6 +32,7 @@ from attnkit.serve.schemas import Body
 from attnkit.serve.settings import ServeSettings
 
 log = logging.getLogger("attnkit.serve")
+DRAIN_POLL_S = 0.05  # how often a stop that lets the requests in flight end looks whether they have (`drain`)
 TEXTS_PER_TURN = 16  # texts the model reads in one turn of a task endpoint, between checks of the deadline
 
 
@@ -50,6 +52,8 @@ class ServerState:
     metrics: Metrics
     model_lock: threading.Lock  # held while the model runs: one model call at a time
     closing: threading.Event = field(default_factory=threading.Event)  # set: the server is shutting down (`close`)
+    draining: bool = False  # the server is stopping: new requests are refused (503), those in flight run on (`drain`)
+    in_flight: int = 0  # HTTP requests begun and not yet answered to their end (`app.Guard`, on the event loop)
 
     @classmethod
     def of(cls, pipeline: Pipeline, run_dir: Path, settings: ServeSettings) -> ServerState:
@@ -72,6 +76,16 @@ class ServerState:
                    template=chat_template(run_dir / TOKENIZER_DIR, getattr(pipeline.tokenizer, "specials", None)),
                    metrics=metrics,
                    model_lock=scheduler.lock if scheduler is not None else threading.Lock())
+
+    async def drain(self, seconds: float, hurried: Callable[[], bool]) -> None:
+        """The server is stopping: refuse new requests (503, `app.Guard`) and wait up to `seconds` for those in flight
+        to end, or until `hurried()` (a second signal); `close` ends the rest after. Runs on the event loop."""
+        self.draining = True
+        deadline = time.monotonic() + seconds
+        if self.in_flight:
+            log.info("stopping: letting %d requests in flight end (%g s at most)", self.in_flight, seconds)
+        while self.in_flight and time.monotonic() < deadline and not hurried():
+            await asyncio.sleep(DRAIN_POLL_S)
 
     def close(self) -> None:
         """The server is shutting down: end the generation in flight and queued (`Scheduler.close`), and the task
