@@ -480,6 +480,35 @@ def test_the_in_browser_explorer_runs_the_shipped_model_offline(site):
     assert all(url.startswith(origin) for url in requested), [u for u in requested if not u.startswith(origin)]
 
 
+def _bare_explorer(root: Path, model: Path) -> None:
+    """docs/explorer/ under root/explorer/ as the site serves it, without a site build: the page's HTML block, its
+    script, the build's colour scale and onnxruntime-web, with model.onnx and model.json from the folder `model`."""
+    page = (DOCS / "explorer" / "index.md").read_text()
+    block = page[page.index('<div id="explorer"'):page.index("</script>", page.index('<script type="module"')) + 9]
+    explorer = root / "explorer"
+    (explorer / "vendor").mkdir(parents=True)
+    (explorer / "index.html").write_text(f'<!doctype html><html><head><meta charset="utf-8"></head><body>{block}'
+                                         "</body></html>")
+    (explorer / "explorer.js").symlink_to(DOCS / "explorer" / "explorer.js")
+    for name in ("model.json", "model.onnx"):
+        (explorer / name).symlink_to(model / name)
+    (explorer / "colour_bar.js").symlink_to(generated.COLOUR_BAR)  # the build's copy
+    for name in generated.ORT_FILES:
+        (explorer / "vendor" / name).symlink_to(generated.ORT_DIST / name)
+
+
+def _explore(browser, url: str, text: str) -> None:
+    """Open the explorer at url, wait for its model, and have it read text."""
+    browser.call("Page.navigate", {"url": url})
+    browser.wait("!!window.attnkitExplorer")
+    ready = browser.call("Runtime.evaluate", {
+        "expression": "window.attnkitExplorer.loaded.then(() => window.attnkitExplorer.error)",
+        "awaitPromise": True, "returnByValue": True})
+    assert ready["result"].get("value") is None, ready
+    browser.call("Runtime.evaluate", {"expression": f"window.attnkitExplorer.analyze({json.dumps(text)})",
+                                      "awaitPromise": True})
+
+
 @pytest.mark.parametrize("text", ["a", "cab=dcb"])
 def test_the_in_browser_explorers_colour_scale_is_legible_and_true_for_any_text(tmp_path, text):
     """docs/explorer/ (its HTML block, script, model and onnxruntime-web, served as the site serves them, without a
@@ -494,28 +523,11 @@ def test_the_in_browser_explorers_colour_scale_is_legible_and_true_for_any_text(
     executable, reason = chromium_or_reason()
     if executable is None:
         pytest.skip(f"no headless browser: {reason}")
-    page = (DOCS / "explorer" / "index.md").read_text()
-    block = page[page.index('<div id="explorer"'):page.index("</script>", page.index('<script type="module"')) + 9]
-    explorer = tmp_path / "explorer"
-    (explorer / "vendor").mkdir(parents=True)
-    (explorer / "index.html").write_text(f'<!doctype html><html><head><meta charset="utf-8"></head><body>{block}'
-                                         "</body></html>")
-    for name in ("explorer.js", "model.json", "model.onnx"):
-        (explorer / name).symlink_to(DOCS / "explorer" / name)
-    (explorer / "colour_bar.js").symlink_to(generated.COLOUR_BAR)  # the build's copy
-    for name in generated.ORT_FILES:
-        (explorer / "vendor" / name).symlink_to(generated.ORT_DIST / name)
+    _bare_explorer(tmp_path, DOCS / "explorer")
     with _static_server(tmp_path) as origin:
         browser = Browser(executable)
         try:
-            browser.call("Page.navigate", {"url": f"{origin}/explorer/"})
-            browser.wait("!!window.attnkitExplorer")
-            ready = browser.call("Runtime.evaluate", {
-                "expression": "window.attnkitExplorer.loaded.then(() => window.attnkitExplorer.error)",
-                "awaitPromise": True, "returnByValue": True})
-            assert ready["result"].get("value") is None, ready
-            browser.call("Runtime.evaluate", {"expression": f"window.attnkitExplorer.analyze({json.dumps(text)})",
-                                              "awaitPromise": True})
+            _explore(browser, f"{origin}/explorer/", text)
             scale = browser.evaluate("window.attnkitExplorer.scale")
             shown = browser.evaluate("window.attnkitExplorer.attention[0]")  # layer 0: (H, T, T), drawn as the mean
         finally:
@@ -523,3 +535,51 @@ def test_the_in_browser_explorers_colour_scale_is_legible_and_true_for_any_text(
     largest = float(np.mean(np.array(shown), axis=0).max())
     assert scale["height"] >= 120
     check_colour_bar(scale["ticks"], scale["top"], scale["height"], largest)  # each label the weight at its height
+
+
+@pytest.mark.slow  # a few training steps, the ONNX export (13-37 s) and Chromium compiling onnxruntime-web
+def test_the_in_browser_explorer_draws_what_attnkit_viz_draws_for_the_same_text(tmp_path):
+    """A run of the explorer's own training command (three steps), exported as `make explorer-model` exports it and
+    opened in the page: for the same text the page reads the same tokens as `attnkit viz` (attnkit.viz.attention_maps:
+    no mark added, as the run learned) and draws the same weights, every layer and head."""
+    missing = [name for name in generated.ORT_FILES if not (generated.ORT_DIST / name).is_file()]
+    if missing:
+        pytest.skip(f"onnxruntime-web is not installed (`npm install` in the repository root): no {', '.join(missing)}")
+    pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript (attnkit[export])")
+    from explorer_model import TRAIN, expose
+    from viz_browser import Browser, chromium_or_reason
+
+    from attnkit.checkpoint import TOKENIZER_DIR, load_model
+    from attnkit.interop.onnx import export_onnx
+    from attnkit.tokenize import load_tokenizer
+    from attnkit.viz import attention_maps
+
+    executable, reason = chromium_or_reason()
+    if executable is None:
+        pytest.skip(f"no headless browser: {reason}")
+    train = [*TRAIN, "--out", str(tmp_path / "run"), "--eval-every", "3", "--eval-batches", "1", "--sample-tokens", "0"]
+    train[train.index("--max-steps") + 1] = "3"
+    assert cli.main(train) == 0
+    model, config = load_model(tmp_path / "run")
+    tokenizer = load_tokenizer(tmp_path / "run" / TOKENIZER_DIR)
+    graph = tmp_path / "graph"
+    graph.mkdir()
+    export_onnx(model.eval(), config, graph / "model.onnx")
+    expose(graph / "model.onnx", n_layers=config.n_layers, n_heads=config.n_heads, d_model=config.d_model,
+           d_ff=config.resolved.d_ff)
+    meta = json.loads((DOCS / "explorer" / "model.json").read_text())  # the same command: sizes and vocabulary
+    assert meta["pieces"] == tokenizer.pieces(range(tokenizer.vocab_size))
+    (graph / "model.json").write_text(json.dumps(meta))
+    _bare_explorer(tmp_path / "site", graph)
+    text = "cab=ba"
+    with _static_server(tmp_path / "site") as origin:
+        browser = Browser(executable)
+        try:
+            _explore(browser, f"{origin}/explorer/", text)
+            tokens = browser.evaluate("window.attnkitExplorer.tokens")
+            drawn = np.array(browser.evaluate("window.attnkitExplorer.attention"))  # (L, H, T, T)
+        finally:
+            browser.close()
+    (maps,) = attention_maps(model, tokenizer, text)
+    assert tokens == list(maps.query_tokens) == list(maps.key_tokens)
+    np.testing.assert_allclose(drawn.reshape(maps.weights.shape), maps.weights, atol=1e-5)
