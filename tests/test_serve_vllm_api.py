@@ -4,6 +4,7 @@ client (vLLM's own fields through `extra_body`), httpx where the client has no m
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -100,10 +101,11 @@ def test_each_refused_sampling_value_is_a_400_naming_it(client, field, value):
 
 
 # Streaming usage ------------------------------------------------------------------------------------------------------
-def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk_and_stream_options_need_a_stream(client):
+def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk_and_stream_options_need_a_stream(server, client):
     """vLLM's stream_options.continuous_usage_stats was refused as a field this server does not take: with
-    include_usage, every chunk carries the usage so far (n choices counted together) and the last the whole; and
-    stream_options beside no stream, which OpenAI and vLLM refuse, was taken and dropped: it is a 400 naming it."""
+    include_usage, every chunk carries the usage so far (n choices counted together) and the last the whole; with
+    include_usage alone, each chunk's usage is null (it was left out) but the last's; and stream_options beside no
+    stream, which OpenAI and vLLM refuse, was taken and dropped: it is a 400 naming it."""
     for n in (1, 2):
         chunks = list(client.completions.create(
             model="local", prompt="the cat", max_tokens=5, n=n, temperature=1.0, seed=1, stream=True,
@@ -116,6 +118,12 @@ def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk_and_stream_
     plain = list(client.completions.create(model="local", prompt="the cat", max_tokens=3, stream=True,
                                            stream_options={"include_usage": True}))
     assert [chunk.usage is None for chunk in plain] == [True] * (len(plain) - 1) + [False]  # the last alone
+    with httpx.stream("POST", f"{server}/v1/chat/completions", timeout=TIMEOUT, headers={
+            "Authorization": "Bearer secret"}, json={"messages": [{"role": "user", "content": "a"}], "max_tokens": 3,
+                                                     "stream": True, "stream_options": {"include_usage": True}}) as raw:
+        chunks = [json.loads(line[6:]) for line in raw.iter_lines() if line.startswith("data: {")]
+    assert all("usage" in chunk for chunk in chunks)  # null before the last, as OpenAI's stream writes it
+    assert [chunk["usage"] is None for chunk in chunks] == [True] * (len(chunks) - 1) + [False]
     for create, settings in ((client.completions.create, {"prompt": "a"}),
                              (client.chat.completions.create, {"messages": [{"role": "user", "content": "a"}]})):
         with pytest.raises(openai.BadRequestError) as refused:

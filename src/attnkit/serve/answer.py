@@ -153,8 +153,8 @@ class Answer:
         kind = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
         payload = {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
                    "choices": choices}
-        if usage is not None or self.continuous_usage:
-            payload["usage"] = usage or self.usage()
+        if self.include_usage:  # the usage so far, or null but in the last chunk (as OpenAI's stream has it)
+            payload["usage"] = usage or (self.usage() if self.continuous_usage else None)
         return f"data: {json.dumps(payload)}\n\n"
 
     def _delta(self, generation: Generation, choice: int, text: str | None, reason: str | None, *,
