@@ -246,6 +246,31 @@ def test_a_dead_rank_ends_the_job_naming_it_and_the_checkpoint_survives(tmp_path
     assert checkpoint.step == int(said[1])
 
 
+
+def test_sigterm_to_one_rank_under_torchrun_stops_every_rank_cleanly_with_a_checkpoint(tmp_path):
+    """A signal to one rank (a kill of its process) stops every rank after the same step, saved; torchrun reports
+    the job as ended, not failed, and rank 0 says it was stopped and how to resume."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "attnkit", "train", "--out", str(out), *TASKS["lm"], *TINY, "--batch-size", "4",
+               "--max-steps", "100000", "--eval-every", "3"]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        deadline = time.monotonic() + 120
+        while not trained_past(out, 3) and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)
+        assert job.poll() is None, job.communicate()
+        os.kill(rank_pid(job.pid, 1), signal.SIGTERM)
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "FAILED" not in err, err[-3000:]
+    step = json.loads((out / "train_state.json").read_text())["step"]
+    assert f"stopped by SIGTERM after step {step};" in err
+    assert f"Resume with: torchrun --nproc-per-node 2 -m attnkit train --out {out} --resume" in err
+    assert load_checkpoint(out / "checkpoints" / f"step_{step:06d}").step == step
+
 def trained_past(out: Path, step: int) -> bool:
     """Whether rank 0 has logged a training step after `step`."""
     try:

@@ -242,6 +242,7 @@ examples:
   attnkit train --data input.txt --tokenizer char --max-steps 2000 --out runs/shakespeare
   attnkit train --task translate --data multi30k --src-lang de --tgt-lang en --max-time 1h --out runs/de-en
   attnkit train --task classify --data sst2/stsa.binary.train --val-data sst2/stsa.binary.dev --out runs/sst2
+  attnkit train --task chat --init-from runs/llama --data chats.jsonl --lora-rank 8 --out runs/llama-chat
   attnkit train --out runs/default --resume              # continue where it stopped (Ctrl-C saves first)
   attnkit train --config run.yaml --max-steps 500        # options from a file, the command line on top
   attnkit train --recipe shakespeare-char --data-root ../shared/data   # a shipped recipe (attnkit recipes)
@@ -329,7 +330,7 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any], *o
         print(trainer.plan.explain(), file=sys.stderr)
     result = trainer.fit()
     if result.signal is not None:
-        return 128 + result.signal
+        return trainer.parallel.stopped_status(result.signal)
     if not trainer.parallel.writes:  # under torchrun, rank 0 alone prints
         return 0
     summary = "  ".join(f"{k} {v:.4g}" for k, v in result.evaluation.items())
@@ -713,9 +714,10 @@ COMMANDS: list[Command] = [
                   ("training (on resume, the run's own unless given)", "attnkit.train.trainer:TrainConfig"),
                   *_own_sections()),
         description="Train a decoder LM, an encoder-decoder translator, an encoder classifier or tagger, or a "
-        "masked LM. Progress is shown; metrics.jsonl, a loss plot and checkpoints go to --out. Ctrl-C finishes the "
-        "step, saves and exits. It shows the options of the task it will train: --task's, else the one a --recipe "
-        "or --config file names, else the --resume'd run's, else the default (lm); the others are listed last.",
+        "masked LM, or fine-tune a decoder on conversations (--task chat). Progress is shown; metrics.jsonl, a loss "
+        "plot and checkpoints go to --out. Ctrl-C finishes the step, saves and exits. It shows the options of the "
+        "task it will train: --task's, else the one a --recipe or --config file names, else the --resume'd run's, "
+        "else the default (lm); the others are listed last.",
         epilog=_TRAIN_EPILOG, adapt_file=_train_file, recipe="train", task=train_task,
         inapplicable=_train_inapplicable,
     ),

@@ -202,6 +202,14 @@ class SingleProcess:
         """The command that continues the run in `run_dir` on as many ranks (the same global batch)."""
         return f"attnkit train --out {run_dir} --resume"
 
+    def stopped_status(self, signum: int) -> int:
+        """The exit status of a run a signal stopped after a step, its checkpoint saved: 128 + signum, as a shell
+        reports a signalled command and a scheduler reads it (a SIGTERM before preemption), except for a rank torchrun
+        started (it sets TORCHELASTIC_RUN_ID), which exits 0: torchrun reads any other status as the rank's failure,
+        stops the other ranks mid-save with SIGTERM, reports the job failed and restarts it where --max-restarts
+        allows. Every rank stops after the same step when any of them is signalled (`Trainer.fit`)."""
+        return 0 if os.environ.get("TORCHELASTIC_RUN_ID") else 128 + signum
+
     def describe(self, batch_size: int, grad_accum: int, lr: float, *, batch_tokens: int | None = None) -> str:
         """The global batch and learning rate, said once at the start (`batch_tokens`: batches of about that many
         tokens per rank instead of `batch_size` sequences)."""
