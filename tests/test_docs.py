@@ -207,6 +207,13 @@ def test_everything_the_course_index_names_exists():
     assert not problems, "\n".join(problems)
 
 
+def test_every_tutorial_is_reached_from_the_course_index():
+    """A learner who walks the lectures meets every tutorial: each is the tutorial of some slide topic."""
+    named = {topic.tutorial for lecture in lectures.LECTURES for topic in lecture.topics}
+    tutorials = {path.stem for path in (DOCS / "tutorials").glob("[0-9][0-9]_*.py")}
+    assert not tutorials - named, f"tutorials no topic of the course index leads to: {sorted(tutorials - named)}"
+
+
 def test_the_course_index_covers_the_five_lectures_in_their_files():
     assert [lecture.key for lecture in lectures.LECTURES] == ["000", "001", "002", "003", "004"]
     assert all(len(lecture.topics) >= 10 for lecture in lectures.LECTURES)

@@ -239,6 +239,10 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("GPT: generative pre-trained Transformers; pre-training, then adapting", T10,
               ("models.decoder", "train.finetune"), page="user-guide/pretraining-finetuning.md",
               section="Generative pre-training when labels are few"),
+        Topic("Pre-trained language models: trained on a large corpus by self-supervision, then adapted for a "
+              "purpose, so as not to train from scratch", T08, ("data.masking", "models.encoder", "train.finetune"),
+              page="user-guide/pretraining-finetuning.md",
+              section="Fine-tuning: the same body, a new head, the labels"),
     )),
     Lecture("004", "CMU CS11-711 Advanced NLP (Spring 2025)", "Attention and Transformers (Sean Welleck)", "cmu", (
         Topic("Recap: a sequence model; language modeling p(. | x_<t) = softmax(W h_t)", T06, ("models.decoder",),
