@@ -19,7 +19,7 @@ import attnkit
 from attnkit.errors import InputError
 from attnkit.generate import EagerDecoding, generate_tokens
 from attnkit.generate.beam import beam_generate
-from attnkit.generate.sampling import SamplingError
+from attnkit.generate.sampling import SamplingConfig, SamplingError
 
 PROMPTS = [[5, 17, 33, 8, 61], [42, 7]]  # two lengths: the second is left-padded
 NEW_TOKENS = 7
@@ -58,8 +58,8 @@ def _reference(reference, stops, **search):
     """transformers' beam search on PROMPTS: each returned row's new tokens, cut before its first stop token."""
     ids, mask = _left_padded(PROMPTS)
     with torch.no_grad():
-        out = reference.generate(input_ids=ids, attention_mask=mask, do_sample=False, eos_token_id=stops,
-                                 pad_token_id=0, **search)
+        out = reference.generate(input_ids=ids, attention_mask=mask, eos_token_id=stops, pad_token_id=0,
+                                 **{"do_sample": False, **search})
     rows = out[:, ids.shape[1]:].tolist()
     return [row[:next((i for i, t in enumerate(row) if t in stops), len(row))] for row in rows]
 
@@ -121,6 +121,29 @@ def test_repetition_penalty_and_ngram_blocking_act_on_the_beams_as_in_transforme
         ours = beam_generate(model, PROMPTS, context_len=64, stop_ids=stops, **search)
         assert ours == _reference(reference, stops, **search)
     assert ours != plain
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0.7), dict(temperature=1.3, top_k=8, top_p=0.9),
+                                      dict(min_p=0.05, repetition_penalty=1.3)], ids=["t", "t-top-k-top-p", "min-p"])
+def test_beam_sampling_draws_what_transformers_beam_sampling_draws_under_the_same_seed(converted, settings):
+    """transformers' generate(num_beams=K, do_sample=True): the warped log-probabilities, candidates drawn without
+    replacement from the softmax of their summed scores (torch.multinomial's own draw, so a generator seeded s draws
+    what the global generator seeded s draws), ranked by score: the same texts under the same seed."""
+    reference, model, stops = converted
+    stops = stops[1:]
+    penalty = settings.pop("repetition_penalty", 1.0)
+    search = dict(max_new_tokens=8, num_beams=3, num_return_sequences=2, early_stopping=False)
+    found = set()
+    for seed in range(3):
+        ours = beam_generate(model, PROMPTS, context_len=64, stop_ids=stops, sample=SamplingConfig(**settings),
+                             generator=torch.Generator().manual_seed(seed), repetition_penalty=penalty, **search)
+        torch.manual_seed(seed)
+        theirs = _reference(reference, stops, do_sample=True, top_k=settings.get("top_k", 0),
+                            repetition_penalty=penalty, **{k: v for k, v in settings.items() if k != "top_k"},
+                            **search)
+        assert ours == theirs, seed
+        found.add(str(ours))
+    assert len(found) > 1  # the seeds draw different beams: the draw is compared, not a deterministic search
 
 
 @torch.no_grad()
@@ -448,3 +471,31 @@ def test_a_pipelines_beam_search_decodes_through_the_one_eager_decoding_it_keeps
     with pytest.raises(InputError, match="beam search decodes eagerly: give decoding=EagerDecoding"):
         beam_generate(model, [[1, 2]], max_new_tokens=3, context_len=24, num_beams=2,
                       decoding=EagerDecoding(pipeline.model))
+
+
+def test_pipeline_and_command_sample_the_beams_as_transformers_does(gpt2_run, capsys, caplog):
+    """generate(num_beams=K, do_sample=True, seed=s) writes the text of transformers' beam sampling after
+    torch.manual_seed(s); the command takes --do-sample with the sampling flags it then allows."""
+    from attnkit import cli
+
+    reference, run = gpt2_run
+    pipeline = attnkit.load(run, device="cpu")
+    search = dict(max_new_tokens=NEW_TOKENS, num_beams=3, num_return_sequences=2, temperature=0.8, top_k=10)
+    texts = pipeline.generate([_words(p) for p in PROMPTS], do_sample=True, seed=4, **search)
+    torch.manual_seed(4)
+    expected = _reference(reference, sorted(pipeline.end_ids), do_sample=True, **search)
+    assert texts == [pipeline.tokenizer.decode(row) for row in expected]
+    assert texts != pipeline.generate([_words(p) for p in PROMPTS], do_sample=True, seed=5, **search)
+    with pytest.raises(InputError, match="do_sample=True samples the beams, but temperature=0 is greedy"):
+        pipeline.generate("w5", num_beams=2, do_sample=True, temperature=0)
+    with caplog.at_level(logging.WARNING):
+        pipeline.generate("w5", do_sample=True, max_new_tokens=2, seed=0)
+    assert "ignored, as num_beams=1 (--num-beams) runs no beam search: do_sample=True" in caplog.text
+    argv = ["generate", "--run", str(run), "--prompt", _words(PROMPTS[0]), "--max-new-tokens", str(NEW_TOKENS),
+            "--num-beams", "3", "--temperature", "0.8", "--top-k", "10", "--seed", "4", "--no-echo"]
+    capsys.readouterr()
+    assert cli.main([*argv, "--do-sample"]) == 0
+    sampled = pipeline.generate(_words(PROMPTS[0]), do_sample=True, seed=4, **search | {"num_return_sequences": 1})
+    assert capsys.readouterr().out == sampled[0] + "\n"
+    assert cli.main(argv) != 0  # without --do-sample, beam search takes no sampling flags
+    assert "--num-beams 3 (beam search) does not take --temperature, --top-k" in capsys.readouterr().err

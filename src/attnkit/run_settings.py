@@ -219,6 +219,8 @@ NOT_BESIDE_BEAMS: dict[str, Callable[[Any], bool]] = {
     "logit_bias": bool, "num_samples": lambda n: n != 1, "stop": bool, "on_text": _set, "json": bool,
     "json_schema": _set, "regex": _set, "lark": _set, "grammar": _set,
 }
+# The options of NOT_BESIDE_BEAMS that beam sampling takes (do_sample beside num_beams, transformers' beam sample)
+SAMPLED_BEAMS_TAKE = frozenset({"temperature", "top_k", "top_p", "min_p"})
 # The options of NOT_BESIDE_BEAMS that one side alone takes; every other name is both a field of attnkit generate's
 # settings and an argument of Pipeline.generate, each looked up strictly, so that a name renamed on either side without
 # the table is an error, not an option let through beside beams

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from attnkit.errors import InputError
 from attnkit.generate.decoder import EagerDecoding, check_context, check_prompts, left_pad
-from attnkit.generate.sampling import Repeats, SamplingConfig, held_back_ids, hold_back
+from attnkit.generate.sampling import Repeats, SamplingConfig, held_back_ids, hold_back, warp
 from attnkit.generate.seq2seq import check_max_length, decode_step, encode_sources, greedy_translate
 from attnkit.layers.embedding import inputs_checked
 from attnkit.run_settings import check_beams_fit_context, check_search
@@ -198,6 +198,8 @@ def beam_generate(
     repetition_penalty: float = 1.0,
     no_repeat_ngram_size: int = 0,
     decoding: EagerDecoding | None = None,
+    sample: SamplingConfig | None = None,
+    generator: torch.Generator | None = None,
 ) -> list[list[int]]:
     """Beam search over each prompt's continuation with a decoder-only model (`DecoderLM`): each prompt's
     `num_return_sequences` best continuations (new tokens, without the stop token that ended one), best first,
@@ -208,9 +210,11 @@ def beam_generate(
 
     The search keeps each hypothesis' whole text in the cache, so the longest prompt and `max_new_tokens` must fit
     the model's context (`context_len`): the window does not slide past it. `decoding`: an EagerDecoding of `model`
-    built once by the caller (a Pipeline keeps one); None: one built here. Raises InputError for bad prompts
-    (`check_prompts`), bad search settings (`check_search`), prompts and new tokens beyond the context, or a decoding
-    that is not an EagerDecoding of `model` (a compiled step's fixed buffers cannot follow the beams' rows);
+    built once by the caller (a Pipeline keeps one); None: one built here. `sample`: beam sampling (its temperature,
+    top_k, top_p and min_p; transformers' do_sample=True), drawn from `generator` (`search`). Raises InputError for
+    bad prompts (`check_prompts`), bad search settings (`check_search`), prompts and new tokens beyond the context, or
+    a decoding that is not an EagerDecoding of `model` (a compiled step's fixed buffers cannot follow the beams'
+    rows);
     SamplingError for a bad repetition_penalty or no_repeat_ngram_size.
     """
     check_prompts(prompts, max_new_tokens=max_new_tokens, context_len=context_len, min_new_tokens=min_new_tokens)
@@ -246,7 +250,7 @@ def beam_generate(
     return search(model, logits[repeated], step, batch=len(prompts), beam_size=num_beams, stop_ids=stop_ids,
                   max_length=max_new_tokens, length_penalty=length_penalty, early_stopping=early_stopping,
                   num_return_sequences=num_return_sequences, writable=writable, min_length=min_new_tokens,
-                  what="prompt", process=repeats)
+                  what="prompt", process=repeats, sample=sample, generator=generator)
 
 
 def search(
@@ -265,14 +269,20 @@ def search(
     min_length: int = 0,
     what: str = "source",
     process: Repeats | None = None,
+    sample: SamplingConfig | None = None,
+    generator: torch.Generator | None = None,
 ) -> list[list[int]]:
     """The search loop (module docstring) from the first step's `logits` (B*K, V), beam k of input b in row
     b * K + k; `step` computes each later step's. A hypothesis ends at a token of `stop_ids` (none: only at
     `max_length`); the stop tokens are never proposed among the first `min_length` tokens (transformers'
     min_new_tokens); `process` changes each step's log-probabilities given the beams' texts, and follows the beams
-    as they are chosen. Returns each input's `num_return_sequences` best outputs (without the stop token), best
-    first. Raises InputError where an input ends with fewer finished hypotheses than `num_return_sequences` (which
-    would shift the later inputs' results).
+    as they are chosen. `sample`: beam sampling (transformers' num_beams > 1 with do_sample=True): the
+    log-probabilities warped by its temperature, top-k, top-p and min-p (`sampling.warp`, keeping one more token
+    than the stop tokens), and each step's candidates drawn from the softmax of their summed scores without
+    replacement (from `generator`), then ranked by score, where beam search takes the best. Returns each input's
+    `num_return_sequences` best outputs (without the stop token), best first. Raises InputError where an input ends
+    with fewer finished hypotheses than `num_return_sequences` (which would shift the later inputs' results), or
+    where beam sampling's filters leave fewer candidates than a step draws.
     `what`: what an input is, in the messages ("source", "prompt"). Its callers have checked the settings
     (`beam_generate`'s `check_prompts` checks `min_length`)."""
     k, device = beam_size, logits.device
@@ -292,8 +302,13 @@ def search(
         logprobs = hold_back(logprobs, early if length <= min_length else unwritable)
         if process is not None:
             logprobs = process(logprobs)
+        if sample is not None:
+            logprobs = warp(logprobs, sample, keep=1 + len(stops))
         candidates = (scores.view(-1, 1) + logprobs).view(batch, k * vocab)  # (B, K*V)
-        top_scores, top_index = candidates.topk(min(keep, k * vocab), dim=-1)  # (B, keep), best first
+        if sample is None:
+            top_scores, top_index = candidates.topk(min(keep, k * vocab), dim=-1)  # (B, keep), best first
+        else:
+            top_scores, top_index = _draw_candidates(candidates, min(keep, k * vocab), generator, what=what)
         top_beam, top_token = top_index // vocab, top_index % vocab
         at_limit = length == max_length
         next_beam, next_token, next_score = _choose_live(
@@ -320,6 +335,22 @@ def search(
                          f"of a finite score (a beam wider than the tokens it may write at max_length={max_length}, "
                          "or logits at -inf); ask for fewer sequences, or a longer max_length")
     return [tokens for hyps in finished for tokens in hyps.best(num_return_sequences)]
+
+
+def _draw_candidates(candidates: Tensor, count: int, generator: torch.Generator | None, *,
+                     what: str) -> tuple[Tensor, Tensor]:
+    """Beam sampling's candidates: `count` drawn without replacement from softmax(candidates) (B, K*V), as
+    transformers draws them, then sorted by score, best first -> scores and indices (B, count). Raises InputError
+    where a row has fewer than `count` candidates of a finite score (filters narrower than the beams)."""
+    probs = candidates.softmax(dim=-1)  # (B, K*V)
+    short = (probs > 0).sum(dim=-1) < count  # (B,)
+    if bool(short.any()):
+        raise InputError(f"beam sampling draws {count} candidates a step, but top_k, top_p or min_p leave fewer for "
+                         f"{what}(s) {short.nonzero()[:, 0].tolist()}: widen them (a larger top_k or top_p, a "
+                         "smaller min_p) or give fewer beams")
+    index = torch.multinomial(probs, count, generator=generator)  # (B, count)
+    scores, order = candidates.gather(1, index).sort(dim=-1, descending=True)
+    return scores, index.gather(1, order)
 
 
 def _choose_live(

@@ -46,7 +46,7 @@ from attnkit.generate.constrained import Grammar, GrammarMask
 from attnkit.generate.decoder import EagerDecoding, check_prompts, generate_tokens
 from attnkit.generate.plan import InferencePlan, check_quantization, plan_inference
 from attnkit.generate.quantize import QUANTIZE_FORMS
-from attnkit.generate.sampling import check_sampling, choice_seed, make_generator
+from attnkit.generate.sampling import SamplingConfig, check_sampling, choice_seed, make_generator
 from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.speculative import check_draft_tokens, speculative_generate
 from attnkit.generate.static_decode import StaticDecoding
@@ -56,6 +56,7 @@ from attnkit.run_settings import (
     CLI_ONLY_BESIDE_DRAFT,
     NOT_BESIDE_BEAMS,
     NOT_BESIDE_DRAFT,
+    SAMPLED_BEAMS_TAKE,
     beams_asked,
     check_search,
     refuse_beside_beams,
@@ -170,6 +171,7 @@ class Pipeline:
         num_return_sequences: int = 1,
         draft: Pipeline | str | Path | None = None,
         draft_tokens: int = 4,
+        do_sample: bool = False,
     ) -> list[str]:
         """Continue each prompt; returns the new text only, `num_samples` per prompt, prompt by prompt.
 
@@ -200,7 +202,11 @@ class Pipeline:
         search at K finished texts (without beams, both are ignored, with a warning). It is deterministic, decodes
         eagerly (not through a compiled step) and keeps whole texts in the cache (the prompt and max_new_tokens
         within max_seq_len); sampling, the presence and frequency penalties, logit_bias, stop strings, streaming and
-        constraints are refused beside it (`refuse_beside_beams`).
+        constraints are refused beside it (`refuse_beside_beams`). `do_sample=True` beside beams samples them
+        (transformers' generate(num_beams=K, do_sample=True)): `temperature`, `top_k`, `top_p` and `min_p` warp each
+        beam's log-probabilities, each step's candidates are drawn from the softmax of their summed scores, and `seed`
+        seeds the one generator of the search (the same seed, the texts transformers writes after
+        torch.manual_seed(seed)).
         `draft` (a Pipeline, or a run directory loaded onto this pipeline's device) is speculative decoding
         (`generate/speculative.py`, transformers' assistant_model): a smaller decoder of the same tokenizer proposes
         `draft_tokens` tokens a round and this model checks them in one forward pass; greedy, the text is the one this
@@ -222,15 +228,24 @@ class Pipeline:
             check_draft_tokens(draft_tokens)
             draft = self._draft(draft)
         if beams_asked(num_beams, num_return_sequences):
+            taken = CLI_ONLY_BESIDE_BEAMS | (SAMPLED_BEAMS_TAKE if do_sample else frozenset())
             refuse_beside_beams(f"num_beams={num_beams!r}", {  # strictly: a name of the table not taken is a KeyError
-                name: arguments[name] for name in NOT_BESIDE_BEAMS if name not in CLI_ONLY_BESIDE_BEAMS})
+                name: arguments[name] for name in NOT_BESIDE_BEAMS if name not in taken})
+            sample = None
+            if do_sample:
+                sample, seed = check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+                if sample.greedy:
+                    raise InputError("do_sample=True samples the beams, but temperature=0 is greedy: give a "
+                                     "temperature > 0 (1 samples as the model says), or leave do_sample out")
             return self._beam_search(prompts, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                                      stop_tokens=stop_tokens, stop_at_eos=stop_at_eos, add_bos=add_bos,
                                      num_beams=num_beams, length_penalty=length_penalty,
                                      early_stopping=early_stopping, num_return_sequences=num_return_sequences,
-                                     repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+                                     repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                                     sample=sample, generator=make_generator(seed, self.device) if sample else None)
         unused = [f"{name}={value!r} (--{name.replace('_', '-')})" for name, value, default in (
-            ("length_penalty", length_penalty, 1.0), ("early_stopping", early_stopping, False)) if value != default]
+            ("length_penalty", length_penalty, 1.0), ("early_stopping", early_stopping, False),
+            ("do_sample", do_sample, False)) if value != default]
         if unused:  # as transformers warns: without beams, nothing reads them
             log.warning("ignored, as num_beams=1 (--num-beams) runs no beam search: %s; give num_beams=K > 1 "
                         "(--num-beams K) to search, or leave beam search's settings out", ", ".join(unused))
@@ -299,7 +314,8 @@ class Pipeline:
     def _beam_search(self, prompts: str | Sequence[str], *, max_new_tokens: int, min_new_tokens: int,
                      stop_tokens: Sequence[int], stop_at_eos: bool, add_bos: bool | None, num_beams: int,
                      length_penalty: float, early_stopping: bool, num_return_sequences: int,
-                     repetition_penalty: float, no_repeat_ngram_size: int) -> list[str]:
+                     repetition_penalty: float, no_repeat_ngram_size: int, sample: SamplingConfig | None,
+                     generator: torch.Generator | None) -> list[str]:
         """`generate`'s beam search (its docstring), once the options it refuses beside beams are known absent."""
         check_search(num_beams, length_penalty, early_stopping=early_stopping, vocab_size=self.config.vocab_size,
                      num_return_sequences=num_return_sequences, beam="num_beams", what="prompt")
@@ -316,7 +332,7 @@ class Pipeline:
             num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
             num_return_sequences=num_return_sequences, pad_id=self.pad_id, stop_ids=stop_ids,
             writable=self.tokenizer.vocab_size, min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
-            no_repeat_ngram_size=no_repeat_ngram_size, decoding=self.eager,
+            no_repeat_ngram_size=no_repeat_ngram_size, decoding=self.eager, sample=sample, generator=generator,
         )
         return [self.tokenizer.decode(ids) for ids in outputs]
 

@@ -365,24 +365,29 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def top_p_filter(logits: Tensor, p: float) -> Tensor:
-    """Keep the smallest set of most likely tokens whose probabilities sum to at least p. (B, V) -> (B, V)."""
+def top_p_filter(logits: Tensor, p: float, *, keep: int = 1) -> Tensor:
+    """Keep the smallest set of most likely tokens whose probabilities sum to at least p, and at least the `keep`
+    likeliest. (B, V) -> (B, V)."""
     if p >= 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
     probs = sorted_logits.softmax(dim=-1)  # (B, V)
     drop_sorted = probs.cumsum(dim=-1) - probs >= p  # the more likely tokens before this one already reach p
-    drop_sorted[:, 0] = False  # the likeliest token always stays, however small p is
+    drop_sorted[:, :keep] = False  # the likeliest token always stays, however small p is
     drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
 
 
-def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
-    """Drop the tokens whose probability is below min_p times the likeliest token's. (B, V) -> (B, V)."""
+def min_p_filter(logits: Tensor, min_p: float, *, keep: int = 1) -> Tensor:
+    """Drop the tokens whose probability is below min_p times the likeliest token's, but never the `keep` likeliest.
+    (B, V) -> (B, V)."""
     if min_p <= 0.0:
         return logits
     probs = logits.softmax(dim=-1)  # (B, V)
-    return logits.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+    drop = probs < min_p * probs.amax(dim=-1, keepdim=True)  # (B, V)
+    if keep > 1:
+        drop.scatter_(-1, probs.topk(min(keep, probs.shape[-1]), dim=-1).indices, False)
+    return logits.masked_fill(drop, float("-inf"))
 
 
 def process_logits(logits: Tensor, config: SamplingConfig, seen: Tensor | None = None,
@@ -395,14 +400,19 @@ def process_logits(logits: Tensor, config: SamplingConfig, seen: Tensor | None =
         logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
     if counts is not None:
         logits = apply_presence_frequency(logits, counts, config.presence_penalty, config.frequency_penalty)
-    if config.greedy:
-        return logits
-    logits = logits / config.temperature
+    return logits if config.greedy else warp(logits, config)
+
+
+def warp(scores: Tensor, config: SamplingConfig, *, keep: int = 1) -> Tensor:
+    """Temperature, top-k, top-p and min-p (transformers' warpers), on logits or log-probabilities (beam sampling,
+    `generate/beam.py`), each filter keeping at least the `keep` likeliest tokens (transformers keeps one more than
+    the end tokens in beam search). (B, V) -> (B, V)."""
+    scores = scores / config.temperature
     if config.top_k is not None:
-        logits = top_k_filter(logits, config.top_k)
+        scores = top_k_filter(scores, max(config.top_k, keep))
     if config.top_p is not None:
-        logits = top_p_filter(logits, config.top_p)
-    return min_p_filter(logits, config.min_p)
+        scores = top_p_filter(scores, config.top_p, keep=keep)
+    return min_p_filter(scores, config.min_p, keep=keep)
 
 
 NO_TOKEN = -1  # what a row draws whose probabilities are no distribution (nan logits, or every token at -inf)

@@ -61,6 +61,7 @@ from attnkit.run_settings import (
     API_ONLY_BESIDE_DRAFT,
     NOT_BESIDE_BEAMS,
     NOT_BESIDE_DRAFT,
+    SAMPLED_BEAMS_TAKE,
     DecodeSettings,
     InputSettings,
     beams_asked,
@@ -563,6 +564,9 @@ class GenerateSettings(DecodeSettings):
     length_penalty: float = 1.0  # beam score = summed log p / new tokens ** this (> 0 favours longer texts)
     early_stopping: bool = False  # beam search ends at num-beams finished texts (off: while a live beam could win)
     num_return_sequences: int = 1  # beam search: the n best texts, best first (n <= --num-beams)
+    do_sample: bool = False
+    """beam search: sample the beams (transformers' do_sample=True beside num_beams), warped by --temperature,
+    --top-k, --top-p and --min-p, seeded by --seed"""
     draft: str | None = None
     """a smaller decoder run with the same tokenizer: speculative decoding, the same text (greedy) or distribution
     (sampled) as this run alone, faster where the draft agrees; the acceptance rate is logged"""
@@ -582,8 +586,9 @@ def check_beam_flags(settings: GenerateSettings) -> None:
         return
     check_search(settings.num_beams, settings.length_penalty, early_stopping=settings.early_stopping,
                  num_return_sequences=settings.num_return_sequences, beam="num_beams", what="prompt", flags=True)
+    taken = API_ONLY_BESIDE_BEAMS | (SAMPLED_BEAMS_TAKE if settings.do_sample else frozenset())
     refuse_beside_beams(f"--num-beams {settings.num_beams}", {
-        name: getattr(settings, name) for name in NOT_BESIDE_BEAMS if name not in API_ONLY_BESIDE_BEAMS}, flags=True)
+        name: getattr(settings, name) for name in NOT_BESIDE_BEAMS if name not in taken}, flags=True)
 
 
 def read_constraint(settings: GenerateSettings) -> dict[str, Any]:
@@ -728,7 +733,7 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
             stop=list(settings.stop), on_text=streamed.write if stream else None, **constraint,
             num_beams=settings.num_beams, length_penalty=settings.length_penalty,
             early_stopping=settings.early_stopping, num_return_sequences=settings.num_return_sequences,
-            draft=draft, draft_tokens=settings.draft_tokens,
+            draft=draft, draft_tokens=settings.draft_tokens, do_sample=settings.do_sample,
         )
     if stream:
         streamed.finish()
