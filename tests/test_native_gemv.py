@@ -48,8 +48,10 @@ def kernels_dir(tmp_path, monkeypatch):
     before and after, so that the tests after this one load the one under the usual cache again."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     native_gemv._library.cache_clear()
+    native_gemv._bf16_dot_here.cache_clear()
     yield tmp_path / "cache" / "attnkit" / "kernels"
     native_gemv._library.cache_clear()
+    native_gemv._bf16_dot_here.cache_clear()
 
 
 def _record_builds(monkeypatch) -> list:

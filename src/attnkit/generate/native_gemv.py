@@ -89,13 +89,17 @@ def build_for(cpu: CpuCapabilities) -> str | None:
 def bf16_dot(cpu: CpuCapabilities | None = None) -> bool:
     """Whether `gemv_bf16` multiplies bf16 rows with AVX512-BF16's dot product on `cpu` (default: this one): the CPU
     reports AVX512-BF16 and, on this one, the library was built with it."""
-    cpu = cpu or _this_cpu()
-    if build_for(cpu) != "avx512_bf16":
-        return False
-    if cpu != _this_cpu():
-        return True  # a plan for another CPU: whether it builds there is that machine's question
+    if cpu is not None and cpu != _this_cpu():
+        return build_for(cpu) == "avx512_bf16"  # a plan for another CPU: whether it builds there is its question
+    return _bf16_dot_here()
+
+
+@functools.cache
+def _bf16_dot_here() -> bool:
+    """`bf16_dot` for this CPU, asked once: every bf16 decoding product asks it."""
     library = _library()
-    return not isinstance(library, str) and hasattr(library, "gemv_bf16_dot")
+    built = not isinstance(library, str) and hasattr(library, "gemv_bf16_dot")
+    return build_for(_this_cpu()) == "avx512_bf16" and built
 
 
 def unavailable(cpu: CpuCapabilities | None = None) -> str | None:
@@ -241,7 +245,7 @@ def gemv_bf16_dot(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tens
     """x (M, K) @ weight^T + bias for bf16 weight (N, K) and bf16 rows x, each pair's product exact and summed in fp32
     by AVX512-BF16's `vdpbf16ps` (subnormal inputs read as zero), bias (N,) fp32 or None -> (M, N) fp32. Raises
     RuntimeError on a CPU without AVX512-BF16 (`bf16_dot`)."""
-    if not bf16_dot():
+    if not _bf16_dot_here():
         raise RuntimeError(f"the bf16 dot-product kernel needs AVX512-BF16; this CPU reports {_this_cpu().isa}")
     n, k = weight.shape
     _weight(weight, torch.bfloat16, (n, k), "weight")
