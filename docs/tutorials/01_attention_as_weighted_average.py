@@ -83,7 +83,7 @@ print("the five largest weights go to x_i =", [round(v, 2) for v in x_train[one_
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
 left.plot(x_test, true_function(x_test), color="black", label="true curve")
-left.axhline(y_train.mean(), linestyle=":", label="plain average (every weight 1/n)")
+left.axhline(y_train.mean(), color="grey", linestyle=":", label="plain average (every weight 1/n)")
 left.plot(x_test, prediction, label="Nadaraya-Watson, w = 1")
 left.scatter(x_train, y_train, s=12, alpha=0.5, label="training pairs (keys, values)")
 left.set(xlabel="x", ylabel="y", title="kernel regression: a weighted average of the values")
