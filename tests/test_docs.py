@@ -231,6 +231,8 @@ def test_attnkit_lectures_prints_a_course_its_gaps_and_refuses_an_unknown_one(ca
     assert cli.main(["lectures", "--gaps"]) == 0
     out = capsys.readouterr().out
     assert out.count("GAP:") == len(lectures.gaps()) > 0
+    complete = [lec for lec in lectures.LECTURES if not any(topic.gap for topic in lec.topics)]
+    assert out.count("no gaps: attnkit covers every topic") == len(complete)  # not a heading with nothing under it
     assert cli.main(["lectures", "mit"]) == 2
     assert "usc (000)" in capsys.readouterr().err
 

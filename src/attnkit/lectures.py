@@ -363,6 +363,8 @@ def course_index_text(lectures: tuple[Lecture, ...] = LECTURES, gaps_only: bool 
                 ("GAP", topic.gap),
             )
             out += [f"      {label + ':':12}{value}" for label, value in covered if value]
+        if gaps_only and not any(topic.gap for topic in lecture.topics):
+            out.append("      no gaps: attnkit covers every topic of this lecture")
         out.append("")
     return "\n".join(out)
 
