@@ -285,3 +285,15 @@ def test_a_converted_llama_learns_in_its_own_template_with_its_bos_and_eos_token
     assert rows.labels[0].tolist() == [-100, -100, -100, 20, 30, 2] + [-100] * (rows.labels.shape[1] - 6)  # padding
     trainer.fit()
     assert chat_template(out / "tokenizer").source == WORD_TEMPLATE
+
+
+def test_a_json_list_of_records_reads_as_alpacas_file_is_written(tmp_path):
+    path = tmp_path / "alpaca_data.json"
+    records = [{"instruction": "Add.", "input": "2 2", "output": "4"}, {"instruction": "Greet.", "output": "Hi."}]
+    path.write_text(json.dumps(records, indent=4), encoding="utf-8")
+    found = read_conversations(path)
+    assert [c.messages for c in found] == [conversation(r) for r in records]
+    assert found[1].where == f"{path} item 2"
+    path.write_text(json.dumps([*records, {"output": "?"}]), encoding="utf-8")
+    with pytest.raises(InputError, match=r"alpaca_data.json item 3: has the keys \['output'\], none of the layouts"):
+        read_conversations(path)

@@ -1,6 +1,7 @@
 """Conversations for chat fine-tuning: JSON Lines read in the layouts the field uses, and their rows in batches.
 
-One conversation a line, in any of three layouts (TRL's conversational and prompt-completion data sets, Alpaca's):
+One conversation a line (or a JSON file holding a list of them), in any of three layouts (TRL's conversational and
+prompt-completion data sets, Alpaca's):
 
     {"messages": [{"role": "system", "content": "..."}, {"role": "user", ...}, {"role": "assistant", ...}]}
     {"prompt": "...", "completion": "..."}          (each may also be a list of messages, as TRL takes them)
@@ -40,10 +41,14 @@ class Conversation:
 
 
 def read_conversations(path: str | Path, *, encoding_errors: EncodingErrors = "strict") -> list[Conversation]:
-    """The conversations of a JSON Lines file, one a line (blank lines skipped). Raises InputError naming the file
-    and line of one that is not JSON, in none of the layouts, or holds no reply."""
+    """The conversations of a JSON Lines file, one a line (blank lines skipped), or of a JSON file holding a list of
+    them (Alpaca's alpaca_data.json). Raises InputError naming the file and line (or item) of one that is not JSON,
+    in none of the layouts, or holds no reply."""
+    text = read_text(path, errors=encoding_errors)
+    if text.lstrip().startswith("["):
+        return _listed(path, text)
     found = []
-    for number, line in enumerate(read_text(path, errors=encoding_errors).splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -55,6 +60,24 @@ def read_conversations(path: str | Path, *, encoding_errors: EncodingErrors = "s
             raise InputError(f"{path} line {number}: {error}") from None
     if not found:
         raise InputError(f"{path} holds no conversation: write one JSON object a line, {' or '.join(LAYOUTS)}")
+    return found
+
+
+def _listed(path: str | Path, text: str) -> list[Conversation]:
+    """The conversations of a JSON file that holds a list of records."""
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path} is not JSON ({error.msg} at line {error.lineno}, column {error.colno}): give a "
+                         "JSON list of conversations, or JSON Lines, one a line") from None
+    found = []
+    for number, record in enumerate(records, start=1):
+        try:
+            found.append(Conversation(f"{path} item {number}", conversation(record)))
+        except InputError as error:
+            raise InputError(f"{path} item {number}: {error}") from None
+    if not found:
+        raise InputError(f"{path} holds an empty list: give conversations, {' or '.join(LAYOUTS)}")
     return found
 
 
