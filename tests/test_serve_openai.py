@@ -159,6 +159,24 @@ def test_a_request_the_context_cannot_hold_carries_openais_context_length_exceed
     assert other.value.body["code"] is None
 
 
+def test_a_streamed_request_of_several_prompts_sends_each_prompts_pieces_as_they_come(client):
+    """A streamed request of several prompts sent the second prompt's pieces only once the first had ended, though
+    both were generated together; its chunks now come as the tokens do, interleaved as vLLM streams them, each
+    prompt's in order, and each prompt's text equals the whole answer's."""
+    settings = {"model": "decoder", "prompt": ["the cat", "a dog"], "max_tokens": 12, "temperature": 0,
+                "extra_body": {"ignore_eos": True}}
+    order, texts = [], {0: "", 1: ""}
+    for chunk in client.completions.create(stream=True, **settings):
+        for choice in chunk.choices:
+            order.append((choice.index, choice.finish_reason))
+            texts[choice.index] += choice.text
+    first_of_second = order.index(next(entry for entry in order if entry[0] == 1))
+    assert first_of_second < order.index((0, "length"))  # the second prompt's first piece before the first's end
+    whole = client.completions.create(**settings)
+    assert [choice.text for choice in whole.choices] == [texts[0], texts[1]]
+    assert [choice.finish_reason for choice in whole.choices] == ["length", "length"]
+
+
 def test_prompts_of_token_ids_content_parts_usage_and_models_retrieve(client, pipeline):
     ids = pipeline.tokenizer.encode("the cat")
     by_text = client.completions.create(model="decoder", prompt="the cat", max_tokens=6, seed=2, n=3)

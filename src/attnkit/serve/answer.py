@@ -9,6 +9,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
@@ -34,18 +35,35 @@ class ClientGone(Exception):
     """The client closed its connection before the answer was complete."""
 
 
-async def next_event(generation: Generation, request: Request, poll: float = 0.25):
-    """The generation's next event. ClientGone once the client has gone away, a "finish" event with every choice
-    cancelled once the deadline has passed (both checked every `poll` seconds, whatever the scheduler does)."""
-    while True:
-        try:
-            return await asyncio.wait_for(generation.events.get(), timeout=poll)
-        except TimeoutError:
-            if await request.is_disconnected():
-                raise ClientGone from None
-            if time.monotonic() > generation.job.deadline:
-                generation.job.cancel()
-                return ("finish", [""] * generation.job.n, ["cancelled"] * generation.job.n, True, None)
+async def events_of(generations: list[Generation], request: Request, poll: float = 0.25
+                    ) -> AsyncIterator[tuple[Generation, tuple]]:
+    """The generations' events as they come, (generation, event), the prompts' interleaved as vLLM streams a request of
+    several prompts, until each has sent its "finish". ClientGone once the client has gone away; a generation past its
+    deadline gets a "finish" with every choice cancelled (both checked when no event came for `poll` seconds, whatever
+    the scheduler does). Close it (`contextlib.aclosing`) to let go of the reads still waiting."""
+    reading = {asyncio.ensure_future(g.events.get()): g for g in generations}
+    try:
+        while reading:
+            done, _ = await asyncio.wait(reading, timeout=poll, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                if await request.is_disconnected():
+                    raise ClientGone
+                for read, generation in list(reading.items()):
+                    if time.monotonic() > generation.job.deadline:
+                        read.cancel()
+                        del reading[read]
+                        generation.job.cancel()
+                        n = generation.job.n
+                        yield generation, ("finish", [""] * n, ["cancelled"] * n, True, None)
+            for read in sorted(done, key=lambda read: reading[read].index):  # a prompt's events in order
+                generation = reading.pop(read)
+                event = read.result()
+                yield generation, event
+                if event[0] != "finish":
+                    reading[asyncio.ensure_future(generation.events.get())] = generation
+    finally:
+        for read in reading:
+            read.cancel()
 
 
 class Answer:
@@ -76,24 +94,23 @@ class Answer:
     async def whole(self, request: Request) -> dict:
         """Wait for every prompt's end (cancelled when the client goes away); the OpenAI response body, its choices
         (their log-probabilities and tool calls) written on a worker thread."""
-        ends = []
+        ends = {}
         try:
-            for generation in self.generations:
-                while True:
-                    event = await next_event(generation, request)
-                    if event[0] == "finish":
-                        break
-                _, texts, reasons, timed_out, scored = event
-                error = self._error(generation, reasons, timed_out)
-                if error is not None:
-                    raise error
-                ends.append((generation, texts, reasons, scored))
+            async with aclosing(events_of(self.generations, request)) as events:
+                async for generation, event in events:
+                    if event[0] != "finish":
+                        continue
+                    _, texts, reasons, timed_out, scored = event
+                    error = self._error(generation, reasons, timed_out)
+                    if error is not None:
+                        raise error
+                    ends[generation.index] = (generation, texts, reasons, scored)
         finally:
             self.cancel()  # anything still running (a client gone, an error) ends at the next step
         choices = await run_in_threadpool(lambda: [
             self._choice(generation, c, text, reason, scored and scored[c])
-            for generation, texts, reasons, scored in ends for c, (text, reason) in enumerate(zip(texts, reasons,
-                                                                                                 strict=True))])
+            for generation, texts, reasons, scored in (ends[g.index] for g in self.generations)
+            for c, (text, reason) in enumerate(zip(texts, reasons, strict=True))])
         return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model_id,
                 "choices": choices, "usage": self.usage()}
 
@@ -179,9 +196,8 @@ class Answer:
             elif any(g.echo for g in self.generations):  # the prompt first
                 yield self._chunk([self._delta(g, c, g.echo, None, first=True)
                                    for g in self.generations for c in range(g.job.n)])
-            for generation in self.generations:
-                while True:
-                    event = await next_event(generation, request)
+            async with aclosing(events_of(self.generations, request)) as events:
+                async for generation, event in events:
                     if event[0] == "text":
                         _, choice, piece, scored = event
                         yield self._chunk([self._delta(generation, choice, piece, None, scored=scored)])
@@ -196,7 +212,6 @@ class Answer:
                         yield f"data: {json.dumps(error.body())}\n\n"
                     yield self._chunk([self._delta(generation, c, None, reason, scored=scored and scored[c])
                                        for c, reason in enumerate(reasons)])
-                    break
             if self.include_usage:
                 yield self._chunk([], self.usage())
             yield "data: [DONE]\n\n"
