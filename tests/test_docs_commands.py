@@ -1,12 +1,13 @@
 """The shell commands the README and the docs pages tell a reader to type still work.
 
-Every `attnkit ...` line of a shell block (```, ```bash, ```sh, ```console) is parsed by attnkit's own parser, as
-the command line would parse it, without running it (a training command's settings are checked as `attnkit train`
-checks them before it starts): a flag renamed or removed, a choice or a setting no longer offered, or a command
-gone fails here, naming the page and the line. A console block that shows a command refused shows the message it
-prints. Lines that need nothing but attnkit (the course index, the experiments' list, presets, recipes, `--help`)
-are run, and must succeed and print. Each `make TARGET` names a target of the Makefile, and the files the setup
-commands name exist. Commands that train, download or serve are parsed only; the tutorials run in
+Every `attnkit ...` line of a shell block (```, ```bash, ```sh, ```console), and every whole command the learner's
+pages and the tutorials name in their text, is parsed by attnkit's own parser, as the command line would parse it,
+without running it (a training command's settings are checked as `attnkit train` checks them before it starts): a
+flag renamed or removed, a choice or a setting no longer offered, an option the command requires left out, or a
+command gone fails here, naming the page and the line. A console block that shows a command refused shows the
+message it prints. Lines that need nothing but attnkit (the course index, the experiments' list, presets,
+recipes, `--help`) are run, and must succeed and print. Each `make TARGET` names a target of the Makefile, and the
+files the setup commands name exist. Commands that train, download or serve are parsed only; the tutorials run in
 tests/test_tutorials.py.
 """
 
@@ -82,7 +83,24 @@ def named(cases: list[tuple[str, str, list[str]]]) -> dict:
             "ids": [f"{page}: {line}" for page, line, _ in cases]}
 
 
-ATTNKIT = commands("attnkit ")
+def inline_commands() -> list[tuple[str, str, list[str]]]:
+    """The whole commands the learner's pages name in running text (`attnkit lectures --gaps`, a tutorial's
+    `attnkit experiment scaled-dot`): a command and at least one argument, with RUN and FILE standing for the
+    reader's run and file; a span with another placeholder (NAME, ...) or a bare command name is left out."""
+    found = []
+    for page in LEARNERS_PAGES:
+        for span in sorted(set(re.findall(r"`(attnkit [^`]+)`", page.read_text()))):
+            line = span.replace("RUN", "runs/x").replace("FILE", "notes.txt")
+            words = line.split()[2 if line.startswith("attnkit tokenizer ") else 1:]  # after the command's name
+            if len(words) > 1 and "..." not in line and not re.search(r"\b[A-Z]{3,}\b", line):
+                found.append((str(page.relative_to(ROOT)), line, []))
+    return found
+
+
+LEARNERS_PAGES = [ROOT / "docs" / name for name in ("index.md", "course-index.md", "concepts.md",
+                                                    "tutorials/README.md")]
+LEARNERS_PAGES += sorted((ROOT / "docs" / "tutorials").glob("[0-9][0-9]_*.py"))
+ATTNKIT = commands("attnkit ") + inline_commands()
 ACCEPTED = [case for case in ATTNKIT if refusal(case[2]) is None]
 REFUSED = [case for case in ATTNKIT if refusal(case[2]) is not None]
 

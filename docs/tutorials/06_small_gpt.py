@@ -383,7 +383,7 @@ for name, setting in (("greedy (temperature 0)", dict(temperature=0.0)), ("tempe
 #
 # **In attnkit:** `attnkit.models.DecoderLM` (built by `build_model` from a `DecoderConfig`), `attnkit.blocks`,
 # `attnkit.train` (the trainer), `attnkit.generate.sampling` and `attnkit.load(...).generate(...)`; from the
-# command line, `attnkit train` and `attnkit generate RUN --temperature 0.8 --top-k 10`.
+# command line, `attnkit train` and `attnkit generate RUN --prompt "ROMEO:" --temperature 0.8 --top-k 10`.
 
 # %% [markdown]
 # ## Exercises
