@@ -251,7 +251,9 @@ def learn_bpe(word_counts, n_merges, min_count=2):
 
 # %% [markdown]
 # Train attnkit's BPE (`attnkit.tokenize.train_tokenizer("bpe", ...)`, the `tokenizers` library underneath) on a
-# small text, learn the merges from scratch on the same words, and compare the two lists:
+# small text, learn the merges from scratch on the same words, and compare the two lists. The 300 tokens asked for
+# are more than this text can give, so the merging runs until no pair occurs twice: attnkit says so in a line
+# of its log above the list (outside a tutorial, that line asks for more text or a smaller `vocab_size`).
 
 # %%
 from tokenizers import pre_tokenizers
