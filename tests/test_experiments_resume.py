@@ -133,3 +133,13 @@ def test_no_resume_runs_every_arm_afresh_and_a_finished_run_keeps_no_arms(tmp_pa
     left.run("the arm", {"seed": 0}, lambda: arm_of(1.0), restore)  # what a stopped run of the same command left
     run_experiment("fake", budget="tiny", out=out, resume=False)
     assert computed == ["tiny"] and not (out / "arms").exists()
+
+
+def test_two_arms_whose_names_read_alike_keep_files_of_their_own(tmp_path):
+    arms = Arms(tmp_path, experiment="fake", budget="tiny", code="same")
+    arms.run("Transformer++ 64 x 2", {}, lambda: arm_of(1.0), restore)
+    arms.run("Transformer 64 x 2", {}, lambda: arm_of(2.0), restore)
+    again = Arms(tmp_path, experiment="fake", budget="tiny", code="same")
+    assert again.run("Transformer++ 64 x 2", {}, lambda: arm_of(3.0), restore) == 1.0
+    assert again.run("Transformer 64 x 2", {}, lambda: arm_of(4.0), restore) == 2.0
+    assert again.reused == ["Transformer++ 64 x 2", "Transformer 64 x 2"]

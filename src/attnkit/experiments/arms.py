@@ -74,6 +74,7 @@ class Arms:
         self.experiment, self.budget, self.code, self.version = experiment, budget, code, version
         self.reused: list[str] = []
         self.ran: list[str] = []
+        self._slots: dict[str, str] = {}  # file name -> the arm it holds in this run
 
     def run(self, name: str, setting: dict[str, Any], compute: Callable[[], tuple[T, Arm]],
             restore: Callable[[Arm], T]) -> T:
@@ -104,7 +105,13 @@ class Arms:
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def _slot(self, name: str) -> str:
-        return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "arm"
+        """The arm's file name: its name in lower-case words, with a digest of the name where two names of this run
+        read alike ("Transformer++ 64 x 2" and "Transformer 64 x 2")."""
+        slot = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "arm"
+        if self._slots.setdefault(slot, name) != name:
+            slot = f"{slot}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+            self._slots[slot] = name
+        return slot
 
     def _save(self, slot: str, name: str, setting: Any, arm: Arm) -> None:
         tensors = {_TENSOR + key: tensor for key, tensor in arm.tensors.items()}
