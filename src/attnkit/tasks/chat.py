@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -44,9 +44,9 @@ log = logging.getLogger(__name__)
 class ChatOptions:
     """What chat fine-tuning alone reads (`TaskSpec.own_options`)."""
 
-    pack_conversations: bool = False
-    """several conversations a row, each attending within itself (a document mask), instead of one a row padded at
-    its end: fewer padding positions where conversations are short"""
+    pack_conversations: Literal["off", "on"] = field(default="off", metadata={"const": "on"})
+    """on (bare --pack-conversations): several conversations a row, each attending within itself (a document mask),
+    instead of one a row padded at its end: fewer padding positions where conversations are short"""
 
 
 def conversation_rows(conversations: list[Conversation], *, template: ChatTemplate, tokenizer: Tokenizer,
@@ -158,7 +158,7 @@ def _conversations(data: Any, seed: int) -> tuple[list[Conversation], list[Conve
 
 def _make(context: TaskContext) -> tuple[ChatTask, None]:
     train, val = _conversations(context.data, context.seed)
-    packed = context.data.options.pack_conversations
+    packed = context.data.options.pack_conversations == "on"
     rows = dict(template=context.chat_template, tokenizer=context.tokenizer, seq_len=context.seq_len, packed=packed,
                 batch_size=context.batch_size, seed=context.seed)
     return ChatTask(conversation_rows(train, batch_tokens=context.data.batch_tokens, **rows),
