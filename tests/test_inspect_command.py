@@ -531,7 +531,7 @@ def test_answer_and_wrong_name_the_logit_difference_read(runs, tmp_path):
     assert dla["summary"]["logit difference"] == pytest.approx(float(logits[a] - logits[w]), abs=1e-5)
     patched = _inspect(run, "patch", tmp_path, text=("abc de abc",), corrupt="jih gf abc", answer="d", wrong="j")
     expected = patch_stream(model, Batch((ids,)), Batch((corrupt,)), answer=a, wrong=w)
-    rows = [r["restored"] for r in patched["rows"] if " head " not in r["patched"]]
+    rows = [r["restored"] for r in patched["rows"] if " in position " in r["patched"]]  # the stream entering each block
     assert rows == pytest.approx(expected.restored.flatten().tolist(), abs=1e-4)
     with pytest.raises(InputError, match="--answer 'de' becomes 2 tokens .'d', 'e'.; an answer is one token"):
         _inspect(run, "dla", tmp_path, text=("abc",), answer="de")
@@ -629,7 +629,7 @@ def test_a_named_difference_is_read_where_it_moves_or_at_the_position_given(runs
     patched = _inspect(runs["classify"], "patch", tmp_path, text=("abc de",), corrupt="jih gf", answer="class 1",
                        wrong="class 0")
     expected = patch_stream(model.eval(), Batch((ids,)), Batch((corrupted_ids,)), answer=1, wrong=0)
-    rows = [r["restored"] for r in patched["rows"] if " head " not in r["patched"]]
+    rows = [r["restored"] for r in patched["rows"] if " in position " in r["patched"]]  # the stream entering each block
     assert rows == pytest.approx(expected.restored.flatten().tolist(), abs=1e-4)
 
 
@@ -767,3 +767,18 @@ def test_patch_writes_each_blocks_input_attention_and_ffn_by_position(runs, tmp_
         assert f"{sublayer} position 8 (b)" in restored
     assert restored["blocks.0 in position 5 (e)"] == pytest.approx(1.0, abs=1e-4)
     assert restored["blocks.0 in position 9 (c)"] == 0.0  # after the read position: nothing flows back
+
+
+def test_a_long_texts_tables_are_drawn_in_panels_of_readable_width(runs, tmp_path):
+    """A long text's logit lens and patching tables are cut into panels of at most WRAP positions stacked one under
+    another (a 100-token text drew a picture 60 inches wide and an inch tall), each labelled with its positions."""
+    from attnkit.inspect.report import WRAP, position_spans
+
+    assert [(s.start, s.stop) for s in position_spans(100)] == [(0, 25), (25, 50), (50, 75), (75, 100)]
+    assert position_spans(WRAP) == [range(WRAP)] and position_spans(WRAP + 1) == [range(17), range(17, 33)]
+    text = "abc de fgh ij " * 3 + "abc"  # 45 tokens: two panels
+    for analysis, fields in (("logit-lens", {}), ("patch", {"corrupt": text.replace("fgh", "fgj", 1)})):
+        _inspect(runs["decoder"], analysis, tmp_path, text=(text,), **fields)
+        width, height = (int.from_bytes((tmp_path / f"{analysis}.png").read_bytes()[at:at + 4], "big")
+                         for at in (16, 20))  # the PNG header's size in pixels
+        assert width < 2400 and height > 400, analysis  # one panel of 45 positions was 3,000 pixels wide

@@ -49,7 +49,7 @@ from attnkit.inspect.patching import Patching, faint_warning, logit_difference, 
 from attnkit.inspect.path_patching import path_patch
 from attnkit.inspect.points import head_sites, hook_points
 from attnkit.inspect.probes import probe_layers, reading_piece
-from attnkit.inspect.report import heatmap, write_report
+from attnkit.inspect.report import heatmap, position_spans, write_report
 from attnkit.inspect.sae import (
     SAEConfig,
     evaluate,
@@ -362,16 +362,19 @@ def _logit_lens(loaded: Loaded, settings: InspectSettings):
     probabilities, ranks, top = lens.probabilities()[:, 0], lens.ranks()[:, 0], lens.top(1)[:, :, 0]
     layers = [name.rpartition("blocks.")[2].replace(".resid_pre", " in").replace(".resid_post", " out")
               for name in lens.layers]
-    figure = Figure(figsize=(max(6.5, 2.7 + 0.55 * len(tokens)), 2.0 + 0.6 * len(layers)))  # rows for two lines
-    ax = figure.add_subplot()
-    heatmap(probabilities, title="logit lens: probability of the final prediction\n(below it: the layer's top token)",
-            rows=layers, columns=[readable(t) for t in tokens], xlabel="position (its token)", colorbar="probability",
-            share=True, ax=ax)
-    for layer in range(len(layers)):
-        for position, token in enumerate(_labels(loaded.tokenizer, top[layer])):
-            dark = float(probabilities[layer, position]) < 0.5  # the heatmap's rule for its numbers, on a 0-1 scale
-            ax.text(position, layer + 0.3, readable(token), ha="center", va="center", fontsize=6,
-                    color="white" if dark else "black")
+    spans = position_spans(len(tokens))  # a long text: panels of WRAP positions, one under another
+    figure = Figure(figsize=(max(6.5, 2.7 + 0.55 * len(spans[0])), (1.3 + 0.6 * len(layers)) * len(spans) + 0.7))
+    for index, span in enumerate(spans):  # rows of two lines: the probability, and under it the layer's top token
+        ax = figure.add_subplot(len(spans), 1, index + 1)
+        heatmap(probabilities[:, span.start:span.stop], rows=layers, columns=[readable(tokens[t]) for t in span],
+                title="" if index else "logit lens: probability of the final prediction\n(below it: the layer's top "
+                "token)", xlabel=f"{_positions(span, len(tokens))} (its token)", colorbar="probability", share=True,
+                ax=ax)
+        for layer in range(len(layers)):
+            for column, token in enumerate(_labels(loaded.tokenizer, top[layer, span.start:span.stop])):
+                dark = float(probabilities[layer, span.start + column]) < 0.5  # the heatmap's rule for its numbers
+                ax.text(column, layer + 0.3, readable(token), ha="center", va="center", fontsize=6,
+                        color="white" if dark else "black")
     rows = [{"layer": layers[i], "position": t, "token": tokens[t],
              "top": _labels(loaded.tokenizer, [top[i, t]])[0], "rank of final": int(ranks[i, t]),
              "p(final)": round(float(probabilities[i, t]), 4)}
@@ -560,17 +563,20 @@ def _attribute(loaded: Loaded, settings: InspectSettings):
 def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, stream, heads, verb: str):
     """Rows, summary and picture of a stream (layer x position) and a head table of shares restored."""
     tokens = _labels(loaded.tokenizer, pair.clean.args[0][0])
-    widths = [max(4.0, CELL_WIDTH * stream.restored.shape[1] + 2.5), CELL_WIDTH * heads.restored.shape[1] + 3.5]
-    figure = Figure(figsize=(sum(widths), 1.5 + 0.4 * max(len(stream.rows), len(heads.rows))))
-    stream_ax, heads_ax = figure.subplots(1, 2, gridspec_kw={"width_ratios": widths})  # each cell as wide as its number
+    spans = position_spans(stream.restored.shape[1])  # a long text: panels of WRAP positions, one under another
+    widths = [max(4.0, CELL_WIDTH * len(spans[0]) + 2.5), CELL_WIDTH * heads.restored.shape[1] + 3.5]
+    figure = Figure(figsize=(sum(widths), 1.5 + 0.4 * max(len(stream.rows) * len(spans), len(heads.rows))))
+    grid = figure.add_gridspec(len(spans), 2, width_ratios=widths)  # each cell as wide as its number
     what = "stream, attention and FFN outputs" if any(row.endswith(".mlp") for row in stream.rows) else "stream"
     named = [f"{row} in" if row.rpartition(".")[2].isdigit() else row for row in stream.rows]  # blocks.1: its input
-    heatmap(stream.restored, title=f"{what} {verb} (layer x position)", rows=named,
-            columns=[readable(t) for t in tokens], xlabel="position",
-            colorbar="share restored", centered=True, ax=stream_ax)
+    bound = float(stream.restored.nan_to_num(0.0).abs().max()) or 1.0  # one scale over the panels
+    for index, span in enumerate(spans):
+        heatmap(stream.restored[:, span.start:span.stop], title="" if index else f"{what} {verb} (layer x position)",
+                rows=named, columns=[readable(tokens[t]) for t in span], xlabel=_positions(span, len(tokens)),
+                colorbar="share restored", centered=True, bound=bound, ax=figure.add_subplot(grid[index, 0]))
     heatmap(heads.restored, title=f"head outputs {verb}", rows=heads.rows,
             columns=[str(h) for h in range(heads.restored.shape[1])], xlabel="head", colorbar="share restored",
-            centered=True, ax=heads_ax)
+            centered=True, ax=figure.add_subplot(grid[:, 1]))
     rows = [{"patched": f"{name} position {t} ({tokens[t]})", "restored": round(float(stream.restored[i, t]), 4)}
             for i, name in enumerate(named) for t in range(len(tokens))]
     rows += [{"patched": f"{name} head {h}", "restored": round(float(heads.restored[i, h]), 4)}
@@ -581,6 +587,11 @@ def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, str
         log.warning("%s", stream.warning)
         summary["warning"] = stream.warning
     return rows, summary, figure
+
+
+def _positions(span: range, length: int) -> str:
+    """A panel's x label: "position", or which positions it shows where a long text is cut into panels."""
+    return "position" if len(span) == length else f"positions {span.start}-{span.stop - 1} of {length}"
 
 
 def _pair_summary(loaded: Loaded, settings: InspectSettings, pair: _Pair, clean: float, corrupted: float) -> dict:

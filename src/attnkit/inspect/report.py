@@ -49,17 +49,29 @@ def markdown(title: str, summary: dict[str, Any], rows: list[dict[str, Any]]) ->
     return "\n".join(lines) + "\n"
 
 
+WRAP = 32  # positions in one panel: a longer text's table is cut into panels stacked one under another
+
+
+def position_spans(length: int) -> list[range]:
+    """The positions each stacked panel of a `length`-position table shows: WRAP at most, about as many each (100
+    positions: 25 a panel, 4 panels), so a long text's cells keep a readable width."""
+    size = math.ceil(length / max(1, math.ceil(length / WRAP)))
+    return [range(start, min(length, start + size)) for start in range(0, length, size)]
+
+
 def heatmap(values: Tensor, *, title: str, rows: Sequence[str], columns: Sequence[str], xlabel: str,
-            colorbar: str, centered: bool = False, share: bool = False, ax=None) -> Figure:
+            colorbar: str, centered: bool = False, share: bool = False, bound: float | None = None, ax=None
+            ) -> Figure:
     """A (rows, columns) table of numbers as a heatmap with each cell written in (NaN cells left blank);
-    `centered`: a diverging scale around 0 (changes that go both ways); `share`: a scale from 0 to 1 (a share of
-    the attention, a probability)."""
+    `centered`: a diverging scale around 0 (changes that go both ways), to +-`bound` (default: the largest
+    magnitude; give one to panels that share a scale); `share`: a scale from 0 to 1 (a share of the attention, a
+    probability)."""
     data = values.detach().float().cpu().numpy()
     if ax is None:
         figure = Figure(figsize=(1.2 + 0.55 * len(columns) + 1.5, 1.0 + 0.35 * len(rows) + 0.6))
         ax = figure.add_subplot()
     finite = data[~(data != data)]
-    bound = float(abs(finite).max()) if finite.size else 1.0
+    bound = bound if bound is not None else float(abs(finite).max()) if finite.size else 1.0
     limits = ({"vmin": -bound, "vmax": bound, "cmap": "RdBu_r"} if centered else
               {"vmin": 0.0, "vmax": 1.0, "cmap": "viridis"} if share else {"cmap": "viridis"})
     image = ax.imshow(data, aspect="auto", **limits)
