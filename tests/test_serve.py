@@ -424,6 +424,9 @@ def test_health_metrics_and_unknown_paths(server):
         assert name in metrics
     served = [line for line in metrics.splitlines() if line.startswith('attnkit_requests_total{path="/v1/completions"')]
     assert served and all(float(line.rsplit(" ", 1)[1]) >= 1 for line in served)
+    from importlib.metadata import version  # vLLM's /version, which answered 404
+
+    assert httpx.get(f"{url}/version", timeout=TIMEOUT).json() == {"version": version("attnkit")}
     missing = httpx.get(f"{url}/v2/nothing", timeout=TIMEOUT)
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
     wrong = httpx.post(f"{url}/v1/classify", json={"input": "x"}, timeout=TIMEOUT)

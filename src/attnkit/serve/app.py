@@ -8,6 +8,7 @@ one router per endpoint family (`serve/routes/`) over the state they share (`ser
     POST /tokenize, /detokenize a prompt's or chat's token ids with the context's length, and back (vLLM's shapes)
     GET  /v1/models[/{id}]      the one model served, under each of its names (--served-model-name)
     GET  /health, /metrics      liveness, Prometheus text (`serve/metrics.py`)
+    GET  /version               attnkit's version (vLLM's endpoint)
     GET  /openapi.json          the request bodies' schemas, per endpoint served (`serve/schemas.py`)
     GET  /                      the explorer (`serve/static/`), its numbers under /api/ (`serve/explorer.py`)
 

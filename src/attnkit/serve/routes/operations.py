@@ -1,7 +1,10 @@
-"""GET /health, /metrics (Prometheus text, `serve/metrics.py`), /openapi.json (the request bodies' schemas, per
-endpoint served, `serve/schemas.py`) and /v1/models[/{id}] (the one model served)."""
+"""GET /health, /version (attnkit's, as vLLM's /version gives its own), /metrics (Prometheus text,
+`serve/metrics.py`), /openapi.json (the request bodies' schemas, per endpoint served, `serve/schemas.py`) and
+/v1/models[/{id}] (the one model served)."""
 
 from __future__ import annotations
+
+from importlib.metadata import version
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
@@ -31,6 +34,12 @@ def router(state: ServerState) -> APIRouter:
         if scheduler is not None and scheduler.stopped:  # no generation request would ever be answered
             raise APIError(503, STOPPED)
         return {"status": "ok", "model": state.model_id}
+
+    release = {"version": version("attnkit")}
+
+    @routes.get("/version")
+    async def attnkit_version():
+        return release
 
     @routes.get("/metrics")
     async def prometheus():
