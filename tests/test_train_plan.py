@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
+import logging
 import re
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnkit import ModelConfig, build_model, presets
 from attnkit.data import LMData
-from attnkit.errors import ConfigError
+from attnkit.errors import ConfigError, InputError
 from attnkit.layers.output_loss import LossPath, use_loss_path
 from attnkit.tasks.lm import LMTask
 from attnkit.tokenize import CharTokenizer
@@ -305,3 +307,22 @@ def test_the_explained_attention_kernel_is_the_one_a_padded_training_step_takes(
     kernels = {kernel for kernel, _ in taken}
     assert kernels == ({"sdpa"} if task == "lm" else {"sdpa+bias"})
     assert explained_kernels(trainer.plan.explain()) == kernels
+
+
+def test_a_kept_profile_this_attnkit_cannot_read_plans_training_with_the_defaults(tmp_path, monkeypatch, caplog):
+    """A profile an older attnkit kept in the cache (its version bumped since) stopped every `attnkit train` on a
+    CPU; training now plans with the documented defaults and says why, and a damaged $ATTNKIT_PROFILE, the user's
+    own file, is still refused naming it."""
+    from attnkit.machine import PROFILE_ENV, PROFILE_VERSION, default_profile_path
+
+    monkeypatch.delenv(PROFILE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    kept = default_profile_path()
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps({"version": PROFILE_VERSION - 1, "attention": {}, "decode_linear": {}}))
+    with caplog.at_level(logging.WARNING, logger="attnkit.train.plan"):
+        plan = plan_training(_decoder(), family="decoder", device="cpu", dtype="bf16")
+    assert "documented defaults" in plan.explain() and str(kept) in caplog.text
+    monkeypatch.setenv(PROFILE_ENV, str(kept))
+    with pytest.raises(InputError, match="version"):
+        plan_training(_decoder(), family="decoder", device="cpu", dtype="bf16")

@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -55,14 +57,16 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.blocks import attention_kernels, compile_blocks
-from attnkit.errors import ConfigError
+from attnkit.errors import ConfigError, InputError
 from attnkit.layers.attention import Attention
 from attnkit.layers.kernels import MathKernel, use_flex_attention, use_math_kernel
 from attnkit.layers.output_loss import LossPath, fused_kernel_missing, use_loss_path
 from attnkit.layers.positions import ALiBi
-from attnkit.machine import load_profile
+from attnkit.machine import DEFAULT_PROFILE, PROFILE_ENV, Profile, load_profile
 from attnkit.plans import Choice, attention_choice, explain_choices
 from attnkit.train.distributed import collective_backend
+
+log = logging.getLogger(__name__)
 
 TrainCompile = Literal["auto", "off", "model", "blocks"]
 TRAIN_COMPILE: tuple[str, ...] = get_args(TrainCompile)
@@ -364,12 +368,26 @@ def _attention(model: nn.Module, device: torch.device, dtype: str) -> tuple[Math
     compute = torch.float32 if dtype == "fp32" else torch.bfloat16
     if device.type == "cuda":
         return None, ("SDPA, " + sdpa_backend(model, compute, device), "fused, keeps no (T, S) weights")
-    profile, note = load_profile()
+    profile, note = _profile()
     kernel = MathKernel.from_profile(device.type, compute, profile)
     if kernel is None:
         return None, ("SDPA (its fused CPU kernel)", f"fused, keeps no (T, S) weights; {note}")
     return kernel, (f"float32 products up to {kernel.limits.pass_keys} keys, SDPA beyond",
                     f"faster than SDPA there for short reduced-precision attention; {note}")
+
+
+def _profile() -> tuple[Profile, str]:
+    """The CPU's measured profile and what to say of it. One kept in attnkit's cache that this attnkit cannot read
+    (written by an older version, or damaged) plans training with the documented defaults and says why: the decoding
+    plan measures it again on its next start, and training never stops for it. One at $ATTNKIT_PROFILE is the
+    user's: an InputError naming the file and the fix."""
+    try:
+        return load_profile()
+    except InputError as err:
+        if os.environ.get(PROFILE_ENV):
+            raise
+        log.warning("%s; training plans with the documented defaults meanwhile", err)
+        return DEFAULT_PROFILE, f"documented defaults: the kept profile is unreadable ({err})"
 
 
 def _flex(model: nn.Module, device: torch.device, asked: str, packed: bool) -> tuple[str, str | None]:
