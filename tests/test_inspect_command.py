@@ -782,3 +782,23 @@ def test_a_long_texts_tables_are_drawn_in_panels_of_readable_width(runs, tmp_pat
         width, height = (int.from_bytes((tmp_path / f"{analysis}.png").read_bytes()[at:at + 4], "big")
                          for at in (16, 20))  # the PNG header's size in pixels
         assert width < 2400 and height > 400, analysis  # one panel of 45 positions was 3,000 pixels wide
+
+
+def test_patch_by_position_patches_each_head_at_each_position_alone(runs, tmp_path):
+    """--by-position adds each head's output patched at each position alone (TransformerLens's
+    get_act_patch_attn_head_out_by_pos): the last layer's heads write only where the answer is read, so there each
+    restores what it restores patched at every position, and elsewhere nothing; other analyses and translations
+    refuse the option."""
+    report = _inspect(runs["decoder"], "patch", tmp_path, text=("abc de abc",), corrupt="jih gf abc",
+                      by_position=True)
+    restored = {row["patched"]: row["restored"] for row in report["rows"]}
+    for head in range(2):
+        assert restored[f"blocks.1.attn head {head} position 9 (c)"] == restored[f"blocks.1.attn head {head}"]
+        assert [restored[f"blocks.1.attn head {head} position {t} ({c})"] for t, c in enumerate("abc de ab")] == (
+            [0.0] * 9)
+    assert len([name for name in restored if name.startswith("blocks.0.attn head 1 position")]) == 10
+    with pytest.raises(InputError, match="--by-position patches each head at each position, which patch alone does"):
+        run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="dla", text=("abc",), by_position=True))
+    with pytest.raises(InputError, match="a translation's heads read two of different lengths"):
+        run_inspect(InspectSettings(run=str(runs["encoder-decoder"]), analysis="patch", text=("abc\tcb",),
+                                    corrupt="jih\tcb", by_position=True))

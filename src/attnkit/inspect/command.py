@@ -104,6 +104,7 @@ class InspectSettings:
     wrong: str | None = None  # the output the answer is measured against (unset: the corrupted run's; dla: runner-up)
     conll: str | None = None  # probe: a CoNLL or CoNLL-U file of tagged words
     column: str = "upos"  # probe: the CoNLL-U column holding the labels (upos, xpos, deprel, a MISC key)
+    by_position: bool = False  # patch: also each head's output at each position alone (a run per head and position)
     ablation: Ablation = "zero"  # heads: replace a head's output by zeros, its mean, or another input's
     out: str | None = None  # directory for ANALYSIS.json, .md and .png (default RUN/inspect)
     device: str = "cpu"  # where the model runs
@@ -187,6 +188,9 @@ def _check_inputs(settings: InspectSettings) -> None:
             "patch", "attribute", "path-patch", "dla"):
         raise InputError(f"--answer and --wrong name the logit difference that patch, attribute, path-patch and dla "
                          f"read; {settings.analysis} reads none: drop them")
+    if settings.by_position and settings.analysis != "patch":
+        raise InputError(f"--by-position patches each head at each position, which patch alone does; "
+                         f"{settings.analysis} reads none: drop it")
     if settings.analysis == "sae" and settings.point is None:
         raise InputError("sae reads one hook point's activations: give --point (blocks.1.resid_post, blocks.0.mlp.out; "
                          "attnkit.inspect.hook_points lists a model's)")
@@ -213,6 +217,10 @@ def _check_run(loaded: Loaded, settings: InspectSettings) -> None:
                          "attnkit inspect has nothing to read in it; inspect reads decoders, encoders, "
                          "encoder-decoders and the recurrent seq2seq with attention (attention=bahdanau or luong-*); "
                          "for this run, attnkit eval measures its loss and attnkit generate samples from it")
+    if settings.by_position and loaded.translates:
+        raise InputError("--by-position patches each head at each position of one sequence; a translation's heads "
+                         "read two of different lengths: drop it (attnkit.inspect.patching.patch_heads(..., "
+                         "by_position=True) returns them in Python)")
     if settings.analysis == "head-types" and not loaded.translates and (settings.text or settings.input):
         raise InputError("head-types scores a one-sequence model's heads on repeated random tokens (--seed draws "
                          "them), not on given texts: drop --text / --input (a translation run alone is scored on its "
@@ -489,7 +497,9 @@ def _patch(loaded: Loaded, settings: InspectSettings):
                           torch.stack((stream.restored, attn.restored, mlp.restored), 1).flatten(0, 1),  # (3L, T)
                           stream.clean, stream.corrupted, stream.columns)  # per block: its input, attention, FFN
     heads = patch_heads(loaded.model, pair.clean, pair.corrupted, **pair.target)
-    rows, summary, figure = _patching_report(loaded, settings, pair, stream, heads, "patched")
+    by_position = (patch_heads(loaded.model, pair.clean, pair.corrupted, **pair.target, by_position=True)
+                   if settings.by_position else None)
+    rows, summary, figure = _patching_report(loaded, settings, pair, stream, heads, "patched", by_position)
     return "Activation patching", rows, summary, figure
 
 
@@ -560,25 +570,35 @@ def _attribute(loaded: Loaded, settings: InspectSettings):
     return "Attribution patching", rows, summary, figure
 
 
-def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, stream, heads, verb: str):
-    """Rows, summary and picture of a stream (layer x position) and a head table of shares restored."""
+def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, stream, heads, verb: str,
+                     by_position: Patching | None = None):
+    """Rows, summary and picture of a stream (layer x position) and a head table of shares restored; `by_position`:
+    each head at each position alone, (sites, T, H), as a (site head) x position table under the stream's."""
     tokens = _labels(loaded.tokenizer, pair.clean.args[0][0])
-    spans = position_spans(stream.restored.shape[1])  # a long text: panels of WRAP positions, one under another
-    widths = [max(4.0, CELL_WIDTH * len(spans[0]) + 2.5), CELL_WIDTH * heads.restored.shape[1] + 3.5]
-    figure = Figure(figsize=(sum(widths), 1.5 + 0.4 * max(len(stream.rows) * len(spans), len(heads.rows))))
-    grid = figure.add_gridspec(len(spans), 2, width_ratios=widths)  # each cell as wide as its number
     what = "stream, attention and FFN outputs" if any(row.endswith(".mlp") for row in stream.rows) else "stream"
     named = [f"{row} in" if row.rpartition(".")[2].isdigit() else row for row in stream.rows]  # blocks.1: its input
-    bound = float(stream.restored.nan_to_num(0.0).abs().max()) or 1.0  # one scale over the panels
-    for index, span in enumerate(spans):
-        heatmap(stream.restored[:, span.start:span.stop], title="" if index else f"{what} {verb} (layer x position)",
-                rows=named, columns=[readable(tokens[t]) for t in span], xlabel=_positions(span, len(tokens)),
-                colorbar="share restored", centered=True, bound=bound, ax=figure.add_subplot(grid[index, 0]))
+    tables = [(named, stream.restored, f"{what} {verb} (layer x position)")]  # (row names, (rows, T), title)
+    if by_position is not None:
+        per_head = by_position.restored.permute(0, 2, 1).flatten(0, 1)  # (sites, T, H) -> (sites * H, T)
+        names = [f"{site} head {h}" for site in by_position.rows for h in range(by_position.restored.shape[2])]
+        kept = [i for i, row in enumerate(per_head) if not bool(row.isnan().all())]  # a site's heads, not padding
+        tables.append(([names[i] for i in kept], per_head[kept], f"each head's output {verb} at each position alone"))
+    spans = position_spans(stream.restored.shape[1])  # a long text: panels of WRAP positions, one under another
+    panels = [(table, span) for table in tables for span in spans]
+    widths = [max(4.0, CELL_WIDTH * len(spans[0]) + 2.5), CELL_WIDTH * heads.restored.shape[1] + 3.5]
+    heights = [1.2 + 0.4 * len(table[0]) for table, _ in panels]
+    figure = Figure(figsize=(sum(widths), max(sum(heights), 1.5 + 0.4 * len(heads.rows))))
+    grid = figure.add_gridspec(len(panels), 2, width_ratios=widths, height_ratios=heights)  # cells fit their numbers
+    for index, ((names, values, title), span) in enumerate(panels):
+        heatmap(values[:, span.start:span.stop], title=title if span.start == 0 else "", rows=names,
+                columns=[readable(tokens[t]) for t in span], xlabel=_positions(span, len(tokens)),
+                colorbar="share restored", centered=True, bound=float(values.nan_to_num(0.0).abs().max()) or 1.0,
+                ax=figure.add_subplot(grid[index, 0]))  # one scale over a table's panels
     heatmap(heads.restored, title=f"head outputs {verb}", rows=heads.rows,
             columns=[str(h) for h in range(heads.restored.shape[1])], xlabel="head", colorbar="share restored",
             centered=True, ax=figure.add_subplot(grid[:, 1]))
-    rows = [{"patched": f"{name} position {t} ({tokens[t]})", "restored": round(float(stream.restored[i, t]), 4)}
-            for i, name in enumerate(named) for t in range(len(tokens))]
+    rows = [{"patched": f"{name} position {t} ({tokens[t]})", "restored": round(float(values[i, t]), 4)}
+            for names, values, _ in tables for i, name in enumerate(names) for t in range(len(tokens))]
     rows += [{"patched": f"{name} head {h}", "restored": round(float(heads.restored[i, h]), 4)}
              for i, name in enumerate(heads.rows) for h in range(heads.restored.shape[1])
              if not math.isnan(float(heads.restored[i, h]))]
