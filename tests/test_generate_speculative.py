@@ -2,6 +2,7 @@
 the target's own distribution (Leviathan et al. 2023), shown by chi-square tests that a wrong acceptance rule fails."""
 
 import copy
+import inspect
 import itertools
 import logging
 import re
@@ -15,7 +16,7 @@ import attnkit
 from attnkit import cli
 from attnkit.checkpoint import save_model
 from attnkit.errors import InputError
-from attnkit.generate import speculative
+from attnkit.generate import Pipeline, speculative
 from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.sampling import GREEDY, SamplingConfig, draw, process_logits
 from attnkit.generate.speculative import accept_sampled, speculative_generate
@@ -265,3 +266,16 @@ def test_what_a_draft_cannot_serve_is_refused_in_one_line(runs, capsys):
             in capsys.readouterr().err)
     assert cli.main([*argv, "--max-new-tokens", "40"]) != 0
     assert "and --max-new-tokens 40 outgrow the context of 24" in capsys.readouterr().err
+
+
+def test_the_options_refused_beside_a_draft_are_names_of_both_the_command_and_the_api():
+    """A name of NOT_BESIDE_DRAFT renamed on one side without the table would let that option through unrefused."""
+    from dataclasses import fields
+
+    from attnkit.run_settings import API_ONLY_BESIDE_DRAFT, CLI_ONLY_BESIDE_DRAFT, NOT_BESIDE_DRAFT
+    from attnkit.tasks.lm import GenerateSettings
+
+    flags = {f.name for f in fields(GenerateSettings)}
+    arguments = set(inspect.signature(Pipeline.generate).parameters)
+    assert set(NOT_BESIDE_DRAFT) - API_ONLY_BESIDE_DRAFT <= flags and not API_ONLY_BESIDE_DRAFT & flags
+    assert set(NOT_BESIDE_DRAFT) - CLI_ONLY_BESIDE_DRAFT <= arguments and not CLI_ONLY_BESIDE_DRAFT & arguments
