@@ -104,16 +104,19 @@ def test_the_loss_is_the_mean_cross_entropy_over_the_replies_of_each_conversatio
     task = ChatTask(rows, rows, packed=packed)
     batch = rows.batch(0, 0)
     loss = task.loss(model, batch)
-    total, count = 0.0, 0
+    total, count, inputs, longest = 0.0, 0, 0, 0
     with torch.no_grad():
         for chat in chats:  # each conversation alone, so nothing of another can reach it
             ids, trained = DEFAULT_FORMAT.conversation_ids(tok, chat)
+            inputs, longest = inputs + len(ids) - 1, max(longest, len(ids) - 1)
             logp = model(torch.tensor([ids[:-1]])).logits[0].double().log_softmax(-1)  # (T, V)
             for t in range(len(ids) - 1):
                 if trained[t + 1]:
                     total -= float(logp[t, ids[t + 1]])
                     count += 1
     assert task.weight(batch) == count
+    assert task.n_tokens(batch) == inputs  # the conversations' tokens, padding not counted
+    assert batch.input_ids.shape[1] == (inputs if packed else longest)  # as wide as its longest row's tokens
     torch.testing.assert_close(loss.double().item(), total / count, rtol=1e-5, atol=1e-6)
     assert task.evaluate(model)["val_loss"] == pytest.approx(total / count, rel=1e-5)
 

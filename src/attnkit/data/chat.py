@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from attnkit.data.batching import BucketedData
+from attnkit.data.batching import IGNORE_INDEX, BucketedData
 from attnkit.data.packing import PackedBatch, PackedRows
 from attnkit.errors import InputError
 from attnkit.textfiles import EncodingErrors, read_text
@@ -128,13 +129,22 @@ def _text(record: dict, key: str) -> str:
     return value
 
 
+def filled(documents: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The positions each row's conversations fill, padding left out: (R, T) document ids and labels -> (R,). A row's
+    padding is its last document when none of that document's labels is learnt (every conversation has a reply
+    token in its window: `conversation_rows` refuses one that has none)."""
+    last = documents[:, -1:]  # (R, 1)
+    in_last = documents == last  # (R, T)
+    padded = ~((labels != IGNORE_INDEX) & in_last).any(dim=1)  # (R,)
+    return torch.where(padded, (~in_last).sum(dim=1), torch.full_like(padded, documents.shape[1], dtype=torch.int64))
+
+
 class ChatRows(BucketedData[PackedBatch]):
     """Rows of conversations (`pack_rows` with the assistant's tokens as the only targets) served as batches: each
     batch as wide as its longest row, rows of similar length together (`BucketedData`)."""
 
-    def __init__(self, rows: PackedRows, lengths: Sequence[int], *, batch_size: int, seed: int = 0,
-                 batch_tokens: int | None = None) -> None:
-        """`lengths`: the positions each row fills (the rest is padding)."""
+    def __init__(self, rows: PackedRows, *, batch_size: int, seed: int = 0, batch_tokens: int | None = None) -> None:
+        lengths = filled(torch.from_numpy(rows.documents), torch.from_numpy(rows.labels)).numpy()  # (R,)
         super().__init__(lengths, batch_size=batch_size, seed=seed, batch_tokens=batch_tokens)
         self.rows = rows
 

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from attnkit.chat_format import ChatTemplate, chat_template
 from attnkit.checkpoint import TOKENIZER_DIR
 from attnkit.data import IGNORE_INDEX
-from attnkit.data.chat import ChatRows, Conversation, read_conversations
+from attnkit.data.chat import ChatRows, Conversation, filled, read_conversations
 from attnkit.data.packing import PackedBatch, pack_rows
 from attnkit.errors import InputError
 from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, summed_nll, take_rows
@@ -81,8 +81,7 @@ def conversation_rows(conversations: list[Conversation], *, template: ChatTempla
     pieces = np.array(cut, dtype=np.int64).reshape(-1, 2)  # (P, 2) start, stop
     rows = pack_rows(np.asarray(ids, dtype=np.int64), pieces, seq_len, packed=packed,
                      trained=np.asarray(trained, dtype=bool))
-    lengths = [seq_len] * len(rows.labels) if packed else (pieces[:, 1] - pieces[:, 0] - 1).tolist()
-    return ChatRows(rows, lengths, batch_size=batch_size, seed=seed, batch_tokens=batch_tokens)
+    return ChatRows(rows, batch_size=batch_size, seed=seed, batch_tokens=batch_tokens)
 
 
 def _forward(model: nn.Module, batch: PackedBatch, packed: bool, **kwargs: Any) -> Any:
@@ -129,7 +128,8 @@ class ChatTask(EpochTask):
         return int((batch.labels != IGNORE_INDEX).sum())
 
     def n_tokens(self, batch: PackedBatch) -> int:
-        return batch.input_ids.numel()
+        """The conversations' tokens (padding not counted), so tokens/s compares padded and packed rows."""
+        return int(filled(batch.document_ids, batch.labels).sum())
 
     def evaluate(self, model: nn.Module, shard: Shard = ONE_PROCESS) -> dict[str, float]:
         return reply_scores(model, self.val, packed=self.packed, shard=shard)
