@@ -439,6 +439,23 @@ def test_health_metrics_and_unknown_paths(server):
         assert served.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_a_v1_endpoint_asked_with_a_verb_it_does_not_take_answers_405_naming_its_verbs(server):
+    """/v1/models takes GET alone: a DELETE, PUT or POST of it answered 404 saying no endpoint /v1/models existed;
+    /v1/chat/completions' 405 came without the Allow header a 405 must carry; and a HEAD or OPTIONS of a /v1/ name no
+    endpoint has answered 405, where the guide says such a name is a 404 whatever the verb."""
+    url = server[0]
+    for verb in ("DELETE", "PUT", "POST"):
+        models = httpx.request(verb, f"{url}/v1/models", timeout=TIMEOUT)
+        assert models.status_code == 405 and models.headers["Allow"] == "GET", (verb, models.text)
+        assert "/v1/models takes GET" in models.json()["error"]["message"]
+    chat = httpx.get(f"{url}/v1/chat/completions", timeout=TIMEOUT)
+    assert chat.status_code == 405 and chat.headers["Allow"] == "POST"
+    for verb in ("HEAD", "OPTIONS"):
+        assert httpx.request(verb, f"{url}/v1/responses", timeout=TIMEOUT).status_code == 404, verb
+        served = httpx.request(verb, f"{url}/v1/completions", timeout=TIMEOUT)
+        assert served.status_code == 405 and served.headers["Allow"] == "POST", verb
+
+
 def test_a_classifier_serves_its_task_and_embeddings_not_completions(runs):
     classifier = attnkit.load(runs["clf"], device="cpu")
     with running_server(runs["clf"]) as (url, _app):

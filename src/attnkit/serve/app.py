@@ -88,7 +88,7 @@ def create_app(pipeline: Pipeline, run_dir: str | Path, settings: ServeSettings)
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, error: StarletteHTTPException):
         message = "no such endpoint" if error.status_code == 404 else str(error.detail)
-        return APIError(error.status_code, message).response()
+        return APIError(error.status_code, message, headers=error.headers).response()  # a 405's Allow
 
     if settings.allowed_origins:  # added after Guard, so outside it: a browser's preflight is answered before the key
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],

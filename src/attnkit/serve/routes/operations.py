@@ -24,6 +24,8 @@ from attnkit.serve.schemas import (
 )
 from attnkit.serve.state import ServerState
 
+MODELS = "/v1/models"  # the one /v1/ name served to GET (the task router answers its other verbs: 405)
+
 
 def router(state: ServerState) -> APIRouter:
     routes = APIRouter()
@@ -64,11 +66,11 @@ def router(state: ServerState) -> APIRouter:
                 "root": state.run_name, "max_model_len": pipeline.config.max_seq_len, "family": pipeline.family,
                 "task": pipeline.task.name if pipeline.task else None, "endpoints": state.endpoints()}
 
-    @routes.get("/v1/models")
+    @routes.get(MODELS)
     async def models():
         return {"object": "list", "data": [card(name) for name in state.names]}
 
-    @routes.get("/v1/models/{name}")
+    @routes.get(MODELS + "/{name}")
     async def model(name: str):
         state.check_model(name)
         return card(name)

@@ -8,6 +8,7 @@ import dataclasses
 from fastapi import APIRouter, Request
 
 from attnkit.serve.errors import APIError
+from attnkit.serve.routes.operations import MODELS
 from attnkit.serve.schemas import TaskRequest
 from attnkit.serve.state import ServerState
 
@@ -17,13 +18,19 @@ def router(state: ServerState) -> APIRouter:
     routes = APIRouter()
     pipeline = state.pipeline
 
-    def missing(method: str) -> APIError:
-        return APIError(404, f"no endpoint /v1/{method}; this run serves {', '.join(state.endpoints()) or 'none'}")
+    def refused(method: str) -> APIError:
+        """The answer to /v1/{method} asked with a verb it does not take: 405 with the verb it takes where the run
+        serves it (POST for the endpoints the registry names, GET for /v1/models), else 404, whatever the verb."""
+        path = f"/v1/{method}"
+        allow = "POST" if path in state.endpoints() else "GET" if path == MODELS else None
+        if allow is not None:
+            return APIError(405, f"{path} takes {allow}", headers={"Allow": allow})
+        return APIError(404, f"no endpoint {path}; this run serves {', '.join(state.endpoints()) or 'none'}")
 
     @routes.post("/v1/{method}")
     async def task_method(method: str, request: Request):
         if method not in pipeline.methods or method == "generate":
-            raise missing(method)
+            raise refused(method)
         body = await state.body(request, TaskRequest)
         state.check_model(body.model)
         texts = [body.input] if isinstance(body.input, str) else body.input
@@ -33,13 +40,11 @@ def router(state: ServerState) -> APIRouter:
         return {"object": "list", "model": state.model_id, "task": method,
                 "data": [{"index": i, "result": _plain(r)} for i, r in enumerate(results)]}
 
-    @routes.api_route("/v1/{method}", methods=["GET", "PUT", "PATCH", "DELETE"])
+    @routes.api_route("/v1/{method}", methods=["GET", "HEAD", "OPTIONS", "PUT", "PATCH", "DELETE"])
     async def other_verb(method: str):
-        """A /v1/ name asked with another verb than POST: 405 where it is an endpoint, else the 404 a POST gets (the
-        POST route alone would make every name's GET a 405)."""
-        if f"/v1/{method}" in state.endpoints():
-            raise APIError(405, f"/v1/{method} takes POST", headers={"Allow": "POST"})
-        raise missing(method)
+        """A /v1/ name asked with another verb than POST (`refused`: the POST route alone would make every name's GET
+        a 405)."""
+        raise refused(method)
 
     return routes
 
