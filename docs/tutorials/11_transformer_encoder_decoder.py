@@ -574,8 +574,10 @@ print("mean training loss over the last 25 steps:",
 
 # %%
 fig, axes = plt.subplots(2, 1, figsize=(8, 8), layout="constrained")  # one panel per row: each readable
-for placement, norms in grads.items():
-    axes[0].plot(range(1, 2 * DEPTH + 1), norms, marker="o", label=f"{placement}-norm")
+for colour, (placement, norms) in zip(("C0", "C1"), grads.items(), strict=True):
+    for stack in (slice(0, DEPTH), slice(DEPTH, 2 * DEPTH)):  # two lines: no line runs from encoder to decoder
+        axes[0].plot(range(stack.start + 1, stack.stop + 1), norms[stack], marker="o", color=colour,
+                     label=f"{placement}-norm" if stack.start == 0 else None)
 axes[0].axvline(DEPTH + 0.5, color="grey", linestyle=":")
 axes[0].set(xlabel=f"block (1-{DEPTH}: encoder, {DEPTH + 1}-{2 * DEPTH}: decoder)",
             ylabel="FFN weight-gradient norm at init", yscale="log", title="gradients at initialisation")
