@@ -40,7 +40,7 @@ from attnkit.errors import InputError
 from attnkit.inspect.attribution import attribute_heads, attribute_stream, attribute_sublayers
 from attnkit.inspect.circuits import composition_scores, head_weights
 from attnkit.inspect.edits import Ablation
-from attnkit.inspect.head_types import HeadTypes, head_types, repeat_periods, repeat_types
+from attnkit.inspect.head_types import MONOTONIC, HeadTypes, head_types, repeat_periods, repeat_types
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.inputs import Batch, divergence, lm_batch, seq2seq_batch
 from attnkit.inspect.logit_attribution import logit_attribution
@@ -353,7 +353,10 @@ def _head_types(loaded: Loaded, settings: InspectSettings):
                  f"{f' and framed {marks}' if any(frame) else ''} (duplicate and induction: a head's lowest score "
                  "over those periods)")
     shown = [k for k, v in found.scores.items() if not bool(v.isnan().all())]
-    figure = Figure(figsize=(3.2 * len(shown) + 1, 1.2 + 0.35 * len(found.sites)))
+    figure = Figure(figsize=(3.2 * len(shown) + 1, 1.6 + 0.35 * len(found.sites)))
+    crossing = f"; a cross-attention head monotonic from {MONOTONIC}" if "monotonic" in shown else ""
+    figure.suptitle("each score: the share of a head's attention on that type's keys (1: all of it); a head is "
+                    f"typed by its highest score of 0.4 or more{crossing}", fontsize=9)
     for index, kind in enumerate(shown):
         heatmap(found.scores[kind], title=kind, rows=found.sites if index == 0 else [""] * len(found.sites),
                 columns=[str(h) for h in range(found.scores[kind].shape[1])], xlabel="head", colorbar="score",
