@@ -16,7 +16,7 @@ from attnkit.inspect.induction import InductionTask, attention_only_decoder, tra
 from attnkit.inspect.inputs import Batch, lm_batch, token_losses
 from attnkit.inspect.logit_attribution import logit_attribution
 from attnkit.inspect.logit_lens import logit_lens
-from attnkit.inspect.patching import logit_difference, patch_heads, patch_stream
+from attnkit.inspect.patching import logit_difference, logit_differences, patch_heads, patch_stream
 from attnkit.inspect.path_patching import path_patch
 from attnkit.inspect.probes import control_labels, majority, probe
 from attnkit.models import build_model
@@ -406,3 +406,28 @@ def test_a_probe_frames_a_converted_models_text_as_its_tokenizer_does(family, he
     expected = trace(model.stack, ids, names=["blocks.0.resid_post"])["blocks.0.resid_post"][0]  # (T, C)
     at = [2, 5, 9] if family == "decoder" else [0, 4, 7]  # each word's last piece in a decoder, first in an encoder
     torch.testing.assert_close(found.states["blocks.0.resid_post"][:3], expected[[len(before) + i for i in at]])
+
+
+def test_padded_prompts_are_each_read_at_their_own_last_token(induction_model, held_out):
+    """Prompts of different lengths, right-padded into one batch, are read each at its own last token (`position`
+    one per row, as TransformerLens users index their prompts' ends): the clean and corrupted logit differences are
+    the mean of each prompt's run alone, and the induction head still restores most of the answer."""
+    ids = held_out[:2, :-1].clone()  # (2, 15): the second prompt is cut to 11 tokens and padded
+    corrupted = ids.clone()
+    corrupted[:, :TASK.half] = TASK.ids(torch.Generator().manual_seed(9), batch=2)[:, :TASK.half]
+    mask = torch.ones_like(ids)
+    mask[1, 11:] = 0
+    ends = torch.tensor([14, 10])
+    answer, wrong = torch.stack((held_out[0, 15], held_out[1, 11])), torch.tensor([0, 1])
+    padded = [Batch((x.masked_fill(mask == 0, 0),), kwargs={"attention_mask": mask}) for x in (ids, corrupted)]
+    found = patch_heads(induction_model, *padded, answer=answer, wrong=wrong, position=ends)
+    with torch.no_grad():
+        alone = [[float(logit_differences(induction_model(x[row:row + 1, :end + 1]).logits, answer[row], wrong[row]))
+                  for row, end in enumerate(ends.tolist())] for x in (ids, corrupted)]
+    assert (found.clean, found.corrupted) == pytest.approx((sum(alone[0]) / 2, sum(alone[1]) / 2), abs=1e-4)
+    assert found.restored[1, 0] > 0.5
+    for position, message in ((torch.tensor([14]), r"position=\[14\] must be one position, or one per row of the "
+                               r"batch \(2\)"), (torch.tensor([14.0, 10.0]), "must be one position"),
+                              (torch.tensor([14, 15]), r"position \[14, 15\] is out of range")):
+        with pytest.raises(InputError, match=message):
+            patch_heads(induction_model, *padded, answer=answer, wrong=wrong, position=position)

@@ -61,13 +61,12 @@ def faint_warning(clean: float, corrupted: float) -> str | None:
             f"so every share is divided by {gap:.2g}; corrupt the tokens the answer depends on")
 
 
-def logit_differences(logits: Tensor, answer: int | Tensor, wrong: int | Tensor | None, position: int = -1) -> Tensor:
+def logit_differences(logits: Tensor, answer: int | Tensor, wrong: int | Tensor | None,
+                      position: int | Tensor = -1) -> Tensor:
     """logit(answer) - logit(wrong) at `position` per row (B,) (wrong None: the answer's logit): logits (B, T, V), or a
-    sequence classifier's (B, C) (no position); answer and wrong one token or class id, or one per row (B,)."""
-    if logits.dim() == 3 and not -logits.shape[1] <= position < logits.shape[1]:
-        raise InputError(f"position {position} is out of range: the logits have {logits.shape[1]} positions "
-                         f"(0..{logits.shape[1] - 1}, or -{logits.shape[1]}..-1 from the end)")
-    at = (logits if logits.dim() == 2 else logits[:, position]).float()  # (B, V)
+    sequence classifier's (B, C) (no position); answer and wrong one token or class id, or one per row (B,);
+    `position` one, or one per row (B,) (padded prompts of different lengths, each read at its own last token)."""
+    at = (logits if logits.dim() == 2 else logits[torch.arange(len(logits)), _positions(position, logits)]).float()
 
     def logit(token: int | Tensor, name: str) -> Tensor:
         return at.gather(1, output_ids(token, name, *at.shape, at.device)[:, None])[:, 0]  # (B,)
@@ -75,7 +74,22 @@ def logit_differences(logits: Tensor, answer: int | Tensor, wrong: int | Tensor 
     return logit(answer, "answer") if wrong is None else logit(answer, "answer") - logit(wrong, "wrong")
 
 
-def logit_difference(logits: Tensor, answer: int | Tensor, wrong: int | Tensor, position: int = -1) -> float:
+def _positions(position: int | Tensor, logits: Tensor) -> Tensor:
+    """`position` as one position per row of logits (B, T, V): (B,) on their device. Raises InputError for a position
+    that is not a whole number, one per row of another count, or out of range."""
+    rows, length = logits.shape[:2]
+    where = torch.as_tensor(position, device=logits.device)
+    shown = position.tolist() if isinstance(position, Tensor) else position
+    if where.dtype.is_floating_point or where.dtype.is_complex or where.dtype == torch.bool or where.dim() > 1 or (
+            where.dim() == 1 and len(where) != rows):
+        raise InputError(f"position={shown} must be one position, or one per row of the batch ({rows})")
+    if not bool(((where >= -length) & (where < length)).all()):
+        raise InputError(f"position {shown} is out of range: the logits have {length} positions "
+                         f"(0..{length - 1}, or -{length}..-1 from the end)")
+    return where.long().expand(rows)  # (B,)
+
+
+def logit_difference(logits: Tensor, answer: int | Tensor, wrong: int | Tensor, position: int | Tensor = -1) -> float:
     """`logit_differences` averaged over the batch."""
     return float(logit_differences(logits, answer, wrong, position).mean())
 
@@ -138,7 +152,7 @@ def stream_points(model: nn.Module, stack: str | None = None, point: StreamPoint
 
 @evaluated
 def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
-                 position: int = -1, stack: str | None = None, point: StreamPoint = "resid_pre") -> Patching:
+                 position: int | Tensor = -1, stack: str | None = None, point: StreamPoint = "resid_pre") -> Patching:
     """Patch the stream entering each block of `stack` (module docstring), or each block's `point`, at each position,
     one at a time. Rows: `blocks.L` (the stream), `blocks.L.attn`, `blocks.L.mlp`."""
     names = stream_points(model, stack, point)
@@ -152,7 +166,7 @@ def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: in
 
 @evaluated
 def patch_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
-                position: int = -1, by_position: bool = False) -> Patching:
+                position: int | Tensor = -1, by_position: bool = False) -> Patching:
     """Patch each head's output (`SITE.z`) from the clean run into the corrupted one: at every position at once, or
     (`by_position`) at each position alone, restored (sites, T, H) (NaN: a site with fewer heads, or a
     cross-attention site's positions beyond its own stream's)."""
