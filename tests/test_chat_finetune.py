@@ -55,11 +55,24 @@ CHATML_MARKED = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_s
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def test_the_reply_tokens_equal_transformers_assistant_tokens_mask(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def save_tokenizer(folder, tokenizer, template, *, bos, eos):
+    """A Hugging Face tokenizer directory: `tokenizer` (a tokenizers.Tokenizer) and its chat template."""
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": template, "bos_token": bos, "eos_token": eos}), encoding="utf-8")
 
-    from attnkit.tokenize import load_tokenizer
+
+def assistant_marks(folder, messages, marked, **specials):
+    """transformers' input_ids and assistant_masks of `messages` under `marked` (a template with {% generation %})."""
+    transformers = pytest.importorskip("transformers")
+    reader = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    return reader.apply_chat_template(messages, chat_template=marked, tokenize=True, return_dict=True,
+                                      return_assistant_tokens_mask=True, **specials)
+
+
+def chatml_tokenizer(folder):
+    """A byte-level BPE tokenizer directory with ChatML's special tokens and template (EOS <|im_end|>)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     hf = Tokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -68,15 +81,18 @@ def test_the_reply_tokens_equal_transformers_assistant_tokens_mask(tmp_path):
     hf.train_from_iterator(["the user asks and the assistant answers: yes, no, maybe so.\n"] * 20,
                            trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    hf.save(str(tmp_path / "tokenizer.json"))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": CHATML, "bos_token": "<s>", "eos_token": "<|im_end|>"}), encoding="utf-8")
+    save_tokenizer(folder, hf, CHATML, bos="<s>", eos="<|im_end|>")
+    return folder
+
+
+def test_the_reply_tokens_equal_transformers_assistant_tokens_mask(tmp_path):
+    from attnkit.tokenize import load_tokenizer
+
+    chatml_tokenizer(tmp_path)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "yes or no?"},
                 {"role": "assistant", "content": "maybe so."}, {"role": "user", "content": "and the user?"},
                 {"role": "assistant", "content": "no, the assistant answers."}]
-    reference_tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
-    reference = reference_tokenizer.apply_chat_template(
-        messages, chat_template=CHATML_MARKED, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    reference = assistant_marks(tmp_path, messages, CHATML_MARKED)
     template = chat_template(tmp_path, {})
     assert template.source == CHATML
     ids, trained = template.conversation_ids(load_tokenizer(tmp_path), messages)
@@ -300,3 +316,43 @@ def test_a_json_list_of_records_reads_as_alpacas_file_is_written(tmp_path):
     path.write_text(json.dumps([*records, {"output": "?"}]), encoding="utf-8")
     with pytest.raises(InputError, match=r"alpaca_data.json item 3: has the keys \['output'\], none of the layouts"):
         read_conversations(path)
+
+
+LLAMA2 = ("{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+          "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+          "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+          "{% if loop.index0 == 0 and system_message != false %}"
+          "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+          "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+          "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+          "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")  # Llama 2 chat's own
+
+
+def test_a_sentencepiece_reply_is_tokenized_as_in_the_whole_text_as_transformers_marks_it(tmp_path):
+    """Llama 2's template with a tokenizer that marks the start of every text it reads (SentencePiece's '▁', as Llama
+    2's and Mistral's tokenizer.json prepend it): the reply ' yes </s>' is the whole text's '▁yes ▁ </s>', not a
+    second '▁' first, which a reply tokenized on its own begins with and the model never writes after [/INST]."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+    from attnkit.tokenize import load_tokenizer
+
+    letters = sorted(set("abcdefghijklmnopqrstuvwxyz[]/<>INSTY.\n"))
+    merges = [("▁", "y"), ("e", "s"), ("▁y", "es"), ("n", "o"), ("▁", "no"), ("▁", "b")]
+    vocab = {token: i for i, token in enumerate(["<unk>", "<s>", "</s>", "▁", *letters,
+                                                   *dict.fromkeys(a + b for a, b in merges)])}
+    sentencepiece = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", fuse_unk=True))
+    sentencepiece.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    sentencepiece.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.Strip(" ", 1, 0)])
+    sentencepiece.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<s>", "</s>")])
+    save_tokenizer(tmp_path, sentencepiece, LLAMA2, bos="<s>", eos="</s>")
+    messages = [{"role": "system", "content": "be brief."}, {"role": "user", "content": "yes or no?"},
+                {"role": "assistant", "content": "yes"}, {"role": "user", "content": "b"},
+                {"role": "assistant", "content": "no"}]
+    marked = LLAMA2.replace("{{ ' '  + content.strip() + ' ' + eos_token }}",
+                            "{% generation %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endgeneration %}")
+    reference = assistant_marks(tmp_path, messages, marked, bos_token="<s>", eos_token="</s>")
+    tok = load_tokenizer(tmp_path)
+    ids, trained = chat_template(tmp_path, tok.specials).conversation_ids(tok, messages)
+    assert tok.pieces([i for i, t in zip(ids, trained, strict=True) if t]) == ["▁yes", "▁", "</s>", "▁no", "▁", "</s>"]
+    assert ids == reference["input_ids"]
+    assert [int(t) for t in trained] == reference["assistant_masks"]

@@ -195,11 +195,15 @@ class ChatTemplate:
         """A conversation's token ids, and for each whether it is the assistant's: what chat fine-tuning trains on
         (the loss on the replies alone, as TRL's `assistant_only_loss`). Each reply is the text the conversation up
         to it renders past its prompt (`render(messages[:i])`, what the server gives the model to answer), so the
-        tokens before a reply are its prompt as `prompt_ids` reads it, and the reply is tokenized on its own, as
-        the model writes it after that prompt. A template of one's own ends a reply itself (Llama 2's `</s>`,
-        ChatML's `<|im_end|>`, which belong to the reply); the default format has no such mark, so EOS follows
-        each reply there, which generation stops at. Turns after the last reply are left out: nothing is learnt
-        from them.
+        tokens before a reply are its prompt as `prompt_ids` reads it. The reply's tokens are the whole text's past
+        the prompt's, where the prompt's tokens begin the whole's (they do at a template's marks): as
+        transformers' `return_assistant_tokens_mask` marks them, and as the model writes them after that prompt. A
+        SentencePiece tokenizer (Llama 2's, Mistral's) puts a word mark before every text it reads alone, so a reply
+        tokenized on its own would begin with a token the model never writes there. Where a token of the whole
+        straddles the prompt's end, the reply is tokenized on its own. A template of one's own ends a reply itself
+        (Llama 2's `</s>`, ChatML's `<|im_end|>`, which belong to the reply); the default format has no such mark, so
+        EOS follows each reply there, which generation stops at. Turns after the last reply are left out: nothing is
+        learnt from them.
 
             User: Hi!          prompt   (not trained)
             Assistant: Hello.  reply    ' Hello.' EOS (trained)
@@ -208,7 +212,7 @@ class ChatTemplate:
         otherwise than the whole (one that rewrites earlier turns, so no reply has one prompt)."""
         ids: list[int] = []
         trained: list[bool] = []
-        done = ""  # the text tokenized so far
+        done, done_ids = "", []  # the text tokenized so far, and its tokens as `prompt_ids` reads the text whole
         encode = getattr(tokenizer, "encode_with_specials", None) if self.source is not None else None
         encode = encode or tokenizer.encode
         end = [tokenizer.eos_id] if self.source is None and tokenizer.eos_id is not None else []
@@ -221,11 +225,12 @@ class ChatTemplate:
                 raise InputError(f"the chat template renders turn {i} of a conversation otherwise than the "
                                  "conversation before it: a reply has no one prompt to learn it after; use a template "
                                  "that renders earlier turns as they were")
-            asked = self.prompt_ids(tokenizer, prompt) if not done else encode(prompt[len(done):])
-            reply = [*encode(whole[len(prompt):]), *end]
-            ids += asked + reply
-            trained += [False] * len(asked) + [True] * len(reply)
-            done = whole
+            prompt_ids, whole_ids = self.prompt_ids(tokenizer, prompt), self.prompt_ids(tokenizer, whole)
+            asked = _after(done_ids, prompt_ids) or encode(prompt[len(done):])
+            reply = _after(prompt_ids, whole_ids) or encode(whole[len(prompt):])
+            ids += asked + reply + end
+            trained += [False] * len(asked) + [True] * (len(reply) + len(end))
+            done, done_ids = whole, whole_ids
         if not done:
             raise InputError("a conversation holds no assistant turn: chat fine-tuning learns the assistant's replies")
         return ids, trained
@@ -238,6 +243,13 @@ class ChatTemplate:
 
 
 DEFAULT_FORMAT = ChatTemplate()  # plain-text turns (module docstring): a run without a template of its own
+
+
+def _after(head: list[int], ids: list[int]) -> list[int]:
+    """`ids` past `head` where `head` begins them; [] where it does not (a token straddles its end) or nothing
+    follows it."""
+    return ids[len(head):] if ids[: len(head)] == head else []
+
 
 def _shown(message: dict) -> str:
     """A message's text in the default format: its content, then each of its calls as the reply wrote it."""
