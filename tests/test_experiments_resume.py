@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -143,3 +148,30 @@ def test_two_arms_whose_names_read_alike_keep_files_of_their_own(tmp_path):
     assert again.run("Transformer++ 64 x 2", {}, lambda: arm_of(3.0), restore) == 1.0
     assert again.run("Transformer 64 x 2", {}, lambda: arm_of(4.0), restore) == 2.0
     assert again.reused == ["Transformer++ 64 x 2", "Transformer 64 x 2"]
+
+
+@pytest.mark.slow  # two runs of the command in a process of its own: about 20 s
+def test_ctrl_c_on_the_command_keeps_the_finished_arms_and_the_same_command_resumes(tmp_path):
+    """A real SIGINT to `attnkit experiment` once its first arm is saved: it exits 130 leaving the finished arms and
+    nothing partial (no results, no hidden half run beside --out); the same command then says it reuses them."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "attnkit", "experiment", NAME, "--budget", "tiny", "--no-progress", "--out",
+               str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+    deadline = time.monotonic() + 120
+    while not list(out.glob("arms/*.json")) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    run.send_signal(signal.SIGINT)
+    output = run.communicate(timeout=120)[0]
+    assert run.returncode == 130, output
+    assert sorted(path.name for path in out.iterdir()) == ["arms"]
+    saved = list((out / "arms").iterdir())  # each finished arm's two files (its JSON last), no temporary file
+    assert {path.suffix for path in saved} == {".json", ".safetensors"}
+    assert all(path.with_suffix(".safetensors") in saved for path in saved if path.suffix == ".json")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "reusing sinusoidal positions, seed 0" in again.stdout + again.stderr
+    assert not (out / "arms").exists() and (out / "results.json").is_file()
