@@ -131,6 +131,26 @@ def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk_and_stream_
         assert refused.value.body["param"] == "stream_options" and "stream: true" in refused.value.body["message"]
 
 
+def test_continuous_usage_counts_the_tokens_of_the_chunks_sent_so_far(client, monkeypatch):
+    """Each chunk's usage read the scheduler's count of tokens as the chunk was written, so a chunk written while the
+    scheduler ran ahead counted tokens whose text came in later chunks (the 8th piece said 9 tokens, the 9th 11): a
+    chunk counts the tokens up to its own piece, here the tokens its and the earlier chunks' log-probabilities name
+    (the event loop made slow, so that the scheduler runs ahead of it)."""
+    from attnkit.serve.answer import Answer
+
+    delta = Answer._delta
+    monkeypatch.setattr(Answer, "_delta", lambda *args, **kwargs: time.sleep(0.02) or delta(*args, **kwargs))
+    chunks = list(client.completions.create(
+        model="local", prompt="the cat", max_tokens=12, temperature=1.0, seed=1, logprobs=1, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True}))
+    sent, counted = 0, []
+    for chunk in chunks[:-1]:
+        sent += len(chunk.choices[0].logprobs.tokens) if chunk.choices[0].logprobs else 0
+        counted.append((chunk.usage.completion_tokens, sent))
+    assert all(usage == tokens for usage, tokens in counted), counted
+    assert counted[-1] == (12, 12) and chunks[-1].usage.completion_tokens == 12
+
+
 # Tokenize, models, CORS, request ids, metrics -------------------------------------------------------------------------
 def test_tokenize_and_detokenize_as_vllm_shapes_them(server, client, pipeline):
     answer = post(server, "/tokenize", {"model": "gpt-4o-mini", "prompt": "the cat", "return_token_strs": True})

@@ -76,15 +76,18 @@ class Answer:
         self.kind, self.model_id, self.generations = kind, model_id, generations
         self.include_usage, self.tokenizer, self.timeout = include_usage, tokenizer, timeout
         self.continuous_usage = continuous_usage
+        self.counted: dict[int, int] = {}  # each prompt's completion tokens as of its last event read (`usage`)
         self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
     def _choice_index(self, generation: Generation, choice: int) -> int:
         return generation.index * generation.job.n + choice
 
-    def usage(self) -> dict:
+    def usage(self, *, so_far: bool = False) -> dict:
+        """The request's usage; so_far: its completion tokens up to the events read (a stream's chunks written), not
+        those the scheduler, which may run ahead of the event loop, has made by now (continuous_usage_stats)."""
         prompt = sum(g.prompt_tokens for g in self.generations)  # once per prompt, as OpenAI counts
-        completion = sum(g.completion_tokens for g in self.generations)
+        completion = sum(self.counted.get(g.index, 0) if so_far else g.completion_tokens for g in self.generations)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def cancel(self) -> None:
@@ -171,7 +174,7 @@ class Answer:
         payload = {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
                    "choices": choices}
         if self.include_usage:  # the usage so far, or null but in the last chunk (as OpenAI's stream has it)
-            payload["usage"] = usage or (self.usage() if self.continuous_usage else None)
+            payload["usage"] = usage or (self.usage(so_far=True) if self.continuous_usage else None)
         return f"data: {json.dumps(payload)}\n\n"
 
     def _delta(self, generation: Generation, choice: int, text: str | None, reason: str | None, *,
@@ -199,10 +202,11 @@ class Answer:
             async with aclosing(events_of(self.generations, request)) as events:
                 async for generation, event in events:
                     if event[0] == "text":
-                        _, choice, piece, scored = event
+                        _, choice, piece, scored, self.counted[generation.index] = event
                         yield self._chunk([self._delta(generation, choice, piece, None, scored=scored)])
                         continue
                     _, texts, reasons, timed_out, scored = event
+                    self.counted[generation.index] = generation.completion_tokens  # its whole count: it has ended
                     whole, reasons = self._withheld(generation, texts, reasons)
                     if whole is not None and "error" not in reasons:
                         yield whole

@@ -100,7 +100,7 @@ class Generation:
     def _text(self, choice: int, piece: str) -> None:
         self.streamed[choice] += len(piece)
         scored = self.scores[choice].settled(self.streamed[choice]) if self.scores is not None else None
-        self._send(("text", choice, piece, scored))
+        self._send(("text", choice, piece, scored, self.completion_tokens))  # the tokens made up to this piece
 
     def _finish(self, reasons: list[str]) -> None:
         texts = self.tracker.finish()
