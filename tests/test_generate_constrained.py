@@ -134,6 +134,29 @@ def test_free_rows_beside_constrained_ones_are_untouched():
     assert GrammarMask.joined([(2, None)]) is None
 
 
+def test_copied_matchers_move_on_apart_over_many_tokens_and_to_their_ends():
+    """A request's choices share one matcher copied (`Matcher.copy`, llguidance's deep_copy): driven apart token by
+    token, each copy allows what its own text allows next, one reaching the grammar's end leaves the others open, and
+    a copy of a matcher that has moved on starts where it stood."""
+    tokenizer = CharTokenizer("abc")
+    a, b, c = tokenizer.encode("abc")
+    first = Matcher(Grammar.regex("(ab|ba)+c"), tokenizer)
+    first.allowed()
+    other, untouched = first.copy(), first.copy()
+
+    def allowed(matcher: Matcher) -> set[int]:
+        return set(matcher.allowed().nonzero()[0].tolist()) - {tokenizer.eos_id}
+
+    assert not first.advance(a) and not other.advance(b)
+    assert allowed(first) == {b} and allowed(other) == {a} and allowed(untouched) == {a, b}
+    assert not first.advance(b) and not other.advance(a)
+    middle = other.copy()  # after "ba": may go on or end
+    assert first.advance(c) and first.finished
+    assert not other.finished and allowed(other) == {a, b, c}
+    assert not middle.advance(b) and allowed(middle) == {a} and allowed(other) == {a, b, c}
+    assert (first.tokens, other.tokens, middle.tokens, untouched.tokens) == ([a, b, c], [b, a], [b, a, b], [])
+
+
 def test_missing_library_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "llguidance", None)
     with pytest.raises(ConfigError, match=r"pip install 'attnkit\[structured\]'"):
