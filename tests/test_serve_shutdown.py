@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -95,10 +96,11 @@ def test_a_signal_ends_the_replies_in_flight_with_503_and_the_server_exits_clean
     assert server.returncode == (130 if sent == signal.SIGINT else 0), log
 
 
-def test_with_a_shutdown_timeout_sigterm_lets_the_replies_in_flight_end_and_refuses_new_ones(run, monkeypatch):
-    """vLLM's --shutdown-timeout: a stop ended every reply in flight at once (503); with the option, SIGTERM lets the
-    reply in flight run to its end (its every token, [DONE], no error) while a request sent after the signal answers
-    503, and then the server stops, its exit status 0."""
+@contextmanager
+def _draining(run, monkeypatch, max_tokens: int):
+    """A server with --shutdown-timeout TIMEOUT in a thread, its steps slowed to outlast a drain's poll, streaming a
+    reply of `max_tokens` when it is told to stop (SIGTERM); yields (server, the reply's events, the 503 a request sent
+    after the signal got) once that refusal came, and waits for the reply and the server to end after."""
     import uvicorn
 
     from attnkit.serve import ServeSettings, build_app
@@ -112,7 +114,7 @@ def test_with_a_shutdown_timeout_sigterm_lets_the_replies_in_flight_end_and_refu
     scheduler = app.state.scheduler
     step = scheduler.decoding.step
     monkeypatch.setattr(scheduler.decoding, "step", lambda *args: time.sleep(0.01) or step(*args))  # outlasts a poll
-    body = {**LONG, "max_tokens": 100, "stream": True, "stream_options": {"include_usage": True}}
+    body = {**LONG, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
     events: list[str] = []
 
     def streamed() -> None:
@@ -132,12 +134,35 @@ def test_with_a_shutdown_timeout_sigterm_lets_the_replies_in_flight_end_and_refu
     while (refused := httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 2},
                                  timeout=TIMEOUT)).status_code == 200 and time.monotonic() < deadline:
         time.sleep(0.01)  # the server has not begun to stop yet
-    client.join(TIMEOUT)
-    serving.join(TIMEOUT)
-    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+    try:
+        yield server, events, refused
+    finally:
+        client.join(TIMEOUT)
+        serving.join(TIMEOUT)
+        assert not serving.is_alive()
+
+
+def test_with_a_shutdown_timeout_sigterm_lets_the_replies_in_flight_end_and_refuses_new_ones(run, monkeypatch):
+    """vLLM's --shutdown-timeout: a stop ended every reply in flight at once (503); with the option, SIGTERM lets the
+    reply in flight run to its end (its every token, [DONE], no error) while a request sent after the signal answers
+    503, and then the server stops, its exit status 0."""
+    with _draining(run, monkeypatch, max_tokens=100) as (server, events, refused):
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
     assert not any('"error": {' in line for line in events) and events[-1] == "data: [DONE]", events[-3:]
-    assert json.loads(events[-2][6:])["usage"]["completion_tokens"] == body["max_tokens"]
-    assert not serving.is_alive() and server.exit_status == 0
+    assert json.loads(events[-2][6:])["usage"]["completion_tokens"] == 100
+    assert server.exit_status == 0
+
+
+def test_a_second_sigterm_ends_the_drain_and_the_replies_in_flight_with_503(run, monkeypatch):
+    """While the server lets the replies in flight end, a second SIGTERM (or Ctrl-C) stops it at once: the reply
+    still running ends with the 503 error event and [DONE], short of its tokens, and the server exits 0."""
+    with _draining(run, monkeypatch, max_tokens=1500) as (server, events, refused):
+        assert refused.status_code == 503
+        server.handle_exit(signal.SIGTERM, None)
+    errors = [json.loads(line[6:])["error"] for line in events if line.startswith('data: {"error"')]
+    assert [error["type"] for error in errors] == ["server_error"] and "shutting down" in errors[0]["message"]
+    assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["usage"]["completion_tokens"] < 1500
+    assert server.exit_status == 0
 
 
 def test_sigterm_with_a_client_that_never_ends_its_body_exits_0_within_the_grace(run):
