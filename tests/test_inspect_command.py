@@ -802,3 +802,40 @@ def test_patch_by_position_patches_each_head_at_each_position_alone(runs, tmp_pa
     with pytest.raises(InputError, match="a translation's heads read two of different lengths"):
         run_inspect(InspectSettings(run=str(runs["encoder-decoder"]), analysis="patch", text=("abc\tcb",),
                                     corrupt="jih\tcb", by_position=True))
+
+
+def test_head_types_draws_its_random_tokens_from_text_never_a_converted_tokenizers_special_token(tmp_path,
+                                                                                                monkeypatch):
+    """A converted tokenizer marks more tokens special than attnkit's roles name (a chat model's <|im_start|> and
+    <|im_end|>): head-types drew them among its random 'text' tokens, where no text ever puts them. Its vocabulary is
+    every id but the tokenizer's special ones, and a Llama-style tokenizer's BOS frames each sequence."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    import attnkit.inspect.command as command
+    from attnkit.tokenize import HFTokenizer
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", *(f"w{i}" for i in range(12))]
+    reference = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    reference.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    reference.add_special_tokens(["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"])
+    reference.add_tokens(["hello"])  # an added token that is text: it may be drawn
+    reference.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    (tmp_path / "hf").mkdir()
+    reference.save(str(tmp_path / "hf" / "tokenizer.json"))
+    tokenizer = HFTokenizer.from_dir(tmp_path / "hf")
+    chat = {reference.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>")}
+    assert tokenizer.special_ids == {0, 1, 2, 3, *chat} and tokenizer.starts_with_bos
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32,
+                         n_layers=1, max_seq_len=48)
+    torch.manual_seed(0)
+    tokenizer.save(tmp_path / "run" / "tokenizer")
+    save_model(build_model(config), config, tmp_path / "run")
+    drawn = []
+    scored = command.repeat_types
+    monkeypatch.setattr(command, "repeat_types", lambda model, vocab, **kwargs: drawn.append((vocab, kwargs["frame"]))
+                        or scored(model, vocab, **kwargs))
+    report = _inspect(tmp_path / "run", "head-types", tmp_path / "out")
+    vocabulary, frame = drawn[0]
+    assert sorted(vocabulary) == sorted(set(range(tokenizer.vocab_size)) - tokenizer.special_ids)
+    assert reference.token_to_id("hello") in vocabulary and frame == ([1], [])
+    assert "framed <s> ..." in report["summary"]["inputs"]

@@ -66,6 +66,8 @@ class Tokenizer(Protocol):
     space_starts_word: bool  # a space is written into the word after it (byte-level 'Ġcat', SentencePiece '▁cat')
     own_frame: tuple[tuple[int, ...], tuple[int, ...]]  # (before, after): the ids its own post-processor puts
     # around a text (BERT's CLS and SEP, Llama's BOS, nothing for GPT-2's); `encode` adds none of them
+    special_ids: frozenset[int]  # every special token's id: the roles' and, of a Hugging Face tokenizer, every
+    # token its tokenizer.json marks special (Qwen's <|im_start|>, Llama 3's reserved ones), which no text encodes to
 
     @property
     def vocab_size(self) -> int: ...
@@ -112,6 +114,11 @@ class _SpecialIds:
     mask_id = property(lambda self: self.token_id("mask"))
     cls_id = property(lambda self: self.token_id("cls"))
     sep_id = property(lambda self: self.token_id("sep"))
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of its special tokens, one per role it has (`SPECIAL_ROLES`)."""
+        return frozenset(i for i in map(self.token_id, SPECIAL_ROLES) if i is not None)
 
 
 def encode_head(tokenizer: Tokenizer, text: str, tokens: int, what: str | None = None) -> tuple[list[int], bool]:
@@ -403,6 +410,13 @@ class HFTokenizer(_SpecialIds):
                 specials[role] = specials[fallback]
         specials = {role: specials[role] for role in SPECIAL_ROLES if role in specials and specials[role] in vocab}
         return cls(tok, kind="hf", specials=specials)
+
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of its special tokens: the roles' and every added token the tokenizer.json marks special (a chat
+        model's <|im_start|>, Llama 3's <|reserved_special_token_0|>, ...)."""
+        added = {i for i, token in self._tok.get_added_tokens_decoder().items() if token.special}
+        return frozenset({*super().special_ids, *added})
 
     @property
     def vocab_size(self) -> int:

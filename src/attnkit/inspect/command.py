@@ -343,8 +343,8 @@ def _head_types(loaded: Loaded, settings: InspectSettings):
     else:
         generator = torch.Generator().manual_seed(settings.seed)
         frame = text_frame(loaded.model, tokenizer, loaded.frame)  # as the model reads a text: CLS ... SEP, BOS
-        vocabulary = sorted(set(range(tokenizer.vocab_size)) - {*separators, *frame[0], *frame[1]} -
-                            {tokenizer.pad_id, tokenizer.unk_id, tokenizer.mask_id})
+        # the random tokens are text, none of them a mark: every special token left out (a converted tokenizer's too)
+        vocabulary = sorted(set(range(tokenizer.vocab_size)) - tokenizer.special_ids - {*frame[0], *frame[1]})
         periods = repeat_periods(min(20, (loaded.max_len - len(frame[0]) - len(frame[1])) // 2))
         found = repeat_types(loaded.model, vocabulary, periods=periods, batch=16, generator=generator,
                              separators=separators, frame=frame)
