@@ -456,6 +456,20 @@ def test_a_v1_endpoint_asked_with_a_verb_it_does_not_take_answers_405_naming_its
         assert served.status_code == 405 and served.headers["Allow"] == "POST", verb
 
 
+def test_version_answers_where_attnkit_runs_from_a_checkout_without_being_installed(runs, monkeypatch):
+    """/version asked the installed package's metadata as the app was built: from a checkout (PYTHONPATH=src) there is
+    none, and `attnkit serve` failed to start with PackageNotFoundError's traceback; it answers what `attnkit --version`
+    prints there."""
+    from importlib import metadata
+
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    with running_server(runs["lm"]) as (url, _app):
+        assert httpx.get(f"{url}/version", timeout=TIMEOUT).json() == {"version": "unknown (not installed)"}
+
+
 def test_a_classifier_serves_its_task_and_embeddings_not_completions(runs):
     classifier = attnkit.load(runs["clf"], device="cpu")
     with running_server(runs["clf"]) as (url, _app):

@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-from importlib.metadata import version
-
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
@@ -23,6 +21,7 @@ from attnkit.serve.schemas import (
     openapi,
 )
 from attnkit.serve.state import ServerState
+from attnkit.version import installed_version
 
 MODELS = "/v1/models"  # the one /v1/ name served to GET (the task router answers its other verbs: 405)
 
@@ -37,7 +36,7 @@ def router(state: ServerState) -> APIRouter:
             raise APIError(503, STOPPED)
         return {"status": "ok", "model": state.model_id}
 
-    release = {"version": version("attnkit")}
+    release = {"version": installed_version()}  # "unknown (not installed)" from a checkout
 
     @routes.get("/version")
     async def attnkit_version():
