@@ -6,6 +6,7 @@ through the chat API; LoRA, resume and a template of the source's own that the n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -72,6 +73,7 @@ def assistant_marks(folder, messages, marked, **specials):
 
 def chatml_tokenizer(folder):
     """A byte-level BPE tokenizer directory with ChatML's special tokens and template (EOS <|im_end|>)."""
+    folder.mkdir(exist_ok=True)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     hf = Tokenizer(models.BPE())
@@ -356,3 +358,74 @@ def test_a_sentencepiece_reply_is_tokenized_as_in_the_whole_text_as_transformers
     assert tok.pieces([i for i, t in zip(ids, trained, strict=True) if t]) == ["▁yes", "▁", "</s>", "▁no", "▁", "</s>"]
     assert ids == reference["input_ids"]
     assert [int(t) for t in trained] == reference["assistant_masks"]
+
+
+@pytest.fixture(scope="module")
+def chatml_run(secrets, tmp_path_factory):
+    """A new tiny model trained two steps on SECRETS with a tokenizer directory that holds ChatML's template."""
+    folder = tmp_path_factory.mktemp("chatml")
+    chatml_tokenizer(folder / "tokenizer")
+    out = folder / "run"
+    request = chat_request(out, secrets, max_steps=2, eval_every=2)
+    prepare(dataclasses.replace(request, data={**request.data, "tokenizer": str(folder / "tokenizer")})).fit()
+    return out
+
+
+def test_a_new_model_on_a_tokenizer_directory_with_a_template_learns_in_it_and_keeps_it(chatml_run):
+    from attnkit.tokenize import load_tokenizer
+
+    template = chat_template(chatml_run / "tokenizer")
+    assert template.source == CHATML  # the run chats in it (attnkit serve, generate --chat), as it was trained
+    tok = load_tokenizer(chatml_run / "tokenizer")
+    ids, trained = template.conversation_ids(tok, [{"role": "user", "content": "Q?"},
+                                                   {"role": "assistant", "content": "A."}])
+    assert tok.decode([i for i, t in zip(ids, trained, strict=True) if t], skip_special=False) == "A.<|im_end|>\n"
+
+
+def test_the_sample_after_a_chat_run_reads_its_prompt_with_the_templates_special_tokens(secrets, tmp_path, capsys):
+    from attnkit import cli
+
+    chatml_tokenizer(tmp_path / "tokenizer")
+    code = cli.main(["train", "--task", "chat", "--data", str(secrets / "train.jsonl"), "--val-data",
+                     str(secrets / "val.jsonl"), "--tokenizer", str(tmp_path / "tokenizer"), "--out",
+                     str(tmp_path / "run"), "--max-steps", "1", "--sample-tokens", "2", "--no-progress",
+                     "--set", *TINY])
+    assert code == 0
+    sample = capsys.readouterr().out.split("the model's continuation):\n")[1]
+    assert sample.startswith("<|im_start|>user\nWhat is the secret word?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_generate_chat_renders_the_prompt_and_system_with_the_runs_template_and_its_special_tokens(
+        chatml_run, monkeypatch, capsys):
+    from attnkit import cli
+    from attnkit.generate import Pipeline
+    from attnkit.tokenize import load_tokenizer
+
+    fed, generate = [], Pipeline.generate
+    monkeypatch.setattr(Pipeline, "generate", lambda self, prompts, **kw: fed.append((prompts, kw["stop"])) or
+                        generate(self, prompts, **kw))
+    assert cli.main(["generate", str(chatml_run), "--chat", "--system", "Be brief.", "--prompt", "yes or no?",
+                     "--max-new-tokens", "3", "--temperature", "0"]) == 0
+    tok = load_tokenizer(chatml_run / "tokenizer")
+    template = chat_template(chatml_run / "tokenizer", tok.specials)
+    text = template.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "yes or no?"}])
+    assert text.endswith("<|im_start|>assistant\n")
+    assert fed == [(template.prompt_ids(tok, text), [])]  # ChatML's turn ends at <|im_end|>, the run's EOS
+    assert tok.encode_with_specials("<|im_start|>")[0] in fed[0][0]
+    assert "<|im_start|>" not in capsys.readouterr().out  # the reply alone, not the rendered prompt
+
+
+def test_generate_chat_answers_as_the_chat_api_does_and_stops_at_the_next_turn(secret_run, capsys):
+    from attnkit import cli
+
+    for question, answer in SECRETS.items():
+        assert cli.main(["generate", str(secret_run), "--chat", "--prompt", question, "--max-new-tokens", "16",
+                         "--temperature", "0"]) == 0
+        assert capsys.readouterr().out.strip() == answer  # the reply alone, ended at EOS or "\nUser:"
+
+
+def test_generate_refuses_a_system_turn_without_chat(secret_run, capsys):
+    from attnkit import cli
+
+    assert cli.main(["generate", str(secret_run), "--system", "Be brief.", "--prompt", "Hi"]) != 0
+    assert "--system is a chat's system turn: give --chat too" in capsys.readouterr().err

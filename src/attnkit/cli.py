@@ -351,9 +351,9 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any], *o
     if task_spec(trainer.task.name).method == "generate" and run.sample_tokens > 0:
         from attnkit.generate import sample_after_training
 
-        prompt = trainer.tokenizer.decode(trainer.task.prompt_ids())
         print("sample (prompt from the validation text, then the model's continuation):")
-        print(sample_after_training(run.out, prompt=prompt, max_new_tokens=run.sample_tokens))
+        print(sample_after_training(run.out, prompt=trainer.task.prompt_ids(), max_new_tokens=run.sample_tokens,
+                                    stop=getattr(trainer.task, "stops", ())))  # a chat's: its marks and turn's end
     from attnkit.checkpoint import METRICS_FILE
     from attnkit.train.trainer import PLOT_FILE
 

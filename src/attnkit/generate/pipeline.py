@@ -141,7 +141,7 @@ class Pipeline:
 
     def generate(
         self,
-        prompts: str | Sequence[str],
+        prompts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
         *,
         max_new_tokens: int = 100,
         min_new_tokens: int = 0,
@@ -173,7 +173,9 @@ class Pipeline:
         draft_tokens: int = 4,
         do_sample: bool = False,
     ) -> list[str]:
-        """Continue each prompt; returns the new text only, `num_samples` per prompt, prompt by prompt.
+        """Continue each prompt (a text, or its token ids as given: a chat's rendered by its template,
+        `attnkit.chat_format.ChatTemplate.prompt_ids`); returns the new text only, `num_samples` per prompt, prompt by
+        prompt.
 
         temperature 0 is greedy; `presence_penalty` and `frequency_penalty` (-2 to 2, OpenAI's) lower the logits of
         tokens the reply already holds, `min_p` (0 to 1) drops tokens less likely than min_p times the likeliest
@@ -268,7 +270,7 @@ class Pipeline:
                                         no_repeat_ngram_size=no_repeat_ngram_size)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise InputError(f"num_samples={num_samples!r} must be a positive integer")
-        prompts = text_list(prompts, what="prompts")
+        prompts = prompt_list(prompts)
         stops = text_list(stop, what="stop strings", required=False) if stop is not None else []
         if any(not s for s in stops):
             raise InputError("a stop string is empty; give non-empty stop strings")
@@ -320,7 +322,7 @@ class Pipeline:
         check_search(num_beams, length_penalty, early_stopping=early_stopping, vocab_size=self.config.vocab_size,
                      num_return_sequences=num_return_sequences, beam="num_beams", what="prompt")
         prompt_ids = [self.prompt_ids(p, index=i, add_bos=add_bos)
-                      for i, p in enumerate(text_list(prompts, what="prompts"))]
+                      for i, p in enumerate(prompt_list(prompts))]
         stop_ids = self._stop_ids(stop_tokens) | (self.end_ids if stop_at_eos else set())
         check_prompts(prompt_ids, max_new_tokens=max_new_tokens, context_len=self.config.max_seq_len,
                       min_new_tokens=min_new_tokens)
@@ -475,11 +477,18 @@ class Pipeline:
         return draft
 
     # Text -> token ids, as the training data lays them out ----------------------------------------------------
-    def prompt_ids(self, prompt: str, *, index: int, add_bos: bool | None = None) -> list[int]:
+    def prompt_ids(self, prompt: str | list[int], *, index: int, add_bos: bool | None = None) -> list[int]:
         """A prompt's token ids as `generate` feeds them (BOS first with `add_bos`, where it is None as the run's
-        tokenizer frames its texts, and for an empty prompt).
+        tokenizer frames its texts, and for an empty prompt); ids given are fed as they are.
         Raises InputError for a prompt that is no string, empty with no BOS to start from, or not empty but of no
-        token (a tokenizer that skips unknown characters dropped them all: BOS alone would continue nothing given)."""
+        token (a tokenizer that skips unknown characters dropped them all: BOS alone would continue nothing given),
+        and for ids given that are none or beyond the vocabulary."""
+        if isinstance(prompt, list):
+            last = self.config.vocab_size - 1
+            if not prompt or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= last for i in prompt):
+                raise InputError(f"prompt {index}: token ids are integers from 0 to {last}, at least one; got "
+                                 f"{prompt!r:.80}")
+            return list(prompt)
         if not isinstance(prompt, str):
             raise InputError(f"prompt {index} is a {type(prompt).__name__}; prompts are strings")
         ids = encode_some(self.tokenizer, prompt, f"prompt {index}")
@@ -706,8 +715,22 @@ def _read_labels(run_dir: Path, config: ModelConfig, task: TaskSpec | None) -> l
 
 
 def sample_after_training(
-    run_dir: str | Path, *, prompt: str = "", max_new_tokens: int = 200, temperature: float = 0.8, seed: int = 0
+    run_dir: str | Path, *, prompt: str | list[int] = "", max_new_tokens: int = 200, temperature: float = 0.8,
+    seed: int = 0, stop: Sequence[str] = (),
 ) -> str:
-    """A short sample from a freshly trained language model: the prompt and its continuation."""
+    """A short sample from a freshly trained language model: the prompt and its continuation, ended at a `stop`
+    string. A prompt given as token ids (a chat's, with its template's special tokens) is shown with them."""
     pipeline = load(run_dir)
-    return prompt + pipeline.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)[0]
+    shown = prompt if isinstance(prompt, str) else pipeline.tokenizer.decode(prompt, skip_special=False)
+    return shown + pipeline.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                     stop=list(stop) or None)[0]
+
+
+def prompt_list(prompts: object) -> list[str | list[int]]:
+    """`generate`'s prompts as a list: a text, one prompt's token ids (a list of integers, as OpenAI's completions
+    take them), or a sequence of texts or of such lists. Raises InputError (`text_list`) for anything else."""
+    if isinstance(prompts, list | tuple) and prompts and all(isinstance(i, int) for i in prompts):
+        return [list(prompts)]
+    if isinstance(prompts, list | tuple) and prompts and all(isinstance(p, list | tuple) for p in prompts):
+        return [list(p) for p in prompts]
+    return text_list(prompts, what="prompts")

@@ -116,10 +116,11 @@ class ChatTask(EpochTask):
     metric = "val_loss"
     higher_is_better = False
 
-    def __init__(self, train: ChatRows, val: ChatRows, *, packed: bool) -> None:
+    def __init__(self, train: ChatRows, val: ChatRows, *, packed: bool, stops: tuple[str, ...] = ()) -> None:
         super().__init__(train)
         self.val = val
         self.packed = packed  # the training plan's attention choice reads it: a document mask in every batch
+        self.stops = stops  # where a reply ends in the run's template, beside EOS (the sample after training)
 
     def loss(self, model: nn.Module, batch: PackedBatch) -> Tensor:
         return _forward(model, batch, self.packed, labels=batch.labels.to(device_of(model)), return_logits=False).loss
@@ -135,8 +136,9 @@ class ChatTask(EpochTask):
         return reply_scores(model, self.val, packed=self.packed, shard=shard)
 
     def prompt_ids(self) -> list[int]:
-        """The first validation conversation up to its first reply: a prompt for a sample of a reply (`attnkit
-        train` shows one at the end, as for lm)."""
+        """The first validation conversation up to its first reply, as its template renders it with its special
+        tokens (`ChatTemplate.prompt_ids`, as `attnkit serve` and `attnkit generate --chat` read a chat): a prompt for
+        a sample of a reply (`attnkit train` shows one at the end, as for lm)."""
         first = int(np.flatnonzero(self.val.rows.labels[0] != IGNORE_INDEX)[0])  # the position that predicts it
         return self.val.rows.input_ids[0, : first + 1].tolist()
 
@@ -162,7 +164,7 @@ def _make(context: TaskContext) -> tuple[ChatTask, None]:
     rows = dict(template=context.chat_template, tokenizer=context.tokenizer, seq_len=context.seq_len, packed=packed,
                 batch_size=context.batch_size, seed=context.seed)
     return ChatTask(conversation_rows(train, batch_tokens=context.data.batch_tokens, **rows),
-                    conversation_rows(val, **rows), packed=packed), None
+                    conversation_rows(val, **rows), packed=packed, stops=context.chat_template.stops), None
 
 
 def _training_text(data: Any, seed: int) -> list[str]:

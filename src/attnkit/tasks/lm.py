@@ -48,6 +48,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from attnkit.chat_format import chat_template
+from attnkit.checkpoint import TOKENIZER_DIR
 from attnkit.data import IGNORE_INDEX, LMData, make_task
 from attnkit.data.corpus import resolve_files
 from attnkit.data.labelled import frame_ids
@@ -571,6 +573,11 @@ class GenerateSettings(DecodeSettings):
     """a smaller decoder run with the same tokenizer: speculative decoding, the same text (greedy) or distribution
     (sampled) as this run alone, faster where the draft agrees; the acceptance rate is logged"""
     draft_tokens: int = 4  # --draft: the tokens the draft proposes a round (2 to 6 is usual)
+    chat: bool = False
+    """the prompt is a user's turn, rendered with the run's chat template and its special tokens (its own, else
+    attnkit's System:/User:/Assistant: format) as attnkit serve's /v1/chat/completions renders a chat; the reply
+    ends at the template's end of turn and is printed alone"""
+    system: str | None = None  # --chat: a system turn before the user's (a system prompt)
 
     @property
     def beams(self) -> bool:
@@ -698,6 +705,24 @@ class StreamedText:
             print("".join(self.unsent))
 
 
+def chat_prompt(run: str | Path, tokenizer: Tokenizer, prompt: str, *, system: str | None = None
+                ) -> tuple[list[int], tuple[str, ...]]:
+    """`attnkit generate --chat`: `prompt` as a user's turn after an optional `system` turn, rendered by the run's
+    chat template (`attnkit.chat_format.chat_template`) and tokenized with its special tokens
+    (`ChatTemplate.prompt_ids`), as `attnkit serve` renders a chat; and the strings that end the reply (the default
+    format's next turn; a template of one's own ends it with its end token, one of the run's end ids). Raises
+    InputError where the template refuses the chat."""
+    template = chat_template(Path(run) / TOKENIZER_DIR, tokenizer.specials)
+    messages = [*([{"role": "system", "content": system}] if system is not None else []),
+                {"role": "user", "content": prompt}]
+    try:
+        text = template.render(messages)
+    except Exception as error:  # the template's own refusal (`raise_exception`: no system turn, say)
+        raise InputError(f"the run's chat template cannot render this chat ({error}); leave --system out where it "
+                         "takes no system turn") from None
+    return template.prompt_ids(tokenizer, text), template.stops
+
+
 def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     """`attnkit generate`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
     check_beam_flags(settings)
@@ -705,9 +730,15 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
         refuse_beside_draft({name: getattr(settings, name) for name in NOT_BESIDE_DRAFT
                              if name not in API_ONLY_BESIDE_DRAFT}, flags=True)
         check_draft_tokens(settings.draft_tokens, flag=True)
+    if settings.system is not None and not settings.chat:
+        raise InputError("--system is a chat's system turn: give --chat too (the prompt is then the user's turn)")
     prompt = read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
     constraint = read_constraint(settings)
     pipeline = load(settings)
+    stops = list(settings.stop)
+    if settings.chat:
+        prompt, ends = chat_prompt(settings.run, pipeline.tokenizer, prompt, system=settings.system)
+        stops += ends
     draft = None
     if settings.draft is not None:
         draft = load(dataclasses.replace(settings, run=settings.draft, explain=False, device=str(pipeline.device)))
@@ -721,7 +752,7 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
                         "the beams' rows; the compiled step is not used", settings.compile)
     many = settings.num_samples > 1 or settings.num_return_sequences > 1
     stream = settings.stream and not many and not settings.beams  # beam search's texts come whole at the end
-    head = prompt if settings.echo else ""
+    head = prompt if settings.echo and not settings.chat else ""  # a chat's reply alone, as `ollama run` prints it
     streamed = StreamedText(head)
     with streamed.own_lines():
         texts = pipeline.generate(
@@ -730,7 +761,7 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
             top_p=settings.top_p, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
             presence_penalty=settings.presence_penalty, frequency_penalty=settings.frequency_penalty,
             no_repeat_ngram_size=settings.no_repeat_ngram_size, num_samples=settings.num_samples, seed=settings.seed,
-            stop=list(settings.stop), on_text=streamed.write if stream else None, **constraint,
+            stop=stops, on_text=streamed.write if stream else None, **constraint,
             num_beams=settings.num_beams, length_penalty=settings.length_penalty,
             early_stopping=settings.early_stopping, num_return_sequences=settings.num_return_sequences,
             draft=draft, draft_tokens=settings.draft_tokens, do_sample=settings.do_sample,

@@ -346,7 +346,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
             progress=shows_progress(request.progress) and parallel.writes), what="the tokenizer",
             beforehand="Train it once before the launch with attnkit tokenizer train --out DIR, then give attnkit "
                        "train --tokenizer DIR")
-    template = source.chat_template if source is not None else DEFAULT_FORMAT
+    template = source.chat_template if source is not None else _new_chat_template(data_config, tokenizer)
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), tokenizer, config, out, translate,
                               lm_files, progress=shows_progress(request.progress) and parallel.writes,
                               labels=source.labels if source is not None else None,
@@ -637,6 +637,14 @@ def _new_tokenizer(data: DataConfig, seed: int, lm_files: list[Path] | None, *, 
     log.info("training a %s tokenizer on the training text", data.tokenizer)
     return train_tokenizer(data.tokenizer, source, vocab_size=data.vocab_size, encoding_errors=data.encoding_errors,
                            progress=progress)
+
+
+def _new_chat_template(data: DataConfig, tokenizer: Tokenizer) -> ChatTemplate:
+    """The template a new model chats in: that of a --tokenizer directory holding one (a chat model's
+    tokenizer_config.json), which the run keeps beside its tokenizer; else the default format."""
+    if synthetic_name(data) is not None or data.tokenizer in TRAINED_KINDS:
+        return DEFAULT_FORMAT
+    return chat_template(Path(data.tokenizer), tokenizer.specials)
 
 
 def _make_task(
