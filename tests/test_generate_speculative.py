@@ -268,6 +268,21 @@ def test_what_a_draft_cannot_serve_is_refused_in_one_line(runs, capsys):
     assert "and --max-new-tokens 40 outgrow the context of 24" in capsys.readouterr().err
 
 
+def test_a_draft_is_checked_by_its_vocabulary_without_serialising_either_tokenizer(runs, monkeypatch):
+    """Each call compares the draft's vocabulary with the target's: comparing fingerprints serialised both tokenizers
+    (seconds a call for a 128k-token tokenizer.json), where the ids' meaning is all the draft must share."""
+    target, draft = attnkit.load(runs["target"], device="cpu"), attnkit.load(runs["draft"], device="cpu")
+    alone = target.generate("abc", max_new_tokens=8, temperature=0, stop_at_eos=False)
+
+    def serialise(self):
+        raise AssertionError("a tokenizer was serialised to compare it with the draft's")
+
+    monkeypatch.setattr(CharTokenizer, "fingerprint", serialise)
+    assert target.generate("abc", max_new_tokens=8, temperature=0, stop_at_eos=False, draft=draft) == alone
+    with pytest.raises(InputError, match=r"reads token \d+ as 'i', the target's as 'h'"):
+        target.generate("ab", draft=runs["other"], max_new_tokens=8)
+
+
 def test_the_options_refused_beside_a_draft_are_names_of_both_the_command_and_the_api():
     """A name of NOT_BESIDE_DRAFT renamed on one side without the table would let that option through unrefused."""
     from dataclasses import fields

@@ -462,18 +462,20 @@ class Pipeline:
         if draft.tokenizer is None:
             raise InputError("the draft has no tokenizer to compare with the target's: save the target's tokenizer "
                              "into its run directory (tokenizer/)")
+        # Only the ids' meaning matters (the target's tokenizer alone encodes and decodes), so the vocabularies are
+        # compared entry by entry: comparing fingerprints serialised a 128k-token tokenizer.json twice a call
         mine, theirs = self.tokenizer, draft.tokenizer
-        if mine.fingerprint() != theirs.fingerprint():
-            if mine.vocab_size != theirs.vocab_size:
-                raise InputError(f"the draft's tokenizer has {theirs.vocab_size} tokens and the target's "
-                                 f"{mine.vocab_size}: speculative decoding needs one vocabulary; train the draft with "
-                                 "the target's tokenizer (attnkit train --tokenizer TARGET_RUN/tokenizer)")
-            ids = range(mine.vocab_size)
-            for token, (a, b) in enumerate(zip(mine.pieces(ids), theirs.pieces(ids), strict=True)):
-                if a != b:
-                    raise InputError(f"the draft's tokenizer reads token {token} as {b!r}, the target's as {a!r}: "
-                                     "speculative decoding needs one vocabulary; train the draft with the target's "
-                                     "tokenizer")
+        if mine.vocab_size != theirs.vocab_size:
+            raise InputError(f"the draft's tokenizer has {theirs.vocab_size} tokens and the target's "
+                             f"{mine.vocab_size}: speculative decoding needs one vocabulary; train the draft with "
+                             "the target's tokenizer (attnkit train --tokenizer TARGET_RUN/tokenizer)")
+        ids = range(mine.vocab_size)
+        ours, drafts = mine.pieces(ids), theirs.pieces(ids)
+        if ours != drafts:
+            token = next(i for i, (a, b) in enumerate(zip(ours, drafts, strict=True)) if a != b)
+            raise InputError(f"the draft's tokenizer reads token {token} as {drafts[token]!r}, the target's as "
+                             f"{ours[token]!r}: speculative decoding needs one vocabulary; train the draft with the "
+                             "target's tokenizer")
         return draft
 
     # Text -> token ids, as the training data lays them out ----------------------------------------------------
