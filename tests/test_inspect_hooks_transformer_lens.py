@@ -104,6 +104,11 @@ def test_patching_each_sublayer_and_each_head_at_each_position_equals_transforme
         ours = patch_stream(model, clean_batch, corrupted_batch, answer=answer, wrong=wrong, point=point)
         assert ours.rows == [f"blocks.{i}.{point.removesuffix('.out')}" for i in range(2)]
         torch.testing.assert_close(ours.restored, table, rtol=1e-4, atol=1e-4, msg=point)
+    every = patching.get_act_patch_block_every(bridge, CORRUPTED, clean_cache, restored)  # (3, L, T): in, attn, mlp
+    block_by_block = patch_stream(model, clean_batch, corrupted_batch, answer=answer, wrong=wrong,
+                                  point=("resid_pre", "attn.out", "mlp.out"))
+    assert block_by_block.rows == [f"blocks.{i}{part}" for i in range(2) for part in ("", ".attn", ".mlp")]
+    torch.testing.assert_close(block_by_block.restored, every.transpose(0, 1).flatten(0, 1), rtol=1e-4, atol=1e-4)
     by_position = patching.get_act_patch_attn_head_out_by_pos(bridge, CORRUPTED, clean_cache, restored)  # (L, T, H)
     assert heads.columns == "position x head" and heads.restored.shape == by_position.shape
     torch.testing.assert_close(heads.restored, by_position, rtol=1e-4, atol=1e-4)

@@ -492,13 +492,9 @@ def _given_output(loaded: Loaded, text: str | None, option: str) -> int | None:
 
 def _patch(loaded: Loaded, settings: InspectSettings):
     pair = _pair_of(loaded, settings)
-    stream = patch_stream(loaded.model, pair.clean, pair.corrupted, **pair.target)
-    if any(name.endswith(".mlp.out") for name in hook_points(loaded.model)):  # a Transformer's: each block's writers
-        attn, mlp = (patch_stream(loaded.model, pair.clean, pair.corrupted, **pair.target, point=point)
-                     for point in ("attn.out", "mlp.out"))
-        stream = Patching([row for rows in zip(stream.rows, attn.rows, mlp.rows, strict=True) for row in rows],
-                          torch.stack((stream.restored, attn.restored, mlp.restored), 1).flatten(0, 1),  # (3L, T)
-                          stream.clean, stream.corrupted, stream.columns)  # per block: its input, attention, FFN
+    writers = any(name.endswith(".mlp.out") for name in hook_points(loaded.model))  # a Transformer's blocks
+    stream = patch_stream(loaded.model, pair.clean, pair.corrupted, **pair.target,  # per block: input, attention, FFN
+                          point=("resid_pre", "attn.out", "mlp.out") if writers else "resid_pre")
     heads = patch_heads(loaded.model, pair.clean, pair.corrupted, **pair.target)
     by_position = (patch_heads(loaded.model, pair.clean, pair.corrupted, **pair.target, by_position=True)
                    if settings.by_position else None)

@@ -18,8 +18,9 @@ numbers; `Patching.warning` says so, and the command prints it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -135,32 +136,37 @@ def _stream_prefix(model: nn.Module, stack: str | None) -> str:
     return "encoder." if "encoder.blocks.0.resid_pre" in hook_points(model) else ""
 
 
-def stream_points(model: nn.Module, stack: str | None = None, point: StreamPoint = "resid_pre") -> list[str]:
+def stream_points(model: nn.Module, stack: str | None = None,
+                  point: StreamPoint | Sequence[StreamPoint] = "resid_pre") -> list[str]:
     """The points of the stream entering each block of `stack` (`_stream_prefix`; a recurrent encoder's states), or
-    of each block's `point` (its self-attention's or FFN's output)."""
-    if point not in ("resid_pre", "attn.out", "mlp.out"):
+    of each block's `point` (its self-attention's or FFN's output); several points: block by block, in the order the
+    block meets them."""
+    wanted = (point,) if isinstance(point, str) else tuple(point)
+    if not wanted or any(p not in get_args(StreamPoint) for p in wanted):
         raise InputError(f"point {point!r} is none of resid_pre, attn.out and mlp.out (what each block writes)")
     prefix = _stream_prefix(model, stack)
     points = hook_points(model)
-    names = [n for n in points if n.startswith(f"{prefix}blocks.") and n.endswith(f".{point}")]
-    if not names and "encoder.out" in points and point == "resid_pre":  # a recurrent encoder's states, one a position
+    names = [n for n in points if n.startswith(f"{prefix}blocks.") and n.endswith(tuple(f".{p}" for p in wanted))]
+    if not names and "encoder.out" in points and wanted == ("resid_pre",):  # a recurrent encoder's states
         names = ["encoder.out"]
     if not names:
-        raise InputError(f"{type(model).__name__} has no {point} {prefix!r} to patch")
+        raise InputError(f"{type(model).__name__} has no {' or '.join(wanted)} {prefix!r} to patch")
     return names
 
 
 @evaluated
 def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
-                 position: int | Tensor = -1, stack: str | None = None, point: StreamPoint = "resid_pre") -> Patching:
-    """Patch the stream entering each block of `stack` (module docstring), or each block's `point`, at each position,
-    one at a time. Rows: `blocks.L` (the stream), `blocks.L.attn`, `blocks.L.mlp`."""
+                 position: int | Tensor = -1, stack: str | None = None,
+                 point: StreamPoint | Sequence[StreamPoint] = "resid_pre") -> Patching:
+    """Patch the stream entering each block of `stack` (module docstring), or each block's `point` (or points: block
+    by block, TransformerLens's `get_act_patch_block_every` with all three), at each position, one at a time. Rows:
+    `blocks.L` (the stream), `blocks.L.attn`, `blocks.L.mlp`."""
     names = stream_points(model, stack, point)
     runs = _runs(model, clean, corrupted, names, (answer, wrong, position))
     length = runs.source[names[0]].shape[1]
     restored = torch.tensor([[runs.restored(model, {name: patch(runs.source[name], position=t)}) for t in range(length)]
                              for name in names])
-    rows = [n.removesuffix(".resid_pre") if point == "resid_pre" else n.removesuffix(".out") for n in names]
+    rows = [n.removesuffix(".resid_pre").removesuffix(".out") if ".blocks." in f".{n}" else n for n in names]
     return Patching(rows, restored, runs.clean, runs.corrupted, "position")
 
 
