@@ -4,6 +4,7 @@ setting and code, and the resumed run reaches the numbers an uninterrupted run r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -175,3 +176,46 @@ def test_ctrl_c_on_the_command_keeps_the_finished_arms_and_the_same_command_resu
     assert again.returncode == 0, again.stderr
     assert "reusing sinusoidal positions, seed 0" in again.stdout + again.stderr
     assert not (out / "arms").exists() and (out / "results.json").is_file()
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ("threads", "threads"),  # a product over 2 threads sums in another order than over 1: the last digits move
+    ("torch", "torch '0.0.1' -> "),
+])
+def test_an_arm_that_ran_under_another_torch_or_thread_count_is_rerun(change, why, tmp_path, monkeypatch, caplog):
+    arms = Arms(tmp_path, experiment="fake", budget="tiny", code="same")
+    threads = torch.get_num_threads()
+    with monkeypatch.context() as then:
+        if change == "threads":
+            torch.set_num_threads(threads + 1)
+        else:
+            then.setattr(torch, "__version__", "0.0.1")
+        try:
+            arms.run("arm", {"seed": 0}, lambda: arm_of(1.0), restore)
+        finally:
+            torch.set_num_threads(threads)
+    with caplog.at_level(logging.INFO, logger="attnkit.experiments.arms"):
+        assert arms.run("arm", {"seed": 0}, lambda: arm_of(2.0), restore) == 2.0
+    rerun = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rerunning arm")]
+    assert rerun and "another PyTorch setup" in rerun[0] and why in rerun[0], rerun
+
+
+def test_a_saved_random_state_pytorch_cannot_read_is_rerun_not_a_traceback(tmp_path, caplog):
+    """An arm whose files agree with their checksums (rewritten whole) but whose random state is no generator state:
+    the arm is rerun, saying why, where setting it raised out of the run."""
+    from attnkit.checkpoint import digest, load_tensors, save_tensors
+
+    arms = Arms(tmp_path, experiment="fake", budget="tiny", code="same")
+    arms.run("arm", {"seed": 0}, lambda: arm_of(1.0), restore)
+    weights, record_path = tmp_path / "arm.safetensors", tmp_path / "arm.json"
+    tensors = load_tensors(weights)
+    tensors["rng"] = tensors["rng"].float()
+    save_tensors(tensors, weights)
+    record = json.loads(record_path.read_text())
+    record.pop("sha256")
+    record["tensors_sha256"] = digest(weights)
+    record["sha256"] = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()  # as the JSON's own
+    record_path.write_text(json.dumps(record))
+    with caplog.at_level(logging.INFO, logger="attnkit.experiments.arms"):
+        assert arms.run("arm", {"seed": 0}, lambda: arm_of(2.0), restore) == 2.0
+    assert any("holds no random state PyTorch reads" in r.getMessage() for r in caplog.records)

@@ -5,9 +5,11 @@ An arm is one trained model or one measurement of an experiment (e.g. "rope posi
 (its tensors, and PyTorch's global random state after it ran) and `<arm>.json` (its values, what decided it and the
 safetensors file's SHA-256), the JSON last: an arm without its JSON was never finished. A rerun of the same command
 reads each arm back before running it and reuses it only where everything that decides it is the same: the
-experiment, the budget, the arm's setting (its config, steps, seed, data), and the code (a digest of attnkit's
-source); a file that fails its checksum or does not read is rerun too, and progress says why. Restoring the random
-state makes the rest of a resumed run draw what an uninterrupted run draws, so the two reach the same numbers.
+experiment, the budget, the arm's setting (its config, steps, seed, data), the code (a digest of attnkit's
+source) and what ran it (PyTorch's version, its CPU kernels and thread count, which move a loss's last digits); a
+file that fails its checksum or does not read is rerun too, and progress says why. Restoring the random state
+(PyTorch's CPU generator; an arm on a GPU seeds its own draws there) makes the rest of a resumed run draw what an
+uninterrupted run draws, so the two reach the same numbers.
 `run_experiment` removes `OUT/arms/` once the run's results are written.
 """
 
@@ -53,6 +55,14 @@ def source_digest() -> str:
     for path in sorted(package.rglob("*.py")):
         hashed.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return hashed.hexdigest()
+
+
+def environment() -> dict[str, Any]:
+    """What runs an arm besides attnkit's code and moves its numbers: PyTorch's version, the CPU kernels it picked
+    (AVX2, AVX512; `ATEN_CPU_CAPABILITY` sets them) and its thread count (a matrix product split over 2 threads
+    sums in another order than over 1)."""
+    return {"torch": torch.__version__, "cpu kernels": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads()}
 
 
 def _canonical(value: Any) -> Any:
@@ -119,7 +129,8 @@ class Arms:
         weights = self.directory / f"{slot}.safetensors"
         save_tensors(tensors, weights)
         record = {"experiment": self.experiment, "budget": self.budget, "arm": name, "setting": setting,
-                  "code": self.code, "version": self.version, "values": _canonical(arm.values),
+                  "code": self.code, "version": self.version, "environment": environment(),
+                  "values": _canonical(arm.values),
                   "tensors_sha256": digest(weights)}
         record["sha256"] = _checksum(record)
         atomic_write(self.directory / f"{slot}.json", json.dumps(record, indent=1) + "\n")
@@ -145,6 +156,8 @@ class Arms:
         if record.get("code") != self.code:
             saved_by = record.get("version") or "unknown"
             return None, None, f"it was saved by other code ({saved_by}; now {self.version})"
+        if record.get("environment") != (now := environment()):
+            return None, None, f"it ran under another PyTorch setup ({_difference(record.get('environment'), now)})"
         weights = self.directory / f"{slot}.safetensors"
         if not weights.is_file() or digest(weights) != record.get("tensors_sha256"):
             return None, None, f"{weights} is missing or was changed after it was saved (its checksum does not match)"
@@ -154,6 +167,11 @@ class Arms:
             return None, None, str(error)
         if _RNG not in stored or not isinstance(record.get("values"), dict):
             return None, None, f"{path} lacks what an arm holds (its values and random state)"
+        expected_state = torch.get_rng_state()
+        if stored[_RNG].dtype != expected_state.dtype or stored[_RNG].shape != expected_state.shape:
+            return None, None, (f"{weights} holds no random state PyTorch reads ({stored[_RNG].dtype} of shape "
+                                f"{tuple(stored[_RNG].shape)}, where PyTorch's is {expected_state.dtype} of shape "
+                                f"{tuple(expected_state.shape)})")
         tensors = {key.removeprefix(_TENSOR): tensor for key, tensor in stored.items() if key.startswith(_TENSOR)}
         return Arm(record["values"], tensors), stored[_RNG], ""
 
