@@ -99,10 +99,6 @@ class Window:
         ids = torch.cat((self.ids, tokens), dim=1)  # (B, L + n)
         return Window(ids, torch.cat((self.attention_mask, new_mask), dim=1), self.padded)
 
-    def first(self, length: int) -> Window:
-        """The first `length` columns (speculative decoding's text without its rejected drafts)."""
-        return Window(self.ids[:, :length], self.attention_mask[:, :length], self.padded)
-
     def slide(self, context_len: int) -> Window:
         """The window each row has alone once the context is full: a row that outgrew `context_len` keeps its last
         `context_len // 2` tokens, the others all theirs; left-padded again (see the module docstring)."""
