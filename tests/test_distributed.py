@@ -446,3 +446,44 @@ def test_ddp_is_told_not_to_sync_buffers_each_forward_in_the_words_its_torch_kno
     assert no_forward_buffer_sync(before_2_13) == {"broadcast_buffers": False}
     assert no_forward_buffer_sync(since_2_13) == {"forward_sync_buffers": False}
 
+
+
+RANK_0_FAILS = '''
+import sys
+from datetime import timedelta
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from attnkit.train.distributed import Replicated, World
+
+
+def rank(r, store):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=r, world_size=2,
+                            timeout=timedelta(seconds=60))
+    parallel = Replicated(World(r, r, 2), "cpu", timeout=60)
+
+    def make():
+        raise PermissionError("[Errno 13] Permission denied: 'OUT/cache'")
+
+    try:
+        parallel.made_on_rank_0(make, what="the token cache", beforehand="Make it first")
+    except Exception as err:
+        print(f"rank {r}: {type(err).__name__}: {err}", flush=True)
+
+
+if __name__ == "__main__":
+    mp.start_processes(rank, args=(sys.argv[1],), nprocs=2, start_method="fork")  # attnkit imported once
+'''
+
+
+def test_a_fault_of_rank_0s_own_while_it_makes_a_shared_thing_is_told_to_the_other_ranks(tmp_path):
+    """Rank 0 failing with an error of no attnkit kind (a cache it may not write, a bug) while it makes what the ranks
+    share: the other ranks stop at once, told what failed, and rank 0 raises its own error; they were left waiting
+    in the broadcast until its process ended (or --dist-timeout passed), then blamed the timeout."""
+    (tmp_path / "ranks.py").write_text(RANK_0_FAILS)
+    done = subprocess.run([sys.executable, str(tmp_path / "ranks.py"), str(tmp_path / "store")], capture_output=True,
+                          text=True, env=ENV, timeout=120)
+    assert "rank 0: PermissionError: [Errno 13] Permission denied: 'OUT/cache'" in done.stdout, done.stderr[-2000:]
+    assert ("rank 1: ConfigError: rank 0 failed to make the token cache (PermissionError: [Errno 13] Permission "
+            "denied: 'OUT/cache'); rank 0's traceback names the cause") in done.stdout, done.stderr[-2000:]

@@ -288,18 +288,27 @@ class Replicated(SingleProcess):
 
     def made_on_rank_0(self, make: Callable[[], T], *, what: str, beforehand: str) -> T:
         made: list[Any] = [None]
+        failure = None  # rank 0's own fault (a full disk, a bug), which it raises as it is once the others know
         if self.rank == 0:
             try:
                 made[0] = (make(), None)
             except AttnkitError as err:  # every rank stops with rank 0's error, none waits for a result
                 made[0] = (None, err)
+            except Exception as err:
+                failure = err
+                made[0] = (None, ConfigError(f"rank 0 failed to make {what} ({type(err).__name__}: {err}); rank "
+                                             "0's traceback names the cause"))
         try:
             dist.broadcast_object_list(made, src=0, device=self.device)
         except RuntimeError as err:  # nccl's DistError or gloo's: a rank waited past dist_timeout, or one died
+            if failure is not None:
+                raise failure from None
             raise ConfigError(
                 f"rank {self.rank}: the other ranks waited for {what} that rank 0 builds, and the wait failed "
                 f"({str(err).splitlines()[0]}): building it took longer than --dist-timeout {self.timeout:g} s, or "
                 f"a rank died. {beforehand}, or give a longer --dist-timeout") from None
+        if failure is not None:
+            raise failure
         value, err = made[0]
         if err is not None:
             raise err
