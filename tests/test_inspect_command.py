@@ -839,3 +839,21 @@ def test_head_types_draws_its_random_tokens_from_text_never_a_converted_tokenize
     assert sorted(vocabulary) == sorted(set(range(tokenizer.vocab_size)) - tokenizer.special_ids)
     assert reference.token_to_id("hello") in vocabulary and frame == ([1], [])
     assert "framed <s> ..." in report["summary"]["inputs"]
+
+
+def test_the_head_table_beside_a_long_texts_panels_keeps_the_height_its_rows_need(runs, tmp_path, monkeypatch):
+    """The head table stood beside every panel of a long text's tables: two rows of heads stretched down a picture
+    of eight panels, each cell taller than a panel. It stands beside the first panels it needs."""
+    from attnkit.inspect import command
+
+    drawn = []
+    monkeypatch.setattr(command, "write_report", lambda out, name, **parts: drawn.append(parts) or [])
+    text = ("abc de fgh ij " * 3)[:40]  # two panels a table, four with --by-position
+    run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="patch", text=(text,),
+                                corrupt=text.replace("d", "j", 1), by_position=True, out=str(tmp_path)))
+    figure = drawn[0]["figure"]
+    heads = next(ax for ax in figure.axes if ax.get_title() == "head outputs patched")
+    panels = [ax for ax in figure.axes if ax.get_xlabel().startswith("positions")]
+    assert len(panels) == 4
+    assert heads.get_position().height < 0.5 * (panels[0].get_position().y1 - panels[-1].get_position().y0)
+    assert heads.get_position().y1 == pytest.approx(panels[0].get_position().y1, abs=0.02)  # at the top, beside them

@@ -593,9 +593,11 @@ def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, str
                 columns=[readable(tokens[t]) for t in span], xlabel=_positions(span, len(tokens)),
                 colorbar="share restored", centered=True, bound=float(values.nan_to_num(0.0).abs().max()) or 1.0,
                 ax=figure.add_subplot(grid[index, 0]))  # one scale over a table's panels
+    need = 1.5 + 0.4 * len(heads.rows)  # the head table beside the first panels it needs, not stretched down them all
+    beside = next((i + 1 for i in range(len(heights)) if sum(heights[:i + 1]) >= need), len(heights))
     heatmap(heads.restored, title=f"head outputs {verb}", rows=heads.rows,
             columns=[str(h) for h in range(heads.restored.shape[1])], xlabel="head", colorbar="share restored",
-            centered=True, ax=figure.add_subplot(grid[:, 1]))
+            centered=True, ax=figure.add_subplot(grid[:beside, 1]))
     rows = [{"patched": f"{name} position {t} ({tokens[t]})", "restored": round(float(values[i, t]), 4)}
             for names, values, _ in tables for i, name in enumerate(names) for t in range(len(tokens))]
     rows += [{"patched": f"{name} head {h}", "restored": round(float(heads.restored[i, h]), 4)}
