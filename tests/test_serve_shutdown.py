@@ -98,9 +98,10 @@ def test_a_signal_ends_the_replies_in_flight_with_503_and_the_server_exits_clean
 
 @contextmanager
 def _draining(run, monkeypatch, max_tokens: int):
-    """A server with --shutdown-timeout TIMEOUT in a thread, its steps slowed to outlast a drain's poll, streaming a
-    reply of `max_tokens` when it is told to stop (SIGTERM); yields (server, the reply's events, the 503 a request sent
-    after the signal got) once that refusal came, and waits for the reply and the server to end after."""
+    """A server with --shutdown-timeout TIMEOUT and --max-batch 1 in a thread, its steps slowed to outlast a drain's
+    poll, streaming a reply of `max_tokens` and holding a second in its queue when it is told to stop (SIGTERM); yields
+    (server, each reply's events, the 503 a request sent after the signal got) once that refusal came, and waits for
+    the replies and the server to end after."""
     import uvicorn
 
     from attnkit.serve import ServeSettings, build_app
@@ -108,60 +109,65 @@ def _draining(run, monkeypatch, max_tokens: int):
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    app = build_app(ServeSettings(run=str(run), port=port, max_tokens=2000, shutdown_timeout=TIMEOUT))
+    app = build_app(ServeSettings(run=str(run), port=port, max_tokens=2000, max_batch=1, shutdown_timeout=TIMEOUT))
     server = Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"), app.state.close,
                     drain=app.state.drain, drain_seconds=TIMEOUT)
     scheduler = app.state.scheduler
     step = scheduler.decoding.step
     monkeypatch.setattr(scheduler.decoding, "step", lambda *args: time.sleep(0.01) or step(*args))  # outlasts a poll
     body = {**LONG, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
-    events: list[str] = []
+    events: list[list[str]] = [[], []]
 
-    def streamed() -> None:
+    def streamed(reply: int) -> None:
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as response:
-            events.extend(line for line in response.iter_lines() if line)
+            events[reply].extend(line for line in response.iter_lines() if line)
 
     serving = threading.Thread(target=server.run, daemon=True)  # no signal handlers off the main thread: handle_exit
     serving.start()
     deadline = time.monotonic() + TIMEOUT
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
-    client = threading.Thread(target=streamed)
-    client.start()
-    while scheduler.running_requests < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    clients = [threading.Thread(target=streamed, args=(reply,)) for reply in range(2)]
+    for client in clients:
+        client.start()
+    while (scheduler.running_requests < 1 or scheduler.queue_length < 1) and time.monotonic() < deadline:
+        time.sleep(0.01)  # one reply running, the other queued
     server.handle_exit(signal.SIGTERM, None)
-    while (refused := httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 2},
-                                 timeout=TIMEOUT)).status_code == 200 and time.monotonic() < deadline:
-        time.sleep(0.01)  # the server has not begun to stop yet
+    while httpx.get(f"{url}/health", timeout=TIMEOUT).status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the server has not begun to stop yet (a request sent now would wait behind the replies)
+    refused = httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 2}, timeout=TIMEOUT)
     try:
         yield server, events, refused
     finally:
-        client.join(TIMEOUT)
+        for client in clients:
+            client.join(TIMEOUT)
         serving.join(TIMEOUT)
         assert not serving.is_alive()
 
 
 def test_with_a_shutdown_timeout_sigterm_lets_the_replies_in_flight_end_and_refuses_new_ones(run, monkeypatch):
     """vLLM's --shutdown-timeout: a stop ended every reply in flight at once (503); with the option, SIGTERM lets the
-    reply in flight run to its end (its every token, [DONE], no error) while a request sent after the signal answers
-    503, and then the server stops, its exit status 0."""
-    with _draining(run, monkeypatch, max_tokens=100) as (server, events, refused):
+    reply in flight, and the one waiting in the queue, run to their ends (every token, [DONE], no error) while a
+    request sent after the signal answers 503, and then the server stops, its exit status 0."""
+    with _draining(run, monkeypatch, max_tokens=100) as (server, replies, refused):
         assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
-    assert not any('"error": {' in line for line in events) and events[-1] == "data: [DONE]", events[-3:]
-    assert json.loads(events[-2][6:])["usage"]["completion_tokens"] == 100
+    for events in replies:
+        assert not any('"error": {' in line for line in events) and events[-1] == "data: [DONE]", events[-3:]
+        assert json.loads(events[-2][6:])["usage"]["completion_tokens"] == 100
     assert server.exit_status == 0
 
 
 def test_a_second_sigterm_ends_the_drain_and_the_replies_in_flight_with_503(run, monkeypatch):
     """While the server lets the replies in flight end, a second SIGTERM (or Ctrl-C) stops it at once: the reply
-    still running ends with the 503 error event and [DONE], short of its tokens, and the server exits 0."""
-    with _draining(run, monkeypatch, max_tokens=1500) as (server, events, refused):
+    still running, and the one queued, end with the 503 error event and [DONE], short of their tokens, and the server
+    exits 0."""
+    with _draining(run, monkeypatch, max_tokens=1500) as (server, replies, refused):
         assert refused.status_code == 503
         server.handle_exit(signal.SIGTERM, None)
-    errors = [json.loads(line[6:])["error"] for line in events if line.startswith('data: {"error"')]
-    assert [error["type"] for error in errors] == ["server_error"] and "shutting down" in errors[0]["message"]
-    assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["usage"]["completion_tokens"] < 1500
+    for events in replies:
+        errors = [json.loads(line[6:])["error"] for line in events if line.startswith('data: {"error"')]
+        assert [error["type"] for error in errors] == ["server_error"] and "shutting down" in errors[0]["message"]
+        assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["usage"]["completion_tokens"] < 1500
     assert server.exit_status == 0
 
 
