@@ -283,6 +283,24 @@ def test_a_draft_is_checked_by_its_vocabulary_without_serialising_either_tokeniz
         target.generate("ab", draft=runs["other"], max_new_tokens=8)
 
 
+def test_compile_beside_a_draft_compiles_neither_model_and_says_so(runs, monkeypatch, caplog, capsys):
+    """Speculative decoding runs both models eagerly: --compile beside --draft built (and with aot, captured) a
+    step for each model that nothing ran, and said nothing."""
+    from attnkit.generate import pipeline as pipeline_module
+
+    asked, build = [], pipeline_module.decoding_for
+    monkeypatch.setattr(pipeline_module, "decoding_for",
+                        lambda model, compile=False: asked.append(compile) or build(model, compile))
+    argv = ["generate", "--run", str(runs["target"]), "--draft", str(runs["draft"]), "--prompt", "abc",
+            "--max-new-tokens", "8", "--temperature", "0", "--device", "cpu", "--compile"]
+    with caplog.at_level(logging.WARNING, logger="attnkit.tasks.lm"):
+        assert cli.main(argv) == 0
+    assert asked == [False, False]  # the target's load, then the draft's
+    assert "--compile default: speculative decoding decodes both models eagerly" in caplog.text
+    target = attnkit.load(runs["target"], device="cpu")
+    assert capsys.readouterr().out == "abc" + target.generate("abc", max_new_tokens=8, temperature=0)[0] + "\n"
+
+
 def test_the_options_refused_beside_a_draft_are_names_of_both_the_command_and_the_api():
     """A name of NOT_BESIDE_DRAFT renamed on one side without the table would let that option through unrefused."""
     from dataclasses import fields

@@ -734,6 +734,11 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
         raise InputError("--system is a chat's system turn: give --chat too (the prompt is then the user's turn)")
     prompt = read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
     constraint = read_constraint(settings)
+    if settings.draft is not None and settings.compile:  # nothing would run the step: neither model compiles one
+        log.warning("--compile %s: speculative decoding decodes both models eagerly, as the target scores the drafts "
+                    "and the token after them in one pass, which a one-token compiled step does not take; nothing is "
+                    "compiled", settings.compile)
+        settings = dataclasses.replace(settings, compile=None)
     pipeline = load(settings)
     stops = list(settings.stop)
     if settings.chat:
