@@ -219,3 +219,14 @@ def test_a_saved_random_state_pytorch_cannot_read_is_rerun_not_a_traceback(tmp_p
     with caplog.at_level(logging.INFO, logger="attnkit.experiments.arms"):
         assert arms.run("arm", {"seed": 0}, lambda: arm_of(2.0), restore) == 2.0
     assert any("holds no random state PyTorch reads" in r.getMessage() for r in caplog.records)
+
+
+def test_a_reused_arm_gives_back_its_values_in_the_order_it_saved_them(tmp_path):
+    """bottleneck's table columns and its plot's length buckets follow its scores' order: a reused arm's scores
+    read in another order (sorted: '17-24' before '2-8') drew a resumed run's buckets out of order."""
+    scores = {"final loss": 0.1, "exact 2-8": 1.0, "exact 9-16": 0.9, "exact 17-24": 0.5, "per symbol 2-8": 1.0}
+    arms = Arms(tmp_path, experiment="fake", budget="tiny", code="same")
+    arms.run("arm", {"seed": 0}, lambda: (scores, Arm(scores)), lambda arm: arm.values)
+    again = Arms(tmp_path, experiment="fake", budget="tiny", code="same")
+    reused = again.run("arm", {"seed": 0}, lambda: ({}, Arm({})), lambda arm: arm.values)
+    assert again.reused == ["arm"] and list(reused.items()) == list(scores.items())

@@ -66,8 +66,9 @@ def environment() -> dict[str, Any]:
 
 
 def _canonical(value: Any) -> Any:
-    """`value` as JSON reads it back (tuples as lists, keys as text), for comparing a setting with a saved one."""
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
+    """`value` as JSON reads it back (tuples as lists, keys as text), for comparing a setting with a saved one; its
+    keys keep their order (bottleneck's scores order its table's columns and its plot's length buckets)."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def _checksum(record: dict[str, Any]) -> str:
