@@ -184,6 +184,17 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
         rewrites.conversation_ids(char_tokenizer(), CHAT)
 
 
+def test_a_conversation_the_template_refuses_is_named_with_the_templates_words():
+    no_system = ChatTemplate("{% for m in messages %}{% if m['role'] == 'system' %}"
+                             "{{ raise_exception('System role not supported') }}{% endif %}{{ m['content'] }}"
+                             "{% endfor %}")  # as Gemma's and Mistral's templates refuse turns
+    chat = [{"role": "system", "content": "Terse."}, *CHAT]
+    with pytest.raises(InputError, match=r"chats.jsonl line 3: the chat template cannot render this conversation "
+                                         r"\(TemplateError: System role not supported\): give turns it takes"):
+        conversation_rows([Conversation("chats.jsonl line 3", chat)], template=no_system, tokenizer=char_tokenizer(),
+                          seq_len=64, packed=False, batch_size=1)
+
+
 @pytest.fixture(scope="module")
 def secrets(tmp_path_factory):
     folder = tmp_path_factory.mktemp("chat")

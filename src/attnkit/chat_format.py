@@ -208,8 +208,9 @@ class ChatTemplate:
             User: Hi!          prompt   (not trained)
             Assistant: Hello.  reply    ' Hello.' EOS (trained)
 
-        Raises InputError for a conversation without a reply, or a template that renders a conversation's start
-        otherwise than the whole (one that rewrites earlier turns, so no reply has one prompt)."""
+        Raises InputError for a conversation without a reply, one the template refuses or fails on, or a template
+        that renders a conversation's start otherwise than the whole (one that rewrites earlier turns, so no reply
+        has one prompt)."""
         ids: list[int] = []
         trained: list[bool] = []
         done, done_ids = "", []  # the text tokenized so far, and its tokens as `prompt_ids` reads the text whole
@@ -219,8 +220,13 @@ class ChatTemplate:
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            prompt = self.render(messages[:i])
-            whole = self.render(messages[: i + 1], add_generation_prompt=False)
+            try:
+                prompt = self.render(messages[:i])
+                whole = self.render(messages[: i + 1], add_generation_prompt=False)
+            except Exception as error:  # the template's own refusal (`raise_exception`), or a fault it shows here
+                raise InputError(f"the chat template cannot render this conversation ({_said(error)}): give turns "
+                                 "it takes (some take no system turn, or only user and assistant turns in turn)"
+                                 ) from None
             if not prompt.startswith(done) or not whole.startswith(prompt):
                 raise InputError(f"the chat template renders turn {i} of a conversation otherwise than the "
                                  "conversation before it: a reply has no one prompt to learn it after; use a template "
