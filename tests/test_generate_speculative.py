@@ -301,6 +301,17 @@ def test_compile_beside_a_draft_compiles_neither_model_and_says_so(runs, monkeyp
     assert capsys.readouterr().out == "abc" + target.generate("abc", max_new_tokens=8, temperature=0)[0] + "\n"
 
 
+def test_a_seeded_sample_with_a_draft_is_the_same_alone_or_batched(runs):
+    """As without a draft (sample i of a prompt seeded seed + i): a batch's rows advance together, by the drafts
+    every row keeps, so seeded rows decode one at a time, where a prompt's text changed with the batch around it."""
+    target, draft = attnkit.load(runs["target"], device="cpu"), attnkit.load(runs["draft"], device="cpu")
+    prompts = ["abc", "hgf ed", "ba"]
+    options = dict(max_new_tokens=16, seed=3, stop_at_eos=False, draft=draft, draft_tokens=3, num_samples=2)
+    batched = target.generate(prompts, **options)
+    assert batched == [text for prompt in prompts for text in target.generate(prompt, **options)]
+    assert len(set(batched)) > 1  # sampled: the rows differ
+
+
 def test_the_options_refused_beside_a_draft_are_names_of_both_the_command_and_the_api():
     """A name of NOT_BESIDE_DRAFT renamed on one side without the table would let that option through unrefused."""
     from dataclasses import fields

@@ -212,9 +212,11 @@ class Pipeline:
         `draft` (a Pipeline, or a run directory loaded onto this pipeline's device) is speculative decoding
         (`generate/speculative.py`, transformers' assistant_model): a smaller decoder of the same tokenizer proposes
         `draft_tokens` tokens a round and this model checks them in one forward pass; greedy, the text is the one this
-        model writes alone; sampled, it is drawn from the same distribution (Leviathan et al. 2023). The acceptance
-        rate is logged. The caches keep the whole text (the prompt and max_new_tokens within both max_seq_len); beams,
-        the repetition, presence and frequency penalties, n-gram blocking and constraints are refused beside it
+        model writes alone; sampled, it is drawn from the same distribution (Leviathan et al. 2023), and with a seed
+        each row decodes alone, so that a prompt's text is the same alone or batched (for the same draft and
+        draft_tokens; not the text this model samples alone under that seed). The acceptance rate is logged. The
+        caches keep the whole text (the prompt and max_new_tokens within both max_seq_len); beams, the repetition,
+        presence and frequency penalties, n-gram blocking and constraints are refused beside it
         (`refuse_beside_draft`).
         Raises SamplingError (a ConfigError) for bad sampling settings or seed (`check_sampling`), InputError for an
         empty prompt with no BOS to start from, for a schema, expression or grammar that cannot be followed, or for
@@ -284,12 +286,18 @@ class Pipeline:
         texts = TextTracker(self.tokenizer, len(rows), stops, on_text)
         mask = GrammarMask.of(grammar, self.tokenizer, len(rows))
         if draft is not None:
-            _, speculation = speculative_generate(
-                self.model, draft.model, rows, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
-                context_len=min(self.config.max_seq_len, draft.config.max_seq_len), draft_tokens=draft_tokens,
-                sampling=sampling, generator=generator, pad_id=self.pad_id, stop_ids=stop_ids, on_token=texts.push,
-                writable=self.tokenizer.vocab_size)
-            log.info("%s", speculation.describe())
+            # seeded samples decode one row at a time: a batch's rows advance together, by the drafts every row
+            # keeps, which would tie a row's draws to the others' and break "the same text alone or batched"
+            apart = generator is not None and not sampling.greedy
+            for group in [[row] for row in range(len(rows))] if apart else [list(range(len(rows)))]:
+                _, speculation = speculative_generate(
+                    self.model, draft.model, [rows[row] for row in group], max_new_tokens=max_new_tokens,
+                    min_new_tokens=min_new_tokens, draft_tokens=draft_tokens, sampling=sampling,
+                    context_len=min(self.config.max_seq_len, draft.config.max_seq_len), pad_id=self.pad_id,
+                    generator=[generator[row] for row in group] if generator is not None else None,
+                    stop_ids=stop_ids, on_token=lambda row, token, group=group: texts.push(group[row], token),
+                    writable=self.tokenizer.vocab_size)
+                log.info("%s", speculation.describe())
             return texts.finish()
         generate_tokens(  # BrokenOutputs for logits that give no distribution (`check_drawn`)
             self.model,
