@@ -230,3 +230,28 @@ def test_a_reused_arm_gives_back_its_values_in_the_order_it_saved_them(tmp_path)
     again = Arms(tmp_path, experiment="fake", budget="tiny", code="same")
     reused = again.run("arm", {"seed": 0}, lambda: ({}, Arm({})), lambda arm: arm.values)
     assert again.reused == ["arm"] and list(reused.items()) == list(scores.items())
+
+
+@pytest.mark.parametrize("values", [
+    {"final loss": 0.5, "exact 2-4": "1.0", "per symbol 2-4": 1.0},  # a score as text
+    {"final loss": 0.5, "exact 2-4": 1.0},  # a metric missing
+    {"final loss": 0.5, "exact 2-4": True, "per symbol 2-4": 1.0},  # true/false is no score
+])
+def test_bottleneck_reruns_an_arm_whose_saved_scores_are_not_its_metrics_as_numbers(values, tmp_path, caplog):
+    """bottleneck's arms are its scores alone: a saved arm whose files agree with their checksums but whose scores
+    are not the metrics it measures, each a number, is rerun (they went into the table and its means as they were)."""
+    from functools import partial
+
+    from attnkit.experiments.bottleneck import saved_scores
+
+    scores = {"final loss": 0.5, "exact 2-4": 1.0, "per symbol 2-4": 0.75}
+    restored = partial(saved_scores, buckets=[(2, 4)])
+    arms = Arms(tmp_path, experiment="bottleneck", budget="tiny", code="same")
+    arms.run("GRU, seed 0", {"seed": 0}, lambda: (values, Arm(values)), restored)  # what a stopped run saved
+    again = Arms(tmp_path, experiment="bottleneck", budget="tiny", code="same")
+    with caplog.at_level(logging.INFO, logger="attnkit.experiments.arms"):
+        assert again.run("GRU, seed 0", {"seed": 0}, lambda: (scores, Arm(scores)), restored) == scores
+    assert again.ran == ["GRU, seed 0"]
+    assert any("its scores are not final loss, exact 2-4, per symbol 2-4" in r.getMessage() for r in caplog.records)
+    again.run("GRU, seed 0", {"seed": 0}, lambda: ({}, Arm({})), restored)  # the scores it measured are reused
+    assert again.reused == ["GRU, seed 0"]

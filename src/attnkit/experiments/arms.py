@@ -97,8 +97,8 @@ class Arms:
         if saved is not None:
             try:
                 value = restore(saved)
-            except (CheckpointError, KeyError, ValueError, RuntimeError) as error:  # tensors of another shape or set
-                why = f"its saved tensors do not load ({error})"
+            except (CheckpointError, KeyError, ValueError, RuntimeError) as error:  # tensors of another shape or set,
+                why = f"what it saved does not load back ({error})"  # values of another kind
             else:
                 torch.set_rng_state(random_state)
                 self.reused.append(name)

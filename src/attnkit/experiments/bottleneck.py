@@ -99,6 +99,16 @@ def train_and_score(model: nn.Module, data: PairData, tests: dict[tuple[int, int
     return score, Arm(score)
 
 
+def saved_scores(arm: Arm, buckets: list[tuple[int, int]]) -> dict[str, float]:
+    """The scores a saved arm holds, checked before use: `train_and_score`'s metrics for `buckets`, in its order,
+    each a number; anything else is a ValueError (the arm is then rerun)."""
+    names = ["final loss", *(f"{kind} {first}-{last}" for first, last in buckets for kind in ("exact", "per symbol"))]
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in arm.values.values())
+    if list(arm.values) != names or not numbers:
+        raise ValueError(f"its scores are not {', '.join(names)}, each a number")
+    return {name: float(arm.values[name]) for name in names}
+
+
 def symbol_accuracy(prediction: str, target: str) -> float:
     """The share of positions the prediction gets right, over the longer of the two: a missing symbol is wrong, and
     so is one past the target's end (a copy with extra symbols after it is no perfect copy)."""
@@ -161,8 +171,9 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
 
             trained = partial(train_and_score, model, data, tests, steps=s["steps"], lr=lr, warmup=warmup,
                               progress=progress, desc=desc, tokenizer=tokenizer, ids=ids)
+            restored = partial(saved_scores, buckets=s["buckets"])
             setting = {"model": name, "seed": seed, "settings": s, "tests": N_TEST_PER_BUCKET[budget]}
-            scores.setdefault(name, []).append(progress.arm(desc, setting, trained, lambda arm: dict(arm.values)))
+            scores.setdefault(name, []).append(progress.arm(desc, setting, trained, restored))
     rows = [{"model": name, "parameters": parameters[name],
              **{metric: statistics.fmean(score[metric] for score in per_seed) for metric in per_seed[0]}}
             for name, per_seed in scores.items()]
