@@ -184,6 +184,19 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
         rewrites.conversation_ids(char_tokenizer(), CHAT)
 
 
+def test_attnkits_own_template_as_an_export_writes_it_reads_as_the_default_format(tmp_path):
+    """A Hugging Face directory `convert --to-hf` wrote from a chat run carries the default format as Jinja: a run
+    fine-tuned from it, or served, keeps the default's EOS after each reply and its stop strings."""
+    from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": DEFAULT_CHAT_TEMPLATE,
+                                                                "eos_token": "<eos>"}), encoding="utf-8")
+    template = chat_template(tmp_path, char_tokenizer().specials)
+    assert template == DEFAULT_FORMAT and template.stops == ("\nUser:", "\nSystem:")
+    ids, trained = template.conversation_ids(char_tokenizer(), CHAT)
+    assert ids[-1] == char_tokenizer().eos_id and trained[-1]
+
+
 def test_a_conversation_the_template_refuses_is_named_with_the_templates_words():
     no_system = ChatTemplate("{% for m in messages %}{% if m['role'] == 'system' %}"
                              "{{ raise_exception('System role not supported') }}{% endif %}{{ m['content'] }}"

@@ -265,11 +265,12 @@ def _shown(message: dict) -> str:
 
 
 def chat_template(tokenizer_dir: Path, specials: dict[str, str] | None = None) -> ChatTemplate:
-    """The run's own template (its tokenizer_config.json's `chat_template`), else the default. Its `bos_token` and
-    `eos_token` are the file's, else the tokenizer's `specials` (role -> token), as an export writes them; each
-    renders as its text, which `ChatTemplate.prompt_ids` reads as the token."""
+    """The run's own template (its tokenizer_config.json's `chat_template`), else the default, which is also what
+    `DEFAULT_CHAT_TEMPLATE` (the default as `convert --to-hf` writes it) reads as: its replies end at EOS and at the
+    stop strings. Its `bos_token` and `eos_token` are the file's, else the tokenizer's `specials` (role -> token), as
+    an export writes them; each renders as its text, which `ChatTemplate.prompt_ids` reads as the token."""
     source, settings = config_template(tokenizer_dir)
-    if source is None:
+    if source is None or source == DEFAULT_CHAT_TEMPLATE:
         return ChatTemplate()
     specials = specials or {}
     return ChatTemplate(source, _token(settings.get("bos_token")) or specials.get("bos", ""),
