@@ -84,14 +84,15 @@ def restore(arm: Arm) -> float:
 @pytest.mark.parametrize(("change", "why"), [
     ({"budget": "small"}, "saved for budget 'tiny', this run's is 'small'"),
     ({"experiment": "other"}, "saved for experiment 'fake', this run's is 'other'"),
-    ({"code": "new"}, "saved by other code (attnkit old; now attnkit new)"),
+    ({"code": "new"}, "saved by other code (attnkit old, source old; now attnkit new, source new)"),
+    ({"code": "new", "version": "attnkit old"}, "(attnkit old, source old; now attnkit old, source new)"),
     ({"setting": {"steps": 20, "seed": 0}}, "its setting differs (steps 10 -> 20)"),
 ])
 def test_an_arm_saved_for_another_setting_budget_or_code_is_rerun_and_the_log_says_why(change, why, tmp_path,
                                                                                         caplog):
     def arms(**fields) -> Arms:
         named = {"experiment": "fake", "budget": "tiny", "code": "old", **fields}
-        return Arms(tmp_path, **named, version=f"attnkit {named['code']}")
+        return Arms(tmp_path, **{"version": f"attnkit {named['code']}", **named})
 
     torch.manual_seed(0)
     assert arms().run("arm", {"steps": 10, "seed": 0}, lambda: arm_of(1.0), restore) == 1.0

@@ -155,8 +155,9 @@ class Arms:
         if record.get("setting") != setting:
             return None, None, f"its setting differs ({_difference(record.get('setting'), setting)})"
         if record.get("code") != self.code:
-            saved_by = record.get("version") or "unknown"
-            return None, None, f"it was saved by other code ({saved_by}; now {self.version})"
+            # the source digests too: two checkouts of one commit with other changes share a version's name
+            saved_by = f"{record.get('version') or 'unknown'}, source {str(record.get('code'))[:12]}"
+            return None, None, f"it was saved by other code ({saved_by}; now {self.version}, source {self.code[:12]})"
         if record.get("environment") != (now := environment()):
             return None, None, f"it ran under another PyTorch setup ({_difference(record.get('environment'), now)})"
         weights = self.directory / f"{slot}.safetensors"
