@@ -119,8 +119,9 @@ def test_an_arm_whose_values_were_edited_is_rerun(tmp_path, caplog):
     assert any("changed after it was saved" in r.getMessage() for r in caplog.records)
 
 
-def test_no_resume_runs_every_arm_afresh_and_a_finished_run_keeps_no_arms(tmp_path, monkeypatch):
-    """--no-resume: the arms a stopped run left are not read; the run's own are removed once its results are out."""
+@pytest.fixture
+def fake_experiment(monkeypatch) -> list[str]:
+    """Experiment "fake": one arm, "the arm"; the list the budget of each run that computed the arm."""
     from attnkit.experiments import REGISTRY
     from attnkit.experiments.base import Check, Experiment, Result
 
@@ -135,6 +136,12 @@ def test_no_resume_runs_every_arm_afresh_and_a_finished_run_keeps_no_arms(tmp_pa
         return Result([Check.over("x", [value, value + 0.1])], "measured", "1", [{"x": value}])
 
     monkeypatch.setitem(REGISTRY, "fake", Experiment("fake", "a claim", "a lecture", run))
+    return computed
+
+
+def test_no_resume_runs_every_arm_afresh_and_a_finished_run_keeps_no_arms(tmp_path, fake_experiment):
+    """--no-resume: the arms a stopped run left are not read; the run's own are removed once its results are out."""
+    computed = fake_experiment
     out = tmp_path / "out"
     left = Arms(out / "arms", experiment="fake", budget="tiny", code=source_digest())
     left.run("the arm", {"seed": 0}, lambda: arm_of(1.0), restore)  # what a stopped run of the same command left
@@ -256,3 +263,21 @@ def test_bottleneck_reruns_an_arm_whose_saved_scores_are_not_its_metrics_as_numb
     assert any("its scores are not final loss, exact 2-4, per symbol 2-4" in r.getMessage() for r in caplog.records)
     again.run("GRU, seed 0", {"seed": 0}, lambda: ({}, Arm({})), restored)  # the scores it measured are reused
     assert again.reused == ["GRU, seed 0"]
+
+
+@pytest.mark.parametrize("kind", ["a symbolic link", "a file"])
+def test_an_arms_path_that_is_a_link_or_a_file_is_refused_before_anything_runs(kind, tmp_path, fake_experiment):
+    """OUT/arms linked elsewhere would take the arms outside --out (and keep them there after the run); a file there
+    failed once the first arm was trained."""
+    from attnkit.errors import InputError
+
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    if kind == "a file":
+        (out / "arms").write_text("notes\n")
+    else:
+        (out / "arms").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(InputError, match=f"arms is {kind}, where the run keeps the arms it finishes"):
+        run_experiment("fake", budget="tiny", out=out)
+    assert fake_experiment == [] and not any(elsewhere.iterdir())

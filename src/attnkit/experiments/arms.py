@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import torch
 
 from attnkit.checkpoint import digest, load_tensors, save_tensors
-from attnkit.errors import CheckpointError
+from attnkit.errors import CheckpointError, InputError
 from attnkit.outputs import atomic_write
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,11 @@ class Arms:
 
     def __init__(self, directory: str | Path, *, experiment: str, budget: str, code: str, version: str = "") -> None:
         self.directory = Path(directory)
+        if self.directory.is_symlink() or (self.directory.exists() and not self.directory.is_dir()):
+            kind = "a symbolic link" if self.directory.is_symlink() else "a file"
+            # arms written through a link would land outside --out, and removing the folder would not remove them
+            raise InputError(f"{self.directory} is {kind}, where the run keeps the arms it finishes (a folder of its "
+                             "own in --out); move it away or give another --out")
         self.experiment, self.budget, self.code, self.version = experiment, budget, code, version
         self.reused: list[str] = []
         self.ran: list[str] = []
