@@ -6,9 +6,9 @@ without running it (a training command's settings are checked as `attnkit train`
 flag renamed or removed, a choice or a setting no longer offered, an option the command requires left out, or a
 command gone fails here, naming the page and the line. A console block that shows a command refused shows the
 message it prints. Lines that need nothing but attnkit (the course index, the experiments' list, presets,
-recipes, `--help`) are run, and must succeed and print. Each `make TARGET` names a target of the Makefile, and the
-files the setup commands name exist. Commands that train, download or serve are parsed only; the tutorials run in
-tests/test_tutorials.py.
+recipes, `--help`) are run, and must succeed and print. Each `make TARGET` (in a shell block or in the text) names a
+target of the Makefile, and the files the setup commands name exist. Commands that train, download or serve are
+parsed only; the tutorials run in tests/test_tutorials.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from attnkit import cli
+from attnkit import cli, experiments
 from attnkit.errors import AttnkitError
 from attnkit.train.job import check_request
 
@@ -71,11 +71,13 @@ def refusal(shown: list[str]) -> str | None:
 
 
 def check(argv: list[str]) -> None:
-    """What `attnkit ARGV` checks before it starts: the command line, and for train the run it would start (the model
-    config, data and training settings), without reading data or writing anything."""
+    """What `attnkit ARGV` checks before it starts: the command line, for train the run it would start (the model
+    config, data and training settings), without reading data or writing anything, and for experiment its name."""
     invocation = cli.parse(argv)
     if argv[0] == "train":
         check_request(cli.train_request(invocation.settings, *invocation.sections))
+    if argv[0] == "experiment" and invocation.settings.name is not None:
+        experiments.get(invocation.settings.name)  # the name is looked up only as the experiment starts
 
 
 def named(cases: list[tuple[str, str, list[str]]]) -> dict:
@@ -118,6 +120,13 @@ def test_shell_lines_join_continuations_drop_comments_and_keep_what_a_console_bl
                     "```console\n$ attnkit train --set n_layer=2\nattnkit: error: no such setting\n```\n")
     assert shell_lines(page) == [("attnkit viz --run runs/x --text hi", []), ("make run", []),
                                  ("attnkit train --set n_layer=2", ["attnkit: error: no such setting"])]
+
+
+def test_an_experiment_a_page_names_is_looked_up_as_the_command_starts():
+    """The experiment's name is a free word to the parser; an experiment renamed or gone fails the check."""
+    check(["experiment", "scaled-dot", "--budget", "tiny"])
+    with pytest.raises(AttnkitError, match="unknown experiment 'scaled-dots'"):
+        check(["experiment", "scaled-dots", "--budget", "tiny"])
 
 
 @pytest.mark.parametrize(("page", "line", "shown"), **named(ACCEPTED))
@@ -165,13 +174,29 @@ def test_the_commands_that_need_nothing_run_and_print(page, line, shown, monkeyp
     assert out.strip(), f"{page}: `{line}` printed nothing"
 
 
-MAKE = sorted({line.split()[1] for _, line, _ in commands("make ")})
+MAKE = sorted({line.split()[1] for _, line, _ in commands("make ")}
+              | {target for page in PAGES for target in re.findall(r"`make ([\w./-]+)[^`]*`", page.read_text())})
+
+
+def make_rules(folder: Path = ROOT) -> dict[str, str]:
+    """The rules of the Makefile in `folder` as make reads them (variables expanded): target -> its prerequisites and
+    recipe. A name only listed in .PHONY, or a folder (docs/), has neither, where `make -n` answers 0 for both."""
+    database = subprocess.run(["make", "-pRrq"], cwd=folder, capture_output=True, text=True, timeout=60).stdout
+    entries = re.finditer(r"^([^#\s][^:=\n]*):(?!=)(.*)\n((?:#.*\n|\t.*\n)*)", database, re.M)
+    return {entry[1]: entry[2].strip() + (entry[3] if "recipe to execute" in entry[3] else "") for entry in entries}
 
 
 @pytest.mark.parametrize("target", MAKE)
 def test_every_make_target_the_pages_name_exists(target):
-    done = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, f"`make {target}`, which the pages name, is not a target: {done.stderr}"
+    assert make_rules().get(target), f"`make {target}`, which the pages name, is not a target of the Makefile"
+
+
+def test_a_name_only_listed_as_phony_or_a_folder_is_no_make_target(tmp_path):
+    (tmp_path / "Makefile").write_text(".PHONY: kept renamed docs\nkept: tool\n\techo kept\ntool:\n\ttouch tool\n")
+    (tmp_path / "docs").mkdir()
+    rules = make_rules(tmp_path)
+    assert rules.get("kept") and rules.get("tool"), rules
+    assert not rules.get("renamed") and not rules.get("docs"), rules
 
 
 def test_the_files_the_setup_commands_name_exist():
