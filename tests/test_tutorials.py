@@ -2,11 +2,13 @@
 
 Each is turned into a notebook with jupytext and executed by nbclient in a fresh kernel, as Jupyter and the site
 run it; a failing cell (an assertion that attnkit's module differs from the from-scratch code included) fails the
-test with the cell's error.
+test with the cell's error. A reader sees every warning under its cell, on the site too: a tutorial runs clean, or
+the warnings it means to show are declared in EXPECTED_WARNINGS with the reason.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -15,10 +17,35 @@ import pytest
 jupytext = pytest.importorskip("jupytext", reason="the tutorial tests need jupytext (dev extra)")
 nbclient = pytest.importorskip("nbclient", reason="the tutorial tests need nbclient (dev extra)")
 pytest.importorskip("ipykernel", reason="the tutorial tests need ipykernel (dev extra)")
+nbformat = pytest.importorskip("nbformat", reason="the tutorial tests need nbformat (dev extra)")
 
 TUTORIALS = Path(__file__).resolve().parents[1] / "docs" / "tutorials"
 NOTEBOOKS = sorted(TUTORIALS.glob("[0-9][0-9]_*.py"))
 COURSES = ("UvA", "CMU 11-711", "USC CSCI 499", "UT CS 371N", "COGS 150")
+# The warnings attnkit logs that a tutorial shows on purpose: tutorial -> (pattern of the logged line, why it is shown).
+EXPECTED_WARNINGS: dict[str, list[tuple[str, str]]] = {
+    "10_ffn_lookup_bpe_pretraining": [(
+        r"attnkit\.tokenize: a BPE has \d+ tokens of the \d+ asked",
+        "it asks for more tokens than its short text gives, on purpose, so that the merging runs until no pair occurs "
+        "twice; its text says why attnkit's log says so above the list")],
+}
+# Run before a tutorial's first cell: keeps what attnkit logs at WARNING or above (records a logger level such as
+# tutorial 7's hides stay hidden), which Python prints under the cell without a "Warning:" of its own.
+KEEP_ATTNKIT_WARNINGS = """\
+import logging as _logging
+
+class _Kept(_logging.Handler):
+    def __init__(self):
+        super().__init__(_logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(f"{record.levelname} {record.name}: {record.getMessage()}")
+
+_attnkit_warnings = _Kept()
+_logging.getLogger("attnkit").addHandler(_attnkit_warnings)
+"""
+SAY_ATTNKIT_WARNINGS = 'import json as _json\nprint("attnkit warnings:", _json.dumps(_attnkit_warnings.lines))'
 
 
 def test_the_tutorials_are_there_one_per_number():
@@ -63,6 +90,8 @@ def test_tutorial_runs_at_the_tiny_budget(path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models: thread hand-offs cost more than they give
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing may download
     notebook = jupytext.read(path)
+    notebook.cells.insert(0, nbformat.v4.new_code_cell(KEEP_ATTNKIT_WARNINGS))
+    notebook.cells.append(nbformat.v4.new_code_cell(SAY_ATTNKIT_WARNINGS))
     client = nbclient.NotebookClient(
         notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(TUTORIALS)}}
     )
@@ -73,3 +102,30 @@ def test_tutorial_runs_at_the_tiny_budget(path, monkeypatch):
     warned = [o["text"] for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr"
               and "Warning:" in o["text"]]  # the site shows each under its cell, to every reader
     assert not warned, f"{path.name} shows its reader a warning: {warned[0][-400:]}"
+    logged = attnkit_warnings(notebook.cells[-1].outputs)
+    expected = EXPECTED_WARNINGS.get(path.stem, [])
+    unexpected = [line for line in logged if not any(re.search(pattern, line) for pattern, _ in expected)]
+    assert not unexpected, f"{path.name} shows its reader attnkit's warning(s) {unexpected}: fix the cause, or " \
+        "declare it in EXPECTED_WARNINGS with the reason the reader sees it"
+    stale = [pattern for pattern, _ in expected if not any(re.search(pattern, line) for line in logged)]
+    assert not stale, f"{path.name} no longer logs the warnings declared for it {stale}: drop their declaration"
+
+
+def attnkit_warnings(outputs: list) -> list[str]:
+    """What attnkit logged at WARNING or above while a notebook ran, as its last cell (SAY_ATTNKIT_WARNINGS) prints."""
+    said = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout")
+    return json.loads(said.partition("attnkit warnings: ")[2])
+
+
+def test_a_warning_attnkit_logs_in_a_notebook_is_kept_and_said(tmp_path):
+    """The watch the tutorials run under sees a warning logged by attnkit (which reaches the reader's stderr with no
+    "Warning:" in it) and leaves out what a logger's level hides."""
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code) for code in (
+        KEEP_ATTNKIT_WARNINGS,
+        "import logging\nlogging.getLogger('attnkit.tokenize').warning('merging ran out of pairs')\n"
+        "logging.getLogger('attnkit.interop.hf').setLevel(logging.ERROR)\n"
+        "logging.getLogger('attnkit.interop.hf').warning('hidden')\nlogging.getLogger('other').warning('not ours')",
+        SAY_ATTNKIT_WARNINGS)])
+    nbclient.NotebookClient(notebook, timeout=60, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    assert attnkit_warnings(notebook.cells[-1].outputs) == ["WARNING attnkit.tokenize: merging ran out of pairs"]
