@@ -3,6 +3,8 @@ tokens has an induction head, which the detector names, whose ablation costs the
 patch restores the answer; a probe finds a planted linear feature and not its control task; the logit lens's last
 layer is the model's own logits."""
 
+import copy
+
 import pytest
 import torch
 
@@ -19,6 +21,7 @@ from attnkit.inspect.logit_lens import logit_lens
 from attnkit.inspect.patching import logit_difference, logit_differences, patch_heads, patch_stream
 from attnkit.inspect.path_patching import path_patch
 from attnkit.inspect.probes import control_labels, majority, probe
+from attnkit.layers.attention import Attention
 from attnkit.models import build_model
 from attnkit.models.recurrent import recurrent_seq2seq
 
@@ -406,6 +409,37 @@ def test_a_probe_frames_a_converted_models_text_as_its_tokenizer_does(family, he
     expected = trace(model.stack, ids, names=["blocks.0.resid_post"])["blocks.0.resid_post"][0]  # (T, C)
     at = [2, 5, 9] if family == "decoder" else [0, 4, 7]  # each word's last piece in a decoder, first in an encoder
     torch.testing.assert_close(found.states["blocks.0.resid_post"][:3], expected[[len(before) + i for i in at]])
+
+
+def test_the_induction_heads_values_carry_the_answer_and_its_queries_act_where_it_is_read(induction_model,
+                                                                                          held_out):
+    """Patching each head's queries, keys, values or pattern (TransformerLens's
+    get_act_patch_attn_head_all_pos_every) on the induction model, whose corruption gives the first half new tokens:
+    the token to copy is gone from what the induction head reads, so its values patched back restore most of the
+    answer and its queries, keys and pattern little; position by position, its queries and pattern matter only at the
+    query where the answer is read (the last block's other queries write nothing read), and there as much as at
+    every position. A point the model does not show is refused naming the fix."""
+    clean = held_out[:8]
+    corrupted = clean.clone()
+    corrupted[:, : TASK.half] = TASK.ids(torch.Generator().manual_seed(9), batch=8)[:, : TASK.half]
+    answer, wrong = clean[:, -1], (clean[:, -1] + 1) % TASK.vocab_size
+    pair = Batch((clean[:, :-1],)), Batch((corrupted[:, :-1],))
+    found = {point: patch_heads(induction_model, *pair, answer=answer, wrong=wrong, point=point)
+             for point in ("q", "k", "v", "pattern")}
+    assert float(found["v"].restored[1, 0]) > 0.7
+    assert all(abs(float(found[point].restored[1, 0])) < 0.2 for point in ("q", "k", "pattern"))
+    for point in ("q", "pattern"):
+        each = patch_heads(induction_model, *pair, answer=answer, wrong=wrong, point=point, by_position=True)
+        assert each.restored.shape == (2, 2 * TASK.half - 1, 4), point
+        assert float(each.restored[1, :-1, 0].abs().max()) < 1e-5, point
+        assert float(each.restored[1, -1, 0]) == pytest.approx(float(found[point].restored[1, 0]), abs=1e-4)
+    with pytest.raises(InputError, match="'o' is none of z, q, k, v, pattern"):
+        patch_heads(induction_model, *pair, answer=answer, wrong=wrong, point="o")
+    fused = copy.deepcopy(induction_model)
+    for attention in (m for m in fused.modules() if isinstance(m, Attention)):
+        attention.fuse_qkv()  # inference's one product: no separate q, k, v to patch
+    with pytest.raises(InputError, match="has no k to patch at blocks.0.attn.k .*patch z"):
+        patch_heads(fused, *pair, answer=answer, wrong=wrong, point="k")
 
 
 def test_padded_prompts_are_each_read_at_their_own_last_token(induction_model, held_out):

@@ -1,7 +1,8 @@
 """attnkit.inspect's hooks and activation analyses against TransformerLens on a random GPT-2 and a Llama-style model
 (GQA 4/2, RoPE, RMSNorm), the same Hugging Face weights loaded by both (TransformerLens through its
 `TransformerBridge`, no weight processing): every cached activation equals `run_with_cache`'s; activation patching
-of the stream and of each head equals `transformer_lens.patching`'s; the logit lens equals `accumulated_resid`
+of the stream, of each block's writers and of each head's output, queries, keys, values and pattern equals
+`transformer_lens.patching`'s; the logit lens equals `accumulated_resid`
 through the final norm and the unembedding; ablations and other edits equal the same edit made by
 `run_with_hooks`; head-type scores equal `head_detector.detect_head`'s; path patching equals
 `get_act_patch_direct_path` where the FFNs write nothing. Skipped where TransformerLens is not installed."""
@@ -113,6 +114,33 @@ def test_patching_each_sublayer_and_each_head_at_each_position_equals_transforme
     assert heads.columns == "position x head" and heads.restored.shape == by_position.shape
     torch.testing.assert_close(heads.restored, by_position, rtol=1e-4, atol=1e-4)
     assert float(by_position.abs().max()) > 0.05  # some head at some position carries part of the answer
+
+
+def test_patching_each_heads_queries_keys_values_and_pattern_equals_transformer_lens(pair):
+    """TransformerLens's `get_act_patch_attn_head_all_pos_every` (out, q, k, v, pattern: (5, L, H)) against
+    `patch_heads(point=)`. On the Llama-style model (GQA 4/2) keys and values are patched per key/value head, each
+    shared by two query heads, as TransformerLens patches them (its table pads those two columns with zeros)."""
+    from transformer_lens import patching
+
+    model, bridge = pair
+    answer, wrong = _target(model)
+    clean_batch, corrupted_batch = Batch((CLEAN,)), Batch((CORRUPTED,))
+    ours = {point: patch_heads(model, clean_batch, corrupted_batch, answer=answer, wrong=wrong, point=point)
+            for point in ("z", "q", "k", "v", "pattern")}
+    clean, corrupted = ours["z"].clean, ours["z"].corrupted
+
+    def restored(logits):
+        return (logit_differences(logits, answer, wrong).mean() - corrupted) / (clean - corrupted)
+
+    _, clean_cache = bridge.run_with_cache(CLEAN)
+    theirs = patching.get_act_patch_attn_head_all_pos_every(bridge, CORRUPTED, clean_cache, restored)  # (5, L, H)
+    kv_heads = model.stack.blocks[0].self_attn.n_kv_heads
+    for index, (point, found) in enumerate(ours.items()):
+        assert found.restored.shape[1] == (kv_heads if point in ("k", "v") else 4), point
+        torch.testing.assert_close(found.restored, theirs[index, :, : found.restored.shape[1]], rtol=1e-4,
+                                   atol=1e-4, msg=point)
+        assert float(found.restored.abs().max()) > 0.01, point  # each patch moves the answer somewhere
+    assert bool((theirs[2:4, :, kv_heads:] == 0).all())  # TransformerLens's padding of the key/value heads
 
 
 def test_the_logit_lens_equals_the_accumulated_residual_stream_unembedded(pair):

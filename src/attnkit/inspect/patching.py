@@ -8,7 +8,8 @@ and see how much of the clean answer returns.
 `patch_stream` patches the residual stream entering each block at each position (layer x position; a recurrent
 encoder's states, one row), or each attention sublayer's or FFN's output (`point`: TransformerLens's
 `get_act_patch_attn_out` and `get_act_patch_mlp_out`); `patch_heads` each head's output over every position, or at
-each position alone (`by_position`: layer x position x head, `get_act_patch_attn_head_out_by_pos`). Clean and
+each position alone (`by_position`: layer x position x head, `get_act_patch_attn_head_out_by_pos`), or its queries,
+keys, values or pattern (`point`: `get_act_patch_attn_head_all_pos_every`). Clean and
 corrupted inputs have the same shapes. A sequence classifier's logits (B, C) have no positions: the difference is
 read from them.
 
@@ -33,6 +34,7 @@ from attnkit.inspect.tracing import Trace
 
 FAINT = 0.1  # a corruption moving logit(answer) - logit(wrong) by less (the odds by under 10%) restores little of note
 StreamPoint = Literal["resid_pre", "attn.out", "mlp.out"]  # what `patch_stream` patches in each block
+HeadPoint = Literal["z", "q", "k", "v", "pattern"]  # what `patch_heads` patches of each head
 
 
 @dataclass(frozen=True)
@@ -172,23 +174,32 @@ def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: in
 
 @evaluated
 def patch_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
-                position: int | Tensor = -1, by_position: bool = False) -> Patching:
-    """Patch each head's output (`SITE.z`) from the clean run into the corrupted one: at every position at once, or
-    (`by_position`) at each position alone, restored (sites, T, H) (NaN: a site with fewer heads, or a
-    cross-attention site's positions beyond its own stream's)."""
+                position: int | Tensor = -1, by_position: bool = False, point: HeadPoint = "z") -> Patching:
+    """Patch each head's `point` from the clean run into the corrupted one: its output (`z`), its queries, keys or
+    values (`q`, `k`, `v`: a GQA model's keys and values per key/value head, each shared by a group of query heads,
+    as TransformerLens patches them) or its attention pattern (`pattern`, each query's row); at every position at
+    once, or (`by_position`) at each (query) position alone, restored (sites, T, H) (NaN: a site with fewer heads, or
+    a cross-attention site's positions beyond its own stream's). Raises InputError for a point the model's attention
+    does not show (fused q/k/v, a recurrent decoder's read-only pattern)."""
+    if point not in get_args(HeadPoint):
+        raise InputError(f"point {point!r} is none of {', '.join(get_args(HeadPoint))} (what a head reads and writes)")
     sites = head_sites(model)
-    runs = _runs(model, clean, corrupted, [f"{s}.z" for s in sites], (answer, wrong, position))
-    z = [runs.source[f"{s}.z"] for s in sites]  # each (B, T, H, D)
-    heads = max(source.shape[2] for source in z)
-    restored = torch.full((len(sites), max(s.shape[1] for s in z), heads) if by_position else (len(sites), heads),
-                          float("nan"))
-    for i, (site, source) in enumerate(zip(sites, z, strict=True)):
-        for head in range(source.shape[2]):
-            if by_position:
-                for t in range(source.shape[1]):
-                    restored[i, t, head] = runs.restored(model, {f"{site}.z": patch(source, head=head, position=t)})
-            else:
-                restored[i, head] = runs.restored(model, {f"{site}.z": patch(source, head=head)})
+    points = hook_points(model)
+    names = [f"{s}.{point}" for s in sites]
+    missing = [n for n in names if n not in points or not points[n].editable]
+    if missing:
+        raise InputError(f"{type(model).__name__} has no {point} to patch at {missing[0]} (its projections are fused, "
+                         "or it is read only): patch z, each head's output")
+    runs = _runs(model, clean, corrupted, names, (answer, wrong, position))
+    shapes = [(runs.source[n].shape[points[n].position_axis], runs.source[n].shape[points[n].head_axis])
+              for n in names]  # (T, H) of each site
+    restored = torch.full((len(sites), *map(max, zip(*shapes, strict=True))) if by_position else
+                          (len(sites), max(h for _, h in shapes)), float("nan"))
+    for i, (name, (length, heads)) in enumerate(zip(names, shapes, strict=True)):
+        for head in range(heads):
+            for t in range(length) if by_position else [None]:
+                restored[(i, t, head) if by_position else (i, head)] = runs.restored(
+                    model, {name: patch(runs.source[name], head=head, position=t)})
     return Patching(sites, restored, runs.clean, runs.corrupted, "position x head" if by_position else "head")
 
 
