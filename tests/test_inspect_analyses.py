@@ -442,6 +442,43 @@ def test_the_induction_heads_values_carry_the_answer_and_its_queries_act_where_i
         patch_heads(fused, *pair, answer=answer, wrong=wrong, point="k")
 
 
+def test_left_padded_prompts_patch_as_each_prompt_alone(induction_model, held_out):
+    """Prompts of different lengths left-padded into one batch (the attention mask, and position ids that start at
+    each prompt's first token, as Hugging Face and TransformerLens pad a batch of prompts), read at the last position:
+    patching position t of the batch patches each prompt at its own t - (its padding), and patching padding patches
+    nothing, so every share is the one the prompts patched alone give, averaged as TransformerLens's normalised
+    metric averages (patched - corrupted) over the batch."""
+    lengths = [15, 11]  # the second prompt: 4 padding positions, then its first 11 tokens
+    corrupted_rows = held_out[:2].clone()
+    corrupted_rows[:, : TASK.half] = TASK.ids(torch.Generator().manual_seed(9), batch=2)[:, : TASK.half]
+    answer = torch.stack([held_out[row, n] for row, n in enumerate(lengths)])
+    wrong = (answer + 1) % TASK.vocab_size
+    width = max(lengths)
+
+    def left_padded(rows):
+        ids, mask, positions = (torch.zeros(len(lengths), width, dtype=torch.long) for _ in range(3))
+        for row, n in enumerate(lengths):
+            ids[row, width - n:], mask[row, width - n:] = rows[row, :n], 1
+            positions[row, width - n:] = torch.arange(n)
+        return Batch((ids,), kwargs={"attention_mask": mask, "position_ids": positions})
+
+    batched = patch_stream(induction_model, left_padded(held_out), left_padded(corrupted_rows), answer=answer,
+                           wrong=wrong)
+    expected_clean, expected_corrupted, patched = [], [], torch.zeros(len(lengths), 2, width)  # (B, L, T)
+    for row, n in enumerate(lengths):
+        alone = patch_stream(induction_model, Batch((held_out[row:row + 1, :n],)),
+                             Batch((corrupted_rows[row:row + 1, :n],)), answer=answer[row], wrong=wrong[row])
+        expected_clean.append(alone.clean)
+        expected_corrupted.append(alone.corrupted)
+        patched[row] = alone.corrupted  # padding patched: the corrupted run unchanged
+        patched[row, :, width - n:] = alone.corrupted + alone.restored * (alone.clean - alone.corrupted)
+    clean, corrupted = sum(expected_clean) / 2, sum(expected_corrupted) / 2
+    assert (batched.clean, batched.corrupted) == pytest.approx((clean, corrupted), abs=1e-5)
+    torch.testing.assert_close(batched.restored, (patched.mean(0) - corrupted) / (clean - corrupted), rtol=1e-4,
+                               atol=1e-4)
+    assert not bool(batched.restored.isnan().any())
+
+
 def test_padded_prompts_are_each_read_at_their_own_last_token(induction_model, held_out):
     """Prompts of different lengths, right-padded into one batch, are read each at its own last token (`position`
     one per row, as TransformerLens users index their prompts' ends): the clean and corrupted logit differences are
