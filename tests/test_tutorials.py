@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,19 @@ def test_the_tutorials_are_there_one_per_number():
     numbers = [int(p.name[:2]) for p in NOTEBOOKS]
     assert len(numbers) == len(set(numbers)), [p.name for p in NOTEBOOKS]
     assert {*range(1, 9), 10} <= set(numbers), [p.name for p in NOTEBOOKS]
+
+
+def test_the_tutorials_page_says_where_and_at_which_commit_its_times_were_measured():
+    """A time means little without the machine and the code it was measured on: the page names both, and the
+    commit is one of this repository's."""
+    text = " ".join((TUTORIALS / "README.md").read_text().split())
+    measured = re.search(r"Measured on [^.]*? at commit ([0-9a-f]{7,40}), on an? ([^,]+),", text)
+    assert measured, "the tutorials page gives times without the commit and the machine they were measured on"
+    assert re.search(r"\b(AMD|Intel|Apple|ARM|Arm)\b", measured[2]), f"{measured[2]!r} names no CPU"
+    git = subprocess.run(["git", "cat-file", "-e", f"{measured[1]}^{{commit}}"], cwd=TUTORIALS, capture_output=True)
+    if git.returncode and not (TUTORIALS.parents[1] / ".git").exists():
+        pytest.skip("no git history here to look the commit up in")
+    assert git.returncode == 0, f"the tutorials page's times name commit {measured[1]}, which this repository lacks"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
