@@ -160,6 +160,44 @@ def test_a_wrong_rule_fails_the_end_to_end_distribution_test(monkeypatch):
         test_sampled_texts_follow_the_targets_distribution(SamplingConfig())
 
 
+def _after_at_every_row(n, kept, after, drafted):
+    """A wrong batch rule: every row's last token is the one drawn after all it kept, even where the round cuts its
+    kept drafts short at n."""
+    return torch.cat((drafted[:, :n], after[:, None]), dim=1)
+
+
+@pytest.mark.parametrize("rule, holds", [(speculative.advance_together, True), (_after_at_every_row, False)],
+                         ids=["fewest-kept", "wrong-after-at-every-row"])
+def test_rows_cut_short_by_the_batch_keep_the_targets_distribution(monkeypatch, rule, holds):
+    """Three tokens of batches of 8 rows from a draft that mostly agrees, so that rounds end after 0, 1 or 2 kept
+    drafts of a row that kept more (the test above draws two tokens with K = 1, where rows are never cut short):
+    the joint distribution of the three is the target's, and a rule that ends a cut row with its own after-token
+    fails."""
+    monkeypatch.setattr(speculative, "advance_together", rule)
+    target, _ = tiny_model(position="rope", vocab_size=4, seed=3)
+    draft = perturbed(target, 0.03, seed=4)
+    prompt = [1, 3, 2]
+    with torch.no_grad():
+        def step(texts):  # (N, 4): the target's next-token distribution after each text
+            return target(torch.tensor(texts)).logits[:, -1].softmax(-1).double()
+        exact = (step([prompt])[0, :, None, None] * step([prompt + [a] for a in range(4)])[:, :, None]
+                 * step([prompt + [a, b] for a in range(4) for b in range(4)]).view(4, 4, 4)).flatten()  # (64,)
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.zeros(64, dtype=torch.float64)
+    rounds = set()
+    for _ in range(150):
+        tokens, stats = speculative_generate(target, draft, [prompt] * 8, max_new_tokens=3, context_len=24,
+                                             draft_tokens=2, sampling=SamplingConfig(), generator=generator)
+        rounds.add(stats.rounds)
+        for a, b, c in tokens:
+            counts[a * 16 + b * 4 + c] += 1
+    assert rounds == {1, 2, 3}  # every row kept both drafts; the fewest was one; or none
+    expected = exact / exact.sum() * counts.sum()
+    rare = expected < 5  # pooled into one cell, as a chi-square test needs
+    observed = torch.cat((counts[~rare], counts[rare].sum()[None]))
+    assert (chisquare(observed, torch.cat((expected[~rare], expected[rare].sum()[None]))).pvalue > 1e-3) == holds
+
+
 def test_the_same_seed_gives_the_same_sampled_text():
     target, _ = tiny_model(position="rope")
     draft = perturbed(target, 0.2, seed=1)

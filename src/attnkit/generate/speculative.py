@@ -101,6 +101,14 @@ def accept_sampled(p: Tensor, q: Tensor, drafted: Tensor, groups: Groups) -> tup
     return kept, draw(after, groups)
 
 
+def advance_together(n: int, kept: Tensor, after: Tensor, drafted: Tensor) -> Tensor:
+    """The round's tokens where every row advances by n + 1, n the fewest drafts an unfinished row kept (the module
+    docstring): each row's first n drafts, then the token after them where the row kept n, or its (n + 1)-th draft,
+    which the target accepted, where it kept more. kept, after (B,); drafted (B, K) -> (B, n + 1)."""
+    last = torch.where(kept == n, after, drafted[:, n] if n < drafted.shape[1] else after)  # (B,)
+    return torch.cat((drafted[:, :n], last[:, None]), dim=1)
+
+
 class Shaper:
     """The logits processing that the target alone applies at its i-th new token (`decode_n_tokens`): the ids held
     back (a padded vocabulary's; the stop tokens while a row is short of `min_new_tokens`), then `process_logits`;
@@ -184,8 +192,7 @@ def speculative_generate(
             kept, after = accept_sampled(p, q, drafted, groups)
         kept_by_row = kept.tolist()
         n = min(n for n, end in zip(kept_by_row, finished, strict=True) if not end)  # the drafts every row keeps
-        last = torch.where(kept == n, after, drafted[:, n] if n < k else after)  # (B,): a longer run's next draft
-        tokens = torch.cat((drafted[:, :n], last[:, None]), dim=1)  # (B, n + 1)
+        tokens = advance_together(n, kept, after, drafted)  # (B, n + 1)
         stats.rounds += 1
         stats.drafted += k * finished.count(False)
         stats.accepted += sum(kept for kept, end in zip(kept_by_row, finished, strict=True) if not end)
