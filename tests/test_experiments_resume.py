@@ -281,3 +281,16 @@ def test_an_arms_path_that_is_a_link_or_a_file_is_refused_before_anything_runs(k
     with pytest.raises(InputError, match=f"arms is {kind}, where the run keeps the arms it finishes"):
         run_experiment("fake", budget="tiny", out=out)
     assert fake_experiment == [] and not any(elsewhere.iterdir())
+
+
+@pytest.mark.parametrize("change", [{"diverged": "false"}, {"val_loss": "2.5"}, {"losses": [2.0, None]},
+                                    {"step_seconds": "0.1"}])
+def test_a_saved_training_run_whose_values_are_of_another_kind_is_refused(change):
+    """train_lm's arm read back: "false" for diverged read as a diverged run, a loss written as text as a number;
+    each is refused (a ValueError, so that the arm is rerun) rather than used."""
+    from attnkit.experiments.lm_runs import RunLog
+
+    saved = {"losses": [2.0, 1.5], "val_loss": 1.6, "seconds": 3.0, "diverged": False, "step_seconds": [0.1, 0.1]}
+    assert RunLog.from_values(saved, None).values() == saved
+    with pytest.raises(ValueError, match="must be numbers, and diverged true or false"):
+        RunLog.from_values({**saved, **change}, None)

@@ -48,6 +48,12 @@ class Arm:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+def is_number(value: Any) -> bool:
+    """Whether a value read back from an arm's JSON is a number (NaN and infinities included: a diverged run's loss),
+    not true/false and not text: what an arm's numbers are checked with before use."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def source_digest() -> str:
     """The SHA-256 of attnkit's Python source (every file's path and bytes): the code that trains an arm."""
     package = Path(__file__).resolve().parent.parent

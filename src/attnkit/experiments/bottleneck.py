@@ -23,7 +23,7 @@ from torch import nn
 from attnkit import presets
 from attnkit.data import PairData
 from attnkit.data.synthetic import SyntheticTask, make_task, synthetic_tokenizer
-from attnkit.experiments.arms import Arm
+from attnkit.experiments.arms import Arm, is_number
 from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
 from attnkit.experiments.plots import fit_value_axis, new_figure, save, series, spread_legend
 from attnkit.generate.seq2seq import greedy_translate
@@ -103,8 +103,7 @@ def saved_scores(arm: Arm, buckets: list[tuple[int, int]]) -> dict[str, float]:
     """The scores a saved arm holds, checked before use: `train_and_score`'s metrics for `buckets`, in its order,
     each a number; anything else is a ValueError (the arm is then rerun)."""
     names = ["final loss", *(f"{kind} {first}-{last}" for first, last in buckets for kind in ("exact", "per symbol"))]
-    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in arm.values.values())
-    if list(arm.values) != names or not numbers:
+    if list(arm.values) != names or not all(map(is_number, arm.values.values())):
         raise ValueError(f"its scores are not {', '.join(names)}, each a number")
     return {name: float(arm.values[name]) for name in names}
 

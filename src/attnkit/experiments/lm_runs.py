@@ -23,7 +23,7 @@ from torch import nn
 from attnkit.checkpoint import load_weights, unique_state_dict
 from attnkit.config import ModelConfig
 from attnkit.data import LMData, read_text, stdlib_files
-from attnkit.experiments.arms import Arm
+from attnkit.experiments.arms import Arm, is_number
 from attnkit.experiments.base import Progress
 from attnkit.models import build_model
 from attnkit.tokenize import train_tokenizer
@@ -77,12 +77,20 @@ class RunLog:
 
     @classmethod
     def from_values(cls, values: dict, model: nn.Module) -> RunLog:
-        """The run `values()` describes, with its trained `model`; a value missing or of the wrong kind: ValueError."""
+        """The run `values()` describes, with its trained `model`; a value missing or of the wrong kind: ValueError
+        (a loss as text read as a number, "false" as diverged)."""
         try:
-            return cls([float(v) for v in values["losses"]], float(values["val_loss"]), float(values["seconds"]),
-                       bool(values["diverged"]), [float(v) for v in values["step_seconds"]], model)
-        except (KeyError, TypeError) as error:
+            losses, val_loss, seconds = values["losses"], values["val_loss"], values["seconds"]
+            diverged, step_seconds = values["diverged"], values["step_seconds"]
+        except KeyError as error:
             raise ValueError(f"a run's values lack {error}") from None
+        lists = isinstance(losses, list) and isinstance(step_seconds, list)
+        if not (lists and all(map(is_number, [*losses, *step_seconds, val_loss, seconds]))
+                and isinstance(diverged, bool)):
+            raise ValueError("a run's losses, step_seconds (lists), val_loss and seconds must be numbers, and diverged "
+                             "true or false")
+        return cls([float(v) for v in losses], float(val_loss), float(seconds), diverged,
+                   [float(v) for v in step_seconds], model)
 
     @property
     def median_step_ms(self) -> float:
