@@ -15,7 +15,10 @@ an induction head from a head that looks a fixed n - 1 back: `repeat_types` scor
 the duplicate and induction types, a head's lowest score over them (it is typed induction only where it holds at
 each period). The tokens are framed as the model reads a text (`frame`: an encoder's CLS ... SEP, a converted
 Llama's BOS), so `first` is the weight on CLS or BOS and `separator` the weight on the marks, as Clark et al. read
-BERT's heads; an encoder read without them reads an input unlike any it learned. Cross-attention is scored by
+BERT's heads; an encoder read without them reads an input unlike any it learned. A model that reads its text bare
+(an attnkit decoder, a converted GPT-2) is scored on the bare tokens: `first` is the weight on the first random
+token, and `separator`, with no mark to weigh, is not scored (NaN). The random tokens are none of the tokenizer's
+special ones. Cross-attention is scored by
 how monotonic its alignment is (`monotonicity`): the share of target steps whose most-attended source position does
 not move backwards (1: a monotone alignment, about 0.5 for chance).
 """
