@@ -323,6 +323,98 @@ def test_a_kept_profile_this_attnkit_cannot_read_plans_training_with_the_default
     with caplog.at_level(logging.WARNING, logger="attnkit.train.plan"):
         plan = plan_training(_decoder(), family="decoder", device="cpu", dtype="bf16")
     assert "documented defaults" in plan.explain() and str(kept) in caplog.text
-    monkeypatch.setenv(PROFILE_ENV, str(kept))
+    mine = tmp_path / "mine.json"  # outside attnkit's cache: the user's
+    mine.write_text(kept.read_text())
+    monkeypatch.setenv(PROFILE_ENV, str(mine))
     with pytest.raises(InputError, match="version"):
         plan_training(_decoder(), family="decoder", device="cpu", dtype="bf16")
+
+
+KEPT_PROFILE_DAMAGE = {  # every way a kept profile can fail to read: its bytes, or None for a read the OS refuses
+    "an older version's": json.dumps({"version": 2, "attention": {}, "decode_linear": {}}).encode(),
+    "cut short": b'{"version": 3, "attention": {"bf',
+    "empty": b"",
+    "not UTF-8": b"\xff\xfe{}",
+    "not an object": b"[]",
+    "a field out of range": json.dumps({"version": 3, "attention": {"bf16": {"decode_keys": -1, "pass_keys": 0}},
+                                        "decode_linear": {}}).encode(),
+    "refused by the OS": None,
+}
+
+
+def _damage(path: Path, damage: bytes | None, monkeypatch) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{}")
+    if damage is None:  # root reads any mode bits: reading this file is refused, as EACCES or EIO would refuse it
+        read_bytes, unreadable = Path.read_bytes, path.stat().st_ino
+
+        def refused(self):
+            if self == path and self.stat().st_ino == unreadable:  # a file measured again in its place reads
+                raise PermissionError(13, "Permission denied", str(self))
+            return read_bytes(self)
+
+        monkeypatch.setattr(Path, "read_bytes", refused)
+    else:
+        path.write_bytes(damage)
+
+
+@pytest.mark.parametrize("damage", KEPT_PROFILE_DAMAGE.values(), ids=KEPT_PROFILE_DAMAGE.keys())
+def test_a_kept_profile_unreadable_in_any_way_plans_training_with_the_defaults_and_warns_once(
+        damage, tmp_path, monkeypatch, caplog):
+    """However the profile attnkit keeps fails to read, training plans with the documented defaults (a read the OS
+    refused stopped it before), and a process that plans many models (an experiment's arms, a tutorial's cells) is
+    told once (it was told at every plan)."""
+    from attnkit.machine import PROFILE_ENV, default_profile_path
+
+    monkeypatch.delenv(PROFILE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    kept = default_profile_path()
+    _damage(kept, damage, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="attnkit.train.plan"):
+        plans = [plan_training(_decoder(), family="decoder", device="cpu", dtype="bf16") for _ in range(3)]
+    assert all("documented defaults: the kept profile is unreadable" in plan.explain() for plan in plans)
+    warnings = [record for record in caplog.records if record.name == "attnkit.train.plan"]
+    assert len(warnings) == 1 and str(kept) in warnings[0].getMessage(), [r.getMessage() for r in warnings]
+
+
+def test_the_training_and_decoding_plans_take_one_rule_for_whose_profile_is_unreadable(tmp_path, monkeypatch):
+    """A profile under attnkit's cache is attnkit's, even when $ATTNKIT_PROFILE names it: the decoding plan measures
+    it again and training plans without it (training refused it before). One elsewhere is the user's: both refuse
+    it naming the file."""
+    from attnkit.generate import tune
+    from attnkit.generate.plan import plan_inference
+    from attnkit.machine import DEFAULT_PROFILE, PROFILE_ENV, CpuCapabilities
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    measured = dataclasses.replace(DEFAULT_PROFILE, cpu=CpuCapabilities.detect(), torch_version=torch.__version__)
+    monkeypatch.setattr(tune, "tune", lambda **kw: (measured, []))  # measuring again, without the seconds it takes
+    ours = tmp_path / "cache" / "attnkit" / "profiles" / "pinned.json"
+    theirs = tmp_path / "mine" / "profile.json"
+    for path in (ours, theirs):
+        path.parent.mkdir(parents=True)
+        path.write_text('{"version": 2}')
+    monkeypatch.setenv(PROFILE_ENV, str(ours))
+    assert "documented defaults" in plan_training(_decoder(), family="decoder", device="cpu", dtype="bf16").explain()
+    plan_inference(_decoder(), "decoder")
+    assert json.loads(ours.read_text())["version"] == json.loads(measured.to_json())["version"]  # measured again
+    monkeypatch.setenv(PROFILE_ENV, str(theirs))
+    for plan in (lambda: plan_training(_decoder(), family="decoder", device="cpu", dtype="bf16"),
+                 lambda: plan_inference(_decoder(), "decoder")):
+        with pytest.raises(InputError, match=re.escape(str(theirs))):
+            plan()
+
+
+def test_the_decoding_plan_measures_again_a_kept_profile_whose_read_the_os_refuses(tmp_path, monkeypatch):
+    """As it measures a damaged one again (it stopped with the OS's error before)."""
+    from attnkit.generate import tune
+    from attnkit.generate.plan import plan_inference
+    from attnkit.machine import DEFAULT_PROFILE, PROFILE_ENV, CpuCapabilities, default_profile_path
+
+    monkeypatch.delenv(PROFILE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    measured = []
+    profile = dataclasses.replace(DEFAULT_PROFILE, cpu=CpuCapabilities.detect(), torch_version=torch.__version__)
+    monkeypatch.setattr(tune, "tune", lambda **kw: measured.append(kw) or (profile, []))
+    _damage(default_profile_path(), None, monkeypatch)
+    plan_inference(_decoder(), "decoder")
+    assert len(measured) == 1

@@ -290,6 +290,13 @@ def default_profile_path(cpu: CpuCapabilities | None = None) -> Path:
     return cache_home() / "profiles" / f"{cpu.isa.lower()}-{hashlib.blake2b(key, digest_size=6).hexdigest()}.json"
 
 
+def kept_by_attnkit(path: str | Path) -> bool:
+    """Whether `path` lies where attnkit keeps what it measures (under `cache_home()`): a profile there that this
+    attnkit cannot read is its own, to measure again or plan without; one elsewhere ($ATTNKIT_PROFILE) is the user's,
+    refused naming the fix."""
+    return Path(path).resolve().is_relative_to(cache_home().resolve())
+
+
 def load_profile(path: str | Path | None = None, cpu: CpuCapabilities | None = None) -> tuple[Profile, str]:
     """The profile to plan with and why: the one at `path` (default: `default_profile_path()`) when it was measured
     on this CPU and PyTorch, else `DEFAULT_PROFILE`."""

@@ -54,9 +54,9 @@ from attnkit.machine import (
     AttentionKernelLimits,
     CpuCapabilities,
     Profile,
-    cache_home,
     default_profile_path,
     dtype_name,
+    kept_by_attnkit,
     load_profile,
 )
 from attnkit.outputs import atomic_output, atomic_write
@@ -263,17 +263,18 @@ def _without_native_kernels(profile: Profile) -> bool:
 def machine_profile(cpu: CpuCapabilities) -> tuple[Profile, str]:
     """The profile the inference plan reads for `cpu` (this machine's), and why: the one kept for it, checked field by
     field (`machine.load_profile`), or, where none is kept, one measured now within `FIRST_USE` (a few seconds,
-    logged), kept for the next start. A kept one that is damaged, or was measured while the native kernels could not
-    run and they can now (a compiler installed since), is measured again where attnkit keeps it (under
-    `cache_home()`); one at $ATTNKIT_PROFILE is the user's, refused naming the fix where damaged. A place where none
+    logged), kept for the next start. A kept one that is damaged or whose read the OS refuses, or was measured while
+    the native kernels could not run and they can now (a compiler installed since), is measured again where attnkit
+    keeps it (`machine.kept_by_attnkit`, the rule the training plan keeps too); one elsewhere ($ATTNKIT_PROFILE) is
+    the user's, refused naming the fix where damaged. A place where none
     can be kept costs a warning and a measurement each start. A plan for another CPU than this one measures nothing."""
     path = default_profile_path(cpu)
     here = cpu == CpuCapabilities.detect()
     if path.exists() or not here:
-        ours = path.resolve().is_relative_to(cache_home().resolve())
+        ours = kept_by_attnkit(path)
         try:
             kept = load_profile(path, cpu)
-        except InputError as err:
+        except (InputError, OSError) as err:  # damaged, an older version's, or a read the OS refuses
             if not here or not ours:
                 raise
             log.warning("%s: measuring again", err)

@@ -46,9 +46,9 @@ Tests build plans for CUDA without one by passing `device="cuda"` and `free_memo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import logging
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -62,7 +62,7 @@ from attnkit.layers.attention import Attention
 from attnkit.layers.kernels import MathKernel, use_flex_attention, use_math_kernel
 from attnkit.layers.output_loss import LossPath, fused_kernel_missing, use_loss_path
 from attnkit.layers.positions import ALiBi
-from attnkit.machine import DEFAULT_PROFILE, PROFILE_ENV, Profile, load_profile
+from attnkit.machine import DEFAULT_PROFILE, Profile, default_profile_path, kept_by_attnkit, load_profile
 from attnkit.plans import Choice, attention_choice, explain_choices
 from attnkit.train.distributed import collective_backend
 
@@ -378,16 +378,25 @@ def _attention(model: nn.Module, device: torch.device, dtype: str) -> tuple[Math
 
 def _profile() -> tuple[Profile, str]:
     """The CPU's measured profile and what to say of it. One kept in attnkit's cache that this attnkit cannot read
-    (written by an older version, or damaged) plans training with the documented defaults and says why: the decoding
-    plan measures it again on its next start, and training never stops for it. One at $ATTNKIT_PROFILE is the
-    user's: an InputError naming the file and the fix."""
+    (written by an older version, damaged, or a read the OS refuses) plans training with the documented defaults and
+    says why, once a process (`_say_once`): the decoding plan measures it again on its next start, and training
+    never stops for it. One elsewhere ($ATTNKIT_PROFILE) is the user's: an InputError naming the file and the fix
+    (`machine.kept_by_attnkit`, the rule the decoding plan keeps too)."""
+    path = default_profile_path()
     try:
-        return load_profile()
-    except InputError as err:
-        if os.environ.get(PROFILE_ENV):
+        return load_profile(path)
+    except (InputError, OSError) as err:
+        if not kept_by_attnkit(path):
             raise
-        log.warning("%s; training plans with the documented defaults meanwhile", err)
+        _say_once(f"{err}; training plans with the documented defaults meanwhile")
         return DEFAULT_PROFILE, f"documented defaults: the kept profile is unreadable ({err})"
+
+
+@functools.cache
+def _say_once(warning: str) -> None:
+    """Log `warning` the first time this process has it: a process that trains many models (an experiment's arms, a
+    tutorial's cells) plans each, and one unreadable profile is one warning."""
+    log.warning(warning)
 
 
 def _flex(model: nn.Module, device: torch.device, asked: str, packed: bool) -> tuple[str, str | None]:
