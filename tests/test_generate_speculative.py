@@ -266,7 +266,9 @@ def runs(tmp_path_factory):
             "draft": save("draft", CharTokenizer(alphabet), position="rope", n_layers=1, seed=2),
             "other": save("other", CharTokenizer(alphabet.replace("h", "i")), position="rope", n_layers=1, seed=2),
             "wider": save("wider", CharTokenizer(alphabet + "xyz"), position="rope", n_layers=1, seed=2),
-            "mt": save("mt", CharTokenizer(alphabet), "encoder-decoder", position="sinusoidal", seed=3)}
+            "mt": save("mt", CharTokenizer(alphabet), "encoder-decoder", position="sinusoidal", seed=3),
+            "tagger": save("tagger", CharTokenizer(alphabet), position="rope", n_layers=1, decoder_head="tag",
+                           n_classes=3)}
 
 
 def test_pipeline_and_command_with_a_draft_write_the_targets_text(runs, capsys, caplog):
@@ -348,6 +350,13 @@ def test_a_seeded_sample_with_a_draft_is_the_same_alone_or_batched(runs):
     batched = target.generate(prompts, **options)
     assert batched == [text for prompt in prompts for text in target.generate(prompt, **options)]
     assert len(set(batched)) > 1  # sampled: the rows differ
+
+
+def test_a_decoder_draft_that_does_not_generate_is_refused_naming_its_task(runs):
+    """A decoder trained to tag has no next-token head: it failed with AttributeError: ... no attribute 'lm_head'."""
+    target = attnkit.load(runs["target"], device="cpu")
+    with pytest.raises(InputError, match=r"^the draft was trained for tag, not to generate: give a language-model "):
+        target.generate("ab", draft=runs["tagger"], max_new_tokens=4)
 
 
 def test_the_options_refused_beside_a_draft_are_names_of_both_the_command_and_the_api():

@@ -465,6 +465,10 @@ class Pipeline:
         if self.family != "decoder" or draft.family != "decoder":
             raise InputError(f"speculative decoding runs decoder-only Transformers through their KV caches; the target "
                              f"is a {self.family!r} and the draft a {draft.family!r} model: give two decoder runs")
+        if "generate" not in draft.methods:  # a decoder with another head (a tagger) has no next-token logits
+            trained = f"was trained for {draft.task.name}" if draft.task is not None else "has no task head"
+            raise InputError(f"the draft {trained}, not to generate: give a language-model run (task lm or chat) "
+                             "trained with the target's tokenizer")
         if draft.device != self.device:
             raise InputError(f"the draft is on {draft.device} and the target on {self.device}: load both on one device")
         if draft.tokenizer is None:
