@@ -216,25 +216,31 @@ def test_sigterm_saves_once_and_every_rank_exits_cleanly(tmp_path):
     assert load_checkpoint(out / "checkpoints" / f"step_{step:06d}").step == step
 
 
-def test_a_dead_rank_ends_the_job_naming_it_and_the_checkpoint_survives(tmp_path):
-    out = tmp_path / "run"
+def signal_rank_1(out: Path, signum: int, *options: str) -> tuple[int, str, float]:
+    """torchrun training lm on 2 ranks into `out`, `signum` sent to rank 1 once rank 0 has logged a step past 3 (it
+    has saved step 3 and left the barrier after it, so a checkpoint is there to name): the job's exit status, its
+    stderr, and the seconds it took to end after the signal."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "-m", "attnkit", "train", "--out", str(out), *TASKS["lm"], *TINY, "--batch-size", "4",
-               "--max-steps", "100000", "--eval-every", "3", "--set", "dist_timeout=30"]
+               "--max-steps", "100000", "--eval-every", "3", *options]
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         deadline = time.monotonic() + 120
-        # past step 3: rank 0 has saved step 3 and left the barrier after it, so its message names a checkpoint
         while not trained_past(out, 3) and time.monotonic() < deadline and job.poll() is None:
             time.sleep(0.2)
         assert job.poll() is None, job.communicate()
-        os.kill(rank_pid(job.pid, 1), signal.SIGKILL)
-        killed = time.monotonic()
-        _, err = job.communicate(timeout=90)
-        waited = time.monotonic() - killed
+        os.kill(rank_pid(job.pid, 1), signum)
+        signalled = time.monotonic()
+        _, err = job.communicate(timeout=120)
+        return job.returncode, err, time.monotonic() - signalled
     finally:
         job.kill()
-    assert job.returncode != 0 and waited < 90
+
+
+def test_a_dead_rank_ends_the_job_naming_it_and_the_checkpoint_survives(tmp_path):
+    out = tmp_path / "run"
+    status, err, waited = signal_rank_1(out, signal.SIGKILL, "--set", "dist_timeout=30")
+    assert status != 0 and waited < 90
     # torchrun's summary names the dead rank; rank 0's own message names the failed collective and the checkpoint
     assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s*\n\s*exitcode\s*:\s*-9", err), err[-3000:]
     said = re.search(r"attnkit: error: rank 0: a collective with the other ranks failed \(.+\); another rank died "
@@ -251,20 +257,8 @@ def test_sigterm_to_one_rank_under_torchrun_stops_every_rank_cleanly_with_a_chec
     """A signal to one rank (a kill of its process) stops every rank after the same step, saved; torchrun reports
     the job as ended, not failed, and rank 0 says it was stopped and how to resume."""
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "attnkit", "train", "--out", str(out), *TASKS["lm"], *TINY, "--batch-size", "4",
-               "--max-steps", "100000", "--eval-every", "3"]
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    try:
-        deadline = time.monotonic() + 120
-        while not trained_past(out, 3) and time.monotonic() < deadline and job.poll() is None:
-            time.sleep(0.2)
-        assert job.poll() is None, job.communicate()
-        os.kill(rank_pid(job.pid, 1), signal.SIGTERM)
-        _, err = job.communicate(timeout=120)
-    finally:
-        job.kill()
-    assert job.returncode == 0, err[-3000:]
+    status, err, _ = signal_rank_1(out, signal.SIGTERM)
+    assert status == 0, err[-3000:]
     assert "Traceback" not in err and "FAILED" not in err, err[-3000:]
     step = json.loads((out / "train_state.json").read_text())["step"]
     assert f"stopped by SIGTERM after step {step};" in err
