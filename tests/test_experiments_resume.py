@@ -294,3 +294,27 @@ def test_a_saved_training_run_whose_values_are_of_another_kind_is_refused(change
     assert RunLog.from_values(saved, None).values() == saved
     with pytest.raises(ValueError, match="must be numbers, and diverged true or false"):
         RunLog.from_values({**saved, **change}, None)
+
+
+def scaled(model, scale: float) -> None:
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(scale)
+
+
+def test_train_lm_takes_a_partial_init_and_its_arguments_decide_the_arm(tmp_path):
+    """An init given as functools.partial (no __qualname__) trains, where naming it in the arm's setting raised
+    AttributeError; its arguments are part of the setting: the same run at another scale is trained, not reused."""
+    from functools import partial
+
+    from attnkit.config import ModelConfig
+    from attnkit.experiments.base import Progress
+    from attnkit.experiments.lm_runs import char_corpus, train_lm
+
+    config = ModelConfig(family="decoder", d_model=32, n_heads=2, n_layers=1, max_seq_len=32)
+    corpus = char_corpus(5_000)
+    progress = Progress(arms=Arms(tmp_path, experiment="fake", budget="tiny", code="same"))
+    for scale in (1.0, 1.0, 0.5):
+        train_lm(config, corpus, steps=2, batch_size=2, seq_len=16, eval_batches=1,
+                 init=partial(scaled, scale=scale), progress=progress, desc="the run")
+    assert progress.arms.ran == ["the run", "the run"] and progress.arms.reused == ["the run"]

@@ -135,7 +135,7 @@ def train_lm(
                     desc=desc, device=device)
     setting = {"config": config.to_json(), "corpus": corpus.fingerprint, "steps": steps, "batch_size": batch_size,
                "seq_len": seq_len, "lr": lr, "warmup": warmup, "seed": seed, "clip": clip, "eval_batches": eval_batches,
-               "init": None if init is None else f"{init.__module__}.{init.__qualname__}", "device": device}
+               "init": init_name(init), "device": device}
 
     def trained() -> tuple[RunLog, Arm]:
         log = train()
@@ -149,6 +149,17 @@ def train_lm(
         return RunLog.from_values(arm.values, model.to(device))
 
     return progress.arm(desc, setting, trained, restored)
+
+
+def init_name(init: Callable[[nn.Module], None] | None) -> str | None:
+    """How a training run's setting names its `init`: the function's module and name, a partial's with its arguments
+    (a scale given as an argument changes the model; a closure's captured values are not named: give it a name of its
+    own), a callable object's class."""
+    if init is None:
+        return None
+    if isinstance(init, partial):
+        return f"{init_name(init.func)}(*{init.args!r}, **{init.keywords!r})"
+    return f"{init.__module__}.{getattr(init, '__qualname__', type(init).__qualname__)}"
 
 
 def _train_lm(config: ModelConfig, corpus: Corpus, *, steps: int, batch_size: int, seq_len: int, lr: float,
