@@ -143,6 +143,41 @@ def test_patching_each_heads_queries_keys_values_and_pattern_equals_transformer_
     assert bool((theirs[2:4, :, kv_heads:] == 0).all())  # TransformerLens's padding of the key/value heads
 
 
+def test_patching_an_encoder_equals_transformer_lens_where_both_patch_the_same_activation(tmp_path):
+    """A converted BERT (post-norm, bidirectional) read at the corrupted position: the stream entering each block,
+    each FFN's output and each head's output, queries, keys and values patched equal TransformerLens's patching
+    through its bridge. Two of its BERT hooks are other activations: `hook_attn_out` is the attention sublayer after
+    its residual add and norm (attnkit's `attn.out` is `o_proj`'s output, the bridge's `attn.o.hook_out`), and an
+    edit of `hook_pattern` changes nothing there (each head's pattern patched restores 0 in TransformerLens)."""
+    from transformer_lens import patching
+
+    model, bridge = lens_pair("bert-mlm", tmp_path)
+    with torch.no_grad():
+        clean_logits, corrupted_logits = model(CLEAN).logits[:, 2], model(CORRUPTED).logits[:, 2]  # (B, V)
+    answer, wrong = clean_logits.argmax(-1), corrupted_logits.argmax(-1)
+    target = {"answer": answer, "wrong": wrong, "position": 2}
+    clean_batch, corrupted_batch = Batch((CLEAN,)), Batch((CORRUPTED,))
+    stream = patch_stream(model, clean_batch, corrupted_batch, **target, point=("resid_pre", "attn.out", "mlp.out"))
+    heads = {point: patch_heads(model, clean_batch, corrupted_batch, **target, point=point)
+             for point in ("z", "q", "k", "v", "pattern")}
+    clean, corrupted = stream.clean, stream.corrupted
+    assert clean - corrupted > 0.5  # the corruption moves the answer: shares of a real difference
+
+    def restored(logits):
+        return (logit_differences(logits, answer, wrong, 2).mean() - corrupted) / (clean - corrupted)
+
+    _, clean_cache = bridge.run_with_cache(CLEAN)
+    every = patching.get_act_patch_block_every(bridge, CORRUPTED, clean_cache, restored)  # (3, L, T)
+    ours = stream.restored.unflatten(0, (2, 3)).transpose(0, 1)  # (3, L, T): in, attn, mlp
+    for index in (0, 2):  # the stream entering each block and each FFN's output
+        torch.testing.assert_close(ours[index], every[index], rtol=1e-4, atol=1e-4, msg=str(index))
+    assert float((ours[1] - every[1]).abs().max()) > 0.01  # another activation: see the docstring
+    theirs = patching.get_act_patch_attn_head_all_pos_every(bridge, CORRUPTED, clean_cache, restored)  # (5, L, H)
+    for index, point in enumerate(("z", "q", "k", "v")):
+        torch.testing.assert_close(heads[point].restored, theirs[index], rtol=1e-4, atol=1e-4, msg=point)
+    assert float(theirs[4].abs().max()) < 1e-5 and float(heads["pattern"].restored.abs().max()) > 0.01
+
+
 def test_the_logit_lens_equals_the_accumulated_residual_stream_unembedded(pair):
     model, bridge = pair
     _, cache = bridge.run_with_cache(CLEAN)
