@@ -117,9 +117,11 @@ def test_patching_each_sublayer_and_each_head_at_each_position_equals_transforme
 
 
 def test_patching_each_heads_queries_keys_values_and_pattern_equals_transformer_lens(pair):
-    """TransformerLens's `get_act_patch_attn_head_all_pos_every` (out, q, k, v, pattern: (5, L, H)) against
-    `patch_heads(point=)`. On the Llama-style model (GQA 4/2) keys and values are patched per key/value head, each
-    shared by two query heads, as TransformerLens patches them (its table pads those two columns with zeros)."""
+    """TransformerLens's `get_act_patch_attn_head_all_pos_every` (out, q, k, v, pattern: (5, L, H)) and
+    `get_act_patch_attn_head_by_pos_every` ((5, L, T, H), a pattern by its query position) against
+    `patch_heads(point=)` and `patch_heads(point=, by_position=True)`. On the Llama-style model (GQA 4/2) keys and
+    values are patched per key/value head, each shared by two query heads, as TransformerLens patches them (its table
+    pads those two columns with zeros)."""
     from transformer_lens import patching
 
     model, bridge = pair
@@ -141,6 +143,12 @@ def test_patching_each_heads_queries_keys_values_and_pattern_equals_transformer_
                                    atol=1e-4, msg=point)
         assert float(found.restored.abs().max()) > 0.01, point  # each patch moves the answer somewhere
     assert bool((theirs[2:4, :, kv_heads:] == 0).all())  # TransformerLens's padding of the key/value heads
+    by_position = patching.get_act_patch_attn_head_by_pos_every(bridge, CORRUPTED, clean_cache, restored)  # (5,L,T,H)
+    for index, point in enumerate(ours):  # each head at each (query) position alone
+        found = patch_heads(model, clean_batch, corrupted_batch, answer=answer, wrong=wrong, point=point,
+                            by_position=True)
+        torch.testing.assert_close(found.restored, by_position[index, ..., : found.restored.shape[-1]], rtol=1e-4,
+                                   atol=1e-4, msg=point)
 
 
 def test_patching_an_encoder_equals_transformer_lens_where_both_patch_the_same_activation(tmp_path):
