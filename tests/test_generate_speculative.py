@@ -234,6 +234,9 @@ def test_a_rewound_cache_equals_one_never_written_past(monkeypatch):
     rolling = model.allocate_cache(1, 10)
     with pytest.raises(InputError, match="rolling .* cannot be rewound.*rolling=False"):
         rolling.rewind(0)
+    static = model.allocate_cache(1, 10, static=True, rolling=False)  # its step reads `filled`, not the length
+    with pytest.raises(InputError, match="static KV cache .* cannot be rewound.*static=False"):
+        static.rewind(0)
 
 
 def test_an_empty_request_and_greedy_constant_are_handled():

@@ -240,6 +240,12 @@ class StaticKVCache(KVCache):
         for layer in layers:
             layer.slot = self.slot
 
+    def rewind(self, length: int) -> None:
+        """Refused with InputError: a static step writes at `slot` and reads the positions `filled` marks, which
+        forgetting positions would leave pointing past them (speculative decoding allocates a plain KVCache)."""
+        raise InputError("a static KV cache (a compiled decoding step's) cannot be rewound: its step writes at a slot "
+                         "and reads the positions marked filled; allocate the cache with static=False")
+
     def buffers(self) -> list[Tensor]:
         """Each layer's keys then values, (B, Hkv, max_len, D), in layer order."""
         return [buffer for layer in self.layers for buffer in (layer.keys, layer.values)]
