@@ -1,6 +1,7 @@
 """The shell commands the README and the docs pages tell a reader to type still work.
 
-Every `attnkit ...` line of a shell block (```, ```bash, ```sh, ```console), and every whole command the learner's
+Every `attnkit ...` line of a shell block (```, ```bash, ```sh, ```console; behind a pipe, an environment, torchrun or
+`python -m`, with the variables the page sets), and every whole command the learner's
 pages and the tutorials name in their text, is parsed by attnkit's own parser, as the command line would parse it,
 without running it (a training command's settings are checked as `attnkit train` checks them before it starts): a
 flag renamed or removed, a choice or a setting no longer offered, an option the command requires left out, or a
@@ -17,6 +18,7 @@ import re
 import shlex
 import subprocess
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -59,10 +61,34 @@ def shell_lines(page: Path) -> list[tuple[str, list[str]]]:
     return lines
 
 
-def commands(prefix: str) -> list[tuple[str, str, list[str]]]:
-    """(page, command line, output shown) for every command of the pages' shell blocks that starts with prefix."""
-    return [(str(page.relative_to(ROOT)), line, shown) for page in PAGES for line, shown in shell_lines(page)
-            if line.startswith(prefix)]
+def as_typed(line: str, variables: dict[str, str]) -> str:
+    """The command a shell line runs: the variables its page set put in, and where it runs attnkit, the attnkit
+    command alone: the environment it sets (OMP_NUM_THREADS=1 attnkit ...) and what a pipe feeds it (echo ... |
+    attnkit ...) left to the shell, `python -m attnkit` and `torchrun ... -m attnkit` read as attnkit."""
+    line = re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda name: variables.get(name[1], name[0]), line)
+    for segment in line.split(" | "):
+        command = re.sub(r"^(?:\w+=\S*\s+)+", "", segment.strip())
+        command = re.sub(r"^(?:python3? -m|torchrun(?: \S+)*? -m) attnkit\b", "attnkit", command)
+        if re.match(r"attnkit\b", command):
+            return command
+    return line
+
+
+def commands(prefix: str, pages: list[Path] = PAGES) -> list[tuple[str, str, list[str]]]:
+    """(page, command line, output shown) for every command of the pages' shell blocks that starts with prefix, as
+    typed (`as_typed`); a line that elides (...) or reads a variable its page does not set is left out."""
+    found = []
+    for page in pages:
+        variables = {}
+        for line, shown in shell_lines(page):
+            if assignment := re.fullmatch(r"(?:export )?([A-Za-z_]\w*)=(\"[^\"]*\"|'[^']*'|\S*)", line):  # ARGS="..."
+                variables[assignment[1]] = " ".join(shlex.split(assignment[2]))
+                continue
+            typed = as_typed(line, variables)
+            unknown = re.search(r"\$\{?[A-Za-z_]|(?:^|\s)\.\.\.(?:\s|$)", typed)
+            if typed.startswith(prefix) and not (unknown and typed.startswith("attnkit")):
+                found.append((str(page.relative_to(ROOT) if page.is_relative_to(ROOT) else page), typed, shown))
+    return found
 
 
 def refusal(shown: list[str]) -> str | None:
@@ -70,10 +96,21 @@ def refusal(shown: list[str]) -> str | None:
     return next((m[1] for line in shown if (m := re.match(r"attnkit[\w -]*: error: (.*)", line))), None)
 
 
+class FlagsInFull(cli.Parser):
+    """attnkit's parser, taking each flag only as spelled in full. argparse takes a flag's prefix (--max-new-tok) where
+    no other flag shares it: a page that abbreviates breaks when a longer flag is added, and a flag renamed to a
+    longer name (--eval-every-steps) would still take the page's old one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+
 def check(argv: list[str]) -> None:
-    """What `attnkit ARGV` checks before it starts: the command line, for train the run it would start (the model
-    config, data and training settings), without reading data or writing anything, and for experiment its name."""
-    invocation = cli.parse(argv)
+    """What `attnkit ARGV` checks before it starts: the command line, each flag spelled in full, for train the run it
+    would start (the model config, data and training settings), without reading data or writing anything, and for
+    experiment its name."""
+    with mock.patch.object(cli, "Parser", FlagsInFull):  # the commands' parsers are made as their parent is
+        invocation = cli.parse(argv)
     if argv[0] == "train":
         check_request(cli.train_request(invocation.settings, *invocation.sections))
     if argv[0] == "experiment" and invocation.settings.name is not None:
@@ -122,11 +159,32 @@ def test_shell_lines_join_continuations_drop_comments_and_keep_what_a_console_bl
                                  ("attnkit train --set n_layer=2", ["attnkit: error: no such setting"])]
 
 
+def test_a_flag_a_page_abbreviates_is_refused():
+    """argparse would take --max-new-tok for --max-new-tokens; a page spells the flag as the command names it."""
+    check(["generate", "--run", "runs/x", "--prompt", "hi", "--max-new-tokens", "5"])
+    with pytest.raises(SystemExit):
+        check(["generate", "--run", "runs/x", "--prompt", "hi", "--max-new-tok", "5"])
+
+
 def test_an_experiment_a_page_names_is_looked_up_as_the_command_starts():
     """The experiment's name is a free word to the parser; an experiment renamed or gone fails the check."""
     check(["experiment", "scaled-dot", "--budget", "tiny"])
     with pytest.raises(AttnkitError, match="unknown experiment 'scaled-dots'"):
         check(["experiment", "scaled-dots", "--budget", "tiny"])
+
+
+def test_commands_set_up_piped_or_launched_are_read_as_the_attnkit_command_they_run(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text('```bash\nARGS="--data synthetic:copy --max-steps 40"   # shared\n'
+                    "OMP_NUM_THREADS=1 attnkit train --out runs/one $ARGS\n"
+                    "torchrun --standalone --nproc-per-node 2 -m attnkit train --out runs/ddp $ARGS --shard\n"
+                    'echo "import sys" | attnkit generate --run runs/x --prompt -\n'
+                    "python -m attnkit --version\nattnkit presets | head -1\n"
+                    "torchrun --nproc-per-node 8 -m attnkit train ...\nattnkit viz --run $RUN\n```\n")
+    assert [line for _, line, _ in commands("attnkit", [page])] == [
+        "attnkit train --out runs/one --data synthetic:copy --max-steps 40",
+        "attnkit train --out runs/ddp --data synthetic:copy --max-steps 40 --shard",
+        "attnkit generate --run runs/x --prompt -", "attnkit --version", "attnkit presets"]
 
 
 @pytest.mark.parametrize(("page", "line", "shown"), **named(ACCEPTED))
