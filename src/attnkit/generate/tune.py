@@ -206,9 +206,12 @@ def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, budget: Budget
 def choose_layout(one: dict[str, float], eight: dict[str, float]) -> str:
     """The layout to decode with: the fastest for one row, or, among those within `TIE` of it (as close as two
     timings of one kernel come on a busy machine), the fastest for eight rows: a layout that ties at one row can be
-    several times slower for a prompt or a batch (bf16 through oneDNN's reference path under AVX2)."""
+    several times slower for a prompt or a batch (bf16 through oneDNN's reference path under AVX2). Layouts whose eight
+    rows go through one product (`packed`, `gemv+packed`, `native+packed`: the packed weight) share its time; one row
+    tells them apart, not the order they were measured in."""
     fastest = min(one, key=one.get)
-    return min((layout for layout, seconds in one.items() if seconds <= TIE * one[fastest]), key=eight.get)
+    tied = [layout for layout, seconds in one.items() if seconds <= TIE * one[fastest]]
+    return min(tied, key=lambda layout: (eight[layout], one[layout]))
 
 
 def measure_quantized(form: str, cpu: CpuCapabilities, budget: Budget) -> tuple[dict[str, float], list[str]]:
