@@ -362,6 +362,20 @@ def test_a_decoder_draft_that_does_not_generate_is_refused_naming_its_task(runs)
         target.generate("ab", draft=runs["tagger"], max_new_tokens=4)
 
 
+def test_a_draft_run_directory_loads_in_the_targets_dtype(runs, monkeypatch):
+    """attnkit generate loads the draft as it loads the target; the API loaded a run directory as stored (fp32
+    beside a bf16 target: the draft's steps at fp32's cost)."""
+    from attnkit.generate import pipeline as pipeline_module
+
+    drafted, run = [], pipeline_module.speculative_generate
+    monkeypatch.setattr(pipeline_module, "speculative_generate",
+                        lambda target, draft, *a, **k: drafted.append(draft.lm_head.weight.dtype) or run(
+                            target, draft, *a, **k))
+    target = attnkit.load(runs["target"], device="cpu", dtype="bf16")
+    target.generate("abc", max_new_tokens=4, temperature=0, draft=str(runs["draft"]))
+    assert drafted == [torch.bfloat16]
+
+
 def test_the_options_refused_beside_a_draft_are_names_of_both_the_command_and_the_api():
     """A name of NOT_BESIDE_DRAFT renamed on one side without the table would let that option through unrefused."""
     from dataclasses import fields

@@ -209,7 +209,7 @@ class Pipeline:
         beam's log-probabilities, each step's candidates are drawn from the softmax of their summed scores, and `seed`
         seeds the one generator of the search (the same seed, the texts transformers writes after
         torch.manual_seed(seed)).
-        `draft` (a Pipeline, or a run directory loaded onto this pipeline's device) is speculative decoding
+        `draft` (a Pipeline, or a run directory loaded in this pipeline's device and dtype) is speculative decoding
         (`generate/speculative.py`, transformers' assistant_model): a smaller decoder of the same tokenizer proposes
         `draft_tokens` tokens a round and this model checks them in one forward pass; greedy, the text is the one this
         model writes alone; sampled, it is drawn from the same distribution (Leviathan et al. 2023), and with a seed
@@ -457,11 +457,12 @@ class Pipeline:
 
     def _draft(self, draft: Pipeline | str | Path) -> Pipeline:
         """The draft model of speculative decoding: a decoder on this pipeline's device whose tokenizer has this one's
-        vocabulary, token for token (a run directory is loaded). Raises InputError naming what differs and the fix."""
+        vocabulary, token for token (a run directory is loaded in this one's dtype). Raises InputError naming what
+        differs and the fix."""
         if not isinstance(draft, Pipeline):
             if not isinstance(draft, str | Path):
                 raise InputError(f"draft={draft!r} must be a Pipeline (attnkit.load(RUN)) or a run directory")
-            draft = load(draft, device=self.device)
+            draft = load(draft, device=self.device, dtype=self.dtype)
         if self.family != "decoder" or draft.family != "decoder":
             raise InputError(f"speculative decoding runs decoder-only Transformers through their KV caches; the target "
                              f"is a {self.family!r} and the draft a {draft.family!r} model: give two decoder runs")
