@@ -171,10 +171,10 @@ void gemv_i8(const int8_t *w, const float *scales, const float *bias, const floa
     for (int64_t i = 0; i < n; i++) rows_i8(w + i * k, x, y + i, m, n, k, scales[i], bias ? bias[i] : 0.0f);
 }
 
-/* bf16 weights against bf16 rows of x, with AVX512-BF16's dot product (`vdpbf16ps`): each instruction multiplies 32
- * pairs of bf16 numbers exactly (a product of two 8-bit significands fits in fp32's 24) and adds each two
- * neighbours' products into an fp32 sum; no widening, where `gemv_bf16` widens every weight and reads fp32
- * inputs twice the size. Only the AVX512-BF16 build has it (`native_gemv.BUILDS`). The instruction treats
+/* bf16 weights against bf16 rows of x, with AVX512-BF16's dot product (`vdpbf16ps`): each instruction multiplies 16
+ * pairs of bf16 numbers (a 256-bit vector of each) exactly (a product of two 8-bit significands fits in fp32's 24)
+ * and adds each two neighbours' products into an fp32 sum; no widening, where `gemv_bf16` widens every weight and
+ * reads fp32 inputs twice the size. Only the AVX512-BF16 build has it (`native_gemv.BUILDS`). The instruction treats
  * subnormal inputs as zero and flushes subnormal sums, and rounds each sum once to nearest even: the numbers of an
  * fp32 product up to the order of summation (and below 1.2e-38 in magnitude). The tail of a row (K not a multiple of
  * 16) is read by a masked load that fills the rest of the vector with zeros, whose products add nothing. */
