@@ -16,7 +16,9 @@ The logit bias, temperature, top-k, top-p and min-p shape p and q alike before t
 A batch advances every row by the same count: one more than the fewest drafts an unfinished row kept. A row that
 kept more takes its next token from its kept drafts, which the target accepted: every prefix of a speculative text
 is a draw of the target's too, so each row's text stays exact and the caches stay one rectangle (prompts left-padded
-as in `generate/decoder.py`). Rows drafted in vain lower the acceptance the statistics report, not the text.
+as in `generate/decoder.py`). Rows drafted in vain lower the acceptance the statistics report, not the text; but
+a row's draws follow the others' acceptances, so a seeded row's text depends on the rows beside it
+(`Pipeline.generate` decodes seeded rows one at a time).
 
 The caches keep every position, sliding-window layers included (a rolling ring has overwritten the keys a rewind
 needs; the mask hides what the window hides: `KVCache.rewind`), so the prompt and the new tokens fit both models'
