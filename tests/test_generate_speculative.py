@@ -56,6 +56,21 @@ def test_greedy_text_is_the_targets_own_token_for_token(settings):
     assert 0 < min(rates) and max(rates) < 1  # the drafts were kept and refused: both paths ran
 
 
+@pytest.mark.parametrize("position", ["learned", "relative", "alibi"])
+def test_greedy_text_fills_the_context_to_its_last_position(position):
+    """The most new tokens the check allows (the longest prompt and they fill max_seq_len, the last one chosen and
+    never fed), the last rounds' drafts cut to the tokens left: a learned position table has no row past
+    max_seq_len, and the caches are sized to the text."""
+    target, config = tiny_model(position=position)
+    draft = perturbed(target, 0.05, seed=3)
+    room = config.max_seq_len + 1 - max(map(len, PROMPTS))
+    with torch.no_grad():
+        alone = generate_tokens(target, PROMPTS, max_new_tokens=room, context_len=config.max_seq_len)
+    tokens, _ = speculative_generate(target, draft, PROMPTS, max_new_tokens=room, context_len=config.max_seq_len,
+                                     draft_tokens=5)
+    assert tokens == alone and len(tokens[0]) == room
+
+
 def test_a_different_draft_model_and_stops_leave_the_greedy_text_unchanged():
     target, config = tiny_model(position="rope", n_kv_heads=2)
     draft, _ = tiny_model(position="learned", n_layers=1, d_model=16, n_heads=2, d_ff=32, seed=5)
