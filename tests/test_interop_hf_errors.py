@@ -266,27 +266,39 @@ def test_special_ids_outside_a_small_vocabulary_load_as_absent_and_are_said_in_o
     assert set(hf.load(tmp_path / "llama").special_ids) == {"pad_token_id"}
 
 
-def test_a_list_of_end_tokens_is_kept_through_a_run_and_back_and_generation_stops_at_any(tmp_path, capsys):
-    """transformers' generate stops at any of eos_token_id's end tokens (Llama 3's <|end_of_text|> and <|eot_id|>,
-    listed in generation_config.json): the list was dropped on load; the run keeps it (hf_source.json), --to-hf
-    writes it back, and attnkit's generate and server stop at any of them by default."""
+def _llama_and_its_first_token(directory):
+    """A tiny Llama in `directory` with a word tokenizer; a prompt and the token greedy decoding starts it with."""
     from interop_models import word_tokenizer
 
-    from attnkit import load
-
-    reference = hf_model("llama", tmp_path / "hf")
-    word_tokenizer(tmp_path / "hf")
+    reference = hf_model("llama", directory)
+    word_tokenizer(directory)
     prompt = [5, 17, 33]
     with torch.no_grad():
-        first = int(reference(torch.tensor([prompt])).logits[0, -1].argmax())  # the token greedy decoding starts with
+        first = int(reference(torch.tensor([prompt])).logits[0, -1].argmax())
     assert first != 2
-    (tmp_path / "hf" / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, first]}))
+    return prompt, first
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_a_list_of_end_tokens_is_kept_through_a_run_and_back_and_generation_stops_at_any(tmp_path, capsys, listed):
+    """transformers' generate stops at any of eos_token_id's end tokens (Llama 3's <|end_of_text|> and <|eot_id|>,
+    listed in generation_config.json): the list was dropped on load; the run keeps it (hf_source.json), --to-hf
+    writes it back, and attnkit's generate and server stop at any of them by default. A chat model's
+    generation_config.json may name one end token (Qwen's <|im_end|>) where config.json names another
+    (<|endoftext|>): both are kept (`listed` False; the one of generation_config.json was dropped)."""
+    from attnkit import load
+
+    prompt, first = _llama_and_its_first_token(tmp_path / "hf")
+    _edit_config(tmp_path / "hf", eos_token_id=2)
+    (tmp_path / "hf" / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, first] if listed
+                                                                        else first}))
     assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
     assert json.loads((tmp_path / "run" / "hf_source.json").read_text())["special_ids"]["eos_token_id"] == [2, first]
     pipeline = load(tmp_path / "run")
     assert pipeline.end_ids == {2, first}
     text = " ".join(f"w{i}" for i in prompt)
     assert pipeline.generate(text, max_new_tokens=4, temperature=0) == [""]  # its first token ends it
+    assert pipeline.generate(text, max_new_tokens=4, temperature=0, logit_bias={2: 100.0}) == [""]  # and the other
     assert pipeline.generate(text, max_new_tokens=4, temperature=0, stop_at_eos=False)[0]
     if importlib.util.find_spec("fastapi") is not None:  # attnkit serve (the serve extra) stops there too
         httpx = pytest.importorskip("httpx")

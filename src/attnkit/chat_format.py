@@ -147,6 +147,7 @@ def config_template(tokenizer_dir: Path) -> tuple[str | None, dict]:
 
 DEFAULT_ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
 TOOL_CALL = "<tool_call>"  # what starts a call in a reply (the marker of Hermes' and Qwen's chat formats)
+_SAMPLE_REPLY = "Hello."  # the reply `ChatTemplate.turn_end_ids` renders to find the token after it
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,25 @@ class ChatTemplate:
             return "\n".join([*turns, "Assistant:"] if add_generation_prompt else turns)
         return render(self.source, messages, tools, add_generation_prompt=add_generation_prompt,
                       bos_token=self.bos_token, eos_token=self.eos_token)
+
+    def turn_end_ids(self, tokenizer: Tokenizer) -> frozenset[int]:
+        """The special token that closes an assistant's turn in this template (ChatML's <|im_end|>, Llama 3's
+        <|eot_id|>, Gemma's <end_of_turn>), which ends a chat's reply as vLLM and transformers end it (a chat model's
+        generation_config.json lists it; a tokenizer whose EOS is another, Qwen's <|endoftext|>, does not). Found, not
+        named: a one-turn conversation is rendered and the token read that follows the reply, where it is one of the
+        tokenizer's special tokens. Empty for the default format (its replies end at EOS and the next turn), a
+        template that refuses the sample turn, or one whose reply is followed by text rather than a special token."""
+        encode = getattr(tokenizer, "encode_with_specials", None)
+        if self.source is None or encode is None:
+            return frozenset()
+        try:
+            whole = self.render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _SAMPLE_REPLY}],
+                                add_generation_prompt=False)
+        except Exception:  # a template that takes no such turn names no end of it
+            return frozenset()
+        _, found, after = whole.partition(_SAMPLE_REPLY)
+        first = encode(after.lstrip())[:1] if found and after.strip() else []
+        return frozenset(first) if first and first[0] in getattr(tokenizer, "special_ids", ()) else frozenset()
 
     def prompt_ids(self, tokenizer: Tokenizer, prompt: str) -> list[int]:
         """The token ids of a `prompt` this template rendered, as transformers' `apply_chat_template(tokenize=True)`

@@ -132,11 +132,14 @@ def read_origin_ids(directory: str | Path) -> dict[str, Any]:
 
 
 def read_end_ids(directory: str | Path, vocab_size: int) -> list[int]:
-    """The end tokens a converted run's model names beside its tokenizer's EOS: hf_source.json's eos_token_id where
-    it lists several (Llama 3's <|end_of_text|> and <|eot_id|>, any of which ends a text); [] otherwise. Raises
+    """The end tokens a converted run's model names beside its tokenizer's EOS: hf_source.json's eos_token_id, one
+    or several (Llama 3's <|end_of_text|> and <|eot_id|>, any of which ends a text; config.json's and
+    generation_config.json's, as transformers' and vLLM's generate stop at each); [] for none. Raises
     CheckpointError for a list that holds something else than token ids of the model's vocabulary."""
     path = Path(directory) / HF_SOURCE_FILE
     ends = read_origin_ids(directory).get("eos_token_id")
+    if isinstance(ends, int) and not isinstance(ends, bool):  # one: kept where it names a token of the model
+        return [ends] if 0 <= ends < vocab_size else []
     if not isinstance(ends, list):
         return []
     if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ends):

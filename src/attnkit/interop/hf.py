@@ -104,6 +104,12 @@ class HFModel:
     special_ids: dict[str, int | list[int]]
 
 
+def _id_list(value: Any) -> list[int]:
+    """The token ids an eos_token_id names (a number, or a list of them); [] for anything else."""
+    values = value if isinstance(value, list) else [value]
+    return [i for i in values if isinstance(i, int) and not isinstance(i, bool)]
+
+
 def load(
     directory: str | Path,
     *,
@@ -122,7 +128,11 @@ def load(
     hf = read_hf_config(directory)
     source = str(directory / CONFIG_FILE)
     generation = read_json(directory / GENERATION_CONFIG) if (directory / GENERATION_CONFIG).is_file() else {}
-    if isinstance(generation, dict) and isinstance(ends := generation.get("eos_token_id"), list):
+    ends = generation.get("eos_token_id") if isinstance(generation, dict) else None
+    named = _id_list(hf.get("eos_token_id"))
+    if _id_list(ends) == [ends] and named and ends not in named:
+        ends = [*named, ends]  # a Qwen chat model names <|im_end|> here, <|endoftext|> there: generate stops at each
+    if isinstance(ends, list) or (_id_list(ends) == [ends] and not named):
         hf = {**hf, "eos_token_id": ends}  # Llama 3 lists its end tokens here, config.json one of them
     family = family_of(hf, source)
     architecture = architecture_of(hf, family, source)

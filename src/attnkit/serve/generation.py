@@ -32,11 +32,13 @@ class Generation:
 
     def __init__(self, pipeline: Pipeline, prompt: str | list[int], body: Sampling, index: int, *,
                  loop: asyncio.AbstractEventLoop, stops: tuple[str, ...], max_tokens: int | None,
-                 settings: ServeSettings, chat: bool, logprobs: int | None = None, echo: bool = False,
-                 structured: Structured | None = None) -> None:
-        """loop: the event loop the events go to; logprobs: the alternatives reported per token (None: no
-        log-probabilities); echo: the prompt's text comes before each choice's; structured: the grammar each choice is
-        held to, and how its reply is read. Raises APIError 400 naming the field of a prompt or value refused."""
+                 settings: ServeSettings, chat: bool, end_ids: frozenset[int] = frozenset(),
+                 logprobs: int | None = None, echo: bool = False, structured: Structured | None = None) -> None:
+        """loop: the event loop the events go to; end_ids: tokens that end a choice as EOS does (a chat template's
+        end of turn, `ChatTemplate.turn_end_ids`; not with ignore_eos); logprobs: the alternatives reported per token
+        (None: no log-probabilities); echo: the prompt's text comes before each choice's; structured: the grammar
+        each choice is held to, and how its reply is read. Raises APIError 400 naming the field of a prompt or value
+        refused."""
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.index = index
@@ -66,7 +68,7 @@ class Generation:
                                             repetition_penalty=body.repetition_penalty, min_p=body.min_p)
         except SamplingError as error:
             raise APIError(400, str(error), param=error.field) from None
-        stop_ids = _stop_ids(pipeline, body)
+        stop_ids = _stop_ids(pipeline, body, end_ids)
         try:
             check_min_new_tokens(body.min_tokens, max_tokens, names=("min_tokens", "max_tokens"))
         except InputError as error:
@@ -146,9 +148,10 @@ def _prompt_ids(pipeline: Pipeline, prompt: str | list[int], index: int, context
     return list(prompt)
 
 
-def _stop_ids(pipeline: Pipeline, body: Sampling) -> frozenset[int]:
-    """The tokens that end a choice: the model's end tokens (unless `ignore_eos`: EOS and the others its config
-    names, `Pipeline.end_ids`) and `stop_token_ids`; 400 for one beyond the vocabulary."""
+def _stop_ids(pipeline: Pipeline, body: Sampling, end_ids: frozenset[int]) -> frozenset[int]:
+    """The tokens that end a choice: the model's end tokens and `end_ids` (unless `ignore_eos`: EOS and the others
+    its config names, `Pipeline.end_ids`; a chat template's end of turn) and `stop_token_ids`; 400 for one beyond the
+    vocabulary."""
     vocab = pipeline.config.vocab_size
     stop_ids = set(body.stop_token_ids or ())
     beyond = sorted(token for token in stop_ids if token >= vocab)
@@ -156,7 +159,7 @@ def _stop_ids(pipeline: Pipeline, body: Sampling) -> frozenset[int]:
         raise APIError(400, f"stop_token_ids: token id {beyond[0]} is beyond the vocabulary of {vocab} tokens; give "
                        f"ids from 0 to {vocab - 1}", param="stop_token_ids")
     if not body.ignore_eos:
-        stop_ids |= pipeline.end_ids
+        stop_ids |= pipeline.end_ids | end_ids
     return frozenset(stop_ids)
 
 

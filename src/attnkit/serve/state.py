@@ -49,6 +49,7 @@ class ServerState:
     scheduler: Scheduler | None
     explorer: Explorer
     template: ChatTemplate
+    chat_end_ids: frozenset[int]  # the template's end of an assistant's turn, where a token: a chat's reply ends there
     metrics: Metrics
     model_lock: threading.Lock  # held while the model runs: one model call at a time
     closing: threading.Event = field(default_factory=threading.Event)  # set: the server is shutting down (`close`)
@@ -68,12 +69,13 @@ class ServerState:
             build_steps(pipeline.decoding, settings.max_batch)
         experiments = Path(settings.experiments) if settings.experiments else Path.cwd() / "docs" / "experiments"
         names = settings.served_model_name or (run_dir.resolve().name,)
+        template = chat_template(run_dir / TOKENIZER_DIR, getattr(pipeline.tokenizer, "specials", None))
         return cls(pipeline=pipeline, settings=settings, model_id=names[0], names=tuple(names),
                    run_name=run_dir.resolve().name, created=int(time.time()),
                    scheduler=scheduler,
                    explorer=Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments,
                                      sae=Path(settings.sae) if settings.sae else None),
-                   template=chat_template(run_dir / TOKENIZER_DIR, getattr(pipeline.tokenizer, "specials", None)),
+                   template=template, chat_end_ids=template.turn_end_ids(pipeline.tokenizer),
                    metrics=metrics,
                    model_lock=scheduler.lock if scheduler is not None else threading.Lock())
 

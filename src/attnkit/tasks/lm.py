@@ -706,12 +706,12 @@ class StreamedText:
 
 
 def chat_prompt(run: str | Path, tokenizer: Tokenizer, prompt: str, *, system: str | None = None
-                ) -> tuple[list[int], tuple[str, ...]]:
+                ) -> tuple[list[int], tuple[str, ...], frozenset[int]]:
     """`attnkit generate --chat`: `prompt` as a user's turn after an optional `system` turn, rendered by the run's
     chat template (`attnkit.chat_format.chat_template`) and tokenized with its special tokens
-    (`ChatTemplate.prompt_ids`), as `attnkit serve` renders a chat; and the strings that end the reply (the default
-    format's next turn; a template of one's own ends it with its end token, one of the run's end ids). Raises
-    InputError where the template refuses the chat."""
+    (`ChatTemplate.prompt_ids`), as `attnkit serve` renders a chat; the strings that end the reply (the default
+    format's next turn) and the tokens that end it beside the run's end ids (a template's own end of turn, ChatML's
+    <|im_end|>: `ChatTemplate.turn_end_ids`). Raises InputError where the template refuses the chat."""
     template = chat_template(Path(run) / TOKENIZER_DIR, tokenizer.specials)
     messages = [*([{"role": "system", "content": system}] if system is not None else []),
                 {"role": "user", "content": prompt}]
@@ -720,7 +720,7 @@ def chat_prompt(run: str | Path, tokenizer: Tokenizer, prompt: str, *, system: s
     except Exception as error:  # the template's own refusal (`raise_exception`: no system turn, say)
         raise InputError(f"the run's chat template cannot render this chat ({error}); leave --system out where it "
                          "takes no system turn") from None
-    return template.prompt_ids(tokenizer, text), template.stops
+    return template.prompt_ids(tokenizer, text), template.stops, template.turn_end_ids(tokenizer)
 
 
 def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
@@ -740,9 +740,9 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
                     "compiled", settings.compile)
         settings = dataclasses.replace(settings, compile=None)
     pipeline = load(settings)
-    stops = list(settings.stop)
+    stops, stop_tokens = list(settings.stop), frozenset()
     if settings.chat:
-        prompt, ends = chat_prompt(settings.run, pipeline.tokenizer, prompt, system=settings.system)
+        prompt, ends, stop_tokens = chat_prompt(settings.run, pipeline.tokenizer, prompt, system=settings.system)
         stops += ends
     draft = None
     if settings.draft is not None:
@@ -766,7 +766,7 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
             top_p=settings.top_p, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
             presence_penalty=settings.presence_penalty, frequency_penalty=settings.frequency_penalty,
             no_repeat_ngram_size=settings.no_repeat_ngram_size, num_samples=settings.num_samples, seed=settings.seed,
-            stop=stops, on_text=streamed.write if stream else None, **constraint,
+            stop=stops, stop_tokens=sorted(stop_tokens), on_text=streamed.write if stream else None, **constraint,
             num_beams=settings.num_beams, length_penalty=settings.length_penalty,
             early_stopping=settings.early_stopping, num_return_sequences=settings.num_return_sequences,
             draft=draft, draft_tokens=settings.draft_tokens, do_sample=settings.do_sample,

@@ -50,11 +50,13 @@ def router(state: ServerState) -> APIRouter:
                                                       pipeline.config.max_seq_len, body)
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await generate(request, body, [prompt], "chat.completion", stops=state.template.stops,
+                              end_ids=state.chat_end_ids,
                               max_tokens=limit, logprobs=(body.top_logprobs or 0) if body.logprobs else None,
                               structured=structured)
 
     async def generate(request: Request, body: Sampling, prompts: list[str] | list[list[int]], kind: str, *,
-                       stops: tuple[str, ...], max_tokens: int | None, logprobs: int | None = None,
+                       stops: tuple[str, ...], max_tokens: int | None, end_ids: frozenset[int] = frozenset(),
+                       logprobs: int | None = None,
                        echo: bool = False, structured: Structured | None = None):
         scheduler = state.scheduler
         if scheduler is None:
@@ -68,7 +70,8 @@ def router(state: ServerState) -> APIRouter:
                            f"{settings.max_queue} (--max-queue): send at most that many per request", param="prompt")
         loop = asyncio.get_running_loop()
         jobs = await run_in_threadpool(lambda: [
-            Generation(pipeline, p, body, index, loop=loop, stops=stops, max_tokens=max_tokens, settings=settings,
+            Generation(pipeline, p, body, index, loop=loop, stops=stops, end_ids=end_ids, max_tokens=max_tokens,
+                       settings=settings,
                        chat=kind == "chat.completion", logprobs=logprobs, echo=echo, structured=structured)
             for index, p in enumerate(prompts)])
         if echo and logprobs is not None:  # the prompt's own tokens, scored by one forward pass each
