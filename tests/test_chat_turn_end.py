@@ -102,3 +102,34 @@ def test_generate_chat_stops_at_the_templates_end_of_turn(chatml_run, capsys):
     assert cli.main(["generate", str(chatml_run), "--chat", "--prompt", "yes or no?", "--max-new-tokens", "6",
                      "--min-new-tokens", "2", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.strip() == "yesyes"
+
+
+MULTI_TURN = [{"role": "system", "content": "the cat"}, {"role": "user", "content": "the mat?"},
+              {"role": "assistant", "content": "a dog ran."}, {"role": "user", "content": "to the park?"},
+              {"role": "assistant", "content": "and the cat saw it!"}]
+
+
+def test_a_multi_turn_chat_is_served_as_it_was_trained_in_the_default_format(tmp_path):
+    """The default format writes no end of turn, so chat fine-tuning puts EOS after each reply: the served prompt
+    of the chat up to its last reply (the chat API, /tokenize, generate --chat) carries the EOS after the earlier
+    one too, and begins the training ids, where it read the history as text without it."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from serve_helpers import running_server, tiny_run
+
+    from attnkit.tasks.lm import chat_prompt
+
+    run = tiny_run(tmp_path, tokenizer="bpe")
+    tok = load_tokenizer(run / "tokenizer")
+    template = chat_template(run / "tokenizer", tok.specials)
+    assert template.source is None
+    trained, marks = template.conversation_ids(tok, MULTI_TURN)
+    served = template.chat_ids(tok, MULTI_TURN[:-1])
+    assert served == trained[: len(served)] and served.count(tok.eos_id) == 1
+    assert len(trained) - len(served) == len(tok.encode(" and the cat saw it!")) + 1  # the reply and its EOS
+    with running_server(run) as (url, _):
+        tokens = httpx.post(f"{url}/tokenize", json={"messages": MULTI_TURN[:-1]}, timeout=60).json()["tokens"]
+        answer = httpx.post(f"{url}/v1/chat/completions", json={"messages": MULTI_TURN[:-1], "max_tokens": 1},
+                            timeout=60).json()
+    assert tokens == served and answer["usage"]["prompt_tokens"] == len(served)
+    assert chat_prompt(run, tok, "the mat?", system="the cat")[0] == trained[: marks.index(True)]  # generate --chat

@@ -18,6 +18,9 @@ follow its text (none when its content is empty or null). The last line (`Assist
 added when the renderer asks for it (`add_generation_prompt`, as every chat runtime does for a reply). The reply ends
 at the next line that starts a turn: give the runtime the stop strings `STOP_STRINGS` (llama.cpp:
 `-r "\\nUser:" -r "\\nSystem:"`), as the server does.
+As text the format marks no turn's end, so chat fine-tuning learns EOS after each reply (`conversation_ids`), and a
+chat is read for a reply with that EOS after each earlier one (`ChatTemplate.chat_ids`): the served prompt begins as
+the training text does.
 
 The template writes newlines as `{{ '\\n' }}` and strips the whitespace around its tags, so it renders the same with
 and without Jinja's `trim_blocks` / `lstrip_blocks` (transformers sets both, llama.cpp's engine neither). JSON is
@@ -231,6 +234,26 @@ class ChatTemplate:
         Raises InputError for a conversation without a reply, one the template refuses or fails on, or a template
         that renders a conversation's start otherwise than the whole (one that rewrites earlier turns, so no reply
         has one prompt)."""
+        if not any(message["role"] == "assistant" for message in messages):
+            raise InputError("a conversation holds no assistant turn: chat fine-tuning learns the assistant's replies")
+        return self._turns(tokenizer, messages, (), None)
+
+    def chat_ids(self, tokenizer: Tokenizer, messages: Sequence[dict], tools: Sequence[dict] = (), *,
+                 add_generation_prompt: bool = True) -> list[int]:
+        """A chat's token ids as the run reads it to reply (`attnkit serve`, `attnkit generate --chat`), read as chat
+        fine-tuning reads a conversation (`conversation_ids`), so that a served chat's prompt begins as its training
+        text does: a template of one's own writes each turn's end itself, and its text is read whole
+        (`render`, `prompt_ids`); the default format has no such mark, so EOS follows each earlier reply here as in
+        training. Raises InputError as `conversation_ids` and `prompt_ids` do."""
+        if self.source is not None:
+            return self.prompt_ids(tokenizer, self.render(messages, tools,
+                                                          add_generation_prompt=add_generation_prompt))
+        return self._turns(tokenizer, messages, tools, add_generation_prompt)[0]
+
+    def _turns(self, tokenizer: Tokenizer, messages: Sequence[dict], tools: Sequence[dict],
+               add_generation_prompt: bool | None) -> tuple[list[int], list[bool]]:
+        """`conversation_ids`'s reading, turn by turn; then, unless `add_generation_prompt` is None, the text after the
+        last reply (with the generation prompt where it is True), as the prompt of a reply to come."""
         ids: list[int] = []
         trained: list[bool] = []
         done, done_ids = "", []  # the text tokenized so far, and its tokens as `prompt_ids` reads the text whole
@@ -241,8 +264,8 @@ class ChatTemplate:
             if message["role"] != "assistant":
                 continue
             try:
-                prompt = self.render(messages[:i])
-                whole = self.render(messages[: i + 1], add_generation_prompt=False)
+                prompt = self.render(messages[:i], tools)
+                whole = self.render(messages[: i + 1], tools, add_generation_prompt=False)
             except Exception as error:  # the template's own refusal (`raise_exception`), or a fault it shows here
                 raise InputError(f"the chat template cannot render this conversation ({_said(error)}): give turns "
                                  "it takes (some take no system turn, or only user and assistant turns in turn)"
@@ -257,8 +280,11 @@ class ChatTemplate:
             ids += asked + reply + end
             trained += [False] * len(asked) + [True] * (len(reply) + len(end))
             done, done_ids = whole, whole_ids
-        if not done:
-            raise InputError("a conversation holds no assistant turn: chat fine-tuning learns the assistant's replies")
+        if add_generation_prompt is not None:
+            rest = self.render(messages, tools, add_generation_prompt=add_generation_prompt)
+            if len(rest) > len(done):
+                ids += _after(done_ids, self.prompt_ids(tokenizer, rest)) or encode(rest[len(done):])
+            trained += [False] * (len(ids) - len(trained))
         return ids, trained
 
     def settings(self) -> dict[str, str]:

@@ -709,18 +709,20 @@ def chat_prompt(run: str | Path, tokenizer: Tokenizer, prompt: str, *, system: s
                 ) -> tuple[list[int], tuple[str, ...], frozenset[int]]:
     """`attnkit generate --chat`: `prompt` as a user's turn after an optional `system` turn, rendered by the run's
     chat template (`attnkit.chat_format.chat_template`) and tokenized with its special tokens
-    (`ChatTemplate.prompt_ids`), as `attnkit serve` renders a chat; the strings that end the reply (the default
+    (`ChatTemplate.chat_ids`), as `attnkit serve` renders a chat; the strings that end the reply (the default
     format's next turn) and the tokens that end it beside the run's end ids (a template's own end of turn, ChatML's
     <|im_end|>: `ChatTemplate.turn_end_ids`). Raises InputError where the template refuses the chat."""
     template = chat_template(Path(run) / TOKENIZER_DIR, tokenizer.specials)
     messages = [*([{"role": "system", "content": system}] if system is not None else []),
                 {"role": "user", "content": prompt}]
     try:
-        text = template.render(messages)
+        ids = template.chat_ids(tokenizer, messages)
+    except InputError:
+        raise
     except Exception as error:  # the template's own refusal (`raise_exception`: no system turn, say)
         raise InputError(f"the run's chat template cannot render this chat ({error}); leave --system out where it "
                          "takes no system turn") from None
-    return template.prompt_ids(tokenizer, text), template.stops, template.turn_end_ids(tokenizer)
+    return ids, template.stops, template.turn_end_ids(tokenizer)
 
 
 def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:

@@ -109,17 +109,18 @@ def router(state: ServerState) -> APIRouter:
 def _chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, context: int, body: ChatRequest
                  ) -> tuple[Structured | None, list[int]]:
     """A chat request's structured output (response_format and tools: a grammar the reply is held to) and the token
-    ids of its messages rendered by the chat template (`ChatTemplate.prompt_ids`); 400 naming the field that fails,
+    ids of its messages rendered by the chat template (`ChatTemplate.chat_ids`); 400 naming the field that fails,
     and for a rendered text whose head alone fills the `context`, before it is tokenized whole (`refuse_long_text`)."""
     structured = Structured.of(body)
+    messages, tools = [m.rendered() for m in body.messages], structured.tools if structured else ()
     try:
-        prompt = template.render([m.rendered() for m in body.messages], structured.tools if structured else ())
+        prompt = template.render(messages, tools)
     except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
         raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
     try:
         refuse_long_text(tokenizer, prompt, context, what="the messages, as the chat template renders them, hold",
                          param="messages")
-        return structured, template.prompt_ids(tokenizer, prompt)
+        return structured, template.chat_ids(tokenizer, messages, tools)  # read as the run was trained on it
     except AttnkitError as error:
         raise APIError(400, str(error), param="messages") from None
 

@@ -64,15 +64,13 @@ def token_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
         except AttnkitError as error:
             raise APIError(400, str(error), param="prompt") from None
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
-    try:
-        text = state.template.render([m.rendered() for m in body.messages], tools,
-                                     add_generation_prompt=body.add_generation_prompt)
-    except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
-        raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
-    try:
-        ids = state.template.prompt_ids(pipeline.tokenizer, text)
+    try:  # as the chat endpoint reads them
+        ids = state.template.chat_ids(pipeline.tokenizer, [m.rendered() for m in body.messages], tools,
+                                      add_generation_prompt=body.add_generation_prompt)
     except AttnkitError as error:
         raise APIError(400, str(error), param="messages") from None
+    except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
+        raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
     bos = pipeline.tokenizer.bos_id
     return [bos, *ids] if body.add_special_tokens and bos is not None else ids  # vLLM's: BOS on top of the template's
 
