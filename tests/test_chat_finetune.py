@@ -178,6 +178,42 @@ def test_a_conversation_whose_reply_lies_past_the_window_is_refused_and_a_long_o
             in caplog.text)
 
 
+def test_skip_long_leaves_out_the_conversations_whose_reply_lies_past_the_window_with_one_warning(caplog):
+    tok = char_tokenizer()
+    late = [{"role": "user", "content": "a" * 80}, {"role": "assistant", "content": "b"}]
+    fits = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    conversations = [Conversation("train.jsonl line 1", late), Conversation("train.jsonl line 2", fits),
+                     Conversation("train.jsonl line 3", late)]
+    rows = conversation_rows(conversations, template=DEFAULT_FORMAT, tokenizer=tok, seq_len=32, packed=False,
+                             batch_size=1, skip_long=True)
+    ids, _ = DEFAULT_FORMAT.conversation_ids(tok, fits)
+    assert rows.rows.input_ids.shape == (1, 32)  # the one that fits, alone, padded at its end
+    assert rows.rows.input_ids[0, : len(ids) - 1].tolist() == ids[:-1]
+    assert "2 conversation(s) left out (--skip-long): their first reply starts past the first 32 tokens (train.jsonl " \
+           "line 1, ...)" in caplog.text
+    with pytest.raises(InputError, match="every conversation's first reply starts past the first 32 tokens"):
+        conversation_rows([conversations[0]], template=DEFAULT_FORMAT, tokenizer=tok, seq_len=32, packed=False,
+                          batch_size=1, skip_long=True)
+
+
+def test_train_chat_refuses_a_reply_past_the_window_naming_skip_long_and_trains_with_it(secrets, tmp_path, caplog,
+                                                                                         capsys):
+    from attnkit import cli
+
+    late = json.dumps({"messages": [{"role": "user", "content": "a" * 80}, {"role": "assistant", "content": "b"}]})
+    data = tmp_path / "train.jsonl"
+    data.write_text((secrets / "train.jsonl").read_text(encoding="utf-8") + late + "\n", encoding="utf-8")
+    command = ["train", "--task", "chat", "--data", str(data), "--val-data", str(secrets / "val.jsonl"), "--out",
+               str(tmp_path / "run"), "--tokenizer", "char", "--max-steps", "1", "--warmup", "0", "--sample-tokens",
+               "0", "--no-progress", "--set", *TINY]
+    assert cli.main(command) != 0
+    said = capsys.readouterr().err
+    assert "line 17: its first reply starts past the first 64 tokens" in said and "--skip-long" in said
+    assert cli.main([*command, "--skip-long"]) == 0
+    assert "1 conversation(s) left out (--skip-long)" in caplog.text
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
 def test_a_template_that_rewrites_earlier_turns_is_refused():
     rewrites = ChatTemplate("{% for m in messages %}{{ m['content'] }}|{% endfor %}{{ messages | length }}")
     with pytest.raises(InputError, match="renders turn 1 of a conversation otherwise than the conversation before it"):

@@ -47,17 +47,21 @@ class ChatOptions:
     pack_conversations: Literal["off", "on"] = field(default="off", metadata={"const": "on"})
     """on (bare --pack-conversations): several conversations a row, each attending within itself (a document mask),
     instead of one a row padded at its end: fewer padding positions where conversations are short"""
+    skip_long: Literal["off", "on"] = field(default="off", metadata={"const": "on"})
+    """on (bare --skip-long): leave out, with one warning counting them, the conversations whose first reply starts
+    past the window (--seq-len), as TRL and torchtune drop them, instead of refusing the run"""
 
 
 def conversation_rows(conversations: list[Conversation], *, template: ChatTemplate, tokenizer: Tokenizer,
-                      seq_len: int, packed: bool, batch_size: int, seed: int = 0, batch_tokens: int | None = None
-                      ) -> ChatRows:
+                      seq_len: int, packed: bool, batch_size: int, seed: int = 0, batch_tokens: int | None = None,
+                      skip_long: bool = False) -> ChatRows:
     """The conversations rendered and tokenized (`conversation_ids`), cut to their first seq_len + 1 tokens, in
     rows of seq_len positions. Raises InputError naming a conversation that fails to render, or whose window holds
-    no reply token (nothing of it would be learnt)."""
+    no reply token (nothing of it would be learnt), unless `skip_long`: such conversations are then left out, counted
+    in one warning (InputError where none is left)."""
     ids: list[int] = []
     trained: list[bool] = []
-    cut, cut_off = [], []
+    cut, cut_off, skipped = [], [], []
     for conversation in conversations:
         try:
             tokens, replies = template.conversation_ids(tokenizer, conversation.messages)
@@ -66,14 +70,25 @@ def conversation_rows(conversations: list[Conversation], *, template: ChatTempla
         start = len(ids)
         stop = start + min(len(tokens), seq_len + 1)
         if not any(replies[1 : stop - start]):
+            if skip_long:
+                skipped.append(conversation.where)
+                continue
             raise InputError(f"{conversation.where}: its first reply starts past the first {seq_len} tokens the "
                              "model reads at once, so nothing of it would be learnt: shorten the conversation's "
-                             "prompt, or give a longer --seq-len (at most the model's max_seq_len)")
+                             "prompt, give a longer --seq-len (at most the model's max_seq_len), or --skip-long to "
+                             "leave such conversations out")
         if len(tokens) > seq_len + 1:
             cut_off.append(conversation.where)
         ids += tokens
         trained += replies
         cut.append((start, stop))
+    if skipped and not cut:
+        raise InputError(f"every conversation's first reply starts past the first {seq_len} tokens ({skipped[0]}"
+                         f"{', ...' if len(skipped) > 1 else ''}): nothing is left to learn; give a longer --seq-len "
+                         "(at most the model's max_seq_len) or shorter prompts")
+    if skipped:
+        log.warning("%d conversation(s) left out (--skip-long): their first reply starts past the first %d tokens "
+                    "(%s%s)", len(skipped), seq_len, skipped[0], ", ..." if len(skipped) > 1 else "")
     if cut_off:
         log.warning("%d conversation(s) hold more than %d tokens and are cut to their first %d (%s%s); give a longer "
                     "--seq-len (at most the model's max_seq_len) to learn the rest", len(cut_off), seq_len + 1,
@@ -162,7 +177,8 @@ def _make(context: TaskContext) -> tuple[ChatTask, None]:
     train, val = _conversations(context.data, context.seed)
     packed = context.data.options.pack_conversations == "on"
     rows = dict(template=context.chat_template, tokenizer=context.tokenizer, seq_len=context.seq_len, packed=packed,
-                batch_size=context.batch_size, seed=context.seed)
+                batch_size=context.batch_size, seed=context.seed,
+                skip_long=context.data.options.skip_long == "on")
     return ChatTask(conversation_rows(train, batch_tokens=context.data.batch_tokens, **rows),
                     conversation_rows(val, **rows), packed=packed, stops=context.chat_template.stops), None
 
