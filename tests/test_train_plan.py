@@ -21,6 +21,7 @@ from attnkit import ModelConfig, build_model, presets
 from attnkit.data import LMData
 from attnkit.errors import ConfigError, InputError
 from attnkit.layers.output_loss import LossPath, use_loss_path
+from attnkit.machine import PROFILE_VERSION
 from attnkit.tasks.lm import LMTask
 from attnkit.tokenize import CharTokenizer
 from attnkit.train import TrainingDiverged, prepare
@@ -332,11 +333,12 @@ def test_a_kept_profile_this_attnkit_cannot_read_plans_training_with_the_default
 
 KEPT_PROFILE_DAMAGE = {  # every way a kept profile can fail to read: its bytes, or None for a read the OS refuses
     "an older version's": json.dumps({"version": 2, "attention": {}, "decode_linear": {}}).encode(),
-    "cut short": b'{"version": 3, "attention": {"bf',
+    "cut short": b'{"version": %d, "attention": {"bf' % PROFILE_VERSION,
     "empty": b"",
     "not UTF-8": b"\xff\xfe{}",
     "not an object": b"[]",
-    "a field out of range": json.dumps({"version": 3, "attention": {"bf16": {"decode_keys": -1, "pass_keys": 0}},
+    "a field out of range": json.dumps({"version": PROFILE_VERSION,
+                                        "attention": {"bf16": {"decode_keys": -1, "pass_keys": 0}},
                                         "decode_linear": {}}).encode(),
     "refused by the OS": None,
 }

@@ -34,8 +34,10 @@ from attnkit.readback import FileFields
 
 PROFILE_ENV = "ATTNKIT_PROFILE"  # where a profile is read from, when set
 # 2: the native kernels (`generate/native_gemv.py`) among the measured layouts and forms; 3: their bf16 product
-# through AVX512-BF16's dot product where the CPU reports it (a profile measured before may have chosen another)
-PROFILE_VERSION = 3
+# through AVX512-BF16's dot product where the CPU reports it (a profile measured before may have chosen another); 4:
+# layouts whose eight rows share one product told apart by one row (`tune.choose_layout`), where version 3 kept the
+# first measured (packed bf16 over native+packed)
+PROFILE_VERSION = 4
 PROFILE_FIX = "measure this machine again with `attnkit tune` (or delete the file: documented defaults are used)"
 # what a profile's decode_linear may name: "fp32" and "bf16" layouts, "int8" and "int4" kernels ("native", "pytorch")
 DECODE_LAYOUTS = ("plain", "transposed", "packed", "gemv+packed", "gemv", "native", "native+packed", "pytorch")
