@@ -9,7 +9,9 @@ weights (the read bandwidth any kernel could reach), `F.linear` on (N, K) weight
 packed once for oneDNN and bf16 one-row products through ATen's matrix-vector kernel (the same module's
 `PackedLinear` and `GemvPackedLinear`); PyTorch's int8-weight kernel (`generate/quantize.py`), its int4 kernel
 where it is vectorized (`Int4Linear`), and, where FBGEMM runs, int8 weights with the row quantized to int8 as it
-runs (`Int8DynamicLinear`). The kernels take turns, pass by pass (which goes first alternating), so a machine
+runs (`Int8DynamicLinear`); where the native kernels build (`generate/native_gemv.py`), their fp32 product and
+their bf16 one, which widens the weights to fp32, and where the CPU reports AVX512-BF16 its dot product on a bf16
+row (`gemv_bf16_dot`). The kernels take turns, pass by pass (which goes first alternating), so a machine
 shared with other work slows them alike; each reports its median pass and, as the median over the passes, its rate
 as a share of the bf16 sum's rate in the same pass. Results: benchmarks/results/bandwidth-<machine>.json and .md.
 """
@@ -23,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnkit.generate import native_gemv
 from attnkit.generate.decode_layout import GemvPackedLinear
 from attnkit.generate.quantize import Int4Linear, Int8DynamicLinear, dynamic_quantization_available
 from attnkit.machine import CpuCapabilities
@@ -84,6 +87,14 @@ def kernels(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, object]]:
         dynamic = [Int8DynamicLinear(_linear(w)) for w in fp32]
         table["int8 weights and activations (quantize.Int8DynamicLinear)"] = (
             nbytes(int8), lambda: [layer(rows[layer.in_features]) for layer in dynamic])
+    if native_gemv.unavailable() is None:  # fp32 rows: the bf16 product widens the weights (no dot product)
+        table["native (native_gemv.gemv_f32), fp32"] = (
+            nbytes(fp32), lambda: [native_gemv.gemv_f32(w, rows[w.shape[1]]) for w in fp32])
+        table["native, widened (native_gemv.gemv_bf16, fp32 row), bf16"] = (
+            nbytes(bf16), lambda: [native_gemv.gemv_bf16(w, rows[w.shape[1]]) for w in bf16])
+        if native_gemv.bf16_dot():
+            table["native dot (native_gemv.gemv_bf16_dot, bf16 row), bf16"] = (
+                nbytes(bf16), lambda: [native_gemv.gemv_bf16_dot(w, rows_bf16[w.shape[1]]) for w in bf16])
     return table
 
 
