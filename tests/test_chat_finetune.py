@@ -220,12 +220,15 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
         rewrites.conversation_ids(char_tokenizer(), CHAT)
 
 
-def test_attnkits_own_template_as_an_export_writes_it_reads_as_the_default_format(tmp_path):
+@pytest.mark.parametrize("written", ["now", "earlier"])  # earlier exports wrote no EOS after a reply
+def test_attnkits_own_template_as_an_export_writes_it_reads_as_the_default_format(tmp_path, written):
     """A Hugging Face directory `convert --to-hf` wrote from a chat run carries the default format as Jinja: a run
     fine-tuned from it, or served, keeps the default's EOS after each reply and its stop strings."""
-    from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE
+    from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE, EARLIER_DEFAULT_TEMPLATE
 
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": DEFAULT_CHAT_TEMPLATE,
+    source = DEFAULT_CHAT_TEMPLATE if written == "now" else EARLIER_DEFAULT_TEMPLATE
+    assert "eos_token" not in EARLIER_DEFAULT_TEMPLATE
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": source,
                                                                 "eos_token": "<eos>"}), encoding="utf-8")
     template = chat_template(tmp_path, char_tokenizer().specials)
     assert template == DEFAULT_FORMAT and template.stops == ("\nUser:", "\nSystem:")

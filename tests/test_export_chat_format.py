@@ -10,7 +10,7 @@ import json
 import pytest
 from export_runs import ENCODERS, LAYOUTS, random_run, tokenizer
 
-from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE, STOP_STRINGS
+from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE, DEFAULT_FORMAT, STOP_STRINGS
 from attnkit.errors import InputError
 from attnkit.serve.chat import ChatTemplate, chat_template
 
@@ -53,9 +53,11 @@ def test_attnkits_template_renders_what_the_server_renders(trim):
     template = environment.from_string(DEFAULT_CHAT_TEMPLATE)
     for messages, tools in CONVERSATIONS:
         for prompt in (True, False):  # a reply's prompt, and the conversation alone (as /tokenize can ask)
-            served = ChatTemplate().render([{**m, "content": m["content"] or ""} for m in messages], tools,
-                                           add_generation_prompt=prompt)
-            assert template.render(messages=messages, tools=tools or None, add_generation_prompt=prompt) == served
+            for eos in ("", "<eos>"):  # the server's text has none: EOS after a reply is a token (`chat_ids`)
+                served = ChatTemplate(eos_token=eos).render([{**m, "content": m["content"] or ""} for m in messages],
+                                                            tools, add_generation_prompt=prompt)
+                assert template.render(messages=messages, tools=tools or None, add_generation_prompt=prompt,
+                                       eos_token=eos) == served
             assert "None" not in served and "tool:" not in served
     with_tools = ChatTemplate().render(CONVERSATIONS[4][0], CONVERSATIONS[4][1])
     assert with_tools.startswith("System: Tools you may call") and "\nTool: 18 C, sunny\nAssistant:" in with_tools
@@ -69,9 +71,14 @@ def test_to_hf_carries_the_servers_chat_format_for_apply_chat_template(tmp_path)
     run = random_run(tmp_path, LAYOUTS["default"])
     convert_to_hf(run, tmp_path / "hf")
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ours = ChatTemplate(eos_token=theirs.eos_token)  # EOS after each reply, as chat fine-tuning learns it
     for messages, tools in CONVERSATIONS[1:]:  # transformers refuses an empty conversation
         rendered = theirs.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
-        assert rendered == ChatTemplate().render([{**m, "content": m["content"] or ""} for m in messages], tools)
+        assert rendered == ours.render([{**m, "content": m["content"] or ""} for m in messages], tools)
+    messages = CONVERSATIONS[2][0]
+    ids = theirs.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert ids == DEFAULT_FORMAT.chat_ids(tokenizer(), messages)  # what attnkit serve feeds the model
+    assert ids.count(tokenizer().eos_id) == 1  # after the earlier reply
 
     own = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}<|assistant|>"
     config = json.loads((run / "tokenizer" / "tokenizer_config.json").read_text()) if (

@@ -169,8 +169,8 @@ def test_transformers_reads_the_tokenizer_back(tmp_path):
     assert theirs.eos_token_id == tokenizer().eos_id
     from attnkit.serve.chat import ChatTemplate  # the file's chat template, rendered by transformers, is serve's
 
-    assert theirs.apply_chat_template(CHATS[2], tokenize=False, add_generation_prompt=True) == ChatTemplate().render(
-        CHATS[2])
+    assert theirs.apply_chat_template(CHATS[2], tokenize=False, add_generation_prompt=True) == ChatTemplate(
+        eos_token=theirs.eos_token).render(CHATS[2])  # EOS after each reply, as chat fine-tuning learns it
 
 
 def test_refused_with_the_reason(tmp_path):

@@ -20,7 +20,8 @@ at the next line that starts a turn: give the runtime the stop strings `STOP_STR
 `-r "\\nUser:" -r "\\nSystem:"`), as the server does.
 As text the format marks no turn's end, so chat fine-tuning learns EOS after each reply (`conversation_ids`), and a
 chat is read for a reply with that EOS after each earlier one (`ChatTemplate.chat_ids`): the served prompt begins as
-the training text does.
+the training text does. The Jinja form writes `eos_token` after each assistant turn for the same reason (the server's
+text leaves it out: there it is a token, not text).
 
 The template writes newlines as `{{ '\\n' }}` and strips the whitespace around its tags, so it renders the same with
 and without Jinja's `trim_blocks` / `lstrip_blocks` (transformers sets both, llama.cpp's engine neither). JSON is
@@ -58,11 +59,14 @@ DEFAULT_CHAT_TEMPLATE = (
     "{%- if message['content'] or not loop.first %}{{ ' ' }}{% endif -%}"
     "<tool_call>{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
     "{%- endfor -%}"
+    "{%- if message['role'] == 'assistant' %}{{ eos_token }}{% endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{%- if messages or tools %}{{ '\\n' }}{% endif %}Assistant:"
     "{%- endif -%}"
 )
+EARLIER_DEFAULT_TEMPLATE = DEFAULT_CHAT_TEMPLATE.replace(
+    "{%- if message['role'] == 'assistant' %}{{ eos_token }}{% endif -%}", "")  # exports before EOS ended a reply
 STOP_STRINGS = ("\nUser:", "\nSystem:")  # where a reply in the default format ends: the next turn's start
 TEMPLATE_CONFIG = "tokenizer_config.json"  # where a Hugging Face tokenizer keeps its chat template
 SAMPLE_CHAT = (  # what a template is tried on before it is written into an export
@@ -174,7 +178,8 @@ class ChatTemplate:
             offered = [tool["function"] for tool in tools]
             turns = [f"System: Tools you may call, replying {TOOL_CALL}{{\"name\": ..., \"arguments\": {{...}}}}: "
                      f"{json.dumps(offered, ensure_ascii=False)}"] if offered else []
-            turns += [f"{DEFAULT_ROLES[m['role']]}: {_shown(m)}" for m in messages]
+            turns += [f"{DEFAULT_ROLES[m['role']]}: {_shown(m)}{self.eos_token if m['role'] == 'assistant' else ''}"
+                      for m in messages]
             return "\n".join([*turns, "Assistant:"] if add_generation_prompt else turns)
         return render(self.source, messages, tools, add_generation_prompt=add_generation_prompt,
                       bos_token=self.bos_token, eos_token=self.eos_token)
@@ -316,11 +321,17 @@ def chat_template(tokenizer_dir: Path, specials: dict[str, str] | None = None) -
     stop strings. Its `bos_token` and `eos_token` are the file's, else the tokenizer's `specials` (role -> token), as
     an export writes them; each renders as its text, which `ChatTemplate.prompt_ids` reads as the token."""
     source, settings = config_template(tokenizer_dir)
-    if source is None or source == DEFAULT_CHAT_TEMPLATE:
+    if source is None or is_default_template(source):
         return ChatTemplate()
     specials = specials or {}
     return ChatTemplate(source, _token(settings.get("bos_token")) or specials.get("bos", ""),
                         _token(settings.get("eos_token")) or specials.get("eos", ""))
+
+
+def is_default_template(source: str) -> bool:
+    """Whether `source` is attnkit's own format in Jinja as an export writes it (`DEFAULT_CHAT_TEMPLATE`, or the
+    earlier form without EOS after each reply)."""
+    return source in (DEFAULT_CHAT_TEMPLATE, EARLIER_DEFAULT_TEMPLATE)
 
 
 def _token(value) -> str:

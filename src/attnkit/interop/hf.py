@@ -26,7 +26,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnkit.chat_format import DEFAULT_CHAT_TEMPLATE, TEMPLATE_CONFIG, check_template, config_template
+from attnkit.chat_format import (
+    DEFAULT_CHAT_TEMPLATE,
+    TEMPLATE_CONFIG,
+    check_template,
+    config_template,
+    is_default_template,
+)
 from attnkit.checkpoint import (
     CONFIG_FILE,
     HF_SOURCE_FILE,
@@ -283,7 +289,7 @@ def _tokenizer_settings(hf_dir: Path) -> bytes | None:
     if not path.is_file():
         return None
     template, settings = config_template(hf_dir)
-    if template == DEFAULT_CHAT_TEMPLATE:
+    if template is not None and is_default_template(template):
         del settings["chat_template"]
         return (json.dumps(settings, indent=2, sort_keys=True) + "\n").encode()
     if template is not None:
