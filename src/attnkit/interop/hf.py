@@ -138,7 +138,7 @@ def load(
     named = _id_list(hf.get("eos_token_id"))
     if _id_list(ends) == [ends] and named and ends not in named:
         ends = [*named, ends]  # a Qwen chat model names <|im_end|> here, <|endoftext|> there: generate stops at each
-    if isinstance(ends, list) or (_id_list(ends) == [ends] and not named):
+    if isinstance(ends, list) or (_id_list(ends) == [ends] and hf.get("eos_token_id") is None):
         hf = {**hf, "eos_token_id": ends}  # Llama 3 lists its end tokens here, config.json one of them
     family = family_of(hf, source)
     architecture = architecture_of(hf, family, source)
