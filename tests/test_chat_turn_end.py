@@ -133,3 +133,22 @@ def test_a_multi_turn_chat_is_served_as_it_was_trained_in_the_default_format(tmp
                             timeout=60).json()
     assert tokens == served and answer["usage"]["prompt_tokens"] == len(served)
     assert chat_prompt(run, tok, "the mat?", system="the cat")[0] == trained[: marks.index(True)]  # generate --chat
+
+
+def test_the_sample_after_a_chat_run_ends_at_its_templates_end_of_turn(tmp_path, monkeypatch):
+    from attnkit import cli
+    from attnkit.generate import Pipeline
+
+    lines = [json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+             for q, a in (("yes or no?", "yes."), ("the user asks?", "no."))]
+    (tmp_path / "chats.jsonl").write_text("\n".join(lines * 4) + "\n", encoding="utf-8")
+    tokenizer_dir(tmp_path / "tokenizer")
+    fed, generate = [], Pipeline.generate
+    monkeypatch.setattr(Pipeline, "generate", lambda self, prompts, **kw: fed.append(kw.get("stop_tokens")) or
+                        generate(self, prompts, **kw))
+    assert cli.main(["train", "--task", "chat", "--data", str(tmp_path / "chats.jsonl"), "--tokenizer",
+                     str(tmp_path / "tokenizer"), "--out", str(tmp_path / "run"), "--max-steps", "1", "--warmup", "0",
+                     "--sample-tokens", "2", "--no-progress", "--set", "d_model=32", "n_layers=1", "n_heads=2",
+                     "d_ff=64", "max_seq_len=64"]) == 0
+    tok = load_tokenizer(tmp_path / "tokenizer")
+    assert fed == [[tok.encode_with_specials("<|im_end|>")[0]]]

@@ -353,7 +353,8 @@ def _run_train(run: TrainRun, data: dict[str, Any], training: dict[str, Any], *o
 
         print("sample (prompt from the validation text, then the model's continuation):")
         print(sample_after_training(run.out, prompt=trainer.task.prompt_ids(), max_new_tokens=run.sample_tokens,
-                                    stop=getattr(trainer.task, "stops", ())))  # a chat's: its marks and turn's end
+                                    stop=getattr(trainer.task, "stops", ()),  # a chat's: its marks and turn's end
+                                    stop_tokens=sorted(getattr(trainer.task, "stop_ids", ()))))
     from attnkit.checkpoint import METRICS_FILE
     from attnkit.train.trainer import PLOT_FILE
 

@@ -731,14 +731,15 @@ def _read_labels(run_dir: Path, config: ModelConfig, task: TaskSpec | None) -> l
 
 def sample_after_training(
     run_dir: str | Path, *, prompt: str | list[int] = "", max_new_tokens: int = 200, temperature: float = 0.8,
-    seed: int = 0, stop: Sequence[str] = (),
+    seed: int = 0, stop: Sequence[str] = (), stop_tokens: Sequence[int] = (),
 ) -> str:
     """A short sample from a freshly trained language model: the prompt and its continuation, ended at a `stop`
-    string. A prompt given as token ids (a chat's, with its template's special tokens) is shown with them."""
+    string or a token of `stop_tokens` (a chat template's end of turn) as at EOS. A prompt given as token ids (a
+    chat's, with its template's special tokens) is shown with them."""
     pipeline = load(run_dir)
     shown = prompt if isinstance(prompt, str) else pipeline.tokenizer.decode(prompt, skip_special=False)
     return shown + pipeline.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                                     stop=list(stop) or None)[0]
+                                     stop=list(stop) or None, stop_tokens=stop_tokens)[0]
 
 
 def prompt_list(prompts: object) -> list[str | list[int]]:

@@ -131,11 +131,13 @@ class ChatTask(EpochTask):
     metric = "val_loss"
     higher_is_better = False
 
-    def __init__(self, train: ChatRows, val: ChatRows, *, packed: bool, stops: tuple[str, ...] = ()) -> None:
+    def __init__(self, train: ChatRows, val: ChatRows, *, packed: bool, stops: tuple[str, ...] = (),
+                 stop_ids: frozenset[int] = frozenset()) -> None:
         super().__init__(train)
         self.val = val
         self.packed = packed  # the training plan's attention choice reads it: a document mask in every batch
         self.stops = stops  # where a reply ends in the run's template, beside EOS (the sample after training)
+        self.stop_ids = stop_ids  # the template's end of turn, where a token (`ChatTemplate.turn_end_ids`)
 
     def loss(self, model: nn.Module, batch: PackedBatch) -> Tensor:
         return _forward(model, batch, self.packed, labels=batch.labels.to(device_of(model)), return_logits=False).loss
@@ -180,7 +182,8 @@ def _make(context: TaskContext) -> tuple[ChatTask, None]:
                 batch_size=context.batch_size, seed=context.seed,
                 skip_long=context.data.options.skip_long == "on")
     return ChatTask(conversation_rows(train, batch_tokens=context.data.batch_tokens, **rows),
-                    conversation_rows(val, **rows), packed=packed, stops=context.chat_template.stops), None
+                    conversation_rows(val, **rows), packed=packed, stops=context.chat_template.stops,
+                    stop_ids=context.chat_template.turn_end_ids(context.tokenizer)), None
 
 
 def _training_text(data: Any, seed: int) -> list[str]:
