@@ -11,9 +11,10 @@ The cache is reused while the tokenizer and every file's size and mtime are unch
 written (its SHA-256, checked when read back: `readback.digest`, as a checkpoint's files are), and rebuilt when any
 of them changes. In a distributed run rank 0 alone builds or checks it (`token_cache`) and the other ranks read
 the .bin it names (`LMData.prepare(cache=...)`). Files are joined with EOS between them (a single file is its
-tokens alone, so one-file corpora such as Tiny Shakespeare give the classic stream and split). A tokenizer that starts every text with BOS (`starts_with_bos`: a converted Llama's) gets BOS at
-the start of each file, as Hugging Face's run_clm puts it before each document and as the model is prompted
-(`bos_first`); attnkit's own tokenizers place none.
+tokens alone, so one-file corpora such as Tiny Shakespeare give the classic stream and split). A tokenizer that
+starts every text with BOS (`starts_with_bos`: a converted Llama's) gets BOS at the start of each file, as Hugging
+Face's run_clm puts it before each document and as the model is prompted (`bos_first`); attnkit's own tokenizers
+place none.
 """
 
 from __future__ import annotations
