@@ -373,7 +373,7 @@ def top_p_filter(logits: Tensor, p: float, *, keep: int = 1) -> Tensor:
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
     probs = sorted_logits.softmax(dim=-1)  # (B, V)
     drop_sorted = probs.cumsum(dim=-1) - probs >= p  # the more likely tokens before this one already reach p
-    drop_sorted[:, :keep] = False  # the likeliest token always stays, however small p is
+    drop_sorted[:, :keep] = False  # the `keep` likeliest tokens always stay, however small p is
     drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
 
@@ -416,6 +416,7 @@ def warp(scores: Tensor, config: SamplingConfig, *, keep: int = 1) -> Tensor:
 
 
 NO_TOKEN = -1  # what a row draws whose probabilities are no distribution (nan logits, or every token at -inf)
+Groups = Sequence[tuple[int, torch.Generator | None]]  # consecutive rows and the generator each group draws from
 
 
 class NoDistribution(RuntimeError):
@@ -436,7 +437,7 @@ def select_next(
 def select_next_in_groups(
     logits: Tensor,
     config: SamplingConfig,
-    groups: Sequence[tuple[int, torch.Generator | None]],
+    groups: Groups,
     *,
     seen: Tensor | None = None,
     counts: Tensor | None = None,
@@ -459,7 +460,7 @@ def select_next_in_groups(
     return draw(logits.softmax(dim=-1), groups)  # a row of nan logits, or all at -inf, is all nan
 
 
-def draw(probs: Tensor, groups: Sequence[tuple[int, torch.Generator | None]]) -> Tensor:
+def draw(probs: Tensor, groups: Groups) -> Tensor:
     """One token per row of probs (B, V), each group of rows drawing from its own generator (`select_next_in_groups`'s
     exponential race); NO_TOKEN where a row holds a nan. -> ids (B,)."""
     races = torch.empty_like(probs)  # (B, V)

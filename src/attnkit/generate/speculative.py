@@ -37,6 +37,7 @@ from attnkit.errors import InputError
 from attnkit.generate.decoder import TokenHook, Window, check_prompts, left_pad, logits_of_new
 from attnkit.generate.sampling import (
     GREEDY,
+    Groups,
     SamplingConfig,
     check_drawn,
     draw,
@@ -45,9 +46,8 @@ from attnkit.generate.sampling import (
     process_logits,
     select_next_in_groups,
 )
+from attnkit.layers.kv_cache import KVCache
 from attnkit.run_settings import check_draft_fits_context, check_draft_tokens
-
-Groups = Sequence[tuple[int, torch.Generator | None]]  # consecutive rows and the generator each group draws from
 
 
 @dataclass
@@ -217,7 +217,7 @@ def speculative_generate(
     return new_tokens, stats
 
 
-def _draft(draft: nn.Module, window: Window, cache, k: int, done: int, shaper: Shaper,
+def _draft(draft: nn.Module, window: Window, cache: KVCache, k: int, done: int, shaper: Shaper,
            groups: Groups) -> tuple[Tensor, Tensor | None]:
     """The draft's k proposals (B, k) after the window, and their distributions q (B, k, V) (None when greedy)."""
     tokens: list[Tensor] = []
