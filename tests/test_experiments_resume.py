@@ -318,3 +318,23 @@ def test_train_lm_takes_a_partial_init_and_its_arguments_decide_the_arm(tmp_path
         train_lm(config, corpus, steps=2, batch_size=2, seq_len=16, eval_batches=1,
                  init=partial(scaled, scale=scale), progress=progress, desc="the run")
     assert progress.arms.ran == ["the run", "the run"] and progress.arms.reused == ["the run"]
+
+
+@pytest.mark.parametrize("stopped", [{"experiment": "other"}, {"budget": "small"}])
+def test_the_arms_of_another_commands_stopped_run_are_kept_unless_no_resume_discards_them(stopped, tmp_path,
+                                                                                          fake_experiment):
+    """A run into an --out keeping the arms of another experiment's (or budget's) stopped run reran none of them and
+    removed them all when it ended: hours of a stopped run lost to a quick one. It is refused, naming the run and
+    the ways on; --no-resume discards them."""
+    from attnkit.errors import InputError
+
+    out = tmp_path / "out"
+    left = Arms(out / "arms", **{"experiment": "fake", "budget": "tiny", **stopped}, code=source_digest())
+    left.run("its arm", {"seed": 0}, lambda: arm_of(1.0), restore)
+    kept = sorted((out / "arms").iterdir())
+    ran = f"'{stopped.get('experiment', 'fake')}' at budget '{stopped.get('budget', 'tiny')}'"
+    with pytest.raises(InputError, match=f"keeps the finished arms of a stopped run of {ran}: run that command again"):
+        run_experiment("fake", budget="tiny", out=out)
+    assert fake_experiment == [] and sorted((out / "arms").iterdir()) == kept
+    run_experiment("fake", budget="tiny", out=out, resume=False)
+    assert fake_experiment == ["tiny"] and not (out / "arms").exists()

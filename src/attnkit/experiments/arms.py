@@ -122,6 +122,19 @@ class Arms:
         self.ran.append(name)
         return value
 
+    def stopped_run(self) -> str | None:
+        """Another command's stopped run (another experiment or budget) whose arms are kept in the directory, in
+        words ("'bottleneck' at budget 'small'"); None where there is none (a record that does not read is rerun)."""
+        for path in sorted(self.directory.glob("*.json")) if self.directory.is_dir() else []:
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError):
+                continue
+            ran = (record.get("experiment"), record.get("budget")) if isinstance(record, dict) else None
+            if ran is not None and ran != (self.experiment, self.budget):
+                return f"{ran[0]!r} at budget {ran[1]!r}"
+        return None
+
     def clear(self) -> None:
         """Remove the saved arms (the run they belong to is written)."""
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -432,6 +432,9 @@ def run_experiment(name: str, *, budget: str = "small", out: str | Path | None =
     arms = Arms(out_dir / ARMS_DIR, experiment=name, budget=budget, code=source_digest(), version=version)
     if not resume:
         arms.clear()
+    elif (other := arms.stopped_run()) is not None:  # this run would rerun its arms and remove them when it ends
+        raise InputError(f"{arms.directory} keeps the finished arms of a stopped run of {other}: run that command "
+                         "again to finish it, choose another --out, or add --no-resume to discard them")
     # the run writes into a hidden sibling; its files reach out_dir together at the end, results.json first, so an
     # interrupted run leaves out_dir as it was (a previous run's files unmixed with a half run's pictures)
     with files_into(out_dir, first=("results.json", "table.md")) as partial, logging_redirect_tqdm():
