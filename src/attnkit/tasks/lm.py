@@ -750,7 +750,7 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     if settings.draft is not None:
         draft = load(dataclasses.replace(settings, run=settings.draft, explain=False, device=str(pipeline.device)))
         check_draft_fits_context(len(pipeline.prompt_ids(prompt, index=0)), settings.max_new_tokens,
-                   min(pipeline.config.max_seq_len, draft.config.max_seq_len), flag=True)
+                                 min(pipeline.config.max_seq_len, draft.config.max_seq_len), flag=True)
     if settings.beams:  # named as the flag, where the API's check would name max_new_tokens=
         check_beams_fit_context(len(pipeline.prompt_ids(prompt, index=0)), settings.max_new_tokens,
                                 pipeline.config.max_seq_len, flags=True)

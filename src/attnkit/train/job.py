@@ -669,6 +669,8 @@ def _make_task(
 
 
 def _made_on_rank_0(parallel: SingleProcess, make: Callable[[], Any], what: str) -> Any:
+    """A task's `TaskContext.on_rank_0`: `make()` run on rank 0 alone and its result handed to every rank
+    (`made_on_rank_0`), with the fix to name where the others' wait for it fails."""
     return parallel.made_on_rank_0(make, what=what, beforehand=(
         f"Make {what} in one process first (a run of one process with the same data, tokenizer and --out makes it in "
         "OUT/cache, where a launch of several finds it)"))
