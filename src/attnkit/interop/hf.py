@@ -136,9 +136,10 @@ def load(
     generation = read_json(directory / GENERATION_CONFIG) if (directory / GENERATION_CONFIG).is_file() else {}
     ends = generation.get("eos_token_id") if isinstance(generation, dict) else None
     named = _id_list(hf.get("eos_token_id"))
-    if _id_list(ends) == [ends] and named and ends not in named:
+    one_id = _id_list(ends) == [ends]  # generation_config.json names a single end token, not a list
+    if one_id and named and ends not in named:
         ends = [*named, ends]  # a Qwen chat model names <|im_end|> here, <|endoftext|> there: generate stops at each
-    if isinstance(ends, list) or (_id_list(ends) == [ends] and hf.get("eos_token_id") is None):
+    if isinstance(ends, list) or (one_id and hf.get("eos_token_id") is None):
         hf = {**hf, "eos_token_id": ends}  # Llama 3 lists its end tokens here, config.json one of them
     family = family_of(hf, source)
     architecture = architecture_of(hf, family, source)
