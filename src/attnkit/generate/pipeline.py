@@ -224,7 +224,7 @@ class Pipeline:
         not fit in the memory; ConfigError without the structured extra; BrokenOutputs for logits that give no
         distribution to draw from (nan: fp16 activations that overflow, or broken weights).
         """
-        arguments = locals()  # the arguments by name, as NOT_BESIDE_BEAMS names them (before any other name is bound)
+        arguments = locals()  # by name, as NOT_BESIDE_BEAMS and NOT_BESIDE_DRAFT name them (before any other is bound)
         self._require("generate")
         if draft is not None:
             refuse_beside_draft({  # strictly, as beside beams
@@ -321,7 +321,8 @@ class Pipeline:
                         unfinished, grammar.name, max_new_tokens)
         return texts.finish()
 
-    def _beam_search(self, prompts: str | Sequence[str], *, max_new_tokens: int, min_new_tokens: int,
+    def _beam_search(self, prompts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]], *,
+                     max_new_tokens: int, min_new_tokens: int,
                      stop_tokens: Sequence[int], stop_at_eos: bool, add_bos: bool | None, num_beams: int,
                      length_penalty: float, early_stopping: bool, num_return_sequences: int,
                      repetition_penalty: float, no_repeat_ngram_size: int, sample: SamplingConfig | None,
