@@ -379,7 +379,7 @@ def _logit_lens(loaded: Loaded, settings: InspectSettings):
         ax = figure.add_subplot(len(spans), 1, index + 1)
         heatmap(probabilities[:, span.start:span.stop], rows=layers, columns=[readable(tokens[t]) for t in span],
                 title="" if index else "logit lens: probability of the final prediction\n(below it: the layer's top "
-                "token)", xlabel=f"{_positions(span, len(tokens))} (its token)", colorbar="probability", share=True,
+                "token)", xlabel=f"{_span_label(span, len(tokens))} (its token)", colorbar="probability", share=True,
                 ax=ax)
         for layer in range(len(layers)):
             for column, token in enumerate(_labels(loaded.tokenizer, top[layer, span.start:span.stop])):
@@ -590,7 +590,7 @@ def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, str
     grid = figure.add_gridspec(len(panels), 2, width_ratios=widths, height_ratios=heights)  # cells fit their numbers
     for index, ((names, values, title), span) in enumerate(panels):
         heatmap(values[:, span.start:span.stop], title=title if span.start == 0 else "", rows=names,
-                columns=[readable(tokens[t]) for t in span], xlabel=_positions(span, len(tokens)),
+                columns=[readable(tokens[t]) for t in span], xlabel=_span_label(span, len(tokens)),
                 colorbar="share restored", centered=True, bound=float(values.nan_to_num(0.0).abs().max()) or 1.0,
                 ax=figure.add_subplot(grid[index, 0]))  # one scale over a table's panels
     need = 1.5 + 0.4 * len(heads.rows)  # the head table beside the first panels it needs, not stretched down them all
@@ -610,7 +610,7 @@ def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, str
     return rows, summary, figure
 
 
-def _positions(span: range, length: int) -> str:
+def _span_label(span: range, length: int) -> str:
     """A panel's x label: "position", or which positions it shows where a long text is cut into panels."""
     return "position" if len(span) == length else f"positions {span.start}-{span.stop - 1} of {length}"
 

@@ -35,14 +35,14 @@ from attnkit.errors import InputError
 from attnkit.inspect.points import attends_across, evaluated, head_sites, module_of
 from attnkit.inspect.tracing import trace
 
-Frame = tuple[Sequence[int], Sequence[int]]  # (before, after): the ids around a text (`attnkit.tasks.reading`)
+FrameIds = tuple[Sequence[int], Sequence[int]]  # (before, after): the ids around a text (`tasks.reading.text_frame`)
 SELF_TYPES = ("previous", "first", "duplicate", "induction")
 PERIODIC = ("duplicate", "induction")  # types whose keys sit a period back on repeated tokens
 MONOTONIC = 0.9  # a cross-attention head whose peak moves backwards at no more than one step in ten
 
 
 def repeated_tokens(vocab: Sequence[int] | int, length: int, *, batch: int = 8,
-                    generator: torch.Generator | None = None, frame: Frame = ((), ())) -> Tensor:
+                    generator: torch.Generator | None = None, frame: FrameIds = ((), ())) -> Tensor:
     """Random token sequences of `length` drawn from `vocab` (ids, or range(vocab)), each followed by itself and
     framed by `frame`'s (before, after) ids: (B, len(before) + 2 * length + len(after))."""
     pool = torch.arange(vocab) if isinstance(vocab, int) else torch.as_tensor(list(vocab))
@@ -181,7 +181,7 @@ def repeat_periods(longest: int) -> tuple[int, ...]:
 
 
 def repeat_types(model: nn.Module, vocab: Sequence[int] | int, *, periods: Sequence[int], batch: int = 16,
-                 generator: torch.Generator | None = None, separators: Sequence[int] = (), frame: Frame = ((), ()),
+                 generator: torch.Generator | None = None, separators: Sequence[int] = (), frame: FrameIds = ((), ()),
                  threshold: float = 0.4) -> HeadTypes:
     """Score every head on `batch` random sequences from `vocab` repeated once, at each of `periods`, framed by
     `frame` (its marks count as separators): the duplicate and induction scores are a head's lowest over the periods,
