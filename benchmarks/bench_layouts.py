@@ -41,7 +41,7 @@ PRODUCTS = ("addmm", "aten::mm", "linear_pointwise", "aten::mv")  # the profiler
 
 
 def prepared(case: speed.Case, weights: dict, dtype: str, layout: str) -> torch.nn.Module:
-    model = build_model(speed._attnkit_config(case)).eval()
+    model = build_model(speed.attnkit_config(case)).eval()
     model.load_state_dict(weights)
     model.to(speed.DTYPES[dtype])
     layouts = Profile(attention=DEFAULT_PROFILE.attention, decode_linear={dtype: layout}, source=layout)
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in (c for c in speed.CASES if c.kind == "generate" and c.name in own.only):
         torch.manual_seed(0)
-        weights = build_model(speed._attnkit_config(case)).state_dict()
+        weights = build_model(speed.attnkit_config(case)).state_dict()
         prompts = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len),
                                 generator=torch.Generator().manual_seed(0)).tolist()
         runs, read = {}, {}
@@ -92,11 +92,11 @@ def main(argv: list[str] | None = None) -> int:
                     run()
             runs[WIDENED], read[WIDENED] = widened, read[("bf16", "native+packed")]
         if own.peer and peers.unavailable("llama.cpp") is None:
-            fp32_model = build_model(speed._attnkit_config(case)).eval()
+            fp32_model = build_model(speed.attnkit_config(case)).eval()
             fp32_model.load_state_dict(weights)
             ids = torch.tensor(prompts)
             peer_run, _ = peers.llama_cpp_generate(fp32_model, "llama.cpp", "bf16", ids, own.tokens, args.threads)
-            runs[PEER], read[PEER] = peer_run, speed._gguf_bytes(fp32_model, "llama.cpp", "bf16")
+            runs[PEER], read[PEER] = peer_run, speed.gguf_bytes(fp32_model, "llama.cpp", "bf16")
         for run in runs.values():
             run()
         seconds: dict[tuple, list[float]] = {key: [] for key in runs}

@@ -164,7 +164,8 @@ def read_bandwidth(device: str = "cpu", n_bytes: int = 1 << 30, repeats: int = 5
 
 
 # --- model construction, one per implementation --------------------------------------------------------------
-def _attnkit_config(case: Case):
+def attnkit_config(case: Case):
+    """attnkit's config for a case's shape: GPT-2's block for a decoder, BERT's for an encoder, Vaswani's otherwise."""
     from attnkit import ModelConfig
 
     common = dict(
@@ -221,7 +222,7 @@ def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
     if impl.startswith(("attnkit", "llama.cpp", "onnxruntime")):
         from attnkit import build_model
 
-        model = build_model(_attnkit_config(case)).to(device)
+        model = build_model(attnkit_config(case)).to(device)
     else:
         model = _transformers_model(case).to(device)
 
@@ -230,7 +231,7 @@ def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
         if impl.startswith("llama.cpp"):  # the same (fp32) weights, written at the peer's precision
             return model, peers.llama_cpp_generate(model, impl, dtype, ids, case.new_tokens, torch.get_num_threads())
         if impl == "onnxruntime":  # the same weights, exported as `attnkit convert --to-onnx` writes them
-            return model, peers.onnxruntime_generate(model, _attnkit_config(case), ids, case.new_tokens,
+            return model, peers.onnxruntime_generate(model, attnkit_config(case), ids, case.new_tokens,
                                                      torch.get_num_threads())
         if dtype == "bf16" and impl != INT8_DYNAMIC:
             model.to(torch.bfloat16)
@@ -371,7 +372,7 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
         result["read_bytes_per_s"] = read_bandwidth(device, n_bytes=1 << 28, repeats=3)  # beside this row's timing
         result["ms_per_token"] = 1000 * median / case.new_tokens
         llama = impl.startswith("llama.cpp")
-        result["weight_bytes"] = _gguf_bytes(model, impl, dtype) if llama else bytes_read_per_token(model)
+        result["weight_bytes"] = gguf_bytes(model, impl, dtype) if llama else bytes_read_per_token(model)
         result["first_token_s"] = statistics.median(timed_runs(synced(lambda: step(1), device), repeats, warmup=0))
         result.update(getattr(step, "start_s", {}))  # a captured step: its capture, and its load at a second start
     return result
@@ -396,7 +397,7 @@ def bytes_read_per_token(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in read.values()) + packed
 
 
-def _gguf_bytes(model: torch.nn.Module, impl: str, dtype: str) -> int:
+def gguf_bytes(model: torch.nn.Module, impl: str, dtype: str) -> int:
     """Bytes a llama.cpp decoding step reads: the same tensors, 2-D weights at the GGUF type's bytes per weight."""
     per_weight = {"F32": 4, "BF16": 2, "Q8_0": 34 / 32, "Q4_0": 18 / 32}[peers.LLAMA_CPP_TYPES[impl][dtype]]
     fp32 = bytes_read_per_token(model)

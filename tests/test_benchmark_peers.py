@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchmarks import peers
-from benchmarks.speed import Case, _attnkit_config
+from benchmarks.speed import Case, attnkit_config
 
 TINY = Case("generate-tiny", "generate", "decoder", 2, 64, 2, 300, 6, 2, new_tokens=5)
 
@@ -17,7 +17,7 @@ def _tiny_decoder():
     from attnkit import build_model
 
     torch.manual_seed(0)
-    return build_model(_attnkit_config(TINY)).eval()
+    return build_model(attnkit_config(TINY)).eval()
 
 
 @pytest.mark.parametrize(("impl", "dtype", "tolerance"), [("llama.cpp", "fp32", 1e-3), ("llama.cpp", "bf16", 1.5e-2),
@@ -47,7 +47,7 @@ def test_onnxruntime_decodes_attnkits_greedy_tokens_from_its_onnx_export():
     model = _tiny_decoder()
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(2, TINY.vocab_size, (TINY.batch_size, TINY.seq_len), generator=generator)
-    run, difference = peers.onnxruntime_generate(model, _attnkit_config(TINY), prompt, TINY.new_tokens, threads=1)
+    run, difference = peers.onnxruntime_generate(model, attnkit_config(TINY), prompt, TINY.new_tokens, threads=1)
     assert difference <= 1e-4
     expected = generate_tokens(model, prompt.tolist(), max_new_tokens=TINY.new_tokens, context_len=64)
     assert run().tolist() == expected
