@@ -259,8 +259,8 @@ def test_a_name_only_listed_as_phony_or_a_folder_is_no_make_target(tmp_path):
 
 def test_the_files_the_setup_commands_name_exist():
     """`.venv/bin/...` lines: the tutorial they open exists (a notebook is made from its .py by the line before)."""
-    named = [(page, word) for page, line, _ in commands(".venv/bin/") for word in shlex.split(line)
+    files = [(page, word) for page, line, _ in commands(".venv/bin/") for word in shlex.split(line)
              if word.endswith((".py", ".ipynb"))]
-    assert named, "no setup command names a file; the tutorials' page should say how to open one"
-    missing = [(page, word) for page, word in named if not (ROOT / word).with_suffix(".py").exists()]
+    assert files, "no setup command names a file; the tutorials' page should say how to open one"
+    missing = [(page, word) for page, word in files if not (ROOT / word).with_suffix(".py").exists()]
     assert not missing, f"setup commands name files that do not exist: {missing}"
