@@ -183,23 +183,24 @@ def check_beams_fit_context(longest_prompt: int, max_new_tokens: int, context_le
 MAX_DRAFT_TOKENS = 64  # past it, a draft that agrees that long would be the model worth running
 
 
-def check_draft_tokens(draft_tokens: object, *, flag: bool = False) -> int:
+def check_draft_tokens(draft_tokens: object, *, flags: bool = False) -> int:
     """The number of tokens a draft proposes a round: an integer from 1 to MAX_DRAFT_TOKENS. Raises InputError naming
-    the value (as the flag --draft-tokens with `flag`) and the fix."""
-    name = f"--draft-tokens {draft_tokens}" if flag else f"draft_tokens={draft_tokens!r}"
+    the value (as the flag --draft-tokens with `flags`) and the fix."""
+    name = f"--draft-tokens {draft_tokens}" if flags else f"draft_tokens={draft_tokens!r}"
     if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         raise InputError(f"{name} must be an integer from 1 to {MAX_DRAFT_TOKENS} (the tokens the draft proposes a "
                          "round; 2 to 6 is usual)")
     return draft_tokens
 
 
-def check_draft_fits_context(longest_prompt: int, max_new_tokens: int, context_len: int, *, flag: bool = False) -> None:
+def check_draft_fits_context(longest_prompt: int, max_new_tokens: int, context_len: int, *,
+                             flags: bool = False) -> None:
     """InputError where the longest prompt (in tokens) and `max_new_tokens` outgrow `context_len` (the smaller
     max_seq_len of target and draft): speculative decoding keeps the whole text in both caches
     (`generate/speculative.py`)."""
     room = context_len + 1 - longest_prompt  # the most new tokens: the last is chosen, never fed
     if max_new_tokens > room:
-        name = f"--max-new-tokens {max_new_tokens}" if flag else f"max_new_tokens={max_new_tokens}"
+        name = f"--max-new-tokens {max_new_tokens}" if flags else f"max_new_tokens={max_new_tokens}"
         raise InputError(f"speculative decoding keeps the whole text in both models' caches, but the longest prompt "
                          f"(length {longest_prompt}) and {name} outgrow the context of {context_len} (the smaller "
                          f"max_seq_len of the two): give at most {max(room, 0)} new tokens, or shorten the prompt")

@@ -731,7 +731,7 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     if settings.draft is not None:  # named as the flags, before either model loads
         refuse_beside_draft({name: getattr(settings, name) for name in NOT_BESIDE_DRAFT
                              if name not in API_ONLY_BESIDE_DRAFT}, flags=True)
-        check_draft_tokens(settings.draft_tokens, flag=True)
+        check_draft_tokens(settings.draft_tokens, flags=True)
     if settings.system is not None and not settings.chat:
         raise InputError("--system is a chat's system turn: give --chat too (the prompt is then the user's turn)")
     prompt = read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
@@ -750,7 +750,7 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     if settings.draft is not None:
         draft = load(dataclasses.replace(settings, run=settings.draft, explain=False, device=str(pipeline.device)))
         check_draft_fits_context(len(pipeline.prompt_ids(prompt, index=0)), settings.max_new_tokens,
-                                 min(pipeline.config.max_seq_len, draft.config.max_seq_len), flag=True)
+                                 min(pipeline.config.max_seq_len, draft.config.max_seq_len), flags=True)
     if settings.beams:  # named as the flag, where the API's check would name max_new_tokens=
         check_beams_fit_context(len(pipeline.prompt_ids(prompt, index=0)), settings.max_new_tokens,
                                 pipeline.config.max_seq_len, flags=True)
