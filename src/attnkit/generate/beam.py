@@ -13,6 +13,10 @@ computed (`Step`):
                     repeated K times; the scores count the new tokens only (the prompt's log-probabilities are
                     left out, as transformers' beam search leaves them out)
 
+Beam sampling (`search`'s `sample`: transformers' num_beams > 1 with do_sample=True) warps each beam's
+log-probabilities by temperature, top-k, top-p and min-p, and draws the (1 + E) K candidates from the softmax of
+their scores (`_draw_candidates`) where beam search keeps the best.
+
 A finished hypothesis of n new tokens (EOS included) scores  sum log p / n ** length_penalty  (Wu et al. 2016
 use a similar normalisation): 0 compares raw log-probabilities and favours short outputs, 1 compares per-token
 averages. A source is done when it has K finished hypotheses and either `early_stopping` is set or its best live
