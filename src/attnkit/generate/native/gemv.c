@@ -1,14 +1,15 @@
 /* Matrix products for decoding on x86 CPUs with AVX2 and FMA (or AVX-512): y (M, N) = x (M, K) @ W^T, W (N, K)
  * stored in fp32, bf16, int8 with one scale per row, or 4 bits in groups of 32 inputs with a scale and an offset each.
- * Activations and arithmetic are fp32 in every form; only the bytes a weight takes differ.
+ * Activations and arithmetic are fp32 in every form, but for bf16 rows of x on a CPU with AVX512-BF16
+ * (`gemv_bf16_dot`: bf16 products summed in fp32); otherwise only the bytes a weight takes differ.
  *
  * Decoding reads every weight once per token, so these products are bound by reading W. Each output row is one
  * pass down a row of W. One row of x takes four independent accumulators, so that the additions do not wait on
  * one another (a single accumulator chain caps a product at one vector per addition's latency, below the memory's
  * rate for int8 and int4 weights); several rows of x (a batch of decoding rows, a prompt) go four at a time, each
  * widened weight vector shared by the four. Loads are unaligned (`loadu`): no row of W or x needs an alignment,
- * and every width K is taken, its tail by a scalar loop (4-bit rows: K a multiple of 32, which the caller pads
- * to). Output rows are shared among `threads` OpenMP threads.
+ * and every width K is taken, its tail by a scalar loop (`gemv_bf16_dot`: a masked load; 4-bit rows: K a multiple of
+ * 32, which the caller pads to). Output rows are shared among `threads` OpenMP threads.
  *
  * One source, three builds: AVX2 with FMA; AVX-512 (F, BW, VL, DQ), which widens the 4-bit product's vectors; and
  * AVX-512 with AVX512-BF16, which adds `gemv_bf16_dot` for bf16 rows of x.
