@@ -189,9 +189,10 @@ class SingleProcess:
 
     def made_on_rank_0(self, make: Callable[[], T], *, what: str, beforehand: str) -> T:
         """`make()` run on rank 0 alone, and its result (or the error it raised) on every rank: for what the ranks
-        must share and that is built once rather than on every rank (the tokenizer trained on the whole corpus). The
-        other ranks wait `dist_timeout` seconds at most: past it, every rank stops with a ConfigError naming `what` and
-        how to build it `beforehand`."""
+        must share and that is built once rather than on every rank (the tokenizer trained on the whole corpus, an LM
+        corpus's token cache). The other ranks wait `dist_timeout` seconds at most: past it, every rank stops with a
+        ConfigError naming `what` and how to build it `beforehand`. A fault of rank 0's own that is no AttnkitError (a
+        full disk, a bug) is raised as it is there, and as a ConfigError naming it on the other ranks."""
         return make()
 
     def lost(self, err: RuntimeError, *, saved_step: int, run_dir: Any) -> RankLost | None:
