@@ -194,7 +194,7 @@ def patch_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int
     shapes = [(runs.source[n].shape[points[n].position_axis], runs.source[n].shape[points[n].head_axis])
               for n in names]  # (T, H) of each site
     restored = torch.full((len(sites), *map(max, zip(*shapes, strict=True))) if by_position else
-                          (len(sites), max(h for _, h in shapes)), float("nan"))
+                          (len(sites), max(h for _, h in shapes)), float("nan"))  # (sites, T, H) or (sites, H)
     for i, (name, (length, heads)) in enumerate(zip(names, shapes, strict=True)):
         for head in range(heads):
             for t in range(length) if by_position else [None]:
