@@ -1,11 +1,14 @@
 """`attnkit inspect RUN ANALYSIS`: one analysis of a trained run, written as a table (JSON, markdown) and a picture.
 
     heads        head importance: the loss change when each head is ablated, on --text / --input
-    head-types   each head's previous / first / separator / duplicate / induction score on repeated random tokens
-                 (a translation run: on its sentence pairs, and how monotonic each cross-attention head is)
+    head-types   each head's previous / first / separator / duplicate / induction score on repeated random tokens,
+                 framed as the model reads a text (a translation run: on its sentence pairs, and how monotonic each
+                 cross-attention head is)
     logit-lens   each layer's stream read through the output layer, over one text
-    patch        activation patching from --text (clean) into --corrupt (corrupted, as many tokens); the answer is
-                 read at --position, else a decoder's last, else where the corruption moves it most
+    patch        activation patching from --text (clean) into --corrupt (corrupted, as many tokens) of the stream
+                 entering each block, each block's attention and FFN output and each head's output (--by-position:
+                 also each head at each position alone); the answer is read at --position, else a decoder's last,
+                 else where the corruption moves it most
     attribute    attribution patching: patch's tables estimated from one forward and backward pass (and per sublayer)
     dla          direct logit attribution: each head's, FFN's and neuron's direct share of the answer's logit
                  difference against the runner-up, over one text (--position: where it is read)
