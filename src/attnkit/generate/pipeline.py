@@ -36,7 +36,7 @@ from attnkit.checkpoint import (
     read_labels,
     stored_dtype,
 )
-from attnkit.config import ModelConfig
+from attnkit.config import DecoderConfig, ModelConfig
 from attnkit.data.batching import pad
 from attnkit.data.labelled import frame_ids
 from attnkit.errors import CheckpointError, InputError
@@ -464,7 +464,7 @@ class Pipeline:
             if not isinstance(draft, str | Path):
                 raise InputError(f"draft={draft!r} must be a Pipeline (attnkit.load(RUN)) or a run directory")
             draft = load(draft, device=self.device, dtype=self.dtype)
-        if self.family != "decoder" or draft.family != "decoder":
+        if not (isinstance(self.config, DecoderConfig) and isinstance(draft.config, DecoderConfig)):
             raise InputError(f"speculative decoding runs decoder-only Transformers through their KV caches; the target "
                              f"is a {self.family!r} and the draft a {draft.family!r} model: give two decoder runs")
         if "generate" not in draft.methods:  # a decoder with another head (a tagger) has no next-token logits
