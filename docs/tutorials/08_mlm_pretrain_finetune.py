@@ -65,7 +65,8 @@ else:
     train_examples = make_task("ab", 4000, seed=0, max_len=30).labelled()
     dev_examples = make_task("ab", 500, seed=1, max_len=30).labelled()
 labels = sorted({label for _, label in train_examples})
-tokenizer = train_tokenizer("bpe", [text for text, _ in train_examples], vocab_size=2000)
+# the A/B task's strings hold fewer pairs to merge than 2,000 tokens need: a smaller vocabulary fits them
+tokenizer = train_tokenizer("bpe", [text for text, _ in train_examples], vocab_size=2000 if sst2 is not None else 512)
 PAD, CLS, SEP, MASK = tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id
 SPECIALS = [tokenizer.token_id(role) for role in ("pad", "bos", "eos", "unk", "mask", "cls", "sep")]
 print(f"{len(train_examples):,} training and {len(dev_examples):,} validation sentences; labels {labels}; "
