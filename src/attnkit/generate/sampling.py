@@ -248,9 +248,19 @@ def hold_back(logits: Tensor, ids: Tensor, rows: slice | None = None) -> Tensor:
         return logits
     if rows is None:
         return logits.index_fill(-1, ids, float("-inf"))
-    held = logits.clone()
-    held[rows].index_fill_(-1, ids, float("-inf"))  # a slice is a view: filled in the copy
-    return held
+    return hold_back_in_rows(logits, [(rows, ids)])
+
+
+def hold_back_in_rows(logits: Tensor, held: Sequence[tuple[slice, Tensor]]) -> Tensor:
+    """logits (B, V) with each pair's ids (K,) at -inf in its rows: one new tensor for all the pairs (the server's
+    step holds back the stop tokens of each job short of its min_tokens, each job's rows its own), the logits
+    themselves for none, so the raw logits stay for the log-probabilities."""
+    if not held:
+        return logits
+    logits = logits.clone()  # (B, V): one copy, however many pairs
+    for rows, ids in held:
+        logits[rows].index_fill_(-1, ids, float("-inf"))  # a slice is a view: filled in the copy
+    return logits
 
 
 class RepeatedNgrams:

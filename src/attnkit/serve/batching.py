@@ -76,6 +76,7 @@ from attnkit.generate.sampling import (
     check_drawn,
     choice_seed,
     hold_back,
+    hold_back_in_rows,
     make_generator,
     select_next_in_groups,
     token_logprobs,
@@ -542,12 +543,7 @@ class Scheduler:
             if job.produced < job.min_tokens and job.held_ids is not None:
                 held.append((slice(start, start + job.n), job.held_ids))
             start += job.n
-        if not held:
-            return logits
-        logits = logits.clone()  # (B, V): one copy, however many jobs hold back
-        for rows, ids in held:
-            logits[rows].index_fill_(-1, ids, float("-inf"))  # a slice is a view: filled in the copy
-        return logits
+        return hold_back_in_rows(logits, held)
 
     def _penalties(self, jobs: list[GenerationJob], sampling: SamplingConfig, vocab: int
                    ) -> tuple[Tensor | None, Tensor | None]:
