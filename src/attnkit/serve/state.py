@@ -16,6 +16,7 @@ import torch
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from attnkit.chat_format import ChatTemplate, chat_template
 from attnkit.checkpoint import TOKENIZER_DIR
 from attnkit.errors import AttnkitError
 from attnkit.generate.captured_step import CapturedDecoding
@@ -24,7 +25,6 @@ from attnkit.layers.prefix_cache import PrefixCache
 from attnkit.models import family_of
 from attnkit.serve.batching import Scheduler
 from attnkit.serve.bodies import parse_body, read_body
-from attnkit.serve.chat import ChatTemplate, chat_template
 from attnkit.serve.errors import SHUTTING_DOWN, APIError
 from attnkit.serve.explorer import Explorer
 from attnkit.serve.metrics import Metrics

@@ -32,10 +32,10 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from attnkit.chat_format import TOOL_CALL
 from attnkit.errors import AttnkitError, InputError
 from attnkit.generate.constrained import JSON_STYLE, Grammar, GrammarMask
 from attnkit.generate.finite_schema import check_finite
-from attnkit.serve.chat import TOOL_CALL
 from attnkit.serve.errors import APIError
 from attnkit.serve.schemas import ChatRequest, Sampling
 

@@ -10,10 +10,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from attnkit.chat_format import ChatTemplate
 from attnkit.errors import AttnkitError
 from attnkit.serve.answer import Answer, ClientGone
 from attnkit.serve.batching import Closed
-from attnkit.serve.chat import ChatTemplate
 from attnkit.serve.errors import APIError
 from attnkit.serve.generation import Generation, refuse_long_text
 from attnkit.serve.logprobs import prompt_scores
