@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.errors import InputError
-from attnkit.generate.decoder import TokenHook, Window, check_prompts, left_pad, logits_of_new
+from attnkit.generate.decoder import TokenHook, Window, check_prompts, left_pad, logits_of_new, prefill
 from attnkit.generate.sampling import (
     GREEDY,
     Groups,
@@ -223,7 +223,7 @@ def _draft(draft: nn.Module, window: Window, cache: KVCache, k: int, done: int, 
     tokens: list[Tensor] = []
     probs: list[Tensor] = []
     for i in range(k):
-        logits = logits_of_new(draft, window, cache, 1)[:, 0]  # (B, V)
+        logits = prefill(draft, window, cache)  # (B, V): the columns the cache lacks, the last one's logits
         if shaper.sampling.greedy:
             token = shaper.choose(logits, done + i, groups)
         else:
