@@ -54,8 +54,9 @@ class TrainingTask(Protocol):
     # optional: `record`, a dict the run's task.json saves beside the task's name (tag's word pieces), read back as
     # `TaskContext.record` by a resumed or fine-tuned run and through `task_record` by the run's readers; `packed`
     # and `padded`, bools the training plan's attention choice reads (False where a task has none): its batches
-    # carry a document mask (lm --pack) or an attention mask over padded rows (classify, tag, translate); `stops`,
-    # the strings a sample generated after training ends at (chat's: its template's next turn)
+    # carry a document mask (lm --pack) or an attention mask over padded rows (classify, tag, translate); `stops`
+    # and `stop_ids`, the strings and tokens a sample generated after training ends at (chat's: its template's next
+    # turn and end-of-turn token; none where a task has none)
 
 
 @dataclass(frozen=True)
