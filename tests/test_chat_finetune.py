@@ -156,6 +156,8 @@ def test_the_three_layouts_read_as_messages():
     ('{"messages": [{"role": "user", "content": "a"}]}', "line 2: holds no assistant turn"),
     ('{"messages": [{"role": "robot", "content": "a"}]}', "line 2: \"messages\"[0] must be an object with a role"),
     ('{"prompt": "a", "completion": 3}', "line 2: \"completion\" must be a list of messages"),
+    ("[" * 100_000 + "]" * 100_000, r"line 2 is not JSON \(nested too deeply\)"),  # was a RecursionError traceback
+    ('{"prompt": "a", "completion": ' + "9" * 5_000 + "}", r"line 2 is not JSON \(a number too long to read\)"),
 ])
 def test_a_malformed_line_is_named_with_its_number(tmp_path, line, said):
     path = tmp_path / "chat.jsonl"

@@ -53,10 +53,13 @@ def read_conversations(path: str | Path, *, encoding_errors: EncodingErrors = "s
         if not line.strip():
             continue
         try:
-            found.append(Conversation(f"{path} line {number}", conversation(json.loads(line))))
-        except json.JSONDecodeError as error:
-            raise InputError(f"{path} line {number} is not JSON ({error.msg} at column {error.colno}): a chat file "
-                             "holds one JSON object a line") from None
+            record = json.loads(line)
+        except (ValueError, RecursionError) as error:  # not JSON, nested too deeply, or a number too long to read
+            why = f"{error.msg} at column {error.colno}" if isinstance(error, json.JSONDecodeError) else _limit(error)
+            raise InputError(f"{path} line {number} is not JSON ({why}): a chat file holds one JSON object a line") \
+                from None
+        try:
+            found.append(Conversation(f"{path} line {number}", conversation(record)))
         except InputError as error:
             raise InputError(f"{path} line {number}: {error}") from None
     if not found:
@@ -68,9 +71,11 @@ def _listed(path: str | Path, text: str) -> list[Conversation]:
     """The conversations of a JSON file that holds a list of records."""
     try:
         records = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path} is not JSON ({error.msg} at line {error.lineno}, column {error.colno}): give a "
-                         "JSON list of conversations, or JSON Lines, one a line") from None
+    except (ValueError, RecursionError) as error:  # not JSON, nested too deeply, or a number too long to read
+        why = (f"{error.msg} at line {error.lineno}, column {error.colno}" if isinstance(error, json.JSONDecodeError)
+               else _limit(error))
+        raise InputError(f"{path} is not JSON ({why}): give a JSON list of conversations, or JSON Lines, one a line") \
+            from None
     found = []
     for number, record in enumerate(records, start=1):
         try:
@@ -80,6 +85,11 @@ def _listed(path: str | Path, text: str) -> list[Conversation]:
     if not found:
         raise InputError(f"{path} holds an empty list: give conversations, {' or '.join(LAYOUTS)}")
     return found
+
+
+def _limit(error: Exception) -> str:
+    """The limit of Python's JSON reader a well-formed text met (`readback.parse_json` names the same two)."""
+    return "nested too deeply" if isinstance(error, RecursionError) else "a number too long to read"
 
 
 def conversation(record: object) -> list[dict]:
