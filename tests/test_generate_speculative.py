@@ -127,7 +127,7 @@ def test_sampled_texts_follow_the_targets_distribution(sampling):
     support = exact > 0
     assert counts[~support].sum() == 0  # nothing top-k or top-p dropped is ever written
     expected = exact[support] / exact[support].sum() * counts.sum()
-    assert chisquare(counts[support], expected).pvalue > 1e-3
+    assert chisquare(counts[support], expected).pvalue > 1e-3, "the texts do not follow the target's distribution"
 
 
 def _resample_from_p(p, q, drafted, groups):
@@ -171,7 +171,7 @@ def test_the_acceptance_rule_gives_the_targets_distribution_and_a_wrong_one_fail
 
 def test_a_wrong_rule_fails_the_end_to_end_distribution_test(monkeypatch):
     monkeypatch.setattr(speculative, "accept_sampled", _resample_from_p)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="the texts do not follow the target's distribution"):  # no other check
         test_sampled_texts_follow_the_targets_distribution(SamplingConfig())
 
 
