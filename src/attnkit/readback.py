@@ -33,6 +33,12 @@ def digest(path: str | Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+def json_digest(value: Any) -> str:
+    """The SHA-256 of `value` written as JSON with its keys sorted, as hex: a name or checksum for a record that
+    equal records share (a token cache's key, an experiment arm's checksum)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
 class _RepeatedKey(ValueError):
     """An object of JSON text names one key twice (JSON readers differ on which value they keep)."""
 

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from attnkit.data.corpus import file_manifest
 from attnkit.errors import InputError, os_error_message
 from attnkit.readback import digest as file_digest
+from attnkit.readback import json_digest
 from attnkit.textfiles import EncodingErrors, iter_texts, split_text
 from attnkit.tokenize import CharTokenizer, HFTokenizer, Tokenizer
 
@@ -200,7 +201,7 @@ def token_cache(files: Sequence[str | os.PathLike], tokenizer: Tokenizer, cache_
     }
     if bos_first(tokenizer):  # named only where set: the caches of streams without BOS keep their keys
         identity["bos_first"] = True
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    key = json_digest(identity)[:16]
     bin_path, meta_path = cache_dir / f"lm-{key}.bin", cache_dir / f"lm-{key}.json"
     expected = {
         **identity,

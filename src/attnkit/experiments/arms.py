@@ -30,6 +30,7 @@ import torch
 from attnkit.checkpoint import digest, load_tensors, save_tensors
 from attnkit.errors import CheckpointError, InputError
 from attnkit.outputs import atomic_write
+from attnkit.readback import json_digest
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +76,6 @@ def _canonical(value: Any) -> Any:
     """`value` as JSON reads it back (tuples as lists, keys as text), for comparing a setting with a saved one; its
     keys keep their order (bottleneck's scores order its table's columns and its plot's length buckets)."""
     return json.loads(json.dumps(value, default=str))
-
-
-def _checksum(record: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
 class Arms:
@@ -157,7 +154,7 @@ class Arms:
                   "code": self.code, "version": self.version, "environment": environment(),
                   "values": _canonical(arm.values),
                   "tensors_sha256": digest(weights)}
-        record["sha256"] = _checksum(record)
+        record["sha256"] = json_digest(record)
         atomic_write(self.directory / f"{slot}.json", json.dumps(record, indent=1) + "\n")
 
     def _read(self, slot: str, name: str, setting: Any) -> tuple[Arm | None, torch.Tensor | None, str]:
@@ -170,7 +167,7 @@ class Arms:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as error:
             return None, None, f"{path} does not read as JSON ({error})"
-        if not isinstance(record, dict) or record.pop("sha256", None) != _checksum(record):
+        if not isinstance(record, dict) or record.pop("sha256", None) != json_digest(record):
             return None, None, f"{path} was changed after it was saved (its checksum does not match)"
         expected = {"experiment": self.experiment, "budget": self.budget, "arm": name}
         for key, value in expected.items():
