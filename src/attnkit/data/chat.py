@@ -16,7 +16,7 @@ A row padded at its end needs no mask: a decoder's causal attention never looks 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,20 +48,9 @@ def read_conversations(path: str | Path, *, encoding_errors: EncodingErrors = "s
     text = read_text(path, errors=encoding_errors)
     if text.lstrip().startswith("["):
         return _listed(path, text)
-    found = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as error:  # not JSON, nested too deeply, or a number too long to read
-            why = f"{error.msg} at column {error.colno}" if isinstance(error, json.JSONDecodeError) else _limit(error)
-            raise InputError(f"{path} line {number} is not JSON ({why}): a chat file holds one JSON object a line") \
-                from None
-        try:
-            found.append(Conversation(f"{path} line {number}", conversation(record)))
-        except InputError as error:
-            raise InputError(f"{path} line {number}: {error}") from None
+    found = _read((f"{path} line {number}",
+                   _json(line, f"{path} line {number}", "a chat file holds one JSON object a line", whole_file=False))
+                  for number, line in enumerate(text.splitlines(), start=1) if line.strip())
     if not found:
         raise InputError(f"{path} holds no conversation: write one JSON object a line, {' or '.join(LAYOUTS)}")
     return found
@@ -69,27 +58,35 @@ def read_conversations(path: str | Path, *, encoding_errors: EncodingErrors = "s
 
 def _listed(path: str | Path, text: str) -> list[Conversation]:
     """The conversations of a JSON file that holds a list of records."""
-    try:
-        records = json.loads(text)
-    except (ValueError, RecursionError) as error:  # not JSON, nested too deeply, or a number too long to read
-        why = (f"{error.msg} at line {error.lineno}, column {error.colno}" if isinstance(error, json.JSONDecodeError)
-               else _limit(error))
-        raise InputError(f"{path} is not JSON ({why}): give a JSON list of conversations, or JSON Lines, one a line") \
-            from None
-    found = []
-    for number, record in enumerate(records, start=1):
-        try:
-            found.append(Conversation(f"{path} item {number}", conversation(record)))
-        except InputError as error:
-            raise InputError(f"{path} item {number}: {error}") from None
+    records = _json(text, str(path), "give a JSON list of conversations, or JSON Lines, one a line", whole_file=True)
+    found = _read((f"{path} item {number}", record) for number, record in enumerate(records, start=1))
     if not found:
         raise InputError(f"{path} holds an empty list: give conversations, {' or '.join(LAYOUTS)}")
     return found
 
 
-def _limit(error: Exception) -> str:
-    """The limit of Python's JSON reader a well-formed text met (`readback.parse_json` names the same two)."""
-    return "nested too deeply" if isinstance(error, RecursionError) else "a number too long to read"
+def _read(records: Iterable[tuple[str, object]]) -> list[Conversation]:
+    """The conversation of each (source, record), read one after another; InputError naming the first bad source."""
+    found = []
+    for source, record in records:
+        try:
+            found.append(Conversation(source, conversation(record)))
+        except InputError as error:
+            raise InputError(f"{source}: {error}") from None
+    return found
+
+
+def _json(text: str, source: str, fix: str, *, whole_file: bool) -> object:
+    """The value of JSON `text`; InputError naming `source`, why Python's reader refused it (where, for a text that
+    is not JSON: the line too in a `whole_file`; nesting too deep; a number too long to read) and `fix`."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as error:
+        if isinstance(error, json.JSONDecodeError):
+            why = f"{error.msg} at " + (f"line {error.lineno}, " if whole_file else "") + f"column {error.colno}"
+        else:
+            why = "nested too deeply" if isinstance(error, RecursionError) else "a number too long to read"
+        raise InputError(f"{source} is not JSON ({why}): {fix}") from None
 
 
 def conversation(record: object) -> list[dict]:
