@@ -176,7 +176,7 @@ def _check_reference(topic: lectures.Topic) -> list[str]:
     tutorial = DOCS / "tutorials" / f"{topic.tutorial}.py"
     if topic.tutorial and not tutorial.is_file():
         problems.append(f"tutorial {topic.tutorial}")
-    elif topic.section and f"\n# ## {topic.section}\n" not in tutorial.read_text():
+    elif topic.section and not re.search(rf"\n# ###? {re.escape(topic.section)}\n", tutorial.read_text()):
         problems.append(f"tutorial {topic.tutorial} has no section {topic.section!r}")
     if topic.section and not topic.tutorial:
         problems.append("a section without its tutorial")
@@ -191,7 +191,7 @@ def _check_reference(topic: lectures.Topic) -> list[str]:
             problems.append(f"attnkit.{module} has no {name}")
     if topic.experiment and topic.experiment not in REGISTRY:
         problems.append(f"experiment {topic.experiment}")
-    for path in (topic.picture, topic.page):
+    for path in (topic.picture, topic.page and topic.page.partition("#")[0]):  # mkdocs --strict checks the anchor
         if path and not (DOCS / path).is_file():
             problems.append(f"docs/{path}")
     if not (topic.tutorial or topic.modules or topic.experiment or topic.picture or topic.gap):

@@ -25,9 +25,9 @@ class Topic:
     modules: tuple[str, ...] = ()  # dotted modules under attnkit ("layers.attention"), or "module:Name"
     experiment: str | None = None  # an `attnkit experiment` name
     picture: str | None = None  # a PNG under docs/
-    page: str | None = None  # a documentation page under docs/ ("user-guide/training.md")
+    page: str | None = None  # a documentation page under docs/ ("user-guide/training.md"), maybe with "#anchor"
     gap: str | None = None  # what attnkit does not cover of this topic
-    section: str | None = None  # the heading, in the tutorial, of the cells that build it
+    section: str | None = None  # the heading (## or ###), in the tutorial, of the cells that build it
 
     @property
     def tutorial_anchor(self) -> str:
@@ -67,6 +67,7 @@ HEADS_PNG = "viz/grid.png"
 AB_PNG = "experiments/ab-task/attention.png"
 LUONG = "Luong's attention, from scratch, with the model's own weights"  # tutorial 5's sections
 BAHDANAU = "Bahdanau's attention: the query before the step"
+GRADIENT_SHORTCUT = "A shortcut for the gradient"  # tutorial 5: the gradient reaching each source token
 POST_NORM = "Post-norm: the original block (UvA's Add and Norm)"  # tutorial 6: post-norm beside its pre-norm
 NGRAM = "Before neural networks: n-gram models, by counting"  # tutorial 6: the statistical baseline
 
@@ -119,6 +120,10 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("The Transformer everywhere: seq2seq, classification (encoder-only), generation (decoder-only)", None,
               ("models.seq2seq", "models.encoder", "models.decoder"), page="user-guide/configs.md",
               gap="vision, speech, multi-modal and graph Transformers: attnkit is text only"),
+        Topic("Generation: decoder-only Transformers (sampling with temperature, top-k, top-p; speculative decoding, "
+              "a small draft model's tokens checked by the large one in one pass: `attnkit generate --draft`)", T06,
+              ("models.decoder", "generate.sampling", "generate.speculative"),
+              page="user-guide/generation.md#speculative-decoding", section="Sampling: temperature, top-k, top-p"),
         Topic("The Transformer's four parts: tokenization, embedding (token + position), attention blocks, output "
               "(linear, softmax)", T06, ("tokenize", "layers.embedding", "blocks", "models.decoder"),
               section="The parts, from scratch"),
@@ -190,7 +195,7 @@ LECTURES: tuple[Lecture, ...] = (
               section=NGRAM, gap="the n-gram model is a cell of tutorial 6 (counted and add-alpha smoothed), not a "
                                  "module of attnkit"),
         Topic("RNNs' limitations: vanishing and exploding gradients; training hard to parallelize", T05,
-              ("models.recurrent.rnn",), COST, COST_PNG, section="The models"),
+              ("models.recurrent.rnn",), COST, COST_PNG, section=GRADIENT_SHORTCUT),
         Topic("Attention lets a model focus: predictions that depend on words far back (the program log, the "
               "battery log)", T03, ("layers.attention",), "ab-task", AB_PNG, section="One query looking for a B"),
         Topic("Relationships between elements (the animal ... it was tired)", None, ("viz",),
@@ -235,7 +240,12 @@ LECTURES: tuple[Lecture, ...] = (
               "experiments/position-extrapolation/loss_by_length.png",
               section='Learned positions (GPT-2, BERT; COGS 150\'s "begin with random embeddings")'),
         Topic("Transformers are easier to train than RNNs", None, ("models.recurrent",),
-              page="recipes.md"),
+              page="recipes.md#multi30k-the-recurrent-baselines-against-the-transformer"),
+        Topic("Under the hood, ChatGPT uses a Transformer (plus some other stuff): a pre-trained decoder fine-tuned "
+              "on conversations to answer as an assistant (`attnkit train --task chat`, then `attnkit generate "
+              "--chat`)", None, ("tasks.chat", "data.chat", "chat_format"),
+              page="user-guide/pretraining-finetuning.md#chat-fine-tuning",
+              gap="the rest of ChatGPT's \"other stuff\" (learning from human preferences, RLHF) is not implemented"),
         Topic("GPT: generative pre-trained Transformers; pre-training, then adapting", T10,
               ("models.decoder", "train.finetune"), page="user-guide/pretraining-finetuning.md",
               section="Generative pre-training when labels are few"),
