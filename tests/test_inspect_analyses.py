@@ -328,6 +328,56 @@ def test_attribution_patching_agrees_with_activation_patching_on_a_random_gpt2()
     assert sublayers.restored.shape == (6, 12)
 
 
+def test_attribution_patching_per_position_and_head_is_exact_where_the_metric_is_linear_in_the_point():
+    """Without a final norm, an attention-only decoder's last layer writes the logits linearly: its heads' outputs,
+    values and patterns (z = pattern @ v, the pattern fixed by q and k) are reached through products and sums alone,
+    so the first-order estimate is the patch itself, cell by cell (position x head) and over all positions; its
+    queries and keys pass a softmax, so there the estimate only approximates the patch (and does not equal it)."""
+    torch.manual_seed(0)
+    model = attention_only_decoder(vocab_size=20, d_model=32, n_heads=(2, 4), max_seq_len=16).double().eval()
+    model.stack.final_norm = None
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 20, (3, 7), generator=generator)
+    corrupted_ids = ids.clone()
+    corrupted_ids[:, 1:3] = torch.randint(0, 20, (3, 2), generator=generator)
+    pair, target = (Batch((ids,)), Batch((corrupted_ids,))), {"answer": 3, "wrong": 4}
+    for point in ("z", "v", "pattern", "q", "k"):
+        estimated = attribute_heads(model, *pair, **target, by_position=True, point=point)
+        patched = patch_heads(model, *pair, **target, by_position=True, point=point)
+        assert estimated.rows == patched.rows == ["blocks.0.attn", "blocks.1.attn"]
+        assert estimated.columns == "position x head" and estimated.restored.shape == (2, 7, 4)
+        assert bool(estimated.restored[0, :, 2:].isnan().all() and patched.restored[0, :, 2:].isnan().all())
+        error = float((estimated.restored[1] - patched.restored[1]).abs().max())
+        if point in ("q", "k"):
+            assert error > 1e-3, point  # a softmax between the point and the logits: first order only
+            continue
+        assert error < 1e-5, point
+        whole = attribute_heads(model, *pair, **target, point=point).restored[1]  # (H,): every position at once
+        torch.testing.assert_close(whole, patch_heads(model, *pair, **target, point=point).restored[1], atol=1e-5,
+                                   rtol=0)
+
+
+def test_attribution_patching_by_position_ranks_the_induction_head_at_the_last_position_first(induction_model,
+                                                                                             held_out):
+    """On the trained induction model the estimate per (site, position, head) puts first, as activation patching
+    does, the induction head's output where the answer is read (the last position) and its values where it reads
+    them: the key after the earlier copy of the last token (the first half's last, the answer itself); its queries
+    matter at the last position alone (the last block's other queries write nothing read)."""
+    clean, corrupted, answer, wrong = _induction_pair(held_out)
+    last = 2 * TASK.half - 2  # the position the answer is read at; its token is the first half's one but last
+    for point, position in (("z", last), ("v", TASK.half - 1)):
+        estimated = attribute_heads(induction_model, clean, corrupted, answer=answer, wrong=wrong, by_position=True,
+                                    point=point)
+        patched = patch_heads(induction_model, clean, corrupted, answer=answer, wrong=wrong, by_position=True,
+                              point=point)
+        cells = [tuple(torch.unravel_index(found.restored.nan_to_num(-9).argmax(), found.restored.shape))
+                 for found in (estimated, patched)]
+        assert [tuple(int(i) for i in cell) for cell in cells] == [(1, position, 0)] * 2, point
+    queries = attribute_heads(induction_model, clean, corrupted, answer=answer, wrong=wrong, by_position=True,
+                              point="q")
+    assert float(queries.restored[1, :-1, 0].abs().max()) < 1e-6
+
+
 @pytest.mark.parametrize("family", ["decoder", "encoder"])
 def test_a_probe_reads_words_at_the_running_texts_pieces(family, monkeypatch):
     """A probe read each word encoded on its own, a lone space piece between words (a tagger's old layout), where

@@ -3,7 +3,8 @@ both, TransformerLens through its `TransformerBridge`, no weight processing): th
 `run_with_cache(incl_bwd=True)`'s; direct logit attribution per head equals the one built from TransformerLens's
 own stacked head results and final-norm scale, and every writer's share its `decompose_resid` parts'; attribution
 patching per head and per FFN and position equals `tools.analysis.attribution_patching.attribution_patch`'s node
-scores (TransformerLens 4.3). Skipped where TransformerLens is not installed."""
+scores (TransformerLens 4.3), and per head and position, for each head's output, queries, keys, values and pattern,
+the same sum formed from its hooks' activations and gradients. Skipped where TransformerLens is not installed."""
 
 import pytest
 import torch
@@ -25,6 +26,8 @@ def pair(tmp_path_factory):
 
 
 IDS = torch.tensor([[5, 17, 33, 8, 61, 4, 9], [42, 7, 90, 3, 3, 18, 12]])
+CORRUPTED = torch.tensor([[5, 17, 70, 8, 61, 4, 9], [42, 7, 71, 3, 3, 18, 12]])  # position 2 substituted
+ANSWER, WRONG = 11, 43
 POINTS = {"blocks.0.attn.z": "blocks.0.attn.hook_z", "blocks.1.resid_pre": "blocks.1.hook_resid_pre",
           "blocks.0.mlp.hidden": "blocks.0.mlp.hook_post", "blocks.1.attn.pattern": "blocks.1.attn.hook_pattern"}
 
@@ -41,6 +44,11 @@ def test_the_gradient_cache_equals_transformer_lens(pair):
     for ours, theirs in POINTS.items():
         expected = cache[f"{theirs}_grad"].reshape(found.grads[ours].shape)
         torch.testing.assert_close(found.grads[ours], expected, rtol=1e-4, atol=1e-6)
+
+
+def _logit_difference(logits):
+    """The metric TransformerLens's attribution patching differentiates: the batch's mean logit difference."""
+    return logits[:, -1, ANSWER].mean() - logits[:, -1, WRONG].mean()
 
 
 def test_direct_logit_attribution_per_head_equals_transformer_lens(pair):
@@ -87,23 +95,52 @@ def test_attribution_patching_equals_transformer_lens_attribution_patch(pair):
     from transformer_lens.tools.analysis.attribution_patching import attribution_patch
 
     model, bridge = pair
-    corrupted = IDS.clone()
-    corrupted[:, 2] = torch.tensor([70, 71])
-    answer, wrong = 11, 43
-
-    def metric(logits):
-        return logits[:, -1, answer].mean() - logits[:, -1, wrong].mean()
-
-    nodes = attribution_patch(bridge, IDS, corrupted, metric).node_scores
+    nodes = attribution_patch(bridge, IDS, CORRUPTED, _logit_difference).node_scores
     theirs = {"heads": torch.zeros(2, 4), "ffns": torch.zeros(2, IDS.shape[1])}  # (L, H), (L, T)
     for node, score in nodes.items():
         if node.kind == "attn_head_out":
             theirs["heads"][node.layer, node.head] += score
         elif node.kind == "mlp_out":
             theirs["ffns"][node.layer, node.position] += score
-    heads = attribute_heads(model, Batch((IDS,)), Batch((corrupted,)), answer=answer, wrong=wrong)
-    sublayers = attribute_sublayers(model, Batch((IDS,)), Batch((corrupted,)), answer=answer, wrong=wrong)
+    heads = attribute_heads(model, Batch((IDS,)), Batch((CORRUPTED,)), answer=ANSWER, wrong=WRONG)
+    sublayers = attribute_sublayers(model, Batch((IDS,)), Batch((CORRUPTED,)), answer=ANSWER, wrong=WRONG)
     gap = heads.clean - heads.corrupted
     ffns = [i for i, row in enumerate(sublayers.rows) if row.endswith(".mlp")]
     torch.testing.assert_close(heads.restored * gap, theirs["heads"], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(sublayers.restored[ffns] * gap, theirs["ffns"], rtol=1e-4, atol=1e-5)
+
+
+def test_attribution_patching_per_position_and_head_equals_transformer_lens(pair):
+    """Each head's output, queries, keys, values and pattern at each (query) position: attnkit's
+    `attribute_heads(by_position=True, point=)` against the same sum, (a_clean - a_corrupted) . d metric / d a at the
+    corrupted run, formed from TransformerLens's hooks (`cache_activation_and_gradient` at `hook_z`, `hook_q`,
+    `hook_k`, `hook_v`, `hook_pattern`, a pattern summed over its keys); a head's output also against
+    `attribution_patch`'s node scores, which are per head and position."""
+    from transformer_lens.tools.analysis.attribution_patching import attribution_patch, cache_activation_and_gradient
+
+    model, bridge = pair
+    hooks = {point: [f"blocks.{layer}.attn.hook_{point}" for layer in (0, 1)] for point in ("z", "q", "k", "v",
+                                                                                            "pattern")}
+    names = [name for names in hooks.values() for name in names]
+    _, clean_cache = bridge.run_with_cache(IDS, names_filter=names)
+    # the embeddings cached too: the most upstream point's gradient is not delivered (its hook never fires), and
+    # layer 0's q, k and v would be it
+    found = cache_activation_and_gradient(bridge, CORRUPTED, _logit_difference, names_filter=[*names, "hook_embed"])
+    nodes = attribution_patch(bridge, IDS, CORRUPTED, _logit_difference).node_scores
+    from_nodes = torch.zeros(2, IDS.shape[1], 4)  # (L, T, H)
+    for node, score in nodes.items():
+        if node.kind == "attn_head_out":
+            from_nodes[node.layer, node.position, node.head] += score
+    for point, names in hooks.items():
+        theirs = []
+        for name in names:
+            effect = (clean_cache[name] - found.activations[name]) * found.gradients[name]
+            theirs.append(effect.sum((0, 3)).T if point == "pattern" else effect.sum((0, 3)))  # (T, H)
+        ours = attribute_heads(model, Batch((IDS,)), Batch((CORRUPTED,)), answer=ANSWER, wrong=WRONG,
+                               by_position=True, point=point)
+        assert ours.columns == "position x head" and ours.restored.shape == (2, IDS.shape[1], 4), point
+        effects = ours.restored * (ours.clean - ours.corrupted)  # the shares back in the metric's units
+        torch.testing.assert_close(effects, torch.stack(theirs), rtol=1e-4, atol=1e-6, msg=point)
+        assert float(effects.abs().max()) > 1e-3, point  # some head at some position moves the answer
+    z = attribute_heads(model, Batch((IDS,)), Batch((CORRUPTED,)), answer=ANSWER, wrong=WRONG, by_position=True)
+    torch.testing.assert_close(z.restored * (z.clean - z.corrupted), from_nodes, rtol=1e-4, atol=1e-6)

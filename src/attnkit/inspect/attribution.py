@@ -8,7 +8,8 @@ approximation, for every activation at once from one clean forward pass and one 
 The metric is `patching`'s logit difference, and each function returns a `patching.Patching` with the same rows
 and columns as its activation-patching twin, so the two read side by side:
 
-    attribute_heads       each head's output (SITE.z), every position          ~ patching.patch_heads
+    attribute_heads       each head's output (SITE.z), or its q, k, v or pattern   ~ patching.patch_heads
+                          (`point`), every position or each alone (`by_position`)
     attribute_stream      the stream entering each block, position by position  ~ patching.patch_stream
     attribute_sublayers   each attention and FFN sublayer's output, position by position
 
@@ -30,8 +31,17 @@ from attnkit.inspect.edits import patch
 from attnkit.inspect.gradients import backward_trace
 from attnkit.inspect.inputs import Batch
 from attnkit.inspect.integrated_gradients import repeated
-from attnkit.inspect.patching import Patching, check_pair, logit_difference, logit_differences, share, stream_points
-from attnkit.inspect.points import evaluated, head_sites, hook_points
+from attnkit.inspect.patching import (
+    HeadPoint,
+    Patching,
+    check_pair,
+    head_points,
+    logit_difference,
+    logit_differences,
+    share,
+    stream_points,
+)
+from attnkit.inspect.points import HookPoint, evaluated, hook_points
 from attnkit.inspect.tracing import hooked
 
 
@@ -74,16 +84,33 @@ def _integrated(model: nn.Module, corrupted: Batch, name: str, start: Tensor, en
 
 @evaluated
 def attribute_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
-                    position: int = -1, steps: int = 1) -> Patching:
-    """Each head's estimated share restored when its output (every position) is patched from the clean run."""
-    sites = head_sites(model)
-    effects, clean_value, corrupted_value = _effects(model, clean, corrupted, [f"{s}.z" for s in sites],
-                                                     (answer, wrong, position), steps)
-    per_site = [effects[f"{s}.z"].sum((1, 3)).mean(0) for s in sites]  # (B, T, H, D) -> (H,)
-    restored = torch.full((len(sites), max(len(h) for h in per_site)), float("nan"))
-    for i, heads in enumerate(per_site):
-        restored[i, : len(heads)] = share(corrupted_value + heads, clean_value, corrupted_value)
-    return Patching(sites, restored, clean_value, corrupted_value, "head")
+                    position: int = -1, steps: int = 1, by_position: bool = False, point: HeadPoint = "z"
+                    ) -> Patching:
+    """Each head's estimated share restored when its `point` is patched from the clean run: its output (`z`), its
+    queries, keys or values (`q`, `k`, `v`; a GQA model's keys and values per key/value head) or its pattern; over
+    every position, restored (sites, H), or (`by_position`) at each (query) position alone, (sites, T, H), NaN where a
+    site has fewer heads or positions: `patching.patch_heads`'s table from one backward pass. Raises InputError for a
+    point the model's attention does not show (`patching.head_points`)."""
+    names = head_points(model, point)
+    effects, clean_value, corrupted_value = _effects(model, clean, corrupted, names, (answer, wrong, position), steps)
+    points = hook_points(model)
+    per_site = [_position_by_head(effects[n], points[n]) for n in names]  # (T, H) each
+    per_site = per_site if by_position else [cells.sum(0) for cells in per_site]  # (H,) each
+    size = [max(dims) for dims in zip(*(cells.shape for cells in per_site), strict=True)]
+    restored = torch.full((len(names), *size), float("nan"))  # (sites, T, H) or (sites, H)
+    for i, cells in enumerate(per_site):
+        restored[(i, *(slice(0, n) for n in cells.shape))] = share(corrupted_value + cells, clean_value,
+                                                                   corrupted_value)
+    sites = [n.rpartition(".")[0] for n in names]
+    return Patching(sites, restored, clean_value, corrupted_value, "position x head" if by_position else "head")
+
+
+def _position_by_head(effect: Tensor, point: HookPoint) -> Tensor:
+    """A point's per-element effects (B, ...) summed to one per (query) position and head, averaged over rows: (T, H);
+    a pattern's (B, H, T, S) over its keys, a q/k/v/z's (B, T, H, D) over the head's dimensions."""
+    kept = (point.position_axis, point.head_axis)
+    summed = effect.sum([axis for axis in range(1, effect.dim()) if axis not in kept]).mean(0)  # (T, H) or (H, T)
+    return summed if point.position_axis < point.head_axis else summed.T
 
 
 def _by_position(model: nn.Module, clean: Batch, corrupted: Batch, names: list[str], rows: list[str],

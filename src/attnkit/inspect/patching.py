@@ -172,6 +172,21 @@ def patch_stream(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: in
     return Patching(rows, restored, runs.clean, runs.corrupted, "position")
 
 
+def head_points(model: nn.Module, point: HeadPoint) -> list[str]:
+    """Each head site's `point` (`blocks.0.attn.q`), in layer order. Raises InputError for a point that is none of
+    HeadPoint's, or that the model's attention does not show as a tensor an edit replaces (fused q/k/v, a recurrent
+    decoder's read-only pattern)."""
+    if point not in get_args(HeadPoint):
+        raise InputError(f"point {point!r} is none of {', '.join(get_args(HeadPoint))} (what a head reads and writes)")
+    points = hook_points(model)
+    names = [f"{s}.{point}" for s in head_sites(model)]
+    missing = [n for n in names if n not in points or not points[n].editable]
+    if missing:
+        raise InputError(f"{type(module_of(model)).__name__} has no {point} to patch at {missing[0]} (its projections "
+                         "are fused, or it is read only): patch z, each head's output")
+    return names
+
+
 @evaluated
 def patch_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int | Tensor, wrong: int | Tensor,
                 position: int | Tensor = -1, by_position: bool = False, point: HeadPoint = "z") -> Patching:
@@ -181,15 +196,9 @@ def patch_heads(model: nn.Module, clean: Batch, corrupted: Batch, *, answer: int
     once, or (`by_position`) at each (query) position alone, restored (sites, T, H) (NaN: a site with fewer heads, or
     a cross-attention site's positions beyond its own stream's). Raises InputError for a point the model's attention
     does not show (fused q/k/v, a recurrent decoder's read-only pattern)."""
-    if point not in get_args(HeadPoint):
-        raise InputError(f"point {point!r} is none of {', '.join(get_args(HeadPoint))} (what a head reads and writes)")
     sites = head_sites(model)
     points = hook_points(model)
-    names = [f"{s}.{point}" for s in sites]
-    missing = [n for n in names if n not in points or not points[n].editable]
-    if missing:
-        raise InputError(f"{type(model).__name__} has no {point} to patch at {missing[0]} (its projections are fused, "
-                         "or it is read only): patch z, each head's output")
+    names = head_points(model, point)
     runs = _runs(model, clean, corrupted, names, (answer, wrong, position))
     shapes = [(runs.source[n].shape[points[n].position_axis], runs.source[n].shape[points[n].head_axis])
               for n in names]  # (T, H) of each site
