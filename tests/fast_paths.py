@@ -113,6 +113,18 @@ def bf16_dot_rows(linear: nn.Linear, x: Tensor) -> tuple[Tensor, Tensor]:
     return native_gemv.gemv_bf16_dot(linear.weight.detach(), x, bias), float64_linear(linear, x)
 
 
+def bound_product(linear: nn.Linear, x: Tensor) -> tuple[Tensor, Tensor]:
+    """One `DenseProduct` (the weight's checks and addresses taken once) called on the rows, on their first row alone
+    (a new address, one row) and on the rows in the other dtype (bf16 rows: the dot product where the CPU has it; fp32
+    ones: widened), stacked, against float64's products of the numbers each call was given."""
+    linear = in_dtype(linear, x)
+    bias = None if linear.bias is None else linear.bias.detach().float()
+    product = native_gemv.dense_product(linear.weight.detach(), bias)
+    other = x.to(torch.bfloat16 if x.dtype == torch.float32 else torch.float32)
+    calls = (x, x[:1], other)
+    return torch.cat([product(rows) for rows in calls]), torch.cat([float64_linear(linear, rows) for rows in calls])
+
+
 def int8_rows(linear: nn.Linear, x: Tensor) -> tuple[Tensor, Tensor]:
     """The captured one-row step's int8 product against the dequantized weight's."""
     weight, scales = quantize_rows(linear.weight)
@@ -192,6 +204,8 @@ LINEAR_PATHS = [
                pinned=(LinearCase(172, 64, 3, "fp32", True, 1, 0), LinearCase(172, 64, 33, "bf16", True, 1, 0))),
     LinearPath("native+packed", layer_and_reference(NativePackedLinear), ("bf16",),
                unavailable=lambda: native_gemv.unavailable() or onednn_packs()),
+    LinearPath("native product, bound once", bound_product, ("fp32", "bf16"), unavailable=native_gemv.unavailable,
+               pinned=BF16_DOT_PINNED),
     LinearPath("native bf16 dot product", bf16_dot_rows, ("bf16",), unavailable=bf16_dot_unavailable,
                pinned=BF16_DOT_PINNED),
     LinearPath("int8-native", layer_and_reference(NativeInt8Linear, lambda layer, linear, x: layer.reference(x)),
@@ -229,9 +243,9 @@ def check_linear(path: LinearPath, case: LinearCase) -> None:
     assert out.shape == expected.shape, f"{path.name}: shape {tuple(out.shape)}, expected {tuple(expected.shape)}"
     # bf16 rounds each output to 8 bits; the int8 and int4 layers with PyTorch's kernels compute in bf16 whatever the
     # input's dtype (the native ones in fp32)
-    exact = ("transposed", "captured step, products", "native", "native bf16 dot product", "int8-native",
-             "int4-native", "int8-native, traced", "int4-native, traced")  # fp32 arithmetic
-    fp32_sums = case.dtype == "fp32" or path.name == "native bf16 dot product"  # its outputs are the fp32 sums
+    exact = ("transposed", "captured step, products", "native", "native bf16 dot product", "native product, bound once",
+             "int8-native", "int4-native", "int8-native, traced", "int4-native, traced")  # fp32 arithmetic
+    fp32_sums = case.dtype == "fp32" or path.name in ("native bf16 dot product", "native product, bound once")
     tolerance = 1e-5 if fp32_sums and path.name in exact else 2e-2
     # relative to the sizes of the terms summed, not of the sum: rounding in another order of summation is a share
     # of sum |x_k w_k|, which an output of terms that cancel (0.0087 from 17 terms of sum 1.07) is far below

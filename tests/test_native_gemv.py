@@ -4,6 +4,7 @@ load; the reasons they cannot run (no compiler, a failed build, a CPU without AV
 PyTorch's kernels for them; the wrappers refusing tensors the C code would misread; the layers sending rows beyond
 their kernels' to the matrix products; and the plan, `attnkit generate` and the tune choosing them."""
 
+import copy
 import hashlib
 import re
 import shutil
@@ -272,9 +273,12 @@ def test_4_bit_codes_are_packed_in_q4_0s_order_and_unpacked_back():
 
 # the layers: their kernels for few rows, the matrix products for more ----------------------------------------------
 def _refuse(monkeypatch, kernel: str) -> None:
+    """From now on, the C function `kernel` raises when called, also from a product bound to it (`DenseProduct`)."""
+    library = native_gemv._kernel
+
     def refused(*args):
         raise AssertionError(f"{kernel} called")
-    monkeypatch.setattr(native_gemv, kernel, refused)
+    monkeypatch.setattr(native_gemv, "_kernel", lambda name: refused if name == kernel else library(name))
 
 
 def test_native_linear_keeps_bf16_and_sends_more_rows_than_its_kernel_takes_to_nn_linear(monkeypatch):
@@ -296,6 +300,31 @@ def test_native_linear_keeps_bf16_and_sends_more_rows_than_its_kernel_takes_to_n
         torch.testing.assert_close(layer(several), linear(several))
         with pytest.raises(AssertionError, match="gemv_f32 called"):
             layer(several[:, :NATIVE_ROWS])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_native_layer_whose_tensors_are_replaced_reads_the_new_ones(dtype):
+    """The layer's product keeps the weight's address from when it was built; tensors put in its place (`.to`, a
+    buffer assigned) are read from the next call on, never the old ones."""
+    _require_kernels()
+    torch.manual_seed(0)
+    layer = NativeLinear(nn.Linear(40, 24).to(dtype))
+    x = torch.randn(1, 1, 40, dtype=dtype)
+
+    def expected() -> torch.Tensor:
+        return F.linear(x.double(), layer.weight.double(), layer.bias_fp32.double())
+
+    with torch.no_grad():
+        layer(x)
+        layer.bias_fp32 = torch.randn(24)
+        torch.testing.assert_close(layer(x).double(), expected(), rtol=2**-7, atol=1e-4)
+        layer.weight = torch.randn(24, 40, dtype=dtype)
+        torch.testing.assert_close(layer(x).double(), expected(), rtol=2**-7, atol=1e-4)
+        layer.to(torch.float32)  # new tensors for every buffer
+        torch.testing.assert_close(layer(x.float()).double(), expected(), rtol=1e-6, atol=1e-5)
+        twin = copy.deepcopy(layer)  # a copy's product reads the copy's tensors
+        assert twin.product.weight is twin.weight and twin.product.bias is twin.bias_fp32
+        torch.testing.assert_close(twin(x.float()), layer(x.float()), rtol=0, atol=0)
 
 
 def test_native_int8_layer_dequantizes_for_more_rows_than_its_kernel_takes(monkeypatch):

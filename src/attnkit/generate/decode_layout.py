@@ -162,6 +162,7 @@ class NativeLinear(GemvLinear):
         self.register_buffer("bias_fp32", bias, persistent=False)  # (N,): what the kernel adds
         self.fp32 = linear.weight.dtype == torch.float32  # read each call: a plain attribute, not a buffer's dtype
         self.max_rows = NATIVE_ROWS if self.fp32 else NATIVE_BF16_ROWS
+        self.product = native_gemv.dense_product(self.weight, self.bias_fp32)  # checked once, here
 
     def rows(self, x: Tensor) -> Tensor:
         """More rows than the native product takes: nn.Linear's product (fp32), or MKL's on the weight widened to
@@ -173,8 +174,9 @@ class NativeLinear(GemvLinear):
     def forward(self, x: Tensor) -> Tensor:
         if x.numel() > self.max_rows * self.in_features:
             return self.rows(x)
-        gemv = native_gemv.gemv_f32 if self.fp32 else native_gemv.gemv_bf16
-        out = gemv(self.weight, x.reshape(-1, self.in_features), self.bias_fp32)  # (M, N) fp32
+        if self.product.weight is not self.weight or self.product.bias is not self.bias_fp32:  # replaced (`.to`)
+            self.product = native_gemv.dense_product(self.weight, self.bias_fp32)
+        out = self.product(x.reshape(-1, self.in_features))  # (M, N) fp32
         out = out.view(*x.shape[:-1], self.out_features)
         return out if x.dtype == torch.float32 else out.to(x.dtype)  # fp32 rows: no call to convert them
 

@@ -16,6 +16,9 @@ inputs and arithmetic throughout:
     gemv_i4(codes, scales, offsets, x, bias)   codes (N, K / 2) uint8 (`pack_int4`), scales and offsets (N, K / 32)
                                                fp32: weights (code - 8) * scale + zero, offset = zero - 8 * scale
                                                x (M, K), bias (N,) fp32 or None -> (M, N) fp32 in each
+    dense_product(weight, bias)                the fp32 or bf16 product bound to one weight: its checks and addresses
+                                               taken once, when a decoding layer is built, so that a step's call
+                                               costs one ctypes call and one output tensor (`DenseProduct`)
 
 The library is built on first use with the machine's C compiler ($CC, else cc, gcc or clang), about a second, for
 the vector level the CPU reports (`build_for`: AVX-512 F/BW/VL/DQ with AVX512-BF16, else AVX-512 F/BW/VL/DQ, else
@@ -217,28 +220,65 @@ def _bias(bias: Tensor | None, n: int) -> int | None:
     return bias.data_ptr()
 
 
-def _dense(kernel: str, dtype: torch.dtype, weight: Tensor, x: Tensor, bias: Tensor | None) -> Tensor:
-    """x (M, K) @ weight^T + bias through `kernel`, for a weight (N, K) of `dtype` -> (M, N) fp32."""
-    n, k = weight.shape
-    _weight(weight, dtype, (n, k), "weight")
-    rows = _rows(x, k)
-    out = torch.empty(rows.shape[0], n)
-    _kernel(kernel)(weight.data_ptr(), _bias(bias, n), rows.data_ptr(), out.data_ptr(), rows.shape[0], n, k,
-                    torch.get_num_threads())
-    return out
+DENSE_WEIGHTS = {"gemv_f32": torch.float32, "gemv_bf16": torch.bfloat16, "gemv_bf16_dot": torch.bfloat16}
+DENSE_ROWS = {"gemv_f32": torch.float32, "gemv_bf16": torch.float32, "gemv_bf16_dot": torch.bfloat16}
+
+
+class DenseProduct:
+    """x (M, K) @ weight^T + bias for one fp32 or bf16 weight (N, K), bias (N,) fp32 or None -> (M, N) fp32, with the
+    weight's checks and addresses taken once, when a layer is built (`decode_layout.NativeLinear`): a decoding step
+    calls its products one row at a time, where the Python around a kernel call rivals the kernel's own time.
+
+    kernels: the rows' dtype -> the kernel that reads rows of it ("gemv_f32", "gemv_bf16", "gemv_bf16_dot"), all of
+    one weight dtype; rows of any other dtype are converted to the first one's. The product holds the weight and the
+    bias, so the addresses it keeps stay theirs; a layer whose tensors are replaced builds a new one. Raises
+    ValueError for a weight or bias the kernels would misread, and for rows not (M, K) on the CPU."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, kernels: dict[torch.dtype, str]) -> None:
+        self.weight, self.bias = weight, bias
+        self.out_features, self.in_features = weight.shape
+        _weight(weight, DENSE_WEIGHTS[next(iter(kernels.values()))], tuple(weight.shape), "weight")
+        self._bias = _bias(bias, self.out_features)
+        self._names, self._fallback = dict(kernels), next(iter(kernels))
+        self._kernels = {dtype: functools.partial(_kernel(name), weight.data_ptr(), self._bias)
+                         for dtype, name in kernels.items()}
+
+    def __reduce__(self):  # copied (a model's deepcopy) or pickled as what it is built from: addresses are per process
+        return DenseProduct, (self.weight, self.bias, self._names)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        kernel = self._kernels.get(x.dtype)
+        if kernel is None or x.dim() != 2 or x.shape[1] != self.in_features or not (x.is_contiguous() and x.is_cpu):
+            _rows(x, self.in_features)  # refuses rows of another shape or device
+            kernel = self._kernels[self._fallback]
+            x = x.to(self._fallback).contiguous()
+        rows = x.shape[0]
+        out = torch.empty(rows, self.out_features)
+        kernel(x.data_ptr(), out.data_ptr(), rows, self.out_features, self.in_features, torch.get_num_threads())
+        return out
+
+
+def dense_product(weight: Tensor, bias: Tensor | None) -> DenseProduct:
+    """The native product of an fp32 or bf16 `weight` (N, K) and fp32 `bias` (N,) or None, for rows of any float
+    dtype: fp32 weights through `gemv_f32`; bf16 ones through `gemv_bf16_dot` for bf16 rows where the CPU has
+    AVX512-BF16 (`bf16_dot`), else through `gemv_bf16` with the rows in fp32."""
+    if weight.dtype == torch.float32:
+        return DenseProduct(weight, bias, {torch.float32: "gemv_f32"})
+    dot = {torch.bfloat16: "gemv_bf16_dot"} if bf16_dot() else {}
+    return DenseProduct(weight, bias, {torch.float32: "gemv_bf16", **dot})
 
 
 def gemv_f32(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
     """x (M, K) @ weight^T + bias, weight (N, K) fp32, bias (N,) fp32 or None -> (M, N) fp32."""
-    return _dense("gemv_f32", torch.float32, weight, x, bias)
+    return DenseProduct(weight, bias, {torch.float32: "gemv_f32"})(x)
 
 
 def gemv_bf16(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
     """x (M, K) @ weight^T + bias, weight (N, K) bf16 read as it is stored and computed in fp32, bias (N,) fp32 or
     None -> (M, N) fp32. bf16 rows x on a CPU with AVX512-BF16 (`bf16_dot`) go through `gemv_bf16_dot`."""
-    if x.dtype == torch.bfloat16 and bf16_dot():
-        return gemv_bf16_dot(weight, x, bias)
-    return _dense("gemv_bf16", torch.bfloat16, weight, x, bias)
+    if weight.dtype != torch.bfloat16:  # `dense_product` takes fp32 weights too; this function does not
+        _weight(weight, torch.bfloat16, tuple(weight.shape), "weight")
+    return dense_product(weight, bias)(x)
 
 
 def gemv_bf16_dot(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -247,15 +287,7 @@ def gemv_bf16_dot(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tens
     RuntimeError on a CPU without AVX512-BF16 (`bf16_dot`)."""
     if not _bf16_dot_here():
         raise RuntimeError(f"the bf16 dot-product kernel needs AVX512-BF16; this CPU reports {_this_cpu().isa}")
-    n, k = weight.shape
-    _weight(weight, torch.bfloat16, (n, k), "weight")
-    if x.dim() != 2 or x.shape[1] != k or not x.is_cpu:
-        raise ValueError(f"expected CPU rows (M, {k}), got {tuple(x.shape)} on {x.device}")
-    rows = x.to(torch.bfloat16).contiguous()  # (M, K): a decoding step's bf16 rows are, as a rule, already
-    out = torch.empty(rows.shape[0], n)
-    _kernel("gemv_bf16_dot")(weight.data_ptr(), _bias(bias, n), rows.data_ptr(), out.data_ptr(), rows.shape[0], n, k,
-                             torch.get_num_threads())
-    return out
+    return DenseProduct(weight, bias, {torch.bfloat16: "gemv_bf16_dot"})(x)
 
 
 def gemv_i8(weight: Tensor, scales: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
