@@ -357,6 +357,26 @@ def test_layouts_whose_eight_rows_share_one_product_are_told_apart_by_one_row():
     assert choose_layout({**one, "packed": 12.5}, eight) == "packed"
 
 
+@pytest.mark.parametrize(("one", "chosen", "said"), [
+    ({"plain": 1.00, "transposed": 1.05, "native": 1.08}, "native", "chosen for decoding in fp32 by the tie rule: "
+     "one row within 1.1x of the "
+     "fastest's (plain), and the fastest of those for 8 rows"),
+    ({"plain": 1.00, "transposed": 1.05, "native": 0.90}, "native", "measured fastest for decoding in fp32"),
+    ({"plain": 1.00, "transposed": 0.50, "native": 1.08}, "transposed", "measured fastest for decoding in fp32"),
+])
+def test_the_plan_says_when_the_tie_rule_chose_the_layout_and_not_one_row_alone(one, chosen, said):
+    """`--explain` calls a layout measured fastest only where it was the fastest for one row; where the tie rule
+    (`choose_layout`: one-row times within 10%, broken by eight rows) chose it, it says so and names the faster one."""
+    eight = {"plain": 9.0, "transposed": 8.0, "native": 4.0}
+    profile = Profile(attention={}, decode_linear={"fp32": choose_layout(one, eight)}, source="test",
+                      timings={"linear fp32": one, "linear fp32, 8 rows": eight})
+    assert profile.decode_linear["fp32"] == chosen
+    if chosen == "native" and native_gemv.unavailable() is not None:
+        pytest.skip(f"the native kernels cannot run here: {native_gemv.unavailable()}")
+    why = {c.what: c for c in plan_inference(_decoder(), "decoder", profile=profile).choices}["linear layers"].why
+    assert why.startswith(said) and ("measured fastest" in why) == ("tie rule" not in said), why
+
+
 @pytest.mark.parametrize("profile", [PYTORCH_KERNELS, DEFAULT_PROFILE])  # int8's kernel measured: PyTorch's, native
 def test_a_captured_int8_step_says_how_it_reads_the_weights_where_inductors_int8_loops_are_vectorized(profile):
     """With AVX-512 the captured one-row step reads int8 weights in inductor's own loop (`capture_step` decomposes
