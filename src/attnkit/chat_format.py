@@ -184,6 +184,13 @@ class ChatTemplate:
         return render(self.source, messages, tools, add_generation_prompt=add_generation_prompt,
                       bos_token=self.bos_token, eos_token=self.eos_token)
 
+    def reply_content(self, text: str) -> str:
+        """A reply's content, from the text the model wrote after the generation prompt: the default format writes the
+        space after `Assistant:` itself (a turn reads `Assistant: {content}`, a reply is learnt as ' Hello.'), so the
+        text's first space is the format's; a template of one's own writes the reply as it is. The chat with the reply
+        as its content then renders as the model read it."""
+        return text.removeprefix(" ") if self.source is None else text
+
     def turn_end_ids(self, tokenizer: Tokenizer) -> frozenset[int]:
         """The special token that closes an assistant's turn in this template (ChatML's <|im_end|>, Llama 3's
         <|eot_id|>, Gemma's <end_of_turn>), which ends a chat's reply as vLLM and transformers end it (a chat model's
@@ -250,10 +257,14 @@ class ChatTemplate:
         text does: a template of one's own writes each turn's end itself, and its text is read whole
         (`render`, `prompt_ids`); the default format has no such mark, so EOS follows each earlier reply here as in
         training. Raises InputError as `conversation_ids` and `prompt_ids` do."""
-        if self.source is not None:
-            return self.prompt_ids(tokenizer, self.render(messages, tools,
-                                                          add_generation_prompt=add_generation_prompt))
-        return self._turns(tokenizer, messages, tools, add_generation_prompt)[0]
+        if self.source is None:
+            return self._turns(tokenizer, messages, tools, add_generation_prompt)[0]
+        try:
+            text = self.render(messages, tools, add_generation_prompt=add_generation_prompt)
+        except Exception as error:  # the template's own refusal (`raise_exception`), or a fault it shows here
+            raise InputError(f"the chat template cannot render this chat ({_said(error)}): give turns it takes (some "
+                             "take no system turn, or only user and assistant turns in turn)") from None
+        return self.prompt_ids(tokenizer, text)
 
     def _turns(self, tokenizer: Tokenizer, messages: Sequence[dict], tools: Sequence[dict],
                add_generation_prompt: bool | None) -> tuple[list[int], list[bool]]:

@@ -95,7 +95,7 @@ def conversation(record: object) -> list[dict]:
     if not isinstance(record, dict):
         raise InputError(f"holds a JSON {type(record).__name__}; write an object, {' or '.join(LAYOUTS)}")
     if "messages" in record:
-        messages = _messages(record["messages"], "messages")
+        messages = check_messages(record["messages"], "messages")
     elif "prompt" in record and "completion" in record:
         messages = [*_turns(record["prompt"], "prompt", "user"), *_turns(record["completion"], "completion",
                                                                           "assistant")]
@@ -111,10 +111,12 @@ def conversation(record: object) -> list[dict]:
 
 def _turns(value: object, key: str, role: str) -> list[dict]:
     """A prompt's or completion's turns: a string is one turn of `role`, a list its messages."""
-    return [{"role": role, "content": value}] if isinstance(value, str) else _messages(value, key)
+    return [{"role": role, "content": value}] if isinstance(value, str) else check_messages(value, key)
 
 
-def _messages(value: object, key: str) -> list[dict]:
+def check_messages(value: object, key: str) -> list[dict]:
+    """`value` as a list of messages, each an object with a role among `ROLES` and a string content (null only beside
+    an assistant's tool_calls); InputError naming `key` and the message that is not."""
     if not isinstance(value, list) or not value:
         raise InputError(f'"{key}" must be a list of messages ({{"role": ..., "content": ...}}), not {value!r:.60}')
     messages = []

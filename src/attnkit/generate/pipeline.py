@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnkit import chat_format
 from attnkit.blocks import torch_compile_mode
 from attnkit.checkpoint import (
     LABELS_FILE,
@@ -38,6 +39,7 @@ from attnkit.checkpoint import (
 )
 from attnkit.config import DecoderConfig, ModelConfig
 from attnkit.data.batching import pad
+from attnkit.data.chat import check_messages
 from attnkit.data.labelled import frame_ids
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import beam_generate, translate_batched
@@ -109,12 +111,14 @@ class Pipeline:
         task: TaskSpec | None = None,
         record: Mapping[str, Any] | None = None,
         end_ids: Sequence[int] = (),
+        chat_template: chat_format.ChatTemplate = chat_format.DEFAULT_FORMAT,
     ) -> None:
         """decoding: how `generate` runs prefill and steps (`generate/decoder.py`); eager by default. plan: how
         `load` prepared the model (`generate/plan.py`; `plan.explain()` says why). task: the run's task, which
         decides the pipeline's method; default: the one the config's head is built for. record: the run's task.json
         (`task_record`: what its task saved, such as how a tagger's words become pieces); default: none. end_ids: the
-        tokens besides the tokenizer's EOS that end a text (a Llama 3's <|eot_id|>: `read_end_ids`)."""
+        tokens besides the tokenizer's EOS that end a text (a Llama 3's <|eot_id|>: `read_end_ids`). chat_template:
+        how `chat` renders messages (`attnkit.chat_format.chat_template`: the run's own, else the default format)."""
         self.model = model.eval()
         self.config = config
         self.tokenizer = tokenizer
@@ -122,6 +126,7 @@ class Pipeline:
         self.labels = list(labels) if labels is not None else _default_labels(config, self.task)
         self.record = dict(record or {})
         self._end_ids = tuple(end_ids)
+        self.chat_template = chat_template
         self.decoding = decoding or EagerDecoding(self.model)
         # beam search's: eager, built once (a compiled step's fixed buffers cannot follow the beams' rows)
         self.eager = self.decoding if type(self.decoding) is EagerDecoding else EagerDecoding(self.model)
@@ -230,7 +235,7 @@ class Pipeline:
             refuse_beside_draft({  # strictly, as beside beams
                 name: arguments[name] for name in NOT_BESIDE_DRAFT if name not in CLI_ONLY_BESIDE_DRAFT})
             check_draft_tokens(draft_tokens)
-            draft = self._draft(draft)
+            draft = self.check_draft(draft)
         if beams_asked(num_beams, num_return_sequences):
             taken = CLI_ONLY_BESIDE_BEAMS | (SAMPLED_BEAMS_TAKE if do_sample else frozenset())
             refuse_beside_beams(f"num_beams={num_beams!r}", {  # strictly: a name of the table not taken is a KeyError
@@ -320,6 +325,33 @@ class Pipeline:
                         "or token met), so they do not parse: give a larger max_new_tokens (--max-new-tokens)",
                         unfinished, grammar.name, max_new_tokens)
         return texts.finish()
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] = (),
+             stop: str | Sequence[str] | None = None, stop_tokens: Sequence[int] = (), **options: Any) -> str:
+        """The assistant's reply to a chat, as transformers' pipeline("text-generation") answers a list of messages:
+        `messages` ({"role": "system" | "user" | "assistant" | "tool", "content": ...}, an assistant's `tool_calls`)
+        and the `tools` offered are rendered by the run's chat template with its special tokens
+        (`ChatTemplate.chat_ids`, as chat fine-tuning read its conversations, `attnkit serve` a chat and `attnkit
+        generate --chat` a prompt), and the reply ends at the template's end of turn (its stop strings, its turn-end
+        token, EOS) as well as at `stop` and `stop_tokens`. Returned is the reply's content, which the chat takes
+        back as the assistant's turn (`ChatTemplate.reply_content`: in the default format, the text without the
+        space after `Assistant:`, which is the format's; `on_text` receives the text as written). `options` are
+        `generate`'s (max_new_tokens, temperature, top_p, seed, on_text, ...) for one reply: num_samples and
+        num_return_sequences are refused. A chat longer than the window slides as `generate`'s texts do (`attnkit
+        chat` leaves whole turns out instead). Raises InputError for messages not laid out so, a chat the template
+        refuses, or several replies asked; otherwise as `generate`."""
+        for name in ("num_samples", "num_return_sequences"):
+            if options.get(name, 1) != 1:
+                raise InputError(f"chat gives one reply; {name}={options[name]!r} asks for more: call generate on "
+                                 "pipeline.chat_template.chat_ids(pipeline.tokenizer, messages) for several")
+        self._require("generate")
+        template = self.chat_template
+        ids = template.chat_ids(self.tokenizer, check_messages(messages, "messages"), tools)
+        stops = [*(text_list(stop, what="stop strings", required=False) if stop is not None else []),
+                 *template.stops]
+        ends = sorted(template.turn_end_ids(self.tokenizer))
+        text = self.generate(ids, stop=stops, stop_tokens=[*self._stop_ids(stop_tokens), *ends], **options)[0]
+        return template.reply_content(text)
 
     def _beam_search(self, prompts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]], *,
                      max_new_tokens: int, min_new_tokens: int,
@@ -456,10 +488,10 @@ class Pipeline:
                                               truncated))
         return results
 
-    def _draft(self, draft: Pipeline | str | Path) -> Pipeline:
-        """The draft model of speculative decoding: a decoder on this pipeline's device whose tokenizer has this one's
-        vocabulary, token for token (a run directory is loaded in this one's dtype). Raises InputError naming what
-        differs and the fix."""
+    def check_draft(self, draft: Pipeline | str | Path) -> Pipeline:
+        """The draft model of speculative decoding (`generate`'s draft=, `attnkit serve --draft`): a decoder on this
+        pipeline's device whose tokenizer has this one's vocabulary, token for token (a run directory is loaded in
+        this one's dtype). Raises InputError naming what differs and the fix."""
         if not isinstance(draft, Pipeline):
             if not isinstance(draft, str | Path):
                 raise InputError(f"draft={draft!r} must be a Pipeline (attnkit.load(RUN)) or a run directory")
@@ -700,8 +732,12 @@ def load(
     else:
         log.warning("%s has no %s/ directory: the model can be used, but not with text", run_dir, TOKENIZER_DIR)
     task = task_of_run(run_dir, config)
+    template = chat_format.DEFAULT_FORMAT
+    if tokenizer is not None and task is not None and task.method == "generate":  # a model that replies to chats
+        template = chat_format.chat_template(run_dir / TOKENIZER_DIR, tokenizer.specials)
     return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config, task), decoding=decoding,
-                    plan=plan, task=task, record=task_record(run_dir), end_ids=read_end_ids(run_dir, config.vocab_size))
+                    plan=plan, task=task, record=task_record(run_dir), end_ids=read_end_ids(run_dir, config.vocab_size),
+                    chat_template=template)
 
 
 def decoding_for(model: nn.Module, compile: bool | str = False) -> EagerDecoding:

@@ -11,7 +11,8 @@ instruction tuning and TRL's SFTTrainer with `assistant_only_loss` do it.
     evaluation   loss and perplexity on the validation conversations' replies (training and `attnkit eval`)
 
 A run starts from a decoder's weights (`--init-from` a run, a converted Llama or GPT-2) or from scratch, and serves
-`generate` and the chat API as an lm run does.
+`generate` and the chat API as an lm run does; `attnkit chat RUN` holds a multi-turn chat with it
+(`attnkit.tasks.chat_session`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from attnkit.data import IGNORE_INDEX
 from attnkit.data.chat import ChatRows, Conversation, filled, read_conversations
 from attnkit.data.packing import PackedBatch, pack_rows
 from attnkit.errors import InputError
+from attnkit.tasks.chat_session import ChatSettings, run_chat
 from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, rows_of, split, summed_nll, take_rows
 from attnkit.tasks.lm import LM
-from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
+from attnkit.tasks.registry import EvalContext, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
 from attnkit.tokenize import Tokenizer
 
@@ -213,4 +215,6 @@ CHAT = register(TaskSpec(
     default_model=LM.default_model,  # lm's: a chat model is a language model that learns replies
     eval_help="JSON Lines conversations: loss and perplexity on the assistant's replies",
     eval_options=("batch_size",),
+    command=TaskCommand("chat", "chat with a decoder run, turn after turn: your turns from standard input, its "
+                        "replies streamed in its chat template (/reset, /exit)", ChatSettings, run_chat),
 ))

@@ -540,8 +540,9 @@ def _split_at_masks(text: str, words: tuple[str, ...]) -> list[str]:
 
 # The command (attnkit generate, attnkit fill-mask) -----------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class GenerateSettings(DecodeSettings):
-    prompt: str  # the prompt; "-" reads it from stdin; "" starts from BOS
+class SamplingSettings(DecodeSettings):
+    """How a text is drawn: the options `attnkit generate` and `attnkit chat` share (`sampling`)."""
+
     max_new_tokens: int = 200  # tokens to generate after the prompt
     min_new_tokens: int = 0  # no EOS (nor stop token) among the first this many tokens; 0: off
     temperature: float = 1.0  # 0 is greedy
@@ -552,9 +553,20 @@ class GenerateSettings(DecodeSettings):
     frequency_penalty: float = 0.0  # -2 to 2: a token's logit less by this times its count in the reply; 0: off
     min_p: float = 0.0  # drop the tokens less likely than min_p times the likeliest (0.05 is usual); 0: off
     no_repeat_ngram_size: int = 0  # never repeat n tokens in a row that the prompt or text holds (3 is usual); 0: off
-    num_samples: int = 1  # independent continuations of the prompt
     seed: int | None = None  # same seed, same text
     stop: tuple[str, ...] = ()  # end the text at any of these strings (repeatable)
+
+    def sampling(self) -> dict[str, Any]:
+        """These settings as `Pipeline.generate`'s keyword arguments (`stop` left to the caller, which adds its own)."""
+        return {name: getattr(self, name) for name in (
+            "max_new_tokens", "min_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
+            "presence_penalty", "frequency_penalty", "min_p", "no_repeat_ngram_size", "seed")}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateSettings(SamplingSettings):
+    prompt: str  # the prompt; "-" reads it from stdin; "" starts from BOS
+    num_samples: int = 1  # independent continuations of the prompt
     stream: bool = True  # print tokens as they come (one sample only)
     echo: bool = True  # print the prompt before its continuation (--no-echo: the new text alone, e.g. JSON to parse)
     max_prompt_bytes: int = 1_000_000  # --prompt -: read at most this many bytes of standard input
@@ -715,14 +727,7 @@ def chat_prompt(run: str | Path, tokenizer: Tokenizer, prompt: str, *, system: s
     template = chat_template(Path(run) / TOKENIZER_DIR, tokenizer.specials)
     messages = [*([{"role": "system", "content": system}] if system is not None else []),
                 {"role": "user", "content": prompt}]
-    try:
-        ids = template.chat_ids(tokenizer, messages)
-    except InputError:
-        raise
-    except Exception as error:  # the template's own refusal (`raise_exception`: no system turn, say)
-        raise InputError(f"the run's chat template cannot render this chat ({error}); leave --system out where it "
-                         "takes no system turn") from None
-    return ids, template.stops, template.turn_end_ids(tokenizer)
+    return template.chat_ids(tokenizer, messages), template.stops, template.turn_end_ids(tokenizer)
 
 
 def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
@@ -763,12 +768,8 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     streamed = StreamedText(head)
     with streamed.own_lines():
         texts = pipeline.generate(
-            prompt, max_new_tokens=settings.max_new_tokens, min_new_tokens=settings.min_new_tokens,
-            temperature=settings.temperature, top_k=settings.top_k,
-            top_p=settings.top_p, min_p=settings.min_p, repetition_penalty=settings.repetition_penalty,
-            presence_penalty=settings.presence_penalty, frequency_penalty=settings.frequency_penalty,
-            no_repeat_ngram_size=settings.no_repeat_ngram_size, num_samples=settings.num_samples, seed=settings.seed,
-            stop=stops, stop_tokens=sorted(stop_tokens), on_text=streamed.write if stream else None, **constraint,
+            prompt, **settings.sampling(), num_samples=settings.num_samples, stop=stops,
+            stop_tokens=sorted(stop_tokens), on_text=streamed.write if stream else None, **constraint,
             num_beams=settings.num_beams, length_penalty=settings.length_penalty,
             early_stopping=settings.early_stopping, num_return_sequences=settings.num_return_sequences,
             draft=draft, draft_tokens=settings.draft_tokens, do_sample=settings.do_sample,

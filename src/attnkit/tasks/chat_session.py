@@ -1,0 +1,189 @@
+"""`attnkit chat RUN`: a multi-turn chat with a decoder run from the command line, as `litgpt chat` and `ollama run`
+hold one.
+
+The user's turns come from standard input, one a line (a terminal, with line editing, or a pipe). Each reply is
+drawn by `Pipeline.chat` over the whole history (the system turn, every earlier turn and reply, the new turn), so the
+model reads the chat as the run's template renders it (`ChatTemplate.chat_ids`: as chat fine-tuning read its
+conversations and `attnkit serve` reads a chat), and is streamed to standard output as it comes, ended at the
+template's end of turn (its stop strings, its turn-end token, EOS).
+
+    /reset   forget the history (the system turn stays)
+    /exit    end the chat (as end of input does: Ctrl-D, or the end of a pipe)
+    Ctrl-C   during a reply: stop it there (what it wrote stays its reply); at the prompt: a fresh line
+
+The window: before each reply the history must leave the reply room in the model's window (`max_seq_len`):
+`max_new_tokens`, or half the window where that asks for more. The oldest exchanges (a user's turn and the replies
+after it; never the system turn) are left out until it does, with one line on standard error saying how many turns
+went; a turn that does not fit even alone beside the system turn is refused, and the history kept as it was. A reply
+never makes the window slide (`Pipeline.generate` would drop the chat's head, system turn and all): it ends where the
+window is full.
+
+Standard output holds the replies alone, one after each turn (after the `>>> ` prompt where standard input is a
+terminal); what the chat says about itself is logged (standard error).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from attnkit.errors import InputError
+from attnkit.tasks.lm import SamplingSettings
+
+log = logging.getLogger(__name__)
+
+PROMPT = ">>> "  # shown before each turn where standard input is a terminal
+RESET, EXIT = "/reset", "/exit"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatSettings(SamplingSettings):
+    """`attnkit chat`: the run, how it is loaded and how its replies are drawn."""
+
+    system: str | None = None  # a system turn that begins the chat (a system prompt); /reset keeps it
+
+
+class TurnTooLong(InputError):
+    """A user's turn that does not fit in the model's window, even alone beside the system turn, with room to reply."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One reply: its text, how many of the oldest turns were left out to make room for it, and whether Ctrl-C
+    stopped it."""
+
+    text: str
+    left_out: int = 0
+    stopped: bool = False
+
+
+class ChatSession:
+    """A chat with one run: the history and the replies to it (module docstring). `pipeline` is the run's
+    `attnkit.load`; `sampling`: `Pipeline.generate`'s options for each reply (max_new_tokens, temperature, seed...)."""
+
+    def __init__(self, pipeline: Any, *, system: str | None = None, sampling: Mapping[str, Any] | None = None,
+                 stop: tuple[str, ...] = ()) -> None:
+        self.pipeline = pipeline
+        self.system = [{"role": "system", "content": system}] if system is not None else []
+        self.turns: list[dict] = []  # the user's turns and the replies, oldest first (the system turn apart)
+        self.sampling = dict(sampling or {})
+        self.stop = stop
+
+    @property
+    def messages(self) -> list[dict]:
+        """The chat so far, as the model reads it: the system turn, then the turns and replies."""
+        return [*self.system, *self.turns]
+
+    def reset(self) -> None:
+        self.turns.clear()
+
+    def ids(self, turns: list[dict]) -> list[int]:
+        """The token ids of the system turn and `turns`, a reply's prompt (`ChatTemplate.chat_ids`)."""
+        return self.pipeline.chat_template.chat_ids(self.pipeline.tokenizer, [*self.system, *turns])
+
+    def fitted(self, turn: dict) -> tuple[list[dict], int]:
+        """The turns with `turn` after them, the oldest exchanges left out until a reply has room in the window; and
+        the prompt's length in tokens. Raises TurnTooLong where `turn` leaves no room even alone."""
+        window = self.pipeline.config.max_seq_len
+        room = min(self.sampling.get("max_new_tokens", 200), window // 2)
+        turns = [*self.turns, turn]
+        while len(ids := self.ids(turns)) + room > window:
+            if len(turns) == 1:
+                raise TurnTooLong(
+                    f"this turn{' and the system turn' if self.system else ''} take {len(ids)} tokens; the model "
+                    f"reads {window} at once and a reply needs {room} of them: write a shorter turn (or give a "
+                    "smaller --max-new-tokens)")
+            turns = turns[next(i for i, m in enumerate(turns[1:], start=1) if m["role"] == "user"):]
+        return turns, len(ids)
+
+    def reply(self, text: str, on_text: Callable[[str], None] | None = None) -> Reply:
+        """The model's reply to the user's `text` after the history, which both then join; `on_text(piece)`
+        receives the reply as it settles. Turns left out to make room are logged before the reply. Ctrl-C
+        (KeyboardInterrupt) while it is drawn stops it: what was written is the reply. Raises TurnTooLong (history
+        unchanged) for a turn that does not fit (`fitted`); otherwise as `Pipeline.chat`."""
+        turns, length = self.fitted({"role": "user", "content": text})
+        left_out = len(self.turns) + 1 - len(turns)
+        if left_out:
+            log.warning("(the %d oldest turn(s) were left out to fit the model's window of %d tokens; %s starts "
+                        "afresh)", left_out, self.pipeline.config.max_seq_len, RESET)
+        most = min(self.sampling.get("max_new_tokens", 200), self.pipeline.config.max_seq_len - length)
+        options = {**self.sampling, "max_new_tokens": most,
+                   "min_new_tokens": min(self.sampling.get("min_new_tokens", 0), most)}
+        template, written, shown = self.pipeline.chat_template, [], 0  # the text as written; how much of it is shown
+
+        def heard(_: int, piece: str) -> None:  # the reply's content as it comes (`ChatTemplate.reply_content`)
+            nonlocal shown
+            written.append(piece)
+            content = template.reply_content("".join(written))
+            if on_text is not None and len(content) > shown:
+                on_text(content[shown:])
+            shown = len(content)
+
+        stopped = False
+        try:
+            answer = self.pipeline.chat([*self.system, *turns], stop=list(self.stop), on_text=heard, **options)
+        except KeyboardInterrupt:
+            answer, stopped = template.reply_content("".join(written)), True
+        self.turns = [*turns, {"role": "assistant", "content": answer}]
+        return Reply(answer, left_out, stopped)
+
+
+def turns_of(stdin: TextIO) -> Iterator[str]:
+    """The user's turns, a line each, until the end of input: a terminal's with the `>>> ` prompt and line editing
+    (Ctrl-C there gives a fresh line), a pipe's or a file's as they are."""
+    if stdin is sys.stdin and stdin.isatty():
+        try:
+            import readline  # noqa: F401  (line editing and recall for input(), where Python has it)
+        except ImportError:
+            pass
+        while True:
+            try:
+                yield input(PROMPT)
+            except KeyboardInterrupt:
+                print()
+                log.info("(%s or Ctrl-D ends the chat)", EXIT)
+            except EOFError:
+                print()
+                return
+    for line in stdin:
+        yield line.rstrip("\r\n")
+
+
+def run_chat(settings: ChatSettings, load: Callable[[Any], Any], *, stdin: TextIO | None = None,
+             stdout: TextIO | None = None) -> int:
+    """`attnkit chat`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`);
+    `stdin` and `stdout`: where turns come from and replies go (default: the process's)."""
+    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+    pipeline = load(settings)
+    if "generate" not in pipeline.methods:
+        raise InputError(f"attnkit chat talks with a decoder that generates (a run of task lm or chat); {settings.run} "
+                         f"serves {' or '.join(pipeline.methods) or 'no text method'}")
+    session = ChatSession(pipeline, system=settings.system, sampling=settings.sampling(), stop=settings.stop)
+    terminal = stdin is sys.stdin and stdin.isatty()
+    for text in turns_of(stdin):
+        if text.strip() == EXIT:
+            break
+        if text.strip() == RESET:
+            session.reset()
+            log.info("(the history is cleared%s)", "; the system turn stays" if session.system else "")
+            continue
+        if not text.strip():
+            continue
+
+        def write(piece: str) -> None:
+            stdout.write(piece)
+            stdout.flush()
+
+        try:
+            reply = session.reply(text, on_text=write)
+        except TurnTooLong as error:
+            log.warning("%s", error)
+            continue
+        stdout.write("\n\n" if terminal else "\n")
+        stdout.flush()
+        if reply.stopped:
+            log.info("(the reply was stopped; it stays in the history as written)")
+    return 0

@@ -1,0 +1,182 @@
+"""`attnkit chat` (a multi-turn chat read from standard input) and `Pipeline.chat`, on the tiny chat runs of
+tests/test_chat_finetune.py: each reply's prompt is `ChatTemplate.chat_ids` of the whole history, the oldest turns
+are left out (never the system turn) where the window would overflow, /reset and /exit, Ctrl-C stops a reply and not
+the chat, and `Pipeline.chat` answers as `attnkit generate --chat` does."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import test_chat_finetune as finetuned
+
+from attnkit import cli, load
+from attnkit.errors import InputError
+from attnkit.generate import Pipeline
+from attnkit.tasks.chat_session import ChatSession, ChatSettings, run_chat
+from attnkit.train import prepare
+
+SECRETS, TINY, chat_request = finetuned.SECRETS, finetuned.TINY, finetuned.chat_request
+secrets, learnt, secret_run, chatml_run = (  # the fixtures: the data and the tiny chat runs
+    finetuned.secrets, finetuned.learnt, finetuned.secret_run, finetuned.chatml_run)
+QUESTIONS = list(SECRETS)
+
+
+@pytest.fixture(scope="module")
+def wide_run(secrets, tmp_path_factory):
+    """secret_run's training with a window of 192 tokens, which holds a chat of both questions."""
+    out = tmp_path_factory.mktemp("wide") / "run"
+    request = chat_request(out, secrets)
+    prepare(dataclasses.replace(request, overrides=[*TINY[:-1], "max_seq_len=192"])).fit()
+    return out
+
+
+def fed_prompts(monkeypatch) -> list[list[int]]:
+    """The token ids each reply is generated after, as `Pipeline.generate` receives them."""
+    fed, generate = [], Pipeline.generate
+    monkeypatch.setattr(Pipeline, "generate", lambda self, prompts, **kw: fed.append(list(prompts)) or
+                        generate(self, prompts, **kw))
+    return fed
+
+
+def chat(run, lines: str, **settings) -> list[str]:
+    """`attnkit chat RUN` over `lines` as standard input: standard output's lines."""
+    out = io.StringIO()
+    settings = {"temperature": 0.0, "max_new_tokens": 16, **settings}
+    assert run_chat(ChatSettings(run=str(run), **settings), cli.load_pipeline, stdin=io.StringIO(lines),
+                    stdout=out) == 0
+    return out.getvalue().splitlines()
+
+
+def test_each_reply_reads_the_whole_history_as_chat_ids_and_exit_ends_the_chat(wide_run, monkeypatch):
+    fed = fed_prompts(monkeypatch)
+    said = chat(wide_run, f"{QUESTIONS[0]}\n\n{QUESTIONS[1]}\n/exit\n{QUESTIONS[0]}\n")
+    assert said == [SECRETS[q] for q in QUESTIONS]  # the replies alone, the blank line no turn, nothing after /exit
+    pipeline = load(wide_run)
+    history = [{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": said[0]},
+               {"role": "user", "content": QUESTIONS[1]}]
+    assert fed == [pipeline.chat_template.chat_ids(pipeline.tokenizer, history[:1]),
+                   pipeline.chat_template.chat_ids(pipeline.tokenizer, history)]
+    eos = pipeline.tokenizer.eos_id
+    assert fed[1].count(eos) == 1 and fed[1][: len(fed[0])] == fed[0]  # the reply, then EOS, as trained
+
+
+def test_reset_clears_the_history_and_keeps_the_system_turn(wide_run, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="attnkit")
+    fed = fed_prompts(monkeypatch)
+    chat(wide_run, f"{QUESTIONS[0]}\n/reset\n{QUESTIONS[1]}\n", system="Be brief.")
+    pipeline = load(wide_run)
+    alone = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTIONS[1]}]
+    assert fed[1] == pipeline.chat_template.chat_ids(pipeline.tokenizer, alone)
+    assert "the history is cleared; the system turn stays" in caplog.text
+
+
+def test_the_oldest_turns_are_left_out_to_fit_the_window_with_a_warning_the_system_turn_kept(secret_run,
+                                                                                             monkeypatch, caplog):
+    fed = fed_prompts(monkeypatch)
+    pipeline = load(secret_run)
+    template, tok, window = pipeline.chat_template, pipeline.tokenizer, pipeline.config.max_seq_len  # 64
+    system = [{"role": "system", "content": "Terse."}]
+    session = ChatSession(pipeline, system="Terse.", sampling={"temperature": 0.0, "max_new_tokens": 8})
+    history, dropped = [], 0
+    for i, text in enumerate(["Hi", "Name the capital.", "Hello there", "Bye"]):
+        history.append({"role": "user", "content": text})
+        fits = [start for start in range(len(history)) if history[start]["role"] == "user"
+                and len(template.chat_ids(tok, [*system, *history[start:]])) + 8 <= window]
+        history = history[fits[0]:]  # the longest run of whole exchanges that leaves the reply its 8 tokens
+        reply = session.reply(text)
+        assert fed[i] == template.chat_ids(tok, [*system, *history])
+        assert reply.left_out == (fits[0] > 0) * fits[0]
+        dropped += fits[0] > 0
+        history.append({"role": "assistant", "content": reply.text})
+    assert dropped >= 2  # the window of 64 tokens made the chat leave turns out, more than once
+    assert caplog.text.count("oldest turn(s) were left out to fit the model's window of 64 tokens") == dropped
+    assert session.messages == [*system, *history]
+
+
+def test_a_turn_too_long_for_the_window_is_refused_and_the_chat_goes_on(secret_run, monkeypatch, caplog):
+    fed = fed_prompts(monkeypatch)
+    said = chat(secret_run, f"{'a' * 200}\n{QUESTIONS[0]}\n")
+    assert said == [SECRETS[QUESTIONS[0]]] and len(fed) == 1
+    assert "this turn take" in caplog.text and "write a shorter turn" in caplog.text
+    pipeline = load(secret_run)
+    assert fed[0] == pipeline.chat_template.chat_ids(pipeline.tokenizer, [{"role": "user", "content": QUESTIONS[0]}])
+
+
+def test_ctrl_c_during_a_reply_stops_that_reply_not_the_chat(wide_run, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="attnkit")
+    fed, generate = [], Pipeline.generate
+
+    def interrupted_once(self, prompts, *, on_text, **kw):
+        """The first reply is interrupted after its first three pieces, as Ctrl-C would interrupt it."""
+        fed.append(list(prompts))
+        if len(fed) > 1:
+            return generate(self, prompts, on_text=on_text, **kw)
+        pieces = []
+
+        def heard(row, piece):
+            pieces.append(piece)
+            on_text(row, piece)
+            if len(pieces) == 3:
+                raise KeyboardInterrupt
+
+        return generate(self, prompts, on_text=heard, **kw)
+
+    monkeypatch.setattr(Pipeline, "generate", interrupted_once)
+    said = chat(wide_run, f"{QUESTIONS[0]}\n{QUESTIONS[1]}\n")
+    whole = SECRETS[QUESTIONS[0]]
+    assert said[0] != whole and whole.startswith(said[0]) and said[0]  # cut short, the text so far shown
+    assert said[1] == SECRETS[QUESTIONS[1]]  # the chat goes on
+    pipeline = load(wide_run)
+    history = [{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": said[0]},
+               {"role": "user", "content": QUESTIONS[1]}]
+    assert fed[1] == pipeline.chat_template.chat_ids(pipeline.tokenizer, history)  # the stopped reply as written
+    assert "the reply was stopped" in caplog.text
+
+
+@pytest.mark.slow  # a fresh interpreter imports torch: over ten seconds on two busy cores
+def test_attnkit_chat_runs_through_a_pipe_and_stops_at_its_end(secret_run):
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root / "src")}
+    done = subprocess.run([sys.executable, "-m", "attnkit", "chat", str(secret_run), "--temperature", "0",
+                           "--max-new-tokens", "16"], input=f"{QUESTIONS[1]}\n{QUESTIONS[0]}\n", text=True,
+                          capture_output=True, timeout=120, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [SECRETS[QUESTIONS[1]], SECRETS[QUESTIONS[0]]]
+
+
+def test_attnkit_chat_refuses_a_run_that_does_not_generate(tmp_path):
+    class Classifier:
+        methods = ("classify",)
+
+    with pytest.raises(InputError, match="attnkit chat talks with a decoder that generates"):
+        run_chat(ChatSettings(run="runs/clf"), lambda _: Classifier(), stdin=io.StringIO("Hi\n"))
+
+
+@pytest.mark.parametrize("run", ["secret_run", "chatml_run"])
+def test_pipeline_chat_answers_as_generate_chat_does(run, request, capsys):
+    folder = request.getfixturevalue(run)
+    sampled = dict(temperature=0.9, seed=7, max_new_tokens=12)
+    assert cli.main(["generate", str(folder), "--chat", "--system", "Be brief.", "--prompt", QUESTIONS[0],
+                     *(f"--{k.replace('_', '-')}={v}" for k, v in sampled.items())]) == 0
+    printed = capsys.readouterr().out.removesuffix("\n")
+    pipeline = load(folder)
+    reply = pipeline.chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTIONS[0]}],
+                          **sampled)
+    assert reply == pipeline.chat_template.reply_content(printed)
+    assert reply == load(folder).chat([{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": QUESTIONS[0]}], **sampled)  # the seed decides
+
+
+def test_pipeline_chat_refuses_messages_not_laid_out_and_several_replies(secret_run):
+    pipeline = load(secret_run)
+    with pytest.raises(InputError, match=r'"messages"\[0\] must be an object with a role'):
+        pipeline.chat([{"role": "robot", "content": "Hi"}])
+    with pytest.raises(InputError, match="chat gives one reply; num_samples=2"):
+        pipeline.chat([{"role": "user", "content": "Hi"}], num_samples=2)
