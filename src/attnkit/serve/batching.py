@@ -281,13 +281,16 @@ class Scheduler:
     beyond which `submit` raises QueueFull; decoding: how a step runs (the pipeline's: `attnkit.load`'s `compile`
     gives a StaticDecoding, see the module docstring), eager by default; prefix_cache: where prompts' prefixes are
     kept and found (`layers/prefix_cache.py`), None to compute every prompt whole; writable: the tokenizer's size,
-    where the model's vocabulary is padded past it (the ids from it on are never chosen, `sampling.unwritable_ids`).
+    where the model's vocabulary is padded past it (the ids from it on are never chosen, `sampling.unwritable_ids`);
+    speculative: the rows that decode with a draft model (`serve/speculative.py`), which this scheduler hands the
+    jobs it `takes` and runs a round of after each of its own steps, on its thread.
     """
 
     def __init__(self, model, *, context_len: int, pad_id: int, max_rows: int = 32, max_waiting: int = 64,
                  decoding: EagerDecoding | None = None, prefix_cache: PrefixCache | None = None,
-                 writable: int | None = None) -> None:
+                 writable: int | None = None, speculative: Scheduler | None = None) -> None:
         self.model = model
+        self.speculative = speculative
         self.writable = writable
         self.unwritable: Tensor | None = None  # (U,): those ids, found at the first draw
         self.prefix_cache = prefix_cache
@@ -354,8 +357,14 @@ class Scheduler:
             raise InputError(f"the prompt has {len(job.prompt)} tokens and max_tokens is {job.max_new_tokens}: "
                              f"together more than the model's context of {self.context_len}")
         job.queued = time.monotonic()
-        self.waiting.put(job)
+        speculative = self.speculative
+        (speculative if speculative is not None and speculative.takes(job) else self).waiting.put(job)
         self._wake.set()
+
+    @property
+    def parts(self) -> list[Scheduler]:
+        """This scheduler and its speculative rows' (`speculative`), whose counts together are the server's."""
+        return [self] if self.speculative is None else [self, self.speculative]
 
     @property
     def stopped(self) -> bool:
@@ -364,17 +373,15 @@ class Scheduler:
 
     @property
     def running_rows(self) -> int:
-        batch = self.batch
-        return len(batch.rows) if batch is not None else 0
+        return sum(len(part.batch.rows) for part in self.parts if part.batch is not None)
 
     @property
     def queue_length(self) -> int:
-        return len(self.waiting)
+        return sum(len(part.waiting) for part in self.parts)
 
     @property
     def running_requests(self) -> int:
-        batch = self.batch
-        return len(batch.jobs) if batch is not None else 0
+        return sum(len(part.batch.jobs) for part in self.parts if part.batch is not None)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -391,28 +398,30 @@ class Scheduler:
         while not self._stop.is_set():
             if self._closed.is_set():
                 self._end_all()
-            if self.batch is None and self.waiting.empty():
+            if all(part.batch is None and part.waiting.empty() for part in self.parts):
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
-            try:
-                with self.lock, torch.inference_mode():
-                    self._iteration()
-            except Exception as error:  # a decoding step shared by the running jobs failed: they end, not the server
-                log.exception("a decoding step failed; ending the requests it ran")
-                self._end_running(error)
+            with self.lock, torch.inference_mode():
+                for part in self.parts:  # a step of the plain rows, then a round of the speculative ones
+                    try:
+                        part._iteration()
+                    except Exception as error:  # a step shared by its running jobs failed: they end, not the server
+                        log.exception("a decoding step failed; ending the requests it ran")
+                        part._end_running(error)
         self._end_all()  # what came between `close` and `stop`: every job gets its on_finish
 
     def _end_all(self) -> None:
         """End every job, running and waiting, unfinished: "error" for each choice still open, `Closed` its failure."""
         with self.lock:
-            jobs = self.batch.jobs if self.batch is not None else []
-            self.batch, self.logits = None, None
-            jobs += self.waiting.take_all()
-            for job in jobs:
-                job.failure = Closed(SHUTTING_DOWN)
-                job.reasons = ["error" if reason is None else reason for reason in (job.reasons or [None] * job.n)]
-                self._finish(job)
+            for part in self.parts:
+                jobs = part.batch.jobs if part.batch is not None else []
+                part.batch, part.logits = None, None
+                jobs += part.waiting.take_all()
+                for job in jobs:
+                    job.failure = Closed(SHUTTING_DOWN)
+                    job.reasons = ["error" if reason is None else reason for reason in (job.reasons or [None] * job.n)]
+                    part._finish(job)
 
     def _iteration(self) -> None:
         """Admit waiting jobs, choose a token for every row, drop the rows that ended, and step the rest."""
@@ -697,19 +706,20 @@ class Scheduler:
         ids[:, :width], mask[:, :width] = window.ids, window.attention_mask
         return Batch(self._allocate(count, positions), ids, mask, 0, rows, template=self.template)
 
-    def _fit(self, *, rows: int = 0, width: int = 0) -> None:
-        """Make room in the batch for `rows` more rows whose prompts are `width` columns wide, and a free column for
-        the next token. When the buffers lack it, the batch moves into new ones, leaving behind the columns that
-        are padding in every row; rows double (up to max_rows), and positions double (up to `most_positions`)
-        when what is left would fill at least three quarters of them."""
+    def _fit(self, *, rows: int = 0, width: int = 0, columns: int = 1) -> None:
+        """Make room in the batch for `rows` more rows whose prompts are `width` columns wide, and `columns` free
+        columns from `length` on (the next token's; a speculative round's drafts too). When the buffers lack it, the
+        batch moves into new ones, leaving behind the columns that are padding in every row; rows double (up to
+        max_rows), and positions double (up to `most_positions`) when what is left would fill at least three
+        quarters of them."""
         batch = self.batch
         capacity, positions = batch.room
         used = len(batch.rows) + rows
-        if used <= capacity and width <= batch.length < positions:
+        if used <= capacity and width <= batch.length and batch.length + columns <= positions:
             return
         length = max(batch.length - batch.first, width)  # the columns the rows need now
-        if positions - length <= positions // 4:
-            positions = min(max(2 * positions, length + 1), self.most_positions)
+        if positions - length - (columns - 1) <= positions // 4:
+            positions = min(max(2 * positions, length + columns), self.most_positions)
         if used > capacity:
             capacity = min(self.max_rows, max(2 * capacity, used))
         self.batch = batch.moved(capacity, positions, length - batch.length, self._allocate)

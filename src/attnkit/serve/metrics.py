@@ -30,6 +30,14 @@
     attnkit_prefix_cache_hits_total               counter    of those, tokens whose keys and values were reused
     attnkit_prefix_cache_hit_rate                 gauge      hits / queries since the server started
     attnkit_prefix_cache_bytes                    gauge      memory the kept blocks take (`layers/prefix_cache.py`)
+    attnkit_spec_decode_num_drafts_total          counter    with --draft: speculative rounds (target forward passes
+                                                             over drafts; vLLM's spec_decode_num_drafts)
+    attnkit_spec_decode_num_draft_tokens_total    counter    tokens the draft proposed (K per row and round)
+    attnkit_spec_decode_num_accepted_tokens_total counter    of those, tokens the target accepted
+    attnkit_spec_decode_draft_acceptance_rate     gauge      accepted / proposed since the server started
+
+The counts of generation (tokens, requests, rows, iterations) are those of the plain and the speculative rows
+together (`Scheduler.parts`).
 """
 
 from __future__ import annotations
@@ -125,7 +133,12 @@ class Metrics:
             seconds, count, prompt_tokens = self.seconds, self.count, self.prompt_tokens
             for histogram in (self.first_token, self.per_token, self.latency):
                 lines += histogram.lines()
-        tokens = scheduler.tokens if scheduler is not None else 0
+        parts = scheduler.parts if scheduler is not None else []
+
+        def total(name: str) -> float:
+            return sum(getattr(part, name) for part in parts)
+
+        tokens = total("tokens")
         waiting = scheduler.queue_length if scheduler is not None else 0
         rate = self.tokens_per_second(tokens)
         values = [
@@ -141,14 +154,13 @@ class Metrics:
              "Sequences in the running batch."),
             ("kv_cache_usage_ratio", "gauge", round(scheduler.kv_cache_usage, 6) if scheduler is not None else 0,
              "Share of the running batch's cache positions that hold keys."),
-            ("scheduler_iterations_total", "counter", scheduler.iterations if scheduler is not None else 0,
+            ("scheduler_iterations_total", "counter", total("iterations"),
              "Scheduler iterations that chose tokens (each: admission, the rows' next tokens, a decoding step)."),
-            ("scheduler_iteration_seconds_total", "counter",
-             round(scheduler.iteration_seconds, 6) if scheduler is not None else 0,
+            ("scheduler_iteration_seconds_total", "counter", round(total("iteration_seconds"), 6),
              "Time those iterations took, with the wait for the device."),
-            ("scheduler_rows_total", "counter", scheduler.rows_chosen if scheduler is not None else 0,
+            ("scheduler_rows_total", "counter", total("rows_chosen"),
              "Rows the iterations chose a token for (per iteration: the mean batch size)."),
-            ("prefills_total", "counter", scheduler.prefills if scheduler is not None else 0,
+            ("prefills_total", "counter", total("prefills"),
              "Prefill forward passes (requests joining together share one)."),
             ("request_seconds_sum", "counter", round(seconds, 6), "Time spent answering requests."),
             ("request_seconds_count", "counter", count, "Requests timed."),
@@ -163,6 +175,18 @@ class Metrics:
                 ("prefix_cache_hit_rate", "gauge", round(prefix_cache.hit_rate, 6), "Share of looked-up prompt tokens "
                  "the prefix cache gave."),
                 ("prefix_cache_bytes", "gauge", prefix_cache.bytes, "Memory the prefix cache's blocks take."),
+            ]
+        speculative = scheduler.speculative if scheduler is not None else None
+        if speculative is not None:
+            stats = speculative.speculation
+            values += [
+                ("spec_decode_num_drafts_total", "counter", stats.rounds, "Speculative rounds: target forward passes "
+                 "over the draft's tokens."),
+                ("spec_decode_num_draft_tokens_total", "counter", stats.drafted, "Tokens the draft model proposed."),
+                ("spec_decode_num_accepted_tokens_total", "counter", stats.accepted, "Proposed tokens the target "
+                 "accepted."),
+                ("spec_decode_draft_acceptance_rate", "gauge", round(stats.acceptance_rate, 6), "Share of the "
+                 "proposed tokens the target accepted, since the server started."),
             ]
         for name, kind, value, help_text in values:
             lines += [f"# HELP attnkit_{name} {help_text}", f"# TYPE attnkit_{name} {kind}", f"attnkit_{name} {value}"]

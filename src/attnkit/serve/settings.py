@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from attnkit.tasks import TaskSpec
 
 API_KEY_ENV = "ATTNKIT_API_KEY"  # the API key, when --api-key is not given
-GENERATION_OPTIONS = ("max_batch", "max_queue", "max_tokens", "prefix_cache", "prefix_cache_mib")  # what only a run
+GENERATION_OPTIONS = ("max_batch", "max_queue", "max_tokens", "prefix_cache", "prefix_cache_mib", "draft",
+                      "draft_tokens")  # what only a run
 # that generates reads (its scheduler)
 
 
@@ -29,6 +30,11 @@ class ServeSettings(DecodeSettings):
     max_tokens: int = 512  # new tokens one request may ask for at most (and the context's room)
     prefix_cache: bool = True  # reuse the keys and values of recent prompts' starts (vLLM's automatic prefix caching)
     prefix_cache_mib: int = 256  # memory the prefix cache takes at most (MiB); beyond, least recently used blocks go
+    draft: str | None = None
+    """a smaller decoder run with the same tokenizer: speculative decoding of the requests it can serve (greedy, or
+    sampled without a seed, no penalties, grammar or logprobs: the others decode as without it); the same text
+    (greedy) or distribution (sampled) as this run alone; /metrics shows the acceptance rate"""
+    draft_tokens: int = 4  # --draft: the tokens the draft proposes a round (2 to 6 is usual)
     served_model_name: tuple[str, ...] = ()  # names requests may ask for, answers carry the first; none: the run's
     allowed_origins: tuple[str, ...] = ()  # web pages' origins that may call the API from a browser (CORS; * any)
     timeout: float = 120.0  # seconds a request may run after its body (then 504), and the longest pause in a body (408)

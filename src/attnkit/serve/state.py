@@ -23,6 +23,7 @@ from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.pipeline import Pipeline
 from attnkit.layers.prefix_cache import PrefixCache
 from attnkit.models import family_of
+from attnkit.run_settings import check_draft_tokens
 from attnkit.serve.batching import Scheduler
 from attnkit.serve.bodies import parse_body, read_body
 from attnkit.serve.errors import SHUTTING_DOWN, APIError
@@ -30,6 +31,7 @@ from attnkit.serve.explorer import Explorer
 from attnkit.serve.metrics import Metrics
 from attnkit.serve.schemas import Body
 from attnkit.serve.settings import ServeSettings
+from attnkit.serve.speculative import SpeculativeScheduler
 
 log = logging.getLogger("attnkit.serve")
 DRAIN_POLL_S = 0.05  # how often a stop that lets the requests in flight end looks whether they have (`drain`)
@@ -64,8 +66,10 @@ class ServerState:
             scheduler = Scheduler(pipeline.model, context_len=pipeline.config.max_seq_len, pad_id=pipeline.pad_id,
                                   max_rows=settings.max_batch, max_waiting=settings.max_queue,
                                   decoding=pipeline.decoding, prefix_cache=prefix_cache,
-                                  writable=pipeline.tokenizer.vocab_size)
-            scheduler.observe = metrics.observe  # each generation request's times, when it ends
+                                  writable=pipeline.tokenizer.vocab_size,
+                                  speculative=speculative_rows(pipeline, settings))
+            for part in scheduler.parts:
+                part.observe = metrics.observe  # each generation request's times, when it ends
             build_steps(pipeline.decoding, settings.max_batch)
         experiments = Path(settings.experiments) if settings.experiments else Path.cwd() / "docs" / "experiments"
         names = settings.served_model_name or (run_dir.resolve().name,)
@@ -129,6 +133,21 @@ class ServerState:
     async def in_turns(self, texts: list[str], call: Callable[[list[str], int], list]) -> list:
         """`call(part, start)` over `texts` on a worker thread, a turn at a time (`in_turns`)."""
         return await run_in_threadpool(in_turns, self.model_lock, self.settings.timeout, texts, call, self.closing)
+
+
+def speculative_rows(pipeline: Pipeline, settings: ServeSettings) -> SpeculativeScheduler | None:
+    """The scheduler of the rows that decode with --draft (`serve/speculative.py`), or None without one. The draft is
+    loaded and checked before the server answers (`Pipeline.check_draft`): InputError, one line, for a draft of
+    another vocabulary, family or device."""
+    if settings.draft is None:
+        return None
+    check_draft_tokens(settings.draft_tokens, flags=True)
+    draft = pipeline.check_draft(settings.draft)
+    log.info("speculative decoding with the draft %s, %d tokens a round", settings.draft, settings.draft_tokens)
+    return SpeculativeScheduler(pipeline.model, draft.model, draft_tokens=settings.draft_tokens,
+                                context_len=min(pipeline.config.max_seq_len, draft.config.max_seq_len),
+                                pad_id=pipeline.pad_id, max_rows=settings.max_batch, max_waiting=settings.max_queue,
+                                writable=pipeline.tokenizer.vocab_size)
 
 
 def build_steps(decoding, max_rows: int) -> None:

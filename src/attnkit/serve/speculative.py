@@ -1,0 +1,268 @@
+"""Speculative decoding in the batching scheduler (`attnkit serve RUN --draft DRAFT_RUN`, as vLLM serves with a
+draft model): the rule of `generate/speculative.py` (Leviathan et al. 2023), over rows that join and leave between
+rounds as `serve/batching.py`'s rows do.
+
+The rows that speculate have a batch of their own (`Batch`: buffers with room, rows left-padded, every row's newest
+token in one column), and beside it a second `Batch` over the draft's cache, holding the same rows and columns and
+moved, grown and shrunk with it. Each scheduler iteration runs one step of the plain batch and one round of this
+one (`Scheduler._loop`), so a request's drafting costs the others one round, never its whole text.
+
+    before a round   every row's newest token (`newest`, kept aside as the plain batch keeps its chosen tokens
+                     until a step) goes into column L, in neither model's cache yet
+    draft            K small steps over its batch                          d1 ... dK     (q1 ... qK)
+    target           one forward over columns L ... L + K                  p1 ... pK+1
+    keep             n + 1 tokens a row, n the fewest drafts a live row kept (`advance_together`): each row's text
+                     stays exact, and the columns stay one rectangle
+    after            both caches rewound to column L + n + 1, where each row's newest token is written
+
+A job joins as in the plain batch: its prompt is prefilled in both models beside the others that join, and its first
+token is chosen from the target's prefill logits as the plain batch chooses it (`Scheduler._sample`). Each round
+gives every row 1 to K + 1 tokens, K cut so that no row drafts past its max_tokens.
+
+Which requests speculate (`takes`): greedy ones (the text is the target's own, token for token) and sampled ones
+without a seed (drawn from the target's distribution); the others are served by the plain batch, beside, and get
+what the server without a draft gives them. A seeded sampled request goes there because a batch's rows advance by
+the drafts every row keeps, so its draws would follow the other requests' acceptances and its text would depend on
+who shares its rounds; penalties, grammars (structured output) and log-probabilities because the draft rule holds
+none of them (`run_settings.NOT_BESIDE_DRAFT`). Nothing is refused for having a draft.
+
+Both caches keep every position (`rolling=False`, so a sliding window's rows merge and rewind); nothing is kept in
+the prefix cache, which holds the target's keys only.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.generate.decoder import Window, left_pad, logits_of_new, prefill
+from attnkit.generate.sampling import check_drawn, draw
+from attnkit.generate.speculative import Shaper, Speculation, accept_greedy, accept_sampled, advance_together
+from attnkit.run_settings import check_draft_tokens
+from attnkit.serve.batching import Batch, GenerationJob, Scheduler
+
+
+class SpeculativeScheduler(Scheduler):
+    """The rows that speculate (see the module docstring). It has no thread of its own: the plain scheduler, which
+    hands it the jobs it `takes`, runs its iterations on its thread. `speculation` counts the rounds, drafted and
+    accepted tokens (GET /metrics)."""
+
+    def __init__(self, model: nn.Module, draft: nn.Module, *, draft_tokens: int, context_len: int, pad_id: int,
+                 max_rows: int = 32, max_waiting: int = 64, writable: int | None = None) -> None:
+        super().__init__(model, context_len=context_len, pad_id=pad_id, max_rows=max_rows, max_waiting=max_waiting,
+                         writable=writable)
+        self.draft = draft
+        self.draft_tokens = check_draft_tokens(draft_tokens)
+        self.vocab = writable or model.lm_head.out_features  # the ids both models may choose
+        self.most_positions = 2 * context_len  # every position is kept (rolling=False): buffers may exceed a window
+        self.drafts: Batch | None = None  # the draft's batch: the rows and columns of `batch`
+        self.newest: Tensor | None = None  # (B,): each row's newest token, written into column `length` by a round
+        self.speculation = Speculation(draft_tokens)
+        self.shapers: dict[GenerationJob, Shaper] = {}  # each running job's logits processing (`Shaper`)
+
+    @staticmethod
+    def takes(job: GenerationJob) -> bool:
+        """Whether `job` speculates (see the module docstring): no penalties, grammar or log-probabilities, and
+        greedy or unseeded."""
+        plain = job.sampling.penalises or job.grammar is not None or job.top_logprobs is not None
+        return not plain and (job.sampling.greedy or job.seed is None)
+
+    def _allocate(self, batch_size: int, positions: int):
+        return self.model.allocate_cache(batch_size, positions, rolling=False)
+
+    def _allocate_draft(self, batch_size: int, positions: int):
+        return self.draft.allocate_cache(batch_size, positions, rolling=False)
+
+    # joining and moving: both batches alike -------------------------------------------------------------------
+    def _prefill(self, joining: list[GenerationJob]) -> None:
+        """Prefill `joining` in the draft (its cache only: the target chooses their first tokens), then in the target
+        (`Scheduler._prefill`), and add their rows to both batches; both are unchanged when a pass fails."""
+        rows = [(job, choice) for job in joining for choice in range(job.n)]
+        window = left_pad([job.prompt for job, _ in rows], pad_id=self.pad_id, device=self.device)  # (k, T)
+        count, width = window.ids.shape
+        cache = self._allocate_draft(count, width)
+        prefill(self.draft, window, cache)
+        fresh = self.batch is None
+        super()._prefill(joining)
+        if fresh:  # an empty draft batch of the target's room and length, for the rows to be placed in
+            capacity, positions = self.batch.room
+            self.drafts = Batch(self._allocate_draft(capacity, positions), torch.zeros_like(self.batch.ids),
+                                torch.zeros_like(self.batch.attention_mask), 0, [])
+            self.drafts.length = width
+            self.newest = window.ids.new_zeros(0)
+        self.drafts.place(window, cache, rows)
+
+    def _fit(self, *, rows: int = 0, width: int = 0, columns: int = 1) -> None:
+        """`Scheduler._fit`, the draft's batch moved with the target's."""
+        before = self.batch
+        super()._fit(rows=rows, width=width, columns=columns)
+        if self.batch is not before:
+            capacity, positions = self.batch.room
+            self.drafts = self.drafts.moved(capacity, positions, self.batch.length - before.length,
+                                            self._allocate_draft)
+
+    def _finish(self, job: GenerationJob) -> None:
+        self.shapers.pop(job, None)
+        super()._finish(job)
+
+    # an iteration ---------------------------------------------------------------------------------------------
+    def _iteration(self) -> None:
+        """Admit waiting jobs, choose the first token of those that joined, drop the rows that ended, and run a
+        round over the rest."""
+        began = time.monotonic()
+        self._admit()
+        self._end_cancelled()
+        if self.batch is None:
+            return
+        self._cancel_expired()
+        self._first_tokens()
+        if self._drop_ended():
+            rows = len(self.batch.rows)
+            self._round()
+            self.rows_chosen += rows
+            self._drop_ended()
+        self.iterations += 1
+        self.iteration_seconds += time.monotonic() - began
+
+    def _cancel_expired(self) -> None:
+        """End ("cancelled") the choices of jobs whose clients went away or whose deadline passed."""
+        now = time.monotonic()
+        for job in self.batch.jobs:
+            if job.cancelled.is_set() or (job.deadline is not None and now > job.deadline):
+                job.reasons = ["cancelled" if reason is None else reason for reason in job.reasons]
+
+    def _first_tokens(self) -> None:
+        """Choose the first token of the rows prefilled since the last round (the batch's last rows, whose logits
+        `logits` holds) as the plain batch does: their `newest`."""
+        fresh = self.logits.shape[0]
+        if not fresh:
+            return
+        batch, start = self.batch, len(self.batch.rows) - fresh
+        rows_of: dict[GenerationJob, list[int]] = {}  # rows counted from `start`, as `logits` counts them
+        for row, (job, choice) in enumerate(batch.rows[start:]):
+            rows_of.setdefault(job, [0] * job.n)[choice] = row
+        chosen = torch.full((fresh,), self.pad_id, dtype=torch.long, device=self.device)
+        alike: dict = {}
+        for job in rows_of:
+            if None in job.reasons:
+                alike.setdefault(job.sampling, []).append(job)
+        for sampling, jobs in alike.items():
+            self._sample(jobs, sampling, rows_of, chosen)
+        self.newest = torch.cat((self.newest, chosen.clamp(min=0)))  # a failed row's padding: it is dropped
+        self.logits = self.logits[:0]
+
+    def _drop_ended(self) -> bool:
+        """End the jobs whose choices have all ended and drop their rows from both batches. Returns whether any row
+        is left."""
+        batch = self.batch
+        ended = [row for row, (job, _) in enumerate(batch.rows) if None not in job.reasons]
+        for job in batch.jobs:
+            if None not in job.reasons:
+                self._finish(job)
+        if len(ended) == len(batch.rows):
+            self.batch = self.drafts = self.logits = self.newest = None
+            return False
+        if ended:
+            self.newest = self.newest[batch.drop(ended)]
+            self.drafts.drop(ended)
+        return True
+
+    def _round(self) -> None:
+        """One round of speculative decoding over every row (see the module docstring), each job's tokens passed on
+        as the plain batch passes them (`_deliver`)."""
+        jobs = self.batch.jobs
+        k = max(0, min(self.draft_tokens, *(job.max_new_tokens - job.produced - 1 for job in jobs)))
+        self._fit(columns=k + 2)  # the target caches columns L ... L + k, and L + n + 1 takes the newest token
+        batch, drafts = self.batch, self.drafts
+        batch.write(self.newest)
+        drafts.write(self.newest)
+        listed: dict[GenerationJob, list[int]] = {}
+        for row, (job, choice) in enumerate(batch.rows):
+            listed.setdefault(job, [0] * job.n)[choice] = row
+        rows_of = {job: torch.tensor(rows, device=self.device) for job, rows in listed.items()}  # in choice order
+        for job in jobs:
+            if job not in self.shapers:
+                self.shapers[job] = Shaper(job.sampling, vocab=self.vocab, stop_ids=job.stop_ids,
+                                           writable=self.writable, min_new_tokens=job.min_tokens, device=self.device)
+        window = batch.window()  # (B, L + 1 - first)
+        drafted, q = self._draft(window, drafts.cache, k, rows_of)  # (B, k), (B, k, V)
+        scored = logits_of_new(self.model, window.extend(drafted), batch.cache, k + 1)  # (B, k + 1, V')
+        kept = torch.empty(len(batch.rows), dtype=torch.long, device=self.device)  # (B,): the drafts each row kept
+        after = torch.empty_like(kept)  # (B,): the token after them
+        for job, rows in rows_of.items():
+            shaper, groups = self.shapers[job], [(1, generator) for generator in job.generators]
+            if job.sampling.greedy:
+                chosen = torch.stack([shaper.choose(scored[rows, i], job.produced + i, groups)
+                                      for i in range(k + 1)], dim=1)  # (b, k + 1)
+                kept[rows], after[rows] = accept_greedy(chosen, drafted[rows])
+            else:
+                p = torch.stack([shaper.probs(scored[rows, i], job.produced + i) for i in range(k + 1)], dim=1)
+                kept[rows], after[rows] = accept_sampled(p, q[rows], drafted[rows], groups)
+        kept_by_row = kept.tolist()
+        live = [row for row, (job, choice) in enumerate(batch.rows) if job.reasons[choice] is None]
+        n = min(kept_by_row[row] for row in live)  # the drafts every live row keeps
+        tokens = advance_together(n, kept, after, drafted)  # (B, n + 1)
+        self._count(k, n, [kept_by_row[row] for row in live])
+        by_row = tokens.tolist()
+        for job, rows in listed.items():
+            try:
+                for column in range(n + 1):
+                    if None not in job.reasons:
+                        break
+                    self._deliver(job, check_drawn([by_row[row][column] for row in rows]))
+            except Exception as error:  # its own logits gave no distribution, or its own callback failed
+                self._fail(job, error)
+        self._write(tokens.clamp(min=0), k, n)
+
+    def _draft(self, window: Window, cache, k: int, rows_of: dict[GenerationJob, Tensor]
+               ) -> tuple[Tensor, Tensor | None]:
+        """The draft's k proposals (B, k) after the window, each job's rows shaped by its settings, and their
+        distributions (B, k, V) (None when every job is greedy; zeros in a greedy job's rows)."""
+        batch = window.ids.shape[0]
+        sampled = any(not job.sampling.greedy for job in rows_of)
+        q = torch.zeros(batch, k, self.vocab, device=self.device) if sampled else None
+        tokens = []
+        for i in range(k):
+            logits = prefill(self.draft, window, cache)  # (B, V'): the columns the cache lacks, the last one's logits
+            token = torch.empty(batch, dtype=torch.long, device=self.device)
+            for job, rows in rows_of.items():
+                shaper, groups = self.shapers[job], [(1, generator) for generator in job.generators]
+                if job.sampling.greedy:
+                    token[rows] = shaper.choose(logits[rows], job.produced + i, groups)
+                else:
+                    q[rows, i] = shaper.probs(logits[rows], job.produced + i)
+                    token[rows] = draw(q[rows, i], groups)
+            tokens.append(token.clamp(min=0))  # NO_TOKEN (a broken draft) is rejected by the target, never kept
+            window = window.append(tokens[-1])
+        drafted = torch.stack(tokens, dim=1) if tokens else window.ids.new_zeros(batch, 0)  # (B, k)
+        return drafted, q
+
+    def _write(self, tokens: Tensor, k: int, n: int) -> None:
+        """Write the round's tokens (B, n + 1) but the last after column L in both batches, rewind both caches to the
+        new length L + n + 1, keep the last as `newest`, and feed the draft the one column it lacks after all k
+        drafts were kept."""
+        length = self.batch.length + n + 1
+        for part in (self.batch, self.drafts):
+            rows = len(part.rows)
+            part.ids[:rows, part.length + 1:length] = tokens[:, :n]
+            part.attention_mask[:rows, part.length + 1:length] = True
+            part.length = length
+        self.newest = tokens[:, n]
+        self.batch.cache.rewind(length - self.batch.first)
+        drafts = self.drafts
+        drafts.cache.rewind(min(drafts.cache.length, length - drafts.first))
+        if drafts.cache.length < length - drafts.first:  # n == k: its last draft was never fed to it
+            rows = len(drafts.rows)
+            prefill(self.draft, Window(drafts.ids[:rows, drafts.first:length],
+                                       drafts.attention_mask[:rows, drafts.first:length], drafts.padded), drafts.cache)
+        self.steps += 1
+
+    def _count(self, k: int, n: int, kept: list[int]) -> None:
+        """Add a round to `speculation`: k drafts per live row, `kept` of each accepted, n + 1 tokens a row."""
+        stats = self.speculation
+        stats.rounds += 1
+        stats.drafted += k * len(kept)
+        stats.accepted += sum(kept)
+        stats.advanced += n + 1

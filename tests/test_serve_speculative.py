@@ -1,0 +1,222 @@
+"""attnkit serve --draft: speculative decoding in the batching scheduler. Driven iteration by iteration, rows that
+join at any round get the target's own greedy tokens, a request the draft rule cannot serve is decoded by the plain
+rows beside, and a plain request ends while a long speculative one is still running; through a live server, greedy
+texts equal the server's without a draft and `Pipeline.generate`, alone, streamed and from concurrent clients, and
+/metrics shows the acceptance rate; a draft of another vocabulary is refused at start-up in one line."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from generate_models import tiny_model
+
+from attnkit.generate import GREEDY, SamplingConfig, generate_tokens
+from attnkit.serve.batching import GenerationJob, Scheduler
+from attnkit.serve.speculative import SpeculativeScheduler
+
+CONTEXT = 48
+PROMPTS = ([1, 2, 3], [4, 5, 6, 7, 8, 9], [2], [5, 5, 5, 5, 5])
+
+
+class Recorded:
+    """A job, the tokens each choice got and the reasons it finished with."""
+
+    def __init__(self, prompt: list[int], max_new: int, *, n: int = 1, sampling: SamplingConfig = GREEDY,
+                 seed: int | None = None, stop_ids: frozenset[int] = frozenset()) -> None:
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.reasons: list[str] | None = None
+        self.job = GenerationJob(prompt=prompt, max_new_tokens=max_new, sampling=sampling, n=n, seed=seed,
+                                 stop_ids=stop_ids, on_token=self._token, on_finish=self._finish)
+
+    def _token(self, choice: int, token: int) -> bool:
+        self.tokens[choice].append(token)
+        return False
+
+    def _finish(self, reasons: list[str]) -> None:
+        self.reasons = reasons
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_model(max_seq_len=CONTEXT, position="rope", seed=2)[0]
+    draft = tiny_model(max_seq_len=CONTEXT, position="rope", seed=3, n_layers=1)[0]
+    return target, draft
+
+
+def schedulers(target, draft, draft_tokens: int = 3) -> tuple[Scheduler, SpeculativeScheduler]:
+    speculative = SpeculativeScheduler(target, draft, draft_tokens=draft_tokens, context_len=CONTEXT, pad_id=0,
+                                       max_rows=8)
+    return Scheduler(target, context_len=CONTEXT, pad_id=0, max_rows=8, speculative=speculative), speculative
+
+
+def iterate(scheduler: Scheduler) -> None:
+    """One turn of the scheduler's loop: a step of its plain rows, then a round of its speculative ones."""
+    with torch.inference_mode():
+        for part in scheduler.parts:
+            part._iteration()
+
+
+def drain(scheduler: Scheduler, limit: int = 300) -> None:
+    for _ in range(limit):
+        if all(part.batch is None and part.waiting.empty() for part in scheduler.parts):
+            return
+        iterate(scheduler)
+    raise AssertionError(f"the jobs did not end within {limit} iterations")
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["draft-is-target", "other-draft"])
+def test_rows_joining_at_any_round_get_the_targets_greedy_tokens(models, same):
+    target, other = models
+    scheduler, speculative = schedulers(target, target if same else other)
+    jobs = [Recorded(prompt, 10 + i, n=2 if i == 1 else 1, stop_ids=frozenset({3}) if i == 3 else frozenset())
+            for i, prompt in enumerate(PROMPTS)]
+    scheduler.submit(jobs[0].job)
+    scheduler.submit(jobs[1].job)
+    iterate(scheduler)
+    scheduler.submit(jobs[2].job)  # joins a running batch, which must grow (its rows were three)
+    iterate(scheduler)
+    scheduler.submit(jobs[3].job)
+    drain(scheduler)
+    assert scheduler.batch is None and not scheduler.tokens, "greedy requests were decoded by the plain rows"
+    for recorded in jobs:
+        job = recorded.job
+        alone = generate_tokens(target, [job.prompt] * job.n, max_new_tokens=job.max_new_tokens,
+                                context_len=CONTEXT, sampling=GREEDY, stop_ids=job.stop_ids)
+        assert recorded.tokens == alone and recorded.reasons is not None and "error" not in recorded.reasons
+    stats = speculative.speculation
+    assert stats.drafted > 0 and stats.rounds > 0
+    if same:  # the target drafting for itself: every draft is its own greedy choice
+        assert stats.accepted == stats.drafted and stats.advanced > stats.rounds
+
+
+def test_requests_the_draft_rule_cannot_serve_decode_in_the_plain_rows_as_without_a_draft(models):
+    target, draft = models
+    scheduler, speculative = schedulers(target, draft)
+    penalised = SamplingConfig(temperature=0.0, presence_penalty=1.5)
+    sampled = SamplingConfig(temperature=0.9)
+    jobs = [Recorded([1, 2, 3], 8, sampling=penalised), Recorded([4, 5], 8, sampling=sampled, seed=7),
+            Recorded([6, 7, 8], 8, sampling=sampled), Recorded([2, 2], 8)]
+    for recorded in jobs:
+        scheduler.submit(recorded.job)
+    assert [speculative.takes(recorded.job) for recorded in jobs] == [False, False, True, True]
+    drain(scheduler)
+    plain = Scheduler(target, context_len=CONTEXT, pad_id=0, max_rows=8)  # the server without a draft
+    again = [Recorded([1, 2, 3], 8, sampling=penalised), Recorded([4, 5], 8, sampling=sampled, seed=7)]
+    for recorded in again:
+        plain.submit(recorded.job)
+    drain(plain)
+    assert [r.tokens for r in jobs[:2]] == [r.tokens for r in again]
+    assert len(jobs[2].tokens[0]) == 8 and jobs[2].reasons == ["length"]  # sampled, unseeded: drafted
+    assert scheduler.tokens == 16 and speculative.tokens == 16  # two requests of 8 tokens each way
+
+
+def test_a_plain_request_ends_while_a_long_speculative_one_runs(models):
+    """Each turn of the loop runs one plain step and one round: drafting for one request holds no other."""
+    target, draft = models
+    scheduler, speculative = schedulers(target, draft, draft_tokens=2)
+    long, short = Recorded([1, 2], 40), Recorded([3, 4], 3, sampling=SamplingConfig(temperature=0.0,
+                                                                                   frequency_penalty=1.0))
+    scheduler.submit(long.job)
+    scheduler.submit(short.job)
+    turns = 0
+    while short.reasons is None:
+        iterate(scheduler)
+        turns += 1
+    assert short.reasons == ["length"] and turns <= 4
+    assert long.reasons is None and len(long.tokens[0]) <= turns * 3  # at most k + 1 tokens a round
+    drain(scheduler)
+    assert long.reasons == ["length"] and len(long.tokens[0]) == 40
+
+
+# Through a live server -------------------------------------------------------------------------------------------
+pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
+httpx = pytest.importorskip("httpx")
+
+from serve_helpers import TEXT_CHARS, running_server, tiny_run  # noqa: E402
+
+import attnkit  # noqa: E402
+from attnkit.checkpoint import record_checksums, save_model  # noqa: E402
+from attnkit.config import ModelConfig  # noqa: E402
+from attnkit.tokenize import CharTokenizer  # noqa: E402
+
+TIMEOUT = 60
+TEXTS = ("the cat", "a dog ran", "hello", "z")
+
+
+def varied_run(directory, *, n_layers: int):
+    """A tiny char-level decoder run whose matrices are drawn with std 0.3: its greedy texts vary from token to token
+    (a freshly built one's repeat one character), and a draft of one layer disagrees with it often."""
+    tokenizer = CharTokenizer(TEXT_CHARS)
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=32, n_layers=n_layers, n_heads=4,
+                         d_ff=64, max_seq_len=96)
+    torch.manual_seed(0)
+    model = attnkit.build_model(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.3)
+    save_model(model, config, directory)
+    tokenizer.save(directory / "tokenizer")
+    record_checksums(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("speculative")
+    return varied_run(root / "target", n_layers=2), varied_run(root / "draft", n_layers=1)
+
+
+@pytest.fixture(scope="module")
+def servers(runs):
+    target, draft = runs
+    with running_server(target, draft=str(draft), draft_tokens=3) as (speculating, _), \
+            running_server(target) as (plain, _):
+        yield speculating, plain
+
+
+def complete(url: str, body: dict) -> dict:
+    answer = httpx.post(f"{url}/v1/completions", json={"max_tokens": 16, "temperature": 0, **body}, timeout=TIMEOUT)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_greedy_texts_equal_the_server_without_a_draft_and_the_pipeline(runs, servers):
+    speculating, plain = servers
+    expected = attnkit.load(runs[0], device="cpu").generate(list(TEXTS), max_new_tokens=16, temperature=0)
+    assert len(set("".join(expected))) > 8, expected  # texts of many tokens, which a draft gets wrong
+    for text, want in zip(TEXTS, expected, strict=True):
+        drafted, alone = complete(speculating, {"prompt": text}), complete(plain, {"prompt": text})
+        assert drafted["choices"][0]["text"] == alone["choices"][0]["text"] == want
+        assert drafted["usage"] == alone["usage"]
+    with ThreadPoolExecutor(4) as pool:  # concurrent clients share the speculative rows' rounds
+        answers = list(pool.map(lambda text: complete(speculating, {"prompt": text, "n": 2}), TEXTS))
+    for answer, want in zip(answers, expected, strict=True):
+        assert [choice["text"] for choice in answer["choices"]] == [want, want]
+
+
+def test_a_streamed_request_sends_the_same_text_and_metrics_show_the_acceptance_rate(runs, servers):
+    speculating, plain = servers
+    body = {"prompt": "the cat", "max_tokens": 20, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{speculating}/v1/completions", json=body, timeout=TIMEOUT) as raw:
+        chunks = [json.loads(line[6:]) for line in raw.iter_lines() if line.startswith("data: {")]
+    streamed = "".join(choice["text"] for chunk in chunks for choice in chunk["choices"])
+    assert streamed == complete(plain, {"prompt": "the cat", "max_tokens": 20})["choices"][0]["text"]
+    metrics = {line.split()[0]: float(line.split()[1]) for line in httpx.get(f"{speculating}/metrics").text.splitlines()
+               if line.startswith("attnkit_spec_decode")}
+    drafted, accepted = (metrics[f"attnkit_spec_decode_num_{name}_tokens_total"] for name in ("draft", "accepted"))
+    assert drafted > 0 and metrics["attnkit_spec_decode_num_drafts_total"] > 0
+    assert metrics["attnkit_spec_decode_draft_acceptance_rate"] == pytest.approx(accepted / drafted, abs=1e-6)
+    assert not any(line.startswith("attnkit_spec_decode") for line in httpx.get(f"{plain}/metrics").text.splitlines())
+
+
+def test_a_draft_of_another_vocabulary_is_refused_at_start_up_in_one_line(runs, tmp_path, capsys):
+    from attnkit.cli import main
+
+    other = tiny_run(tmp_path, tokenizer="bpe", n_layers=1)
+    status = main(["serve", str(runs[0]), "--draft", str(other), "--port", "0"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert status != 0 and len(error) == 1 and "vocabulary" in error[0] and "Traceback" not in error[0]
