@@ -797,11 +797,44 @@ def test_patch_by_position_patches_each_head_at_each_position_alone(runs, tmp_pa
         assert [restored[f"blocks.1.attn head {head} position {t} ({c})"] for t, c in enumerate("abc de ab")] == (
             [0.0] * 9)
     assert len([name for name in restored if name.startswith("blocks.0.attn head 1 position")]) == 10
-    with pytest.raises(InputError, match="--by-position patches each head at each position, which patch alone does"):
+    with pytest.raises(InputError, match="each head at each position, which patch and attribute do"):
         run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="dla", text=("abc",), by_position=True))
     with pytest.raises(InputError, match="a translation's heads read two of different lengths"):
         run_inspect(InspectSettings(run=str(runs["encoder-decoder"]), analysis="patch", text=("abc\tcb",),
                                     corrupt="jih\tcb", by_position=True))
+
+
+def test_patch_and_attribute_read_each_heads_queries_keys_values_or_pattern_by_point(runs, tmp_path):
+    """--point q|k|v|pattern patches each head's queries, keys, values or pattern in place of its output, in patch
+    and in attribute (rows `blocks.1.attn.q head 0`): the last layer's queries and pattern matter only where the
+    answer is read, so there each restores what it restores at every position and elsewhere nothing; attribute's
+    estimate is a sum over cells, so each head's shares position by position add up to its share over all positions.
+    A point that is no part of a head, or --point for an analysis that patches none, is refused."""
+    text, corrupt = "abc de abc", "jih gf abc"
+    for point in ("q", "pattern"):
+        report = _inspect(runs["decoder"], "patch", tmp_path, text=(text,), corrupt=corrupt, by_position=True,
+                          point=point)
+        restored = {row["patched"]: row["restored"] for row in report["rows"]}
+        assert report["summary"]["heads"].startswith(f"{point}: each head's")
+        for head in range(2):
+            name = f"blocks.1.attn.{point} head {head}"
+            assert restored[f"{name} position 9 (c)"] == pytest.approx(restored[name], abs=1e-4), point
+            assert [restored[f"{name} position {t} ({c})"] for t, c in enumerate("abc de ab")] == [0.0] * 9, point
+        assert "blocks.1.attn head 0" not in restored  # the outputs are not what was patched
+    for point in ("z", "k"):
+        report = _inspect(runs["decoder"], "attribute", tmp_path, text=(text,), corrupt=corrupt, by_position=True,
+                          point=point)
+        restored = {row["patched"]: row["restored"] for row in report["rows"]}
+        for layer in range(2):
+            name = f"blocks.{layer}.attn{'' if point == 'z' else f'.{point}'} head 1"
+            each = [restored[f"{name} position {t} ({c})"] for t, c in enumerate(text)]
+            assert sum(each) == pytest.approx(restored[name], abs=1e-3), (point, layer)
+        assert any(abs(value) > 0.01 for value in restored.values()), point
+    with pytest.raises(InputError, match="--point 'o': patch patches each head's z .*give one of those"):
+        run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="patch", text=(text,), corrupt=corrupt,
+                                    point="o"))
+    with pytest.raises(InputError, match="--point names what sae reads.*heads reads none: drop it"):
+        run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="heads", text=(text,), point="q"))
 
 
 def test_head_types_draws_its_random_tokens_from_text_never_a_converted_tokenizers_special_token(tmp_path,

@@ -6,10 +6,12 @@
                  cross-attention head is)
     logit-lens   each layer's stream read through the output layer, over one text
     patch        activation patching from --text (clean) into --corrupt (corrupted, as many tokens) of the stream
-                 entering each block, each block's attention and FFN output and each head's output (--by-position:
-                 also each head at each position alone); the answer is read at --position, else a decoder's last,
-                 else where the corruption moves it most
-    attribute    attribution patching: patch's tables estimated from one forward and backward pass (and per sublayer)
+                 entering each block, each block's attention and FFN output and each head's output, or its queries,
+                 keys, values or pattern (--point q|k|v|pattern; --by-position: also each head at each position
+                 alone); the answer is read at --position, else a decoder's last, else where the corruption moves it
+                 most
+    attribute    attribution patching: patch's tables estimated from one forward and backward pass (and per sublayer),
+                 with the same --point and --by-position
     dla          direct logit attribution: each head's, FFN's and neuron's direct share of the answer's logit
                  difference against the runner-up, over one text (--position: where it is read)
     probe        linear probes per layer on a CoNLL / CoNLL-U file's word labels, with the control task
@@ -31,7 +33,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from matplotlib.figure import Figure
@@ -48,7 +50,7 @@ from attnkit.inspect.importance import head_importance
 from attnkit.inspect.inputs import Batch, divergence, lm_batch, seq2seq_batch
 from attnkit.inspect.logit_attribution import logit_attribution
 from attnkit.inspect.logit_lens import logit_lens
-from attnkit.inspect.patching import Patching, faint_warning, logit_difference, patch_heads, patch_stream
+from attnkit.inspect.patching import HeadPoint, Patching, faint_warning, logit_difference, patch_heads, patch_stream
 from attnkit.inspect.path_patching import path_patch
 from attnkit.inspect.points import head_sites, hook_points
 from attnkit.inspect.probes import probe_layers, reading_piece
@@ -81,6 +83,7 @@ MASK_EVERY = 6  # a masked LM's text has every sixth token masked (about BERT's 
 GREEDY_TOKENS = 48  # a source alone is translated greedily to this many tokens at most (short texts)
 LEGEND_LINES = 16  # circuits: the OV spectra get a legend up to this many heads
 CELL_WIDTH = 0.6  # inches per column of a patching table: room for a number such as -0.0044 at 6 points
+HEAD_POINTS = {"z": "outputs", "q": "queries", "k": "keys", "v": "values", "pattern": "patterns"}  # --point, in words
 
 
 @dataclass(frozen=True)
@@ -107,12 +110,14 @@ class InspectSettings:
     wrong: str | None = None  # the output the answer is measured against (unset: the corrupted run's; dla: runner-up)
     conll: str | None = None  # probe: a CoNLL or CoNLL-U file of tagged words
     column: str = "upos"  # probe: the CoNLL-U column holding the labels (upos, xpos, deprel, a MISC key)
-    by_position: bool = False  # patch: also each head's output at each position alone (a run per head and position)
+    by_position: bool = False  # patch, attribute: also each head at each position alone (patch: a run per cell)
     ablation: Ablation = "zero"  # heads: replace a head's output by zeros, its mean, or another input's
     out: str | None = None  # directory for ANALYSIS.json, .md and .png (default RUN/inspect)
     device: str = "cpu"  # where the model runs
     seed: int = 0  # random tokens (head-types), resampling (heads), probe splits
-    point: str | None = None  # sae: the hook point whose activations it reads (blocks.1.resid_post)
+    point: str | None = None
+    """sae: the hook point whose activations it reads (blocks.1.resid_post); patch, attribute: what of each head is
+    patched: z (its output, the default), q, k, v (its queries, keys, values) or pattern"""
     features: int = 0  # sae: its number of features (0: four times the point's width)
     k: int = 0  # sae: 0 trains ReLU with an L1 penalty (--l1); k > 0 a TopK SAE keeping k features per token
     l1: float = 0.3  # sae: the L1 coefficient (scale-free: the loss is relative to the activations' variance)
@@ -191,8 +196,15 @@ def _check_inputs(settings: InspectSettings) -> None:
             "patch", "attribute", "path-patch", "dla"):
         raise InputError(f"--answer and --wrong name the logit difference that patch, attribute, path-patch and dla "
                          f"read; {settings.analysis} reads none: drop them")
-    if settings.by_position and settings.analysis != "patch":
-        raise InputError(f"--by-position patches each head at each position, which patch alone does; "
+    if settings.by_position and settings.analysis not in ("patch", "attribute"):
+        raise InputError(f"--by-position patches each head at each position, which patch and attribute do; "
+                         f"{settings.analysis} reads none: drop it")
+    if settings.point is not None and settings.analysis in ("patch", "attribute") and (
+            settings.point not in get_args(HeadPoint)):
+        raise InputError(f"--point {settings.point!r}: {settings.analysis} patches each head's z (its output), q, k, v "
+                         "(its queries, keys, values) or pattern; give one of those")
+    if settings.point is not None and settings.analysis not in ("sae", "patch", "attribute"):
+        raise InputError(f"--point names what sae reads, or what patch and attribute patch of each head; "
                          f"{settings.analysis} reads none: drop it")
     if settings.analysis == "sae" and settings.point is None:
         raise InputError("sae reads one hook point's activations: give --point (blocks.1.resid_post, blocks.0.mlp.out; "
@@ -498,8 +510,9 @@ def _patch(loaded: Loaded, settings: InspectSettings):
     writers = any(name.endswith(".mlp.out") for name in hook_points(loaded.model))  # a Transformer's blocks
     stream = patch_stream(loaded.model, pair.clean, pair.corrupted, **pair.target,  # per block: input, attention, FFN
                           point=("resid_pre", "attn.out", "mlp.out") if writers else "resid_pre")
-    heads = patch_heads(loaded.model, pair.clean, pair.corrupted, **pair.target)
-    by_position = (patch_heads(loaded.model, pair.clean, pair.corrupted, **pair.target, by_position=True)
+    point = settings.point or "z"
+    heads = patch_heads(loaded.model, pair.clean, pair.corrupted, **pair.target, point=point)
+    by_position = (patch_heads(loaded.model, pair.clean, pair.corrupted, **pair.target, by_position=True, point=point)
                    if settings.by_position else None)
     rows, summary, figure = _patching_report(loaded, settings, pair, stream, heads, "patched", by_position)
     return "Activation patching", rows, summary, figure
@@ -556,10 +569,13 @@ def _head_of(text: str, option: str) -> tuple[str, int]:
 def _attribute(loaded: Loaded, settings: InspectSettings):
     pair = _pair_of(loaded, settings)
     steps = {"steps": settings.path_steps}
+    point = settings.point or "z"
     stream = attribute_stream(loaded.model, pair.clean, pair.corrupted, **pair.target, **steps)
-    heads = attribute_heads(loaded.model, pair.clean, pair.corrupted, **pair.target, **steps)
+    heads = attribute_heads(loaded.model, pair.clean, pair.corrupted, **pair.target, **steps, point=point)
+    by_position = (attribute_heads(loaded.model, pair.clean, pair.corrupted, **pair.target, **steps, point=point,
+                                   by_position=True) if settings.by_position else None)
     sublayers = attribute_sublayers(loaded.model, pair.clean, pair.corrupted, **pair.target, **steps)
-    rows, summary, figure = _patching_report(loaded, settings, pair, stream, heads, "estimated")
+    rows, summary, figure = _patching_report(loaded, settings, pair, stream, heads, "estimated", by_position)
     source, target = (_labels(loaded.tokenizer, pair.clean.args[side][0]) for side in (0, -1))  # one, but a translation
     for i, name in enumerate(sublayers.rows):
         tokens = source if name.startswith("encoder.") else target  # the positions of the stack the sublayer is in
@@ -580,11 +596,15 @@ def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, str
     what = "stream, attention and FFN outputs" if any(row.endswith(".mlp") for row in stream.rows) else "stream"
     named = [f"{row} in" if row.rpartition(".")[2].isdigit() else row for row in stream.rows]  # blocks.1: its input
     tables = [(named, stream.restored, f"{what} {verb} (layer x position)")]  # (row names, (rows, T), title)
+    point = settings.point or "z"
+    sites = [site if point == "z" else f"{site}.{point}" for site in heads.rows]  # blocks.1.attn.q: its queries
     if by_position is not None:
         per_head = by_position.restored.permute(0, 2, 1).flatten(0, 1)  # (sites, T, H) -> (sites * H, T)
-        names = [f"{site} head {h}" for site in by_position.rows for h in range(by_position.restored.shape[2])]
+        names = [f"{site} head {h}" for site in sites for h in range(by_position.restored.shape[2])]
         kept = [i for i, row in enumerate(per_head) if not bool(row.isnan().all())]  # a site's heads, not padding
-        tables.append(([names[i] for i in kept], per_head[kept], f"each head's output {verb} at each position alone"))
+        where = "position" if point in ("z", "k", "v") else "query position"
+        tables.append(([names[i] for i in kept], per_head[kept],
+                       f"each head's {HEAD_POINTS[point]} {verb} at each {where} alone"))
     spans = position_spans(stream.restored.shape[1])  # a long text: panels of WRAP positions, one under another
     panels = [(table, span) for table in tables for span in spans]
     widths = [max(4.0, CELL_WIDTH * len(spans[0]) + 2.5), CELL_WIDTH * heads.restored.shape[1] + 3.5]
@@ -598,15 +618,16 @@ def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, str
                 ax=figure.add_subplot(grid[index, 0]))  # one scale over a table's panels
     need = 1.5 + 0.4 * len(heads.rows)  # the head table beside the first panels it needs, not stretched down them all
     beside = next((i + 1 for i in range(len(heights)) if sum(heights[:i + 1]) >= need), len(heights))
-    heatmap(heads.restored, title=f"head outputs {verb}", rows=heads.rows,
+    heatmap(heads.restored, title=f"head {HEAD_POINTS[point]} {verb}", rows=sites,
             columns=[str(h) for h in range(heads.restored.shape[1])], xlabel="head", colorbar="share restored",
             centered=True, ax=figure.add_subplot(grid[:beside, 1]))
     rows = [{"patched": f"{name} position {t} ({tokens[t]})", "restored": round(float(values[i, t]), 4)}
             for names, values, _ in tables for i, name in enumerate(names) for t in range(len(tokens))]
     rows += [{"patched": f"{name} head {h}", "restored": round(float(heads.restored[i, h]), 4)}
-             for i, name in enumerate(heads.rows) for h in range(heads.restored.shape[1])
+             for i, name in enumerate(sites) for h in range(heads.restored.shape[1])
              if not math.isnan(float(heads.restored[i, h]))]
-    summary = _pair_summary(loaded, settings, pair, stream.clean, stream.corrupted)
+    summary = {**_pair_summary(loaded, settings, pair, stream.clean, stream.corrupted),
+               "heads": f"{point}: each head's {HEAD_POINTS[point]}"}
     if stream.warning:
         log.warning("%s", stream.warning)
         summary["warning"] = stream.warning
