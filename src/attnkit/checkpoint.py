@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Iterable
@@ -29,6 +30,7 @@ from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError
 from attnkit.layers.lora import adapter_alphas, adapter_tensors, merge_adapter_tensors
 from attnkit.models import build_model
+from attnkit.models.families import check_weights_fit, estimate_parameters
 from attnkit.outputs import atomic_write, file_mode, sibling_file, writing
 from attnkit.readback import digest
 
@@ -435,6 +437,7 @@ def _load_model(
         verify_run_files(directory, [CONFIG_FILE, WEIGHTS_FILE, LABELS_FILE, TASK_FILE]
                          + ([ADAPTERS_FILE] if adapters else []), require=require)
     config = load_config(directory)
+    check_weights_cover(config, directory / WEIGHTS_FILE)
     model = build_model(config)  # its size checked against the memory free before the weights are read
     tensors = load_tensors(directory / WEIGHTS_FILE)
     if adapters:
@@ -443,6 +446,27 @@ def _load_model(
     model.to(device=device, dtype=dtype)
     model.eval()
     return model, config
+
+
+def check_weights_cover(config: ModelConfig, path: Path) -> None:
+    """Refuse, before the model is built, a config that describes more than twice the values the safetensors file
+    `path` holds (counted from its header alone): another model's config, or a damaged one (an n_layers of 100,000
+    beside one layer's weights), whose model can take many minutes to build before strict loading would list its
+    every tensor as missing. Closer counts are left to strict loading, which names each missing or misshapen tensor; a
+    model too large for memory is refused as such first (`check_weights_fit`); a file whose header cannot be read is
+    left to `load_tensors`, which names the problem."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            stored = sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
+    except (OSError, SafetensorError):
+        return
+    described = estimate_parameters(config)
+    if described <= 2 * stored:
+        return
+    check_weights_fit(config, torch.get_default_device())
+    raise CheckpointError(f"{path.parent / CONFIG_FILE} describes a model of {described:,} parameters, but {path} "
+                          f"holds {stored:,} values in all; the weights and config.json must come from the same model "
+                          "(a damaged or replaced config.json?)")
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
