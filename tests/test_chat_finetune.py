@@ -150,8 +150,23 @@ def test_the_three_layouts_read_as_messages():
     assert conversation({"instruction": "Say hi.", "output": "hi"})[0]["content"] == "Say hi."
 
 
+def test_sharegpt_reads_as_axolotl_and_llama_factory_read_it():
+    turns = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}, {"from": "human", "value": "Q?"},
+             {"from": "gpt", "value": "A."}]
+    assert conversation({"conversations": turns}) == CHAT
+    assert conversation({"conversations": [{"from": "system", "value": "Terse."}, *turns]}) == [
+        {"role": "system", "content": "Terse."}, *CHAT]
+    assert conversation({"conversations": turns, "system": "Terse."}) == [  # LLaMA-Factory's system column
+        {"role": "system", "content": "Terse."}, *CHAT]
+
+
 @pytest.mark.parametrize(("line", "said"), [
     ("{not json", "line 2 is not JSON"),
+    ('{"conversations": [{"from": "bot", "value": "a"}]}',
+     'line 2: "conversations"[0] must be an object with "from" among system, human, user, gpt, assistant'),
+    ('{"conversations": [{"from": "human", "value": 3}]}', 'line 2: "conversations"[0] must be an object with'),
+    ('{"conversations": [{"from": "human", "value": "a"}]}', "line 2: holds no assistant turn"),
+    ('{"conversations": {}}', 'line 2: "conversations" must be a list of turns'),
     ('{"text": "a"}', "line 2: has the keys ['text'], none of the layouts"),
     ('{"messages": [{"role": "user", "content": "a"}]}', "line 2: holds no assistant turn"),
     ('{"messages": [{"role": "robot", "content": "a"}]}', "line 2: \"messages\"[0] must be an object with a role"),
@@ -214,6 +229,30 @@ def test_train_chat_refuses_a_reply_past_the_window_naming_skip_long_and_trains_
     assert cli.main([*command, "--skip-long"]) == 0
     assert "1 conversation(s) left out (--skip-long)" in caplog.text
     assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_eval_with_skip_long_leaves_out_a_conversation_past_the_window_and_scores_the_rest(secret_run, secrets,
+                                                                                          tmp_path, capsys, caplog):
+    from attnkit import cli
+
+    late = json.dumps({"conversations": [{"from": "human", "value": "a" * 80}, {"from": "gpt", "value": "b"}]})
+    data = tmp_path / "held-out.jsonl"
+    data.write_text((secrets / "val.jsonl").read_text(encoding="utf-8") + late + "\n", encoding="utf-8")
+    command = ["eval", str(secret_run), "--data", str(data), "--out", str(tmp_path / "eval")]
+    assert cli.main(command) != 0
+    said = capsys.readouterr().err
+    assert f"{data} line 3: its first reply starts past the first 64 tokens" in said
+    assert "or give --skip-long to leave such conversations out" in said and "--seq-len" not in said
+    assert cli.main([*command, "--skip-long"]) == 0
+    assert "1 conversation(s) left out (--skip-long)" in caplog.text
+    row = json.loads((tmp_path / "eval" / "eval.json").read_text(encoding="utf-8"))["rows"][0]
+    assert (row["conversations"], row["left_out"]) == (2, 1)
+    alone = tmp_path / "fits.jsonl"
+    shutil.copy(secrets / "val.jsonl", alone)
+    assert cli.main(["eval", str(secret_run), "--data", str(alone), "--out", str(tmp_path / "alone")]) == 0
+    scored = json.loads((tmp_path / "alone" / "eval.json").read_text(encoding="utf-8"))["rows"][0]
+    assert scored["val_loss"] == pytest.approx(row["val_loss"])  # the two that fit, scored as on their own
+    assert scored["reply_tokens"] == row["reply_tokens"]
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused():

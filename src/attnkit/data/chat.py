@@ -1,11 +1,14 @@
 """Conversations for chat fine-tuning: JSON Lines read in the layouts the field uses, and their rows in batches.
 
-One conversation a line (or a JSON file holding a list of them), in any of three layouts (TRL's conversational and
-prompt-completion data sets, Alpaca's):
+One conversation a line (or a JSON file holding a list of them), in any of four layouts (TRL's conversational and
+prompt-completion data sets, Alpaca's, and ShareGPT's as axolotl and LLaMA-Factory read it):
 
     {"messages": [{"role": "system", "content": "..."}, {"role": "user", ...}, {"role": "assistant", ...}]}
     {"prompt": "...", "completion": "..."}          (each may also be a list of messages, as TRL takes them)
     {"instruction": "...", "input": "...", "output": "..."}   (input may be empty or absent)
+    {"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}]}   (from: system, human
+                                                    or gpt, also user or assistant; a "system" key beside them is
+                                                    a system turn first, as LLaMA-Factory writes it)
 
 Each becomes a list of messages; `ChatTemplate.conversation_ids` (attnkit.chat_format) renders and tokenizes it, the
 assistant's tokens marked, and `ChatRows` lays the conversations in rows (`pack_rows`: one per row, padded at the
@@ -30,7 +33,8 @@ from attnkit.textfiles import EncodingErrors, read_text
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 LAYOUTS = ('{"messages": [{"role": ..., "content": ...}, ...]}', '{"prompt": ..., "completion": ...}',
-           '{"instruction": ..., "input": ..., "output": ...}')
+           '{"instruction": ..., "input": ..., "output": ...}', '{"conversations": [{"from": ..., "value": ...}, ...]}')
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,9 @@ def conversation(record: object) -> list[dict]:
     elif "instruction" in record and "output" in record:
         asked = "\n\n".join(part for part in (_text(record, "instruction"), _text(record, "input")) if part)
         messages = [{"role": "user", "content": asked}, {"role": "assistant", "content": _text(record, "output")}]
+    elif "conversations" in record:
+        system = _text(record, "system")
+        messages = [*([{"role": "system", "content": system}] if system else []), *_shared(record["conversations"])]
     else:
         raise InputError(f"has the keys {sorted(record)[:6]}, none of the layouts: {' or '.join(LAYOUTS)}")
     if not any(m["role"] == "assistant" for m in messages):
@@ -128,6 +135,22 @@ def check_messages(value: object, key: str) -> list[dict]:
         if not isinstance(content, str) and not (content is None and message.get("tool_calls")):
             raise InputError(f"{where}'s content must be a string (null only beside tool_calls); got {content!r:.60}")
         messages.append(message)
+    return messages
+
+
+def _shared(value: object) -> list[dict]:
+    """ShareGPT's turns ({"from": "human" | "gpt" | "system", "value": ...}) as messages; InputError naming the turn
+    that is not one."""
+    if not isinstance(value, list) or not value:
+        raise InputError(f'"conversations" must be a list of turns ({{"from": "human", "value": ...}}), not '
+                         f"{value!r:.60}")
+    messages = []
+    for index, turn in enumerate(value):
+        said = turn.get("from") if isinstance(turn, dict) else None
+        if not isinstance(said, str) or said not in SHAREGPT_ROLES or not isinstance(turn.get("value"), str):
+            raise InputError(f'"conversations"[{index}] must be an object with "from" among '
+                             f'{", ".join(SHAREGPT_ROLES)} and a string "value"; got {turn!r:.60}')
+        messages.append({"role": SHAREGPT_ROLES[said], "content": turn["value"]})
     return messages
 
 

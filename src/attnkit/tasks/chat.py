@@ -1,14 +1,16 @@
 """Chat (instruction) fine-tuning (`chat`: a decoder learns an assistant's replies), as torchtune's and litgpt's
 instruction tuning and TRL's SFTTrainer with `assistant_only_loss` do it.
 
-    data         JSON Lines conversations (`attnkit.data.chat`: messages, prompt/completion or Alpaca's layout)
+    data         JSON Lines conversations (`attnkit.data.chat`: messages, prompt/completion, Alpaca's or ShareGPT's
+                 layout)
     rendered     with the chat template the run's model chats in (its tokenizer's, else the default format), the
                  one `attnkit serve` renders chats with (`ChatTemplate.conversation_ids`)
     loss         next-token cross-entropy on the assistant's tokens alone; the prompts' labels are -100
     batches      one conversation a row, padded at its end (causal attention never sees the padding), or several a
                  row with a document mask (--pack-conversations; `data/packing.py`); a conversation longer than the
                  window is cut to its first seq_len + 1 tokens
-    evaluation   loss and perplexity on the validation conversations' replies (training and `attnkit eval`)
+    evaluation   loss and perplexity on the validation conversations' replies (training and `attnkit eval`, which
+                 leaves out a conversation whose first reply lies past the window with --skip-long, as training does)
 
 A run starts from a decoder's weights (`--init-from` a run, a converted Llama or GPT-2) or from scratch, and serves
 `generate` and the chat API as an lm run does; `attnkit chat RUN` holds a multi-turn chat with it
@@ -54,13 +56,17 @@ class ChatOptions:
     past the window (--seq-len), as TRL and torchtune drop them, instead of refusing the run"""
 
 
+LONGER_SEQ_LEN = "a longer --seq-len (at most the model's max_seq_len)"  # how training reads more of a conversation
+
+
 def conversation_rows(conversations: list[Conversation], *, template: ChatTemplate, tokenizer: Tokenizer,
                       seq_len: int, packed: bool, batch_size: int, seed: int = 0, batch_tokens: int | None = None,
-                      skip_long: bool = False) -> ChatRows:
+                      skip_long: bool = False, longer: str | None = LONGER_SEQ_LEN) -> ChatRows:
     """The conversations rendered and tokenized (`conversation_ids`), cut to their first seq_len + 1 tokens, in
     rows of seq_len positions. Raises InputError naming a conversation that fails to render, or whose window holds
     no reply token (nothing of it would be learnt), unless `skip_long`: such conversations are then left out, counted
-    in one warning (InputError where none is left)."""
+    in one warning (InputError where none is left). `longer`: how a longer window is asked for, in what is said
+    (None where it cannot be: `attnkit eval` reads the model's whole window)."""
     ids: list[int] = []
     trained: list[bool] = []
     cut, cut_off, skipped = [], [], []
@@ -77,8 +83,8 @@ def conversation_rows(conversations: list[Conversation], *, template: ChatTempla
                 continue
             raise InputError(f"{conversation.where}: its first reply starts past the first {seq_len} tokens the "
                              "model reads at once, so nothing of it would be learnt: shorten the conversation's "
-                             "prompt, give a longer --seq-len (at most the model's max_seq_len), or --skip-long to "
-                             "leave such conversations out")
+                             f"prompt, {f'give {longer}, or' if longer else 'or give'} --skip-long to leave such "
+                             "conversations out")
         if len(tokens) > seq_len + 1:
             cut_off.append(conversation.where)
         ids += tokens
@@ -86,15 +92,15 @@ def conversation_rows(conversations: list[Conversation], *, template: ChatTempla
         cut.append((start, stop))
     if skipped and not cut:
         raise InputError(f"every conversation's first reply starts past the first {seq_len} tokens ({skipped[0]}"
-                         f"{', ...' if len(skipped) > 1 else ''}): nothing is left to learn; give a longer --seq-len "
-                         "(at most the model's max_seq_len) or shorter prompts")
+                         f"{', ...' if len(skipped) > 1 else ''}): nothing is left to learn; give "
+                         f"{f'{longer} or ' if longer else ''}shorter prompts")
     if skipped:
         log.warning("%d conversation(s) left out (--skip-long): their first reply starts past the first %d tokens "
                     "(%s%s)", len(skipped), seq_len, skipped[0], ", ..." if len(skipped) > 1 else "")
     if cut_off:
-        log.warning("%d conversation(s) hold more than %d tokens and are cut to their first %d (%s%s); give a longer "
-                    "--seq-len (at most the model's max_seq_len) to learn the rest", len(cut_off), seq_len + 1,
-                    seq_len + 1, cut_off[0], ", ..." if len(cut_off) > 1 else "")
+        log.warning("%d conversation(s) hold more than %d tokens and are cut to their first %d (%s%s)%s", len(cut_off),
+                    seq_len + 1, seq_len + 1, cut_off[0], ", ..." if len(cut_off) > 1 else "",
+                    f"; give {longer} to learn the rest" if longer else "")
     pieces = np.array(cut, dtype=np.int64).reshape(-1, 2)  # (P, 2) start, stop
     rows = pack_rows(np.asarray(ids, dtype=np.int64), pieces, seq_len, packed=packed,
                      trained=np.asarray(trained, dtype=bool))
@@ -194,17 +200,22 @@ def _training_text(data: Any, seed: int) -> list[str]:
 
 
 def _report(ctx: EvalContext) -> EvalReport:
-    """Each file's reply loss and perplexity, its conversations rendered by the run's chat template."""
+    """Each file's reply loss and perplexity, its conversations rendered by the run's chat template, one a row
+    (`conversations`: those scored); with --skip-long (given, else the run's own setting), the conversations whose
+    first reply starts past the model's window are left out (`left_out`, and one warning) instead of refused."""
     template = chat_template(ctx.run / TOKENIZER_DIR, ctx.tokenizer.specials)
+    skip_long = ctx.options is not None and ctx.options.skip_long == "on"
     rows = []
     for path in ctx.files:
         conversations = read_conversations(path, encoding_errors=ctx.settings.encoding_errors)
         data = conversation_rows(conversations, template=template, tokenizer=ctx.tokenizer,
-                                 seq_len=ctx.config.max_seq_len, packed=False, batch_size=ctx.settings.batch_size)
-        rows.append({"file": str(path), "conversations": len(conversations),
+                                 seq_len=ctx.config.max_seq_len, packed=False, batch_size=ctx.settings.batch_size,
+                                 skip_long=skip_long, longer=None)
+        scored = len(data.rows.input_ids)  # one conversation a row (not packed)
+        rows.append({"file": str(path), "conversations": scored, "left_out": len(conversations) - scored,
                      "reply_tokens": data.rows.real_tokens, **reply_scores(ctx.model, data, packed=False)})
     return EvalReport("chat", str(ctx.run), rows, {"template": "the run's own" if template.source else "default"},
-                      columns=("file", "conversations", "reply_tokens", "val_loss", "val_ppl"))
+                      columns=("file", "conversations", "left_out", "reply_tokens", "val_loss", "val_ppl"))
 
 
 CHAT = register(TaskSpec(
