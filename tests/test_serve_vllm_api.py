@@ -103,18 +103,34 @@ def test_each_refused_sampling_value_is_a_400_naming_it(client, field, value):
 # Streaming usage ------------------------------------------------------------------------------------------------------
 def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk_and_stream_options_need_a_stream(server, client):
     """vLLM's stream_options.continuous_usage_stats was refused as a field this server does not take: with
-    include_usage, every chunk carries the usage so far (n choices counted together) and the last the whole; with
-    include_usage alone, each chunk's usage is null (it was left out) but the last's; and stream_options beside no
-    stream, which OpenAI and vLLM refuse, was taken and dropped: it is a 400 naming it."""
+    include_usage, every chunk carries the usage so far of its one choice, as vLLM counts it (its prompt's tokens
+    and its own; they were the request's prompts and choices counted together), and the last the whole request's;
+    with include_usage alone, each chunk's usage is null (it was left out) but the last's; and stream_options beside
+    no stream, which OpenAI and vLLM refuse, was taken and dropped: it is a 400 naming it."""
     for n in (1, 2):
-        chunks = list(client.completions.create(
-            model="local", prompt="the cat", max_tokens=5, n=n, temperature=1.0, seed=1, stream=True,
-            stream_options={"include_usage": True, "continuous_usage_stats": True}))
-        usages = [chunk.usage for chunk in chunks]
-        assert all(usage is not None and usage.prompt_tokens == 7 for usage in usages)
-        completion = [usage.completion_tokens for usage in usages]
-        assert completion == sorted(completion) and completion[-1] == 5 * n and not chunks[-1].choices
-        assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in usages)
+        *chunks, last = client.completions.create(
+            model="local", prompt=["the cat", "a"], max_tokens=5, n=n, temperature=1.0, seed=1, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True})
+        assert not last.choices and (last.usage.prompt_tokens, last.usage.completion_tokens) == (7 + 1, 2 * 5 * n)
+        counted: dict[int, list[int]] = {}
+        for chunk in chunks:
+            (choice,) = chunk.choices  # a chunk per choice, as vLLM sends them
+            usage = chunk.usage
+            assert usage.prompt_tokens == (7 if choice.index < n else 1)  # its own prompt's
+            assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+            counted.setdefault(choice.index, []).append(usage.completion_tokens)
+        assert sorted(counted) == list(range(2 * n))
+        assert all(counts == sorted(counts) and counts[-1] == 5 for counts in counted.values()), counted
+    with httpx.stream("POST", f"{server}/v1/chat/completions", timeout=TIMEOUT, headers={
+            "Authorization": "Bearer secret"}, json={"messages": [{"role": "user", "content": "a"}], "max_tokens": 3,
+                                                     "n": 2, "stream": True, "ignore_eos": True, "stream_options": {
+                                                         "include_usage": True, "continuous_usage_stats": True}}) as raw:
+        *chunks, last = [json.loads(line[6:]) for line in raw.iter_lines() if line.startswith("data: {")]
+    roles = [chunk for chunk in chunks if chunk["choices"][0]["delta"].get("role")]
+    assert [(len(c["choices"]), c["choices"][0]["index"], c["usage"]["completion_tokens"]) for c in roles] == [
+        (1, 0, 0), (1, 1, 0)]  # the role, a chunk per choice, no token yet
+    assert {c["usage"]["prompt_tokens"] for c in chunks} == {last["usage"]["prompt_tokens"]}  # one prompt
+    assert max(c["usage"]["completion_tokens"] for c in chunks) == 3 and last["usage"]["completion_tokens"] == 6
     plain = list(client.completions.create(model="local", prompt="the cat", max_tokens=3, stream=True,
                                            stream_options={"include_usage": True}))
     assert [chunk.usage is None for chunk in plain] == [True] * (len(plain) - 1) + [False]  # the last alone

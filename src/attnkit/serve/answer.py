@@ -72,23 +72,40 @@ class Answer:
     def __init__(self, kind: str, model_id: str, generations: list[Generation], *, include_usage: bool,
                  tokenizer, timeout: float, continuous_usage: bool = False) -> None:
         """include_usage: a streamed answer ends with a chunk of the usage; continuous_usage: every chunk carries the
-        usage so far (vLLM's continuous_usage_stats); timeout: the server's, in seconds (for its 504)."""
+        usage so far of its one choice (vLLM's continuous_usage_stats: that choice's prompt and tokens, a chunk per
+        choice); timeout: the server's, in seconds (for its 504)."""
         self.kind, self.model_id, self.generations = kind, model_id, generations
         self.include_usage, self.tokenizer, self.timeout = include_usage, tokenizer, timeout
         self.continuous_usage = continuous_usage
-        self.counted: dict[int, int] = {}  # each prompt's completion tokens as of its last event read (`usage`)
+        self.counted: dict[tuple[int, int], int] = {}  # (prompt, choice) -> its tokens as of its last event read
         self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
     def _choice_index(self, generation: Generation, choice: int) -> int:
         return generation.index * generation.job.n + choice
 
-    def usage(self, *, so_far: bool = False) -> dict:
-        """The request's usage; so_far: its completion tokens up to the events read (a stream's chunks written), not
-        those the scheduler, which may run ahead of the event loop, has made by now (continuous_usage_stats)."""
-        prompt = sum(g.prompt_tokens for g in self.generations)  # once per prompt, as OpenAI counts
-        completion = sum(self.counted.get(g.index, 0) if so_far else g.completion_tokens for g in self.generations)
+    def usage(self) -> dict:
+        """The request's usage: each prompt's tokens once (as OpenAI counts), every choice's tokens."""
+        prompt = sum(g.prompt_tokens for g in self.generations)
+        completion = sum(g.completion_tokens for g in self.generations)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def so_far(self, generation: Generation, choice: int) -> dict | None:
+        """With continuous_usage_stats, the usage of one choice as vLLM counts it in each chunk: its prompt's tokens
+        and its own tokens up to the events read (the chunks written; the scheduler may run ahead of the event loop);
+        else None."""
+        if not self.continuous_usage:
+            return None
+        completion = self.counted.get((generation.index, choice), 0)
+        prompt = generation.prompt_tokens
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _chunks(self, deltas: list[tuple[Generation, int, dict]]) -> list[str]:
+        """Chunks of the choices' `deltas` ((generation, choice, delta)): one, or with continuous_usage_stats one per
+        choice, each with its own usage so far."""
+        if not self.continuous_usage:
+            return [self._chunk([delta for _, _, delta in deltas])]
+        return [self._chunk([delta], self.so_far(generation, choice)) for generation, choice, delta in deltas]
 
     def cancel(self) -> None:
         for generation in self.generations:
@@ -152,10 +169,10 @@ class Answer:
             message, reason = self._message(generation, text, reason)
             calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or [])]
             delta = {"tool_calls": calls} if calls else {"content": message["content"]}
-            deltas.append({"index": self._choice_index(generation, choice), "delta": delta, "finish_reason": None,
-                           "logprobs": None})
+            deltas.append((generation, choice, {"index": self._choice_index(generation, choice), "delta": delta,
+                                                "finish_reason": None, "logprobs": None}))
             finished.append(reason)
-        return self._chunk(deltas), finished
+        return "".join(self._chunks(deltas)), finished
 
     def _logprobs(self, generation: Generation, scored: list[Scored] | None, *, echoed: bool = False) -> dict | None:
         """A choice's `logprobs` object for the tokens `scored` (None when none were asked for); completions' with the
@@ -173,8 +190,8 @@ class Answer:
         kind = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
         payload = {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
                    "choices": choices}
-        if self.include_usage:  # the usage so far, or null but in the last chunk (as OpenAI's stream has it)
-            payload["usage"] = usage or (self.usage(so_far=True) if self.continuous_usage else None)
+        if self.include_usage:  # null but in the last chunk (as OpenAI's stream has it), or a choice's usage so far
+            payload["usage"] = usage
         return f"data: {json.dumps(payload)}\n\n"
 
     def _delta(self, generation: Generation, choice: int, text: str | None, reason: str | None, *,
@@ -194,19 +211,23 @@ class Answer:
         status = 200
         try:
             if self.kind == "chat.completion":  # the role first
-                yield self._chunk([self._delta(g, c, None, None, first=True)
-                                   for g in self.generations for c in range(g.job.n)])
+                for chunk in self._chunks([(g, c, self._delta(g, c, None, None, first=True))
+                                           for g in self.generations for c in range(g.job.n)]):
+                    yield chunk
             elif any(g.echo for g in self.generations):  # the prompt first
-                yield self._chunk([self._delta(g, c, g.echo, None, first=True)
-                                   for g in self.generations for c in range(g.job.n)])
+                for chunk in self._chunks([(g, c, self._delta(g, c, g.echo, None, first=True))
+                                           for g in self.generations for c in range(g.job.n)]):
+                    yield chunk
             async with aclosing(events_of(self.generations, request)) as events:
                 async for generation, event in events:
                     if event[0] == "text":
-                        _, choice, piece, scored, self.counted[generation.index] = event
-                        yield self._chunk([self._delta(generation, choice, piece, None, scored=scored)])
+                        _, choice, piece, scored, self.counted[generation.index, choice] = event
+                        yield self._chunk([self._delta(generation, choice, piece, None, scored=scored)],
+                                          self.so_far(generation, choice))
                         continue
                     _, texts, reasons, timed_out, scored = event
-                    self.counted[generation.index] = generation.completion_tokens  # its whole count: it has ended
+                    for choice, tokens in enumerate(generation.choice_tokens):  # their whole counts: it has ended
+                        self.counted[generation.index, choice] = tokens
                     whole, reasons = self._withheld(generation, texts, reasons)
                     if whole is not None and "error" not in reasons:
                         yield whole
@@ -214,8 +235,10 @@ class Answer:
                     if error is not None:
                         status = error.status
                         yield f"data: {json.dumps(error.body())}\n\n"
-                    yield self._chunk([self._delta(generation, c, None, reason, scored=scored and scored[c])
-                                       for c, reason in enumerate(reasons)])
+                    for chunk in self._chunks([(generation, c, self._delta(generation, c, None, reason,
+                                                                            scored=scored and scored[c]))
+                                               for c, reason in enumerate(reasons)]):
+                        yield chunk
             if self.include_usage:
                 yield self._chunk([], self.usage())
             yield "data: [DONE]\n\n"

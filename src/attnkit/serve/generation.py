@@ -75,7 +75,8 @@ class Generation:
             raise APIError(400, str(error), param="min_tokens") from None
         self.prompt_ids = ids
         self.prompt_tokens = len(ids)
-        self.completion_tokens = 0
+        self.completion_tokens = 0  # of every choice
+        self.choice_tokens = [0] * body.n  # of each choice
         self.echo = "" if not echo else prompt if isinstance(prompt, str) else pipeline.tokenizer.decode(ids)
         self.prompt_scores: list[Scored] = []  # the echoed prompt's tokens, scored (echo with logprobs)
         self.scores = [ChoiceScores(pipeline.tokenizer) for _ in range(body.n)] if logprobs is not None else None
@@ -97,12 +98,13 @@ class Generation:
 
     def _token(self, choice: int, token: int) -> bool:
         self.completion_tokens += 1
+        self.choice_tokens[choice] += 1
         return self.tracker.push(choice, token)
 
     def _text(self, choice: int, piece: str) -> None:
         self.streamed[choice] += len(piece)
         scored = self.scores[choice].settled(self.streamed[choice]) if self.scores is not None else None
-        self._send(("text", choice, piece, scored, self.completion_tokens))  # the tokens made up to this piece
+        self._send(("text", choice, piece, scored, self.choice_tokens[choice]))  # its tokens up to this piece
 
     def _finish(self, reasons: list[str]) -> None:
         texts = self.tracker.finish()
