@@ -7,11 +7,14 @@ the opposite of the paper. These tests hold the experiment's own setup to the pa
 
 from __future__ import annotations
 
+import logging
 import math
+import pickle
 
 import pytest
 import torch
 
+from attnkit.experiments import base, norm_placement, run_experiment
 from attnkit.experiments.lm_runs import char_corpus
 from attnkit.experiments.norm_placement import WIDTH, config, gradients_at_init, paper_init
 from attnkit.models import build_model
@@ -66,3 +69,42 @@ def test_paper_init_is_xavier_with_unit_scale_embeddings(corpus):
     embedding = model.stack.embeddings.token.weight
     assert embedding.std().item() == pytest.approx(WIDTH**-0.5, rel=0.1)
     assert model.lm_head.weight is embedding  # tied: the output layer keeps the embedding's init
+
+
+class InProcessPool:
+    """ProcessPoolExecutor's `map` run in this process, where what crosses the process boundary (the function with its
+    arguments, and each result) is a pickled copy, as it is between processes: a worker's Arms is not the run's."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __enter__(self) -> InProcessPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def map(self, fn, *iterables):
+        def copy(value):
+            return pickle.loads(pickle.dumps(value))
+
+        return [copy(copy(fn)(*copy(arguments))) for arguments in zip(*iterables, strict=True)]
+
+
+def test_a_resumed_run_says_how_many_of_its_arms_it_reused_when_workers_ran_them(tmp_path, monkeypatch, caplog):
+    """Past the tiny budget each (seed, placement) trains in a worker process with a copy of the run's arms, so the
+    run's summary ("reused N of M arms") counted none of them and was never logged; each worker's own "reusing ..."
+    lines were all there was. The workers now hand back the arms they reused and ran."""
+    monkeypatch.setattr(norm_placement, "ProcessPoolExecutor", InProcessPool)
+    monkeypatch.setattr(base, "source_digest", lambda: "the same code")  # whatever else changes in the checkout
+    monkeypatch.setitem(norm_placement.SETTINGS, "small", norm_placement.SETTINGS["tiny"])  # workers, tiny sizes
+    with monkeypatch.context() as patch:  # Ctrl-C as the picture is drawn: every arm finished, no results written
+        patch.setattr(norm_placement, "save", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment("norm-placement", budget="small", seeds=2, out=tmp_path)
+    arms = len(list((tmp_path / "arms").glob("*.json")))
+    assert arms == 2 * 2 * 2 * 2  # seeds x placements x depths x schedules
+    with caplog.at_level(logging.INFO, logger="attnkit"):
+        run_experiment("norm-placement", budget="small", seeds=2, out=tmp_path)
+    summaries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reused ")]
+    assert summaries == [f"reused {arms} of {arms} arms a stopped run had finished"]

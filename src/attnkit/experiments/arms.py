@@ -119,6 +119,12 @@ class Arms:
         self.ran.append(name)
         return value
 
+    def count(self, worker: Arms) -> None:
+        """Count the arms a worker process reused and ran as this run's: a worker is handed a copy of this Arms (the
+        same directory) and returns it, and the summary `run_experiment` logs reads this one's lists."""
+        self.reused += worker.reused
+        self.ran += worker.ran
+
     def stopped_run(self) -> str | None:
         """Another command's stopped run (another experiment or budget) whose arms are kept in the directory, in
         words ("'bottleneck' at budget 'small'"); None where there is none (a record that does not read is rerun)."""

@@ -35,6 +35,7 @@ from matplotlib import ticker
 from torch import nn
 
 from attnkit.config import ModelConfig
+from attnkit.experiments.arms import Arms
 from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.lm_runs import Corpus, char_corpus, initial_model, train_lm
 from attnkit.experiments.plots import fit_value_axis, new_figure, running_mean, save, series, spread_legend
@@ -123,6 +124,12 @@ def run_seed(seed: int, placement: str, *, budget: str, progress: Progress | Non
     return runs
 
 
+def run_seed_in_worker(seed: int, placement: str, *, budget: str, arms: Arms | None) -> tuple[SeedRuns, Arms | None]:
+    """`run_seed` in a worker process, with the worker's copy of the run's arms, which holds the arms it reused and
+    ran: the run counts them (`Arms.count`) for its summary of what it reused."""
+    return run_seed(seed, placement, budget=budget, progress=Progress(arms=arms)), arms
+
+
 def warmups(steps: int) -> dict[str, int]:
     return {"no warmup": 0, "warmup": max(steps // 5, 1)}
 
@@ -148,8 +155,12 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
         with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_worker_logging) as pool:
             # each worker keeps its arms where this run keeps them (their names differ by seed and placement)
-            each = partial(run_seed, budget=budget, progress=Progress(arms=progress.arms))
-            parts = list(pool.map(each, *zip(*jobs, strict=True)))
+            each = partial(run_seed_in_worker, budget=budget, arms=progress.arms)
+            parts = []
+            for part, arms in pool.map(each, *zip(*jobs, strict=True)):
+                parts.append(part)
+                if progress.arms is not None:
+                    progress.arms.count(arms)
     per_seed = [SeedRuns(seed) for seed in range(seeds)]
     for part in parts:
         for field_name in ("losses", "curves", "diverged", "grads"):
