@@ -22,7 +22,7 @@ from unittest import mock
 
 import pytest
 
-from attnkit import cli, experiments
+from attnkit import cli, experiments, lectures
 from attnkit.errors import AttnkitError
 from attnkit.train.job import check_request
 
@@ -124,21 +124,25 @@ def named(cases: list[tuple[str, str, list[str]]]) -> dict:
 
 def inline_commands() -> list[tuple[str, str, list[str]]]:
     """The whole commands the learner's pages name in running text (`attnkit lectures --gaps`, a tutorial's
-    `attnkit experiment scaled-dot`): a command and at least one argument, with RUN and FILE standing for the
-    reader's run and file; a span with another placeholder (NAME, ...) or a bare command name is left out."""
+    `attnkit experiment scaled-dot`, a course-index topic's `attnkit train --task chat --data FILE`): a command and at
+    least one argument, with RUN and FILE standing for the reader's run and file; a span with another placeholder
+    (NAME, ...) or a bare command name is left out."""
     found = []
-    for page in LEARNERS_PAGES:
-        for span in sorted(set(re.findall(r"`(attnkit [^`]+)`", page.read_text()))):
+    for name, text in LEARNERS_TEXTS:
+        for span in sorted(set(re.findall(r"`(attnkit [^`]+)`", text))):
             line = span.replace("RUN", "runs/x").replace("FILE", "notes.txt")
             words = line.split()[2 if line.startswith("attnkit tokenizer ") else 1:]  # after the command's name
             if len(words) > 1 and "..." not in line and not re.search(r"\b[A-Z]{3,}\b", line):
-                found.append((str(page.relative_to(ROOT)), line, []))
+                found.append((name, line, []))
     return found
 
 
 LEARNERS_PAGES = [ROOT / "docs" / name for name in ("index.md", "course-index.md", "concepts.md",
                                                     "tutorials/README.md")]
 LEARNERS_PAGES += sorted((ROOT / "docs" / "tutorials").glob("[0-9][0-9]_*.py"))
+LEARNERS_TEXTS = [(str(page.relative_to(ROOT)), page.read_text()) for page in LEARNERS_PAGES]
+COURSE_INDEX = "the course index's topics (attnkit.lectures)"  # rendered into docs/course-index.md at build time
+LEARNERS_TEXTS.append((COURSE_INDEX, lectures.course_index_markdown()))
 ATTNKIT = commands("attnkit ") + inline_commands()
 ACCEPTED = [case for case in ATTNKIT if refusal(case[2]) is None]
 REFUSED = [case for case in ATTNKIT if refusal(case[2]) is not None]
@@ -146,7 +150,8 @@ REFUSED = [case for case in ATTNKIT if refusal(case[2]) is not None]
 
 def test_the_pages_have_commands_to_check():
     pages = {page for page, _, _ in ACCEPTED}
-    assert {"README.md", "docs/experiments.md", "docs/user-guide/looking-inside.md"} <= pages, sorted(pages)
+    assert {"README.md", "docs/experiments.md", "docs/user-guide/looking-inside.md", COURSE_INDEX} <= pages, \
+        sorted(pages)
     assert REFUSED, "no page shows a refusal any more: drop this assert, or the refusal test reads nothing"
 
 

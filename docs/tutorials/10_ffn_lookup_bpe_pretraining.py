@@ -9,20 +9,22 @@
 # ---
 
 # %% [markdown]
-# # 10. The remaining slides: what the FFN adds, a soft lookup, BPE from scratch, pre-training with few labels
+# # 10. The remaining slides: what the FFN adds, a soft lookup, BPE, pre-training with few labels, chat fine-tuning
 #
-# **Follows:** four slides the other tutorials leave out. USC CSCI 499, Lecture 11, "Self-Attention and Weighted
+# **Follows:** the slides the other tutorials leave out. USC CSCI 499, Lecture 11, "Self-Attention and Weighted
 # Averages": "there are no element-wise nonlinearities in self-attention; stacking more self-attention layers just
 # re-averages value vectors. Solution: add a feed-forward network to post-process each output vector." UvA ATCS,
 # "Attention & Transformers", the soft lookup: "We want to find a textbook about NLP in the library (V). We search
 # for titles (K) with 'jurafsky' and 'martin' as authors (Q)." CMU 11-711's "Inputs and embeddings: subwords" and
 # UvA's "Tokenization", built here as byte-pair encoding (Sennrich et al. 2016). COGS 150's "GPT: generative
-# pre-trained Transformers": pre-train on unlabelled text, then adapt with few labels.
+# pre-trained Transformers": pre-train on unlabelled text, then adapt with few labels; and its "ChatGPT uses a
+# transformer model (plus some other stuff)", of which chat fine-tuning comes first.
 #
 # **You will:** see that attention alone re-averages and what an FFN adds on a task that needs a non-linearity;
 # run the library lookup through attnkit's `Attention`; learn BPE merges in a dozen lines and check them against the
-# `tokenizers` library that attnkit trains with; and pre-train a small decoder that then learns a task from 16
-# labels where the same model from random weights cannot.
+# `tokenizers` library that attnkit trains with; pre-train a small decoder that then learns a task from 16
+# labels where the same model from random weights cannot; and chat fine-tune a decoder with
+# `attnkit train --task chat`, its loss on the assistant's replies alone.
 
 # %%
 # ruff: noqa: E402 (each import sits in the cell that first needs it)
@@ -387,6 +389,121 @@ plt.show()
 # **In attnkit:** `attnkit.layers.attention.Attention` and `attnkit.layers.feedforward.FeedForward` (the parts of
 # every block, `attnkit.blocks`); `attnkit.tokenize.train_tokenizer` and `attnkit tokenizer train` (byte-level
 # BPE); `attnkit train --task lm` to pre-train, then `attnkit train --task classify --init-from RUN` to adapt.
+
+# %% [markdown]
+# ## Adapting for chat: the loss on the assistant's replies alone
+#
+# COGS 150: "Under the hood, ChatGPT uses a transformer model (plus some other stuff)." The first of that other
+# stuff is chat (instruction) fine-tuning, the supervised step of Ouyang et al. (2022): the decoder goes on
+# predicting the next token, now of conversations written in one fixed format, and the loss counts the assistant's
+# tokens alone, so that it learns to answer, not to write the user's questions. (The step after it, learning from
+# people's preferences between answers, attnkit does not implement.) A run with no chat template of its own writes
+# a conversation in attnkit's plain format,
+#
+#     User: face
+#     Assistant: FACE<eos>
+#
+# and the reply is everything after the prompt `User: face\nAssistant:`, EOS included, so that the model also
+# learns where to stop. The assistant's job here: say the user's four-letter word (letters a to h) in capitals.
+# `attnkit train --task chat` trains on a JSON Lines file of such conversations, holding out 10% of them (words the
+# model never sees) for validation. ChatGPT starts from a pre-trained model (`--init-from RUN`, a converted Llama
+# among them); this one starts from random weights, so that it trains in seconds.
+
+# %%
+import dataclasses
+import random
+
+import attnkit
+from attnkit.chat_format import DEFAULT_FORMAT
+from attnkit.cli import parse, train_request
+from attnkit.train.job import prepare
+
+rng = random.Random(0)
+words = sorted({"".join(rng.choice("abcdefgh") for _ in range(4)) for _ in range(640)})
+rng.shuffle(words)
+unseen, chat_words = words[:20], words[20:]  # 20 words kept out of the file altogether
+chats = folder / "chats.jsonl"
+chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": word},
+                                                  {"role": "assistant", "content": word.upper()}]}) + "\n"
+                         for word in chat_words))
+chat_run = folder / "chat"
+command = ["train", "--task", "chat", "--data", str(chats), "--tokenizer", "char", "--out", str(chat_run),
+           "--device", "cpu", "--set", "d_model=64", "n_layers=2", "n_heads=2", "d_ff=128", "max_seq_len=32",
+           "dropout=0.0", "--batch-size", "32", "--lr", "3e-3", "--warmup", "20", "--max-steps", "300",
+           "--eval-every", "50"]
+print("attnkit", " ".join(command).replace(str(folder), "runs"))  # (the notebook writes to a temp dir)
+request = train_request(*(lambda parsed: (parsed.settings, *parsed.sections))(parse(command)))
+if BUDGET == "tiny":  # seconds: twenty steps
+    request = dataclasses.replace(request, settings={**request.settings, "max_steps": 20, "eval_every": 10,
+                                                     "warmup": 2})
+result = prepare(dataclasses.replace(request, progress=False)).fit()
+print(f"{len(chat_words)} conversations, {result.step} steps: validation loss on the held-out replies "
+      f"{result.evaluation['val_loss']:.4f} nats per token")
+
+# %% [markdown]
+# The labels, from scratch: the conversation's tokens, with -100 (no loss) on the prompt's, checked against how
+# attnkit reads a conversation (`ChatTemplate.conversation_ids`, which chat fine-tuning, `attnkit serve` and
+# `attnkit generate`'s `--chat` share); then the trained model's loss on the replies of words it never saw, and its
+# answers to them.
+
+# %%
+chat_lm = attnkit.load(chat_run, device="cpu")
+chat_tokenizer = chat_lm.tokenizer
+
+
+def chat_labels(user, reply):
+    """(T,) ids of 'User: {user}\\nAssistant: {reply}<eos>' and (T,) labels: -100 on the prompt, the ids after it."""
+    prompt = chat_tokenizer.encode(f"User: {user}\nAssistant:")
+    answer = chat_tokenizer.encode(f" {reply}") + [chat_tokenizer.eos_id]
+    return torch.tensor(prompt + answer), torch.tensor([-100] * len(prompt) + answer)
+
+
+ids, labels = chat_labels("face", "FACE")
+theirs, replies = DEFAULT_FORMAT.conversation_ids(
+    chat_tokenizer, [{"role": "user", "content": "face"}, {"role": "assistant", "content": "FACE"}])
+torch.testing.assert_close(ids, torch.tensor(theirs), rtol=0, atol=0)
+torch.testing.assert_close(labels, torch.where(torch.tensor(replies), ids, -100), rtol=0, atol=0)
+print("trained on:", repr(chat_tokenizer.decode(labels[labels >= 0].tolist(), skip_special=False)),
+      f"({int((labels >= 0).sum())} of {len(ids)} tokens)")
+
+with torch.no_grad():
+    losses = [F.cross_entropy(chat_lm.model(ids[None, :-1]).logits[0], labels[1:])  # token t predicts t + 1
+              for ids, labels in (chat_labels(word, word.upper()) for word in unseen)]
+answers = [chat_lm.generate(DEFAULT_FORMAT.chat_ids(chat_tokenizer, [{"role": "user", "content": word}]),
+                            max_new_tokens=8, temperature=0)[0].strip() for word in unseen]
+right = sum(answer == word.upper() for answer, word in zip(answers, unseen, strict=True))
+print(f"loss on the replies to {len(unseen)} unseen words: {torch.stack(losses).mean():.4f} nats per token; "
+      f"answers right: {right} of {len(unseen)}")
+print("  ".join(f"{word} -> {answer}" for word, answer in zip(unseen[:5], answers, strict=False)))
+if BUDGET == "full":  # the text below says what the full run shows
+    assert right == len(unseen) and result.evaluation["val_loss"] < 0.01, (answers, result.evaluation)
+
+# %%
+records = [json.loads(line) for line in (chat_run / "metrics.jsonl").read_text().splitlines()]
+fig, ax = plt.subplots(figsize=(7, 4))
+ax.plot(*zip(*[(r["step"], r["loss"]) for r in records if r.get("kind") == "train"], strict=True), alpha=0.6,
+        label="training batch")
+ax.plot(*zip(*[(r["step"], r["val_loss"]) for r in records if "val_loss" in r], strict=True), marker="o",
+        label="validation (held-out words)")
+ax.axhline(4 * math.log(8) / 6, color="grey", linestyle=":", label="capitals, but not which: 4 ln 8 / 6")
+ax.set(xlabel="step", ylabel="loss on the replies (nats per token)", yscale="log",
+       title="chat fine-tuning: the loss counts the assistant's tokens")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# The loss counts six tokens a reply (a space, four capitals, EOS). It falls fast to a plateau at
+# $4 \ln 8 / 6 \approx 1.39$: the model has learnt the shape of an answer (a space, four capitals from A to H, then
+# stop) but not which capitals, a uniform guess among eight for each. Then it learns to copy the user's word, and the
+# loss drops to nearly 0: at the full budget every one of the 20 words it never saw comes back in capitals. The
+# user's words are random, so a loss on them could never go below $\ln 8$ a letter: counting it would spend the
+# model's training on predicting what nobody can, which is why chat fine-tuning leaves the prompt out.
+#
+# **In attnkit:** `attnkit train --task chat` (`attnkit/tasks/chat.py`; conversations as messages,
+# prompt/completion or Alpaca's instruction/input/output, `attnkit/data/chat.py`), then
+# `attnkit generate --run RUN --chat --prompt "face"` or `attnkit serve --run RUN` to chat with it; the format and
+# its labels are `attnkit.chat_format.ChatTemplate`. [Pre-training, fine-tuning,
+# evaluation](../../user-guide/pretraining-finetuning/#chat-fine-tuning) has the rest.
 
 # %% [markdown]
 # ## Exercises

@@ -70,6 +70,7 @@ BAHDANAU = "Bahdanau's attention: the query before the step"
 GRADIENT_SHORTCUT = "A shortcut for the gradient"  # tutorial 5: the gradient reaching each source token
 POST_NORM = "Post-norm: the original block (UvA's Add and Norm)"  # tutorial 6: post-norm beside its pre-norm
 NGRAM = "Before neural networks: n-gram models, by counting"  # tutorial 6: the statistical baseline
+CHAT_SFT = "Adapting for chat: the loss on the assistant's replies alone"  # tutorial 10
 
 LECTURES: tuple[Lecture, ...] = (
     Lecture("000", "USC CSCI 499 (LMs in NLP, Spring 2024)", "Lecture 11: Transformers: Building Blocks", "usc", (
@@ -121,7 +122,8 @@ LECTURES: tuple[Lecture, ...] = (
               ("models.seq2seq", "models.encoder", "models.decoder"), page="user-guide/configs.md",
               gap="vision, speech, multi-modal and graph Transformers: attnkit is text only"),
         Topic("Generation: decoder-only Transformers (sampling with temperature, top-k, top-p; speculative decoding, "
-              "a small draft model's tokens checked by the large one in one pass: `attnkit generate --draft`)", T06,
+              "a small draft model's tokens checked by the large one in one pass: "
+              "`attnkit generate --run RUN --prompt Hi --draft RUN`)", T06,
               ("models.decoder", "generate.sampling", "generate.speculative"),
               page="user-guide/generation.md#speculative-decoding", section="Sampling: temperature, top-k, top-p"),
         Topic("The Transformer's four parts: tokenization, embedding (token + position), attention blocks, output "
@@ -242,9 +244,9 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Transformers are easier to train than RNNs", None, ("models.recurrent",),
               page="recipes.md#multi30k-the-recurrent-baselines-against-the-transformer"),
         Topic("Under the hood, ChatGPT uses a Transformer (plus some other stuff): a pre-trained decoder fine-tuned "
-              "on conversations to answer as an assistant (`attnkit train --task chat`, then `attnkit generate "
-              "--chat`)", None, ("tasks.chat", "data.chat", "chat_format"),
-              page="user-guide/pretraining-finetuning.md#chat-fine-tuning",
+              "on conversations to answer as an assistant (`attnkit train --task chat --data FILE`, then "
+              "`attnkit generate --run RUN --chat --prompt Hi`)", T10, ("tasks.chat", "data.chat", "chat_format"),
+              page="user-guide/pretraining-finetuning.md#chat-fine-tuning", section=CHAT_SFT,
               gap="the rest of ChatGPT's \"other stuff\" (learning from human preferences, RLHF) is not implemented"),
         Topic("GPT: generative pre-trained Transformers; pre-training, then adapting", T10,
               ("models.decoder", "train.finetune"), page="user-guide/pretraining-finetuning.md",
