@@ -402,3 +402,42 @@ def test_the_options_refused_beside_a_draft_are_names_of_both_the_command_and_th
     arguments = set(inspect.signature(Pipeline.generate).parameters)
     assert set(NOT_BESIDE_DRAFT) - API_ONLY_BESIDE_DRAFT <= flags and not API_ONLY_BESIDE_DRAFT & flags
     assert set(NOT_BESIDE_DRAFT) - CLI_ONLY_BESIDE_DRAFT <= arguments and not CLI_ONLY_BESIDE_DRAFT & arguments
+
+
+def test_a_draft_vocabulary_once_checked_is_compared_again_only_when_a_tokenizer_changes(runs, monkeypatch):
+    """The entry-by-entry comparison (0.1 s a call at 128k tokens) ran at every call with the same draft: the pair
+    found alike is remembered by the tokenizers' identity and sizes, so another tokenizer object is compared again."""
+    target, draft = attnkit.load(runs["target"], device="cpu"), attnkit.load(runs["draft"], device="cpu")
+    compared = []
+    pieces = CharTokenizer.pieces
+    monkeypatch.setattr(CharTokenizer, "pieces", lambda self, ids: (
+        compared.append(self) if isinstance(ids, range) else None) or pieces(self, ids))
+    options = dict(max_new_tokens=4, temperature=0, stop_at_eos=False, draft=draft)
+    alone = target.generate("ab", max_new_tokens=4, temperature=0, stop_at_eos=False)
+    assert target.generate("ab", **options) == alone and len(compared) == 2  # both tokenizers, once
+    assert target.generate("ab", **options) == alone and len(compared) == 2  # remembered
+    draft.tokenizer = CharTokenizer("abcdefgi \n")  # another object, here another vocabulary: compared again
+    with pytest.raises(InputError, match=r"reads token \d+ as 'i', the target's as 'h'"):
+        target.generate("ab", **options)
+    draft.tokenizer = CharTokenizer("abcdefgh \n")
+    assert target.generate("ab", **options) == alone and len(compared) == 6
+
+
+def test_caches_that_cannot_fit_in_the_memory_free_are_refused_before_they_are_allocated(monkeypatch):
+    """As beam search checks its hypotheses: both models' caches (every position kept) and a round's scores, counted
+    here by allocating the caches whole, against the memory free."""
+    target, config = tiny_model(position="rope", n_kv_heads=2)
+    draft = tiny_model(position="rope", n_layers=1, seed=3)[0]
+    k, width, new = 3, max(len(p) for p in PROMPTS), 10
+    positions = width + new - 1
+    caches = sum(buffer.numel() * buffer.element_size() for model in (target, draft)
+                 for layer in model.allocate_cache(len(PROMPTS), positions, rolling=False).layers
+                 for buffer in (layer.keys, layer.values))
+    need = caches + 2 * len(PROMPTS) * (2 * k + 1) * config.vocab_size * 4
+    options = dict(max_new_tokens=new, context_len=config.max_seq_len, draft_tokens=k)
+    monkeypatch.setattr(speculative, "free_bytes", lambda device: need - 1)
+    with pytest.raises(InputError, match=r"needs at least .* GiB .* but cpu has .* free: decode fewer prompts"):
+        speculative_generate(target, draft, PROMPTS, **options)
+    monkeypatch.setattr(speculative, "free_bytes", lambda device: need)
+    tokens, _ = speculative_generate(target, draft, PROMPTS, **options)
+    assert tokens == generate_tokens(target, PROMPTS, max_new_tokens=new, context_len=config.max_seq_len)

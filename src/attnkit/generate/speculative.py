@@ -17,8 +17,10 @@ A batch advances every row by the same count: one more than the fewest drafts an
 kept more takes its next token from its kept drafts, which the target accepted: every prefix of a speculative text
 is a draw of the target's too, so each row's text stays exact and the caches stay one rectangle (prompts left-padded
 as in `generate/decoder.py`). Rows drafted in vain lower the acceptance the statistics report, not the text; but
-a row's draws follow the others' acceptances, so a seeded row's text depends on the rows beside it
-(`Pipeline.generate` decodes seeded rows one at a time).
+a row's draws follow the others' acceptances (how many uniforms and drafts it uses in a round depends on the fewest
+drafts any row kept), so a seeded row's text depends on the rows beside it. `Pipeline.generate` therefore decodes
+seeded sampled rows one at a time: that is what keeps its promise that a seeded prompt's text is the same alone or
+batched; greedy and unseeded rows lose nothing by sharing a batch, and do.
 
 The caches keep every position, sliding-window layers included (a rolling ring has overwritten the keys a rewind
 needs; the mask hides what the window hides: `KVCache.rewind`), so the prompt and the new tokens fit both models'
@@ -47,6 +49,7 @@ from attnkit.generate.sampling import (
     select_next_in_groups,
 )
 from attnkit.layers.kv_cache import KVCache
+from attnkit.machine import free_bytes, gib
 from attnkit.run_settings import check_draft_fits_context, check_draft_tokens
 
 
@@ -155,10 +158,12 @@ def speculative_generate(
     the same tokens; sampled: the same distribution), with `draft` proposing `draft_tokens` tokens a round (see the
     module docstring). Both are DecoderLMs of one vocabulary (`writable`: the tokenizer's size, where a model's is
     padded past it); `context_len`: the smaller of their max_seq_len. Stops as `decode_n_tokens` does. Returns each
-    row's new tokens and the Speculation.
+    row's new tokens and the Speculation. Rows seeded by a list of generators each draw from their own, but a row's
+    draws still follow the batch's acceptances (the module docstring): to get a seeded row's text whatever the rows
+    beside it, call this once per row, as `Pipeline.generate` does.
     Raises InputError for a bad `draft_tokens` (`check_draft_tokens`), what `check_prompts` refuses, a text that
-    outgrows `context_len` (`check_draft_fits_context`), or models whose vocabularies are smaller than the one they
-    share."""
+    outgrows `context_len` (`check_draft_fits_context`), models whose vocabularies are smaller than the one they
+    share, or caches and scores that cannot fit in the memory free (`check_speculation_fits`)."""
     check_draft_tokens(draft_tokens)
     check_prompts(prompts, max_new_tokens=max_new_tokens, context_len=context_len, min_new_tokens=min_new_tokens)
     check_draft_fits_context(max(len(p) for p in prompts), max_new_tokens, context_len)
@@ -179,6 +184,7 @@ def speculative_generate(
                     device=device)
     window = left_pad(prompts, pad_id=pad_id, device=device)
     needed = window.ids.shape[1] + max_new_tokens - 1  # the last token is chosen, never fed
+    check_speculation_fits((target, draft), batch, needed, draft_tokens=draft_tokens, vocab=vocab, device=device)
     target_cache, draft_cache = (model.allocate_cache(batch, needed, rolling=False) for model in (target, draft))
     stop, finished = set(stop_ids), [False] * batch
     done = 0  # the new tokens of each row so far (see the module docstring)
@@ -215,6 +221,24 @@ def speculative_generate(
         done += n + 1
         stats.advanced += n + 1
     return new_tokens, stats
+
+
+def check_speculation_fits(models: Sequence[nn.Module], batch: int, positions: int, *, draft_tokens: int, vocab: int,
+                           device: torch.device) -> None:
+    """InputError, before any is allocated, when the caches of `models` (target and draft: `batch` rows of
+    `positions` positions each, every position kept) and a round's scores (the target's over K + 1 positions, the
+    draft's over K, fp32, with a working copy each) cannot fit in the memory free on `device` (as beam search checks
+    its hypotheses, `Pipeline._check_search_fits`). A cache's size per position is read from one of a single
+    position, so every layout (GQA, windows, dtypes) counts as allocated."""
+    per_position = sum(sum(buffer.numel() * buffer.element_size() for layer in model.allocate_cache(
+        batch, 1, rolling=False).layers for buffer in (layer.keys, layer.values)) for model in models)
+    need = per_position * positions + 2 * batch * (2 * draft_tokens + 1) * vocab * 4
+    free = free_bytes(device)
+    if free is not None and need > free:
+        raise InputError(f"speculative decoding of {batch} rows of up to {positions} positions with {draft_tokens} "
+                         f"draft tokens needs at least {gib(need)} for both models' caches and a round's scores, but "
+                         f"{device.type} has {gib(free)} free: decode fewer prompts or samples at once, fewer new "
+                         "tokens, or fewer draft tokens")
 
 
 def _draft(draft: nn.Module, window: Window, cache: KVCache, k: int, done: int, shaper: Shaper,
