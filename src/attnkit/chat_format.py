@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,6 +190,21 @@ class ChatTemplate:
         text's first space is the format's; a template of one's own writes the reply as it is. The chat with the reply
         as its content then renders as the model read it."""
         return text.removeprefix(" ") if self.source is None else text
+
+    def content_stream(self, on_content: Callable[[str], None]) -> Callable[[int, str], None]:
+        """An `on_text(i, piece)` for `Pipeline.generate` that hands `on_content` the reply's content
+        (`reply_content`) as the text settles, piece by piece."""
+        written, shown = "", 0
+
+        def heard(_: int, piece: str) -> None:
+            nonlocal written, shown
+            written += piece
+            content = self.reply_content(written)
+            if len(content) > shown:
+                on_content(content[shown:])
+                shown = len(content)
+
+        return heard
 
     def turn_end_ids(self, tokenizer: Tokenizer) -> frozenset[int]:
         """The special token that closes an assistant's turn in this template (ChatML's <|im_end|>, Llama 3's

@@ -112,21 +112,19 @@ class ChatSession:
         most = min(self.sampling.get("max_new_tokens", 200), self.pipeline.config.max_seq_len - length)
         options = {**self.sampling, "max_new_tokens": most,
                    "min_new_tokens": min(self.sampling.get("min_new_tokens", 0), most)}
-        template, written, shown = self.pipeline.chat_template, [], 0  # the text as written; how much of it is shown
+        shown: list[str] = []  # the reply's content so far
 
-        def heard(_: int, piece: str) -> None:  # the reply's content as it comes (`ChatTemplate.reply_content`)
-            nonlocal shown
-            written.append(piece)
-            content = template.reply_content("".join(written))
-            if on_text is not None and len(content) > shown:
-                on_text(content[shown:])
-            shown = len(content)
+        def heard(piece: str) -> None:
+            shown.append(piece)
+            if on_text is not None:
+                on_text(piece)
 
         stopped = False
         try:
-            answer = self.pipeline.chat([*self.system, *turns], stop=list(self.stop), on_text=heard, **options)
+            answer = self.pipeline.chat([*self.system, *turns], stop=list(self.stop),
+                                        on_text=self.pipeline.chat_template.content_stream(heard), **options)
         except KeyboardInterrupt:
-            answer, stopped = template.reply_content("".join(written)), True
+            answer, stopped = "".join(shown), True
         self.turns = [*turns, {"role": "assistant", "content": answer}]
         return Reply(answer, left_out, stopped)
 

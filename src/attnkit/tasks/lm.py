@@ -29,6 +29,7 @@ window) at more cost; stride = window gives the non-overlapping figure.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -766,10 +767,14 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     stream = settings.stream and not many and not settings.beams  # beam search's texts come whole at the end
     head = prompt if settings.echo and not settings.chat else ""  # a chat's reply alone, as `ollama run` prints it
     streamed = StreamedText(head)
+    shown = pipeline.chat_template.reply_content if settings.chat else str  # a reply's content (`Pipeline.chat`)
+    on_text = streamed.write if stream else None
+    if stream and settings.chat:
+        on_text = pipeline.chat_template.content_stream(functools.partial(streamed.write, 0))
     with streamed.own_lines():
         texts = pipeline.generate(
             prompt, **settings.sampling(), num_samples=settings.num_samples, stop=stops,
-            stop_tokens=sorted(stop_tokens), on_text=streamed.write if stream else None, **constraint,
+            stop_tokens=sorted(stop_tokens), on_text=on_text, **constraint,
             num_beams=settings.num_beams, length_penalty=settings.length_penalty,
             early_stopping=settings.early_stopping, num_return_sequences=settings.num_return_sequences,
             draft=draft, draft_tokens=settings.draft_tokens, do_sample=settings.do_sample,
@@ -780,7 +785,7 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     for index, text in enumerate(texts):
         if many:
             print(f"--- {'sample' if settings.num_samples > 1 else 'sequence'} {index + 1} ---")
-        print(head + text)
+        print(head + shown(text))
     return 0
 
 
