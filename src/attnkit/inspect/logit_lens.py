@@ -47,10 +47,15 @@ class LogitLens:
         return self.logits[:, row].topk(k, dim=-1).indices
 
 
+def _stack(model: nn.Module) -> TransformerStack | None:
+    """The stack whose stream becomes tokens: an encoder-decoder's decoder, else the model's one stack."""
+    return getattr(model, "decoder", None) or getattr(model, "stack", None)
+
+
 def unembedding(model: nn.Module) -> tuple[str, Callable[[Tensor], Tensor]]:
     """The prefix of the stack whose stream becomes tokens, and the map from that stream (…, C) to logits (…, V).
     Raises InputError for a model without an output layer over a Transformer stack."""
-    stack = getattr(model, "decoder", None) or getattr(model, "stack", None)
+    stack = _stack(model)
     lm_head = getattr(model, "lm_head", None)
     if not isinstance(stack, TransformerStack) or lm_head is None:
         raise InputError(f"the logit lens reads a Transformer stack through its output layer; {type(model).__name__} "
@@ -72,8 +77,23 @@ def unembedding(model: nn.Module) -> tuple[str, Callable[[Tensor], Tensor]]:
 def logit_lens(model: nn.Module, *args: Tensor) -> LogitLens:
     """Run `model(*args)` and read its stream after the embeddings and after every block through `unembedding`."""
     model = module_of(model)  # a pipeline from attnkit.load: its model
-    prefix, unembed = unembedding(model)
-    n_blocks = sum(1 for n in hook_points(model) if n.startswith(f"{prefix}blocks.") and n.endswith(".resid_post"))
-    names = [f"{prefix}blocks.0.resid_pre", *(f"{prefix}blocks.{i}.resid_post" for i in range(n_blocks))]
+    _, unembed = unembedding(model)
+    names = lens_layers(model)
     read = trace(model, *args, names=names)
     return LogitLens(names, torch.stack([unembed(read[n]) for n in names]))
+
+
+def lens_layers(model: nn.Module) -> list[str]:
+    """The streams a lens reads: after the embeddings (`blocks.0.resid_pre`) and after each block (`.resid_post`) of
+    the stack `unembedding` reads. Raises InputError as `unembedding` does."""
+    model = module_of(model)
+    prefix, _ = unembedding(model)
+    n_blocks = sum(1 for n in hook_points(model) if n.startswith(f"{prefix}blocks.") and n.endswith(".resid_post"))
+    return [f"{prefix}blocks.0.resid_pre", *(f"{prefix}blocks.{i}.resid_post" for i in range(n_blocks))]
+
+
+def lens_width(model: nn.Module) -> int:
+    """The width C of the stream `unembedding` reads. Raises InputError as `unembedding` does."""
+    model = module_of(model)
+    unembedding(model)  # a model with no stack to read: InputError naming what it reads
+    return _stack(model).embeddings.token.embedding_dim

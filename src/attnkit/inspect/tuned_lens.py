@@ -1,0 +1,204 @@
+"""The tuned lens (Belrose et al. 2023, "Eliciting Latent Predictions from Transformers with the Tuned Lens"): the
+logit lens with an affine translator per layer, trained so that each layer's stream, translated and read through the
+model's own final norm and output layer, predicts what the model finally predicts (the KL from its final logits).
+
+    h_l  ->  h_l + A_l h_l + b_l  ->  final norm? -> (MLM transform?) -> lm_head -> V      (A_l, b_l start at 0)
+
+The layers are the logit lens's (the stream after the embeddings and after each block); the last is the model's own
+input to its output layer and keeps no translator (its reading is the model's logits), as in the paper. Training
+reads the model frozen: the streams and final logits of the given batches are taken once, then the translators are
+fitted on the KL summed over layers, all at once, by the paper's optimizer: SGD with Nesterov momentum 0.9, learning
+rate 1.0 decayed linearly to 0 over 250 steps. (Adam, whose steps keep their size as the gradient vanishes, wanders
+off a translator that is already right: a layer whose stream is the last's drifted to weights of 0.04 under it, and
+stays within 3e-7 of the identity under SGD.) A lens is saved as safetensors (`translators.L.weight`,
+`.bias`) beside a JSON record of its layers and width, and checked against both, and against the model, when read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.checkpoint import load_tensors, read_json, save_tensors
+from attnkit.errors import CheckpointError, InputError
+from attnkit.inspect.inputs import Batch, check_batch
+from attnkit.inspect.logit_lens import LogitLens, lens_layers, lens_width, unembedding
+from attnkit.inspect.points import evaluated, module_of
+from attnkit.inspect.tracing import trace
+from attnkit.outputs import atomic_output, atomic_write
+
+CONFIG_FILE, WEIGHTS_FILE = "tuned_lens.json", "tuned_lens.safetensors"
+
+
+class TunedLens(nn.Module):
+    """One affine translator per layer but the last, each `h + A h + b` (A (C, C), b (C,)), zero at the start: the
+    logit lens. `layers` names the streams it reads, in the logit lens's order."""
+
+    def __init__(self, layers: list[str], d_model: int) -> None:
+        super().__init__()
+        self.layers = list(layers)
+        self.translators = nn.ModuleList(nn.Linear(d_model, d_model) for _ in layers[:-1])
+        for translator in self.translators:
+            nn.init.zeros_(translator.weight)
+            nn.init.zeros_(translator.bias)
+
+    @property
+    def width(self) -> int | None:
+        """The streams' width C (None: a lens of one layer, which translates nothing)."""
+        return self.translators[0].in_features if len(self.translators) else None
+
+    def forward(self, index: int, stream: Tensor) -> Tensor:
+        """Layer `index`'s stream (…, C) translated toward the last layer's; the last layer's as it is."""
+        return stream if index == len(self.translators) else stream + self.translators[index](stream)
+
+
+@dataclass(frozen=True)
+class _Streams:
+    """Every layer's stream at the tokens of some batches, (L + 1, N, C), and the model's final log-probabilities there
+    (N, V): what a lens is trained and scored on."""
+
+    layers: list[str]
+    streams: Tensor
+    final: Tensor
+
+
+@torch.no_grad()
+@evaluated
+def _streams(model: nn.Module, batches: Iterable[Batch]) -> _Streams:
+    model = module_of(model)
+    _, unembed = unembedding(model)
+    layers = lens_layers(model)
+    streams, finals = [], []
+    for batch in batches:
+        check_batch(batch, "a tuned lens's batch")
+        read = trace(model, *batch.args, names=layers, **batch.kwargs)
+        stacked = torch.stack([read[name] for name in layers])  # (L + 1, B, T, C)
+        mask = batch.kwargs.get("attention_mask")
+        keep = (mask.bool() if isinstance(mask, Tensor) and mask.shape == stacked.shape[1:3] else
+                torch.ones(stacked.shape[1:3], dtype=torch.bool, device=stacked.device))  # (B, T): padding no token
+        streams.append(stacked[:, keep].float())  # (L + 1, N, C)
+        finals.append(unembed(read[layers[-1]])[keep].float().log_softmax(-1))  # (N, V)
+    if not streams:
+        raise InputError("a tuned lens is trained and scored on texts: give at least one batch")
+    return _Streams(layers, torch.cat(streams, 1), torch.cat(finals))
+
+
+def _divergences(model: nn.Module, lens: TunedLens | None, found: _Streams) -> Tensor:
+    """Each layer's mean KL(final || lens reading) over the tokens, (L + 1,); `lens` None: the logit lens."""
+    _, unembed = unembedding(module_of(model))
+    rows = []
+    for index in range(len(found.layers)):
+        stream = found.streams[index] if lens is None else lens(index, found.streams[index])
+        read = unembed(stream).float().log_softmax(-1)  # (N, V)
+        rows.append(F.kl_div(read, found.final, log_target=True, reduction="batchmean"))
+    return torch.stack(rows)
+
+
+@evaluated
+def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = 250, lr: float = 1.0,
+                     batch_tokens: int = 256, generator: torch.Generator | None = None) -> TunedLens:
+    """Fit a TunedLens to `model`'s streams on `batches` (their tokens, padding left out): `steps` SGD steps (module
+    docstring) on the KL from the final logits summed over layers, `batch_tokens` tokens drawn per step. The model is
+    left as it was. Raises InputError for no batches or steps below 1."""
+    if steps < 1:
+        raise InputError(f"steps={steps}: a tuned lens needs at least one training step (the paper's uses 250)")
+    found = _streams(model, batches)
+    model = module_of(model)
+    lens = TunedLens(found.layers, found.streams.shape[-1]).to(found.streams.device)
+    _, unembed = unembedding(model)
+    frozen = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(lens.parameters(), lr=lr, momentum=0.9, nesterov=True)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
+    tokens = found.streams.shape[1]
+    try:
+        for p in frozen:  # the model's weights are read, never trained, and their .grad is left alone
+            p.requires_grad_(False)
+        for _ in range(steps):
+            picked = torch.randint(tokens, (min(batch_tokens, tokens),), generator=generator).to(found.final.device)
+            loss = 0.0
+            for index in range(len(lens.translators)):  # the last layer reads as it is: KL 0
+                read = unembed(lens(index, found.streams[index, picked])).float().log_softmax(-1)  # (n, V)
+                loss = loss + F.kl_div(read, found.final[picked], log_target=True, reduction="batchmean")
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+    return lens.requires_grad_(False).eval()
+
+
+@torch.no_grad()
+@evaluated
+def tuned_lens(model: nn.Module, lens: TunedLens, *args: Tensor) -> LogitLens:
+    """Run `model(*args)` and read each layer's stream through its translator and `unembedding`: the logit lens's
+    result, (L + 1, B, T, V), its last row the model's own logits. Raises InputError for a lens of another model."""
+    model = module_of(model)
+    check_lens(lens, model)
+    _, unembed = unembedding(model)
+    read = trace(model, *args, names=lens.layers)
+    return LogitLens(lens.layers, torch.stack([unembed(lens(i, read[n])) for i, n in enumerate(lens.layers)]))
+
+
+@torch.no_grad()
+def lens_divergences(model: nn.Module, batches: list[Batch], lens: TunedLens | None = None) -> Tensor:
+    """Each layer's mean KL (nats per token) from the model's final distribution to the lens's reading of that layer
+    on `batches`, (L + 1,): the tuned lens's, or the logit lens's where `lens` is None. The last is 0."""
+    if lens is not None:
+        check_lens(lens, module_of(model))
+    return _divergences(model, lens, _streams(model, batches))
+
+
+def check_lens(lens: TunedLens, model: nn.Module) -> None:
+    """Raise InputError unless `lens` reads `model`'s layers at its width."""
+    layers, width = lens_layers(model), lens_width(model)
+    if lens.layers != layers or lens.width not in (None, width):
+        raise InputError(f"this tuned lens reads {len(lens.layers)} layers ({lens.layers[0]} ...) of width "
+                         f"{lens.width}; the model has {len(layers)} of width {width}: train a lens for this model")
+
+
+def save_tuned_lens(lens: TunedLens, directory: str | Path, *, record: dict | None = None) -> Path:
+    """Write `directory` (tuned_lens.json, tuned_lens.safetensors) whole or not at all; `record` (the KL per layer,
+    the training settings) goes into the JSON."""
+    document = {"method": "tuned lens (Belrose et al. 2023)", "layers": lens.layers, "d_model": lens.width or 0,
+                **(record or {})}
+    with atomic_output(directory, directory=True, overwrite=True) as partial:
+        save_tensors({name: t.detach().float() for name, t in lens.state_dict().items()}, partial / WEIGHTS_FILE)
+        atomic_write(partial / CONFIG_FILE, json.dumps(document, indent=2) + "\n")
+    return Path(directory)
+
+
+def load_tuned_lens(directory: str | Path, model: nn.Module | None = None) -> TunedLens:
+    """Read a lens `save_tuned_lens` wrote, every tensor checked against the JSON's layers and width (present, of its
+    shape, finite) and, given `model`, the lens against the model. Raises CheckpointError naming the file and what is
+    wrong, InputError for a lens of another model."""
+    directory = Path(directory)
+    where = directory / CONFIG_FILE
+    document = read_json(where)
+    layers, width = (document.get("layers"), document.get("d_model")) if isinstance(document, dict) else (None, None)
+    if not (isinstance(layers, list) and len(layers) >= 1 and all(isinstance(n, str) for n in layers)
+            and isinstance(width, int) and width >= 0):
+        raise CheckpointError(f"{where} has no list of layers and d_model: it is not a tuned lens's record "
+                              "(attnkit inspect RUN tuned-lens writes one to OUT/tuned-lens)")
+    tensors = load_tensors(directory / WEIGHTS_FILE)
+    lens = TunedLens(layers, width)
+    expected = {name: tuple(t.shape) for name, t in lens.state_dict().items()}
+    found = {name: tuple(t.shape) for name, t in tensors.items()}
+    if found != expected:
+        wrong = sorted(set(found) ^ set(expected)) or [n for n in expected if found[n] != expected[n]]
+        raise CheckpointError(f"{directory / WEIGHTS_FILE} does not hold the translators {where} describes "
+                              f"({len(layers) - 1} of width {width}): {wrong[0]} is missing, extra or of another shape")
+    bad = [name for name, t in tensors.items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        raise CheckpointError(f"{directory / WEIGHTS_FILE}: {bad[0]} holds NaN or infinite values; the lens is damaged")
+    lens.load_state_dict(tensors)
+    if model is not None:
+        check_lens(lens, module_of(model))
+    return lens.eval()
