@@ -15,8 +15,8 @@
 # the slides that write attention as $\mathrm{Attention}(Q, K, V) = \mathrm{softmax}(f(Q, K))\,V$, call $f$ "some
 # kernel function (read: similarity function)", show that the result is a convex combination of the rows of $V$
 # (the "I am Sam" example), and give Nadaraya-Watson kernel regression as a non-Transformer example of it. The same
-# idea is COGS 150's "weighted average over all hidden states" and USC CSCI 499's "fuzzy lookup in a key-value
-# store".
+# idea is COGS 150's "weighted average over all hidden states" (its "The cat sat on" example, computed here) and
+# USC CSCI 499's "fuzzy lookup in a key-value store".
 #
 # **You will:** write kernel regression in five lines, see that it *is* dot-product attention, check that
 # attnkit's `Attention` module computes exactly the same numbers, set it beside a linear map that mixes tokens (it
@@ -114,6 +114,34 @@ torch.testing.assert_close(weights, torch.softmax(-(distance**2) / 2, dim=-1))  
 laplace = torch.softmax(-distance, dim=-1)  # the negative distance itself: a weighted average too, but another one
 assert not torch.allclose(laplace, dot_weights, atol=1e-3)
 print(f"softmax(-distance) is another kernel: its weights differ by up to {(laplace - weights).abs().max():.2f}")
+
+# %% [markdown]
+# ## COGS 150's example: what is relevant to "on"?
+#
+# COGS 150 shows the same three steps on a sentence. To predict what follows "The cat sat on", the model scores how
+# relevant each earlier word's hidden state $h_j$ is to the last one's (numbers "made up for illustration
+# purposes": .2, .1, .1, 1), turns the scores into weights with a softmax, $\alpha_j = e^{s_j} / \sum_k e^{s_k}$,
+# and builds the context vector $c = \sum_j \alpha_j h_j$, a weighted average of the hidden states. The slide's
+# weights are .2, .18, .18, .44; below, the same with made-up 3-dimensional hidden states, through attnkit's
+# softmax (`attention_weights`).
+
+# %%
+from attnkit.layers.attention import attention_weights
+
+words = ["The", "cat", "sat", "on"]
+relevance = torch.tensor([0.2, 0.1, 0.1, 1.0])  # the slide's scores of each word for "on"
+alpha = torch.exp(relevance) / torch.exp(relevance).sum()  # the softmax, as the slide writes it
+torch.testing.assert_close(alpha, torch.tensor([0.20, 0.18, 0.18, 0.44]), rtol=0, atol=0.005)  # the slide's weights
+torch.testing.assert_close(attention_weights(relevance[None, None, None], None)[0, 0, 0], alpha)
+hidden = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 1.0]])  # (T, 3) h_1 .. h_4
+context = alpha @ hidden  # (3,) c = sum_j alpha_j h_j
+print("weights", dict(zip(words, [round(a, 3) for a in alpha.tolist()], strict=True)))
+print("context vector", [round(c, 3) for c in context.tolist()], "= the weighted average of the hidden states")
+
+# %% [markdown]
+# The weights are positive and sum to 1, so the context vector is an average, pulled towards "on"'s own state, the
+# one scored most relevant. In a trained model the scores are not made up: they are dot products of learned vectors,
+# which is what the rest of this tutorial (and tutorial 3, for self-attention) builds.
 
 # %% [markdown]
 # ## Dot-product attention for whole matrices, and why the output is a convex combination

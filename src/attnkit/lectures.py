@@ -207,7 +207,8 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Attention's origins: machine translation and the bottleneck", T05, ("models.recurrent.seq2seq",),
               "bottleneck", BOTTLENECK_PNG, section="Going further: reverse a sequence"),
         Topic("Dot-product attention: relevance as embedding similarity, softmax, weighted average, a context "
-              "vector", T01, ("layers.attention:DotScore",), section="It is dot-product attention"),
+              "vector (\"The cat sat on\")", T01, ("layers.attention:DotScore", "layers.attention:attention_weights"),
+              section="COGS 150's example: what is relevant to \"on\"?"),
         Topic("The dot product is a coarse measure: can we do better?", T02, ("layers.attention",),
               "score-functions", "experiments/score-functions/scores.png",
               section="Going further: train one attention layer with each score"),
