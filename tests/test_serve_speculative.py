@@ -113,6 +113,20 @@ def test_requests_the_draft_rule_cannot_serve_decode_in_the_plain_rows_as_withou
     assert scheduler.tokens == 16 and speculative.tokens == 16  # two requests of 8 tokens each way
 
 
+def test_a_request_beyond_the_drafts_context_decodes_in_the_plain_rows(models):
+    target, _ = models
+    draft = tiny_model(max_seq_len=16, position="rope", seed=3, n_layers=1)[0]
+    speculative = SpeculativeScheduler(target, draft, draft_tokens=3, context_len=16, pad_id=0)
+    scheduler = Scheduler(target, context_len=CONTEXT, pad_id=0, speculative=speculative)
+    short, long = Recorded([1, 2, 3], 13), Recorded([1, 2, 3], 14)  # 16 positions, and 17
+    assert [speculative.takes(r.job) for r in (short, long)] == [True, False]
+    scheduler.submit(short.job)
+    scheduler.submit(long.job)
+    drain(scheduler)
+    assert long.tokens == generate_tokens(target, [[1, 2, 3]], max_new_tokens=14, context_len=CONTEXT)
+    assert short.tokens == [long.tokens[0][:13]] and scheduler.tokens == 14 and speculative.tokens == 13
+
+
 def test_a_plain_request_ends_while_a_long_speculative_one_runs(models):
     """Each turn of the loop runs one plain step and one round: drafting for one request holds no other."""
     target, draft = models

@@ -20,11 +20,12 @@ token is chosen from the target's prefill logits as the plain batch chooses it (
 gives every row 1 to K + 1 tokens, K cut so that no row drafts past its max_tokens.
 
 Which requests speculate (`takes`): greedy ones (the text is the target's own, token for token) and sampled ones
-without a seed (drawn from the target's distribution); the others are served by the plain batch, beside, and get
-what the server without a draft gives them. A seeded sampled request goes there because a batch's rows advance by
-the drafts every row keeps, so its draws would follow the other requests' acceptances and its text would depend on
-who shares its rounds; penalties, grammars (structured output) and log-probabilities because the draft rule holds
-none of them (`run_settings.NOT_BESIDE_DRAFT`). Nothing is refused for having a draft.
+without a seed (drawn from the target's distribution), whose text fits both models' context; the others are served
+by the plain batch, beside, and get what the server without a draft gives them. A seeded sampled request goes there
+because a batch's rows advance by the drafts every row keeps, so its draws would follow the other requests'
+acceptances and its text would depend on who shares its rounds; penalties, grammars (structured output) and
+log-probabilities because the draft rule holds none of them (`run_settings.NOT_BESIDE_DRAFT`). Nothing is refused
+for having a draft.
 
 Both caches keep every position (`rolling=False`, so a sliding window's rows merge and rewind); nothing is kept in
 the prefix cache, which holds the target's keys only.
@@ -62,12 +63,12 @@ class SpeculativeScheduler(Scheduler):
         self.speculation = Speculation(draft_tokens)
         self.shapers: dict[GenerationJob, Shaper] = {}  # each running job's logits processing (`Shaper`)
 
-    @staticmethod
-    def takes(job: GenerationJob) -> bool:
-        """Whether `job` speculates (see the module docstring): no penalties, grammar or log-probabilities, and
-        greedy or unseeded."""
+    def takes(self, job: GenerationJob) -> bool:
+        """Whether `job` speculates (see the module docstring): no penalties, grammar or log-probabilities, greedy
+        or unseeded, and its prompt and max_tokens within both models' context (`context_len`, the smaller)."""
         plain = job.sampling.penalises or job.grammar is not None or job.top_logprobs is not None
-        return not plain and (job.sampling.greedy or job.seed is None)
+        fits = len(job.prompt) + job.max_new_tokens <= self.context_len
+        return fits and not plain and (job.sampling.greedy or job.seed is None)
 
     def _allocate(self, batch_size: int, positions: int):
         return self.model.allocate_cache(batch_size, positions, rolling=False)
@@ -172,6 +173,7 @@ class SpeculativeScheduler(Scheduler):
     def _round(self) -> None:
         """One round of speculative decoding over every row (see the module docstring), each job's tokens passed on
         as the plain batch passes them (`_deliver`)."""
+        started = time.monotonic()
         jobs = self.batch.jobs
         k = max(0, min(self.draft_tokens, *(job.max_new_tokens - job.produced - 1 for job in jobs)))
         self._fit(columns=k + 2)  # the target caches columns L ... L + k, and L + n + 1 takes the newest token
@@ -215,6 +217,7 @@ class SpeculativeScheduler(Scheduler):
             except Exception as error:  # its own logits gave no distribution, or its own callback failed
                 self._fail(job, error)
         self._write(tokens.clamp(min=0), k, n)
+        self.step_seconds = time.monotonic() - started  # how long joining jobs wait for company (`Scheduler._due`)
 
     def _draft(self, window: Window, cache, k: int, rows_of: dict[GenerationJob, Tensor]
                ) -> tuple[Tensor, Tensor | None]:
