@@ -151,6 +151,33 @@ def test_attnkit_chat_runs_through_a_pipe_and_stops_at_its_end(secret_run):
     assert done.stdout.splitlines() == [SECRETS[QUESTIONS[1]], SECRETS[QUESTIONS[0]]]
 
 
+@pytest.mark.slow  # a fresh interpreter, and a reply thousands of tokens long to interrupt
+def test_sigint_during_a_reply_stops_it_and_the_chat_reads_on(secrets, tmp_path):
+    """A real SIGINT, as Ctrl-C sends it, to `attnkit chat` reading a pipe: the long reply stops, and the chat reads
+    the next line (/reset) and ends at the end of input."""
+    import signal
+
+    out = tmp_path / "run"
+    request = chat_request(out, secrets, max_steps=1, eval_every=1)
+    prepare(dataclasses.replace(request, overrides=[*TINY[:-1], "max_seq_len=8192"])).fit()  # rope: no table
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root / "src")}
+    chat = subprocess.Popen([sys.executable, "-m", "attnkit", "chat", str(out), "--max-new-tokens", "8000",
+                             "--min-new-tokens", "8000", "--seed", "0"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        chat.stdin.write("Hi\n")
+        chat.stdin.flush()
+        assert chat.stdout.read(1)  # the first reply is streaming
+        chat.send_signal(signal.SIGINT)
+        _, stderr = chat.communicate("/reset\n", timeout=120)  # the next line, then the end of input
+    finally:
+        chat.kill()
+    assert chat.returncode == 0, stderr
+    assert "the reply was stopped" in stderr and "interrupted" not in stderr
+    assert stderr.index("the history is cleared") > stderr.index("the reply was stopped")
+
+
 def test_attnkit_chat_refuses_a_run_that_does_not_generate(tmp_path):
     class Classifier:
         methods = ("classify",)
