@@ -49,3 +49,21 @@ def test_a_config_close_to_its_weights_still_gets_strict_loadings_list(run):
     with pytest.raises(CheckpointError, match=r"shape mismatches: .*mlp\.up_proj\.weight: checkpoint \(32, 16\) vs "
                                               r"model \(40, 16\)"):
         load_model(run)
+
+
+def test_a_hugging_face_config_far_deeper_than_its_weights_is_refused_before_the_model_is_built(tmp_path,
+                                                                                                  monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    from attnkit.interop import hf
+
+    config = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=40, n_positions=32)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    edit_config(tmp_path / "gpt2", n_layer=100_000)
+
+    def built(config, **_):
+        raise AssertionError(f"a model of {config.n_layers} layers was built before the weights were compared")
+
+    monkeypatch.setattr(hf, "build_model", built)
+    with pytest.raises(CheckpointError, match=r"gpt2/config\.json describes a model of [\d,]+ parameters, but the "
+                                              r"weights of .*gpt2 holds [\d,]+ values in all"):
+        hf.load(tmp_path / "gpt2")

@@ -437,7 +437,9 @@ def _load_model(
         verify_run_files(directory, [CONFIG_FILE, WEIGHTS_FILE, LABELS_FILE, TASK_FILE]
                          + ([ADAPTERS_FILE] if adapters else []), require=require)
     config = load_config(directory)
-    check_weights_cover(config, directory / WEIGHTS_FILE)
+    if (stored := stored_values(directory / WEIGHTS_FILE)) is not None:
+        check_weights_cover(config, stored, config_file=str(directory / CONFIG_FILE),
+                            weights=str(directory / WEIGHTS_FILE))
     model = build_model(config)  # its size checked against the memory free before the weights are read
     tensors = load_tensors(directory / WEIGHTS_FILE)
     if adapters:
@@ -448,25 +450,29 @@ def _load_model(
     return model, config
 
 
-def check_weights_cover(config: ModelConfig, path: Path) -> None:
-    """Refuse, before the model is built, a config that describes more than twice the values the safetensors file
-    `path` holds (counted from its header alone): another model's config, or a damaged one (an n_layers of 100,000
-    beside one layer's weights), whose model can take many minutes to build before strict loading would list its
-    every tensor as missing. Closer counts are left to strict loading, which names each missing or misshapen tensor; a
-    model too large for memory is refused as such first (`check_weights_fit`); a file whose header cannot be read is
-    left to `load_tensors`, which names the problem."""
+def stored_values(path: Path) -> int | None:
+    """How many values the safetensors file `path` holds, counted from its header alone; None where the header cannot
+    be read (`load_tensors` names the problem)."""
     try:
         with safe_open(str(path), framework="pt") as handle:
-            stored = sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
+            return sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
     except (OSError, SafetensorError):
-        return
+        return None
+
+
+def check_weights_cover(config: ModelConfig, stored: int, *, config_file: str, weights: str) -> None:
+    """Refuse, before the model is built, a config (read from `config_file`) that describes more than twice the
+    `stored` values its `weights` hold: another model's config, or a damaged one (an n_layers of 100,000 beside one
+    layer's weights), whose model can take many minutes to build before strict loading would list its every tensor as
+    missing. Closer counts are left to strict loading, which names each missing or misshapen tensor; a model too large
+    for memory is refused as such first (`check_weights_fit`)."""
     described = estimate_parameters(config)
     if described <= 2 * stored:
         return
     check_weights_fit(config, torch.get_default_device())
-    raise CheckpointError(f"{path.parent / CONFIG_FILE} describes a model of {described:,} parameters, but {path} "
-                          f"holds {stored:,} values in all; the weights and config.json must come from the same model "
-                          "(a damaged or replaced config.json?)")
+    raise CheckpointError(f"{config_file} describes a model of {described:,} parameters, but {weights} holds "
+                          f"{stored:,} values in all; the weights and the config must come from the same model (a "
+                          "damaged or replaced config.json?)")
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:

@@ -41,6 +41,7 @@ from attnkit.checkpoint import (
     TOKENIZER_DIR,
     WEIGHTS_FILE,
     atomic_write,
+    check_weights_cover,
     is_attnkit_run,
     load_run_model,
     mark_run,
@@ -145,6 +146,8 @@ def load(
     architecture = architecture_of(hf, family, source)
     tensors = without_zero_rows(add_prefix(read_weights(directory, allow_pickle=allow_pickle), family), family)
     config = config_from_hf(hf, family, architecture, tensor_names=set(tensors), source=source)
+    check_weights_cover(config, sum(tensor.numel() for tensor in tensors.values()), config_file=source,
+                        weights=f"the weights of {directory}")
     model = build_model(config)
     load_hf_tensors(model, tensors, family, architecture=architecture, source=str(directory))
     model.to(device=device, dtype=dtype).eval()
