@@ -77,6 +77,16 @@ def test_reset_clears_the_history_and_keeps_the_system_turn(wide_run, monkeypatc
     assert "the history is cleared; the system turn stays" in caplog.text
 
 
+def test_a_turn_in_triple_quotes_runs_over_several_lines(wide_run, monkeypatch):
+    fed = fed_prompts(monkeypatch)
+    chat(wide_run, '"""\nWhat is\nthe secret word?"""\n"""Name the capital of France."""\n', max_new_tokens=2)
+    pipeline = load(wide_run)
+    first = {"role": "user", "content": "What is\nthe secret word?"}
+    assert fed[0] == pipeline.chat_template.chat_ids(pipeline.tokenizer, [first])
+    second = pipeline.chat_template.chat_ids(pipeline.tokenizer, [{"role": "user", "content": QUESTIONS[1]}])
+    assert len(fed) == 2 and fed[1][-len(second):] == second  # a quoted line is a turn, its quotes left out
+
+
 def test_the_oldest_turns_are_left_out_to_fit_the_window_with_a_warning_the_system_turn_kept(secret_run,
                                                                                              monkeypatch, caplog):
     fed = fed_prompts(monkeypatch)

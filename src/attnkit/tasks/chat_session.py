@@ -7,6 +7,7 @@ model reads the chat as the run's template renders it (`ChatTemplate.chat_ids`: 
 conversations and `attnkit serve` reads a chat), and is streamed to standard output as it comes, ended at the
 template's end of turn (its stop strings, its turn-end token, EOS).
 
+    \"\"\"      begins a turn of several lines, up to a line that ends with \"\"\" (as `ollama run` reads one)
     /reset   forget the history (the system turn stays)
     /exit    end the chat (as end of input does: Ctrl-D, or the end of a pipe)
     Ctrl-C   during a reply: stop it there (what it wrote stays its reply); at the prompt: a fresh line
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 PROMPT = ">>> "  # shown before each turn where standard input is a terminal
 RESET, EXIT = "/reset", "/exit"
+FENCE = '"""'  # begins and ends a turn of several lines
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,8 +132,22 @@ class ChatSession:
 
 
 def turns_of(stdin: TextIO) -> Iterator[str]:
-    """The user's turns, a line each, until the end of input: a terminal's with the `>>> ` prompt and line editing
-    (Ctrl-C there gives a fresh line), a pipe's or a file's as they are."""
+    """The user's turns, a line each, until the end of input; a turn that begins with `\"\"\"` runs on over the lines
+    up to one that ends with `\"\"\"` (as `ollama run` takes a turn of several lines), the quotes left out."""
+    lines = lines_of(stdin)
+    for line in lines:
+        if not line.startswith(FENCE):
+            yield line
+            continue
+        parts = [line.removeprefix(FENCE)]
+        while not parts[-1].endswith(FENCE) and (more := next(lines, None)) is not None:
+            parts.append(more)
+        yield "\n".join(parts[1:] if not parts[0] else parts).removesuffix(FENCE)
+
+
+def lines_of(stdin: TextIO) -> Iterator[str]:
+    """The lines of the input, until its end: a terminal's with the `>>> ` prompt and line editing (Ctrl-C there
+    gives a fresh line), a pipe's or a file's as they are."""
     if stdin is sys.stdin and stdin.isatty():
         try:
             import readline  # noqa: F401  (line editing and recall for input(), where Python has it)
