@@ -114,7 +114,7 @@ def test_a_turn_too_long_for_the_window_is_refused_and_the_chat_goes_on(secret_r
     fed = fed_prompts(monkeypatch)
     said = chat(secret_run, f"{'a' * 200}\n{QUESTIONS[0]}\n")
     assert said == [SECRETS[QUESTIONS[0]]] and len(fed) == 1
-    assert "this turn take" in caplog.text and "write a shorter turn" in caplog.text
+    assert "this turn takes" in caplog.text and "write a shorter turn" in caplog.text
     pipeline = load(secret_run)
     assert fed[0] == pipeline.chat_template.chat_ids(pipeline.tokenizer, [{"role": "user", "content": QUESTIONS[0]}])
 

@@ -95,7 +95,7 @@ class ChatSession:
         while len(ids := self.ids(turns)) + room > window:
             if len(turns) == 1:
                 raise TurnTooLong(
-                    f"this turn{' and the system turn' if self.system else ''} take {len(ids)} tokens; the model "
+                    f"this turn{' and the system turn take' if self.system else ' takes'} {len(ids)} tokens; the model "
                     f"reads {window} at once and a reply needs {room} of them: write a shorter turn (or give a "
                     "smaller --max-new-tokens)")
             turns = turns[next(i for i, m in enumerate(turns[1:], start=1) if m["role"] == "user"):]
@@ -177,6 +177,11 @@ def run_chat(settings: ChatSettings, load: Callable[[Any], Any], *, stdin: TextI
                          f"serves {' or '.join(pipeline.methods) or 'no text method'}")
     session = ChatSession(pipeline, system=settings.system, sampling=settings.sampling(), stop=settings.stop)
     terminal = stdin is sys.stdin and stdin.isatty()
+
+    def write(piece: str) -> None:
+        stdout.write(piece)
+        stdout.flush()
+
     for text in turns_of(stdin):
         if text.strip() == EXIT:
             break
@@ -186,18 +191,12 @@ def run_chat(settings: ChatSettings, load: Callable[[Any], Any], *, stdin: TextI
             continue
         if not text.strip():
             continue
-
-        def write(piece: str) -> None:
-            stdout.write(piece)
-            stdout.flush()
-
         try:
             reply = session.reply(text, on_text=write)
         except TurnTooLong as error:
             log.warning("%s", error)
             continue
-        stdout.write("\n\n" if terminal else "\n")
-        stdout.flush()
+        write("\n\n" if terminal else "\n")
         if reply.stopped:
             log.info("(the reply was stopped; it stays in the history as written)")
     return 0
