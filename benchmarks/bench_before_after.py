@@ -1,16 +1,19 @@
 """Speed before and after a change: the speed suite's generation rows for two checkouts of attnkit, in one run.
 
     python -m benchmarks before_after --old DIR [--new DIR] [--only CASE ...] [--rows fp32 bf16 int8-dynamic]
-                                      [--pairs 9] [--threads 1] [--name before-after]
+                                      [--pairs 9] [--threads 1] [--clock wall | cpu] [--name before-after]
 
 Each checkout builds the row's model with its own harness (`benchmarks/speed.py`'s `_step_function`, imported in a
 worker process started in that checkout with its `src/` first on the path), so the earlier code runs as it ran then.
 The two workers stay up and take turns, one greedy generation (the suite's 128 tokens) each, which one goes first
 alternating from pair to pair, so a machine shared with other work moves both sides of a pair alike; after one
 warm-up generation each, `--pairs` pairs are timed. The ratio is the median of the pairs' own ratios (new over old),
-with the spread of the middle half of them. The rows: fp32 and bf16 eager decoding, and int8 weights with int8
-activations (the suite's `attnkit-int8-dynamic`, fp32 elsewhere), for each generation case. The load average is
-read before and after each row. Results: benchmarks/results/<name>.json and .md.
+with the spread of the middle half of them. `--clock cpu` times each repetition in its worker's own CPU time
+(`time.process_time`) instead of the wall clock: on a machine other jobs load past its cores (a `nice`d run there
+gets a small share of them) that is the time the code took, where the wall clock is mostly the wait. The rows:
+fp32 and bf16 eager decoding, and int8 weights with int8 activations (the suite's `attnkit-int8-dynamic`, fp32
+elsewhere), for each generation case. The load average is read before and after each row. Results:
+benchmarks/results/<name>.json and .md.
 """
 
 from __future__ import annotations
@@ -34,24 +37,25 @@ WORKER = """
 import sys, time, torch
 from benchmarks import speed
 torch.set_num_threads(int(sys.argv[4]))
+clock = time.process_time if sys.argv[5] == "cpu" else time.perf_counter
 torch.manual_seed(0)
 case = next(c for c in speed.CASES if c.name == sys.argv[1])
 model, step = speed._step_function(case, sys.argv[2], sys.argv[3])
 print("ready", flush=True)
 for _ in sys.stdin:
-    start = time.perf_counter()
+    start = clock()
     step()
-    print(time.perf_counter() - start, flush=True)
+    print(clock() - start, flush=True)
 """
 
 
 class Worker:
     """One checkout's row, built in its own process, timing one repetition when asked."""
 
-    def __init__(self, tree: Path, case: str, impl: str, dtype: str, threads: int) -> None:
+    def __init__(self, tree: Path, case: str, impl: str, dtype: str, threads: int, clock: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-        self.process = subprocess.Popen([sys.executable, "-c", WORKER, case, impl, dtype, str(threads)], cwd=tree,
-                                        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen([sys.executable, "-c", WORKER, case, impl, dtype, str(threads), clock],
+                                        cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the worker in {tree} did not start ({case} {impl} {dtype})")
 
@@ -68,7 +72,7 @@ class Worker:
 def compare(trees: dict[str, Path], case: str, impl: str, dtype: str, args: argparse.Namespace) -> dict:
     """`args.pairs` alternating pairs of repetitions of the row in both trees: seconds each, and the ratio."""
     load = [os.getloadavg()[0]]
-    workers = {side: Worker(tree, case, impl, dtype, args.threads) for side, tree in trees.items()}
+    workers = {side: Worker(tree, case, impl, dtype, args.threads, args.clock) for side, tree in trees.items()}
     try:
         for worker in workers.values():  # warm-up
             worker.time_one()
@@ -92,7 +96,8 @@ def compare(trees: dict[str, Path], case: str, impl: str, dtype: str, args: argp
 
 def markdown(report: dict) -> str:
     lines = [f"CPU: {CpuCapabilities.from_dict(report['cpu']).summary()}; {report['threads']} thread(s). Old: "
-             f"`{report['old']}`; new: `{report['new']}`. Command: `{report['command']}`", "",
+             f"`{report['old']}`; new: `{report['new']}`; {report.get('clock', 'wall')} clock. Command: "
+             f"`{report['command']}`", "",
              "| case | row | old tok/s | new tok/s | new / old speed (median of pairs) | middle half of pairs | load |",
              "|---|---|---|---|---|---|---|"]
     for r in report["results"]:
@@ -113,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", nargs="*", choices=sorted(set(ROW_LABELS.values())), help="default: all")
     parser.add_argument("--pairs", type=int, default=9, help="timed repetitions of each side, alternating")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time each repetition by the wall clock or by the worker's CPU time")
     parser.add_argument("--name", default="before-after")
     args = parser.parse_args(argv)
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
@@ -128,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             result = compare(trees, case, impl, dtype, args)
             results.append(result)
             print(json.dumps(result), flush=True)
-    report = {"old": str(trees["old"]), "new": str(trees["new"]), "threads": args.threads,
+    report = {"old": str(trees["old"]), "new": str(trees["new"]), "threads": args.threads, "clock": args.clock,
               "cpu": CpuCapabilities.detect().to_dict(), "results": results,
               "command": "python -m benchmarks before_after " + " ".join(argv if argv is not None else sys.argv[1:])}
     RESULTS.mkdir(parents=True, exist_ok=True)
