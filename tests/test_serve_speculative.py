@@ -14,6 +14,7 @@ import torch
 from generate_models import tiny_model
 
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens
+from attnkit.generate.sampling import process_logits
 from attnkit.serve.batching import GenerationJob, Scheduler
 from attnkit.serve.speculative import SpeculativeScheduler
 
@@ -46,10 +47,10 @@ def models():
     return target, draft
 
 
-def schedulers(target, draft, draft_tokens: int = 3) -> tuple[Scheduler, SpeculativeScheduler]:
+def schedulers(target, draft, draft_tokens: int = 3, max_rows: int = 8) -> tuple[Scheduler, SpeculativeScheduler]:
     speculative = SpeculativeScheduler(target, draft, draft_tokens=draft_tokens, context_len=CONTEXT, pad_id=0,
-                                       max_rows=8)
-    return Scheduler(target, context_len=CONTEXT, pad_id=0, max_rows=8, speculative=speculative), speculative
+                                       max_rows=max_rows)
+    return Scheduler(target, context_len=CONTEXT, pad_id=0, max_rows=max_rows, speculative=speculative), speculative
 
 
 def iterate(scheduler: Scheduler) -> None:
@@ -111,6 +112,36 @@ def test_requests_the_draft_rule_cannot_serve_decode_in_the_plain_rows_as_withou
     assert [r.tokens for r in jobs[:2]] == [r.tokens for r in again]
     assert len(jobs[2].tokens[0]) == 8 and jobs[2].reasons == ["length"]  # sampled, unseeded: drafted
     assert scheduler.tokens == 16 and speculative.tokens == 16  # two requests of 8 tokens each way
+
+
+def test_sampled_rows_follow_the_targets_distribution_beside_greedy_rows():
+    """Unseeded sampled rows speculate: the first two tokens (the second a round's first, with two drafts) are drawn
+    as the target alone draws them (Leviathan et al.), while a greedy request in the same rounds gets its own text."""
+    from scipy.stats import chisquare
+
+    target = tiny_model(position="rope", vocab_size=6, seed=3)[0]
+    draft = tiny_model(position="rope", vocab_size=6, seed=4, n_layers=1)[0]
+    scheduler, speculative = schedulers(target, draft, draft_tokens=2, max_rows=72)
+    prompt, sampling = [1, 4, 2], SamplingConfig(temperature=0.8)
+    with torch.no_grad():  # the target's exact distribution of its first two new tokens, (V, V)
+        first = process_logits(target(torch.tensor([prompt])).logits[:, -1], sampling).softmax(-1)[0]
+        after = torch.tensor([prompt + [token] for token in range(6)])
+        second = process_logits(target(after).logits[:, -1], sampling).softmax(-1)  # (V, V): given the first
+        exact = (first[:, None] * second).flatten().double()
+    torch.manual_seed(0)  # unseeded rows draw from torch's generator
+    counts = torch.zeros(36, dtype=torch.float64)
+    greedy = Recorded([5, 1], 6)
+    scheduler.submit(greedy.job)
+    for _ in range(20):
+        sampled = Recorded(prompt, 4, n=64, sampling=sampling)
+        scheduler.submit(sampled.job)
+        drain(scheduler)
+        for tokens in sampled.tokens:
+            counts[tokens[0] * 6 + tokens[1]] += 1
+    assert greedy.tokens == generate_tokens(target, [[5, 1]], max_new_tokens=6, context_len=CONTEXT)
+    stats = speculative.speculation
+    assert 0.05 < stats.acceptance_rate < 0.95 and scheduler.tokens == 0
+    assert chisquare(counts, exact / exact.sum() * counts.sum()).pvalue > 1e-3
 
 
 def test_a_request_beyond_the_drafts_context_decodes_in_the_plain_rows(models):
