@@ -837,6 +837,31 @@ def test_patch_and_attribute_read_each_heads_queries_keys_values_or_pattern_by_p
         run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="heads", text=(text,), point="q"))
 
 
+def test_tuned_lens_trains_saves_and_reads_back_its_lens(runs, tmp_path):
+    """tuned-lens trains a translator per layer on the texts but every tenth, scores both lenses' KL per layer on
+    those held out, and saves the lens to OUT/tuned-lens; --lens reads it back (checked against the run) to the same
+    scores; a damaged lens, or --lens for another analysis, is refused."""
+    texts = tuple(f"abc de {c}{c} fgh" for c in "abcdefghij ")  # 11 texts: the 1st and the 11th held out
+    report = _inspect(runs["decoder"], "tuned-lens", tmp_path / "a", text=texts, steps=20)
+    summary = report["summary"]
+    assert summary["lens"] == "trained 20 steps on 9 texts" and summary["KL scored on"].startswith("2 held-out texts")
+    logit, tuned = (list(map(float, summary[f"KL {name} (nats/token, per layer)"].split(", ")))
+                    for name in ("logit lens", "tuned lens"))
+    assert len(logit) == len(tuned) == 3 and logit[-1] == tuned[-1] == 0.0 and logit[:2] != tuned[:2]
+    saved = tmp_path / "a" / "tuned-lens"
+    assert summary["saved"] == str(saved) and {p.name for p in saved.iterdir()} == {"tuned_lens.json",
+                                                                                   "tuned_lens.safetensors"}
+    again = _inspect(runs["decoder"], "tuned-lens", tmp_path / "b", text=texts, lens=str(saved))["summary"]
+    assert again["lens"] == f"read from {saved}" and "saved" not in again
+    assert again["KL tuned lens (nats/token, per layer)"] == summary["KL tuned lens (nats/token, per layer)"]
+    (saved / "tuned_lens.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match="tuned_lens.safetensors"):
+        run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="tuned-lens", text=texts, lens=str(saved),
+                                    out=str(tmp_path / "c")))
+    with pytest.raises(InputError, match="--lens names a saved tuned lens, which tuned-lens alone reads"):
+        run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="logit-lens", text=texts, lens=str(saved)))
+
+
 def test_head_types_draws_its_random_tokens_from_text_never_a_converted_tokenizers_special_token(tmp_path,
                                                                                                 monkeypatch):
     """A converted tokenizer marks more tokens special than attnkit's roles name (a chat model's <|im_start|> and

@@ -5,6 +5,9 @@
                  framed as the model reads a text (a translation run: on its sentence pairs, and how monotonic each
                  cross-attention head is)
     logit-lens   each layer's stream read through the output layer, over one text
+    tuned-lens   the same through an affine translator per layer trained on --text / --input (Belrose et al. 2023),
+                 each layer's KL from the final distribution beside the logit lens's; the lens saved to OUT/tuned-lens
+                 (--lens DIR: read a saved one)
     patch        activation patching from --text (clean) into --corrupt (corrupted, as many tokens) of the stream
                  entering each block, each block's attention and FFN output and each head's output, or its queries,
                  keys, values or pattern (--point q|k|v|pattern; --by-position: also each head at each position
@@ -49,7 +52,7 @@ from attnkit.inspect.head_types import MONOTONIC, HeadTypes, head_types, repeat_
 from attnkit.inspect.importance import head_importance
 from attnkit.inspect.inputs import Batch, divergence, lm_batch, seq2seq_batch
 from attnkit.inspect.logit_attribution import logit_attribution
-from attnkit.inspect.logit_lens import logit_lens
+from attnkit.inspect.logit_lens import LogitLens, logit_lens
 from attnkit.inspect.patching import HeadPoint, Patching, faint_warning, logit_difference, patch_heads, patch_stream
 from attnkit.inspect.path_patching import path_patch
 from attnkit.inspect.points import head_sites, hook_points
@@ -65,6 +68,7 @@ from attnkit.inspect.sae import (
     spliced_loss,
     train_sae,
 )
+from attnkit.inspect.tuned_lens import lens_divergences, load_tuned_lens, save_tuned_lens, train_tuned_lens, tuned_lens
 from attnkit.machine import pick_device
 from attnkit.models.greedy import translation_pair
 from attnkit.models.stack import TransformerStack
@@ -77,9 +81,10 @@ from attnkit.tokenize import Tokenizer, encode_some, load_tokenizer, readable, r
 
 log = logging.getLogger(__name__)
 
-Analysis = Literal["heads", "head-types", "logit-lens", "patch", "attribute", "dla", "probe", "circuits", "sae",
-                   "path-patch"]
+Analysis = Literal["heads", "head-types", "logit-lens", "tuned-lens", "patch", "attribute", "dla", "probe", "circuits",
+                   "sae", "path-patch"]
 MASK_EVERY = 6  # a masked LM's text has every sixth token masked (about BERT's 15%)
+HELD_OUT = 10  # tuned-lens: every tenth text is held out of training and scores the lenses
 GREEDY_TOKENS = 48  # a source alone is translated greedily to this many tokens at most (short texts)
 LEGEND_LINES = 16  # circuits: the OV spectra get a legend up to this many heads
 CELL_WIDTH = 0.6  # inches per column of a patching table: room for a number such as -0.0044 at 6 points
@@ -93,9 +98,10 @@ class InspectSettings:
     run: str  # run directory: config.json, model.safetensors, tokenizer/
     analysis: Analysis = field(default="heads", metadata={"positional": True})
     """heads: importance by ablation; head-types: what each head attends to; logit-lens: each layer's prediction;
-    patch: activation patching from --text into --corrupt; attribute: its gradient estimate (attribution patching);
-    dla: direct logit attribution of the answer; probe: linear probes on --conll's labels; circuits: OV and QK
-    circuits and composition scores, from the weights; path-patch: path patching from --sender through --receiver's
+    tuned-lens: the same through a translator per layer trained on the texts (or --lens's); patch: activation
+    patching from --text into --corrupt; attribute: its gradient estimate (attribution patching); dla: direct logit
+    attribution of the answer; probe: linear probes on --conll's labels; circuits: OV and QK circuits and
+    composition scores, from the weights; path-patch: path patching from --sender through --receiver's
     --via input; sae: a sparse autoencoder on --point's activations"""
     text: tuple[str, ...] = ()  # texts to run on (a translation run: sources, or SOURCE<TAB>TARGET); or --input
     input: str | None = None  # a UTF-8 file, one text per line (a translation run: SOURCE<TAB>TARGET); or --text
@@ -121,7 +127,8 @@ class InspectSettings:
     features: int = 0  # sae: its number of features (0: four times the point's width)
     k: int = 0  # sae: 0 trains ReLU with an L1 penalty (--l1); k > 0 a TopK SAE keeping k features per token
     l1: float = 0.3  # sae: the L1 coefficient (scale-free: the loss is relative to the activations' variance)
-    steps: int = 500  # sae: training steps, one batch of activations each
+    steps: int = 500  # sae: training steps, one batch of activations each; tuned-lens: its translators' (SGD) steps
+    lens: str | None = None  # tuned-lens: read this saved lens (a tuned-lens directory) instead of training one
 
 
 @dataclass
@@ -183,7 +190,11 @@ def _check_inputs(settings: InspectSettings) -> None:
     """What each analysis needs, checked before the model loads."""
     if settings.text and settings.input is not None:
         raise InputError("give the texts as --text TEXT... or as --input FILE, not both")
-    needs_text = settings.analysis in ("heads", "logit-lens", "patch", "attribute", "dla", "sae", "path-patch")
+    needs_text = settings.analysis in ("heads", "logit-lens", "tuned-lens", "patch", "attribute", "dla", "sae",
+                                       "path-patch")
+    if settings.lens is not None and settings.analysis != "tuned-lens":
+        raise InputError(f"--lens names a saved tuned lens, which tuned-lens alone reads; {settings.analysis} reads "
+                         "none: drop it")
     if needs_text and not settings.text and settings.input is None:
         raise InputError(f"{settings.analysis} runs the model on texts: give --text TEXT... or --input FILE")
     if settings.analysis == "path-patch" and not (settings.sender and settings.receiver and settings.via):
@@ -383,17 +394,38 @@ def _head_types(loaded: Loaded, settings: InspectSettings):
 def _logit_lens(loaded: Loaded, settings: InspectSettings):
     batch = text_batch(loaded, _one_text(settings), prompt=True)
     lens = logit_lens(loaded.model, *batch.args)
+    rows, figure = _lens_report(loaded, batch, lens, "logit lens")
+    final = _labels(loaded.tokenizer, lens.answer[0])
+    return "Logit lens", rows, {"text": _one_text(settings), "final predictions": " ".join(final)}, figure
+
+
+def _lens_report(loaded: Loaded, batch: Batch, lens: LogitLens, name: str, divergences: dict | None = None):
+    """Rows and picture of a lens's reading of one text: each layer's probability of the final prediction and its top
+    token per position; `divergences` ({lens name: (L + 1,) KL}) adds a panel of each layer's KL from the final
+    distribution above it."""
     inputs = batch.args[-1][0]  # the stream's own tokens (a translation's target side)
     tokens = _labels(loaded.tokenizer, inputs)
     probabilities, ranks, top = lens.probabilities()[:, 0], lens.ranks()[:, 0], lens.top(1)[:, :, 0]
-    layers = [name.rpartition("blocks.")[2].replace(".resid_pre", " in").replace(".resid_post", " out")
-              for name in lens.layers]
+    layers = [layer.rpartition("blocks.")[2].replace(".resid_pre", " in").replace(".resid_post", " out")
+              for layer in lens.layers]
     spans = position_spans(len(tokens))  # a long text: panels of WRAP positions, one under another
-    figure = Figure(figsize=(max(6.5, 2.7 + 0.55 * len(spans[0])), (1.3 + 0.6 * len(layers)) * len(spans) + 0.7))
+    above = 0 if divergences is None else 1
+    heights = [3.0] * above + [1.3 + 0.6 * len(layers)] * len(spans)
+    figure = Figure(figsize=(max(6.5, 2.7 + 0.55 * len(spans[0])), sum(heights) + 0.7))
+    grid = figure.add_gridspec(len(heights), 1, height_ratios=heights)
+    if divergences is not None:
+        ax = figure.add_subplot(grid[0])
+        for label, values in divergences.items():
+            ax.plot(range(len(layers)), values.tolist(), marker="o", label=label)
+        ax.set_xticks(range(len(layers)), layers, fontsize=7)
+        ax.set(xlabel="layer (its stream read)", ylabel="KL from the final (nats/token)",
+               title="each layer's KL from the model's final distribution on the held-out texts")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
     for index, span in enumerate(spans):  # rows of two lines: the probability, and under it the layer's top token
-        ax = figure.add_subplot(len(spans), 1, index + 1)
+        ax = figure.add_subplot(grid[above + index])
         heatmap(probabilities[:, span.start:span.stop], rows=layers, columns=[readable(tokens[t]) for t in span],
-                title="" if index else "logit lens: probability of the final prediction\n(below it: the layer's top "
+                title="" if index else f"{name}: probability of the final prediction\n(below it: the layer's top "
                 "token)", xlabel=f"{_span_label(span, len(tokens))} (its token)", colorbar="probability", share=True,
                 ax=ax)
         for layer in range(len(layers)):
@@ -405,8 +437,36 @@ def _logit_lens(loaded: Loaded, settings: InspectSettings):
              "top": _labels(loaded.tokenizer, [top[i, t]])[0], "rank of final": int(ranks[i, t]),
              "p(final)": round(float(probabilities[i, t]), 4)}
             for i in range(len(layers)) for t in range(len(tokens))]
-    final = _labels(loaded.tokenizer, lens.answer[0])
-    return "Logit lens", rows, {"text": _one_text(settings), "final predictions": " ".join(final)}, figure
+    return rows, figure
+
+
+def _tuned_lens(loaded: Loaded, settings: InspectSettings):
+    texts = _texts(settings)
+    batches = [text_batch(loaded, text, prompt=True) for text in texts]
+    held_out = batches[::HELD_OUT] if len(batches) > 1 else batches  # every tenth text, the first among them
+    training = [b for i, b in enumerate(batches) if i % HELD_OUT or len(batches) == 1]
+    if settings.lens is not None:
+        lens = load_tuned_lens(settings.lens, loaded.model)
+        how = f"read from {settings.lens}"
+    else:
+        lens = train_tuned_lens(loaded.model, training, steps=settings.steps,
+                                generator=torch.Generator().manual_seed(settings.seed))
+        how = f"trained {settings.steps} steps on {len(training)} texts"
+    divergences = {"logit lens": lens_divergences(loaded.model, held_out),
+                   "tuned lens": lens_divergences(loaded.model, held_out, lens)}
+    kl = {name: [round(max(float(v), 0.0), 4) for v in values] for name, values in divergences.items()}  # KL >= 0
+    saved = None
+    if settings.lens is None:
+        saved = save_tuned_lens(lens, _out_dir(settings) / "tuned-lens",
+                                record={"steps": settings.steps, "texts": len(training), "held-out KL": kl})
+    rows, figure = _lens_report(loaded, batches[0], tuned_lens(loaded.model, lens, *batches[0].args), "tuned lens",
+                                divergences)
+    scored = (f"{len(held_out)} held-out texts (every {HELD_OUT}th, not trained on)" if len(batches) > 1 else
+              "the one text it was trained on (give more texts, --input, for a held-out score)")
+    summary = {"text": texts[0], "lens": how, "KL scored on": scored,
+               **{f"KL {name} (nats/token, per layer)": ", ".join(map(str, v)) for name, v in kl.items()},
+               **({"saved": str(saved)} if saved else {})}
+    return "Tuned lens", rows, summary, figure
 
 
 @dataclass(frozen=True)
@@ -845,6 +905,7 @@ def _sae(loaded: Loaded, settings: InspectSettings):
     return f"Sparse autoencoder at {point}", rows, summary, figure
 
 
-ANALYSES = {"heads": _heads, "head-types": _head_types, "logit-lens": _logit_lens, "patch": _patch,
+ANALYSES = {"heads": _heads, "head-types": _head_types, "logit-lens": _logit_lens, "tuned-lens": _tuned_lens,
+            "patch": _patch,
             "attribute": _attribute, "dla": _dla, "probe": _probe,
             "circuits": _circuits, "sae": _sae, "path-patch": _path_patch}

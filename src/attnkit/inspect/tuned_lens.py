@@ -180,6 +180,10 @@ def load_tuned_lens(directory: str | Path, model: nn.Module | None = None) -> Tu
     shape, finite) and, given `model`, the lens against the model. Raises CheckpointError naming the file and what is
     wrong, InputError for a lens of another model."""
     directory = Path(directory)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (directory / name).is_file():
+            raise CheckpointError(f"{directory} has no {name}: a tuned lens's directory holds {CONFIG_FILE} and "
+                                  f"{WEIGHTS_FILE} (attnkit inspect RUN tuned-lens writes one to OUT/tuned-lens)")
     where = directory / CONFIG_FILE
     document = read_json(where)
     layers, width = (document.get("layers"), document.get("d_model")) if isinstance(document, dict) else (None, None)
