@@ -138,6 +138,44 @@ scratch = GPT()
 print(f"{sum(p.numel() for p in scratch.parameters()):,} parameters")
 
 # %% [markdown]
+# ### The residual connection and layer normalization, as the lectures write them
+#
+# COGS 150's residual connection adds a layer's input to its output before passing it on, "dog" +
+# Self-Attention("dog"); CMU 11-711 writes it $\mathrm{Residual}(x, f) = f(x) + x$. Layer normalization (Ba et al.
+# 2016) "keeps the values of a hidden layer within a range", COGS 150's "similar to a z-score": for each token, over
+# its $C$ features, $\mathrm{LN}(x) = \gamma \odot (x - \mu) / \sqrt{\sigma^2 + \epsilon} + \beta$, with $\mu$ and
+# $\sigma^2$ that token's own mean and variance (not the batch's) and a learned gain $\gamma$ and shift $\beta$.
+# The feed-forward network is GPT-2's two layers, $C \to 4C$, GELU, $4C \to C$, the same at every position. The
+# block above puts them together as GPT-2 does: each sublayer reads the normalised stream and adds its output to
+# the stream itself, $x + f(\mathrm{LN}(x))$ (pre-norm; the original order comes below). Two checks: the z-score
+# formula is attnkit's `LayerNorm`, and a block whose sublayers add nothing hands its input on unchanged, along the
+# residual path.
+
+# %%
+import copy
+
+from attnkit.layers.norms import LayerNorm
+
+drawn = torch.Generator().manual_seed(1)  # its own: the cells after this one draw as they did without it
+x = torch.randn(2, 10, C, generator=drawn) * 3 + 1  # (B, T, C): hidden states far from mean 0, std 1
+mean, var = x.mean(-1, keepdim=True), x.var(-1, correction=0, keepdim=True)  # (B, T, 1): each token's own
+z = (x - mean) / torch.sqrt(var + 1e-5)  # (B, T, C): each token's z-score
+norm = LayerNorm(C)
+with torch.no_grad():
+    norm.weight.normal_(generator=drawn)  # a learned gain and shift, here drawn at random
+    norm.bias.normal_(generator=drawn)
+    torch.testing.assert_close(norm(x), z * norm.weight + norm.bias)
+    torch.testing.assert_close(scratch.blocks[0].attn_norm(x), z)  # as built: gain 1, shift 0
+
+silent = copy.deepcopy(scratch.blocks[0])
+with torch.no_grad():
+    for projection in (silent.self_attn.o_proj, silent.mlp.down_proj):
+        projection.weight.zero_()  # the sublayers' outputs are 0 ...
+        projection.bias.zero_()
+    torch.testing.assert_close(silent(x), x, rtol=0, atol=0)  # ... and x comes through, exactly
+print("LayerNorm is each token's z-score, then a gain and a shift; with its sublayers silent, a block is the identity")
+
+# %% [markdown]
 # ## attnkit's GPT, and the same numbers part by part
 #
 # attnkit describes the same model with a config; `build_model` makes it. Load attnkit's weights into the

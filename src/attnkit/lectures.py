@@ -69,6 +69,7 @@ LUONG = "Luong's attention, from scratch, with the model's own weights"  # tutor
 BAHDANAU = "Bahdanau's attention: the query before the step"
 GRADIENT_SHORTCUT = "A shortcut for the gradient"  # tutorial 5: the gradient reaching each source token
 POST_NORM = "Post-norm: the original block (UvA's Add and Norm)"  # tutorial 6: post-norm beside its pre-norm
+RESIDUAL_NORM = "The residual connection and layer normalization, as the lectures write them"  # tutorial 6
 NGRAM = "Before neural networks: n-gram models, by counting"  # tutorial 6: the statistical baseline
 CHAT_SFT = "Adapting for chat: the loss on the assistant's replies alone"  # tutorial 10
 
@@ -149,7 +150,7 @@ LECTURES: tuple[Lecture, ...] = (
               "experiments/kernel-regression/fit.png", section="Nadaraya-Watson kernel regression, from scratch"),
         Topic("Multi-head attention in Transformers", T03, ("layers.attention:Attention",), picture=HEADS_PNG,
               section="Multi-head attention"),
-        Topic("Add & Norm: residual connections", T06, ("blocks",), section="The parts, from scratch"),
+        Topic("Add & Norm: residual connections", T06, ("blocks",), section=RESIDUAL_NORM),
         Topic("Add & Norm: LayerNorm, X_l = LayerNorm(X_{l-1} + SubLayer(X_{l-1}))", T06,
               ("layers.norms", "blocks"), "norm-placement", "experiments/norm-placement/norm_placement.png",
               section=POST_NORM),
@@ -227,9 +228,9 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("The Transformer block: self-attention, feed-forward, residual connections, normalization", T06,
               ("blocks",), section="The parts, from scratch"),
         Topic("The residual connection: \"dog\" + SelfAttention(\"dog\")", T06, ("blocks",),
-              section="The parts, from scratch"),
+              section=RESIDUAL_NORM),
         Topic("Layer normalization (like a z-score); GPT-2's two-layer feed-forward network", T06,
-              ("layers.norms", "layers.feedforward"), section="The parts, from scratch"),
+              ("layers.norms", "layers.feedforward"), section=RESIDUAL_NORM),
         Topic("Multi-head attention: each head may track another relationship", T03,
               ("layers.attention:Attention",), picture=HEADS_PNG, page="user-guide/looking-inside.md",
               section="Multi-head attention"),
@@ -298,8 +299,8 @@ LECTURES: tuple[Lecture, ...] = (
               section="Masks: no looking ahead, no attending to padding"),
         Topic("Gradients and training instability in deep Transformers", None, ("train.instruments",),
               "norm-placement", "viz/instruments.png", "user-guide/looking-inside.md"),
-        Topic("Layer normalization (Ba et al. 2016)", T06, ("layers.norms",), section="The parts, from scratch"),
-        Topic("Residual connections: Residual(x, f) = f(x) + x", T06, ("blocks",), section="The parts, from scratch"),
+        Topic("Layer normalization (Ba et al. 2016)", T06, ("layers.norms",), section=RESIDUAL_NORM),
+        Topic("Residual connections: Residual(x, f) = f(x) + x", T06, ("blocks",), section=RESIDUAL_NORM),
         Topic("Feed-forward layers; the Block and TransformerLM code", T06, ("layers.feedforward", "blocks"),
               section="The parts, from scratch"),
         Topic("Learned positional encodings: impossible to extrapolate", T04, ("layers.positions:LearnedPositions",),
