@@ -219,3 +219,5 @@ def test_pipeline_chat_refuses_messages_not_laid_out_and_several_replies(secret_
         pipeline.chat([{"role": "robot", "content": "Hi"}])
     with pytest.raises(InputError, match="chat gives one reply; num_samples=2"):
         pipeline.chat([{"role": "user", "content": "Hi"}], num_samples=2)
+    with pytest.raises(InputError, match=r"the chat renders as \d+ tokens; the model reads at most 64 .*oldest turns"):
+        pipeline.chat([{"role": "user", "content": "a" * 100}])

@@ -338,9 +338,9 @@ class Pipeline:
         back as the assistant's turn (`ChatTemplate.reply_content`: in the default format, the text without the
         space after `Assistant:`, which is the format's; `on_text` receives the text as written). `options` are
         `generate`'s (max_new_tokens, temperature, top_p, seed, on_text, ...) for one reply: num_samples and
-        num_return_sequences are refused. A chat longer than the window slides as `generate`'s texts do (`attnkit
+        num_return_sequences are refused. A reply that outgrows the window slides it as `generate`'s texts do (`attnkit
         chat` leaves whole turns out instead). Raises InputError for messages not laid out so, a chat the template
-        refuses, or several replies asked; otherwise as `generate`."""
+        refuses or that is longer than the window, or several replies asked; otherwise as `generate`."""
         for name in ("num_samples", "num_return_sequences"):
             if options.get(name, 1) != 1:
                 raise InputError(f"chat gives one reply; {name}={options[name]!r} asks for more: call generate on "
@@ -348,6 +348,10 @@ class Pipeline:
         self._require("generate")
         template = self.chat_template
         ids = template.chat_ids(self.tokenizer, check_messages(messages, "messages"), tools)
+        if len(ids) > self.config.max_seq_len:
+            raise InputError(f"the chat renders as {len(ids)} tokens; the model reads at most "
+                             f"{self.config.max_seq_len} (max_seq_len): leave out its oldest turns, as attnkit chat "
+                             "does, or shorten them")
         stops = [*(text_list(stop, what="stop strings", required=False) if stop is not None else []),
                  *template.stops]
         ends = sorted(template.turn_end_ids(self.tokenizer))
