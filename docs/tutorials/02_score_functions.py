@@ -45,6 +45,11 @@ assert BUDGET in ("tiny", "full"), f"ATTNKIT_TUTORIAL_BUDGET={BUDGET!r}: use tin
 # | scaled dot | $q^\top k / \sqrt{D}$ | Vaswani et al. 2017 |
 # | bilinear ("general", "multiplicative") | $q^\top W k$ | Luong et al. 2015 |
 # | additive ("nonlinear") | $w_2^\top \tanh(W_1 [q; k])$ | Bahdanau et al. 2015 |
+#
+# CMU's slide writes the scaled score $q^\top k / \sqrt{|k|}$: there $|k|$ is the key's size, its number of
+# dimensions $D$ (Vaswani et al.'s $d_k$), not its length $\lVert k \rVert$; dividing by the length would make
+# another score, close to a cosine similarity. Every query and key of a layer has the same $D$, so the scale is
+# one constant, $1/\sqrt{D}$.
 
 # %%
 def dot(q, k):
