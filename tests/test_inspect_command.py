@@ -865,14 +865,16 @@ def test_tuned_lens_trains_saves_and_reads_back_its_lens(runs, tmp_path):
 def test_head_types_draws_its_random_tokens_from_text_never_a_converted_tokenizers_special_token(tmp_path,
                                                                                                 monkeypatch):
     """A converted tokenizer marks more tokens special than attnkit's roles name (a chat model's <|im_start|> and
-    <|im_end|>): head-types drew them among its random 'text' tokens, where no text ever puts them. Its vocabulary is
-    every id but the tokenizer's special ones, and a Llama-style tokenizer's BOS frames each sequence."""
+    <|im_end|>): head-types drew them among its random 'text' tokens, where no text ever puts them; nor does text put
+    a vocabulary's placeholders (BERT's [unused0], not marked special). Its vocabulary is every id but those, and a
+    Llama-style tokenizer's BOS frames each sequence: its only mark is the first token, so `separator` (the weight on
+    BOS, `first`'s again) is not scored, and the summary says why."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     import attnkit.inspect.command as command
     from attnkit.tokenize import HFTokenizer
 
-    words = ["<pad>", "<s>", "</s>", "<unk>", *(f"w{i}" for i in range(12))]
+    words = ["<pad>", "<s>", "</s>", "<unk>", "[unused0]", "[unused1]", *(f"w{i}" for i in range(12))]
     reference = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     reference.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     reference.add_special_tokens(["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"])
@@ -894,9 +896,11 @@ def test_head_types_draws_its_random_tokens_from_text_never_a_converted_tokenize
                         or scored(model, vocab, **kwargs))
     report = _inspect(tmp_path / "run", "head-types", tmp_path / "out")
     vocabulary, frame = drawn[0]
-    assert sorted(vocabulary) == sorted(set(range(tokenizer.vocab_size)) - tokenizer.special_ids)
+    assert sorted(vocabulary) == sorted(set(range(tokenizer.vocab_size)) - tokenizer.special_ids - {4, 5})
     assert reference.token_to_id("hello") in vocabulary and frame == ([1], [])
     assert "framed <s> ..." in report["summary"]["inputs"]
+    assert "separator" not in report["summary"]["types"].split(", ") and "first" in report["summary"]["types"]
+    assert "separator not scored: the only mark, <s>, is the first token" in report["summary"]["inputs"]
 
 
 def test_the_head_table_beside_a_long_texts_panels_keeps_the_height_its_rows_need(runs, tmp_path, monkeypatch):

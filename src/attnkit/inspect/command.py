@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
@@ -84,6 +85,7 @@ log = logging.getLogger(__name__)
 Analysis = Literal["heads", "head-types", "logit-lens", "tuned-lens", "patch", "attribute", "dla", "probe", "circuits",
                    "sae", "path-patch"]
 MASK_EVERY = 6  # a masked LM's text has every sixth token masked (about BERT's 15%)
+PLACEHOLDER = re.compile(r"\[unused\d+\]|<unused\d+>")  # a vocabulary's reserved slots (BERT's, Gemma's)
 HELD_OUT = 10  # tuned-lens: every tenth text is held out of training and scores the lenses
 GREEDY_TOKENS = 48  # a source alone is translated greedily to this many tokens at most (short texts)
 LEGEND_LINES = 16  # circuits: the OV spectra get a legend up to this many heads
@@ -329,6 +331,13 @@ def _shown(text: str) -> str:
     return repr(text if len(text) <= 40 else f"{text[:37]}...")
 
 
+def _placeholders(tokenizer: Tokenizer) -> set[int]:
+    """The vocabulary's placeholder ids, held for later use and never written by text (BERT's `[unused0]`..., Gemma's
+    `<unused0>`...), though their tokenizers do not mark them special: no random 'text' token of head-types."""
+    pieces = tokenizer.pieces(range(tokenizer.vocab_size))
+    return {i for i, piece in enumerate(pieces) if PLACEHOLDER.fullmatch(piece)}
+
+
 def _labels(tokenizer: Tokenizer, ids) -> list[str]:
     return [piece.replace("\n", "\\n") for piece in tokenizer.pieces([int(i) for i in ids])]
 
@@ -370,7 +379,8 @@ def _head_types(loaded: Loaded, settings: InspectSettings):
         generator = torch.Generator().manual_seed(settings.seed)
         frame = text_frame(loaded.model, tokenizer, loaded.frame)  # as the model reads a text: CLS ... SEP, BOS
         # the random tokens are text, none of them a mark: every special token left out (a converted tokenizer's too)
-        vocabulary = sorted(set(range(tokenizer.vocab_size)) - tokenizer.special_ids - {*frame[0], *frame[1]})
+        vocabulary = sorted(set(range(tokenizer.vocab_size)) - tokenizer.special_ids - {*frame[0], *frame[1]}
+                            - _placeholders(tokenizer))
         periods = repeat_periods(min(20, (loaded.max_len - len(frame[0]) - len(frame[1])) // 2))
         found = repeat_types(loaded.model, vocabulary, periods=periods, batch=16, generator=generator,
                              separators=separators, frame=frame)
@@ -378,6 +388,9 @@ def _head_types(loaded: Loaded, settings: InspectSettings):
         where = (f"16 random sequences of {', '.join(map(str, periods))} tokens, each repeated"
                  f"{f' and framed {marks}' if any(frame) else ''} (duplicate and induction: a head's lowest score "
                  "over those periods)")
+        if frame[0] and not frame[0][1:] and not frame[1]:
+            where += (f"; separator not scored: the only mark, {marks.split()[0]}, is the first token, whose weight "
+                      "first scores")
     shown = [k for k, v in found.scores.items() if not bool(v.isnan().all())]
     figure = Figure(figsize=(3.2 * len(shown) + 1, 1.6 + 0.35 * len(found.sites)))
     crossing = f"; a cross-attention head monotonic from {MONOTONIC}" if "monotonic" in shown else ""

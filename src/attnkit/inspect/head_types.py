@@ -17,7 +17,8 @@ each period). The tokens are framed as the model reads a text (`frame`: an encod
 Llama's BOS), so `first` is the weight on CLS or BOS and `separator` the weight on the marks, as Clark et al. read
 BERT's heads; an encoder read without them reads an input unlike any it learned. A model that reads its text bare
 (an attnkit decoder, a converted GPT-2) is scored on the bare tokens: `first` is the weight on the first random
-token, and `separator`, with no mark to weigh, is not scored (NaN). The random tokens are none of the tokenizer's
+token, and `separator`, with no mark to weigh, is not scored (NaN); nor is it where the first token is the only mark
+(a converted Llama's BOS), which `first` already scores. The random tokens are none of the tokenizer's
 special ones. Cross-attention is scored by
 how monotonic its alignment is (`monotonicity`): the share of target steps whose most-attended source position does
 not move backwards (1: a monotone alignment, about 0.5 for chance).
@@ -185,10 +186,13 @@ def repeat_types(model: nn.Module, vocab: Sequence[int] | int, *, periods: Seque
                  threshold: float = 0.4) -> HeadTypes:
     """Score every head on `batch` random sequences from `vocab` repeated once, at each of `periods`, framed by
     `frame` (its marks count as separators): the duplicate and induction scores are a head's lowest over the periods,
-    the others their mean (module docstring)."""
+    the others their mean (module docstring). Where the only mark a sequence can hold is its first token (a converted
+    Llama's BOS, no separator among `vocab`), `separator` would score the key `first` scores: it is not scored."""
     model = module_of(model)
     device = next(model.parameters()).device
-    separators = sorted({*separators, *frame[0], *frame[1]})
+    drawn = set(range(vocab)) if isinstance(vocab, int) else set(vocab)
+    elsewhere = ({*separators} & drawn) | {*frame[0][1:], *frame[1]}  # marks a sequence holds after its first token
+    separators = sorted({*separators, *frame[0], *frame[1]}) if elsewhere else []
     runs = [head_types(model, repeated_tokens(vocab, n, batch=batch, generator=generator, frame=frame).to(device),
                        separators=separators) for n in periods]
     scores = {kind: torch.stack([r.scores[kind] for r in runs]) for kind in runs[0].scores}  # (periods, sites, H)
