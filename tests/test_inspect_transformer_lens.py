@@ -110,15 +110,22 @@ def test_attribution_patching_equals_transformer_lens_attribution_patch(pair):
     torch.testing.assert_close(sublayers.restored[ffns] * gap, theirs["ffns"], rtol=1e-4, atol=1e-5)
 
 
-def test_attribution_patching_per_position_and_head_equals_transformer_lens(pair):
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def gpt2_and_llama(request, pair, tmp_path_factory):
+    return pair if request.param == "gpt2" else lens_pair("llama", tmp_path_factory.mktemp("llama"))
+
+
+def test_attribution_patching_per_position_and_head_equals_transformer_lens(gpt2_and_llama):
     """Each head's output, queries, keys, values and pattern at each (query) position: attnkit's
     `attribute_heads(by_position=True, point=)` against the same sum, (a_clean - a_corrupted) . d metric / d a at the
     corrupted run, formed from TransformerLens's hooks (`cache_activation_and_gradient` at `hook_z`, `hook_q`,
     `hook_k`, `hook_v`, `hook_pattern`, a pattern summed over its keys); a head's output also against
-    `attribution_patch`'s node scores, which are per head and position."""
+    `attribution_patch`'s node scores, which are per head and position. On the Llama-style model (GQA 4/2) keys and
+    values are estimated per key/value head, as TransformerLens's hooks hold them."""
     from transformer_lens.tools.analysis.attribution_patching import attribution_patch, cache_activation_and_gradient
 
-    model, bridge = pair
+    model, bridge = gpt2_and_llama
+    kv_heads = model.stack.blocks[0].self_attn.n_kv_heads
     hooks = {point: [f"blocks.{layer}.attn.hook_{point}" for layer in (0, 1)] for point in ("z", "q", "k", "v",
                                                                                             "pattern")}
     names = [name for names in hooks.values() for name in names]
@@ -138,7 +145,8 @@ def test_attribution_patching_per_position_and_head_equals_transformer_lens(pair
             theirs.append(effect.sum((0, 3)).T if point == "pattern" else effect.sum((0, 3)))  # (T, H)
         ours = attribute_heads(model, Batch((IDS,)), Batch((CORRUPTED,)), answer=ANSWER, wrong=WRONG,
                                by_position=True, point=point)
-        assert ours.columns == "position x head" and ours.restored.shape == (2, IDS.shape[1], 4), point
+        heads = kv_heads if point in ("k", "v") else 4
+        assert ours.columns == "position x head" and ours.restored.shape == (2, IDS.shape[1], heads), point
         effects = ours.restored * (ours.clean - ours.corrupted)  # the shares back in the metric's units
         torch.testing.assert_close(effects, torch.stack(theirs), rtol=1e-4, atol=1e-6, msg=point)
         assert float(effects.abs().max()) > 1e-3, point  # some head at some position moves the answer
