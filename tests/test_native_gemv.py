@@ -327,6 +327,20 @@ def test_a_native_layer_whose_tensors_are_replaced_reads_the_new_ones(dtype):
         torch.testing.assert_close(twin(x.float()), layer(x.float()), rtol=0, atol=0)
 
 
+def test_a_native_int8_layer_whose_scales_are_replaced_reads_the_new_ones():
+    _require_kernels()
+    torch.manual_seed(0)
+    layer = NativeInt8Linear(nn.Linear(40, 24))
+    x = torch.randn(1, 40)
+    with torch.no_grad():
+        layer(x)
+        layer.scales = layer.scales * 2  # a new tensor in the buffer's place
+        torch.testing.assert_close(layer(x), layer.reference(x), rtol=1e-5, atol=1e-5)
+        twin = copy.deepcopy(layer)
+        assert twin.product.reads(twin.weight, twin.bias, twin.scales)
+        torch.testing.assert_close(twin(x), layer(x), rtol=0, atol=0)
+
+
 def test_native_int8_layer_dequantizes_for_more_rows_than_its_kernel_takes(monkeypatch):
     _refuse(monkeypatch, "gemv_i8")
     torch.manual_seed(0)

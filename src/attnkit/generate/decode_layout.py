@@ -174,7 +174,7 @@ class NativeLinear(GemvLinear):
     def forward(self, x: Tensor) -> Tensor:
         if x.numel() > self.max_rows * self.in_features:
             return self.rows(x)
-        if self.product.weight is not self.weight or self.product.bias is not self.bias_fp32:  # replaced (`.to`)
+        if not self.product.reads(self.weight, self.bias_fp32):  # replaced (`.to`, an assignment): bind the new ones
             self.product = native_gemv.dense_product(self.weight, self.bias_fp32)
         out = self.product(x.reshape(-1, self.in_features))  # (M, N) fp32
         out = out.view(*x.shape[:-1], self.out_features)

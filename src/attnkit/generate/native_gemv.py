@@ -220,31 +220,41 @@ def _bias(bias: Tensor | None, n: int) -> int | None:
     return bias.data_ptr()
 
 
-DENSE_WEIGHTS = {"gemv_f32": torch.float32, "gemv_bf16": torch.bfloat16, "gemv_bf16_dot": torch.bfloat16}
-DENSE_ROWS = {"gemv_f32": torch.float32, "gemv_bf16": torch.float32, "gemv_bf16_dot": torch.bfloat16}
+DENSE_WEIGHTS = {"gemv_f32": torch.float32, "gemv_bf16": torch.bfloat16, "gemv_bf16_dot": torch.bfloat16,
+                 "gemv_i8": torch.int8}  # each kernel of whole weight rows -> the weight dtype it reads
 
 
 class DenseProduct:
-    """x (M, K) @ weight^T + bias for one fp32 or bf16 weight (N, K), bias (N,) fp32 or None -> (M, N) fp32, with the
-    weight's checks and addresses taken once, when a layer is built (`decode_layout.NativeLinear`): a decoding step
-    calls its products one row at a time, where the Python around a kernel call rivals the kernel's own time.
+    """x (M, K) @ weight^T + bias for one fp32, bf16 or int8 weight (N, K) (int8: times its `scales` (N,) fp32), bias
+    (N,) fp32 or None -> (M, N) fp32, with the weight's checks and addresses taken once, when a layer is built
+    (`decode_layout.NativeLinear`, `quantize.NativeInt8Linear`): a decoding step calls its products one row at a time,
+    where the Python around a kernel call rivals the kernel's own time.
 
-    kernels: the rows' dtype -> the kernel that reads rows of it ("gemv_f32", "gemv_bf16", "gemv_bf16_dot"), all of
-    one weight dtype; rows of any other dtype are converted to the first one's. The product holds the weight and the
-    bias, so the addresses it keeps stay theirs; a layer whose tensors are replaced builds a new one. Raises
-    ValueError for a weight or bias the kernels would misread, and for rows not (M, K) on the CPU."""
+    kernels: the rows' dtype -> the kernel that reads rows of it ("gemv_f32", "gemv_bf16", "gemv_bf16_dot",
+    "gemv_i8"), all of one weight dtype; rows of any other dtype are converted to the first one's. The product holds
+    its tensors, so the addresses it keeps stay theirs; a layer whose tensors are replaced builds a new one. Raises
+    ValueError for a weight, scales or bias the kernels would misread, and for rows not (M, K) on the CPU."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, kernels: dict[torch.dtype, str]) -> None:
-        self.weight, self.bias = weight, bias
+    def __init__(self, weight: Tensor, bias: Tensor | None, kernels: dict[torch.dtype, str],
+                 scales: Tensor | None = None) -> None:
+        self.weight, self.bias, self.scales = weight, bias, scales
         self.out_features, self.in_features = weight.shape
         _weight(weight, DENSE_WEIGHTS[next(iter(kernels.values()))], tuple(weight.shape), "weight")
+        tables = []  # the addresses the kernel reads between the weight's and the bias's: int8's scales
+        if scales is not None:
+            _weight(scales, torch.float32, (self.out_features,), "scales")
+            tables.append(scales.data_ptr())
         self._bias = _bias(bias, self.out_features)
         self._names, self._fallback = dict(kernels), next(iter(kernels))
-        self._kernels = {dtype: functools.partial(_kernel(name), weight.data_ptr(), self._bias)
+        self._kernels = {dtype: functools.partial(_kernel(name), weight.data_ptr(), *tables, self._bias)
                          for dtype, name in kernels.items()}
 
     def __reduce__(self):  # copied (a model's deepcopy) or pickled as what it is built from: addresses are per process
-        return DenseProduct, (self.weight, self.bias, self._names)
+        return DenseProduct, (self.weight, self.bias, self._names, self.scales)
+
+    def reads(self, weight: Tensor, bias: Tensor | None, scales: Tensor | None = None) -> bool:
+        """Whether this product reads these tensors (a layer's, which `.to` or an assignment may have replaced)."""
+        return self.weight is weight and self.bias is bias and self.scales is scales
 
     def __call__(self, x: Tensor) -> Tensor:
         kernel = self._kernels.get(x.dtype)
@@ -293,14 +303,7 @@ def gemv_bf16_dot(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tens
 def gemv_i8(weight: Tensor, scales: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
     """x (M, K) @ (weight * scales[:, None])^T + bias, weight (N, K) int8, scales (N,) fp32, bias (N,) fp32 or None
     -> (M, N) fp32."""
-    n, k = weight.shape
-    _weight(weight, torch.int8, (n, k), "weight")
-    _weight(scales, torch.float32, (n,), "scales")
-    rows = _rows(x, k)
-    out = torch.empty(rows.shape[0], n)
-    _kernel("gemv_i8")(weight.data_ptr(), scales.data_ptr(), _bias(bias, n), rows.data_ptr(), out.data_ptr(),
-                       rows.shape[0], n, k, torch.get_num_threads())
-    return out
+    return DenseProduct(weight, bias, {torch.float32: "gemv_i8"}, scales)(x)
 
 
 def pack_int4(codes: Tensor) -> Tensor:

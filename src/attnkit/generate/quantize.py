@@ -322,11 +322,25 @@ class NativeInt8Linear(nn.Module):
         self.register_buffer("scales", scales)  # (N,) fp32
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.product = self._bind()
+
+    def _bind(self) -> native_gemv.DenseProduct:
+        """The kernel bound to this layer's tensors (`native_gemv.DenseProduct`): their checks and addresses taken
+        once, for the eager steps' rows up to `NATIVE_QUANTIZED_ROWS`."""
+        return native_gemv.DenseProduct(self.weight, self.bias, {torch.float32: "gemv_i8"}, self.scales)
 
     def forward(self, x: Tensor) -> Tensor:
-        product = native_int8_op if native_gemv.tracing() else native_int8_product
-        out = product(self.weight, self.scales, x.reshape(-1, self.in_features), self.bias)  # (M, N) fp32
-        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        rows = x.reshape(-1, self.in_features)  # (M, K)
+        if native_gemv.tracing():
+            out = native_int8_op(self.weight, self.scales, rows, self.bias)  # (M, N) fp32
+        elif rows.shape[0] > NATIVE_QUANTIZED_ROWS:
+            out = native_int8_product(self.weight, self.scales, rows, self.bias)  # dequantized for the call
+        else:
+            if not self.product.reads(self.weight, self.bias, self.scales):  # replaced (`.to`, an assignment)
+                self.product = self._bind()
+            out = self.product(rows)
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)  # fp32 rows: no call to convert them
 
     def reference(self, x: Tensor) -> Tensor:
         return F.linear(x.float(), int8_dequantized(self.weight, self.scales), self.bias).to(x.dtype)  # (…, N)
