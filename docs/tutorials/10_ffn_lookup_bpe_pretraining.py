@@ -519,6 +519,9 @@ plt.show()
 #    often as it occurs (a `Counter` or dict `{(a, b): count}`), the table BPE picks its next merge from.
 # 4. *Predict, then run:* turn the library lookup's sharpness up to 50. Its weights become `"uniform over the
 #    books"`, `"one-hot on the best match"` or `"one-hot on a random book"`?
+# 5. A conversation of several turns: write `turns_labels(pairs)`, taking `[(user, reply), ...]` and returning the
+#    (T,) ids and (T,) labels chat fine-tuning trains on, as `chat_labels` does for one turn. Each later turn's
+#    prompt follows the earlier reply's EOS on a new line, `\nUser: ...\nAssistant:`.
 
 # %%
 from attnkit.exercises import exercise
@@ -560,11 +563,25 @@ def check_4(prediction):
     return prediction == measured
 
 
+@exercise(5, hint="one turn is chat_labels; a later turn's prompt is '\\nUser: ...\\nAssistant:', its labels -100")
+def check_5(turns_labels):
+    pairs = [("face", "FACE"), ("bead", "BEAD"), ("cab", "CAB")]
+    messages = []
+    for user, reply in pairs:
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    expected, replies = DEFAULT_FORMAT.conversation_ids(chat_tokenizer, messages)
+    ids, labels = (torch.as_tensor(t) for t in turns_labels(pairs))
+    expected = torch.tensor(expected)
+    return torch.equal(ids, expected) and torch.equal(labels, torch.where(torch.tensor(replies), expected, -100))
+
+
 apply_merges = None  # your function here
 sharpness = None  # your number here
 pair_counts = None  # your function here
 prediction_4 = None  # "uniform over the books", "one-hot on the best match" or "one-hot on a random book"
-for check, answer in ((check_1, apply_merges), (check_2, sharpness), (check_3, pair_counts), (check_4, prediction_4)):
+turns_labels = None  # your function here
+for check, answer in ((check_1, apply_merges), (check_2, sharpness), (check_3, pair_counts), (check_4, prediction_4),
+                      (check_5, turns_labels)):
     print(check(answer))
 
 # %% [markdown] tags=["solution"]
@@ -590,6 +607,16 @@ def pair_counts_solution(word_counts):
     return pairs
 
 
+def turns_labels_solution(pairs):
+    ids, labels = [], []
+    for turn, (user, reply) in enumerate(pairs):
+        prompt = chat_tokenizer.encode(("\n" if turn else "") + f"User: {user}\nAssistant:")
+        answer = chat_tokenizer.encode(f" {reply}") + [chat_tokenizer.eos_id]
+        ids += prompt + answer
+        labels += [-100] * len(prompt) + answer
+    return torch.tensor(ids), torch.tensor(labels)
+
+
 # SLP scores 2s, two books s, two 0: 0.99 = e^{2s} / (e^{2s} + 2 e^s + 2), a quadratic in u = e^s
 u = (2 * 0.99 + math.sqrt((2 * 0.99) ** 2 + 4 * 0.01 * 2 * 0.99)) / (2 * 0.01)
 assert check_1(apply_merges_solution) and check_2(math.log(u))
@@ -597,3 +624,6 @@ assert check_3(pair_counts_solution) and check_4("one-hot on the best match")
 assert not check_2(math.log(99))  # a wrong answer: as if SLP competed with one other book
 assert not check_3(lambda counts: Counter(p for word in counts for p in zip(word, word[1:], strict=False)))  # once each
 assert not check_4("uniform over the books")
+assert check_5(turns_labels_solution)
+assert not check_5(lambda pairs: chat_labels(*pairs[0]))  # the first turn alone
+assert not check_5(lambda pairs: (turns_labels_solution(pairs)[0],) * 2)  # a loss on every token, prompts included
