@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import time
@@ -108,12 +109,18 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {mode} | {clients} | {', '.join(str(r['tokens_per_s']) for r in mine)} | {ratio:.2f}x | "
                          f"{rate} |")
     cpu = CpuCapabilities.detect().summary()
-    lines += ["", f"Greedy, {args.requests} requests per client of {args.new_tokens} new tokens each (ignore_eos), "
-              f"{args.rounds} rounds in alternating order, every text equal to the target's own; server threads: "
-              f"{args.threads}. CPU: {cpu}; {load_averages(load_before, load_after)}"]
+    sizes = {name: json.loads((run / "config.json").read_text()) for name, run in (("target", args.target),
+                                                                                   ("draft", args.draft))}
+    described = "; ".join(f"{name} width {c['d_model']}, {c['n_layers']} layers, d_ff {c['d_ff']}"
+                          for name, c in sizes.items())
+    lines += ["", f"{described}. Greedy, {args.requests} requests per client of {args.new_tokens} new tokens each "
+              f"(ignore_eos), {args.rounds} rounds in alternating order, every text equal to the target's own; "
+              f"server threads: {args.threads}. CPU: {cpu}; {load_averages(load_before, load_after)}"]
     table = "\n".join(lines)
     print(table)
     write_report("serve-speculative-cpu", {"args": {k: str(v) for k, v in vars(args).items()}, "cpu": cpu,
+                                           "sizes": {name: {key: c[key] for key in ("d_model", "n_layers", "d_ff")}
+                                                     for name, c in sizes.items()},
                                            "rows": rows, "load_average_before": load_before,
                                            "load_average_after": load_after}, table)
     return 0
