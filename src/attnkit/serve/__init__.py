@@ -92,12 +92,13 @@ def serve(settings: ServeSettings) -> int:
     with _serve_extra():
         import uvicorn
 
-        from attnkit.serve.server import SHUTDOWN_GRACE_S, Server
+        from attnkit.serve.server import SHUTDOWN_GRACE_S, Server, head_deadline
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with bind(settings.host, settings.port) as sock:
         app = build_app(settings)
         log.info("serving %s at %s (explorer at /, API under /v1/)", settings.run, url(sock))
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+                                http=head_deadline(settings.timeout))
         server = Server(config, app.state.close, drain=app.state.drain, drain_seconds=settings.shutdown_timeout)
         try:
             server.run(sockets=[sock])

@@ -6,16 +6,24 @@ rest. A client that still holds its connection (half a body sent, an answer not 
 at most; then the server stops, and `exit_status` says how: 0 after SIGTERM, a stop a service manager asked for
 (uvicorn would raise the signal again once stopped, so that the process died of it: status 143), 130 after SIGINT, an
 interrupted command, as a shell (and uvicorn) reports it, so that `attnkit serve ... && next` does not go on, and 1
-where the server never started."""
+where the server never started.
+
+A request's head (its request line and headers) must arrive whole within the server's --timeout of its first byte
+(`HeadDeadline`, as nginx's client_header_timeout): uvicorn waits on a head sent in part for as long as the client
+likes, so that clients sending a byte now and then (a slow-loris attack) each held a connection, and a file
+descriptor, for good."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import signal
 import socket
 from collections.abc import Awaitable, Callable
 from types import FrameType
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 SHUTDOWN_GRACE_S = 5.0  # seconds a stop waits for connections to end once the work in flight has been ended (the
 # uvicorn.Config's timeout_graceful_shutdown that `serve` gives)
@@ -61,3 +69,42 @@ class Server(uvicorn.Server):
             await self.drain(self.drain_seconds, lambda: self.signals > 1)
         self.end_work()
         await super().shutdown(sockets=sockets)
+
+
+class HeadDeadline(H11Protocol):
+    """uvicorn's HTTP/1.1 connection, closed where a request's head has not arrived whole `head_seconds` after the
+    connection opened or the last answer ended (after an answer, a client that sends nothing is closed sooner, by
+    uvicorn's keep-alive timeout). The head's bytes coming one by one do not restart the clock."""
+
+    def __init__(self, *args, head_seconds: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.head_seconds = head_seconds
+        self.head_clock: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._start_head_clock()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._start_head_clock()  # the next request's head
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.head_clock is not None:
+            self.head_clock.cancel()
+        super().connection_lost(exc)
+
+    def _start_head_clock(self) -> None:
+        if self.head_clock is not None:
+            self.head_clock.cancel()
+        self.head_clock = self.loop.call_later(self.head_seconds, self._head_late)
+
+    def _head_late(self) -> None:
+        """Close the connection unless a request's head came in time (its answer is then under way or done)."""
+        if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+            self.transport.close()
+
+
+def head_deadline(seconds: float) -> Callable[..., HeadDeadline]:
+    """The protocol `uvicorn.Config(http=...)` takes for connections whose request heads have `seconds` to arrive."""
+    return functools.partial(HeadDeadline, head_seconds=seconds)
