@@ -147,7 +147,8 @@ class NativeLinear(GemvLinear):
     x (..., K) -> (..., N), in x's dtype, equal to nn.Linear's up to the order of summation (and, for bf16, the fp32
     rounding of the output); inference only, on CPUs with AVX2 and FMA.
 
-    The weight is the tensor as loaded (a tied output layer shares the embedding's table). The product is bound by
+    The weight is the tensor as loaded (a tied output layer shares the embedding's table); its checks and address are
+    taken once for the native calls (`native_gemv.DenseProduct`), again where it is replaced. The product is bound by
     reading the weight, and its kernel reads it at the memory's rate where MKL's fp32 product and ATen's bf16 one read
     it slower (`attnkit tune` measures them on a machine). fp32: up to `NATIVE_ROWS` rows, more through nn.Linear's
     product (MKL's, which reuses each weight it loads across rows). bf16: up to `NATIVE_BF16_ROWS` rows, since
