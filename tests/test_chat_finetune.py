@@ -160,6 +160,15 @@ def test_sharegpt_reads_as_axolotl_and_llama_factory_read_it():
         {"role": "system", "content": "Terse."}, *CHAT]
 
 
+def test_a_sharegpt_system_key_that_is_null_or_beside_a_system_turn_adds_no_second_one():
+    turns = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}, {"from": "human", "value": "Q?"},
+             {"from": "gpt", "value": "A."}]
+    assert conversation({"conversations": turns, "system": None}) == CHAT  # a data set's column, empty in this row
+    own = {"from": "system", "value": "Terse."}  # the conversation's own system turn is read, as LLaMA-Factory does
+    assert conversation({"conversations": [own, *turns], "system": "Wordy."}) == [
+        {"role": "system", "content": "Terse."}, *CHAT]
+
+
 @pytest.mark.parametrize(("line", "said"), [
     ("{not json", "line 2 is not JSON"),
     ('{"conversations": [{"from": "bot", "value": "a"}]}',

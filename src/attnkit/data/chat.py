@@ -8,7 +8,8 @@ prompt-completion data sets, Alpaca's, and ShareGPT's as axolotl and LLaMA-Facto
     {"instruction": "...", "input": "...", "output": "..."}   (input may be empty or absent)
     {"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}]}   (from: system, human
                                                     or gpt, also user or assistant; a "system" key beside them is
-                                                    a system turn first, as LLaMA-Factory writes it)
+                                                    a system turn first where the turns begin with none, and null
+                                                    is none, as LLaMA-Factory reads it)
 
 Each becomes a list of messages; `ChatTemplate.conversation_ids` (attnkit.chat_format) renders and tokenizes it, the
 assistant's tokens marked, and `ChatRows` lays the conversations in rows (`pack_rows`: one per row, padded at the
@@ -107,8 +108,10 @@ def conversation(record: object) -> list[dict]:
         asked = "\n\n".join(part for part in (_text(record, "instruction"), _text(record, "input")) if part)
         messages = [{"role": "user", "content": asked}, {"role": "assistant", "content": _text(record, "output")}]
     elif "conversations" in record:
-        system = _text(record, "system")
-        messages = [*([{"role": "system", "content": system}] if system else []), *_shared(record["conversations"])]
+        messages = _shared(record["conversations"])
+        system = _text(record, "system") if record.get("system") is not None else ""  # null: none (a data set's gap)
+        if system and messages[0]["role"] != "system":  # a system turn of the conversation's own is read instead
+            messages.insert(0, {"role": "system", "content": system})
     else:
         raise InputError(f"has the keys {sorted(record)[:6]}, none of the layouts: {' or '.join(LAYOUTS)}")
     if not any(m["role"] == "assistant" for m in messages):
