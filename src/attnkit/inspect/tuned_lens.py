@@ -148,6 +148,7 @@ def tuned_lens(model: nn.Module, lens: TunedLens, *args: Tensor) -> LogitLens:
 
 
 @torch.no_grad()
+@evaluated
 def lens_divergences(model: nn.Module, batches: list[Batch], lens: TunedLens | None = None) -> Tensor:
     """Each layer's mean KL (nats per token) from the model's final distribution to the lens's reading of that layer
     on `batches`, (L + 1,): the tuned lens's, or the logit lens's where `lens` is None. The last is 0."""
