@@ -19,7 +19,7 @@ import test_chat_finetune as finetuned
 from attnkit import cli, load
 from attnkit.errors import InputError
 from attnkit.generate import Pipeline
-from attnkit.tasks.chat_session import ChatSession, ChatSettings, run_chat
+from attnkit.tasks.chat_session import ChatSession, ChatSettings, run_chat, turns_of
 from attnkit.train import prepare
 
 SECRETS, TINY, chat_request = finetuned.SECRETS, finetuned.TINY, finetuned.chat_request
@@ -85,6 +85,12 @@ def test_a_turn_in_triple_quotes_runs_over_several_lines(wide_run, monkeypatch):
     assert fed[0] == pipeline.chat_template.chat_ids(pipeline.tokenizer, [first])
     second = pipeline.chat_template.chat_ids(pipeline.tokenizer, [{"role": "user", "content": QUESTIONS[1]}])
     assert len(fed) == 2 and fed[1][-len(second):] == second  # a quoted line is a turn, its quotes left out
+
+
+def test_a_fence_on_a_line_of_its_own_adds_no_line_break_to_the_turn():
+    typed = '"""\nWhat is\n\nthe word?\n"""\n"""One line."""\n"""Begun here\nand ended here"""\nHi\n"""\nopen\n'
+    assert list(turns_of(io.StringIO(typed))) == ["What is\n\nthe word?", "One line.", "Begun here\nand ended here",
+                                                  "Hi", "open"]  # the last, unclosed, ends with the input
 
 
 def test_the_oldest_turns_are_left_out_to_fit_the_window_with_a_warning_the_system_turn_kept(secret_run,

@@ -133,7 +133,8 @@ class ChatSession:
 
 def turns_of(stdin: TextIO) -> Iterator[str]:
     """The user's turns, a line each, until the end of input; a turn that begins with `\"\"\"` runs on over the lines
-    up to one that ends with `\"\"\"` (as `ollama run` takes a turn of several lines), the quotes left out."""
+    up to one that ends with `\"\"\"` (as `ollama run` takes a turn of several lines), the quotes left out, and with
+    them the line break after an opening and before a closing `\"\"\"` on a line of its own."""
     lines = lines_of(stdin)
     for line in lines:
         if not line.startswith(FENCE):
@@ -142,7 +143,7 @@ def turns_of(stdin: TextIO) -> Iterator[str]:
         parts = [line.removeprefix(FENCE)]
         while not parts[-1].endswith(FENCE) and (more := next(lines, None)) is not None:
             parts.append(more)
-        yield "\n".join(parts[1:] if not parts[0] else parts).removesuffix(FENCE)
+        yield "\n".join(parts).removesuffix(FENCE).removeprefix("\n").removesuffix("\n")
 
 
 def lines_of(stdin: TextIO) -> Iterator[str]:
