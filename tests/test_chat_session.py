@@ -23,17 +23,18 @@ from attnkit.tasks.chat_session import ChatSession, ChatSettings, run_chat, turn
 from attnkit.train import prepare
 
 SECRETS, TINY, chat_request = finetuned.SECRETS, finetuned.TINY, finetuned.chat_request
-secrets, learnt, secret_run, chatml_run = (  # the fixtures: the data and the tiny chat runs
-    finetuned.secrets, finetuned.learnt, finetuned.secret_run, finetuned.chatml_run)
+secrets, chatml_run = finetuned.secrets, finetuned.chatml_run  # the fixtures: the data and a run in ChatML
 QUESTIONS = list(SECRETS)
+WINDOW = 192  # wide_run's max_seq_len
 
 
 @pytest.fixture(scope="module")
 def wide_run(secrets, tmp_path_factory):
-    """secret_run's training with a window of 192 tokens, which holds a chat of both questions."""
+    """A tiny run that learns SECRETS (as test_chat_finetune's secret_run, trained straight through) with a window of
+    192 tokens, which holds a chat of both questions: the one run of the plain format these tests share."""
     out = tmp_path_factory.mktemp("wide") / "run"
     request = chat_request(out, secrets)
-    prepare(dataclasses.replace(request, overrides=[*TINY[:-1], "max_seq_len=192"])).fit()
+    prepare(dataclasses.replace(request, overrides=[*TINY[:-1], f"max_seq_len={WINDOW}"])).fit()
     return out
 
 
@@ -93,15 +94,15 @@ def test_a_fence_on_a_line_of_its_own_adds_no_line_break_to_the_turn():
                                                   "Hi", "open"]  # the last, unclosed, ends with the input
 
 
-def test_the_oldest_turns_are_left_out_to_fit_the_window_with_a_warning_the_system_turn_kept(secret_run,
-                                                                                             monkeypatch, caplog):
+def test_the_oldest_turns_are_left_out_to_fit_the_window_with_a_warning_the_system_turn_kept(wide_run, monkeypatch,
+                                                                                             caplog):
     fed = fed_prompts(monkeypatch)
-    pipeline = load(secret_run)
-    template, tok, window = pipeline.chat_template, pipeline.tokenizer, pipeline.config.max_seq_len  # 64
+    pipeline = load(wide_run)
+    template, tok, window = pipeline.chat_template, pipeline.tokenizer, pipeline.config.max_seq_len
     system = [{"role": "system", "content": "Terse."}]
     session = ChatSession(pipeline, system="Terse.", sampling={"temperature": 0.0, "max_new_tokens": 8})
     history, dropped = [], 0
-    for i, text in enumerate(["Hi", "Name the capital.", "Hello there", "Bye"]):
+    for i, text in enumerate(["Hi! " * 20, "Name the capital. " * 5, "Hello there. " * 7, "Bye. " * 16]):
         history.append({"role": "user", "content": text})
         fits = [start for start in range(len(history)) if history[start]["role"] == "user"
                 and len(template.chat_ids(tok, [*system, *history[start:]])) + 8 <= window]
@@ -111,17 +112,17 @@ def test_the_oldest_turns_are_left_out_to_fit_the_window_with_a_warning_the_syst
         assert reply.left_out == (fits[0] > 0) * fits[0]
         dropped += fits[0] > 0
         history.append({"role": "assistant", "content": reply.text})
-    assert dropped >= 2  # the window of 64 tokens made the chat leave turns out, more than once
-    assert caplog.text.count("oldest turn(s) were left out to fit the model's window of 64 tokens") == dropped
+    assert dropped >= 2  # the window made the chat leave turns out, more than once
+    assert caplog.text.count(f"oldest turn(s) were left out to fit the model's window of {WINDOW} tokens") == dropped
     assert session.messages == [*system, *history]
 
 
-def test_a_turn_too_long_for_the_window_is_refused_and_the_chat_goes_on(secret_run, monkeypatch, caplog):
+def test_a_turn_too_long_for_the_window_is_refused_and_the_chat_goes_on(wide_run, monkeypatch, caplog):
     fed = fed_prompts(monkeypatch)
-    said = chat(secret_run, f"{'a' * 200}\n{QUESTIONS[0]}\n")
+    said = chat(wide_run, f"{'a' * WINDOW}\n{QUESTIONS[0]}\n")
     assert said == [SECRETS[QUESTIONS[0]]] and len(fed) == 1
     assert "this turn takes" in caplog.text and "write a shorter turn" in caplog.text
-    pipeline = load(secret_run)
+    pipeline = load(wide_run)
     assert fed[0] == pipeline.chat_template.chat_ids(pipeline.tokenizer, [{"role": "user", "content": QUESTIONS[0]}])
 
 
@@ -157,10 +158,10 @@ def test_ctrl_c_during_a_reply_stops_that_reply_not_the_chat(wide_run, monkeypat
 
 
 @pytest.mark.slow  # a fresh interpreter imports torch: over ten seconds on two busy cores
-def test_attnkit_chat_runs_through_a_pipe_and_stops_at_its_end(secret_run):
+def test_attnkit_chat_runs_through_a_pipe_and_stops_at_its_end(wide_run):
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root / "src")}
-    done = subprocess.run([sys.executable, "-m", "attnkit", "chat", str(secret_run), "--temperature", "0",
+    done = subprocess.run([sys.executable, "-m", "attnkit", "chat", str(wide_run), "--temperature", "0",
                            "--max-new-tokens", "16"], input=f"{QUESTIONS[1]}\n{QUESTIONS[0]}\n", text=True,
                           capture_output=True, timeout=120, env=env, check=False)
     assert done.returncode == 0, done.stderr
@@ -202,7 +203,7 @@ def test_attnkit_chat_refuses_a_run_that_does_not_generate(tmp_path):
         run_chat(ChatSettings(run="runs/clf"), lambda _: Classifier(), stdin=io.StringIO("Hi\n"))
 
 
-@pytest.mark.parametrize("run", ["secret_run", "chatml_run"])
+@pytest.mark.parametrize("run", ["wide_run", "chatml_run"])
 def test_pipeline_chat_answers_as_generate_chat_does(run, request, capsys):
     folder = request.getfixturevalue(run)
     sampled = dict(temperature=0.9, seed=7, max_new_tokens=12)
@@ -219,11 +220,11 @@ def test_pipeline_chat_answers_as_generate_chat_does(run, request, capsys):
                                        {"role": "user", "content": QUESTIONS[0]}], **sampled)  # the seed decides
 
 
-def test_pipeline_chat_refuses_messages_not_laid_out_and_several_replies(secret_run):
-    pipeline = load(secret_run)
+def test_pipeline_chat_refuses_messages_not_laid_out_and_several_replies(wide_run):
+    pipeline = load(wide_run)
     with pytest.raises(InputError, match=r'"messages"\[0\] must be an object with a role'):
         pipeline.chat([{"role": "robot", "content": "Hi"}])
     with pytest.raises(InputError, match="chat gives one reply; num_samples=2"):
         pipeline.chat([{"role": "user", "content": "Hi"}], num_samples=2)
-    with pytest.raises(InputError, match=r"the chat renders as \d+ tokens; the model reads at most 64 .*oldest turns"):
-        pipeline.chat([{"role": "user", "content": "a" * 100}])
+    with pytest.raises(InputError, match=rf"the chat renders as \d+ tokens; the model reads at most {WINDOW} .*oldest"):
+        pipeline.chat([{"role": "user", "content": "a" * WINDOW}])
