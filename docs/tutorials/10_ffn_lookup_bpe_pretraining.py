@@ -444,7 +444,7 @@ print(f"{len(chat_words)} conversations, {result.step} steps: validation loss on
 # The labels, from scratch: the conversation's tokens, with -100 (no loss) on the prompt's, checked against how
 # attnkit reads a conversation (`ChatTemplate.conversation_ids`, which chat fine-tuning, `attnkit serve` and
 # `attnkit generate`'s `--chat` share); then the trained model's loss on the replies of words it never saw, and its
-# answers to them.
+# answers to them (`Pipeline.chat`, which reads a chat as training read its conversations and stops at EOS).
 
 # %%
 chat_lm = attnkit.load(chat_run, device="cpu")
@@ -469,8 +469,8 @@ print("trained on:", repr(chat_tokenizer.decode(labels[labels >= 0].tolist(), sk
 with torch.no_grad():
     losses = [F.cross_entropy(chat_lm.model(ids[None, :-1]).logits[0], labels[1:])  # token t predicts t + 1
               for ids, labels in (chat_labels(word, word.upper()) for word in unseen)]
-answers = [chat_lm.generate(DEFAULT_FORMAT.chat_ids(chat_tokenizer, [{"role": "user", "content": word}]),
-                            max_new_tokens=8, temperature=0)[0].strip() for word in unseen]
+answers = [chat_lm.chat([{"role": "user", "content": word}], max_new_tokens=8, temperature=0)  # its reply
+           for word in unseen]
 right = sum(answer == word.upper() for answer, word in zip(answers, unseen, strict=True))
 print(f"loss on the replies to {len(unseen)} unseen words: {torch.stack(losses).mean():.4f} nats per token; "
       f"answers right: {right} of {len(unseen)}")
@@ -501,8 +501,9 @@ plt.show()
 #
 # **In attnkit:** `attnkit train --task chat` (`attnkit/tasks/chat.py`; conversations as messages,
 # prompt/completion or Alpaca's instruction/input/output, `attnkit/data/chat.py`), then
-# `attnkit generate --run RUN --chat --prompt "face"` or `attnkit serve --run RUN` to chat with it; the format and
-# its labels are `attnkit.chat_format.ChatTemplate`. [Pre-training, fine-tuning,
+# `attnkit chat RUN` to chat with it turn after turn (or `attnkit generate --run RUN --chat --prompt "face"` for one
+# reply, `attnkit serve --run RUN` for the chat API); the format and its labels are
+# `attnkit.chat_format.ChatTemplate`. [Pre-training, fine-tuning,
 # evaluation](../../user-guide/pretraining-finetuning/#chat-fine-tuning) has the rest.
 
 # %% [markdown]

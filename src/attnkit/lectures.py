@@ -247,7 +247,7 @@ LECTURES: tuple[Lecture, ...] = (
               page="recipes.md#multi30k-the-recurrent-baselines-against-the-transformer"),
         Topic("Under the hood, ChatGPT uses a Transformer (plus some other stuff): a pre-trained decoder fine-tuned "
               "on conversations to answer as an assistant (`attnkit train --task chat --data FILE`, then "
-              "`attnkit generate --run RUN --chat --prompt Hi`)", T10, ("tasks.chat", "data.chat", "chat_format"),
+              "`attnkit chat RUN`)", T10, ("tasks.chat", "data.chat", "chat_format"),
               page="user-guide/pretraining-finetuning.md#chat-fine-tuning", section=CHAT_SFT,
               gap="the rest of ChatGPT's \"other stuff\" (learning from human preferences, RLHF) is not implemented"),
         Topic("GPT: generative pre-trained Transformers; pre-training, then adapting", T10,
