@@ -4,15 +4,18 @@ would build a model for minutes, and the like. Each test fails without the fix i
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
 
-from attnkit import build_model
+from attnkit import build_model, cli
 from attnkit import checkpoint as checkpoint_module
 from attnkit.checkpoint import CHECKSUMS_FILE, CONFIG_FILE, load_model, save_model
 from attnkit.config import ModelConfig
-from attnkit.errors import CheckpointError
+from attnkit.errors import CheckpointError, InputError
+from attnkit.outputs import atomic_output, atomic_write
 
 
 @pytest.fixture
@@ -67,3 +70,28 @@ def test_a_hugging_face_config_far_deeper_than_its_weights_is_refused_before_the
     with pytest.raises(CheckpointError, match=r"gpt2/config\.json describes a model of [\d,]+ parameters, but the "
                                               r"weights of .*gpt2 holds [\d,]+ values in all"):
         hf.load(tmp_path / "gpt2")
+
+
+@pytest.fixture
+def fifo(tmp_path) -> Path:
+    """A named pipe: as /dev/null or /dev/stdout, a path that exists and is no file, which renaming an output over it
+    would replace (as root, `attnkit tune --out /dev/null` left /dev/null a regular file, for every process)."""
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+    return path
+
+
+def test_an_output_is_never_renamed_over_a_device_a_pipe_or_a_socket(fifo):
+    with pytest.raises(InputError, match=r"pipe is a device, a pipe or a socket, not a file"):
+        atomic_write(fifo, "{}")
+    with pytest.raises(InputError, match=r"--to-gguf .*pipe is a device, a pipe or a socket"):
+        with atomic_output(fifo, directory=False, overwrite=True, flag="--to-gguf") as partial:
+            partial.write_text("{}")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_attnkit_tune_refuses_a_pipe_as_its_profile_before_measuring(fifo, capsys):
+    assert cli.main(["tune", "--quick", "--out", str(fifo)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"attnkit: error: --out {fifo} is a device, a pipe or a socket") and err.count("\n") == 1
+    assert stat.S_ISFIFO(fifo.stat().st_mode)

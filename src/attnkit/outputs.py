@@ -134,10 +134,22 @@ def sibling_file(path: Path) -> Path:
     return Path(tmp)
 
 
+def refuse_special(path: Path, *, flag: str = "") -> None:
+    """InputError where `path` (or what a link there points to) exists and is neither a regular file nor a directory:
+    a device (/dev/null), a pipe or a socket, which the rename that publishes an output would replace with a file
+    (run as root, over /dev/null itself)."""
+    if os.path.exists(path) and not (path.is_file() or path.is_dir()):
+        named = f"{flag} {path}" if flag else str(path)
+        raise InputError(f"{named} is a device, a pipe or a socket, not a file: an output is written beside it and "
+                         "renamed over it, which would replace it; give the path of a file")
+
+
 def atomic_write(path: str | Path, data: bytes | str) -> None:
-    """Write `data` to a temporary file beside `path`, then rename it over `path`: readers see old or new."""
+    """Write `data` to a temporary file beside `path`, then rename it over `path`: readers see old or new. InputError
+    where `path` is a device, a pipe or a socket (`refuse_special`)."""
     path = Path(path)
     with writing(path):
+        refuse_special(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = sibling_file(path)
         try:
@@ -279,13 +291,15 @@ def _alive(pid: int) -> bool:
 
 def check_output(path: str | Path, *, directory: bool, overwrite: bool = False, flag: str = "--out") -> None:
     """What `atomic_output` checks before writing, for a command to ask before its long work: InputError naming
-    `flag` and the fix when `path` is of the other kind, or exists (a non-empty directory) without `overwrite`.
+    `flag` and the fix when `path` is of the other kind or not a file at all (`refuse_special`), or exists (a
+    non-empty directory) without `overwrite`.
     What killed writers of `path` left is cleared first (`clear_leftovers`)."""
     path = Path(path)
     if path.parent.is_dir():
         clear_leftovers(path)
     if not (path.exists() or path.is_symlink()):
         return
+    refuse_special(path, flag=flag)
     if directory and not path.is_dir():
         raise InputError(f"{flag} {path} is a file, where a directory is to be written; give the path of a new "
                          "directory")
