@@ -252,6 +252,7 @@ def test_eval_with_skip_long_leaves_out_a_conversation_past_the_window_and_score
     said = capsys.readouterr().err
     assert f"{data} line 3: its first reply starts past the first 64 tokens" in said
     assert "or give --skip-long to leave such conversations out" in said and "--seq-len" not in said
+    assert "learn" not in said  # eval learns nothing: it scores
     assert cli.main([*command, "--skip-long"]) == 0
     assert "1 conversation(s) left out (--skip-long)" in caplog.text
     row = json.loads((tmp_path / "eval" / "eval.json").read_text(encoding="utf-8"))["rows"][0]
@@ -262,6 +263,10 @@ def test_eval_with_skip_long_leaves_out_a_conversation_past_the_window_and_score
     scored = json.loads((tmp_path / "alone" / "eval.json").read_text(encoding="utf-8"))["rows"][0]
     assert scored["val_loss"] == pytest.approx(row["val_loss"])  # the two that fit, scored as on their own
     assert scored["reply_tokens"] == row["reply_tokens"]
+    alone.write_text(late + "\n", encoding="utf-8")
+    assert cli.main(["eval", str(secret_run), "--data", str(alone), "--skip-long", "--out", str(tmp_path / "no")]) != 0
+    said = capsys.readouterr().err
+    assert "every conversation's first reply starts past the first 64 tokens" in said and "learn" not in said
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused():

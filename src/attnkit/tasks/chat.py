@@ -64,9 +64,9 @@ def conversation_rows(conversations: list[Conversation], *, template: ChatTempla
                       skip_long: bool = False, longer: str | None = LONGER_SEQ_LEN) -> ChatRows:
     """The conversations rendered and tokenized (`conversation_ids`), cut to their first seq_len + 1 tokens, in
     rows of seq_len positions. Raises InputError naming a conversation that fails to render, or whose window holds
-    no reply token (nothing of it would be learnt), unless `skip_long`: such conversations are then left out, counted
-    in one warning (InputError where none is left). `longer`: how a longer window is asked for, in what is said
-    (None where it cannot be: `attnkit eval` reads the model's whole window)."""
+    no reply token (nothing of it would be learnt or scored), unless `skip_long`: such conversations are then left
+    out, counted in one warning (InputError where none is left). `longer`: how a longer window is asked for, in what
+    is said (None where it cannot be: `attnkit eval` reads the model's whole window)."""
     ids: list[int] = []
     trained: list[bool] = []
     cut, cut_off, skipped = [], [], []
@@ -82,7 +82,7 @@ def conversation_rows(conversations: list[Conversation], *, template: ChatTempla
                 skipped.append(conversation.where)
                 continue
             raise InputError(f"{conversation.where}: its first reply starts past the first {seq_len} tokens the "
-                             "model reads at once, so nothing of it would be learnt: shorten the conversation's "
+                             "model reads at once, so it would read none of its replies: shorten the conversation's "
                              f"prompt, {f'give {longer}, or' if longer else 'or give'} --skip-long to leave such "
                              "conversations out")
         if len(tokens) > seq_len + 1:
@@ -92,7 +92,7 @@ def conversation_rows(conversations: list[Conversation], *, template: ChatTempla
         cut.append((start, stop))
     if skipped and not cut:
         raise InputError(f"every conversation's first reply starts past the first {seq_len} tokens ({skipped[0]}"
-                         f"{', ...' if len(skipped) > 1 else ''}): nothing is left to learn; give "
+                         f"{', ...' if len(skipped) > 1 else ''}): none is left to read; give "
                          f"{f'{longer} or ' if longer else ''}shorter prompts")
     if skipped:
         log.warning("%d conversation(s) left out (--skip-long): their first reply starts past the first %d tokens "
