@@ -17,6 +17,7 @@ stays within 3e-7 of the identity under SGD.) A lens is saved as safetensors (`t
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ from attnkit.inspect.logit_lens import LogitLens, lens_layers, lens_width, unemb
 from attnkit.inspect.points import evaluated, module_of
 from attnkit.inspect.tracing import trace
 from attnkit.outputs import atomic_output, atomic_write
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE, WEIGHTS_FILE = "tuned_lens.json", "tuned_lens.safetensors"
 
@@ -119,7 +122,7 @@ def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = 250
     try:
         for p in frozen:  # the model's weights are read, never trained, and their .grad is left alone
             p.requires_grad_(False)
-        for _ in range(steps):
+        for step in range(1, steps + 1):
             picked = torch.randint(tokens, (min(batch_tokens, tokens),), generator=generator).to(found.final.device)
             loss = 0.0
             for index in range(len(lens.translators)):  # the last layer reads as it is: KL 0
@@ -129,6 +132,8 @@ def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = 250
             loss.backward()
             optimizer.step()
             schedule.step()
+            if step % max(1, steps // 10) == 0 or step == steps:  # progress: ten lines a run
+                log.info("tuned lens step %d/%d: KL summed over layers %.4f", step, steps, float(loss.detach()))
     finally:
         for p in frozen:
             p.requires_grad_(True)
