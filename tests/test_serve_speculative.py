@@ -172,6 +172,7 @@ def test_a_plain_request_ends_while_a_long_speculative_one_runs(models):
         turns += 1
     assert short.reasons == ["length"] and turns <= 4
     assert long.reasons is None and len(long.tokens[0]) <= turns * 3  # at most k + 1 tokens a round
+    assert scheduler.running_rows == 1 and scheduler.kv_cache_usage > 0  # the speculative rows count on /metrics
     drain(scheduler)
     assert long.reasons == ["length"] and len(long.tokens[0]) == 40
 

@@ -385,13 +385,16 @@ class Scheduler:
 
     @property
     def kv_cache_usage(self) -> float:
-        """The share of the running batch's cache positions (rows x columns allocated) that hold a row's keys: its
-        prompt and the tokens it has generated, counted without reading the device."""
-        batch = self.batch
-        if batch is None:
-            return 0.0
-        rows, positions = batch.room
-        return sum(len(job.prompt) + job.produced for job, _ in batch.rows) / (rows * positions)
+        """The share of the running batches' cache positions (rows x columns allocated, the speculative rows' too)
+        that hold a row's keys: its prompt and the tokens it has generated, counted without reading the device."""
+        held = room = 0
+        for part in self.parts:
+            batch = part.batch
+            if batch is not None:
+                rows, positions = batch.room
+                held += sum(len(job.prompt) + job.produced for job, _ in batch.rows)
+                room += rows * positions
+        return held / room if room else 0.0
 
     # The scheduler's thread -------------------------------------------------------------------------------------
     def _loop(self) -> None:
