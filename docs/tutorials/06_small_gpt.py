@@ -434,7 +434,7 @@ for name, setting in (("greedy (temperature 0)", dict(temperature=0.0)), ("tempe
 #    an FFN of width 4C with biases, two LayerNorms with gain and bias) as a formula in C.
 # 2. Write `nucleus_size(probs, p)`: how many tokens top-p keeps from a 1-d probability vector.
 # 3. *Predict, then run:* sample the character after `"ROMEO:\n"` 200 times at temperature 0.01. You get
-#    `"the most likely character every time"` or `"a spread of characters"`?
+#    `"the most likely character every time"` (at least 95% of the draws) or `"a spread of characters"`?
 # 4. *Predict, then run:* every row leaving the post-norm block has mean 0 and standard deviation 1. Is that also
 #    true of the **pre**-norm block's output? `"yes"` or `"no"`.
 
@@ -463,11 +463,12 @@ def check_2(nucleus_size):
 def check_3(prediction):
     probs = process_logits(logits, SamplingConfig(temperature=0.01)).softmax(-1)  # (1, V)
     draws = torch.multinomial(probs.expand(200, -1), 1, generator=torch.Generator().manual_seed(0)).flatten()
-    distinct = sorted(set(draws.tolist()))
-    likeliest = pipeline.tokenizer.decode([int(logits.argmax())])
-    print(f"measured: 200 draws give {len(distinct)} distinct character(s); the most likely is {likeliest!r}")
-    greedy = distinct == [int(logits.argmax())]
-    measured = "the most likely character every time" if greedy else "a spread of characters"
+    likeliest = int(logits.argmax())
+    share = (draws == likeliest).float().mean().item()
+    print(f"measured: {share:.1%} of 200 draws are the most likely character, "
+          f"{pipeline.tokenizer.decode([likeliest])!r}")
+    # a near-tie of the two likeliest (logits within about 0.03) still gives a spread at 0.01: a model stopped early
+    measured = "the most likely character every time" if share >= 0.95 else "a spread of characters"
     return prediction == measured
 
 
