@@ -94,6 +94,27 @@ def test_a_fence_on_a_line_of_its_own_adds_no_line_break_to_the_turn():
                                                   "Hi", "open"]  # the last, unclosed, ends with the input
 
 
+def test_a_terminal_prompts_for_more_within_a_turn_of_several_lines(monkeypatch):
+    typed, prompts = iter(['"""', "What is", KeyboardInterrupt, 'the word?"""', "Hi"]), []
+
+    def read(prompt: str) -> str:
+        """input(): the next line typed (Ctrl-C raises KeyboardInterrupt there), EOFError at the end (Ctrl-D)."""
+        prompts.append(prompt)
+        line = next(typed, EOFError)
+        if not isinstance(line, str):
+            raise line
+        return line
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    monkeypatch.setattr("builtins.input", read)
+    assert list(turns_of(sys.stdin)) == ["What is\nthe word?", "Hi"]
+    assert prompts == [">>> ", "... ", "... ", "... ", ">>> ", ">>> "]  # Ctrl-C gives a fresh line, within the turn
+
+
 def test_the_oldest_turns_are_left_out_to_fit_the_window_with_a_warning_the_system_turn_kept(wide_run, monkeypatch,
                                                                                              caplog):
     fed = fed_prompts(monkeypatch)

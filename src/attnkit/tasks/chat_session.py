@@ -7,7 +7,8 @@ model reads the chat as the run's template renders it (`ChatTemplate.chat_ids`: 
 conversations and `attnkit serve` reads a chat), and is streamed to standard output as it comes, ended at the
 template's end of turn (its stop strings, its turn-end token, EOS).
 
-    \"\"\"      begins a turn of several lines, up to a line that ends with \"\"\" (as `ollama run` reads one)
+    \"\"\"      begins a turn of several lines, up to a line that ends with \"\"\" (as `ollama run` reads one; a
+             terminal prompts `... ` for each further line)
     /reset   forget the history (the system turn stays)
     /exit    end the chat (as end of input does: Ctrl-D, or the end of a pipe)
     Ctrl-C   during a reply: stop it there (what it wrote stays its reply); at the prompt: a fresh line
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -37,6 +38,7 @@ from attnkit.tasks.lm import SamplingSettings
 log = logging.getLogger(__name__)
 
 PROMPT = ">>> "  # shown before each turn where standard input is a terminal
+MORE = "... "  # shown before each further line of a turn of several lines (as `ollama run` and Python show it)
 RESET, EXIT = "/reset", "/exit"
 FENCE = '"""'  # begins and ends a turn of several lines
 
@@ -141,28 +143,34 @@ def turns_of(stdin: TextIO) -> Iterator[str]:
             yield line
             continue
         parts = [line.removeprefix(FENCE)]
-        while not parts[-1].endswith(FENCE) and (more := next(lines, None)) is not None:
-            parts.append(more)
+        while not parts[-1].endswith(FENCE):
+            try:
+                parts.append(lines.send(MORE))  # the next line, read after the prompt for more
+            except StopIteration:
+                break
         yield "\n".join(parts).removesuffix(FENCE).removeprefix("\n").removesuffix("\n")
 
 
-def lines_of(stdin: TextIO) -> Iterator[str]:
-    """The lines of the input, until its end: a terminal's with the `>>> ` prompt and line editing (Ctrl-C there
-    gives a fresh line), a pipe's or a file's as they are."""
+def lines_of(stdin: TextIO) -> Generator[str, str | None, None]:
+    """The lines of the input, until its end: a terminal's with the `>>> ` prompt (or the prompt sent for the next
+    line, `MORE`) and line editing (Ctrl-C there gives a fresh line), a pipe's or a file's as they are."""
     if stdin is sys.stdin and stdin.isatty():
         try:
             import readline  # noqa: F401  (line editing and recall for input(), where Python has it)
         except ImportError:
             pass
+        prompt = PROMPT
         while True:
             try:
-                yield input(PROMPT)
+                line = input(prompt)
             except KeyboardInterrupt:
                 print()
                 log.info("(%s or Ctrl-D ends the chat)", EXIT)
+                continue
             except EOFError:
                 print()
                 return
+            prompt = (yield line) or PROMPT
     for line in stdin:
         yield line.rstrip("\r\n")
 
