@@ -743,8 +743,8 @@ def load(
     else:
         log.warning("%s has no %s/ directory: the model can be used, but not with text", run_dir, TOKENIZER_DIR)
     task = task_of_run(run_dir, config)
-    template = chat_format.DEFAULT_FORMAT
-    if tokenizer is not None and task is not None and task.method == "generate":  # a model that replies to chats
+    template = chat_format.DEFAULT_FORMAT  # a run's own renders its chats (`chat`, and `attnkit serve`'s /tokenize)
+    if tokenizer is not None:
         template = chat_format.chat_template(run_dir / TOKENIZER_DIR, tokenizer.specials)
     return Pipeline(model, config, tokenizer, labels=_read_labels(run_dir, config, task), decoding=decoding,
                     plan=plan, task=task, record=task_record(run_dir), end_ids=read_end_ids(run_dir, config.vocab_size),

@@ -16,8 +16,7 @@ import torch
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from attnkit.chat_format import ChatTemplate, chat_template
-from attnkit.checkpoint import TOKENIZER_DIR
+from attnkit.chat_format import ChatTemplate
 from attnkit.errors import AttnkitError
 from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.pipeline import Pipeline
@@ -73,7 +72,7 @@ class ServerState:
             build_steps(pipeline.decoding, settings.max_batch)
         experiments = Path(settings.experiments) if settings.experiments else Path.cwd() / "docs" / "experiments"
         names = settings.served_model_name or (run_dir.resolve().name,)
-        template = chat_template(run_dir / TOKENIZER_DIR, getattr(pipeline.tokenizer, "specials", None))
+        template = pipeline.chat_template  # the run's own, else the default format (`attnkit.load` reads it)
         return cls(pipeline=pipeline, settings=settings, model_id=names[0], names=tuple(names),
                    run_name=run_dir.resolve().name, created=int(time.time()),
                    scheduler=scheduler,
