@@ -265,6 +265,28 @@ def test_bottleneck_reruns_an_arm_whose_saved_scores_are_not_its_metrics_as_numb
     assert again.reused == ["GRU, seed 0"]
 
 
+def test_a_worker_copy_of_the_arms_counts_each_arm_once(tmp_path):
+    """A worker process gets a pickled copy of the run's Arms, holding the arms the run had counted when it was
+    copied; counting what the worker hands back added those again ("reused 3 of 4 arms" where 2 of 3 were)."""
+    import pickle
+
+    def compute(value):
+        return lambda: (value, Arm({"value": value}))
+
+    def restore(arm):
+        return arm.values["value"]
+
+    stopped = Arms(tmp_path, experiment="x", budget="tiny", code="same")
+    stopped.run("first", {}, compute(1), restore)
+    stopped.run("second", {}, compute(2), restore)
+    arms = Arms(tmp_path, experiment="x", budget="tiny", code="same")  # the resumed run
+    arms.run("first", {}, compute(1), restore)
+    worker = pickle.loads(pickle.dumps(arms))
+    assert worker.run("second", {}, compute(2), restore) == 2 and worker.run("third", {}, compute(3), restore) == 3
+    arms.count(worker)
+    assert (arms.reused, arms.ran) == (["first", "second"], ["third"])
+
+
 @pytest.mark.parametrize("kind", ["a symbolic link", "a file"])
 def test_an_arms_path_that_is_a_link_or_a_file_is_refused_before_anything_runs(kind, tmp_path, fake_experiment):
     """OUT/arms linked elsewhere would take the arms outside --out (and keep them there after the run); a file there

@@ -121,9 +121,10 @@ class Arms:
 
     def count(self, worker: Arms) -> None:
         """Count the arms a worker process reused and ran as this run's: a worker is handed a copy of this Arms (the
-        same directory) and returns it, and the summary `run_experiment` logs reads this one's lists."""
-        self.reused += worker.reused
-        self.ran += worker.ran
+        same directory), which holds what this one had counted when it was copied, and returns it; each arm is
+        counted once. The summary `run_experiment` logs reads this one's lists."""
+        self.reused += [name for name in worker.reused if name not in self.reused]
+        self.ran += [name for name in worker.ran if name not in self.ran]
 
     def stopped_run(self) -> str | None:
         """Another command's stopped run (another experiment or budget) whose arms are kept in the directory, in
