@@ -132,7 +132,7 @@ def test_a_multi_turn_chat_is_served_as_it_was_trained_in_the_default_format(tmp
         answer = httpx.post(f"{url}/v1/chat/completions", json={"messages": MULTI_TURN[:-1], "max_tokens": 1},
                             timeout=60).json()
     assert tokens == served and answer["usage"]["prompt_tokens"] == len(served)
-    assert chat_prompt(run, tok, "the mat?", system="the cat")[0] == trained[: marks.index(True)]  # generate --chat
+    assert chat_prompt(template, tok, "the mat?", system="the cat")[0] == trained[: marks.index(True)]  # --chat
 
 
 def test_the_sample_after_a_chat_run_ends_at_its_templates_end_of_turn(tmp_path, monkeypatch):

@@ -49,8 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from attnkit.chat_format import chat_template
-from attnkit.checkpoint import TOKENIZER_DIR
+from attnkit.chat_format import ChatTemplate
 from attnkit.data import IGNORE_INDEX, LMData, make_task
 from attnkit.data.corpus import resolve_files
 from attnkit.data.labelled import frame_ids
@@ -718,14 +717,13 @@ class StreamedText:
             print("".join(self.unsent))
 
 
-def chat_prompt(run: str | Path, tokenizer: Tokenizer, prompt: str, *, system: str | None = None
+def chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, prompt: str, *, system: str | None = None
                 ) -> tuple[list[int], tuple[str, ...], frozenset[int]]:
     """`attnkit generate --chat`: `prompt` as a user's turn after an optional `system` turn, rendered by the run's
-    chat template (`attnkit.chat_format.chat_template`) and tokenized with its special tokens
-    (`ChatTemplate.chat_ids`), as `attnkit serve` renders a chat; the strings that end the reply (the default
-    format's next turn) and the tokens that end it beside the run's end ids (a template's own end of turn, ChatML's
-    <|im_end|>: `ChatTemplate.turn_end_ids`). Raises InputError where the template refuses the chat."""
-    template = chat_template(Path(run) / TOKENIZER_DIR, tokenizer.specials)
+    chat template (`Pipeline.chat_template`) and tokenized with its special tokens (`ChatTemplate.chat_ids`), as
+    `attnkit serve` renders a chat; the strings that end the reply (the default format's next turn) and the tokens
+    that end it beside the run's end ids (a template's own end of turn, ChatML's <|im_end|>:
+    `ChatTemplate.turn_end_ids`). Raises InputError where the template refuses the chat."""
     messages = [*([{"role": "system", "content": system}] if system is not None else []),
                 {"role": "user", "content": prompt}]
     return template.chat_ids(tokenizer, messages), template.stops, template.turn_end_ids(tokenizer)
@@ -750,7 +748,8 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     pipeline = load(settings)
     stops, stop_tokens = list(settings.stop), frozenset()
     if settings.chat:
-        prompt, ends, stop_tokens = chat_prompt(settings.run, pipeline.tokenizer, prompt, system=settings.system)
+        prompt, ends, stop_tokens = chat_prompt(pipeline.chat_template, pipeline.tokenizer, prompt,
+                                                system=settings.system)
         stops += ends
     draft = None
     if settings.draft is not None:
