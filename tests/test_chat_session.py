@@ -6,6 +6,7 @@ the chat, and `Pipeline.chat` answers as `attnkit generate --chat` does."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import io
 import logging
 import os
@@ -19,7 +20,9 @@ import test_chat_finetune as finetuned
 from attnkit import cli, load
 from attnkit.errors import InputError
 from attnkit.generate import Pipeline
+from attnkit.run_settings import DecodeSettings
 from attnkit.tasks.chat_session import ChatSession, ChatSettings, run_chat, turns_of
+from attnkit.tasks.lm import SamplingSettings
 from attnkit.train import prepare
 
 SECRETS, TINY, chat_request = finetuned.SECRETS, finetuned.TINY, finetuned.chat_request
@@ -214,6 +217,13 @@ def test_sigint_during_a_reply_stops_it_and_the_chat_reads_on(secrets, tmp_path)
     assert chat.returncode == 0, stderr
     assert "the reply was stopped" in stderr and "interrupted" not in stderr
     assert stderr.index("the history is cleared") > stderr.index("the reply was stopped")
+
+
+def test_every_sampling_setting_is_an_option_of_generate():
+    own = {f.name for f in dataclasses.fields(SamplingSettings)} - {f.name for f in dataclasses.fields(DecodeSettings)}
+    given = ChatSettings(run="runs/chat", top_k=3, seed=5).sampling()
+    assert set(given) == own - {"stop"} and (given["top_k"], given["seed"]) == (3, 5)  # stop: the caller adds its own
+    assert set(given) <= set(inspect.signature(Pipeline.generate).parameters)
 
 
 def test_attnkit_chat_refuses_a_run_that_does_not_generate(tmp_path):

@@ -74,6 +74,7 @@ class ChatSession:
         self.system = [{"role": "system", "content": system}] if system is not None else []
         self.turns: list[dict] = []  # the user's turns and the replies, oldest first (the system turn apart)
         self.sampling = dict(sampling or {})
+        self.most = self.sampling.get("max_new_tokens", SamplingSettings.max_new_tokens)  # a reply's tokens at most
         self.stop = stop
 
     @property
@@ -92,7 +93,7 @@ class ChatSession:
         """The turns with `turn` after them, the oldest exchanges left out until a reply has room in the window; and
         the prompt's length in tokens. Raises TurnTooLong where `turn` leaves no room even alone."""
         window = self.pipeline.config.max_seq_len
-        room = min(self.sampling.get("max_new_tokens", 200), window // 2)
+        room = min(self.most, window // 2)
         turns = [*self.turns, turn]
         while len(ids := self.ids(turns)) + room > window:
             if len(turns) == 1:
@@ -113,7 +114,7 @@ class ChatSession:
         if left_out:
             log.warning("(the %d oldest turn(s) were left out to fit the model's window of %d tokens; %s starts "
                         "afresh)", left_out, self.pipeline.config.max_seq_len, RESET)
-        most = min(self.sampling.get("max_new_tokens", 200), self.pipeline.config.max_seq_len - length)
+        most = min(self.most, self.pipeline.config.max_seq_len - length)
         options = {**self.sampling, "max_new_tokens": most,
                    "min_new_tokens": min(self.sampling.get("min_new_tokens", 0), most)}
         shown: list[str] = []  # the reply's content so far

@@ -557,10 +557,11 @@ class SamplingSettings(DecodeSettings):
     stop: tuple[str, ...] = ()  # end the text at any of these strings (repeatable)
 
     def sampling(self) -> dict[str, Any]:
-        """These settings as `Pipeline.generate`'s keyword arguments (`stop` left to the caller, which adds its own)."""
-        return {name: getattr(self, name) for name in (
-            "max_new_tokens", "min_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
-            "presence_penalty", "frequency_penalty", "min_p", "no_repeat_ngram_size", "seed")}
+        """These settings as `Pipeline.generate`'s keyword arguments: the fields this class adds to loading's
+        (`DecodeSettings`), `stop` left to the caller, which adds its own."""
+        not_sampling = {f.name for f in dataclasses.fields(DecodeSettings)} | {"stop"}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(SamplingSettings)
+                if f.name not in not_sampling}
 
 
 @dataclass(frozen=True, kw_only=True)
