@@ -177,6 +177,24 @@ def test_a_plain_request_ends_while_a_long_speculative_one_runs(models):
     assert long.reasons == ["length"] and len(long.tokens[0]) == 40
 
 
+def test_a_plain_request_joins_while_speculative_rows_fill_the_batch(models):
+    """--max-batch bounds each batch's rows: a request the draft rule cannot serve joins the plain rows while the
+    speculative ones are full (it waited for them to end, behind every greedy request that came after it)."""
+    target, draft = models
+    scheduler, speculative = schedulers(target, draft, draft_tokens=2, max_rows=2)
+    greedy = [Recorded([1, 2], 40), Recorded([3, 1], 40)]
+    penalised = Recorded([3, 4], 3, sampling=SamplingConfig(temperature=0.0, frequency_penalty=1.0))
+    for recorded in greedy:
+        scheduler.submit(recorded.job)
+    iterate(scheduler)
+    scheduler.submit(penalised.job)
+    for _ in range(4):
+        iterate(scheduler)
+    assert penalised.reasons == ["length"] and all(recorded.reasons is None for recorded in greedy)
+    assert scheduler.running_rows == 2 and speculative.running_rows == 2
+    drain(scheduler)
+
+
 # Through a live server -------------------------------------------------------------------------------------------
 pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
 httpx = pytest.importorskip("httpx")

@@ -372,6 +372,11 @@ class Scheduler:
         return self._thread.ident is not None and not self._thread.is_alive()
 
     @property
+    def _own_rows(self) -> int:
+        """The rows of this scheduler's batch alone, which its admission bounds by max_rows."""
+        return len(self.batch.rows) if self.batch is not None else 0
+
+    @property
     def running_rows(self) -> int:
         return sum(len(part.batch.rows) for part in self.parts if part.batch is not None)
 
@@ -676,7 +681,7 @@ class Scheduler:
         if batch is not None and (not self._due() or not self._merge_ok()):  # _due first: it meets the head
             return []
         joining: list[GenerationJob] = []
-        rows = self.running_rows
+        rows = self._own_rows  # max_rows bounds each batch: the speculative rows' have their own
 
         def fits(job: GenerationJob) -> bool:
             return rows + job.n <= self.max_rows
@@ -696,7 +701,7 @@ class Scheduler:
         if head is None:
             return False
         waited = time.monotonic() - head.queued
-        return waited >= self.step_seconds or len(self.waiting) >= self.max_rows - self.running_rows
+        return waited >= self.step_seconds or len(self.waiting) >= self.max_rows - self._own_rows
 
     def _start(self, window: Window, rows: list[Row], *, headroom: int) -> Batch:
         """A batch of these rows, not yet prefilled: buffers for twice the positions they need (one job's exact

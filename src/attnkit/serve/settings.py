@@ -25,7 +25,7 @@ class ServeSettings(DecodeSettings):
     host: str = "127.0.0.1"  # address to bind; any but a loopback one (127.0.0.1, localhost, ::1) needs an API key
     port: int = 8000  # port to listen on (0: any free one, said when the server starts)
     api_key: str | None = None  # clients send it as "Authorization: Bearer KEY"; default: $ATTNKIT_API_KEY
-    max_batch: int = 32  # sequences decoded together in one forward pass at most
+    max_batch: int = 32  # sequences decoded together in one forward pass at most (with --draft: in each batch)
     max_queue: int = 64  # prompts (not requests) waiting to join the batch at most; beyond, 429 with Retry-After
     max_tokens: int = 512  # new tokens one request may ask for at most (and the context's room)
     prefix_cache: bool = True  # reuse the keys and values of recent prompts' starts (vLLM's automatic prefix caching)
