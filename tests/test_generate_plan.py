@@ -377,6 +377,18 @@ def test_the_plan_says_when_the_tie_rule_chose_the_layout_and_not_one_row_alone(
     assert why.startswith(said) and ("measured fastest" in why) == ("tie rule" not in said), why
 
 
+def test_the_tie_rule_is_said_where_the_cpu_narrows_the_layout_it_chose():
+    """A bf16 profile that kept native+packed by the tie rule, read for a CPU where oneDNN cannot pack (native alone):
+    the reason still says the tie rule chose, not that native was measured fastest."""
+    one = {"plain": 1.0, "packed": 1.2, "gemv+packed": 1.1, "native+packed": 1.05}
+    eight = {"plain": 9.0, "packed": 4.0, "gemv+packed": 4.0, "native+packed": 4.0}
+    profile = Profile(attention={}, decode_linear={"bf16": choose_layout(one, eight)}, source="test",
+                      timings={"linear bf16": one, "linear bf16, 8 rows": eight})
+    plan = plan_inference(_decoder(torch.bfloat16), "decoder", cpu=AVX2, profile=profile)
+    why = {c.what: c for c in plan.choices}["linear layers"].why
+    assert plan.linear == "native" and why.startswith("chosen for decoding in bf16 by the tie rule"), why
+
+
 @pytest.mark.parametrize("profile", [PYTORCH_KERNELS, DEFAULT_PROFILE])  # int8's kernel measured: PyTorch's, native
 def test_a_captured_int8_step_says_how_it_reads_the_weights_where_inductors_int8_loops_are_vectorized(profile):
     """With AVX-512 the captured one-row step reads int8 weights in inductor's own loop (`capture_step` decomposes

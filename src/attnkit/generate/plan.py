@@ -248,7 +248,7 @@ def _linear_layout(
             rows, several = NATIVE_BF16_ROWS, "more through the weight widened to fp32 for the call"
         else:
             rows, several = NATIVE_ROWS, "more through nn.Linear's product"
-        return wanted, (f"{_chosen(profile, name, wanted)}{measured}: up to {rows} rows through the native "
+        return wanted, (f"{_chosen(profile, name)}{measured}: up to {rows} rows through the native "
                         f"matrix-vector kernel ({_native_arithmetic(dtype, cpu)}), {several} ({profile_note})")
     if wanted == "transposed" and static and compile == "max-autotune":
         return "plain", "max-autotune packs frozen weights for its own kernels, faster than a transposed copy"
@@ -261,23 +261,23 @@ def _linear_layout(
             return "plain", (f"oneDNN packs {name} weights only with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; this CPU "
                              f"reports {cpu.isa}, so nn.Linear runs oneDNN's reference path")
     if wanted == "gemv+packed":
-        return wanted, (f"{_chosen(profile, name, wanted)}{measured}: one row through ATen's matrix-vector "
+        return wanted, (f"{_chosen(profile, name)}{measured}: one row through ATen's matrix-vector "
                         f"kernel, several through oneDNN's packed weight (each weight held twice; {profile_note})")
     if wanted == "gemv" and compile:
         return "plain", "the compiled step reads the weights in its own loops"
     if wanted == "gemv" and dtype == torch.bfloat16:
-        return wanted, (f"{_chosen(profile, name, wanted)}{measured}: the bf16 weight read through ATen's "
+        return wanted, (f"{_chosen(profile, name)}{measured}: the bf16 weight read through ATen's "
                         f"matrix-vector kernel and computed in fp32, several rows through nn.Linear ({profile_note})")
     if wanted in ("transposed", "packed"):
-        return wanted, f"{_chosen(profile, name, wanted)}{measured} ({profile_note})"
+        return wanted, f"{_chosen(profile, name)}{measured} ({profile_note})"
     return "plain", f"nn.Linear's layout for {name}{measured} ({profile_note})"
 
 
-def _chosen(profile: Profile, name: str, layout: str) -> str:
-    """How the profile chose `layout` for decoding in `name` ("fp32", "bf16"), as the start of the plan's reason: the
-    fastest for one decoding row, or, where another was faster for one row by less than `tune.TIE` (a tie), the
+def _chosen(profile: Profile, name: str) -> str:
+    """How the profile chose its layout for decoding in `name` ("fp32", "bf16"), as the start of the plan's reason:
+    the fastest for one decoding row, or, where another was faster for one row by less than `tune.TIE` (a tie), the
     fastest for `SEVERAL` rows among those tied (`tune.choose_layout`'s rule)."""
-    one = profile.timings.get(f"linear {name}", {})
+    layout, one = profile.decode_linear.get(name), profile.timings.get(f"linear {name}", {})
     if layout not in one or one[layout] <= min(one.values()):
         return f"measured fastest for decoding in {name}"
     return (f"chosen for decoding in {name} by the tie rule: one row within {TIE:g}x of the fastest's "
