@@ -7,11 +7,14 @@ model's own final norm and output layer, predicts what the model finally predict
 The layers are the logit lens's (the stream after the embeddings and after each block); the last is the model's own
 input to its output layer and keeps no translator (its reading is the model's logits), as in the paper. Training
 reads the model frozen: the streams and final logits of the given batches are taken once, then the translators are
-fitted on the KL summed over layers, all at once, by the paper's optimizer: SGD with Nesterov momentum 0.9, learning
-rate 1.0 decayed linearly to 0 over 250 steps. (Adam, whose steps keep their size as the gradient vanishes, wanders
-off a translator that is already right: a layer whose stream is the last's drifted to weights of 0.04 under it, and
-stays within 3e-7 of the identity under SGD.) A lens is saved as safetensors (`translators.L.weight`,
-`.bias`) beside a JSON record of its layers and width, and checked against both, and against the model, when read.
+fitted on the KL summed over layers, all at once, by the paper's optimizer as its package sets it: SGD with Nesterov
+momentum 0.9 and learning rate 1.0 decayed linearly to 0 over 250 steps, that rate taken as the package takes it, times
+1 - momentum (PyTorch's momentum scales a step by 1 / (1 - momentum), which the package undoes: 0.1 as PyTorch reads
+it), weight decay 1e-3 (toward the identity, as the translator is `h + A h + b`) and the gradient clipped to norm 1.
+(Adam, whose steps keep their size as the gradient vanishes, wanders off a translator that is already right: a layer
+whose stream is the last's drifted to weights of 0.04 under it, and stays within 1e-5 of the identity under SGD.) A
+lens is saved as safetensors (`translators.L.weight`, `.bias`) beside a JSON record of its layers and width, and
+checked against both, and against the model, when read.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from attnkit.outputs import atomic_output, atomic_write
 log = logging.getLogger(__name__)
 
 CONFIG_FILE, WEIGHTS_FILE = "tuned_lens.json", "tuned_lens.safetensors"
+MOMENTUM, WEIGHT_DECAY, MAX_GRAD_NORM = 0.9, 1e-3, 1.0  # the paper's SGD, as the tuned-lens package sets it
 
 
 class TunedLens(nn.Module):
@@ -107,8 +111,9 @@ def _divergences(model: nn.Module, lens: TunedLens | None, found: _Streams) -> T
 def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = 250, lr: float = 1.0,
                      batch_tokens: int = 256, generator: torch.Generator | None = None) -> TunedLens:
     """Fit a TunedLens to `model`'s streams on `batches` (their tokens, padding left out): `steps` SGD steps (module
-    docstring) on the KL from the final logits summed over layers, `batch_tokens` tokens drawn per step. The model is
-    left as it was. Raises InputError for no batches or steps below 1."""
+    docstring) on the KL from the final logits summed over layers, `batch_tokens` tokens drawn per step (the paper's
+    2^18 are more than a small run's texts hold), at the paper's learning rate `lr` (PyTorch's lr * (1 - momentum)).
+    The model is left as it was. Raises InputError for no batches or steps below 1."""
     if steps < 1:
         raise InputError(f"steps={steps}: a tuned lens needs at least one training step (the paper's uses 250)")
     found = _streams(model, batches)
@@ -116,7 +121,8 @@ def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = 250
     lens = TunedLens(found.layers, found.streams.shape[-1]).to(found.streams.device)
     _, unembed = unembedding(model)
     frozen = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(lens.parameters(), lr=lr, momentum=0.9, nesterov=True)
+    optimizer = torch.optim.SGD(lens.parameters(), lr=lr * (1 - MOMENTUM), momentum=MOMENTUM, nesterov=True,
+                                weight_decay=WEIGHT_DECAY)  # lr: the paper's rate (module docstring)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
     tokens = found.streams.shape[1]
     try:
@@ -130,6 +136,7 @@ def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = 250
                 loss = loss + F.kl_div(read, found.final[picked], log_target=True, reduction="batchmean")
             optimizer.zero_grad()
             loss.backward()
+            nn.utils.clip_grad_norm_(lens.parameters(), MAX_GRAD_NORM)
             optimizer.step()
             schedule.step()
             if step % max(1, steps // 10) == 0 or step == steps:  # progress: ten lines a run
