@@ -249,6 +249,8 @@ def test_pipeline_chat_answers_as_generate_chat_does(run, request, capsys):
         assert not printed.startswith(" ")
     assert reply == load(folder).chat([{"role": "system", "content": "Be brief."},
                                        {"role": "user", "content": QUESTIONS[0]}], **sampled)  # the seed decides
+    assert reply == pipeline.chat(({"role": "system", "content": "Be brief."},  # any sequence of messages
+                                   {"role": "user", "content": QUESTIONS[0]}), **sampled)
 
 
 def test_pipeline_chat_refuses_messages_not_laid_out_and_several_replies(wide_run):
