@@ -97,8 +97,9 @@ def test_a_fence_on_a_line_of_its_own_adds_no_line_break_to_the_turn():
                                                   "Hi", "open"]  # the last, unclosed, ends with the input
 
 
-def test_a_terminal_prompts_for_more_within_a_turn_of_several_lines(monkeypatch):
-    typed, prompts = iter(['"""', "What is", KeyboardInterrupt, 'the word?"""', "Hi"]), []
+def test_a_terminal_prompts_for_more_within_a_turn_of_several_lines_and_ctrl_c_drops_it(monkeypatch):
+    typed = iter(['"""', "Dropped", KeyboardInterrupt, KeyboardInterrupt, '"""What is', 'the word?"""', "Hi"])
+    prompts = []
 
     def read(prompt: str) -> str:
         """input(): the next line typed (Ctrl-C raises KeyboardInterrupt there), EOFError at the end (Ctrl-D)."""
@@ -114,8 +115,8 @@ def test_a_terminal_prompts_for_more_within_a_turn_of_several_lines(monkeypatch)
 
     monkeypatch.setattr(sys, "stdin", Terminal())
     monkeypatch.setattr("builtins.input", read)
-    assert list(turns_of(sys.stdin)) == ["What is\nthe word?", "Hi"]
-    assert prompts == [">>> ", "... ", "... ", "... ", ">>> ", ">>> "]  # Ctrl-C gives a fresh line, within the turn
+    assert list(turns_of(sys.stdin)) == ["What is\nthe word?", "Hi"]  # Ctrl-C dropped the turn being typed
+    assert prompts == [">>> ", "... ", "... ", ">>> ", ">>> ", "... ", ">>> ", ">>> "]
 
 
 def test_the_oldest_turns_are_left_out_to_fit_the_window_with_a_warning_the_system_turn_kept(wide_run, monkeypatch,

@@ -11,7 +11,8 @@ template's end of turn (its stop strings, its turn-end token, EOS).
              terminal prompts `... ` for each further line)
     /reset   forget the history (the system turn stays)
     /exit    end the chat (as end of input does: Ctrl-D, or the end of a pipe)
-    Ctrl-C   during a reply: stop it there (what it wrote stays its reply); at the prompt: a fresh line
+    Ctrl-C   during a reply: stop it there (what it wrote stays its reply); at the prompt: a fresh line (a turn of
+             several lines being typed is dropped)
 
 The window: before each reply the history must leave the reply room in the model's window (`max_seq_len`):
 `max_new_tokens`, or half the window where that asks for more. The oldest exchanges (a user's turn and the replies
@@ -137,24 +138,29 @@ class ChatSession:
 def turns_of(stdin: TextIO) -> Iterator[str]:
     """The user's turns, a line each, until the end of input; a turn that begins with `\"\"\"` runs on over the lines
     up to one that ends with `\"\"\"` (as `ollama run` takes a turn of several lines), the quotes left out, and with
-    them the line break after an opening and before a closing `\"\"\"` on a line of its own."""
+    them the line break after an opening and before a closing `\"\"\"` on a line of its own. Ctrl-C in a terminal
+    drops the turn being typed, as in `ollama run` and Python's prompt."""
     lines = lines_of(stdin)
     for line in lines:
+        if line is None:  # Ctrl-C at the prompt
+            continue
         if not line.startswith(FENCE):
             yield line
             continue
         parts = [line.removeprefix(FENCE)]
-        while not parts[-1].endswith(FENCE):
+        while parts and not parts[-1].endswith(FENCE):
             try:
-                parts.append(lines.send(MORE))  # the next line, read after the prompt for more
+                more = lines.send(MORE)  # the next line, read after the prompt for more
             except StopIteration:
                 break
-        yield "\n".join(parts).removesuffix(FENCE).removeprefix("\n").removesuffix("\n")
+            parts = [*parts, more] if more is not None else []
+        if parts:
+            yield "\n".join(parts).removesuffix(FENCE).removeprefix("\n").removesuffix("\n")
 
 
-def lines_of(stdin: TextIO) -> Generator[str, str | None, None]:
+def lines_of(stdin: TextIO) -> Generator[str | None, str | None, None]:
     """The lines of the input, until its end: a terminal's with the `>>> ` prompt (or the prompt sent for the next
-    line, `MORE`) and line editing (Ctrl-C there gives a fresh line), a pipe's or a file's as they are."""
+    line, `MORE`) and line editing (Ctrl-C there gives None and a fresh line), a pipe's or a file's as they are."""
     if stdin is sys.stdin and stdin.isatty():
         try:
             import readline  # noqa: F401  (line editing and recall for input(), where Python has it)
@@ -167,7 +173,7 @@ def lines_of(stdin: TextIO) -> Generator[str, str | None, None]:
             except KeyboardInterrupt:
                 print()
                 log.info("(%s or Ctrl-D ends the chat)", EXIT)
-                continue
+                line = None
             except EOFError:
                 print()
                 return
