@@ -7,6 +7,7 @@ texts equal the server's without a draft and `Pipeline.generate`, alone, streame
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -193,6 +194,32 @@ def test_a_plain_request_joins_while_speculative_rows_fill_the_batch(models):
     assert penalised.reasons == ["length"] and all(recorded.reasons is None for recorded in greedy)
     assert scheduler.running_rows == 2 and speculative.running_rows == 2
     drain(scheduler)
+
+
+def test_a_request_that_ended_in_a_round_that_then_failed_is_answered_and_both_batches_go(models):
+    """A round's tokens are delivered before both caches are rewound (`_write`): when that fails, the requests the
+    round had ended were never finished (their replies waited for the timeout), and the draft's cache was kept."""
+    target, _ = models
+    scheduler, speculative = schedulers(target, target)  # every draft kept: the round gives the last two tokens
+
+    def fail(*args) -> None:
+        raise RuntimeError("the caches could not be rewound")
+
+    speculative._write = fail
+    ended, failed = Recorded([1, 2], 3), Recorded([4, 5], 9)
+    for recorded in (ended, failed):
+        scheduler.submit(recorded.job)
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 20
+        while (ended.reasons is None or failed.reasons is None) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        scheduler.stop()
+    assert ended.reasons == ["length"] and ended.tokens == generate_tokens(target, [[1, 2]], max_new_tokens=3,
+                                                                            context_len=CONTEXT)
+    assert failed.reasons == ["error"] and isinstance(failed.job.failure, RuntimeError)
+    assert speculative.batch is None and speculative.drafts is None and not speculative.shapers
 
 
 # Through a live server -------------------------------------------------------------------------------------------

@@ -765,10 +765,12 @@ class Scheduler:
         job.reasons = ["error" if reason is None else reason for reason in (job.reasons or [None] * job.n)]
 
     def _end_running(self, error: BaseException) -> None:
-        """End the running jobs after a decoding step they shared failed; the waiting jobs stay queued."""
+        """End the running jobs after a decoding step they shared failed: the unfinished ones fail, and those whose
+        choices had all ended before it (a speculative round delivers its tokens before its caches are rewound) get
+        their on_finish too; the waiting jobs stay queued."""
         jobs = self.batch.jobs if self.batch is not None else []
         self.batch, self.logits = None, None
         for job in jobs:
             if None in job.reasons:
                 self._fail(job, error)
-                self._finish(job)
+            self._finish(job)

@@ -108,6 +108,11 @@ class SpeculativeScheduler(Scheduler):
         self.shapers.pop(job, None)
         super()._finish(job)
 
+    def _end_running(self, error: BaseException) -> None:
+        """`Scheduler._end_running`, the draft's batch let go with the target's."""
+        super()._end_running(error)
+        self.drafts = self.newest = None
+
     # an iteration ---------------------------------------------------------------------------------------------
     def _iteration(self) -> None:
         """Admit waiting jobs, choose the first token of those that joined, drop the rows that ended, and run a
