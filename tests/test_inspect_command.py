@@ -862,6 +862,23 @@ def test_tuned_lens_trains_saves_and_reads_back_its_lens(runs, tmp_path):
         run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="logit-lens", text=texts, lens=str(saved)))
 
 
+def test_tuned_lens_trains_the_papers_250_steps_unless_told_and_reports_no_kl_below_zero(runs, tmp_path,
+                                                                                          monkeypatch):
+    """Without --steps, tuned-lens trains the paper's 250 steps (--steps's default was sae's 500, twice the paper's
+    schedule); a held-out KL that rounds below 0, or is -0.0, reads 0.0 (the report showed '-0.0')."""
+    import attnkit.inspect.command as command
+
+    trained = []
+    train = command.train_tuned_lens
+    monkeypatch.setattr(command, "train_tuned_lens", lambda *args, steps, **kwargs: trained.append(steps) or train(
+        *args, steps=1, **kwargs))
+    monkeypatch.setattr(command, "lens_divergences", lambda *args: torch.tensor([0.5, -1e-9, -0.0]))
+    summary = _inspect(runs["decoder"], "tuned-lens", tmp_path, text=("abc de ab", "ab cd"))["summary"]
+    assert trained == [250] and summary["lens"] == "trained 250 steps on 1 texts"
+    assert json.loads((tmp_path / "tuned-lens" / "tuned_lens.json").read_text())["steps"] == 250
+    assert summary["KL tuned lens (nats/token, per layer)"] == "0.5, 0.0, 0.0"
+
+
 def test_head_types_draws_its_random_tokens_from_text_never_a_converted_tokenizers_special_token(tmp_path,
                                                                                                 monkeypatch):
     """A converted tokenizer marks more tokens special than attnkit's roles name (a chat model's <|im_start|> and

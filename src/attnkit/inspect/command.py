@@ -69,7 +69,14 @@ from attnkit.inspect.sae import (
     spliced_loss,
     train_sae,
 )
-from attnkit.inspect.tuned_lens import lens_divergences, load_tuned_lens, save_tuned_lens, train_tuned_lens, tuned_lens
+from attnkit.inspect.tuned_lens import (
+    PAPER_STEPS,
+    lens_divergences,
+    load_tuned_lens,
+    save_tuned_lens,
+    train_tuned_lens,
+    tuned_lens,
+)
 from attnkit.machine import pick_device
 from attnkit.models.greedy import translation_pair
 from attnkit.models.stack import TransformerStack
@@ -87,6 +94,7 @@ Analysis = Literal["heads", "head-types", "logit-lens", "tuned-lens", "patch", "
 MASK_EVERY = 6  # a masked LM's text has every sixth token masked (about BERT's 15%)
 PLACEHOLDER = re.compile(r"\[unused\d+\]|<unused\d+>")  # a vocabulary's reserved slots (BERT's, Gemma's)
 HELD_OUT = 10  # tuned-lens: every tenth text is held out of training and scores the lenses
+SAE_STEPS = 500  # sae: training steps unless --steps
 GREEDY_TOKENS = 48  # a source alone is translated greedily to this many tokens at most (short texts)
 LEGEND_LINES = 16  # circuits: the OV spectra get a legend up to this many heads
 CELL_WIDTH = 0.6  # inches per column of a patching table: room for a number such as -0.0044 at 6 points
@@ -129,7 +137,9 @@ class InspectSettings:
     features: int = 0  # sae: its number of features (0: four times the point's width)
     k: int = 0  # sae: 0 trains ReLU with an L1 penalty (--l1); k > 0 a TopK SAE keeping k features per token
     l1: float = 0.3  # sae: the L1 coefficient (scale-free: the loss is relative to the activations' variance)
-    steps: int = 500  # sae: training steps, one batch of activations each; tuned-lens: its translators' (SGD) steps
+    steps: int | None = None
+    """sae: training steps, one batch of activations each (default 500); tuned-lens: its translators' SGD steps
+    (default the paper's 250)"""
     lens: str | None = None  # tuned-lens: read this saved lens (a tuned-lens directory) instead of training one
 
 
@@ -458,20 +468,22 @@ def _tuned_lens(loaded: Loaded, settings: InspectSettings):
     batches = [text_batch(loaded, text, prompt=True) for text in texts]
     held_out = batches[::HELD_OUT] if len(batches) > 1 else batches  # every tenth text, the first among them
     training = [b for i, b in enumerate(batches) if i % HELD_OUT or len(batches) == 1]
+    steps = PAPER_STEPS if settings.steps is None else settings.steps
     if settings.lens is not None:
         lens = load_tuned_lens(settings.lens, loaded.model)
         how = f"read from {settings.lens}"
     else:
-        lens = train_tuned_lens(loaded.model, training, steps=settings.steps,
+        lens = train_tuned_lens(loaded.model, training, steps=steps,
                                 generator=torch.Generator().manual_seed(settings.seed))
-        how = f"trained {settings.steps} steps on {len(training)} texts"
+        how = f"trained {steps} steps on {len(training)} texts"
     divergences = {"logit lens": lens_divergences(loaded.model, held_out),
                    "tuned lens": lens_divergences(loaded.model, held_out, lens)}
-    kl = {name: [round(max(float(v), 0.0), 4) for v in values] for name, values in divergences.items()}  # KL >= 0
+    # KL >= 0: a rounding error below 0 (or a -0.0, which max(-0.0, 0.0) keeps) reads 0.0
+    kl = {name: [round(float(v), 4) if float(v) > 0 else 0.0 for v in values] for name, values in divergences.items()}
     saved = None
     if settings.lens is None:
         saved = save_tuned_lens(lens, _out_dir(settings) / "tuned-lens",
-                                record={"steps": settings.steps, "texts": len(training), "held-out KL": kl})
+                                record={"steps": steps, "texts": len(training), "held-out KL": kl})
     rows, figure = _lens_report(loaded, batches[0], tuned_lens(loaded.model, lens, *batches[0].args), "tuned lens",
                                 divergences)
     scored = (f"{len(held_out)} held-out texts (every {HELD_OUT}th, not trained on)" if len(batches) > 1 else
@@ -892,11 +904,12 @@ def _sae(loaded: Loaded, settings: InspectSettings):
     config = SAEConfig(evaluation.shape[-1], settings.features or 4 * evaluation.shape[-1],
                        "topk" if settings.k else "standard", settings.k or None, settings.l1, point,
                        Path(settings.run).name)
-    sae, losses = train_sae(config, lambda: point_activations(model, train, point), steps=settings.steps,
+    steps = SAE_STEPS if settings.steps is None else settings.steps
+    sae, losses = train_sae(config, lambda: point_activations(model, train, point), steps=steps,
                             seed=settings.seed, log_every=100)
     reference = torch.cat(list(point_activations(model, train[:8], point)))
     metrics = spliced_loss(model, sae, held_out, evaluate(sae, [evaluation]), reference)
-    saved = save_sae(sae, _out_dir(settings) / "sae", record={"steps": settings.steps, **metrics.row()})
+    saved = save_sae(sae, _out_dir(settings) / "sae", record={"steps": steps, **metrics.row()})
     read = [b.args[-1] if point.startswith("decoder.") else b.args[0] for b in held_out]  # the ids the point reads
     contexts = [_context(_labels(loaded.tokenizer, ids[row, max(0, t - 12): t + 1]))
                 for ids in read for row in range(ids.shape[0]) for t in range(ids.shape[1])]

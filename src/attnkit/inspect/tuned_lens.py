@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE, WEIGHTS_FILE = "tuned_lens.json", "tuned_lens.safetensors"
 MOMENTUM, WEIGHT_DECAY, MAX_GRAD_NORM = 0.9, 1e-3, 1.0  # the paper's SGD, as the tuned-lens package sets it
+PAPER_STEPS = 250  # the paper's training steps, over which its learning rate decays to 0
 
 
 class TunedLens(nn.Module):
@@ -108,7 +109,7 @@ def _divergences(model: nn.Module, lens: TunedLens | None, found: _Streams) -> T
 
 
 @evaluated
-def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = 250, lr: float = 1.0,
+def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = PAPER_STEPS, lr: float = 1.0,
                      batch_tokens: int = 256, generator: torch.Generator | None = None) -> TunedLens:
     """Fit a TunedLens to `model`'s streams on `batches` (their tokens, padding left out): `steps` SGD steps (module
     docstring) on the KL from the final logits summed over layers, `batch_tokens` tokens drawn per step (the paper's
