@@ -8,6 +8,8 @@ import copy
 import hashlib
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -339,6 +341,48 @@ def test_a_native_int8_layer_whose_scales_are_replaced_reads_the_new_ones():
         twin = copy.deepcopy(layer)
         assert twin.product.reads(twin.weight, twin.bias, twin.scales)
         torch.testing.assert_close(twin(x), layer(x), rtol=0, atol=0)
+
+
+# Each layer's memory is moved under the same tensor object, `.data =` and `share_memory()`, and the old memory freed:
+# a product still bound to the old address reads freed memory (numbers of 1e33 where it was measured, or a crash).
+MOVED_UNDER_THE_LAYER = """
+import sys, torch
+from torch import nn
+from attnkit.generate.decode_layout import NativeLinear
+from attnkit.generate.quantize import NativeInt8Linear
+torch.manual_seed(0)
+kind = sys.argv[1]
+linear = nn.Linear(40, 24)
+layer = NativeInt8Linear(linear) if kind == "int8" else NativeLinear(linear.to(getattr(torch, kind)))
+x = torch.randn(1, 40, dtype=torch.float32 if kind == "int8" else getattr(torch, kind))
+def check(what):
+    want = layer.reference(x) if kind == "int8" else nn.functional.linear(x.double(), layer.weight.double(),
+                                                                        layer.bias_fp32.double()).to(x.dtype)
+    torch.testing.assert_close(layer(x), want, rtol=2**-7, atol=1e-4, msg=lambda m: f"after {what}: {m}")
+with torch.no_grad():
+    layer(x)
+    layer.weight.data = layer.weight.clone() * 2
+    check(".data =")
+    layer.share_memory()
+    layer.weight.mul_(-1)
+    if kind == "int8":
+        layer.scales.mul_(3)
+    else:
+        layer.bias_fp32.mul_(3)
+    check("share_memory()")
+print("read the moved tensors")
+"""
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
+def test_a_native_layer_reads_its_tensors_memory_where_it_moved_under_the_same_tensor(kind):
+    """`.data =`, `set_` and `share_memory()` give a layer's tensor new memory under the same object and free the old:
+    the bound product reads the new memory, never the old address. In a subprocess: a stale address is a use after
+    free."""
+    _require_kernels()
+    done = subprocess.run([sys.executable, "-c", MOVED_UNDER_THE_LAYER, kind], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "read the moved tensors" in done.stdout, done.stderr[-2000:]
 
 
 def test_native_int8_layer_dequantizes_for_more_rows_than_its_kernel_takes(monkeypatch):

@@ -232,22 +232,35 @@ class DenseProduct:
 
     kernels: the rows' dtype -> the kernel that reads rows of it ("gemv_f32", "gemv_bf16", "gemv_bf16_dot",
     "gemv_i8"), all of one weight dtype; rows of any other dtype are converted to the first one's. The product holds
-    its tensors, so the addresses it keeps stay theirs; a layer whose tensors are replaced builds a new one. Raises
-    ValueError for a weight, scales or bias the kernels would misread, and for rows not (M, K) on the CPU."""
+    its tensors and, each call, checks that their memory has not moved under them (`.data =`, `set_` and
+    `share_memory_` give a tensor new memory and free the old): where it has, it checks and binds them again, so it
+    never reads a freed address; a layer whose tensors are replaced by others builds a new one. Raises ValueError for
+    a weight, scales or bias the kernels would misread, and for rows not (M, K) on the CPU."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, kernels: dict[torch.dtype, str],
                  scales: Tensor | None = None) -> None:
         self.weight, self.bias, self.scales = weight, bias, scales
-        self.out_features, self.in_features = weight.shape
-        _weight(weight, DENSE_WEIGHTS[next(iter(kernels.values()))], tuple(weight.shape), "weight")
-        tables = []  # the addresses the kernel reads between the weight's and the bias's: int8's scales
-        if scales is not None:
-            _weight(scales, torch.float32, (self.out_features,), "scales")
-            tables.append(scales.data_ptr())
-        self._bias = _bias(bias, self.out_features)
         self._names, self._fallback = dict(kernels), next(iter(kernels))
-        self._kernels = {dtype: functools.partial(_kernel(name), weight.data_ptr(), *tables, self._bias)
-                         for dtype, name in kernels.items()}
+        self._bind()
+
+    def _bind(self) -> None:
+        """Check the tensors and bind the kernels to their addresses, kept last (a call on another thread that reads
+        them finds the kernels bound to them)."""
+        self.out_features, self.in_features = self.weight.shape
+        _weight(self.weight, DENSE_WEIGHTS[self._names[self._fallback]], tuple(self.weight.shape), "weight")
+        tables = []  # the addresses the kernel reads between the weight's and the bias's: int8's scales
+        if self.scales is not None:
+            _weight(self.scales, torch.float32, (self.out_features,), "scales")
+            tables.append(self.scales.data_ptr())
+        bias = _bias(self.bias, self.out_features)
+        self._kernels = {dtype: functools.partial(_kernel(name), self.weight.data_ptr(), *tables, bias)
+                         for dtype, name in self._names.items()}
+        self._addresses = self._where()
+
+    def _where(self) -> tuple[int, int | None, int | None]:
+        """Where the weight, scales and bias lie now."""
+        return (self.weight.data_ptr(), None if self.scales is None else self.scales.data_ptr(),
+                None if self.bias is None else self.bias.data_ptr())
 
     def __reduce__(self):  # copied (a model's deepcopy) or pickled as what it is built from: addresses are per process
         return DenseProduct, (self.weight, self.bias, self._names, self.scales)
@@ -257,6 +270,8 @@ class DenseProduct:
         return self.weight is weight and self.bias is bias and self.scales is scales
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self._where() != self._addresses:  # moved under the same tensors: the bound addresses may be freed
+            self._bind()
         kernel = self._kernels.get(x.dtype)
         if kernel is None or x.dim() != 2 or x.shape[1] != self.in_features or not (x.is_contiguous() and x.is_cpu):
             _rows(x, self.in_features)  # refuses rows of another shape or device
