@@ -142,6 +142,17 @@ def test_the_oldest_turns_are_left_out_to_fit_the_window_with_a_warning_the_syst
     assert session.messages == [*system, *history]
 
 
+def test_a_reply_ends_where_the_window_is_full_and_never_slides_it(wide_run, monkeypatch):
+    asked, generate = [], Pipeline.generate
+    monkeypatch.setattr(Pipeline, "generate", lambda self, prompts, **kw: asked.append((len(prompts), kw)) or
+                        generate(self, prompts, **kw))
+    endless = {"max_new_tokens": 4 * WINDOW, "min_new_tokens": 4 * WINDOW, "seed": 0}  # more than the window holds
+    ChatSession(load(wide_run), sampling=endless).reply(QUESTIONS[0])
+    [(length, options)] = asked
+    assert length + options["max_new_tokens"] == WINDOW  # the prompt and the reply fill the window, and no more
+    assert options["min_new_tokens"] == options["max_new_tokens"]
+
+
 def test_a_turn_too_long_for_the_window_is_refused_and_the_chat_goes_on(wide_run, monkeypatch, caplog):
     fed = fed_prompts(monkeypatch)
     said = chat(wide_run, f"{'a' * WINDOW}\n{QUESTIONS[0]}\n")
