@@ -478,6 +478,22 @@ def test_a_saved_lens_reads_back_equal_and_a_damaged_one_is_refused(induction_mo
         train_tuned_lens(induction_model, _lens_batches(0), steps=0)
 
 
+def test_a_bf16_models_lens_translates_in_fp32_and_reads_through_its_output_layer():
+    """A bf16 model's streams are translated by fp32 translators and read back through its bf16 output layer (training
+    fed fp32 streams to it, and reading fed bf16 streams to the translators: both stopped on the dtype)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(family="decoder", vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_layers=2,
+                                    max_seq_len=16)).eval().to(torch.bfloat16)
+    ids = torch.randint(0, 20, (3, 6), generator=torch.Generator().manual_seed(0))
+    lens = train_tuned_lens(model, [Batch((ids,))], steps=3)
+    assert lens.translators[0].weight.dtype == torch.float32 and float(lens.translators[0].weight.abs().max()) > 0
+    divergences = lens_divergences(model, [Batch((ids,))], lens)
+    assert divergences.shape == (3,) and bool(divergences.isfinite().all())
+    read = tuned_lens(model, lens, ids)
+    assert read.logits.dtype == torch.bfloat16
+    torch.testing.assert_close(read.logits[-1], model(ids).logits)
+
+
 def test_an_encoder_decoders_lens_reads_its_decoder():
     torch.manual_seed(0)
     model = build_model(ModelConfig(family="encoder-decoder", vocab_size=20, d_model=16, n_heads=2, d_ff=32,

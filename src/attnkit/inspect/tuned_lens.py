@@ -62,14 +62,19 @@ class TunedLens(nn.Module):
         return self.translators[0].in_features if len(self.translators) else None
 
     def forward(self, index: int, stream: Tensor) -> Tensor:
-        """Layer `index`'s stream (…, C) translated toward the last layer's; the last layer's as it is."""
-        return stream if index == len(self.translators) else stream + self.translators[index](stream)
+        """Layer `index`'s stream (…, C) translated toward the last layer's, in the stream's dtype (the translators
+        compute in theirs: a bf16 model's stream is translated in fp32); the last layer's as it is."""
+        if index == len(self.translators):
+            return stream
+        translator = self.translators[index]
+        wide = stream.to(translator.weight.dtype)
+        return (wide + translator(wide)).to(stream.dtype)
 
 
 @dataclass(frozen=True)
 class _Streams:
-    """Every layer's stream at the tokens of some batches, (L + 1, N, C), and the model's final log-probabilities there
-    (N, V): what a lens is trained and scored on."""
+    """Every layer's stream at the tokens of some batches, (L + 1, N, C) in the model's dtype (which its output layer
+    reads), and the model's final log-probabilities there (N, V), in fp32: what a lens is trained and scored on."""
 
     layers: list[str]
     streams: Tensor
@@ -90,7 +95,7 @@ def _streams(model: nn.Module, batches: Iterable[Batch]) -> _Streams:
         mask = batch.kwargs.get("attention_mask")
         keep = (mask.bool() if isinstance(mask, Tensor) and mask.shape == stacked.shape[1:3] else
                 torch.ones(stacked.shape[1:3], dtype=torch.bool, device=stacked.device))  # (B, T): padding no token
-        streams.append(stacked[:, keep].float())  # (L + 1, N, C)
+        streams.append(stacked[:, keep])  # (L + 1, N, C)
         finals.append(unembed(read[layers[-1]])[keep].float().log_softmax(-1))  # (N, V)
     if not streams:
         raise InputError("a tuned lens is trained and scored on texts: give at least one batch")
