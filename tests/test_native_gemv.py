@@ -329,6 +329,26 @@ def test_a_native_layer_whose_tensors_are_replaced_reads_the_new_ones(dtype):
         torch.testing.assert_close(twin(x.float()), layer(x.float()), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("how", ["copied in", "assigned", "after to_empty"])
+def test_a_native_layer_reads_the_bias_of_a_state_dict_loaded_into_it(dtype, how):
+    """The kernel adds an fp32 copy of the bias (`bias_fp32`, not in the state dict): a state dict loaded into the
+    layer (copied into its tensors, assigned in their place, or into tensors `to_empty` left uninitialized, as a
+    model built on the meta device is loaded) sets that copy too, where the layer went on adding the old bias."""
+    _require_kernels()
+    torch.manual_seed(0)
+    layer, other = NativeLinear(nn.Linear(40, 24).to(dtype)), NativeLinear(nn.Linear(40, 24).to(dtype))
+    x = torch.randn(1, 40, dtype=dtype)
+    with torch.no_grad():
+        layer(x)
+        if how == "after to_empty":
+            layer.to_empty(device="cpu")
+        layer.load_state_dict(other.state_dict(), assign=how == "assigned")
+        torch.testing.assert_close(layer(x), other(x), rtol=0, atol=0)
+        several = torch.randn(NATIVE_ROWS + 1, 40, dtype=dtype)  # nn.Linear's rows add it too
+        torch.testing.assert_close(layer(several), other(several), rtol=0, atol=0)
+
+
 def test_a_native_int8_layer_whose_scales_are_replaced_reads_the_new_ones():
     _require_kernels()
     torch.manual_seed(0)

@@ -159,8 +159,9 @@ class NativeLinear(GemvLinear):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__(linear)
-        bias = None if linear.bias is None else linear.bias.detach().float()  # fp32's own tensor, or a copy
-        self.register_buffer("bias_fp32", bias, persistent=False)  # (N,): what the kernel adds
+        self.register_buffer("bias_fp32", None, persistent=False)  # (N,): what the kernel adds (`widen_bias`)
+        widen_bias(self)
+        self.register_load_state_dict_post_hook(widen_bias)  # a loaded bias is the kernel's too
         self.fp32 = linear.weight.dtype == torch.float32  # read each call: a plain attribute, not a buffer's dtype
         self.max_rows = NATIVE_ROWS if self.fp32 else NATIVE_BF16_ROWS
         self.product = native_gemv.dense_product(self.weight, self.bias_fp32)  # checked once, here
@@ -180,6 +181,12 @@ class NativeLinear(GemvLinear):
         out = self.product(x.reshape(-1, self.in_features))  # (M, N) fp32
         out = out.view(*x.shape[:-1], self.out_features)
         return out if x.dtype == torch.float32 else out.to(x.dtype)  # fp32 rows: no call to convert them
+
+
+def widen_bias(layer: NativeLinear, incompatible_keys: object = None) -> None:
+    """Set the fp32 bias a `NativeLinear`'s kernel adds from its bias (fp32's own tensor, or a copy), when it is built
+    and after a state dict is loaded into it (a load_state_dict post-hook: the copy is not in the state dict)."""
+    layer.bias_fp32 = None if layer.bias is None else layer.bias.detach().float()
 
 
 class NativePackedLinear(NativeLinear, GemvPackedLinear):
