@@ -18,6 +18,7 @@ import pytest
 import test_chat_finetune as finetuned
 
 from attnkit import cli, load
+from attnkit.chat_format import ChatTemplate
 from attnkit.errors import InputError
 from attnkit.generate import Pipeline
 from attnkit.run_settings import DecodeSettings
@@ -236,6 +237,19 @@ def test_every_sampling_setting_is_an_option_of_generate():
     given = ChatSettings(run="runs/chat", top_k=3, seed=5).sampling()
     assert set(given) == own - {"stop"} and (given["top_k"], given["seed"]) == (3, 5)  # stop: the caller adds its own
     assert set(given) <= set(inspect.signature(Pipeline.generate).parameters)
+
+
+def test_a_system_turn_the_template_refuses_is_named_before_a_turn_is_read(wide_run):
+    pipeline = load(wide_run)
+    pipeline.chat_template = ChatTemplate(  # as Gemma's template refuses a system turn
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    typed = io.StringIO(f"{QUESTIONS[0]}\n")
+    with pytest.raises(InputError, match="--system: the chat template cannot render this chat .*System role not "
+                                         "supported.*leave --system out"):
+        run_chat(ChatSettings(run=str(wide_run), system="Be brief."), lambda _: pipeline, stdin=typed,
+                 stdout=io.StringIO())
+    assert typed.read() == f"{QUESTIONS[0]}\n"  # before the first turn was read
 
 
 def test_attnkit_chat_refuses_a_run_that_does_not_generate(tmp_path):

@@ -185,13 +185,19 @@ def lines_of(stdin: TextIO) -> Generator[str | None, str | None, None]:
 def run_chat(settings: ChatSettings, load: Callable[[Any], Any], *, stdin: TextIO | None = None,
              stdout: TextIO | None = None) -> int:
     """`attnkit chat`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`);
-    `stdin` and `stdout`: where turns come from and replies go (default: the process's)."""
+    `stdin` and `stdout`: where turns come from and replies go (default: the process's). Raises InputError, before
+    a turn is read, for a run that does not generate or a --system turn its chat template refuses."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     pipeline = load(settings)
     if "generate" not in pipeline.methods:
         raise InputError(f"attnkit chat talks with a decoder that generates (a run of task lm or chat); {settings.run} "
                          f"serves {' or '.join(pipeline.methods) or 'no text method'}")
     session = ChatSession(pipeline, system=settings.system, sampling=settings.sampling(), stop=settings.stop)
+    if session.system:  # a template that takes no system turn (Gemma's) says so before the first turn is typed
+        try:
+            session.ids([{"role": "user", "content": "Hi"}])
+        except InputError as error:
+            raise InputError(f"--system: {error}; leave --system out with this run's template") from None
     terminal = stdin is sys.stdin and stdin.isatty()
 
     def write(piece: str) -> None:
