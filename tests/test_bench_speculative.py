@@ -4,6 +4,7 @@ and for each K, the texts checked equal to the target's own, written to the resu
 import json
 import string
 
+import pytest
 import torch
 from generate_models import tiny_model
 
@@ -28,3 +29,19 @@ def test_the_speculative_benchmark_writes_a_row_per_k_beside_the_target_alone(tm
     assert all(0 <= row["acceptance"] <= 1 and row["tokens_per_s"] > 0 for row in report["rows"][1:])
     assert report["sizes"] == {"target": [32, 2, 64], "draft": [32, 1, 64]} and report["rounds"] == 2
     assert "| draft, K = 3 |" in (tmp_path / "results" / "speculative-cpu.md").read_text()
+
+
+def test_a_servers_cpu_time_is_read_from_proc_as_the_process_counts_its_own():
+    """`bench_serve_speculative --clock cpu` divides by the server process's CPU time (/proc/PID/stat's utime and
+    stime): read for this process, it moves with `time.process_time` over work done here."""
+    import os
+    import time
+
+    from benchmarks.bench_serve_speculative import cpu_seconds
+
+    pid = os.getpid()
+    before, mine = cpu_seconds(pid), time.process_time()
+    total = 0
+    while time.process_time() - mine < 0.3:
+        total += sum(range(1000))
+    assert cpu_seconds(pid) - before == pytest.approx(time.process_time() - mine, abs=0.05)
