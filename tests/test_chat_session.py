@@ -23,7 +23,7 @@ from attnkit.errors import InputError
 from attnkit.generate import Pipeline
 from attnkit.run_settings import DecodeSettings
 from attnkit.tasks.chat_session import ChatSession, ChatSettings, run_chat, turns_of
-from attnkit.tasks.lm import SamplingSettings
+from attnkit.tasks.lm import SamplingSettings, chat_prompt
 from attnkit.train import prepare
 
 SECRETS, TINY, chat_request = finetuned.SECRETS, finetuned.TINY, finetuned.chat_request
@@ -245,11 +245,13 @@ def test_a_system_turn_the_template_refuses_is_named_before_a_turn_is_read(wide_
         "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
         "{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
     typed = io.StringIO(f"{QUESTIONS[0]}\n")
-    with pytest.raises(InputError, match="--system: the chat template cannot render this chat .*System role not "
-                                         "supported.*leave --system out"):
+    refused = "--system: the chat template cannot render this chat .*System role not supported.*leave --system out"
+    with pytest.raises(InputError, match=refused):
         run_chat(ChatSettings(run=str(wide_run), system="Be brief."), lambda _: pipeline, stdin=typed,
                  stdout=io.StringIO())
     assert typed.read() == f"{QUESTIONS[0]}\n"  # before the first turn was read
+    with pytest.raises(InputError, match=refused):  # attnkit generate --chat --system
+        chat_prompt(pipeline.chat_template, pipeline.tokenizer, QUESTIONS[0], system="Be brief.")
 
 
 def test_attnkit_chat_refuses_a_run_that_does_not_generate(tmp_path):

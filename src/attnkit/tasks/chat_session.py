@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from attnkit.errors import InputError
-from attnkit.tasks.lm import SamplingSettings
+from attnkit.tasks.lm import SamplingSettings, chat_prompt
 
 log = logging.getLogger(__name__)
 
@@ -193,11 +193,8 @@ def run_chat(settings: ChatSettings, load: Callable[[Any], Any], *, stdin: TextI
         raise InputError(f"attnkit chat talks with a decoder that generates (a run of task lm or chat); {settings.run} "
                          f"serves {' or '.join(pipeline.methods) or 'no text method'}")
     session = ChatSession(pipeline, system=settings.system, sampling=settings.sampling(), stop=settings.stop)
-    if session.system:  # a template that takes no system turn (Gemma's) says so before the first turn is typed
-        try:
-            session.ids([{"role": "user", "content": "Hi"}])
-        except InputError as error:
-            raise InputError(f"--system: {error}; leave --system out with this run's template") from None
+    if settings.system is not None:  # a template that takes no system turn (Gemma's) says so before a turn is typed
+        chat_prompt(pipeline.chat_template, pipeline.tokenizer, "Hi", system=settings.system)
     terminal = stdin is sys.stdin and stdin.isatty()
 
     def write(piece: str) -> None:

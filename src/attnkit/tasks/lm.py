@@ -724,10 +724,17 @@ def chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, prompt: str, *, sy
     chat template (`Pipeline.chat_template`) and tokenized with its special tokens (`ChatTemplate.chat_ids`), as
     `attnkit serve` renders a chat; the strings that end the reply (the default format's next turn) and the tokens
     that end it beside the run's end ids (a template's own end of turn, ChatML's <|im_end|>:
-    `ChatTemplate.turn_end_ids`). Raises InputError where the template refuses the chat."""
+    `ChatTemplate.turn_end_ids`). Raises InputError where the template refuses the chat (naming --system, which
+    one that takes no system turn refuses: Gemma's)."""
     messages = [*([{"role": "system", "content": system}] if system is not None else []),
                 {"role": "user", "content": prompt}]
-    return template.chat_ids(tokenizer, messages), template.stops, template.turn_end_ids(tokenizer)
+    try:
+        ids = template.chat_ids(tokenizer, messages)
+    except InputError as error:
+        if system is None:
+            raise
+        raise InputError(f"--system: {error}; leave --system out with this run's template") from None
+    return ids, template.stops, template.turn_end_ids(tokenizer)
 
 
 def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
