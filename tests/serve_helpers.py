@@ -51,6 +51,21 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def wait_until_up(server, url: str, bound: float) -> None:
+    """Wait for the `attnkit serve` process `server` (a subprocess.Popen) to answer /health at `url`, within `bound`
+    seconds; fails where it exits or does not answer in time."""
+    import httpx
+
+    deadline = time.monotonic() + bound
+    while True:
+        try:
+            httpx.get(f"{url}/health", timeout=1)
+            return
+        except httpx.TransportError:
+            assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+
+
 @contextmanager
 def running_server(run: Path, **settings):
     """Serve `run` on 127.0.0.1 on a free port in a thread; yields (base URL, app); stops the server after."""

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
 httpx = pytest.importorskip("httpx")
 
-from serve_helpers import free_port, tiny_run  # noqa: E402
+from serve_helpers import free_port, tiny_run, wait_until_up  # noqa: E402
 
 TIMEOUT = 2  # the server's --timeout, seconds
 BOUND = 60  # seconds the server may take to start, a request to end, a connection to be closed
@@ -92,14 +92,7 @@ def test_attnkit_serve_closes_request_heads_sent_in_part_after_its_timeout(tmp_p
                                "--timeout", str(TIMEOUT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        deadline = time.monotonic() + BOUND
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except httpx.TransportError:
-                assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.1)
+        wait_until_up(server, f"http://127.0.0.1:{port}", BOUND)
         _slow_heads_are_closed(port)
     finally:
         server.send_signal(signal.SIGINT)

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
 httpx = pytest.importorskip("httpx")
 
-from serve_helpers import free_port, tiny_run  # noqa: E402
+from serve_helpers import free_port, tiny_run, wait_until_up  # noqa: E402
 
 from attnkit.serve.server import SHUTDOWN_GRACE_S  # noqa: E402
 
@@ -40,17 +40,6 @@ def _gauge(url: str, name: str) -> float:
     raise AssertionError(f"/metrics has no attnkit_{name}")
 
 
-def _wait_until_up(server: subprocess.Popen, url: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        try:
-            httpx.get(f"{url}/health", timeout=1)
-            return
-        except httpx.TransportError:
-            assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
-
-
 @pytest.mark.parametrize("sent", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
                          ids=["SIGINT", "SIGTERM"])  # one path in uvicorn; the default suite starts one server
 def test_a_signal_ends_the_replies_in_flight_with_503_and_the_server_exits_cleanly(run, sent):
@@ -62,7 +51,7 @@ def test_a_signal_ends_the_replies_in_flight_with_503_and_the_server_exits_clean
     answers: dict[str, object] = {}
     try:
         deadline = time.monotonic() + TIMEOUT
-        _wait_until_up(server, url)
+        wait_until_up(server, url, TIMEOUT)
 
         def whole() -> None:
             answers["whole"] = httpx.post(f"{url}/v1/completions", json=LONG, timeout=TIMEOUT)
@@ -180,7 +169,7 @@ def test_sigterm_with_a_client_that_never_ends_its_body_exits_0_within_the_grace
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        _wait_until_up(server, f"http://127.0.0.1:{port}")
+        wait_until_up(server, f"http://127.0.0.1:{port}", TIMEOUT)
         with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as stalled:
             stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                             b"Content-Length: 1000\r\n\r\n{\"prompt\": ")

@@ -50,6 +50,13 @@ it gets without the cache, whichever rows and requests the prefix came from.
 Models whose cache cannot be merged row by row (a recurrent LM's state, a sliding window's ring buffer) run one
 request at a time through the same loop.
 
+With a draft model (`attnkit serve --draft`), the scheduler owns a second one, `speculative`
+(`serve/speculative.SpeculativeScheduler`: its own queue and batch, and the draft's batch beside it). The second has
+no thread and is never started or submitted to: `submit` hands it the jobs it `takes`, and this scheduler's thread,
+under this scheduler's lock, runs a step of its own rows and then a round of the speculative ones (`parts`). Each
+batch holds at most max_rows rows and admits by its own; a step that fails ends that batch's jobs alone; a close ends
+both; the counts the server reports are both parts' together.
+
 A fixed-shape decoding step (`generate/static_decode.StaticDecoding`: torch.compile's step, or the step captured
 ahead of time, `captured_step.CapturedDecoding`, whose one package serves every batch size from 2 and every cache
 length) steps the rows over a static view of the same buffers (`Batch.static_cache`): every column, padding masked
