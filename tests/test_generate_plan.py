@@ -411,6 +411,23 @@ def test_a_captured_step_calls_the_native_kernel_where_pytorchs_cannot_serve_it(
     assert compilation == "decoding step captured ahead of time (AOTInductor)"
 
 
+@pytest.mark.parametrize(("model", "family", "captures"), [
+    (_decoder, "decoder", True), (lambda: _windowed(), "decoder", False), (_encoder, "encoder", False)])
+def test_an_eager_plan_names_the_captured_step_where_the_models_step_can_be_captured(model, family, captures):
+    """Eager decoding is the default (capturing a step runs the C++ compiler for tens of seconds on a first start),
+    and `--explain` says so: it names `--compile aot` where this model's decoding step can be captured (a decoder
+    without sliding windows), and nothing it could not take elsewhere."""
+    why = {c.what: c for c in plan_inference(model(), family).choices}["compilation"]
+    assert why.choice == "eager" and why.why.startswith("not asked for")
+    assert ("--compile aot captures this model's decoding step" in why.why) == captures, why.why
+
+
+def _windowed():
+    config = ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=64,
+                         **VARIANTS["window"])
+    return build_model(config).eval()
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_the_explained_attention_kernel_is_the_one_a_prompt_takes(variant, monkeypatch):
     """Shaw's value term reads the weights (the reference path), ALiBi and a window reach SDPA as a dense bias, an

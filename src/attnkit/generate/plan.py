@@ -154,7 +154,8 @@ def plan_inference(
         profile_note = f"profile from {profile.source}"
     family_decodes = family_of(family).state is not None
     decodes = family_decodes if decoding is None else decoding and family_decodes
-    static = mode is not None and decodes and StaticDecoding.supports(model)
+    fixed_step = decodes and StaticDecoding.supports(model)  # a decoding step of fixed shapes: compiled or captured
+    static = mode is not None and fixed_step
 
     choices = [Choice("dropout", "removed", "eval mode passes inputs through; each layer would still cost a call")]
     projects = any(isinstance(module, TransformerBlock) for module in model.modules())
@@ -178,7 +179,7 @@ def plan_inference(
     else:
         fused = "SDPA" if math_kernel is None else _describe(math_kernel)
         choices.append(attention_choice(attention_kernels(model, cached=decodes), fused, why))
-    choices.append(_compilation(compile, mode, static, captured, linear))
+    choices.append(_compilation(compile, mode, static, captured, linear, fixed_step))
     if on_cpu and dtype == torch.bfloat16 and cpu is not None and not cpu.native_bf16:
         choices.append(Choice("bf16", "converted to fp32 inside each product", _bf16_cost(cpu, profile)))
     return InferencePlan(
@@ -380,7 +381,12 @@ def _describe(kernel: MathKernel) -> str:
             "(passes), SDPA beyond")
 
 
-def _compilation(compile: bool | str, mode: str | None, static: bool, captured: bool, linear: str) -> Choice:
+def _compilation(compile: bool | str, mode: str | None, static: bool, captured: bool, linear: str,
+                 fixed_step: bool) -> Choice:
+    if mode is None and fixed_step:  # eager by default: a one-off prompt would wait for the capture
+        return Choice("compilation", "eager", "not asked for (--compile aot captures this model's decoding step ahead "
+                      "of time, no Python per layer, after a first start of tens of seconds that runs the C++ "
+                      f"compiler and keeps it in {default_package_dir()})")
     if mode is None:
         return Choice("compilation", "eager", "not asked for (--compile)")
     if static and compile == "aot" and not captured:
