@@ -1,6 +1,8 @@
 """attnkit serve --draft: speculative decoding in the batching scheduler. Driven iteration by iteration, rows that
 join at any round get the target's own greedy tokens, a request the draft rule cannot serve is decoded by the plain
-rows beside, and a plain request ends while a long speculative one is still running; through a live server, greedy
+rows beside (and joins while the speculative rows are full), a plain request ends while a long speculative one is
+still running, the rounds are counted, cancelled and expired rows end at the next round, and a round that fails
+ends its jobs and both batches; through a live server, greedy
 texts equal the server's without a draft and `Pipeline.generate`, alone, streamed and from concurrent clients, and
 /metrics shows the acceptance rate; a draft of another vocabulary is refused at start-up in one line."""
 
@@ -220,6 +222,36 @@ def test_a_request_that_ended_in_a_round_that_then_failed_is_answered_and_both_b
                                                                             context_len=CONTEXT)
     assert failed.reasons == ["error"] and isinstance(failed.job.failure, RuntimeError)
     assert speculative.batch is None and speculative.drafts is None and not speculative.shapers
+
+
+def test_a_row_drafting_for_itself_is_counted_round_by_round(models):
+    """With the target as its own draft every draft is kept: a request of 10 tokens gets its first from the prefill,
+    then rounds of K = 3 drafts (4 tokens each) while 4 fit below max_tokens, then a round of no draft for the last:
+    3 rounds, 6 drafts proposed and accepted, 9 tokens advanced (GET /metrics reads these counts)."""
+    target, _ = models
+    scheduler, speculative = schedulers(target, target, draft_tokens=3)
+    alone = Recorded([1, 2, 3], 10)
+    scheduler.submit(alone.job)
+    drain(scheduler)
+    stats = speculative.speculation
+    assert (stats.rounds, stats.drafted, stats.accepted, stats.advanced) == (3, 6, 6, 9)
+    assert alone.tokens == generate_tokens(target, [[1, 2, 3]], max_new_tokens=10, context_len=CONTEXT)
+
+
+def test_speculative_rows_whose_client_went_or_whose_deadline_passed_end_cancelled_at_the_next_round(models):
+    target, draft = models
+    scheduler, speculative = schedulers(target, draft)
+    gone, late, kept = Recorded([1, 2, 3], 30), Recorded([4, 5], 30, n=2), Recorded([6], 30)
+    for recorded in (gone, late, kept):
+        scheduler.submit(recorded.job)
+    iterate(scheduler)
+    gone.job.cancel()
+    late.job.deadline = time.monotonic() - 1
+    iterate(scheduler)
+    assert gone.reasons == ["cancelled"] and late.reasons == ["cancelled", "cancelled"] and kept.reasons is None
+    assert len(speculative.batch.rows) == 1 and len(speculative.drafts.rows) == 1 and len(speculative.shapers) == 1
+    drain(scheduler)
+    assert kept.tokens == generate_tokens(target, [[6]], max_new_tokens=30, context_len=CONTEXT)
 
 
 # Through a live server -------------------------------------------------------------------------------------------
