@@ -119,11 +119,11 @@ print(f"softmax(-distance) is another kernel: its weights differ by up to {(lapl
 # ## COGS 150's example: what is relevant to "on"?
 #
 # COGS 150 shows the same three steps on a sentence. To predict what follows "The cat sat on", the model scores how
-# relevant each earlier word's hidden state $h_j$ is to the last one's (numbers "made up for illustration
-# purposes": .2, .1, .1, 1), turns the scores into weights with a softmax, $\alpha_j = e^{s_j} / \sum_k e^{s_k}$,
-# and builds the context vector $c = \sum_j \alpha_j h_j$, a weighted average of the hidden states. The slide's
-# weights are .2, .18, .18, .44; below, the same with made-up 3-dimensional hidden states, through attnkit's
-# softmax (`attention_weights`).
+# relevant each word's hidden state $h_j$, "on"'s own among them, is to the last one's (numbers "made up for
+# illustration purposes": .2, .1, .1, 1), turns the scores into weights with a softmax,
+# $\alpha_j = e^{s_j} / \sum_k e^{s_k}$, and builds the context vector $c = \sum_j \alpha_j h_j$, a weighted average
+# of the hidden states. The slide's weights are .2, .18, .18, .44; below, the same with made-up 3-dimensional hidden
+# states, through attnkit's softmax (`attention_weights`).
 
 # %%
 from attnkit.layers.attention import attention_weights

@@ -432,7 +432,8 @@ command = ["train", "--task", "chat", "--data", str(chats), "--tokenizer", "char
            "dropout=0.0", "--batch-size", "32", "--lr", "3e-3", "--warmup", "20", "--max-steps", "300",
            "--eval-every", "50"]
 print("attnkit", " ".join(command).replace(str(folder), "runs"))  # (the notebook writes to a temp dir)
-request = train_request(*(lambda parsed: (parsed.settings, *parsed.sections))(parse(command)))
+invocation = parse(command)  # what `attnkit train ...` would run, without running it (as tutorial 6 does)
+request = train_request(invocation.settings, *invocation.sections)
 if BUDGET == "tiny":  # seconds: twenty steps
     request = dataclasses.replace(request, settings={**request.settings, "max_steps": 20, "eval_every": 10,
                                                      "warmup": 2})
