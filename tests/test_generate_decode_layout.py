@@ -6,9 +6,11 @@ import torch
 
 from attnkit import ModelConfig, build_model
 from attnkit.errors import InputError
+from attnkit.generate import native_gemv
 from attnkit.generate.decode_layout import (
     GemvLinear,
     GemvPackedLinear,
+    NativePackedLinear,
     PackedLinear,
     TransposedLinear,
     fuse_qkv_projections,
@@ -96,6 +98,23 @@ def test_gemv_packed_layer_takes_each_path_and_gives_the_linear_layers_numbers(b
     with pytest.raises(RuntimeError):
         layer(torch.randn(1, 96))  # one row in fp32 against bf16 weights: the one-row product fails
     assert torch.backends.mkldnn.enabled
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("layout", [GemvPackedLinear, NativePackedLinear])
+def test_a_state_dict_loaded_into_a_packed_layer_reaches_its_packed_weight_too(layout):
+    """A layer holding its weight twice (as loaded for one row, packed by oneDNN for several) saves the first alone;
+    a state dict loaded into it packs the loaded weight again, where several rows went on through the old one."""
+    if layout is NativePackedLinear and native_gemv.unavailable() is not None:
+        pytest.skip(f"the native kernels cannot run here: {native_gemv.unavailable()}")
+    torch.manual_seed(0)
+    layer, other = (layout(torch.nn.Linear(40, 24).to(torch.bfloat16)) for _ in range(2))
+    x = torch.randn(8, 40, dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer(x)
+        layer.load_state_dict(other.state_dict())
+        for rows in (x[:1], x):  # one row, several
+            assert torch.equal(layer(rows), other(rows))
 
 
 def test_gemv_layer_reads_one_bf16_row_through_atens_kernel_and_several_through_nn_linear(monkeypatch):

@@ -68,15 +68,19 @@ class PackedLinear(nn.Module):
         if not cpu.onednn_bf16:
             raise InputError(f"oneDNN packs bf16 weights only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; "
                              f"this one reports {cpu.isa}: keep nn.Linear (the inference plan does)")
-        # oneDNN's public Python surface is torch.ops.mkldnn (as inductor's weight freezing calls it); the batch-size
-        # hint 1 picks the layout for one decoding row per sequence, and any number of rows computes with it
-        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
-        self.register_buffer("weight_packed", packed, persistent=False)  # (N, K), oneDNN's blocked layout
+        self.register_buffer("weight_packed", pack(linear.weight), persistent=False)  # (N, K), oneDNN's blocked layout
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight_packed, self.bias, "none", [], "")
+
+
+def pack(weight: Tensor) -> Tensor:
+    """A bf16 weight (N, K) packed by oneDNN for `PackedLinear`: an opaque tensor in oneDNN's blocked layout."""
+    # oneDNN's public Python surface is torch.ops.mkldnn (as inductor's weight freezing calls it); the batch-size hint
+    # 1 picks the layout for one decoding row per sequence, and any number of rows computes with it
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
 
 class GemvLinear(nn.Module):
@@ -128,6 +132,7 @@ class GemvPackedLinear(GemvLinear):
         super().__init__(linear)
         self.packed = PackedLinear(linear)  # several rows; refuses a CPU where oneDNN cannot pack bf16
         self._bias = None  # the packed layer holds it
+        self.register_load_state_dict_post_hook(repack)  # a loaded weight is the packed one's too
 
     @property
     def bias(self) -> Tensor | None:
@@ -135,6 +140,12 @@ class GemvPackedLinear(GemvLinear):
 
     def rows(self, x: Tensor) -> Tensor:
         return self.packed(x)
+
+
+def repack(layer: GemvPackedLinear, incompatible_keys: object = None) -> None:
+    """Pack a `GemvPackedLinear`'s weight again after a state dict is loaded into it (a load_state_dict post-hook: the
+    state dict holds the weight as loaded, not oneDNN's opaque copy)."""
+    layer.packed.weight_packed = pack(layer.weight)
 
 
 NATIVE_ROWS = 2  # rows up to which `NativeLinear` takes the hand-written product where a matrix kernel serves more
