@@ -143,6 +143,16 @@ def test_the_oldest_turns_are_left_out_to_fit_the_window_with_a_warning_the_syst
     assert session.messages == [*system, *history]
 
 
+def test_a_turn_that_is_not_utf8_is_refused_and_the_chat_goes_on(wide_run, caplog):
+    piped = f"{QUESTIONS[0]}\n".encode() + b"caf\xe9?\n" + f"{QUESTIONS[1]}\n".encode()  # Latin-1 in the middle
+    out = io.StringIO()
+    stdin = io.TextIOWrapper(io.BytesIO(piped), encoding="utf-8", errors="strict")  # as a UTF-8 locale reads a pipe
+    settings = ChatSettings(run=str(wide_run), temperature=0.0, max_new_tokens=16)
+    assert run_chat(settings, cli.load_pipeline, stdin=stdin, stdout=out) == 0
+    assert out.getvalue().splitlines() == [SECRETS[q] for q in QUESTIONS]
+    assert "is not UTF-8 (byte 0xe9 at character 3): write the turn in UTF-8" in caplog.text
+
+
 def test_a_reply_ends_where_the_window_is_full_and_never_slides_it(wide_run, monkeypatch):
     asked, generate = [], Pipeline.generate
     monkeypatch.setattr(Pipeline, "generate", lambda self, prompts, **kw: asked.append((len(prompts), kw)) or

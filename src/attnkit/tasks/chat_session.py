@@ -1,7 +1,8 @@
 """`attnkit chat RUN`: a multi-turn chat with a decoder run from the command line, as `litgpt chat` and `ollama run`
 hold one.
 
-The user's turns come from standard input, one a line (a terminal, with line editing, or a pipe). Each reply is
+The user's turns come from standard input, one a line (a terminal, with line editing, or a pipe; a line that is not
+UTF-8 is refused with a warning, the chat going on). Each reply is
 drawn by `Pipeline.chat` over the whole history (the system turn, every earlier turn and reply, the new turn), so the
 model reads the chat as the run's template renders it (`ChatTemplate.chat_ids`: as chat fine-tuning read its
 conversations and `attnkit serve` reads a chat), and is streamed to standard output as it comes, ended at the
@@ -35,6 +36,7 @@ from typing import Any, TextIO
 
 from attnkit.errors import InputError
 from attnkit.tasks.lm import SamplingSettings, chat_prompt
+from attnkit.tokenize import not_utf8
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +180,10 @@ def lines_of(stdin: TextIO) -> Generator[str | None, str | None, None]:
                 print()
                 return
             prompt = (yield line) or PROMPT
-    for line in stdin:
-        yield line.rstrip("\r\n")
+    raw = getattr(stdin, "buffer", None)  # its bytes: a line that is not UTF-8 is refused by run_chat, in any locale
+    for line in raw if raw is not None else stdin:
+        text = line.decode("utf-8", "surrogateescape") if isinstance(line, bytes) else line
+        yield text.rstrip("\r\n")
 
 
 def run_chat(settings: ChatSettings, load: Callable[[Any], Any], *, stdin: TextIO | None = None,
@@ -209,6 +213,9 @@ def run_chat(settings: ChatSettings, load: Callable[[Any], Any], *, stdin: TextI
             log.info("(the history is cleared%s)", "; the system turn stays" if session.system else "")
             continue
         if not text.strip():
+            continue
+        if (bad := not_utf8([text], fix="write the turn in UTF-8")) is not None:
+            log.warning("%s", bad)
             continue
         try:
             reply = session.reply(text, on_text=write)
