@@ -441,3 +441,13 @@ def test_caches_that_cannot_fit_in_the_memory_free_are_refused_before_they_are_a
     monkeypatch.setattr(speculative, "free_bytes", lambda device: need)
     tokens, _ = speculative_generate(target, draft, PROMPTS, **options)
     assert tokens == generate_tokens(target, PROMPTS, max_new_tokens=new, context_len=config.max_seq_len)
+
+
+def test_a_target_drafting_for_itself_is_counted_a_draft_per_row_and_round():
+    """Every draft kept: 10 tokens in rounds of K = 3, 3 and 1 (the round's last token the target's own), for two
+    rows: 3 rounds, 6 drafts (vLLM's num_drafts: one per row and round), 14 tokens drafted and accepted, 10 advanced."""
+    target, config = tiny_model(position="rope")
+    tokens, stats = speculative_generate(target, target, [[1, 2, 3], [4, 5]], draft_tokens=3, max_new_tokens=10,
+                                         context_len=config.max_seq_len)
+    assert (stats.rounds, stats.drafts, stats.drafted, stats.accepted, stats.advanced) == (3, 6, 14, 14, 10)
+    assert tokens == generate_tokens(target, [[1, 2, 3], [4, 5]], max_new_tokens=10, context_len=config.max_seq_len)

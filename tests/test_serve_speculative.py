@@ -224,18 +224,24 @@ def test_a_request_that_ended_in_a_round_that_then_failed_is_answered_and_both_b
     assert speculative.batch is None and speculative.drafts is None and not speculative.shapers
 
 
-def test_a_row_drafting_for_itself_is_counted_round_by_round(models):
+def test_rows_drafting_for_themselves_are_counted_round_by_round_as_vllm_counts_drafts(models):
     """With the target as its own draft every draft is kept: a request of 10 tokens gets its first from the prefill,
     then rounds of K = 3 drafts (4 tokens each) while 4 fit below max_tokens, then a round of no draft for the last:
-    3 rounds, 6 drafts proposed and accepted, 9 tokens advanced (GET /metrics reads these counts)."""
+    3 rounds, 3 drafts a row in each of 2, all accepted, 9 tokens advanced. /metrics counts a draft per row and round
+    that drafted, as vLLM's spec_decode_num_drafts does (mean acceptance length: 1 + accepted / drafts); it counted
+    the rounds."""
+    from attnkit.serve.metrics import Metrics
+
     target, _ = models
     scheduler, speculative = schedulers(target, target, draft_tokens=3)
-    alone = Recorded([1, 2, 3], 10)
-    scheduler.submit(alone.job)
+    pair = Recorded([1, 2, 3], 10, n=2)
+    scheduler.submit(pair.job)
     drain(scheduler)
     stats = speculative.speculation
-    assert (stats.rounds, stats.drafted, stats.accepted, stats.advanced) == (3, 6, 6, 9)
-    assert alone.tokens == generate_tokens(target, [[1, 2, 3]], max_new_tokens=10, context_len=CONTEXT)
+    assert (stats.rounds, stats.drafts, stats.drafted, stats.accepted, stats.advanced) == (3, 4, 12, 12, 9)
+    assert pair.tokens == generate_tokens(target, [[1, 2, 3]] * 2, max_new_tokens=10, context_len=CONTEXT)
+    lines = Metrics().text(scheduler).splitlines()
+    assert {"attnkit_spec_decode_num_drafts_total 4", "attnkit_spec_decode_num_draft_tokens_total 12"} <= set(lines)
 
 
 def test_speculative_rows_whose_client_went_or_whose_deadline_passed_end_cancelled_at_the_next_round(models):

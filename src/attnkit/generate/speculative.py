@@ -55,12 +55,14 @@ from attnkit.run_settings import check_draft_fits_context, check_draft_tokens
 
 @dataclass
 class Speculation:
-    """What a speculative generation did: `rounds` target forward passes, `drafted` tokens proposed by the draft
-    (K per unfinished row and round), `accepted` of them the target accepted, `advanced` the tokens each row gained
-    (the rounds' kept drafts plus one, summed)."""
+    """What a speculative generation did: `rounds` target forward passes, `drafts` the rows' drafts the target
+    scored (one per unfinished row and round with K > 0: vLLM's num_drafts, so that 1 + accepted / drafts is its mean
+    acceptance length), `drafted` tokens proposed by the draft (K per unfinished row and round), `accepted` of them
+    the target accepted, `advanced` the tokens each row gained (the rounds' kept drafts plus one, summed)."""
 
     draft_tokens: int
     rounds: int = 0
+    drafts: int = 0
     drafted: int = 0
     accepted: int = 0
     advanced: int = 0
@@ -202,6 +204,7 @@ def speculative_generate(
         n = min(n for n, end in zip(kept_by_row, finished, strict=True) if not end)  # the drafts every row keeps
         tokens = advance_together(n, kept, after, drafted)  # (B, n + 1)
         stats.rounds += 1
+        stats.drafts += finished.count(False) if k else 0
         stats.drafted += k * finished.count(False)
         stats.accepted += sum(kept for kept, end in zip(kept_by_row, finished, strict=True) if not end)
         for row, row_tokens in enumerate(tokens.tolist()):

@@ -30,8 +30,9 @@
     attnkit_prefix_cache_hits_total               counter    of those, tokens whose keys and values were reused
     attnkit_prefix_cache_hit_rate                 gauge      hits / queries since the server started
     attnkit_prefix_cache_bytes                    gauge      memory the kept blocks take (`layers/prefix_cache.py`)
-    attnkit_spec_decode_num_drafts_total          counter    with --draft: speculative rounds (target forward passes
-                                                             over drafts; vLLM's spec_decode_num_drafts)
+    attnkit_spec_decode_num_drafts_total          counter    with --draft: drafts the target scored, one per row and
+                                                             round (vLLM's spec_decode_num_drafts: the mean
+                                                             acceptance length is 1 + accepted / drafts)
     attnkit_spec_decode_num_draft_tokens_total    counter    tokens the draft proposed (K per row and round)
     attnkit_spec_decode_num_accepted_tokens_total counter    of those, tokens the target accepted
     attnkit_spec_decode_draft_acceptance_rate     gauge      accepted / proposed since the server started
@@ -180,8 +181,8 @@ class Metrics:
         if speculative is not None:
             stats = speculative.speculation
             values += [
-                ("spec_decode_num_drafts_total", "counter", stats.rounds, "Speculative rounds: target forward passes "
-                 "over the draft's tokens."),
+                ("spec_decode_num_drafts_total", "counter", stats.drafts, "Drafts the target scored, one per row and "
+                 "speculative round."),
                 ("spec_decode_num_draft_tokens_total", "counter", stats.drafted, "Tokens the draft model proposed."),
                 ("spec_decode_num_accepted_tokens_total", "counter", stats.accepted, "Proposed tokens the target "
                  "accepted."),

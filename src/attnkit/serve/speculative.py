@@ -268,9 +268,11 @@ class SpeculativeScheduler(Scheduler):
         self.steps += 1
 
     def _count(self, k: int, n: int, kept: list[int]) -> None:
-        """Add a round to `speculation`: k drafts per live row, `kept` of each accepted, n + 1 tokens a row."""
+        """Add a round to `speculation`: a draft of k tokens per live row, `kept` of each accepted, n + 1 tokens a
+        row."""
         stats = self.speculation
         stats.rounds += 1
+        stats.drafts += len(kept) if k else 0
         stats.drafted += k * len(kept)
         stats.accepted += sum(kept)
         stats.advanced += n + 1
