@@ -494,6 +494,33 @@ def test_a_bf16_models_lens_translates_in_fp32_and_reads_through_its_output_laye
     torch.testing.assert_close(read.logits[-1], model(ids).logits)
 
 
+def test_a_lens_reads_at_most_512_tokens_through_the_output_layer_at_once_and_scores_them_all():
+    """The final distribution was kept for every token, (N, V) (about 1 MB a token under a 50k vocabulary: 4.4 GB
+    for 4,096 tokens), and each layer scored on all N at once; training reads the final distribution of the tokens it
+    draws, and scoring goes SCORED_TOKENS at a time, to the same mean KL over all of them."""
+    from attnkit.inspect.logit_lens import logit_lens
+    from attnkit.inspect.tuned_lens import SCORED_TOKENS
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(family="decoder", vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_layers=2,
+                                    max_seq_len=256)).eval()
+    ids = torch.randint(0, 20, (4, 200), generator=torch.Generator().manual_seed(0))  # 800 tokens
+    rows = []
+
+    def count(module, args, out) -> None:  # the lens's reads (n, C), not the model's own forward's (B, T, C)
+        if args[0].dim() == 2:
+            rows.append(len(args[0]))
+
+    model.lm_head.register_forward_hook(count)
+    lens = train_tuned_lens(model, [Batch((ids[:2],)), Batch((ids[2:],))], steps=2)
+    divergences = lens_divergences(model, [Batch((ids,))])
+    assert 0 < max(rows) <= SCORED_TOKENS == 512
+    logits = logit_lens(model, ids).logits.flatten(1, 2).float().log_softmax(-1)  # (L + 1, N, V)
+    expected = (logits[-1].exp() * (logits[-1] - logits)).sum(-1).mean(-1)  # KL(final || layer), per layer
+    torch.testing.assert_close(divergences, expected, rtol=1e-5, atol=1e-6)
+    assert float(lens_divergences(model, [Batch((ids,))], lens)[0]) < float(divergences[0])
+
+
 def test_an_encoder_decoders_lens_reads_its_decoder():
     torch.manual_seed(0)
     model = build_model(ModelConfig(family="encoder-decoder", vocab_size=20, d_model=16, n_heads=2, d_ff=32,

@@ -5,23 +5,23 @@ model's own final norm and output layer, predicts what the model finally predict
     h_l  ->  h_l + A_l h_l + b_l  ->  final norm? -> (MLM transform?) -> lm_head -> V      (A_l, b_l start at 0)
 
 The layers are the logit lens's (the stream after the embeddings and after each block); the last is the model's own
-input to its output layer and keeps no translator (its reading is the model's logits), as in the paper. Training
-reads the model frozen: the streams and final logits of the given batches are taken once, then the translators are
-fitted on the KL summed over layers, all at once, by the paper's optimizer as its package sets it: SGD with Nesterov
-momentum 0.9 and learning rate 1.0 decayed linearly to 0 over 250 steps, that rate taken as the package takes it, times
-1 - momentum (PyTorch's momentum scales a step by 1 / (1 - momentum), which the package undoes: 0.1 as PyTorch reads
-it), weight decay 1e-3 (toward the identity, as the translator is `h + A h + b`) and the gradient clipped to norm 1.
-(Adam, whose steps keep their size as the gradient vanishes, wanders off a translator that is already right: a layer
-whose stream is the last's drifted to weights of 0.04 under it, and stays within 1e-5 of the identity under SGD.) A
-lens is saved as safetensors (`translators.L.weight`, `.bias`) beside a JSON record of its layers and width, and
-checked against both, and against the model, when read.
+input to its output layer and keeps no translator (its reading is the model's logits), as in the paper. Training reads
+the model frozen: the streams of the given batches are taken once (the final distribution read back from the last as a
+step needs it), then the translators are fitted on the KL summed over layers, all at once, by the paper's optimizer as
+its package sets it: SGD with Nesterov momentum 0.9 and learning rate 1.0 decayed linearly to 0 over 250 steps, that
+rate taken as the package takes it, times 1 - momentum (PyTorch's momentum scales a step by 1 / (1 - momentum), which
+the package undoes: 0.1 as PyTorch reads it), weight decay 1e-3 (toward the identity, as the translator is
+`h + A h + b`) and the gradient clipped to norm 1. (Adam, whose steps keep their size as the gradient vanishes, wanders
+off a translator that is already right: a layer whose stream is the last's drifted to weights of 0.04 under it, and
+stays within 1e-5 of the identity under SGD.) A lens is saved as safetensors (`translators.L.weight`, `.bias`) beside
+a JSON record of its layers and width, and checked against both, and against the model, when read.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 CONFIG_FILE, WEIGHTS_FILE = "tuned_lens.json", "tuned_lens.safetensors"
 MOMENTUM, WEIGHT_DECAY, MAX_GRAD_NORM = 0.9, 1e-3, 1.0  # the paper's SGD, as the tuned-lens package sets it
 PAPER_STEPS = 250  # the paper's training steps, over which its learning rate decays to 0
+SCORED_TOKENS = 512  # tokens read through the output layer at once when scoring: (512, V) log-probabilities a layer
 
 
 class TunedLens(nn.Module):
@@ -74,20 +75,24 @@ class TunedLens(nn.Module):
 @dataclass(frozen=True)
 class _Streams:
     """Every layer's stream at the tokens of some batches, (L + 1, N, C) in the model's dtype (which its output layer
-    reads), and the model's final log-probabilities there (N, V), in fp32: what a lens is trained and scored on."""
+    reads): what a lens is trained and scored on. The final distribution is read from the last layer's stream as it is
+    needed (`final`), where keeping it, (N, V), took a 50k vocabulary's model about 1 MB a token."""
 
     layers: list[str]
     streams: Tensor
-    final: Tensor
+
+    def final(self, unembed: Callable[[Tensor], Tensor], tokens: Tensor | slice) -> Tensor:
+        """The model's final log-probabilities at `tokens` (n, V), in fp32."""
+        with torch.no_grad():
+            return unembed(self.streams[-1, tokens]).float().log_softmax(-1)
 
 
 @torch.no_grad()
 @evaluated
 def _streams(model: nn.Module, batches: Iterable[Batch]) -> _Streams:
     model = module_of(model)
-    _, unembed = unembedding(model)
-    layers = lens_layers(model)
-    streams, finals = [], []
+    layers = lens_layers(model)  # InputError for a model with no output layer over a stack
+    streams = []
     for batch in batches:
         check_batch(batch, "a tuned lens's batch")
         read = trace(model, *batch.args, names=layers, **batch.kwargs)
@@ -96,21 +101,25 @@ def _streams(model: nn.Module, batches: Iterable[Batch]) -> _Streams:
         keep = (mask.bool() if isinstance(mask, Tensor) and mask.shape == stacked.shape[1:3] else
                 torch.ones(stacked.shape[1:3], dtype=torch.bool, device=stacked.device))  # (B, T): padding no token
         streams.append(stacked[:, keep])  # (L + 1, N, C)
-        finals.append(unembed(read[layers[-1]])[keep].float().log_softmax(-1))  # (N, V)
     if not streams:
         raise InputError("a tuned lens is trained and scored on texts: give at least one batch")
-    return _Streams(layers, torch.cat(streams, 1), torch.cat(finals))
+    return _Streams(layers, torch.cat(streams, 1))
 
 
 def _divergences(model: nn.Module, lens: TunedLens | None, found: _Streams) -> Tensor:
-    """Each layer's mean KL(final || lens reading) over the tokens, (L + 1,); `lens` None: the logit lens."""
+    """Each layer's mean KL(final || lens reading) over the tokens, (L + 1,); `lens` None: the logit lens. Read
+    SCORED_TOKENS tokens at a time."""
     _, unembed = unembedding(module_of(model))
-    rows = []
-    for index in range(len(found.layers)):
-        stream = found.streams[index] if lens is None else lens(index, found.streams[index])
-        read = unembed(stream).float().log_softmax(-1)  # (N, V)
-        rows.append(F.kl_div(read, found.final, log_target=True, reduction="batchmean"))
-    return torch.stack(rows)
+    tokens = found.streams.shape[1]
+    total = torch.zeros(len(found.layers))
+    for start in range(0, tokens, SCORED_TOKENS):
+        span = slice(start, start + SCORED_TOKENS)
+        final = found.final(unembed, span)  # (n, V)
+        for index in range(len(found.layers)):
+            stream = found.streams[index, span]  # (n, C)
+            read = unembed(stream if lens is None else lens(index, stream)).float().log_softmax(-1)  # (n, V)
+            total[index] += F.kl_div(read, final, log_target=True, reduction="sum").cpu()
+    return total / tokens
 
 
 @evaluated
@@ -135,11 +144,13 @@ def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = PAP
         for p in frozen:  # the model's weights are read, never trained, and their .grad is left alone
             p.requires_grad_(False)
         for step in range(1, steps + 1):
-            picked = torch.randint(tokens, (min(batch_tokens, tokens),), generator=generator).to(found.final.device)
+            picked = torch.randint(tokens, (min(batch_tokens, tokens),), generator=generator)
+            picked = picked.to(found.streams.device)
+            final = found.final(unembed, picked)  # (n, V)
             loss = 0.0
             for index in range(len(lens.translators)):  # the last layer reads as it is: KL 0
                 read = unembed(lens(index, found.streams[index, picked])).float().log_softmax(-1)  # (n, V)
-                loss = loss + F.kl_div(read, found.final[picked], log_target=True, reduction="batchmean")
+                loss = loss + F.kl_div(read, final, log_target=True, reduction="batchmean")
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(lens.parameters(), MAX_GRAD_NORM)
