@@ -329,6 +329,22 @@ def test_a_native_layer_whose_tensors_are_replaced_reads_the_new_ones(dtype):
         torch.testing.assert_close(twin(x.float()), layer(x.float()), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(("built", "moved"), [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
+def test_a_native_layer_moved_to_another_dtype_decodes_in_it(built, moved):
+    """`model.to(dtype)` after the plan (a loaded pipeline's model converted) converts the weight and every buffer, the
+    kernel's fp32 bias too: the layer reads the bias widened again, where the kernel refused a bf16 bias."""
+    _require_kernels()
+    torch.manual_seed(0)
+    layer = NativeLinear(nn.Linear(40, 24).to(built))
+    with torch.no_grad():
+        layer(torch.randn(1, 40, dtype=built))
+        layer.to(moved)
+        for rows in (1, NATIVE_ROWS + 1):  # the native product, and the matrix product beyond it
+            x = torch.randn(rows, 40, dtype=moved)
+            expected = F.linear(x.double(), layer.weight.double(), layer.bias.double())
+            torch.testing.assert_close(layer(x).double(), expected, rtol=2**-7, atol=1e-2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("how", ["copied in", "assigned", "after to_empty"])
 def test_a_native_layer_reads_the_bias_of_a_state_dict_loaded_into_it(dtype, how):

@@ -188,6 +188,8 @@ class NativeLinear(GemvLinear):
         if x.numel() > self.max_rows * self.in_features:
             return self.rows(x)
         if not self.product.reads(self.weight, self.bias_fp32):  # replaced (`.to`, an assignment): bind the new ones
+            if self.bias_fp32 is not None and self.bias_fp32.dtype != torch.float32:  # `.to(dtype)` converted it
+                widen_bias(self)
             self.product = native_gemv.dense_product(self.weight, self.bias_fp32)
         out = self.product(x.reshape(-1, self.in_features))  # (M, N) fp32
         out = out.view(*x.shape[:-1], self.out_features)
