@@ -18,7 +18,7 @@ from generate_models import tiny_model
 
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens
 from attnkit.generate.sampling import process_logits
-from attnkit.serve.batching import GenerationJob, Scheduler
+from attnkit.serve.batching import Closed, GenerationJob, Scheduler
 from attnkit.serve.speculative import SpeculativeScheduler
 
 CONTEXT = 48
@@ -258,6 +258,22 @@ def test_speculative_rows_whose_client_went_or_whose_deadline_passed_end_cancell
     assert len(speculative.batch.rows) == 1 and len(speculative.drafts.rows) == 1 and len(speculative.shapers) == 1
     drain(scheduler)
     assert kept.tokens == generate_tokens(target, [[6]], max_new_tokens=30, context_len=CONTEXT)
+
+
+def test_a_close_ends_the_speculative_and_plain_rows_in_flight_and_lets_both_caches_go(models):
+    target, draft = models
+    scheduler, speculative = schedulers(target, draft)
+    greedy, penalised = Recorded([1, 2, 3], 40, n=2), Recorded([2], 40, sampling=SamplingConfig(
+        temperature=0.0, presence_penalty=1.0))
+    for recorded in (greedy, penalised):
+        scheduler.submit(recorded.job)
+    iterate(scheduler)
+    assert speculative.batch is not None and scheduler.batch is not None
+    scheduler.start()
+    scheduler.stop()
+    assert greedy.reasons == ["error", "error"] and penalised.reasons == ["error"]
+    assert all(isinstance(r.job.failure, Closed) for r in (greedy, penalised))
+    assert speculative.batch is None and speculative.drafts is None and speculative.newest is None
 
 
 # Through a live server -------------------------------------------------------------------------------------------

@@ -431,7 +431,7 @@ class Scheduler:
         with self.lock:
             for part in self.parts:
                 jobs = part.batch.jobs if part.batch is not None else []
-                part.batch, part.logits = None, None
+                part._let_go()
                 jobs += part.waiting.take_all()
                 for job in jobs:
                     job.failure = Closed(SHUTTING_DOWN)
@@ -776,8 +776,12 @@ class Scheduler:
         choices had all ended before it (a speculative round delivers its tokens before its caches are rewound) get
         their on_finish too; the waiting jobs stay queued."""
         jobs = self.batch.jobs if self.batch is not None else []
-        self.batch, self.logits = None, None
+        self._let_go()
         for job in jobs:
             if None in job.reasons:
                 self._fail(job, error)
             self._finish(job)
+
+    def _let_go(self) -> None:
+        """Drop the running batch (its buffers and cache) and the logits of its last step."""
+        self.batch, self.logits = None, None

@@ -108,9 +108,9 @@ class SpeculativeScheduler(Scheduler):
         self.shapers.pop(job, None)
         super()._finish(job)
 
-    def _end_running(self, error: BaseException) -> None:
-        """`Scheduler._end_running`, the draft's batch let go with the target's."""
-        super()._end_running(error)
+    def _let_go(self) -> None:
+        """`Scheduler._let_go`, the draft's batch with the target's (a failed round, a close)."""
+        super()._let_go()
         self.drafts = self.newest = None
 
     # an iteration ---------------------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ class SpeculativeScheduler(Scheduler):
             if None not in job.reasons:
                 self._finish(job)
         if len(ended) == len(batch.rows):
-            self.batch = self.drafts = self.logits = self.newest = None
+            self._let_go()
             return False
         if ended:
             self.newest = self.newest[batch.drop(ended)]
