@@ -47,9 +47,10 @@ assert BUDGET in ("tiny", "full"), f"ATTNKIT_TUTORIAL_BUDGET={BUDGET!r}: use tin
 # | additive ("nonlinear") | $w_2^\top \tanh(W_1 [q; k])$ | Bahdanau et al. 2015 |
 #
 # CMU's slide writes the scaled score $q^\top k / \sqrt{|k|}$: there $|k|$ is the key's size, its number of
-# dimensions $D$ (Vaswani et al.'s $d_k$), not its length $\lVert k \rVert$; dividing by the length would make
-# another score, close to a cosine similarity. Every query and key of a layer has the same $D$, so the scale is
-# one constant, $1/\sqrt{D}$.
+# dimensions $D$ (Vaswani et al.'s $d_k$), not its length $\lVert k \rVert$: $q^\top k / \sqrt{\lVert k \rVert}$
+# would be another score, $\lVert q \rVert \sqrt{\lVert k \rVert} \cos\theta$, still growing with the key's length
+# (the cosine similarity divides by both lengths). The code on CMU's slide divides by `math.sqrt(k.size(-1))`, the
+# number of dimensions. Every query and key of a layer has the same $D$, so the scale is one constant, $1/\sqrt{D}$.
 
 # %%
 def dot(q, k):
