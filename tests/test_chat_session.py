@@ -23,7 +23,7 @@ from attnkit.errors import InputError
 from attnkit.generate import Pipeline
 from attnkit.run_settings import DecodeSettings
 from attnkit.tasks.chat_session import ChatSession, ChatSettings, run_chat, turns_of
-from attnkit.tasks.lm import SamplingSettings, chat_prompt
+from attnkit.tasks.lm import GenerateSettings, SamplingSettings, chat_prompt, run_generate
 from attnkit.train import prepare
 
 SECRETS, TINY, chat_request = finetuned.SECRETS, finetuned.TINY, finetuned.chat_request
@@ -262,6 +262,16 @@ def test_a_system_turn_the_template_refuses_is_named_before_a_turn_is_read(wide_
     assert typed.read() == f"{QUESTIONS[0]}\n"  # before the first turn was read
     with pytest.raises(InputError, match=refused):  # attnkit generate --chat --system
         chat_prompt(pipeline.chat_template, pipeline.tokenizer, QUESTIONS[0], system="Be brief.")
+
+
+def test_a_run_without_its_tokenizer_is_refused_by_attnkit_chat_and_generate_chat(wide_run):
+    bare = load(wide_run)
+    bare.tokenizer = None  # as `attnkit.load` reads a run without tokenizer/
+    no_tokenizer = "there is no tokenizer to read the chat as tokens: save the one the model was trained with"
+    with pytest.raises(InputError, match=no_tokenizer):
+        run_chat(ChatSettings(run=str(wide_run)), lambda _: bare, stdin=io.StringIO("Hi\n"), stdout=io.StringIO())
+    with pytest.raises(InputError, match=no_tokenizer):
+        run_generate(GenerateSettings(run=str(wide_run), prompt="Hi", chat=True), lambda _: bare)
 
 
 def test_attnkit_chat_refuses_a_run_that_does_not_generate(tmp_path):

@@ -271,7 +271,11 @@ class ChatTemplate:
         fine-tuning reads a conversation (`conversation_ids`), so that a served chat's prompt begins as its training
         text does: a template of one's own writes each turn's end itself, and its text is read whole
         (`render`, `prompt_ids`); the default format has no such mark, so EOS follows each earlier reply here as in
-        training. Raises InputError as `conversation_ids` and `prompt_ids` do."""
+        training. Raises InputError as `conversation_ids` and `prompt_ids` do, and for no tokenizer (a run without
+        its tokenizer/ directory)."""
+        if tokenizer is None:
+            raise InputError("there is no tokenizer to read the chat as tokens: save the one the model was trained "
+                             "with into the run directory's tokenizer/")
         if self.source is None:
             return self._turns(tokenizer, messages, tools, add_generation_prompt)[0]
         try:
