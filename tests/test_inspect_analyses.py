@@ -521,6 +521,23 @@ def test_a_lens_reads_at_most_512_tokens_through_the_output_layer_at_once_and_sc
     assert float(lens_divergences(model, [Batch((ids,))], lens)[0]) < float(divergences[0])
 
 
+def test_a_translations_padded_targets_are_left_out_of_its_lens_by_their_mask():
+    """A translation's decoder stream is padded by its target mask (`tgt_mask`, the seq2seq model's); the lens read
+    only a decoder's `attention_mask`, so a padded target's pads were scored (and trained on) as tokens."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(family="encoder-decoder", vocab_size=20, d_model=16, n_heads=2, d_ff=32,
+                                    n_layers=2, max_seq_len=16)).eval()
+    generator = torch.Generator().manual_seed(0)
+    source, target = (torch.randint(1, 20, (2, length), generator=generator) for length in (6, 5))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1, 3:] = 0  # the second target is 3 tokens long, padded to 5
+    padded = Batch((source, target), kwargs={"tgt_mask": mask})
+    apart = [Batch((source[:1], target[:1])), Batch((source[1:], target[1:, :3]))]
+    found, expected = lens_divergences(model, [padded]), lens_divergences(model, apart)
+    assert float(expected[0]) > 0  # an untrained model's KLs are small: compared relative to their size
+    torch.testing.assert_close(found, expected, rtol=1e-4, atol=0)
+
+
 def test_an_encoder_decoders_lens_reads_its_decoder():
     torch.manual_seed(0)
     model = build_model(ModelConfig(family="encoder-decoder", vocab_size=20, d_model=16, n_heads=2, d_ff=32,

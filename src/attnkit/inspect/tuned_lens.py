@@ -97,7 +97,7 @@ def _streams(model: nn.Module, batches: Iterable[Batch]) -> _Streams:
         check_batch(batch, "a tuned lens's batch")
         read = trace(model, *batch.args, names=layers, **batch.kwargs)
         stacked = torch.stack([read[name] for name in layers])  # (L + 1, B, T, C)
-        mask = batch.kwargs.get("attention_mask")
+        mask = batch.kwargs.get("tgt_mask", batch.kwargs.get("attention_mask"))  # the read stack's (a target's)
         keep = (mask.bool() if isinstance(mask, Tensor) and mask.shape == stacked.shape[1:3] else
                 torch.ones(stacked.shape[1:3], dtype=torch.bool, device=stacked.device))  # (B, T): padding no token
         streams.append(stacked[:, keep])  # (L + 1, N, C)
@@ -125,10 +125,11 @@ def _divergences(model: nn.Module, lens: TunedLens | None, found: _Streams) -> T
 @evaluated
 def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = PAPER_STEPS, lr: float = 1.0,
                      batch_tokens: int = 256, generator: torch.Generator | None = None) -> TunedLens:
-    """Fit a TunedLens to `model`'s streams on `batches` (their tokens, padding left out): `steps` SGD steps (module
-    docstring) on the KL from the final logits summed over layers, `batch_tokens` tokens drawn per step (the paper's
-    2^18 are more than a small run's texts hold), at the paper's learning rate `lr` (PyTorch's lr * (1 - momentum)).
-    The model is left as it was. Raises InputError for no batches or steps below 1."""
+    """Fit a TunedLens to `model`'s streams on `batches` (their tokens, padding left out by `attention_mask`, or a
+    translation's `tgt_mask`): `steps` SGD steps (module docstring) on the KL from the final logits summed over layers,
+    `batch_tokens` tokens drawn per step (the paper's 2^18 are more than a small run's texts hold), at the paper's
+    learning rate `lr` (PyTorch's lr * (1 - momentum)). The model is left as it was. Raises InputError for no batches or
+    steps below 1."""
     if steps < 1:
         raise InputError(f"steps={steps}: a tuned lens needs at least one training step (the paper's uses 250)")
     found = _streams(model, batches)
