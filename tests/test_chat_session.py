@@ -268,8 +268,10 @@ def test_a_run_without_its_tokenizer_is_refused_by_attnkit_chat_and_generate_cha
     bare = load(wide_run)
     bare.tokenizer = None  # as `attnkit.load` reads a run without tokenizer/
     no_tokenizer = "there is no tokenizer to read the chat as tokens: save the one the model was trained with"
+    typed = io.StringIO("Hi\n")
     with pytest.raises(InputError, match=no_tokenizer):
-        run_chat(ChatSettings(run=str(wide_run)), lambda _: bare, stdin=io.StringIO("Hi\n"), stdout=io.StringIO())
+        run_chat(ChatSettings(run=str(wide_run)), lambda _: bare, stdin=typed, stdout=io.StringIO())
+    assert typed.read() == "Hi\n"  # before the first turn was read
     with pytest.raises(InputError, match=no_tokenizer):
         run_generate(GenerateSettings(run=str(wide_run), prompt="Hi", chat=True), lambda _: bare)
 

@@ -162,7 +162,8 @@ def turns_of(stdin: TextIO) -> Iterator[str]:
 
 def lines_of(stdin: TextIO) -> Generator[str | None, str | None, None]:
     """The lines of the input, until its end: a terminal's with the `>>> ` prompt (or the prompt sent for the next
-    line, `MORE`) and line editing (Ctrl-C there gives None and a fresh line), a pipe's or a file's as they are."""
+    line, `MORE`) and line editing (Ctrl-C there gives None and a fresh line), a pipe's or a file's as its bytes read
+    as UTF-8 (a byte that is not kept as a lone surrogate, which `run_chat` refuses)."""
     if stdin is sys.stdin and stdin.isatty():
         try:
             import readline  # noqa: F401  (line editing and recall for input(), where Python has it)
@@ -190,15 +191,16 @@ def run_chat(settings: ChatSettings, load: Callable[[Any], Any], *, stdin: TextI
              stdout: TextIO | None = None) -> int:
     """`attnkit chat`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`);
     `stdin` and `stdout`: where turns come from and replies go (default: the process's). Raises InputError, before
-    a turn is read, for a run that does not generate or a --system turn its chat template refuses."""
+    a turn is read, for a run that does not generate, has no tokenizer, or whose chat template refuses the --system
+    turn."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     pipeline = load(settings)
     if "generate" not in pipeline.methods:
         raise InputError(f"attnkit chat talks with a decoder that generates (a run of task lm or chat); {settings.run} "
                          f"serves {' or '.join(pipeline.methods) or 'no text method'}")
     session = ChatSession(pipeline, system=settings.system, sampling=settings.sampling(), stop=settings.stop)
-    if settings.system is not None:  # a template that takes no system turn (Gemma's) says so before a turn is typed
-        chat_prompt(pipeline.chat_template, pipeline.tokenizer, "Hi", system=settings.system)
+    # a chat the run cannot read (no tokenizer/, a --system turn its template refuses) is refused before a turn is typed
+    chat_prompt(pipeline.chat_template, pipeline.tokenizer, "Hi", system=settings.system)
     terminal = stdin is sys.stdin and stdin.isatty()
 
     def write(piece: str) -> None:
