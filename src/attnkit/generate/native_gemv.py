@@ -195,13 +195,13 @@ def _kernel(name: str):
     return getattr(library, name)
 
 
-def _rows(x: Tensor, width: int) -> Tensor:
-    """x (M, K) as the contiguous fp32 rows the kernels read."""
+def _rows(x: Tensor, width: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """x (M, K) as the contiguous rows of `dtype` the kernels read."""
     if x.dim() != 2 or x.shape[1] != width or not x.is_cpu:
         raise ValueError(f"expected CPU rows (M, {width}), got {tuple(x.shape)} on {x.device}")
-    if x.dtype == torch.float32 and x.is_contiguous():  # a decoding step's rows, as a rule: no call to convert them
+    if x.dtype == dtype and x.is_contiguous():  # a decoding step's rows, as a rule: no call to convert them
         return x
-    return x.to(torch.float32).contiguous()
+    return x.to(dtype).contiguous()
 
 
 def _weight(tensor: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
@@ -222,6 +222,30 @@ def _bias(bias: Tensor | None, n: int) -> int | None:
 
 DENSE_WEIGHTS = {"gemv_f32": torch.float32, "gemv_bf16": torch.bfloat16, "gemv_bf16_dot": torch.bfloat16,
                  "gemv_i8": torch.int8}  # each kernel of whole weight rows -> the weight dtype it reads
+
+
+def _tables(kernel: str, weight: Tensor, bias: Tensor | None, scales: Tensor | None) -> tuple[int | None, ...]:
+    """The addresses `kernel` reads before the rows' (the weight's, int8's scales', the bias's or NULL), once the
+    tensors are checked: ValueError for one the kernel would misread."""
+    n = weight.shape[0]
+    _weight(weight, DENSE_WEIGHTS[kernel], tuple(weight.shape), "weight")
+    if scales is None:
+        return weight.data_ptr(), _bias(bias, n)
+    _weight(scales, torch.float32, (n,), "scales")
+    return weight.data_ptr(), scales.data_ptr(), _bias(bias, n)
+
+
+def _dense(kernel: str, weight: Tensor, x: Tensor, bias: Tensor | None, scales: Tensor | None = None,
+           rows_dtype: torch.dtype = torch.float32) -> Tensor:
+    """x (M, K) @ weight^T + bias through `kernel` for one call -> (M, N) fp32, the tensors checked for it: the
+    one-call functions' product (a captured step's operators are given their tensors anew each call), where building
+    a `DenseProduct` for one call would add its binding to the checks."""
+    tables = _tables(kernel, weight, bias, scales)
+    n, k = weight.shape
+    rows = _rows(x, k, rows_dtype)
+    out = torch.empty(rows.shape[0], n)
+    _kernel(kernel)(*tables, rows.data_ptr(), out.data_ptr(), rows.shape[0], n, k, torch.get_num_threads())
+    return out
 
 
 class DenseProduct:
@@ -247,14 +271,8 @@ class DenseProduct:
         """Check the tensors and bind the kernels to their addresses, kept last (a call on another thread that reads
         them finds the kernels bound to them)."""
         self.out_features, self.in_features = self.weight.shape
-        _weight(self.weight, DENSE_WEIGHTS[self._names[self._fallback]], tuple(self.weight.shape), "weight")
-        tables = []  # the addresses the kernel reads between the weight's and the bias's: int8's scales
-        if self.scales is not None:
-            _weight(self.scales, torch.float32, (self.out_features,), "scales")
-            tables.append(self.scales.data_ptr())
-        bias = _bias(self.bias, self.out_features)
-        self._kernels = {dtype: functools.partial(_kernel(name), self.weight.data_ptr(), *tables, bias)
-                         for dtype, name in self._names.items()}
+        tables = _tables(self._names[self._fallback], self.weight, self.bias, self.scales)
+        self._kernels = {dtype: functools.partial(_kernel(name), *tables) for dtype, name in self._names.items()}
         self._addresses = self._where()
 
     def _where(self) -> tuple[int, int | None, int | None]:
@@ -295,15 +313,15 @@ def dense_product(weight: Tensor, bias: Tensor | None) -> DenseProduct:
 
 def gemv_f32(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
     """x (M, K) @ weight^T + bias, weight (N, K) fp32, bias (N,) fp32 or None -> (M, N) fp32."""
-    return DenseProduct(weight, bias, {torch.float32: "gemv_f32"})(x)
+    return _dense("gemv_f32", weight, x, bias)
 
 
 def gemv_bf16(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
     """x (M, K) @ weight^T + bias, weight (N, K) bf16 read as it is stored and computed in fp32, bias (N,) fp32 or
     None -> (M, N) fp32. bf16 rows x on a CPU with AVX512-BF16 (`bf16_dot`) go through `gemv_bf16_dot`."""
-    if weight.dtype != torch.bfloat16:  # `dense_product` takes fp32 weights too; this function does not
-        _weight(weight, torch.bfloat16, tuple(weight.shape), "weight")
-    return dense_product(weight, bias)(x)
+    if x.dtype == torch.bfloat16 and bf16_dot():
+        return _dense("gemv_bf16_dot", weight, x, bias, rows_dtype=torch.bfloat16)
+    return _dense("gemv_bf16", weight, x, bias)
 
 
 def gemv_bf16_dot(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -312,13 +330,13 @@ def gemv_bf16_dot(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tens
     RuntimeError on a CPU without AVX512-BF16 (`bf16_dot`)."""
     if not _bf16_dot_here():
         raise RuntimeError(f"the bf16 dot-product kernel needs AVX512-BF16; this CPU reports {_this_cpu().isa}")
-    return DenseProduct(weight, bias, {torch.bfloat16: "gemv_bf16_dot"})(x)
+    return _dense("gemv_bf16_dot", weight, x, bias, rows_dtype=torch.bfloat16)
 
 
 def gemv_i8(weight: Tensor, scales: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
     """x (M, K) @ (weight * scales[:, None])^T + bias, weight (N, K) int8, scales (N,) fp32, bias (N,) fp32 or None
     -> (M, N) fp32."""
-    return DenseProduct(weight, bias, {torch.float32: "gemv_i8"}, scales)(x)
+    return _dense("gemv_i8", weight, x, bias, scales)
 
 
 def pack_int4(codes: Tensor) -> Tensor:
