@@ -9,8 +9,9 @@ The two workers stay up and take turns, one greedy generation (the suite's 128 t
 alternating from pair to pair, so a machine shared with other work moves both sides of a pair alike; after one
 warm-up generation each, `--pairs` pairs are timed. The ratio is the median of the pairs' own ratios (new over old),
 with the spread of the middle half of them. `--clock cpu` times each repetition in its worker's own CPU time
-(`time.process_time`) instead of the wall clock: on a machine other jobs load past its cores (a `nice`d run there
-gets a small share of them) that is the time the code took, where the wall clock is mostly the wait. The rows:
+(`time.process_time`, summed over the worker's threads where `--threads` is more than 1) instead of the wall clock:
+on a machine other jobs load past its cores (a `nice`d run there gets a small share of them) that is the time the
+code took, where the wall clock is mostly the wait. The rows:
 fp32 and bf16 eager decoding, and int8 weights with int8 activations (the suite's `attnkit-int8-dynamic`, fp32
 elsewhere), for each generation case. The load average is read before and after each row. Results:
 benchmarks/results/<name>.json and .md.
