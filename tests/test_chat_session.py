@@ -22,6 +22,7 @@ from attnkit.chat_format import ChatTemplate
 from attnkit.errors import InputError
 from attnkit.generate import Pipeline
 from attnkit.run_settings import DecodeSettings
+from attnkit.tasks import chat_session
 from attnkit.tasks.chat_session import ChatSession, ChatSettings, run_chat, turns_of
 from attnkit.tasks.lm import GenerateSettings, SamplingSettings, chat_prompt, run_generate
 from attnkit.train import prepare
@@ -151,6 +152,14 @@ def test_a_turn_that_is_not_utf8_is_refused_and_the_chat_goes_on(wide_run, caplo
     assert run_chat(settings, cli.load_pipeline, stdin=stdin, stdout=out) == 0
     assert out.getvalue().splitlines() == [SECRETS[q] for q in QUESTIONS]
     assert "is not UTF-8 (byte 0xe9 at character 3): write the turn in UTF-8" in caplog.text
+
+
+def test_a_piped_line_too_long_for_any_window_is_skipped_unread_and_the_chat_goes_on(wide_run, monkeypatch, caplog):
+    monkeypatch.setattr(chat_session, "LONGEST_LINE", 100)  # bytes: a line is read in pieces of at most 101
+    fed = fed_prompts(monkeypatch)
+    said = chat(wide_run, f"{'x' * 250}\n{QUESTIONS[0]}\n{'y' * 99}\n")
+    assert said[0] == SECRETS[QUESTIONS[0]] and len(fed) == 2  # the line of 99 is a turn, the line of 250 none
+    assert caplog.text.count("a line of more than 100 bytes was left out") == 1
 
 
 def test_a_reply_ends_where_the_window_is_full_and_never_slides_it(wide_run, monkeypatch):

@@ -2,7 +2,7 @@
 hold one.
 
 The user's turns come from standard input, one a line (a terminal, with line editing, or a pipe; a line that is not
-UTF-8 is refused with a warning, the chat going on). Each reply is
+UTF-8, or longer than `LONGEST_LINE`, is refused with a warning, the chat going on). Each reply is
 drawn by `Pipeline.chat` over the whole history (the system turn, every earlier turn and reply, the new turn), so the
 model reads the chat as the run's template renders it (`ChatTemplate.chat_ids`: as chat fine-tuning read its
 conversations and `attnkit serve` reads a chat), and is streamed to standard output as it comes, ended at the
@@ -44,6 +44,7 @@ PROMPT = ">>> "  # shown before each turn where standard input is a terminal
 MORE = "... "  # shown before each further line of a turn of several lines (as `ollama run` and Python show it)
 RESET, EXIT = "/reset", "/exit"
 FENCE = '"""'  # begins and ends a turn of several lines
+LONGEST_LINE = 1 << 20  # bytes of a piped line read at most: a longer one (no turn: it outgrows a window) is skipped
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,8 +182,13 @@ def lines_of(stdin: TextIO) -> Generator[str | None, str | None, None]:
                 print()
                 return
             prompt = (yield line) or PROMPT
-    raw = getattr(stdin, "buffer", None)  # its bytes: a line that is not UTF-8 is refused by run_chat, in any locale
-    for line in raw if raw is not None else stdin:
+    source = getattr(stdin, "buffer", stdin)  # its bytes: a line that is not UTF-8 is refused by run_chat in any locale
+    while line := source.readline(LONGEST_LINE + 1):  # never read without bound (a file of no line breaks)
+        if len(line) > LONGEST_LINE:
+            while line[-1:] not in ("\n", b"\n") and (line := source.readline(LONGEST_LINE + 1)):
+                pass  # the rest of the line, skipped
+            log.warning("a line of more than %d bytes was left out: no model's window holds such a turn", LONGEST_LINE)
+            continue
         text = line.decode("utf-8", "surrogateescape") if isinstance(line, bytes) else line
         yield text.rstrip("\r\n")
 
