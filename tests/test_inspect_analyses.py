@@ -476,6 +476,9 @@ def test_a_saved_lens_reads_back_equal_and_a_damaged_one_is_refused(induction_mo
         load_tuned_lens(saved, other)
     with pytest.raises(InputError, match="at least one training step"):
         train_tuned_lens(induction_model, _lens_batches(0), steps=0)
+    # read for a model on another device (a CUDA run's --lens; here the meta device), the lens goes where it runs
+    elsewhere = copy.deepcopy(induction_model).to("meta")
+    assert {p.device.type for p in load_tuned_lens(saved, elsewhere).parameters()} == {"meta"}
 
 
 def test_a_bf16_models_lens_translates_in_fp32_and_reads_through_its_output_layer():

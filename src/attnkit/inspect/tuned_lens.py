@@ -208,8 +208,8 @@ def save_tuned_lens(lens: TunedLens, directory: str | Path, *, record: dict | No
 
 def load_tuned_lens(directory: str | Path, model: nn.Module | None = None) -> TunedLens:
     """Read a lens `save_tuned_lens` wrote, every tensor checked against the JSON's layers and width (present, of its
-    shape, finite) and, given `model`, the lens against the model. Raises CheckpointError naming the file and what is
-    wrong, InputError for a lens of another model."""
+    shape, finite) and, given `model`, the lens against the model and on its device. Raises CheckpointError naming the
+    file and what is wrong, InputError for a lens of another model."""
     directory = Path(directory)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (directory / name).is_file():
@@ -235,5 +235,7 @@ def load_tuned_lens(directory: str | Path, model: nn.Module | None = None) -> Tu
         raise CheckpointError(f"{directory / WEIGHTS_FILE}: {bad[0]} holds NaN or infinite values; the lens is damaged")
     lens.load_state_dict(tensors)
     if model is not None:
-        check_lens(lens, module_of(model))
+        model = module_of(model)
+        check_lens(lens, model)
+        lens.to(next(model.parameters()).device)  # where the model's streams are (a CUDA run's --lens)
     return lens.eval()
