@@ -2,7 +2,7 @@
 join at any round get the target's own greedy tokens, a request the draft rule cannot serve is decoded by the plain
 rows beside (and joins while the speculative rows are full), a plain request ends while a long speculative one is
 still running, the rounds are counted, cancelled and expired rows end at the next round, and a round that fails
-ends its jobs and both batches; through a live server, greedy
+and a close end their jobs and both batches; through a live server, greedy
 texts equal the server's without a draft and `Pipeline.generate`, alone, streamed and from concurrent clients, and
 /metrics shows the acceptance rate; a draft of another vocabulary is refused at start-up in one line."""
 
