@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import struct
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attnkit import build_model, cli
 from attnkit import checkpoint as checkpoint_module
-from attnkit.checkpoint import CHECKSUMS_FILE, CONFIG_FILE, load_model, save_model
+from attnkit.checkpoint import CHECKSUMS_FILE, CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from attnkit.config import ModelConfig
-from attnkit.errors import CheckpointError, InputError
+from attnkit.errors import AttnkitError, CheckpointError, InputError
 from attnkit.outputs import atomic_output, atomic_write
 
 
@@ -33,17 +38,24 @@ def edit_config(run: Path, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
-def test_a_config_far_deeper_than_its_weights_is_refused_before_the_model_is_built(run, monkeypatch):
+@pytest.mark.parametrize("weights", ["intact", "truncated"])
+def test_a_config_far_deeper_than_its_weights_is_refused_before_the_model_is_built(run, monkeypatch, weights):
     # 100,000 layers of width 16 fit in memory (about 0.9 GB), so only strict loading refused them, after building
-    # the model for many minutes and with a list of a million missing tensors
+    # the model for many minutes and with a list of a million missing tensors (or, where the weights file was damaged
+    # too, that file's error, after the same build)
     edit_config(run, n_layers=100_000)
+    refusal = (r"config\.json describes a model of [\d,]+ parameters, but .*model\.safetensors holds [\d,]+ "
+               r"values in all")
+    if weights == "truncated":
+        path = run / WEIGHTS_FILE
+        path.write_bytes(path.read_bytes()[:100])
+        refusal = r"model\.safetensors is not a readable safetensors file \(truncated or corrupted\?\)"
 
     def built(config, **_):
         raise AssertionError(f"a model of {config.n_layers} layers was built before the weights were compared")
 
     monkeypatch.setattr(checkpoint_module, "build_model", built)
-    with pytest.raises(CheckpointError, match=r"config\.json describes a model of [\d,]+ parameters, but .*"
-                                              r"model\.safetensors holds [\d,]+ values in all"):
+    with pytest.raises(CheckpointError, match=refusal):
         load_model(run)
 
 
@@ -95,3 +107,52 @@ def test_attnkit_tune_refuses_a_pipe_as_its_profile_before_measuring(fifo, capsy
     err = capsys.readouterr().err
     assert err.startswith(f"attnkit: error: --out {fifo} is a device, a pipe or a socket") and err.count("\n") == 1
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+# What a damaged or hand-made safetensors header may say of a tensor: its type, its shape, where its bytes lie
+HEADER_VALUES = {
+    "dtype": st.sampled_from(["F32", "F16", "BF16", "F64", "I64", "I8", "U8", "BOOL", "F8_E4M3", "Q4", "", "f32"]),
+    "shape": st.lists(st.integers(min_value=-2, max_value=2**62), max_size=3),
+    "data_offsets": st.lists(st.integers(min_value=-1, max_value=2**64), min_size=0, max_size=3),
+}
+SIZE_FIELDS = st.sampled_from(["n_layers", "d_model", "d_ff", "n_heads", "vocab_size", "max_seq_len"])
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory) -> Path:
+    config = ModelConfig(vocab_size=12, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=24)
+    directory = tmp_path_factory.mktemp("fuzz") / "run"
+    save_model(build_model(config).eval(), config, directory)
+    (directory / CHECKSUMS_FILE).unlink()  # so that the reader's own checks meet every change
+    return directory
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_damaged_checkpoint_loads_or_is_refused_by_name_never_a_traceback(saved_run, data):
+    # a config far larger than its weights (n_layers=100,000) is refused even where the header cannot be read: it was
+    # built for minutes first
+    raw = (saved_run / WEIGHTS_FILE).read_bytes()
+    length = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + length])
+    names = sorted(name for name in header if name != "__metadata__")
+    for name in data.draw(st.lists(st.sampled_from(names), max_size=2, unique=True), label="tensors"):
+        key = data.draw(st.sampled_from(sorted(HEADER_VALUES)), label=f"{name} field")
+        header[name][key] = data.draw(HEADER_VALUES[key], label=f"{name}.{key}")
+    text = json.dumps(header).encode()
+    declared = data.draw(st.sampled_from([len(text), len(text) - 1, len(text) + 8, 2**63]), label="header length")
+    cut = data.draw(st.sampled_from([None, 8 + len(text) + 4, 5]), label="truncated at")
+    directory = Path(tempfile.mkdtemp(dir=saved_run.parent))
+    config = json.loads((saved_run / CONFIG_FILE).read_text())
+    if data.draw(st.booleans(), label="config changed"):
+        config[data.draw(SIZE_FIELDS, label="size field")] = data.draw(
+            st.sampled_from([0, -1, 3, 100_000, 10**9, 2**70]), label="size")
+    (directory / CONFIG_FILE).write_text(json.dumps(config))
+    (directory / WEIGHTS_FILE).write_bytes((struct.pack("<Q", declared) + text + raw[8 + length:])[:cut])
+    try:
+        load_model(directory)
+    except AttnkitError:
+        pass  # refused by name: each case's message is held by the tests of the check that makes it
+    finally:
+        shutil.rmtree(directory)

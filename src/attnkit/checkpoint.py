@@ -437,9 +437,8 @@ def _load_model(
         verify_run_files(directory, [CONFIG_FILE, WEIGHTS_FILE, LABELS_FILE, TASK_FILE]
                          + ([ADAPTERS_FILE] if adapters else []), require=require)
     config = load_config(directory)
-    if (stored := stored_values(directory / WEIGHTS_FILE)) is not None:
-        check_weights_cover(config, stored, config_file=str(directory / CONFIG_FILE),
-                            weights=str(directory / WEIGHTS_FILE))
+    check_weights_cover(config, stored_values(directory / WEIGHTS_FILE), config_file=str(directory / CONFIG_FILE),
+                        weights=str(directory / WEIGHTS_FILE))
     model = build_model(config)  # its size checked against the memory free before the weights are read
     tensors = load_tensors(directory / WEIGHTS_FILE)
     if adapters:
@@ -450,14 +449,15 @@ def _load_model(
     return model, config
 
 
-def stored_values(path: Path) -> int | None:
-    """How many values the safetensors file `path` holds, counted from its header alone; None where the header cannot
-    be read (`load_tensors` names the problem)."""
+def stored_values(path: Path) -> int:
+    """How many values the safetensors file `path` holds, counted from its header alone. Raises CheckpointError as
+    `load_tensors` does for a file that is missing, a directory, truncated or corrupted."""
     try:
         with safe_open(str(path), framework="pt") as handle:
             return sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
     except (OSError, SafetensorError):
-        return None
+        load_tensors(path)  # names the problem
+        raise CheckpointError(f"{path} is not a readable safetensors file (its header cannot be read)") from None
 
 
 def check_weights_cover(config: ModelConfig, stored: int, *, config_file: str, weights: str) -> None:
