@@ -379,6 +379,21 @@ def test_a_native_int8_layer_whose_scales_are_replaced_reads_the_new_ones():
         torch.testing.assert_close(twin(x), layer(x), rtol=0, atol=0)
 
 
+def test_a_native_int8_layer_moved_to_bf16_decodes_bf16_rows():
+    """`model.to(torch.bfloat16)` after int8 quantization converts the layer's float buffers (scales, bias) too: the
+    kernel reads them widened to fp32 again (bf16-rounded, as `reference` reads them), where it refused bf16 scales."""
+    _require_kernels()
+    torch.manual_seed(0)
+    layer = NativeInt8Linear(nn.Linear(40, 24))
+    with torch.no_grad():
+        layer(torch.randn(1, 40))
+        layer.to(torch.bfloat16)
+        x = torch.randn(1, 40, dtype=torch.bfloat16)
+        out = layer(x)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, layer.reference(x), rtol=2**-7, atol=1e-2)
+
+
 # Each layer's memory is moved under the same tensor object, `.data =` and `share_memory()`, and the old memory freed:
 # a product still bound to the old address reads freed memory (numbers of 1e33 where it was measured, or a crash).
 MOVED_UNDER_THE_LAYER = """

@@ -324,6 +324,13 @@ class NativeInt8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.product = self._bind()
 
+    def _widen(self) -> None:
+        """The scales and bias in fp32 again, as the kernel reads them, where `.to(dtype)` converted them."""
+        for name in ("scales", "bias"):
+            tensor = getattr(self, name)
+            if tensor is not None and tensor.dtype != torch.float32:
+                setattr(self, name, tensor.float())
+
     def _bind(self) -> native_gemv.DenseProduct:
         """The kernel bound to this layer's tensors (`native_gemv.DenseProduct`): their checks and addresses taken
         once, for the eager steps' rows up to `NATIVE_QUANTIZED_ROWS`."""
@@ -337,6 +344,7 @@ class NativeInt8Linear(nn.Module):
             out = native_int8_product(self.weight, self.scales, rows, self.bias)  # dequantized for the call
         else:
             if not self.product.reads(self.weight, self.bias, self.scales):  # replaced (`.to`, an assignment)
+                self._widen()
                 self.product = self._bind()
             out = self.product(rows)
         out = out.view(*x.shape[:-1], self.out_features)
