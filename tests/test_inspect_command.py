@@ -860,6 +860,11 @@ def test_tuned_lens_trains_saves_and_reads_back_its_lens(runs, tmp_path):
                                     out=str(tmp_path / "c")))
     with pytest.raises(InputError, match="--lens names a saved tuned lens, which tuned-lens alone reads"):
         run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="logit-lens", text=texts, lens=str(saved)))
+    # --steps where nothing is trained was ignored: refused before the model loads
+    for analysis, lens, why in (("tuned-lens", str(saved), "--lens reads a lens trained before"),
+                                ("logit-lens", None, "logit-lens trains none")):
+        with pytest.raises(InputError, match=f"--steps counts the training steps of sae and tuned-lens; {why}"):
+            run_inspect(InspectSettings(run=str(runs["decoder"]), analysis=analysis, text=texts, lens=lens, steps=9))
 
 
 def test_tuned_lens_trains_the_papers_250_steps_unless_told_and_reports_no_kl_below_zero(runs, tmp_path,

@@ -207,6 +207,9 @@ def _check_inputs(settings: InspectSettings) -> None:
     if settings.lens is not None and settings.analysis != "tuned-lens":
         raise InputError(f"--lens names a saved tuned lens, which tuned-lens alone reads; {settings.analysis} reads "
                          "none: drop it")
+    if settings.steps is not None and (settings.analysis not in ("sae", "tuned-lens") or settings.lens is not None):
+        trains = f"{settings.analysis} trains none" if settings.lens is None else "--lens reads a lens trained before"
+        raise InputError(f"--steps counts the training steps of sae and tuned-lens; {trains}: drop it")
     if needs_text and not settings.text and settings.input is None:
         raise InputError(f"{settings.analysis} runs the model on texts: give --text TEXT... or --input FILE")
     if settings.analysis == "path-patch" and not (settings.sender and settings.receiver and settings.via):
