@@ -283,7 +283,7 @@ def test_a_worker_copy_of_the_arms_counts_each_arm_once(tmp_path):
     arms.run("first", {}, compute(1), restore)
     worker = pickle.loads(pickle.dumps(arms))
     assert worker.run("second", {}, compute(2), restore) == 2 and worker.run("third", {}, compute(3), restore) == 3
-    arms.count(worker)
+    arms.merge_worker(worker)
     assert (arms.reused, arms.ran) == (["first", "second"], ["third"])
 
 

@@ -119,8 +119,8 @@ class Arms:
         self.ran.append(name)
         return value
 
-    def count(self, worker: Arms) -> None:
-        """Count the arms a worker process reused and ran as this run's: a worker is handed a copy of this Arms (the
+    def merge_worker(self, worker: Arms) -> None:
+        """Add the arms a worker process reused and ran to this run's: a worker is handed a copy of this Arms (the
         same directory), which holds what this one had counted when it was copied, and returns it; each arm is
         counted once. The summary `run_experiment` logs reads this one's lists."""
         self.reused += [name for name in worker.reused if name not in self.reused]

@@ -126,7 +126,7 @@ def run_seed(seed: int, placement: str, *, budget: str, progress: Progress | Non
 
 def run_seed_in_worker(seed: int, placement: str, *, budget: str, arms: Arms | None) -> tuple[SeedRuns, Arms | None]:
     """`run_seed` in a worker process, with the worker's copy of the run's arms, which holds the arms it reused and
-    ran: the run counts them (`Arms.count`) for its summary of what it reused."""
+    ran: the run adds them to its own (`Arms.merge_worker`) for its summary of what it reused."""
     return run_seed(seed, placement, budget=budget, progress=Progress(arms=arms)), arms
 
 
@@ -160,7 +160,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
             for part, arms in pool.map(each, *zip(*jobs, strict=True)):
                 parts.append(part)
                 if progress.arms is not None:
-                    progress.arms.count(arms)
+                    progress.arms.merge_worker(arms)
     per_seed = [SeedRuns(seed) for seed in range(seeds)]
     for part in parts:
         for field_name in ("losses", "curves", "diverged", "grads"):
