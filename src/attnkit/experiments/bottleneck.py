@@ -9,8 +9,8 @@ per-symbol accuracy are reported per source-length bucket. The claim, as measure
 falls off with length and attention shrinks the fall-off (each attention model loses less accuracy from the
 shortest bucket to the longest, starting where the model without attention starts: it copies the shortest strings
 as well, within SHORT_MARGIN, for a model that learned to copy nothing loses nothing with length either). It does
-not say attention removes it: at small budgets the attention models still
-copy the longest strings exactly far less often than the shortest, and the verdict's reason gives those figures.
+not say attention removes it: at small budgets the attention models still copy the longest strings exactly far less
+often than the shortest, and the verdict's reason gives those figures.
 """
 
 from __future__ import annotations
