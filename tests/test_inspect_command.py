@@ -799,9 +799,11 @@ def test_patch_by_position_patches_each_head_at_each_position_alone(runs, tmp_pa
     assert len([name for name in restored if name.startswith("blocks.0.attn head 1 position")]) == 10
     with pytest.raises(InputError, match="each head at each position, which patch and attribute do"):
         run_inspect(InspectSettings(run=str(runs["decoder"]), analysis="dla", text=("abc",), by_position=True))
-    with pytest.raises(InputError, match="a translation's heads read two of different lengths"):
-        run_inspect(InspectSettings(run=str(runs["encoder-decoder"]), analysis="patch", text=("abc\tcb",),
-                                    corrupt="jih\tcb", by_position=True))
+    for analysis, function in (("patch", "patching.patch_heads"), ("attribute", "attribution.attribute_heads")):
+        with pytest.raises(InputError, match=f"a translation's heads read two of different lengths: drop it "
+                                             rf"\(attnkit.inspect.{function}\(\.\.\., by_position=True\)"):
+            run_inspect(InspectSettings(run=str(runs["encoder-decoder"]), analysis=analysis, text=("abc\tcb",),
+                                        corrupt="jih\tcb", by_position=True))
 
 
 def test_patch_and_attribute_read_each_heads_queries_keys_values_or_pattern_by_point(runs, tmp_path):

@@ -259,9 +259,10 @@ def _check_run(loaded: Loaded, settings: InspectSettings) -> None:
                          "encoder-decoders and the recurrent seq2seq with attention (attention=bahdanau or luong-*); "
                          "for this run, attnkit eval measures its loss and attnkit generate samples from it")
     if settings.by_position and loaded.translates:
+        function = "attribution.attribute_heads" if settings.analysis == "attribute" else "patching.patch_heads"
         raise InputError("--by-position patches each head at each position of one sequence; a translation's heads "
-                         "read two of different lengths: drop it (attnkit.inspect.patching.patch_heads(..., "
-                         "by_position=True) returns them in Python)")
+                         f"read two of different lengths: drop it (attnkit.inspect.{function}(..., by_position=True) "
+                         "returns them in Python)")
     if settings.analysis == "head-types" and not loaded.translates and (settings.text or settings.input):
         raise InputError("head-types scores a one-sequence model's heads on repeated random tokens (--seed draws "
                          "them), not on given texts: drop --text / --input (a translation run alone is scored on its "
