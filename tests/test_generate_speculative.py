@@ -451,3 +451,14 @@ def test_a_target_drafting_for_itself_is_counted_a_draft_per_row_and_round():
                                          context_len=config.max_seq_len)
     assert (stats.rounds, stats.drafts, stats.drafted, stats.accepted, stats.advanced) == (3, 6, 14, 14, 10)
     assert tokens == generate_tokens(target, [[1, 2, 3], [4, 5]], max_new_tokens=10, context_len=config.max_seq_len)
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+@pytest.mark.parametrize("value", ["2", "4"])  # 4, the default, given is refused as well: nothing reads it
+def test_draft_tokens_without_a_draft_is_refused_in_one_line_naming_draft(runs, capsys, monkeypatch, command, value):
+    monkeypatch.setattr("attnkit.serve.build_app", lambda settings: pytest.fail("the server went on to load its run"))
+    argv = [command, "--run", str(runs["target"]), "--draft-tokens", value, "--device", "cpu"]
+    argv += ["--prompt", "ab", "--max-new-tokens", "2"] if command == "generate" else ["--port", "0"]
+    assert cli.main(argv) != 0
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and f"--draft-tokens {value}" in error[0] and "give --draft RUN too" in error[0]

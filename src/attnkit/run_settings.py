@@ -181,6 +181,7 @@ def check_beams_fit_context(longest_prompt: int, max_new_tokens: int, context_le
 
 
 MAX_DRAFT_TOKENS = 64  # past it, a draft that agrees that long would be the model worth running
+DRAFT_TOKENS = 4  # the tokens a draft proposes a round where --draft-tokens is not given
 
 
 def check_draft_tokens(draft_tokens: object, *, flags: bool = False) -> int:
@@ -191,6 +192,15 @@ def check_draft_tokens(draft_tokens: object, *, flags: bool = False) -> int:
         raise InputError(f"{name} must be an integer from 1 to {MAX_DRAFT_TOKENS} (the tokens the draft proposes a "
                          "round; 2 to 6 is usual)")
     return draft_tokens
+
+
+def draft_tokens_flag(draft: str | None, draft_tokens: int | None) -> int:
+    """The --draft-tokens a command decodes with (DRAFT_TOKENS where not given). Raises InputError where it is given
+    without --draft (nothing would read it) or is out of range (`check_draft_tokens`)."""
+    if draft is None and draft_tokens is not None:
+        raise InputError(f"--draft-tokens {draft_tokens} is what a draft proposes a round: give --draft RUN too (a "
+                         "smaller decoder run with the same tokenizer), or leave --draft-tokens out")
+    return check_draft_tokens(DRAFT_TOKENS if draft_tokens is None else draft_tokens, flags=True)
 
 
 def check_draft_fits_context(longest_prompt: int, max_new_tokens: int, context_len: int, *,

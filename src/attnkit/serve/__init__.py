@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from attnkit.errors import InputError
+from attnkit.run_settings import draft_tokens_flag
 from attnkit.serve.listen import bind, check_port, is_local, url
 from attnkit.serve.settings import API_KEY_ENV, ServeSettings
 
@@ -35,8 +36,8 @@ log = logging.getLogger(__name__)
 
 def _checked(settings: ServeSettings) -> ServeSettings:
     """The settings with the API key from the environment when none was given; InputError for a port that is no
-    TCP port, a host that is no address, a host other than this machine's loopback asked for without a key, or a
-    limit below 1."""
+    TCP port, a host that is no address, a host other than this machine's loopback asked for without a key, a
+    limit below 1, or --draft-tokens without --draft."""
     from dataclasses import replace
 
     check_port(settings.port)
@@ -51,6 +52,7 @@ def _checked(settings: ServeSettings) -> ServeSettings:
         raise InputError("--prefix-cache-mib must be at least 0 (or turn the cache off: --no-prefix-cache)")
     if settings.timeout <= 0:
         raise InputError("--timeout must be a positive number of seconds")
+    draft_tokens_flag(settings.draft, settings.draft_tokens)
     if settings.shutdown_timeout < 0:
         raise InputError("--shutdown-timeout must be 0 (end the requests in flight at once) or a positive number of "
                          "seconds to let them finish")

@@ -34,7 +34,7 @@ class ServeSettings(DecodeSettings):
     """a smaller decoder run with the same tokenizer: speculative decoding of the requests it can serve (greedy, or
     sampled without a seed, no penalties, grammar or logprobs: the others decode as without it); the same text
     (greedy) or distribution (sampled) as this run alone; /metrics shows the acceptance rate"""
-    draft_tokens: int = 4  # --draft: the tokens the draft proposes a round (2 to 6 is usual)
+    draft_tokens: int | None = None  # --draft: the tokens the draft proposes a round (default 4; 2 to 6 is usual)
     served_model_name: tuple[str, ...] = ()  # names requests may ask for, answers carry the first; none: the run's
     allowed_origins: tuple[str, ...] = ()  # web pages' origins that may call the API from a browser (CORS; * any)
     timeout: float = 120.0  # seconds a request may run after its body (then 504), and the longest pause in a body (408)

@@ -22,7 +22,7 @@ from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.pipeline import Pipeline
 from attnkit.layers.prefix_cache import PrefixCache
 from attnkit.models import family_of
-from attnkit.run_settings import check_draft_tokens
+from attnkit.run_settings import draft_tokens_flag
 from attnkit.serve.batching import Scheduler
 from attnkit.serve.bodies import parse_body, read_body
 from attnkit.serve.errors import SHUTTING_DOWN, APIError
@@ -140,10 +140,10 @@ def speculative_rows(pipeline: Pipeline, settings: ServeSettings) -> Speculative
     another vocabulary, family or device."""
     if settings.draft is None:
         return None
-    check_draft_tokens(settings.draft_tokens, flags=True)
+    draft_tokens = draft_tokens_flag(settings.draft, settings.draft_tokens)
     draft = pipeline.check_draft(settings.draft)
-    log.info("speculative decoding with the draft %s, %d tokens a round", settings.draft, settings.draft_tokens)
-    return SpeculativeScheduler(pipeline.model, draft.model, draft_tokens=settings.draft_tokens,
+    log.info("speculative decoding with the draft %s, %d tokens a round", settings.draft, draft_tokens)
+    return SpeculativeScheduler(pipeline.model, draft.model, draft_tokens=draft_tokens,
                                 context_len=min(pipeline.config.max_seq_len, draft.config.max_seq_len),
                                 pad_id=pipeline.pad_id, max_rows=settings.max_batch, max_waiting=settings.max_queue,
                                 writable=pipeline.tokenizer.vocab_size)

@@ -69,8 +69,8 @@ from attnkit.run_settings import (
     beams_asked,
     check_beams_fit_context,
     check_draft_fits_context,
-    check_draft_tokens,
     check_search,
+    draft_tokens_flag,
     read_inputs,
     read_stdin,
     refuse_beside_beams,
@@ -585,7 +585,7 @@ class GenerateSettings(SamplingSettings):
     draft: str | None = None
     """a smaller decoder run with the same tokenizer: speculative decoding, the same text (greedy) or distribution
     (sampled) as this run alone, faster where the draft agrees; the acceptance rate is logged"""
-    draft_tokens: int = 4  # --draft: the tokens the draft proposes a round (2 to 6 is usual)
+    draft_tokens: int | None = None  # --draft: the tokens the draft proposes a round (default 4; 2 to 6 is usual)
     chat: bool = False
     """the prompt is a user's turn, rendered with the run's chat template and its special tokens (its own, else
     attnkit's System:/User:/Assistant: format) as attnkit serve's /v1/chat/completions renders a chat; the reply
@@ -740,10 +740,10 @@ def chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, prompt: str, *, sy
 def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     """`attnkit generate`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
     check_beam_flags(settings)
-    if settings.draft is not None:  # named as the flags, before either model loads
+    draft_tokens = draft_tokens_flag(settings.draft, settings.draft_tokens)  # named as the flags, before a model loads
+    if settings.draft is not None:
         refuse_beside_draft({name: getattr(settings, name) for name in NOT_BESIDE_DRAFT
                              if name not in API_ONLY_BESIDE_DRAFT}, flags=True)
-        check_draft_tokens(settings.draft_tokens, flags=True)
     if settings.system is not None and not settings.chat:
         raise InputError("--system is a chat's system turn: give --chat too (the prompt is then the user's turn)")
     prompt = read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
@@ -784,7 +784,7 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
             stop_tokens=sorted(stop_tokens), on_text=on_text, **constraint,
             num_beams=settings.num_beams, length_penalty=settings.length_penalty,
             early_stopping=settings.early_stopping, num_return_sequences=settings.num_return_sequences,
-            draft=draft, draft_tokens=settings.draft_tokens, do_sample=settings.do_sample,
+            draft=draft, draft_tokens=draft_tokens, do_sample=settings.do_sample,
         )
     if stream:
         streamed.finish()
