@@ -501,7 +501,7 @@ plt.show()
 # model's training on predicting what nobody can, which is why chat fine-tuning leaves the prompt out.
 #
 # **In attnkit:** `attnkit train --task chat` (`attnkit/tasks/chat.py`; conversations as messages,
-# prompt/completion or Alpaca's instruction/input/output, `attnkit/data/chat.py`), then
+# prompt/completion, Alpaca's instruction/input/output or ShareGPT's conversations, `attnkit/data/chat.py`), then
 # `attnkit chat RUN` to chat with it turn after turn (or `attnkit generate --run RUN --chat --prompt "face"` for one
 # reply, `attnkit serve --run RUN` for the chat API); the format and its labels are
 # `attnkit.chat_format.ChatTemplate`. [Pre-training, fine-tuning,
