@@ -181,7 +181,7 @@ def check_beams_fit_context(longest_prompt: int, max_new_tokens: int, context_le
 
 
 MAX_DRAFT_TOKENS = 64  # past it, a draft that agrees that long would be the model worth running
-DRAFT_TOKENS = 4  # the tokens a draft proposes a round where --draft-tokens is not given
+DRAFT_TOKENS = 4  # the tokens a draft proposes a round where none are asked for (--draft-tokens, draft_tokens=)
 
 
 def check_draft_tokens(draft_tokens: object, *, flags: bool = False) -> int:

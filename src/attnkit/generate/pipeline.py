@@ -50,16 +50,18 @@ from attnkit.generate.plan import InferencePlan, check_quantization, plan_infere
 from attnkit.generate.quantize import QUANTIZE_FORMS
 from attnkit.generate.sampling import SamplingConfig, check_sampling, choice_seed, make_generator
 from attnkit.generate.seq2seq import check_max_length
-from attnkit.generate.speculative import check_draft_tokens, speculative_generate
+from attnkit.generate.speculative import speculative_generate
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.machine import free_bytes, gib, pick_device
 from attnkit.run_settings import (
     CLI_ONLY_BESIDE_BEAMS,
     CLI_ONLY_BESIDE_DRAFT,
+    DRAFT_TOKENS,
     NOT_BESIDE_BEAMS,
     NOT_BESIDE_DRAFT,
     SAMPLED_BEAMS_TAKE,
     beams_asked,
+    check_draft_tokens,
     check_search,
     refuse_beside_beams,
     refuse_beside_draft,
@@ -176,7 +178,7 @@ class Pipeline:
         early_stopping: bool = False,
         num_return_sequences: int = 1,
         draft: Pipeline | str | Path | None = None,
-        draft_tokens: int = 4,
+        draft_tokens: int = DRAFT_TOKENS,
         do_sample: bool = False,
     ) -> list[str]:
         """Continue each prompt (a text, or its token ids as given: a chat's rendered by its template,

@@ -50,7 +50,7 @@ from attnkit.generate.sampling import (
 )
 from attnkit.layers.kv_cache import KVCache
 from attnkit.machine import free_bytes, gib
-from attnkit.run_settings import check_draft_fits_context, check_draft_tokens
+from attnkit.run_settings import DRAFT_TOKENS, check_draft_fits_context, check_draft_tokens
 
 
 @dataclass
@@ -147,7 +147,7 @@ def speculative_generate(
     *,
     max_new_tokens: int,
     context_len: int,
-    draft_tokens: int = 4,
+    draft_tokens: int = DRAFT_TOKENS,
     sampling: SamplingConfig = GREEDY,
     generator: torch.Generator | Sequence[torch.Generator | None] | None = None,
     pad_id: int = 0,
