@@ -20,7 +20,7 @@ from pathlib import Path
 class Topic:
     """One slide topic and what covers it; every reference is checked by the docs test."""
 
-    slide: str  # the topic in the lecture's own words
+    slide: str  # the topic in the lecture's own words; in parentheses, what attnkit adds and the command to run it
     tutorial: str | None = None  # a tutorial's file stem under docs/tutorials/
     modules: tuple[str, ...] = ()  # dotted modules under attnkit ("layers.attention"), or "module:Name"
     experiment: str | None = None  # an `attnkit experiment` name
