@@ -144,8 +144,8 @@ async def load(url: str, clients: int, requests: int, new_tokens: int, *, max_ba
     limits = httpx.Limits(max_connections=clients + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
         await one_request(http, url, 0, 4)  # warm-up: a step of one row,
-        if max_batch > 1:
-            await one_request(http, url, 0, 4, n=2)  # and of several (a server of one row refuses two choices)
+        if max_batch > 2:
+            await one_request(http, url, 0, 4, n=2)  # and of several (one request takes at most max_batch - 1 rows)
         before = await settled_counts(http, url)  # the warm-up's iterations all counted: the scheduler is idle
         start = time.perf_counter()
         results = await asyncio.gather(*(client(i, http) for i in range(clients)))

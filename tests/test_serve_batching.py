@@ -94,7 +94,7 @@ arrivals = st.lists(
 
 
 @settings(max_examples=30, deadline=None)
-@given(arrivals=arrivals, max_rows=st.integers(3, 8))
+@given(arrivals=arrivals, max_rows=st.integers(4, 8))  # n up to 3: one request takes at most max_rows - 1
 def test_rows_joining_and_leaving_at_any_step_get_the_tokens_they_get_alone(model, arrivals, max_rows):
     scheduler = scheduler_for(model, max_rows)
     recorded = []
@@ -318,11 +318,31 @@ def test_a_job_that_fails_fails_alone_and_the_others_get_the_tokens_they_get_alo
         assert request.tokens == request.alone(model)
 
 
+def test_one_request_never_takes_every_row_so_a_later_short_one_ends_first(model):
+    """A request of n = max_rows choices would hold every row for all its tokens, and a request that came after it
+    would wait for it to end: one request takes at most max_rows - 1 rows, and the row left is the later one's."""
+    scheduler = scheduler_for(model, max_rows=4)
+    with pytest.raises(InputError, match=r"n=4 .*one request takes at most 3 rows"):
+        scheduler.submit(Recorded([1, 2], 40, n=4).job)
+    ended: list[str] = []
+    long, short = Recorded([1, 2], 40, n=3), Recorded([5, 6], 2)
+    for name, request in (("long", long), ("short", short)):
+        finish = request.job.on_finish
+        request.job.on_finish = lambda reasons, name=name, finish=finish: (ended.append(name), finish(reasons))
+    scheduler.submit(long.job)
+    iterate(scheduler)  # the long request runs alone, on three of the four rows
+    scheduler.submit(short.job)
+    drain(scheduler)
+    assert ended == ["short", "long"] and long.reasons == ["length"] * 3
+    assert short.tokens == short.alone(model) and long.tokens == long.alone(model)
+    assert Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=1).most_choices == 1  # one row: it is the request's
+
+
 def test_a_decoding_step_that_fails_ends_the_running_jobs_and_the_waiting_ones_still_run(model, monkeypatch):
-    scheduler = scheduler_for(model, max_rows=2)
-    running, waiting = Recorded([1, 2], 8, n=2), Recorded([3, 4], 5, sampling=SamplingConfig(), seed=1)
+    scheduler = scheduler_for(model, max_rows=3)
+    running, waiting = Recorded([1, 2], 8, n=2), Recorded([3, 4], 5, sampling=SamplingConfig(), seed=1, n=2)
     scheduler.submit(running.job)
-    scheduler.submit(waiting.job)  # no free row: it waits
+    scheduler.submit(waiting.job)  # too few free rows: it waits
     iterate(scheduler)
     monkeypatch.setattr(scheduler.decoding, "step", lambda window, cache: 1 / 0)
     with pytest.raises(ZeroDivisionError):

@@ -32,7 +32,8 @@ Each request keeps its own sampling settings and a seeded generator per choice (
 seed + i, as vLLM seeds the n samples of one request), and its rows are sampled together, so a request's tokens do
 not depend on which others share its steps: the tokens equal those of `Pipeline.generate` for the same prompt,
 settings and seed, and choice i's those of a request of one choice with seed + i. The `n` choices of one request
-are `n` rows that join and leave together (as `Pipeline.generate(num_samples=n)` keeps them). A request held to a
+are `n` rows that join and leave together (as `Pipeline.generate(num_samples=n)` keeps them), at most max_rows - 1
+of them (`most_choices`): one row is always left for the requests that come after it. A request held to a
 grammar (structured output) has a matcher per choice: its rows' logits are masked before they are sampled, beside
 free rows in the same step, and a choice ends ("stop") where its grammar is complete (`generate/constrained.py`).
 
@@ -357,9 +358,10 @@ class Scheduler:
             raise Closed(SHUTTING_DOWN)
         if self.stopped:
             raise Closed(STOPPED)
-        if job.n > self.max_rows:
+        if job.n > self.most_choices:
             raise InputError(f"n={job.n} is more than the server decodes at once ({self.max_rows}): ask for fewer, or "
-                             "serve with a larger --max-batch")
+                             f"serve with a larger --max-batch (one request takes at most {self.most_choices} rows: "
+                             "one is kept for the requests that come after it)")
         if len(job.prompt) + job.max_new_tokens > self.context_len:
             raise InputError(f"the prompt has {len(job.prompt)} tokens and max_tokens is {job.max_new_tokens}: "
                              f"together more than the model's context of {self.context_len}")
@@ -367,6 +369,12 @@ class Scheduler:
         speculative = self.speculative
         (speculative if speculative is not None and speculative.takes(job) else self).waiting.put(job)
         self._wake.set()
+
+    @property
+    def most_choices(self) -> int:
+        """The most rows (choices, `n`) one job may take: all but one of max_rows, so that a request of many choices
+        and many tokens never holds every row while a request that came after it waits for it to end."""
+        return max(1, self.max_rows - 1)
 
     @property
     def parts(self) -> list[Scheduler]:

@@ -56,7 +56,7 @@ def router(state: ServerState) -> APIRouter:
         bodies |= {"/api/analyze": ExploreRequest, "/api/step": StepRequest, "/api/inspect": ExploreRequest,
                    "/api/model": ModelViewRequest}
         most = {"max_tokens": settings.max_tokens, "max_completion_tokens": settings.max_tokens,
-                "n": settings.max_batch}
+                "n": scheduler.most_choices if scheduler is not None else settings.max_batch}
         return openapi(bodies, title=f"attnkit serve: {state.model_id}", limits=most)
 
     def card(name: str) -> dict:
