@@ -6,12 +6,16 @@
     state.py      what the routers share (the run, settings, scheduler, model lock), model calls off the loop
     bodies.py     request bodies read within --max-body and checked;  schemas.py  their models
     generation.py one prompt's job on the scheduler;  answer.py  the response, whole or streamed
-    batching.py   continuous batching over the KV cache (a request joins and leaves between steps)
+    batching.py   continuous batching over the KV cache (a request joins and leaves between steps);  waiting.py
+                  the requests waiting to join, taking turns
+    speculative.py with --draft: the rows that decode with the draft, a round after each of batching's steps
     listen.py     the port and host checked and bound before the run loads
-    server.py     uvicorn's server, which ends the work in flight (503) as soon as it is told to stop
+    server.py     uvicorn's server, which ends the work in flight (503) as soon as it is told to stop, and closes
+                  a connection whose request head comes too slowly
     errors.py     OpenAI-style error JSON;  chat.py  chat templates;  structured.py  response_format, tools, guided_*
     logprobs.py   log-probabilities in the API's shapes (logprobs, top_logprobs, echo)
     metrics.py    Prometheus text;  explorer.py  the explorer's numbers;  static/  its page (HTML, JS, CSS)
+    model_view.py, inspect_view.py, sae_view.py  the explorer's whole-model, inspect and SAE panels
 
 FastAPI and uvicorn come with the `serve` extra (`pip install attnkit[serve]`); `serve(settings)` needs them,
 this package's other modules import without them where they can.

@@ -12,9 +12,9 @@ if TYPE_CHECKING:
     from attnkit.tasks import TaskSpec
 
 API_KEY_ENV = "ATTNKIT_API_KEY"  # the API key, when --api-key is not given
+# what only a run that generates reads (its scheduler)
 GENERATION_OPTIONS = ("max_batch", "max_queue", "max_tokens", "prefix_cache", "prefix_cache_mib", "draft",
-                      "draft_tokens")  # what only a run
-# that generates reads (its scheduler)
+                      "draft_tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
