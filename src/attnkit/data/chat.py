@@ -108,7 +108,7 @@ def conversation(record: object) -> list[dict]:
         asked = "\n\n".join(part for part in (_text(record, "instruction"), _text(record, "input")) if part)
         messages = [{"role": "user", "content": asked}, {"role": "assistant", "content": _text(record, "output")}]
     elif "conversations" in record:
-        messages = _shared(record["conversations"])
+        messages = _sharegpt_turns(record["conversations"])
         system = _text(record, "system") if record.get("system") is not None else ""  # null: none (a data set's gap)
         if system and messages[0]["role"] != "system":  # a system turn of the conversation's own is read instead
             messages.insert(0, {"role": "system", "content": system})
@@ -141,7 +141,7 @@ def check_messages(value: object, key: str) -> list[dict]:
     return messages
 
 
-def _shared(value: object) -> list[dict]:
+def _sharegpt_turns(value: object) -> list[dict]:
     """ShareGPT's turns ({"from": "human" | "gpt" | "system", "value": ...}) as messages; InputError naming the turn
     that is not one."""
     if not isinstance(value, list) or not value:

@@ -2,8 +2,8 @@
 hold one.
 
 The user's turns come from standard input, one a line (a terminal, with line editing, or a pipe; a line that is not
-UTF-8, or longer than `LONGEST_LINE`, is refused with a warning, the chat going on). Each reply is
-drawn by `Pipeline.chat` over the whole history (the system turn, every earlier turn and reply, the new turn), so the
+UTF-8, or longer than `LONGEST_LINE`, is refused with a warning, the chat going on). Each reply is drawn by
+`Pipeline.chat` over the whole history (the system turn, every earlier turn and reply, the new turn), so the
 model reads the chat as the run's template renders it (`ChatTemplate.chat_ids`: as chat fine-tuning read its
 conversations and `attnkit serve` reads a chat), and is streamed to standard output as it comes, ended at the
 template's end of turn (its stop strings, its turn-end token, EOS).
@@ -163,8 +163,9 @@ def turns_of(stdin: TextIO) -> Iterator[str]:
 
 def lines_of(stdin: TextIO) -> Generator[str | None, str | None, None]:
     """The lines of the input, until its end: a terminal's with the `>>> ` prompt (or the prompt sent for the next
-    line, `MORE`) and line editing (Ctrl-C there gives None and a fresh line), a pipe's or a file's as its bytes read
-    as UTF-8 (a byte that is not kept as a lone surrogate, which `run_chat` refuses)."""
+    line, `MORE`) and line editing (Ctrl-C there gives None and a fresh line); a pipe's or a file's read as bytes,
+    at most LONGEST_LINE of them a line (a longer line is skipped with a warning), and decoded as UTF-8 (a byte that
+    is not UTF-8 kept as a lone surrogate, which `run_chat` refuses)."""
     if stdin is sys.stdin and stdin.isatty():
         try:
             import readline  # noqa: F401  (line editing and recall for input(), where Python has it)
