@@ -6,6 +6,7 @@ and keeps a translator at the identity where a layer's stream is already the las
 
 import copy
 import json
+import logging
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ from attnkit.inspect.tuned_lens import (
     WEIGHTS_FILE,
     lens_divergences,
     load_tuned_lens,
+    output_digest,
     save_tuned_lens,
     train_tuned_lens,
     tuned_lens,
@@ -448,7 +450,7 @@ def test_the_tuned_lens_steps_as_the_paper_sets_its_sgd():
     assert moved() == pytest.approx(0.19, rel=1e-5)
 
 
-def test_a_saved_lens_reads_back_equal_and_a_damaged_one_is_refused(induction_model, tmp_path):
+def test_a_saved_lens_reads_back_equal_and_a_damaged_one_is_refused(induction_model, tmp_path, caplog):
     lens = train_tuned_lens(induction_model, _lens_batches(0), steps=5)
     saved = save_tuned_lens(lens, tmp_path / "lens", record={"steps": 5})
     assert json.loads((saved / CONFIG_FILE).read_text())["steps"] == 5
@@ -476,6 +478,16 @@ def test_a_saved_lens_reads_back_equal_and_a_damaged_one_is_refused(induction_mo
         load_tuned_lens(saved, other)
     with pytest.raises(InputError, match="at least one training step"):
         train_tuned_lens(induction_model, _lens_batches(0), steps=0)
+    # read for a model of the same shape with another output layer, the lens warns, as the tuned-lens package does
+    assert json.loads((saved / CONFIG_FILE).read_text())["trained_on"] == output_digest(induction_model)
+    retrained = copy.deepcopy(induction_model)
+    with torch.no_grad():
+        retrained.lm_head.weight.add_(0.01)
+    with caplog.at_level(logging.WARNING, logger="attnkit.inspect.tuned_lens"):
+        load_tuned_lens(saved, induction_model)
+        assert not caplog.records
+        load_tuned_lens(saved, retrained)
+    assert "was trained on a model with another output layer" in caplog.text
     # read for a model on another device (a CUDA run's --lens; here the meta device), the lens goes where it runs
     elsewhere = copy.deepcopy(induction_model).to("meta")
     assert {p.device.type for p in load_tuned_lens(saved, elsewhere).parameters()} == {"meta"}

@@ -19,6 +19,7 @@ a JSON record of its layers and width, and checked against both, and against the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable
@@ -47,11 +48,13 @@ SCORED_TOKENS = 512  # tokens read through the output layer at once when scoring
 
 class TunedLens(nn.Module):
     """One affine translator per layer but the last, each `h + A h + b` (A (C, C), b (C,)), zero at the start: the
-    logit lens. `layers` names the streams it reads, in the logit lens's order."""
+    logit lens. `layers` names the streams it reads, in the logit lens's order; `trained_on` is the `output_digest` of
+    the model it was trained on (None: unknown)."""
 
-    def __init__(self, layers: list[str], d_model: int) -> None:
+    def __init__(self, layers: list[str], d_model: int, trained_on: str | None = None) -> None:
         super().__init__()
         self.layers = list(layers)
+        self.trained_on = trained_on
         self.translators = nn.ModuleList(nn.Linear(d_model, d_model) for _ in layers[:-1])
         for translator in self.translators:
             nn.init.zeros_(translator.weight)
@@ -134,7 +137,7 @@ def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = PAP
         raise InputError(f"steps={steps}: a tuned lens needs at least one training step (the paper's uses 250)")
     found = _streams(model, batches)
     model = module_of(model)
-    lens = TunedLens(found.layers, found.streams.shape[-1]).to(found.streams.device)
+    lens = TunedLens(found.layers, found.streams.shape[-1], output_digest(model)).to(found.streams.device)
     _, unembed = unembedding(model)
     frozen = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(lens.parameters(), lr=lr * (1 - MOMENTUM), momentum=MOMENTUM, nesterov=True,
@@ -199,7 +202,7 @@ def save_tuned_lens(lens: TunedLens, directory: str | Path, *, record: dict | No
     """Write `directory` (tuned_lens.json, tuned_lens.safetensors) whole or not at all; `record` (the KL per layer,
     the training settings) goes into the JSON."""
     document = {"method": "tuned lens (Belrose et al. 2023)", "layers": lens.layers, "d_model": lens.width or 0,
-                **(record or {})}
+                **({"trained_on": lens.trained_on} if lens.trained_on else {}), **(record or {})}
     with atomic_output(directory, directory=True, overwrite=True) as partial:
         save_tensors({name: t.detach().float() for name, t in lens.state_dict().items()}, partial / WEIGHTS_FILE)
         atomic_write(partial / CONFIG_FILE, json.dumps(document, indent=2) + "\n")
@@ -208,8 +211,9 @@ def save_tuned_lens(lens: TunedLens, directory: str | Path, *, record: dict | No
 
 def load_tuned_lens(directory: str | Path, model: nn.Module | None = None) -> TunedLens:
     """Read a lens `save_tuned_lens` wrote, every tensor checked against the JSON's layers and width (present, of its
-    shape, finite) and, given `model`, the lens against the model and on its device. Raises CheckpointError naming the
-    file and what is wrong, InputError for a lens of another model."""
+    shape, finite) and, given `model`, the lens against the model and on its device, with a warning where the model's
+    output layer is not the one the lens was trained with (`output_digest`). Raises CheckpointError naming the file and
+    what is wrong, InputError for a lens of another model's layers or width."""
     directory = Path(directory)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (directory / name).is_file():
@@ -223,7 +227,8 @@ def load_tuned_lens(directory: str | Path, model: nn.Module | None = None) -> Tu
         raise CheckpointError(f"{where} has no list of layers and d_model: it is not a tuned lens's record "
                               "(attnkit inspect RUN tuned-lens writes one to OUT/tuned-lens)")
     tensors = load_tensors(directory / WEIGHTS_FILE)
-    lens = TunedLens(layers, width)
+    trained_on = document.get("trained_on")
+    lens = TunedLens(layers, width, trained_on if isinstance(trained_on, str) else None)
     expected = {name: tuple(t.shape) for name, t in lens.state_dict().items()}
     found = {name: tuple(t.shape) for name, t in tensors.items()}
     if found != expected:
@@ -238,4 +243,19 @@ def load_tuned_lens(directory: str | Path, model: nn.Module | None = None) -> Tu
         model = module_of(model)
         check_lens(lens, model)
         lens.to(next(model.parameters()).device)  # where the model's streams are (a CUDA run's --lens)
+        digest = output_digest(model)
+        if lens.trained_on and digest and digest != lens.trained_on:  # as the tuned-lens package, a warning
+            log.warning("%s was trained on a model with another output layer (sha256 %s..., this one's %s...): its "
+                        "readings may not hold here; train a lens for this model (attnkit inspect RUN tuned-lens)",
+                        directory, lens.trained_on[:12], digest[:12])
     return lens.eval()
+
+
+def output_digest(model: nn.Module) -> str | None:
+    """The sha256 of `model`'s output layer's weight (as fp32): which model a lens was trained on, as the tuned-lens
+    package records its unembedding's hash. None for an output layer without a plain weight, or without values (on the
+    meta device)."""
+    weight = getattr(getattr(module_of(model), "lm_head", None), "weight", None)
+    if not isinstance(weight, Tensor) or weight.is_meta:
+        return None
+    return hashlib.sha256(weight.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
