@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.generate.decoder import Window, left_pad, logits_of_new, prefill
-from attnkit.generate.sampling import check_drawn, draw
+from attnkit.generate.sampling import Groups, check_drawn, draw
 from attnkit.generate.speculative import Shaper, Speculation, accept_greedy, accept_sampled, advance_together
 from attnkit.run_settings import check_draft_tokens
 from attnkit.serve.batching import Batch, GenerationJob, Scheduler
@@ -196,17 +196,7 @@ class SpeculativeScheduler(Scheduler):
         window = batch.window()  # (B, L + 1 - first)
         drafted, q = self._draft(window, drafts.cache, k, rows_of)  # (B, k), (B, k, V)
         scored = logits_of_new(self.model, window.extend(drafted), batch.cache, k + 1)  # (B, k + 1, V')
-        kept = torch.empty(len(batch.rows), dtype=torch.long, device=self.device)  # (B,): the drafts each row kept
-        after = torch.empty_like(kept)  # (B,): the token after them
-        for job, rows in rows_of.items():
-            shaper, groups = self.shapers[job], [(1, generator) for generator in job.generators]
-            if job.sampling.greedy:
-                chosen = torch.stack([shaper.choose(scored[rows, i], job.produced + i, groups)
-                                      for i in range(k + 1)], dim=1)  # (b, k + 1)
-                kept[rows], after[rows] = accept_greedy(chosen, drafted[rows])
-            else:
-                p = torch.stack([shaper.probs(scored[rows, i], job.produced + i) for i in range(k + 1)], dim=1)
-                kept[rows], after[rows] = accept_sampled(p, q[rows], drafted[rows], groups)
+        kept, after = self._accept(scored, drafted, q, rows_of)  # (B,), (B,)
         kept_by_row = kept.tolist()
         live = [row for row, (job, choice) in enumerate(batch.rows) if job.reasons[choice] is None]
         n = min(kept_by_row[row] for row in live)  # the drafts every live row keeps
@@ -224,6 +214,26 @@ class SpeculativeScheduler(Scheduler):
         self._write(tokens.clamp(min=0), k, n)
         self.step_seconds = time.monotonic() - started  # how long joining jobs wait for company (`Scheduler._due`)
 
+    def _accept(self, scored: Tensor, drafted: Tensor, q: Tensor | None, rows_of: dict[GenerationJob, Tensor]
+                ) -> tuple[Tensor, Tensor]:
+        """The target's verdict on each row's k drafts (B, k), each job's rows shaped by its settings: how many drafts
+        the row keeps (B,) and the token after them (B,) (`accept_greedy`, or Leviathan et al.'s `accept_sampled`
+        over the draft's distributions q (B, k, V)). `scored`: the target's logits over the k + 1 columns
+        (B, k + 1, V')."""
+        k = drafted.shape[1]
+        kept = torch.empty(drafted.shape[0], dtype=torch.long, device=self.device)  # (B,)
+        after = torch.empty_like(kept)  # (B,)
+        for job, rows in rows_of.items():
+            shaper, groups = self.shapers[job], _groups(job)
+            if job.sampling.greedy:
+                chosen = torch.stack([shaper.choose(scored[rows, i], job.produced + i, groups)
+                                      for i in range(k + 1)], dim=1)  # (b, k + 1)
+                kept[rows], after[rows] = accept_greedy(chosen, drafted[rows])
+            else:
+                p = torch.stack([shaper.probs(scored[rows, i], job.produced + i) for i in range(k + 1)], dim=1)
+                kept[rows], after[rows] = accept_sampled(p, q[rows], drafted[rows], groups)
+        return kept, after
+
     def _draft(self, window: Window, cache, k: int, rows_of: dict[GenerationJob, Tensor]
                ) -> tuple[Tensor, Tensor | None]:
         """The draft's k proposals (B, k) after the window, each job's rows shaped by its settings, and their
@@ -236,7 +246,7 @@ class SpeculativeScheduler(Scheduler):
             logits = prefill(self.draft, window, cache)  # (B, V'): the columns the cache lacks, the last one's logits
             token = torch.empty(batch, dtype=torch.long, device=self.device)
             for job, rows in rows_of.items():
-                shaper, groups = self.shapers[job], [(1, generator) for generator in job.generators]
+                shaper, groups = self.shapers[job], _groups(job)
                 if job.sampling.greedy:
                     token[rows] = shaper.choose(logits[rows], job.produced + i, groups)
                 else:
@@ -276,3 +286,8 @@ class SpeculativeScheduler(Scheduler):
         stats.drafted += k * len(kept)
         stats.accepted += sum(kept)
         stats.advanced += n + 1
+
+
+def _groups(job: GenerationJob) -> Groups:
+    """A job's rows as the sampling functions take them: a group of one row per choice, drawn from its generator."""
+    return [(1, generator) for generator in job.generators]
