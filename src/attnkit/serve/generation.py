@@ -75,8 +75,7 @@ class Generation:
             raise APIError(400, str(error), param="min_tokens") from None
         self.prompt_ids = ids
         self.prompt_tokens = len(ids)
-        self.completion_tokens = 0  # of every choice
-        self.choice_tokens = [0] * body.n  # of each choice
+        self.choice_tokens = [0] * body.n  # the tokens each choice has made (`completion_tokens`: all of them)
         self.echo = "" if not echo else prompt if isinstance(prompt, str) else pipeline.tokenizer.decode(ids)
         self.prompt_scores: list[Scored] = []  # the echoed prompt's tokens, scored (echo with logprobs)
         self.scores = [ChoiceScores(pipeline.tokenizer) for _ in range(body.n)] if logprobs is not None else None
@@ -92,12 +91,16 @@ class Generation:
             grammar=structured.mask(pipeline.tokenizer, body.n) if structured else None,
             owner=body)  # the request: its prompts take turns with other requests' (`serve/waiting.py`)
 
+    @property
+    def completion_tokens(self) -> int:
+        """The tokens every choice has made together (the usage's completion_tokens)."""
+        return sum(self.choice_tokens)
+
     # on the scheduler's thread
     def _scored(self, choice: int, token: int, logprob: float, top: list[tuple[int, float]]) -> None:
         self.scores[choice].add(token, logprob, top)
 
     def _token(self, choice: int, token: int) -> bool:
-        self.completion_tokens += 1
         self.choice_tokens[choice] += 1
         return self.tracker.push(choice, token)
 
