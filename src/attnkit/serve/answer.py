@@ -160,8 +160,9 @@ class Answer:
         return generation.structured.reply(text, reason)
 
     def _withheld(self, generation: Generation, texts: list[str], reasons: list[str]) -> tuple[str | None, list[str]]:
-        """For a stream whose replies come whole at their end (tool calls): the chunk with each choice's message (None
-        for others), and the finish reasons it gives."""
+        """For a stream whose replies come whole at their end (tool calls): the chunk with each choice's message (a
+        chunk per choice with continuous_usage_stats, `_chunks`; None for other streams), and the finish reasons it
+        gives."""
         if generation.structured is None or not generation.structured.withheld:
             return None, reasons
         deltas, finished = [], []
