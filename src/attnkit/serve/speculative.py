@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.generate.decoder import Window, left_pad, logits_of_new, prefill
-from attnkit.generate.sampling import Groups, check_drawn, draw
+from attnkit.generate.sampling import Groups, SamplingConfig, check_drawn, draw
 from attnkit.generate.speculative import Shaper, Speculation, accept_greedy, accept_sampled, advance_together
 from attnkit.run_settings import check_draft_tokens
 from attnkit.serve.batching import Batch, GenerationJob, Scheduler
@@ -150,7 +150,7 @@ class SpeculativeScheduler(Scheduler):
         for row, (job, choice) in enumerate(batch.rows[start:]):
             rows_of.setdefault(job, [0] * job.n)[choice] = row
         chosen = torch.full((fresh,), self.pad_id, dtype=torch.long, device=self.device)
-        alike: dict = {}
+        alike: dict[SamplingConfig, list[GenerationJob]] = {}  # the live jobs of one setting: sampled in one call
         for job in rows_of:
             if None in job.reasons:
                 alike.setdefault(job.sampling, []).append(job)
