@@ -349,7 +349,7 @@ class Pipeline:
                                  "pipeline.chat_template.chat_ids(pipeline.tokenizer, messages) for several")
         self._require("generate")
         template = self.chat_template
-        messages = list(messages) if isinstance(messages, tuple) else messages  # any Sequence, as the signature says
+        messages = list(messages) if isinstance(messages, tuple) else messages  # a tuple as a list; a str refused whole
         ids = template.chat_ids(self.tokenizer, check_messages(messages, "messages"), tools)
         if len(ids) > self.config.max_seq_len:
             raise InputError(f"the chat renders as {len(ids)} tokens; the model reads at most "
