@@ -61,8 +61,9 @@ def test_a_head_that_does_not_fit_stays_first_and_cancelled_jobs_are_set_aside()
 
 
 def test_a_request_of_many_prompts_does_not_hold_a_later_one_until_it_ends(tmp_path):
-    """Served: six prompts of four choices each, on a server that decodes four rows at once, then a one-prompt
-    request: it is answered while the first still runs (before, it waited for all six prompts)."""
+    """Served: six prompts of three choices each, on a server that decodes four rows at once (one request takes at most
+    three), then a one-prompt request of two choices, which fits beside none of them: it is answered while the first
+    still runs (before, it waited for all six prompts)."""
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
     from serve_helpers import running_server, tiny_run
@@ -73,12 +74,12 @@ def test_a_request_of_many_prompts_does_not_hold_a_later_one_until_it_ends(tmp_p
             reply = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
             ended.append(f"{name} {reply.status_code}")
 
-        many = threading.Thread(target=ask, args=("many", {"prompt": ["ab"] * 6, "n": 4, "max_tokens": 40,
+        many = threading.Thread(target=ask, args=("many", {"prompt": ["ab"] * 6, "n": 3, "max_tokens": 40,
                                                            "ignore_eos": True}))
         many.start()
         while app.state.scheduler.batch is None and many.is_alive():  # the first prompt has joined
             threading.Event().wait(0.01)
-        ask("one", {"prompt": "ab", "max_tokens": 2})
+        ask("one", {"prompt": "ab", "n": 2, "max_tokens": 2})
         many.join(120)
     assert ended == ["one 200", "many 200"]
 
