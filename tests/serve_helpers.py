@@ -68,14 +68,18 @@ def wait_until_up(server, url: str, bound: float) -> None:
 
 @contextmanager
 def running_server(run: Path, **settings):
-    """Serve `run` on 127.0.0.1 on a free port in a thread; yields (base URL, app); stops the server after."""
+    """Serve `run` on 127.0.0.1 on a free port in a thread, its connections as `attnkit serve` keeps them (a request's
+    head has --timeout to arrive, `serve.server.head_deadline`); yields (base URL, app); stops the server after."""
     import uvicorn
 
     from attnkit.serve import ServeSettings, build_app
+    from attnkit.serve.server import head_deadline
 
     port = free_port()
-    app = build_app(ServeSettings(run=str(run), port=port, **settings))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    served = ServeSettings(run=str(run), port=port, **settings)
+    app = build_app(served)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                          http=head_deadline(served.timeout)))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
 httpx = pytest.importorskip("httpx")
 
-from serve_helpers import free_port, tiny_run, wait_until_up  # noqa: E402
+from serve_helpers import free_port, running_server, tiny_run, wait_until_up  # noqa: E402
 
 TIMEOUT = 2  # the server's --timeout, seconds
 BOUND = 60  # seconds the server may take to start, a request to end, a connection to be closed
@@ -61,27 +60,67 @@ def _slow_heads_are_closed(port: int) -> None:
             client.close()
 
 
-def test_the_head_deadline_closes_request_heads_sent_in_part_or_trickled(tmp_path):
-    import uvicorn
+@pytest.fixture(scope="module")
+def port(tmp_path_factory):
+    """A server in a thread whose connections are kept as `attnkit serve` keeps them (`running_server`), --timeout
+    TIMEOUT."""
+    with running_server(tiny_run(tmp_path_factory.mktemp("slow-heads")), timeout=TIMEOUT) as (url, _app):
+        yield int(url.rsplit(":", 1)[1])
 
-    from attnkit.serve import ServeSettings, build_app
-    from attnkit.serve.server import head_deadline
 
-    port = free_port()
-    app = build_app(ServeSettings(run=str(tiny_run(tmp_path)), port=port, timeout=TIMEOUT))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           http=head_deadline(TIMEOUT)))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + BOUND
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.05)
-        _slow_heads_are_closed(port)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=BOUND)
+def test_the_head_deadline_closes_request_heads_sent_in_part_or_trickled(port):
+    _slow_heads_are_closed(port)
+
+
+def _answers(sock: socket.socket, count: int) -> list[bytes]:
+    """The status lines of the next `count` answers on `sock` (each body read whole, by its Content-Length)."""
+    reader = sock.makefile("rb")
+    statuses = []
+    for _ in range(count):
+        statuses.append(reader.readline().rstrip())
+        length = 0
+        while (line := reader.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        reader.read(length)
+    return statuses
+
+
+def _request(body: bytes) -> tuple[bytes, bytes]:
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    return head, body
+
+
+def test_a_body_sent_slowly_after_a_whole_head_is_answered(port):
+    """The deadline is the head's: a body that comes in pieces, each pause within --timeout, over more than --timeout
+    in all, is read whole and answered."""
+    head, body = _request(b'{"prompt": "the cat", "max_tokens": 3, "seed": 0}')
+    with socket.create_connection(("127.0.0.1", port), timeout=BOUND) as client:
+        client.sendall(head)
+        pieces = [body[i:i + 10] for i in range(0, len(body), 10)]
+        for piece in pieces:
+            time.sleep(1.5 * TIMEOUT / len(pieces) + 0.1)  # in all past the deadline, each pause within --timeout
+            client.sendall(piece)
+        assert _answers(client, 1) == [b"HTTP/1.1 200 OK"]
+
+
+def test_pipelined_requests_are_each_answered_in_turn(port):
+    head, body = _request(b'{"prompt": "a", "max_tokens": 2}')
+    with socket.create_connection(("127.0.0.1", port), timeout=BOUND) as client:
+        client.sendall((head + body) * 3)  # three requests in one write, before any answer
+        assert _answers(client, 3) == [b"HTTP/1.1 200 OK"] * 3
+
+
+def test_a_kept_alive_connection_idle_past_the_deadline_is_replaced_not_failed(port):
+    """A client that keeps connections (httpx, under the openai client) and waits longer than --timeout between
+    requests: the server closed the idle connection, and the pool opens another for the next request."""
+    url = f"http://127.0.0.1:{port}"
+    body = {"prompt": "the cat", "max_tokens": 2}
+    with httpx.Client(timeout=BOUND, transport=httpx.HTTPTransport(retries=0)) as client:  # no retry hides a failure
+        assert client.post(f"{url}/v1/completions", json=body).status_code == 200
+        time.sleep(TIMEOUT + 0.5)  # the connection's next head is late: the server has closed it
+        assert client.post(f"{url}/v1/completions", json=body).status_code == 200
 
 
 @pytest.mark.slow  # a server process of its own (about 10 s to start); the test above holds the deadline itself
