@@ -3,8 +3,8 @@ Cho et al. 2014, Bahdanau et al. 2015).
 
 A recurrent encoder-decoder without attention hands the decoder one vector, the encoder's final state, however
 long the source. With Bahdanau's attention the decoder looks back at every encoder state; the Transformer does
-nothing else. Three models of similar size learn the synthetic copy task (reproduce a string of 10 symbols) on
-the same examples for the same number of steps, then translate held-out strings greedily; exact match and
+nothing else. Three models of similar size learn the synthetic copy task (reproduce a string over the 10 symbols a
+to j) on the same examples for the same number of steps, then translate held-out strings greedily; exact match and
 per-symbol accuracy are reported per source-length bucket. The claim, as measured: the model without attention
 falls off with length and attention shrinks the fall-off (each attention model loses less accuracy from the
 shortest bucket to the longest, starting where the model without attention starts: it copies the shortest strings
