@@ -327,7 +327,7 @@ class Scheduler:
         self.iterations = 0
         self.iteration_seconds = 0.0
         self.rows_chosen = 0
-        self.step_seconds = 0.0  # how long the last decoding step took (with the read of its tokens, `_iteration`)
+        self.step_seconds = 0.0  # how long the last decoding step took (with the read of its tokens, `_decode`)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._closed = threading.Event()  # set: every job ends unfinished, and none is taken (`close`)
@@ -447,19 +447,23 @@ class Scheduler:
                     part._finish(job)
 
     def _iteration(self) -> None:
-        """Admit waiting jobs, choose a token for every row, drop the rows that ended, and step the rest."""
+        """Admit waiting jobs, then decode the batch (`_decode`), counted for /metrics."""
         began = time.monotonic()
         self._admit()
         self._end_cancelled()
         if self.batch is None:
             return
+        self.rows_chosen += self._decode()
+        self.iterations += 1
+        self.iteration_seconds += time.monotonic() - began
+
+    def _decode(self) -> int:
+        """Choose a token for every row, drop the rows that ended, and step the rest; returns the rows chosen for."""
         started = time.monotonic()
         chosen = self._choose(self.batch)  # reads the tokens: waits for the step before to finish on a GPU
         choosing = time.monotonic() - started
         self._advance(chosen, choosing)
-        self.iterations += 1
-        self.rows_chosen += len(chosen)
-        self.iteration_seconds += time.monotonic() - began
+        return len(chosen)
 
     def _advance(self, chosen: Tensor, choosing: float) -> None:
         """End the jobs whose choices all ended, drop their rows, and step the rest (`chosen`: each row's token)."""
@@ -470,7 +474,7 @@ class Scheduler:
             if None not in job.reasons:
                 self._finish(job)
         if len(ended) == len(self.batch.rows):
-            self.batch, self.logits = None, None
+            self._let_go()
             return
         if ended:
             chosen = chosen[self.batch.drop(ended)]

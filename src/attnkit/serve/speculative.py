@@ -114,23 +114,17 @@ class SpeculativeScheduler(Scheduler):
         self.drafts = self.newest = None
 
     # an iteration ---------------------------------------------------------------------------------------------
-    def _iteration(self) -> None:
-        """Admit waiting jobs, choose the first token of those that joined, drop the rows that ended, and run a
-        round over the rest."""
-        began = time.monotonic()
-        self._admit()
-        self._end_cancelled()
-        if self.batch is None:
-            return
+    def _decode(self) -> int:
+        """Choose the first token of the jobs that joined, drop the rows that ended, and run a round over the rest
+        (`Scheduler._iteration` admits the waiting jobs before); returns the rows the round chose for."""
         self._cancel_expired()
         self._first_tokens()
-        if self._drop_ended():
-            rows = len(self.batch.rows)
-            self._round()
-            self.rows_chosen += rows
-            self._drop_ended()
-        self.iterations += 1
-        self.iteration_seconds += time.monotonic() - began
+        if not self._drop_ended():
+            return 0
+        rows = len(self.batch.rows)
+        self._round()
+        self._drop_ended()
+        return rows
 
     def _cancel_expired(self) -> None:
         """End ("cancelled") the choices of jobs whose clients went away or whose deadline passed."""
