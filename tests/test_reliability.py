@@ -84,6 +84,38 @@ def test_a_hugging_face_config_far_deeper_than_its_weights_is_refused_before_the
         hf.load(tmp_path / "gpt2")
 
 
+def test_every_kind_of_run_holds_the_values_its_config_describes(tmp_path):
+    """The margin of twice is for damage alone: each family's run, with a classifier head, untied, in bfloat16 and
+    with LoRA adapters (saved beside its base weights) stores what its config describes, and loads."""
+    import torch
+
+    from attnkit import presets
+    from attnkit.models.families import estimate_parameters, families
+    from attnkit.train.lora import apply_lora
+
+    def kinds(config):
+        yield "plain", config, None
+        for field, value in (("n_classes", 3), ("tie_embeddings", False)):
+            if hasattr(config, field):
+                yield f"{field}={value}", config.replace(**{field: value}), None
+        yield "bfloat16", config, torch.bfloat16
+        if config.family == "decoder":
+            yield "lora", config, "lora"
+
+    for family in families():
+        for kind, config, change in kinds(presets.get(family.example)):
+            model = build_model(config).eval()
+            if change == "lora":
+                apply_lora(model, rank=2, alpha=4.0)
+            elif change is not None:
+                model.to(change)
+            directory = tmp_path / f"{family.name}-{kind}"
+            save_model(model, config, directory)
+            stored = checkpoint_module.stored_values(directory / WEIGHTS_FILE)
+            assert stored == estimate_parameters(config), (family.name, kind)
+            load_model(directory)
+
+
 @pytest.fixture
 def fifo(tmp_path) -> Path:
     """A named pipe: as /dev/null or /dev/stdout, a path that exists and is no file, which renaming an output over it
