@@ -443,9 +443,10 @@ print(f"{len(chat_words)} conversations, {result.step} steps: validation loss on
 
 # %% [markdown]
 # The labels, from scratch: the conversation's tokens, with -100 (no loss) on the prompt's, checked against how
-# attnkit reads a conversation (`ChatTemplate.conversation_ids`, which chat fine-tuning, `attnkit serve` and
-# `attnkit generate`'s `--chat` share); then the trained model's loss on the replies of words it never saw, and its
-# answers to them (`Pipeline.chat`, which reads a chat as training read its conversations and stops at EOS).
+# attnkit reads a conversation (`ChatTemplate.conversation_ids`, chat fine-tuning's reading, which `attnkit serve`,
+# `attnkit chat` and `attnkit generate`'s `--chat` share through `ChatTemplate.chat_ids`); then the trained model's
+# loss on the replies of words it never saw, and its answers to them (`Pipeline.chat`, which reads a chat as training
+# read its conversations and stops at EOS).
 
 # %%
 chat_lm = attnkit.load(chat_run, device="cpu")
