@@ -175,6 +175,13 @@ class Batch:
     def jobs(self) -> list[GenerationJob]:
         return list(dict.fromkeys(job for job, _ in self.rows))
 
+    def rows_of_jobs(self, start: int = 0) -> dict[GenerationJob, list[int]]:
+        """Each job's rows from row `start` on, counted from `start`, in the order of its choices."""
+        rows_of: dict[GenerationJob, list[int]] = {}
+        for row, (job, choice) in enumerate(self.rows[start:]):
+            rows_of.setdefault(job, [0] * job.n)[choice] = row
+        return rows_of
+
     @property
     def room(self) -> tuple[int, int]:
         """(R, P): the rows and positions the buffers hold."""
@@ -494,9 +501,7 @@ class Scheduler:
         The rows of jobs with the same settings are sampled in one call, each job's rows in the order of its
         choices and from its own generator."""
         chosen = torch.empty(len(batch.rows), dtype=torch.long, device=self.device)
-        rows_of: dict[GenerationJob, list[int]] = {}
-        for row, (job, choice) in enumerate(batch.rows):
-            rows_of.setdefault(job, [0] * job.n)[choice] = row
+        rows_of = batch.rows_of_jobs()
         alike: dict[SamplingConfig, list[GenerationJob]] = {}
         now = time.monotonic()
         for job, rows in rows_of.items():

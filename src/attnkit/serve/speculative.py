@@ -139,10 +139,7 @@ class SpeculativeScheduler(Scheduler):
         fresh = self.logits.shape[0]
         if not fresh:
             return
-        batch, start = self.batch, len(self.batch.rows) - fresh
-        rows_of: dict[GenerationJob, list[int]] = {}  # rows counted from `start`, as `logits` counts them
-        for row, (job, choice) in enumerate(batch.rows[start:]):
-            rows_of.setdefault(job, [0] * job.n)[choice] = row
+        rows_of = self.batch.rows_of_jobs(len(self.batch.rows) - fresh)  # counted as `logits` counts its rows
         chosen = torch.full((fresh,), self.pad_id, dtype=torch.long, device=self.device)
         alike: dict[SamplingConfig, list[GenerationJob]] = {}  # the live jobs of one setting: sampled in one call
         for job in rows_of:
@@ -179,9 +176,7 @@ class SpeculativeScheduler(Scheduler):
         batch, drafts = self.batch, self.drafts
         batch.write(self.newest)
         drafts.write(self.newest)
-        listed: dict[GenerationJob, list[int]] = {}
-        for row, (job, choice) in enumerate(batch.rows):
-            listed.setdefault(job, [0] * job.n)[choice] = row
+        listed = batch.rows_of_jobs()
         rows_of = {job: torch.tensor(rows, device=self.device) for job, rows in listed.items()}  # in choice order
         for job in jobs:
             if job not in self.shapers:
