@@ -285,6 +285,17 @@ def test_a_run_without_its_tokenizer_is_refused_by_attnkit_chat_and_generate_cha
         run_generate(GenerateSettings(run=str(wide_run), prompt="Hi", chat=True), lambda _: bare)
 
 
+def test_a_run_without_its_tokenizer_is_refused_for_it_and_not_for_a_system_turn_beside(wide_run):
+    bare = load(wide_run)
+    bare.tokenizer = None  # as `attnkit.load` reads a run without tokenizer/
+    no_tokenizer = "^there is no tokenizer to read the chat as tokens"  # not '--system: ...; leave --system out'
+    with pytest.raises(InputError, match=no_tokenizer):
+        run_chat(ChatSettings(run=str(wide_run), system="Be brief."), lambda _: bare, stdin=io.StringIO("Hi\n"),
+                 stdout=io.StringIO())
+    with pytest.raises(InputError, match=no_tokenizer):
+        run_generate(GenerateSettings(run=str(wide_run), prompt="Hi", chat=True, system="Be brief."), lambda _: bare)
+
+
 def test_attnkit_chat_refuses_a_run_that_does_not_generate(tmp_path):
     class Classifier:
         methods = ("classify",)

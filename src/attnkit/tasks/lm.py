@@ -731,7 +731,7 @@ def chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, prompt: str, *, sy
     try:
         ids = template.chat_ids(tokenizer, messages)
     except InputError as error:
-        if system is None:
+        if system is None or tokenizer is None:  # no tokenizer: the run is what lacks, not the system turn
             raise
         raise InputError(f"--system: {error}; leave --system out with this run's template") from None
     return ids, template.stops, template.turn_end_ids(tokenizer)
