@@ -366,9 +366,10 @@ class Scheduler:
         if self.stopped:
             raise Closed(STOPPED)
         if job.n > self.most_choices:
-            raise InputError(f"n={job.n} is more than the server decodes at once ({self.max_rows}): ask for fewer, or "
-                             f"serve with a larger --max-batch (one request takes at most {self.most_choices} rows: "
-                             "one is kept for the requests that come after it)")
+            raise InputError(f"n={job.n} is more than one request may take of the rows the server decodes at once "
+                             f"({self.max_rows}): ask for fewer, or serve with a larger --max-batch (one request "
+                             f"takes at most {self.most_choices} rows: one is kept for the requests that come after "
+                             "it)")
         if len(job.prompt) + job.max_new_tokens > self.context_len:
             raise InputError(f"the prompt has {len(job.prompt)} tokens and max_tokens is {job.max_new_tokens}: "
                              f"together more than the model's context of {self.context_len}")
