@@ -25,7 +25,9 @@ class ServeSettings(DecodeSettings):
     host: str = "127.0.0.1"  # address to bind; any but a loopback one (127.0.0.1, localhost, ::1) needs an API key
     port: int = 8000  # port to listen on (0: any free one, said when the server starts)
     api_key: str | None = None  # clients send it as "Authorization: Bearer KEY"; default: $ATTNKIT_API_KEY
-    max_batch: int = 32  # sequences decoded together in one forward pass at most (with --draft: in each batch)
+    max_batch: int = 32
+    """sequences decoded together in one forward pass at most (with --draft: in each batch); one request's n choices
+    take at most --max-batch - 1 rows (1 with --max-batch 1), so that a row is left for later requests; more: 400"""
     max_queue: int = 64  # prompts (not requests) waiting to join the batch at most; beyond, 429 with Retry-After
     max_tokens: int = 512  # new tokens one request may ask for at most (and the context's room)
     prefix_cache: bool = True  # reuse the keys and values of recent prompts' starts (vLLM's automatic prefix caching)
@@ -37,7 +39,10 @@ class ServeSettings(DecodeSettings):
     draft_tokens: int | None = None  # --draft: the tokens the draft proposes a round (default 4; 2 to 6 is usual)
     served_model_name: tuple[str, ...] = ()  # names requests may ask for, answers carry the first; none: the run's
     allowed_origins: tuple[str, ...] = ()  # web pages' origins that may call the API from a browser (CORS; * any)
-    timeout: float = 120.0  # seconds a request may run after its body (then 504), and the longest pause in a body (408)
+    timeout: float = 120.0
+    """seconds a request may run after its body (then 504), the longest pause in a body (408), and the time a request's
+    head (request line and headers) has to arrive whole once the connection opens or the last answer ends (then the
+    connection is closed)"""
     shutdown_timeout: float = 0.0  # seconds a stop lets requests in flight end, new ones refused (503); 0: ends them
     max_body: int = 1_000_000  # request body size in bytes at most; beyond, 413
     watch: str | None = None  # the training run whose metrics.jsonl the explorer follows; default: RUN
