@@ -53,3 +53,15 @@ def test_every_body_is_answered_2xx_or_4xx_never_5xx(servers, run, mode):
 
         answered()
     assert httpx.get(f"{url}/health", timeout=TIMEOUT).json()["status"] == "ok"
+
+
+def test_the_documents_largest_n_is_the_most_choices_a_request_may_take(servers):
+    """The OpenAPI document's `n` maximum is what the server takes: --max-batch - 1 rows (3 of the 4 here), so that
+    a body drawn from it is never refused for its `n`; one more is refused with 400 naming `n`."""
+    url = servers["lm"]
+    schemas = httpx.get(f"{url}/openapi.json", timeout=TIMEOUT).json()["components"]["schemas"]
+    assert {schemas[name]["properties"]["n"]["maximum"] for name in ("CompletionRequest", "ChatRequest")} == {3}
+    body = {"prompt": "the cat", "max_tokens": 1}
+    assert httpx.post(f"{url}/v1/completions", json={**body, "n": 3}, timeout=TIMEOUT).status_code == 200
+    refused = httpx.post(f"{url}/v1/completions", json={**body, "n": 4}, timeout=TIMEOUT)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"
