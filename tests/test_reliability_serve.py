@@ -1,7 +1,7 @@
 """`attnkit serve` against clients that hold connections open without finishing a request (a slow-loris attack):
 a request's head (request line and headers) sent in part, or trickled a byte at a time, is closed once --timeout
-has passed since its first byte, so such clients cannot each keep a connection, and a file descriptor, for good;
-requests sent whole are answered meanwhile."""
+has passed since the connection opened or its last answer ended, so such clients cannot each keep a connection,
+and a file descriptor, for good; requests sent whole are answered meanwhile."""
 
 from __future__ import annotations
 
@@ -70,6 +70,35 @@ def port(tmp_path_factory):
 
 def test_the_head_deadline_closes_request_heads_sent_in_part_or_trickled(port):
     _slow_heads_are_closed(port)
+
+
+def test_the_head_deadline_hooks_uvicorns_own_methods():
+    """HeadDeadline overrides H11Protocol's methods (uvicorn has no public setting for a head's deadline): each must be
+    uvicorn's own, else the override is a method nobody calls and the deadline is gone without an error."""
+    import asyncio
+
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from attnkit.serve.server import HeadDeadline
+
+    hooked = {name for name in vars(HeadDeadline) if not name.startswith("_") and callable(vars(HeadDeadline)[name])}
+    assert hooked == {"connection_made", "on_response_complete", "connection_lost"}
+    for name in hooked:
+        assert name in vars(H11Protocol) and getattr(H11Protocol, name) is not getattr(asyncio.Protocol, name, None)
+
+
+def test_the_head_clock_restarts_when_an_answer_ends(port):
+    """The clock started when the connection opened is started again as each answer ends (uvicorn's
+    on_response_complete): a head sent within --timeout of the last answer is answered, though more than --timeout
+    after the connection opened."""
+    head, body = _request(b'{"prompt": "a", "max_tokens": 2}')
+    with socket.create_connection(("127.0.0.1", port), timeout=BOUND) as client:
+        time.sleep(0.9 * TIMEOUT)  # the first head comes just in time
+        client.sendall(head + body)
+        assert _answers(client, 1) == [b"HTTP/1.1 200 OK"]
+        time.sleep(0.3 * TIMEOUT)  # past the first clock's end, well within the restarted one
+        client.sendall(head + body)
+        assert _answers(client, 1) == [b"HTTP/1.1 200 OK"]
 
 
 def _answers(sock: socket.socket, count: int) -> list[bytes]:

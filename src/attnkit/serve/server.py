@@ -8,10 +8,10 @@ at most; then the server stops, and `exit_status` says how: 0 after SIGTERM, a s
 interrupted command, as a shell (and uvicorn) reports it, so that `attnkit serve ... && next` does not go on, and 1
 where the server never started.
 
-A request's head (its request line and headers) must arrive whole within the server's --timeout of its first byte
-(`HeadDeadline`, as nginx's client_header_timeout): uvicorn waits on a head sent in part for as long as the client
-likes, so that clients sending a byte now and then (a slow-loris attack) each held a connection, and a file
-descriptor, for good."""
+A request's head (its request line and headers) must arrive whole within the server's --timeout of the connection
+opening or the last answer ending (`HeadDeadline`, as nginx's client_header_timeout): uvicorn waits on a head sent in
+part for as long as the client likes, so that clients sending a byte now and then (a slow-loris attack) each held a
+connection, and a file descriptor, for good."""
 
 from __future__ import annotations
 
@@ -74,7 +74,13 @@ class Server(uvicorn.Server):
 class HeadDeadline(H11Protocol):
     """uvicorn's HTTP/1.1 connection, closed where a request's head has not arrived whole `head_seconds` after the
     connection opened or the last answer ended (after an answer, a client that sends nothing is closed sooner, by
-    uvicorn's keep-alive timeout). The head's bytes coming one by one do not restart the clock."""
+    uvicorn's keep-alive timeout). The head's bytes coming one by one do not restart the clock.
+
+    uvicorn has no public setting for this, so the class hooks H11Protocol's own methods (`connection_made`,
+    `on_response_complete`, which each request's cycle calls when its answer ends, `connection_lost`) and reads its
+    `loop`, `transport` and `cycle.response_complete`: the same in uvicorn 0.29 (the oldest the serve extra allows)
+    and 0.54. tests/test_reliability_serve.py fails where uvicorn renames them (the hooks checked by name, the clock's
+    start, restart and close each held through a served connection)."""
 
     def __init__(self, *args, head_seconds: float, **kwargs) -> None:
         super().__init__(*args, **kwargs)
