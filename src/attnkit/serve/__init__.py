@@ -2,7 +2,7 @@
 
     settings.py   ServeSettings: the command's flags
     app.py        the FastAPI app: the API key, logs and counters, with the routers of routes/ (one per endpoint
-                  family: completions and chat, embeddings, tasks, explorer, operations) over state.py
+                  family: completions and chat, embeddings, tokenize, tasks, explorer, operations) over state.py
     state.py      what the routers share (the run, settings, scheduler, model lock), model calls off the loop
     bodies.py     request bodies read within --max-body and checked;  schemas.py  their models
     generation.py one prompt's job on the scheduler;  answer.py  the response, whole or streamed
