@@ -33,9 +33,10 @@ seed + i, as vLLM seeds the n samples of one request), and its rows are sampled 
 not depend on which others share its steps: the tokens equal those of `Pipeline.generate` for the same prompt,
 settings and seed, and choice i's those of a request of one choice with seed + i. The `n` choices of one request
 are `n` rows that join and leave together (as `Pipeline.generate(num_samples=n)` keeps them), at most max_rows - 1
-of them (`most_choices`): one row is always left for the requests that come after it. A request held to a
-grammar (structured output) has a matcher per choice: its rows' logits are masked before they are sampled, beside
-free rows in the same step, and a choice ends ("stop") where its grammar is complete (`generate/constrained.py`).
+of them (`most_choices`; the one row where max_rows is 1): a row is left for the requests that come after it. A
+request held to a grammar (structured output) has a matcher per choice: its rows' logits are masked before they are
+sampled, beside free rows in the same step, and a choice ends ("stop") where its grammar is complete
+(`generate/constrained.py`).
 
 A job that fails fails alone: its settings sampling to nothing, a callback that raises, a prefill that fails (the
 jobs prefilled with it are prefilled again one by one) end that job with "error" and the exception in its
