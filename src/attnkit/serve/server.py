@@ -106,7 +106,8 @@ class HeadDeadline(H11Protocol):
         self.head_clock = self.loop.call_later(self.head_seconds, self._head_late)
 
     def _head_late(self) -> None:
-        """Close the connection unless a request's head came in time (its answer is then under way or done)."""
+        """Close the connection unless a request's head came since the clock started: its answer is then under way (a
+        cycle not complete). A complete cycle is the last answer's, after which no head came whole."""
         if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
             self.transport.close()
 
