@@ -20,7 +20,7 @@ from attnkit import checkpoint as checkpoint_module
 from attnkit.checkpoint import CHECKSUMS_FILE, CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from attnkit.config import ModelConfig
 from attnkit.errors import AttnkitError, CheckpointError, InputError
-from attnkit.outputs import atomic_output, atomic_write
+from attnkit.outputs import atomic_output, atomic_write, refuse_special
 
 
 @pytest.fixture
@@ -132,6 +132,24 @@ def test_an_output_is_never_renamed_over_a_device_a_pipe_or_a_socket(fifo):
         with atomic_output(fifo, directory=False, overwrite=True, flag="--to-gguf") as partial:
             partial.write_text("{}")
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_a_device_and_a_socket_are_refused_as_a_pipe_is():
+    """The test above holds a pipe; /dev/null (asked of the check alone, so that a failure writes nothing over it) and
+    a Unix socket are refused the same way."""
+    import socket
+
+    with pytest.raises(InputError, match=r"/dev/null is a device, a pipe or a socket, not a file"):
+        refuse_special(Path("/dev/null"), flag="--out")
+    directory = Path(tempfile.mkdtemp(dir="/tmp"))  # a socket's path is at most 107 bytes
+    try:
+        with socket.socket(socket.AF_UNIX) as listening:
+            listening.bind(str(directory / "sock"))
+            with pytest.raises(InputError, match=r"sock is a device, a pipe or a socket, not a file"):
+                atomic_write(directory / "sock", "{}")
+            assert stat.S_ISSOCK((directory / "sock").stat().st_mode)
+    finally:
+        shutil.rmtree(directory)
 
 
 def test_attnkit_tune_refuses_a_pipe_as_its_profile_before_measuring(fifo, capsys):
