@@ -73,14 +73,16 @@ class Server(uvicorn.Server):
 
 class HeadDeadline(H11Protocol):
     """uvicorn's HTTP/1.1 connection, closed where a request's head has not arrived whole `head_seconds` after the
-    connection opened or the last answer ended (after an answer, a client that sends nothing is closed sooner, by
-    uvicorn's keep-alive timeout). The head's bytes coming one by one do not restart the clock.
+    connection opened or the last answer ended (after an answer, a client that sends nothing is also closed by
+    uvicorn's keep-alive timeout, 5 s, whichever comes first). The head's bytes coming one by one do not restart the
+    clock.
 
     uvicorn has no public setting for this, so the class hooks H11Protocol's own methods (`connection_made`,
     `on_response_complete`, which each request's cycle calls when its answer ends, `connection_lost`) and reads its
     `loop`, `transport` and `cycle.response_complete`: the same in uvicorn 0.29 (the oldest the serve extra allows)
-    and 0.54. tests/test_reliability_serve.py fails where uvicorn renames them (the hooks checked by name, the clock's
-    start, restart and close each held through a served connection)."""
+    and 0.54. Given as `http=`, it is the protocol where httptools is installed too (uvicorn's "auto" would take
+    httptools' parser, which has no such hooks). tests/test_reliability_serve.py fails where uvicorn renames them
+    (the hooks checked by name, the clock's start, restart and close each held through a served connection)."""
 
     def __init__(self, *args, head_seconds: float, **kwargs) -> None:
         super().__init__(*args, **kwargs)
