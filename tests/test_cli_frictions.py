@@ -146,12 +146,12 @@ def test_classify_shows_only_the_options_that_apply_to_a_model_that_decodes_noth
     parsers = _parsers()
     flags = {name: {s for a in p._actions for s in a.option_strings} for name, p in parsers.items()}
     decoding = {"--compile", "--int8", "--int8-dynamic"}
-    assert decoding <= flags["generate"] and decoding <= flags["translate"]
+    assert decoding <= flags["generate"] and decoding <= flags["chat"] and decoding <= flags["translate"]
     assert not decoding & flags["classify"]
     assert {"--device", "--dtype", "--text", "--input", "--batch-size"} <= flags["classify"]
     for flag in decoding:  # whose option it is, not the nearest of classify's own (--int8: --input)
         line = _one_error(capsys, ["classify", "runs/a", "--text", "x", flag])
-        assert f"{flag} (an option of generate, translate" in line and "not of classify" in line, line
+        assert f"{flag} (an option of generate, chat, translate" in line and "not of classify" in line, line
 
 
 def test_tokenizer_train_shows_its_kinds_and_defaults_to_trains_vocabulary_size():
