@@ -335,7 +335,10 @@ def test_one_request_never_takes_every_row_so_a_later_short_one_ends_first(model
     drain(scheduler)
     assert ended == ["short", "long"] and long.reasons == ["length"] * 3
     assert short.tokens == short.alone(model) and long.tokens == long.alone(model)
-    assert Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=1).most_choices == 1  # one row: it is the request's
+    one_row = Scheduler(model, context_len=CONTEXT, pad_id=0, max_rows=1)
+    assert one_row.most_choices == 1  # one row: it is the request's, and no row is said to be kept back
+    with pytest.raises(InputError, match=r"at most 1 rows: the server decodes one row at a time\)$"):
+        one_row.submit(Recorded([1, 2], 4, n=2).job)
 
 
 def test_a_decoding_step_that_fails_ends_the_running_jobs_and_the_waiting_ones_still_run(model, monkeypatch):

@@ -367,10 +367,11 @@ class Scheduler:
         if self.stopped:
             raise Closed(STOPPED)
         if job.n > self.most_choices:
+            why = ("one is kept for the requests that come after it" if self.most_choices < self.max_rows
+                   else "the server decodes one row at a time")
             raise InputError(f"n={job.n} is more than one request may take of the rows the server decodes at once "
                              f"({self.max_rows}): ask for fewer, or serve with a larger --max-batch (one request "
-                             f"takes at most {self.most_choices} rows: one is kept for the requests that come after "
-                             "it)")
+                             f"takes at most {self.most_choices} rows: {why})")
         if len(job.prompt) + job.max_new_tokens > self.context_len:
             raise InputError(f"the prompt has {len(job.prompt)} tokens and max_tokens is {job.max_new_tokens}: "
                              f"together more than the model's context of {self.context_len}")
