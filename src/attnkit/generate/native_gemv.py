@@ -292,9 +292,8 @@ class DenseProduct:
             self._bind()
         kernel = self._kernels.get(x.dtype)
         if kernel is None or x.dim() != 2 or x.shape[1] != self.in_features or not (x.is_contiguous() and x.is_cpu):
-            _rows(x, self.in_features)  # refuses rows of another shape or device
             kernel = self._kernels[self._fallback]
-            x = x.to(self._fallback).contiguous()
+            x = _rows(x, self.in_features, self._fallback)  # (M, K); refuses rows of another shape or device
         rows = x.shape[0]
         out = torch.empty(rows, self.out_features)
         kernel(x.data_ptr(), out.data_ptr(), rows, self.out_features, self.in_features, torch.get_num_threads())
