@@ -159,13 +159,13 @@ class NativeLinear(GemvLinear):
     rounding of the output); inference only, on CPUs with AVX2 and FMA.
 
     The weight is the tensor as loaded (a tied output layer shares the embedding's table); its checks and address are
-    taken once for the native calls (`native_gemv.DenseProduct`), again where it is replaced. The product is bound by
-    reading the weight, and its kernel reads it at the memory's rate where MKL's fp32 product and ATen's bf16 one read
-    it slower (`attnkit tune` measures them on a machine). fp32: up to `NATIVE_ROWS` rows, more through nn.Linear's
-    product (MKL's, which reuses each weight it loads across rows). bf16: up to `NATIVE_BF16_ROWS` rows, since
-    nn.Linear's bf16 product is oneDNN's reference path where oneDNN cannot pack bf16 (under AVX2, 4 to 32 rows of
-    GPT-2's block took 1.8-2.1x the native product's time), more through the weight widened to fp32 for the call and
-    MKL's product; `NativePackedLinear` keeps oneDNN's packed weight for several rows where it can.
+    taken once for the native calls (`native_gemv.DenseProduct`), again where it is replaced or its memory moves. The
+    product's time is bound by reading the weight, and its kernel reads it at the memory's rate where MKL's fp32 product
+    and ATen's bf16 one read it slower (`attnkit tune` measures them on a machine). fp32: up to `NATIVE_ROWS` rows, more
+    through nn.Linear's product (MKL's, which reuses each weight it loads across rows). bf16: up to `NATIVE_BF16_ROWS`
+    rows, since nn.Linear's bf16 product is oneDNN's reference path where oneDNN cannot pack bf16 (under AVX2, 4 to 32
+    rows of GPT-2's block took 1.8-2.1x the native product's time), more through the weight widened to fp32 for the call
+    and MKL's product; `NativePackedLinear` keeps oneDNN's packed weight for several rows where it can.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -173,7 +173,7 @@ class NativeLinear(GemvLinear):
         self.register_buffer("bias_fp32", None, persistent=False)  # (N,): what the kernel adds (`widen_bias`)
         widen_bias(self)
         self.register_load_state_dict_post_hook(widen_bias)  # a loaded bias is the kernel's too
-        self.fp32 = linear.weight.dtype == torch.float32  # read each call: a plain attribute, not a buffer's dtype
+        self.fp32 = linear.weight.dtype == torch.float32  # read by `rows`: the dtype it was built in
         self.max_rows = NATIVE_ROWS if self.fp32 else NATIVE_BF16_ROWS
         self.product = native_gemv.dense_product(self.weight, self.bias_fp32)  # checked once, here
 
