@@ -27,6 +27,7 @@ from attnkit.inspect.path_patching import path_patch
 from attnkit.inspect.probes import control_labels, majority, probe
 from attnkit.inspect.tuned_lens import (
     CONFIG_FILE,
+    SCORED_TOKENS,
     WEIGHTS_FILE,
     lens_divergences,
     load_tuned_lens,
@@ -513,9 +514,6 @@ def test_a_lens_reads_at_most_512_tokens_through_the_output_layer_at_once_and_sc
     """The final distribution was kept for every token, (N, V) (about 1 MB a token under a 50k vocabulary: 4.4 GB
     for 4,096 tokens), and each layer scored on all N at once; training reads the final distribution of the tokens it
     draws, and scoring goes SCORED_TOKENS at a time, to the same mean KL over all of them."""
-    from attnkit.inspect.logit_lens import logit_lens
-    from attnkit.inspect.tuned_lens import SCORED_TOKENS
-
     torch.manual_seed(0)
     model = build_model(ModelConfig(family="decoder", vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_layers=2,
                                     max_seq_len=256)).eval()

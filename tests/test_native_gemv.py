@@ -427,9 +427,9 @@ print("read the moved tensors")
 
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
 def test_a_native_layer_reads_its_tensors_memory_where_it_moved_under_the_same_tensor(kind):
-    """`.data =`, `set_` and `share_memory()` give a layer's tensor new memory under the same object and free the old:
-    the bound product reads the new memory, never the old address. In a subprocess: a stale address is a use after
-    free."""
+    """`.data =` and `share_memory()` (as `set_` would) give a layer's tensor new memory under the same object and
+    free the old: the bound product reads the new memory, never the old address. In a subprocess: a stale address is a
+    use after free."""
     _require_kernels()
     done = subprocess.run([sys.executable, "-c", MOVED_UNDER_THE_LAYER, kind], capture_output=True, text=True,
                           timeout=120)
