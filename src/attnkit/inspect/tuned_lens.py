@@ -92,7 +92,8 @@ class _Streams:
 
 @torch.no_grad()
 @evaluated
-def _streams(model: nn.Module, batches: Iterable[Batch]) -> _Streams:
+def _read_streams(model: nn.Module, batches: Iterable[Batch]) -> _Streams:
+    """Every layer a lens reads, at the tokens of `batches` but their padding (InputError for none)."""
     model = module_of(model)
     layers = lens_layers(model)  # InputError for a model with no output layer over a stack
     streams = []
@@ -114,7 +115,7 @@ def _divergences(model: nn.Module, lens: TunedLens | None, found: _Streams) -> T
     SCORED_TOKENS tokens at a time."""
     _, unembed = unembedding(module_of(model))
     tokens = found.streams.shape[1]
-    total = torch.zeros(len(found.layers))
+    total = torch.zeros(len(found.layers))  # (L + 1,): summed KL per layer
     for start in range(0, tokens, SCORED_TOKENS):
         span = slice(start, start + SCORED_TOKENS)
         final = found.final(unembed, span)  # (n, V)
@@ -135,20 +136,20 @@ def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = PAP
     steps below 1."""
     if steps < 1:
         raise InputError(f"steps={steps}: a tuned lens needs at least one training step (the paper's uses 250)")
-    found = _streams(model, batches)
+    found = _read_streams(model, batches)
     model = module_of(model)
     lens = TunedLens(found.layers, found.streams.shape[-1], output_digest(model)).to(found.streams.device)
     _, unembed = unembedding(model)
-    frozen = [p for p in model.parameters() if p.requires_grad]
+    trainable = [p for p in model.parameters() if p.requires_grad]  # frozen for the run, thawed after
     optimizer = torch.optim.SGD(lens.parameters(), lr=lr * (1 - MOMENTUM), momentum=MOMENTUM, nesterov=True,
                                 weight_decay=WEIGHT_DECAY)  # lr: the paper's rate (module docstring)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
     tokens = found.streams.shape[1]
     try:
-        for p in frozen:  # the model's weights are read, never trained, and their .grad is left alone
+        for p in trainable:  # the model's weights are read, never trained, and their .grad is left alone
             p.requires_grad_(False)
         for step in range(1, steps + 1):
-            picked = torch.randint(tokens, (min(batch_tokens, tokens),), generator=generator)
+            picked = torch.randint(tokens, (min(batch_tokens, tokens),), generator=generator)  # (n,) token indices
             picked = picked.to(found.streams.device)
             final = found.final(unembed, picked)  # (n, V)
             loss = 0.0
@@ -163,7 +164,7 @@ def train_tuned_lens(model: nn.Module, batches: list[Batch], *, steps: int = PAP
             if step % max(1, steps // 10) == 0 or step == steps:  # progress: ten lines a run
                 log.info("tuned lens step %d/%d: KL summed over layers %.4f", step, steps, float(loss.detach()))
     finally:
-        for p in frozen:
+        for p in trainable:
             p.requires_grad_(True)
     return lens.requires_grad_(False).eval()
 
@@ -177,7 +178,8 @@ def tuned_lens(model: nn.Module, lens: TunedLens, *args: Tensor) -> LogitLens:
     check_lens(lens, model)
     _, unembed = unembedding(model)
     read = trace(model, *args, names=lens.layers)
-    return LogitLens(lens.layers, torch.stack([unembed(lens(i, read[n])) for i, n in enumerate(lens.layers)]))
+    readings = [unembed(lens(i, read[n])) for i, n in enumerate(lens.layers)]  # (B, T, C) -> (B, T, V) each
+    return LogitLens(lens.layers, torch.stack(readings))  # (L + 1, B, T, V)
 
 
 @torch.no_grad()
@@ -187,7 +189,7 @@ def lens_divergences(model: nn.Module, batches: list[Batch], lens: TunedLens | N
     on `batches`, (L + 1,): the tuned lens's, or the logit lens's where `lens` is None. The last is 0."""
     if lens is not None:
         check_lens(lens, module_of(model))
-    return _divergences(model, lens, _streams(model, batches))
+    return _divergences(model, lens, _read_streams(model, batches))
 
 
 def check_lens(lens: TunedLens, model: nn.Module) -> None:
