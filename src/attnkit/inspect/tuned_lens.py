@@ -11,10 +11,13 @@ step needs it), then the translators are fitted on the KL summed over layers, al
 its package sets it: SGD with Nesterov momentum 0.9 and learning rate 1.0 decayed linearly to 0 over 250 steps, that
 rate taken as the package takes it, times 1 - momentum (PyTorch's momentum scales a step by 1 / (1 - momentum), which
 the package undoes: 0.1 as PyTorch reads it), weight decay 1e-3 (toward the identity, as the translator is
-`h + A h + b`) and the gradient clipped to norm 1. (Adam, whose steps keep their size as the gradient vanishes, wanders
-off a translator that is already right: a layer whose stream is the last's drifted to weights of 0.04 under it, and
-stays within 1e-5 of the identity under SGD.) A lens is saved as safetensors (`translators.L.weight`, `.bias`) beside
-a JSON record of its layers and width, and checked against both, and against the model, when read.
+`h + A h + b`) and the gradient clipped to norm 1, each step on `batch_tokens` tokens drawn from the streams. A lens
+is scored `SCORED_TOKENS` (512) tokens at a time, so that no more than (512, V) log-probabilities are held a layer.
+(Adam, whose steps keep their size as the gradient vanishes, wanders off a translator that is already right: a layer
+whose stream is the last's drifted to weights of 0.04 under it, and stays within 1e-5 of the identity under SGD.) A lens
+is saved as safetensors (`translators.L.weight`, `.bias`) beside a JSON record of its layers, its width and the hash of
+the output layer it was trained with (`output_digest`, as the tuned-lens package records its unembedding's), and checked
+against the first two, and against the model, when read: read for a model whose output layer hashes otherwise, it warns.
 """
 
 from __future__ import annotations
