@@ -254,8 +254,9 @@ NATIVE_QUANTIZED_ROWS = 32  # rows up to which the native int8 and int4 products
 def native_int8_product(weight: Tensor, scales: Tensor, rows: Tensor, bias: Tensor | None) -> Tensor:
     """rows (M, K) @ (weight * scales[:, None])^T + bias -> (M, N) fp32, for an int8 weight (N, K) with fp32 scales
     (N,): up to `NATIVE_QUANTIZED_ROWS` rows through the hand-written kernel (`native_gemv.gemv_i8`), more through the
-    weight dequantized for the call and nn.Linear's product. Eager layers call it as it is, a traced step as the
-    operator `native_int8_op`, which applies the same limit to the row count it meets when it runs."""
+    weight dequantized for the call and nn.Linear's product. Eager layers call it for more rows than that (fewer go
+    through the kernel bound once, `NativeInt8Linear.product`), a traced step as the operator `native_int8_op`, which
+    applies the same limit to the row count it meets when it runs."""
     if rows.shape[0] > NATIVE_QUANTIZED_ROWS:
         return F.linear(rows.float(), int8_dequantized(weight, scales), bias)
     return native_gemv.gemv_i8(weight, scales, rows, bias)
@@ -306,9 +307,9 @@ def _(codes: Tensor, scales: Tensor, offsets: Tensor, rows: Tensor, bias: Tensor
 class NativeInt8Linear(nn.Module):
     """A linear layer with an int8 weight and per-row scales (`quantize_rows`) whose products take fp32 inputs
     (`native_int8_product`): up to `NATIVE_QUANTIZED_ROWS` rows through the hand-written kernel (each weight widened
-    to fp32 as it is read), more through the weight dequantized for the call and nn.Linear's product, eagerly and in a
-    captured step alike. x (…, K) -> (…, N), in x's dtype; CPU with AVX2 and FMA, inference only. `reference`
-    computes the same numbers step by step.
+    to fp32 as it is read; eagerly, bound once to the layer's tensors, `native_gemv.DenseProduct`), more through the
+    weight dequantized for the call and nn.Linear's product, eagerly and in a captured step alike. x (…, K) -> (…, N),
+    in x's dtype; CPU with AVX2 and FMA, inference only. `reference` computes the same numbers step by step.
 
     Where `Int8Linear` runs PyTorch's kernel, which is vectorized only for bf16 inputs (and its fp32 inputs take a
     scalar loop), this layer keeps a model's fp32 activations as they are: a quarter of fp32's weight bytes per token
