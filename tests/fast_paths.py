@@ -115,8 +115,8 @@ def bf16_dot_rows(linear: nn.Linear, x: Tensor) -> tuple[Tensor, Tensor]:
 
 def bound_product(linear: nn.Linear, x: Tensor) -> tuple[Tensor, Tensor]:
     """One `DenseProduct` (the weight's checks and addresses taken once) called on the rows, on their first row alone
-    (a new address, one row) and on the rows in the other dtype (bf16 rows: the dot product where the CPU has it; fp32
-    ones: widened), stacked, against float64's products of the numbers each call was given."""
+    (one call of one row after a call of several) and on the rows in the other dtype (bf16 rows: the dot product where
+    the CPU has it; fp32 ones: widened), stacked, against float64's products of the numbers each call was given."""
     linear = in_dtype(linear, x)
     bias = None if linear.bias is None else linear.bias.detach().float()
     product = native_gemv.dense_product(linear.weight.detach(), bias)
