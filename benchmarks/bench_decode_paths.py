@@ -24,23 +24,20 @@ import time
 
 import torch
 
-from attnkit import ModelConfig, build_model
+from attnkit import build_model
 from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.pipeline import parse_dtype
 from attnkit.generate.plan import plan_inference
 from attnkit.machine import CpuCapabilities
-from benchmarks.bench_generate import PROMPT_LEN, SHAPES
+from benchmarks.bench_generate import PROMPT_LEN, SHAPES, attnkit_config
 from benchmarks.common import load_averages, write_report
 
 
 def decoder(dtype: torch.dtype, compile: bool | str):
     """The small decoder in `dtype`, the plan applied, and a function generating n greedy tokens with it."""
-    config = ModelConfig(family="decoder", d_ff=4 * 384, position="learned", activation="gelu_tanh", norm="layer",
-                         norm_position="pre", max_seq_len=1024, dropout=0.0, bias=True, tie_embeddings=True,
-                         **SHAPES["small"])
     torch.manual_seed(0)
-    model = build_model(config).to(dtype=dtype)
+    model = build_model(attnkit_config(SHAPES["small"])).to(dtype=dtype)
     plan_inference(model, "decoder", compile=compile).apply(model)
     decoding = CapturedDecoding(model) if compile else None
     prompt = [[1] * PROMPT_LEN]

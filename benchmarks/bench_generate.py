@@ -46,12 +46,17 @@ SHAPES = {
 DTYPES = ("fp32", "bf16")  # the weight types measured (names as attnkit.load takes them)
 
 
-def attnkit_model(shape: dict, dtype: torch.dtype, device: str):
-    config = ModelConfig(
+def attnkit_config(shape: dict) -> ModelConfig:
+    """The suite's GPT-2-style decoder of `shape` (one of SHAPES)."""
+    return ModelConfig(
         family="decoder", d_ff=4 * shape["d_model"], position="learned", activation="gelu_tanh", norm="layer",
         norm_position="pre", max_seq_len=1024, dropout=0.0, bias=True, tie_embeddings=True, **shape,
     )
-    return prepare_for_inference(build_model(config).to(device=device, dtype=dtype), "decoder")  # as attnkit.load
+
+
+def attnkit_model(shape: dict, dtype: torch.dtype, device: str):
+    model = build_model(attnkit_config(shape)).to(device=device, dtype=dtype)
+    return prepare_for_inference(model, "decoder")  # as attnkit.load
 
 
 def transformers_model(shape: dict, dtype: torch.dtype, device: str):
