@@ -179,7 +179,7 @@ def plan_inference(
     else:
         fused = "SDPA" if math_kernel is None else _describe(math_kernel)
         choices.append(attention_choice(attention_kernels(model, cached=decodes), fused, why))
-    choices.append(_compilation(compile, mode, static, captured, linear, fixed_step))
+    choices.append(_compilation(compile, mode, captured, linear, fixed_step))
     if on_cpu and dtype == torch.bfloat16 and cpu is not None and not cpu.native_bf16:
         choices.append(Choice("bf16", "converted to fp32 inside each product", _bf16_cost(cpu, profile)))
     return InferencePlan(
@@ -381,15 +381,16 @@ def _describe(kernel: MathKernel) -> str:
             "(passes), SDPA beyond")
 
 
-def _compilation(compile: bool | str, mode: str | None, static: bool, captured: bool, linear: str,
-                 fixed_step: bool) -> Choice:
+def _compilation(compile: bool | str, mode: str | None, captured: bool, linear: str, fixed_step: bool) -> Choice:
+    """The plan's compilation choice: eager unless `mode` asks for torch.compile; `fixed_step` where the model's
+    decoding step has fixed shapes (compiled whole, or captured ahead of time where `captured`)."""
     if mode is None and fixed_step:  # eager by default: a one-off prompt would wait for the capture
         return Choice("compilation", "eager", "not asked for (--compile aot captures this model's decoding step ahead "
                       "of time, no Python per layer, after a first start of tens of seconds that runs the C++ "
                       f"compiler and keeps it in {default_package_dir()})")
     if mode is None:
         return Choice("compilation", "eager", "not asked for (--compile)")
-    if static and compile == "aot" and not captured:
+    if fixed_step and compile == "aot" and not captured:
         return Choice("compilation", "decoding step, default (torch.compile)", "int4 steps are not captured ahead of "
                       "time: compiling PyTorch's int4 product derives new weight tensors, which a library reading the "
                       "model's own cannot be given")
@@ -400,7 +401,7 @@ def _compilation(compile: bool | str, mode: str | None, static: bool, captured: 
     if compile == "aot":
         return Choice("compilation", "each block, default", "aot captures decoder-only steps without sliding "
                       "windows; this model's blocks are compiled for any length instead")
-    if static:
+    if fixed_step:
         frozen = "weights not frozen (a transposed copy exists)" if linear == "transposed" else "weights frozen"
         return Choice("compilation", f"decoding step, {mode}", f"one graph per batch size and cache length; {frozen}")
     return Choice("compilation", f"each block, {mode}", "any length (no fixed-shape decoding step for this model)")
