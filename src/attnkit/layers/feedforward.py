@@ -42,7 +42,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.dropout(self.act(self.up_proj(x))))
+        hidden = self.act(self.up_proj(x))  # (B, T, d_ff)
+        return self.down_proj(self.dropout(hidden) if self.training else hidden)  # dropout: identity in eval mode
 
 
 class SwiGLU(nn.Module):
@@ -57,7 +58,8 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = cast_for_autocast(x)  # read by two products: one cast under autocast, not two
-        return self.down_proj(self.dropout(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+        hidden = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (B, T, d_ff)
+        return self.down_proj(self.dropout(hidden) if self.training else hidden)  # dropout: identity in eval mode
 
 
 def make_feedforward(activation: str, d_model: int, d_ff: int, *, bias: bool, dropout: float) -> nn.Module:
