@@ -50,7 +50,10 @@ class LayerCache:
         self.keys[:, :, start:end] = keys
         self.values[:, :, start:end] = values
         self.length = end
-        return self.keys[:, :, :end].to(keys.dtype), self.values[:, :, :end].to(keys.dtype)
+        held_keys, held_values = self.keys[:, :, :end], self.values[:, :, :end]  # (B, Hkv, S, D)
+        if held_keys.dtype == keys.dtype:  # a cache in the model's dtype: the views as they are, no call to convert
+            return held_keys, held_values
+        return held_keys.to(keys.dtype), held_values.to(keys.dtype)
 
     def key_positions(self) -> Tensor | None:
         """The absolute position of each key the last `append` returned, (S,); None: positions 0 .. S - 1, in
