@@ -141,7 +141,8 @@ def test_a_tokenizer_that_trains_past_the_timeout_stops_every_rank_saying_so(tmp
     corpus) ended them in a traceback from the broadcast. Now a rank says what it waited for and how not to wait."""
     draw = random.Random(0)
     words = ["".join(draw.choices("abcdefghijklmnopqrstuvwxyz", k=draw.randint(3, 9))) for _ in range(20000)]
-    (tmp_path / "text.txt").write_text((" ".join(words) + "\n") * 120)  # 17 MB: seconds of BPE training
+    # 50 MB: some 5 s of BPE training on two cores, well past the 2 s wait (17 MB took 1.6-2.2 s: at times inside it)
+    (tmp_path / "text.txt").write_text((" ".join(words) + "\n") * 360)
     done = torchrun(tmp_path / "run", "--task", "lm", "--data", str(tmp_path / "text.txt"), "--tokenizer", "bpe",
                     *TINY, "--batch-size", "4", "--max-steps", "1", "--dist-timeout", "2", timeout=120)
     assert done.returncode != 0 and "[rank1]: Traceback" not in done.stderr, done.stderr[-3000:]
