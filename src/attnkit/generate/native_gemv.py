@@ -319,7 +319,7 @@ def gemv_bf16(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
     """x (M, K) @ weight^T + bias, weight (N, K) bf16 read as it is stored and computed in fp32, bias (N,) fp32 or
     None -> (M, N) fp32. bf16 rows x on a CPU with AVX512-BF16 (`bf16_dot`) go through `gemv_bf16_dot`."""
     if x.dtype == torch.bfloat16 and bf16_dot():
-        return _dense("gemv_bf16_dot", weight, x, bias, rows_dtype=torch.bfloat16)
+        return gemv_bf16_dot(weight, x, bias)
     return _dense("gemv_bf16", weight, x, bias)
 
 
