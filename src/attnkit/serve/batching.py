@@ -71,7 +71,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -506,16 +506,24 @@ class Scheduler:
         chosen = torch.empty(len(batch.rows), dtype=torch.long, device=self.device)
         rows_of = batch.rows_of_jobs()
         alike: dict[SamplingConfig, list[GenerationJob]] = {}
-        now = time.monotonic()
+        expired = self._cancel_expired(rows_of)
         for job, rows in rows_of.items():
-            if job.cancelled.is_set() or (job.deadline is not None and now > job.deadline):
-                job.reasons = ["cancelled" if reason is None else reason for reason in job.reasons]
+            if job in expired:
                 chosen[rows] = self.pad_id
             else:
                 alike.setdefault(job.sampling, []).append(job)
         for sampling, jobs in alike.items():
             self._sample(jobs, sampling, rows_of, chosen)
         return chosen
+
+    def _cancel_expired(self, jobs: Iterable[GenerationJob]) -> list[GenerationJob]:
+        """End ("cancelled") the open choices of the `jobs` whose clients went away or whose deadline passed; returns
+        those jobs."""
+        now = time.monotonic()
+        expired = [job for job in jobs if job.cancelled.is_set() or (job.deadline is not None and now > job.deadline)]
+        for job in expired:
+            job.reasons = ["cancelled" if reason is None else reason for reason in job.reasons]
+        return expired
 
     def _sample(self, jobs: list[GenerationJob], sampling: SamplingConfig, rows_of: dict[GenerationJob, list[int]],
                 chosen: Tensor) -> None:

@@ -117,7 +117,7 @@ class SpeculativeScheduler(Scheduler):
     def _decode(self) -> int:
         """Choose the first token of the jobs that joined, drop the rows that ended, and run a round over the rest
         (`Scheduler._iteration` admits the waiting jobs before); returns the rows the round chose for."""
-        self._cancel_expired()
+        self._cancel_expired(self.batch.jobs)
         self._first_tokens()
         if not self._drop_ended():
             return 0
@@ -125,13 +125,6 @@ class SpeculativeScheduler(Scheduler):
         self._round()
         self._drop_ended()
         return rows
-
-    def _cancel_expired(self) -> None:
-        """End ("cancelled") the choices of jobs whose clients went away or whose deadline passed."""
-        now = time.monotonic()
-        for job in self.batch.jobs:
-            if job.cancelled.is_set() or (job.deadline is not None and now > job.deadline):
-                job.reasons = ["cancelled" if reason is None else reason for reason in job.reasons]
 
     def _first_tokens(self) -> None:
         """Choose the first token of the rows prefilled since the last round (the batch's last rows, whose logits
