@@ -193,16 +193,16 @@ class ChatTemplate:
 
     def content_stream(self, on_content: Callable[[str], None]) -> Callable[[int, str], None]:
         """An `on_text(i, piece)` for `Pipeline.generate` that hands `on_content` the reply's content
-        (`reply_content`) as the text settles, piece by piece."""
-        written, shown = "", 0
+        (`reply_content`) as the text settles, piece by piece: the first piece read as the reply's start, the others
+        passed on as they are (the text is never joined up, per piece)."""
+        begun = False
 
         def heard(_: int, piece: str) -> None:
-            nonlocal written, shown
-            written += piece
-            content = self.reply_content(written)
-            if len(content) > shown:
-                on_content(content[shown:])
-                shown = len(content)
+            nonlocal begun
+            if piece and not begun:
+                piece, begun = self.reply_content(piece), True
+            if piece:
+                on_content(piece)
 
         return heard
 
