@@ -505,16 +505,20 @@ class Scheduler:
         choices and from its own generator."""
         chosen = torch.empty(len(batch.rows), dtype=torch.long, device=self.device)
         rows_of = batch.rows_of_jobs()
-        alike: dict[SamplingConfig, list[GenerationJob]] = {}
         expired = self._cancel_expired(rows_of)
-        for job, rows in rows_of.items():
-            if job in expired:
-                chosen[rows] = self.pad_id
-            else:
-                alike.setdefault(job.sampling, []).append(job)
-        for sampling, jobs in alike.items():
-            self._sample(jobs, sampling, rows_of, chosen)
+        for job in expired:
+            chosen[rows_of[job]] = self.pad_id
+        self._sample_alike([job for job in rows_of if job not in expired], rows_of, chosen)
         return chosen
+
+    def _sample_alike(self, jobs: list[GenerationJob], rows_of: dict[GenerationJob, list[int]],
+                      chosen: Tensor) -> None:
+        """Sample the rows of `jobs` into `chosen` (`_sample`), the jobs of one setting in one call."""
+        alike: dict[SamplingConfig, list[GenerationJob]] = {}
+        for job in jobs:
+            alike.setdefault(job.sampling, []).append(job)
+        for sampling, same in alike.items():
+            self._sample(same, sampling, rows_of, chosen)
 
     def _cancel_expired(self, jobs: Iterable[GenerationJob]) -> list[GenerationJob]:
         """End ("cancelled") the open choices of the `jobs` whose clients went away or whose deadline passed; returns

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.generate.decoder import Window, left_pad, logits_of_new, prefill
-from attnkit.generate.sampling import Groups, SamplingConfig, check_drawn, draw
+from attnkit.generate.sampling import Groups, check_drawn, draw
 from attnkit.generate.speculative import Shaper, Speculation, accept_greedy, accept_sampled, advance_together
 from attnkit.run_settings import check_draft_tokens
 from attnkit.serve.batching import Batch, GenerationJob, Scheduler
@@ -134,12 +134,7 @@ class SpeculativeScheduler(Scheduler):
             return
         rows_of = self.batch.rows_of_jobs(len(self.batch.rows) - fresh)  # counted as `logits` counts its rows
         chosen = torch.full((fresh,), self.pad_id, dtype=torch.long, device=self.device)
-        alike: dict[SamplingConfig, list[GenerationJob]] = {}  # the live jobs of one setting: sampled in one call
-        for job in rows_of:
-            if None in job.reasons:
-                alike.setdefault(job.sampling, []).append(job)
-        for sampling, jobs in alike.items():
-            self._sample(jobs, sampling, rows_of, chosen)
+        self._sample_alike([job for job in rows_of if None in job.reasons], rows_of, chosen)  # the live jobs
         self.newest = torch.cat((self.newest, chosen.clamp(min=0)))  # a failed row's padding: it is dropped
         self.logits = self.logits[:0]
 
