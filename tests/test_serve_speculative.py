@@ -276,6 +276,52 @@ def test_a_close_ends_the_speculative_and_plain_rows_in_flight_and_lets_both_cac
     assert speculative.batch is None and speculative.drafts is None and speculative.newest is None
 
 
+class ByRound(Recorded):
+    """A Recorded job that also notes the round each token came in (the scheduler's `speculation.rounds` when it
+    was passed on): how many tokens the job gained in each round."""
+
+    def __init__(self, speculative: SpeculativeScheduler, prompt: list[int], max_new: int) -> None:
+        super().__init__(prompt, max_new)
+        self.speculative, self.rounds = speculative, []
+
+    def _token(self, choice: int, token: int) -> bool:
+        self.rounds.append(self.speculative.speculation.rounds)
+        return super()._token(choice, token)
+
+    @property
+    def gains(self) -> list[int]:
+        """Tokens gained per round, in order (the prefill's first token counted as round 0's)."""
+        return [self.rounds.count(r) for r in sorted(set(self.rounds))]
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_each_row_keeps_the_drafts_it_accepted_whatever_its_neighbours_kept(position):
+    """A row of a batch gains, round by round, what it gains alone (its own accepted drafts plus one), while its
+    neighbours keep fewer or more: each row has its own cache length (its left padding grows as it falls behind)
+    and its text stays the target's greedy text. Rows that advanced by the fewest drafts any row kept got the
+    neighbours' gains instead."""
+    target = tiny_model(max_seq_len=CONTEXT, position=position, seed=2)[0]
+    draft = tiny_model(max_seq_len=CONTEXT, position=position, seed=3, n_layers=1)[0]
+    prompts, max_new = ([1, 2, 3], [4, 5, 6, 7, 8, 9], [2], [5, 5, 5, 5, 5]), 24
+    alone = []
+    for prompt in prompts:
+        scheduler, speculative = schedulers(target, draft, draft_tokens=3)
+        recorded = ByRound(speculative, prompt, max_new)
+        scheduler.submit(recorded.job)
+        drain(scheduler)
+        alone.append(recorded)
+    scheduler, speculative = schedulers(target, draft, draft_tokens=3)
+    together = [ByRound(speculative, prompt, max_new) for prompt in prompts]
+    for recorded in together:
+        scheduler.submit(recorded.job)
+    drain(scheduler)
+    assert len({tuple(recorded.gains) for recorded in alone}) > 1, "every row kept the same drafts: nothing tested"
+    for one, shared in zip(alone, together, strict=True):
+        assert shared.tokens == one.tokens == generate_tokens(target, [one.job.prompt], max_new_tokens=max_new,
+                                                              context_len=CONTEXT)
+        assert shared.gains == one.gains
+
+
 # Through a live server -------------------------------------------------------------------------------------------
 pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
 httpx = pytest.importorskip("httpx")

@@ -247,6 +247,30 @@ class Batch:
         self._in_use()
         return torch.tensor(order, device=self.ids.device)
 
+    def realign(self, shifts: list[int]) -> None:
+        """Move each row's columns [first, length) `shifts[row]` places to the right (B,), the columns that fall off
+        past `length` its own unused ones, those it leaves on the left padding: after a speculative round in which
+        rows kept different numbers of drafts, every row's newest token is in column `length` again, each row with
+        its own length, as rows of different prompts are. Keys and values move with their tokens: a row's positions
+        count its real tokens (`positions_from_mask`), not columns, and every distance within the row is kept (ALiBi,
+        relative positions, a sliding window)."""
+        moving = [row for row, shift in enumerate(shifts) if shift]
+        if moving:
+            device = self.ids.device
+            rows = torch.tensor(moving, device=device)  # (b,)
+            by = torch.tensor([shifts[row] for row in moving], device=device)[:, None]  # (b, 1)
+            live = slice(self.first, self.length)
+            source = torch.arange(self.length - self.first, device=device)[None, :] - by  # (b, W): columns moved from
+            left = source < 0  # the columns no token moves into: padding
+            source = source.clamp(min=0)
+            self.ids[rows, live] = self.ids[rows, live].gather(1, source)
+            self.attention_mask[rows, live] = self.attention_mask[rows, live].gather(1, source) & ~left
+            for layer in self.store.layers:
+                for buffer in (layer.keys, layer.values):
+                    part = buffer[rows, :, live]  # (b, Hkv, W, D)
+                    buffer[rows, :, live] = part.gather(2, source[:, None, :, None].expand_as(part))
+        self._in_use()
+
     def moved(self, rows: int, positions: int, shift: int, allocate: Callable[[int, int], KVCache]) -> Batch:
         """The same rows in new buffers of `rows` x `positions`, every column `shift` places to the right (to the
         left when negative, by at most `first`: the columns that fall off are padding in every row)."""

@@ -11,19 +11,22 @@ one (`Scheduler._loop`), so a request's drafting costs the others one round, nev
                      until a step) goes into column L, in neither model's cache yet
     draft            K small steps over its batch                          d1 ... dK     (q1 ... qK)
     target           one forward over columns L ... L + K                  p1 ... pK+1
-    keep             n + 1 tokens a row, n the fewest drafts a live row kept (`advance_together`): each row's text
-                     stays exact, and the columns stay one rectangle
-    after            both caches rewound to column L + n + 1, where each row's newest token is written
+    keep             each row its own n + 1 tokens, n the drafts it kept (the fewest any open choice of its job
+                     kept, `_advances`): a row whose drafts were accepted never waits for one whose were not
+    after            the batches advance by m + 1 columns, m the most any row kept; a row that kept fewer moves
+                     right by the difference (`Batch.realign`: its left padding grows, as a shorter prompt's),
+                     so every row's newest token is in column L + m + 1 again; both caches cut there
 
 A job joins as in the plain batch: its prompt is prefilled in both models beside the others that join, and its first
 token is chosen from the target's prefill logits as the plain batch chooses it (`Scheduler._sample`). Each round
-gives every row 1 to K + 1 tokens, K cut so that no row drafts past its max_tokens.
+gives every row 1 to K + 1 tokens, K cut so that no draft's position passes the context, and a row keeps no more
+than its max_tokens leaves room for.
 
 Which requests speculate (`takes`): greedy ones (the text is the target's own, token for token) and sampled ones
 without a seed (drawn from the target's distribution), whose text fits both models' context; the others are served
 by the plain batch, beside, and get what the server without a draft gives them. A seeded sampled request goes there
-because a batch's rows advance by the drafts every row keeps, so its draws would follow the other requests'
-acceptances and its text would depend on who shares its rounds; penalties, grammars (structured output) and
+because how many drafts a round proposes depends on the other rows (their max_tokens, their context), so its draws
+would follow who shares its rounds; penalties, grammars (structured output) and
 log-probabilities because the draft rule holds none of them (`run_settings.NOT_BESIDE_DRAFT`). Nothing is refused
 for having a draft.
 
@@ -40,7 +43,7 @@ from torch import Tensor, nn
 
 from attnkit.generate.decoder import Window, left_pad, logits_of_new, prefill
 from attnkit.generate.sampling import Groups, check_drawn, draw
-from attnkit.generate.speculative import Shaper, Speculation, accept_greedy, accept_sampled, advance_together
+from attnkit.generate.speculative import Shaper, Speculation, accept_greedy, accept_sampled
 from attnkit.run_settings import check_draft_tokens
 from attnkit.serve.batching import Batch, GenerationJob, Scheduler
 
@@ -159,8 +162,9 @@ class SpeculativeScheduler(Scheduler):
         as the plain batch passes them (`_deliver`)."""
         started = time.monotonic()
         jobs = self.batch.jobs
-        k = max(0, min(self.draft_tokens, *(job.max_new_tokens - job.produced - 1 for job in jobs)))
-        self._fit(columns=k + 2)  # the target caches columns L ... L + k, and L + n + 1 takes the newest token
+        room = min(self.context_len - len(job.prompt) - job.produced for job in jobs)  # the drafts' positions fit
+        k = max(0, min(self.draft_tokens, room, max(job.max_new_tokens - job.produced - 1 for job in jobs)))
+        self._fit(columns=k + 2)  # the target caches columns L ... L + k, and L + m + 1 takes the newest token
         batch, drafts = self.batch, self.drafts
         batch.write(self.newest)
         drafts.write(self.newest)
@@ -176,19 +180,23 @@ class SpeculativeScheduler(Scheduler):
         kept, after = self._accept(scored, drafted, q, rows_of)  # (B,), (B,)
         kept_by_row = kept.tolist()
         live = [row for row, (job, choice) in enumerate(batch.rows) if job.reasons[choice] is None]
-        n = min(kept_by_row[row] for row in live)  # the drafts every live row keeps
-        tokens = advance_together(n, kept, after, drafted)  # (B, n + 1)
-        self._count(k, n, [kept_by_row[row] for row in live])
-        by_row = tokens.tolist()
+        advance = _advances(listed, kept_by_row)  # (B,): the drafts each row keeps
+        self._count(k, [kept_by_row[row] for row in live], [advance[row] for row in live])
+        by_row, after_by_row = drafted.tolist(), after.tolist()
+        # each row's token after the drafts it keeps: the target's where it kept no more, else its next draft (accepted)
+        last_by_row = [after_by_row[row] if kept_by_row[row] == gained else by_row[row][gained]
+                       for row, gained in enumerate(advance)]
         for job, rows in listed.items():
             try:
-                for column in range(n + 1):
+                gained = advance[rows[0]]
+                for column in range(gained + 1):
                     if None not in job.reasons:
                         break
-                    self._deliver(job, check_drawn([by_row[row][column] for row in rows]))
+                    self._deliver(job, check_drawn([by_row[row][column] if column < gained else last_by_row[row]
+                                                    for row in rows]))
             except Exception as error:  # its own logits gave no distribution, or its own callback failed
                 self._fail(job, error)
-        self._write(tokens.clamp(min=0), k, n)
+        self._write(drafted, torch.tensor(last_by_row, device=self.device).clamp(min=0), advance, k)
         self.step_seconds = time.monotonic() - started  # how long joining jobs wait for company (`Scheduler._due`)
 
     def _accept(self, scored: Tensor, drafted: Tensor, q: Tensor | None, rows_of: dict[GenerationJob, Tensor]
@@ -234,35 +242,54 @@ class SpeculativeScheduler(Scheduler):
         drafted = torch.stack(tokens, dim=1) if tokens else window.ids.new_zeros(batch, 0)  # (B, k)
         return drafted, q
 
-    def _write(self, tokens: Tensor, k: int, n: int) -> None:
-        """Write the round's tokens (B, n + 1) but the last after column L in both batches, rewind both caches to the
-        new length L + n + 1, keep the last as `newest`, and feed the draft the one column it lacks after all k
-        drafts were kept."""
-        length = self.batch.length + n + 1
+    def _write(self, drafted: Tensor, last: Tensor, advance: list[int], k: int) -> None:
+        """Keep each row's round: its first advance[row] drafts (of `drafted`, (B, k)) after column L, in both
+        batches, and `last` (B,), the token after them, as its `newest`. The batches advance by m + 1 columns, m the
+        most drafts a row kept, and each row that kept fewer moves right by the difference (`Batch.realign`), so that
+        every row's newest token is in column L + m + 1 and no row waits for another; both caches are cut to that
+        length, and the draft is fed the column it lacks where a row kept all k drafts."""
+        m = max(advance)
+        length = self.batch.length + m + 1
+        shifts = [m - gained for gained in advance]
         for part in (self.batch, self.drafts):
             rows = len(part.rows)
-            part.ids[:rows, part.length + 1:length] = tokens[:, :n]
+            part.ids[:rows, part.length + 1:length] = drafted[:, :m]
             part.attention_mask[:rows, part.length + 1:length] = True
             part.length = length
-        self.newest = tokens[:, n]
-        self.batch.cache.rewind(length - self.batch.first)
+            part.realign(shifts)  # the caches in use now end at column `length` (`Batch._in_use`)
+        self.newest = last
         drafts = self.drafts
-        drafts.cache.rewind(min(drafts.cache.length, length - drafts.first))
-        if drafts.cache.length < length - drafts.first:  # n == k: its last draft was never fed to it
+        if m == k:  # the draft never took column L + k (its last draft) in the rows that kept all k: feed it
+            drafts.cache.rewind(length - 1 - drafts.first)
             rows = len(drafts.rows)
             prefill(self.draft, Window(drafts.ids[:rows, drafts.first:length],
                                        drafts.attention_mask[:rows, drafts.first:length], drafts.padded), drafts.cache)
         self.steps += 1
 
-    def _count(self, k: int, n: int, kept: list[int]) -> None:
-        """Add a round to `speculation`: a draft of k tokens per live row, `kept` of each accepted, n + 1 tokens a
-        row."""
+    def _count(self, k: int, kept: list[int], advance: list[int]) -> None:
+        """Add a round to `speculation`: a draft of k tokens per live row, `kept` of each accepted, `advance` of them
+        kept by each (its job's fewest, within max_tokens); `advanced` counts the most tokens a live row gained."""
         stats = self.speculation
         stats.rounds += 1
         stats.drafts += len(kept) if k else 0
         stats.drafted += k * len(kept)
         stats.accepted += sum(kept)
-        stats.advanced += n + 1
+        stats.advanced += max(advance) + 1
+
+
+def _advances(listed: dict[GenerationJob, list[int]], kept: list[int]) -> list[int]:
+    """The drafts each row keeps (B,): the fewest any open choice of its job kept (a job's choices share its count of
+    tokens, `GenerationJob.produced`), at most what its max_tokens leaves room for after the one token that follows
+    them. Keeping fewer drafts than the target accepted keeps the text exact: greedy, the drafts kept are the
+    target's choices; sampled, each accepted draft is drawn from the target's distribution (Leviathan et al.) and
+    where the row stops depends on no token after it."""
+    advance = [0] * len(kept)
+    for job, rows in listed.items():
+        open_rows = [row for choice, row in enumerate(rows) if job.reasons[choice] is None] or rows
+        gained = min(min(kept[row] for row in open_rows), job.max_new_tokens - job.produced - 1)
+        for row in rows:
+            advance[row] = max(0, gained)
+    return advance
 
 
 def _groups(job: GenerationJob) -> Groups:
