@@ -886,6 +886,25 @@ def test_tuned_lens_trains_the_papers_250_steps_unless_told_and_reports_no_kl_be
     assert summary["KL tuned lens (nats/token, per layer)"] == "0.5, 0.0, 0.0"
 
 
+def test_tuned_lens_picture_says_what_its_kl_was_scored_on(runs, tmp_path, monkeypatch):
+    """The KL panel's title and the saved lens's record name the held-out texts the KL was scored on, and with a
+    single text say that text was trained on and none held out (the title read 'on the held-out texts' for one text
+    scored on itself)."""
+    import attnkit.inspect.command as command
+
+    titles = []
+    write = command.write_report
+    monkeypatch.setattr(command, "write_report", lambda *args, figure, **kwargs: titles.append(
+        figure.axes[0].get_title()) or write(*args, figure=figure, **kwargs))
+    texts = tuple(f"abc de {c}{c} fgh" for c in "abcdefghij ")  # 11 texts: the 1st and the 11th held out
+    _inspect(runs["decoder"], "tuned-lens", tmp_path / "many", text=texts, steps=2)
+    _inspect(runs["decoder"], "tuned-lens", tmp_path / "one", text=texts[:1], steps=2)
+    assert titles[0].endswith("on 2 held-out texts")
+    assert "held-out" not in titles[1] and titles[1].endswith("on the one text it was trained on (none held out)")
+    for out, scored_on in (("many", "2 held-out texts"), ("one", "the one text it was trained on (none held out)")):
+        assert json.loads((tmp_path / out / "tuned-lens" / "tuned_lens.json").read_text())["KL scored on"] == scored_on
+
+
 def test_head_types_draws_its_random_tokens_from_text_never_a_converted_tokenizers_special_token(tmp_path,
                                                                                                 monkeypatch):
     """A converted tokenizer marks more tokens special than attnkit's roles name (a chat model's <|im_start|> and

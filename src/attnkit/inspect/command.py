@@ -426,10 +426,11 @@ def _logit_lens(loaded: Loaded, settings: InspectSettings):
     return "Logit lens", rows, {"text": _one_text(settings), "final predictions": " ".join(final)}, figure
 
 
-def _lens_report(loaded: Loaded, batch: Batch, lens: LogitLens, name: str, divergences: dict | None = None):
+def _lens_report(loaded: Loaded, batch: Batch, lens: LogitLens, name: str, divergences: dict | None = None,
+                 scored_on: str = ""):
     """Rows and picture of a lens's reading of one text: each layer's probability of the final prediction and its top
     token per position; `divergences` ({lens name: (L + 1,) KL}) adds a panel of each layer's KL from the final
-    distribution above it."""
+    distribution above it, its title saying what they were scored on (`scored_on`: "2 held-out texts")."""
     inputs = batch.args[-1][0]  # the stream's own tokens (a translation's target side)
     tokens = _labels(loaded.tokenizer, inputs)
     probabilities, ranks, top = lens.probabilities()[:, 0], lens.ranks()[:, 0], lens.top(1)[:, :, 0]
@@ -446,7 +447,7 @@ def _lens_report(loaded: Loaded, batch: Batch, lens: LogitLens, name: str, diver
             ax.plot(range(len(layers)), values.tolist(), marker="o", label=label)
         ax.set_xticks(range(len(layers)), layers, fontsize=7)
         ax.set(xlabel="layer (its stream read)", ylabel="KL from the final (nats/token)",
-               title="each layer's KL from the model's final distribution on the held-out texts")
+               title=f"each layer's KL from the model's final distribution\non {scored_on}")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     for index, span in enumerate(spans):  # rows of two lines: the probability, and under it the layer's top token
@@ -484,12 +485,14 @@ def _tuned_lens(loaded: Loaded, settings: InspectSettings):
                    "tuned lens": lens_divergences(loaded.model, held_out, lens)}
     # KL >= 0: a rounding error below 0 (or a -0.0, which max(-0.0, 0.0) keeps) reads 0.0
     kl = {name: [round(float(v), 4) if float(v) > 0 else 0.0 for v in values] for name, values in divergences.items()}
+    scored_on = (f"{len(held_out)} held-out texts" if len(batches) > 1 else
+                 "the one text it was trained on (none held out)")
     saved = None
     if settings.lens is None:
-        saved = save_tuned_lens(lens, _out_dir(settings) / "tuned-lens",
-                                record={"steps": steps, "texts": len(training), "held-out KL": kl})
+        saved = save_tuned_lens(lens, _out_dir(settings) / "tuned-lens", record={
+            "steps": steps, "texts": len(training), "held-out KL": kl, "KL scored on": scored_on})
     rows, figure = _lens_report(loaded, batches[0], tuned_lens(loaded.model, lens, *batches[0].args), "tuned lens",
-                                divergences)
+                                divergences, scored_on)
     scored = (f"{len(held_out)} held-out texts (every {HELD_OUT}th, not trained on)" if len(batches) > 1 else
               "the one text it was trained on (give more texts, --input, for a held-out score)")
     summary = {"text": texts[0], "lens": how, "KL scored on": scored,
