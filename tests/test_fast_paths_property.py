@@ -20,11 +20,14 @@ NATIVE = torch.backends.cpu.get_cpu_capability()
 CAPABILITIES = {"native": {}, "avx2": AVX2_ENV}
 
 
-def run_paths(capability: str, examples: int, timeout: float) -> subprocess.CompletedProcess:
-    """The worker's run of every path under `capability`'s kernels, one torch thread."""
+def run_paths(capability: str, examples: int, timeout: float, scratch: Path) -> subprocess.CompletedProcess:
+    """The worker's run of every path under `capability`'s kernels, one torch thread, with inductor's caches of its
+    own under `scratch` (torch's FX graph cache does not key on the vector level: a graph compiled for AVX-512 would
+    be served to the AVX2 run)."""
     if capability == "avx2" and not NATIVE.startswith("AVX512"):
         pytest.skip(f"this CPU's own kernels are {NATIVE}'s: the native run is the AVX2 run, or there is none")
-    env = {**os.environ, **CAPABILITIES[capability], "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **CAPABILITIES[capability], "OMP_NUM_THREADS": "1",
+           "TORCHINDUCTOR_CACHE_DIR": str(scratch / f"inductor-{capability}")}
     return subprocess.run([sys.executable, str(WORKER), "--examples", str(examples)], env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -40,15 +43,15 @@ def failure(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("capability", CAPABILITIES)
-def test_every_fast_path_equals_its_reference_on_drawn_shapes(capability):
+def test_every_fast_path_equals_its_reference_on_drawn_shapes(capability, tmp_path):
     """A few drawn cases per path besides the pinned ones (int8's crash: in-width 172, two rows, AVX2)."""
-    result = run_paths(capability, examples=3, timeout=240)
+    result = run_paths(capability, examples=3, timeout=240, scratch=tmp_path)
     assert result.returncode == 0, failure(result)
     assert "held int8\n" in result.stdout and "held SDPA\n" in result.stdout
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("capability", CAPABILITIES)
-def test_every_fast_path_equals_its_reference_on_many_drawn_shapes(capability):
-    result = run_paths(capability, examples=100, timeout=1800)
+def test_every_fast_path_equals_its_reference_on_many_drawn_shapes(capability, tmp_path):
+    result = run_paths(capability, examples=100, timeout=1800, scratch=tmp_path)
     assert result.returncode == 0, failure(result)

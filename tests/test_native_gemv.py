@@ -20,7 +20,7 @@ from torch import nn
 from attnkit import ModelConfig, build_model, cli
 from attnkit.checkpoint import save_model
 from attnkit.generate import native_gemv, tune
-from attnkit.generate.decode_layout import NATIVE_ROWS, NativeLinear
+from attnkit.generate.decode_layout import NATIVE_BF16_ROWS, NATIVE_ROWS, NativeLinear
 from attnkit.generate.plan import plan_inference
 from attnkit.generate.quantize import (
     INT4_GROUP,
@@ -249,10 +249,13 @@ def test_where_the_bf16_build_fails_the_avx512_build_serves_without_the_dot_prod
     (lambda: native_gemv.gemv_i4(torch.zeros(8, 24, dtype=torch.uint8), torch.ones(8, 1), torch.ones(8, 1),
                                  torch.randn(1, 48)), r"groups of 32 inputs; got 48"),
     (lambda: native_gemv.pack_int4(torch.zeros(8, 48, dtype=torch.uint8)), r"groups of 32; got 48"),
+    (lambda: native_gemv.pack_int4(torch.full((2, 32), 16)), r"codes must lie in 0..15; got 16..16: clamp"),
+    (lambda: native_gemv.pack_int4(torch.arange(-1, 31).view(1, 32)), r"codes must lie in 0..15; got -1..30"),
+    (lambda: native_gemv.pack_int4(torch.full((2, 32), 3.7)), r"codes must be integers 0..15, not torch.float32"),
     (lambda: native_gemv.gemv_i4(torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1), torch.ones(8, 2),
                                  torch.randn(1, 64)), r"scales must be .* shape \(8, 2\), not .* of shape \(8, 1\)"),
 ], ids=["dtype", "meta device", "transposed view", "width", "one row unbatched", "scales", "bias", "int4 width",
-        "pack width", "groups"])
+        "pack width", "code past 15", "negative code", "float codes", "groups"])
 def test_the_wrappers_refuse_tensors_the_kernels_would_misread(call, problem):
     with pytest.raises(ValueError, match=problem):
         call()
@@ -343,6 +346,22 @@ def test_a_native_layer_moved_to_another_dtype_decodes_in_it(built, moved):
             x = torch.randn(rows, 40, dtype=moved)
             expected = F.linear(x.double(), layer.weight.double(), layer.bias.double())
             torch.testing.assert_close(layer(x).double(), expected, rtol=2**-7, atol=1e-2)
+
+
+@pytest.mark.parametrize(("built", "moved"), [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
+def test_a_native_layer_moved_to_another_dtype_takes_that_dtypes_row_limit(built, moved, monkeypatch):
+    """The rows the native product takes depend on the weight's dtype (`NATIVE_ROWS`, `NATIVE_BF16_ROWS`): a layer
+    moved by `.to(dtype)` takes as many as one built in that dtype, never the limit of the dtype it was built in."""
+    _require_kernels()
+    layer = NativeLinear(nn.Linear(40, 24).to(built)).to(moved)
+    assert NativeLinear(nn.Linear(40, 24).to(built)).max_rows != NativeLinear(nn.Linear(40, 24).to(moved)).max_rows
+    assert layer.max_rows == NativeLinear(nn.Linear(40, 24).to(moved)).max_rows
+    rows = max(NATIVE_ROWS, NATIVE_BF16_ROWS) if moved == torch.bfloat16 else NATIVE_ROWS + 1
+    called = []
+    monkeypatch.setattr(layer, "rows", lambda x: called.append(x.shape) or F.linear(x, layer.weight))
+    with torch.no_grad():
+        layer(torch.randn(rows, 40, dtype=moved))
+    assert called == ([] if moved == torch.bfloat16 else [(rows, 40)])  # bf16: native; fp32: past its limit
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -173,9 +173,17 @@ class NativeLinear(GemvLinear):
         self.register_buffer("bias_fp32", None, persistent=False)  # (N,): what the kernel adds (`widen_bias`)
         widen_bias(self)
         self.register_load_state_dict_post_hook(widen_bias)  # a loaded bias is the kernel's too
-        self.fp32 = linear.weight.dtype == torch.float32  # read by `rows`: the dtype it was built in
-        self.max_rows = NATIVE_ROWS if self.fp32 else NATIVE_BF16_ROWS
         self.product = native_gemv.dense_product(self.weight, self.bias_fp32)  # checked once, here
+
+    @property
+    def fp32(self) -> bool:
+        """Whether the weight is fp32 now: `.to(dtype)` may have converted it since the layer was built."""
+        return self.weight.dtype == torch.float32
+
+    @property
+    def max_rows(self) -> int:
+        """Rows up to which the native product serves, for the weight's dtype now."""
+        return NATIVE_ROWS if self.fp32 else NATIVE_BF16_ROWS
 
     def rows(self, x: Tensor) -> Tensor:
         """More rows than the native product takes: nn.Linear's product (fp32), or MKL's on the weight widened to
@@ -187,11 +195,8 @@ class NativeLinear(GemvLinear):
     def forward(self, x: Tensor) -> Tensor:
         if x.numel() > self.max_rows * self.in_features:
             return self.rows(x)
-        if not self.product.reads(self.weight, self.bias_fp32):  # replaced (`.to`, an assignment): bind the new ones
-            if self.bias_fp32 is not None and self.bias_fp32.dtype != torch.float32:  # `.to(dtype)` converted it
-                widen_bias(self)
-            self.product = native_gemv.dense_product(self.weight, self.bias_fp32)
-        out = self.product(x.reshape(-1, self.in_features))  # (M, N) fp32
+        product = native_gemv.layer_product(self, bias="bias_fp32")  # bound again where `.to` replaced the tensors
+        out = product(x.reshape(-1, self.in_features))  # (M, N) fp32
         out = out.view(*x.shape[:-1], self.out_features)
         return out if x.dtype == torch.float32 else out.to(x.dtype)  # fp32 rows: no call to convert them
 
@@ -206,9 +211,7 @@ class NativePackedLinear(NativeLinear, GemvPackedLinear):
     """A bf16 `NativeLinear` whose rows beyond `NATIVE_ROWS` go through the weight packed once for oneDNN
     (`GemvPackedLinear`): the weight held twice, on CPUs where oneDNN packs bf16."""
 
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__(linear)
-        self.max_rows = NATIVE_ROWS
+    max_rows = NATIVE_ROWS  # oneDNN's packed product serves more rows in every dtype
 
     def rows(self, x: Tensor) -> Tensor:
         return GemvPackedLinear.rows(self, x)

@@ -16,9 +16,10 @@ inputs and arithmetic throughout:
     gemv_i4(codes, scales, offsets, x, bias)   codes (N, K / 2) uint8 (`pack_int4`), scales and offsets (N, K / 32)
                                                fp32: weights (code - 8) * scale + zero, offset = zero - 8 * scale
                                                x (M, K), bias (N,) fp32 or None -> (M, N) fp32 in each
-    dense_product(weight, bias)                the fp32 or bf16 product bound to one weight: its checks and addresses
-                                               taken once, when a decoding layer is built, so that a step's call
-                                               costs one ctypes call and one output tensor (`DenseProduct`)
+    dense_product(weight, bias, scales)        the fp32, bf16 or int8 product bound to one weight: its checks and
+                                               addresses taken once, when a decoding layer is built, so that a step's
+                                               call costs one ctypes call and one output tensor (`DenseProduct`);
+                                               `layer_product` binds it again where a layer's tensors were replaced
 
 The library is built on first use with the machine's C compiler ($CC, else cc, gcc or clang), about a second, for
 the vector level the CPU reports (`build_for`: AVX-512 F/BW/VL/DQ with AVX512-BF16, else AVX-512 F/BW/VL/DQ, else
@@ -300,14 +301,35 @@ class DenseProduct:
         return out
 
 
-def dense_product(weight: Tensor, bias: Tensor | None) -> DenseProduct:
-    """The native product of an fp32 or bf16 `weight` (N, K) and fp32 `bias` (N,) or None, for rows of any float
-    dtype: fp32 weights through `gemv_f32`; bf16 ones through `gemv_bf16_dot` for bf16 rows where the CPU has
-    AVX512-BF16 (`bf16_dot`), else through `gemv_bf16` with the rows in fp32."""
+def dense_product(weight: Tensor, bias: Tensor | None, scales: Tensor | None = None) -> DenseProduct:
+    """The native product of an fp32, bf16 or int8 `weight` (N, K) (int8: times its `scales` (N,) fp32) and fp32
+    `bias` (N,) or None, for rows of any float dtype: fp32 weights through `gemv_f32`; int8 ones through `gemv_i8`
+    with the rows in fp32; bf16 ones through `gemv_bf16_dot` for bf16 rows where the CPU has AVX512-BF16
+    (`bf16_dot`), else through `gemv_bf16` with the rows in fp32."""
+    if weight.dtype == torch.int8:
+        return DenseProduct(weight, bias, {torch.float32: "gemv_i8"}, scales)
     if weight.dtype == torch.float32:
         return DenseProduct(weight, bias, {torch.float32: "gemv_f32"})
     dot = {torch.bfloat16: "gemv_bf16_dot"} if bf16_dot() else {}
     return DenseProduct(weight, bias, {torch.float32: "gemv_bf16", **dot})
+
+
+def layer_product(layer: torch.nn.Module, *, bias: str = "bias", scales: str | None = None) -> DenseProduct:
+    """The product a decoding layer calls (`layer.product`, a `dense_product`), reading the layer's `weight` and its
+    tensors named `bias` and `scales` as they are now: the layer's own product where it reads them (one identity check
+    each), else, where `.to` or an assignment replaced them, a new one, kept as `layer.product`, with the bias and
+    scales widened to fp32 in the layer again where `.to(dtype)` converted them (the kernels read them in fp32). Used
+    by every layer that holds a `DenseProduct` (`decode_layout.NativeLinear`, `quantize.NativeInt8Linear`)."""
+    names = (bias, scales)
+    tables = [None if name is None else getattr(layer, name) for name in names]
+    if layer.product.reads(layer.weight, *tables):
+        return layer.product
+    for name, tensor in zip(names, tables, strict=True):
+        if tensor is not None and tensor.dtype != torch.float32:
+            setattr(layer, name, tensor.float())
+    bias_now, scales_now = (None if name is None else getattr(layer, name) for name in names)
+    layer.product = dense_product(layer.weight, bias_now, scales_now)
+    return layer.product
 
 
 def gemv_f32(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -341,10 +363,17 @@ def gemv_i8(weight: Tensor, scales: Tensor, x: Tensor, bias: Tensor | None = Non
 def pack_int4(codes: Tensor) -> Tensor:
     """4-bit codes (N, K), integers 0..15, K a multiple of 32 -> (N, K / 2) uint8 as `gemv_i4` reads them: in each
     group of 32 codes, byte j holds code j in its low half and code j + 16 in its high half (llama.cpp's q4_0 order,
-    which unpacks a group's two halves with one mask and one shift)."""
+    which unpacks a group's two halves with one mask and one shift). Raises ValueError for codes of a floating dtype or
+    outside 0..15, which four bits cannot hold (a code of 16 would wrap to 0 and spill into its neighbour's half):
+    clamp them to the grid first (`quantize.int4_grid` does)."""
     rows, inputs = codes.shape
     if inputs % INT4_GROUP:
         raise ValueError(f"4-bit rows are packed in groups of {INT4_GROUP}; got {inputs} codes a row")
+    if codes.is_floating_point() or codes.is_complex():
+        raise ValueError(f"4-bit codes must be integers 0..15, not {codes.dtype}: round and clamp them first")
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) > 15):
+        raise ValueError(f"4-bit codes must lie in 0..15; got {int(codes.min())}..{int(codes.max())}: clamp them to "
+                         f"the grid first")
     groups = codes.to(torch.uint8).reshape(rows, inputs // INT4_GROUP, INT4_GROUP)  # (N, G, 32)
     return (groups[..., : INT4_GROUP // 2] | (groups[..., INT4_GROUP // 2:] << 4)).reshape(rows, inputs // 2)
 

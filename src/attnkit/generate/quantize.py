@@ -323,19 +323,7 @@ class NativeInt8Linear(nn.Module):
         self.register_buffer("scales", scales)  # (N,) fp32
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.product = self._bind()
-
-    def _widen(self) -> None:
-        """The scales and bias in fp32 again, as the kernel reads them, where `.to(dtype)` converted them."""
-        for name in ("scales", "bias"):
-            tensor = getattr(self, name)
-            if tensor is not None and tensor.dtype != torch.float32:
-                setattr(self, name, tensor.float())
-
-    def _bind(self) -> native_gemv.DenseProduct:
-        """The kernel bound to this layer's tensors (`native_gemv.DenseProduct`): their checks and addresses taken
-        once, for the eager steps' rows up to `NATIVE_QUANTIZED_ROWS`."""
-        return native_gemv.DenseProduct(self.weight, self.bias, {torch.float32: "gemv_i8"}, self.scales)
+        self.product = native_gemv.dense_product(self.weight, self.bias, self.scales)  # eager rows up to the limit
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, K)
@@ -343,11 +331,8 @@ class NativeInt8Linear(nn.Module):
             out = native_int8_op(self.weight, self.scales, rows, self.bias)  # (M, N) fp32
         elif rows.shape[0] > NATIVE_QUANTIZED_ROWS:
             out = native_int8_product(self.weight, self.scales, rows, self.bias)  # dequantized for the call
-        else:
-            if not self.product.reads(self.weight, self.bias, self.scales):  # replaced (`.to`, an assignment)
-                self._widen()
-                self.product = self._bind()
-            out = self.product(rows)
+        else:  # bound again where `.to` or an assignment replaced the tensors
+            out = native_gemv.layer_product(self, scales="scales")(rows)
         out = out.view(*x.shape[:-1], self.out_features)
         return out if x.dtype == torch.float32 else out.to(x.dtype)  # fp32 rows: no call to convert them
 
