@@ -19,6 +19,7 @@ from attnkit.generate.decode_layout import (
     transpose_linear_weights,
 )
 from attnkit.generate.decoder import generate_tokens
+from attnkit.generate.plan import plan_inference
 from attnkit.generate.seq2seq import greedy_translate
 from attnkit.generate.swap import remove_dropout_layers
 from attnkit.layers.attention import Attention
@@ -191,3 +192,15 @@ def test_removing_dropout_layers_changes_no_number():
         remove_dropout_layers(model)
         assert not any(isinstance(m, torch.nn.Dropout) for m in model.modules())
         assert torch.equal(model(ids).logits, expected)
+
+
+def test_the_plan_replaces_every_dropout_layer_and_says_so():
+    """Dropout is skipped one way at inference: the plan swaps each layer for nn.Identity, in every family (the
+    layers themselves call it in every mode)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.3,
+                                    max_seq_len=16))
+    plan = plan_inference(model, "decoder")
+    assert "dropout" in plan.explain() and "replaced by nn.Identity" in plan.explain()
+    plan.apply(model)
+    assert not any(isinstance(m, torch.nn.Dropout) for m in model.modules())

@@ -81,12 +81,9 @@ class TransformerBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def _residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        # dropout is the identity in eval mode: not called there (a module call per sublayer per decoding step)
         if self.pre_norm:
-            out = sublayer(norm(x))
-            return x + (self.dropout(out) if self.training else out)
-        out = sublayer(x)
-        return norm(x + (self.dropout(out) if self.training else out))
+            return x + self.dropout(sublayer(norm(x)))
+        return norm(x + self.dropout(sublayer(x)))
 
     @_accepts_old_mask_keywords
     def forward(

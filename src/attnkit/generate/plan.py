@@ -8,7 +8,8 @@ capabilities, the machine's measured profile and the user's options, with the re
 
 The choices, in the order they are applied:
 
-    dropout         removed (eval mode passes inputs through; each layer still costs a call)
+    dropout         each nn.Dropout replaced by nn.Identity (eval mode passes inputs through, and the identity does it
+                    without dropout's dispatch); the layers call their dropout as training has it, in every mode
     q/k/v           fused into one projection in models that decode (one product per layer where there were three)
     linear layers   int8 or int4 on request (`quantize.py`), through the kernel the machine's profile measured
                     fastest: the native one with fp32 inputs (`native_gemv.py`) or PyTorch's with bf16 inputs (int4
@@ -157,7 +158,8 @@ def plan_inference(
     fixed_step = decodes and StaticDecoding.supports(model)  # a decoding step of fixed shapes: compiled or captured
     static = mode is not None and fixed_step
 
-    choices = [Choice("dropout", "removed", "eval mode passes inputs through; each layer would still cost a call")]
+    choices = [Choice("dropout", "replaced by nn.Identity", "eval mode passes inputs through, and the identity does "
+                                                           "it without dropout's dispatch in every step")]
     projects = any(isinstance(module, TransformerBlock) for module in model.modules())
     if not projects:
         choices.append(Choice("q/k/v", "none", "a recurrent model has no query, key and value projections to fuse"))

@@ -136,4 +136,4 @@ class Embeddings(nn.Module):
             x = x + self.positions.embed(position_ids).to(x.dtype)
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(x) if self.training else x  # dropout: the identity in eval mode, not called there
+        return self.dropout(x)

@@ -43,7 +43,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.act(self.up_proj(x))  # (B, T, d_ff)
-        return self.down_proj(self.dropout(hidden) if self.training else hidden)  # dropout: identity in eval mode
+        return self.down_proj(self.dropout(hidden))
 
 
 class SwiGLU(nn.Module):
@@ -59,7 +59,7 @@ class SwiGLU(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = cast_for_autocast(x)  # read by two products: one cast under autocast, not two
         hidden = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (B, T, d_ff)
-        return self.down_proj(self.dropout(hidden) if self.training else hidden)  # dropout: identity in eval mode
+        return self.down_proj(self.dropout(hidden))
 
 
 def make_feedforward(activation: str, d_model: int, d_ff: int, *, bias: bool, dropout: float) -> nn.Module:
