@@ -3,7 +3,7 @@
     python -m benchmarks before_after --old DIR [--new DIR] [--only CASE ...] [--rows fp32 bf16 int8-dynamic]
                                       [--pairs 9] [--threads 1] [--clock wall | cpu] [--name before-after]
 
-Each checkout builds the row's model with its own harness (`benchmarks/speed.py`'s `_step_function`, imported in a
+Each checkout builds the row's model with its own harness (`benchmarks/speed.py`'s `step_function`, imported in a
 worker process started in that checkout with its `src/` first on the path), so the earlier code runs as it ran then.
 The two workers stay up and take turns, one greedy generation (the suite's 128 tokens) each, which one goes first
 alternating from pair to pair, so a machine shared with other work moves both sides of a pair alike; after one
@@ -41,7 +41,8 @@ torch.set_num_threads(int(sys.argv[4]))
 clock = time.process_time if sys.argv[5] == "cpu" else time.perf_counter
 torch.manual_seed(0)
 case = next(c for c in speed.CASES if c.name == sys.argv[1])
-model, step = speed._step_function(case, sys.argv[2], sys.argv[3])
+step_function = getattr(speed, "step_function", None) or speed._step_function  # a checkout from before its name
+model, step = step_function(case, sys.argv[2], sys.argv[3])
 print("ready", flush=True)
 for _ in sys.stdin:
     start = clock()

@@ -212,8 +212,9 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
-    """A closure running one repetition of the case, and the model it uses."""
+def step_function(case: Case, impl: str, dtype: str, device: str = "cpu"):
+    """A closure running one repetition of the case, and the model it uses: the harness's one route to a row, which
+    `bench_before_after` calls in each checkout."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(device)
     targets = torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(device)
@@ -336,7 +337,7 @@ def run_one(case_name: str, impl: str, dtype: str, repeats: int, warmup: int, de
     so that the parent can have several implementations take turns repetition by repetition."""
     torch.manual_seed(0)
     case = next(c for c in CASES if c.name == case_name)
-    model, step = _step_function(case, impl, dtype, device)
+    model, step = step_function(case, impl, dtype, device)
     check = None
     if impl.startswith("llama.cpp") or impl == "onnxruntime":
         step, check = step

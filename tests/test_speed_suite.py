@@ -70,7 +70,7 @@ def test_a_prefill_row_counts_the_prompts_tokens_and_chooses_one(monkeypatch):
     """tokens/s over the prompt's tokens (1,024), each repetition generating one token after it; peers as for
     generation."""
     asked = []
-    monkeypatch.setattr(speed, "_step_function",
+    monkeypatch.setattr(speed, "step_function",
                         lambda case, impl, dtype, device="cpu": (None, lambda: asked.append(case.new_tokens)))
     monkeypatch.setattr(speed, "timed_runs", lambda fn, repeats, warmup=0: [fn() or 0.5 for _ in range(repeats)])
     result = speed.run_one("prefill-small-1024", "attnkit", "fp32", repeats=3, warmup=1)
