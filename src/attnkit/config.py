@@ -12,6 +12,7 @@ family builders (`attnkit.models`) turn a config into modules.
         EncoderDecoderConfig       family "encoder-decoder"  (Vaswani, Marian): + tgt_vocab_size, n_decoder_layers
       RecurrentLMConfig            family "recurrent-lm"     (char-rnn): cell, hidden_size, embedding_dim
         RecurrentSeq2SeqConfig     family "recurrent-seq2seq": + bidirectional encoder, attention kind, ...
+      ConvLMConfig                 family "conv-lm"          (Dauphin et al.'s GCNN): d_model, kernel_size, dilations
 
 `ModelConfig(family=..., **fields)` (and `ModelConfig.from_dict` / `from_json`) builds the class that declares that
 family; a field the family does not have is a ConfigError naming the families that do. A `config.json` written
@@ -270,7 +271,8 @@ class ModelConfig(metaclass=_FamilyDispatch):
     FAMILY: ClassVar[str | None] = None  # set by the classes that declare a family
     _CLASSES: ClassVar[dict[str, type[ModelConfig]]] = {}
 
-    family: str = DEFAULT_FAMILY  # model family: decoder | encoder | encoder-decoder | recurrent-lm | recurrent-seq2seq
+    family: str = DEFAULT_FAMILY
+    """model family: decoder | encoder | encoder-decoder | recurrent-lm | recurrent-seq2seq | conv-lm"""
     vocab_size: int = 256  # token vocabulary (the source side's, for sequence-to-sequence families)
     n_layers: int = 2  # layers (of the encoder, for sequence-to-sequence families)
     max_seq_len: int = 256  # longest sequence the model reads (learned positions need it; recurrences read any)
@@ -748,12 +750,72 @@ class RecurrentSeq2SeqConfig(RecurrentLMConfig):
         return self.replace(vocab_size=vocab_size, tgt_vocab_size=None)
 
 
+@dataclass(frozen=True)
+class ConvLMConfig(ModelConfig):
+    """A gated convolutional language model (Dauphin et al. 2017): embedding -> n_layers causal 1-D convolutions,
+    each gated by a GLU and added to its input -> output. Layer l (0-based) dilates its kernel by
+    dilation_base ** (l mod dilation_cycle) (WaveNet, van den Oord et al. 2016; ByteNet, Kalchbrenner et al. 2016),
+    so each token's prediction sees the `receptive_field` tokens up to it and none before.
+    `models/convolutional/lm.py` draws it."""
+
+    FAMILY: ClassVar[str] = "conv-lm"
+    family: Literal["conv-lm"] = "conv-lm"
+    d_model: int = 256  # channels C of every convolution's input and output (and the embedding width)
+    kernel_size: int = 4  # taps k of each causal convolution: the token itself and k - 1 before it (times dilation)
+    dilation_base: int = 1  # 1: no dilation; 2: each layer's dilation doubles (1, 2, 4, ...) as in WaveNet/ByteNet
+    dilation_cycle: int | None = None
+    """with dilation_base > 1: layers after which the dilation restarts at 1 (ByteNet: 5, WaveNet: 10); None: never"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self, "d_model", "kernel_size", "dilation_base", "dilation_cycle")
+        if self.kernel_size < 2:
+            raise ConfigError(f"kernel_size={self.kernel_size} sees only the token itself, no context; give "
+                              "kernel_size >= 2")
+        if self.dilation_cycle is not None and self.dilation_base == 1:
+            raise ConfigError(f"dilation_cycle={self.dilation_cycle} applies with dilation_base >= 2 only (every "
+                              "dilation is 1 here); remove it, or set dilation_base=2")
+        if self.dilation_cycle is not None and self.dilation_cycle > self.n_layers:
+            raise ConfigError(f"dilation_cycle={self.dilation_cycle} is more than n_layers={self.n_layers}, so the "
+                              f"dilation never restarts; remove it, or give dilation_cycle <= {self.n_layers}")
+        top = min(self.dilation_cycle or self.n_layers, self.n_layers) - 1  # the largest dilation's exponent
+        huge = self.dilation_base > 1 and top >= self.max_seq_len.bit_length()  # b ** top alone > max_seq_len
+        if huge or self.receptive_field > self.max_seq_len:
+            field = "more than max_seq_len" if huge else f"{self.receptive_field} tokens"
+            raise ConfigError(
+                f"the receptive field is {field} (kernel_size={self.kernel_size}, n_layers={self.n_layers}, "
+                f"dilation_base={self.dilation_base}, dilation_cycle={self.dilation_cycle}) but max_seq_len="
+                f"{self.max_seq_len}, the longest text training shows the model: the taps past it would only ever "
+                f"see padding. Raise max_seq_len, or give fewer layers, a smaller kernel_size, dilation_base or "
+                f"dilation_cycle"
+            )
+
+    def dilation(self, layer: int) -> int:
+        """The dilation of layer `layer` (0-based)."""
+        return self.dilation_base ** (layer % (self.dilation_cycle or self.n_layers))
+
+    @property
+    def receptive_field(self) -> int:
+        """How many tokens (itself included) a position's prediction reads: 1 + (k - 1) * (sum of the dilations)."""
+        if self.dilation_base == 1:
+            return 1 + (self.kernel_size - 1) * self.n_layers
+        cycle = self.dilation_cycle or self.n_layers
+        cycles, rest = divmod(self.n_layers, cycle)
+        base = self.dilation_base
+        dilations = (cycles * (base**cycle - 1) + base**rest - 1) // (base - 1)  # geometric series, cycle by cycle
+        return 1 + (self.kernel_size - 1) * dilations
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"embedding": (self.vocab_size, self.d_model),
+                "convolution": (2 * self.d_model, self.d_model, self.kernel_size)}
+
+
 def _divisors_hint(n: int) -> str:
     return ", ".join(str(d) for d in range(1, min(n, 64) + 1) if n % d == 0 and d > 1)
 
 
 __all__ = [
-    "DecoderConfig", "EncoderConfig", "EncoderDecoderConfig", "ModelConfig", "RecurrentLMConfig",
+    "ConvLMConfig", "DecoderConfig", "EncoderConfig", "EncoderDecoderConfig", "ModelConfig", "RecurrentLMConfig",
     "RecurrentSeq2SeqConfig", "TransformerConfig", "check_types", "config_class", "family_names", "field_help",
     "model_field_names", "require_fraction", "require_positive",
 ]

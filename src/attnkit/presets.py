@@ -15,13 +15,19 @@ and the recurrent models the Transformer replaced (issue: the RNN baseline):
     gru-seq2seq        recurrent-seq2seq  GRU    1 x 512          256         none        (the bottleneck)
     gru-attn-seq2seq   recurrent-seq2seq  GRU    1 x 512          256         Bahdanau    (bidirectional encoder:
                                                                                            the Multi30k shape)
+
+and the convolutional one (lecture 004's second type of sequence model):
+
+    preset         family    layers x width   kernel   dilations         receptive field
+    gcnn-lm-tiny   conv-lm   4 x 64           3        1, 2, 4, 8        31 tokens   (Dauphin et al. 2017's GLU
+                                                                                      blocks, WaveNet's dilations)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from attnkit.config import ModelConfig, RecurrentLMConfig, RecurrentSeq2SeqConfig, TransformerConfig
+from attnkit.config import ConvLMConfig, ModelConfig, RecurrentLMConfig, RecurrentSeq2SeqConfig, TransformerConfig
 from attnkit.errors import ConfigError, unknown_name
 
 _VASWANI = dict(
@@ -76,6 +82,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "lstm-lm-tiny": {**_LSTM_LM, **_RECURRENT_TINY, "embedding_dim": None},
     "gru-seq2seq-tiny": {**_GRU_SEQ2SEQ, **_RECURRENT_TINY},
     "gru-attn-seq2seq-tiny": {**_GRU_ATTN_SEQ2SEQ, **_RECURRENT_TINY},
+    "gcnn-lm-tiny": dict(family="conv-lm", vocab_size=512, d_model=64, n_layers=4, kernel_size=3, dilation_base=2,
+                         max_seq_len=128, dropout=0.0, tie_embeddings=True),
 }
 
 
@@ -115,4 +123,7 @@ def summary(config: ModelConfig) -> dict[str, str]:
                    **{"ffn/cell": config.cell, "score/attention": config.attention})
     elif isinstance(config, RecurrentLMConfig):
         row.update(layers=str(config.n_layers), width=str(config.hidden_size), **{"ffn/cell": config.cell})
+    elif isinstance(config, ConvLMConfig):
+        row.update(layers=str(config.n_layers), width=str(config.d_model),
+                   **{"ffn/cell": f"GLU conv k={config.kernel_size}, receptive field {config.receptive_field}"})
     return row

@@ -6,6 +6,7 @@
     encoder-decoder     EncoderDecoderConfig     KVCache
     recurrent-lm        RecurrentLMConfig        RecurrentState
     recurrent-seq2seq   RecurrentSeq2SeqConfig   RecurrentState
+    conv-lm             ConvLMConfig             ConvState
 
 Everything that depends on the family asks here (`family_of(config)`) instead of keeping its own table of family
 names: `build_model` how to build it, the pipeline whether it decodes. Which tasks a family trains for, and so
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from attnkit.config import (
+    ConvLMConfig,
     DecoderConfig,
     EncoderConfig,
     EncoderDecoderConfig,
@@ -35,6 +37,8 @@ from attnkit.errors import ConfigError
 from attnkit.layers.kv_cache import KVCache
 from attnkit.machine import free_bytes, gib
 from attnkit.models.build import build_decoder, build_encoder, build_encoder_decoder
+from attnkit.models.convolutional.build import build_conv_lm
+from attnkit.models.convolutional.lm import ConvState
 from attnkit.models.recurrent.build import build_recurrent_lm, build_recurrent_seq2seq
 from attnkit.models.recurrent.rnn import RecurrentState
 from attnkit.presets import get as preset
@@ -187,3 +191,4 @@ register(Family(EncoderDecoderConfig, build_encoder_decoder, state=KVCache, exam
                 exports=("hf", "onnx")))
 register(Family(RecurrentLMConfig, build_recurrent_lm, state=RecurrentState, example="rnn-lm-tiny"))
 register(Family(RecurrentSeq2SeqConfig, build_recurrent_seq2seq, state=RecurrentState, example="gru-attn-seq2seq-tiny"))
+register(Family(ConvLMConfig, build_conv_lm, state=ConvState, example="gcnn-lm-tiny"))

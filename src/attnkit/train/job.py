@@ -353,7 +353,9 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
                               record=source.record if source is not None else None, chat_template=template,
                               parallel=parallel)
     config = _fit_config(config, tokenizer, labels, keep_vocab=source is not None)
-    log.info("model: %s, %s parameters", config.family, f"{count_parameters(config):,}")
+    reach = getattr(config, "receptive_field", None)  # a convolutional model's: what each prediction reads
+    log.info("model: %s, %s parameters%s", config.family, f"{count_parameters(config):,}",
+             f", receptive field {reach} tokens" if reach is not None else "")
     n_parameters, frozen = _trained_parameters(config, settings)
     check_fits(n_parameters, settings.dtype, device, force=request.force, frozen=frozen)
     seed_all(settings.seed)  # the weights do not depend on how much randomness data preparation used

@@ -364,7 +364,8 @@ def _has_attention(model: nn.Module) -> bool:
 def _attention(model: nn.Module, device: torch.device, dtype: str) -> tuple[MathKernel | None, tuple[str, str]]:
     """The CPU's measured kernel choice (None: SDPA), and what to print about attention."""
     if not _has_attention(model):
-        return None, ("none", "a recurrent model: its attention (if any) is the lecture's explicit path")
+        return None, ("none", "a recurrent or convolutional model: a recurrent model's attention (if any) is the "
+                              "lecture's explicit path")
     compute = torch.float32 if dtype == "fp32" else torch.bfloat16
     if device.type == "cuda":
         return None, ("SDPA, " + sdpa_backend(model, compute, device), "fused, keeps no (T, S) weights")

@@ -1,0 +1,45 @@
+"""The gated causal convolution block of Dauphin et al. (2017), "Language Modeling with Gated Convolutional
+Networks" (GCNN), section 2, with WaveNet's and ByteNet's dilation (van den Oord et al. 2016; Kalchbrenner et al.
+2016):
+
+    x (B, C, T) -> pad (k - 1) * d zeros on the left -> Conv1d(C -> 2C, k, dilation d) -> A, G (B, C, T) each
+                -> A * sigmoid(G)   (the gated linear unit, GLU)   -> dropout -> + x
+
+Position t reads x[t], x[t - d], ..., x[t - (k - 1) d]: the zeros on the left stand for the text before the first
+token, and nothing to the right of t is read (the lecture's "condition representations on local context"). The
+paper's blocks also come in bottleneck form with weight normalisation; these are its plain residual blocks.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class CausalConv1d(nn.Module):
+    """A 1-D convolution over time that reads only the present and the past: out[t] = b + sum_j W[:, :, j]
+    x[t - (k - 1 - j) d], with x before the first position read as zeros."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1) -> None:
+        super().__init__()
+        self.left = (kernel_size - 1) * dilation  # positions each output reaches back
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (B, C_in, T) -> (B, C_out, T)."""
+        return self.conv(F.pad(x, (self.left, 0)))  # (B, C_in, left + T) -> (B, C_out, T)
+
+
+class GatedConvBlock(nn.Module):
+    """h(x) = x + dropout((x * W + b) ⊗ sigmoid(x * V + c)), * a causal convolution (Dauphin et al. 2017, eq. 1 with
+    the residual connection of section 2)."""
+
+    def __init__(self, d_model: int, kernel_size: int, *, dilation: int = 1, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.conv = CausalConv1d(d_model, 2 * d_model, kernel_size, dilation)  # W and V as one convolution
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (B, C, T) -> (B, C, T)."""
+        gated = F.glu(self.conv(x), dim=1)  # (B, 2C, T) -> (B, C, T): A * sigmoid(G)
+        return x + self.dropout(gated)

@@ -1,0 +1,251 @@
+"""The convolutional language model (GCNN, Dauphin et al. 2017; `models/convolutional`): shapes, causality, a
+receptive field exactly as long as the config says, equality with a stack built by hand from torch.nn.Conv1d,
+generation through its state equal to passes from scratch, training that lowers the loss, the config's checks, and
+the family as a user runs it (`attnkit train`, --resume, `generate`, --explain)."""
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import attnkit
+from attnkit import cli
+from attnkit.checkpoint import load_config, load_model
+from attnkit.config import ConvLMConfig, ModelConfig
+from attnkit.errors import ConfigError, InputError
+from attnkit.generate import generate_tokens
+from attnkit.models import build_model
+from attnkit.models.convolutional import ConvLM, ConvState
+
+VOCAB = 11
+
+
+def _model(*, d_model=8, kernel_size=3, dilations=(1, 2, 4), seed=0, tie_embeddings=True) -> ConvLM:
+    torch.manual_seed(seed)
+    model = ConvLM(vocab_size=VOCAB, d_model=d_model, kernel_size=kernel_size, dilations=list(dilations),
+                   tie_embeddings=tie_embeddings).eval()
+    for p in model.parameters():  # larger than at initialisation: every tap moves the logits visibly
+        nn.init.normal_(p, 0.0, 0.5)
+    return model
+
+
+@functools.cache
+def _shared_model() -> ConvLM:
+    return _model()
+
+
+def test_shapes_and_loss():
+    model = _model()
+    ids = torch.randint(0, VOCAB, (3, 9))
+    out = model(ids, labels=ids)
+    assert out.logits.shape == (3, 9, VOCAB)
+    assert out.loss.shape == () and torch.isfinite(out.loss)
+    expected = F.cross_entropy(out.logits.reshape(-1, VOCAB), ids.reshape(-1))
+    torch.testing.assert_close(out.loss, expected)
+    assert model.lm_head.weight is model.embedding.weight  # tied by default
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, VOCAB - 1), min_size=2, max_size=24), st.data())
+def test_logits_up_to_t_ignore_every_token_after_t(ids, data):
+    """Causality: changing tokens after position t leaves the logits at positions <= t unchanged."""
+    model = _shared_model()
+    t = data.draw(st.integers(0, len(ids) - 2))
+    changed = ids[: t + 1] + data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=len(ids) - t - 1,
+                                                max_size=len(ids) - t - 1))
+    with torch.no_grad():
+        a, b = (model(torch.tensor([x])).logits[0] for x in (ids, changed))
+    torch.testing.assert_close(a[: t + 1], b[: t + 1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("kernel_size", "dilation_base", "n_layers", "dilation_cycle"),
+                         [(2, 1, 3, None), (3, 2, 3, None), (4, 2, 4, 2), (3, 3, 2, None)])
+def test_the_receptive_field_is_exactly_what_the_config_says(kernel_size, dilation_base, n_layers, dilation_cycle):
+    """The token R - 1 positions back (just inside) changes the last logits; the one R back (just outside), and every
+    one before it, changes nothing."""
+    config = ModelConfig(family="conv-lm", vocab_size=VOCAB, d_model=8, n_layers=n_layers, kernel_size=kernel_size,
+                         dilation_base=dilation_base, dilation_cycle=dilation_cycle, max_seq_len=64)
+    reach = config.receptive_field
+    expected = 1 + (kernel_size - 1) * sum(dilation_base ** (layer % (dilation_cycle or n_layers))
+                                           for layer in range(n_layers))
+    assert reach == expected
+    torch.manual_seed(1)
+    model = build_model(config).eval()
+    assert model.receptive_field == reach
+    for p in model.parameters():
+        nn.init.normal_(p, 0.0, 0.5)
+    length = reach + 5
+    ids = torch.randint(0, VOCAB, (1, length))
+    last = length - 1
+
+    def last_logits(position: int | slice) -> torch.Tensor:
+        changed = ids.clone()
+        changed[0, position] = (changed[0, position] + 1) % VOCAB
+        with torch.no_grad():
+            return model(changed).logits[0, -1]
+
+    with torch.no_grad():
+        base = model(ids).logits[0, -1]
+    assert not torch.allclose(last_logits(last - reach + 1), base)  # just inside
+    torch.testing.assert_close(last_logits(last - reach), base, rtol=0, atol=0)  # just outside
+    torch.testing.assert_close(last_logits(slice(0, last - reach + 1)), base, rtol=0, atol=0)  # all outside
+
+
+def _by_hand(model: ConvLM, ids: torch.Tensor, kernel_size: int, dilations: list[int]) -> torch.Tensor:
+    """The same stack from torch.nn.Conv1d with symmetric padding, the right-hand outputs cut off (a causal
+    convolution built the other common way), the GLU as a * sigmoid(b), in float64."""
+    x = model.embedding.weight.double()[ids].transpose(1, 2)  # (B, C, T)
+    for block, dilation in zip(model.blocks, dilations, strict=True):
+        pad = (kernel_size - 1) * dilation
+        conv = nn.Conv1d(x.shape[1], 2 * x.shape[1], kernel_size, dilation=dilation, padding=pad).double()
+        with torch.no_grad():
+            conv.weight.copy_(block.conv.conv.weight)
+            conv.bias.copy_(block.conv.conv.bias)
+            out = conv(x)[:, :, : x.shape[2]]  # (B, 2C, T + 2 pad) -> (B, 2C, T): drop what reads the future
+        a, b = out.chunk(2, dim=1)
+        x = x + a * torch.sigmoid(b)
+    return x.transpose(1, 2) @ model.lm_head.weight.double().T  # (B, T, V)
+
+
+@pytest.mark.parametrize(("kernel_size", "dilations"), [(2, [1, 1]), (3, [1, 2, 4])])
+def test_equals_a_stack_built_by_hand_from_conv1d(kernel_size, dilations):
+    model = _model(d_model=4, kernel_size=kernel_size, dilations=dilations, tie_embeddings=False)
+    ids = torch.randint(0, VOCAB, (2, 13))
+    with torch.no_grad():
+        ours = model(ids).logits.double()
+    torch.testing.assert_close(ours, _by_hand(model, ids, kernel_size, dilations), rtol=1e-5, atol=1e-5)
+
+
+def test_left_padding_and_the_generation_state_equal_each_row_alone():
+    """Stepping a token at a time through `ConvState` (which keeps R - 1 tokens) over a text longer than R, with the
+    shorter row left-padded, gives each row the logits of a pass over it alone."""
+    model = _model()
+    rows = [torch.randint(0, VOCAB, (20,)).tolist(), torch.randint(0, VOCAB, (14,)).tolist()]
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    state = model.allocate_cache(2)
+    with torch.no_grad():
+        steps = [model(ids[:, :8], attention_mask=mask[:, :8], cache=state).logits]  # a prefill of 8, then steps
+        for t in range(8, width):
+            steps.append(model(ids[:, t:t + 1], attention_mask=mask[:, : t + 1], cache=state).logits)
+        stepped = torch.cat(steps, dim=1)  # (B, T, V)
+        assert state.length == width and state.ids.shape[1] == model.receptive_field - 1
+        for row, (tokens, padded) in enumerate(zip(rows, mask, strict=True)):
+            alone = model(torch.tensor([tokens])).logits[0]
+            torch.testing.assert_close(stepped[row][padded.bool()], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_generation_equals_recomputation_past_the_context():
+    """`generate_tokens` through the state equals the argmax of passes from scratch, past `context_len`: the state
+    keeps R - 1 tokens, so the window never slides."""
+    model = _model()
+    prompts = [[3, 4, 5, 6, 7], [8, 9]]
+    generated = generate_tokens(model, prompts, max_new_tokens=25, context_len=8)
+    for prompt, tokens in zip(prompts, generated, strict=True):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(25):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert tokens == ids[len(prompt):]
+
+
+def test_state_reorder_follows_rows():
+    model = _model()
+    ids = torch.randint(0, VOCAB, (3, 6))
+    state, reordered = ConvState(), ConvState()
+    with torch.no_grad():
+        model(ids, cache=state)
+        state.reorder(torch.tensor([2, 0]))
+        model(ids[[2, 0]], cache=reordered)
+        nxt = torch.tensor([[1], [5]])
+        torch.testing.assert_close(model(nxt, cache=state).logits, model(nxt, cache=reordered).logits)
+
+
+def test_a_short_training_run_lowers_the_loss():
+    """A sequence whose next token is the one 3 back (within the receptive field) is learned in 60 steps."""
+    torch.manual_seed(0)
+    model = ConvLM(vocab_size=VOCAB, d_model=16, kernel_size=2, dilations=[1, 2])  # R = 4
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(60):
+        start = torch.randint(0, VOCAB, (16, 3))
+        ids = start.repeat(1, 6)  # (16, 18): period 3
+        loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[0] > 2.0  # about ln(11) at the start
+    assert sum(losses[-5:]) / 5 < 0.5 * losses[0]
+
+
+def test_bad_inputs_are_clear_errors():
+    model = _model()
+    with pytest.raises(InputError, match="vocabulary|vocab"):
+        model(torch.tensor([[VOCAB]]))
+    with pytest.raises(InputError, match="padding between real tokens"):
+        model(torch.tensor([[1, 2, 3]]), attention_mask=torch.tensor([[1, 0, 1]]))
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    (dict(kernel_size=1), ["kernel_size=1", "kernel_size >= 2"]),
+    (dict(dilation_cycle=2), ["dilation_cycle=2", "dilation_base"]),
+    (dict(dilation_base=2, n_layers=3, dilation_cycle=4), ["dilation_cycle=4", "n_layers=3"]),
+    (dict(n_layers=6, kernel_size=5, max_seq_len=16), ["receptive field is 25 tokens", "max_seq_len=16",
+                                                        "Raise max_seq_len"]),
+    (dict(n_layers=80, dilation_base=2, max_seq_len=64), ["more than max_seq_len", "fewer layers"]),
+    (dict(d_model=0), ["d_model=0"]),
+    (dict(n_heads=4), ["n_heads=4", "conv-lm"]),
+])
+def test_config_refuses_what_cannot_work_naming_the_fix(fields, words):
+    with pytest.raises(ConfigError) as err:
+        ModelConfig(family="conv-lm", **fields)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_config_round_trips_and_is_the_family_class():
+    config = ModelConfig(family="conv-lm", vocab_size=40, d_model=16, n_layers=4, kernel_size=3, dilation_base=2,
+                         dilation_cycle=2, max_seq_len=32)
+    assert type(config) is ConvLMConfig
+    assert ModelConfig.from_json(config.to_json()) == config
+    assert config.receptive_field == 1 + 2 * (1 + 2 + 1 + 2)
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_train_resume_load_generate_and_explain_from_the_command_line(tmp_path, capsys, one_thread):
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat. the dog sat on the log. " * 40)
+    common = ["--preset", "gcnn-lm-tiny", "--data", str(text), "--tokenizer", "char", "--batch-size", "4",
+              "--eval-every", "3", "--no-progress", "--sample-tokens", "0", "--set", "max_seq_len=32",
+              "--set", "dropout=0.1", "--set", "eval_batches=2"]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert cli.main(["train", *common, "--out", str(whole), "--max-steps", "6", "--explain"]) == 0
+    assert "training plan" in capsys.readouterr().err
+    assert cli.main(["train", *common, "--out", str(split), "--max-steps", "3"]) == 0
+    assert cli.main(["train", "--out", str(split), "--resume", "--max-steps", "6", "--no-progress",
+                     "--sample-tokens", "0"]) == 0
+    a, b = load_model(whole)[0].state_dict(), load_model(split)[0].state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # resumed bit for bit
+    config = load_config(whole)
+    assert type(config) is ConvLMConfig and config.receptive_field == 31
+
+    pipeline = attnkit.load(whole, device="cpu")
+    expected = pipeline.generate("the c", max_new_tokens=40, temperature=0)[0]
+    capsys.readouterr()
+    assert cli.main(["generate", "--run", str(whole), "--prompt", "the c", "--max-new-tokens", "40",
+                     "--temperature", "0", "--explain"]) == 0
+    captured = capsys.readouterr()
+    assert expected in captured.out and "inference plan" in captured.err
