@@ -13,6 +13,7 @@ family builders (`attnkit.models`) turn a config into modules.
       RecurrentLMConfig            family "recurrent-lm"     (char-rnn): cell, hidden_size, embedding_dim
         RecurrentSeq2SeqConfig     family "recurrent-seq2seq": + bidirectional encoder, attention kind, ...
       ConvLMConfig                 family "conv-lm"          (Dauphin et al.'s GCNN): d_model, kernel_size, dilations
+      FeedForwardLMConfig          family "feedforward-lm"   (Bengio et al. 2003; a DAN): context, context_size, ...
 
 `ModelConfig(family=..., **fields)` (and `ModelConfig.from_dict` / `from_json`) builds the class that declares that
 family; a field the family does not have is a ConfigError naming the families that do. A `config.json` written
@@ -272,7 +273,8 @@ class ModelConfig(metaclass=_FamilyDispatch):
     _CLASSES: ClassVar[dict[str, type[ModelConfig]]] = {}
 
     family: str = DEFAULT_FAMILY
-    """model family: decoder | encoder | encoder-decoder | recurrent-lm | recurrent-seq2seq | conv-lm"""
+    """model family: decoder | encoder | encoder-decoder | recurrent-lm | recurrent-seq2seq | conv-lm |
+    feedforward-lm"""
     vocab_size: int = 256  # token vocabulary (the source side's, for sequence-to-sequence families)
     n_layers: int = 2  # layers (of the encoder, for sequence-to-sequence families)
     max_seq_len: int = 256  # longest sequence the model reads (learned positions need it; recurrences read any)
@@ -810,12 +812,51 @@ class ConvLMConfig(ModelConfig):
                 "convolution": (2 * self.d_model, self.d_model, self.kernel_size)}
 
 
+FeedForwardContext = Literal["window", "average"]
+
+
+@dataclass(frozen=True)
+class FeedForwardLMConfig(ModelConfig):
+    """A feed-forward neural language model: the prefix read into one vector -> n_layers hidden layers -> output.
+    context="window": the last context_size embeddings concatenated (Bengio et al. 2003; position-sensitive);
+    context="average": the mean of every embedding so far (a deep averaging network, Iyyer et al. 2015;
+    position-insensitive). `models/feedforward/lm.py` draws both."""
+
+    FAMILY: ClassVar[str] = "feedforward-lm"
+    family: Literal["feedforward-lm"] = "feedforward-lm"
+    context: FeedForwardContext = "window"
+    """window: the last context_size tokens' embeddings, concatenated (Bengio et al. 2003); average: the mean of all
+    the tokens' embeddings so far (a deep averaging network, Iyyer et al. 2015)"""
+    context_size: int = 8  # window: the tokens each prediction reads, the token itself and those before it (n - 1)
+    embedding_dim: int = 64  # token embedding width E
+    hidden_size: int = 256  # width H of each hidden layer
+    activation: Literal["tanh", "relu"] = "tanh"  # the hidden layers' nonlinearity (Bengio et al.: tanh)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self, "context_size", "embedding_dim", "hidden_size")
+        if self.context == "window" and self.context_size > self.max_seq_len:
+            raise ConfigError(
+                f"context_size={self.context_size} is more than max_seq_len={self.max_seq_len}, the longest text "
+                f"training shows the model: the window's oldest slots would only ever see padding. Raise max_seq_len "
+                f"or give context_size <= {self.max_seq_len}"
+            )
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        read = self.embedding_dim * (self.context_size if self.context == "window" else 1)
+        return {"embedding": (self.vocab_size, self.embedding_dim), "first layer": (self.hidden_size, read),
+                "output": (self.vocab_size, self.hidden_size)}
+
+    def inert_fields(self) -> set[str]:
+        return {"context_size"} if self.context == "average" else set()
+
+
 def _divisors_hint(n: int) -> str:
     return ", ".join(str(d) for d in range(1, min(n, 64) + 1) if n % d == 0 and d > 1)
 
 
 __all__ = [
-    "ConvLMConfig", "DecoderConfig", "EncoderConfig", "EncoderDecoderConfig", "ModelConfig", "RecurrentLMConfig",
-    "RecurrentSeq2SeqConfig", "TransformerConfig", "check_types", "config_class", "family_names", "field_help",
-    "model_field_names", "require_fraction", "require_positive",
+    "ConvLMConfig", "DecoderConfig", "EncoderConfig", "EncoderDecoderConfig", "FeedForwardLMConfig", "ModelConfig",
+    "RecurrentLMConfig", "RecurrentSeq2SeqConfig", "TransformerConfig", "check_types", "config_class", "family_names",
+    "field_help", "model_field_names", "require_fraction", "require_positive",
 ]

@@ -21,13 +21,28 @@ and the convolutional one (lecture 004's second type of sequence model):
     preset         family    layers x width   kernel   dilations         receptive field
     gcnn-lm-tiny   conv-lm   4 x 64           3        1, 2, 4, 8        31 tokens   (Dauphin et al. 2017's GLU
                                                                                       blocks, WaveNet's dilations)
+
+and the feed-forward ones the lectures teach before the RNN (UT CS 371N's recap of neural LMs):
+
+    preset           family           reads                                    embedding   hidden
+    bengio-lm-tiny   feedforward-lm   the last 8 tokens, concatenated          32          1 x 128 tanh
+                                      (Bengio et al. 2003; position-sensitive)
+    dan-lm-tiny      feedforward-lm   the mean of every token so far           32          1 x 128 tanh
+                                      (a DAN, Iyyer et al. 2015; order-blind)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from attnkit.config import ConvLMConfig, ModelConfig, RecurrentLMConfig, RecurrentSeq2SeqConfig, TransformerConfig
+from attnkit.config import (
+    ConvLMConfig,
+    FeedForwardLMConfig,
+    ModelConfig,
+    RecurrentLMConfig,
+    RecurrentSeq2SeqConfig,
+    TransformerConfig,
+)
 from attnkit.errors import ConfigError, unknown_name
 
 _VASWANI = dict(
@@ -57,6 +72,8 @@ _GRU_SEQ2SEQ = dict(family="recurrent-seq2seq", vocab_size=8000, cell="gru", n_l
 _GRU_ATTN_SEQ2SEQ = {**_GRU_SEQ2SEQ, "bidirectional": True, "attention": "bahdanau"}
 _TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128, dropout=0.0)
 
+_FEEDFORWARD_TINY = dict(family="feedforward-lm", vocab_size=512, context="window", context_size=8, embedding_dim=32,
+                         hidden_size=128, n_layers=1, max_seq_len=128, dropout=0.0, tie_embeddings=True)
 _RECURRENT_TINY = dict(vocab_size=512, hidden_size=64, embedding_dim=32, n_layers=1, max_seq_len=128, dropout=0.0)
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -84,6 +101,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gru-attn-seq2seq-tiny": {**_GRU_ATTN_SEQ2SEQ, **_RECURRENT_TINY},
     "gcnn-lm-tiny": dict(family="conv-lm", vocab_size=512, d_model=64, n_layers=4, kernel_size=3, dilation_base=2,
                          max_seq_len=128, dropout=0.0, tie_embeddings=True),
+    "bengio-lm-tiny": _FEEDFORWARD_TINY,
+    "dan-lm-tiny": {**_FEEDFORWARD_TINY, "context": "average"},
 }
 
 
@@ -126,4 +145,8 @@ def summary(config: ModelConfig) -> dict[str, str]:
     elif isinstance(config, ConvLMConfig):
         row.update(layers=str(config.n_layers), width=str(config.d_model),
                    **{"ffn/cell": f"GLU conv k={config.kernel_size}, receptive field {config.receptive_field}"})
+    elif isinstance(config, FeedForwardLMConfig):
+        reads = f"window of {config.context_size}" if config.context == "window" else "prefix mean"
+        row.update(layers=str(config.n_layers), width=f"{config.embedding_dim}/{config.hidden_size}",
+                   **{"ffn/cell": f"{config.activation} MLP over the {reads}"})
     return row

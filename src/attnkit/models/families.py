@@ -7,6 +7,7 @@
     recurrent-lm        RecurrentLMConfig        RecurrentState
     recurrent-seq2seq   RecurrentSeq2SeqConfig   RecurrentState
     conv-lm             ConvLMConfig             ConvState
+    feedforward-lm      FeedForwardLMConfig      PrefixState
 
 Everything that depends on the family asks here (`family_of(config)`) instead of keeping its own table of family
 names: `build_model` how to build it, the pipeline whether it decodes. Which tasks a family trains for, and so
@@ -28,6 +29,7 @@ from attnkit.config import (
     DecoderConfig,
     EncoderConfig,
     EncoderDecoderConfig,
+    FeedForwardLMConfig,
     ModelConfig,
     RecurrentLMConfig,
     RecurrentSeq2SeqConfig,
@@ -39,6 +41,8 @@ from attnkit.machine import free_bytes, gib
 from attnkit.models.build import build_decoder, build_encoder, build_encoder_decoder
 from attnkit.models.convolutional.build import build_conv_lm
 from attnkit.models.convolutional.lm import ConvState
+from attnkit.models.feedforward.build import build_feedforward_lm
+from attnkit.models.feedforward.lm import PrefixState
 from attnkit.models.recurrent.build import build_recurrent_lm, build_recurrent_seq2seq
 from attnkit.models.recurrent.rnn import RecurrentState
 from attnkit.presets import get as preset
@@ -192,3 +196,4 @@ register(Family(EncoderDecoderConfig, build_encoder_decoder, state=KVCache, exam
 register(Family(RecurrentLMConfig, build_recurrent_lm, state=RecurrentState, example="rnn-lm-tiny"))
 register(Family(RecurrentSeq2SeqConfig, build_recurrent_seq2seq, state=RecurrentState, example="gru-attn-seq2seq-tiny"))
 register(Family(ConvLMConfig, build_conv_lm, state=ConvState, example="gcnn-lm-tiny"))
+register(Family(FeedForwardLMConfig, build_feedforward_lm, state=PrefixState, example="bengio-lm-tiny"))

@@ -815,8 +815,8 @@ def run_fill_mask(settings: FillMaskSettings, load: Callable[[Any], Any]) -> int
 
 
 LM = register(TaskSpec(
-    name="lm", help="next-token prediction (decoder, recurrent LM, convolutional LM)",
-    families=("decoder", "recurrent-lm", "conv-lm"),
+    name="lm", help="next-token prediction (decoder, recurrent LM, convolutional LM, feed-forward LM)",
+    families=("decoder", "recurrent-lm", "conv-lm", "feedforward-lm"),
     seed_draws_validation="never",
     head={"decoder_head": "lm"}, make=_make_lm, evaluate_files=_perplexity_report, method="generate", stream=True,
     options=STREAM_OPTIONS, own_options=LMOptions,

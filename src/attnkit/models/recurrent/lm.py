@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from attnkit.deprecation import renamed_keywords
 from attnkit.layers.embedding import check_token_ids
 from attnkit.layers.output_loss import LossPath
-from attnkit.models.decoder import lm_logits_and_loss
-from attnkit.models.output import ModelOutput
 from attnkit.models.recurrent.rnn import Cell, RecurrentState, check_mask, make_rnn, run_rnn
+from attnkit.models.stateful_lm import StatefulLM
 
 
 def init_embedding(embedding: nn.Embedding) -> None:
@@ -35,7 +33,7 @@ def output_projection(hidden: int, embedding_dim: int, tie_embeddings: bool) -> 
     return nn.Identity()
 
 
-class RecurrentLM(nn.Module):
+class RecurrentLM(StatefulLM):
     """Predicts each next token from the recurrent state after the tokens before it."""
 
     def __init__(
@@ -61,33 +59,6 @@ class RecurrentLM(nn.Module):
             init_embedding(self.embedding)
         self.label_smoothing = label_smoothing
         self.loss_path = LossPath()  # without logits: how the loss is computed (the training plan's choice)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.embedding.num_embeddings
-
-    @renamed_keywords(targets="labels")
-    def forward(
-        self,
-        input_ids: Tensor,
-        *,
-        attention_mask: Tensor | None = None,
-        position_ids: Tensor | None = None,
-        labels: Tensor | None = None,
-        cache: RecurrentState | None = None,
-        return_logits: bool = True,
-    ) -> ModelOutput:
-        """input_ids (B, T) -> logits (B, T, V).
-
-        attention_mask, position_ids, cache: as `stack` takes them.
-        labels: (B, T) next-token ids (labels[:, t] follows input_ids[:, t]); -100 where no loss is wanted.
-        return_logits: with labels, False computes the loss chunk by chunk without the (B, T, V) logits.
-        Raises InputError for ids outside the vocabulary or a malformed mask.
-        """
-        hidden, _ = self.stack(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache)
-        logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits,
-                                          self.loss_path)
-        return ModelOutput(logits=logits, loss=loss, cache=cache)
 
     def stack(
         self,

@@ -1,0 +1,271 @@
+"""The feed-forward language models (`models/feedforward`): Bengio et al.'s (2003) fixed window and the deep averaging
+LM (Iyyer et al. 2015's pooling over each prefix). Shapes, causality, the lectures' properties (the window reads its
+last K tokens in order and nothing older; the average is blind to the prefix's order), equality with a plain
+per-position computation, generation through the state equal to passes from scratch, training that lowers the loss,
+the config's checks, and the family as a user runs it (`attnkit train`, --resume, `generate`)."""
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import attnkit
+from attnkit import cli
+from attnkit.checkpoint import load_config, load_model
+from attnkit.config import FeedForwardLMConfig, ModelConfig
+from attnkit.errors import ConfigError, InputError
+from attnkit.generate import generate_tokens
+from attnkit.models import build_model
+from attnkit.models.feedforward import FeedForwardLM, PrefixState
+
+VOCAB, K = 11, 4
+CONTEXTS = ["window", "average"]
+
+
+def _model(context: str, *, seed: int = 0, n_layers: int = 2, tie_embeddings: bool = True) -> FeedForwardLM:
+    torch.manual_seed(seed)
+    model = FeedForwardLM(vocab_size=VOCAB, embedding_dim=6, hidden=6 if tie_embeddings else 10, n_layers=n_layers,
+                          context=context, context_size=K, tie_embeddings=tie_embeddings).eval()
+    for p in model.parameters():  # larger than at initialisation: every input moves the logits visibly
+        nn.init.normal_(p, 0.0, 0.5)
+    return model
+
+
+@functools.cache
+def _shared(context: str) -> FeedForwardLM:
+    return _model(context)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_shapes_and_loss(context):
+    model = _model(context)
+    ids = torch.randint(0, VOCAB, (3, 9))
+    out = model(ids, labels=ids)
+    assert out.logits.shape == (3, 9, VOCAB)
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits.reshape(-1, VOCAB), ids.reshape(-1)))
+    assert model.lm_head.weight is model.embedding.weight  # tied by default
+
+
+def _one_position(model: FeedForwardLM, ids: list[int], t: int) -> torch.Tensor:
+    """The logits at position t computed alone, in float64, from the definitions: the window's K embeddings (zeros
+    before the text) concatenated oldest first, or the mean of embeddings 0..t; then the MLP and the output layer."""
+    table = model.embedding.weight.double()
+    if model.context == "window":
+        slots = [table[ids[s]] if s >= 0 else torch.zeros(table.shape[1], dtype=torch.float64)
+                 for s in range(t - K + 1, t + 1)]
+        x = torch.cat(slots)
+    else:
+        x = table[ids[: t + 1]].mean(0)
+    for layer in model.mlp:
+        x = torch.tanh(layer.weight.double() @ x + layer.bias.double()) if isinstance(layer, nn.Linear) else x
+    return model.lm_head.weight.double() @ x
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_every_position_at_once_equals_each_position_alone(context):
+    model = _model(context, tie_embeddings=True)
+    ids = torch.randint(0, VOCAB, (1, 10))
+    with torch.no_grad():
+        batched = model(ids).logits[0].double()
+    alone = torch.stack([_one_position(model, ids[0].tolist(), t) for t in range(10)])
+    torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(CONTEXTS), st.lists(st.integers(0, VOCAB - 1), min_size=2, max_size=20), st.data())
+def test_logits_up_to_t_ignore_every_token_after_t(context, ids, data):
+    """Causality: changing tokens after position t leaves the logits at positions <= t unchanged."""
+    model = _shared(context)
+    t = data.draw(st.integers(0, len(ids) - 2))
+    after = len(ids) - t - 1
+    changed = ids[: t + 1] + data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=after, max_size=after))
+    with torch.no_grad():
+        a, b = (model(torch.tensor([x])).logits[0] for x in (ids, changed))
+    torch.testing.assert_close(a[: t + 1], b[: t + 1], rtol=0, atol=0)
+
+
+def _with_changed(ids: list[int], positions) -> torch.Tensor:
+    changed = list(ids)
+    for p in positions:
+        changed[p] = (changed[p] + 1) % VOCAB
+    return torch.tensor([changed])
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(0, VOCAB - 1), min_size=K + 1, max_size=16))
+def test_the_window_ignores_every_token_older_than_its_K_and_reads_the_oldest_of_them(ids):
+    """n-gram-like: only the last K tokens (the n - 1 words) reach the prediction; the K-th one back does."""
+    model = _shared("window")
+    last = len(ids) - 1
+    with torch.no_grad():
+        base = model(torch.tensor([ids])).logits[0, -1]
+        older = model(_with_changed(ids, range(0, last - K + 1))).logits[0, -1]  # every token before the window
+        oldest = model(_with_changed(ids, [last - K + 1])).logits[0, -1]  # the window's first slot
+    torch.testing.assert_close(older, base, rtol=0, atol=0)
+    assert not torch.allclose(oldest, base)
+
+
+def test_the_window_is_position_sensitive():
+    """Swapping two tokens inside the window changes the prediction: each slot has its own weights."""
+    model = _shared("window")
+    with torch.no_grad():
+        a = model(torch.tensor([[1, 2, 3, 4]])).logits[0, -1]
+        b = model(torch.tensor([[2, 1, 3, 4]])).logits[0, -1]
+    assert not torch.allclose(a, b)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(0, VOCAB - 1), min_size=2, max_size=20), st.randoms(use_true_random=False))
+def test_the_average_is_invariant_to_permuting_the_prefix(ids, random):
+    """A DAN's pooling is order-blind: the prediction after a prefix is the same for any order of it (and, unlike
+    the window, every token of it counts, however far back)."""
+    model = _shared("average")
+    shuffled = list(ids)
+    random.shuffle(shuffled)
+    with torch.no_grad():
+        a = model(torch.tensor([ids])).logits[0, -1]
+        b = model(torch.tensor([shuffled])).logits[0, -1]
+        first = model(_with_changed(ids, [0])).logits[0, -1]
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(first, a)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_left_padding_and_the_generation_state_equal_each_row_alone(context):
+    """Stepping a token at a time through `PrefixState`, the shorter row left-padded, gives each row the logits of a
+    pass over it alone."""
+    model = _model(context)
+    rows = [torch.randint(0, VOCAB, (12,)).tolist(), torch.randint(0, VOCAB, (7,)).tolist()]
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    state = model.allocate_cache(2)
+    with torch.no_grad():
+        steps = [model(ids[:, :6], attention_mask=mask[:, :6], cache=state).logits]  # a prefill of 6, then steps
+        for t in range(6, width):
+            steps.append(model(ids[:, t:t + 1], attention_mask=mask[:, : t + 1], cache=state).logits)
+        stepped = torch.cat(steps, dim=1)  # (B, T, V)
+        assert state.length == width
+        for row, (tokens, padded) in enumerate(zip(rows, mask, strict=True)):
+            alone = model(torch.tensor([tokens])).logits[0]
+            torch.testing.assert_close(stepped[row][padded.bool()], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_greedy_generation_equals_recomputation_past_the_context(context):
+    model = _model(context)
+    prompts = [[3, 4, 5, 6, 7], [8, 9]]
+    generated = generate_tokens(model, prompts, max_new_tokens=15, context_len=8)
+    for prompt, tokens in zip(prompts, generated, strict=True):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(15):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert tokens == ids[len(prompt):]
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_state_reorder_follows_rows(context):
+    model = _model(context)
+    ids = torch.randint(0, VOCAB, (3, 6))
+    state, reordered = PrefixState(), PrefixState()
+    with torch.no_grad():
+        model(ids, cache=state)
+        state.reorder(torch.tensor([2, 0]))
+        model(ids[[2, 0]], cache=reordered)
+        nxt = torch.tensor([[1], [5]])
+        torch.testing.assert_close(model(nxt, cache=state).logits, model(nxt, cache=reordered).logits)
+
+
+@pytest.mark.parametrize("context, pattern", [("window", "period"), ("average", "majority")])
+def test_a_short_training_run_lowers_the_loss(context, pattern):
+    """The window learns a sequence of period 3 (the next token is the one 3 back, inside K = 4); the average learns
+    rows whose every token is one of two, the more frequent more likely (what a prefix's mean can tell)."""
+    torch.manual_seed(0)
+    model = FeedForwardLM(vocab_size=VOCAB, embedding_dim=16, hidden=32, n_layers=1, context=context, context_size=K)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(60):
+        if pattern == "period":
+            ids = torch.randint(0, VOCAB, (16, 3)).repeat(1, 6)  # (16, 18)
+        else:
+            ids = torch.randint(0, VOCAB, (16, 1)).repeat(1, 18)  # (16, 18): each row one token throughout
+        loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[0] > 2.0  # about ln(11) at the start
+    assert sum(losses[-5:]) / 5 < 0.5 * losses[0]
+
+
+def test_bad_inputs_are_clear_errors():
+    model = _model("window")
+    with pytest.raises(InputError, match="vocabulary|vocab"):
+        model(torch.tensor([[VOCAB]]))
+    with pytest.raises(InputError, match="padding between real tokens"):
+        model(torch.tensor([[1, 2, 3]]), attention_mask=torch.tensor([[1, 0, 1]]))
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    (dict(context_size=300, max_seq_len=256), ["context_size=300", "max_seq_len=256", "Raise max_seq_len"]),
+    (dict(context_size=0), ["context_size=0"]),
+    (dict(hidden_size=0), ["hidden_size=0"]),
+    (dict(context="attention"), ["context", "window", "average"]),
+    (dict(activation="gelu"), ["activation", "tanh"]),
+    (dict(n_heads=4), ["n_heads=4", "feedforward-lm"]),
+])
+def test_config_refuses_what_cannot_work_naming_the_fix(fields, words):
+    with pytest.raises(ConfigError) as err:
+        ModelConfig(family="feedforward-lm", **fields)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_config_round_trips_builds_and_marks_the_averages_window_inert():
+    config = ModelConfig(family="feedforward-lm", vocab_size=40, context="average", context_size=5, embedding_dim=8,
+                         hidden_size=12, n_layers=2, tie_embeddings=False)
+    assert type(config) is FeedForwardLMConfig
+    assert ModelConfig.from_json(config.to_json()) == config
+    assert config.inert_fields() == {"context_size"}
+    assert ModelConfig(family="feedforward-lm").inert_fields() == set()
+    model = build_model(config)
+    assert model.context == "average" and model.lm_head.weight.shape == (40, 12)
+    assert sum(p.numel() for p in model.parameters()) == 40 * 8 + (8 * 12 + 12) + (12 * 12 + 12) + 12 * 40
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("preset", ["bengio-lm-tiny", "dan-lm-tiny"])
+def test_train_resume_load_and_generate_from_the_command_line(preset, tmp_path, capsys, one_thread):
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat. the dog sat on the log. " * 40)
+    common = ["--preset", preset, "--data", str(text), "--tokenizer", "char", "--batch-size", "4",
+              "--eval-every", "3", "--no-progress", "--sample-tokens", "0", "--set", "max_seq_len=32",
+              "--set", "dropout=0.1", "--set", "eval_batches=2"]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert cli.main(["train", *common, "--out", str(whole), "--max-steps", "6"]) == 0
+    assert cli.main(["train", *common, "--out", str(split), "--max-steps", "3"]) == 0
+    assert cli.main(["train", "--out", str(split), "--resume", "--max-steps", "6", "--no-progress",
+                     "--sample-tokens", "0"]) == 0
+    a, b = load_model(whole)[0].state_dict(), load_model(split)[0].state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # resumed bit for bit
+    config = load_config(whole)
+    assert type(config) is FeedForwardLMConfig and config.context == ("window" if "bengio" in preset else "average")
+
+    pipeline = attnkit.load(whole, device="cpu")
+    expected = pipeline.generate("the c", max_new_tokens=30, temperature=0)[0]
+    capsys.readouterr()
+    assert cli.main(["generate", "--run", str(whole), "--prompt", "the c", "--max-new-tokens", "30",
+                     "--temperature", "0"]) == 0
+    assert expected in capsys.readouterr().out
