@@ -341,6 +341,46 @@ def test_one_request_never_takes_every_row_so_a_later_short_one_ends_first(model
         one_row.submit(Recorded([1, 2], 4, n=2).job)
 
 
+def test_a_request_of_many_prompts_never_takes_every_row_so_a_later_short_one_ends_first(model):
+    """A request's prompts together take at most max_rows - 1 rows, as its choices do: a request of six prompts on
+    four rows leaves one for a request of three short prompts that comes after it, which end first, one after the
+    other on that row; the long request's prompts left wait for its own rows, and are passed over (keeping their
+    turn) while the short request's next prompt takes the free row."""
+    scheduler = scheduler_for(model, max_rows=4)
+    ended: list[str] = []
+    long = [Recorded([1 + i, 2], 30) for i in range(6)]
+    short = [Recorded([5, 6 + i], 2) for i in range(3)]
+    for name, requests in (("long", long), ("short", short)):
+        owner = object()
+        for request in requests:
+            finish = request.job.on_finish
+            request.job.on_finish = lambda reasons, name=name, finish=finish: (ended.append(name), finish(reasons))
+            request.job.owner = owner
+    for request in long:
+        scheduler.submit(request.job)
+    iterate(scheduler)
+    assert len(scheduler.batch.rows) == 3 and scheduler.waiting.head() is long[3].job
+    for request in short:
+        scheduler.submit(request.job)
+    drain(scheduler)
+    assert ended == ["short"] * 3 + ["long"] * 6
+    for request in (*long, *short):
+        assert request.tokens == request.alone(model)
+
+
+def test_a_request_the_scheduler_cannot_fit_names_the_field_to_change(model):
+    """The server's 400 names the field from the refusal itself (`Unfit.param`), not from words in its message."""
+    from attnkit.serve.batching import Unfit
+
+    scheduler = scheduler_for(model, max_rows=4)
+    with pytest.raises(Unfit) as many:
+        scheduler.submit(Recorded([1, 2], 4, n=4).job)
+    with pytest.raises(Unfit) as long:
+        scheduler.submit(Recorded(list(range(1, 11)), CONTEXT - 5).job)
+    assert (many.value.param, long.value.param) == ("n", "max_tokens")
+    assert isinstance(many.value, InputError)
+
+
 def test_a_decoding_step_that_fails_ends_the_running_jobs_and_the_waiting_ones_still_run(model, monkeypatch):
     scheduler = scheduler_for(model, max_rows=3)
     running, waiting = Recorded([1, 2], 8, n=2), Recorded([3, 4], 5, sampling=SamplingConfig(), seed=1, n=2)

@@ -322,6 +322,27 @@ def test_each_row_keeps_the_drafts_it_accepted_whatever_its_neighbours_kept(posi
         assert shared.gains == one.gains
 
 
+def test_metrics_gauges_count_both_batches_and_their_help_says_so(models):
+    """With a draft two batches run (plain and speculative rows): the gauges count both, and their help text, which
+    spoke of one "running batch", says so."""
+    from attnkit.serve.metrics import Metrics
+
+    target, draft = models
+    scheduler, speculative = schedulers(target, draft)
+    greedy, penalised = Recorded([1, 2], 30), Recorded([3], 30, sampling=SamplingConfig(temperature=0.0,
+                                                                                         presence_penalty=1.0))
+    for recorded in (greedy, penalised):
+        scheduler.submit(recorded.job)
+    iterate(scheduler)
+    lines = Metrics().text(scheduler).splitlines()
+    assert {"attnkit_batch_size 2", "attnkit_num_requests_running 2"} <= set(lines)
+    helps = {line.split()[2]: line for line in lines if line.startswith("# HELP")}
+    for name in ("batch_size", "num_requests_running", "kv_cache_usage_ratio", "num_requests_waiting"):
+        text = helps[f"attnkit_{name}"]
+        assert "running batch " not in text and "running batch." not in text and "the batch" not in text, text
+    drain(scheduler)
+
+
 # Through a live server -------------------------------------------------------------------------------------------
 pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
 httpx = pytest.importorskip("httpx")

@@ -33,7 +33,9 @@ seed + i, as vLLM seeds the n samples of one request), and its rows are sampled 
 not depend on which others share its steps: the tokens equal those of `Pipeline.generate` for the same prompt,
 settings and seed, and choice i's those of a request of one choice with seed + i. The `n` choices of one request
 are `n` rows that join and leave together (as `Pipeline.generate(num_samples=n)` keeps them), at most max_rows - 1
-of them (`most_choices`; the one row where max_rows is 1): a row is left for the requests that come after it. A
+of them (`most_choices`; the one row where max_rows is 1): a row is left for the requests that come after it. The
+prompts of one request are held to the same bound together: while they hold most_choices rows, the request's next
+prompt waits for one of them to end, and the requests after it take the free row. A
 request held to a grammar (structured output) has a matcher per choice: its rows' logits are masked before they are
 sampled, beside free rows in the same step, and a choice ends ("stop") where its grammar is complete
 (`generate/constrained.py`).
@@ -103,6 +105,15 @@ FinishReason = str  # "stop" (EOS, a stop token or string), "length" (max_tokens
 Row = tuple["GenerationJob", int]  # a row's job and which of its choices the row is
 
 
+class Unfit(InputError):
+    """A job the scheduler can never run (too many choices, too long a text); `param` names the request's field to
+    change (the server's 400 names it)."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class Closed(Exception):
     """The scheduler takes no job, and a job it ended unfinished failed with this: the server is shutting down
     (`SHUTTING_DOWN`), or the scheduler's thread has ended (`STOPPED`)."""
@@ -149,6 +160,11 @@ class GenerationJob:
     def cancel(self) -> None:
         """End the job at the next step (a client that went away, a timeout)."""
         self.cancelled.set()
+
+
+def request_of(job: GenerationJob) -> int:
+    """The request `job` is one prompt of, as the waiting queue keys it (`WaitingQueue.put`)."""
+    return id(job.owner if job.owner is not None else job)
 
 
 def mergeable(cache) -> bool:
@@ -384,7 +400,7 @@ class Scheduler:
         self._thread.join(timeout=30)
 
     def submit(self, job: GenerationJob) -> None:
-        """Queue `job`; raises QueueFull (`serve/waiting.py`) when the queue is, InputError when it can never fit,
+        """Queue `job`; raises QueueFull (`serve/waiting.py`) when the queue is, Unfit when it can never fit,
         Closed after `close`."""
         if self._closed.is_set():
             raise Closed(SHUTTING_DOWN)
@@ -393,12 +409,12 @@ class Scheduler:
         if job.n > self.most_choices:
             why = ("one is kept for the requests that come after it" if self.most_choices < self.max_rows
                    else "the server decodes one row at a time")
-            raise InputError(f"n={job.n} is more than one request may take of the rows the server decodes at once "
-                             f"({self.max_rows}): ask for fewer, or serve with a larger --max-batch (one request "
-                             f"takes at most {self.most_choices} rows: {why})")
+            raise Unfit(f"n={job.n} is more than one request may take of the rows the server decodes at once "
+                        f"({self.max_rows}): ask for fewer, or serve with a larger --max-batch (one request "
+                        f"takes at most {self.most_choices} rows: {why})", param="n")
         if len(job.prompt) + job.max_new_tokens > self.context_len:
-            raise InputError(f"the prompt has {len(job.prompt)} tokens and max_tokens is {job.max_new_tokens}: "
-                             f"together more than the model's context of {self.context_len}")
+            raise Unfit(f"the prompt has {len(job.prompt)} tokens and max_tokens is {job.max_new_tokens}: "
+                        f"together more than the model's context of {self.context_len}", param="max_tokens")
         job.queued = time.monotonic()
         speculative = self.speculative
         (speculative if speculative is not None and speculative.takes(job) else self).waiting.put(job)
@@ -745,13 +761,21 @@ class Scheduler:
             return []
         joining: list[GenerationJob] = []
         rows = self._own_rows  # max_rows bounds each batch: the speculative rows' have their own
+        held: dict[int, int] = {}  # the rows each request (`request_of`) holds in this batch
+        for job, _ in batch.rows if batch is not None else []:
+            held[request_of(job)] = held.get(request_of(job), 0) + 1
 
         def fits(job: GenerationJob) -> bool:
             return rows + job.n <= self.max_rows
 
-        while (job := self.waiting.pop_if(fits)) is not None:  # cancelled jobs met are set aside (`_end_cancelled`)
+        def at_share(job: GenerationJob) -> bool:  # its request's prompts hold as many rows as one request may
+            return held.get(request_of(job), 0) + job.n > self.most_choices
+
+        # cancelled jobs met are set aside (`_end_cancelled`); a request at its share is passed over, keeping its turn
+        while (job := self.waiting.pop_if(fits, passes=at_share)) is not None:
             joining.append(job)
             rows += job.n
+            held[request_of(job)] = held.get(request_of(job), 0) + job.n
             if batch is None and not self._merge_ok():
                 break
         return joining

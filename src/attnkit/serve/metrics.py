@@ -11,11 +11,11 @@
     attnkit_time_per_output_token_seconds         histogram  a request's time from its first token to its last, per
                                                              token after the first
     attnkit_e2e_request_latency_seconds           histogram  from its queueing to its end
-    attnkit_num_requests_running / _waiting       gauge      generation requests in the batch / waiting to join it
+    attnkit_num_requests_running / _waiting       gauge      generation requests being decoded / waiting to join
                                                              (one whose client left counts until admission meets it)
-    attnkit_batch_size                            gauge      sequences in the running batch (a request of n: n)
+    attnkit_batch_size                            gauge      sequences being decoded (a request of n: n)
     attnkit_queue_length                          gauge      as num_requests_waiting (its older name)
-    attnkit_kv_cache_usage_ratio                  gauge      the running batch's cache positions that hold keys
+    attnkit_kv_cache_usage_ratio                  gauge      the running batches' cache positions that hold keys
     attnkit_scheduler_iterations_total            counter    scheduler iterations that chose tokens: each admits the
                                                              waiting requests that join (a prefill), chooses every
                                                              running row's next token and runs a decoding step
@@ -37,8 +37,8 @@
     attnkit_spec_decode_num_accepted_tokens_total counter    of those, tokens the target accepted
     attnkit_spec_decode_draft_acceptance_rate     gauge      accepted / proposed since the server started
 
-The counts of generation (tokens, requests, rows, iterations) are those of the plain and the speculative rows
-together (`Scheduler.parts`).
+The counts of generation (tokens, requests, rows, iterations, the cache's positions) are those of the plain and the
+speculative rows together (`Scheduler.parts`): with --draft, two batches run, and the gauges count both.
 """
 
 from __future__ import annotations
@@ -148,13 +148,13 @@ class Metrics:
             ("tokens_per_second", "gauge", round(rate, 3), "Tokens generated per second over the last 10 s, or since "
              "the scrape before when longer ago."),
             ("num_requests_running", "gauge", scheduler.running_requests if scheduler is not None else 0,
-             "Generation requests in the running batch."),
-            ("num_requests_waiting", "gauge", waiting, "Generation requests waiting to join the batch."),
-            ("queue_length", "gauge", waiting, "Requests waiting to join the batch (num_requests_waiting)."),
+             "Generation requests being decoded (with --draft, the plain and the speculative batches' together)."),
+            ("num_requests_waiting", "gauge", waiting, "Generation requests waiting to join a batch."),
+            ("queue_length", "gauge", waiting, "Requests waiting to join a batch (num_requests_waiting)."),
             ("batch_size", "gauge", scheduler.running_rows if scheduler is not None else 0,
-             "Sequences in the running batch."),
+             "Sequences being decoded, n for a request of n (with --draft, both batches' together)."),
             ("kv_cache_usage_ratio", "gauge", round(scheduler.kv_cache_usage, 6) if scheduler is not None else 0,
-             "Share of the running batch's cache positions that hold keys."),
+             "Share of the running batches' cache positions that hold keys."),
             ("scheduler_iterations_total", "counter", total("iterations"),
              "Scheduler iterations that chose tokens (each: admission, the rows' next tokens, a decoding step)."),
             ("scheduler_iteration_seconds_total", "counter", round(total("iteration_seconds"), 6),

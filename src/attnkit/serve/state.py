@@ -16,7 +16,6 @@ import torch
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from attnkit.chat_format import ChatTemplate
 from attnkit.errors import AttnkitError
 from attnkit.generate.captured_step import CapturedDecoding
 from attnkit.generate.pipeline import Pipeline
@@ -49,8 +48,7 @@ class ServerState:
     created: int  # when the server started (seconds since the epoch), as /v1/models gives it
     scheduler: Scheduler | None
     explorer: Explorer
-    template: ChatTemplate
-    chat_end_ids: frozenset[int]  # the template's end of an assistant's turn, where a token: a chat's reply ends there
+    chat_end_ids: frozenset[int]  # the chat template's end of a turn, where a token: a chat's reply ends there
     metrics: Metrics
     model_lock: threading.Lock  # held while the model runs: one model call at a time
     closing: threading.Event = field(default_factory=threading.Event)  # set: the server is shutting down (`close`)
@@ -72,13 +70,12 @@ class ServerState:
             build_steps(pipeline.decoding, settings.max_batch)
         experiments = Path(settings.experiments) if settings.experiments else Path.cwd() / "docs" / "experiments"
         names = settings.served_model_name or (run_dir.resolve().name,)
-        template = pipeline.chat_template  # the run's own, else the default format (`attnkit.load` reads it)
         return cls(pipeline=pipeline, settings=settings, model_id=names[0], names=tuple(names),
                    run_name=run_dir.resolve().name, created=int(time.time()),
                    scheduler=scheduler,
                    explorer=Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments,
                                      sae=Path(settings.sae) if settings.sae else None),
-                   template=template, chat_end_ids=template.turn_end_ids(pipeline.tokenizer),
+                   chat_end_ids=pipeline.chat_template.turn_end_ids(pipeline.tokenizer),
                    metrics=metrics,
                    model_lock=scheduler.lock if scheduler is not None else threading.Lock())
 

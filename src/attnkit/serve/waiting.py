@@ -79,32 +79,44 @@ class WaitingQueue(Generic[Job]):
         with self._lock:
             return self._live_head()
 
-    def pop_if(self, fits: Callable[[Job], bool]) -> Job | None:
+    def pop_if(self, fits: Callable[[Job], bool], *, passes: Callable[[Job], bool] | None = None) -> Job | None:
         """`head`, taken from the queue when `fits(head)`, its request's turn then passing to the next; None when none
-        waits or it does not fit (it stays, and its request keeps the turn)."""
+        waits or it does not fit (it stays, and its request keeps the turn). A request whose head `passes` (one that
+        holds its share of the rows) is passed over, keeping its place, and the next request's head is looked at."""
         with self._lock:
-            job = self._live_head()
-            if job is None or not fits(job):
-                return None
-            request, jobs = next(iter(self._turns.items()))
-            jobs.popleft()
-            self._size -= 1
-            self._served = request
-            if jobs:
-                self._turns.move_to_end(request)
-            else:
-                self._drop(request)
-            return job
+            for request in list(self._turns):
+                jobs = self._live(request)
+                if not jobs or (passes is not None and passes(jobs[0])):
+                    continue
+                if not fits(jobs[0]):
+                    return None
+                job = jobs.popleft()
+                self._size -= 1
+                self._served = request
+                if jobs:
+                    self._turns.move_to_end(request)
+                else:
+                    self._drop(request)
+                return job
+            return None
 
     def _live_head(self) -> Job | None:
-        while self._turns:
-            request, jobs = next(iter(self._turns.items()))
-            while jobs and jobs[0].cancelled.is_set():
-                self._set_aside.append(jobs.popleft())
-                self._size -= 1
+        for request in list(self._turns):
+            jobs = self._live(request)
             if jobs:
                 return jobs[0]
-            self._drop(request)
+        return None
+
+    def _live(self, request: int) -> deque[Job] | None:
+        """`request`'s jobs after setting aside the cancelled ones at their head; None (and the request dropped) when
+        none is left."""
+        jobs = self._turns[request]
+        while jobs and jobs[0].cancelled.is_set():
+            self._set_aside.append(jobs.popleft())
+            self._size -= 1
+        if jobs:
+            return jobs
+        self._drop(request)
         return None
 
     def _drop(self, request: int) -> None:

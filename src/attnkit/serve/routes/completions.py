@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from attnkit.chat_format import ChatTemplate
 from attnkit.errors import AttnkitError
 from attnkit.serve.answer import Answer, ClientGone
-from attnkit.serve.batching import Closed
+from attnkit.serve.batching import Closed, Unfit
 from attnkit.serve.errors import APIError
 from attnkit.serve.generation import Generation, refuse_long_text
 from attnkit.serve.logprobs import prompt_scores
@@ -46,10 +46,10 @@ def router(state: ServerState) -> APIRouter:
         state.check_model(body.model)
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true as well", param="top_logprobs")
-        structured, prompt = await run_in_threadpool(_chat_prompt, state.template, pipeline.tokenizer,
+        structured, prompt = await run_in_threadpool(_chat_prompt, pipeline.chat_template, pipeline.tokenizer,
                                                       pipeline.config.max_seq_len, body)
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        return await generate(request, body, [prompt], "chat.completion", stops=state.template.stops,
+        return await generate(request, body, [prompt], "chat.completion", stops=pipeline.chat_template.stops,
                               end_ids=state.chat_end_ids,
                               max_tokens=limit, logprobs=(body.top_logprobs or 0) if body.logprobs else None,
                               structured=structured)
@@ -88,9 +88,9 @@ def router(state: ServerState) -> APIRouter:
             except Closed as error:  # shutting down, or generation has stopped
                 _cancel(jobs)
                 raise APIError(503, str(error)) from None
-            except AttnkitError as error:
+            except Unfit as error:
                 _cancel(jobs)
-                raise APIError(400, str(error), param="max_tokens" if "max_tokens" in str(error) else "n") from None
+                raise APIError(400, str(error), param=error.param) from None
         options = body.stream_options
         usage = bool(options and options.include_usage)
         answer = Answer(kind, state.model_id, jobs, include_usage=usage, tokenizer=pipeline.tokenizer,

@@ -65,8 +65,8 @@ def token_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
             raise APIError(400, str(error), param="prompt") from None
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
     try:  # as the chat endpoint reads them
-        ids = state.template.chat_ids(pipeline.tokenizer, [m.rendered() for m in body.messages], tools,
-                                      add_generation_prompt=body.add_generation_prompt)
+        ids = pipeline.chat_template.chat_ids(pipeline.tokenizer, [m.rendered() for m in body.messages], tools,
+                                              add_generation_prompt=body.add_generation_prompt)
     except AttnkitError as error:
         raise APIError(400, str(error), param="messages") from None
     except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
