@@ -15,6 +15,7 @@ from attnkit.experiments import (  # noqa: F401  (each module registers itself)
     kernel_regression,
     norm_placement,
     position_extrapolation,
+    referent_head,
     rnn_transformer_cost,
     scaled_dot,
     score_functions,

@@ -1,0 +1,45 @@
+"""BertViz's head view as a picture (Vig 2019): the tokens twice, queries on the left and keys on the right, and a line
+from one query to every key, as opaque as the head's weight on it. The lecture's "The animal didn't cross the street
+because it was tired" is drawn this way: the lines from "it" show where one head looks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from matplotlib.axes import Axes
+
+from attnkit.errors import InputError
+from attnkit.viz.heatmap import drawable
+
+LINE_COLOUR = "tab:blue"
+MARK_COLOUR = "tab:orange"
+
+
+def draw_head_view(ax: Axes, tokens: Sequence[str], weights: Sequence[float], query: int, *, title: str,
+                   marked: Sequence[int] = ()) -> None:
+    """Draw on `ax` one head's attention from `tokens[query]` to every token: `weights` (S,), one per token, in
+    [0, 1]. The strongest line is drawn fully opaque and the rest in proportion; each weight is written beside its
+    key. `marked`: key positions whose labels are drawn in bold colour (the referent the reader should find).
+
+    Raises InputError where the weights and tokens differ in length or `query` is not a token's position.
+    """
+    weights = [float(w) for w in weights]
+    if len(weights) != len(tokens) or not tokens:
+        raise InputError(f"{len(weights)} weights for {len(tokens)} tokens: give one weight per token")
+    if not 0 <= query < len(tokens):
+        raise InputError(f"query position {query} is not among the {len(tokens)} tokens")
+    top = max(max(weights), 1e-9)
+    rows = range(len(tokens))
+    for key, weight in enumerate(weights):  # (S,) lines, y down the page: token 0 on top
+        ax.plot([0.0, 1.0], [query, key], color=LINE_COLOUR, alpha=weight / top, linewidth=1 + 3 * weight / top)
+    for row, token in zip(rows, tokens, strict=True):
+        label = drawable(token)
+        ax.text(-0.04, row, label, ha="right", va="center", fontsize=9,
+                fontweight="bold" if row == query else "normal")
+        ax.text(1.04, row, f"{label}  {weights[row]:.2f}", ha="left", va="center", fontsize=9,
+                color=MARK_COLOUR if row in marked else "black", fontweight="bold" if row in marked else "normal")
+    ax.set_xlim(-0.8, 1.9)
+    ax.set_ylim(len(tokens) - 0.5, -0.5)
+    ax.set_axis_off()
+    ax.set_title(title, fontsize=9)
