@@ -44,8 +44,9 @@ def test_every_task_is_registered_once_with_what_it_needs():
     assert set(task_names()) >= {"lm", "mlm", "translate", "classify", "tag"}
     for spec in tasks():
         config = ModelConfig(**spec.default_model)
-        found = task_of_config(config)  # its default model is built for it, and for it alone; chat fine-tunes lm's
-        assert found is spec or (spec.name, found.name) == ("chat", "lm")  # model: its runs say chat in task.json
+        found = task_of_config(config)  # its default model is built for it, and for it alone; chat and dpo fine-tune
+        assert found is spec or (spec.name, found.name) in {("chat", "lm"), ("dpo", "lm")}  # lm's model: their runs
+        # say chat or dpo in task.json
         assert config.family in spec.families
     with pytest.raises(ConfigError, match="did you mean classify"):
         task_spec("clasify")

@@ -16,6 +16,8 @@ base model's tensors; the adapters (`*.lora_a`, `*.lora_b`) are saved beside it 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +77,21 @@ def adapter_tensors(model: nn.Module) -> dict[str, Tensor]:
         if isinstance(module, LoRALinear):
             out[f"{name}.{LORA_A}"], out[f"{name}.{LORA_B}"] = module.lora_a, module.lora_b
     return out
+
+
+@contextmanager
+def adapters_off(model: nn.Module) -> Iterator[bool]:
+    """Within the block, every LoRA wrapper of `model` computes its base map alone (its update scaled by 0), as
+    PEFT's `disable_adapter()`: the frozen model the adapters started from, without a second copy (DPO's reference,
+    as TRL reads it). Yields whether the model has adapters; the scales come back on leaving."""
+    wrappers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    try:
+        for module in wrappers:
+            module.scale = 0.0
+        yield bool(wrappers)
+    finally:
+        for module in wrappers:
+            module.scale = module.alpha / module.rank
 
 
 def adapter_alphas(model: nn.Module) -> dict[str, float]:

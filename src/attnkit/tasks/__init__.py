@@ -8,9 +8,10 @@ tasks and for one a user registers from outside the package.
     classify   encoder                           encoder_head=classify classify          classify.py
     tag        encoder                           encoder_head=tag      tag               tag.py
     chat       decoder                           -                     generate          chat.py
+    dpo        decoder                           -                     generate          dpo.py
 """
 
-from attnkit.tasks import chat, classify, lm, tag, translate  # noqa: F401 (each registers its tasks)
+from attnkit.tasks import chat, classify, dpo, lm, tag, translate  # noqa: F401 (each registers its tasks)
 from attnkit.tasks.registry import (
     EvalContext,
     HFClass,

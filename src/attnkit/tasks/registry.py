@@ -80,6 +80,8 @@ class TaskContext:
     # {} where it has none), what its task saved beside its name (`TrainingTask.record`); None: a new model
     chat_template: ChatTemplate = DEFAULT_FORMAT  # the template the run's model chats in (its tokenizer's, where
     # the run resumed or fine-tuned from has one; else the default format): `attnkit serve` renders chats with it
+    reference: Callable[[], nn.Module] | None = None  # builds the frozen model a fine-tune started from (the
+    # --init-from weights), for a task that compares against it (dpo); None: a new model
     on_rank_0: Callable[[Callable[[], Any], str], Any] = lambda make, what: make()
     """(make, what) -> make()'s result, run once and shared: in a distributed run rank 0 alone runs it and every
     rank gets its result (`made_on_rank_0`), for what the ranks would otherwise each build (the token cache)"""
@@ -100,6 +102,7 @@ class EvalContext:
     translate_texts: Callable[[list[str]], list[str]] | None = None
     progress: bool = False
     options: Any = None  # the task's own options (`TaskSpec.own_options`): given, else the run's, else defaults
+    reference: Callable[[], nn.Module] | None = None  # builds the frozen model the run was fine-tuned from (dpo's)
 
 
 @dataclass(frozen=True)

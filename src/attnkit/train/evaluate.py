@@ -45,6 +45,7 @@ from attnkit.options import fields_of, one_flag
 from attnkit.tasks import EvalContext, EvalReport, TaskSpec, own_options, task_names, task_of_run, tasks, unread_options
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, load_tokenizer
+from attnkit.train.finetune import reference_loader
 from attnkit.train.trainer import shows_progress
 
 log = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ def evaluate_run(
     report = spec.evaluate_files(EvalContext(
         run=run_dir, model=model, config=config, tokenizer=tokenizer, labels=read_labels(run_dir),
         files=[str(p) for p in data], settings=settings, out=out_dir, translate_texts=translate, progress=progress,
-        options=_own_options(spec, state, task_options or {}),
+        options=_own_options(spec, state, task_options or {}), reference=reference_loader(run_dir, state),
     ))
     report.details.update(details or {})
     atomic_write(out_dir / REPORT_FILE, json.dumps(report.to_dict(), indent=1) + "\n")

@@ -10,6 +10,7 @@
                           adapters (and any fresh head) only
     resume_lora(dir, ...) a LoRA run's checkpoint read back as it trained: the base wrapped again, its adapters
                           loaded (reading a run otherwise folds them in)
+    reference_loader(...) the frozen model a run was fine-tuned from, built on demand (DPO's reference)
 
 The body is everything but the task head: the stack(s) of blocks with their embeddings. The head modules are
 the ones a model family puts on top (`HEAD_MODULES`). BERT's pooler counts as head: it is kept when the source
@@ -72,6 +73,13 @@ class Source:
 
     def describe(self) -> dict[str, Any]:
         return {"path": str(self.path), "kind": self.kind, "task": self.task}
+
+    def frozen_model(self) -> nn.Module:
+        """The source's model as it is, in eval mode with every parameter frozen: the reference a preference
+        fine-tune measures against (`attnkit.tasks.dpo`)."""
+        model = build_model(self.config, force=True)
+        model.load_state_dict(self.state)
+        return model.eval().requires_grad_(False)
 
 
 @dataclass
@@ -311,3 +319,15 @@ def resume_lora(
                               f"not {alpha}; resume with the run's own LoRA settings")
     load_adapters(model, tensors, source=str(directory / ADAPTERS_FILE))
     return model
+
+
+def reference_loader(run: Path, train_state: dict[str, Any], *,
+                     load_hf: HFLoader | None = None) -> Callable[[], nn.Module] | None:
+    """What builds the frozen model the run in `run` started from (`train_state`: its train_state.json), or None for
+    a run not fine-tuned: a LoRA run's own base weights (its adapters left out), else the --init-from source's
+    weights, read again (CheckpointError when they are gone)."""
+    if "init_from" not in train_state:
+        return None
+    if train_state.get("settings", {}).get("lora_rank"):
+        return lambda: load_model(run, merge_adapters=False)[0].eval().requires_grad_(False)
+    return lambda: read_source(train_state["init_from"]["path"], load_hf=load_hf).frozen_model()

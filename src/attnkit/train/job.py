@@ -57,6 +57,7 @@ from attnkit.train.finetune import (
     load_body,
     prepare_training,
     read_source,
+    reference_loader,
     reshaping_sets,
     resume_lora,
     target_config,
@@ -315,7 +316,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     _refuse_checkpoint_out(out, request.resume)
     if request.resume:
         source = out if request.resume is True else Path(request.resume)
-        return _resume(request, source, model_changes, data_changes, train_changes, device, translate)
+        return _resume(request, source, model_changes, data_changes, train_changes, device, translate, load_hf)
     if world.rank == 0:
         _claim_run_dir(out, overwrite=request.overwrite)
     data_config = DataConfig.from_dict(_absolute_paths(data_changes))
@@ -351,7 +352,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
                               lm_files, progress=shows_progress(request.progress) and parallel.writes,
                               labels=source.labels if source is not None else None,
                               record=source.record if source is not None else None, chat_template=template,
-                              parallel=parallel)
+                              parallel=parallel, reference=source.frozen_model if source is not None else None)
     config = _fit_config(config, tokenizer, labels, keep_vocab=source is not None)
     reach = getattr(config, "receptive_field", None)  # a convolutional model's: what each prediction reads
     log.info("model: %s, %s parameters%s", config.family, f"{count_parameters(config):,}",
@@ -421,7 +422,8 @@ def _global_batch(
             dataclasses.replace(settings, batch_size=settings.batch_size * parallel.size))
 
 
-def _resume(request, source: Path, model_changes, data_changes, train_changes, device, translate) -> Trainer:
+def _resume(request, source: Path, model_changes, data_changes, train_changes, device, translate,
+            load_hf: HFLoader | None = None) -> Trainer:
     checkpoint = resume_checkpoint(source, device=device)
     state = checkpoint.train_state
     saved_data = DataConfig.from_dict(state["data_config"], saved=True)
@@ -481,7 +483,7 @@ def _resume(request, source: Path, model_changes, data_changes, train_changes, d
     task, labels = _make_task(*_global_batch(data_config, settings, parallel), checkpoint.tokenizer, checkpoint.config,
                               out, translate, progress=shows_progress(request.progress) and parallel.writes,
                               labels=checkpoint.labels, record=checkpoint.task, chat_template=template,
-                              parallel=parallel)
+                              parallel=parallel, reference=reference_loader(checkpoint.path, state, load_hf=load_hf))
     if labels != checkpoint.labels:
         raise CheckpointError(
             f"cannot resume {checkpoint.path}: the data's labels {labels} differ from the checkpoint's "
@@ -654,17 +656,18 @@ def _make_task(
     translate: Translator | None, lm_files: list[Path] | None = None, progress: bool = True,
     labels: Sequence[str] | None = None, record: Mapping[str, Any] | None = None,
     chat_template: ChatTemplate = DEFAULT_FORMAT, parallel: SingleProcess | None = None,
+    reference: Callable[[], torch.nn.Module] | None = None,
 ) -> tuple[TrainingTask, list[str] | None]:
     """The trainer's task and its label list, as the task's registration makes them from the data (in the order of
     `labels` where the data has those: a fine-tuned source's, a resumed run's; `record`: that run's task.json;
     `chat_template`: the template its model chats in; `parallel`: this rank's part, whose rank 0 makes what the
-    ranks share)."""
+    ranks share; `reference`: builds the frozen model a fine-tune started from)."""
     parallel = parallel or SingleProcess()
     task, labels = data.spec.make(TaskContext(
         data=data, tokenizer=tokenizer, config=config, batch_size=settings.batch_size, seed=settings.seed,
         seq_len=data.seq_len or config.max_seq_len, cache=out / "cache", files=lm_files, translate=translate,
         progress=progress, labels=tuple(labels) if labels is not None else None, record=record,
-        chat_template=chat_template, on_rank_0=partial(_made_on_rank_0, parallel),
+        chat_template=chat_template, on_rank_0=partial(_made_on_rank_0, parallel), reference=reference,
     ))
     task.name = data.spec.name  # task.json names the registration (one task class may serve several)
     return task, labels

@@ -1,0 +1,153 @@
+"""Preference pairs for Direct Preference Optimization: JSON Lines in TRL's layout, and their rows in batches.
+
+One pair a line, a prompt and two responses to it, the preferred one first (TRL's preference data sets):
+
+    {"prompt": "The sky is", "chosen": " blue.", "rejected": " green."}                       (plain text)
+    {"prompt": [{"role": "user", "content": "Hi"}],                                          (conversational)
+     "chosen": [{"role": "assistant", "content": "Hello!"}], "rejected": [{"role": "assistant", "content": "Go."}]}
+
+Plain text is read as text: the prompt's tokens, then the response's, then EOS. Chat messages are rendered with the
+run's chat template (`attnkit.tasks.dpo` does both). `PreferenceRows` serves the pairs in batches of two rows a
+pair, the chosen responses first: rows (2B, T), the response's tokens the only targets (prompt and padding -100).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attnkit.data.batching import IGNORE_INDEX, BucketedData
+from attnkit.data.chat import check_messages
+from attnkit.errors import InputError
+from attnkit.textfiles import EncodingErrors, read_text
+
+KEYS = ("prompt", "chosen", "rejected")
+LAYOUT = ('{"prompt": "...", "chosen": "...", "rejected": "..."} (plain text), or each a list of chat messages '
+          '({"role": ..., "content": ...}: the prompt\'s turns, and one assistant message for chosen and rejected)')
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """One line's pair: plain text (three strings) or chat messages (three lists), and where it was read."""
+
+    where: str
+    prompt: str | list[dict]
+    chosen: str | list[dict]
+    rejected: str | list[dict]
+
+    @property
+    def is_chat(self) -> bool:
+        return isinstance(self.prompt, list)
+
+
+def read_pairs(path: str | Path, *, encoding_errors: EncodingErrors = "strict") -> list[PreferencePair]:
+    """The preference pairs of a JSON Lines file, one a line (blank lines skipped). Raises InputError naming the file
+    and line of one that is not JSON, lacks a key, mixes text and messages, or whose two responses are the same."""
+    found = []
+    for number, line in enumerate(read_text(path, errors=encoding_errors).splitlines(), start=1):
+        if line.strip():
+            where = f"{path} line {number}"
+            try:
+                found.append(pair(json.loads(line), where))
+            except json.JSONDecodeError as error:
+                raise InputError(f"{where} is not JSON ({error.msg} at column {error.colno}): a preference file "
+                                 f"holds one JSON object a line, {LAYOUT}") from None
+            except InputError as error:
+                raise InputError(f"{where}: {error}") from None
+    if not found:
+        raise InputError(f"{path} holds no preference pair: write one JSON object a line, {LAYOUT}")
+    return found
+
+
+def pair(record: object, where: str) -> PreferencePair:
+    """One line's record as a pair. Raises InputError naming what is wrong and the layout to write."""
+    if not isinstance(record, dict):
+        raise InputError(f"holds a JSON {type(record).__name__}; write an object, {LAYOUT}")
+    missing = [key for key in KEYS if key not in record]
+    if missing == ["prompt"]:
+        raise InputError('has no "prompt": write the shared prompt apart from the two responses (TRL\'s '
+                         f'"implicit prompt" layout is not read), {LAYOUT}')
+    if missing:
+        raise InputError(f"has the keys {sorted(record)[:6]} but not {', '.join(missing)}: write {LAYOUT}")
+    values = [record[key] for key in KEYS]
+    if all(isinstance(v, str) for v in values):
+        if not record["chosen"] or not record["rejected"]:
+            raise InputError('"chosen" and "rejected" must be responses of one character or more')
+        prompt, chosen, rejected = values
+    elif all(isinstance(v, list) for v in values):
+        prompt = check_messages(record["prompt"], "prompt")
+        chosen, rejected = (_response(record[key], key) for key in ("chosen", "rejected"))
+    else:
+        kinds = ", ".join(f"{key}: {type(v).__name__}" for key, v in zip(KEYS, values, strict=True))
+        raise InputError(f"mixes kinds ({kinds}): give all three as strings (plain text) or all three as lists of "
+                         "chat messages")
+    if chosen == rejected:
+        raise InputError('"chosen" and "rejected" are the same response, so the pair prefers nothing: drop the line '
+                         "or give two different responses")
+    return PreferencePair(where, prompt, chosen, rejected)
+
+
+def _response(value: object, key: str) -> list[dict]:
+    """A conversational response: one assistant message."""
+    messages = check_messages(value, key)
+    if len(messages) != 1 or messages[0]["role"] != "assistant":
+        raise InputError(f'"{key}" must hold one assistant message ([{{"role": "assistant", "content": ...}}]); '
+                         f"got the roles {[m['role'] for m in messages]}")
+    return messages
+
+
+@dataclass(frozen=True)
+class PreferenceBatch:
+    """A batch of B pairs as 2B rows, the chosen responses first: input_ids and labels (2B, T), labels -100 but at the
+    response's tokens. Row i and row B + i are one pair's."""
+
+    input_ids: Tensor
+    labels: Tensor
+
+    def to(self, device: torch.device | str) -> PreferenceBatch:
+        return PreferenceBatch(self.input_ids.to(device), self.labels.to(device))
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    """A pair's token ids: the prompt's, and each response's (the tokens after the prompt, end of turn included)."""
+
+    where: str
+    prompt: list[int]
+    chosen: list[int]
+    rejected: list[int]
+
+
+def response_row(prompt: Sequence[int], response: Sequence[int], width: int, pad_id: int) -> tuple[Tensor, Tensor]:
+    """The inputs and targets of prompt + response in a row of `width` positions: inputs the sequence but its last
+    token, targets the next token at each position, -100 at the prompt's targets and the padding. (T,), (T,)"""
+    ids = [*prompt, *response]
+    inputs = torch.full((width,), pad_id, dtype=torch.int64)
+    labels = torch.full((width,), IGNORE_INDEX, dtype=torch.int64)
+    inputs[: len(ids) - 1] = torch.tensor(ids[:-1], dtype=torch.int64)
+    # each response token is predicted at the position before it: the prompt's last, then the response's own
+    labels[len(prompt) - 1 : len(ids) - 1] = torch.tensor(response, dtype=torch.int64)
+    return inputs, labels
+
+
+class PreferenceRows(BucketedData[PreferenceBatch]):
+    """Tokenized pairs served as batches (`BucketedData`: pairs of similar length together), each as wide as its
+    longest sequence less one (inputs drop the last token, targets the first)."""
+
+    def __init__(self, pairs: list[TokenizedPair], *, pad_id: int, batch_size: int, seed: int = 0) -> None:
+        lengths = [len(p.prompt) + max(len(p.chosen), len(p.rejected)) - 1 for p in pairs]
+        super().__init__(lengths, batch_size=batch_size, seed=seed)
+        self.pairs, self.pad_id = pairs, pad_id
+
+    def collate(self, indices: Sequence[int]) -> PreferenceBatch:
+        width = int(self.lengths[np.asarray(indices)].max())
+        chosen = [response_row(self.pairs[i].prompt, self.pairs[i].chosen, width, self.pad_id) for i in indices]
+        rejected = [response_row(self.pairs[i].prompt, self.pairs[i].rejected, width, self.pad_id) for i in indices]
+        inputs, labels = zip(*chosen, *rejected, strict=True)
+        return PreferenceBatch(torch.stack(inputs), torch.stack(labels))  # (2B, T) each

@@ -1,0 +1,306 @@
+r"""Direct Preference Optimization (`dpo`: Rafailov et al. 2023, "Direct Preference Optimization: Your Language
+Model is Secretly a Reward Model"): learning from human preferences, the lectures' "other stuff" after fine-tuning,
+without a reward model and without reinforcement learning, as TRL's DPOTrainer, torchtune and litgpt run it.
+
+    data       preference pairs, JSON Lines in TRL's layout (`attnkit.data.preferences`): a prompt, the chosen and the
+               rejected response; plain text, or chat messages rendered with the run's chat template
+    log-probs  log pi(y | x) summed over the response's tokens alone (the prompt's and the padding's left out), for
+               the policy (the model that trains) and the reference (the frozen model it started from: with LoRA the
+               same model with its adapters off, as TRL does, so no second copy; else the --init-from weights)
+    loss       with the implicit reward r(x, y) = beta * (log pi(y | x) - log pi_ref(y | x)) (the paper's eq. 5),
+
+                   L = -log sigmoid(r(x, y_chosen) - r(x, y_rejected))                       (eq. 7, "sigmoid")
+
+               cDPO's label smoothing e (the pair's label flipped with probability e; Mitchell 2023):
+                   L = -(1 - e) log sigmoid(z) - e log sigmoid(-z),   z = r_chosen - r_rejected
+               IPO (Azar et al. 2023, eq. 17), its log-ratios averaged over the response's tokens as TRL's:
+                   L = ((log-ratio_chosen / n_chosen - log-ratio_rejected / n_rejected) - 1 / (2 beta))^2
+    metrics    as TRL logs them: rewards/chosen, rewards/rejected (the mean implicit rewards), rewards/accuracies (the
+               share of pairs whose chosen reward is the higher), rewards/margins; with val_loss, on the held-out pairs
+
+A run starts from a decoder (`--init-from` an lm or chat run, a converted Llama or GPT-2), and serves `generate` and
+the chat API as the run it started from did.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.chat_format import ChatTemplate, chat_template
+from attnkit.checkpoint import TOKENIZER_DIR
+from attnkit.data import IGNORE_INDEX
+from attnkit.data.preferences import PreferenceBatch, PreferencePair, PreferenceRows, TokenizedPair, read_pairs
+from attnkit.errors import ConfigError, InputError
+from attnkit.layers.lora import adapters_off
+from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, split
+from attnkit.tasks.lm import LM
+from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
+from attnkit.tasks.report import EvalReport
+from attnkit.tokenize import Tokenizer
+
+log = logging.getLogger(__name__)
+
+LossType = Literal["sigmoid", "ipo"]
+REWARDS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
+
+
+@dataclass(frozen=True)
+class DPOOptions:
+    """What preference training alone reads (`TaskSpec.own_options`)."""
+
+    beta: float = 0.1  # how far the model may move from the reference: the implicit reward's scale (0.1 to 0.5 usual)
+    loss_type: LossType = "sigmoid"  # sigmoid: DPO's loss; ipo: IPO's squared loss (Azar et al. 2023)
+    smoothing: float = 0.0
+    """cDPO's label smoothing: the share of pairs taken as mislabelled, in [0, 0.5) (TRL's label_smoothing; sigmoid
+    loss only)"""
+
+    def __post_init__(self) -> None:
+        if not self.beta > 0:
+            raise ConfigError(f"beta={self.beta} must be above 0 (0.1 is usual): it scales the implicit reward")
+        if not 0.0 <= self.smoothing < 0.5:
+            raise ConfigError(f"smoothing={self.smoothing} must lie in [0, 0.5): the share of pairs taken as "
+                              "mislabelled (0: plain DPO)")
+        if self.smoothing and self.loss_type != "sigmoid":
+            raise ConfigError(f"smoothing applies to the sigmoid loss; drop it, or use loss_type=sigmoid (not "
+                              f"{self.loss_type})")
+
+
+def response_logprobs(logits: Tensor, labels: Tensor) -> Tensor:
+    """log p(response | prompt): each row's target log-probabilities summed over the targets that are not -100 (the
+    response's). (N, T, V), (N, T) -> (N,) float32"""
+    nll = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
+                          reduction="none")  # (N*T,): 0 at ignored targets
+    return -nll.view(labels.shape).sum(dim=1)
+
+
+@dataclass(frozen=True)
+class PreferenceLoss:
+    """Each pair's loss and implicit rewards beta * (log pi - log pi_ref) (detached), (B,) each."""
+
+    losses: Tensor
+    chosen_rewards: Tensor
+    rejected_rewards: Tensor
+
+
+def preference_loss(policy_chosen: Tensor, policy_rejected: Tensor, reference_chosen: Tensor,
+                    reference_rejected: Tensor, *, beta: float, loss_type: LossType = "sigmoid", smoothing: float = 0.0,
+                    chosen_tokens: Tensor | None = None, rejected_tokens: Tensor | None = None) -> PreferenceLoss:
+    """DPO's loss (module docstring) from summed response log-probs, (B,) each. `chosen_tokens`, `rejected_tokens`:
+    the responses' token counts (B,), which IPO averages over. Raises ConfigError for IPO without them."""
+    chosen_ratio = policy_chosen - reference_chosen  # (B,) log pi / pi_ref of the chosen response
+    rejected_ratio = policy_rejected - reference_rejected
+    if loss_type == "sigmoid":
+        z = beta * (chosen_ratio - rejected_ratio)
+        losses = -F.logsigmoid(z) * (1 - smoothing) - F.logsigmoid(-z) * smoothing
+    elif chosen_tokens is None or rejected_tokens is None:
+        raise ConfigError("the ipo loss averages over the responses' tokens: give chosen_tokens and rejected_tokens")
+    else:
+        delta = chosen_ratio / chosen_tokens.clamp(min=1) - rejected_ratio / rejected_tokens.clamp(min=1)
+        losses = (delta - 1 / (2 * beta)) ** 2
+    return PreferenceLoss(losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach())
+
+
+def reward_metrics(scores: PreferenceLoss) -> dict[str, float]:
+    """TRL's reward metrics over a set of pairs: the mean chosen and rejected rewards, the share of pairs whose
+    chosen reward is the higher, and the mean margin."""
+    margins = scores.chosen_rewards - scores.rejected_rewards
+    return dict(zip(REWARDS, (scores.chosen_rewards.mean().item(), scores.rejected_rewards.mean().item(),
+                              (margins > 0).float().mean().item(), margins.mean().item()), strict=True))
+
+
+def batch_logprobs(model: nn.Module, batch: PreferenceBatch) -> Tensor:
+    """The summed response log-probs of a batch's rows under `model`: (2B, T) -> (2B,), the chosen rows first."""
+    device = device_of(model)
+    return response_logprobs(model(batch.input_ids.to(device)).logits, batch.labels.to(device))
+
+
+class Reference:
+    """The frozen model DPO measures the policy against: the policy itself with its LoRA adapters off (no second
+    copy), else the starting weights, which `load` builds once, on first use (`TaskContext.reference`)."""
+
+    def __init__(self, load: Callable[[], nn.Module] | None) -> None:
+        self.load = load
+        self.model: nn.Module | None = None
+
+    @torch.no_grad()
+    def logprobs(self, policy: nn.Module, batch: PreferenceBatch) -> Tensor:
+        """The reference's summed response log-probs of `batch`'s rows (2B,). Raises ConfigError where the policy
+        has no adapters and no starting weights were given."""
+        with adapters_off(policy) as adapted:
+            if adapted:
+                return batch_logprobs(policy, batch)
+        if self.model is None:
+            if self.load is None:
+                raise ConfigError("--task dpo trains a model against the weights it starts from: give --init-from "
+                                  "RUN_DIR (an lm or chat run, or a Hugging Face decoder directory)")
+            self.model = self.load().to(device_of(policy)).eval().requires_grad_(False)
+        return batch_logprobs(self.model, batch)
+
+
+def tokenize_pair(pair: PreferencePair, *, template: ChatTemplate, tokenizer: Tokenizer) -> TokenizedPair:
+    """A pair's prompt and responses as tokens: plain text as text (BOS first where the tokenizer begins its texts
+    with it, EOS after each response); messages as `template` renders the conversation (`conversation_ids`), each
+    response the tokens it marks as the reply. Raises InputError naming the pair whose prompt is no token."""
+    if pair.is_chat:
+        (chosen, chosen_start), (rejected, rejected_start) = (
+            _reply(template.conversation_ids(tokenizer, [*pair.prompt, *reply]))
+            for reply in (pair.chosen, pair.rejected))
+        if chosen[:chosen_start] != rejected[:rejected_start]:
+            raise InputError(f"{pair.where}: the chat template renders the prompt otherwise before each response, so "
+                             "the two do not answer one prompt; use a template that renders earlier turns alike")
+        return TokenizedPair(pair.where, chosen[:chosen_start], chosen[chosen_start:], rejected[rejected_start:])
+    bos = [tokenizer.bos_id] if getattr(tokenizer, "starts_with_bos", False) and tokenizer.bos_id is not None else []
+    eos = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+    prompt = bos + tokenizer.encode(pair.prompt)
+    if not prompt:
+        raise InputError(f"{pair.where}: the prompt is no token; give a prompt the responses answer")
+    return TokenizedPair(pair.where, prompt, tokenizer.encode(pair.chosen) + eos, tokenizer.encode(pair.rejected) + eos)
+
+
+def _reply(rendered: tuple[list[int], list[bool]]) -> tuple[list[int], int]:
+    """A rendered conversation's ids and where its last reply starts (the last run of reply tokens, which ends it)."""
+    ids, trained = rendered
+    return ids, len(trained) - trained[::-1].index(False)
+
+
+def preference_rows(pairs: list[PreferencePair], *, template: ChatTemplate, tokenizer: Tokenizer, seq_len: int,
+                    batch_size: int, seed: int = 0, longer: str | None = "a longer --seq-len") -> PreferenceRows:
+    """The pairs tokenized (`tokenize_pair`) and served in batches, each sequence cut to its first seq_len + 1
+    tokens (the responses' ends cut, with one warning counting such pairs). Raises InputError naming a pair whose
+    prompt leaves no room for a response token; `longer`: how a longer window is asked for, in what is said."""
+    tokenized, cut = [], []
+    for pair in pairs:
+        tokens = tokenize_pair(pair, template=template, tokenizer=tokenizer)
+        room = seq_len + 1 - len(tokens.prompt)
+        if room < 1:
+            raise InputError(f"{pair.where}: its prompt holds {len(tokens.prompt)} tokens and the model reads "
+                             f"{seq_len} at once, so no response token fits: shorten the prompt"
+                             + (f" or give {longer}" if longer else ""))
+        if max(len(tokens.chosen), len(tokens.rejected)) > room:
+            cut.append(pair.where)
+            tokens = TokenizedPair(pair.where, tokens.prompt, tokens.chosen[:room], tokens.rejected[:room])
+        tokenized.append(tokens)
+    if cut:
+        log.warning("%d pair(s) hold more than %d tokens and their responses are cut to fit (%s%s)%s", len(cut),
+                    seq_len + 1, cut[0], ", ..." if len(cut) > 1 else "", f"; give {longer}" if longer else "")
+    pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0  # padding is never a target nor attended to
+    return PreferenceRows(tokenized, pad_id=pad_id, batch_size=batch_size, seed=seed)
+
+
+@torch.no_grad()
+def preference_scores(model: nn.Module, reference: Reference, data: PreferenceRows,
+                      options: DPOOptions) -> dict[str, float]:
+    """The loss and TRL's reward metrics (`reward_metrics`) over every pair of `data`."""
+    scores = [pair_scores(batch_logprobs(model, batch), reference.logprobs(model, batch), batch, options)
+              for batch in data.eval_batches()]
+    joined = PreferenceLoss(*(torch.cat([getattr(s, f) for s in scores]) for f in ("losses", "chosen_rewards",
+                                                                                  "rejected_rewards")))
+    return {"val_loss": joined.losses.mean().item(), **reward_metrics(joined)}
+
+
+def pair_scores(policy: Tensor, reference: Tensor, batch: PreferenceBatch, options: DPOOptions) -> PreferenceLoss:
+    """`preference_loss` of a batch from its rows' summed log-probs (2B,) under the policy and the reference."""
+    tokens = (batch.labels != IGNORE_INDEX).sum(dim=1).to(policy.device)  # (2B,) response tokens
+    (policy_chosen, policy_rejected), (reference_chosen, reference_rejected) = policy.chunk(2), reference.chunk(2)
+    chosen_tokens, rejected_tokens = tokens.chunk(2)
+    return preference_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta=options.beta,
+                           loss_type=options.loss_type, smoothing=options.smoothing, chosen_tokens=chosen_tokens,
+                           rejected_tokens=rejected_tokens)
+
+
+class DPOTask(EpochTask):
+    """Preference training: DPO's loss on a batch of pairs, epoch after epoch; the best checkpoint the one of the
+    lowest loss on the held-out pairs."""
+
+    name = "dpo"
+    metric = "val_loss"
+    higher_is_better = False
+
+    def __init__(self, train: PreferenceRows, val: PreferenceRows, *, options: DPOOptions, reference: Reference,
+                 stops: tuple[str, ...] = (), stop_ids: frozenset[int] = frozenset()) -> None:
+        super().__init__(train)
+        self.val, self.options, self.reference = val, options, reference
+        self.stops, self.stop_ids = stops, stop_ids  # where a sample's reply ends, as chat's (`ChatTask`)
+
+    def loss(self, model: nn.Module, batch: PreferenceBatch) -> Tensor:
+        policy = batch_logprobs(model, batch)  # (2B,) with gradients
+        return pair_scores(policy, self.reference.logprobs(model, batch), batch, self.options).losses.mean()
+
+    def weight(self, batch: PreferenceBatch) -> int:
+        return len(batch.input_ids) // 2  # the loss is a mean over pairs
+
+    def n_tokens(self, batch: PreferenceBatch) -> int:
+        return int(batch.input_ids.numel())
+
+    def evaluate(self, model: nn.Module, shard: Shard = ONE_PROCESS) -> dict[str, Any]:
+        """Every rank scores every held-out pair (they are few), so the ranks agree without a sum."""
+        return preference_scores(model, self.reference, self.val, self.options)
+
+    def prompt_ids(self) -> list[int]:
+        """The first held-out pair's prompt: what the sample after training answers."""
+        return list(self.val.pairs[0].prompt)
+
+
+def _pairs(data: Any, seed: int) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """The training and held-out pairs the data settings name (without --val-data: `val_fraction` held out)."""
+    if not data.data:
+        raise InputError('--task dpo needs --data FILE.jsonl: preference pairs, one {"prompt", "chosen", "rejected"} '
+                         "object a line")
+    read = [p for path in data.data for p in read_pairs(path, encoding_errors=data.encoding_errors)]
+    if data.val_data:
+        return read, [p for path in data.val_data for p in read_pairs(path, encoding_errors=data.encoding_errors)]
+    if len(read) < 2:
+        raise InputError(f"{data.data[0]} holds one pair: give two or more (some are held out to validate), or "
+                         "--val-data FILE")
+    return split(read, data.val_fraction, seed)
+
+
+def _make(context: TaskContext) -> tuple[DPOTask, None]:
+    if context.reference is None:
+        _needs_init_from(context.data, context.seed)
+    train, val = _pairs(context.data, context.seed)
+    rows = dict(template=context.chat_template, tokenizer=context.tokenizer, seq_len=context.seq_len,
+                batch_size=context.batch_size, seed=context.seed)
+    return DPOTask(preference_rows(train, **rows), preference_rows(val, **rows), options=context.data.options,
+                   reference=Reference(context.reference), stops=context.chat_template.stops,
+                   stop_ids=context.chat_template.turn_end_ids(context.tokenizer)), None
+
+
+def _needs_init_from(data: Any, seed: int) -> list[str]:
+    """A new model has no reference to prefer against: refused where its tokenizer is trained (`training_text`)."""
+    raise ConfigError("--task dpo fine-tunes a trained model against itself as it started: give --init-from RUN_DIR "
+                      "(an lm or chat run, or a Hugging Face decoder directory)")
+
+
+def _report(ctx: EvalContext) -> EvalReport:
+    """Each file's DPO loss and reward metrics against the run's reference (`EvalContext.reference`), its pairs
+    rendered by the run's chat template."""
+    template = chat_template(ctx.run / TOKENIZER_DIR, ctx.tokenizer.specials)
+    options = ctx.options if ctx.options is not None else DPOOptions()
+    reference = Reference(ctx.reference)
+    rows = []
+    for path in ctx.files:
+        data = preference_rows(read_pairs(path, encoding_errors=ctx.settings.encoding_errors), template=template,
+                               tokenizer=ctx.tokenizer, seq_len=ctx.config.max_seq_len,
+                               batch_size=ctx.settings.batch_size, longer=None)
+        rows.append({"file": str(path), "pairs": len(data), **preference_scores(ctx.model, reference, data, options)})
+    return EvalReport("preference", str(ctx.run), rows, {"beta": options.beta, "loss_type": options.loss_type},
+                      columns=("file", "pairs", "val_loss", *REWARDS))
+
+
+DPO = register(TaskSpec(
+    name="dpo", help="preference fine-tuning (DPO): prefer the chosen responses over the rejected (decoder)",
+    families=("decoder",), seed_draws_validation="without_val_data", head={"decoder_head": "lm"}, make=_make,
+    evaluate_files=_report, method="generate", training_text=_needs_init_from,
+    options=("val_data", "val_fraction", "encoding_errors"), own_options=DPOOptions, default_model=LM.default_model,
+    eval_help='JSON Lines preference pairs ({"prompt", "chosen", "rejected"}): DPO loss and reward accuracy against '
+              "the reference",
+    eval_options=("batch_size",),
+))

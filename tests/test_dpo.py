@@ -1,0 +1,241 @@
+"""Direct Preference Optimization (`attnkit train --task dpo`): the loss against a hand computation and against TRL's
+DPOTrainer on identical log-probs, the response mask (prompt and padding left out), the reference read from the
+frozen starting weights (with LoRA: the adapters off), the preference files' refusals by line, and a short run on
+real text whose preferred style the model takes up (held-out reward accuracy, greedy generations)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnkit import build_model
+from attnkit.chat_format import DEFAULT_FORMAT
+from attnkit.config import ModelConfig
+from attnkit.data.preferences import PreferencePair, read_pairs
+from attnkit.errors import ConfigError, InputError
+from attnkit.layers.lora import adapter_tensors
+from attnkit.tasks.dpo import (
+    DPOOptions,
+    Reference,
+    batch_logprobs,
+    preference_loss,
+    preference_rows,
+    reward_metrics,
+    tokenize_pair,
+)
+from attnkit.tokenize import CharTokenizer
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:!?<>\n"
+TINY = ["d_model=32", "n_layers=2", "n_heads=2", "d_ff=64", "max_seq_len=64"]
+# summed response log-probs of three pairs: policy chosen, policy rejected, reference chosen, reference rejected
+LOGPS = ([-4.0, -9.5, -2.25], [-6.0, -7.0, -3.0], [-5.0, -8.0, -2.5], [-5.5, -7.5, -2.0])
+
+
+def char_tokenizer():
+    return CharTokenizer(ALPHABET, special_tokens={"pad": "<pad>", "unk": "<unk>", "bos": "<bos>", "eos": "<eos>"})
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    config = ModelConfig(family="decoder", vocab_size=len(ALPHABET) + 4, d_model=32, n_layers=2, n_heads=2, d_ff=64,
+                         max_seq_len=64)
+    return build_model(config).eval()
+
+
+@pytest.mark.parametrize(("loss_type", "smoothing"), [("sigmoid", 0.0), ("sigmoid", 0.2), ("ipo", 0.0)])
+def test_the_loss_and_rewards_equal_a_hand_computation(loss_type, smoothing):
+    beta, tokens = 0.3, ([4, 9, 2], [5, 7, 3])
+    found = preference_loss(*(torch.tensor(x, dtype=torch.float64) for x in LOGPS), beta=beta, loss_type=loss_type,
+                            smoothing=smoothing, chosen_tokens=torch.tensor(tokens[0]),
+                            rejected_tokens=torch.tensor(tokens[1]))
+    for i, (pc, pr, rc, rr) in enumerate(zip(*LOGPS, strict=True)):
+        if loss_type == "sigmoid":
+            z = beta * ((pc - rc) - (pr - rr))
+            expected = -(1 - smoothing) * math.log(1 / (1 + math.exp(-z))) - smoothing * math.log(1 / (1 + math.exp(z)))
+        else:
+            expected = ((pc - rc) / tokens[0][i] - (pr - rr) / tokens[1][i] - 1 / (2 * beta)) ** 2
+        assert found.losses[i].item() == pytest.approx(expected, rel=1e-12)
+        assert found.chosen_rewards[i].item() == pytest.approx(beta * (pc - rc), rel=1e-12)
+        assert found.rejected_rewards[i].item() == pytest.approx(beta * (pr - rr), rel=1e-12)
+    metrics = reward_metrics(found)
+    margins = [beta * ((pc - rc) - (pr - rr)) for pc, pr, rc, rr in zip(*LOGPS, strict=True)]
+    assert metrics["rewards/accuracies"] == pytest.approx(sum(m > 0 for m in margins) / 3)
+    assert metrics["rewards/margins"] == pytest.approx(sum(margins) / 3)
+
+
+TRL_SCRIPT = r"""
+import collections, json, sys, types
+import torch
+sys.path.append(sys.argv[1])
+from trl.trainer.dpo_trainer import DPOTrainer
+
+class Accelerator:
+    device = torch.device("cpu")
+    gather = gather_for_metrics = staticmethod(lambda t: t)
+
+def trl_loss(given):
+    per_token, mask = torch.tensor(given["per_token"], dtype=torch.float64), torch.tensor(given["mask"])
+    zeros = torch.zeros_like(per_token)  # (2B, T-1); mask (2B, T)
+    class Model:
+        training = True
+        def __call__(self, **kwargs):  # TRL's fused head gives each target's log-prob, 0 where the label is -100
+            return types.SimpleNamespace(log_probs=per_token * mask[:, 1:], entropy=zeros, mean_logits=zeros,
+                                         is_top1=zeros.bool())
+    trainer = types.SimpleNamespace(
+        model=Model(), accelerator=Accelerator(), aux_loss_enabled=False, ld_alpha=None, precompute_ref_logps=True,
+        f_divergence_type="reverse_kl", loss_types=[given["loss_type"]], loss_weights=[1.0], beta=given["beta"],
+        use_weighting=False, label_smoothing=0.0, _total_train_tokens=0, _tp_size=1,
+        _metrics=collections.defaultdict(lambda: collections.defaultdict(list)))
+    inputs = {"input_ids": torch.zeros_like(mask), "attention_mask": torch.ones_like(mask), "completion_mask": mask,
+              "ref_chosen_logps": torch.tensor(given["ref"][0], dtype=torch.float64),
+              "ref_rejected_logps": torch.tensor(given["ref"][1], dtype=torch.float64)}
+    loss = DPOTrainer._compute_loss(trainer, trainer.model, inputs, False)
+    return {"loss": loss.item(), **{k: v[-1] for k, v in trainer._metrics["train"].items()}}
+
+print(json.dumps([trl_loss(given) for given in json.loads(sys.argv[2])]))
+"""
+
+
+def trl_packages():
+    """Where TRL is importable from: this environment, else the folder TRL_PACKAGES names (`pip install --target DIR
+    trl datasets`, kept out of the environment); None where neither holds it."""
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is not None:
+        return ""
+    folder = os.environ.get("TRL_PACKAGES", "")
+    return folder if folder and (Path(folder) / "trl").is_dir() else None
+
+
+@pytest.mark.slow  # TRL's import alone takes about 20 s
+def test_the_loss_and_reward_metrics_equal_trls_dpo_trainer_on_the_same_log_probs():
+    """TRL's `DPOTrainer._compute_loss` (its sigmoid and IPO losses and the rewards/* it logs), run in a process of
+    its own with its fused head's per-token log-probs given, against ours from the same log-probs summed."""
+    folder = trl_packages()
+    if folder is None:
+        pytest.skip("TRL is not installed: pip install --target DIR trl datasets, then TRL_PACKAGES=DIR")
+    generator = torch.Generator().manual_seed(0)
+    per_token = -torch.rand(6, 7, generator=generator, dtype=torch.float64) * 3  # (2B, T-1): 3 pairs
+    mask = torch.zeros(6, 8, dtype=torch.int64)
+    for row, (start, stop) in enumerate([(2, 8), (3, 6), (1, 5), (2, 7), (3, 8), (1, 3)]):
+        mask[row, start:stop] = 1  # the response's tokens; the prompt before, padding after
+    ref = (-torch.rand(2, 3, generator=generator, dtype=torch.float64) * 10).tolist()
+    cases = [{"per_token": per_token.tolist(), "mask": mask.tolist(), "ref": ref, "beta": 0.2, "loss_type": loss_type}
+             for loss_type in ("sigmoid", "ipo")]
+    done = subprocess.run([sys.executable, "-c", TRL_SCRIPT, folder, json.dumps(cases)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    policy = (per_token * mask[:, 1:]).sum(dim=1)  # (2B,) summed over the response
+    tokens = mask.sum(dim=1)
+    for case, trl in zip(cases, json.loads(done.stdout.strip().splitlines()[-1]), strict=True):
+        ours = preference_loss(policy[:3], policy[3:], torch.tensor(ref[0], dtype=torch.float64),
+                               torch.tensor(ref[1], dtype=torch.float64), beta=0.2, loss_type=case["loss_type"],
+                               chosen_tokens=tokens[:3], rejected_tokens=tokens[3:])
+        assert ours.losses.mean().item() == pytest.approx(trl["loss"], rel=1e-9), case["loss_type"]
+        for name, value in reward_metrics(ours).items():
+            assert value == pytest.approx(trl[name], rel=1e-6, abs=1e-12), name
+
+
+def test_the_log_probs_are_the_responses_alone_whatever_the_prompt_and_the_padding():
+    """Each row's sum is log p(response | prompt) as the model gives it on that sequence alone: a sum that took in
+    the prompt's tokens, or the padding's, would differ."""
+    model, tokenizer = tiny_model(), char_tokenizer()
+    pairs = [PreferencePair("p line 1", "The sky is", " blue.", " a very green colour."),
+             PreferencePair("p line 2", "Hi", " there!", " no.")]
+    data = preference_rows(pairs, template=DEFAULT_FORMAT, tokenizer=tokenizer, seq_len=64, batch_size=2)
+    batch = data.collate([0, 1])
+    found = batch_logprobs(model, batch)  # (4,) chosen rows first
+    rows = {}
+    with torch.no_grad():
+        for pair in pairs:
+            for name in ("chosen", "rejected"):
+                prompt, response = tokenizer.encode(pair.prompt), tokenizer.encode(getattr(pair, name))
+                response = response + [tokenizer.eos_id]
+                ids = torch.tensor([prompt + response])
+                logp = F.log_softmax(model(ids).logits[0, :-1].double(), dim=-1)  # (T-1, V): predicts ids[1:]
+                targets = ids[0, 1:]
+                picked = logp[torch.arange(len(targets)), targets]
+                rows[(pair.where, name)] = (picked[len(prompt) - 1 :].sum().item(), picked.sum().item())
+    order = [p.where for p in pairs]
+    expected = [rows[(w, "chosen")][0] for w in order] + [rows[(w, "rejected")][0] for w in order]
+    with_prompt = [rows[(w, "chosen")][1] for w in order] + [rows[(w, "rejected")][1] for w in order]
+    torch.testing.assert_close(found.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(found.double(), torch.tensor(with_prompt, dtype=torch.float64), atol=1e-2)
+    assert (batch.labels[:, : len("Hi") - 1] == -100).all()  # no prompt position is a target
+
+
+def test_a_chat_pair_renders_with_the_template_and_its_responses_are_the_replies_alone():
+    tokenizer = char_tokenizer()
+    prompt = [{"role": "user", "content": "Hi"}]
+    pair = PreferencePair("p line 1", prompt, [{"role": "assistant", "content": "Hello."}],
+                          [{"role": "assistant", "content": "Go."}])
+    tokens = tokenize_pair(pair, template=DEFAULT_FORMAT, tokenizer=tokenizer)
+    for reply, ids in (("Hello.", tokens.chosen), ("Go.", tokens.rejected)):
+        whole, trained = DEFAULT_FORMAT.conversation_ids(tokenizer, [*prompt, {"role": "assistant", "content": reply}])
+        assert tokens.prompt + ids == whole
+        assert ids == [t for t, mine in zip(whole, trained, strict=True) if mine]  # the reply and EOS, as chat trains
+    assert tokenizer.decode(tokens.prompt) == DEFAULT_FORMAT.render(prompt)
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ('{"prompt": "a", "chosen": "b"}', r"line 2: has the keys \['chosen', 'prompt'\] but not rejected"),
+    ('{"chosen": "b", "rejected": "c"}', r"line 2: has no \"prompt\".*implicit prompt"),
+    ('{"prompt": "a", "chosen": "b", "rejected": "b"}', "line 2: .*the same response.*drop the line"),
+    ('{"prompt": "a", "chosen": [{"role": "assistant", "content": "b"}], "rejected": "c"}', "line 2: mixes kinds"),
+    ('{"prompt": [{"role": "user", "content": "a"}], "chosen": [{"role": "user", "content": "b"}], '
+     '"rejected": [{"role": "assistant", "content": "c"}]}', r'line 2: "chosen" must hold one assistant message'),
+    ('{"prompt": "a", "chosen": "b",', "line 2 is not JSON"),
+    ("[1, 2]", "line 2: holds a JSON list; write an object"),
+])
+def test_a_bad_preference_line_is_named_with_its_number_and_the_fix(tmp_path, line, said):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=said):
+        read_pairs(path)
+
+
+def test_options_out_of_range_are_refused_naming_the_field():
+    with pytest.raises(ConfigError, match="beta=0"):
+        DPOOptions(beta=0)
+    with pytest.raises(ConfigError, match="smoothing=0.5 must lie in"):
+        DPOOptions(smoothing=0.5)
+    with pytest.raises(ConfigError, match="smoothing applies to the sigmoid loss"):
+        DPOOptions(smoothing=0.1, loss_type="ipo")
+
+
+def test_the_reference_is_the_frozen_start_and_with_lora_the_policy_with_its_adapters_off():
+    from attnkit.train.lora import apply_lora
+
+    tokenizer, start = char_tokenizer(), tiny_model(seed=1)
+    pairs = [PreferencePair("p line 1", "The sky is", " blue.", " green.")]
+    batch = next(preference_rows(pairs, template=DEFAULT_FORMAT, tokenizer=tokenizer, seq_len=64,
+                                 batch_size=1).eval_batches())
+    expected = batch_logprobs(start, batch)
+    full = tiny_model(seed=1)
+    reference = Reference(lambda: tiny_model(seed=1))
+    before = reference.logprobs(full, batch)
+    with torch.no_grad():
+        for p in full.parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # the policy moves
+    assert not torch.allclose(batch_logprobs(full, batch), expected)
+    torch.testing.assert_close(reference.logprobs(full, batch), before)
+    torch.testing.assert_close(before, expected)
+
+    adapted = tiny_model(seed=1)
+    apply_lora(adapted, targets=("q_proj", "v_proj"), rank=2, alpha=4.0)
+    with torch.no_grad():
+        for tensor in adapter_tensors(adapted).values():
+            tensor.add_(torch.randn_like(tensor) * 0.5)  # the adapters move the policy away from the base
+    assert not torch.allclose(batch_logprobs(adapted, batch), expected)
+    no_copy = Reference(None)  # with adapters, nothing is loaded
+    torch.testing.assert_close(no_copy.logprobs(adapted, batch), expected)
+    assert no_copy.model is None
+    assert not torch.allclose(batch_logprobs(adapted, batch), expected)  # the adapters are back on
