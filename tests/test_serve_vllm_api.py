@@ -100,6 +100,23 @@ def test_each_refused_sampling_value_is_a_400_naming_it(client, field, value):
     assert refused.value.body["param"] == field and field in refused.value.body["message"]
 
 
+@pytest.mark.parametrize("stop", ["x" * 1001, ["ab", "y" * 5000]], ids=["one", "in-a-list"])
+def test_a_stop_string_longer_than_the_server_takes_is_a_400_naming_stop(server, stop):
+    """A stop string holds back that much of a stream's text (it might be the stop's start) and a longer one than
+    any reply could hold is never met: one of more than 1,000 characters is refused, naming the field and the limit."""
+    answer = post(server, "/v1/completions", {"prompt": "ab", "max_tokens": 2, "stop": stop})
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["param"] == "stop" and "1000" in error["message"], error
+
+
+def test_a_chats_max_completion_tokens_beyond_the_context_is_refused_by_its_own_name(server):
+    answer = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}],
+                                                   "max_completion_tokens": 10**9})
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["param"] == "max_completion_tokens", error
+    assert error["message"].startswith("max_completion_tokens=1000000000 is more than")
+
+
 # Streaming usage ------------------------------------------------------------------------------------------------------
 def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk_and_stream_options_need_a_stream(server, client):
     """vLLM's stream_options.continuous_usage_stats was refused as a field this server does not take: with

@@ -32,13 +32,15 @@ class Generation:
 
     def __init__(self, pipeline: Pipeline, prompt: str | list[int], body: Sampling, index: int, *,
                  loop: asyncio.AbstractEventLoop, stops: tuple[str, ...], max_tokens: int | None,
-                 settings: ServeSettings, chat: bool, end_ids: frozenset[int] = frozenset(),
-                 logprobs: int | None = None, echo: bool = False, structured: Structured | None = None) -> None:
-        """loop: the event loop the events go to; end_ids: tokens that end a choice as EOS does (a chat template's
-        end of turn, `ChatTemplate.turn_end_ids`; not with ignore_eos); logprobs: the alternatives reported per token
-        (None: no log-probabilities); echo: the prompt's text comes before each choice's; structured: the grammar
-        each choice is held to, and how its reply is read. Raises APIError 400 naming the field of a prompt or value
-        refused."""
+                 limit_field: str = "max_tokens", settings: ServeSettings, chat: bool,
+                 end_ids: frozenset[int] = frozenset(), logprobs: int | None = None, echo: bool = False,
+                 structured: Structured | None = None) -> None:
+        """loop: the event loop the events go to; limit_field: the field max_tokens came from (a chat's
+        max_completion_tokens), named where it is refused; end_ids: tokens that end a choice as EOS does (a chat
+        template's end of turn, `ChatTemplate.turn_end_ids`; not with ignore_eos); logprobs: the alternatives
+        reported per token (None: no log-probabilities); echo: the prompt's text comes before each choice's;
+        structured: the grammar each choice is held to, and how its reply is read. Raises APIError 400 naming the
+        field of a prompt or value refused."""
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.index = index
@@ -52,9 +54,9 @@ class Generation:
         if max_tokens is None:
             max_tokens = room
         if max_tokens > room:
-            raise APIError(400, f"max_tokens={max_tokens} is more than this request may generate: at most {room} "
+            raise APIError(400, f"{limit_field}={max_tokens} is more than this request may generate: at most {room} "
                            f"(the server's limit is {settings.max_tokens}; the prompt has {len(ids)} tokens of the "
-                           f"context's {context})", param="max_tokens",
+                           f"context's {context})", param=limit_field,
                            code=TOO_LONG if room < settings.max_tokens else None)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
         if "" in stop:
@@ -70,7 +72,7 @@ class Generation:
             raise APIError(400, str(error), param=error.field) from None
         stop_ids = _stop_ids(pipeline, body, end_ids)
         try:
-            check_min_new_tokens(body.min_tokens, max_tokens, names=("min_tokens", "max_tokens"))
+            check_min_new_tokens(body.min_tokens, max_tokens, names=("min_tokens", limit_field))
         except InputError as error:
             raise APIError(400, str(error), param="min_tokens") from None
         self.prompt_ids = ids

@@ -23,6 +23,9 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 MAX_STOPS = 4  # as OpenAI
+# A stop string's characters at most: a stream holds back as much of its text (it may be a stop's start), and one
+# longer than any reply could hold is never met
+MAX_STOP_CHARS = 1000
 MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's chat limit; vLLM's default max_logprobs)
 
 _OFF = (None, False)
@@ -116,7 +119,10 @@ class Sampling(Body):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     # not in OpenAI's API; as vLLM and llama.cpp take it: 0 and -1 keep every token (read as None)
     top_k: Annotated[int, Field(ge=-1), AfterValidator(lambda k: k if k >= 1 else None)] | None = None
-    stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOPS)] | None = None
+    stop: (Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+           | Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]],
+                       Field(max_length=MAX_STOPS)]
+           | None) = None
     seed: int | None = None
     n: Annotated[int, Field(ge=1, le=128)] = 1
     stream: bool = False

@@ -48,15 +48,16 @@ def router(state: ServerState) -> APIRouter:
             raise APIError(400, "top_logprobs needs logprobs: true as well", param="top_logprobs")
         structured, prompt = await run_in_threadpool(_chat_prompt, pipeline.chat_template, pipeline.tokenizer,
                                                       pipeline.config.max_seq_len, body)
-        limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        newer = body.max_completion_tokens is not None  # OpenAI's newer name, read first
+        limit = body.max_completion_tokens if newer else body.max_tokens
         return await generate(request, body, [prompt], "chat.completion", stops=pipeline.chat_template.stops,
-                              end_ids=state.chat_end_ids,
-                              max_tokens=limit, logprobs=(body.top_logprobs or 0) if body.logprobs else None,
-                              structured=structured)
+                              end_ids=state.chat_end_ids, max_tokens=limit,
+                              limit_field="max_completion_tokens" if newer else "max_tokens",
+                              logprobs=(body.top_logprobs or 0) if body.logprobs else None, structured=structured)
 
     async def generate(request: Request, body: Sampling, prompts: list[str] | list[list[int]], kind: str, *,
-                       stops: tuple[str, ...], max_tokens: int | None, end_ids: frozenset[int] = frozenset(),
-                       logprobs: int | None = None,
+                       stops: tuple[str, ...], max_tokens: int | None, limit_field: str = "max_tokens",
+                       end_ids: frozenset[int] = frozenset(), logprobs: int | None = None,
                        echo: bool = False, structured: Structured | None = None):
         scheduler = state.scheduler
         if scheduler is None:
@@ -71,7 +72,7 @@ def router(state: ServerState) -> APIRouter:
         loop = asyncio.get_running_loop()
         jobs = await run_in_threadpool(lambda: [
             Generation(pipeline, p, body, index, loop=loop, stops=stops, end_ids=end_ids, max_tokens=max_tokens,
-                       settings=settings,
+                       limit_field=limit_field, settings=settings,
                        chat=kind == "chat.completion", logprobs=logprobs, echo=echo, structured=structured)
             for index, p in enumerate(prompts)])
         if echo and logprobs is not None:  # the prompt's own tokens, scored by one forward pass each
