@@ -2,7 +2,8 @@
 tasks and for one a user registers from outside the package.
 
     task       families                          head                  pipeline method   module
-    lm         decoder, recurrent-lm, conv-lm    -                     generate          lm.py
+    lm         decoder, recurrent-lm, conv-lm,   -                     generate          lm.py
+               feedforward-lm
     mlm        encoder                           encoder_head=mlm      fill_mask         lm.py
     translate  encoder-decoder, recurrent-seq2seq -                    translate         translate.py
     classify   encoder                           encoder_head=classify classify          classify.py
