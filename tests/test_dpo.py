@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from attnkit.tasks.dpo import (
     tokenize_pair,
 )
 from attnkit.tokenize import CharTokenizer
+from attnkit.train import TrainRequest, prepare
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:!?<>\n"
 TINY = ["d_model=32", "n_layers=2", "n_heads=2", "d_ff=64", "max_seq_len=64"]
@@ -239,3 +241,124 @@ def test_the_reference_is_the_frozen_start_and_with_lora_the_policy_with_its_ada
     torch.testing.assert_close(no_copy.logprobs(adapted, batch), expected)
     assert no_copy.model is None
     assert not torch.allclose(batch_logprobs(adapted, batch), expected)  # the adapters are back on
+
+
+# A short run whose answer is known ---------------------------------------------------------------------------------
+def stdlib_lines(count):
+    """Lines of real text: the Python standard library's own source (the built-in training data)."""
+    found = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:12]:
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            line = line.strip()
+            if len(line) >= 30 and sum(c.islower() for c in line[14:26]) >= 6:
+                found.append(line)
+    return found[:: max(1, len(found) // count)][:count]
+
+
+def shouted(line):
+    """A pair that prefers the continuation in capitals (the style) to the same words in lower case."""
+    return {"prompt": line[:14], "chosen": line[14:26].upper(), "rejected": line[14:26].lower()}
+
+
+def capitals(texts):
+    """The share of the letters of `texts` that are capitals."""
+    letters = [c for text in texts for c in text if c.isalpha()]
+    return sum(c.isupper() for c in letters) / max(1, len(letters))
+
+
+@pytest.fixture(scope="module")
+def style(tmp_path_factory):
+    """A tiny model pretrained on standard-library files, and pairs of their lines' continuations that prefer
+    capitals: 160 to train on, 32 held out."""
+    folder = tmp_path_factory.mktemp("dpo")
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:12]
+    base = folder / "base"
+    prepare(TrainRequest(out=str(base), overrides=TINY, progress=False,
+                         data={"data": tuple(map(str, files)), "tokenizer": "char"},
+                         settings=dict(max_steps=60, batch_size=16, lr=3e-3, warmup=5, eval_every=60, seed=0))).fit()
+    lines = stdlib_lines(192)
+    for name, part in (("train.jsonl", lines[:160]), ("val.jsonl", lines[160:])):
+        (folder / name).write_text("".join(json.dumps(shouted(line)) + "\n" for line in part), encoding="utf-8")
+    return folder
+
+
+def prefers_capitals(run, folder):
+    """The share of held-out pairs whose capitals the model of `run` finds likelier than the lower case."""
+    from attnkit.checkpoint import load_model
+    from attnkit.tokenize import load_tokenizer
+
+    pairs = read_pairs(folder / "val.jsonl")
+    data = preference_rows(pairs, template=DEFAULT_FORMAT, tokenizer=load_tokenizer(run / "tokenizer"), seq_len=64,
+                           batch_size=len(pairs))
+    with torch.no_grad():
+        chosen, rejected = batch_logprobs(load_model(run)[0].eval(), next(data.eval_batches())).chunk(2)
+    return (chosen > rejected).float().mean().item()
+
+
+def dpo_args(folder, out, *more):
+    return ["train", "--task", "dpo", "--init-from", str(folder / "base"), "--data", str(folder / "train.jsonl"),
+            "--val-data", str(folder / "val.jsonl"), "--out", str(out), "--batch-size", "8", "--lr", "3e-3",
+            "--warmup", "2", "--seed", "0", "--no-progress", *more]
+
+
+def last_evaluation(run):
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "val_loss" in r][-1]
+
+
+def test_a_short_dpo_run_prefers_the_chosen_style_on_held_out_pairs_and_writes_in_it(style, tmp_path, capsys):
+    from attnkit import cli, load
+
+    run = tmp_path / "dpo"
+    assert cli.main(dpo_args(style, run, "--max-steps", "30", "--eval-every", "15", "--beta", "0.1")) == 0
+    first, last = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "val_loss" in r]
+    assert last["rewards/accuracies"] >= 0.9 and last["rewards/margins"] > first["rewards/margins"] > 0
+    assert last["rewards/chosen"] > last["rewards/rejected"]
+    assert prefers_capitals(style / "base", style) < 0.5 < 0.9 <= prefers_capitals(run, style)
+    capsys.readouterr()
+    assert cli.main(["eval", str(run), "--data", str(style / "val.jsonl"), "--no-progress"]) == 0
+    scored = json.loads((run / "eval" / "eval.json").read_text())["rows"][0]
+    for name in ("val_loss", "rewards/accuracies", "rewards/margins"):  # against the same frozen reference
+        assert scored[name] == pytest.approx(last[name], rel=1e-4, abs=1e-6), name
+    prompts = [json.loads(line)["prompt"] for line in (style / "val.jsonl").read_text().splitlines()][:12]
+    before = [load(style / "base").generate(p, max_new_tokens=12, temperature=0.0)[0] for p in prompts]
+    after = [load(run).generate(p, max_new_tokens=12, temperature=0.0)[0] for p in prompts]
+    assert capitals(before) < 0.3 < 0.7 < capitals(after)
+
+
+def test_lora_dpo_trains_the_adapters_alone_and_eval_reads_the_base_as_its_reference(style, tmp_path):
+    from attnkit import cli
+    from attnkit.checkpoint import ADAPTERS_FILE
+
+    run = tmp_path / "lora"
+    assert cli.main(dpo_args(style, run, "--max-steps", "20", "--eval-every", "20", "--lora-rank", "4",
+                             "--lora-targets", "q_proj,v_proj,o_proj", "--lr", "1e-2")) == 0
+    assert (run / ADAPTERS_FILE).is_file()
+    last = last_evaluation(run)
+    assert last["rewards/accuracies"] >= 0.8
+    assert cli.main(["eval", str(run), "--data", str(style / "val.jsonl"), "--no-progress"]) == 0
+    scored = json.loads((run / "eval" / "eval.json").read_text())["rows"][0]
+    assert scored["rewards/margins"] == pytest.approx(last["rewards/margins"], rel=1e-4)
+
+
+def test_a_resumed_dpo_run_ends_bit_for_bit_where_a_straight_one_does(style, tmp_path):
+    """The resumed run measures against the weights it started from, not the checkpoint it resumes."""
+    from attnkit import cli
+    from attnkit.checkpoint import load_model
+
+    straight, halves = tmp_path / "straight", tmp_path / "halves"
+    # the first 3 steps within the warmup: their learning rates do not depend on --max-steps
+    assert cli.main(dpo_args(style, straight, "--max-steps", "6", "--eval-every", "3", "--warmup", "5")) == 0
+    assert cli.main(dpo_args(style, halves, "--max-steps", "3", "--eval-every", "3", "--warmup", "5")) == 0
+    assert cli.main(["train", "--out", str(halves), "--resume", "--max-steps", "6", "--no-progress"]) == 0
+    for (name, a), (_, b) in zip(load_model(straight)[0].state_dict().items(),
+                                 load_model(halves)[0].state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert last_evaluation(straight)["rewards/margins"] == last_evaluation(halves)["rewards/margins"]
+
+
+def test_dpo_without_a_model_to_start_from_is_refused_naming_init_from(style, tmp_path, capsys):
+    from attnkit import cli
+
+    code = cli.main(["train", "--task", "dpo", "--data", str(style / "train.jsonl"), "--out", str(tmp_path / "x"),
+                     "--no-progress"])
+    assert code != 0 and "give --init-from RUN_DIR" in capsys.readouterr().err
