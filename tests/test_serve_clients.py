@@ -1,6 +1,7 @@
 """Clients that misbehave on the wire: one that leaves while its body is still arriving is counted as gone (499),
 not as the server's failure (500 with a traceback in the log); one that sends its body too slowly is answered 408
-within the server's timeout instead of holding a connection open for as long as it likes."""
+within the server's timeout instead of holding a connection open for as long as it likes; one that leaves a stream
+midway frees its rows."""
 
 from __future__ import annotations
 
@@ -116,3 +117,23 @@ def test_a_query_parameter_of_the_wrong_type_is_answered_in_the_apis_error_shape
     assert reply.status_code == 422
     error = reply.json()["error"]
     assert error["param"] == "since" and "since" in error["message"] and "integer" in error["message"]
+
+
+def test_a_streaming_client_that_leaves_mid_stream_frees_its_rows(tmp_path):
+    """A client that reads a few chunks of a stream of two choices and closes the connection: its rows leave the
+    batch ("cancelled") long before its 900 tokens a choice were written, and the server answers the next request."""
+    run = tiny_run(tmp_path, max_seq_len=1024)
+    body = {"prompt": "ab", "max_tokens": 900, "n": 2, "stream": True, "ignore_eos": True}
+    with running_server(run, timeout=60, max_tokens=1000) as (url, app):
+        scheduler = app.state.scheduler
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as raw:
+            assert raw.status_code == 200
+            lines = raw.iter_lines()
+            assert sum(next(lines).startswith("data: {") for _ in range(4)) >= 2
+        deadline = time.monotonic() + 30
+        while scheduler.running_rows and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert scheduler.running_rows == 0 and scheduler.tokens < 2 * 900
+        answer = httpx.post(f"{url}/v1/completions", json={"prompt": "ab", "max_tokens": 3, "ignore_eos": True},
+                            timeout=30)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
