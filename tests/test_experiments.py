@@ -129,6 +129,17 @@ def score_functions(rows: list[dict]) -> None:
     assert parameters["dot"] < parameters["additive"]
 
 
+def sequence_models(rows: list[dict]) -> None:
+    """Recurrence, convolution and attention at about one size (within 5%); the convolution alone has a receptive
+    field, and the tokens past it change its loss by nothing."""
+    sizes = {row["model"]: row["parameters"] for row in rows}
+    assert set(sizes) == {"LSTM", "convolution", "attention"}
+    assert all(abs(size / sizes["attention"] - 1) < 0.05 for size in sizes.values())
+    (conv,) = [row for row in rows if row["receptive field"] is not None]
+    gain = next(value for column, value in conv.items() if column.startswith("gain from tokens past R"))
+    assert conv["model"] == "convolution" and abs(gain) < 1e-5
+
+
 def transformer_plus_plus(rows: list[dict]) -> None:
     """The two families compare at the same size: parameters and training FLOPs within 10% of each other."""
     families = {row["model"]: row for row in rows if row["seed"] == 0 and not row["model"].startswith("Vaswani +")}
@@ -142,7 +153,7 @@ IMPLIED = {"ab-task": ab_task, "bottleneck": bottleneck, "gqa-memory": gqa_memor
            "norm-placement": norm_placement, "position-extrapolation": position_extrapolation,
            "referent-head": referent_head,
            "rnn-vs-transformer-cost": rnn_vs_transformer_cost,
-           "scaled-dot": scaled_dot, "score-functions": score_functions,
+           "scaled-dot": scaled_dot, "score-functions": score_functions, "sequence-models": sequence_models,
            "transformer-plus-plus": transformer_plus_plus}
 
 

@@ -19,6 +19,7 @@ from attnkit.experiments import (  # noqa: F401  (each module registers itself)
     rnn_transformer_cost,
     scaled_dot,
     score_functions,
+    sequence_models,
     transformer_plus_plus,
 )
 from attnkit.experiments.base import BUDGETS, REGISTRY, Result, Stored, get, replot, run_experiment
