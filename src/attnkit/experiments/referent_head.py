@@ -57,7 +57,7 @@ WORDS = tuple(sorted({w for t in TEMPLATES for w in t.split() if not w.startswit
 ID = {word: i for i, word in enumerate(WORDS)}
 HELD_OUT_EVERY = 4  # a (referent, adjective) pairing is held out where (noun index + adjective index) % 4 == 0
 WIDTH, HEADS, WINDOW = 32, 4, 3
-STEPS = {"tiny": 15, "small": 600, "full": 1500}
+STEPS = {"tiny": 15, "small": 400, "full": 1500}
 BATCH, SCORED = 64, 400  # training sentences a step; sentences the heads are chosen on, and scored on
 ARMS = {  # name: (the adjective decides the referent, first layer windowed)
     "adjective decides": (True, True),
@@ -98,20 +98,20 @@ def sentences(n: int, generator: torch.Generator, *, held: bool, signal: bool = 
     """`n` sentences of the held-out pairings (`held`) or of the trained ones. `signal`: "it" names the noun the
     adjective describes; False: one of the two nouns drawn at random, whatever the adjective (the control)."""
     ids, referents, others = [], [], []
+    sizes = (len(AGENTS), len(PLACES), 2, len(AGENT_ADJECTIVES), len(TEMPLATES), 2)
     while len(ids) < n:
-        agent, place, kind, adjective, template, coin = (
-            int(torch.randint(k, (), generator=generator))
-            for k in (len(AGENTS), len(PLACES), 2, len(AGENT_ADJECTIVES), len(TEMPLATES), 2))
-        noun = agent if kind == 0 else place
-        if held_out(noun, adjective) != held:
-            continue
-        words = (AGENT_ADJECTIVES if kind == 0 else PLACE_ADJECTIVES)[adjective]
-        row, referent, other = sentence(AGENTS[agent], PLACES[place], words, template)
-        if not signal and coin:
-            referent, other = other, referent
-        ids.append(row)
-        referents.append(referent)
-        others.append(other)
+        draws = torch.stack([torch.randint(k, (2 * n,), generator=generator) for k in sizes], dim=1)  # (2n, 6)
+        for agent, place, kind, adjective, template, coin in draws.tolist():
+            noun = agent if kind == 0 else place
+            if len(ids) == n or held_out(noun, adjective) != held:
+                continue
+            words = (AGENT_ADJECTIVES if kind == 0 else PLACE_ADJECTIVES)[adjective]
+            row, referent, other = sentence(AGENTS[agent], PLACES[place], words, template)
+            if not signal and coin:
+                referent, other = other, referent
+            ids.append(row)
+            referents.append(referent)
+            others.append(other)
     ids_t = torch.tensor(ids)  # (N, T)
     labels = torch.full_like(ids_t, -100)
     rows = torch.arange(n)
