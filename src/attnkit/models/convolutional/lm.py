@@ -21,14 +21,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from attnkit.deprecation import renamed_keywords
 from attnkit.layers.embedding import check_token_ids
 from attnkit.layers.output_loss import LossPath
 from attnkit.models.convolutional.gated import GatedConvBlock
-from attnkit.models.decoder import lm_logits_and_loss
-from attnkit.models.output import ModelOutput
 from attnkit.models.recurrent.lm import init_embedding
 from attnkit.models.recurrent.rnn import check_mask
+from attnkit.models.stateful_lm import StatefulLM
 
 
 class ConvState:
@@ -49,8 +47,8 @@ class ConvState:
             self.ids, self.mask = self.ids.index_select(0, index), self.mask.index_select(0, index)
 
 
-class ConvLM(nn.Module):
-    """Predicts each next token from the `receptive_field` tokens up to it."""
+class ConvLM(StatefulLM):
+    """Predicts each next token from the `receptive_field` tokens up to it (its forward: `StatefulLM`'s)."""
 
     def __init__(
         self,
@@ -76,33 +74,6 @@ class ConvLM(nn.Module):
         self.receptive_field = 1 + (kernel_size - 1) * sum(dilations)
         self.label_smoothing = label_smoothing
         self.loss_path = LossPath()  # without logits: how the loss is computed (the training plan's choice)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.embedding.num_embeddings
-
-    @renamed_keywords(targets="labels")
-    def forward(
-        self,
-        input_ids: Tensor,
-        *,
-        attention_mask: Tensor | None = None,
-        position_ids: Tensor | None = None,
-        labels: Tensor | None = None,
-        cache: ConvState | None = None,
-        return_logits: bool = True,
-    ) -> ModelOutput:
-        """input_ids (B, T) -> logits (B, T, V).
-
-        attention_mask, position_ids, cache: as `stack` takes them.
-        labels: (B, T) next-token ids (labels[:, t] follows input_ids[:, t]); -100 where no loss is wanted.
-        return_logits: with labels, False computes the loss chunk by chunk without the (B, T, V) logits.
-        Raises InputError for ids outside the vocabulary or a malformed mask.
-        """
-        hidden, _ = self.stack(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache)
-        logits, loss = lm_logits_and_loss(self.lm_head, hidden, labels, self.label_smoothing, return_logits,
-                                          self.loss_path)
-        return ModelOutput(logits=logits, loss=loss, cache=cache)
 
     def stack(
         self,
