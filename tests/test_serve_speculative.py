@@ -147,6 +147,41 @@ def test_sampled_rows_follow_the_targets_distribution_beside_greedy_rows():
     assert chisquare(counts, exact / exact.sum() * counts.sum()).pvalue > 1e-3
 
 
+def test_sampled_rows_that_keep_different_drafts_follow_the_targets_distribution_over_three_tokens():
+    """Rows of single-choice sampled requests in one batch keep different numbers of drafts in a round: the first
+    three tokens of each (the prefill's, then a round of two drafts) are drawn as the target alone draws them."""
+    from scipy.stats import chisquare
+
+    vocab = 5
+    target = tiny_model(position="rope", vocab_size=vocab, seed=3)[0]
+    draft = tiny_model(position="rope", vocab_size=vocab, seed=4, n_layers=1)[0]
+    scheduler, speculative = schedulers(target, draft, draft_tokens=2, max_rows=48)
+    prompt, sampling = [1, 4, 2], SamplingConfig(temperature=0.8)
+
+    def probs(prefixes: list[list[int]]) -> torch.Tensor:  # (N, V): the next token's distribution after each
+        return process_logits(target(torch.tensor(prefixes)).logits[:, -1], sampling).softmax(-1).double()
+
+    with torch.no_grad():  # the exact joint distribution of the first three new tokens, (V ** 3,)
+        first = probs([prompt])[0]
+        second = probs([prompt + [a] for a in range(vocab)])  # (V, V)
+        third = probs([prompt + [a, b] for a in range(vocab) for b in range(vocab)]).view(vocab, vocab, vocab)
+        exact = (first[:, None, None] * second[:, :, None] * third).flatten()
+    torch.manual_seed(0)  # unseeded rows draw from torch's generator
+    counts = torch.zeros(vocab ** 3, dtype=torch.float64)
+    for _ in range(20):
+        batch = [Recorded(prompt, 4, sampling=sampling) for _ in range(48)]  # a round of two drafts after the first
+        for recorded in batch:
+            scheduler.submit(recorded.job)
+        drain(scheduler)
+        for recorded in batch:
+            a, b, c = recorded.tokens[0][:3]
+            counts[(a * vocab + b) * vocab + c] += 1
+    stats = speculative.speculation
+    assert 0.05 < stats.acceptance_rate < 0.95 and scheduler.tokens == 0
+    seen = exact > 0
+    assert chisquare(counts[seen], exact[seen] / exact[seen].sum() * counts.sum()).pvalue > 1e-3
+
+
 def test_a_request_beyond_the_drafts_context_decodes_in_the_plain_rows(models):
     target, _ = models
     draft = tiny_model(max_seq_len=16, position="rope", seed=3, n_layers=1)[0]
