@@ -305,6 +305,9 @@ def check_output(path: str | Path, *, directory: bool, overwrite: bool = False, 
                          "directory")
     if not directory and path.is_dir():
         raise InputError(f"{flag} {path} is a directory, where a file is to be written; give a file name")
+    if directory and path.is_symlink() and not overwrite:  # the output replaces the link, never fills its target
+        raise InputError(f"{flag} {path} is a link to {os.path.realpath(path)}; give that directory's own path, or "
+                         "add --overwrite to replace the link with the output")
     if directory and not any(path.iterdir()):
         return  # an empty directory: the rename takes its place
     if not overwrite:
@@ -320,8 +323,9 @@ def _sync(partial: Path) -> None:
 
 def _put_in_place(partial: Path, path: Path) -> None:
     """Rename `partial` to `path`. A file (or an empty directory) is replaced in one rename; a directory that holds
-    files is moved aside first, so a kill between the two renames leaves it for `clear_leftovers` to put back."""
-    if not path.is_dir() or not any(path.iterdir()):
+    files, or a link to a directory, is moved aside first, so a kill between the two renames leaves it for
+    `clear_leftovers` to put back."""
+    if not path.is_dir() or not (path.is_symlink() or any(path.iterdir())):  # a link is replaced, not renamed over
         os.replace(partial, path)
         return
     aside = _sibling(path, REPLACED)

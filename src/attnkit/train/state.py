@@ -216,9 +216,7 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
     model_files = (CONFIG_FILE, WEIGHTS_FILE, ADAPTERS_FILE)  # checked by load_run_model
     verify_files(path, [name for name in read_checksums(path) if name not in model_files])
     model.train()
-    state = read_json(path / TRAIN_STATE_FILE)
-    if state.get("format") != STATE_FORMAT:
-        raise CheckpointError(f"{path / TRAIN_STATE_FILE} has format {state.get('format')!r}; expected {STATE_FORMAT}")
+    state = checked_state(read_json(path / TRAIN_STATE_FILE), path / TRAIN_STATE_FILE)
     return Checkpoint(
         path=path,
         model=model,
@@ -229,6 +227,30 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
         train_state=state,
         optimizer=load_tensors(path / OPTIMIZER_FILE),
     )
+
+
+COUNTERS = ("step", "evaluated_step", "tokens_seen")  # train_state.json's counts, whole numbers from 0 up
+
+
+def checked_state(state: Any, path: Path) -> dict[str, Any]:
+    """train_state.json's contents, checked before a run continues from them: an object of this format whose counters
+    (`COUNTERS`; `step` at least) are whole numbers from 0 up and whose `elapsed` seconds a finite number from 0 up.
+    A file read unverified (no checksums.json) may have been edited or cut short; CheckpointError names the field and
+    the fix."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(state).__name__}, not the object a save writes; the file is "
+                              "damaged: resume from a checkpoint of the run (--resume RUN/checkpoints/step_N)")
+    if state.get("format") != STATE_FORMAT:
+        raise CheckpointError(f"{path} has format {state.get('format')!r}; expected {STATE_FORMAT}")
+    given = {key: state.get(key) for key in (*COUNTERS, "elapsed") if key in state or key == "step"}
+    bad = [f"{key}={value!r}" for key, value in given.items()
+           if isinstance(value, bool) or not isinstance(value, int if key in COUNTERS else (int, float))
+           or not 0 <= value < float("inf")]
+    if bad:
+        raise CheckpointError(f"{path} holds {', '.join(bad)}, where a save writes whole numbers of steps and tokens "
+                              "and seconds from 0 up; the file is damaged or was edited: resume from a checkpoint of "
+                              "the run (--resume RUN/checkpoints/step_N), or restore the file")
+    return state
 
 
 def resume_checkpoint(path: str | Path, *, device: torch.device | str | None = None) -> Checkpoint:

@@ -1,0 +1,61 @@
+"""Files a run reads back that were damaged, edited or left half-written, and outputs pointed at links: each is
+refused in one line naming the file and the fix, never resumed from as a wrong state, never met as a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from test_run_safety import request, small_synthetic_sets  # noqa: F401  (the fixture, used by every test here)
+
+from attnkit.checkpoint import CHECKSUMS_FILE
+from attnkit.errors import CheckpointError, InputError
+from attnkit.outputs import atomic_output
+from attnkit.train import prepare, state
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A two-step run, trained once for the module."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    prepare(request(out)).fit()
+    return out
+
+
+@pytest.mark.parametrize("field, value", [
+    ("step", -5), ("step", "x"), ("step", None), ("step", 1.5), ("step", True), ("tokens_seen", -1),
+    ("evaluated_step", "2"), ("elapsed", float("nan")), ("elapsed", -3.0)])
+def test_a_train_state_edited_outside_its_checksums_is_refused_by_field(finished, tmp_path, field, value):
+    run = shutil.copytree(finished, tmp_path / "run")
+    shutil.rmtree(run / "checkpoints")
+    shutil.rmtree(run / "best", ignore_errors=True)
+    (run / CHECKSUMS_FILE).unlink()  # unverified: the file's own contents are all that guard it
+    saved = json.loads((run / "train_state.json").read_text())
+    (run / "train_state.json").write_text(json.dumps({**saved, field: value}))
+    with pytest.raises(CheckpointError, match=rf"train_state.json holds {field}=.*whole numbers"):
+        state.resume_checkpoint(run, device="cpu")
+
+
+def test_a_train_state_that_is_not_an_object_is_refused(finished, tmp_path):
+    run = shutil.copytree(finished, tmp_path / "run")
+    shutil.rmtree(run / "checkpoints")
+    shutil.rmtree(run / "best", ignore_errors=True)
+    (run / CHECKSUMS_FILE).unlink()
+    (run / "train_state.json").write_text("[1]")
+    with pytest.raises(CheckpointError, match="holds a JSON list, not the object a save writes"):
+        state.resume_checkpoint(run, device="cpu")
+
+
+def test_an_output_directory_that_is_a_link_to_an_empty_directory_is_refused_and_the_target_untouched(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "out"
+    link.symlink_to(target)
+    with pytest.raises(InputError, match="out is a link to .*elsewhere"):
+        with atomic_output(link, directory=True, flag="--to-onnx") as partial:
+            (partial / "model.onnx").write_bytes(b"graph")
+    assert link.is_symlink() and not any(target.iterdir())
+    with atomic_output(link, directory=True, overwrite=True, flag="--to-onnx") as partial:  # replaces the link
+        (partial / "model.onnx").write_bytes(b"graph")
+    assert not link.is_symlink() and (link / "model.onnx").read_bytes() == b"graph" and not any(target.iterdir())
