@@ -71,6 +71,7 @@ GRADIENT_SHORTCUT = "A shortcut for the gradient"  # tutorial 5: the gradient re
 POST_NORM = "Post-norm: the original block (UvA's Add and Norm)"  # tutorial 6: post-norm beside its pre-norm
 RESIDUAL_NORM = "The residual connection and layer normalization, as the lectures write them"  # tutorial 6
 NGRAM = "Before neural networks: n-gram models, by counting"  # tutorial 6: the statistical baseline
+FEEDFORWARD_PAGE = "user-guide/recurrent.md#before-the-rnn-n-gram-and-feed-forward-language-models"
 CHAT_SFT = "Adapting for chat: the loss on the assistant's replies alone"  # tutorial 10
 
 LECTURES: tuple[Lecture, ...] = (
@@ -164,10 +165,11 @@ LECTURES: tuple[Lecture, ...] = (
               section="Train it with attnkit's trainer"),
     )),
     Lecture("002", "UT Austin CS 371N", "Lecture 10: LM 2: Self-attention, Transformers", "ut", (
-        Topic("Recap: language models, n-gram models, neural LMs (DANs, feed-forward, RNNs)", T06,
-              ("models.recurrent.lm",), page="user-guide/recurrent.md",
-              gap="deep-averaging and feed-forward language models are not implemented, and the n-gram model is "
-                  "a tutorial cell, not a module (recurrent and Transformer LMs are modules)", section=NGRAM),
+        Topic("Recap: language models, n-gram models, neural LMs (DANs, feed-forward, RNNs) (counted n-grams with "
+              "add-alpha or Kneser-Ney smoothing; Bengio et al.'s window and the deep averaging LM as a family: "
+              "`attnkit train --preset bengio-lm-tiny`, `--preset dan-lm-tiny`)", T06,
+              ("models.ngram:NGramLM", "models.feedforward.lm:FeedForwardLM", "models.recurrent.lm"),
+              page=FEEDFORWARD_PAGE, section=NGRAM),
         Topic("Why RNNs are good (long sequences) and bad (they forget over long strings)", T05,
               ("models.recurrent.lm",), "bottleneck", BOTTLENECK_PNG,
               gap="forgetting is measured for the encoder-decoder (the bottleneck), not for a recurrent LM alone",
@@ -194,9 +196,8 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("This is quadratic", None, ("layers.attention",), COST, COST_PNG),
     )),
     Lecture("003", "UC San Diego COGS 150", "The Transformer architecture (Sean Trott, Winter 2024)", "cogs", (
-        Topic("A taxonomy of language models: statistical learning", T06, ("models.recurrent.lm", "models.decoder"),
-              section=NGRAM, gap="the n-gram model is a cell of tutorial 6 (counted and add-alpha smoothed), not a "
-                                 "module of attnkit"),
+        Topic("A taxonomy of language models: statistical learning", T06,
+              ("models.ngram:NGramLM", "models.recurrent.lm", "models.decoder"), page=FEEDFORWARD_PAGE, section=NGRAM),
         Topic("RNNs' limitations: vanishing and exploding gradients; training hard to parallelize", T05,
               ("models.recurrent.rnn",), COST, COST_PNG, section=GRADIENT_SHORTCUT),
         Topic("Attention lets a model focus: predictions that depend on words far back (the program log, the "
