@@ -397,8 +397,9 @@ plt.show()
 # stuff is chat (instruction) fine-tuning, the supervised step of Ouyang et al. (2022): the decoder goes on
 # predicting the next token, now of conversations written in one fixed format, and the loss counts the assistant's
 # tokens alone, so that it learns to answer, not to write the user's questions. (The step after it, learning from
-# people's preferences between answers, attnkit does not implement.) A run with no chat template of its own writes
-# a conversation in attnkit's plain format,
+# people's preferences between answers, is `attnkit train --task dpo`: Direct Preference Optimization, which learns
+# from pairs of a preferred and a rejected reply without RLHF's reward model and PPO; see the user guide's
+# preference fine-tuning.) A run with no chat template of its own writes a conversation in attnkit's plain format,
 #
 #     User: face
 #     Assistant: FACE<eos>

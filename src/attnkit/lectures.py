@@ -248,9 +248,12 @@ LECTURES: tuple[Lecture, ...] = (
               page="recipes.md#multi30k-the-recurrent-baselines-against-the-transformer"),
         Topic("Under the hood, ChatGPT uses a Transformer (plus some other stuff): a pre-trained decoder fine-tuned "
               "on conversations to answer as an assistant (`attnkit train --task chat --data FILE`, then "
-              "`attnkit chat RUN`)", T10, ("tasks.chat", "data.chat", "chat_format"),
+              "`attnkit chat RUN`), then taught which of two replies people prefer (Direct Preference Optimization: "
+              "`attnkit train --task dpo --init-from RUN --data pairs.jsonl`)", T10,
+              ("tasks.chat", "data.chat", "chat_format", "tasks.dpo", "data.preferences"),
               page="user-guide/pretraining-finetuning.md#chat-fine-tuning", section=CHAT_SFT,
-              gap="the rest of ChatGPT's \"other stuff\" (learning from human preferences, RLHF) is not implemented"),
+              gap="RLHF proper (a reward model learnt from the preferences, then PPO against it) is not implemented: "
+                  "DPO learns from the same preference pairs without a reward model or reinforcement learning"),
         Topic("GPT: generative pre-trained Transformers; pre-training, then adapting", T10,
               ("models.decoder", "train.finetune"), page="user-guide/pretraining-finetuning.md",
               section="Generative pre-training when labels are few"),
