@@ -164,7 +164,8 @@ def patterns(model: nn.Module, ids: Tensor) -> Tensor:
 
 def measure(model: nn.Module, seed: int) -> dict:
     """The answer's accuracy on held-out pairings, and the top head (chosen on trained pairings) from "it" and from
-    the adjective, each with its referent accuracy on the held-out pairings."""
+    the adjective, each with its referent accuracy on the held-out pairings; the top head from "it" with its mean
+    weight on the referent there too (a head may pick the referent by looking away from the other noun)."""
     choose = sentences(SCORED, torch.Generator().manual_seed(2000 + seed), held=False)
     test = sentences(SCORED, torch.Generator().manual_seed(3000 + seed), held=True)
     chosen_on, scored_on = patterns(model, choose.ids), patterns(model, test.ids)  # (N, L, H, T, S)
@@ -173,9 +174,12 @@ def measure(model: nn.Module, seed: int) -> dict:
         at = torch.full((SCORED,), position)
         layer, head = divmod(int(referent_accuracy(chosen_on, at, choose.referent, choose.other).argmax()), HEADS)
         found[reader] = (layer, head, float(referent_accuracy(scored_on, at, test.referent, test.other)[layer, head]))
+    layer, head, _ = found["it"]
+    on_referent = scored_on[torch.arange(SCORED), layer, head, IT, test.referent]  # (N,)
     with torch.no_grad():
         named = model(test.ids).logits[:, IT].argmax(-1)  # (N,)
-    return {"answer": float((named == test.labels[:, IT]).float().mean()), "heads": found}
+    return {"answer": float((named == test.labels[:, IT]).float().mean()), "heads": found,
+            "weight": float(on_referent.mean())}
 
 
 @experiment(
@@ -199,10 +203,11 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
                 models[arm] = model
 
     def per_seed(arm: str, what: str) -> list[float]:
-        return [found[(arm, seed)]["answer"] if what == "answer" else found[(arm, seed)]["heads"][what][2]
+        return [found[(arm, seed)][what] if what in ("answer", "weight") else found[(arm, seed)]["heads"][what][2]
                 for seed in range(seeds)]
 
     columns = {"answer accuracy": "answer", "top head from 'it': referent accuracy": "it",
+               "top head from 'it': weight on the referent": "weight",
                "top head from the adjective: referent accuracy": "adjective"}
     rows, spread = [], []
     for arm in ARMS:
