@@ -7,6 +7,8 @@ from collections import Counter
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnkit.errors import ConfigError, InputError
 from attnkit.models.ngram import NGramLM
@@ -75,6 +77,18 @@ def test_perplexity_is_the_brute_force_one(n, smoothing):
             for t in range(n - 1, len(held))]
     torch.testing.assert_close(model.log_probs(HELD_OUT), torch.tensor(logs, dtype=torch.float64))
     assert model.perplexity(HELD_OUT) == pytest.approx(math.exp(-sum(logs) / len(logs)), rel=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=4, max_size=30), st.lists(st.integers(0, 3), min_size=3, max_size=3),
+       st.integers(1, 3), st.sampled_from(["add-alpha", "kneser-ney"]), st.floats(0.05, 2.0), st.floats(0.05, 0.95))
+def test_drawn_corpora_sum_to_one_and_equal_the_brute_force(train, context, n, smoothing, alpha, d):
+    model = NGramLM(n=n, vocab_size=4, smoothing=smoothing, alpha=alpha, discount=d).fit(train)
+    p = model.next_token_probs(context)
+    torch.testing.assert_close(p.sum(), torch.tensor(1.0, dtype=torch.float64))
+    brute = [brute_force_probability(train, n, 4, smoothing, alpha, d, context[len(context) - (n - 1):], w)
+             for w in range(4)]
+    torch.testing.assert_close(p, torch.tensor(brute, dtype=torch.float64))
 
 
 def test_sequences_are_counted_apart():
