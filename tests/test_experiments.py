@@ -82,6 +82,16 @@ def referent_head(rows: list[dict]) -> None:
     assert models["referent at random"]["answer accuracy"] < 0.6
 
 
+def rnn_forgets(rows: list[dict]) -> None:
+    """Three models of about the same size (within 10% of the Transformer's parameters), each scored at every
+    distance."""
+    sizes = {row["model"]: row["parameters"] for row in rows}
+    assert set(sizes) == {"LSTM", "RNN", "Transformer"}
+    assert all(abs(size / sizes["Transformer"] - 1) < 0.1 for size in sizes.values())
+    distances = {row["d"] for row in rows}
+    assert len(distances) >= 2 and len(rows) == 3 * len(distances)
+
+
 def rnn_vs_transformer_cost(rows: list[dict]) -> None:
     """The LSTM takes T sequential steps, the Transformer one per layer; what each keeps for backward grows with T,
     and the attention matrices would grow as T^2."""
@@ -151,7 +161,7 @@ def transformer_plus_plus(rows: list[dict]) -> None:
 IMPLIED = {"ab-task": ab_task, "bottleneck": bottleneck, "gqa-memory": gqa_memory,
            "heads-specialise": heads_specialise, "kernel-regression": kernel_regression,
            "norm-placement": norm_placement, "position-extrapolation": position_extrapolation,
-           "referent-head": referent_head,
+           "referent-head": referent_head, "rnn-forgets": rnn_forgets,
            "rnn-vs-transformer-cost": rnn_vs_transformer_cost,
            "scaled-dot": scaled_dot, "score-functions": score_functions, "sequence-models": sequence_models,
            "transformer-plus-plus": transformer_plus_plus}

@@ -30,6 +30,7 @@ from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
 from attnkit.experiments.plots import fit_value_axis, log_log_axes, new_figure, save, series, spread_legend
 from attnkit.models import build_model
 from attnkit.models.recurrent import RecurrentLM
+from attnkit.models.recurrent.rnn import Cell
 
 VOCAB = 256  # bytes
 SETTINGS = {  # Transformer width and layers, batch, lengths, timed repeats
@@ -50,21 +51,23 @@ def transformer(width: int, layers: int, max_len: int) -> nn.Module:
     return build_model(config)
 
 
-def matched_lstm(target: int, *, embedding_dim: int, n_layers: int = 2) -> RecurrentLM:
-    """The LSTM language model (tied embeddings) whose parameter count is closest to `target`."""
+def matched_recurrent(target: int, *, embedding_dim: int, n_layers: int = 2, cell: Cell = "lstm",
+                      vocab_size: int = VOCAB) -> RecurrentLM:
+    """The recurrent language model (an LSTM unless `cell` says otherwise; tied embeddings) whose parameter count is
+    closest to `target`, found by its hidden width."""
 
-    def lstm(hidden: int) -> RecurrentLM:
-        return RecurrentLM(vocab_size=VOCAB, embedding_dim=embedding_dim, hidden=hidden, n_layers=n_layers,
-                           cell="lstm", tie_embeddings=True)
+    def sized(hidden: int) -> RecurrentLM:
+        return RecurrentLM(vocab_size=vocab_size, embedding_dim=embedding_dim, hidden=hidden, n_layers=n_layers,
+                           cell=cell, tie_embeddings=True)
 
     high = 1
-    while parameters(lstm(high)) < target:  # double up to a width with enough parameters, then bisect
+    while parameters(sized(high)) < target:  # double up to a width with enough parameters, then bisect
         high *= 2
     low = high // 2 + 1
     while low < high:  # the smallest hidden width with at least `target` parameters
         mid = (low + high) // 2
-        low, high = (mid + 1, high) if parameters(lstm(mid)) < target else (low, mid)
-    return min((lstm(max(low - 1, 1)), lstm(low)), key=lambda m: abs(parameters(m) - target))
+        low, high = (mid + 1, high) if parameters(sized(mid)) < target else (low, mid)
+    return min((sized(max(low - 1, 1)), sized(low)), key=lambda m: abs(parameters(m) - target))
 
 
 def step_cost(model: nn.Module, batch: int, length: int, repeats: int) -> tuple[list[float], int]:
@@ -142,7 +145,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
     s = SETTINGS[budget]
     torch.manual_seed(0)
     models = {"Transformer": transformer(s["width"], s["layers"], max(s["lengths"]))}
-    models["LSTM"] = matched_lstm(parameters(models["Transformer"]), embedding_dim=s["width"])
+    models["LSTM"] = matched_recurrent(parameters(models["Transformer"]), embedding_dim=s["width"])
     on_gpu = torch.device(device).type == "cuda"
     for model in models.values():
         model.to(device)
