@@ -411,6 +411,22 @@ def test_cost_reason_counts_the_timed_steps_seeds_asked_for(tmp_path, monkeypatc
     assert all(len(row["ms per step"]) == 3 for row in result.per_seed)
 
 
+def test_cost_control_holds_where_only_the_transformers_attention_grows_with_t(tmp_path, monkeypatch):
+    """Timings as the claim has them (the LSTM's step time linear in T, the Transformer's with a T^2 term): the
+    short length timed again costs what it cost the first time, so the control where T does not grow is for the
+    claim, and so is every check."""
+    from attnkit.experiments import rnn_transformer_cost
+
+    def quadratic(model, batch, length, repeats):
+        attention = 0.0 if isinstance(model, rnn_transformer_cost.RecurrentLM) else 0.05 * length
+        return [1e-6 * length * (1 + attention) * (1 + 0.01 * r) for r in range(repeats)], 1000 * length
+
+    monkeypatch.setattr(rnn_transformer_cost, "step_cost", quadratic)
+    result = run_experiment("rnn-vs-transformer-cost", budget="tiny", out=tmp_path, seeds=3)
+    (control,) = [check for check in result.checks if check.what.startswith("control, T unchanged")]
+    assert control.outcome == "for" and result.verdict == "held"
+
+
 def test_an_interrupted_run_leaves_the_previous_run_whole_and_other_files_are_kept(tmp_path, monkeypatch):
     """A run stopped (Ctrl-C) after drawing a picture wrote it over the previous run's, beside that run's
     results.json: a table of one run with a picture of another, which --replot took for whole. The run's files now

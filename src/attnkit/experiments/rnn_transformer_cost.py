@@ -14,6 +14,11 @@ The lectures' point is about parallel hardware (CMU 11-711, USC CSCI 499: the Tr
 where the RNN cannot), so with `--device cuda` it runs on the GPU, and its verdict also asks whether the Transformer
 took less time per token than the LSTM at the longest length there. On one CPU thread there is little parallel
 hardware to use, and the verdict says so.
+
+The control is a length where T does not grow: each model times the short length again after the long one, and the
+Transformer's growth in time per token beyond the LSTM's from the first timing to the second must stay under
+CONTROL_MARGIN. A growth that the order of the timings makes (a machine slowing as the run goes on, a cache filling)
+shows there as well, where the claim's cause, a longer T, is absent.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from attnkit.models.recurrent import RecurrentLM
 from attnkit.models.recurrent.rnn import Cell
 
 VOCAB = 256  # bytes
+# where T does not grow the claim must not show: the Transformer's growth in time per token beyond the LSTM's, timing
+# the short length again after the long one, stays under this (what drifts with the order of the timings, not with T)
+CONTROL_MARGIN = 0.25
 SETTINGS = {  # Transformer width and layers, batch, lengths, timed repeats
     "tiny": dict(width=32, layers=1, batch=2, lengths=[8, 16, 32], repeats=2),
     "small": dict(width=128, layers=2, batch=4, lengths=[16, 64, 256, 1024], repeats=3),
@@ -150,7 +158,8 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
     for model in models.values():
         model.to(device)
     heads = max(s["width"] // 64, 1)
-    rows, times = [], {}  # times: (model, T) -> seconds of each repeat
+    short, long = s["lengths"][1], s["lengths"][-1]
+    rows, times = [], {}  # times: (model, T, or "again": T=short timed after the rest) -> seconds of each repeat
     for name, model in models.items():
         model.train()
         for length in s["lengths"]:
@@ -163,15 +172,16 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
                          "sequential steps": length if name == "LSTM" else s["layers"],
                          "saved for backward (MB)": saved / 2**20,
                          "attention matrices if materialised (MB)": attention_matrix / 2**20})
+        progress.phase(f"timing {name}, T={short} again: the control, where T does not grow")
+        times[(name, "again")] = step_cost(model, s["batch"], short, seeds)[0]
 
     def per_token(name: str, index: int) -> float:
         return [r for r in rows if r["model"] == name][index]["us per token"]
 
-    short, long = s["lengths"][1], s["lengths"][-1]
-
-    def growth(name: str) -> list[float]:  # per repeat: time per token at the longest T over at the short one
-        return [(late / long) / (early / short) for early, late in zip(times[(name, short)], times[(name, long)],
-                                                                        strict=True)]
+    def growth(name: str, to: int | str = long) -> list[float]:  # per repeat: time per token at `to` over at short
+        length = short if to == "again" else to
+        return [(late / length) / (early / short) for early, late in zip(times[(name, short)], times[(name, to)],
+                                                                          strict=True)]
 
     lstm_growth = per_token("LSTM", -1) / per_token("LSTM", 1)
     transformer_growth = per_token("Transformer", -1) / per_token("Transformer", 1)
@@ -180,6 +190,10 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
                    [t - r for t, r in zip(growth("Transformer"), growth("LSTM"), strict=True)], unit="repeats"),
         Check.over(f"the LSTM's time per token stays flat: 1.5 minus its growth from T={short} to {long}",
                    [1.5 - g for g in growth("LSTM")], unit="repeats"),
+        Check.over(f"control, T unchanged (T={short} timed again after T={long}): {CONTROL_MARGIN:g} minus the "
+                   "Transformer's growth in time per token minus the LSTM's",
+                   [CONTROL_MARGIN - (t - r) for t, r in zip(growth("Transformer", "again"), growth("LSTM", "again"),
+                                                             strict=True)], unit="repeats"),
     ]
     if on_gpu:  # the parallel claim itself: at the longest length the Transformer's step is the cheaper per token
         checks.append(Check.over(
