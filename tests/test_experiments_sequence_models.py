@@ -57,4 +57,4 @@ def test_attention_that_cannot_reach_past_the_receptive_field_gains_nothing_ther
     (check,) = [c for c in result.checks if c.what.startswith("attention reads past")]
     assert abs(check.difference) < 1e-5 and check.outcome != "for"
     assert result.verdict != "held"
-    assert result.rows[1]["receptive field"] == 7
+    assert result.rows[1]["reads at most"] == 7

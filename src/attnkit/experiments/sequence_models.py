@@ -20,6 +20,11 @@ same (a fact of the model: a token outside the receptive field changes no logit)
 own context: its loss falls from c = 2 to c = R, so a flat curve past R is a limit of its reach, not a model that
 learned no context at all. The held-out loss of each at the full context is reported beside them, at equal size and
 steps (the lecture ranks nothing there, so no check reads it).
+
+The models the lectures teach before these come along as baselines, with no check of their own: Bengio et al.'s
+feed-forward LM over a window of R tokens (the convolution's reach, read by one layer), a deep averaging network
+(the mean of every token so far: all of the history, in no order), both trained alike at the same size, and a
+Kneser-Ney trigram counted on the training split (`models.ngram`), which reads 2 tokens whatever it is given.
 """
 
 from __future__ import annotations
@@ -40,17 +45,21 @@ from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
 from attnkit.experiments.lm_runs import Corpus, char_corpus, train_lm
 from attnkit.experiments.plots import fit_value_axis, new_figure, save, series, spread_legend
 from attnkit.models import count_parameters
+from attnkit.models.ngram import NGramLM
 
 SETTINGS = {  # corpus characters, Transformer width, training steps, batch, training length L, the convolution's
     # kernel and layers (dilations 1, 2, 4, ...), the context lengths c scored, held-out windows, positions each
     "tiny": dict(chars=20_000, width=32, steps=25, batch=8, seq_len=32, kernel=3, conv_layers=2, cuts=[2, 7, 32],
                  windows=16, scored=4, lr=3e-3),
-    "small": dict(chars=300_000, width=48, steps=400, batch=16, seq_len=64, kernel=3, conv_layers=3,
+    "small": dict(chars=300_000, width=48, steps=300, batch=16, seq_len=64, kernel=3, conv_layers=3,
                   cuts=[2, 4, 8, 15, 32, 64], windows=128, scored=8, lr=3e-3),
     "full": dict(chars=1_000_000, width=64, steps=2_000, batch=16, seq_len=128, kernel=3, conv_layers=4,
                  cuts=[2, 4, 8, 16, 31, 64, 128], windows=256, scored=8, lr=2e-3),
 }
 MODELS = ("LSTM", "convolution", "attention")  # recurrence, convolution, attention (lecture 004's order)
+BASELINES = ("feed-forward window", "deep averaging")  # the feed-forward LMs before them, trained alike
+SIZED = (*MODELS, *BASELINES)  # the rows whose size is a parameter count (the n-gram's: the n-grams it counted)
+NGRAM_N = 3  # the counted baseline: a Kneser-Ney trigram, which reads the 2 tokens before each (the shortest cut)
 FACT_TOLERANCE = 1e-5  # nats: what "the same loss" allows of float arithmetic
 
 
@@ -71,6 +80,15 @@ def lstm_config(hidden: int, s: dict, vocab: int) -> ModelConfig:
                        embedding_dim=s["width"], max_seq_len=s["seq_len"], dropout=0.0, tie_embeddings=True)
 
 
+def feedforward_config(hidden: int, s: dict, vocab: int, *, context: str, reach: int) -> ModelConfig:
+    """Bengio et al.'s window over the last `reach` tokens (the convolution's receptive field: the same reach, read
+    by one layer), or a deep averaging network's mean of every token so far (`reach` unused)."""
+    window = {"context_size": reach} if context == "window" else {}
+    return ModelConfig(family="feedforward-lm", vocab_size=vocab, context=context, **window,
+                       embedding_dim=s["width"], hidden_size=hidden, n_layers=1, activation="tanh",
+                       max_seq_len=s["seq_len"], dropout=0.0, tie_embeddings=True)
+
+
 def closest(make: Callable[[int], ModelConfig], target: int, widths: range) -> ModelConfig:
     """The config `make(width)` whose parameter count comes closest to `target`, over `widths` (the count grows with
     the width: bisected, counted on the meta device, nothing allocated)."""
@@ -80,12 +98,41 @@ def closest(make: Callable[[int], ModelConfig], target: int, widths: range) -> M
 
 
 def matched_configs(s: dict, vocab: int) -> dict[str, ModelConfig]:
-    """The three models' configs: the Transformer's size sets the target; the convolution's width and the LSTM's
-    hidden width (one layer, embeddings as wide as the Transformer's) are those whose counts come closest to it."""
+    """The trained models' configs: the Transformer's size sets the target; the convolution's width and the other
+    models' hidden widths (one layer, embeddings as wide as the Transformer's) are those whose counts come closest to
+    it."""
     attention = transformer_config(s["width"], s["seq_len"], vocab)
-    target, widths = count_parameters(attention), range(8, 4 * s["width"])
-    return {"LSTM": closest(partial(lstm_config, s=s, vocab=vocab), target, widths),
-            "convolution": closest(partial(conv_config, s=s, vocab=vocab), target, widths), "attention": attention}
+    target, widths = count_parameters(attention), range(8, 64 * s["width"])
+    conv = closest(partial(conv_config, s=s, vocab=vocab), target, widths)
+    window, average = (closest(partial(feedforward_config, s=s, vocab=vocab, context=context,
+                                       reach=conv.receptive_field), target, widths)
+                       for context in ("window", "average"))
+    return {"LSTM": closest(partial(lstm_config, s=s, vocab=vocab), target, widths), "convolution": conv,
+            "attention": attention, "feed-forward window": window, "deep averaging": average}
+
+
+def held_out(corpus: Corpus, *, seq_len: int, windows: int, scored: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`windows` held-out windows x, y (N, seq_len + scored - 1), spread over the validation split: each of the last
+    `scored` positions has seq_len tokens up to it."""
+    length = seq_len + scored - 1
+    return next(corpus.data.iter_eval_batches("val", batch_size=windows, seq_len=length, max_batches=1))
+
+
+def ngram_loss(corpus: Corpus, *, seq_len: int, windows: int, scored: int) -> tuple[float, int]:
+    """A Kneser-Ney `NGRAM_N`-gram counted on the training split, scored on the positions `loss_by_context` scores
+    (it reads the NGRAM_N - 1 tokens before each, whatever the context given): its mean loss (nats) and the number of
+    n-grams it counted."""
+    vocab = corpus.vocab_size
+    model = NGramLM(n=NGRAM_N, vocab_size=vocab, smoothing="kneser-ney")
+    model.fit(torch.from_numpy(corpus.data.split("train").astype("int64")))
+    x, y = held_out(corpus, seq_len=seq_len, windows=windows, scored=scored)  # (N, W)
+    total = 0.0
+    for t in range(seq_len - 1, x.shape[1]):
+        context = torch.zeros_like(x[:, t])
+        for back in range(NGRAM_N - 2, -1, -1):  # the context's tokens, oldest first, as one integer in base V
+            context = context * vocab + x[:, t - back]
+        total -= model.probability(context, y[:, t]).log().mean().item()
+    return total / scored, len(model.tables[-1].codes)
 
 
 @torch.no_grad()
@@ -94,12 +141,11 @@ def loss_by_context(model: nn.Module, corpus: Corpus, *, cuts: list[int], seq_le
     """Mean next-token loss (nats) on the last `scored` positions of `windows` held-out windows, each position given
     exactly its last c tokens, for each c in `cuts` (at most `seq_len`, the training length)."""
     model.eval()
-    length = seq_len + scored - 1  # every scored position has seq_len tokens up to it
-    x, y = next(corpus.data.iter_eval_batches("val", batch_size=windows, seq_len=length, max_batches=1))  # (N, W)
+    x, y = held_out(corpus, seq_len=seq_len, windows=windows, scored=scored)  # (N, W)
     losses = {}
     for cut in cuts:
         total = 0.0
-        for t in range(seq_len - 1, length):  # the scored positions
+        for t in range(seq_len - 1, x.shape[1]):  # the scored positions
             logits = model(x[:, t - cut + 1 : t + 1]).logits[:, -1]  # (N, c) -> (N, V): given the last c tokens
             total += F.cross_entropy(logits.float(), y[:, t]).item()
         losses[cut] = total / scored
@@ -114,12 +160,14 @@ def plot(stored: Stored, out: Path) -> list[str]:
     fig, ax = new_figure(7.5, 4.5)
     spread = None
     cuts = [int(column.split("=")[1]) for column in rows[0] if column.startswith("loss, c=")]
-    for index, (row, marker) in enumerate(zip(rows, ("o", "s", "^", "D", "v"), strict=False)):
+    for index, (row, marker) in enumerate(zip(rows, ("o", "s", "^", "D", "v", "x"), strict=False)):
         columns = [f"loss, c={cut}" for cut in cuts]
-        label = f"{row['model']} ({row['parameters'] / 1e3:.0f}k parameters)"
-        spread = series(ax, cuts, [row[c] for c in columns], marker=marker, label=label,
-                        seeds=stored.spread([(index, c) for c in columns]))
-    reach = next(row["receptive field"] for row in rows if row["receptive field"] is not None)
+        baseline = row["model"] not in MODELS  # the feed-forward and counted baselines: thin dashed lines
+        size = f"{row['parameters'] / 1e3:.0f}k {'parameters' if row['model'] in SIZED else 'n-grams'}"
+        spread = series(ax, cuts, [row[c] for c in columns], marker=marker, label=f"{row['model']} ({size})",
+                        seeds=stored.spread([(index, c) for c in columns]), linestyle="--" if baseline else "-",
+                        linewidth=1 if baseline else 2, markersize=4 if baseline else 6)
+    reach = next(row["reads at most"] for row in rows if row["model"] == "convolution")
     ax.axvline(reach, color="grey", linestyle="--", linewidth=1)
     ax.annotate(f"convolution's receptive field R = {reach}", (reach, 1.0), xycoords=("data", "axes fraction"),
                 xytext=(4, -12), textcoords="offset points", fontsize=8, color="grey")
@@ -150,9 +198,10 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     configs = matched_configs(s, corpus.vocab_size)
     reach = configs["convolution"].receptive_field
     cuts, full = s["cuts"], s["seq_len"]  # each budget's cuts hold R (tests/test_experiments_sequence_models.py)
-    losses: dict[str, list[dict[int, float]]] = {name: [] for name in MODELS}  # per seed: c -> loss
+    trained = (*MODELS, *BASELINES)
+    losses: dict[str, list[dict[int, float]]] = {name: [] for name in trained}  # per seed: c -> loss
     for seed in range(seeds):
-        for name in MODELS:
+        for name in trained:
             progress.phase(f"{name}, seed {seed}: {s['steps']} steps")
             run_log = train_lm(configs[name], corpus, steps=s["steps"], batch_size=s["batch"], seq_len=full,
                                lr=s["lr"], seed=seed, progress=progress, desc=f"{name}, seed {seed}")
@@ -175,12 +224,15 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
         Check.over(f"control: the convolution uses the context it reaches: its loss given {local} tokens minus given "
                    f"{reach} (nats)", gain("convolution", local, reach)),
     ]
+    reads = {"convolution": reach, "feed-forward window": reach, f"{NGRAM_N}-gram": NGRAM_N - 1}  # tokens at most
+    counted, n_grams = ngram_loss(corpus, seq_len=full, windows=s["windows"], scored=s["scored"])
+    losses[f"{NGRAM_N}-gram"] = [dict.fromkeys(cuts, counted)] * seeds  # counted, not trained: alike every seed
     rows, per_seed = [], []
-    for name in MODELS:
-        config = configs[name]
+    for name in losses:
+        config = configs.get(name)
         mean = {cut: statistics.fmean(by_cut[cut] for by_cut in losses[name]) for cut in cuts}
-        rows.append({"model": name, "family": config.family, "parameters": count_parameters(config),
-                     "receptive field": config.receptive_field if name == "convolution" else None,
+        rows.append({"model": name, "family": config.family if config else "n-gram (Kneser-Ney)",
+                     "parameters": count_parameters(config) if config else n_grams, "reads at most": reads.get(name),
                      **{f"loss, c={cut}": mean[cut] for cut in cuts},
                      f"gain from tokens past R (c={reach} -> {full})": mean[reach] - mean[full]})
         per_seed.append({f"loss, c={cut}": [by_cut[cut] for by_cut in losses[name]] for cut in cuts})
@@ -190,12 +242,12 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
 
     key = (f"loss given {reach} tokens minus given {full}: attention {beyond('attention'):.3g}, LSTM "
            f"{beyond('LSTM'):.3g}, convolution {abs(beyond('convolution')):.1g} nats (R = {reach})")
-    best = min(rows, key=lambda row: row[f"loss, c={full}"])
+    best = min(rows[:len(MODELS)], key=lambda row: row[f"loss, c={full}"])
     reason = (f"on held-out characters, cutting the context from {full} tokens to the convolution's receptive field "
               f"R = {reach} changes the Transformer's loss by {beyond('attention'):+.3g} nats and the LSTM's by "
               f"{beyond('LSTM'):+.3g}, the convolution's by {abs(beyond('convolution')):.1g}; at {full} tokens of "
-              f"context, after {s['steps']} steps at about {rows[-1]['parameters'] / 1e3:.0f}k parameters, the "
-              f"{best['model']} predicts best ({best[f'loss, c={full}']:.3f} nats; mean of {seeds} seeds)")
+              f"context, after {s['steps']} steps at about {rows[2]['parameters'] / 1e3:.0f}k parameters, of the three "
+              f"the {best['model']} predicts best ({best[f'loss, c={full}']:.3f} nats; mean of {seeds} seeds)")
     if not all(math.isfinite(v) for by_cut in losses.values() for seed in by_cut for v in seed.values()):
         reason += " (a run diverged: its losses are no numbers)"
     return Result(checks, reason, key, rows, [], per_seed)
