@@ -15,9 +15,25 @@ from attnkit.models.decoder import lm_logits_and_loss
 from attnkit.models.output import ModelOutput
 
 
+def init_embedding(embedding: nn.Embedding) -> None:
+    """A table that is also the output layer starts U(-0.1, 0.1), as Zaremba et al. (2014) and AWD-LSTM start
+    theirs: small enough for the logits. A table that only feeds the recurrence keeps torch's N(0, 1): the layer's
+    weights, U(+-1/sqrt(H)), expect inputs of unit scale. At U(-0.1, 0.1) an untied gru-attn-seq2seq started with
+    encoder states of rms 0.03 and flat attention, and learned Multi30k slower per step than the model without
+    attention (benchmarks/results/multi30k-recurrent-probes.md)."""
+    nn.init.uniform_(embedding.weight, -0.1, 0.1)
+
+
+def output_projection(hidden: int, embedding_dim: int, tie_embeddings: bool) -> nn.Module:
+    """H -> E before a tied output layer when the widths differ; nothing otherwise."""
+    if tie_embeddings and hidden != embedding_dim:
+        return nn.Linear(hidden, embedding_dim, bias=False)
+    return nn.Identity()
+
+
 class StatefulLM(nn.Module):
-    """A subclass sets `embedding` (V, E), `lm_head` (-> V), `label_smoothing` and `loss_path` in its constructor and
-    defines `stack` (its docstring says what the mask and the state mean there)."""
+    """A subclass sets `embedding` (V, E) and calls `output_layer` in its constructor, and defines `stack` (its
+    docstring says what the mask and the state mean there)."""
 
     embedding: nn.Embedding
     lm_head: nn.Linear
@@ -27,6 +43,16 @@ class StatefulLM(nn.Module):
     @property
     def vocab_size(self) -> int:
         return self.embedding.num_embeddings
+
+    def output_layer(self, width: int, *, tie_embeddings: bool, label_smoothing: float) -> None:
+        """Add the output layer, width -> V: the embedding table itself when tied (which then starts as
+        `init_embedding` says, and `width` must be E); and the loss's settings."""
+        self.lm_head = nn.Linear(width, self.vocab_size, bias=False)
+        if tie_embeddings:
+            self.lm_head.weight = self.embedding.weight
+            init_embedding(self.embedding)  # small enough for the logits
+        self.label_smoothing = label_smoothing
+        self.loss_path = LossPath()
 
     @renamed_keywords(targets="labels")
     def forward(

@@ -22,9 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.layers.embedding import check_token_ids
-from attnkit.layers.output_loss import LossPath
 from attnkit.models.convolutional.gated import GatedConvBlock
-from attnkit.models.recurrent.lm import init_embedding
 from attnkit.models.recurrent.rnn import check_mask
 from attnkit.models.stateful_lm import StatefulLM
 
@@ -67,13 +65,8 @@ class ConvLM(StatefulLM):
         self.blocks = nn.ModuleList(
             GatedConvBlock(d_model, kernel_size, dilation=dilation, dropout=dropout) for dilation in dilations
         )
-        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        if tie_embeddings:
-            self.lm_head.weight = self.embedding.weight
-            init_embedding(self.embedding)  # small enough for the logits (`recurrent.lm.init_embedding`)
+        self.output_layer(d_model, tie_embeddings=tie_embeddings, label_smoothing=label_smoothing)
         self.receptive_field = 1 + (kernel_size - 1) * sum(dilations)
-        self.label_smoothing = label_smoothing
-        self.loss_path = LossPath()  # without logits: how the loss is computed (the training plan's choice)
 
     def stack(
         self,

@@ -26,10 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.layers.embedding import check_token_ids
-from attnkit.layers.output_loss import LossPath
-from attnkit.models.recurrent.lm import init_embedding, output_projection
 from attnkit.models.recurrent.rnn import check_mask
-from attnkit.models.stateful_lm import StatefulLM
+from attnkit.models.stateful_lm import StatefulLM, output_projection
 
 Context = Literal["window", "average"]
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -87,12 +85,8 @@ class FeedForwardLM(StatefulLM):
                          nn.Dropout(dropout))
         ))
         self.proj = output_projection(hidden, embedding_dim, tie_embeddings)
-        self.lm_head = nn.Linear(embedding_dim if tie_embeddings else hidden, vocab_size, bias=False)
-        if tie_embeddings:
-            self.lm_head.weight = self.embedding.weight
-            init_embedding(self.embedding)  # small enough for the logits (`recurrent.lm.init_embedding`)
-        self.label_smoothing = label_smoothing
-        self.loss_path = LossPath()  # without logits: how the loss is computed (the training plan's choice)
+        self.output_layer(embedding_dim if tie_embeddings else hidden, tie_embeddings=tie_embeddings,
+                          label_smoothing=label_smoothing)
 
     def stack(
         self,

@@ -1,6 +1,6 @@
 """The recurrent families' builders: a `RecurrentLMConfig` or `RecurrentSeq2SeqConfig` becomes modules (registered
 in `models/families.py`). Weights start as torch's layers start them, U(-1/sqrt(H), 1/sqrt(H)) and N(0, 1) for
-embedding tables, except that a table tied to the output layer starts U(-0.1, 0.1) (`lm.init_embedding`)."""
+embedding tables, except that a table tied to the output layer starts U(-0.1, 0.1) (`stateful_lm.init_embedding`)."""
 
 from __future__ import annotations
 

@@ -12,25 +12,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from attnkit.layers.embedding import check_token_ids
-from attnkit.layers.output_loss import LossPath
 from attnkit.models.recurrent.rnn import Cell, RecurrentState, check_mask, make_rnn, run_rnn
-from attnkit.models.stateful_lm import StatefulLM
-
-
-def init_embedding(embedding: nn.Embedding) -> None:
-    """A table that is also the output layer starts U(-0.1, 0.1), as Zaremba et al. (2014) and AWD-LSTM start
-    theirs: small enough for the logits. A table that only feeds the recurrence keeps torch's N(0, 1): the layer's
-    weights, U(+-1/sqrt(H)), expect inputs of unit scale. At U(-0.1, 0.1) an untied gru-attn-seq2seq started with
-    encoder states of rms 0.03 and flat attention, and learned Multi30k slower per step than the model without
-    attention (benchmarks/results/multi30k-recurrent-probes.md)."""
-    nn.init.uniform_(embedding.weight, -0.1, 0.1)
-
-
-def output_projection(hidden: int, embedding_dim: int, tie_embeddings: bool) -> nn.Module:
-    """H -> E before a tied output layer when the widths differ; nothing otherwise."""
-    if tie_embeddings and hidden != embedding_dim:
-        return nn.Linear(hidden, embedding_dim, bias=False)
-    return nn.Identity()
+from attnkit.models.stateful_lm import StatefulLM, output_projection
 
 
 class RecurrentLM(StatefulLM):
@@ -53,12 +36,8 @@ class RecurrentLM(StatefulLM):
         self.rnn = make_rnn(cell, embedding_dim, hidden, n_layers=n_layers, dropout=dropout)
         self.dropout = nn.Dropout(dropout)
         self.proj = output_projection(hidden, embedding_dim, tie_embeddings)
-        self.lm_head = nn.Linear(embedding_dim if tie_embeddings else hidden, vocab_size, bias=False)
-        if tie_embeddings:
-            self.lm_head.weight = self.embedding.weight
-            init_embedding(self.embedding)
-        self.label_smoothing = label_smoothing
-        self.loss_path = LossPath()  # without logits: how the loss is computed (the training plan's choice)
+        self.output_layer(embedding_dim if tie_embeddings else hidden, tie_embeddings=tie_embeddings,
+                          label_smoothing=label_smoothing)
 
     def stack(
         self,

@@ -20,7 +20,7 @@ Three decoders, one per row of the lectures' story:
                       a loop of single steps through torch's layer; the output layer runs once after the loop.
 
 The context is concatenated with the decoder state before the output layer, as the lectures draw it. Embedding
-tables start as `lm.init_embedding` says (N(0, 1) unless tied to the output layer). The decoding state is a
+tables start as `stateful_lm.init_embedding` says (N(0, 1) unless tied to the output layer). The decoding state is a
 `RecurrentState`: empty until the first `decode` call, which fills it from the bridge.
 """
 
@@ -36,9 +36,9 @@ from attnkit.layers.output_loss import LossPath
 from attnkit.models.decoder import lm_logits_and_loss
 from attnkit.models.output import ModelOutput
 from attnkit.models.recurrent.attention import AttentionKind, SourceAttention
-from attnkit.models.recurrent.lm import init_embedding, output_projection
 from attnkit.models.recurrent.rnn import Cell, RecurrentState, check_mask, make_rnn, run_rnn
 from attnkit.models.seq2seq import check_paired
+from attnkit.models.stateful_lm import init_embedding, output_projection
 
 
 class RecurrentEncoder(nn.Module):
