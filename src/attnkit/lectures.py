@@ -265,8 +265,10 @@ LECTURES: tuple[Lecture, ...] = (
     Lecture("004", "CMU CS11-711 Advanced NLP (Spring 2025)", "Attention and Transformers (Sean Welleck)", "cmu", (
         Topic("Recap: a sequence model; language modeling p(. | x_<t) = softmax(W h_t)", T06, ("models.decoder",),
               section="The parts, from scratch"),
-        Topic("Three types of sequence models: recurrence, convolution, attention", T05, ("models.recurrent",),
-              gap="no convolutional sequence model", section="The models"),
+        Topic("Three types of sequence models: recurrence, convolution, attention (the three at one size, and how far "
+              "back each reads: attnkit experiment sequence-models)", T05,
+              ("models.recurrent", "models.convolutional", "models.decoder"), experiment="sequence-models",
+              page="user-guide/configs.md#the-convolutional-lm-conv-lm", section="The models"),
         Topic("Attention's basic idea (Bahdanau et al. 2015)", T05,
               ("models.recurrent.attention", "models.recurrent.seq2seq:BahdanauDecoder"), section=BAHDANAU),
         Topic("Cross attention: each element attends to another sequence", T11, ("layers.attention:Attention",),

@@ -157,7 +157,7 @@ def plot(stored: Stored, out: Path) -> list[str]:
     """Held-out loss by the tokens of context given (log x), one line per model with its seeds, the convolution's
     receptive field marked."""
     rows = stored.rows
-    fig, ax = new_figure(7.5, 4.5)
+    fig, ax = new_figure(10, 4.5)
     spread = None
     cuts = [int(column.split("=")[1]) for column in rows[0] if column.startswith("loss, c=")]
     for index, (row, marker) in enumerate(zip(rows, ("o", "s", "^", "D", "v", "x"), strict=False)):
@@ -178,7 +178,8 @@ def plot(stored: Stored, out: Path) -> list[str]:
            title="how far back each sequence model reads")
     fit_value_axis(ax, "level")
     ax.grid(True, alpha=0.3)
-    spread_legend(ax, over=f"mean of {stored.seeds} seeds", spread=spread, fontsize=8)
+    spread_legend(ax, over=f"mean of {stored.seeds} seeds", spread=spread, fontsize=8, loc="center left",
+                  bbox_to_anchor=(1.02, 0.5))  # beside the axes: the lines cross every corner
     save(fig, out / "loss_by_context.png")
     return ["loss_by_context.png"]
 

@@ -383,25 +383,13 @@ def _describe(kernel: MathKernel) -> str:
             "(passes), SDPA beyond")
 
 
-# `attnkit serve` with the captured step against eager on the 6x384 decoder, fp32, one thread, 2 rounds: the batched
-# server's tokens/s and its first start (`python -m benchmarks.bench_serve --forms fp32 "compile aot" --form-clients 1 4
-# --rounds 2 --name serve-captured-cpu`, benchmarks/results/serve-captured-cpu.json, which a test holds these to)
-CAPTURED_SERVING = {"clients": (1, 4), "speedup": (1.25, 1.8), "start_s": (228, 302), "eager_start_s": (18, 21)}
-
-
 def _compilation(compile: bool | str, mode: str | None, captured: bool, linear: str, fixed_step: bool) -> Choice:
     """The plan's compilation choice: eager unless `mode` asks for torch.compile; `fixed_step` where the model's
-    decoding step has fixed shapes (compiled whole, or captured ahead of time where `captured`). Eager stays the
-    default for a server too: the captured step's gain (`CAPTURED_SERVING`) is paid for by a first start of minutes."""
-    if mode is None and fixed_step:  # eager by default: a one-off prompt, or a server's first start, waits for capture
-        served = CAPTURED_SERVING
-        gains = " and ".join(f"{x}x at {c} client{'s' if c > 1 else ''}"
-                             for c, x in zip(served["clients"], served["speedup"], strict=True))
+    decoding step has fixed shapes (compiled whole, or captured ahead of time where `captured`)."""
+    if mode is None and fixed_step:  # eager by default: a one-off prompt would wait for the capture
         return Choice("compilation", "eager", "not asked for (--compile aot captures this model's decoding step ahead "
-                      f"of time, no Python per layer: a server's tokens/s measured {gains} against eager, after a "
-                      f"first start of {served['start_s'][0]}-{served['start_s'][1]} s against "
-                      f"{served['eager_start_s'][0]}-{served['eager_start_s'][1]} on a loaded 2-core CPU, which runs "
-                      f"the C++ compiler and keeps the step in {default_package_dir()} for the next start)")
+                      "of time, no Python per layer, after a first start of tens of seconds that runs the C++ "
+                      f"compiler and keeps it in {default_package_dir()})")
     if mode is None:
         return Choice("compilation", "eager", "not asked for (--compile)")
     if fixed_step and compile == "aot" and not captured:
