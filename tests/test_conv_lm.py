@@ -10,16 +10,20 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from stateful_lms import (
+    assert_a_short_run_halves_the_loss,
+    assert_bad_inputs_are_clear_errors,
+    assert_greedy_generation_equals_recomputation,
+    assert_reorder_follows_rows,
+    assert_steps_through_the_state_equal_each_row_alone,
+    train_resume_and_generate,
+)
 from torch import nn
 
-import attnkit
-from attnkit import cli
-from attnkit.checkpoint import load_config, load_model
 from attnkit.config import ConvLMConfig, ModelConfig
-from attnkit.errors import ConfigError, InputError
-from attnkit.generate import generate_tokens
+from attnkit.errors import ConfigError
 from attnkit.models import build_model
-from attnkit.models.convolutional import ConvLM, ConvState
+from attnkit.models.convolutional import ConvLM
 
 VOCAB = 11
 
@@ -124,72 +128,28 @@ def test_left_padding_and_the_generation_state_equal_each_row_alone():
     """Stepping a token at a time through `ConvState` (which keeps R - 1 tokens) over a text longer than R, with the
     shorter row left-padded, gives each row the logits of a pass over it alone."""
     model = _model()
-    rows = [torch.randint(0, VOCAB, (20,)).tolist(), torch.randint(0, VOCAB, (14,)).tolist()]
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    state = model.allocate_cache(2)
-    with torch.no_grad():
-        steps = [model(ids[:, :8], attention_mask=mask[:, :8], cache=state).logits]  # a prefill of 8, then steps
-        for t in range(8, width):
-            steps.append(model(ids[:, t:t + 1], attention_mask=mask[:, : t + 1], cache=state).logits)
-        stepped = torch.cat(steps, dim=1)  # (B, T, V)
-        assert state.length == width and state.ids.shape[1] == model.receptive_field - 1
-        for row, (tokens, padded) in enumerate(zip(rows, mask, strict=True)):
-            alone = model(torch.tensor([tokens])).logits[0]
-            torch.testing.assert_close(stepped[row][padded.bool()], alone, rtol=1e-5, atol=1e-5)
+    state = assert_steps_through_the_state_equal_each_row_alone(model, VOCAB)
+    assert state.ids.shape[1] == model.receptive_field - 1
 
 
 def test_greedy_generation_equals_recomputation_past_the_context():
-    """`generate_tokens` through the state equals the argmax of passes from scratch, past `context_len`: the state
-    keeps R - 1 tokens, so the window never slides."""
-    model = _model()
-    prompts = [[3, 4, 5, 6, 7], [8, 9]]
-    generated = generate_tokens(model, prompts, max_new_tokens=25, context_len=8)
-    for prompt, tokens in zip(prompts, generated, strict=True):
-        ids = list(prompt)
-        with torch.no_grad():
-            for _ in range(25):
-                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-        assert tokens == ids[len(prompt):]
+    """The state keeps R - 1 tokens, so the window never slides."""
+    assert_greedy_generation_equals_recomputation(_model())
 
 
 def test_state_reorder_follows_rows():
-    model = _model()
-    ids = torch.randint(0, VOCAB, (3, 6))
-    state, reordered = ConvState(), ConvState()
-    with torch.no_grad():
-        model(ids, cache=state)
-        state.reorder(torch.tensor([2, 0]))
-        model(ids[[2, 0]], cache=reordered)
-        nxt = torch.tensor([[1], [5]])
-        torch.testing.assert_close(model(nxt, cache=state).logits, model(nxt, cache=reordered).logits)
+    assert_reorder_follows_rows(_model(), VOCAB)
 
 
 def test_a_short_training_run_lowers_the_loss():
     """A sequence whose next token is the one 3 back (within the receptive field) is learned in 60 steps."""
     torch.manual_seed(0)
     model = ConvLM(vocab_size=VOCAB, d_model=16, kernel_size=2, dilations=[1, 2])  # R = 4
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(60):
-        start = torch.randint(0, VOCAB, (16, 3))
-        ids = start.repeat(1, 6)  # (16, 18): period 3
-        loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    assert losses[0] > 2.0  # about ln(11) at the start
-    assert sum(losses[-5:]) / 5 < 0.5 * losses[0]
+    assert_a_short_run_halves_the_loss(model, lambda: torch.randint(0, VOCAB, (16, 3)).repeat(1, 6))  # period 3
 
 
 def test_bad_inputs_are_clear_errors():
-    model = _model()
-    with pytest.raises(InputError, match="vocabulary|vocab"):
-        model(torch.tensor([[VOCAB]]))
-    with pytest.raises(InputError, match="padding between real tokens"):
-        model(torch.tensor([[1, 2, 3]]), attention_mask=torch.tensor([[1, 0, 1]]))
+    assert_bad_inputs_are_clear_errors(_model(), VOCAB)
 
 
 @pytest.mark.parametrize(("fields", "words"), [
@@ -226,26 +186,5 @@ def one_thread():
 
 
 def test_train_resume_load_generate_and_explain_from_the_command_line(tmp_path, capsys, one_thread):
-    text = tmp_path / "text.txt"
-    text.write_text("the cat sat on the mat. the dog sat on the log. " * 40)
-    common = ["--preset", "gcnn-lm-tiny", "--data", str(text), "--tokenizer", "char", "--batch-size", "4",
-              "--eval-every", "3", "--no-progress", "--sample-tokens", "0", "--set", "max_seq_len=32",
-              "--set", "dropout=0.1", "--set", "eval_batches=2"]
-    whole, split = tmp_path / "whole", tmp_path / "split"
-    assert cli.main(["train", *common, "--out", str(whole), "--max-steps", "6", "--explain"]) == 0
-    assert "training plan" in capsys.readouterr().err
-    assert cli.main(["train", *common, "--out", str(split), "--max-steps", "3"]) == 0
-    assert cli.main(["train", "--out", str(split), "--resume", "--max-steps", "6", "--no-progress",
-                     "--sample-tokens", "0"]) == 0
-    a, b = load_model(whole)[0].state_dict(), load_model(split)[0].state_dict()
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # resumed bit for bit
-    config = load_config(whole)
+    config = train_resume_and_generate("gcnn-lm-tiny", tmp_path, capsys, explain=True)
     assert type(config) is ConvLMConfig and config.receptive_field == 31
-
-    pipeline = attnkit.load(whole, device="cpu")
-    expected = pipeline.generate("the c", max_new_tokens=40, temperature=0)[0]
-    capsys.readouterr()
-    assert cli.main(["generate", "--run", str(whole), "--prompt", "the c", "--max-new-tokens", "40",
-                     "--temperature", "0", "--explain"]) == 0
-    captured = capsys.readouterr()
-    assert expected in captured.out and "inference plan" in captured.err

@@ -11,16 +11,20 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from stateful_lms import (
+    assert_a_short_run_halves_the_loss,
+    assert_bad_inputs_are_clear_errors,
+    assert_greedy_generation_equals_recomputation,
+    assert_reorder_follows_rows,
+    assert_steps_through_the_state_equal_each_row_alone,
+    train_resume_and_generate,
+)
 from torch import nn
 
-import attnkit
-from attnkit import cli
-from attnkit.checkpoint import load_config, load_model
 from attnkit.config import FeedForwardLMConfig, ModelConfig
-from attnkit.errors import ConfigError, InputError
-from attnkit.generate import generate_tokens
+from attnkit.errors import ConfigError
 from attnkit.models import build_model
-from attnkit.models.feedforward import FeedForwardLM, PrefixState
+from attnkit.models.feedforward import FeedForwardLM
 
 VOCAB, K = 11, 4
 CONTEXTS = ["window", "average"]
@@ -136,79 +140,31 @@ def test_the_average_is_invariant_to_permuting_the_prefix(ids, random):
 
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_left_padding_and_the_generation_state_equal_each_row_alone(context):
-    """Stepping a token at a time through `PrefixState`, the shorter row left-padded, gives each row the logits of a
-    pass over it alone."""
-    model = _model(context)
-    rows = [torch.randint(0, VOCAB, (12,)).tolist(), torch.randint(0, VOCAB, (7,)).tolist()]
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    state = model.allocate_cache(2)
-    with torch.no_grad():
-        steps = [model(ids[:, :6], attention_mask=mask[:, :6], cache=state).logits]  # a prefill of 6, then steps
-        for t in range(6, width):
-            steps.append(model(ids[:, t:t + 1], attention_mask=mask[:, : t + 1], cache=state).logits)
-        stepped = torch.cat(steps, dim=1)  # (B, T, V)
-        assert state.length == width
-        for row, (tokens, padded) in enumerate(zip(rows, mask, strict=True)):
-            alone = model(torch.tensor([tokens])).logits[0]
-            torch.testing.assert_close(stepped[row][padded.bool()], alone, rtol=1e-5, atol=1e-5)
+    assert_steps_through_the_state_equal_each_row_alone(_model(context), VOCAB, lengths=(12, 7), prefill=6)
 
 
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_greedy_generation_equals_recomputation_past_the_context(context):
-    model = _model(context)
-    prompts = [[3, 4, 5, 6, 7], [8, 9]]
-    generated = generate_tokens(model, prompts, max_new_tokens=15, context_len=8)
-    for prompt, tokens in zip(prompts, generated, strict=True):
-        ids = list(prompt)
-        with torch.no_grad():
-            for _ in range(15):
-                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-        assert tokens == ids[len(prompt):]
+    assert_greedy_generation_equals_recomputation(_model(context), new_tokens=15)
 
 
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_state_reorder_follows_rows(context):
-    model = _model(context)
-    ids = torch.randint(0, VOCAB, (3, 6))
-    state, reordered = PrefixState(), PrefixState()
-    with torch.no_grad():
-        model(ids, cache=state)
-        state.reorder(torch.tensor([2, 0]))
-        model(ids[[2, 0]], cache=reordered)
-        nxt = torch.tensor([[1], [5]])
-        torch.testing.assert_close(model(nxt, cache=state).logits, model(nxt, cache=reordered).logits)
+    assert_reorder_follows_rows(_model(context), VOCAB)
 
 
-@pytest.mark.parametrize("context, pattern", [("window", "period"), ("average", "majority")])
+@pytest.mark.parametrize("context, pattern", [("window", "period"), ("average", "constant")])
 def test_a_short_training_run_lowers_the_loss(context, pattern):
     """The window learns a sequence of period 3 (the next token is the one 3 back, inside K = 4); the average learns
-    rows whose every token is one of two, the more frequent more likely (what a prefix's mean can tell)."""
+    rows that repeat one token (what a prefix's mean tells exactly)."""
     torch.manual_seed(0)
     model = FeedForwardLM(vocab_size=VOCAB, embedding_dim=16, hidden=32, n_layers=1, context=context, context_size=K)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(60):
-        if pattern == "period":
-            ids = torch.randint(0, VOCAB, (16, 3)).repeat(1, 6)  # (16, 18)
-        else:
-            ids = torch.randint(0, VOCAB, (16, 1)).repeat(1, 18)  # (16, 18): each row one token throughout
-        loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    assert losses[0] > 2.0  # about ln(11) at the start
-    assert sum(losses[-5:]) / 5 < 0.5 * losses[0]
+    period = 3 if pattern == "period" else 1
+    assert_a_short_run_halves_the_loss(model, lambda: torch.randint(0, VOCAB, (16, period)).repeat(1, 18 // period))
 
 
 def test_bad_inputs_are_clear_errors():
-    model = _model("window")
-    with pytest.raises(InputError, match="vocabulary|vocab"):
-        model(torch.tensor([[VOCAB]]))
-    with pytest.raises(InputError, match="padding between real tokens"):
-        model(torch.tensor([[1, 2, 3]]), attention_mask=torch.tensor([[1, 0, 1]]))
+    assert_bad_inputs_are_clear_errors(_model("window"), VOCAB)
 
 
 @pytest.mark.parametrize(("fields", "words"), [
@@ -248,24 +204,5 @@ def one_thread():
 
 @pytest.mark.parametrize("preset", ["bengio-lm-tiny", "dan-lm-tiny"])
 def test_train_resume_load_and_generate_from_the_command_line(preset, tmp_path, capsys, one_thread):
-    text = tmp_path / "text.txt"
-    text.write_text("the cat sat on the mat. the dog sat on the log. " * 40)
-    common = ["--preset", preset, "--data", str(text), "--tokenizer", "char", "--batch-size", "4",
-              "--eval-every", "3", "--no-progress", "--sample-tokens", "0", "--set", "max_seq_len=32",
-              "--set", "dropout=0.1", "--set", "eval_batches=2"]
-    whole, split = tmp_path / "whole", tmp_path / "split"
-    assert cli.main(["train", *common, "--out", str(whole), "--max-steps", "6"]) == 0
-    assert cli.main(["train", *common, "--out", str(split), "--max-steps", "3"]) == 0
-    assert cli.main(["train", "--out", str(split), "--resume", "--max-steps", "6", "--no-progress",
-                     "--sample-tokens", "0"]) == 0
-    a, b = load_model(whole)[0].state_dict(), load_model(split)[0].state_dict()
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # resumed bit for bit
-    config = load_config(whole)
+    config = train_resume_and_generate(preset, tmp_path, capsys)
     assert type(config) is FeedForwardLMConfig and config.context == ("window" if "bengio" in preset else "average")
-
-    pipeline = attnkit.load(whole, device="cpu")
-    expected = pipeline.generate("the c", max_new_tokens=30, temperature=0)[0]
-    capsys.readouterr()
-    assert cli.main(["generate", "--run", str(whole), "--prompt", "the c", "--max-new-tokens", "30",
-                     "--temperature", "0"]) == 0
-    assert expected in capsys.readouterr().out
