@@ -59,3 +59,14 @@ def test_an_output_directory_that_is_a_link_to_an_empty_directory_is_refused_and
     with atomic_output(link, directory=True, overwrite=True, flag="--to-onnx") as partial:  # replaces the link
         (partial / "model.onnx").write_bytes(b"graph")
     assert not link.is_symlink() and (link / "model.onnx").read_bytes() == b"graph" and not any(target.iterdir())
+
+
+def test_a_run_whose_tokenizer_has_no_hugging_face_form_is_named_by_its_output_not_a_temporary_folder(
+        finished, tmp_path, caplog):
+    from attnkit import cli
+
+    out = tmp_path / "exported"
+    with caplog.at_level("WARNING"):
+        assert cli.main(["convert", str(finished), "--to-hf", str(out)]) == 0
+    said = [r.getMessage() for r in caplog.records if "no Hugging Face form" in r.getMessage()]
+    assert said == [f"a 'char' tokenizer has no Hugging Face form; {out} gets no tokenizer"]

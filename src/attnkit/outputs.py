@@ -100,8 +100,8 @@ class writing:
             if os_err.filename is not None and _temporary_sibling(Path(os.fsdecode(os_err.filename)), self.path):
                 os_err.filename = None  # the user knows the output by its name, not by the sibling it is made in
             elif os_err.filename is not None:
-                os_err.filename = str(_as_written(Path(os.fsdecode(os_err.filename))))
-            message = os_error_message(os_err, _as_written(self.path), self.doing)
+                os_err.filename = str(as_written(Path(os.fsdecode(os_err.filename))))
+            message = os_error_message(os_err, as_written(self.path), self.doing)
         else:
             return
         failure = CheckpointError(message + self.note)
@@ -109,7 +109,7 @@ class writing:
         raise failure from None
 
 
-def _as_written(path: Path) -> Path:
+def as_written(path: Path) -> Path:
     """`path` as the user will know it: a file inside an output being written (`.NAME.partial-PID/file`) named
     inside the output it becomes (`NAME/file`)."""
     return Path(*(match[1] if (match := _PARTIAL_PART.fullmatch(part)) else part for part in path.parts))
@@ -192,7 +192,7 @@ def atomic_output(path: str | Path, *, directory: bool, overwrite: bool = False,
     path = Path(path)
     kind = "directory" if directory else "file"
     # inside an output being written (a file of an exporter's folder), the folder's own note says what is left
-    note = "" if _as_written(path) != path else f"; {path} is left as it was"
+    note = "" if as_written(path) != path else f"; {path} is left as it was"
     with writing(path, note=note):
         path.parent.mkdir(parents=True, exist_ok=True)
         check_output(path, directory=directory, overwrite=overwrite, flag=flag)

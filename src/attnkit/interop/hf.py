@@ -84,7 +84,7 @@ from attnkit.interop.sentence_embeddings import (
     sentence_transformers_files,
 )
 from attnkit.models import build_model
-from attnkit.outputs import atomic_output, check_output, clear_leftovers
+from attnkit.outputs import as_written, atomic_output, check_output, clear_leftovers
 from attnkit.tasks import task_of_config, task_of_run, task_record
 from attnkit.tasks.reading import frame_of
 from attnkit.tokenize import HF_FILE, JSON_KINDS, Tokenizer, load_tokenizer
@@ -436,7 +436,8 @@ def _write_tokenizer(tokenizer: Tokenizer, directory: Path, *, config: ModelConf
     `attnkit.interop.runtime_tokenizer`), attnkit's note of its kind, and the tokenizer_config.json that tells
     transformers its special tokens (and its chat template, where given)."""
     if tokenizer.kind not in JSON_KINDS:
-        log.warning("a %r tokenizer has no Hugging Face form; %s gets no tokenizer", tokenizer.kind, directory)
+        log.warning("a %r tokenizer has no Hugging Face form; %s gets no tokenizer", tokenizer.kind,
+                    as_written(directory))  # the output's name, not the temporary folder it is written in
         return
     tokenizer.save(directory)  # with attnkit's note of its kind, read back by convert --from-hf
     framed, _ = runtime_tokenizer(tokenizer, config, own_frame=own_frame)
