@@ -45,10 +45,10 @@ def char_tokenizer():
     return CharTokenizer(ALPHABET, special_tokens={"pad": "<pad>", "unk": "<unk>", "bos": "<bos>", "eos": "<eos>"})
 
 
-def tiny_model(seed=0):
+def tiny_model(seed=0, dropout=0.0):
     torch.manual_seed(seed)
     config = ModelConfig(family="decoder", vocab_size=len(ALPHABET) + 4, d_model=32, n_layers=2, n_heads=2, d_ff=64,
-                         max_seq_len=64)
+                         max_seq_len=64, dropout=dropout)
     return build_model(config).eval()
 
 
@@ -154,7 +154,7 @@ def test_the_log_probs_are_the_responses_alone_whatever_the_prompt_and_the_paddi
              PreferencePair("p line 2", "Hi", " there!", " no.")]
     data = preference_rows(pairs, template=DEFAULT_FORMAT, tokenizer=tokenizer, seq_len=64, batch_size=2)
     batch = data.collate([0, 1])
-    found = batch_logprobs(model, batch)  # (4,) chosen rows first
+    found = batch_logprobs(model, batch).T.flatten()  # (2, 2) -> (4,) the chosen first
     rows = {}
     with torch.no_grad():
         for pair in pairs:
@@ -171,7 +171,7 @@ def test_the_log_probs_are_the_responses_alone_whatever_the_prompt_and_the_paddi
     with_prompt = [rows[(w, "chosen")][1] for w in order] + [rows[(w, "rejected")][1] for w in order]
     torch.testing.assert_close(found.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(found.double(), torch.tensor(with_prompt, dtype=torch.float64), atol=1e-2)
-    assert (batch.labels[:, : len("Hi") - 1] == -100).all()  # no prompt position is a target
+    assert (batch.labels[..., : len("Hi") - 1] == -100).all()  # no prompt position is a target
 
 
 def test_a_chat_pair_renders_with_the_template_and_its_responses_are_the_replies_alone():
@@ -243,6 +243,50 @@ def test_the_reference_is_the_frozen_start_and_with_lora_the_policy_with_its_ada
     assert not torch.allclose(batch_logprobs(adapted, batch), expected)  # the adapters are back on
 
 
+def test_a_share_of_a_batch_along_its_rows_holds_whole_pairs():
+    """A rank's share of a global batch (`take_rows`, as `Replicated.share` cuts it) or a micro-batch scores each
+    pair as the whole batch does: chosen and rejected are never paired across two pairs."""
+    from attnkit.tasks.common import take_rows
+    from attnkit.tasks.dpo import pair_scores
+
+    model, tokenizer = tiny_model(), char_tokenizer()
+    pairs = [PreferencePair(f"p line {i}", prompt, chosen, rejected) for i, (prompt, chosen, rejected) in enumerate(
+        [("The sky is", " blue.", " green."), ("Hi", " there!", " no."), ("One, two,", " three", " five")])]
+    batch = preference_rows(pairs, template=DEFAULT_FORMAT, tokenizer=tokenizer, seq_len=64, batch_size=3).collate(
+        [0, 1, 2])
+    reference = Reference(lambda: tiny_model(seed=1))
+    whole = pair_scores(batch_logprobs(model, batch), reference.logprobs(model, batch), batch, DPOOptions())
+    for rows in (slice(0, 1), slice(1, 3)):  # two ranks' shares of three pairs
+        share = take_rows(batch, rows)
+        part = pair_scores(batch_logprobs(model, share), reference.logprobs(model, share), share, DPOOptions())
+        torch.testing.assert_close(part.chosen_rewards, whole.chosen_rewards[rows])
+        torch.testing.assert_close(part.rejected_rewards, whole.rejected_rewards[rows])
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_dropout_is_off_in_the_policy_and_the_reference_so_the_first_loss_is_log_2(lora):
+    """A model with dropout, training: at the start the policy is its reference, so every pair's log-ratio is 0 and
+    its loss log 2, as TRL's `disable_dropout` and the paper's code have it; with dropout on in either forward the
+    two would differ by noise."""
+    from attnkit.tasks.dpo import DPOTask
+    from attnkit.train.lora import apply_lora
+
+    tokenizer = char_tokenizer()
+    pairs = [PreferencePair("p line 1", "The sky is", " blue.", " a green colour."),
+             PreferencePair("p line 2", "Hi", " there!", " no.")]
+    data = preference_rows(pairs, template=DEFAULT_FORMAT, tokenizer=tokenizer, seq_len=64, batch_size=2)
+    policy = tiny_model(seed=1, dropout=0.5)
+    if lora:
+        apply_lora(policy, targets=("q_proj", "v_proj"), rank=2, alpha=4.0, dropout=0.5)  # B = 0: no change yet
+    reference = Reference(None if lora else lambda: tiny_model(seed=1, dropout=0.5))
+    task = DPOTask(data, data, options=DPOOptions(), reference=reference)
+    policy.train()
+    loss = task.loss(policy, data.collate([0, 1]))
+    assert loss.item() == pytest.approx(math.log(2), abs=1e-6)
+    assert policy.training and all(m.training for m in policy.modules())  # given back training
+    loss.backward()  # the policy's forward kept its graph
+
+
 # A short run whose answer is known ---------------------------------------------------------------------------------
 def stdlib_lines(count):
     """Lines of real text: the Python standard library's own source (the built-in training data)."""
@@ -291,7 +335,7 @@ def prefers_capitals(run, folder):
     data = preference_rows(pairs, template=DEFAULT_FORMAT, tokenizer=load_tokenizer(run / "tokenizer"), seq_len=64,
                            batch_size=len(pairs))
     with torch.no_grad():
-        chosen, rejected = batch_logprobs(load_model(run)[0].eval(), next(data.eval_batches())).chunk(2)
+        chosen, rejected = batch_logprobs(load_model(run)[0].eval(), next(data.eval_batches())).unbind(1)
     return (chosen > rejected).float().mean().item()
 
 

@@ -8,7 +8,9 @@ One pair a line, a prompt and two responses to it, the preferred one first (TRL'
 
 Plain text is read as text: the prompt's tokens, then the response's, then EOS. Chat messages are rendered with the
 run's chat template (`attnkit.tasks.dpo` does both). `PreferenceRows` serves the pairs in batches of two rows a
-pair, the chosen responses first: rows (2B, T), the response's tokens the only targets (prompt and padding -100).
+pair, side by side: (B, 2, T), the chosen response's row at [:, 0] and the rejected's at [:, 1], the response's tokens
+the only targets (prompt and padding -100). A batch's rows split along B (a rank's share, a micro-batch) keep each
+pair whole.
 """
 
 from __future__ import annotations
@@ -104,8 +106,8 @@ def _response(value: object, key: str) -> list[dict]:
 
 @dataclass(frozen=True)
 class PreferenceBatch:
-    """A batch of B pairs as 2B rows, the chosen responses first: input_ids and labels (2B, T), labels -100 but at the
-    response's tokens. Row i and row B + i are one pair's."""
+    """A batch of B pairs: input_ids and labels (B, 2, T), [:, 0] the chosen response's row and [:, 1] the
+    rejected's, labels -100 but at the response's tokens. Pair i is [i]: any rows taken along B are whole pairs."""
 
     input_ids: Tensor
     labels: Tensor
@@ -149,5 +151,7 @@ class PreferenceRows(BucketedData[PreferenceBatch]):
         width = int(self.lengths[np.asarray(indices)].max())
         chosen = [response_row(self.pairs[i].prompt, self.pairs[i].chosen, width, self.pad_id) for i in indices]
         rejected = [response_row(self.pairs[i].prompt, self.pairs[i].rejected, width, self.pad_id) for i in indices]
-        inputs, labels = zip(*chosen, *rejected, strict=True)
-        return PreferenceBatch(torch.stack(inputs), torch.stack(labels))  # (2B, T) each
+        (chosen_inputs, chosen_labels), (rejected_inputs, rejected_labels) = (map(torch.stack, zip(*rows, strict=True))
+                                                                              for rows in (chosen, rejected))  # (B, T)
+        return PreferenceBatch(torch.stack([chosen_inputs, rejected_inputs], dim=1),
+                               torch.stack([chosen_labels, rejected_labels], dim=1))  # (B, 2, T) each

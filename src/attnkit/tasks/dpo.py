@@ -39,6 +39,7 @@ from attnkit.data import IGNORE_INDEX
 from attnkit.data.preferences import PreferenceBatch, PreferencePair, PreferenceRows, TokenizedPair, read_pairs
 from attnkit.errors import ConfigError, InputError
 from attnkit.layers.lora import adapters_off
+from attnkit.models.modes import evaluating
 from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, split
 from attnkit.tasks.lm import LM
 from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
@@ -116,9 +117,14 @@ def reward_metrics(scores: PreferenceLoss) -> dict[str, float]:
 
 
 def batch_logprobs(model: nn.Module, batch: PreferenceBatch) -> Tensor:
-    """The summed response log-probs of a batch's rows under `model`: (2B, T) -> (2B,), the chosen rows first."""
+    """The summed response log-probs of a batch's pairs under `model`, in one forward over the 2B rows (as TRL's
+    `concatenated_forward`), with dropout off (as the paper's code and TRL's `disable_dropout`: the log-ratio of a
+    policy still equal to its reference is 0, not noise). (B, 2, T) -> (B, 2): [:, 0] the chosen's, [:, 1] the
+    rejected's."""
     device = device_of(model)
-    return response_logprobs(model(batch.input_ids.to(device)).logits, batch.labels.to(device))
+    ids, labels = batch.input_ids.to(device).flatten(0, 1), batch.labels.to(device).flatten(0, 1)  # (2B, T)
+    with evaluating(model):
+        return response_logprobs(model(ids).logits, labels).view(-1, 2)  # (2B,) -> (B, 2)
 
 
 class Reference:
@@ -131,7 +137,7 @@ class Reference:
 
     @torch.no_grad()
     def logprobs(self, policy: nn.Module, batch: PreferenceBatch) -> Tensor:
-        """The reference's summed response log-probs of `batch`'s rows (2B,). Raises ConfigError where the policy
+        """The reference's summed response log-probs of `batch`'s pairs (B, 2). Raises ConfigError where the policy
         has no adapters and no starting weights were given."""
         with adapters_off(policy) as adapted:
             if adapted:
@@ -206,10 +212,10 @@ def preference_scores(model: nn.Module, reference: Reference, data: PreferenceRo
 
 
 def pair_scores(policy: Tensor, reference: Tensor, batch: PreferenceBatch, options: DPOOptions) -> PreferenceLoss:
-    """`preference_loss` of a batch from its rows' summed log-probs (2B,) under the policy and the reference."""
-    tokens = (batch.labels != IGNORE_INDEX).sum(dim=1).to(policy.device)  # (2B,) response tokens
-    (policy_chosen, policy_rejected), (reference_chosen, reference_rejected) = policy.chunk(2), reference.chunk(2)
-    chosen_tokens, rejected_tokens = tokens.chunk(2)
+    """`preference_loss` of a batch from its pairs' summed log-probs (B, 2) under the policy and the reference."""
+    tokens = (batch.labels != IGNORE_INDEX).sum(dim=-1).to(policy.device)  # (B, 2, T) -> (B, 2) response tokens
+    (policy_chosen, policy_rejected), (reference_chosen, reference_rejected) = policy.unbind(1), reference.unbind(1)
+    chosen_tokens, rejected_tokens = tokens.unbind(1)  # (B,) each
     return preference_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta=options.beta,
                            loss_type=options.loss_type, smoothing=options.smoothing, chosen_tokens=chosen_tokens,
                            rejected_tokens=rejected_tokens)
@@ -230,11 +236,11 @@ class DPOTask(EpochTask):
         self.stops, self.stop_ids = stops, stop_ids  # where a sample's reply ends, as chat's (`ChatTask`)
 
     def loss(self, model: nn.Module, batch: PreferenceBatch) -> Tensor:
-        policy = batch_logprobs(model, batch)  # (2B,) with gradients
+        policy = batch_logprobs(model, batch)  # (B, 2) with gradients
         return pair_scores(policy, self.reference.logprobs(model, batch), batch, self.options).losses.mean()
 
     def weight(self, batch: PreferenceBatch) -> int:
-        return len(batch.input_ids) // 2  # the loss is a mean over pairs
+        return len(batch.input_ids)  # (B, 2, T): the loss is a mean over the B pairs
 
     def n_tokens(self, batch: PreferenceBatch) -> int:
         return int(batch.input_ids.numel())
