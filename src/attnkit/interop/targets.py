@@ -23,7 +23,8 @@ def elsewhere(config: ModelConfig, *tried: str) -> str:
     others = [flag for flag in (f"--to-{name}" for name in formats) if flag not in tried]
     if not formats:
         return (f"a {config.family} model has no export form: Hugging Face, llama.cpp and onnxruntime run "
-                "Transformers, not recurrent networks; run it with attnkit itself (generate, translate, serve)")
+                "Transformers, not the recurrent, convolutional or feed-forward baselines; run it with attnkit itself "
+                "(generate, translate, serve)")
     if not others:
         return f"nothing else writes a {config.family} model either; run it with attnkit itself"
     return f"use {' or '.join(others)} for it"
