@@ -381,6 +381,50 @@ def test_a_request_the_scheduler_cannot_fit_names_the_field_to_change(model):
     assert isinstance(many.value, InputError)
 
 
+def test_realign_moves_each_row_right_by_its_own_shift_within_the_row_and_refuses_a_move_it_cannot_make():
+    """`Batch.realign` (a speculative round's rows that kept fewer drafts than another): each row's columns from
+    `first` move right by its own shift, keys and values with their ids (GQA's two key heads, two layers); the columns
+    a row leaves are padding holding its own keys, never another row's. A shift below 0 (a move left, past the
+    columns in use), one of every column in use, or a count of shifts not the rows' is refused, moving nothing."""
+    from attnkit.layers.kv_cache import KVCache
+
+    rows, positions, length, first = 3, 8, 6, 1
+    store = KVCache.allocate(n_layers=2, batch_size=rows, n_kv_heads=2, head_dim=3, max_len=positions,
+                             dtype=torch.float64)
+    tag = 100 * torch.arange(rows)[:, None] + torch.arange(positions)[None, :]  # (R, P): row and column, each cell
+    for index, layer in enumerate(store.layers):
+        layer.keys.copy_((tag + 1000 * index)[:, None, :, None].expand_as(layer.keys))
+        layer.values.copy_(-layer.keys)
+    mask = torch.zeros(rows, positions, dtype=torch.bool)
+    mask[:, first:length] = True
+    mask[1, first:3] = False  # a shorter prompt's row
+    batch = Batch(store, tag.clone(), mask.clone(), length, [(object(), 0)] * rows)
+    held = [batch.ids, batch.attention_mask] + [buffer for layer in store.layers for buffer in (layer.keys,
+                                                                                                 layer.values)]
+    before = [tensor.clone() for tensor in held]
+    for shifts in ([-1, 0, 0], [length - first, 0, 0], [1, 0]):
+        with pytest.raises(InputError, match="cannot realign"):
+            batch.realign(shifts)
+    assert all(torch.equal(old, new) for old, new in zip(before, held, strict=True))
+
+    shifts = [2, 0, 1]
+    batch.realign(shifts)
+    for row, shift in enumerate(shifts):
+        for column in range(first, length):
+            source = column - shift
+            if source >= first:  # a token moved here: its id, mask and keys
+                assert batch.ids[row, column] == tag[row, source]
+                assert batch.attention_mask[row, column] == mask[row, source]
+                for index, layer in enumerate(store.layers):
+                    assert (layer.keys[row, :, column] == tag[row, source] + 1000 * index).all()
+                    assert (layer.values[row, :, column] == -(tag[row, source] + 1000 * index)).all()
+            else:  # left behind: padding, and nothing of another row's
+                assert not batch.attention_mask[row, column]
+                keys = torch.cat([layer.keys[row, :, column] % 1000 for layer in store.layers])
+                assert ((keys // 100) == row).all()
+    assert batch.first == first + 1 and batch.cache.length == length - batch.first  # row 0's padding left behind
+
+
 def test_a_decoding_step_that_fails_ends_the_running_jobs_and_the_waiting_ones_still_run(model, monkeypatch):
     scheduler = scheduler_for(model, max_rows=3)
     running, waiting = Recorded([1, 2], 8, n=2), Recorded([3, 4], 5, sampling=SamplingConfig(), seed=1, n=2)

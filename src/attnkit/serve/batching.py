@@ -269,14 +269,23 @@ class Batch:
         rows kept different numbers of drafts, every row's newest token is in column `length` again, each row with
         its own length, as rows of different prompts are. Keys and values move with their tokens: a row's positions
         count its real tokens (`positions_from_mask`), not columns, and every distance within the row is kept (ALiBi,
-        relative positions, a sliding window)."""
+        relative positions, a sliding window). A row's gather reads its own columns only, and the columns it leaves
+        hold its own keys, masked.
+
+        The `shift` columns before `length` are the caller's to give up (a round's rejected drafts: the mask cannot
+        tell them from tokens). Raises InputError, moving nothing, for a shift below 0 (a row never moves left, past
+        the columns in use) or of every column from `first` on, and for a count of shifts not the rows'."""
+        width = self.length - self.first
+        if len(shifts) != len(self.rows) or not all(0 <= shift < width for shift in shifts):
+            raise InputError(f"cannot realign {len(self.rows)} rows of {width} columns by {shifts}: give one shift a "
+                             f"row, each from 0 to {width - 1} (a row moves right, past none of its columns in use)")
         moving = [row for row, shift in enumerate(shifts) if shift]
         if moving:
             device = self.ids.device
             rows = torch.tensor(moving, device=device)  # (b,)
             by = torch.tensor([shifts[row] for row in moving], device=device)[:, None]  # (b, 1)
             live = slice(self.first, self.length)
-            source = torch.arange(self.length - self.first, device=device)[None, :] - by  # (b, W): columns moved from
+            source = torch.arange(width, device=device)[None, :] - by  # (b, W): columns moved from
             left = source < 0  # the columns no token moves into: padding
             source = source.clamp(min=0)
             self.ids[rows, live] = self.ids[rows, live].gather(1, source)
