@@ -70,3 +70,20 @@ def test_a_run_whose_tokenizer_has_no_hugging_face_form_is_named_by_its_output_n
         assert cli.main(["convert", str(finished), "--to-hf", str(out)]) == 0
     said = [r.getMessage() for r in caplog.records if "no Hugging Face form" in r.getMessage()]
     assert said == [f"a 'char' tokenizer has no Hugging Face form; {out} gets no tokenizer"]
+
+
+@pytest.mark.parametrize("field, value", [("weight_decay", float("nan")), ("weight_decay", float("inf")),
+                                          ("clip", float("nan")), ("lora_alpha", float("inf")),
+                                          ("dist_timeout", float("inf"))])
+def test_training_settings_that_would_turn_the_weights_to_nan_are_refused(field, value, tmp_path, capsys):
+    from attnkit import cli
+    from attnkit.errors import ConfigError
+    from attnkit.train.trainer import TrainConfig
+
+    with pytest.raises(ConfigError, match=f"{field}=(nan|inf) must be"):
+        TrainConfig(**{field: value})
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({field: value}))  # JSON as Python writes it: NaN and Infinity
+    assert cli.main(["train", "--config", str(settings), "--out", str(tmp_path / "run"), "--data", "synthetic:copy",
+                     "--no-progress"]) == 2
+    assert f"attnkit: error: {field}=" in capsys.readouterr().err

@@ -152,18 +152,19 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must lie in [0, 1) (AdamW: 0.9 and 0.95-0.999)")
-        if self.weight_decay < 0 or self.clip < 0:
-            raise ConfigError(f"weight_decay={self.weight_decay} and clip={self.clip} must be >= 0 (0 disables)")
+        for name in ("weight_decay", "clip"):  # nan or inf would turn every weight into nan
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ConfigError(f"{name}={getattr(self, name)} must be a finite number >= 0 (0 disables it)")
         check_freeze(self.freeze)
         if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
             raise ConfigError(f"lora_rank={self.lora_rank!r} must be a whole number >= 0 (0: no LoRA; 8 is usual)")
-        if not (isinstance(self.lora_alpha, (int, float)) and self.lora_alpha > 0):
+        if not (isinstance(self.lora_alpha, (int, float)) and 0 < self.lora_alpha < math.inf):
             raise ConfigError(f"lora_alpha={self.lora_alpha!r} must be positive (16 is usual; the scale is alpha/rank)")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ConfigError(f"lora_dropout={self.lora_dropout} must lie in [0, 1)")
         if not isinstance(self.shard, bool):
             raise ConfigError(f"shard={self.shard!r} must be true or false")
-        if not (isinstance(self.dist_timeout, (int, float)) and self.dist_timeout > 0):
+        if not (isinstance(self.dist_timeout, (int, float)) and 0 < self.dist_timeout < math.inf):
             raise ConfigError(f"dist_timeout={self.dist_timeout!r} must be a positive number of seconds (600 is usual)")
         if (self.lora_rank or self.freeze != "none") and not self.init_from:
             raise ConfigError("lora_rank and freeze adapt trained weights: give --init-from RUN_DIR|HF_DIR too")
