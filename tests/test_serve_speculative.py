@@ -329,14 +329,17 @@ class ByRound(Recorded):
         return [self.rounds.count(r) for r in sorted(set(self.rounds))]
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi"])
-def test_each_row_keeps_the_drafts_it_accepted_whatever_its_neighbours_kept(position):
+@pytest.mark.parametrize("shape", [dict(position="rope"), dict(position="alibi"), dict(position="relative"),
+                                   dict(position="rope", attention_window=5, n_kv_heads=2)],
+                         ids=["rope", "alibi", "relative", "window-gqa"])
+def test_each_row_keeps_the_drafts_it_accepted_whatever_its_neighbours_kept(shape):
     """A row of a batch gains, round by round, what it gains alone (its own accepted drafts plus one), while its
     neighbours keep fewer or more: each row has its own cache length (its left padding grows as it falls behind)
-    and its text stays the target's greedy text. Rows that advanced by the fewest drafts any row kept got the
-    neighbours' gains instead."""
-    target = tiny_model(max_seq_len=CONTEXT, position=position, seed=2)[0]
-    draft = tiny_model(max_seq_len=CONTEXT, position=position, seed=3, n_layers=1)[0]
+    and its text stays the target's greedy text, whatever reads distances between its keys (ALiBi, Shaw's relative
+    positions, a sliding window shorter than the rows, over grouped key heads). Rows that advanced by the fewest
+    drafts any row kept got the neighbours' gains instead."""
+    target = tiny_model(max_seq_len=CONTEXT, seed=2, **shape)[0]
+    draft = tiny_model(max_seq_len=CONTEXT, seed=3, n_layers=1, **shape)[0]
     prompts, max_new = ([1, 2, 3], [4, 5, 6, 7, 8, 9], [2], [5, 5, 5, 5, 5]), 24
     alone = []
     for prompt in prompts:
