@@ -3,6 +3,7 @@ a time.
 
     python -m benchmarks.bench_serve [--requests 4] [--new-tokens 32] [--threads 1] [--rounds 1] [--quick]
     python -m benchmarks.bench_serve --forms [fp32 bf16 int8 int4 "compile aot"] [--requests 4] [--new-tokens 32]
+                                     [--form-clients 1 8] [--name serve-forms-cpu]
 
 The benchmark model is the `small` shape of bench_generate (6 layers, width 384, 6 heads; nanoGPT's
 Shakespeare-char shape) with random weights and a character vocabulary, saved as a run and served (`attnkit
@@ -165,7 +166,8 @@ async def load(url: str, clients: int, requests: int, new_tokens: int, *, max_ba
 
 
 def measure_forms(forms: list[str], args, cpu: str) -> int:
-    """The batched server in each of `forms`, at FORM_CLIENTS clients: serve-forms-cpu.json and .md."""
+    """The batched server in each of `forms`, at `args.form_clients` clients (FORM_CLIENTS unless given):
+    `args.name` (serve-forms-cpu unless given) .json and .md."""
     load_before = os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory() as root:
@@ -175,7 +177,7 @@ def measure_forms(forms: list[str], args, cpu: str) -> int:
                 started = time.perf_counter()
                 with Server(run, 32, args.threads, options=FORMS[form]) as url:
                     start_s = round(time.perf_counter() - started, 1)
-                    for clients in FORM_CLIENTS:
+                    for clients in args.form_clients:
                         row = {"form": form, "round": index, "start_s": start_s,
                                **asyncio.run(load(url, clients, args.requests, args.new_tokens))}
                         print(row, flush=True)
@@ -190,7 +192,7 @@ def measure_forms(forms: list[str], args, cpu: str) -> int:
               f"{args.new_tokens} new tokens each; {load_averages(load_before, load_after)}"]
     table = "\n".join(lines)
     print(table)
-    write_report("serve-forms-cpu", {"args": vars(args), "cpu": cpu, "rows": rows, "load_average_before": load_before,
+    write_report(args.name, {"args": vars(args), "cpu": cpu, "rows": rows, "load_average_before": load_before,
                                      "load_average_after": load_after}, table)
     return 0
 
@@ -207,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 requests per client, 16 tokens (a smoke run)")
     parser.add_argument("--forms", nargs="*", choices=list(FORMS), default=None,
                         help="measure the batched server in these forms (none named: all) at 1 and 8 clients instead")
+    parser.add_argument("--form-clients", nargs="+", type=int, default=list(FORM_CLIENTS),
+                        help="with --forms: the client counts to measure each form at")
+    parser.add_argument("--name", default="serve-forms-cpu", help="with --forms: the results file's name")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.new_tokens = 2, 16

@@ -4,6 +4,8 @@ built."""
 
 import json
 import logging
+import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from attnkit.errors import InputError
 from attnkit.generate import decode_layout, native_gemv, tune
 from attnkit.generate.decode_layout import GemvPackedLinear, TransposedLinear
 from attnkit.generate.decoder import generate_tokens
-from attnkit.generate.plan import plan_inference
+from attnkit.generate.plan import CAPTURED_SERVING, plan_inference
 from attnkit.generate.tune import _longest_win, choose_layout
 from attnkit.generate.tune import tune as tune_machine
 from attnkit.layers.attention import Attention
@@ -420,6 +422,27 @@ def test_an_eager_plan_names_the_captured_step_where_the_models_step_can_be_capt
     why = {c.what: c for c in plan_inference(model(), family).choices}["compilation"]
     assert why.choice == "eager" and why.why.startswith("not asked for")
     assert ("--compile aot captures this model's decoding step" in why.why) == captures, why.why
+
+
+def test_the_eager_plans_serving_figures_are_those_its_results_file_records():
+    """The eager choice's reason quotes the captured step's measured serving gain and start time
+    (`plan.CAPTURED_SERVING`): they are the median of the rounds' ratios and the ranges the results file holds."""
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "serve-captured-cpu.json"
+    rows = json.loads(results.read_text())["rows"]
+
+    def tokens(form: str, clients: int, round_: int) -> float:
+        return next(r["tokens_per_s"] for r in rows if (r["form"], r["clients"], r["round"]) == (form, clients, round_))
+
+    rounds = sorted({r["round"] for r in rows})
+    speedups = tuple(round(statistics.median(tokens("compile aot", c, i) / tokens("fp32", c, i) for i in rounds), 2)
+                     for c in CAPTURED_SERVING["clients"])
+    starts = {form: sorted({round(r["start_s"]) for r in rows if r["form"] == form})
+              for form in ("compile aot", "fp32")}
+    assert speedups == CAPTURED_SERVING["speedup"]
+    assert (starts["compile aot"][0], starts["compile aot"][-1]) == CAPTURED_SERVING["start_s"]
+    assert (starts["fp32"][0], starts["fp32"][-1]) == CAPTURED_SERVING["eager_start_s"]
+    why = {c.what: c for c in plan_inference(_decoder(), "decoder").choices}["compilation"].why
+    assert f"{speedups[0]}x at 1 client and {speedups[1]}x at 4 clients" in why, why
 
 
 def _windowed():
