@@ -98,3 +98,25 @@ def test_a_request_given_the_id_of_one_served_and_gone_keeps_its_turn():
     queue.put(Job("later0", owners[-1]))
     queue.put(Job("next0", object()))
     assert drained(queue) == ["later0", "next0"]
+
+
+def test_a_request_passed_over_keeps_its_turn_and_a_later_head_that_does_not_fit_ends_the_look():
+    """`pop_if(passes=)` (a request whose prompts hold its share of the rows): that request is passed over, keeping
+    its place, and the next request's head joins, a cancelled head met on the way set aside; a head after it that
+    does not fit ends the look, as the first request's would."""
+    queue, big, small, other = WaitingQueue(16), object(), object(), object()
+    for i in range(3):
+        queue.put(Job(f"big{i}", big))
+    gone = Job("small0", small)
+    for job in (gone, Job("small1", small), Job("other0", other)):
+        queue.put(job)
+    gone.cancelled.set()
+
+    def at_share(job: Job) -> bool:
+        return job.owner is big
+
+    assert queue.pop_if(lambda job: True, passes=at_share).name == "small1"
+    assert [job.name for job in queue.take_set_aside()] == ["small0"]
+    assert queue.pop_if(lambda job: job.name != "other0", passes=at_share) is None
+    assert queue.head().name == "big0"
+    assert drained(queue) == ["big0", "other0", "big1", "big2"]

@@ -3,7 +3,8 @@ Each request takes its turn: a request's jobs (one per prompt) join in the order
 turns, one job each, so that a request of many prompts cannot keep a request that came after it waiting until all of
 its prompts have run (Nagle's fair queuing, round robin). A request that arrives takes its turn before the one just
 served. Admission looks at the head job of the request whose turn it is and the cancelled ones met before it, never
-the whole queue.
+the whole queue; a request that holds its share of the rows is passed over, keeping its turn, and the next request's
+head is looked at (`pop_if`'s passes): at most one head per request.
 
     submit  ->  A: [ a1  a2~  a3 ]   B: [ b1 ]   C: [ c1~  c2 ]
     admission:  a1 joins (or waits, first, for a free row); then B's b1, then C's c2 (c1~, its client gone, set
