@@ -87,3 +87,17 @@ def test_training_settings_that_would_turn_the_weights_to_nan_are_refused(field,
     assert cli.main(["train", "--config", str(settings), "--out", str(tmp_path / "run"), "--data", "synthetic:copy",
                      "--no-progress"]) == 2
     assert f"attnkit: error: {field}=" in capsys.readouterr().err
+
+
+def test_a_tokenizer_that_reads_the_data_as_no_token_is_named_not_the_data(tmp_path):
+    from attnkit.data.lm import token_cache
+    from attnkit.tokenize import load_tokenizer, train_bpe
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("the cat sat on the mat\n" * 20, encoding="utf-8")
+    train_bpe([text.read_text()], vocab_size=300).save(tmp_path / "tok")
+    saved = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
+    saved["model"]["vocab"], saved["model"]["merges"] = {}, []  # a damaged vocabulary: no text maps to a token
+    (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(saved))
+    with pytest.raises(InputError, match=r"reads the 460 bytes .* as no token at all: its vocabulary covers none"):
+        token_cache([text], load_tokenizer(tmp_path / "tok"), tmp_path / "cache")

@@ -331,8 +331,12 @@ def _build(
                 out.write(block)  # not tofile: its OSError lacks errno
                 digest.update(block)
                 n_tokens += ids.size
-        if n_tokens == 0:
+        if n_tokens == 0 and total == 0:
             raise InputError(f"no text in the {len(files)} data file(s) (first: {files[0]}): every one is empty")
+        if n_tokens == 0:  # bytes read, no token made: a tokenizer whose vocabulary covers none of the text
+            raise InputError(f"the tokenizer ({tokenizer.vocab_size} tokens) reads the {total:,} bytes of the "
+                             f"{len(files)} data file(s) (first: {files[0]}) as no token at all: its vocabulary "
+                             "covers none of this text; give a tokenizer made for it (--tokenizer bpe trains one)")
         os.replace(tmp, bin_path)
     finally:
         tmp.unlink(missing_ok=True)
