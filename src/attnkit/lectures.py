@@ -202,10 +202,10 @@ LECTURES: tuple[Lecture, ...] = (
               ("models.recurrent.rnn",), COST, COST_PNG, section=GRADIENT_SHORTCUT),
         Topic("Attention lets a model focus: predictions that depend on words far back (the program log, the "
               "battery log)", T03, ("layers.attention",), "ab-task", AB_PNG, section="One query looking for a B"),
-        Topic("Relationships between elements (the animal ... it was tired)", None, ("viz",),
-              picture="viz/head.png", page="user-guide/looking-inside.md",
-              gap="no shipped model shows 'it' attending to 'animal'; `attnkit viz` draws any run's weights, a "
-                  "converted GPT-2 included"),
+        Topic("Relationships between elements (the animal ... it was tired: trained where the adjective decides, "
+              "a head from 'it' finds the referent in held-out pairings, `attnkit experiment referent-head`)", None,
+              ("viz.head_view", "inspect.referents", "experiments.referent_head"), "referent-head",
+              "experiments/referent-head/referent.png", "user-guide/looking-inside.md#what-it-refers-to"),
         Topic("Attention's origins: machine translation and the bottleneck", T05, ("models.recurrent.seq2seq",),
               "bottleneck", BOTTLENECK_PNG, section="Going further: reverse a sequence"),
         Topic("Dot-product attention: relevance as embedding similarity, softmax, weighted average, a context "
