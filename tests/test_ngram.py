@@ -48,6 +48,18 @@ def test_kneser_ney_bigram_is_the_hand_count():
     torch.testing.assert_close(model.next_token_probs([0]), expected)
 
 
+def test_kneser_ney_counts_the_continuations_a_sequence_starts_with():
+    # 0 1 2 3, n = 3, d = 0.5: the bigrams (0 1) (1 2) (2 3) give 1, 2 and 3 one left neighbour each (N1+(. 1) = 1,
+    # though no trigram ends in (0 1)); total 3, 3 distinct: P1(w) = (max(N - d, 0) + d * 3 * 1/4) / 3. The context
+    # (3 3) is unseen, and so is 3 as a bigram context: both defer to P1.
+    model = NGramLM(n=3, vocab_size=4, smoothing="kneser-ney", discount=0.5).fit([0, 1, 2, 3])
+    expected = (torch.tensor([0.0, 0.5, 0.5, 0.5], dtype=torch.float64) + 0.5 * 3 / 4) / 3
+    torch.testing.assert_close(model.next_token_probs([3, 3]), expected)
+    # each sequence starts its own: (2 1) in the second gives 1 a second left neighbour
+    two = NGramLM(n=3, vocab_size=4, smoothing="kneser-ney", discount=0.5).fit([[0, 1, 2, 3], [2, 1]])
+    assert two.next_token_probs([3, 3])[1] > model.next_token_probs([3, 3])[1]
+
+
 def brute_force_probability(train, n, vocab_size, smoothing, alpha, d, context, word):
     """The same smoothing from Python counters, one order at a time (independent of the vectorised tables)."""
     grams = Counter(tuple(train[i:i + n]) for i in range(len(train) - n + 1))
@@ -56,8 +68,8 @@ def brute_force_probability(train, n, vocab_size, smoothing, alpha, d, context, 
         total = sum(c for g, c in grams.items() if g[:-1] == tuple(context))
         return (together + alpha) / (total + alpha * vocab_size)
     orders = {n: grams}
-    for k in range(n - 1, 0, -1):  # continuation counts: distinct tokens before each k-gram
-        orders[k] = Counter(g[1:] for g in orders[k + 1])
+    for k in range(n - 1, 0, -1):  # continuation counts: distinct tokens before each k-gram anywhere in the text
+        orders[k] = Counter(g[1:] for g in {tuple(train[i:i + k + 1]) for i in range(len(train) - k)})
     p = 1.0 / vocab_size
     for k in range(1, n + 1):
         ctx = tuple(context[len(context) - (k - 1):]) if k > 1 else ()

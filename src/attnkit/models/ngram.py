@@ -90,15 +90,20 @@ class NGramLM:
         if not any(len(s) >= self.n for s in sequences):
             raise InputError(f"no sequence has the {self.n} tokens one {self.n}-gram needs; give more text or a "
                              f"smaller n")
-        grams = torch.cat([self.codes(s, self.n) for s in sequences])  # (G,) every n-gram, as an integer
-        codes, counts = torch.unique(grams, return_counts=True)
+        codes, counts = torch.unique(self.every_gram(sequences, self.n), return_counts=True)
         tables = [CountTable(codes, counts, self.vocab_size)]
         if self.smoothing == "kneser-ney":
-            for k in range(self.n - 1, 0, -1):  # N1+(. g): the distinct (k + 1)-grams that end in g
-                lower, continuations = torch.unique(tables[0].codes % self.vocab_size ** k, return_counts=True)
+            for k in range(self.n - 1, 0, -1):  # N1+(. g): the distinct (k + 1)-grams of the text that end in g,
+                # every one of them, those at a sequence's start too (no n-gram holds them: Chen & Goodman's N1+)
+                wider = torch.unique(self.every_gram(sequences, k + 1))  # (G,) distinct
+                lower, continuations = torch.unique(wider % self.vocab_size ** k, return_counts=True)
                 tables.insert(0, CountTable(lower, continuations, self.vocab_size))
         self.tables = tables
         return self
+
+    def every_gram(self, sequences: list[Tensor], k: int) -> Tensor:
+        """Every k-gram of the sequences, none crossing from one to the next, coded in base V: (G,)."""
+        return torch.cat([self.codes(s, k) for s in sequences])
 
     def codes(self, ids: Tensor, k: int) -> Tensor:
         """Each run of k ids as one integer in base V, the oldest token the most significant: (N,) -> (N - k + 1,)."""
