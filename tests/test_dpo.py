@@ -310,20 +310,31 @@ def capitals(texts):
     return sum(c.isupper() for c in letters) / max(1, len(letters))
 
 
-@pytest.fixture(scope="module")
-def style(tmp_path_factory):
-    """A tiny model pretrained on standard-library files, and pairs of their lines' continuations that prefer
-    capitals: 160 to train on, 32 held out."""
-    folder = tmp_path_factory.mktemp("dpo")
+def pretrained(folder, *, steps, pairs, held_out):
+    """`folder` with base/, a tiny model pretrained `steps` steps on standard-library files, and train.jsonl and
+    val.jsonl, pairs of their lines' continuations that prefer capitals (`pairs` in all, `held_out` of them)."""
     files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:12]
-    base = folder / "base"
-    prepare(TrainRequest(out=str(base), overrides=TINY, progress=False,
+    prepare(TrainRequest(out=str(folder / "base"), overrides=TINY, progress=False,
                          data={"data": tuple(map(str, files)), "tokenizer": "char"},
-                         settings=dict(max_steps=60, batch_size=16, lr=3e-3, warmup=5, eval_every=60, seed=0))).fit()
-    lines = stdlib_lines(192)
-    for name, part in (("train.jsonl", lines[:160]), ("val.jsonl", lines[160:])):
+                         settings=dict(max_steps=steps, batch_size=16, lr=3e-3, warmup=min(5, steps), eval_every=steps,
+                                       seed=0, instruments=False))).fit()
+    lines = stdlib_lines(pairs)
+    for name, part in (("train.jsonl", lines[:-held_out]), ("val.jsonl", lines[-held_out:])):
         (folder / name).write_text("".join(json.dumps(shouted(line)) + "\n" for line in part), encoding="utf-8")
     return folder
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A tiny model briefly pretrained (the runs below check DPO's plumbing, not what it learns), 24 pairs to train
+    on and 8 held out: shared by the quick end-to-end tests."""
+    return pretrained(tmp_path_factory.mktemp("dpo"), steps=4, pairs=32, held_out=8)
+
+
+@pytest.fixture(scope="module")
+def style(tmp_path_factory):
+    """A tiny model pretrained long enough to write lower case, and 160 pairs that prefer capitals, 32 held out."""
+    return pretrained(tmp_path_factory.mktemp("style"), steps=60, pairs=192, held_out=32)
 
 
 def prefers_capitals(run, folder):
@@ -339,16 +350,18 @@ def prefers_capitals(run, folder):
     return (chosen > rejected).float().mean().item()
 
 
-def dpo_args(folder, out, *more):
-    return ["train", "--task", "dpo", "--init-from", str(folder / "base"), "--data", str(folder / "train.jsonl"),
-            "--val-data", str(folder / "val.jsonl"), "--out", str(out), "--batch-size", "8", "--lr", "3e-3",
-            "--warmup", "2", "--seed", "0", "--no-progress", *more]
+def dpo_args(folder, out, *more, init_from=None):
+    return ["train", "--task", "dpo", "--init-from", str(init_from or folder / "base"), "--data",
+            str(folder / "train.jsonl"), "--val-data", str(folder / "val.jsonl"), "--out", str(out), "--batch-size",
+            "8", "--lr", "3e-3", "--warmup", "2", "--seed", "0", "--no-progress", "--sample-tokens", "0",
+            "--no-instruments", *more]
 
 
 def last_evaluation(run):
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "val_loss" in r][-1]
 
 
+@pytest.mark.slow  # a pretraining of 60 steps, 30 of DPO and 24 generations: about 15 s
 def test_a_short_dpo_run_prefers_the_chosen_style_on_held_out_pairs_and_writes_in_it(style, tmp_path, capsys):
     from attnkit import cli, load
 
@@ -369,40 +382,84 @@ def test_a_short_dpo_run_prefers_the_chosen_style_on_held_out_pairs_and_writes_i
     assert capitals(before) < 0.3 < 0.7 < capitals(after)
 
 
-def test_lora_dpo_trains_the_adapters_alone_and_eval_reads_the_base_as_its_reference(style, tmp_path):
+def test_lora_dpo_trains_the_adapters_alone_and_eval_reads_the_base_as_its_reference(base, tmp_path):
     from attnkit import cli
-    from attnkit.checkpoint import ADAPTERS_FILE
+    from attnkit.checkpoint import ADAPTERS_FILE, load_model
 
     run = tmp_path / "lora"
-    assert cli.main(dpo_args(style, run, "--max-steps", "20", "--eval-every", "20", "--lora-rank", "4",
+    assert cli.main(dpo_args(base, run, "--max-steps", "4", "--eval-every", "2", "--lora-rank", "4",
                              "--lora-targets", "q_proj,v_proj,o_proj", "--lr", "1e-2")) == 0
     assert (run / ADAPTERS_FILE).is_file()
-    last = last_evaluation(run)
-    assert last["rewards/accuracies"] >= 0.8
-    assert cli.main(["eval", str(run), "--data", str(style / "val.jsonl"), "--no-progress"]) == 0
+    first, last = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "val_loss" in r]
+    assert last["rewards/margins"] > first["rewards/margins"] > 0
+    start, tuned = (load_model(path, merge_adapters=False)[0].state_dict() for path in (base / "base", run))
+    assert all(torch.equal(start[name], tuned[name]) for name in start)  # the base weights never moved
+    assert cli.main(["eval", str(run), "--data", str(base / "val.jsonl"), "--no-progress"]) == 0
     scored = json.loads((run / "eval" / "eval.json").read_text())["rows"][0]
     assert scored["rewards/margins"] == pytest.approx(last["rewards/margins"], rel=1e-4)
 
 
-def test_a_resumed_dpo_run_ends_bit_for_bit_where_a_straight_one_does(style, tmp_path):
+def test_a_resumed_dpo_run_ends_bit_for_bit_where_a_straight_one_does(base, tmp_path):
     """The resumed run measures against the weights it started from, not the checkpoint it resumes."""
     from attnkit import cli
     from attnkit.checkpoint import load_model
 
     straight, halves = tmp_path / "straight", tmp_path / "halves"
-    # the first 3 steps within the warmup: their learning rates do not depend on --max-steps
-    assert cli.main(dpo_args(style, straight, "--max-steps", "6", "--eval-every", "3", "--warmup", "5")) == 0
-    assert cli.main(dpo_args(style, halves, "--max-steps", "3", "--eval-every", "3", "--warmup", "5")) == 0
-    assert cli.main(["train", "--out", str(halves), "--resume", "--max-steps", "6", "--no-progress"]) == 0
+    # the first 2 steps within the warmup: their learning rates do not depend on --max-steps
+    assert cli.main(dpo_args(base, straight, "--max-steps", "4", "--eval-every", "2", "--warmup", "3")) == 0
+    assert cli.main(dpo_args(base, halves, "--max-steps", "2", "--eval-every", "2", "--warmup", "3")) == 0
+    assert cli.main(["train", "--out", str(halves), "--resume", "--max-steps", "4", "--no-progress"]) == 0
     for (name, a), (_, b) in zip(load_model(straight)[0].state_dict().items(),
                                  load_model(halves)[0].state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     assert last_evaluation(straight)["rewards/margins"] == last_evaluation(halves)["rewards/margins"]
 
 
-def test_dpo_without_a_model_to_start_from_is_refused_naming_init_from(style, tmp_path, capsys):
+def test_dpo_without_a_model_to_start_from_is_refused_naming_init_from(base, tmp_path, capsys):
     from attnkit import cli
 
-    code = cli.main(["train", "--task", "dpo", "--data", str(style / "train.jsonl"), "--out", str(tmp_path / "x"),
+    code = cli.main(["train", "--task", "dpo", "--data", str(base / "train.jsonl"), "--out", str(tmp_path / "x"),
                      "--no-progress"])
     assert code != 0 and "give --init-from RUN_DIR" in capsys.readouterr().err
+
+
+def test_a_full_dpo_run_from_a_hugging_face_directory_is_evaluated_against_that_directory(tmp_path):
+    """`attnkit eval` reads the reference of a run fine-tuned from a Hugging Face directory through the same loader
+    training used, and scores the held-out pairs as the run's last evaluation did."""
+    pytest.importorskip("transformers")
+    from interop_models import hf_model, word_tokenizer
+
+    from attnkit import cli
+
+    hf_model("llama", tmp_path / "hf")
+    word_tokenizer(tmp_path / "hf")
+    lines = [json.dumps({"prompt": f"w{10 + i} w{11 + i}", "chosen": f" w{40 + i} w{41 + i}",
+                         "rejected": f" w{60 + i}"}) for i in range(6)]
+    (tmp_path / "train.jsonl").write_text("\n".join(lines[:4]) + "\n", encoding="utf-8")
+    (tmp_path / "val.jsonl").write_text("\n".join(lines[4:]) + "\n", encoding="utf-8")
+    run = tmp_path / "dpo"
+    assert cli.main(dpo_args(tmp_path, run, "--max-steps", "2", "--eval-every", "2", "--batch-size", "2",
+                             init_from=tmp_path / "hf")) == 0
+    last = last_evaluation(run)
+    assert cli.main(["eval", str(run), "--data", str(tmp_path / "val.jsonl"), "--no-progress"]) == 0
+    scored = json.loads((run / "eval" / "eval.json").read_text())["rows"][0]
+    for name in ("val_loss", "rewards/chosen", "rewards/rejected", "rewards/margins"):
+        assert scored[name] == pytest.approx(last[name], rel=1e-4, abs=1e-6), name
+    assert last["rewards/margins"] != 0  # the policy moved from its reference
+
+
+def test_the_memory_check_counts_the_reference_copy_a_full_dpo_run_holds(base, tmp_path, monkeypatch):
+    """A full fine-tune holds the --init-from weights a second time, frozen, as its reference (4 bytes a parameter):
+    with the memory free between the floor without that copy and the floor with it, a full run is refused naming
+    the copy, and a LoRA run (whose reference is the model with its adapters off) starts."""
+    from attnkit.checkpoint import load_config
+    from attnkit.models import count_parameters
+    from attnkit.train import memory
+
+    n = count_parameters(load_config(base / "base"))
+    monkeypatch.setattr(memory, "free_bytes", lambda device: n * 16 + n * 2)  # the floor, less the copy's 4 a weight
+    settings = dict(init_from=str(base / "base"), max_steps=1, batch_size=8, seed=0)
+    data = {"task": "dpo", "data": (str(base / "train.jsonl"),), "val_data": (str(base / "val.jsonl"),)}
+    with pytest.raises(ConfigError, match="frozen reference copy"):
+        prepare(TrainRequest(out=str(tmp_path / "full"), progress=False, data=data, settings=settings))
+    prepare(TrainRequest(out=str(tmp_path / "lora"), progress=False, data=data, settings={**settings, "lora_rank": 2}))

@@ -460,7 +460,10 @@ def _run_eval(settings: EvalSettings, *own: dict[str, Any]) -> int:
                 print(plan.explain(), file=sys.stderr)
             return plan.apply(model)
 
-    report = run_eval(settings, translate=translate, model=model, prepare=prepare, task_options=task_options)
+    from attnkit.interop import hf
+
+    report = run_eval(settings, translate=translate, model=model, prepare=prepare, task_options=task_options,
+                      load_hf=hf.load)
     print(report.table())
     print(f"saved {report.details['json']}")
     return 0

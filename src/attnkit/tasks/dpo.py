@@ -304,7 +304,7 @@ def _report(ctx: EvalContext) -> EvalReport:
 DPO = register(TaskSpec(
     name="dpo", help="preference fine-tuning (DPO): prefer the chosen responses over the rejected (decoder)",
     families=("decoder",), seed_draws_validation="without_val_data", head={"decoder_head": "lm"}, make=_make,
-    evaluate_files=_report, method="generate", training_text=_needs_init_from,
+    evaluate_files=_report, method="generate", training_text=_needs_init_from, reference_copy=True,
     options=("val_data", "val_fraction", "encoding_errors"), own_options=DPOOptions, default_model=LM.default_model,
     eval_help='JSON Lines preference pairs ({"prompt", "chosen", "rejected"}): DPO loss and reward accuracy against '
               "the reference",

@@ -149,6 +149,8 @@ class TaskSpec:
     the seed whatever this says. A resume refuses another seed where it draws the validation set"""
     labelled: bool = False  # learns a label set (labels.json; n_classes from the data)
     decodes: bool = False  # evaluation decodes text (attnkit eval passes `translate_texts`)
+    reference_copy: bool = False  # a fine-tune holds a frozen copy of its starting weights beside the model (dpo's
+    # reference, but under LoRA, where the reference is the model with its adapters off): the memory check counts it
     training_text: Callable[[Any, int], list[str]] | None = None  # (data, seed) -> text a new tokenizer learns
     options: tuple[str, ...] = ()  # the DataConfig fields it reads beyond every task's (`train.job.EVERY_TASK`)
     own_options: type | None = None

@@ -45,7 +45,7 @@ from attnkit.options import fields_of, one_flag
 from attnkit.tasks import EvalContext, EvalReport, TaskSpec, own_options, task_names, task_of_run, tasks, unread_options
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, load_tokenizer
-from attnkit.train.finetune import reference_loader
+from attnkit.train.finetune import HFLoader, reference_loader
 from attnkit.train.trainer import shows_progress
 
 log = logging.getLogger(__name__)
@@ -129,14 +129,15 @@ def run_eval(
     model: nn.Module | None = None,
     prepare: Callable[[nn.Module], nn.Module] | None = None,
     task_options: dict[str, Any] | None = None,
+    load_hf: HFLoader | None = None,
 ) -> EvalReport:
-    """`attnkit eval`: `evaluate_run` with `settings` (see it for `translate`, `model`, `prepare`, `task_options`
-    and what is raised)."""
+    """`attnkit eval`: `evaluate_run` with `settings` (see it for `translate`, `model`, `prepare`, `task_options`,
+    `load_hf` and what is raised)."""
     return evaluate_run(
         settings.run, list(settings.data), device=pick_device(settings.device), settings=settings,
         translate=translate, model=model, out_dir=settings.out, progress=shows_progress(settings.progress),
         prepare=prepare, details={"quantize": settings.quantize} if settings.quantize else None,
-        task_options=task_options,
+        task_options=task_options, load_hf=load_hf,
     )
 
 
@@ -153,6 +154,7 @@ def evaluate_run(
     prepare: Callable[[nn.Module], nn.Module] | None = None,
     details: dict[str, Any] | None = None,
     task_options: dict[str, Any] | None = None,
+    load_hf: HFLoader | None = None,
     **options: Any,
 ) -> EvalReport:
     """Score the run in `run_dir` on the files `data` with its task's evaluation (module docstring).
@@ -167,6 +169,8 @@ def evaluate_run(
     out_dir: where eval.json (and pictures such as confusion.png) go; default `run_dir/eval`.
     task_options: the task's own options (`TaskSpec.own_options`, e.g. tag_column={"tag_column": "NER"}); those
         not given are the run's training values, else their defaults.
+    load_hf: reads a Hugging Face directory (`attnkit.interop.hf.load`; the CLI passes it), for a run fine-tuned
+        from one whose task scores against the weights it started from (dpo's reference).
     Raises InputError / ConfigError / CheckpointError naming what is wrong and how to fix it.
     """
     run_dir = Path(run_dir)
@@ -194,7 +198,8 @@ def evaluate_run(
     report = spec.evaluate_files(EvalContext(
         run=run_dir, model=model, config=config, tokenizer=tokenizer, labels=read_labels(run_dir),
         files=[str(p) for p in data], settings=settings, out=out_dir, translate_texts=translate, progress=progress,
-        options=_own_options(spec, state, task_options or {}), reference=reference_loader(run_dir, state),
+        options=_own_options(spec, state, task_options or {}),
+        reference=reference_loader(run_dir, state, load_hf=load_hf),
     ))
     report.details.update(details or {})
     atomic_write(out_dir / REPORT_FILE, json.dumps(report.to_dict(), indent=1) + "\n")

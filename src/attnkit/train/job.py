@@ -358,7 +358,8 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     log.info("model: %s, %s parameters%s", config.family, f"{count_parameters(config):,}",
              f", receptive field {reach} tokens" if reach is not None else "")
     n_parameters, frozen = _trained_parameters(config, settings)
-    check_fits(n_parameters, settings.dtype, device, force=request.force, frozen=frozen)
+    reference = count_parameters(config) if spec.reference_copy and source is not None and not settings.lora_rank else 0
+    check_fits(n_parameters, settings.dtype, device, force=request.force, frozen=frozen, reference=reference)
     seed_all(settings.seed)  # the weights do not depend on how much randomness data preparation used
     model = build_model(config, force=request.force)
     run_info: dict[str, Any] = {"data_config": data_config.to_dict()}
