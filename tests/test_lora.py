@@ -132,3 +132,26 @@ def test_a_glob_over_full_names_selects_one_layer():
     names = apply_lora(model, targets=("stack.blocks.1.*",), rank=RANK, alpha=ALPHA)
     assert names and all(name.startswith("stack.blocks.1.") for name in names)
     assert not any(isinstance(m, LoRALinear) for m in model.get_submodule("stack.blocks.0").modules())
+
+
+def test_adapters_off_computes_the_base_and_gives_the_adapters_back_on_an_error_and_after_a_nested_block():
+    """`adapters_off` (DPO's reference without a second copy): the base's logits inside; after the block, also one
+    left by an exception, the adapted logits again; a nested block leaves them off for the rest of the outer one."""
+    from attnkit.layers.lora import adapters_off
+
+    model, base, _, _ = adapted()
+    with torch.no_grad():
+        expected, adapted_logits = base(ids()).logits, model(ids()).logits
+        assert not torch.allclose(expected, adapted_logits)
+        with pytest.raises(RuntimeError, match="inside"), adapters_off(model) as has_adapters:
+            assert has_adapters
+            torch.testing.assert_close(model(ids()).logits, expected, rtol=0, atol=0)
+            raise RuntimeError("inside")
+        torch.testing.assert_close(model(ids()).logits, adapted_logits, rtol=0, atol=0)
+        with adapters_off(model):
+            with adapters_off(model):
+                pass
+            torch.testing.assert_close(model(ids()).logits, expected, rtol=0, atol=0)
+        torch.testing.assert_close(model(ids()).logits, adapted_logits, rtol=0, atol=0)
+        with adapters_off(base) as has_adapters:
+            assert not has_adapters

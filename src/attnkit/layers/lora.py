@@ -83,15 +83,16 @@ def adapter_tensors(model: nn.Module) -> dict[str, Tensor]:
 def adapters_off(model: nn.Module) -> Iterator[bool]:
     """Within the block, every LoRA wrapper of `model` computes its base map alone (its update scaled by 0), as
     PEFT's `disable_adapter()`: the frozen model the adapters started from, without a second copy (DPO's reference,
-    as TRL reads it). Yields whether the model has adapters; the scales come back on leaving."""
-    wrappers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    as TRL reads it). Yields whether the model has adapters; each scale comes back as it was on leaving, also on an
+    error, and a block nested in another leaves the adapters off for the rest of the outer one."""
+    scales = [(m, m.scale) for m in model.modules() if isinstance(m, LoRALinear)]
     try:
-        for module in wrappers:
+        for module, _ in scales:
             module.scale = 0.0
-        yield bool(wrappers)
+        yield bool(scales)
     finally:
-        for module in wrappers:
-            module.scale = module.alpha / module.rank
+        for module, scale in scales:
+            module.scale = scale
 
 
 def adapter_alphas(model: nn.Module) -> dict[str, float]:
