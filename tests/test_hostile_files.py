@@ -101,3 +101,20 @@ def test_a_tokenizer_that_reads_the_data_as_no_token_is_named_not_the_data(tmp_p
     (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(saved))
     with pytest.raises(InputError, match=r"reads the 460 bytes .* as no token at all: its vocabulary covers none"):
         token_cache([text], load_tokenizer(tmp_path / "tok"), tmp_path / "cache")
+
+
+@pytest.mark.parametrize("folder", ["checkpoints", "plots"])
+def test_a_run_whose_own_folder_is_a_link_outside_it_is_refused_before_anything_is_written(finished, tmp_path,
+                                                                                           folder):
+    from attnkit.errors import ConfigError
+    from attnkit.train import rundir
+
+    run = shutil.copytree(finished, tmp_path / "run")
+    outside = tmp_path / "outside"
+    shutil.move(run / folder, outside)  # the folder's files now live outside the run, reached through a link
+    (run / folder).symlink_to(outside)
+    before = sorted(p.name for p in outside.iterdir())
+    with pytest.raises(ConfigError, match=f"{folder} is a link to .*outside: a run writes and prunes"):
+        rundir.claim(run)
+    assert sorted(p.name for p in outside.iterdir()) == before
+    rundir.release(run)

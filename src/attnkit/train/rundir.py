@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 RUN_FILES = (CONFIG_FILE, WEIGHTS_FILE, ADAPTERS_FILE, OPTIMIZER_FILE, TRAIN_STATE_FILE, CHECKSUMS_FILE, TASK_FILE,
              LABELS_FILE, METRICS_FILE, TOKENIZER_DIR, CHECKPOINTS_DIR, BEST_DIR, "plots")
+OWN_FOLDERS = (CHECKPOINTS_DIR, BEST_DIR, TOKENIZER_DIR, "plots")  # written and pruned in place, never through links
 DERIVED = ("average-last-*", "averaged.json", "eval", "viz", "tensorboard", "hf_source.json")  # what attnkit
 # writes into a run after training (average, eval, viz, convert): replaced with the run, never left stale
 
@@ -62,8 +63,9 @@ _held: dict[Path, tuple[int, bool]] = {}  # this process's claims: run directory
 def claim(out: str | Path) -> None:
     """Make this process the owner of run directory `out` (created when missing) until `release`.
 
-    Raises ConfigError when another process owns it (naming that process), or when `out` cannot be a writable
-    directory (naming why). A run that an interrupted `--overwrite` had moved aside is put back or dropped.
+    Raises ConfigError when another process owns it (naming that process), when `out` cannot be a writable
+    directory (naming why), or when one of the run's own folders (`OWN_FOLDERS`) is a link, which its writes and
+    pruning would follow outside `out`. A run that an interrupted `--overwrite` had moved aside is put back or dropped.
     """
     out = Path(out)
     key = out.resolve()
@@ -71,6 +73,10 @@ def claim(out: str | Path) -> None:
         return
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; a run is a directory: choose another --out")
+    if links := [out / name for name in OWN_FOLDERS if (out / name).is_symlink()]:
+        raise ConfigError(f"{links[0]} is a link to {os.path.realpath(links[0])}: a run writes and prunes the files "
+                          "of its folders, which would reach outside --out through it; put the folder itself there "
+                          "(or choose another --out)")
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
