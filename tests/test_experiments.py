@@ -82,6 +82,16 @@ def referent_head(rows: list[dict]) -> None:
     assert models["referent at random"]["answer accuracy"] < 0.6
 
 
+def rnn_forgets(rows: list[dict]) -> None:
+    """Three models of about the same size (within 10% of the Transformer's parameters), each scored at every
+    distance."""
+    sizes = {row["model"]: row["parameters"] for row in rows}
+    assert set(sizes) == {"LSTM", "RNN", "Transformer"}
+    assert all(abs(size / sizes["Transformer"] - 1) < 0.1 for size in sizes.values())
+    distances = {row["d"] for row in rows}
+    assert len(distances) >= 2 and len(rows) == 3 * len(distances)
+
+
 def rnn_vs_transformer_cost(rows: list[dict]) -> None:
     """The LSTM takes T sequential steps, the Transformer one per layer; what each keeps for backward grows with T,
     and the attention matrices would grow as T^2."""
@@ -154,7 +164,7 @@ def transformer_plus_plus(rows: list[dict]) -> None:
 IMPLIED = {"ab-task": ab_task, "bottleneck": bottleneck, "gqa-memory": gqa_memory,
            "heads-specialise": heads_specialise, "kernel-regression": kernel_regression,
            "norm-placement": norm_placement, "position-extrapolation": position_extrapolation,
-           "referent-head": referent_head,
+           "referent-head": referent_head, "rnn-forgets": rnn_forgets,
            "rnn-vs-transformer-cost": rnn_vs_transformer_cost,
            "scaled-dot": scaled_dot, "score-functions": score_functions, "sequence-models": sequence_models,
            "transformer-plus-plus": transformer_plus_plus}
@@ -402,6 +412,22 @@ def test_cost_reason_counts_the_timed_steps_seeds_asked_for(tmp_path, monkeypatc
     result = run_experiment("rnn-vs-transformer-cost", budget="tiny", out=tmp_path, seeds=3)
     assert "medians of 3 steps" in result.reason
     assert all(len(row["ms per step"]) == 3 for row in result.per_seed)
+
+
+def test_cost_control_holds_where_only_the_transformers_attention_grows_with_t(tmp_path, monkeypatch):
+    """Timings as the claim has them (the LSTM's step time linear in T, the Transformer's with a T^2 term): the
+    short length timed again costs what it cost the first time, so the control where T does not grow is for the
+    claim on both sides, and so is every check."""
+    from attnkit.experiments import rnn_transformer_cost
+
+    def quadratic(model, batch, length, repeats):
+        attention = 0.0 if isinstance(model, rnn_transformer_cost.RecurrentLM) else 0.05 * length
+        return [1e-6 * length * (1 + attention) * (1 + 0.01 * r) for r in range(repeats)], 1000 * length
+
+    monkeypatch.setattr(rnn_transformer_cost, "step_cost", quadratic)
+    result = run_experiment("rnn-vs-transformer-cost", budget="tiny", out=tmp_path, seeds=3)
+    controls = [check.outcome for check in result.checks if check.what.startswith("control, T unchanged")]
+    assert controls == ["for", "for"] and result.verdict == "held"
 
 
 def test_an_interrupted_run_leaves_the_previous_run_whole_and_other_files_are_kept(tmp_path, monkeypatch):

@@ -21,6 +21,7 @@ from attnkit.experiments import (
     lm_runs,
     norm_placement,
     position_extrapolation,
+    rnn_transformer_cost,
     run_experiment,
     score_functions,
     transformer_plus_plus,
@@ -251,4 +252,27 @@ def test_bottleneck_does_not_hold_where_attention_reads_one_vector(tmp_path, mon
     result = run_experiment("bottleneck", budget="tiny", out=tmp_path)
     assert outcome_of(result, "per-symbol accuracy lost from 2-4 to 8-10 symbols: without attention minus GRU") != "for"
     assert outcome_of(result, "Transformer copies the shortest strings as well") == "against"
+    assert result.verdict != "held"
+
+
+@pytest.mark.parametrize(("drift", "control"), [(0.3, "minus"), (-0.2, "plus")])
+def test_rnn_vs_transformer_cost_does_not_hold_where_the_timings_drift_and_t_does_not_matter(drift, control, tmp_path,
+                                                                                            monkeypatch):
+    """Timings in which neither model's time per token depends on T, on a machine that slows down (or speeds up) as
+    the run goes on: each timing of the Transformer, timed first, 30% slower (20% faster) than the one before. The
+    Transformer's time per token seems to grow (shrink) with T, and the control catches it on the side the drift
+    takes, since the short length timed again after the long one changes as much where T does not change; the
+    verdict is not held. No real timing is asserted."""
+    calls = []
+
+    def drifting(model, batch, length, repeats):
+        transformer = not isinstance(model, rnn_transformer_cost.RecurrentLM)
+        calls.append(length)
+        factor = 1 + drift * (len(calls) - 1) if transformer else 1.0
+        return [1e-6 * length * factor * (1 + 0.01 * r) for r in range(repeats)], 1000 * length
+
+    monkeypatch.setattr(rnn_transformer_cost, "step_cost", drifting)
+    result = run_experiment("rnn-vs-transformer-cost", budget="tiny", seeds=3, out=tmp_path)
+    assert outcome_of(result, "the Transformer's growth in time per token") == ("for" if drift > 0 else "against")
+    assert outcome_of(result, f"control, T unchanged (T=16 timed again after T=32): 0.25 {control}") == "against"
     assert result.verdict != "held"

@@ -16,6 +16,7 @@ from attnkit.experiments import (  # noqa: F401  (each module registers itself)
     norm_placement,
     position_extrapolation,
     referent_head,
+    rnn_forgets,
     rnn_transformer_cost,
     scaled_dot,
     score_functions,

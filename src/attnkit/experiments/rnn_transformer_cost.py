@@ -14,6 +14,11 @@ The lectures' point is about parallel hardware (CMU 11-711, USC CSCI 499: the Tr
 where the RNN cannot), so with `--device cuda` it runs on the GPU, and its verdict also asks whether the Transformer
 took less time per token than the LSTM at the longest length there. On one CPU thread there is little parallel
 hardware to use, and the verdict says so.
+
+The control is a length where T does not grow: each model times the short length again after the long one, and the
+Transformer's growth in time per token beyond the LSTM's from the first timing to the second must stay within
++-CONTROL_MARGIN. A growth that the order of the timings makes (a machine slowing as the run goes on, or speeding up
+as other work on it ends) shows there as well, where the claim's cause, a longer T, is absent.
 """
 
 from __future__ import annotations
@@ -30,8 +35,12 @@ from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
 from attnkit.experiments.plots import fit_value_axis, log_log_axes, new_figure, save, series, spread_legend
 from attnkit.models import build_model
 from attnkit.models.recurrent import RecurrentLM
+from attnkit.models.recurrent.rnn import Cell
 
 VOCAB = 256  # bytes
+# where T does not grow the claim must not show: the Transformer's growth in time per token beyond the LSTM's, timing
+# the short length again after the long one, stays within +-this (what drifts with the order of timings, not with T)
+CONTROL_MARGIN = 0.25
 SETTINGS = {  # Transformer width and layers, batch, lengths, timed repeats
     "tiny": dict(width=32, layers=1, batch=2, lengths=[8, 16, 32], repeats=2),
     "small": dict(width=128, layers=2, batch=4, lengths=[16, 64, 256, 1024], repeats=3),
@@ -50,21 +59,23 @@ def transformer(width: int, layers: int, max_len: int) -> nn.Module:
     return build_model(config)
 
 
-def matched_lstm(target: int, *, embedding_dim: int, n_layers: int = 2) -> RecurrentLM:
-    """The LSTM language model (tied embeddings) whose parameter count is closest to `target`."""
+def matched_recurrent(target: int, *, embedding_dim: int, n_layers: int = 2, cell: Cell = "lstm",
+                      vocab_size: int = VOCAB) -> RecurrentLM:
+    """The recurrent language model (an LSTM unless `cell` says otherwise; tied embeddings) whose parameter count is
+    closest to `target`, found by its hidden width."""
 
-    def lstm(hidden: int) -> RecurrentLM:
-        return RecurrentLM(vocab_size=VOCAB, embedding_dim=embedding_dim, hidden=hidden, n_layers=n_layers,
-                           cell="lstm", tie_embeddings=True)
+    def sized(hidden: int) -> RecurrentLM:
+        return RecurrentLM(vocab_size=vocab_size, embedding_dim=embedding_dim, hidden=hidden, n_layers=n_layers,
+                           cell=cell, tie_embeddings=True)
 
     high = 1
-    while parameters(lstm(high)) < target:  # double up to a width with enough parameters, then bisect
+    while parameters(sized(high)) < target:  # double up to a width with enough parameters, then bisect
         high *= 2
     low = high // 2 + 1
     while low < high:  # the smallest hidden width with at least `target` parameters
         mid = (low + high) // 2
-        low, high = (mid + 1, high) if parameters(lstm(mid)) < target else (low, mid)
-    return min((lstm(max(low - 1, 1)), lstm(low)), key=lambda m: abs(parameters(m) - target))
+        low, high = (mid + 1, high) if parameters(sized(mid)) < target else (low, mid)
+    return min((sized(max(low - 1, 1)), sized(low)), key=lambda m: abs(parameters(m) - target))
 
 
 def step_cost(model: nn.Module, batch: int, length: int, repeats: int) -> tuple[list[float], int]:
@@ -142,12 +153,13 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
     s = SETTINGS[budget]
     torch.manual_seed(0)
     models = {"Transformer": transformer(s["width"], s["layers"], max(s["lengths"]))}
-    models["LSTM"] = matched_lstm(parameters(models["Transformer"]), embedding_dim=s["width"])
+    models["LSTM"] = matched_recurrent(parameters(models["Transformer"]), embedding_dim=s["width"])
     on_gpu = torch.device(device).type == "cuda"
     for model in models.values():
         model.to(device)
     heads = max(s["width"] // 64, 1)
-    rows, times = [], {}  # times: (model, T) -> seconds of each repeat
+    short, long = s["lengths"][1], s["lengths"][-1]
+    rows, times = [], {}  # times: (model, T, or "again": T=short timed after the rest) -> seconds of each repeat
     for name, model in models.items():
         model.train()
         for length in s["lengths"]:
@@ -160,16 +172,19 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
                          "sequential steps": length if name == "LSTM" else s["layers"],
                          "saved for backward (MB)": saved / 2**20,
                          "attention matrices if materialised (MB)": attention_matrix / 2**20})
+        progress.phase(f"timing {name}, T={short} again: the control, where T does not grow")
+        times[(name, "again")] = step_cost(model, s["batch"], short, seeds)[0]
 
     def per_token(name: str, index: int) -> float:
         return [r for r in rows if r["model"] == name][index]["us per token"]
 
-    short, long = s["lengths"][1], s["lengths"][-1]
+    def growth(name: str, to: int | str = long) -> list[float]:  # per repeat: time per token at `to` over at short
+        length = short if to == "again" else to
+        return [(late / length) / (early / short) for early, late in zip(times[(name, short)], times[(name, to)],
+                                                                          strict=True)]
 
-    def growth(name: str) -> list[float]:  # per repeat: time per token at the longest T over at the short one
-        return [(late / long) / (early / short) for early, late in zip(times[(name, short)], times[(name, long)],
-                                                                        strict=True)]
-
+    # per repeat: the Transformer's growth beyond the LSTM's where T does not grow, which the order of timings made
+    drifts = [t - r for t, r in zip(growth("Transformer", "again"), growth("LSTM", "again"), strict=True)]
     lstm_growth = per_token("LSTM", -1) / per_token("LSTM", 1)
     transformer_growth = per_token("Transformer", -1) / per_token("Transformer", 1)
     checks = [
@@ -177,6 +192,10 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
                    [t - r for t, r in zip(growth("Transformer"), growth("LSTM"), strict=True)], unit="repeats"),
         Check.over(f"the LSTM's time per token stays flat: 1.5 minus its growth from T={short} to {long}",
                    [1.5 - g for g in growth("LSTM")], unit="repeats"),
+        *(Check.over(f"control, T unchanged (T={short} timed again after T={long}): {CONTROL_MARGIN:g} {sign} the "
+                     "Transformer's growth in time per token minus the LSTM's",
+                     [CONTROL_MARGIN - side * drift for drift in drifts], unit="repeats")
+          for sign, side in (("minus", 1), ("plus", -1))),
     ]
     if on_gpu:  # the parallel claim itself: at the longest length the Transformer's step is the cheaper per token
         checks.append(Check.over(
