@@ -24,7 +24,7 @@ from torch import nn
 from attnkit.config import FeedForwardLMConfig, ModelConfig
 from attnkit.errors import ConfigError
 from attnkit.models import build_model
-from attnkit.models.feedforward import FeedForwardLM
+from attnkit.models.feedforward import FeedForwardLM, PrefixState
 
 VOCAB, K = 11, 4
 CONTEXTS = ["window", "average"]
@@ -136,6 +136,22 @@ def test_the_average_is_invariant_to_permuting_the_prefix(ids, random):
         first = model(_with_changed(ids, [0])).logits[0, -1]
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(first, a)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2 ** -7)])
+def test_the_average_of_a_long_prefix_keeps_its_precision(dtype, tolerance):
+    # T = 4096 in one pass, and as generation reads it (a prompt of 1024, then one token a step through the state),
+    # against the mean in float64: a bf16 count stepped by 1 stops at 256, a bf16 sum stops taking small tokens
+    model = _model("average").to(dtype)
+    x = torch.randn(2, 4096, 6, generator=torch.Generator().manual_seed(0)).to(dtype)  # (B, T, E)
+    exact = x.double().cumsum(1) / torch.arange(1, 4097, dtype=torch.float64)[:, None]  # (B, T, E)
+    whole = model.average(x, None, PrefixState())
+    state = PrefixState()
+    stepped = torch.cat([model.average(x[:, :1024], None, state)]
+                        + [model.average(x[:, t:t + 1], None, state) for t in range(1024, 4096)], dim=1)
+    for read in (whole, stepped):
+        assert read.dtype == dtype
+        torch.testing.assert_close(read.double(), exact, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("context", CONTEXTS)

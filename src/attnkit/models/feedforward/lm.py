@@ -130,13 +130,15 @@ class FeedForwardLM(StatefulLM):
 
     def average(self, x: Tensor, mask: Tensor | None, state: PrefixState) -> Tensor:
         """x (B, T, E) (zeros at padding) -> the mean of each prefix's real embeddings (B, T, E); keeps the sum and
-        the count."""
-        real = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device) if mask is None else mask.to(x.dtype)
-        sums, counts = x.cumsum(1), real.cumsum(1)[..., None]  # (B, T, E), (B, T, 1)
+        the count. Both accumulate in at least fp32, whatever x's dtype: a bf16 count stops at 256 (256 + 1 rounds
+        to 256) and a bf16 running sum loses the new token's share long before that."""
+        accumulate = torch.promote_types(x.dtype, torch.float32)
+        real = torch.ones(x.shape[:2], device=x.device) if mask is None else mask  # (B, T)
+        sums, counts = x.to(accumulate).cumsum(1), real.to(accumulate).cumsum(1)[..., None]  # (B, T, E), (B, T, 1)
         if state.total is not None:
             sums, counts = sums + state.total[:, None], counts + state.count[:, None]
         state.total, state.count = sums[:, -1], counts[:, -1]
-        return sums / counts.clamp(min=1)  # a row's leading padding: 0 / 1, no division by zero
+        return (sums / counts.clamp(min=1)).to(x.dtype)  # a row's leading padding: 0 / 1, no division by zero
 
     def allocate_cache(self, batch_size: int, max_len: int | None = None) -> PrefixState:
         """An empty state for `batch_size` rows (called as a KV cache is allocated); its size never depends on
