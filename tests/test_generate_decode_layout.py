@@ -204,3 +204,34 @@ def test_the_plan_replaces_every_dropout_layer_and_says_so():
     assert "dropout" in plan.explain() and "replaced by nn.Identity" in plan.explain()
     plan.apply(model)
     assert not any(isinstance(m, torch.nn.Dropout) for m in model.modules())
+
+
+_DROPOUT_FAMILIES = {  # every family a run can hold, at a tiny size, with dropout on
+    "decoder": dict(d_model=16, n_heads=2, d_ff=32, n_layers=1),
+    "encoder": dict(d_model=16, n_heads=2, d_ff=32, n_layers=1),
+    "encoder-decoder": dict(d_model=16, n_heads=2, d_ff=32, n_layers=1),
+    "recurrent-lm": dict(cell="lstm", n_layers=2),
+    "recurrent-seq2seq": dict(cell="gru", hidden_size=8, attention="luong-dot"),
+    "conv-lm": {},
+    "feedforward-lm": {},
+}
+
+
+@pytest.mark.parametrize("family", sorted(_DROPOUT_FAMILIES))
+def test_dropout_drops_in_training_and_the_plan_removes_it_for_inference(family):
+    """The layers call their dropout in every mode (no `if self.training` of their own): training draws a new mask
+    each call, eval mode passes inputs through, and the plan's nn.Identity swap leaves eval's numbers unchanged."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(family=family, vocab_size=12, max_seq_len=16, dropout=0.5,
+                                    **_DROPOUT_FAMILIES[family]))
+    ids = torch.randint(0, 12, (2, 6))
+    inputs = (ids, ids) if "seq2seq" in family or family == "encoder-decoder" else (ids,)
+    model.train()
+    first, second = model(*inputs).logits, model(*inputs).logits
+    assert not torch.equal(first, second), "training drew the same dropout mask twice (or none)"
+    model.eval()
+    with torch.no_grad():
+        expected = model(*inputs).logits
+        plan_inference(model, family).apply(model)
+        assert not any(isinstance(m, torch.nn.Dropout) for m in model.modules())
+        assert torch.equal(model(*inputs).logits, expected)
