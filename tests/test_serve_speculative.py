@@ -196,6 +196,24 @@ def test_a_request_beyond_the_drafts_context_decodes_in_the_plain_rows(models):
     assert short.tokens == [long.tokens[0][:13]] and scheduler.tokens == 14 and speculative.tokens == 13
 
 
+def test_no_draft_passes_the_context_beside_a_row_with_many_tokens_left():
+    """A round's K follows the row with the most tokens left, so a row that ends at the last position of the context
+    beside it must not draft past it: K is cut by the rows' context too. Learned positions have no row for a
+    position past the context: a draft there fails the round and ends every row with "error"."""
+    target = tiny_model(max_seq_len=CONTEXT, position="learned", seed=2)[0]
+    draft = tiny_model(max_seq_len=CONTEXT, position="learned", seed=3, n_layers=1)[0]
+    scheduler, _ = schedulers(target, draft, draft_tokens=3)
+    full = Recorded(list(range(1, 13)) * 3, CONTEXT - 36)  # 36 prompt tokens and 12 new: the whole context
+    scheduler.submit(full.job)
+    iterate(scheduler)
+    long = Recorded([2, 3], 40)  # joins beside it, with many tokens left when it reaches the end
+    scheduler.submit(long.job)
+    drain(scheduler)
+    assert (full.reasons, long.reasons) == (["length"], ["length"])
+    assert full.tokens == generate_tokens(target, [full.job.prompt], max_new_tokens=CONTEXT - 36, context_len=CONTEXT)
+    assert long.tokens == generate_tokens(target, [[2, 3]], max_new_tokens=40, context_len=CONTEXT)
+
+
 def test_a_plain_request_ends_while_a_long_speculative_one_runs(models):
     """Each turn of the loop runs one plain step and one round: drafting for one request holds no other."""
     target, draft = models
