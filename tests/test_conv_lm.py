@@ -177,14 +177,17 @@ def test_config_round_trips_and_is_the_family_class():
     assert config.receptive_field == 1 + 2 * (1 + 2 + 1 + 2)
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder-decoder", "recurrent-lm", "recurrent-seq2seq",
+                                    "feedforward-lm"])
+def test_receptive_field_is_declared_by_every_family_and_bounded_only_by_the_convolution(family):
+    """`ModelConfig.receptive_field` is part of every config (the training log reads it), None where the family
+    declares no bound; the convolution's is its taps' reach."""
+    assert ModelConfig(family=family).receptive_field is None
+    assert ModelConfig(family="conv-lm", n_layers=3, kernel_size=3, dilation_base=2).receptive_field == 15
 
 
-def test_train_resume_load_generate_and_explain_from_the_command_line(tmp_path, capsys, one_thread):
+def test_train_resume_load_generate_and_explain_from_the_command_line(tmp_path, capsys, caplog):
+    caplog.set_level("INFO", logger="attnkit")
     config = train_resume_and_generate("gcnn-lm-tiny", tmp_path, capsys, explain=True)
     assert type(config) is ConvLMConfig and config.receptive_field == 31
+    assert "conv-lm" in caplog.text and "receptive field 31 tokens" in caplog.text  # the training log says it

@@ -4,10 +4,11 @@ receptive field its check does not come out for the claim."""
 
 import pytest
 import torch
+from torch import nn
 
 from attnkit.config import ModelConfig
 from attnkit.experiments import run_experiment, sequence_models
-from attnkit.experiments.lm_runs import char_corpus
+from attnkit.experiments.lm_runs import RunLog, char_corpus
 from attnkit.models import build_model, count_parameters
 
 
@@ -46,7 +47,8 @@ def test_loss_by_context_is_flat_past_a_models_reach_and_not_within_it():
 def test_attention_that_cannot_reach_past_the_receptive_field_gains_nothing_there(tmp_path, monkeypatch):
     """The false world: every attention layer sees only its last 4 keys, so two layers reach 1 + 2 * 3 = 7 tokens,
     the convolution's receptive field at the tiny budget. The tokens past it then change nothing for attention
-    either: its check is no longer for the claim, and the verdict is not held."""
+    either: its check is no longer for the claim, and the verdict is not held (at `tiny`, where the true world is
+    inconclusive too, that holds of any verdict: the verdict's wiring is held by the test below)."""
     built = sequence_models.transformer_config
 
     def windowed(width: int, seq_len: int, vocab: int) -> ModelConfig:
@@ -58,3 +60,44 @@ def test_attention_that_cannot_reach_past_the_receptive_field_gains_nothing_ther
     assert abs(check.difference) < 1e-5 and check.outcome != "for"
     assert result.verdict != "held"
     assert result.rows[1]["reads at most"] == 7
+
+
+def _world(monkeypatch, *, attention_reads_past_r: bool) -> None:
+    """Trained models replaced by the losses a world gives them, so that the checks and the verdict are read alone:
+    every model gains 0.5 nats from 2 tokens to the convolution's reach R; the LSTM gains 0.2 more from R to the
+    training length, and attention too where it reads past R, where elsewhere the tokens past R cost it 0.05; each
+    seed moves a model's losses by up to 0.01."""
+    seeds = iter(range(1_000))
+
+    def trained(config, corpus, *, seed, **_):
+        return RunLog(model=_Tagged(config.family, next(seeds)))
+
+    def measured(model, corpus, *, cuts, seq_len, **_):
+        reach = 7  # the tiny budget's R (test_each_budget_scores_the_receptive_field_and_...)
+        past = {"recurrent-lm": 0.2, "decoder": 0.2 if attention_reads_past_r else -0.05}.get(model.family, 0.0)
+        jitter = 0.01 * ((model.index * 7) % 5) / 4
+        return {cut: 3.0 + jitter + 0.5 * (cut < reach) + past * (cut < seq_len) for cut in cuts}
+
+    monkeypatch.setattr(sequence_models, "train_lm", trained)
+    monkeypatch.setattr(sequence_models, "loss_by_context", measured)
+
+
+class _Tagged(nn.Module):
+    def __init__(self, family: str, index: int) -> None:
+        super().__init__()
+        self.family, self.index = family, index
+
+
+@pytest.mark.parametrize(("attention_reads_past_r", "verdict", "attention_outcome"),
+                         [(True, "held", "for"), (False, "mixed", "against")])
+def test_the_verdict_follows_whether_attention_reads_past_the_receptive_field(tmp_path, monkeypatch,
+                                                                              attention_reads_past_r, verdict,
+                                                                              attention_outcome):
+    """The checks wired to the right models' losses: a world where attention and the LSTM gain past R and the
+    convolution cannot is held; the same world with attention worse past R is not, its check against the claim."""
+    _world(monkeypatch, attention_reads_past_r=attention_reads_past_r)
+    result = run_experiment("sequence-models", budget="tiny", seeds=3, out=tmp_path)
+    outcomes = {check.what.split(":")[0]: check.outcome for check in result.checks}
+    assert outcomes["attention reads past R = 7"] == attention_outcome
+    assert outcomes["recurrence reads past R = 7"] == "for"
+    assert result.verdict == verdict

@@ -308,6 +308,13 @@ class ModelConfig(metaclass=_FamilyDispatch):
         size check (`models.families.check_sizes`) reads without building anything."""
         return {}
 
+    @property
+    def receptive_field(self) -> int | None:
+        """How many tokens (the current one included) a position's prediction reads at most, where the family's
+        architecture fixes that whatever the text (a convolution's taps); None where it is not declared (every token
+        given, up to what the positions allow). The training log reports it."""
+        return None
+
     def __getattr__(self, name: str) -> Any:
         """The old attribute names of resolved values (`config.kv_heads`): `config.resolved.<field>`, with a
         DeprecationWarning."""

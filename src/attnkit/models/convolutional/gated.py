@@ -8,6 +8,12 @@ Networks" (GCNN), section 2, with WaveNet's and ByteNet's dilation (van den Oord
 Position t reads x[t], x[t - d], ..., x[t - (k - 1) d]: the zeros on the left stand for the text before the first
 token, and nothing to the right of t is read (the lecture's "condition representations on local context"). The
 paper's blocks also come in bottleneck form with weight normalisation; these are its plain residual blocks.
+
+The residual sum is the paper's, x + h(x), unscaled. fairseq's GCNN (`fconv_lm`, whose decoder is ConvS2S's)
+multiplies each sum by sqrt(0.5) to keep the variance from growing with depth, which Gehring et al. (2017, section
+3.5) introduced and Dauphin et al. do not describe. The weights start as torch's Conv1d does, U(+-1/sqrt(k C)); the
+paper says only "Kaiming initialization" (He et al. 2015), and fairseq draws N(0, 4 (1 - p) / (k C)) under weight
+normalisation.
 """
 
 from __future__ import annotations
