@@ -222,3 +222,30 @@ def one_thread():
 def test_train_resume_load_and_generate_from_the_command_line(preset, tmp_path, capsys, one_thread):
     config = train_resume_and_generate(preset, tmp_path, capsys)
     assert type(config) is FeedForwardLMConfig and config.context == ("window" if "bengio" in preset else "average")
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_attnkit_serve_completes_as_the_library_generates(context, tmp_path, one_thread):
+    # two prompts of different lengths in one request: rows batched over the state, each as it generates alone
+    pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install 'attnkit[serve]')")
+    import httpx
+    from serve_helpers import TEXT_CHARS, running_server
+
+    import attnkit
+    from attnkit.checkpoint import record_checksums, save_model
+    from attnkit.tokenize import CharTokenizer
+
+    tokenizer = CharTokenizer(TEXT_CHARS)
+    config = ModelConfig(family="feedforward-lm", vocab_size=tokenizer.vocab_size, context=context, context_size=K,
+                         embedding_dim=16, hidden_size=16, n_layers=1, max_seq_len=64)
+    torch.manual_seed(0)
+    save_model(build_model(config).eval(), config, tmp_path / context)
+    tokenizer.save(tmp_path / context / "tokenizer")
+    record_checksums(tmp_path / context)
+    prompts = ["the cat", "a dog sat on"]
+    pipeline = attnkit.load(tmp_path / context, device="cpu")
+    expected = [pipeline.generate(prompt, max_new_tokens=12, temperature=0)[0] for prompt in prompts]
+    with running_server(tmp_path / context, max_queue=8, max_batch=4) as (url, _):
+        answer = httpx.post(f"{url}/v1/completions", timeout=60, json={
+            "model": context, "prompt": prompts, "max_tokens": 12, "temperature": 0}).json()
+    assert [choice["text"] for choice in answer["choices"]] == expected
