@@ -169,6 +169,46 @@ def test_a_sharegpt_system_key_that_is_null_or_beside_a_system_turn_adds_no_seco
         {"role": "system", "content": "Terse."}, *CHAT]
 
 
+def test_llama_factorys_function_call_and_observation_turns_are_an_assistants_tool_call_and_a_tools_result():
+    turns = [{"from": "human", "value": "Weather in Paris?"},
+             {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Paris"}}'},
+             {"from": "observation", "value": "18 C, sunny"}, {"from": "gpt", "value": "Sunny."}]
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    messages = conversation({"conversations": turns})
+    assert messages == [{"role": "user", "content": "Weather in Paris?"},
+                        {"role": "assistant", "content": None, "tool_calls": [call]},
+                        {"role": "tool", "content": "18 C, sunny"}, {"role": "assistant", "content": "Sunny."}]
+    tok = CharTokenizer(ALPHABET + '_"{}', special_tokens={"pad": "<pad>", "unk": "<unk>", "bos": "<bos>",
+                                                           "eos": "<eos>"})
+    ids, trained = DEFAULT_FORMAT.conversation_ids(tok, messages)
+    learnt = tok.decode([i for i, t in zip(ids, trained, strict=True) if t and i != tok.eos_id])
+    assert learnt == ' <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}} Sunny.'  # the call learnt
+    several = conversation({"conversations": [turns[0], {"from": "function_call", "value": json.dumps(
+        [call["function"], {"name": "get_time", "arguments": {}}])}, turns[2], turns[3]]})
+    assert [c["function"]["name"] for c in several[1]["tool_calls"]] == ["get_weather", "get_time"]
+    for value in ("get_weather(Paris)", '{"arguments": {}}', "[]"):
+        with pytest.raises(InputError, match=r'"conversations"\[1\] is a function_call whose "value" must be JSON'):
+            conversation({"conversations": [turns[0], {"from": "function_call", "value": value}, *turns[2:]]})
+
+
+def test_a_reply_of_axolotls_weight_0_is_read_but_not_learnt():
+    tok = char_tokenizer()
+    quiet = [CHAT[0], {**CHAT[1], "weight": 0}, CHAT[2], {**CHAT[3], "weight": 1}]
+    ids, trained = DEFAULT_FORMAT.conversation_ids(tok, quiet)
+    assert ids == DEFAULT_FORMAT.conversation_ids(tok, CHAT)[0]  # the same text, the first reply in the prompt
+    learnt = tok.decode([i for i, t in zip(ids, trained, strict=True) if t and i != tok.eos_id])
+    assert learnt == " A." and sum(trained) == len(" A.") + 1  # the second reply and its EOS alone
+    sharegpt = [{"from": "human", "value": "Hi", "weight": 0}, {"from": "gpt", "value": "Yo", "weight": 0},
+                {"from": "human", "value": "Q?"}, {"from": "gpt", "value": "A."}]
+    assert DEFAULT_FORMAT.conversation_ids(tok, conversation({"conversations": sharegpt}))[1] == trained
+    with pytest.raises(InputError, match='gives each assistant turn "weight": 0'):
+        conversation({"messages": [CHAT[0], {**CHAT[1], "weight": 0}]})
+    with pytest.raises(InputError, match=r'"messages"\[1\]\'s "weight" must be 0 \(not learnt\) or 1'):
+        conversation({"messages": [CHAT[0], {**CHAT[1], "weight": 0.5}]})
+    with pytest.raises(InputError, match=r'"conversations"\[0\] is a user turn of "weight": 1'):
+        conversation({"conversations": [{**sharegpt[0], "weight": 1}, *sharegpt[1:]]})
+
+
 @pytest.mark.parametrize(("line", "said"), [
     ("{not json", "line 2 is not JSON"),
     ('{"conversations": [{"from": "bot", "value": "a"}]}',

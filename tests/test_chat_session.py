@@ -331,3 +331,45 @@ def test_pipeline_chat_refuses_messages_not_laid_out_and_several_replies(wide_ru
         pipeline.chat([{"role": "user", "content": "Hi"}], num_samples=2)
     with pytest.raises(InputError, match=rf"the chat renders as \d+ tokens; the model reads at most {WINDOW} .*oldest"):
         pipeline.chat([{"role": "user", "content": "a" * WINDOW}])
+
+
+def test_ctrl_c_while_the_history_is_fitted_drops_that_turn_not_the_chat(wide_run, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="attnkit")
+    fed = fed_prompts(monkeypatch)
+    ids, calls = ChatSession.ids, []
+
+    def interrupted_once(self, turns):
+        """The first turn's fitting is interrupted, as Ctrl-C would interrupt a long history's tokenizing."""
+        calls.append(len(turns))
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return ids(self, turns)
+
+    monkeypatch.setattr(ChatSession, "ids", interrupted_once)
+    said = chat(wide_run, f"{QUESTIONS[0]}\n{QUESTIONS[1]}\n")
+    assert said == [SECRETS[QUESTIONS[1]]]  # the first turn dropped, the second answered as a chat's first turn
+    pipeline = load(wide_run)
+    assert fed == [pipeline.chat_template.chat_ids(pipeline.tokenizer, [{"role": "user", "content": QUESTIONS[1]}])]
+    assert "the turn was dropped" in caplog.text
+
+
+def test_attnkit_chat_reads_the_history_as_tokens_once_a_turn(wide_run, monkeypatch):
+    read, chat_ids = [], ChatTemplate.chat_ids
+    monkeypatch.setattr(ChatTemplate, "chat_ids", lambda self, *a, **kw: read.append(1) or chat_ids(self, *a, **kw))
+    said = chat(wide_run, f"{QUESTIONS[0]}\n{QUESTIONS[1]}\n")
+    # one reading a turn (the window fitting it), after the one that tries the template before a turn is read
+    assert said == [SECRETS[q] for q in QUESTIONS] and len(read) == 1 + 2
+
+
+def test_pipeline_chat_finds_the_templates_end_of_turn_once(chatml_run, monkeypatch):
+    found, turn_end_ids = [], ChatTemplate.turn_end_ids
+    monkeypatch.setattr(ChatTemplate, "turn_end_ids", lambda self, t: found.append(1) or turn_end_ids(self, t))
+    pipeline = load(chatml_run)
+    messages = [{"role": "user", "content": QUESTIONS[0]}]
+    first = pipeline.chat(messages, temperature=0.0, max_new_tokens=8)
+    assert pipeline.chat(messages, temperature=0.0, max_new_tokens=8) == first and len(found) == 1
+    assert pipeline.chat_end_ids() == sorted(turn_end_ids(pipeline.chat_template, pipeline.tokenizer))
+    assert pipeline.chat_end_ids(), "ChatML ends a turn at a special token"
+    pipeline.chat_template = dataclasses.replace(pipeline.chat_template, eos_token="")  # another template: read again
+    pipeline.chat(messages, temperature=0.0, max_new_tokens=8)
+    assert len(found) == 2

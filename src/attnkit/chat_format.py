@@ -253,7 +253,7 @@ class ChatTemplate:
         straddles the prompt's end, the reply is tokenized on its own. A template of one's own ends a reply itself
         (Llama 2's `</s>`, ChatML's `<|im_end|>`, which belong to the reply); the default format has no such mark, so
         EOS follows each reply there, which generation stops at. Turns after the last reply are left out: nothing is
-        learnt from them.
+        learnt from them. A reply of `"weight": 0` (axolotl's per-turn weight) is read but not marked.
 
             User: Hi!          prompt   (not trained)
             Assistant: Hello.  reply    ' Hello.' EOS (trained)
@@ -313,7 +313,8 @@ class ChatTemplate:
             asked = _after(done_ids, prompt_ids) or encode(prompt[len(done):])
             reply = _after(prompt_ids, whole_ids) or encode(whole[len(prompt):])
             ids += asked + reply + end
-            trained += [False] * len(asked) + [True] * (len(reply) + len(end))
+            learnt = message.get("weight", 1) != 0  # axolotl's per-turn weight: a reply of weight 0 is read, not learnt
+            trained += [False] * len(asked) + [learnt] * (len(reply) + len(end))
             done, done_ids = whole, whole_ids
         if add_generation_prompt is not None:
             rest = self.render(messages, tools, add_generation_prompt=add_generation_prompt)

@@ -9,7 +9,13 @@ prompt-completion data sets, Alpaca's, and ShareGPT's as axolotl and LLaMA-Facto
     {"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}]}   (from: system, human
                                                     or gpt, also user or assistant; a "system" key beside them is
                                                     a system turn first where the turns begin with none, and null
-                                                    is none, as LLaMA-Factory reads it)
+                                                    is none, as LLaMA-Factory reads it; LLaMA-Factory's
+                                                    function_call and observation turns are an assistant's tool
+                                                    calls and a tool's result)
+
+A turn may carry axolotl's `"weight": 0` or `1`: an assistant's turn of weight 0 is read (its tokens stay in the
+prompt of the turns after it) but not learnt; weight 1 is the default, and is refused on a turn that is not the
+assistant's, since chat fine-tuning learns the assistant's turns alone.
 
 Each becomes a list of messages; `ChatTemplate.conversation_ids` (attnkit.chat_format) renders and tokenizes it, the
 assistant's tokens marked, and `ChatRows` lays the conversations in rows (`pack_rows`: one per row, padded at the
@@ -35,7 +41,8 @@ from attnkit.textfiles import EncodingErrors, read_text
 ROLES = ("system", "developer", "user", "assistant", "tool")
 LAYOUTS = ('{"messages": [{"role": ..., "content": ...}, ...]}', '{"prompt": ..., "completion": ...}',
            '{"instruction": ..., "input": ..., "output": ...}', '{"conversations": [{"from": ..., "value": ...}, ...]}')
-SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "function_call": "assistant", "observation": "tool"}  # the last two LLaMA-Factory's tool turns
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,9 @@ def conversation(record: object) -> list[dict]:
         raise InputError(f"has the keys {sorted(record)[:6]}, none of the layouts: {' or '.join(LAYOUTS)}")
     if not any(m["role"] == "assistant" for m in messages):
         raise InputError("holds no assistant turn: chat fine-tuning learns the assistant's replies; add one")
+    if not any(m["role"] == "assistant" and m.get("weight", 1) for m in messages):
+        raise InputError('gives each assistant turn "weight": 0, so nothing is learnt from it: give a reply weight 1 '
+                         "(or leave its weight out), or leave the conversation out")
     return messages
 
 
@@ -137,8 +147,22 @@ def check_messages(value: object, key: str) -> list[dict]:
         content = message.get("content")
         if not isinstance(content, str) and not (content is None and message.get("tool_calls")):
             raise InputError(f"{where}'s content must be a string (null only beside tool_calls); got {content!r:.60}")
+        check_weight(message, where)
         messages.append(message)
     return messages
+
+
+def check_weight(message: dict, where: str) -> None:
+    """InputError naming `where` for axolotl's per-turn `weight` other than 0 or 1, or 1 on a turn that is not the
+    assistant's (which chat fine-tuning never learns)."""
+    if "weight" not in message:
+        return
+    weight = message["weight"]
+    if isinstance(weight, bool) or weight not in (0, 1):
+        raise InputError(f'{where}\'s "weight" must be 0 (not learnt) or 1 (learnt); got {weight!r:.60}')
+    if weight and message["role"] != "assistant":
+        raise InputError(f'{where} is a {message["role"]} turn of "weight": 1, but chat fine-tuning learns the '
+                         'assistant\'s turns alone: give it weight 0 or leave its weight out')
 
 
 def _sharegpt_turns(value: object) -> list[dict]:
@@ -153,8 +177,29 @@ def _sharegpt_turns(value: object) -> list[dict]:
         if not isinstance(said, str) or said not in SHAREGPT_ROLES or not isinstance(turn.get("value"), str):
             raise InputError(f'"conversations"[{index}] must be an object with "from" among '
                              f'{", ".join(SHAREGPT_ROLES)} and a string "value"; got {turn!r:.60}')
-        messages.append({"role": SHAREGPT_ROLES[said], "content": turn["value"]})
+        where = f'"conversations"[{index}]'
+        message = ({"role": "assistant", "content": None, "tool_calls": _function_calls(turn["value"], where)}
+                   if said == "function_call" else {"role": SHAREGPT_ROLES[said], "content": turn["value"]})
+        if "weight" in turn:
+            message["weight"] = turn["weight"]
+        check_weight(message, where)
+        messages.append(message)
     return messages
+
+
+def _function_calls(value: str, where: str) -> list[dict]:
+    """A LLaMA-Factory function_call turn's JSON (`{"name": ..., "arguments": {...}}`, or a list of them) as an
+    assistant's `tool_calls`, as LLaMA-Factory's templates read it; InputError naming `where` for any other value."""
+    try:
+        calls = json.loads(value)
+    except (ValueError, RecursionError):
+        calls = None
+    calls = calls if isinstance(calls, list) else [calls]
+    if not calls or not all(isinstance(c, dict) and isinstance(c.get("name"), str) and "arguments" in c
+                            for c in calls):
+        raise InputError(f'{where} is a function_call whose "value" must be JSON of a call, {{"name": ..., '
+                         f'"arguments": {{...}}}}, or a list of them, as LLaMA-Factory reads it; got {value!r:.60}')
+    return [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
 
 
 def _text(record: dict, key: str) -> str:

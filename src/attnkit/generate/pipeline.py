@@ -129,6 +129,7 @@ class Pipeline:
         self.record = dict(record or {})
         self._end_ids = tuple(end_ids)
         self._same_vocabulary: tuple = ()  # the tokenizers `check_draft` last found alike, and their sizes
+        self._turn_ends: tuple = ()  # the template and tokenizer `chat_end_ids` last read, and their end-of-turn ids
         self.chat_template = chat_template
         self.decoding = decoding or EagerDecoding(self.model)
         # beam search's: eager, built once (a compiled step's fixed buffers cannot follow the beams' rows)
@@ -343,23 +344,42 @@ class Pipeline:
         num_return_sequences are refused. A reply that outgrows the window slides it as `generate`'s texts do (`attnkit
         chat` leaves whole turns out instead). Raises InputError for messages not laid out so, a chat the template
         refuses or that is longer than the window, or several replies asked; otherwise as `generate`."""
-        for name in ("num_samples", "num_return_sequences"):
-            if options.get(name, 1) != 1:
-                raise InputError(f"chat gives one reply; {name}={options[name]!r} asks for more: call generate on "
-                                 "pipeline.chat_template.chat_ids(pipeline.tokenizer, messages) for several")
-        self._require("generate")
-        template = self.chat_template
+        self._one_reply(options)
         messages = list(messages) if isinstance(messages, tuple) else messages  # a tuple as a list; a str refused whole
-        ids = template.chat_ids(self.tokenizer, check_messages(messages, "messages"), tools)
+        ids = self.chat_template.chat_ids(self.tokenizer, check_messages(messages, "messages"), tools)
+        return self.chat_reply(ids, stop=stop, stop_tokens=stop_tokens, **options)
+
+    def chat_reply(self, ids: Sequence[int], *, stop: str | Sequence[str] | None = None,
+                   stop_tokens: Sequence[int] = (), **options: Any) -> str:
+        """`chat`'s reply to a chat already read as tokens (`ChatTemplate.chat_ids` of its messages), for a caller
+        that has them (`attnkit chat` reads its history once, to fit it in the window, and replies to those ids).
+        Raises InputError for ids longer than the window, or several replies asked; otherwise as `generate`."""
+        self._one_reply(options)
         if len(ids) > self.config.max_seq_len:
             raise InputError(f"the chat renders as {len(ids)} tokens; the model reads at most "
                              f"{self.config.max_seq_len} (max_seq_len): leave out its oldest turns, as attnkit chat "
                              "does, or shorten them")
         stops = [*(text_list(stop, what="stop strings", required=False) if stop is not None else []),
-                 *template.stops]
-        ends = sorted(template.turn_end_ids(self.tokenizer))
-        text = self.generate(ids, stop=stops, stop_tokens=[*self._stop_ids(stop_tokens), *ends], **options)[0]
-        return template.reply_content(text)
+                 *self.chat_template.stops]
+        ends = self.chat_end_ids()
+        text = self.generate(list(ids), stop=stops, stop_tokens=[*self._stop_ids(stop_tokens), *ends], **options)[0]
+        return self.chat_template.reply_content(text)
+
+    def chat_end_ids(self) -> list[int]:
+        """The chat template's end-of-turn tokens (`ChatTemplate.turn_end_ids`, which renders and tokenizes a sample
+        turn), found once for a template and tokenizer and kept until either is replaced."""
+        template, tokenizer = self.chat_template, self.tokenizer
+        if not self._turn_ends or self._turn_ends[0] != template or self._turn_ends[1] is not tokenizer:
+            self._turn_ends = (template, tokenizer, sorted(template.turn_end_ids(tokenizer)))
+        return self._turn_ends[2]
+
+    def _one_reply(self, options: Mapping[str, Any]) -> None:
+        """InputError where a chat's `options` ask for several replies, or the run does not generate."""
+        for name in ("num_samples", "num_return_sequences"):
+            if options.get(name, 1) != 1:
+                raise InputError(f"chat gives one reply; {name}={options[name]!r} asks for more: call generate on "
+                                 "pipeline.chat_template.chat_ids(pipeline.tokenizer, messages) for several")
+        self._require("generate")
 
     def _beam_search(self, prompts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]], *,
                      max_new_tokens: int, min_new_tokens: int,

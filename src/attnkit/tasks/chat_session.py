@@ -3,7 +3,7 @@ hold one.
 
 The user's turns come from standard input, one a line (a terminal, with line editing, or a pipe; a line that is not
 UTF-8, or longer than `LONGEST_LINE`, is refused with a warning, the chat going on). Each reply is drawn by
-`Pipeline.chat` over the whole history (the system turn, every earlier turn and reply, the new turn), so the
+`Pipeline.chat_reply` over the whole history (the system turn, every earlier turn and reply, the new turn), so the
 model reads the chat as the run's template renders it (`ChatTemplate.chat_ids`: as chat fine-tuning read its
 conversations and `attnkit serve` reads a chat), and is streamed to standard output as it comes, ended at the
 template's end of turn (its stop strings, its turn-end token, EOS).
@@ -12,8 +12,9 @@ template's end of turn (its stop strings, its turn-end token, EOS).
              terminal prompts `... ` for each further line)
     /reset   forget the history (the system turn stays)
     /exit    end the chat (as end of input does: Ctrl-D, or the end of a pipe)
-    Ctrl-C   during a reply: stop it there (what it wrote stays its reply); at the prompt: a fresh line (a turn of
-             several lines being typed is dropped)
+    Ctrl-C   during a reply: stop it there (what it wrote stays its reply); before it begins (the history being
+             fitted to the window): drop that turn, the history kept as it was; at the prompt: a fresh line (a turn
+             of several lines being typed is dropped)
 
 The window: before each reply the history must leave the reply room in the model's window (`max_seq_len`):
 `max_new_tokens`, or half the window where that asks for more. The oldest exchanges (a user's turn and the replies
@@ -93,9 +94,10 @@ class ChatSession:
         """The token ids of the system turn and `turns`, a reply's prompt (`ChatTemplate.chat_ids`)."""
         return self.pipeline.chat_template.chat_ids(self.pipeline.tokenizer, [*self.system, *turns])
 
-    def fitted(self, turn: dict) -> tuple[list[dict], int]:
+    def fitted(self, turn: dict) -> tuple[list[dict], list[int]]:
         """The turns with `turn` after them, the oldest exchanges left out until a reply has room in the window; and
-        the prompt's length in tokens. Raises TurnTooLong where `turn` leaves no room even alone."""
+        the prompt's token ids (`ids`), which the reply is drawn after. Raises TurnTooLong where `turn` leaves no room
+        even alone."""
         window = self.pipeline.config.max_seq_len
         room = min(self.most, window // 2)
         turns = [*self.turns, turn]
@@ -106,19 +108,19 @@ class ChatSession:
                     f"reads {window} at once and a reply needs {room} of them: write a shorter turn (or give a "
                     "smaller --max-new-tokens)")
             turns = turns[next(i for i, m in enumerate(turns[1:], start=1) if m["role"] == "user"):]
-        return turns, len(ids)
+        return turns, ids
 
     def reply(self, text: str, on_text: Callable[[str], None] | None = None) -> Reply:
         """The model's reply to the user's `text` after the history, which both then join; `on_text(piece)`
         receives the reply as it settles. Turns left out to make room are logged before the reply. Ctrl-C
         (KeyboardInterrupt) while it is drawn stops it: what was written is the reply. Raises TurnTooLong (history
         unchanged) for a turn that does not fit (`fitted`); otherwise as `Pipeline.chat`."""
-        turns, length = self.fitted({"role": "user", "content": text})
+        turns, ids = self.fitted({"role": "user", "content": text})
         left_out = len(self.turns) + 1 - len(turns)
         if left_out:
             log.warning("(the %d oldest turn(s) were left out to fit the model's window of %d tokens; %s starts "
                         "afresh)", left_out, self.pipeline.config.max_seq_len, RESET)
-        most = min(self.most, self.pipeline.config.max_seq_len - length)
+        most = min(self.most, self.pipeline.config.max_seq_len - len(ids))
         options = {**self.sampling, "max_new_tokens": most,
                    "min_new_tokens": min(self.sampling.get("min_new_tokens", 0), most)}
         shown: list[str] = []  # the reply's content so far
@@ -130,8 +132,8 @@ class ChatSession:
 
         stopped = False
         try:
-            answer = self.pipeline.chat([*self.system, *turns], stop=list(self.stop),
-                                        on_text=self.pipeline.chat_template.content_stream(heard), **options)
+            answer = self.pipeline.chat_reply(ids, stop=list(self.stop),  # the history read once, by `fitted`
+                                              on_text=self.pipeline.chat_template.content_stream(heard), **options)
         except KeyboardInterrupt:
             answer, stopped = "".join(shown), True
         self.turns = [*turns, {"role": "assistant", "content": answer}]
@@ -230,6 +232,9 @@ def run_chat(settings: ChatSettings, load: Callable[[Any], Any], *, stdin: TextI
             reply = session.reply(text, on_text=write)
         except TurnTooLong as error:
             log.warning("%s", error)
+            continue
+        except KeyboardInterrupt:  # before the reply began (the history being fitted): that turn goes, not the chat
+            log.info("(the turn was dropped before its reply began; the history is as it was)")
             continue
         write("\n\n" if terminal else "\n")
         if reply.stopped:
