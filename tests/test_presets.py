@@ -1,5 +1,7 @@
 """Presets: the lecture's table builds, runs, and has the published parameter counts."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -62,3 +64,12 @@ def test_presets_command_prints_the_table(capsys):
     for name in presets.names():
         assert name in out
     assert "124.44M" in out and "6.74B" in out
+
+
+def test_the_configs_guide_shows_the_table_the_command_prints(capsys):
+    # docs/user-guide/configs.md quotes `attnkit presets`: a preset added or changed without it fails here
+    assert main(["presets"]) == 0
+    printed = capsys.readouterr().out.strip()
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "user-guide" / "configs.md").read_text(encoding="utf-8")
+    quoted = guide.split("`attnkit presets` prints the table", 1)[1].split("```\n", 2)[1].strip()
+    assert quoted == printed, "docs/user-guide/configs.md's table is stale: paste `attnkit presets`'s output there"
