@@ -9,7 +9,13 @@ The window is position-sensitive: each of its K slots has its own weights in the
 than K reaches nothing (an n-gram model's context, n = K + 1, read by a network). The average, a deep averaging
 network's pooling applied to each prefix, is position-insensitive: any order of the same prefix predicts the same.
 Both compute every position of a (B, T) batch at once: the window unfolds the embeddings, left-padded with zeros
-(the text before the first token); the average is a running mean (a cumulative sum over a cumulative count).
+(the text before the first token); the average is a running mean (a cumulative sum over a cumulative count, in at
+least fp32 whatever the model's dtype).
+
+Zeros, not a learned padding embedding, fill the slots before the text: an empty slot adds nothing to the first
+layer, so a prediction near the start reads its real tokens and the bias alone. Bengio et al. leave the start
+unspecified; makemore's MLP pads with its "." token instead, whose embedding is learned, which lets the model tell
+"nothing yet" from any token. Here that marker is the tokenizer's BOS, where it prepends one.
 
 Padding: an attention mask zeroes the padded embeddings, so left padding reads as the text before the first token
 and a left-padded row computes what it computes alone; the mean counts real tokens only.
