@@ -44,8 +44,8 @@ log = logging.getLogger("mkdocs.hooks.generated")
 
 # The gallery's order: the order a course meets the claims (new experiments follow, by name).
 EXPERIMENT_ORDER = (
-    "kernel-regression", "ab-task", "scaled-dot", "score-functions", "bottleneck", "rnn-vs-transformer-cost",
-    "position-extrapolation", "norm-placement", "gqa-memory", "transformer-plus-plus",
+    "kernel-regression", "ab-task", "scaled-dot", "score-functions", "bottleneck", "rnn-forgets",
+    "rnn-vs-transformer-cost", "position-extrapolation", "norm-placement", "gqa-memory", "transformer-plus-plus",
 )
 
 

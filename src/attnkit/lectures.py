@@ -171,8 +171,7 @@ LECTURES: tuple[Lecture, ...] = (
               ("models.ngram:NGramLM", "models.feedforward.lm:FeedForwardLM", "models.recurrent.lm"),
               page=FEEDFORWARD_PAGE, section=NGRAM),
         Topic("Why RNNs are good (long sequences) and bad (they forget over long strings)", T05,
-              ("models.recurrent.lm",), "bottleneck", BOTTLENECK_PNG,
-              gap="forgetting is measured for the encoder-decoder (the bottleneck), not for a recurrent LM alone",
+              ("models.recurrent.lm",), "rnn-forgets", "experiments/rnn-forgets/accuracy_by_distance.png",
               section="Going further: reverse a sequence"),
         Topic("An API for neural nets: h = encode(w_1..w_n), context-sensitive encodings; layers stack; the "
               "Transformer obeys the same API", T06, ("models.stack", "blocks"), section="The parts, from scratch"),
