@@ -24,6 +24,7 @@ from attnkit.data.preferences import PreferencePair, read_pairs
 from attnkit.errors import ConfigError, InputError
 from attnkit.layers.lora import adapter_tensors
 from attnkit.tasks.dpo import (
+    REWARDS,
     DPOOptions,
     Reference,
     batch_logprobs,
@@ -390,8 +391,13 @@ def test_lora_dpo_trains_the_adapters_alone_and_eval_reads_the_base_as_its_refer
     assert cli.main(dpo_args(base, run, "--max-steps", "4", "--eval-every", "2", "--lora-rank", "4",
                              "--lora-targets", "q_proj,v_proj,o_proj", "--lr", "1e-2")) == 0
     assert (run / ADAPTERS_FILE).is_file()
-    first, last = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "val_loss" in r]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    first, last = [r for r in records if "val_loss" in r]
     assert last["rewards/margins"] > first["rewards/margins"] > 0
+    steps = [r for r in records if r.get("kind") == "train"]  # the rewards logged with each step's loss, as TRL's
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and all(name in r for r in steps for name in REWARDS)
+    assert steps[0]["rewards/margins"] == 0 and steps[0]["loss"] == pytest.approx(math.log(2))  # policy = reference
+    assert all(r["rewards/margins"] != 0 for r in steps[1:])
     start, tuned = (load_model(path, merge_adapters=False)[0].state_dict() for path in (base / "base", run))
     assert all(torch.equal(start[name], tuned[name]) for name in start)  # the base weights never moved
     assert cli.main(["eval", str(run), "--data", str(base / "val.jsonl"), "--no-progress"]) == 0

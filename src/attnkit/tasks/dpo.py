@@ -16,7 +16,8 @@ without a reward model and without reinforcement learning, as TRL's DPOTrainer, 
                IPO (Azar et al. 2023, eq. 17), its log-ratios averaged over the response's tokens as TRL's:
                    L = ((log-ratio_chosen / n_chosen - log-ratio_rejected / n_rejected) - 1 / (2 beta))^2
     metrics    as TRL logs them: rewards/chosen, rewards/rejected (the mean implicit rewards), rewards/accuracies (the
-               share of pairs whose chosen reward is the higher), rewards/margins; with val_loss, on the held-out pairs
+               share of pairs whose chosen reward is the higher), rewards/margins; at every step with the training
+               loss (from the same forward), and with val_loss on the held-out pairs at each evaluation
 
 A run starts from a decoder (`--init-from` an lm or chat run, a converted Llama or GPT-2), and serves `generate` and
 the chat API as the run it started from did.
@@ -108,12 +109,18 @@ def preference_loss(policy_chosen: Tensor, policy_rejected: Tensor, reference_ch
     return PreferenceLoss(losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach())
 
 
+def reward_tensors(scores: PreferenceLoss) -> dict[str, Tensor]:
+    """TRL's reward metrics over a set of pairs, 0-dim tensors left on the device (the trainer reads them with the
+    loss): the mean chosen and rejected rewards, the share of pairs whose chosen reward is the higher, the mean
+    margin."""
+    margins = scores.chosen_rewards - scores.rejected_rewards  # (B,)
+    return dict(zip(REWARDS, (scores.chosen_rewards.mean(), scores.rejected_rewards.mean(),
+                              (margins > 0).float().mean(), margins.mean()), strict=True))
+
+
 def reward_metrics(scores: PreferenceLoss) -> dict[str, float]:
-    """TRL's reward metrics over a set of pairs: the mean chosen and rejected rewards, the share of pairs whose
-    chosen reward is the higher, and the mean margin."""
-    margins = scores.chosen_rewards - scores.rejected_rewards
-    return dict(zip(REWARDS, (scores.chosen_rewards.mean().item(), scores.rejected_rewards.mean().item(),
-                              (margins > 0).float().mean().item(), margins.mean().item()), strict=True))
+    """`reward_tensors` read as numbers."""
+    return {name: value.item() for name, value in reward_tensors(scores).items()}
 
 
 def batch_logprobs(model: nn.Module, batch: PreferenceBatch) -> Tensor:
@@ -236,8 +243,14 @@ class DPOTask(EpochTask):
         self.stops, self.stop_ids = stops, stop_ids  # where a sample's reply ends, as chat's (`ChatTask`)
 
     def loss(self, model: nn.Module, batch: PreferenceBatch) -> Tensor:
+        return self.loss_and_metrics(model, batch)[0]
+
+    def loss_and_metrics(self, model: nn.Module, batch: PreferenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """The batch's mean loss and its pairs' reward metrics from the same forward: the trainer logs them with the
+        loss at every step, as TRL does."""
         policy = batch_logprobs(model, batch)  # (B, 2) with gradients
-        return pair_scores(policy, self.reference.logprobs(model, batch), batch, self.options).losses.mean()
+        scores = pair_scores(policy, self.reference.logprobs(model, batch), batch, self.options)
+        return scores.losses.mean(), reward_tensors(scores)
 
     def weight(self, batch: PreferenceBatch) -> int:
         return len(batch.input_ids)  # (B, 2, T): the loss is a mean over the B pairs

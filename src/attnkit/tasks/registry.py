@@ -56,7 +56,9 @@ class TrainingTask(Protocol):
     # and `padded`, bools the training plan's attention choice reads (False where a task has none): its batches
     # carry a document mask (lm --pack) or an attention mask over padded rows (classify, tag, translate); `stops`
     # and `stop_ids`, the strings and tokens a sample generated after training ends at (chat's: its template's next
-    # turn and end-of-turn token; none where a task has none)
+    # turn and end-of-turn token; none where a task has none); `loss_and_metrics(model, batch)`, the loss and a
+    # dict of 0-dim tensors from the same forward (means over the batch's targets) the trainer logs with each step's
+    # loss (dpo's rewards/*)
 
 
 @dataclass(frozen=True)

@@ -457,21 +457,23 @@ class Trainer:
         self.precision.weights_to_compute()
         self.step = step
 
-    def _accumulate(self, batches: tuple, weights: list[float], total: float) -> list[tuple[Tensor, float]]:
-        """Forward and backward over the micro-batches, gradients summed; each micro-batch's loss (on the device) and
-        its share of the step's targets."""
+    def _accumulate(self, batches: tuple, weights: list[float], total: float) -> list[MicroBatchLoss]:
+        """Forward and backward over the micro-batches, gradients summed; each micro-batch's loss (on the device), its
+        share of the step's targets and the task's metrics of it (a task's optional `loss_and_metrics`)."""
         losses = []
+        loss_and_metrics = getattr(self.task, "loss_and_metrics", None)
         for index, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
             batch = self.plan.to_device(batch)
             # gradients are reduced over the ranks in the last micro-batch's backward only
             with self.parallel.sync(self.train_model, last=index == len(batches) - 1):
                 with self.precision.context(), inputs_checked():
-                    loss = self.task.loss(self.train_model, batch)
+                    loss, metrics = (loss_and_metrics(self.train_model, batch) if loss_and_metrics is not None
+                                     else (self.task.loss(self.train_model, batch), {}))
                 # x ranks: DDP and FSDP average the ranks' gradients, and this makes the average their sum
                 scale = weight / total * self.parallel.size
                 (loss * scale if scale != 1 else loss).backward()
             self.precision.gradients_to_model()
-            losses.append((loss.detach(), weight / total))
+            losses.append((loss.detach(), weight / total, metrics))
         return losses
 
     def _read_steps(self) -> None:
@@ -481,18 +483,22 @@ class Trainer:
             return
         steps, self.unread = self.unread, []
         # once the last is ready all are: reading them one by one waits for the device once
-        losses = [sum(float(loss) * share for loss, share in u.losses) for u in steps]
+        losses = [sum(float(loss) * share for loss, share, _ in u.losses) for u in steps]
+        names = sorted({name for u in steps for _, _, metrics in u.losses for name in metrics})  # alike on every rank
+        shared = [sum(float(metrics[name]) * share for _, share, metrics in u.losses) for u in steps for name in names]
         grad_norms = [float(u.grad_norm) for u in steps]
-        summed = self.parallel.sum(*losses, *(u.tokens for u in steps))  # every rank's shares and tokens
-        losses, tokens_read = summed[: len(steps)], summed[len(steps) :]
-        for u, loss, grad_norm, tokens in zip(steps, losses, grad_norms, tokens_read, strict=True):
+        summed = self.parallel.sum(*losses, *(u.tokens for u in steps), *shared)  # every rank's shares and tokens
+        losses, tokens_read = summed[: len(steps)], summed[len(steps) : 2 * len(steps)]
+        task_metrics = [dict(zip(names, summed[2 * len(steps) + i * len(names) :][: len(names)], strict=True))
+                        for i in range(len(steps))]
+        for u, loss, grad_norm, tokens, extra in zip(steps, losses, grad_norms, tokens_read, task_metrics, strict=True):
             if not math.isfinite(loss):  # after the reduction, so that every rank stops at once
                 self._diverged("loss", loss, u.step, u.lr)
             if not math.isfinite(grad_norm):
                 self._diverged("gradient norm", grad_norm, u.step, u.lr)
             self.tokens_seen += int(tokens)
             self.last_record = {"kind": "train", "step": u.step, "loss": loss, "lr": u.lr, "grad_norm": grad_norm,
-                                "tokens": self.tokens_seen}
+                                "tokens": self.tokens_seen, **extra}
             if self.parallel.writes:
                 self.metrics.append(self.last_record)
 
@@ -593,6 +599,11 @@ class Trainer:
             bar.set_postfix(fields, refresh=False)
 
 
+MicroBatchLoss = tuple[Tensor, float, dict[str, Tensor]]
+"""A micro-batch's mean loss, its share of this rank's targets, and the task's metrics of it (0-dim tensors, means
+over its targets as the loss: DPO's rewards/*), which the step's record logs beside the loss"""
+
+
 @dataclass
 class _UnreadStep:
     """A step whose loss (this rank's share) and gradient norm may still be on the device."""
@@ -600,7 +611,7 @@ class _UnreadStep:
     step: int
     lr: float
     tokens: int  # this rank's tokens
-    losses: list[tuple[Tensor, float]]  # each micro-batch's mean loss and its share of this rank's targets
+    losses: list[MicroBatchLoss]
     grad_norm: Tensor
 
 
