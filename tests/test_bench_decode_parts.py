@@ -9,6 +9,8 @@ from torch import nn
 
 from attnkit import build_model
 from attnkit.generate import native_gemv
+from attnkit.layers.kernels import MathKernel, use_math_kernel
+from attnkit.machine import AttentionKernelLimits
 from benchmarks import bench_decode_parts, common, speed
 
 TINY = speed.Case("generate-tiny-b1", "generate", "decoder", 2, 32, 2, 40, 8, 1, new_tokens=4)
@@ -32,6 +34,20 @@ def test_the_decode_parts_benchmark_counts_the_weights_a_token_reads(tmp_path, m
         ("fp32", round(4 * weights / 1e6, 2)), ("bf16", round(2 * weights / 1e6, 2))]
     for row in report["rows"]:
         assert row["layers"] == 2 * 4 + 1 and min(row["step_ms"], row["layers_ms"], row["products_ms"]) > 0, row
+    # the math kernel reads an fp32 cache as it is; a bf16 one it widens, keys and values, in each layer it serves
+    copies = {r["dtype"]: r["cache_copies_per_token"] for r in report["rows"]}
+    assert copies["fp32"] == 0 and copies["bf16"] in (0, 2 * 2), copies
+
+
+def test_the_cache_copies_are_the_math_kernels_keys_and_values_at_each_length(monkeypatch):
+    """Counted from the layers the plan gave a math kernel, at the lengths it covers: none beyond its limit."""
+    model = build_model(speed.attnkit_config(TINY)).to(torch.bfloat16)
+    limits = AttentionKernelLimits(decode_keys=TINY.seq_len + 2, pass_keys=0)
+    use_math_kernel(model, MathKernel("cpu", torch.bfloat16, limits))
+    copies = bench_decode_parts.cache_copies(model, TINY, torch.bfloat16)
+    assert sorted(c.shape[2] for c in copies) == sorted([TINY.seq_len + 1, TINY.seq_len + 2] * 2 * 2)
+    assert all(c.dtype == torch.bfloat16 and c.shape[:2] == (1, 2) for c in copies)
+    assert bench_decode_parts.cache_copies(model, TINY, torch.float32) == []
 
 
 def test_the_decode_parts_benchmark_refuses_a_case_of_several_rows():
