@@ -60,6 +60,25 @@ def test_kneser_ney_counts_the_continuations_a_sequence_starts_with():
     assert two.next_token_probs([3, 3])[1] > model.next_token_probs([3, 3])[1]
 
 
+def test_estimated_discounts_are_each_orders_n1_over_n1_plus_2_n2():
+    # each order's n1 and n2 recounted from the definitions: the trigrams' raw counts, the lower orders' distinct
+    # left neighbours (on TRAIN, (n1, n2) = (1, 2), (7, 3), (13, 3) from the unigrams up: d = 1/5, 7/13, 13/19)
+    model = NGramLM(n=3, vocab_size=V, smoothing="kneser-ney", estimate_discounts=True, discount=0.6).fit(TRAIN)
+    train = TRAIN.tolist()
+    for k, d in enumerate(model.discounts, start=1):
+        if k == 3:
+            counts = Counter(tuple(train[i:i + 3]) for i in range(len(train) - 2)).values()
+        else:
+            counts = Counter(g[1:] for g in {tuple(train[i:i + k + 1]) for i in range(len(train) - k)}).values()
+        n1, n2 = sum(c == 1 for c in counts), sum(c == 2 for c in counts)
+        assert d == (n1 / (n1 + 2 * n2) if n1 and n2 else 0.6)
+    assert len(set(model.discounts)) > 1  # the orders differ on this corpus
+    held = HELD_OUT.tolist()
+    logs = [math.log(brute_force_probability(train, 3, V, "kneser-ney", 0, model.discounts, held[t - 2:t], held[t]))
+            for t in range(2, len(held))]
+    torch.testing.assert_close(model.log_probs(HELD_OUT), torch.tensor(logs, dtype=torch.float64))
+
+
 def brute_force_probability(train, n, vocab_size, smoothing, alpha, d, context, word):
     """The same smoothing from Python counters, one order at a time (independent of the vectorised tables)."""
     grams = Counter(tuple(train[i:i + n]) for i in range(len(train) - n + 1))
@@ -71,7 +90,9 @@ def brute_force_probability(train, n, vocab_size, smoothing, alpha, d, context, 
     for k in range(n - 1, 0, -1):  # continuation counts: distinct tokens before each k-gram anywhere in the text
         orders[k] = Counter(g[1:] for g in {tuple(train[i:i + k + 1]) for i in range(len(train) - k)})
     p = 1.0 / vocab_size
+    discounts = d if isinstance(d, list) else [d] * n  # one per order, lowest first
     for k in range(1, n + 1):
+        d = discounts[k - 1]
         ctx = tuple(context[len(context) - (k - 1):]) if k > 1 else ()
         followers = {g[-1]: c for g, c in orders[k].items() if g[:-1] == ctx}
         total = sum(followers.values())
@@ -146,6 +167,7 @@ def test_generation_continues_from_its_own_tokens():
     (dict(n=0, vocab_size=5), "n=0"), (dict(n=2, vocab_size=5, alpha=0.0), "alpha"),
     (dict(n=2, vocab_size=5, smoothing="witten-bell"), "smoothing"),
     (dict(n=2, vocab_size=5, discount=1.0), "discount"),
+    (dict(n=2, vocab_size=5, estimate_discounts="yes"), "estimate_discounts"),
     (dict(n=5, vocab_size=50_000), "int64"),
 ])
 def test_bad_settings_name_the_field(settings, field):

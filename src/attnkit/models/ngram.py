@@ -11,6 +11,11 @@ Two ways to leave probability for what training never showed (every context's di
                    continuations, N1+(. c' w), the distinct tokens seen before c' w, instead of occurrences, and the
                    lowest interpolates with the uniform 1 / V; a context training never showed defers to c'
 
+Kneser-Ney's d is one number for every order, or with `estimate_discounts=True` one per order k from that order's
+counts of counts (continuation counts below the top): d_k = n1 / (n1 + 2 n2), n_r the k-grams counted r times (Ney,
+Essen & Kneser 1994; Chen & Goodman's D for interpolated KN); where n1 or n2 is 0 the estimate says nothing and
+`discount` stands in, as KenLM's --discount_fallback does.
+
 #c is the number of n-grams that start with c (so each context's counts sum to it). Counting is vectorised: each
 k-gram is one integer in base V, and a sorted table of them with their counts is searched (`torch.searchsorted`).
 """
@@ -63,7 +68,7 @@ class NGramLM:
 
     def __init__(
         self, *, n: int, vocab_size: int, smoothing: Smoothing = "add-alpha", alpha: float = 1.0,
-        discount: float = 0.75,
+        discount: float = 0.75, estimate_discounts: bool = False,
     ) -> None:
         for name, value in (("n", n), ("vocab_size", vocab_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -75,12 +80,15 @@ class NGramLM:
         if not 0 < discount < 1:
             raise ConfigError(f"discount={discount!r} must lie strictly between 0 and 1 (Kneser-Ney's d; 0.75 is "
                               f"usual)")
+        if not isinstance(estimate_discounts, bool):
+            raise ConfigError(f"estimate_discounts={estimate_discounts!r} must be True or False")
         if vocab_size ** n > torch.iinfo(torch.int64).max:
             raise ConfigError(f"n={n} over vocab_size={vocab_size} makes {vocab_size}^{n} n-grams, more than an int64 "
                               f"code holds; use a smaller n or vocabulary")
         self.n, self.vocab_size, self.smoothing = n, vocab_size, smoothing
-        self.alpha, self.discount = float(alpha), float(discount)
+        self.alpha, self.discount, self.estimate_discounts = float(alpha), float(discount), estimate_discounts
         self.tables: list[CountTable] = []  # tables[k - 1]: the k-grams (continuations below the top order for KN)
+        self.discounts: list[float] = []  # discounts[k - 1]: Kneser-Ney's d at order k
 
     # Counting ------------------------------------------------------------------------------------------------
     def fit(self, ids: Ids | Sequence[Ids]) -> NGramLM:
@@ -99,7 +107,15 @@ class NGramLM:
                 lower, continuations = torch.unique(wider % self.vocab_size ** k, return_counts=True)
                 tables.insert(0, CountTable(lower, continuations, self.vocab_size))
         self.tables = tables
+        self.discounts = [self.order_discount(table.counts) for table in tables]
         return self
+
+    def order_discount(self, counts: Tensor) -> float:
+        """d for one order: `discount`, or estimated from its counts (K,) as n1 / (n1 + 2 n2) (module docstring)."""
+        n1, n2 = int((counts == 1).sum()), int((counts == 2).sum())
+        if not self.estimate_discounts or n1 == 0 or n2 == 0:
+            return self.discount
+        return n1 / (n1 + 2 * n2)
 
     def every_gram(self, sequences: list[Tensor], k: int) -> Tensor:
         """Every k-gram of the sequences, none crossing from one to the next, coded in base V: (G,)."""
@@ -153,12 +169,13 @@ class NGramLM:
             total, _ = top.context(contexts)
             return (together + self.alpha) / (total + self.alpha * self.vocab_size)
         p = torch.full(words.shape, 1.0 / self.vocab_size, dtype=torch.float64)  # the uniform below the unigrams
-        for k, table in enumerate(self.tables, start=1):  # lowest order first: P_k interpolates with P_{k-1}
+        # lowest order first: P_k interpolates with P_{k-1}, at its own d
+        for k, (table, d) in enumerate(zip(self.tables, self.discounts, strict=True), start=1):
             context = contexts % self.vocab_size ** (k - 1)  # the k - 1 newest tokens of the context
             count = table.count(context * self.vocab_size + words)
             total, distinct = table.context(context)
             seen = total > 0  # an unseen context defers to the order below (alpha 0, gamma 1)
-            mixed = ((count - self.discount).clamp(min=0) + self.discount * distinct * p) / total.clamp(min=1)
+            mixed = ((count - d).clamp(min=0) + d * distinct * p) / total.clamp(min=1)
             p = torch.where(seen, mixed, p)
         return p
 
