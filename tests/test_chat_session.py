@@ -5,6 +5,7 @@ the chat, and `Pipeline.chat` answers as `attnkit generate --chat` does."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import io
@@ -373,3 +374,6 @@ def test_pipeline_chat_finds_the_templates_end_of_turn_once(chatml_run, monkeypa
     pipeline.chat_template = dataclasses.replace(pipeline.chat_template, eos_token="")  # another template: read again
     pipeline.chat(messages, temperature=0.0, max_new_tokens=8)
     assert len(found) == 2
+    pipeline.tokenizer = copy.deepcopy(pipeline.tokenizer)  # another tokenizer, even one equal to it: read again
+    pipeline.chat_end_ids().append(-1)  # a caller's change to the list it was given
+    assert len(found) == 3 and -1 not in pipeline.chat_end_ids()

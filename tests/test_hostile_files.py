@@ -118,3 +118,16 @@ def test_a_run_whose_own_folder_is_a_link_outside_it_is_refused_before_anything_
         rundir.claim(run)
     assert sorted(p.name for p in outside.iterdir()) == before
     rundir.release(run)
+
+
+def test_a_run_lock_that_is_a_link_is_refused_and_its_target_left_whole(tmp_path):
+    from attnkit.errors import ConfigError
+    from attnkit.train import rundir
+
+    victim = tmp_path / "notes.txt"
+    victim.write_text("kept")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / rundir.LOCK_FILE).symlink_to(victim)  # claim would truncate and write the owner through it
+    with pytest.raises(ConfigError, match=r"symbolic links \(.*\.lock\)"):
+        rundir.claim(tmp_path / "run")
+    assert victim.read_text() == "kept"

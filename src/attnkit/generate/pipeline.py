@@ -367,11 +367,13 @@ class Pipeline:
 
     def chat_end_ids(self) -> list[int]:
         """The chat template's end-of-turn tokens (`ChatTemplate.turn_end_ids`, which renders and tokenizes a sample
-        turn), found once for a template and tokenizer and kept until either is replaced."""
+        turn), found once for a template and tokenizer and kept until either is replaced. The kept entry is read and
+        replaced whole, so threads that share the pipeline each get the ids of the template they saw."""
         template, tokenizer = self.chat_template, self.tokenizer
-        if not self._turn_ends or self._turn_ends[0] != template or self._turn_ends[1] is not tokenizer:
-            self._turn_ends = (template, tokenizer, sorted(template.turn_end_ids(tokenizer)))
-        return self._turn_ends[2]
+        kept = self._turn_ends
+        if not kept or kept[0] != template or kept[1] is not tokenizer:
+            kept = self._turn_ends = (template, tokenizer, tuple(sorted(template.turn_end_ids(tokenizer))))
+        return list(kept[2])  # a copy: a caller's change never reaches the kept ids
 
     def _one_reply(self, options: Mapping[str, Any]) -> None:
         """InputError where a chat's `options` ask for several replies, or the run does not generate."""

@@ -80,7 +80,7 @@ def claim(out: str | Path) -> None:
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # never through a link
     except OSError as err:
         raise ConfigError(os_error_message(err, out, "creating run directory") + " (or choose another --out)") from None
     try:
