@@ -587,3 +587,20 @@ def test_generate_refuses_a_system_turn_without_chat(secret_run, capsys):
 
     assert cli.main(["generate", str(secret_run), "--system", "Be brief.", "--prompt", "Hi"]) != 0
     assert "--system is a chat's system turn: give --chat too" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("template", [DEFAULT_FORMAT, ChatTemplate(CHATML, eos_token="<|im_end|>"),
+                                      ChatTemplate(LLAMA2, bos_token="<s>", eos_token="</s>")],
+                         ids=["default", "chatml", "llama2"])
+def test_axolotls_weight_0_unmarks_exactly_that_replys_tokens_in_every_template(template):
+    """Token by token: the weighted chat's ids are the plain chat's, and its marks are the plain chat's with the first
+    reply's run (its text and the template's end of it) cleared and the second reply's kept."""
+    text = template.render(CHAT, add_generation_prompt=False)
+    tok = CharTokenizer("".join(sorted(set(text + ALPHABET))),
+                        special_tokens={"pad": "<pad>", "unk": "<unk>", "bos": "<bos>", "eos": "<eos>"})
+    ids, trained = template.conversation_ids(tok, CHAT)
+    quiet_ids, quiet = template.conversation_ids(tok, [CHAT[0], {**CHAT[1], "weight": 0}, *CHAT[2:]])
+    first = trained.index(True)
+    end = trained.index(False, first)  # the first reply's run of marked tokens
+    assert quiet_ids == ids and sum(trained[end:]) > 0
+    assert quiet == [False] * end + trained[end:]
