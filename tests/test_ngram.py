@@ -60,6 +60,24 @@ def test_kneser_ney_counts_the_continuations_a_sequence_starts_with():
     assert two.next_token_probs([3, 3])[1] > model.next_token_probs([3, 3])[1]
 
 
+@pytest.mark.parametrize("smoothing", ["add-alpha", "kneser-ney"])
+def test_tokens_and_contexts_training_never_showed(smoothing):
+    # V = 8 over TRAIN's 0 .. 4: 5, 6 and 7 never occur. Each gets the same share, above 0; a context of them defers
+    # (Kneser-Ney: to the unigrams, d * (types) / V / (total continuations) for an unseen token; add-alpha: uniform)
+    model = NGramLM(n=3, vocab_size=8, smoothing=smoothing, discount=0.5).fit(TRAIN)
+    for context in ([0, 1], [6, 7], [1, 5]):
+        p = model.next_token_probs(context)
+        torch.testing.assert_close(p.sum(), torch.tensor(1.0, dtype=torch.float64))
+        assert bool((p[5:] > 0).all()) and bool((p[5:] == p[5]).all())
+    unseen = model.next_token_probs([6, 7])
+    if smoothing == "add-alpha":
+        torch.testing.assert_close(unseen, torch.full((8,), 1 / 8, dtype=torch.float64))
+    else:
+        train = TRAIN.tolist()
+        left = Counter(b for a, b in {tuple(train[i:i + 2]) for i in range(len(train) - 1)})  # N1+(. w)
+        assert unseen[5].item() == pytest.approx(0.5 * len(left) / 8 / sum(left.values()), rel=1e-12)
+
+
 def test_estimated_discounts_are_each_orders_n1_over_n1_plus_2_n2():
     # each order's n1 and n2 recounted from the definitions: the trigrams' raw counts, the lower orders' distinct
     # left neighbours (on TRAIN, (n1, n2) = (1, 2), (7, 3), (13, 3) from the unigrams up: d = 1/5, 7/13, 13/19)
