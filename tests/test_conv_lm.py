@@ -1,9 +1,10 @@
 """The convolutional language model (GCNN, Dauphin et al. 2017; `models/convolutional`): shapes, causality, a
 receptive field exactly as long as the config says, equality with a stack built by hand from torch.nn.Conv1d,
 generation through its state equal to passes from scratch, training that lowers the loss, the config's checks, and
-the family as a user runs it (`attnkit train`, --resume, `generate`, --explain)."""
+the family as a user runs it (`attnkit train`, --resume, `generate`, --explain, `eval`)."""
 
 import functools
+import json
 
 import pytest
 import torch
@@ -20,6 +21,8 @@ from stateful_lms import (
 )
 from torch import nn
 
+import attnkit
+from attnkit import cli
 from attnkit.config import ConvLMConfig, ModelConfig
 from attnkit.errors import ConfigError
 from attnkit.models import build_model
@@ -191,3 +194,14 @@ def test_train_resume_load_generate_and_explain_from_the_command_line(tmp_path, 
     config = train_resume_and_generate("gcnn-lm-tiny", tmp_path, capsys, explain=True)
     assert type(config) is ConvLMConfig and config.receptive_field == 31
     assert "conv-lm" in caplog.text and "receptive field 31 tokens" in caplog.text  # the training log says it
+    # attnkit eval scores the run as the model does, window by window (32 tokens each, none overlapping)
+    run, text = tmp_path / "whole", tmp_path / "text.txt"
+    assert cli.main(["eval", str(run), "--data", str(text), "--window", "32", "--stride", "32"]) == 0
+    (row,) = json.loads((run / "eval" / "eval.json").read_text())["rows"]
+    pipeline = attnkit.load(run, device="cpu")
+    ids = torch.tensor(pipeline.tokenizer.encode(text.read_text()))
+    with torch.no_grad():
+        nll = sum(F.cross_entropy(pipeline.model(w[None, :-1]).logits[0], w[1:], reduction="sum")
+                  for w in (ids[start : start + 33] for start in range(0, len(ids) - 1, 32)))
+    assert row["tokens"] == len(ids) - 1
+    assert row["loss"] == pytest.approx(nll.item() / (len(ids) - 1), rel=1e-5)
