@@ -83,18 +83,26 @@ def test_estimated_discounts_are_each_orders_n1_over_n1_plus_2_n2():
     # left neighbours (on TRAIN, (n1, n2) = (1, 2), (7, 3), (13, 3) from the unigrams up: d = 1/5, 7/13, 13/19)
     model = NGramLM(n=3, vocab_size=V, smoothing="kneser-ney", estimate_discounts=True, discount=0.6).fit(TRAIN)
     train = TRAIN.tolist()
-    for k, d in enumerate(model.discounts, start=1):
-        if k == 3:
-            counts = Counter(tuple(train[i:i + 3]) for i in range(len(train) - 2)).values()
-        else:
-            counts = Counter(g[1:] for g in {tuple(train[i:i + k + 1]) for i in range(len(train) - k)}).values()
-        n1, n2 = sum(c == 1 for c in counts), sum(c == 2 for c in counts)
-        assert d == (n1 / (n1 + 2 * n2) if n1 and n2 else 0.6)
+    assert model.discounts == pytest.approx(brute_force_discounts(train, 3, 0.6), rel=1e-15)
     assert len(set(model.discounts)) > 1  # the orders differ on this corpus
     held = HELD_OUT.tolist()
     logs = [math.log(brute_force_probability(train, 3, V, "kneser-ney", 0, model.discounts, held[t - 2:t], held[t]))
             for t in range(2, len(held))]
     torch.testing.assert_close(model.log_probs(HELD_OUT), torch.tensor(logs, dtype=torch.float64))
+
+
+def brute_force_discounts(train, n, fallback):
+    """Each order's n1 / (n1 + 2 n2), lowest first, from Python counters: raw counts at the top, distinct left
+    neighbours below; `fallback` where n1 or n2 is 0."""
+    discounts = []
+    for k in range(1, n + 1):
+        if k == n:
+            counts = Counter(tuple(train[i:i + n]) for i in range(len(train) - n + 1)).values()
+        else:
+            counts = Counter(g[1:] for g in {tuple(train[i:i + k + 1]) for i in range(len(train) - k)}).values()
+        n1, n2 = sum(c == 1 for c in counts), sum(c == 2 for c in counts)
+        discounts.append(n1 / (n1 + 2 * n2) if n1 and n2 else fallback)
+    return discounts
 
 
 def brute_force_probability(train, n, vocab_size, smoothing, alpha, d, context, word):
@@ -132,9 +140,12 @@ def test_perplexity_is_the_brute_force_one(n, smoothing):
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.integers(0, 3), min_size=4, max_size=30), st.lists(st.integers(0, 3), min_size=3, max_size=3),
-       st.integers(1, 3), st.sampled_from(["add-alpha", "kneser-ney"]), st.floats(0.05, 2.0), st.floats(0.05, 0.95))
-def test_drawn_corpora_sum_to_one_and_equal_the_brute_force(train, context, n, smoothing, alpha, d):
-    model = NGramLM(n=n, vocab_size=4, smoothing=smoothing, alpha=alpha, discount=d).fit(train)
+       st.integers(1, 3), st.sampled_from(["add-alpha", "kneser-ney"]), st.floats(0.05, 2.0), st.floats(0.05, 0.95),
+       st.booleans())
+def test_drawn_corpora_sum_to_one_and_equal_the_brute_force(train, context, n, smoothing, alpha, d, estimate):
+    model = NGramLM(n=n, vocab_size=4, smoothing=smoothing, alpha=alpha, discount=d,
+                    estimate_discounts=estimate).fit(train)
+    d = brute_force_discounts(train, n, d) if estimate else d
     p = model.next_token_probs(context)
     torch.testing.assert_close(p.sum(), torch.tensor(1.0, dtype=torch.float64))
     brute = [brute_force_probability(train, n, 4, smoothing, alpha, d, context[len(context) - (n - 1):], w)

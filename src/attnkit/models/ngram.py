@@ -88,7 +88,7 @@ class NGramLM:
         self.n, self.vocab_size, self.smoothing = n, vocab_size, smoothing
         self.alpha, self.discount, self.estimate_discounts = float(alpha), float(discount), estimate_discounts
         self.tables: list[CountTable] = []  # tables[k - 1]: the k-grams (continuations below the top order for KN)
-        self.discounts: list[float] = []  # discounts[k - 1]: Kneser-Ney's d at order k
+        self.discounts: list[float] = []  # discounts[k - 1]: Kneser-Ney's d at order k (none for add-alpha)
 
     # Counting ------------------------------------------------------------------------------------------------
     def fit(self, ids: Ids | Sequence[Ids]) -> NGramLM:
@@ -107,7 +107,8 @@ class NGramLM:
                 lower, continuations = torch.unique(wider % self.vocab_size ** k, return_counts=True)
                 tables.insert(0, CountTable(lower, continuations, self.vocab_size))
         self.tables = tables
-        self.discounts = [self.order_discount(table.counts) for table in tables]
+        kneser_ney = self.smoothing == "kneser-ney"
+        self.discounts = [self.order_discount(table.counts) for table in tables] if kneser_ney else []
         return self
 
     def order_discount(self, counts: Tensor) -> float:
