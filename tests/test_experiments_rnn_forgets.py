@@ -60,7 +60,7 @@ def test_a_transformer_that_forgets_too_is_against_the_claim():
     assert verdict_of(checks)[0] == "mixed"
 
 
-@pytest.mark.slow  # 18 small models trained 300 steps each: about 3 minutes on a busy 2-core machine
+@pytest.mark.slow  # 18 small models trained 300 steps each: 3 to 5 minutes on a busy 2-core machine
 def test_rnn_forgets_does_not_hold_where_the_token_d_back_is_also_the_one_just_before(tmp_path, monkeypatch):
     """Distance made irrelevant: each sequence is one symbol repeated, so the token d back is also the token just
     before, and a recurrent model needs to keep one step. The setting is the small budget's at d=2 and d=16, where on
