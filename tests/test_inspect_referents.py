@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from attnkit.errors import InputError
 from attnkit.experiments import referent_head as rh
-from attnkit.inspect.referents import referent_accuracy
+from attnkit.inspect.referents import referent_accuracy, referent_weight
 from attnkit.viz.head_view import draw_head_view
 
 
@@ -87,3 +87,28 @@ def test_the_head_view_draws_a_line_per_key_as_opaque_as_its_weight_and_refuses_
         draw_head_view(ax, tokens, [0.5, 0.5, 0.0], 3, title="t")
     with pytest.raises(InputError, match="query position 4"):
         draw_head_view(ax, tokens, [0.1, 0.6, 0.3, 0.0], 4, title="t")
+
+
+def test_the_claims_checks_compare_the_head_with_the_control_and_with_chance_not_an_unstated_bar():
+    """The lecture names no share of sentences: a head that picks the referent in 96%, 88% and 100% of sentences
+    (seed 1 below 0.9) is for the claim against chance and the control; one at chance is not."""
+    control = [0.50, 0.51, 0.49]
+    held = rh.claim_checks([0.96, 0.88, 1.00], control)
+    assert [check.outcome for check in held] == ["for", "for"]
+    at_chance = rh.claim_checks([0.52, 0.47, 0.50], control)
+    assert "for" not in [check.outcome for check in at_chance]
+
+
+def test_referent_weight_tells_a_head_that_points_at_the_referent_from_one_that_looks_away_from_the_other_noun():
+    """Both heads weigh the referent above the other noun in every sentence (referent accuracy 1); the one that points
+    puts 0.85 on it, the one that looks away 0.06 (the rest on the pronoun itself), as seed 0's head does for 'wide'."""
+    patterns = torch.zeros(2, 1, 2, 4, 4)  # (N, L, H, T, S): query 3, referent 0 or 1, other the other
+    referent, other, query = torch.tensor([0, 1]), torch.tensor([1, 0]), torch.tensor([3, 3])
+    for row in range(2):
+        r, o = int(referent[row]), int(other[row])
+        patterns[row, 0, 0, 3, [r, o, 3]] = torch.tensor([0.85, 0.05, 0.10])  # points at the referent
+        patterns[row, 0, 1, 3, [r, o, 3]] = torch.tensor([0.06, 0.01, 0.93])  # looks away from the other noun
+    torch.testing.assert_close(referent_accuracy(patterns, query, referent, other), torch.ones(1, 2))
+    torch.testing.assert_close(referent_weight(patterns, query, referent, other), torch.tensor([[0.85, 0.06]]))
+    with pytest.raises(InputError, match="one position"):
+        referent_weight(patterns, query, referent, referent)

