@@ -131,3 +131,19 @@ def test_a_run_lock_that_is_a_link_is_refused_and_its_target_left_whole(tmp_path
     with pytest.raises(ConfigError, match=r"symbolic links \(.*\.lock\)"):
         rundir.claim(tmp_path / "run")
     assert victim.read_text() == "kept"
+
+
+def test_a_run_folder_made_a_link_after_the_run_began_takes_no_checkpoint_and_loses_nothing(tmp_path):
+    from attnkit.errors import ConfigError
+    from attnkit.train import rundir
+
+    outside = tmp_path / "outside"
+    (outside / "step_000001").mkdir(parents=True)  # another folder's own files, which pruning would reach
+    job = prepare(request(tmp_path / "run"))  # the run is claimed: its folders were checked then
+    (tmp_path / "run" / "checkpoints").symlink_to(outside)
+    try:
+        with pytest.raises(ConfigError, match="checkpoints is a link to .*outside"):
+            job.fit()
+    finally:
+        rundir.release(tmp_path / "run")
+    assert [p.name for p in outside.iterdir()] == ["step_000001"]

@@ -73,10 +73,7 @@ def claim(out: str | Path) -> None:
         return
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; a run is a directory: choose another --out")
-    if links := [out / name for name in OWN_FOLDERS if (out / name).is_symlink()]:
-        raise ConfigError(f"{links[0]} is a link to {os.path.realpath(links[0])}: a run writes and prunes the files "
-                          "of its folders, which would reach outside --out through it; put the folder itself there "
-                          "(or choose another --out)")
+    check_own_folders(out)
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -97,6 +94,16 @@ def claim(out: str | Path) -> None:
               0)
     _held[key] = (fd, created)
     _settle_replaced(out)
+
+
+def check_own_folders(out: Path) -> None:
+    """ConfigError when one of run directory `out`'s own folders (`OWN_FOLDERS`) is a link, which its writes and
+    pruning would follow outside `out`. `claim` asks, and each checkpoint's save again: a link made after the run began
+    is caught before anything is written or deleted through it."""
+    if links := [out / name for name in OWN_FOLDERS if (out / name).is_symlink()]:
+        raise ConfigError(f"{links[0]} is a link to {os.path.realpath(links[0])}: a run writes and prunes the files "
+                          "of its folders, which would reach outside --out through it; put the folder itself there "
+                          "(or choose another --out)")
 
 
 def release(out: str | Path) -> None:

@@ -69,7 +69,7 @@ from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError
 from attnkit.tasks.common import decode_tensor, encode_tensor
 from attnkit.tokenize import Tokenizer, load_tokenizer
-from attnkit.train.rundir import drop_replaced, existing_run
+from attnkit.train.rundir import check_own_folders, drop_replaced, existing_run
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +116,13 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint `checkpoints/step_XXXXXX` for `train_state["step"]`, point the top level (and `best/`
     when `best`) at it, and delete all but the newest `keep` checkpoints; a `chat_template` of its own is written
-    beside the tokenizer (tokenizer_config.json, as `chat_format.chat_template` reads it). Returns its path.
+    beside the tokenizer (tokenizer_config.json, as `chat_format.chat_template` reads it). Returns its path. Raises
+    ConfigError, before anything is written, where one of the run's own folders is a link (`rundir.check_own_folders`).
     """
     if keep < 1:
         raise CheckpointError(f"keep={keep}: at least the latest checkpoint must be kept")
     run_dir = Path(run_dir)
+    check_own_folders(run_dir)  # a folder made a link since the run began would take the writes and deletes below
     clean_leftovers(run_dir)
     final = run_dir / CHECKPOINTS_DIR / checkpoint_name(int(train_state["step"]))
     tmp = final.with_name(f".{final.name}.tmp")
