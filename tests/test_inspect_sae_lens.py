@@ -75,11 +75,11 @@ def test_an_sae_attnkit_saves_is_read_by_sae_lens_and_encodes_and_decodes_the_sa
     x = activations()
     lens = sae_lens.SAE.load_from_disk(str(save_sae(sae, tmp_path / "sae")))
     assert lens.cfg.d_in == D_IN and lens.cfg.d_sae == D_SAE and lens.cfg.architecture() == architecture
-    with torch.no_grad():
+    with torch.no_grad():  # the same float32 operations in the same order: equal to the bit, as the guide records
         features = sae.encode(x)  # (N, F)
-        torch.testing.assert_close(lens.encode(x), features)
-        torch.testing.assert_close(lens.decode(features), sae.decode(features))
-        torch.testing.assert_close(lens(x), sae(x))
+        torch.testing.assert_close(lens.encode(x), features, rtol=0, atol=0)
+        torch.testing.assert_close(lens.decode(features), sae.decode(features), rtol=0, atol=0)
+        torch.testing.assert_close(lens(x), sae(x), rtol=0, atol=0)
     assert 0 < float((features > 0).float().sum(-1).mean()) <= (K if architecture == "topk" else D_SAE)
 
 
