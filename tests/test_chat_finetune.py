@@ -604,3 +604,28 @@ def test_axolotls_weight_0_unmarks_exactly_that_replys_tokens_in_every_template(
     end = trained.index(False, first)  # the first reply's run of marked tokens
     assert quiet_ids == ids and sum(trained[end:]) > 0
     assert quiet == [False] * end + trained[end:]
+
+
+def test_llama_factorys_tools_are_rendered_before_the_call_learnt_after_them(tmp_path):
+    """LLaMA-Factory's ShareGPT records give the functions offered as a JSON string in "tools"; a call learnt without
+    them would teach the model to call functions it was never shown."""
+    weather = {"name": "get_weather", "description": "The weather.", "parameters": {"type": "object"}}
+    turns = [{"from": "human", "value": "Weather in Paris?"},
+             {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Paris"}}'},
+             {"from": "observation", "value": "18 C"}, {"from": "gpt", "value": "Sunny."}]
+    path = tmp_path / "tools.jsonl"
+    path.write_text(json.dumps({"conversations": turns, "tools": json.dumps([weather])}) + "\n")
+    [read] = read_conversations(path)
+    assert read.tools == ({"type": "function", "function": weather},)
+    tok = CharTokenizer(ALPHABET + '_"{}[]', special_tokens={"pad": "<pad>", "unk": "<unk>", "bos": "<bos>",
+                                                              "eos": "<eos>"})
+    ids, trained = DEFAULT_FORMAT.conversation_ids(tok, read.messages, read.tools)
+    assert tok.decode(ids).startswith(DEFAULT_FORMAT.render([], read.tools, add_generation_prompt=False))
+    assert '"get_weather"' in tok.decode([i for i, t in zip(ids, trained, strict=True) if not t])  # in the prompt
+    rows = conversation_rows([read], template=DEFAULT_FORMAT, tokenizer=tok, seq_len=len(ids) - 1, packed=False,
+                             batch_size=1)
+    assert rows.rows.input_ids[0].tolist() == ids[:-1]  # chat fine-tuning reads the tools too
+    for bad in ("not json", json.dumps([{"description": "no name"}]), json.dumps({"name": "x"})):
+        path.write_text(json.dumps({"conversations": turns, "tools": bad}) + "\n")
+        with pytest.raises(InputError, match='"tools" (must be a list|holds a function without)'):
+            read_conversations(path)

@@ -241,7 +241,8 @@ class ChatTemplate:
         framed = self.source is None and getattr(tokenizer, "starts_with_bos", False) and bos is not None
         return [bos, *ids] if framed else ids
 
-    def conversation_ids(self, tokenizer: Tokenizer, messages: Sequence[dict]) -> tuple[list[int], list[bool]]:
+    def conversation_ids(self, tokenizer: Tokenizer, messages: Sequence[dict], tools: Sequence[dict] = ()
+                         ) -> tuple[list[int], list[bool]]:
         """A conversation's token ids, and for each whether it is the assistant's: what chat fine-tuning trains on
         (the loss on the replies alone, as TRL's `assistant_only_loss`). Each reply is the text the conversation up
         to it renders past its prompt (`render(messages[:i])`, what the server gives the model to answer), so the
@@ -253,7 +254,9 @@ class ChatTemplate:
         straddles the prompt's end, the reply is tokenized on its own. A template of one's own ends a reply itself
         (Llama 2's `</s>`, ChatML's `<|im_end|>`, which belong to the reply); the default format has no such mark, so
         EOS follows each reply there, which generation stops at. Turns after the last reply are left out: nothing is
-        learnt from them. A reply of `"weight": 0` (axolotl's per-turn weight) is read but not marked.
+        learnt from them. A reply of `"weight": 0` (axolotl's per-turn weight) is read but not marked. `tools`: the
+        functions the conversation offered ({"type": "function", "function": {...}}), rendered as `chat_ids` renders
+        a served chat's, so a call is learnt after the tools it calls.
 
             User: Hi!          prompt   (not trained)
             Assistant: Hello.  reply    ' Hello.' EOS (trained)
@@ -263,7 +266,7 @@ class ChatTemplate:
         has one prompt)."""
         if not any(message["role"] == "assistant" for message in messages):
             raise InputError("a conversation holds no assistant turn: chat fine-tuning learns the assistant's replies")
-        return self._turns(tokenizer, messages, (), None)
+        return self._turns(tokenizer, messages, tools, None)
 
     def chat_ids(self, tokenizer: Tokenizer, messages: Sequence[dict], tools: Sequence[dict] = (), *,
                  add_generation_prompt: bool = True) -> list[int]:

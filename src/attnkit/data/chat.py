@@ -11,7 +11,8 @@ prompt-completion data sets, Alpaca's, and ShareGPT's as axolotl and LLaMA-Facto
                                                     a system turn first where the turns begin with none, and null
                                                     is none, as LLaMA-Factory reads it; LLaMA-Factory's
                                                     function_call and observation turns are an assistant's tool
-                                                    calls and a tool's result)
+                                                    calls and a tool's result, and its "tools", a JSON string
+                                                    of the functions offered, rendered before the turns)
 
 A turn may carry axolotl's `"weight": 0` or `1`: an assistant's turn of weight 0 is read (its tokens stay in the
 prompt of the turns after it) but not learnt; weight 1 is the default, and is refused on a turn that is not the
@@ -51,6 +52,7 @@ class Conversation:
 
     where: str
     messages: list[dict]
+    tools: tuple[dict, ...] = ()  # the functions offered ({"type": "function", "function": {...}}), where any
 
 
 def read_conversations(path: str | Path, *, encoding_errors: EncodingErrors = "strict") -> list[Conversation]:
@@ -82,7 +84,7 @@ def _read(records: Iterable[tuple[str, object]]) -> list[Conversation]:
     found = []
     for source, record in records:
         try:
-            found.append(Conversation(source, conversation(record)))
+            found.append(Conversation(source, conversation(record), offered_tools(record)))
         except InputError as error:
             raise InputError(f"{source}: {error}") from None
     return found
@@ -127,6 +129,25 @@ def conversation(record: object) -> list[dict]:
         raise InputError('gives each assistant turn "weight": 0, so nothing is learnt from it: give a reply weight 1 '
                          "(or leave its weight out), or leave the conversation out")
     return messages
+
+
+def offered_tools(record: dict) -> tuple[dict, ...]:
+    """The functions a record offers: its "tools", a list (OpenAI's messages layout) or a JSON string of one
+    (LLaMA-Factory's ShareGPT layout), each `{"type": "function", "function": {...}}` or a bare function
+    (`{"name": ..., "parameters": ...}`, LLaMA-Factory's, wrapped so). InputError for anything else."""
+    tools = record.get("tools") or ()
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except (ValueError, RecursionError):
+            tools = None
+    if not isinstance(tools, (list, tuple)) or not all(isinstance(t, dict) for t in tools):
+        raise InputError(f'"tools" must be a list of functions (or LLaMA-Factory\'s JSON string of one), each '
+                         f'{{"name": ..., "parameters": {{...}}}}; got {record["tools"]!r:.60}')
+    wrapped = tuple(t if "function" in t else {"type": "function", "function": t} for t in tools)
+    if not all(isinstance(t["function"], dict) and isinstance(t["function"].get("name"), str) for t in wrapped):
+        raise InputError(f'"tools" holds a function without a string "name"; got {record["tools"]!r:.60}')
+    return wrapped
 
 
 def _turns(value: object, key: str, role: str) -> list[dict]:

@@ -72,7 +72,7 @@ def conversation_rows(conversations: list[Conversation], *, template: ChatTempla
     cut, cut_off, skipped = [], [], []
     for conversation in conversations:
         try:
-            tokens, replies = template.conversation_ids(tokenizer, conversation.messages)
+            tokens, replies = template.conversation_ids(tokenizer, conversation.messages, conversation.tools)
         except InputError as error:
             raise InputError(f"{conversation.where}: {error}") from None
         start = len(ids)
