@@ -568,3 +568,18 @@ def test_a_text_the_tokenizer_drops_whole_is_refused_naming_its_characters(famil
     target = {"target": "abc"} if family == "encoder-decoder" else {}
     with pytest.raises(InputError, match=rf"{what} \('XYZ'\) has no token: .*unknown characters 'XYZ' skipped"):
         attention_maps(model, chars, "XYZ", **target)
+
+
+def test_cli_viz_from_token_draws_bertviz_head_view_per_layer_and_head_and_refuses_a_position_past_the_text(
+        runs, tmp_path, capsys):
+    out = tmp_path / "viz"
+    code = main(["viz", "--run", str(runs["decoder"]), "--text", TEXT, "--heads", "1", "--from-token", "2",
+                 "--out", str(out)])
+    assert code == 0
+    views = sorted(p.name for p in out.glob("*_from2.png"))
+    assert views == ["causal_layer0_head1_from2.png", "causal_layer1_head1_from2.png"]
+    assert imread(out / views[0]).shape[0] > 100  # a picture, not an empty file
+    assert set(views) <= set(json.loads((out / "viz.json").read_text())["files"])  # removed by the next call
+    code = main(["viz", "--run", str(runs["decoder"]), "--text", TEXT, "--from-token", "999", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code != 0 and "--from-token 999" in err and "Traceback" not in err

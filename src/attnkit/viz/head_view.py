@@ -6,11 +6,14 @@ because it was tired" is drawn this way: the lines from "it" show where one head
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from attnkit.errors import InputError
-from attnkit.viz.heatmap import drawable
+from attnkit.viz.heatmap import drawable, save_figure
+from attnkit.viz.maps import AttentionMaps
 
 LINE_COLOUR = "tab:blue"
 MARK_COLOUR = "tab:orange"
@@ -43,3 +46,29 @@ def draw_head_view(ax: Axes, tokens: Sequence[str], weights: Sequence[float], qu
     ax.set_ylim(len(tokens) - 0.5, -0.5)
     ax.set_axis_off()
     ax.set_title(title, fontsize=9)
+
+
+def write_head_views(all_maps: Sequence[AttentionMaps], directory: str | Path, query: int) -> list[Path]:
+    """`attnkit viz --from-token`: one head view per self-attention kind, layer and head of `all_maps`, from the token
+    at position `query`, into `directory` as {kind}_layer{L}_head{H}_from{query}.png. Cross-attention is left out (its
+    queries are not its keys: the alignment draws it). Returns the paths written.
+
+    Raises InputError where `query` is not a position of the text's tokens.
+    """
+    written = []
+    for maps in all_maps:
+        if maps.kind == "cross":
+            continue
+        if not 0 <= query < len(maps.query_tokens):
+            raise InputError(f"--from-token {query}: the text has {len(maps.query_tokens)} tokens; give a position "
+                             f"0..{len(maps.query_tokens) - 1}")
+        for layer in maps.layers:
+            for head in maps.heads:
+                fig = Figure(figsize=(5.5, 0.3 * len(maps.key_tokens) + 1.0))
+                weights = maps.head_weights(layer, head)[query]  # (S,) from the query
+                draw_head_view(fig.add_subplot(), maps.key_tokens, weights.tolist(), query,
+                               title=f"{maps.title}: layer {layer} head {head}, from "
+                               f"{drawable(maps.query_tokens[query])!r}")
+                name = f"{maps.kind}_layer{layer}_head{head}_from{query}.png"
+                written.append(save_figure(fig, Path(directory) / name))
+    return written

@@ -3,6 +3,7 @@ training instruments as a plot.
 
     RUN/viz/ (or --out)   self_grid.png, causal_grid.png, cross_grid.png     every layer x head
                           {kind}_layer{L}_head{H}.png, {kind}_layer{L}_mean.png
+                          {kind}_layer{L}_head{H}_from{P}.png                --from-token P: BertViz's head view
                           alignment.png                                      translation runs
                           attention.html                                     pick kind, layer, head; hover tokens
                           viz.json                                           the files this call drew; the next
@@ -27,6 +28,7 @@ from attnkit.tasks import TaskSpec, task_record, unread_options
 from attnkit.tasks.reading import frame_of
 from attnkit.tokenize import load_tokenizer
 from attnkit.viz.extract import attention_maps
+from attnkit.viz.head_view import write_head_views
 from attnkit.viz.heatmap import write_pngs
 from attnkit.viz.instruments import plot_run_instruments
 from attnkit.viz.maps import AttentionMaps
@@ -55,11 +57,15 @@ class VizSettings:
     per_head: bool = True  # one PNG per layer and head besides each layer's mean and the grid
     device: str = "cpu"  # where the model runs
     max_length: int = 64  # --translate: target tokens at most (and no more than the model's context holds)
+    from_token: int | None = None
+    """also draw BertViz's head view from the token at this position (0: the first), one PNG per layer and head"""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 1:
             raise ConfigError(f"--max-length {self.max_length!r}: give at least 1 (target tokens the translation may "
                               "have)")
+        if self.from_token is not None and (isinstance(self.from_token, bool) or self.from_token < 0):
+            raise ConfigError(f"--from-token {self.from_token!r}: give a token's position, 0 or more")
         pick_device(self.device)  # a device torch lacks is refused before anything is read or drawn
 
 
@@ -108,6 +114,8 @@ def run_viz(settings: VizSettings) -> VizResult:
     earlier = drawn_before(out)
     with files_into(out) as partial:  # the pictures and the page reach `out` together, after all are drawn
         pngs = write_pngs(result.maps, partial, per_head=settings.per_head)
+        if settings.from_token is not None:
+            pngs += write_head_views(result.maps, partial, settings.from_token)
         write_page(result.maps, partial / PAGE_FILE, title=f"attention: {run_dir.name}")
         drawn = [*(png.name for png in pngs), PAGE_FILE]
         (partial / MANIFEST).write_text(json.dumps({"files": drawn}, indent=1), encoding="utf-8")
