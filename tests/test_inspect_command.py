@@ -902,7 +902,9 @@ def test_tuned_lens_picture_says_what_its_kl_was_scored_on(runs, tmp_path, monke
     assert titles[0].endswith("on 2 held-out texts")
     assert "held-out" not in titles[1] and titles[1].endswith("on the one text it was trained on (none held out)")
     for out, scored_on in (("many", "2 held-out texts"), ("one", "the one text it was trained on (none held out)")):
-        assert json.loads((tmp_path / out / "tuned-lens" / "tuned_lens.json").read_text())["KL scored on"] == scored_on
+        record = json.loads((tmp_path / out / "tuned-lens" / "tuned_lens.json").read_text())
+        assert record["KL scored on"] == scored_on and set(record["KL"]) == {"logit lens", "tuned lens"}
+        assert not any("held-out" in key for key in record)  # the KL's key said "held-out" where none was
 
 
 def test_head_types_draws_its_random_tokens_from_text_never_a_converted_tokenizers_special_token(tmp_path,

@@ -490,7 +490,7 @@ def _tuned_lens(loaded: Loaded, settings: InspectSettings):
     saved = None
     if settings.lens is None:
         saved = save_tuned_lens(lens, _out_dir(settings) / "tuned-lens", record={
-            "steps": steps, "texts": len(training), "held-out KL": kl, "KL scored on": scored_on})
+            "steps": steps, "texts": len(training), "KL": kl, "KL scored on": scored_on})
     rows, figure = _lens_report(loaded, batches[0], tuned_lens(loaded.model, lens, *batches[0].args), "tuned lens",
                                 divergences, scored_on)
     scored = (f"{len(held_out)} held-out texts (every {HELD_OUT}th, not trained on)" if len(batches) > 1 else
