@@ -81,10 +81,14 @@ def test_the_head_view_draws_a_line_per_key_as_opaque_as_its_weight_and_refuses_
     tokens = ["the", "animal", "street", "it"]
     draw_head_view(ax, tokens, [0.1, 0.6, 0.3, 0.0], 3, title="t", marked=[1])
     alphas = [line.get_alpha() for line in ax.lines]
-    assert alphas == pytest.approx([0.1 / 0.6, 1.0, 0.5, 0.0])
+    assert alphas == pytest.approx([0.1, 0.6, 0.3, 0.0])  # BertViz's: the weight, not its share of the strongest
+    draw_head_view(ax, tokens, [0.25] * 4, 3, title="t")  # an even head draws faint lines, not four opaque ones
+    assert [line.get_alpha() for line in ax.lines[4:]] == pytest.approx([0.25] * 4)
     assert all(line.get_ydata()[0] == 3 for line in ax.lines)  # every line leaves the query
     with pytest.raises(InputError, match="3 weights for 4 tokens"):
         draw_head_view(ax, tokens, [0.5, 0.5, 0.0], 3, title="t")
+    with pytest.raises(InputError, match=r"\[0, 1\]"):
+        draw_head_view(ax, tokens, [0.1, 1.6, 0.3, 0.0], 3, title="t")
     with pytest.raises(InputError, match="query position 4"):
         draw_head_view(ax, tokens, [0.1, 0.6, 0.3, 0.0], 4, title="t")
 

@@ -22,20 +22,24 @@ MARK_COLOUR = "tab:orange"
 def draw_head_view(ax: Axes, tokens: Sequence[str], weights: Sequence[float], query: int, *, title: str,
                    marked: Sequence[int] = ()) -> None:
     """Draw on `ax` one head's attention from `tokens[query]` to every token: `weights` (S,), one per token, in
-    [0, 1]. The strongest line is drawn fully opaque and the rest in proportion; each weight is written beside its
-    key. `marked`: key positions whose labels are drawn in bold colour (the referent the reader should find).
+    [0, 1]. Each line is as opaque as its weight, as BertViz draws them (a head that spreads its weight evenly draws
+    faint lines, not a fan of strong ones); each weight is written beside its key. `marked`: key positions whose
+    labels are drawn in bold colour (the referent the reader should find).
 
-    Raises InputError where the weights and tokens differ in length or `query` is not a token's position.
+    Raises InputError where the weights and tokens differ in length, a weight is outside [0, 1] or `query` is not a
+    token's position.
     """
     weights = [float(w) for w in weights]
     if len(weights) != len(tokens) or not tokens:
         raise InputError(f"{len(weights)} weights for {len(tokens)} tokens: give one weight per token")
+    if not all(-1e-4 <= w <= 1 + 1e-4 for w in weights):  # a float32 softmax may round a little past 0 or 1
+        raise InputError("attention weights lie in [0, 1]: give one row of a head's softmax weights")
+    weights = [min(max(w, 0.0), 1.0) for w in weights]
     if not 0 <= query < len(tokens):
         raise InputError(f"query position {query} is not among the {len(tokens)} tokens")
-    top = max(max(weights), 1e-9)
     rows = range(len(tokens))
     for key, weight in enumerate(weights):  # (S,) lines, y down the page: token 0 on top
-        ax.plot([0.0, 1.0], [query, key], color=LINE_COLOUR, alpha=weight / top, linewidth=1 + 3 * weight / top)
+        ax.plot([0.0, 1.0], [query, key], color=LINE_COLOUR, alpha=weight, linewidth=1 + 3 * weight)
     for row, token in zip(rows, tokens, strict=True):
         label = drawable(token)
         ax.text(-0.04, row, label, ha="right", va="center", fontsize=9,
