@@ -462,3 +462,14 @@ def test_draft_tokens_without_a_draft_is_refused_in_one_line_naming_draft(runs, 
     assert cli.main(argv) != 0
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and f"--draft-tokens {value}" in error[0] and "give --draft RUN too" in error[0]
+
+
+def test_the_token_after_the_kept_drafts_is_the_targets_where_a_row_kept_no_more_else_its_next_draft():
+    """`token_after_kept`, the one rule of `advance_together` and the server's rounds: a row that keeps as many drafts
+    as it kept gets the target's token after them; one cut short gets its next draft (accepted); a row cut at all K
+    drafts (a closed choice beside an open one that kept them all) gets the token after, not a draft past the K-th."""
+    drafted = torch.tensor([[5, 6, 7], [5, 6, 7], [5, 6, 7], [5, 6, 7]])  # (B, K)
+    kept, after = torch.tensor([1, 3, 2, 1]), torch.tensor([10, 11, 12, 13])  # (B,), (B,)
+    keep = torch.tensor([1, 1, 0, 3])
+    assert speculative.token_after_kept(keep, kept, after, drafted).tolist() == [10, 6, 5, 13]
+    assert speculative.advance_together(1, kept, after, drafted).tolist() == [[5, 10], [5, 6], [5, 6], [5, 13]]

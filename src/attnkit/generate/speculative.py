@@ -58,7 +58,9 @@ class Speculation:
     """What a speculative generation did: `rounds` target forward passes, `drafts` the rows' drafts the target
     scored (one per unfinished row and round with K > 0: vLLM's num_drafts, so that 1 + accepted / drafts is its mean
     acceptance length), `drafted` tokens proposed by the draft (K per unfinished row and round), `accepted` of them
-    the target accepted, `advanced` the tokens each row gained (the rounds' kept drafts plus one, summed)."""
+    the target accepted, `advanced` the tokens a row gained, summed over the rounds: a round's kept drafts plus one,
+    as many in every row (`speculative_generate`), or the most any live row gained where each row keeps its own (the
+    server, `serve/speculative.py`)."""
 
     draft_tokens: int
     rounds: int = 0
@@ -108,11 +110,19 @@ def accept_sampled(p: Tensor, q: Tensor, drafted: Tensor, groups: Groups) -> tup
     return kept, draw(after, groups)
 
 
+def token_after_kept(keep: Tensor, kept: Tensor, after: Tensor, drafted: Tensor) -> Tensor:
+    """Each row's token after the first keep[row] of its drafts, where a round keeps fewer drafts than the target
+    accepted (kept[row]): the token after them (`after`) where the row kept no more, else its (keep + 1)-th draft,
+    which the target accepted (`after` past the K-th). keep, kept, after (B,); drafted (B, K) -> (B,)."""
+    next_draft = torch.cat((drafted, after[:, None]), dim=1).gather(1, keep[:, None])[:, 0]  # (B, K + 1) -> (B,)
+    return torch.where(kept == keep, after, next_draft)
+
+
 def advance_together(n: int, kept: Tensor, after: Tensor, drafted: Tensor) -> Tensor:
     """The round's tokens where every row advances by n + 1, n the fewest drafts an unfinished row kept (the module
-    docstring): each row's first n drafts, then the token after them where the row kept n, or its (n + 1)-th draft,
-    which the target accepted, where it kept more. kept, after (B,); drafted (B, K) -> (B, n + 1)."""
-    last = torch.where(kept == n, after, drafted[:, n] if n < drafted.shape[1] else after)  # (B,)
+    docstring): each row's first n drafts, then the token after them (`token_after_kept`). kept, after (B,); drafted
+    (B, K) -> (B, n + 1)."""
+    last = token_after_kept(torch.full_like(kept, n), kept, after, drafted)  # (B,)
     return torch.cat((drafted[:, :n], last[:, None]), dim=1)
 
 

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from attnkit.generate.decoder import Window, left_pad, logits_of_new, prefill
 from attnkit.generate.sampling import Groups, check_drawn, draw
-from attnkit.generate.speculative import Shaper, Speculation, accept_greedy, accept_sampled
+from attnkit.generate.speculative import Shaper, Speculation, accept_greedy, accept_sampled, token_after_kept
 from attnkit.run_settings import check_draft_tokens
 from attnkit.serve.batching import Batch, GenerationJob, Scheduler
 
@@ -182,10 +182,8 @@ class SpeculativeScheduler(Scheduler):
         live = [row for row, (job, choice) in enumerate(batch.rows) if job.reasons[choice] is None]
         advance = _advances(listed, kept_by_row)  # (B,): the drafts each row keeps
         self._count(k, [kept_by_row[row] for row in live], [advance[row] for row in live])
-        by_row, after_by_row = drafted.tolist(), after.tolist()
-        # each row's token after the drafts it keeps: the target's where it kept no more, else its next draft (accepted)
-        last_by_row = [after_by_row[row] if kept_by_row[row] == gained else by_row[row][gained]
-                       for row, gained in enumerate(advance)]
+        last = token_after_kept(torch.tensor(advance, device=kept.device), kept, after, drafted)  # (B,)
+        by_row, last_by_row = drafted.tolist(), last.tolist()
         for job, rows in listed.items():
             try:
                 gained = advance[rows[0]]
@@ -196,7 +194,7 @@ class SpeculativeScheduler(Scheduler):
                                                     for row in rows]))
             except Exception as error:  # its own logits gave no distribution, or its own callback failed
                 self._fail(job, error)
-        self._write(drafted, torch.tensor(last_by_row, device=self.device).clamp(min=0), advance, k)
+        self._write(drafted, last.clamp(min=0), advance, k)
         self.step_seconds = time.monotonic() - started  # how long joining jobs wait for company (`Scheduler._due`)
 
     def _accept(self, scored: Tensor, drafted: Tensor, q: Tensor | None, rows_of: dict[GenerationJob, Tensor]
