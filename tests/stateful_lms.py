@@ -2,7 +2,7 @@
 and feed-forward LMs) must pass: stepping through the state over left-padded rows equals each row alone, greedy
 generation equals recomputation from scratch past the context, the state's reorder follows its rows, a short run
 learns, bad inputs are clear errors, and the family trains, resumes bit for bit and generates from the command
-line."""
+line; and what each family's config shares: refusals that name the fix, a receptive field exact to the token."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import attnkit
 from attnkit import cli
 from attnkit.checkpoint import load_config, load_model
 from attnkit.config import ModelConfig
-from attnkit.errors import InputError
+from attnkit.errors import ConfigError, InputError
 from attnkit.generate import generate_tokens
 
 
@@ -116,3 +116,31 @@ def assert_bad_inputs_are_clear_errors(model, vocab: int) -> None:
         model(torch.tensor([[vocab]]))
     with pytest.raises(InputError, match="padding between real tokens"):
         model(torch.tensor([[1, 2, 3]]), attention_mask=torch.tensor([[1, 0, 1]]))
+
+
+def assert_the_last_prediction_reads_exactly(model, reach: int, vocab: int) -> None:
+    """Over a text of reach + 5 tokens, the token reach - 1 positions before the last (just inside) changes the last
+    logits; the one reach back (just outside), and every one before it, changes nothing."""
+    length = reach + 5
+    ids = torch.randint(0, vocab, (1, length))
+    last = length - 1
+
+    def last_logits(position: int | slice) -> torch.Tensor:
+        changed = ids.clone()
+        changed[0, position] = (changed[0, position] + 1) % vocab
+        return model(changed).logits[0, -1]
+
+    with torch.no_grad():
+        base = model(ids).logits[0, -1]
+        assert not torch.allclose(last_logits(last - reach + 1), base)  # just inside
+        torch.testing.assert_close(last_logits(last - reach), base, rtol=0, atol=0)  # just outside
+        torch.testing.assert_close(last_logits(slice(0, last - reach + 1)), base, rtol=0, atol=0)  # all outside
+
+
+def assert_config_refuses(family: str, fields: dict, words: list[str]) -> None:
+    """`ModelConfig(family=family, **fields)` raises a ConfigError whose message holds every one of `words` (the
+    fields at fault and the fix)."""
+    with pytest.raises(ConfigError) as err:
+        ModelConfig(family=family, **fields)
+    for word in words:
+        assert word in str(err.value)

@@ -14,15 +14,16 @@ from hypothesis import strategies as st
 from stateful_lms import (
     assert_a_short_run_halves_the_loss,
     assert_bad_inputs_are_clear_errors,
+    assert_config_refuses,
     assert_greedy_generation_equals_recomputation,
     assert_reorder_follows_rows,
     assert_steps_through_the_state_equal_each_row_alone,
+    assert_the_last_prediction_reads_exactly,
     train_resume_and_generate,
 )
 from torch import nn
 
 from attnkit.config import FeedForwardLMConfig, ModelConfig
-from attnkit.errors import ConfigError
 from attnkit.models import build_model
 from attnkit.models.feedforward import FeedForwardLM, PrefixState
 
@@ -192,10 +193,22 @@ def test_bad_inputs_are_clear_errors():
     (dict(n_heads=4), ["n_heads=4", "feedforward-lm"]),
 ])
 def test_config_refuses_what_cannot_work_naming_the_fix(fields, words):
-    with pytest.raises(ConfigError) as err:
-        ModelConfig(family="feedforward-lm", **fields)
-    for word in words:
-        assert word in str(err.value)
+    assert_config_refuses("feedforward-lm", fields, words)
+
+
+@pytest.mark.parametrize("context_size", [1, 3, 6])
+def test_the_windows_receptive_field_is_its_context_size_and_the_averages_is_undeclared(context_size):
+    """`config.receptive_field` (what the training log reports) is exactly what the built window reads; the average
+    reads every token so far and declares None."""
+    config = ModelConfig(family="feedforward-lm", vocab_size=VOCAB, context_size=context_size, embedding_dim=6,
+                         hidden_size=6, n_layers=2, max_seq_len=32)
+    assert config.receptive_field == context_size
+    assert config.replace(context="average").receptive_field is None
+    torch.manual_seed(1)
+    model = build_model(config).eval()
+    for p in model.parameters():
+        nn.init.normal_(p, 0.0, 0.5)
+    assert_the_last_prediction_reads_exactly(model, config.receptive_field, VOCAB)
 
 
 def test_config_round_trips_builds_and_marks_the_averages_window_inert():

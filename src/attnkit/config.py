@@ -849,6 +849,12 @@ class FeedForwardLMConfig(ModelConfig):
                 f"or give context_size <= {self.max_seq_len}"
             )
 
+    @property
+    def receptive_field(self) -> int | None:
+        """window: the context_size tokens a prediction reads (itself included; n - 1 of an n-gram); average: None,
+        every token so far."""
+        return self.context_size if self.context == "window" else None
+
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         read = self.embedding_dim * (self.context_size if self.context == "window" else 1)
         return {"embedding": (self.vocab_size, self.embedding_dim), "first layer": (self.hidden_size, read),

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from attnkit.deprecation import renamed_keywords
+from attnkit.errors import InputError
 from attnkit.layers.output_loss import LossPath
 from attnkit.models.decoder import lm_logits_and_loss
 from attnkit.models.output import ModelOutput
@@ -29,6 +31,43 @@ def output_projection(hidden: int, embedding_dim: int, tie_embeddings: bool) -> 
     if tie_embeddings and hidden != embedding_dim:
         return nn.Linear(hidden, embedding_dim, bias=False)
     return nn.Identity()
+
+
+def check_mask(mask: Tensor | None, ids: Tensor, name: str) -> Tensor | None:
+    """Validate a (B, T) padding mask for ids (B, T): 1 at real tokens, each row's real tokens contiguous (padding
+    on the left or the right only). Returns it as bool, or None when there is no padding (a recurrence's unpacked fast
+    path). Raises InputError naming `name` for a wrong shape, a row of padding only, or padding between real tokens."""
+    if mask is None:
+        return None
+    if mask.shape != ids.shape:
+        raise InputError(
+            f"{name} has shape {tuple(mask.shape)} but the ids {tuple(ids.shape)}: give one entry per token, "
+            f"1 for real tokens and 0 for padding"
+        )
+    mask = mask.bool()
+    if mask.is_meta:
+        return mask
+    lengths = mask.sum(dim=1)
+    if not bool((lengths > 0).all()):
+        raise InputError(f"{name} marks every token of some sequence as padding; each needs a real token")
+    start = mask.int().argmax(dim=1)  # the first real token
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    contiguous = (positions >= start[:, None]) & (positions < (start + lengths)[:, None])
+    if not bool((contiguous == mask).all()):
+        raise InputError(
+            f"{name} has padding between real tokens; these models read each row's real tokens as one run, so "
+            f"pad on the left or on the right only"
+        )
+    return None if bool(mask.all()) else mask
+
+
+def step_mask(attention_mask: Tensor | None, input_ids: Tensor) -> Tensor | None:
+    """A `stack`'s attention mask, checked: (B, T) over input_ids (B, T), or (B, S + T) over the tokens already read
+    and these (a KV cache's convention), cut to its last T columns. Returns it as `check_mask` does."""
+    length = input_ids.shape[1]
+    if attention_mask is not None and attention_mask.shape[1] > length:
+        attention_mask = attention_mask[:, -length:]  # (B, S + T) -> (B, T)
+    return check_mask(attention_mask, input_ids, "attention_mask")
 
 
 class StatefulLM(nn.Module):

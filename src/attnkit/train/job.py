@@ -354,7 +354,7 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
                               record=source.record if source is not None else None, chat_template=template,
                               parallel=parallel, reference=source.frozen_model if source is not None else None)
     config = _fit_config(config, tokenizer, labels, keep_vocab=source is not None)
-    reach = config.receptive_field  # a convolutional model's: what each prediction reads at most
+    reach = config.receptive_field  # a convolution's or a window's: what each prediction reads at most
     log.info("model: %s, %s parameters%s", config.family, f"{count_parameters(config):,}",
              f", receptive field {reach} tokens" if reach is not None else "")
     n_parameters, frozen = _trained_parameters(config, settings)

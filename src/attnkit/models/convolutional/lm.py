@@ -23,8 +23,7 @@ from torch import Tensor, nn
 
 from attnkit.layers.embedding import check_token_ids
 from attnkit.models.convolutional.gated import GatedConvBlock
-from attnkit.models.recurrent.rnn import check_mask
-from attnkit.models.stateful_lm import StatefulLM
+from attnkit.models.stateful_lm import StatefulLM, step_mask
 
 
 class ConvState:
@@ -87,11 +86,9 @@ class ConvLM(StatefulLM):
         """
         check_token_ids(input_ids, self.vocab_size)
         new = input_ids.shape[1]
-        if attention_mask is not None and attention_mask.shape[1] > new:
-            attention_mask = attention_mask[:, -new:]  # (B, S + T) -> (B, T)
-        attention_mask = check_mask(attention_mask, input_ids, "attention_mask")
+        mask = step_mask(attention_mask, input_ids)  # bool (B, T), or None: no padding
         state = cache if cache is not None else ConvState()
-        ids, mask = input_ids, attention_mask
+        ids = input_ids
         if state.ids is not None:  # the tokens read before, within reach of the new ones
             ids = torch.cat((state.ids, input_ids), dim=1)  # (B, R - 1 + T)
             new_mask = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask

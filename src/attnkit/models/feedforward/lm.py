@@ -32,8 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.layers.embedding import check_token_ids
-from attnkit.models.recurrent.rnn import check_mask
-from attnkit.models.stateful_lm import StatefulLM, output_projection
+from attnkit.models.stateful_lm import StatefulLM, output_projection, step_mask
 
 Context = Literal["window", "average"]
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -112,9 +111,7 @@ class FeedForwardLM(StatefulLM):
         cache: the `PrefixState` to continue from; updated in place.
         """
         check_token_ids(input_ids, self.vocab_size)
-        if attention_mask is not None and attention_mask.shape[1] > input_ids.shape[1]:
-            attention_mask = attention_mask[:, -input_ids.shape[1]:]  # (B, S + T) -> (B, T)
-        mask = check_mask(attention_mask, input_ids, "attention_mask")  # bool (B, T), or None: no padding
+        mask = step_mask(attention_mask, input_ids)  # bool (B, T), or None: no padding
         state = cache if cache is not None else PrefixState()
         x = self.embedding(input_ids)  # (B, T, E)
         if mask is not None:

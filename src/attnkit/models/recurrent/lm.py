@@ -12,8 +12,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from attnkit.layers.embedding import check_token_ids
-from attnkit.models.recurrent.rnn import Cell, RecurrentState, check_mask, make_rnn, run_rnn
-from attnkit.models.stateful_lm import StatefulLM, output_projection
+from attnkit.models.recurrent.rnn import Cell, RecurrentState, make_rnn, run_rnn
+from attnkit.models.stateful_lm import StatefulLM, output_projection, step_mask
 
 
 class RecurrentLM(StatefulLM):
@@ -57,9 +57,7 @@ class RecurrentLM(StatefulLM):
         cache: the `RecurrentState` to continue from; updated in place to the state after the last real token.
         """
         check_token_ids(input_ids, self.vocab_size)
-        if attention_mask is not None and attention_mask.shape[1] > input_ids.shape[1]:
-            attention_mask = attention_mask[:, -input_ids.shape[1]:]  # (B, S + T) -> (B, T)
-        attention_mask = check_mask(attention_mask, input_ids, "attention_mask")
+        attention_mask = step_mask(attention_mask, input_ids)  # bool (B, T), or None: no padding
         state = cache if cache is not None else RecurrentState()
         x = self.dropout(self.embedding(input_ids))  # (B, T, E)
         out, new_state = run_rnn(self.rnn, x, state.get(), attention_mask)  # (B, T, H)

@@ -20,8 +20,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnkit.errors import InputError
-
 Cell = Literal["rnn", "gru", "lstm"]
 TorchState = Tensor | tuple[Tensor, Tensor]
 
@@ -86,39 +84,13 @@ class RecurrentState:
             self.keys = self.keys.index_select(0, index)
 
 
-def check_mask(mask: Tensor | None, ids: Tensor, name: str) -> Tensor | None:
-    """Validate a (B, T) padding mask for ids (B, T): 1 at real tokens, each row's real tokens contiguous.
-    Returns it as bool, or None when there is no padding (the unpacked fast path)."""
-    if mask is None:
-        return None
-    if mask.shape != ids.shape:
-        raise InputError(
-            f"{name} has shape {tuple(mask.shape)} but the ids {tuple(ids.shape)}: give one entry per token, "
-            f"1 for real tokens and 0 for padding"
-        )
-    mask = mask.bool()
-    if mask.is_meta:
-        return mask
-    lengths = mask.sum(dim=1)
-    if not bool((lengths > 0).all()):
-        raise InputError(f"{name} marks every token of some sequence as padding; each needs a real token")
-    start = mask.int().argmax(dim=1)  # the first real token
-    positions = torch.arange(mask.shape[1], device=mask.device)
-    contiguous = (positions >= start[:, None]) & (positions < (start + lengths)[:, None])
-    if not bool((contiguous == mask).all()):
-        raise InputError(
-            f"{name} has padding between real tokens; a recurrence reads each row's real tokens in one run, so "
-            f"pad on the left or on the right only"
-        )
-    return None if bool(mask.all()) else mask
-
-
 def run_rnn(
     rnn: nn.RNNBase, x: Tensor, state: TorchState | None, attention_mask: Tensor | None = None
 ) -> tuple[Tensor, TorchState]:
     """x (B, T, I) -> outputs (B, T, dirs * H), zero at padding, and the state after each row's last real token.
 
-    attention_mask: (B, T) bool from `check_mask` (contiguous real tokens, left or right padded); None: no padding.
+    attention_mask: (B, T) bool from `stateful_lm.check_mask` (contiguous real tokens, left or right padded); None:
+    no padding.
     Left-padded rows are rotated to the left first, so every row is packed from its first real token; a
     backward direction then starts at each row's own last token, and padding never changes a real output.
     """

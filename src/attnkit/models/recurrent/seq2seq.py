@@ -36,9 +36,9 @@ from attnkit.layers.output_loss import LossPath
 from attnkit.models.decoder import lm_logits_and_loss
 from attnkit.models.output import ModelOutput
 from attnkit.models.recurrent.attention import AttentionKind, SourceAttention
-from attnkit.models.recurrent.rnn import Cell, RecurrentState, check_mask, make_rnn, run_rnn
+from attnkit.models.recurrent.rnn import Cell, RecurrentState, make_rnn, run_rnn
 from attnkit.models.seq2seq import check_paired
-from attnkit.models.stateful_lm import init_embedding, output_projection
+from attnkit.models.stateful_lm import check_mask, init_embedding, output_projection
 
 
 class RecurrentEncoder(nn.Module):
