@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from attnkit import build_model
 from attnkit.chat_format import DEFAULT_FORMAT
 from attnkit.config import ModelConfig
-from attnkit.data.preferences import PreferencePair, read_pairs
+from attnkit.data.preferences import PreferencePair, preference_rows, read_pairs, tokenize_pair
 from attnkit.errors import ConfigError, InputError
 from attnkit.layers.lora import adapter_tensors
 from attnkit.tasks.dpo import (
@@ -29,9 +29,7 @@ from attnkit.tasks.dpo import (
     Reference,
     batch_logprobs,
     preference_loss,
-    preference_rows,
     reward_metrics,
-    tokenize_pair,
 )
 from attnkit.tokenize import CharTokenizer
 from attnkit.train import TrainRequest, prepare

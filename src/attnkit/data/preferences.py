@@ -1,4 +1,5 @@
-"""Preference pairs for Direct Preference Optimization: JSON Lines in TRL's layout, and their rows in batches.
+"""Preference pairs for Direct Preference Optimization: JSON Lines in TRL's layout, their tokens, and their rows in
+batches.
 
 One pair a line, a prompt and two responses to it, the preferred one first (TRL's preference data sets):
 
@@ -7,15 +8,16 @@ One pair a line, a prompt and two responses to it, the preferred one first (TRL'
      "chosen": [{"role": "assistant", "content": "Hello!"}], "rejected": [{"role": "assistant", "content": "Go."}]}
 
 Plain text is read as text: the prompt's tokens, then the response's, then EOS. Chat messages are rendered with the
-run's chat template (`attnkit.tasks.dpo` does both). `PreferenceRows` serves the pairs in batches of two rows a
-pair, side by side: (B, 2, T), the chosen response's row at [:, 0] and the rejected's at [:, 1], the response's tokens
-the only targets (prompt and padding -100). A batch's rows split along B (a rank's share, a micro-batch) keep each
-pair whole.
+run's chat template (`tokenize_pair` does both; `preference_rows` fits the tokenized pairs to the model's window).
+`PreferenceRows` serves the pairs in batches of two rows a pair, side by side: (B, 2, T), the chosen response's row at
+[:, 0] and the rejected's at [:, 1], the response's tokens the only targets (prompt and padding -100). A batch's rows
+split along B (a rank's share, a micro-batch) keep each pair whole.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +26,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnkit.chat_format import ChatTemplate
 from attnkit.data.batching import IGNORE_INDEX, BucketedData
 from attnkit.data.chat import check_messages
 from attnkit.errors import InputError
 from attnkit.textfiles import EncodingErrors, read_text
+from attnkit.tokenize import Tokenizer
+
+log = logging.getLogger(__name__)
 
 KEYS = ("prompt", "chosen", "rejected")
 LAYOUT = ('{"prompt": "...", "chosen": "...", "rejected": "..."} (plain text), or each a list of chat messages '
@@ -155,3 +161,53 @@ class PreferenceRows(BucketedData[PreferenceBatch]):
                                                                               for rows in (chosen, rejected))  # (B, T)
         return PreferenceBatch(torch.stack([chosen_inputs, rejected_inputs], dim=1),
                                torch.stack([chosen_labels, rejected_labels], dim=1))  # (B, 2, T) each
+
+
+def tokenize_pair(pair: PreferencePair, *, template: ChatTemplate, tokenizer: Tokenizer) -> TokenizedPair:
+    """A pair's prompt and responses as tokens: plain text as text (BOS first where the tokenizer begins its texts
+    with it, EOS after each response); messages as `template` renders the conversation (`conversation_ids`), each
+    response the tokens it marks as the reply. Raises InputError naming the pair whose prompt is no token."""
+    if pair.is_chat:
+        (chosen, chosen_start), (rejected, rejected_start) = (
+            _reply(template.conversation_ids(tokenizer, [*pair.prompt, *reply]))
+            for reply in (pair.chosen, pair.rejected))
+        if chosen[:chosen_start] != rejected[:rejected_start]:
+            raise InputError(f"{pair.where}: the chat template renders the prompt otherwise before each response, so "
+                             "the two do not answer one prompt; use a template that renders earlier turns alike")
+        return TokenizedPair(pair.where, chosen[:chosen_start], chosen[chosen_start:], rejected[rejected_start:])
+    bos = [tokenizer.bos_id] if getattr(tokenizer, "starts_with_bos", False) and tokenizer.bos_id is not None else []
+    eos = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+    prompt = bos + tokenizer.encode(pair.prompt)
+    if not prompt:
+        raise InputError(f"{pair.where}: the prompt is no token; give a prompt the responses answer")
+    return TokenizedPair(pair.where, prompt, tokenizer.encode(pair.chosen) + eos, tokenizer.encode(pair.rejected) + eos)
+
+
+def _reply(rendered: tuple[list[int], list[bool]]) -> tuple[list[int], int]:
+    """A rendered conversation's ids and where its last reply starts (the last run of reply tokens, which ends it)."""
+    ids, trained = rendered
+    return ids, len(trained) - trained[::-1].index(False)
+
+
+def preference_rows(pairs: list[PreferencePair], *, template: ChatTemplate, tokenizer: Tokenizer, seq_len: int,
+                    batch_size: int, seed: int = 0, longer: str | None = "a longer --seq-len") -> PreferenceRows:
+    """The pairs tokenized (`tokenize_pair`) and served in batches, each sequence cut to its first seq_len + 1
+    tokens (the responses' ends cut, with one warning counting such pairs). Raises InputError naming a pair whose
+    prompt leaves no room for a response token; `longer`: how a longer window is asked for, in what is said."""
+    tokenized, cut = [], []
+    for pair in pairs:
+        tokens = tokenize_pair(pair, template=template, tokenizer=tokenizer)
+        room = seq_len + 1 - len(tokens.prompt)
+        if room < 1:
+            raise InputError(f"{pair.where}: its prompt holds {len(tokens.prompt)} tokens and the model reads "
+                             f"{seq_len} at once, so no response token fits: shorten the prompt"
+                             + (f" or give {longer}" if longer else ""))
+        if max(len(tokens.chosen), len(tokens.rejected)) > room:
+            cut.append(pair.where)
+            tokens = TokenizedPair(pair.where, tokens.prompt, tokens.chosen[:room], tokens.rejected[:room])
+        tokenized.append(tokens)
+    if cut:
+        log.warning("%d pair(s) hold more than %d tokens and their responses are cut to fit (%s%s)%s", len(cut),
+                    seq_len + 1, cut[0], ", ..." if len(cut) > 1 else "", f"; give {longer}" if longer else "")
+    pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0  # padding is never a target nor attended to
+    return PreferenceRows(tokenized, pad_id=pad_id, batch_size=batch_size, seed=seed)

@@ -107,6 +107,8 @@ class ChatSession:
                     f"this turn{' and the system turn take' if self.system else ' takes'} {len(ids)} tokens; the model "
                     f"reads {window} at once and a reply needs {room} of them: write a shorter turn (or give a "
                     "smaller --max-new-tokens)")
+            # rendered afresh, not cut from `ids`: a template may move the system turn into the first user turn
+            # left (Llama 2's) and reads its text whole, so the rest's tokens need not be a tail of these
             turns = turns[next(i for i, m in enumerate(turns[1:], start=1) if m["role"] == "user"):]
         return turns, ids
 
@@ -114,7 +116,7 @@ class ChatSession:
         """The model's reply to the user's `text` after the history, which both then join; `on_text(piece)`
         receives the reply as it settles. Turns left out to make room are logged before the reply. Ctrl-C
         (KeyboardInterrupt) while it is drawn stops it: what was written is the reply. Raises TurnTooLong (history
-        unchanged) for a turn that does not fit (`fitted`); otherwise as `Pipeline.chat`."""
+        unchanged) for a turn that does not fit (`fitted`); otherwise as `Pipeline.chat_reply`."""
         turns, ids = self.fitted({"role": "user", "content": text})
         left_out = len(self.turns) + 1 - len(turns)
         if left_out:

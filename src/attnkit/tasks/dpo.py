@@ -25,19 +25,18 @@ the chat API as the run it started from did.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.chat_format import ChatTemplate, chat_template
+from attnkit.chat_format import chat_template
 from attnkit.checkpoint import TOKENIZER_DIR
 from attnkit.data import IGNORE_INDEX
-from attnkit.data.preferences import PreferenceBatch, PreferencePair, PreferenceRows, TokenizedPair, read_pairs
+from attnkit.data.preferences import PreferenceBatch, PreferencePair, PreferenceRows, preference_rows, read_pairs
 from attnkit.errors import ConfigError, InputError
 from attnkit.layers.lora import adapters_off
 from attnkit.models.modes import evaluating
@@ -45,9 +44,6 @@ from attnkit.tasks.common import ONE_PROCESS, EpochTask, Shard, device_of, split
 from attnkit.tasks.lm import LM
 from attnkit.tasks.registry import EvalContext, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
-from attnkit.tokenize import Tokenizer
-
-log = logging.getLogger(__name__)
 
 LossType = Literal["sigmoid", "ipo"]
 REWARDS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
@@ -157,56 +153,6 @@ class Reference:
         return batch_logprobs(self.model, batch)
 
 
-def tokenize_pair(pair: PreferencePair, *, template: ChatTemplate, tokenizer: Tokenizer) -> TokenizedPair:
-    """A pair's prompt and responses as tokens: plain text as text (BOS first where the tokenizer begins its texts
-    with it, EOS after each response); messages as `template` renders the conversation (`conversation_ids`), each
-    response the tokens it marks as the reply. Raises InputError naming the pair whose prompt is no token."""
-    if pair.is_chat:
-        (chosen, chosen_start), (rejected, rejected_start) = (
-            _reply(template.conversation_ids(tokenizer, [*pair.prompt, *reply]))
-            for reply in (pair.chosen, pair.rejected))
-        if chosen[:chosen_start] != rejected[:rejected_start]:
-            raise InputError(f"{pair.where}: the chat template renders the prompt otherwise before each response, so "
-                             "the two do not answer one prompt; use a template that renders earlier turns alike")
-        return TokenizedPair(pair.where, chosen[:chosen_start], chosen[chosen_start:], rejected[rejected_start:])
-    bos = [tokenizer.bos_id] if getattr(tokenizer, "starts_with_bos", False) and tokenizer.bos_id is not None else []
-    eos = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
-    prompt = bos + tokenizer.encode(pair.prompt)
-    if not prompt:
-        raise InputError(f"{pair.where}: the prompt is no token; give a prompt the responses answer")
-    return TokenizedPair(pair.where, prompt, tokenizer.encode(pair.chosen) + eos, tokenizer.encode(pair.rejected) + eos)
-
-
-def _reply(rendered: tuple[list[int], list[bool]]) -> tuple[list[int], int]:
-    """A rendered conversation's ids and where its last reply starts (the last run of reply tokens, which ends it)."""
-    ids, trained = rendered
-    return ids, len(trained) - trained[::-1].index(False)
-
-
-def preference_rows(pairs: list[PreferencePair], *, template: ChatTemplate, tokenizer: Tokenizer, seq_len: int,
-                    batch_size: int, seed: int = 0, longer: str | None = "a longer --seq-len") -> PreferenceRows:
-    """The pairs tokenized (`tokenize_pair`) and served in batches, each sequence cut to its first seq_len + 1
-    tokens (the responses' ends cut, with one warning counting such pairs). Raises InputError naming a pair whose
-    prompt leaves no room for a response token; `longer`: how a longer window is asked for, in what is said."""
-    tokenized, cut = [], []
-    for pair in pairs:
-        tokens = tokenize_pair(pair, template=template, tokenizer=tokenizer)
-        room = seq_len + 1 - len(tokens.prompt)
-        if room < 1:
-            raise InputError(f"{pair.where}: its prompt holds {len(tokens.prompt)} tokens and the model reads "
-                             f"{seq_len} at once, so no response token fits: shorten the prompt"
-                             + (f" or give {longer}" if longer else ""))
-        if max(len(tokens.chosen), len(tokens.rejected)) > room:
-            cut.append(pair.where)
-            tokens = TokenizedPair(pair.where, tokens.prompt, tokens.chosen[:room], tokens.rejected[:room])
-        tokenized.append(tokens)
-    if cut:
-        log.warning("%d pair(s) hold more than %d tokens and their responses are cut to fit (%s%s)%s", len(cut),
-                    seq_len + 1, cut[0], ", ..." if len(cut) > 1 else "", f"; give {longer}" if longer else "")
-    pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0  # padding is never a target nor attended to
-    return PreferenceRows(tokenized, pad_id=pad_id, batch_size=batch_size, seed=seed)
-
-
 @torch.no_grad()
 def preference_scores(model: nn.Module, reference: Reference, data: PreferenceRows,
                       options: DPOOptions) -> dict[str, float]:
@@ -292,8 +238,9 @@ def _make(context: TaskContext) -> tuple[DPOTask, None]:
                    stop_ids=context.chat_template.turn_end_ids(context.tokenizer)), None
 
 
-def _needs_init_from(data: Any, seed: int) -> list[str]:
-    """A new model has no reference to prefer against: refused where its tokenizer is trained (`training_text`)."""
+def _needs_init_from(data: Any, seed: int) -> NoReturn:
+    """A new model has no reference to prefer against: refused where its tokenizer would be trained (`training_text`)
+    and, with a tokenizer given, where the task is made."""
     raise ConfigError("--task dpo fine-tunes a trained model against itself as it started: give --init-from RUN_DIR "
                       "(an lm or chat run, or a Hugging Face decoder directory)")
 
