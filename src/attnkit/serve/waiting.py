@@ -78,7 +78,11 @@ class WaitingQueue(Generic[Job]):
         """The head job of the request whose turn it is, left queued (None: none waits); the cancelled jobs met
         before it are set aside."""
         with self._lock:
-            return self._live_head()
+            for request in list(self._turns):  # a request whose jobs were all cancelled is dropped on the way
+                jobs = self._live(request)
+                if jobs:
+                    return jobs[0]
+            return None
 
     def pop_if(self, fits: Callable[[Job], bool], *, passes: Callable[[Job], bool] | None = None) -> Job | None:
         """`head`, taken from the queue when `fits(head)`, its request's turn then passing to the next; None when none
@@ -100,13 +104,6 @@ class WaitingQueue(Generic[Job]):
                     self._drop(request)
                 return job
             return None
-
-    def _live_head(self) -> Job | None:
-        for request in list(self._turns):
-            jobs = self._live(request)
-            if jobs:
-                return jobs[0]
-        return None
 
     def _live(self, request: int) -> deque[Job] | None:
         """`request`'s jobs after setting aside the cancelled ones at their head; None (and the request dropped) when
