@@ -223,22 +223,14 @@ def test_config_round_trips_builds_and_marks_the_averages_window_inert():
     assert sum(p.numel() for p in model.parameters()) == 40 * 8 + (8 * 12 + 12) + (12 * 12 + 12) + 12 * 40
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("preset", ["bengio-lm-tiny", "dan-lm-tiny"])
-def test_train_resume_load_and_generate_from_the_command_line(preset, tmp_path, capsys, one_thread):
+def test_train_resume_load_and_generate_from_the_command_line(preset, tmp_path, capsys):
     config = train_resume_and_generate(preset, tmp_path, capsys)
     assert type(config) is FeedForwardLMConfig and config.context == ("window" if "bengio" in preset else "average")
 
 
 @pytest.mark.parametrize("context", CONTEXTS)
-def test_attnkit_serve_completes_as_the_library_generates(context, tmp_path, one_thread):
+def test_attnkit_serve_completes_as_the_library_generates(context, tmp_path):
     # two prompts of different lengths in one request: rows batched over the state, each as it generates alone
     pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install 'attnkit[serve]')")
     import httpx

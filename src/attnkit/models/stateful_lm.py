@@ -1,7 +1,8 @@
 """What the language models without a KV cache share (the recurrent, the convolutional and the feed-forward LMs):
 a body that carries a decoding state of its own, `stack(input_ids, attention_mask=, position_ids=, cache=) ->
 (hidden (B, T, C), state)`, called as a decoder's `TransformerStack` is, then the output layer. Their forward,
-said once."""
+said once, and the padding mask they all take (`check_mask`: real tokens contiguous in each row; the recurrent
+encoder-decoder checks its source and target masks with it too)."""
 
 from __future__ import annotations
 

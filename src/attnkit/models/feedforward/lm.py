@@ -127,7 +127,7 @@ class FeedForwardLM(StatefulLM):
         keep = self.context_size - 1
         past = state.recent if state.recent is not None else x.new_zeros(batch, keep, width)  # (B, K - 1, E)
         padded = torch.cat((past, x), dim=1)  # (B, K - 1 + T, E)
-        state.recent = padded[:, padded.shape[1] - keep:]
+        state.recent = padded[:, padded.shape[1] - keep:]  # not [:, -keep:], which keeps all at K = 1
         windows = padded.unfold(1, self.context_size, 1)  # (B, T, E, K): window t ends at token t
         return windows.transpose(2, 3).flatten(2)  # (B, T, K, E) -> (B, T, K * E)
 
