@@ -325,7 +325,7 @@ def _put_in_place(partial: Path, path: Path) -> None:
     """Rename `partial` to `path`. A file (or an empty directory) is replaced in one rename; a directory that holds
     files, or a link to a directory, is moved aside first, so a kill between the two renames leaves it for
     `clear_leftovers` to put back."""
-    if not path.is_dir() or not (path.is_symlink() or any(path.iterdir())):  # a link is replaced, not renamed over
+    if not path.is_dir() or not (path.is_symlink() or any(path.iterdir())):  # a link goes aside as a full folder
         os.replace(partial, path)
         return
     aside = _sibling(path, REPLACED)
