@@ -2,7 +2,8 @@
 and feed-forward LMs) must pass: stepping through the state over left-padded rows equals each row alone, greedy
 generation equals recomputation from scratch past the context, the state's reorder follows its rows, a short run
 learns, bad inputs are clear errors, and the family trains, resumes bit for bit and generates from the command
-line; and what each family's config shares: refusals that name the fix, a receptive field exact to the token."""
+line. Where a family declares a receptive field, the model reads exactly that many tokens; its config refuses what
+cannot work, naming the fix."""
 
 from __future__ import annotations
 
