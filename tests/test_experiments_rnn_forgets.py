@@ -60,6 +60,19 @@ def test_a_transformer_that_forgets_too_is_against_the_claim():
     assert verdict_of(checks)[0] == "mixed"
 
 
+
+def test_a_transformer_short_at_a_middle_distance_but_whole_further_back_has_not_forgotten():
+    """The small run's Transformer predicted d=8 at 81% to 97% (not learned in 300 steps) and d=16 to 64 at 100%:
+    a dip that does not grow with distance. The checks read d=2 and the longest d, so it keeps the Transformer's
+    check for the claim; the same 13 points lost at the longest distance are against it."""
+    dip = {**accuracies((1.0, 0.13), (1.0, 0.14), (1.0, 1.0)),
+           **{(name, 8): [value - 0.01, value, value + 0.01] for name, value in
+              (("LSTM", 0.36), ("RNN", 0.98), ("Transformer", 0.87))}}
+    assert outcome(rnn_forgets.checks(dip, 2, 64), "the Transformer does not forget", "Transformer") == "for"
+    assert verdict_of(rnn_forgets.checks(dip, 2, 64))[0] == "held"
+    far = accuracies((1.0, 0.13), (1.0, 0.14), (1.0, 0.87))
+    assert outcome(rnn_forgets.checks(far, 2, 64), "the Transformer does not forget", "Transformer") == "against"
+
 @pytest.mark.slow  # 18 small models trained 300 steps each: 3 to 5 minutes on a busy 2-core machine
 def test_rnn_forgets_does_not_hold_where_the_token_d_back_is_also_the_one_just_before(tmp_path, monkeypatch):
     """Distance made irrelevant: each sequence is one symbol repeated, so the token d back is also the token just
@@ -80,3 +93,31 @@ def test_rnn_forgets_does_not_hold_where_the_token_d_back_is_also_the_one_just_b
     for model in ("LSTM", "RNN"):
         assert outcome(result.checks, f"the {model} forgets", model) != "for"
     assert result.verdict != "held"
+
+
+def test_the_models_are_built_from_their_configs_at_the_stored_runs_sizes():
+    """Each recurrent model is the `recurrent-lm` config's model (the one `attnkit train` builds) whose parameter
+    count is closest to the Transformer's, and the sizes are the stored small run's (so its table reads as this
+    code builds): all three within 1% of one another, the plain RNN's state the wider for the same count."""
+    import json
+    from pathlib import Path
+
+    from attnkit.config import RecurrentLMConfig
+    from attnkit.models import build_model
+
+    stored = Path(__file__).parents[1] / "docs/experiments/rnn-forgets/results.json"
+    if not stored.is_file():
+        pytest.skip(f"no stored run at {stored}")
+    sizes = {row["model"]: row["parameters"] for row in json.loads(stored.read_text())["rows"]}
+    s = rnn_forgets.SETTINGS["small"]
+    max_len = max(s["distances"]) + s["scored"]
+    size = rnn_forgets.parameters(rnn_forgets.transformer(s["width"], max_len))
+    built = {name: rnn_forgets.build(name, s["width"], max_len, size) for name in rnn_forgets.MODELS}
+    assert {name: rnn_forgets.parameters(model) for name, model in built.items()} == sizes
+    assert all(abs(count / size - 1) < 0.01 for count in sizes.values())
+    hidden = {name: built[name].rnn.hidden_size for name in rnn_forgets.RECURRENT}
+    assert hidden["RNN"] > hidden["LSTM"]  # an LSTM's 4 gates to an RNN's 1: the narrower state for the count
+    for name, cell in rnn_forgets.RECURRENT.items():
+        config = RecurrentLMConfig(vocab_size=rnn_forgets.VOCAB, embedding_dim=s["width"], hidden_size=hidden[name],
+                                   n_layers=1, cell=cell)
+        assert rnn_forgets.parameters(build_model(config)) == sizes[name]
