@@ -488,9 +488,9 @@ class Trainer:
         shared = [sum(float(metrics[name]) * share for _, share, metrics in u.losses) for u in steps for name in names]
         grad_norms = [float(u.grad_norm) for u in steps]
         summed = self.parallel.sum(*losses, *(u.tokens for u in steps), *shared)  # every rank's shares and tokens
-        losses, tokens_read = summed[: len(steps)], summed[len(steps) : 2 * len(steps)]
-        task_metrics = [dict(zip(names, summed[2 * len(steps) + i * len(names) :][: len(names)], strict=True))
-                        for i in range(len(steps))]
+        n, k = len(steps), len(names)
+        losses, tokens_read, metrics_read = summed[:n], summed[n : 2 * n], summed[2 * n :]
+        task_metrics = [dict(zip(names, metrics_read[i * k : (i + 1) * k], strict=True)) for i in range(n)]  # by step
         for u, loss, grad_norm, tokens, extra in zip(steps, losses, grad_norms, tokens_read, task_metrics, strict=True):
             if not math.isfinite(loss):  # after the reduction, so that every rank stops at once
                 self._diverged("loss", loss, u.step, u.lr)
