@@ -18,6 +18,7 @@ from generate_models import tiny_model
 
 from attnkit.generate import GREEDY, SamplingConfig, generate_tokens
 from attnkit.generate.sampling import process_logits
+from attnkit.generate.speculative import token_after_kept
 from attnkit.serve.batching import Closed, GenerationJob, Scheduler
 from attnkit.serve.speculative import SpeculativeScheduler
 
@@ -488,3 +489,35 @@ def test_a_draft_of_another_vocabulary_is_refused_at_start_up_in_one_line(runs, 
     status = main(["serve", str(runs[0]), "--draft", str(other), "--port", "0"])
     error = capsys.readouterr().err.strip().splitlines()
     assert status != 0 and len(error) == 1 and "vocabulary" in error[0] and "Traceback" not in error[0]
+
+
+def test_a_choice_that_ended_beside_one_that_kept_every_draft_leaves_the_round_whole(monkeypatch):
+    """A request of two sampled choices, the first ending at its first token: its row stays in the batch beside the
+    open one, and in rounds where the open row keeps all K drafts the ended row, which kept fewer, takes the token
+    after them (`token_after_kept`), not a draft past the K-th (which failed the round for every request)."""
+    from attnkit.serve import speculative
+
+    class FirstEndsAtOnce(Recorded):
+        def _token(self, choice: int, token: int) -> bool:
+            super()._token(choice, token)
+            return choice == 0
+
+    cut_at_k = []
+
+    def recorded_rule(keep, kept, after, drafted):  # notes rounds with a row cut at all K drafts it did not keep
+        cut_at_k.append(bool(((keep == drafted.shape[1]) & (kept < keep)).any()))
+        return token_after_kept(keep, kept, after, drafted)
+
+    monkeypatch.setattr(speculative, "token_after_kept", recorded_rule)
+    target = tiny_model(max_seq_len=CONTEXT, position="rope", vocab_size=4, seed=2)[0]
+    draft = tiny_model(max_seq_len=CONTEXT, position="rope", vocab_size=4, seed=3, n_layers=1)[0]
+    scheduler, _ = schedulers(target, draft, draft_tokens=3)
+    torch.manual_seed(0)  # unseeded choices draw from torch's generator
+    requests = [FirstEndsAtOnce([1, 2, 3], 20, n=2, sampling=SamplingConfig(temperature=1.0)) for _ in range(12)]
+    for request in requests:
+        scheduler.submit(request.job)
+    drain(scheduler)
+    assert any(cut_at_k), "no round cut an ended row at all K drafts: nothing tested"
+    for request in requests:
+        assert request.reasons == ["stop", "length"] and [len(tokens) for tokens in request.tokens] == [1, 20]
+        assert all(0 <= token < 4 for token in request.tokens[1])
