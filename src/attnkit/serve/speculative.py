@@ -12,7 +12,8 @@ one (`Scheduler._loop`), so a request's drafting costs the others one round, nev
     draft            K small steps over its batch                          d1 ... dK     (q1 ... qK)
     target           one forward over columns L ... L + K                  p1 ... pK+1
     keep             each row its own n + 1 tokens, n the drafts it kept (the fewest any open choice of its job
-                     kept, `_advances`): a row whose drafts were accepted never waits for one whose were not
+                     kept, `_advances`), then the token after them (`token_after_kept`, the library's rule): a row
+                     whose drafts were accepted never waits for one whose were not
     after            the batches advance by m + 1 columns, m the most any row kept; a row that kept fewer moves
                      right by the difference (`Batch.realign`: its left padding grows, as a shorter prompt's),
                      so every row's newest token is in column L + m + 1 again; both caches cut there
@@ -180,7 +181,7 @@ class SpeculativeScheduler(Scheduler):
         kept, after = self._accept(scored, drafted, q, rows_of)  # (B,), (B,)
         kept_by_row = kept.tolist()
         live = [row for row, (job, choice) in enumerate(batch.rows) if job.reasons[choice] is None]
-        advance = _advances(listed, kept_by_row)  # (B,): the drafts each row keeps
+        advance = _advances(listed, kept_by_row)  # B ints: the drafts each row keeps
         self._count(k, [kept_by_row[row] for row in live], [advance[row] for row in live])
         last = token_after_kept(torch.tensor(advance, device=kept.device), kept, after, drafted)  # (B,)
         by_row, last_by_row = drafted.tolist(), last.tolist()
