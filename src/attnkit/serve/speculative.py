@@ -249,10 +249,10 @@ class SpeculativeScheduler(Scheduler):
         length, and the draft is fed the column it lacks where a row kept all k drafts."""
         m = max(advance)
         length = self.batch.length + m + 1
-        shifts = [m - gained for gained in advance]
+        shifts = [m - gained for gained in advance]  # B ints: how far right each row moves
         for part in (self.batch, self.drafts):
             rows = len(part.rows)
-            part.ids[:rows, part.length + 1:length] = drafted[:, :m]
+            part.ids[:rows, part.length + 1:length] = drafted[:, :m]  # (B, m): a row's unkept drafts go in realign
             part.attention_mask[:rows, part.length + 1:length] = True
             part.length = length
             part.realign(shifts)  # the caches in use now end at column `length` (`Batch._in_use`)
