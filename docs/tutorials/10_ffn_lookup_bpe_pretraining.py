@@ -399,7 +399,8 @@ plt.show()
 # tokens alone, so that it learns to answer, not to write the user's questions. (The step after it, learning from
 # people's preferences between answers, is `attnkit train --task dpo`: Direct Preference Optimization, which learns
 # from pairs of a preferred and a rejected reply without RLHF's reward model and PPO; see the user guide's
-# preference fine-tuning.) A run with no chat template of its own writes a conversation in attnkit's plain format,
+# [preference fine-tuning](../../user-guide/pretraining-finetuning/#preference-fine-tuning).) A run with no chat
+# template of its own writes a conversation in attnkit's plain format,
 #
 #     User: face
 #     Assistant: FACE<eos>
