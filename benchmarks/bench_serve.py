@@ -24,12 +24,12 @@ and its prefills; each ratio is the median of the rounds' own ratios. The target
 batched >= 3x one at a time. Results go to benchmarks/results/serve-cpu.json (with the CPU and the machine's load
 average before and after, since a loaded machine slows both modes) and a markdown table beside it.
 
-With --forms, the batched server is measured at 1 and 8 clients once per form the run is served in (`FORMS`: as
-stored, --dtype bf16, --int8, --int4, --compile aot; the options `attnkit generate` takes, through the same
-inference plan), one server at a time, each warmed up first with a request of one row and one of two (a captured
+With --forms, the batched server is measured at 1 and 8 clients (--form-clients) once per form the run is served in
+(`FORMS`: as stored, --dtype bf16, --int8, --int4, --compile aot; the options `attnkit generate` takes, through the
+same inference plan), one server at a time, each warmed up first with a request of one row and one of two (a captured
 step captures its one-row and its several-row forms then, not while measured); with --rounds, the forms run in the
 other order each round, so that a load that changes over the run does not favour the forms measured first. Results
-go to benchmarks/results/serve-forms-cpu.json and .md.
+go to benchmarks/results/serve-forms-cpu.json and .md (--name names another).
 """
 
 from __future__ import annotations
@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="rounds of fresh servers, started and measured in alternating order")
     parser.add_argument("--quick", action="store_true", help="2 requests per client, 16 tokens (a smoke run)")
     parser.add_argument("--forms", nargs="*", choices=list(FORMS), default=None,
-                        help="measure the batched server in these forms (none named: all) at 1 and 8 clients instead")
+                        help="measure the batched server in these forms (none named: all) at --form-clients clients "
+                             "instead")
     parser.add_argument("--form-clients", nargs="+", type=int, default=list(FORM_CLIENTS),
                         help="with --forms: the client counts to measure each form at")
     parser.add_argument("--name", default="serve-forms-cpu", help="with --forms: the results file's name")
