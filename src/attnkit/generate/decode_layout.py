@@ -211,7 +211,7 @@ class NativePackedLinear(NativeLinear, GemvPackedLinear):
     """A bf16 `NativeLinear` whose rows beyond `NATIVE_ROWS` go through the weight packed once for oneDNN
     (`GemvPackedLinear`): the weight held twice, on CPUs where oneDNN packs bf16."""
 
-    max_rows = NATIVE_ROWS  # oneDNN's packed product serves more rows in every dtype
+    max_rows = NATIVE_ROWS  # in every dtype: more rows go to oneDNN's packed product (`rows`)
 
     def rows(self, x: Tensor) -> Tensor:
         return GemvPackedLinear.rows(self, x)

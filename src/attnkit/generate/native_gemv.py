@@ -321,10 +321,10 @@ def layer_product(layer: torch.nn.Module, *, bias: str = "bias", scales: str | N
     scales widened to fp32 in the layer again where `.to(dtype)` converted them (the kernels read them in fp32). Used
     by every layer that holds a `DenseProduct` (`decode_layout.NativeLinear`, `quantize.NativeInt8Linear`)."""
     names = (bias, scales)
-    tables = [None if name is None else getattr(layer, name) for name in names]
-    if layer.product.reads(layer.weight, *tables):
+    tensors = [None if name is None else getattr(layer, name) for name in names]  # bias (N,), scales (N,), or None
+    if layer.product.reads(layer.weight, *tensors):
         return layer.product
-    for name, tensor in zip(names, tables, strict=True):
+    for name, tensor in zip(names, tensors, strict=True):
         if tensor is not None and tensor.dtype != torch.float32:
             setattr(layer, name, tensor.float())
     bias_now, scales_now = (None if name is None else getattr(layer, name) for name in names)
