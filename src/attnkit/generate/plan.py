@@ -387,7 +387,8 @@ def _describe(kernel: MathKernel) -> str:
 
 # `attnkit serve` with the captured step against eager on the 6x384 decoder, fp32, one thread, 2 rounds: the batched
 # server's tokens/s and its first start (`python -m benchmarks.bench_serve --forms fp32 "compile aot" --form-clients 1 4
-# --rounds 2 --name serve-captured-cpu`, benchmarks/results/serve-captured-cpu.json, which a test holds these to)
+# --requests 3 --new-tokens 32 --rounds 2 --name serve-captured-cpu`, benchmarks/results/serve-captured-cpu.json, which
+# a test holds these to)
 CAPTURED_SERVING = {"clients": (1, 4), "speedup": (1.25, 1.8), "start_s": (228, 302), "eager_start_s": (18, 21)}
 
 
