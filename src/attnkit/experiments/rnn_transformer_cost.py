@@ -137,7 +137,7 @@ def plot(stored: Stored, out: Path) -> list[str]:
         label = f"{name} ({points[0][1]['parameters'] / 1e6:.2f}M parameters)"
         for ax, column in zip(axes, ("ms per step", "us per token"), strict=False):
             repeats = series(ax, lengths, [r[column] for _, r in points], marker=marker, label=label,
-                             unit="timed step", seeds=stored.spread([(i, column) for i, _ in points]))
+                             unit="round", seeds=stored.spread([(i, column) for i, _ in points]))
         axes[2].plot(lengths, [r["saved for backward (MB)"] for _, r in points], marker=marker, label=label)
     transformer_rows = [r for r in rows if r["model"] == "Transformer"]
     axes[2].plot([r["T"] for r in transformer_rows],
@@ -149,7 +149,7 @@ def plot(stored: Stored, out: Path) -> list[str]:
         log_log_axes(ax, sorted({r["T"] for r in rows}))
         fit_value_axis(ax, "log")
         ax.grid(True, which="both", alpha=0.3)
-    spread_legend(axes[0], over=f"median of {stored.seeds} timed steps", spread=repeats)
+    spread_legend(axes[0], over=f"median of {stored.seeds} rounds, each the faster of two steps", spread=repeats)
     axes[2].legend(fontsize=8)
     save(fig, out / "cost_by_length.png")
     return ["cost_by_length.png"]
