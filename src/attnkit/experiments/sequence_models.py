@@ -51,8 +51,8 @@ SETTINGS = {  # corpus characters, Transformer width, training steps, batch, tra
     # kernel and layers (dilations 1, 2, 4, ...), the context lengths c scored, held-out windows, positions each
     "tiny": dict(chars=20_000, width=32, steps=25, batch=8, seq_len=32, kernel=3, conv_layers=2, cuts=[2, 7, 32],
                  windows=16, scored=4, lr=3e-3),
-    "small": dict(chars=300_000, width=48, steps=300, batch=16, seq_len=64, kernel=3, conv_layers=3,
-                  cuts=[2, 4, 8, 15, 32, 64], windows=128, scored=8, lr=3e-3),
+    "small": dict(chars=300_000, width=48, steps=1_000, batch=16, seq_len=64, kernel=3, conv_layers=3,
+                  cuts=[2, 4, 8, 15, 32, 64], windows=128, scored=8, lr=1e-2),
     "full": dict(chars=1_000_000, width=64, steps=2_000, batch=16, seq_len=128, kernel=3, conv_layers=4,
                  cuts=[2, 4, 8, 16, 31, 64, 128], windows=256, scored=8, lr=2e-3),
 }
