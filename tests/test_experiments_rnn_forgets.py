@@ -25,6 +25,16 @@ def test_each_scored_token_is_the_one_d_back_and_no_nearer_token_tells_it(distan
         assert agree < 0.4
 
 
+def test_each_seed_is_scored_on_its_own_held_out_sequences_the_same_for_every_model():
+    """Held-out sequences shared by every seed would keep their own sampling noise out of the seeds' spread: each
+    seed draws its own, from the seed and d alone (so every model of one seed reads the same ones)."""
+    first, again, second = (rnn_forgets.held_out(seed, 16, 64, 12) for seed in (0, 0, 1))
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not torch.equal(first[0], second[0])
+    training = rnn_forgets.recall_batch(torch.Generator().manual_seed(0), 64, 16, 12)  # seed 0's first training batch
+    assert not torch.equal(first[0], training[0])  # held out from what the seed trains on
+
+
 def accuracies(lstm: tuple[float, float], rnn: tuple[float, float], transformer: tuple[float, float],
                jitter: float = 0.01) -> dict[tuple[str, int], list[float]]:
     """Accuracy per seed (3 seeds, spread by `jitter`) at d=2 and d=64, from each model's (near, far) means."""

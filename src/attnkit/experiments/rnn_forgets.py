@@ -66,6 +66,13 @@ def recall_batch(generator: torch.Generator, batch: int, distance: int, scored: 
     return sequence[:, :-1], labels
 
 
+def held_out(seed: int, distance: int, tests: int, scored: int) -> tuple[torch.Tensor, ...]:
+    """The `tests` held-out sequences of `distance` that seed `seed`'s models are scored on: `recall_batch` drawn
+    from a generator of the seed and d alone, so the same for every model of a seed and each seed's own, their
+    sampling noise part of the seeds' spread as the training's is (seed 0's are those every seed once shared)."""
+    return recall_batch(torch.Generator().manual_seed(10_000 + 1_000 * seed + distance), tests, distance, scored)
+
+
 def transformer(width: int, max_len: int) -> nn.Module:
     """The Transformer decoder: 2 layers of `width`, rotary positions (an offset of d is one relative position)."""
     return build_model(presets.get("gpt2-tiny", vocab_size=VOCAB, d_model=width, n_layers=2,
@@ -84,7 +91,7 @@ def build(name: str, width: int, max_len: int, size: int) -> nn.Module:
 def train_and_score(model: nn.Module, *, distance: int, seed: int, s: dict, lr: float, progress: Progress,
                     desc: str) -> tuple[dict[str, float], Arm]:
     """One arm: AdamW (warmup, cosine, clipping) on fresh sequences of `distance` for the budget's steps, then
-    next-token accuracy and loss (nats) on held-out sequences, the same for every model and seed."""
+    next-token accuracy and loss (nats) on the seed's `held_out` sequences."""
     progress.phase(f"training {desc} ({s['steps']} steps)")
     draw = torch.Generator().manual_seed(seed)
     optimizer = make_optimizer(model, lr=lr, weight_decay=0.01)
@@ -99,7 +106,7 @@ def train_and_score(model: nn.Module, *, distance: int, seed: int, s: dict, lr: 
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
     model.eval()
-    ids, labels = recall_batch(torch.Generator().manual_seed(10_000 + distance), s["tests"], distance, s["scored"])
+    ids, labels = held_out(seed, distance, s["tests"], s["scored"])
     with torch.no_grad():
         output = model(ids, labels=labels)
     scored = labels != -100  # (B, T)
@@ -186,7 +193,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
                 desc = f"{name}, d={distance}, seed {seed}"
                 trained = partial(train_and_score, model, distance=distance, seed=seed, s=s, lr=LR,
                                   progress=progress, desc=desc)
-                setting = {"model": name, "distance": distance, "seed": seed, "settings": s}
+                setting = {"model": name, "distance": distance, "seed": seed, "settings": s, "held out": "per seed"}
                 score = progress.arm(desc, setting, trained, saved_score)
                 accuracy.setdefault((name, distance), []).append(score["accuracy"])
                 losses.setdefault((name, distance), []).append(score["loss"])
