@@ -16,11 +16,14 @@
 # Information bottleneck!", "Seq2Seq with Attention" with the dot-product score
 # $\mathrm{score}(h^d_t, h^e_j) = h^d_t \cdot h^e_j$, "Concatenate attention output with decoder hidden state",
 # and "We get alignment for free!"; COGS 150, "Attention: the origins" (RNN-based translation had a bottleneck;
-# attention puts all the hidden states into one fixed-length vector by focusing on what is relevant).
+# attention puts all the hidden states into one fixed-length vector by focusing on what is relevant); CMU 11-711,
+# "Attention and Transformers": "Three types of sequence models" (recurrence, convolution, attention); UT CS 371N,
+# Lecture 10: "Why are RNNs bad? They 'forget' over long strings".
 #
 # **You will:** write the encoder-decoder with and without attention in plain PyTorch, check both against
 # attnkit's recurrent seq2seq models, then train both on a task whose answer needs the whole source (reversing
-# it), measure accuracy by length, and draw the alignment the attention learns.
+# it), measure accuracy by length, and draw the alignment the attention learns; then set the recurrence beside the
+# two other types of sequence model, a convolution and attention, and check how far back each one reads.
 
 # %%
 # ruff: noqa: E402 (each import sits in the cell that first needs it)
@@ -311,6 +314,115 @@ plt.show()
 # `attnkit train --task translate` trains these models on real pairs.
 
 # %% [markdown]
+# ## Three types of sequence model
+#
+# CMU 11-711's lecture on attention (lecture 004) starts from "three types of sequence models", three ways to
+# condition a token's representation on the tokens before it:
+#
+# - **recurrence**: on an encoding of the history, the state an RNN carries from step to step;
+# - **convolution**: on local context, the last $R$ tokens (the *receptive field*) and nothing before them;
+# - **attention**: on a weighted average of all the tokens.
+#
+# UT CS 371N (lecture 10) says what the first costs: RNNs scale to long sequences, but "they 'forget' over long
+# strings". Before all three comes Bengio et al.'s (2003) feed-forward LM, a network over the embeddings of the last
+# $R$ tokens: local context, as an n-gram model has it. Each is an attnkit language-model family. Build them small
+# and untrained, the window as wide as the convolution reaches:
+
+# %%
+def language_model(**fields):
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, max_seq_len=64, dropout=0.0, **fields)
+    return config, build_model(config).double().eval()  # float64: a tiny effect is the model's, not rounding
+
+
+RECURRENCE, CONVOLUTION, ATTENTION, WINDOW = "recurrence (LSTM)", "convolution (gated CNN)", \
+    "attention (Transformer)", "Bengio et al.'s window"
+sequence_models = {
+    RECURRENCE: language_model(family="recurrent-lm", cell="lstm", hidden_size=32),
+    CONVOLUTION: language_model(family="conv-lm", d_model=32, n_layers=2, kernel_size=3, dilation_base=2),
+    ATTENTION: language_model(family="decoder", d_model=32, n_layers=2, n_heads=2, d_ff=64),
+}
+R = sequence_models[CONVOLUTION][0].receptive_field  # the tokens one prediction reads, itself included
+sequence_models[WINDOW] = language_model(family="feedforward-lm", context="window", context_size=R,
+                                         embedding_dim=16, hidden_size=32)
+for name, (config, _) in sequence_models.items():
+    reach = f"the last {config.receptive_field} tokens" if config.receptive_field else "every token so far"
+    print(f"{name:24s} family {config.family:15s} reads {reach}")
+
+# %% [markdown]
+# The causal-reach check: change one token of a text, $d$ positions before the last, and see whether the last
+# position's prediction moves. One batch holds the text with each of its tokens changed in turn, so one forward
+# pass per model measures every distance.
+
+# %%
+def effect_by_distance(model, text, other):
+    """The largest change of the last position's logits when the token d back becomes `other`'s, for every d: (T,)."""
+    T = len(text)
+    back = torch.arange(T)  # d = 0 (the last token itself) ... T - 1 (the first)
+    changed = text.repeat(T, 1)  # (T, T): row d is the text with its token d back changed
+    changed[back, T - 1 - back] = other[T - 1 - back]
+    with torch.no_grad():
+        logits = model(torch.cat([text[None], changed])).logits[:, -1]  # (1 + T, V): the last position's
+    return (logits[1:] - logits[0]).abs().amax(-1)  # (T,)
+
+
+def letters_and_changes(length, seed):
+    """`length` random letters (T,), and each of them moved on by one (T,): "cab" -> "dbc"."""
+    letters = torch.tensor(tokenizer.encode("abcdefghijklmnopqrstuvwxyz"))
+    drawn = torch.randint(26, (length,), generator=torch.Generator().manual_seed(seed))
+    return letters[drawn], letters[(drawn + 1) % 26]
+
+
+text, other = letters_and_changes(24, seed=1)
+effects = {name: effect_by_distance(model, text, other) for name, (_, model) in sequence_models.items()}
+print(f"the last prediction moves, changing the token {R - 1} back (within R = {R}) / {R} back (beyond) / "
+      f"{len(text) - 1} back (the first):")
+for name, effect in effects.items():
+    print(f"  {name:24s} {effect[R - 1]:.1e} / {effect[R]:.1e} / {effect[-1]:.1e}")
+for name in (CONVOLUTION, WINDOW):  # local context: the R tokens up to the last, exactly
+    assert effects[name][R - 1] > 0 and (effects[name][R:] == 0).all(), name
+for name in (RECURRENCE, ATTENTION):  # the whole history: every token reaches the prediction
+    assert (effects[name] > 0).all(), name
+
+fig, ax = plt.subplots(figsize=(9, 3.5), layout="constrained")
+for name, effect in effects.items():
+    reached = effect > 0  # 0 has no place on a log scale: beyond R the local models' lines stop
+    ax.plot(torch.arange(len(text))[reached], effect[reached], marker="o", label=name)
+ax.axvline(R - 0.5, color="grey", linestyle=":", label=f"the convolution's reach, R = {R}")
+ax.set(xlabel="d: how far back the changed token is", ylabel="change of the last logits (largest)", yscale="log",
+       title="what reaches the last prediction (untrained, float64)")
+ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1, 0.5))
+plt.show()
+
+# %% [markdown]
+# The convolution and the window read exactly $R$ tokens: change one just beyond and their prediction does not move
+# at all (0, not a small number), whatever was written there. The Transformer's prediction moves about as much for
+# the first token as for the one before the last: a weighted average of all the tokens, every one within one step.
+# The LSTM's moves for every token too, since its state encodes the whole history, but by less and less the further
+# back the token is, a straight line on the log scale, as the gradient fell through the GRU above: what a recurrence
+# has read fades with every step it takes since. These models are untrained; whether training keeps the distant
+# tokens' influence is what the two experiments measure.
+#
+# **Trained**, in the [experiments gallery](../../experiments/#sequence-models):
+# `attnkit experiment sequence-models --budget small` trains an LSTM, a gated CNN (R = 15) and a Transformer decoder
+# of about 62k parameters each for 1,000 steps on the same characters, then scores held-out text given only the last
+# c tokens. Cutting the context from 64 tokens to 15 raises the Transformer's loss by 0.0093 nats and the LSTM's by
+# 0.0070 (each beyond its noise over 9 seeds) and the convolution's by 8e-09, nothing: the verdict is **held**
+# (Bengio et al.'s window over the same 15 tokens gains exactly 0 from the tokens past them, and a Kneser-Ney trigram
+# reads 2 tokens whatever it is given). [`attnkit experiment rnn-forgets`](../../experiments/#rnn-forgets) asks for
+# the token d positions back: from d = 2 to d = 64, next-token accuracy goes LSTM 96% to 12%, plain RNN 100% to 14%
+# (chance is 12.5%), Transformer 100% to 100%, at about 17k parameters and 300 steps each, over 5 seeds: **held**.
+# So a trained LSTM does use tokens beyond a convolution's reach, and still loses a given token 64 back.
+#
+# **In attnkit:** the families `recurrent-lm` (`attnkit.models.recurrent.lm`), `conv-lm`
+# (`attnkit.models.convolutional`: Dauphin et al.'s gated convolutions, dilated as in WaveNet), `decoder` and
+# `feedforward-lm` (`attnkit.models.feedforward`: Bengio et al.'s window, or `context="average"`, the deep averaging
+# LM); presets `lstm-lm-tiny`, `gcnn-lm-tiny`, `bengio-lm-tiny` and `dan-lm-tiny`; `config.receptive_field` says how
+# far back each reads (None: every token so far). The counted n-gram model (`attnkit.models.ngram.NGramLM`) is in
+# tutorial 6; the families' options are in the
+# [configs guide](../../user-guide/configs/#the-convolutional-lm-conv-lm).
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise comes with a check that says right or wrong (an error in your code counts as wrong, with a hint):
@@ -327,6 +439,11 @@ plt.show()
 #    the encoder: `"doubles in size"` or `"stays the same size"`?
 # 4. *Predict, then run:* a source padded from 4 to 9 tokens in a batch, against the same source alone: the
 #    attentive model's logits are `"the same"`, `"slightly different"` or `"very different"`?
+# 5. A `conv-lm` layer with kernel size $k$ and dilation $d$ reads its input at $t, t - d, \ldots, t - (k - 1) d$;
+#    layer $l$ (from 0) dilates by `dilation_base ** (l % dilation_cycle)` (no cycle: `l % n_layers`). Write
+#    `receptive_field(kernel_size, n_layers, dilation_base, dilation_cycle)`: how many tokens, the last included, one
+#    prediction of such a model reads. The check builds the models and finds the farthest token that moves their
+#    prediction, with `effect_by_distance` from the section above.
 
 # %%
 from attnkit.exercises import exercise
@@ -383,12 +500,31 @@ def check_4(prediction):
     return prediction == measured
 
 
+def measured_receptive_field(kernel_size, n_layers, dilation_base, dilation_cycle):
+    """1 + how far back the farthest token that moves an untrained conv-lm's last prediction is."""
+    _, model = language_model(family="conv-lm", d_model=16, n_layers=n_layers, kernel_size=kernel_size,
+                              dilation_base=dilation_base, dilation_cycle=dilation_cycle)
+    return int(effect_by_distance(model, *letters_and_changes(64, seed=2)).nonzero().max()) + 1
+
+
+@exercise(5, hint="each layer reaches (k - 1) times its dilation further back than the one below it; the token "
+                  "itself counts once")
+def check_5(receptive_field):
+    for settings in ((3, 2, 1, None), (2, 5, 2, None), (4, 6, 2, 3), (5, 3, 3, None)):
+        measured = measured_receptive_field(*settings)
+        print(f"measured: kernel_size, n_layers, dilation_base, dilation_cycle = {settings} reads {measured} tokens")
+        if receptive_field(*settings) != measured:
+            return False
+    return True
+
+
 general_weights = None  # your function here
 ideal_alignment = None  # your function here
 prediction_3 = None  # "doubles in size" or "stays the same size"
 prediction_4 = None  # "the same", "slightly different" or "very different"
+receptive_field = None  # your function here
 for check, answer in ((check_1, general_weights), (check_2, ideal_alignment), (check_3, prediction_3),
-                      (check_4, prediction_4)):
+                      (check_4, prediction_4), (check_5, receptive_field)):
     print(check(answer))
 
 # %% [markdown] tags=["solution"]
@@ -399,7 +535,11 @@ for check, answer in ((check_1, general_weights), (check_2, ideal_alignment), (c
 #    stays the same size: one vector of 128 numbers, whatever the source's length. That is the bottleneck;
 #    attention gives the decoder every encoder state instead, one per source token. 4. The same, to float
 #    precision: padded keys get a weight of exactly 0 and the packed GRU stops at each row's last real token, so
-#    batching never changes a translation.
+#    batching never changes a translation. 5. Layer $l$ reaches $(k - 1) d_l$ tokens further back than its input
+#    does, so $R = 1 + (k - 1) \sum_l d_l$: kernel 4, six layers, dilations 1, 2, 4, 1, 2, 4 read
+#    $1 + 3 \times 14 = 43$ tokens. Dilation makes the reach grow exponentially with depth (until the cycle
+#    restarts), where more layers of kernel $k$ alone add $k - 1$ tokens each: still a fixed window, however wide.
+#    `config.receptive_field` computes it.
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
 def general_solution(model, states, memory):
@@ -410,6 +550,15 @@ def general_solution(model, states, memory):
 assert check_1(general_solution)
 assert check_2(lambda S: torch.eye(S).flip(1))
 assert check_3("stays the same size") and check_4("the same")
+
+
+def receptive_field_solution(kernel_size, n_layers, dilation_base, dilation_cycle):
+    dilations = [dilation_base ** (layer % (dilation_cycle or n_layers)) for layer in range(n_layers)]
+    return 1 + (kernel_size - 1) * sum(dilations)
+
+
+assert check_5(receptive_field_solution)
+assert not check_5(lambda kernel_size, n_layers, dilation_base, dilation_cycle: 1 + (kernel_size - 1) * n_layers)
 assert not check_1(lambda model, states, memory: torch.softmax(states @ memory.transpose(1, 2), -1))  # W left out
 assert not check_2(torch.eye)  # the diagonal: copying, not reversing
 assert not check_3("doubles in size") and not check_4("slightly different")

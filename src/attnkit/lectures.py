@@ -68,6 +68,7 @@ AB_PNG = "experiments/ab-task/attention.png"
 LUONG = "Luong's attention, from scratch, with the model's own weights"  # tutorial 5's sections
 BAHDANAU = "Bahdanau's attention: the query before the step"
 GRADIENT_SHORTCUT = "A shortcut for the gradient"  # tutorial 5: the gradient reaching each source token
+SEQUENCE_MODELS = "Three types of sequence model"  # tutorial 5: how far back an LSTM, a CNN, attention read
 POST_NORM = "Post-norm: the original block (UvA's Add and Norm)"  # tutorial 6: post-norm beside its pre-norm
 RESIDUAL_NORM = "The residual connection and layer normalization, as the lectures write them"  # tutorial 6
 NGRAM = "Before neural networks: n-gram models, by counting"  # tutorial 6: the statistical baseline
@@ -172,7 +173,7 @@ LECTURES: tuple[Lecture, ...] = (
               page=FEEDFORWARD_PAGE, section=NGRAM),
         Topic("Why RNNs are good (long sequences) and bad (they forget over long strings)", T05,
               ("models.recurrent.lm",), "rnn-forgets", "experiments/rnn-forgets/accuracy_by_distance.png",
-              section="Going further: reverse a sequence"),
+              section=SEQUENCE_MODELS),
         Topic("An API for neural nets: h = encode(w_1..w_n), context-sensitive encodings; layers stack; the "
               "Transformer obeys the same API", T06, ("models.stack", "blocks"), section="The parts, from scratch"),
         Topic("The running example: sequences of A and B; the next is B if any B, else A", T03, ("data.synthetic",),
@@ -267,7 +268,7 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Three types of sequence models: recurrence, convolution, attention (the three at one size, and how far "
               "back each reads: attnkit experiment sequence-models)", T05,
               ("models.recurrent", "models.convolutional", "models.decoder"), experiment="sequence-models",
-              page="user-guide/configs.md#the-convolutional-lm-conv-lm", section="The models"),
+              page="user-guide/configs.md#the-convolutional-lm-conv-lm", section=SEQUENCE_MODELS),
         Topic("Attention's basic idea (Bahdanau et al. 2015)", T05,
               ("models.recurrent.attention", "models.recurrent.seq2seq:BahdanauDecoder"), section=BAHDANAU),
         Topic("Cross attention: each element attends to another sequence", T11, ("layers.attention:Attention",),
