@@ -25,7 +25,7 @@ def finished(tmp_path_factory):
 
 @pytest.mark.parametrize("field, value", [
     ("step", -5), ("step", "x"), ("step", None), ("step", 1.5), ("step", True), ("tokens_seen", -1),
-    ("evaluated_step", "2"), ("elapsed", float("nan")), ("elapsed", -3.0)])
+    ("evaluated_step", "2"), ("evaluated_step", -2), ("elapsed", float("nan")), ("elapsed", -3.0)])
 def test_a_train_state_edited_outside_its_checksums_is_refused_by_field(finished, tmp_path, field, value):
     run = shutil.copytree(finished, tmp_path / "run")
     shutil.rmtree(run / "checkpoints")
@@ -35,6 +35,17 @@ def test_a_train_state_edited_outside_its_checksums_is_refused_by_field(finished
     (run / "train_state.json").write_text(json.dumps({**saved, field: value}))
     with pytest.raises(CheckpointError, match=rf"train_state.json holds {field}=.*whole numbers"):
         state.resume_checkpoint(run, device="cpu")
+
+
+def test_a_run_saved_before_its_first_evaluation_resumes_unverified(finished, tmp_path):
+    """A save before any evaluation writes evaluated_step=-1 (the trainer's "not yet"), which is not damage."""
+    run = shutil.copytree(finished, tmp_path / "run")
+    shutil.rmtree(run / "checkpoints")
+    shutil.rmtree(run / "best", ignore_errors=True)
+    (run / CHECKSUMS_FILE).unlink()
+    saved = json.loads((run / "train_state.json").read_text())
+    (run / "train_state.json").write_text(json.dumps({**saved, "evaluated_step": -1}))
+    assert state.resume_checkpoint(run, device="cpu").train_state["evaluated_step"] == -1
 
 
 def test_a_train_state_that_is_not_an_object_is_refused(finished, tmp_path):

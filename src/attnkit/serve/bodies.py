@@ -183,7 +183,8 @@ def _reported(error: ValidationError, data: dict) -> dict:
 
 def _member_words(member: str) -> str:
     """pydantic's name of a union member in a client's words: "list[constrained-int]" -> "a list of token ids"."""
-    words = {"str": "a string", "int": "a whole number", "float": "a number", "bool": "true or false",
+    words = {"str": "a string", "constrained-str": "a string", "int": "a whole number", "float": "a number",
+             "bool": "true or false",
              "list[str]": "a list of strings", "list[constrained-str]": "a list of strings",
              "list[constrained-int]": "a list of token ids", "list[list[constrained-int]]": "a list of token-id lists",
              "list[TextPart]": "a list of content parts"}

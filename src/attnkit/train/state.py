@@ -232,11 +232,13 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
 
 
 COUNTERS = ("step", "evaluated_step", "tokens_seen")  # train_state.json's counts, whole numbers from 0 up
+NOT_YET = {"evaluated_step": -1}  # a counter's value before its first event (a save before any evaluation)
 
 
 def checked_state(state: Any, path: Path) -> dict[str, Any]:
     """train_state.json's contents, checked before a run continues from them: an object of this format whose counters
-    (`COUNTERS`; `step` at least) are whole numbers from 0 up and whose `elapsed` seconds a finite number from 0 up.
+    (`COUNTERS`; `step` at least) are whole numbers from 0 up (or `NOT_YET`'s value: -1 for a run saved before its
+    first evaluation) and whose `elapsed` seconds a finite number from 0 up.
     A file read unverified (no checksums.json) may have been edited or cut short; CheckpointError names the field and
     the fix."""
     if not isinstance(state, dict):
@@ -247,7 +249,7 @@ def checked_state(state: Any, path: Path) -> dict[str, Any]:
     given = {key: state.get(key) for key in (*COUNTERS, "elapsed") if key in state or key == "step"}
     bad = [f"{key}={value!r}" for key, value in given.items()
            if isinstance(value, bool) or not isinstance(value, int if key in COUNTERS else (int, float))
-           or not 0 <= value < float("inf")]
+           or not (0 <= value < float("inf") or value == NOT_YET.get(key))]
     if bad:
         raise CheckpointError(f"{path} holds {', '.join(bad)}, where a save writes whole numbers of steps and tokens "
                               "and seconds from 0 up; the file is damaged or was edited: resume from a checkpoint of "
