@@ -203,9 +203,22 @@ def test_a_bad_preference_line_is_named_with_its_number_and_the_fix(tmp_path, li
         read_pairs(path)
 
 
+@pytest.mark.parametrize(("chosen", "rejected", "said"), [
+    ("\u20ac", "\u00a5", "same 2 tokens to this tokenizer .*drop the line"),  # two characters it reads as <unk>
+    ("b" * 70 + "c", "b" * 70 + "d", "same 64 tokens in the 64 .* as cut .*shorten the prompt or give a longer"),
+])
+def test_a_pair_whose_responses_are_the_same_tokens_is_refused_naming_it(chosen, rejected, said):
+    pairs = [PreferencePair("p line 1", "a", "b", "c"), PreferencePair("p line 2", "a", chosen, rejected)]
+    with pytest.raises(InputError, match=f"p line 2: its two responses are the {said}"):
+        preference_rows(pairs, template=DEFAULT_FORMAT, tokenizer=char_tokenizer(), seq_len=64, batch_size=2)
+
+
 def test_options_out_of_range_are_refused_naming_the_field():
     with pytest.raises(ConfigError, match="beta=0"):
         DPOOptions(beta=0)
+    for beta in (math.inf, math.nan):  # inf made the first loss nan; nan compared false and so passed a > 0 check
+        with pytest.raises(ConfigError, match=f"beta={beta} must be a finite number above 0"):
+            DPOOptions(beta=beta)
     with pytest.raises(ConfigError, match="smoothing=0.5 must lie in"):
         DPOOptions(smoothing=0.5)
     with pytest.raises(ConfigError, match="smoothing applies to the sigmoid loss"):

@@ -193,18 +193,26 @@ def preference_rows(pairs: list[PreferencePair], *, template: ChatTemplate, toke
                     batch_size: int, seed: int = 0, longer: str | None = "a longer --seq-len") -> PreferenceRows:
     """The pairs tokenized (`tokenize_pair`) and served in batches, each sequence cut to its first seq_len + 1
     tokens (the responses' ends cut, with one warning counting such pairs). Raises InputError naming a pair whose
-    prompt leaves no room for a response token; `longer`: how a longer window is asked for, in what is said."""
+    prompt leaves no room for a response token, or whose two responses are the same tokens (as read, or as cut);
+    `longer`: how a longer window is asked for, in what is said."""
     tokenized, cut = [], []
+    or_longer = f" or give {longer}" if longer else ""
     for pair in pairs:
         tokens = tokenize_pair(pair, template=template, tokenizer=tokenizer)
         room = seq_len + 1 - len(tokens.prompt)
         if room < 1:
             raise InputError(f"{pair.where}: its prompt holds {len(tokens.prompt)} tokens and the model reads "
-                             f"{seq_len} at once, so no response token fits: shorten the prompt"
-                             + (f" or give {longer}" if longer else ""))
-        if max(len(tokens.chosen), len(tokens.rejected)) > room:
+                             f"{seq_len} at once, so no response token fits: shorten the prompt{or_longer}")
+        was_cut = max(len(tokens.chosen), len(tokens.rejected)) > room
+        if was_cut:
             cut.append(pair.where)
             tokens = TokenizedPair(pair.where, tokens.prompt, tokens.chosen[:room], tokens.rejected[:room])
+        if tokens.chosen == tokens.rejected:  # the texts differ (`pair`), their tokens do not: no preference to learn
+            why = (f"in the {room} the model's window leaves after the prompt, so as cut the pair prefers nothing: "
+                   f"shorten the prompt{or_longer}, or drop the line") if was_cut else (
+                   "to this tokenizer (characters it does not know read alike), so the pair prefers nothing: drop the "
+                   "line, or give responses that differ in what the tokenizer reads")
+            raise InputError(f"{pair.where}: its two responses are the same {len(tokens.chosen)} tokens {why}")
         tokenized.append(tokens)
     if cut:
         log.warning("%d pair(s) hold more than %d tokens and their responses are cut to fit (%s%s)%s", len(cut),

@@ -25,6 +25,7 @@ the chat API as the run it started from did.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
@@ -60,8 +61,9 @@ class DPOOptions:
     loss only)"""
 
     def __post_init__(self) -> None:
-        if not self.beta > 0:
-            raise ConfigError(f"beta={self.beta} must be above 0 (0.1 is usual): it scales the implicit reward")
+        if not 0 < self.beta < math.inf:
+            raise ConfigError(f"beta={self.beta} must be a finite number above 0 (0.1 is usual): it scales the "
+                              "implicit reward")
         if not 0.0 <= self.smoothing < 0.5:
             raise ConfigError(f"smoothing={self.smoothing} must lie in [0, 0.5): the share of pairs taken as "
                               "mislabelled (0: plain DPO)")
