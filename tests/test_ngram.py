@@ -192,12 +192,33 @@ def test_generation_continues_from_its_own_tokens():
     assert model.generate([2, 3], 0) == []
 
 
+def test_a_small_temperature_samples_the_likeliest_token_where_its_powers_underflow():
+    model = NGramLM(n=2, vocab_size=V).fit(TRAIN)  # after 0, 1 is the likeliest by far
+    assert model.generate([0], 3, temperature=1e-6, generator=torch.Generator().manual_seed(0))[0] == 1
+
+
+@pytest.mark.parametrize("count", [-1, 2.5, True])
+def test_a_token_count_that_is_not_a_whole_number_is_refused(count):
+    with pytest.raises(InputError, match=f"max_new_tokens={count!r} must be a whole number >= 0"):
+        NGramLM(n=2, vocab_size=V).fit(TRAIN).generate([0], count)
+
+
+def test_a_numpy_array_is_one_sequence_as_a_tensor_is():
+    numpy = pytest.importorskip("numpy")
+    from_array = NGramLM(n=2, vocab_size=V).fit(numpy.array(TRAIN.tolist()))
+    from_tensor = NGramLM(n=2, vocab_size=V).fit(TRAIN)
+    torch.testing.assert_close(from_array.next_token_probs([1]), from_tensor.next_token_probs([1]))
+
+
 @pytest.mark.parametrize("settings, field", [
     (dict(n=0, vocab_size=5), "n=0"), (dict(n=2, vocab_size=5, alpha=0.0), "alpha"),
     (dict(n=2, vocab_size=5, smoothing="witten-bell"), "smoothing"),
     (dict(n=2, vocab_size=5, discount=1.0), "discount"),
     (dict(n=2, vocab_size=5, estimate_discounts="yes"), "estimate_discounts"),
     (dict(n=5, vocab_size=50_000), "int64"),
+    (dict(n=2, vocab_size=5, alpha=math.inf), "alpha=inf must be a finite number"),  # was nan probabilities
+    (dict(n=2, vocab_size=5, alpha="1"), "alpha='1' must be a number"),  # was a TypeError
+    (dict(n=2, vocab_size=5, discount="0.5"), "discount='0.5' must be a number"),
 ])
 def test_bad_settings_name_the_field(settings, field):
     with pytest.raises(ConfigError, match=field):

@@ -75,8 +75,12 @@ class NGramLM:
                 raise ConfigError(f"{name}={value!r} must be a whole number >= 1")
         if smoothing not in SMOOTHINGS:
             raise ConfigError(f"smoothing={smoothing!r} is not a known choice; use one of {', '.join(SMOOTHINGS)}")
-        if not alpha > 0:
-            raise ConfigError(f"alpha={alpha!r} must be > 0 (add-alpha leaves alpha for each unseen token; 1: Laplace)")
+        for name, value in (("alpha", alpha), ("discount", discount)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"{name}={value!r} must be a number")
+        if not 0 < alpha < math.inf:  # an infinite alpha made every probability inf / inf: nan
+            raise ConfigError(f"alpha={alpha!r} must be a finite number > 0 (add-alpha leaves alpha for each unseen "
+                              "token; 1: Laplace)")
         if not 0 < discount < 1:
             raise ConfigError(f"discount={discount!r} must lie strictly between 0 and 1 (Kneser-Ney's d; 0.75 is "
                               f"usual)")
@@ -186,17 +190,20 @@ class NGramLM:
     ) -> list[int]:
         """Continue `prompt` (at least n - 1 ids) by sampling `max_new_tokens` ids, one at a time, each from
         P(. | the n - 1 before it) ** (1 / temperature), renormalised. Returns the new ids."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise InputError(f"max_new_tokens={max_new_tokens!r} must be a whole number >= 0")
         if not temperature > 0:
             raise InputError(f"temperature={temperature!r} must be > 0 (1: the model's own distribution)")
         ids = self._checked(prompt).tolist()
         for _ in range(max_new_tokens):
-            weights = self.next_token_probs(ids) ** (1.0 / temperature)  # (V,)
+            # p ** (1 / T) renormalised, as a softmax of log p / T: a small T's powers underflow every weight to 0
+            weights = torch.softmax(self.next_token_probs(ids).log() / temperature, dim=0)  # (V,)
             ids.append(int(torch.multinomial(weights, 1, generator=generator)))
         return ids[len(ids) - max_new_tokens:] if max_new_tokens else []
 
     # Inputs ----------------------------------------------------------------------------------------------------
     def _sequences(self, ids: Ids | Sequence[Ids]) -> list[Tensor]:
-        if isinstance(ids, Tensor) or (isinstance(ids, Sequence) and not any(
+        if isinstance(ids, Tensor) or hasattr(ids, "__array__") or (isinstance(ids, Sequence) and not any(
                 isinstance(item, Tensor | Sequence) for item in ids)):
             return [self._checked(ids)]
         return [self._checked(item) for item in ids]
