@@ -195,6 +195,8 @@ def test_a_chat_pair_renders_with_the_template_and_its_responses_are_the_replies
      '"rejected": [{"role": "assistant", "content": "c"}]}', r'line 2: "chosen" must hold one assistant message'),
     ('{"prompt": "a", "chosen": "b",', "line 2 is not JSON"),
     ("[1, 2]", "line 2: holds a JSON list; write an object"),
+    ('{"prompt": [{"role": "user", "content": "a"}], "chosen": [{"role": "assistant", "content": "b"}], '
+     '"rejected": [{"role": "assistant", "content": "c"}]}', "line 2 holds chat messages where .*line 1 holds plain"),
 ])
 def test_a_bad_preference_line_is_named_with_its_number_and_the_fix(tmp_path, line, said):
     path = tmp_path / "pairs.jsonl"

@@ -56,7 +56,8 @@ class PreferencePair:
 
 def read_pairs(path: str | Path, *, encoding_errors: EncodingErrors = "strict") -> list[PreferencePair]:
     """The preference pairs of a JSON Lines file, one a line (blank lines skipped). Raises InputError naming the file
-    and line of one that is not JSON, lacks a key, mixes text and messages, or whose two responses are the same."""
+    and line of one that is not JSON, lacks a key, mixes text and messages, is in the other layout than the first
+    line (plain text or messages), or whose two responses are the same."""
     found = []
     for number, line in enumerate(read_text(path, errors=encoding_errors).splitlines(), start=1):
         if line.strip():
@@ -68,6 +69,11 @@ def read_pairs(path: str | Path, *, encoding_errors: EncodingErrors = "strict") 
                                  f"holds one JSON object a line, {LAYOUT}") from None
             except InputError as error:
                 raise InputError(f"{where}: {error}") from None
+            if found[-1].is_chat != found[0].is_chat:  # plain text is never rendered with the chat template
+                kinds = ["chat messages" if p.is_chat else "plain text" for p in (found[-1], found[0])]
+                raise InputError(f"{where} holds {kinds[0]} where {found[0].where} holds {kinds[1]}: a preference "
+                                 "file holds one layout, since plain text is read as text and messages through the "
+                                 "chat template; write every pair in one of them, or split the file by layout")
     if not found:
         raise InputError(f"{path} holds no preference pair: write one JSON object a line, {LAYOUT}")
     return found
