@@ -45,6 +45,13 @@ def test_invalid_configs_name_the_field_and_fix(fields, names):
         assert name in str(info.value)
 
 
+def test_a_negative_size_is_not_told_that_0_has_no_meaning():
+    with pytest.raises(ConfigError, match=r"dilation_base=-2 must be positive: a size or count is never below 0$"):
+        ModelConfig(family="conv-lm", dilation_base=-2)
+    with pytest.raises(ConfigError, match="kernel_size=0 must be positive; 0 has no meaning here"):
+        ModelConfig(family="conv-lm", kernel_size=0)
+
+
 def test_json_round_trip_and_overrides(tmp_path):
     config = presets.get("llama2-tiny")
     assert ModelConfig.from_json(config.to_json()) == config

@@ -145,8 +145,10 @@ def require_positive(obj: Any, *names: str) -> None:
         if not finite:
             raise ConfigError(f"{name}={value!r} must be a finite positive number; give one, or leave it unset for "
                               "the default")
-        if value is not None and not value > 0:
-            raise ConfigError(f"{name}={value!r} must be positive; 0 has no meaning here (leave it unset instead)")
+        if value == 0:
+            raise ConfigError(f"{name}=0 must be positive; 0 has no meaning here (leave it unset instead)")
+        if value is not None and value < 0:
+            raise ConfigError(f"{name}={value!r} must be positive: a size or count is never below 0")
 
 
 def require_fraction(obj: Any, *names: str) -> None:
