@@ -127,6 +127,15 @@ def test_a_target_that_names_no_module_is_refused_with_the_names_there_are():
         apply_lora(model, targets=("q_proj",), rank=0, alpha=ALPHA)
 
 
+def test_a_tied_head_is_refused_naming_the_modules_an_adapter_can_take_or_that_there_are_none():
+    decoder = build_model(presets.get("gpt2-tiny", vocab_size=20, max_seq_len=8))  # gpt2 ties its head
+    with pytest.raises(ConfigError, match="other linear modules: down_proj, k_proj, o_proj, q_proj, up_proj, v_proj"):
+        apply_lora(decoder, targets=("lm_head",), rank=RANK, alpha=ALPHA)
+    conv = build_model(presets.get("gcnn-lm-tiny", vocab_size=20))  # its head is its one linear module, and tied
+    with pytest.raises(ConfigError, match=r"no other linear module .* fine-tune it in full \(leave out --lora-rank"):
+        apply_lora(conv, targets=("lm_head",), rank=RANK, alpha=ALPHA)
+
+
 def test_a_glob_over_full_names_selects_one_layer():
     model, _ = tiny_model()
     names = apply_lora(model, targets=("stack.blocks.1.*",), rank=RANK, alpha=ALPHA)

@@ -78,10 +78,14 @@ def apply_lora(
     tied = tied_modules(model)
     for name in names:
         if name in tied:
+            free = sorted({n.rsplit(".", 1)[-1] for n in linear_names(model) if n not in tied})
+            fix = (f"leave {name.rsplit('.', 1)[-1]} out of --lora-targets (this model's other linear modules: "
+                   f"{', '.join(free)})" if free else "this model has no other linear module for an adapter, so "
+                   "fine-tune it in full (leave out --lora-rank)")
             raise ConfigError(
                 f"lora_targets: {name} shares its weight with {tied[name]} (tied embeddings): its output reads that "
-                f"weight directly, so an adapter there would never train; leave {name.rsplit('.', 1)[-1]} out of "
-                f"--lora-targets (q_proj,v_proj adapt attention), or train a model without tied embeddings"
+                f"weight directly, so an adapter there would never train; {fix}, or train a model without tied "
+                "embeddings"
             )
     for param in model.parameters():
         param.requires_grad_(False)
