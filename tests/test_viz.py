@@ -2,6 +2,7 @@
 are written, and bad input gets clear errors."""
 
 import base64
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -250,6 +251,8 @@ def test_recurrent_seq2seq_run_draws_its_alignment(tmp_path, attention):
     (maps,) = result.maps
     assert maps.kind == "cross" and maps.weights.shape == (1, 1, 5, 5)
     assert tmp_path / "viz" / "alignment.png" in result.pngs
+    with pytest.raises(InputError, match="--from-token 1: this model's attention is cross-attention alone"):
+        run_viz(dataclasses.replace(settings, from_token=1))  # no self-attention: it drew nothing, and said nothing
 
 
 @pytest.mark.parametrize("n_tokens", [12, 200])

@@ -57,8 +57,13 @@ def write_head_views(all_maps: Sequence[AttentionMaps], directory: str | Path, q
     at position `query`, into `directory` as {kind}_layer{L}_head{H}_from{query}.png. Cross-attention is left out (its
     queries are not its keys: the alignment draws it). Returns the paths written.
 
-    Raises InputError where `query` is not a position of the text's tokens.
+    Raises InputError where `query` is not a position of the text's tokens, or where `all_maps` holds no
+    self-attention (a recurrent encoder-decoder's one alignment): there is no head view to draw.
     """
+    if all(maps.kind == "cross" for maps in all_maps):
+        raise InputError(f"--from-token {query}: this model's attention is cross-attention alone (a target attending "
+                         "to the source), which the alignment draws; a head view is self-attention's: leave out "
+                         "--from-token")
     written = []
     for maps in all_maps:
         if maps.kind == "cross":
