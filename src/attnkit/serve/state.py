@@ -75,7 +75,7 @@ class ServerState:
                    scheduler=scheduler,
                    explorer=Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments,
                                      sae=Path(settings.sae) if settings.sae else None),
-                   chat_end_ids=pipeline.chat_template.turn_end_ids(pipeline.tokenizer),
+                   chat_end_ids=frozenset(pipeline.chat_end_ids()),
                    metrics=metrics,
                    model_lock=scheduler.lock if scheduler is not None else threading.Lock())
 
