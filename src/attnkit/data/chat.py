@@ -63,7 +63,8 @@ def read_conversations(path: str | Path, *, encoding_errors: EncodingErrors = "s
     if text.lstrip().startswith("["):
         return _listed(path, text)
     found = _read((f"{path} line {number}",
-                   _json(line, f"{path} line {number}", "a chat file holds one JSON object a line", whole_file=False))
+                   json_record(line, f"{path} line {number}", "a chat file holds one JSON object a line",
+                               whole_file=False))
                   for number, line in enumerate(text.splitlines(), start=1) if line.strip())
     if not found:
         raise InputError(f"{path} holds no conversation: write one JSON object a line, {' or '.join(LAYOUTS)}")
@@ -72,7 +73,8 @@ def read_conversations(path: str | Path, *, encoding_errors: EncodingErrors = "s
 
 def _listed(path: str | Path, text: str) -> list[Conversation]:
     """The conversations of a JSON file that holds a list of records."""
-    records = _json(text, str(path), "give a JSON list of conversations, or JSON Lines, one a line", whole_file=True)
+    records = json_record(text, str(path), "give a JSON list of conversations, or JSON Lines, one a line",
+                          whole_file=True)
     found = _read((f"{path} item {number}", record) for number, record in enumerate(records, start=1))
     if not found:
         raise InputError(f"{path} holds an empty list: give conversations, {' or '.join(LAYOUTS)}")
@@ -90,7 +92,7 @@ def _read(records: Iterable[tuple[str, object]]) -> list[Conversation]:
     return found
 
 
-def _json(text: str, source: str, fix: str, *, whole_file: bool) -> object:
+def json_record(text: str, source: str, fix: str, *, whole_file: bool) -> object:
     """The value of JSON `text`; InputError naming `source`, why Python's reader refused it (where, for a text that
     is not JSON: the line too in a `whole_file`; nesting too deep; a number too long to read) and `fix`."""
     try:

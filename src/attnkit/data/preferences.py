@@ -16,7 +16,6 @@ split along B (a rank's share, a micro-batch) keep each pair whole.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from torch import Tensor
 
 from attnkit.chat_format import ChatTemplate
 from attnkit.data.batching import IGNORE_INDEX, BucketedData
-from attnkit.data.chat import check_messages
+from attnkit.data.chat import check_messages, json_record
 from attnkit.errors import InputError
 from attnkit.textfiles import EncodingErrors, read_text
 from attnkit.tokenize import Tokenizer
@@ -62,11 +61,10 @@ def read_pairs(path: str | Path, *, encoding_errors: EncodingErrors = "strict") 
     for number, line in enumerate(read_text(path, errors=encoding_errors).splitlines(), start=1):
         if line.strip():
             where = f"{path} line {number}"
+            record = json_record(line, where, f"a preference file holds one JSON object a line, {LAYOUT}",
+                                 whole_file=False)
             try:
-                found.append(pair(json.loads(line), where))
-            except json.JSONDecodeError as error:
-                raise InputError(f"{where} is not JSON ({error.msg} at column {error.colno}): a preference file "
-                                 f"holds one JSON object a line, {LAYOUT}") from None
+                found.append(pair(record, where))
             except InputError as error:
                 raise InputError(f"{where}: {error}") from None
             if found[-1].is_chat != found[0].is_chat:  # plain text is never rendered with the chat template
