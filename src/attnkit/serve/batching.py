@@ -73,6 +73,7 @@ import copy
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -770,21 +771,20 @@ class Scheduler:
             return []
         joining: list[GenerationJob] = []
         rows = self._own_rows  # max_rows bounds each batch: the speculative rows' have their own
-        held: dict[int, int] = {}  # the rows each request (`request_of`) holds in this batch
-        for job, _ in batch.rows if batch is not None else []:
-            held[request_of(job)] = held.get(request_of(job), 0) + 1
+        # the rows each request (`request_of`) holds in this batch
+        held = Counter(request_of(job) for job, _ in (batch.rows if batch is not None else []))
 
         def fits(job: GenerationJob) -> bool:
             return rows + job.n <= self.max_rows
 
         def at_share(job: GenerationJob) -> bool:  # its request's prompts hold as many rows as one request may
-            return held.get(request_of(job), 0) + job.n > self.most_choices
+            return held[request_of(job)] + job.n > self.most_choices
 
         # cancelled jobs met are set aside (`_end_cancelled`); a request at its share is passed over, keeping its turn
         while (job := self.waiting.pop_if(fits, passes=at_share)) is not None:
             joining.append(job)
             rows += job.n
-            held[request_of(job)] = held.get(request_of(job), 0) + job.n
+            held[request_of(job)] += job.n
             if batch is None and not self._merge_ok():
                 break
         return joining
