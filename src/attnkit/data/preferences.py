@@ -159,12 +159,10 @@ class PreferenceRows(BucketedData[PreferenceBatch]):
 
     def collate(self, indices: Sequence[int]) -> PreferenceBatch:
         width = int(self.lengths[np.asarray(indices)].max())
-        chosen = [response_row(self.pairs[i].prompt, self.pairs[i].chosen, width, self.pad_id) for i in indices]
-        rejected = [response_row(self.pairs[i].prompt, self.pairs[i].rejected, width, self.pad_id) for i in indices]
-        (chosen_inputs, chosen_labels), (rejected_inputs, rejected_labels) = (map(torch.stack, zip(*rows, strict=True))
-                                                                              for rows in (chosen, rejected))  # (B, T)
-        return PreferenceBatch(torch.stack([chosen_inputs, rejected_inputs], dim=1),
-                               torch.stack([chosen_labels, rejected_labels], dim=1))  # (B, 2, T) each
+        rows = [response_row(pair.prompt, response, width, self.pad_id)
+                for pair in (self.pairs[i] for i in indices) for response in (pair.chosen, pair.rejected)]
+        inputs, labels = (torch.stack(column).view(len(indices), 2, width) for column in zip(*rows, strict=True))
+        return PreferenceBatch(inputs, labels)  # (2B, T) -> (B, 2, T) each: a pair's chosen row, then its rejected
 
 
 def tokenize_pair(pair: PreferencePair, *, template: ChatTemplate, tokenizer: Tokenizer) -> TokenizedPair:
