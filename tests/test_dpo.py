@@ -301,6 +301,28 @@ def test_dropout_is_off_in_the_policy_and_the_reference_so_the_first_loss_is_log
     loss.backward()  # the policy's forward kept its graph
 
 
+def test_the_reference_scores_the_held_out_pairs_once_for_every_evaluation():
+    """The reference is frozen, so its log-probs of the held-out pairs are read at the first evaluation alone; the
+    policy is scored afresh at each (it has trained in between)."""
+    from attnkit.tasks.dpo import DPOTask
+
+    tokenizer = char_tokenizer()
+    pairs = [PreferencePair("p line 1", "The sky is", " blue.", " a green colour."),
+             PreferencePair("p line 2", "Hi", " there!", " no.")]
+    data = preference_rows(pairs, template=DEFAULT_FORMAT, tokenizer=tokenizer, seq_len=64, batch_size=1)
+    frozen, calls = tiny_model(seed=1), []
+    frozen.register_forward_hook(lambda *_: calls.append(1))
+    task = DPOTask(data, data, options=DPOOptions(), reference=Reference(lambda: frozen))
+    policy = tiny_model(seed=1)
+    first = task.evaluate(policy)
+    assert len(calls) == 2 and first["val_loss"] == pytest.approx(math.log(2), abs=1e-6)  # one forward a batch
+    with torch.no_grad():
+        next(policy.parameters()).add_(0.05)  # the policy moves; the reference does not
+    second = task.evaluate(policy)
+    assert len(calls) == 2  # not read again
+    assert second["val_loss"] != pytest.approx(first["val_loss"], abs=1e-9)  # the policy was scored afresh
+
+
 # A short run whose answer is known ---------------------------------------------------------------------------------
 def stdlib_lines(count):
     """Lines of real text: the Python standard library's own source (the built-in training data)."""

@@ -155,12 +155,19 @@ class Reference:
         return batch_logprobs(self.model, batch)
 
 
+def reference_logprobs(model: nn.Module, reference: Reference, data: PreferenceRows) -> list[Tensor]:
+    """The reference's summed response log-probs of each of `data`'s evaluation batches, in their fixed order, (B, 2)
+    each: the reference is frozen, so these serve every evaluation of the same pairs."""
+    return [reference.logprobs(model, batch) for batch in data.eval_batches()]
+
+
 @torch.no_grad()
-def preference_scores(model: nn.Module, reference: Reference, data: PreferenceRows,
+def preference_scores(model: nn.Module, references: list[Tensor], data: PreferenceRows,
                       options: DPOOptions) -> dict[str, float]:
-    """The loss and TRL's reward metrics (`reward_metrics`) over every pair of `data`."""
-    scores = [pair_scores(batch_logprobs(model, batch), reference.logprobs(model, batch), batch, options)
-              for batch in data.eval_batches()]
+    """The loss and TRL's reward metrics (`reward_metrics`) over every pair of `data`, against the reference's
+    log-probs of its evaluation batches (`reference_logprobs`)."""
+    scores = [pair_scores(batch_logprobs(model, batch), reference, batch, options)
+              for batch, reference in zip(data.eval_batches(), references, strict=True)]
     joined = PreferenceLoss(*(torch.cat([getattr(s, f) for s in scores]) for f in ("losses", "chosen_rewards",
                                                                                   "rejected_rewards")))
     return {"val_loss": joined.losses.mean().item(), **reward_metrics(joined)}
@@ -189,6 +196,8 @@ class DPOTask(EpochTask):
         super().__init__(train)
         self.val, self.options, self.reference = val, options, reference
         self.stops, self.stop_ids = stops, stop_ids  # where a sample's reply ends, as chat's (`ChatTask`)
+        self.val_references: list[Tensor] | None = None  # the reference's log-probs of `val`, read at the first
+        # evaluation: frozen, it scores the held-out pairs alike at every one
 
     def loss(self, model: nn.Module, batch: PreferenceBatch) -> Tensor:
         return self.loss_and_metrics(model, batch)[0]
@@ -208,7 +217,9 @@ class DPOTask(EpochTask):
 
     def evaluate(self, model: nn.Module, shard: Shard = ONE_PROCESS) -> dict[str, Any]:
         """Every rank scores every held-out pair (they are few), so the ranks agree without a sum."""
-        return preference_scores(model, self.reference, self.val, self.options)
+        if self.val_references is None:
+            self.val_references = reference_logprobs(model, self.reference, self.val)
+        return preference_scores(model, self.val_references, self.val, self.options)
 
     def prompt_ids(self) -> list[int]:
         """The first held-out pair's prompt: what the sample after training answers."""
@@ -258,7 +269,8 @@ def _report(ctx: EvalContext) -> EvalReport:
         data = preference_rows(read_pairs(path, encoding_errors=ctx.settings.encoding_errors), template=template,
                                tokenizer=ctx.tokenizer, seq_len=ctx.config.max_seq_len,
                                batch_size=ctx.settings.batch_size, longer=None)
-        rows.append({"file": str(path), "pairs": len(data), **preference_scores(ctx.model, reference, data, options)})
+        references = reference_logprobs(ctx.model, reference, data)
+        rows.append({"file": str(path), "pairs": len(data), **preference_scores(ctx.model, references, data, options)})
     return EvalReport("preference", str(ctx.run), rows, {"beta": options.beta, "loss_type": options.loss_type},
                       columns=("file", "pairs", "val_loss", *REWARDS))
 
