@@ -41,8 +41,7 @@ torch.set_num_threads(int(sys.argv[4]))
 clock = time.process_time if sys.argv[5] == "cpu" else time.perf_counter
 torch.manual_seed(0)
 case = next(c for c in speed.CASES if c.name == sys.argv[1])
-step_function = getattr(speed, "step_function", None) or speed._step_function  # a checkout from before its name
-model, step = step_function(case, sys.argv[2], sys.argv[3])
+model, step = speed.step_function(case, sys.argv[2], sys.argv[3])
 print("ready", flush=True)
 for _ in sys.stdin:
     start = clock()
@@ -69,6 +68,18 @@ class Worker:
     def close(self) -> None:
         self.process.stdin.close()
         self.process.wait()
+
+
+def checkout_problem(tree: Path) -> str | None:
+    """Why `tree` cannot be one side of the comparison (not an attnkit checkout, or one from before its harness named
+    `step_function`, the route to a row the worker calls), or None."""
+    speed = tree / "benchmarks" / "speed.py"
+    if not speed.is_file() or not (tree / "src" / "attnkit").is_dir():
+        return f"{tree} is not an attnkit checkout (no benchmarks/speed.py and src/attnkit)"
+    if "def step_function(" not in speed.read_text():
+        return (f"{tree}'s benchmarks/speed.py has no step_function (it is from before commit 3ca609c4): check out "
+                "a later commit")
+    return None
 
 
 def compare(trees: dict[str, Path], case: str, impl: str, dtype: str, args: argparse.Namespace) -> dict:
@@ -126,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
     for side, tree in trees.items():
-        if not (tree / "benchmarks" / "speed.py").is_file() or not (tree / "src" / "attnkit").is_dir():
-            parser.error(f"--{side} {tree} is not an attnkit checkout (no benchmarks/speed.py and src/attnkit)")
+        if (problem := checkout_problem(tree)) is not None:
+            parser.error(f"--{side} {problem}")
     cases = [c.name for c in CASES if c.kind == "generate" and (not args.only or c.name in args.only)]
     results = []
     for case in cases:
