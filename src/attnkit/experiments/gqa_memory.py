@@ -22,6 +22,7 @@ from attnkit.config import ModelConfig
 from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
 from attnkit.experiments.lm_runs import char_corpus, train_lm
 from attnkit.experiments.plots import fit_value_axis, new_figure, save, series, spread_legend
+from attnkit.layers.kv_cache import kv_bytes_per_position
 
 N_HEADS = 8
 ROUNDS = {"tiny": 2, "small": 5, "full": 7}  # timing rounds of decoding, the models taking turns
@@ -39,12 +40,6 @@ def decode_tokens_per_second(model: nn.Module, *, batch: int, prompt: int, new_t
         token = logits.argmax(-1, keepdim=True)  # (B, 1)
         logits = model(token, cache=cache).logits[:, -1]
     return batch * new_tokens / (time.perf_counter() - start)
-
-
-def kv_bytes_per_token(model: nn.Module, length: int = 256) -> int:
-    """The bytes per token of the KV cache `model` allocates for one sequence (every layer's keys and values)."""
-    cache = model.allocate_cache(1, length)
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers) // length
 
 
 def decode_speeds(models: list[nn.Module], *, rounds: int, **decoding: int) -> list[list[float]]:
@@ -108,8 +103,8 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
             if seed == 0:
                 models.append(log.model)
         losses.append(per_seed)
-        rows.append({"attention": f"{kind} {N_HEADS}/{kv_heads}", "KV bytes per token": kv_bytes_per_token(models[-1]),
-                     "val loss": statistics.fmean(per_seed)})
+        rows.append({"attention": f"{kind} {N_HEADS}/{kv_heads}",
+                     "KV bytes per token": kv_bytes_per_position(models[-1]), "val loss": statistics.fmean(per_seed)})
     progress.phase(f"timing decoding: {rounds} rounds of the four models in turn")
     speeds = decode_speeds(models, rounds=rounds, batch=8, prompt=256 - new_tokens, new_tokens=new_tokens)
     for index, row in enumerate(rows):

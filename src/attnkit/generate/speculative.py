@@ -48,7 +48,7 @@ from attnkit.generate.sampling import (
     process_logits,
     select_next_in_groups,
 )
-from attnkit.layers.kv_cache import KVCache
+from attnkit.layers.kv_cache import KVCache, kv_bytes_per_position
 from attnkit.machine import free_bytes, gib
 from attnkit.run_settings import DRAFT_TOKENS, check_draft_fits_context, check_draft_tokens
 
@@ -242,9 +242,8 @@ def check_speculation_fits(models: Sequence[nn.Module], batch: int, positions: i
     `positions` positions each, every position kept) and a round's scores (the target's over K + 1 positions, the
     draft's over K, fp32, with a working copy each) cannot fit in the memory free on `device` (as beam search checks
     its hypotheses, `Pipeline._check_search_fits`). A cache's size per position is read from one of a single
-    position, so every layout (GQA, windows, dtypes) counts as allocated."""
-    per_position = sum(sum(buffer.numel() * buffer.element_size() for layer in model.allocate_cache(
-        batch, 1, rolling=False).layers for buffer in (layer.keys, layer.values)) for model in models)
+    position (`kv_bytes_per_position`)."""
+    per_position = sum(kv_bytes_per_position(model, batch) for model in models)
     need = per_position * positions + 2 * batch * (2 * draft_tokens + 1) * vocab * 4
     free = free_bytes(device)
     if free is not None and need > free:

@@ -167,6 +167,11 @@ class KVCache:
         """How many positions the cache may reach."""
         return self.layers[0].max_len
 
+    @property
+    def nbytes(self) -> int:
+        """The memory its buffers take: every layer's keys and values, allocated whether written or not."""
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
+
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (B',) of every layer; the memory reordered alike is whatever the next step gives."""
         for layer in self.layers:
@@ -277,6 +282,13 @@ class StaticKVCache(KVCache):
         self.filled[:, position] = True
         for layer in self.layers:
             layer.length = position + 1
+
+
+def kv_bytes_per_position(model, batch_size: int = 1) -> int:
+    """The bytes one position of the KV cache `model.allocate_cache` gives `batch_size` rows takes (every layer's keys
+    and values), read from a cache of one position, every position kept (`rolling=False`), so each layout (GQA, MQA,
+    sliding windows, the cache's dtype) counts as it is allocated."""
+    return model.allocate_cache(batch_size, 1, rolling=False).nbytes
 
 
 def _check_room(max_len: int, needed: int) -> None:
