@@ -198,6 +198,13 @@ def _check_reference(topic: lectures.Topic) -> list[str]:
         problems.append("nothing covers it and no gap is stated")
     if not (topic.modules or topic.gap):  # each concept is a piece of attnkit: the index names where it lives
         problems.append("no module of attnkit named, and no gap says why")
+    for test in topic.tests:
+        file, _, name = test.partition("::")
+        path = ROOT / "tests" / file
+        if not (path.is_file() and re.search(rf"^def {re.escape(name)}\(", path.read_text(), re.MULTILINE)):
+            problems.append(f"no test {test} in tests/")
+    if not (topic.tests or topic.gap):  # what the lecture says is held by a test, or the gap says why not
+        problems.append("no test named, and no gap says why")
     return problems
 
 

@@ -746,8 +746,8 @@ COMMANDS: list[Command] = [
             "attnkit.experiments.base:ExperimentSettings", _run_experiment),
     Command("tune", "measure this machine's attention kernels and weight layouts into the profile the inference "
             "plan reads", "attnkit.generate.tune:TuneSettings", _run_tune),
-    Command("lectures", "walk each course's lectures, topic by topic, to the tutorial, code, experiment and "
-            "picture that cover it (gaps named)", "attnkit.lectures:LecturesSettings", _run_lectures),
+    Command("lectures", "walk each course's lectures, topic by topic, to the tutorial, code, experiment, tests "
+            "and picture that cover it (gaps named)", "attnkit.lectures:LecturesSettings", _run_lectures),
     Command("serve", "serve a run over HTTP: the OpenAI API (completions, chat, embeddings), its task's endpoint "
             "and the explorer page", "attnkit.serve.settings:ServeSettings", _run_serve, task=run_task,
             inapplicable="attnkit.serve.settings:inapplicable"),
