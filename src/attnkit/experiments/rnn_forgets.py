@@ -38,8 +38,8 @@ from attnkit import presets
 from attnkit.experiments.arms import Arm, is_number
 from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
 from attnkit.experiments.plots import fit_value_axis, new_figure, save, series, spread_legend
-from attnkit.experiments.rnn_transformer_cost import matched_recurrent, parameters
-from attnkit.models import build_model
+from attnkit.experiments.rnn_transformer_cost import matched_recurrent
+from attnkit.models import build_model, count_parameters
 from attnkit.train.optim import lr_factor, make_optimizer
 
 VOCAB = 8  # symbols; chance accuracy 1/8
@@ -180,7 +180,7 @@ def checks(accuracy: dict[tuple[str, int], list[float]], shortest: int, longest:
 def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
     s = SETTINGS[budget]
     max_len = max(s["distances"]) + s["scored"]
-    size = parameters(transformer(s["width"], max_len))
+    size = count_parameters(transformer(s["width"], max_len))
     accuracy: dict[tuple[str, int], list[float]] = {}  # (model, d) -> per seed
     losses: dict[tuple[str, int], list[float]] = {}
     sizes: dict[str, int] = {}
@@ -189,7 +189,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int) -> Result:
             for name in MODELS:
                 torch.manual_seed(1_000 * seed + distance)
                 model = build(name, s["width"], max_len, size)
-                sizes[name] = parameters(model)
+                sizes[name] = count_parameters(model)
                 desc = f"{name}, d={distance}, seed {seed}"
                 trained = partial(train_and_score, model, distance=distance, seed=seed, s=s, lr=LR,
                                   progress=progress, desc=desc)

@@ -42,7 +42,7 @@ from attnkit import presets
 from attnkit.config import RecurrentLMConfig
 from attnkit.experiments.base import Check, Progress, Result, Stored, experiment
 from attnkit.experiments.plots import fit_value_axis, log_log_axes, new_figure, save, series, spread_legend
-from attnkit.models import build_model
+from attnkit.models import build_model, count_parameters
 from attnkit.models.recurrent import RecurrentLM
 from attnkit.models.recurrent.rnn import Cell
 
@@ -57,10 +57,6 @@ SETTINGS = {  # Transformer width and layers, batch, lengths, timing rounds (the
     "full": dict(width=256, layers=4, batch=4, lengths=[16, 32, 64, 128, 256, 512, 1024, 2048], repeats=5),
     "gpu": dict(width=768, layers=6, batch=8, lengths=[64, 256, 1024, 2048, 4096], repeats=5),  # --device cuda
 }
-
-
-def parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def transformer(width: int, layers: int, max_len: int) -> nn.Module:
@@ -80,13 +76,13 @@ def matched_recurrent(target: int, *, embedding_dim: int, n_layers: int = 2, cel
                                              n_layers=n_layers, cell=cell, tie_embeddings=True))
 
     high = 1
-    while parameters(sized(high)) < target:  # double up to a width with enough parameters, then bisect
+    while count_parameters(sized(high)) < target:  # double up to a width with enough parameters, then bisect
         high *= 2
     low = high // 2 + 1
     while low < high:  # the smallest hidden width with at least `target` parameters
         mid = (low + high) // 2
-        low, high = (mid + 1, high) if parameters(sized(mid)) < target else (low, mid)
-    return min((sized(max(low - 1, 1)), sized(low)), key=lambda m: abs(parameters(m) - target))
+        low, high = (mid + 1, high) if count_parameters(sized(mid)) < target else (low, mid)
+    return min((sized(max(low - 1, 1)), sized(low)), key=lambda m: abs(count_parameters(m) - target))
 
 
 def prepare_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: int,
@@ -169,7 +165,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
     s = SETTINGS[budget]
     torch.manual_seed(0)
     models = {"Transformer": transformer(s["width"], s["layers"], max(s["lengths"]))}
-    models["LSTM"] = matched_recurrent(parameters(models["Transformer"]), embedding_dim=s["width"])
+    models["LSTM"] = matched_recurrent(count_parameters(models["Transformer"]), embedding_dim=s["width"])
     on_gpu = torch.device(device).type == "cuda"
     for model in models.values():
         model.to(device)
@@ -202,7 +198,7 @@ def run(budget: str, out: Path, progress: Progress, *, seeds: int, device: str =
         for length in s["lengths"]:
             seconds = statistics.median(times[(name, length)])
             attention_matrix = 4 * s["batch"] * heads * length * length * s["layers"] if name == "Transformer" else 0
-            rows.append({"model": name, "parameters": parameters(model), "T": length,
+            rows.append({"model": name, "parameters": count_parameters(model), "T": length,
                          "ms per step": 1e3 * seconds, "us per token": 1e6 * seconds / (s["batch"] * length),
                          "sequential steps": length if name == "LSTM" else s["layers"],
                          "saved for backward (MB)": saved[(name, length)] / 2**20,

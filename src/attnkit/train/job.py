@@ -272,7 +272,7 @@ def prepare(
         return _prepare(request, translate=translate, load_hf=load_hf)
     except BaseException:
         if writes:
-            release(request.out)  # puts back a run moved aside, and removes an `out` made for nothing
+            release(request.out, refused=True)  # `out` as it was: a run moved aside put back, what was made removed
         raise
 
 
@@ -355,10 +355,11 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
                               parallel=parallel, reference=source.frozen_model if source is not None else None)
     config = _fit_config(config, tokenizer, labels, keep_vocab=source is not None)
     reach = config.receptive_field  # a convolution's or a window's: what each prediction reads at most
-    log.info("model: %s, %s parameters%s", config.family, f"{count_parameters(config):,}",
+    n_model = count_parameters(config)
+    log.info("model: %s, %s parameters%s", config.family, f"{n_model:,}",
              f", receptive field {reach} tokens" if reach is not None else "")
-    n_parameters, frozen = _trained_parameters(config, settings)
-    reference = count_parameters(config) if spec.reference_copy and source is not None and not settings.lora_rank else 0
+    n_parameters, frozen = _trained_parameters(config, settings, n_model)
+    reference = n_model if spec.reference_copy and source is not None and not settings.lora_rank else 0
     check_fits(n_parameters, settings.dtype, device, force=request.force, frozen=frozen, reference=reference)
     seed_all(settings.seed)  # the weights do not depend on how much randomness data preparation used
     model = build_model(config, force=request.force)
@@ -378,18 +379,19 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
     )
 
 
-def _trained_parameters(config: ModelConfig, settings: TrainConfig) -> tuple[int, int]:
-    """(all the parameters, those --freeze or LoRA keeps frozen) of the model `config` builds, LoRA's adapters
-    included, counted on the meta device: the head modules count as training, as a fresh one does under LoRA."""
+def _trained_parameters(config: ModelConfig, settings: TrainConfig, n_model: int) -> tuple[int, int]:
+    """(all the parameters, those --freeze or LoRA keeps frozen) of the model `config` builds (`n_model` of its
+    own), LoRA's adapters included, counted on the meta device: the head modules count as training, as a fresh one
+    does under LoRA."""
     if not settings.init_from:  # nothing is frozen but in a fine-tune
-        return count_parameters(config), 0
+        return n_model, 0
     with torch.device("meta"):
         model = build_model(config, force=True)
         prepare_training(model, freeze=settings.freeze, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha,
                          lora_targets=settings.lora_targets, lora_dropout=settings.lora_dropout)
     frozen = sum(p.numel() for name, p in model.named_parameters()
                  if not p.requires_grad and name.split(".", 1)[0] not in HEAD_MODULES)
-    return sum(p.numel() for p in model.parameters()), frozen
+    return count_parameters(model), frozen
 
 
 def _init_source(request: TrainRequest, settings: TrainConfig, data_changes: dict[str, Any],
