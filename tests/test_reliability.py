@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from cli_helpers import tiny_runs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -207,3 +208,54 @@ def test_a_damaged_checkpoint_loads_or_is_refused_by_name_never_a_traceback(save
         pass  # refused by name: each case's message is held by the tests of the check that makes it
     finally:
         shutil.rmtree(directory)
+
+
+# A refused run leaves --out as it found it; a data file with no text is named ---------------------------------------
+TINY_TRAIN = ["--tokenizer", "char", "--preset", "gpt2-tiny", "--set", "n_layers=1", "d_model=16", "n_heads=2",
+              "d_ff=32", "max_seq_len=64", "--max-steps", "2", "--batch-size", "2", "--no-progress",
+              "--sample-tokens", "0"]
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under `root` (itself included), a file's bytes, None for a folder; {} where `root` is absent."""
+    paths = [root, *root.rglob("*")] if root.exists() else []
+    return {str(p.relative_to(root.parent)): p.read_bytes() if p.is_file() else None for p in paths}
+
+
+@pytest.mark.parametrize("place", ["new", "new and nested", "an empty folder", "a run, --overwrite"])
+def test_a_run_refused_after_its_data_is_read_leaves_out_as_it_found_it(tmp_path, capsys, place):
+    # the data is tokenized into out/cache, then found too short for one window: nothing may stay behind (the lock,
+    # the run's marker, the cache), and a run --overwrite was to replace is untouched
+    text = tmp_path / "short.txt"
+    text.write_text("a text too short for one window\n")
+    out = tmp_path / ("a/b/run" if place == "new and nested" else "run")
+    overwrite = []
+    if place == "an empty folder":
+        out.mkdir()
+    elif place == "a run, --overwrite":
+        config = ModelConfig(vocab_size=12, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=24)
+        save_model(build_model(config).eval(), config, out)
+        checkpoint_module.mark_run(out)
+        (out / "cache").mkdir()
+        (out / "cache" / "lm-old.bin").write_bytes(b"\0\1")
+        overwrite = ["--overwrite"]
+    before = tree(tmp_path / "a" if place == "new and nested" else out)
+    assert cli.main(["train", "--data", str(text), "--out", str(out), *TINY_TRAIN, *overwrite]) == 2
+    err = capsys.readouterr().err
+    assert f"the training split of {text} has" in err and "fewer than one window needs (65)" in err, err
+    assert tree(tmp_path / "a" if place == "new and nested" else out) == before
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("", "{path} holds no text (it is empty): give --data a file with the text to score"),
+    (" \n\t\r\n", "{path} holds no text (only white space): give --data a file with the text to score"),
+    ("a", "{path} holds 1 token(s), and perplexity predicts each token from those before it, so it needs at least 2"),
+])
+def test_attnkit_eval_names_a_data_file_with_no_text_to_score(tmp_path, capsys, content, message):
+    runs = tiny_runs(tmp_path)
+    path = tmp_path / "scored.txt"
+    path.write_text(content)
+    assert cli.main(["eval", str(runs["lm"]), "--data", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnkit: error: " + message.format(path=path)) and err.count("\n") == 1, err
+    assert not (runs["lm"] / "eval").exists()

@@ -164,9 +164,16 @@ class LMData:
             fixes = ["more text (--data)", "a shorter --seq-len"]
             if len(self.train) + len(self.val) >= 2 * need:
                 fixes.append(f"a {'smaller' if split == 'train' else 'larger'} --val-fraction")
-            raise InputError(f"the {name or split} split has {n} tokens, fewer than one window needs ({need}): give "
-                             f"{', '.join(fixes[:-1])} or {fixes[-1]}")
+            raise InputError(f"the {name or split} split{self._of_files()} has {n} tokens, fewer than one window "
+                             f"needs ({need}): give {', '.join(fixes[:-1])} or {fixes[-1]}")
         return n - seq_len
+
+    def _of_files(self) -> str:
+        """' of FILE' (' of N files, FIRST, ...') for the files the stream was read from; '' for ids given."""
+        files = [entry["path"] for entry in self.meta.get("files", [])]
+        if not files:
+            return ""
+        return f" of {files[0]}" if len(files) == 1 else f" of {len(files)} files ({files[0]}, ...)"
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ from attnkit.tasks.common import (
 from attnkit.tasks.reading import FRAME
 from attnkit.tasks.registry import EvalContext, HFClass, TaskCommand, TaskContext, TaskSpec, register
 from attnkit.tasks.report import EvalReport
-from attnkit.textfiles import read_text
+from attnkit.textfiles import EncodingErrors, read_text
 from attnkit.tokenize import SPECIAL_ROLES, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -448,8 +448,11 @@ def _perplexity_report(ctx: EvalContext) -> EvalReport:
     stride = ctx.settings.stride or max(window // 2, 1)
     rows = []
     for path in ctx.files:
-        text = read_text(path, errors=ctx.settings.encoding_errors)
+        text = _scored_text(path, ctx.settings.encoding_errors)
         ids = ctx.tokenizer.encode(text)
+        if len(ids) < 2:
+            raise InputError(f"{path} holds {len(ids)} token(s), and perplexity predicts each token from those "
+                             "before it, so it needs at least 2: give --data a longer text")
         nll = sliding_window_nll(ctx.model, ids, window=window, stride=stride, progress=ctx.progress,
                                  batch_size=max(1, LOGITS_BUDGET // (window * ctx.tokenizer.vocab_size)))
         chars, n_bytes = _scored_text_size(text, ids, ctx.tokenizer)
@@ -460,6 +463,16 @@ def _perplexity_report(ctx: EvalContext) -> EvalReport:
                       columns=("file", "tokens", "loss", "ppl", "chars", "char_ppl", "bits_per_byte"))
 
 
+def _scored_text(path: Path, errors: EncodingErrors) -> str:
+    """The text of an `attnkit eval --data` file; InputError naming the file when it holds none (empty, or only
+    white space, which would be scored as if it were text)."""
+    text = read_text(path, errors=errors)
+    if not text.strip():
+        raise InputError(f"{path} holds no text ({'it is empty' if not text else 'only white space'}): give --data a "
+                         "file with the text to score")
+    return text
+
+
 def _masked_lm_report(ctx: EvalContext) -> EvalReport:
     """Each file's tokens as one stream, in windows of `--window` tokens (default max_seq_len), masked from a
     generator seeded with `--seed` as training's evaluation masks its validation split."""
@@ -467,7 +480,7 @@ def _masked_lm_report(ctx: EvalContext) -> EvalReport:
     masking = MaskedWindows(ctx.tokenizer, seq_len)
     rows = []
     for path in ctx.files:
-        ids = ctx.tokenizer.encode(read_text(path, errors=ctx.settings.encoding_errors))
+        ids = ctx.tokenizer.encode(_scored_text(path, ctx.settings.encoding_errors))
         if len(ids) < masking.window + 1:  # a window's stream tokens, and one after them (`LMData` windows)
             fix = f"or --window {len(ids) + 1} or less" if len(ids) >= 2 else "(the shortest window, 3, needs 2)"
             raise InputError(f"{path} holds {len(ids)} tokens, fewer than a window of {seq_len} needs "

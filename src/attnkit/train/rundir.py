@@ -16,6 +16,9 @@ end of `Trainer.fit`) gives it up.
 
 The old run stays inside `out`: nothing is written outside the directory the user named, and a rename within one
 file system is atomic and instant whatever the run's size. `cache/` (tokenized data) is shared, never moved.
+A run refused before it trains (`release(out, refused=True)`: a bad option, data or config found after the claim)
+leaves `out` as it found it: what the claim and the refused run made there (the lock, the marker, `cache/` or new
+files in it) is removed, and so are `out` and the parents the claim created.
 Locks rely on flock(2): local file systems and NFS (Linux emulates flock with byte-range locks there).
 """
 
@@ -27,6 +30,7 @@ import os
 import shutil
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnkit.checkpoint import (
@@ -57,7 +61,20 @@ OWN_FOLDERS = (CHECKPOINTS_DIR, BEST_DIR, TOKENIZER_DIR, "plots")  # written and
 DERIVED = ("average-last-*", "averaged.json", "eval", "viz", "tensorboard", "hf_source.json")  # what attnkit
 # writes into a run after training (average, eval, viz, convert): replaced with the run, never left stale
 
-_held: dict[Path, tuple[int, bool]] = {}  # this process's claims: run directory -> (lock file descriptor, created)
+CACHE_DIR = "cache"  # tokenized data, kept across runs in one directory (`data.cache`)
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """What this process holds of a run directory: the lock's descriptor, the first folder the claim created (None:
+    `out` existed) and the names `out` and its `cache/` held before (what a refused run leaves)."""
+
+    fd: int
+    created: Path | None
+    before: frozenset[str]
+
+
+_held: dict[Path, _Claim] = {}  # this process's claims, by resolved run directory
 
 
 def claim(out: str | Path) -> None:
@@ -74,7 +91,8 @@ def claim(out: str | Path) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; a run is a directory: choose another --out")
     check_own_folders(out)
-    created = not out.exists()
+    created = next((folder for folder in reversed((out, *out.parents)) if not folder.exists()), None)
+    new_lock = not (out / LOCK_FILE).exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # never through a link
@@ -92,8 +110,9 @@ def claim(out: str | Path) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(),
               0)
-    _held[key] = (fd, created)
-    _settle_replaced(out)
+    _settle_replaced(out)  # before the names are taken: a run put back is one the claim found
+    before = frozenset() if created is not None else _names(out) - ({LOCK_FILE} if new_lock else set())
+    _held[key] = _Claim(fd, created, before)
 
 
 def check_own_folders(out: Path) -> None:
@@ -106,22 +125,54 @@ def check_own_folders(out: Path) -> None:
                           "(or choose another --out)")
 
 
-def release(out: str | Path) -> None:
+def release(out: str | Path, *, refused: bool = False) -> None:
     """Give up `out` (nothing when this process does not own it). A run moved aside by `--overwrite` comes back
-    when the new run has no checkpoint; a directory `claim` created and nothing else used is removed."""
+    when the new run has no checkpoint; a directory `claim` created and nothing else used is removed. `refused`
+    (the run stopped before it trained): everything the claim and the run made in `out` is removed as well, so
+    that `out` is as the claim found it."""
     out = Path(out)
     held = _held.pop(out.resolve(), None)
     if held is None:
         return
-    fd, created = held
     try:
         _settle_replaced(out)
-        if created and {p.name for p in out.iterdir()} <= {LOCK_FILE, RUN_MARKER}:
+        made = _names(out) - held.before
+        if refused:
+            for name in made:
+                _remove(out / name)
+        elif held.created is not None and made <= {LOCK_FILE, RUN_MARKER}:
             (out / RUN_MARKER).unlink(missing_ok=True)
             (out / LOCK_FILE).unlink()
-            out.rmdir()
+        if held.created is not None:
+            _remove_empty(out, up_to=held.created)
     finally:
-        os.close(fd)
+        os.close(held.fd)
+
+
+def _names(out: Path) -> frozenset[str]:
+    """The names in run directory `out`, and in its `cache/` as `cache/NAME`."""
+    cache = out / CACHE_DIR
+    cached = os.listdir(cache) if cache.is_dir() and not cache.is_symlink() else []
+    return frozenset(os.listdir(out)) | {f"{CACHE_DIR}/{name}" for name in cached}
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _remove_empty(folder: Path, *, up_to: Path) -> None:
+    """Remove `folder` and its parents up to `up_to` (all made by a claim) while they are empty."""
+    while True:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something else is there now
+            return
+        if folder == up_to or folder.parent == folder:
+            return
+        folder = folder.parent
 
 
 class owning:
