@@ -113,6 +113,18 @@ def bf16_dot_rows(linear: nn.Linear, x: Tensor) -> tuple[Tensor, Tensor]:
     return native_gemv.gemv_bf16_dot(linear.weight.detach(), x, bias), float64_linear(linear, x)
 
 
+def rounded_product(linear: nn.Linear, x: Tensor) -> tuple[Tensor, Tensor]:
+    """The bound dot product writing bf16 (`DenseProduct(x, torch.bfloat16)`, as a bf16 `NativeLinear` calls it), which
+    must equal its fp32 output converted by PyTorch bit for bit, against float64's product."""
+    linear = in_dtype(linear, x)
+    product = native_gemv.dense_product(linear.weight.detach(), None if linear.bias is None else
+                                        linear.bias.detach().float())
+    written, converted = product(x, torch.bfloat16), product(x).to(torch.bfloat16)
+    assert written.dtype == torch.bfloat16 and torch.equal(written.view(torch.int16), converted.view(torch.int16)), \
+        "the product's bf16 output differs from its fp32 output converted"
+    return written, float64_linear(linear, x)
+
+
 def bound_product(linear: nn.Linear, x: Tensor) -> tuple[Tensor, Tensor]:
     """One `DenseProduct` (the weight's checks and addresses taken once) called on the rows, on their first row alone
     (one call of one row after a call of several) and on the rows in the other dtype (bf16 rows: the dot product where
@@ -208,6 +220,8 @@ LINEAR_PATHS = [
                pinned=BF16_DOT_PINNED),
     LinearPath("native bf16 dot product", bf16_dot_rows, ("bf16",), unavailable=bf16_dot_unavailable,
                pinned=BF16_DOT_PINNED),
+    LinearPath("native bf16 dot product, written in bf16", rounded_product, ("bf16",),
+               unavailable=bf16_dot_unavailable, pinned=BF16_DOT_PINNED),
     LinearPath("int8-native", layer_and_reference(NativeInt8Linear, lambda layer, linear, x: layer.reference(x)),
                ("fp32", "bf16"), unavailable=native_gemv.unavailable, pinned=NATIVE_PINNED),
     LinearPath("int4-native", layer_and_reference(

@@ -204,11 +204,39 @@ def test_bf16_rows_go_through_the_dot_product_and_fp32_rows_are_widened(monkeypa
     expected = F.linear(x.double(), linear.weight.double(), linear.bias.double())
     with torch.no_grad():
         torch.testing.assert_close(NativeLinear(linear)(x).double(), expected, rtol=2**-8, atol=1e-5)
-        _refuse(monkeypatch, "gemv_bf16_dot")
-        with pytest.raises(AssertionError, match="gemv_bf16_dot called"):
+        _refuse(monkeypatch, "gemv_bf16_dot_to_bf16")  # the layer's bf16 output, written so by the kernel
+        with pytest.raises(AssertionError, match="gemv_bf16_dot_to_bf16 called"):
             NativeLinear(linear)(x)
+        _refuse(monkeypatch, "gemv_bf16_dot")  # the product's fp32 output
+        with pytest.raises(AssertionError, match="gemv_bf16_dot called"):
+            native_gemv.dense_product(linear.weight, linear.bias.float())(x)
         widened = native_gemv.gemv_bf16(linear.weight, x.float(), linear.bias.float())  # fp32 rows: not rounded
     torch.testing.assert_close(widened.double(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_the_dot_products_bf16_output_is_its_fp32_output_rounded_as_pytorch_rounds_it(monkeypatch):
+    """A bf16 layer's product writes bf16 itself (no conversion after the call); the numbers are those of the fp32
+    sums converted by PyTorch, bit for bit: ties to even, overflow to infinity, NaN, signed zeros, subnormals."""
+    _require_bf16_dot()
+    torch.manual_seed(0)
+    weight, bias = torch.randn(300, 37).bfloat16(), torch.randn(300)
+    special = torch.tensor([3e38, -3e38, float("nan"), 0.0, -0.0, 1e-39, float("inf")]).bfloat16()
+    weight[:7, 0], weight[:7, 1:] = special, 0  # rows whose sums are these (the bias kept apart: nan + 0 = nan)
+    rows = torch.randn(6, 37).bfloat16()
+    rows[:, 0] = torch.tensor([1.0, 2.0, -1.0, 0.5, 3.0, 1.0])
+    product = native_gemv.dense_product(weight, bias)
+    no_bias = native_gemv.dense_product(weight, None)
+    for bound in (product, no_bias):
+        written = bound(rows, torch.bfloat16)
+        assert written.dtype == torch.bfloat16
+        assert torch.equal(written.view(torch.int16), bound(rows).to(torch.bfloat16).view(torch.int16))
+    # sums exactly halfway between two bf16 numbers round to the even one, as PyTorch's conversion does
+    halfway = torch.tensor([[1.0 + 2**-8, 1.0 + 3 * 2**-8, -(1.0 + 2**-8)]])  # (1, 3): fp32 sums on a tie
+    tie = native_gemv.dense_product(torch.eye(3).bfloat16(), halfway[0] - 1)
+    assert torch.equal(tie(torch.ones(1, 3).bfloat16(), torch.bfloat16), halfway.to(torch.bfloat16))  # 1 + bias
+    _refuse(monkeypatch, "gemv_bf16_dot_to_bf16")
+    with torch.no_grad(), pytest.raises(AssertionError, match="gemv_bf16_dot_to_bf16 called"):
+        NativeLinear(nn.Linear(37, 300).bfloat16())(rows[:1])  # a bf16 layer's one row: written in bf16
 
 
 def test_where_the_bf16_build_fails_the_avx512_build_serves_without_the_dot_product(kernels_dir, monkeypatch):

@@ -196,9 +196,8 @@ class NativeLinear(GemvLinear):
         if x.numel() > self.max_rows * self.in_features:
             return self.rows(x)
         product = native_gemv.layer_product(self, bias="bias_fp32")  # bound again where `.to` replaced the tensors
-        out = product(x.reshape(-1, self.in_features))  # (M, N) fp32
-        out = out.view(*x.shape[:-1], self.out_features)
-        return out if x.dtype == torch.float32 else out.to(x.dtype)  # fp32 rows: no call to convert them
+        out = product(x.reshape(-1, self.in_features), x.dtype)  # (M, N): bf16 rows' written in bf16 where it can
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 def widen_bias(layer: NativeLinear, incompatible_keys: object = None) -> None:

@@ -11,7 +11,8 @@ inputs and arithmetic throughout:
     gemv_f32(weight, x, bias)                  weight (N, K) fp32
     gemv_bf16(weight, x, bias)                 weight (N, K) bf16, widened to fp32 as read; where the CPU reports
                                                AVX512-BF16 and x is bf16, bf16 pairs multiplied and summed into fp32
-                                               by its dot-product instruction (`vdpbf16ps`), unwidened
+                                               by its dot-product instruction (`vdpbf16ps`), unwidened, and by
+                                               its twin writing the sums rounded to bf16 for a bf16 layer
     gemv_i8(weight, scales, x, bias)           weight (N, K) int8, scales (N,) fp32: one per output row
     gemv_i4(codes, scales, offsets, x, bias)   codes (N, K / 2) uint8 (`pack_int4`), scales and offsets (N, K / 32)
                                                fp32: weights (code - 8) * scale + zero, offset = zero - 8 * scale
@@ -71,7 +72,10 @@ _SIGNATURES = {  # argument types of each exported function
     "gemv_i8": [_POINTER] * 5 + [_SIZE] * 3 + [_INT],
     "gemv_i4": [_POINTER] * 7 + [_SIZE] * 3 + [_INT],
     "gemv_bf16_dot": [_POINTER] * 4 + [_SIZE] * 3 + [_INT],  # the AVX512-BF16 build's only
+    "gemv_bf16_dot_to_bf16": [_POINTER] * 4 + [_SIZE] * 3 + [_INT],  # the same, its sums rounded to bf16
 }
+DOT_ONLY = ("gemv_bf16_dot", "gemv_bf16_dot_to_bf16")  # the kernels only the AVX512-BF16 build has
+ROUNDED = {"gemv_bf16_dot": "gemv_bf16_dot_to_bf16"}  # a kernel -> its twin writing its sums rounded to bf16
 
 
 def compiler() -> list[str] | str:
@@ -160,7 +164,7 @@ def _load(cc: list[str], build: str) -> ctypes.CDLL:
         _build(cc, build, path)
     library = ctypes.CDLL(str(path))
     for name, argtypes in _SIGNATURES.items():
-        if name == "gemv_bf16_dot" and build != "avx512_bf16":
+        if name in DOT_ONLY and build != "avx512_bf16":
             continue
         getattr(library, name).argtypes = argtypes
         getattr(library, name).restype = None
@@ -251,9 +255,11 @@ def _dense(kernel: str, weight: Tensor, x: Tensor, bias: Tensor | None, scales: 
 
 class DenseProduct:
     """x (M, K) @ weight^T + bias for one fp32, bf16 or int8 weight (N, K) (int8: times its `scales` (N,) fp32), bias
-    (N,) fp32 or None -> (M, N) fp32, with the weight's checks and addresses taken once, when a layer is built
-    (`decode_layout.NativeLinear`, `quantize.NativeInt8Linear`): a decoding step calls its products one row at a time,
-    where the Python around a kernel call rivals the kernel's own time.
+    (N,) fp32 or None -> (M, N) fp32, or in the `dtype` a call asks for, with the weight's checks and addresses taken
+    once, when a layer is built (`decode_layout.NativeLinear`, `quantize.NativeInt8Linear`): a decoding step calls its
+    products one row at a time, where the Python around a kernel call rivals the kernel's own time. A kernel with a
+    twin that rounds its sums to bf16 as it writes them (`ROUNDED`) serves a call asking for bf16 with no conversion
+    after it; the numbers are those of the fp32 output converted, bit for bit.
 
     kernels: the rows' dtype -> the kernel that reads rows of it ("gemv_f32", "gemv_bf16", "gemv_bf16_dot",
     "gemv_i8"), all of one weight dtype; rows of any other dtype are converted to the first one's. The product holds
@@ -274,6 +280,8 @@ class DenseProduct:
         self.out_features, self.in_features = self.weight.shape
         tables = _tables(self._names[self._fallback], self.weight, self.bias, self.scales)
         self._kernels = {dtype: functools.partial(_kernel(name), *tables) for dtype, name in self._names.items()}
+        self._rounded = {(dtype, torch.bfloat16): functools.partial(_kernel(ROUNDED[name]), *tables)
+                         for dtype, name in self._names.items() if name in ROUNDED}  # (rows, output) dtypes -> twin
         self._addresses = self._where()
 
     def _where(self) -> tuple[int, int | None, int | None]:
@@ -288,17 +296,20 @@ class DenseProduct:
         """Whether this product reads these tensors (a layer's, which `.to` or an assignment may have replaced)."""
         return self.weight is weight and self.bias is bias and self.scales is scales
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """x (M, K) -> (M, N) in `dtype`: written so by the kernel's rounding twin where it has one, else converted."""
         if self._where() != self._addresses:  # moved under the same tensors: the bound addresses may be freed
             self._bind()
-        kernel = self._kernels.get(x.dtype)
+        kernel, written = self._kernels.get(x.dtype), torch.float32
         if kernel is None or x.dim() != 2 or x.shape[1] != self.in_features or not (x.is_contiguous() and x.is_cpu):
             kernel = self._kernels[self._fallback]
             x = _rows(x, self.in_features, self._fallback)  # (M, K); refuses rows of another shape or device
+        elif dtype != written and (x.dtype, dtype) in self._rounded:
+            kernel, written = self._rounded[x.dtype, dtype], dtype
         rows = x.shape[0]
-        out = torch.empty(rows, self.out_features)
+        out = torch.empty(rows, self.out_features, dtype=written)
         kernel(x.data_ptr(), out.data_ptr(), rows, self.out_features, self.in_features, torch.get_num_threads())
-        return out
+        return out if written == dtype else out.to(dtype)
 
 
 def dense_product(weight: Tensor, bias: Tensor | None, scales: Tensor | None = None) -> DenseProduct:

@@ -12,7 +12,8 @@
  * 32, which the caller pads to). Output rows are shared among `threads` OpenMP threads.
  *
  * One source, three builds: AVX2 with FMA; AVX-512 (F, BW, VL, DQ), which widens the 4-bit product's vectors; and
- * AVX-512 with AVX512-BF16, which adds `gemv_bf16_dot` for bf16 rows of x.
+ * AVX-512 with AVX512-BF16, which adds `gemv_bf16_dot` for bf16 rows of x, and its twin `gemv_bf16_dot_to_bf16`
+ * writing each sum rounded to bf16 (a bf16 layer's output as it is returned, with no conversion after the call).
  * Built on first use by `attnkit/generate/native_gemv.py` with
  * the machine's C compiler and loaded through ctypes; `tests/fast_paths.py` holds each product equal to its
  * reference on drawn shapes.
@@ -190,10 +191,28 @@ static inline bvec bf16_load(const uint16_t *p, int64_t left) {
 }
 static inline bvec bf16_full(const uint16_t *p) { return (bvec)_mm256_loadu_si256((const __m256i *)p); }
 
+/* fp32 -> bf16 rounded to nearest even, every NaN to 0xFFFF: PyTorch's conversion of a tensor (`.to(torch.bfloat16)`,
+ * its vectorized loop), bit for bit */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0xFFFF;
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* y's element i set to v: fp32, or bf16 where `bf16_out` (the product's output in the rows' own dtype, so that a bf16
+ * layer needs no conversion after the call: a second operator call a layer, which rivals the product at one row) */
+static inline void put(void *y, int64_t i, float v, int bf16_out) {
+    if (bf16_out)
+        ((uint16_t *)y)[i] = float_to_bf16(v);
+    else
+        ((float *)y)[i] = v;
+}
+
 /* y[r * n] = W_row . x[r] + add for every row r of x (k apart): four rows of x at a time sharing each weight vector,
  * two sums a row; then one row at a time, four sums down the weight row */
-static void rows_bf16_dot(const uint16_t *w, const uint16_t *x, float *y, int64_t m, int64_t n, int64_t k,
-                          float add) {
+static void rows_bf16_dot(const uint16_t *w, const uint16_t *x, void *y, int64_t m, int64_t n, int64_t k, float add,
+                          int bf16_out) {
     int64_t r = 0;
     for (; r + 4 <= m; r += 4) {
         const uint16_t *x0 = x + r * k, *x1 = x0 + k, *x2 = x1 + k, *x3 = x2 + k;
@@ -211,8 +230,9 @@ static void rows_bf16_dot(const uint16_t *w, const uint16_t *x, float *y, int64_
             a0 = dot(a0, v, bf16_load(x0 + j, k - j)), a1 = dot(a1, v, bf16_load(x1 + j, k - j));
             a2 = dot(a2, v, bf16_load(x2 + j, k - j)), a3 = dot(a3, v, bf16_load(x3 + j, k - j));
         }
-        y[r * n] = hsum(vadd(a0, b0)) + add, y[(r + 1) * n] = hsum(vadd(a1, b1)) + add;
-        y[(r + 2) * n] = hsum(vadd(a2, b2)) + add, y[(r + 3) * n] = hsum(vadd(a3, b3)) + add;
+        put(y, r * n, hsum(vadd(a0, b0)) + add, bf16_out), put(y, (r + 1) * n, hsum(vadd(a1, b1)) + add, bf16_out);
+        put(y, (r + 2) * n, hsum(vadd(a2, b2)) + add, bf16_out);
+        put(y, (r + 3) * n, hsum(vadd(a3, b3)) + add, bf16_out);
     }
     for (; r < m; r++) {
         const uint16_t *xr = x + r * k;
@@ -225,15 +245,28 @@ static void rows_bf16_dot(const uint16_t *w, const uint16_t *x, float *y, int64_
             a3 = dot(a3, bf16_full(w + j + 3 * BF16_LANES), bf16_full(xr + j + 3 * BF16_LANES));
         }
         for (; j < k; j += BF16_LANES) a0 = dot(a0, bf16_load(w + j, k - j), bf16_load(xr + j, k - j));
-        y[r * n] = hsum(vadd(vadd(a0, a1), vadd(a2, a3))) + add;
+        put(y, r * n, hsum(vadd(vadd(a0, a1), vadd(a2, a3))) + add, bf16_out);
     }
+}
+
+static void bf16_dot(const uint16_t *w, const float *bias, const uint16_t *x, void *y, int64_t m, int64_t n, int64_t k,
+                     int threads, int bf16_out) {
+    size_t size = bf16_out ? sizeof(uint16_t) : sizeof(float);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t i = 0; i < n; i++)
+        rows_bf16_dot(w + i * k, x, (char *)y + i * size, m, n, k, bias ? bias[i] : 0.0f, bf16_out);
 }
 
 /* bf16 weights (N, K) against bf16 rows x (M, K) -> fp32 y (M, N) */
 void gemv_bf16_dot(const uint16_t *w, const float *bias, const uint16_t *x, float *y, int64_t m, int64_t n, int64_t k,
                    int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t i = 0; i < n; i++) rows_bf16_dot(w + i * k, x, y + i, m, n, k, bias ? bias[i] : 0.0f);
+    bf16_dot(w, bias, x, y, m, n, k, threads, 0);
+}
+
+/* the same, each fp32 sum rounded to bf16 as PyTorch rounds it -> bf16 y (M, N) */
+void gemv_bf16_dot_to_bf16(const uint16_t *w, const float *bias, const uint16_t *x, uint16_t *y, int64_t m, int64_t n,
+                           int64_t k, int threads) {
+    bf16_dot(w, bias, x, y, m, n, k, threads, 1);
 }
 #endif
 
