@@ -1,10 +1,12 @@
 """attnkit's sparse autoencoders against SAELens where both reach, on the same weights and activations: an SAE attnkit
 saves is read by SAELens's `SAE.load_from_disk` and encodes, decodes and rebuilds as attnkit's does (standard and
 TopK); the first training step's loss is SAELens's `training_forward_pass` loss terms (MSE, the L1 penalty, TopK's
-AuxK) in attnkit's scale-free units; and L0, the dead features and the explained variance (normalised MSE) are those
-SAELens's features and `evals.ExplainedVarianceCalculator` give. Skipped where SAELens is not installed (it needs
-transformer-lens < 4 and wandb among others, which attnkit does not; to run it, install it beside the environment:
-`pip install --target /tmp/saepkgs sae-lens` and `PYTHONPATH=/tmp/saepkgs`).
+AuxK) in attnkit's scale-free units; L0, the dead features and the explained variance (normalised MSE) are those
+SAELens's features and `evals.ExplainedVarianceCalculator` give; and on a tiny GPT-2 trained to count, loaded by
+attnkit and by TransformerLens's bridge, the losses clean, with the SAE spliced in and zero-ablated, and the loss
+recovered, are SAELens's `get_downstream_reconstruction_metrics` (its `ce_loss_score`) on the same tokens. Skipped
+where SAELens is not installed (it needs transformer-lens < 4 and wandb among others, which attnkit does not; to run
+it, install it beside the environment: `pip install --target /tmp/saepkgs sae-lens` and `PYTHONPATH=/tmp/saepkgs`).
 
 What differs by design is in docs/user-guide/inspect.md ("Against SAELens")."""
 
@@ -17,13 +19,24 @@ sae_lens = pytest.importorskip("sae_lens", reason=(
     "SAELens is not installed (pip install sae-lens; it brings transformer-lens < 4, wandb and other packages attnkit "
     "does not need, so it is not among attnkit's extras)"))
 
-from sae_lens.evals import ExplainedVarianceCalculator  # noqa: E402
+from sae_lens.evals import ExplainedVarianceCalculator, get_downstream_reconstruction_metrics  # noqa: E402
 from sae_lens.saes.sae import TrainStepInput  # noqa: E402
 from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig  # noqa: E402
 from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig  # noqa: E402
+from sae_lens.training.activation_scaler import ActivationScaler  # noqa: E402
+from transformer_lens_pairs import lens_pair  # noqa: E402
 
 import attnkit.inspect.sae as sae_module  # noqa: E402
-from attnkit.inspect.sae import SAEConfig, SparseAutoencoder, evaluate, save_sae, train_sae  # noqa: E402
+from attnkit.inspect import lm_batch  # noqa: E402
+from attnkit.inspect.sae import (  # noqa: E402
+    SAEConfig,
+    SparseAutoencoder,
+    evaluate,
+    point_activations,
+    save_sae,
+    spliced_loss,
+    train_sae,
+)
 
 D_IN, D_SAE, K = 16, 64, 4
 WEIGHTS = ("W_enc", "b_enc", "W_dec", "b_dec")
@@ -149,3 +162,74 @@ def test_l0_dead_features_and_explained_variance_are_those_of_sae_lens_features_
     # SAELens sums the squared errors in float32, attnkit in float64: equal to float32's precision
     assert metrics.explained_variance == pytest.approx(calculator.compute(), rel=1e-6)
     assert metrics.normalised_mse == pytest.approx(1 - calculator.compute(), rel=1e-6)
+
+
+CYCLE, LENGTH = 24, 16  # the counting task: token t + 1 follows token t, over ids 4 .. 27
+
+
+def counting(generator: torch.Generator, rows: int) -> torch.Tensor:
+    """(rows, LENGTH) ids counting up from random starts, wrapping after CYCLE."""
+    starts = torch.randint(CYCLE, (rows, 1), generator=generator)
+    return 4 + (starts + torch.arange(LENGTH)) % CYCLE
+
+
+def train_to_count(model: torch.nn.Module) -> None:
+    """60 Adam steps on the counting task, so that the residual stream carries what the next token needs."""
+    generator = torch.Generator().manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with torch.enable_grad():
+        for _ in range(60):
+            ids = counting(generator, 16)
+            loss = model(ids, labels=ids).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+@pytest.fixture(scope="module")
+def counting_pair(tmp_path_factory):
+    return lens_pair("gpt2", tmp_path_factory.mktemp("gpt2"), prepare=train_to_count)
+
+
+class Tokens:
+    """The one part of SAELens's ActivationsStore its evaluation reads: the next batch of token ids."""
+
+    def __init__(self, batches: list[torch.Tensor]) -> None:
+        self.batches = iter(batches)
+
+    def get_batch_tokens(self, rows: int) -> torch.Tensor:
+        batch = next(self.batches)
+        assert batch.shape[0] == rows
+        return batch
+
+
+@pytest.mark.parametrize("architecture", ["standard", "topk"])
+def test_the_spliced_loss_and_loss_recovered_are_sae_lens_evaluation(architecture, counting_pair, tmp_path):
+    """An SAE attnkit trained on block 0's output, spliced in by each library on the same tokens: the clean, spliced
+    and zero-ablated losses and the share recovered are SAELens's `ce_loss_without_sae`, `ce_loss_with_sae`,
+    `ce_loss_with_ablation` and `ce_loss_score` (every next-token loss of the rows, averaged over all batches)."""
+    model, bridge = counting_pair
+    generator = torch.Generator().manual_seed(1)
+    train_ids, held_out = counting(generator, 64), [counting(generator, 4) for _ in range(3)]
+    point = "blocks.0.resid_post"
+    train = [lm_batch(ids) for ids in train_ids.split(16)]
+    config = SAEConfig(32, 64, architecture, K if architecture == "topk" else None, l1_coefficient=0.05,
+                       hook_name=point)
+    sae = train_sae(config, lambda: point_activations(model, train, point), steps=60, lr=1e-2)[0].eval()
+    batches = [lm_batch(ids) for ids in held_out]
+    evaluation = torch.cat(list(point_activations(model, batches, point)))
+    reference = torch.cat(list(point_activations(model, train, point)))
+    ours = spliced_loss(model, sae, batches, evaluate(sae, [evaluation]), reference)
+
+    lens = sae_lens.SAE.load_from_disk(str(save_sae(sae, tmp_path / "sae")))
+    lens.cfg.metadata.hook_name = "blocks.0.hook_resid_post"  # TransformerLens's name for the same point
+    theirs = get_downstream_reconstruction_metrics(
+        lens, bridge, Tokens(held_out), ActivationScaler(), compute_kl=False, compute_ce_loss=True, n_batches=3,
+        eval_batch_size_prompts=4)
+    assert ours.clean_loss < 0.5 * ours.zero_ablated_loss  # the model counts, and needs the point to
+    assert ours.clean_loss < ours.spliced_loss < ours.zero_ablated_loss  # the SAE loses some, not all
+    assert ours.clean_loss == pytest.approx(theirs["ce_loss_without_sae"], rel=1e-5)
+    assert ours.spliced_loss == pytest.approx(theirs["ce_loss_with_sae"], rel=1e-5)
+    assert ours.zero_ablated_loss == pytest.approx(theirs["ce_loss_with_ablation"], rel=1e-5)
+    assert ours.loss_recovered_zero == pytest.approx(theirs["ce_loss_score"], rel=1e-4)
+    assert 0 < ours.loss_recovered_zero < 1

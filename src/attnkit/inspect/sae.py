@@ -11,7 +11,8 @@ Elhage et al. 2022) come apart.
 The metrics are Anthropic's and Gao et al.'s: L0 (features active per activation), the share of dead features
 (never active on the evaluation activations), the normalised MSE ||x - x^||^2 / ||x - mean x||^2 (explained variance:
 1 minus it), and the model's own loss with the reconstruction spliced in at the point, beside its clean loss and its
-loss with the point mean-ablated ("loss recovered": 1 = the SAE loses nothing, 0 = no better than the mean).
+loss with the point mean-ablated ("loss recovered": 1 = the SAE loses nothing, 0 = no better than the mean) and
+zero-ablated (the baseline of SAELens's `ce_loss_score`, `loss_recovered_zero`).
 
 An SAE is saved as SAELens saves one: a directory with `cfg.json` (d_in, d_sae, architecture "standard" or "topk",
 k, apply_b_dec_to_input, normalize_activations, meta.hook_name ...) and `sae_weights.safetensors` (W_enc (C, F),
@@ -36,7 +37,7 @@ from torch import Tensor, nn
 
 from attnkit.checkpoint import load_tensors, read_json, save_tensors
 from attnkit.errors import CheckpointError, InputError
-from attnkit.inspect.edits import mean_ablate
+from attnkit.inspect.edits import mean_ablate, zero_ablate
 from attnkit.inspect.inputs import Batch, check_batch, token_losses
 from attnkit.inspect.points import HookPoint, evaluated, module_of, resolve
 from attnkit.models.modes import evaluating
@@ -121,18 +122,30 @@ class SAEMetrics:
     explained_variance: float
     clean_loss: float | None = None
     spliced_loss: float | None = None
-    ablated_loss: float | None = None
+    ablated_loss: float | None = None  # the point mean-ablated
+    zero_ablated_loss: float | None = None  # the point set to 0, as SAELens's evaluation ablates it
 
     @property
     def loss_recovered(self) -> float | None:
-        if self.spliced_loss is None or self.ablated_loss is None or self.clean_loss is None:
+        """(ablated - spliced) / (ablated - clean), against the mean ablation."""
+        return self.recovered(self.ablated_loss)
+
+    @property
+    def loss_recovered_zero(self) -> float | None:
+        """The same against the zero ablation: SAELens's `ce_loss_score`."""
+        return self.recovered(self.zero_ablated_loss)
+
+    def recovered(self, ablated: float | None) -> float | None:
+        """The share of the loss the ablation costs that the SAE gives back; None before `spliced_loss`, or when the
+        ablation costs nothing."""
+        if self.spliced_loss is None or ablated is None or self.clean_loss is None:
             return None
-        gap = self.ablated_loss - self.clean_loss
-        return (self.ablated_loss - self.spliced_loss) / gap if abs(gap) > 1e-12 else None
+        gap = ablated - self.clean_loss
+        return (ablated - self.spliced_loss) / gap if abs(gap) > 1e-12 else None
 
     def row(self) -> dict:
-        return {**{k: (None if v is None else round(v, 4)) for k, v in asdict(self).items()},
-                "loss_recovered": None if self.loss_recovered is None else round(self.loss_recovered, 4)}
+        scores = {"loss_recovered": self.loss_recovered, "loss_recovered_zero": self.loss_recovered_zero}
+        return {k: (None if v is None else round(v, 4)) for k, v in {**asdict(self), **scores}.items()}
 
 
 def train_sae(config: SAEConfig, batches: Callable[[], Iterable[Tensor]], *, steps: int, lr: float = 1e-3,
@@ -235,7 +248,8 @@ def splice(sae: SparseAutoencoder):
 def spliced_loss(model: nn.Module, sae: SparseAutoencoder, batches: list[Batch], metrics: SAEMetrics,
                  reference: Tensor) -> SAEMetrics:
     """`metrics` with the model's mean loss on the batches' targets clean, with the SAE spliced in at its point,
-    and with the point mean-ablated over `reference` (the point's activations, (N, C))."""
+    with the point mean-ablated over `reference` (the point's activations, (N, C)), and with it set to 0. Every
+    target counts once, as SAELens's `get_downstream_reconstruction_metrics` averages its per-token losses."""
     model = module_of(model)
     point = sae.config.hook_name
     mean = mean_ablate(reference.reshape(1, -1, reference.shape[-1]))
@@ -249,7 +263,7 @@ def spliced_loss(model: nn.Module, sae: SparseAutoencoder, batches: list[Batch],
     if any(b.labels is None for b in batches):
         raise InputError("the spliced loss scores the model's predictions: give batches with targets")
     return SAEMetrics(metrics.l0, metrics.dead_share, metrics.normalised_mse, metrics.explained_variance,
-                      loss({}), loss({point: splice(sae)}), loss({point: mean}))
+                      loss({}), loss({point: splice(sae)}), loss({point: mean}), loss({point: zero_ablate()}))
 
 
 def save_sae(sae: SparseAutoencoder, directory: str | Path, *, record: dict | None = None) -> Path:
