@@ -8,6 +8,7 @@ the warnings it means to show are declared in EXPECTED_WARNINGS with the reason.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -75,8 +76,37 @@ def test_tutorial_checks_itself_against_attnkit_and_cites_its_lecture(path):
     assert any(course in text for course in COURSES), f"{path.name} names none of the courses {COURSES}"
     assert "ATTNKIT_TUTORIAL_BUDGET" in text, f"{path.name} has no budget switch"
     exercises = text.partition("\n# ## Exercises\n")[2]
-    assert re.search(r"^assert check", exercises, re.M), f"{path.name} has no exercises held to their solutions"
-    assert re.search(r"^assert not check", exercises, re.M), f"{path.name}'s exercise checks never say wrong"
+    checks = re.findall(r"^def (check_\w+)\(", exercises, re.M)
+    right, wrong = held_to(exercises)
+    assert not [c for c in checks if c not in right], f"{path.name}: checks never held to their solution"
+    assert not [c for c in checks if c not in wrong], \
+        f"{path.name}: checks never held to a wrong answer, which could say right to anything: " \
+        f"{[c for c in checks if c not in wrong]}"
+
+
+def held_to(code: str) -> tuple[set[str], set[str]]:
+    """The checks an `assert` of `code` holds to be right (`assert check_1(...)`, `... and check_2(...)`) and those
+    it holds to be wrong (`assert not check_1(...)`), in any chain of `and`s."""
+    right, wrong = set(), set()
+    for node in ast.walk(ast.parse(code)):
+        if not isinstance(node, ast.Assert):
+            continue
+        stack = [(node.test, False)]
+        while stack:
+            expression, negated = stack.pop()
+            if isinstance(expression, ast.BoolOp) and isinstance(expression.op, ast.And) and not negated:
+                stack += [(value, negated) for value in expression.values]
+            elif isinstance(expression, ast.UnaryOp) and isinstance(expression.op, ast.Not):
+                stack.append((expression.operand, not negated))
+            elif isinstance(expression, ast.Call) and getattr(expression.func, "id", "").startswith("check_"):
+                (wrong if negated else right).add(expression.func.id)
+    return right, wrong
+
+
+def test_held_to_reads_each_check_of_an_and_chain_and_not_one_under_a_negated_or():
+    right, wrong = held_to("assert check_1(a) and check_2(b)\nassert not check_1(c) and not check_3(d)\n"
+                           "assert not (check_4(e) and check_5(f))\nassert check_6(g) or check_7(h)\n")
+    assert (right, wrong) == ({"check_1", "check_2"}, {"check_1", "check_3"})
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

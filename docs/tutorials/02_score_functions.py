@@ -299,5 +299,6 @@ def entropy_solution(weights):
 assert check_1(lambda D: D**-0.5) and check_2(torch.eye)
 assert check_3(entropy_solution) and check_4("lower")
 assert not check_1(lambda D: 1 / D)  # a wrong answer: the variance would be 1/D
+assert not check_2(lambda D: torch.ones(D, D))  # every coordinate of q times every one of k: not the dot product
 assert not check_3(lambda weights: -(weights * weights.log()).sum(-1))  # 0 log 0 = nan: the masked row is wrong
 assert not check_4("about the same")

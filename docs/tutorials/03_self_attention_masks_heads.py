@@ -390,6 +390,7 @@ def window_solution(T, window):
 assert check_1(lambda c: math.exp(c) / (3 + math.exp(c)))
 assert check_2(lambda L, delta: 1 / (1 + (L - 1) * math.exp(-delta)))
 assert check_3("are shuffled the same way") and check_4(window_solution)
+assert not check_1(lambda c: c / (3 + c))  # a wrong answer: the scores shared out without the softmax's exp
 assert not check_2(lambda L, delta: 1 / (1 + L * math.exp(-delta)))  # a wrong answer: counts the B among the As
 assert not check_3("stay as they were")
 assert not check_4(lambda T, window: torch.ones(T, T).tril().bool())  # causal, but no window

@@ -395,5 +395,6 @@ assert check_1(lambda h, n_heads, n_kv_heads: h // (n_heads // n_kv_heads))
 assert check_2(lambda layers, kv, dim, tokens, size: 2 * layers * kv * dim * tokens * size)
 assert check_3(gqa_parameters_solution) and check_4("changed")
 assert not check_1(lambda h, n_heads, n_kv_heads: h % n_kv_heads)  # a wrong answer: round robin, not groups
+assert not check_2(lambda layers, kv, dim, tokens, size: layers * kv * dim * tokens * size)  # keys, no values
 assert not check_3(lambda c, n_heads, n_kv_heads: 4 * c * c)  # multi-head attention's count: no sharing
 assert not check_4("unchanged")

@@ -340,6 +340,7 @@ def mlm_loss_solution(logits, targets):
 assert check_1(0.15 * 0.8) and check_2(0.15 * 0.1)
 assert check_3("no") and check_4(mlm_loss_solution)
 assert not check_1(0.15)  # a wrong answer: chosen is not masked
+assert not check_2(0.1)  # a wrong answer: 10% of the chosen 15%, not of every token
 assert not check_3("yes")
 assert not check_4(lambda logits, targets: torch.nn.functional.cross_entropy(logits.transpose(1, 2),
                                                                              targets.clamp(min=0)))  # -100 counted

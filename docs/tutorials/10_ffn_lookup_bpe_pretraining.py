@@ -626,6 +626,7 @@ def turns_labels_solution(pairs):
 u = (2 * 0.99 + math.sqrt((2 * 0.99) ** 2 + 4 * 0.01 * 2 * 0.99)) / (2 * 0.01)
 assert check_1(apply_merges_solution) and check_2(math.log(u))
 assert check_3(pair_counts_solution) and check_4("one-hot on the best match")
+assert not check_1(lambda word, merges: apply_merges_solution(word, merges[::-1]))  # the merges out of order
 assert not check_2(math.log(99))  # a wrong answer: as if SLP competed with one other book
 assert not check_3(lambda counts: Counter(p for word in counts for p in zip(word, word[1:], strict=False)))  # once each
 assert not check_4("uniform over the books")
