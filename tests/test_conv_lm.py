@@ -115,11 +115,35 @@ def test_equals_a_stack_built_by_hand_from_conv1d(kernel_size, dilations):
 
 
 def test_left_padding_and_the_generation_state_equal_each_row_alone():
-    """Stepping a token at a time through `ConvState` (which keeps R - 1 tokens) over a text longer than R, with the
-    shorter row left-padded, gives each row the logits of a pass over it alone."""
+    """Stepping a token at a time through `ConvState` (each block's last (k - 1) d inputs) over a text longer than R,
+    with the shorter row left-padded, gives each row the logits of a pass over it alone."""
     model = _model()
     state = assert_steps_through_the_state_equal_each_row_alone(model, VOCAB)
-    assert state.ids.shape[1] == model.receptive_field - 1
+    assert [state.inputs[i].shape for i in range(3)] == [(2, 8, 2 * d) for d in (1, 2, 4)]
+
+
+def test_a_cached_step_convolves_only_the_new_token_with_each_blocks_past_inputs():
+    """Fast WaveNet generation: a step's convolution in each block reads (k - 1) d cached inputs and the new one,
+    not the whole receptive field again, and its logits equal those of a pass over the whole text (float64)."""
+    model = _model(kernel_size=3, dilations=(1, 2, 4, 8)).double()  # R = 31
+    ids = torch.randint(0, VOCAB, (2, 50))
+    widths = []
+    hooks = [block.conv.conv.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[2]))
+             for block in model.blocks]
+    state = model.allocate_cache(2)
+    with torch.no_grad():
+        whole = model(ids).logits
+        widths.clear()
+        steps = [model(ids[:, :5], cache=state).logits]
+        assert widths == [2 * d + 5 for d in (1, 2, 4, 8)]  # the prefill: zeros before the text, then 5 tokens
+        for t in range(5, ids.shape[1]):
+            widths.clear()
+            steps.append(model(ids[:, t:t + 1], cache=state).logits)
+            assert widths == [2 * d + 1 for d in (1, 2, 4, 8)]
+    for hook in hooks:
+        hook.remove()
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=1e-12, atol=1e-12)
+    assert state.length == 50
 
 
 def test_greedy_generation_equals_recomputation_past_the_context():

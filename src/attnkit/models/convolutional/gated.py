@@ -18,6 +18,7 @@ normalisation.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -31,9 +32,11 @@ class CausalConv1d(nn.Module):
         self.left = (kernel_size - 1) * dilation  # positions each output reaches back
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x (B, C_in, T) -> (B, C_out, T)."""
-        return self.conv(F.pad(x, (self.left, 0)))  # (B, C_in, left + T) -> (B, C_out, T)
+    def forward(self, x: Tensor, past: Tensor | None = None) -> Tensor:
+        """x (B, C_in, T) -> (B, C_out, T). past (B, C_in, left): the inputs just before x (a decoding step's
+        `ConvState`); None reads zeros there, the text before the first token."""
+        padded = F.pad(x, (self.left, 0)) if past is None else torch.cat((past, x), dim=2)  # (B, C_in, left + T)
+        return self.conv(padded)  # (B, C_in, left + T) -> (B, C_out, T)
 
 
 class GatedConvBlock(nn.Module):
@@ -45,7 +48,8 @@ class GatedConvBlock(nn.Module):
         self.conv = CausalConv1d(d_model, 2 * d_model, kernel_size, dilation)  # W and V as one convolution
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x (B, C, T) -> (B, C, T)."""
-        gated = F.glu(self.conv(x), dim=1)  # (B, 2C, T) -> (B, C, T): A * sigmoid(G)
+    def forward(self, x: Tensor, past: Tensor | None = None) -> Tensor:
+        """x (B, C, T) -> (B, C, T); past (B, C, (k - 1) d): the block's inputs before x, as `CausalConv1d` reads
+        them."""
+        gated = F.glu(self.conv(x, past), dim=1)  # (B, 2C, T) -> (B, C, T): A * sigmoid(G)
         return x + self.dropout(gated)

@@ -9,9 +9,10 @@ R = 1 + (k - 1) * sum_l d_l, and on nothing before them. There are no positions:
 Padding: an attention mask zeroes the padded columns before every block, so left padding reads as the zeros that
 stand for the text before the first token, and a left-padded row computes what it computes alone.
 
-Generation: `ConvState` keeps the last R - 1 tokens read, and each step runs the whole stack again over them and the
-new tokens (a full recompute of R positions a step, not a cache of each layer's past inputs, as fast WaveNet
-generation keeps). Since nothing further back reaches the output, this equals a forward pass over the whole text.
+Generation: `ConvState` keeps each block's last (k - 1) d_l inputs, the queues of fast WaveNet generation (Paine et
+al. 2016, "Fast Wavenet Generation Algorithm"), so a step convolves only the new positions with what each block read
+before: a token costs one kernel's taps a block, whatever the length of the text. Since nothing further back reaches
+the output, this equals a forward pass over the whole text.
 """
 
 from __future__ import annotations
@@ -27,21 +28,29 @@ from attnkit.models.stateful_lm import StatefulLM, step_mask
 
 
 class ConvState:
-    """The last `receptive_field - 1` tokens read, ids (B, R - 1) with their mask (B, R - 1), and how many tokens
-    have been read; updated in place by the model, like a KV cache. Its size never depends on the length of the text,
-    so generation never slides a window (`max_len` None, as a recurrent state's)."""
+    """Each block's last (k - 1) d_l inputs, (B, C, (k - 1) d_l) a block (zeros before the first token), and how many
+    tokens have been read; updated in place by the model, like a KV cache. Its size never depends on the length of
+    the text, so generation never slides a window (`max_len` None, as a recurrent state's)."""
 
     max_len = None
 
     def __init__(self) -> None:
-        self.ids: Tensor | None = None
-        self.mask: Tensor | None = None
+        self.inputs: dict[int, Tensor] = {}  # block index -> its last inputs (B, C, (k - 1) d)
         self.length = 0
+
+    def past(self, block: int, x: Tensor, reach: int) -> Tensor:
+        """The `reach` inputs of block `block` before x (B, C, T), (B, C, reach) (zeros before the first token);
+        keeps the last `reach` of them and x for the next step."""
+        before = self.inputs.get(block)
+        if before is None:
+            before = x.new_zeros(x.shape[0], x.shape[1], reach)  # (B, C, reach): the text before the first token
+        seen = torch.cat((before, x), dim=2)  # (B, C, reach + T)
+        self.inputs[block] = seen[:, :, seen.shape[2] - reach:]  # (B, C, reach)
+        return before
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (B',), e.g. the surviving hypotheses of beam search."""
-        if self.ids is not None:
-            self.ids, self.mask = self.ids.index_select(0, index), self.mask.index_select(0, index)
+        self.inputs = {block: inputs.index_select(0, index) for block, inputs in self.inputs.items()}
 
 
 class ConvLM(StatefulLM):
@@ -82,33 +91,27 @@ class ConvLM(StatefulLM):
             padding carry no meaning). A wider mask, (B, S + T) over the tokens already read and these (a KV cache's
             convention), is cut to its last T columns.
         position_ids: accepted for the decoder's call signature and unused: the kernels' taps are relative.
-        cache: the `ConvState` to continue from; updated in place to hold the last receptive_field - 1 tokens.
+        cache: the `ConvState` to continue from; updated in place to hold each block's last inputs.
         """
         check_token_ids(input_ids, self.vocab_size)
-        new = input_ids.shape[1]
         mask = step_mask(attention_mask, input_ids)  # bool (B, T), or None: no padding
-        state = cache if cache is not None else ConvState()
-        ids = input_ids
-        if state.ids is not None:  # the tokens read before, within reach of the new ones
-            ids = torch.cat((state.ids, input_ids), dim=1)  # (B, R - 1 + T)
-            new_mask = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask
-            mask = torch.cat((state.mask, new_mask), dim=1)
-        if cache is not None:
-            keep = self.receptive_field - 1
-            state.ids = ids[:, -keep:]
-            state.mask = torch.ones_like(state.ids, dtype=torch.bool) if mask is None else mask[:, -keep:]
-            state.length += new
-        return self.body(ids, mask)[:, -new:], state  # (B, T, C)
+        hidden = self.body(input_ids, mask, cache)
+        if cache is None:
+            return hidden, ConvState()
+        cache.length += input_ids.shape[1]
+        return hidden, cache
 
-    def body(self, input_ids: Tensor, mask: Tensor | None) -> Tensor:
-        """input_ids (B, L), mask (B, L) bool or None -> hidden states (B, L, C)."""
+    def body(self, input_ids: Tensor, mask: Tensor | None, state: ConvState | None = None) -> Tensor:
+        """input_ids (B, T), mask (B, T) bool or None -> hidden states (B, T, C); with `state`, each block reads its
+        inputs before these from it (and leaves these there) instead of zeros."""
         keep = None if mask is None or bool(mask.all()) else mask[:, None, :].to(self.embedding.weight.dtype)
-        x = self.dropout(self.embedding(input_ids)).transpose(1, 2)  # (B, L, C) -> (B, C, L): channels first
-        for block in self.blocks:
-            x = block(x if keep is None else x * keep)  # padding reads as the zeros before a text
-        return x.transpose(1, 2)  # (B, C, L) -> (B, L, C)
+        x = self.dropout(self.embedding(input_ids)).transpose(1, 2)  # (B, T, C) -> (B, C, T): channels first
+        for index, block in enumerate(self.blocks):
+            x = x if keep is None else x * keep  # padding reads as the zeros before a text
+            x = block(x, None if state is None else state.past(index, x, block.conv.left))
+        return x.transpose(1, 2)  # (B, C, T) -> (B, T, C)
 
     def allocate_cache(self, batch_size: int, max_len: int | None = None) -> ConvState:
         """An empty state for `batch_size` rows (called as a KV cache is allocated); its size never depends on
-        `max_len`, the steps to come: it holds the last receptive_field - 1 tokens however long the text."""
+        `max_len`, the steps to come: it holds each block's last (k - 1) d inputs however long the text."""
         return ConvState()
