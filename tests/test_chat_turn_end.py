@@ -152,3 +152,31 @@ def test_the_sample_after_a_chat_run_ends_at_its_templates_end_of_turn(tmp_path,
                      "d_ff=64", "max_seq_len=64"]) == 0
     tok = load_tokenizer(tmp_path / "tokenizer")
     assert fed == [[tok.encode_with_specials("<|im_end|>")[0]]]
+
+
+def test_the_chat_api_ends_a_reply_at_the_end_of_turn_of_the_template_the_pipeline_holds_now(chatml_run, monkeypatch):
+    """An application serving a `Pipeline` replaces its chat template: the reply ends at the new template's end of
+    turn and no longer at the old one's (read once when the server started, it stayed ChatML's <|im_end|>)."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from serve_helpers import running_server
+
+    import attnkit.generate
+
+    served, load = [], attnkit.generate.load
+    monkeypatch.setattr(attnkit.generate, "load", lambda *a, **kw: served.append(load(*a, **kw)) or served[-1])
+    body = {"messages": [{"role": "user", "content": "yes or no?"}], "temperature": 0, "max_tokens": 4}
+    with running_server(chatml_run) as (url, _):
+        pipeline = served[0]
+        chatml = pipeline.chat_template
+
+        def reply() -> tuple[str, str, int]:
+            answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+            choice = answer["choices"][0]
+            return choice["message"]["content"], choice["finish_reason"], answer["usage"]["completion_tokens"]
+
+        assert reply() == ("", "stop", 0)  # <|im_end|> at once (a stop token is not returned)
+        pipeline.chat_template = ChatTemplate(LLAMA3)  # its turn ends at <|eot_id|>: <|im_end|> is a token like others
+        assert reply() == ("", "length", 4)  # four <|im_end|>, special tokens the text leaves out (as vLLM's)
+        pipeline.chat_template = chatml
+        assert reply() == ("", "stop", 0)

@@ -72,6 +72,21 @@ def drain(scheduler: Scheduler, limit: int = 300) -> None:
     raise AssertionError(f"the jobs did not end within {limit} iterations")
 
 
+def first_three(target, prompt: list[int], sampling: SamplingConfig) -> torch.Tensor:
+    """The exact joint distribution (V ** 3,) of the first three tokens the target draws after `prompt`, the
+    tokens (a, b, c) at a * V ** 2 + b * V + c."""
+    vocab = target.lm_head.out_features
+
+    def probs(prefixes: list[list[int]]) -> torch.Tensor:  # (N, V): the next token's distribution after each
+        return process_logits(target(torch.tensor(prefixes)).logits[:, -1], sampling).softmax(-1).double()
+
+    with torch.no_grad():
+        first = probs([prompt])[0]
+        second = probs([prompt + [a] for a in range(vocab)])  # (V, V)
+        third = probs([prompt + [a, b] for a in range(vocab) for b in range(vocab)]).view(vocab, vocab, vocab)
+        return (first[:, None, None] * second[:, :, None] * third).flatten()
+
+
 @pytest.mark.parametrize("same", [True, False], ids=["draft-is-target", "other-draft"])
 def test_rows_joining_at_any_round_get_the_targets_greedy_tokens(models, same):
     target, other = models
@@ -159,14 +174,7 @@ def test_sampled_rows_that_keep_different_drafts_follow_the_targets_distribution
     scheduler, speculative = schedulers(target, draft, draft_tokens=2, max_rows=48)
     prompt, sampling = [1, 4, 2], SamplingConfig(temperature=0.8)
 
-    def probs(prefixes: list[list[int]]) -> torch.Tensor:  # (N, V): the next token's distribution after each
-        return process_logits(target(torch.tensor(prefixes)).logits[:, -1], sampling).softmax(-1).double()
-
-    with torch.no_grad():  # the exact joint distribution of the first three new tokens, (V ** 3,)
-        first = probs([prompt])[0]
-        second = probs([prompt + [a] for a in range(vocab)])  # (V, V)
-        third = probs([prompt + [a, b] for a in range(vocab) for b in range(vocab)]).view(vocab, vocab, vocab)
-        exact = (first[:, None, None] * second[:, :, None] * third).flatten()
+    exact = first_three(target, prompt, sampling)
     torch.manual_seed(0)  # unseeded rows draw from torch's generator
     counts = torch.zeros(vocab ** 3, dtype=torch.float64)
     for _ in range(20):
@@ -521,3 +529,46 @@ def test_a_choice_that_ended_beside_one_that_kept_every_draft_leaves_the_round_w
     for request in requests:
         assert request.reasons == ["stop", "length"] and [len(tokens) for tokens in request.tokens] == [1, 20]
         assert all(0 <= token < 4 for token in request.tokens[1])
+
+
+def test_choices_of_one_request_that_stop_at_different_tokens_each_follow_the_targets_distribution():
+    """The choices of one sampled request advance by the fewest drafts any open one kept, and end at different
+    tokens (a stop token ends one while the other goes on, its row still in the batch): each choice's first three
+    tokens, cut after a stop token, are drawn as the target alone draws them."""
+    from scipy.stats import chisquare
+
+    vocab, stop = 5, 0
+    target = tiny_model(position="rope", vocab_size=vocab, seed=3)[0]
+    draft = tiny_model(position="rope", vocab_size=vocab, seed=4, n_layers=1)[0]
+    scheduler, speculative = schedulers(target, draft, draft_tokens=2, max_rows=48)
+    prompt, sampling = [1, 4, 2], SamplingConfig(temperature=1.2)
+
+    def cut(tokens) -> tuple[int, ...]:  # a text's first three tokens, ended by the stop token
+        tokens = list(tokens)[:3]
+        return tuple(tokens[:tokens.index(stop) + 1] if stop in tokens else tokens)
+
+    exact: dict[tuple[int, ...], float] = {}  # the first three tokens' distribution, each cut after a stop token
+    for flat, p in enumerate(first_three(target, prompt, sampling).tolist()):
+        key = cut([flat // vocab ** 2, flat // vocab % vocab, flat % vocab])
+        exact[key] = exact.get(key, 0.0) + p
+    torch.manual_seed(0)  # unseeded choices draw from torch's generator
+    counts = dict.fromkeys(exact, 0)
+    ended_apart = 0
+    for _ in range(12):
+        batch = [Recorded(prompt, 4, n=2, sampling=sampling, stop_ids=frozenset({stop})) for _ in range(24)]
+        for recorded in batch:
+            scheduler.submit(recorded.job)
+        drain(scheduler)
+        for recorded in batch:
+            ended_apart += len({len(tokens) for tokens in recorded.tokens}) > 1
+            for tokens, reason in zip(recorded.tokens, recorded.reasons, strict=True):
+                assert stop not in tokens and reason == ("stop" if len(tokens) < 4 else "length")
+                counts[cut(tokens + [stop])] += 1  # the stop token ends a choice unreturned
+    assert ended_apart > 60, "too few requests whose choices ended at different tokens: nothing tested"
+    stats = speculative.speculation
+    assert 0.05 < stats.acceptance_rate < 0.95 and scheduler.tokens == 0
+    keys = [key for key in exact if exact[key] > 0]
+    expected = torch.tensor([exact[key] for key in keys], dtype=torch.float64)
+    observed = torch.tensor([counts[key] for key in keys], dtype=torch.float64)
+    assert sum(counts.values()) == observed.sum()  # no choice took a sequence the target never draws
+    assert chisquare(observed, expected / expected.sum() * observed.sum()).pvalue > 1e-3

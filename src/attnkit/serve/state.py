@@ -48,7 +48,6 @@ class ServerState:
     created: int  # when the server started (seconds since the epoch), as /v1/models gives it
     scheduler: Scheduler | None
     explorer: Explorer
-    chat_end_ids: frozenset[int]  # the chat template's end of a turn, where a token: a chat's reply ends there
     metrics: Metrics
     model_lock: threading.Lock  # held while the model runs: one model call at a time
     closing: threading.Event = field(default_factory=threading.Event)  # set: the server is shutting down (`close`)
@@ -75,7 +74,6 @@ class ServerState:
                    scheduler=scheduler,
                    explorer=Explorer(pipeline, run_dir, watch=Path(settings.watch or run_dir), experiments=experiments,
                                      sae=Path(settings.sae) if settings.sae else None),
-                   chat_end_ids=frozenset(pipeline.chat_end_ids()),
                    metrics=metrics,
                    model_lock=scheduler.lock if scheduler is not None else threading.Lock())
 

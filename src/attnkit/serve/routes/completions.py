@@ -5,13 +5,14 @@ either endpoint's vLLM guided_* field, held as a grammar, `serve/structured.py`)
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from attnkit.chat_format import ChatTemplate
 from attnkit.errors import AttnkitError
+from attnkit.generate.pipeline import Pipeline
 from attnkit.serve.answer import Answer, ClientGone
 from attnkit.serve.batching import Closed, Unfit
 from attnkit.serve.errors import APIError
@@ -21,7 +22,6 @@ from attnkit.serve.schemas import ChatRequest, CompletionRequest, Sampling
 from attnkit.serve.state import ServerState
 from attnkit.serve.structured import Structured
 from attnkit.serve.waiting import QueueFull
-from attnkit.tokenize import Tokenizer
 
 DEFAULT_COMPLETION_TOKENS = 16  # max_tokens of a completion that names none (as OpenAI)
 RETRY_AFTER_SECONDS = 1
@@ -46,14 +46,13 @@ def router(state: ServerState) -> APIRouter:
         state.check_model(body.model)
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true as well", param="top_logprobs")
-        structured, prompt = await run_in_threadpool(_chat_prompt, pipeline.chat_template, pipeline.tokenizer,
-                                                      pipeline.config.max_seq_len, body)
+        chat = await run_in_threadpool(ChatPrompt.of, pipeline, body)
         newer = body.max_completion_tokens is not None  # OpenAI's newer name, read first
         limit = body.max_completion_tokens if newer else body.max_tokens
-        return await generate(request, body, [prompt], "chat.completion", stops=pipeline.chat_template.stops,
-                              end_ids=state.chat_end_ids, max_tokens=limit,
+        return await generate(request, body, [chat.ids], "chat.completion", stops=chat.stops,
+                              end_ids=chat.end_ids, max_tokens=limit,
                               limit_field="max_completion_tokens" if newer else "max_tokens",
-                              logprobs=(body.top_logprobs or 0) if body.logprobs else None, structured=structured)
+                              logprobs=(body.top_logprobs or 0) if body.logprobs else None, structured=chat.structured)
 
     async def generate(request: Request, body: Sampling, prompts: list[str] | list[list[int]], kind: str, *,
                        stops: tuple[str, ...], max_tokens: int | None, limit_field: str = "max_tokens",
@@ -107,23 +106,35 @@ def router(state: ServerState) -> APIRouter:
     return routes
 
 
-def _chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, context: int, body: ChatRequest
-                 ) -> tuple[Structured | None, list[int]]:
-    """A chat request's structured output (response_format and tools: a grammar the reply is held to) and the token
-    ids of its messages rendered by the chat template (`ChatTemplate.chat_ids`); 400 naming the field that fails,
-    and for a rendered text whose head alone fills the `context`, before it is tokenized whole (`refuse_long_text`)."""
-    structured = Structured.of(body)
-    messages, tools = [m.rendered() for m in body.messages], structured.tools if structured else ()
-    try:
-        prompt = template.render(messages, tools)
-    except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
-        raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
-    try:
-        refuse_long_text(tokenizer, prompt, context, what="the messages, as the chat template renders them, hold",
-                         param="messages")
-        return structured, template.chat_ids(tokenizer, messages, tools)  # read as the run was trained on it
-    except AttnkitError as error:
-        raise APIError(400, str(error), param="messages") from None
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat request read through the chat template the pipeline holds when the request arrives: the prompt, the
+    stop strings and the end of turn alike (an application serving a `Pipeline` may replace its template between
+    requests; read once at start-up, the end of turn stayed the first template's while the rest followed)."""
+
+    ids: list[int]  # the messages rendered by the template and tokenized (`ChatTemplate.chat_ids`)
+    stops: tuple[str, ...]  # the template's stop strings
+    end_ids: frozenset[int]  # its end-of-turn tokens (`Pipeline.chat_end_ids`): a reply ends there, as at EOS
+    structured: Structured | None  # response_format and tools: a grammar the reply is held to
+
+    @classmethod
+    def of(cls, pipeline: Pipeline, body: ChatRequest) -> ChatPrompt:
+        """400 naming the field that fails, and for a rendered text whose head alone fills the context, before it
+        is tokenized whole (`refuse_long_text`)."""
+        template, tokenizer = pipeline.chat_template, pipeline.tokenizer
+        structured = Structured.of(body)
+        messages, tools = [m.rendered() for m in body.messages], structured.tools if structured else ()
+        try:
+            prompt = template.render(messages, tools)
+        except Exception as error:  # a template that fails on these messages (e.g. roles it does not allow)
+            raise APIError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
+        try:
+            refuse_long_text(tokenizer, prompt, pipeline.config.max_seq_len,
+                             what="the messages, as the chat template renders them, hold", param="messages")
+            ids = template.chat_ids(tokenizer, messages, tools)  # read as the run was trained on it
+        except AttnkitError as error:
+            raise APIError(400, str(error), param="messages") from None
+        return cls(ids=ids, stops=template.stops, end_ids=frozenset(pipeline.chat_end_ids()), structured=structured)
 
 
 def _cancel(generations: list[Generation]) -> None:
