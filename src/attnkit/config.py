@@ -105,7 +105,7 @@ def check_types(obj: Any) -> None:
 # (`TaskSpec.head`); one of its own may add a head of a kind the family builds (`register_head`).
 HEADS: dict[str, dict[str, HeadOutput]] = {
     "encoder": {"classify": "sequence", "mlm": "token", "tag": "position", "none": "none"},
-    "decoder": {"lm": "token", "tag": "position"},
+    "decoder": {"lm": "token", "tag": "position", "reward": "sequence"},
 }
 
 
@@ -607,14 +607,15 @@ class TransformerConfig(ModelConfig):
 
 @dataclass(frozen=True)
 class DecoderConfig(TransformerConfig):
-    """A decoder-only model (GPT-2, Llama): causal self-attention. `decoder_head`: `lm` (next-token prediction) or
+    """A decoder-only model (GPT-2, Llama): causal self-attention. `decoder_head`: `lm` (next-token prediction),
     `tag` (one of `n_classes` labels per position, from the tokens up to it: Hugging Face's
-    GPT2ForTokenClassification and LlamaForTokenClassification)."""
+    GPT2ForTokenClassification and LlamaForTokenClassification) or `reward` (`n_classes` scores of the whole
+    sequence, read at its last token; one: a reward model, as LlamaForSequenceClassification with num_labels=1)."""
 
     FAMILY: ClassVar[str] = "decoder"
     family: Literal["decoder"] = "decoder"
-    decoder_head: str = "lm"  # lm: the next token; tag: a label per position (`HEADS`: those it builds)
-    n_classes: int = 2  # a head of labels (tag): number of labels
+    decoder_head: str = "lm"  # lm: the next token; tag: a label per position; reward: scores per sequence (`HEADS`)
+    n_classes: int = 2  # a head of labels (tag): number of labels; of scores (reward): 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -623,7 +624,7 @@ class DecoderConfig(TransformerConfig):
 
     def inert_fields(self) -> set[str]:
         unused = super().inert_fields()
-        labels = head_output(self.FAMILY, self.decoder_head) == "position"
+        labels = head_output(self.FAMILY, self.decoder_head) != "token"
         return unused | ({"tie_embeddings", "lm_head_bias"} if labels else {"n_classes"})
 
 

@@ -1,5 +1,5 @@
-"""Preference pairs for Direct Preference Optimization: JSON Lines in TRL's layout, their tokens, and their rows in
-batches.
+"""Preference pairs for Direct Preference Optimization and reward models: JSON Lines in TRL's layout, their tokens,
+and their rows in batches.
 
 One pair a line, a prompt and two responses to it, the preferred one first (TRL's preference data sets):
 
@@ -7,6 +7,8 @@ One pair a line, a prompt and two responses to it, the preferred one first (TRL'
     {"prompt": [{"role": "user", "content": "Hi"}],                                          (conversational)
      "chosen": [{"role": "assistant", "content": "Hello!"}], "rejected": [{"role": "assistant", "content": "Go."}]}
 
+An optional "margin" (a number: how much more the chosen is preferred, Llama 2's margin from the raters' scale, as
+TRL's RewardTrainer reads the column) is kept with the pair; the reward model's loss subtracts it, DPO reads none.
 Plain text is read as text: the prompt's tokens, then the response's, then EOS. Chat messages are rendered with the
 run's chat template (`tokenize_pair` does both; `preference_rows` fits the tokenized pairs to the model's window).
 `PreferenceRows` serves the pairs in batches of two rows a pair, side by side: (B, 2, T), the chosen response's row at
@@ -17,6 +19,7 @@ split along B (a rank's share, a micro-batch) keep each pair whole.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +50,7 @@ class PreferencePair:
     prompt: str | list[dict]
     chosen: str | list[dict]
     rejected: str | list[dict]
+    margin: float = 0.0  # how much more the chosen is preferred (the line's "margin"; 0 where it gives none)
 
     @property
     def is_chat(self) -> bool:
@@ -102,7 +106,11 @@ def pair(record: object, where: str) -> PreferencePair:
     if chosen == rejected:
         raise InputError('"chosen" and "rejected" are the same response, so the pair prefers nothing: drop the line '
                          "or give two different responses")
-    return PreferencePair(where, prompt, chosen, rejected)
+    margin = record.get("margin", 0.0)
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not math.isfinite(margin):
+        raise InputError(f'has "margin": {margin!r}; write a finite number (how much more the chosen is preferred, '
+                         "e.g. 1 for slightly better, 3 for significantly better), or leave it out")
+    return PreferencePair(where, prompt, chosen, rejected, float(margin))
 
 
 def _response(value: object, key: str) -> list[dict]:
@@ -121,9 +129,10 @@ class PreferenceBatch:
 
     input_ids: Tensor
     labels: Tensor
+    margins: Tensor  # (B,) float32: each pair's margin (`PreferencePair.margin`)
 
     def to(self, device: torch.device | str) -> PreferenceBatch:
-        return PreferenceBatch(self.input_ids.to(device), self.labels.to(device))
+        return PreferenceBatch(self.input_ids.to(device), self.labels.to(device), self.margins.to(device))
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,7 @@ class TokenizedPair:
     prompt: list[int]
     chosen: list[int]
     rejected: list[int]
+    margin: float = 0.0
 
 
 def response_row(prompt: Sequence[int], response: Sequence[int], width: int, pad_id: int) -> tuple[Tensor, Tensor]:
@@ -162,7 +172,9 @@ class PreferenceRows(BucketedData[PreferenceBatch]):
         rows = [response_row(pair.prompt, response, width, self.pad_id)
                 for pair in (self.pairs[i] for i in indices) for response in (pair.chosen, pair.rejected)]
         inputs, labels = (torch.stack(column).view(len(indices), 2, width) for column in zip(*rows, strict=True))
-        return PreferenceBatch(inputs, labels)  # (2B, T) -> (B, 2, T) each: a pair's chosen row, then its rejected
+        margins = torch.tensor([self.pairs[i].margin for i in indices], dtype=torch.float32)  # (B,)
+        return PreferenceBatch(inputs, labels, margins)  # (2B, T) -> (B, 2, T) each: a pair's chosen row, then its
+        # rejected
 
 
 def tokenize_pair(pair: PreferencePair, *, template: ChatTemplate, tokenizer: Tokenizer) -> TokenizedPair:
@@ -176,13 +188,23 @@ def tokenize_pair(pair: PreferencePair, *, template: ChatTemplate, tokenizer: To
         if chosen[:chosen_start] != rejected[:rejected_start]:
             raise InputError(f"{pair.where}: the chat template renders the prompt otherwise before each response, so "
                              "the two do not answer one prompt; use a template that renders earlier turns alike")
-        return TokenizedPair(pair.where, chosen[:chosen_start], chosen[chosen_start:], rejected[rejected_start:])
+        return TokenizedPair(pair.where, chosen[:chosen_start], chosen[chosen_start:], rejected[rejected_start:],
+                             pair.margin)
+    prompt, (chosen, rejected) = text_tokens(tokenizer, pair.prompt, [pair.chosen, pair.rejected], where=pair.where)
+    return TokenizedPair(pair.where, prompt, chosen, rejected, pair.margin)
+
+
+def text_tokens(tokenizer: Tokenizer, prompt: str, responses: Sequence[str], *,
+                where: str) -> tuple[list[int], list[list[int]]]:
+    """A plain-text prompt's tokens (BOS first where the tokenizer begins its texts with it) and each response's,
+    EOS after each: how a preference pair's text is read, and how a reward model scores a reply. Raises InputError,
+    naming `where`, for a prompt that is no token."""
     bos = [tokenizer.bos_id] if getattr(tokenizer, "starts_with_bos", False) and tokenizer.bos_id is not None else []
     eos = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
-    prompt = bos + tokenizer.encode(pair.prompt)
-    if not prompt:
-        raise InputError(f"{pair.where}: the prompt is no token; give a prompt the responses answer")
-    return TokenizedPair(pair.where, prompt, tokenizer.encode(pair.chosen) + eos, tokenizer.encode(pair.rejected) + eos)
+    prompt_ids = bos + tokenizer.encode(prompt)
+    if not prompt_ids:
+        raise InputError(f"{where}: the prompt is no token; give a prompt the responses answer")
+    return prompt_ids, [tokenizer.encode(response) + eos for response in responses]
 
 
 def _reply(rendered: tuple[list[int], list[bool]]) -> tuple[list[int], int]:
@@ -208,7 +230,8 @@ def preference_rows(pairs: list[PreferencePair], *, template: ChatTemplate, toke
         was_cut = max(len(tokens.chosen), len(tokens.rejected)) > room
         if was_cut:
             cut.append(pair.where)
-            tokens = TokenizedPair(pair.where, tokens.prompt, tokens.chosen[:room], tokens.rejected[:room])
+            tokens = TokenizedPair(pair.where, tokens.prompt, tokens.chosen[:room], tokens.rejected[:room],
+                                   tokens.margin)
         if tokens.chosen == tokens.rejected:  # the texts differ (`pair`), their tokens do not: no preference to learn
             why = (f"in the {room} the model's window leaves after the prompt, so as cut the pair prefers nothing: "
                    f"shorten the prompt{or_longer}, or drop the line") if was_cut else (

@@ -1,7 +1,8 @@
 """Using a trained model: generation (decoder), translation (encoder-decoder), classification (encoder).
 
 `load(run_dir)` returns a `Pipeline` with `.generate`, `.translate` and `.classify`; the token-level functions
-below it work on any model of the right family.
+below it work on any model of the right family. `best_of_n(policy, reward, prompts, n=N)` keeps the best of N
+samples as a reward run scores them.
 """
 
 from attnkit.generate.beam import beam_generate, beam_search, translate_batched, translate_ids
@@ -18,9 +19,11 @@ from attnkit.generate.pipeline import Classification, Pipeline, load, sample_aft
 from attnkit.generate.sampling import GREEDY, SamplingConfig, make_generator, select_next
 from attnkit.generate.seq2seq import encode_sources, greedy_translate
 from attnkit.generate.static_decode import StaticDecoding
+from attnkit.tasks.best_of import BestOfN, best_of_n
 
 __all__ = [
     "GREEDY",
+    "BestOfN",
     "Classification",
     "EagerDecoding",
     "Grammar",
@@ -30,6 +33,7 @@ __all__ = [
     "StaticDecoding",
     "beam_generate",
     "beam_search",
+    "best_of_n",
     "decode_n_tokens",
     "decode_one_token",
     "encode_sources",

@@ -15,7 +15,7 @@ from attnkit.layers.embedding import Embeddings
 from attnkit.layers.feedforward import make_feedforward
 from attnkit.layers.norms import make_norm
 from attnkit.layers.positions import PositionScheme, make_positions
-from attnkit.models.decoder import DecoderLM, DecoderTokenClassifier
+from attnkit.models.decoder import DecoderLM, DecoderSequenceClassifier, DecoderTokenClassifier
 from attnkit.models.encoder import (
     EncoderClassifier,
     EncoderMaskedLM,
@@ -30,9 +30,9 @@ from attnkit.models.stack import TransformerStack
 M = TypeVar("M", bound=nn.Module)
 
 
-def build_decoder(config: DecoderConfig) -> DecoderLM | DecoderTokenClassifier:
-    """A decoder-only language model (GPT-2, Llama), or a token classifier (what `decoder_head` outputs,
-    `attnkit.config.HEADS`), initialised."""
+def build_decoder(config: DecoderConfig) -> DecoderLM | DecoderTokenClassifier | DecoderSequenceClassifier:
+    """A decoder-only language model (GPT-2, Llama), a token classifier, or a scorer of sequences (a reward model):
+    what `decoder_head` outputs (`attnkit.config.HEADS`), initialised."""
     stack = _stack(config, config.vocab_size, config.n_layers, decoder=True)
     return _init_weights(_DECODER_HEADS[head_output("decoder", config.decoder_head)](config, stack), config)
 
@@ -47,7 +47,13 @@ def _decoder_token_classifier(config: DecoderConfig, stack: TransformerStack) ->
                                   dropout=config.dropout, label_smoothing=config.label_smoothing)
 
 
-_DECODER_HEADS = {"token": _decoder_lm, "position": _decoder_token_classifier}  # what the head outputs -> builder
+def _decoder_sequence_classifier(config: DecoderConfig, stack: TransformerStack) -> DecoderSequenceClassifier:
+    # no bias, as Hugging Face's `score` head: a reward's offset is arbitrary (only differences are learnt)
+    return DecoderSequenceClassifier(stack=stack, classifier=nn.Linear(config.d_model, config.n_classes, bias=False))
+
+
+_DECODER_HEADS = {"token": _decoder_lm, "position": _decoder_token_classifier,  # what the head outputs -> builder
+                  "sequence": _decoder_sequence_classifier}
 
 
 def build_encoder(config: EncoderConfig) -> nn.Module:

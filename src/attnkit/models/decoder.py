@@ -1,8 +1,10 @@
-"""Decoder-only models (GPT-2, Llama): a causal stack and an output projection to the vocabulary, or a classifier of
-each position (token classification).
+"""Decoder-only models (GPT-2, Llama): a causal stack and an output projection to the vocabulary, a classifier of
+each position (token classification), or a score of the whole sequence read at its last token (a reward model).
 
     ids (B, T) -> TransformerStack of DecoderBlocks (causal) -> lm_head (C -> V) -> logits (B, T, V)
                                                              -> classifier (C -> n_classes)      (tokens)
+                                                             -> last real token -> classifier (C -> n_classes)
+                                                                                    -> logits (B, n_classes) (sequence)
 """
 
 from __future__ import annotations
@@ -100,6 +102,32 @@ class DecoderTokenClassifier(nn.Module):
         logits = self.classifier(self.dropout(hidden))  # (B, T, n_classes)
         loss = cross_entropy(logits, labels, label_smoothing=self.label_smoothing) if labels is not None else None
         return ModelOutput(logits=logits, loss=loss, attentions=attentions if need_weights else None)
+
+
+class DecoderSequenceClassifier(nn.Module):
+    """A score per sequence from a causal stack, read at its last real token, the one that has seen them all (Hugging
+    Face's GPT2ForSequenceClassification and LlamaForSequenceClassification, whose head is `score`). With one output
+    it is a reward model (Ouyang et al. 2022; Touvron et al. 2023, sec. 3.2.2: the language model's next-token head
+    replaced by a scalar one), which `attnkit.tasks.reward` trains on preference pairs."""
+
+    def __init__(self, *, stack: TransformerStack, classifier: nn.Linear) -> None:
+        super().__init__()
+        self.stack = stack
+        self.classifier = classifier
+
+    def forward(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
+                need_weights: bool = False) -> ModelOutput:
+        """input_ids (B, T) -> logits (B, n_classes), read at each row's last real token.
+
+        attention_mask: (B, T) 1 at real tokens, 0 at the padding after them (rows padded on the right); None: every
+            position is real. Causal attention never lets a real token see the padding after it, so a row's score is
+            the one it has alone."""
+        hidden, attentions = self.stack(input_ids, need_weights=need_weights)  # (B, T, C)
+        length = input_ids.shape[1]
+        last = (attention_mask.sum(dim=1) - 1 if attention_mask is not None
+                else torch.full((len(input_ids),), length - 1, device=input_ids.device))  # (B,)
+        pooled = hidden[torch.arange(len(hidden), device=hidden.device), last.long()]  # (B, T, C) -> (B, C)
+        return ModelOutput(logits=self.classifier(pooled), attentions=attentions if need_weights else None)
 
 
 def lm_logits_and_loss(

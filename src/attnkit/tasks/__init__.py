@@ -10,9 +10,10 @@ tasks and for one a user registers from outside the package.
     tag        encoder                           encoder_head=tag      tag               tag.py
     chat       decoder                           -                     generate          chat.py
     dpo        decoder                           -                     generate          dpo.py
+    reward     decoder                           decoder_head=reward   reward            reward.py
 """
 
-from attnkit.tasks import chat, classify, dpo, lm, tag, translate  # noqa: F401 (each registers its tasks)
+from attnkit.tasks import chat, classify, dpo, lm, reward, tag, translate  # noqa: F401 (each registers its tasks)
 from attnkit.tasks.registry import (
     EvalContext,
     HFClass,

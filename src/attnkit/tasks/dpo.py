@@ -226,11 +226,12 @@ class DPOTask(EpochTask):
         return list(self.val.pairs[0].prompt)
 
 
-def _pairs(data: Any, seed: int) -> tuple[list[PreferencePair], list[PreferencePair]]:
-    """The training and held-out pairs the data settings name (without --val-data: `val_fraction` held out)."""
+def preference_split(data: Any, seed: int, *, task: str = "dpo") -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """The training and held-out pairs the data settings name (without --val-data: `val_fraction` held out), for
+    `--task task` (dpo, reward). Raises InputError without --data, or for a file of one pair and no --val-data."""
     if not data.data:
-        raise InputError('--task dpo needs --data FILE.jsonl: preference pairs, one {"prompt", "chosen", "rejected"} '
-                         "object a line")
+        raise InputError(f'--task {task} needs --data FILE.jsonl: preference pairs, one {{"prompt", "chosen", '
+                         '"rejected"} object a line')
     read = [p for path in data.data for p in read_pairs(path, encoding_errors=data.encoding_errors)]
     if data.val_data:
         return read, [p for path in data.val_data for p in read_pairs(path, encoding_errors=data.encoding_errors)]
@@ -243,7 +244,7 @@ def _pairs(data: Any, seed: int) -> tuple[list[PreferencePair], list[PreferenceP
 def _make(context: TaskContext) -> tuple[DPOTask, None]:
     if context.reference is None:
         _needs_init_from(context.data, context.seed)
-    train, val = _pairs(context.data, context.seed)
+    train, val = preference_split(context.data, context.seed)
     rows = dict(template=context.chat_template, tokenizer=context.tokenizer, seq_len=context.seq_len,
                 batch_size=context.batch_size, seed=context.seed)
     return DPOTask(preference_rows(train, **rows), preference_rows(val, **rows), options=context.data.options,

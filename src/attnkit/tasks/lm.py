@@ -78,6 +78,7 @@ from attnkit.run_settings import (
     text_list,
 )
 from attnkit.tasks import common
+from attnkit.tasks.best_of import best_of_n, check_best_of
 from attnkit.tasks.common import (
     ONE_PROCESS,
     Shard,
@@ -604,6 +605,11 @@ class GenerateSettings(SamplingSettings):
     attnkit's System:/User:/Assistant: format) as attnkit serve's /v1/chat/completions renders a chat; the reply
     ends at the template's end of turn and is printed alone"""
     system: str | None = None  # --chat: a system turn before the user's (a system prompt)
+    best_of: int = 1
+    """best-of-N (rejection sampling, Llama 2 sec. 3.2.3): draw N samples and print the one the --reward run scores
+    highest, each candidate's reward logged (every text too with -v); 1: off"""
+    reward: str | None = None  # --best-of: the reward run (attnkit train --task reward) that scores the candidates
+    candidates_json: bool = False  # --best-of: print one JSON object, every candidate with its reward, not the text
 
     @property
     def beams(self) -> bool:
@@ -750,8 +756,50 @@ def chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, prompt: str, *, sy
     return ids, template.stops, template.turn_end_ids(tokenizer)
 
 
+def check_best_of_flags(settings: GenerateSettings) -> bool:
+    """Whether the settings ask for best-of-N; InputError, before a model loads, naming the flags: --best-of below 1,
+    without --reward, or beside what draws no samples of its own (beams, a draft, --num-samples, --chat)."""
+    asked = settings.best_of != 1 or settings.reward is not None or settings.candidates_json
+    if not asked:
+        return False
+    check_best_of(settings.best_of, flag="--best-of")
+    if settings.reward is None:
+        raise InputError(f"--best-of {settings.best_of} keeps the candidate a reward model scores highest: give "
+                         "--reward RUN (a run of attnkit train --task reward)")
+    beside = [flag for flag, given in (("--num-beams", settings.beams), ("--draft", settings.draft is not None),
+                                       ("--num-samples", settings.num_samples != 1), ("--chat", settings.chat))
+              if given]
+    if beside:
+        raise InputError(f"--best-of draws its own samples and scores them as text, so it does not take "
+                         f"{', '.join(beside)}; leave {'them' if len(beside) > 1 else 'it'} out")
+    return True
+
+
+def run_best_of(settings: GenerateSettings, prompt: str, constraint: dict[str, Any],
+                load: Callable[[Any], Any]) -> int:
+    """`attnkit generate --best-of N --reward RUN`: the best candidate's text (or, with --candidates-json, every
+    candidate with its reward as one JSON object)."""
+    policy = load(settings)
+    reward = load(dataclasses.replace(settings, run=settings.reward, explain=False, compile=None,
+                                      device=str(policy.device)))
+    if "reward" not in reward.methods:
+        trained = f"a run of --task {reward.task.name}" if reward.task is not None else "a model without a task head"
+        raise InputError(f"--reward {settings.reward} is {trained}, not a reward model: train one with attnkit train "
+                         "--task reward --init-from RUN --data pairs.jsonl")
+    found = best_of_n(policy, reward, prompt, n=settings.best_of, **settings.sampling(), stop=list(settings.stop),
+                      **constraint)[0]
+    for index, (text, score) in enumerate(zip(found.texts, found.rewards, strict=True)):
+        log.debug("candidate %d: reward %.4g%s: %r", index + 1, score, " (best)" if index == found.best else "", text)
+    if settings.candidates_json:
+        print(json.dumps(found.to_dict(), ensure_ascii=False))
+    else:
+        print((prompt if settings.echo else "") + found.text)
+    return 0
+
+
 def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
     """`attnkit generate`; `load(settings)` loads the run (the command line passes `attnkit.cli.load_pipeline`)."""
+    best_of = check_best_of_flags(settings)
     check_beam_flags(settings)
     draft_tokens = draft_tokens_flag(settings.draft, settings.draft_tokens)  # named as the flags, before a model loads
     if settings.draft is not None:
@@ -761,6 +809,8 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
         raise InputError("--system is a chat's system turn: give --chat too (the prompt is then the user's turn)")
     prompt = read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
     constraint = read_constraint(settings)
+    if best_of:
+        return run_best_of(settings, prompt, constraint, load)
     if settings.draft is not None and settings.compile:  # nothing would run the step: neither model compiles one
         log.warning("--compile %s: speculative decoding decodes both models eagerly, as the target scores the drafts "
                     "and the token after them in one pass, which a one-token compiled step does not take; nothing is "

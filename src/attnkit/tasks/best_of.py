@@ -1,0 +1,78 @@
+"""Best-of-N sampling (rejection sampling): draw N replies to a prompt and keep the one a reward model scores highest
+(Touvron et al. 2023, sec. 3.2.3, Llama 2's rejection sampling, which then fine-tunes on the kept replies; Nakano et
+al. 2021's best-of-N). With the same N samples, the reply kept has the highest reward of them, so the expected reward
+grows with N, at N times the decoding.
+
+    policy.generate(prompt, num_samples=N, seed=s)   N replies, sample i drawn from its own generator (seed s + i)
+    reward.reward(prompt, replies)                    a reward run (`attnkit train --task reward`) scores each
+    best = argmax over the N rewards                  (the first of equal rewards)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from attnkit.errors import InputError
+from attnkit.run_settings import text_list
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BestOfN:
+    """A prompt's N candidates, their rewards, and which one was kept (`best`)."""
+
+    prompt: str
+    texts: list[str]
+    rewards: list[float]
+    best: int
+
+    @property
+    def text(self) -> str:
+        return self.texts[self.best]
+
+    @property
+    def reward(self) -> float:
+        return self.rewards[self.best]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "text": self.text, "reward": self.reward}
+
+
+def check_best_of(n: object, *, flag: str = "n") -> int:
+    """`n` as the number of candidates. Raises InputError, naming `flag`, for anything but an integer >= 1."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        shown = f"{flag} {n}" if flag.startswith("--") else f"{flag}={n!r}"
+        raise InputError(f"{shown}: best-of-N draws N candidates and keeps the best, so N must be an integer of 1 "
+                         "or more (4 to 16 is usual; 1 is plain sampling)")
+    return n
+
+
+def best_of_n(policy: Any, reward: Any, prompts: str | Sequence[str], *, n: int, seed: int | None = None,
+              **options: Any) -> list[BestOfN]:
+    """Each prompt's `n` samples from `policy` (a decoder's `attnkit.generate.Pipeline`: its `generate` with
+    num_samples=n, `seed` and `options`, the sampling settings), scored by `reward` (a reward run's pipeline), the
+    best kept. With a seed, the same candidates and choice each time (sample i is seeded seed + i).
+
+    Raises InputError for n < 1, for prompts that are not text (the reward model reads text), for a `reward` that
+    does not serve rewards (MethodNotServed), or for options that choose no samples (beams, num_samples); and what
+    `generate` raises for its settings."""
+    check_best_of(n)
+    taken = sorted(set(options) & {"num_samples", "num_beams", "num_return_sequences", "draft"})
+    if taken:
+        raise InputError(f"best_of_n draws its own n samples, so it does not take {', '.join(taken)}; leave them out")
+    prompts = text_list(prompts, what="prompts")
+    score = reward.reward  # MethodNotServed (an InputError) where `reward` is not a reward run, before any decoding
+    texts = policy.generate(prompts, num_samples=n, seed=seed, **options)  # prompt by prompt, n each
+    found = []
+    for index, prompt in enumerate(prompts):
+        candidates = texts[index * n:(index + 1) * n]
+        rewards = score(prompt, candidates)
+        best = max(range(n), key=lambda i: (rewards[i], -i))  # the highest; the first of equal ones
+        found.append(BestOfN(prompt, candidates, rewards, best))
+        log.info("best of %d: candidate %d, reward %.4g (rewards %s)", n, best + 1, rewards[best],
+                 ", ".join(f"{r:.4g}" for r in rewards))
+    return found
