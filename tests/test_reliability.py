@@ -259,3 +259,44 @@ def test_attnkit_eval_names_a_data_file_with_no_text_to_score(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert err.startswith("attnkit: error: " + message.format(path=path)) and err.count("\n") == 1, err
     assert not (runs["lm"] / "eval").exists()
+
+
+@pytest.fixture
+def nothing_written_in_root(monkeypatch):
+    """Fail, rather than write, where a command would create a file or folder directly under `/`."""
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def in_root(path) -> bool:
+        return os.path.dirname(os.path.abspath(os.fsdecode(path))) == os.sep
+
+    def guarded_open(path, flags, *args, **kwargs):
+        assert not (flags & os.O_CREAT and in_root(path)), f"a file was about to be made in /: {path}"
+        return real_open(path, flags, *args, **kwargs)
+
+    def guarded_mkdir(path, *args, **kwargs):
+        assert not in_root(path) or os.path.exists(path), f"a folder was about to be made in /: {path}"
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", guarded_open)
+    monkeypatch.setattr(os, "mkdir", guarded_mkdir)
+
+
+@pytest.mark.parametrize("command", ["train", "viz", "inspect"])
+def test_the_file_system_root_as_out_is_refused_in_one_line(tmp_path, capsys, nothing_written_in_root, command):
+    # a run, a page of pictures or a report spread among the system's folders (as root, nothing stopped it), or a
+    # traceback where no name for the output's temporary sibling could be made from "/"
+    runs = tiny_runs(tmp_path)
+    argv = {"train": ["train", "--data", "synthetic:copy", *TINY_TRAIN],
+            "viz": ["viz", str(runs["lm"]), "--text", "the cat"],
+            "inspect": ["inspect", str(runs["lm"]), "--text", "the cat sat"]}[command]
+    assert cli.main([*argv, "--out", "/"]) == 2
+    err = capsys.readouterr().err
+    assert err == "attnkit: error: --out / is the file system's root: give a folder of the output's own\n"
+
+
+def test_an_empty_out_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--data", "synthetic:copy", *TINY_TRAIN, "--out", ""]) == 2
+    assert capsys.readouterr().err == ("attnkit: error: --out is empty: give the run's own directory (e.g. --out "
+                                       "runs/NAME)\n")
+    assert list(tmp_path.iterdir()) == []

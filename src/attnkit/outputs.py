@@ -9,6 +9,7 @@
     files_into(path)                    a temporary sibling directory whose files are renamed into the directory
                                         `path` when the block ends (others there kept), removed when it fails
     check_output(path, directory=...)   what atomic_output refuses, asked before a command's long work
+    refuse_root(path)                   the file system's root named as an output: refused
     writing(path)                       an OSError met on the way -> one CheckpointError naming the path and the fix
 
 A process killed at any point (SIGKILL, a power cut) leaves `path` as it was (absent, or the previous output) and at
@@ -142,6 +143,13 @@ def refuse_special(path: Path, *, flag: str = "") -> None:
         named = f"{flag} {path}" if flag else str(path)
         raise InputError(f"{named} is a device, a pipe or a socket, not a file: an output is written beside it and "
                          "renamed over it, which would replace it; give the path of a file")
+
+
+def refuse_root(path: str | Path, *, flag: str = "--out") -> None:
+    """InputError where `path` is the file system's root (`/`, or a path that resolves to it): an output there would
+    spread its files among the system's folders, and a file or folder has no name to be written under."""
+    if os.path.realpath(path) == os.path.realpath(os.sep):
+        raise InputError(f"{flag} {path} is the file system's root: give a folder of the output's own")
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> None:
@@ -295,6 +303,7 @@ def check_output(path: str | Path, *, directory: bool, overwrite: bool = False, 
     non-empty directory) without `overwrite`.
     What killed writers of `path` left is cleared first (`clear_leftovers`)."""
     path = Path(path)
+    refuse_root(path, flag=flag)
     if path.parent.is_dir():
         clear_leftovers(path)
     if not (path.exists() or path.is_symlink()):

@@ -17,13 +17,14 @@ from typing import Any
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from attnkit.outputs import atomic_write, png_bytes, writing
+from attnkit.outputs import atomic_write, png_bytes, refuse_root, writing
 
 
 def write_report(out: str | Path, name: str, *, title: str, rows: list[dict[str, Any]], summary: dict[str, Any],
                  figure: Figure) -> list[Path]:
     """Write NAME.json, NAME.md and NAME.png into `out` (made when absent); returns the three paths."""
     out = Path(out)
+    refuse_root(out)
     with writing(out):  # a forbidden or read-only place: one error naming it
         out.mkdir(parents=True, exist_ok=True)
     clean_rows = [{k: _plain(v) for k, v in row.items()} for row in rows]

@@ -51,6 +51,7 @@ from attnkit.checkpoint import (
     checkpoint_dirs,
 )
 from attnkit.errors import ConfigError, os_error_message
+from attnkit.outputs import refuse_root
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +81,14 @@ _held: dict[Path, _Claim] = {}  # this process's claims, by resolved run directo
 def claim(out: str | Path) -> None:
     """Make this process the owner of run directory `out` (created when missing) until `release`.
 
-    Raises ConfigError when another process owns it (naming that process), when `out` cannot be a writable
-    directory (naming why), or when one of the run's own folders (`OWN_FOLDERS`) is a link, which its writes and
-    pruning would follow outside `out`. A run that an interrupted `--overwrite` had moved aside is put back or dropped.
+    Raises ConfigError when another process owns it (naming that process), when `out` is empty or cannot be a
+    writable directory (naming why), or when one of the run's own folders (`OWN_FOLDERS`) is a link, which its
+    writes and pruning would follow outside `out`; InputError when `out` is the file system's root (`refuse_root`).
+    A run that an interrupted `--overwrite` had moved aside is put back or dropped.
     """
+    if not str(out).strip():
+        raise ConfigError("--out is empty: give the run's own directory (e.g. --out runs/NAME)")
+    refuse_root(out)
     out = Path(out)
     key = out.resolve()
     if key in _held:
