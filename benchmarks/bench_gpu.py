@@ -88,12 +88,14 @@ class PeerLayerNorm(nn.Module):
 
 
 class PeerAttention(nn.Module):
-    """model.py's CausalSelfAttention: one c_attn product to q, k, v; SDPA with is_causal; c_proj."""
+    """model.py's CausalSelfAttention: one c_attn product to q, k, v; SDPA with is_causal; c_proj, then its residual
+    dropout (p = 0: GPTConfig's dropout for pretraining, kept as a module as model.py keeps it)."""
 
     def __init__(self, width: int, n_heads: int, bias: bool) -> None:
         super().__init__()
         self.c_attn = nn.Linear(width, 3 * width, bias=bias)
         self.c_proj = nn.Linear(width, width, bias=bias)
+        self.resid_dropout = nn.Dropout(0.0)
         self.n_heads = n_heads
 
     def forward(self, x: Tensor) -> Tensor:
@@ -101,22 +103,22 @@ class PeerAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
                    for t in self.c_attn(x).split(C, dim=2))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)  # (B, nh, T, hs)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))  # (B, T, C)
 
 
 class PeerBlock(nn.Module):
-    """model.py's Block: x + attn(ln_1(x)), then x + mlp(ln_2(x)) with the MLP c_fc, exact GELU, c_proj."""
+    """model.py's Block: x + attn(ln_1(x)), then x + mlp(ln_2(x)) with the MLP c_fc, exact GELU, c_proj, dropout."""
 
     def __init__(self, width: int, n_heads: int, bias: bool) -> None:
         super().__init__()
         self.ln_1, self.ln_2 = PeerLayerNorm(width, bias), PeerLayerNorm(width, bias)
         self.attn = PeerAttention(width, n_heads, bias)
         self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(width, 4 * width, bias=bias), gelu=nn.GELU(),
-                                      c_proj=nn.Linear(4 * width, width, bias=bias)))
+                                      c_proj=nn.Linear(4 * width, width, bias=bias), dropout=nn.Dropout(0.0)))
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln_1(x))
-        return x + self.mlp.c_proj(self.mlp.gelu(self.mlp.c_fc(self.ln_2(x))))
+        return x + self.mlp.dropout(self.mlp.c_proj(self.mlp.gelu(self.mlp.c_fc(self.ln_2(x)))))
 
 
 class PeerGPT(nn.Module):
@@ -128,7 +130,7 @@ class PeerGPT(nn.Module):
                  bias: bool = True) -> None:
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab_size, width), wpe=nn.Embedding(block_size, width),
+            wte=nn.Embedding(vocab_size, width), wpe=nn.Embedding(block_size, width), drop=nn.Dropout(0.0),
             h=nn.ModuleList([PeerBlock(width, n_heads, bias) for _ in range(n_layers)]),
             ln_f=PeerLayerNorm(width, bias)))
         self.lm_head = nn.Linear(width, vocab_size, bias=False)
@@ -147,7 +149,7 @@ class PeerGPT(nn.Module):
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         pos = torch.arange(0, idx.shape[1], dtype=torch.long, device=idx.device)  # (T,)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         for block in self.transformer.h:
             x = block(x)
         x = self.transformer.ln_f(x)
@@ -166,14 +168,17 @@ class PeerGPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
 
+GRADIENT_ACCUMULATION_STEPS = 1  # one micro-step: the batch is the shape's whole batch
+
+
 def nanogpt_step(shape: TrainShape, stream: np.ndarray, device: torch.device, *, backend: str | Callable = "inductor"):
     """train.py's iteration on model.py's GPT (vocabulary padded to a multiple of 64, as for GPT-2's 50,304):
     get_batch from a uint16 token stream (pinned, copied non_blocking on CUDA), `torch.compile(model)`, under bf16
-    autocast `logits, loss = model(X, Y)`, the next batch fetched before backward, clipping at 1.0, fused AdamW with
-    its two decay groups and the learning rate set each iteration, zero_grad(set_to_none=True); TF32 on for fp32
-    products on CUDA, as train.py sets it. With bf16 train.py's GradScaler is disabled, so it is left out.
-    backend: torch.compile's backend (a test passes one that records the graphs). Returns (parameters counted as
-    nanoGPT's get_num_params counts them, step)."""
+    autocast `logits, loss = model(X, Y)` and the loss divided by the accumulation steps (one), the next batch fetched
+    before backward, clipping at 1.0, fused AdamW with its two decay groups and the learning rate set each iteration,
+    zero_grad(set_to_none=True); TF32 on for fp32 products on CUDA, as train.py sets it. With bf16 train.py's
+    GradScaler is disabled, so it is left out. backend: torch.compile's backend (a test passes one that records the
+    graphs). Returns (parameters counted as nanoGPT's get_num_params counts them, step)."""
     vocab = shape.vocab_size + (-shape.vocab_size % 64)
     on_gpu = device.type == "cuda"
     model = PeerGPT(vocab, shape.seq_len, shape.d_model, shape.n_heads, shape.n_layers, bias=True).to(device)
@@ -197,6 +202,7 @@ def nanogpt_step(shape: TrainShape, stream: np.ndarray, device: torch.device, *,
                 group["lr"] = 6e-4  # get_lr's value (past warmup, before decay at these step counts)
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 _, loss = compiled(X, Y)
+                loss = loss / GRADIENT_ACCUMULATION_STEPS  # train.py's scaling, outside the compiled module
             X, Y = get_batch()  # the next batch's copy overlaps this step's backward, as in train.py
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -519,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8, help="training steps timed per round")
     parser.add_argument("--warmup", type=int, default=3, help="training steps before timing (compilation)")
     parser.add_argument("--out", type=Path, help="folder for the results (default: benchmarks/results)")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the rows of other parts that an earlier run on this GPU wrote into --out's report "
+                             "(one part a process, one report: benchmarks/gpu_session.sh)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and not args.smoke:
@@ -538,6 +547,13 @@ def main(argv: list[str] | None = None) -> int:
              "decode": lambda: decode_rows(device, smoke=args.smoke),
              "serve": lambda: serve_rows(device, smoke=args.smoke)}
     rows: list[dict] = []
+    if args.append:  # the other parts' rows of the report in --out, its command named beside this one
+        earlier = earlier_report(out / f"{stem}.json", about["machine"])
+        if earlier is None:
+            return 2
+        rows = [r for r in earlier["results"] if r["part"] not in args.only]
+        if rows:
+            about["command"] = f"{earlier['command']}; {about['command']}"
     for part in dict.fromkeys(args.only):  # in the order given: a run stopped part-way keeps the parts it did
         rows += parts[part]()
         report = {**about, "seconds": round(time.perf_counter() - started, 1), "results": rows}
@@ -545,6 +561,28 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(report), flush=True)
     print(f"wrote {out / stem}.json and .md ({report['seconds']:.0f} s)", flush=True)
     return 0 if all("error" not in r for r in rows) else 1
+
+
+def earlier_report(path: Path, machine: dict) -> dict | None:
+    """The report at `path` (an empty one where there is none yet), checked to be this benchmark's report of the same
+    GPU and torch; None, having said why, where it is not."""
+    if not path.exists():
+        return {"command": None, "results": []}
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        theirs = report["machine"]
+        if not all(isinstance(r, dict) and r.get("part") in PARTS for r in report["results"]):
+            raise ValueError("a row of no part")
+    except (OSError, ValueError, KeyError, TypeError):
+        print(f"--append: {path} is not a report of python -m benchmarks gpu; move it or leave out --append",
+              flush=True)
+        return None
+    if (theirs.get("name"), theirs.get("torch")) != (machine.get("name"), machine.get("torch")):
+        print(f"--append: {path} is a run on {theirs.get('name', theirs.get('device'))} with torch "
+              f"{theirs.get('torch')}, this is {machine.get('name', machine['device'])} with torch {machine['torch']}: "
+              "choose another --out", flush=True)
+        return None
+    return report
 
 
 def write_report(report: dict, out: Path, stem: str) -> None:

@@ -2,8 +2,9 @@
 # The Python packages attnkit needs that a GPU machine's image may lack, as wheels in .whl/ (ignored by git), for an
 # image with Python 3.12 on x86-64, at the versions this checkout's .venv runs. PyTorch's GPU images hold torch,
 # transformers, tokenizers, safetensors, numpy, matplotlib, sacrebleu, httpx, pytest and hypothesis, but not the
-# server's packages (fastapi, starlette, pydantic, uvicorn) nor the tagging task's (seqeval, conllu). Where such a
-# machine fetches nothing, the wheels go along with the checkout and benchmarks/gpu_session.sh installs them.
+# server's packages (fastapi, starlette, pydantic, uvicorn), the tagging task's (seqeval, conllu) nor Liger Kernel
+# (the gpu extra's fused loss). Where such a machine fetches nothing, the wheels go along with the checkout and
+# benchmarks/gpu_session.sh installs them.
 #
 #   bash benchmarks/gpu_wheels.sh            # from the repository root, with .venv built (make test)
 set -euo pipefail
@@ -16,6 +17,9 @@ from importlib.metadata import version
 print(" ".join(f"{name}=={version(name)}" for name in sys.argv[1:]))
 EOF
 )
+# the gpu extra's kernels (pyproject.toml), which this CPU venv does not hold, at the release that was newest when
+# this line was written: pure Python over the image's Triton, for the plan's fused loss and its CUDA test
+pins="$pins liger-kernel==0.8.5"
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 rm -rf .whl && mkdir .whl
 for pin in $pins; do

@@ -177,3 +177,21 @@ def test_each_attnkit_row_builds_its_trainer_and_takes_a_step(tmp_path, block, k
                                             run_dir=tmp_path, **kernel)
     assert n_params > 0
     step()
+
+
+def test_append_keeps_the_report_of_the_same_gpu_and_refuses_another(tmp_path, capsys):
+    """`--append` (one process a part, benchmarks/gpu_session.sh): the rows an earlier part wrote are read back from
+    a report of the same GPU and torch; a report of another GPU, or a file that is no report, is refused by name."""
+    machine = {"device": "cuda", "name": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0"}
+    path = tmp_path / "gpu-nvidia-h200.json"
+    assert bench_gpu.earlier_report(path, machine) == {"command": None, "results": []}  # nothing yet
+    rows = [{"part": "train", "impl": "attnkit", "tokens_per_s": 5e5, "ms_per_step": 32.0, "mfu_spec": 0.5,
+             "peak_gpu_gb": 9.8}, {"part": "serve", "impl": "attnkit serve", "error": "RuntimeError: no server"}]
+    bench_gpu.write_report({"machine": machine, "command": "python -m benchmarks gpu --only train serve",
+                            "train_shape": "12 layers", "results": rows}, tmp_path, "gpu-nvidia-h200")
+    assert bench_gpu.earlier_report(path, machine)["results"] == rows
+    assert bench_gpu.earlier_report(path, {**machine, "name": "NVIDIA H100 80GB HBM3"}) is None
+    assert "is a run on NVIDIA H200 with torch 2.11.0+cu130, this is NVIDIA H100" in capsys.readouterr().out
+    path.write_text('{"results": [{"part": "nothing"}], "machine": {}}')
+    assert bench_gpu.earlier_report(path, machine) is None
+    assert "is not a report of python -m benchmarks gpu" in capsys.readouterr().out
