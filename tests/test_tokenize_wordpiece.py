@@ -195,6 +195,29 @@ def test_an_mlm_run_trains_on_a_wordpiece_it_trains_and_fills_masks(tmp_path, mo
     assert len(fill.candidates) == 3 and all(t != "[MASK]" for t, _ in fill.candidates)
 
 
+def test_a_masked_lm_window_of_one_short_text_is_what_bert_tokenizer_fast_makes_of_it(tmp_path):
+    """BERT frames a text `[CLS] text [SEP]`. A WordPiece's post-processor frames so, and BOS borrows [CLS]: the
+    masked LM's stream took the tokenizer for one that starts every text with BOS (as Llama's does) and put a [CLS]
+    without its [SEP] before each file, so a window read [CLS] [CLS] text [SEP]. A text that fits one window now reads
+    (its masks undone) as BertTokenizerFast(text) does; a Llama-style tokenizer still starts texts with BOS
+    (tests/test_data_lm.py)."""
+    import torch
+
+    from attnkit.data.lm import LMData
+    from attnkit.tasks.lm import MaskedWindows
+
+    tok = _small_wordpiece()
+    assert not tok.starts_with_bos
+    text = "the quick brown fox jumps over the lazy dog"
+    path = tmp_path / "one.txt"
+    path.write_text(text, encoding="utf-8")
+    stream = torch.tensor(LMData.prepare([path], tok, tmp_path / "cache", val_fraction=0.0,
+                                         progress=False).tokens.tolist())  # (T,)
+    inputs, labels = MaskedWindows(tok, len(stream) + 2)(stream[None], torch.Generator().manual_seed(0))  # (1, T + 2)
+    read = torch.where(labels == -100, inputs, labels)[0].tolist()  # the window with its masks undone
+    assert read == _bert_fast(tok, tmp_path / "bert", lowercase=True)(text)["input_ids"]
+
+
 def test_tokenizer_encode_shows_the_text_a_piece_inside_a_word_stands_for(tmp_path, capsys):
     """attnkit tokenizer encode's text column showed '##ither' for the text of a piece inside a word: its text is
     'ither'. Axis labels keep the mark ('##ither', as BertViz labels BERT's tokens)."""

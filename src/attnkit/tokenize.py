@@ -378,9 +378,13 @@ class HFTokenizer(_SpecialIds):
 
     @functools.cached_property
     def starts_with_bos(self) -> bool:
-        """Whether the post-processor puts BOS before every text (Llama's, Mistral's): its model was trained so."""
+        """Whether the post-processor puts BOS before every text and nothing after it (Llama's, Mistral's): its model
+        was trained and is prompted so. One that closes the text too frames a whole text (BERT's `[CLS] text [SEP]`,
+        where BOS borrows CLS; RoBERTa's `<s> text </s>`): a stream of such texts, and a prompt, take neither mark
+        alone (a [CLS] without its [SEP]); the tasks that read whole texts frame them (`frame_ids`)."""
         bos = self._ids.get("bos")
-        return bos is not None and self.own_frame[0][:1] == (bos,)
+        before, after = self.own_frame
+        return bos is not None and before[:1] == (bos,) and not after
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike) -> HFTokenizer:
