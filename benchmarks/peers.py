@@ -1,9 +1,9 @@
 """The speed suite's peers beyond plain `transformers`: the tools people pick for speed, each optional.
 
-- nanoGPT's model (`bench_train.NanoGPT`, its `model.py` written out) and its `train.py` step: autocast,
-  forward with the loss, backward, AdamW with its weight-decay groups (fused only on CUDA, as
-  `configure_optimizers` chooses), `torch.compile(model)` for the compiled rows. Clipping is left out, as it is from
-  every other training row of the suite.
+- nanoGPT's model (`bench_gpu.PeerGPT`, its `model.py` written out) and its `train.py` step: autocast,
+  `logits, loss = model(X, Y)` with the loss inside the model (and so inside `torch.compile(model)` for the compiled
+  rows), backward, AdamW with its weight-decay groups (fused only on CUDA, as `configure_optimizers` chooses).
+  Clipping is left out, as it is from every other training row of the suite.
 - `transformers` with its static cache and `torch.compile` of the model's forward, the fastest decoding path its
   documentation gives ("static kv-cache and torch.compile").
 - llama.cpp through `llama-cpp-python` (`pip install 'attnkit[bench]'`): the same weights written to GGUF at f32,
@@ -59,26 +59,22 @@ def llama_cpp_system_info() -> str | None:
 
 # --- nanoGPT ---------------------------------------------------------------------------------------------------------
 def nanogpt_train_step(case, dtype: str, *, compiled: bool, device: str):
-    """nanoGPT's model of the case's shape and one step of its training loop: (model, step)."""
-    from benchmarks.bench_train import NanoGPT
+    """nanoGPT's model of the case's shape (`bench_gpu.PeerGPT`) and one step of its training loop: (model, step).
+    As train.py runs it, `logits, loss = model(X, Y)`: the cross-entropy is computed inside the model, so inside
+    `torch.compile(model)` for the compiled rows."""
+    from benchmarks.bench_gpu import PeerGPT
 
-    model = NanoGPT(case.vocab_size, case.seq_len, case.d_model, case.n_heads, case.n_layers, bias=True).to(device)
+    model = PeerGPT(case.vocab_size, case.seq_len, case.d_model, case.n_heads, case.n_layers, bias=True).to(device)
     generator = torch.Generator().manual_seed(0)
     ids, targets = (torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(device)
                     for _ in range(2))
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(  # nanoGPT's configure_optimizers
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        lr=1e-4, betas=(0.9, 0.95), fused=torch.device(device).type == "cuda",
-    )
+    optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), torch.device(device).type)
     run = torch.compile(model) if compiled else model
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
     def train_step() -> None:
         with autocast:
-            logits = run(ids)  # (B, T, V)
-            loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            _, loss = run(ids, targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -66,6 +66,23 @@ def test_nanogpt_step_updates_every_parameter():
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+def test_the_compiled_nanogpt_row_compiles_the_loss_with_the_model(monkeypatch):
+    """train.py's `logits, loss = model(X, Y)` under `torch.compile(model)`: the cross-entropy is in the compiled
+    graph (a backend that records what Dynamo hands it), not computed in eager on the logits it returns."""
+    graphs, compile = [], torch.compile
+
+    def recording(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    monkeypatch.setattr(torch, "compile", lambda model: compile(model, backend=recording))
+    case = Case("train-tiny", "train", "decoder", 2, 32, 2, 50, 8, 2)
+    _, step = peers.nanogpt_train_step(case, "fp32", compiled=True, device="cpu")
+    step()
+    assert len(graphs) == 1
+    assert torch.nn.functional.cross_entropy in [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+
+
 def test_a_missing_peer_is_named_with_how_to_install_it(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "llama_cpp" else real(name))
