@@ -26,9 +26,10 @@ import torch
 
 from attnkit import ModelConfig, build_model
 from attnkit.data.packing import PackedRows, document_ends, pack_rows, pieces
+from attnkit.experiments.base import device_name
 from attnkit.outputs import atomic_write
 from attnkit.tokenize import CharTokenizer
-from benchmarks.common import DATA, RESULTS
+from benchmarks.common import DATA, RESULTS, load_averages
 
 
 def rows(seq_len: int) -> tuple[CharTokenizer, dict[str, PackedRows]]:
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for layout in layouts:  # warm-up
         step(layout)
+    load_before = os.getloadavg()
     timings: dict[str, list[tuple[float, int]]] = {layout: [] for layout in layouts}
     for _ in range(args.rounds):
         for layout in layouts:
@@ -86,13 +88,13 @@ def main(argv: list[str] | None = None) -> int:
                         "padding_share": layouts[layout].padding_share,
                         "ms_per_step": 1000 * statistics.median(seconds) / args.steps, "real_tokens_per_s": tokens})
     report = {"command": "python -m benchmarks packing " + " ".join(argv or []), "torch": torch.__version__,
-              "machine": platform.processor() or platform.machine(), "threads": args.threads,
-              "load_average": os.getloadavg()[0],
+              "machine": f"{device_name()}, {torch.backends.cpu.get_cpu_capability()} kernels ({platform.machine()})",
+              "threads": args.threads, "load": load_averages(load_before, os.getloadavg()),
               "shape": f"batch {args.batch_size} x {args.seq_len}", "results": results}
     padded, packed = results
     lines = [f"# Packed against padded rows (Multi30k train.en, characters, a line a document; {report['shape']}, "
              f"{args.threads} thread(s), torch {torch.__version__})", "", f"Command: `{report['command']}` on "
-             f"{report['machine']} (load average {report['load_average']:.1f} at the end)", "",
+             f"{report['machine']}; {report['load']}", "",
              "| rows | rows in the corpus | padding | ms/step | real tokens/s |", "|---|---|---|---|---|"]
     lines += [f"| {r['layout']} | {r['rows']:,} | {100 * r['padding_share']:.1f}% | {r['ms_per_step']:.1f} | "
               f"{r['real_tokens_per_s']:,.0f} |" for r in results]
