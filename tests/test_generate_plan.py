@@ -20,7 +20,7 @@ from attnkit.generate import decode_layout, native_gemv, tune
 from attnkit.generate.decode_layout import GemvPackedLinear, TransposedLinear
 from attnkit.generate.decoder import generate_tokens
 from attnkit.generate.plan import CAPTURED_SERVING, plan_inference
-from attnkit.generate.tune import _longest_win, choose_layout
+from attnkit.generate.tune import choose_layout, longest_win
 from attnkit.generate.tune import tune as tune_machine
 from attnkit.layers.attention import Attention
 from attnkit.machine import (
@@ -313,9 +313,9 @@ def test_each_cpu_level_and_pytorch_keeps_a_profile_of_its_own(monkeypatch):
 
 
 def test_longest_win_stops_at_the_first_loss():
-    assert _longest_win((64, 128, 256), [True, True, False]) == 128
-    assert _longest_win((64, 128, 256), [False, True, True]) == 0
-    assert _longest_win((64, 128), [True, True]) == 128
+    assert longest_win((64, 128, 256), [True, True, False]) == 128
+    assert longest_win((64, 128, 256), [False, True, True]) == 0
+    assert longest_win((64, 128), [True, True]) == 128
 
 
 def test_generate_explain_prints_the_plan_with_the_cpus_capabilities(tmp_path, capsys):

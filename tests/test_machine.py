@@ -40,12 +40,12 @@ def test_without_torchs_capability_report_linuxs_flags_stand_in(monkeypatch):
     import pytest
     import torch
 
-    from attnkit.machine import _reported_capabilities
+    from attnkit.machine import reported_capabilities
 
     reported = dict(torch.cpu.get_capabilities())
     if not Path("/proc/cpuinfo").is_file():
         pytest.skip("no /proc/cpuinfo on this system (Linux only)")
     monkeypatch.setattr(torch.cpu, "get_capabilities", None)
-    fallback = _reported_capabilities()
+    fallback = reported_capabilities()
     for flag in ("avx2", "avx512_f", "avx512_bw", "avx512_bf16"):
         assert fallback.get(flag, False) == reported.get(flag, False), flag

@@ -86,7 +86,7 @@ class CpuCapabilities:
         """This machine's CPU, as the kernels will run on it: flags beyond ATen's vector level are dropped, so that
         an AVX-512 CPU run with its AVX2 kernels (`ATEN_CPU_CAPABILITY=avx2`, with oneDNN held to AVX2 by
         `ONEDNN_MAX_CPU_ISA=AVX2`) is planned for as the AVX2 CPU it then is."""
-        report = _reported_capabilities()
+        report = reported_capabilities()
         isa = torch.backends.cpu.get_cpu_capability()
         flags = frozenset(k for k, v in report.items() if v is True and not _above(k, isa))
         return cls(isa=isa, flags=flags, name=str(report.get("cpu_name", "")))
@@ -154,7 +154,7 @@ def _above(flag: str, isa: str) -> bool:
     return not isa.startswith("AVX2") and flag.startswith(("avx", "fma", "f16c"))
 
 
-def _reported_capabilities() -> dict[str, Any]:
+def reported_capabilities() -> dict[str, Any]:
     """`torch.cpu.get_capabilities()` (PyTorch 2.9 on); before it, the flags of Linux's /proc/cpuinfo, renamed."""
     report = getattr(torch.cpu, "get_capabilities", None)
     if report is not None:

@@ -100,7 +100,7 @@ def _seconds(fn: Callable[[], object], min_run_time: float) -> float:
     return benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median
 
 
-def _longest_win(lengths: tuple[int, ...], math_wins: list[bool]) -> int:
+def longest_win(lengths: tuple[int, ...], math_wins: list[bool]) -> int:
     """The longest length up to which the math kernel won at every measured length (0: it lost at the first)."""
     longest = 0
     for length, wins in zip(lengths, math_wins, strict=True):
@@ -137,7 +137,7 @@ def measure_attention(dtype: torch.dtype, min_run_time: float, lengths: tuple[tu
         sdpa, math = _seconds(sdpa_pass, min_run_time), _seconds(math_pass, min_run_time)
         pass_wins.append(math < sdpa)
         rows.append(f"attention pass    T={keys:<5} SDPA {sdpa * 1e3:8.3f} ms  products {math * 1e3:8.3f} ms")
-    limits = AttentionKernelLimits(_longest_win(decode_lengths, decode_wins), _longest_win(pass_lengths, pass_wins))
+    limits = AttentionKernelLimits(longest_win(decode_lengths, decode_wins), longest_win(pass_lengths, pass_wins))
     return limits, rows
 
 
