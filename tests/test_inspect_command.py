@@ -501,12 +501,12 @@ def test_a_corrupted_source_alone_is_read_under_the_clean_runs_target(runs, anal
     assert alone["summary"] == {**given["summary"], "corrupted": "jih gf"}
     assert alone["rows"] == given["rows"]
     settings = InspectSettings(run=str(run), analysis=analysis, text=("hgf",), corrupt="hga")  # both translated
-    from attnkit.inspect.command import Loaded, _pair_of
+    from attnkit.inspect.command import Loaded, pair_of
     from attnkit.tokenize import load_tokenizer
 
     model, _ = load_model(run)
     loaded = Loaded(model.eval(), load_tokenizer(run / "tokenizer"), "encoder-decoder", 48, torch.device("cpu"))
-    pair = _pair_of(loaded, settings)
+    pair = pair_of(loaded, settings)
     assert torch.equal(pair.clean.args[1], pair.corrupted.args[1])
     assert torch.equal(pair.clean.labels, pair.corrupted.labels)
     assert not torch.equal(pair.clean.args[0], pair.corrupted.args[0])

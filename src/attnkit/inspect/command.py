@@ -502,7 +502,7 @@ def _tuned_lens(loaded: Loaded, settings: InspectSettings):
 
 
 @dataclass(frozen=True)
-class _Pair:
+class PatchPair:
     """A clean and a corrupted input and what patching reads: the position (-1 for a sequence classifier), the
     clean answer and the wrong one (the corrupted run's, or the clean run's runner-up)."""
 
@@ -518,7 +518,9 @@ class _Pair:
         return {"answer": self.answer, "wrong": self.wrong, "position": self.position}
 
 
-def _pair_of(loaded: Loaded, settings: InspectSettings) -> _Pair:
+def pair_of(loaded: Loaded, settings: InspectSettings) -> PatchPair:
+    """The clean text and its corruption (`--corrupt`) as the patching analyses read them, with the answer position
+    and the clean and wrong answers."""
     clean = text_batch(loaded, _one_text(settings), prompt=True)
     if loaded.translates and "\t" not in settings.corrupt:  # a corrupted source is read under the clean run's
         # target, given or its own translation: the corruption changes the source alone, not what the decoder reads
@@ -540,7 +542,7 @@ def _pair_of(loaded: Loaded, settings: InspectSettings) -> _Pair:
     clean_at, corrupted_at = (clean_logits, corrupted_logits) if sequence else (clean_logits[position],
                                                                                 corrupted_logits[position])
     answer, wrong = _answer_ids(loaded, settings, given, clean_at, corrupted_at)
-    return _Pair(clean, corrupted, position, answer, wrong, sequence)
+    return PatchPair(clean, corrupted, position, answer, wrong, sequence)
 
 
 Given = tuple[int | None, int | None]  # the output ids --answer and --wrong name, None where not given
@@ -598,7 +600,7 @@ def _given_output(loaded: Loaded, text: str | None, option: str) -> int | None:
 
 
 def _patch(loaded: Loaded, settings: InspectSettings):
-    pair = _pair_of(loaded, settings)
+    pair = pair_of(loaded, settings)
     writers = any(name.endswith(".mlp.out") for name in hook_points(loaded.model))  # a Transformer's blocks
     stream = patch_stream(loaded.model, pair.clean, pair.corrupted, **pair.target,  # per block: input, attention, FFN
                           point=("resid_pre", "attn.out", "mlp.out") if writers else "resid_pre")
@@ -617,7 +619,7 @@ def _path_patch(loaded: Loaded, settings: InspectSettings):
                          f"{', '.join(dict.fromkeys(site for site, _ in senders))}: run once per sublayer")
     site, heads = senders[0][0], list(dict.fromkeys(head for _, head in senders))
     receiver = _head_of(settings.receiver, "--receiver")
-    pair = _pair_of(loaded, settings)
+    pair = pair_of(loaded, settings)
 
     def metric(logits: Tensor) -> float:
         return logit_difference(logits, pair.answer, pair.wrong, pair.position)
@@ -659,7 +661,7 @@ def _head_of(text: str, option: str) -> tuple[str, int]:
 
 
 def _attribute(loaded: Loaded, settings: InspectSettings):
-    pair = _pair_of(loaded, settings)
+    pair = pair_of(loaded, settings)
     steps = {"steps": settings.path_steps}
     point = settings.point or "z"
     stream = attribute_stream(loaded.model, pair.clean, pair.corrupted, **pair.target, **steps)
@@ -680,7 +682,7 @@ def _attribute(loaded: Loaded, settings: InspectSettings):
     return "Attribution patching", rows, summary, figure
 
 
-def _patching_report(loaded: Loaded, settings: InspectSettings, pair: _Pair, stream, heads, verb: str,
+def _patching_report(loaded: Loaded, settings: InspectSettings, pair: PatchPair, stream, heads, verb: str,
                      by_position: Patching | None = None):
     """Rows, summary and picture of a stream (layer x position) and a head table of shares restored; `by_position`:
     each head at each position alone, (sites, T, H), as a (site head) x position table under the stream's."""
@@ -731,7 +733,7 @@ def _span_label(span: range, length: int) -> str:
     return "position" if len(span) == length else f"positions {span.start}-{span.stop - 1} of {length}"
 
 
-def _pair_summary(loaded: Loaded, settings: InspectSettings, pair: _Pair, clean: float, corrupted: float) -> dict:
+def _pair_summary(loaded: Loaded, settings: InspectSettings, pair: PatchPair, clean: float, corrupted: float) -> dict:
     """The texts, where the answer is read, the answer and the wrong one, and both runs' logit differences."""
     answer, wrong = _output_names(loaded, [pair.answer, pair.wrong])
     return {"clean": _one_text(settings), "corrupted": settings.corrupt,
