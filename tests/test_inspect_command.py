@@ -535,6 +535,12 @@ def test_answer_and_wrong_name_the_logit_difference_read(runs, tmp_path):
     assert rows == pytest.approx(expected.restored.flatten().tolist(), abs=1e-4)
     with pytest.raises(InputError, match="--answer 'de' becomes 2 tokens .'d', 'e'.; an answer is one token"):
         _inspect(run, "dla", tmp_path, text=("abc",), answer="de")
+    for analysis, extra in (("dla", {}), ("patch", {"corrupt": "abd"})):  # read as <unk>, scored as <unk>'s logit
+        with pytest.raises(InputError, match="--answer '€' is not in this run's vocabulary: its tokenizer reads it as "
+                           "the unknown token"):
+            _inspect(run, analysis, tmp_path, text=("abc",), answer="€", **extra)
+    with pytest.raises(InputError, match="--wrong '€' is not in this run's vocabulary"):
+        _inspect(run, "dla", tmp_path, text=("abc",), wrong="€")
     with pytest.raises(InputError, match="--wrong 'maybe' is none of this run's labels: NOUN, VERB, ADJ"):
         _inspect(runs["tagger"], "dla", tmp_path, text=("abc",), wrong="maybe")
     with pytest.raises(InputError, match="heads reads none: drop them"):

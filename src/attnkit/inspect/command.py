@@ -583,7 +583,8 @@ def _given_outputs(loaded: Loaded, settings: InspectSettings) -> Given:
 
 def _given_output(loaded: Loaded, text: str | None, option: str) -> int | None:
     """The output id --answer or --wrong names: one token of the text (a classifier's or tagger's label by name);
-    None when not given. Raises InputError for a text of more or fewer tokens than one, or a label the run has not."""
+    None when not given. Raises InputError for a text of more or fewer tokens than one, a text the vocabulary holds
+    only as its unknown token, or a label the run has not."""
     if text is None:
         return None
     if hasattr(loaded.model, "classifier"):
@@ -596,6 +597,10 @@ def _given_output(loaded: Loaded, text: str | None, option: str) -> int | None:
         pieces = ", ".join(map(repr, _labels(loaded.tokenizer, ids)))
         raise InputError(f"{option} {text!r} becomes {len(ids)} tokens ({pieces}); an answer is one token: give one "
                          "(with its leading space where the tokenizer writes one into a word)")
+    unknown = loaded.tokenizer.unk_id
+    if ids[0] == unknown and text != (piece := _labels(loaded.tokenizer, ids)[0]):  # the logit read would be <unk>'s
+        raise InputError(f"{option} {text!r} is not in this run's vocabulary: its tokenizer reads it as the unknown "
+                         f"token {piece!r}; give a token the vocabulary holds")
     return ids[0]
 
 
