@@ -80,16 +80,26 @@ def parts(case: speed.Case, dtype: str, rounds: int) -> dict:
 def cache_copies(model: torch.nn.Module, case: speed.Case, dtype: torch.dtype) -> list[torch.Tensor]:
     """The cache views the math kernel widens to fp32 over one generation: keys and values (1, Hkv, S, D), sliced
     from a buffer as the KV cache holds them, at each length S the decoding steps reach, for each attention layer whose
-    kernel covers S. None in fp32 (the kernel reads an fp32 cache as it is)."""
+    kernel covers S. None in fp32 (the kernel reads an fp32 cache as it is), and none where the math kernel has a
+    one-query kernel (`native_gemv.attend_one`, which reads a bf16 cache as it is)."""
     if dtype == torch.float32:
         return []
     query = torch.empty(1, 1, 1, 1, dtype=dtype)  # (B, H, T, D): one decoding query, which `covers` reads
     lengths = range(case.seq_len + 1, case.seq_len + case.new_tokens + 1)
     copies = []
-    for layer in (m for m in model.modules() if isinstance(m, Attention) and m.math_kernel is not None):
+    for layer in (m for m in model.modules() if isinstance(m, Attention) and m.math_kernel is not None
+                  and m.math_kernel.one_query is None):
         buffer = torch.randn(1, layer.n_kv_heads, lengths[-1], layer.head_dim, dtype=dtype)  # (1, Hkv, S_max, D)
         copies += [buffer[:, :, :length] for length in lengths if layer.math_kernel.covers(query, length)] * 2
     return copies
+
+
+def batch_one_case(parser: argparse.ArgumentParser, name: str) -> speed.Case:
+    """The speed suite's batch-1 generation case `name`; the parser's error (exit 2) for any other."""
+    case = next((c for c in speed.CASES if c.name == name and c.kind == "generate"), None)
+    if case is None or case.batch_size != 1:
+        parser.error(f"--case must name a batch-1 generation case of the speed suite, not {name!r}")
+    return case
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", default="generate-small-b1", help="a batch-1 generation case of the speed suite")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    case = next((c for c in speed.CASES if c.name == args.case and c.kind == "generate"), None)
-    if case is None or case.batch_size != 1:
-        parser.error(f"--case must name a batch-1 generation case of the speed suite, not {args.case!r}")
+    case = batch_one_case(parser, args.case)
     load_before = os.getloadavg()
     rows = [parts(case, dtype, args.rounds) for dtype in args.dtypes]
     load_after = os.getloadavg()

@@ -346,18 +346,42 @@ class AttentionPath:
     run: Callable[[AttentionCase, Tensor, Tensor, Tensor, Tensor | None], Tensor]
     dtypes: tuple[str, ...] = ("fp32", "bf16")
     unavailable: Callable[[], str | None] = lambda: None
+    queries: st.SearchStrategy[int] = st.integers(1, 17)  # the query counts drawn
+    pinned: tuple[AttentionCase, ...] = ()  # cases always run, before the drawn ones
 
 
+def one_query(case: AttentionCase, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+    """`attend` with the inference plan's math kernel and its native one-query kernel first: a single query whose bias
+    hides no key (none, or causality alone for the newest query) goes to `native_gemv.attend_one` (the output must be
+    that kernel's, bit for bit); one whose padding hides keys, to the float32 products."""
+    everywhere = MathKernel("cpu", q.dtype, AttentionKernelLimits(decode_keys=10**6, pass_keys=10**6),
+                            one_query=native_gemv.attend_one_query)
+    hides = bias is not None and bool(torch.isinf(bias).any())
+    scale = q.shape[-1] ** -0.5
+    out = attend(q, k, v, bias if hides else None, scale=scale, dropout=0.0, grouped=case.group > 1,
+                 math_kernel=everywhere)
+    if not hides:
+        assert torch.equal(out, native_gemv.attend_one(q, k, v, scale)), "attend did not take the one-query kernel"
+    return out
+
+
+# one key (an empty cache), head widths below, at and past a vector, grouped queries, a strided fused projection
+ONE_QUERY_PINNED = tuple(AttentionCase(batch, kv, group, 1, cached, dim, dtype, "none", strided, 0)
+                         for batch, kv, group, cached, dim, strided in ((1, 1, 1, 0, 1, False), (2, 2, 3, 20, 64, True),
+                                                                        (1, 3, 2, 9, 7, False), (2, 1, 3, 5, 80, True))
+                         for dtype in ("fp32", "bf16"))
 ATTENTION_PATHS = [  # a new attention kernel joins here
     AttentionPath("SDPA", sdpa),
     AttentionPath("math kernel", math_kernel),
+    AttentionPath("native one-query kernel", one_query, unavailable=native_gemv.unavailable, queries=st.just(1),
+                  pinned=ONE_QUERY_PINNED),
     AttentionPath("grouped_attention", lambda case, q, k, v, bias: grouped_attention(q, k, v, bias)),
 ]
 
 
 def attention_cases(path: AttentionPath) -> st.SearchStrategy[AttentionCase]:
     return st.builds(AttentionCase, batch=st.integers(1, 2), kv_heads=st.integers(1, 3), group=st.integers(1, 3),
-                     queries=st.integers(1, 17), cached=st.integers(0, 20), head_dim=st.integers(1, 80),
+                     queries=path.queries, cached=st.integers(0, 20), head_dim=st.integers(1, 80),
                      dtype=st.sampled_from(path.dtypes), mask=st.sampled_from(["none", "causal", "causal+padding"]),
                      strided=st.booleans(), seed=st.integers(0, 2**16))
 
@@ -415,8 +439,8 @@ def main(argv: list[str] | None = None) -> int:
             ok &= holds(path.name, linear_cases(path), lambda case, path=path: check_linear(path, case),
                         path.pinned + edge_cases(path), args.examples)
         else:
-            ok &= holds(path.name, attention_cases(path), lambda case, path=path: check_attention(path, case), (),
-                        args.examples)
+            ok &= holds(path.name, attention_cases(path), lambda case, path=path: check_attention(path, case),
+                        path.pinned, args.examples)
     return 0 if ok else 1
 
 

@@ -6,10 +6,13 @@ their kernels' to the matrix products; and the plan, `attnkit generate` and the 
 
 import copy
 import hashlib
+import json
 import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +24,8 @@ from attnkit import ModelConfig, build_model, cli
 from attnkit.checkpoint import save_model
 from attnkit.generate import native_gemv, tune
 from attnkit.generate.decode_layout import NATIVE_BF16_ROWS, NATIVE_ROWS, NativeLinear
-from attnkit.generate.plan import plan_inference
+from attnkit.generate.decoder import generate_tokens
+from attnkit.generate.plan import ONE_QUERY_SPEEDUP, plan_inference
 from attnkit.generate.quantize import (
     INT4_GROUP,
     NATIVE_QUANTIZED_ROWS,
@@ -29,6 +33,7 @@ from attnkit.generate.quantize import (
     NativeInt8Linear,
     int4_reference,
 )
+from attnkit.layers.kernels import use_math_kernel
 from attnkit.machine import DEFAULT_PROFILE, CpuCapabilities, Profile
 from attnkit.tokenize import CharTokenizer
 
@@ -596,3 +601,52 @@ def test_a_profile_measured_without_the_native_kernels_is_measured_again_once_th
     assert len(measured) == 2 and "native" in plan.explain()  # measured again, now with the native kernels
     plan_inference(_decoder(), "decoder", quantize="int8")
     assert len(measured) == 2  # and kept
+
+
+# one decoding query's attention -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("shapes", "problem"), [
+    (((1, 2, 2, 8), (1, 2, 5, 8)), "two queries a head"),
+    (((1, 2, 1, 8), (1, 2, 0, 8)), "no keys"),
+    (((1, 3, 1, 8), (1, 2, 5, 8)), "query heads not a multiple of key heads"),
+    (((1, 2, 1, 8), (1, 2, 5, 4)), "another head width"),
+    (((2, 2, 1, 8), (1, 2, 5, 8)), "another batch"),
+])
+def test_the_one_query_kernel_refuses_inputs_it_would_misread(shapes, problem):
+    _require_kernels()
+    q, k = (torch.randn(shape) for shape in shapes)
+    with pytest.raises(ValueError, match="attend_one takes one CPU query a head"):
+        native_gemv.attend_one(q, k, k.clone(), 0.5)
+    assert native_gemv.attend_one_query(q[:, :, :1], k[..., :1], k[..., :1].half(), 0.5) is None  # fp16 values
+
+
+def test_the_plan_hands_bf16_decoding_the_one_query_kernel_and_attention_takes_it(monkeypatch):
+    """Eager bf16 decoding on a CPU where the kernels run gets the native one-query kernel inside its math kernel
+    (`--explain` says so); a compiled step, which cannot call into C, and fp32, where SDPA is as fast, do not. A
+    decoding step of the planned model calls it, and the tokens are those of the float32 products."""
+    _require_kernels()
+    model = build_model(ModelConfig(family="decoder", vocab_size=40, d_model=32, n_layers=2, n_heads=4,
+                                    max_seq_len=64)).eval().to(torch.bfloat16)
+    plan = plan_inference(model, "decoder", profile=DEFAULT_PROFILE)
+    assert plan.math_kernel.one_query is native_gemv.attend_one_query
+    assert "the native kernel for one decoding query" in plan.explain()
+    compiled = plan_inference(model, "decoder", profile=DEFAULT_PROFILE, compile=True).math_kernel
+    assert compiled is None or compiled.one_query is None
+    assert plan_inference(model.float(), "decoder", profile=DEFAULT_PROFILE).math_kernel is None  # fp32: SDPA
+    model.to(torch.bfloat16)
+    plan.apply(model)
+    prompt = [[3, 1, 4, 1, 5, 9, 2, 6]]
+    with_kernel = generate_tokens(model, prompt, max_new_tokens=6, context_len=64)
+    calls = []
+    monkeypatch.setattr(native_gemv, "attend_one", lambda *args: calls.append(args) or None)
+    generate_tokens(model, prompt, max_new_tokens=2, context_len=64)
+    assert len(calls) == 2  # one decoding step, two layers (the prefill's queries are many)
+    monkeypatch.undo()
+    use_math_kernel(model, replace(plan.math_kernel, one_query=None))
+    assert generate_tokens(model, prompt, max_new_tokens=6, context_len=64) == with_kernel
+
+
+def test_the_plans_one_query_figures_are_those_its_results_file_records():
+    """`plan.ONE_QUERY_SPEEDUP` is the range of bf16's float32 products over the native kernel in the results file."""
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "decode-attention-cpu.json"
+    ratios = [row["math_over_native"] for row in json.loads(results.read_text())["kernels"]["bf16"]]
+    assert ONE_QUERY_SPEEDUP == (round(min(ratios), 1), round(max(ratios), 1))

@@ -17,6 +17,9 @@ inputs and arithmetic throughout:
     gemv_i4(codes, scales, offsets, x, bias)   codes (N, K / 2) uint8 (`pack_int4`), scales and offsets (N, K / 32)
                                                fp32: weights (code - 8) * scale + zero, offset = zero - 8 * scale
                                                x (M, K), bias (N,) fp32 or None -> (M, N) fp32 in each
+    attend_one(q, k, v, scale)                 one decoding query's attention over every cached key, fp32 or bf16
+                                               (`attend_one_query`: the plan's one-query kernel, None where it does
+                                               not take the inputs)
     dense_product(weight, bias, scales)        the fp32, bf16 or int8 product bound to one weight: its checks and
                                                addresses taken once, when a decoding layer is built, so that a step's
                                                call costs one ctypes call and one output tensor (`DenseProduct`);
@@ -53,7 +56,7 @@ from attnkit.machine import CpuCapabilities, cache_home
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "gemv.c"
-FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-lm")
 AVX512 = ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
 BUILDS = {  # vector level -> (the CPU flags it needs, as PyTorch names them; the compiler flags that target it)
     "avx512_bf16": (("avx512_f", "avx512_bw", "avx512_vl", "avx512_dq", "avx512_bf16", "avx2", "fma3"),
@@ -73,6 +76,7 @@ _SIGNATURES = {  # argument types of each exported function
     "gemv_i4": [_POINTER] * 7 + [_SIZE] * 3 + [_INT],
     "gemv_bf16_dot": [_POINTER] * 4 + [_SIZE] * 3 + [_INT],  # the AVX512-BF16 build's only
     "gemv_bf16_dot_to_bf16": [_POINTER] * 4 + [_SIZE] * 3 + [_INT],  # the same, its sums rounded to bf16
+    "attend_one": [_POINTER] * 4 + [_SIZE] * 11 + [ctypes.c_float, _INT],  # returns 0, or 1 without memory
 }
 DOT_ONLY = ("gemv_bf16_dot", "gemv_bf16_dot_to_bf16")  # the kernels only the AVX512-BF16 build has
 ROUNDED = {"gemv_bf16_dot": "gemv_bf16_dot_to_bf16"}  # a kernel -> its twin writing its sums rounded to bf16
@@ -167,7 +171,7 @@ def _load(cc: list[str], build: str) -> ctypes.CDLL:
         if name in DOT_ONLY and build != "avx512_bf16":
             continue
         getattr(library, name).argtypes = argtypes
-        getattr(library, name).restype = None
+        getattr(library, name).restype = _INT if name == "attend_one" else None
     return library
 
 
@@ -413,6 +417,43 @@ def gemv_i4(codes: Tensor, scales: Tensor, offsets: Tensor, x: Tensor, bias: Ten
     _kernel("gemv_i4")(codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), _bias(bias, n), rows.data_ptr(),
                        sums.data_ptr(), out.data_ptr(), rows.shape[0], n, k, torch.get_num_threads())
     return out
+
+
+ONE_QUERY_DTYPES = (torch.float32, torch.bfloat16)  # what `attend_one` reads
+
+
+def attends_one(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether `attend_one` takes these: one query a head (T = 1) on the CPU against at least one key, q, k and v of one
+    dtype it reads, each with D's stride 1, outside a traced step (which cannot call into C)."""
+    return (q.shape[2] == 1 and k.shape[2] > 0 and q.is_cpu and q.dtype in ONE_QUERY_DTYPES
+            and q.dtype == k.dtype == v.dtype and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and not tracing())
+
+
+def attend_one(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """softmax(q k^T * scale) v over every key for one query a head, computed in fp32 (`native/gemv.c`): q (B, H, 1, D),
+    k and v (B, Hkv, S, D) views at any strides but D's, H a multiple of Hkv (grouped queries) -> (B, H, 1, D) in q's
+    dtype. No mask: a decoding query may see every key its cache holds. Raises ValueError for inputs `attends_one`
+    refuses and MemoryError where the kernel's scratch (S + D floats) cannot be had."""
+    if not attends_one(q, k, v) or k.shape != v.shape or q.shape[1] % k.shape[1] or q.shape[-1] != k.shape[-1] \
+            or q.shape[0] != k.shape[0]:
+        raise ValueError(f"attend_one takes one CPU query a head, q (B, H, 1, D) and k, v (B, Hkv, S >= 1, D) of "
+                         f"one float32 or bfloat16 dtype with D's stride 1; got {tuple(q.shape)} {q.dtype}, "
+                         f"{tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype}")
+    batch, heads, _, dim = q.shape
+    q = q.contiguous()  # (B, H, 1, D): a fused projection's view is strided
+    out = torch.empty_like(q)
+    if _kernel("attend_one")(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), batch, heads, k.shape[1],
+                             k.shape[2], dim, *k.stride()[:3], *v.stride()[:3], scale, q.dtype == torch.bfloat16):
+        raise MemoryError(f"attend_one could not allocate {k.shape[2] + dim} floats of scratch")
+    return out
+
+
+def attend_one_query(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor | None:
+    """`attend_one` where it takes these inputs (`attends_one`), else None: the one-query kernel the inference plan
+    hands attention (`layers.kernels.MathKernel.one_query`), which falls back to the math kernel on None."""
+    if not attends_one(q, k, v):
+        return None
+    return attend_one(q, k, v, scale)
 
 
 def tracing() -> bool:

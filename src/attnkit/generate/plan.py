@@ -37,7 +37,7 @@ Tests build plans for CPUs with and without each capability by passing `cpu=`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -173,7 +173,7 @@ def plan_inference(
     why += _padding(model, linear)
     choices.append(Choice("linear layers", linear, why))
     captured = static and compile == "aot" and linear != "int4"  # int4 steps go through torch.compile (below)
-    math_kernel, why = _attention_kernel(device, dtype, profile, profile_note)
+    math_kernel, why = _attention_kernel(device, dtype, profile, profile_note, cpu, compile)
     if math_kernel is not None and captured:  # its choice by key count would fix the cache length
         math_kernel, why = None, "the captured step serves every cache length, and SDPA does too"
     if not projects:
@@ -370,18 +370,32 @@ def _padding(model: nn.Module, linear: str) -> str:
     return f"; in-widths padded with zero inputs ({padded}): {why}"
 
 
+# One bf16 decoding query (6 heads of 64, one thread, CPU time, `python -m benchmarks decode_attention`,
+# benchmarks/results/decode-attention-cpu.md): the native one-query kernel against the math kernel's float32 products
+ONE_QUERY_SPEEDUP = (2.2, 3.4)  # over 16 to 512 cached keys
+
+
 def _attention_kernel(
-    device: torch.device, dtype: torch.dtype, profile: Profile, profile_note: str
+    device: torch.device, dtype: torch.dtype, profile: Profile, profile_note: str, cpu: CpuCapabilities | None,
+    compile: bool | str,
 ) -> tuple[MathKernel | None, str]:
-    """The math kernel for this device and dtype, or None (SDPA), and why."""
+    """The math kernel for this device and dtype, or None (SDPA), and why; with the native one-query kernel first
+    for a single decoding query where the kernels run (eager: a compiled step cannot call into C)."""
     kernel = MathKernel.from_profile(device.type, dtype, profile)
     if kernel is None:
         return None, "fused, keeps no (T, S) weights" + (f"; {profile_note}" if device.type == "cpu" else "")
-    return kernel, f"faster than SDPA there for {dtype_name(dtype)}; {profile_note}"
+    why = f"faster than SDPA there for {dtype_name(dtype)}; {profile_note}"
+    if dtype in native_gemv.ONE_QUERY_DTYPES and cpu is not None and not compile and not native_gemv.unavailable(cpu):
+        low, high = ONE_QUERY_SPEEDUP
+        kernel = replace(kernel, one_query=native_gemv.attend_one_query)
+        why += (f"; a single decoding query through the native one-query kernel ({low}-{high}x faster than the float32 "
+                "products, measured)")
+    return kernel, why
 
 
 def _describe(kernel: MathKernel) -> str:
-    return (f"float32 products up to {kernel.limits.decode_keys} keys (decoding) and {kernel.limits.pass_keys} "
+    first = "the native kernel for one decoding query, then " if kernel.one_query is not None else ""
+    return (f"{first}float32 products up to {kernel.limits.decode_keys} keys (decoding) and {kernel.limits.pass_keys} "
             "(passes), SDPA beyond")
 
 

@@ -3,7 +3,9 @@
 `layers/attention.py` holds the lecture's math and its reference path; it calls `attend` or `flex_attend` here when
 no weights are asked for. Three kernels compute the same thing (tests hold each equal to the reference path):
 
-    attend ----> MathKernel covers (q, S)?  yes: grouped_attention (float32 matrix products, GQA folded into rows)
+    attend ----> MathKernel covers (q, S)?  yes: its one-query kernel, for one unmasked decoding query where it has
+                                                 one and takes the inputs; else grouped_attention (float32 matrix
+                                                 products, GQA folded into rows)
                                             no:  F.scaled_dot_product_attention (fused; enable_gqa)
     flex_attend  FlexAttention (torch.nn.attention.flex_attention, compiled): every variant it can express, the
                  position bias and tanh soft-capping as a `score_mod` (ALiBi, `soft_capped`) and the mask as a
@@ -41,11 +43,14 @@ from attnkit.machine import AttentionKernelLimits, Profile, dtype_name
 @dataclass(frozen=True)
 class MathKernel:
     """Where `attend` runs `grouped_attention` instead of SDPA: queries of `dtype` on `device_type`, over up to
-    `limits.decode_keys` keys for a single query and `limits.pass_keys` keys for several."""
+    `limits.decode_keys` keys for a single query and `limits.pass_keys` keys for several. `one_query`, where the
+    inference plan gives one (`native_gemv.attend_one_query`), serves a single query with no mask first: (q, k, v,
+    scale) -> the output (B, H, 1, D), or None where it does not take these inputs."""
 
     device_type: str
     dtype: torch.dtype
     limits: AttentionKernelLimits
+    one_query: Callable[[Tensor, Tensor, Tensor, float], Tensor | None] | None = None
 
     @classmethod
     def from_profile(cls, device_type: str, dtype: torch.dtype, profile: Profile) -> MathKernel | None:
@@ -84,6 +89,10 @@ def attend(
     """
     key_len = k.shape[2]
     if math_kernel is not None and math_kernel.covers(q, key_len):
+        if math_kernel.one_query is not None and bias is None and causal is None and not dropout:
+            out = math_kernel.one_query(q, k, v, scale)  # (B, H, 1, D), or None where it does not take these
+            if out is not None:
+                return out
         if causal is not None:  # the math kernel has no causal flag: it takes the mask's tensor form
             bias = causal.bias(key_len)
         return grouped_attention(q, k, v, bias, dropout, scale=scale)

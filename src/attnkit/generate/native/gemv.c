@@ -14,12 +14,15 @@
  * One source, three builds: AVX2 with FMA; AVX-512 (F, BW, VL, DQ), which widens the 4-bit product's vectors; and
  * AVX-512 with AVX512-BF16, which adds `gemv_bf16_dot` for bf16 rows of x, and its twin `gemv_bf16_dot_to_bf16`
  * writing each sum rounded to bf16 (a bf16 layer's output as it is returned, with no conversion after the call).
+ * Last, `attend_one`: attention of one decoding query a head over its cache (two matrix-vector passes and a softmax).
  * Built on first use by `attnkit/generate/native_gemv.py` with
  * the machine's C compiler and loaded through ctypes; `tests/fast_paths.py` holds each product equal to its
  * reference on drawn shapes.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define INT4_GROUP 32
@@ -92,6 +95,15 @@ static inline float bf16_to_float(uint16_t v) {
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+/* fp32 -> bf16 rounded to nearest even, every NaN to 0xFFFF: PyTorch's conversion of a tensor (`.to(torch.bfloat16)`,
+ * its vectorized loop), bit for bit */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0xFFFF;
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
 /* `LANES` weights at p, widened to floats; and one weight, for the tails */
@@ -190,15 +202,6 @@ static inline bvec bf16_load(const uint16_t *p, int64_t left) {
     return (bvec)_mm256_maskz_loadu_epi16(mask, p);
 }
 static inline bvec bf16_full(const uint16_t *p) { return (bvec)_mm256_loadu_si256((const __m256i *)p); }
-
-/* fp32 -> bf16 rounded to nearest even, every NaN to 0xFFFF: PyTorch's conversion of a tensor (`.to(torch.bfloat16)`,
- * its vectorized loop), bit for bit */
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0xFFFF;
-    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
 
 /* y's element i set to v: fp32, or bf16 where `bf16_out` (the product's output in the rows' own dtype, so that a bf16
  * layer needs no conversion after the call: a second operator call a layer, which rivals the product at one row) */
@@ -346,4 +349,77 @@ void gemv_i4(const uint8_t *codes, const float *scales, const float *offsets, co
             y[r * n + i] = dot_i4(row, row_scales, x + r * k, groups) +
                            i4_offset(row_offsets, x_sums + r * groups, groups) + add;
     }
+}
+
+/* One decoding query per head against its cached keys and values: out = softmax(q k^T * scale) v over all S keys (no
+ * mask: a single newest query may see every key a cache holds), in fp32 whatever the dtype (bf16 inputs widened as
+ * read, the output rounded as PyTorch rounds it). q (B, H, D) and out (B, H, D) contiguous; k and v (B, Hkv, S, D) at
+ * any strides but D's (1), given in elements; query head h reads key/value head h / (H / Hkv) (grouped queries).
+ * SDPA's CPU kernel and the float32 products spend tens of microseconds a call in blocking and dispatch for what is a
+ * few thousand multiply-adds at one query; this is two passes down the cache, as llama.cpp's vector attention is. */
+static inline float dot_row(const void *a, const void *b, int64_t d, int bf16) {
+    vec acc = vzero();
+    int64_t j = 0;
+    float total;
+    if (bf16) {
+        const uint16_t *x = a, *y = b;
+        for (; j + LANES <= d; j += LANES) acc = vfma(widen_bf16(x + j), widen_bf16(y + j), acc);
+        total = hsum(acc);
+        for (; j < d; j++) total += bf16_to_float(x[j]) * bf16_to_float(y[j]);
+    } else {
+        const float *x = a, *y = b;
+        for (; j + LANES <= d; j += LANES) acc = vfma(vload(x + j), vload(y + j), acc);
+        total = hsum(acc);
+        for (; j < d; j++) total += x[j] * y[j];
+    }
+    return total;
+}
+
+static inline float element(const void *p, int64_t i, int bf16) {
+    return bf16 ? bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* returns 0, or 1 where its scratch (S + D floats) could not be had */
+int attend_one(const void *q, const void *k, const void *v, void *out, int64_t batch, int64_t heads, int64_t kv_heads,
+               int64_t keys, int64_t d, int64_t k_batch, int64_t k_head, int64_t k_key, int64_t v_batch,
+               int64_t v_head, int64_t v_key, float scale, int bf16) {
+    float *scores = malloc((size_t)(keys + d) * sizeof(float)), *acc = scores + keys;
+    if (scores == NULL) return 1;
+    size_t size = bf16 ? sizeof(uint16_t) : sizeof(float);
+    int64_t group = heads / kv_heads;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t h = 0; h < heads; h++) {
+            const char *qh = (const char *)q + (b * heads + h) * d * size;
+            const char *kh = (const char *)k + (b * k_batch + (h / group) * k_head) * size;
+            const char *vh = (const char *)v + (b * v_batch + (h / group) * v_head) * size;
+            float top = -INFINITY;
+            for (int64_t s = 0; s < keys; s++) {
+                scores[s] = dot_row(qh, kh + s * k_key * size, d, bf16) * scale;
+                top = scores[s] > top ? scores[s] : top;
+            }
+            float total = 0.0f;
+            for (int64_t s = 0; s < keys; s++) total += scores[s] = expf(scores[s] - top);
+            for (int64_t j = 0; j < d; j++) acc[j] = 0.0f;
+            for (int64_t s = 0; s < keys; s++) {
+                const char *vs = vh + s * v_key * size;
+                vec w = _mm256_set1_ps(scores[s]);
+                int64_t j = 0;
+                if (bf16)
+                    for (; j + LANES <= d; j += LANES)
+                        _mm256_storeu_ps(acc + j, vfma(w, widen_bf16((const uint16_t *)vs + j), vload(acc + j)));
+                else
+                    for (; j + LANES <= d; j += LANES)
+                        _mm256_storeu_ps(acc + j, vfma(w, vload((const float *)vs + j), vload(acc + j)));
+                for (; j < d; j++) acc[j] += scores[s] * element(vs, j, bf16);
+            }
+            for (int64_t j = 0; j < d; j++) {
+                float value = acc[j] / total;
+                if (bf16)
+                    ((uint16_t *)out)[(b * heads + h) * d + j] = float_to_bf16(value);
+                else
+                    ((float *)out)[(b * heads + h) * d + j] = value;
+            }
+        }
+    free(scores);
+    return 0;
 }
