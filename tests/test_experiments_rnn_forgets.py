@@ -113,7 +113,7 @@ def test_the_models_are_built_from_their_configs_at_the_stored_runs_sizes():
     from pathlib import Path
 
     from attnkit.config import RecurrentLMConfig
-    from attnkit.models import build_model
+    from attnkit.models import build_model, count_parameters
 
     stored = Path(__file__).parents[1] / "docs/experiments/rnn-forgets/results.json"
     if not stored.is_file():
@@ -121,13 +121,13 @@ def test_the_models_are_built_from_their_configs_at_the_stored_runs_sizes():
     sizes = {row["model"]: row["parameters"] for row in json.loads(stored.read_text())["rows"]}
     s = rnn_forgets.SETTINGS["small"]
     max_len = max(s["distances"]) + s["scored"]
-    size = rnn_forgets.parameters(rnn_forgets.transformer(s["width"], max_len))
+    size = count_parameters(rnn_forgets.transformer(s["width"], max_len))
     built = {name: rnn_forgets.build(name, s["width"], max_len, size) for name in rnn_forgets.MODELS}
-    assert {name: rnn_forgets.parameters(model) for name, model in built.items()} == sizes
+    assert {name: count_parameters(model) for name, model in built.items()} == sizes
     assert all(abs(count / size - 1) < 0.01 for count in sizes.values())
     hidden = {name: built[name].rnn.hidden_size for name in rnn_forgets.RECURRENT}
     assert hidden["RNN"] > hidden["LSTM"]  # an LSTM's 4 gates to an RNN's 1: the narrower state for the count
     for name, cell in rnn_forgets.RECURRENT.items():
         config = RecurrentLMConfig(vocab_size=rnn_forgets.VOCAB, embedding_dim=s["width"], hidden_size=hidden[name],
                                    n_layers=1, cell=cell)
-        assert rnn_forgets.parameters(build_model(config)) == sizes[name]
+        assert count_parameters(build_model(config)) == sizes[name]
