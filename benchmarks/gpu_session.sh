@@ -16,9 +16,10 @@
 #                                                                                           -> NAME.tgz (its results)
 # Each stage runs under `timeout` at the smaller of its cap and what is left of BUDGET_S (default 560 s: one command of
 # the device tool, 600 s at most, less Python's start and the copies); a stage whose minimum no longer fits is not
-# started, and session.txt says so. Caps and minimums in seconds, from the H200 run of gpu-nvidia-h200.md (train: three
-# compiles of about 30 s; decode: eight rows with first calls of 7-15 s; train, serve and decode 251 s together):
-STAGES="tests:150:60 train:150:110 serve:90:45 decode:150:100 variants:330:200 rnn-vs-transformer-cost:150:40
+# started, and session.txt says so (variants' minimum is its cap: cut short, it would keep no row). Caps and minimums
+# in seconds, from the H200 run of gpu-nvidia-h200.md (train: three compiles of about 30 s; decode: eight rows with
+# first calls of 7-15 s; train, serve and decode 251 s together):
+STAGES="tests:150:60 train:150:110 serve:90:45 decode:150:100 variants:330:300 rnn-vs-transformer-cost:150:40
         transformer-plus-plus:600:240"
 # Everything is written under runs/gpu-session/ (or $GPU_SESSION_DIR), which git ignores and a machine still warm keeps
 # for the next command (transformer-plus-plus resumes from the arms it finished), and after each stage copied into $OUT,
@@ -89,8 +90,12 @@ stage() {  # stage NAME LOG COMMAND...: run it under the time left, its output a
 }
 
 note "== gpu_session $(date -u +%FT%TZ) parts: $parts; budget $budget s$([ $smoke = 1 ] && echo '; --smoke')"
-note "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null \
-    || echo ' + changes')"
+# the checkout's commit: GPU_SESSION_COMMIT where the machine gets the files without .git (the device tool's copy)
+commit=${GPU_SESSION_COMMIT:-}
+if [ -z "$commit" ] && commit=$(git rev-parse --short HEAD 2>/dev/null); then
+    git diff --quiet HEAD 2>/dev/null || commit="$commit + changes"
+fi
+note "commit ${commit:-unknown (no .git here: give GPU_SESSION_COMMIT)}"
 $py -c "import torch, attnkit; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
   torch.cuda.get_device_name() if torch.cuda.is_available() else '', 'attnkit', attnkit.__file__)" 2>&1 \
     | tee -a "$work/session.txt"
