@@ -111,7 +111,7 @@ def _byte_symbols() -> list[str]:
     return [symbols[10]] + [symbols[b] for b in range(256) if b != 10]
 
 
-def _vocabulary(size: int) -> list[str]:
+def byte_vocabulary(size: int) -> list[str]:
     """`size` distinct byte-level token strings: the bytes, then pairs of them, and so on. The weights are random,
     so the tokens only need to exist: prompts are given as ids and no text is tokenized."""
     symbols, tokens = _byte_symbols(), []
@@ -143,7 +143,7 @@ def write_gguf(model: nn.Module, path: Path, type_name: str) -> None:
     writer.add_file_type(gguf.LlamaFileType[f"MOSTLY_{type_name}" if type_name != "F32" else "ALL_F32"])
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list(_vocabulary(vocab))
+    writer.add_token_list(byte_vocabulary(vocab))
     writer.add_token_types([gguf.TokenType.NORMAL] * vocab)
     writer.add_token_merges([" ".join(_byte_symbols()[1:3])])  # llama.cpp needs a merge list; none is used
 

@@ -54,7 +54,7 @@ def test_onnxruntime_decodes_attnkits_greedy_tokens_from_its_onnx_export():
 
 
 def test_gguf_vocabulary_has_distinct_tokens_and_the_newline_byte_first():
-    tokens = peers._vocabulary(300)
+    tokens = peers.byte_vocabulary(300)
     assert len(set(tokens)) == 300 and tokens[0] == "\u010a"  # byte 10 in GPT-2's byte-level alphabet
 
 

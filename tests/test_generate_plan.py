@@ -250,7 +250,7 @@ def test_tune_packs_each_bf16_weight_once_and_times_each_product_at_the_rows_a_l
     monkeypatch.setattr(tune, "_time_layouts", lambda products, *args, rows=1: timed.setdefault(rows, []).append(
         set(products)) or time_products(products, *args, rows=rows))
     one, eight, table = tune.measure_linear(torch.bfloat16, cpu, tune.QUICK)
-    linears, _ = tune._decoding_layers(tune.QUICK, torch.bfloat16)
+    linears, _ = tune.decoding_layers(tune.QUICK, torch.bfloat16)
     assert len(packed) == len(linears)  # once per weight
     assert timed == {1: [{"plain", "packed", "gemv", "native"}], 8: [{"plain", "packed"}]}
     layouts = {"plain", "packed", "gemv+packed", "native+packed"}

@@ -141,7 +141,7 @@ def measure_attention(dtype: torch.dtype, min_run_time: float, lengths: tuple[tu
     return limits, rows
 
 
-def _decoding_layers(budget: Budget, dtype: torch.dtype) -> tuple[list[nn.Linear], int]:
+def decoding_layers(budget: Budget, dtype: torch.dtype) -> tuple[list[nn.Linear], int]:
     """The budget's shapes as linear layers in `dtype`, repeated up to its `weights_mb` (fp32 bytes); and how many
     copies of the set that is."""
     torch.manual_seed(0)
@@ -187,7 +187,7 @@ def measure_linear(dtype: torch.dtype, cpu: CpuCapabilities, budget: Budget
     `weights_mb`, in each layout that applies (`layout_products`): each layout's seconds for one row and for several,
     and table rows."""
     log.info("  linear layers: one and %d decoding rows in each %s layout", SEVERAL, str(dtype).removeprefix("torch."))
-    linears, copies = _decoding_layers(budget, dtype)
+    linears, copies = decoding_layers(budget, dtype)
     layouts = layout_products(dtype, cpu, native_gemv.unavailable(cpu) is None)
     make = {"plain": lambda layer: layer, "transposed": TransposedLinear, "packed": PackedLinear, "gemv": GemvLinear,
             "native": NativeLinear}  # each builds one product's layer
@@ -219,7 +219,7 @@ def measure_quantized(form: str, cpu: CpuCapabilities, budget: Budget) -> tuple[
     (`QUANTIZE_FORMS`, where it is vectorized) against the native one (`NATIVE_FORMS`, where it runs); each kernel's
     seconds, and table rows."""
     log.info("  linear layers: one decoding row with %s weights", form)
-    linears, copies = _decoding_layers(budget, torch.float32)
+    linears, copies = decoding_layers(budget, torch.float32)
     kernels: dict[str, list[nn.Module]] = {}
     if form == "int8" or cpu.int4_kernel:
         kernels["pytorch"] = [QUANTIZE_FORMS[form](layer) for layer in linears]
