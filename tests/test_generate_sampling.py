@@ -126,9 +126,22 @@ def test_a_row_with_no_distribution_draws_no_token_and_only_that_row(config):
     assert check_drawn([drawn[0], drawn[2]]) == [drawn[0], drawn[2]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_takes_the_first_of_equal_maxima_as_argmax_does(dtype):
+    """Ties (common in bf16 logits) go to the lowest id, as `torch.argmax` and transformers' greedy search take them;
+    a row's -inf tokens are never chosen while one is finite."""
+    logits = torch.zeros(4, 300, dtype=dtype)
+    logits[0, [7, 3, 200]] = 2.0  # three equal maxima
+    logits[1] = 1.0  # every token equal
+    logits[2, :150] = float("-inf")  # the first half forbidden, the rest equal
+    logits[3, 299] = 0.5
+    expected = [int(row.argmax()) for row in logits.float()]
+    assert select_next(logits, SamplingConfig(temperature=0.0)).tolist() == expected == [3, 0, 150, 299]
+
+
 @pytest.mark.parametrize("where", [0, 7, -1])
 def test_greedy_reads_one_nan_anywhere_in_a_row_as_no_distribution(where):
-    """Greedy finds a broken row in its one pass (argmax, which takes a nan's index): a single nan among finite
+    """Greedy finds a broken row in its one pass (max, which takes a nan's index): a single nan among finite
     logits, at the first, a middle or the last token, spoils that row only; +inf is a choice, not a fault."""
     logits = _logits(seed=6, batch=3).float()
     logits[0, where] = float("nan")

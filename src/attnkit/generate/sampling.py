@@ -463,10 +463,9 @@ def select_next_in_groups(
     what the penalties read (`process_logits`). `config.no_repeat_ngram_size` is not applied here (see
     `select_next`)."""
     logits = process_logits(logits, config, seen, counts)
-    if config.greedy:  # one pass over the logits: argmax takes a nan where a row holds one, and -inf only where all are
-        ids = logits.argmax(dim=-1)  # (B,)
-        chosen = logits.gather(-1, ids[:, None]).squeeze(-1)  # (B,)
-        return ids.masked_fill(chosen.isnan() | chosen.isneginf(), NO_TOKEN)
+    if config.greedy:  # one pass over the logits: max takes a nan where a row holds one, and -inf only where all are
+        chosen, ids = logits.max(dim=-1)  # (B,) twice: the first of equal maxima, as argmax takes it
+        return torch.where(chosen > float("-inf"), ids, NO_TOKEN)  # nan and -inf are not: three operators a step
     return draw(logits.softmax(dim=-1), groups)  # a row of nan logits, or all at -inf, is all nan
 
 
