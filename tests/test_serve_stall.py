@@ -190,3 +190,32 @@ def test_what_the_server_loaded_is_left_out_of_the_collectors_full_passes(tmp_pa
     health_ratio = max(health) / alone_health
     print(f"many objects: health {max(health):.4f}s vs {alone_health:.4f}s alone (x{health_ratio:.1f})")
     assert health_ratio < HEALTH_RATIO, f"/health took {health_ratio:.0f}x its time alone while large chats came in"
+
+
+def test_every_json_answer_of_size_is_written_off_the_event_loop(tmp_path, monkeypatch):
+    """A whole completion of thousands of log-probabilities (64 prompts, echoed, 20 alternatives a token: 3 MB) took
+    0.4 s to write as JSON on the event loop, every other request waiting (/health's slowest answer 681 ms against 69
+    ms once written off it, in one run); embeddings, task results and the explorer's maps were written there too,
+    through FastAPI's encoder, four times slower still. Each is written on a worker thread now: the thread that
+    writes each answer is recorded, and only the small fixed answers (/health) are written on the loop's."""
+    from starlette.responses import JSONResponse
+
+    writers: list[int] = []  # the thread that wrote each answer, in the order of the requests (one at a time)
+    render = JSONResponse.render
+
+    def recorded(self, content):
+        writers.append(threading.get_ident())
+        return render(self, content)
+
+    monkeypatch.setattr(JSONResponse, "render", recorded)
+    lm, encoder = tiny_run(tmp_path, "decoder"), tiny_run(tmp_path, "encoder", n_classes=2)
+    with running_server(lm, timeout=TIMEOUT) as (url, _app):
+        _health(url)
+        big = {"prompt": ["the cat sat"] * 8, "echo": True, "logprobs": 20, "max_tokens": 4}
+        assert httpx.post(f"{url}/v1/completions", json=big, timeout=TIMEOUT).status_code == 200
+        assert httpx.post(f"{url}/api/analyze", json={"text": "the cat"}, timeout=TIMEOUT).status_code == 200
+    with running_server(encoder, timeout=TIMEOUT) as (url, _app):
+        assert httpx.post(f"{url}/v1/embeddings", json={"input": ["a cat"] * 4}, timeout=TIMEOUT).status_code == 200
+        assert httpx.post(f"{url}/v1/classify", json={"input": "a cat"}, timeout=TIMEOUT).status_code == 200
+    loop, *others = writers  # /health: written where the event loop runs
+    assert len(others) == 4 and loop not in others, writers

@@ -11,9 +11,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from fastapi import Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from attnkit.errors import AttnkitError
@@ -127,6 +130,13 @@ class ServerState:
     async def in_turns(self, texts: list[str], call: Callable[[list[str], int], list]) -> list:
         """`call(part, start)` over `texts` on a worker thread, a turn at a time (`in_turns`)."""
         return await run_in_threadpool(in_turns, self.model_lock, self.settings.timeout, texts, call, self.closing)
+
+
+async def written(content: Any) -> JSONResponse:
+    """`content` as the JSON response FastAPI writes for a route's return value (`jsonable_encoder`, then
+    `JSONResponse`), written on a worker thread: a large answer (an embedding per text, the explorer's attention
+    maps) takes FastAPI's encoder tenths of a second, which on the event loop would hold every other request."""
+    return await run_in_threadpool(lambda: JSONResponse(jsonable_encoder(content)))
 
 
 def speculative_rows(pipeline: Pipeline, settings: ServeSettings) -> SpeculativeScheduler | None:

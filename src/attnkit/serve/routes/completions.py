@@ -99,7 +99,9 @@ def router(state: ServerState) -> APIRouter:
             return StreamingResponse(answer.stream(request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            return JSONResponse(await answer.whole(request))
+            # written on a worker thread: thousands of log-probabilities take tenths of a second to write, which on
+            # the event loop would hold every other request (plain JSON already: FastAPI's encoder is not needed)
+            return await run_in_threadpool(JSONResponse, await answer.whole(request))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client has gone (nginx's code for this)
 

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from attnkit.generate.pipeline import Pipeline
 from attnkit.serve.errors import APIError
 from attnkit.serve.schemas import EmbeddingRequest
-from attnkit.serve.state import ServerState
+from attnkit.serve.state import ServerState, written
 
 
 def router(state: ServerState) -> APIRouter:
@@ -30,10 +30,10 @@ def router(state: ServerState) -> APIRouter:
         rows = await state.in_turns(body.inputs, lambda part, start: embed(pipeline, part, start))
         used = sum(row.tokens for row in rows)
         encode = _base64 if body.encoding_format == "base64" else list
-        return {"object": "list", "model": state.model_id,
-                "data": [{"object": "embedding", "index": i, "embedding": encode(row.vector),
-                          "truncated": row.truncated} for i, row in enumerate(rows)],
-                "usage": {"prompt_tokens": used, "total_tokens": used}}
+        return await written({"object": "list", "model": state.model_id,
+                              "data": [{"object": "embedding", "index": i, "embedding": encode(row.vector),
+                                        "truncated": row.truncated} for i, row in enumerate(rows)],
+                              "usage": {"prompt_tokens": used, "total_tokens": used}})
 
     return routes
 

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from attnkit.errors import AttnkitError
 from attnkit.serve.errors import APIError
 from attnkit.serve.schemas import ExploreRequest, ModelViewRequest, StepRequest
-from attnkit.serve.state import ServerState
+from attnkit.serve.state import ServerState, written
 
 STATIC = Path(__file__).parents[1] / "static"
 
@@ -32,37 +32,37 @@ def router(state: ServerState) -> APIRouter:
     @routes.post("/api/analyze")
     async def analyze(request: Request):
         body = await state.body(request, ExploreRequest)
-        return await state.held(lambda: explorer.analyze(body.text, body.target))
+        return await written(await state.held(lambda: explorer.analyze(body.text, body.target)))
 
     @routes.post("/api/step")
     async def step(request: Request):
         body = await state.body(request, StepRequest)
-        return await state.held(lambda: explorer.step(body.text, target=body.target, kind=body.kind,
-                                                      layer=body.layer, head=body.head, query=body.query))
+        return await written(await state.held(lambda: explorer.step(
+            body.text, target=body.target, kind=body.kind, layer=body.layer, head=body.head, query=body.query)))
 
     @routes.post("/api/model")
     async def whole_model(request: Request):  # each stage with its shape, read at one token (serve/model_view.py)
         body = await state.body(request, ModelViewRequest)
-        return await state.held(lambda: explorer.whole_model(body.text, body.query, target=body.target,
-                                                             source_query=body.source_query))
+        return await written(await state.held(lambda: explorer.whole_model(
+            body.text, body.query, target=body.target, source_query=body.source_query)))
 
     @routes.post("/api/inspect")
     async def inspect_text(request: Request):  # head importance and the logit lens (serve/inspect_view.py)
         body = await state.body(request, ExploreRequest)
-        return await state.held(lambda: explorer.inspect(body.text, body.target))
+        return await written(await state.held(lambda: explorer.inspect(body.text, body.target)))
 
     @routes.post("/api/sae")
     async def sae_features(request: Request):  # the SAE served with --sae on the text (serve/sae_view.py)
         body = await state.body(request, ExploreRequest)
-        return await state.held(lambda: explorer.sae_features(body.text, body.target))
+        return await written(await state.held(lambda: explorer.sae_features(body.text, body.target)))
 
     @routes.get("/api/training")
     async def training(since: int = 0):
-        return await run_in_threadpool(explorer.training_metrics, max(since, 0))
+        return await written(await run_in_threadpool(explorer.training_metrics, max(since, 0)))
 
     @routes.get("/api/experiments")
     async def experiments_list():
-        return await run_in_threadpool(explorer.experiments)
+        return await written(await run_in_threadpool(explorer.experiments))
 
     @routes.get("/api/experiments/{name}/{plot}")
     async def experiment_plot(name: str, plot: str):

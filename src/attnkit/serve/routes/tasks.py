@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from attnkit.serve.errors import APIError
 from attnkit.serve.routes.operations import MODELS
 from attnkit.serve.schemas import TaskRequest
-from attnkit.serve.state import ServerState
+from attnkit.serve.state import ServerState, written
 
 
 def router(state: ServerState) -> APIRouter:
@@ -37,8 +37,8 @@ def router(state: ServerState) -> APIRouter:
         results = await state.in_turns(texts, lambda part, _start: getattr(pipeline, method)(part))
         for index, result in enumerate(results):
             _refuse_cut_off(index, result, pipeline.config.max_seq_len)
-        return {"object": "list", "model": state.model_id, "task": method,
-                "data": [{"index": i, "result": _plain(r)} for i, r in enumerate(results)]}
+        return await written({"object": "list", "model": state.model_id, "task": method,
+                              "data": [{"index": i, "result": _plain(r)} for i, r in enumerate(results)]})
 
     @routes.api_route("/v1/{method}", methods=["GET", "HEAD", "OPTIONS", "PUT", "PATCH", "DELETE"])
     async def other_verb(method: str):
