@@ -291,11 +291,13 @@ VARIANTS = {  # name: (model overrides given the shape, packed rows)
 
 
 def variant_rows(shape: TrainShape, device: torch.device, *, rounds: int, steps: int, warmup: int,
-                 compile: str = "auto") -> list[dict]:
+                 compile: str = "auto", done: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
     """Each attention variant's training step (GPT-2's block at `shape`) three ways, against plain causal attention
     on SDPA: FlexAttention (the GPU plan's choice; it has no backward on the CPU, so those rows are skipped there),
     SDPA with the variant as a dense (T, S) bias, and plain products that form the scores and weights (the reference
-    path's cost). Packed rows hold documents of seq_len / 3 tokens on average."""
+    path's cost). Packed rows hold documents of seq_len / 3 tokens on average. One variant at a time: its three
+    rows are built, then timed in turns with SDPA-causal's (built once), then handed with every row so far to `done`
+    (which writes the report: a run stopped part-way keeps the variants it finished) and let go."""
     def build(overrides: dict, packed: bool, **kernel):
         stream = token_stream(shape, document_tokens=shape.seq_len // 3 if packed else 0)
         return lambda d: attnkit_step(shape, stream, device, block="gpt2", compile=compile, run_dir=d,
@@ -303,13 +305,17 @@ def variant_rows(shape: TrainShape, device: torch.device, *, rounds: int, steps:
 
     no_backward = (f"FlexAttention has no backward on the CPU in torch {torch.__version__.split('+')[0]}: measured on "
                    "a GPU only")
-    builders = {"SDPA-causal": build({}, False)}
+    base, rows = built_rows("variants", {"SDPA-causal": build({}, False)}, shape, device, warmup=warmup)
     for name, (overrides, packed) in VARIANTS.items():
-        builders[f"{name}, FlexAttention"] = (build(overrides(shape), packed, attention="flex")
-                                              if device.type == "cuda" else lambda d: no_backward)
-        builders[f"{name}, SDPA dense bias"] = build(overrides(shape), packed, attention="sdpa")
-        builders[f"{name}, reference"] = build(overrides(shape), packed, reference=True)
-    return timed_rows("variants", builders, shape, device, rounds=rounds, steps=steps, warmup=warmup)
+        builders = {f"{name}, FlexAttention": (build(overrides(shape), packed, attention="flex")
+                                               if device.type == "cuda" else lambda d: no_backward),
+                    f"{name}, SDPA dense bias": build(overrides(shape), packed, attention="sdpa"),
+                    f"{name}, reference": build(overrides(shape), packed, reference=True)}
+        steps_of, variant = built_rows("variants", builders, shape, device, warmup=warmup)
+        rows.update(variant)
+        time_rows({**base, **steps_of}, rows, shape, device, rounds=rounds, steps=steps)
+        done(list(rows.values()))
+    return list(rows.values())
 
 
 def variants_markdown(rows: list[dict], title: str) -> list[str]:
@@ -347,6 +353,14 @@ def timed_rows(part: str, builders: dict, shape: TrainShape, device: torch.devic
     """Each builder's step built, warmed up (compiled), then timed `steps` steps at a time, taking turns for `rounds`
     rounds; the median round's ms per step. A builder that raises is a failed row; one that returns a string instead
     of a step is a skipped row with that reason."""
+    steps_of, rows = built_rows(part, builders, shape, device, warmup=warmup)
+    time_rows(steps_of, rows, shape, device, rounds=rounds, steps=steps)
+    return list(rows.values())
+
+
+def built_rows(part: str, builders: dict, shape: TrainShape, device: torch.device, *,
+               warmup: int) -> tuple[dict[str, Callable[[], None]], dict[str, dict]]:
+    """`timed_rows`' first half: each builder's step built and warmed up: (the steps by row, the rows by name)."""
     steps_of, rows = {}, {}
     for impl, build in builders.items():
         try:
@@ -366,6 +380,13 @@ def timed_rows(part: str, builders: dict, shape: TrainShape, device: torch.devic
         except Exception as err:  # noqa: BLE001 - a failed row is recorded, the others go on
             rows[impl] = failed(part, impl, err)
         rows[impl]["peak_gpu_gb"] = peak_gb(device)
+    return steps_of, rows
+
+
+def time_rows(steps_of: dict[str, Callable[[], None]], rows: dict[str, dict], shape: TrainShape,
+              device: torch.device, *, rounds: int, steps: int) -> None:
+    """`timed_rows`' second half: the steps take turns for `rounds` rounds, each round's ms per step added to its
+    row, and every timed row's median, tokens/s and MFU set (again) from all its rounds."""
     for _ in range(rounds):
         for impl, step in steps_of.items():
             start = time.perf_counter()
@@ -379,7 +400,6 @@ def timed_rows(part: str, builders: dict, shape: TrainShape, device: torch.devic
             row["ms_per_step"] = statistics.median(row["round_ms"])
             row["tokens_per_s"] = tokens / row["ms_per_step"] * 1000
             row["mfu_spec"] = row["tokens_per_s"] * row["flops_per_token"] / SPEC_PEAK_BF16
-    return list(rows.values())
 
 
 def decode_rows(device: torch.device, *, smoke: bool) -> list[dict]:
@@ -541,12 +561,19 @@ def main(argv: list[str] | None = None) -> int:
              "train_shape": f"{shape.n_layers} layers, width {shape.d_model}, {shape.n_heads} heads, vocabulary "
                             f"{shape.vocab_size}, batch {shape.batch_size} x {shape.seq_len}"}
     stem = "gpu-smoke" if args.smoke else "gpu-" + about["machine"].get("name", "cuda").lower().replace(" ", "-")
+    rows: list[dict] = []
+
+    def report(more: list[dict]) -> dict:
+        """The rows so far with `more` (a part's, finished or not), written whole."""
+        done = {**about, "seconds": round(time.perf_counter() - started, 1), "results": rows + more}
+        write_report(done, out, stem)
+        return done
+
     parts = {"train": lambda: train_rows(shape, device, rounds=args.rounds, steps=args.steps, warmup=args.warmup),
-             "variants": lambda: variant_rows(shape, device, rounds=args.rounds, steps=args.steps,
-                                              warmup=args.warmup),
+             "variants": lambda: variant_rows(shape, device, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
+                                              done=report),
              "decode": lambda: decode_rows(device, smoke=args.smoke),
              "serve": lambda: serve_rows(device, smoke=args.smoke)}
-    rows: list[dict] = []
     if args.append:  # the other parts' rows of the report in --out, its command named beside this one
         earlier = earlier_report(out / f"{stem}.json", about["machine"])
         if earlier is None:
@@ -556,10 +583,9 @@ def main(argv: list[str] | None = None) -> int:
             about["command"] = f"{earlier['command']}; {about['command']}"
     for part in dict.fromkeys(args.only):  # in the order given: a run stopped part-way keeps the parts it did
         rows += parts[part]()
-        report = {**about, "seconds": round(time.perf_counter() - started, 1), "results": rows}
-        write_report(report, out, stem)  # after each part
-    print(markdown(report), flush=True)
-    print(f"wrote {out / stem}.json and .md ({report['seconds']:.0f} s)", flush=True)
+        written = report([])  # after each part
+    print(markdown(written), flush=True)
+    print(f"wrote {out / stem}.json and .md ({written['seconds']:.0f} s)", flush=True)
     return 0 if all("error" not in r for r in rows) else 1
 
 

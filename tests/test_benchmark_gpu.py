@@ -195,3 +195,16 @@ def test_append_keeps_the_report_of_the_same_gpu_and_refuses_another(tmp_path, c
     path.write_text('{"results": [{"part": "nothing"}], "machine": {}}')
     assert bench_gpu.earlier_report(path, machine) is None
     assert "is not a report of python -m benchmarks gpu" in capsys.readouterr().out
+
+
+def test_variants_hand_over_their_rows_one_variant_at_a_time():
+    """A variants run cut at its time limit keeps the variants it finished: after each variant its rows, timed in
+    turns with SDPA-causal's (built once), go to `done` with every row before them (main writes the report there)."""
+    handed = []
+    rows = bench_gpu.variant_rows(bench_gpu.SMOKE, torch.device("cpu"), rounds=1, steps=1, warmup=1, compile="off",
+                                  done=lambda so_far: handed.append([dict(r) for r in so_far]))
+    names = [[r["impl"] for r in so_far] for so_far in handed]
+    assert names == [[r["impl"] for r in rows][: 1 + 3 * n] for n in (1, 2, 3)]
+    assert names[0] == ["SDPA-causal", "ALiBi, FlexAttention", "ALiBi, SDPA dense bias", "ALiBi, reference"]
+    assert all(r["ms_per_step"] > 0 for r in handed[0] if "skipped" not in r)  # timed before it is handed over
+    assert len(handed[-1][0]["round_ms"]) == 3  # SDPA-causal took its turn beside each variant
