@@ -80,8 +80,8 @@ class FactoredMatrix:
 
     def singular_values(self) -> Tensor:
         """(..., min(m, n, r)), largest first, from the QR factors of both sides: never the (m, n) product."""
-        q_left, r_left = torch.linalg.qr(self.left.double())  # (..., m, k), (..., k, r)
-        q_right, r_right = torch.linalg.qr(self.right.mT.double())  # (..., n, k'), (..., k', r)
+        r_left = torch.linalg.qr(self.left.double(), mode="r").R  # (..., k, r); Q (..., m, k) is not formed
+        r_right = torch.linalg.qr(self.right.mT.double(), mode="r").R  # (..., k', r)
         return torch.linalg.svdvals(r_left @ r_right.mT).to(self.left.dtype)  # the core (..., k, k')
 
     def norm(self) -> Tensor:
