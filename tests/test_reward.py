@@ -265,6 +265,10 @@ def test_a_reward_run_learns_to_rank_held_out_pairs_and_eval_reproduces_its_last
     pair = read_pairs(base / "val.jsonl")[0]
     chosen, rejected = load(reward_run).reward(pair.prompt, [pair.chosen, pair.rejected])
     assert chosen > rejected
+    whole = load(reward_run).reward([pair.prompt + pair.chosen, pair.prompt + pair.rejected])  # characters: the same
+    assert whole == pytest.approx([chosen, rejected], abs=1e-5)
+    with pytest.raises(InputError, match="give one prompt"):
+        load(reward_run).reward(["a", "b"], ["c", "d", "e"])
 
 
 def test_best_of_n_from_the_command_line_prints_the_top_candidate_the_same_under_a_seed(base, reward_run, capsys):

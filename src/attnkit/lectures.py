@@ -385,14 +385,21 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Under the hood, ChatGPT uses a Transformer (plus some other stuff): a pre-trained decoder fine-tuned "
               "on conversations to answer as an assistant (`attnkit train --task chat --data FILE`, then "
               "`attnkit chat RUN`), then taught which of two replies people prefer (Direct Preference Optimization: "
-              "`attnkit train --task dpo --init-from RUN --data pairs.jsonl`)", T10,
-              ("tasks.chat", "data.chat", "chat_format", "tasks.dpo", "data.preferences"),
+              "`attnkit train --task dpo --init-from RUN --data pairs.jsonl`), or a reward model learnt from the same "
+              "pairs (`attnkit train --task reward --init-from RUN --data pairs.jsonl`) and the best of N samples kept "
+              "by it (`attnkit generate RUN --prompt TEXT --best-of 8 --reward REWARD_RUN`)", T10,
+              ("tasks.chat", "data.chat", "chat_format", "tasks.dpo", "data.preferences", "tasks.reward",
+               "tasks.best_of"),
+              picture="guides/reward-best-of-n.png",
               page="user-guide/pretraining-finetuning.md#chat-fine-tuning", section=CHAT_SFT,
-              gap="RLHF proper (a reward model learnt from the preferences, then PPO against it) is not implemented: "
-                  "DPO learns from the same preference pairs without a reward model or reinforcement learning",
+              gap="PPO, RLHF's second half (the policy optimised against the reward model), is not implemented: "
+                  "best-of-N spends decoding instead, and DPO learns from the pairs without reinforcement learning",
               tests=("test_chat_finetune.py::"
                      "test_the_loss_is_the_mean_cross_entropy_over_the_replies_of_each_conversation_alone",
-                     "test_dpo.py::test_the_loss_and_reward_metrics_equal_trls_dpo_trainer_on_the_same_log_probs")),
+                     "test_dpo.py::test_the_loss_and_reward_metrics_equal_trls_dpo_trainer_on_the_same_log_probs",
+                     "test_reward.py::test_the_loss_its_gradients_and_metrics_equal_trls_reward_trainer_on_the_same_"
+                     "llama",
+                     "test_reward.py::test_best_of_n_keeps_the_highest_reward_and_the_first_of_equal_ones")),
         Topic("GPT: generative pre-trained Transformers; pre-training, then adapting", T10,
               ("models.decoder", "train.finetune"), page="user-guide/pretraining-finetuning.md",
               section="Generative pre-training when labels are few",

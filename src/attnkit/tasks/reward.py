@@ -184,25 +184,29 @@ def _report(ctx: EvalContext) -> EvalReport:
 
 
 @torch.inference_mode()
-def reward(pipeline: Any, prompts: str | Sequence[str], replies: str | Sequence[str], *,
+def reward(pipeline: Any, texts: str | Sequence[str], replies: str | Sequence[str] | None = None, *,
            batch_size: int = 16) -> list[float]:
-    """The reward of each reply to its prompt (a prompt given once applies to every reply), plain text read as the
-    pairs' text is (`text_tokens`: the prompt's tokens, the reply's, EOS), each sequence cut to the model's window
-    (with a warning). Raises InputError for no reply, as many prompts as replies wanted otherwise, or a prompt that is
-    no token."""
-    replies = text_list(replies, what="replies")
-    prompts = [prompts] * len(replies) if isinstance(prompts, str) else text_list(prompts, what="prompts")
-    if len(prompts) != len(replies):
-        raise InputError(f"reward() scores each reply to its prompt: give one prompt (a string) or one per reply; got "
-                         f"{len(prompts)} prompts for {len(replies)} replies")
+    """The reward of each reply to its prompt, `texts` the prompts (one given once applies to every reply); without
+    `replies`, of each text whole (`attnkit serve`'s POST /v1/reward). Plain text is read as the pairs' text is
+    (`text_tokens`: the prompt's tokens, the reply's, EOS), each sequence cut to the model's window (with a
+    warning). Raises InputError for no text, as many prompts as replies wanted otherwise, or an empty prompt."""
+    if replies is None:
+        pieces = [(text, "") for text in text_list(texts)]
+    else:
+        replies = text_list(replies, what="replies")
+        prompts = [texts] * len(replies) if isinstance(texts, str) else text_list(texts, what="prompts")
+        if len(prompts) != len(replies):
+            raise InputError(f"reward() scores each reply to its prompt: give one prompt (a string) or one per reply; "
+                             f"got {len(prompts)} prompts for {len(replies)} replies")
+        pieces = list(zip(prompts, replies, strict=True))
     window, sequences = pipeline.config.max_seq_len, []
-    for index, (prompt, reply) in enumerate(zip(prompts, replies, strict=True)):
-        prompt_ids, (reply_ids,) = text_tokens(pipeline.tokenizer, prompt, [reply], where=f"prompt {index}")
+    for index, (prompt, reply) in enumerate(pieces):
+        prompt_ids, (reply_ids,) = text_tokens(pipeline.tokenizer, prompt, [reply], where=f"text {index}")
         sequences.append([*prompt_ids, *reply_ids])
     cut = sum(len(ids) > window for ids in sequences)
     if cut:
-        log.warning("%d reply(ies) hold more than the model's %d tokens with their prompt and are scored on their "
-                    "first %d", cut, window, window)
+        log.warning("%d text(s) hold more than the model's %d tokens (a prompt with its reply) and are scored on "
+                    "their first %d", cut, window, window)
     found = []
     for start in range(0, len(sequences), batch_size):
         chunk = [ids[:window] for ids in sequences[start:start + batch_size]]
