@@ -140,11 +140,14 @@ def run_at_the_tiny_budget(notebook, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_tutorial_runs_at_the_tiny_budget(path, monkeypatch):
+def test_tutorial_runs_at_the_tiny_budget(path, monkeypatch, tmp_path):
     notebook = jupytext.read(path)
     notebook.cells.insert(0, nbformat.v4.new_code_cell(KEEP_ATTNKIT_WARNINGS))
     notebook.cells.append(nbformat.v4.new_code_cell(SAY_ATTNKIT_WARNINGS))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's temporary files, to see that it leaves none behind
     run_at_the_tiny_budget(notebook, monkeypatch)
+    left = sorted(p.name for p in tmp_path.glob("attnkit-tutorial-*"))
+    assert not left, f"{path.name} left {left} in the temporary folder: a learner's runs would pile up there"
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {}) for o in outputs), \
         f"{path.name} drew no picture"

@@ -62,7 +62,8 @@ def shared_data(name):
     return None
 
 
-workdir = Path(tempfile.mkdtemp(prefix="attnkit-tutorial-"))  # everything this notebook writes goes here
+temporary = tempfile.TemporaryDirectory(prefix="attnkit-tutorial-")  # removed, with all in it, when the kernel stops
+workdir = Path(temporary.name)  # everything this notebook writes goes here
 corpus = shared_data("tinyshakespeare/input.txt")
 if corpus is None:
     print("Tiny Shakespeare is absent (../shared/data/tinyshakespeare): training on Python's own source instead")

@@ -218,7 +218,8 @@ def no_tokenizer_notices():
 
 
 transformers.utils.logging.disable_progress_bar()
-workdir = Path(tempfile.mkdtemp(prefix="attnkit-tutorial-"))
+temporary = tempfile.TemporaryDirectory(prefix="attnkit-tutorial-")  # removed when the kernel stops
+workdir = Path(temporary.name)
 hf_config = transformers.LlamaConfig(
     vocab_size=101, hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,

@@ -265,7 +265,8 @@ from attnkit.tokenize import train_tokenizer
 text = ("the cat sat on the mat. the cat ate the rat. that rat sat on the hat of the cat. "
         "a fat cat and a thin rat: the rat ran, the cat sat, the mat was flat and the hat was that cat's.")
 tokenizer = train_tokenizer("bpe", [text], vocab_size=300)
-folder = Path(tempfile.mkdtemp(prefix="attnkit-tutorial-"))
+temporary = tempfile.TemporaryDirectory(prefix="attnkit-tutorial-")  # removed when the kernel stops
+folder = Path(temporary.name)
 tokenizer.save(folder)
 trained = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
            for m in json.loads((folder / "tokenizer.json").read_text())["model"]["merges"]]
