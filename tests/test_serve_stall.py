@@ -197,8 +197,11 @@ def test_every_json_answer_of_size_is_written_off_the_event_loop(tmp_path, monke
     0.4 s to write as JSON on the event loop, every other request waiting (/health's slowest answer 681 ms against 69
     ms once written off it, in one run); embeddings, task results and the explorer's maps were written there too,
     through FastAPI's encoder, four times slower still. Each is written on a worker thread now: the thread that
-    writes each answer is recorded, and only the small fixed answers (/health) are written on the loop's."""
+    writes each answer is recorded, and only the small fixed answers (/health) are written on the loop's. So is a
+    stream's opening chunk, each echoed prompt with its scores (half a second on the loop for 64 prompts)."""
     from starlette.responses import JSONResponse
+
+    from attnkit.serve import answer
 
     writers: list[int] = []  # the thread that wrote each answer, in the order of the requests (one at a time)
     render = JSONResponse.render
@@ -208,14 +211,21 @@ def test_every_json_answer_of_size_is_written_off_the_event_loop(tmp_path, monke
         return render(self, content)
 
     monkeypatch.setattr(JSONResponse, "render", recorded)
+    scorers: list[int] = []  # the thread that wrote each choice's log-probabilities for a stream
+    scores = answer.completion_logprobs
+    monkeypatch.setattr(answer, "completion_logprobs", lambda *a: scorers.append(threading.get_ident()) or scores(*a))
     lm, encoder = tiny_run(tmp_path, "decoder"), tiny_run(tmp_path, "encoder", n_classes=2)
     with running_server(lm, timeout=TIMEOUT) as (url, _app):
         _health(url)
         big = {"prompt": ["the cat sat"] * 8, "echo": True, "logprobs": 20, "max_tokens": 4}
         assert httpx.post(f"{url}/v1/completions", json=big, timeout=TIMEOUT).status_code == 200
         assert httpx.post(f"{url}/api/analyze", json={"text": "the cat"}, timeout=TIMEOUT).status_code == 200
+        streamed = len(scorers)  # the stream's calls from here: first its opening, each echoed prompt's scores
+        assert httpx.post(f"{url}/v1/completions", json=big | {"stream": True}, timeout=TIMEOUT).status_code == 200
     with running_server(encoder, timeout=TIMEOUT) as (url, _app):
         assert httpx.post(f"{url}/v1/embeddings", json={"input": ["a cat"] * 4}, timeout=TIMEOUT).status_code == 200
         assert httpx.post(f"{url}/v1/classify", json={"input": "a cat"}, timeout=TIMEOUT).status_code == 200
     loop, *others = writers  # /health: written where the event loop runs
     assert len(others) == 4 and loop not in others, writers
+    opening = scorers[streamed:streamed + len(big["prompt"])]
+    assert len(opening) == len(big["prompt"]) and loop not in opening, scorers
