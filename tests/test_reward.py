@@ -316,3 +316,20 @@ def test_a_reward_model_needs_a_decoder_to_start_from(base, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code != 0 and "holds a encoder model, which --task reward cannot train" in err
 
+
+
+def test_a_reward_run_is_served_at_v1_reward_each_text_scored_whole(base, reward_run):
+    """`attnkit serve` answers POST /v1/reward with each text's reward, as `reward(texts)` gives it, and offers no
+    completions (a reward model writes nothing)."""
+    from fastapi.testclient import TestClient
+
+    from attnkit import load
+    from attnkit.serve import ServeSettings, build_app
+
+    texts = ["import os\nHELLO WORLD", "import os\nhello world"]
+    with TestClient(build_app(ServeSettings(run=str(reward_run)))) as client:
+        answer = client.post("/v1/reward", json={"input": texts})
+        assert answer.status_code == 200, answer.text
+        assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 404
+    found = [row["result"] for row in answer.json()["data"]]
+    assert found == pytest.approx(load(reward_run).reward(texts), abs=1e-5)
