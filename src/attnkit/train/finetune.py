@@ -43,7 +43,7 @@ from attnkit.checkpoint import (
 from attnkit.config import ModelConfig
 from attnkit.errors import CheckpointError, ConfigError
 from attnkit.layers.embedding import Embeddings
-from attnkit.models import build_model
+from attnkit.models import build_model, count_parameters
 from attnkit.tasks import TaskSpec, task_of_config, task_record
 from attnkit.tokenize import Tokenizer, load_tokenizer
 from attnkit.train.lora import apply_lora, load_adapters, tied_modules
@@ -268,7 +268,7 @@ def prepare_training(
         for head in fresh:
             model.get_submodule(head).requires_grad_(True)
             log.info("  %s (fresh) trains whole: %s parameters", head,
-                     f"{sum(p.numel() for p in model.get_submodule(head).parameters()):,}")
+                     f"{count_parameters(model.get_submodule(head)):,}")
     elif freeze == "body":
         tied = {m: body for m, body in tied_modules(model).items() if _module(m) in HEAD_MODULES}
         if tied:
@@ -286,7 +286,7 @@ def prepare_training(
     if freeze != "none":
         frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
         log.info("freeze %s: %s of %s parameters frozen", freeze, f"{frozen:,}",
-                 f"{sum(p.numel() for p in model.parameters()):,}")
+                 f"{count_parameters(model):,}")
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"freeze={freeze!r} leaves nothing to train: this model has no head modules "
                           f"({', '.join(HEAD_MODULES)})")

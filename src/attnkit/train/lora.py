@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from attnkit.checkpoint import check_state_matches
 from attnkit.errors import ConfigError
 from attnkit.layers.lora import LoRALinear, adapter_tensors
+from attnkit.models import count_parameters
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def apply_lora(
         owner = model.get_submodule(parent) if parent else model
         setattr(owner, child, LoRALinear(getattr(owner, child), rank=rank, alpha=alpha, dropout=dropout))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    total = count_parameters(model)
     log.info("LoRA rank %d on %d modules (%s): %s of %s parameters train (%.2f%%)", rank, len(names),
              ", ".join(sorted({n.rsplit(".", 1)[-1] for n in names})), f"{trainable:,}", f"{total:,}",
              100 * trainable / total)
