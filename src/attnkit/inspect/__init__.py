@@ -6,7 +6,8 @@ exist, read and changed through one small API, and the analyses built on it.
     hooked(model, capture=, edits=)    the same as a context manager, with edits (ablations, patches)
 
     the analyses, one module each: importance (head_importance), head_types, logit_lens, patching (patch_stream,
-    patch_heads), probes (probe, probe_layers), residual (residual_stream: what each sublayer writes)
+    patch_heads), probes (probe, probe_layers), residual (residual_stream: what each sublayer writes), steering
+    (activation addition: contrast_vector, steering)
 """
 
 from attnkit.inspect.edits import ablate, mean_ablate, patch, resample_ablate, zero_ablate
