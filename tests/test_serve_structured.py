@@ -255,6 +255,15 @@ def test_constrained_and_free_http_requests_together_each_get_what_they_asked(se
      '"type": "json_object", which does not read it'),
     ({"response_format": {"type": "text", "json_schema": {"name": "r", "schema": BOUNDED}}}, "response_format",
      '"type": "text"'),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+      "tool_choice": "required"}, "tools", 'tools[0].function.parameters is a schema of type "string"'),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]},
+     "messages", "messages[1] is a tool message, but no assistant message with tool_calls comes before it"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}, {"role": "tool", "tool_call_id": "c2",
+                                                                      "content": "rain"}]},
+     "messages", "messages[3].tool_call_id is 'c2', which names none of the calls of the assistant message before it"),
 ])
 def test_bad_structured_requests_are_refused_naming_the_field(served, fields, param, words):
     import httpx

@@ -102,9 +102,14 @@ class Structured:
             tools = [tool for tool in tools if tool.function.name == choice.function.name]
         if not tools:
             return cls(Grammar.json_schema(form)) if form is not None else None
-        for tool in tools:
-            if tool.function.parameters is not None:
-                _check_finite(tool.function.parameters, "tools")
+        for index, tool in enumerate(tools):
+            parameters = tool.function.parameters
+            if parameters is not None and parameters.get("type", "object") != "object":
+                raise APIError(400, f"tools[{index}].function.parameters is a schema of type "
+                               f"{json.dumps(parameters['type'])}; a function's arguments are a JSON object: give "
+                               '{"type": "object", "properties": {...}}, as OpenAI requires', param="tools")
+            if parameters is not None:
+                _check_finite(parameters, "tools")
         calls = [_call_schema(tool.function.name, tool.function.parameters) for tool in tools]
         call = calls[0] if len(calls) == 1 else {"anyOf": calls}
         lines = [f'call: "{TOOL_CALL}" %json {json.dumps({**call, "x-guidance": JSON_STYLE})}']
@@ -157,6 +162,26 @@ class Structured:
                 return {"role": "assistant", "content": ""}, reason
             return _call_message(cut["name"], cut["arguments"]), reason
         return _call_message(call["name"], json.dumps(call["arguments"])), "tool_calls"
+
+
+def check_tool_turns(messages: list) -> None:
+    """400 naming `messages` for a tool message that answers no call: one that follows no assistant message with
+    tool_calls (only other tool messages between), or whose tool_call_id names none of that message's calls, as
+    OpenAI refuses it (a template would render an answer to a question never asked)."""
+    calls: set[str] | None = None  # the ids of the calls the latest assistant message made, while tools answer
+    for index, message in enumerate(messages):
+        if message.role == "assistant":
+            calls = {call.id for call in message.tool_calls or []} or None
+        elif message.role != "tool":
+            calls = None
+        elif calls is None:
+            raise APIError(400, f"messages[{index}] is a tool message, but no assistant message with tool_calls comes "
+                           "before it: a tool message answers a call of the assistant message just before it",
+                           param="messages")
+        elif message.tool_call_id is not None and message.tool_call_id not in calls:
+            raise APIError(400, f"messages[{index}].tool_call_id is {message.tool_call_id!r}, which names none of the "
+                           f"calls of the assistant message before it ({', '.join(map(repr, sorted(calls)))})",
+                           param="messages")
 
 
 def _call_message(name: str, arguments: str) -> dict:

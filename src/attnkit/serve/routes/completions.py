@@ -20,7 +20,7 @@ from attnkit.serve.generation import Generation, refuse_long_text
 from attnkit.serve.logprobs import prompt_scores
 from attnkit.serve.schemas import ChatRequest, CompletionRequest, Sampling
 from attnkit.serve.state import ServerState
-from attnkit.serve.structured import Structured
+from attnkit.serve.structured import Structured, check_tool_turns
 from attnkit.serve.waiting import QueueFull
 
 DEFAULT_COMPLETION_TOKENS = 16  # max_tokens of a completion that names none (as OpenAI)
@@ -121,9 +121,10 @@ class ChatPrompt:
 
     @classmethod
     def of(cls, pipeline: Pipeline, body: ChatRequest) -> ChatPrompt:
-        """400 naming the field that fails, and for a rendered text whose head alone fills the context, before it
-        is tokenized whole (`refuse_long_text`)."""
+        """400 naming the field that fails (a tool message that answers no call, `check_tool_turns`), and for a
+        rendered text whose head alone fills the context, before it is tokenized whole (`refuse_long_text`)."""
         template, tokenizer = pipeline.chat_template, pipeline.tokenizer
+        check_tool_turns(body.messages)
         structured = Structured.of(body)
         messages, tools = [m.rendered() for m in body.messages], structured.tools if structured else ()
         try:
