@@ -171,9 +171,10 @@ class Scripted:
     def __init__(self, texts, scores):
         self.texts, self.scores, self.asked = texts, scores, []
 
-    def generate(self, prompts, **options):
+    def generate(self, prompt, **options):
         self.asked.append(options)
-        return self.texts[: len(prompts) * options["num_samples"]]
+        taken, self.texts = self.texts[: options["num_samples"]], self.texts[options["num_samples"]:]
+        return taken
 
     def reward(self, prompt, replies):
         return [self.scores[r] for r in replies]
@@ -200,8 +201,9 @@ def test_best_of_n_refuses_options_that_draw_other_samples_and_prompts_as_token_
     scripted = Scripted(["a"], {"a": 0.0})
     with pytest.raises(InputError, match="does not take num_beams"):
         best_of_n(scripted, scripted, "p", n=2, num_beams=2)
-    with pytest.raises(InputError, match="prompts are"):
-        best_of_n(scripted, scripted, [[1, 2]], n=2)
+    for prompts in ([[1, 2]], [1, 2], [], ["a", ["b"]]):
+        with pytest.raises(InputError, match="prompts are a text, a chat"):
+            best_of_n(scripted, scripted, prompts, n=2)
 
 
 @pytest.mark.parametrize(("line", "said"), [
@@ -333,3 +335,24 @@ def test_a_reward_run_is_served_at_v1_reward_each_text_scored_whole(base, reward
         assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 404
     found = [row["result"] for row in answer.json()["data"]]
     assert found == pytest.approx(load(reward_run).reward(texts), abs=1e-5)
+
+
+def test_best_of_n_over_a_chat_samples_its_replies_and_scores_them_as_the_assistants_turn(base, reward_run, capsys):
+    """A chat prompt: candidate i is the reply `Pipeline.chat` gives under seed + i, and its reward is the reward
+    model on the conversation with that reply as the assistant's turn, rendered by the run's template."""
+    from attnkit import cli, load
+
+    policy, reward = load(base / "base"), load(reward_run)
+    chat = [{"role": "user", "content": "def "}]
+    found = best_of_n(policy, reward, chat, n=3, seed=5, max_new_tokens=6)[0]
+    assert found.texts == [policy.chat(chat, seed=5 + i, max_new_tokens=6) for i in range(3)]
+    for text, score in zip(found.texts, found.rewards, strict=True):
+        turns = [*chat, {"role": "assistant", "content": text}]
+        ids = reward.chat_template.conversation_ids(reward.tokenizer, turns)[0]
+        with torch.no_grad():
+            expected = reward.model(torch.tensor([ids])).logits[0, 0].item()
+        assert score == pytest.approx(expected, abs=1e-5)
+    assert cli.main(["generate", str(base / "base"), "--prompt", "def ", "--chat", "--max-new-tokens", "6", "--seed",
+                     "5", "--best-of", "3", "--reward", str(reward_run), "--candidates-json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["texts"] == found.texts and shown["best"] == found.best

@@ -157,6 +157,11 @@ def _turns(value: object, key: str, role: str) -> list[dict]:
     return [{"role": role, "content": value}] if isinstance(value, str) else check_messages(value, key)
 
 
+def is_chat(value: object) -> bool:
+    """Whether `value` is one chat (a non-empty list of message objects), not a text or a list of texts."""
+    return isinstance(value, list | tuple) and bool(value) and all(isinstance(m, dict) for m in value)
+
+
 def check_messages(value: object, key: str) -> list[dict]:
     """`value` as a list of messages, each an object with a role among `ROLES` and a string content (null only beside
     an assistant's tool_calls); InputError naming `key` and the message that is not."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from attnkit.data.chat import check_messages, is_chat
 from attnkit.errors import InputError
 from attnkit.run_settings import text_list
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 class BestOfN:
     """A prompt's N candidates, their rewards, and which one was kept (`best`)."""
 
-    prompt: str
+    prompt: str | list[dict]  # a text, or a chat's messages
     texts: list[str]
     rewards: list[float]
     best: int
@@ -51,11 +52,13 @@ def check_best_of(n: object, *, flag: str = "n") -> int:
     return n
 
 
-def best_of_n(policy: Any, reward: Any, prompts: str | Sequence[str], *, n: int, seed: int | None = None,
-              **options: Any) -> list[BestOfN]:
+def best_of_n(policy: Any, reward: Any, prompts: str | Sequence[str] | list[dict] | Sequence[list[dict]], *, n: int,
+              seed: int | None = None, **options: Any) -> list[BestOfN]:
     """Each prompt's `n` samples from `policy` (a decoder's `attnkit.generate.Pipeline`: its `generate` with
     num_samples=n, `seed` and `options`, the sampling settings), scored by `reward` (a reward run's pipeline), the
-    best kept. With a seed, the same candidates and choice each time (sample i is seeded seed + i).
+    best kept. With a seed, the same candidates and choice each time (sample i is seeded seed + i). A prompt may be
+    a chat (a list of messages): it is rendered by the policy's chat template, its replies end at the template's end
+    of turn and are kept as their content (`Pipeline.chat`), and the reward run scores them as the assistant's turn.
 
     Raises InputError for n < 1, for prompts that are not text (the reward model reads text), for a `reward` that
     does not serve rewards (MethodNotServed), or for options that choose no samples (beams, num_samples); and what
@@ -64,15 +67,38 @@ def best_of_n(policy: Any, reward: Any, prompts: str | Sequence[str], *, n: int,
     taken = sorted(set(options) & {"num_samples", "num_beams", "num_return_sequences", "draft"})
     if taken:
         raise InputError(f"best_of_n draws its own n samples, so it does not take {', '.join(taken)}; leave them out")
-    prompts = text_list(prompts, what="prompts")
+    prompts = prompt_list(prompts)
     score = reward.reward  # MethodNotServed (an InputError) where `reward` is not a reward run, before any decoding
-    texts = policy.generate(prompts, num_samples=n, seed=seed, **options)  # prompt by prompt, n each
     found = []
-    for index, prompt in enumerate(prompts):
-        candidates = texts[index * n:(index + 1) * n]
+    for prompt in prompts:
+        candidates = samples(policy, prompt, n=n, seed=seed, options=options)
         rewards = score(prompt, candidates)
         best = max(range(n), key=lambda i: (rewards[i], -i))  # the highest; the first of equal ones
         found.append(BestOfN(prompt, candidates, rewards, best))
         log.info("best of %d: candidate %d, reward %.4g (rewards %s)", n, best + 1, rewards[best],
                  ", ".join(f"{r:.4g}" for r in rewards))
     return found
+
+
+def prompt_list(prompts: object) -> list[str | list[dict]]:
+    """Prompts as a list of texts and chats: a text or a chat alone, or a non-empty list of them. Raises InputError
+    naming anything else (token ids among them: the reward model reads text)."""
+    found = [prompts] if isinstance(prompts, str) or is_chat(prompts) else (
+        list(prompts) if isinstance(prompts, list | tuple) else [])
+    wrong = [i for i, p in enumerate(found) if not isinstance(p, str) and not is_chat(p)]
+    if not found or wrong:
+        raise InputError(f"prompts are a text, a chat (a list of messages) or a non-empty list of them, which the "
+                         f"reward model reads as text; got {prompts!r:.60}")
+    return found
+
+
+def samples(policy: Any, prompt: str | list[dict], *, n: int, seed: int | None, options: dict[str, Any]) -> list[str]:
+    """`n` continuations of a text, or `n` replies to a chat (their content, as `Pipeline.chat` gives one)."""
+    if not is_chat(prompt):
+        return policy.generate(prompt, num_samples=n, seed=seed, **options)
+    options, template = dict(options), policy.chat_template  # a copy: stop and stop_tokens are taken out
+    ids = template.chat_ids(policy.tokenizer, check_messages(prompt, "prompt"))
+    stops = [*text_list(options.pop("stop", None) or [], what="stop strings", required=False), *template.stops]
+    ends = [*options.pop("stop_tokens", ()), *policy.chat_end_ids()]
+    texts = policy.generate(ids, num_samples=n, seed=seed, stop=stops, stop_tokens=ends, **options)
+    return [template.reply_content(text) for text in texts]

@@ -758,7 +758,7 @@ def chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, prompt: str, *, sy
 
 def check_best_of_flags(settings: GenerateSettings) -> bool:
     """Whether the settings ask for best-of-N; InputError, before a model loads, naming the flags: --best-of below 1,
-    without --reward, or beside what draws no samples of its own (beams, a draft, --num-samples, --chat)."""
+    without --reward, or beside what draws no samples of its own (beams, a draft, --num-samples)."""
     asked = settings.best_of != 1 or settings.reward is not None or settings.candidates_json
     if not asked:
         return False
@@ -767,10 +767,9 @@ def check_best_of_flags(settings: GenerateSettings) -> bool:
         raise InputError(f"--best-of {settings.best_of} keeps the candidate a reward model scores highest: give "
                          "--reward RUN (a run of attnkit train --task reward)")
     beside = [flag for flag, given in (("--num-beams", settings.beams), ("--draft", settings.draft is not None),
-                                       ("--num-samples", settings.num_samples != 1), ("--chat", settings.chat))
-              if given]
+                                       ("--num-samples", settings.num_samples != 1)) if given]
     if beside:
-        raise InputError(f"--best-of draws its own samples and scores them as text, so it does not take "
+        raise InputError(f"--best-of draws its own samples, so it does not take "
                          f"{', '.join(beside)}; leave {'them' if len(beside) > 1 else 'it'} out")
     return True
 
@@ -778,7 +777,8 @@ def check_best_of_flags(settings: GenerateSettings) -> bool:
 def run_best_of(settings: GenerateSettings, prompt: str, constraint: dict[str, Any],
                 load: Callable[[Any], Any]) -> int:
     """`attnkit generate --best-of N --reward RUN`: the best candidate's text (or, with --candidates-json, every
-    candidate with its reward as one JSON object)."""
+    candidate with its reward as one JSON object); with --chat the prompt is a user's turn (after --system's) and
+    the best reply's content is printed alone."""
     policy = load(settings)
     reward = load(dataclasses.replace(settings, run=settings.reward, explain=False, compile=None,
                                       device=str(policy.device)))
@@ -786,14 +786,16 @@ def run_best_of(settings: GenerateSettings, prompt: str, constraint: dict[str, A
         trained = f"a run of --task {reward.task.name}" if reward.task is not None else "a model without a task head"
         raise InputError(f"--reward {settings.reward} is {trained}, not a reward model: train one with attnkit train "
                          "--task reward --init-from RUN --data pairs.jsonl")
-    found = best_of_n(policy, reward, prompt, n=settings.best_of, **settings.sampling(), stop=list(settings.stop),
+    asked = [*([{"role": "system", "content": settings.system}] if settings.system is not None else []),
+             {"role": "user", "content": prompt}] if settings.chat else prompt
+    found = best_of_n(policy, reward, asked, n=settings.best_of, **settings.sampling(), stop=list(settings.stop),
                       **constraint)[0]
     for index, (text, score) in enumerate(zip(found.texts, found.rewards, strict=True)):
         log.debug("candidate %d: reward %.4g%s: %r", index + 1, score, " (best)" if index == found.best else "", text)
     if settings.candidates_json:
         print(json.dumps(found.to_dict(), ensure_ascii=False))
     else:
-        print((prompt if settings.echo else "") + found.text)
+        print((prompt if settings.echo and not settings.chat else "") + found.text)
     return 0
 
 

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from attnkit.chat_format import chat_template
 from attnkit.checkpoint import TOKENIZER_DIR
 from attnkit.data import IGNORE_INDEX
+from attnkit.data.chat import check_messages, is_chat
 from attnkit.data.preferences import PreferenceBatch, PreferenceRows, preference_rows, read_pairs, text_tokens
 from attnkit.errors import ConfigError, InputError
 from attnkit.models.modes import evaluating
@@ -187,21 +188,35 @@ def _report(ctx: EvalContext) -> EvalReport:
 def reward(pipeline: Any, texts: str | Sequence[str], replies: str | Sequence[str] | None = None, *,
            batch_size: int = 16) -> list[float]:
     """The reward of each reply to its prompt, `texts` the prompts (one given once applies to every reply); without
-    `replies`, of each text whole (`attnkit serve`'s POST /v1/reward). Plain text is read as the pairs' text is
-    (`text_tokens`: the prompt's tokens, the reply's, EOS), each sequence cut to the model's window (with a
-    warning). Raises InputError for no text, as many prompts as replies wanted otherwise, or an empty prompt."""
+    `replies`, of each text whole (`attnkit serve`'s POST /v1/reward). A prompt is plain text, read as the pairs'
+    text is (`text_tokens`: the prompt's tokens, the reply's, EOS), or a chat, a list of messages, its reply the
+    assistant's turn after them, rendered by the run's chat template as chat pairs are (`conversation_ids`). Each
+    sequence is cut to the model's window (with a warning). Raises InputError for no text, as many prompts as
+    replies wanted otherwise, an empty prompt, or messages not laid out as a chat's."""
+    one = isinstance(texts, str) or is_chat(texts)
+    if not one and (not isinstance(texts, list | tuple) or not texts):
+        raise InputError(f"reward() reads a text, a chat, or a non-empty list of them; got {texts!r:.60}")
     if replies is None:
-        pieces = [(text, "") for text in text_list(texts)]
+        pieces = [(text, None) for text in ([texts] if one else texts)]
     else:
         replies = text_list(replies, what="replies")
-        prompts = [texts] * len(replies) if isinstance(texts, str) else text_list(texts, what="prompts")
+        prompts = [texts] * len(replies) if one else list(texts)
         if len(prompts) != len(replies):
-            raise InputError(f"reward() scores each reply to its prompt: give one prompt (a string) or one per reply; "
-                             f"got {len(prompts)} prompts for {len(replies)} replies")
+            raise InputError(f"reward() scores each reply to its prompt: give one prompt (a string or a chat) or one "
+                             f"per reply; got {len(prompts)} prompts for {len(replies)} replies")
         pieces = list(zip(prompts, replies, strict=True))
     window, sequences = pipeline.config.max_seq_len, []
     for index, (prompt, reply) in enumerate(pieces):
-        prompt_ids, (reply_ids,) = text_tokens(pipeline.tokenizer, prompt, [reply], where=f"text {index}")
+        if is_chat(prompt):
+            turn = [] if reply is None else [{"role": "assistant", "content": reply}]
+            messages = [*check_messages(prompt, f"text {index}"), *turn]
+            sequences.append(pipeline.chat_template.conversation_ids(pipeline.tokenizer, messages)[0])
+            continue
+        if not isinstance(prompt, str):
+            raise InputError(f"text {index} is a {type(prompt).__name__}: give plain text (a string) or a chat (a "
+                             'list of {"role": ..., "content": ...} messages)')
+        prompt_ids, (reply_ids,) = text_tokens(pipeline.tokenizer, prompt, ["" if reply is None else reply],
+                                               where=f"text {index}")
         sequences.append([*prompt_ids, *reply_ids])
     cut = sum(len(ids) > window for ids in sequences)
     if cut:
