@@ -235,6 +235,8 @@ def test_attnkit_lectures_prints_a_course_its_gaps_and_refuses_an_unknown_one(ca
     assert cli.main(["lectures", "cmu"]) == 0
     out = capsys.readouterr().out
     assert "CMU" in out and "USC" not in out and "attnkit experiment gqa-memory" in out
+    named = {f"tests/{test}" for topic in lectures.find("cmu").topics for test in topic.tests}
+    assert named and all(f" {test}\n" in out for test in named), "a test the index names is not printed whole"
     assert cli.main(["lectures", "--gaps"]) == 0
     out = capsys.readouterr().out
     assert out.count("GAP:") == len(lectures.gaps()) > 0
