@@ -356,3 +356,11 @@ def test_best_of_n_over_a_chat_samples_its_replies_and_scores_them_as_the_assist
                      "5", "--best-of", "3", "--reward", str(reward_run), "--candidates-json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["texts"] == found.texts and shown["best"] == found.best
+
+
+def test_a_reward_run_exports_to_onnx_and_gguf_refuses_it_naming_the_form_that_holds_it(reward_run, tmp_path, capsys):
+    from attnkit import cli
+
+    assert cli.main(["convert", str(reward_run), "--to-gguf", str(tmp_path / "rm.gguf")]) != 0
+    assert "head 'reward' gives a score per sequence: use --to-onnx for it" in capsys.readouterr().err
+    assert not (tmp_path / "rm.gguf").exists()

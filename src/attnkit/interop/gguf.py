@@ -190,10 +190,12 @@ def _family(model: torch.nn.Module, config: ModelConfig) -> FamilyMap:
     if not isinstance(config, DecoderConfig):
         raise ConfigError(f"GGUF export writes decoders (llama.cpp generates text); this run is family="
                           f"{config.family!r}: {elsewhere(config, '--to-gguf')}")
-    if head_output(config.family, config.decoder_head) != "token":
+    output = head_output(config.family, config.decoder_head)
+    if output != "token":  # a reward model's score per sequence has no Hugging Face layout attnkit writes either
+        gives, tried = (("a label per position", ("--to-gguf",)) if output == "position" else
+                        ("a score per sequence", ("--to-gguf", "--to-hf")))
         raise ConfigError(f"GGUF export writes a decoder that predicts the next token (llama.cpp generates text); "
-                          f"this one's head {config.decoder_head!r} gives a label per position: "
-                          f"{elsewhere(config, '--to-gguf')}")
+                          f"this one's head {config.decoder_head!r} gives {gives}: {elsewhere(config, *tried)}")
     state = unique_state_dict(model)
     try:
         family, _ = match_family(config, lambda f: hf_tensor_names(state, f, config))
