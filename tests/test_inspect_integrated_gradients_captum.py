@@ -17,7 +17,7 @@ captum_attr = pytest.importorskip("captum.attr", reason=(
 
 VOCAB, STEPS = 30, 16
 CASES = {
-    "decoder": dict(family="decoder"),
+    "decoder, RoPE": dict(family="decoder", position="rope"),
     "decoder, learned positions": dict(family="decoder", position="learned"),
     "classifier": dict(family="encoder", encoder_head="classify", n_classes=3),
 }
