@@ -23,6 +23,9 @@
                  (clean) into --corrupt
     sae          a sparse autoencoder trained on --point's activations over --input's texts, saved to OUT/sae/, with
                  its L0, dead features, normalised MSE, the loss with it spliced in and each feature's top contexts
+    steer        activation addition (Turner et al. 2023): --text continued without and with --coeff times the
+                 difference of block --layer's input on the --steer pair (POSITIVE NEGATIVE), under one --seed, side by
+                 side, and the next tokens the steering raises and lowers most
 
 How a text becomes the model's input follows the run's family: a decoder predicts each next token; an encoder
 reads `[CLS] text [SEP]` (a masked LM has every sixth token masked and predicted; other encoders are scored by how
@@ -32,9 +35,11 @@ translated greedily. Files go to --out (default RUN/inspect): ANALYSIS.json, ANA
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
@@ -69,6 +74,7 @@ from attnkit.inspect.sae import (
     spliced_loss,
     train_sae,
 )
+from attnkit.inspect.steering import contrast_vector, steering
 from attnkit.inspect.tuned_lens import (
     PAPER_STEPS,
     lens_divergences,
@@ -90,7 +96,7 @@ from attnkit.tokenize import Tokenizer, encode_some, load_tokenizer, readable, r
 log = logging.getLogger(__name__)
 
 Analysis = Literal["heads", "head-types", "logit-lens", "tuned-lens", "patch", "attribute", "dla", "probe", "circuits",
-                   "sae", "path-patch"]
+                   "sae", "path-patch", "steer"]
 MASK_EVERY = 6  # a masked LM's text has every sixth token masked (about BERT's 15%)
 PLACEHOLDER = re.compile(r"\[unused\d+\]|<unused\d+>")  # a vocabulary's reserved slots (BERT's, Gemma's)
 HELD_OUT = 10  # tuned-lens: every tenth text is held out of training and scores the lenses
@@ -98,6 +104,8 @@ SAE_STEPS = 500  # sae: training steps unless --steps
 GREEDY_TOKENS = 48  # a source alone is translated greedily to this many tokens at most (short texts)
 LEGEND_LINES = 16  # circuits: the OV spectra get a legend up to this many heads
 CELL_WIDTH = 0.6  # inches per column of a patching table: room for a number such as -0.0044 at 6 points
+STEER_SHOWN = 8  # steer: the next tokens the steering raises most, and lowers most, drawn and listed
+COLUMN = 44  # steer: the width of each continuation's column as the two are logged side by side
 HEAD_POINTS = {"z": "outputs", "q": "queries", "k": "keys", "v": "values", "pattern": "patterns"}  # --point, in words
 
 
@@ -112,7 +120,8 @@ class InspectSettings:
     patching from --text into --corrupt; attribute: its gradient estimate (attribution patching); dla: direct logit
     attribution of the answer; probe: linear probes on --conll's labels; circuits: OV and QK circuits and
     composition scores, from the weights; path-patch: path patching from --sender through --receiver's
-    --via input; sae: a sparse autoencoder on --point's activations"""
+    --via input; sae: a sparse autoencoder on --point's activations; steer: --text continued without and with
+    activation addition of the --steer pair at --layer"""
     text: tuple[str, ...] = ()  # texts to run on (a translation run: sources, or SOURCE<TAB>TARGET); or --input
     input: str | None = None  # a UTF-8 file, one text per line (a translation run: SOURCE<TAB>TARGET); or --text
     encoding_errors: EncodingErrors = "strict"  # --input, --conll: strict: not UTF-8 is an error; replace: U+FFFD
@@ -141,6 +150,11 @@ class InspectSettings:
     """sae: training steps, one batch of activations each (default 500); tuned-lens: its translators' SGD steps
     (default the paper's 250)"""
     lens: str | None = None  # tuned-lens: read this saved lens (a tuned-lens directory) instead of training one
+    steer: tuple[str, ...] = ()  # steer: the contrast pair, POSITIVE NEGATIVE ("Love" "Hate"), as many tokens
+    layer: int | None = None  # steer: the block whose input (blocks.L.resid_pre) is steered (default: the middle one)
+    coeff: float = 4.0  # steer: the steering vector's coefficient (negative: toward NEGATIVE)
+    tokens: int = 40  # steer: new tokens per continuation
+    temperature: float = 1.0  # steer: sampling temperature of both continuations (0: greedy)
 
 
 @dataclass
@@ -203,7 +217,8 @@ def _check_inputs(settings: InspectSettings) -> None:
     if settings.text and settings.input is not None:
         raise InputError("give the texts as --text TEXT... or as --input FILE, not both")
     needs_text = settings.analysis in ("heads", "logit-lens", "tuned-lens", "patch", "attribute", "dla", "sae",
-                                       "path-patch")
+                                       "path-patch", "steer")
+    _check_steer_flags(settings)
     if settings.lens is not None and settings.analysis != "tuned-lens":
         raise InputError(f"--lens names a saved tuned lens, which tuned-lens alone reads; {settings.analysis} reads "
                          "none: drop it")
@@ -249,6 +264,25 @@ def _check_inputs(settings: InspectSettings) -> None:
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} is a file, where the report's directory goes: give --out a directory (it is made "
                          "where missing)")
+
+
+def _check_steer_flags(settings: InspectSettings) -> None:
+    """steer's flags: a pair, a finite coefficient, tokens to write, a temperature; refused beside another analysis."""
+    given = [f"--{name}" for name in ("steer", "layer", "coeff", "tokens", "temperature")
+             if getattr(settings, name) != InspectSettings.__dataclass_fields__[name].default]
+    if settings.analysis != "steer":
+        if given:
+            raise InputError(f"{', '.join(given)}: steer's flags; {settings.analysis} takes none: drop them")
+        return
+    if len(settings.steer) != 2:
+        raise InputError(f"--steer takes the contrast pair, two texts POSITIVE NEGATIVE (--steer Love Hate); got "
+                         f"{len(settings.steer)}")
+    if not math.isfinite(settings.coeff):
+        raise InputError(f"--coeff {settings.coeff} must be a finite number (0: no steering)")
+    if settings.tokens < 1:
+        raise InputError(f"--tokens {settings.tokens}: give the number of new tokens to write, 1 or more")
+    if not (settings.temperature >= 0 and math.isfinite(settings.temperature)):
+        raise InputError(f"--temperature {settings.temperature}: give 0 (greedy) or more")
 
 
 def _check_run(loaded: Loaded, settings: InspectSettings) -> None:
@@ -945,7 +979,87 @@ def _sae(loaded: Loaded, settings: InspectSettings):
     return f"Sparse autoencoder at {point}", rows, summary, figure
 
 
+def _steer(loaded: Loaded, settings: InspectSettings):
+    """Each --text continued without and with the steering vector, one seed for both (`inspect/steering.py`)."""
+    if not loaded.causal or text_layout(loaded.model) != "stream":
+        raise InputError(f"steer continues a text, which a decoder run does; this run is {loaded.family!r}")
+    blocks = len(loaded.stack.blocks)
+    layer = blocks // 2 if settings.layer is None else settings.layer
+    if not 0 <= layer < blocks:
+        raise InputError(f"--layer {layer}: the run has {blocks} block{'s' * (blocks != 1)}, so give 0..{blocks - 1} "
+                         "(the input of that "
+                         "block is steered)")
+    point = f"blocks.{layer}.resid_pre"
+    pair = [text_batch(loaded, text, prompt=True).args[0] for text in settings.steer]  # (1, n) each
+    if pair[0].shape[1] != pair[1].shape[1]:
+        pieces = [" ".join(_labels(loaded.tokenizer, ids[0].tolist())) for ids in pair]
+        raise InputError(f"--steer {settings.steer[0]!r} {settings.steer[1]!r} become {pair[0].shape[1]} and "
+                         f"{pair[1].shape[1]} tokens ({pieces[0]} / {pieces[1]}); the vector is their difference "
+                         "position by position: add spaces to the shorter until both are as long (Turner et al. pad "
+                         "with spaces)")
+    vector = contrast_vector(loaded.model, point, pair[0], pair[1])  # (n, C)
+    rows, shifts = [], []
+    for text in _texts(settings):
+        prompt = text_batch(loaded, text, prompt=True).args[0]  # (1, T)
+        if prompt.shape[1] + settings.tokens > loaded.max_len:
+            raise InputError(f"--text {_shown(text)} is {prompt.shape[1]} tokens, and with --tokens {settings.tokens} "
+                             f"more than the {loaded.max_len} this run reads: give --tokens "
+                             f"{max(loaded.max_len - prompt.shape[1], 1)} or a shorter text")
+        written = {}
+        for name, coeff in (("unsteered", 0.0), ("steered", settings.coeff)):
+            generator = torch.Generator(loaded.device).manual_seed(settings.seed)  # one seed for both
+            with steering(loaded.model, point, vector, coeff=coeff), torch.no_grad():
+                tokens = _continued(loaded.model, prompt, tokens=settings.tokens, temperature=settings.temperature,
+                                    generator=generator)
+                last = loaded.model(prompt).logits[0, -1].float().log_softmax(-1)  # (V,)
+            written[name] = loaded.tokenizer.decode(tokens)
+            shifts.append(last)
+        rows.append({"prompt": text, **written})
+        log.info("%s", _side_by_side(text, written, f"{settings.coeff:+g} x ({settings.steer[0]!r} - "
+                                                    f"{settings.steer[1]!r}) at {point}"))
+    change = torch.stack(shifts[1::2]).mean(0) - torch.stack(shifts[0::2]).mean(0)  # (V,): log p steered - unsteered
+    names = _labels(loaded.tokenizer, range(change.shape[0]))
+    order = change.argsort(descending=True).tolist()
+    raised, lowered = order[:STEER_SHOWN], order[::-1][:STEER_SHOWN]
+    figure = Figure(figsize=(6, 1 + 0.25 * 2 * STEER_SHOWN))
+    ax = figure.add_subplot()
+    picked = raised + lowered[::-1]
+    ax.barh(range(len(picked)), [float(change[i]) for i in picked], color=["tab:green"] * len(raised) +
+            ["tab:red"] * len(lowered))
+    ax.set(yticks=range(len(picked)), yticklabels=[repr(names[i]) for i in picked], xlabel="change of log p",
+           title=f"next token after the prompt, steered at {point}")
+    ax.invert_yaxis()
+    summary = {"point": point, "pair": " / ".join(map(repr, settings.steer)), "coeff": settings.coeff,
+               "seed": settings.seed, "temperature": settings.temperature,
+               "raised most": ", ".join(f"{names[i]!r} ({float(change[i]):+.2f})" for i in raised),
+               "lowered most": ", ".join(f"{names[i]!r} ({float(change[i]):+.2f})" for i in lowered)}
+    return "Activation addition", rows, summary, figure
+
+
+def _continued(model: nn.Module, prompt: Tensor, *, tokens: int, temperature: float,
+               generator: torch.Generator) -> list[int]:
+    """`tokens` new token ids after `prompt` (1, T), decoded through the KV cache (a steered position is steered
+    once), each drawn at `temperature` (0: the likeliest)."""
+    cache = model.allocate_cache(1, prompt.shape[1] + tokens)
+    ids, written = prompt, []
+    for _ in range(tokens):
+        logits = model(ids, cache=cache).logits[0, -1].float()  # (V,)
+        chosen = (logits.argmax() if temperature == 0 else
+                  torch.multinomial((logits / temperature).softmax(-1), 1, generator=generator)[0])
+        written.append(int(chosen))
+        ids = chosen.view(1, 1)  # (1, 1): the next step's input
+    return written
+
+
+def _side_by_side(prompt: str, written: dict[str, str], steered: str) -> str:
+    """The two continuations of `prompt` as two wrapped columns, the unsteered left."""
+    columns = [textwrap.wrap(written[name].replace("\n", " "), COLUMN) or [""] for name in ("unsteered", "steered")]
+    lines = [f"prompt: {prompt!r}", f"{'unsteered':<{COLUMN}} | steered: {steered}"]
+    lines += [f"{left:<{COLUMN}} | {right}" for left, right in itertools.zip_longest(*columns, fillvalue="")]
+    return "\n".join(lines)
+
+
 ANALYSES = {"heads": _heads, "head-types": _head_types, "logit-lens": _logit_lens, "tuned-lens": _tuned_lens,
             "patch": _patch,
             "attribute": _attribute, "dla": _dla, "probe": _probe,
-            "circuits": _circuits, "sae": _sae, "path-patch": _path_patch}
+            "circuits": _circuits, "sae": _sae, "path-patch": _path_patch, "steer": _steer}

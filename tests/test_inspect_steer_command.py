@@ -1,0 +1,90 @@
+"""`attnkit inspect RUN steer`: each continuation is the one attnkit.generate's decoder writes with and without the
+same steering (greedy), one seed gives both sampled continuations (coefficient 0: the same text), the two are logged
+side by side, and bad flags are refused by name before or as the model loads."""
+
+import json
+import logging
+
+import pytest
+import torch
+from cli_helpers import tiny_runs
+
+from attnkit.checkpoint import load_model
+from attnkit.cli import main
+from attnkit.errors import InputError
+from attnkit.generate.decoder import generate_tokens
+from attnkit.inspect.command import InspectSettings, run_inspect
+from attnkit.inspect.steering import contrast_vector, steering
+from attnkit.tokenize import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tiny_runs(tmp_path_factory.mktemp("runs"))  # "lm": a one-block decoder, "clf": an encoder classifier
+
+
+@pytest.fixture(scope="module")
+def run(runs):
+    return runs["lm"]
+
+
+def _steer(run, tmp_path, **fields):
+    paths = run_inspect(InspectSettings(run=str(run), analysis="steer", out=str(tmp_path), **fields))
+    assert [p.name for p in paths] == ["steer.json", "steer.md", "steer.png"]
+    return json.loads(paths[0].read_text())
+
+
+def test_greedy_continuations_are_generate_tokens_with_and_without_the_steering(run, tmp_path, caplog):
+    model, _ = load_model(run)
+    model.eval()
+    tokenizer = load_tokenizer(run / "tokenizer")
+    with caplog.at_level(logging.INFO):
+        report = _steer(run, tmp_path, text=("abc de",), steer=("gggggg", "aaaaaa"), layer=0, coeff=30.0, tokens=12,
+                        temperature=0.0)
+    positive, negative = (torch.tensor([tokenizer.encode(t)]) for t in ("gggggg", "aaaaaa"))
+    vector = contrast_vector(model, "blocks.0.resid_pre", positive, negative)
+    prompt = [tokenizer.encode("abc de")]
+    plain = generate_tokens(model, prompt, max_new_tokens=12, context_len=24)[0]
+    with steering(model, "blocks.0.resid_pre", vector, coeff=30.0):
+        steered = generate_tokens(model, prompt, max_new_tokens=12, context_len=24)[0]
+    (row,) = report["rows"]
+    assert row == {"prompt": "abc de", "unsteered": tokenizer.decode(plain), "steered": tokenizer.decode(steered)}
+    assert row["steered"] != row["unsteered"]
+    assert report["summary"]["point"] == "blocks.0.resid_pre"
+    logged = caplog.text
+    assert "unsteered" in logged and "+30 x ('gggggg' - 'aaaaaa') at blocks.0.resid_pre" in logged
+
+
+def test_one_seed_gives_both_continuations(run, tmp_path):
+    """Sampled, coefficient 0: the two texts are the same draw."""
+    report = _steer(run, tmp_path, text=("abc", "hij"), steer=("ggg", "aaa"), coeff=0.0, tokens=10, seed=3)
+    assert [r["steered"] for r in report["rows"]] == [r["unsteered"] for r in report["rows"]]
+    again = _steer(run, tmp_path, text=("abc",), steer=("ggg", "aaa"), coeff=0.0, tokens=10, seed=4)
+    assert again["rows"][0]["unsteered"] != report["rows"][0]["unsteered"]  # the seed decides the draw
+
+
+def test_the_cli_runs_it(run, tmp_path, capsys):
+    assert main(["inspect", str(run), "steer", "--text", "abc", "--steer", "ggg", "aaa", "--layer", "0",
+                 "--coeff", "3", "--tokens", "5", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / f"steer.{s}") for s in ("json", "md", "png")]
+
+
+@pytest.mark.parametrize(("fields", "says"), [
+    ({"steer": ("gg", "aaa")}, r"become 2 and 3 tokens .*add spaces to the shorter"),
+    ({"layer": 1}, r"--layer 1: the run has 1 block, so give 0..0"),
+    ({"steer": ("ggg",)}, "two texts POSITIVE NEGATIVE"),
+    ({"coeff": float("inf")}, "finite"),
+    ({"tokens": 0}, "1 or more"),
+    ({"tokens": 23}, "give --tokens 20 or a shorter text"),
+    ({"analysis": "logit-lens", "coeff": 2.0}, "--coeff: steer's flags; logit-lens takes none"),
+])
+def test_bad_flags_are_refused_by_name(run, tmp_path, fields, says):
+    settings = {"text": ("abcd",), "steer": ("ggg", "aaa"), "analysis": "steer", **fields}
+    with pytest.raises(InputError, match=says):
+        run_inspect(InspectSettings(run=str(run), out=str(tmp_path), **settings))
+
+
+def test_an_encoder_run_is_refused(runs, tmp_path):
+    with pytest.raises(InputError, match="steer continues a text, which a decoder run does; this run is .encoder."):
+        run_inspect(InspectSettings(run=str(runs["clf"]), analysis="steer", text=("abc",), steer=("ab", "cd"),
+                                    out=str(tmp_path)))
