@@ -232,7 +232,8 @@ def test_a_kv_cache_of_no_floating_dtype_is_refused_naming_the_fix():
 
 class _CountReads(torch.utils._python_dispatch.TorchDispatchMode):
     """Counts the operators that read a tensor's value to the host (`int(t)`, `bool(t)`, `t.item()`) and the
-    reductions the model's edge checks run (min, max, aminmax) as they are dispatched."""
+    whole-tensor reductions the model's edge checks run (min, max, aminmax) as they are dispatched; a reduction along
+    a dimension (greedy's max over the vocabulary, `max.dim`) stays on the device and is not one of them."""
 
     WATCHED = ("_local_scalar_dense", "min", "max", "aminmax")  # a read on a GPU; what the edge checks reduce
 
@@ -241,8 +242,8 @@ class _CountReads(torch.utils._python_dispatch.TorchDispatchMode):
         self.counts = {name: 0 for name in self.WATCHED}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.__name__.split(".")[0]
-        if name in self.counts:
+        name, overload = (func.__name__.split(".") + ["default"])[:2]
+        if name in self.counts and overload == "default":
             self.counts[name] += 1
         return func(*args, **(kwargs or {}))
 
