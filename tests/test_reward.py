@@ -358,9 +358,29 @@ def test_best_of_n_over_a_chat_samples_its_replies_and_scores_them_as_the_assist
     assert shown["texts"] == found.texts and shown["best"] == found.best
 
 
-def test_a_reward_run_exports_to_onnx_and_gguf_refuses_it_naming_the_form_that_holds_it(reward_run, tmp_path, capsys):
+def test_gguf_refuses_a_reward_run_naming_the_form_that_holds_it(reward_run, tmp_path, capsys):
     from attnkit import cli
 
     assert cli.main(["convert", str(reward_run), "--to-gguf", str(tmp_path / "rm.gguf")]) != 0
     assert "head 'reward' gives a score per sequence: use --to-onnx for it" in capsys.readouterr().err
     assert not (tmp_path / "rm.gguf").exists()
+
+
+@pytest.mark.slow  # the ONNX export traces the model: about 10 s on a loaded core
+def test_a_reward_run_exported_to_onnx_scores_any_batch_as_the_run_does(reward_run, tmp_path):
+    """The exported graph takes a batch of another size than it was traced on (the reward is gathered at each row's
+    last token, not indexed by a batch size read as a number), and gives the run's rewards."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from attnkit import cli, load
+
+    assert cli.main(["convert", str(reward_run), "--to-onnx", str(tmp_path / "onnx")]) == 0
+    pipeline = load(reward_run)
+    texts = ["import os\nHELLO", "import os\nhello world"]
+    rows = [pipeline.tokenizer.encode(t) + [pipeline.tokenizer.eos_id] for t in texts]
+    ids = torch.full((2, max(map(len, rows))), pipeline.pad_id, dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+    session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"))
+    logits = session.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+    assert logits[:, 0].tolist() == pytest.approx(pipeline.reward(texts), abs=1e-4)

@@ -123,10 +123,11 @@ class DecoderSequenceClassifier(nn.Module):
             position is real. Causal attention never lets a real token see the padding after it, so a row's score is
             the one it has alone."""
         hidden, attentions = self.stack(input_ids, need_weights=need_weights)  # (B, T, C)
-        length = input_ids.shape[1]
-        last = (attention_mask.sum(dim=1) - 1 if attention_mask is not None
-                else torch.full((len(input_ids),), length - 1, device=input_ids.device))  # (B,)
-        pooled = hidden[torch.arange(len(hidden), device=hidden.device), last.long()]  # (B, T, C) -> (B, C)
+        if attention_mask is None:
+            pooled = hidden[:, -1]  # (B, T, C) -> (B, C)
+        else:  # a gather, not len(): the batch stays a dynamic dimension when exported (`--to-onnx`)
+            last = (attention_mask.sum(dim=1) - 1).long()  # (B,)
+            pooled = hidden.gather(1, last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])).squeeze(1)  # (B, C)
         return ModelOutput(logits=self.classifier(pooled), attentions=attentions if need_weights else None)
 
 
