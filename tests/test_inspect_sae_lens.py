@@ -203,7 +203,6 @@ class Tokens:
         return batch
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["standard", "topk"])
 def test_the_spliced_loss_and_loss_recovered_are_sae_lens_evaluation(architecture, counting_pair, tmp_path):
     """An SAE attnkit trained on block 0's output, spliced in by each library on the same tokens: the clean, spliced
