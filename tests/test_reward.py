@@ -384,3 +384,15 @@ def test_a_reward_run_exported_to_onnx_scores_any_batch_as_the_run_does(reward_r
     session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"))
     logits = session.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
     assert logits[:, 0].tolist() == pytest.approx(pipeline.reward(texts), abs=1e-4)
+
+
+def test_a_reward_run_records_its_pairs_layout_and_warns_when_asked_to_score_the_other(reward_run, caplog):
+    from attnkit import load
+
+    assert json.loads((reward_run / "task.json").read_text())["pairs"] == "text"
+    reward = load(reward_run)
+    with caplog.at_level("WARNING", logger="attnkit.tasks.reward"):
+        reward.reward("def ", ["x = 1"])
+        assert not caplog.records
+        reward.reward([{"role": "user", "content": "def "}], ["x = 1"])
+    assert "learnt from text pairs and is asked to score chats" in caplog.text

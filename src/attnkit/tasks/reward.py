@@ -47,6 +47,7 @@ from attnkit.tasks.report import EvalReport
 log = logging.getLogger(__name__)
 
 METRICS = ("accuracy", "margin", "mean_reward")  # TRL's RewardTrainer's names
+LAYOUT = "pairs"  # task.json's key: whether the run learnt from "chat" pairs (messages) or "text" ones
 
 
 @dataclass(frozen=True)
@@ -120,9 +121,11 @@ class RewardTask(EpochTask):
     metric = "val_loss"
     higher_is_better = False
 
-    def __init__(self, train: PreferenceRows, val: PreferenceRows, *, options: RewardOptions) -> None:
+    def __init__(self, train: PreferenceRows, val: PreferenceRows, *, options: RewardOptions,
+                 layout: str = "text") -> None:
         super().__init__(train)
         self.val, self.options = val, options
+        self.record = {LAYOUT: layout}  # saved in task.json: `reward` warns when asked to score the other layout
 
     def loss(self, model: nn.Module, batch: PreferenceBatch) -> Tensor:
         return self.loss_and_metrics(model, batch)[0]
@@ -161,7 +164,8 @@ def _make(context: TaskContext) -> tuple[RewardTask, None]:
     train, val = preference_split(context.data, context.seed, task="reward")
     rows = dict(template=context.chat_template, tokenizer=context.tokenizer, seq_len=context.seq_len,
                 batch_size=context.batch_size, seed=context.seed)
-    return RewardTask(rows_of_pairs(train, **rows), rows_of_pairs(val, **rows), options=context.data.options), None
+    return RewardTask(rows_of_pairs(train, **rows), rows_of_pairs(val, **rows), options=context.data.options,
+                      layout="chat" if train[0].is_chat else "text"), None
 
 
 def _needs_init_from(data: Any, seed: int) -> NoReturn:
@@ -205,6 +209,11 @@ def reward(pipeline: Any, texts: str | Sequence[str], replies: str | Sequence[st
             raise InputError(f"reward() scores each reply to its prompt: give one prompt (a string or a chat) or one "
                              f"per reply; got {len(prompts)} prompts for {len(replies)} replies")
         pieces = list(zip(prompts, replies, strict=True))
+    learnt, asked = pipeline.record.get(LAYOUT), {"chat" if is_chat(prompt) else "text" for prompt, _ in pieces}
+    if learnt in ("chat", "text") and asked - {learnt}:
+        log.warning("this reward model learnt from %s pairs and is asked to score %s, whose rewards it never learnt: "
+                    "give %s", learnt, "plain text" if learnt == "chat" else "chats",
+                    "chats (lists of messages; attnkit generate --chat)" if learnt == "chat" else "plain text")
     window, sequences = pipeline.config.max_seq_len, []
     for index, (prompt, reply) in enumerate(pieces):
         if is_chat(prompt):
