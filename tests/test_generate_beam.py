@@ -499,3 +499,27 @@ def test_pipeline_and_command_sample_the_beams_as_transformers_does(gpt2_run, ca
     assert capsys.readouterr().out == sampled[0] + "\n"
     assert cli.main(argv) != 0  # without --do-sample, beam search takes no sampling flags
     assert "--num-beams 3 (beam search) does not take --temperature, --top-k" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("n_kv_heads", "dtype"), [(1, torch.bfloat16), (4, torch.float32)])
+def test_pipeline_counts_a_beam_searchs_cache_as_allocated(monkeypatch, n_kv_heads, dtype):
+    """The memory check before a beam search counts a decoder's cache as `allocate_cache` makes it: Hkv heads of
+    head_dim in the model's dtype (an MQA bf16 model's is an eighth of an MHA fp32 one's), plus three rows of fp32
+    scores per hypothesis; refused one byte short of that, searched with exactly that free."""
+    from attnkit.config import ModelConfig
+    from attnkit.generate import Pipeline
+    from attnkit.tokenize import CharTokenizer
+
+    tokenizer = CharTokenizer("abcdefgh")
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4,
+                         n_kv_heads=n_kv_heads, n_layers=2, d_ff=64, max_seq_len=32)
+    pipeline = Pipeline(attnkit.build_model(config).to(dtype).eval(), config, tokenizer)
+    prompts, beams, new = ["abc", "de"], 3, 4
+    rows, positions = beams * len(prompts), len("abc") + new
+    element = torch.empty((), dtype=dtype).element_size()
+    need = rows * (2 * config.n_layers * n_kv_heads * (32 // 4) * element * positions + 3 * config.vocab_size * 4)
+    monkeypatch.setattr("attnkit.generate.pipeline.free_bytes", lambda device: need - 1)
+    with pytest.raises(InputError, match=r"^6 hypotheses \(--num-beams x the prompts\) need at least "):
+        pipeline.generate(prompts, num_beams=beams, max_new_tokens=new, add_bos=False)
+    monkeypatch.setattr("attnkit.generate.pipeline.free_bytes", lambda device: need)
+    assert len(pipeline.generate(prompts, num_beams=beams, max_new_tokens=new, add_bos=False)) == len(prompts)

@@ -52,6 +52,7 @@ from attnkit.generate.sampling import SamplingConfig, check_sampling, choice_see
 from attnkit.generate.seq2seq import check_max_length
 from attnkit.generate.speculative import speculative_generate
 from attnkit.generate.static_decode import StaticDecoding
+from attnkit.layers.kv_cache import kv_bytes_per_position
 from attnkit.machine import free_bytes, gib, pick_device
 from attnkit.run_settings import (
     CLI_ONLY_BESIDE_BEAMS,
@@ -484,14 +485,22 @@ class Pipeline:
 
     def _check_search_fits(self, rows: int, max_length: int, *, what: str, fix: str) -> None:
         """InputError when `rows` hypotheses (`what`: texts in a batch x beam size) of up to `max_length` tokens
-        cannot fit in the memory free: at least their key/value caches (4 bytes a number) and a row of scores over
-        the target vocabulary each (the log-probabilities, their sum with the beam's score, the top-k's copy); its
-        message ends with `fix`."""
+        cannot fit in the memory free: at least their caches and a row of fp32 scores over the target vocabulary each
+        (the log-probabilities, their sum with the beam's score, the top-k's copy); its message ends with `fix`.
+
+        A decoder-only model's cache is counted as it is allocated (`kv_bytes_per_position`: its key/value heads,
+        its dtype; a sliding window's layers as if they kept every position, an upper bound). An encoder-decoder's
+        or a recurrent model's is estimated from the config: keys and values of width d_model (hidden_size) in
+        fp32 at every decoder layer and position."""
         config = self.config
-        width = getattr(config, "d_model", None) or getattr(config, "hidden_size", 0)
-        layers = getattr(config.resolved, "n_decoder_layers", None) or config.n_layers
         vocab = getattr(config, "target_vocab_size", config.vocab_size)
-        need = rows * 4 * (2 * layers * max_length * width + 3 * vocab)
+        if isinstance(config, DecoderConfig):
+            cache = kv_bytes_per_position(self.model, rows) * max_length
+        else:
+            width = getattr(config, "d_model", None) or getattr(config, "hidden_size", 0)
+            layers = getattr(config.resolved, "n_decoder_layers", None) or config.n_layers
+            cache = rows * 4 * 2 * layers * max_length * width
+        need = cache + rows * 4 * 3 * vocab
         free = free_bytes(self.device)
         if free is not None and need > free:
             raise InputError(
