@@ -588,8 +588,8 @@ def test_a_converted_models_text_is_framed_as_it_learned_to_read_one(tmp_path, m
 
 def test_an_answer_and_wrong_of_one_output_are_refused_by_id_naming_the_models_top(runs, tmp_path):
     """--wrong naming the model's own top answer gave dla a difference of 0.0 unsaid and patch a failure naming
-    another cause; two texts of one id ('x' and 'y', both UNK) passed the check by string. With --answer alone, dla's
-    summary named the model's top 'runner-up'."""
+    another cause; two texts of one id ('x' and 'y', both UNK) passed the check by string (they are now refused before
+    it, as not in the vocabulary). With --answer alone, dla's summary named the model's top 'runner-up'."""
     run = runs["decoder"]
     model, _ = load_model(run)
     tokenizer = CharTokenizer(CHARS)
@@ -601,8 +601,8 @@ def test_an_answer_and_wrong_of_one_output_are_refused_by_id_naming_the_models_t
         with pytest.raises(InputError, match=f"--wrong {named} is the same output as the model's top answer here "
                                              f"\\({named}\\), so their logit difference is 0: .* is {named}"):
             _inspect(run, analysis, tmp_path, text=("abc de abc",), wrong=top, **extra)
-    with pytest.raises(InputError, match="--wrong 'y' is the same output as --answer 'x' .*, so their logit diff"):
-        _inspect(run, "dla", tmp_path, text=("abc de abc",), answer="x", wrong="y")
+    with pytest.raises(InputError, match="--wrong 'a' is the same output as --answer 'a' .*, so their logit diff"):
+        _inspect(run, "dla", tmp_path, text=("abc de abc",), answer="a", wrong="a")
     other = "j" if top != "j" else "i"
     summary = _inspect(run, "dla", tmp_path, text=("abc de abc",), answer=other)["summary"]
     assert summary["wrong"] == top and "runner-up" not in summary
