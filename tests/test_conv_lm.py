@@ -147,7 +147,7 @@ def test_a_cached_step_convolves_only_the_new_token_with_each_blocks_past_inputs
 
 
 def test_greedy_generation_equals_recomputation_past_the_context():
-    """The state keeps R - 1 tokens, so the window never slides."""
+    """The state keeps each block's last (k - 1) d inputs, whatever the length, so the window never slides."""
     assert_greedy_generation_equals_recomputation(_model())
 
 

@@ -100,10 +100,20 @@ def _recurrent_lm():
     return randomised(attnkit.build_model(config)), config
 
 
-MODELS = {  # the caches whose rows follow the beams: a KV cache, a sliding window's ring buffer, a recurrent state
+def _conv_lm():
+    """Dilations 1, 2, 4 with 3 taps: R = 15, so the prompts and beams of 6 new tokens run past the receptive field."""
+    config = attnkit.ModelConfig(family="conv-lm", vocab_size=13, d_model=16, n_layers=3, kernel_size=3,
+                                 dilation_base=2, max_seq_len=24)
+    torch.manual_seed(3)
+    return randomised(attnkit.build_model(config)), config
+
+
+MODELS = {  # the caches whose rows follow the beams: a KV cache, a sliding window's ring buffer, a recurrent state,
+    # a convolutional LM's per-block queues of past inputs
     "rope": lambda: tiny_model("decoder", position="rope", seed=3),
     "sliding-window": lambda: tiny_model("decoder", position="rope", seed=3, attention_window=3),
     "recurrent-lm": _recurrent_lm,
+    "conv-lm": _conv_lm,
 }
 
 
